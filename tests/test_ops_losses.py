@@ -1,0 +1,129 @@
+"""Tests for txf.ops.losses against numpy float64 references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf.ops.losses import cross_entropy
+
+V = 11
+
+
+def np_log_softmax(logits):
+  logits = logits.astype(np.float64)
+  m = logits.max(-1, keepdims=True)
+  lse = m + np.log(np.exp(logits - m).sum(-1, keepdims=True))
+  return logits - lse, lse[..., 0]
+
+
+def np_target(labels, label_smoothing):
+  return (1 - label_smoothing) * np.eye(V)[labels] + label_smoothing / V
+
+
+def np_cross_entropy(logits, labels, weights, label_smoothing=0.0, z_loss=0.0):
+  log_probs, lse = np_log_softmax(logits)
+  per_token = -(np_target(labels, label_smoothing) * log_probs).sum(-1) + z_loss * lse ** 2
+  return (weights * per_token).sum() / weights.sum(), weights.sum()
+
+
+@pytest.fixture
+def batch():
+  rng = np.random.default_rng(0)
+  logits = (rng.normal(size=(3, 7, V)) * 4).astype(np.float32)
+  labels = rng.integers(0, V, size=(3, 7))
+  weights = (rng.random((3, 7)) > 0.3).astype(np.float32) * rng.uniform(0.5, 2, (3, 7))
+  return logits, labels, weights.astype(np.float32)
+
+
+@pytest.mark.parametrize('label_smoothing,z_loss', [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2),
+                                                    (0.2, 1e-3)])
+def test_matches_reference(batch, label_smoothing, z_loss):
+  logits, labels, weights = batch
+  loss, num_tokens = cross_entropy(logits, labels, weights=weights,
+                                   label_smoothing=label_smoothing, z_loss=z_loss)
+  assert loss.dtype == num_tokens.dtype == jnp.float32 and loss.shape == ()
+  ref_loss, ref_num = np_cross_entropy(logits, labels, weights, label_smoothing, z_loss)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  np.testing.assert_allclose(num_tokens, ref_num, rtol=1e-6)
+
+
+def test_default_weights_and_bool_weights(batch):
+  logits, labels, weights = batch
+  loss, num_tokens = cross_entropy(logits, labels)
+  ref_loss, _ = np_cross_entropy(logits, labels, np.ones(labels.shape))
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  assert num_tokens == labels.size
+  mask = weights > 0
+  loss, num_tokens = cross_entropy(logits, labels, weights=mask)
+  np.testing.assert_allclose(loss, np_cross_entropy(logits, labels, mask * 1.0)[0], rtol=1e-5)
+  assert num_tokens == mask.sum()
+
+
+def test_padded_tokens_do_not_change_loss(batch):
+  logits, labels, weights = batch
+  pad = weights == 0
+  rng = np.random.default_rng(1)
+  other_logits = np.where(pad[..., None], rng.normal(size=logits.shape) * 50, logits)
+  other_labels = np.where(pad, rng.integers(0, V, labels.shape), labels)
+  base = cross_entropy(logits, labels, weights=weights, label_smoothing=0.1, z_loss=1e-3)
+  other = cross_entropy(other_logits.astype(np.float32), other_labels, weights=weights,
+                        label_smoothing=0.1, z_loss=1e-3)
+  assert pad.any() and not np.allclose(other_logits, logits)
+  np.testing.assert_allclose(other[0], base[0], rtol=1e-6)
+  assert other[1] == base[1]
+
+
+def test_zero_weights_give_zero(batch):
+  logits, labels, _ = batch
+  zeros = np.zeros(labels.shape, np.float32)
+  loss, num_tokens = cross_entropy(logits, labels, weights=zeros)
+  assert loss == 0.0 and num_tokens == 0.0
+  grad = jax.grad(lambda l: cross_entropy(l, labels, weights=zeros)[0])(logits)
+  np.testing.assert_array_equal(grad, 0.0)
+
+
+@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
+def test_gradient_is_softmax_minus_target(batch, label_smoothing):
+  logits, labels, weights = batch
+  grad = jax.grad(lambda l: cross_entropy(l, labels, weights=weights,
+                                          label_smoothing=label_smoothing)[0])(logits)
+  log_probs, _ = np_log_softmax(logits)
+  ref = (np.exp(log_probs) - np_target(labels, label_smoothing)) * weights[..., None]
+  np.testing.assert_allclose(grad, ref / weights.sum(), atol=1e-6)
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_transformations(batch, dtype):
+  logits, labels, weights = batch
+  logits = jnp.asarray(logits, dtype)
+  ref_loss, _ = np_cross_entropy(np.asarray(logits, np.float64), labels, weights, 0.1, 1e-3)
+
+  fn = lambda l, y, w: cross_entropy(l, y, weights=w, label_smoothing=0.1, z_loss=1e-3)
+  loss, _ = jax.jit(fn)(logits, labels, weights)
+  # Statistics are float32 even for bfloat16 logits, so only float32 rounding remains.
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  rows, counts = jax.vmap(fn)(logits, labels, weights)
+  for b in range(labels.shape[0]):
+    np.testing.assert_allclose(
+        rows[b], np_cross_entropy(np.asarray(logits[b], np.float64), labels[b], weights[b], 0.1,
+                                  1e-3)[0], rtol=1e-5)
+  np.testing.assert_allclose(counts, weights.sum(-1), rtol=1e-6)
+  grad = jax.grad(lambda l: fn(l, labels, weights)[0])(logits)
+  assert grad.dtype == dtype and np.all(np.isfinite(np.asarray(grad, np.float32)))
+
+
+@pytest.mark.parametrize('kwargs,name', [
+    (dict(labels=np.zeros((3, 6), np.int32)), 'labels'),
+    (dict(labels=np.zeros((3, 7), np.float32)), 'labels'),
+    (dict(weights=np.ones((3, 6))), 'weights'),
+    (dict(label_smoothing=1.0), 'label_smoothing'),
+    (dict(label_smoothing=-0.1), 'label_smoothing'),
+    (dict(z_loss=-1.0), 'z_loss'),
+    (dict(logits=np.zeros((3, 7, V), np.int32)), 'logits'),
+])
+def test_bad_input_raises(batch, kwargs, name):
+  logits, labels, _ = batch
+  args = dict(logits=logits, labels=labels) | kwargs
+  with pytest.raises(ValueError, match=name):
+    cross_entropy(**args)

@@ -1,0 +1,372 @@
+"""Scaled dot-product attention (pure jnp, no state).
+
+For every batch row b, query head h and query position t::
+
+    weights[b, h, t, :] = softmax_s( scale * q[b, t, h, :] . k[b, s, h // G, :]
+                                     + bias[b, h, t, s] ; masked )
+    out[b, t, h, :]     = sum_s weights[b, h, t, s] * v[b, s, h // G, :]
+
+(Vaswani et al. 2017, "Attention Is All You Need", eq. 1), with
+``scale = 1 / sqrt(D)`` by default and ``G = H // K`` query heads sharing each
+key/value head (K == H: multi-head, 1 < K < H: grouped-query, K == 1:
+multi-query attention). "masked" means that keys a query may not attend get
+weight exactly 0; a query that may attend no key at all gets all-zero weights
+and a zero output (never NaN, never a uniform average).
+
+Shapes (letters used throughout):
+  q ``[B, T, H, D]``, k ``[B, S, K, D]``, v ``[B, S, K, Dv]``;
+  B batch, T query length, S key length, H query heads, K key/value heads,
+  G = H // K, D query/key head dim, Dv value head dim.
+  mask: bool, broadcastable to ``[B, H, T, S]``, True = may attend.
+  bias: float, broadcastable to ``[B, H, T, S]``, added to the scaled scores.
+
+The mask sources ``mask``, ``is_causal``, ``window`` and ``kv_lengths`` are
+ANDed. Scores and the softmax are computed in float32 whatever the input dtype.
+All shape checks happen at trace time and raise ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from txf.ops import masks as _masks
+
+__all__ = ['apply_attention_weights', 'attention_weights', 'dot_product_attention']
+
+_IMPLEMENTATIONS = (None, 'xla', 'cudnn')
+_CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+# ----------------------------------------------------------------------------
+# Validation (trace time; all shapes are static).
+
+
+def _check_window(window):
+  if window is None:
+    return None
+  if isinstance(window, bool):
+    raise ValueError(f'window must be a python int >= 1 or None, got {window!r}')
+  try:
+    window = operator.index(window)
+  except TypeError:
+    raise ValueError(f'window must be a python int >= 1 or None, got {window!r}') from None
+  if window < 1:
+    raise ValueError(f'window must be >= 1, got window={window}')
+  return window
+
+
+def _check_broadcastable(name, x, target):
+  shape = tuple(x.shape)
+  ok = len(shape) <= 4
+  if ok:
+    try:
+      ok = np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+      ok = False
+  if not ok:
+    raise ValueError(f'{name} of shape {shape} is not broadcastable to '
+                     f'[B, H, T, S] = {list(target)}')
+
+
+def _validate(q, k, v, bias, mask, kv_lengths, window):
+  """Checks shapes/dtypes; returns (bias, mask, kv_lengths, window) as arrays/ints."""
+  for name, x, layout in (('q', q, '[B, T, H, D]'), ('k', k, '[B, S, K, D]'),
+                          ('v', v, '[B, S, K, Dv]')):
+    if x is not None and x.ndim != 4:
+      raise ValueError(f'{name} must have rank 4 {layout}, got shape {x.shape}')
+  B, T, H, D = q.shape
+  _, S, K, Dk = k.shape
+  if k.shape[0] != B or (v is not None and v.shape[0] != B):
+    vs = '' if v is None else f', v {v.shape}'
+    raise ValueError(f'batch sizes of q, k, v differ: q {q.shape}, k {k.shape}{vs}')
+  if v is not None and v.shape[1] != S:
+    raise ValueError(f'k and v lengths differ: k {k.shape} has S={S}, '
+                     f'v {v.shape} has S={v.shape[1]}')
+  if v is not None and v.shape[2] != K:
+    raise ValueError(f'k and v head counts differ: k {k.shape} has K={K}, '
+                     f'v {v.shape} has K={v.shape[2]}')
+  if K == 0 or H % K:
+    raise ValueError(f'query heads H={H} (q {q.shape}) must be a multiple of '
+                     f'key/value heads K={K} (k {k.shape})')
+  if Dk != D:
+    raise ValueError(f'q and k head dims differ: q {q.shape} has D={D}, '
+                     f'k {k.shape} has D={Dk}')
+  target = (B, H, T, S)
+  if bias is not None:
+    bias = jnp.asarray(bias)
+    if not jnp.issubdtype(bias.dtype, jnp.floating):
+      raise ValueError(f'bias must be a float array (additive), got dtype {bias.dtype}; '
+                       'pass boolean masks as mask=')
+    _check_broadcastable('bias', bias, target)
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+      raise ValueError(f'mask must be boolean (True = may attend), got dtype '
+                       f'{mask.dtype} with shape {mask.shape}; pass additive '
+                       'masks as bias=')
+    _check_broadcastable('mask', mask, target)
+  if kv_lengths is not None:
+    kv_lengths = jnp.asarray(kv_lengths)
+    if kv_lengths.shape != (B,) or not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
+      raise ValueError(f'kv_lengths must be an int array of shape [B] = ({B},), got '
+                       f'shape {kv_lengths.shape} dtype {kv_lengths.dtype}')
+  window = _check_window(window)
+  return bias, mask, kv_lengths, window
+
+
+# ----------------------------------------------------------------------------
+# XLA path.
+
+
+def _combined_mask(mask, is_causal, window, kv_lengths, T, S):
+  """AND of every mask source, broadcastable to [B, H, T, S]; None if there is none."""
+  return _masks.combine_masks(
+      mask,
+      _masks.causal_mask(T, S) if is_causal else None,
+      _masks.sliding_window_mask(T, S, window=window) if window is not None else None,
+      (_masks.padding_mask(lengths=kv_lengths, k_len=S)
+       if kv_lengths is not None else None),
+  )
+
+
+def _masked_softmax(logits, valid):
+  """float32 softmax over the last axis; invalid keys get 0, rows with no valid key get 0."""
+  if valid is not None:
+    logits = jnp.where(valid, logits, jnp.finfo(logits.dtype).min)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  # A row whose logits are all -inf (e.g. from the bias) must not produce NaN.
+  row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  unnorm = jnp.exp(logits - row_max)
+  if valid is not None:
+    unnorm = jnp.where(valid, unnorm, 0.0)
+  denom = jnp.sum(unnorm, axis=-1, keepdims=True)
+  return unnorm / jnp.where(denom > 0, denom, 1.0)
+
+
+def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
+  """float32 [B, H, T, S] attention weights; inputs already validated."""
+  B, T, H, D = q.shape
+  _, S, K, _ = k.shape
+  G = H // K
+  q_btkgd = q.reshape(B, T, K, G, D)
+  acc_dtype = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+  logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k,
+                            preferred_element_type=acc_dtype)
+  logits_bhts = logits_bkgts.astype(jnp.float32).reshape(B, H, T, S)
+  if scale is None:
+    scale = 1.0 / math.sqrt(D)
+  logits_bhts = logits_bhts * jnp.asarray(scale, jnp.float32)
+  if bias is not None:
+    logits_bhts = logits_bhts + bias.astype(jnp.float32)
+  valid = _combined_mask(mask, bool(is_causal), window, kv_lengths, T, S)
+  return _masked_softmax(logits_bhts, valid)
+
+
+def _weighted_values(w_bhts, v, out_dtype):
+  """[B, H, T, S] weights x [B, S, K, Dv] values -> [B, T, H, Dv] in out_dtype."""
+  B, H, T, S = w_bhts.shape
+  _, _, K, Dv = v.shape
+  w_bkgts = w_bhts.reshape(B, K, H // K, T, S)
+  # Weights go to v's dtype for the product (bf16 matmul on accelerators);
+  # the sum accumulates in at least float32.
+  acc_dtype = jnp.promote_types(v.dtype, jnp.float32)
+  out_btkgd = jnp.einsum('bkgts,bskd->btkgd', w_bkgts.astype(v.dtype), v,
+                         preferred_element_type=acc_dtype)
+  return out_btkgd.reshape(B, T, H, Dv).astype(out_dtype)
+
+
+def _xla_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
+  w_bhts = _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
+  return _weighted_values(w_bhts, v, q.dtype)
+
+
+# ----------------------------------------------------------------------------
+# cuDNN path (jax.nn.dot_product_attention(implementation='cudnn')).
+
+
+def _gpu_max_head_dim():
+  """256 on Hopper or later, 128 before (cuDNN flash attention limits)."""
+  try:
+    cc = jax.devices()[0].compute_capability
+    major = int(str(cc).split('.')[0])
+  except Exception:  # pylint: disable=broad-except
+    return 256
+  return 256 if major >= 9 else 128
+
+
+def _cudnn_problems(q, k, v, bias, mask, is_causal, window, *, auto):
+  """Reasons cuDNN cannot take these inputs (empty list: it can)."""
+  problems = []
+  backend = jax.default_backend()
+  if backend != 'gpu':
+    problems.append(f"it needs a GPU, but jax.default_backend() is '{backend}'")
+  if q.dtype not in _CUDNN_DTYPES:
+    problems.append(f'it needs bfloat16 or float16 inputs, got q dtype {q.dtype}')
+  elif not q.dtype == k.dtype == v.dtype:
+    problems.append(f'q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}')
+  D = q.shape[-1]
+  max_d = _gpu_max_head_dim() if backend == 'gpu' else 256
+  if D % 8 or D > max_d:
+    problems.append(f'the head dim D must be a multiple of 8 and <= {max_d}, got D={D}')
+  if v.shape[-1] != D:
+    problems.append(f'v head dim Dv={v.shape[-1]} must equal the q/k head dim D={D} '
+                    '(jax.nn.dot_product_attention needs k and v of one shape)')
+  if window is not None and window > 1 and not is_causal:
+    problems.append(f'cuDNN takes only a causal (left) window; window={window} '
+                    'without is_causal=True is a two-sided band')
+  if auto:
+    if mask is not None:
+      problems.append('an explicit boolean mask was given')
+    T, S = q.shape[1], k.shape[1]
+    if bias is not None and (T % 2 or S % 2):
+      # cuDNN's backward pass with a bias needs even lengths.
+      problems.append(f'a bias with odd T={T} or S={S}')
+  return problems
+
+
+def _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
+  B, T, H, _ = q.shape
+  S = k.shape[1]
+
+  def full_ts(x, dtype):
+    # cuDNN wants 4-D bias/mask whose T and S dims are full (B and H may be 1).
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    return jnp.broadcast_to(x, x.shape[:2] + (T, S)).astype(dtype)
+
+  local_window_size = None
+  if window is not None:
+    if window == 1:
+      # Only the diagonal: causal with the same band. cuDNN applies a window
+      # correctly only together with its causal mask.
+      is_causal = True
+    local_window_size = (window - 1, 0 if is_causal else window - 1)
+  out = jax.nn.dot_product_attention(
+      q, k, v,
+      bias=None if bias is None else full_ts(bias, q.dtype),
+      mask=None if mask is None else full_ts(mask, jnp.bool_),
+      scale=scale,
+      is_causal=bool(is_causal),
+      key_value_seq_lengths=(None if kv_lengths is None
+                             else kv_lengths.astype(jnp.int32)),
+      local_window_size=local_window_size,
+      implementation='cudnn',
+  )
+  # cuDNN turns a boolean mask into a large negative bias, so a row with no
+  # allowed key would average v uniformly; zero such rows (the documented
+  # semantics). Same for rows of batch entries with kv_lengths == 0.
+  keep = None
+  if mask is not None:
+    mask4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    keep = jnp.any(jnp.broadcast_to(mask4, (mask4.shape[0], H, T, S)), axis=-1)  # [b,H,T]
+    keep = jnp.transpose(keep, (0, 2, 1))[..., None]  # [b,T,H,1]
+  if kv_lengths is not None:
+    has_keys = (kv_lengths > 0)[:, None, None, None]
+    keep = has_keys if keep is None else jnp.logical_and(keep, has_keys)
+  if keep is not None:
+    out = jnp.where(keep, out, jnp.zeros((), out.dtype))
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Public API.
+
+
+def attention_weights(q, k, *, bias=None, mask=None, is_causal=False, scale=None,
+                      window=None, kv_lengths=None):
+  """Softmax attention weights, float32 ``[B, H, T, S]`` (for analysis and plots).
+
+  ``weights = softmax(scale * q.k + bias)`` over the keys allowed by every mask
+  source (formula and shapes: module docstring). Each row sums to 1, except a
+  row with no allowed key, which is all zeros.
+
+  Args:
+    q: ``[B, T, H, D]`` queries.
+    k: ``[B, S, K, D]`` keys, ``H % K == 0`` (K < H: grouped/multi-query; the
+      K heads are shared, not materialised H times).
+    bias: optional float, broadcastable to ``[B, H, T, S]``; added after scaling.
+    mask: optional bool, broadcastable to ``[B, H, T, S]``; True = may attend.
+    is_causal: key ``j`` allowed for query ``i`` iff ``j <= i`` (top-left
+      aligned, as :func:`txf.ops.masks.causal_mask` with ``q_offset=0``).
+    scale: multiplier of ``q.k``; default ``1 / sqrt(D)``.
+    window: optional int ``>= 1``; key ``j`` allowed iff ``|i - j| < window``
+      (AND with ``is_causal`` for causal local attention).
+    kv_lengths: optional int ``[B]``; only keys ``j < kv_lengths[b]`` are valid.
+
+  Returns:
+    float32 ``[B, H, T, S]``.
+  """
+  q, k = jnp.asarray(q), jnp.asarray(k)
+  bias, mask, kv_lengths, window = _validate(q, k, None, bias, mask, kv_lengths, window)
+  return _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
+
+
+def apply_attention_weights(weights, v):
+  """Mixes values by given weights: ``[B, H, T, S]`` x ``[B, S, K, Dv]`` -> ``[B, T, H, Dv]``.
+
+  The second half of :func:`dot_product_attention` for callers that change
+  the weights in between (attention dropout, head ablations); ``H % K == 0``
+  as there. Output in v's dtype.
+  """
+  weights, v = jnp.asarray(weights), jnp.asarray(v)
+  if weights.ndim != 4 or v.ndim != 4:
+    raise ValueError(f'weights must be [B, H, T, S] and v [B, S, K, Dv], got weights '
+                     f'{weights.shape} and v {v.shape}')
+  B, H, _, S = weights.shape
+  if v.shape[0] != B or v.shape[1] != S or H % v.shape[2]:
+    raise ValueError(f'weights {weights.shape} do not fit v {v.shape}: need the same batch '
+                     f'and key length, and v heads dividing weights heads')
+  return _weighted_values(weights, v, v.dtype)
+
+
+def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
+                          scale=None, window=None, kv_lengths=None,
+                          implementation=None):
+  """Scaled dot-product attention, ``[B, T, H, Dv]`` in q's dtype.
+
+  ``out = attention_weights(q, k, ...) @ v`` per head (formula and shapes:
+  module docstring). A query with no allowed key gets a zero output.
+
+  Args:
+    q: ``[B, T, H, D]`` queries.
+    k: ``[B, S, K, D]`` keys, ``H % K == 0``.
+    v: ``[B, S, K, Dv]`` values.
+    bias, mask, is_causal, scale, window, kv_lengths: as in
+      :func:`attention_weights`.
+    implementation:
+      ``'xla'``: this module's einsum path (float32 softmax; weights cast to
+        v's dtype for the value product, accumulated in float32).
+      ``'cudnn'``: ``jax.nn.dot_product_attention(implementation='cudnn')``
+        (flash attention; causal, window, kv_lengths, GQA handled by the
+        kernel without materialising a ``[T, S]`` mask). Needs a GPU, bf16 or
+        fp16 inputs, ``D % 8 == 0``, ``D <= 256`` (128 before Hopper),
+        ``Dv == D`` and, for ``window``, ``is_causal=True``; otherwise
+        ValueError saying why.
+      ``None``: ``'cudnn'`` when it can take the inputs on the GPU backend and
+        no explicit boolean ``mask`` is given (and, with a bias, T and S are
+        even, which its backward pass needs); otherwise ``'xla'``.
+
+  Returns:
+    ``[B, T, H, Dv]`` with q's dtype.
+  """
+  if implementation not in _IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be None, 'xla' or 'cudnn', got "
+                     f'{implementation!r}')
+  q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+  bias, mask, kv_lengths, window = _validate(q, k, v, bias, mask, kv_lengths, window)
+  if implementation is None:
+    use_cudnn = not _cudnn_problems(q, k, v, bias, mask, is_causal, window, auto=True)
+    implementation = 'cudnn' if use_cudnn else 'xla'
+  elif implementation == 'cudnn':
+    problems = _cudnn_problems(q, k, v, bias, mask, is_causal, window, auto=False)
+    if problems:
+      raise ValueError("implementation='cudnn' cannot take these inputs: "
+                       + '; '.join(problems))
+  if implementation == 'cudnn':
+    return _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths)
+  return _xla_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths)
