@@ -1,0 +1,111 @@
+"""ListOps: the evaluator, generated expressions and their batches."""
+
+import statistics
+import types
+
+import numpy as np
+import pytest
+
+from txf.data import make_dataset
+from txf.data import listops
+
+
+def _parse(tokens, start=0):
+  """Parses from `start` into (operator, [arguments]) or int; -> (tree, end)."""
+  token = tokens[start]
+  if token in listops.OPERATORS:
+    arguments, position = [], start + 1
+    while tokens[position] != listops.END:
+      argument, position = _parse(tokens, position)
+      arguments.append(argument)
+    return (token, arguments), position + 1
+  return int(token), start + 1
+
+
+def _value(tree):
+  """LRA semantics: MED is int(np.median(...)), SM the sum mod 10."""
+  if isinstance(tree, int):
+    return tree
+  operator, arguments = tree
+  values = [_value(argument) for argument in arguments]
+  return {'[MAX': max, '[MIN': min, '[SM': lambda v: sum(v) % 10,
+          '[MED': lambda v: int(np.median(v))}[operator](values)
+
+
+def _depth(tree):
+  if isinstance(tree, int):
+    return 0
+  return 1 + max(_depth(argument) for argument in tree[1])
+
+
+@pytest.mark.parametrize('text, expected', [
+    ('[MAX 2 9 [MIN 4 7 ] 0 ]', max(2, 9, min(4, 7), 0)),
+    ('[MIN 3 [MAX 1 0 ] 5 ]', min(3, max(1, 0), 5)),
+    ('[SM 9 8 7 ]', (9 + 8 + 7) % 10),
+    ('[MED 1 2 3 4 ]', statistics.median_low([1, 2, 4, 3])),  # 2.5 -> 2
+    ('[MED 7 1 9 ]', statistics.median([7, 1, 9])),
+    ('[MED 8 9 ]', 8),  # int(8.5)
+    ('[SM [MED 2 6 5 ] [MAX 1 [SM 4 4 ] ] 3 ]', (5 + 8 + 3) % 10),
+])
+def test_evaluate_hand_checked(text, expected):
+  assert listops.evaluate(text.split()) == expected
+
+
+@pytest.mark.parametrize('text', [
+    '[MAX 1 2', '', '[MIN 3 ] ]', '[MAX ]', '[MIN 1 2 ] 3', '[MAX 1 x ]'])
+def test_evaluate_rejects_malformed(text):
+  with pytest.raises(ValueError, match='expression'):
+    listops.evaluate(text.split())
+
+
+def test_generated_expressions_match_independent_evaluator():
+  rng = np.random.default_rng(0)
+  labels = []
+  for _ in range(300):
+    tokens = listops.generate(rng, min_len=10, max_len=80, max_depth=3)
+    tree, end = _parse(tokens)
+    assert end == len(tokens)  # one complete expression
+    assert 10 <= len(tokens) <= 80 and 1 <= _depth(tree) <= 3
+    assert listops.evaluate(tokens) == _value(tree)
+    labels.append(_value(tree))
+  assert len(set(labels)) == 10
+
+
+def test_longest_expression_bound():
+  assert listops.longest_expression(1) == 12  # [OP + 10 digits + ]
+  assert listops.longest_expression(2) == 2 + 10 * 12
+
+
+def _config(**overrides):
+  fields = dict(name='listops', task='classify', seq_len=65, batch_size=16,
+                min_len=8, max_len=64, listops_max_depth=4)
+  return types.SimpleNamespace(**{**fields, **overrides})
+
+
+def test_listops_batches():
+  ds = make_dataset(_config(), 'train', seed=0)
+  assert (ds.task, ds.num_classes) == ('classify', 10)
+  assert ds.vocab_size == 3 + 4 + 1 + 10
+  batch = next(ds)
+  assert set(batch) == {'inputs', 'labels'}
+  assert batch['inputs'].shape == (16, 65) and batch['inputs'].dtype == np.int32
+  assert batch['labels'].shape == (16,) and batch['labels'].dtype == np.int32
+  np.testing.assert_array_equal(batch['inputs'][:, 0], ds.tokenizer.bos_id)
+  for ids, label in zip(batch['inputs'], batch['labels']):
+    tokens = ds.tokenizer.decode(ids).split()
+    assert 8 <= len(tokens) <= 64
+    assert (ids != 0).sum() == len(tokens) + 1  # BOS, tokens, then padding
+    assert _value(_parse(tokens)[0]) == label
+
+
+def test_listops_deterministic_and_sharded():
+  whole = next(make_dataset(_config(), 'train', seed=2))
+  again = next(make_dataset(_config(), 'train', seed=2))
+  parts = [next(make_dataset(_config(), 'train', seed=2, process_index=p,
+                             process_count=2)) for p in range(2)]
+  for key in whole:
+    np.testing.assert_array_equal(again[key], whole[key])
+    np.testing.assert_array_equal(
+        np.concatenate([part[key] for part in parts]), whole[key])
+  other = next(make_dataset(_config(), 'train', seed=3))
+  assert not np.array_equal(other['inputs'], whole['inputs'])

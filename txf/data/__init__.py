@@ -1,0 +1,56 @@
+"""txf.data: tokenizers, the built-in corpus, generated tasks and batching.
+
+Numpy only (no jax): batches are dicts of numpy arrays holding this
+process's rows of a global batch. Entry points:
+
+  ds = make_dataset(config.data, 'train', seed=0, process_index=p,
+                    process_count=P, workdir=workdir)
+  batch = next(ds); state = ds.get_state(); ds.set_state(state)
+  tokenizer = make_tokenizer(config.data, workdir)
+
+Batch formats by data.task (B = data.batch_size / process_count,
+T = data.seq_len, padding id 0):
+  lm        inputs int32 [B, T], targets int32 [B, T] (inputs shifted by one),
+            weights float32 [B, T]
+  mlm       inputs int32 [B, T] (BERT-masked), targets int32 [B, T] (original),
+            weights float32 [B, T] (1 at masked positions only)
+  seq2seq   encoder_inputs int32 [B, T], decoder_inputs int32 [B, T]
+            (BOS + target), targets int32 [B, T] (target + EOS),
+            weights float32 [B, T]
+  classify  inputs int32 [B, T] (BOS + expression), labels int32 [B]
+
+Fields of the `data` config section (read by attribute; only the fields the
+chosen dataset uses must exist):
+
+  field              type   used by        meaning
+  -----------------  -----  -------------  ------------------------------------
+  name               str    all            'pystdlib' (built-in corpus: Python
+                                           stdlib sources), 'copy', 'reverse',
+                                           'sort', 'addition', 'listops'
+  task               str    all            'lm' | 'mlm' (pystdlib), 'seq2seq'
+                                           (copy/reverse/sort/addition),
+                                           'classify' (listops)
+  seq_len            int    all            model context T; for generated tasks
+                                           the padded length (>= max_len + 1)
+  batch_size         int    all            global batch, divisible by the
+                                           process count
+  tokenizer          str    pystdlib       'bytes' (260 ids) | 'sentencepiece'
+  sp_vocab_size      int    sentencepiece  largest vocabulary (> 262)
+  max_corpus_bytes   int    pystdlib       bytes read per split (startup time)
+  mlm_probability    float  mlm            share of tokens selected, in (0, 1)
+  min_len, max_len   int    generated      source length (seq2seq) or
+                                           expression tokens (listops)
+  listops_max_depth  int    listops        most nested operators (root = 1)
+"""
+
+from txf.data.config import DataSpec, read_data_config
+from txf.data.corpus import corpus_description, corpus_files, load_corpus
+from txf.data.pipeline import Dataset, make_dataset, make_tokenizer
+from txf.data.tokenizers import (ByteTokenizer, SentencePieceTokenizer,
+                                 SymbolTokenizer, Tokenizer)
+
+__all__ = [
+    'ByteTokenizer', 'DataSpec', 'Dataset', 'SentencePieceTokenizer',
+    'SymbolTokenizer', 'Tokenizer', 'corpus_description', 'corpus_files',
+    'load_corpus', 'make_dataset', 'make_tokenizer', 'read_data_config',
+]

@@ -1,0 +1,216 @@
+"""make_dataset and make_tokenizer: the data package's entry points."""
+
+import os
+import pathlib
+from typing import Any, Protocol
+
+import numpy as np
+
+from txf.data import corpus
+from txf.data import listops
+from txf.data import synthetic
+from txf.data.config import DataSpec, check_int, read_data_config
+from txf.data.lm import LanguageModelSource, token_stream
+from txf.data.masking import BertMasker
+from txf.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+
+# Bytes of the train split sentencepiece trains on (about 13 s on one core).
+SENTENCEPIECE_TRAIN_BYTES = 2_000_000
+
+
+class Source(Protocol):
+  """What Dataset needs: global batches as a pure function of the step."""
+  num_batches: int | None  # batches available; None: unbounded
+
+  def batch(self, step: int, rows: range) -> dict[str, np.ndarray]: ...
+  def state_at(self, step: int) -> dict[str, int]: ...
+  def step_of(self, state: dict[str, int]) -> int: ...
+
+
+class Dataset:
+  """This process's rows of a deterministic sequence of global batches.
+
+  Global batch `step` depends only on (data config, split, seed, step);
+  process p of P gets its rows [p * B / P, (p + 1) * B / P), so the
+  processes' batches concatenated in process order are the global batch.
+
+  The training split continues from its state (`get_state` / `set_state`,
+  the same JSON-serialisable dict on every process). Evaluation splits
+  start over at every `iter()`, so each evaluation sees the same batches.
+
+  Attributes:
+    tokenizer: the Tokenizer of the inputs (decode samples with it).
+    vocab_size: tokenizer.vocab_size.
+    task: 'lm', 'mlm', 'seq2seq' or 'classify'.
+    num_classes: number of labels ('classify'), else None.
+    split: 'train', 'validation' or 'test'.
+    batch_size: rows per batch on this process (global batch / processes).
+    global_batch_size: rows per global batch.
+    num_batches: batches before StopIteration; None: unbounded.
+    description: what the data is (corpus, Python version, task).
+  """
+
+  def __init__(self, source: Source, *, spec: DataSpec, split: str,
+               tokenizer: Tokenizer, process_index: int, process_count: int,
+               num_batches: int | None, description: str):
+    self._source = source
+    self.tokenizer = tokenizer
+    self.vocab_size = tokenizer.vocab_size
+    self.task = spec.task
+    self.num_classes = listops.NUM_CLASSES if spec.task == 'classify' else None
+    self.split = split
+    self.global_batch_size = spec.batch_size
+    self.batch_size = spec.batch_size // process_count
+    self._rows = range(process_index * self.batch_size,
+                       (process_index + 1) * self.batch_size)
+    limits = [n for n in (num_batches, source.num_batches) if n is not None]
+    self.num_batches = min(limits) if limits else None
+    self.description = description
+    self._step = 0
+
+  def __iter__(self) -> 'Dataset':
+    if self.split != 'train':
+      self._step = 0
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self.num_batches is not None and self._step >= self.num_batches:
+      raise StopIteration
+    batch = self._source.batch(self._step, self._rows)
+    self._step += 1
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    """Position of the next batch, e.g. {'epoch': 2, 'position': 64}."""
+    return self._source.state_at(self._step)
+
+  def set_state(self, state: dict[str, int]) -> None:
+    """Makes the next batch the one that followed `state` when it was saved."""
+    expected = set(self._source.state_at(0))
+    if not isinstance(state, dict) or set(state) != expected:
+      raise ValueError(f'state must be a dict with keys {sorted(expected)}, '
+                       f'got {state!r}')
+    for key, value in state.items():
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f'state[{key!r}] must be an int >= 0, got {value!r}')
+    self._step = self._source.step_of(state)
+
+
+def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
+                      ) -> Tokenizer:
+  if spec.tokenizer == 'bytes':
+    return ByteTokenizer()
+  if workdir is None:
+    raise ValueError("workdir is required for data.tokenizer='sentencepiece' "
+                     '(the model is trained into it once, then reused)')
+  prefix = pathlib.Path(workdir) / f'sentencepiece_{spec.sp_vocab_size}'
+  model = prefix.with_name(prefix.name + '.model')
+  if model.exists():
+    return SentencePieceTokenizer(model)
+  texts = corpus.load_corpus(
+      'train', max_bytes=min(spec.max_corpus_bytes, SENTENCEPIECE_TRAIN_BYTES))
+  return SentencePieceTokenizer.train(texts, spec.sp_vocab_size, prefix)
+
+
+def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+  if spec.name == 'pystdlib':
+    return _corpus_tokenizer(spec, workdir)
+  if spec.name == 'listops':
+    return listops.listops_tokenizer()
+  return synthetic.seq2seq_tokenizer(spec.name)
+
+
+def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None
+                   ) -> Tokenizer:
+  """The tokenizer of the dataset `data_config` describes.
+
+  For data.tokenizer='sentencepiece' the model is
+  `<workdir>/sentencepiece_<sp_vocab_size>.model`, trained on the train split
+  (at most SENTENCEPIECE_TRAIN_BYTES) the first time and reused afterwards,
+  so a resumed run keeps its vocabulary.
+  """
+  return _tokenizer(read_data_config(data_config), workdir)
+
+
+def _corpus_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
+                   ) -> LanguageModelSource:
+  tokens = token_stream(
+      corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes), tokenizer)
+  masker = None
+  if spec.task == 'mlm':
+    masker = BertMasker(
+        probability=spec.mlm_probability, mask_id=tokenizer.mask_id,
+        vocab_size=tokenizer.vocab_size, special_ids=tokenizer.special_ids,
+        seed=seed)
+  return LanguageModelSource(
+      tokens, example_len=spec.seq_len + (masker is None),
+      batch_size=spec.batch_size, seed=seed, shuffle=split == 'train',
+      masker=masker)
+
+
+def _generated_source(spec: DataSpec, split: str, seed: int
+                      ) -> synthetic.GeneratedSource:
+  if spec.name == 'listops':
+    return listops.ListOpsSource(
+        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_len,
+        max_len=spec.max_len, max_depth=spec.listops_max_depth)
+  return synthetic.Seq2SeqSource(
+      spec.name, seed=seed, split=split, seq_len=spec.seq_len,
+      min_len=spec.min_len, max_len=spec.max_len)
+
+
+def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
+  if spec.name == 'pystdlib':
+    return (f'{corpus.corpus_description()}; {spec.tokenizer} tokenizer, '
+            f'{tokenizer.vocab_size} ids; {spec.task}, seq_len {spec.seq_len}')
+  return (f'{spec.name} task, {spec.min_len}..{spec.max_len} tokens, '
+          f'seq_len {spec.seq_len}')
+
+
+def make_dataset(data_config: Any, split: str, *, seed: int,
+                 process_index: int = 0, process_count: int = 1,
+                 workdir: str | os.PathLike | None = None,
+                 num_batches: int | None = None) -> Dataset:
+  """Builds the batches of `split` for this process.
+
+  Args:
+    data_config: the `data` config section (fields: txf/data/__init__.py).
+    split: 'train', 'validation' or 'test'.
+    seed: int >= 0; fixes shuffling, masking and generated examples.
+    process_index, process_count: this host's index and the host count;
+      data.batch_size must divide by process_count.
+    workdir: run directory (holds the sentencepiece model).
+    num_batches: stop after this many batches (None: the corpus evaluation
+      splits give one pass, the training split and generated tasks never
+      stop). Required for evaluating generated tasks.
+
+  Raises:
+    ValueError naming the bad field or argument, before loading any data.
+  """
+  spec = read_data_config(data_config)
+  if split not in corpus.SPLITS:
+    raise ValueError(f'split={split!r} is not one of {corpus.SPLITS}')
+  seed = check_int(seed, 'seed', 0)
+  process_count = check_int(process_count, 'process_count', 1)
+  process_index = check_int(process_index, 'process_index', 0)
+  if process_index >= process_count:
+    raise ValueError(f'process_index={process_index} must be below '
+                     f'process_count={process_count}')
+  if spec.batch_size % process_count:
+    raise ValueError(f'data.batch_size={spec.batch_size} must be divisible by '
+                     f'process_count={process_count}')
+  if num_batches is not None:
+    num_batches = check_int(num_batches, 'num_batches', 1)
+  elif split != 'train' and spec.name != 'pystdlib':
+    raise ValueError(f'num_batches is required for split={split!r} of the '
+                     f'generated task data.name={spec.name!r}')
+
+  tokenizer = _tokenizer(spec, workdir)
+  if spec.name == 'pystdlib':
+    source = _corpus_source(spec, split, seed, tokenizer)
+  else:
+    source = _generated_source(spec, split, seed)
+  return Dataset(source, spec=spec, split=split, tokenizer=tokenizer,
+                 process_index=process_index, process_count=process_count,
+                 num_batches=num_batches,
+                 description=_description(spec, tokenizer))

@@ -1,0 +1,135 @@
+"""Generated seq2seq tasks: copy, reverse, sort and addition.
+
+Every example is drawn from its own generator keyed by (seed, split, step,
+row), so a batch, or one process's rows of it, is recomputed from its step
+alone: the state of a generated dataset is {'step': n}. Splits draw from
+disjoint keys, so validation examples are fresh draws, not training ones.
+
+Sources are strings over a small alphabet (digits and '+' for addition), of
+length uniform in [min_len, max_len]; each task has its own tokenizer (pad 0,
+bos 1, eos 2, then its symbols).
+"""
+
+import abc
+from collections.abc import Sequence
+
+import numpy as np
+
+from txf.data import seeding
+from txf.data.tokenizers import SymbolTokenizer
+
+ALPHABET = 'abcdefghijklmnop'
+DIGITS = '0123456789'
+SEQ2SEQ_TASKS = ('copy', 'reverse', 'sort', 'addition')
+_TRANSFORMS = {
+    'copy': lambda word: word,
+    'reverse': lambda word: word[::-1],
+    'sort': lambda word: ''.join(sorted(word)),
+}
+
+
+def seq2seq_tokenizer(task: str) -> SymbolTokenizer:
+  return SymbolTokenizer(DIGITS + '+' if task == 'addition' else ALPHABET)
+
+
+def _random_string(rng: np.random.Generator, length: int, symbols: str) -> str:
+  return ''.join(symbols[i] for i in rng.integers(len(symbols), size=length))
+
+
+def _random_number(rng: np.random.Generator, num_digits: int) -> str:
+  """A decimal of exactly `num_digits` digits (no leading zero unless 1)."""
+  first = DIGITS[rng.integers(1 if num_digits > 1 else 0, 10)]
+  return first + _random_string(rng, num_digits - 1, DIGITS)
+
+
+def make_example(task: str, rng: np.random.Generator, min_len: int,
+                 max_len: int) -> tuple[str, str]:
+  """Returns (source, target) text, len(source) uniform in [min_len, max_len].
+
+  'addition' sources are 'a+b' (min_len >= 3) and targets str(a + b).
+  """
+  length = int(rng.integers(min_len, max_len + 1))
+  if task == 'addition':
+    left_digits = int(rng.integers(1, length - 1))
+    left = _random_number(rng, left_digits)
+    right = _random_number(rng, length - 1 - left_digits)
+    return f'{left}+{right}', str(int(left) + int(right))
+  word = _random_string(rng, length, ALPHABET)
+  return word, _TRANSFORMS[task](word)
+
+
+def pad_rows(rows: Sequence[np.ndarray], length: int) -> np.ndarray:
+  """Stacks int sequences into int32 [len(rows), length], padded with 0."""
+  out = np.zeros((len(rows), length), dtype=np.int32)
+  for i, row in enumerate(rows):
+    out[i, :len(row)] = row
+  return out
+
+
+class GeneratedSource(abc.ABC):
+  """Batches built row by row from per-row generators; state {'step': n}.
+
+  Subclasses define `example(rng)` and `collate(examples)`.
+  """
+
+  num_batches = None  # unbounded
+
+  def __init__(self, *, seed: int, split: str):
+    self._seed = seed
+    self._split = split
+
+  @abc.abstractmethod
+  def example(self, rng: np.random.Generator):
+    """Returns one example drawn from `rng`."""
+
+  @abc.abstractmethod
+  def collate(self, examples: list) -> dict[str, np.ndarray]:
+    """Returns the batch dict of `examples`."""
+
+  def batch(self, step: int, rows: range) -> dict[str, np.ndarray]:
+    """Rows `rows` of global batch `step`."""
+    return self.collate([
+        self.example(seeding.example_rng(self._seed, self._split, step, row))
+        for row in rows])
+
+  def state_at(self, step: int) -> dict[str, int]:
+    return {'step': step}
+
+  def step_of(self, state: dict[str, int]) -> int:
+    return state['step']
+
+
+class Seq2SeqSource(GeneratedSource):
+  """Batches of a seq2seq task, every array padded with 0 to seq_len.
+
+  Batch (R = rows, S = T = seq_len):
+    encoder_inputs: int32 [R, S], the source.
+    decoder_inputs: int32 [R, T], BOS + target (teacher forcing).
+    targets: int32 [R, T], target + EOS.
+    weights: float32 [R, T], 1 on the len(target) + 1 real target tokens.
+  """
+
+  def __init__(self, task: str, *, seed: int, split: str, seq_len: int,
+               min_len: int, max_len: int):
+    super().__init__(seed=seed, split=split)
+    self._task = task
+    self._seq_len = seq_len
+    self._lengths = (min_len, max_len)
+    self.tokenizer = seq2seq_tokenizer(task)
+
+  def example(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    source, target = make_example(self._task, rng, *self._lengths)
+    return self.tokenizer.encode(source), self.tokenizer.encode(target)
+
+  def collate(self, examples: list) -> dict[str, np.ndarray]:
+    sources = [source for source, _ in examples]
+    eos = self.tokenizer.eos_id
+    targets = [np.append(target, eos) for _, target in examples]
+    starts = [np.insert(t[:-1], 0, self.tokenizer.bos_id) for t in targets]
+    targets = pad_rows(targets, self._seq_len)
+    return {
+        'encoder_inputs': pad_rows(sources, self._seq_len),
+        'decoder_inputs': pad_rows(starts, self._seq_len),
+        'targets': targets,
+        'weights': (targets != self.tokenizer.pad_id).astype(np.float32),
+    }

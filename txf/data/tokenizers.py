@@ -1,0 +1,187 @@
+"""Tokenizers: text <-> int32 id arrays behind one small interface.
+
+Every tokenizer reserves pad_id = 0, bos_id = 1 and eos_id = 2, so padded
+batches, sequence starts and document separators mean the same thing for
+every dataset. `mask_id` is None where the vocabulary has no mask token (the
+synthetic tasks, which are never masked).
+"""
+
+import abc
+import io
+import os
+import pathlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+class Tokenizer(abc.ABC):
+  """Common interface: `encode`, `decode` and the special ids.
+
+  Attributes:
+    vocab_size: number of ids; every id lies in [0, vocab_size).
+    pad_id, bos_id, eos_id: 0, 1, 2.
+    mask_id: id of the MLM mask token, or None.
+  """
+
+  pad_id: int = PAD_ID
+  bos_id: int = BOS_ID
+  eos_id: int = EOS_ID
+  mask_id: int | None = None
+  vocab_size: int
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> np.ndarray:
+    """Returns the ids of `text`, int32 [len]; no bos/eos added."""
+
+  @abc.abstractmethod
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    """Returns the text of `ids` (any int sequence), skipping special ids."""
+
+  @property
+  def special_ids(self) -> frozenset[int]:
+    """Ids that carry no text: decode skips them and MLM never masks them."""
+    ids = {self.pad_id, self.bos_id, self.eos_id, self.mask_id}
+    return frozenset(i for i in ids if i is not None)
+
+
+class ByteTokenizer(Tokenizer):
+  """UTF-8 bytes: pad 0, bos 1, eos 2, mask 3, byte b -> id b + 4 (260 ids)."""
+
+  mask_id = 3
+  _OFFSET = 4
+  vocab_size = _OFFSET + 256
+
+  def encode(self, text: str) -> np.ndarray:
+    data = np.frombuffer(text.encode('utf-8'), dtype=np.uint8)
+    return data.astype(np.int32) + self._OFFSET
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    byte_ids = ids[(ids >= self._OFFSET) & (ids < self.vocab_size)]
+    data = (byte_ids - self._OFFSET).astype(np.uint8).tobytes()
+    return data.decode('utf-8', errors='replace')
+
+
+class SymbolTokenizer(Tokenizer):
+  """A fixed list of symbols after pad 0, bos 1, eos 2 (for synthetic tasks).
+
+  Args:
+    symbols: the symbols, in id order from 3.
+    separator: '' for one symbol per character; otherwise symbols are
+      whitespace-separated words in encoded text and joined with `separator`
+      by decode.
+  """
+
+  _OFFSET = 3
+
+  def __init__(self, symbols: Sequence[str], separator: str = ''):
+    if len(set(symbols)) != len(symbols) or not symbols:
+      raise ValueError(f'symbols must be distinct and non-empty: {symbols!r}')
+    self.symbols = tuple(symbols)
+    self.separator = separator
+    self.vocab_size = self._OFFSET + len(symbols)
+    self._ids = {s: i + self._OFFSET for i, s in enumerate(symbols)}
+
+  def encode(self, text: str) -> np.ndarray:
+    pieces = text.split() if self.separator else list(text)
+    unknown = sorted(set(pieces) - self._ids.keys())
+    if unknown:
+      raise ValueError(f'text has symbols outside the vocabulary: {unknown!r}')
+    return np.array([self._ids[p] for p in pieces], dtype=np.int32)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    return self.separator.join(
+        self.symbols[i - self._OFFSET] for i in np.asarray(ids).reshape(-1)
+        if self._OFFSET <= i < self.vocab_size)
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A sentencepiece model with txf's special ids.
+
+  Ids: pad 0, bos 1, eos 2, unk 3, mask 4 ('<mask>'), '\\n' 5, then pieces.
+  Models come from `SentencePieceTokenizer.train`: identity normalisation,
+  no dummy prefix and byte fallback make decode(encode(text)) == text for any
+  text (source code keeps its whitespace).
+  """
+
+  unk_id = 3
+  mask_id = 4
+  MASK_PIECE = '<mask>'
+  # Ids every model holds before learned pieces: 5 specials, '\n', 256 bytes.
+  RESERVED_IDS = 5 + 1 + 256
+
+  def __init__(self, model_path: str | os.PathLike):
+    self._sp = spm.SentencePieceProcessor(model_file=os.fspath(model_path))
+    self.vocab_size = self._sp.get_piece_size()
+    found = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
+             self._sp.unk_id(), self._sp.piece_to_id(self.MASK_PIECE))
+    expected = (self.pad_id, self.bos_id, self.eos_id, self.unk_id,
+                self.mask_id)
+    if found != expected:
+      raise ValueError(
+          f'model_path {model_path} has special ids (pad, bos, eos, unk, '
+          f'mask) = {found}, expected {expected}: train it with '
+          'SentencePieceTokenizer.train')
+
+  @property
+  def special_ids(self) -> frozenset[int]:
+    return super().special_ids | {self.unk_id}
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._sp.encode(text), dtype=np.int32)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    special = self.special_ids
+    return self._sp.decode(
+        [int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in special])
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int,
+            model_prefix_path: str | os.PathLike) -> 'SentencePieceTokenizer':
+    """Trains a unigram model on `texts` and writes `<model_prefix_path>.model`.
+
+    Training is deterministic (one thread, input order kept), so every
+    process that trains on the same texts writes the same file; the file is
+    replaced atomically, so concurrent trainers never expose a partial one.
+
+    Args:
+      texts: documents; they are split into lines for training (sentencepiece
+        skips sentences over 4 KB) and '\\n' is a piece of its own.
+      vocab_size: largest vocabulary (a small text may give fewer pieces);
+        must exceed RESERVED_IDS plus the text's common characters (about
+        100 for source code).
+      model_prefix_path: output path without the '.model' suffix.
+    """
+    if vocab_size <= cls.RESERVED_IDS:
+      raise ValueError(f'vocab_size={vocab_size} must exceed the '
+                       f'{cls.RESERVED_IDS} reserved ids')
+    lines = [line for text in texts for line in text.split('\n') if line]
+    if not lines:
+      raise ValueError('texts hold no text to train on')
+    model = io.BytesIO()
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(lines), model_writer=model,
+          vocab_size=vocab_size, hard_vocab_limit=False, model_type='unigram',
+          pad_id=cls.pad_id, bos_id=cls.bos_id, eos_id=cls.eos_id,
+          unk_id=cls.unk_id, user_defined_symbols=[cls.MASK_PIECE, '\n'],
+          normalization_rule_name='identity', remove_extra_whitespaces=False,
+          add_dummy_prefix=False, allow_whitespace_only_pieces=True,
+          byte_fallback=True, num_threads=1, shuffle_input_sentence=False,
+          minloglevel=2)
+    except RuntimeError as error:
+      # Every common character of the text needs an id of its own.
+      if 'required_chars' not in str(error):
+        raise
+      raise ValueError(f'vocab_size={vocab_size} leaves too few ids for the '
+                       f'characters of texts: {error}') from None
+    path = pathlib.Path(f'{os.fspath(model_prefix_path)}.model')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f'{path.name}.{os.getpid()}.partial')
+    partial.write_bytes(model.getvalue())
+    os.replace(partial, path)
+    return cls(path)
