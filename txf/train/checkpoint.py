@@ -1,0 +1,293 @@
+"""Orbax checkpointing of the train state plus a JSON dict of extras.
+
+Each step directory holds two items:
+  state   the train-state pytree (`ocp.args.StandardSave` / `StandardRestore`)
+  extras  a JSON dict: data-iterator position, RNG info, anything small
+
+Restoring picks the newest checkpoint that restores cleanly. A newer one
+that fails (truncated or missing files, a missing item) is reported with a
+warning and, once an older step has restored, renamed to
+`<step>.corrupt` -- kept for inspection, never deleted, and out of the way
+of the resumed run's own save at that step. Unfinished saves
+(`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; they are
+reported and left in place.
+
+Preemption: with `jax.distributed` initialised, JAX's preemption service
+turns SIGTERM into a step every process agrees on, which
+`Checkpointer.reached_preemption(step)` reports. A single-process run has
+no such service: wrap the loop in `PreemptionGuard` so SIGTERM sets a flag
+and the loop can save and exit 0. Check both:
+`if guard.requested or ckpt.reached_preemption(step): save(force=True); exit`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+logger = logging.getLogger(__name__)
+
+STATE_ITEM = 'state'
+EXTRAS_ITEM = 'extras'
+CORRUPT_SUFFIX = '.corrupt'
+
+
+class RestoreError(RuntimeError):
+  """Checkpoints exist but none of them restores onto the given state."""
+
+
+def _positive_int(name: str, value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+  return value
+
+
+def _as_directory(directory: str | os.PathLike) -> epath.Path:
+  """Orbax needs absolute paths; URLs (gs://...) are left as they are."""
+  directory = os.fspath(directory)
+  if '://' not in directory:
+    directory = os.path.abspath(directory)
+  return epath.Path(directory)
+
+
+def _check_abstract_state(abstract_state: Any) -> None:
+  leaves = jax.tree.leaves(abstract_state)
+  if not leaves:
+    raise ValueError('abstract_state has no leaves.')
+  for leaf in leaves:
+    if not (hasattr(leaf, 'shape') and hasattr(leaf, 'dtype')):
+      raise ValueError('abstract_state leaves must be jax.ShapeDtypeStruct '
+                       f'(or arrays), got {type(leaf).__name__}.')
+
+
+def _check_extras(extras: Any) -> None:
+  """Fails now rather than in orbax's background writer."""
+  if not isinstance(extras, dict):
+    raise ValueError(f'extras must be a dict, got {type(extras).__name__}.')
+  try:
+    json.dumps(extras)
+  except (TypeError, ValueError) as error:
+    raise ValueError(f'extras must be JSON-serialisable: {error}') from error
+
+
+class Checkpointer:
+  """Saves and restores (state, extras) under `directory`, one dir per step.
+
+  Every process calls every method (orbax coordinates the processes).
+  Usable as a context manager (closes on exit, waiting for pending saves).
+
+  Args:
+    directory: root of the step directories (created if missing).
+    max_to_keep: how many of the newest checkpoints to keep.
+    save_interval_steps: `save` writes only at multiples of this, at a
+      preemption step, or when forced.
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
+               save_interval_steps: int = 1):
+    _positive_int('max_to_keep', max_to_keep)
+    _positive_int('save_interval_steps', save_interval_steps)
+    policies = ocp.checkpoint_managers
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=policies.AnySavePolicy([
+            policies.FixedIntervalPolicy(save_interval_steps),
+            policies.PreemptionCheckpointingPolicy(),
+        ]),
+        preservation_policy=policies.LatestN(n=max_to_keep),
+        create=True,
+    )
+    self._manager = ocp.CheckpointManager(
+        _as_directory(directory), options=options,
+        item_names=(STATE_ITEM, EXTRAS_ITEM))
+
+  @property
+  def directory(self) -> epath.Path:
+    return self._manager.directory
+
+  def save(self, step: int, state: Any, extras: dict[str, Any], *,
+           force: bool = False) -> bool:
+    """Starts an asynchronous save of `state` and `extras` at `step`.
+
+    Returns once the arrays are copied off the devices, so the caller may
+    donate or overwrite `state` right away; the files are written in the
+    background (see `wait_until_finished`).
+
+    Returns:
+      Whether a save was started: False off the save interval (unless
+      `force`) and for steps not after the latest checkpoint.
+
+    Raises:
+      ValueError: `extras` is not a JSON-serialisable dict, or `step` < 0.
+    """
+    if step < 0:
+      raise ValueError(f'step must be >= 0, got {step}.')
+    _check_extras(extras)
+    return self._manager.save(
+        step,
+        args=ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave(state),
+            EXTRAS_ITEM: ocp.args.JsonSave(extras),
+        }),
+        force=force)
+
+  def wait_until_finished(self) -> None:
+    """Blocks until pending saves are on disk (and old ones pruned)."""
+    self._manager.wait_until_finished()
+
+  def latest_step(self) -> int | None:
+    """The newest finalised step in the directory, or None."""
+    return self._manager.latest_step()
+
+  def reached_preemption(self, step: int) -> bool:
+    """True at the step all processes agreed to stop at after a SIGTERM.
+
+    Needs `jax.distributed.initialize` (JAX's preemption service); always
+    False otherwise -- use `PreemptionGuard` there. It is a sync point:
+    call it at every step on every process.
+    """
+    return self._manager.reached_preemption(step)
+
+  def restore(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+    """Restores the newest checkpoint that restores cleanly.
+
+    Args:
+      abstract_state: pytree of `jax.ShapeDtypeStruct` (with shardings to
+        restore onto a mesh) matching the saved state.
+
+    Returns:
+      (step, state, extras), or None if there are no checkpoints.
+
+    Raises:
+      ValueError: `abstract_state` has no array-like leaves.
+      RestoreError: checkpoints exist but none restores (each step's error is
+        listed; nothing is renamed).
+    """
+    _check_abstract_state(abstract_state)
+    self._report_unfinished_saves()
+    failures: list[tuple[int, Exception]] = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(**{
+                STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+                EXTRAS_ITEM: ocp.args.JsonRestore(),
+            }))
+      except Exception as error:  # pylint: disable=broad-except
+        # Any failure (missing file, bad bytes, missing item) makes this
+        # step unusable; which exception depends on the file that broke.
+        logger.warning(
+            'Checkpoint step %d in %s does not restore (%s); trying an '
+            'earlier step.', step, self.directory, _describe(error))
+        logger.debug('Full error for step %d:', step, exc_info=error)
+        failures.append((step, error))
+        continue
+      self._quarantine([s for s, _ in failures], restored_step=step)
+      return step, restored[STATE_ITEM], restored[EXTRAS_ITEM]
+    if failures:
+      details = '\n'.join(f'  step {s}: {_describe(e)}' for s, e in failures)
+      raise RestoreError(
+          f'No checkpoint in {self.directory} restores onto the given state:\n'
+          f'{details}\nThey are left in place. If every step fails the same '
+          'way, the config probably differs from the one that wrote them '
+          '(model or optimizer shapes); otherwise move the directory away to '
+          'start afresh.') from failures[0][1]
+    return None
+
+  def _report_unfinished_saves(self) -> None:
+    for tmp in ocp.path.step.all_temporary_paths(self.directory):
+      logger.warning(
+          'Ignoring unfinished checkpoint save %s (never finalised, e.g. the '
+          'job stopped mid-save); it is left in place.', tmp.get())
+
+  def _quarantine(self, steps: list[int], *, restored_step: int) -> None:
+    """Renames unrestorable steps newer than `restored_step` out of the way.
+
+    Without this the manager would still report them as the latest step and
+    refuse the resumed run's saves up to that step.
+    """
+    if not steps:
+      return
+    if ocp.multihost.process_index() == 0:
+      for step in steps:
+        source = self.directory / str(step)
+        target = _free_path(source.parent / f'{source.name}{CORRUPT_SUFFIX}')
+        source.rename(target)
+        logger.warning(
+            'Moved unrestorable checkpoint step %d to %s (kept for '
+            'inspection); resuming from step %d.', step, target,
+            restored_step)
+    ocp.multihost.sync_global_processes('txf_checkpoint_quarantine')
+    self._manager.reload()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases the manager's resources."""
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+
+def _describe(error: Exception, limit: int = 300) -> str:
+  """Type and start of the message (tensorstore appends kilobytes of spec)."""
+  text = f'{type(error).__name__}: {error}'
+  return text if len(text) <= limit else text[:limit] + ' ...'
+
+
+def _free_path(path: epath.Path) -> epath.Path:
+  """`path`, or `path-2`, `path-3`, ... whichever does not exist yet."""
+  candidate, n = path, 1
+  while candidate.exists():
+    n += 1
+    candidate = path.parent / f'{path.name}-{n}'
+  return candidate
+
+
+class PreemptionGuard:
+  """Context manager: SIGTERM sets `requested` instead of killing the process.
+
+  For single-process runs, so the loop can save and exit 0. In a
+  multi-process run (`jax.process_count() > 1`) it installs nothing: JAX's
+  preemption service owns SIGTERM there and `Checkpointer.reached_preemption`
+  reports it. The previous handler is restored on exit. Enter it from the
+  main thread (Python only delivers signals there).
+  """
+
+  def __init__(self):
+    self._requested = threading.Event()
+    self._previous = None
+    self.installed = False
+
+  @property
+  def requested(self) -> bool:
+    """Whether SIGTERM arrived while the guard was installed."""
+    return self._requested.is_set()
+
+  def _handle(self, signum, frame) -> None:
+    del signum, frame
+    self._requested.set()
+
+  def __enter__(self) -> PreemptionGuard:
+    if jax.process_count() == 1:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self.installed = True
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self.installed:
+      # None means the old handler was not set from Python; the default is
+      # the closest Python can restore.
+      previous = signal.SIG_DFL if self._previous is None else self._previous
+      signal.signal(signal.SIGTERM, previous)
+      self.installed = False

@@ -1,0 +1,141 @@
+"""Learning-rate schedule and AdamW optimizer built from `config.train`.
+
+Fields read (all under `train`):
+  learning_rate    peak learning rate, reached at the end of warmup
+  warmup_steps     linear warmup from 0 to the peak over this many steps
+  decay            shape after warmup: 'cosine' | 'linear' | 'constant' | 'rsqrt'
+  steps            total training steps (the decay ends here)
+  end_lr_fraction  final lr / peak, for 'cosine' and 'linear'
+  weight_decay     decoupled weight decay, applied to matrices only
+  b1, b2, eps      Adam moment decay rates and denominator epsilon
+  grad_clip_norm   global-norm gradient clipping threshold; 0 turns it off
+
+Gradient accumulation is not handled here: the train step averages
+micro-batch gradients before calling the optimizer.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+DECAYS = ('cosine', 'linear', 'constant', 'rsqrt')
+
+_MISSING = object()
+
+
+def _field(train_config: Any, name: str) -> Any:
+  """Returns `train_config.<name>`, or a ValueError naming `train.<name>`."""
+  value = getattr(train_config, name, _MISSING)
+  if value is _MISSING:
+    raise ValueError(f'train.{name} is missing from the config.')
+  return value
+
+
+def _number(train_config: Any, name: str, *, integer: bool = False) -> Any:
+  """Reads a numeric field; bools are rejected (they are ints in Python)."""
+  value = _field(train_config, name)
+  kind = numbers.Integral if integer else numbers.Real
+  if isinstance(value, bool) or not isinstance(value, kind):
+    expected = 'an integer' if integer else 'a number'
+    raise ValueError(f'train.{name} must be {expected}, got {value!r}.')
+  return value
+
+
+def _check(condition: bool, name: str, requirement: str, value: Any) -> None:
+  if not condition:
+    raise ValueError(f'train.{name} must be {requirement}, got {value!r}.')
+
+
+def make_schedule(train_config: Any) -> optax.Schedule:
+  """Linear warmup from 0 to `learning_rate`, then the `decay` shape.
+
+  With t the step and W = warmup_steps, D = steps - W, P = learning_rate,
+  E = end_lr_fraction * P:
+    t < W:     P * t / W   (so the very first update uses lr 0, as in optax)
+    cosine:    E + (P - E) * (1 + cos(pi * min(t - W, D) / D)) / 2
+    linear:    P + (E - P) * min(t - W, D) / D
+    constant:  P
+    rsqrt:     P * sqrt(W / t)   (needs W > 0; ignores end_lr_fraction)
+  Steps past `steps` stay at the final value. When W == steps the decay
+  phase is empty and D is taken as 1.
+
+  Raises:
+    ValueError: naming the offending `train.<field>`.
+  """
+  peak = _number(train_config, 'learning_rate')
+  warmup = _number(train_config, 'warmup_steps', integer=True)
+  total = _number(train_config, 'steps', integer=True)
+  end_fraction = _number(train_config, 'end_lr_fraction')
+  decay = _field(train_config, 'decay')
+  _check(peak > 0, 'learning_rate', 'positive', peak)
+  _check(total > 0, 'steps', 'positive', total)
+  _check(0 <= warmup <= total, 'warmup_steps',
+         f'between 0 and train.steps ({total})', warmup)
+  _check(0 <= end_fraction <= 1, 'end_lr_fraction', 'in [0, 1]', end_fraction)
+  _check(decay in DECAYS, 'decay', f'one of {DECAYS}', decay)
+  _check(decay != 'rsqrt' or warmup > 0, 'warmup_steps',
+         "positive when train.decay is 'rsqrt'", warmup)
+
+  decay_steps = max(total - warmup, 1)
+  end_value = peak * end_fraction
+  if decay == 'cosine':
+    after_warmup = optax.cosine_decay_schedule(
+        peak, decay_steps, alpha=end_fraction)
+  elif decay == 'linear':
+    after_warmup = optax.linear_schedule(peak, end_value, decay_steps)
+  elif decay == 'constant':
+    after_warmup = optax.constant_schedule(peak)
+  else:
+    # join_schedules counts from the boundary, so the global step is s + W;
+    # it also evaluates this branch (and discards it) for s < 0.
+    def after_warmup(s):
+      return peak * jax.lax.rsqrt(jnp.maximum(s, 0) / warmup + 1.0)
+
+  if warmup == 0:
+    return after_warmup
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
+
+
+def decay_mask(params: Any) -> Any:
+  """True for leaves that get weight decay: matrices and embeddings (ndim >= 2).
+
+  Biases and norm scales (ndim <= 1) are left alone: decaying them only
+  pulls the model towards a degenerate solution without regularising it.
+  """
+  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def make_optimizer(train_config: Any) -> optax.GradientTransformation:
+  """Global-norm clipping (if `grad_clip_norm` > 0), then AdamW.
+
+  Weight decay is decoupled from the Adam statistics and scaled by the
+  scheduled learning rate (as in `optax.adamw` and PyTorch's AdamW):
+  update = -lr_t * (adam_direction + weight_decay * param) for masked params.
+
+  Raises:
+    ValueError: naming the offending `train.<field>`.
+  """
+  schedule = make_schedule(train_config)
+  weight_decay = _number(train_config, 'weight_decay')
+  b1 = _number(train_config, 'b1')
+  b2 = _number(train_config, 'b2')
+  eps = _number(train_config, 'eps')
+  clip = _number(train_config, 'grad_clip_norm')
+  _check(weight_decay >= 0, 'weight_decay', 'non-negative', weight_decay)
+  _check(0 <= b1 < 1, 'b1', 'in [0, 1)', b1)
+  _check(0 <= b2 < 1, 'b2', 'in [0, 1)', b2)
+  _check(eps > 0, 'eps', 'positive', eps)
+  _check(clip >= 0, 'grad_clip_norm', 'non-negative (0 turns clipping off)',
+         clip)
+
+  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
+                      weight_decay=weight_decay, mask=decay_mask)
+  if clip == 0:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(clip), adamw)
