@@ -1,0 +1,147 @@
+"""Multi-head attention: projections, positional hooks, KV cache, dropout.
+
+All math (scores, masks, RoPE, ALiBi, T5 buckets) lives in `txf.ops`; this
+module holds the projection parameters and the decoding cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf import ops
+
+Array = jax.Array
+
+
+class MultiHeadAttention(nn.Module):
+  """Self- or cross-attention with MHA / GQA / MQA heads.
+
+  Attributes:
+    num_heads: query heads H.
+    num_kv_heads: key/value heads K (H % K == 0).
+    head_dim: per-head width Dh.
+    position: 'rope' rotates q and k; 'alibi' and 't5_bias' add a bias;
+      anything else adds nothing here (absolute encodings live in the
+      embedding). Cross-attention passes 'none'.
+    causal: queries attend only to keys at positions <= their own.
+    bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
+    window: sliding-window span, or None.
+  """
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  position: str = "none"
+  causal: bool = False
+  bidirectional_bias: bool = True
+  window: int | None = None
+  rope_base: float = 10000.0
+  rope_scale: float = 1.0
+  t5_max_distance: int = 128
+  use_bias: bool = False
+  attention_dropout_rate: float = 0.0
+  implementation: str | None = None
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,
+               q_positions_BxT: Array, key_mask: Array | None = None,
+               relative_table: Array | None = None, cache_index: Array | None = None,
+               deterministic: bool = True, decode: bool = False) -> Array:
+    """Attends from x to kv (x itself when kv is None).
+
+    Args:
+      x_BxTxD: queries' inputs.
+      kv_BxSxD: keys' and values' inputs for cross-attention, else None.
+      q_positions_BxT: absolute positions of the queries ([1, T] broadcasts).
+      key_mask: bool, broadcastable to [B, 1, 1|T, S]: padding of the keys.
+      relative_table: [num_buckets, H] T5 bias table (position='t5_bias').
+      cache_index: scalar int32, the first free cache slot (decode only).
+      deterministic: disables dropout.
+      decode: self-attention reads and writes the KV cache (see below).
+
+    In decode mode the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
+    L is fixed when the cache is created by `model.init(..., decode=True)` on
+    a length-L input (that call only creates it). Each later call writes its
+    T new keys at `cache_index` and attends over all L slots, masking the
+    ones after each query.
+
+    Returns:
+      [B, T, D] in the compute dtype.
+    """
+    d_model = x_BxTxD.shape[-1]
+    dense = lambda heads, name: nn.DenseGeneral(
+        (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name=name)
+    is_self = kv_BxSxD is None
+    kv_BxSxD = x_BxTxD if is_self else kv_BxSxD
+    q_BxTxHxDh = dense(self.num_heads, "query")(x_BxTxD)
+    k_BxSxKxDh = dense(self.num_kv_heads, "key")(kv_BxSxD)
+    v_BxSxKxDh = dense(self.num_kv_heads, "value")(kv_BxSxD)
+
+    seq_len = kv_BxSxD.shape[1]
+    k_positions_BxS = jnp.arange(seq_len)[None]
+    if self.position == "rope":
+      q_BxTxHxDh = ops.apply_rope(q_BxTxHxDh, q_positions_BxT, base=self.rope_base,
+                                  scale=self.rope_scale)
+      k_BxSxKxDh = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,
+                                  base=self.rope_base, scale=self.rope_scale)
+
+    is_causal, window, mask = self.causal, self.window, key_mask
+    if decode and is_self:
+      if cache_index is None:
+        raise ValueError("MultiHeadAttention: decode=True needs cache_index")
+      k_BxSxKxDh, v_BxSxKxDh = self._update_cache(k_BxSxKxDh, v_BxSxKxDh, cache_index)
+      seq_len = k_BxSxKxDh.shape[1]
+      k_positions_BxS = jnp.arange(seq_len)[None]
+      if not self.is_initializing():
+        # Queries sit at cache_index + t, so the causal and window masks are
+        # offset; slots not written yet lie after every query and are masked.
+        q_len = x_BxTxD.shape[1]
+        mask = ops.combine_masks(mask, ops.causal_mask(q_len, seq_len, q_offset=cache_index))
+        if window is not None:
+          mask = ops.combine_masks(mask, ops.sliding_window_mask(
+              q_len, seq_len, window=window, q_offset=cache_index))
+        is_causal, window = False, None
+    bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
+
+    attend = dict(bias=bias, mask=mask, is_causal=is_causal, window=window)
+    if self.attention_dropout_rate > 0.0 and not deterministic:
+      weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, **attend)
+      weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
+          weights_BxHxTxS, deterministic=False)
+      out_BxTxHxDh = ops.apply_attention_weights(weights_BxHxTxS.astype(self.dtype), v_BxSxKxDh)
+    else:
+      out_BxTxHxDh = ops.dot_product_attention(
+          q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation, **attend)
+    return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
+                           kernel_init=nn.initializers.xavier_uniform(),
+                           name="out")(out_BxTxHxDh)
+
+  def _position_bias(self, q_positions, k_positions, relative_table):
+    if self.position == "alibi":
+      return ops.alibi_bias(self.num_heads, q_positions, k_positions)
+    if self.position == "t5_bias":
+      if relative_table is None:
+        raise ValueError("MultiHeadAttention: position='t5_bias' needs relative_table")
+      return ops.relative_position_bias(relative_table, q_positions, k_positions,
+                                        bidirectional=self.bidirectional_bias,
+                                        max_distance=self.t5_max_distance)
+    return None
+
+  def _update_cache(self, k_BxTxKxDh, v_BxTxKxDh, cache_index):
+    """Writes the new keys/values at cache_index; returns the whole cache."""
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BxTxKxDh.shape,
+                               k_BxTxKxDh.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BxTxKxDh.shape,
+                                 v_BxTxKxDh.dtype)
+    if self.is_initializing():
+      return k_BxTxKxDh, v_BxTxKxDh
+    start = (0, cache_index, 0, 0)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BxTxKxDh, start)
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BxTxKxDh, start)
+    return cached_key.value, cached_value.value

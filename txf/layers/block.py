@@ -1,0 +1,141 @@
+"""`TransformerBlock` and `TransformerStack`: the shared body of every model.
+
+A block is self-attention, an optional cross-attention and a feed-forward
+network, each wrapped in a residual with Pre-LN or Post-LN placement. A stack
+is N blocks (a Python loop or `nn.scan`, optionally rematerialised), the
+stack-wide T5 relative-bias table and, for Pre-LN, a final norm.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf.layers.attention import MultiHeadAttention
+from txf.layers.embedding import RelativePositionTable
+from txf.layers.feedforward import FeedForward
+from txf.layers.norm import Norm
+from txf.layers.config import ModelConfig
+
+Array = jax.Array
+
+
+def compute_dtype(cfg: ModelConfig):
+  return jnp.dtype(cfg.dtype)
+
+
+class TransformerBlock(nn.Module):
+  """One layer. Returns `(x, None)` so the same module runs under `nn.scan`.
+
+  Attributes:
+    cfg: model hyperparameters.
+    causal: self-attention is causal (decoder side).
+    has_cross: add a cross-attention sub-layer over `cross_x`.
+    deterministic: no dropout.
+    decode: self-attention uses the KV cache.
+  """
+
+  cfg: ModelConfig
+  causal: bool
+  has_cross: bool = False
+  deterministic: bool = True
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, q_positions_BxT: Array, self_mask: Array | None,
+               relative_table: Array | None, cache_index: Array | None,
+               cross_x_BxSxD: Array | None, cross_mask: Array | None):
+    cfg = self.cfg
+    dtype = compute_dtype(cfg)
+    attention = lambda name, causal, position: MultiHeadAttention(
+        num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.per_head_dim,
+        position=position, causal=causal, bidirectional_bias=not causal,
+        window=cfg.window if name == "self_attention" else None,
+        rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
+        use_bias=cfg.use_bias, attention_dropout_rate=cfg.attention_dropout_rate,
+        implementation=cfg.attention_impl, dtype=dtype, name=name)
+
+    self_attention = attention("self_attention", self.causal, cfg.position)
+    x_BxTxD = self._residual("self_attention", x_BxTxD, lambda h: self_attention(
+        h, q_positions_BxT=q_positions_BxT, key_mask=self_mask, relative_table=relative_table,
+        cache_index=cache_index, deterministic=self.deterministic, decode=self.decode))
+    if self.has_cross:
+      # Cross-attention carries no positional signal (as in T5 and Vaswani et al.).
+      cross_attention = attention("cross_attention", False, "none")
+      x_BxTxD = self._residual("cross_attention", x_BxTxD, lambda h: cross_attention(
+          h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
+          deterministic=self.deterministic))
+    ffn = FeedForward(cfg.ffn_dim, cfg.activation, use_bias=cfg.use_bias,
+                      dropout_rate=cfg.dropout_rate, dtype=dtype, name="ffn")
+    x_BxTxD = self._residual("ffn", x_BxTxD,
+                             lambda h: ffn(h, deterministic=self.deterministic))
+    return x_BxTxD, None
+
+  def _residual(self, name: str, x_BxTxD: Array, sublayer: Callable[[Array], Array]) -> Array:
+    """Pre-LN: x + f(norm(x)). Post-LN: norm(x + f(x))."""
+    norm = Norm(self.cfg.norm, self.cfg.norm_eps, compute_dtype(self.cfg), name=f"{name}_norm")
+    dropout = nn.Dropout(self.cfg.dropout_rate)
+    if self.cfg.norm_placement == "pre":
+      return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)
+    return norm(x_BxTxD + dropout(sublayer(x_BxTxD), deterministic=self.deterministic))
+
+
+class TransformerStack(nn.Module):
+  """`num_layers` blocks plus the stack-wide pieces.
+
+  Attributes:
+    cfg: model hyperparameters.
+    num_layers: depth N.
+    causal: decoder-side (causal) self-attention.
+    has_cross: blocks attend to an encoder output.
+  """
+
+  cfg: ModelConfig
+  num_layers: int
+  causal: bool
+  has_cross: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxTxD: Array, *, q_positions_BxT: Array, self_mask: Array | None = None,
+               cache_index: Array | None = None, cross_x_BxSxD: Array | None = None,
+               cross_mask: Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> Array:
+    """[B, T, D] embedded inputs -> [B, T, D] final hidden states.
+
+    Args:
+      q_positions_BxT: absolute positions of the inputs ([1, T] broadcasts).
+      self_mask: bool key-padding mask for self-attention, [B, 1, 1, T].
+      cache_index: first free KV-cache slot (decode only).
+      cross_x_BxSxD, cross_mask: encoder output and its padding mask [B, 1, 1, S].
+      deterministic: no dropout.
+      decode: self-attention reads and writes the KV cache.
+    """
+    cfg = self.cfg
+    relative_table = None
+    if cfg.position == "t5_bias":
+      relative_table = RelativePositionTable(cfg.t5_num_buckets, cfg.num_heads,
+                                             name="relative_position")()
+    block = TransformerBlock
+    if cfg.remat:
+      # Inside scan, CSE cannot merge the recomputation away, so it may stay off.
+      block = nn.remat(block, prevent_cse=not cfg.scan_layers)
+    block_args = (x_BxTxD, q_positions_BxT, self_mask, relative_table, cache_index,
+                  cross_x_BxSxD, cross_mask)
+    block_attrs = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
+                       deterministic=deterministic, decode=decode)
+    if cfg.scan_layers:
+      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+                        split_rngs={"params": True, "dropout": True},
+                        in_axes=(nn.broadcast,) * (len(block_args) - 1),
+                        length=self.num_layers)
+      x_BxTxD, _ = scanned(**block_attrs, name="blocks")(*block_args)
+    else:
+      for i in range(self.num_layers):
+        x_BxTxD, _ = block(**block_attrs, name=f"block_{i}")(x_BxTxD, *block_args[1:])
+    if cfg.norm_placement == "pre":
+      # Pre-LN leaves the residual stream unnormalised; Post-LN already ends in a norm.
+      x_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="final_norm")(x_BxTxD)
+    return x_BxTxD

@@ -1,0 +1,46 @@
+"""Position-wise feed-forward network: ReLU / GELU, or gated SwiGLU / GeGLU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+_ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swiglu": jax.nn.silu,
+                "geglu": jax.nn.gelu}
+_GATED = ("swiglu", "geglu")
+
+
+class FeedForward(nn.Module):
+  """`out(act(x W_in))`, or `out(act(x W_gate) * (x W_in))` when gated (Shazeer 2020).
+
+  Attributes:
+    d_ff: hidden width F.
+    activation: relu | gelu | swiglu | geglu.
+  """
+
+  d_ff: int
+  activation: str = "gelu"
+  use_bias: bool = False
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    """[B, T, D] -> [B, T, D]."""
+    if self.activation not in _ACTIVATIONS:
+      raise ValueError(f"FeedForward.activation: {self.activation!r} not in {tuple(_ACTIVATIONS)}")
+    dense = lambda features, name: nn.Dense(
+        features, use_bias=self.use_bias, dtype=self.dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name=name)
+    act = _ACTIVATIONS[self.activation]
+    h_BxTxF = dense(self.d_ff, "wi")(x_BxTxD)
+    if self.activation in _GATED:
+      h_BxTxF = act(dense(self.d_ff, "gate")(x_BxTxD)) * h_BxTxF
+    else:
+      h_BxTxF = act(h_BxTxF)
+    # Dropout on the hidden layer as in T5; the block adds residual dropout.
+    h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=deterministic)
+    return dense(x_BxTxD.shape[-1], "wo")(h_BxTxF)

@@ -1,0 +1,28 @@
+"""Models: `build(config.model)` returns the linen module for the config's family."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+
+from txf.layers.config import ModelConfig
+from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead, pool
+from txf.models.transformer import Decoder, Encoder, EncoderDecoder
+
+_FAMILIES = {"decoder": Decoder, "encoder": Encoder, "encoder_decoder": EncoderDecoder}
+
+
+def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
+  """Validates a `model` config section and returns the model for its family.
+
+  Raises:
+    ValueError: naming the field, for unknown fields or impossible combinations.
+  """
+  cfg = (model_config if isinstance(model_config, ModelConfig)
+         else ModelConfig.from_config(model_config))
+  return _FAMILIES[cfg.family](cfg)
+
+
+__all__ = ["build", "ModelConfig", "Decoder", "Encoder", "EncoderDecoder", "LMHead",
+           "MaskedLMHead", "ClassificationHead", "pool"]

@@ -1,0 +1,74 @@
+"""Output heads: language-model, masked-LM and sequence classification."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf.layers import Embedder, Norm
+from txf.layers.block import compute_dtype
+from txf.layers.config import ModelConfig
+
+
+class LMHead(nn.Module):
+  """Hidden states -> float32 vocabulary logits, tied to the embedding or not."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
+    """[B, T, D] -> [B, T, V] float32."""
+    if self.cfg.tie_embeddings:
+      return embedder.attend(x_BxTxD)
+    return nn.Dense(self.cfg.vocab_size, use_bias=False, dtype=compute_dtype(self.cfg),
+                    kernel_init=nn.initializers.xavier_uniform(),
+                    name="logits")(x_BxTxD).astype(jnp.float32)
+
+
+class MaskedLMHead(nn.Module):
+  """BERT's MLM head: dense + GELU + norm, then the (tied) vocabulary projection
+  plus a per-token output bias."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
+    """[B, T, D] -> [B, T, V] float32."""
+    cfg = self.cfg
+    h_BxTxD = nn.Dense(cfg.d_model, dtype=compute_dtype(cfg), name="transform")(x_BxTxD)
+    h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(jax.nn.gelu(h_BxTxD))
+    logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
+    return logits_BxTxV + self.param("bias", nn.initializers.zeros, (cfg.vocab_size,), jnp.float32)
+
+
+def pool(x_BxTxD: jax.Array, valid_BxT: jax.Array, pooling: str) -> jax.Array:
+  """Pools hidden states over the real (valid) tokens: [B, T, D] -> [B, D].
+
+  cls: the first token; last: the last real token; mean / max: over real
+  tokens only, so padding never changes the result.
+  """
+  if pooling == "cls":
+    return x_BxTxD[:, 0]
+  if pooling == "last":
+    last_B = jnp.maximum(jnp.sum(valid_BxT, axis=1) - 1, 0)
+    return jnp.take_along_axis(x_BxTxD, last_B[:, None, None], axis=1)[:, 0]
+  valid_BxTx1 = valid_BxT[..., None]
+  if pooling == "mean":
+    total_BxD = jnp.sum(jnp.where(valid_BxTx1, x_BxTxD, 0), axis=1, dtype=jnp.float32)
+    return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)
+  if pooling == "max":
+    return jnp.max(jnp.where(valid_BxTx1, x_BxTxD, jnp.finfo(x_BxTxD.dtype).min), axis=1)
+  raise ValueError(f"model.pooling: {pooling!r} is not one of cls, mean, max, last")
+
+
+class ClassificationHead(nn.Module):
+  """Pooling then a linear classifier: [B, T, D] -> float32 [B, num_classes]."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array, valid_BxT: jax.Array) -> jax.Array:
+    pooled_BxD = pool(x_BxTxD, valid_BxT, self.cfg.pooling)
+    return nn.Dense(self.cfg.num_classes, dtype=compute_dtype(self.cfg),
+                    name="classifier")(pooled_BxD).astype(jnp.float32)

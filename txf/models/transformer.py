@@ -1,0 +1,127 @@
+"""The three model families, composed from the same layers.
+
+  Encoder          bidirectional, padding-aware; MLM or classification head.
+  Decoder          causal LM (or last-token classification); KV-cache decoding.
+  EncoderDecoder   bidirectional encoder, causal decoder with cross-attention.
+
+Every model reads one `ModelConfig`; token id `cfg.pad_id` marks padding.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from txf import ops
+from txf.layers import Embedder, TransformerStack
+from txf.layers.block import compute_dtype
+from txf.layers.config import ModelConfig
+from txf.layers.embedding import Positions
+from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead
+
+Array = jax.Array
+
+
+def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
+  return Embedder(cfg.vocab_size, cfg.d_model, cfg.position, cfg.max_len,
+                  dtype=compute_dtype(cfg), name=name)
+
+
+class Decoder(nn.Module):
+  """GPT-style causal decoder."""
+
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embedder = _embedder(cfg)
+    self.positions = Positions()
+    self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+    self.stack = TransformerStack(cfg, cfg.num_layers, causal=True)
+    self.head = LMHead(cfg) if cfg.head == "lm" else ClassificationHead(cfg)
+
+  def __call__(self, tokens_BxT: Array, *, deterministic: bool = True,
+               decode: bool = False) -> Array:
+    """tokens [B, T] -> logits [B, T, V] (lm) or [B, num_classes] (classify).
+
+    decode=True continues from the KV cache (see `txf.decode`).
+    """
+    positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], decode)
+    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),
+                                 deterministic=deterministic)
+    x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, cache_index=cache_index,
+                         deterministic=deterministic, decode=decode)
+    if self.cfg.head == "classify":
+      return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
+    return self.head(x_BxTxD, self.embedder)
+
+
+class Encoder(nn.Module):
+  """BERT-style bidirectional encoder; padding tokens are never attended to."""
+
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.embedder = _embedder(cfg)
+    self.positions = Positions()
+    self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+    self.stack = TransformerStack(cfg, cfg.num_layers, causal=False)
+    self.head = MaskedLMHead(cfg) if cfg.head == "mlm" else ClassificationHead(cfg)
+
+  def __call__(self, tokens_BxS: Array, *, deterministic: bool = True) -> Array:
+    """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify)."""
+    positions_1xS, _ = self.positions(tokens_BxS.shape[1], False)
+    key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
+    x_BxSxD = self.embed_dropout(self.embedder(tokens_BxS, positions_1xS),
+                                 deterministic=deterministic)
+    x_BxSxD = self.stack(x_BxSxD, q_positions_BxT=positions_1xS, self_mask=key_mask,
+                         deterministic=deterministic)
+    if self.cfg.head == "classify":
+      return self.head(x_BxSxD, tokens_BxS != self.cfg.pad_id)
+    return self.head(x_BxSxD, self.embedder)
+
+
+class EncoderDecoder(nn.Module):
+  """Transformer / T5-style sequence-to-sequence model."""
+
+  cfg: ModelConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.encoder_embedder = _embedder(cfg)
+    self.decoder_embedder = self.encoder_embedder if cfg.share_embeddings else _embedder(cfg)
+    self.positions = Positions()
+    self.embed_dropout = nn.Dropout(cfg.dropout_rate)
+    self.encoder = TransformerStack(cfg, cfg.num_layers, causal=False)
+    self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, has_cross=True)
+    self.head = LMHead(cfg)
+
+  def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True
+             ) -> tuple[Array, Array]:
+    """tokens [B, S] -> (encoded [B, S, D], key mask [B, 1, 1, S])."""
+    positions_1xS, _ = self.positions(encoder_tokens_BxS.shape[1], False)
+    key_mask = ops.padding_mask(tokens=encoder_tokens_BxS, pad_id=self.cfg.pad_id)
+    x_BxSxD = self.embed_dropout(self.encoder_embedder(encoder_tokens_BxS, positions_1xS),
+                                 deterministic=deterministic)
+    encoded_BxSxD = self.encoder(x_BxSxD, q_positions_BxT=positions_1xS, self_mask=key_mask,
+                                 deterministic=deterministic)
+    return encoded_BxSxD, key_mask
+
+  def decode(self, encoded_BxSxD: Array, encoder_mask: Array, decoder_tokens_BxT: Array, *,
+             deterministic: bool = True, decode: bool = False) -> Array:
+    """Decoder tokens [B, T] attending to an encoding -> logits [B, T, V]."""
+    positions_1xT, cache_index = self.positions(decoder_tokens_BxT.shape[1], decode)
+    y_BxTxD = self.embed_dropout(self.decoder_embedder(decoder_tokens_BxT, positions_1xT),
+                                 deterministic=deterministic)
+    y_BxTxD = self.decoder(y_BxTxD, q_positions_BxT=positions_1xT, cache_index=cache_index,
+                           cross_x_BxSxD=encoded_BxSxD, cross_mask=encoder_mask,
+                           deterministic=deterministic, decode=decode)
+    return self.head(y_BxTxD, self.decoder_embedder)
+
+  def __call__(self, encoder_tokens_BxS: Array, decoder_tokens_BxT: Array, *,
+               deterministic: bool = True, decode: bool = False) -> Array:
+    """encoder tokens [B, S], decoder tokens [B, T] -> logits [B, T, V]."""
+    encoded_BxSxD, encoder_mask = self.encode(encoder_tokens_BxS, deterministic=deterministic)
+    return self.decode(encoded_BxSxD, encoder_mask, decoder_tokens_BxT,
+                       deterministic=deterministic, decode=decode)
