@@ -1,4 +1,4 @@
-"""txf.data: tokenizers, the built-in corpus, generated tasks and batching.
+"""txf.data: tokenizers, the built-in corpus, TFDS, generated tasks, batching.
 
 Numpy only (no jax): batches are dicts of numpy arrays holding this
 process's rows of a global batch. Entry points:
@@ -20,27 +20,42 @@ T = data.seq_len, padding id 0):
   classify  inputs int32 [B, T] (BOS + expression), labels int32 [B]
 
 Fields of the `data` config section (read by attribute; only the fields the
-chosen dataset uses must exist):
+chosen dataset uses must exist, and the tfds_* fields may be absent = None):
 
   field              type   used by        meaning
   -----------------  -----  -------------  ------------------------------------
   name               str    all            'pystdlib' (built-in corpus: Python
                                            stdlib sources), 'copy', 'reverse',
-                                           'sort', 'addition', 'listops'
-  task               str    all            'lm' | 'mlm' (pystdlib), 'seq2seq'
-                                           (copy/reverse/sort/addition),
-                                           'classify' (listops)
+                                           'sort', 'addition', 'listops', or
+                                           'tfds:<builder>[/<config>][:<ver>]'
+                                           (a TFDS dataset prepared as
+                                           ArrayRecord: tfds_source.py)
+  task               str    all            'lm' | 'mlm' (pystdlib, tfds),
+                                           'seq2seq' (copy/reverse/sort/
+                                           addition, tfds), 'classify'
+                                           (listops)
   seq_len            int    all            model context T; for generated tasks
-                                           the padded length (>= max_len + 1)
+                                           the padded length (>= max_len + 1);
+                                           tfds seq2seq cuts longer texts
   batch_size         int    all            global batch, divisible by the
                                            process count
-  tokenizer          str    pystdlib       'bytes' (260 ids) | 'sentencepiece'
+  tokenizer          str    pystdlib,tfds  'bytes' (260 ids) | 'sentencepiece'
+                                           (trained on the train split)
   sp_vocab_size      int    sentencepiece  largest vocabulary (> 262)
-  max_corpus_bytes   int    pystdlib       bytes read per split (startup time)
+  max_corpus_bytes   int    pystdlib,tfds  bytes of text read per split (lm,
+                                           mlm) and for sentencepiece training
   mlm_probability    float  mlm            share of tokens selected, in (0, 1)
   min_len, max_len   int    generated      source length (seq2seq) or
                                            expression tokens (listops)
   listops_max_depth  int    listops        most nested operators (root = 1)
+  tfds_data_dir      str    tfds           folder holding the prepared dataset;
+                                           None: TFDS's default
+                                           ($TFDS_DATA_DIR, ~/tensorflow_datasets)
+  tfds_text_key      str    tfds lm/mlm    text feature; None: 'text'
+  tfds_source_key,   str    tfds seq2seq   source and target text features;
+  tfds_target_key                          None: from a config named
+                                           '<source>-<target>' ('de-en' of
+                                           wmt14_translate/de-en: 'de', 'en')
 """
 
 from txf.data.config import DataSpec, read_data_config

@@ -2,7 +2,8 @@
 
 Fields are read by attribute, so an ml_collections ConfigDict and any plain
 object (types.SimpleNamespace, a dataclass) both work. Only the fields the
-dataset uses are required (see the table in txf/data/__init__.py).
+dataset uses are required, and the tfds_* fields may be absent (= None); see
+the table in txf/data/__init__.py.
 """
 
 import dataclasses
@@ -21,6 +22,10 @@ TASKS = {
     'addition': ('seq2seq',),
     'listops': ('classify',),
 }
+# data.name = TFDS_PREFIX + '<builder>[/<config>][:<version>]' reads a TFDS
+# dataset (tfds_source.py).
+TFDS_PREFIX = 'tfds:'
+TFDS_TASKS = ('lm', 'mlm', 'seq2seq')
 TOKENIZERS = ('bytes', 'sentencepiece')
 # Shortest source each seq2seq task can generate ('addition': 'd+d').
 _MIN_SOURCE_LEN = {'copy': 1, 'reverse': 1, 'sort': 1, 'addition': 3}
@@ -40,6 +45,15 @@ class DataSpec:
   min_len: int | None = None
   max_len: int | None = None
   listops_max_depth: int | None = None
+  tfds_data_dir: str | None = None
+  tfds_text_key: str | None = None
+  tfds_source_key: str | None = None
+  tfds_target_key: str | None = None
+
+
+def is_tfds(name: Any) -> bool:
+  """Whether data.name `name` names a TFDS dataset ('tfds:...')."""
+  return isinstance(name, str) and name.startswith(TFDS_PREFIX)
 
 
 def _get(data: Any, field: str) -> Any:
@@ -76,15 +90,24 @@ def _choice(data: Any, field: str, choices: tuple[str, ...]) -> str:
 
 def read_data_config(data: Any) -> DataSpec:
   """Returns the checked DataSpec of `data`; ValueError names a bad field."""
-  name = _choice(data, 'name', tuple(TASKS))
+  name = _get(data, 'name')
+  if is_tfds(name):
+    tasks = TFDS_TASKS
+  elif name in tuple(TASKS):  # a tuple: an unhashable name is just unknown
+    tasks = TASKS[name]
+  else:
+    raise ValueError(f'data.name={name!r} is not one of {tuple(TASKS)} or '
+                     f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'")
   task = _get(data, 'task')
-  if task not in TASKS[name]:
+  if task not in tasks:
     raise ValueError(f'data.task={task!r} does not fit data.name={name!r}; '
-                     f'expected one of {TASKS[name]}')
+                     f'expected one of {tasks}')
   spec = DataSpec(name=name, task=task, seq_len=_int(data, 'seq_len', 2),
                   batch_size=_int(data, 'batch_size', 1))
   if name == 'pystdlib':
     return _corpus_fields(data, spec)
+  if is_tfds(name):
+    return _tfds_fields(data, spec)
   return _synthetic_fields(data, spec)
 
 
@@ -105,6 +128,52 @@ def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
       spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
       max_corpus_bytes=_int(data, 'max_corpus_bytes', 1),
       mlm_probability=mlm_probability)
+
+
+def _optional_str(data: Any, field: str) -> str | None:
+  """data.<field>, a non-empty str or None; an absent field reads as None."""
+  value = getattr(data, field, None)
+  if value is not None and (not isinstance(value, str) or not value):
+    raise ValueError(f'data.{field} must be a non-empty str or None, got '
+                     f'{value!r}')
+  return value
+
+
+def _translation_keys(data: Any, dataset: str) -> tuple[str, str]:
+  """(source, target) feature keys; by default the config's 'src-tgt'.
+
+  'wmt14_translate/de-en:1.0.0' -> ('de', 'en'), WMT's naming.
+  """
+  config = dataset.split(':')[0].partition('/')[2]
+  derived = config.split('-') if config.count('-') == 1 else [None, None]
+  keys = []
+  for field, default in zip(('tfds_source_key', 'tfds_target_key'), derived):
+    key = _optional_str(data, field) or default
+    if not key:
+      raise ValueError(f'data.{field} is required for data.name='
+                       f"'{TFDS_PREFIX}{dataset}': its config is not named "
+                       "'<source>-<target>'")
+    keys.append(key)
+  if keys[0] == keys[1]:
+    raise ValueError(f'data.tfds_source_key and data.tfds_target_key are both '
+                     f'{keys[0]!r}')
+  return keys[0], keys[1]
+
+
+def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
+  dataset = spec.name[len(TFDS_PREFIX):]
+  if not dataset.split(':')[0].split('/')[0]:
+    raise ValueError(f'data.name={spec.name!r} names no TFDS builder; expected '
+                     f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'")
+  spec = dataclasses.replace(
+      _corpus_fields(data, spec),
+      tfds_data_dir=_optional_str(data, 'tfds_data_dir'))
+  if spec.task == 'seq2seq':
+    source_key, target_key = _translation_keys(data, dataset)
+    return dataclasses.replace(spec, tfds_source_key=source_key,
+                               tfds_target_key=target_key)
+  return dataclasses.replace(
+      spec, tfds_text_key=_optional_str(data, 'tfds_text_key') or 'text')
 
 
 def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:

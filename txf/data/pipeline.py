@@ -9,7 +9,8 @@ import numpy as np
 from txf.data import corpus
 from txf.data import listops
 from txf.data import synthetic
-from txf.data.config import DataSpec, check_int, read_data_config
+from txf.data import tfds_source
+from txf.data.config import DataSpec, check_int, is_tfds, read_data_config
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
 from txf.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
@@ -96,6 +97,11 @@ class Dataset:
     self._step = self._source.step_of(state)
 
 
+def _reads_text(spec: DataSpec) -> bool:
+  """Whether the data is text read from splits (the corpus or TFDS)."""
+  return spec.name == 'pystdlib' or is_tfds(spec.name)
+
+
 def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
                       ) -> Tokenizer:
   if spec.tokenizer == 'bytes':
@@ -107,13 +113,16 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
   model = prefix.with_name(prefix.name + '.model')
   if model.exists():
     return SentencePieceTokenizer(model)
-  texts = corpus.load_corpus(
-      'train', max_bytes=min(spec.max_corpus_bytes, SENTENCEPIECE_TRAIN_BYTES))
+  max_bytes = min(spec.max_corpus_bytes, SENTENCEPIECE_TRAIN_BYTES)
+  if spec.name == 'pystdlib':
+    texts = corpus.load_corpus('train', max_bytes=max_bytes)
+  else:
+    texts = tfds_source.training_texts(spec, max_bytes)
   return SentencePieceTokenizer.train(texts, spec.sp_vocab_size, prefix)
 
 
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
-  if spec.name == 'pystdlib':
+  if _reads_text(spec):
     return _corpus_tokenizer(spec, workdir)
   if spec.name == 'listops':
     return listops.listops_tokenizer()
@@ -132,10 +141,9 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None
   return _tokenizer(read_data_config(data_config), workdir)
 
 
-def _corpus_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
-                   ) -> LanguageModelSource:
-  tokens = token_stream(
-      corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes), tokenizer)
+def _lm_source(spec: DataSpec, documents: list[str], split: str, seed: int,
+               tokenizer: Tokenizer) -> LanguageModelSource:
+  tokens = token_stream(documents, tokenizer)
   masker = None
   if spec.task == 'mlm':
     masker = BertMasker(
@@ -146,6 +154,19 @@ def _corpus_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
       tokens, example_len=spec.seq_len + (masker is None),
       batch_size=spec.batch_size, seed=seed, shuffle=split == 'train',
       masker=masker)
+
+
+def _tfds_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
+                 ) -> Source:
+  records = tfds_source.open_split(spec, split)
+  if spec.task == 'seq2seq':
+    return tfds_source.TranslationSource(
+        records, keys=(spec.tfds_source_key, spec.tfds_target_key),
+        tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
+        seed=seed, shuffle=split == 'train')
+  documents = tfds_source.read_texts(records, [spec.tfds_text_key],
+                                     spec.max_corpus_bytes)
+  return _lm_source(spec, documents, split, seed, tokenizer)
 
 
 def _generated_source(spec: DataSpec, split: str, seed: int
@@ -160,9 +181,11 @@ def _generated_source(spec: DataSpec, split: str, seed: int
 
 
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
-  if spec.name == 'pystdlib':
-    return (f'{corpus.corpus_description()}; {spec.tokenizer} tokenizer, '
-            f'{tokenizer.vocab_size} ids; {spec.task}, seq_len {spec.seq_len}')
+  if _reads_text(spec):
+    data = (corpus.corpus_description() if spec.name == 'pystdlib'
+            else tfds_source.description(spec))
+    return (f'{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; '
+            f'{spec.task}, seq_len {spec.seq_len}')
   return (f'{spec.name} task, {spec.min_len}..{spec.max_len} tokens, '
           f'seq_len {spec.seq_len}')
 
@@ -180,9 +203,9 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
     process_index, process_count: this host's index and the host count;
       data.batch_size must divide by process_count.
     workdir: run directory (holds the sentencepiece model).
-    num_batches: stop after this many batches (None: the corpus evaluation
-      splits give one pass, the training split and generated tasks never
-      stop). Required for evaluating generated tasks.
+    num_batches: stop after this many batches (None: the corpus and TFDS
+      evaluation splits give one pass, the training split and generated
+      tasks never stop). Required for evaluating generated tasks.
 
   Raises:
     ValueError naming the bad field or argument, before loading any data.
@@ -201,13 +224,17 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
                      f'process_count={process_count}')
   if num_batches is not None:
     num_batches = check_int(num_batches, 'num_batches', 1)
-  elif split != 'train' and spec.name != 'pystdlib':
+  elif split != 'train' and not _reads_text(spec):
     raise ValueError(f'num_batches is required for split={split!r} of the '
                      f'generated task data.name={spec.name!r}')
 
   tokenizer = _tokenizer(spec, workdir)
   if spec.name == 'pystdlib':
-    source = _corpus_source(spec, split, seed, tokenizer)
+    source = _lm_source(
+        spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes),
+        split, seed, tokenizer)
+  elif is_tfds(spec.name):
+    source = _tfds_source(spec, split, seed, tokenizer)
   else:
     source = _generated_source(spec, split, seed)
   return Dataset(source, spec=spec, split=split, tokenizer=tokenizer,

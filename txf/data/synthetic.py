@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from txf.data import seeding
-from txf.data.tokenizers import SymbolTokenizer
+from txf.data.tokenizers import SymbolTokenizer, Tokenizer
 
 ALPHABET = 'abcdefghijklmnop'
 DIGITS = '0123456789'
@@ -64,6 +64,28 @@ def pad_rows(rows: Sequence[np.ndarray], length: int) -> np.ndarray:
   for i, row in enumerate(rows):
     out[i, :len(row)] = row
   return out
+
+
+def seq2seq_arrays(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *,
+                   tokenizer: Tokenizer, seq_len: int) -> dict[str, np.ndarray]:
+  """The seq2seq batch of (source ids, target ids) pairs, padded with 0.
+
+  Sources must have at most seq_len ids, targets at most seq_len - 1 (EOS is
+  appended). Returns (R = len(pairs), S = T = seq_len):
+    encoder_inputs: int32 [R, S], the source.
+    decoder_inputs: int32 [R, T], BOS + target (teacher forcing).
+    targets: int32 [R, T], target + EOS.
+    weights: float32 [R, T], 1 on the len(target) + 1 real target tokens.
+  """
+  targets = [np.append(target, tokenizer.eos_id) for _, target in pairs]
+  starts = [np.insert(t[:-1], 0, tokenizer.bos_id) for t in targets]
+  targets = pad_rows(targets, seq_len)
+  return {
+      'encoder_inputs': pad_rows([source for source, _ in pairs], seq_len),
+      'decoder_inputs': pad_rows(starts, seq_len),
+      'targets': targets,
+      'weights': (targets != tokenizer.pad_id).astype(np.float32),
+  }
 
 
 class GeneratedSource(abc.ABC):
@@ -122,14 +144,4 @@ class Seq2SeqSource(GeneratedSource):
     return self.tokenizer.encode(source), self.tokenizer.encode(target)
 
   def collate(self, examples: list) -> dict[str, np.ndarray]:
-    sources = [source for source, _ in examples]
-    eos = self.tokenizer.eos_id
-    targets = [np.append(target, eos) for _, target in examples]
-    starts = [np.insert(t[:-1], 0, self.tokenizer.bos_id) for t in targets]
-    targets = pad_rows(targets, self._seq_len)
-    return {
-        'encoder_inputs': pad_rows(sources, self._seq_len),
-        'decoder_inputs': pad_rows(starts, self._seq_len),
-        'targets': targets,
-        'weights': (targets != self.tokenizer.pad_id).astype(np.float32),
-    }
+    return seq2seq_arrays(examples, tokenizer=self.tokenizer, seq_len=self._seq_len)
