@@ -1,0 +1,14 @@
+"""Decoder LM with ALiBi attention biases (Press et al. 2022).
+
+  python -m experiments.run --config=configs/alibi.py
+
+No position embedding: each head adds -slope * distance to its attention scores.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.position = "alibi"
+  return config

@@ -1,0 +1,14 @@
+"""Decoder LM with a learned absolute position table (GPT-2 / BERT style).
+
+  python -m experiments.run --config=configs/learned.py
+
+The table has model.max_len rows; longer sequences are rejected before compute.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.position = "learned"
+  return config

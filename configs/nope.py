@@ -1,0 +1,14 @@
+"""Decoder LM with no positional encoding (NoPE; Kazemnejad et al. 2023).
+
+  python -m experiments.run --config=configs/nope.py
+
+Only the causal mask tells positions apart.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.position = "none"
+  return config

@@ -1,0 +1,14 @@
+"""Decoder LM with Post-LN residual blocks (the original Transformer).
+
+  python -m experiments.run --config=configs/post_ln.py
+
+norm(x + f(x)) instead of the default Pre-LN x + f(norm(x)); Post-LN typically needs learning-rate warmup to train stably.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.norm_placement = "post"
+  return config

@@ -1,0 +1,16 @@
+"""Decoder LM with rotary position embeddings (RoFormer; Su et al. 2021).
+
+  python -m experiments.run --config=configs/rope.py
+
+The README's main job. Rotates queries and keys by their absolute positions so
+attention scores depend only on relative offsets. Identical to base.py (whose
+default position is RoPE); its own file so sweeps name it.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.position = "rope"
+  return config

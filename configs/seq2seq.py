@@ -1,0 +1,24 @@
+"""Encoder-decoder on a synthetic sequence-to-sequence task (default: reverse).
+
+  python -m experiments.run --config=configs/seq2seq.py
+  python -m experiments.run --config=configs/seq2seq.py --config.data.name=addition
+
+Tasks: copy, reverse, sort, addition; sources of data.min_len..data.max_len
+symbols. The decoder is teacher-forced on BOS + target; eval reports token
+loss and accuracy. Shared embeddings, sinusoidal positions as in Vaswani et al.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.family = "encoder_decoder"
+  config.model.position = "sinusoidal"
+  config.data.name = "reverse"
+  config.data.task = "seq2seq"
+  config.data.seq_len = 24
+  config.data.min_len = 4
+  config.data.max_len = 16
+  config.eval.sample_tokens = 0
+  return config

@@ -1,0 +1,14 @@
+"""Decoder LM with fixed sinusoidal absolute positions (Vaswani et al. 2017).
+
+  python -m experiments.run --config=configs/sinusoidal.py
+
+Adds sin/cos features of the absolute position to the token embeddings.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.position = "sinusoidal"
+  return config

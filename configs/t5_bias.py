@@ -1,0 +1,14 @@
+"""Decoder LM with T5's learned relative-position bias (Raffel et al. 2020).
+
+  python -m experiments.run --config=configs/t5_bias.py
+
+Offsets are bucketed (exact when small, log-spaced up to t5_max_distance); one table per stack is shared by all layers.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.position = "t5_bias"
+  return config

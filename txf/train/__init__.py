@@ -1,0 +1,1 @@
+"""Training: optimizer, train/eval steps, loop, checkpoints, metrics."""

@@ -1,0 +1,98 @@
+"""Checks a whole run config before any compute: unknown fields, impossible
+combinations across sections. Every error is a `ValueError` naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from txf.data.config import DataSpec, read_data_config
+from txf.layers.config import ModelConfig
+
+SECTIONS = ("seed", "model", "data", "train", "eval", "parallel")
+TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
+                "weight_decay", "b1", "b2", "eps", "grad_clip_norm", "grad_accum_steps",
+                "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep")
+EVAL_FIELDS = ("every", "num_batches", "sample_tokens", "sample_prompt", "temperature")
+PARALLEL_FIELDS = ("data", "fsdp", "tensor")
+DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSpec))
+
+# data.task -> (model.family, model.head) it trains.
+TASK_MODELS = {
+    "lm": (("decoder",), ("lm",)),
+    "mlm": (("encoder",), ("mlm",)),
+    "seq2seq": (("encoder_decoder",), ("lm",)),
+    "classify": (("encoder", "decoder"), ("classify",)),
+}
+
+
+class ConfigError(ValueError):
+  """The run config is invalid; raised before any compute."""
+
+
+def _check_known(section: str, config: Any, known: tuple[str, ...]) -> None:
+  unknown = sorted(set(config.keys()) - set(known))
+  if unknown:
+    raise ValueError(f"{section}.{unknown[0]}: unknown field (known: {', '.join(known)})")
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+
+
+def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -> ModelConfig:
+  """Validates `config` and returns its `ModelConfig`.
+
+  Args:
+    config: the run's ConfigDict (sections: seed, model, data, train, eval, parallel).
+    vocab_size: the tokenizer's vocabulary size (fills model.vocab_size=None).
+    num_classes: the dataset's label count for classification, else None.
+  """
+  _check_known("config", config, SECTIONS)
+  for section in SECTIONS:
+    if section not in config:
+      raise ValueError(f"config.{section}: missing section")
+  _check_known("data", config.data, DATA_FIELDS)
+  _check_known("train", config.train, TRAIN_FIELDS)
+  _check_known("eval", config.eval, EVAL_FIELDS)
+  _check_known("parallel", config.parallel, PARALLEL_FIELDS)
+  _positive_int("seed", config.seed, 0)
+  spec = read_data_config(config.data)
+
+  model_fields = dict(config.model.items())
+  if model_fields.get("vocab_size") is None:
+    model_fields["vocab_size"] = vocab_size
+  elif model_fields["vocab_size"] < vocab_size:
+    raise ValueError(f"model.vocab_size: {model_fields['vocab_size']} is smaller than the "
+                     f"tokenizer's {vocab_size} ids")
+  if num_classes is not None:
+    model_fields["num_classes"] = num_classes
+  model_cfg = ModelConfig.from_config(model_fields)
+
+  families, heads = TASK_MODELS[spec.task]
+  if model_cfg.family not in families:
+    raise ValueError(f"model.family: {model_cfg.family!r} cannot train data.task="
+                     f"{spec.task!r} (needs one of {families})")
+  if model_cfg.head not in heads:
+    raise ValueError(f"model.head: {model_cfg.head!r} cannot train data.task={spec.task!r} "
+                     f"(needs one of {heads})")
+  if model_cfg.position == "learned" and spec.seq_len > model_cfg.max_len:
+    raise ValueError(f"model.max_len: the learned position table ({model_cfg.max_len}) is "
+                     f"shorter than data.seq_len={spec.seq_len}")
+
+  train = config.train
+  _positive_int("train.steps", train.steps)
+  _positive_int("train.grad_accum_steps", train.grad_accum_steps)
+  _positive_int("train.log_every", train.log_every)
+  _positive_int("train.checkpoint_every", train.checkpoint_every)
+  _positive_int("train.max_to_keep", train.max_to_keep)
+  if spec.batch_size % train.grad_accum_steps:
+    raise ValueError(f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
+                     f"data.batch_size={spec.batch_size}")
+  _positive_int("eval.every", config.eval.every)
+  _positive_int("eval.num_batches", config.eval.num_batches)
+  _positive_int("eval.sample_tokens", config.eval.sample_tokens, 0)
+  if config.eval.temperature < 0:
+    raise ValueError(f"eval.temperature: must be >= 0, got {config.eval.temperature}")
+  return model_cfg

@@ -1,0 +1,150 @@
+"""Train and eval steps: one jitted function each, the same for every task.
+
+A task decides which batch fields feed the model and which are labels:
+
+  lm, mlm     model(inputs)                          vs targets, weights
+  seq2seq     model(encoder_inputs, decoder_inputs)  vs targets, weights
+  classify    model(inputs) -> [B, C]                vs labels
+
+Losses are summed over real tokens within a step and divided once by the
+step's token count, so gradient accumulation over micro-batches gives exactly
+the gradient of the full batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from txf import ops
+
+Batch = dict[str, jax.Array]
+TASKS = ("lm", "mlm", "seq2seq", "classify")
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a checkpoint must hold besides the data position.
+
+  Dropout keys are derived from (seed, step), so no RNG state is stored.
+  """
+
+  step: jax.Array  # int32 scalar: updates applied so far
+  params: Any
+  opt_state: Any
+
+
+def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch: Batch,
+               task: str, rng: jax.Array) -> TrainState:
+  """Initial state from a batch of the right shapes (its values are unused)."""
+  params = model.init(rng, *model_inputs(batch, task))["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params))
+
+
+def model_inputs(batch: Batch, task: str) -> tuple[jax.Array, ...]:
+  if task == "seq2seq":
+    return batch["encoder_inputs"], batch["decoder_inputs"]
+  if task in ("lm", "mlm", "classify"):
+    return (batch["inputs"],)
+  raise ValueError(f"data.task: {task!r} is not one of {TASKS}")
+
+
+def labels_and_weights(batch: Batch, task: str) -> tuple[jax.Array, jax.Array]:
+  """Labels [B, T] (or [B]) and float32 weights of the same shape."""
+  if task == "classify":
+    labels = batch["labels"]
+    return labels, jnp.ones(labels.shape, jnp.float32)
+  return batch["targets"], batch["weights"].astype(jnp.float32)
+
+
+def _loss_sums(model: nn.Module, params: Any, batch: Batch, task: str, *,
+               label_smoothing: float, z_loss: float, dropout_rng: jax.Array | None):
+  """(weighted loss sum, weight sum, correct-prediction count) for one batch."""
+  deterministic = dropout_rng is None
+  rngs = {} if deterministic else {"dropout": dropout_rng}
+  logits = model.apply({"params": params}, *model_inputs(batch, task),
+                       deterministic=deterministic, rngs=rngs)
+  labels, weights = labels_and_weights(batch, task)
+  loss, count = ops.cross_entropy(logits, labels, weights=weights,
+                                  label_smoothing=label_smoothing, z_loss=z_loss)
+  correct = jnp.sum((jnp.argmax(logits, axis=-1) == labels) * weights)
+  return loss * count, count, correct
+
+
+def _split_micro_batches(batch: Batch, num: int) -> Batch:
+  """[B, ...] leaves -> [num, B / num, ...], micro-batch i = rows i, i+num, ...
+
+  Strided rows keep every micro-batch spread over all data-parallel devices
+  (a contiguous split would put each on a fraction of them).
+  """
+  def split(x):
+    if x.shape[0] % num:
+      raise ValueError(
+          f"train.grad_accum_steps: {num} does not divide the batch of {x.shape[0]} rows")
+    return x.reshape(x.shape[0] // num, num, *x.shape[1:]).swapaxes(0, 1)
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, task: str, *,
+                    seed: int, grad_accum_steps: int = 1, label_smoothing: float = 0.0,
+                    z_loss: float = 0.0) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+  """Returns `train_step(state, batch) -> (state, metrics)` (not yet jitted).
+
+  An update whose loss or gradient is not finite is skipped (the state is
+  returned unchanged) and reported through `metrics['finite'] == 0`, so a
+  NaN never reaches the parameters or a checkpoint.
+  """
+  def sums(params, micro_batch, rng):
+    total, count, correct = _loss_sums(model, params, micro_batch, task,
+                                       label_smoothing=label_smoothing, z_loss=z_loss,
+                                       dropout_rng=rng)
+    return total, (count, correct)
+
+  value_and_grad_fn = jax.value_and_grad(sums, has_aux=True)
+
+  def train_step(state: TrainState, batch: Batch):
+    rng = jax.random.fold_in(jax.random.key(seed), state.step)
+    if grad_accum_steps == 1:
+      (total, (count, correct)), grads = value_and_grad_fn(state.params, batch, rng)
+    else:
+      micro = _split_micro_batches(batch, grad_accum_steps)
+      def accumulate(carry, xs):
+        i, micro_batch = xs
+        (m_total, (m_count, m_correct)), m_grads = value_and_grad_fn(
+            state.params, micro_batch, jax.random.fold_in(rng, i))
+        g, t, c, k = carry
+        return (jax.tree.map(jnp.add, g, m_grads), t + m_total, c + m_count, k + m_correct), None
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      init = (zeros, jnp.zeros(()), jnp.zeros(()), jnp.zeros(()))
+      (grads, total, count, correct), _ = jax.lax.scan(
+          accumulate, init, (jnp.arange(grad_accum_steps), micro))
+    denom = jnp.maximum(count, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads)
+    loss = total / denom
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+    metrics = {"loss": loss, "accuracy": correct / denom, "grad_norm": grad_norm,
+               "tokens": count, "finite": finite.astype(jnp.int32)}
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: nn.Module, task: str) -> Callable[[Any, Batch], dict]:
+  """Returns `eval_step(params, batch) -> sums` with loss_sum, count, correct
+  (sums, so results over many batches add up exactly)."""
+  def eval_step(params, batch):
+    total, count, correct = _loss_sums(model, params, batch, task, label_smoothing=0.0,
+                                       z_loss=0.0, dropout_rng=None)
+    return {"loss_sum": total, "count": count, "correct": correct}
+  return eval_step
