@@ -1,0 +1,320 @@
+"""Data parallel, FSDP and tensor parallel as config changes.
+
+One device mesh with axes ('data', 'fsdp', 'tensor') is built from
+`config.parallel`. Every parameter gets logical axis names from one table
+(`PARAM_AXES`); `rules` map logical names to mesh axes; `jax.jit` with
+`NamedSharding`s does the rest (XLA's SPMD partitioner inserts the
+collectives).
+
+  parallel.data    batch split; parameters replicated (plain data parallel)
+  parallel.fsdp    batch split too, and parameters / optimizer state split
+                   along 'embed' (ZeRO-3: gathered layer by layer in compute)
+  parallel.tensor  heads, kv_heads, mlp and vocab split (Megatron-style)
+
+Typical use:
+
+  mesh = make_mesh(config.parallel)
+  check_batch(config.data.batch_size, mesh)
+  shardings = state_shardings(jax.eval_shape(init, key), mesh)
+  state = jax.jit(init, out_shardings=shardings)(key)
+  batch = shard_batch(local_numpy_batch, mesh)
+
+Anything that cannot be sharded as asked (a parameter no rule covers, a
+dimension its mesh axis does not divide, a batch that does not split evenly)
+raises a ValueError naming the parameter or config field before any compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from typing import Any, Iterator, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes a batch's leading dimension is split over.
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis -> mesh axis (or axes, or None: replicated). Same format as
+# flax's `nn.logical_axis_rules`.
+Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+DEFAULT_RULES: Rules = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+    ("length", None),
+)
+
+# Parameter path (components joined by '/') -> logical axes of its unscanned
+# shape. A pattern matches the end of a path at a component boundary. Every
+# parameter must match exactly one pattern, so a new layer parameter fails
+# loudly here instead of silently staying replicated.
+PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+    (r"(self|cross)_attention/query/kernel", ("embed", "heads", "head_dim")),
+    (r"(self|cross)_attention/(key|value)/kernel", ("embed", "kv_heads", "head_dim")),
+    (r"(self|cross)_attention/query/bias", ("heads", "head_dim")),
+    (r"(self|cross)_attention/(key|value)/bias", ("kv_heads", "head_dim")),
+    (r"(self|cross)_attention/out/kernel", ("heads", "head_dim", "embed")),
+    (r"(self|cross)_attention/out/bias", ("embed",)),
+    (r"ffn/(wi|gate)/kernel", ("embed", "mlp")),
+    (r"ffn/(wi|gate)/bias", ("mlp",)),
+    (r"ffn/wo/kernel", ("mlp", "embed")),
+    (r"ffn/wo/bias", ("embed",)),
+    # *_attention_norm, ffn_norm, final_norm and the MLM head's norm.
+    (r"[^/]*norm/(scale|bias)", ("embed",)),
+    # embedder, encoder_embedder, decoder_embedder.
+    (r"[^/]*embedder/token/embedding", ("vocab", "embed")),
+    (r"[^/]*embedder/position_table", (None, "embed")),
+    (r"relative_position/table", (None, "heads")),
+    (r"head/(projection/)?logits/kernel", ("embed", "vocab")),
+    # MLM transform is [D, D]: one mesh axis cannot split both dimensions.
+    (r"head/transform/kernel", ("embed", None)),
+    (r"head/transform/bias", ("embed",)),
+    (r"head/bias", ("vocab",)),
+    # A handful of classes: not worth splitting.
+    (r"head/classifier/kernel", ("embed", None)),
+    (r"head/classifier/bias", (None,)),
+)
+_COMPILED_PARAM_AXES = tuple((re.compile(rf"(?:.*/)?(?:{pattern})"), axes)
+                             for pattern, axes in PARAM_AXES)
+
+# `nn.scan` over layers (model.scan_layers) stores a block's parameters under
+# this name with a leading [num_layers] axis.
+SCANNED_BLOCKS = "blocks"
+
+# Where to change a logical axis's size when its mesh axis does not divide it.
+_AXIS_FIELDS = {
+    "embed": "model.d_model",
+    "heads": "model.num_heads",
+    "kv_heads": "model.num_kv_heads",
+    "mlp": "model.d_ff",
+    "vocab": "model.vocab_size",
+    "head_dim": "model.head_dim",
+}
+
+
+# ---------------------------------------------------------------------------
+# Mesh.
+
+
+def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh sized by `parallel.{data, fsdp, tensor}`.
+
+  Args:
+    parallel_config: the config's `parallel` section; `data=-1` takes all
+      devices the other two axes leave.
+    devices: the devices to use (default: all of them, across processes).
+
+  Raises:
+    ValueError: naming `parallel.<field>` for an invalid size or sizes whose
+      product is not the device count.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = {}
+  for name in MESH_AXES:
+    value = getattr(parallel_config, name, None)
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or not (value >= 1 or (name == "data" and value == -1)):
+      extra = " or -1 (all remaining devices)" if name == "data" else ""
+      raise ValueError(f"parallel.{name}: must be a positive integer{extra}, got {value!r}")
+    sizes[name] = value
+  model_parallel = sizes["fsdp"] * sizes["tensor"]
+  if sizes["data"] == -1:
+    if len(devices) % model_parallel:
+      raise ValueError(
+          f"parallel.fsdp x parallel.tensor = {sizes['fsdp']} x {sizes['tensor']} does not "
+          f"divide the {len(devices)} devices")
+    sizes["data"] = len(devices) // model_parallel
+  if math.prod(sizes.values()) != len(devices):
+    raise ValueError(
+        f"parallel.data x parallel.fsdp x parallel.tensor = "
+        f"{' x '.join(str(sizes[n]) for n in MESH_AXES)} = {math.prod(sizes.values())} "
+        f"does not match the {len(devices)} devices (parallel.data=-1 takes the rest)")
+  # jax.make_mesh orders devices for the physical topology (ICI neighbours on
+  # the fastest-varying axis: 'tensor'). Auto axes: sharding is propagated
+  # by the compiler and linen's logical constraints stay constraints.
+  return jax.make_mesh(tuple(sizes[n] for n in MESH_AXES), MESH_AXES,
+                       axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+# ---------------------------------------------------------------------------
+# Logical axes of parameters.
+
+
+def _path_name(path: tuple) -> str:
+  """'stack/block_0/ffn/wi/kernel' from a tree path of dict keys."""
+  return "/".join(str(getattr(key, "key", key)) for key in path)
+
+
+def param_logical_axes(name: str, ndim: int) -> tuple[str | None, ...]:
+  """Logical axes of the parameter at path `name` with `ndim` dimensions.
+
+  Raises:
+    ValueError: naming the path when no rule or several rules match, or the
+      rule's rank does not fit the parameter.
+  """
+  matches = [axes for pattern, axes in _COMPILED_PARAM_AXES if pattern.fullmatch(name)]
+  if len(matches) != 1:
+    problem = "no sharding rule matches" if not matches else f"{len(matches)} sharding rules match"
+    raise ValueError(f"{name}: {problem} this parameter; give it exactly one entry in "
+                     "txf.train.sharding.PARAM_AXES")
+  axes = matches[0]
+  if SCANNED_BLOCKS in name.split("/"):
+    axes = ("layers", *axes)
+  if len(axes) != ndim:
+    raise ValueError(f"{name}: has {ndim} dimensions but its rule in PARAM_AXES gives "
+                     f"{len(axes)} axes {axes}")
+  return axes
+
+
+def logical_axes(params: Any) -> Any:
+  """Pytree like `params` (arrays or ShapeDtypeStructs) of logical-axis tuples."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: param_logical_axes(_path_name(path), np.ndim(leaf)), params)
+
+
+# ---------------------------------------------------------------------------
+# Shardings.
+
+
+def _mesh_axes(rules: Rules, logical: str | None, name: str) -> tuple[str, ...]:
+  """Mesh axes that logical axis `logical` is split over (empty: replicated)."""
+  if logical is None:
+    return ()
+  table = dict(rules)
+  if logical not in table:
+    raise ValueError(f"{name}: logical axis {logical!r} has no entry in the sharding rules")
+  target = table[logical]
+  if target is None:
+    return ()
+  return (target,) if isinstance(target, str) else tuple(target)
+
+
+def _spec(name: str, shape: tuple[int, ...], axes: Sequence[str | None], mesh: Mesh,
+          rules: Rules) -> PartitionSpec:
+  """PartitionSpec for one array, checking that every split is even."""
+  entries, used = [], set()
+  for dim, (size, logical) in enumerate(zip(shape, axes)):
+    # A size-1 mesh axis splits nothing: leaving it out keeps specs readable
+    # (P() is "replicated") and lets such axes repeat.
+    mesh_axes = tuple(a for a in _mesh_axes(rules, logical, name) if mesh.shape[a] > 1)
+    if used.intersection(mesh_axes):
+      raise ValueError(f"{name}: mesh axes {mesh_axes} split two dimensions; the sharding "
+                       f"rules map two of its logical axes {tuple(axes)} to the same mesh axis")
+    used.update(mesh_axes)
+    ways = math.prod(mesh.shape[a] for a in mesh_axes)
+    if size % ways:
+      fields = " x ".join(f"parallel.{a}" for a in mesh_axes)
+      model_field = _AXIS_FIELDS.get(logical)
+      change = f"{model_field} or {fields}" if model_field else fields
+      raise ValueError(
+          f"{name}: dimension {dim} ({logical!r}, size {size}) is not divisible by mesh axis "
+          f"{' x '.join(mesh_axes)} (size {ways}); change {change}")
+    entries.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1
+                   else mesh_axes)
+  return PartitionSpec(*entries)
+
+
+def param_shardings(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+  """Pytree like `params` (arrays or `jax.eval_shape` output) of NamedShardings.
+
+  Raises:
+    ValueError: naming the parameter for a missing rule or an uneven split.
+  """
+  def one(path, leaf):
+    name = _path_name(path)
+    axes = param_logical_axes(name, np.ndim(leaf))
+    return NamedSharding(mesh, _spec(name, np.shape(leaf), axes, mesh, rules))
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
+def state_shardings(abstract_state: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+  """NamedShardings for a whole TrainState (or any tree holding `.params`).
+
+  Parameters follow the rules. Optimizer-state subtrees that mirror the
+  parameters (Adam's mu and nu: same tree structure and shapes) get the
+  parameters' shardings; scalars (step, counts) are replicated.
+
+  Raises:
+    ValueError: for a non-scalar leaf that mirrors no parameter (it would
+      otherwise be silently replicated on every device).
+  """
+  params = abstract_state.params
+  params_def = jax.tree.structure(params)
+  params_shapes = [np.shape(p) for p in jax.tree.leaves(params)]
+  params_shardings = param_shardings(params, mesh, rules)
+
+  def mirrors_params(node):
+    return (jax.tree.structure(node) == params_def
+            and [np.shape(x) for x in jax.tree.leaves(node)] == params_shapes)
+
+  def one(path, node):
+    if mirrors_params(node):
+      return params_shardings
+    if np.ndim(node) == 0:
+      return replicated(mesh)
+    raise ValueError(f"state{jax.tree_util.keystr(path)}: a {np.shape(node)} leaf that mirrors "
+                     "no parameter; txf.train.sharding.state_shardings cannot place it")
+  return jax.tree_util.tree_map_with_path(one, abstract_state, is_leaf=mirrors_params)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Whole copy on every device: metrics, eval sums, scalars."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+# ---------------------------------------------------------------------------
+# Batches.
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """[B, ...] arrays split along B over 'data' x 'fsdp'."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def check_batch(global_batch_size: int, mesh: Mesh) -> None:
+  """Raises a ValueError naming data.batch_size unless data x fsdp divides it."""
+  ways = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  if global_batch_size % ways:
+    raise ValueError(
+        f"data.batch_size: {global_batch_size} is not divisible by parallel.data x "
+        f"parallel.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}")
+
+
+def shard_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Global arrays from this process's rows of a batch.
+
+  Each process passes only its own rows (its data shard, in process order);
+  the global batch is their concatenation, split over 'data' x 'fsdp'.
+  """
+  sharding = batch_sharding(mesh)
+  rows = {np.shape(x)[0] for x in local_batch.values()}
+  if len(rows) != 1:
+    raise ValueError(f"shard_batch: batch fields disagree on the row count: {sorted(rows)}")
+  check_batch(rows.pop() * jax.process_count(), mesh)
+  return {key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+          for key, value in local_batch.items()}
+
+
+# ---------------------------------------------------------------------------
+# Activations.
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
+  """Context in which `nn.with_logical_constraint(x, ('batch', 'length', 'embed'))`
+  inside traced code becomes a sharding constraint on `mesh` (outside it, a
+  no-op). Trace (first call of a jitted function) inside the context.
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
