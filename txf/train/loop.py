@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import queue
 import threading
@@ -96,7 +97,11 @@ def _write_resolved_config(config, workdir: pathlib.Path) -> None:
       if field:
         raise ValueError(f"{field}: differs from the run already in {workdir} "
                          f"(see {path}); use a new --workdir")
-  path.write_text(json.dumps(current, indent=2) + "\n")
+  if jax.process_index() == 0:
+    # Written atomically: other processes of the run may be reading it.
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(current, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _evaluate(eval_step, params, dataset, to_device, task: str) -> dict[str, float]:
