@@ -39,7 +39,7 @@ FAMILIES = {
     "decoder_gqa_untied": dict(family="decoder", num_kv_heads=2, position="learned",
                                activation="swiglu", use_bias=True, tie_embeddings=False),
     "decoder_scan_t5_classify": dict(family="decoder", position="t5_bias", scan_layers=True,
-                                     head="classify", num_classes=3),
+                                     head="classify", pooling="last", num_classes=3),
     "encoder_mlm_untied_t5": dict(family="encoder", head="mlm", position="t5_bias",
                                   tie_embeddings=False),
     "encoder_classify_rms": dict(family="encoder", head="classify", norm="rms"),

@@ -113,6 +113,9 @@ class ModelConfig:
       raise ValueError(
           f"model.head: {self.head!r} does not fit model.family={self.family!r} "
           f"(choose from {FAMILY_HEADS[self.family]})")
+    if self.family == "decoder" and self.head == "classify" and self.pooling == "cls":
+      raise ValueError("model.pooling: 'cls' on a causal decoder pools a token that saw only "
+                       "itself; use 'last' (or 'mean'/'max')")
     if self.num_decoder_layers is not None and self.family != "encoder_decoder":
       raise ValueError("model.num_decoder_layers: only applies to family='encoder_decoder'")
     if not 0.0 <= self.dropout_rate < 1.0:

@@ -1,0 +1,178 @@
+"""Tests for txf.layers, each layer in isolation against numpy float64 references
+computed from the layer's own parameters.
+
+Tolerance: float32 layers vs float64 references, atol = rtol = 1e-5 (inputs and
+outputs are O(1); a few float32 roundings per output).
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf.layers import Embedder, FeedForward, MultiHeadAttention, Norm, TransformerBlock
+from txf.layers.config import ModelConfig
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+B, T, D = 2, 5, 16
+
+
+def randn(seed, *shape):
+  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def perturbed(params, seed=1):
+  """Params plus N(0, 0.5) noise, so zero biases and unit scales are exercised too."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_unflatten(
+      treedef, [x + 0.5 * rng.normal(size=x.shape).astype(np.float32) for x in leaves])
+
+
+def f64(tree):
+  return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def np_dense(x, p):
+  """x @ kernel (+ bias) for Dense / DenseGeneral params, contracting x's last axis."""
+  y = np.tensordot(x, p["kernel"], axes=1)
+  return y + p["bias"] if "bias" in p else y
+
+
+# ---------------------------------------------------------------------------
+# FeedForward.
+
+
+def np_gelu_tanh(x):
+  # jax.nn.gelu's default (approximate=True): Hendrycks & Gimpel's tanh form.
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+NP_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0), "gelu": np_gelu_tanh,
+                  "swiglu": lambda x: x / (1 + np.exp(-x)), "geglu": np_gelu_tanh}
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
+def test_feedforward_matches_numpy(activation):
+  layer = FeedForward(d_ff=24, activation=activation, use_bias=True)
+  x = randn(0, B, T, D)
+  params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
+  p = f64(params)
+  act = NP_ACTIVATIONS[activation]
+  x64 = x.astype(np.float64)
+  if activation in ("swiglu", "geglu"):
+    hidden = act(np_dense(x64, p["gate"])) * np_dense(x64, p["wi"])
+  else:
+    assert "gate" not in p
+    hidden = act(np_dense(x64, p["wi"]))
+  expected = np_dense(hidden, p["wo"])
+  np.testing.assert_allclose(layer.apply({"params": params}, x), expected, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Norm.
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_norm_matches_numpy(kind):
+  eps = 1e-6
+  layer = Norm(kind, eps)
+  x = 3.0 * randn(2, B, T, D) + 1.5   # offset and scale, so centring matters
+  params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
+  p, x64 = f64(params), x.astype(np.float64)
+  if kind == "layer":
+    centred = x64 - x64.mean(-1, keepdims=True)
+    expected = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+    expected += p["bias"]
+  else:
+    assert "bias" not in p
+    expected = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+  np.testing.assert_allclose(layer.apply({"params": params}, x), expected, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# MultiHeadAttention.
+
+
+def np_attention(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid):
+  """float64 multi-head attention from DenseGeneral params.
+
+  x [B, T, D], kv [B, S, D], key_valid bool [B, S]. Returns [B, T, D].
+  """
+  q = np_dense(x, p["query"])                      # [B, T, H, Dh]
+  k = np_dense(kv, p["key"])                       # [B, S, K, Dh]
+  v = np_dense(kv, p["value"])
+  group = num_heads // num_kv_heads                # query heads per kv head
+  k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+  scores = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+  allowed = np.broadcast_to(key_valid[:, None, None, :], scores.shape).copy()
+  if causal:
+    allowed &= np.tril(np.ones(scores.shape[-2:], bool))
+  scores = np.where(allowed, scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  heads = np.einsum("bhts,bshd->bthd", weights, v)
+  out = np.einsum("bthd,hdo->bto", heads, p["out"]["kernel"])
+  return out + p["out"]["bias"] if "bias" in p["out"] else out
+
+
+@pytest.mark.parametrize("num_kv_heads,causal,kv_len", [
+    (4, False, None),   # MHA self-attention with padding
+    (2, True, None),    # GQA causal self-attention with padding
+    (1, False, 7),      # MQA cross-attention to a longer, padded source
+])
+def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
+  layer = MultiHeadAttention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=4,
+                             causal=causal, use_bias=True)
+  x = randn(3, B, T, D)
+  kv = None if kv_len is None else randn(4, B, kv_len, D)
+  S = T if kv_len is None else kv_len
+  # Row 0 sees every key, row 1 only the first 3 (keeps causal rows non-empty).
+  key_valid = np.arange(S)[None, :] < np.array([[S], [3]])
+  call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=key_valid[:, None, None, :])
+  params = perturbed(layer.init(jax.random.PRNGKey(0), x, kv, **call)["params"])
+  assert params["key"]["kernel"].shape == (D, num_kv_heads, 4)
+  expected = np_attention(f64(params), x.astype(np.float64),
+                          (x if kv is None else kv).astype(np.float64), num_heads=4,
+                          num_kv_heads=num_kv_heads, causal=causal, key_valid=key_valid)
+  np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Embedder.
+
+
+def test_learned_position_table_rejects_longer_sequence():
+  embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6)
+  tokens = jnp.ones((1, 6), jnp.int32)
+  variables = embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(6)[None])
+  assert variables["params"]["position_table"].shape == (6, D)
+  too_long = jnp.ones((1, 7), jnp.int32)
+  with pytest.raises(ValueError, match=r"model\.max_len"):
+    embedder.apply(variables, too_long, jnp.arange(7)[None])
+
+
+# ---------------------------------------------------------------------------
+# Pre-LN vs Post-LN.
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_post_ln_block_output_is_normalised_pre_ln_is_not(placement):
+  cfg = ModelConfig(d_model=D, num_heads=2, norm="layer", norm_placement=placement,
+                    position="none")
+  block = TransformerBlock(cfg, causal=False)
+  # A residual stream far from normalised: per-token mean ~2, std ~4.
+  x = 4.0 * randn(5, B, T, D) + 2.0
+  args = (x, jnp.arange(T)[None], None, None, None, None, None)
+  variables = block.init(jax.random.PRNGKey(0), *args)
+  out, _ = block.apply(variables, *args)
+  mean, var = np.mean(out, -1), np.var(out, -1)
+  if placement == "post":
+    # LayerNorm with its init scale 1 and bias 0 is the last operation.
+    np.testing.assert_allclose(mean, 0.0, atol=1e-5)
+    np.testing.assert_allclose(var, 1.0, atol=1e-4)
+  else:
+    # x + f(norm(x)) keeps x's statistics: nowhere near mean 0, variance 1.
+    assert np.min(np.abs(var - 1.0)) > 1.0
+    assert np.mean(np.abs(mean)) > 0.5

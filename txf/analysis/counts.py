@@ -1,0 +1,191 @@
+"""Parameter counts by component and training FLOPs per token.
+
+`count_params` walks a parameter tree (real arrays or the
+`jax.ShapeDtypeStruct`s of `jax.eval_shape(model.init, ...)`, scanned or
+unscanned layers) and attributes every leaf to one component by the module
+names of `txf.models`. `flops_per_token` needs only the config: it counts the
+matmuls one token goes through, in closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+
+from txf.layers.config import ModelConfig
+
+COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
+
+# Module name -> component. A leaf belongs to the component of the first name
+# on its path that is listed here, so `head/norm/scale` counts as 'head' and
+# `stack/block_0/ffn_norm/scale` as 'norm'.
+_MODULE_COMPONENTS = {
+    "embedder": "embedding",
+    "encoder_embedder": "embedding",
+    "decoder_embedder": "embedding",
+    "relative_position": "position",
+    "self_attention": "attention",
+    "cross_attention": "cross_attention",
+    "ffn": "ffn",
+    "self_attention_norm": "norm",
+    "cross_attention_norm": "norm",
+    "ffn_norm": "norm",
+    "final_norm": "norm",
+    "head": "head",
+}
+
+
+def _key_name(key: Any) -> str:
+  """The module/parameter name of one `jax.tree_util` path entry."""
+  for attribute in ("key", "name", "idx"):
+    if hasattr(key, attribute):
+      return str(getattr(key, attribute))
+  return str(key)
+
+
+def count_params(params: Mapping[str, Any]) -> dict[str, int]:
+  """Exact parameter counts of a txf model, by component.
+
+  Args:
+    params: the `params` collection of `model.init(...)`, or the whole
+      variables dict (`{'params': ...}`); leaves may be arrays, shape structs
+      or `nn.Partitioned` boxes. Scanned stacks (`blocks`, leading layer axis)
+      and unscanned ones (`block_{i}`) give the same counts.
+
+  Returns:
+    {'embedding': token tables + learned position tables,
+     'position': T5 relative-bias tables,
+     'attention': self-attention projections (kernels and biases),
+     'cross_attention': encoder-decoder attention projections,
+     'ffn': feed-forward layers,
+     'norm': every norm in the stacks, final norms included,
+     'head': parameters of the output head that are not the tied embedding
+       (untied logits kernel; MLM transform, norm and bias; classifier),
+     'total': all of the above}.
+
+  Raises:
+    ValueError: a leaf whose path names no known component (a new module
+      must be added to `_MODULE_COMPONENTS` rather than silently dropped).
+  """
+  if "params" in params:
+    params = params["params"]
+  counts = dict.fromkeys(COMPONENTS, 0)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
+    names = [_key_name(key) for key in path]
+    component = next((_MODULE_COMPONENTS[n] for n in names if n in _MODULE_COMPONENTS), None)
+    if component is None:
+      raise ValueError(f"count_params: no component for parameter {'/'.join(names)}")
+    counts[component] += math.prod(leaf.shape)
+  counts["total"] = sum(counts.values())
+  return counts
+
+
+def _as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
+  return cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_config(cfg)
+
+
+def _attention_matmul_params(cfg: ModelConfig) -> int:
+  """Weights of q, k, v and out: D*H*Dh + 2*D*K*Dh + H*Dh*D."""
+  return cfg.d_model * cfg.per_head_dim * (2 * cfg.num_heads + 2 * cfg.kv_heads)
+
+
+def _ffn_matmul_params(cfg: ModelConfig) -> int:
+  """Weights of wi (and gate) and wo: (2 or 3) * D * F."""
+  gated = cfg.activation in ("swiglu", "geglu")
+  return (3 if gated else 2) * cfg.d_model * cfg.ffn_dim
+
+
+def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
+  """N: the matmul weights every token is multiplied by in a forward pass.
+
+  Non-embedding in the sense of Kaplan et al. (2020): no embedding lookups,
+  no biases, norms or position tables, but the output projection onto the
+  vocabulary counts (tied or not: the matmul is done either way, as in
+  Chowdhery et al. 2022, appendix B). For an encoder-decoder both stacks
+  count: one source and one target token go through them together. The
+  classification head acts once per sequence, not per token, and is left out
+  (`flops_per_token` adds it per sequence).
+  """
+  cfg = _as_model_config(cfg)
+  layer = _attention_matmul_params(cfg) + _ffn_matmul_params(cfg)
+  stacks = cfg.num_layers * layer
+  if cfg.family == "encoder_decoder":
+    stacks += cfg.decoder_layers * (layer + _attention_matmul_params(cfg))
+  vocab_projection = cfg.d_model * cfg.vocab_size
+  head = {"lm": vocab_projection,
+          "mlm": cfg.d_model * cfg.d_model + vocab_projection,  # transform, projection
+          "classify": 0}[cfg.head]
+  return stacks + head
+
+
+def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float:
+  """Training (forward + backward) FLOPs per token, without rematerialisation.
+
+      flops = 6 * N  +  6 * L_c * H * Dh * T  +  12 * L_b * H * Dh * T
+
+  N is `matmul_params(cfg)`: each weight costs 2 FLOPs (multiply-add) per
+  token forward and 4 backward (Kaplan et al. 2020, sec. 2.1; Hoffmann et al.
+  2022, appendix F). The attention term is PaLM's (Chowdhery et al. 2022,
+  appendix B): per layer and token, q.k scores and the weighted sum of values
+  each take 2 * H * Dh * T FLOPs forward, 12 * H * Dh * T forward + backward.
+  Causal self-attention needs only half the score matrix, so its L_c layers
+  count 6 * H * Dh * T; bidirectional self-attention and cross-attention
+  (L_b layers; cross-attention attends to all T = seq_len encoder
+  positions) count 12 * H * Dh * T. Sliding windows are not credited: the
+  count assumes the whole causal or bidirectional score matrix.
+
+  For an encoder-decoder the source and target both have length seq_len and
+  "a token" is one source plus one target token. A classification head adds
+  6 * D * num_classes per sequence, i.e. divided by seq_len.
+
+  Args:
+    cfg: model config (a `ModelConfig` or a config's `model` section).
+    seq_len: T, tokens per sequence.
+
+  Returns:
+    FLOPs per token (float).
+  """
+  cfg = _as_model_config(cfg)
+  attention_width = cfg.num_heads * cfg.per_head_dim
+  causal_layers = {"decoder": cfg.num_layers, "encoder": 0,
+                   "encoder_decoder": cfg.decoder_layers}[cfg.family]
+  full_layers = {"decoder": 0, "encoder": cfg.num_layers,
+                 "encoder_decoder": cfg.num_layers + cfg.decoder_layers}[cfg.family]
+  flops = (6.0 * matmul_params(cfg)
+           + 6.0 * causal_layers * attention_width * seq_len
+           + 12.0 * full_layers * attention_width * seq_len)
+  if cfg.head == "classify":
+    flops += 6.0 * cfg.d_model * cfg.num_classes / seq_len
+  return flops
+
+
+def summarize(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any],
+              seq_len: int | None = None) -> str:
+  """A table of parameter counts by component and the FLOPs per token.
+
+  Args:
+    params: as for `count_params`.
+    cfg: the model's config.
+    seq_len: sequence length for the FLOP count; default `cfg.max_len`.
+
+  Returns:
+    Multi-line text, e.g.::
+
+      component            params       %
+      embedding              8,192    9.6
+      ...
+      total                 85,376  100.0
+      training FLOPs/token (T=256): 4.58e+05
+  """
+  cfg = _as_model_config(cfg)
+  seq_len = cfg.max_len if seq_len is None else seq_len
+  counts = count_params(params)
+  total = max(counts["total"], 1)
+  rows = [f"{'component':<16}{'params':>14}{'%':>8}"]
+  rows += [f"{name:<16}{count:>14,}{100.0 * count / total:>8.1f}"
+           for name, count in counts.items() if count or name == "total"]
+  rows.append(f"training FLOPs/token (T={seq_len}): {flops_per_token(cfg, seq_len):.3g}")
+  return "\n".join(rows)
