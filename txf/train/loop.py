@@ -15,6 +15,7 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -142,6 +143,7 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   """
   workdir = pathlib.Path(workdir)
   is_chief = jax.process_index() == 0
+  multi_process = jax.process_count() > 1
   shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
   try:
     train_data = make_dataset(config.data, "train", seed=config.seed, workdir=workdir, **shard)
@@ -201,32 +203,41 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   batches = _prefetch(train_data, to_device)
   data_state = train_data.get_state()
   window_start, window_steps = time.perf_counter(), 0
+  skipped_updates = 0
 
-  def save(step: int, *, force: bool = False) -> None:
-    checkpointer.save(step, state, {"data": data_state}, force=force)
+  def save(step: int, *, force: bool = False) -> bool:
+    return checkpointer.save(step, state, {"data": data_state}, force=force)
 
-  with PreemptionGuard() as guard:
+  with PreemptionGuard() as guard, _closing(checkpointer, writer):
     for step in range(start, steps):
       batch, data_state = next(batches)
       state, metrics = train_step(state, batch)
-      window_steps += 1
+      # Counted on device (no sync per step), checked at every log step.
+      skipped_updates = skipped_updates + 1 - metrics["finite"]
+      if step == start:
+        # Keep compilation out of the throughput figures.
+        jax.block_until_ready(metrics)
+        window_start = time.perf_counter()
+      else:
+        window_steps += 1
       done = step + 1
       if done % config.train.log_every == 0 or done == steps:
         metrics = jax.device_get(metrics)
-        if not metrics["finite"]:
+        if int(skipped_updates):
           checkpointer.wait_until_finished()
           raise TrainingDiverged(
-              f"non-finite loss or gradient by step {done}; the update was skipped and the "
-              f"last good checkpoint (step {checkpointer.latest_step()}) is kept")
-        elapsed = time.perf_counter() - window_start
-        tokens_per_sec = tokens_per_step * window_steps / elapsed
+              f"non-finite loss, gradient or update by step {done}; those updates were skipped "
+              f"and the last good checkpoint (step {checkpointer.latest_step()}) is kept")
         scalars = {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
-                   "grad_norm": metrics["grad_norm"], "learning_rate": schedule(done - 1),
-                   "tokens_per_sec": tokens_per_sec, "steps_per_sec": window_steps / elapsed,
-                   "step_time": elapsed / window_steps}
-        utilisation = hardware.mfu(flops, tokens_per_sec, jax.device_count(), peak)
-        if utilisation is not None:
-          scalars["mfu"] = utilisation
+                   "grad_norm": metrics["grad_norm"], "learning_rate": schedule(done - 1)}
+        if window_steps:  # none yet right after (re)starting: only the compiling step
+          elapsed = time.perf_counter() - window_start
+          tokens_per_sec = tokens_per_step * window_steps / elapsed
+          scalars.update(tokens_per_sec=tokens_per_sec, steps_per_sec=window_steps / elapsed,
+                         step_time=elapsed / window_steps)
+          utilisation = hardware.mfu(flops, tokens_per_sec, jax.device_count(), peak)
+          if utilisation is not None:
+            scalars["mfu"] = utilisation
         writer.write(done, scalars)
         log(format_progress(done, steps, scalars))
         window_start, window_steps = time.perf_counter(), 0
@@ -242,13 +253,26 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
         writer.write(done, last_eval)
         log(f"eval @ {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in last_eval.items()))
         window_start, window_steps = time.perf_counter(), 0
-      save(done, force=done == steps)
-      if guard.requested or checkpointer.reached_preemption(done):
-        save(done, force=True)
+      saved = (done % config.train.checkpoint_every == 0 or done == steps) and save(
+          done, force=True)
+      # JAX's preemption service exists only under jax.distributed; its check
+      # is a cross-process sync, so it is skipped when there is one process.
+      preempted = guard.requested or (multi_process and checkpointer.reached_preemption(done))
+      if preempted:
+        if not saved:  # a second save of the same step raises StepAlreadyExistsError
+          save(done, force=True)
         checkpointer.wait_until_finished()
         log(f"preempted: saved step {done}; rerun the same command to resume")
         break
-  checkpointer.wait_until_finished()
-  checkpointer.close()
-  writer.close()
   return last_eval
+
+
+@contextlib.contextmanager
+def _closing(checkpointer: Checkpointer, writer: MetricsWriter):
+  """Finishes pending saves and closes both, also when training raises."""
+  try:
+    yield
+  finally:
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    writer.close()

@@ -72,7 +72,7 @@ def make_schedule(train_config: Any) -> optax.Schedule:
   total = _number(train_config, 'steps', integer=True)
   end_fraction = _number(train_config, 'end_lr_fraction')
   decay = _field(train_config, 'decay')
-  _check(peak > 0, 'learning_rate', 'positive', peak)
+  _check(0 < peak < float('inf'), 'learning_rate', 'positive and finite', peak)
   _check(total > 0, 'steps', 'positive', total)
   _check(0 <= warmup <= total, 'warmup_steps',
          f'between 0 and train.steps ({total})', warmup)

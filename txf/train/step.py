@@ -96,9 +96,9 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, t
                     z_loss: float = 0.0) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """Returns `train_step(state, batch) -> (state, metrics)` (not yet jitted).
 
-  An update whose loss or gradient is not finite is skipped (the state is
-  returned unchanged) and reported through `metrics['finite'] == 0`, so a
-  NaN never reaches the parameters or a checkpoint.
+  An update whose loss, gradient or update is not finite is skipped (the
+  state is returned unchanged) and reported through `metrics['finite'] == 0`,
+  so a NaN never reaches the parameters or a checkpoint.
   """
   def sums(params, micro_batch, rng):
     total, count, correct = _loss_sums(model, params, micro_batch, task,
@@ -131,7 +131,9 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, t
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                            opt_state=opt_state)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # The update too: a finite gradient times a huge step can still overflow.
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+              & jnp.isfinite(optax.global_norm(updates)))
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
     metrics = {"loss": loss, "accuracy": correct / denom, "grad_norm": grad_norm,
                "tokens": count, "finite": finite.astype(jnp.int32)}

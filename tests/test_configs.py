@@ -1,0 +1,214 @@
+"""Tests of the config files in configs/ and of run-config validation.
+
+Every config file loads, validates against its dataset's tokenizer, builds
+its model, documents its own command, and differs from configs/base.py in
+exactly the fields listed in EXPECTED_CHANGES (what its docstring says it
+changes). Invalid configs fail with a message naming the field.
+"""
+
+import importlib
+import math
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from txf import models
+from txf.data import listops, make_tokenizer
+from txf.train import loop
+from txf.train.config import ConfigError, check_run_config
+from txf.train.optim import make_optimizer, make_schedule
+from txf.train.step import model_inputs
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")
+
+# config file -> the flattened fields in which it differs from base.py.
+EXPECTED_CHANGES = {
+    "base": set(),
+    "rope": set(),  # base.py's default position is already RoPE
+    "sinusoidal": {"model.position"},
+    "learned": {"model.position"},
+    "alibi": {"model.position"},
+    "nope": {"model.position"},
+    "t5_bias": {"model.position"},
+    "post_ln": {"model.norm_placement"},
+    "encoder_mlm": {"model.family", "model.head", "model.position", "data.task",
+                    "eval.sample_tokens"},
+    "encoder_classify": {"model.family", "model.head", "data.name", "data.task",
+                         "data.seq_len", "data.max_len", "data.listops_max_depth",
+                         "eval.sample_tokens"},
+    "seq2seq": {"model.family", "model.position", "data.name", "data.task", "data.seq_len",
+                "eval.sample_tokens"},
+    "gpt2_small": {"model.vocab_size", "model.d_model", "model.num_heads", "model.num_layers",
+                   "model.max_len", "model.position", "model.use_bias", "model.norm_eps",
+                   "model.dtype", "data.seq_len", "data.max_corpus_bytes", "train.steps",
+                   "train.learning_rate", "train.warmup_steps", "train.checkpoint_every",
+                   "eval.every", "eval.num_batches", "eval.sample_tokens"},
+}
+
+
+def load(name):
+  return importlib.import_module(f"configs.{name}").get_config()
+
+
+def flatten(tree, prefix=""):
+  """{'model.d_model': 128, ...} from a nested dict / ConfigDict."""
+  flat = {}
+  for key, value in tree.items():
+    if hasattr(value, "items"):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def validate(config):
+  """What the runner checks before compute (txf.train.loop.run, minus data loading)."""
+  tokenizer = make_tokenizer(config.data)
+  num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
+  model_cfg = check_run_config(config, vocab_size=tokenizer.vocab_size,
+                               num_classes=num_classes)
+  make_optimizer(config.train)
+  make_schedule(config.train)
+  return model_cfg
+
+
+def tiny():
+  """A small valid base config, for the error tests."""
+  config = load("base")
+  config.model.d_model = 32
+  config.data.seq_len = 32
+  config.data.batch_size = 8
+  config.data.max_corpus_bytes = 200_000
+  config.train.steps = 10
+  config.train.warmup_steps = 2
+  return config
+
+
+def test_expected_changes_cover_every_config_file():
+  assert set(CONFIG_NAMES) == set(EXPECTED_CHANGES)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_config_changes_only_its_documented_fields(name):
+  base, config = flatten(load("base")), flatten(load(name))
+  assert set(config) == set(base), f"{name}.py adds or removes fields"
+  changed = {key for key in base if config[key] != base[key]}
+  assert changed == EXPECTED_CHANGES[name]
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_docstring_has_the_command(name):
+  module = importlib.import_module(f"configs.{name}")
+  assert module.__doc__ and f"python -m experiments.run --config=configs/{name}.py" in module.__doc__
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_config_validates_and_builds(name):
+  config = load(name)
+  model_cfg = validate(config)
+  assert model_cfg.vocab_size >= make_tokenizer(config.data).vocab_size
+  model = models.build(model_cfg)
+  length = config.data.seq_len
+  batch = {key: jnp.ones((1, length), jnp.int32)
+           for key in ("inputs", "encoder_inputs", "decoder_inputs")}
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0),
+                                             *model_inputs(batch, config.data.task)))
+  count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+  assert count > 0
+  if name == "gpt2_small":  # "124M parameters" (tied embeddings, 50304-row vocabulary)
+    assert 123e6 < count < 126e6, count
+
+
+@pytest.mark.parametrize("section", ["model", "data", "train", "eval", "parallel"])
+def test_unknown_field_in_each_section(section):
+  config = tiny()
+  config[section].bogus_field = 1
+  with pytest.raises(ValueError, match=rf"\b{section}\.bogus_field\b"):
+    validate(config)
+
+
+def test_unknown_section():
+  config = tiny()
+  config.bogus_section = 1
+  with pytest.raises(ValueError, match=r"\bbogus_section\b"):
+    validate(config)
+
+
+def error_message(config):
+  with pytest.raises(ValueError) as info:
+    validate(config)
+  return str(info.value)
+
+
+def test_lm_task_on_an_encoder():
+  config = load("encoder_mlm")
+  config.data.task = "lm"
+  assert "data.task" in error_message(config)
+
+
+def test_mlm_task_on_a_decoder():
+  config = tiny()
+  config.data.task = "mlm"
+  assert "data.task" in error_message(config)
+
+
+def test_task_the_dataset_lacks():
+  config = load("encoder_classify")
+  config.data.task = "lm"
+  assert "data.task" in error_message(config)
+
+
+def test_learned_positions_shorter_than_the_sequence():
+  config = tiny()
+  config.model.position = "learned"
+  config.model.max_len = 16
+  config.data.seq_len = 32
+  assert re.search(r"\bmodel\.max_len\b", error_message(config))
+  config.model.max_len = 32  # exactly seq_len fits
+  validate(config)
+
+
+def test_grad_accum_must_divide_the_batch():
+  config = tiny()
+  config.train.grad_accum_steps = 3
+  assert "train.grad_accum_steps" in error_message(config)
+  config.train.grad_accum_steps = 4
+  validate(config)
+
+
+def test_heads_must_divide_d_model():
+  config = tiny()
+  config.model.num_heads = 3
+  assert "model.num_heads" in error_message(config)
+
+
+def test_vocab_smaller_than_the_tokenizer():
+  config = tiny()
+  config.model.vocab_size = make_tokenizer(config.data).vocab_size - 1
+  assert "model.vocab_size" in error_message(config)
+  config.model.vocab_size += 1
+  validate(config)
+
+
+def test_decay_typo():
+  config = tiny()
+  config.train.decay = "cosin"
+  assert "train.decay" in error_message(config)
+
+
+@pytest.mark.parametrize("section, field, value, named", [
+    ("train", "decay", "cosin", "train.decay"),
+    ("model", "num_heads", 3, "model.num_heads"),
+    ("data", "bogus_field", 1, "data.bogus_field"),
+])
+def test_runner_stops_before_compute(tmp_path, section, field, value, named):
+  """run() itself raises ConfigError naming the field and writes no checkpoint."""
+  config = tiny()
+  config[section][field] = value
+  with pytest.raises(ConfigError, match=re.escape(named)):
+    loop.run(config, tmp_path / "run", log=lambda line: None)
+  assert not (tmp_path / "run" / "checkpoints").exists()
