@@ -22,23 +22,44 @@ from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead
 Array = jax.Array
 
 
+_HEADS = {"lm": LMHead, "mlm": MaskedLMHead, "classify": ClassificationHead}
+
+
 def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
   return Embedder(cfg.vocab_size, cfg.d_model, cfg.position, cfg.max_len,
                   dtype=compute_dtype(cfg), name=name)
 
 
-class Decoder(nn.Module):
-  """GPT-style causal decoder."""
+class _OneStackModel(nn.Module):
+  """Embedding, one stack and a head: the body Decoder and Encoder share."""
 
   cfg: ModelConfig
+  _causal = False
 
   def setup(self):
     cfg = self.cfg
     self.embedder = _embedder(cfg)
     self.positions = Positions()
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
-    self.stack = TransformerStack(cfg, cfg.num_layers, causal=True)
-    self.head = LMHead(cfg) if cfg.head == "lm" else ClassificationHead(cfg)
+    self.stack = TransformerStack(cfg, cfg.num_layers, causal=self._causal)
+    self.head = _HEADS[cfg.head](cfg)
+
+  def _forward(self, tokens_BxT: Array, key_mask: Array | None, *, deterministic: bool,
+               decode: bool) -> Array:
+    positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], decode)
+    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),
+                                 deterministic=deterministic)
+    x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, self_mask=key_mask,
+                         cache_index=cache_index, deterministic=deterministic, decode=decode)
+    if self.cfg.head == "classify":
+      return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
+    return self.head(x_BxTxD, self.embedder)
+
+
+class Decoder(_OneStackModel):
+  """GPT-style causal decoder."""
+
+  _causal = True
 
   def __call__(self, tokens_BxT: Array, *, deterministic: bool = True,
                decode: bool = False) -> Array:
@@ -46,40 +67,16 @@ class Decoder(nn.Module):
 
     decode=True continues from the KV cache (see `txf.decode`).
     """
-    positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], decode)
-    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),
-                                 deterministic=deterministic)
-    x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, cache_index=cache_index,
-                         deterministic=deterministic, decode=decode)
-    if self.cfg.head == "classify":
-      return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
-    return self.head(x_BxTxD, self.embedder)
+    return self._forward(tokens_BxT, None, deterministic=deterministic, decode=decode)
 
 
-class Encoder(nn.Module):
+class Encoder(_OneStackModel):
   """BERT-style bidirectional encoder; padding tokens are never attended to."""
-
-  cfg: ModelConfig
-
-  def setup(self):
-    cfg = self.cfg
-    self.embedder = _embedder(cfg)
-    self.positions = Positions()
-    self.embed_dropout = nn.Dropout(cfg.dropout_rate)
-    self.stack = TransformerStack(cfg, cfg.num_layers, causal=False)
-    self.head = MaskedLMHead(cfg) if cfg.head == "mlm" else ClassificationHead(cfg)
 
   def __call__(self, tokens_BxS: Array, *, deterministic: bool = True) -> Array:
     """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify)."""
-    positions_1xS, _ = self.positions(tokens_BxS.shape[1], False)
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
-    x_BxSxD = self.embed_dropout(self.embedder(tokens_BxS, positions_1xS),
-                                 deterministic=deterministic)
-    x_BxSxD = self.stack(x_BxSxD, q_positions_BxT=positions_1xS, self_mask=key_mask,
-                         deterministic=deterministic)
-    if self.cfg.head == "classify":
-      return self.head(x_BxSxD, tokens_BxS != self.cfg.pad_id)
-    return self.head(x_BxSxD, self.embedder)
+    return self._forward(tokens_BxS, key_mask, deterministic=deterministic, decode=False)
 
 
 class EncoderDecoder(nn.Module):
