@@ -5,7 +5,6 @@ Tolerance: float32 layers vs float64 references, atol = rtol = 1e-5 (inputs and
 outputs are O(1); a few float32 roundings per output).
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np

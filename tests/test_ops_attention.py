@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from txf.ops.attention import apply_attention_weights, attention_weights, dot_product_attention
-from txf.ops.masks import causal_mask, combine_masks, padding_mask
 
 F32_TOL = dict(atol=2e-5, rtol=2e-5)
 GRAD_TOL = dict(atol=1e-4, rtol=1e-4)

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
+from conftest import sigterm_at
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
@@ -40,29 +40,8 @@ _CACHE_OPTIONS = {  # jax config option -> environment variable (subprocesses)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compilation_cache_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("xla_cache")
-  values = {"jax_compilation_cache_dir": str(directory),
-            "jax_persistent_cache_min_compile_time_secs": 0,
-            "jax_persistent_cache_min_entry_size_bytes": -1}
-  previous = {name: getattr(jax.config, name) for name in values}
-  for name, value in values.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-  yield values
-  for name, value in previous.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-
-
-@pytest.fixture
-def sigterm_is_caught():
-  """While a test sends itself SIGTERM: if it arrives outside the runner's
-  PreemptionGuard it is recorded here instead of killing pytest."""
-  received = []
-  previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-  yield received
-  signal.signal(signal.SIGTERM, previous)
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
 
 
 def load(name):
@@ -141,16 +120,6 @@ def without_timings(rows):
 def file_digests(directory):
   return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
           for p in sorted(pathlib.Path(directory).rglob("*")) if p.is_file()}
-
-
-def sigterm_at(step, lines):
-  """A `log` callback that records lines and sends this process SIGTERM once
-  step `step` is logged (the runner's PreemptionGuard turns it into a save)."""
-  def log(line):
-    lines.append(line)
-    if line.startswith(f"step {step}/"):
-      os.kill(os.getpid(), signal.SIGTERM)
-  return log
 
 
 # --- the command line --------------------------------------------------------

@@ -15,16 +15,14 @@ directory, so the three runs of one config compile once.
 
 import importlib
 import math
-import os
 import pathlib
-import signal
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import sigterm_at
 import tensorflow_datasets as tfds
-from jax.experimental.compilation_cache import compilation_cache
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
@@ -73,19 +71,8 @@ class TxfTinyTranslate(tfds.core.GeneratorBasedBuilder):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compilation_cache_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("xla_cache")
-  values = {"jax_compilation_cache_dir": str(directory),
-            "jax_persistent_cache_min_compile_time_secs": 0,
-            "jax_persistent_cache_min_entry_size_bytes": -1}
-  previous = {name: getattr(jax.config, name) for name in values}
-  for name, value in values.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-  yield
-  for name, value in previous.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
 
 
 @pytest.fixture
@@ -111,16 +98,6 @@ def translation_dir(tmp_path_factory):
   tfds.builder("txf_tiny_translate/de-en", data_dir=data_dir,
                file_format="array_record").download_and_prepare()
   return str(data_dir)
-
-
-@pytest.fixture
-def sigterm_is_caught():
-  """A SIGTERM that arrives outside the loop's PreemptionGuard is recorded
-  here instead of killing pytest."""
-  received = []
-  previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-  yield received
-  signal.signal(signal.SIGTERM, previous)
 
 
 def tiny(name, **sections):
@@ -152,16 +129,6 @@ def restore_state(workdir, step):
   path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
   with ocp.StandardCheckpointer() as checkpointer:
     return checkpointer.restore(path.resolve())
-
-
-def sigterm_at(step, lines):
-  """A `log` callback that records lines and sends this process SIGTERM once
-  step `step` is logged (the loop's PreemptionGuard turns it into a save)."""
-  def log(line):
-    lines.append(line)
-    if line.startswith(f"step {step}/"):
-      os.kill(os.getpid(), signal.SIGTERM)
-  return log
 
 
 @pytest.mark.slow

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -36,7 +36,7 @@ from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError, check_run_config
 from txf.train.metrics import MetricsWriter, format_progress
 from txf.train.optim import make_optimizer, make_schedule
-from txf.train.step import TrainState, init_state, make_eval_step, make_train_step
+from txf.train.step import init_state, make_eval_step, make_train_step
 
 # Sections that must not change when a run resumes: the checkpoint holds
 # parameters of this model, trained on these data.

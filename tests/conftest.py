@@ -1,0 +1,50 @@
+"""Fixtures shared by the end-to-end tests (runner, TFDS training)."""
+
+import os
+import signal
+
+import jax
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+
+@pytest.fixture(scope="module")
+def compilation_cache_dir(tmp_path_factory):
+  """JAX's persistent compilation cache in a temporary directory, for the
+  requesting module (and, through the returned options, its subprocesses):
+  end-to-end runs cost mostly XLA compilation, and reruns of the same
+  program then compile once."""
+  directory = tmp_path_factory.mktemp("xla_cache")
+  values = {"jax_compilation_cache_dir": str(directory),
+            "jax_persistent_cache_min_compile_time_secs": 0,
+            "jax_persistent_cache_min_entry_size_bytes": -1}
+  previous = {name: getattr(jax.config, name) for name in values}
+  for name, value in values.items():
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+  yield values
+  for name, value in previous.items():
+    jax.config.update(name, value)
+  compilation_cache.reset_cache()
+
+
+@pytest.fixture
+def sigterm_is_caught():
+  """While a test sends itself SIGTERM: if it arrives outside the runner's
+  PreemptionGuard it is recorded here instead of killing pytest."""
+  received = []
+  previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+  yield received
+  signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_at(step, lines):
+  """A `log` callback for txf.train.loop.run that records lines and sends
+  this process SIGTERM once step `step` is logged (the loop's PreemptionGuard
+  turns it into a save and a clean return)."""
+  def log(line):
+    lines.append(line)
+    if line.startswith(f"step {step}/"):
+      os.kill(os.getpid(), signal.SIGTERM)
+  return log
+
