@@ -1,5 +1,6 @@
-"""Fixtures shared by the end-to-end tests (runner, TFDS training)."""
+"""Helpers and fixtures shared by the config and end-to-end tests."""
 
+import importlib
 import os
 import signal
 
@@ -48,3 +49,19 @@ def sigterm_at(step, lines):
       os.kill(os.getpid(), signal.SIGTERM)
   return log
 
+
+
+def load_config(name):
+  """configs/<name>.py's get_config()."""
+  return importlib.import_module(f"configs.{name}").get_config()
+
+
+def flatten(tree, prefix=""):
+  """{'model.d_model': 128, ...} from a nested dict / ConfigDict."""
+  flat = {}
+  for key, value in tree.items():
+    if hasattr(value, "items"):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat

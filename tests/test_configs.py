@@ -14,6 +14,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import flatten, load_config as load
 
 from txf import models
 from txf.data import listops, make_tokenizer
@@ -50,19 +51,6 @@ EXPECTED_CHANGES = {
 }
 
 
-def load(name):
-  return importlib.import_module(f"configs.{name}").get_config()
-
-
-def flatten(tree, prefix=""):
-  """{'model.d_model': 128, ...} from a nested dict / ConfigDict."""
-  flat = {}
-  for key, value in tree.items():
-    if hasattr(value, "items"):
-      flat.update(flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
 
 
 def validate(config):

@@ -11,7 +11,6 @@ step does not depend on train.steps, so reruns with more steps share it too.
 """
 
 import hashlib
-import importlib
 import json
 import os
 import pathlib
@@ -25,7 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import sigterm_at
+from conftest import flatten, load_config as load, sigterm_at
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
@@ -44,18 +43,6 @@ def _compilation_cache(compilation_cache_dir):
   return compilation_cache_dir
 
 
-def load(name):
-  return importlib.import_module(f"configs.{name}").get_config()
-
-
-def flatten(tree, prefix=""):
-  flat = {}
-  for key, value in tree.items():
-    if hasattr(value, "items"):
-      flat.update(flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
 
 
 def tiny(name="rope", *, steps=12, **fields):
