@@ -22,6 +22,11 @@ from txf.layers.config import ModelConfig
 
 Array = jax.Array
 
+# Logical axes of the residual stream. Under `nn.logical_axis_rules` and a mesh
+# (txf.train.sharding.activation_sharding) these become sharding constraints,
+# so the compiler keeps activations split like the batch; elsewhere no-ops.
+ACTIVATION_AXES = ("batch", "length", "embed")
+
 
 def compute_dtype(cfg: ModelConfig):
   return jnp.dtype(cfg.dtype)
@@ -72,7 +77,7 @@ class TransformerBlock(nn.Module):
                       dropout_rate=cfg.dropout_rate, dtype=dtype, name="ffn")
     x_BxTxD = self._residual("ffn", x_BxTxD,
                              lambda h: ffn(h, deterministic=self.deterministic))
-    return x_BxTxD, None
+    return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES), None
 
   def _residual(self, name: str, x_BxTxD: Array, sublayer: Callable[[Array], Array]) -> Array:
     """Pre-LN: x + f(norm(x)). Post-LN: norm(x + f(x))."""
@@ -114,6 +119,7 @@ class TransformerStack(nn.Module):
       decode: self-attention reads and writes the KV cache.
     """
     cfg = self.cfg
+    x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
     relative_table = None
     if cfg.position == "t5_bias":
       relative_table = RelativePositionTable(cfg.t5_num_buckets, cfg.num_heads,

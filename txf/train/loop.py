@@ -208,7 +208,8 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   def save(step: int, *, force: bool = False) -> bool:
     return checkpointer.save(step, state, {"data": data_state}, force=force)
 
-  with PreemptionGuard() as guard, _closing(checkpointer, writer):
+  with (PreemptionGuard() as guard, _closing(checkpointer, writer),
+        sharding.activation_sharding(mesh)):
     for step in range(start, steps):
       batch, data_state = next(batches)
       state, metrics = train_step(state, batch)
