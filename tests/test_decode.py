@@ -404,3 +404,13 @@ def test_seq2seq_beam_scores_match_full_pass(seq2seq):
   logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits), flat_tokens[..., None], -1)
   expected = logprobs.sum((1, 2)) / ((5 + max_len) / 6) ** alpha
   np.testing.assert_allclose(scores.reshape(-1), expected, atol=1e-4)
+
+
+def test_prefill_longer_than_the_cache_is_rejected():
+  """Writing more new tokens than the cache has slots is a clear error at
+  trace time, not a silently clamped write."""
+  model, params = model_and_params()
+  cache = decode.init_cache(model, 1, 4)
+  with pytest.raises(ValueError, match="KV cache of 4 slots"):
+    model.apply({"params": params, "cache": cache}, jnp.ones((1, 6), jnp.int32), decode=True,
+                mutable=["cache"])

@@ -141,6 +141,10 @@ class MultiHeadAttention(nn.Module):
                                  v_BxTxKxDh.dtype)
     if self.is_initializing():
       return k_BxTxKxDh, v_BxTxKxDh
+    new_len, cache_len = k_BxTxKxDh.shape[1], cached_key.value.shape[1]
+    if new_len > cache_len:
+      raise ValueError(f"decode: {new_len} new tokens do not fit a KV cache of {cache_len} "
+                       "slots (init the cache with a longer input, at most model.max_len)")
     start = (0, cache_index, 0, 0)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BxTxKxDh, start)
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BxTxKxDh, start)
