@@ -2,9 +2,11 @@
 
 import importlib
 import os
+import pathlib
 import signal
 
 import jax
+import orbax.checkpoint as ocp
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -65,3 +67,16 @@ def flatten(tree, prefix=""):
     else:
       flat[f"{prefix}{key}"] = value
   return flat
+
+
+def checkpoint_steps(workdir):
+  """Finalised checkpoint steps in a run's work directory, ascending."""
+  directory = pathlib.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def restore_state(workdir, step):
+  """The train-state pytree of checkpoint `step`, restored as saved."""
+  path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
+  with ocp.StandardCheckpointer() as checkpointer:
+    return checkpointer.restore(path.resolve())

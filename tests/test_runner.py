@@ -22,9 +22,8 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from conftest import flatten, load_config as load, sigterm_at
+from conftest import checkpoint_steps, flatten, load_config as load, restore_state, sigterm_at
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
@@ -83,17 +82,6 @@ def run_quietly(config, workdir):
   lines = []
   result = loop.run(config, workdir, log=lines.append)
   return result, "\n".join(lines)
-
-
-def checkpoint_steps(workdir):
-  directory = pathlib.Path(workdir) / "checkpoints"
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-
-
-def restore_state(workdir, step):
-  path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
-  with ocp.StandardCheckpointer() as checkpointer:
-    return checkpointer.restore(path.resolve())
 
 
 def train_rows(workdir):

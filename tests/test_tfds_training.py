@@ -15,13 +15,11 @@ directory, so the three runs of one config compile once.
 
 import importlib
 import math
-import pathlib
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from conftest import sigterm_at
+from conftest import checkpoint_steps, restore_state, sigterm_at
 import tensorflow_datasets as tfds
 
 from txf.train import loop
@@ -118,17 +116,6 @@ def train_rows(workdir):
 
 def without_timings(rows):
   return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
-
-
-def checkpoint_steps(workdir):
-  directory = pathlib.Path(workdir) / "checkpoints"
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-
-
-def restore_state(workdir, step):
-  path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
-  with ocp.StandardCheckpointer() as checkpointer:
-    return checkpointer.restore(path.resolve())
 
 
 @pytest.mark.slow

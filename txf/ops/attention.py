@@ -28,7 +28,6 @@ All shape checks happen at trace time and raise ValueError.
 from __future__ import annotations
 
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -47,17 +46,7 @@ _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def _check_window(window):
-  if window is None:
-    return None
-  if isinstance(window, bool):
-    raise ValueError(f'window must be a python int >= 1 or None, got {window!r}')
-  try:
-    window = operator.index(window)
-  except TypeError:
-    raise ValueError(f'window must be a python int >= 1 or None, got {window!r}') from None
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got window={window}')
-  return window
+  return None if window is None else _masks.check_window(window)
 
 
 def _check_broadcastable(name, x, target):

@@ -32,6 +32,19 @@ def _check_len(value: Any, name: str) -> int:
   return n
 
 
+def check_window(window: Any) -> int:
+  """A sliding-window width: a python int >= 1 (bools rejected), else ValueError."""
+  if isinstance(window, bool):
+    raise ValueError(f'window must be a python int >= 1, got {window!r}')
+  try:
+    window = operator.index(window)
+  except TypeError:
+    raise ValueError(f'window must be a python int >= 1, got {window!r}') from None
+  if window < 1:
+    raise ValueError(f'window must be >= 1, got window={window}')
+  return window
+
+
 def _query_positions(q_len: int, q_offset: Any) -> jnp.ndarray:
   """Absolute query positions: ``[1, T]`` for a scalar offset, ``[B, T]`` for ``[B]``."""
   off = jnp.asarray(q_offset)
@@ -93,12 +106,7 @@ def sliding_window_mask(q_len: int, k_len: int | None = None, *, window: int,
   Returns:
     bool ``[1, 1, T, S]``, or ``[B, 1, T, S]`` when ``q_offset`` has shape ``[B]``.
   """
-  try:
-    window = operator.index(window)
-  except TypeError:
-    raise ValueError(f'window must be a python int >= 1, got {window!r}') from None
-  if window < 1:
-    raise ValueError(f'window must be >= 1, got {window}')
+  window = check_window(window)
   q_pos, k_pos = _positions(q_len, k_len, q_offset)
   return jnp.abs(q_pos - k_pos) < window
 
