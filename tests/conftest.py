@@ -6,6 +6,7 @@ import pathlib
 import signal
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
@@ -80,3 +81,17 @@ def restore_state(workdir, step):
   path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
   with ocp.StandardCheckpointer() as checkpointer:
     return checkpointer.restore(path.resolve())
+
+
+def take_batches(dataset, n):
+  """The next n batches of a txf.data Dataset."""
+  return [next(dataset) for _ in range(n)]
+
+
+def assert_same_batches(batches_a, batches_b):
+  """Two lists of batch dicts hold exactly the same arrays."""
+  assert len(batches_a) == len(batches_b)
+  for a, b in zip(batches_a, batches_b):
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)

@@ -6,6 +6,7 @@ import types
 
 import numpy as np
 import pytest
+from conftest import assert_same_batches, take_batches
 
 from txf.data import ByteTokenizer, load_corpus, make_dataset
 from txf.data.lm import token_stream
@@ -21,16 +22,6 @@ def _config(**overrides):
   return types.SimpleNamespace(**{**fields, **overrides})
 
 
-def _take(ds, n):
-  return [next(ds) for _ in range(n)]
-
-
-def _assert_same(batches_a, batches_b):
-  assert len(batches_a) == len(batches_b)
-  for a, b in zip(batches_a, batches_b):
-    assert a.keys() == b.keys()
-    for key in a:
-      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def _windows(split='train'):
@@ -71,7 +62,7 @@ def test_each_epoch_is_a_permutation_and_epochs_differ():
   ds = make_dataset(_config(), 'train', seed=0)
   windows = _windows()
   per_epoch = len(windows) // BATCH
-  epochs = [np.concatenate([b['inputs'] for b in _take(ds, per_epoch)])
+  epochs = [np.concatenate([b['inputs'] for b in take_batches(ds, per_epoch)])
             for _ in range(2)]
   # Some windows repeat in the corpus (banner comments), so compare counts.
   available = collections.Counter(row.tobytes() for row in windows[:, :-1])
@@ -83,8 +74,8 @@ def test_each_epoch_is_a_permutation_and_epochs_differ():
 
 
 def test_deterministic_across_constructions_and_seed_dependent():
-  first = _take(make_dataset(_config(), 'train', seed=3), 3)
-  _assert_same(first, _take(make_dataset(_config(), 'train', seed=3), 3))
+  first = take_batches(make_dataset(_config(), 'train', seed=3), 3)
+  assert_same_batches(first, take_batches(make_dataset(_config(), 'train', seed=3), 3))
   other = next(make_dataset(_config(), 'train', seed=4))
   assert not np.array_equal(first[0]['inputs'], other['inputs'])
 
@@ -94,11 +85,11 @@ def test_deterministic_across_constructions_and_seed_dependent():
 def test_resume_yields_the_same_batches(task, taken, crosses_epoch):
   config = _config(task=task, mlm_probability=0.15)
   original = make_dataset(config, 'train', seed=1)
-  _take(original, taken)
+  take_batches(original, taken)
   state = json.loads(json.dumps(original.get_state()))
   resumed = make_dataset(config, 'train', seed=1)
   resumed.set_state(state)
-  _assert_same(_take(resumed, 4), _take(original, 4))
+  assert_same_batches(take_batches(resumed, 4), take_batches(original, 4))
   assert resumed.get_state() == original.get_state()
   assert (original.get_state()['epoch'] > state['epoch']) == crosses_epoch
 
@@ -106,8 +97,8 @@ def test_resume_yields_the_same_batches(task, taken, crosses_epoch):
 @pytest.mark.parametrize('task', ['lm', 'mlm'])
 def test_process_rows_concatenate_to_the_global_batch(task):
   config = _config(task=task, mlm_probability=0.15)
-  whole = _take(make_dataset(config, 'train', seed=0), 2)
-  parts = [_take(make_dataset(config, 'train', seed=0, process_index=p,
+  whole = take_batches(make_dataset(config, 'train', seed=0), 2)
+  parts = [take_batches(make_dataset(config, 'train', seed=0, process_index=p,
                               process_count=2), 2) for p in range(2)]
   assert parts[0][0]['inputs'].shape == (BATCH // 2, SEQ_LEN)
   for step, batch in enumerate(whole):
@@ -121,7 +112,7 @@ def test_eval_is_one_padded_pass_repeated_identically():
   windows = _windows('validation')
   assert ds.num_batches == -(-len(windows) // BATCH)
   first, second = list(ds), list(ds)
-  _assert_same(first, second)
+  assert_same_batches(first, second)
   assert len(first) == ds.num_batches
   weights = np.concatenate([b['weights'] for b in first])
   inputs = np.concatenate([b['inputs'] for b in first])

@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 import pytest
+from conftest import assert_same_batches, take_batches
 import tensorflow_datasets as tfds
 
 from txf.data import ByteTokenizer, SentencePieceTokenizer, make_dataset
@@ -115,16 +116,6 @@ def any_config(request):
   return _config(task=request.param)
 
 
-def _take(ds, n):
-  return [next(ds) for _ in range(n)]
-
-
-def _assert_same(batches_a, batches_b):
-  assert len(batches_a) == len(batches_b)
-  for a, b in zip(batches_a, batches_b):
-    assert a.keys() == b.keys()
-    for key in a:
-      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def _windows(split):
@@ -141,7 +132,7 @@ def test_lm_batches_are_shifted_windows_of_the_split_text(shakespeare):
   windows = _windows('train')
   assert len(windows) // BATCH == 3  # the texts fill 3 batches per epoch
   rows = []
-  for batch in _take(ds, 3):
+  for batch in take_batches(ds, 3):
     assert batch['inputs'].shape == (BATCH, SEQ_LEN)
     assert batch['inputs'].dtype == np.int32
     np.testing.assert_array_equal(batch['inputs'][:, 1:],
@@ -156,8 +147,8 @@ def test_lm_batches_are_shifted_windows_of_the_split_text(shakespeare):
 
 
 def test_lm_is_deterministic_and_seed_dependent(shakespeare):
-  first = _take(make_dataset(_config(), 'train', seed=3), 4)
-  _assert_same(first, _take(make_dataset(_config(), 'train', seed=3), 4))
+  first = take_batches(make_dataset(_config(), 'train', seed=3), 4)
+  assert_same_batches(first, take_batches(make_dataset(_config(), 'train', seed=3), 4))
   other = next(make_dataset(_config(), 'train', seed=4))
   assert not np.array_equal(first[0]['inputs'], other['inputs'])
 
@@ -167,7 +158,7 @@ def test_lm_eval_is_one_padded_pass_in_text_order(shakespeare):
   windows = _windows('validation')
   assert ds.num_batches == -(-len(windows) // BATCH) == 2
   first, second = list(ds), list(ds)
-  _assert_same(first, second)
+  assert_same_batches(first, second)
   inputs = np.concatenate([b['inputs'] for b in first])
   weights = np.concatenate([b['weights'] for b in first])
   np.testing.assert_array_equal(inputs[:len(windows)], windows[:, :-1])
@@ -178,17 +169,17 @@ def test_lm_eval_is_one_padded_pass_in_text_order(shakespeare):
 
 def test_resume_yields_the_same_batches(any_config):
   original = make_dataset(any_config, 'train', seed=1)
-  _take(original, 5)  # past the end of the first epoch
+  take_batches(original, 5)  # past the end of the first epoch
   state = json.loads(json.dumps(original.get_state()))
   resumed = make_dataset(any_config, 'train', seed=1)
   resumed.set_state(state)
-  _assert_same(_take(resumed, 4), _take(original, 4))
+  assert_same_batches(take_batches(resumed, 4), take_batches(original, 4))
   assert resumed.get_state() == original.get_state()
 
 
 def test_process_rows_concatenate_to_the_global_batch(any_config):
-  whole = _take(make_dataset(any_config, 'train', seed=0), 4)
-  parts = [_take(make_dataset(any_config, 'train', seed=0, process_index=p,
+  whole = take_batches(make_dataset(any_config, 'train', seed=0), 4)
+  parts = [take_batches(make_dataset(any_config, 'train', seed=0, process_index=p,
                               process_count=2), 4) for p in range(2)]
   for step, batch in enumerate(whole):
     for key in batch:
@@ -215,7 +206,7 @@ def test_seq2seq_rows_are_the_split_pairs_in_a_new_order_each_epoch(
   tok = ds.tokenizer
   epochs = []
   for _ in range(2):  # 12 pairs: 3 batches of 4 per epoch
-    batches = _take(ds, 3)
+    batches = take_batches(ds, 3)
     for b in batches:
       assert b['encoder_inputs'].shape == (BATCH, seq_len)
       np.testing.assert_array_equal(b['decoder_inputs'][:, 0], tok.bos_id)
@@ -242,7 +233,7 @@ def test_seq2seq_eval_is_one_padded_pass(translation_dir):
   ds = make_dataset(_translation_config(translation_dir), 'validation', seed=0)
   assert ds.num_batches == 2  # 5 pairs, batches of 4
   first, second = list(ds), list(ds)
-  _assert_same(first, second)
+  assert_same_batches(first, second)
   pairs = [p for b in first for p in _decoded_pairs(b, ds.tokenizer)]
   assert sorted(pairs) == sorted(VALIDATION_PAIRS)
   padding = {key: value[1:] for key, value in first[1].items()}
