@@ -283,3 +283,12 @@ def test_family_learns(tmp_path, name, steps, batch_size, margin):
   first, last = np.mean(losses[:3]), np.mean(losses[-3:])
   assert last < first - margin, losses
   assert np.isfinite(result["eval_loss"]) and 0 <= result["eval_accuracy"] <= 1
+
+
+def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same_eval(tmp_path):
+  config = tiny("rope", steps=4)
+  first, _ = run_quietly(config, tmp_path)
+  again, log_text = run_quietly(config, tmp_path)
+  assert "already trained to step 4 of 4" in log_text
+  assert again == first
+  assert checkpoint_steps(tmp_path) == [4]

@@ -265,6 +265,10 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
         checkpointer.wait_until_finished()
         log(f"preempted: saved step {done}; rerun the same command to resume")
         break
+    else:
+      if start >= steps:  # a finished run started again: report, train nothing
+        log(f"already trained to step {start} of {steps}")
+        last_eval = _evaluate(eval_step, state.params, eval_data, to_device, task)
   return last_eval
 
 
