@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from txf.data.config import DataSpec, read_data_config
+from txf.data.config import DataSpec, check_int, read_data_config
 from txf.layers.config import ModelConfig
 
 SECTIONS = ("seed", "model", "data", "train", "eval", "parallel")
@@ -36,11 +36,6 @@ def _check_known(section: str, config: Any, known: tuple[str, ...]) -> None:
     raise ValueError(f"{section}.{unknown[0]}: unknown field (known: {', '.join(known)})")
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
-
-
 def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -> ModelConfig:
   """Validates `config` and returns its `ModelConfig`.
 
@@ -57,7 +52,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   _check_known("train", config.train, TRAIN_FIELDS)
   _check_known("eval", config.eval, EVAL_FIELDS)
   _check_known("parallel", config.parallel, PARALLEL_FIELDS)
-  _positive_int("seed", config.seed, 0)
+  check_int(config.seed, "seed", 0)
   spec = read_data_config(config.data)
 
   model_fields = dict(config.model.items())
@@ -82,17 +77,17 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
                      f"shorter than data.seq_len={spec.seq_len}")
 
   train = config.train
-  _positive_int("train.steps", train.steps)
-  _positive_int("train.grad_accum_steps", train.grad_accum_steps)
-  _positive_int("train.log_every", train.log_every)
-  _positive_int("train.checkpoint_every", train.checkpoint_every)
-  _positive_int("train.max_to_keep", train.max_to_keep)
+  check_int(train.steps, "train.steps", 1)
+  check_int(train.grad_accum_steps, "train.grad_accum_steps", 1)
+  check_int(train.log_every, "train.log_every", 1)
+  check_int(train.checkpoint_every, "train.checkpoint_every", 1)
+  check_int(train.max_to_keep, "train.max_to_keep", 1)
   if spec.batch_size % train.grad_accum_steps:
     raise ValueError(f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
                      f"data.batch_size={spec.batch_size}")
-  _positive_int("eval.every", config.eval.every)
-  _positive_int("eval.num_batches", config.eval.num_batches)
-  _positive_int("eval.sample_tokens", config.eval.sample_tokens, 0)
+  check_int(config.eval.every, "eval.every", 1)
+  check_int(config.eval.num_batches, "eval.num_batches", 1)
+  check_int(config.eval.sample_tokens, "eval.sample_tokens", 0)
   if config.eval.temperature < 0:
     raise ValueError(f"eval.temperature: must be >= 0, got {config.eval.temperature}")
   return model_cfg
