@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 import pytest
+from tfds_builders import TranslationBuilder
 from conftest import assert_same_batches, take_batches
 import tensorflow_datasets as tfds
 
@@ -47,23 +48,11 @@ VALIDATION_PAIRS = [(f'Katze {i}', f'cat {i}') for i in range(5)]
 TRANSLATION = 'tfds:txf_test_translate/de-en'
 
 
-class TxfTestTranslate(tfds.core.GeneratorBasedBuilder):
-  """A wmt14_translate look-alike: Translation('de', 'en'), config 'de-en'."""
+class TxfTestTranslate(TranslationBuilder):
+  """TRAIN_PAIRS / VALIDATION_PAIRS above, prepared offline as ArrayRecord."""
 
-  VERSION = tfds.core.Version('1.0.0')
-  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name='de-en')]
-
-  def _info(self):
-    return tfds.core.DatasetInfo(
-        builder=self, features=tfds.features.Translation(('de', 'en')))
-
-  def _split_generators(self, dl_manager):
-    return {'train': self._generate_examples(TRAIN_PAIRS),
-            'validation': self._generate_examples(VALIDATION_PAIRS)}
-
-  def _generate_examples(self, pairs):
-    for i, (de, en) in enumerate(pairs):
-      yield i, {'de': de, 'en': en}
+  TRAIN_PAIRS = TRAIN_PAIRS
+  VALIDATION_PAIRS = VALIDATION_PAIRS
 
 
 def _mock_prepared(monkeypatch, as_data_source):
