@@ -1,0 +1,482 @@
+"""Layers and models against float64 numpy references written from the papers.
+
+Every reference below is independent of `txf.ops`: attention (with RoPE in the
+rotate-half layout, ALiBi slopes, T5 relative buckets, sliding windows and
+GQA/MQA head grouping), layer / RMS norm, the FFN activations, the embedder's
+positions, the blocks' residual wiring, the stacks, the heads and whole models
+are re-derived here in numpy, and then fed each layer's OWN initialised
+parameters (biases, norm scales and position tables perturbed away from their
+0 / 1 / ~0 initial values so that a missing or swapped one shows). The aim is
+to catch wiring bugs: RoPE on q only, wrong GQA grouping, causal masks off by
+one, dropped residuals, swapped norm placement, the wrong mask on
+cross-attention, a missing 1/sqrt(D) on tied logits, the wrong pooled token.
+
+Layers and attributes are built through `ModelConfig` and the models where
+possible, and `MultiHeadAttention` with every attribute given explicitly, so
+that a change of defaults does not silently change what is tested.
+
+Tolerances: the layers run in float32 against float64 references on O(1)
+inputs, so atol = 1e-5, rtol = 1e-4 (a handful of float32 roundings per
+output, amplified at most a few times by norms and softmaxes).
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf.layers import Embedder, MultiHeadAttention, TransformerBlock, TransformerStack
+from txf.models import ModelConfig, build
+
+TOL = dict(atol=1e-5, rtol=1e-4)
+KEY = jax.random.PRNGKey(0)
+B, D = 2, 16
+PAD = 0
+# Parameters whose initial values (0, 1, N(0, 0.02)) would hide a swapped or
+# missing use; they get N(0, 0.5) noise. Kernels and tables keep their init.
+PERTURBED = ("bias", "scale", "position_table")
+# The small model shared by the block, stack and model tests: GQA (2 of 4
+# heads), an FFN width unrelated to D, biases on, T5 buckets and distance small
+# enough that T <= 6 reaches the log-spaced buckets (and no bucket boundary
+# falls on an exact float value).
+TINY = dict(vocab_size=32, d_model=D, num_heads=4, num_kv_heads=2, head_dim=4, d_ff=24,
+            num_layers=1, max_len=8, rope_base=100.0, rope_scale=1.0, t5_num_buckets=8,
+            t5_max_distance=10, norm_eps=1e-6, use_bias=True, pad_id=PAD)
+
+
+def rand(seed, *shape):
+  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def tokens_with_padding(seed, lengths, total):
+  """int32 [len(lengths), total]: real tokens in [1, 32) then PAD."""
+  tokens = np.random.default_rng(seed).integers(1, 32, size=(len(lengths), total))
+  tokens[np.arange(total)[None, :] >= np.asarray(lengths)[:, None]] = PAD
+  return jnp.asarray(tokens, jnp.int32)
+
+
+def valid_keys(lengths, total):
+  """bool [B, S]: key j of row b is real iff j < lengths[b]."""
+  return np.arange(total)[None, :] < np.asarray(lengths)[:, None]
+
+
+def own_params(module, *args, **kwargs):
+  """The module's initialised params (unboxed), PERTURBED leaves shifted."""
+  params = nn.meta.unbox(module.init(KEY, *args, **kwargs)["params"])
+  rng = np.random.default_rng(1)
+
+  def perturb(path, x):
+    if path[-1].key in PERTURBED:
+      return x + 0.5 * rng.normal(size=x.shape).astype(np.float32)
+    return x
+  return jax.tree_util.tree_map_with_path(perturb, params)
+
+
+def f64(tree):
+  return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def hidden_states(model, params, *inputs):
+  """The output of the model's one TransformerStack, [B, T, D]."""
+  _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"],
+                         capture_intermediates=lambda mdl, _: isinstance(mdl, TransformerStack))
+  captured = jax.tree_util.tree_leaves(state["intermediates"])
+  assert len(captured) == 1, "expected exactly one TransformerStack"
+  return np.asarray(captured[0], np.float64)
+
+
+# ---------------------------------------------------------------------------
+# float64 numpy references.
+
+
+def np_dense(x, p, axes=1):
+  """x's last `axes` axes contracted with the kernel's first ones (+ bias)."""
+  y = np.tensordot(x, p["kernel"], axes=axes)
+  return y + p["bias"] if "bias" in p else y
+
+
+def np_norm(p, x, kind, eps):
+  """LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019) over the last axis."""
+  if kind == "layer":
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps) * p["scale"] + p["bias"]
+  assert "bias" not in p, "RMSNorm has no bias"
+  return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+
+
+def np_gelu(x):
+  # jax.nn.gelu's default (approximate=True): the tanh form of Hendrycks & Gimpel.
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+NP_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0), "gelu": np_gelu,
+                  "swiglu": lambda x: x / (1 + np.exp(-x)), "geglu": np_gelu}
+
+
+def np_ffn(p, x, activation):
+  """W_o act(x W_i), or W_o (act(x W_gate) * x W_i) for the gated kinds (Shazeer 2020)."""
+  act = NP_ACTIVATIONS[activation]
+  if activation in ("swiglu", "geglu"):
+    return np_dense(act(np_dense(x, p["gate"])) * np_dense(x, p["wi"]), p["wo"])
+  assert "gate" not in p
+  return np_dense(act(np_dense(x, p["wi"])), p["wo"])
+
+
+def np_rope(x, positions, base, scale):
+  """RoFormer rotation, rotate-half layout: feature i pairs with i + Dh/2.
+
+  x [B, L, heads, Dh], positions [L]."""
+  half = x.shape[-1] // 2
+  out = np.empty_like(x)
+  for i in range(half):
+    angle = (positions / scale * base ** (-2 * i / x.shape[-1]))[None, :, None]
+    a, b = x[..., i], x[..., i + half]
+    out[..., i] = a * np.cos(angle) - b * np.sin(angle)
+    out[..., i + half] = b * np.cos(angle) + a * np.sin(angle)
+  return out
+
+
+def np_alibi_slopes(n):
+  """Press et al. (2022): a geometric sequence from 2^(-8/n) for a power of two
+  n; otherwise those of the nearest lower power of two, then every other slope
+  of twice that."""
+  def geometric(m):
+    return [2 ** (-8 / m * (i + 1)) for i in range(m)]
+  if math.log2(n).is_integer():
+    return np.array(geometric(n))
+  closest = 2 ** math.floor(math.log2(n))
+  return np.array(geometric(closest) + geometric(2 * closest)[0::2][:n - closest])
+
+
+def np_t5_bucket(relative, bidirectional, num_buckets, max_distance):
+  """Raffel et al. (2020) bucket of one relative position (key - query)."""
+  n, offset = -relative, 0
+  if bidirectional:
+    num_buckets //= 2
+    offset = num_buckets if n < 0 else 0
+    n = abs(n)
+  else:
+    n = max(n, 0)
+  max_exact = num_buckets // 2
+  if n < max_exact:
+    return offset + n
+  log_part = math.log(n / max_exact) / math.log(max_distance / max_exact)
+  return offset + min(max_exact + int(log_part * (num_buckets - max_exact)), num_buckets - 1)
+
+
+def np_attention(p, x, kv, key_valid, spec, table=None):
+  """Multi-head attention (Vaswani et al. 2017) from DenseGeneral params.
+
+  x [B, T, D] queries' inputs, kv [B, S, D], key_valid bool [B, S]; spec: the
+  MultiHeadAttention attributes. Queries sit at 0..T-1, keys at 0..S-1. Query
+  head h reads key/value head h // (H / K). A query with no allowed key
+  outputs 0. Returns [B, T, D].
+  """
+  num_heads, num_kv_heads = spec["num_heads"], spec["num_kv_heads"]
+  q, k, v = np_dense(x, p["query"]), np_dense(kv, p["key"]), np_dense(kv, p["value"])
+  q_pos, k_pos = np.arange(x.shape[1]), np.arange(kv.shape[1])
+  if spec["position"] == "rope":
+    q = np_rope(q, q_pos, spec["rope_base"], spec["rope_scale"])
+    k = np_rope(k, k_pos, spec["rope_base"], spec["rope_scale"])
+  relative_TxS = k_pos[None, :] - q_pos[:, None]
+  allowed_BxTxS = key_valid[:, None, :] & np.ones(relative_TxS.shape, bool)
+  if spec["causal"]:
+    allowed_BxTxS = allowed_BxTxS & (relative_TxS <= 0)
+  if spec["window"] is not None:
+    allowed_BxTxS = allowed_BxTxS & (np.abs(relative_TxS) < spec["window"])
+  if spec["position"] == "t5_bias":
+    buckets_TxS = np.vectorize(np_t5_bucket)(relative_TxS, spec["bidirectional_bias"],
+                                             table.shape[0], spec["t5_max_distance"])
+  slopes = np_alibi_slopes(num_heads)
+  heads = np.zeros(q.shape[:2] + (num_heads, v.shape[-1]))
+  for h in range(num_heads):
+    g = h // (num_heads // num_kv_heads)
+    scores = np.einsum("btd,bsd->bts", q[:, :, h], k[:, :, g]) / np.sqrt(q.shape[-1])
+    if spec["position"] == "alibi":
+      scores = scores - slopes[h] * np.abs(relative_TxS)
+    elif spec["position"] == "t5_bias":
+      scores = scores + table[buckets_TxS, h]
+    unnormalised = np.where(allowed_BxTxS, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
+    total = unnormalised.sum(-1, keepdims=True)
+    weights = unnormalised / np.where(total > 0, total, 1.0)
+    heads[:, :, h] = np.einsum("bts,bsd->btd", weights, v[:, :, g])
+  return np_dense(heads, p["out"], axes=2)
+
+
+def attention_spec(cfg, causal, cross):
+  """The attributes a block gives its self- (cross=False) or cross-attention."""
+  return dict(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+              position="none" if cross else cfg.position, causal=causal and not cross,
+              bidirectional_bias=not causal, window=None if cross else cfg.window,
+              rope_base=cfg.rope_base, rope_scale=cfg.rope_scale,
+              t5_max_distance=cfg.t5_max_distance)
+
+
+def np_block(p, x, cfg, *, causal, self_valid, table=None, cross=None, cross_valid=None):
+  """One TransformerBlock: self-attention, [cross-attention,] FFN, each a
+  residual x + f(norm(x)) (pre) or norm(x + f(x)) (post)."""
+  def residual(name, x, sublayer):
+    norm = lambda h: np_norm(p[f"{name}_norm"], h, cfg.norm, cfg.norm_eps)
+    if cfg.norm_placement == "pre":
+      return x + sublayer(norm(x))
+    return norm(x + sublayer(x))
+
+  self_spec = attention_spec(cfg, causal, cross=False)
+  x = residual("self_attention", x, lambda h: np_attention(
+      p["self_attention"], h, h, self_valid, self_spec, table))
+  if cross is not None:
+    cross_spec = attention_spec(cfg, causal, cross=True)
+    x = residual("cross_attention", x, lambda h: np_attention(
+        p["cross_attention"], h, cross, cross_valid, cross_spec))
+  return residual("ffn", x, lambda h: np_ffn(p["ffn"], h, cfg.activation))
+
+
+def np_stack(p, x, cfg, num_layers, *, causal, self_valid=None, cross=None, cross_valid=None):
+  """Blocks 0..N-1 sharing the stack's T5 table, then the Pre-LN final norm."""
+  if self_valid is None:
+    self_valid = np.ones(x.shape[:2], bool)
+  table = p["relative_position"]["table"] if cfg.position == "t5_bias" else None
+  for i in range(num_layers):
+    x = np_block(p[f"block_{i}"], x, cfg, causal=causal, self_valid=self_valid, table=table,
+                 cross=cross, cross_valid=cross_valid)
+  if cfg.norm_placement == "pre":
+    return np_norm(p["final_norm"], x, cfg.norm, cfg.norm_eps)
+  assert "final_norm" not in p, "Post-LN already ends in a norm"
+  return x
+
+
+def np_sinusoidal(positions, dim):
+  """Vaswani et al. (2017), interleaved: PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos."""
+  pe = np.zeros(positions.shape + (dim,))
+  for i in range(dim // 2):
+    angle = positions / 10000.0 ** (2 * i / dim)
+    pe[..., 2 * i], pe[..., 2 * i + 1] = np.sin(angle), np.cos(angle)
+  return pe
+
+
+def np_embed(p, tokens, positions, position):
+  """Token rows plus the absolute position encoding (if any)."""
+  x = p["token"]["embedding"][np.asarray(tokens)]
+  if position == "learned":
+    return x + p["position_table"][positions]
+  if position == "sinusoidal":
+    return x + np_sinusoidal(positions, x.shape[-1])
+  assert "position_table" not in p
+  return x
+
+
+def np_tied_logits(p_embedder, x):
+  """x E^T / sqrt(D), as txf scales tied logits (embedding rows are N(0, 1))."""
+  embedding = p_embedder["token"]["embedding"]
+  return x @ embedding.T / np.sqrt(embedding.shape[1])
+
+
+# ---------------------------------------------------------------------------
+# MultiHeadAttention.
+
+# Every attribute, so that the layer under test never depends on a default.
+ATTENTION_ATTRIBUTES = dict(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
+                            causal=False, bidirectional_bias=True, window=None, rope_base=100.0,
+                            rope_scale=1.0, t5_max_distance=10, use_bias=True,
+                            attention_dropout_rate=0.0, implementation=None, dtype=jnp.float32)
+
+
+def attention_case(name, kv_len=None, **changes):
+  """A pytest param: (MultiHeadAttention attributes, key length for cross-attention)."""
+  return pytest.param({**ATTENTION_ATTRIBUTES, **changes}, kv_len, id=name)
+
+
+ATTENTION_CASES = [
+    # Every position kind, causal and bidirectional, GQA (2 kv heads of 4).
+    *(attention_case(f"{position}-{'causal' if causal else 'bidirectional'}",
+                     position=position, causal=causal, bidirectional_bias=not causal)
+      for position in ("rope", "alibi", "t5_bias", "none") for causal in (False, True)),
+    # Non-power-of-two ALiBi slopes (6 heads, 3 kv heads).
+    attention_case("alibi-6-heads", position="alibi", num_heads=6, num_kv_heads=3, causal=True,
+                   bidirectional_bias=False),
+    attention_case("mqa-rope-interpolated", position="rope", num_kv_heads=1, causal=True,
+                   bidirectional_bias=False, rope_scale=2.0),
+    attention_case("mha-t5-no-bias", position="t5_bias", num_kv_heads=4, use_bias=False),
+    # Row 1's last query sees only padded keys in this window: a zero output.
+    attention_case("window-bidirectional", position="alibi", window=2),
+    attention_case("window-causal", position="rope", window=3, causal=True,
+                   bidirectional_bias=False),
+    attention_case("cross", kv_len=6),
+    attention_case("cross-mqa-no-bias", kv_len=3, num_kv_heads=1, use_bias=False),
+]
+
+
+@pytest.mark.parametrize("spec,kv_len", ATTENTION_CASES)
+def test_attention_matches_numpy(spec, kv_len):
+  T = 5
+  layer = MultiHeadAttention(**spec)
+  x = rand(2, B, T, D)
+  kv = None if kv_len is None else rand(3, B, kv_len, D)
+  S = T if kv_len is None else kv_len
+  key_valid = valid_keys([S, S - 2], S)   # row 1's last two keys are padding
+  table = rand(4, 8, spec["num_heads"]) if spec["position"] == "t5_bias" else None
+  call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=jnp.asarray(key_valid)[:, None, None],
+              relative_table=table, deterministic=True)
+  params = own_params(layer, x, kv, **call)
+  assert params["key"]["kernel"].shape == (D, spec["num_kv_heads"], spec["head_dim"])
+  x64 = x.astype(np.float64)
+  expected = np_attention(f64(params), x64, x64 if kv is None else kv.astype(np.float64),
+                          key_valid, spec, None if table is None else table.astype(np.float64))
+  np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# TransformerBlock.
+
+# The full product of placement x norm x cross-attention, each activation
+# appearing under both placements.
+BLOCK_CASES = [("pre", "layer", False, "relu"), ("pre", "rms", True, "gelu"),
+               ("pre", "layer", True, "swiglu"), ("pre", "rms", False, "geglu"),
+               ("post", "rms", False, "relu"), ("post", "layer", True, "gelu"),
+               ("post", "rms", True, "swiglu"), ("post", "layer", False, "geglu")]
+
+
+def make_block(cfg, *, causal, has_cross):
+  return TransformerBlock(cfg=cfg, causal=causal, has_cross=has_cross, deterministic=True,
+                          decode=False)
+
+
+@pytest.mark.parametrize("placement,norm,has_cross,activation", BLOCK_CASES)
+def test_block_matches_numpy(placement, norm, has_cross, activation):
+  """A decoder-side block (causal, attending to a padded source) with
+  cross-attention, an encoder-side block (bidirectional, padded) without."""
+  cfg = ModelConfig(**TINY, position="rope", norm=norm, norm_placement=placement,
+                    activation=activation)
+  T, S = 5, 6
+  x = 2.0 * rand(5, B, T, D) + 1.0   # far from normalised, so a missing norm shows
+  if has_cross:
+    self_valid, self_mask = np.ones((B, T), bool), None
+    cross, cross_valid = rand(6, B, S, D), valid_keys([S, 4], S)
+    cross_mask = jnp.asarray(cross_valid)[:, None, None]
+  else:
+    self_valid, cross, cross_valid, cross_mask = valid_keys([T, 3], T), None, None, None
+    self_mask = jnp.asarray(self_valid)[:, None, None]
+  block = make_block(cfg, causal=has_cross, has_cross=has_cross)
+  args = (x, jnp.arange(T)[None], self_mask, None, None, cross, cross_mask)
+  params = own_params(block, *args)
+  out, _ = block.apply({"params": params}, *args)
+  expected = np_block(f64(params), x.astype(np.float64), cfg, causal=has_cross,
+                      self_valid=self_valid,
+                      cross=None if cross is None else cross.astype(np.float64),
+                      cross_valid=cross_valid)
+  np.testing.assert_allclose(out, expected, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# TransformerStack.
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_stack_matches_numpy(placement):
+  """Two padded encoder blocks sharing one T5 table; Pre-LN adds the final norm."""
+  cfg = ModelConfig(**TINY, position="t5_bias", norm_placement=placement)
+  T = 6
+  stack = TransformerStack(cfg=cfg, num_layers=2, causal=False, has_cross=False)
+  x = rand(7, B, T, D)
+  valid = valid_keys([T, 4], T)
+  call = dict(q_positions_BxT=jnp.arange(T)[None], self_mask=jnp.asarray(valid)[:, None, None])
+  params = own_params(stack, x, **call)
+  assert ("final_norm" in params) == (placement == "pre")
+  expected = np_stack(f64(params), x.astype(np.float64), cfg, 2, causal=False, self_valid=valid)
+  np.testing.assert_allclose(stack.apply({"params": params}, x, **call), expected, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Embedder.
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "none"])
+def test_embedder_and_tied_logits_match_numpy(position):
+  embedder = Embedder(vocab_size=32, d_model=D, position=position, max_len=8, dtype=jnp.float32)
+  tokens = tokens_with_padding(8, [5, 3], 5)
+  positions = np.arange(2, 7)   # not 0..T-1: the positions given must be the ones used
+  params = own_params(embedder, tokens, jnp.asarray(positions)[None])
+  p = f64(params)
+  embedded = embedder.apply({"params": params}, tokens, jnp.asarray(positions)[None])
+  np.testing.assert_allclose(embedded, np_embed(p, tokens, positions, position), **TOL)
+  x = rand(9, B, 5, D)
+  np.testing.assert_allclose(embedder.apply({"params": params}, x, method=Embedder.attend),
+                             np_tied_logits(p, x.astype(np.float64)), **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Whole models.
+
+
+@pytest.mark.parametrize("position,tied", [
+    *((position, True) for position in ("sinusoidal", "learned", "rope", "alibi", "t5_bias",
+                                        "none")),
+    ("rope", False)])
+def test_decoder_matches_numpy(position, tied):
+  """Embedding -> causal stack -> logits; padding is an ordinary token to a decoder."""
+  cfg = ModelConfig(**TINY, family="decoder", position=position, tie_embeddings=tied)
+  model = build(cfg)
+  tokens = tokens_with_padding(10, [6, 4], 6)
+  params = own_params(model, tokens)
+  p = f64(params)
+  positions = np.arange(6)
+  x = np_stack(p["stack"], np_embed(p["embedder"], tokens, positions, position), cfg,
+               cfg.num_layers, causal=True)
+  if tied:
+    assert "head" not in p
+    expected = np_tied_logits(p["embedder"], x)
+  else:
+    expected = x @ p["head"]["logits"]["kernel"]
+  np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
+
+
+def test_encoder_decoder_matches_numpy():
+  """Padded source through the encoder; the causal decoder cross-attends to it
+  under the source's padding mask; one shared, tied embedding table."""
+  cfg = ModelConfig(**TINY, family="encoder_decoder", position="t5_bias", share_embeddings=True)
+  model = build(cfg)
+  source = tokens_with_padding(11, [6, 3], 6)
+  target = tokens_with_padding(12, [4, 4], 4)
+  params = own_params(model, source, target)
+  p = f64(params)
+  source_valid = np.asarray(source) != PAD
+  encoded = np_stack(p["encoder"], np_embed(p["encoder_embedder"], source, np.arange(6), "none"),
+                     cfg, cfg.num_layers, causal=False, self_valid=source_valid)
+  decoded = np_stack(p["decoder"], np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
+                     cfg, cfg.num_layers, causal=True, cross=encoded, cross_valid=source_valid)
+  np.testing.assert_allclose(model.apply({"params": params}, source, target),
+                             np_tied_logits(p["encoder_embedder"], decoded), **TOL)
+
+
+def np_pool(h, valid, pooling):
+  """[B, T, D] hidden states, valid bool [B, T] -> [B, D] over real tokens."""
+  if pooling == "cls":
+    return h[:, 0]
+  if pooling == "last":
+    return h[np.arange(h.shape[0]), valid.sum(1) - 1]
+  rows = [h[b, valid[b]] for b in range(h.shape[0])]
+  reduce = np.mean if pooling == "mean" else np.max
+  return np.stack([reduce(row, axis=0) for row in rows])
+
+
+@pytest.mark.parametrize("family,pooling", [
+    ("encoder", "cls"), ("encoder", "mean"), ("encoder", "max"), ("encoder", "last"),
+    ("decoder", "last")])
+def test_classification_head_matches_numpy(family, pooling):
+  """Pooling of the stack's hidden states over the real tokens, then the dense classifier."""
+  cfg = ModelConfig(**TINY, family=family, head="classify", pooling=pooling, num_classes=3)
+  model = build(cfg)
+  tokens = tokens_with_padding(13, [6, 4], 6)
+  params = own_params(model, tokens)
+  p = f64(params)
+  h = hidden_states(model, params, tokens)
+  valid = np.asarray(tokens) != PAD
+  pooled = {kind: np_pool(h, valid, kind) for kind in ("cls", "mean", "max", "last")}
+  for other, reference in pooled.items():
+    if other != pooling:   # the references themselves tell the poolings apart
+      assert np.max(np.abs(reference - pooled[pooling])) > 1e-3, other
+  expected = np_dense(pooled[pooling], p["head"]["classifier"])
+  np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
