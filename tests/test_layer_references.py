@@ -187,18 +187,18 @@ def np_attention(p, x, kv, key_valid, spec, table=None):
     allowed_BxTxS = allowed_BxTxS & (relative_TxS <= 0)
   if spec["window"] is not None:
     allowed_BxTxS = allowed_BxTxS & (np.abs(relative_TxS) < spec["window"])
-  if spec["position"] == "t5_bias":
+  bias_HxTxS = np.zeros((num_heads,) + relative_TxS.shape)
+  if spec["position"] == "alibi":
+    bias_HxTxS = -np_alibi_slopes(num_heads)[:, None, None] * np.abs(relative_TxS)
+  elif spec["position"] == "t5_bias":
     buckets_TxS = np.vectorize(np_t5_bucket)(relative_TxS, spec["bidirectional_bias"],
                                              table.shape[0], spec["t5_max_distance"])
-  slopes = np_alibi_slopes(num_heads)
+    bias_HxTxS = np.moveaxis(table[buckets_TxS], -1, 0)
   heads = np.zeros(q.shape[:2] + (num_heads, v.shape[-1]))
   for h in range(num_heads):
     g = h // (num_heads // num_kv_heads)
     scores = np.einsum("btd,bsd->bts", q[:, :, h], k[:, :, g]) / np.sqrt(q.shape[-1])
-    if spec["position"] == "alibi":
-      scores = scores - slopes[h] * np.abs(relative_TxS)
-    elif spec["position"] == "t5_bias":
-      scores = scores + table[buckets_TxS, h]
+    scores = scores + bias_HxTxS[h]
     unnormalised = np.where(allowed_BxTxS, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
     total = unnormalised.sum(-1, keepdims=True)
     weights = unnormalised / np.where(total > 0, total, 1.0)
