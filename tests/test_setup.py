@@ -104,15 +104,26 @@ def test_load_run_needs_a_run(tmp_path):
 
 
 def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
+  """A finished run started again with another seq_len and batch size (24:
+  the saved data position, 4 batches of 8, is no boundary of batches of 24)
+  trains nothing and evaluates there, as load_run does."""
   config_json = (trained / "config.json").read_bytes()
   lines = []
-  result = loop.run(tiny_config("rope", steps=STEPS, data__seq_len=64), trained,
-                    log=lines.append)
+  result = loop.run(tiny_config("rope", steps=STEPS, data__seq_len=64, data__batch_size=24),
+                    trained, log=lines.append)
   assert f"already trained to step {STEPS} of {STEPS}" in lines
-  evaluation = load_run(trained, {"data.seq_len": 64})
+  evaluation = load_run(trained, {"data.seq_len": 64, "data.batch_size": 24})
   assert result == evaluation.setup.evaluate(evaluation.params)
   assert (trained / "config.json").read_bytes() == config_json
   assert json.loads(config_json)["data"]["seq_len"] == 32
+
+
+def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(trained):
+  config_json = (trained / "config.json").read_bytes()
+  with pytest.raises(ConfigError, match=r"^data\.batch_size: .*does not continue"):
+    loop.run(tiny_config("rope", steps=2 * STEPS, data__batch_size=24), trained,
+             log=lambda line: None)
+  assert (trained / "config.json").read_bytes() == config_json
 
 
 def test_resume_with_another_model_is_refused(trained):

@@ -194,6 +194,18 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
   return last_eval
 
 
+def _continue_data(setup: RunSetup, data_state: dict) -> None:
+  """Makes the next training batch the one after the checkpoint's."""
+  try:
+    setup.train_data.set_state(data_state)
+  except ValueError as error:  # e.g. a position between batches of a new size
+    data = setup.config.data
+    raise ConfigError(
+        f"data.batch_size: the checkpoint's data position {data_state} does not continue "
+        f"in batches of data.batch_size={data.batch_size}, data.seq_len={data.seq_len}; "
+        f"continue training with the run's own (config.json) ({error})") from error
+
+
 def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
@@ -220,13 +232,14 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
       state, start = setup.init(setup.init_key), 0
     else:
       start, state, extras = restored
-      setup.train_data.set_state(extras["data"])
       log(f"resumed from step {start} in {checkpointer.directory}")
     log(f"data: {setup.train_data.description}\n"
         f"{summarize(state.params, setup.model_cfg, config.data.seq_len)}")
     if start >= config.train.steps:
       log(f"already trained to step {start} of {config.train.steps}")
       return setup.evaluate(state.params)
+    if restored is not None:
+      _continue_data(setup, extras["data"])
     write_config(config, workdir)
     return _train(setup, state, start, checkpointer, guard, writer, workdir, log)
 

@@ -28,13 +28,13 @@ import functools
 import json
 import math
 import os
-import pathlib
 from typing import Any, Callable, Mapping, NamedTuple
 
 import flax.linen as nn
 import jax
 import ml_collections
 import optax
+from etils import epath
 from jax.sharding import Mesh
 
 from txf import models
@@ -189,7 +189,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
 
 def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
   """The run's checkpoints: workdir/checkpoints, kept and spaced as config.train says."""
-  return Checkpointer(pathlib.Path(workdir) / "checkpoints",
+  return Checkpointer(epath.Path(workdir) / "checkpoints",
                       max_to_keep=config.train.max_to_keep,
                       save_interval_steps=config.train.checkpoint_every)
 
@@ -225,7 +225,7 @@ def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
   Raises:
     ValueError: naming the first such field.
   """
-  path = pathlib.Path(workdir) / CONFIG_FILE
+  path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return
   saved = _checkpoint_fields(json.loads(path.read_text()))
@@ -241,10 +241,10 @@ def write_config(config: Any, workdir: str | os.PathLike) -> None:
   """Records `config` as the one the run in `workdir` trains with (process 0
   writes, atomically: other processes of the run may be reading it)."""
   if jax.process_index() == 0:
-    path = pathlib.Path(workdir) / CONFIG_FILE
+    path = epath.Path(workdir) / CONFIG_FILE
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n")
-    os.replace(tmp, path)
+    tmp.replace(path)
 
 
 def _apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
@@ -289,7 +289,7 @@ def load_run(workdir: str | os.PathLike,
       an override names an unknown field, changes one the checkpoint depends
       on, or makes the config invalid -- before any compute.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = epath.Path(workdir)
   path = workdir / CONFIG_FILE
   try:
     if not path.exists():
