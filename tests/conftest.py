@@ -59,6 +59,22 @@ def load_config(name):
   return importlib.import_module(f"configs.{name}").get_config()
 
 
+def tiny_config(name="rope", *, steps=12, **fields):
+  """configs/<name>.py shrunk to seconds; `fields` like train__decay='cosine'."""
+  config = load_config(name)
+  config.model.update(dict(d_model=32, num_heads=2, num_layers=1))
+  config.data.update(dict(batch_size=8, max_corpus_bytes=200_000))
+  if config.data.task in ("lm", "mlm"):
+    config.data.seq_len = 32
+  config.train.update(dict(steps=steps, warmup_steps=4, decay="constant", log_every=1,
+                           checkpoint_every=1000))
+  config.eval.update(dict(every=1000, num_batches=1, sample_tokens=0))
+  for key, value in fields.items():
+    section, field = key.split("__")
+    config[section][field] = value
+  return config
+
+
 def flatten(tree, prefix=""):
   """{'model.d_model': 128, ...} from a nested dict / ConfigDict."""
   flat = {}

@@ -23,7 +23,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import checkpoint_steps, flatten, load_config as load, restore_state, sigterm_at
+from conftest import (checkpoint_steps, flatten, load_config as load, restore_state, sigterm_at,
+                      tiny_config as tiny)
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
@@ -42,22 +43,6 @@ def _compilation_cache(compilation_cache_dir):
   return compilation_cache_dir
 
 
-
-
-def tiny(name="rope", *, steps=12, **fields):
-  """configs/<name>.py shrunk to seconds; `fields` like train__decay='cosine'."""
-  config = load(name)
-  config.model.update(dict(d_model=32, num_heads=2, num_layers=1))
-  config.data.update(dict(batch_size=8, max_corpus_bytes=200_000))
-  if config.data.task in ("lm", "mlm"):
-    config.data.seq_len = 32
-  config.train.update(dict(steps=steps, warmup_steps=4, decay="constant", log_every=1,
-                           checkpoint_every=1000))
-  config.eval.update(dict(every=1000, num_batches=1, sample_tokens=0))
-  for key, value in fields.items():
-    section, field = key.split("__")
-    config[section][field] = value
-  return config
 
 
 def cli_overrides(config, name):

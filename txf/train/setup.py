@@ -1,0 +1,307 @@
+"""One run setup: everything that trains or evaluates a config is built here.
+
+  setup = setup_run(config, workdir)       # data, model, mesh, jitted steps
+  state = setup.init(setup.init_key)       # created already sharded
+  with setup.activation_sharding():
+    state, metrics = setup.train_step(state, setup.to_device(batch))
+
+  trained = load_run(workdir, {"data.seq_len": 256})   # a trained run, to evaluate
+  trained.setup.evaluate(trained.params)
+
+A run's work directory records in config.json how the run was trained.
+`check_resumable` decides which changes a later run (a resumed training, an
+evaluation) may make to it: none to what the checkpoint depends on, i.e.
+`seed`, the `model` section, and every `data` field except those in
+`FREE_DATA_FIELDS` (the corpus or dataset, task, tokenizer and vocabulary,
+corpus size, masking and generated-example fields define the data stream the
+checkpoint was trained on and the sentencepiece model in the work directory).
+`data.seq_len`, `data.batch_size`, and the `train`, `eval` and `parallel`
+sections may change. Only training writes config.json; an evaluation leaves
+it as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+from typing import Any, Callable, Mapping, NamedTuple
+
+import flax.linen as nn
+import jax
+import ml_collections
+import optax
+from etils import epath
+from jax.sharding import Mesh
+
+from txf import models
+from txf.analysis import flops_per_token
+from txf.data import Dataset, make_dataset
+from txf.layers.config import ModelConfig
+from txf.train import hardware, sharding
+from txf.train.checkpoint import Checkpointer
+from txf.train.config import ConfigError, check_run_config
+from txf.train.optim import make_optimizer, make_schedule
+from txf.train.step import TrainState, init_state, make_eval_step, make_train_step
+
+CONFIG_FILE = "config.json"
+# What a checkpoint depends on (see the module docstring): these sections
+# must match the run's config.json, `data` except for FREE_DATA_FIELDS.
+RESUME_SECTIONS = ("seed", "model", "data")
+FREE_DATA_FIELDS = ("seq_len", "batch_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+  """What a run trains and evaluates with, built from its config by `setup_run`.
+
+  Attributes:
+    config: the run config (sections seed, model, data, train, eval, parallel).
+    model_cfg: its checked ModelConfig.
+    model: the linen module.
+    task: 'lm', 'mlm', 'seq2seq' or 'classify'.
+    train_data, eval_data: this process's rows of the train and validation
+      batches (eval_data stops after eval.num_batches).
+    optimizer, schedule: from config.train.
+    mesh: the device mesh of config.parallel.
+    state_sharding: a TrainState of NamedShardings, one per leaf.
+    init: jitted key -> TrainState, created already sharded (no host ever
+      holds the whole model).
+    abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
+      restoring onto it reshards a checkpoint written on another mesh.
+    train_step: jitted (state, batch) -> (state, metrics); donates the state;
+      label smoothing, z-loss and gradient accumulation from config.train.
+    eval_step: jitted (params, batch) -> replicated loss/accuracy sums.
+    tokens_per_step: tokens (examples, for classification) per global batch.
+    flops_per_token: training FLOPs per token (6N + attention).
+    peak_flops: the device's peak FLOP/s in the compute dtype; None if unknown.
+  """
+
+  config: Any
+  model_cfg: ModelConfig
+  model: nn.Module
+  task: str
+  train_data: Dataset
+  eval_data: Dataset
+  optimizer: optax.GradientTransformation
+  schedule: optax.Schedule
+  mesh: Mesh
+  state_sharding: Any
+  init: Callable[[jax.Array], TrainState]
+  abstract_state: TrainState
+  train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
+  eval_step: Callable[[Any, dict], dict]
+  tokens_per_step: int
+  flops_per_token: float
+  peak_flops: float | None
+
+  @property
+  def init_key(self) -> jax.Array:
+    """The key `init` creates the run's initial state from."""
+    return jax.random.key(self.config.seed)
+
+  def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """Global arrays, split over the mesh, from this process's rows."""
+    return sharding.shard_batch(batch, self.mesh)
+
+  def activation_sharding(self) -> contextlib.AbstractContextManager:
+    """The context the steps run (and are traced) in: activations' logical
+    axes become sharding constraints on the mesh."""
+    return sharding.activation_sharding(self.mesh)
+
+  def evaluate(self, params: Any) -> dict[str, float]:
+    """Loss, accuracy (and perplexity for language models) over eval_data."""
+    totals = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
+    with self.activation_sharding():
+      for batch in self.eval_data:
+        sums = jax.device_get(self.eval_step(params, self.to_device(batch)))
+        for key in totals:
+          totals[key] += float(sums[key])
+    if totals["count"] == 0:
+      raise ValueError("eval: the validation split produced no tokens")
+    loss = totals["loss_sum"] / totals["count"]
+    result = {"eval_loss": loss, "eval_accuracy": totals["correct"] / totals["count"]}
+    if self.task in ("lm", "mlm"):
+      result["eval_perplexity"] = math.exp(min(loss, 50.0))
+    return result
+
+
+def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup:
+  """Builds everything a run of `config` trains and evaluates with.
+
+  Nothing is computed on the devices: parameters exist once `init` is called.
+  The data are this process's share (jax.process_index() of
+  jax.process_count()).
+
+  Args:
+    config: the run config.
+    workdir: the run's directory, where a sentencepiece tokenizer is trained
+      once and reused; None where no tokenizer needs one.
+
+  Raises:
+    ConfigError: naming the field, for a config that cannot run (including a
+      dimension that does not divide its mesh axis), before any compute.
+  """
+  shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  try:
+    train_data = make_dataset(config.data, "train", seed=config.seed, workdir=workdir, **shard)
+    model_cfg = check_run_config(config, vocab_size=train_data.vocab_size,
+                                 num_classes=train_data.num_classes)
+    optimizer = make_optimizer(config.train)
+    schedule = make_schedule(config.train)
+    eval_data = make_dataset(config.data, "validation", seed=config.seed, workdir=workdir,
+                             num_batches=config.eval.num_batches, **shard)
+    mesh = sharding.make_mesh(config.parallel)
+    sharding.check_batch(config.data.batch_size, mesh)
+    task = train_data.task
+    model = models.build(model_cfg)
+    first_batch = next(iter(eval_data))  # shapes only: train and eval batches match
+    init_fn = functools.partial(init_state, model, optimizer, first_batch, task)
+    # Abstract evaluation only: a dimension that does not divide its mesh
+    # axis fails here, before any parameter exists.
+    state_sharding = sharding.state_shardings(
+        jax.eval_shape(init_fn, jax.random.key(config.seed)), mesh)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+
+  init = jax.jit(init_fn, out_shardings=state_sharding)
+  replicated = sharding.replicated(mesh)
+  train_step = make_train_step(model, optimizer, task, seed=config.seed,
+                               grad_accum_steps=config.train.grad_accum_steps,
+                               label_smoothing=config.train.label_smoothing,
+                               z_loss=config.train.z_loss)
+  seq_len = config.data.seq_len
+  return RunSetup(
+      config=config, model_cfg=model_cfg, model=model, task=task, train_data=train_data,
+      eval_data=eval_data, optimizer=optimizer, schedule=schedule, mesh=mesh,
+      state_sharding=state_sharding, init=init,
+      abstract_state=jax.eval_shape(init, jax.random.key(config.seed)),
+      train_step=jax.jit(train_step, out_shardings=(state_sharding, replicated),
+                         donate_argnums=0),
+      eval_step=jax.jit(make_eval_step(model, task), out_shardings=replicated),
+      tokens_per_step=config.data.batch_size * (1 if task == "classify" else seq_len),
+      flops_per_token=flops_per_token(model_cfg, seq_len),
+      peak_flops=hardware.peak_flops_per_device(dtype=model_cfg.dtype))
+
+
+def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
+  """The run's checkpoints: workdir/checkpoints, kept and spaced as config.train says."""
+  return Checkpointer(epath.Path(workdir) / "checkpoints",
+                      max_to_keep=config.train.max_to_keep,
+                      save_interval_steps=config.train.checkpoint_every)
+
+
+# ---------------------------------------------------------------------------
+# The work directory's config.json.
+
+
+def _first_difference(old: Any, new: Any, name: str) -> str | None:
+  """Dotted name of the first field that differs between two JSON trees."""
+  if isinstance(old, dict) and isinstance(new, dict):
+    for key in sorted(set(old) | set(new)):
+      found = _first_difference(old.get(key), new.get(key), f"{name}.{key}")
+      if found:
+        return found
+    return None
+  return None if old == new else name
+
+
+def _checkpoint_fields(config_json: Mapping[str, Any]) -> dict[str, Any]:
+  """The part of a config (as JSON) that its checkpoints depend on."""
+  fields = {section: config_json.get(section) for section in RESUME_SECTIONS}
+  if isinstance(fields["data"], dict):
+    fields["data"] = {key: value for key, value in fields["data"].items()
+                      if key not in FREE_DATA_FIELDS}
+  return fields
+
+
+def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
+  """Refuses `config` for the run in `workdir` if it changes a field the
+  run's checkpoints depend on (nothing to check in a new work directory).
+
+  Raises:
+    ValueError: naming the first such field.
+  """
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return
+  saved = _checkpoint_fields(json.loads(path.read_text()))
+  current = _checkpoint_fields(json.loads(config.to_json_best_effort()))
+  for section in RESUME_SECTIONS:
+    field = _first_difference(saved[section], current[section], section)
+    if field:
+      raise ValueError(f"{field}: differs from the run already in {workdir} (see {path}); "
+                       "use a new --workdir")
+
+
+def write_config(config: Any, workdir: str | os.PathLike) -> None:
+  """Records `config` as the one the run in `workdir` trains with (process 0
+  writes, atomically: other processes of the run may be reading it)."""
+  if jax.process_index() == 0:
+    path = epath.Path(workdir) / CONFIG_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
+  """Sets each dotted field ('data.seq_len') of `overrides` in `config`."""
+  for name, value in overrides.items():
+    *sections, field = name.split(".")
+    node = config
+    for section in sections:
+      if not isinstance(node, ml_collections.ConfigDict) or section not in node:
+        raise ValueError(f"{name}: unknown field")
+      node = node[section]
+    if field not in node:
+      raise ValueError(f"{name}: unknown field")
+    try:
+      node[field] = value
+    except TypeError as error:  # ml_collections keeps each field's type
+      raise ValueError(f"{name}: {error}") from None
+
+
+# ---------------------------------------------------------------------------
+# A trained run, for evaluation.
+
+
+class TrainedRun(NamedTuple):
+  """A trained run restored for evaluation: `setup.evaluate(params)`."""
+  setup: RunSetup
+  params: Any
+  step: int  # the checkpoint's step
+
+
+def load_run(workdir: str | os.PathLike,
+             overrides: Mapping[str, Any] | None = None) -> TrainedRun:
+  """Restores the latest checkpoint of the run in `workdir` for evaluation.
+
+  The setup is built from the run's config.json with `overrides` applied,
+  e.g. {"data.seq_len": 256, "eval.num_batches": 4}: any field the checkpoint
+  does not depend on (see `check_resumable`). Nothing in `workdir` is
+  written; config.json keeps describing how the run was trained.
+
+  Raises:
+    ConfigError: `workdir` holds no run (no config.json or no checkpoint), or
+      an override names an unknown field, changes one the checkpoint depends
+      on, or makes the config invalid -- before any compute.
+  """
+  workdir = epath.Path(workdir)
+  path = workdir / CONFIG_FILE
+  try:
+    if not path.exists():
+      raise ValueError(f"workdir: {workdir} holds no run ({path} does not exist)")
+    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    _apply_overrides(config, overrides or {})
+    check_resumable(config, workdir)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  with make_checkpointer(config, workdir) as checkpointer:
+    if checkpointer.latest_step() is None:
+      raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
+    setup = setup_run(config, workdir)
+    step, state, _ = checkpointer.restore(setup.abstract_state)
+  return TrainedRun(setup=setup, params=state.params, step=step)
