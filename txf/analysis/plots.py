@@ -1,0 +1,214 @@
+"""PNG plots for analysis and sweeps: attention heatmap grids and line plots.
+
+Figures are built with matplotlib's object API (`matplotlib.figure.Figure`,
+rendered by the Agg canvas), so nothing here touches pyplot's global state or
+the process's backend, and plotting works on headless machines and in
+threads. Each plot has a builder that returns the Figure (for tests and for
+callers that add to it) and a writer that builds it, saves it with
+`save_figure` and returns the path:
+
+  attention_grid_figure / attention_grid  one heatmap per (layer, head)
+  line_plot_figure / line_plot            labelled curves with optional std bands
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from etils import epath
+from matplotlib.figure import Figure
+
+# Tokens are written on the axes only up to this length; longer sequences get
+# numeric positions, since one label per row would be unreadable.
+MAX_TOKEN_TICKS = 32
+# A log x axis is labelled at the data's x values when there are at most this
+# many (evaluation lengths), at matplotlib's decades otherwise.
+MAX_LOG_TICKS = 12
+_PANEL_INCHES = 2.4
+_DPI = 120
+
+
+def _check_text(value: Any, name: str) -> str:
+  """`value` if it is a non-empty string; ValueError naming `name` otherwise."""
+  if not isinstance(value, str) or not value.strip():
+    raise ValueError(f'{name} must be a non-empty string, got {value!r}')
+  return value
+
+
+def save_figure(figure: Figure, path: str | os.PathLike) -> epath.Path:
+  """Writes `figure` as a PNG to `path` (local or `gs://`), creating parent directories.
+
+  Returns:
+    The path written.
+  """
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format='png', dpi=_DPI)
+  path = epath.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(buffer.getvalue())
+  return path
+
+
+def _check_grid(weights_by_layer: Sequence[Any]) -> np.ndarray:
+  """float `[L, H, T, S]` from L >= 1 equally shaped `[H, T, S]` arrays (a list or an array)."""
+  if len(weights_by_layer) == 0:
+    raise ValueError('weights_by_layer must be a non-empty list of [H, T, S] arrays')
+  arrays = [np.asarray(weights, np.float64) for weights in weights_by_layer]
+  for layer, array in enumerate(arrays):
+    if array.ndim != 3 or array.shape != arrays[0].shape or 0 in array.shape:
+      raise ValueError(f'weights_by_layer[{layer}] must be [H, T, S] like layer 0 '
+                       f'{arrays[0].shape}, got {array.shape}')
+  weights_LxHxTxS = np.stack(arrays)
+  if not np.all(np.isfinite(weights_LxHxTxS)):
+    raise ValueError('weights_by_layer must be finite')
+  return weights_LxHxTxS
+
+
+def _check_tokens(tokens: Sequence[str] | None, length: int, name: str) -> list[str] | None:
+  """`tokens` as a list of `length` strings (or None); ValueError naming `name` otherwise."""
+  if tokens is None:
+    return None
+  if isinstance(tokens, str) or len(tokens) != length:
+    raise ValueError(f'{name} must be a list of {length} strings (one per position), '
+                     f'got {tokens!r}')
+  return [str(token) for token in tokens]
+
+
+def _token_ticks(axes: Any, query_tokens: list[str] | None, key_tokens: list[str] | None) -> None:
+  """Labels the positions of a heatmap with their tokens when the sequences are short."""
+  if key_tokens is not None and len(key_tokens) <= MAX_TOKEN_TICKS:
+    axes.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=6)
+  if query_tokens is not None and len(query_tokens) <= MAX_TOKEN_TICKS:
+    axes.set_yticks(range(len(query_tokens)), query_tokens, fontsize=6)
+
+
+def attention_grid_figure(weights_by_layer: Sequence[Any], tokens: Sequence[str] | None = None,
+                          *, title: str, key_tokens: Sequence[str] | None = None) -> Figure:
+  """A grid of attention heatmaps: one row per layer, one column per head.
+
+  Each panel shows one head's weights with queries down the rows and keys
+  along the columns, all panels on one colour scale from 0 to the largest
+  weight (one shared colour bar), so heads can be compared by eye.
+
+  Args:
+    weights_by_layer: L arrays `[H, T, S]` of one example's attention weights
+      (e.g. `weights_BxHxTxS[0]` of each layer), all the same shape, or one
+      `[L, H, T, S]` array.
+    tokens: optional T query token strings; they label the axes when
+      T <= MAX_TOKEN_TICKS, numeric positions otherwise.
+    title: figure title (non-empty).
+    key_tokens: optional S key token strings; defaults to `tokens`
+      (self-attention). Pass the source tokens for cross-attention.
+
+  Returns:
+    The Figure.
+  """
+  _check_text(title, 'title')
+  weights_LxHxTxS = _check_grid(weights_by_layer)
+  L, H, T, S = weights_LxHxTxS.shape
+  query_tokens = _check_tokens(tokens, T, 'tokens')
+  key_tokens = _check_tokens(tokens if key_tokens is None else key_tokens, S, 'key_tokens')
+
+  figure = Figure(figsize=(_PANEL_INCHES * H + 1.2, _PANEL_INCHES * L + 0.6),
+                  layout='constrained')
+  axes_LxH = figure.subplots(L, H, squeeze=False)
+  vmax = max(float(weights_LxHxTxS.max()), np.finfo(np.float32).tiny)
+  for layer in range(L):
+    for head in range(H):
+      axes = axes_LxH[layer, head]
+      image = axes.imshow(weights_LxHxTxS[layer, head], cmap='viridis', vmin=0.0, vmax=vmax,
+                          aspect='auto', interpolation='nearest')
+      axes.set_title(f'layer {layer}, head {head}', fontsize=9)
+      _token_ticks(axes, query_tokens, key_tokens)
+      if layer == L - 1:
+        axes.set_xlabel('key position')
+      if head == 0:
+        axes.set_ylabel('query position')
+  figure.colorbar(image, ax=axes_LxH, label='attention weight', shrink=0.8)
+  figure.suptitle(title)
+  return figure
+
+
+def attention_grid(weights_by_layer: Sequence[Any], tokens: Sequence[str] | None,
+                   path: str | os.PathLike, title: str, *,
+                   key_tokens: Sequence[str] | None = None) -> epath.Path:
+  """Writes `attention_grid_figure(...)` as a PNG to `path`; returns the path."""
+  return save_figure(
+      attention_grid_figure(weights_by_layer, tokens, title=title, key_tokens=key_tokens), path)
+
+
+def _check_series(label: Any, curve: Any, logx: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """(x, y, std or None) of one series, 1-D and equally long; ValueError naming `label`."""
+  _check_text(label, 'series label')
+  if not isinstance(curve, (tuple, list)) or len(curve) not in (2, 3):
+    raise ValueError(f'series[{label!r}] must be (x, y) or (x, y, std), got {curve!r}')
+  x, y = (np.asarray(values, np.float64) for values in curve[:2])
+  std = None if len(curve) == 2 or curve[2] is None else np.asarray(curve[2], np.float64)
+  for name, values in (('x', x), ('y', y), ('std', std)):
+    if values is not None and (values.ndim != 1 or values.shape != x.shape or not x.size):
+      raise ValueError(f'series[{label!r}] {name} must be 1-D with the length of x '
+                       f'{x.shape}, got {values.shape}')
+  if std is not None and np.any(std < 0):
+    raise ValueError(f'series[{label!r}] std must be >= 0')
+  if logx and np.any(x <= 0):
+    raise ValueError(f'series[{label!r}] x must be > 0 for logx=True')
+  return x, y, std
+
+
+def _label_data_ticks(axes: Any, x: np.ndarray) -> None:
+  """On a log x axis, ticks at the data's few x values (1024, not 2^10 or 1.02e3)."""
+  values = np.unique(x)
+  if values.size <= MAX_LOG_TICKS:
+    axes.set_xticks(values, [f'{value:g}' for value in values])
+    axes.set_xticks([], minor=True)
+
+
+def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylabel: str,
+                     logx: bool = False, logy: bool = False) -> Figure:
+  """Curves with a legend, each with an optional +-std band.
+
+  NaN values of y (e.g. a length where a run does not apply) leave a gap.
+  Short series (<= 20 points) get a marker at each point.
+
+  Args:
+    series: label -> (x, y) or (x, y, std), each a 1-D array of one length;
+      std (or None) draws the band y - std .. y + std in the curve's colour.
+    title, xlabel, ylabel: non-empty strings; units belong in the labels,
+      e.g. 'training step', 'validation loss (nats/token)'.
+    logx, logy: logarithmic axes (logx needs x > 0).
+
+  Returns:
+    The Figure.
+  """
+  for name, text in (('title', title), ('xlabel', xlabel), ('ylabel', ylabel)):
+    _check_text(text, name)
+  if not series:
+    raise ValueError('series must hold at least one label -> (x, y[, std]) curve')
+  curves = {label: _check_series(label, curve, logx) for label, curve in series.items()}
+
+  figure = Figure(figsize=(6.4, 4.2), layout='constrained')
+  axes = figure.subplots()
+  for label, (x, y, std) in curves.items():
+    (line,) = axes.plot(x, y, label=label, marker='o' if x.size <= 20 else None, markersize=4)
+    if std is not None:
+      axes.fill_between(x, y - std, y + std, color=line.get_color(), alpha=0.2, linewidth=0)
+  if logx:
+    axes.set_xscale('log')
+    _label_data_ticks(axes, np.concatenate([x for x, _, _ in curves.values()]))
+  if logy:
+    axes.set_yscale('log')
+  axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
+  axes.grid(True, alpha=0.3)
+  axes.legend()
+  return figure
+
+
+def line_plot(series: Mapping[str, Any], path: str | os.PathLike, title: str, xlabel: str,
+              ylabel: str, logx: bool = False, logy: bool = False) -> epath.Path:
+  """Writes `line_plot_figure(...)` as a PNG to `path`; returns the path."""
+  return save_figure(line_plot_figure(series, title=title, xlabel=xlabel, ylabel=ylabel,
+                                      logx=logx, logy=logy), path)
