@@ -245,10 +245,10 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
   fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
   header = ["point", *fields, "status", "train loss", "train ppl", "val loss", "val ppl",
             "tokens/s", *(f"{p} @{n}" for p, n in extrapolation), "diverged"]
-  lines = [f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
-           "Extrapolation columns: validation loss at that evaluation length "
-           "(n/a: not applicable).", "",
-           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  note = (f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
+          "Extrapolation columns: validation loss at that evaluation length "
+          "(n/a: not applicable).")
+  lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
     cells = [row.point.name, *(str(row.point.overrides.get(f, "")) for f in fields),
              row.status, *(_format_stat(getattr(row, a)) for _, a in _STATS),
