@@ -1,0 +1,249 @@
+"""Tests for txf.sweep.results on a hand-written sweep directory (no training).
+
+Expected values are computed here by hand from the written numbers: mean, and
+the sample standard deviation (ddof=1), which for two values a, b is
+|a - b| / sqrt(2).
+"""
+
+import csv
+import json
+import math
+
+import ml_collections
+import numpy as np
+import pytest
+
+from txf.sweep import grid, results
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STEPS = 4
+
+
+def write_run(workdir, rows, *, steps=STEPS):
+  """A run directory: config.json (train.steps) and metrics.jsonl `rows`."""
+  workdir.mkdir(parents=True)
+  if steps is not None:
+    (workdir / "config.json").write_text(json.dumps({"train": {"steps": steps}}))
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def replica_row(step, name, values, **extra):
+  """A metrics row as a run of len(values) vmapped replicas logs it."""
+  return {"step": step, name: float(np.mean(values)),
+          **{f"{name}/{r}": value for r, value in enumerate(values)}, **extra}
+
+
+def write_extrapolation(workdir, applicable):
+  losses = {"non_overlapping": [2.0, 2.5, 3.5], "sliding": [1.9, 2.2, 3.0]}
+  losses = {p: [v if ok else None for v, ok in zip(vs, applicable)] for p, vs in losses.items()}
+  (workdir / results.EXTRAPOLATION_FILE).write_text(json.dumps(
+      {"lengths": [8, 16, 32], "loss": losses, "applicable": applicable}))
+
+
+@pytest.fixture
+def points():
+  base = ml_collections.ConfigDict(dict(
+      model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS)))
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid({"model.position": ["rope", "learned"],
+                                "model.norm_placement": ["pre", "post"]})
+  return grid.expand(config)
+
+
+@pytest.fixture
+def sweep_dir(tmp_path, points):
+  """Four points of two replicas each: done (with extrapolation), diverged,
+  done (learned table: longer lengths not applicable), partial."""
+  rope_pre, rope_post, learned_pre, learned_post = (tmp_path / p.name for p in points)
+  write_run(rope_pre, [
+      replica_row(2, "loss", [3.0, 3.2], tokens_per_sec=1000.0),
+      replica_row(2, "eval_loss", [3.1, 3.3]),
+      replica_row(4, "loss", [2.2, 2.6], tokens_per_sec=1200.0),
+      replica_row(4, "eval_loss", [2.0, 2.5])])
+  write_extrapolation(rope_pre, [True, True, True])
+  write_run(rope_post, [replica_row(2, "loss", [3.0, 3.0], tokens_per_sec=900.0)])
+  results.mark_diverged(rope_post, "non-finite loss by step 3")
+  write_run(learned_pre, [
+      replica_row(2, "loss", [2.9, 3.1], tokens_per_sec=800.0),
+      replica_row(2, "eval_loss", [3.0, 3.0]),
+      replica_row(4, "loss", [2.4, 2.4], tokens_per_sec=1000.0),
+      replica_row(4, "eval_loss", [2.3, 2.7])])
+  write_extrapolation(learned_pre, [True, False, False])
+  write_run(learned_post, [replica_row(2, "loss", [3.1, 3.3], tokens_per_sec=700.0),
+                           replica_row(2, "eval_loss", [3.2, 3.4])])
+  return tmp_path
+
+
+def test_point_status_of_each_state(sweep_dir, points, tmp_path):
+  assert [results.point_status(sweep_dir / p.name) for p in points] == [
+      "done", "diverged", "done", "partial"]
+  assert results.point_status(tmp_path / "never_started") == "missing"
+  (tmp_path / "empty").mkdir()
+  assert results.point_status(tmp_path / "empty") == "missing"
+  write_run(tmp_path / "no_config", [{"step": 4, "eval_loss": 2.0}], steps=None)
+  assert results.point_status(tmp_path / "no_config") == "partial"
+  # A train row at the last step without its eval row is not done yet.
+  write_run(tmp_path / "no_final_eval", [{"step": 4, "loss": 2.0}])
+  assert results.point_status(tmp_path / "no_final_eval") == "partial"
+
+
+def test_summary_of_replicas_is_mean_and_sample_std(sweep_dir, points):
+  row = results.summarize_point(points[0], sweep_dir / points[0].name, replicas=2)
+  assert row.status == "done" and not row.diverged and row.replicas == 2
+  assert row.train_loss.mean == pytest.approx(2.4, rel=1e-12)
+  assert row.train_loss.std == pytest.approx(0.4 / math.sqrt(2), rel=1e-12)
+  assert row.eval_loss.mean == pytest.approx(2.25, rel=1e-12)
+  assert row.eval_loss.std == pytest.approx(0.5 / math.sqrt(2), rel=1e-12)
+  e_a, e_b = math.exp(2.0), math.exp(2.5)
+  assert row.eval_perplexity.mean == pytest.approx((e_a + e_b) / 2, rel=1e-12)
+  assert row.eval_perplexity.std == pytest.approx((e_b - e_a) / math.sqrt(2), rel=1e-12)
+  assert row.tokens_per_sec == pytest.approx(1100.0, rel=1e-12)
+  assert row.extrapolation.lengths == (8, 16, 32)
+  assert row.extrapolation.loss["sliding"] == (1.9, 2.2, 3.0)
+
+
+def test_summary_of_a_single_run_has_no_std(tmp_path, points):
+  write_run(tmp_path / "single", [{"step": 4, "loss": 2.5, "tokens_per_sec": 500.0},
+                                  {"step": 4, "eval_loss": 2.25}])
+  row = results.summarize_point(points[0], tmp_path / "single", replicas=1)
+  assert (row.train_loss.mean, row.train_loss.std) == (2.5, None)
+  assert row.eval_perplexity.mean == pytest.approx(math.exp(2.25), rel=1e-12)
+  assert row.eval_perplexity.std is None and row.extrapolation is None
+
+
+def test_summary_of_a_diverged_point_has_no_final_losses(sweep_dir, points):
+  row = results.summarize_point(points[1], sweep_dir / points[1].name, replicas=2)
+  assert row.diverged and row.status == "diverged"
+  assert row.train_loss is None and row.eval_loss is None
+  assert row.tokens_per_sec == 900.0
+
+
+def test_rows_of_a_resumed_run_replace_earlier_ones_at_the_same_step(tmp_path, points):
+  write_run(tmp_path / "resumed", [
+      {"step": 4, "loss": 9.0}, {"step": 4, "eval_loss": 9.0},
+      {"step": 4, "loss": 2.0}, {"step": 4, "eval_loss": 1.5}])
+  row = results.summarize_point(points[0], tmp_path / "resumed", replicas=1)
+  assert (row.train_loss.mean, row.eval_loss.mean) == (2.0, 1.5)
+
+
+def test_a_missing_replica_value_is_an_error_naming_it(tmp_path, points):
+  write_run(tmp_path / "run", [{"step": 4, "loss": 2.0, "loss/0": 2.0},
+                               {"step": 4, "eval_loss": 2.0}])
+  with pytest.raises(ValueError, match=r"step 4 has 'loss' but not 'loss/1' \(replicas=2\)"):
+    results.summarize_point(points[0], tmp_path / "run", replicas=2)
+  with pytest.raises(ValueError, match="replicas must be >= 1"):
+    results.summarize_point(points[0], tmp_path / "run", replicas=0)
+
+
+def test_a_malformed_extrapolation_file_is_an_error_naming_the_key(tmp_path):
+  (tmp_path / results.EXTRAPOLATION_FILE).write_text(json.dumps(
+      {"lengths": [8, 16], "loss": {"sliding": [2.0]}, "applicable": [True, True]}))
+  with pytest.raises(ValueError, match=r"loss\.sliding has 1 entries for 2 lengths"):
+    results.read_extrapolation(tmp_path)
+  (tmp_path / results.EXTRAPOLATION_FILE).write_text(json.dumps({"lengths": [8]}))
+  with pytest.raises(ValueError, match="missing 'loss'"):
+    results.read_extrapolation(tmp_path)
+
+
+def summaries(sweep_dir, points):
+  return [results.summarize_point(p, sweep_dir / p.name, replicas=2) for p in points]
+
+
+def test_results_csv_holds_the_hand_computed_values(sweep_dir, points):
+  csv_path, _ = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  with open(csv_path, newline="") as f:
+    table = list(csv.DictReader(f))
+  assert [row["point"] for row in table] == [p.name for p in points]
+  rope_pre, rope_post, learned_pre, learned_post = table
+  assert (rope_pre["model.position"], rope_pre["model.norm_placement"]) == ("rope", "pre")
+  assert float(rope_pre["eval_loss"]) == pytest.approx(2.25, rel=1e-12)
+  assert float(rope_pre["eval_loss_std"]) == pytest.approx(0.5 / math.sqrt(2), rel=1e-12)
+  assert float(rope_pre["train_ppl"]) == pytest.approx(
+      (math.exp(2.2) + math.exp(2.6)) / 2, rel=1e-12)
+  assert float(rope_pre["tokens_per_sec"]) == pytest.approx(1100.0, rel=1e-12)
+  assert [rope_pre[f"sliding@{n}"] for n in (8, 16, 32)] == ["1.9", "2.2", "3.0"]
+  assert [learned_pre[f"non_overlapping@{n}"] for n in (8, 16, 32)] == ["2.0", "n/a", "n/a"]
+  assert float(learned_pre["eval_loss_std"]) == pytest.approx(0.4 / math.sqrt(2), rel=1e-12)
+  assert (rope_post["diverged"], rope_post["status"], rope_post["eval_loss"]) == (
+      "yes", "diverged", "")
+  assert learned_post["status"] == "partial" and learned_post["diverged"] == "no"
+  assert float(learned_post["eval_loss"]) == pytest.approx(3.3, rel=1e-12)
+  assert learned_post["sliding@8"] == ""  # not evaluated
+
+
+def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
+  _, md_path = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  lines = md_path.read_text().splitlines()
+  assert "sample std (ddof=1)" in lines[0]
+  header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+  cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+           for line in lines[4:]]
+  assert len(cells) == 4
+  assert cells[0]["val loss"] == "2.2500 ± 0.3536"
+  assert cells[0]["tokens/s"] == "1,100"
+  assert cells[0]["sliding @32"] == "3.0000"
+  assert cells[2]["sliding @16"] == "n/a"
+  assert (cells[1]["diverged"], cells[1]["val loss"]) == ("yes", "")
+
+
+def test_write_results_rejects_no_rows(tmp_path):
+  with pytest.raises(ValueError, match="^rows: no points"):
+    results.write_results([], tmp_path)
+
+
+class FakeLinePlot:
+  """Stands in for txf.analysis.plots.line_plot: records the call, writes a PNG."""
+
+  def __init__(self):
+    self.calls = []
+
+  def __call__(self, series, path, title, xlabel, ylabel, logx=False):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    self.calls.append(dict(series=series, title=title, xlabel=xlabel, ylabel=ylabel,
+                           logx=logx))
+    figure = Figure()
+    FigureCanvasAgg(figure)
+    for label, (x, y, _) in series.items():
+      figure.add_subplot().plot(x, y, label=label)
+    figure.savefig(str(path), format="png")
+
+
+def assert_png(path):
+  data = path.read_bytes()
+  assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
+  line_plot = FakeLinePlot()
+  path = results.plot_loss_curves(points, sweep_dir, replicas=2, line_plot=line_plot)
+  assert_png(path)
+  (call,) = line_plot.calls
+  assert list(call["series"]) == [points[0].name, points[2].name, points[3].name]
+  steps, mean, std = call["series"][points[0].name]
+  np.testing.assert_array_equal(steps, [2, 4])
+  np.testing.assert_allclose(mean, [3.2, 2.25], rtol=1e-12)
+  np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.5 / math.sqrt(2)], rtol=1e-12)
+  assert "step" in call["xlabel"] and "nats/token" in call["ylabel"] and not call["logx"]
+
+
+def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, points):
+  line_plot = FakeLinePlot()
+  path = results.plot_extrapolation(summaries(sweep_dir, points), sweep_dir,
+                                    protocol="sliding", line_plot=line_plot)
+  assert path.name == "extrapolation_sliding.png"
+  assert_png(path)
+  (call,) = line_plot.calls
+  assert call["logx"] and "tokens" in call["xlabel"]
+  lengths, losses, std = call["series"][points[2].name]
+  np.testing.assert_array_equal(lengths, [8])
+  np.testing.assert_array_equal(losses, [1.9])
+  assert std is None and list(call["series"]) == [points[0].name, points[2].name]
+
+
+def test_pre_vs_post_bar_chart_is_written(sweep_dir, points):
+  path = results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir)
+  assert path.name == results.PRE_VS_POST_PNG
+  assert_png(path)
+  with pytest.raises(ValueError, match="^model.window: not a grid field"):
+    results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir, split_field="model.window")

@@ -1,0 +1,257 @@
+"""Sweep grids: expand a sweep config into points, check them, pick one to run.
+
+A sweep config is an `ml_collections.ConfigDict` with
+  base   a full run config (e.g. configs/base.py's `get_config()`)
+  grid   an ordered mapping of dotted field path -> list of values, e.g.
+         {"model.position": ["rope", "alibi"], "model.norm_placement": ["pre", "post"]}
+  sweep  sweep settings, e.g. `seeds` (replicas per point); not read here
+
+A ConfigDict sorts its keys and rejects dots in them, so build the grid with
+`make_grid`, which keeps the order and the dotted paths. Such a ConfigDict
+cannot be `copy.deepcopy`-ed (an ml_collections limitation); `expand` copies
+only `base`.
+
+Grid values are scalars (str, int, float, bool, None): what a command line
+can set. The points are the Cartesian product in grid order, the first field
+varying slowest.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import os
+import re
+import shlex
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_collections
+
+SLURM_TASK_ENV = "SLURM_ARRAY_TASK_ID"
+# Longest file name most filesystems (ext4, GCS objects' path parts) accept.
+_MAX_NAME_BYTES = 255
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._+-]")
+_SCALAR_TYPES = (str, int, float, bool, type(None))
+
+
+class GridError(ValueError):
+  """A sweep grid or one of its points is invalid; raised before any training."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One point of a sweep grid.
+
+  Attributes:
+    index: position in the Cartesian product (0-based; what `--index` selects).
+    name: the point's sub-workdir name (see `point_name`).
+    overrides: dotted field path -> value, in grid order.
+    config: a copy of the sweep's base config with the overrides applied.
+  """
+  index: int
+  name: str
+  overrides: Mapping[str, Any]
+  config: ml_collections.ConfigDict
+
+
+def make_grid(fields: Mapping[str, Sequence[Any]]) -> ml_collections.ConfigDict:
+  """A ConfigDict grid that keeps `fields`' order and dotted paths."""
+  return ml_collections.ConfigDict(dict(fields), sort_keys=False, allow_dotted_keys=True)
+
+
+def _format_name_value(value: Any) -> str:
+  text = str(value).lower() if isinstance(value, bool) else str(value)
+  return _UNSAFE_NAME_CHARS.sub("_", text)
+
+
+def _name_keys(paths: Sequence[str]) -> list[str]:
+  """Each path's last part, or the whole path where last parts collide."""
+  last = [path.rsplit(".", 1)[-1] for path in paths]
+  return [key if last.count(key) == 1 else path for key, path in zip(last, paths)]
+
+
+def point_name(overrides: Mapping[str, Any]) -> str:
+  """The sub-workdir name of a point: `key=value` pairs joined by ',' in grid
+  order, e.g. 'position=rope,norm_placement=pre'.
+
+  The key is the field's last path part ('model.position' -> 'position'), or
+  the whole dotted path when two grid fields share a last part. Booleans are
+  written 'true'/'false'; any character of a key or value outside
+  [A-Za-z0-9._+-] becomes '_', so the name is safe on every filesystem.
+  `expand` rejects a grid whose names would collide.
+  """
+  keys = _name_keys(list(overrides))
+  return ",".join(f"{_UNSAFE_NAME_CHARS.sub('_', key)}={_format_name_value(value)}"
+                  for key, value in zip(keys, overrides.values()))
+
+
+def _read_grid(sweep_config: Any) -> dict[str, list[Any]]:
+  for section in ("base", "grid"):
+    if section not in sweep_config:
+      raise GridError(f"sweep config: {section}: missing section")
+  grid = sweep_config.grid
+  if not hasattr(grid, "items"):  # a Mapping or a ConfigDict (which is not a Mapping)
+    raise GridError(f"grid: must map field paths to lists of values, got {type(grid).__name__}")
+  if not len(grid):
+    raise GridError("grid: empty (name at least one field to sweep)")
+  fields = {}
+  for path, values in grid.items():
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+      raise GridError(f"grid.{path}: must be a non-empty list of values, got {values!r}")
+    for value in values:
+      if not isinstance(value, _SCALAR_TYPES):
+        raise GridError(f"grid.{path}: {value!r} is not a str, int, float, bool or None")
+    fields[path] = list(values)
+  return fields
+
+
+def _set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets `config.<path>` through ConfigDict's own setter (which checks the
+  type); raises ValueError naming the path for a field that does not exist."""
+  holder = config
+  parts = path.split(".")
+  for depth, part in enumerate(parts):
+    if not isinstance(holder, ml_collections.ConfigDict) or part not in holder:
+      raise ValueError(f"{'.'.join(parts[:depth + 1])}: unknown field")
+    if depth < len(parts) - 1:
+      holder = holder[part]
+  if isinstance(holder[parts[-1]], ml_collections.ConfigDict):
+    raise ValueError(f"{path}: is a section, not a field")
+  try:
+    holder[parts[-1]] = value
+  except TypeError as error:
+    raise ValueError(f"{path}: {value!r} has the wrong type ({error})") from error
+
+
+def expand(sweep_config: Any) -> list[Point]:
+  """All points of `sweep_config`'s grid, first grid field varying slowest.
+
+  Raises:
+    GridError: a missing base/grid, an empty or non-list grid entry, an
+      unknown field path, a value of the wrong type for its field (each
+      naming the point and the field), or two points with the same name.
+  """
+  fields = _read_grid(sweep_config)
+  points, seen = [], {}
+  for index, values in enumerate(itertools.product(*fields.values())):
+    overrides = dict(zip(fields, values))
+    name = point_name(overrides)
+    if name in seen:
+      raise GridError(f"points {seen[name]} and {index} have the same name {name!r} "
+                      "(repeated or equivalent grid values)")
+    if len(name.encode()) > _MAX_NAME_BYTES:
+      raise GridError(f"point {index}: its name is longer than {_MAX_NAME_BYTES} bytes: {name}")
+    seen[name] = index
+    config = copy.deepcopy(sweep_config.base)
+    for path, value in overrides.items():
+      try:
+        _set_field(config, path, value)
+      except ValueError as error:
+        raise GridError(f"point {index} ({name}): {error}") from error
+    points.append(Point(index=index, name=name, overrides=overrides, config=config))
+  return points
+
+
+def validate(points: Sequence[Point], check: Callable[[ml_collections.ConfigDict], Any]) -> None:
+  """Runs the run-config validator `check` on every point before any trains.
+
+  `check(config)` raises a ValueError whose message starts with the field,
+  as `txf.train.config.check_run_config` does (bind its other arguments).
+
+  Raises:
+    GridError: the first point `check` rejects: 'point N (name): <field>: ...'.
+  """
+  for point in points:
+    try:
+      check(point.config)
+    except ValueError as error:
+      raise GridError(f"point {point.index} ({point.name}): {error}") from error
+
+
+def select(points: Sequence[Point], index: int | None = None) -> list[Point]:
+  """The points to run here: all of them, or the one `index` names.
+
+  With `index` None, the environment variable SLURM_ARRAY_TASK_ID (set in
+  each task of a SLURM job array) picks the point when it is set.
+
+  Raises:
+    GridError: an index out of range or not an integer, naming where it came from.
+  """
+  source = f"--index={index}"
+  if index is None:
+    if SLURM_TASK_ENV not in os.environ:
+      return list(points)
+    source = f"{SLURM_TASK_ENV}={os.environ[SLURM_TASK_ENV]}"
+    try:
+      index = int(os.environ[SLURM_TASK_ENV])
+    except ValueError as error:
+      raise GridError(f"{source}: not an integer") from error
+  if not 0 <= index < len(points):
+    raise GridError(f"{source}: out of range (the grid has {len(points)} points, "
+                    f"indices 0..{len(points) - 1})")
+  return [points[index]]
+
+
+def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, tuple[Any, type]]:
+  """Dotted path -> (value, declared type) of every field below `config`."""
+  leaves = {}
+  for key, value in config.items():
+    path = f"{prefix}{key}"
+    if isinstance(value, ml_collections.ConfigDict):
+      leaves.update(_leaves(value, f"{path}."))
+    else:
+      leaves[path] = (value, config.get_type(key))
+  return leaves
+
+
+def _format_flag_value(path: str, value: Any, field_type: type) -> str:
+  """`value` as ml_collections' config_flags parses it back for a field
+  declared as `field_type` in the config file."""
+  if value is not None:
+    if field_type is bool and isinstance(value, bool):
+      return "true" if value else "false"
+    if field_type is int and isinstance(value, int) and not isinstance(value, bool):
+      return str(value)
+    if field_type is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+      return repr(float(value))
+    if field_type is str and isinstance(value, str):
+      return value
+  raise GridError(f"{path}: cannot set {value!r} from the command line (the config file "
+                  f"declares it as {field_type.__name__}; config_flags parses only str, int, "
+                  "float and bool fields, and none of them into None)")
+
+
+def command_for(point: Point, config_path: str, workdir: str | os.PathLike, *,
+                reference: ml_collections.ConfigDict) -> str:
+  """The `experiments.run` command line that trains `point` in `workdir`.
+
+  Args:
+    point: a point from `expand`.
+    config_path: the run config file the command loads (e.g. 'configs/base.py').
+    workdir: the point's run directory.
+    reference: the config `config_path` loads. Every field where the point's
+      config differs from it becomes a `--config.<path>=<value>` override, so
+      the command reproduces the point exactly even where the sweep's base
+      changed fields of that file; values are written for the field types
+      the file declares.
+
+  Raises:
+    GridError: a field the reference lacks (or has and the point lacks), or a
+      value config_flags cannot parse back (e.g. a field that is None in the
+      file), naming the point and the field.
+  """
+  wanted, given = _leaves(point.config), _leaves(reference)
+  flags = []
+  try:
+    unmatched = sorted(set(wanted) ^ set(given))
+    if unmatched:
+      raise GridError(f"{unmatched[0]}: in only one of the point's config and {config_path}'s")
+    for path, (value, _) in wanted.items():
+      reference_value, field_type = given[path]
+      if value != reference_value or type(value) is not type(reference_value):
+        flags.append(f"--config.{path}={_format_flag_value(path, value, field_type)}")
+  except GridError as error:
+    raise GridError(f"point {point.index} ({point.name}): {error}") from error
+  return shlex.join(["python", "-m", "experiments.run", f"--config={config_path}",
+                     f"--workdir={os.fspath(workdir)}", *flags])

@@ -1,0 +1,378 @@
+"""Sweep results from what the points' run directories hold: status, summary
+rows, `results.csv` / `results.md`, and plots.
+
+A point's run directory (see txf.train.loop) holds config.json and
+metrics.jsonl; the sweep adds
+  diverged.json       `DIVERGED_FILE`: written by `mark_diverged` when the
+                      point's training diverged, {"error": "<message>"}
+  extrapolation.json  `EXTRAPOLATION_FILE`: length-extrapolation losses,
+                      written by the extrapolation evaluator:
+      {"lengths": [128, 256, ...],             evaluation lengths in tokens
+       "loss": {"non_overlapping": [...],      protocol -> loss (nats/token)
+                "sliding": [...]},             per length; null where not applicable
+       "applicable": [true, ..., false]}       per length (false: e.g. longer
+                                               than a learned position table)
+
+Replicas. A run of R vmapped replicas (R > 1) logs each per-replica metric
+as '<name>/<r>' (r = 0..R-1), e.g. 'eval_loss/0', 'eval_loss/1', next to
+'<name>' (their mean); a single run (R = 1) logs '<name>' only. Summaries
+are mean ± sample standard deviation (ddof=1) over the replicas; with one
+replica the std is None (blank in the tables).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from etils import epath
+import numpy as np
+
+from txf.sweep.grid import Point
+from txf.train.metrics import read_metrics
+
+DIVERGED_FILE = "diverged.json"
+EXTRAPOLATION_FILE = "extrapolation.json"
+CONFIG_FILE = "config.json"
+RESULTS_CSV = "results.csv"
+RESULTS_MD = "results.md"
+LOSS_CURVES_PNG = "loss_curves.png"
+PRE_VS_POST_PNG = "pre_vs_post.png"
+LOSS_UNITS = "nats/token"
+
+LinePlot = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+  """Mean and sample std (ddof=1) over replicas; std None for one replica."""
+  mean: float
+  std: float | None
+
+  @classmethod
+  def of(cls, values: Sequence[float]) -> Stat:
+    values_R = np.asarray(values, dtype=np.float64)
+    return cls(float(values_R.mean()), float(values_R.std(ddof=1)) if len(values_R) > 1 else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Extrapolation:
+  """The contents of extrapolation.json (format in the module docstring)."""
+  lengths: tuple[int, ...]
+  loss: Mapping[str, tuple[float | None, ...]]
+  applicable: tuple[bool, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PointSummary:
+  """One row of the results table. Losses are final values (None when the
+  point has not logged one, or diverged); perplexities are exp(loss) per
+  replica, then mean ± std; tokens_per_sec is the mean over logged rows."""
+  point: Point
+  status: str
+  replicas: int
+  train_loss: Stat | None
+  train_perplexity: Stat | None
+  eval_loss: Stat | None
+  eval_perplexity: Stat | None
+  tokens_per_sec: float | None
+  diverged: bool
+  extrapolation: Extrapolation | None
+
+
+def mark_diverged(workdir: str | epath.PathLike, error: str) -> None:
+  """Records in `workdir` that the point's training diverged."""
+  path = epath.Path(workdir)
+  path.mkdir(parents=True, exist_ok=True)
+  (path / DIVERGED_FILE).write_text(json.dumps({"error": error}) + "\n")
+
+
+def _merged_by_step(workdir: epath.Path) -> dict[int, dict[str, Any]]:
+  """step -> all metrics logged at it; a resumed run's later rows win."""
+  merged: dict[int, dict[str, Any]] = {}
+  for row in read_metrics(workdir):
+    merged.setdefault(row["step"], {}).update(row)
+  return dict(sorted(merged.items()))
+
+
+def point_status(workdir: str | epath.PathLike) -> str:
+  """'diverged' (the sweep marked it), 'done' (metrics.jsonl has an eval row
+  at config.json's train.steps), 'partial' (started, not done) or 'missing'."""
+  workdir = epath.Path(workdir)
+  if (workdir / DIVERGED_FILE).exists():
+    return "diverged"
+  rows = _merged_by_step(workdir)
+  config_path = workdir / CONFIG_FILE
+  if not config_path.exists():
+    return "partial" if rows else "missing"
+  steps = json.loads(config_path.read_text())["train"]["steps"]
+  return "done" if "eval_loss" in rows.get(steps, {}) else "partial"
+
+
+def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -> list[float]:
+  keys = [f"{name}/{r}" for r in range(replicas)] if replicas > 1 else [name]
+  missing = [key for key in keys if key not in row]
+  if missing:
+    raise ValueError(f"{workdir}: metrics row at step {row['step']} has {name!r} but not "
+                     f"{missing[0]!r} (replicas={replicas})")
+  return [float(row[key]) for key in keys]
+
+
+def _final(rows: Mapping[int, Mapping[str, Any]], name: str, replicas: int,
+           workdir) -> tuple[Stat, Stat] | tuple[None, None]:
+  """(loss, perplexity) of the last row logging `name`."""
+  logged = [row for row in rows.values() if name in row]
+  if not logged:
+    return None, None
+  losses = _replica_values(logged[-1], name, replicas, workdir)
+  return Stat.of(losses), Stat.of(np.exp(losses))
+
+
+def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
+  """The point's extrapolation.json, or None if it has none.
+
+  Raises:
+    ValueError: a file not in the documented format, naming the key.
+  """
+  path = epath.Path(workdir) / EXTRAPOLATION_FILE
+  if not path.exists():
+    return None
+  data = json.loads(path.read_text())
+  for key in ("lengths", "loss", "applicable"):
+    if key not in data:
+      raise ValueError(f"{path}: missing {key!r}")
+  lengths = tuple(int(length) for length in data["lengths"])
+  sized = {"applicable": data["applicable"]} | {
+      f"loss.{protocol}": values for protocol, values in data["loss"].items()}
+  for key, values in sized.items():
+    if len(values) != len(lengths):
+      raise ValueError(f"{path}: {key} has {len(values)} entries for {len(lengths)} lengths")
+  loss = {protocol: tuple(None if v is None else float(v) for v in values)
+          for protocol, values in data["loss"].items()}
+  return Extrapolation(lengths, loss, tuple(bool(a) for a in data["applicable"]))
+
+
+def summarize_point(point: Point, workdir: str | epath.PathLike, *,
+                    replicas: int) -> PointSummary:
+  """The results row of `point`, whose run directory is `workdir`.
+
+  Args:
+    point: the grid point.
+    workdir: the point's own run directory.
+    replicas: R, the vmapped replicas the point trained (1: a single run).
+  """
+  if replicas < 1:
+    raise ValueError(f"replicas must be >= 1, got {replicas}")
+  workdir = epath.Path(workdir)
+  status = point_status(workdir)
+  rows = _merged_by_step(workdir)
+  diverged = status == "diverged"
+  train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
+  eval_loss, eval_ppl = (None, None) if diverged else _final(
+      rows, "eval_loss", replicas, workdir)
+  throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
+  return PointSummary(point=point, status=status, replicas=replicas, train_loss=train_loss,
+                      train_perplexity=train_ppl, eval_loss=eval_loss, eval_perplexity=eval_ppl,
+                      tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
+                      diverged=diverged, extrapolation=read_extrapolation(workdir))
+
+
+def _extrapolation_columns(rows: Sequence[PointSummary]) -> list[tuple[str, int]]:
+  """(protocol, length) of every extrapolation loss any row has: protocols in
+  order of appearance, lengths ascending."""
+  found = [row.extrapolation for row in rows if row.extrapolation is not None]
+  protocols = dict.fromkeys(protocol for e in found for protocol in e.loss)
+  present = {(protocol, n) for e in found for protocol in e.loss for n in e.lengths}
+  return [(protocol, n) for protocol in protocols
+          for n in sorted({n for e in found for n in e.lengths}) if (protocol, n) in present]
+
+
+def _extrapolated(row: PointSummary, protocol: str, length: int) -> float | str | None:
+  """The row's loss at (protocol, length): a float, 'n/a', or None (not evaluated)."""
+  found = row.extrapolation
+  if found is None or protocol not in found.loss or length not in found.lengths:
+    return None
+  at = found.lengths.index(length)
+  return found.loss[protocol][at] if found.applicable[at] else "n/a"
+
+
+def _grid_fields(rows: Sequence[PointSummary]) -> list[str]:
+  return list(dict.fromkeys(path for row in rows for path in row.point.overrides))
+
+
+_STATS = (("train_loss", "train_loss"), ("train_ppl", "train_perplexity"),
+          ("eval_loss", "eval_loss"), ("eval_ppl", "eval_perplexity"))
+
+
+def _csv_text(rows: Sequence[PointSummary]) -> str:
+  fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
+  header = ["point", *fields, "status", "replicas"]
+  for column, _ in _STATS:
+    header += [column, f"{column}_std"]
+  header += ["tokens_per_sec", *(f"{p}@{n}" for p, n in extrapolation), "diverged"]
+  blank = lambda value: "" if value is None else value
+  stat_cells = lambda stat: ["", ""] if stat is None else [stat.mean, blank(stat.std)]
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  writer.writerow(header)
+  for row in rows:
+    line = [row.point.name, *(blank(row.point.overrides.get(f)) for f in fields), row.status,
+            row.replicas]
+    for _, attribute in _STATS:
+      line += stat_cells(getattr(row, attribute))
+    line += [blank(row.tokens_per_sec),
+             *(blank(_extrapolated(row, p, n)) for p, n in extrapolation),
+             "yes" if row.diverged else "no"]
+    writer.writerow(line)
+  return out.getvalue()
+
+
+def _format_stat(stat: Stat | None) -> str:
+  if stat is None:
+    return ""
+  return f"{stat.mean:.4f}" if stat.std is None else f"{stat.mean:.4f} ± {stat.std:.4f}"
+
+
+def _format_loss(value: float | str | None) -> str:
+  return value if isinstance(value, str) else "" if value is None else f"{value:.4f}"
+
+
+def _markdown_text(rows: Sequence[PointSummary]) -> str:
+  fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
+  header = ["point", *fields, "status", "train loss", "train ppl", "val loss", "val ppl",
+            "tokens/s", *(f"{p} @{n}" for p, n in extrapolation), "diverged"]
+  note = (f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
+          "Extrapolation columns: validation loss at that evaluation length "
+          "(n/a: not applicable).")
+  lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for row in rows:
+    cells = [row.point.name, *(str(row.point.overrides.get(f, "")) for f in fields),
+             row.status, *(_format_stat(getattr(row, a)) for _, a in _STATS),
+             "" if row.tokens_per_sec is None else f"{row.tokens_per_sec:,.0f}",
+             *(_format_loss(_extrapolated(row, p, n)) for p, n in extrapolation),
+             "yes" if row.diverged else "no"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def write_results(rows: Sequence[PointSummary],
+                  sweep_workdir: str | epath.PathLike) -> tuple[epath.Path, epath.Path]:
+  """Writes results.csv and results.md (one row per point) into the sweep
+  workdir and returns their paths.
+
+  CSV: numbers at full precision, '' where there is no value, 'n/a' for an
+  extrapolation length that does not apply, std columns '' with one replica.
+  """
+  if not rows:
+    raise ValueError("rows: no points to write")
+  directory = epath.Path(sweep_workdir)
+  directory.mkdir(parents=True, exist_ok=True)
+  csv_path, md_path = directory / RESULTS_CSV, directory / RESULTS_MD
+  csv_path.write_text(_csv_text(rows))
+  md_path.write_text(_markdown_text(rows))
+  return csv_path, md_path
+
+
+def _default_line_plot() -> LinePlot:
+  from txf.analysis.plots import line_plot  # pylint: disable=import-outside-toplevel
+  return line_plot
+
+
+def eval_curve(workdir: str | epath.PathLike, *,
+               replicas: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """(steps, mean eval loss, std over replicas or None) of a run's eval rows."""
+  workdir = epath.Path(workdir)
+  logged = [row for row in _merged_by_step(workdir).values() if "eval_loss" in row]
+  stats = [Stat.of(_replica_values(row, "eval_loss", replicas, workdir)) for row in logged]
+  steps_N = np.array([row["step"] for row in logged])
+  mean_N = np.array([stat.mean for stat in stats])
+  return steps_N, mean_N, np.array([stat.std for stat in stats]) if replicas > 1 else None
+
+
+def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLike, *,
+                     replicas: int, line_plot: LinePlot | None = None) -> epath.Path:
+  """Validation loss vs training step, one line per point with a ±1 std band
+  over replicas; points with no eval row yet are left out. Returns the PNG.
+
+  `line_plot` defaults to txf.analysis.plots.line_plot.
+  """
+  directory = epath.Path(sweep_workdir)
+  series = {}
+  for point in points:
+    steps_N, mean_N, std_N = eval_curve(directory / point.name, replicas=replicas)
+    if len(steps_N):
+      series[point.name] = (steps_N, mean_N, std_N)
+  path = directory / LOSS_CURVES_PNG
+  (line_plot or _default_line_plot())(
+      series, path, title=f"Validation loss per point (mean ± std over {replicas} replicas)",
+      xlabel="training step", ylabel=f"validation loss ({LOSS_UNITS})")
+  return path
+
+
+def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.PathLike, *,
+                       protocol: str, line_plot: LinePlot | None = None) -> epath.Path:
+  """Validation loss vs evaluation length (log x), one line per point that has
+  extrapolation results for `protocol`, applicable lengths only. Returns the
+  PNG, extrapolation_<protocol>.png."""
+  series = {}
+  for row in rows:
+    found = row.extrapolation
+    if found is None or protocol not in found.loss:
+      continue
+    kept = [at for at, applicable in enumerate(found.applicable) if applicable]
+    series[row.point.name] = (np.array([found.lengths[at] for at in kept]),
+                              np.array([found.loss[protocol][at] for at in kept]), None)
+  path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
+  (line_plot or _default_line_plot())(
+      series, path, title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
+      xlabel="evaluation length (tokens)", ylabel=f"validation loss ({LOSS_UNITS})", logx=True)
+  return path
+
+
+def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.PathLike, *,
+                     group_field: str = "model.position",
+                     split_field: str = "model.norm_placement") -> epath.Path:
+  """Final validation loss as a grouped bar chart: one group per value of
+  `group_field` (the encodings), one bar per value of `split_field` (Pre-
+  and Post-LN), error bars ±1 std over replicas. A point without a final
+  eval loss has no bar (a diverged one is labelled so). Returns the PNG."""
+  # Only matplotlib's object API: no pyplot global state, safe in threads.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+
+  for field in (group_field, split_field):
+    if not any(field in row.point.overrides for row in rows):
+      raise ValueError(f"{field}: not a grid field of these points")
+  groups = list(dict.fromkeys(row.point.overrides.get(group_field) for row in rows))
+  splits = list(dict.fromkeys(row.point.overrides.get(split_field) for row in rows))
+  width = 0.8 / len(splits)
+  figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8))
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  for offset, split in enumerate(splits):
+    positions = np.arange(len(groups)) + (offset - (len(splits) - 1) / 2) * width
+    found = [next((row for row in rows if row.point.overrides.get(group_field) == group
+                   and row.point.overrides.get(split_field) == split), None) for group in groups]
+    stats = [None if row is None else row.eval_loss for row in found]
+    axes.bar(positions, [math.nan if stat is None else stat.mean for stat in stats], width,
+             yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+             capsize=3, label=str(split))
+    for position, row in zip(positions, found):
+      if row is not None and row.diverged:  # no bar: say why
+        axes.text(position, 0.0, "diverged", rotation=90, ha="center", va="bottom")
+  axes.set_xticks(np.arange(len(groups)), [str(group) for group in groups])
+  axes.set_xlabel(group_field)
+  axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
+  short = lambda field: field.rsplit(".", 1)[-1]
+  axes.set_title(f"Final validation loss by {short(group_field)} and {short(split_field)}")
+  axes.legend(title=split_field)
+  figure.tight_layout()
+  path = epath.Path(sweep_workdir) / PRE_VS_POST_PNG
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("wb") as f:
+    figure.savefig(f, format="png")
+  return path
