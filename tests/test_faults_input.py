@@ -3,15 +3,18 @@
 Token ids outside the vocabulary: a ValueError where the ids are concrete, a
 documented clamp (finite embeddings equal to the clamped ids') under jit.
 A `model` config that is not a mapping: a TypeError naming the model config.
+eval.temperature = NaN: a ValueError naming the field.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_config
 
 from txf import models
 from txf.layers import Embedder
+from txf.train.config import check_run_config
 
 V, D = 6, 4
 
@@ -51,3 +54,12 @@ def test_token_ids_under_jit_are_clamped_to_the_vocabulary(embedder_and_variable
 def test_build_rejects_a_non_mapping_model_config(config):
   with pytest.raises(TypeError, match=rf"model config: .* got {type(config).__name__}"):
     models.build(config)
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), -0.5])
+def test_eval_temperature_nan_or_negative_is_a_config_error(temperature):
+  """NaN used to pass `temperature < 0` and turn every sample into spaces."""
+  config = load_config("rope")
+  config.eval.temperature = temperature
+  with pytest.raises(ValueError, match=r"eval\.temperature: must be >= 0"):
+    check_run_config(config, vocab_size=260, num_classes=None)
