@@ -63,6 +63,9 @@ class _ConfigFileParser(flags.ArgumentParser):
     except Exception as error:  # pylint: disable=broad-except  # the user's code
       first_line = (str(error).splitlines() or [""])[0]
       raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
+    if not hasattr(config, "lock"):
+      raise ConfigFileError(f"{argument}: get_config() returned {type(config).__name__}, "
+                            "not a ConfigDict")
     config.lock()
     return config
 
@@ -168,6 +171,7 @@ def check_workdir(workdir: str | os.PathLike) -> None:
 def field_docs() -> dict[str, str]:
   """`section.field` -> doc: the trailing comments of configs/base.py's entries
   and of ModelConfig's fields (ModelConfig's win for model fields)."""
+  # Here, not at the top: importing txf loads jax, which --help need not wait for.
   from txf.layers import config as model_config  # pylint: disable=import-outside-toplevel
   docs, section = {}, None
   for line, comment in _commented_lines(CONFIGS / "base.py"):
@@ -194,16 +198,19 @@ def _commented_lines(path: pathlib.Path) -> list[tuple[str, str | None]]:
   return [(line, comments.get(i)) for i, line in enumerate(lines)]
 
 
+def leaves(tree, prefix=""):
+  """(`section.field`, value) for every leaf of a nested ConfigDict."""
+  for key, value in tree.items():
+    if hasattr(value, "items"):
+      yield from leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
 def print_config(config, base) -> None:
   """One `section.field = value` line per field, with the default from
   configs/base.py where the value differs, and the field's doc."""
   docs = field_docs()
-  def leaves(tree, prefix=""):
-    for key, value in tree.items():
-      if hasattr(value, "items"):
-        yield from leaves(value, f"{prefix}{key}.")
-      else:
-        yield f"{prefix}{key}", value
   defaults = dict(leaves(base))
   for name, value in leaves(config):
     line = f"{name} = {value!r}"

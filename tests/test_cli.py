@@ -45,6 +45,8 @@ CONFIG_ERRORS = {
     "syntax": ("def get_config(:\n", [":1: invalid syntax"]),
     "get_config_raises": ("def get_config():\n  raise KeyError('boom')\n",
                           ["KeyError: 'boom'"]),
+    "get_config_returns_none": ("def get_config():\n  pass\n",
+                                ["get_config() returned NoneType, not a ConfigDict"]),
 }
 
 
