@@ -1,27 +1,86 @@
 """Train and evaluate one config: the main job.
 
   python -m experiments.run --config=configs/rope.py [--workdir=DIR] [--config.train.steps=200]
+  python -m experiments.run --config=configs/rope.py --print_config   # every field, its doc
 
 The work directory defaults to workdirs/<config name>. Rerunning the same
 command on the same work directory resumes from its latest checkpoint.
-A config error stops the run before any compute with one line naming the
-field (exit status 2); a diverged run exits 1 and keeps its last good
-checkpoint; a preempted run (SIGTERM) saves and exits 0.
+Any field of the config can be overridden with --config.<section>.<field>=VALUE;
+--print_config lists them all (resolved value, configs/base.py default where
+it differs, doc) and exits 0 without training.
+
+Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
+1 when the run diverged (its last good checkpoint is kept); 2 when it cannot
+start: a config error (missing or broken config file, unknown field,
+impossible combination), a flag error (a value of the wrong type, an unknown
+flag) or a work directory that is not a writable directory. Exit 2 prints one
+line on stderr, `config error: ...`, `flag error: ...` or `workdir error: ...`,
+before any compute.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib.util
+import io
+import os
 import pathlib
 import re
+import socket
 import sys
+import tokenize
+from typing import Any, NoReturn
 
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
+
+CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigFileError(Exception):
+  """The config file cannot be loaded. Not a ValueError: absl would wrap it
+  into a multi-line flag error."""
+
+
+class _ConfigFileParser(flags.ArgumentParser):
+  """Parses --config=file.py[:arg] like ml_collections' own parser (get_config(arg),
+  then lock), but every way a config file can fail to load (missing, syntax
+  error, get_config raising) is a one-line ConfigFileError."""
+
+  def parse(self, argument):
+    file, *arg = argument.split(":", 1)
+    if not os.path.isfile(file):
+      raise ConfigFileError(f"{file}: no such config file")
+    try:
+      spec = importlib.util.spec_from_file_location("config_file", file)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      config = module.get_config(*arg)
+    except SyntaxError as error:
+      raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
+    except Exception as error:  # pylint: disable=broad-except  # the user's code
+      first_line = (str(error).splitlines() or [""])[0]
+      raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
+    if not hasattr(config, "lock"):
+      raise ConfigFileError(f"{argument}: get_config() returned {type(config).__name__}, "
+                            "not a ConfigDict")
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return "config object"
+
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (file.py[:arg]).",
                                           lock_config=True)
+flags.FLAGS["config"].parser = _ConfigFileParser()
 _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Run directory (default: workdirs/<config file stem>).")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False,
+    "Print every field of the resolved config (one per line, with its doc) and exit 0.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None,
     "host:port of process 0, for multi-process runs outside SLURM/MPI/Cloud TPU "
@@ -31,38 +90,143 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 flags.mark_flag_as_required("config")
 
 
+def first_docstring_line(path: pathlib.Path) -> str:
+  """A config file's one-line purpose, read without importing it."""
+  doc = ast.get_docstring(ast.parse(path.read_text()))
+  return doc.strip().splitlines()[0] if doc else ""
+
+
+def configs_help() -> str:
+  """The list of config files for --help."""
+  files = sorted(f for f in CONFIGS.glob("*.py") if f.name != "__init__.py")
+  lines = [f"  configs/{f.name:<20} {first_docstring_line(f)}" for f in files]
+  return "Config files:\n" + "\n".join(lines) + "\n"
+
+
+# absl's --help prints the main module's docstring.
+__doc__ += "\n" + configs_help()
+
+
+def fail(kind: str, message: Any) -> NoReturn:
+  """One line `<kind> error: ...` on stderr, exit status 2."""
+  print(f"{kind} error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
 def default_workdir(config_path: str) -> pathlib.Path:
   stem = pathlib.Path(config_path.split(":")[0]).stem
   arg = config_path.partition(":")[2]
   return pathlib.Path("workdirs") / (f"{stem}_{arg}" if arg else stem)
 
 
+def unknown_field(error: Exception, argv: list[str]) -> str | None:
+  """`section.field` of the --config override that ml_collections could not
+  find (AttributeError(KeyError(msg))), with its hint; None if none matches."""
+  cause = error
+  while isinstance(cause, BaseException) and cause.args:
+    cause = cause.args[0]
+  message = str(cause)
+  found = re.search(r"'([^']+)'", message)
+  paths = [arg.lstrip("-").split("=", 1)[0] for arg in argv[1:]
+           if arg.lstrip("-").startswith("config.")]
+  field = next((p.partition(".")[2] for p in paths
+                if found and found.group(1) in p.split(".")[1:]), None)
+  if field is None:
+    return None
+  hint = message.partition("\n")[2]
+  return f"{field}: unknown field" + (f" ({hint})" if hint else "")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, except that an override of a field the config does
-  not have (--config.model.bogus=1) is a config error, not a traceback."""
+  """absl's flag parsing, with every error the user can cause as one line and
+  exit status 2 instead of a traceback."""
   try:
-    return app.parse_flags_with_usage(argv)
+    return flags.FLAGS(argv)
+  except ConfigFileError as error:
+    fail("config", error)
+  except flags.Error as error:  # --config.train.steps=abc, --no_such_flag
+    fail("flag", str(error).strip().splitlines()[0])
   except (AttributeError, KeyError) as error:  # ml_collections: no such field
-    cause = error
-    while isinstance(cause, BaseException) and cause.args:  # AttributeError(KeyError(msg))
-      cause = cause.args[0]
-    message = str(cause)
-    found = re.search(r"'([^']+)'", message)
-    paths = [arg.lstrip("-").split("=", 1)[0] for arg in argv[1:]
-             if arg.lstrip("-").startswith("config.")]
-    field = next((p.partition(".")[2] for p in paths
-                  if found and found.group(1) in p.split(".")[1:]), None)
-    if field is None:  # not an override's field: some other bug, keep the traceback
+    message = unknown_field(error, argv)
+    if message is None:  # not an override's field: some other bug, keep the traceback
       raise
-    hint = message.partition("\n")[2]
-    print(f"config error: {field}: unknown field" + (f" ({hint})" if hint else ""),
-          file=sys.stderr)
-    sys.exit(2)
+    fail("config", message)
+
+
+def check_workdir(workdir: str | os.PathLike) -> None:
+  """Creates `workdir` if needed; `workdir error` unless it is a writable directory."""
+  path = epath.Path(workdir)
+  if path.exists() and not path.is_dir():
+    fail("workdir", f"{path}: exists and is not a directory")
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+    # Every process probes under its own name: hosts may share the directory.
+    probe = path / f".write_probe.{socket.gethostname()}.{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as error:
+    fail("workdir", f"{path}: not a writable directory ({error.strerror or error})")
+
+
+def field_docs() -> dict[str, str]:
+  """`section.field` -> doc: the trailing comments of configs/base.py's entries
+  and of ModelConfig's fields (ModelConfig's win for model fields)."""
+  # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  from txf.layers import config as model_config  # pylint: disable=import-outside-toplevel
+  docs, section = {}, None
+  for line, comment in _commented_lines(CONFIGS / "base.py"):
+    if m := re.match(r"\s*config\.(\w+) =", line):
+      section = m.group(1)
+    elif (m := re.match(r"\s+(\w+)=", line)) and section and comment:
+      docs[f"{section}.{m.group(1)}"] = comment
+  names = {f.name for f in dataclasses.fields(model_config.ModelConfig)}
+  for line, comment in _commented_lines(pathlib.Path(model_config.__file__)):
+    if (m := re.match(r"\s+(\w+):", line)) and m.group(1) in names and comment:
+      docs[f"model.{m.group(1)}"] = comment
+  return docs
+
+
+def _commented_lines(path: pathlib.Path) -> list[tuple[str, str | None]]:
+  """(line, its trailing comment or None) for every line of a Python file."""
+  text = path.read_text()
+  lines = text.splitlines()
+  comments = {}
+  for token in tokenize.generate_tokens(io.StringIO(text).readline):
+    row = token.start[0] - 1
+    if token.type == tokenize.COMMENT and lines[row][:token.start[1]].strip():
+      comments[row] = token.string.lstrip("#").strip()
+  return [(line, comments.get(i)) for i, line in enumerate(lines)]
+
+
+def leaves(tree, prefix=""):
+  """(`section.field`, value) for every leaf of a nested ConfigDict."""
+  for key, value in tree.items():
+    if hasattr(value, "items"):
+      yield from leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def print_config(config, base) -> None:
+  """One `section.field = value` line per field, with the default from
+  configs/base.py where the value differs, and the field's doc."""
+  docs = field_docs()
+  defaults = dict(leaves(base))
+  for name, value in leaves(config):
+    line = f"{name} = {value!r}"
+    if name in defaults and defaults[name] != value:
+      line += f"  (base: {defaults[name]!r})"
+    if name in docs:
+      line += f"  # {docs[name]}"
+    print(line)
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _PRINT_CONFIG.value:
+    print_config(_CONFIG.value, _ConfigFileParser().parse(str(CONFIGS / "base.py")))
+    return
   from txf.train import distributed
   from txf.train.loop import ConfigError, TrainingDiverged, run  # after flag parsing: fast --help
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
@@ -70,13 +234,12 @@ def main(argv) -> None:
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as error:
-    print(f"flag error: {error}", file=sys.stderr)
-    sys.exit(2)
+    fail("flag", error)
+  check_workdir(workdir)
   try:
     run(_CONFIG.value, workdir)
   except ConfigError as error:
-    print(f"config error: {error}", file=sys.stderr)
-    sys.exit(2)
+    fail("config", error)
   except TrainingDiverged as error:
     print(f"diverged: {error}", file=sys.stderr)
     sys.exit(1)

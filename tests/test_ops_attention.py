@@ -431,3 +431,78 @@ def test_apply_attention_weights_matches_dot_product_attention_for_gqa():
   np.testing.assert_allclose(out, ref, atol=1e-5)
   with pytest.raises(ValueError, match='weights'):
     apply_attention_weights(w[:, :3], v[:, :4])
+
+
+# ---------------------------------------------------------------------------
+# Non-float inputs and non-finite keys/values at masked positions.
+
+
+@pytest.mark.parametrize('dtype', [jnp.int32, jnp.bool_])
+@pytest.mark.parametrize('name', ['q', 'k', 'v'])
+def test_non_float_q_k_v_is_a_value_error_naming_argument_and_dtype(name, dtype):
+  """An int q used to give a silently truncated int output."""
+  args = dict(q=Q, k=K4, v=V4)
+  args[name] = args[name].astype(dtype)
+  message = f'{name} must be a floating-point array, got dtype {jnp.dtype(dtype)}'
+  with pytest.raises(ValueError, match=message):
+    dot_product_attention(**args)
+  if name != 'v':
+    with pytest.raises(ValueError, match=message):
+      attention_weights(args['q'], args['k'])
+  weights = _arr(B, H, T, S)
+  with pytest.raises(ValueError, match='weights must be a floating-point array'):
+    apply_attention_weights(weights.astype(dtype), V4)
+  if name == 'v':
+    with pytest.raises(ValueError, match=message):
+      apply_attention_weights(weights, args['v'])
+
+
+# case -> key index made non-finite; each is masked for some queries and
+# allowed for others, so both kinds of rows are checked.
+NONFINITE_KEY = {'mask': 3, 'causal': 3, 'window': 5, 'causal_window': 2,
+                 'kv_lengths': 4, 'everything': 1}
+
+
+@pytest.mark.parametrize('name', list(NONFINITE_KEY))
+def test_nonfinite_key_and_value_at_masked_positions_do_not_contribute(name):
+  """k = inf and v = NaN at key s: rows that may not attend s equal the float64
+  reference computed with finite k, v (s has weight 0 there); rows that may
+  attend s are NaN; gradients of the clean rows are finite."""
+  shape_kw, kw = CASES[name]
+  q, k, v = make_inputs(4, **shape_kw)
+  ref_w, ref_out = np_reference(q, k, v, **kw)
+  s = NONFINITE_KEY[name]
+  k_bad, v_bad = k.at[:, s].set(jnp.inf), v.at[:, s].set(jnp.nan)
+  w = np.asarray(attention_weights(q, k_bad, **kw))
+  out = np.asarray(dot_product_attention(q, k_bad, v_bad, implementation='xla', **kw))
+  valid = np_valid(B, H, q.shape[1], k.shape[1], kw.get('mask'), kw.get('is_causal', False),
+                   kw.get('window'), kw.get('kv_lengths'))
+  attends_bad_bht = valid[..., s]
+  clean_bth = ~attends_bad_bht.transpose(0, 2, 1)
+  assert clean_bth.any() and (~clean_bth).any()  # both kinds of rows exercised
+  np.testing.assert_allclose(w[~attends_bad_bht], ref_w[~attends_bad_bht], **F32_TOL)
+  np.testing.assert_allclose(out[clean_bth], ref_out[clean_bth], **F32_TOL)
+  assert np.isnan(out[~clean_bth]).all()
+
+  def clean_loss(q, k, v):
+    out = dot_product_attention(q, k, v, implementation='xla', **kw)
+    return jnp.sum(jnp.where(jnp.asarray(clean_bth)[..., None], out, 0.0) ** 2)
+
+  grads = jax.grad(clean_loss, argnums=(0, 1, 2))(q, k_bad, v_bad)
+  for grad in grads:
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_apply_attention_weights_skips_nonfinite_values_with_zero_weight():
+  """Caller-given weights (e.g. after dropout): weight 0 on a NaN value leaves
+  the row equal to the float64 sum over the other values; weight > 0 gives NaN."""
+  rng = np.random.default_rng(5)
+  w = rng.random((1, 2, 3, 4)).astype(np.float32)
+  v = rng.standard_normal((1, 4, 1, 2)).astype(np.float32)
+  w[:, :, :2, 1] = 0.0  # queries 0, 1 drop key 1; query 2 keeps it
+  v_bad = v.copy()
+  v_bad[:, 1] = np.nan
+  out = np.asarray(apply_attention_weights(w, v_bad))
+  ref = np.einsum('bhts,bsd->bthd', w.astype(np.float64), v[:, :, 0].astype(np.float64))
+  np.testing.assert_allclose(out[:, :2], ref[:, :2], **F32_TOL)
+  assert np.isnan(out[:, 2]).all()

@@ -7,6 +7,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from txf import ops
 
@@ -39,7 +40,13 @@ class Embedder(nn.Module):
                                        (self.max_len, self.d_model), jnp.float32)
 
   def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
-    """tokens [B, T] int, positions [B|1, T] -> [B, T, D]."""
+    """tokens [B, T] int, positions [B|1, T] -> [B, T, D].
+
+    Token ids must lie in [0, vocab_size): concrete ids outside it raise
+    ValueError. Under jit the ids cannot be inspected, so they are clamped to
+    [0, vocab_size - 1] (a wrong but finite embedding, never NaN logits).
+    """
+    tokens_BxT = self._check_tokens(tokens_BxT)
     x_BxTxD = self.token(tokens_BxT)
     if self.position == "learned":
       if tokens_BxT.shape[1] > self.max_len:
@@ -50,6 +57,22 @@ class Embedder(nn.Module):
     elif self.position == "sinusoidal":
       x_BxTxD = x_BxTxD + ops.sinusoidal_embedding(positions_BxT, self.d_model).astype(self.dtype)
     return x_BxTxD
+
+  def _check_tokens(self, tokens_BxT: jax.Array) -> jax.Array:
+    tokens_BxT = jnp.asarray(tokens_BxT)
+    if not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
+      raise ValueError(f"tokens must be integer ids, got dtype {tokens_BxT.dtype}")
+    if not isinstance(tokens_BxT, jax.core.Tracer) and tokens_BxT.size:
+      # numpy, not jnp: concrete ids closed over by a jitted function would
+      # otherwise become tracers again.
+      ids = np.asarray(tokens_BxT)
+      low, high = int(ids.min()), int(ids.max())
+      if low < 0 or high >= self.vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"tokens: id {bad} outside the vocabulary [0, {self.vocab_size}) "
+                         "(model.vocab_size)")
+    # jnp.take would wrap negative ids and give NaN rows past the table.
+    return jnp.clip(tokens_BxT, 0, self.vocab_size - 1)
 
   def attend(self, x_BxTxD: jax.Array) -> jax.Array:
     """Tied output projection: [B, T, D] -> float32 logits [B, T, V]."""

@@ -17,8 +17,13 @@ def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
   """Validates a `model` config section and returns the model for its family.
 
   Raises:
+    TypeError: if `model_config` is not a mapping (a ConfigDict, a dict) or a
+      `ModelConfig`.
     ValueError: naming the field, for unknown fields or impossible combinations.
   """
+  if not (isinstance(model_config, ModelConfig) or hasattr(model_config, "items")):
+    raise TypeError(f"model config: expected the config's `model` section (a ConfigDict, dict "
+                    f"or ModelConfig), got {type(model_config).__name__}")
   cfg = (model_config if isinstance(model_config, ModelConfig)
          else ModelConfig.from_config(model_config))
   return _FAMILIES[cfg.family](cfg)

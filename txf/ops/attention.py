@@ -13,6 +13,15 @@ multi-query attention). "masked" means that keys a query may not attend get
 weight exactly 0; a query that may attend no key at all gets all-zero weights
 and a zero output (never NaN, never a uniform average).
 
+Non-finite inputs (XLA path): a key a query may not attend never contributes
+to that query's output, even if its k or v holds NaN or inf (masked scores are
+replaced before the softmax, and a value with weight exactly 0 is skipped, not
+multiplied by 0). A query that gives nonzero weight to a value vector holding
+a NaN or inf gets NaN in its whole output row. This holds for every mask
+source (``mask``, ``is_causal``, ``window``, ``kv_lengths``) and for weights
+passed to :func:`apply_attention_weights`. The cuDNN path only guarantees it
+for keys past ``kv_lengths`` (see :func:`dot_product_attention`).
+
 Shapes (letters used throughout):
   q ``[B, T, H, D]``, k ``[B, S, K, D]``, v ``[B, S, K, Dv]``;
   B batch, T query length, S key length, H query heads, K key/value heads,
@@ -21,8 +30,9 @@ Shapes (letters used throughout):
   bias: float, broadcastable to ``[B, H, T, S]``, added to the scaled scores.
 
 The mask sources ``mask``, ``is_causal``, ``window`` and ``kv_lengths`` are
-ANDed. Scores and the softmax are computed in float32 whatever the input dtype.
-All shape checks happen at trace time and raise ValueError.
+ANDed. q, k, v (and weights) must be floating point; scores and the softmax
+are computed in float32 whatever the input dtype. All shape and dtype checks
+happen at trace time and raise ValueError.
 """
 
 from __future__ import annotations
@@ -49,6 +59,13 @@ def _check_window(window):
   return None if window is None else _masks.check_window(window)
 
 
+def _check_float(**arrays):
+  """ValueError naming the first non-float array (an int q would truncate the output)."""
+  for name, x in arrays.items():
+    if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
+      raise ValueError(f'{name} must be a floating-point array, got dtype {x.dtype}')
+
+
 def _check_broadcastable(name, x, target):
   shape = tuple(x.shape)
   ok = len(shape) <= 4
@@ -68,6 +85,7 @@ def _validate(q, k, v, bias, mask, kv_lengths, window):
                           ('v', v, '[B, S, K, Dv]')):
     if x is not None and x.ndim != 4:
       raise ValueError(f'{name} must have rank 4 {layout}, got shape {x.shape}')
+  _check_float(q=q, k=k, v=v)
   B, T, H, D = q.shape
   _, S, K, Dk = k.shape
   if k.shape[0] != B or (v is not None and v.shape[0] != B):
@@ -137,6 +155,13 @@ def _masked_softmax(logits, valid):
   return unnorm / jnp.where(denom > 0, denom, 1.0)
 
 
+def _split_nonfinite(x_bskd):
+  """x with non-finite entries zeroed, and [B, K, 1, 1, S]: key s of head k is non-finite."""
+  finite_bskd = jnp.isfinite(x_bskd)
+  bad_bks = jnp.transpose(~jnp.all(finite_bskd, axis=-1), (0, 2, 1))
+  return jnp.where(finite_bskd, x_bskd, jnp.zeros((), x_bskd.dtype)), bad_bks[:, :, None, None, :]
+
+
 def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
   """float32 [B, H, T, S] attention weights; inputs already validated."""
   B, T, H, D = q.shape
@@ -144,8 +169,13 @@ def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
   G = H // K
   q_btkgd = q.reshape(B, T, K, G, D)
   acc_dtype = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+  # Non-finite keys enter the product as 0 and come back as NaN scores, which
+  # the mask then replaces: a masked inf key poisons neither the output nor,
+  # through 0 * inf in the backward pass, the gradient of q.
+  k, bad_bk11s = _split_nonfinite(k)
   logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k,
                             preferred_element_type=acc_dtype)
+  logits_bkgts = jnp.where(bad_bk11s, jnp.nan, logits_bkgts)
   logits_bhts = logits_bkgts.astype(jnp.float32).reshape(B, H, T, S)
   if scale is None:
     scale = 1.0 / math.sqrt(D)
@@ -157,15 +187,24 @@ def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
 
 
 def _weighted_values(w_bhts, v, out_dtype):
-  """[B, H, T, S] weights x [B, S, K, Dv] values -> [B, T, H, Dv] in out_dtype."""
+  """[B, H, T, S] weights x [B, S, K, Dv] values -> [B, T, H, Dv] in out_dtype.
+
+  Values with weight exactly 0 are skipped even when non-finite (0 * NaN would
+  poison the row); a row with nonzero weight on a non-finite value is NaN.
+  """
   B, H, T, S = w_bhts.shape
   _, _, K, Dv = v.shape
-  w_bkgts = w_bhts.reshape(B, K, H // K, T, S)
+  G = H // K
+  w_bkgts = w_bhts.reshape(B, K, G, T, S)
+  v, bad_bk11s = _split_nonfinite(v)
+  poisoned_bkgt = jnp.any(bad_bk11s & (w_bkgts != 0), axis=-1)
   # Weights go to v's dtype for the product (bf16 matmul on accelerators);
   # the sum accumulates in at least float32.
   acc_dtype = jnp.promote_types(v.dtype, jnp.float32)
   out_btkgd = jnp.einsum('bkgts,bskd->btkgd', w_bkgts.astype(v.dtype), v,
                          preferred_element_type=acc_dtype)
+  poisoned_btkg1 = jnp.transpose(poisoned_bkgt, (0, 3, 1, 2))[..., None]
+  out_btkgd = jnp.where(poisoned_btkg1, jnp.nan, out_btkgd)
   return out_btkgd.reshape(B, T, H, Dv).astype(out_dtype)
 
 
@@ -227,6 +266,12 @@ def _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
     x = x.reshape((1,) * (4 - x.ndim) + x.shape)
     return jnp.broadcast_to(x, x.shape[:2] + (T, S)).astype(dtype)
 
+  if kv_lengths is not None:
+    # The kernel multiplies padded keys' values by weight 0, so a NaN there
+    # would reach every row; padding is known per key, so zero it (cheap).
+    keep_b1s11 = (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, :, None, None]
+    k = jnp.where(keep_b1s11, k, jnp.zeros((), k.dtype))
+    v = jnp.where(keep_b1s11, v, jnp.zeros((), v.dtype))
   local_window_size = None
   if window is not None:
     if window == 1:
@@ -299,9 +344,12 @@ def apply_attention_weights(weights, v):
 
   The second half of :func:`dot_product_attention` for callers that change
   the weights in between (attention dropout, head ablations); ``H % K == 0``
-  as there. Output in v's dtype.
+  as there. Output in v's dtype. A value with weight exactly 0 never
+  contributes, even if non-finite; a row giving nonzero weight to a NaN/inf
+  value is NaN.
   """
   weights, v = jnp.asarray(weights), jnp.asarray(v)
+  _check_float(weights=weights, v=v)
   if weights.ndim != 4 or v.ndim != 4:
     raise ValueError(f'weights must be [B, H, T, S] and v [B, S, K, Dv], got weights '
                      f'{weights.shape} and v {v.shape}')
@@ -318,7 +366,9 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
   """Scaled dot-product attention, ``[B, T, H, Dv]`` in q's dtype.
 
   ``out = attention_weights(q, k, ...) @ v`` per head (formula and shapes:
-  module docstring). A query with no allowed key gets a zero output.
+  module docstring). A query with no allowed key gets a zero output. Keys a
+  query may not attend never contribute, even when their k or v is NaN/inf
+  (module docstring; for ``'cudnn'`` see below).
 
   Args:
     q: ``[B, T, H, D]`` queries.
@@ -328,13 +378,18 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
       :func:`attention_weights`.
     implementation:
       ``'xla'``: this module's einsum path (float32 softmax; weights cast to
-        v's dtype for the value product, accumulated in float32).
+        v's dtype for the value product, accumulated in float32; non-finite
+        k/v at masked keys never contribute).
       ``'cudnn'``: ``jax.nn.dot_product_attention(implementation='cudnn')``
         (flash attention; causal, window, kv_lengths, GQA handled by the
         kernel without materialising a ``[T, S]`` mask). Needs a GPU, bf16 or
         fp16 inputs, ``D % 8 == 0``, ``D <= 256`` (128 before Hopper),
         ``Dv == D`` and, for ``window``, ``is_causal=True``; otherwise
-        ValueError saying why.
+        ValueError saying why. Non-finite k/v at keys past ``kv_lengths``
+        are zeroed first and never contribute; at keys excluded only by
+        ``mask``, ``is_causal`` or ``window`` the kernel's behaviour is not
+        guaranteed (a NaN there may reach rows that cannot attend it), so
+        keep such inputs finite or use ``'xla'``.
       ``None``: ``'cudnn'`` when it can take the inputs on the GPU backend and
         no explicit boolean ``mask`` is given (and, with a bias, T and S are
         even, which its backward pass needs); otherwise ``'xla'``.

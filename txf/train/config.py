@@ -88,6 +88,6 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   check_int(config.eval.every, "eval.every", 1)
   check_int(config.eval.num_batches, "eval.num_batches", 1)
   check_int(config.eval.sample_tokens, "eval.sample_tokens", 0)
-  if config.eval.temperature < 0:
+  if not config.eval.temperature >= 0:  # NaN too (it would sample garbage)
     raise ValueError(f"eval.temperature: must be >= 0, got {config.eval.temperature}")
   return model_cfg

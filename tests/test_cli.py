@@ -1,0 +1,131 @@
+"""`python -m experiments.run` as a user meets it: every error the user can
+cause is one line on stderr with exit status 2 and no traceback, before any
+compute; --help lists the config files; --print_config prints every field.
+
+Each case is one subprocess (~2-5 s, mostly imports); none trains.
+"""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from conftest import flatten, load_config
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
+
+pytestmark = pytest.mark.slow  # subprocesses: ~20 s in all
+
+
+def run_cli(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=TIMEOUT_S,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def assert_one_line_error(result, prefix, *fragments):
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
+
+
+def write(path, text):
+  path.write_text(text)
+  return str(path)
+
+
+CONFIG_ERRORS = {
+    # case -> (config file text or None for a missing file, expected fragments)
+    "missing": (None, ["no such config file"]),
+    "syntax": ("def get_config(:\n", [":1: invalid syntax"]),
+    "get_config_raises": ("def get_config():\n  raise KeyError('boom')\n",
+                          ["KeyError: 'boom'"]),
+    "get_config_returns_none": ("def get_config():\n  pass\n",
+                                ["get_config() returned NoneType, not a ConfigDict"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_ERRORS))
+def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
+  text, fragments = CONFIG_ERRORS[case]
+  config = tmp_path / "config.py"
+  if text is not None:
+    config.write_text(text)
+  workdir = tmp_path / "run"
+  result = run_cli(f"--config={config}", f"--workdir={workdir}", "--config.train.steps=3")
+  assert_one_line_error(result, "config error: ", str(config), *fragments)
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("flag,fragments", [
+    ("--config.train.steps=abc", ["--config.train.steps=abc", "invalid literal for int()"]),
+    ("--no_such_flag=1", ["no_such_flag"]),
+])
+def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
+  result = run_cli("--config=configs/rope.py", f"--workdir={tmp_path / 'run'}", flag)
+  assert_one_line_error(result, "flag error: ", *fragments)
+  assert not (tmp_path / "run").exists()
+
+
+def test_unusable_workdir_is_one_line_exit_2(tmp_path):
+  a_file = tmp_path / "file"
+  a_file.write_text("keep me")
+  for workdir, fragment in ((a_file, "exists and is not a directory"),
+                            (a_file / "run", "not a writable directory")):
+    result = run_cli("--config=configs/rope.py", f"--workdir={workdir}")
+    assert_one_line_error(result, "workdir error: ", str(workdir), fragment)
+  assert a_file.read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
+def test_read_only_workdir_is_one_line_exit_2(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  workdir.chmod(0o500)
+  try:
+    result = run_cli("--config=configs/rope.py", f"--workdir={workdir}")
+  finally:
+    workdir.chmod(0o700)
+  assert_one_line_error(result, "workdir error: ", str(workdir), "not a writable directory")
+  assert not any(workdir.iterdir())
+
+
+def test_help_lists_every_config_file_with_its_purpose():
+  result = run_cli("--help")
+  files = sorted(p for p in (REPO / "configs").glob("*.py") if p.name != "__init__.py")
+  assert len(files) >= 10
+  lines = result.stdout.splitlines()
+  for path in files:
+    purpose = ast.get_docstring(ast.parse(path.read_text())).splitlines()[0]
+    assert any(f"configs/{path.name}" in line and purpose in line for line in lines), path.name
+  assert "--print_config" in result.stdout
+  assert "--config.<section>.<field>=VALUE" in result.stdout
+
+
+def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
+  workdir = tmp_path / "run"
+  result = run_cli("--config=configs/seq2seq.py", f"--workdir={workdir}", "--print_config",
+                   "--config.train.steps=7")
+  assert result.returncode == 0, result.stderr
+  expected = flatten(load_config("seq2seq"))
+  expected["train.steps"] = 7
+  base = flatten(load_config("base"))
+  printed = {}
+  for line in result.stdout.splitlines():
+    name, _, rest = line.partition(" = ")
+    assert name not in printed, name
+    printed[name] = rest
+  assert set(printed) == set(expected)
+  for name, value in expected.items():
+    assert printed[name].startswith(repr(value)), (name, printed[name])
+    assert ("(base: " in printed[name]) == (value != base[name]), (name, printed[name])
+  # Docs: a model field's from ModelConfig, another section's from configs/base.py.
+  assert printed["model.position"].endswith("# sinusoidal | learned | rope | alibi | t5_bias | none")
+  assert printed["train.steps"] == "7  (base: 600)"
+  assert printed["data.batch_size"].endswith("# global, across all devices and hosts")
+  assert not workdir.exists()
