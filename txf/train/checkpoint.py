@@ -44,6 +44,17 @@ class RestoreError(RuntimeError):
   """Checkpoints exist but none of them restores onto the given state."""
 
 
+class CheckpointWriteError(RuntimeError):
+  """A checkpoint could not be written (read-only or full disk, a file in the
+  way, ...). Checkpoints finalised before it are intact.
+
+  After a failed asynchronous save, orbax's background threads wait forever
+  for a commit that never comes and would keep the interpreter from exiting:
+  a program that gets this error should report it and end with `os._exit`
+  (as experiments/run.py does).
+  """
+
+
 def _positive_int(name: str, value: Any) -> int:
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
     raise ValueError(f'{name} must be a positive integer, got {value!r}.')
@@ -104,9 +115,31 @@ class Checkpointer:
         preservation_policy=policies.LatestN(n=max_to_keep),
         create=True,
     )
+    directory = _as_directory(directory)
+    if '://' not in os.fspath(directory):
+      # Fail before training, not at the first save steps later.
+      try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f'.write-probe-{os.getpid()}'
+        probe.write_text('ok')
+        probe.unlink()
+      except OSError as error:
+        raise CheckpointWriteError(
+            f'checkpoint directory {directory} is not writable: '
+            f'{error.strerror or error}') from error
     self._manager = ocp.CheckpointManager(
-        _as_directory(directory), options=options,
-        item_names=(STATE_ITEM, EXTRAS_ITEM))
+        directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM))
+
+  def _writing(self, action):
+    """Runs `action()`, turning any failure of a save into CheckpointWriteError."""
+    try:
+      return action()
+    except CheckpointWriteError:
+      raise
+    except Exception as error:  # pylint: disable=broad-except
+      raise CheckpointWriteError(
+          f'writing a checkpoint under {self.directory} failed: {_describe(error)}'
+      ) from error
 
   @property
   def directory(self) -> epath.Path:
@@ -126,21 +159,35 @@ class Checkpointer:
 
     Raises:
       ValueError: `extras` is not a JSON-serialisable dict, or `step` < 0.
+      CheckpointWriteError: this save, or an earlier asynchronous one, failed.
     """
     if step < 0:
       raise ValueError(f'step must be >= 0, got {step}.')
     _check_extras(extras)
-    return self._manager.save(
+    return self._writing(lambda: self._manager.save(
         step,
         args=ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state),
             EXTRAS_ITEM: ocp.args.JsonSave(extras),
         }),
-        force=force)
+        force=force))
 
   def wait_until_finished(self) -> None:
-    """Blocks until pending saves are on disk (and old ones pruned)."""
-    self._manager.wait_until_finished()
+    """Blocks until pending saves are on disk (and old ones pruned).
+
+    Raises:
+      CheckpointWriteError: a pending save failed.
+    """
+    self._writing(self._manager.wait_until_finished)
+    self.check_for_errors()
+
+  def check_for_errors(self) -> None:
+    """Raises CheckpointWriteError if a finished asynchronous save failed.
+
+    Cheap (no waiting): call it at log steps so a failed write stops the run
+    soon after it happens rather than at the next save.
+    """
+    self._writing(self._manager.check_for_errors)
 
   def latest_step(self) -> int | None:
     """The newest finalised step in the directory, or None."""
@@ -230,7 +277,7 @@ class Checkpointer:
 
   def close(self) -> None:
     """Waits for pending saves and releases the manager's resources."""
-    self._manager.close()
+    self._writing(self._manager.close)
 
   def __enter__(self) -> Checkpointer:
     return self

@@ -3,12 +3,14 @@
 A run's work directory holds
   metrics.jsonl  one JSON object per `write`: {"step": 100, "loss": 2.3, ...}
   tb/            TensorBoard event files (tensorboardX; no TensorFlow needed)
+  samples.txt    text sampled at each evaluation, one '=== step N ===' record each
 
-Only process 0 should write (`enabled=jax.process_index() == 0`). Reopening
-the writer on resume appends to metrics.jsonl and starts a new event file;
-if the run resumes from a checkpoint older than the last logged step, the
-steps in between appear twice in file order (the later rows are the resumed
-run's).
+Only process 0 should write (`enabled=jax.process_index() == 0`). A writer
+opened at `start_step` (the step a run resumes from, 0 for a fresh start)
+first moves every metrics row and sample logged after that step to
+`metrics.dropped.jsonl` / `samples.dropped.txt`, and tells TensorBoard to
+hide events after it (`purge_step`): those steps are about to be trained
+again, so each step keeps exactly one row.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -24,7 +27,11 @@ import numpy as np
 import tensorboardX
 
 METRICS_FILE = 'metrics.jsonl'
+DROPPED_METRICS_FILE = 'metrics.dropped.jsonl'
+SAMPLES_FILE = 'samples.txt'
+DROPPED_SAMPLES_FILE = 'samples.dropped.txt'
 TENSORBOARD_DIR = 'tb'
+_SAMPLE_HEADER = re.compile(r'^=== step (\d+) ===$')
 
 logger = logging.getLogger(__name__)
 
@@ -56,21 +63,34 @@ class MetricsWriter:
   With `enabled=False` (non-zero processes) nothing is created or written
   and `write` does not look at its arguments, so it forces no device sync.
   Usable as a context manager (closes on exit).
+
+  Args:
+    workdir: the run's work directory.
+    enabled: whether this process writes.
+    start_step: the step training continues from; rows and samples logged
+      after it are moved aside first (see the module docstring). None keeps
+      everything (for writers that only append, e.g. evaluations).
   """
 
-  def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True):
+  def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True,
+               start_step: int | None = None):
     self._enabled = enabled
+    self._workdir = workdir
     self._jsonl = None
     self._tensorboard = None
+    self.dropped: dict[str, int] = {}
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, METRICS_FILE)
     _terminate_partial_last_line(path)
+    if start_step is not None:
+      self.dropped = drop_records_after(workdir, start_step)
     # Line-buffered, so every row reaches the OS as soon as it is written.
     self._jsonl = open(path, 'a', buffering=1, encoding='utf-8')
     self._tensorboard = tensorboardX.SummaryWriter(
-        os.path.join(workdir, TENSORBOARD_DIR))
+        os.path.join(workdir, TENSORBOARD_DIR),
+        purge_step=None if start_step is None else start_step + 1)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Records `scalars` (name -> Python/numpy/jax scalar) at `step`.
@@ -90,6 +110,13 @@ class MetricsWriter:
     self._jsonl.write(json.dumps({'step': step, **row}) + '\n')
     for name, value in row.items():
       self._tensorboard.add_scalar(name, value, global_step=step)
+
+  def write_sample(self, step: int, text: str) -> None:
+    """Appends a text sample taken at `step` to samples.txt."""
+    if not self._enabled:
+      return
+    with open(os.path.join(self._workdir, SAMPLES_FILE), 'a', encoding='utf-8') as f:
+      f.write(f'=== step {int(step)} ===\n{text}\n')
 
   def flush(self) -> None:
     if self._jsonl is not None:
@@ -119,6 +146,59 @@ def _terminate_partial_last_line(path: str) -> None:
     f.seek(-1, os.SEEK_END)
     if f.read(1) != b'\n':
       f.write(b'\n')
+
+
+def _move_lines(path: str, dropped_path: str, keep_flags: list[bool],
+                lines: list[str]) -> None:
+  """Rewrites `path` with the kept lines (atomically), appending the others
+  to `dropped_path` first so nothing is lost if the rewrite is interrupted."""
+  with open(dropped_path, 'a', encoding='utf-8') as f:
+    f.writelines(line for line, keep in zip(lines, keep_flags) if not keep)
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.writelines(line for line, keep in zip(lines, keep_flags) if keep)
+  os.replace(tmp, path)
+
+
+def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
+  """Moves metrics rows and samples logged after `step` aside.
+
+  Rows go from metrics.jsonl to metrics.dropped.jsonl, samples from
+  samples.txt to samples.dropped.txt (appended, so repeated restarts keep
+  every history). Unparseable metrics rows are kept where they are.
+
+  Returns:
+    {file name: number of records moved}, only for files that lost any.
+  """
+  moved = {}
+  path = os.path.join(workdir, METRICS_FILE)
+  if os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      lines = f.readlines()
+    keep = []
+    for line in lines:
+      try:
+        keep.append(int(json.loads(line)['step']) <= step)
+      except (ValueError, KeyError, TypeError):
+        keep.append(True)
+    if not all(keep):
+      _move_lines(path, os.path.join(workdir, DROPPED_METRICS_FILE), keep, lines)
+      moved[METRICS_FILE] = keep.count(False)
+  path = os.path.join(workdir, SAMPLES_FILE)
+  if os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      lines = f.readlines()
+    keep, current, records = [], True, 0
+    for line in lines:
+      header = _SAMPLE_HEADER.match(line.rstrip('\n'))
+      if header:
+        current = int(header.group(1)) <= step
+        records += not current
+      keep.append(current)
+    if records:
+      _move_lines(path, os.path.join(workdir, DROPPED_SAMPLES_FILE), keep, lines)
+      moved[SAMPLES_FILE] = records
+  return moved
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:

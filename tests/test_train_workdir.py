@@ -1,0 +1,90 @@
+"""Work-directory lock, writability check, and metrics/samples past a resume step."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from txf.train import metrics
+from txf.train.workdir import WorkdirError, WorkdirLock, check_writable
+
+
+def test_second_lock_is_refused_naming_the_holder(tmp_path):
+  with WorkdirLock(tmp_path):
+    with pytest.raises(WorkdirError, match=rf"in use by another run .*\"pid\": {os.getpid()}"):
+      WorkdirLock(tmp_path).acquire()
+  # Released on exit: a later run takes it.
+  with WorkdirLock(tmp_path):
+    pass
+
+
+def test_lock_of_a_killed_process_does_not_block(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c", textwrap.dedent(f"""
+          import sys, time
+          from txf.train.workdir import WorkdirLock
+          lock = WorkdirLock({str(tmp_path)!r})
+          lock.acquire()
+          print("locked", flush=True)
+          time.sleep(60)
+      """)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(WorkdirError, match=f'"pid": {holder.pid}'):
+      WorkdirLock(tmp_path).acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    with WorkdirLock(tmp_path):  # the stale lock file does not block
+      pass
+  finally:
+    holder.kill()
+
+
+def test_check_writable_names_the_directory_and_cause(tmp_path):
+  check_writable(tmp_path / "new" / "dir")
+  assert (tmp_path / "new" / "dir").is_dir()
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(WorkdirError, match=rf"{blocker}/run is not writable: Not a directory"):
+    check_writable(blocker / "run")
+
+
+def _write_history(workdir, steps, sample_steps):
+  with metrics.MetricsWriter(workdir) as writer:
+    for step in steps:
+      writer.write(step, {"loss": float(step)})
+    for step in sample_steps:
+      writer.write_sample(step, f"text {step}\nmore {step}")
+
+
+def test_writer_at_start_step_moves_later_records_aside(tmp_path):
+  _write_history(tmp_path, [1, 2, 3, 4, 5], [2, 4])
+  with metrics.MetricsWriter(tmp_path, start_step=3) as writer:
+    assert writer.dropped == {"metrics.jsonl": 2, "samples.txt": 1}
+    writer.write(4, {"loss": 40.0})
+  assert [row["step"] for row in metrics.read_metrics(tmp_path)] == [1, 2, 3, 4]
+  assert metrics.read_metrics(tmp_path)[-1]["loss"] == 40.0
+  dropped = (tmp_path / "metrics.dropped.jsonl").read_text().splitlines()
+  assert [line.count('"step"') for line in dropped] == [1, 1]
+  assert '"step": 4' in dropped[0] and '"step": 5' in dropped[1]
+  assert (tmp_path / "samples.txt").read_text() == "=== step 2 ===\ntext 2\nmore 2\n"
+  assert (tmp_path / "samples.dropped.txt").read_text() == "=== step 4 ===\ntext 4\nmore 4\n"
+
+
+def test_writer_at_step_zero_moves_a_whole_history(tmp_path):
+  _write_history(tmp_path, [1, 2], [2])
+  with metrics.MetricsWriter(tmp_path, start_step=0) as writer:
+    assert writer.dropped == {"metrics.jsonl": 2, "samples.txt": 1}
+  assert metrics.read_metrics(tmp_path) == []
+  assert (tmp_path / "samples.txt").read_text() == ""
+
+
+def test_writer_without_start_step_keeps_everything(tmp_path):
+  _write_history(tmp_path, [1, 2], [2])
+  with metrics.MetricsWriter(tmp_path) as writer:
+    assert writer.dropped == {}
+  assert [row["step"] for row in metrics.read_metrics(tmp_path)] == [1, 2]
+  assert not (tmp_path / "metrics.dropped.jsonl").exists()
