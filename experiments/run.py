@@ -10,12 +10,15 @@ Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 it differs, doc) and exits 0 without training.
 
 Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
-1 when the run diverged (its last good checkpoint is kept); 2 when it cannot
-start: a config error (missing or broken config file, unknown field,
-impossible combination), a flag error (a value of the wrong type, an unknown
-flag) or a work directory that is not a writable directory. Exit 2 prints one
-line on stderr, `config error: ...`, `flag error: ...` or `workdir error: ...`,
-before any compute.
+1 when the run diverged (its last good checkpoint is kept) or a checkpoint
+could not be written (`checkpoint error: ...`; the checkpoints already
+written stay intact); 2 when it cannot start: a config error (missing or
+broken config file, unknown field, impossible combination, a change to a run
+whose checkpoints do not fit it), a flag error (a value of the wrong type, an
+unknown flag), a work directory that is not a writable directory or is in
+use by another run, or no checkpoint in it restores. Exit 2 prints one line
+on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
+`checkpoint error: ...`, before any training step.
 """
 
 from __future__ import annotations
@@ -27,13 +30,11 @@ import io
 import os
 import pathlib
 import re
-import socket
 import sys
 import tokenize
 from typing import Any, NoReturn
 
 from absl import app, flags, logging
-from etils import epath
 from ml_collections import config_flags
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -153,21 +154,6 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail("config", message)
 
 
-def check_workdir(workdir: str | os.PathLike) -> None:
-  """Creates `workdir` if needed; `workdir error` unless it is a writable directory."""
-  path = epath.Path(workdir)
-  if path.exists() and not path.is_dir():
-    fail("workdir", f"{path}: exists and is not a directory")
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-    # Every process probes under its own name: hosts may share the directory.
-    probe = path / f".write_probe.{socket.gethostname()}.{os.getpid()}"
-    probe.write_text("")
-    probe.unlink()
-  except OSError as error:
-    fail("workdir", f"{path}: not a writable directory ({error.strerror or error})")
-
-
 def field_docs() -> dict[str, str]:
   """`section.field` -> doc: the trailing comments of configs/base.py's entries
   and of ModelConfig's fields (ModelConfig's win for model fields)."""
@@ -227,22 +213,35 @@ def main(argv) -> None:
   if _PRINT_CONFIG.value:
     print_config(_CONFIG.value, _ConfigFileParser().parse(str(CONFIGS / "base.py")))
     return
+  # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed
-  from txf.train.loop import ConfigError, TrainingDiverged, run  # after flag parsing: fast --help
+  from txf.train.checkpoint import CheckpointWriteError, RestoreError
+  from txf.train.loop import ConfigError, TrainingDiverged, run
+  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as error:
     fail("flag", error)
-  check_workdir(workdir)
   try:
     run(_CONFIG.value, workdir)
   except ConfigError as error:
     fail("config", error)
+  except WorkdirError as error:
+    fail("workdir", error)
+  except RestoreError as error:
+    fail("checkpoint", " ".join(str(error).split()))
   except TrainingDiverged as error:
     print(f"diverged: {error}", file=sys.stderr)
     sys.exit(1)
+  except CheckpointWriteError as error:
+    print(f"checkpoint error: {error}", file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    # orbax's threads still wait for the failed save's commit and would keep
+    # the interpreter from ever exiting: leave without waiting for them.
+    os._exit(1)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import importlib
 import os
 import pathlib
 import signal
+import sys
 
 import jax
 import numpy as np
@@ -111,3 +112,31 @@ def assert_same_batches(batches_a, batches_b):
     assert a.keys() == b.keys()
     for key in a:
       np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+# --- the CLI in subprocesses ---------------------------------------------------
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+_CACHE_OPTIONS = {  # jax config option -> environment variable (subprocesses)
+    "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
+    "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "jax_persistent_cache_min_entry_size_bytes": "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+}
+
+
+def cli_overrides(config, name):
+  """--config.<field>=<value> flags that turn configs/<name>.py into `config`."""
+  base = flatten(load_config(name))
+  return [f"--config.{key}={value}" for key, value in flatten(config).items()
+          if value != base[key]]
+
+
+def cli_env(cache):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.update({_CACHE_OPTIONS[name]: str(value) for name, value in cache.items()})
+  return env
+
+
+def cli_command(name, workdir, config, *extra):
+  return [sys.executable, "-m", "experiments.run", f"--config=configs/{name}.py",
+          f"--workdir={workdir}", *cli_overrides(config, name), *extra]

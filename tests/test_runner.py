@@ -23,44 +23,18 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import (checkpoint_steps, flatten, load_config as load, restore_state, sigterm_at,
-                      tiny_config as tiny)
+from conftest import (REPO, checkpoint_steps, cli_command, cli_env, flatten,
+                      load_config as load, restore_state, sigterm_at, tiny_config as tiny)
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
-_CACHE_OPTIONS = {  # jax config option -> environment variable (subprocesses)
-    "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
-    "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-    "jax_persistent_cache_min_entry_size_bytes": "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
-}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _compilation_cache(compilation_cache_dir):
   return compilation_cache_dir
 
 
-
-
-def cli_overrides(config, name):
-  """--config.<field>=<value> flags that turn configs/<name>.py into `config`."""
-  base = flatten(load(name))
-  return [f"--config.{key}={value}" for key, value in flatten(config).items()
-          if value != base[key]]
-
-
-def cli_env(cache):
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.update({_CACHE_OPTIONS[name]: str(value) for name, value in cache.items()})
-  return env
-
-
-def cli_command(name, workdir, config, *extra):
-  return [sys.executable, "-m", "experiments.run", f"--config=configs/{name}.py",
-          f"--workdir={workdir}", *cli_overrides(config, name), *extra]
 
 
 def run_quietly(config, workdir):

@@ -29,11 +29,12 @@ import numpy as np
 from txf import decode
 from txf.analysis import summarize
 from txf.train import hardware, sharding
-from txf.train.checkpoint import Checkpointer, PreemptionGuard
+from txf.train.checkpoint import Checkpointer, PreemptionGuard, RestoreError
 from txf.train.config import ConfigError
 from txf.train.metrics import MetricsWriter, format_progress
-from txf.train.setup import (RunSetup, check_resumable, make_checkpointer, setup_run,
-                             write_config)
+from txf.train.setup import (RunSetup, changed_fields, check_resumable, make_checkpointer,
+                             setup_run, write_config)
+from txf.train.workdir import WorkdirLock, check_writable
 
 
 class TrainingDiverged(RuntimeError):
@@ -129,20 +130,20 @@ def _check_finite(skipped_updates, done: int, checkpointer: Checkpointer) -> Non
   """Raises TrainingDiverged if any update so far was skipped as non-finite."""
   if int(skipped_updates):
     checkpointer.wait_until_finished()
+    latest = checkpointer.latest_step()
+    kept = ("no checkpoint had been written yet" if latest is None
+            else f"the last good checkpoint (step {latest}) is kept")
     raise TrainingDiverged(
         f"non-finite loss, gradient or update by step {done}; those updates were skipped "
-        f"and the last good checkpoint (step {checkpointer.latest_step()}) is kept")
+        f"and {kept}")
 
 
-def _eval_and_sample(setup: RunSetup, params, done: int, workdir: pathlib.Path,
-                     writer: MetricsWriter, log) -> dict[str, float]:
+def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter, log) -> dict[str, float]:
   result = setup.evaluate(params)
   samples = setup.task == "lm" and setup.model_cfg.family == "decoder"
   if samples and setup.config.eval.sample_tokens:
     sample = _sample_text(setup, params, done)
-    if jax.process_index() == 0:
-      with open(workdir / "samples.txt", "a") as f:
-        f.write(f"=== step {done} ===\n{sample}\n")
+    writer.write_sample(done, sample)
     log(f"sample @ {done}: {sample[:200]!r}")
   writer.write(done, result)
   log(f"eval @ {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
@@ -168,8 +169,7 @@ def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_
 
 
 def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
-           guard: PreemptionGuard, writer: MetricsWriter, workdir: pathlib.Path,
-           log) -> dict[str, float]:
+           guard: PreemptionGuard, writer: MetricsWriter, log) -> dict[str, float]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's metrics."""
   config = setup.config
   batches = _prefetch(setup.train_data, setup.to_device)
@@ -184,10 +184,12 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
     if done % config.train.log_every == 0 or done == config.train.steps:
       metrics = jax.device_get(metrics)
       _check_finite(skipped_updates, done, checkpointer)
+      # A failed asynchronous save stops the run here, not at the next save.
+      checkpointer.check_for_errors()
       _log_train(setup, metrics, done, window, writer, log)
       window.restart()
     if done % config.eval.every == 0 or done == config.train.steps:
-      last_eval = _eval_and_sample(setup, state.params, done, workdir, writer, log)
+      last_eval = _eval_and_sample(setup, state.params, done, writer, log)
       window.restart()
     if _checkpoint(checkpointer, guard, state, data_state, done, config, log):
       break
@@ -209,12 +211,20 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
 def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
-  Returns the final evaluation metrics. Raises ConfigError (a ValueError)
-  for a bad config before any compute -- including one that changes what the
-  run's checkpoints depend on (txf.train.setup.check_resumable) -- and
-  TrainingDiverged on a non-finite loss. A finished run started again trains
-  nothing and evaluates (at the config's data.seq_len and data.batch_size,
-  which may differ from the training's); config.json is then left as it is.
+  Returns the final evaluation metrics. Before anything is written it checks
+  the config (ConfigError, a ValueError, naming the field -- including one
+  that changes what the run's checkpoints depend on, see
+  txf.train.setup.check_resumable, or the optimizer state they hold), that
+  the work directory is writable and held by no other run (WorkdirError),
+  and that a checkpoint restores (RestoreError). Training raises
+  TrainingDiverged on a non-finite loss and CheckpointWriteError when a save
+  fails. A finished run started again trains nothing and evaluates (at the
+  config's data.seq_len and data.batch_size, which may differ from the
+  training's); config.json is then left as it is.
+
+  Metrics rows and samples logged after the step training continues from
+  (0 without a checkpoint) are moved to metrics.dropped.jsonl /
+  samples.dropped.txt, so every step has one row.
   """
   workdir = pathlib.Path(workdir)
   try:
@@ -222,34 +232,56 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   except ValueError as error:
     raise ConfigError(str(error)) from error
   setup = setup_run(config, workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  checkpointer = make_checkpointer(config, workdir)
-  writer = MetricsWriter(workdir, enabled=jax.process_index() == 0)
-  with (PreemptionGuard() as guard, _closing(checkpointer, writer),
-        setup.activation_sharding()):
+  check_writable(workdir)
+  is_chief = jax.process_index() == 0
+  # Only process 0 locks: the others write nothing that must be exclusive.
+  with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
+    checkpointer = make_checkpointer(config, workdir)
+    with (PreemptionGuard() as guard, _closing(checkpointer), setup.activation_sharding()):
+      start, state, data_state = _restore(setup, checkpointer, workdir, log)
+      log(f"data: {setup.train_data.description}\n"
+          f"{summarize(state.params, setup.model_cfg, config.data.seq_len)}")
+      if start >= config.train.steps:
+        log(f"already trained to step {start} of {config.train.steps}")
+        return setup.evaluate(state.params)
+      if data_state is not None:
+        _continue_data(setup, data_state)
+      with MetricsWriter(workdir, enabled=is_chief, start_step=start) as writer:
+        for name, count in writer.dropped.items():
+          log(f"moved {count} records of {name} logged after step {start} (the step "
+              f"training continues from) to its .dropped file")
+        write_config(config, workdir)
+        return _train(setup, state, start, checkpointer, guard, writer, log)
+
+
+def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: pathlib.Path, log):
+  """(start step, state, data position or None) from the latest checkpoint
+  that restores, or a fresh state at step 0."""
+  try:
     restored = checkpointer.restore(setup.abstract_state)
-    if restored is None:
-      state, start = setup.init(setup.init_key), 0
-    else:
-      start, state, extras = restored
-      log(f"resumed from step {start} in {checkpointer.directory}")
-    log(f"data: {setup.train_data.description}\n"
-        f"{summarize(state.params, setup.model_cfg, config.data.seq_len)}")
-    if start >= config.train.steps:
-      log(f"already trained to step {start} of {config.train.steps}")
-      return setup.evaluate(state.params)
-    if restored is not None:
-      _continue_data(setup, extras["data"])
-    write_config(config, workdir)
-    return _train(setup, state, start, checkpointer, guard, writer, workdir, log)
+  except RestoreError as error:
+    # Every step failing the same way is most often a config change that
+    # reshapes the state (e.g. train.grad_clip_norm=0 drops the clipping's
+    # optimizer state): name the changed field rather than orbax's tree diff.
+    changed = changed_fields(setup.config, workdir, sections=("train",))
+    if changed:
+      raise ConfigError(
+          f"{changed[0]}: differs from the run already in {workdir} (config.json) and the "
+          f"checkpoints there do not restore with it (their optimizer state no longer "
+          f"fits); use the run's value or a new --workdir") from error
+    raise
+  if restored is None:
+    return 0, setup.init(setup.init_key), None
+  start, state, extras = restored
+  log(f"resumed from step {start} in {checkpointer.directory}")
+  return start, state, extras["data"]
 
 
 @contextlib.contextmanager
-def _closing(checkpointer: Checkpointer, writer: MetricsWriter):
-  """Finishes pending saves and closes both, also when training raises."""
+def _closing(checkpointer: Checkpointer):
+  """Finishes pending saves and closes the checkpointer, also when training raises."""
   try:
     yield
   finally:
     checkpointer.wait_until_finished()
     checkpointer.close()
-    writer.close()

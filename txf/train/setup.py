@@ -218,6 +218,23 @@ def _checkpoint_fields(config_json: Mapping[str, Any]) -> dict[str, Any]:
   return fields
 
 
+def changed_fields(config: Any, workdir: str | os.PathLike,
+                   sections: tuple[str, ...]) -> list[str]:
+  """Dotted names of the fields in `sections` where `config` differs from the
+  run's config.json ([] when there is none)."""
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return []
+  saved = json.loads(path.read_text())
+  current = json.loads(config.to_json_best_effort())
+  changed = []
+  for section in sections:
+    old, new = saved.get(section) or {}, current.get(section) or {}
+    changed += [f"{section}.{key}" for key in sorted(set(old) | set(new))
+                if _first_difference(old.get(key), new.get(key), key)]
+  return changed
+
+
 def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
   """Refuses `config` for the run in `workdir` if it changes a field the
   run's checkpoints depend on (nothing to check in a new work directory).

@@ -23,7 +23,7 @@ class WorkdirError(RuntimeError):
   """The work directory cannot be used: not writable, or held by another run."""
 
 
-def check_writable(directory: str | os.PathLike, what: str = "workdir") -> None:
+def check_writable(directory: str | os.PathLike) -> None:
   """Creates `directory` if needed and proves a file can be written there.
 
   Raises:
@@ -31,15 +31,18 @@ def check_writable(directory: str | os.PathLike, what: str = "workdir") -> None:
       system, a file where a directory should be, no permission, disk full).
   """
   directory = os.fspath(directory)
-  probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise WorkdirError(f"{directory}: exists and is not a directory")
+  # Every process probes under its own name: hosts may share the directory.
+  probe = os.path.join(directory, f".write-probe-{socket.gethostname()}-{os.getpid()}")
   try:
     os.makedirs(directory, exist_ok=True)
     with open(probe, "w") as f:
       f.write("ok")
     os.remove(probe)
   except OSError as error:
-    raise WorkdirError(f"{what} {directory} is not writable: "
-                       f"{error.strerror or error}") from error
+    raise WorkdirError(f"{directory}: not a writable directory "
+                       f"({error.strerror or error})") from error
 
 
 class WorkdirLock:
@@ -67,7 +70,7 @@ class WorkdirLock:
       handle.seek(0)
       holder = handle.read().strip() or "an unknown process"
       handle.close()
-      raise WorkdirError(f"workdir {os.path.dirname(self.path)} is in use by another run "
+      raise WorkdirError(f"{os.path.dirname(self.path)}: in use by another run "
                          f"({holder}); wait for it to finish or use another --workdir")
     except OSError as error:  # e.g. a file system without flock
       handle.close()
