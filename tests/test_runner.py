@@ -12,19 +12,17 @@ step does not depend on train.steps, so reruns with more steps share it too.
 
 import hashlib
 import json
-import os
 import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
-from conftest import (REPO, checkpoint_steps, cli_command, cli_env, flatten,
-                      load_config as load, restore_state, sigterm_at, tiny_config as tiny)
+from conftest import (REPO, checkpoint_steps, cli_command, cli_env, restore_state, sigterm_at,
+                      tiny_config as tiny)
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
