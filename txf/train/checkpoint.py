@@ -286,10 +286,13 @@ class Checkpointer:
     self.close()
 
 
-def _describe(error: Exception, limit: int = 300) -> str:
-  """Type and start of the message (tensorstore appends kilobytes of spec)."""
-  text = f'{type(error).__name__}: {error}'
-  return text if len(text) <= limit else text[:limit] + ' ...'
+def _describe(error: Exception, limit: int = 400) -> str:
+  """Type and message, without the kilobytes of spec tensorstore appends; a
+  long message keeps its start and its end (where the OS's reason is)."""
+  text = f'{type(error).__name__}: {str(error).split(" [tensorstore_spec=")[0]}'
+  if len(text) <= limit:
+    return text
+  return f'{text[:limit // 2]} ... {text[-limit // 2:]}'
 
 
 def _free_path(path: epath.Path) -> epath.Path:
