@@ -1,0 +1,266 @@
+"""Planted-bug check: does the test suite catch realistic one-line bugs?
+
+  python tools/planted_bugs.py            # every bug, 2 at a time
+  python tools/planted_bugs.py --list     # names, files and tests
+  python tools/planted_bugs.py --only rope_q_only --only last_pool_first
+
+Each bug replaces one exact snippet in one file of a temporary copy of the
+repository (txf/, tests/, configs/, experiments/, pyproject.toml), then runs
+the tests named for it there (`pytest -x -q -n 0`). A bug is caught when
+those tests fail. The tool stops with an error when a snippet is not found
+exactly once, so a refactor that moves the code cannot make a bug silently
+vanish: edit that bug's entry. Prints caught / missed with the failing tests
+and a final "N/N caught"; exits 1 if any bug is missed.
+
+Runs on demand, not in CI (several minutes; see the README's Tests section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+COPIED = ("txf", "tests", "configs", "experiments", "pyproject.toml")
+LAYER_REFS = "tests/test_layer_references.py"
+ATTENTION_REF = f"{LAYER_REFS}::test_attention_matches_numpy"
+BLOCK_REF = f"{LAYER_REFS}::test_block_matches_numpy"
+DETERMINISTIC = "tests/test_behaviour.py::test_deterministic_model_ignores_dropout_rates"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bug:
+  name: str
+  file: str       # relative to the repository root
+  original: str   # must occur exactly once in `file`
+  planted: str
+  tests: tuple[str, ...]  # pytest node ids, files, or "-k" expressions after a file
+
+
+BUGS = (
+    # --- ops ------------------------------------------------------------------
+    Bug("attention_no_scale", "txf/ops/attention.py",
+        "scale = 1.0 / math.sqrt(D)", "scale = 1.0",
+        ("tests/test_ops_attention.py",)),
+    Bug("gqa_tiled_groups", "txf/ops/attention.py",
+        "q_btkgd = q.reshape(B, T, K, G, D)",
+        "q_btkgd = q.reshape(B, T, G, K, D).swapaxes(2, 3)",
+        ("tests/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",)),
+    Bug("softmax_over_queries", "txf/ops/attention.py",
+        "denom = jnp.sum(unnorm, axis=-1, keepdims=True)",
+        "denom = jnp.sum(unnorm, axis=-2, keepdims=True)",
+        ("tests/test_ops_attention.py",)),
+    Bug("causal_mask_off_by_one", "txf/ops/masks.py",
+        "return k_pos <= q_pos", "return k_pos < q_pos",
+        ("tests/test_ops_masks.py",)),
+    Bug("window_off_by_one", "txf/ops/masks.py",
+        "return jnp.abs(q_pos - k_pos) < window", "return jnp.abs(q_pos - k_pos) <= window",
+        ("tests/test_ops_masks.py",)),
+    Bug("rope_rotation_sign", "txf/ops/positional.py",
+        "x2_BxTxHxF * cos_BxTx1xF + x1_BxTxHxF * sin_BxTx1xF",
+        "x2_BxTxHxF * cos_BxTx1xF - x1_BxTxHxF * sin_BxTx1xF",
+        ("tests/test_ops_positional.py",)),
+    Bug("alibi_bias_sign", "txf/ops/positional.py",
+        "return -slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
+        "return slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
+        ("tests/test_ops_positional.py",)),
+    Bug("layer_norm_no_centering", "txf/ops/norms.py",
+        "y = (x32 - mean) * jax.lax.rsqrt(var + eps)", "y = x32 * jax.lax.rsqrt(var + eps)",
+        ("tests/test_ops_norms.py",)),
+    Bug("loss_over_padding", "txf/ops/losses.py",
+        "loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)",
+        "loss = jnp.mean(per_token)",
+        ("tests/test_ops_losses.py",)),
+    # --- layers ---------------------------------------------------------------
+    Bug("rope_q_only", "txf/layers/attention.py",
+        "k_BxSxKxDh = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,",
+        "k_rotated = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,",
+        (ATTENTION_REF, "tests/test_models.py::test_encoder_permutation_equivariance_only_without"
+         "_positions")),
+    Bug("attention_dropout_inverted_flag", "txf/layers/attention.py",
+        "if self.attention_dropout_rate > 0.0 and not deterministic:",
+        "if self.attention_dropout_rate > 0.0 and deterministic:",
+        (DETERMINISTIC,)),
+    Bug("cache_write_off_by_one", "txf/layers/attention.py",
+        "start = (0, cache_index, 0, 0)", "start = (0, cache_index + 1, 0, 0)",
+        ("tests/test_decode.py::test_cached_decoding_matches_full_pass",)),
+    Bug("dropped_residual", "txf/layers/block.py",
+        "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
+        "return dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
+        (BLOCK_REF, "tests/test_layers.py")),
+    Bug("pre_ln_norm_on_output", "txf/layers/block.py",
+        "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
+        "return x_BxTxD + norm(dropout(sublayer(x_BxTxD), deterministic=self.deterministic))",
+        (BLOCK_REF, "tests/test_layers.py")),
+    Bug("no_final_norm", "txf/layers/block.py",
+        'if cfg.norm_placement == "pre":\n      # Pre-LN leaves',
+        'if cfg.norm_placement == "none":\n      # Pre-LN leaves',
+        (f"{LAYER_REFS}::test_stack_matches_numpy",)),
+    Bug("cross_attention_ignores_padding", "txf/layers/block.py",
+        "h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,",
+        "h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=None,",
+        (BLOCK_REF,)),
+    Bug("ffn_gate_on_wrong_branch", "txf/layers/feedforward.py",
+        "h_BxTxF = act(dense(self.d_ff, \"gate\")(x_BxTxD)) * h_BxTxF",
+        "h_BxTxF = dense(self.d_ff, \"gate\")(x_BxTxD) * act(h_BxTxF)",
+        ("tests/test_layers.py::test_feedforward_matches_numpy",)),
+    Bug("ffn_dropout_always_on", "txf/layers/feedforward.py",
+        "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=deterministic)",
+        "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=False)",
+        (DETERMINISTIC,)),
+    Bug("tied_logits_no_scale", "txf/layers/embedding.py",
+        "return logits.astype(jnp.float32) / jnp.sqrt(self.d_model).astype(jnp.float32)",
+        "return logits.astype(jnp.float32)",
+        (f"{LAYER_REFS}::test_embedder_and_tied_logits_match_numpy",)),
+    Bug("decode_positions_off_by_one", "txf/layers/embedding.py",
+        "index.value = cache_index + length", "index.value = cache_index + length - 1",
+        ("tests/test_decode.py::test_prefill_then_single_steps_match_full_pass",)),
+    # --- models ---------------------------------------------------------------
+    Bug("last_pool_first", "txf/models/heads.py",
+        "last_B = jnp.maximum(jnp.sum(valid_BxT, axis=1) - 1, 0)",
+        "last_B = jnp.zeros(valid_BxT.shape[:1], jnp.int32)",
+        (f"{LAYER_REFS}::test_classification_head_matches_numpy",)),
+    Bug("mean_pool_over_pads", "txf/models/heads.py",
+        "return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)",
+        "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
+        ("tests/test_models.py::test_classification_pooling_ignores_padding",)),
+    Bug("encoder_attends_to_pads", "txf/models/transformer.py",
+        "return self._forward(tokens_BxS, key_mask, deterministic=deterministic, decode=False)",
+        "return self._forward(tokens_BxS, None, deterministic=deterministic, decode=False)",
+        ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",)),
+    Bug("embedding_dropout_always_on", "txf/models/transformer.py",
+        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),\n"
+        "                                 deterministic=deterministic)",
+        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),\n"
+        "                                 deterministic=False)",
+        (DETERMINISTIC,)),
+    # --- train ----------------------------------------------------------------
+    Bug("grad_accum_double_average", "txf/train/step.py",
+        "grads = jax.tree.map(lambda g: g / denom, grads)",
+        "grads = jax.tree.map(lambda g: g / denom / grad_accum_steps, grads)",
+        ("tests/test_behaviour.py::test_grad_accumulation_equals_one_big_batch",)),
+    Bug("train_loss_ignores_weights", "txf/train/step.py",
+        'return batch["targets"], batch["weights"].astype(jnp.float32)',
+        'return batch["targets"], jnp.ones(batch["targets"].shape, jnp.float32)',
+        ("tests/test_behaviour.py::test_train_step_ignores_padded_targets",)),
+    Bug("same_dropout_mask_every_step", "txf/train/step.py",
+        "rng = jax.random.fold_in(jax.random.key(seed), state.step)",
+        "rng = jax.random.key(seed)",
+        ("tests/test_behaviour.py::test_train_step_draws_a_new_mask_each_step_and_repeats_a_step"
+         "_exactly",)),
+    # --- data -----------------------------------------------------------------
+    Bug("lm_targets_not_shifted", "txf/data/lm.py",
+        "return {'inputs': windows[:, :-1], 'targets': windows[:, 1:],",
+        "return {'inputs': windows[:, :-1], 'targets': windows[:, :-1],",
+        ("tests/test_data_lm.py",)),
+    Bug("mlm_masks_specials", "txf/data/masking.py",
+        "selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))",
+        "selected = uniforms[0] < probability",
+        ("tests/test_data_mlm.py",)),
+)
+
+
+def drift(bug: Bug, text: str) -> str | None:
+  """Why `bug` cannot be planted in `text` (its file's contents), or None."""
+  found = text.count(bug.original)
+  if found == 1:
+    return None
+  return (f"bug {bug.name!r}: the original snippet occurs {found} times in {bug.file} "
+          "(expected exactly once); update its entry")
+
+
+def plant(bug: Bug, root: pathlib.Path) -> None:
+  """Applies `bug` to the copy at `root`; ValueError if its snippet has drifted."""
+  path = root / bug.file
+  text = path.read_text()
+  problem = drift(bug, text)
+  if problem:
+    raise ValueError(problem)
+  path.write_text(text.replace(bug.original, bug.planted))
+
+
+def check_snippets(bugs) -> None:
+  """Fails loudly, before any test runs, if any snippet has drifted."""
+  problems = [p for p in (drift(bug, (REPO / bug.file).read_text()) for bug in bugs) if p]
+  if problems:
+    raise SystemExit("\n".join(problems))
+
+
+def test_args(bug: Bug, root: pathlib.Path) -> list[str]:
+  """The bug's tests that exist in this checkout (a missing file is dropped)."""
+  return [t for t in bug.tests if (root / t.split("::")[0]).exists()]
+
+
+def run_bug(bug: Bug) -> dict:
+  """Copies the repository, plants `bug`, runs its tests; returns the outcome."""
+  start = time.monotonic()
+  with tempfile.TemporaryDirectory(prefix=f"planted_{bug.name}_") as tmp:
+    root = pathlib.Path(tmp)
+    for name in COPIED:
+      source = REPO / name
+      if source.is_dir():
+        shutil.copytree(source, root / name,
+                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+      else:
+        shutil.copy2(source, root / name)
+    plant(bug, root)
+    tests = test_args(bug, root)
+    if not tests:
+      return dict(bug=bug, caught=False, failed=["(none of its tests exist)"],
+                  seconds=time.monotonic() - start)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-rfE", "-p", "no:cacheprovider",
+         *tests], cwd=root, capture_output=True, text=True)
+  failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.M)
+  if done.returncode not in (0, 1) and not failed:
+    failed = [f"(pytest exit {done.returncode}: {done.stdout.strip().splitlines()[-1:]})"]
+  return dict(bug=bug, caught=done.returncode != 0, failed=failed,
+              seconds=time.monotonic() - start)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                      help="run only this bug (repeatable)")
+  parser.add_argument("--list", action="store_true", help="list the bugs and exit")
+  parser.add_argument("--jobs", type=int, default=2, help="bugs tested at once (default 2)")
+  args = parser.parse_args(argv)
+
+  names = [bug.name for bug in BUGS]
+  if len(set(names)) != len(names):
+    raise SystemExit("planted_bugs: duplicate bug names")
+  unknown = sorted(set(args.only) - set(names))
+  if unknown:
+    raise SystemExit(f"--only: unknown bug(s) {unknown}; see --list")
+  bugs = [bug for bug in BUGS if not args.only or bug.name in args.only]
+  if args.list:
+    for bug in bugs:
+      print(f"{bug.name:34} {bug.file:28} {' '.join(bug.tests)}")
+    return 0
+  if args.jobs < 1:
+    raise SystemExit(f"--jobs: must be >= 1, got {args.jobs}")
+  check_snippets(bugs)
+
+  start = time.monotonic()
+  with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    results = []
+    for result in pool.map(run_bug, bugs):
+      verdict = "caught" if result["caught"] else "MISSED"
+      print(f"{verdict:7} {result['bug'].name:34} {result['seconds']:5.0f}s  "
+            f"{', '.join(result['failed'][:3])}", flush=True)
+      results.append(result)
+  caught = sum(r["caught"] for r in results)
+  print(f"{caught}/{len(results)} caught in {time.monotonic() - start:.0f}s")
+  return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
