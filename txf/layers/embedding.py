@@ -73,17 +73,17 @@ class RelativePositionTable(nn.Module):
 class Positions(nn.Module):
   """Absolute positions of the current inputs, and the KV-cache write index.
 
-  Outside decoding the inputs sit at 0..T-1. In decode mode a `cache/index`
+  Outside decoding the inputs sit at 0..T-1. With use_cache a `cache/index`
   variable remembers how many tokens the stack has seen: the inputs sit at
   index..index+T-1 and the index advances by T. Creating the cache (the
-  `model.init(..., decode=True)` call) leaves it at 0.
+  `model.init(..., use_cache=True)` call) leaves it at 0.
   """
 
   @nn.compact
-  def __call__(self, length: int, decode: bool) -> tuple[jax.Array, jax.Array | None]:
+  def __call__(self, length: int, use_cache: bool) -> tuple[jax.Array, jax.Array | None]:
     """Returns (positions [1, T] int32, cache_index scalar int32 or None)."""
     positions_1xT = jnp.arange(length, dtype=jnp.int32)[None]
-    if not decode:
+    if not use_cache:
       return positions_1xT, None
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     cache_index = index.value
