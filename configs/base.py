@@ -64,8 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
       batch_size=32,          # global, across all devices and hosts
       max_corpus_bytes=4_000_000,
       mlm_probability=0.15,
-      min_len=4,
-      max_len=16,
+      min_example_len=4,
+      max_example_len=16,
       listops_max_depth=4,
       # data.name="tfds:<builder>[/config]": a prepared TFDS dataset (README).
       tfds_data_dir=None,     # None: $TFDS_DATA_DIR or ~/tensorflow_datasets

@@ -39,7 +39,7 @@ EXPECTED_CHANGES = {
     "encoder_mlm": {"model.family", "model.head", "model.position", "data.task",
                     "eval.sample_tokens"},
     "encoder_classify": {"model.family", "model.head", "data.name", "data.task",
-                         "data.seq_len", "data.max_len", "data.listops_max_depth",
+                         "data.seq_len", "data.max_example_len", "data.listops_max_depth",
                          "eval.sample_tokens"},
     "seq2seq": {"model.family", "model.position", "data.name", "data.task", "data.seq_len",
                 "eval.sample_tokens"},

@@ -42,8 +42,8 @@ class DataSpec:
   sp_vocab_size: int | None = None
   max_corpus_bytes: int | None = None
   mlm_probability: float | None = None
-  min_len: int | None = None
-  max_len: int | None = None
+  min_example_len: int | None = None
+  max_example_len: int | None = None
   listops_max_depth: int | None = None
   tfds_data_dir: str | None = None
   tfds_text_key: str | None = None
@@ -177,28 +177,29 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
 
 
 def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:
-  max_len = _int(data, 'max_len', 1)
+  max_len = _int(data, 'max_example_len', 1)
   if spec.name == 'listops':
     depth = _int(data, 'listops_max_depth', 1)
-    min_len = _int(data, 'min_len', 1)
+    min_len = _int(data, 'min_example_len', 1)
     longest = listops.longest_expression(depth)
     if min_len > longest:
-      raise ValueError(f'data.min_len={min_len} exceeds {longest} tokens, the '
-                       f'longest expression of depth {depth} '
+      raise ValueError(f'data.min_example_len={min_len} exceeds {longest} '
+                       f'tokens, the longest expression of depth {depth} '
                        '(data.listops_max_depth)')
     if max_len < listops.SHORTEST_EXPRESSION:
-      raise ValueError(f'data.max_len={max_len} is below '
+      raise ValueError(f'data.max_example_len={max_len} is below '
                        f'{listops.SHORTEST_EXPRESSION} tokens, the shortest '
                        'expression')
   else:
     depth = None
-    min_len = _int(data, 'min_len', _MIN_SOURCE_LEN[spec.name])
+    min_len = _int(data, 'min_example_len', _MIN_SOURCE_LEN[spec.name])
   if min_len > max_len:
-    raise ValueError(f'data.min_len={min_len} exceeds data.max_len={max_len}')
-  # One token more than max_len: BOS before a listops expression, EOS after
-  # a seq2seq target.
+    raise ValueError(f'data.min_example_len={min_len} exceeds '
+                     f'data.max_example_len={max_len}')
+  # One token more than an example: BOS before a listops expression, EOS
+  # after a seq2seq target.
   if max_len + 1 > spec.seq_len:
     raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
-                     f'data.max_len={max_len}: it needs max_len + 1')
-  return dataclasses.replace(spec, min_len=min_len, max_len=max_len,
-                             listops_max_depth=depth)
+                     f'data.max_example_len={max_len}: it needs one more')
+  return dataclasses.replace(spec, min_example_len=min_len,
+                             max_example_len=max_len, listops_max_depth=depth)

@@ -173,11 +173,11 @@ def _generated_source(spec: DataSpec, split: str, seed: int
                       ) -> synthetic.GeneratedSource:
   if spec.name == 'listops':
     return listops.ListOpsSource(
-        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_len,
-        max_len=spec.max_len, max_depth=spec.listops_max_depth)
+        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_example_len,
+        max_len=spec.max_example_len, max_depth=spec.listops_max_depth)
   return synthetic.Seq2SeqSource(
       spec.name, seed=seed, split=split, seq_len=spec.seq_len,
-      min_len=spec.min_len, max_len=spec.max_len)
+      min_len=spec.min_example_len, max_len=spec.max_example_len)
 
 
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
@@ -186,7 +186,7 @@ def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
             else tfds_source.description(spec))
     return (f'{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; '
             f'{spec.task}, seq_len {spec.seq_len}')
-  return (f'{spec.name} task, {spec.min_len}..{spec.max_len} tokens, '
+  return (f'{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, '
           f'seq_len {spec.seq_len}')
 
 
