@@ -32,6 +32,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf.layers.embedding import check_position_table
+
 Array = jax.Array
 Cache = Any  # a pytree of arrays
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
@@ -52,9 +54,7 @@ def _cache_shapes(model: nn.Module, batch_size: int, cache_len: int,
                      f"(KV-cache decoding needs one of {_GENERATIVE_FAMILIES})")
   if cfg.head != "lm":
     raise ValueError(f"model.head: generation needs an 'lm' head, got {cfg.head!r}")
-  if cfg.position == "learned" and cache_len > cfg.max_len:
-    raise ValueError(f"model.max_len: a cache of {cache_len} positions is longer than the "
-                     f"learned position table ({cfg.max_len} rows)")
+  check_position_table(cfg.position, cfg.max_len, cache_len, "a cache")
   if encoder_tokens is not None and cfg.family != "encoder_decoder":
     raise ValueError("init_cache: encoder_tokens only apply to family='encoder_decoder'")
   decoder_tokens = jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32)

@@ -7,9 +7,9 @@ the table in txf/data/__init__.py.
 """
 
 import dataclasses
-import operator
 from typing import Any
 
+from txf import checks
 from txf.data import listops
 from txf.data.tokenizers import SentencePieceTokenizer
 
@@ -64,28 +64,8 @@ def _get(data: Any, field: str) -> Any:
                      f'{getattr(data, "name", None)!r}') from None
 
 
-def check_int(value: Any, name: str, minimum: int) -> int:
-  """Returns `value` as an int >= minimum; ValueError naming `name` if not."""
-  try:
-    if isinstance(value, bool):
-      raise TypeError
-    value = operator.index(value)
-  except TypeError:
-    raise ValueError(f'{name} must be an int, got {value!r}') from None
-  if value < minimum:
-    raise ValueError(f'{name} must be >= {minimum}, got {value}')
-  return value
-
-
 def _int(data: Any, field: str, minimum: int) -> int:
-  return check_int(_get(data, field), f'data.{field}', minimum)
-
-
-def _choice(data: Any, field: str, choices: tuple[str, ...]) -> str:
-  value = _get(data, field)
-  if value not in choices:
-    raise ValueError(f'data.{field}={value!r} is not one of {choices}')
-  return value
+  return checks.int_at_least(_get(data, field), f'data.{field}', minimum)
 
 
 def read_data_config(data: Any) -> DataSpec:
@@ -112,18 +92,16 @@ def read_data_config(data: Any) -> DataSpec:
 
 
 def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
-  tokenizer = _choice(data, 'tokenizer', TOKENIZERS)
+  tokenizer = checks.choice(_get(data, 'tokenizer'), 'data.tokenizer',
+                            TOKENIZERS)
   sp_vocab_size = None
   if tokenizer == 'sentencepiece':
     sp_vocab_size = _int(data, 'sp_vocab_size',
                          SentencePieceTokenizer.RESERVED_IDS + 1)
   mlm_probability = None
   if spec.task == 'mlm':
-    mlm_probability = _get(data, 'mlm_probability')
-    if not isinstance(mlm_probability, (int, float)) or not (
-        0 < mlm_probability < 1):
-      raise ValueError('data.mlm_probability must be in (0, 1), got '
-                       f'{mlm_probability!r}')
+    mlm_probability = checks.fraction(_get(data, 'mlm_probability'),
+                                      'data.mlm_probability', low_open=True)
   return dataclasses.replace(
       spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
       max_corpus_bytes=_int(data, 'max_corpus_bytes', 1),

@@ -35,17 +35,17 @@ class MultiHeadAttention(nn.Module):
   num_heads: int
   num_kv_heads: int
   head_dim: int
-  position: str = "none"
+  position: str
+  window: int | None
+  rope_base: float
+  rope_scale: float
+  t5_max_distance: int
+  use_bias: bool
+  attention_dropout_rate: float
+  implementation: str | None
+  dtype: Any
   causal: bool = False
   bidirectional_bias: bool = True
-  window: int | None = None
-  rope_base: float = 10000.0
-  rope_scale: float = 1.0
-  t5_max_distance: int = 128
-  use_bias: bool = False
-  attention_dropout_rate: float = 0.0
-  implementation: str | None = None
-  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,

@@ -56,7 +56,7 @@ class TransformerBlock(nn.Module):
     cfg = self.cfg
     dtype = compute_dtype(cfg)
     attention = lambda name, causal, position: MultiHeadAttention(
-        num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.per_head_dim,
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         position=position, causal=causal, bidirectional_bias=not causal,
         window=cfg.window if name == "self_attention" else None,
         rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
@@ -73,7 +73,7 @@ class TransformerBlock(nn.Module):
       x_BxTxD = self._residual("cross_attention", x_BxTxD, lambda h: cross_attention(
           h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
           deterministic=self.deterministic))
-    ffn = FeedForward(cfg.ffn_dim, cfg.activation, use_bias=cfg.use_bias,
+    ffn = FeedForward(cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
                       dropout_rate=cfg.dropout_rate, dtype=dtype, name="ffn")
     x_BxTxD = self._residual("ffn", x_BxTxD,
                              lambda h: ffn(h, deterministic=self.deterministic))

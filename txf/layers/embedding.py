@@ -11,6 +11,13 @@ import jax.numpy as jnp
 from txf import ops
 
 
+def check_position_table(position: str, max_len: int, length: int, what: str) -> None:
+  """Rejects `length` positions (of `what`) beyond a learned table of max_len rows."""
+  if position == "learned" and length > max_len:
+    raise ValueError(f"model.max_len: {what} of {length} positions is longer than the "
+                     f"learned position table ({max_len} rows)")
+
+
 class Embedder(nn.Module):
   """Token embedding plus an absolute position encoding, and the tied logits.
 
@@ -25,9 +32,9 @@ class Embedder(nn.Module):
 
   vocab_size: int
   d_model: int
-  position: str = "none"
-  max_len: int = 512
-  dtype: Any = jnp.float32
+  position: str
+  max_len: int
+  dtype: Any
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -41,11 +48,8 @@ class Embedder(nn.Module):
   def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
     """tokens [B, T] int, positions [B|1, T] -> [B, T, D]."""
     x_BxTxD = self.token(tokens_BxT)
+    check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
     if self.position == "learned":
-      if tokens_BxT.shape[1] > self.max_len:
-        raise ValueError(
-            f"model.max_len: a sequence of {tokens_BxT.shape[1]} tokens is longer than the "
-            f"learned position table ({self.max_len} rows)")
       x_BxTxD = x_BxTxD + jnp.take(self.position_table, positions_BxT, axis=0).astype(self.dtype)
     elif self.position == "sinusoidal":
       x_BxTxD = x_BxTxD + ops.sinusoidal_embedding(positions_BxT, self.d_model).astype(self.dtype)

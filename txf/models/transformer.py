@@ -91,7 +91,7 @@ class EncoderDecoder(nn.Module):
     self.positions = Positions()
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
     self.encoder = TransformerStack(cfg, cfg.num_layers, causal=False)
-    self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, has_cross=True)
+    self.decoder = TransformerStack(cfg, cfg.num_decoder_layers, causal=True, has_cross=True)
     self.head = LMHead(cfg)
 
   def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True
