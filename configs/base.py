@@ -10,49 +10,37 @@ Sized so the default run finishes on a 2-core CPU in a few minutes and shows
 clear learning (see README for measured numbers).
 """
 
+import dataclasses
+import typing
+
 import ml_collections
+from ml_collections import config_dict
+
+from txf.layers.config import ModelConfig
+
+
+def _model_defaults() -> ml_collections.ConfigDict:
+  """ModelConfig's fields and defaults; a None default becomes a typed
+  placeholder, so the command line can set it (--config.model.d_ff=512)."""
+  types = typing.get_type_hints(ModelConfig)
+  fields = {}
+  for field in dataclasses.fields(ModelConfig):
+    if field.default is None:
+      (kind,) = [t for t in typing.get_args(types[field.name]) if t is not type(None)]
+      fields[field.name] = config_dict.placeholder(kind)
+    else:
+      fields[field.name] = field.default
+  return ml_collections.ConfigDict(fields)
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
 
-  # txf.layers.config.ModelConfig documents every field.
-  config.model = ml_collections.ConfigDict(dict(
-      family="decoder",
-      vocab_size=None,        # None: the tokenizer's vocabulary size
-      d_model=128,
-      num_heads=4,
-      num_kv_heads=None,      # None: = num_heads
-      head_dim=None,          # None: d_model // num_heads
-      num_layers=2,
-      num_decoder_layers=None,
-      d_ff=None,              # None: 4 * d_model (8/3 * d_model if gated)
-      activation="gelu",
-      position="rope",
-      max_len=512,
-      rope_base=10000.0,
-      rope_scale=1.0,
-      t5_num_buckets=32,
-      t5_max_distance=128,
-      norm="layer",
-      norm_eps=1e-6,
-      norm_placement="pre",
-      use_bias=False,
-      dropout_rate=0.0,
-      attention_dropout_rate=0.0,
-      tie_embeddings=True,
-      share_embeddings=True,
-      window=None,
-      head="lm",
-      num_classes=2,
-      pooling="cls",
-      pad_id=0,
-      dtype="float32",
-      attention_impl=None,
-      remat=False,
-      scan_layers=False,
-  ))
+  # txf.layers.config.ModelConfig documents every field and holds its default.
+  config.model = _model_defaults()
+  # None: the tokenizer's vocabulary size (txf.train.config fills it in).
+  config.model.vocab_size = config_dict.placeholder(int)
 
   # txf.data documents every field.
   config.data = ml_collections.ConfigDict(dict(
@@ -64,14 +52,16 @@ def get_config() -> ml_collections.ConfigDict:
       batch_size=32,          # global, across all devices and hosts
       max_corpus_bytes=4_000_000,
       mlm_probability=0.15,
-      min_len=4,
-      max_len=16,
+      min_example_len=4,
+      max_example_len=16,
       listops_max_depth=4,
       # data.name="tfds:<builder>[/config]": a prepared TFDS dataset (README).
-      tfds_data_dir=None,     # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
-      tfds_text_key=None,     # lm/mlm text feature; None: "text"
-      tfds_source_key=None,   # seq2seq features; None: from a "<src>-<tgt>" config name
-      tfds_target_key=None,
+      # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
+      tfds_data_dir=config_dict.placeholder(str),
+      tfds_text_key=config_dict.placeholder(str),    # lm/mlm text feature; None: "text"
+      # seq2seq features; None: from a "<src>-<tgt>" config name
+      tfds_source_key=config_dict.placeholder(str),
+      tfds_target_key=config_dict.placeholder(str),
   ))
 
   config.train = ml_collections.ConfigDict(dict(

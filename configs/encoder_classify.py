@@ -19,8 +19,8 @@ def get_config():
   config.data.name = "listops"
   config.data.task = "classify"
   config.data.seq_len = 64
-  config.data.min_len = 4
-  config.data.max_len = 48
+  config.data.min_example_len = 4
+  config.data.max_example_len = 48
   config.data.listops_max_depth = 3
   config.eval.sample_tokens = 0
   return config

@@ -3,7 +3,7 @@
   python -m experiments.run --config=configs/seq2seq.py
   python -m experiments.run --config=configs/seq2seq.py --config.data.name=addition
 
-Tasks: copy, reverse, sort, addition; sources of data.min_len..data.max_len
+Tasks: copy, reverse, sort, addition; sources of data.min_example_len..data.max_example_len
 symbols. The decoder is teacher-forced on BOS + target; eval reports token
 loss and accuracy. Shared embeddings, sinusoidal positions as in Vaswani et al.
 """
@@ -18,7 +18,7 @@ def get_config():
   config.data.name = "reverse"
   config.data.task = "seq2seq"
   config.data.seq_len = 24
-  config.data.min_len = 4
-  config.data.max_len = 16
+  config.data.min_example_len = 4
+  config.data.max_example_len = 16
   config.eval.sample_tokens = 0
   return config

@@ -7,16 +7,22 @@ changes). Invalid configs fail with a message naming the field.
 """
 
 import importlib
+import json
 import math
 import pathlib
 import re
+import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import pytest
+from absl import flags
 from conftest import flatten, load_config as load
+from ml_collections import config_flags
 
 from txf import models
+from txf.layers.config import ModelConfig
 from txf.data import listops, make_tokenizer
 from txf.train import loop
 from txf.train.config import ConfigError, check_run_config
@@ -39,7 +45,7 @@ EXPECTED_CHANGES = {
     "encoder_mlm": {"model.family", "model.head", "model.position", "data.task",
                     "eval.sample_tokens"},
     "encoder_classify": {"model.family", "model.head", "data.name", "data.task",
-                         "data.seq_len", "data.max_len", "data.listops_max_depth",
+                         "data.seq_len", "data.max_example_len", "data.listops_max_depth",
                          "eval.sample_tokens"},
     "seq2seq": {"model.family", "model.position", "data.name", "data.task", "data.seq_len",
                 "eval.sample_tokens"},
@@ -200,3 +206,61 @@ def test_runner_stops_before_compute(tmp_path, section, field, value, named):
   with pytest.raises(ConfigError, match=re.escape(named)):
     loop.run(config, tmp_path / "run", log=lambda line: None)
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# ---------------------------------------------------------------------------
+# Command-line overrides of fields whose default is None.
+
+# Fields base.py leaves unset (None): each must still be settable from the
+# command line, which needs a typed placeholder.
+UNSET_FIELDS = sorted(field for field, value in flatten(load("base")).items() if value is None)
+CLI_VALUES = {int: ("2", 2), str: ("xla", "xla")}
+
+
+def parse_cli(*overrides):
+  """The config that `python -m experiments.run --config=configs/rope.py <overrides>`
+  runs: absl + ml_collections' config_flags, with a fresh flag registry."""
+  argv = ["run", f"--config={CONFIG_DIR / 'rope.py'}", *overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "config file", flag_values=flag_values)
+  # config_flags reads the overrides from sys.argv, as in a real run.
+  with mock.patch.object(sys, "argv", argv):
+    flag_values(argv)
+  return flag_values.config
+
+
+def test_unset_fields_include_those_users_set():
+  assert {"model.num_kv_heads", "model.head_dim", "model.d_ff", "model.window",
+          "model.num_decoder_layers", "model.vocab_size", "model.attention_impl",
+          "data.tfds_data_dir", "data.tfds_text_key"} <= set(UNSET_FIELDS)
+
+
+@pytest.mark.parametrize("field", UNSET_FIELDS)
+def test_unset_field_is_overridable_on_the_command_line(field):
+  section, name = field.split(".")
+  text, value = CLI_VALUES[load("base")[section].get_ref(name).get_type()]
+  config = parse_cli(f"--config.{field}={text}")
+  assert config[section][name] == value
+  # Plain values (FieldReferences resolved) reach ModelConfig and config.json.
+  assert dict(config[section].items())[name] == value
+  assert json.loads(config.to_json_best_effort())[section][name] == value
+
+
+def test_unset_fields_stay_none_and_serialise_as_null():
+  config = parse_cli()
+  saved = json.loads(config.to_json_best_effort())
+  for field in UNSET_FIELDS:
+    section, name = field.split(".")
+    assert dict(config[section].items())[name] is None
+    assert saved[section][name] is None
+
+
+def test_placeholder_rejects_a_value_of_the_wrong_type():
+  with pytest.raises(flags.IllegalFlagValueError, match="num_kv_heads"):
+    parse_cli("--config.model.num_kv_heads=two")
+
+
+def test_cli_override_resolves_in_model_config():
+  config = parse_cli("--config.model.num_kv_heads=2", "--config.model.d_ff=96")
+  cfg = ModelConfig.from_config({**config.model, "vocab_size": 260})
+  assert (cfg.num_kv_heads, cfg.d_ff, cfg.head_dim) == (2, 96, 128 // 4)

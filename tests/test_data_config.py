@@ -27,7 +27,7 @@ def _data(**overrides):
 
 
 SEQ2SEQ = dict(name='copy', task='seq2seq')
-LISTOPS = dict(name='listops', task='classify', seq_len=64, max_len=60)
+LISTOPS = dict(name='listops', task='classify', seq_len=64, max_example_len=60)
 
 
 @pytest.mark.parametrize('overrides, field', [
@@ -43,14 +43,14 @@ LISTOPS = dict(name='listops', task='classify', seq_len=64, max_len=60)
     (dict(max_corpus_bytes=0), 'data.max_corpus_bytes'),
     (dict(task='mlm', mlm_probability=1.5), 'data.mlm_probability'),
     (dict(task='mlm', mlm_probability=0.0), 'data.mlm_probability'),
-    (dict(**SEQ2SEQ, min_len=0), 'data.min_len'),
-    (dict(**SEQ2SEQ, min_len=9, max_len=8), 'data.min_len'),
-    (dict(name='addition', task='seq2seq', min_len=2), 'data.min_len'),
-    (dict(**SEQ2SEQ, seq_len=16, max_len=16), 'data.seq_len'),
+    (dict(**SEQ2SEQ, min_example_len=0), 'data.min_example_len'),
+    (dict(**SEQ2SEQ, min_example_len=9, max_example_len=8), 'data.min_example_len'),
+    (dict(name='addition', task='seq2seq', min_example_len=2), 'data.min_example_len'),
+    (dict(**SEQ2SEQ, seq_len=16, max_example_len=16), 'data.seq_len'),
     (dict(**LISTOPS, listops_max_depth=0), 'data.listops_max_depth'),
-    (dict(**LISTOPS, listops_max_depth=1, min_len=13), 'data.min_len'),
-    (dict(name='listops', task='classify', max_len=3), 'data.max_len'),
-    (dict(name='listops', task='classify', seq_len=32, max_len=40),
+    (dict(**LISTOPS, listops_max_depth=1, min_example_len=13), 'data.min_example_len'),
+    (dict(name='listops', task='classify', max_example_len=3), 'data.max_example_len'),
+    (dict(name='listops', task='classify', seq_len=32, max_example_len=40),
      'data.seq_len'),
 ])
 def test_bad_field_is_named(overrides, field):
@@ -60,17 +60,17 @@ def test_bad_field_is_named(overrides, field):
 
 def test_missing_field_is_named():
   data = types.SimpleNamespace(name='copy', task='seq2seq', seq_len=16,
-                               batch_size=4, max_len=8)
-  with pytest.raises(ValueError, match='data.min_len'):
+                               batch_size=4, max_example_len=8)
+  with pytest.raises(ValueError, match='data.min_example_len'):
     read_data_config(data)
 
 
 def test_plain_object_reads_only_the_fields_it_uses():
   data = types.SimpleNamespace(name='sort', task='seq2seq', seq_len=16,
-                               batch_size=4, min_len=2, max_len=8)
+                               batch_size=4, min_example_len=2, max_example_len=8)
   assert read_data_config(data) == DataSpec(
-      name='sort', task='seq2seq', seq_len=16, batch_size=4, min_len=2,
-      max_len=8)
+      name='sort', task='seq2seq', seq_len=16, batch_size=4, min_example_len=2,
+      max_example_len=8)
   assert read_data_config(ml_collections.ConfigDict(vars(data))) == (
       read_data_config(data))
 

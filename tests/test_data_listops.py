@@ -78,7 +78,7 @@ def test_longest_expression_bound():
 
 def _config(**overrides):
   fields = dict(name='listops', task='classify', seq_len=65, batch_size=16,
-                min_len=8, max_len=64, listops_max_depth=4)
+                min_example_len=8, max_example_len=64, listops_max_depth=4)
   return types.SimpleNamespace(**{**fields, **overrides})
 
 

@@ -13,7 +13,7 @@ BATCH = 12
 
 def _config(name, **overrides):
   fields = dict(name=name, task='seq2seq', seq_len=SEQ_LEN, batch_size=BATCH,
-                min_len=3, max_len=12)
+                min_example_len=3, max_example_len=12)
   return types.SimpleNamespace(**{**fields, **overrides})
 
 

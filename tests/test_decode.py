@@ -36,11 +36,11 @@ def model_and_params(**overrides):
   return model, init(jax.random.key(0), *args)["params"]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "method", "decode"))
-def apply(model, variables, *args, method=None, decode=False):
-  """Jitted model.apply; with decode, (outputs, variables) of a cached call."""
-  if decode:
-    return model.apply(variables, *args, method=method, decode=True, mutable=["cache"])
+@functools.partial(jax.jit, static_argnames=("model", "method", "use_cache"))
+def apply(model, variables, *args, method=None, use_cache=False):
+  """Jitted model.apply; with use_cache, (outputs, variables) of a cached call."""
+  if use_cache:
+    return model.apply(variables, *args, method=method, use_cache=True, mutable=["cache"])
   return model.apply(variables, *args, method=method)
 
 
@@ -86,11 +86,11 @@ def test_prefill_then_single_steps_match_full_pass():
   prefill = 5
   cache = decode.init_cache(model, B, T)
   logits, variables = apply(model, {"params": params, "cache": cache}, tokens[:, :prefill],
-                            decode=True)
+                            use_cache=True)
   assert int(variables["cache"]["positions"]["index"]) == prefill
   for t in range(prefill, T):
     step_logits, variables = apply(model, {"params": params, **variables},
-                                   tokens[:, t:t + 1], decode=True)
+                                   tokens[:, t:t + 1], use_cache=True)
     logits = jnp.concatenate([logits, step_logits], axis=1)
   np.testing.assert_allclose(logits, apply(model, {"params": params}, tokens), atol=1e-5)
 
@@ -131,10 +131,10 @@ def test_init_cache_shapes_and_batch_axes():
 
 
 @pytest.mark.parametrize("overrides, kwargs, field", [
-    (dict(position="learned"), dict(max_len=17), "model.max_len"),
-    (dict(family="encoder", head="mlm"), dict(max_len=8), "model.family"),
-    (dict(head="classify", pooling="last"), dict(max_len=8), "model.head"),
-    (dict(), dict(max_len=8, encoder_tokens=jnp.ones((B, 3), jnp.int32)), "encoder_tokens"),
+    (dict(position="learned"), dict(cache_len=17), "model.max_len"),
+    (dict(family="encoder", head="mlm"), dict(cache_len=8), "model.family"),
+    (dict(head="classify", pooling="last"), dict(cache_len=8), "model.head"),
+    (dict(), dict(cache_len=8, encoder_tokens=jnp.ones((B, 3), jnp.int32)), "encoder_tokens"),
 ])
 def test_init_cache_errors(overrides, kwargs, field):
   model = models.build(ModelConfig(**{**TINY, **overrides}))
@@ -381,8 +381,8 @@ def seq2seq():
 
 def test_seq2seq_beam_size_one_is_greedy(seq2seq):
   model, params, encoder_tokens = seq2seq
-  greedy = decode.generate_seq2seq(model, params, encoder_tokens, max_len=8)
-  beams, _ = decode.generate_seq2seq(model, params, encoder_tokens, max_len=8, beam_size=1)
+  greedy = decode.generate_seq2seq(model, params, encoder_tokens, max_new_tokens=8)
+  beams, _ = decode.generate_seq2seq(model, params, encoder_tokens, max_new_tokens=8, beam_size=1)
   assert greedy.shape == (B, 8)
   np.testing.assert_array_equal(beams[:, 0], greedy)
 
@@ -391,18 +391,18 @@ def test_seq2seq_beam_scores_match_full_pass(seq2seq):
   # Beams of the random model swap rows, so a wrong cache gather breaks the
   # scores. EOS handling is covered by the stub tests above.
   model, params, encoder_tokens = seq2seq
-  alpha, max_len, bos_id, beams = 0.6, 8, 1, 4
-  tokens, scores = decode.generate_seq2seq(model, params, encoder_tokens, max_len=max_len,
-                                           beam_size=beams, length_penalty=alpha,
-                                           bos_id=bos_id)
-  assert tokens.shape == (B, beams, max_len)
+  alpha, max_new_tokens, bos_id, beams = 0.6, 8, 1, 4
+  tokens, scores = decode.generate_seq2seq(model, params, encoder_tokens,
+                                           max_new_tokens=max_new_tokens, beam_size=beams,
+                                           length_penalty=alpha, bos_id=bos_id)
+  assert tokens.shape == (B, beams, max_new_tokens)
   assert np.all(np.diff(scores, axis=1) <= 0)
-  flat_tokens = tokens.reshape(B * beams, max_len)
+  flat_tokens = tokens.reshape(B * beams, max_new_tokens)
   decoder_inputs = jnp.concatenate([jnp.full((B * beams, 1), bos_id), flat_tokens[:, :-1]], 1)
   logits = apply(model, {"params": params}, jnp.repeat(encoder_tokens, beams, axis=0),
                  decoder_inputs)
   logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits), flat_tokens[..., None], -1)
-  expected = logprobs.sum((1, 2)) / ((5 + max_len) / 6) ** alpha
+  expected = logprobs.sum((1, 2)) / ((5 + max_new_tokens) / 6) ** alpha
   np.testing.assert_allclose(scores.reshape(-1), expected, atol=1e-4)
 
 
@@ -412,5 +412,5 @@ def test_prefill_longer_than_the_cache_is_rejected():
   model, params = model_and_params()
   cache = decode.init_cache(model, 1, 4)
   with pytest.raises(ValueError, match="KV cache of 4 slots"):
-    model.apply({"params": params, "cache": cache}, jnp.ones((1, 6), jnp.int32), decode=True,
+    model.apply({"params": params, "cache": cache}, jnp.ones((1, 6), jnp.int32), use_cache=True,
                 mutable=["cache"])

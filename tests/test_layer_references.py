@@ -341,7 +341,7 @@ BLOCK_CASES = [("pre", "layer", False, "relu"), ("pre", "rms", True, "gelu"),
 
 def make_block(cfg, *, causal, has_cross):
   return TransformerBlock(cfg=cfg, causal=causal, has_cross=has_cross, deterministic=True,
-                          decode=False)
+                          use_cache=False)
 
 
 @pytest.mark.parametrize("placement,norm,has_cross,activation", BLOCK_CASES)

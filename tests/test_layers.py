@@ -54,7 +54,8 @@ NP_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0), "gelu": np_gelu_tanh,
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
 def test_feedforward_matches_numpy(activation):
-  layer = FeedForward(d_ff=24, activation=activation, use_bias=True)
+  layer = FeedForward(d_ff=24, activation=activation, use_bias=True, dropout_rate=0.0,
+                      dtype=jnp.float32)
   x = randn(0, B, T, D)
   params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
   p = f64(params)
@@ -76,7 +77,7 @@ def test_feedforward_matches_numpy(activation):
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_norm_matches_numpy(kind):
   eps = 1e-6
-  layer = Norm(kind, eps)
+  layer = Norm(kind, eps, jnp.float32)
   x = 3.0 * randn(2, B, T, D) + 1.5   # offset and scale, so centring matters
   params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
   p, x64 = f64(params), x.astype(np.float64)
@@ -123,7 +124,9 @@ def np_attention(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid):
 ])
 def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
   layer = MultiHeadAttention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=4,
-                             causal=causal, use_bias=True)
+                             position="none", window=None, rope_base=10000.0, rope_scale=1.0,
+                             t5_max_distance=128, use_bias=True, attention_dropout_rate=0.0,
+                             implementation=None, dtype=jnp.float32, causal=causal)
   x = randn(3, B, T, D)
   kv = None if kv_len is None else randn(4, B, kv_len, D)
   S = T if kv_len is None else kv_len
@@ -143,7 +146,8 @@ def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
 
 
 def test_learned_position_table_rejects_longer_sequence():
-  embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6)
+  embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6,
+                      dtype=jnp.float32)
   tokens = jnp.ones((1, 6), jnp.int32)
   variables = embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(6)[None])
   assert variables["params"]["position_table"].shape == (6, D)

@@ -140,6 +140,23 @@ def test_build_rejects_bad_config_naming_the_field(changes, field):
     build(config)
 
 
+@pytest.mark.parametrize("changes,resolved", [
+    # d_model=48, num_heads=4, num_layers=3: head_dim 48/4; d_ff 4*48, or
+    # 8/3*48 = 128 (a multiple of 8 already) when gated.
+    (dict(), dict(num_kv_heads=4, head_dim=12, d_ff=192, num_decoder_layers=None)),
+    (dict(activation="swiglu"), dict(d_ff=128)),
+    (dict(d_model=40, activation="geglu"), dict(head_dim=10, d_ff=112)),  # 106.7 -> 112
+    (dict(family="encoder_decoder"), dict(num_decoder_layers=3)),
+    (dict(num_kv_heads=2, head_dim=6, d_ff=50, family="encoder_decoder", num_decoder_layers=1),
+     dict(num_kv_heads=2, head_dim=6, d_ff=50, num_decoder_layers=1)),
+])
+def test_model_config_resolves_unset_fields_once(changes, resolved):
+  """None fields take their derived values at construction; set ones stay."""
+  cfg = ModelConfig(**{**dict(vocab_size=32, d_model=48, num_heads=4, num_layers=3), **changes})
+  assert {name: getattr(cfg, name) for name in resolved} == resolved
+  assert cfg.replace(use_bias=True).d_ff == cfg.d_ff  # resolved values survive a copy
+
+
 # ---------------------------------------------------------------------------
 # Learning: each family fits a fixed toy batch. Batches are [2, 6] like the
 # other tests', so eager `init` reuses JAX's cache of compiled ops.

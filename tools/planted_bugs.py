@@ -133,8 +133,8 @@ BUGS = (
         "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
         ("tests/test_models.py::test_classification_pooling_ignores_padding",)),
     Bug("encoder_attends_to_pads", "txf/models/transformer.py",
-        "return self._forward(tokens_BxS, key_mask, deterministic=deterministic, decode=False)",
-        "return self._forward(tokens_BxS, None, deterministic=deterministic, decode=False)",
+        "return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False)",
+        "return self._forward(tokens_BxS, None, deterministic=deterministic, use_cache=False)",
         ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",)),
     Bug("embedding_dropout_always_on", "txf/models/transformer.py",
         "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),\n"

@@ -32,6 +32,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf.layers.embedding import check_position_table
+
 Array = jax.Array
 Cache = Any  # a pytree of arrays
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
@@ -43,7 +45,7 @@ _GENERATIVE_FAMILIES = ("decoder", "encoder_decoder")
 # Caches of txf models.
 
 
-def _cache_shapes(model: nn.Module, batch_size: int, max_len: int,
+def _cache_shapes(model: nn.Module, batch_size: int, cache_len: int,
                   encoder_tokens: Array | None) -> Cache:
   """The model's 'cache' collection as a pytree of jax.ShapeDtypeStruct."""
   cfg = model.cfg
@@ -52,12 +54,10 @@ def _cache_shapes(model: nn.Module, batch_size: int, max_len: int,
                      f"(KV-cache decoding needs one of {_GENERATIVE_FAMILIES})")
   if cfg.head != "lm":
     raise ValueError(f"model.head: generation needs an 'lm' head, got {cfg.head!r}")
-  if cfg.position == "learned" and max_len > cfg.max_len:
-    raise ValueError(f"model.max_len: a cache of {max_len} positions is longer than the "
-                     f"learned position table ({cfg.max_len} rows)")
+  check_position_table(cfg.position, cfg.max_len, cache_len, "a cache")
   if encoder_tokens is not None and cfg.family != "encoder_decoder":
     raise ValueError("init_cache: encoder_tokens only apply to family='encoder_decoder'")
-  decoder_tokens = jax.ShapeDtypeStruct((batch_size, max_len), jnp.int32)
+  decoder_tokens = jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32)
   inputs = (decoder_tokens,)
   if cfg.family == "encoder_decoder":
     # The cache holds decoder self-attention only; the encoder length is
@@ -65,12 +65,12 @@ def _cache_shapes(model: nn.Module, batch_size: int, max_len: int,
     encoder_shape = (batch_size, 1) if encoder_tokens is None else encoder_tokens.shape
     inputs = (jax.ShapeDtypeStruct(encoder_shape, jnp.int32),) + inputs
   # eval_shape: the init call would otherwise materialise all parameters.
-  variables = jax.eval_shape(functools.partial(model.init, decode=True),
+  variables = jax.eval_shape(functools.partial(model.init, use_cache=True),
                              jax.random.key(0), *inputs)
   return variables["cache"]
 
 
-def init_cache(model: nn.Module, batch_size: int, max_len: int, *,
+def init_cache(model: nn.Module, batch_size: int, cache_len: int, *,
                encoder_tokens: Array | None = None) -> Cache:
   """An empty (all-zero) decoding cache for a decoder or encoder-decoder.
 
@@ -78,7 +78,7 @@ def init_cache(model: nn.Module, batch_size: int, max_len: int, *,
     model: a module from `txf.models.build` with family 'decoder' or
       'encoder_decoder' and an 'lm' head.
     batch_size: B.
-    max_len: L, the number of positions the cache can hold.
+    cache_len: L, the number of positions the cache can hold.
     encoder_tokens: encoder_decoder only, optional: [B, S] encoder inputs
       (only their shape is used).
 
@@ -88,13 +88,13 @@ def init_cache(model: nn.Module, batch_size: int, max_len: int, *,
 
   Raises:
     ValueError: naming the field, for a family or head that cannot generate,
-      or max_len longer than a learned position table.
+      or cache_len longer than a learned position table.
   """
-  shapes = _cache_shapes(model, batch_size, max_len, encoder_tokens)
+  shapes = _cache_shapes(model, batch_size, cache_len, encoder_tokens)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def cache_batch_axes(model: nn.Module, max_len: int) -> Cache:
+def cache_batch_axes(model: nn.Module, cache_len: int) -> Cache:
   """Which axis of each cache leaf is the batch axis (for `beam_search`).
 
   Found by comparing the cache shapes for batch sizes 1 and 2, so it holds
@@ -107,8 +107,8 @@ def cache_batch_axes(model: nn.Module, max_len: int) -> Cache:
   def batch_axis(one, two):
     differing = [a for a, (m, n) in enumerate(zip(one.shape, two.shape)) if m != n]
     return differing[0] if differing else None
-  return jax.tree.map(batch_axis, _cache_shapes(model, 1, max_len, None),
-                      _cache_shapes(model, 2, max_len, None))
+  return jax.tree.map(batch_axis, _cache_shapes(model, 1, cache_len, None),
+                      _cache_shapes(model, 2, cache_len, None))
 
 
 def make_tokens_to_logits(model: nn.Module, params: Any, *context: Array,
@@ -130,7 +130,7 @@ def make_tokens_to_logits(model: nn.Module, params: Any, *context: Array,
   """
   def tokens_to_logits(tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
     logits_BxTxV, variables = model.apply({"params": params, "cache": cache}, *context,
-                                          tokens_BxT, decode=True, mutable=["cache"],
+                                          tokens_BxT, use_cache=True, mutable=["cache"],
                                           method=method)
     return logits_BxTxV[:, -1], variables["cache"]
   return tokens_to_logits
@@ -308,7 +308,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Arra
     pad_id: filler after EOS.
     batch_axes: the batch axis of each cache leaf (None for leaves
       shared by all rows), a pytree with the cache's structure (e.g. from
-      `cache_batch_axes(model, max_len)`); None: axis 0 of every non-scalar
+      `cache_batch_axes(model, cache_len)`); None: axis 0 of every non-scalar
       leaf.
 
   Returns:
@@ -424,10 +424,10 @@ def generate(model: nn.Module, params: Any, prompt_BxP: Array, *, max_new_tokens
                 top_p=top_p, eos_id=eos_id, pad_id=model.cfg.pad_id)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "top_k", "top_p", "eos_id",
-                                             "beam_size", "bos_id"))
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "top_p",
+                                             "eos_id", "beam_size", "bos_id"))
 def generate_seq2seq(model: nn.Module, params: Any, encoder_tokens_BxS: Array, *,
-                     max_len: int, rng: Array | None = None,
+                     max_new_tokens: int, rng: Array | None = None,
                      temperature: float | Array = 1.0, top_k: int = 0, top_p: float = 1.0,
                      eos_id: int | None = None, beam_size: int | None = None,
                      length_penalty: float | Array = 0.6, bos_id: int = 1
@@ -440,7 +440,7 @@ def generate_seq2seq(model: nn.Module, params: Any, encoder_tokens_BxS: Array, *
     model: encoder_decoder from `txf.models.build`.
     params: its parameters.
     encoder_tokens_BxS: encoder inputs padded with cfg.pad_id.
-    max_len: number of decoder tokens to generate at most.
+    max_new_tokens: number of decoder tokens to generate at most.
     rng: sampling key; None: greedy (temperature ignored). Unused by beam search.
     temperature, top_k, top_p: as in `sample`.
     eos_id: end-of-sequence token, or None.
@@ -448,24 +448,24 @@ def generate_seq2seq(model: nn.Module, params: Any, encoder_tokens_BxS: Array, *
     bos_id: the decoder's start token.
 
   Returns:
-    Without beam_size: tokens int32 [B, max_len]. With beam_size: tokens
-    int32 [B, K, max_len] and scores float32 [B, K], best first. The start
-    token is not included; pad after EOS.
+    Without beam_size: tokens int32 [B, max_new_tokens]. With beam_size:
+    tokens int32 [B, K, max_new_tokens] and scores float32 [B, K], best
+    first. The start token is not included; pad after EOS.
   """
   batch_size = encoder_tokens_BxS.shape[0]
   cfg = model.cfg
   encoded_BxSxD, encoder_mask = model.apply({"params": params}, encoder_tokens_BxS,
                                             method="encode")
-  cache = init_cache(model, batch_size, max_len, encoder_tokens=encoder_tokens_BxS)
+  cache = init_cache(model, batch_size, max_new_tokens, encoder_tokens=encoder_tokens_BxS)
   bos_Bx1 = jnp.full((batch_size, 1), bos_id, jnp.int32)
   if beam_size is None:
     if rng is None:
       rng, temperature = jax.random.key(0), 0.0  # the key is unused by argmax
     tokens_to_logits = make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask,
                                              method="decode")
-    tokens_BxT = sample(tokens_to_logits, cache, bos_Bx1, max_new_tokens=max_len, rng=rng,
-                        temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id,
-                        pad_id=cfg.pad_id)
+    tokens_BxT = sample(tokens_to_logits, cache, bos_Bx1, max_new_tokens=max_new_tokens,
+                        rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
+                        eos_id=eos_id, pad_id=cfg.pad_id)
     return tokens_BxT[:, 1:]
   # Every beam of an example reads the same encoding, so repeating it once
   # matches the beam-expanded cache rows for the whole search.
@@ -473,7 +473,7 @@ def generate_seq2seq(model: nn.Module, params: Any, encoder_tokens_BxS: Array, *
       model, params, jnp.repeat(encoded_BxSxD, beam_size, axis=0),
       jnp.repeat(encoder_mask, beam_size, axis=0), method="decode")
   tokens_BxKxT, scores_BxK = beam_search(
-      tokens_to_logits, cache, bos_Bx1, beam_size=beam_size, max_new_tokens=max_len,
+      tokens_to_logits, cache, bos_Bx1, beam_size=beam_size, max_new_tokens=max_new_tokens,
       eos_id=eos_id, length_penalty=length_penalty, pad_id=cfg.pad_id,
-      batch_axes=cache_batch_axes(model, max_len))
+      batch_axes=cache_batch_axes(model, max_new_tokens))
   return tokens_BxKxT[:, :, 1:], scores_BxK

@@ -89,13 +89,13 @@ def _as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
 
 def _attention_matmul_params(cfg: ModelConfig) -> int:
   """Weights of q, k, v and out: D*H*Dh + 2*D*K*Dh + H*Dh*D."""
-  return cfg.d_model * cfg.per_head_dim * (2 * cfg.num_heads + 2 * cfg.kv_heads)
+  return cfg.d_model * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
 
 
 def _ffn_matmul_params(cfg: ModelConfig) -> int:
   """Weights of wi (and gate) and wo: (2 or 3) * D * F."""
   gated = cfg.activation in ("swiglu", "geglu")
-  return (3 if gated else 2) * cfg.d_model * cfg.ffn_dim
+  return (3 if gated else 2) * cfg.d_model * cfg.d_ff
 
 
 def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
@@ -113,7 +113,7 @@ def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
   layer = _attention_matmul_params(cfg) + _ffn_matmul_params(cfg)
   stacks = cfg.num_layers * layer
   if cfg.family == "encoder_decoder":
-    stacks += cfg.decoder_layers * (layer + _attention_matmul_params(cfg))
+    stacks += cfg.num_decoder_layers * (layer + _attention_matmul_params(cfg))
   vocab_projection = cfg.d_model * cfg.vocab_size
   head = {"lm": vocab_projection,
           "mlm": cfg.d_model * cfg.d_model + vocab_projection,  # transform, projection
@@ -149,11 +149,12 @@ def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float
     FLOPs per token (float).
   """
   cfg = _as_model_config(cfg)
-  attention_width = cfg.num_heads * cfg.per_head_dim
-  causal_layers = {"decoder": cfg.num_layers, "encoder": 0,
-                   "encoder_decoder": cfg.decoder_layers}[cfg.family]
-  full_layers = {"decoder": 0, "encoder": cfg.num_layers,
-                 "encoder_decoder": cfg.num_layers + cfg.decoder_layers}[cfg.family]
+  attention_width = cfg.num_heads * cfg.head_dim
+  if cfg.family == "encoder_decoder":  # the only family with num_decoder_layers
+    causal_layers, full_layers = cfg.num_decoder_layers, cfg.num_layers + cfg.num_decoder_layers
+  else:
+    causal_layers, full_layers = ((cfg.num_layers, 0) if cfg.family == "decoder"
+                                  else (0, cfg.num_layers))
   flops = (6.0 * matmul_params(cfg)
            + 6.0 * causal_layers * attention_width * seq_len
            + 12.0 * full_layers * attention_width * seq_len)

@@ -35,7 +35,7 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
                                            addition, tfds), 'classify'
                                            (listops)
   seq_len            int    all            model context T; for generated tasks
-                                           the padded length (>= max_len + 1);
+                                           the padded length (>= max_example_len + 1);
                                            tfds seq2seq cuts longer texts
   batch_size         int    all            global batch, divisible by the
                                            process count
@@ -45,8 +45,8 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   max_corpus_bytes   int    pystdlib,tfds  bytes of text read per split (lm,
                                            mlm) and for sentencepiece training
   mlm_probability    float  mlm            share of tokens selected, in (0, 1)
-  min_len, max_len   int    generated      source length (seq2seq) or
-                                           expression tokens (listops)
+  min_example_len,   int    generated      source length (seq2seq) or
+  max_example_len                          expression tokens (listops)
   listops_max_depth  int    listops        most nested operators (root = 1)
   tfds_data_dir      str    tfds           folder holding the prepared dataset;
                                            None: TFDS's default

@@ -7,9 +7,9 @@ the table in txf/data/__init__.py.
 """
 
 import dataclasses
-import operator
 from typing import Any
 
+from txf import checks
 from txf.data import listops
 from txf.data.tokenizers import SentencePieceTokenizer
 
@@ -42,8 +42,8 @@ class DataSpec:
   sp_vocab_size: int | None = None
   max_corpus_bytes: int | None = None
   mlm_probability: float | None = None
-  min_len: int | None = None
-  max_len: int | None = None
+  min_example_len: int | None = None
+  max_example_len: int | None = None
   listops_max_depth: int | None = None
   tfds_data_dir: str | None = None
   tfds_text_key: str | None = None
@@ -64,28 +64,8 @@ def _get(data: Any, field: str) -> Any:
                      f'{getattr(data, "name", None)!r}') from None
 
 
-def check_int(value: Any, name: str, minimum: int) -> int:
-  """Returns `value` as an int >= minimum; ValueError naming `name` if not."""
-  try:
-    if isinstance(value, bool):
-      raise TypeError
-    value = operator.index(value)
-  except TypeError:
-    raise ValueError(f'{name} must be an int, got {value!r}') from None
-  if value < minimum:
-    raise ValueError(f'{name} must be >= {minimum}, got {value}')
-  return value
-
-
 def _int(data: Any, field: str, minimum: int) -> int:
-  return check_int(_get(data, field), f'data.{field}', minimum)
-
-
-def _choice(data: Any, field: str, choices: tuple[str, ...]) -> str:
-  value = _get(data, field)
-  if value not in choices:
-    raise ValueError(f'data.{field}={value!r} is not one of {choices}')
-  return value
+  return checks.int_at_least(_get(data, field), f'data.{field}', minimum)
 
 
 def read_data_config(data: Any) -> DataSpec:
@@ -112,18 +92,16 @@ def read_data_config(data: Any) -> DataSpec:
 
 
 def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
-  tokenizer = _choice(data, 'tokenizer', TOKENIZERS)
+  tokenizer = checks.choice(_get(data, 'tokenizer'), 'data.tokenizer',
+                            TOKENIZERS)
   sp_vocab_size = None
   if tokenizer == 'sentencepiece':
     sp_vocab_size = _int(data, 'sp_vocab_size',
                          SentencePieceTokenizer.RESERVED_IDS + 1)
   mlm_probability = None
   if spec.task == 'mlm':
-    mlm_probability = _get(data, 'mlm_probability')
-    if not isinstance(mlm_probability, (int, float)) or not (
-        0 < mlm_probability < 1):
-      raise ValueError('data.mlm_probability must be in (0, 1), got '
-                       f'{mlm_probability!r}')
+    mlm_probability = checks.fraction(_get(data, 'mlm_probability'),
+                                      'data.mlm_probability', low_open=True)
   return dataclasses.replace(
       spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
       max_corpus_bytes=_int(data, 'max_corpus_bytes', 1),
@@ -177,28 +155,29 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
 
 
 def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:
-  max_len = _int(data, 'max_len', 1)
+  max_len = _int(data, 'max_example_len', 1)
   if spec.name == 'listops':
     depth = _int(data, 'listops_max_depth', 1)
-    min_len = _int(data, 'min_len', 1)
+    min_len = _int(data, 'min_example_len', 1)
     longest = listops.longest_expression(depth)
     if min_len > longest:
-      raise ValueError(f'data.min_len={min_len} exceeds {longest} tokens, the '
-                       f'longest expression of depth {depth} '
+      raise ValueError(f'data.min_example_len={min_len} exceeds {longest} '
+                       f'tokens, the longest expression of depth {depth} '
                        '(data.listops_max_depth)')
     if max_len < listops.SHORTEST_EXPRESSION:
-      raise ValueError(f'data.max_len={max_len} is below '
+      raise ValueError(f'data.max_example_len={max_len} is below '
                        f'{listops.SHORTEST_EXPRESSION} tokens, the shortest '
                        'expression')
   else:
     depth = None
-    min_len = _int(data, 'min_len', _MIN_SOURCE_LEN[spec.name])
+    min_len = _int(data, 'min_example_len', _MIN_SOURCE_LEN[spec.name])
   if min_len > max_len:
-    raise ValueError(f'data.min_len={min_len} exceeds data.max_len={max_len}')
-  # One token more than max_len: BOS before a listops expression, EOS after
-  # a seq2seq target.
+    raise ValueError(f'data.min_example_len={min_len} exceeds '
+                     f'data.max_example_len={max_len}')
+  # One token more than an example: BOS before a listops expression, EOS
+  # after a seq2seq target.
   if max_len + 1 > spec.seq_len:
     raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
-                     f'data.max_len={max_len}: it needs max_len + 1')
-  return dataclasses.replace(spec, min_len=min_len, max_len=max_len,
-                             listops_max_depth=depth)
+                     f'data.max_example_len={max_len}: it needs one more')
+  return dataclasses.replace(spec, min_example_len=min_len,
+                             max_example_len=max_len, listops_max_depth=depth)

@@ -6,11 +6,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from txf import checks
 from txf.data import corpus
 from txf.data import listops
 from txf.data import synthetic
 from txf.data import tfds_source
-from txf.data.config import DataSpec, check_int, is_tfds, read_data_config
+from txf.data.config import DataSpec, is_tfds, read_data_config
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
 from txf.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
@@ -173,11 +174,11 @@ def _generated_source(spec: DataSpec, split: str, seed: int
                       ) -> synthetic.GeneratedSource:
   if spec.name == 'listops':
     return listops.ListOpsSource(
-        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_len,
-        max_len=spec.max_len, max_depth=spec.listops_max_depth)
+        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_example_len,
+        max_len=spec.max_example_len, max_depth=spec.listops_max_depth)
   return synthetic.Seq2SeqSource(
       spec.name, seed=seed, split=split, seq_len=spec.seq_len,
-      min_len=spec.min_len, max_len=spec.max_len)
+      min_len=spec.min_example_len, max_len=spec.max_example_len)
 
 
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
@@ -186,7 +187,7 @@ def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
             else tfds_source.description(spec))
     return (f'{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; '
             f'{spec.task}, seq_len {spec.seq_len}')
-  return (f'{spec.name} task, {spec.min_len}..{spec.max_len} tokens, '
+  return (f'{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, '
           f'seq_len {spec.seq_len}')
 
 
@@ -213,9 +214,9 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
   spec = read_data_config(data_config)
   if split not in corpus.SPLITS:
     raise ValueError(f'split={split!r} is not one of {corpus.SPLITS}')
-  seed = check_int(seed, 'seed', 0)
-  process_count = check_int(process_count, 'process_count', 1)
-  process_index = check_int(process_index, 'process_index', 0)
+  seed = checks.int_at_least(seed, 'seed', 0)
+  process_count = checks.positive_int(process_count, 'process_count')
+  process_index = checks.int_at_least(process_index, 'process_index', 0)
   if process_index >= process_count:
     raise ValueError(f'process_index={process_index} must be below '
                      f'process_count={process_count}')
@@ -223,7 +224,7 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
     raise ValueError(f'data.batch_size={spec.batch_size} must be divisible by '
                      f'process_count={process_count}')
   if num_batches is not None:
-    num_batches = check_int(num_batches, 'num_batches', 1)
+    num_batches = checks.positive_int(num_batches, 'num_batches')
   elif split != 'train' and not _reads_text(spec):
     raise ValueError(f'num_batches is required for split={split!r} of the '
                      f'generated task data.name={spec.name!r}')

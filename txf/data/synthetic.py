@@ -6,8 +6,8 @@ alone: the state of a generated dataset is {'step': n}. Splits draw from
 disjoint keys, so validation examples are fresh draws, not training ones.
 
 Sources are strings over a small alphabet (digits and '+' for addition), of
-length uniform in [min_len, max_len]; each task has its own tokenizer (pad 0,
-bos 1, eos 2, then its symbols).
+length uniform in [data.min_example_len, data.max_example_len]; each task has
+its own tokenizer (pad 0, bos 1, eos 2, then its symbols).
 """
 
 import abc
@@ -20,7 +20,6 @@ from txf.data.tokenizers import SymbolTokenizer, Tokenizer
 
 ALPHABET = 'abcdefghijklmnop'
 DIGITS = '0123456789'
-SEQ2SEQ_TASKS = ('copy', 'reverse', 'sort', 'addition')
 _TRANSFORMS = {
     'copy': lambda word: word,
     'reverse': lambda word: word[::-1],

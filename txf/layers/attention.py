@@ -35,23 +35,23 @@ class MultiHeadAttention(nn.Module):
   num_heads: int
   num_kv_heads: int
   head_dim: int
-  position: str = "none"
+  position: str
+  window: int | None
+  rope_base: float
+  rope_scale: float
+  t5_max_distance: int
+  use_bias: bool
+  attention_dropout_rate: float
+  implementation: str | None
+  dtype: Any
   causal: bool = False
   bidirectional_bias: bool = True
-  window: int | None = None
-  rope_base: float = 10000.0
-  rope_scale: float = 1.0
-  t5_max_distance: int = 128
-  use_bias: bool = False
-  attention_dropout_rate: float = 0.0
-  implementation: str | None = None
-  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,
                q_positions_BxT: Array, key_mask: Array | None = None,
                relative_table: Array | None = None, cache_index: Array | None = None,
-               deterministic: bool = True, decode: bool = False) -> Array:
+               deterministic: bool = True, use_cache: bool = False) -> Array:
     """Attends from x to kv (x itself when kv is None).
 
     Args:
@@ -60,12 +60,12 @@ class MultiHeadAttention(nn.Module):
       q_positions_BxT: absolute positions of the queries ([1, T] broadcasts).
       key_mask: bool, broadcastable to [B, 1, 1|T, S]: padding of the keys.
       relative_table: [num_buckets, H] T5 bias table (position='t5_bias').
-      cache_index: scalar int32, the first free cache slot (decode only).
+      cache_index: scalar int32, the first free cache slot (use_cache only).
       deterministic: disables dropout.
-      decode: self-attention reads and writes the KV cache (see below).
+      use_cache: self-attention reads and writes the KV cache (see below).
 
-    In decode mode the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
-    L is fixed when the cache is created by `model.init(..., decode=True)` on
+    With use_cache the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
+    L is fixed when the cache is created by `model.init(..., use_cache=True)` on
     a length-L input (that call only creates it). Each later call writes its
     T new keys at `cache_index` and attends over all L slots, masking the
     ones after each query.
@@ -92,9 +92,9 @@ class MultiHeadAttention(nn.Module):
                                   base=self.rope_base, scale=self.rope_scale)
 
     is_causal, window, mask = self.causal, self.window, key_mask
-    if decode and is_self:
+    if use_cache and is_self:
       if cache_index is None:
-        raise ValueError("MultiHeadAttention: decode=True needs cache_index")
+        raise ValueError("MultiHeadAttention: use_cache=True needs cache_index")
       k_BxSxKxDh, v_BxSxKxDh = self._update_cache(k_BxSxKxDh, v_BxSxKxDh, cache_index)
       seq_len = k_BxSxKxDh.shape[1]
       k_positions_BxS = jnp.arange(seq_len)[None]

@@ -40,14 +40,14 @@ class TransformerBlock(nn.Module):
     causal: self-attention is causal (decoder side).
     has_cross: add a cross-attention sub-layer over `cross_x`.
     deterministic: no dropout.
-    decode: self-attention uses the KV cache.
+    use_cache: self-attention uses the KV cache.
   """
 
   cfg: ModelConfig
   causal: bool
   has_cross: bool = False
   deterministic: bool = True
-  decode: bool = False
+  use_cache: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, q_positions_BxT: Array, self_mask: Array | None,
@@ -56,7 +56,7 @@ class TransformerBlock(nn.Module):
     cfg = self.cfg
     dtype = compute_dtype(cfg)
     attention = lambda name, causal, position: MultiHeadAttention(
-        num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.per_head_dim,
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         position=position, causal=causal, bidirectional_bias=not causal,
         window=cfg.window if name == "self_attention" else None,
         rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
@@ -66,14 +66,14 @@ class TransformerBlock(nn.Module):
     self_attention = attention("self_attention", self.causal, cfg.position)
     x_BxTxD = self._residual("self_attention", x_BxTxD, lambda h: self_attention(
         h, q_positions_BxT=q_positions_BxT, key_mask=self_mask, relative_table=relative_table,
-        cache_index=cache_index, deterministic=self.deterministic, decode=self.decode))
+        cache_index=cache_index, deterministic=self.deterministic, use_cache=self.use_cache))
     if self.has_cross:
       # Cross-attention carries no positional signal (as in T5 and Vaswani et al.).
       cross_attention = attention("cross_attention", False, "none")
       x_BxTxD = self._residual("cross_attention", x_BxTxD, lambda h: cross_attention(
           h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
           deterministic=self.deterministic))
-    ffn = FeedForward(cfg.ffn_dim, cfg.activation, use_bias=cfg.use_bias,
+    ffn = FeedForward(cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
                       dropout_rate=cfg.dropout_rate, dtype=dtype, name="ffn")
     x_BxTxD = self._residual("ffn", x_BxTxD,
                              lambda h: ffn(h, deterministic=self.deterministic))
@@ -107,16 +107,16 @@ class TransformerStack(nn.Module):
   def __call__(self, x_BxTxD: Array, *, q_positions_BxT: Array, self_mask: Array | None = None,
                cache_index: Array | None = None, cross_x_BxSxD: Array | None = None,
                cross_mask: Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> Array:
+               use_cache: bool = False) -> Array:
     """[B, T, D] embedded inputs -> [B, T, D] final hidden states.
 
     Args:
       q_positions_BxT: absolute positions of the inputs ([1, T] broadcasts).
       self_mask: bool key-padding mask for self-attention, [B, 1, 1, T].
-      cache_index: first free KV-cache slot (decode only).
+      cache_index: first free KV-cache slot (use_cache only).
       cross_x_BxSxD, cross_mask: encoder output and its padding mask [B, 1, 1, S].
       deterministic: no dropout.
-      decode: self-attention reads and writes the KV cache.
+      use_cache: self-attention reads and writes the KV cache.
     """
     cfg = self.cfg
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
@@ -131,7 +131,7 @@ class TransformerStack(nn.Module):
     block_args = (x_BxTxD, q_positions_BxT, self_mask, relative_table, cache_index,
                   cross_x_BxSxD, cross_mask)
     block_attrs = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
-                       deterministic=deterministic, decode=decode)
+                       deterministic=deterministic, use_cache=use_cache)
     if cfg.scan_layers:
       scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                         split_rngs={"params": True, "dropout": True},

@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from txf import checks
+from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+
 FAMILIES = ("decoder", "encoder", "encoder_decoder")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
@@ -21,7 +24,6 @@ NORM_PLACEMENTS = ("pre", "post")
 HEADS = ("lm", "mlm", "classify")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 
 # Which heads each family can carry.
 FAMILY_HEADS = {
@@ -33,7 +35,12 @@ FAMILY_HEADS = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyperparameters of every txf model. Field docs are the config reference."""
+  """Hyperparameters of every txf model. Field docs are the config reference.
+
+  A field documented `None: X` is set to X at construction, so models read
+  `cfg.num_kv_heads`, `cfg.head_dim`, `cfg.d_ff`, `cfg.num_decoder_layers`
+  (None only outside encoder_decoder) and never a None.
+  """
 
   family: str = "decoder"          # decoder | encoder | encoder_decoder
   vocab_size: int = 260
@@ -46,7 +53,7 @@ class ModelConfig:
   d_ff: int | None = None          # None: 4*d_model, or 8/3*d_model if gated
   activation: str = "gelu"         # relu | gelu | swiglu | geglu
   position: str = "rope"           # sinusoidal | learned | rope | alibi | t5_bias | none
-  max_len: int = 256               # learned table size and longest KV cache
+  max_len: int = 512               # learned table size and longest KV cache
   rope_base: float = 10000.0
   rope_scale: float = 1.0          # > 1: linear position interpolation
   t5_num_buckets: int = 32
@@ -80,29 +87,26 @@ class ModelConfig:
     return cls(**items)
 
   def __post_init__(self):
-    self._check_choice("family", FAMILIES)
-    self._check_choice("position", POSITIONS)
-    self._check_choice("activation", ACTIVATIONS)
-    self._check_choice("norm", NORMS)
-    self._check_choice("norm_placement", NORM_PLACEMENTS)
-    self._check_choice("head", HEADS)
-    self._check_choice("pooling", POOLINGS)
-    self._check_choice("dtype", DTYPES)
-    self._check_choice("attention_impl", ATTENTION_IMPLEMENTATIONS)
+    for name, choices in (("family", FAMILIES), ("position", POSITIONS),
+                          ("activation", ACTIVATIONS), ("norm", NORMS),
+                          ("norm_placement", NORM_PLACEMENTS), ("head", HEADS),
+                          ("pooling", POOLINGS), ("dtype", DTYPES),
+                          ("attention_impl", ATTENTION_IMPLEMENTATIONS)):
+      checks.choice(getattr(self, name), f"model.{name}", choices)
     for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len", "num_classes"):
-      self._check_positive(name)
+      checks.positive_int(getattr(self, name), f"model.{name}")
     for name in ("num_kv_heads", "head_dim", "d_ff", "window", "num_decoder_layers"):
-      if getattr(self, name) is not None:
-        self._check_positive(name)
+      checks.optional_positive_int(getattr(self, name), f"model.{name}")
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
           f"model.num_heads: {self.num_heads} does not divide model.d_model={self.d_model} "
           "(set model.head_dim to decouple them)")
-    if self.num_heads % self.kv_heads:
-      raise ValueError(
-          f"model.num_kv_heads: {self.kv_heads} does not divide model.num_heads={self.num_heads}")
-    if self.position == "rope" and self.per_head_dim % 2:
-      raise ValueError(f"model.position: rope needs an even head dim, got {self.per_head_dim}")
+    if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+      raise ValueError(f"model.num_kv_heads: {self.num_kv_heads} does not divide "
+                       f"model.num_heads={self.num_heads}")
+    head_dim = self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+    if self.position == "rope" and head_dim % 2:
+      raise ValueError(f"model.position: rope needs an even head dim, got {head_dim}")
     if self.position in ("sinusoidal",) and self.d_model % 2:
       raise ValueError(f"model.position: sinusoidal needs an even d_model, got {self.d_model}")
     if self.rope_scale < 1.0:
@@ -118,45 +122,31 @@ class ModelConfig:
                        "itself; use 'last' (or 'mean'/'max')")
     if self.num_decoder_layers is not None and self.family != "encoder_decoder":
       raise ValueError("model.num_decoder_layers: only applies to family='encoder_decoder'")
-    if not 0.0 <= self.dropout_rate < 1.0:
-      raise ValueError(f"model.dropout_rate: must be in [0, 1), got {self.dropout_rate}")
-    if not 0.0 <= self.attention_dropout_rate < 1.0:
-      raise ValueError(
-          f"model.attention_dropout_rate: must be in [0, 1), got {self.attention_dropout_rate}")
+    checks.fraction(self.dropout_rate, "model.dropout_rate")
+    checks.fraction(self.attention_dropout_rate, "model.attention_dropout_rate")
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
+    self._resolve()
 
-  def _check_choice(self, name, choices):
-    value = getattr(self, name)
-    if value not in choices:
-      raise ValueError(f"model.{name}: {value!r} is not one of {choices}")
+  def _resolve(self):
+    """Fills the None fields with their derived values, once: each quantity
+    then has one name (cfg.num_kv_heads, cfg.head_dim, cfg.d_ff, ...)."""
+    resolved = dict(num_kv_heads=self.num_heads, head_dim=self.d_model // self.num_heads,
+                    d_ff=self._default_d_ff())
+    if self.family == "encoder_decoder":
+      resolved["num_decoder_layers"] = self.num_layers
+    for name, value in resolved.items():
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, value)  # frozen: only __post_init__ may set
 
-  def _check_positive(self, name):
-    value = getattr(self, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-      raise ValueError(f"model.{name}: must be a positive integer, got {value!r}")
-
-  @property
-  def kv_heads(self) -> int:
-    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-  @property
-  def per_head_dim(self) -> int:
-    return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
-
-  @property
-  def ffn_dim(self) -> int:
-    if self.d_ff is not None:
-      return self.d_ff
+  def _default_d_ff(self) -> int:
     if self.activation in GATED_ACTIVATIONS:
       # 8/3 keeps a gated FFN's parameter count equal to an ungated 4x one
       # (Shazeer 2020); rounded up to a multiple of 8 for the matrix units.
       return -(-8 * self.d_model // 3 // 8) * 8
     return 4 * self.d_model
 
-  @property
-  def decoder_layers(self) -> int:
-    return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
-
   def replace(self, **changes) -> "ModelConfig":
+    """A copy with `changes`. Derived fields keep their resolved values: pass
+    them again (e.g. d_ff=None) when a change should re-derive them."""
     return dataclasses.replace(self, **changes)

@@ -12,6 +12,13 @@ import numpy as np
 from txf import ops
 
 
+def check_position_table(position: str, max_len: int, length: int, what: str) -> None:
+  """Rejects `length` positions (of `what`) beyond a learned table of max_len rows."""
+  if position == "learned" and length > max_len:
+    raise ValueError(f"model.max_len: {what} of {length} positions is longer than the "
+                     f"learned position table ({max_len} rows)")
+
+
 class Embedder(nn.Module):
   """Token embedding plus an absolute position encoding, and the tied logits.
 
@@ -26,9 +33,9 @@ class Embedder(nn.Module):
 
   vocab_size: int
   d_model: int
-  position: str = "none"
-  max_len: int = 512
-  dtype: Any = jnp.float32
+  position: str
+  max_len: int
+  dtype: Any
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -48,11 +55,8 @@ class Embedder(nn.Module):
     """
     tokens_BxT = self._check_tokens(tokens_BxT)
     x_BxTxD = self.token(tokens_BxT)
+    check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
     if self.position == "learned":
-      if tokens_BxT.shape[1] > self.max_len:
-        raise ValueError(
-            f"model.max_len: a sequence of {tokens_BxT.shape[1]} tokens is longer than the "
-            f"learned position table ({self.max_len} rows)")
       x_BxTxD = x_BxTxD + jnp.take(self.position_table, positions_BxT, axis=0).astype(self.dtype)
     elif self.position == "sinusoidal":
       x_BxTxD = x_BxTxD + ops.sinusoidal_embedding(positions_BxT, self.d_model).astype(self.dtype)
@@ -96,17 +100,17 @@ class RelativePositionTable(nn.Module):
 class Positions(nn.Module):
   """Absolute positions of the current inputs, and the KV-cache write index.
 
-  Outside decoding the inputs sit at 0..T-1. In decode mode a `cache/index`
+  Outside decoding the inputs sit at 0..T-1. With use_cache a `cache/index`
   variable remembers how many tokens the stack has seen: the inputs sit at
   index..index+T-1 and the index advances by T. Creating the cache (the
-  `model.init(..., decode=True)` call) leaves it at 0.
+  `model.init(..., use_cache=True)` call) leaves it at 0.
   """
 
   @nn.compact
-  def __call__(self, length: int, decode: bool) -> tuple[jax.Array, jax.Array | None]:
+  def __call__(self, length: int, use_cache: bool) -> tuple[jax.Array, jax.Array | None]:
     """Returns (positions [1, T] int32, cache_index scalar int32 or None)."""
     positions_1xT = jnp.arange(length, dtype=jnp.int32)[None]
-    if not decode:
+    if not use_cache:
       return positions_1xT, None
     index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     cache_index = index.value

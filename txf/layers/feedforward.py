@@ -6,11 +6,11 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
+
+from txf.layers.config import GATED_ACTIVATIONS
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swiglu": jax.nn.silu,
                 "geglu": jax.nn.gelu}
-_GATED = ("swiglu", "geglu")
 
 
 class FeedForward(nn.Module):
@@ -22,10 +22,10 @@ class FeedForward(nn.Module):
   """
 
   d_ff: int
-  activation: str = "gelu"
-  use_bias: bool = False
-  dropout_rate: float = 0.0
-  dtype: Any = jnp.float32
+  activation: str
+  use_bias: bool
+  dropout_rate: float
+  dtype: Any
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, *, deterministic: bool = True) -> jax.Array:
@@ -37,7 +37,7 @@ class FeedForward(nn.Module):
         kernel_init=nn.initializers.xavier_uniform(), name=name)
     act = _ACTIVATIONS[self.activation]
     h_BxTxF = dense(self.d_ff, "wi")(x_BxTxD)
-    if self.activation in _GATED:
+    if self.activation in GATED_ACTIVATIONS:
       h_BxTxF = act(dense(self.d_ff, "gate")(x_BxTxD)) * h_BxTxF
     else:
       h_BxTxF = act(h_BxTxF)

@@ -17,9 +17,9 @@ class Norm(nn.Module):
   Statistics are computed in float32 by the ops; the output keeps x's dtype.
   """
 
-  kind: str = "layer"  # layer | rms
-  eps: float = 1e-6
-  dtype: Any = jnp.float32
+  kind: str  # layer | rms
+  eps: float
+  dtype: Any
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:

@@ -45,12 +45,12 @@ class _OneStackModel(nn.Module):
     self.head = _HEADS[cfg.head](cfg)
 
   def _forward(self, tokens_BxT: Array, key_mask: Array | None, *, deterministic: bool,
-               decode: bool) -> Array:
-    positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], decode)
+               use_cache: bool) -> Array:
+    positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], use_cache)
     x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),
                                  deterministic=deterministic)
     x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, self_mask=key_mask,
-                         cache_index=cache_index, deterministic=deterministic, decode=decode)
+                         cache_index=cache_index, deterministic=deterministic, use_cache=use_cache)
     if self.cfg.head == "classify":
       return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
     return self.head(x_BxTxD, self.embedder)
@@ -62,12 +62,12 @@ class Decoder(_OneStackModel):
   _causal = True
 
   def __call__(self, tokens_BxT: Array, *, deterministic: bool = True,
-               decode: bool = False) -> Array:
+               use_cache: bool = False) -> Array:
     """tokens [B, T] -> logits [B, T, V] (lm) or [B, num_classes] (classify).
 
-    decode=True continues from the KV cache (see `txf.decode`).
+    use_cache=True continues from the KV cache (see `txf.decode`).
     """
-    return self._forward(tokens_BxT, None, deterministic=deterministic, decode=decode)
+    return self._forward(tokens_BxT, None, deterministic=deterministic, use_cache=use_cache)
 
 
 class Encoder(_OneStackModel):
@@ -76,7 +76,7 @@ class Encoder(_OneStackModel):
   def __call__(self, tokens_BxS: Array, *, deterministic: bool = True) -> Array:
     """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify)."""
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
-    return self._forward(tokens_BxS, key_mask, deterministic=deterministic, decode=False)
+    return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False)
 
 
 class EncoderDecoder(nn.Module):
@@ -91,7 +91,7 @@ class EncoderDecoder(nn.Module):
     self.positions = Positions()
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
     self.encoder = TransformerStack(cfg, cfg.num_layers, causal=False)
-    self.decoder = TransformerStack(cfg, cfg.decoder_layers, causal=True, has_cross=True)
+    self.decoder = TransformerStack(cfg, cfg.num_decoder_layers, causal=True, has_cross=True)
     self.head = LMHead(cfg)
 
   def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True
@@ -106,19 +106,19 @@ class EncoderDecoder(nn.Module):
     return encoded_BxSxD, key_mask
 
   def decode(self, encoded_BxSxD: Array, encoder_mask: Array, decoder_tokens_BxT: Array, *,
-             deterministic: bool = True, decode: bool = False) -> Array:
+             deterministic: bool = True, use_cache: bool = False) -> Array:
     """Decoder tokens [B, T] attending to an encoding -> logits [B, T, V]."""
-    positions_1xT, cache_index = self.positions(decoder_tokens_BxT.shape[1], decode)
+    positions_1xT, cache_index = self.positions(decoder_tokens_BxT.shape[1], use_cache)
     y_BxTxD = self.embed_dropout(self.decoder_embedder(decoder_tokens_BxT, positions_1xT),
                                  deterministic=deterministic)
     y_BxTxD = self.decoder(y_BxTxD, q_positions_BxT=positions_1xT, cache_index=cache_index,
                            cross_x_BxSxD=encoded_BxSxD, cross_mask=encoder_mask,
-                           deterministic=deterministic, decode=decode)
+                           deterministic=deterministic, use_cache=use_cache)
     return self.head(y_BxTxD, self.decoder_embedder)
 
   def __call__(self, encoder_tokens_BxS: Array, decoder_tokens_BxT: Array, *,
-               deterministic: bool = True, decode: bool = False) -> Array:
+               deterministic: bool = True, use_cache: bool = False) -> Array:
     """encoder tokens [B, S], decoder tokens [B, T] -> logits [B, T, V]."""
     encoded_BxSxD, encoder_mask = self.encode(encoder_tokens_BxS, deterministic=deterministic)
     return self.decode(encoded_BxSxD, encoder_mask, decoder_tokens_BxT,
-                       deterministic=deterministic, decode=decode)
+                       deterministic=deterministic, use_cache=use_cache)

@@ -47,7 +47,7 @@ from txf.ops import masks as _masks
 
 __all__ = ['apply_attention_weights', 'attention_weights', 'dot_product_attention']
 
-_IMPLEMENTATIONS = (None, 'xla', 'cudnn')
+IMPLEMENTATIONS = (None, 'xla', 'cudnn')
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -397,7 +397,7 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
   Returns:
     ``[B, T, H, Dv]`` with q's dtype.
   """
-  if implementation not in _IMPLEMENTATIONS:
+  if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be None, 'xla' or 'cudnn', got "
                      f'{implementation!r}')
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)

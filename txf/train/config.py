@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from txf.data.config import DataSpec, check_int, read_data_config
+from txf import checks
+from txf.data.config import DataSpec, read_data_config
 from txf.layers.config import ModelConfig
+from txf.layers.embedding import check_position_table
+from txf.train.optim import make_optimizer
 
 SECTIONS = ("seed", "model", "data", "train", "eval", "parallel")
 TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
@@ -52,7 +55,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   _check_known("train", config.train, TRAIN_FIELDS)
   _check_known("eval", config.eval, EVAL_FIELDS)
   _check_known("parallel", config.parallel, PARALLEL_FIELDS)
-  check_int(config.seed, "seed", 0)
+  checks.int_at_least(config.seed, "seed", 0)
   spec = read_data_config(config.data)
 
   model_fields = dict(config.model.items())
@@ -72,22 +75,18 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   if model_cfg.head not in heads:
     raise ValueError(f"model.head: {model_cfg.head!r} cannot train data.task={spec.task!r} "
                      f"(needs one of {heads})")
-  if model_cfg.position == "learned" and spec.seq_len > model_cfg.max_len:
-    raise ValueError(f"model.max_len: the learned position table ({model_cfg.max_len}) is "
-                     f"shorter than data.seq_len={spec.seq_len}")
+  check_position_table(model_cfg.position, model_cfg.max_len, spec.seq_len, "data.seq_len")
 
   train = config.train
-  check_int(train.steps, "train.steps", 1)
-  check_int(train.grad_accum_steps, "train.grad_accum_steps", 1)
-  check_int(train.log_every, "train.log_every", 1)
-  check_int(train.checkpoint_every, "train.checkpoint_every", 1)
-  check_int(train.max_to_keep, "train.max_to_keep", 1)
+  make_optimizer(train)  # checks the optimizer and schedule fields (train.steps among them)
+  for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
+    checks.positive_int(train[field], f"train.{field}")
   if spec.batch_size % train.grad_accum_steps:
     raise ValueError(f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
                      f"data.batch_size={spec.batch_size}")
-  check_int(config.eval.every, "eval.every", 1)
-  check_int(config.eval.num_batches, "eval.num_batches", 1)
-  check_int(config.eval.sample_tokens, "eval.sample_tokens", 0)
+  checks.positive_int(config.eval.every, "eval.every")
+  checks.positive_int(config.eval.num_batches, "eval.num_batches")
+  checks.int_at_least(config.eval.sample_tokens, "eval.sample_tokens", 0)
   if not config.eval.temperature >= 0:  # NaN too (it would sample garbage)
     raise ValueError(f"eval.temperature: must be >= 0, got {config.eval.temperature}")
   return model_cfg

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from txf import checks
+
 DECAYS = ('cosine', 'linear', 'constant', 'rsqrt')
 
 _MISSING = object()
@@ -36,13 +38,11 @@ def _field(train_config: Any, name: str) -> Any:
   return value
 
 
-def _number(train_config: Any, name: str, *, integer: bool = False) -> Any:
-  """Reads a numeric field; bools are rejected (they are ints in Python)."""
+def _number(train_config: Any, name: str) -> Any:
+  """Reads a real field; bools are rejected (they are ints in Python)."""
   value = _field(train_config, name)
-  kind = numbers.Integral if integer else numbers.Real
-  if isinstance(value, bool) or not isinstance(value, kind):
-    expected = 'an integer' if integer else 'a number'
-    raise ValueError(f'train.{name} must be {expected}, got {value!r}.')
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(f'train.{name} must be a number, got {value!r}.')
   return value
 
 
@@ -68,13 +68,13 @@ def make_schedule(train_config: Any) -> optax.Schedule:
     ValueError: naming the offending `train.<field>`.
   """
   peak = _number(train_config, 'learning_rate')
-  warmup = _number(train_config, 'warmup_steps', integer=True)
-  total = _number(train_config, 'steps', integer=True)
+  warmup = checks.int_at_least(_field(train_config, 'warmup_steps'),
+                               'train.warmup_steps', 0)
+  total = checks.positive_int(_field(train_config, 'steps'), 'train.steps')
   end_fraction = _number(train_config, 'end_lr_fraction')
   decay = _field(train_config, 'decay')
   _check(0 < peak < float('inf'), 'learning_rate', 'positive and finite', peak)
-  _check(total > 0, 'steps', 'positive', total)
-  _check(0 <= warmup <= total, 'warmup_steps',
+  _check(warmup <= total, 'warmup_steps',
          f'between 0 and train.steps ({total})', warmup)
   _check(0 <= end_fraction <= 1, 'end_lr_fraction', 'in [0, 1]', end_fraction)
   _check(decay in DECAYS, 'decay', f'one of {DECAYS}', decay)
@@ -123,13 +123,11 @@ def make_optimizer(train_config: Any) -> optax.GradientTransformation:
   """
   schedule = make_schedule(train_config)
   weight_decay = _number(train_config, 'weight_decay')
-  b1 = _number(train_config, 'b1')
-  b2 = _number(train_config, 'b2')
+  b1 = checks.fraction(_field(train_config, 'b1'), 'train.b1')
+  b2 = checks.fraction(_field(train_config, 'b2'), 'train.b2')
   eps = _number(train_config, 'eps')
   clip = _number(train_config, 'grad_clip_norm')
   _check(weight_decay >= 0, 'weight_decay', 'non-negative', weight_decay)
-  _check(0 <= b1 < 1, 'b1', 'in [0, 1)', b1)
-  _check(0 <= b2 < 1, 'b2', 'in [0, 1)', b2)
   _check(eps > 0, 'eps', 'positive', eps)
   _check(clip >= 0, 'grad_clip_norm', 'non-negative (0 turns clipping off)',
          clip)

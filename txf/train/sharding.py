@@ -36,6 +36,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from txf import checks
+
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes a batch's leading dimension is split over.
 BATCH_AXES = ("data", "fsdp")
@@ -122,12 +124,9 @@ def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None)
   devices = list(jax.devices() if devices is None else devices)
   sizes = {}
   for name in MESH_AXES:
-    value = getattr(parallel_config, name, None)
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if not is_int or not (value >= 1 or (name == "data" and value == -1)):
-      extra = " or -1 (all remaining devices)" if name == "data" else ""
-      raise ValueError(f"parallel.{name}: must be a positive integer{extra}, got {value!r}")
-    sizes[name] = value
+    sentinel = (-1, "all remaining devices") if name == "data" else None
+    sizes[name] = checks.positive_int(getattr(parallel_config, name, None), f"parallel.{name}",
+                                      sentinel=sentinel)
   model_parallel = sizes["fsdp"] * sizes["tensor"]
   if sizes["data"] == -1:
     if len(devices) % model_parallel:

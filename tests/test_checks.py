@@ -1,0 +1,47 @@
+"""Tests for txf.checks: every failure is a ValueError starting with the field."""
+
+import pytest
+
+from txf import checks
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.0, True, "3", None])
+def test_positive_int_rejects_naming_the_field(value):
+  with pytest.raises(ValueError, match=r"^model\.d_model: must be a positive integer, got "):
+    checks.positive_int(value, "model.d_model")
+
+
+def test_int_checks_accept_and_return_ints():
+  assert checks.positive_int(3, "f") == 3
+  assert checks.int_at_least(0, "f", 0) == 0
+  assert checks.optional_positive_int(None, "f") is None
+  with pytest.raises(ValueError, match=r"^seed: must be an integer >= 0, got -1"):
+    checks.int_at_least(-1, "seed", 0)
+
+
+def test_sentinel_is_the_only_extra_value():
+  assert checks.positive_int(-1, "parallel.data", sentinel=(-1, "all")) == -1
+  with pytest.raises(ValueError, match=r"^parallel\.data: .* or -1 \(all\), got -2"):
+    checks.positive_int(-2, "parallel.data", sentinel=(-1, "all"))
+
+
+def test_choice_names_the_field_and_the_choices():
+  assert checks.choice(None, "model.attention_impl", (None, "xla")) is None
+  with pytest.raises(ValueError, match=r"^model\.norm: 'batch' is not one of \('layer', 'rms'\)"):
+    checks.choice("batch", "model.norm", ("layer", "rms"))
+  with pytest.raises(ValueError, match=r"^model\.norm:"):
+    checks.choice(["layer"], "model.norm", ("layer", "rms"))  # unhashable
+
+
+@pytest.mark.parametrize("value, low_open, high_open, ok", [
+    (0.0, False, True, True), (0.0, True, True, False), (1.0, False, True, False),
+    (1.0, False, False, True), (0.5, True, True, True), (-0.1, False, False, False),
+    (True, False, False, False), ("0.5", False, False, False),
+])
+def test_fraction_bounds(value, low_open, high_open, ok):
+  check = lambda: checks.fraction(value, "train.b1", low_open=low_open, high_open=high_open)
+  if ok:
+    assert check() == value
+  else:
+    with pytest.raises(ValueError, match=r"^train\.b1: must be in [\[(]0, 1[\])], got "):
+      check()
