@@ -21,7 +21,7 @@ V, D = 6, 4
 
 @pytest.fixture(scope="module")
 def embedder_and_variables():
-  embedder = Embedder(vocab_size=V, d_model=D, position="none")
+  embedder = Embedder(vocab_size=V, d_model=D, position="none", max_len=8, dtype=jnp.float32)
   tokens = jnp.zeros((1, 3), jnp.int32)
   return embedder, embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(3)[None])
 
