@@ -198,6 +198,25 @@ def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
 # The work directory's config.json.
 
 
+# Fields renamed since runs were first written: (section, old name, new name).
+# A run's config.json is read under today's names, so older runs resume.
+RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
+                  ("data", "max_len", "max_example_len"))
+
+
+def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
+  """The run's config.json as a dict under today's field names, or None."""
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.exists():
+    return None
+  saved = json.loads(path.read_text())
+  for section, old, new in RENAMED_FIELDS:
+    fields = saved.get(section)
+    if isinstance(fields, dict) and old in fields and new not in fields:
+      fields[new] = fields.pop(old)
+  return saved
+
+
 def _first_difference(old: Any, new: Any, name: str) -> str | None:
   """Dotted name of the first field that differs between two JSON trees."""
   if isinstance(old, dict) and isinstance(new, dict):
@@ -222,10 +241,9 @@ def changed_fields(config: Any, workdir: str | os.PathLike,
                    sections: tuple[str, ...]) -> list[str]:
   """Dotted names of the fields in `sections` where `config` differs from the
   run's config.json ([] when there is none)."""
-  path = epath.Path(workdir) / CONFIG_FILE
-  if not path.exists():
+  saved = read_run_config(workdir)
+  if saved is None:
     return []
-  saved = json.loads(path.read_text())
   current = json.loads(config.to_json_best_effort())
   changed = []
   for section in sections:
@@ -245,7 +263,7 @@ def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return
-  saved = _checkpoint_fields(json.loads(path.read_text()))
+  saved = _checkpoint_fields(read_run_config(workdir))
   current = _checkpoint_fields(json.loads(config.to_json_best_effort()))
   for section in RESUME_SECTIONS:
     field = _first_difference(saved[section], current[section], section)
@@ -311,7 +329,7 @@ def load_run(workdir: str | os.PathLike,
   try:
     if not path.exists():
       raise ValueError(f"workdir: {workdir} holds no run ({path} does not exist)")
-    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    config = ml_collections.ConfigDict(read_run_config(workdir))
     _apply_overrides(config, overrides or {})
     check_resumable(config, workdir)
   except ValueError as error:
