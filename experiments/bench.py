@@ -28,7 +28,7 @@ from txf.data import make_tokenizer
 from txf.train import hardware, sharding
 from txf.train.config import check_run_config
 from txf.train.optim import make_optimizer
-from txf.train.step import init_state, make_train_step
+from txf.train.step import init_params, init_state, make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 200, "Timed steps.")
@@ -62,7 +62,9 @@ def main(argv) -> None:
   batch = random_batch(task, config.data.batch_size, config.data.seq_len,
                        tokenizer.vocab_size, rng)
   init_fn = lambda key: init_state(model, optimizer, batch, task, key)
-  state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, jax.random.key(0)), mesh)
+  state_sharding = sharding.state_shardings(
+      jax.eval_shape(init_fn, jax.random.key(0)),
+      jax.eval_shape(lambda key: init_params(model, batch, task, key), jax.random.key(0)), mesh)
   state = jax.jit(init_fn, out_shardings=state_sharding)(jax.random.key(0))
   step = jax.jit(make_train_step(model, optimizer, task, seed=0,
                                  grad_accum_steps=config.train.grad_accum_steps),

@@ -36,7 +36,7 @@ from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError, check_run_config
 from txf.train.metrics import MetricsWriter, format_progress
 from txf.train.optim import make_optimizer, make_schedule
-from txf.train.step import init_state, make_eval_step, make_train_step
+from txf.train.step import init_params, init_state, make_eval_step, make_train_step
 
 # Sections that must not change when a run resumes: the checkpoint holds
 # parameters of this model, trained on these data.
@@ -161,8 +161,10 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
     init_fn = lambda rng: init_state(model, optimizer, first_batch, task, rng)
     # Abstract evaluation only: a dimension that does not divide its mesh
     # axis fails here, before any parameter exists.
+    key = jax.random.key(config.seed)
     state_sharding = sharding.state_shardings(
-        jax.eval_shape(init_fn, jax.random.key(config.seed)), mesh)
+        jax.eval_shape(init_fn, key),
+        jax.eval_shape(lambda rng: init_params(model, first_batch, task, rng), key), mesh)
     workdir.mkdir(parents=True, exist_ok=True)
     _write_resolved_config(config, workdir)
   except ValueError as error:
