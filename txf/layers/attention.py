@@ -81,7 +81,8 @@ class MultiHeadAttention(nn.Module):
     d_model = x_BxTxD.shape[-1]
     dense = lambda heads, heads_axis, name: nn.DenseGeneral(
         (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
-        **projection_inits(("embed",), (heads_axis, "head_dim")), name=name)
+        **projection_inits(("embed",), (heads_axis, "head_dim"),
+                           (d_model, heads, self.head_dim)), name=name)
     is_self = kv_BxSxD is None
     kv_BxSxD = x_BxTxD if is_self else kv_BxSxD
     q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
@@ -129,7 +130,8 @@ class MultiHeadAttention(nn.Module):
       out_BxTxHxDh = ops.dot_product_attention(
           q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation, **attend)
     return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
-                           **projection_inits(("heads", "head_dim"), ("embed",)),
+                           **projection_inits(("heads", "head_dim"), ("embed",),
+                                              (self.num_heads, self.head_dim, d_model)),
                            name="out")(out_BxTxHxDh)
 
   def _position_bias(self, q_positions, k_positions, relative_table):
