@@ -145,6 +145,21 @@ def test_layer_param_created_without_axes_raises_naming_it():
     sharding.param_shardings(params, mesh)
 
 
+@pytest.mark.parametrize("name", ["decoder_gqa_untied", "encoder_decoder_scan"])
+def test_model_applies_under_activation_sharding(name):
+  # Under an active mesh, linen unboxes parameter boxes with sharding
+  # constraints, also while checking given parameters against their
+  # initializers: every box must fit its value's rank there too.
+  model = build(ModelConfig(**{**TINY, **FAMILIES[name]}))
+  tokens = np.ones((2, 8), np.int32)
+  inputs = (tokens, tokens) if model.cfg.family == "encoder_decoder" else (tokens,)
+  params = nn.meta.unbox(model.init(jax.random.key(0), *inputs)["params"])
+  expected = model.apply({"params": params}, *inputs)
+  with sharding.activation_sharding(sharding.make_mesh(parallel(data=1), jax.devices()[:1])):
+    logits = jax.jit(model.apply)({"params": params}, *inputs)
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_state_leaf_mirroring_no_param_raises():
   mesh = sharding.make_mesh(parallel(data=1), jax.devices()[:1])
   params = abstract_params({})
