@@ -92,29 +92,40 @@ COUNT_CONFIGS = {
 def test_count_params_matches_closed_form_scanned_and_unscanned(name):
   cfg = ModelConfig(**{**TINY, **COUNT_CONFIGS[name]})
   expected = expected_counts(cfg)
-  assert count_params(param_shapes(cfg)) == expected
-  assert count_params(param_shapes(cfg.replace(scan_layers=True))) == expected
+  assert count_params(param_shapes(cfg), cfg) == expected
+  scanned = cfg.replace(scan_layers=True)
+  assert count_params(param_shapes(scanned), scanned) == expected
 
 
 def test_count_params_takes_real_arrays_and_variables_dict():
   cfg = ModelConfig(**TINY, family="decoder", tie_embeddings=False)
   variables = build(cfg).init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))
   leaves_total = sum(x.size for x in jax.tree_util.tree_leaves(variables["params"]))
-  counts = count_params(variables)
-  assert counts == count_params(variables["params"]) == expected_counts(cfg)
+  counts = count_params(variables, cfg)
+  assert counts == count_params(variables["params"], cfg) == expected_counts(cfg)
   assert counts["total"] == leaves_total
 
 
-def test_count_params_rejects_unknown_module():
+def test_count_params_rejects_param_of_no_known_module():
+  cfg = ModelConfig(**TINY, family="decoder")
+  params = {**param_shapes(cfg), "mystery": {"kernel": np.zeros((2, 3))}}
   with pytest.raises(ValueError, match="mystery/kernel"):
-    count_params({"mystery": {"kernel": np.zeros((2, 3))}})
+    count_params(params, cfg)
+
+
+def test_count_params_rejects_layout_of_another_config():
+  # Scanned parameters counted against an unscanned model: no module owns
+  # `stack/blocks/...`, so nothing is attributed by name alone.
+  cfg = ModelConfig(**TINY, family="decoder")
+  with pytest.raises(ValueError, match="stack/blocks/"):
+    count_params(param_shapes(cfg.replace(scan_layers=True)), cfg)
 
 
 def test_summarize_lists_components_and_flops():
   cfg = ModelConfig(**TINY, family="encoder", head="mlm", position="t5_bias")
   params = param_shapes(cfg)
   text = summarize(params, cfg, seq_len=8)
-  for name, count in count_params(params).items():
+  for name, count in count_params(params, cfg).items():
     if count:
       assert name in text and f"{count:,}" in text
   assert "cross_attention" not in text  # empty components are left out
@@ -182,7 +193,7 @@ def test_six_n_dominates_for_short_sequences():
   # parameters, so the T -> 0 intercept must be 6 * count.
   cfg = ModelConfig(vocab_size=64, d_model=64, num_heads=4, num_layers=2,
                     family="decoder", tie_embeddings=False)
-  counts = count_params(param_shapes(cfg))
+  counts = count_params(param_shapes(cfg), cfg)
   six_n = 6 * (counts["attention"] + counts["ffn"] + counts["head"])
   f8, f16 = flops_per_token(cfg, 8), flops_per_token(cfg, 16)
   np.testing.assert_allclose(2 * f8 - f16, six_n, rtol=1e-12)  # linear in T

@@ -5,6 +5,7 @@ Tolerance: float32 layers vs float64 references, atol = rtol = 1e-5 (inputs and
 outputs are O(1); a few float32 roundings per output).
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +23,9 @@ def randn(seed, *shape):
 
 
 def perturbed(params, seed=1):
-  """Params plus N(0, 0.5) noise, so zero biases and unit scales are exercised too."""
-  leaves, treedef = jax.tree_util.tree_flatten(params)
+  """Params (unboxed from their logical axes) plus N(0, 0.5) noise, so zero
+  biases and unit scales are exercised too."""
+  leaves, treedef = jax.tree_util.tree_flatten(nn.meta.unbox(params))
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_unflatten(
       treedef, [x + 0.5 * rng.normal(size=x.shape).astype(np.float32) for x in leaves])
@@ -95,34 +97,43 @@ def test_norm_matches_numpy(kind):
 # MultiHeadAttention.
 
 
-def np_attention(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid):
-  """float64 multi-head attention from DenseGeneral params.
+def np_attention_weights(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid):
+  """float64 attention weights [B, H, T, S] from DenseGeneral params.
 
-  x [B, T, D], kv [B, S, D], key_valid bool [B, S]. Returns [B, T, D].
+  x [B, T, D], kv [B, S, D], key_valid bool [B, S].
   """
   q = np_dense(x, p["query"])                      # [B, T, H, Dh]
   k = np_dense(kv, p["key"])                       # [B, S, K, Dh]
-  v = np_dense(kv, p["value"])
-  group = num_heads // num_kv_heads                # query heads per kv head
-  k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+  k = np.repeat(k, num_heads // num_kv_heads, axis=2)
   scores = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
   allowed = np.broadcast_to(key_valid[:, None, None, :], scores.shape).copy()
   if causal:
     allowed &= np.tril(np.ones(scores.shape[-2:], bool))
   scores = np.where(allowed, scores, -np.inf)
   weights = np.exp(scores - scores.max(-1, keepdims=True))
-  weights /= weights.sum(-1, keepdims=True)
+  return weights / weights.sum(-1, keepdims=True)
+
+
+def np_attention(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid):
+  """float64 multi-head attention from DenseGeneral params: [B, T, D]."""
+  weights = np_attention_weights(p, x, kv, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                 causal=causal, key_valid=key_valid)
+  v = np.repeat(np_dense(kv, p["value"]), num_heads // num_kv_heads, axis=2)
   heads = np.einsum("bhts,bshd->bthd", weights, v)
   out = np.einsum("bthd,hdo->bto", heads, p["out"]["kernel"])
   return out + p["out"]["bias"] if "bias" in p["out"] else out
 
 
-@pytest.mark.parametrize("num_kv_heads,causal,kv_len", [
+ATTENTION_CASES = pytest.mark.parametrize("num_kv_heads,causal,kv_len", [
     (4, False, None),   # MHA self-attention with padding
     (2, True, None),    # GQA causal self-attention with padding
     (1, False, 7),      # MQA cross-attention to a longer, padded source
 ])
-def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
+
+
+def attention_case(num_kv_heads, causal, kv_len):
+  """A 4-head layer, its perturbed params, its inputs and call arguments, and
+  the arguments of the float64 references."""
   layer = MultiHeadAttention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=4,
                              position="none", window=None, rope_base=10000.0, rope_scale=1.0,
                              t5_max_distance=128, use_bias=True, attention_dropout_rate=0.0,
@@ -134,11 +145,30 @@ def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
   key_valid = np.arange(S)[None, :] < np.array([[S], [3]])
   call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=key_valid[:, None, None, :])
   params = perturbed(layer.init(jax.random.PRNGKey(0), x, kv, **call)["params"])
+  reference = dict(p=f64(params), x=x.astype(np.float64),
+                   kv=(x if kv is None else kv).astype(np.float64), num_heads=4,
+                   num_kv_heads=num_kv_heads, causal=causal, key_valid=key_valid)
+  return layer, params, (x, kv), call, reference
+
+
+@ATTENTION_CASES
+def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
+  layer, params, inputs, call, reference = attention_case(num_kv_heads, causal, kv_len)
   assert params["key"]["kernel"].shape == (D, num_kv_heads, 4)
-  expected = np_attention(f64(params), x.astype(np.float64),
-                          (x if kv is None else kv).astype(np.float64), num_heads=4,
-                          num_kv_heads=num_kv_heads, causal=causal, key_valid=key_valid)
-  np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
+  np.testing.assert_allclose(layer.apply({"params": params}, *inputs, **call),
+                             np_attention(**reference), **TOL)
+
+
+@ATTENTION_CASES
+def test_multi_head_attention_records_the_weights_it_uses(num_kv_heads, causal, kv_len):
+  layer, params, inputs, call, reference = attention_case(num_kv_heads, causal, kv_len)
+  out, state = layer.apply({"params": params}, *inputs, **call, mutable=["intermediates"])
+  (weights,) = state["intermediates"]["attention_weights"]
+  assert weights.shape == (B, 4, T, reference["kv"].shape[1])
+  np.testing.assert_allclose(weights, np_attention_weights(**reference), **TOL)
+  np.testing.assert_allclose(np.sum(weights, -1), 1.0, atol=1e-6)
+  # Recording takes the unfused path; the output is the same up to float32 rounding.
+  np.testing.assert_allclose(out, layer.apply({"params": params}, *inputs, **call), atol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -149,7 +179,7 @@ def test_learned_position_table_rejects_longer_sequence():
   embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6,
                       dtype=jnp.float32)
   tokens = jnp.ones((1, 6), jnp.int32)
-  variables = embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(6)[None])
+  variables = nn.meta.unbox(embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(6)[None]))
   assert variables["params"]["position_table"].shape == (6, D)
   too_long = jnp.ones((1, 7), jnp.int32)
   with pytest.raises(ValueError, match=r"model\.max_len"):

@@ -1,5 +1,5 @@
 """Tests for txf.models: causality, padding, permutation symmetry, pooling, config
-errors, learning, and remat / scan_layers equivalence.
+errors, learning, remat / scan_layers equivalence, and recorded attention maps.
 
 Tolerances: outputs of two float32 computations that should agree (padding vs
 none, permuted vs not, scanned vs unscanned) atol = rtol = 1e-5; gradients
@@ -18,6 +18,7 @@ import optax
 import pytest
 
 from txf import ops
+from txf.analysis import attention_maps
 from txf.layers import Embedder
 from txf.layers.config import POSITIONS
 from txf.models import ModelConfig, build
@@ -245,7 +246,7 @@ def variant_params(base: ModelConfig, changes: dict, plain_params, inputs):
   """The variant's config and the plain params in its layout (checked against its init)."""
   cfg = base.replace(**changes)
   params = to_scanned(plain_params) if cfg.scan_layers else plain_params
-  own_layout = jax.eval_shape(build(cfg).init, KEY, *inputs)["params"]
+  own_layout = nn.meta.unbox(jax.eval_shape(build(cfg).init, KEY, *inputs)["params"])
   shape_of = lambda tree: jax.tree_util.tree_map(lambda x: (x.shape, x.dtype), tree)
   assert shape_of(params) == shape_of(own_layout)
   return cfg, params
@@ -268,7 +269,7 @@ def decoder_logits_and_grads(cfg: ModelConfig, params):
 def plain_decoder():
   """(config, params, logits, grads) of the unscanned, non-remat decoder."""
   cfg = ModelConfig(**TINY, family="decoder")
-  params = build(cfg).init(KEY, real_tokens(7, 2, 6))["params"]
+  params = nn.meta.unbox(build(cfg).init(KEY, real_tokens(7, 2, 6))["params"])
   return (cfg, params, *decoder_logits_and_grads(cfg, params))
 
 
@@ -293,7 +294,75 @@ def test_scan_matches_plain_encoder_decoder():
   base = ModelConfig(**TINY, family="encoder_decoder", position="t5_bias")
   tokens = real_tokens(7, 2, 6)
   inputs = (tokens, pad(tokens[:, :4], 2))
-  plain_params = build(base).init(KEY, *inputs)["params"]
+  plain_params = nn.meta.unbox(build(base).init(KEY, *inputs)["params"])
   cfg, params = variant_params(base, dict(scan_layers=True), plain_params, inputs)
   np.testing.assert_allclose(build(cfg).apply({"params": params}, *inputs),
                              build(base).apply({"params": plain_params}, *inputs), **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Attention maps: the weights each attention layer records are the ones it uses.
+
+MAP_FAMILIES = {  # with MQA heads; learned positions leave q.k untouched
+    "decoder": dict(family="decoder"),
+    "encoder": dict(family="encoder", head="mlm"),
+    "encoder_decoder": dict(family="encoder_decoder"),
+}
+
+
+def map_setup(family):
+  """Config, unscanned plain params and inputs (encoder inputs padded)."""
+  cfg = ModelConfig(**TINY, **MAP_FAMILIES[family], num_kv_heads=1, position="learned")
+  source = pad(real_tokens(9, 2, 4), 2)
+  inputs = {"decoder": (real_tokens(10, 2, 5),), "encoder": (source,),
+            "encoder_decoder": (source, real_tokens(10, 2, 5))}[family]
+  return cfg, nn.meta.unbox(build(cfg).init(KEY, *inputs)["params"]), inputs
+
+
+def np_softmax_weights(q, k, allowed):
+  """float64 softmax(q.k / sqrt(Dh)) over allowed keys: [B, H, T, S]."""
+  q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  k = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
+  scores = np.where(allowed, np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1]), -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  return weights / weights.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("family", MAP_FAMILIES)
+def test_attention_maps_are_softmax_of_each_layers_queries_and_keys(family):
+  cfg, params, inputs = map_setup(family)
+  model = build(cfg)
+  out, state = model.apply({"params": params}, *inputs, mutable=["intermediates"],
+                           capture_intermediates=lambda m, _: m.name in ("query", "key"))
+  np.testing.assert_allclose(out, model.apply({"params": params}, *inputs), atol=1e-6)
+  maps = attention_maps(model, params, *inputs)
+  stacks = {"decoder": ["stack"], "encoder": ["stack"],
+            "encoder_decoder": ["encoder", "decoder"]}[family]
+  kinds = lambda stack: ["self_attention"] + (["cross_attention"] if stack == "decoder" else [])
+  assert set(maps) == {f"{stack}/block_{i}/{kind}" for stack in stacks
+                       for i in range(cfg.num_layers) for kind in kinds(stack)}
+  source_valid = np.asarray(inputs[0] != cfg.pad_id)[:, None, None, :]
+  for path, weights in maps.items():
+    node = state["intermediates"]
+    for name in path.split("/"):
+      node = node[name]
+    (q,), (k,) = node["query"]["__call__"], node["key"]["__call__"]
+    causal = cfg.family == "decoder" or (path.startswith("decoder/") and "self" in path)
+    T, S = q.shape[1], k.shape[1]
+    allowed = np.tril(np.ones((T, S), bool)) if causal else source_valid
+    np.testing.assert_allclose(weights, np_softmax_weights(q, k, allowed), **TOL)
+    np.testing.assert_allclose(np.sum(weights, -1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", MAP_FAMILIES)
+def test_attention_maps_of_scanned_stacks_match_unscanned(family):
+  base, plain_params, inputs = map_setup(family)
+  cfg, params = variant_params(base, dict(scan_layers=True, remat=True), plain_params, inputs)
+  model = build(cfg)
+  out, _ = model.apply({"params": params}, *inputs, mutable=["intermediates"])
+  np.testing.assert_allclose(out, model.apply({"params": params}, *inputs), atol=1e-6)
+  maps, plain_maps = (attention_maps(model, params, *inputs),
+                      attention_maps(build(base), plain_params, *inputs))
+  assert maps.keys() == plain_maps.keys()
+  for path, weights in plain_maps.items():
+    np.testing.assert_allclose(maps[path], weights, **TOL)

@@ -1,5 +1,5 @@
-"""Tests for txf.train.sharding: meshes, parameter rules, sharded init and
-training that matches one device.
+"""Tests for txf.train.sharding: meshes, the logical axes layers declare on
+their parameters, sharded init and training that matches one device.
 
 Multi-device checks need 8 CPU devices, which must be requested before JAX
 starts its backend; in a shared pytest process (other modules, xdist) it has
@@ -27,10 +27,11 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
+from txf.layers.partitioning import projection_inits
 from txf.models import ModelConfig, build
 from txf.train import sharding
 from txf.train.optim import make_optimizer
-from txf.train.step import TrainState, init_state, make_train_step
+from txf.train.step import TrainState, init_params, init_state, make_train_step
 
 TINY = dict(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=16)
 # Every parameter kind: GQA, learned positions, gated FFN with biases, untied
@@ -53,6 +54,7 @@ TRAIN = dict(learning_rate=1e-3, warmup_steps=0, decay="constant", steps=3, end_
 
 
 def abstract_params(overrides):
+  """The boxed (`nn.Partitioned`) parameters of a tiny model, as shapes."""
   model = build(ModelConfig(**{**TINY, **overrides}))
   tokens = jax.ShapeDtypeStruct((2, 8), np.int32)
   inputs = (tokens, tokens) if model.cfg.family == "encoder_decoder" else (tokens,)
@@ -61,6 +63,12 @@ def abstract_params(overrides):
 
 def parallel(data=-1, fsdp=1, tensor=1):
   return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, tensor=tensor))
+
+
+def logical_axes(params):
+  """Tuples of logical axis names, read from the boxes the layers created."""
+  return jax.tree.map(tuple, nn.get_partition_spec(params),
+                      is_leaf=lambda x: isinstance(x, P))
 
 
 def flat(tree):
@@ -74,18 +82,20 @@ def flat(tree):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_every_param_matches_exactly_one_rule(name):
+def test_every_param_declares_its_logical_axes(name):
   params = abstract_params(FAMILIES[name])
-  axes = flat(sharding.logical_axes(params))
-  shapes = {k: v.shape for k, v in flat(params).items()}
+  boxes = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert all(isinstance(box, nn.Partitioned) for box in boxes)
+  axes = flat(logical_axes(params))
+  shapes = {k: v.shape for k, v in flat(nn.meta.unbox(params)).items()}
   assert axes.keys() == shapes.keys()
   for path, logical in axes.items():
     assert len(logical) == len(shapes[path]), path
     assert (logical[0] == "layers") == ("/blocks/" in path), path
 
 
-def test_rules_name_the_axes_of_each_kind():
-  axes = flat(sharding.logical_axes(abstract_params(FAMILIES["decoder_gqa_untied"])))
+def test_layers_name_the_axes_of_each_kind():
+  axes = flat(logical_axes(abstract_params(FAMILIES["decoder_gqa_untied"])))
   layer = "stack/block_0/"
   assert axes[layer + "self_attention/query/kernel"] == ("embed", "heads", "head_dim")
   assert axes[layer + "self_attention/key/kernel"] == ("embed", "kv_heads", "head_dim")
@@ -96,40 +106,67 @@ def test_rules_name_the_axes_of_each_kind():
   assert axes["embedder/token/embedding"] == ("vocab", "embed")
   assert axes["embedder/position_table"] == (None, "embed")
   assert axes["head/logits/kernel"] == ("embed", "vocab")
-  scanned = flat(sharding.logical_axes(abstract_params(FAMILIES["encoder_decoder_scan"])))
+  scanned = flat(logical_axes(abstract_params(FAMILIES["encoder_decoder_scan"])))
   assert scanned["decoder/blocks/cross_attention/value/kernel"] == (
       "layers", "embed", "kv_heads", "head_dim")
   assert scanned["encoder/relative_position/table"] == (None, "heads")
 
 
-@pytest.mark.parametrize("path,shape,message", [
-    (("stack", "block_0", "ffn", "new_scale"), (128,), "no sharding rule matches"),
-    (("stack", "block_0", "ffn", "wi", "kernel"), (4, 32, 128), "has 3 dimensions"),
+@pytest.mark.parametrize("path,shape,axes,message", [
+    (("stack", "block_0", "ffn", "new_scale"), (128,), None, "has no logical axes"),
+    (("stack", "block_0", "ffn", "wi", "kernel"), (4, 32, 128), ("embed", "mlp"),
+     "has 3 dimensions"),
 ])
-def test_uncovered_param_raises_naming_its_path(path, shape, message):
+def test_param_without_matching_axes_raises_naming_its_path(path, shape, axes, message):
   params = abstract_params({})
   node = params
   for key in path[:-1]:
     node = node.setdefault(key, {})
-  node[path[-1]] = jax.ShapeDtypeStruct(shape, np.float32)
+  leaf = jax.ShapeDtypeStruct(shape, np.float32)
+  node[path[-1]] = leaf if axes is None else nn.LogicallyPartitioned(leaf, axes)
+  mesh = sharding.make_mesh(parallel(data=1), jax.devices()[:1])
   with pytest.raises(ValueError, match=re.escape("/".join(path)) + ".*" + message):
-    sharding.logical_axes(params)
+    sharding.param_shardings(params, mesh)
 
 
-def test_param_matching_two_rules_raises(monkeypatch):
-  duplicated = sharding._COMPILED_PARAM_AXES + sharding._COMPILED_PARAM_AXES[:1]
-  monkeypatch.setattr(sharding, "_COMPILED_PARAM_AXES", duplicated)
-  with pytest.raises(ValueError, match="self_attention/query/kernel: 2 sharding rules match"):
-    sharding.logical_axes(abstract_params({}))
+def test_layer_param_created_without_axes_raises_naming_it():
+  class Scaled(nn.Module):
+    """A projection that declares its axes, and a scale that does not."""
+
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.Dense(4, **projection_inits(("embed",), ("mlp",)), name="dense")
+      return dense(x) * self.param("scale", nn.initializers.ones, (4,))
+
+  params = jax.eval_shape(Scaled().init, jax.random.key(0), np.ones((1, 3), np.float32))
+  mesh = sharding.make_mesh(parallel(data=1), jax.devices()[:1])
+  assert sharding.param_shardings(params["params"]["dense"], mesh)["kernel"].spec == P(None, None)
+  with pytest.raises(ValueError, match=r"^params/scale: this parameter has no logical axes"):
+    sharding.param_shardings(params, mesh)
+
+
+@pytest.mark.parametrize("name", ["decoder_gqa_untied", "encoder_decoder_scan"])
+def test_model_applies_under_activation_sharding(name):
+  # Under an active mesh, linen unboxes parameter boxes with sharding
+  # constraints, also while checking given parameters against their
+  # initializers: every box must fit its value's rank there too.
+  model = build(ModelConfig(**{**TINY, **FAMILIES[name]}))
+  tokens = np.ones((2, 8), np.int32)
+  inputs = (tokens, tokens) if model.cfg.family == "encoder_decoder" else (tokens,)
+  params = nn.meta.unbox(model.init(jax.random.key(0), *inputs)["params"])
+  expected = model.apply({"params": params}, *inputs)
+  with sharding.activation_sharding(sharding.make_mesh(parallel(data=1), jax.devices()[:1])):
+    logits = jax.jit(model.apply)({"params": params}, *inputs)
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_state_leaf_mirroring_no_param_raises():
   mesh = sharding.make_mesh(parallel(data=1), jax.devices()[:1])
   params = abstract_params({})
-  state = TrainState(step=jax.ShapeDtypeStruct((), np.int32), params=params,
+  state = TrainState(step=jax.ShapeDtypeStruct((), np.int32), params=nn.meta.unbox(params),
                      opt_state={"stray": jax.ShapeDtypeStruct((3,), np.float32)})
   with pytest.raises(ValueError, match=r"state\.opt_state\['stray'\]"):
-    sharding.state_shardings(state, mesh)
+    sharding.state_shardings(state, params, mesh)
 
 
 # ---------------------------------------------------------------------------
@@ -162,7 +199,8 @@ def sharded_init(mesh):
   """(TrainState created directly in its shardings, the shardings)."""
   model, optimizer, batch = lm_setup()
   init = lambda key: init_state(model, optimizer, batch, "lm", key)
-  shardings = sharding.state_shardings(jax.eval_shape(init, jax.random.key(0)), mesh)
+  boxed = jax.eval_shape(lambda key: init_params(model, batch, "lm", key), jax.random.key(0))
+  shardings = sharding.state_shardings(jax.eval_shape(init, jax.random.key(0)), boxed, mesh)
   return jax.jit(init, out_shardings=shardings)(jax.random.key(0)), shardings
 
 

@@ -1,10 +1,10 @@
 """Parameter counts by component and training FLOPs per token.
 
-`count_params` walks a parameter tree (real arrays or the
-`jax.ShapeDtypeStruct`s of `jax.eval_shape(model.init, ...)`, scanned or
-unscanned layers) and attributes every leaf to one component by the module
-names of `txf.models`. `flops_per_token` needs only the config: it counts the
-matmuls one token goes through, in closed form.
+`count_params` attributes every parameter of a txf model to the component of
+the layer that owns it, found by tracing the model's module tree (which layer
+class sits at which path; no names of parameters or modules are listed here).
+`flops_per_token` needs only the config: it counts the matmuls one token goes
+through, in closed form.
 """
 
 from __future__ import annotations
@@ -14,28 +14,58 @@ from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
+from txf import layers, models
 from txf.layers.config import ModelConfig
 
 COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
 
-# Module name -> component. A leaf belongs to the component of the first name
-# on its path that is listed here, so `head/norm/scale` counts as 'head' and
-# `stack/block_0/ffn_norm/scale` as 'norm'.
-_MODULE_COMPONENTS = {
-    "embedder": "embedding",
-    "encoder_embedder": "embedding",
-    "decoder_embedder": "embedding",
-    "relative_position": "position",
-    "self_attention": "attention",
-    "cross_attention": "cross_attention",
-    "ffn": "ffn",
-    "self_attention_norm": "norm",
-    "cross_attention_norm": "norm",
-    "ffn_norm": "norm",
-    "final_norm": "norm",
-    "head": "head",
+# Layer class -> component. A parameter belongs to the component of the
+# outermost classified module on its path, so a norm inside the MLM head
+# counts as 'head', one in a block as 'norm'. MultiHeadAttention is
+# 'attention' or 'cross_attention' by how it is called (`_component`).
+_CLASS_COMPONENTS = {
+    layers.Embedder: "embedding",  # token table and learned position table
+    layers.RelativePositionTable: "position",
+    layers.FeedForward: "ffn",
+    layers.Norm: "norm",
+    models.LMHead: "head",
+    models.MaskedLMHead: "head",
+    models.ClassificationHead: "head",
 }
+
+
+def _component(module: nn.Module, args: tuple) -> str | None:
+  """The component of a module called with positional `args`, or None."""
+  if isinstance(module, layers.MultiHeadAttention):
+    # Cross-attention is the attention called with a key/value input.
+    return "cross_attention" if len(args) > 1 and args[1] is not None else "attention"
+  return next((component for cls, component in _CLASS_COMPONENTS.items()
+               if isinstance(module, cls)), None)
+
+
+def module_components(cfg: ModelConfig | Mapping[str, Any]) -> dict[tuple[str, ...], str]:
+  """{module path: component} for the classified modules of the model of `cfg`.
+
+  Found by an abstract `model.init` (no arrays) that records each module's
+  class as it is called.
+  """
+  cfg = _as_model_config(cfg)
+  components = {}
+
+  def record(next_fun, args, kwargs, context):
+    if context.method_name == "__call__":
+      component = _component(context.module, args)
+      if component is not None:
+        components.setdefault(tuple(context.module.path), component)
+    return next_fun(*args, **kwargs)
+
+  tokens_1x1 = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  inputs = (tokens_1x1,) * (2 if cfg.family == "encoder_decoder" else 1)
+  with nn.intercept_methods(record):
+    jax.eval_shape(models.build(cfg).init, jax.random.key(0), *inputs)
+  return components
 
 
 def _key_name(key: Any) -> str:
@@ -46,14 +76,18 @@ def _key_name(key: Any) -> str:
   return str(key)
 
 
-def count_params(params: Mapping[str, Any]) -> dict[str, int]:
+def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]
+                 ) -> dict[str, int]:
   """Exact parameter counts of a txf model, by component.
 
   Args:
     params: the `params` collection of `model.init(...)`, or the whole
       variables dict (`{'params': ...}`); leaves may be arrays, shape structs
-      or `nn.Partitioned` boxes. Scanned stacks (`blocks`, leading layer axis)
-      and unscanned ones (`block_{i}`) give the same counts.
+      or `nn.Partitioned` boxes.
+    cfg: the model's config (a `ModelConfig` or a config's `model` section);
+      its `scan_layers` must match the layout of `params` (scanned stacks,
+      `blocks` with a leading layer axis, and unscanned ones, `block_{i}`,
+      give the same counts).
 
   Returns:
     {'embedding': token tables + learned position tables,
@@ -67,15 +101,18 @@ def count_params(params: Mapping[str, Any]) -> dict[str, int]:
      'total': all of the above}.
 
   Raises:
-    ValueError: a leaf whose path names no known component (a new module
-      must be added to `_MODULE_COMPONENTS` rather than silently dropped).
+    ValueError: naming a parameter that no classified module of the model
+      owns (a new layer class must be given a component rather than its
+      parameters silently dropped).
   """
   if "params" in params:
     params = params["params"]
+  components = module_components(cfg)
   counts = dict.fromkeys(COMPONENTS, 0)
   for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
-    names = [_key_name(key) for key in path]
-    component = next((_MODULE_COMPONENTS[n] for n in names if n in _MODULE_COMPONENTS), None)
+    names = tuple(_key_name(key) for key in path)
+    component = next((components[names[:i]] for i in range(1, len(names))
+                      if names[:i] in components), None)
     if component is None:
       raise ValueError(f"count_params: no component for parameter {'/'.join(names)}")
     counts[component] += math.prod(leaf.shape)
@@ -183,7 +220,7 @@ def summarize(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any],
   """
   cfg = _as_model_config(cfg)
   seq_len = cfg.max_len if seq_len is None else seq_len
-  counts = count_params(params)
+  counts = count_params(params, cfg)
   total = max(counts["total"], 1)
   rows = [f"{'component':<16}{'params':>14}{'%':>8}"]
   rows += [f"{name:<16}{count:>14,}{100.0 * count / total:>8.1f}"

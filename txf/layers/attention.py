@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import ops
+from txf.layers.partitioning import projection_inits
 
 Array = jax.Array
 
@@ -70,18 +71,23 @@ class MultiHeadAttention(nn.Module):
     T new keys at `cache_index` and attends over all L slots, masking the
     ones after each query.
 
+    With the 'intermediates' collection mutable (`apply(..., mutable=
+    ['intermediates'])`), the float32 attention weights [B, H, T, S] (before
+    attention dropout) are sown there as `attention_weights`.
+
     Returns:
       [B, T, D] in the compute dtype.
     """
     d_model = x_BxTxD.shape[-1]
-    dense = lambda heads, name: nn.DenseGeneral(
+    dense = lambda heads, heads_axis, name: nn.DenseGeneral(
         (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name=name)
+        **projection_inits(("embed",), (heads_axis, "head_dim"),
+                           (d_model, heads, self.head_dim)), name=name)
     is_self = kv_BxSxD is None
     kv_BxSxD = x_BxTxD if is_self else kv_BxSxD
-    q_BxTxHxDh = dense(self.num_heads, "query")(x_BxTxD)
-    k_BxSxKxDh = dense(self.num_kv_heads, "key")(kv_BxSxD)
-    v_BxSxKxDh = dense(self.num_kv_heads, "value")(kv_BxSxD)
+    q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
+    k_BxSxKxDh = dense(self.num_kv_heads, "kv_heads", "key")(kv_BxSxD)
+    v_BxSxKxDh = dense(self.num_kv_heads, "kv_heads", "value")(kv_BxSxD)
 
     seq_len = kv_BxSxD.shape[1]
     k_positions_BxS = jnp.arange(seq_len)[None]
@@ -110,16 +116,22 @@ class MultiHeadAttention(nn.Module):
     bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
 
     attend = dict(bias=bias, mask=mask, is_causal=is_causal, window=window)
-    if self.attention_dropout_rate > 0.0 and not deterministic:
+    dropout = self.attention_dropout_rate > 0.0 and not deterministic
+    # Recording the weights (an 'intermediates' collection made mutable by the
+    # caller, see txf.analysis.attention_maps) takes this unfused path, so the
+    # recorded weights are the ones the output is computed from.
+    if dropout or self.is_mutable_collection("intermediates"):
       weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, **attend)
+      self.sow("intermediates", "attention_weights", weights_BxHxTxS)
       weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
-          weights_BxHxTxS, deterministic=False)
+          weights_BxHxTxS, deterministic=not dropout)
       out_BxTxHxDh = ops.apply_attention_weights(weights_BxHxTxS.astype(self.dtype), v_BxSxKxDh)
     else:
       out_BxTxHxDh = ops.dot_product_attention(
           q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation, **attend)
     return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
-                           kernel_init=nn.initializers.xavier_uniform(),
+                           **projection_inits(("heads", "head_dim"), ("embed",),
+                                              (self.num_heads, self.head_dim, d_model)),
                            name="out")(out_BxTxHxDh)
 
   def _position_bias(self, q_positions, k_positions, relative_table):

@@ -133,10 +133,11 @@ class TransformerStack(nn.Module):
     block_attrs = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
                        deterministic=deterministic, use_cache=use_cache)
     if cfg.scan_layers:
-      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast,) * (len(block_args) - 1),
-                        length=self.num_layers)
+                        length=self.num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, _ = scanned(**block_attrs, name="blocks")(*block_args)
     else:
       for i in range(self.num_layers):

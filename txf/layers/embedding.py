@@ -41,10 +41,13 @@ class Embedder(nn.Module):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
     # embeddings and sinusoids are both O(1) and initial logits are O(1).
     self.token = nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype,
-                          embedding_init=nn.initializers.normal(stddev=1.0))
+                          embedding_init=nn.with_logical_partitioning(
+                              nn.initializers.normal(stddev=1.0), ("vocab", "embed")))
     if self.position == "learned":
-      self.position_table = self.param("position_table", nn.initializers.normal(stddev=0.02),
-                                       (self.max_len, self.d_model), jnp.float32)
+      self.position_table = self.param(
+          "position_table",
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+          (self.max_len, self.d_model), jnp.float32)
 
   def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
     """tokens [B, T] int, positions [B|1, T] -> [B, T, D].
@@ -93,7 +96,9 @@ class RelativePositionTable(nn.Module):
 
   @nn.compact
   def __call__(self) -> jax.Array:
-    return self.param("table", nn.initializers.normal(stddev=1.0),
+    return self.param("table",
+                      nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
+                                                   (None, "heads")),
                       (self.num_buckets, self.num_heads), jnp.float32)
 
 

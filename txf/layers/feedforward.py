@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 
 from txf.layers.config import GATED_ACTIVATIONS
+from txf.layers.partitioning import projection_inits
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swiglu": jax.nn.silu,
                 "geglu": jax.nn.gelu}
@@ -32,15 +33,15 @@ class FeedForward(nn.Module):
     """[B, T, D] -> [B, T, D]."""
     if self.activation not in _ACTIVATIONS:
       raise ValueError(f"FeedForward.activation: {self.activation!r} not in {tuple(_ACTIVATIONS)}")
-    dense = lambda features, name: nn.Dense(
-        features, use_bias=self.use_bias, dtype=self.dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name=name)
+    dense = lambda features, axes, name: nn.Dense(
+        features, use_bias=self.use_bias, dtype=self.dtype, **projection_inits(*axes), name=name)
     act = _ACTIVATIONS[self.activation]
-    h_BxTxF = dense(self.d_ff, "wi")(x_BxTxD)
+    into_hidden = (("embed",), ("mlp",))
+    h_BxTxF = dense(self.d_ff, into_hidden, "wi")(x_BxTxD)
     if self.activation in GATED_ACTIVATIONS:
-      h_BxTxF = act(dense(self.d_ff, "gate")(x_BxTxD)) * h_BxTxF
+      h_BxTxF = act(dense(self.d_ff, into_hidden, "gate")(x_BxTxD)) * h_BxTxF
     else:
       h_BxTxF = act(h_BxTxF)
     # Dropout on the hidden layer as in T5; the block adds residual dropout.
     h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=deterministic)
-    return dense(x_BxTxD.shape[-1], "wo")(h_BxTxF)
+    return dense(x_BxTxD.shape[-1], (("mlp",), ("embed",)), "wo")(h_BxTxF)

@@ -9,6 +9,12 @@ import jax.numpy as jnp
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
 from txf.layers.config import ModelConfig
+from txf.layers.partitioning import projection_inits
+
+
+def _lecun_kernel_init(*axes):
+  """`nn.Dense`'s default kernel initializer, with logical axes."""
+  return nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes)
 
 
 class LMHead(nn.Module):
@@ -22,7 +28,7 @@ class LMHead(nn.Module):
     if self.cfg.tie_embeddings:
       return embedder.attend(x_BxTxD)
     return nn.Dense(self.cfg.vocab_size, use_bias=False, dtype=compute_dtype(self.cfg),
-                    kernel_init=nn.initializers.xavier_uniform(),
+                    **projection_inits(("embed",), ("vocab",)),
                     name="logits")(x_BxTxD).astype(jnp.float32)
 
 
@@ -36,10 +42,17 @@ class MaskedLMHead(nn.Module):
   def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
     """[B, T, D] -> [B, T, V] float32."""
     cfg = self.cfg
-    h_BxTxD = nn.Dense(cfg.d_model, dtype=compute_dtype(cfg), name="transform")(x_BxTxD)
+    # [D, D]: one mesh axis cannot split both dimensions.
+    h_BxTxD = nn.Dense(cfg.d_model, dtype=compute_dtype(cfg),
+                       kernel_init=_lecun_kernel_init("embed", None),
+                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                              ("embed",)),
+                       name="transform")(x_BxTxD)
     h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(jax.nn.gelu(h_BxTxD))
     logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
-    return logits_BxTxV + self.param("bias", nn.initializers.zeros, (cfg.vocab_size,), jnp.float32)
+    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                        (cfg.vocab_size,), jnp.float32)
+    return logits_BxTxV + bias_V
 
 
 def pool(x_BxTxD: jax.Array, valid_BxT: jax.Array, pooling: str) -> jax.Array:
@@ -70,5 +83,8 @@ class ClassificationHead(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, valid_BxT: jax.Array) -> jax.Array:
     pooled_BxD = pool(x_BxTxD, valid_BxT, self.cfg.pooling)
+    # A handful of classes: not worth splitting.
     return nn.Dense(self.cfg.num_classes, dtype=compute_dtype(self.cfg),
+                    kernel_init=_lecun_kernel_init("embed", None),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
                     name="classifier")(pooled_BxD).astype(jnp.float32)

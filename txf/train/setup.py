@@ -45,7 +45,8 @@ from txf.train import hardware, sharding
 from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, check_run_config
 from txf.train.optim import make_optimizer, make_schedule
-from txf.train.step import TrainState, init_state, make_eval_step, make_train_step
+from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
+                            make_train_step)
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -162,8 +163,11 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     init_fn = functools.partial(init_state, model, optimizer, first_batch, task)
     # Abstract evaluation only: a dimension that does not divide its mesh
     # axis fails here, before any parameter exists.
-    state_sharding = sharding.state_shardings(
-        jax.eval_shape(init_fn, jax.random.key(config.seed)), mesh)
+    # The boxed parameters carry each one's logical axes.
+    key = jax.random.key(config.seed)
+    boxed_params = jax.eval_shape(
+        functools.partial(init_params, model, first_batch, task), key)
+    state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
   except ValueError as error:
     raise ConfigError(str(error)) from error
 

@@ -1,9 +1,10 @@
 """Data parallel, FSDP and tensor parallel as config changes.
 
 One device mesh with axes ('data', 'fsdp', 'tensor') is built from
-`config.parallel`. Every parameter gets logical axis names from one table
-(`PARAM_AXES`); `rules` map logical names to mesh axes; `jax.jit` with
-`NamedSharding`s does the rest (XLA's SPMD partitioner inserts the
+`config.parallel`. Every parameter carries logical axis names, declared by
+the layer that creates it (`nn.with_logical_partitioning`, see
+`txf.layers.partitioning`); `rules` map logical names to mesh axes; `jax.jit`
+with `NamedSharding`s does the rest (XLA's SPMD partitioner inserts the
 collectives).
 
   parallel.data    batch split; parameters replicated (plain data parallel)
@@ -15,11 +16,12 @@ Typical use:
 
   mesh = make_mesh(config.parallel)
   check_batch(config.data.batch_size, mesh)
-  shardings = state_shardings(jax.eval_shape(init, key), mesh)
-  state = jax.jit(init, out_shardings=shardings)(key)
+  shardings = state_shardings(jax.eval_shape(init_state_fn, key),
+                              jax.eval_shape(init_params_fn, key), mesh)
+  state = jax.jit(init_state_fn, out_shardings=shardings)(key)
   batch = shard_batch(local_numpy_batch, mesh)
 
-Anything that cannot be sharded as asked (a parameter no rule covers, a
+Anything that cannot be sharded as asked (a parameter without logical axes, a
 dimension its mesh axis does not divide, a batch that does not split evenly)
 raises a ValueError naming the parameter or config field before any compute.
 """
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from typing import Any, Iterator, Mapping, Sequence
 
 import flax.linen as nn
@@ -56,43 +57,6 @@ DEFAULT_RULES: Rules = (
     ("layers", None),
     ("length", None),
 )
-
-# Parameter path (components joined by '/') -> logical axes of its unscanned
-# shape. A pattern matches the end of a path at a component boundary. Every
-# parameter must match exactly one pattern, so a new layer parameter fails
-# loudly here instead of silently staying replicated.
-PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
-    (r"(self|cross)_attention/query/kernel", ("embed", "heads", "head_dim")),
-    (r"(self|cross)_attention/(key|value)/kernel", ("embed", "kv_heads", "head_dim")),
-    (r"(self|cross)_attention/query/bias", ("heads", "head_dim")),
-    (r"(self|cross)_attention/(key|value)/bias", ("kv_heads", "head_dim")),
-    (r"(self|cross)_attention/out/kernel", ("heads", "head_dim", "embed")),
-    (r"(self|cross)_attention/out/bias", ("embed",)),
-    (r"ffn/(wi|gate)/kernel", ("embed", "mlp")),
-    (r"ffn/(wi|gate)/bias", ("mlp",)),
-    (r"ffn/wo/kernel", ("mlp", "embed")),
-    (r"ffn/wo/bias", ("embed",)),
-    # *_attention_norm, ffn_norm, final_norm and the MLM head's norm.
-    (r"[^/]*norm/(scale|bias)", ("embed",)),
-    # embedder, encoder_embedder, decoder_embedder.
-    (r"[^/]*embedder/token/embedding", ("vocab", "embed")),
-    (r"[^/]*embedder/position_table", (None, "embed")),
-    (r"relative_position/table", (None, "heads")),
-    (r"head/(projection/)?logits/kernel", ("embed", "vocab")),
-    # MLM transform is [D, D]: one mesh axis cannot split both dimensions.
-    (r"head/transform/kernel", ("embed", None)),
-    (r"head/transform/bias", ("embed",)),
-    (r"head/bias", ("vocab",)),
-    # A handful of classes: not worth splitting.
-    (r"head/classifier/kernel", ("embed", None)),
-    (r"head/classifier/bias", (None,)),
-)
-_COMPILED_PARAM_AXES = tuple((re.compile(rf"(?:.*/)?(?:{pattern})"), axes)
-                             for pattern, axes in PARAM_AXES)
-
-# `nn.scan` over layers (model.scan_layers) stores a block's parameters under
-# this name with a leading [num_layers] axis.
-SCANNED_BLOCKS = "blocks"
 
 # Where to change a logical axis's size when its mesh axis does not divide it.
 _AXIS_FIELDS = {
@@ -147,42 +111,6 @@ def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None)
 
 
 # ---------------------------------------------------------------------------
-# Logical axes of parameters.
-
-
-def _path_name(path: tuple) -> str:
-  """'stack/block_0/ffn/wi/kernel' from a tree path of dict keys."""
-  return "/".join(str(getattr(key, "key", key)) for key in path)
-
-
-def param_logical_axes(name: str, ndim: int) -> tuple[str | None, ...]:
-  """Logical axes of the parameter at path `name` with `ndim` dimensions.
-
-  Raises:
-    ValueError: naming the path when no rule or several rules match, or the
-      rule's rank does not fit the parameter.
-  """
-  matches = [axes for pattern, axes in _COMPILED_PARAM_AXES if pattern.fullmatch(name)]
-  if len(matches) != 1:
-    problem = "no sharding rule matches" if not matches else f"{len(matches)} sharding rules match"
-    raise ValueError(f"{name}: {problem} this parameter; give it exactly one entry in "
-                     "txf.train.sharding.PARAM_AXES")
-  axes = matches[0]
-  if SCANNED_BLOCKS in name.split("/"):
-    axes = ("layers", *axes)
-  if len(axes) != ndim:
-    raise ValueError(f"{name}: has {ndim} dimensions but its rule in PARAM_AXES gives "
-                     f"{len(axes)} axes {axes}")
-  return axes
-
-
-def logical_axes(params: Any) -> Any:
-  """Pytree like `params` (arrays or ShapeDtypeStructs) of logical-axis tuples."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: param_logical_axes(_path_name(path), np.ndim(leaf)), params)
-
-
-# ---------------------------------------------------------------------------
 # Shardings.
 
 
@@ -224,34 +152,66 @@ def _spec(name: str, shape: tuple[int, ...], axes: Sequence[str | None], mesh: M
   return PartitionSpec(*entries)
 
 
-def param_shardings(params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
-  """Pytree like `params` (arrays or `jax.eval_shape` output) of NamedShardings.
+def _path_name(path: tuple) -> str:
+  """'stack/block_0/ffn/wi/kernel' from a tree path of dict keys."""
+  return "/".join(str(getattr(key, "key", key)) for key in path)
+
+
+def param_shardings(abstract_params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+  """NamedShardings for the parameters, from the logical axes their layers declare.
+
+  Args:
+    abstract_params: the `params` collection of `jax.eval_shape(model.init, ...)`
+      (or of `model.init`), every leaf boxed (`nn.Partitioned`) with its
+      logical axes.
+    mesh, rules: where the logical axes go.
+
+  Returns:
+    A pytree like the unboxed parameters (`nn.meta.unbox(abstract_params)`)
+    of NamedShardings.
 
   Raises:
-    ValueError: naming the parameter for a missing rule or an uneven split.
+    ValueError: naming the parameter, for one created without logical axes,
+      axes that do not match its rank, or an uneven split.
   """
   def one(path, leaf):
     name = _path_name(path)
-    axes = param_logical_axes(name, np.ndim(leaf))
-    return NamedSharding(mesh, _spec(name, np.shape(leaf), axes, mesh, rules))
-  return jax.tree_util.tree_map_with_path(one, params)
+    if not isinstance(leaf, nn.Partitioned):
+      raise ValueError(f"{name}: this parameter has no logical axes; create it with its "
+                       "initializer wrapped in nn.with_logical_partitioning (txf.layers."
+                       "partitioning)")
+    shape, axes = np.shape(leaf.value), tuple(leaf.names)
+    if len(axes) != len(shape):
+      raise ValueError(f"{name}: has {len(shape)} dimensions but its logical axes {axes} "
+                       f"name {len(axes)}")
+    return NamedSharding(mesh, _spec(name, shape, axes, mesh, rules))
+  return jax.tree_util.tree_map_with_path(
+      one, abstract_params, is_leaf=lambda leaf: isinstance(leaf, nn.Partitioned))
 
 
-def state_shardings(abstract_state: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+def state_shardings(abstract_state: Any, abstract_params: Any, mesh: Mesh,
+                    rules: Rules = DEFAULT_RULES) -> Any:
   """NamedShardings for a whole TrainState (or any tree holding `.params`).
+
+  Args:
+    abstract_state: `jax.eval_shape` of the state's init; its parameters are
+      plain (unboxed), as `txf.train.step.init_state` makes them.
+    abstract_params: the same parameters boxed with their logical axes
+      (`jax.eval_shape` of `txf.train.step.init_params`), see `param_shardings`.
+    mesh, rules: where the logical axes go.
 
   Parameters follow the rules. Optimizer-state subtrees that mirror the
   parameters (Adam's mu and nu: same tree structure and shapes) get the
   parameters' shardings; scalars (step, counts) are replicated.
 
   Raises:
-    ValueError: for a non-scalar leaf that mirrors no parameter (it would
-      otherwise be silently replicated on every device).
+    ValueError: as `param_shardings`, and for a non-scalar leaf that mirrors
+      no parameter (it would otherwise be silently replicated on every device).
   """
-  params = abstract_state.params
+  params = nn.meta.unbox(abstract_params)
   params_def = jax.tree.structure(params)
   params_shapes = [np.shape(p) for p in jax.tree.leaves(params)]
-  params_shardings = param_shardings(params, mesh, rules)
+  params_shardings = param_shardings(abstract_params, mesh, rules)
 
   def mirrors_params(node):
     return (jax.tree.structure(node) == params_def

@@ -39,10 +39,21 @@ class TrainState:
   opt_state: Any
 
 
+def init_params(model: nn.Module, batch: Batch, task: str, rng: jax.Array) -> Any:
+  """The model's initial parameters, each boxed (`nn.Partitioned`) with the
+  logical axes its layer declares: under `jax.eval_shape`, what
+  `txf.train.sharding.state_shardings` reads the axes from."""
+  return model.init(rng, *model_inputs(batch, task))["params"]
+
+
 def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch: Batch,
                task: str, rng: jax.Array) -> TrainState:
-  """Initial state from a batch of the right shapes (its values are unused)."""
-  params = model.init(rng, *model_inputs(batch, task))["params"]
+  """Initial state from a batch of the right shapes (its values are unused).
+
+  The state holds plain arrays (the boxes of `init_params` removed): the
+  optimizer, the steps and checkpoints never see logical-axis metadata.
+  """
+  params = nn.meta.unbox(init_params(model, batch, task, rng))
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.init(params))
 

@@ -1,0 +1,49 @@
+"""Attention maps of a txf model, as its own attention layers computed them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+from flax import traverse_util
+
+# TransformerStack names its blocks `block_{i}`, or `blocks` when run under
+# `nn.scan` (cfg.scan_layers), which stacks what they record along a leading
+# layer axis.
+_SCANNED_BLOCKS = "blocks"
+
+
+def attention_maps(model: nn.Module, params: Any, *inputs: jax.Array,
+                   **kwargs: Any) -> dict[str, jax.Array]:
+  """The attention weights of every attention layer for one batch.
+
+  Applies the model with its 'intermediates' collection mutable, so each
+  `MultiHeadAttention` computes its output from the weights it records
+  (`txf.layers.attention`): the maps are the model's, not a re-implementation.
+
+  Args:
+    model: a txf model (`txf.models.build(config.model)`).
+    params: its parameters (plain or boxed).
+    *inputs: the model's inputs: tokens [B, T], or for an encoder-decoder the
+      encoder tokens [B, S] and decoder tokens [B, T].
+    **kwargs: passed on to `model.apply` (e.g. `deterministic`).
+
+  Returns:
+    {module path: float32 [B, H, T, S]}, e.g. 'stack/block_0/self_attention',
+    'decoder/block_1/cross_attention' (T queries, S keys). Layers under
+    `scan_layers` get the same per-layer paths as unscanned ones.
+  """
+  _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"], **kwargs)
+  maps = {}
+  for path, sown in traverse_util.flatten_dict(state["intermediates"]).items():
+    if path[-1] != "attention_weights":
+      continue
+    (weights,) = sown  # each attention layer runs once per apply
+    if weights.ndim == 4:
+      maps["/".join(path[:-1])] = weights
+      continue
+    for layer, weights_BxHxTxS in enumerate(weights):
+      parts = (f"block_{layer}" if part == _SCANNED_BLOCKS else part for part in path[:-1])
+      maps["/".join(parts)] = weights_BxHxTxS
+  return maps
