@@ -114,6 +114,15 @@ def assert_same_batches(batches_a, batches_b):
       np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+def truncate_state_files(step_dir):
+  """Cuts every array file of a checkpoint step to 3 bytes (a corrupt save)."""
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  assert files
+  for path in files:
+    with open(path, "r+b") as f:
+      f.truncate(3)
+
+
 # --- the CLI in subprocesses ---------------------------------------------------
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -118,15 +118,17 @@ def mean_matches_deterministic(module, variables, *args, **kwargs):
 
 def test_feedforward_hidden_dropout_is_unbiased():
   """The output projection is linear in the dropped hidden layer."""
-  ffn = FeedForward(32, "gelu", dropout_rate=P)
+  ffn = FeedForward(32, "gelu", use_bias=False, dropout_rate=P, dtype=jnp.float32)
   x = jax.random.normal(jax.random.key(0), (2, 3, 8))
   mean_matches_deterministic(ffn, ffn.init(jax.random.key(2), x), x)
 
 
 def test_attention_weight_dropout_is_unbiased():
   """The output is linear in the dropped attention weights."""
-  attention = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=4, causal=True,
-                                 attention_dropout_rate=P)
+  attention = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
+                                 window=None, rope_base=10000.0, rope_scale=1.0,
+                                 t5_max_distance=128, use_bias=False, attention_dropout_rate=P,
+                                 implementation=None, dtype=jnp.float32, causal=True)
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   call = dict(q_positions_BxT=jnp.arange(5)[None])
   mean_matches_deterministic(attention, attention.init(jax.random.key(2), x, **call), x, **call)
@@ -229,7 +231,7 @@ def test_tied_output_trains_the_embedding_of_unseen_tokens(tied):
   a tied model has no separate output matrix."""
   model = build(ModelConfig(**TINY, tie_embeddings=tied))
   batch = lm_batch(0, 2, 6, vocab=16)  # inputs and targets use ids < 16 only
-  params = model.init(jax.random.key(0), batch["inputs"])["params"]
+  params = nn.meta.unbox(model.init(jax.random.key(0), batch["inputs"])["params"])
   assert ("logits" in params.get("head", {})) == (not tied)
 
   def loss(params):

@@ -6,6 +6,7 @@ A `model` config that is not a mapping: a TypeError naming the model config.
 eval.temperature = NaN: a ValueError naming the field.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +45,7 @@ def test_token_ids_under_jit_are_clamped_to_the_vocabulary(embedder_and_variable
   """Under jit (ids unknown at trace time) id >= V reads row V - 1 and a
   negative id reads row 0: finite, where a plain gather gives NaN or wraps."""
   embedder, variables = embedder_and_variables
-  table = np.asarray(variables["params"]["token"]["embedding"], np.float64)
+  table = np.asarray(nn.meta.unbox(variables["params"])["token"]["embedding"], np.float64)
   apply = jax.jit(lambda tokens: embedder.apply(variables, tokens, jnp.arange(3)[None]))
   out = np.asarray(apply(jnp.array([[V, -3, 2]], jnp.int32)))
   np.testing.assert_allclose(out[0], table[[V - 1, 0, 2]], atol=1e-6, rtol=1e-6)

@@ -12,7 +12,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import REPO, checkpoint_steps, cli_command, cli_env, tiny_config as tiny
+from conftest import (REPO, checkpoint_steps, cli_command, cli_env, tiny_config as tiny,
+                      truncate_state_files)
 
 from txf.train import loop
 from txf.train.config import ConfigError
@@ -154,3 +155,26 @@ def test_sigkill_between_a_log_and_a_checkpoint_keeps_one_row_per_step(
   dropped = [json.loads(line)["step"]
              for line in (workdir / "metrics.dropped.jsonl").read_text().splitlines()]
   assert dropped == list(range(resumed_from + 1, logged + 1))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_all_checkpoints_corrupt_is_one_line_exit_2(tmp_path, compilation_cache_dir):
+  workdir = tmp_path / "run"
+  config = tiny(steps=8, train__checkpoint_every=4)
+  loop.run(config, workdir, log=lambda line: None)
+  for step in checkpoint_steps(workdir):
+    truncate_state_files(workdir / "checkpoints" / str(step))
+  before = digests(workdir)
+  config.train.steps = 12
+  done = subprocess.run(cli_command("rope", workdir, config), cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env=cli_env(compilation_cache_dir))
+  line = done.stderr.strip().splitlines()[-1]
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert line.startswith(f"checkpoint error: No checkpoint in {workdir / 'checkpoints'}"), line
+  assert "step 8: " in line and "step 4: " in line, line
+  assert digests(workdir) == before
+
+
+def test_divergence_before_any_checkpoint_says_so(tmp_path):
+  with pytest.raises(loop.TrainingDiverged, match="no checkpoint had been written yet"):
+    loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "run", log=lambda line: None)

@@ -83,7 +83,11 @@ def hidden_states(model, params, *inputs):
   """The output of the model's one TransformerStack, [B, T, D]."""
   _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"],
                          capture_intermediates=lambda mdl, _: isinstance(mdl, TransformerStack))
-  captured = jax.tree_util.tree_leaves(state["intermediates"])
+  # Attention layers sow their weights into the same collection: keep only
+  # the captured __call__ outputs.
+  captured = [leaf for path, leaf in
+              jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]
+              if any(getattr(key, "key", None) == "__call__" for key in path)]
   assert len(captured) == 1, "expected exactly one TransformerStack"
   return np.asarray(captured[0], np.float64)
 

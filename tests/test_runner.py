@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import (REPO, checkpoint_steps, cli_command, cli_env, restore_state, sigterm_at,
-                      tiny_config as tiny)
+                      tiny_config as tiny, truncate_state_files)
 
 from txf.train import loop
 from txf.train.metrics import read_metrics
@@ -175,14 +175,6 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
   assert int(final_a["step"]) == 12
 
 
-def truncate_state_files(step_dir):
-  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
-  assert files
-  for path in files:
-    with open(path, "r+b") as f:
-      f.truncate(3)
-
-
 # After a failed restore, orbax's tensorstore sometimes completes a future on an
 # already-closed asyncio loop (a harmless "Event loop is closed" in a thread).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -200,9 +192,13 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   assert checkpoint_steps(workdir) == [8, 12]
   assert "eval_loss" in result
   rows = train_rows(workdir)
-  assert [r["step"] for r in rows] == list(range(1, 9)) + list(range(5, 13))
-  # Steps 5-8 retrained from step 4's state and data position: the same losses.
-  assert [r["loss"] for r in rows[8:12]] == [r["loss"] for r in first_rows[4:8]]
+  # Steps 5-8 were trained again: their first rows moved aside, one row per step.
+  assert [r["step"] for r in rows] == list(range(1, 13))
+  dropped = [json.loads(line) for line in
+             (workdir / "metrics.dropped.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in dropped if "loss" in r] == [5, 6, 7, 8]
+  # Retrained from step 4's state and data position: the same losses.
+  assert [r["loss"] for r in rows[4:8]] == [r["loss"] for r in first_rows[4:8]]
 
 
 def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):

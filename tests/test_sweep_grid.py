@@ -40,10 +40,10 @@ def test_expand_is_the_product_in_grid_order_first_field_slowest():
 
 
 def test_names_are_filesystem_safe_and_keep_grid_order_with_full_paths_on_clashes():
-  points = grid.expand(sweep_config({"model.max_len": [256], "data.max_len": [8],
+  points = grid.expand(sweep_config({"model.max_len": [256], "data.max_example_len": [8],
                                      "eval.sample_prompt": ["a/b c"],
                                      "model.use_bias": [True]}))
-  assert points[0].name == "model.max_len=256,data.max_len=8,sample_prompt=a_b_c,use_bias=true"
+  assert points[0].name == "max_len=256,max_example_len=8,sample_prompt=a_b_c,use_bias=true"
   assert points[0].config.eval.sample_prompt == "a/b c"
 
 
@@ -171,13 +171,18 @@ def test_command_for_reproduces_every_field_the_point_changes(tmp_path):
   assert "--config.model.position" not in commands[0]  # unchanged fields are not passed
 
 
-def test_command_for_rejects_what_the_command_line_cannot_set():
+def test_command_for_sets_derived_fields_and_rejects_what_the_command_line_cannot_set():
   points = grid.expand(sweep_config({"model.window": [None, 16]}))
   reference = load_config("base")
   assert "window" not in grid.command_for(points[0], "configs/base.py", "w", reference=reference)
-  with pytest.raises(GridError, match=r"^point 1 \(window=16\): model\.window: cannot set 16 "
-                                      r"from the command line"):
-    grid.command_for(points[1], "configs/base.py", "w", reference=reference)
-  reference.model.bogus = 1
-  with pytest.raises(GridError, match=r"^point 0 \(window=None\): model\.bogus: in only one"):
+  # model.window is a typed placeholder (None by default): the command line sets it.
+  assert "--config.model.window=16" in grid.command_for(points[1], "configs/base.py", "w",
+                                                         reference=reference)
+  # ...but cannot set a field back to None.
+  reference.model.window = 16
+  with pytest.raises(GridError, match=r"^point 0 \(window=None\): model\.window: cannot set "
+                                      r"None from the command line"):
     grid.command_for(points[0], "configs/base.py", "w", reference=reference)
+  reference.model.bogus = 1
+  with pytest.raises(GridError, match=r"^point 1 \(window=16\): model\.bogus: in only one"):
+    grid.command_for(points[1], "configs/base.py", "w", reference=reference)

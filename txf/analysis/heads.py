@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from txf.data.config import check_int
+from txf.checks import int_at_least as check_int
 
 # Row sums of weights computed in bfloat16 stray from 1 by up to ~1e-2.
 _ROW_SUM_ATOL = 2e-2
