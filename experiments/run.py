@@ -231,17 +231,24 @@ def main(argv) -> None:
   except WorkdirError as error:
     fail("workdir", error)
   except RestoreError as error:
-    fail("checkpoint", " ".join(str(error).split()))
+    # After a failed restore, tensorstore may still finish a future on a
+    # closed event loop and print a traceback at exit: leave at once.
+    exit_now(2, f"checkpoint error: {' '.join(str(error).split())}")
   except TrainingDiverged as error:
     print(f"diverged: {error}", file=sys.stderr)
     sys.exit(1)
   except CheckpointWriteError as error:
-    print(f"checkpoint error: {error}", file=sys.stderr)
-    sys.stderr.flush()
-    sys.stdout.flush()
     # orbax's threads still wait for the failed save's commit and would keep
     # the interpreter from ever exiting: leave without waiting for them.
-    os._exit(1)
+    exit_now(1, f"checkpoint error: {error}")
+
+
+def exit_now(status: int, line: str) -> NoReturn:
+  """Prints `line` on stderr and exits without waiting for background threads."""
+  print(line, file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
 
 
 if __name__ == "__main__":
