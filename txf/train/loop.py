@@ -29,11 +29,11 @@ import numpy as np
 from txf import decode
 from txf.analysis import summarize
 from txf.train import hardware, sharding
-from txf.train.checkpoint import Checkpointer, PreemptionGuard, RestoreError
+from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError
 from txf.train.metrics import MetricsWriter, format_progress
-from txf.train.setup import (RunSetup, changed_fields, check_resumable, make_checkpointer,
-                             setup_run, write_config)
+from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
+                             make_checkpointer, setup_run, write_config)
 from txf.train.workdir import WorkdirLock, check_writable
 
 
@@ -257,19 +257,12 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
 def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: pathlib.Path, log):
   """(start step, state, data position or None) from the latest checkpoint
   that restores, or a fresh state at step 0."""
-  try:
-    restored = checkpointer.restore(setup.abstract_state)
-  except RestoreError as error:
-    # Every step failing the same way is most often a config change that
-    # reshapes the state (e.g. train.grad_clip_norm=0 drops the clipping's
-    # optimizer state): name the changed field rather than orbax's tree diff.
-    changed = changed_fields(setup.config, workdir, sections=("train",))
-    if changed:
-      raise ConfigError(
-          f"{changed[0]}: differs from the run already in {workdir} (config.json) and the "
-          f"checkpoints there do not restore with it (their optimizer state no longer "
-          f"fits); use the run's value or a new --workdir") from error
-    raise
+  if checkpointer.latest_step() is not None:
+    try:
+      check_optimizer_state(setup.config, workdir, setup.abstract_state.params)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+  restored = checkpointer.restore(setup.abstract_state)
   if restored is None:
     return 0, setup.init(setup.init_key), None
   start, state, extras = restored

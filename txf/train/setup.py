@@ -276,6 +276,38 @@ def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
                        "use a new --workdir")
 
 
+def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_params: Any) -> None:
+  """Refuses a `train` change that reshapes the optimizer state the run's
+  checkpoints hold (e.g. train.grad_clip_norm=0 drops the clipping's state),
+  naming the field, instead of a restore failing on a tree mismatch.
+
+  Raises:
+    ValueError: naming the first changed train field that changes the state's
+      structure on its own.
+  """
+  saved = read_run_config(workdir)
+  if saved is None or not isinstance(saved.get("train"), dict):
+    return
+  structure = lambda train: jax.tree.structure(
+      jax.eval_shape(make_optimizer(train).init, abstract_params))
+  current = structure(config.train)
+  for name in changed_fields(config, workdir, sections=("train",)):
+    field = name.partition(".")[2]
+    if field not in saved["train"]:
+      continue
+    reverted = ml_collections.ConfigDict(config.train.to_dict())
+    reverted[field] = saved["train"][field]
+    try:
+      changes_structure = structure(reverted) != current
+    except ValueError:  # the saved value no longer validates: not this field's doing
+      continue
+    if changes_structure:
+      raise ValueError(
+          f"{name}: {saved['train'][field]!r} -> {config.train[field]!r} changes the optimizer "
+          f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
+          "--workdir")
+
+
 def write_config(config: Any, workdir: str | os.PathLike) -> None:
   """Records `config` as the one the run in `workdir` trains with (process 0
   writes, atomically: other processes of the run may be reading it)."""
