@@ -79,6 +79,12 @@ class WindowLosses:
       return np.where(counts_T > 0, sums_T / counts_T, np.nan)
 
 
+def default_stride(seq_len: int) -> int:
+  """The sliding stride when none is given: half the window, so every token
+  after the first window is predicted from at least T / 2 tokens."""
+  return max(seq_len // 2, 1)
+
+
 def windows(num_tokens: int, *, seq_len: int, protocol: str,
             stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Where the protocol's windows lie in a stream of `num_tokens` tokens.
@@ -105,7 +111,7 @@ def windows(num_tokens: int, *, seq_len: int, protocol: str,
       raise ValueError(f"stride: only the sliding protocol takes one, got {stride!r}")
     starts_W = np.arange(num_tokens // (seq_len + 1)) * (seq_len + 1)
     return starts_W, np.zeros_like(starts_W)
-  stride = max(seq_len // 2, 1) if stride is None else check_int(stride, "stride", 1)
+  stride = default_stride(seq_len) if stride is None else check_int(stride, "stride", 1)
   if stride > seq_len:
     raise ValueError(f"stride must be at most seq_len={seq_len}, got {stride}")
   last_start = num_tokens - 1 - seq_len
@@ -144,7 +150,8 @@ def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: in
     tokens_BxN: int [B, N]: B independent token streams, N >= seq_len + 1.
     seq_len: T, the evaluation length: the most tokens the model reads at once.
     protocol: 'non_overlapping' or 'sliding' (module docstring).
-    stride: sliding only: tokens each window advances, in [1, T]; None: T // 2.
+    stride: sliding only: tokens each window advances, in [1, T]; None:
+      `default_stride(T)`.
     batch_size: windows per model call (memory: the model's activations at
       batch_size x T tokens).
 
