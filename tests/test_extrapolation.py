@@ -151,9 +151,10 @@ def test_bad_arguments_are_refused_naming_them(tokens_BxN, kwargs, message):
 
 def test_models_that_cannot_be_scored_are_refused(tokens_BxN):
   learned = tiny_model("learned")
-  with pytest.raises(ValueError, match=r"seq_len: 16 is longer than the learned position table "
-                                       r"\(model.max_len=8\)"):
-    window_losses(learned, {}, tokens_BxN, seq_len=2 * T)
+  params = learned.init(jax.random.key(4), tokens_BxN[:, :T])["params"]
+  with pytest.raises(ValueError, match="model.max_len: a sequence of 16 tokens is longer than "
+                                       "the learned position table"):
+    window_losses(learned, params, tokens_BxN, seq_len=2 * T)
   encoder = tiny_model(family="encoder", head="mlm")
   with pytest.raises(ValueError, match="model must be a txf decoder language model"):
     window_losses(encoder, {}, tokens_BxN, seq_len=T)

@@ -129,14 +129,11 @@ def _token_losses(model: nn.Module, params: Any, inputs_BxT: jax.Array,
   return ops.token_cross_entropy(logits_BxTxV, targets_BxT)
 
 
-def _check_model(model: nn.Module, seq_len: int) -> None:
+def _check_model(model: nn.Module) -> None:
   cfg = getattr(model, "cfg", None)
   if cfg is None or cfg.family != "decoder" or cfg.head != "lm":
     raise ValueError("model must be a txf decoder language model (model.family='decoder', "
                      f"model.head='lm'), got {type(model).__name__}")
-  if cfg.position == "learned" and seq_len > cfg.max_len:
-    raise ValueError(f"seq_len: {seq_len} is longer than the learned position table "
-                     f"(model.max_len={cfg.max_len})")
 
 
 def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: int,
@@ -159,8 +156,9 @@ def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: in
     The WindowLosses.
 
   Raises:
-    ValueError: naming the argument, before any compute (also for a learned
-      position table shorter than seq_len).
+    ValueError: naming the argument, before any compute; a learned position
+      table shorter than seq_len is refused by the model itself (naming
+      model.max_len) when the first window is traced.
   """
   tokens_BxN = np.asarray(tokens_BxN)
   if tokens_BxN.ndim != 2 or not np.issubdtype(tokens_BxN.dtype, np.integer):
@@ -169,7 +167,7 @@ def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: in
   batch_size = check_int(batch_size, "batch_size", 1)
   B, N = tokens_BxN.shape
   starts_W, first_W = windows(N, seq_len=seq_len, protocol=protocol, stride=stride)
-  _check_model(model, seq_len)
+  _check_model(model)
 
   # Every stream has the same windows: window w of row b is item b * W + w.
   rows_I = np.repeat(np.arange(B), len(starts_W))
