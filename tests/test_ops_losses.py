@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops.losses import cross_entropy
+from txf.ops.losses import cross_entropy, token_cross_entropy
 
 V = 11
 
@@ -21,9 +21,13 @@ def np_target(labels, label_smoothing):
   return (1 - label_smoothing) * np.eye(V)[labels] + label_smoothing / V
 
 
-def np_cross_entropy(logits, labels, weights, label_smoothing=0.0, z_loss=0.0):
+def np_token_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
   log_probs, lse = np_log_softmax(logits)
-  per_token = -(np_target(labels, label_smoothing) * log_probs).sum(-1) + z_loss * lse ** 2
+  return -(np_target(labels, label_smoothing) * log_probs).sum(-1) + z_loss * lse ** 2
+
+
+def np_cross_entropy(logits, labels, weights, label_smoothing=0.0, z_loss=0.0):
+  per_token = np_token_cross_entropy(logits, labels, label_smoothing, z_loss)
   return (weights * per_token).sum() / weights.sum(), weights.sum()
 
 
@@ -46,6 +50,17 @@ def test_matches_reference(batch, label_smoothing, z_loss):
   ref_loss, ref_num = np_cross_entropy(logits, labels, weights, label_smoothing, z_loss)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
   np.testing.assert_allclose(num_tokens, ref_num, rtol=1e-6)
+
+
+@pytest.mark.parametrize('label_smoothing,z_loss', [(0.0, 0.0), (0.2, 1e-3)])
+def test_token_losses_match_reference(batch, label_smoothing, z_loss):
+  logits, labels, _ = batch
+  per_token = token_cross_entropy(logits, labels, label_smoothing=label_smoothing,
+                                  z_loss=z_loss)
+  assert per_token.dtype == jnp.float32 and per_token.shape == labels.shape
+  np.testing.assert_allclose(per_token,
+                             np_token_cross_entropy(logits, labels, label_smoothing, z_loss),
+                             rtol=1e-5)
 
 
 def test_default_weights_and_bool_weights(batch):

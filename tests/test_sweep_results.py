@@ -33,11 +33,11 @@ def replica_row(step, name, values, **extra):
           **{f"{name}/{r}": value for r, value in enumerate(values)}, **extra}
 
 
-def write_extrapolation(workdir, applicable):
+def write_extrapolation(workdir, applicable, **extra):
   losses = {"non_overlapping": [2.0, 2.5, 3.5], "sliding": [1.9, 2.2, 3.0]}
   losses = {p: [v if ok else None for v, ok in zip(vs, applicable)] for p, vs in losses.items()}
   (workdir / results.EXTRAPOLATION_FILE).write_text(json.dumps(
-      {"lengths": [8, 16, 32], "loss": losses, "applicable": applicable}))
+      {"lengths": [8, 16, 32], "loss": losses, "applicable": applicable, **extra}))
 
 
 @pytest.fixture
@@ -239,6 +239,32 @@ def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, po
   np.testing.assert_array_equal(lengths, [8])
   np.testing.assert_array_equal(losses, [1.9])
   assert std is None and list(call["series"]) == [points[0].name, points[2].name]
+
+
+def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
+  per_position = [3.0, 2.0, None, 1.5]  # null: no token scored at position 2
+  write_extrapolation(sweep_dir / points[0].name, [True, True, False],
+                      per_position={"length": 4, "loss": per_position})
+  line_plot = FakeLinePlot()
+  path = results.plot_per_position(summaries(sweep_dir, points), sweep_dir,
+                                   line_plot=line_plot)
+  assert path.name == results.PER_POSITION_PNG
+  assert_png(path)
+  (call,) = line_plot.calls
+  ((label, (positions, losses, std)),) = call["series"].items()
+  assert label == f"{points[0].name} (4 tokens)" and std is None
+  np.testing.assert_array_equal(positions, [0, 1, 2, 3])
+  np.testing.assert_array_equal(losses, [3.0, 2.0, np.nan, 1.5])
+  assert "position" in call["xlabel"] and "nats/token" in call["ylabel"]
+
+  write_extrapolation(sweep_dir / points[0].name, [True, True, False],
+                      per_position={"length": 5, "loss": per_position})
+  with pytest.raises(ValueError, match="per_position.loss has 4 entries for length 5"):
+    results.read_extrapolation(sweep_dir / points[0].name)
+  write_extrapolation(sweep_dir / points[0].name, [True, True, False],
+                      per_position={"loss": per_position})
+  with pytest.raises(ValueError, match="missing 'per_position.length'"):
+    results.read_extrapolation(sweep_dir / points[0].name)
 
 
 def test_pre_vs_post_bar_chart_is_written(sweep_dir, points):

@@ -5,7 +5,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-__all__ = ['cross_entropy']
+__all__ = ['cross_entropy', 'token_cross_entropy']
 
 
 def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
@@ -29,13 +29,41 @@ def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
     raise ValueError(f'z_loss must be >= 0, got {z_loss}')
 
 
-def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0.0):
-  """Weighted mean token cross-entropy, computed in float32.
+def token_cross_entropy(logits, labels, *, label_smoothing=0.0, z_loss=0.0):
+  """Per-token cross-entropy, computed in float32 (unreduced `cross_entropy`).
 
   The target distribution is (1 - label_smoothing) * onehot(labels) +
   label_smoothing / V. With z_loss > 0 each token also pays
   z_loss * logsumexp(logits)^2 (PaLM), which keeps the softmax normaliser
   near 1.
+
+  Args:
+    logits: float `[..., V]`.
+    labels: int `[...]` in [0, V).
+    label_smoothing: in [0, 1).
+    z_loss: coefficient of the z-loss term, >= 0.
+
+  Returns:
+    float32 `[...]`: each token's loss (nats).
+  """
+  logits = jnp.asarray(logits)
+  labels = jnp.asarray(labels)
+  _check_inputs(logits, labels, None, label_smoothing, z_loss)
+  logits_xV = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits_xV, axis=-1)
+  # -sum(target * log_softmax) split into its one-hot and uniform parts, so
+  # no [..., V] target array is built.
+  label_logit = jnp.take_along_axis(logits_xV, labels[..., None], axis=-1)[..., 0]
+  nll = log_z - label_logit
+  uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
+  per_token = (1.0 - label_smoothing) * nll + label_smoothing * uniform_nll
+  return per_token + z_loss * jnp.square(log_z)
+
+
+def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0.0):
+  """Weighted mean token cross-entropy, computed in float32.
+
+  Each token's loss is `token_cross_entropy(logits, labels, ...)`.
 
   Args:
     logits: float `[..., V]`.
@@ -52,17 +80,8 @@ def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0
   labels = jnp.asarray(labels)
   weights = None if weights is None else jnp.asarray(weights)
   _check_inputs(logits, labels, weights, label_smoothing, z_loss)
-
-  logits_xV = logits.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(logits_xV, axis=-1)
-  # -sum(target * log_softmax) split into its one-hot and uniform parts, so
-  # no [..., V] target array is built.
-  label_logit = jnp.take_along_axis(logits_xV, labels[..., None], axis=-1)[..., 0]
-  nll = log_z - label_logit
-  uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
-  per_token = (1.0 - label_smoothing) * nll + label_smoothing * uniform_nll
-  per_token = per_token + z_loss * jnp.square(log_z)
-
+  per_token = token_cross_entropy(logits, labels, label_smoothing=label_smoothing,
+                                  z_loss=z_loss)
   weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(
       jnp.float32)
   num_tokens = jnp.sum(weights)

@@ -6,12 +6,24 @@ metrics.jsonl; the sweep adds
   diverged.json       `DIVERGED_FILE`: written by `mark_diverged` when the
                       point's training diverged, {"error": "<message>"}
   extrapolation.json  `EXTRAPOLATION_FILE`: length-extrapolation losses,
-                      written by the extrapolation evaluator:
+                      written by the extrapolation evaluator
+                      (txf.sweep.extrapolate; protocols: txf.analysis.extrapolation):
       {"lengths": [128, 256, ...],             evaluation lengths in tokens
        "loss": {"non_overlapping": [...],      protocol -> loss (nats/token)
                 "sliding": [...]},             per length; null where not applicable
-       "applicable": [true, ..., false]}       per length (false: e.g. longer
+       "applicable": [true, ..., false],       per length (false: e.g. longer
                                                than a learned position table)
+       "per_position": {"length": 2048,        optional (null if no length applies):
+                        "loss": [...]}}        mean loss at each window position
+                                               0..length-1 of the non-overlapping
+                                               windows at the longest applicable
+                                               length (null: no token scored there)
+      The evaluator also records, for readers of the file (not read here):
+      "step" (the checkpoint's), "train_length" (data.seq_len), "factors"
+      (lengths / train_length), "num_tokens" (validation tokens evaluated),
+      "stride" (the sliding stride per length), "scored_tokens" (protocol ->
+      tokens scored per length) and "reason" (per length: why it does not
+      apply, or null); null where not applicable.
 
 Replicas. A run of R vmapped replicas (R > 1) logs each per-replica metric
 as '<name>/<r>' (r = 0..R-1), e.g. 'eval_loss/0', 'eval_loss/1', next to
@@ -42,6 +54,7 @@ RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 LOSS_CURVES_PNG = "loss_curves.png"
 PRE_VS_POST_PNG = "pre_vs_post.png"
+PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
 
 LinePlot = Callable[..., Any]
@@ -65,6 +78,8 @@ class Extrapolation:
   lengths: tuple[int, ...]
   loss: Mapping[str, tuple[float | None, ...]]
   applicable: tuple[bool, ...]
+  per_position_length: int | None = None
+  per_position_loss: tuple[float, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +168,19 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
       raise ValueError(f"{path}: {key} has {len(values)} entries for {len(lengths)} lengths")
   loss = {protocol: tuple(None if v is None else float(v) for v in values)
           for protocol, values in data["loss"].items()}
-  return Extrapolation(lengths, loss, tuple(bool(a) for a in data["applicable"]))
+  per_position = data.get("per_position")
+  if per_position is not None:
+    for key in ("length", "loss"):
+      if key not in per_position:
+        raise ValueError(f"{path}: missing 'per_position.{key}'")
+    if len(per_position["loss"]) != per_position["length"]:
+      raise ValueError(f"{path}: per_position.loss has {len(per_position['loss'])} entries "
+                       f"for length {per_position['length']}")
+  return Extrapolation(
+      lengths, loss, tuple(bool(a) for a in data["applicable"]),
+      per_position_length=None if per_position is None else int(per_position["length"]),
+      per_position_loss=None if per_position is None else tuple(
+          math.nan if v is None else float(v) for v in per_position["loss"]))
 
 
 def summarize_point(point: Point, workdir: str | epath.PathLike, *,
@@ -330,6 +357,27 @@ def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.
   (line_plot or _default_line_plot())(
       series, path, title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
       xlabel="evaluation length (tokens)", ylabel=f"validation loss ({LOSS_UNITS})", logx=True)
+  return path
+
+
+def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.PathLike, *,
+                      line_plot: LinePlot | None = None) -> epath.Path:
+  """Validation loss vs token position in the non-overlapping windows of each
+  point's longest applicable evaluation length, one line per point that has
+  them (where an encoding breaks shows as a rise past the training length).
+  Returns the PNG, per_position_loss.png."""
+  series = {}
+  for row in rows:
+    found = row.extrapolation
+    if found is None or found.per_position_loss is None:
+      continue
+    series[f"{row.point.name} ({found.per_position_length} tokens)"] = (
+        np.arange(found.per_position_length), np.array(found.per_position_loss), None)
+  path = epath.Path(sweep_workdir) / PER_POSITION_PNG
+  (line_plot or _default_line_plot())(
+      series, path, title="Loss by token position at the longest evaluation length",
+      xlabel="position in the window (tokens from its start)",
+      ylabel=f"validation loss ({LOSS_UNITS})")
   return path
 
 

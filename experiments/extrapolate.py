@@ -1,0 +1,51 @@
+"""Length extrapolation of a trained run (Press et al. 2022, "Train Short, Test Long").
+
+  python -m experiments.extrapolate --workdir=RUN [--factors=1,2,4,8,16] [--stride=64]
+      [--num_tokens=100000]
+
+Scores the run's validation split at each factor x its training length with
+non-overlapping and sliding windows (txf.analysis.extrapolation), prints a
+table and writes extrapolation.json, extrapolation.png and
+per_position_loss.png into RUN (nothing else there changes). A length longer
+than a learned position table is reported as n/a. An invalid argument or a
+directory without a trained run exits 2 with one line naming it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder LM.")
+_FACTORS = flags.DEFINE_list("factors", ["1", "2", "4", "8", "16"],
+                             "Evaluation lengths as multiples of the training length.")
+_STRIDE = flags.DEFINE_integer("stride", None,
+                               "Tokens a sliding window advances (default: half the length).")
+_NUM_TOKENS = flags.DEFINE_integer(
+    "num_tokens", None, "Validation tokens to score (default: those of the run's evaluator).")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from txf.sweep.extrapolate import extrapolate_run, format_table  # after flag parsing: fast --help
+  logging.set_verbosity(logging.WARNING)
+  try:
+    factors = [int(factor) for factor in _FACTORS.value]
+  except ValueError:
+    print(f"flag error: factors: not a list of integers: {','.join(_FACTORS.value)}",
+          file=sys.stderr)
+    sys.exit(2)
+  try:
+    record = extrapolate_run(_WORKDIR.value, factors, stride=_STRIDE.value,
+                             num_tokens=_NUM_TOKENS.value)
+  except ValueError as error:  # ConfigError too
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+  print(format_table(record))
+
+
+if __name__ == "__main__":
+  app.run(main)

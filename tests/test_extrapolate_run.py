@@ -1,0 +1,143 @@
+"""Length extrapolation of a trained run (txf.sweep.extrapolate and
+python -m experiments.extrapolate).
+
+One tiny run with a learned position table of 2x its training length (32 ->
+table 64) is trained once for the module: 1x and 2x apply, 4x does not.
+JAX's persistent compilation cache is on, as in test_setup.py.
+"""
+
+import hashlib
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from txf.analysis.extrapolation import PROTOCOLS
+from txf.sweep import results
+from txf.sweep.extrapolate import extrapolate_run, format_table
+from txf.train import loop
+from txf.train.config import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+STEPS = 4
+SEQ_LEN = 32
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OUTPUTS = (results.EXTRAPOLATION_FILE, "extrapolation.png", "per_position_loss.png")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A tiny learned-position run (table of 64 rows) trained at seq_len 32."""
+  workdir = tmp_path_factory.mktemp("learned")
+  loop.run(tiny_config("learned", steps=STEPS, model__max_len=2 * SEQ_LEN), workdir,
+           log=lambda line: None)
+  return workdir
+
+
+def digests(directory):
+  """{relative path: sha256} of the run's files, except the extrapolation outputs."""
+  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(pathlib.Path(directory).rglob("*"))
+          if p.is_file() and p.name not in OUTPUTS}
+
+
+def final_eval_loss(workdir):
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [row["eval_loss"] for row in rows if row["step"] == STEPS and "eval_loss" in row][-1]
+
+
+def test_extrapolation_of_a_learned_table_run(trained):
+  before = digests(trained)
+  record = extrapolate_run(trained, (1, 2, 4))
+  assert digests(trained) == before  # config.json and checkpoints untouched
+  for name in OUTPUTS[1:]:
+    assert (trained / name).read_bytes().startswith(PNG_MAGIC)
+
+  assert record["lengths"] == [32, 64, 128] and record["applicable"] == [True, True, False]
+  # Default budget: the evaluator's eval.num_batches x batch_size windows of 33 tokens.
+  assert record["num_tokens"] == 1 * 8 * (SEQ_LEN + 1)
+  # At 1x the non-overlapping windows are the evaluator's: float32 sums of the
+  # eval step against float64 sums of float32 per-token losses.
+  assert record["loss"]["non_overlapping"][0] == pytest.approx(final_eval_loss(trained),
+                                                               rel=1e-5)
+  assert record["scored_tokens"]["non_overlapping"][:2] == [8 * 32, 4 * 64]
+  assert record["scored_tokens"]["sliding"][:2] == [263, 263]  # every token but the first
+  for protocol in PROTOCOLS:
+    assert all(math.isfinite(loss) for loss in record["loss"][protocol][:2])
+    assert record["loss"][protocol][2] is None
+  assert record["reason"][:2] == [None, None]
+  assert record["reason"][2].startswith("model.max_len: the learned position table (64)")
+  assert record["stride"] == [16, 32, None]
+
+  # The longest applicable length's per-position loss, averaging to its loss.
+  per_position = record["per_position"]
+  assert per_position["length"] == 64 and len(per_position["loss"]) == 64
+  assert np.mean(per_position["loss"]) == pytest.approx(record["loss"]["non_overlapping"][1],
+                                                        rel=1e-9)
+  read = results.read_extrapolation(trained)
+  assert read.lengths == (32, 64, 128) and read.applicable == (True, True, False)
+  assert read.loss["sliding"] == tuple(record["loss"]["sliding"])
+  assert read.per_position_length == 64 and len(read.per_position_loss) == 64
+
+  table = format_table(record)
+  assert "n/a" in table and "model.max_len" in table
+  assert f"{record['loss']['non_overlapping'][0]:.4f}" in table
+
+
+def test_a_token_budget_and_stride_of_ones_own(trained):
+  record = extrapolate_run(trained, (1, 2), stride=8, num_tokens=300)
+  assert record["num_tokens"] == 300  # eval.num_batches raised to 2 batches for it
+  assert record["stride"] == [8, 8]
+  assert record["scored_tokens"]["non_overlapping"] == [(300 // 33) * 32, (300 // 65) * 64]
+  assert record["scored_tokens"]["sliding"] == [299, 299]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(factors=(2, 1)), "factors must be distinct positive ints in increasing order"),
+    (dict(factors=(0,)), r"factors\[\] must be >= 1"),
+    (dict(stride=33), "stride must be at most the shortest length 32, got 33"),
+    (dict(num_tokens=10**7), "num_tokens: the validation split holds only"),
+    (dict(num_tokens=40, factors=(1, 2)), "num_tokens: 40 validation tokens hold no window "
+                                          "of 65 tokens"),
+])
+def test_bad_arguments_are_refused_naming_them(trained, kwargs, message):
+  before = digests(trained)
+  with pytest.raises(ValueError, match=message):
+    extrapolate_run(trained, **kwargs)
+  assert digests(trained) == before
+
+
+def test_a_directory_without_a_run_is_refused(tmp_path):
+  with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
+    extrapolate_run(tmp_path)
+
+
+def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
+  config_json = (trained / "config.json").read_bytes()
+  for name in OUTPUTS:
+    (trained / name).unlink(missing_ok=True)
+  done = subprocess.run([sys.executable, "-m", "experiments.extrapolate", f"--workdir={trained}",
+                         "--factors=1,2,4"], cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "n/a" in done.stdout and "128" in done.stdout
+  assert json.loads((trained / results.EXTRAPOLATION_FILE).read_text())["applicable"] == [
+      True, True, False]
+  for name in OUTPUTS[1:]:
+    assert (trained / name).read_bytes().startswith(PNG_MAGIC)
+  assert (trained / "config.json").read_bytes() == config_json
+
+  done = subprocess.run([sys.executable, "-m", "experiments.extrapolate",
+                         f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 2 and "holds no run" in done.stderr
