@@ -12,11 +12,12 @@ checkpoint; a preempted run (SIGTERM) saves and exits 0.
 from __future__ import annotations
 
 import pathlib
-import re
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from experiments.cli import parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (file.py[:arg]).",
                                           lock_config=True)
@@ -35,29 +36,6 @@ def default_workdir(config_path: str) -> pathlib.Path:
   stem = pathlib.Path(config_path.split(":")[0]).stem
   arg = config_path.partition(":")[2]
   return pathlib.Path("workdirs") / (f"{stem}_{arg}" if arg else stem)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, except that an override of a field the config does
-  not have (--config.model.bogus=1) is a config error, not a traceback."""
-  try:
-    return app.parse_flags_with_usage(argv)
-  except (AttributeError, KeyError) as error:  # ml_collections: no such field
-    cause = error
-    while isinstance(cause, BaseException) and cause.args:  # AttributeError(KeyError(msg))
-      cause = cause.args[0]
-    message = str(cause)
-    found = re.search(r"'([^']+)'", message)
-    paths = [arg.lstrip("-").split("=", 1)[0] for arg in argv[1:]
-             if arg.lstrip("-").startswith("config.")]
-    field = next((p.partition(".")[2] for p in paths
-                  if found and found.group(1) in p.split(".")[1:]), None)
-    if field is None:  # not an override's field: some other bug, keep the traceback
-      raise
-    hint = message.partition("\n")[2]
-    print(f"config error: {field}: unknown field" + (f" ({hint})" if hint else ""),
-          file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv) -> None:
