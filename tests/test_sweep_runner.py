@@ -102,6 +102,12 @@ def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypat
   assert (workdir / results.RESULTS_CSV).read_text() == expected
 
 
+def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_path):
+  rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
+  assert [row.status for row in rows] == ["missing", "missing"]
+  assert sorted(os.listdir(tmp_path)) == [results.RESULTS_CSV, results.RESULTS_MD]
+
+
 def test_index_runs_exactly_one_point_and_writes_no_results(tmp_path, compilation_cache_dir):
   lines = []
   assert runner.run_sweep(toy_sweep(), tmp_path, index=1, log=lines.append) is None

@@ -148,22 +148,23 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *, replica
   """Writes results.csv, results.md and the plots into the sweep workdir from
   what the points' run directories hold; returns the rows.
 
-  Plots: validation loss curves (once any point has evaluated), loss vs
-  evaluation length per extrapolation protocol found, and Pre- vs Post-LN
-  when the grid sweeps both model.position and model.norm_placement.
+  Plots: validation loss curves and, when the grid sweeps both
+  model.position and model.norm_placement, Pre- vs Post-LN (both once any
+  point has a final validation loss), and loss vs evaluation length per
+  extrapolation protocol found.
   """
   workdir = epath.Path(workdir)
   rows = [results.summarize_point(point, workdir / point.name, replicas=replicas)
           for point in points]
   written = list(results.write_results(rows, workdir))
-  if any(row.eval_loss is not None for row in rows):
+  evaluated = any(row.eval_loss is not None for row in rows)
+  if evaluated:
     written.append(results.plot_loss_curves(points, workdir, replicas=replicas))
   protocols = dict.fromkeys(protocol for row in rows if row.extrapolation is not None
                             for protocol in row.extrapolation.loss)
   written += [results.plot_extrapolation(rows, workdir, protocol=protocol)
               for protocol in protocols]
-  fields = set(points[0].overrides)
-  if {"model.position", "model.norm_placement"} <= fields:
+  if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
     written.append(results.plot_pre_vs_post(rows, workdir))
   log("wrote " + ", ".join(str(path) for path in written))
   return rows
