@@ -51,15 +51,28 @@ def final_eval_loss(workdir):
 
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory, compilation_cache_dir):
-  """A two-point toy sweep run once to the end: (workdir, log lines, hook calls)."""
+  """A two-point toy sweep: point 1 alone (index=1), then the whole sweep.
+
+  Returns a dict: workdir; index_result, index_listing (run_sweep's return
+  and the workdir's entries after index=1); lines and calls (the full run's
+  log lines and extrapolation hook calls).
+  """
   workdir = tmp_path_factory.mktemp("sweep")
+  index_result = runner.run_sweep(toy_sweep(), workdir, index=1, log=lambda line: None)
+  index_listing = sorted(os.listdir(workdir))
   lines, calls = [], []
   runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
-  return workdir, lines, calls
+  return dict(workdir=workdir, index_result=index_result, index_listing=index_listing,
+              lines=lines, calls=calls)
+
+
+def test_index_runs_exactly_one_point_and_writes_no_results(finished_sweep):
+  assert finished_sweep["index_result"] is None
+  assert finished_sweep["index_listing"] == [TOY_NAMES[1]]
 
 
 def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep):
-  workdir, lines, calls = finished_sweep
+  workdir, lines, calls = (finished_sweep[key] for key in ("workdir", "lines", "calls"))
   assert [str(call) for call in calls] == [str(workdir / name) for name in TOY_NAMES]
   for name in TOY_NAMES:
     point_dir = workdir / name
@@ -77,11 +90,15 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
   assert all(f"| {name} |" in markdown for name in TOY_NAMES)
   for png in (results.LOSS_CURVES_PNG, results.PRE_VS_POST_PNG, "extrapolation_sliding.png"):
     assert (workdir / png).read_bytes().startswith(PNG_MAGIC)
-  assert sum(line.endswith(": training") for line in lines) == 2
+  # Point 1 trained alone first: the full run trains only point 0, and
+  # extrapolates both.
+  assert [line for line in lines if line.startswith("point ")] == [
+      f"point 0 ({TOY_NAMES[0]}): training", f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+      f"point 1 ({TOY_NAMES[1]}): done, skipped", f"point 1 ({TOY_NAMES[1]}): length extrapolation"]
 
 
 def test_a_rerun_skips_finished_points(finished_sweep):
-  workdir, _, _ = finished_sweep
+  workdir = finished_sweep["workdir"]
   metrics = [workdir / name / "metrics.jsonl" for name in TOY_NAMES]
   before = [path.stat().st_mtime_ns for path in metrics]
   lines, calls = [], []
@@ -93,7 +110,7 @@ def test_a_rerun_skips_finished_points(finished_sweep):
 
 
 def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
-  workdir, _, _ = finished_sweep
+  workdir = finished_sweep["workdir"]
   expected = (workdir / results.RESULTS_CSV).read_text()
   (workdir / results.RESULTS_CSV).unlink()
   monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
@@ -106,14 +123,6 @@ def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_
   rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
   assert [row.status for row in rows] == ["missing", "missing"]
   assert sorted(os.listdir(tmp_path)) == [results.RESULTS_CSV, results.RESULTS_MD]
-
-
-def test_index_runs_exactly_one_point_and_writes_no_results(tmp_path, compilation_cache_dir):
-  lines = []
-  assert runner.run_sweep(toy_sweep(), tmp_path, index=1, log=lines.append) is None
-  assert sorted(os.listdir(tmp_path)) == [TOY_NAMES[1]]
-  assert results.point_status(tmp_path / TOY_NAMES[1]) == "done"
-  assert f"point 1 ({TOY_NAMES[1]}): training" in lines
 
 
 @pytest.mark.parametrize("fields, message", [
