@@ -25,58 +25,22 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import io
 import os
 import pathlib
 import re
 import sys
 import tokenize
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from absl import app, flags, logging
-from ml_collections import config_flags
+
+from experiments.cli import ConfigFileParser, define_config_flag, fail, parse_flags
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigFileError(Exception):
-  """The config file cannot be loaded. Not a ValueError: absl would wrap it
-  into a multi-line flag error."""
-
-
-class _ConfigFileParser(flags.ArgumentParser):
-  """Parses --config=file.py[:arg] like ml_collections' own parser (get_config(arg),
-  then lock), but every way a config file can fail to load (missing, syntax
-  error, get_config raising) is a one-line ConfigFileError."""
-
-  def parse(self, argument):
-    file, *arg = argument.split(":", 1)
-    if not os.path.isfile(file):
-      raise ConfigFileError(f"{file}: no such config file")
-    try:
-      spec = importlib.util.spec_from_file_location("config_file", file)
-      module = importlib.util.module_from_spec(spec)
-      spec.loader.exec_module(module)
-      config = module.get_config(*arg)
-    except SyntaxError as error:
-      raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
-    except Exception as error:  # pylint: disable=broad-except  # the user's code
-      first_line = (str(error).splitlines() or [""])[0]
-      raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
-    if not hasattr(config, "lock"):
-      raise ConfigFileError(f"{argument}: get_config() returned {type(config).__name__}, "
-                            "not a ConfigDict")
-    config.lock()
-    return config
-
-  def flag_type(self):
-    return "config object"
-
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (file.py[:arg]).",
-                                          lock_config=True)
-flags.FLAGS["config"].parser = _ConfigFileParser()
+_CONFIG = define_config_flag("Path to a config file (file.py[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None,
                                "Run directory (default: workdirs/<config file stem>).")
 _PRINT_CONFIG = flags.DEFINE_bool(
@@ -88,7 +52,6 @@ _COORDINATOR = flags.DEFINE_string(
     "(which are detected automatically).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flag_as_required("config")
 
 
 def first_docstring_line(path: pathlib.Path) -> str:
@@ -108,50 +71,10 @@ def configs_help() -> str:
 __doc__ += "\n" + configs_help()
 
 
-def fail(kind: str, message: Any) -> NoReturn:
-  """One line `<kind> error: ...` on stderr, exit status 2."""
-  print(f"{kind} error: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
 def default_workdir(config_path: str) -> pathlib.Path:
   stem = pathlib.Path(config_path.split(":")[0]).stem
   arg = config_path.partition(":")[2]
   return pathlib.Path("workdirs") / (f"{stem}_{arg}" if arg else stem)
-
-
-def unknown_field(error: Exception, argv: list[str]) -> str | None:
-  """`section.field` of the --config override that ml_collections could not
-  find (AttributeError(KeyError(msg))), with its hint; None if none matches."""
-  cause = error
-  while isinstance(cause, BaseException) and cause.args:
-    cause = cause.args[0]
-  message = str(cause)
-  found = re.search(r"'([^']+)'", message)
-  paths = [arg.lstrip("-").split("=", 1)[0] for arg in argv[1:]
-           if arg.lstrip("-").startswith("config.")]
-  field = next((p.partition(".")[2] for p in paths
-                if found and found.group(1) in p.split(".")[1:]), None)
-  if field is None:
-    return None
-  hint = message.partition("\n")[2]
-  return f"{field}: unknown field" + (f" ({hint})" if hint else "")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with every error the user can cause as one line and
-  exit status 2 instead of a traceback."""
-  try:
-    return flags.FLAGS(argv)
-  except ConfigFileError as error:
-    fail("config", error)
-  except flags.Error as error:  # --config.train.steps=abc, --no_such_flag
-    fail("flag", str(error).strip().splitlines()[0])
-  except (AttributeError, KeyError) as error:  # ml_collections: no such field
-    message = unknown_field(error, argv)
-    if message is None:  # not an override's field: some other bug, keep the traceback
-      raise
-    fail("config", message)
 
 
 def field_docs() -> dict[str, str]:
@@ -211,7 +134,7 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if _PRINT_CONFIG.value:
-    print_config(_CONFIG.value, _ConfigFileParser().parse(str(CONFIGS / "base.py")))
+    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")))
     return
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed

@@ -1,0 +1,1 @@
+"""Sweep configs for experiments/sweep.py: a base run config, a grid, settings."""

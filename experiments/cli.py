@@ -1,0 +1,95 @@
+"""Flag parsing shared by the commands in experiments/: every error a user can
+cause on the command line is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from typing import Any, NoReturn
+
+from absl import flags
+from ml_collections import config_flags
+
+
+class ConfigFileError(Exception):
+  """The config file cannot be loaded. Not a ValueError: absl would wrap it
+  into a multi-line flag error."""
+
+
+class ConfigFileParser(flags.ArgumentParser):
+  """Parses --config=file.py[:arg] like ml_collections' own parser (get_config(arg),
+  then lock), but every way a config file can fail to load (missing, syntax
+  error, get_config raising) is a one-line ConfigFileError."""
+
+  def parse(self, argument):
+    file, *arg = argument.split(":", 1)
+    if not os.path.isfile(file):
+      raise ConfigFileError(f"{file}: no such config file")
+    try:
+      spec = importlib.util.spec_from_file_location("config_file", file)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      config = module.get_config(*arg)
+    except SyntaxError as error:
+      raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
+    except Exception as error:  # pylint: disable=broad-except  # the user's code
+      first_line = (str(error).splitlines() or [""])[0]
+      raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
+    if not hasattr(config, "lock"):
+      raise ConfigFileError(f"{argument}: get_config() returned {type(config).__name__}, "
+                            "not a ConfigDict")
+    config.lock()
+    return config
+
+  def flag_type(self):
+    return "config object"
+
+
+def define_config_flag(help_text: str):
+  """The required --config flag, parsed by ConfigFileParser."""
+  holder = config_flags.DEFINE_config_file("config", None, help_text, lock_config=True)
+  flags.FLAGS["config"].parser = ConfigFileParser()
+  flags.mark_flag_as_required("config")
+  return holder
+
+
+def fail(kind: str, message: Any) -> NoReturn:
+  """One line `<kind> error: ...` on stderr, exit status 2."""
+  print(f"{kind} error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def unknown_field(error: Exception, argv: list[str]) -> str | None:
+  """`section.field` of the --config override that ml_collections could not
+  find (AttributeError(KeyError(msg))), with its hint; None if none matches."""
+  cause = error
+  while isinstance(cause, BaseException) and cause.args:
+    cause = cause.args[0]
+  message = str(cause)
+  found = re.search(r"'([^']+)'", message)
+  paths = [arg.lstrip("-").split("=", 1)[0] for arg in argv[1:]
+           if arg.lstrip("-").startswith("config.")]
+  field = next((p.partition(".")[2] for p in paths
+                if found and found.group(1) in p.split(".")[1:]), None)
+  if field is None:
+    return None
+  hint = message.partition("\n")[2]
+  return f"{field}: unknown field" + (f" ({hint})" if hint else "")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every error the user can cause as one line and
+  exit status 2 instead of a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except ConfigFileError as error:
+    fail("config", error)
+  except flags.Error as error:  # --config.train.steps=abc, --no_such_flag
+    fail("flag", str(error).strip().splitlines()[0])
+  except (AttributeError, KeyError) as error:  # ml_collections: no such field
+    message = unknown_field(error, argv)
+    if message is None:  # not an override's field: some other bug, keep the traceback
+      raise
+    fail("config", message)

@@ -1,0 +1,62 @@
+"""Run a sweep: every point of a grid of run configs, then tables and plots.
+
+  python -m experiments.sweep --config=configs/sweeps/pe_ln.py [--workdir=runs/pe_ln]
+      [--index=N] [--dry_run] [--summarize]
+
+Each point trains in <workdir>/<point name> as `experiments.run` would; the
+work directory defaults to runs/<config file stem>. Rerunning resumes: finished
+points are skipped, an interrupted one continues from its checkpoint.
+`--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
+point's `experiments.run` command; `--summarize` only rebuilds results.csv,
+results.md and the plots from what is on disk. Every point is checked before
+the first trains: a bad one stops the sweep with one line naming the point and
+the field (exit status 2). A diverged point is recorded and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags, logging
+
+from experiments.cli import define_config_flag, fail, parse_flags
+
+_CONFIG = define_config_flag("Path to a sweep config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Sweep directory (default: runs/<config file stem>).")
+_INDEX = flags.DEFINE_integer("index", None, "Run only this point (0-based).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False,
+                             "Print each point and its experiments.run command; train nothing.")
+_SUMMARIZE = flags.DEFINE_bool("summarize", False,
+                               "Only rebuild the results and plots from what is on disk.")
+_EXTRAPOLATE = flags.DEFINE_bool(
+    "extrapolate", True,
+    "After training a point, evaluate it at 1x-16x its training length "
+    "(experiments.extrapolate's defaults); --noextrapolate skips it.")
+
+
+def default_workdir(config_path: str) -> str:
+  return os.path.join("runs", os.path.splitext(os.path.basename(config_path.split(":")[0]))[0])
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _DRY_RUN.value and _SUMMARIZE.value:
+    fail("flag", "--dry_run and --summarize: choose one")
+  # After flag parsing: fast --help.
+  from txf.sweep.extrapolate import extrapolate_run
+  from txf.sweep.grid import GridError
+  from txf.sweep.runner import run_sweep
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
+  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  try:
+    run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
+              summarize_only=_SUMMARIZE.value,
+              extrapolate=extrapolate_run if _EXTRAPOLATE.value else None)
+  except GridError as error:
+    fail("config", error)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,207 @@
+"""Tests for txf.sweep.runner and experiments/sweep.py: toy sweeps end to end."""
+
+import csv
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from etils import epath
+import ml_collections
+import pytest
+
+from conftest import load_config, tiny_config
+from txf.sweep import grid, results, runner
+from txf.sweep.grid import GridError
+from txf.train.metrics import read_metrics
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TOY_STEPS = 10
+TOY_GRID = {"model.position": ["rope", "alibi"], "model.norm_placement": ["pre"]}
+TOY_NAMES = ["position=rope,norm_placement=pre", "position=alibi,norm_placement=pre"]
+
+
+def toy_sweep(fields=None, **sweep):
+  config = ml_collections.ConfigDict()
+  config.base = tiny_config(steps=TOY_STEPS)
+  config.grid = grid.make_grid(fields or TOY_GRID)
+  config.sweep = ml_collections.ConfigDict(sweep)
+  return config
+
+
+def fake_extrapolate(calls):
+  """An extrapolation hook writing the documented file with made-up losses."""
+  def extrapolate(workdir):
+    calls.append(workdir)
+    (epath.Path(workdir) / results.EXTRAPOLATION_FILE).write_text(json.dumps(
+        {"lengths": [32, 64], "loss": {"sliding": [3.0, 3.5]}, "applicable": [True, True]}))
+  return extrapolate
+
+
+def read_csv(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def final_eval_loss(workdir):
+  return [row["eval_loss"] for row in read_metrics(workdir) if "eval_loss" in row][-1]
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory, compilation_cache_dir):
+  """A two-point toy sweep: point 1 alone (index=1), then the whole sweep.
+
+  Returns a dict: workdir; index_result, index_listing (run_sweep's return
+  and the workdir's entries after index=1); lines and calls (the full run's
+  log lines and extrapolation hook calls).
+  """
+  workdir = tmp_path_factory.mktemp("sweep")
+  index_result = runner.run_sweep(toy_sweep(), workdir, index=1, log=lambda line: None)
+  index_listing = sorted(os.listdir(workdir))
+  lines, calls = [], []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  return dict(workdir=workdir, index_result=index_result, index_listing=index_listing,
+              lines=lines, calls=calls)
+
+
+def test_index_runs_exactly_one_point_and_writes_no_results(finished_sweep):
+  assert finished_sweep["index_result"] is None
+  assert finished_sweep["index_listing"] == [TOY_NAMES[1]]
+
+
+def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep):
+  workdir, lines, calls = (finished_sweep[key] for key in ("workdir", "lines", "calls"))
+  assert [str(call) for call in calls] == [str(workdir / name) for name in TOY_NAMES]
+  for name in TOY_NAMES:
+    point_dir = workdir / name
+    saved = json.loads((point_dir / "config.json").read_text())
+    assert saved["train"]["steps"] == TOY_STEPS
+    assert saved["model"]["position"] == name.split(",")[0].split("=")[1]
+    assert str(TOY_STEPS) in os.listdir(point_dir / "checkpoints")
+    assert results.point_status(point_dir) == "done"
+  table = read_csv(workdir / results.RESULTS_CSV)
+  assert [row["point"] for row in table] == TOY_NAMES
+  for row, name in zip(table, TOY_NAMES):
+    assert float(row["eval_loss"]) == pytest.approx(final_eval_loss(workdir / name), rel=1e-12)
+    assert (row["status"], row["diverged"], row["sliding@64"]) == ("done", "no", "3.5")
+  markdown = (workdir / results.RESULTS_MD).read_text()
+  assert all(f"| {name} |" in markdown for name in TOY_NAMES)
+  for png in (results.LOSS_CURVES_PNG, results.PRE_VS_POST_PNG, "extrapolation_sliding.png"):
+    assert (workdir / png).read_bytes().startswith(PNG_MAGIC)
+  # Point 1 trained alone first: the full run trains only point 0, and
+  # extrapolates both.
+  assert [line for line in lines if line.startswith("point ")] == [
+      f"point 0 ({TOY_NAMES[0]}): training", f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+      f"point 1 ({TOY_NAMES[1]}): done, skipped", f"point 1 ({TOY_NAMES[1]}): length extrapolation"]
+
+
+def test_a_rerun_skips_finished_points(finished_sweep):
+  workdir = finished_sweep["workdir"]
+  metrics = [workdir / name / "metrics.jsonl" for name in TOY_NAMES]
+  before = [path.stat().st_mtime_ns for path in metrics]
+  lines, calls = [], []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  assert [line for line in lines if line.startswith("point ")] == [
+      f"point {i} ({name}): done, skipped" for i, name in enumerate(TOY_NAMES)]
+  assert calls == []  # extrapolation.json already there
+  assert [path.stat().st_mtime_ns for path in metrics] == before
+
+
+def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
+  workdir = finished_sweep["workdir"]
+  expected = (workdir / results.RESULTS_CSV).read_text()
+  (workdir / results.RESULTS_CSV).unlink()
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
+  assert [row.status for row in rows] == ["done", "done"]
+  assert (workdir / results.RESULTS_CSV).read_text() == expected
+
+
+def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_path):
+  rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
+  assert [row.status for row in rows] == ["missing", "missing"]
+  assert sorted(os.listdir(tmp_path)) == [results.RESULTS_CSV, results.RESULTS_MD]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"model.position": ["rope", "bogus"]},
+     r"^point 1 \(position=bogus\): model.position: 'bogus' is not one of"),
+    ({"model.num_heads": [2, 3]}, r"^point 1 \(num_heads=3\): model.num_heads"),
+    ({"train.warmup_steps": [2, 99]}, r"^point 1 \(warmup_steps=99\): train.warmup_steps"),
+])
+def test_an_invalid_point_stops_the_sweep_before_anything_trains(tmp_path, monkeypatch, fields,
+                                                                  message):
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  with pytest.raises(GridError, match=message):
+    runner.run_sweep(toy_sweep(fields), tmp_path, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("sweep, message", [
+    (dict(seeds=3), r"sweep.seeds: 3 replicas per point are not implemented yet"),
+    (dict(seeds=0), r"sweep.seeds: must be a positive integer, got 0"),
+    (dict(seed=1), r"sweep.seed: unknown field"),
+])
+def test_bad_sweep_settings_are_rejected_naming_the_field(tmp_path, sweep, message):
+  with pytest.raises(GridError, match=message):
+    runner.run_sweep(toy_sweep(**sweep), tmp_path, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilation_cache_dir):
+  lines = []
+  rows = runner.run_sweep(toy_sweep({"train.learning_rate": [1e6, 1e-3]}), tmp_path,
+                          log=lines.append)
+  diverged, healthy = (tmp_path / f"learning_rate={lr}" for lr in ("1000000.0", "0.001"))
+  assert "non-finite" in json.loads((diverged / results.DIVERGED_FILE).read_text())["error"]
+  assert results.point_status(healthy) == "done"
+  assert [(row.status, row.diverged) for row in rows] == [("diverged", True), ("done", False)]
+  assert [row["diverged"] for row in read_csv(tmp_path / results.RESULTS_CSV)] == ["yes", "no"]
+  assert any(line.startswith("point 0 (learning_rate=1000000.0): diverged") for line in lines)
+
+
+@pytest.mark.parametrize("name, count", [("pe_ln", 12), ("ln_warmup", 8)])
+def test_each_shipped_sweep_config_expands_and_validates(name, count):
+  config = load_config(f"sweeps.{name}")
+  points = grid.expand(config)
+  assert len(points) == count
+  grid.validate(points, runner.check_point_config)
+  assert runner.read_sweep_settings(config).seeds == 1
+  reference = runner.load_run_config(str(ROOT / config.sweep.run_config))
+  for point in points:  # every point has an exact experiments.run command
+    grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
+  if name == "pe_ln":
+    assert {p.overrides["model.position"] for p in points} == {
+        "sinusoidal", "learned", "rope", "alibi", "t5_bias", "none"}
+    assert {p.overrides["model.norm_placement"] for p in points} == {"pre", "post"}
+
+
+def run_cli(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.sweep", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_cli_dry_run_prints_every_points_run_command(tmp_path):
+  done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
+  assert done.returncode == 0, done.stderr
+  commands = [line.strip() for line in done.stdout.splitlines() if "experiments.run" in line]
+  assert len(commands) == 12
+  assert commands[7] == (
+      "python -m experiments.run --config=configs/base.py "
+      f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=150 "
+      "--config.model.norm_placement=post --config.model.position=alibi "
+      "--config.train.checkpoint_every=100 --config.train.steps=300 "
+      "--config.train.warmup_steps=30")
+  assert os.listdir(tmp_path) == []
+
+
+def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
+  done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}",
+                 "--config.base.model.num_heads=3")
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+  assert done.stderr.startswith(
+      "config error: point 0 (position=sinusoidal,norm_placement=pre): model.num_heads")
+  assert os.listdir(tmp_path) == []

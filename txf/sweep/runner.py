@@ -1,0 +1,229 @@
+"""Runs a sweep: every point of a grid in turn (or one), then its results.
+
+  run_sweep(sweep_config, "runs/pe_ln")               # every point, then results
+  run_sweep(sweep_config, "runs/pe_ln", index=3)      # one point (a job array task)
+  run_sweep(sweep_config, "runs/pe_ln", dry_run=True) # print the points' commands
+  run_sweep(sweep_config, "runs/pe_ln", summarize_only=True)  # results from disk
+
+The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
+  sweep.seeds        replicas per point; only 1 for now (vmapped replicas
+                     are not implemented yet)
+  sweep.run_config   the run config file `base` comes from (e.g.
+                     'configs/base.py'): the dry run's `experiments.run`
+                     commands load it and override what the point changes
+
+Each point trains through txf.train.loop.run in `<workdir>/<point name>`, a
+normal run directory, so it is one code path with `experiments.run`: a
+rerun resumes an interrupted point from its checkpoint and skips finished
+ones. The sweep workdir gets results.csv, results.md and PNG plots (see
+txf.sweep.results).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Callable, Sequence
+
+from etils import epath
+import jax
+import ml_collections
+
+from txf.data import DataSpec, make_tokenizer, read_data_config
+from txf.data.listops import NUM_CLASSES
+from txf.sweep import grid, results
+from txf.sweep.grid import GridError, Point
+from txf.train import loop, sharding
+from txf.train.config import check_run_config
+from txf.train.optim import make_optimizer, make_schedule
+
+SWEEP_FIELDS = ("seeds", "run_config")
+
+Log = Callable[[str], Any]
+Extrapolate = Callable[[epath.Path], Any]
+
+
+def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
+  """The `sweep` section with its defaults (seeds=1, run_config=None).
+
+  Raises:
+    GridError: an unknown field, or seeds other than 1, naming the field.
+  """
+  given = sweep_config.get("sweep") or ml_collections.ConfigDict()
+  unknown = sorted(set(given.keys()) - set(SWEEP_FIELDS))
+  if unknown:
+    raise GridError(f"sweep.{unknown[0]}: unknown field (known: {', '.join(SWEEP_FIELDS)})")
+  settings = ml_collections.ConfigDict(dict(seeds=1, run_config=None))
+  settings.update(dict(given.items()))
+  seeds = settings.seeds
+  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+    raise GridError(f"sweep.seeds: must be a positive integer, got {seeds!r}")
+  if seeds > 1:
+    raise GridError(f"sweep.seeds: {seeds} replicas per point are not implemented yet "
+                    "(they will be vmapped replicas in one run directory); use 1")
+  return settings
+
+
+def _vocab_size(data_config: ml_collections.ConfigDict, spec: DataSpec) -> int:
+  """The point's vocabulary size without training a tokenizer: a sentencepiece
+  model (trained in the point's workdir at its first run) has at most
+  data.sp_vocab_size pieces; the other tokenizers are built as they are."""
+  if spec.tokenizer == "sentencepiece":
+    return spec.sp_vocab_size
+  return make_tokenizer(data_config).vocab_size
+
+
+def check_point_config(config: ml_collections.ConfigDict) -> None:
+  """Checks one point's run config without touching data or devices' memory:
+  every field (txf.train.config.check_run_config), the optimizer and
+  schedule, and that the batch divides the device mesh.
+
+  Raises:
+    ValueError: naming the field.
+  """
+  spec = read_data_config(config.data)
+  check_run_config(config, vocab_size=_vocab_size(config.data, spec),
+                   num_classes=NUM_CLASSES if spec.task == "classify" else None)
+  make_optimizer(config.train)
+  make_schedule(config.train)
+  sharding.check_batch(config.data.batch_size, sharding.make_mesh(config.parallel))
+
+
+def load_run_config(path: str) -> ml_collections.ConfigDict:
+  """`get_config()` of a config file (configs/<name>.py), as config_flags loads it."""
+  spec = importlib.util.spec_from_file_location("run_config", path)
+  if spec is None:
+    raise GridError(f"sweep.run_config: {path}: not a Python config file")
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except FileNotFoundError as error:
+    raise GridError(f"sweep.run_config: {path}: no such file") from error
+  return module.get_config()
+
+
+def _dry_run(points: Sequence[Point], workdir: epath.Path,
+             settings: ml_collections.ConfigDict, log: Log) -> None:
+  if settings.run_config is None:
+    raise GridError("sweep.run_config: needed for --dry_run (the run config file `base` "
+                    "comes from, which each command loads)")
+  reference = load_run_config(settings.run_config)
+  for point in points:
+    log(f"point {point.index} ({point.name}):\n  "
+        + grid.command_for(point, settings.run_config, workdir / point.name,
+                           reference=reference))
+
+
+def _train_point(point: Point, workdir: epath.Path, log: Log) -> None:
+  """Trains one point unless it is done or diverged; records a divergence."""
+  status = results.point_status(workdir)
+  if status in ("done", "diverged"):
+    log(f"point {point.index} ({point.name}): {status}, skipped")
+    return
+  log(f"point {point.index} ({point.name}): training")
+  try:
+    loop.run(point.config, workdir, log=log)
+  except loop.ConfigError as error:  # e.g. a workdir trained with another config
+    raise GridError(f"point {point.index} ({point.name}): {error}") from error
+  except loop.TrainingDiverged as error:
+    results.mark_diverged(workdir, str(error))
+    log(f"point {point.index} ({point.name}): diverged ({error}); going on")
+  finally:
+    # Each point compiles its own programs; drop them before the next one.
+    jax.clear_caches()
+
+
+def _extrapolate_point(point: Point, workdir: epath.Path, extrapolate: Extrapolate | None,
+                       log: Log) -> None:
+  """Runs the extrapolation hook once for a finished point."""
+  if (extrapolate is None or results.point_status(workdir) != "done"
+      or (workdir / results.EXTRAPOLATION_FILE).exists()):
+    return
+  log(f"point {point.index} ({point.name}): length extrapolation")
+  extrapolate(workdir)
+  jax.clear_caches()
+
+
+def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *, replicas: int,
+              log: Log = print) -> list[results.PointSummary]:
+  """Writes results.csv, results.md and the plots into the sweep workdir from
+  what the points' run directories hold; returns the rows.
+
+  Plots: validation loss curves and, when the grid sweeps both
+  model.position and model.norm_placement, Pre- vs Post-LN (both once any
+  point has a final validation loss), and loss vs evaluation length per
+  extrapolation protocol found, and loss per token position at the longest
+  extrapolated length.
+  """
+  workdir = epath.Path(workdir)
+  rows = [results.summarize_point(point, workdir / point.name, replicas=replicas)
+          for point in points]
+  written = list(results.write_results(rows, workdir))
+  evaluated = any(row.eval_loss is not None for row in rows)
+  if evaluated:
+    written.append(results.plot_loss_curves(points, workdir, replicas=replicas))
+  protocols = dict.fromkeys(protocol for row in rows if row.extrapolation is not None
+                            for protocol in row.extrapolation.loss)
+  written += [results.plot_extrapolation(rows, workdir, protocol=protocol)
+              for protocol in protocols]
+  if any(row.extrapolation is not None and row.extrapolation.per_position_loss is not None
+         for row in rows):
+    written.append(results.plot_per_position(rows, workdir))
+  if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
+    written.append(results.plot_pre_vs_post(rows, workdir))
+  log("wrote " + ", ".join(str(path) for path in written))
+  return rows
+
+
+def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | None = None,
+              dry_run: bool = False, summarize_only: bool = False, log: Log = print,
+              extrapolate: Extrapolate | None = None) -> list[results.PointSummary] | None:
+  """Runs the sweep `sweep_config` in `workdir`.
+
+  Every point is expanded and checked before any trains. Then, by mode:
+    default          trains every point in turn (finished and diverged ones
+                     are skipped, an interrupted one resumes), then writes
+                     the results and plots
+    index=N          trains point N only (None: $SLURM_ARRAY_TASK_ID picks
+                     it when set, else every point); no results are written,
+                     since other points may still be training elsewhere
+    dry_run          logs each point and its exact experiments.run command
+    summarize_only   writes the results and plots from what is on disk
+
+  A point that diverges is recorded (txf.sweep.results.mark_diverged) and the
+  sweep goes on. Only one point's model is in memory at a time.
+
+  Args:
+    sweep_config: base, grid and sweep sections (module docstring).
+    workdir: the sweep's directory; point N trains in workdir/<its name>.
+    index: the one point to run, or None.
+    dry_run, summarize_only: the modes above (at most one).
+    log: called with each progress line (the loop's included).
+    extrapolate: called with a finished point's run directory when it has
+      no extrapolation.json yet, to write one; None: no extrapolation.
+
+  Returns:
+    The results rows where results are written, else None.
+
+  Raises:
+    GridError: a bad grid, sweep setting or point (naming the point and the
+      field) before anything trains, or a point's workdir that its config
+      cannot resume.
+  """
+  if dry_run and summarize_only:
+    raise ValueError("dry_run and summarize_only: choose one mode")
+  workdir = epath.Path(workdir)
+  settings = read_sweep_settings(sweep_config)
+  points = grid.expand(sweep_config)
+  grid.validate(points, check_point_config)
+  selected = grid.select(points, index)
+  if dry_run:
+    _dry_run(selected, workdir, settings, log)
+    return None
+  if not summarize_only:
+    for point in selected:
+      point_dir = workdir / point.name
+      _train_point(point, point_dir, log)
+      _extrapolate_point(point, point_dir, extrapolate, log)
+    if len(selected) < len(points):
+      return None
+  return summarize(points, workdir, replicas=settings.seeds, log=log)
