@@ -2,7 +2,8 @@
 
   python -m experiments.run --config=configs/post_ln.py
 
-norm(x + f(x)) instead of the default Pre-LN x + f(norm(x)); Post-LN typically needs learning-rate warmup to train stably.
+norm(x + f(x)) instead of the default Pre-LN x + f(norm(x)); Post-LN typically
+needs learning-rate warmup to train stably.
 """
 
 from configs import base

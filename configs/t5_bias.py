@@ -2,7 +2,8 @@
 
   python -m experiments.run --config=configs/t5_bias.py
 
-Offsets are bucketed (exact when small, log-spaced up to t5_max_distance); one table per stack is shared by all layers.
+Offsets are bucketed (exact when small, log-spaced up to t5_max_distance); one
+table per stack is shared by all layers.
 """
 
 from configs import base

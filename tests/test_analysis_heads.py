@@ -242,7 +242,7 @@ def test_head_ablation_zeroes_one_head_per_call_and_returns_deltas():
     assert mask.shape == (L, H) and set(np.unique(mask)) <= {0.0, 1.0}
     assert (mask == 0).sum() == 1
     zeroed.append(tuple(np.argwhere(mask == 0)[0]))
-  assert sorted(zeroed) == [(l, h) for l in range(L) for h in range(H)]
+  assert sorted(zeroed) == [(layer, h) for layer in range(L) for h in range(H)]
   np.testing.assert_allclose(deltas, importance + interaction, rtol=1e-12)
 
 
@@ -272,9 +272,9 @@ def test_head_scores_table_and_csv(tmp_path):
   assert rows[0] == ['layer', 'head', 'induction', 'loss_delta']
   assert len(rows) == 1 + L * H
   for layer, head, induction, loss_delta in rows[1:]:
-    l, h = int(layer), int(head)
-    assert float(induction) == scores['induction'][l, h]     # full precision
-    assert float(loss_delta) == scores['loss_delta'][l, h]
+    layer, head = int(layer), int(head)
+    assert float(induction) == scores['induction'][layer, head]     # full precision
+    assert float(loss_delta) == scores['loss_delta'][layer, head]
 
 
 def test_head_scores_table_rejects_mismatched_shapes():
@@ -295,9 +295,9 @@ def test_attention_grid_figure_and_png(tmp_path):
   assert figure.get_suptitle() == 'layer x head'
   panels = [axes for axes in figure.axes if axes.get_title()]
   assert [axes.get_title() for axes in panels] == [
-      f'layer {l}, head {h}' for l in range(L) for h in range(H)]
+      f'layer {layer}, head {h}' for layer in range(L) for h in range(H)]
   assert [axes.get_xlabel() for axes in panels[-H:]] == ['key position'] * H
-  assert [panels[l * H].get_ylabel() for l in range(L)] == ['query position'] * L
+  assert [panels[layer * H].get_ylabel() for layer in range(L)] == ['query position'] * L
   assert [label.get_text() for label in panels[0].get_xticklabels()] == tokens
   np.testing.assert_array_equal(panels[4].images[0].get_array(), weights[1, 1])
   assert len(figure.axes) == L * H + 1                     # one shared colour bar

@@ -125,7 +125,8 @@ def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
     assert printed[name].startswith(repr(value)), (name, printed[name])
     assert ("(base: " in printed[name]) == (value != base[name]), (name, printed[name])
   # Docs: a model field's from ModelConfig, another section's from configs/base.py.
-  assert printed["model.position"].endswith("# sinusoidal | learned | rope | alibi | t5_bias | none")
+  assert printed["model.position"].endswith(
+      "# sinusoidal | learned | rope | alibi | t5_bias | none")
   assert printed["train.steps"] == "7  (base: 600)"
   assert printed["data.batch_size"].endswith("# global, across all devices and hosts")
   assert not workdir.exists()

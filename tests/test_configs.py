@@ -97,7 +97,8 @@ def test_config_changes_only_its_documented_fields(name):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_docstring_has_the_command(name):
   module = importlib.import_module(f"configs.{name}")
-  assert module.__doc__ and f"python -m experiments.run --config=configs/{name}.py" in module.__doc__
+  command = f"python -m experiments.run --config=configs/{name}.py"
+  assert module.__doc__ and command in module.__doc__
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)

@@ -306,7 +306,7 @@ def reference_beam_search(first_token, alpha, num_beams, max_new_tokens):
   for step in range(1, max_new_tokens + 1):
     expansions = [h + (token,) for h in live for token in range(BF_VOCAB)]
     expansions = sorted(expansions, key=path_logprob, reverse=True)[:2 * num_beams]
-    done = lambda h: h[-1] == BF_EOS or step == max_new_tokens
+    done = lambda h, step=step: h[-1] == BF_EOS or step == max_new_tokens
     ended += [h for h in expansions if done(h)]
     live = [h for h in expansions if not done(h)][:num_beams]
   return ranked(ended, alpha, num_beams, max_new_tokens)

@@ -300,8 +300,10 @@ def test_bfloat16_output_dtype_matches_float32_and_grads_finite():
   assert out16.dtype == jnp.bfloat16
   out32 = dot_product_attention(q16.astype(jnp.float32), k16.astype(jnp.float32),
                                 v16.astype(jnp.float32), bias=b16.astype(jnp.float32), **kw)
-  np.testing.assert_allclose(np.asarray(out16, np.float32), np.asarray(out32), atol=BF16_ATOL, rtol=0)
-  w16 = attention_weights(q16, k16, bias=b16, **{n: kw[n] for n in ('mask', 'is_causal', 'window', 'kv_lengths')})
+  np.testing.assert_allclose(np.asarray(out16, np.float32), np.asarray(out32), atol=BF16_ATOL,
+                             rtol=0)
+  w16 = attention_weights(q16, k16, bias=b16,
+                          **{n: kw[n] for n in ('mask', 'is_causal', 'window', 'kv_lengths')})
   assert w16.dtype == jnp.float32
 
   grads16 = _grad_fn(q16, k16, v16, b16, **kw)
@@ -322,7 +324,8 @@ def test_bfloat16_output_dtype_matches_float32_and_grads_finite():
 def test_jit_matches_eager():
   _, kw = CASES['everything']
   q, k, v = make_inputs(9, K=2, Dv=6)
-  f = jax.jit(dot_product_attention, static_argnames=('is_causal', 'window', 'implementation', 'scale'))
+  f = jax.jit(dot_product_attention,
+              static_argnames=('is_causal', 'window', 'implementation', 'scale'))
   np.testing.assert_allclose(np.asarray(f(q, k, v, **kw)),
                              np.asarray(dot_product_attention(q, k, v, **kw)), atol=1e-6, rtol=1e-6)
   g = jax.jit(attention_weights, static_argnames=('is_causal', 'window', 'scale'))
@@ -382,7 +385,8 @@ BAD_CALLS = [
 ]
 
 
-@pytest.mark.parametrize('message,override', BAD_CALLS, ids=[f'{i}:{m}' for i, (m, _) in enumerate(BAD_CALLS)])
+@pytest.mark.parametrize('message,override', BAD_CALLS,
+                         ids=[f'{i}:{m}' for i, (m, _) in enumerate(BAD_CALLS)])
 def test_validation_errors(message, override):
   args = dict(q=Q, k=K4, v=V4)
   args.update(override)

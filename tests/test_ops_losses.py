@@ -94,14 +94,14 @@ def test_zero_weights_give_zero(batch):
   zeros = np.zeros(labels.shape, np.float32)
   loss, num_tokens = cross_entropy(logits, labels, weights=zeros)
   assert loss == 0.0 and num_tokens == 0.0
-  grad = jax.grad(lambda l: cross_entropy(l, labels, weights=zeros)[0])(logits)
+  grad = jax.grad(lambda z: cross_entropy(z, labels, weights=zeros)[0])(logits)
   np.testing.assert_array_equal(grad, 0.0)
 
 
 @pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
 def test_gradient_is_softmax_minus_target(batch, label_smoothing):
   logits, labels, weights = batch
-  grad = jax.grad(lambda l: cross_entropy(l, labels, weights=weights,
+  grad = jax.grad(lambda z: cross_entropy(z, labels, weights=weights,
                                           label_smoothing=label_smoothing)[0])(logits)
   log_probs, _ = np_log_softmax(logits)
   ref = (np.exp(log_probs) - np_target(labels, label_smoothing)) * weights[..., None]
@@ -114,7 +114,7 @@ def test_transformations(batch, dtype):
   logits = jnp.asarray(logits, dtype)
   ref_loss, _ = np_cross_entropy(np.asarray(logits, np.float64), labels, weights, 0.1, 1e-3)
 
-  fn = lambda l, y, w: cross_entropy(l, y, weights=w, label_smoothing=0.1, z_loss=1e-3)
+  fn = lambda z, y, w: cross_entropy(z, y, weights=w, label_smoothing=0.1, z_loss=1e-3)
   loss, _ = jax.jit(fn)(logits, labels, weights)
   # Statistics are float32 even for bfloat16 logits, so only float32 rounding remains.
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
@@ -124,7 +124,7 @@ def test_transformations(batch, dtype):
         rows[b], np_cross_entropy(np.asarray(logits[b], np.float64), labels[b], weights[b], 0.1,
                                   1e-3)[0], rtol=1e-5)
   np.testing.assert_allclose(counts, weights.sum(-1), rtol=1e-6)
-  grad = jax.grad(lambda l: fn(l, labels, weights)[0])(logits)
+  grad = jax.grad(lambda z: fn(z, labels, weights)[0])(logits)
   assert grad.dtype == dtype and np.all(np.isfinite(np.asarray(grad, np.float32)))
 
 

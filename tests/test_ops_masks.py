@@ -67,7 +67,8 @@ def test_causal_mask_traced_offset_under_jit():
   offsets = jnp.array([1, 5])
   out = jax.jit(lambda o: causal_mask(1, 6, q_offset=o))(offsets)
   assert out.shape == (2, 1, 1, 6)
-  np.testing.assert_array_equal(np.asarray(out)[:, 0, 0], [np_causal(1, 6, 1)[0], np_causal(1, 6, 5)[0]])
+  np.testing.assert_array_equal(np.asarray(out)[:, 0, 0],
+                                [np_causal(1, 6, 1)[0], np_causal(1, 6, 5)[0]])
 
 
 def test_causal_mask_bad_args():
@@ -97,7 +98,8 @@ def test_sliding_window_semantics():
   m = np.asarray(sliding_window_mask(5, window=2))[0, 0]
   # window=2: the query sees itself and one key on each side.
   np.testing.assert_array_equal(m[2], [False, True, True, True, False])
-  np.testing.assert_array_equal(np.asarray(sliding_window_mask(4, window=1))[0, 0], np.eye(4, dtype=bool))
+  np.testing.assert_array_equal(np.asarray(sliding_window_mask(4, window=1))[0, 0],
+                                np.eye(4, dtype=bool))
   # AND causal: itself and window-1 previous keys.
   local = np.asarray(combine_masks(causal_mask(6), sliding_window_mask(6, window=3)))[0, 0]
   for i in range(6):
@@ -155,7 +157,8 @@ def test_padding_mask_bad_args():
 def test_combine_causal_and_padding_matches_elementwise():
   B, T, S = 3, 4, 6
   lengths = np.array([6, 2, 4])
-  got = np.asarray(combine_masks(causal_mask(T, S), padding_mask(lengths=jnp.asarray(lengths), k_len=S)))
+  got = np.asarray(combine_masks(causal_mask(T, S),
+                                 padding_mask(lengths=jnp.asarray(lengths), k_len=S)))
   assert got.shape == (B, 1, T, S)
   expected = np.zeros((B, 1, T, S), bool)
   for b, i, j in itertools.product(range(B), range(T), range(S)):
@@ -188,4 +191,5 @@ def test_masks_under_vmap():
   np.testing.assert_array_equal(np.asarray(per_ex), np.asarray(causal_mask(2, 8, q_offset=offsets)))
   lengths = jnp.array([1, 4])
   per_ex = jax.vmap(lambda L: padding_mask(lengths=L[None], k_len=5)[0])(lengths)
-  np.testing.assert_array_equal(np.asarray(per_ex), np.asarray(padding_mask(lengths=lengths, k_len=5)))
+  np.testing.assert_array_equal(np.asarray(per_ex),
+                                np.asarray(padding_mask(lengths=lengths, k_len=5)))

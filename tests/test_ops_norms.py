@@ -83,7 +83,7 @@ def test_transformations(inputs, dtype):
                                rtol=tol, atol=tol)
     vmapped = jax.vmap(fn, in_axes=(0,) + (None,) * len(args))(x, *args)
     np.testing.assert_allclose(np.asarray(vmapped, np.float32), eager, rtol=tol, atol=tol)
-    grads = jax.grad(lambda x, *p: jnp.sum(fn(x, *p).astype(jnp.float32) ** 3),
+    grads = jax.grad(lambda x, *p, fn=fn: jnp.sum(fn(x, *p).astype(jnp.float32) ** 3),
                      argnums=tuple(range(1 + len(args))))(x, *args)
     for g, a in zip(grads, (x,) + args):
       assert g.dtype == dtype and g.shape == a.shape

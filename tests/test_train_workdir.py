@@ -48,7 +48,8 @@ def test_check_writable_names_the_directory_and_cause(tmp_path):
   assert (tmp_path / "new" / "dir").is_dir()
   blocker = tmp_path / "file"
   blocker.write_text("x")
-  with pytest.raises(WorkdirError, match=rf"{blocker}/run: not a writable directory \(Not a directory\)"):
+  with pytest.raises(WorkdirError,
+                     match=rf"{blocker}/run: not a writable directory \(Not a directory\)"):
     check_writable(blocker / "run")
   with pytest.raises(WorkdirError, match=rf"{blocker}: exists and is not a directory"):
     check_writable(blocker)

@@ -157,7 +157,7 @@ def combine_masks(*masks: Any):
   present = [jnp.asarray(m) for m in masks if m is not None]
   if not present:
     return None
-  for i, m in enumerate(present):
+  for m in present:
     if m.dtype != jnp.bool_:
       raise ValueError(f'combine_masks: masks must be boolean, got dtype {m.dtype} '
                        f'(shape {m.shape})')

@@ -138,7 +138,8 @@ def _check_finite(skipped_updates, done: int, checkpointer: Checkpointer) -> Non
         f"and {kept}")
 
 
-def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter, log) -> dict[str, float]:
+def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
+                     log) -> dict[str, float]:
   result = setup.evaluate(params)
   samples = setup.task == "lm" and setup.model_cfg.family == "decoder"
   if samples and setup.config.eval.sample_tokens:

@@ -71,7 +71,7 @@ class WorkdirLock:
       holder = handle.read().strip() or "an unknown process"
       handle.close()
       raise WorkdirError(f"{os.path.dirname(self.path)}: in use by another run "
-                         f"({holder}); wait for it to finish or use another --workdir")
+                         f"({holder}); wait for it to finish or use another --workdir") from None
     except OSError as error:  # e.g. a file system without flock
       handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {error.strerror or error}") from error
