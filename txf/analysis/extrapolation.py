@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from txf import ops
-from txf.data.config import check_int
+from txf.checks import int_at_least
 
 PROTOCOLS = ("non_overlapping", "sliding")
 
@@ -100,7 +100,7 @@ def windows(num_tokens: int, *, seq_len: int, protocol: str,
       [1, seq_len] (or given for non_overlapping), or a stream shorter than
       one window (seq_len + 1 tokens).
   """
-  seq_len = check_int(seq_len, "seq_len", 1)
+  seq_len = int_at_least(seq_len, "seq_len", 1)
   if protocol not in PROTOCOLS:
     raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
   if num_tokens < seq_len + 1:
@@ -111,7 +111,7 @@ def windows(num_tokens: int, *, seq_len: int, protocol: str,
       raise ValueError(f"stride: only the sliding protocol takes one, got {stride!r}")
     starts_W = np.arange(num_tokens // (seq_len + 1)) * (seq_len + 1)
     return starts_W, np.zeros_like(starts_W)
-  stride = default_stride(seq_len) if stride is None else check_int(stride, "stride", 1)
+  stride = default_stride(seq_len) if stride is None else int_at_least(stride, "stride", 1)
   if stride > seq_len:
     raise ValueError(f"stride must be at most seq_len={seq_len}, got {stride}")
   last_start = num_tokens - 1 - seq_len
@@ -164,7 +164,7 @@ def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: in
   if tokens_BxN.ndim != 2 or not np.issubdtype(tokens_BxN.dtype, np.integer):
     raise ValueError(f"tokens_BxN must be an int [B, N] array, got {tokens_BxN.dtype} "
                      f"{tokens_BxN.shape}")
-  batch_size = check_int(batch_size, "batch_size", 1)
+  batch_size = int_at_least(batch_size, "batch_size", 1)
   B, N = tokens_BxN.shape
   starts_W, first_W = windows(N, seq_len=seq_len, protocol=protocol, stride=stride)
   _check_model(model)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from txf.checks import int_at_least as check_int
+from txf.checks import int_at_least
 
 # Row sums of weights computed in bfloat16 stray from 1 by up to ~1e-2.
 _ROW_SUM_ATOL = 2e-2
@@ -140,7 +140,7 @@ def induction_score(weights_BxHxTxT: Any, period: int) -> np.ndarray:
   weights = _check_weights(weights_BxHxTxT, 'weights_BxHxTxT')
   _check_square(weights, 'weights_BxHxTxT')
   T = weights.shape[-1]
-  if check_int(period, 'period', 1) >= T:
+  if int_at_least(period, 'period', 1) >= T:
     raise ValueError(f'period must be < T={T} (the weights need a second occurrence), '
                      f'got {period}')
   return _diagonal_mean(weights, period - 1, period, _valid_queries(weights, None))
@@ -165,8 +165,8 @@ def repeated_random_tokens(rng: np.random.Generator, batch: int, period: int,
   Returns:
     int32 `[batch, 2 * period]`, row[t] == row[t + period].
   """
-  batch, period = check_int(batch, 'batch', 1), check_int(period, 'period', 1)
-  low, vocab_size = check_int(low, 'low', 0), check_int(vocab_size, 'vocab_size', 1)
+  batch, period = int_at_least(batch, 'batch', 1), int_at_least(period, 'period', 1)
+  low, vocab_size = int_at_least(low, 'low', 0), int_at_least(vocab_size, 'vocab_size', 1)
   if vocab_size - low < period:
     raise ValueError(f'vocab_size - low = {vocab_size} - {low} must be >= period={period} '
                      'to draw a block of distinct tokens')
@@ -238,8 +238,8 @@ def head_ablation(loss_fn: Callable[[np.ndarray], Any], num_layers: int,
     float64 `[L, H]`: loss with head (l, h) zeroed minus the baseline loss
     (positive: the head helps).
   """
-  num_layers = check_int(num_layers, 'num_layers', 1)
-  num_heads = check_int(num_heads, 'num_heads', 1)
+  num_layers = int_at_least(num_layers, 'num_layers', 1)
+  num_heads = int_at_least(num_heads, 'num_heads', 1)
   all_on_LxH = np.ones((num_layers, num_heads), np.float32)
   baseline = float(loss_fn(all_on_LxH.copy()))
   deltas_LxH = np.empty((num_layers, num_heads), np.float64)

@@ -30,7 +30,7 @@ from etils import epath
 
 from txf.analysis.extrapolation import PROTOCOLS, default_stride, window_losses
 from txf.analysis.plots import line_plot
-from txf.data.config import check_int
+from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.train.config import check_run_config
 from txf.train.setup import CONFIG_FILE, RunSetup, TrainedRun, load_run
@@ -40,7 +40,7 @@ EXTRAPOLATION_PNG = "extrapolation.png"
 
 
 def _check_factors(factors: Sequence[int]) -> tuple[int, ...]:
-  factors = tuple(check_int(f, "factors[]", 1) for f in factors)
+  factors = tuple(int_at_least(f, "factors[]", 1) for f in factors)
   if not factors or list(factors) != sorted(set(factors)):
     raise ValueError(f"factors must be distinct positive ints in increasing order, got {factors}")
   return factors
@@ -102,7 +102,7 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
   for name, value, minimum in (("stride", stride, 1), ("num_tokens", num_tokens, 2),
                                ("batch_tokens", batch_tokens, 1)):
     if value is not None:
-      check_int(value, name, minimum)
+      int_at_least(value, name, minimum)
   if jax.process_count() > 1:
     raise ValueError("extrapolate_run: runs in one process (the validation stream is read "
                      f"whole), got {jax.process_count()}")
