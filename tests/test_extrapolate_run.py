@@ -76,7 +76,8 @@ def test_extrapolation_of_a_learned_table_run(trained):
     assert all(math.isfinite(loss) for loss in record["loss"][protocol][:2])
     assert record["loss"][protocol][2] is None
   assert record["reason"][:2] == [None, None]
-  assert record["reason"][2].startswith("model.max_len: the learned position table (64)")
+  assert record["reason"][2].startswith(
+      "model.max_len: data.seq_len of 128 positions is longer than the learned position table (64")
   assert record["stride"] == [16, 32, None]
 
   # The longest applicable length's per-position loss, averaging to its loss.
@@ -104,7 +105,7 @@ def test_a_token_budget_and_stride_of_ones_own(trained):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(factors=(2, 1)), "factors must be distinct positive ints in increasing order"),
-    (dict(factors=(0,)), r"factors\[\] must be >= 1"),
+    (dict(factors=(0,)), r"factors\[\]: must be an integer >= 1"),
     (dict(stride=33), "stride must be at most the shortest length 32, got 33"),
     (dict(num_tokens=10**7), "num_tokens: the validation split holds only"),
     (dict(num_tokens=40, factors=(1, 2)), "num_tokens: 40 validation tokens hold no window "

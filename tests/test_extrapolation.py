@@ -135,12 +135,12 @@ def test_windows_of_the_sliding_protocol_cover_the_stream():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(protocol="overlapping"), "protocol must be one of"),
-    (dict(protocol="sliding", stride=0), "stride must be >= 1"),
+    (dict(protocol="sliding", stride=0), "stride: must be an integer >= 1"),
     (dict(protocol="sliding", stride=T + 1), f"stride must be at most seq_len={T}"),
     (dict(protocol="non_overlapping", stride=2), "stride: only the sliding protocol"),
     (dict(seq_len=N), f"tokens: a stream of {N} tokens holds no window"),
-    (dict(seq_len=0), "seq_len must be >= 1"),
-    (dict(batch_size=0), "batch_size must be >= 1"),
+    (dict(seq_len=0), "seq_len: must be an integer >= 1"),
+    (dict(batch_size=0), "batch_size: must be an integer >= 1"),
 ])
 def test_bad_arguments_are_refused_naming_them(tokens_BxN, kwargs, message):
   model = tiny_model()
@@ -152,7 +152,7 @@ def test_bad_arguments_are_refused_naming_them(tokens_BxN, kwargs, message):
 def test_models_that_cannot_be_scored_are_refused(tokens_BxN):
   learned = tiny_model("learned")
   params = learned.init(jax.random.key(4), tokens_BxN[:, :T])["params"]
-  with pytest.raises(ValueError, match="model.max_len: a sequence of 16 tokens is longer than "
+  with pytest.raises(ValueError, match="model.max_len: a sequence of 16 positions is longer than "
                                        "the learned position table"):
     window_losses(learned, params, tokens_BxN, seq_len=2 * T)
   encoder = tiny_model(family="encoder", head="mlm")
