@@ -7,14 +7,12 @@ Each case is one subprocess (~2-5 s, mostly imports); none trains.
 
 import ast
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
-from conftest import flatten, load_config
+from conftest import REPO, flatten, load_config
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
 
 pytestmark = pytest.mark.slow  # subprocesses: ~20 s in all

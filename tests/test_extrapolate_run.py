@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import REPO, tiny_config
 
 from txf.analysis.extrapolation import PROTOCOLS
 from txf.sweep import results
@@ -23,7 +23,6 @@ from txf.sweep.extrapolate import extrapolate_run, format_table
 from txf.train import loop
 from txf.train.config import ConfigError
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 4
 SEQ_LEN = 32
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -28,10 +28,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from txf.train.metrics import read_metrics
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 N = 4           # steps of the two-process run (and its checkpoint)
 TOTAL = 2 * N   # steps after resuming
 TIMEOUT = 240   # seconds, per run

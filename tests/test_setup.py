@@ -15,14 +15,13 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import restore_state, tiny_config
+from conftest import REPO, restore_state, tiny_config
 
 from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.setup import load_run
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 STEPS = 4
 
 
