@@ -257,6 +257,13 @@ def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
   np.testing.assert_array_equal(losses, [3.0, 2.0, np.nan, 1.5])
   assert "position" in call["xlabel"] and "nats/token" in call["ylabel"]
 
+  # Longer windows are averaged over equal spans of positions.
+  results.plot_per_position(summaries(sweep_dir, points), sweep_dir, bins=2,
+                            line_plot=line_plot)
+  ((_, (positions, losses, _)),) = line_plot.calls[-1]["series"].items()
+  np.testing.assert_array_equal(positions, [0.5, 2.5])
+  np.testing.assert_array_equal(losses, [2.5, 1.5])  # the null position is left out
+
   write_extrapolation(sweep_dir / points[0].name, [True, True, False],
                       per_position={"length": 5, "loss": per_position})
   with pytest.raises(ValueError, match="per_position.loss has 4 entries for length 5"):

@@ -335,7 +335,8 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
       series[point.name] = (steps_N, mean_N, std_N)
   path = directory / LOSS_CURVES_PNG
   (line_plot or _default_line_plot())(
-      series, path, title=f"Validation loss per point (mean ± std over {replicas} replicas)",
+      series, path, title="Validation loss per point" + (
+          f" (mean ± std over {replicas} replicas)" if replicas > 1 else ""),
       xlabel="training step", ylabel=f"validation loss ({LOSS_UNITS})")
   return path
 
@@ -361,21 +362,30 @@ def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.
 
 
 def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.PathLike, *,
-                      line_plot: LinePlot | None = None) -> epath.Path:
+                      bins: int = 64, line_plot: LinePlot | None = None) -> epath.Path:
   """Validation loss vs token position in the non-overlapping windows of each
   point's longest applicable evaluation length, one line per point that has
   them (where an encoding breaks shows as a rise past the training length).
-  Returns the PNG, per_position_loss.png."""
+  Returns the PNG, per_position_loss.png.
+
+  Each position's loss averages only a few windows, so the curve is the mean
+  over `bins` equal spans of positions (x: the span's centre): the trend past
+  the training length is what the plot is for, not per-token noise.
+  """
   series = {}
   for row in rows:
     found = row.extrapolation
     if found is None or found.per_position_loss is None:
       continue
+    loss = np.array(found.per_position_loss, np.float64)
+    spans = np.array_split(np.arange(len(loss)), min(bins, len(loss)))
+    scored = [loss[span][~np.isnan(loss[span])] for span in spans]
     series[f"{row.point.name} ({found.per_position_length} tokens)"] = (
-        np.arange(found.per_position_length), np.array(found.per_position_loss), None)
+        np.array([span.mean() for span in spans]),
+        np.array([values.mean() if values.size else np.nan for values in scored]), None)
   path = epath.Path(sweep_workdir) / PER_POSITION_PNG
   (line_plot or _default_line_plot())(
-      series, path, title="Loss by token position at the longest evaluation length",
+      series, path, title=f"Loss by position at the longest length ({bins}-span means)",
       xlabel="position in the window (tokens from its start)",
       ylabel=f"validation loss ({LOSS_UNITS})")
   return path
