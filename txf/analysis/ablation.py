@@ -12,12 +12,13 @@ Attention layers are grouped by kind (`txf.analysis.attention.attention_kind`):
 'decoder_self' and 'cross' (encoder-decoder). One kind's heads form an [L, H] grid, the unit of
 `txf.analysis.heads.head_ablation`:
 
-  loss_fn = ablation_loss_fn(model, params, batches, loss_sums, kind='self')
-  deltas_LxH = head_ablation(loss_fn, *attention_shapes(params)['self'])
+  loss_fns = ablation_loss_fns(model, params, batches, loss_sums)
+  deltas_LxH = head_ablation(loss_fns['self'], *attention_shapes(params)['self'])
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable, Mapping
 
 import flax.linen as nn
@@ -96,9 +97,12 @@ class HeadMasked:
     return self.model.apply({**variables, HEAD_MASK: self.mask}, *args, **kwargs)
 
 
-def ablation_loss_fn(model: nn.Module, params: Any, batches: Iterable[Any], loss_sums: LossSums,
-                     *, kind: str) -> Callable[[np.ndarray], float]:
-  """`loss_fn(head_mask_LxH) -> mean loss` over `batches`, for `head_ablation`.
+def ablation_loss_fns(model: nn.Module, params: Any, batches: Iterable[Any],
+                      loss_sums: LossSums) -> dict[str, Callable[[np.ndarray], float]]:
+  """{kind: `loss_fn(head_mask_LxH) -> mean loss` over `batches`}, for `head_ablation`.
+
+  Each kind's function masks that kind's [L, H] heads and keeps every head
+  of the other kinds. All share one compiled step: the mask is an argument.
 
   Args:
     model: a txf model.
@@ -108,22 +112,17 @@ def ablation_loss_fn(model: nn.Module, params: Any, batches: Iterable[Any], loss
     loss_sums: `(model, params, batch) -> (loss_sum, count)`, computed with
       `model.apply` (it receives a `HeadMasked` model), e.g. a run's eval
       step.
-    kind: the attention kind whose [L, H] heads the mask covers; the other
-      kinds keep every head.
 
   Returns:
-    The function; its loss is sum(loss_sum) / sum(count) over the batches.
+    The functions, in `KINDS` order; a loss is sum(loss_sum) / sum(count)
+    over the batches.
   """
   batches = list(batches)
   if not batches:
     raise ValueError("batches: at least one batch to evaluate the ablation on")
-  if kind not in attention_shapes(params):
-    raise ValueError(f"kind: the model has no {kind!r} attention "
-                     f"(it has {sorted(attention_shapes(params))})")
-  # The mask is an argument, not a constant: one compilation serves every head.
   step = jax.jit(lambda params, mask, batch: loss_sums(HeadMasked(model, mask), params, batch))
 
-  def loss_fn(head_mask_LxH: np.ndarray) -> float:
+  def loss_fn(kind: str, head_mask_LxH: np.ndarray) -> float:
     mask = head_mask(params, {kind: np.asarray(head_mask_LxH, np.float32)})
     total = count = 0.0
     for batch in batches:
@@ -131,4 +130,4 @@ def ablation_loss_fn(model: nn.Module, params: Any, batches: Iterable[Any], loss
       total, count = total + float(loss_sum), count + float(weight)
     return total / count
 
-  return loss_fn
+  return {kind: functools.partial(loss_fn, kind) for kind in attention_shapes(params)}

@@ -29,13 +29,13 @@ import csv
 import functools
 import io
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 from etils import epath
 
-from txf.analysis.ablation import ablation_loss_fn, attention_shapes
+from txf.analysis.ablation import ablation_loss_fns, attention_shapes
 from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.heads import (attention_entropy, head_ablation, head_score_rows,
                                 head_scores_table, induction_score, mean_attended_distance,
@@ -55,11 +55,6 @@ _LOWEST_RANDOM_ID = 4
 def attention_png(kind: str) -> str:
   """The heatmap file of one attention kind."""
   return f"attention_{kind}.png"
-
-
-def _attention_maps(setup: RunSetup, params: Any, *inputs: np.ndarray) -> dict[str, Any]:
-  """`attention_maps` of the run's model, compiled (eager tracing costs more)."""
-  return jax.jit(functools.partial(attention_maps, setup.model))(params, *inputs)
 
 
 def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
@@ -125,16 +120,17 @@ def _induction_period(setup: RunSetup, kinds: list[str], batch: dict[str, np.nda
   return period
 
 
-def _induction(setup: RunSetup, params: Any, batch: dict[str, np.ndarray], kind: str,
-               period: int, seed: int) -> np.ndarray:
+def _induction(setup: RunSetup, maps_fn: Callable[..., dict[str, Any]], params: Any,
+               batch: dict[str, np.ndarray], kind: str, period: int, seed: int) -> np.ndarray:
   """[L, H] induction scores of `kind` on repeated random tokens (an
-  encoder-decoder's source: the batch's encoder inputs)."""
+  encoder-decoder's source: the batch's encoder inputs), attention from
+  `maps_fn(params, *inputs)`."""
   B = _query_tokens(batch, kind).shape[0]
   tokens_BxT = repeated_random_tokens(np.random.default_rng(seed), B, period,
                                       setup.model_cfg.vocab_size, low=_LOWEST_RANDOM_ID)
   inputs = ((batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq"
             else (tokens_BxT,))
-  layers = maps_by_kind(_attention_maps(setup, params, *inputs))[kind]
+  layers = maps_by_kind(maps_fn(params, *inputs))[kind]
   return np.stack([induction_score(weights, period) for weights in layers])
 
 
@@ -204,18 +200,20 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   scores: dict[str, dict[str, np.ndarray]] = {}
   files, baseline = [], None
   with setup.activation_sharding():
-    layers_by_kind = maps_by_kind(_attention_maps(setup, params,
-                                                  *model_inputs(first, setup.task)))
-    device_batches = [setup.to_device(batch) for batch in batches]
+    # Compiled once: the default induction inputs have the batch's shapes.
+    maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
+    layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
+    loss_fns = ablation_loss_fns(setup.model, params,
+                                 [setup.to_device(batch) for batch in batches],
+                                 _eval_loss_sums(setup.task))
     for kind, (num_layers, num_heads) in shapes.items():
       layers = layers_by_kind[kind]
       path = out / attention_png(kind)
       _plot_sample(setup, kind, layers, first, path, run.step)
       files.append(path)
-      induction_LxH = (_induction(setup, params, first, kind, period, seed)
+      induction_LxH = (_induction(setup, maps_fn, params, first, kind, period, seed)
                        if _is_causal(setup, kind) else np.full((num_layers, num_heads), np.nan))
-      loss_fn = ablation_loss_fn(setup.model, params, device_batches,
-                                 _eval_loss_sums(setup.task), kind=kind)
+      loss_fn = loss_fns[kind]
       baseline = loss_fn(np.ones((num_layers, num_heads), np.float32))
       scores[kind] = {**_attention_scores(setup, kind, layers, first, induction_LxH),
                       "ablation_delta_loss": head_ablation(loss_fn, num_layers, num_heads)}
