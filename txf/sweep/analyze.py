@@ -198,7 +198,7 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   period = _induction_period(setup, list(shapes), first, period)
   out = workdir / ANALYSIS_DIR
   scores: dict[str, dict[str, np.ndarray]] = {}
-  files, baseline = [], None
+  files = []
   with setup.activation_sharding():
     # Compiled once: the default induction inputs have the batch's shapes.
     maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
@@ -206,6 +206,8 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
     loss_fns = ablation_loss_fns(setup.model, params,
                                  [setup.to_device(batch) for batch in batches],
                                  _eval_loss_sums(setup.task))
+    any_kind, any_shape = next(iter(shapes.items()))
+    baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
     for kind, (num_layers, num_heads) in shapes.items():
       layers = layers_by_kind[kind]
       path = out / attention_png(kind)
@@ -213,10 +215,9 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
       files.append(path)
       induction_LxH = (_induction(setup, maps_fn, params, first, kind, period, seed)
                        if _is_causal(setup, kind) else np.full((num_layers, num_heads), np.nan))
-      loss_fn = loss_fns[kind]
-      baseline = loss_fn(np.ones((num_layers, num_heads), np.float32))
       scores[kind] = {**_attention_scores(setup, kind, layers, first, induction_LxH),
-                      "ablation_delta_loss": head_ablation(loss_fn, num_layers, num_heads)}
+                      "ablation_delta_loss": head_ablation(loss_fns[kind], num_layers,
+                                                           num_heads)}
   table = _markdown(scores, run.step, baseline, period, len(batches))
   files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
   return {"step": run.step, "baseline_loss": baseline, "period": period,
@@ -234,15 +235,17 @@ def _write(path: epath.Path, text: str) -> epath.Path:
 def _markdown(scores: dict[str, dict[str, np.ndarray]], step: int, baseline: float,
               period: int | None, num_batches: int) -> str:
   """head_scores.md: a header saying what the columns mean, one table per kind."""
-  induction = (f"attention to the token after the previous occurrence on random blocks of "
-               f"{period} tokens repeated twice" if period else "n/a (no causal attention)")
+  induction = (f"attention to the token after the previous occurrence, on random blocks of "
+               f"{period} tokens repeated twice; causal self-attention only" if period
+               else "n/a (the model has no causal self-attention)")
   parts = [f"# Attention heads at step {step}\n\n"
            f"- previous_token: mean attention from t to t - 1 (self-attention only)\n"
            f"- entropy_nats: mean entropy of a query's attention, nats\n"
            f"- distance_tokens: mean expected |query - key| position distance, tokens\n"
-           f"- induction: {induction}; causal self-attention only\n"
-           f"- ablation_delta_loss: validation loss (nats/token, {num_batches} batches, "
-           f"baseline {baseline:.4f}) with the head's output zeroed, minus the baseline\n"]
+           f"- induction: {induction}\n"
+           f"- ablation_delta_loss: the run's validation loss (nats; {num_batches} "
+           f"batch{'es' if num_batches > 1 else ''}, baseline {baseline:.4f}) with the head's "
+           f"output zeroed, minus the baseline\n"]
   parts += [f"\n## {kind} attention\n\n{head_scores_table(kind_scores)}"
             for kind, kind_scores in scores.items()]
   return "".join(parts)
