@@ -134,7 +134,7 @@ class TransformerStack(nn.Module):
                        deterministic=deterministic, use_cache=use_cache)
     if cfg.scan_layers:
       scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
-                                                HEAD_MASK: 0},
+                                              HEAD_MASK: 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast,) * (len(block_args) - 1),
                         length=self.num_layers,
