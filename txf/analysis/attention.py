@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -12,6 +13,9 @@ from flax import traverse_util
 # `nn.scan` (cfg.scan_layers), which stacks what they record along a leading
 # layer axis.
 _SCANNED_BLOCKS = "blocks"
+_BLOCK = re.compile(r"block_(\d+)$")
+# The kinds of attention layer, in the order analyses list them.
+KINDS = ("self", "encoder_self", "decoder_self", "cross")
 
 
 def attention_maps(model: nn.Module, params: Any, *inputs: jax.Array,
@@ -47,3 +51,33 @@ def attention_maps(model: nn.Module, params: Any, *inputs: jax.Array,
       parts = (f"block_{layer}" if part == _SCANNED_BLOCKS else part for part in path[:-1])
       maps["/".join(parts)] = weights_BxHxTxS
   return maps
+
+
+def attention_kind(module_path: Sequence[str]) -> str:
+  """The kind of the attention layer at `module_path` (a path of
+  `attention_maps` split at '/', or of the params): 'self' (the one stack of
+  a decoder or encoder), 'encoder_self', 'decoder_self' or 'cross', e.g.
+  ('decoder', 'block_1', 'cross_attention') -> 'cross'."""
+  stack, name = module_path[0], module_path[-1]
+  if name == "cross_attention":
+    return "cross"
+  return "self" if stack == "stack" else f"{stack}_self"
+
+
+def layer_index(module_path: Sequence[str]) -> int:
+  """The block index in `module_path` (0 for the scanned `blocks`, which hold all)."""
+  for part in module_path:
+    found = _BLOCK.match(part)
+    if found:
+      return int(found.group(1))
+  return 0
+
+
+def maps_by_kind(maps: dict[str, jax.Array]) -> dict[str, list[jax.Array]]:
+  """`attention_maps`' result as {kind: [B, H, T, S] per layer, in block order}."""
+  grouped: dict[str, list[tuple[int, jax.Array]]] = {}
+  for path, weights_BxHxTxS in maps.items():
+    parts = path.split("/")
+    grouped.setdefault(attention_kind(parts), []).append((layer_index(parts), weights_BxHxTxS))
+  return {kind: [weights for _, weights in sorted(grouped[kind], key=lambda item: item[0])]
+          for kind in KINDS if kind in grouped}

@@ -250,8 +250,8 @@ def head_ablation(loss_fn: Callable[[np.ndarray], Any], num_layers: int,
   return deltas_LxH
 
 
-def _score_rows(scores: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-  """Header and rows (layer, head, one value per score) of `name -> [L, H]` scores."""
+def head_score_rows(scores: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+  """Header and rows (layer, head, one float per score) of `name -> [L, H]` scores."""
   if not scores:
     raise ValueError('scores must hold at least one name -> [L, H] array')
   arrays = {name: np.asarray(values, np.float64) for name, values in scores.items()}
@@ -274,12 +274,14 @@ def head_scores_table(scores: Mapping[str, Any]) -> str:
       {'previous_token': ..., 'induction': ..., 'loss_delta': ...}.
 
   Returns:
-    The table, 4 significant digits, ending in a newline.
+    The table, 4 significant digits (NaN, a score that does not apply, as
+    'n/a'), ending in a newline.
   """
-  header, rows = _score_rows(scores)
+  header, rows = head_score_rows(scores)
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for layer, head, *values in rows:
-    cells = [str(layer), str(head), *(f'{value:.4g}' for value in values)]
+    cells = [str(layer), str(head),
+             *('n/a' if np.isnan(value) else f'{value:.4g}' for value in values)]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
 
@@ -294,7 +296,7 @@ def write_head_scores_csv(scores: Mapping[str, Any], path: str | os.PathLike) ->
   Returns:
     The path written.
   """
-  header, rows = _score_rows(scores)
+  header, rows = head_score_rows(scores)
   text = io.StringIO()
   writer = csv.writer(text, lineterminator='\n')
   writer.writerow(header)

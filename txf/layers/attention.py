@@ -16,6 +16,8 @@ from txf import ops
 from txf.layers.partitioning import projection_inits
 
 Array = jax.Array
+# The variable collection a caller passes to `apply` to scale heads' outputs.
+HEAD_MASK = "head_mask"
 
 
 class MultiHeadAttention(nn.Module):
@@ -75,6 +77,11 @@ class MultiHeadAttention(nn.Module):
     ['intermediates'])`), the float32 attention weights [B, H, T, S] (before
     attention dropout) are sown there as `attention_weights`.
 
+    With a 'head_mask' collection passed to `apply` that holds this layer's
+    `mask` [H] (see txf.analysis.ablation), each head's output is multiplied
+    by its mask entry before the output projection (0 removes the head).
+    Without it nothing changes: no variable, no extra op.
+
     Returns:
       [B, T, D] in the compute dtype.
     """
@@ -129,6 +136,9 @@ class MultiHeadAttention(nn.Module):
     else:
       out_BxTxHxDh = ops.dot_product_attention(
           q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation, **attend)
+    if self.has_variable(HEAD_MASK, "mask"):
+      mask_H = self.get_variable(HEAD_MASK, "mask")
+      out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
     return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
                            **projection_inits(("heads", "head_dim"), ("embed",),
                                               (self.num_heads, self.head_dim, d_model)),

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf.layers.attention import MultiHeadAttention
+from txf.layers.attention import HEAD_MASK, MultiHeadAttention
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
@@ -133,7 +133,8 @@ class TransformerStack(nn.Module):
     block_attrs = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
                        deterministic=deterministic, use_cache=use_cache)
     if cfg.scan_layers:
-      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
+                                              HEAD_MASK: 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast,) * (len(block_args) - 1),
                         length=self.num_layers,

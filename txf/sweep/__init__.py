@@ -1,7 +1,8 @@
 """Sweeps over run configs: grids of points, their status, results tables and
 plots. Importable building blocks; the command is experiments/sweep.py.
-Length extrapolation of a trained point: txf.sweep.extrapolate.extrapolate_run
-(not imported here: it loads the training stack)."""
+Length extrapolation of a trained point: txf.sweep.extrapolate.extrapolate_run,
+and its attention analysis: txf.sweep.analyze.analyze_run (not imported here:
+they load the training stack)."""
 
 from txf.sweep.grid import GridError, Point, command_for, expand, make_grid, select, validate
 from txf.sweep.results import (PointSummary, Stat, mark_diverged, plot_extrapolation,
