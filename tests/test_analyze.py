@@ -137,8 +137,8 @@ def test_ablation_loss_fns_refuse_no_batches():
 def decoder_run(tmp_path_factory):
   """A 2-layer, 2-head RoPE decoder trained 2 steps, its layers under nn.scan."""
   workdir = tmp_path_factory.mktemp("decoder")
-  loop.run(tiny_config("rope", steps=2, train__warmup_steps=1, model__num_layers=2, model__scan_layers=True),
-           workdir, log=lambda line: None)
+  loop.run(tiny_config("rope", steps=2, train__warmup_steps=1, model__num_layers=2,
+                       model__scan_layers=True), workdir, log=lambda line: None)
   return workdir
 
 

@@ -41,7 +41,7 @@ from txf.analysis.heads import (attention_entropy, head_ablation, head_score_row
                                 head_scores_table, induction_score, mean_attended_distance,
                                 previous_token_score, repeated_random_tokens)
 from txf.analysis.plots import attention_grid
-from txf.checks import int_at_least as check_int
+from txf.checks import int_at_least
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 
@@ -183,10 +183,10 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
     ValueError: naming the argument, before the model runs.
   """
   if num_batches is not None:
-    check_int(num_batches, "num_batches", 1)
+    int_at_least(num_batches, "num_batches", 1)
   if period is not None:
-    check_int(period, "period", 1)
-  check_int(seed, "seed", 0)
+    int_at_least(period, "period", 1)
+  int_at_least(seed, "seed", 0)
   if jax.process_count() > 1:
     raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
   workdir = epath.Path(workdir)
