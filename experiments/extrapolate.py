@@ -13,9 +13,9 @@ directory without a trained run exits 2 with one line naming it.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags, logging
+
+from experiments.cli import fail
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder LM.")
 _FACTORS = flags.DEFINE_list("factors", ["1", "2", "4", "8", "16"],
@@ -35,15 +35,12 @@ def main(argv) -> None:
   try:
     factors = [int(factor) for factor in _FACTORS.value]
   except ValueError:
-    print(f"flag error: factors: not a list of integers: {','.join(_FACTORS.value)}",
-          file=sys.stderr)
-    sys.exit(2)
+    fail("flag", f"factors: not a list of integers: {','.join(_FACTORS.value)}")
   try:
     record = extrapolate_run(_WORKDIR.value, factors, stride=_STRIDE.value,
                              num_tokens=_NUM_TOKENS.value)
   except ValueError as error:  # ConfigError too
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
+    fail("extrapolate", error)
   print(format_table(record))
 
 
