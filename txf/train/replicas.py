@@ -1,0 +1,106 @@
+"""Seeds as replicas: R copies of one run, differing only in their seed,
+trained inside one jitted program on the same batches.
+
+  seeds = (0, 1, 2)
+  state_R = init_replicas(lambda key: init_state(model, opt, batch, task, key), seeds)
+  step = jax.jit(make_replicated_train_step(
+      lambda seed: make_train_step(model, opt, task, seed=seed), seeds,
+      strategy=default_strategy(jax.default_backend())))
+  state_R, metrics_R = step(state_R, batch)     # every metric has shape [R]
+  state_1 = replica(state_R, 1)                 # the run of seed 1
+
+Replica r is the single run of `seeds[r]`: its initial state comes from
+`jax.random.key(seeds[r])` and its dropout keys from the same seed (the train
+step folds the step number into `jax.random.key(seed)`), so replicas differ in
+both their initialisation and their dropout masks, exactly as R separate runs
+would. The seed reaches the step as data (a traced int32), so one program
+serves every replica.
+
+Strategies (same results up to float32 summation order):
+  'vmap'  jax.vmap over the replicas: one batched program; every matmul gains
+          a replica dimension.
+  'map'   jax.lax.map over the replicas: a loop inside the one program, each
+          iteration the single-replica step.
+
+Measured (experiments/bench_replicas.py, configs/base.py model: d_model 128,
+2 layers, seq 128, batch 32; 2-core CPU shared with other jobs, ms/step and
+ratio to one replica; two runs):
+  MEASUREMENTS
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from txf.train.step import Batch, TrainState
+
+STRATEGIES = ("vmap", "map")
+TrainStep = Callable[[TrainState, Batch], tuple[TrainState, dict]]
+
+
+def _seed_array(seeds: Sequence[int]) -> jax.Array:
+  """[R] int32 seeds; a ValueError names `seeds` if there are none."""
+  seeds = tuple(seeds)
+  if not seeds:
+    raise ValueError("seeds: at least one replica seed is needed, got none")
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"seeds: replicas must differ in their seed, got {seeds}")
+  return jnp.asarray(seeds, jnp.int32)
+
+
+def init_replicas(init_fn: Callable[[jax.Array], TrainState], seeds: Sequence[int]) -> TrainState:
+  """The initial states of `seeds`, stacked: every leaf gains a leading [R] axis.
+
+  Args:
+    init_fn: key -> TrainState of one run (e.g. `init_state` with its model,
+      optimizer, batch and task bound).
+    seeds: the replicas' seeds; replica r starts from `jax.random.key(seeds[r])`.
+  """
+  return jax.vmap(lambda seed: init_fn(jax.random.key(seed)))(_seed_array(seeds))
+
+
+def replica(state_R: TrainState, r: int) -> TrainState:
+  """Replica r of a stacked state, as a single run's state."""
+  return jax.tree.map(lambda leaf_R: leaf_R[r], state_R)
+
+
+def make_replicated_train_step(step_for_seed: Callable[[jax.Array], TrainStep],
+                               seeds: Sequence[int], *, strategy: str) -> TrainStep:
+  """Returns `step(state_R, batch) -> (state_R, metrics_R)` (not yet jitted).
+
+  Every replica takes the same batch; metrics_R holds each metric per replica
+  ([R]).
+
+  Args:
+    step_for_seed: seed -> the single run's train step (e.g.
+      `lambda seed: make_train_step(model, opt, task, seed=seed)`); it is
+      called with a traced int32 seed.
+    seeds: the replicas' seeds, in the order of init_replicas.
+    strategy: 'vmap' or 'map' (see the module docstring; `default_strategy`).
+  """
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy: {strategy!r} is not one of {STRATEGIES}")
+  seeds_R = _seed_array(seeds)
+
+  def one(state, seed, batch):
+    return step_for_seed(seed)(state, batch)
+
+  def step(state_R: TrainState, batch: Batch):
+    if strategy == "vmap":
+      return jax.vmap(one, in_axes=(0, 0, None))(state_R, seeds_R, batch)
+    return jax.lax.map(lambda args: one(*args, batch), (state_R, seeds_R))
+
+  return step
+
+
+def default_strategy(backend: str) -> str:
+  """The faster strategy on `backend` ('cpu', 'gpu', 'tpu'), as measured
+  (module docstring): on an accelerator a small model leaves the device
+  mostly idle and vmap fills it; on CPU DEFAULT_CPU_REASON."""
+  return CPU_STRATEGY if backend == "cpu" else "vmap"
+
+
+CPU_STRATEGY = "map"
