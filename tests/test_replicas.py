@@ -13,8 +13,8 @@ import pytest
 from test_behaviour import TINY, lm_batch, optimizer
 
 from txf.models import ModelConfig, build
-from txf.train.replicas import (default_strategy, init_replicas, make_replicated_train_step,
-                                replica)
+from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
+                                make_replicated_train_step, replica)
 from txf.train.step import init_state, make_train_step
 
 SEEDS = (3, 5, 11)
@@ -47,17 +47,27 @@ def single_runs(parts):
   return runs
 
 
-@pytest.fixture(scope="module", params=["vmap", "map"])
-def replicated_run(request, parts):
-  """(losses [STEPS, R], final stacked state) of the replicated step."""
-  init_fn, step_for_seed, batches = parts
-  step = jax.jit(make_replicated_train_step(step_for_seed, SEEDS, strategy=request.param))
-  state_R, losses = init_replicas(init_fn, SEEDS), []
-  for batch in batches:
-    state_R, metrics_R = step(state_R, batch)
-    assert metrics_R["loss"].shape == (len(SEEDS),)
-    losses.append(np.asarray(metrics_R["loss"]))
-  return np.stack(losses), state_R
+@pytest.fixture(scope="module")
+def replicated_steps(parts):
+  """strategy -> the jitted replicated step."""
+  _, step_for_seed, _ = parts
+  return {strategy: jax.jit(make_replicated_train_step(step_for_seed, SEEDS, strategy=strategy))
+          for strategy in STRATEGIES}
+
+
+@pytest.fixture(scope="module")
+def replicated_runs(parts, replicated_steps):
+  """strategy -> (losses [STEPS, R], final stacked state)."""
+  init_fn, _, batches = parts
+  runs = {}
+  for strategy, step in replicated_steps.items():
+    state_R, losses = init_replicas(init_fn, SEEDS), []
+    for batch in batches:
+      state_R, metrics_R = step(state_R, batch)
+      assert metrics_R["loss"].shape == (len(SEEDS),)
+      losses.append(np.asarray(metrics_R["loss"]))
+    runs[strategy] = (np.stack(losses), state_R)
+  return runs
 
 
 def assert_trees_close(actual, expected):
@@ -76,12 +86,18 @@ def test_initial_replicas_are_the_single_runs_initial_states(parts):
     assert_trees_close(replica(state_R, r), init_fn(jax.random.key(seed)))
 
 
-def test_replicas_equal_separate_runs(replicated_run, single_runs):
-  losses_R, state_R = replicated_run
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_replicas_equal_separate_runs(replicated_runs, single_runs, strategy):
+  losses_R, state_R = replicated_runs[strategy]
   for r, (losses, state) in enumerate(single_runs):
     np.testing.assert_allclose(losses_R[:, r], losses, rtol=1e-5, err_msg=f"replica {r}")
     assert int(replica(state_R, r).step) == STEPS
     assert_trees_close(replica(state_R, r), state)
+
+
+def test_map_equals_vmap(replicated_runs):
+  np.testing.assert_allclose(replicated_runs["map"][0], replicated_runs["vmap"][0], rtol=1e-5)
+  assert_trees_close(replicated_runs["map"][1], replicated_runs["vmap"][1])
 
 
 def test_replicas_differ(single_runs):
@@ -90,26 +106,16 @@ def test_replicas_differ(single_runs):
   assert np.abs(losses[0] - losses[1]).max() > 1e-3
 
 
-def test_dropout_keys_differ_per_replica(parts):
-  """Same initial state for every replica: only the dropout keys (the seeds)
-  can make their first steps differ."""
-  init_fn, step_for_seed, batches = parts
+def test_dropout_keys_differ_per_replica(parts, replicated_steps):
+  """Every replica from the same initial state: only the dropout keys (the
+  seeds) can make their first losses differ."""
+  init_fn, _, batches = parts
   state = init_fn(jax.random.key(0))
   state_R = jax.tree.map(lambda leaf: np.stack([leaf] * len(SEEDS)), state)
-  step = jax.jit(make_replicated_train_step(step_for_seed, SEEDS, strategy="vmap"))
-  _, metrics_R = step(state_R, batches[0])
-  expected = [float(jax.jit(step_for_seed(seed))(state, batches[0])[1]["loss"])
-              for seed in SEEDS]
-  np.testing.assert_allclose(metrics_R["loss"], expected, rtol=1e-5)
-  assert len(set(np.round(expected, 5))) == len(SEEDS)
-
-
-def test_map_equals_vmap(parts):
-  init_fn, step_for_seed, batches = parts
-  state_R = init_replicas(init_fn, SEEDS)
-  outs = [jax.jit(make_replicated_train_step(step_for_seed, SEEDS, strategy=s))(
-      state_R, batches[0]) for s in ("vmap", "map")]
-  assert_trees_close(outs[1], outs[0])
+  _, metrics_R = replicated_steps["vmap"](state_R, batches[0])
+  losses = np.asarray(metrics_R["loss"])
+  assert np.abs(losses[:, None] - losses[None, :]).max() > 1e-3
+  assert len(set(np.round(losses, 4))) == len(SEEDS)
 
 
 @pytest.mark.parametrize("seeds, strategy, field", [
