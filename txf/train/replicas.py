@@ -32,17 +32,17 @@ ratio to one replica; two runs of the final script, 2026-11-23):
   3 sequential       771 ms  2.87x      736 ms  2.65x
 (two earlier runs under heavier load: vmap 2.70x / 3.52x, map 2.19x / 3.18x.)
 So on CPU vmap loses to sequential runs, as issue 13 reported (3.66x), and
-lax.map wins: why, from the compiled HLO: in the single step only the 12
-attention dots are batched dot_generals; every dense-layer matmul and its
-weight gradient is a plain 2-D GEMM over [batch * length, features]. Under
-vmap all 51 dots gain the replica batch dimension (e.g. weight gradients
-become f32[3,128,128] batched dots), which XLA:CPU runs as a loop of small
-matmuls with extra layout copies instead of one large GEMM. lax.map keeps
-the single step's program (plain GEMMs) and still saves the per-step
-dispatch and the small optimizer kernels of R separate programs, hence below
-3x. On GPU/TPU a small model leaves the device mostly idle and batched
-matmuls are native, so vmap is the default there (not measured here: no
-accelerator in this session).
+lax.map wins. What the compiled HLO shows: in the single step (the body of
+lax.map) only the 12 attention dots are batched dot_generals; every
+dense-layer matmul and its weight gradient is a plain 2-D GEMM over
+[batch * length, features]. Under vmap all 51 dots carry the replica batch
+dimension (e.g. weight gradients become f32[3,128,128] batched dots); the
+likely cause, not profiled further, is that XLA:CPU runs batched dots as
+per-batch small matmuls, far slower than one large GEMM. Why lax.map comes
+out below 3 sequential steps was not investigated (one dispatch per step
+instead of R is a guess). On GPU/TPU batched matmuls are native and a small
+model leaves the device mostly idle, so vmap is the default there (not
+measured: no accelerator in this session).
 """
 
 from __future__ import annotations
