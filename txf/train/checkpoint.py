@@ -33,6 +33,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from txf.train.workdir import WorkdirError, check_writable
+
 logger = logging.getLogger(__name__)
 
 STATE_ITEM = 'state'
@@ -119,14 +121,9 @@ class Checkpointer:
     if '://' not in os.fspath(directory):
       # Fail before training, not at the first save steps later.
       try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f'.write-probe-{os.getpid()}'
-        probe.write_text('ok')
-        probe.unlink()
-      except OSError as error:
-        raise CheckpointWriteError(
-            f'checkpoint directory {directory} is not writable: '
-            f'{error.strerror or error}') from error
+        check_writable(directory)
+      except WorkdirError as error:
+        raise CheckpointWriteError(f'checkpoint directory {error}') from error
     self._manager = ocp.CheckpointManager(
         directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM))
 

@@ -264,10 +264,11 @@ def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
   Raises:
     ValueError: naming the first such field.
   """
-  path = epath.Path(workdir) / CONFIG_FILE
-  if not path.exists():
+  saved = read_run_config(workdir)
+  if saved is None:
     return
-  saved = _checkpoint_fields(read_run_config(workdir))
+  saved = _checkpoint_fields(saved)
+  path = epath.Path(workdir) / CONFIG_FILE
   current = _checkpoint_fields(json.loads(config.to_json_best_effort()))
   for section in RESUME_SECTIONS:
     field = _first_difference(saved[section], current[section], section)
