@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pathlib
 import re
 import sys
 from typing import Any, NoReturn
@@ -45,6 +46,13 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def flag_type(self):
     return "config object"
+
+
+def default_workdir(root: str, config_path: str) -> pathlib.Path:
+  """root/<config file stem>, or root/<stem>_<arg> for --config=file.py:arg."""
+  stem = pathlib.Path(config_path.split(":")[0]).stem
+  arg = config_path.partition(":")[2]
+  return pathlib.Path(root) / (f"{stem}_{arg}" if arg else stem)
 
 
 def define_config_flag(help_text: str):

@@ -35,7 +35,8 @@ from typing import NoReturn
 
 from absl import app, flags, logging
 
-from experiments.cli import ConfigFileParser, define_config_flag, fail, parse_flags
+from experiments.cli import (ConfigFileParser, default_workdir, define_config_flag, fail,
+                             parse_flags)
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -69,12 +70,6 @@ def configs_help() -> str:
 
 # absl's --help prints the main module's docstring.
 __doc__ += "\n" + configs_help()
-
-
-def default_workdir(config_path: str) -> pathlib.Path:
-  stem = pathlib.Path(config_path.split(":")[0]).stem
-  arg = config_path.partition(":")[2]
-  return pathlib.Path("workdirs") / (f"{stem}_{arg}" if arg else stem)
 
 
 def field_docs() -> dict[str, str]:
@@ -142,7 +137,7 @@ def main(argv) -> None:
   from txf.train.loop import ConfigError, TrainingDiverged, run
   from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  workdir = _WORKDIR.value or default_workdir("workdirs", flags.FLAGS["config"].config_filename)
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as error:

@@ -15,11 +15,10 @@ the field (exit status 2). A diverged point is recorded and the sweep goes on.
 
 from __future__ import annotations
 
-import os
 
 from absl import app, flags, logging
 
-from experiments.cli import define_config_flag, fail, parse_flags
+from experiments.cli import default_workdir, define_config_flag, fail, parse_flags
 
 _CONFIG = define_config_flag("Path to a sweep config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None,
@@ -35,10 +34,6 @@ _EXTRAPOLATE = flags.DEFINE_bool(
     "(experiments.extrapolate's defaults); --noextrapolate skips it.")
 
 
-def default_workdir(config_path: str) -> str:
-  return os.path.join("runs", os.path.splitext(os.path.basename(config_path.split(":")[0]))[0])
-
-
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -49,7 +44,7 @@ def main(argv) -> None:
   from txf.sweep.grid import GridError
   from txf.sweep.runner import run_sweep
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+  workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
   try:
     run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
               summarize_only=_SUMMARIZE.value,
