@@ -33,7 +33,7 @@ from txf.analysis.plots import line_plot
 from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.train.config import check_run_config
-from txf.train.setup import CONFIG_FILE, RunSetup, TrainedRun, load_run
+from txf.train.setup import RunSetup, TrainedRun, load_run, read_run_config
 
 DEFAULT_FACTORS = (1, 2, 4, 8, 16)
 EXTRAPOLATION_PNG = "extrapolation.png"
@@ -136,8 +136,9 @@ def _load(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.n
   """The trained run and its first `num_tokens` validation tokens (None: its
   evaluator's), with eval.num_batches raised to hold them."""
   overrides = {}
-  if num_tokens is not None and (workdir / CONFIG_FILE).exists():  # else load_run says why
-    data = json.loads((workdir / CONFIG_FILE).read_text())["data"]
+  saved = read_run_config(workdir) if num_tokens is not None else None
+  if saved is not None:  # else load_run says why there is no run
+    data = saved["data"]
     overrides["eval.num_batches"] = math.ceil(
         num_tokens / (data["batch_size"] * (data["seq_len"] + 1)))
   run = load_run(workdir, overrides)
