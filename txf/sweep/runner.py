@@ -34,7 +34,6 @@ from txf.sweep import grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.config import check_run_config
-from txf.train.optim import make_optimizer, make_schedule
 
 SWEEP_FIELDS = ("seeds", "run_config")
 
@@ -74,8 +73,9 @@ def _vocab_size(data_config: ml_collections.ConfigDict, spec: DataSpec) -> int:
 
 def check_point_config(config: ml_collections.ConfigDict) -> None:
   """Checks one point's run config without touching data or devices' memory:
-  every field (txf.train.config.check_run_config), the optimizer and
-  schedule, and that the batch divides the device mesh.
+  every field, the optimizer and schedule among them
+  (txf.train.config.check_run_config), and that the batch divides the device
+  mesh.
 
   Raises:
     ValueError: naming the field.
@@ -83,8 +83,6 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
   spec = read_data_config(config.data)
   check_run_config(config, vocab_size=_vocab_size(config.data, spec),
                    num_classes=NUM_CLASSES if spec.task == "classify" else None)
-  make_optimizer(config.train)
-  make_schedule(config.train)
   sharding.check_batch(config.data.batch_size, sharding.make_mesh(config.parallel))
 
 
