@@ -36,6 +36,10 @@ def _model_defaults() -> ml_collections.ConfigDict:
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
+  # Seeds as replicas: R copies of the run, seeds seed .. seed + R - 1, trained
+  # in one program on the same batches (txf.train.replicas); metrics report
+  # each replica ('loss/0', ...) and their mean and std.
+  config.replicas = 1
 
   # txf.layers.config.ModelConfig documents every field and holds its default.
   config.model = _model_defaults()
@@ -62,6 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
       # seq2seq features; None: from a "<src>-<tgt>" config name
       tfds_source_key=config_dict.placeholder(str),
       tfds_target_key=config_dict.placeholder(str),
+      seed=config_dict.placeholder(int),  # the data order's; None: the run's seed
   ))
 
   config.train = ml_collections.ConfigDict(dict(

@@ -22,6 +22,7 @@ _NUM_BATCHES = flags.DEFINE_integer(
 _PERIOD = flags.DEFINE_integer(
     "period", None, "Repeated block length of the induction inputs (default: half the length).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the induction inputs' random tokens.")
+_REPLICA = flags.DEFINE_integer("replica", 0, "Which seed replica of the run to analyse.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -32,7 +33,7 @@ def main(argv) -> None:
   logging.set_verbosity(logging.WARNING)
   try:
     record = analyze_run(_WORKDIR.value, num_batches=_NUM_BATCHES.value, period=_PERIOD.value,
-                         seed=_SEED.value)
+                         seed=_SEED.value, replica=_REPLICA.value)
   except ValueError as error:  # ConfigError too
     fail("analyze", error)
   print(record["table"], end="")

@@ -70,7 +70,7 @@ def benchmark(setup: RunSetup, *, steps: int, window: int, fresh_batches: bool,
   count = _FRESH_BATCHES if fresh_batches else 1
   host_batches = list(itertools.islice(setup.train_data, count))
   device_batch = setup.to_device(host_batches[0])
-  state = setup.init(setup.init_key)
+  state = setup.init()
   state, metrics = setup.train_step(state, device_batch)  # compile
   jax.block_until_ready(metrics)
   windows, times, window_start = [], [], time.perf_counter()

@@ -1,31 +1,44 @@
-"""Times R seed replicas of a config's train step against one replica and
-against R sequential single steps (txf.train.replicas); prints ms/step and
-the ratio to one replica.
+"""Times R seed replicas against one replica and against R sequential
+single runs (txf.train.replicas); prints each figure and its ratio to one
+replica.
 
   python -m experiments.bench_replicas --config=configs/base.py --replicas=3 --steps=20
+  python -m experiments.bench_replicas --config=configs/base.py --replicas=3 --runs \
+      --config.train.steps=100
 
-Each variant is compiled and run once before timing; every step is timed to
-completion on the same batch, and the median is reported. "R sequential" runs
-each replica's own jitted single step in turn (R dispatches per step), as R
-separate runs would.
+Steps (default): each variant is compiled and run once before timing; every
+step is timed to completion on the same batch, and the median is reported,
+for both strategies ('vmap', 'map'). "R sequential" runs each replica's own
+jitted single step in turn (R dispatches per step), as R separate runs would.
+
+Whole runs (--runs): the wall time of txf.train.loop.run, compilation, data,
+evaluations and checkpoints included, in fresh temporary work directories:
+one run, one run of R replicas (the backend's default strategy), and R
+single runs of seeds seed .. seed + R - 1 one after another (on the
+replicated run's batches: data.seed = seed).
 """
 
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 
 import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from txf.train.replicas import STRATEGIES, init_replicas, make_replicated_train_step
+from txf.train import loop
+from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
+                                make_replicated_train_step)
 from txf.train.setup import setup_run
 from txf.train.step import init_state, make_train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _REPLICAS = flags.DEFINE_integer("replicas", 3, "Seed replicas.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per variant.")
+_RUNS = flags.DEFINE_bool("runs", False, "Time whole runs (train.steps of the config) "
+                          "instead of single steps.")
 flags.mark_flag_as_required("config")
 
 
@@ -40,9 +53,35 @@ def median_ms(step, state, batch, steps: int) -> float:
   return 1e3 * statistics.median(times)
 
 
+def run_seconds(config, replicas: int, seed: int) -> float:
+  """Wall time of one loop.run of `config` with `replicas` from `seed`, in a
+  fresh temporary work directory."""
+  config = config.copy_and_resolve_references()
+  config.seed, config.replicas, config.data.seed = seed, replicas, config.seed
+  with tempfile.TemporaryDirectory() as workdir:
+    start = time.perf_counter()
+    loop.run(config, workdir, log=lambda line: None)
+    return time.perf_counter() - start
+
+
+def time_runs(config, replicas: int) -> None:
+  seeds = range(config.seed, config.seed + replicas)
+  figures = {"1 run": run_seconds(config, 1, config.seed),
+             f"1 run of {replicas} replicas ({default_strategy(jax.default_backend())})":
+             run_seconds(config, replicas, config.seed),
+             f"{replicas} sequential runs": sum(run_seconds(config, 1, seed) for seed in seeds)}
+  print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), whole runs of "
+        f"{config.train.steps} steps")
+  for name, seconds in figures.items():
+    print(f"  {name:32s} {seconds:8.1f} s  {seconds / figures['1 run']:5.2f}x")
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
+  if _RUNS.value:
+    time_runs(config, _REPLICAS.value)
+    return
   setup = setup_run(config)
   batch = next(iter(setup.train_data))
   init_fn = lambda key: init_state(setup.model, setup.optimizer, batch, setup.task, key)

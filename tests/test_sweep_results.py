@@ -43,7 +43,7 @@ def write_extrapolation(workdir, applicable, **extra):
 @pytest.fixture
 def points():
   base = ml_collections.ConfigDict(dict(
-      model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS)))
+      replicas=2, model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS)))
   config = ml_collections.ConfigDict(dict(base=base))
   config.grid = grid.make_grid({"model.position": ["rope", "learned"],
                                 "model.norm_placement": ["pre", "post"]})
@@ -88,7 +88,7 @@ def test_point_status_of_each_state(sweep_dir, points, tmp_path):
 
 
 def test_summary_of_replicas_is_mean_and_sample_std(sweep_dir, points):
-  row = results.summarize_point(points[0], sweep_dir / points[0].name, replicas=2)
+  row = results.summarize_point(points[0], sweep_dir / points[0].name)
   assert row.status == "done" and not row.diverged and row.replicas == 2
   assert row.train_loss.mean == pytest.approx(2.4, rel=1e-12)
   assert row.train_loss.std == pytest.approx(0.4 / math.sqrt(2), rel=1e-12)
@@ -216,7 +216,7 @@ def assert_png(path):
 
 def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   line_plot = FakeLinePlot()
-  path = results.plot_loss_curves(points, sweep_dir, replicas=2, line_plot=line_plot)
+  path = results.plot_loss_curves(points, sweep_dir, line_plot=line_plot)
   assert_png(path)
   (call,) = line_plot.calls
   assert list(call["series"]) == [points[0].name, points[2].name, points[3].name]

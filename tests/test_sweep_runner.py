@@ -4,11 +4,13 @@ import csv
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
 from etils import epath
 import ml_collections
+import numpy as np
 import pytest
 
 from conftest import load_config, tiny_config
@@ -23,9 +25,14 @@ TOY_GRID = {"model.position": ["rope", "alibi"], "model.norm_placement": ["pre"]
 TOY_NAMES = ["position=rope,norm_placement=pre", "position=alibi,norm_placement=pre"]
 
 
+REPLICAS = 2
+
+
 def toy_sweep(fields=None, **sweep):
+  """Toy points of REPLICAS seed replicas each."""
   config = ml_collections.ConfigDict()
   config.base = tiny_config(steps=TOY_STEPS)
+  config.base.replicas = REPLICAS
   config.grid = grid.make_grid(fields or TOY_GRID)
   config.sweep = ml_collections.ConfigDict(sweep)
   return config
@@ -51,7 +58,8 @@ def final_eval_loss(workdir):
 
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory, compilation_cache_dir):
-  """A two-point toy sweep: point 1 alone (index=1), then the whole sweep.
+  """A two-point, two-replica toy sweep: point 1 alone (index=1), then the
+  whole sweep.
 
   Returns a dict: workdir; index_result, index_listing (run_sweep's return
   and the workdir's entries after index=1); lines and calls (the full run's
@@ -85,6 +93,11 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
   assert [row["point"] for row in table] == TOY_NAMES
   for row, name in zip(table, TOY_NAMES):
     assert float(row["eval_loss"]) == pytest.approx(final_eval_loss(workdir / name), rel=1e-12)
+    final = [r for r in read_metrics(workdir / name) if "eval_loss" in r][-1]
+    replica_losses = [final[f"eval_loss/{r}"] for r in range(REPLICAS)]
+    assert float(row["eval_loss_std"]) == pytest.approx(np.std(replica_losses, ddof=1),
+                                                        rel=1e-9)
+    assert row["replicas"] == str(REPLICAS)
     assert (row["status"], row["diverged"], row["sliding@64"]) == ("done", "no", "3.5")
   markdown = (workdir / results.RESULTS_MD).read_text()
   assert all(f"| {name} |" in markdown for name in TOY_NAMES)
@@ -107,6 +120,20 @@ def test_a_rerun_skips_finished_points(finished_sweep):
       f"point {i} ({name}): done, skipped" for i, name in enumerate(TOY_NAMES)]
   assert calls == []  # extrapolation.json already there
   assert [path.stat().st_mtime_ns for path in metrics] == before
+
+
+def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tmp_path):
+  workdir = tmp_path / "copy"
+  shutil.copytree(finished_sweep["workdir"], workdir)
+  for name in TOY_NAMES:
+    (workdir / name / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  runner.run_sweep(toy_sweep(extrapolate=False), workdir, log=lambda line: None,
+                   extrapolate=fake_extrapolate(calls))
+  assert calls == []
+  runner.run_sweep(toy_sweep(), workdir, log=lambda line: None,
+                   extrapolate=fake_extrapolate(calls))
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
 
 
 def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
@@ -140,8 +167,9 @@ def test_an_invalid_point_stops_the_sweep_before_anything_trains(tmp_path, monke
 
 
 @pytest.mark.parametrize("sweep, message", [
-    (dict(seeds=3), r"sweep.seeds: 3 replicas per point are not implemented yet"),
-    (dict(seeds=0), r"sweep.seeds: must be a positive integer, got 0"),
+    (dict(seeds=3), r"sweep.seeds: unknown field .*; seeds per point are base.replicas"),
+    (dict(extrapolate_tokens=0), r"sweep.extrapolate_tokens"),
+    (dict(extrapolate="no"), r"sweep.extrapolate: must be True or False"),
     (dict(seed=1), r"sweep.seed: unknown field"),
 ])
 def test_bad_sweep_settings_are_rejected_naming_the_field(tmp_path, sweep, message):
@@ -168,7 +196,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
   points = grid.expand(config)
   assert len(points) == count
   grid.validate(points, runner.check_point_config)
-  assert runner.read_sweep_settings(config).seeds == 1
+  assert config.base.replicas == 3  # the findings' seeds (docs/results.md)
   reference = runner.load_run_config(str(ROOT / config.sweep.run_config))
   for point in points:  # every point has an exact experiments.run command
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
@@ -190,10 +218,10 @@ def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   assert len(commands) == 12
   assert commands[7] == (
       "python -m experiments.run --config=configs/base.py "
-      f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=150 "
+      f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=125 "
       "--config.model.norm_placement=post --config.model.position=alibi "
-      "--config.train.checkpoint_every=100 --config.train.steps=300 "
-      "--config.train.warmup_steps=30")
+      "--config.replicas=3 --config.train.checkpoint_every=125 --config.train.steps=250 "
+      "--config.train.warmup_steps=25")
   assert os.listdir(tmp_path) == []
 
 

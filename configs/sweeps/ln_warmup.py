@@ -37,6 +37,7 @@ STEPS = 300
 def get_config() -> ml_collections.ConfigDict:
   run = base.get_config()
   run.model.update(dict(d_model=64, num_heads=4, num_layers=6))
+  run.replicas = 3
   run.train.update(dict(steps=STEPS, grad_clip_norm=0.0, log_every=25, checkpoint_every=100))
   run.eval.update(dict(every=100))
   config = ml_collections.ConfigDict()
@@ -46,5 +47,6 @@ def get_config() -> ml_collections.ConfigDict:
       "train.warmup_steps": [0, STEPS // 10],
       "train.learning_rate": [3e-3, 1e-2],
   })
-  config.sweep = ml_collections.ConfigDict(dict(seeds=1, run_config=RUN_CONFIG))
+  # The question here is warmup, not length: no extrapolation.
+  config.sweep = ml_collections.ConfigDict(dict(run_config=RUN_CONFIG, extrapolate=False))
   return config

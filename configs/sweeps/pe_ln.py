@@ -25,13 +25,14 @@ RUN_CONFIG = "configs/base.py"
 
 def get_config() -> ml_collections.ConfigDict:
   run = base.get_config()
-  run.train.update(dict(steps=300, warmup_steps=30, log_every=50, checkpoint_every=100))
-  run.eval.update(dict(every=150))
+  run.replicas = 3
+  run.train.update(dict(steps=250, warmup_steps=25, log_every=50, checkpoint_every=125))
+  run.eval.update(dict(every=125))
   config = ml_collections.ConfigDict()
   config.base = run
   config.grid = make_grid({
       "model.position": ["sinusoidal", "learned", "rope", "alibi", "t5_bias", "none"],
       "model.norm_placement": ["pre", "post"],
   })
-  config.sweep = ml_collections.ConfigDict(dict(seeds=1, run_config=RUN_CONFIG))
+  config.sweep = ml_collections.ConfigDict(dict(run_config=RUN_CONFIG, extrapolate_tokens=12_288))
   return config

@@ -49,6 +49,9 @@ class DataSpec:
   tfds_text_key: str | None = None
   tfds_source_key: str | None = None
   tfds_target_key: str | None = None
+  # The data order's seed (shuffling, masking, generated examples); None:
+  # the run's `seed`. Seed replicas (config `replicas`) share the run's.
+  seed: int | None = None
 
 
 def is_tfds(name: Any) -> bool:
@@ -82,8 +85,10 @@ def read_data_config(data: Any) -> DataSpec:
   if task not in tasks:
     raise ValueError(f'data.task={task!r} does not fit data.name={name!r}; '
                      f'expected one of {tasks}')
+  seed = getattr(data, 'seed', None)
   spec = DataSpec(name=name, task=task, seq_len=_int(data, 'seq_len', 2),
-                  batch_size=_int(data, 'batch_size', 1))
+                  batch_size=_int(data, 'batch_size', 1),
+                  seed=None if seed is None else _int(data, 'seed', 0))
   if name == 'pystdlib':
     return _corpus_fields(data, spec)
   if is_tfds(name):

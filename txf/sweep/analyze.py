@@ -159,7 +159,7 @@ def _eval_loss_sums(task: str):
 
 
 def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
-                period: int | None = None, seed: int = 0) -> dict[str, Any]:
+                period: int | None = None, seed: int = 0, replica: int = 0) -> dict[str, Any]:
   """Writes the attention analysis of the run in `workdir` into
   <workdir>/analysis/ (see the module docstring) and returns it.
 
@@ -171,6 +171,8 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
     period: the repeated block length of the induction inputs (None: half
       the run's query length, at most the vocabulary allows).
     seed: seed of the induction inputs' random tokens.
+    replica: which seed replica of a run of several to analyse (0: the
+      first, whose seed is the run's `seed`).
 
   Returns:
     {"step": checkpoint step, "baseline_loss": validation loss with every
@@ -191,7 +193,11 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
     raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
   workdir = epath.Path(workdir)
   run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
-  setup, params = run.setup, run.params
+  setup = run.setup
+  try:
+    params = setup.replica_params(run.params, replica)
+  except ValueError as error:
+    raise ValueError(f"{error} (in {workdir})") from None
   batches = list(setup.eval_data)
   first = batches[0]
   shapes = attention_shapes(params)

@@ -11,9 +11,11 @@ default the stream is exactly the evaluator's eval.num_batches x
 data.batch_size windows, so at 1x the non-overlapping loss is the run's
 eval_loss. A length the run's config refuses as data.seq_len (a learned
 position table shorter than it) is not applicable: its losses are null and
-the reason is recorded. The run directory gains extrapolation.json (format:
-txf.sweep.results), extrapolation.png and per_position_loss.png; nothing
-else in it changes.
+the reason is recorded. A run of R seed replicas is evaluated replica by
+replica: "loss" and the per-position losses are the replicas' means,
+"replica_loss" holds each replica's. The run directory gains
+extrapolation.json (format: txf.sweep.results), extrapolation.png and
+per_position_loss.png; nothing else in it changes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from typing import Any, Sequence
 
 import jax
@@ -156,23 +159,33 @@ def _load(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.n
 
 def _losses(run: TrainedRun, tokens_N: np.ndarray, record: dict[str, Any],
             batch_tokens: int) -> dict[str, Any]:
-  """The record's "loss", "scored_tokens" and "per_position": both protocols
-  at each applicable length of `record`."""
-  loss = {protocol: [] for protocol in PROTOCOLS}
+  """The record's "loss", "replica_loss", "scored_tokens" and "per_position":
+  both protocols at each applicable length of `record`, for every replica
+  of the run; "loss" and "per_position" are the replicas' means."""
+  replica_loss = {protocol: [] for protocol in PROTOCOLS}
   scored = {protocol: [] for protocol in PROTOCOLS}
   per_position = None
+  replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.replicas)]
   for length, stride, applicable in zip(record["lengths"], record["stride"],
                                         record["applicable"]):
     for protocol in PROTOCOLS:
-      result = window_losses(
-          run.setup.model, run.params, tokens_N[None], seq_len=length, protocol=protocol,
+      results = [window_losses(
+          run.setup.model, params, tokens_N[None], seq_len=length, protocol=protocol,
           stride=stride if protocol == "sliding" else None,
-          batch_size=max(batch_tokens // length, 1)) if applicable else None
-      loss[protocol].append(None if result is None else result.mean_loss)
-      scored[protocol].append(None if result is None else result.num_scored)
-      if result is not None and protocol == "non_overlapping":  # the longest length's last
-        per_position = {"length": length, "loss": _none_if_nan(result.per_position_loss())}
-  return {"loss": loss, "scored_tokens": scored, "per_position": per_position}
+          batch_size=max(batch_tokens // length, 1)) for params in replica_params
+      ] if applicable else None
+      replica_loss[protocol].append(None if results is None else
+                                    [result.mean_loss for result in results])
+      scored[protocol].append(None if results is None else results[0].num_scored)
+      if results is not None and protocol == "non_overlapping":  # the longest length's last
+        with warnings.catch_warnings():  # a position no window scores stays NaN
+          warnings.simplefilter("ignore", RuntimeWarning)
+          mean_loss = np.nanmean([result.per_position_loss() for result in results], axis=0)
+        per_position = {"length": length, "loss": _none_if_nan(mean_loss)}
+  loss = {protocol: [None if values is None else float(np.mean(values)) for values in by_length]
+          for protocol, by_length in replica_loss.items()}
+  return {"loss": loss, "replica_loss": replica_loss, "scored_tokens": scored,
+          "per_position": per_position}
 
 
 def _plot(record: dict[str, Any], workdir: epath.Path) -> None:

@@ -22,14 +22,16 @@ metrics.jsonl; the sweep adds
       "step" (the checkpoint's), "train_length" (data.seq_len), "factors"
       (lengths / train_length), "num_tokens" (validation tokens evaluated),
       "stride" (the sliding stride per length), "scored_tokens" (protocol ->
-      tokens scored per length) and "reason" (per length: why it does not
-      apply, or null); null where not applicable.
+      tokens scored per length), "reason" (per length: why it does not
+      apply, or null) and "replica_loss" (protocol -> per length the list of
+      each seed replica's loss, whose mean "loss" holds); null where not
+      applicable.
 
-Replicas. A run of R vmapped replicas (R > 1) logs each per-replica metric
-as '<name>/<r>' (r = 0..R-1), e.g. 'eval_loss/0', 'eval_loss/1', next to
-'<name>' (their mean); a single run (R = 1) logs '<name>' only. Summaries
-are mean ± sample standard deviation (ddof=1) over the replicas; with one
-replica the std is None (blank in the tables).
+Replicas. A run of R seed replicas (its config's `replicas` > 1) logs each
+per-replica metric as '<name>/<r>' (r = 0..R-1), e.g. 'eval_loss/0',
+'eval_loss/1', next to '<name>' (their mean); a single run (R = 1) logs
+'<name>' only. Summaries are mean ± sample standard deviation (ddof=1) over
+the replicas; with one replica the std is None (blank in the tables).
 """
 
 from __future__ import annotations
@@ -183,15 +185,22 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
           math.nan if v is None else float(v) for v in per_position["loss"]))
 
 
+def point_replicas(point: Point) -> int:
+  """R, the seed replicas the point trains (its config's `replicas`; 1 if unset)."""
+  return point.config.get("replicas", 1)
+
+
 def summarize_point(point: Point, workdir: str | epath.PathLike, *,
-                    replicas: int) -> PointSummary:
+                    replicas: int | None = None) -> PointSummary:
   """The results row of `point`, whose run directory is `workdir`.
 
   Args:
     point: the grid point.
     workdir: the point's own run directory.
-    replicas: R, the vmapped replicas the point trained (1: a single run).
+    replicas: R, the seed replicas the point trained (1: a single run);
+      None: `point_replicas(point)`.
   """
+  replicas = point_replicas(point) if replicas is None else replicas
   if replicas < 1:
     raise ValueError(f"replicas must be >= 1, got {replicas}")
   workdir = epath.Path(workdir)
@@ -321,22 +330,25 @@ def eval_curve(workdir: str | epath.PathLike, *,
 
 
 def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLike, *,
-                     replicas: int, line_plot: LinePlot | None = None) -> epath.Path:
+                     line_plot: LinePlot | None = None) -> epath.Path:
   """Validation loss vs training step, one line per point with a ±1 std band
-  over replicas; points with no eval row yet are left out. Returns the PNG.
+  over its replicas; points with no eval row yet are left out. Returns the PNG.
 
   `line_plot` defaults to txf.analysis.plots.line_plot.
   """
   directory = epath.Path(sweep_workdir)
-  series = {}
+  series, replica_counts = {}, set()
   for point in points:
+    replicas = point_replicas(point)
     steps_N, mean_N, std_N = eval_curve(directory / point.name, replicas=replicas)
     if len(steps_N):
       series[point.name] = (steps_N, mean_N, std_N)
+      replica_counts.add(replicas)
   path = directory / LOSS_CURVES_PNG
+  (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   (line_plot or _default_line_plot())(
       series, path, title="Validation loss per point" + (
-          f" (mean ± std over {replicas} replicas)" if replicas > 1 else ""),
+          f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else ""),
       xlabel="training step", ylabel=f"validation loss ({LOSS_UNITS})")
   return path
 

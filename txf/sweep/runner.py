@@ -6,17 +6,25 @@
   run_sweep(sweep_config, "runs/pe_ln", summarize_only=True)  # results from disk
 
 The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
-  sweep.seeds        replicas per point; only 1 for now (vmapped replicas
-                     are not implemented yet)
   sweep.run_config   the run config file `base` comes from (e.g.
                      'configs/base.py'): the dry run's `experiments.run`
                      commands load it and override what the point changes
+  sweep.extrapolate  whether finished points get a length extrapolation
+                     (default True; the `extrapolate` hook of run_sweep)
+  sweep.extrapolate_tokens
+                     validation tokens each point's length extrapolation
+                     scores (None: those of the point's evaluator); read by
+                     the extrapolation hook (experiments/sweep.py)
 
 Each point trains through txf.train.loop.run in `<workdir>/<point name>`, a
 normal run directory, so it is one code path with `experiments.run`: a
 rerun resumes an interrupted point from its checkpoint and skips finished
 ones. The sweep workdir gets results.csv, results.md and PNG plots (see
 txf.sweep.results).
+
+Seeds per point are the run config's own field: `base.replicas` = R trains R
+seeds of every point side by side in one program (txf.train.replicas), and
+the tables and plots give mean ± std over them.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from etils import epath
 import jax
 import ml_collections
 
+from txf.checks import optional_positive_int
 from txf.data import DataSpec, make_tokenizer, read_data_config
 from txf.data.listops import NUM_CLASSES
 from txf.sweep import grid, results
@@ -35,30 +44,34 @@ from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.config import check_run_config
 
-SWEEP_FIELDS = ("seeds", "run_config")
+SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
 Log = Callable[[str], Any]
 Extrapolate = Callable[[epath.Path], Any]
 
 
 def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
-  """The `sweep` section with its defaults (seeds=1, run_config=None).
+  """The `sweep` section with its defaults (run_config=None,
+  extrapolate=True, extrapolate_tokens=None).
 
   Raises:
-    GridError: an unknown field, or seeds other than 1, naming the field.
+    GridError: an unknown field or a bad value, naming the field (seeds per
+      point are the run config's `base.replicas`).
   """
   given = sweep_config.get("sweep") or ml_collections.ConfigDict()
   unknown = sorted(set(given.keys()) - set(SWEEP_FIELDS))
   if unknown:
-    raise GridError(f"sweep.{unknown[0]}: unknown field (known: {', '.join(SWEEP_FIELDS)})")
-  settings = ml_collections.ConfigDict(dict(seeds=1, run_config=None))
-  settings.update(dict(given.items()))
-  seeds = settings.seeds
-  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise GridError(f"sweep.seeds: must be a positive integer, got {seeds!r}")
-  if seeds > 1:
-    raise GridError(f"sweep.seeds: {seeds} replicas per point are not implemented yet "
-                    "(they will be vmapped replicas in one run directory); use 1")
+    hint = "; seeds per point are base.replicas" if unknown[0] == "seeds" else ""
+    raise GridError(f"sweep.{unknown[0]}: unknown field (known: {', '.join(SWEEP_FIELDS)})"
+                    + hint)
+  settings = ml_collections.ConfigDict(
+      {**dict(run_config=None, extrapolate=True, extrapolate_tokens=None), **given})
+  if not isinstance(settings.extrapolate, bool):
+    raise GridError(f"sweep.extrapolate: must be True or False, got {settings.extrapolate!r}")
+  try:
+    optional_positive_int(settings.extrapolate_tokens, "sweep.extrapolate_tokens")
+  except ValueError as error:
+    raise GridError(str(error)) from None
   return settings
 
 
@@ -141,7 +154,7 @@ def _extrapolate_point(point: Point, workdir: epath.Path, extrapolate: Extrapola
   jax.clear_caches()
 
 
-def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *, replicas: int,
+def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
               log: Log = print) -> list[results.PointSummary]:
   """Writes results.csv, results.md and the plots into the sweep workdir from
   what the points' run directories hold; returns the rows.
@@ -153,12 +166,11 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *, replica
   extrapolated length.
   """
   workdir = epath.Path(workdir)
-  rows = [results.summarize_point(point, workdir / point.name, replicas=replicas)
-          for point in points]
+  rows = [results.summarize_point(point, workdir / point.name) for point in points]
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written.append(results.plot_loss_curves(points, workdir, replicas=replicas))
+    written.append(results.plot_loss_curves(points, workdir))
   protocols = dict.fromkeys(protocol for row in rows if row.extrapolation is not None
                             for protocol in row.extrapolation.loss)
   written += [results.plot_extrapolation(rows, workdir, protocol=protocol)
@@ -197,7 +209,8 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     dry_run, summarize_only: the modes above (at most one).
     log: called with each progress line (the loop's included).
     extrapolate: called with a finished point's run directory when it has
-      no extrapolation.json yet, to write one; None: no extrapolation.
+      no extrapolation.json yet, to write one; None (or sweep.extrapolate
+      False): no extrapolation.
 
   Returns:
     The results rows where results are written, else None.
@@ -211,6 +224,8 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     raise ValueError("dry_run and summarize_only: choose one mode")
   workdir = epath.Path(workdir)
   settings = read_sweep_settings(sweep_config)
+  if not settings.extrapolate:
+    extrapolate = None
   points = grid.expand(sweep_config)
   grid.validate(points, check_point_config)
   selected = grid.select(points, index)
@@ -224,4 +239,4 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
       _extrapolate_point(point, point_dir, extrapolate, log)
     if len(selected) < len(points):
       return None
-  return summarize(points, workdir, replicas=settings.seeds, log=log)
+  return summarize(points, workdir, log=log)

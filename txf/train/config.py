@@ -12,7 +12,7 @@ from txf.layers.config import ModelConfig
 from txf.layers.embedding import check_position_table
 from txf.train.optim import make_optimizer
 
-SECTIONS = ("seed", "model", "data", "train", "eval", "parallel")
+SECTIONS = ("seed", "replicas", "model", "data", "train", "eval", "parallel")
 TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
                 "weight_decay", "b1", "b2", "eps", "grad_clip_norm", "grad_accum_steps",
                 "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep")
@@ -43,7 +43,8 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   """Validates `config` and returns its `ModelConfig`.
 
   Args:
-    config: the run's ConfigDict (sections: seed, model, data, train, eval, parallel).
+    config: the run's ConfigDict (sections: seed, replicas, model, data, train, eval,
+      parallel).
     vocab_size: the tokenizer's vocabulary size (fills model.vocab_size=None).
     num_classes: the dataset's label count for classification, else None.
   """
@@ -56,6 +57,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   _check_known("eval", config.eval, EVAL_FIELDS)
   _check_known("parallel", config.parallel, PARALLEL_FIELDS)
   checks.int_at_least(config.seed, "seed", 0)
+  checks.positive_int(config.replicas, "replicas")
   spec = read_data_config(config.data)
 
   model_fields = dict(config.model.items())

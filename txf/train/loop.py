@@ -12,6 +12,12 @@
 Starting it again on the same work directory resumes from the latest good
 checkpoint, including the data position, and reaches the same numbers as an
 uninterrupted run.
+
+A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
+side on the same batches (txf.train.setup); every metric is logged per
+replica with the replicas' mean and std (txf.train.metrics.replica_scalars),
+a replica's non-finite update stops the run as for a single run, and the
+samples come from the first replica.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 from typing import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from txf import decode
@@ -31,7 +38,7 @@ from txf.analysis import summarize
 from txf.train import hardware, sharding
 from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError
-from txf.train.metrics import MetricsWriter, format_progress
+from txf.train.metrics import MetricsWriter, format_progress, replica_scalars
 from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
                              make_checkpointer, setup_run, write_config)
 from txf.train.workdir import WorkdirLock, check_writable
@@ -119,9 +126,10 @@ class _Throughput:
 
 def _log_train(setup: RunSetup, metrics: dict, done: int, window: _Throughput,
                writer: MetricsWriter, log) -> None:
-  scalars = {"loss": metrics["loss"], "accuracy": metrics["accuracy"],
-             "grad_norm": metrics["grad_norm"], "learning_rate": setup.schedule(done - 1),
-             **window.figures(setup)}
+  scalars = {name: metrics[name] for name in ("loss", "accuracy", "grad_norm")}
+  if setup.replicas > 1:
+    scalars = replica_scalars(scalars)
+  scalars.update(learning_rate=setup.schedule(done - 1), **window.figures(setup))
   writer.write(done, scalars)
   log(format_progress(done, setup.config.train.steps, scalars))
 
@@ -143,11 +151,12 @@ def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
   result = setup.evaluate(params)
   samples = setup.task == "lm" and setup.model_cfg.family == "decoder"
   if samples and setup.config.eval.sample_tokens:
-    sample = _sample_text(setup, params, done)
+    sample = _sample_text(setup, setup.replica_params(params, 0), done)
     writer.write_sample(done, sample)
     log(f"sample @ {done}: {sample[:200]!r}")
   writer.write(done, result)
-  log(f"eval @ {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items()))
+  # Per-replica values are in the metrics; the console gets mean (and std).
+  log(f"eval @ {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items() if "/" not in k))
   return result
 
 
@@ -179,7 +188,7 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
     batch, data_state = next(batches)
     state, metrics = setup.train_step(state, batch)
     # Counted on device (no sync per step), checked at every log step.
-    skipped_updates = skipped_updates + 1 - metrics["finite"]
+    skipped_updates = skipped_updates + jnp.sum(1 - metrics["finite"])
     window.add(metrics, compiling=step == start)
     done = step + 1
     if done % config.train.log_every == 0 or done == config.train.steps:
@@ -240,8 +249,10 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
     checkpointer = make_checkpointer(config, workdir)
     with (PreemptionGuard() as guard, _closing(checkpointer), setup.activation_sharding()):
       start, state, data_state = _restore(setup, checkpointer, workdir, log)
+      first_params = setup.replica_params(state.params, 0)
       log(f"data: {setup.train_data.description}\n"
-          f"{summarize(state.params, setup.model_cfg, config.data.seq_len)}")
+          f"{summarize(first_params, setup.model_cfg, config.data.seq_len)}"
+          + (f"\n{setup.replicas} replicas, seeds {setup.seeds}" if setup.replicas > 1 else ""))
       if start >= config.train.steps:
         log(f"already trained to step {start} of {config.train.steps}")
         return setup.evaluate(state.params)
@@ -265,7 +276,7 @@ def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: pathlib.Path,
       raise ConfigError(str(error)) from error
   restored = checkpointer.restore(setup.abstract_state)
   if restored is None:
-    return 0, setup.init(setup.init_key), None
+    return 0, setup.init(), None
   start, state, extras = restored
   log(f"resumed from step {start} in {checkpointer.directory}")
   return start, state, extras["data"]

@@ -11,6 +11,10 @@ first moves every metrics row and sample logged after that step to
 `metrics.dropped.jsonl` / `samples.dropped.txt`, and tells TensorBoard to
 hide events after it (`purge_step`): those steps are about to be trained
 again, so each step keeps exactly one row.
+
+A run of R > 1 seed replicas logs each replica's value of a metric as
+'<name>/<r>', their mean as '<name>' and their std as '<name>_std'
+(`replica_scalars`).
 """
 
 from __future__ import annotations
@@ -232,6 +236,24 @@ def _format_duration(seconds: float) -> str:
   if minutes:
     return f'{minutes}m{secs:02d}s'
   return f'{secs}s'
+
+
+def replica_scalars(values_R: Mapping[str, Any]) -> dict[str, float]:
+  """Per-replica values as metrics rows hold them.
+
+  Each [R] array `name` becomes 'name/0' .. 'name/<R-1>' (one per replica),
+  'name' (their mean) and 'name_std' (their sample std, ddof=1; 0.0 for R = 1).
+  """
+  scalars = {}
+  for name, value in values_R.items():
+    value_R = np.asarray(value, np.float64)
+    if value_R.ndim != 1 or not value_R.size:
+      raise ValueError(f'{name}: expected one value per replica ([R]), got shape '
+                       f'{value_R.shape}')
+    scalars.update({f'{name}/{r}': float(v) for r, v in enumerate(value_R)})
+    scalars[name] = float(value_R.mean())
+    scalars[f'{name}_std'] = float(value_R.std(ddof=1)) if value_R.size > 1 else 0.0
+  return scalars
 
 
 def format_progress(step: int, total: int, scalars: Mapping[str, Any]) -> str:

@@ -47,10 +47,11 @@ measured: no accelerator in this session).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from txf.train.step import Batch, TrainState
 
@@ -84,6 +85,23 @@ def replica(state_R: TrainState, r: int) -> TrainState:
   return jax.tree.map(lambda leaf_R: leaf_R[r], state_R)
 
 
+def over_replicas(fn: Callable[[Any, Any], Any], strategy: str) -> Callable[[Any, Any], Any]:
+  """`fn(x, shared)` of one replica -> `f(x_R, shared)` over stacked replicas.
+
+  x_R's leaves carry a leading [R] axis; `shared` (e.g. the batch) is the
+  same for every replica; the outputs gain the [R] axis.
+
+  Args:
+    fn: the single replica's function.
+    strategy: 'vmap' or 'map' (see the module docstring; `default_strategy`).
+  """
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy: {strategy!r} is not one of {STRATEGIES}")
+  if strategy == "vmap":
+    return jax.vmap(fn, in_axes=(0, None))
+  return lambda x_R, shared: jax.lax.map(lambda x: fn(x, shared), x_R)
+
+
 def make_replicated_train_step(step_for_seed: Callable[[jax.Array], TrainStep],
                                seeds: Sequence[int], *, strategy: str) -> TrainStep:
   """Returns `step(state_R, batch) -> (state_R, metrics_R)` (not yet jitted).
@@ -98,19 +116,16 @@ def make_replicated_train_step(step_for_seed: Callable[[jax.Array], TrainStep],
     seeds: the replicas' seeds, in the order of init_replicas.
     strategy: 'vmap' or 'map' (see the module docstring; `default_strategy`).
   """
-  if strategy not in STRATEGIES:
-    raise ValueError(f"strategy: {strategy!r} is not one of {STRATEGIES}")
   seeds_R = _seed_array(seeds)
+  one = over_replicas(lambda state_and_seed, batch: step_for_seed(state_and_seed[1])(
+      state_and_seed[0], batch), strategy)
+  return lambda state_R, batch: one((state_R, seeds_R), batch)
 
-  def one(state, seed, batch):
-    return step_for_seed(seed)(state, batch)
 
-  def step(state_R: TrainState, batch: Batch):
-    if strategy == "vmap":
-      return jax.vmap(one, in_axes=(0, 0, None))(state_R, seeds_R, batch)
-    return jax.lax.map(lambda args: one(*args, batch), (state_R, seeds_R))
-
-  return step
+def stacked_shardings(shardings: Any) -> Any:
+  """The shardings of a stacked state from a single state's: the [R] axis
+  is not split (every device holds its share of each replica)."""
+  return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), shardings)
 
 
 def default_strategy(backend: str) -> str:

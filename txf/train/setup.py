@@ -8,10 +8,16 @@
   trained = load_run(workdir, {"data.seq_len": 256})   # a trained run, to evaluate
   trained.setup.evaluate(trained.params)
 
+A config with `replicas` = R > 1 trains R seeds (seed .. seed + R - 1) in
+one program (txf.train.replicas): the state's leaves, checkpoints included,
+carry a leading [R] axis, the train step's metrics are [R], and `evaluate`
+reports every replica ('eval_loss/0', ...) with their mean and std.
+`replica_params(params, r)` is replica r's parameters, a single run's.
+
 A run's work directory records in config.json how the run was trained.
 `check_resumable` decides which changes a later run (a resumed training, an
 evaluation) may make to it: none to what the checkpoint depends on, i.e.
-`seed`, the `model` section, and every `data` field except those in
+`seed`, `replicas`, the `model` section, and every `data` field except those in
 `FREE_DATA_FIELDS` (the corpus or dataset, task, tokenizer and vocabulary,
 corpus size, masking and generated-example fields define the data stream the
 checkpoint was trained on and the sentencepiece model in the work directory).
@@ -26,13 +32,13 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
 from typing import Any, Callable, Mapping, NamedTuple
 
 import flax.linen as nn
 import jax
 import ml_collections
+import numpy as np
 import optax
 from etils import epath
 from jax.sharding import Mesh
@@ -41,9 +47,10 @@ from txf import models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset
 from txf.layers.config import ModelConfig
-from txf.train import hardware, sharding
+from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, check_run_config
+from txf.train.metrics import replica_scalars
 from txf.train.optim import make_optimizer, make_schedule
 from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
                             make_train_step)
@@ -51,7 +58,7 @@ from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
 # must match the run's config.json, `data` except for FREE_DATA_FIELDS.
-RESUME_SECTIONS = ("seed", "model", "data")
+RESUME_SECTIONS = ("seed", "replicas", "model", "data")
 FREE_DATA_FIELDS = ("seq_len", "batch_size")
 
 
@@ -68,16 +75,20 @@ class RunSetup:
       batches (eval_data stops after eval.num_batches).
     optimizer, schedule: from config.train.
     mesh: the device mesh of config.parallel.
+    replicas: R, config.replicas: seeds trained side by side (1: a single run).
     state_sharding: a TrainState of NamedShardings, one per leaf.
-    init: jitted key -> TrainState, created already sharded (no host ever
-      holds the whole model).
+    init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
+      created already sharded (no host ever holds the whole model).
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
     train_step: jitted (state, batch) -> (state, metrics); donates the state;
-      label smoothing, z-loss and gradient accumulation from config.train.
-    eval_step: jitted (params, batch) -> replicated loss/accuracy sums.
+      label smoothing, z-loss and gradient accumulation from config.train;
+      metrics are [R] when R > 1.
+    eval_step: jitted (params, batch) -> replicated loss/accuracy sums ([R]
+      when R > 1).
     tokens_per_step: tokens (examples, for classification) per global batch.
-    flops_per_token: training FLOPs per token (6N + attention).
+    flops_per_token: training FLOPs per data token (6N + attention), all R
+      replicas together.
     peak_flops: the device's peak FLOP/s in the compute dtype; None if unknown.
   """
 
@@ -90,8 +101,9 @@ class RunSetup:
   optimizer: optax.GradientTransformation
   schedule: optax.Schedule
   mesh: Mesh
+  replicas: int
   state_sharding: Any
-  init: Callable[[jax.Array], TrainState]
+  init: Callable[[], TrainState]
   abstract_state: TrainState
   train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
   eval_step: Callable[[Any, dict], dict]
@@ -101,8 +113,19 @@ class RunSetup:
 
   @property
   def init_key(self) -> jax.Array:
-    """The key `init` creates the run's initial state from."""
+    """The key of the run's (its first replica's) seed."""
     return jax.random.key(self.config.seed)
+
+  @property
+  def seeds(self) -> tuple[int, ...]:
+    """The replicas' seeds: replica r is the single run of seed + r."""
+    return tuple(range(self.config.seed, self.config.seed + self.replicas))
+
+  def replica_params(self, params: Any, r: int) -> Any:
+    """Replica r's parameters (a single run's) from the run's parameters."""
+    if not 0 <= r < self.replicas:
+      raise ValueError(f"replica: {r} is not one of the run's {self.replicas} replicas")
+    return params if self.replicas == 1 else jax.tree.map(lambda leaf_R: leaf_R[r], params)
 
   def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """Global arrays, split over the mesh, from this process's rows."""
@@ -114,20 +137,24 @@ class RunSetup:
     return sharding.activation_sharding(self.mesh)
 
   def evaluate(self, params: Any) -> dict[str, float]:
-    """Loss, accuracy (and perplexity for language models) over eval_data."""
+    """Loss, accuracy (and perplexity for language models) over eval_data;
+    with R > 1 replicas (stacked params) each replica's ('eval_loss/0', ...)
+    and their mean ('eval_loss') and std ('eval_loss_std')."""
     totals = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
     with self.activation_sharding():
       for batch in self.eval_data:
         sums = jax.device_get(self.eval_step(params, self.to_device(batch)))
         for key in totals:
-          totals[key] += float(sums[key])
-    if totals["count"] == 0:
+          totals[key] = totals[key] + np.asarray(sums[key], np.float64)
+    if not np.all(totals["count"]):
       raise ValueError("eval: the validation split produced no tokens")
     loss = totals["loss_sum"] / totals["count"]
     result = {"eval_loss": loss, "eval_accuracy": totals["correct"] / totals["count"]}
     if self.task in ("lm", "mlm"):
-      result["eval_perplexity"] = math.exp(min(loss, 50.0))
-    return result
+      result["eval_perplexity"] = np.exp(np.minimum(loss, 50.0))
+    if self.replicas == 1:
+      return {name: float(value) for name, value in result.items()}
+    return replica_scalars(result)
 
 
 def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup:
@@ -146,15 +173,16 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     ConfigError: naming the field, for a config that cannot run (including a
       dimension that does not divide its mesh axis), before any compute.
   """
-  shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
+  dataset_args = dict(process_index=jax.process_index(), process_count=jax.process_count(),
+                      seed=config.seed if config.data.get("seed") is None else config.data.seed)
   try:
-    train_data = make_dataset(config.data, "train", seed=config.seed, workdir=workdir, **shard)
+    train_data = make_dataset(config.data, "train", workdir=workdir, **dataset_args)
     model_cfg = check_run_config(config, vocab_size=train_data.vocab_size,
                                  num_classes=train_data.num_classes)
     optimizer = make_optimizer(config.train)
     schedule = make_schedule(config.train)
-    eval_data = make_dataset(config.data, "validation", seed=config.seed, workdir=workdir,
-                             num_batches=config.eval.num_batches, **shard)
+    eval_data = make_dataset(config.data, "validation", workdir=workdir,
+                             num_batches=config.eval.num_batches, **dataset_args)
     mesh = sharding.make_mesh(config.parallel)
     sharding.check_batch(config.data.batch_size, mesh)
     task = train_data.task
@@ -171,23 +199,32 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
-  init = jax.jit(init_fn, out_shardings=state_sharding)
+  step_for_seed = lambda seed: make_train_step(
+      model, optimizer, task, seed=seed, grad_accum_steps=config.train.grad_accum_steps,
+      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
+  eval_step = make_eval_step(model, task)
+  seeds = tuple(range(config.seed, config.seed + config.replicas))
+  if config.replicas == 1:
+    init = jax.jit(lambda: init_fn(key), out_shardings=state_sharding)
+    train_step = step_for_seed(config.seed)
+  else:
+    strategy = replicas.default_strategy(jax.default_backend())
+    state_sharding = replicas.stacked_shardings(state_sharding)
+    init = jax.jit(lambda: replicas.init_replicas(init_fn, seeds), out_shardings=state_sharding)
+    train_step = replicas.make_replicated_train_step(step_for_seed, seeds, strategy=strategy)
+    eval_step = replicas.over_replicas(eval_step, strategy)
   replicated = sharding.replicated(mesh)
-  train_step = make_train_step(model, optimizer, task, seed=config.seed,
-                               grad_accum_steps=config.train.grad_accum_steps,
-                               label_smoothing=config.train.label_smoothing,
-                               z_loss=config.train.z_loss)
   seq_len = config.data.seq_len
   return RunSetup(
       config=config, model_cfg=model_cfg, model=model, task=task, train_data=train_data,
       eval_data=eval_data, optimizer=optimizer, schedule=schedule, mesh=mesh,
-      state_sharding=state_sharding, init=init,
-      abstract_state=jax.eval_shape(init, jax.random.key(config.seed)),
+      replicas=config.replicas, state_sharding=state_sharding, init=init,
+      abstract_state=jax.eval_shape(init),
       train_step=jax.jit(train_step, out_shardings=(state_sharding, replicated),
                          donate_argnums=0),
-      eval_step=jax.jit(make_eval_step(model, task), out_shardings=replicated),
+      eval_step=jax.jit(eval_step, out_shardings=replicated),
       tokens_per_step=config.data.batch_size * (1 if task == "classify" else seq_len),
-      flops_per_token=flops_per_token(model_cfg, seq_len),
+      flops_per_token=config.replicas * flops_per_token(model_cfg, seq_len),
       peak_flops=hardware.peak_flops_per_device(dtype=model_cfg.dtype))
 
 
@@ -206,6 +243,8 @@ def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
 # A run's config.json is read under today's names, so older runs resume.
 RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
                   ("data", "max_len", "max_example_len"))
+# Top-level fields added since: the value every run written before had.
+ADDED_FIELDS = {"replicas": 1}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
@@ -213,7 +252,7 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  saved = json.loads(path.read_text())
+  saved = {**ADDED_FIELDS, **json.loads(path.read_text())}
   for section, old, new in RENAMED_FIELDS:
     fields = saved.get(section)
     if isinstance(fields, dict) and old in fields and new not in fields:
@@ -343,7 +382,7 @@ def _apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, 
 class TrainedRun(NamedTuple):
   """A trained run restored for evaluation: `setup.evaluate(params)`."""
   setup: RunSetup
-  params: Any
+  params: Any  # stacked ([R, ...] leaves) for a run of R > 1 replicas
   step: int  # the checkpoint's step
 
 
