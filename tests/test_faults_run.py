@@ -9,6 +9,7 @@ import json
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -182,3 +183,25 @@ def test_all_checkpoints_corrupt_is_one_line_exit_2(tmp_path, compilation_cache_
 def test_divergence_before_any_checkpoint_says_so(tmp_path):
   with pytest.raises(loop.TrainingDiverged, match="no checkpoint had been written yet"):
     loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "run", log=lambda line: None)
+
+
+def prefetch_threads_after(seconds=5.0):
+  """The run's prefetch threads still alive after up to `seconds`."""
+  deadline = time.monotonic() + seconds
+  while True:
+    alive = [t for t in threading.enumerate() if t.name == loop.PREFETCH_THREAD]
+    if not alive or time.monotonic() > deadline:
+      return alive
+    time.sleep(0.05)
+
+
+def test_no_prefetch_thread_outlives_its_run(tmp_path):
+  """A sweep trains many runs in one process: neither a finished run (its
+  producer blocked on a full queue) nor one that raised may leave its data
+  thread behind."""
+  loop.run(tiny(steps=4), tmp_path / "done", log=lambda line: None)
+  assert prefetch_threads_after() == []
+  with pytest.raises(loop.TrainingDiverged):
+    loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "diverged",
+             log=lambda line: None)
+  assert prefetch_threads_after() == []

@@ -48,32 +48,53 @@ class TrainingDiverged(RuntimeError):
   """The loss or gradient became NaN/inf; the last good checkpoint is kept."""
 
 
+PREFETCH_THREAD = "txf-prefetch"
+
+
 def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
   """Yields (to_device(batch), data state after it), prepared in a thread so
   reading and the host-to-device copy overlap the previous step.
 
   The state travels with its batch, so a checkpoint records the position
   after the last batch trained on, not after the ones waiting in the queue.
+  Closing the generator stops the thread (within its current batch), so a
+  sweep of many runs does not keep one blocked thread and its queued
+  batches per run.
   """
   slots: queue.Queue = queue.Queue(maxsize=size)
+  stop = threading.Event()
+
+  def put(item) -> bool:
+    """Queues `item` unless the consumer has gone; whether it was queued."""
+    while not stop.is_set():
+      try:
+        slots.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
 
   def produce():
     try:
       for batch in dataset:
-        slots.put((to_device(batch), dataset.get_state()))
+        if not put((to_device(batch), dataset.get_state())):
+          return
     except BaseException as error:  # surfaced in the consumer
-      slots.put(error)
+      put(error)
       return
-    slots.put(StopIteration())
+    put(StopIteration())
 
-  threading.Thread(target=produce, daemon=True).start()
-  while True:
-    item = slots.get()
-    if isinstance(item, StopIteration):
-      return
-    if isinstance(item, BaseException):
-      raise item
-    yield item
+  threading.Thread(target=produce, name=PREFETCH_THREAD, daemon=True).start()
+  try:
+    while True:
+      item = slots.get()
+      if isinstance(item, StopIteration):
+        return
+      if isinstance(item, BaseException):
+        raise item
+      yield item
+  finally:
+    stop.set()
 
 
 def _sample_text(setup: RunSetup, params, step: int) -> str:
@@ -182,27 +203,28 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
            guard: PreemptionGuard, writer: MetricsWriter, log) -> dict[str, float]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's metrics."""
   config = setup.config
-  batches = _prefetch(setup.train_data, setup.to_device)
   window, skipped_updates, last_eval = _Throughput(), 0, {}
-  for step in range(start, config.train.steps):
-    batch, data_state = next(batches)
-    state, metrics = setup.train_step(state, batch)
-    # Counted on device (no sync per step), checked at every log step.
-    skipped_updates = skipped_updates + jnp.sum(1 - metrics["finite"])
-    window.add(metrics, compiling=step == start)
-    done = step + 1
-    if done % config.train.log_every == 0 or done == config.train.steps:
-      metrics = jax.device_get(metrics)
-      _check_finite(skipped_updates, done, checkpointer)
-      # A failed asynchronous save stops the run here, not at the next save.
-      checkpointer.check_for_errors()
-      _log_train(setup, metrics, done, window, writer, log)
-      window.restart()
-    if done % config.eval.every == 0 or done == config.train.steps:
-      last_eval = _eval_and_sample(setup, state.params, done, writer, log)
-      window.restart()
-    if _checkpoint(checkpointer, guard, state, data_state, done, config, log):
-      break
+  # Closing stops the prefetch thread also when training raises.
+  with contextlib.closing(_prefetch(setup.train_data, setup.to_device)) as batches:
+    for step in range(start, config.train.steps):
+      batch, data_state = next(batches)
+      state, metrics = setup.train_step(state, batch)
+      # Counted on device (no sync per step), checked at every log step.
+      skipped_updates = skipped_updates + jnp.sum(1 - metrics["finite"])
+      window.add(metrics, compiling=step == start)
+      done = step + 1
+      if done % config.train.log_every == 0 or done == config.train.steps:
+        metrics = jax.device_get(metrics)
+        _check_finite(skipped_updates, done, checkpointer)
+        # A failed asynchronous save stops the run here, not at the next save.
+        checkpointer.check_for_errors()
+        _log_train(setup, metrics, done, window, writer, log)
+        window.restart()
+      if done % config.eval.every == 0 or done == config.train.steps:
+        last_eval = _eval_and_sample(setup, state.params, done, writer, log)
+        window.restart()
+      if _checkpoint(checkpointer, guard, state, data_state, done, config, log):
+        break
   return last_eval
 
 
