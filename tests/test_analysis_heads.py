@@ -352,6 +352,25 @@ def test_line_plot_figure_and_png(tmp_path):
   assert path.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_line_plot_styles_and_a_legend_outside_for_many_curves():
+  x = np.arange(3.0)
+  many = {f'run {i}': (x, x + i) for i in range(plots.LEGEND_INSIDE_MAX + 1)}
+  figure = plots.line_plot_figure(many, title='t', xlabel='x (steps)', ylabel='y (nats)',
+                                  styles={'run 0': {'color': 'C3', 'linestyle': '--'}})
+  (axes,) = figure.axes
+  first = axes.get_lines()[0]
+  assert (first.get_color(), first.get_linestyle()) == ('C3', '--')
+  figure.canvas.draw()  # the legend's place is known once drawn
+  legend_box = axes.get_legend().get_window_extent()
+  assert legend_box.x0 >= axes.get_window_extent().x1  # right of the axes: hides no curve
+  few = plots.line_plot_figure(dict(list(many.items())[:2]), title='t', xlabel='x (steps)',
+                               ylabel='y (nats)')
+  few.canvas.draw()
+  assert few.axes[0].get_legend().get_window_extent().x0 < few.axes[0].get_window_extent().x1
+  with pytest.raises(ValueError, match=r"styles\['nope'\]: no such series"):
+    plots.line_plot_figure(many, title='t', xlabel='x', ylabel='y', styles={'nope': {}})
+
+
 @pytest.mark.parametrize('kwargs, field', [
     (dict(xlabel=''), 'xlabel'), (dict(ylabel=' '), 'ylabel'), (dict(title=None), 'title'),
     (dict(series={}), 'series'),

@@ -197,11 +197,11 @@ class FakeLinePlot:
   def __init__(self):
     self.calls = []
 
-  def __call__(self, series, path, title, xlabel, ylabel, logx=False):
+  def __call__(self, series, path, title, xlabel, ylabel, logx=False, styles=None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     self.calls.append(dict(series=series, title=title, xlabel=xlabel, ylabel=ylabel,
-                           logx=logx))
+                           logx=logx, styles=styles))
     figure = Figure()
     FigureCanvasAgg(figure)
     for label, (x, y, _) in series.items():
@@ -225,6 +225,22 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   np.testing.assert_allclose(mean, [3.2, 2.25], rtol=1e-12)
   np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.5 / math.sqrt(2)], rtol=1e-12)
   assert "step" in call["xlabel"] and "nats/token" in call["ylabel"] and not call["logx"]
+  assert set(call["styles"]) == set(call["series"])
+
+
+def test_point_styles_colour_the_leading_fields_and_dash_the_last(points):
+  """Grid position x norm_placement: one colour per position, one line
+  style per norm placement."""
+  styles = results.point_styles(points)
+  by_values = {tuple(p.overrides.values()): styles[p.name] for p in points}
+  assert by_values[("rope", "pre")]["color"] == by_values[("rope", "post")]["color"]
+  assert by_values[("rope", "pre")]["color"] != by_values[("learned", "pre")]["color"]
+  assert by_values[("rope", "pre")]["linestyle"] == by_values[("learned", "pre")]["linestyle"]
+  assert by_values[("rope", "pre")]["linestyle"] != by_values[("rope", "post")]["linestyle"]
+  one_field = grid.expand(ml_collections.ConfigDict(dict(
+      base=points[0].config, grid=grid.make_grid({"model.position": ["rope", "alibi"]}))))
+  colours = {style["color"] for style in results.point_styles(one_field).values()}
+  assert len(colours) == 2
 
 
 def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, points):

@@ -27,6 +27,8 @@ MAX_TOKEN_TICKS = 32
 # A log x axis is labelled at the data's x values when there are at most this
 # many (evaluation lengths), at matplotlib's decades otherwise.
 MAX_LOG_TICKS = 12
+# More curves than this and the legend moves out of the axes.
+LEGEND_INSIDE_MAX = 6
 _PANEL_INCHES = 2.4
 _DPI = 120
 
@@ -168,11 +170,14 @@ def _label_data_ticks(axes: Any, x: np.ndarray) -> None:
 
 
 def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylabel: str,
-                     logx: bool = False, logy: bool = False) -> Figure:
+                     logx: bool = False, logy: bool = False,
+                     styles: Mapping[str, Mapping[str, Any]] | None = None) -> Figure:
   """Curves with a legend, each with an optional +-std band.
 
   NaN values of y (e.g. a length where a run does not apply) leave a gap.
-  Short series (<= 20 points) get a marker at each point.
+  Short series (<= 20 points) get a marker at each point. With more than
+  LEGEND_INSIDE_MAX curves the legend goes right of the axes, so it hides
+  no data.
 
   Args:
     series: label -> (x, y) or (x, y, std), each a 1-D array of one length;
@@ -180,6 +185,8 @@ def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylab
     title, xlabel, ylabel: non-empty strings; units belong in the labels,
       e.g. 'training step', 'validation loss (nats/token)'.
     logx, logy: logarithmic axes (logx needs x > 0).
+    styles: label -> matplotlib line properties (e.g. {'color': 'C2',
+      'linestyle': '--'}) for some curves; the others take the colour cycle.
 
   Returns:
     The Figure.
@@ -190,10 +197,15 @@ def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylab
     raise ValueError('series must hold at least one label -> (x, y[, std]) curve')
   curves = {label: _check_series(label, curve, logx) for label, curve in series.items()}
 
-  figure = Figure(figsize=(6.4, 4.2), layout='constrained')
+  unknown = sorted(set(styles or {}) - set(curves))
+  if unknown:
+    raise ValueError(f'styles[{unknown[0]!r}]: no such series')
+  outside = len(curves) > LEGEND_INSIDE_MAX
+  figure = Figure(figsize=(10.0, 4.8) if outside else (6.4, 4.2), layout='constrained')
   axes = figure.subplots()
   for label, (x, y, std) in curves.items():
-    (line,) = axes.plot(x, y, label=label, marker='o' if x.size <= 20 else None, markersize=4)
+    (line,) = axes.plot(x, y, label=label, marker='o' if x.size <= 20 else None, markersize=4,
+                        **(styles or {}).get(label, {}))
     if std is not None:
       axes.fill_between(x, y - std, y + std, color=line.get_color(), alpha=0.2, linewidth=0)
   if logx:
@@ -203,12 +215,16 @@ def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylab
     axes.set_yscale('log')
   axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
   axes.grid(True, alpha=0.3)
-  axes.legend()
+  if outside:
+    axes.legend(loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize='small')
+  else:
+    axes.legend()
   return figure
 
 
 def line_plot(series: Mapping[str, Any], path: str | os.PathLike, title: str, xlabel: str,
-              ylabel: str, logx: bool = False, logy: bool = False) -> epath.Path:
+              ylabel: str, logx: bool = False, logy: bool = False,
+              styles: Mapping[str, Mapping[str, Any]] | None = None) -> epath.Path:
   """Writes `line_plot_figure(...)` as a PNG to `path`; returns the path."""
   return save_figure(line_plot_figure(series, title=title, xlabel=xlabel, ylabel=ylabel,
-                                      logx=logx, logy=logy), path)
+                                      logx=logx, logy=logy, styles=styles), path)

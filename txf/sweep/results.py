@@ -313,6 +313,31 @@ def write_results(rows: Sequence[PointSummary],
   return csv_path, md_path
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
+  """Point name -> line style that makes a grid readable: with two or more
+  grid fields, the last field's value picks the line style (e.g. Pre-LN
+  solid, Post-LN dashed) and the other fields' values the colour (e.g. one
+  colour per encoding); with one field (or a last field of more values than
+  LINESTYLES), each point its own colour."""
+  points = list(points)
+  fields = list(points[0].overrides) if points else []
+  last_values = list(dict.fromkeys(point.overrides[fields[-1]] for point in points)) if fields \
+      else []
+  split = len(fields) >= 2 and len(last_values) <= len(LINESTYLES)
+  colours: dict[tuple, str] = {}
+  styles = {}
+  for point in points:
+    values = tuple(point.overrides.values())
+    key = values[:-1] if split else values
+    colour = colours.setdefault(key, f"C{len(colours) % 10}")
+    linestyle = LINESTYLES[last_values.index(values[-1])] if split else "-"
+    styles[point.name] = {"color": colour, "linestyle": linestyle}
+  return styles
+
+
 def _default_line_plot() -> LinePlot:
   from txf.analysis.plots import line_plot  # pylint: disable=import-outside-toplevel
   return line_plot
@@ -346,10 +371,12 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
       replica_counts.add(replicas)
   path = directory / LOSS_CURVES_PNG
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
+  styles = point_styles(points)
   (line_plot or _default_line_plot())(
       series, path, title="Validation loss per point" + (
           f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else ""),
-      xlabel="training step", ylabel=f"validation loss ({LOSS_UNITS})")
+      xlabel="training step", ylabel=f"validation loss ({LOSS_UNITS})",
+      styles={label: styles[label] for label in series})
   return path
 
 
@@ -358,23 +385,26 @@ def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.
   """Validation loss vs evaluation length (log x), one line per point that has
   extrapolation results for `protocol`, applicable lengths only. Returns the
   PNG, extrapolation_<protocol>.png."""
-  series = {}
+  rows = list(rows)
+  series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
   for row in rows:
     found = row.extrapolation
     if found is None or protocol not in found.loss:
       continue
+    styles[row.point.name] = all_styles[row.point.name]
     kept = [at for at, applicable in enumerate(found.applicable) if applicable]
     series[row.point.name] = (np.array([found.lengths[at] for at in kept]),
                               np.array([found.loss[protocol][at] for at in kept]), None)
   path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
   (line_plot or _default_line_plot())(
       series, path, title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
-      xlabel="evaluation length (tokens)", ylabel=f"validation loss ({LOSS_UNITS})", logx=True)
+      xlabel="evaluation length (tokens)", ylabel=f"validation loss ({LOSS_UNITS})", logx=True,
+      styles=styles)
   return path
 
 
 def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.PathLike, *,
-                      bins: int = 64, line_plot: LinePlot | None = None) -> epath.Path:
+                      bins: int = 16, line_plot: LinePlot | None = None) -> epath.Path:
   """Validation loss vs token position in the non-overlapping windows of each
   point's longest applicable evaluation length, one line per point that has
   them (where an encoding breaks shows as a rise past the training length).
@@ -384,7 +414,8 @@ def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.P
   over `bins` equal spans of positions (x: the span's centre): the trend past
   the training length is what the plot is for, not per-token noise.
   """
-  series = {}
+  rows = list(rows)
+  series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
   for row in rows:
     found = row.extrapolation
     if found is None or found.per_position_loss is None:
@@ -392,14 +423,16 @@ def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.P
     loss = np.array(found.per_position_loss, np.float64)
     spans = np.array_split(np.arange(len(loss)), min(bins, len(loss)))
     scored = [loss[span][~np.isnan(loss[span])] for span in spans]
-    series[f"{row.point.name} ({found.per_position_length} tokens)"] = (
+    label = f"{row.point.name} ({found.per_position_length} tokens)"
+    styles[label] = all_styles[row.point.name]
+    series[label] = (
         np.array([span.mean() for span in spans]),
         np.array([values.mean() if values.size else np.nan for values in scored]), None)
   path = epath.Path(sweep_workdir) / PER_POSITION_PNG
   (line_plot or _default_line_plot())(
       series, path, title=f"Loss by position at the longest length ({bins}-span means)",
       xlabel="position in the window (tokens from its start)",
-      ylabel=f"validation loss ({LOSS_UNITS})")
+      ylabel=f"validation loss ({LOSS_UNITS})", styles=styles)
   return path
 
 
