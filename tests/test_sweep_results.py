@@ -227,6 +227,17 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   assert "step" in call["xlabel"] and "nats/token" in call["ylabel"] and not call["logx"]
   assert set(call["styles"]) == set(call["series"])
 
+  path = results.plot_loss_curves(points, sweep_dir, metric="loss", line_plot=line_plot)
+  assert path.name == results.TRAIN_LOSS_CURVES_PNG
+  train = line_plot.calls[-1]
+  assert "training loss" in train["ylabel"] and len(train["series"]) == 4  # diverged too
+  steps, mean, std = train["series"][points[0].name]
+  np.testing.assert_array_equal(steps, [2, 4])
+  np.testing.assert_allclose(mean, [3.1, 2.4], rtol=1e-12)
+  np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.4 / math.sqrt(2)], rtol=1e-12)
+  with pytest.raises(ValueError, match="metric: 'accuracy'"):
+    results.plot_loss_curves(points, sweep_dir, metric="accuracy", line_plot=line_plot)
+
 
 def test_point_styles_colour_the_leading_fields_and_dash_the_last(points):
   """Grid position x norm_placement: one colour per position, one line

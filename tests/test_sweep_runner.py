@@ -101,7 +101,8 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
     assert (row["status"], row["diverged"], row["sliding@64"]) == ("done", "no", "3.5")
   markdown = (workdir / results.RESULTS_MD).read_text()
   assert all(f"| {name} |" in markdown for name in TOY_NAMES)
-  for png in (results.LOSS_CURVES_PNG, results.PRE_VS_POST_PNG, "extrapolation_sliding.png"):
+  for png in (results.LOSS_CURVES_PNG, results.TRAIN_LOSS_CURVES_PNG, results.PRE_VS_POST_PNG,
+              "extrapolation_sliding.png"):
     assert (workdir / png).read_bytes().startswith(PNG_MAGIC)
   # Point 1 trained alone first: the full run trains only point 0, and
   # extrapolates both.

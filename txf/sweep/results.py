@@ -55,6 +55,10 @@ CONFIG_FILE = "config.json"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 LOSS_CURVES_PNG = "loss_curves.png"
+TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
+# Metric -> (PNG, what its axis and title call it) of plot_loss_curves.
+CURVES = {"eval_loss": (LOSS_CURVES_PNG, "validation loss"),
+          "loss": (TRAIN_LOSS_CURVES_PNG, "training loss")}
 PRE_VS_POST_PNG = "pre_vs_post.png"
 PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
@@ -343,39 +347,47 @@ def _default_line_plot() -> LinePlot:
   return line_plot
 
 
-def eval_curve(workdir: str | epath.PathLike, *,
-               replicas: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-  """(steps, mean eval loss, std over replicas or None) of a run's eval rows."""
+def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss"
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """(steps, mean `metric`, std over replicas or None) of a run's rows
+  holding it ('eval_loss': evaluations, 'loss': logged training steps)."""
   workdir = epath.Path(workdir)
-  logged = [row for row in _merged_by_step(workdir).values() if "eval_loss" in row]
-  stats = [Stat.of(_replica_values(row, "eval_loss", replicas, workdir)) for row in logged]
+  logged = [row for row in _merged_by_step(workdir).values() if metric in row]
+  stats = [Stat.of(_replica_values(row, metric, replicas, workdir)) for row in logged]
   steps_N = np.array([row["step"] for row in logged])
   mean_N = np.array([stat.mean for stat in stats])
   return steps_N, mean_N, np.array([stat.std for stat in stats]) if replicas > 1 else None
 
 
 def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLike, *,
-                     line_plot: LinePlot | None = None) -> epath.Path:
-  """Validation loss vs training step, one line per point with a ±1 std band
-  over its replicas; points with no eval row yet are left out. Returns the PNG.
+                     metric: str = "eval_loss", line_plot: LinePlot | None = None) -> epath.Path:
+  """Validation ('eval_loss', loss_curves.png) or training ('loss',
+  train_loss_curves.png) loss vs training step, one line per point with a
+  ±1 std band over its replicas; points with no such row yet are left out.
+  Returns the PNG.
 
   `line_plot` defaults to txf.analysis.plots.line_plot.
   """
+  if metric not in CURVES:
+    raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")
+  png, what = CURVES[metric]
+  points = list(points)
   directory = epath.Path(sweep_workdir)
   series, replica_counts = {}, set()
   for point in points:
     replicas = point_replicas(point)
-    steps_N, mean_N, std_N = eval_curve(directory / point.name, replicas=replicas)
+    steps_N, mean_N, std_N = loss_curve(directory / point.name, replicas=replicas,
+                                        metric=metric)
     if len(steps_N):
       series[point.name] = (steps_N, mean_N, std_N)
       replica_counts.add(replicas)
-  path = directory / LOSS_CURVES_PNG
+  path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   styles = point_styles(points)
   (line_plot or _default_line_plot())(
-      series, path, title="Validation loss per point" + (
+      series, path, title=f"{what.capitalize()} per point" + (
           f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else ""),
-      xlabel="training step", ylabel=f"validation loss ({LOSS_UNITS})",
+      xlabel="training step", ylabel=f"{what} ({LOSS_UNITS})",
       styles={label: styles[label] for label in series})
   return path
 

@@ -159,7 +159,7 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
   """Writes results.csv, results.md and the plots into the sweep workdir from
   what the points' run directories hold; returns the rows.
 
-  Plots: validation loss curves and, when the grid sweeps both
+  Plots: validation and training loss curves and, when the grid sweeps both
   model.position and model.norm_placement, Pre- vs Post-LN (both once any
   point has a final validation loss), and loss vs evaluation length per
   extrapolation protocol found, and loss per token position at the longest
@@ -170,7 +170,8 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written.append(results.plot_loss_curves(points, workdir))
+    written += [results.plot_loss_curves(points, workdir, metric=metric)
+                for metric in results.CURVES]
   protocols = dict.fromkeys(protocol for row in rows if row.extrapolation is not None
                             for protocol in row.extrapolation.loss)
   written += [results.plot_extrapolation(rows, workdir, protocol=protocol)
