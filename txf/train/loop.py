@@ -49,6 +49,7 @@ class TrainingDiverged(RuntimeError):
 
 
 PREFETCH_THREAD = "txf-prefetch"
+PREFETCH_JOIN_SECONDS = 30.0
 
 
 def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
@@ -57,9 +58,11 @@ def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
 
   The state travels with its batch, so a checkpoint records the position
   after the last batch trained on, not after the ones waiting in the queue.
-  Closing the generator stops the thread (within its current batch), so a
-  sweep of many runs does not keep one blocked thread and its queued
-  batches per run.
+  Closing the generator stops the thread and waits (up to
+  PREFETCH_JOIN_SECONDS) for it to finish its current batch: a sweep of many
+  runs keeps no thread per run, and the process never exits while the thread
+  is inside a device transfer (a daemon thread in JAX's C++ code at
+  interpreter exit aborts the process).
   """
   slots: queue.Queue = queue.Queue(maxsize=size)
   stop = threading.Event()
@@ -77,14 +80,15 @@ def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
   def produce():
     try:
       for batch in dataset:
-        if not put((to_device(batch), dataset.get_state())):
+        if stop.is_set() or not put((to_device(batch), dataset.get_state())):
           return
     except BaseException as error:  # surfaced in the consumer
       put(error)
       return
     put(StopIteration())
 
-  threading.Thread(target=produce, name=PREFETCH_THREAD, daemon=True).start()
+  producer = threading.Thread(target=produce, name=PREFETCH_THREAD, daemon=True)
+  producer.start()
   try:
     while True:
       item = slots.get()
@@ -95,6 +99,9 @@ def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
       yield item
   finally:
     stop.set()
+    # Bounded: a read that never returns (a stalled remote dataset) must not
+    # hang the run's exit.
+    producer.join(PREFETCH_JOIN_SECONDS)
 
 
 def _sample_text(setup: RunSetup, params, step: int) -> str:
