@@ -29,13 +29,17 @@ flags.mark_flag_as_required("workdir")
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from txf.sweep.analyze import analyze_run  # after flag parsing: fast --help
+  # After flag parsing: fast --help.
+  from txf.sweep.analyze import analyze_run
+  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)
   try:
     record = analyze_run(_WORKDIR.value, num_batches=_NUM_BATCHES.value, period=_PERIOD.value,
                          seed=_SEED.value, replica=_REPLICA.value)
   except ValueError as error:  # ConfigError too
     fail("analyze", error)
+  except WorkdirError as error:
+    fail("workdir", error)
   print(record["table"], end="")
 
 

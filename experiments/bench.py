@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import pathlib
 import statistics
 import time
 
 import jax
 from absl import app, flags
+from etils import epath
 from ml_collections import config_flags
 
 from txf.train import hardware
@@ -110,7 +110,7 @@ def main(argv) -> None:
                   steps=_STEPS.value, window=_WINDOW.value, fresh_batches=_FRESH.value,
                   sync=_SYNC.value, windows=windows,
                   median_step_time=statistics.median(w["step_time"] for w in windows))
-    pathlib.Path(_JSON.value).write_text(json.dumps(report, indent=2) + "\n")
+    epath.Path(_JSON.value).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

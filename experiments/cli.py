@@ -11,6 +11,7 @@ import sys
 from typing import Any, NoReturn
 
 from absl import flags
+from etils import epath
 from ml_collections import config_flags
 
 
@@ -48,11 +49,11 @@ class ConfigFileParser(flags.ArgumentParser):
     return "config object"
 
 
-def default_workdir(root: str, config_path: str) -> pathlib.Path:
+def default_workdir(root: str, config_path: str) -> epath.Path:
   """root/<config file stem>, or root/<stem>_<arg> for --config=file.py:arg."""
-  stem = pathlib.Path(config_path.split(":")[0]).stem
+  stem = pathlib.PurePath(config_path.split(":")[0]).stem
   arg = config_path.partition(":")[2]
-  return pathlib.Path(root) / (f"{stem}_{arg}" if arg else stem)
+  return epath.Path(root) / (f"{stem}_{arg}" if arg else stem)
 
 
 def define_config_flag(help_text: str):

@@ -30,7 +30,9 @@ flags.mark_flag_as_required("workdir")
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from txf.sweep.extrapolate import extrapolate_run, format_table  # after flag parsing: fast --help
+  # After flag parsing: fast --help.
+  from txf.sweep.extrapolate import extrapolate_run, format_table
+  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)
   try:
     factors = [int(factor) for factor in _FACTORS.value]
@@ -41,6 +43,8 @@ def main(argv) -> None:
                              num_tokens=_NUM_TOKENS.value)
   except ValueError as error:  # ConfigError too
     fail("extrapolate", error)
+  except WorkdirError as error:
+    fail("workdir", error)
   print(format_table(record))
 
 

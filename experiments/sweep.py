@@ -45,6 +45,7 @@ def main(argv) -> None:
   from txf.sweep.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError
   from txf.sweep.runner import read_sweep_settings, run_sweep
+  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
   try:
@@ -55,6 +56,8 @@ def main(argv) -> None:
               extrapolate=extrapolate if _EXTRAPOLATE.value else None)
   except GridError as error:
     fail("config", error)
+  except WorkdirError as error:
+    fail("workdir", error)
 
 
 if __name__ == "__main__":

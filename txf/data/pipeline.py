@@ -1,10 +1,10 @@
 """make_dataset and make_tokenizer: the data package's entry points."""
 
 import os
-import pathlib
 from typing import Any, Protocol
 
 import numpy as np
+from etils import epath
 
 from txf import checks
 from txf.data import corpus
@@ -110,7 +110,7 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
   if workdir is None:
     raise ValueError("workdir is required for data.tokenizer='sentencepiece' "
                      '(the model is trained into it once, then reused)')
-  prefix = pathlib.Path(workdir) / f'sentencepiece_{spec.sp_vocab_size}'
+  prefix = epath.Path(workdir) / f'sentencepiece_{spec.sp_vocab_size}'
   model = prefix.with_name(prefix.name + '.model')
   if model.exists():
     return SentencePieceTokenizer(model)

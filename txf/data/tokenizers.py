@@ -9,11 +9,11 @@ synthetic tasks, which are never masked).
 import abc
 import io
 import os
-import pathlib
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -115,7 +115,8 @@ class SentencePieceTokenizer(Tokenizer):
   RESERVED_IDS = 5 + 1 + 256
 
   def __init__(self, model_path: str | os.PathLike):
-    self._sp = spm.SentencePieceProcessor(model_file=os.fspath(model_path))
+    # Read through epath: the model may be in a gs:// work directory.
+    self._sp = spm.SentencePieceProcessor(model_proto=epath.Path(model_path).read_bytes())
     self.vocab_size = self._sp.get_piece_size()
     found = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
              self._sp.unk_id(), self._sp.piece_to_id(self.MASK_PIECE))
@@ -179,9 +180,10 @@ class SentencePieceTokenizer(Tokenizer):
         raise
       raise ValueError(f'vocab_size={vocab_size} leaves too few ids for the '
                        f'characters of texts: {error}') from None
-    path = pathlib.Path(f'{os.fspath(model_prefix_path)}.model')
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = epath.Path(f'{os.fspath(model_prefix_path)}.model')
+    if '://' not in os.fspath(path):  # object stores have no directories to make
+      path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f'{path.name}.{os.getpid()}.partial')
     partial.write_bytes(model.getvalue())
-    os.replace(partial, path)
+    partial.replace(path)
     return cls(path)

@@ -44,6 +44,7 @@ from txf.analysis.plots import attention_grid
 from txf.checks import int_at_least
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
+from txf.train.workdir import run_path
 
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"
@@ -182,6 +183,8 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
 
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
+    WorkdirError: `workdir` on a file system that is not installed (a gs://
+      one needs the `gcs` extra).
     ValueError: naming the argument, before the model runs.
   """
   if num_batches is not None:
@@ -191,7 +194,7 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   int_at_least(seed, "seed", 0)
   if jax.process_count() > 1:
     raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
-  workdir = epath.Path(workdir)
+  workdir = run_path(workdir)
   run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
   setup = run.setup
   try:

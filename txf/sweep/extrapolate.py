@@ -37,6 +37,7 @@ from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.train.config import check_run_config
 from txf.train.setup import RunSetup, TrainedRun, load_run, read_run_config
+from txf.train.workdir import run_path
 
 DEFAULT_FACTORS = (1, 2, 4, 8, 16)
 EXTRAPOLATION_PNG = "extrapolation.png"
@@ -98,6 +99,8 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
 
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
+    WorkdirError: `workdir` on a file system that is not installed (a gs://
+      one needs the `gcs` extra).
     ValueError: naming the argument (or data.task for a run that is not a
       decoder language model), before any model is run.
   """
@@ -109,7 +112,7 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
   if jax.process_count() > 1:
     raise ValueError("extrapolate_run: runs in one process (the validation stream is read "
                      f"whole), got {jax.process_count()}")
-  workdir = epath.Path(workdir)
+  workdir = run_path(workdir)
   run, tokens_N = _load(workdir, num_tokens)
   train_length = run.setup.config.data.seq_len
   lengths = [factor * train_length for factor in factors]

@@ -43,6 +43,7 @@ from txf.sweep import grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.config import check_run_config
+from txf.train.workdir import run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -220,10 +221,13 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     GridError: a bad grid, sweep setting or point (naming the point and the
       field) before anything trains, or a point's workdir that its config
       cannot resume.
+    WorkdirError: `workdir` on a file system that is not installed (a gs://
+      one needs the `gcs` extra), before anything trains; a point's work
+      directory that is not writable or in use.
   """
   if dry_run and summarize_only:
     raise ValueError("dry_run and summarize_only: choose one mode")
-  workdir = epath.Path(workdir)
+  workdir = run_path(workdir)
   settings = read_sweep_settings(sweep_config)
   if not settings.extrapolate:
     extrapolate = None

@@ -33,7 +33,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from txf.train.workdir import WorkdirError, check_writable
+from txf.train.workdir import WorkdirError, check_writable, is_local
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +64,10 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def _as_directory(directory: str | os.PathLike) -> epath.Path:
-  """Orbax needs absolute paths; URLs (gs://...) are left as they are."""
-  directory = os.fspath(directory)
-  if '://' not in directory:
-    directory = os.path.abspath(directory)
-  return epath.Path(directory)
+  """Orbax needs absolute paths; a URL (gs://...) is one already, and
+  `absolute()` would make it a local path."""
+  directory = epath.Path(directory)
+  return directory.absolute() if is_local(directory) else directory
 
 
 def _check_abstract_state(abstract_state: Any) -> None:
@@ -118,12 +117,11 @@ class Checkpointer:
         create=True,
     )
     directory = _as_directory(directory)
-    if '://' not in os.fspath(directory):
-      # Fail before training, not at the first save steps later.
-      try:
-        check_writable(directory)
-      except WorkdirError as error:
-        raise CheckpointWriteError(f'checkpoint directory {error}') from error
+    # Fail before training, not at the first save steps later.
+    try:
+      check_writable(directory)
+    except WorkdirError as error:
+      raise CheckpointWriteError(f'checkpoint directory {error}') from error
     self._manager = ocp.CheckpointManager(
         directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM))
 

@@ -9,6 +9,9 @@
   workdir/tb/              TensorBoard event files
   workdir/samples.txt      text sampled at each eval (language models)
 
+The work directory may be local or on Cloud Storage (gs://bucket/run, with
+the `gcs` extra installed): every file goes through `etils.epath`.
+
 Starting it again on the same work directory resumes from the latest good
 checkpoint, including the data position, and reaches the same numbers as an
 uninterrupted run.
@@ -23,7 +26,7 @@ samples come from the first replica.
 from __future__ import annotations
 
 import contextlib
-import pathlib
+import os
 import queue
 import threading
 import time
@@ -32,6 +35,7 @@ from typing import Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from txf import decode
 from txf.analysis import summarize
@@ -41,7 +45,7 @@ from txf.train.config import ConfigError
 from txf.train.metrics import MetricsWriter, format_progress, replica_scalars
 from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
                              make_checkpointer, setup_run, write_config)
-from txf.train.workdir import WorkdirLock, check_writable
+from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 
 class TrainingDiverged(RuntimeError):
@@ -189,11 +193,15 @@ def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
 
 
 def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_state: dict,
-                done: int, config, log) -> bool:
+                done: int, config, writer: MetricsWriter, log) -> bool:
   """Saves at checkpoint steps and at the last; returns True (after saving)
   when the run is preempted."""
   save = lambda: checkpointer.save(done, state, {"data": data_state}, force=True)
   saved = (done % config.train.checkpoint_every == 0 or done == config.train.steps) and save()
+  if saved:
+    # On object storage rows are uploaded at most once a second: a run killed
+    # after this checkpoint must not lose the rows up to it.
+    writer.flush()
   # JAX's preemption service exists only under jax.distributed; its check
   # is a cross-process sync, so it is skipped when there is one process.
   preempted = guard.requested or (jax.process_count() > 1 and
@@ -230,7 +238,7 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
       if done % config.eval.every == 0 or done == config.train.steps:
         last_eval = _eval_and_sample(setup, state.params, done, writer, log)
         window.restart()
-      if _checkpoint(checkpointer, guard, state, data_state, done, config, log):
+      if _checkpoint(checkpointer, guard, state, data_state, done, config, writer, log):
         break
   return last_eval
 
@@ -247,14 +255,16 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
         f"continue training with the run's own (config.json) ({error})") from error
 
 
-def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
+def run(config, workdir: str | os.PathLike, *, log=print) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
   that changes what the run's checkpoints depend on, see
   txf.train.setup.check_resumable, or the optimizer state they hold), that
-  the work directory is writable and held by no other run (WorkdirError),
+  the work directory (and data.tfds_data_dir) is on a file system that is
+  installed (a gs:// one needs the `gcs` extra), writable and held by no
+  other run (WorkdirError),
   and that a checkpoint restores (RestoreError). Training raises
   TrainingDiverged on a non-finite loss and CheckpointWriteError when a save
   fails. A finished run started again trains nothing and evaluates (at the
@@ -265,7 +275,9 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
   (0 without a checkpoint) are moved to metrics.dropped.jsonl /
   samples.dropped.txt, so every step has one row.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = run_path(workdir)
+  if config.data.get("tfds_data_dir"):
+    run_path(config.data.tfds_data_dir, "data.tfds_data_dir")
   try:
     check_resumable(config, workdir)
   except ValueError as error:
@@ -295,7 +307,7 @@ def run(config, workdir: str | pathlib.Path, *, log=print) -> dict[str, float]:
         return _train(setup, state, start, checkpointer, guard, writer, log)
 
 
-def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: pathlib.Path, log):
+def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):
   """(start step, state, data position or None) from the latest checkpoint
   that restores, or a fresh state at step 0."""
   if checkpointer.latest_step() is not None:

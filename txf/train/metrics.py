@@ -12,6 +12,10 @@ first moves every metrics row and sample logged after that step to
 hide events after it (`purge_step`): those steps are about to be trained
 again, so each step keeps exactly one row.
 
+The work directory may be local or on object storage (gs://...), through
+`etils.epath`; object stores have no append, so there the files are
+rewritten whole (see MetricsWriter).
+
 A run of R > 1 seed replicas logs each replica's value of a metric as
 '<name>/<r>', their mean as '<name>' and their std as '<name>_std'
 (`replica_scalars`).
@@ -19,16 +23,23 @@ A run of R > 1 seed replicas logs each replica's value of a metric as
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import os
 import re
+import tempfile
+import time
+import uuid
 from typing import Any, Mapping
 
+from etils import epath
 import jax.numpy as jnp
 import numpy as np
 import tensorboardX
+
+from txf.train.workdir import is_local, replace_text
 
 METRICS_FILE = 'metrics.jsonl'
 DROPPED_METRICS_FILE = 'metrics.dropped.jsonl'
@@ -61,6 +72,101 @@ def _to_python_scalars(scalars: Mapping[str, Any]) -> dict[str, int | float]:
   return {name: _to_python(name, value) for name, value in scalars.items()}
 
 
+class _LocalLines:
+  """Appends text to a local file, line-buffered: every row reaches the OS as
+  soon as it is written (a run killed at any point keeps all its rows)."""
+
+  def __init__(self, path: epath.Path):
+    # Line buffering is an OS-file feature epath's open does not offer.
+    self._file = open(path, 'a', buffering=1, encoding='utf-8')
+
+  def append(self, text: str) -> None:
+    self._file.write(text)
+
+  def flush(self) -> None:
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class _ObjectLines:
+  """Appends text to an object (gs://...): object stores have no append, so
+  the text is kept in memory and the whole object rewritten -- at each
+  append unless the last upload was under `interval` seconds ago (Cloud
+  Storage takes about one update of an object per second), and at flush and
+  close. Rows are few (one per log step), so the rewrite stays small."""
+
+  def __init__(self, path: epath.Path, interval: float = 1.0):
+    self._path, self._interval = path, interval
+    text = _read(path)
+    self._chunks = [text + '\n' if text and not text.endswith('\n') else text]
+    self._pending, self._uploaded = False, -math.inf
+
+  def append(self, text: str) -> None:
+    self._chunks.append(text)
+    self._pending = True
+    if time.monotonic() - self._uploaded >= self._interval:
+      self.flush()
+
+  def flush(self) -> None:
+    if self._pending:
+      _write(self._path, ''.join(self._chunks))
+      self._pending, self._uploaded = False, time.monotonic()
+
+  def close(self) -> None:
+    self.flush()
+
+
+def _lines_sink(path: epath.Path) -> _LocalLines | _ObjectLines:
+  return _LocalLines(path) if is_local(path) else _ObjectLines(path)
+
+
+class _MirroredTensorBoard:
+  """TensorBoard event files for a work directory on object storage.
+
+  tensorboardX's own Cloud Storage writer is broken (AttributeError on
+  close), so the events are written to a local temporary directory and its
+  files copied into `target` at flush and close, and on `add_scalar` at most
+  every `interval` seconds. A copy replaces the whole file; event files of
+  scalars stay small.
+  """
+
+  def __init__(self, target: epath.Path, purge_step: int | None, interval: float = 60.0):
+    self._target, self._interval = target, interval
+    self._local = tempfile.TemporaryDirectory(prefix='txf-tb-')
+    # Event files are named by the second they start in: a unique suffix
+    # keeps a quick restart from overwriting the previous session's copy.
+    self._writer = tensorboardX.SummaryWriter(self._local.name, purge_step=purge_step,
+                                              filename_suffix=f'.{uuid.uuid4().hex[:8]}')
+    self._copied = time.monotonic()
+
+  def add_scalar(self, name: str, value: float, global_step: int) -> None:
+    self._writer.add_scalar(name, value, global_step=global_step)
+    if time.monotonic() - self._copied >= self._interval:
+      self.flush()
+
+  def _copy(self) -> None:
+    for file in epath.Path(self._local.name).iterdir():
+      (self._target / file.name).write_bytes(file.read_bytes())
+    self._copied = time.monotonic()
+
+  def flush(self) -> None:
+    self._writer.flush()
+    self._copy()
+
+  def close(self) -> None:
+    self._writer.close()
+    self._copy()
+    self._local.cleanup()
+
+
+def _tensorboard(directory: epath.Path, purge_step: int | None):
+  if is_local(directory):
+    return tensorboardX.SummaryWriter(os.fspath(directory), purge_step=purge_step)
+  return _MirroredTensorBoard(directory, purge_step)
+
+
 class MetricsWriter:
   """Appends scalars to `workdir/metrics.jsonl` and TensorBoard `workdir/tb`.
 
@@ -68,8 +174,14 @@ class MetricsWriter:
   and `write` does not look at its arguments, so it forces no device sync.
   Usable as a context manager (closes on exit).
 
+  A local work directory gets every row as it is written. On object storage
+  (gs://) metrics.jsonl and samples.txt are rewritten whole (at most once a
+  second; pending rows at `flush` and `close`) and TensorBoard's files are
+  copied in (at most once a minute, and at `flush` and `close`): see
+  _ObjectLines and _MirroredTensorBoard.
+
   Args:
-    workdir: the run's work directory.
+    workdir: the run's work directory (local or a URL such as gs://b/run).
     enabled: whether this process writes.
     start_step: the step training continues from; rows and samples logged
       after it are moved aside first (see the module docstring). None keeps
@@ -79,21 +191,21 @@ class MetricsWriter:
   def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True,
                start_step: int | None = None):
     self._enabled = enabled
-    self._workdir = workdir
+    self._workdir = epath.Path(workdir)
     self._jsonl = None
+    self._samples = None
     self._tensorboard = None
     self.dropped: dict[str, int] = {}
     if not enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, METRICS_FILE)
-    _terminate_partial_last_line(path)
+    if is_local(self._workdir):  # object stores have no directories, nor cut-off rows
+      self._workdir.mkdir(parents=True, exist_ok=True)
+      _terminate_partial_last_line(self._workdir / METRICS_FILE)
     if start_step is not None:
-      self.dropped = drop_records_after(workdir, start_step)
-    # Line-buffered, so every row reaches the OS as soon as it is written.
-    self._jsonl = open(path, 'a', buffering=1, encoding='utf-8')
-    self._tensorboard = tensorboardX.SummaryWriter(
-        os.path.join(workdir, TENSORBOARD_DIR),
+      self.dropped = drop_records_after(self._workdir, start_step)
+    self._jsonl = _lines_sink(self._workdir / METRICS_FILE)
+    self._tensorboard = _tensorboard(
+        self._workdir / TENSORBOARD_DIR,
         purge_step=None if start_step is None else start_step + 1)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
@@ -111,7 +223,7 @@ class MetricsWriter:
     if step < 0:
       raise ValueError(f'step must be >= 0, got {step}.')
     row = _to_python_scalars(scalars)
-    self._jsonl.write(json.dumps({'step': step, **row}) + '\n')
+    self._jsonl.append(json.dumps({'step': step, **row}) + '\n')
     for name, value in row.items():
       self._tensorboard.add_scalar(name, value, global_step=step)
 
@@ -119,21 +231,23 @@ class MetricsWriter:
     """Appends a text sample taken at `step` to samples.txt."""
     if not self._enabled:
       return
-    with open(os.path.join(self._workdir, SAMPLES_FILE), 'a', encoding='utf-8') as f:
-      f.write(f'=== step {int(step)} ===\n{text}\n')
+    if self._jsonl is None:
+      raise ValueError('MetricsWriter.write_sample called after close().')
+    if self._samples is None:  # created with the first sample
+      self._samples = _lines_sink(self._workdir / SAMPLES_FILE)
+    self._samples.append(f'=== step {int(step)} ===\n{text}\n')
 
   def flush(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.flush()
-      self._tensorboard.flush()
+    for output in (self._jsonl, self._samples, self._tensorboard):
+      if output is not None:
+        output.flush()
 
   def close(self) -> None:
-    """Flushes and closes both outputs; calling it again does nothing."""
-    if self._jsonl is not None:
-      self._jsonl.close()
-      self._tensorboard.close()
-      self._jsonl = None
-      self._tensorboard = None
+    """Flushes and closes every output; calling it again does nothing."""
+    for output in (self._jsonl, self._samples, self._tensorboard):
+      if output is not None:
+        output.close()
+    self._jsonl = self._samples = self._tensorboard = None
 
   def __enter__(self) -> MetricsWriter:
     return self
@@ -142,9 +256,19 @@ class MetricsWriter:
     self.close()
 
 
-def _terminate_partial_last_line(path: str) -> None:
-  """Ends a row cut off by a crash, so appended rows start on a new line."""
-  if not os.path.exists(path) or os.path.getsize(path) == 0:
+def _read(path: epath.Path) -> str:
+  """The text of `path` ('' if there is none)."""
+  return path.read_bytes().decode('utf-8') if path.exists() else ''
+
+
+def _write(path: epath.Path, text: str) -> None:
+  path.write_bytes(text.encode('utf-8'))
+
+
+def _terminate_partial_last_line(path: epath.Path) -> None:
+  """Ends a row of a local file cut off by a crash, so appended rows start
+  on a new line."""
+  if not path.exists() or path.stat().length == 0:
     return
   with open(path, 'rb+') as f:
     f.seek(-1, os.SEEK_END)
@@ -152,16 +276,26 @@ def _terminate_partial_last_line(path: str) -> None:
       f.write(b'\n')
 
 
-def _move_lines(path: str, dropped_path: str, keep_flags: list[bool],
+def _append(path: epath.Path, text: str) -> None:
+  """Appends `text` to `path`; an object (no append) is rewritten whole."""
+  if is_local(path):
+    with path.open('a') as f:
+      f.write(text)
+  else:
+    _write(path, _read(path) + text)
+
+
+def _move_lines(path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool],
                 lines: list[str]) -> None:
-  """Rewrites `path` with the kept lines (atomically), appending the others
-  to `dropped_path` first so nothing is lost if the rewrite is interrupted."""
-  with open(dropped_path, 'a', encoding='utf-8') as f:
-    f.writelines(line for line, keep in zip(lines, keep_flags) if not keep)
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.writelines(line for line, keep in zip(lines, keep_flags) if keep)
-  os.replace(tmp, path)
+  """Rewrites `path` with the kept lines, appending the others to
+  `dropped_path` first so nothing is lost if the rewrite is interrupted."""
+  _append(dropped_path, ''.join(line for line, keep in zip(lines, keep_flags) if not keep))
+  replace_text(path, ''.join(line for line, keep in zip(lines, keep_flags) if keep))
+
+
+def _read_lines(path: epath.Path) -> list[str]:
+  """`path`'s lines with their newlines ([] if there is no file)."""
+  return io.StringIO(_read(path)).readlines()
 
 
 def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
@@ -174,34 +308,29 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
   Returns:
     {file name: number of records moved}, only for files that lost any.
   """
+  workdir = epath.Path(workdir)
   moved = {}
-  path = os.path.join(workdir, METRICS_FILE)
-  if os.path.exists(path):
-    with open(path, encoding='utf-8') as f:
-      lines = f.readlines()
-    keep = []
-    for line in lines:
-      try:
-        keep.append(int(json.loads(line)['step']) <= step)
-      except (ValueError, KeyError, TypeError):
-        keep.append(True)
-    if not all(keep):
-      _move_lines(path, os.path.join(workdir, DROPPED_METRICS_FILE), keep, lines)
-      moved[METRICS_FILE] = keep.count(False)
-  path = os.path.join(workdir, SAMPLES_FILE)
-  if os.path.exists(path):
-    with open(path, encoding='utf-8') as f:
-      lines = f.readlines()
-    keep, current, records = [], True, 0
-    for line in lines:
-      header = _SAMPLE_HEADER.match(line.rstrip('\n'))
-      if header:
-        current = int(header.group(1)) <= step
-        records += not current
-      keep.append(current)
-    if records:
-      _move_lines(path, os.path.join(workdir, DROPPED_SAMPLES_FILE), keep, lines)
-      moved[SAMPLES_FILE] = records
+  lines = _read_lines(workdir / METRICS_FILE)
+  keep = []
+  for line in lines:
+    try:
+      keep.append(int(json.loads(line)['step']) <= step)
+    except (ValueError, KeyError, TypeError):
+      keep.append(True)
+  if not all(keep):
+    _move_lines(workdir / METRICS_FILE, workdir / DROPPED_METRICS_FILE, keep, lines)
+    moved[METRICS_FILE] = keep.count(False)
+  lines = _read_lines(workdir / SAMPLES_FILE)
+  keep, current, records = [], True, 0
+  for line in lines:
+    header = _SAMPLE_HEADER.match(line.rstrip('\n'))
+    if header:
+      current = int(header.group(1)) <= step
+      records += not current
+    keep.append(current)
+  if records:
+    _move_lines(workdir / SAMPLES_FILE, workdir / DROPPED_SAMPLES_FILE, keep, lines)
+    moved[SAMPLES_FILE] = records
   return moved
 
 
@@ -210,19 +339,16 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
 
   A row that does not parse (cut off by a crash) is skipped with a warning.
   """
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
+  path = epath.Path(workdir) / METRICS_FILE
   rows = []
-  with open(path, encoding='utf-8') as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError as error:
-        logger.warning('Skipping unreadable line %d of %s: %s', line_number,
-                       path, error)
+  for line_number, line in enumerate(_read_lines(path), start=1):
+    if not line.strip():
+      continue
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError as error:
+      logger.warning('Skipping unreadable line %d of %s: %s', line_number,
+                     path, error)
   return rows
 
 

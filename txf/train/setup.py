@@ -54,6 +54,7 @@ from txf.train.metrics import replica_scalars
 from txf.train.optim import make_optimizer, make_schedule
 from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
                             make_train_step)
+from txf.train.workdir import replace_text
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -352,10 +353,8 @@ def write_config(config: Any, workdir: str | os.PathLike) -> None:
   """Records `config` as the one the run in `workdir` trains with (process 0
   writes, atomically: other processes of the run may be reading it)."""
   if jax.process_index() == 0:
-    path = epath.Path(workdir) / CONFIG_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n")
-    tmp.replace(path)
+    replace_text(epath.Path(workdir) / CONFIG_FILE,
+                 json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n")
 
 
 def _apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:

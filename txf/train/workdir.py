@@ -1,59 +1,145 @@
-"""A run's work directory: an exclusive lock and an early writability check.
+"""A run's work directory: its path type, an exclusive lock and an early
+writability check.
+
+Everything a run reads and writes goes through one path type, `etils.epath`
+(the one orbax uses), so a work directory may be local or a URL such as
+`gs://bucket/run`. `run_path` turns a string into that path and refuses, before
+any compute, a URL whose file system is not installed (`gs://` needs the
+`gcs` extra: `pip install 'txf[gcs]'`) and a URL that lost a slash on the way
+(`gs:/bucket/run`, which would otherwise become a local directory `gs:`).
 
 Two runs on one work directory would interleave their metrics and race on
-checkpoint steps, so a run holds `workdir/.lock` for its whole life. The lock
-is an OS-level `fcntl.flock`: it dies with the process that holds it (also on
-SIGKILL), so a killed run never leaves a stale lock behind. Only process 0 of
-a multi-process run takes it: the other processes write nothing exclusive
-(checkpoints are coordinated by orbax across processes).
+checkpoint steps, so a run holds `workdir/.lock` for its whole life. On a
+local disk the lock is an OS-level `fcntl.flock`: it dies with the process
+that holds it (also on SIGKILL), so a killed run never leaves a stale lock
+behind. Object stores (gs://) have no such lock, and a lock object would
+outlive a preempted (killed) holder and block every rerun: there the lock is
+not enforced (one warning says so) and keeping to one run per work directory
+is up to the user. Only process 0 of a multi-process run takes it: the other
+processes write nothing exclusive (checkpoints are coordinated by orbax
+across processes).
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
+import logging
 import os
+import re
 import socket
 import time
 
+from etils import epath
+
 LOCK_FILE = ".lock"
+# URL scheme -> (modules its file system needs, how to install them).
+SCHEMES = {
+    "gs": (("gcsfs", "google.cloud.storage"), "pip install 'txf[gcs]'"),
+    "s3": (("s3fs",), "pip install s3fs"),
+    "az": (("adlfs",), "pip install adlfs"),
+    "hf": (("huggingface_hub",), "pip install huggingface_hub"),
+}
+# 'gs:/bucket/run': a URL whose '//' a pathlib.Path has collapsed.
+_COLLAPSED_URL = re.compile(rf"^({'|'.join(SCHEMES)}):/(?!/)")
+
+logger = logging.getLogger(__name__)
 
 
 class WorkdirError(RuntimeError):
-  """The work directory cannot be used: not writable, or held by another run."""
+  """The work directory cannot be used: not writable, held by another run, or
+  on a file system that is not installed."""
+
+
+def is_local(path: str | os.PathLike) -> bool:
+  """Whether `path` is on a local (POSIX) file system rather than a URL."""
+  return "://" not in os.fspath(path)
+
+
+def run_path(path: str | os.PathLike, name: str = "workdir") -> epath.Path:
+  """`path` as the path type every run file goes through (local or a URL).
+
+  Args:
+    path: a local path or a URL (gs://bucket/run).
+    name: the argument or field `path` came from, for the message.
+
+  Raises:
+    WorkdirError: a URL scheme epath does not know, one whose file system is
+      not installed (naming what installs it), or a URL missing a slash --
+      before anything is read or written.
+  """
+  text = os.fspath(path)
+  scheme, separator, _ = text.partition("://")
+  if not separator:
+    if _COLLAPSED_URL.match(text):
+      raise WorkdirError(f"{name}: {text} is a URL that lost a slash; write it as "
+                         f"{text.replace(':/', '://', 1)}")
+    return epath.Path(text)
+  if scheme not in SCHEMES:
+    raise WorkdirError(f"{name}: {text}: unsupported URL scheme {scheme}:// "
+                       f"(supported: a local path, {', '.join(s + '://' for s in SCHEMES)})")
+  modules, install = SCHEMES[scheme]
+  for module in modules:
+    try:
+      importlib.import_module(module)
+    except ImportError:
+      raise WorkdirError(f"{name}: {text} needs {module} for {scheme}:// paths: "
+                         f"{install}") from None
+  return epath.Path(text)
+
+
+def replace_text(path: epath.Path, text: str) -> None:
+  """Replaces `path`'s text atomically, for readers in other processes: a
+  local file through a renamed temporary, an object by one upload (object
+  writes are atomic; a rename there is a copy and a delete)."""
+  if is_local(path):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(text.encode("utf-8"))
+    tmp.replace(path)
+  else:
+    path.write_bytes(text.encode("utf-8"))
 
 
 def check_writable(directory: str | os.PathLike) -> None:
   """Creates `directory` if needed and proves a file can be written there.
 
+  On an object store nothing is created (it has no directories; a missing
+  bucket is reported, never created).
+
   Raises:
-    WorkdirError: naming the directory and the OS's reason (read-only file
-      system, a file where a directory should be, no permission, disk full).
+    WorkdirError: naming the directory and the reason (read-only file
+      system, a file where a directory should be, no permission, disk full,
+      no such bucket, no credentials).
   """
-  directory = os.fspath(directory)
-  if os.path.exists(directory) and not os.path.isdir(directory):
-    raise WorkdirError(f"{directory}: exists and is not a directory")
+  directory = run_path(directory)
   # Every process probes under its own name: hosts may share the directory.
-  probe = os.path.join(directory, f".write-probe-{socket.gethostname()}-{os.getpid()}")
+  probe = directory / f".write-probe-{socket.gethostname()}-{os.getpid()}"
   try:
-    os.makedirs(directory, exist_ok=True)
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as error:
-    raise WorkdirError(f"{directory}: not a writable directory "
-                       f"({error.strerror or error})") from error
+    is_file = directory.exists() and not directory.is_dir()
+    if not is_file:
+      if is_local(directory):
+        directory.mkdir(parents=True, exist_ok=True)
+      probe.write_text("ok")
+      probe.unlink()
+  # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
+  except Exception as error:  # pylint: disable=broad-except
+    reason = getattr(error, "strerror", None) or " ".join(str(error).split()) or repr(error)
+    raise WorkdirError(f"{directory}: not a writable directory ({reason})") from error
+  if is_file:
+    raise WorkdirError(f"{directory}: exists and is not a directory")
 
 
 class WorkdirLock:
   """Exclusive lock on a work directory for the life of a run.
 
   Use as a context manager. `acquire` fails at once (never waits) when
-  another live process holds the lock, naming its host and pid.
+  another live process holds the lock, naming its host and pid. On an object
+  store it only warns that nothing is enforced (module docstring).
   """
 
   def __init__(self, directory: str | os.PathLike):
-    self.path = os.path.join(os.fspath(directory), LOCK_FILE)
+    self.path = run_path(directory) / LOCK_FILE
     self._file = None
 
   def acquire(self) -> None:
@@ -63,6 +149,11 @@ class WorkdirLock:
       WorkdirError: another process holds it (its host, pid and start time
         are in the message).
     """
+    if not is_local(self.path):
+      logger.warning("%s: the work directory lock is not enforced on object storage; "
+                     "make sure no other run uses this work directory", self.path.parent)
+      return
+    # flock needs an OS file descriptor: a local file, opened by the OS.
     handle = open(self.path, "a+", encoding="utf-8")
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,7 +161,7 @@ class WorkdirLock:
       handle.seek(0)
       holder = handle.read().strip() or "an unknown process"
       handle.close()
-      raise WorkdirError(f"{os.path.dirname(self.path)}: in use by another run "
+      raise WorkdirError(f"{self.path.parent}: in use by another run "
                          f"({holder}); wait for it to finish or use another --workdir") from None
     except OSError as error:  # e.g. a file system without flock
       handle.close()
