@@ -286,8 +286,9 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
   header = ["point", *fields, "status", "train loss", "train ppl", "val loss", "val ppl",
             "tokens/s", *(f"{p} @{n}" for p, n in extrapolation), "diverged"]
   note = (f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
-          "Extrapolation columns: validation loss at that evaluation length "
-          "(n/a: not applicable).")
+          "tokens/s: training tokens per second, each batch counted once however many "
+          "replicas train on it. Extrapolation columns: validation loss at that "
+          "evaluation length (n/a: not applicable).")
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
     cells = [row.point.name, *(str(row.point.overrides.get(f, "")) for f in fields),
