@@ -30,7 +30,7 @@ from ml_collections import config_flags
 
 from txf.train import loop
 from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
-                                make_replicated_train_step)
+                                make_replicated_train_step, replica_seeds)
 from txf.train.setup import setup_run
 from txf.train.step import init_state, make_train_step
 
@@ -65,7 +65,7 @@ def run_seconds(config, replicas: int, seed: int) -> float:
 
 
 def time_runs(config, replicas: int) -> None:
-  seeds = range(config.seed, config.seed + replicas)
+  seeds = replica_seeds(config.seed, replicas)
   figures = {"1 run": run_seconds(config, 1, config.seed),
              f"1 run of {replicas} replicas ({default_strategy(jax.default_backend())})":
              run_seconds(config, replicas, config.seed),
@@ -89,7 +89,7 @@ def main(argv):
       setup.model, setup.optimizer, setup.task, seed=seed,
       grad_accum_steps=config.train.grad_accum_steps,
       label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
-  seeds = tuple(config.seed + r for r in range(_REPLICAS.value))
+  seeds = replica_seeds(config.seed, _REPLICAS.value)
   single = jax.jit(step_for_seed(config.seed))
 
   figures = {"1 replica": median_ms(single, init_fn(jax.random.key(config.seed)), batch,

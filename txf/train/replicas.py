@@ -59,6 +59,12 @@ STRATEGIES = ("vmap", "map")
 TrainStep = Callable[[TrainState, Batch], tuple[TrainState, dict]]
 
 
+def replica_seeds(seed: int, replicas: int) -> tuple[int, ...]:
+  """The seeds of a run of `replicas` replicas from `seed`: replica r is the
+  single run of seed + r (config fields `seed` and `replicas`)."""
+  return tuple(range(seed, seed + replicas))
+
+
 def _seed_array(seeds: Sequence[int]) -> jax.Array:
   """[R] int32 seeds; a ValueError names `seeds` if there are none or repeats."""
   seeds = tuple(seeds)
@@ -80,9 +86,9 @@ def init_replicas(init_fn: Callable[[jax.Array], TrainState], seeds: Sequence[in
   return jax.vmap(lambda seed: init_fn(jax.random.key(seed)))(_seed_array(seeds))
 
 
-def replica(state_R: TrainState, r: int) -> TrainState:
-  """Replica r of a stacked state, as a single run's state."""
-  return jax.tree.map(lambda leaf_R: leaf_R[r], state_R)
+def replica(tree_R: Any, r: int) -> Any:
+  """Replica r of a stacked pytree (a state, its params): a single run's."""
+  return jax.tree.map(lambda leaf_R: leaf_R[r], tree_R)
 
 
 def over_replicas(fn: Callable[[Any, Any], Any], strategy: str) -> Callable[[Any, Any], Any]:

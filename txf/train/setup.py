@@ -120,13 +120,13 @@ class RunSetup:
   @property
   def seeds(self) -> tuple[int, ...]:
     """The replicas' seeds: replica r is the single run of seed + r."""
-    return tuple(range(self.config.seed, self.config.seed + self.replicas))
+    return replicas.replica_seeds(self.config.seed, self.replicas)
 
   def replica_params(self, params: Any, r: int) -> Any:
     """Replica r's parameters (a single run's) from the run's parameters."""
     if not 0 <= r < self.replicas:
       raise ValueError(f"replica: {r} is not one of the run's {self.replicas} replicas")
-    return params if self.replicas == 1 else jax.tree.map(lambda leaf_R: leaf_R[r], params)
+    return params if self.replicas == 1 else replicas.replica(params, r)
 
   def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """Global arrays, split over the mesh, from this process's rows."""
@@ -204,7 +204,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
       model, optimizer, task, seed=seed, grad_accum_steps=config.train.grad_accum_steps,
       label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
   eval_step = make_eval_step(model, task)
-  seeds = tuple(range(config.seed, config.seed + config.replicas))
+  seeds = replicas.replica_seeds(config.seed, config.replicas)
   if config.replicas == 1:
     init = jax.jit(lambda: init_fn(key), out_shardings=state_sharding)
     train_step = step_for_seed(config.seed)
