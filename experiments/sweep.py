@@ -15,7 +15,6 @@ the field (exit status 2). A diverged point is recorded and the sweep goes on.
 
 from __future__ import annotations
 
-import functools
 
 from absl import app, flags, logging
 
@@ -44,16 +43,14 @@ def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError
-  from txf.sweep.runner import read_sweep_settings, run_sweep
+  from txf.sweep.runner import run_sweep
   from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
   try:
-    num_tokens = read_sweep_settings(_CONFIG.value).extrapolate_tokens
-    extrapolate = functools.partial(extrapolate_run, num_tokens=num_tokens)
     run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
               summarize_only=_SUMMARIZE.value,
-              extrapolate=extrapolate if _EXTRAPOLATE.value else None)
+              extrapolate=extrapolate_run if _EXTRAPOLATE.value else None)
   except GridError as error:
     fail("config", error)
   except WorkdirError as error:

@@ -38,10 +38,13 @@ def toy_sweep(fields=None, **sweep):
   return config
 
 
-def fake_extrapolate(calls):
-  """An extrapolation hook writing the documented file with made-up losses."""
-  def extrapolate(workdir):
+def fake_extrapolate(calls, tokens=None):
+  """An extrapolation hook writing the documented file with made-up losses;
+  appends each run directory to `calls` and each num_tokens to `tokens`."""
+  def extrapolate(workdir, *, num_tokens):
     calls.append(workdir)
+    if tokens is not None:
+      tokens.append(num_tokens)
     (epath.Path(workdir) / results.EXTRAPOLATION_FILE).write_text(json.dumps(
         {"lengths": [32, 64], "loss": {"sliding": [3.0, 3.5]}, "applicable": [True, True]}))
   return extrapolate
@@ -132,9 +135,11 @@ def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tm
   runner.run_sweep(toy_sweep(extrapolate=False), workdir, log=lambda line: None,
                    extrapolate=fake_extrapolate(calls))
   assert calls == []
-  runner.run_sweep(toy_sweep(), workdir, log=lambda line: None,
-                   extrapolate=fake_extrapolate(calls))
+  tokens = []
+  runner.run_sweep(toy_sweep(extrapolate_tokens=500), workdir, log=lambda line: None,
+                   extrapolate=fake_extrapolate(calls, tokens))
   assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
+  assert tokens == [500, 500]  # sweep.extrapolate_tokens reaches the hook
 
 
 def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):

@@ -13,8 +13,8 @@ The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
                      (default True; the `extrapolate` hook of run_sweep)
   sweep.extrapolate_tokens
                      validation tokens each point's length extrapolation
-                     scores (None: those of the point's evaluator); read by
-                     the extrapolation hook (experiments/sweep.py)
+                     scores (None: those of the point's evaluator); passed
+                     to the hook as `num_tokens`
 
 Each point trains through txf.train.loop.run in `<workdir>/<point name>`, a
 normal run directory, so it is one code path with `experiments.run`: a
@@ -48,7 +48,8 @@ from txf.train.workdir import run_path
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
 Log = Callable[[str], Any]
-Extrapolate = Callable[[epath.Path], Any]
+# (run directory, *, num_tokens) -> anything; writes extrapolation.json there.
+Extrapolate = Callable[..., Any]
 
 
 def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
@@ -145,13 +146,13 @@ def _train_point(point: Point, workdir: epath.Path, log: Log) -> None:
 
 
 def _extrapolate_point(point: Point, workdir: epath.Path, extrapolate: Extrapolate | None,
-                       log: Log) -> None:
+                       num_tokens: int | None, log: Log) -> None:
   """Runs the extrapolation hook once for a finished point."""
   if (extrapolate is None or results.point_status(workdir) != "done"
       or (workdir / results.EXTRAPOLATION_FILE).exists()):
     return
   log(f"point {point.index} ({point.name}): length extrapolation")
-  extrapolate(workdir)
+  extrapolate(workdir, num_tokens=num_tokens)
   jax.clear_caches()
 
 
@@ -210,9 +211,10 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     index: the one point to run, or None.
     dry_run, summarize_only: the modes above (at most one).
     log: called with each progress line (the loop's included).
-    extrapolate: called with a finished point's run directory when it has
-      no extrapolation.json yet, to write one; None (or sweep.extrapolate
-      False): no extrapolation.
+    extrapolate: called as `extrapolate(run_dir, num_tokens=sweep.extrapolate_tokens)`
+      for a finished point whose run directory has no extrapolation.json
+      yet, to write one (e.g. txf.sweep.extrapolate.extrapolate_run); None
+      (or sweep.extrapolate False): no extrapolation.
 
   Returns:
     The results rows where results are written, else None.
@@ -241,7 +243,7 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     for point in selected:
       point_dir = workdir / point.name
       _train_point(point, point_dir, log)
-      _extrapolate_point(point, point_dir, extrapolate, log)
+      _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log)
     if len(selected) < len(points):
       return None
   return summarize(points, workdir, log=log)
