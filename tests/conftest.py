@@ -100,6 +100,17 @@ def restore_state(workdir, step):
     return checkpointer.restore(path.resolve())
 
 
+def assert_same_states(state_a, state_b):
+  """Two restored train states are bit-identical: same tree (of more than a
+  handful of leaves, so an empty or truncated restore cannot pass) and equal
+  arrays."""
+  leaves_a, tree_a = jax.tree.flatten(state_a)
+  leaves_b, tree_b = jax.tree.flatten(state_b)
+  assert tree_a == tree_b and len(leaves_a) > 3
+  for a, b in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def take_batches(dataset, n):
   """The next n batches of a txf.data Dataset."""
   return [next(dataset) for _ in range(n)]
