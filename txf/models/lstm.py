@@ -12,8 +12,9 @@ the Pre-LN Transformer decoder's own: the logits are tied to the token table
 more here than there: an LSTM's outputs lie in (-1, 1), so without it tied
 logits could not exceed sqrt(D) in size (2 layers of d_model 38, 100 steps
 of 8 x 32 bytes of the corpus: validation loss 3.89 without the norm, 3.33
-with it; a 2-layer d_model 32 Transformer of about as many parameters 3.33). `txf.layers.config.LSTM_FIELDS` lists the fields read
-here; the others must keep their defaults.
+with it; a 2-layer d_model 32 Transformer of about as many parameters
+3.33). `txf.layers.config.LSTM_FIELDS` lists the fields read here; the
+others must keep their defaults.
 
 Decoding follows the protocol of `txf.decode`: with use_cache=True each layer
 starts from its carry (c, h), each [B, D] float32, in the 'cache' collection
