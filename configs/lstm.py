@@ -2,10 +2,10 @@
 
   python -m experiments.run --config=configs/lstm.py
 
-Two layers of flax's LSTM cell, 218 units wide, with the Pre-LN Transformer's
-tied embedding, final norm and LM head: 819,244 parameters, as near as a
-width gets to the 822,016 of base.py at model.num_layers=4 (d_model 128, 4
-heads), the Transformer it is compared with in
+Two layers (base.py's) of flax's LSTM cell, 218 units wide, with the Pre-LN
+Transformer's tied embedding, final norm and LM head: 819,244 parameters, as
+near as a width gets to the 822,016 of base.py at model.num_layers=4
+(d_model 128, 4 heads), the Transformer it is compared with in
 txf.textbook.lstm_vs_transformer. Same data, optimizer and schedule as
 base.py. An LSTM reads only the model fields in
 txf.layers.config.LSTM_FIELDS; the others (positions, attention heads, FFN,
@@ -18,6 +18,5 @@ from configs import base
 def get_config():
   config = base.get_config()
   config.model.family = "lstm"
-  config.model.num_layers = 2
   config.model.d_model = 218
   return config
