@@ -56,17 +56,18 @@ from txf.train.metrics import SAMPLES_FILE, read_metrics
 TRANSFORMER_MODEL = dict(family="decoder", num_layers=4, d_model=128, num_heads=4)
 LSTM_LAYERS = 2
 # The matched LSTM's parameter count is within this fraction of the
-# Transformer's: within half of what one unit of width adds, (16 L D + V) / 2
-# parameters (0.45% at the default size, 2.2% at most at quick's).
-PARAM_TOLERANCE = 0.025
+# Transformer's: within half of what one unit of width adds, about
+# (16 L D + V) / 2 parameters (0.45% of the count at the default size, 2.9%
+# at quick's).
+PARAM_TOLERANCE = 0.03
 NAME = "lstm_vs_transformer"
 RUNS = ("transformer", "lstm")
 LABELS = {"transformer": "Transformer", "lstm": "LSTM"}
 
 # quick=True: test-sized models, data and schedule.
-_QUICK_TRANSFORMER = dict(num_layers=2, d_model=32, num_heads=2)
+_QUICK_TRANSFORMER = dict(num_layers=1, d_model=32, num_heads=2)
 _QUICK_FIELDS = {"data.seq_len": 32, "data.batch_size": 8, "data.max_corpus_bytes": 200_000,
-                 "train.warmup_steps": 4, "train.log_every": 1, "eval.num_batches": 2,
+                 "train.warmup_steps": 4, "train.log_every": 1, "eval.num_batches": 1,
                  "eval.sample_tokens": 16}
 _QUICK_STEPS = 30
 _WALL_TIME_FILE = "wall_time.json"
@@ -117,7 +118,7 @@ def comparison_configs(base_config: Any, *, steps: int | None = None,
       ...).
     steps: training steps of both; None: base_config.train.steps (with quick,
       30).
-    quick: test-sized models (the Transformer at 2 layers, d_model 32, 2
+    quick: test-sized models (the Transformer at 1 layer, d_model 32, 2
       heads), sequences of 32 tokens, batches of 8, 200 kB of text.
 
   Raises:
