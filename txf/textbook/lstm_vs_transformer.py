@@ -284,7 +284,8 @@ def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = Non
     steps: training steps of each model; None: base_config.train.steps
       (quick: 30).
     quick: test-sized models, data and steps.
-    log: receives the runs' progress lines.
+    log: receives the runs' progress lines (the table is returned as 'text',
+      for the caller to print).
 
   Returns:
     {'transformer': {...}, 'lstm': {...}, 'param_ratio': LSTM / Transformer
@@ -320,6 +321,5 @@ def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = Non
   table = out_dir / f"textbook_{NAME}.md"
   table.write_text(text)
   plot = _plot(runs, out_dir / f"textbook_{NAME}_loss.png")
-  log(text)
   return {**runs, "param_ratio": runs["lstm"]["params"] / runs["transformer"]["params"],
           "text": text, "table": os.fspath(table), "figures": [os.fspath(plot)]}
