@@ -60,7 +60,7 @@ def test_lstm_resumes_exactly_with_samples(quick, tmp_path, sigterm_is_caught):
   loop.run(config, interrupted, log=lines.append)
   assert any("resumed from step 10" in line for line in lines)
 
-  straight = out_dir / comparison.NAME / "lstm"
+  straight = out_dir / "runs" / comparison.NAME / "lstm"
   assert without_timings(read_metrics(interrupted)) == without_timings(read_metrics(straight))
   assert (interrupted / "samples.txt").read_text() == (straight / "samples.txt").read_text()
   assert_same_states(restore_state(straight, 30), restore_state(interrupted, 30))

@@ -5,7 +5,7 @@
 trains two language models from one base run config (its data, optimizer,
 schedule, evaluation and seed), each through the same runner as
 `python -m experiments.run` (`txf.train.loop.run`), into the run directories
-`out_dir/lstm_vs_transformer/transformer` and `.../lstm`:
+`out_dir/runs/lstm_vs_transformer/transformer` and `.../lstm`:
 
   transformer  a decoder of TRANSFORMER_MODEL (4 layers, d_model 128, 4 heads;
                every other model field from the base config)
@@ -277,7 +277,7 @@ def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = Non
   """Trains both models (see the module docstring) and writes the table and plot.
 
   Args:
-    out_dir: directory of the outputs and (under lstm_vs_transformer/) the
+    out_dir: directory of the outputs and (under runs/lstm_vs_transformer/) the
       two runs; local or gs://.
     base_config: the run config both derive from (configs/base.py's
       `get_config()`; txf does not import configs/); not modified.
@@ -303,7 +303,7 @@ def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = Non
       before any training.
   """
   out_dir = epath.Path(out_dir)
-  runs_dir = out_dir / NAME
+  runs_dir = out_dir / "runs" / NAME  # as the other textbook runs
   configs = comparison_configs(base_config, steps=steps, quick=quick)
   model_cfgs = _match_width(configs, runs_dir)
   data_lines = []
