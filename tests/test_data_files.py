@@ -1,6 +1,7 @@
 """The text-files source (data.name='files:PATH_OR_GLOB', txf/data/files.py):
 which files it finds, deterministic splits, errors naming the path, batches."""
 
+import hashlib
 import os
 import re
 import shutil
@@ -9,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from txf.data import ByteTokenizer, corpus, make_dataset, read_data_config
-from txf.data.files import ONE_FILE_CUTS, TextFiles
+from txf.data import ByteTokenizer, make_dataset, read_data_config
+from txf.data.files import POSITION_CUTS, TextFiles
 from txf.data.lm import token_stream
 from txf.train import loop
 from txf.train.config import ConfigError
@@ -56,23 +57,31 @@ def tree(tmp_path):
 # Splits.
 
 
-def test_one_file_splits_by_position_at_line_ends(tmp_path):
-  text = _text(0, 400)
-  _write(tmp_path, {'book.txt': text})
-  parts = [TextFiles.find(str(tmp_path / 'book.txt')).load(s, max_bytes=None) for s in SPLITS]
-  assert all(len(part) == 1 for part in parts)
-  # Expected cuts, from the text: just after the first newline at or past
-  # 90% and 95% of its characters.
+def position_parts(text):
+  """The train / validation / test parts of a text split by position, computed
+  from the text: cut just after the first newline at or past 90% and 95% of
+  its characters."""
   cut = lambda fraction: text.index('\n', int(fraction * len(text))) + 1
-  first, second = cut(ONE_FILE_CUTS['validation']), cut(ONE_FILE_CUTS['test'])
+  first, second = cut(POSITION_CUTS['validation']), cut(POSITION_CUTS['test'])
   assert 0 < first < second < len(text)
-  assert [part[0] for part in parts] == [text[:first], text[first:second], text[second:]]
+  return [text[:first], text[first:second], text[second:]]
+
+
+def test_one_or_two_files_split_by_position_at_line_ends(tmp_path):
+  texts = {'book.txt': _text(0, 400), 'notes.txt': _text(1, 300)}
+  _write(tmp_path, texts)
+  parts = [TextFiles.find(str(tmp_path / 'book.txt')).load(s, max_bytes=None) for s in SPLITS]
+  assert [[part] for part in position_parts(texts['book.txt'])] == parts
   # The same split again, found through a glob that matches only that file.
   again = TextFiles.find(str(tmp_path / 'b*.txt'))
   assert [again.load(s, max_bytes=None) for s in SPLITS] == parts
+  # Two files: each one's parts, in name order.
+  both = TextFiles.find(str(tmp_path))
+  assert [both.load(s, max_bytes=None) for s in SPLITS] == [
+      list(part) for part in zip(*(position_parts(texts[n]) for n in sorted(texts)))]
 
 
-def test_several_files_split_whole_by_relative_path(tree, tmp_path):
+def test_three_or_more_files_split_whole_by_relative_path_hash(tree, tmp_path):
   root, files = tree
   found = TextFiles.find(str(root))
   assert found.relative_paths == tuple(sorted(files))  # hidden files and folders skipped
@@ -80,10 +89,12 @@ def test_several_files_split_whole_by_relative_path(tree, tmp_path):
   documents = [doc for docs in by_split.values() for doc in docs]
   # Disjoint and covering: every file's text exactly once, whole.
   assert sorted(documents) == sorted(files.values())
-  assert all(by_split.values()) and len(by_split['train']) > 40
-  # Each split reads its files in the order of their path hashes.
-  for split, docs in by_split.items():
-    assert docs == [files[p] for p in corpus.split_paths(files, split)]
+  # 60 files: ceil(5%) = 3 held out for each of validation and test, the
+  # last ones in the order of the paths' SHA-256.
+  ordered = [files[p] for p in
+             sorted(files, key=lambda p: hashlib.sha256(p.encode('utf-8')).digest())]
+  assert by_split == {'train': ordered[:54], 'validation': ordered[54:57],
+                      'test': ordered[57:]}
   # Deterministic, and independent of where the tree lies.
   moved = tmp_path / 'elsewhere' / 'copy'
   shutil.copytree(root, moved)
@@ -159,12 +170,13 @@ def test_split_left_empty_is_named(tmp_path):
   with pytest.raises(ValueError, match=f'^data.name: files:{source}: the validation split '
                                        'holds no text'):
     TextFiles.find(str(source)).load('validation', max_bytes=None)
-  # Two files cannot fill three splits.
-  _write(tmp_path / 'two', {'a.txt': 'a\n', 'b.txt': 'b\n'})
-  found = TextFiles.find(str(tmp_path / 'two'))
-  with pytest.raises(ValueError, match='split holds no text.*point at more files'):
-    for split in SPLITS:
-      found.load(split, max_bytes=None)
+  # Three files fill the three splits, but not with an empty file.
+  _write(tmp_path / 'three', {'a.txt': 'a\n', 'b.txt': 'b\n', 'c.txt': ''})
+  found = TextFiles.find(str(tmp_path / 'three'))
+  assert sorted(found.split_files(s)[0] for s in SPLITS) == ['a.txt', 'b.txt', 'c.txt']
+  empty = next(s for s in SPLITS if found.split_files(s) == ['c.txt'])
+  with pytest.raises(ValueError, match=f'the {empty} split holds no text.*files are empty'):
+    found.load(empty, max_bytes=None)
 
 
 def test_runner_stops_before_writing_anything(tmp_path):

@@ -48,14 +48,10 @@ def _split_of(relative_path: str) -> str:
   return next(s for s in SPLITS if bucket < _SPLIT_PERCENT[s])
 
 
-def split_paths(relative_paths: Iterable[str], split: str) -> list[str]:
-  """The paths of `split` among `relative_paths`, in reading order.
-
-  A path's split depends only on the path (a SHA-256 hash of it: about 90%
-  train, 5% validation, 5% test), so adding files never moves others.
-  """
-  _check_split(split)
-  return sorted((p for p in relative_paths if _split_of(p) == split), key=_hash_key)
+def hash_order(relative_paths: Iterable[str]) -> list[str]:
+  """The paths in the order of a SHA-256 hash of each: an order unrelated to
+  names or folders, the same on every machine."""
+  return sorted(relative_paths, key=_hash_key)
 
 
 def corpus_files(split: str, root: str | os.PathLike | None = None
@@ -76,7 +72,7 @@ def corpus_files(split: str, root: str | os.PathLike | None = None
       if name.endswith('.py'):
         paths.append(
             (pathlib.Path(directory) / name).relative_to(root).as_posix())
-  return split_paths(paths, split)
+  return hash_order(p for p in paths if _split_of(p) == split)
 
 
 def load_corpus(split: str, *, max_bytes: int | None,

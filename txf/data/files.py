@@ -10,35 +10,50 @@ and folders whose name starts with '.' are skipped.
 
 The split into train / validation / test is deterministic:
 
-  several files  each file goes whole to one split by a SHA-256 hash of its
-                 path relative to the root (the directory, or the pattern's
-                 folder before its first wildcard): about 90% / 5% / 5%, as
-                 the built-in corpus (`txf.data.corpus.split_paths`). The
-                 split does not depend on where the corpus lies or on the
-                 other files, and a split is read in the order of that hash.
-  one file       by position: its first 90% of characters train, the next
-                 5% validation, the last 5% test, each cut moved forward to
-                 just after a newline, so no line is split.
+  3 or more files  whole files, in the order of a SHA-256 hash of each one's
+                   path relative to the root (the directory, or the
+                   pattern's folder before its first wildcard): the last
+                   ceil(5%) of them are test, the ceil(5%) before those
+                   validation, the rest train, so every split holds at least
+                   one file. It does not depend on where the corpus lies,
+                   but adding files may move others between splits (unlike
+                   the built-in corpus, whose hash buckets would leave a
+                   small corpus's validation split empty). Each split is
+                   read in hash order.
+  1 or 2 files     by position: each file's first 90% of characters train,
+                   the next 5% validation, the last 5% test, each cut moved
+                   forward to just after a newline, so no line is split.
 
 A split holds at most `max_bytes` of UTF-8 text (data.max_corpus_bytes): its
 files are read in order until the budget is spent, the last one cut. Every
 problem is a ValueError naming the path, raised while the data are loaded
 (before any compute): an empty pattern, a path or pattern that matches no
 file, a file that cannot be read or is not UTF-8 (with the byte offset), and
-a split left without text (e.g. a handful of files, none of which hashes to
-validation: point at one file, or at more files).
+a split left without text (a file of one line split by position, or
+held-out files that are empty).
+
+A corpus that comes with its own splits is not kept apart: WikiText-2's
+wiki.train.raw, wiki.valid.raw and wiki.test.raw through one glob are three
+files assigned by hash. Point at wiki.train.raw instead (split by position).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 
 from etils import epath
 
 from txf.data import corpus
 
-# One-file split: where validation and test start, as fractions of the text.
-ONE_FILE_CUTS = {'validation': 0.90, 'test': 0.95}
+# Up to this many files, each is split by position; from one more, whole
+# files are.
+MAX_FILES_SPLIT_BY_POSITION = 2
+# Split by position: where validation and test start, as fractions of a text.
+POSITION_CUTS = {'validation': 0.90, 'test': 0.95}
+# Whole files: the share of them (rounded up) in validation and in test.
+HELD_OUT_FILE_FRACTION = 0.05
 _WILDCARDS = '*?['
 
 
@@ -118,17 +133,31 @@ class TextFiles:
       raise ValueError(f'data.name: {path}: is not UTF-8 text (byte {error.start}: '
                        f'{error.reason})') from None
 
-  def _one_file_part(self, split: str) -> str:
-    """The split's share of the only file (module docstring)."""
-    text = self._read(self.relative_paths[0])
+  @property
+  def split_by_position(self) -> bool:
+    return len(self.relative_paths) <= MAX_FILES_SPLIT_BY_POSITION
+
+  def split_files(self, split: str) -> list[str]:
+    """Whole-file split: the relative paths of `split`, in reading order."""
+    ordered = corpus.hash_order(self.relative_paths)
+    held_out = math.ceil(HELD_OUT_FILE_FRACTION * len(ordered))
+    first_test = len(ordered) - held_out
+    first_validation = first_test - held_out
+    return {'train': ordered[:first_validation],
+            'validation': ordered[first_validation:first_test],
+            'test': ordered[first_test:]}[split]
+
+  def _part(self, relative: str, split: str) -> str:
+    """The split's share of one file split by position (module docstring)."""
+    text = self._read(relative)
     cut = lambda fraction: _after_newline(text, int(fraction * len(text)))
-    start = 0 if split == 'train' else cut(ONE_FILE_CUTS[split])
-    end = {'train': cut(ONE_FILE_CUTS['validation']), 'validation': cut(ONE_FILE_CUTS['test']),
+    start = 0 if split == 'train' else cut(POSITION_CUTS[split])
+    end = {'train': cut(POSITION_CUTS['validation']), 'validation': cut(POSITION_CUTS['test']),
            'test': len(text)}[split]
     return text[start:end]
 
   def load(self, split: str, *, max_bytes: int | None) -> list[str]:
-    """The split's documents (one per file, or the one file's part), at most
+    """The split's documents (one per file: whole, or its part), at most
     `max_bytes` of UTF-8 in all (None: no cap).
 
     Raises:
@@ -139,10 +168,10 @@ class TextFiles:
       raise ValueError(f'split={split!r} is unknown; expected one of {corpus.SPLITS}')
     if max_bytes is not None and max_bytes < 1:
       raise ValueError(f'max_bytes must be >= 1 or None, got {max_bytes}')
-    if len(self.relative_paths) == 1:
-      texts = [self._one_file_part(split)]
+    if self.split_by_position:
+      texts = (self._part(p, split) for p in self.relative_paths)
     else:
-      texts = (self._read(p) for p in corpus.split_paths(self.relative_paths, split))
+      texts = (self._read(p) for p in self.split_files(split))
     documents, budget = [], max_bytes
     for text in texts:
       if budget == 0:
@@ -155,17 +184,18 @@ class TextFiles:
       if text:
         documents.append(text)
     if not documents:
-      hint = ('a file of one line, or of a few, leaves it empty' if len(self.relative_paths) == 1
-              else 'point at more files, or at one file to split it by position')
+      hint = ('a file of one line, or a few, leaves it empty' if self.split_by_position
+              else 'its files are empty')
       raise ValueError(f'data.name: files:{self.source}: the {split} split holds no text '
                        f'({self._split_rule()}; {hint})')
     return documents
 
   def _split_rule(self) -> str:
-    if len(self.relative_paths) == 1:
-      return f'{self.root / self.relative_paths[0]} is split by position at line ends'
-    return (f'{len(self.relative_paths)} files under {self.root}, each in one split by a '
-            'hash of its relative path')
+    files = ', '.join(os.fspath(self.root / p) for p in self.relative_paths)
+    if self.split_by_position:
+      return f'{files} split by position at line ends'
+    return (f'{len(self.relative_paths)} files under {self.root}, whole, by a hash of their '
+            'relative paths')
 
   def description(self) -> str:
     return f'UTF-8 text files:{self.source}: {self._split_rule()}'
