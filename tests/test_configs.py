@@ -42,6 +42,7 @@ EXPECTED_CHANGES = {
     "nope": {"model.position"},
     "t5_bias": {"model.position"},
     "post_ln": {"model.norm_placement"},
+    "lstm": {"model.family", "model.d_model"},  # base.py's 2 layers stay
     "encoder_mlm": {"model.family", "model.head", "model.position", "data.task",
                     "eval.sample_tokens"},
     "encoder_classify": {"model.family", "model.head", "data.name", "data.task",

@@ -38,7 +38,7 @@ Array = jax.Array
 Cache = Any  # a pytree of arrays
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
 
-_GENERATIVE_FAMILIES = ("decoder", "encoder_decoder")
+_GENERATIVE_FAMILIES = ("decoder", "encoder_decoder", "lstm")
 
 
 # ----------------------------------------------------------------------------

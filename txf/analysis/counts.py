@@ -20,6 +20,8 @@ from txf import layers, models
 from txf.layers.config import ModelConfig
 
 COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
+# The LSTM family's components: its layers are 'recurrent'.
+LSTM_COMPONENTS = ("embedding", "recurrent", "norm", "head")
 
 # Layer class -> component. A parameter belongs to the component of the
 # outermost classified module on its path, so a norm inside the MLM head
@@ -30,6 +32,7 @@ _CLASS_COMPONENTS = {
     layers.RelativePositionTable: "position",
     layers.FeedForward: "ffn",
     layers.Norm: "norm",
+    models.LSTMLayer: "recurrent",
     models.LMHead: "head",
     models.MaskedLMHead: "head",
     models.ClassificationHead: "head",
@@ -90,7 +93,7 @@ def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]
       give the same counts).
 
   Returns:
-    {'embedding': token tables + learned position tables,
+    For the Transformer families {'embedding': token tables + learned position tables,
      'position': T5 relative-bias tables,
      'attention': self-attention projections (kernels and biases),
      'cross_attention': encoder-decoder attention projections,
@@ -98,7 +101,9 @@ def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]
      'norm': every norm in the stacks, final norms included,
      'head': parameters of the output head that are not the tied embedding
        (untied logits kernel; MLM transform, norm and bias; classifier),
-     'total': all of the above}.
+     'total': all of the above};
+    for family='lstm' {'embedding', 'recurrent': the LSTM layers' kernels and
+    biases, 'norm': the final norm, 'head', 'total'} (LSTM_COMPONENTS).
 
   Raises:
     ValueError: naming a parameter that no classified module of the model
@@ -108,7 +113,8 @@ def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]
   if "params" in params:
     params = params["params"]
   components = module_components(cfg)
-  counts = dict.fromkeys(COMPONENTS, 0)
+  cfg = _as_model_config(cfg)
+  counts = dict.fromkeys(LSTM_COMPONENTS if cfg.family == "lstm" else COMPONENTS, 0)
   for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
     names = tuple(_key_name(key) for key in path)
     component = next((components[names[:i]] for i in range(1, len(names))
@@ -129,6 +135,11 @@ def _attention_matmul_params(cfg: ModelConfig) -> int:
   return cfg.d_model * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
 
 
+def _lstm_matmul_params(cfg: ModelConfig) -> int:
+  """Input and recurrent kernels of the four gates: 4 * (D * D + D * D)."""
+  return 8 * cfg.d_model * cfg.d_model
+
+
 def _ffn_matmul_params(cfg: ModelConfig) -> int:
   """Weights of wi (and gate) and wo: (2 or 3) * D * F."""
   gated = cfg.activation in ("swiglu", "geglu")
@@ -147,6 +158,8 @@ def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
   (`flops_per_token` adds it per sequence).
   """
   cfg = _as_model_config(cfg)
+  if cfg.family == "lstm":
+    return cfg.num_layers * _lstm_matmul_params(cfg) + cfg.d_model * cfg.vocab_size
   layer = _attention_matmul_params(cfg) + _ffn_matmul_params(cfg)
   stacks = cfg.num_layers * layer
   if cfg.family == "encoder_decoder":
@@ -174,6 +187,9 @@ def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float
   positions) count 12 * H * Dh * T. Sliding windows are not credited: the
   count assumes the whole causal or bidirectional score matrix.
 
+  An LSTM (family='lstm') has no attention term: 6 * N, its gates' matmuls
+  and the vocabulary projection (the gates' elementwise work is not counted).
+
   For an encoder-decoder the source and target both have length seq_len and
   "a token" is one source plus one target token. A classification head adds
   6 * D * num_classes per sequence, i.e. divided by seq_len.
@@ -186,6 +202,8 @@ def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float
     FLOPs per token (float).
   """
   cfg = _as_model_config(cfg)
+  if cfg.family == "lstm":
+    return 6.0 * matmul_params(cfg)
   attention_width = cfg.num_heads * cfg.head_dim
   if cfg.family == "encoder_decoder":  # the only family with num_decoder_layers
     causal_layers, full_layers = cfg.num_decoder_layers, cfg.num_layers + cfg.num_decoder_layers

@@ -131,9 +131,9 @@ def _token_losses(model: nn.Module, params: Any, inputs_BxT: jax.Array,
 
 def _check_model(model: nn.Module) -> None:
   cfg = getattr(model, "cfg", None)
-  if cfg is None or cfg.family != "decoder" or cfg.head != "lm":
-    raise ValueError("model must be a txf decoder language model (model.family='decoder', "
-                     f"model.head='lm'), got {type(model).__name__}")
+  if cfg is None or cfg.family not in ("decoder", "lstm") or cfg.head != "lm":
+    raise ValueError("model must be a txf decoder language model (model.family='decoder' or "
+                     f"'lstm', model.head='lm'), got {type(model).__name__}")
 
 
 def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: int,

@@ -1,4 +1,4 @@
-"""txf.data: tokenizers, the built-in corpus, TFDS, generated tasks, batching.
+"""txf.data: tokenizers, the built-in corpus, TFDS, text files, generated tasks, batching.
 
 Numpy only (no jax): batches are dicts of numpy arrays holding this
 process's rows of a global batch. Entry points:
@@ -26,11 +26,13 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   -----------------  -----  -------------  ------------------------------------
   name               str    all            'pystdlib' (built-in corpus: Python
                                            stdlib sources), 'copy', 'reverse',
-                                           'sort', 'addition', 'listops', or
+                                           'sort', 'addition', 'listops',
                                            'tfds:<builder>[/<config>][:<ver>]'
                                            (a TFDS dataset prepared as
-                                           ArrayRecord: tfds_source.py)
-  task               str    all            'lm' | 'mlm' (pystdlib, tfds),
+                                           ArrayRecord: tfds_source.py), or
+                                           'files:PATH_OR_GLOB' (UTF-8 text
+                                           files: files.py)
+  task               str    all            'lm' | 'mlm' (pystdlib, tfds, files),
                                            'seq2seq' (copy/reverse/sort/
                                            addition, tfds), 'classify'
                                            (listops)
@@ -39,10 +41,10 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
                                            tfds seq2seq cuts longer texts
   batch_size         int    all            global batch, divisible by the
                                            process count
-  tokenizer          str    pystdlib,tfds  'bytes' (260 ids) | 'sentencepiece'
+  tokenizer          str    text (*)       'bytes' (260 ids) | 'sentencepiece'
                                            (trained on the train split)
   sp_vocab_size      int    sentencepiece  largest vocabulary (> 262)
-  max_corpus_bytes   int    pystdlib,tfds  bytes of text read per split (lm,
+  max_corpus_bytes   int    text (*)       bytes of text read per split (lm,
                                            mlm) and for sentencepiece training
   mlm_probability    float  mlm            share of tokens selected, in (0, 1)
   min_example_len,   int    generated      source length (seq2seq) or
@@ -56,6 +58,8 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   tfds_target_key                          None: from a config named
                                            '<source>-<target>' ('de-en' of
                                            wmt14_translate/de-en: 'de', 'en')
+
+  (*) text: pystdlib, tfds and files.
 """
 
 from txf.data.config import DataSpec, read_data_config

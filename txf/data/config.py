@@ -26,6 +26,9 @@ TASKS = {
 # dataset (tfds_source.py).
 TFDS_PREFIX = 'tfds:'
 TFDS_TASKS = ('lm', 'mlm', 'seq2seq')
+# data.name = FILES_PREFIX + PATH_OR_GLOB reads UTF-8 text files (files.py).
+FILES_PREFIX = 'files:'
+FILES_TASKS = ('lm', 'mlm')
 TOKENIZERS = ('bytes', 'sentencepiece')
 # Shortest source each seq2seq task can generate ('addition': 'd+d').
 _MIN_SOURCE_LEN = {'copy': 1, 'reverse': 1, 'sort': 1, 'addition': 3}
@@ -59,6 +62,11 @@ def is_tfds(name: Any) -> bool:
   return isinstance(name, str) and name.startswith(TFDS_PREFIX)
 
 
+def is_files(name: Any) -> bool:
+  """Whether data.name `name` names text files ('files:...')."""
+  return isinstance(name, str) and name.startswith(FILES_PREFIX)
+
+
 def _get(data: Any, field: str) -> Any:
   try:
     return getattr(data, field)
@@ -76,11 +84,17 @@ def read_data_config(data: Any) -> DataSpec:
   name = _get(data, 'name')
   if is_tfds(name):
     tasks = TFDS_TASKS
+  elif is_files(name):
+    if not name[len(FILES_PREFIX):].strip():
+      raise ValueError(f"data.name={name!r} names no path; expected "
+                       f"'{FILES_PREFIX}PATH_OR_GLOB'")
+    tasks = FILES_TASKS
   elif name in tuple(TASKS):  # a tuple: an unhashable name is just unknown
     tasks = TASKS[name]
   else:
-    raise ValueError(f'data.name={name!r} is not one of {tuple(TASKS)} or '
-                     f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'")
+    raise ValueError(f'data.name={name!r} is not one of {tuple(TASKS)}, '
+                     f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]' or "
+                     f"'{FILES_PREFIX}PATH_OR_GLOB'")
   task = _get(data, 'task')
   if task not in tasks:
     raise ValueError(f'data.task={task!r} does not fit data.name={name!r}; '
@@ -89,7 +103,7 @@ def read_data_config(data: Any) -> DataSpec:
   spec = DataSpec(name=name, task=task, seq_len=_int(data, 'seq_len', 2),
                   batch_size=_int(data, 'batch_size', 1),
                   seed=None if seed is None else _int(data, 'seed', 0))
-  if name == 'pystdlib':
+  if name == 'pystdlib' or is_files(name):
     return _corpus_fields(data, spec)
   if is_tfds(name):
     return _tfds_fields(data, spec)

@@ -14,6 +14,7 @@ only between runs on the same version.
 
 import hashlib
 import os
+from collections.abc import Iterable
 import pathlib
 import platform
 import sysconfig
@@ -47,6 +48,12 @@ def _split_of(relative_path: str) -> str:
   return next(s for s in SPLITS if bucket < _SPLIT_PERCENT[s])
 
 
+def hash_order(relative_paths: Iterable[str]) -> list[str]:
+  """The paths in the order of a SHA-256 hash of each: an order unrelated to
+  names or folders, the same on every machine."""
+  return sorted(relative_paths, key=_hash_key)
+
+
 def corpus_files(split: str, root: str | os.PathLike | None = None
                  ) -> list[str]:
   """Relative POSIX paths of the split's files, in reading order.
@@ -65,7 +72,7 @@ def corpus_files(split: str, root: str | os.PathLike | None = None
       if name.endswith('.py'):
         paths.append(
             (pathlib.Path(directory) / name).relative_to(root).as_posix())
-  return sorted((p for p in paths if _split_of(p) == split), key=_hash_key)
+  return hash_order(p for p in paths if _split_of(p) == split)
 
 
 def load_corpus(split: str, *, max_bytes: int | None,

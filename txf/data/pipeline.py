@@ -8,10 +8,11 @@ from etils import epath
 
 from txf import checks
 from txf.data import corpus
+from txf.data import files
 from txf.data import listops
 from txf.data import synthetic
 from txf.data import tfds_source
-from txf.data.config import DataSpec, is_tfds, read_data_config
+from txf.data.config import FILES_PREFIX, DataSpec, is_files, is_tfds, read_data_config
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
 from txf.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
@@ -99,8 +100,12 @@ class Dataset:
 
 
 def _reads_text(spec: DataSpec) -> bool:
-  """Whether the data is text read from splits (the corpus or TFDS)."""
-  return spec.name == 'pystdlib' or is_tfds(spec.name)
+  """Whether the data is text read from splits (the corpus, TFDS or files)."""
+  return spec.name == 'pystdlib' or is_tfds(spec.name) or is_files(spec.name)
+
+
+def _text_files(spec: DataSpec) -> files.TextFiles:
+  return files.TextFiles.find(spec.name[len(FILES_PREFIX):])
 
 
 def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
@@ -117,6 +122,8 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
   max_bytes = min(spec.max_corpus_bytes, SENTENCEPIECE_TRAIN_BYTES)
   if spec.name == 'pystdlib':
     texts = corpus.load_corpus('train', max_bytes=max_bytes)
+  elif is_files(spec.name):
+    texts = _text_files(spec).load('train', max_bytes=max_bytes)
   else:
     texts = tfds_source.training_texts(spec, max_bytes)
   return SentencePieceTokenizer.train(texts, spec.sp_vocab_size, prefix)
@@ -183,8 +190,12 @@ def _generated_source(spec: DataSpec, split: str, seed: int
 
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
   if _reads_text(spec):
-    data = (corpus.corpus_description() if spec.name == 'pystdlib'
-            else tfds_source.description(spec))
+    if spec.name == 'pystdlib':
+      data = corpus.corpus_description()
+    elif is_files(spec.name):
+      data = _text_files(spec).description()
+    else:
+      data = tfds_source.description(spec)
     return (f'{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; '
             f'{spec.task}, seq_len {spec.seq_len}')
   return (f'{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, '
@@ -233,6 +244,10 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
   if spec.name == 'pystdlib':
     source = _lm_source(
         spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes),
+        split, seed, tokenizer)
+  elif is_files(spec.name):
+    source = _lm_source(
+        spec, _text_files(spec).load(split, max_bytes=spec.max_corpus_bytes),
         split, seed, tokenizer)
   elif is_tfds(spec.name):
     source = _tfds_source(spec, split, seed, tokenizer)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from txf import checks
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
-FAMILIES = ("decoder", "encoder", "encoder_decoder")
+FAMILIES = ("decoder", "encoder", "encoder_decoder", "lstm")
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -30,7 +30,15 @@ FAMILY_HEADS = {
     "decoder": ("lm", "classify"),
     "encoder": ("mlm", "classify"),
     "encoder_decoder": ("lm",),
+    "lstm": ("lm",),
 }
+
+# The fields an LSTM language model (family='lstm', txf/models/lstm.py) reads;
+# d_model is both its embedding and its hidden width, norm/norm_eps its final
+# norm's. Every other field describes a Transformer (attention, positions,
+# block norms, FFN, layer scan) and must keep its default with family='lstm'.
+LSTM_FIELDS = ("family", "vocab_size", "d_model", "num_layers", "norm", "norm_eps",
+               "dropout_rate", "tie_embeddings", "head", "pad_id", "dtype")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +47,11 @@ class ModelConfig:
 
   A field documented `None: X` is set to X at construction, so models read
   `cfg.num_kv_heads`, `cfg.head_dim`, `cfg.d_ff`, `cfg.num_decoder_layers`
-  (None only outside encoder_decoder) and never a None.
+  (None only outside encoder_decoder) and never a None. family='lstm' reads
+  only LSTM_FIELDS and leaves the derived Transformer fields None.
   """
 
-  family: str = "decoder"          # decoder | encoder | encoder_decoder
+  family: str = "decoder"          # decoder | encoder | encoder_decoder | lstm
   vocab_size: int = 260
   d_model: int = 128
   num_heads: int = 4
@@ -97,6 +106,8 @@ class ModelConfig:
       checks.positive_int(getattr(self, name), f"model.{name}")
     for name in ("num_kv_heads", "head_dim", "d_ff", "window", "num_decoder_layers"):
       checks.optional_positive_int(getattr(self, name), f"model.{name}")
+    if self.family == "lstm":
+      return self._check_lstm()  # none of the Transformer checks below apply
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
           f"model.num_heads: {self.num_heads} does not divide model.d_model={self.d_model} "
@@ -127,6 +138,21 @@ class ModelConfig:
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
     self._resolve()
+
+  def _check_lstm(self) -> None:
+    """family='lstm': only LSTM_FIELDS may differ from their defaults. The
+    derived Transformer fields (num_kv_heads, head_dim, d_ff) stay None."""
+    for field in dataclasses.fields(self):
+      if field.name not in LSTM_FIELDS and getattr(self, field.name) != field.default:
+        raise ValueError(
+            f"model.{field.name}: does not apply to model.family='lstm' (keep its default "
+            f"{field.default!r}; an LSTM reads only {', '.join(LSTM_FIELDS)})")
+    if self.head not in FAMILY_HEADS["lstm"]:
+      raise ValueError(f"model.head: {self.head!r} does not fit model.family='lstm' "
+                       f"(choose from {FAMILY_HEADS['lstm']})")
+    checks.fraction(self.dropout_rate, "model.dropout_rate")
+    if not 0 <= self.pad_id < self.vocab_size:
+      raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
 
   def _resolve(self):
     """Fills the None fields with their derived values, once: each quantity

@@ -8,9 +8,11 @@ import flax.linen as nn
 
 from txf.layers.config import ModelConfig
 from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead, pool
+from txf.models.lstm import LSTMLanguageModel, LSTMLayer
 from txf.models.transformer import Decoder, Encoder, EncoderDecoder
 
-_FAMILIES = {"decoder": Decoder, "encoder": Encoder, "encoder_decoder": EncoderDecoder}
+_FAMILIES = {"decoder": Decoder, "encoder": Encoder, "encoder_decoder": EncoderDecoder,
+             "lstm": LSTMLanguageModel}
 
 
 def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
@@ -30,4 +32,4 @@ def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
 
 
 __all__ = ["build", "ModelConfig", "Decoder", "Encoder", "EncoderDecoder", "LMHead",
-           "MaskedLMHead", "ClassificationHead", "pool"]
+           "MaskedLMHead", "ClassificationHead", "pool", "LSTMLanguageModel", "LSTMLayer"]

@@ -166,7 +166,7 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
 
   Args:
     workdir: a trained run (config.json and a checkpoint): decoder, encoder
-      or encoder-decoder.
+      or encoder-decoder (not an LSTM).
     num_batches: validation batches the ablation evaluates (None: the run's
       eval.num_batches); the scores use the first.
     period: the repeated block length of the induction inputs (None: half
@@ -197,6 +197,9 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   workdir = run_path(workdir)
   run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
   setup = run.setup
+  if setup.model_cfg.family == "lstm":
+    raise ValueError(f"model.family: the run in {workdir} is an LSTM; it has no attention "
+                     "to analyse")
   try:
     params = setup.replica_params(run.params, replica)
   except ValueError as error:

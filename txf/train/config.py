@@ -22,7 +22,7 @@ DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSpec))
 
 # data.task -> (model.family, model.head) it trains.
 TASK_MODELS = {
-    "lm": (("decoder",), ("lm",)),
+    "lm": (("decoder", "lstm"), ("lm",)),
     "mlm": (("encoder",), ("mlm",)),
     "seq2seq": (("encoder_decoder",), ("lm",)),
     "classify": (("encoder", "decoder"), ("classify",)),

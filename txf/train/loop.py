@@ -181,7 +181,7 @@ def _check_finite(skipped_updates, done: int, checkpointer: Checkpointer) -> Non
 def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
                      log) -> dict[str, float]:
   result = setup.evaluate(params)
-  samples = setup.task == "lm" and setup.model_cfg.family == "decoder"
+  samples = setup.task == "lm"  # a decoder or an LSTM: both generate
   if samples and setup.config.eval.sample_tokens:
     sample = _sample_text(setup, setup.replica_params(params, 0), done)
     writer.write_sample(done, sample)
