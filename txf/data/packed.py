@@ -1,0 +1,297 @@
+"""Packed language-model batches streamed from a split's records (Grain).
+
+A split of any size (a TFDS split through `tfds.data_source`, or any random-
+access sequence of records) becomes batches of packed windows, holding only a
+bounded buffer in memory. The stages are Grain's own:
+
+  MapDataset.range(N)                     record ids
+    .shuffle(seed).repeat()               training: a new order each epoch
+    [process_index::process_count]        this process's shard of the ids
+    .batch(group).map(read)               one batched read per group of
+                                          READ_GROUP records; each text
+                                          tokenized, EOS appended (empty
+                                          texts skipped)
+    .to_iter_dataset(ReadOptions)         `read_threads` threads read ahead
+  FlatMapIterDataset                      one element per document
+  ConcatThenSplitIterDataset              the documents' tokens concatenated
+                                          and cut into windows of window_len,
+                                          with segment ids (1, 2, ... per
+                                          document piece, 0 on padding) and
+                                          positions (from 0 in each piece)
+  .batch(rows)
+
+The windows do not depend on the thread count. Every record of an epoch goes
+to exactly one process; windows run on across epoch ends. An evaluation split
+is one pass in storage order whose last window is padded.
+
+`PackedDataset` turns the windows into the batches of txf.data's Dataset; its
+position is the Grain iterator's state (a few integers: which group of
+records, where in it, how many windows since), so a resumed run continues
+with the very next window after re-reading at most one group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from txf.data.config import DataSpec
+from txf.data.masking import BertMasker
+from txf.data.pipeline import Dataset
+from txf.data.tfds_source import decode_text
+from txf.data.tokenizers import Tokenizer
+
+# Records per read (at most): one batched read of many records costs about as
+# much as a single one (ArrayRecord and TFDS decoding have a large per-call
+# overhead). The loader holds at most (2 + GROUPS_PER_THREAD * read_threads)
+# groups' tokens: a few MB for sentences (lm1b) or web pages (C4).
+READ_GROUP = 256
+# Groups each read thread keeps ready.
+GROUPS_PER_THREAD = 2
+TOKENS = 'tokens'
+SEGMENT_IDS = f'{TOKENS}_segment_ids'
+POSITIONS = f'{TOKENS}_positions'
+
+
+class ProcessCountError(ValueError):
+  """A packed stream's position saved by one number of processes, restored by another."""
+
+
+class ReadDocuments:
+  """Record ids int [n] -> the token ids of their non-empty texts, each
+  followed by EOS: a list of int32 [len + 1] (a Grain map function)."""
+
+  def __init__(self, records: Sequence[Mapping[str, Any]], text_key: str,
+               tokenizer: Tokenizer):
+    self._records = records
+    self._text_key = text_key
+    self._tokenizer = tokenizer
+    self._eos = np.array([tokenizer.eos_id], np.int32)
+
+  def __call__(self, ids: np.ndarray) -> list[np.ndarray]:
+    ids = [int(i) for i in ids]
+    read_many = getattr(self._records, '__getitems__', None)
+    records = read_many(ids) if read_many else [self._records[i] for i in ids]
+    documents = []
+    for record in records:
+      tokens = self._tokenizer.encode(decode_text(record[self._text_key]))
+      if len(tokens):
+        documents.append(np.concatenate([tokens.astype(np.int32), self._eos]))
+    return documents
+
+
+def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
+                   tokenizer: Tokenizer, window_len: int, rows: int, seed: int,
+                   shuffle: bool, process_index: int, process_count: int,
+                   read_threads: int):
+  """This process's batches of packed windows, a grain.IterDataset.
+
+  Each element: {'tokens', 'tokens_segment_ids', 'tokens_positions'}, int32
+  [rows, window_len] ([<= rows, window_len] for the last batch of a pass).
+
+  Args:
+    records: random-access records with a text feature `text_key`.
+    shuffle: training: shuffled by (seed, epoch) and repeated forever;
+      otherwise one pass in storage order.
+    read_threads: threads reading and tokenizing groups ahead (0: read when
+      the next window needs them).
+  """
+  import grain  # pylint: disable=g-import-not-at-top
+  from grain import experimental  # pylint: disable=g-import-not-at-top
+
+  ids = grain.MapDataset.range(len(records))
+  if shuffle:
+    # Grain's shuffle seeds are 32-bit; repeat() reseeds it every epoch.
+    ids = ids.shuffle(seed=seed % 2**32).repeat()
+  # A group holds no more than a process's share of an epoch: a split of a
+  # few long records (tiny_shakespeare is one) must not read many copies at once.
+  group = min(READ_GROUP, -(-len(records) // process_count))
+  groups = ids[process_index::process_count].batch(group)
+  documents = groups.map(ReadDocuments(records, text_key, tokenizer)).to_iter_dataset(
+      grain.ReadOptions(num_threads=read_threads,
+                        prefetch_buffer_size=GROUPS_PER_THREAD * read_threads))
+  documents = experimental.FlatMapIterDataset(documents, _OnePerDocument())
+  windows = experimental.ConcatThenSplitIterDataset(documents,
+                                                   length_struct={TOKENS: window_len})
+  return windows.batch(rows, drop_remainder=False)
+
+
+class _OnePerDocument:
+  """A group's documents as separate elements (Grain FlatMap transform)."""
+
+  max_fan_out = READ_GROUP
+
+  def flat_map(self, documents: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    return [{TOKENS: tokens} for tokens in documents]
+
+
+def lm_batch(windows: Mapping[str, np.ndarray], *, segmented: bool) -> dict[str, np.ndarray]:
+  """Next-token batch of packed windows of T + 1 tokens ([R, T + 1] each).
+
+  Returns inputs, targets int32 [R, T] (targets = inputs shifted by one),
+  weights float32 [R, T] (0 where the target is padding) and, if segmented,
+  the inputs' segment_ids and positions int32 [R, T]. A document's first
+  token is the target of the previous document's EOS, whose query attends
+  only its own document.
+  """
+  tokens = windows[TOKENS]
+  batch = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:],
+           'weights': (tokens[:, 1:] != 0).astype(np.float32)}
+  if segmented:
+    batch.update(segment_ids=windows[SEGMENT_IDS][:, :-1], positions=windows[POSITIONS][:, :-1])
+  return batch
+
+
+def _to_json(state: Any) -> Any:
+  """A Grain state with numpy integers as ints (JSON-serialisable)."""
+  if isinstance(state, Mapping):
+    return {key: _to_json(value) for key, value in state.items()}
+  if isinstance(state, (list, tuple)):
+    return [_to_json(value) for value in state]
+  return int(state) if isinstance(state, np.integer) else state
+
+
+def _from_json(state: Any) -> Any:
+  """A Grain state read back from JSON: its lists become tuples again
+  (Grain's packing compares the slices it saved with tuples)."""
+  if isinstance(state, Mapping):
+    return {key: _from_json(value) for key, value in state.items()}
+  if isinstance(state, list):
+    return tuple(_from_json(value) for value in state)
+  return state
+
+
+class PackedStream:
+  """The Source a PackedDataset reads (`packed_windows` of the records, for
+  the Dataset base class): iterated, not indexed by step."""
+
+  num_batches = None  # as many as the split has (training: unbounded)
+
+  def __init__(self, records: Sequence[Mapping[str, Any]], *, window_len: int, **kwargs):
+    self.window_len = window_len
+    self.windows = packed_windows(records, window_len=window_len, **kwargs)
+
+
+class PackedDataset(Dataset):
+  """This process's batches of packed documents (see the module docstring).
+
+  Unlike txf.data.Dataset's other sources, each process streams and packs its
+  own shard of the records, so its rows are not a slice of a global batch
+  that another process could compute; together the processes still see
+  every record of an epoch exactly once.
+
+  Batches (B = data.batch_size / process_count, T = data.seq_len): for 'lm'
+  `lm_batch` of windows of T + 1 tokens; for 'mlm' windows of T tokens
+  BERT-masked (masking.py, keyed by the global step), plus segment_ids and
+  positions. With data.attend_across_documents the batch has no segment_ids
+  and positions: attention crosses documents in a window (GPT-2's recipe).
+
+  Training never ends. An evaluation split restarts at every iter() and gives
+  num_batches batches, padded with all-padding batches (weight 0) once its
+  pass ends -- every process the same number, as the eval steps need -- or,
+  with num_batches None, this process's pass.
+
+  State: {'process_index', 'process_count', 'step', 'stream'} (the Grain
+  iterator's); a checkpoint of a run of P > 1 processes holds
+  {'processes': [the state of each]} (txf.train.distributed).
+  """
+
+  def __init__(self, records: Sequence[Mapping[str, Any]], *, spec: DataSpec, split: str,
+               tokenizer: Tokenizer, seed: int, process_index: int, process_count: int,
+               num_batches: int | None, description: str, masker: BertMasker | None):
+    rows = spec.batch_size // process_count
+    stream = PackedStream(
+        records, text_key=spec.tfds_text_key, tokenizer=tokenizer,
+        window_len=spec.seq_len + (masker is None), rows=rows, seed=seed,
+        shuffle=split == 'train', process_index=process_index,
+        process_count=process_count, read_threads=spec.read_threads)
+    super().__init__(stream, spec=spec, split=split, tokenizer=tokenizer,
+                     process_index=process_index, process_count=process_count,
+                     num_batches=num_batches, description=description)
+    self._process = (process_index, process_count)
+    self._masker = masker
+    self._segmented = not spec.attend_across_documents
+    self._iterator = None
+    self._exhausted = False
+
+  def _restart(self) -> None:
+    if self._iterator is not None:
+      self._iterator.close()
+    self._iterator, self._exhausted, self._step = iter(self._source.windows), False, 0
+
+  def __iter__(self) -> PackedDataset:
+    if self.split != 'train' or self._iterator is None:
+      self._restart()
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self.num_batches is not None and self._step >= self.num_batches:
+      raise StopIteration
+    if self._iterator is None:
+      self._restart()
+    windows = {}
+    if not self._exhausted:
+      try:
+        windows = next(self._iterator)
+      except StopIteration:
+        self._exhausted = True
+    if not windows and self.num_batches is None:
+      raise StopIteration
+    batch = self._batch(self._padded(windows))
+    self._step += 1
+    return batch
+
+  def _padded(self, windows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The windows ({} after the pass) with all-padding rows (0) up to the batch size."""
+    empty = np.zeros((0, self._source.window_len), np.int32)
+    padded = {}
+    for key in (TOKENS, SEGMENT_IDS, POSITIONS):
+      rows = windows.get(key, empty)
+      padded[key] = np.pad(rows, ((0, self.batch_size - len(rows)), (0, 0)))
+    return padded
+
+  def _batch(self, windows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if self._masker is None:
+      return lm_batch(windows, segmented=self._segmented)
+    batch = self._masker(windows[TOKENS], self._step, self._rows, self.global_batch_size)
+    if self._segmented:
+      batch.update(segment_ids=windows[SEGMENT_IDS], positions=windows[POSITIONS])
+    return batch
+
+  def get_state(self) -> dict[str, Any]:
+    if self._iterator is None:
+      self._restart()
+    process_index, process_count = self._process
+    return {'process_index': process_index, 'process_count': process_count,
+            'step': self._step, 'stream': _to_json(self._iterator.get_state())}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Continues after `state`: this process's state, or {'processes': [...]}
+    holding every process's.
+
+    Raises:
+      ProcessCountError: the state was saved by another number of processes
+        (each packs its own shard, so no exact continuation exists).
+      ValueError: `state` is not a state of this dataset.
+    """
+    process_index, process_count = self._process
+    states = state.get('processes', [state]) if isinstance(state, dict) else None
+    if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
+      raise ValueError(f'state must be a packed stream state dict, got {state!r}')
+    saved_count = states[0].get('process_count', len(states))
+    if len(states) != process_count or saved_count != process_count:
+      raise ProcessCountError(
+          f'data position: the checkpoint continues a packed TFDS stream of {saved_count} '
+          f'processes, and this run has {process_count}. Each process packs its own shard '
+          f'of the records, so the stream continues exactly only on {saved_count} '
+          'processes: resume with that many, or start a new --workdir')
+    mine = states[process_index]
+    expected = {'process_index', 'process_count', 'step', 'stream'}
+    if set(mine) != expected or mine['process_index'] != process_index:
+      raise ValueError(f'state of process {process_index} must have keys {sorted(expected)} '
+                       f'and process_index={process_index}, got {mine!r}')
+    self._restart()
+    self._iterator.set_state(_from_json(mine['stream']))
+    self._step = mine['step']
