@@ -14,10 +14,14 @@ test checks the tokens themselves:
   batches an uninterrupted one gives, also past an epoch end, for any read
   thread count; a state of another process count is refused;
 * the evaluation split is one pass in storage order, padded (weight 0);
-* memory stays bounded as the split grows (peak RSS in a subprocess).
+* memory stays bounded as the split grows (peak RSS in a subprocess);
+* two JAX processes put both their states into the one data position a
+  checkpoint saves (txf.train.distributed.gather_data_states).
 """
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -258,3 +262,36 @@ def test_memory_stays_bounded_as_the_split_grows():
   # streaming one adds 0-2 MB (measured).
   small, large = peak_kib(1280), peak_kib(12800)
   assert large - small < 4 * 1024, (small, large)
+
+
+_GATHER = textwrap.dedent("""
+    import json, sys, jax
+    jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+    from txf.train.distributed import gather_data_states
+    process = jax.process_index()
+    print(json.dumps([gather_data_states({'step': 3, 'process_index': process}),
+                      gather_data_states({'epoch': 1, 'position': 8})]))
+""")
+
+
+@pytest.mark.slow
+def test_two_processes_save_both_states():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    address = f"localhost:{s.getsockname()[1]}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+  processes = [subprocess.Popen([sys.executable, "-c", _GATHER, address, str(i)], cwd=REPO,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for i in range(2)]
+  try:
+    outputs = [process.communicate(timeout=120) for process in processes]
+  finally:
+    for process in processes:
+      process.kill()
+  for process, (out, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-2000:]
+    per_process, shared = json.loads(out.strip().splitlines()[-1])
+    # Different states: every process's, in process order; equal ones: as they are.
+    assert per_process == {"processes": [{"step": 3, "process_index": 0},
+                                         {"step": 3, "process_index": 1}]}
+    assert shared == {"epoch": 1, "position": 8}
