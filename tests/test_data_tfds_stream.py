@@ -8,8 +8,8 @@ test checks the tokens themselves:
 
 * every document of an epoch reaches exactly one process, whole, once; the
   next epoch is another order of the same documents;
-* segment ids and positions restart at every document (checked against the
-  EOS tokens, not against Grain's packing);
+* segment ids and positions restart at every document: each segment of a row
+  is one piece of one known document, positions counting from 0;
 * a stream stopped mid-epoch and resumed from its (JSON) state gives the very
   batches an uninterrupted one gives, also past an epoch end, for any read
   thread count; a state of another process count is refused;
@@ -106,34 +106,41 @@ def test_every_document_of_an_epoch_reaches_one_process_once(data_dir, processes
   assert orders[0] != orders[1] and orders[0] != TRAIN_DOCS  # shuffled, anew each epoch
 
 
-def expected_segments(window):
-  """Segment ids and positions of a window, from its EOS tokens alone: a new
-  document starts after each EOS; padding (0) is segment 0."""
-  starts = np.r_[True, window[:-1] == EOS]
-  segment_ids = np.cumsum(starts)
-  index = np.arange(len(window))
-  positions = index - np.maximum.accumulate(np.where(starts, index, 0))
-  real = window != 0
-  return np.where(real, segment_ids, 0), np.where(real, positions, 0)
+def check_segments(tokens, segment_ids, positions):
+  """Each segment of a packed row is one run of tokens with positions 0, 1,
+  ..., holding a piece of one document: a whole document closed by EOS, or
+  the end of one (a row's first segment), or its start (a row's last)."""
+  assert segment_ids[0] == 1 and np.all(np.diff(segment_ids) >= 0)
+  for segment in range(1, segment_ids.max() + 1):
+    where = np.flatnonzero(segment_ids == segment)
+    np.testing.assert_array_equal(where, np.arange(where[0], where[0] + len(where)))
+    np.testing.assert_array_equal(positions[where], np.arange(len(where)))
+    piece = tokens[where]
+    assert EOS not in piece[:-1]
+    text = ByteTokenizer().decode(piece)
+    closed = piece[-1] == EOS
+    if segment == 1:  # may continue a document from the previous row
+      assert any(doc.endswith(text) if closed else text in doc for doc in TRAIN_DOCS)
+    elif closed:
+      assert text in TRAIN_DOCS
+    else:
+      assert where[-1] == len(tokens) - 1 and any(doc.startswith(text) for doc in TRAIN_DOCS)
 
 
 def test_lm_batches_are_shifted_windows_with_document_segments(data_dir):
   ds = make_dataset(config(data_dir), "train", seed=0)
   assert isinstance(ds, PackedDataset) and ds.task == "lm"
   assert "txf_test_documents" in ds.description
-  starts = 0
+  documents = 0
   for batch in take_batches(ds, 4):
     assert set(batch) == {"inputs", "targets", "weights", "segment_ids", "positions"}
     assert batch["inputs"].shape == (BATCH, SEQ_LEN) and batch["inputs"].dtype == np.int32
     np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
     np.testing.assert_array_equal(batch["weights"], 1.0)  # training windows are full
-    for row, segment_ids, positions in zip(batch["inputs"], batch["segment_ids"],
-                                           batch["positions"]):
-      expected_ids, expected_positions = expected_segments(row)
-      np.testing.assert_array_equal(segment_ids, expected_ids)
-      np.testing.assert_array_equal(positions, expected_positions)
-      starts += expected_ids.max()
-  assert starts > 4 * BATCH  # rows hold several documents
+    for row in zip(batch["inputs"], batch["segment_ids"], batch["positions"]):
+      check_segments(*row)
+      documents += row[1].max()
+  assert documents > 4 * BATCH  # rows hold several documents
 
 
 def test_attending_across_documents_drops_the_segments(data_dir):
@@ -153,8 +160,8 @@ def test_mlm_windows_are_masked_with_segments(data_dir):
   chosen = batch["weights"] > 0
   assert chosen.any() and (batch["targets"][chosen] != EOS).all()  # EOS is never masked
   np.testing.assert_array_equal(batch["inputs"][~chosen], batch["targets"][~chosen])
-  for row, segment_ids in zip(batch["targets"], batch["segment_ids"]):
-    np.testing.assert_array_equal(segment_ids, expected_segments(row)[0])
+  for row in zip(batch["targets"], batch["segment_ids"], batch["positions"]):
+    check_segments(*row)
 
 
 def test_batches_depend_on_the_seed_not_on_the_read_threads(data_dir):

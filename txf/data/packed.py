@@ -2,27 +2,31 @@
 
 A split of any size (a TFDS split through `tfds.data_source`, or any random-
 access sequence of records) becomes batches of packed windows, holding only a
-bounded buffer in memory. The stages are Grain's own:
+bounded buffer in memory. The stages are Grain's:
 
-  MapDataset.range(N)                     record ids
-    .shuffle(seed).repeat()               training: a new order each epoch
-    [process_index::process_count]        this process's shard of the ids
-    .batch(group).map(read)               one batched read per group of
-                                          READ_GROUP records; each text
-                                          tokenized, EOS appended (empty
-                                          texts skipped)
-    .to_iter_dataset(ReadOptions)         `read_threads` threads read ahead
-  FlatMapIterDataset                      one element per document
-  ConcatThenSplitIterDataset              the documents' tokens concatenated
-                                          and cut into windows of window_len,
-                                          with segment ids (1, 2, ... per
-                                          document piece, 0 on padding) and
-                                          positions (from 0 in each piece)
+  MapDataset.range(N)                 record ids
+    .shuffle(seed).repeat()           training: a new order each epoch
+    [process_index::process_count]    this process's shard of the ids
+    .batch(group).map(read)           one batched read per group of up to
+                                      READ_GROUP records; each text
+                                      tokenized and closed by EOS (empty
+                                      texts skipped), the group's documents
+                                      joined
+    .to_iter_dataset(ReadOptions)     `read_threads` threads read ahead
+  ConcatThenSplitIterDataset          the groups' tokens concatenated and cut
+                                      into windows of window_len; the last
+                                      window of a pass padded with 0
   .batch(rows)
+
+Grain packs whole groups, not single documents: its per-element cost, paid
+once per group, would otherwise dominate for sentence-sized documents
+(lm1b). Documents inside a window are told apart by their EOS tokens:
+`document_segments` gives segment ids (1, 2, ... per document piece, 0 on
+padding) and positions (from 0 in each piece), as Grain's packing would.
 
 The windows do not depend on the thread count. Every record of an epoch goes
 to exactly one process; windows run on across epoch ends. An evaluation split
-is one pass in storage order whose last window is padded.
+is one pass in storage order.
 
 `PackedDataset` turns the windows into the batches of txf.data's Dataset; its
 position is the Grain iterator's state (a few integers: which group of
@@ -51,8 +55,6 @@ READ_GROUP = 256
 # Groups each read thread keeps ready.
 GROUPS_PER_THREAD = 2
 TOKENS = 'tokens'
-SEGMENT_IDS = f'{TOKENS}_segment_ids'
-POSITIONS = f'{TOKENS}_positions'
 
 
 class ProcessCountError(ValueError):
@@ -60,8 +62,9 @@ class ProcessCountError(ValueError):
 
 
 class ReadDocuments:
-  """Record ids int [n] -> the token ids of their non-empty texts, each
-  followed by EOS: a list of int32 [len + 1] (a Grain map function)."""
+  """Record ids int [n] -> {'tokens': int32 [m]}: the token ids of their
+  non-empty texts, each followed by EOS, joined; None if all are empty (a
+  Grain map function)."""
 
   def __init__(self, records: Sequence[Mapping[str, Any]], text_key: str,
                tokenizer: Tokenizer):
@@ -70,16 +73,16 @@ class ReadDocuments:
     self._tokenizer = tokenizer
     self._eos = np.array([tokenizer.eos_id], np.int32)
 
-  def __call__(self, ids: np.ndarray) -> list[np.ndarray]:
+  def __call__(self, ids: np.ndarray) -> dict[str, np.ndarray] | None:
     ids = [int(i) for i in ids]
     read_many = getattr(self._records, '__getitems__', None)
     records = read_many(ids) if read_many else [self._records[i] for i in ids]
-    documents = []
+    parts = []
     for record in records:
       tokens = self._tokenizer.encode(decode_text(record[self._text_key]))
       if len(tokens):
-        documents.append(np.concatenate([tokens.astype(np.int32), self._eos]))
-    return documents
+        parts += [tokens.astype(np.int32), self._eos]
+    return {TOKENS: np.concatenate(parts)} if parts else None
 
 
 def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
@@ -88,8 +91,9 @@ def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
                    read_threads: int):
   """This process's batches of packed windows, a grain.IterDataset.
 
-  Each element: {'tokens', 'tokens_segment_ids', 'tokens_positions'}, int32
-  [rows, window_len] ([<= rows, window_len] for the last batch of a pass).
+  Each element: {'tokens': int32 [rows, window_len]} ([<= rows, window_len]
+  for the last batch of a pass), plus Grain's segment features of the groups
+  (unused: see `document_segments`).
 
   Args:
     records: random-access records with a text feature `text_key`.
@@ -112,35 +116,43 @@ def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
   documents = groups.map(ReadDocuments(records, text_key, tokenizer)).to_iter_dataset(
       grain.ReadOptions(num_threads=read_threads,
                         prefetch_buffer_size=GROUPS_PER_THREAD * read_threads))
-  documents = experimental.FlatMapIterDataset(documents, _OnePerDocument())
   windows = experimental.ConcatThenSplitIterDataset(documents,
                                                    length_struct={TOKENS: window_len})
   return windows.batch(rows, drop_remainder=False)
 
 
-class _OnePerDocument:
-  """A group's documents as separate elements (Grain FlatMap transform)."""
+def document_segments(tokens_RxL: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Segment ids and positions, int32 [R, L], of rows of packed documents.
 
-  max_fan_out = READ_GROUP
+  A document (or the piece of one a row starts with) ends at its EOS; the
+  next token starts the next one. Segment ids count the documents of a row
+  from 1, positions count each one's tokens from 0; padding (id 0) gets 0.
+  """
+  starts_RxL = np.ones(tokens_RxL.shape, bool)
+  starts_RxL[:, 1:] = tokens_RxL[:, :-1] == eos_id
+  index_L = np.arange(tokens_RxL.shape[1], dtype=np.int32)
+  first_RxL = np.maximum.accumulate(np.where(starts_RxL, index_L, 0), axis=1)
+  real_RxL = tokens_RxL != 0
+  segment_ids = np.where(real_RxL, np.cumsum(starts_RxL, axis=1, dtype=np.int32), 0)
+  positions = np.where(real_RxL, index_L - first_RxL, 0)
+  return segment_ids.astype(np.int32), positions.astype(np.int32)
 
-  def flat_map(self, documents: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
-    return [{TOKENS: tokens} for tokens in documents]
 
-
-def lm_batch(windows: Mapping[str, np.ndarray], *, segmented: bool) -> dict[str, np.ndarray]:
-  """Next-token batch of packed windows of T + 1 tokens ([R, T + 1] each).
+def lm_batch(windows_RxW: np.ndarray, *, eos_id: int, segmented: bool
+             ) -> dict[str, np.ndarray]:
+  """Next-token batch of packed windows of W = T + 1 tokens.
 
   Returns inputs, targets int32 [R, T] (targets = inputs shifted by one),
   weights float32 [R, T] (0 where the target is padding) and, if segmented,
-  the inputs' segment_ids and positions int32 [R, T]. A document's first
-  token is the target of the previous document's EOS, whose query attends
-  only its own document.
+  the inputs' `document_segments` as segment_ids and positions. A
+  document's first token is the target of the previous document's EOS,
+  whose query attends only its own document.
   """
-  tokens = windows[TOKENS]
-  batch = {'inputs': tokens[:, :-1], 'targets': tokens[:, 1:],
-           'weights': (tokens[:, 1:] != 0).astype(np.float32)}
+  inputs_RxT, targets_RxT = windows_RxW[:, :-1], windows_RxW[:, 1:]
+  batch = {'inputs': inputs_RxT, 'targets': targets_RxT,
+           'weights': (targets_RxT != 0).astype(np.float32)}
   if segmented:
-    batch.update(segment_ids=windows[SEGMENT_IDS][:, :-1], positions=windows[POSITIONS][:, :-1])
+    batch['segment_ids'], batch['positions'] = document_segments(inputs_RxT, eos_id)
   return batch
 
 
@@ -243,21 +255,19 @@ class PackedDataset(Dataset):
     self._step += 1
     return batch
 
-  def _padded(self, windows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The windows ({} after the pass) with all-padding rows (0) up to the batch size."""
-    empty = np.zeros((0, self._source.window_len), np.int32)
-    padded = {}
-    for key in (TOKENS, SEGMENT_IDS, POSITIONS):
-      rows = windows.get(key, empty)
-      padded[key] = np.pad(rows, ((0, self.batch_size - len(rows)), (0, 0)))
-    return padded
+  def _padded(self, windows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The windows' tokens ({} after the pass: none) with all-padding rows
+    (0) up to the batch size, int32 [B, window_len]."""
+    tokens = windows.get(TOKENS, np.zeros((0, self._source.window_len), np.int32))
+    return np.pad(tokens, ((0, self.batch_size - len(tokens)), (0, 0)))
 
-  def _batch(self, windows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  def _batch(self, windows_BxW: np.ndarray) -> dict[str, np.ndarray]:
+    eos_id = self.tokenizer.eos_id
     if self._masker is None:
-      return lm_batch(windows, segmented=self._segmented)
-    batch = self._masker(windows[TOKENS], self._step, self._rows, self.global_batch_size)
+      return lm_batch(windows_BxW, eos_id=eos_id, segmented=self._segmented)
+    batch = self._masker(windows_BxW, self._step, self._rows, self.global_batch_size)
     if self._segmented:
-      batch.update(segment_ids=windows[SEGMENT_IDS], positions=windows[POSITIONS])
+      batch['segment_ids'], batch['positions'] = document_segments(windows_BxW, eos_id)
     return batch
 
   def get_state(self) -> dict[str, Any]:
