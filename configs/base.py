@@ -68,7 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
       tfds_source_key=config_dict.placeholder(str),
       tfds_target_key=config_dict.placeholder(str),
       # lm/mlm on TFDS stream the split, packed into windows (txf.data.packed):
-      read_threads=DEFAULT_READ_THREADS,  # threads reading and tokenizing ahead
+      read_threads=DEFAULT_READ_THREADS,  # threads reading ahead (I/O)
+      # processes reading and tokenizing the training split (CPU); None: 0
+      read_workers=config_dict.placeholder(int),
       attend_across_documents=False,      # True: GPT-2's recipe, no document mask
       seed=config_dict.placeholder(int),  # the data order's; None: the run's seed
   ))

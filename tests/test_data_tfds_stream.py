@@ -12,7 +12,8 @@ test checks the tokens themselves:
   is one piece of one known document, positions counting from 0;
 * a stream stopped mid-epoch and resumed from its (JSON) state gives the very
   batches an uninterrupted one gives, also past an epoch end, for any read
-  thread count; a state of another process count is refused;
+  thread count; worker processes give the same stream; a state of another
+  process or worker count is refused;
 * the evaluation split is one pass in storage order, padded (weight 0);
 * memory stays bounded as the split grows (peak RSS in a subprocess);
 * two JAX processes put both their states into the one data position a
@@ -182,6 +183,20 @@ def test_resume_mid_epoch_yields_the_same_batches(data_dir, task):
   resumed.set_state(state)
   assert_same_batches(take_batches(resumed, 5), take_batches(original, 5))
   assert resumed.get_state() == original.get_state()
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_stream_and_resume_it(data_dir):
+  plain = make_dataset(config(data_dir), "train", seed=5)
+  workers = make_dataset(config(data_dir, read_workers=2), "train", seed=5)
+  assert_same_batches(take_batches(workers, 4), take_batches(plain, 4))
+  state = json.loads(json.dumps(workers.get_state()))
+  resumed = make_dataset(config(data_dir, read_workers=2), "train", seed=5)
+  resumed.set_state(state)
+  assert_same_batches(take_batches(resumed, 3), take_batches(plain, 3))
+  # The position of a stream read by 2 workers has their shape.
+  with pytest.raises(ValueError, match="data.read_workers=0: .* read by 2 workers"):
+    make_dataset(config(data_dir), "train", seed=5).set_state(state)
 
 
 def test_resume_needs_the_process_count_that_saved(data_dir):

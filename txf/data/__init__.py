@@ -59,8 +59,11 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   tfds_target_key                          None: from a config named
                                            '<source>-<target>' ('de-en' of
                                            wmt14_translate/de-en: 'de', 'en')
-  read_threads       int    tfds lm/mlm    threads reading and tokenizing
-                                           records ahead (0: none); absent: 4
+  read_threads       int    tfds lm/mlm    threads reading records ahead
+                                           (0: none); absent: 4
+  read_workers       int    tfds lm/mlm    processes reading and tokenizing
+                                           the training split (0: none, this
+                                           process does); None: 0
   attend_across_     bool   tfds lm/mlm    False: a token attends only to its
   documents                                own document in a packed window;
                                            True: to the whole window (GPT-2);

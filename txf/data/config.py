@@ -51,9 +51,11 @@ class DataSpec:
   tfds_text_key: str | None = None
   tfds_source_key: str | None = None
   tfds_target_key: str | None = None
-  # TFDS lm/mlm streams (packed.py): threads reading ahead, and whether
-  # attention crosses the documents packed into a window.
+  # TFDS lm/mlm streams (packed.py): threads reading ahead, worker processes
+  # reading and tokenizing, and whether attention crosses the documents
+  # packed into a window.
   read_threads: int | None = None
+  read_workers: int | None = None
   attend_across_documents: bool | None = None
   # The data order's seed (shuffling, masking, generated examples); None:
   # the run's `seed`. Seed replicas (config `replicas`) share the run's.
@@ -168,6 +170,7 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
   # lm / mlm stream the split (packed.py); fields absent from a config
   # written before they existed take their defaults.
   threads = getattr(data, 'read_threads', None)
+  workers = getattr(data, 'read_workers', None)
   across = getattr(data, 'attend_across_documents', None)
   if across is not None and not isinstance(across, bool):
     raise ValueError(f'data.attend_across_documents must be a bool, got {across!r}')
@@ -175,6 +178,8 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
       spec, tfds_text_key=_optional_str(data, 'tfds_text_key') or 'text',
       read_threads=DEFAULT_READ_THREADS if threads is None else checks.int_at_least(
           threads, 'data.read_threads', 0),
+      read_workers=0 if workers is None else checks.int_at_least(
+          workers, 'data.read_workers', 0),
       attend_across_documents=bool(across))
 
 

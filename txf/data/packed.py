@@ -13,6 +13,9 @@ bounded buffer in memory. The stages are Grain's:
                                       texts skipped), the group's documents
                                       joined
     .to_iter_dataset(ReadOptions)     `read_threads` threads read ahead
+    .mp_prefetch(read_workers)        training: worker processes do the
+                                      above, each every read_workers-th
+                                      group, interleaved back in order
   ConcatThenSplitIterDataset          the groups' tokens concatenated and cut
                                       into windows of window_len; the last
                                       window of a pass padded with 0
@@ -24,7 +27,8 @@ once per group, would otherwise dominate for sentence-sized documents
 `document_segments` gives segment ids (1, 2, ... per document piece, 0 on
 padding) and positions (from 0 in each piece), as Grain's packing would.
 
-The windows do not depend on the thread count. Every record of an epoch goes
+The windows depend on neither the thread nor the worker count; the position
+(the iterator's state) has a shape of its own for each worker count. Every record of an epoch goes
 to exactly one process; windows run on across epoch ends. An evaluation split
 is one pass in storage order.
 
@@ -36,6 +40,7 @@ with the very next window after re-reading at most one group.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,10 +54,11 @@ from txf.data.tokenizers import Tokenizer
 
 # Records per read (at most): one batched read of many records costs about as
 # much as a single one (ArrayRecord and TFDS decoding have a large per-call
-# overhead). The loader holds at most (2 + GROUPS_PER_THREAD * read_threads)
-# groups' tokens: a few MB for sentences (lm1b) or web pages (C4).
+# overhead). The loader holds a few groups' tokens (2 + GROUPS_PER_THREAD *
+# read_threads, and GROUPS_PER_THREAD per worker, with as many again in each
+# worker process): a few MB for sentences (lm1b) or web pages (C4).
 READ_GROUP = 256
-# Groups each read thread keeps ready.
+# Groups each read thread, and each worker's output queue, keeps ready.
 GROUPS_PER_THREAD = 2
 TOKENS = 'tokens'
 
@@ -88,7 +94,7 @@ class ReadDocuments:
 def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
                    tokenizer: Tokenizer, window_len: int, rows: int, seed: int,
                    shuffle: bool, process_index: int, process_count: int,
-                   read_threads: int):
+                   read_threads: int, read_workers: int = 0):
   """This process's batches of packed windows, a grain.IterDataset.
 
   Each element: {'tokens': int32 [rows, window_len]} ([<= rows, window_len]
@@ -99,8 +105,10 @@ def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
     records: random-access records with a text feature `text_key`.
     shuffle: training: shuffled by (seed, epoch) and repeated forever;
       otherwise one pass in storage order.
-    read_threads: threads reading and tokenizing groups ahead (0: read when
-      the next window needs them).
+    read_threads: threads reading groups ahead (0: read when the next
+      window needs them).
+    read_workers: processes reading and tokenizing the groups (0: this
+      process does). Grain starts them at the first window (seconds).
   """
   import grain  # pylint: disable=g-import-not-at-top
   from grain import experimental  # pylint: disable=g-import-not-at-top
@@ -116,9 +124,22 @@ def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
   documents = groups.map(ReadDocuments(records, text_key, tokenizer)).to_iter_dataset(
       grain.ReadOptions(num_threads=read_threads,
                         prefetch_buffer_size=GROUPS_PER_THREAD * read_threads))
+  if read_workers:
+    _default_absl_flags()
+    documents = documents.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=read_workers, per_worker_buffer_size=GROUPS_PER_THREAD))
   windows = experimental.ConcatThenSplitIterDataset(documents,
                                                    length_struct={TOKENS: window_len})
   return windows.batch(rows, drop_remainder=False)
+
+
+def _default_absl_flags() -> None:
+  """Grain reads an absl flag when it starts workers; outside an absl program
+  (a notebook, pytest) flags were never parsed: use their defaults."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 def document_segments(tokens_RxL: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,13 +187,14 @@ def _to_json(state: Any) -> Any:
 
 
 def _from_json(state: Any) -> Any:
-  """A Grain state read back from JSON: its lists become tuples again
-  (Grain's packing compares the slices it saved with tuples)."""
-  if isinstance(state, Mapping):
-    return {key: _from_json(value) for key, value in state.items()}
-  if isinstance(state, list):
-    return tuple(_from_json(value) for value in state)
-  return state
+  """A Grain state read back from JSON: the slices of ConcatThenSplit's
+  'remainder_slices' become tuples again (it compares them with tuples;
+  every other list stays a list)."""
+  if not isinstance(state, Mapping):
+    return state
+  return {key: ({name: tuple(bounds) for name, bounds in value.items()}
+                if key == 'remainder_slices' else _from_json(value))
+          for key, value in state.items()}
 
 
 class PackedStream:
@@ -205,8 +227,8 @@ class PackedDataset(Dataset):
   pass ends -- every process the same number, as the eval steps need -- or,
   with num_batches None, this process's pass.
 
-  State: {'process_index', 'process_count', 'step', 'stream'} (the Grain
-  iterator's); a checkpoint of a run of P > 1 processes holds
+  State: {'process_index', 'process_count', 'read_workers', 'step',
+  'stream'} (the Grain iterator's); a checkpoint of a run of P > 1 processes holds
   {'processes': [the state of each]} (txf.train.distributed).
   """
 
@@ -218,11 +240,14 @@ class PackedDataset(Dataset):
         records, text_key=spec.tfds_text_key, tokenizer=tokenizer,
         window_len=spec.seq_len + (masker is None), rows=rows, seed=seed,
         shuffle=split == 'train', process_index=process_index,
-        process_count=process_count, read_threads=spec.read_threads)
+        process_count=process_count, read_threads=spec.read_threads,
+        # An evaluation restarts at every iter(): not worth starting workers.
+        read_workers=spec.read_workers if split == 'train' else 0)
     super().__init__(stream, spec=spec, split=split, tokenizer=tokenizer,
                      process_index=process_index, process_count=process_count,
                      num_batches=num_batches, description=description)
     self._process = (process_index, process_count)
+    self._workers = spec.read_workers if split == 'train' else 0
     self._masker = masker
     self._segmented = not spec.attend_across_documents
     self._iterator = None
@@ -230,8 +255,11 @@ class PackedDataset(Dataset):
 
   def _restart(self) -> None:
     if self._iterator is not None:
-      self._iterator.close()
+      self._closer()  # stops its threads and worker processes
     self._iterator, self._exhausted, self._step = iter(self._source.windows), False, 0
+    # Also closed when the dataset is collected or the program exits, before
+    # the interpreter tears down what Grain's cleanup needs.
+    self._closer = weakref.finalize(self, self._iterator.close)
 
   def __iter__(self) -> PackedDataset:
     if self.split != 'train' or self._iterator is None:
@@ -275,7 +303,8 @@ class PackedDataset(Dataset):
       self._restart()
     process_index, process_count = self._process
     return {'process_index': process_index, 'process_count': process_count,
-            'step': self._step, 'stream': _to_json(self._iterator.get_state())}
+            'read_workers': self._workers, 'step': self._step,
+            'stream': _to_json(self._iterator.get_state())}
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues after `state`: this process's state, or {'processes': [...]}
@@ -298,10 +327,14 @@ class PackedDataset(Dataset):
           f'of the records, so the stream continues exactly only on {saved_count} '
           'processes: resume with that many, or start a new --workdir')
     mine = states[process_index]
-    expected = {'process_index', 'process_count', 'step', 'stream'}
+    expected = {'process_index', 'process_count', 'read_workers', 'step', 'stream'}
     if set(mine) != expected or mine['process_index'] != process_index:
       raise ValueError(f'state of process {process_index} must have keys {sorted(expected)} '
                        f'and process_index={process_index}, got {mine!r}')
+    if mine['read_workers'] != self._workers:
+      raise ValueError(f"data.read_workers={self._workers}: the checkpoint's data position "
+                       f"is a stream read by {mine['read_workers']} workers; continue with "
+                       'that many')
     self._restart()
     self._iterator.set_state(_from_json(mine['stream']))
     self._step = mine['step']
