@@ -261,6 +261,13 @@ class PackedDataset(Dataset):
     # the interpreter tears down what Grain's cleanup needs.
     self._closer = weakref.finalize(self, self._iterator.close)
 
+  def close(self) -> None:
+    """Stops the iterator's read threads and worker processes; iterating
+    again starts over (training: call set_state to continue)."""
+    if self._iterator is not None:
+      self._closer()
+      self._iterator = None
+
   def __iter__(self) -> PackedDataset:
     if self.split != 'train' or self._iterator is None:
       self._restart()

@@ -97,6 +97,9 @@ class Dataset:
         raise ValueError(f'state[{key!r}] must be an int >= 0, got {value!r}')
     self._step = self._source.step_of(state)
 
+  def close(self) -> None:
+    """Releases what reading holds (threads, worker processes); none here."""
+
 
 def _reads_text(spec: DataSpec) -> bool:
   """Whether the data is text read from splits (the corpus or TFDS)."""

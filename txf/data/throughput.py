@@ -3,11 +3,12 @@
 `loader_throughput` times `make_dataset(data_config, 'train', ...)` alone (no
 model, no device): what `python -m experiments.bench --data` reports, to
 compare with how fast a device trains (tokens/s per host, at the config's
-data.read_threads).
+data.read_workers and data.read_threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -23,36 +24,40 @@ GPT2_SMALL_H100_TOKENS_PER_SEC = 600_000
 def loader_throughput(data_config: Any, *, batches: int, seed: int = 0,
                       workdir: str | os.PathLike | None = None) -> dict[str, Any]:
   """Times `batches` training batches after a first, untimed one (which opens
-  the split and starts the read threads).
+  the split and starts the read threads and worker processes).
 
   Returns:
     {'tokens_per_sec': input tokens (rows x seq_len, as the training loop
-     counts them) per second, 'tokens_per_cpu_sec': per second of this
-     process's CPU time (all its threads; on a busy machine, what the
-     loader would deliver with the CPU time it got), 'batches', 'seconds',
-     'cpu_seconds', 'tokens_per_batch', 'read_threads' (None where the data
-     has none), 'description'}.
+     counts them) per second; 'tokens_per_cpu_sec': per second of this
+     process's CPU time (all its threads, not the workers'): on a busy
+     machine, what it would deliver with a core of its own when it reads
+     itself (read_workers=0), and its packing's limit when workers read;
+     'batches', 'seconds', 'cpu_seconds', 'tokens_per_batch', 'read_threads',
+     'read_workers' (None where the data has none), 'description'}.
   """
+  spec = read_data_config(data_config)
   dataset = make_dataset(data_config, 'train', seed=seed, workdir=workdir)
-  tokens_per_batch = next(dataset)['inputs'].size
-  start, start_cpu = time.perf_counter(), time.process_time()
-  for _ in range(batches):
-    next(dataset)
-  seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+  with contextlib.closing(dataset):
+    tokens_per_batch = next(dataset)['inputs'].size
+    start, start_cpu = time.perf_counter(), time.process_time()
+    for _ in range(batches):
+      next(dataset)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
   tokens = batches * tokens_per_batch
   return dict(tokens_per_sec=tokens / seconds, tokens_per_cpu_sec=tokens / cpu_seconds,
               batches=batches, seconds=seconds, cpu_seconds=cpu_seconds,
-              tokens_per_batch=tokens_per_batch,
-              read_threads=read_data_config(data_config).read_threads,
-              description=dataset.description)
+              tokens_per_batch=tokens_per_batch, read_threads=spec.read_threads,
+              read_workers=spec.read_workers, description=dataset.description)
 
 
 def format_throughput(figures: dict[str, Any]) -> str:
-  """One line: tokens/s, threads, and how many GPT-2-small H100s that feeds."""
+  """Tokens/s with the loader's threads and workers, and how many GPT-2-small
+  H100s that feeds."""
   return (f"data: {figures['description']}\n"
           f"{figures['tokens_per_sec']:,.0f} tokens/s per host with "
-          f"{figures['read_threads']} read threads ({figures['batches']} batches of "
-          f"{figures['tokens_per_batch']} tokens in {figures['seconds']:.2f} s; "
-          f"{figures['tokens_per_cpu_sec']:,.0f} per CPU-second): "
+          f"{figures['read_workers']} worker processes and {figures['read_threads']} read "
+          f"threads ({figures['batches']} batches of {figures['tokens_per_batch']} tokens in "
+          f"{figures['seconds']:.2f} s); {figures['tokens_per_cpu_sec']:,.0f} tokens per "
+          f"CPU-second of this process (workers not counted)\n"
           f"{figures['tokens_per_sec'] / GPT2_SMALL_H100_TOKENS_PER_SEC:.2f}x the "
           f"~{GPT2_SMALL_H100_TOKENS_PER_SEC:,} tokens/s GPT-2 small trains at on one H100")

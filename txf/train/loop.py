@@ -309,7 +309,10 @@ def run(config, workdir: str | os.PathLike, *, log=print) -> dict[str, float]:
           log(f"moved {count} records of {name} logged after step {start} (the step "
               f"training continues from) to its .dropped file")
         write_config(config, workdir)
-        return _train(setup, state, start, checkpointer, guard, writer, log)
+        try:
+          return _train(setup, state, start, checkpointer, guard, writer, log)
+        finally:
+          setup.train_data.close()  # stops the loader's worker processes
 
 
 def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):
