@@ -16,6 +16,7 @@ import typing
 import ml_collections
 from ml_collections import config_dict
 
+from txf.data.config import DEFAULT_READ_THREADS
 from txf.layers.config import ModelConfig
 
 
@@ -54,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
       sp_vocab_size=1024,
       seq_len=128,
       batch_size=32,          # global, across all devices and hosts
-      max_corpus_bytes=4_000_000,
+      max_corpus_bytes=4_000_000,  # pystdlib: bytes read per split
       mlm_probability=0.15,
       min_example_len=4,
       max_example_len=16,
@@ -66,6 +67,11 @@ def get_config() -> ml_collections.ConfigDict:
       # seq2seq features; None: from a "<src>-<tgt>" config name
       tfds_source_key=config_dict.placeholder(str),
       tfds_target_key=config_dict.placeholder(str),
+      # lm/mlm on TFDS stream the split, packed into windows (txf.data.packed):
+      read_threads=DEFAULT_READ_THREADS,  # threads reading ahead (I/O)
+      # processes reading and tokenizing the training split (CPU); None: 0
+      read_workers=config_dict.placeholder(int),
+      attend_across_documents=False,      # True: GPT-2's recipe, no document mask
       seed=config_dict.placeholder(int),  # the data order's; None: the run's seed
   ))
 

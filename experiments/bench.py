@@ -9,6 +9,9 @@ Prints, per window of steps, the step time, tokens/s and MFU (6N + attention
 FLOPs per token over the device's peak, where the peak is known);
 --json=PATH also writes these figures as JSON.
 
+--data times the config's training data loader instead, on the host alone:
+--steps batches, in tokens/s (txf.data.throughput).
+
 --fresh_batches sends a new host batch to the devices every step (as training
 does) instead of reusing one; --sync=false dispatches steps asynchronously
 and times whole windows (as the training loop runs) instead of timing each
@@ -20,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+import tempfile
 import time
 
 import jax
@@ -27,6 +31,7 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
+from txf.data.throughput import format_throughput, loader_throughput
 from txf.train import hardware
 from txf.train.setup import RunSetup, setup_run
 
@@ -36,6 +41,8 @@ _WINDOW = flags.DEFINE_integer("window", 50, "Steps per reported window.")
 _FRESH = flags.DEFINE_bool("fresh_batches", False, "A new host batch every step.")
 _SYNC = flags.DEFINE_bool("sync", True, "Wait for every step (median) or only per window.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
+_DATA = flags.DEFINE_bool("data", False, "Time the training data loader (tokens/s on this "
+                          "host, no device) instead of the step.")
 flags.mark_flag_as_required("config")
 flags.register_validator("window", lambda window: window >= 1, "--window must be >= 1")
 flags.register_multi_flags_validator(
@@ -94,8 +101,21 @@ def benchmark(setup: RunSetup, *, steps: int, window: int, fresh_batches: bool,
   return windows
 
 
+def data_main() -> None:
+  """--data: the loader's tokens/s (a sentencepiece tokenizer is trained in a
+  temporary directory)."""
+  with tempfile.TemporaryDirectory() as workdir:
+    figures = loader_throughput(_CONFIG.value.data, batches=_STEPS.value,
+                                seed=_CONFIG.value.seed, workdir=workdir)
+  print(format_throughput(figures))
+  if _JSON.value:
+    epath.Path(_JSON.value).write_text(json.dumps(figures, indent=2) + "\n")
+
+
 def main(argv) -> None:
   del argv
+  if _DATA.value:
+    return data_main()
   setup = setup_run(_CONFIG.value)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
         f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token")

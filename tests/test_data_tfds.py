@@ -1,7 +1,8 @@
-"""TFDS datasets: LM windows, seq2seq pairs, resume, sharding, eval, errors.
+"""TFDS datasets: seq2seq pairs, resume, sharding, eval, tokenizers, errors.
 
 Offline. LM tests read a mocked 'tiny_shakespeare' (tfds.testing.mock_data
-with known texts). wmt14_translate's builder code imports TensorFlow, so it
+with known texts); the packed LM stream itself is tested in
+test_data_tfds_stream.py. wmt14_translate's builder code imports TensorFlow, so it
 cannot be mocked here; seq2seq tests read a small wmt-like builder defined
 below ('de'/'en' features, config 'de-en'), really prepared as ArrayRecord
 into a temporary folder, which also covers the unmocked read path.
@@ -16,8 +17,7 @@ from tfds_builders import TranslationBuilder
 from conftest import assert_same_batches, take_batches
 import tensorflow_datasets as tfds
 
-from txf.data import ByteTokenizer, SentencePieceTokenizer, make_dataset
-from txf.data.lm import token_stream
+from txf.data import SentencePieceTokenizer, make_dataset
 from txf.data.tfds_source import read_texts
 
 SEQ_LEN = 15
@@ -107,55 +107,6 @@ def any_config(request):
 
 
 
-def _windows(split):
-  """The split's windows of SEQ_LEN + 1 byte tokens, computed independently."""
-  tokens = token_stream(TEXTS[split], ByteTokenizer())
-  n = len(tokens) // (SEQ_LEN + 1)
-  return tokens[:n * (SEQ_LEN + 1)].reshape(n, SEQ_LEN + 1)
-
-
-def test_lm_batches_are_shifted_windows_of_the_split_text(shakespeare):
-  ds = make_dataset(_config(), 'train', seed=0)
-  assert (ds.task, ds.vocab_size) == ('lm', 260)
-  assert 'tiny_shakespeare' in ds.description
-  windows = _windows('train')
-  assert len(windows) // BATCH == 3  # the texts fill 3 batches per epoch
-  rows = []
-  for batch in take_batches(ds, 3):
-    assert batch['inputs'].shape == (BATCH, SEQ_LEN)
-    assert batch['inputs'].dtype == np.int32
-    np.testing.assert_array_equal(batch['inputs'][:, 1:],
-                                  batch['targets'][:, :-1])
-    np.testing.assert_array_equal(batch['weights'], 1.0)
-    rows.append(np.concatenate([batch['inputs'], batch['targets'][:, -1:]], 1))
-  # One epoch: distinct windows of the text, in a shuffled order.
-  rows = np.concatenate(rows)
-  known = {window.tobytes(): i for i, window in enumerate(windows)}
-  picked = [known[row.tobytes()] for row in rows]
-  assert len(set(picked)) == len(picked) and picked != sorted(picked)
-
-
-def test_lm_is_deterministic_and_seed_dependent(shakespeare):
-  first = take_batches(make_dataset(_config(), 'train', seed=3), 4)
-  assert_same_batches(first, take_batches(make_dataset(_config(), 'train', seed=3), 4))
-  other = next(make_dataset(_config(), 'train', seed=4))
-  assert not np.array_equal(first[0]['inputs'], other['inputs'])
-
-
-def test_lm_eval_is_one_padded_pass_in_text_order(shakespeare):
-  ds = make_dataset(_config(), 'validation', seed=0)
-  windows = _windows('validation')
-  assert ds.num_batches == -(-len(windows) // BATCH) == 2
-  first, second = list(ds), list(ds)
-  assert_same_batches(first, second)
-  inputs = np.concatenate([b['inputs'] for b in first])
-  weights = np.concatenate([b['weights'] for b in first])
-  np.testing.assert_array_equal(inputs[:len(windows)], windows[:, :-1])
-  np.testing.assert_array_equal(weights[:len(windows)], 1.0)
-  np.testing.assert_array_equal(inputs[len(windows):], 0)
-  np.testing.assert_array_equal(weights[len(windows):], 0.0)
-
-
 def test_resume_yields_the_same_batches(any_config):
   original = make_dataset(any_config, 'train', seed=1)
   take_batches(original, 5)  # past the end of the first epoch
@@ -166,7 +117,10 @@ def test_resume_yields_the_same_batches(any_config):
   assert resumed.get_state() == original.get_state()
 
 
-def test_process_rows_concatenate_to_the_global_batch(any_config):
+def test_process_rows_concatenate_to_the_global_batch(translation_dir):
+  # Seq2seq batches are functions of the step; lm/mlm streams are sharded by
+  # record instead (test_data_tfds_stream.py).
+  any_config = _translation_config(translation_dir)
   whole = take_batches(make_dataset(any_config, 'train', seed=0), 4)
   parts = [take_batches(make_dataset(any_config, 'train', seed=0, process_index=p,
                               process_count=2), 4) for p in range(2)]

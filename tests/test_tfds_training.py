@@ -1,10 +1,12 @@
 """TFDS datasets through the training loop (txf.train.loop.run), offline.
 
 * A language model on a mocked 'tiny_shakespeare' (tfds.testing.mock_data
-  with known text; mocks live in this process, so the loop runs in-process):
-  trains, checkpoints, and a run preempted by SIGTERM mid-way (past an epoch
-  end of the small split) and resumed reaches the same metrics at every step
-  and the same final parameters as an uninterrupted run, bit for bit.
+  with known text; mocks live in this process, so the loop runs in-process),
+  streamed and packed (txf.data.packed: the model gets segment ids): trains,
+  checkpoints, and a run preempted by SIGTERM mid-epoch (in the second epoch
+  of the small split) and resumed from the Grain stream position in its
+  checkpoint reaches the same metrics at every step and the same final
+  parameters as an uninterrupted run, bit for bit.
 * An encoder-decoder on a tiny translation builder really prepared as
   ArrayRecord in a temporary data_dir (the unmocked TFDS read path): the
   training loss falls.
@@ -28,8 +30,8 @@ from txf.train.metrics import read_metrics
 TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
 
 # The mocked tiny_shakespeare: records of known text (bytes, as TFDS gives
-# them). About 1.9 kB of training text: 7 batches of 8 x 33 byte tokens per
-# epoch, so a 10-step run crosses an epoch end.
+# them). About 1.9 kB of training text: 7 batches of 8 packed windows of 33
+# byte tokens per epoch, so a 10-step run crosses an epoch end.
 _SPEAKERS = ["First Citizen", "Second Citizen", "MENENIUS", "MARCIUS", "All"]
 _LINES = ["Before we proceed any further, hear me speak.",
           "You are all resolved rather to die than to famish?",
@@ -111,8 +113,7 @@ def without_timings(rows):
 def test_tfds_lm_trains_and_resumes_exactly(tmp_path, shakespeare, sigterm_is_caught):
   steps, cut = 10, 8  # 7 batches an epoch: the cut is in the second epoch
   config = tiny("rope",
-                data=dict(name="tfds:tiny_shakespeare", tokenizer="bytes", seq_len=32,
-                          max_corpus_bytes=100_000),
+                data=dict(name="tfds:tiny_shakespeare", tokenizer="bytes", seq_len=32),
                 train=dict(steps=steps, learning_rate=0.01, checkpoint_every=4, max_to_keep=5),
                 eval=dict(every=5))
   straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"

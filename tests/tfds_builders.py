@@ -1,8 +1,9 @@
-"""A tiny offline look-alike of wmt14_translate for the TFDS tests.
+"""Tiny offline look-alikes of wmt14_translate and lm1b for the TFDS tests.
 
 Subclasses name a dataset (their class name, snake-cased) and set
-TRAIN_PAIRS / VALIDATION_PAIRS; prepare them with
-`tfds.builder('<name>/de-en', data_dir=..., file_format='array_record')
+TRAIN_PAIRS / VALIDATION_PAIRS (TranslationBuilder) or TRAIN_TEXTS /
+VALIDATION_TEXTS (DocumentsBuilder); prepare them with
+`tfds.builder('<name>[/de-en]', data_dir=..., file_format='array_record')
 .download_and_prepare()`, which needs no network.
 """
 
@@ -27,3 +28,23 @@ class TranslationBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
   def _generate_examples(self, pairs):
     for i, (de, en) in enumerate(pairs):
       yield i, {"de": de, "en": en}
+
+
+class DocumentsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """A language-model dataset: one 'text' feature per record, like lm1b."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  TRAIN_TEXTS: list[str] = []
+  VALIDATION_TEXTS: list[str] = []
+
+  def _info(self):
+    features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
+    return tfds.core.DatasetInfo(builder=self, features=features)
+
+  def _split_generators(self, dl_manager):
+    return {"train": self._generate_examples(self.TRAIN_TEXTS),
+            "validation": self._generate_examples(self.VALIDATION_TEXTS)}
+
+  def _generate_examples(self, texts):
+    for i, text in enumerate(texts):
+      yield i, {"text": text}

@@ -14,6 +14,9 @@ T = data.seq_len, padding id 0):
             weights float32 [B, T]
   mlm       inputs int32 [B, T] (BERT-masked), targets int32 [B, T] (original),
             weights float32 [B, T] (1 at masked positions only)
+            TFDS lm/mlm add segment_ids int32 [B, T] (1, 2, ... per document
+            packed into the row, 0 on padding) and positions int32 [B, T]
+            (from 0 in each document), unless attend_across_documents
   seq2seq   encoder_inputs int32 [B, T], decoder_inputs int32 [B, T]
             (BOS + target), targets int32 [B, T] (target + EOS),
             weights float32 [B, T]
@@ -44,7 +47,7 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   tokenizer          str    text (*)       'bytes' (260 ids) | 'sentencepiece'
                                            (trained on the train split)
   sp_vocab_size      int    sentencepiece  largest vocabulary (> 262)
-  max_corpus_bytes   int    text (*)       bytes of text read per split (lm,
+  max_corpus_bytes   int    pystdlib,files bytes of text read per split (lm,
                                            mlm) and for sentencepiece training
   mlm_probability    float  mlm            share of tokens selected, in (0, 1)
   min_example_len,   int    generated      source length (seq2seq) or
@@ -58,18 +61,29 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   tfds_target_key                          None: from a config named
                                            '<source>-<target>' ('de-en' of
                                            wmt14_translate/de-en: 'de', 'en')
+  read_threads       int    tfds lm/mlm    threads reading records ahead
+                                           (0: none); absent: 4
+  read_workers       int    tfds lm/mlm    processes reading and tokenizing
+                                           the training split (0: none, this
+                                           process does); None: 0
+  attend_across_     bool   tfds lm/mlm    False: a token attends only to its
+  documents                                own document in a packed window;
+                                           True: to the whole window (GPT-2);
+                                           absent: False
 
   (*) text: pystdlib, tfds and files.
 """
 
 from txf.data.config import DataSpec, read_data_config
 from txf.data.corpus import corpus_description, corpus_files, load_corpus
+from txf.data.packed import PackedDataset, ProcessCountError
 from txf.data.pipeline import Dataset, make_dataset, make_tokenizer
 from txf.data.tokenizers import (ByteTokenizer, SentencePieceTokenizer,
                                  SymbolTokenizer, Tokenizer)
 
 __all__ = [
-    'ByteTokenizer', 'DataSpec', 'Dataset', 'SentencePieceTokenizer',
+    'ByteTokenizer', 'DataSpec', 'Dataset', 'PackedDataset', 'ProcessCountError',
+    'SentencePieceTokenizer',
     'SymbolTokenizer', 'Tokenizer', 'corpus_description', 'corpus_files',
     'load_corpus', 'make_dataset', 'make_tokenizer', 'read_data_config',
 ]

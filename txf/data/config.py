@@ -30,6 +30,8 @@ TFDS_TASKS = ('lm', 'mlm', 'seq2seq')
 FILES_PREFIX = 'files:'
 FILES_TASKS = ('lm', 'mlm')
 TOKENIZERS = ('bytes', 'sentencepiece')
+# data.read_threads of a config that has none (written before the field).
+DEFAULT_READ_THREADS = 4
 # Shortest source each seq2seq task can generate ('addition': 'd+d').
 _MIN_SOURCE_LEN = {'copy': 1, 'reverse': 1, 'sort': 1, 'addition': 3}
 
@@ -52,6 +54,12 @@ class DataSpec:
   tfds_text_key: str | None = None
   tfds_source_key: str | None = None
   tfds_target_key: str | None = None
+  # TFDS lm/mlm streams (packed.py): threads reading ahead, worker processes
+  # reading and tokenizing, and whether attention crosses the documents
+  # packed into a window.
+  read_threads: int | None = None
+  read_workers: int | None = None
+  attend_across_documents: bool | None = None
   # The data order's seed (shuffling, masking, generated examples); None:
   # the run's `seed`. Seed replicas (config `replicas`) share the run's.
   seed: int | None = None
@@ -111,6 +119,12 @@ def read_data_config(data: Any) -> DataSpec:
 
 
 def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
+  return dataclasses.replace(_text_fields(data, spec),
+                             max_corpus_bytes=_int(data, 'max_corpus_bytes', 1))
+
+
+def _text_fields(data: Any, spec: DataSpec) -> DataSpec:
+  """The fields of text read from splits: tokenizer and masking."""
   tokenizer = checks.choice(_get(data, 'tokenizer'), 'data.tokenizer',
                             TOKENIZERS)
   sp_vocab_size = None
@@ -121,10 +135,8 @@ def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
   if spec.task == 'mlm':
     mlm_probability = checks.fraction(_get(data, 'mlm_probability'),
                                       'data.mlm_probability', low_open=True)
-  return dataclasses.replace(
-      spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
-      max_corpus_bytes=_int(data, 'max_corpus_bytes', 1),
-      mlm_probability=mlm_probability)
+  return dataclasses.replace(spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
+                             mlm_probability=mlm_probability)
 
 
 def _optional_str(data: Any, field: str) -> str | None:
@@ -163,14 +175,26 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
     raise ValueError(f'data.name={spec.name!r} names no TFDS builder; expected '
                      f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'")
   spec = dataclasses.replace(
-      _corpus_fields(data, spec),
+      _text_fields(data, spec),
       tfds_data_dir=_optional_str(data, 'tfds_data_dir'))
   if spec.task == 'seq2seq':
     source_key, target_key = _translation_keys(data, dataset)
     return dataclasses.replace(spec, tfds_source_key=source_key,
                                tfds_target_key=target_key)
+  # lm / mlm stream the split (packed.py); fields absent from a config
+  # written before they existed take their defaults.
+  threads = getattr(data, 'read_threads', None)
+  workers = getattr(data, 'read_workers', None)
+  across = getattr(data, 'attend_across_documents', None)
+  if across is not None and not isinstance(across, bool):
+    raise ValueError(f'data.attend_across_documents must be a bool, got {across!r}')
   return dataclasses.replace(
-      spec, tfds_text_key=_optional_str(data, 'tfds_text_key') or 'text')
+      spec, tfds_text_key=_optional_str(data, 'tfds_text_key') or 'text',
+      read_threads=DEFAULT_READ_THREADS if threads is None else checks.int_at_least(
+          threads, 'data.read_threads', 0),
+      read_workers=0 if workers is None else checks.int_at_least(
+          workers, 'data.read_workers', 0),
+      attend_across_documents=bool(across))
 
 
 def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:

@@ -98,6 +98,9 @@ class Dataset:
         raise ValueError(f'state[{key!r}] must be an int >= 0, got {value!r}')
     self._step = self._source.step_of(state)
 
+  def close(self) -> None:
+    """Releases what reading holds (threads, worker processes); none here."""
+
 
 def _reads_text(spec: DataSpec) -> bool:
   """Whether the data is text read from splits (the corpus, TFDS or files)."""
@@ -119,7 +122,8 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
   model = prefix.with_name(prefix.name + '.model')
   if model.exists():
     return SentencePieceTokenizer(model)
-  max_bytes = min(spec.max_corpus_bytes, SENTENCEPIECE_TRAIN_BYTES)
+  max_bytes = min(spec.max_corpus_bytes or SENTENCEPIECE_TRAIN_BYTES,
+                  SENTENCEPIECE_TRAIN_BYTES)
   if spec.name == 'pystdlib':
     texts = corpus.load_corpus('train', max_bytes=max_bytes)
   elif is_files(spec.name):
@@ -149,32 +153,32 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None
   return _tokenizer(read_data_config(data_config), workdir)
 
 
+def _masker(spec: DataSpec, seed: int, tokenizer: Tokenizer) -> BertMasker | None:
+  if spec.task != 'mlm':
+    return None
+  return BertMasker(
+      probability=spec.mlm_probability, mask_id=tokenizer.mask_id,
+      vocab_size=tokenizer.vocab_size, special_ids=tokenizer.special_ids,
+      seed=seed)
+
+
 def _lm_source(spec: DataSpec, documents: list[str], split: str, seed: int,
                tokenizer: Tokenizer) -> LanguageModelSource:
   tokens = token_stream(documents, tokenizer)
-  masker = None
-  if spec.task == 'mlm':
-    masker = BertMasker(
-        probability=spec.mlm_probability, mask_id=tokenizer.mask_id,
-        vocab_size=tokenizer.vocab_size, special_ids=tokenizer.special_ids,
-        seed=seed)
+  masker = _masker(spec, seed, tokenizer)
   return LanguageModelSource(
       tokens, example_len=spec.seq_len + (masker is None),
       batch_size=spec.batch_size, seed=seed, shuffle=split == 'train',
       masker=masker)
 
 
-def _tfds_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
-                 ) -> Source:
-  records = tfds_source.open_split(spec, split)
-  if spec.task == 'seq2seq':
-    return tfds_source.TranslationSource(
-        records, keys=(spec.tfds_source_key, spec.tfds_target_key),
-        tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
-        seed=seed, shuffle=split == 'train')
-  documents = tfds_source.read_texts(records, [spec.tfds_text_key],
-                                     spec.max_corpus_bytes)
-  return _lm_source(spec, documents, split, seed, tokenizer)
+def _translation_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
+                        ) -> tfds_source.TranslationSource:
+  return tfds_source.TranslationSource(
+      tfds_source.open_split(spec, split),
+      keys=(spec.tfds_source_key, spec.tfds_target_key),
+      tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
+      seed=seed, shuffle=split == 'train')
 
 
 def _generated_source(spec: DataSpec, split: str, seed: int
@@ -217,7 +221,9 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
     workdir: run directory (holds the sentencepiece model).
     num_batches: stop after this many batches (None: the corpus and TFDS
       evaluation splits give one pass, the training split and generated
-      tasks never stop). Required for evaluating generated tasks.
+      tasks never stop). Required for evaluating generated tasks. A TFDS
+      lm/mlm evaluation split gives exactly this many, padded after its pass
+      (packed.PackedDataset).
 
   Raises:
     ValueError naming the bad field or argument, before loading any data.
@@ -241,6 +247,14 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
                      f'generated task data.name={spec.name!r}')
 
   tokenizer = _tokenizer(spec, workdir)
+  common = dict(spec=spec, split=split, tokenizer=tokenizer, process_index=process_index,
+                process_count=process_count, num_batches=num_batches,
+                description=_description(spec, tokenizer))
+  if is_tfds(spec.name) and spec.task != 'seq2seq':
+    # Imported here: packed.py builds on this module's Dataset.
+    from txf.data import packed  # pylint: disable=g-import-not-at-top
+    return packed.PackedDataset(tfds_source.open_split(spec, split), seed=seed,
+                                masker=_masker(spec, seed, tokenizer), **common)
   if spec.name == 'pystdlib':
     source = _lm_source(
         spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes),
@@ -250,10 +264,7 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
         spec, _text_files(spec).load(split, max_bytes=spec.max_corpus_bytes),
         split, seed, tokenizer)
   elif is_tfds(spec.name):
-    source = _tfds_source(spec, split, seed, tokenizer)
+    source = _translation_source(spec, split, seed, tokenizer)
   else:
     source = _generated_source(spec, split, seed)
-  return Dataset(source, spec=spec, split=split, tokenizer=tokenizer,
-                 process_index=process_index, process_count=process_count,
-                 num_batches=num_batches,
-                 description=_description(spec, tokenizer))
+  return Dataset(source, **common)

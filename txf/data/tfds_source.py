@@ -6,17 +6,18 @@ in data.tfds_data_dir through `tfds.builder(...).as_data_source(split)`, what
 `tfds.data_source` does less its download attempt: nothing is downloaded or
 generated here. Splits keep their TFDS names ('train', 'validation', 'test').
 
-Both readers give global batches as a pure function of the step (the Source
-protocol of pipeline.py), so any process computes its own rows of any batch:
+Two readers:
 
-* lm / mlm (pipeline builds lm.LanguageModelSource from `read_texts`): the
-  text feature of the split's records, read in storage order until
-  data.max_corpus_bytes, joined into one token stream and cut into windows.
-  TFDS shuffles records when it prepares a dataset, so that prefix is a
-  uniform sample. Only the prefix is read and held in memory, by every
-  process: tiny_shakespeare fits whole, lm1b is subsampled to the budget.
+* lm / mlm (packed.PackedDataset): the text feature of every record,
+  streamed through Grain -- shuffled per epoch, sharded by process,
+  tokenized, packed into windows with segment ids -- holding a bounded
+  buffer, so a split of any size is read whole. Its position is the Grain
+  iterator's state. A sentencepiece model is trained on the split's first
+  records in storage order (`training_texts`); TFDS shuffles records when it
+  prepares a dataset, so they are a uniform sample.
 * seq2seq (`TranslationSource`): one (source, target) record per row, read
-  lazily, so a split of any size works and each process reads only its rows.
+  lazily; global batches are a pure function of the step (the Source
+  protocol of pipeline.py), so each process reads only its rows.
 
 TFDS and Grain are imported on first use: they take seconds to import and
 only runs on TFDS data need them.
@@ -102,7 +103,7 @@ def _utf8(value: str | bytes) -> bytes:
   return value if isinstance(value, bytes) else value.encode('utf-8')
 
 
-def _text(value: str | bytes) -> str:
+def decode_text(value: str | bytes) -> str:
   """A text feature's str; bytes that are not UTF-8 decode to U+FFFD."""
   return value if isinstance(value, str) else value.decode(
       'utf-8', errors='replace')
@@ -123,7 +124,7 @@ def read_texts(records: Sequence[Mapping[str, Any]], keys: Sequence[str],
       data = _utf8(record[key])[:budget]
       budget -= len(data)
       if data:
-        texts.append(_text(data))
+        texts.append(decode_text(data))
       if not budget:
         return texts
   return texts
@@ -176,7 +177,7 @@ class TranslationSource:
     self._batch_size = batch_size
 
   def _encode(self, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    source, target = (self._tokenizer.encode(_text(record[key]))
+    source, target = (self._tokenizer.encode(decode_text(record[key]))
                       for key in self._keys)
     return source[:self._seq_len], target[:self._seq_len - 1]
 

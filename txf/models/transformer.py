@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from txf import ops
 from txf.layers import Embedder, TransformerStack
@@ -30,6 +31,16 @@ def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
                   dtype=compute_dtype(cfg), name=name)
 
 
+def _check_packing(tokens_BxT: Array, segment_ids_BxT: Array | None,
+                   positions_BxT: Array | None) -> None:
+  """ValueError unless the packing inputs given are int arrays shaped like the tokens."""
+  for name, array in (("segment_ids", segment_ids_BxT), ("positions", positions_BxT)):
+    if array is not None and (array.shape != tokens_BxT.shape
+                              or not jnp.issubdtype(array.dtype, jnp.integer)):
+      raise ValueError(f"{name}: expected int [B, T] = {tokens_BxT.shape} like the tokens, "
+                       f"got {array.dtype} {array.shape}")
+
+
 class _OneStackModel(nn.Module):
   """Embedding, one stack and a head: the body Decoder and Encoder share."""
 
@@ -44,10 +55,14 @@ class _OneStackModel(nn.Module):
     self.stack = TransformerStack(cfg, cfg.num_layers, causal=self._causal)
     self.head = _HEADS[cfg.head](cfg)
 
-  def _forward(self, tokens_BxT: Array, key_mask: Array | None, *, deterministic: bool,
-               use_cache: bool) -> Array:
+  def _forward(self, tokens_BxT: Array, key_mask: Array | None, positions_BxT: Array | None, *,
+               deterministic: bool, use_cache: bool) -> Array:
     positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], use_cache)
-    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),
+    # Packed documents restart the absolute encodings (learned, sinusoidal);
+    # the relative ones act in attention on the window's positions, which give
+    # the same distances within a document, and the segment mask hides the rest.
+    embed_positions = positions_1xT if positions_BxT is None else positions_BxT
+    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions),
                                  deterministic=deterministic)
     x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, self_mask=key_mask,
                          cache_index=cache_index, deterministic=deterministic, use_cache=use_cache)
@@ -61,22 +76,43 @@ class Decoder(_OneStackModel):
 
   _causal = True
 
-  def __call__(self, tokens_BxT: Array, *, deterministic: bool = True,
+  def __call__(self, tokens_BxT: Array, segment_ids_BxT: Array | None = None,
+               positions_BxT: Array | None = None, *, deterministic: bool = True,
                use_cache: bool = False) -> Array:
     """tokens [B, T] -> logits [B, T, V] (lm) or [B, num_classes] (classify).
 
+    Packed rows (several documents in one row, txf.data) pass segment ids
+    [B, T] (1, 2, ... per document, 0 for padding): a token attends only to
+    earlier tokens of its own document. positions [B, T] (each document's
+    from 0) feed the absolute position encodings; None: 0..T-1.
     use_cache=True continues from the KV cache (see `txf.decode`).
     """
-    return self._forward(tokens_BxT, None, deterministic=deterministic, use_cache=use_cache)
+    _check_packing(tokens_BxT, segment_ids_BxT, positions_BxT)
+    mask = None
+    if segment_ids_BxT is not None:
+      if use_cache:
+        raise ValueError("Decoder: segment_ids (packed documents) do not go with use_cache")
+      mask = ops.segment_mask(segment_ids_BxT)
+    return self._forward(tokens_BxT, mask, positions_BxT, deterministic=deterministic,
+                         use_cache=use_cache)
 
 
 class Encoder(_OneStackModel):
   """BERT-style bidirectional encoder; padding tokens are never attended to."""
 
-  def __call__(self, tokens_BxS: Array, *, deterministic: bool = True) -> Array:
-    """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify)."""
+  def __call__(self, tokens_BxS: Array, segment_ids_BxS: Array | None = None,
+               positions_BxS: Array | None = None, *, deterministic: bool = True) -> Array:
+    """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify).
+
+    Packed rows pass segment ids and positions [B, S] as the Decoder does: a
+    token attends only to its own document.
+    """
+    _check_packing(tokens_BxS, segment_ids_BxS, positions_BxS)
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
-    return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False)
+    if segment_ids_BxS is not None:
+      key_mask = ops.combine_masks(key_mask, ops.segment_mask(segment_ids_BxS))
+    return self._forward(tokens_BxS, key_mask, positions_BxS, deterministic=deterministic,
+                         use_cache=False)
 
 
 class EncoderDecoder(nn.Module):

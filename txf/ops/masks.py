@@ -19,7 +19,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['causal_mask', 'sliding_window_mask', 'padding_mask', 'combine_masks']
+__all__ = ['causal_mask', 'sliding_window_mask', 'padding_mask', 'segment_mask',
+           'combine_masks']
 
 
 def _check_len(value: Any, name: str) -> int:
@@ -146,6 +147,34 @@ def padding_mask(*, lengths: Any = None, tokens: Any = None, pad_id: int = 0,
       raise ValueError(f'k_len={k_len} does not match tokens shape {tokens.shape}')
     valid = tokens != pad_id
   return valid[:, None, None, :]
+
+
+def segment_mask(q_segment_ids: Any, k_segment_ids: Any = None):
+  """Packed-sequence mask: a query attends only keys of its own segment.
+
+  Several documents packed into one row carry segment ids (1, 2, ... per
+  document, 0 for padding); query ``i`` may attend key ``j`` iff
+  ``q_segment_ids[b, i] == k_segment_ids[b, j]``. AND it with
+  :func:`causal_mask` for a decoder, and with :func:`padding_mask` where
+  padding queries must attend nothing.
+
+  Args:
+    q_segment_ids: int ``[B, T]``.
+    k_segment_ids: int ``[B, S]``; defaults to ``q_segment_ids`` (self-attention).
+
+  Returns:
+    bool ``[B, 1, T, S]``.
+  """
+  q_ids = jnp.asarray(q_segment_ids)
+  k_ids = q_ids if k_segment_ids is None else jnp.asarray(k_segment_ids)
+  for name, ids in (('q_segment_ids', q_ids), ('k_segment_ids', k_ids)):
+    if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise ValueError(f'{name} must be an int array [B, T], got shape {ids.shape} '
+                       f'dtype {ids.dtype}')
+  if q_ids.shape[0] != k_ids.shape[0]:
+    raise ValueError(f'q_segment_ids {q_ids.shape} and k_segment_ids {k_ids.shape} '
+                     'differ in batch size')
+  return q_ids[:, None, :, None] == k_ids[:, None, None, :]
 
 
 def combine_masks(*masks: Any):

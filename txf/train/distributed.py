@@ -6,9 +6,13 @@ them. `initialize` must run before anything touches a JAX device.
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 
 def cluster_detected(environ=os.environ) -> bool:
@@ -43,3 +47,23 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     jax.distributed.initialize()
     return True
   return False
+
+
+def gather_data_states(state: dict[str, Any]) -> dict[str, Any]:
+  """The data position a checkpoint saves, from this process's `state`.
+
+  Checkpoints hold one JSON data position, written by process 0. Where every
+  process has the same (a batch is a function of the step) that is the
+  position; where processes differ (each streams its own shard:
+  txf.data.packed) it is {'processes': [each process's state]}. A collective:
+  every process calls it at the same step. One process: `state` itself.
+  """
+  if jax.process_count() == 1:
+    return state
+  payload = np.frombuffer(json.dumps(state, sort_keys=True).encode(), np.uint8)
+  lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)])))
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:len(payload)] = payload
+  rows = np.asarray(multihost_utils.process_allgather(padded))
+  states = [json.loads(row[:length].tobytes()) for row, length in zip(rows, lengths.ravel())]
+  return states[0] if all(s == states[0] for s in states) else {"processes": states}

@@ -39,9 +39,11 @@ from etils import epath
 
 from txf import decode
 from txf.analysis import summarize
+from txf.data import ProcessCountError
 from txf.train import hardware, sharding
 from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError
+from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, replica_scalars
 from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
                              make_checkpointer, setup_run, write_config)
@@ -196,7 +198,8 @@ def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_
                 done: int, config, writer: MetricsWriter, log) -> bool:
   """Saves at checkpoint steps and at the last; returns True (after saving)
   when the run is preempted."""
-  save = lambda: checkpointer.save(done, state, {"data": data_state}, force=True)
+  save = lambda: checkpointer.save(done, state, {"data": gather_data_states(data_state)},
+                                   force=True)
   saved = (done % config.train.checkpoint_every == 0 or done == config.train.steps) and save()
   if saved:
     # On object storage rows are uploaded at most once a second: a run killed
@@ -247,6 +250,8 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
   """Makes the next training batch the one after the checkpoint's."""
   try:
     setup.train_data.set_state(data_state)
+  except ProcessCountError as error:
+    raise ConfigError(str(error)) from error
   except ValueError as error:  # e.g. a position between batches of a new size
     data = setup.config.data
     raise ConfigError(
@@ -304,7 +309,10 @@ def run(config, workdir: str | os.PathLike, *, log=print) -> dict[str, float]:
           log(f"moved {count} records of {name} logged after step {start} (the step "
               f"training continues from) to its .dropped file")
         write_config(config, workdir)
-        return _train(setup, state, start, checkpointer, guard, writer, log)
+        try:
+          return _train(setup, state, start, checkpointer, guard, writer, log)
+        finally:
+          setup.train_data.close()  # stops the loader's worker processes
 
 
 def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):

@@ -21,8 +21,9 @@ evaluation) may make to it: none to what the checkpoint depends on, i.e.
 `FREE_DATA_FIELDS` (the corpus or dataset, task, tokenizer and vocabulary,
 corpus size, masking and generated-example fields define the data stream the
 checkpoint was trained on and the sentencepiece model in the work directory).
-`data.seq_len`, `data.batch_size`, and the `train`, `eval` and `parallel`
-sections may change. Only training writes config.json; an evaluation leaves
+`data.seq_len`, `data.batch_size`, how a TFDS stream is read and attended
+(`data.read_threads`, `data.attend_across_documents`), and the `train`, `eval`
+and `parallel` sections may change. Only training writes config.json; an evaluation leaves
 it as it is.
 """
 
@@ -60,7 +61,7 @@ CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
 # must match the run's config.json, `data` except for FREE_DATA_FIELDS.
 RESUME_SECTIONS = ("seed", "replicas", "model", "data")
-FREE_DATA_FIELDS = ("seq_len", "batch_size")
+FREE_DATA_FIELDS = ("seq_len", "batch_size", "read_threads", "attend_across_documents")
 
 
 @dataclasses.dataclass(frozen=True)

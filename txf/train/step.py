@@ -2,9 +2,9 @@
 
 A task decides which batch fields feed the model and which are labels:
 
-  lm, mlm     model(inputs)                          vs targets, weights
-  seq2seq     model(encoder_inputs, decoder_inputs)  vs targets, weights
-  classify    model(inputs) -> [B, C]                vs labels
+  lm, mlm     model(inputs[, segment_ids, positions])  vs targets, weights
+  seq2seq     model(encoder_inputs, decoder_inputs)    vs targets, weights
+  classify    model(inputs) -> [B, C]                  vs labels
 
 Losses are summed over real tokens within a step and divided once by the
 step's token count, so gradient accumulation over micro-batches gives exactly
@@ -59,8 +59,12 @@ def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch:
 
 
 def model_inputs(batch: Batch, task: str) -> tuple[jax.Array, ...]:
+  """The model's positional inputs; packed lm/mlm batches add their segment
+  ids and positions (txf.data's packed TFDS streams)."""
   if task == "seq2seq":
     return batch["encoder_inputs"], batch["decoder_inputs"]
+  if task in ("lm", "mlm") and "segment_ids" in batch:
+    return batch["inputs"], batch["segment_ids"], batch["positions"]
   if task in ("lm", "mlm", "classify"):
     return (batch["inputs"],)
   raise ValueError(f"data.task: {task!r} is not one of {TASKS}")

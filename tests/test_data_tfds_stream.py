@@ -1,0 +1,319 @@
+"""TFDS language-model splits streamed through Grain, packed (txf.data.packed).
+
+Offline: a small lm1b look-alike of known documents (each names itself,
+'doc 07: ...'), really prepared as ArrayRecord in a temporary folder, read
+through `tfds.data_source` as a run reads lm1b. Documents are recovered from
+the batches (windows concatenated in stream order, cut at EOS), so every
+test checks the tokens themselves:
+
+* every document of an epoch reaches exactly one process, whole, once; the
+  next epoch is another order of the same documents;
+* segment ids and positions restart at every document: each segment of a row
+  is one piece of one known document, positions counting from 0;
+* a stream stopped mid-epoch and resumed from its (JSON) state gives the very
+  batches an uninterrupted one gives, also past an epoch end, for any read
+  thread count; worker processes give the same stream; a state of another
+  process or worker count is refused;
+* the evaluation split is one pass in storage order, padded (weight 0);
+* memory stays bounded as the split grows (peak RSS in a subprocess);
+* two JAX processes put both their states into the one data position a
+  checkpoint saves (txf.train.distributed.gather_data_states).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+from conftest import REPO, assert_same_batches, take_batches
+from tfds_builders import DocumentsBuilder
+import tensorflow_datasets as tfds
+
+from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset
+
+SEQ_LEN = 15  # windows of 16 tokens: many documents are cut across windows
+BATCH = 6     # global rows: 6, 3 or 2 per process for 1, 2 or 3 processes
+EOS = ByteTokenizer.eos_id
+
+TRAIN_DOCS = [f"doc {i:02d}: " + "xyz " * (i % 7) * 3 for i in range(23)]
+VALIDATION_DOCS = [f"val {i}" + "!" * (5 * i) for i in range(4)]
+# Tokens per epoch: every document's bytes and its EOS.
+EPOCH_TOKENS = sum(len(doc) + 1 for doc in TRAIN_DOCS)
+
+
+class TxfTestDocuments(DocumentsBuilder):
+  """TRAIN_DOCS / VALIDATION_DOCS, prepared offline as ArrayRecord."""
+
+  TRAIN_TEXTS = TRAIN_DOCS
+  VALIDATION_TEXTS = VALIDATION_DOCS
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("tfds")
+  tfds.builder("txf_test_documents", data_dir=directory,
+               file_format="array_record").download_and_prepare()
+  return str(directory)
+
+
+def config(data_dir, **overrides):
+  fields = dict(name="tfds:txf_test_documents", task="lm", tokenizer="bytes",
+                seq_len=SEQ_LEN, batch_size=BATCH, tfds_data_dir=data_dir,
+                read_threads=0, mlm_probability=0.15)
+  return types.SimpleNamespace(**{**fields, **overrides})
+
+
+def windows_of(batches):
+  """The lm batches' windows of SEQ_LEN + 1 tokens, [N, SEQ_LEN + 1] in stream order."""
+  return np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
+                         for b in batches])
+
+
+def documents_of(windows):
+  """The texts in a stream of windows: tokens in order, padding dropped, cut at EOS."""
+  tokens = windows[windows != 0]
+  ends = np.flatnonzero(tokens == EOS)
+  return [ByteTokenizer().decode(doc) for doc in np.split(tokens, ends + 1)[:-1]]
+
+
+def batches_for(tokens, rows):
+  """Batches of `rows` windows that hold at least `tokens` tokens."""
+  return -(-tokens // (rows * (SEQ_LEN + 1)))
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3])
+def test_every_document_of_an_epoch_reaches_one_process_once(data_dir, processes):
+  rows = BATCH // processes
+  # Process p's k-th document is record k * P + p of the (endless) shuffled
+  # order, which is epoch (k * P + p) // N.
+  epochs = {0: [], 1: []}
+  for p in range(processes):
+    ds = make_dataset(config(data_dir), "train", seed=0, process_index=p,
+                      process_count=processes)
+    # More than this process's share of two epochs, whatever documents it got.
+    documents = documents_of(windows_of(take_batches(ds, batches_for(2 * EPOCH_TOKENS, rows))))
+    for k, text in enumerate(documents):
+      epoch = (k * processes + p) // len(TRAIN_DOCS)
+      if epoch in epochs:
+        epochs[epoch].append((k * processes + p, text))
+  for epoch, found in epochs.items():
+    assert sorted(text for _, text in found) == sorted(TRAIN_DOCS), epoch
+  orders = [[text for _, text in sorted(found)] for found in epochs.values()]
+  assert orders[0] != orders[1] and orders[0] != TRAIN_DOCS  # shuffled, anew each epoch
+
+
+def check_segments(tokens, segment_ids, positions):
+  """Each segment of a packed row is one run of tokens with positions 0, 1,
+  ..., holding a piece of one document: a whole document closed by EOS, or
+  the end of one (a row's first segment), or its start (a row's last)."""
+  assert segment_ids[0] == 1 and np.all(np.diff(segment_ids) >= 0)
+  for segment in range(1, segment_ids.max() + 1):
+    where = np.flatnonzero(segment_ids == segment)
+    np.testing.assert_array_equal(where, np.arange(where[0], where[0] + len(where)))
+    np.testing.assert_array_equal(positions[where], np.arange(len(where)))
+    piece = tokens[where]
+    assert EOS not in piece[:-1]
+    text = ByteTokenizer().decode(piece)
+    closed = piece[-1] == EOS
+    if segment == 1:  # may continue a document from the previous row
+      assert any(doc.endswith(text) if closed else text in doc for doc in TRAIN_DOCS)
+    elif closed:
+      assert text in TRAIN_DOCS
+    else:
+      assert where[-1] == len(tokens) - 1 and any(doc.startswith(text) for doc in TRAIN_DOCS)
+
+
+def test_lm_batches_are_shifted_windows_with_document_segments(data_dir):
+  ds = make_dataset(config(data_dir), "train", seed=0)
+  assert isinstance(ds, PackedDataset) and ds.task == "lm"
+  assert "txf_test_documents" in ds.description
+  documents = 0
+  for batch in take_batches(ds, 4):
+    assert set(batch) == {"inputs", "targets", "weights", "segment_ids", "positions"}
+    assert batch["inputs"].shape == (BATCH, SEQ_LEN) and batch["inputs"].dtype == np.int32
+    np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+    np.testing.assert_array_equal(batch["weights"], 1.0)  # training windows are full
+    for row in zip(batch["inputs"], batch["segment_ids"], batch["positions"]):
+      check_segments(*row)
+      documents += row[1].max()
+  assert documents > 4 * BATCH  # rows hold several documents
+
+
+def test_attending_across_documents_drops_the_segments(data_dir):
+  packed = take_batches(make_dataset(config(data_dir), "train", seed=0), 3)
+  across = take_batches(make_dataset(config(data_dir, attend_across_documents=True),
+                                     "train", seed=0), 3)
+  for batch, plain in zip(packed, across):
+    assert set(plain) == {"inputs", "targets", "weights"}
+    for key in plain:
+      np.testing.assert_array_equal(plain[key], batch[key])
+
+
+def test_mlm_windows_are_masked_with_segments(data_dir):
+  ds = make_dataset(config(data_dir, task="mlm"), "train", seed=0)
+  batch = next(ds)
+  assert batch["inputs"].shape == (BATCH, SEQ_LEN)
+  chosen = batch["weights"] > 0
+  assert chosen.any() and (batch["targets"][chosen] != EOS).all()  # EOS is never masked
+  np.testing.assert_array_equal(batch["inputs"][~chosen], batch["targets"][~chosen])
+  for row in zip(batch["targets"], batch["segment_ids"], batch["positions"]):
+    check_segments(*row)
+
+
+def test_batches_depend_on_the_seed_not_on_the_read_threads(data_dir):
+  first = take_batches(make_dataset(config(data_dir), "train", seed=3), 6)
+  threaded = take_batches(make_dataset(config(data_dir, read_threads=3), "train", seed=3), 6)
+  assert_same_batches(first, threaded)
+  other = next(make_dataset(config(data_dir), "train", seed=4))
+  assert not np.array_equal(first[0]["inputs"], other["inputs"])
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_resume_mid_epoch_yields_the_same_batches(data_dir, task):
+  epoch_batches = batches_for(EPOCH_TOKENS, BATCH)
+  original = make_dataset(config(data_dir, task=task), "train", seed=1)
+  take_batches(original, epoch_batches - 2)  # mid-epoch; the next 5 cross its end
+  state = json.loads(json.dumps(original.get_state()))  # as a checkpoint holds it
+  resumed = make_dataset(config(data_dir, task=task, read_threads=2), "train", seed=1)
+  resumed.set_state(state)
+  assert_same_batches(take_batches(resumed, 5), take_batches(original, 5))
+  assert resumed.get_state() == original.get_state()
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_stream_and_resume_it(data_dir):
+  plain = make_dataset(config(data_dir), "train", seed=5)
+  workers = make_dataset(config(data_dir, read_workers=2), "train", seed=5)
+  assert_same_batches(take_batches(workers, 4), take_batches(plain, 4))
+  state = json.loads(json.dumps(workers.get_state()))
+  resumed = make_dataset(config(data_dir, read_workers=2), "train", seed=5)
+  resumed.set_state(state)
+  assert_same_batches(take_batches(resumed, 3), take_batches(plain, 3))
+  # The position of a stream read by 2 workers has their shape.
+  with pytest.raises(ValueError, match="data.read_workers=0: .* read by 2 workers"):
+    make_dataset(config(data_dir), "train", seed=5).set_state(state)
+
+
+def test_resume_needs_the_process_count_that_saved(data_dir):
+  def shard(p, count):
+    return make_dataset(config(data_dir), "train", seed=0, process_index=p,
+                        process_count=count)
+
+  pair = [shard(p, 2) for p in range(2)]
+  for ds in pair:
+    take_batches(ds, 3)
+  # What a checkpoint of two processes holds (txf.train.distributed).
+  saved = json.loads(json.dumps({"processes": [ds.get_state() for ds in pair]}))
+  for p, ds in enumerate(pair):
+    resumed = shard(p, 2)
+    resumed.set_state(saved)
+    assert_same_batches(take_batches(resumed, 3), take_batches(ds, 3))
+  with pytest.raises(ProcessCountError, match="stream of 2 processes.*this run has 1"):
+    shard(0, 1).set_state(saved)
+  single = json.loads(json.dumps(shard(0, 1).get_state()))
+  with pytest.raises(ProcessCountError, match="stream of 1 processes.*this run has 2"):
+    shard(1, 2).set_state(single)
+  with pytest.raises(ValueError, match="state"):
+    shard(0, 1).set_state({"step": 3})
+
+
+def test_eval_is_one_padded_pass_in_storage_order(data_dir):
+  ds = make_dataset(config(data_dir), "validation", seed=0)
+  first, second = list(ds), list(ds)  # every iter() starts over
+  assert_same_batches(first, second)
+  stored = tfds.data_source("txf_test_documents", split="validation", data_dir=data_dir,
+                            download=False)
+  assert documents_of(windows_of(first)) == [r["text"].decode() for r in stored]
+  assert sorted(documents_of(windows_of(first))) == sorted(VALIDATION_DOCS)
+  last = first[-1]
+  padding = last["targets"] == 0
+  assert padding.any()
+  np.testing.assert_array_equal(last["weights"], ~padding)  # the loss ignores padding
+  np.testing.assert_array_equal(last["segment_ids"][last["inputs"] == 0], 0)
+  # With num_batches, every process gives that many: padding batches after the pass.
+  padded = list(make_dataset(config(data_dir), "validation", seed=0,
+                             num_batches=len(first) + 2))
+  assert_same_batches(padded[:len(first)], first)
+  for batch in padded[len(first):]:
+    for key, value in batch.items():
+      np.testing.assert_array_equal(value, 0, err_msg=key)
+
+
+_PEAK_RSS = textwrap.dedent("""
+    import resource, sys, types
+    from txf.data import ByteTokenizer, PackedDataset
+    from txf.data.config import read_data_config
+
+    class Records:  # lm1b-like records (440 bytes) made on demand: only the loader holds memory
+      def __init__(self, n):
+        self._n = n
+      def __len__(self):
+        return self._n
+      def __getitem__(self, i):
+        return {'text': (f'record {i} ' * 40).encode()}
+
+    n, seq_len = int(sys.argv[1]), 255  # records
+    spec = read_data_config(types.SimpleNamespace(
+        name='tfds:lm_like', task='lm', tokenizer='bytes', seq_len=seq_len, batch_size=16,
+        read_threads=2))
+    ds = PackedDataset(Records(n), spec=spec, split='train', tokenizer=ByteTokenizer(),
+                       seed=0, process_index=0, process_count=1, num_batches=None,
+                       description='', masker=None)
+    tokens = sum(len(Records(n)[i]['text']) + 1 for i in range(n))
+    for _ in range(tokens // (16 * (seq_len + 1)) + 1):  # one epoch
+      next(ds)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+""")
+
+
+@pytest.mark.slow
+def test_memory_stays_bounded_as_the_split_grows():
+  def peak_kib(records):
+    result = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(records)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120, check=True)
+    return int(result.stdout.split()[-1])
+
+  # One epoch each of 1280 and 12800 records (several groups of
+  # packed.READ_GROUP, so both fill the loader's buffers): 0.56 MB and 5.6 MB
+  # of text. A loader holding the split's tokens (int32) would add 20 MB; the
+  # streaming one adds 0-2 MB (measured).
+  small, large = peak_kib(1280), peak_kib(12800)
+  assert large - small < 4 * 1024, (small, large)
+
+
+_GATHER = textwrap.dedent("""
+    import json, sys, jax
+    jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+    from txf.train.distributed import gather_data_states
+    process = jax.process_index()
+    print(json.dumps([gather_data_states({'step': 3, 'process_index': process}),
+                      gather_data_states({'epoch': 1, 'position': 8})]))
+""")
+
+
+@pytest.mark.slow
+def test_two_processes_save_both_states():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    address = f"localhost:{s.getsockname()[1]}"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+  processes = [subprocess.Popen([sys.executable, "-c", _GATHER, address, str(i)], cwd=REPO,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for i in range(2)]
+  try:
+    outputs = [process.communicate(timeout=120) for process in processes]
+  finally:
+    for process in processes:
+      process.kill()
+  for process, (out, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-2000:]
+    per_process, shared = json.loads(out.strip().splitlines()[-1])
+    # Different states: every process's, in process order; equal ones: as they are.
+    assert per_process == {"processes": [{"step": 3, "process_index": 0},
+                                         {"step": 3, "process_index": 1}]}
+    assert shared == {"epoch": 1, "position": 8}

@@ -1,0 +1,63 @@
+"""How fast a data config's training batches arrive on one host.
+
+`loader_throughput` times `make_dataset(data_config, 'train', ...)` alone (no
+model, no device): what `python -m experiments.bench --data` reports, to
+compare with how fast a device trains (tokens/s per host, at the config's
+data.read_workers and data.read_threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+from txf.data.config import read_data_config
+from txf.data.pipeline import make_dataset
+
+# GPT-2 small (configs/gpt2_small.py) trains at about 600k tokens/s on one
+# H100: a host feeding one such GPU must deliver at least that.
+GPT2_SMALL_H100_TOKENS_PER_SEC = 600_000
+
+
+def loader_throughput(data_config: Any, *, batches: int, seed: int = 0,
+                      workdir: str | os.PathLike | None = None) -> dict[str, Any]:
+  """Times `batches` training batches after a first, untimed one (which opens
+  the split and starts the read threads and worker processes).
+
+  Returns:
+    {'tokens_per_sec': input tokens (rows x seq_len, as the training loop
+     counts them) per second; 'tokens_per_cpu_sec': per second of this
+     process's CPU time (all its threads, not the workers'): on a busy
+     machine, what it would deliver with a core of its own when it reads
+     itself (read_workers=0), and its packing's limit when workers read;
+     'batches', 'seconds', 'cpu_seconds', 'tokens_per_batch', 'read_threads',
+     'read_workers' (None where the data has none), 'description'}.
+  """
+  spec = read_data_config(data_config)
+  dataset = make_dataset(data_config, 'train', seed=seed, workdir=workdir)
+  with contextlib.closing(dataset):
+    tokens_per_batch = next(dataset)['inputs'].size
+    start, start_cpu = time.perf_counter(), time.process_time()
+    for _ in range(batches):
+      next(dataset)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+  tokens = batches * tokens_per_batch
+  return dict(tokens_per_sec=tokens / seconds, tokens_per_cpu_sec=tokens / cpu_seconds,
+              batches=batches, seconds=seconds, cpu_seconds=cpu_seconds,
+              tokens_per_batch=tokens_per_batch, read_threads=spec.read_threads,
+              read_workers=spec.read_workers, description=dataset.description)
+
+
+def format_throughput(figures: dict[str, Any]) -> str:
+  """Tokens/s with the loader's threads and workers, and how many GPT-2-small
+  H100s that feeds."""
+  return (f"data: {figures['description']}\n"
+          f"{figures['tokens_per_sec']:,.0f} tokens/s per host with "
+          f"{figures['read_workers']} worker processes and {figures['read_threads']} read "
+          f"threads ({figures['batches']} batches of {figures['tokens_per_batch']} tokens in "
+          f"{figures['seconds']:.2f} s); {figures['tokens_per_cpu_sec']:,.0f} tokens per "
+          f"CPU-second of this process (workers not counted)\n"
+          f"{figures['tokens_per_sec'] / GPT2_SMALL_H100_TOKENS_PER_SEC:.2f}x the "
+          f"~{GPT2_SMALL_H100_TOKENS_PER_SEC:,} tokens/s GPT-2 small trains at on one H100")
