@@ -52,6 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
       task="lm",
       tokenizer="bytes",
       sp_vocab_size=1024,
+      tokenizer_path=config_dict.placeholder(str),  # tokenizer="hf": a tokenizer.json or its dir
       seq_len=128,
       batch_size=32,          # global, across all devices and hosts
       max_corpus_bytes=4_000_000,

@@ -26,7 +26,7 @@ TASKS = {
 # dataset (tfds_source.py).
 TFDS_PREFIX = 'tfds:'
 TFDS_TASKS = ('lm', 'mlm', 'seq2seq')
-TOKENIZERS = ('bytes', 'sentencepiece')
+TOKENIZERS = ('bytes', 'sentencepiece', 'hf')
 # Shortest source each seq2seq task can generate ('addition': 'd+d').
 _MIN_SOURCE_LEN = {'copy': 1, 'reverse': 1, 'sort': 1, 'addition': 3}
 
@@ -40,6 +40,7 @@ class DataSpec:
   batch_size: int
   tokenizer: str | None = None
   sp_vocab_size: int | None = None
+  tokenizer_path: str | None = None
   max_corpus_bytes: int | None = None
   mlm_probability: float | None = None
   min_example_len: int | None = None
@@ -99,17 +100,22 @@ def read_data_config(data: Any) -> DataSpec:
 def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
   tokenizer = checks.choice(_get(data, 'tokenizer'), 'data.tokenizer',
                             TOKENIZERS)
-  sp_vocab_size = None
+  sp_vocab_size = tokenizer_path = None
   if tokenizer == 'sentencepiece':
     sp_vocab_size = _int(data, 'sp_vocab_size',
                          SentencePieceTokenizer.RESERVED_IDS + 1)
+  if tokenizer == 'hf':
+    tokenizer_path = _optional_str(data, 'tokenizer_path')
+    if tokenizer_path is None:
+      raise ValueError("data.tokenizer_path is required for data.tokenizer='hf' (a "
+                       'tokenizer.json or the model directory holding it)')
   mlm_probability = None
   if spec.task == 'mlm':
     mlm_probability = checks.fraction(_get(data, 'mlm_probability'),
                                       'data.mlm_probability', low_open=True)
   return dataclasses.replace(
       spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
-      max_corpus_bytes=_int(data, 'max_corpus_bytes', 1),
+      tokenizer_path=tokenizer_path, max_corpus_bytes=_int(data, 'max_corpus_bytes', 1),
       mlm_probability=mlm_probability)
 
 

@@ -2,6 +2,7 @@
 
   Encoder          bidirectional, padding-aware; MLM or classification head.
   Decoder          causal LM (or last-token classification); KV-cache decoding.
+  (head='none' makes either return its final hidden states [B, T, D].)
   EncoderDecoder   bidirectional encoder, causal decoder with cross-attention.
 
 Every model reads one `ModelConfig`; token id `cfg.pad_id` marks padding.
@@ -27,7 +28,9 @@ _HEADS = {"lm": LMHead, "mlm": MaskedLMHead, "classify": ClassificationHead}
 
 def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
   return Embedder(cfg.vocab_size, cfg.d_model, cfg.position, cfg.max_len,
-                  dtype=compute_dtype(cfg), name=name)
+                  dtype=compute_dtype(cfg), num_token_types=cfg.num_token_types,
+                  norm=cfg.norm if cfg.embed_norm else None, norm_eps=cfg.norm_eps,
+                  scale_logits=cfg.scale_logits, name=name)
 
 
 class _OneStackModel(nn.Module):
@@ -42,15 +45,18 @@ class _OneStackModel(nn.Module):
     self.positions = Positions()
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
     self.stack = TransformerStack(cfg, cfg.num_layers, causal=self._causal)
-    self.head = _HEADS[cfg.head](cfg)
+    if cfg.head != "none":
+      self.head = _HEADS[cfg.head](cfg)
 
   def _forward(self, tokens_BxT: Array, key_mask: Array | None, *, deterministic: bool,
-               use_cache: bool) -> Array:
+               use_cache: bool, token_types_BxT: Array | None = None) -> Array:
     positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], use_cache)
-    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),
+    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT, token_types_BxT),
                                  deterministic=deterministic)
     x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, self_mask=key_mask,
                          cache_index=cache_index, deterministic=deterministic, use_cache=use_cache)
+    if self.cfg.head == "none":
+      return x_BxTxD
     if self.cfg.head == "classify":
       return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
     return self.head(x_BxTxD, self.embedder)
@@ -73,10 +79,16 @@ class Decoder(_OneStackModel):
 class Encoder(_OneStackModel):
   """BERT-style bidirectional encoder; padding tokens are never attended to."""
 
-  def __call__(self, tokens_BxS: Array, *, deterministic: bool = True) -> Array:
-    """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify)."""
+  def __call__(self, tokens_BxS: Array, *, token_types_BxS: Array | None = None,
+               deterministic: bool = True) -> Array:
+    """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify).
+
+    token_types_BxS: int [B, S] segment ids (model.num_token_types > 0 only);
+    None: type 0 everywhere.
+    """
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
-    return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False)
+    return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False,
+                         token_types_BxT=token_types_BxS)
 
 
 class EncoderDecoder(nn.Module):

@@ -244,8 +244,10 @@ def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
 # A run's config.json is read under today's names, so older runs resume.
 RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
                   ("data", "max_len", "max_example_len"))
-# Top-level fields added since: the value every run written before had.
-ADDED_FIELDS = {"replicas": 1}
+# Fields added since (dotted for a section's): the value every run written
+# before had. Fields added with a None default need no entry (absent reads as None).
+ADDED_FIELDS = {"replicas": 1, "model.gelu_approximate": True, "model.embed_norm": False,
+                "model.num_token_types": 0, "model.scale_attention": True}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
@@ -253,7 +255,12 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  saved = {**ADDED_FIELDS, **json.loads(path.read_text())}
+  saved = json.loads(path.read_text())
+  for name, value in ADDED_FIELDS.items():
+    section, _, field = name.rpartition(".")
+    fields = saved.get(section) if section else saved
+    if isinstance(fields, dict):
+      fields.setdefault(field, value)
   for section, old, new in RENAMED_FIELDS:
     fields = saved.get(section)
     if isinstance(fields, dict) and old in fields and new not in fields:
