@@ -40,6 +40,9 @@ def get_config() -> ml_collections.ConfigDict:
   # in one program on the same batches (txf.train.replicas); metrics report
   # each replica ('loss/0', ...) and their mean and std.
   config.replicas = 1
+  # A Hugging Face checkpoint directory the run starts from (its model section
+  # must describe that checkpoint: configs/pretrained.py:DIR writes it).
+  config.init_from = config_dict.placeholder(str)
 
   # txf.layers.config.ModelConfig documents every field and holds its default.
   config.model = _model_defaults()

@@ -177,5 +177,5 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
       "type_vocab_size": cfg.num_token_types, "layer_norm_eps": cfg.norm_eps,
       "hidden_dropout_prob": cfg.dropout_rate,
       "attention_probs_dropout_prob": cfg.attention_dropout_rate,
-      "position_embedding_type": "absolute", "pad_token_id": cfg.pad_id,
+      "position_embedding_type": "absolute",
       "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": 0.02}

@@ -207,7 +207,7 @@ def save_pretrained(cfg: ModelConfig | Mapping[str, Any], params: Mapping[str, A
     raise CheckpointError(f"architecture: {architecture!r} is not a model.family="
                           f"{cfg.family!r} architecture (choose from "
                           f"{', '.join(family.ARCHITECTURES)})")
-  hf = family.hf_config_of(cfg, architecture)
+  hf = {"pad_token_id": cfg.pad_id, **family.hf_config_of(cfg, architecture)}
   hf.update({key: value for key, value in (token_ids or {}).items()
              if key in TOKEN_ID_KEYS and value is not None})
   conversion = family.rules(cfg, architecture)

@@ -181,5 +181,5 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
       "feed_forward_proj": f"gated-{name}" if gated else name,
       "layer_norm_epsilon": cfg.norm_eps, "dropout_rate": cfg.dropout_rate,
       "tie_word_embeddings": bool(cfg.scale_logits), "is_encoder_decoder": True,
-      "pad_token_id": cfg.pad_id, "decoder_start_token_id": cfg.pad_id,
+      "decoder_start_token_id": cfg.pad_id,
       "initializer_factor": 1.0}

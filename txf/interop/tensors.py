@@ -16,7 +16,7 @@ from typing import Mapping
 
 import numpy as np
 from etils import epath
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from txf.interop.rules import CheckpointError
@@ -57,7 +57,7 @@ def _read_safetensors(path: epath.Path) -> dict[str, np.ndarray]:
       with safe_open(os.fspath(path), framework="flax") as file:
         tensors.update({name: np.asarray(file.get_tensor(name), np.float32)
                         for name in bfloat16})
-  except (OSError, ValueError, RuntimeError) as error:  # safetensors' header errors
+  except (OSError, SafetensorError) as error:
     raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
   return tensors
 

@@ -49,21 +49,28 @@ def encode_batch(tokenizer: HFTokenizer, texts: Sequence[str], *, pad_id: int) -
 def sentence_embeddings(model: nn.Module, params: Any, tokens_BxT: jax.Array, *,
                         pooling: str = "mean", normalize: bool = False,
                         token_types_BxT: jax.Array | None = None) -> jax.Array:
-  """Sentence embeddings [B, D] from an encoder with head='none'.
-
-  mean: the hidden states averaged over the real tokens (not model.pad_id),
-  as sentence-transformers' mean pooling; cls: the first token's. normalize
-  divides each by its L2 norm (all-MiniLM-L6-v2 and most sentence encoders).
-  """
+  """Sentence embeddings [B, D] from an encoder with head='none' (see `pool_sentences`)."""
   cfg = model.cfg
   if cfg.family != "encoder" or cfg.head != "none":
     raise ValueError(f"model.head: sentence embeddings need an encoder with head='none', "
                      f"got family={cfg.family!r}, head={cfg.head!r}")
-  if pooling not in SENTENCE_POOLINGS:
-    raise ValueError(f"pooling: {pooling!r} is not one of {SENTENCE_POOLINGS}")
   kwargs = {} if token_types_BxT is None else dict(token_types_BxS=token_types_BxT)
   hidden_BxTxD = model.apply({"params": params}, tokens_BxT, **kwargs)
-  pooled_BxD = pool(hidden_BxTxD, jnp.asarray(tokens_BxT) != cfg.pad_id, pooling)
+  return pool_sentences(hidden_BxTxD, jnp.asarray(tokens_BxT) != cfg.pad_id, pooling=pooling,
+                        normalize=normalize)
+
+
+def pool_sentences(hidden_BxTxD: jax.Array, valid_BxT: jax.Array, *, pooling: str = "mean",
+                   normalize: bool = False) -> jax.Array:
+  """[B, T, D] hidden states -> [B, D] sentence embeddings.
+
+  mean: averaged over the real tokens (valid), as sentence-transformers'
+  mean pooling; cls: the first token's. normalize divides each by its L2
+  norm (all-MiniLM-L6-v2 and most sentence encoders).
+  """
+  if pooling not in SENTENCE_POOLINGS:
+    raise ValueError(f"pooling: {pooling!r} is not one of {SENTENCE_POOLINGS}")
+  pooled_BxD = pool(hidden_BxTxD, valid_BxT, pooling)
   if normalize:
     norms_Bx1 = jnp.linalg.norm(pooled_BxD, axis=-1, keepdims=True)
     pooled_BxD = pooled_BxD / jnp.maximum(norms_Bx1, NORMALIZE_EPS)

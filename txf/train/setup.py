@@ -43,7 +43,7 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
-from txf import models
+from txf import interop, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset
 from txf.layers.config import ModelConfig
@@ -79,7 +79,9 @@ class RunSetup:
     replicas: R, config.replicas: seeds trained side by side (1: a single run).
     state_sharding: a TrainState of NamedShardings, one per leaf.
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
-      created already sharded (no host ever holds the whole model).
+      created already sharded (no host ever holds the whole model); with
+      config.init_from, its parameters are that Hugging Face checkpoint's
+      (`pretrained_params`).
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
     train_step: jitted (state, batch) -> (state, metrics); donates the state;
@@ -197,6 +199,9 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     boxed_params = jax.eval_shape(
         functools.partial(init_params, model, first_batch, task), key)
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
+    pretrained = None
+    if config.get("init_from"):
+      pretrained = pretrained_params(config.init_from, model_cfg, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
@@ -205,13 +210,20 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
       label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
   eval_step = make_eval_step(model, task)
   seeds = replicas.replica_seeds(config.seed, config.replicas)
+  # The pretrained parameters (None without init_from) are an argument of the
+  # jitted init, not constants baked into its program.
+  start = _starting_from(init_fn, optimizer) if pretrained is not None else (
+      lambda rng, params: init_fn(rng))
   if config.replicas == 1:
-    init = jax.jit(lambda: init_fn(key), out_shardings=state_sharding)
+    init = functools.partial(jax.jit(lambda params: start(key, params),
+                                     out_shardings=state_sharding), pretrained)
     train_step = step_for_seed(config.seed)
   else:
     strategy = replicas.default_strategy(jax.default_backend())
     state_sharding = replicas.stacked_shardings(state_sharding)
-    init = jax.jit(lambda: replicas.init_replicas(init_fn, seeds), out_shardings=state_sharding)
+    init = functools.partial(jax.jit(
+        lambda params: replicas.init_replicas(lambda rng: start(rng, params), seeds),
+        out_shardings=state_sharding), pretrained)
     train_step = replicas.make_replicated_train_step(step_for_seed, seeds, strategy=strategy)
     eval_step = replicas.over_replicas(eval_step, strategy)
   replicated = sharding.replicated(mesh)
@@ -227,6 +239,53 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
       tokens_per_step=config.data.batch_size * (1 if task == "classify" else seq_len),
       flops_per_token=config.replicas * flops_per_token(model_cfg, seq_len),
       peak_flops=hardware.peak_flops_per_device(dtype=model_cfg.dtype))
+
+
+# ModelConfig fields a run may set apart from its init_from checkpoint: they
+# change how the model trains or runs, not the function its parameters compute.
+FREE_PRETRAINED_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "attention_impl",
+                          "remat", "max_len", "head", "num_classes", "pooling")
+
+
+def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
+  """The parameters of the Hugging Face checkpoint in `directory`
+  (config.init_from), which must be the run's model: the same ModelConfig
+  up to FREE_PRETRAINED_FIELDS and exactly the same parameters.
+
+  Raises:
+    ValueError: naming the first model field or parameter that differs.
+  """
+  try:
+    pretrained = interop.load_pretrained(directory)
+  except interop.CheckpointError as error:
+    raise ValueError(f"init_from: {error}") from None
+  hint = f"(start from --config=configs/pretrained.py:{directory}, which writes its model section)"
+  for field in dataclasses.fields(ModelConfig):
+    ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
+    if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
+      raise ValueError(f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
+                       f"in init_from={directory} {hint}")
+  expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
+  found = interop.rules.flatten(pretrained.params)
+  for path in sorted(set(expected) | set(found)):
+    if path not in found or path not in expected:
+      where = "the run's model" if path not in found else "the checkpoint"
+      raise ValueError(f"init_from: parameter {path} is only in {where} {directory} {hint}")
+    if tuple(expected[path].shape) != found[path].shape:
+      raise ValueError(f"init_from: parameter {path} has shape {tuple(expected[path].shape)} in "
+                       f"the run's model but {found[path].shape} in {directory} {hint}")
+  return pretrained.params
+
+
+def _starting_from(init_fn: Callable[[jax.Array], TrainState],
+                   optimizer: optax.GradientTransformation
+                   ) -> Callable[[jax.Array, Any], TrainState]:
+  """(rng, params) -> init_fn's state with those parameters and their fresh
+  optimizer state."""
+  def init(rng: jax.Array, params: Any) -> TrainState:
+    state = init_fn(rng)  # its random parameters are dead code once replaced
+    return state.replace(params=params, opt_state=optimizer.init(params))
+  return init
 
 
 def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
