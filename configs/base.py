@@ -40,9 +40,6 @@ def get_config() -> ml_collections.ConfigDict:
   # in one program on the same batches (txf.train.replicas); metrics report
   # each replica ('loss/0', ...) and their mean and std.
   config.replicas = 1
-  # A Hugging Face checkpoint directory the run starts from (its model section
-  # must describe that checkpoint: configs/pretrained.py:DIR writes it).
-  config.init_from = config_dict.placeholder(str)
 
   # txf.layers.config.ModelConfig documents every field and holds its default.
   config.model = _model_defaults()
@@ -90,6 +87,8 @@ def get_config() -> ml_collections.ConfigDict:
       log_every=50,
       checkpoint_every=200,
       max_to_keep=2,
+      # A Hugging Face checkpoint directory to start from (configs/pretrained.py:DIR)
+      init_from=config_dict.placeholder(str),
   ))
 
   config.eval = ml_collections.ConfigDict(dict(

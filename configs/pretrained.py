@@ -3,7 +3,7 @@
   python -m experiments.run --config=configs/pretrained.py:models/gpt2 --workdir=runs/gpt2_ft
 
 The model section is the checkpoint's (txf.interop.read_model_config), the
-run starts from its weights (config.init_from) and reads text with its
+run starts from its weights (config.train.init_from) and reads text with its
 tokenizer.json (data.tokenizer='hf'). The task follows the model: a GPT-2
 decoder continues the built-in corpus (lm), a BERT encoder fills its masks
 (mlm), a T5 encoder-decoder needs a translation dataset
@@ -26,9 +26,9 @@ def get_config(directory: str = ""):
   model = read_model_config(directory)
   for field in dataclasses.fields(model):
     config.model[field.name] = getattr(model, field.name)
-  config.init_from = directory
   config.data.update(dict(tokenizer="hf", tokenizer_path=directory, task=TASKS[model.family],
                           seq_len=min(128, model.max_len)))
   # Fine-tuning: a small learning rate, short warmup, light weight decay.
-  config.train.update(dict(learning_rate=1e-4, warmup_steps=20, weight_decay=0.01))
+  config.train.update(dict(init_from=directory, learning_rate=1e-4, warmup_steps=20,
+                           weight_decay=0.01))
   return config

@@ -1,5 +1,5 @@
 """Converted checkpoints in the runner and the commands: fine-tuning from a
-Hugging Face directory (config.init_from through txf.train.setup, started by
+Hugging Face directory (config.train.init_from through txf.train.setup, started by
 configs/pretrained.py:DIR), and `experiments.embed` / `experiments.generate`
 on the tiny fixtures of tests/fixtures/hf against transformers' outputs.
 """
@@ -50,10 +50,12 @@ def test_run_starts_from_the_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("name,changes,message", [
-    ("gpt2", dict(d_ff=64), "model.d_ff: 64 differs from the checkpoint's 128 in init_from="),
+    ("gpt2", dict(d_ff=64), "model.d_ff: 64 differs from the checkpoint's 128 in "
+     "train.init_from="),
     ("gpt2", dict(gelu_approximate=False), "model.gelu_approximate: False differs"),
     # BertModel has no MLM head: its parameters would start at random.
-    ("minilm", dict(head="mlm"), "init_from: parameter head/bias is only in the run's model"),
+    ("minilm", dict(head="mlm"),
+     "train.init_from: parameter head/bias is only in the run's model"),
 ])
 def test_run_refuses_a_model_that_is_not_the_checkpoint(name, changes, message, tmp_path):
   with pytest.raises(ConfigError, match=message):

@@ -13,12 +13,10 @@ from txf.layers.embedding import check_position_table
 from txf.train.optim import make_optimizer
 
 SECTIONS = ("seed", "replicas", "model", "data", "train", "eval", "parallel")
-# Top-level fields a config may leave out: init_from (a pretrained checkpoint
-# directory the run starts from, txf.train.setup).
-OPTIONAL_FIELDS = ("init_from",)
 TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
                 "weight_decay", "b1", "b2", "eps", "grad_clip_norm", "grad_accum_steps",
-                "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep")
+                "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep",
+                "init_from")
 EVAL_FIELDS = ("every", "num_batches", "sample_tokens", "sample_prompt", "temperature")
 PARALLEL_FIELDS = ("data", "fsdp", "tensor")
 DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSpec))
@@ -51,7 +49,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
     vocab_size: the tokenizer's vocabulary size (fills model.vocab_size=None).
     num_classes: the dataset's label count for classification, else None.
   """
-  _check_known("config", config, SECTIONS + OPTIONAL_FIELDS)
+  _check_known("config", config, SECTIONS)
   for section in SECTIONS:
     if section not in config:
       raise ValueError(f"config.{section}: missing section")

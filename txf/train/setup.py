@@ -80,7 +80,7 @@ class RunSetup:
     state_sharding: a TrainState of NamedShardings, one per leaf.
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
       created already sharded (no host ever holds the whole model); with
-      config.init_from, its parameters are that Hugging Face checkpoint's
+      config.train.init_from, its parameters are that Hugging Face checkpoint's
       (`pretrained_params`).
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
@@ -200,8 +200,8 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
         functools.partial(init_params, model, first_batch, task), key)
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained = None
-    if config.get("init_from"):
-      pretrained = pretrained_params(config.init_from, model_cfg, boxed_params)
+    if config.train.get("init_from"):
+      pretrained = pretrained_params(config.train.init_from, model_cfg, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
@@ -241,7 +241,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
       peak_flops=hardware.peak_flops_per_device(dtype=model_cfg.dtype))
 
 
-# ModelConfig fields a run may set apart from its init_from checkpoint: they
+# ModelConfig fields a run may set apart from its train.init_from checkpoint: they
 # change how the model trains or runs, not the function its parameters compute.
 FREE_PRETRAINED_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "attention_impl",
                           "remat", "max_len", "head", "num_classes", "pooling")
@@ -249,7 +249,7 @@ FREE_PRETRAINED_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "at
 
 def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
   """The parameters of the Hugging Face checkpoint in `directory`
-  (config.init_from), which must be the run's model: the same ModelConfig
+  (config.train.init_from), which must be the run's model: the same ModelConfig
   up to FREE_PRETRAINED_FIELDS and exactly the same parameters.
 
   Raises:
@@ -258,22 +258,24 @@ def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any)
   try:
     pretrained = interop.load_pretrained(directory)
   except interop.CheckpointError as error:
-    raise ValueError(f"init_from: {error}") from None
+    raise ValueError(f"train.init_from: {error}") from None
   hint = f"(start from --config=configs/pretrained.py:{directory}, which writes its model section)"
   for field in dataclasses.fields(ModelConfig):
     ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
     if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
       raise ValueError(f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
-                       f"in init_from={directory} {hint}")
+                       f"in train.init_from={directory} {hint}")
   expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
   found = interop.rules.flatten(pretrained.params)
   for path in sorted(set(expected) | set(found)):
     if path not in found or path not in expected:
       where = "the run's model" if path not in found else "the checkpoint"
-      raise ValueError(f"init_from: parameter {path} is only in {where} {directory} {hint}")
-    if tuple(expected[path].shape) != found[path].shape:
-      raise ValueError(f"init_from: parameter {path} has shape {tuple(expected[path].shape)} in "
-                       f"the run's model but {found[path].shape} in {directory} {hint}")
+      raise ValueError(f"train.init_from: parameter {path} is only in {where} {directory} "
+                       f"{hint}")
+    shape = tuple(expected[path].shape)
+    if shape != found[path].shape:
+      raise ValueError(f"train.init_from: parameter {path} has shape {shape} in the run's "
+                       f"model but {found[path].shape} in {directory} {hint}")
   return pretrained.params
 
 
