@@ -181,6 +181,22 @@ def test_tokenizer_special_ids():
   assert {0, 1, 2, 3, 4} <= bert.special_ids
 
 
+def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
+  """all-MiniLM-L6-v2's tokenizer.json pads and cuts every encoding to 128
+  tokens; txf pads batches itself and never cuts text."""
+  directory = copy_fixture("bert", tmp_path)
+  saved = json.loads((directory / "tokenizer.json").read_text())
+  saved["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None,
+                      "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
+  saved["truncation"] = {"direction": "Right", "max_length": 3, "strategy": "LongestFirst",
+                         "stride": 0}
+  (directory / "tokenizer.json").write_text(json.dumps(saved))
+  text = "every model looks at the dog"
+  np.testing.assert_array_equal(HFTokenizer(directory).encode(text),
+                                HFTokenizer(FIXTURES / "bert").encode(text))
+  assert len(HFTokenizer(directory).encode(text)) == 11  # every m ##o ##d ##e ##l look ##s ...
+
+
 def test_sentence_transformers_directory_declares_its_pooling():
   assert sentence_transformers_pooling(FIXTURES / "minilm") == ("mean", True)
   assert sentence_transformers_pooling(FIXTURES / "bert") is None

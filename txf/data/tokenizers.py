@@ -219,6 +219,10 @@ class HFTokenizer(Tokenizer):
       self._tokenizer = tokenizers.Tokenizer.from_str(file.read_text())
     except Exception as error:  # tokenizers raises plain Exceptions on bad files
       raise ValueError(f'{file}: not a tokenizers tokenizer.json ({error})') from None
+    # A saved tokenizer.json may pad or truncate every encoding (all-MiniLM's
+    # pads to 128 tokens): txf pads batches itself and never cuts text.
+    self._tokenizer.no_padding()
+    self._tokenizer.no_truncation()
     self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
     roles = self._special_tokens(file.parent)
     found = {role: self._token_id(file, role, token) for role, token in roles.items()}
