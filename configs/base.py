@@ -87,8 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
       log_every=50,
       checkpoint_every=200,
       max_to_keep=2,
-      # A Hugging Face checkpoint directory to start from (configs/pretrained.py:DIR)
-      init_from=config_dict.placeholder(str),
+      init_from=config_dict.placeholder(str),  # a Hugging Face checkpoint dir to start from
   ))
 
   config.eval = ml_collections.ConfigDict(dict(

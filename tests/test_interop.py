@@ -18,17 +18,18 @@ import functools
 import json
 import pathlib
 import shutil
+import types
 
 import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from txf import decode
-from txf.data import HFTokenizer
+from txf.data import HFTokenizer, read_data_config
 from txf.interop import CheckpointError, load_pretrained, save_pretrained
-from txf.interop import checkpoint as interop_checkpoint
+from txf.interop.checkpoint import param_shapes
 from txf.interop.rules import flatten, unflatten
+from txf.layers import Embedder
 from txf.interop.text import (encode_batch, generate_text, pool_sentences,
                               sentence_transformers_pooling)
 from txf.models import ModelConfig
@@ -197,6 +198,15 @@ def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
   assert len(HFTokenizer(directory).encode(text)) == 11  # every m ##o ##d ##e ##l look ##s ...
 
 
+def test_hf_tokenizer_needs_its_path():
+  data = dict(name="pystdlib", task="lm", seq_len=8, batch_size=2, tokenizer="hf",
+              max_corpus_bytes=100)
+  with pytest.raises(ValueError, match="data.tokenizer_path is required for data.tokenizer='hf'"):
+    read_data_config(types.SimpleNamespace(**data))
+  spec = read_data_config(types.SimpleNamespace(**data, tokenizer_path=str(FIXTURES / "bert")))
+  assert spec.tokenizer_path == str(FIXTURES / "bert")
+
+
 def test_sentence_transformers_directory_declares_its_pooling():
   assert sentence_transformers_pooling(FIXTURES / "minilm") == ("mean", True)
   assert sentence_transformers_pooling(FIXTURES / "bert") is None
@@ -230,7 +240,7 @@ def random_params(cfg, seed=0):
   """N(0, 1) parameters of cfg's model, without running its init."""
   rng = np.random.default_rng(seed)
   return unflatten({path: rng.normal(size=shape).astype(np.float32)
-                    for path, shape in interop_checkpoint.param_shapes(cfg).items()})
+                    for path, shape in param_shapes(cfg).items()})
 
 
 def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
@@ -339,9 +349,10 @@ def test_differing_tied_copy_is_not_silently_dropped(tmp_path):
 
 def test_unused_weights_are_named(caplog):
   """BertModel's pooler has no txf layer: dropped, with a warning naming it."""
-  interop_checkpoint.logging.getLogger().setLevel("WARNING")
-  load_pretrained(FIXTURES / "minilm")
-  assert "bert.pooler.dense.bias, bert.pooler.dense.weight" in caplog.text
+  loaded = load_pretrained(FIXTURES / "minilm")
+  assert loaded.unused == ("bert.pooler.dense.bias", "bert.pooler.dense.weight")
+  assert "txf does not use 2 weights of BertModel: bert.pooler.dense.bias, " \
+         "bert.pooler.dense.weight" in caplog.text
 
 
 @pytest.mark.parametrize("problem,match", [
@@ -388,14 +399,6 @@ def test_token_types_are_checked():
     apply(token_types_BxS=np.array([[0, 2, 0]]))
   with pytest.raises(ValueError, match="token_types: shape"):
     apply(token_types_BxS=np.array([[0, 1]]))
-  gpt2 = pretrained("gpt2")
+  embedder = Embedder(vocab_size=8, d_model=4, position="none", max_len=4, dtype=np.float32)
   with pytest.raises(ValueError, match="model.num_token_types=0"):
-    gpt2.model().apply({"params": gpt2.params}, tokens, method="_forward", key_mask=None,
-                       deterministic=True, use_cache=False, token_types_BxT=tokens)
-
-
-def test_greedy_decode_uses_the_cache_of_the_converted_model():
-  """The cache txf.decode builds for GPT-2 covers its learned 40-position table."""
-  loaded = pretrained("gpt2")
-  with pytest.raises(ValueError, match="model.max_len"):
-    decode.init_cache(loaded.model(), 1, loaded.config.max_len + 1)
+    embedder.init(jax.random.key(0), tokens, np.arange(3)[None], tokens)

@@ -22,9 +22,9 @@ import jax  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
 from txf.interop import load_pretrained, save_pretrained  # noqa: E402
-from txf.interop import checkpoint as interop_checkpoint  # noqa: E402
+from txf.interop.checkpoint import param_shapes  # noqa: E402
 from txf.interop.rules import unflatten  # noqa: E402
-from txf.models import ModelConfig  # noqa: E402
+from txf.models import ModelConfig, build  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 NAMES = ["bert", "minilm", "roberta", "gpt2", "t5", "t5_v1_1"]
@@ -99,11 +99,11 @@ def test_a_model_made_in_txf_loads_in_transformers(family, fields, tmp_path):
   rng = np.random.default_rng(0)
   params = unflatten({path: (rng.normal(size=shape) * (0.5 if len(shape) == 1 else
                                                        shape[0] ** -0.5)).astype(np.float32)
-                      for path, shape in interop_checkpoint.param_shapes(cfg).items()})
+                      for path, shape in param_shapes(cfg).items()})
   save_pretrained(cfg, params, tmp_path)
   tokens = np.array([[3, 9, 27, 4, 11, 5]])
-  model = interop_checkpoint.models.build(cfg)
-  architecture = interop_checkpoint._EXPORT_FAMILIES[family].default_architecture(cfg)
+  model = build(cfg)
+  architecture = load_pretrained(tmp_path).architecture
   hf = getattr(transformers, architecture).from_pretrained(tmp_path).eval()
   with torch.no_grad():
     if family == "encoder_decoder":

@@ -298,7 +298,8 @@ def np_tied_logits(p_embedder, x, scaled=True):
 ATTENTION_ATTRIBUTES = dict(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
                             causal=False, bidirectional_bias=True, window=None, rope_base=100.0,
                             rope_scale=1.0, t5_max_distance=10, use_bias=True,
-                            attention_dropout_rate=0.0, implementation=None, dtype=jnp.float32)
+                            attention_dropout_rate=0.0, implementation=None, dtype=jnp.float32,
+                            scale=None)
 
 
 def attention_case(name, kv_len=None, **changes):

@@ -71,7 +71,7 @@ class ModelConfig:
   dropout_rate: float = 0.0        # residual and embedding dropout
   attention_dropout_rate: float = 0.0
   tie_embeddings: bool = True      # output projection = token embedding^T
-  scale_logits: bool | None = None  # logits x d_model^-0.5; None: iff tied (T5 v1.0); GPT-2: False
+  scale_logits: bool | None = None  # logits x d_model^-0.5; None: when tied (T5 v1.0); GPT-2: False
   share_embeddings: bool = True    # encoder_decoder: one table for both stacks
   window: int | None = None        # sliding-window attention span
   head: str = "lm"                 # lm | mlm | classify | none (returns the hidden states)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax

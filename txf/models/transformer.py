@@ -2,8 +2,9 @@
 
   Encoder          bidirectional, padding-aware; MLM or classification head.
   Decoder          causal LM (or last-token classification); KV-cache decoding.
-  (head='none' makes either return its final hidden states [B, T, D].)
   EncoderDecoder   bidirectional encoder, causal decoder with cross-attention.
+
+head='none' makes an Encoder or Decoder return its final hidden states [B, T, D].
 
 Every model reads one `ModelConfig`; token id `cfg.pad_id` marks padding.
 """
