@@ -23,7 +23,7 @@ from safetensors.numpy import load_file  # noqa: E402
 
 from txf.interop import load_pretrained, save_pretrained  # noqa: E402
 from txf.interop.checkpoint import param_shapes  # noqa: E402
-from txf.interop.rules import unflatten  # noqa: E402
+from txf.interop.rules import flatten, unflatten  # noqa: E402
 from txf.models import ModelConfig, build  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -114,3 +114,18 @@ def test_a_model_made_in_txf_loads_in_transformers(family, fields, tmp_path):
       ours = model.apply({"params": params}, tokens)
       theirs = hf(input_ids=torch.tensor(tokens)).logits
   np.testing.assert_allclose(np.asarray(jax.device_get(ours)), theirs.numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_pytorch_model_bin_loads_as_the_safetensors(rebuilt, name, tmp_path):
+  """torch's format holds every tied copy (lm_head.weight = the embedding,
+  T5's embed_tokens): each is checked equal and read once."""
+  model, _, _ = rebuilt[name]
+  (tmp_path / "config.json").write_text((FIXTURES / "hf" / name / "config.json").read_text())
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  from_bin, from_safetensors = load_pretrained(tmp_path), load_pretrained(FIXTURES / "hf" / name)
+  assert from_bin.config == from_safetensors.config
+  flat_bin, flat_safe = (flatten(p.params) for p in (from_bin, from_safetensors))
+  assert flat_bin.keys() == flat_safe.keys()
+  for path, value in flat_safe.items():
+    np.testing.assert_array_equal(flat_bin[path], value, err_msg=path)
