@@ -462,10 +462,17 @@ def test_decoder_matches_numpy(position, tied):
   np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
 
 
-def test_encoder_decoder_matches_numpy():
+@pytest.mark.parametrize("style", ["tied", "t5_v1_1"])
+def test_encoder_decoder_matches_numpy(style):
   """Padded source through the encoder; the causal decoder cross-attends to it
-  under the source's padding mask; one shared, tied embedding table."""
-  cfg = ModelConfig(**TINY, family="encoder_decoder", position="t5_bias", share_embeddings=True)
+  under the source's padding mask; one shared embedding table and a tied
+  output; or T5 v1.1's options: unscaled attention, RMS norm, gated tanh-GELU
+  FFN, an untied output without scaling."""
+  t5_v1_1 = dict(use_bias=False, norm="rms", activation="geglu", scale_attention=False,
+                 tie_embeddings=False)
+  cfg = ModelConfig(**{**TINY, **(t5_v1_1 if style == "t5_v1_1" else {})},
+                    family="encoder_decoder", position="t5_bias", share_embeddings=True)
+  assert cfg.scale_logits == (style == "tied")
   model = build(cfg)
   source = tokens_with_padding(11, [6, 3], 6)
   target = tokens_with_padding(12, [4, 4], 4)
@@ -476,8 +483,9 @@ def test_encoder_decoder_matches_numpy():
                      cfg, cfg.num_layers, causal=False, self_valid=source_valid)
   decoded = np_stack(p["decoder"], np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
                      cfg, cfg.num_layers, causal=True, cross=encoded, cross_valid=source_valid)
-  np.testing.assert_allclose(model.apply({"params": params}, source, target),
-                             np_tied_logits(p["encoder_embedder"], decoded), **TOL)
+  expected = (np_tied_logits(p["encoder_embedder"], decoded) if cfg.tie_embeddings
+              else decoded @ p["head"]["logits"]["kernel"])
+  np.testing.assert_allclose(model.apply({"params": params}, source, target), expected, **TOL)
 
 
 def np_pool(h, valid, pooling):
@@ -540,24 +548,3 @@ def test_bert_style_encoder_matches_numpy(head):
   np.testing.assert_allclose(out, expected, **TOL)
   if head == "mlm":   # the segments matter: type 0 everywhere gives other logits
     assert np.max(np.abs(model.apply({"params": params}, tokens) - out)) > 1e-3
-
-
-def test_t5_style_encoder_decoder_matches_numpy():
-  """T5: unscaled attention, RMS norm, gated tanh-GELU FFN, an untied output
-  without scaling (v1.1)."""
-  cfg = ModelConfig(**{**TINY, "use_bias": False}, family="encoder_decoder", position="t5_bias",
-                    norm="rms", activation="geglu", scale_attention=False,
-                    tie_embeddings=False)
-  assert cfg.scale_logits is False
-  model = build(cfg)
-  source = tokens_with_padding(15, [6, 3], 6)
-  target = tokens_with_padding(16, [4, 4], 4)
-  params = own_params(model, source, target)
-  p = f64(params)
-  source_valid = np.asarray(source) != PAD
-  encoded = np_stack(p["encoder"], np_embed(p["encoder_embedder"], source, np.arange(6), "none"),
-                     cfg, cfg.num_layers, causal=False, self_valid=source_valid)
-  decoded = np_stack(p["decoder"], np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
-                     cfg, cfg.num_layers, causal=True, cross=encoded, cross_valid=source_valid)
-  np.testing.assert_allclose(model.apply({"params": params}, source, target),
-                             decoded @ p["head"]["logits"]["kernel"], **TOL)
