@@ -53,6 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
       task="lm",
       tokenizer="bytes",
       sp_vocab_size=1024,
+      tokenizer_path=config_dict.placeholder(str),  # tokenizer="hf": a tokenizer.json or its dir
       seq_len=128,
       batch_size=32,          # global, across all devices and hosts
       max_corpus_bytes=4_000_000,  # pystdlib: bytes read per split
@@ -92,6 +93,7 @@ def get_config() -> ml_collections.ConfigDict:
       log_every=50,
       checkpoint_every=200,
       max_to_keep=2,
+      init_from=config_dict.placeholder(str),  # a Hugging Face checkpoint dir to start from
   ))
 
   config.eval = ml_collections.ConfigDict(dict(

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from absl import flags
-from conftest import flatten, load_config as load
+from conftest import REPO, flatten, load_config
 from ml_collections import config_flags
 
 from txf import models
@@ -31,6 +31,16 @@ from txf.train.step import model_inputs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 CONFIG_NAMES = sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem != "__init__")
+# Config files that take an argument (--config=FILE.py:ARG), with the one tested.
+CONFIG_ARGS = {"pretrained": str(REPO / "tests" / "fixtures" / "hf" / "gpt2")}
+
+
+def load(name):
+  """configs/<name>.py's get_config(), given its CONFIG_ARGS argument if it takes one."""
+  if name in CONFIG_ARGS:
+    return importlib.import_module(f"configs.{name}").get_config(CONFIG_ARGS[name])
+  return load_config(name)
+
 
 # config file -> the flattened fields in which it differs from base.py.
 EXPECTED_CHANGES = {
@@ -55,6 +65,13 @@ EXPECTED_CHANGES = {
                    "model.dtype", "data.seq_len", "data.max_corpus_bytes", "train.steps",
                    "train.learning_rate", "train.warmup_steps", "train.checkpoint_every",
                    "eval.every", "eval.num_batches", "eval.sample_tokens"},
+    # The fixture GPT-2's model section (txf.interop), its tokenizer and weights.
+    "pretrained": {"model.vocab_size", "model.d_model", "model.num_kv_heads", "model.head_dim",
+                   "model.d_ff", "model.position", "model.max_len", "model.norm_eps",
+                   "model.use_bias", "model.dropout_rate", "model.attention_dropout_rate",
+                   "model.scale_logits", "model.pad_id", "data.tokenizer",
+                   "data.tokenizer_path", "data.seq_len", "train.init_from",
+                   "train.learning_rate", "train.warmup_steps", "train.weight_decay"},
 }
 
 
@@ -216,7 +233,7 @@ def test_runner_stops_before_compute(tmp_path, section, field, value, named):
 # Fields base.py leaves unset (None): each must still be settable from the
 # command line, which needs a typed placeholder.
 UNSET_FIELDS = sorted(field for field, value in flatten(load("base")).items() if value is None)
-CLI_VALUES = {int: ("2", 2), str: ("xla", "xla")}
+CLI_VALUES = {int: ("2", 2), str: ("xla", "xla"), bool: ("false", False)}
 
 
 def parse_cli(*overrides):

@@ -37,7 +37,7 @@ B, D = 2, 16
 PAD = 0
 # Parameters whose initial values (0, 1, N(0, 0.02)) would hide a swapped or
 # missing use; they get N(0, 0.5) noise. Kernels and tables keep their init.
-PERTURBED = ("bias", "scale", "position_table")
+PERTURBED = ("bias", "scale", "position_table", "token_type_table")
 # The small model shared by the block, stack and model tests: GQA (2 of 4
 # heads), an FFN width unrelated to D, biases on, T5 buckets and distance small
 # enough that T <= 6 reaches the log-spaced buckets (and no bucket boundary
@@ -111,18 +111,22 @@ def np_norm(p, x, kind, eps):
   return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
 
 
-def np_gelu(x):
-  # jax.nn.gelu's default (approximate=True): the tanh form of Hendrycks & Gimpel.
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+def np_gelu(x, approximate=True):
+  """Hendrycks & Gimpel: x Phi(x) exactly (erf), or its tanh form (jax.nn.gelu's default)."""
+  if approximate:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2)))
 
 
 NP_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0), "gelu": np_gelu,
                   "swiglu": lambda x: x / (1 + np.exp(-x)), "geglu": np_gelu}
 
 
-def np_ffn(p, x, activation):
+def np_ffn(p, x, activation, gelu_approximate=True):
   """W_o act(x W_i), or W_o (act(x W_gate) * x W_i) for the gated kinds (Shazeer 2020)."""
   act = NP_ACTIVATIONS[activation]
+  if activation in ("gelu", "geglu"):
+    act = lambda h: np_gelu(h, gelu_approximate)
   if activation in ("swiglu", "geglu"):
     return np_dense(act(np_dense(x, p["gate"])) * np_dense(x, p["wi"]), p["wo"])
   assert "gate" not in p
@@ -199,9 +203,10 @@ def np_attention(p, x, kv, key_valid, spec, table=None):
                                              table.shape[0], spec["t5_max_distance"])
     bias_HxTxS = np.moveaxis(table[buckets_TxS], -1, 0)
   heads = np.zeros(q.shape[:2] + (num_heads, v.shape[-1]))
+  scale = 1 / np.sqrt(q.shape[-1]) if spec.get("scale") is None else spec["scale"]
   for h in range(num_heads):
     g = h // (num_heads // num_kv_heads)
-    scores = np.einsum("btd,bsd->bts", q[:, :, h], k[:, :, g]) / np.sqrt(q.shape[-1])
+    scores = np.einsum("btd,bsd->bts", q[:, :, h], k[:, :, g]) * scale
     scores = scores + bias_HxTxS[h]
     unnormalised = np.where(allowed_BxTxS, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
     total = unnormalised.sum(-1, keepdims=True)
@@ -216,7 +221,7 @@ def attention_spec(cfg, causal, cross):
               position="none" if cross else cfg.position, causal=causal and not cross,
               bidirectional_bias=not causal, window=None if cross else cfg.window,
               rope_base=cfg.rope_base, rope_scale=cfg.rope_scale,
-              t5_max_distance=cfg.t5_max_distance)
+              t5_max_distance=cfg.t5_max_distance, scale=None if cfg.scale_attention else 1.0)
 
 
 def np_block(p, x, cfg, *, causal, self_valid, table=None, cross=None, cross_valid=None):
@@ -235,7 +240,7 @@ def np_block(p, x, cfg, *, causal, self_valid, table=None, cross=None, cross_val
     cross_spec = attention_spec(cfg, causal, cross=True)
     x = residual("cross_attention", x, lambda h: np_attention(
         p["cross_attention"], h, cross, cross_valid, cross_spec))
-  return residual("ffn", x, lambda h: np_ffn(p["ffn"], h, cfg.activation))
+  return residual("ffn", x, lambda h: np_ffn(p["ffn"], h, cfg.activation, cfg.gelu_approximate))
 
 
 def np_stack(p, x, cfg, num_layers, *, causal, self_valid=None, cross=None, cross_valid=None):
@@ -261,21 +266,29 @@ def np_sinusoidal(positions, dim):
   return pe
 
 
-def np_embed(p, tokens, positions, position):
-  """Token rows plus the absolute position encoding (if any)."""
+def np_embed(p, tokens, positions, position, token_types=None, norm=None, eps=1e-6):
+  """Token rows plus the absolute position encoding (if any), plus the
+  token-type rows (BERT's segments; type 0 when not given), then a norm."""
   x = p["token"]["embedding"][np.asarray(tokens)]
   if position == "learned":
-    return x + p["position_table"][positions]
-  if position == "sinusoidal":
-    return x + np_sinusoidal(positions, x.shape[-1])
-  assert "position_table" not in p
+    x = x + p["position_table"][positions]
+  elif position == "sinusoidal":
+    x = x + np_sinusoidal(positions, x.shape[-1])
+  else:
+    assert "position_table" not in p
+  if "token_type_table" in p:
+    types = np.zeros(np.shape(tokens), int) if token_types is None else np.asarray(token_types)
+    x = x + p["token_type_table"][types]
+  if norm is not None:
+    x = np_norm(p["embed_norm"], x, norm, eps)
   return x
 
 
-def np_tied_logits(p_embedder, x):
-  """x E^T / sqrt(D), as txf scales tied logits (embedding rows are N(0, 1))."""
+def np_tied_logits(p_embedder, x, scaled=True):
+  """x E^T / sqrt(D), as txf scales tied logits (embedding rows are N(0, 1));
+  x E^T when not scaled (GPT-2, BERT)."""
   embedding = p_embedder["token"]["embedding"]
-  return x @ embedding.T / np.sqrt(embedding.shape[1])
+  return x @ embedding.T / (np.sqrt(embedding.shape[1]) if scaled else 1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -285,7 +298,8 @@ def np_tied_logits(p_embedder, x):
 ATTENTION_ATTRIBUTES = dict(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
                             causal=False, bidirectional_bias=True, window=None, rope_base=100.0,
                             rope_scale=1.0, t5_max_distance=10, use_bias=True,
-                            attention_dropout_rate=0.0, implementation=None, dtype=jnp.float32)
+                            attention_dropout_rate=0.0, implementation=None, dtype=jnp.float32,
+                            scale=None)
 
 
 def attention_case(name, kv_len=None, **changes):
@@ -310,6 +324,8 @@ ATTENTION_CASES = [
                    bidirectional_bias=False),
     attention_case("cross", kv_len=6),
     attention_case("cross-mqa-no-bias", kv_len=3, num_kv_heads=1, use_bias=False),
+    # T5: no 1/sqrt(Dh) on the scores.
+    attention_case("t5-unscaled", position="t5_bias", use_bias=False, scale=1.0),
 ]
 
 
@@ -397,18 +413,27 @@ def test_stack_matches_numpy(placement):
 # Embedder.
 
 
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "none"])
-def test_embedder_and_tied_logits_match_numpy(position):
-  embedder = Embedder(vocab_size=32, d_model=D, position=position, max_len=8, dtype=jnp.float32)
+@pytest.mark.parametrize("position,bert_style", [
+    ("learned", False), ("sinusoidal", False), ("none", False), ("learned", True)])
+def test_embedder_and_tied_logits_match_numpy(position, bert_style):
+  """bert_style: token types, a LayerNorm on the sum and unscaled tied logits."""
+  extra = dict(num_token_types=3, norm="layer", norm_eps=1e-12, scale_logits=False)
+  embedder = Embedder(vocab_size=32, d_model=D, position=position, max_len=8, dtype=jnp.float32,
+                      **(extra if bert_style else {}))
   tokens = tokens_with_padding(8, [5, 3], 5)
   positions = np.arange(2, 7)   # not 0..T-1: the positions given must be the ones used
-  params = own_params(embedder, tokens, jnp.asarray(positions)[None])
+  types = jnp.asarray(np.random.default_rng(8).integers(0, 3, size=tokens.shape)) if bert_style \
+      else None
+  params = own_params(embedder, tokens, jnp.asarray(positions)[None], types)
   p = f64(params)
-  embedded = embedder.apply({"params": params}, tokens, jnp.asarray(positions)[None])
-  np.testing.assert_allclose(embedded, np_embed(p, tokens, positions, position), **TOL)
+  embedded = embedder.apply({"params": params}, tokens, jnp.asarray(positions)[None], types)
+  norm = dict(norm="layer", eps=1e-12) if bert_style else {}
+  np.testing.assert_allclose(embedded, np_embed(p, tokens, positions, position, types, **norm),
+                             **TOL)
   x = rand(9, B, 5, D)
   np.testing.assert_allclose(embedder.apply({"params": params}, x, method=Embedder.attend),
-                             np_tied_logits(p, x.astype(np.float64)), **TOL)
+                             np_tied_logits(p, x.astype(np.float64), scaled=not bert_style),
+                             **TOL)
 
 
 # ---------------------------------------------------------------------------
@@ -437,10 +462,17 @@ def test_decoder_matches_numpy(position, tied):
   np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
 
 
-def test_encoder_decoder_matches_numpy():
+@pytest.mark.parametrize("style", ["tied", "t5_v1_1"])
+def test_encoder_decoder_matches_numpy(style):
   """Padded source through the encoder; the causal decoder cross-attends to it
-  under the source's padding mask; one shared, tied embedding table."""
-  cfg = ModelConfig(**TINY, family="encoder_decoder", position="t5_bias", share_embeddings=True)
+  under the source's padding mask; one shared embedding table and a tied
+  output; or T5 v1.1's options: unscaled attention, RMS norm, gated tanh-GELU
+  FFN, an untied output without scaling."""
+  t5_v1_1 = dict(use_bias=False, norm="rms", activation="geglu", scale_attention=False,
+                 tie_embeddings=False)
+  cfg = ModelConfig(**{**TINY, **(t5_v1_1 if style == "t5_v1_1" else {})},
+                    family="encoder_decoder", position="t5_bias", share_embeddings=True)
+  assert cfg.scale_logits == (style == "tied")
   model = build(cfg)
   source = tokens_with_padding(11, [6, 3], 6)
   target = tokens_with_padding(12, [4, 4], 4)
@@ -451,8 +483,9 @@ def test_encoder_decoder_matches_numpy():
                      cfg, cfg.num_layers, causal=False, self_valid=source_valid)
   decoded = np_stack(p["decoder"], np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
                      cfg, cfg.num_layers, causal=True, cross=encoded, cross_valid=source_valid)
-  np.testing.assert_allclose(model.apply({"params": params}, source, target),
-                             np_tied_logits(p["encoder_embedder"], decoded), **TOL)
+  expected = (np_tied_logits(p["encoder_embedder"], decoded) if cfg.tie_embeddings
+              else decoded @ p["head"]["logits"]["kernel"])
+  np.testing.assert_allclose(model.apply({"params": params}, source, target), expected, **TOL)
 
 
 def np_pool(h, valid, pooling):
@@ -484,3 +517,34 @@ def test_classification_head_matches_numpy(family, pooling):
       assert np.max(np.abs(reference - pooled[pooling])) > 1e-3, other
   expected = np_dense(pooled[pooling], p["head"]["classifier"])
   np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
+
+
+def np_mlm_head(p, x, cfg, p_embedder):
+  """BERT's MLM head: dense, GELU, norm, then the tied projection plus a bias."""
+  h = np_gelu(np_dense(x, p["transform"]), cfg.gelu_approximate)
+  h = np_norm(p["norm"], h, cfg.norm, cfg.norm_eps)
+  return np_tied_logits(p_embedder, h, scaled=cfg.scale_logits) + p["bias"]
+
+
+@pytest.mark.parametrize("head", ["mlm", "none"])
+def test_bert_style_encoder_matches_numpy(head):
+  """The options BERT needs, together: token types, a LayerNorm on the
+  embedding, Post-LN, exact-erf GELU, unscaled tied logits; head='none'
+  returns the hidden states."""
+  cfg = ModelConfig(**{**TINY, "norm_eps": 1e-12}, family="encoder", head=head,
+                    position="learned", norm_placement="post", embed_norm=True,
+                    num_token_types=2, gelu_approximate=False, scale_logits=False)
+  model = build(cfg)
+  tokens = tokens_with_padding(14, [6, 4], 6)
+  types = jnp.asarray([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 0, 0]], jnp.int32)
+  params = own_params(model, tokens, token_types_BxS=types)
+  p = f64(params)
+  valid = np.asarray(tokens) != PAD
+  x = np_stack(p["stack"], np_embed(p["embedder"], tokens, np.arange(6), "learned", types,
+                                    norm="layer", eps=1e-12),
+               cfg, cfg.num_layers, causal=False, self_valid=valid)
+  expected = x if head == "none" else np_mlm_head(p["head"], x, cfg, p["embedder"])
+  out = model.apply({"params": params}, tokens, token_types_BxS=types)
+  np.testing.assert_allclose(out, expected, **TOL)
+  if head == "mlm":   # the segments matter: type 0 everywhere gives other logits
+    assert np.max(np.abs(model.apply({"params": params}, tokens) - out)) > 1e-3

@@ -117,8 +117,8 @@ BUGS = (
         "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=False)",
         (DETERMINISTIC,)),
     Bug("tied_logits_no_scale", "txf/layers/embedding.py",
-        "return logits.astype(jnp.float32) / jnp.sqrt(self.d_model).astype(jnp.float32)",
-        "return logits.astype(jnp.float32)",
+        "logits = logits / jnp.sqrt(self.d_model).astype(jnp.float32)",
+        "logits = logits",
         (f"{LAYER_REFS}::test_embedder_and_tied_logits_match_numpy",)),
     Bug("decode_positions_off_by_one", "txf/layers/embedding.py",
         "index.value = cache_index + length", "index.value = cache_index + length - 1",
@@ -133,13 +133,13 @@ BUGS = (
         "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
         ("tests/test_models.py::test_classification_pooling_ignores_padding",)),
     Bug("encoder_attends_to_pads", "txf/models/transformer.py",
-        "return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False)",
-        "return self._forward(tokens_BxS, None, deterministic=deterministic, use_cache=False)",
+        "return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False,",
+        "return self._forward(tokens_BxS, None, deterministic=deterministic, use_cache=False,",
         ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",)),
     Bug("embedding_dropout_always_on", "txf/models/transformer.py",
-        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),\n"
+        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT, token_types_BxT),\n"
         "                                 deterministic=deterministic)",
-        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT),\n"
+        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT, token_types_BxT),\n"
         "                                 deterministic=False)",
         (DETERMINISTIC,)),
     # --- train ----------------------------------------------------------------

@@ -45,8 +45,11 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   batch_size         int    all            global batch, divisible by the
                                            process count
   tokenizer          str    text (*)       'bytes' (260 ids) | 'sentencepiece'
-                                           (trained on the train split)
+                                           (trained on the train split) | 'hf'
+                                           (a pretrained tokenizer.json)
   sp_vocab_size      int    sentencepiece  largest vocabulary (> 262)
+  tokenizer_path     str    hf             a tokenizer.json, or the model
+                                           directory holding it
   max_corpus_bytes   int    pystdlib,files bytes of text read per split (lm,
                                            mlm) and for sentencepiece training
   mlm_probability    float  mlm            share of tokens selected, in (0, 1)
@@ -78,12 +81,12 @@ from txf.data.config import DataSpec, read_data_config
 from txf.data.corpus import corpus_description, corpus_files, load_corpus
 from txf.data.packed import PackedDataset, ProcessCountError
 from txf.data.pipeline import Dataset, make_dataset, make_tokenizer
-from txf.data.tokenizers import (ByteTokenizer, SentencePieceTokenizer,
+from txf.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
                                  SymbolTokenizer, Tokenizer)
 
 __all__ = [
-    'ByteTokenizer', 'DataSpec', 'Dataset', 'PackedDataset', 'ProcessCountError',
-    'SentencePieceTokenizer',
+    'ByteTokenizer', 'DataSpec', 'Dataset', 'HFTokenizer', 'PackedDataset',
+    'ProcessCountError', 'SentencePieceTokenizer',
     'SymbolTokenizer', 'Tokenizer', 'corpus_description', 'corpus_files',
     'load_corpus', 'make_dataset', 'make_tokenizer', 'read_data_config',
 ]

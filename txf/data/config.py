@@ -29,7 +29,7 @@ TFDS_TASKS = ('lm', 'mlm', 'seq2seq')
 # data.name = FILES_PREFIX + PATH_OR_GLOB reads UTF-8 text files (files.py).
 FILES_PREFIX = 'files:'
 FILES_TASKS = ('lm', 'mlm')
-TOKENIZERS = ('bytes', 'sentencepiece')
+TOKENIZERS = ('bytes', 'sentencepiece', 'hf')
 # data.read_threads of a config that has none (written before the field).
 DEFAULT_READ_THREADS = 4
 # Shortest source each seq2seq task can generate ('addition': 'd+d').
@@ -45,6 +45,7 @@ class DataSpec:
   batch_size: int
   tokenizer: str | None = None
   sp_vocab_size: int | None = None
+  tokenizer_path: str | None = None
   max_corpus_bytes: int | None = None
   mlm_probability: float | None = None
   min_example_len: int | None = None
@@ -127,16 +128,21 @@ def _text_fields(data: Any, spec: DataSpec) -> DataSpec:
   """The fields of text read from splits: tokenizer and masking."""
   tokenizer = checks.choice(_get(data, 'tokenizer'), 'data.tokenizer',
                             TOKENIZERS)
-  sp_vocab_size = None
+  sp_vocab_size = tokenizer_path = None
   if tokenizer == 'sentencepiece':
     sp_vocab_size = _int(data, 'sp_vocab_size',
                          SentencePieceTokenizer.RESERVED_IDS + 1)
+  if tokenizer == 'hf':
+    tokenizer_path = _optional_str(data, 'tokenizer_path')
+    if tokenizer_path is None:
+      raise ValueError("data.tokenizer_path is required for data.tokenizer='hf' (a "
+                       'tokenizer.json or the model directory holding it)')
   mlm_probability = None
   if spec.task == 'mlm':
     mlm_probability = checks.fraction(_get(data, 'mlm_probability'),
                                       'data.mlm_probability', low_open=True)
   return dataclasses.replace(spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
-                             mlm_probability=mlm_probability)
+                             tokenizer_path=tokenizer_path, mlm_probability=mlm_probability)
 
 
 def _optional_str(data: Any, field: str) -> str | None:

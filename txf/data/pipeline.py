@@ -15,7 +15,8 @@ from txf.data import tfds_source
 from txf.data.config import FILES_PREFIX, DataSpec, is_files, is_tfds, read_data_config
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
-from txf.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from txf.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
+                                 Tokenizer)
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).
 SENTENCEPIECE_TRAIN_BYTES = 2_000_000
@@ -115,6 +116,8 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
                       ) -> Tokenizer:
   if spec.tokenizer == 'bytes':
     return ByteTokenizer()
+  if spec.tokenizer == 'hf':
+    return HFTokenizer(spec.tokenizer_path)
   if workdir is None:
     raise ValueError("workdir is required for data.tokenizer='sentencepiece' "
                      '(the model is trained into it once, then reused)')

@@ -1,18 +1,21 @@
 """Tokenizers: text <-> int32 id arrays behind one small interface.
 
-Every tokenizer reserves pad_id = 0, bos_id = 1 and eos_id = 2, so padded
+txf's own tokenizers reserve pad_id = 0, bos_id = 1 and eos_id = 2, so padded
 batches, sequence starts and document separators mean the same thing for
-every dataset. `mask_id` is None where the vocabulary has no mask token (the
-synthetic tasks, which are never masked).
+every dataset; `HFTokenizer` (a pretrained checkpoint's tokenizer.json) keeps
+its vocabulary's ids. `mask_id` is None where the vocabulary has no mask token
+(the synthetic tasks, which are never masked).
 """
 
 import abc
 import io
+import json
 import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers
 from etils import epath
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -23,7 +26,7 @@ class Tokenizer(abc.ABC):
 
   Attributes:
     vocab_size: number of ids; every id lies in [0, vocab_size).
-    pad_id, bos_id, eos_id: 0, 1, 2.
+    pad_id, bos_id, eos_id: 0, 1, 2 (HFTokenizer: its vocabulary's).
     mask_id: id of the MLM mask token, or None.
   """
 
@@ -187,3 +190,84 @@ class SentencePieceTokenizer(Tokenizer):
     partial.write_bytes(model.getvalue())
     partial.replace(path)
     return cls(path)
+
+
+class HFTokenizer(Tokenizer):
+  """A Hugging Face `tokenizer.json`, through the `tokenizers` library.
+
+  The roles of the special tokens come from the tokenizer_config.json and
+  special_tokens_map.json saved beside it: pad (else eos, GPT-2's padding
+  convention), bos (else cls, else pad: T5's decoder starts from its pad),
+  eos (else sep), mask and unk.
+
+  `encode` adds no special tokens, as every txf tokenizer;
+  `encode(text, add_special_tokens=True)` adds what the checkpoint's own
+  tokenizer adds ([CLS] ... [SEP] for BERT, </s> after T5's input).
+
+  Args:
+    path: a tokenizer.json, or the directory holding it.
+  """
+
+  _ROLES = ('pad', 'bos', 'eos', 'mask', 'unk', 'cls', 'sep')
+
+  def __init__(self, path: str | os.PathLike):
+    path = epath.Path(path)
+    file = path / 'tokenizer.json' if path.is_dir() else path
+    if not file.exists():
+      raise ValueError(f'{file}: no tokenizer.json there')
+    try:
+      self._tokenizer = tokenizers.Tokenizer.from_str(file.read_text())
+    except Exception as error:  # tokenizers raises plain Exceptions on bad files
+      raise ValueError(f'{file}: not a tokenizers tokenizer.json ({error})') from None
+    # A saved tokenizer.json may pad or truncate every encoding (all-MiniLM's
+    # pads to 128 tokens): txf pads batches itself and never cuts text.
+    self._tokenizer.no_padding()
+    self._tokenizer.no_truncation()
+    self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+    roles = self._special_tokens(file.parent)
+    found = {role: self._token_id(file, role, token) for role, token in roles.items()}
+    self.eos_id = found.get('eos', found.get('sep'))
+    self.pad_id = found.get('pad', self.eos_id)
+    self.bos_id = found.get('bos', found.get('cls', self.pad_id))
+    if self.pad_id is None or self.eos_id is None:
+      raise ValueError(f'{file}: names no eos (or sep) token; txf needs one to separate '
+                       'documents (tokenizer_config.json: eos_token)')
+    self.mask_id = found.get('mask')
+    self.unk_id = found.get('unk')
+    added = json.loads(file.read_text()).get('added_tokens') or []
+    self._special = frozenset(
+        {token['id'] for token in added if token.get('special')} | set(found.values()))
+
+  @staticmethod
+  def _special_tokens(directory: epath.Path) -> dict[str, str]:
+    """{role: token text} from special_tokens_map.json, then tokenizer_config.json."""
+    roles = {}
+    for name in ('special_tokens_map.json', 'tokenizer_config.json'):
+      if not (directory / name).exists():
+        continue
+      saved = json.loads((directory / name).read_text())
+      for role in HFTokenizer._ROLES:
+        token = saved.get(f'{role}_token')
+        if isinstance(token, dict):  # {"content": "[PAD]", "lstrip": false, ...}
+          token = token.get('content')
+        if isinstance(token, str):
+          roles[role] = token
+    return roles
+
+  def _token_id(self, file: epath.Path, role: str, token: str) -> int:
+    token_id = self._tokenizer.token_to_id(token)
+    if token_id is None:
+      raise ValueError(f'{file}: its {role} token {token!r} is not in the vocabulary')
+    return token_id
+
+  @property
+  def special_ids(self) -> frozenset[int]:
+    return self._special
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> np.ndarray:
+    ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    return np.asarray(ids, dtype=np.int32)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    return self._tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)
+                                   if int(i) not in self._special])

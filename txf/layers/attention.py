@@ -33,6 +33,7 @@ class MultiHeadAttention(nn.Module):
     causal: queries attend only to keys at positions <= their own.
     bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
     window: sliding-window span, or None.
+    scale: multiplier of the scores q.k; None: 1/sqrt(head_dim) (1.0 for T5).
   """
 
   num_heads: int
@@ -49,6 +50,7 @@ class MultiHeadAttention(nn.Module):
   dtype: Any
   causal: bool = False
   bidirectional_bias: bool = True
+  scale: float | None = None
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,
@@ -122,7 +124,7 @@ class MultiHeadAttention(nn.Module):
         is_causal, window = False, None
     bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
 
-    attend = dict(bias=bias, mask=mask, is_causal=is_causal, window=window)
+    attend = dict(bias=bias, mask=mask, is_causal=is_causal, window=window, scale=self.scale)
     dropout = self.attention_dropout_rate > 0.0 and not deterministic
     # Recording the weights (an 'intermediates' collection made mutable by the
     # caller, see txf.analysis.attention_maps) takes this unfused path, so the

@@ -61,7 +61,8 @@ class TransformerBlock(nn.Module):
         window=cfg.window if name == "self_attention" else None,
         rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
         use_bias=cfg.use_bias, attention_dropout_rate=cfg.attention_dropout_rate,
-        implementation=cfg.attention_impl, dtype=dtype, name=name)
+        implementation=cfg.attention_impl, dtype=dtype,
+        scale=None if cfg.scale_attention else 1.0, name=name)
 
     self_attention = attention("self_attention", self.causal, cfg.position)
     x_BxTxD = self._residual("self_attention", x_BxTxD, lambda h: self_attention(
@@ -74,7 +75,8 @@ class TransformerBlock(nn.Module):
           h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
           deterministic=self.deterministic))
     ffn = FeedForward(cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
-                      dropout_rate=cfg.dropout_rate, dtype=dtype, name="ffn")
+                      dropout_rate=cfg.dropout_rate, dtype=dtype,
+                      gelu_approximate=cfg.gelu_approximate, name="ffn")
     x_BxTxD = self._residual("ffn", x_BxTxD,
                              lambda h: ffn(h, deterministic=self.deterministic))
     return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES), None

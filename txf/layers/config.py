@@ -21,14 +21,16 @@ ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 NORMS = ("layer", "rms")
 NORM_PLACEMENTS = ("pre", "post")
-HEADS = ("lm", "mlm", "classify")
+HEADS = ("lm", "mlm", "classify", "none")
+# Activations that apply a GELU (model.gelu_approximate picks its form).
+GELU_ACTIVATIONS = ("gelu", "geglu")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
 
 # Which heads each family can carry.
 FAMILY_HEADS = {
-    "decoder": ("lm", "classify"),
-    "encoder": ("mlm", "classify"),
+    "decoder": ("lm", "classify", "none"),
+    "encoder": ("mlm", "classify", "none"),
     "encoder_decoder": ("lm",),
     "lstm": ("lm",),
 }
@@ -46,9 +48,10 @@ class ModelConfig:
   """Hyperparameters of every txf model. Field docs are the config reference.
 
   A field documented `None: X` is set to X at construction, so models read
-  `cfg.num_kv_heads`, `cfg.head_dim`, `cfg.d_ff`, `cfg.num_decoder_layers`
-  (None only outside encoder_decoder) and never a None. family='lstm' reads
-  only LSTM_FIELDS and leaves the derived Transformer fields None.
+  `cfg.num_kv_heads`, `cfg.head_dim`, `cfg.d_ff`, `cfg.scale_logits`,
+  `cfg.num_decoder_layers` (None only outside encoder_decoder) and never a None.
+  family='lstm' reads only LSTM_FIELDS and leaves the derived Transformer
+  fields None.
   """
 
   family: str = "decoder"          # decoder | encoder | encoder_decoder | lstm
@@ -61,6 +64,7 @@ class ModelConfig:
   num_decoder_layers: int | None = None  # encoder_decoder only; None: num_layers
   d_ff: int | None = None          # None: 4*d_model, or 8/3*d_model if gated
   activation: str = "gelu"         # relu | gelu | swiglu | geglu
+  gelu_approximate: bool = True    # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
   position: str = "rope"           # sinusoidal | learned | rope | alibi | t5_bias | none
   max_len: int = 512               # learned table size and longest KV cache
   rope_base: float = 10000.0
@@ -70,13 +74,17 @@ class ModelConfig:
   norm: str = "layer"              # layer | rms
   norm_eps: float = 1e-6
   norm_placement: str = "pre"      # pre: x + f(norm(x)); post: norm(x + f(x))
+  embed_norm: bool = False         # a model.norm on the embedding sum (BERT, RoBERTa)
+  num_token_types: int = 0         # encoder: token-type (segment) embeddings (BERT: 2); 0: none
+  scale_attention: bool = True     # scores x head_dim^-0.5; False: unscaled (T5)
   use_bias: bool = False           # biases on attention and FFN projections
   dropout_rate: float = 0.0        # residual and embedding dropout
   attention_dropout_rate: float = 0.0
   tie_embeddings: bool = True      # output projection = token embedding^T
+  scale_logits: bool | None = None  # logits x d_model^-0.5; None: when tied (T5 v1.0); GPT-2: False
   share_embeddings: bool = True    # encoder_decoder: one table for both stacks
   window: int | None = None        # sliding-window attention span
-  head: str = "lm"                 # lm | mlm | classify
+  head: str = "lm"                 # lm | mlm | classify | none (returns the hidden states)
   num_classes: int = 2             # classify head only
   pooling: str = "cls"             # classify head: cls | mean | max | last
   pad_id: int = 0
@@ -131,6 +139,14 @@ class ModelConfig:
     if self.family == "decoder" and self.head == "classify" and self.pooling == "cls":
       raise ValueError("model.pooling: 'cls' on a causal decoder pools a token that saw only "
                        "itself; use 'last' (or 'mean'/'max')")
+    checks.int_at_least(self.num_token_types, "model.num_token_types", 0)
+    if self.num_token_types and self.family != "encoder":
+      raise ValueError(f"model.num_token_types: only family='encoder' takes token types, "
+                       f"not {self.family!r}")
+    if (not self.gelu_approximate and self.activation not in GELU_ACTIVATIONS
+        and self.head != "mlm"):
+      raise ValueError(f"model.gelu_approximate: False changes nothing: no GELU in "
+                       f"model.activation={self.activation!r} or model.head={self.head!r}")
     if self.num_decoder_layers is not None and self.family != "encoder_decoder":
       raise ValueError("model.num_decoder_layers: only applies to family='encoder_decoder'")
     checks.fraction(self.dropout_rate, "model.dropout_rate")
@@ -158,7 +174,7 @@ class ModelConfig:
     """Fills the None fields with their derived values, once: each quantity
     then has one name (cfg.num_kv_heads, cfg.head_dim, cfg.d_ff, ...)."""
     resolved = dict(num_kv_heads=self.num_heads, head_dim=self.d_model // self.num_heads,
-                    d_ff=self._default_d_ff())
+                    d_ff=self._default_d_ff(), scale_logits=self.tie_embeddings)
     if self.family == "encoder_decoder":
       resolved["num_decoder_layers"] = self.num_layers
     for name, value in resolved.items():

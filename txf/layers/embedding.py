@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import ops
+from txf.layers.norm import Norm
 
 
 def check_position_table(position: str, max_len: int, length: int, what: str) -> None:
@@ -29,6 +30,11 @@ class Embedder(nn.Module):
       fixed encoding, anything else adds nothing (relative schemes act in
       attention).
     max_len: size of the learned table.
+    num_token_types: N > 0 adds a [N, D] token-type (segment) table (BERT).
+    norm: 'layer' or 'rms' normalises the sum (BERT's embedding LayerNorm);
+      None: no norm.
+    norm_eps: that norm's epsilon.
+    scale_logits: the tied logits are divided by sqrt(D).
   """
 
   vocab_size: int
@@ -36,6 +42,10 @@ class Embedder(nn.Module):
   position: str
   max_len: int
   dtype: Any
+  num_token_types: int = 0
+  norm: str | None = None
+  norm_eps: float = 1e-6
+  scale_logits: bool = True
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -48,43 +58,75 @@ class Embedder(nn.Module):
           "position_table",
           nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
           (self.max_len, self.d_model), jnp.float32)
+    if self.num_token_types:
+      # As the position table: small next to the N(0, 1) token rows.
+      self.token_type_table = self.param(
+          "token_type_table",
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+          (self.num_token_types, self.d_model), jnp.float32)
+    if self.norm is not None:
+      self.embed_norm = Norm(self.norm, self.norm_eps, self.dtype)
 
-  def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array) -> jax.Array:
-    """tokens [B, T] int, positions [B|1, T] -> [B, T, D].
+  def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+               token_types_BxT: jax.Array | None = None) -> jax.Array:
+    """tokens [B, T] int, positions [B|1, T], token types [B, T] int -> [B, T, D].
 
-    Token ids must lie in [0, vocab_size): concrete ids outside it raise
-    ValueError. Under jit the ids cannot be inspected, so they are clamped to
-    [0, vocab_size - 1] (a wrong but finite embedding, never NaN logits).
+    Token ids must lie in [0, vocab_size) and token types in
+    [0, num_token_types): concrete ids outside raise ValueError. Under jit the
+    ids cannot be inspected, so they are clamped into range (a wrong but
+    finite embedding, never NaN logits). token_types None means type 0
+    everywhere (BERT's default); they are refused without a token-type table.
     """
-    tokens_BxT = self._check_tokens(tokens_BxT)
+    tokens_BxT = _checked_ids(tokens_BxT, self.vocab_size, "tokens", "the vocabulary",
+                              "model.vocab_size")
     x_BxTxD = self.token(tokens_BxT)
     check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
     if self.position == "learned":
       x_BxTxD = x_BxTxD + jnp.take(self.position_table, positions_BxT, axis=0).astype(self.dtype)
     elif self.position == "sinusoidal":
       x_BxTxD = x_BxTxD + ops.sinusoidal_embedding(positions_BxT, self.d_model).astype(self.dtype)
+    if self.num_token_types:
+      if token_types_BxT is None:
+        token_types_BxT = jnp.zeros_like(tokens_BxT)
+      elif jnp.shape(token_types_BxT) != tokens_BxT.shape:
+        raise ValueError(f"token_types: shape {jnp.shape(token_types_BxT)} differs from the "
+                         f"tokens' {tokens_BxT.shape}")
+      token_types_BxT = _checked_ids(token_types_BxT, self.num_token_types, "token_types",
+                                     "the token types", "model.num_token_types")
+      x_BxTxD = x_BxTxD + jnp.take(self.token_type_table, token_types_BxT,
+                                   axis=0).astype(self.dtype)
+    elif token_types_BxT is not None:
+      raise ValueError("token_types: the model has no token-type embeddings "
+                       "(model.num_token_types=0)")
+    if self.norm is not None:
+      x_BxTxD = self.embed_norm(x_BxTxD)
     return x_BxTxD
 
-  def _check_tokens(self, tokens_BxT: jax.Array) -> jax.Array:
-    tokens_BxT = jnp.asarray(tokens_BxT)
-    if not jnp.issubdtype(tokens_BxT.dtype, jnp.integer):
-      raise ValueError(f"tokens must be integer ids, got dtype {tokens_BxT.dtype}")
-    if not isinstance(tokens_BxT, jax.core.Tracer) and tokens_BxT.size:
-      # numpy, not jnp: concrete ids closed over by a jitted function would
-      # otherwise become tracers again.
-      ids = np.asarray(tokens_BxT)
-      low, high = int(ids.min()), int(ids.max())
-      if low < 0 or high >= self.vocab_size:
-        bad = low if low < 0 else high
-        raise ValueError(f"tokens: id {bad} outside the vocabulary [0, {self.vocab_size}) "
-                         "(model.vocab_size)")
-    # jnp.take would wrap negative ids and give NaN rows past the table.
-    return jnp.clip(tokens_BxT, 0, self.vocab_size - 1)
-
   def attend(self, x_BxTxD: jax.Array) -> jax.Array:
-    """Tied output projection: [B, T, D] -> float32 logits [B, T, V]."""
-    logits = self.token.attend(x_BxTxD.astype(self.dtype))
-    return logits.astype(jnp.float32) / jnp.sqrt(self.d_model).astype(jnp.float32)
+    """Tied output projection: [B, T, D] -> float32 logits [B, T, V]
+    (divided by sqrt(D) when scale_logits)."""
+    logits = self.token.attend(x_BxTxD.astype(self.dtype)).astype(jnp.float32)
+    if self.scale_logits:
+      logits = logits / jnp.sqrt(self.d_model).astype(jnp.float32)
+    return logits
+
+
+def _checked_ids(ids_BxT: jax.Array, size: int, what: str, range_name: str, field: str
+                 ) -> jax.Array:
+  """Integer ids clamped to [0, size); concrete ids outside raise ValueError."""
+  ids_BxT = jnp.asarray(ids_BxT)
+  if not jnp.issubdtype(ids_BxT.dtype, jnp.integer):
+    raise ValueError(f"{what} must be integer ids, got dtype {ids_BxT.dtype}")
+  if not isinstance(ids_BxT, jax.core.Tracer) and ids_BxT.size:
+    # numpy, not jnp: concrete ids closed over by a jitted function would
+    # otherwise become tracers again.
+    ids = np.asarray(ids_BxT)
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= size:
+      bad = low if low < 0 else high
+      raise ValueError(f"{what}: id {bad} outside {range_name} [0, {size}) ({field})")
+  # jnp.take would wrap negative ids and give NaN rows past the table.
+  return jnp.clip(ids_BxT, 0, size - 1)
 
 
 class RelativePositionTable(nn.Module):

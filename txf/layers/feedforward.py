@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -20,6 +21,8 @@ class FeedForward(nn.Module):
   Attributes:
     d_ff: hidden width F.
     activation: relu | gelu | swiglu | geglu.
+    gelu_approximate: gelu / geglu use GELU's tanh form (jax.nn.gelu's
+      default); False: the exact erf form.
   """
 
   d_ff: int
@@ -27,6 +30,7 @@ class FeedForward(nn.Module):
   use_bias: bool
   dropout_rate: float
   dtype: Any
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, *, deterministic: bool = True) -> jax.Array:
@@ -36,6 +40,8 @@ class FeedForward(nn.Module):
     dense = lambda features, axes, name: nn.Dense(
         features, use_bias=self.use_bias, dtype=self.dtype, **projection_inits(*axes), name=name)
     act = _ACTIVATIONS[self.activation]
+    if act is jax.nn.gelu:
+      act = functools.partial(jax.nn.gelu, approximate=self.gelu_approximate)
     into_hidden = (("embed",), ("mlp",))
     h_BxTxF = dense(self.d_ff, into_hidden, "wi")(x_BxTxD)
     if self.activation in GATED_ACTIVATIONS:

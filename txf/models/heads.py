@@ -18,18 +18,23 @@ def _lecun_kernel_init(*axes):
 
 
 class LMHead(nn.Module):
-  """Hidden states -> float32 vocabulary logits, tied to the embedding or not."""
+  """Hidden states -> float32 vocabulary logits, tied to the embedding or not
+  (either way times d_model^-0.5 when cfg.scale_logits)."""
 
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
     """[B, T, D] -> [B, T, V] float32."""
-    if self.cfg.tie_embeddings:
-      return embedder.attend(x_BxTxD)
-    return nn.Dense(self.cfg.vocab_size, use_bias=False, dtype=compute_dtype(self.cfg),
-                    **projection_inits(("embed",), ("vocab",)),
-                    name="logits")(x_BxTxD).astype(jnp.float32)
+    cfg = self.cfg
+    if cfg.tie_embeddings:
+      return embedder.attend(x_BxTxD)  # the embedder applies cfg.scale_logits
+    logits_BxTxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=compute_dtype(cfg),
+                            **projection_inits(("embed",), ("vocab",)),
+                            name="logits")(x_BxTxD).astype(jnp.float32)
+    if cfg.scale_logits:
+      logits_BxTxV = logits_BxTxV / jnp.sqrt(cfg.d_model).astype(jnp.float32)
+    return logits_BxTxV
 
 
 class MaskedLMHead(nn.Module):
@@ -48,7 +53,8 @@ class MaskedLMHead(nn.Module):
                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                               ("embed",)),
                        name="transform")(x_BxTxD)
-    h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(jax.nn.gelu(h_BxTxD))
+    h_BxTxD = jax.nn.gelu(h_BxTxD, approximate=cfg.gelu_approximate)
+    h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(h_BxTxD)
     logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
     bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                         (cfg.vocab_size,), jnp.float32)

@@ -4,6 +4,8 @@
   Decoder          causal LM (or last-token classification); KV-cache decoding.
   EncoderDecoder   bidirectional encoder, causal decoder with cross-attention.
 
+head='none' makes an Encoder or Decoder return its final hidden states [B, T, D].
+
 Every model reads one `ModelConfig`; token id `cfg.pad_id` marks padding.
 """
 
@@ -28,7 +30,9 @@ _HEADS = {"lm": LMHead, "mlm": MaskedLMHead, "classify": ClassificationHead}
 
 def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
   return Embedder(cfg.vocab_size, cfg.d_model, cfg.position, cfg.max_len,
-                  dtype=compute_dtype(cfg), name=name)
+                  dtype=compute_dtype(cfg), num_token_types=cfg.num_token_types,
+                  norm=cfg.norm if cfg.embed_norm else None, norm_eps=cfg.norm_eps,
+                  scale_logits=cfg.scale_logits, name=name)
 
 
 def _check_packing(tokens_BxT: Array, segment_ids_BxT: Array | None,
@@ -53,19 +57,23 @@ class _OneStackModel(nn.Module):
     self.positions = Positions()
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
     self.stack = TransformerStack(cfg, cfg.num_layers, causal=self._causal)
-    self.head = _HEADS[cfg.head](cfg)
+    if cfg.head != "none":
+      self.head = _HEADS[cfg.head](cfg)
 
   def _forward(self, tokens_BxT: Array, key_mask: Array | None, positions_BxT: Array | None, *,
-               deterministic: bool, use_cache: bool) -> Array:
+               deterministic: bool, use_cache: bool, token_types_BxT: Array | None = None
+               ) -> Array:
     positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], use_cache)
     # Packed documents restart the absolute encodings (learned, sinusoidal);
     # the relative ones act in attention on the window's positions, which give
     # the same distances within a document, and the segment mask hides the rest.
     embed_positions = positions_1xT if positions_BxT is None else positions_BxT
-    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions),
+    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions, token_types_BxT),
                                  deterministic=deterministic)
     x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, self_mask=key_mask,
                          cache_index=cache_index, deterministic=deterministic, use_cache=use_cache)
+    if self.cfg.head == "none":
+      return x_BxTxD
     if self.cfg.head == "classify":
       return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
     return self.head(x_BxTxD, self.embedder)
@@ -101,18 +109,21 @@ class Encoder(_OneStackModel):
   """BERT-style bidirectional encoder; padding tokens are never attended to."""
 
   def __call__(self, tokens_BxS: Array, segment_ids_BxS: Array | None = None,
-               positions_BxS: Array | None = None, *, deterministic: bool = True) -> Array:
+               positions_BxS: Array | None = None, *, token_types_BxS: Array | None = None,
+               deterministic: bool = True) -> Array:
     """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify).
 
     Packed rows pass segment ids and positions [B, S] as the Decoder does: a
-    token attends only to its own document.
+    token attends only to its own document. token_types_BxS: int [B, S] BERT
+    segment (sentence A/B) ids (model.num_token_types > 0 only); None: type 0
+    everywhere.
     """
     _check_packing(tokens_BxS, segment_ids_BxS, positions_BxS)
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
     if segment_ids_BxS is not None:
       key_mask = ops.combine_masks(key_mask, ops.segment_mask(segment_ids_BxS))
     return self._forward(tokens_BxS, key_mask, positions_BxS, deterministic=deterministic,
-                         use_cache=False)
+                         use_cache=False, token_types_BxT=token_types_BxS)
 
 
 class EncoderDecoder(nn.Module):

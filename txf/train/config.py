@@ -15,7 +15,8 @@ from txf.train.optim import make_optimizer
 SECTIONS = ("seed", "replicas", "model", "data", "train", "eval", "parallel")
 TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
                 "weight_decay", "b1", "b2", "eps", "grad_clip_norm", "grad_accum_steps",
-                "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep")
+                "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep",
+                "init_from")
 EVAL_FIELDS = ("every", "num_batches", "sample_tokens", "sample_prompt", "temperature")
 PARALLEL_FIELDS = ("data", "fsdp", "tensor")
 DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSpec))

@@ -44,7 +44,7 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
-from txf import models
+from txf import interop, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset
 from txf.layers.config import ModelConfig
@@ -80,7 +80,9 @@ class RunSetup:
     replicas: R, config.replicas: seeds trained side by side (1: a single run).
     state_sharding: a TrainState of NamedShardings, one per leaf.
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
-      created already sharded (no host ever holds the whole model).
+      created already sharded (no host ever holds the whole model); with
+      config.train.init_from, its parameters are that Hugging Face checkpoint's
+      (`pretrained_params`).
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
     train_step: jitted (state, batch) -> (state, metrics); donates the state;
@@ -198,6 +200,9 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     boxed_params = jax.eval_shape(
         functools.partial(init_params, model, first_batch, task), key)
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
+    pretrained = None
+    if config.train.get("init_from"):
+      pretrained = pretrained_params(config.train.init_from, model_cfg, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
@@ -206,13 +211,20 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
       label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
   eval_step = make_eval_step(model, task)
   seeds = replicas.replica_seeds(config.seed, config.replicas)
+  # The pretrained parameters (None without init_from) are an argument of the
+  # jitted init, not constants baked into its program.
+  start = _starting_from(init_fn, optimizer) if pretrained is not None else (
+      lambda rng, params: init_fn(rng))
   if config.replicas == 1:
-    init = jax.jit(lambda: init_fn(key), out_shardings=state_sharding)
+    init = functools.partial(jax.jit(lambda params: start(key, params),
+                                     out_shardings=state_sharding), pretrained)
     train_step = step_for_seed(config.seed)
   else:
     strategy = replicas.default_strategy(jax.default_backend())
     state_sharding = replicas.stacked_shardings(state_sharding)
-    init = jax.jit(lambda: replicas.init_replicas(init_fn, seeds), out_shardings=state_sharding)
+    init = functools.partial(jax.jit(
+        lambda params: replicas.init_replicas(lambda rng: start(rng, params), seeds),
+        out_shardings=state_sharding), pretrained)
     train_step = replicas.make_replicated_train_step(step_for_seed, seeds, strategy=strategy)
     eval_step = replicas.over_replicas(eval_step, strategy)
   replicated = sharding.replicated(mesh)
@@ -230,6 +242,55 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
       peak_flops=hardware.peak_flops_per_device(dtype=model_cfg.dtype))
 
 
+# ModelConfig fields a run may set apart from its train.init_from checkpoint: they
+# change how the model trains or runs, not the function its parameters compute.
+FREE_PRETRAINED_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "attention_impl",
+                          "remat", "max_len", "head", "num_classes", "pooling")
+
+
+def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
+  """The parameters of the Hugging Face checkpoint in `directory`
+  (config.train.init_from), which must be the run's model: the same ModelConfig
+  up to FREE_PRETRAINED_FIELDS and exactly the same parameters.
+
+  Raises:
+    ValueError: naming the first model field or parameter that differs.
+  """
+  try:
+    pretrained = interop.load_pretrained(directory)
+  except interop.CheckpointError as error:
+    raise ValueError(f"train.init_from: {error}") from None
+  hint = f"(start from --config=configs/pretrained.py:{directory}, which writes its model section)"
+  for field in dataclasses.fields(ModelConfig):
+    ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
+    if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
+      raise ValueError(f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
+                       f"in train.init_from={directory} {hint}")
+  expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
+  found = interop.rules.flatten(pretrained.params)
+  for path in sorted(set(expected) | set(found)):
+    if path not in found or path not in expected:
+      where = "the run's model" if path not in found else "the checkpoint"
+      raise ValueError(f"train.init_from: parameter {path} is only in {where} {directory} "
+                       f"{hint}")
+    shape = tuple(expected[path].shape)
+    if shape != found[path].shape:
+      raise ValueError(f"train.init_from: parameter {path} has shape {shape} in the run's "
+                       f"model but {found[path].shape} in {directory} {hint}")
+  return pretrained.params
+
+
+def _starting_from(init_fn: Callable[[jax.Array], TrainState],
+                   optimizer: optax.GradientTransformation
+                   ) -> Callable[[jax.Array, Any], TrainState]:
+  """(rng, params) -> init_fn's state with those parameters and their fresh
+  optimizer state."""
+  def init(rng: jax.Array, params: Any) -> TrainState:
+    state = init_fn(rng)  # its random parameters are dead code once replaced
+    return state.replace(params=params, opt_state=optimizer.init(params))
+  return init
+
+
 def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
   """The run's checkpoints: workdir/checkpoints, kept and spaced as config.train says."""
   return Checkpointer(epath.Path(workdir) / "checkpoints",
@@ -245,8 +306,10 @@ def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
 # A run's config.json is read under today's names, so older runs resume.
 RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
                   ("data", "max_len", "max_example_len"))
-# Top-level fields added since: the value every run written before had.
-ADDED_FIELDS = {"replicas": 1}
+# Fields added since (dotted for a section's): the value every run written
+# before had. Fields added with a None default need no entry (absent reads as None).
+ADDED_FIELDS = {"replicas": 1, "model.gelu_approximate": True, "model.embed_norm": False,
+                "model.num_token_types": 0, "model.scale_attention": True}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
@@ -254,7 +317,12 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  saved = {**ADDED_FIELDS, **json.loads(path.read_text())}
+  saved = json.loads(path.read_text())
+  for name, value in ADDED_FIELDS.items():
+    section, _, field = name.rpartition(".")
+    fields = saved.get(section) if section else saved
+    if isinstance(fields, dict):
+      fields.setdefault(field, value)
   for section, old, new in RENAMED_FIELDS:
     fields = saved.get(section)
     if isinstance(fields, dict) and old in fields and new not in fields:

@@ -1,0 +1,226 @@
+"""Hugging Face model directories <-> a txf ModelConfig and params.
+
+  pretrained = load_pretrained("models/gpt2")   # config.json + model.safetensors
+  logits = pretrained.model().apply({"params": pretrained.params}, tokens_BxT)
+  pretrained.save("out/gpt2")                   # config.json + model.safetensors again
+  save_pretrained(cfg, params, "out/mine")      # a txf model of a matching shape
+
+Families: BERT-style encoders (bert.py), GPT-2-style decoders (gpt2.py) and
+T5-style encoder-decoders (t5.py), picked by config.json's `architectures`.
+Each family module has the same functions (`model_config`, `rules`,
+`hf_config_of`, ...); this module does the rest the same way for all.
+
+Nothing is guessed: an unsupported architecture or config value, a missing
+tensor, a tensor no rule reads, or a shape that differs stops the load with a
+CheckpointError naming them. Two kinds of tensors are dropped, and named:
+buffers saved next to the weights (GPT-2's causal masks, BERT's position
+ids), and weights txf has no layer for (BERT's pooler and next-sentence
+head, or a head not asked for with head='none'), which are logged as a
+warning and listed in `Pretrained.unused`. A tied output saved as its own
+tensor (`lm_head.weight` equal to the embedding) is checked equal and read
+once; one that differs makes an untied output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from types import ModuleType
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+
+from txf import models
+from txf.interop import bert, gpt2, rules, t5
+from txf.interop.rules import CheckpointError
+from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, write_tensors
+from txf.layers.config import ModelConfig
+
+FAMILIES = (bert, gpt2, t5)
+# config.json's model_type -> the architecture assumed when `architectures` is absent.
+DEFAULT_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel",
+                         "gpt2": "GPT2LMHeadModel", "t5": "T5ForConditionalGeneration"}
+_EXPORT_FAMILIES = {"encoder": bert, "decoder": gpt2, "encoder_decoder": t5}
+TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """A converted checkpoint.
+
+  Attributes:
+    config: the txf ModelConfig of the checkpoint (float32 compute).
+    params: nested dict of float32 numpy arrays, the model's `params`.
+    architecture: the HF architecture it was read as (and is saved as).
+    token_ids: config.json's pad/bos/eos/decoder_start token ids (None where absent).
+    unused: names of the weights that were dropped (see the module docstring).
+  """
+
+  config: ModelConfig
+  params: dict[str, Any]
+  architecture: str
+  token_ids: dict[str, int | None]
+  unused: tuple[str, ...] = ()
+
+  def model(self) -> nn.Module:
+    return models.build(self.config)
+
+  def save(self, directory: str | epath.PathLike) -> None:
+    """Writes this checkpoint back as its architecture (config.json + model.safetensors)."""
+    save_pretrained(self.config, self.params, directory, architecture=self.architecture,
+                    token_ids=self.token_ids)
+
+
+def _family(hf: Mapping[str, Any]) -> tuple[ModuleType, str]:
+  """The family module and architecture of a config.json."""
+  architectures = hf.get("architectures") or [DEFAULT_ARCHITECTURES.get(hf.get("model_type"))]
+  for architecture in architectures:
+    for family in FAMILIES:
+      if architecture in family.ARCHITECTURES:
+        return family, architecture
+  supported = sorted(a for family in FAMILIES for a in family.ARCHITECTURES)
+  found = hf.get("architectures") or hf.get("model_type")
+  raise CheckpointError(f"config.json: architecture {found!r} is not supported (supported: "
+                        f"{', '.join(supported)})")
+
+
+def _head(family: ModuleType, architecture: str, head: str | None) -> str:
+  natural = family.ARCHITECTURES[architecture]
+  if head is None:
+    return natural
+  if head not in (natural, "none"):
+    raise CheckpointError(f"head: {architecture} has no {head!r} head (choose {natural!r} "
+                          "or 'none')")
+  return head
+
+
+def _canonical_names(tensors: Mapping[str, np.ndarray], family: ModuleType,
+                     architecture: str) -> dict[str, np.ndarray]:
+  """Names as the family's rules spell them: legacy names renamed, the body
+  under its prefix ('bert.', 'transformer.'), whether or not the file was
+  saved with a head (the original GPT-2 files have none)."""
+  prefix = family.prefix(architecture)
+  canonical = {}
+  for name, tensor in tensors.items():
+    name = family.rename_legacy(name)
+    if not name.startswith(prefix) and name.split(".")[0] not in family.HEAD_ROOTS:
+      name = prefix + name
+    if name in canonical:
+      raise CheckpointError(f"tensor {name} appears twice in the checkpoint")
+    canonical[name] = tensor
+  return canonical
+
+
+def _matching(tensors: Mapping[str, np.ndarray], patterns: tuple[str, ...]) -> list[str]:
+  return sorted(name for name in tensors if any(re.fullmatch(p, name) for p in patterns))
+
+
+def _drop_tied_copies(tensors: dict[str, np.ndarray], copies: Mapping[str, str]) -> None:
+  """Removes each tied copy that equals its source (a copy that differs stays)."""
+  for copy, source in copies.items():
+    if copy in tensors and source in tensors and np.array_equal(tensors[copy], tensors[source]):
+      del tensors[copy]
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """{'a/b/kernel': shape} of the txf model of cfg (abstract: no arrays made)."""
+  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  inputs = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+  abstract = jax.eval_shape(models.build(cfg).init, jax.random.key(0), *inputs)["params"]
+  return {path: tuple(leaf.shape)
+          for path, leaf in rules.flatten(nn.meta.unbox(abstract)).items()}
+
+
+def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None) -> Pretrained:
+  """Reads a HF model directory (config.json and its weights) as txf.
+
+  Args:
+    directory: holds config.json and model.safetensors (or a sharded
+      model.safetensors.index.json, or pytorch_model.bin with torch installed).
+    head: None: the architecture's own ('mlm' for BertForMaskedLM, 'lm' for
+      GPT2LMHeadModel and T5, 'none' for BertModel / GPT2Model); 'none': the
+      final hidden states instead (the head's weights are dropped, named).
+
+  Raises:
+    CheckpointError: naming what does not fit (see the module docstring).
+  """
+  directory = epath.Path(directory)
+  hf = read_json(directory / CONFIG)
+  family, architecture = _family(hf)
+  head = _head(family, architecture, head)
+  tensors = _canonical_names(read_tensors(directory), family, architecture)
+  for name in _matching(tensors, family.BUFFERS):
+    del tensors[name]
+  _drop_tied_copies(tensors, family.tied_copies(architecture))
+  unused = _matching(tensors, family.unused(architecture, head))
+  if unused:
+    logging.warning("%s: txf does not use %d weights of %s: %s", directory, len(unused),
+                    architecture, ", ".join(unused))
+    for name in unused:
+      del tensors[name]
+  tied = family.untied_output(architecture) not in tensors
+  cfg = family.model_config(hf, architecture, head, tied)
+  conversion = family.rules(cfg, architecture)
+  rules.check_rules_cover(conversion, param_shapes(cfg), str(directory))
+  flat = rules.to_txf(conversion, tensors, where=str(directory))
+  return Pretrained(config=cfg, params=rules.unflatten(flat), architecture=architecture,
+                    token_ids={key: hf.get(key) for key in TOKEN_ID_KEYS},
+                    unused=tuple(unused))
+
+
+def read_model_config(directory: str | epath.PathLike, *, head: str | None = None
+                      ) -> ModelConfig:
+  """The txf ModelConfig of a HF model directory. The weights are read too:
+  whether the output is tied is decided by them (see the module docstring)."""
+  return load_pretrained(directory, head=head).config
+
+
+def save_pretrained(cfg: ModelConfig | Mapping[str, Any], params: Mapping[str, Any],
+                    directory: str | epath.PathLike, *, architecture: str | None = None,
+                    token_ids: Mapping[str, int | None] | None = None) -> None:
+  """Writes a txf model as a HF model directory: config.json + model.safetensors.
+
+  Args:
+    cfg: the model's config; its family picks the HF family (encoder: BERT,
+      decoder: GPT-2, encoder_decoder: T5).
+    params: the model's params (boxed or not).
+    directory: created if needed; config.json and model.safetensors are
+      replaced.
+    architecture: e.g. 'RobertaForMaskedLM'; None: the family's for cfg.head.
+    token_ids: pad/bos/eos/decoder_start token ids to record (None values
+      are left out; pad_token_id defaults to cfg.pad_id).
+
+  Raises:
+    CheckpointError: naming a config field the architecture cannot hold, or
+      parameters that do not fit cfg.
+  """
+  cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_config(cfg)
+  family = _EXPORT_FAMILIES[cfg.family]
+  architecture = architecture or family.default_architecture(cfg)
+  if architecture not in family.ARCHITECTURES:
+    raise CheckpointError(f"architecture: {architecture!r} is not a model.family="
+                          f"{cfg.family!r} architecture (choose from "
+                          f"{', '.join(family.ARCHITECTURES)})")
+  hf = {"pad_token_id": cfg.pad_id, **family.hf_config_of(cfg, architecture)}
+  hf.update({key: value for key, value in (token_ids or {}).items()
+             if key in TOKEN_ID_KEYS and value is not None})
+  conversion = family.rules(cfg, architecture)
+  rules.check_rules_cover(conversion, param_shapes(cfg), "export")
+  tensors = rules.to_hf(conversion, rules.flatten(nn.meta.unbox(params)), where="export")
+  output = family.untied_output(architecture)
+  if cfg.tie_embeddings and not hf["tie_word_embeddings"] and cfg.head != "none":
+    tensors[output] = tensors[family.tied_copies(architecture)[output]]
+  if family.ARCHITECTURES[architecture] == "none":
+    # Head-less architectures name their tensors without the body prefix.
+    prefix = family.prefix(architecture)
+    tensors = {name.removeprefix(prefix): value for name, value in tensors.items()}
+  directory = epath.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  write_tensors(directory / SAFETENSORS, tensors)
+  (directory / CONFIG).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")

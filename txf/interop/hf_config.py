@@ -1,0 +1,75 @@
+"""Reading a Hugging Face `config.json` into ModelConfig fields, and back.
+
+Shared by the families (bert.py, gpt2.py, t5.py): a value txf cannot
+represent stops the conversion with a CheckpointError naming the key, and an
+export refuses a ModelConfig field the architecture cannot represent, naming
+the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from txf.interop.rules import CheckpointError
+from txf.layers.config import ModelConfig
+
+_MISSING = object()
+# HF activation names of GELU's tanh form; "gelu" is the exact (erf) one.
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def get(hf: Mapping[str, Any], key: str, default: Any = _MISSING) -> Any:
+  """hf[key]; without a default a missing (or null) key is a CheckpointError."""
+  value = hf.get(key)
+  if value is None:
+    if default is _MISSING:
+      raise CheckpointError(f"config.json: missing {key!r}")
+    return default
+  return value
+
+
+def expect(hf: Mapping[str, Any], key: str, supported: tuple, default: Any) -> Any:
+  """hf[key] (default when absent), which must be one of `supported`."""
+  value = hf.get(key, default)
+  if value not in supported:
+    raise CheckpointError(f"config.json: {key}={value!r} is not supported by txf "
+                          f"(supported: {', '.join(map(repr, supported))})")
+  return value
+
+
+def activation_fields(name: str, key: str) -> dict[str, Any]:
+  """ModelConfig fields of HF activation `name` (read from config key `key`)."""
+  if name == "relu":
+    return dict(activation="relu")
+  if name == "gelu":
+    return dict(activation="gelu", gelu_approximate=False)
+  if name in GELU_TANH:
+    return dict(activation="gelu", gelu_approximate=True)
+  raise CheckpointError(f"config.json: {key}={name!r} is not supported by txf (supported: "
+                        f"'relu', 'gelu', {', '.join(map(repr, GELU_TANH))})")
+
+
+def hf_activation(cfg: ModelConfig) -> str:
+  """The HF name of cfg's (ungated) activation."""
+  if cfg.activation == "relu":
+    return "relu"
+  return "gelu_new" if cfg.gelu_approximate else "gelu"
+
+
+def require(cfg: ModelConfig, architecture: str, **required: Any) -> None:
+  """Refuses a cfg field whose value `architecture` cannot represent.
+
+  Each keyword is a field and its required value, or a tuple of allowed values.
+  """
+  for field, allowed in required.items():
+    allowed = allowed if isinstance(allowed, tuple) else (allowed,)
+    value = getattr(cfg, field)
+    if value not in allowed:
+      raise CheckpointError(f"model.{field}: {value!r} cannot be written as {architecture} "
+                            f"(needs {' or '.join(map(repr, allowed))})")
+
+
+def require_plain_attention(cfg: ModelConfig, architecture: str) -> None:
+  """Multi-head attention with one key/value head per query head, no window,
+  the stacks' blocks as separate parameters (what every HF family here has)."""
+  require(cfg, architecture, num_kv_heads=cfg.num_heads, window=None, scan_layers=False)

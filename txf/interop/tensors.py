@@ -1,0 +1,99 @@
+"""Reading and writing a Hugging Face model directory's tensors.
+
+Weights are read from `model.safetensors`, a sharded
+`model.safetensors.index.json`, or (only when torch happens to be installed)
+`pytorch_model.bin`. Safetensors files are read with the `safetensors`
+package's numpy API; bfloat16 tensors, which numpy cannot represent, through
+its flax API. Every floating tensor comes back as float32 numpy (txf keeps
+parameters in float32). Nothing here needs torch or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping
+
+import numpy as np
+from etils import epath
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from txf.interop.rules import CheckpointError
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_BIN = "pytorch_model.bin"
+CONFIG = "config.json"
+
+
+def read_json(path: epath.Path) -> dict:
+  """A JSON object file; CheckpointError names a missing or broken one."""
+  if not path.exists():
+    raise CheckpointError(f"{path}: no such file")
+  try:
+    value = json.loads(path.read_text())
+  except json.JSONDecodeError as error:
+    raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+  if not isinstance(value, dict):
+    raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+  return value
+
+
+def _as_float32(array: np.ndarray) -> np.ndarray:
+  return array.astype(np.float32) if np.issubdtype(array.dtype, np.floating) else array
+
+
+def _read_safetensors(path: epath.Path) -> dict[str, np.ndarray]:
+  tensors, bfloat16 = {}, []
+  try:
+    with safe_open(os.fspath(path), framework="numpy") as file:
+      for name in file.keys():
+        if file.get_slice(name).get_dtype() == "BF16":
+          bfloat16.append(name)
+        else:
+          tensors[name] = _as_float32(file.get_tensor(name))
+    if bfloat16:
+      with safe_open(os.fspath(path), framework="flax") as file:
+        tensors.update({name: np.asarray(file.get_tensor(name), np.float32)
+                        for name in bfloat16})
+  except (OSError, SafetensorError) as error:
+    raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+  return tensors
+
+
+def _read_pytorch_bin(path: epath.Path) -> dict[str, np.ndarray]:
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise CheckpointError(f"{path}: reading pytorch_model.bin needs torch; convert the "
+                          "checkpoint to model.safetensors or install torch") from None
+  state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+  return {name: _as_float32(tensor.float().numpy() if tensor.is_floating_point()
+                            else tensor.numpy())
+          for name, tensor in state.items()}
+
+
+def read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
+  """{name: float32 array} of the weights in a HF model directory."""
+  if (directory / SAFETENSORS).exists():
+    return _read_safetensors(directory / SAFETENSORS)
+  if (directory / SAFETENSORS_INDEX).exists():
+    index = read_json(directory / SAFETENSORS_INDEX)
+    shards = sorted(set((index.get("weight_map") or {}).values()))
+    if not shards:
+      raise CheckpointError(f"{directory / SAFETENSORS_INDEX}: its weight_map names no files")
+    tensors = {}
+    for shard in shards:
+      tensors.update(_read_safetensors(directory / shard))
+    return tensors
+  if (directory / PYTORCH_BIN).exists():
+    return _read_pytorch_bin(directory / PYTORCH_BIN)
+  raise CheckpointError(f"{directory}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX} or "
+                        f"{PYTORCH_BIN})")
+
+
+def write_tensors(path: epath.Path, tensors: Mapping[str, np.ndarray]) -> None:
+  """Writes a safetensors file that `transformers` loads (format 'pt')."""
+  save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()},
+            os.fspath(path), metadata={"format": "pt"})

@@ -1,0 +1,134 @@
+"""Running converted checkpoints on text: batches of texts, sentence
+embeddings, generation.
+
+  pretrained = load_pretrained(DIR, head="none")
+  tokenizer = HFTokenizer(DIR)
+  tokens_BxT = encode_batch(tokenizer, ["some text", "more"], pad_id=pretrained.config.pad_id)
+  embeddings_BxD = sentence_embeddings(pretrained.model(), pretrained.params, tokens_BxT,
+                                       pooling="mean", normalize=True)
+  generated_BxN = generate_text(load_pretrained(GPT2_DIR), prompt_BxP, max_new_tokens=20)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+
+from txf import decode
+from txf.data.tokenizers import HFTokenizer
+from txf.interop.checkpoint import Pretrained
+from txf.models import pool
+
+SENTENCE_POOLINGS = ("mean", "cls")
+# sentence-transformers' Pooling config keys of those poolings.
+_POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+# sentence-transformers' Normalize divides by max(|x|, eps) (torch's F.normalize).
+NORMALIZE_EPS = 1e-12
+
+
+def encode_batch(tokenizer: HFTokenizer, texts: Sequence[str], *, pad_id: int) -> np.ndarray:
+  """int32 [B, T]: each text with the tokenizer's special tokens, right-padded with pad_id."""
+  if not texts:
+    raise ValueError("texts: nothing to encode")
+  encoded = [tokenizer.encode(text, add_special_tokens=True) for text in texts]
+  empty = [text for text, ids in zip(texts, encoded) if not len(ids)]
+  if empty:
+    raise ValueError(f"texts: {empty[0]!r} encodes to no tokens")
+  tokens_BxT = np.full((len(texts), max(map(len, encoded))), pad_id, np.int32)
+  for row, ids in enumerate(encoded):
+    tokens_BxT[row, :len(ids)] = ids
+  return tokens_BxT
+
+
+def sentence_embeddings(model: nn.Module, params: Any, tokens_BxT: jax.Array, *,
+                        pooling: str = "mean", normalize: bool = False,
+                        token_types_BxT: jax.Array | None = None) -> jax.Array:
+  """Sentence embeddings [B, D] from an encoder with head='none' (see `pool_sentences`)."""
+  cfg = model.cfg
+  if cfg.family != "encoder" or cfg.head != "none":
+    raise ValueError(f"model.head: sentence embeddings need an encoder with head='none', "
+                     f"got family={cfg.family!r}, head={cfg.head!r}")
+  kwargs = {} if token_types_BxT is None else dict(token_types_BxS=token_types_BxT)
+  hidden_BxTxD = model.apply({"params": params}, tokens_BxT, **kwargs)
+  return pool_sentences(hidden_BxTxD, jnp.asarray(tokens_BxT) != cfg.pad_id, pooling=pooling,
+                        normalize=normalize)
+
+
+def pool_sentences(hidden_BxTxD: jax.Array, valid_BxT: jax.Array, *, pooling: str = "mean",
+                   normalize: bool = False) -> jax.Array:
+  """[B, T, D] hidden states -> [B, D] sentence embeddings.
+
+  mean: averaged over the real tokens (valid), as sentence-transformers'
+  mean pooling; cls: the first token's. normalize divides each by its L2
+  norm (all-MiniLM-L6-v2 and most sentence encoders).
+  """
+  if pooling not in SENTENCE_POOLINGS:
+    raise ValueError(f"pooling: {pooling!r} is not one of {SENTENCE_POOLINGS}")
+  pooled_BxD = pool(hidden_BxTxD, valid_BxT, pooling)
+  if normalize:
+    norms_Bx1 = jnp.linalg.norm(pooled_BxD, axis=-1, keepdims=True)
+    pooled_BxD = pooled_BxD / jnp.maximum(norms_Bx1, NORMALIZE_EPS)
+  return pooled_BxD
+
+
+def sentence_transformers_pooling(directory: str | epath.PathLike) -> tuple[str, bool] | None:
+  """(pooling, normalize) that a sentence-transformers directory declares
+  (modules.json, its Pooling module's config.json), or None when it has none."""
+  directory = epath.Path(directory)
+  if not (directory / "modules.json").exists():
+    return None
+  modules = json.loads((directory / "modules.json").read_text())
+  kinds = {module.get("type", "").rsplit(".", 1)[-1]: module for module in modules}
+  pooling = "mean"
+  if "Pooling" in kinds:
+    config = json.loads((directory / kinds["Pooling"]["path"] / "config.json").read_text())
+    chosen = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
+    if len(chosen) != 1 or chosen[0] not in _POOLING_MODES:
+      raise ValueError(f"{directory / kinds['Pooling']['path']}: pooling {chosen} is not "
+                       f"one of {sorted(_POOLING_MODES)} alone")
+    pooling = _POOLING_MODES[chosen[0]]
+  return pooling, "Normalize" in kinds
+
+
+def generate_text(pretrained: Pretrained, prompt_BxP: np.ndarray, *, max_new_tokens: int,
+                  rng: jax.Array | None = None, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> np.ndarray:
+  """Generated tokens [B, max_new_tokens] (KV cache, txf.decode), pad after EOS.
+
+  A decoder continues each prompt (right-padded with model.pad_id); an
+  encoder-decoder decodes from its decoder start token (config.json's
+  decoder_start_token_id) reading the prompts. Rows stop at config.json's
+  eos_token_id. rng None: greedy.
+  """
+  cfg, model = pretrained.config, pretrained.model()
+  eos_id = pretrained.token_ids.get("eos_token_id")
+  sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id)
+  if cfg.family == "encoder_decoder":
+    start = pretrained.token_ids.get("decoder_start_token_id")
+    start = cfg.pad_id if start is None else start
+    # txf.decode.sample reads prompt tokens equal to pad_id as padding: T5's
+    # start token is its pad, so that prompt counts as empty and one token
+    # fewer is generated. Ask for one more.
+    extra = int(start == cfg.pad_id)
+    generated_BxM = decode.generate_seq2seq(model, pretrained.params, jnp.asarray(prompt_BxP),
+                                            max_new_tokens=max_new_tokens + extra,
+                                            bos_id=start, **sampling)
+    return np.asarray(generated_BxM)[:, :max_new_tokens]
+  if cfg.family != "decoder" or cfg.head != "lm":
+    raise ValueError(f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
+                     "LM head or an encoder-decoder)")
+  lengths_B = np.sum(np.asarray(prompt_BxP) != cfg.pad_id, axis=1)
+  real_BxP = np.arange(prompt_BxP.shape[1])[None] < lengths_B[:, None]
+  if np.any(real_BxP != (np.asarray(prompt_BxP) != cfg.pad_id)):
+    raise ValueError(f"prompt: holds token {cfg.pad_id}, which txf.decode reads as padding "
+                     "(model.pad_id)")
+  tokens_BxT = np.asarray(decode.generate(model, pretrained.params, jnp.asarray(prompt_BxP),
+                                          max_new_tokens=max_new_tokens, **sampling))
+  return np.stack([row[length:length + max_new_tokens]
+                   for row, length in zip(tokens_BxT, lengths_B)])
