@@ -68,7 +68,9 @@ INAPPLICABLE = dict(num_heads=8, num_kv_heads=2, head_dim=16, num_decoder_layers
                     rope_scale=2.0, t5_num_buckets=16, t5_max_distance=64,
                     norm_placement="post", use_bias=True, attention_dropout_rate=0.1,
                     share_embeddings=False, window=8, num_classes=3, pooling="mean",
-                    attention_impl="xla", remat=True, scan_layers=True)
+                    attention_impl="xla", remat=True, scan_layers=True,
+                    gelu_approximate=False, embed_norm=True, num_token_types=2,
+                    scale_attention=False, scale_logits=False)
 
 
 @pytest.mark.parametrize("field", sorted(INAPPLICABLE))
