@@ -33,6 +33,8 @@ class MultiHeadAttention(nn.Module):
     causal: queries attend only to keys at positions <= their own.
     bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
     window: sliding-window span, or None.
+    cross: cross-attention: keys and values come from `kv_BxSxD` (an encoder
+      output), which decoding may keep in the cache (see `__call__`).
   """
 
   num_heads: int
@@ -49,6 +51,7 @@ class MultiHeadAttention(nn.Module):
   dtype: Any
   causal: bool = False
   bidirectional_bias: bool = True
+  cross: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,
@@ -59,7 +62,8 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       x_BxTxD: queries' inputs.
-      kv_BxSxD: keys' and values' inputs for cross-attention, else None.
+      kv_BxSxD: keys' and values' inputs for cross-attention, else None
+        (a `cross` layer under use_cache may omit it: see below).
       q_positions_BxT: absolute positions of the queries ([1, T] broadcasts).
       key_mask: bool, broadcastable to [B, 1, 1|T, S]: padding of the keys.
       relative_table: [num_buckets, H] T5 bias table (position='t5_bias').
@@ -72,6 +76,12 @@ class MultiHeadAttention(nn.Module):
     a length-L input (that call only creates it). Each later call writes its
     T new keys at `cache_index` and attends over all L slots, masking the
     ones after each query.
+
+    A `cross` layer under use_cache keeps the keys and values of its encoder
+    output, with their padding mask, as `cross_key`/`cross_value`
+    [B, S, K, Dh] and `cross_mask` [B, 1, 1, S]: a call with `kv_BxSxD`
+    computes and stores them, a call without reads the stored ones, so a
+    decoding step need not project the encoder output again.
 
     With the 'intermediates' collection mutable (`apply(..., mutable=
     ['intermediates'])`), the float32 attention weights [B, H, T, S] (before
@@ -90,13 +100,22 @@ class MultiHeadAttention(nn.Module):
         (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
         **projection_inits(("embed",), (heads_axis, "head_dim"),
                            (d_model, heads, self.head_dim)), name=name)
-    is_self = kv_BxSxD is None
-    kv_BxSxD = x_BxTxD if is_self else kv_BxSxD
+    is_self = kv_BxSxD is None and not self.cross
+    project_kv = lambda inputs_BxSxD: (
+        dense(self.num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
+        dense(self.num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
     q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
-    k_BxSxKxDh = dense(self.num_kv_heads, "kv_heads", "key")(kv_BxSxD)
-    v_BxSxKxDh = dense(self.num_kv_heads, "kv_heads", "value")(kv_BxSxD)
+    if is_self:
+      k_BxSxKxDh, v_BxSxKxDh = project_kv(x_BxTxD)
+    elif use_cache:
+      k_BxSxKxDh, v_BxSxKxDh, key_mask = self._cross_cache(kv_BxSxD, key_mask, project_kv)
+    elif kv_BxSxD is None:
+      raise ValueError("MultiHeadAttention: cross-attention needs kv_BxSxD (only use_cache "
+                       "may omit it, to read the keys/values a call with it stored)")
+    else:
+      k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
 
-    seq_len = kv_BxSxD.shape[1]
+    seq_len = k_BxSxKxDh.shape[1]
     k_positions_BxS = jnp.arange(seq_len)[None]
     if self.position == "rope":
       q_BxTxHxDh = ops.apply_rope(q_BxTxHxDh, q_positions_BxT, base=self.rope_base,
@@ -154,6 +173,28 @@ class MultiHeadAttention(nn.Module):
                                         bidirectional=self.bidirectional_bias,
                                         max_distance=self.t5_max_distance)
     return None
+
+  def _cross_cache(self, kv_BxSxD, key_mask, project_kv):
+    """Cross-attention under use_cache: projects kv and stores the keys, values
+    and key mask in the cache, or reads them back when kv_BxSxD is None.
+
+    Returns (k [B, S, K, Dh], v [B, S, K, Dh], key mask [B, 1, 1, S]).
+    """
+    names = ("cross_key", "cross_value", "cross_mask")
+    if kv_BxSxD is None:
+      if not self.has_variable("cache", "cross_key"):
+        raise ValueError("MultiHeadAttention: cross-attention without kv_BxSxD reads its keys/"
+                         "values from the cache, which holds none (store them by a use_cache "
+                         "call with the encoder output, see txf.decode.encode_for_decoding)")
+      k_BxSxKxDh, v_BxSxKxDh, cached_mask = (self.get_variable("cache", name) for name in names)
+      return k_BxSxKxDh, v_BxSxKxDh, ops.combine_masks(key_mask, cached_mask)
+    k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
+    mask_shape = (k_BxSxKxDh.shape[0], 1, 1, k_BxSxKxDh.shape[1])
+    mask_Bx1x1xS = (jnp.ones(mask_shape, bool) if key_mask is None
+                    else jnp.broadcast_to(key_mask, mask_shape))
+    for name, value in zip(names, (k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS)):
+      self.put_variable("cache", name, value)
+    return k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS
 
   def _update_cache(self, k_BxTxKxDh, v_BxTxKxDh, cache_index):
     """Writes the new keys/values at cache_index; returns the whole cache."""
