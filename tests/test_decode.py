@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from txf import decode, models
+from txf.layers import MultiHeadAttention
 from txf.layers.config import ModelConfig
 
 TINY = dict(vocab_size=50, d_model=32, num_heads=4, num_layers=2, max_len=16)
@@ -133,6 +134,30 @@ def test_cached_cross_attention_matches_uncached_and_full_pass():
   assert not cache["decoder"]["blocks"]["self_attention"]["cached_key"].any()
 
 
+def test_query_rows_sharing_an_encoding_equal_each_row_with_its_own_copy():
+  # Beam search keeps one encoding per example for all its beams: 6 query
+  # rows over 2 key rows must equal 6 rows over the key rows repeated 3 times.
+  attention = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
+                                 window=None, rope_base=1e4, rope_scale=1.0,
+                                 t5_max_distance=128, use_bias=False,
+                                 attention_dropout_rate=0.0, implementation=None,
+                                 dtype=jnp.float32, cross=True)
+  x = jax.random.normal(jax.random.key(0), (6, 3, 8))
+  kv = jax.random.normal(jax.random.key(1), (2, 5, 8))
+  key_mask = (jnp.arange(5) < jnp.array([[5], [3]]))[:, None, None]  # row 1: 3 keys
+  positions = jnp.arange(3)[None]
+  variables = jax.jit(attention.init)(jax.random.key(2), x, kv, q_positions_BxT=positions)
+  apply = jax.jit(lambda kv, key_mask: attention.apply(
+      variables, x, kv, key_mask=key_mask, q_positions_BxT=positions, mutable=["intermediates"]))
+  shared, shared_maps = apply(kv, key_mask)
+  copied, copied_maps = apply(jnp.repeat(kv, 3, axis=0), jnp.repeat(key_mask, 3, axis=0))
+  np.testing.assert_allclose(shared, copied, atol=1e-6)
+  np.testing.assert_allclose(jax.tree.leaves(shared_maps)[0], jax.tree.leaves(copied_maps)[0],
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="6 query rows cannot share 4 key/value rows"):
+    jax.eval_shape(apply, jnp.ones((4, 5, 8)), None)
+
+
 def test_cross_attention_without_a_stored_encoding_is_an_error():
   model, params = seq2seq_model()
   tokens = jnp.ones((B, 1), jnp.int32)
@@ -165,15 +190,18 @@ def test_init_cache_shapes_and_batch_axes():
       assert axis == (None if "index" in jax.tree_util.keystr(path) else int(scan))
 
 
-def test_seq2seq_cache_holds_the_encoding_with_its_batch_axes():
+def test_seq2seq_cache_holds_the_encoding_once_per_example():
   model, _ = seq2seq_model()
   cache = decode.init_cache(model, B, 10, encoder_tokens=jnp.ones((B, 7), jnp.int32))
   crossed = cache["decoder"]["blocks"]["cross_attention"]
   assert crossed["cross_key"].shape == crossed["cross_value"].shape == (2, B, 7, 4, 8)
   assert crossed["cross_mask"].shape == (2, B, 1, 1, 7)
+  # Beam search keeps one copy per example (its beams share it): no batch
+  # axis to copy or reorder, unlike the self-attention keys.
   axes = decode.cache_batch_axes(model, 10)
-  assert axes["decoder"]["blocks"]["cross_attention"] == dict(cross_key=1, cross_value=1,
-                                                              cross_mask=1)
+  assert axes["decoder"]["blocks"]["cross_attention"] == dict(cross_key=None, cross_value=None,
+                                                              cross_mask=None)
+  assert axes["decoder"]["blocks"]["self_attention"] == dict(cached_key=1, cached_value=1)
   assert axes["positions"]["index"] is None
 
 

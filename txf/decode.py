@@ -21,12 +21,12 @@ lengths given (`prompt_lengths_B`) or counted as the tokens that are not
 `pad_id`. Every row needs at least one token (e.g. BOS). The searches
 right-align the prompts and feed position i of every row at step i, at one
 shared cache index; while a row's prompt lasts, its next token is forced to
-the prompt's (t5x style), so rows of any length share one loop and need no
-separate prefill. Outputs keep the input's side: [B, P + N] holds each
-right-padded prompt followed directly by its new tokens, or each left-padded
-prompt with the new tokens from column P on. Each row generates at most N =
-max_new_tokens tokens, ends after an EOS it generates (not one in its
-prompt) and holds pad_id after its end.
+the prompt's (t5x style), so rows of any length share one loop. Outputs
+keep the input's side: [B, P + N] holds each right-padded prompt followed
+directly by its new tokens, or each left-padded prompt with the new tokens
+from column P on. Each row generates at most N = max_new_tokens tokens, ends
+after an EOS it generates (not one in its prompt) and holds pad_id after its
+end.
 
 Cache size. The cache needs room for P + N - 1 positions. Both searches check
 this for a txf cache (one with self-attention `cached_key` leaves, as
@@ -36,7 +36,13 @@ the sizes; for another cache it is the caller's to ensure.
 Encoder-decoders. `encode_for_decoding` runs the encoder once and stores each
 decoder layer's cross-attention keys and values of the encoding (with its
 padding mask) in the cache, so a decoding step only runs the decoder on its
-one token; beam search reorders them with the rest of the cache.
+one token. Beam search keeps one copy of them per example, which all its
+beams attend to (`cache_batch_axes` marks them None), so neither copying
+them per beam nor reordering them costs anything. `cache_cross_attention=
+False` recomputes them at every step instead, kept to compare and benchmark
+against (experiments/bench_decode.py): inside one jitted loop, as in
+`generate`, XLA hoists that loop-invariant work out of the loop by itself,
+so the cache saves time mainly when decoding runs step by step.
 
 `init_cache`, `cache_batch_axes`, `make_tokens_to_logits` and
 `encode_for_decoding` adapt txf models (`txf.models.build`) to this
@@ -54,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from txf.layers.attention import CROSS_CACHE_NAMES
 from txf.layers.embedding import check_position_table
 
 Array = jax.Array
@@ -128,21 +135,24 @@ def init_cache(model: nn.Module, batch_size: int, cache_len: int, *,
 
 
 def cache_batch_axes(model: nn.Module, cache_len: int) -> Cache:
-  """Which axis of each cache leaf is the batch axis (for `beam_search`).
+  """Which axis of each cache leaf `beam_search` copies per beam and reorders.
 
   Found by comparing the cache shapes for batch sizes 1 and 2, so it holds
-  for any layout (e.g. scanned layers put the batch on axis 1) and for the
-  cross-attention leaves of an encoder-decoder.
+  for any layout (e.g. scanned layers put the batch on axis 1).
 
   Returns:
     A pytree with the cache's structure: an int axis per leaf, or None for a
-    leaf without a batch axis (the shared `index`).
+    leaf the search leaves alone: the shared `index`, and an
+    encoder-decoder's cross-attention keys, values and mask, of which each
+    example keeps one copy that all its beams attend to.
   """
-  def batch_axis(one, two):
+  def batch_axis(path, one, two):
+    if getattr(path[-1], "key", None) in CROSS_CACHE_NAMES:
+      return None
     differing = [a for a, (m, n) in enumerate(zip(one.shape, two.shape)) if m != n]
     return differing[0] if differing else None
-  return jax.tree.map(batch_axis, _cache_shapes(model, 1, cache_len, 1),
-                      _cache_shapes(model, 2, cache_len, 1))
+  return jax.tree_util.tree_map_with_path(batch_axis, _cache_shapes(model, 1, cache_len, 1),
+                                          _cache_shapes(model, 2, cache_len, 1))
 
 
 def _cache_len(cache: Cache) -> int | None:
@@ -193,25 +203,24 @@ def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array
       and values of the encoding (and its padding mask) are computed here,
       once, and stored in the cache. False: every step projects the
       encoding again, as decoding did before they were cached; this path
-      exists to compare and benchmark against (experiments/bench_decode.py).
+      exists to compare and benchmark against (experiments/bench_decode.py:
+      inside one jitted loop, as in `generate`, XLA hoists that
+      loop-invariant projection out of the loop itself, so the two cost
+      about the same there; decoding step by step, the cache saves it).
 
   Returns:
-    (tokens_to_logits, cache), the cache for batch B (`beam_search` expands
-    it per beam).
+    (tokens_to_logits, cache) for batch B; beam search copies the
+    self-attention part of the cache per beam (with `cache_batch_axes`).
   """
   batch_size = encoder_tokens_BxS.shape[0]
   encoded_BxSxD, encoder_mask = model.apply({"params": params}, encoder_tokens_BxS,
                                             method="encode")
   cache = init_cache(model, batch_size, cache_len, encoder_tokens=encoder_tokens_BxS)
   if not cache_cross_attention:
-    def tokens_to_logits(tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
-      # Each step projects the encoding again, repeated to the tokens' batch
-      # (B * num_beams rows of beam k of example b during beam search).
-      copies = tokens_BxT.shape[0] // batch_size
-      context = (jnp.repeat(encoded_BxSxD, copies, axis=0),
-                 jnp.repeat(encoder_mask, copies, axis=0))
-      return make_tokens_to_logits(model, params, *context, method="decode")(tokens_BxT, cache)
-    return tokens_to_logits, cache
+    # Each step projects the encoding again (and stores the result over the
+    # stored copy, which it does not read).
+    return make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask,
+                                 method="decode"), cache
   # Decoding zero tokens with the encoding only stores its keys and values:
   # the self-attention slots and the index stay empty.
   no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)

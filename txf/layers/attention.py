@@ -18,6 +18,8 @@ from txf.layers.partitioning import projection_inits
 Array = jax.Array
 # The variable collection a caller passes to `apply` to scale heads' outputs.
 HEAD_MASK = "head_mask"
+# The 'cache' variables in which cross-attention keeps an encoder output.
+CROSS_CACHE_NAMES = ("cross_key", "cross_value", "cross_mask")
 
 
 class MultiHeadAttention(nn.Module):
@@ -83,6 +85,10 @@ class MultiHeadAttention(nn.Module):
     computes and stores them, a call without reads the stored ones, so a
     decoding step need not project the encoder output again.
 
+    Cross-attention keys/values may have fewer rows than the queries: with
+    B = G * B_kv, query rows b * G .. b * G + G - 1 all attend to key row b
+    (beam search's beams of one example share its encoding, txf.decode).
+
     With the 'intermediates' collection mutable (`apply(..., mutable=
     ['intermediates'])`), the float32 attention weights [B, H, T, S] (before
     attention dropout) are sown there as `attention_weights`.
@@ -141,6 +147,15 @@ class MultiHeadAttention(nn.Module):
         is_causal, window = False, None
     bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
 
+    batch, q_len = q_BxTxHxDh.shape[:2]
+    kv_batch = k_BxSxKxDh.shape[0]
+    if batch % kv_batch:
+      raise ValueError(f"MultiHeadAttention: {batch} query rows cannot share {kv_batch} "
+                       "key/value rows (the queries' batch must be a multiple)")
+    # Each group of query rows sharing a key row attends as that row's queries.
+    q_BxTxHxDh = q_BxTxHxDh.reshape((kv_batch, -1) + q_BxTxHxDh.shape[2:])
+    unfold = lambda x_BxGTxN: x_BxGTxN.reshape((batch, q_len) + x_BxGTxN.shape[2:])
+
     attend = dict(bias=bias, mask=mask, is_causal=is_causal, window=window)
     dropout = self.attention_dropout_rate > 0.0 and not deterministic
     # Recording the weights (an 'intermediates' collection made mutable by the
@@ -148,13 +163,15 @@ class MultiHeadAttention(nn.Module):
     # recorded weights are the ones the output is computed from.
     if dropout or self.is_mutable_collection("intermediates"):
       weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, **attend)
-      self.sow("intermediates", "attention_weights", weights_BxHxTxS)
+      self.sow("intermediates", "attention_weights",
+               unfold(weights_BxHxTxS.swapaxes(1, 2)).swapaxes(1, 2))
       weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
           weights_BxHxTxS, deterministic=not dropout)
       out_BxTxHxDh = ops.apply_attention_weights(weights_BxHxTxS.astype(self.dtype), v_BxSxKxDh)
     else:
       out_BxTxHxDh = ops.dot_product_attention(
           q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation, **attend)
+    out_BxTxHxDh = unfold(out_BxTxHxDh)
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
@@ -180,7 +197,7 @@ class MultiHeadAttention(nn.Module):
 
     Returns (k [B, S, K, Dh], v [B, S, K, Dh], key mask [B, 1, 1, S]).
     """
-    names = ("cross_key", "cross_value", "cross_mask")
+    names = CROSS_CACHE_NAMES
     if kv_BxSxD is None:
       if not self.has_variable("cache", "cross_key"):
         raise ValueError("MultiHeadAttention: cross-attention without kv_BxSxD reads its keys/"
