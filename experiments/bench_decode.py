@@ -1,7 +1,7 @@
 """Times encoder-decoder decoding with the cross-attention keys/values cached
 once per source against recomputing them at every step, in one run.
 
-  python -m experiments.bench_decode [--source_len=512] [--new_tokens=64] [--batch_size=4]
+  python -m experiments.bench_decode [--source_len=512] [--new_tokens=128] [--batch_size=4]
       [--num_beams=1] [--d_model=128] [--num_layers=2] [--num_heads=4] [--repeats=5]
 
 Both variants decode the same random sources with the same random-init model
@@ -40,7 +40,7 @@ from txf import decode, models
 from txf.layers.config import ModelConfig
 
 _SOURCE_LEN = flags.DEFINE_integer("source_len", 512, "Encoder tokens per source.")
-_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "Decoder tokens generated per row (N).")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Decoder tokens generated per row (N).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 4, "Sources decoded together.")
 _NUM_BEAMS = flags.DEFINE_integer("num_beams", 1, "1: greedy; K > 1: beam search.")
 _D_MODEL = flags.DEFINE_integer("d_model", 128, "Model width.")

@@ -173,8 +173,8 @@ def make_tokens_to_logits(model: nn.Module, params: Any, *context: Array | None,
     *context: leading arguments of `method` before the tokens, e.g.
       (encoded [B, S, D], encoder mask [B, 1, 1, S]) for `method='decode'`
       of an encoder-decoder, or (None, None) to read the encoding stored in
-      the cache (see `encode_for_decoding`). Arrays must have the tokens'
-      batch (expand them for beam search).
+      the cache (see `encode_for_decoding`). An encoding may have fewer
+      rows than the tokens, one per example when its beams share it.
     method: the model method to apply; None: `__call__`.
 
   Returns:
