@@ -197,19 +197,19 @@ class MultiHeadAttention(nn.Module):
 
     Returns (k [B, S, K, Dh], v [B, S, K, Dh], key mask [B, 1, 1, S]).
     """
-    names = CROSS_CACHE_NAMES
     if kv_BxSxD is None:
-      if not self.has_variable("cache", "cross_key"):
+      if not self.has_variable("cache", CROSS_CACHE_NAMES[0]):
         raise ValueError("MultiHeadAttention: cross-attention without kv_BxSxD reads its keys/"
                          "values from the cache, which holds none (store them by a use_cache "
                          "call with the encoder output, see txf.decode.encode_for_decoding)")
-      k_BxSxKxDh, v_BxSxKxDh, cached_mask = (self.get_variable("cache", name) for name in names)
+      k_BxSxKxDh, v_BxSxKxDh, cached_mask = (self.get_variable("cache", name)
+                                             for name in CROSS_CACHE_NAMES)
       return k_BxSxKxDh, v_BxSxKxDh, ops.combine_masks(key_mask, cached_mask)
     k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
     mask_shape = (k_BxSxKxDh.shape[0], 1, 1, k_BxSxKxDh.shape[1])
     mask_Bx1x1xS = (jnp.ones(mask_shape, bool) if key_mask is None
                     else jnp.broadcast_to(key_mask, mask_shape))
-    for name, value in zip(names, (k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS)):
+    for name, value in zip(CROSS_CACHE_NAMES, (k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS)):
       self.put_variable("cache", name, value)
     return k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS
 
