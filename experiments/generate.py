@@ -47,8 +47,11 @@ def main(argv) -> None:
     tokenizer = HFTokenizer(_MODEL.value)
     prompt_1xP = encode_batch(tokenizer, [_PROMPT.value], pad_id=pretrained.config.pad_id)
     rng = jax.random.key(_SEED.value) if _TEMPERATURE.value > 0 else None
+    # One unpadded prompt: its length is given, so a token equal to pad_id
+    # (GPT-2 pads with <|endoftext|>) is read as a token.
     generated_1xN = generate_text(pretrained, prompt_1xP, max_new_tokens=_MAX_NEW_TOKENS.value,
-                                  rng=rng, temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+                                  prompt_lengths_B=np.array([prompt_1xP.shape[1]]), rng=rng,
+                                  temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                   top_p=_TOP_P.value)
   except ValueError as error:  # CheckpointError too
     fail("model", error)

@@ -1,15 +1,15 @@
-"""Tests for txf.decode: KV-cache correctness, sampling, greedy and beam search.
+"""Tests for txf.decode: KV-cache correctness (self- and cross-attention),
+sampling and greedy decoding, prompts of different lengths, cache checks.
+Beam search is tested in test_decode_beam.py.
 
 Model-level tests use tiny random-init float32 models; the search logic is
 also checked on stub `tokens_to_logits` functions whose logits are known, so
-the expected tokens and scores are computed independently in numpy.
+the expected tokens are computed independently in numpy.
 Tolerances: cached vs full-pass logits atol 1e-5 (same float32 math, other
-summation order); beam scores vs a teacher-forced full pass atol 1e-4 (sums
-of up to 8 log-probabilities).
+summation order).
 """
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from txf import decode, models
+from txf.layers import MultiHeadAttention
 from txf.layers.config import ModelConfig
 
 TINY = dict(vocab_size=50, d_model=32, num_heads=4, num_layers=2, max_len=16)
@@ -53,10 +54,10 @@ def random_tokens(seed, shape, low=1):
 # KV cache: feeding tokens one at a time reproduces the full forward pass.
 
 
-@functools.partial(jax.jit, static_argnames=("model", "method"))
-def stepwise_logits(model, params, tokens_BxT, *context, method=None):
+@functools.partial(jax.jit, static_argnames=("model",))
+def stepwise_logits(model, params, tokens_BxT):
   """Logits [B, T, V] from feeding tokens through the cache one per step."""
-  tokens_to_logits = decode.make_tokens_to_logits(model, params, *context, method=method)
+  tokens_to_logits = decode.make_tokens_to_logits(model, params)
 
   def step(cache, token_B):
     logits_BxV, cache = tokens_to_logits(token_B[:, None], cache)
@@ -100,14 +101,73 @@ def seq2seq_model():
   return model_and_params(family="encoder_decoder", position="t5_bias", scan_layers=True)
 
 
-def test_cached_seq2seq_decoding_matches_full_pass():
+@functools.partial(jax.jit, static_argnames=("model",))
+def seq2seq_stepwise(model, params, encoder_tokens_BxS, decoder_tokens_BxT):
+  """Logits [B, T, V] from feeding decoder tokens one per step, with the
+  cross-attention keys/values cached and recomputed at every step; and the
+  cached path's cache after the encoding is stored."""
+  def run(cache_cross_attention):
+    tokens_to_logits, cache = decode.encode_for_decoding(
+        model, params, encoder_tokens_BxS, decoder_tokens_BxT.shape[1],
+        cache_cross_attention=cache_cross_attention)
+    step = lambda cache, token_B: tokens_to_logits(token_B[:, None], cache)[::-1]
+    return jax.lax.scan(step, cache, decoder_tokens_BxT.T)[1].transpose(1, 0, 2), cache
+  (cached, cache), (uncached, _) = run(True), run(False)
+  return cached, uncached, cache
+
+
+def test_cached_cross_attention_matches_uncached_and_full_pass():
   model, params = seq2seq_model()
   encoder_tokens = random_tokens(3, (B, 7)).at[1, 4:].set(0)  # row 1 padded
   decoder_tokens = random_tokens(4, (B, T))
-  encoded, mask = apply(model, {"params": params}, encoder_tokens, method="encode")
-  stepwise = stepwise_logits(model, params, decoder_tokens, encoded, mask, method="decode")
+  cached, uncached, cache = seq2seq_stepwise(model, params, encoder_tokens, decoder_tokens)
   full = apply(model, {"params": params}, encoder_tokens, decoder_tokens)
-  np.testing.assert_allclose(stepwise, full, atol=1e-5)
+  np.testing.assert_allclose(cached, uncached, atol=1e-5)
+  np.testing.assert_allclose(cached, full, atol=1e-5)
+  # The stored encoding: every layer's keys/values ([N, B, S, K, Dh] scanned)
+  # and the encoder padding mask; the self-attention part is still empty.
+  crossed = cache["decoder"]["blocks"]["cross_attention"]
+  assert crossed["cross_key"].shape == (2, B, 7, 4, 8) and np.abs(crossed["cross_key"]).min() > 0
+  np.testing.assert_array_equal(crossed["cross_mask"][:, :, 0, 0, :],
+                                np.broadcast_to(encoder_tokens != 0, (2, B, 7)))
+  assert int(cache["positions"]["index"]) == 0
+  assert not cache["decoder"]["blocks"]["self_attention"]["cached_key"].any()
+
+
+def test_query_rows_sharing_an_encoding_equal_each_row_with_its_own_copy():
+  # Beam search keeps one encoding per example for all its beams: 6 query
+  # rows over 2 key rows must equal 6 rows over the key rows repeated 3 times.
+  attention = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
+                                 window=None, rope_base=1e4, rope_scale=1.0,
+                                 t5_max_distance=128, use_bias=False,
+                                 attention_dropout_rate=0.0, implementation=None,
+                                 dtype=jnp.float32, cross=True)
+  x = jax.random.normal(jax.random.key(0), (6, 3, 8))
+  kv = jax.random.normal(jax.random.key(1), (2, 5, 8))
+  key_mask = (jnp.arange(5) < jnp.array([[5], [3]]))[:, None, None]  # row 1: 3 keys
+  positions = jnp.arange(3)[None]
+  variables = jax.jit(attention.init)(jax.random.key(2), x, kv, q_positions_BxT=positions)
+  apply = jax.jit(lambda kv, key_mask: attention.apply(
+      variables, x, kv, key_mask=key_mask, q_positions_BxT=positions, mutable=["intermediates"]))
+  shared, shared_maps = apply(kv, key_mask)
+  copied, copied_maps = apply(jnp.repeat(kv, 3, axis=0), jnp.repeat(key_mask, 3, axis=0))
+  np.testing.assert_allclose(shared, copied, atol=1e-6)
+  np.testing.assert_allclose(jax.tree.leaves(shared_maps)[0], jax.tree.leaves(copied_maps)[0],
+                             atol=1e-6)
+  with pytest.raises(ValueError, match="6 query rows cannot share 4 key/value rows"):
+    jax.eval_shape(apply, jnp.ones((4, 5, 8)), None)
+
+
+def test_cross_attention_without_a_stored_encoding_is_an_error():
+  model, params = seq2seq_model()
+  tokens = jnp.ones((B, 1), jnp.int32)
+  with pytest.raises(ValueError, match="encoded_BxSxD=None .* needs use_cache=True"):
+    model.apply({"params": params}, None, None, tokens, method="decode")
+  cache = decode.init_cache(model, B, 4, encoder_tokens=tokens)
+  del cache["decoder"]["blocks"]["cross_attention"]  # a cache that never stored one
+  with pytest.raises(ValueError, match="reads its keys/values from the cache, which holds none"):
+    model.apply({"params": params, "cache": cache}, None, None, tokens, use_cache=True,
+                mutable=["cache"], method="decode")
 
 
 # ---------------------------------------------------------------------------
@@ -130,11 +190,27 @@ def test_init_cache_shapes_and_batch_axes():
       assert axis == (None if "index" in jax.tree_util.keystr(path) else int(scan))
 
 
+def test_seq2seq_cache_holds_the_encoding_once_per_example():
+  model, _ = seq2seq_model()
+  cache = decode.init_cache(model, B, 10, encoder_tokens=jnp.ones((B, 7), jnp.int32))
+  crossed = cache["decoder"]["blocks"]["cross_attention"]
+  assert crossed["cross_key"].shape == crossed["cross_value"].shape == (2, B, 7, 4, 8)
+  assert crossed["cross_mask"].shape == (2, B, 1, 1, 7)
+  # Beam search keeps one copy per example (its beams share it): no batch
+  # axis to copy or reorder, unlike the self-attention keys.
+  axes = decode.cache_batch_axes(model, 10)
+  assert axes["decoder"]["blocks"]["cross_attention"] == dict(cross_key=None, cross_value=None,
+                                                              cross_mask=None)
+  assert axes["decoder"]["blocks"]["self_attention"] == dict(cached_key=1, cached_value=1)
+  assert axes["positions"]["index"] is None
+
+
 @pytest.mark.parametrize("overrides, kwargs, field", [
     (dict(position="learned"), dict(cache_len=17), "model.max_len"),
     (dict(family="encoder", head="mlm"), dict(cache_len=8), "model.family"),
     (dict(head="classify", pooling="last"), dict(cache_len=8), "model.head"),
     (dict(), dict(cache_len=8, encoder_tokens=jnp.ones((B, 3), jnp.int32)), "encoder_tokens"),
+    (dict(family="encoder_decoder"), dict(cache_len=8), "encoder_tokens: an encoder_decoder"),
 ])
 def test_init_cache_errors(overrides, kwargs, field):
   model = models.build(ModelConfig(**{**TINY, **overrides}))
@@ -213,9 +289,10 @@ def counting_stub(calls):
   return tokens_to_logits
 
 
-def expected_counting(prompt_row, eos_id, max_new_tokens, pad_id=0):
-  """(row of sample()'s output, position of its last generated token)."""
-  tokens = [t for t in prompt_row if t != pad_id]
+def expected_counting(prompt_row, eos_id, max_new_tokens, pad_id=0, length=None):
+  """(row of sample()'s output, position of its last generated token) for a
+  right-padded row; length None: the prompt is the tokens != pad_id."""
+  tokens = [t for t in prompt_row if t != pad_id] if length is None else list(prompt_row[:length])
   for _ in range(max_new_tokens):
     tokens.append((tokens[-1] + 1) % COUNT_VOCAB)
     if tokens[-1] == eos_id:
@@ -239,6 +316,92 @@ def test_sample_stops_rows_at_eos_and_length(eos_id):
   assert len(calls) == max(end for _, end in expected) < 8
 
 
+def to_left(rows, lengths, prompt_len):
+  """Right-padded rows (prompts, or outputs laid out as sample's) moved to
+  the left-padded layout: each shifted right by its padding, P - length."""
+  return np.stack([np.roll(row, prompt_len - length) for row, length in zip(rows, lengths)])
+
+
+RAGGED = np.array([[1, 2, 0], [5, 6, 0], [4, 0, 0], [7, 8, 9]])  # lengths 2, 2, 1, 3
+
+
+def test_sample_on_left_padded_prompts():
+  lengths = (RAGGED != 0).sum(1)
+  out = decode.sample(counting_stub([]), {"index": jnp.int32(0)}, to_left(RAGGED, lengths, 3),
+                      max_new_tokens=4, rng=jax.random.key(0), temperature=0.0, eos_id=6,
+                      padding_side="left")
+  expected = np.array([expected_counting(list(row), 6, 4)[0] for row in RAGGED])
+  np.testing.assert_array_equal(out, to_left(expected, lengths, 3))
+
+
+def test_sample_with_prompt_lengths_reads_only_those_tokens():
+  # Given lengths, a prompt may hold the pad id (row 2 starts with token 0),
+  # and whatever follows it (here 13s) is neither fed nor returned.
+  lengths = np.array([2, 1, 3, 1])
+  prompt = np.where(np.arange(3) < lengths[:, None], RAGGED, 13)
+  prompt[2, 0] = 0
+  out = decode.sample(counting_stub([]), {"index": jnp.int32(0)}, prompt, max_new_tokens=4,
+                      rng=jax.random.key(0), temperature=0.0, eos_id=6,
+                      prompt_lengths_B=jnp.asarray(lengths))
+  expected = [expected_counting(list(row), 6, 4, length=n)[0] for row, n in zip(prompt, lengths)]
+  np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("prompt, kwargs, message", [
+    ([[0, 5, 6]], {}, r"rows \[0\] are not right-padded with pad_id=0"),
+    ([[5, 0, 6], [5, 6, 0]], {}, r"rows \[0\] are not right-padded"),
+    ([[5, 6, 0]], dict(padding_side="left"), r"rows \[0\] are not left-padded"),
+    ([[5, 6], [0, 0]], {}, r"rows \[1\] hold only pad_id=0; every row needs a token"),
+    ([[5, 6]], dict(prompt_lengths_B=jnp.array([3])), r"prompt_lengths_B must lie in \[1, 2\]"),
+    ([[5, 6]], dict(prompt_lengths_B=jnp.array([1, 2])), r"must have shape \(1,\), got \(2,\)"),
+    ([[5, 6]], dict(padding_side="middle"), "padding_side must be one of"),
+    ([[5, 6]], dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),
+    ([5, 6], {}, r"prompts must be int \[B, P\]"),
+], ids=["pad first", "pad inside", "right as left", "empty row", "length > P",
+        "lengths shape", "side", "no new tokens", "1-D prompt"])
+def test_bad_prompts_are_rejected_before_decoding(prompt, kwargs, message):
+  calls = []
+  kwargs = dict(dict(max_new_tokens=3), **kwargs)
+  with pytest.raises(ValueError, match=message):
+    decode.sample(counting_stub(calls), {"index": jnp.int32(0)}, jnp.array(prompt),
+                  rng=jax.random.key(0), **kwargs)
+  jax.effects_barrier()
+  assert not calls
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(), "prompt_BxP: a decoder needs prompts"),
+    (dict(prompt_BxP=PROMPT, encoder_tokens_BxS=PROMPT), "encoder_tokens_BxS only apply"),
+    (dict(prompt_BxP=PROMPT[:, ::-1]), r"rows \[0\] are not right-padded"),
+])
+def test_bad_generate_arguments_are_rejected(kwargs, message):
+  model, params = model_and_params()
+  with pytest.raises(ValueError, match=message):
+    decode.generate(model, params, max_new_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(scan_layers=True)], ids=str)
+def test_a_cache_too_short_for_prompt_and_new_tokens_is_an_error(overrides):
+  # A caller-built cache: PROMPT (5 columns) and NEW = 6 tokens need 10 positions.
+  model, params = model_and_params(**overrides)
+  tokens_to_logits = decode.make_tokens_to_logits(model, params)
+  cache = decode.init_cache(model, B, 9)
+  with pytest.raises(ValueError, match=r"sample: the cache holds 9 positions, but prompts of 5 "
+                                       r"tokens and max_new_tokens=6 need 10"):
+    decode.sample(tokens_to_logits, cache, PROMPT, max_new_tokens=NEW, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match=r"beam_search: the cache holds 9 positions, .* need 10"):
+    decode.beam_search(tokens_to_logits, cache, PROMPT, num_beams=2, max_new_tokens=NEW,
+                       eos_id=None)
+
+
+def test_a_caller_built_cache_of_the_right_size_decodes_as_generate(lm):
+  model, params, greedy = lm
+  sample = jax.jit(lambda cache: decode.sample(
+      decode.make_tokens_to_logits(model, params), cache, PROMPT, max_new_tokens=NEW,
+      rng=jax.random.key(0), temperature=0.0))
+  np.testing.assert_array_equal(sample(decode.init_cache(model, B, 10)), greedy)
+
+
 @pytest.mark.parametrize("kwargs", [dict(top_k=3), dict(top_p=0.8), dict(top_k=4, top_p=0.9)],
                          ids=str)
 def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
@@ -250,160 +413,6 @@ def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
   kept = np.arange(kwargs.get("top_k", 8))
   kept = kept[(np.cumsum(probs) - probs)[kept] < kwargs.get("top_p", 1.0)]
   assert set(np.asarray(out[:, 1]).tolist()) == set(kept.tolist())
-
-
-# A path-dependent stub: the logits after a prefix are a fixed random row
-# indexed by the prefix's base-V code, so every sequence's log-prob differs
-# and can be enumerated. EOS is favoured (+4) so that hypotheses end early
-# and the finished pool fills, which is when beam search may stop early. Its
-# cache has a shared scalar and a leaf whose batch axis is 1, as scanned
-# layers have.
-BF_VOCAB, BF_EOS, BF_MAX_NEW = 4, 3, 5
-BF_TABLE = (2.0 * jax.random.normal(jax.random.key(5), (BF_VOCAB ** (BF_MAX_NEW + 2), BF_VOCAB))
-            ).at[:, BF_EOS].add(4.0)
-BF_LOGPROBS = np.asarray(jax.nn.log_softmax(BF_TABLE))
-BF_AXES = {"index": None, "code": 1}
-PATH_STUB_CALLS = []
-
-
-def path_stub(tokens_Bx1, cache):
-  jax.debug.callback(lambda: PATH_STUB_CALLS.append(1))
-  code_1xB = cache["code"] * BF_VOCAB + tokens_Bx1[:, 0]
-  return BF_TABLE[code_1xB[0]], {"index": cache["index"] + 1, "code": code_1xB}
-
-
-def path_logprob(tokens):
-  """log p(tokens[1:] | tokens[0]) under path_stub (the code starts at 1)."""
-  code, total = 1 * BF_VOCAB + tokens[0], 0.0
-  for token in tokens[1:]:
-    total += BF_LOGPROBS[code, token]
-    code = code * BF_VOCAB + token
-  return total
-
-
-def ranked(hypotheses, alpha, num_beams, max_new_tokens):
-  """Top hypotheses (token tuples incl. the first token) as padded arrays, with scores."""
-  score = lambda h: path_logprob(h) / ((5 + len(h) - 1) / 6) ** alpha
-  best = sorted(hypotheses, key=score, reverse=True)[:num_beams]
-  tokens = [list(h) + [0] * (1 + max_new_tokens - len(h)) for h in best]
-  return np.array(tokens), np.array([score(h) for h in best])
-
-
-def brute_force_beams(first_token, alpha, num_beams, max_new_tokens):
-  """The num_beams best of all hypotheses after `first_token`, by enumeration."""
-  hypotheses = set()
-  for continuation in itertools.product(range(BF_VOCAB), repeat=max_new_tokens):
-    if BF_EOS in continuation:
-      continuation = continuation[:continuation.index(BF_EOS) + 1]
-    hypotheses.add((first_token, *continuation))
-  return ranked(hypotheses, alpha, num_beams, max_new_tokens)
-
-
-def reference_beam_search(first_token, alpha, num_beams, max_new_tokens):
-  """Plain beam search, every step to the end: keep the 2K best expansions,
-  move the ended ones to the pool, go on with the K best others."""
-  live, ended = [(first_token,)], []
-  for step in range(1, max_new_tokens + 1):
-    expansions = [h + (token,) for h in live for token in range(BF_VOCAB)]
-    expansions = sorted(expansions, key=path_logprob, reverse=True)[:2 * num_beams]
-    done = lambda h, step=step: h[-1] == BF_EOS or step == max_new_tokens
-    ended += [h for h in expansions if done(h)]
-    live = [h for h in expansions if not done(h)][:num_beams]
-  return ranked(ended, alpha, num_beams, max_new_tokens)
-
-
-@functools.partial(jax.jit, static_argnames=("beam_size", "max_new_tokens"))
-def stub_beam_search(prompt_Bx1, alpha, beam_size, max_new_tokens):
-  cache = {"index": jnp.int32(0), "code": jnp.ones((1, prompt_Bx1.shape[0]), jnp.int32)}
-  return decode.beam_search(path_stub, cache, prompt_Bx1, beam_size=beam_size,
-                            max_new_tokens=max_new_tokens, eos_id=BF_EOS,
-                            length_penalty=alpha, batch_axes=BF_AXES)
-
-
-FIRST_TOKENS = jnp.array([[0], [1], [2], [3]])
-
-
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 3.0])
-def test_wide_beam_search_finds_the_brute_force_ranking(alpha):
-  # With 3 new tokens, 16 beams keep every live prefix (at most 3 ** 2 = 9
-  # before the last step), so the search is exact: the 16 best hypotheses.
-  tokens, scores = stub_beam_search(FIRST_TOKENS, alpha, beam_size=16, max_new_tokens=3)
-  for row, first_token in enumerate(np.asarray(FIRST_TOKENS[:, 0])):
-    expected_tokens, expected_scores = brute_force_beams(first_token, alpha, 16, 3)
-    np.testing.assert_array_equal(tokens[row], expected_tokens)
-    np.testing.assert_allclose(scores[row], expected_scores, atol=1e-5)
-
-
-@pytest.mark.parametrize("beam_size, alpha", [(2, 0.0), (2, 0.6), (3, 3.0)])
-def test_narrow_beam_search_matches_reference_without_early_stop(beam_size, alpha):
-  # Narrow beams prune, and stopping early must not change what they find.
-  PATH_STUB_CALLS.clear()
-  tokens, scores = stub_beam_search(FIRST_TOKENS, alpha, beam_size=beam_size,
-                                    max_new_tokens=BF_MAX_NEW)
-  jax.effects_barrier()
-  for row, first_token in enumerate(np.asarray(FIRST_TOKENS[:, 0])):
-    expected_tokens, expected_scores = reference_beam_search(first_token, alpha, beam_size,
-                                                             BF_MAX_NEW)
-    np.testing.assert_array_equal(tokens[row], expected_tokens)
-    np.testing.assert_allclose(scores[row], expected_scores, atol=1e-5)
-  if alpha == 0.0:
-    # EOS has probability ~0.95: after a few steps the pool holds EOS-ended
-    # hypotheses better than any live beam (log-probs only fall), so the
-    # search must stop before its last step.
-    assert len(PATH_STUB_CALLS) < BF_MAX_NEW
-
-
-# ---------------------------------------------------------------------------
-# Beam search on models.
-
-
-def test_beam_size_one_is_greedy(lm):
-  model, params, _ = lm
-  prompt = PROMPT[:, :3] + 20  # beam_search takes prompts of one length
-
-  @jax.jit
-  def beam(prompt):
-    return decode.beam_search(decode.make_tokens_to_logits(model, params),
-                              decode.init_cache(model, B, 3 + NEW - 1), prompt,
-                              beam_size=1, max_new_tokens=NEW, eos_id=None)
-
-  tokens, _ = beam(prompt)
-  greedy = decode.generate(model, params, prompt, max_new_tokens=NEW)
-  np.testing.assert_array_equal(tokens[:, 0], greedy)
-
-
-@pytest.fixture(scope="module")
-def seq2seq():
-  model, params = seq2seq_model()
-  encoder_tokens = random_tokens(6, (B, 7)).at[0, 5:].set(0)
-  return model, params, encoder_tokens
-
-
-def test_seq2seq_beam_size_one_is_greedy(seq2seq):
-  model, params, encoder_tokens = seq2seq
-  greedy = decode.generate_seq2seq(model, params, encoder_tokens, max_new_tokens=8)
-  beams, _ = decode.generate_seq2seq(model, params, encoder_tokens, max_new_tokens=8, beam_size=1)
-  assert greedy.shape == (B, 8)
-  np.testing.assert_array_equal(beams[:, 0], greedy)
-
-
-def test_seq2seq_beam_scores_match_full_pass(seq2seq):
-  # Beams of the random model swap rows, so a wrong cache gather breaks the
-  # scores. EOS handling is covered by the stub tests above.
-  model, params, encoder_tokens = seq2seq
-  alpha, max_new_tokens, bos_id, beams = 0.6, 8, 1, 4
-  tokens, scores = decode.generate_seq2seq(model, params, encoder_tokens,
-                                           max_new_tokens=max_new_tokens, beam_size=beams,
-                                           length_penalty=alpha, bos_id=bos_id)
-  assert tokens.shape == (B, beams, max_new_tokens)
-  assert np.all(np.diff(scores, axis=1) <= 0)
-  flat_tokens = tokens.reshape(B * beams, max_new_tokens)
-  decoder_inputs = jnp.concatenate([jnp.full((B * beams, 1), bos_id), flat_tokens[:, :-1]], 1)
-  logits = apply(model, {"params": params}, jnp.repeat(encoder_tokens, beams, axis=0),
-                 decoder_inputs)
-  logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits), flat_tokens[..., None], -1)
-  expected = logprobs.sum((1, 2)) / ((5 + max_new_tokens) / 6) ** alpha
-  np.testing.assert_allclose(scores.reshape(-1), expected, atol=1e-4)
 
 
 def test_prefill_longer_than_the_cache_is_rejected():

@@ -97,38 +97,42 @@ def sentence_transformers_pooling(directory: str | epath.PathLike) -> tuple[str,
 
 
 def generate_text(pretrained: Pretrained, prompt_BxP: np.ndarray, *, max_new_tokens: int,
-                  rng: jax.Array | None = None, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> np.ndarray:
+                  prompt_lengths_B: np.ndarray | None = None, rng: jax.Array | None = None,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
   """Generated tokens [B, max_new_tokens] (KV cache, txf.decode), pad after EOS.
 
-  A decoder continues each prompt (right-padded with model.pad_id); an
-  encoder-decoder decodes from its decoder start token (config.json's
-  decoder_start_token_id) reading the prompts. Rows stop at config.json's
-  eos_token_id. rng None: greedy.
+  A decoder continues each prompt, right-padded with model.pad_id, of the
+  lengths given (`prompt_lengths_B`) or counted as its leading tokens that
+  are not pad_id (a prompt holding pad_id then needs its length given). An
+  encoder-decoder reads the prompts as its encoder inputs and decodes from
+  its decoder start token (config.json's decoder_start_token_id, T5's pad).
+  Rows stop at config.json's eos_token_id. rng None: greedy.
   """
   cfg, model = pretrained.config, pretrained.model()
-  eos_id = pretrained.token_ids.get("eos_token_id")
-  sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id)
+  prompt_BxP = np.asarray(prompt_BxP)
+  sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
+                  eos_id=pretrained.token_ids.get("eos_token_id"))
   if cfg.family == "encoder_decoder":
     start = pretrained.token_ids.get("decoder_start_token_id")
-    start = cfg.pad_id if start is None else start
-    # txf.decode.sample reads prompt tokens equal to pad_id as padding: T5's
-    # start token is its pad, so that prompt counts as empty and one token
-    # fewer is generated. Ask for one more.
-    extra = int(start == cfg.pad_id)
-    generated_BxM = decode.generate_seq2seq(model, pretrained.params, jnp.asarray(prompt_BxP),
-                                            max_new_tokens=max_new_tokens + extra,
-                                            bos_id=start, **sampling)
-    return np.asarray(generated_BxM)[:, :max_new_tokens]
+    start_Bx1 = np.full((len(prompt_BxP), 1), cfg.pad_id if start is None else start, np.int32)
+    # The start token may equal pad_id (T5): its length is given, not counted.
+    generated_BxT = decode.generate(model, pretrained.params, jnp.asarray(start_Bx1),
+                                    encoder_tokens_BxS=jnp.asarray(prompt_BxP),
+                                    prompt_lengths_B=jnp.ones(len(prompt_BxP), jnp.int32),
+                                    max_new_tokens=max_new_tokens, **sampling)
+    return np.asarray(generated_BxT)[:, 1:]
   if cfg.family != "decoder" or cfg.head != "lm":
     raise ValueError(f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
                      "LM head or an encoder-decoder)")
-  lengths_B = np.sum(np.asarray(prompt_BxP) != cfg.pad_id, axis=1)
-  real_BxP = np.arange(prompt_BxP.shape[1])[None] < lengths_B[:, None]
-  if np.any(real_BxP != (np.asarray(prompt_BxP) != cfg.pad_id)):
-    raise ValueError(f"prompt: holds token {cfg.pad_id}, which txf.decode reads as padding "
-                     "(model.pad_id)")
+  if prompt_lengths_B is None:
+    real_BxP = prompt_BxP != cfg.pad_id
+    prompt_lengths_B = np.sum(np.cumprod(real_BxP, axis=1), axis=1)
+    if np.any(real_BxP.sum(axis=1) != prompt_lengths_B):
+      raise ValueError(f"prompt: holds token {cfg.pad_id} (model.pad_id) inside a prompt; "
+                       "give prompt_lengths_B")
+  prompt_lengths_B = np.asarray(prompt_lengths_B)
   tokens_BxT = np.asarray(decode.generate(model, pretrained.params, jnp.asarray(prompt_BxP),
+                                          prompt_lengths_B=jnp.asarray(prompt_lengths_B),
                                           max_new_tokens=max_new_tokens, **sampling))
   return np.stack([row[length:length + max_new_tokens]
-                   for row, length in zip(tokens_BxT, lengths_B)])
+                   for row, length in zip(tokens_BxT, prompt_lengths_B)])

@@ -18,6 +18,8 @@ from txf.layers.partitioning import projection_inits
 Array = jax.Array
 # The variable collection a caller passes to `apply` to scale heads' outputs.
 HEAD_MASK = "head_mask"
+# The 'cache' variables in which cross-attention keeps an encoder output.
+CROSS_CACHE_NAMES = ("cross_key", "cross_value", "cross_mask")
 
 
 class MultiHeadAttention(nn.Module):
@@ -34,6 +36,8 @@ class MultiHeadAttention(nn.Module):
     bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
     window: sliding-window span, or None.
     scale: multiplier of the scores q.k; None: 1/sqrt(head_dim) (1.0 for T5).
+    cross: cross-attention: keys and values come from `kv_BxSxD` (an encoder
+      output), which decoding may keep in the cache (see `__call__`).
   """
 
   num_heads: int
@@ -51,6 +55,7 @@ class MultiHeadAttention(nn.Module):
   causal: bool = False
   bidirectional_bias: bool = True
   scale: float | None = None
+  cross: bool = False
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,
@@ -61,7 +66,8 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       x_BxTxD: queries' inputs.
-      kv_BxSxD: keys' and values' inputs for cross-attention, else None.
+      kv_BxSxD: keys' and values' inputs for cross-attention, else None
+        (a `cross` layer under use_cache may omit it: see below).
       q_positions_BxT: absolute positions of the queries ([1, T] broadcasts).
       key_mask: bool, broadcastable to [B, 1, 1|T, S]: padding of the keys.
       relative_table: [num_buckets, H] T5 bias table (position='t5_bias').
@@ -74,6 +80,16 @@ class MultiHeadAttention(nn.Module):
     a length-L input (that call only creates it). Each later call writes its
     T new keys at `cache_index` and attends over all L slots, masking the
     ones after each query.
+
+    A `cross` layer under use_cache keeps the keys and values of its encoder
+    output, with their padding mask, as `cross_key`/`cross_value`
+    [B, S, K, Dh] and `cross_mask` [B, 1, 1, S]: a call with `kv_BxSxD`
+    computes and stores them, a call without reads the stored ones, so a
+    decoding step need not project the encoder output again.
+
+    Cross-attention keys/values may have fewer rows than the queries: with
+    B = G * B_kv, query rows b * G .. b * G + G - 1 all attend to key row b
+    (beam search's beams of one example share its encoding, txf.decode).
 
     With the 'intermediates' collection mutable (`apply(..., mutable=
     ['intermediates'])`), the float32 attention weights [B, H, T, S] (before
@@ -92,13 +108,22 @@ class MultiHeadAttention(nn.Module):
         (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
         **projection_inits(("embed",), (heads_axis, "head_dim"),
                            (d_model, heads, self.head_dim)), name=name)
-    is_self = kv_BxSxD is None
-    kv_BxSxD = x_BxTxD if is_self else kv_BxSxD
+    is_self = kv_BxSxD is None and not self.cross
+    project_kv = lambda inputs_BxSxD: (
+        dense(self.num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
+        dense(self.num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
     q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
-    k_BxSxKxDh = dense(self.num_kv_heads, "kv_heads", "key")(kv_BxSxD)
-    v_BxSxKxDh = dense(self.num_kv_heads, "kv_heads", "value")(kv_BxSxD)
+    if is_self:
+      k_BxSxKxDh, v_BxSxKxDh = project_kv(x_BxTxD)
+    elif use_cache:
+      k_BxSxKxDh, v_BxSxKxDh, key_mask = self._cross_cache(kv_BxSxD, key_mask, project_kv)
+    elif kv_BxSxD is None:
+      raise ValueError("MultiHeadAttention: cross-attention needs kv_BxSxD (only use_cache "
+                       "may omit it, to read the keys/values a call with it stored)")
+    else:
+      k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
 
-    seq_len = kv_BxSxD.shape[1]
+    seq_len = k_BxSxKxDh.shape[1]
     k_positions_BxS = jnp.arange(seq_len)[None]
     if self.position == "rope":
       q_BxTxHxDh = ops.apply_rope(q_BxTxHxDh, q_positions_BxT, base=self.rope_base,
@@ -124,6 +149,15 @@ class MultiHeadAttention(nn.Module):
         is_causal, window = False, None
     bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
 
+    batch, q_len = q_BxTxHxDh.shape[:2]
+    kv_batch = k_BxSxKxDh.shape[0]
+    if batch % kv_batch:
+      raise ValueError(f"MultiHeadAttention: {batch} query rows cannot share {kv_batch} "
+                       "key/value rows (the queries' batch must be a multiple)")
+    # Each group of query rows sharing a key row attends as that row's queries.
+    q_BxTxHxDh = q_BxTxHxDh.reshape((kv_batch, -1) + q_BxTxHxDh.shape[2:])
+    unfold = lambda x_BxGTxN: x_BxGTxN.reshape((batch, q_len) + x_BxGTxN.shape[2:])
+
     attend = dict(bias=bias, mask=mask, is_causal=is_causal, window=window, scale=self.scale)
     dropout = self.attention_dropout_rate > 0.0 and not deterministic
     # Recording the weights (an 'intermediates' collection made mutable by the
@@ -131,13 +165,15 @@ class MultiHeadAttention(nn.Module):
     # recorded weights are the ones the output is computed from.
     if dropout or self.is_mutable_collection("intermediates"):
       weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, **attend)
-      self.sow("intermediates", "attention_weights", weights_BxHxTxS)
+      self.sow("intermediates", "attention_weights",
+               unfold(weights_BxHxTxS.swapaxes(1, 2)).swapaxes(1, 2))
       weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
           weights_BxHxTxS, deterministic=not dropout)
       out_BxTxHxDh = ops.apply_attention_weights(weights_BxHxTxS.astype(self.dtype), v_BxSxKxDh)
     else:
       out_BxTxHxDh = ops.dot_product_attention(
           q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation, **attend)
+    out_BxTxHxDh = unfold(out_BxTxHxDh)
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
@@ -156,6 +192,28 @@ class MultiHeadAttention(nn.Module):
                                         bidirectional=self.bidirectional_bias,
                                         max_distance=self.t5_max_distance)
     return None
+
+  def _cross_cache(self, kv_BxSxD, key_mask, project_kv):
+    """Cross-attention under use_cache: projects kv and stores the keys, values
+    and key mask in the cache, or reads them back when kv_BxSxD is None.
+
+    Returns (k [B, S, K, Dh], v [B, S, K, Dh], key mask [B, 1, 1, S]).
+    """
+    if kv_BxSxD is None:
+      if not self.has_variable("cache", CROSS_CACHE_NAMES[0]):
+        raise ValueError("MultiHeadAttention: cross-attention without kv_BxSxD reads its keys/"
+                         "values from the cache, which holds none (store them by a use_cache "
+                         "call with the encoder output, see txf.decode.encode_for_decoding)")
+      k_BxSxKxDh, v_BxSxKxDh, cached_mask = (self.get_variable("cache", name)
+                                             for name in CROSS_CACHE_NAMES)
+      return k_BxSxKxDh, v_BxSxKxDh, ops.combine_masks(key_mask, cached_mask)
+    k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
+    mask_shape = (k_BxSxKxDh.shape[0], 1, 1, k_BxSxKxDh.shape[1])
+    mask_Bx1x1xS = (jnp.ones(mask_shape, bool) if key_mask is None
+                    else jnp.broadcast_to(key_mask, mask_shape))
+    for name, value in zip(CROSS_CACHE_NAMES, (k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS)):
+      self.put_variable("cache", name, value)
+    return k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS
 
   def _update_cache(self, k_BxTxKxDh, v_BxTxKxDh, cache_index):
     """Writes the new keys/values at cache_index; returns the whole cache."""

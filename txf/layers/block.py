@@ -40,7 +40,8 @@ class TransformerBlock(nn.Module):
     causal: self-attention is causal (decoder side).
     has_cross: add a cross-attention sub-layer over `cross_x`.
     deterministic: no dropout.
-    use_cache: self-attention uses the KV cache.
+    use_cache: self-attention uses the KV cache; cross-attention keeps the
+      encoder output's keys/values there (read back when `cross_x` is None).
   """
 
   cfg: ModelConfig
@@ -62,7 +63,8 @@ class TransformerBlock(nn.Module):
         rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
         use_bias=cfg.use_bias, attention_dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, dtype=dtype,
-        scale=None if cfg.scale_attention else 1.0, name=name)
+        scale=None if cfg.scale_attention else 1.0, cross=name == "cross_attention",
+        name=name)
 
     self_attention = attention("self_attention", self.causal, cfg.position)
     x_BxTxD = self._residual("self_attention", x_BxTxD, lambda h: self_attention(
@@ -73,7 +75,7 @@ class TransformerBlock(nn.Module):
       cross_attention = attention("cross_attention", False, "none")
       x_BxTxD = self._residual("cross_attention", x_BxTxD, lambda h: cross_attention(
           h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
-          deterministic=self.deterministic))
+          deterministic=self.deterministic, use_cache=self.use_cache))
     ffn = FeedForward(cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
                       dropout_rate=cfg.dropout_rate, dtype=dtype,
                       gelu_approximate=cfg.gelu_approximate, name="ffn")
@@ -116,9 +118,11 @@ class TransformerStack(nn.Module):
       q_positions_BxT: absolute positions of the inputs ([1, T] broadcasts).
       self_mask: bool key-padding mask for self-attention, [B, 1, 1, T].
       cache_index: first free KV-cache slot (use_cache only).
-      cross_x_BxSxD, cross_mask: encoder output and its padding mask [B, 1, 1, S].
+      cross_x_BxSxD, cross_mask: encoder output and its padding mask [B, 1, 1, S]
+        (under use_cache, None reads the cross-attention keys/values from the cache).
       deterministic: no dropout.
-      use_cache: self-attention reads and writes the KV cache.
+      use_cache: self-attention reads and writes the KV cache; cross-attention
+        stores or reads its keys/values there.
     """
     cfg = self.cfg
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)

@@ -152,9 +152,19 @@ class EncoderDecoder(nn.Module):
                                  deterministic=deterministic)
     return encoded_BxSxD, key_mask
 
-  def decode(self, encoded_BxSxD: Array, encoder_mask: Array, decoder_tokens_BxT: Array, *,
-             deterministic: bool = True, use_cache: bool = False) -> Array:
-    """Decoder tokens [B, T] attending to an encoding -> logits [B, T, V]."""
+  def decode(self, encoded_BxSxD: Array | None, encoder_mask: Array | None,
+             decoder_tokens_BxT: Array, *, deterministic: bool = True,
+             use_cache: bool = False) -> Array:
+    """Decoder tokens [B, T] attending to an encoding -> logits [B, T, V].
+
+    With use_cache (see `txf.decode`) each cross-attention layer stores the
+    keys and values of `encoded_BxSxD` (and `encoder_mask`) in the cache;
+    pass None for both to attend to the stored ones instead of projecting
+    the encoding again. Decoding zero tokens only stores them.
+    """
+    if encoded_BxSxD is None and not use_cache:
+      raise ValueError("EncoderDecoder.decode: encoded_BxSxD=None reads the encoding from the "
+                       "cache and needs use_cache=True")
     positions_1xT, cache_index = self.positions(decoder_tokens_BxT.shape[1], use_cache)
     y_BxTxD = self.embed_dropout(self.decoder_embedder(decoder_tokens_BxT, positions_1xT),
                                  deterministic=deterministic)
