@@ -200,10 +200,12 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
+  loss_chunk_len = config.train.loss_chunk_len
   step_for_seed = lambda seed: make_train_step(
       model, optimizer, task, seed=seed, grad_accum_steps=config.train.grad_accum_steps,
-      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
-  eval_step = make_eval_step(model, task)
+      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss,
+      loss_chunk_len=loss_chunk_len)
+  eval_step = make_eval_step(model, task, loss_chunk_len=loss_chunk_len)
   seeds = replicas.replica_seeds(config.seed, config.replicas)
   if config.replicas == 1:
     init = jax.jit(lambda: init_fn(key), out_shardings=state_sharding)
@@ -244,8 +246,8 @@ def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
 # A run's config.json is read under today's names, so older runs resume.
 RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
                   ("data", "max_len", "max_example_len"))
-# Top-level fields added since: the value every run written before had.
-ADDED_FIELDS = {"replicas": 1}
+# Fields added since (dotted names): the value every run written before had.
+ADDED_FIELDS = {"replicas": 1, "train.loss_chunk_len": 0}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
@@ -253,7 +255,14 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  saved = {**ADDED_FIELDS, **json.loads(path.read_text())}
+  saved = json.loads(path.read_text())
+  for name, value in ADDED_FIELDS.items():
+    *sections, field = name.split(".")
+    node = saved
+    for section in sections:
+      node = node.get(section) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+      node.setdefault(field, value)
   for section, old, new in RENAMED_FIELDS:
     fields = saved.get(section)
     if isinstance(fields, dict) and old in fields and new not in fields:
