@@ -12,7 +12,8 @@
 # (benchmarks/fetch_wheels.sh, run beforehand where PyPI is reachable). Each
 # part writes $OUT/<part>.tar.gz (JSON reports, logs, an nvidia-smi sample of
 # clocks, power, temperature and throttle reasons every 0.5 s, a profile) and
-# prints a summary (benchmarks/summarize.py) last.
+# prints a summary (benchmarks/summarize.py) last. EXTRA="--config.model.d_model=32 ..."
+# appends flags to every experiments.bench call (a smoke test on a CPU at toy size).
 set -uo pipefail
 part=${1:?usage: bash benchmarks/gpu.sh train|loop|long|decode|all}
 OUT=${OUT:-gpu_results}
@@ -43,18 +44,18 @@ smi=$!
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its report in $dir/NAME.json
   local name=$1 limit=$2; shift 2
   echo "== $name: $*" | tee -a "$dir/log.txt"
-  timeout "$limit" python3 -m experiments.bench "$@" --json="$dir/$name.json" 2>&1 \
+  timeout "$limit" python3 -m experiments.bench "$@" ${EXTRA:-} --json="$dir/$name.json" 2>&1 \
     | grep -v -e "Unable to initialize backend" -e "^W0000" | tee -a "$dir/log.txt"
 }
 GPT2=--config=configs/gpt2_small.py
 STEP="--steps=200 --window=50 --fresh_batches --nosync"
 case $part in
   train)
-    bench step_b32_torch 240 $GPT2 $STEP --torch --torch_steps=50
-    bench step_b32_fused_loss 120 $GPT2 $STEP --config.train.loss_chunk_len=256
+    bench step_b32_torch 200 $GPT2 $STEP --torch --torch_steps=50
+    bench step_b32_fused_loss 100 $GPT2 $STEP --config.train.loss_chunk_len=256
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
-      bench step_b32_command_buffers 120 $GPT2 $STEP
-    bench step_b16_torch 200 $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
+      bench step_b32_command_buffers 100 $GPT2 $STEP
+    bench step_b16_torch 160 $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
     ;;
   loop)
     bench loop 560 $GPT2 --loop --steps=400 --window=50 --config.eval.every=200 \
@@ -63,22 +64,24 @@ case $part in
   long)
     for len in 8192 16384 32768 65536; do
       batch=$(( 32768 / len > 0 ? 32768 / len : 1 ))
-      bench "step_${len}" 140 --config=configs/gpt2_small_8k.py --steps=30 --window=10 \
+      bench "step_${len}" 130 --config=configs/gpt2_small_8k.py --steps=30 --window=10 \
         --fresh_batches --nosync --config.model.max_len=$len --config.data.seq_len=$len \
         --config.data.batch_size=$batch --config.eval.num_batches=1
     done
     ;;
   decode)
-    bench decode 300 $GPT2 --decode --hf --decode_batch_sizes=1,32 --prompt_len=128 \
+    bench decode 200 $GPT2 --decode --hf --decode_batch_sizes=1,32 --prompt_len=128 \
       --new_tokens=512
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
-      bench decode_command_buffers 150 $GPT2 --decode --decode_batch_sizes=1,32 \
+      bench decode_command_buffers 120 $GPT2 --decode --decode_batch_sizes=1,32 \
       --prompt_len=128 --new_tokens=512
     echo "== bench_replicas" | tee -a "$dir/log.txt"
     timeout 60 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
       2>&1 | tee -a "$dir/log.txt"
-    timeout 200 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
-      --runs 2>&1 | grep -v -e "^I1" -e "^W0000" | tee -a "$dir/log.txt"
+    timeout 180 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
+      --runs --config.train.steps=200 --config.eval.every=100 \
+      --config.train.checkpoint_every=100 2>&1 | grep -v -e "^I1" -e "^W0000" \
+      | tee -a "$dir/log.txt"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

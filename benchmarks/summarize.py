@@ -19,15 +19,22 @@ def _pct(fraction: float | None) -> str:
   return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
 
 
+def _gib(size: int | None) -> str:
+  return "n/a" if size is None else f"{size / 2**30:.1f} GiB"
+
+
 def step_rows(name: str, report: dict) -> list[str]:
+  compiled = report.get("compiled_memory") or {}
+  if "median_step_time" not in report:  # --compile_only
+    return [f"| {name} | txf, compiled only | {report['tokens_per_step']:,} | | | "
+            f"temporaries {_gib(compiled.get('temp'))} |"]
   tokens = report["tokens_per_step"] / report["median_step_time"]
   mfu = report["windows"][-1]["mfu"]
   if mfu is not None:  # the median window's MFU
     mfu *= tokens / report["windows"][-1]["tokens_per_sec"]
-  memory = report.get("peak_bytes_in_use")
-  memory = "n/a" if memory is None else f"{memory / 2**30:.1f} GiB"
   rows = [f"| {name} | txf | {report['tokens_per_step']:,} | {_k(tokens)} | {_pct(mfu)} | "
-          f"{memory} |"]
+          f"peak {_gib(report.get('peak_bytes_in_use'))}, temporaries "
+          f"{_gib(compiled.get('temp'))} |"]
   if "torch" in report:
     torch = report["torch"]
     rows.append(f"| {name} | torch {torch['torch_version']} | "
@@ -42,7 +49,8 @@ def loop_rows(name: str, report: dict) -> list[str]:
     rows.append(f"| {name} | {run['variant']} | {_k(run['amortised_tokens_per_sec'])} | "
                 f"{run['ratio_to_step']:.3f} | {_k(run['window_tokens_per_sec_min'])} | "
                 f"{_k(run['window_tokens_per_sec_last'])} | {run['gc_pauses']} pauses, "
-                f"{run['gc_seconds']:.2f} s |")
+                f"{run['gc_seconds']:.2f} s ({run.get('gc_full_collections', '?')} full, "
+                f"{run.get('gc_full_seconds', float('nan')):.2f} s) |")
   return rows
 
 

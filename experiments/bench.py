@@ -49,7 +49,8 @@ from etils import epath
 from ml_collections import config_flags
 
 from experiments import bench_decode, bench_loop
-from experiments.bench_step import FRESH_BATCHES, benchmark, peak_memory_bytes
+from experiments.bench_step import (FRESH_BATCHES, benchmark, compiled_memory,
+                                    peak_memory_bytes)
 from txf.data import make_dataset
 from txf.train import hardware
 from txf.train.setup import setup_run
@@ -60,6 +61,8 @@ _WINDOW = flags.DEFINE_integer("window", 50, "Steps per reported window (--loop:
 _FRESH = flags.DEFINE_bool("fresh_batches", False, "A new host batch every step.")
 _SYNC = flags.DEFINE_bool("sync", True, "Wait for every step (median) or only per window.")
 _JSON = flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
+_COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "Step mode: compile the step and "
+                                   "report XLA's memory analysis of it, without running.")
 _TORCH = flags.DEFINE_bool("torch", False, "Also time benchmarks/torch_gpt2.py (step mode).")
 _TORCH_STEPS = flags.DEFINE_integer("torch_steps", 50, "Timed steps of the PyTorch recipe.")
 _TORCH_COMPILE = flags.DEFINE_bool("torch_compile", True, "torch.compile the PyTorch model.")
@@ -137,14 +140,19 @@ def step_mode(config) -> dict:
   setup = setup_run(config)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
         f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token")
-  with setup.activation_sharding():
-    windows = benchmark(setup, steps=_STEPS.value, window=_WINDOW.value,
-                        fresh_batches=_FRESH.value, sync=_SYNC.value)
   report = dict(tokens_per_step=setup.tokens_per_step, flops_per_token=setup.flops_per_token,
-                peak_flops=setup.peak_flops, steps=_STEPS.value, window=_WINDOW.value,
-                fresh_batches=_FRESH.value, sync=_SYNC.value, windows=windows,
-                median_step_time=statistics.median(w["step_time"] for w in windows),
-                peak_bytes_in_use=peak_memory_bytes())
+                peak_flops=setup.peak_flops)
+  if not _COMPILE_ONLY.value:
+    with setup.activation_sharding():
+      windows = benchmark(setup, steps=_STEPS.value, window=_WINDOW.value,
+                          fresh_batches=_FRESH.value, sync=_SYNC.value)
+    report.update(steps=_STEPS.value, window=_WINDOW.value, fresh_batches=_FRESH.value,
+                  sync=_SYNC.value, windows=windows,
+                  median_step_time=statistics.median(w["step_time"] for w in windows),
+                  peak_bytes_in_use=peak_memory_bytes())
+  report["compiled_memory"] = compiled_memory(setup)
+  print("compiled step memory (bytes): " + ", ".join(
+      f"{name} {size:,}" for name, size in (report["compiled_memory"] or {}).items()))
   if torch is not None:
     torch["mfu"] = hardware.mfu(setup.flops_per_token, torch["tokens_per_sec"],
                                 jax.device_count(), setup.peak_flops)

@@ -102,10 +102,13 @@ def traced(train_step, directory: str, first: int, last: int):
 
 
 class _GcPauses:
-  """Counts the collector's pauses while entered (the loop's thread stops then)."""
+  """Counts the collector's pauses while entered (Python's threads stop then),
+  in all and of full (generation 2) collections, whose cost grows with the
+  number of live objects."""
 
   def __enter__(self):
     self.count, self.seconds, self.longest, self._start = 0, 0.0, 0.0, None
+    self.full_count, self.full_seconds = 0, 0.0
     gc.callbacks.append(self._callback)
     return self
 
@@ -116,6 +119,8 @@ class _GcPauses:
       pause = time.perf_counter() - self._start
       self.count, self.seconds = self.count + 1, self.seconds + pause
       self.longest = max(self.longest, pause)
+      if info["generation"] == 2:
+        self.full_count, self.full_seconds = self.full_count + 1, self.full_seconds + pause
 
   def __exit__(self, *exc_info):
     gc.callbacks.remove(self._callback)
@@ -164,12 +169,14 @@ def time_loop(setup: RunSetup, variant: str, step_tokens_per_sec: float, profile
                  window_tokens_per_sec_min=min(w["tokens_per_sec"] for w in windows),
                  window_tokens_per_sec_last=windows[-1]["tokens_per_sec"],
                  wall_seconds=wall, gc_pauses=pauses.count, gc_seconds=pauses.seconds,
-                 gc_longest=pauses.longest)
+                 gc_longest=pauses.longest, gc_full_collections=pauses.full_count,
+                 gc_full_seconds=pauses.full_seconds)
   print(f"{variant:15s} steps {first}-{last}: {amortised:12,.0f} tokens/s amortised "
         f"({figures['ratio_to_step']:.3f} x step); windows min "
         f"{figures['window_tokens_per_sec_min']:,.0f}, last "
         f"{figures['window_tokens_per_sec_last']:,.0f}; gc {pauses.count} pauses, "
-        f"{pauses.seconds:.2f} s, longest {1e3 * pauses.longest:.0f} ms")
+        f"{pauses.seconds:.2f} s, longest {1e3 * pauses.longest:.0f} ms, "
+        f"{pauses.full_count} full ({pauses.full_seconds:.2f} s)")
   return figures
 
 

@@ -68,3 +68,19 @@ def peak_memory_bytes() -> int | None:
   """The first device's peak allocation so far (None where not reported, e.g. CPU)."""
   stats = jax.local_devices()[0].memory_stats()
   return None if not stats else stats.get("peak_bytes_in_use")
+
+
+def compiled_memory(setup: RunSetup) -> dict[str, int] | None:
+  """XLA's memory analysis of the compiled train step (bytes of arguments,
+  outputs, aliased donations and temporaries; None where the backend gives
+  none). Lowered on the setup's abstract state and batch: after the step has
+  run this reuses its compilation."""
+  batch = setup.to_device(next(iter(setup.eval_data)))
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                       batch)
+  with setup.activation_sharding():
+    analysis = setup.train_step.lower(setup.abstract_state, batch).compile().memory_analysis()
+  if analysis is None:
+    return None
+  return {name: int(getattr(analysis, f"{name}_size_in_bytes"))
+          for name in ("argument", "output", "alias", "temp", "generated_code")}

@@ -197,7 +197,9 @@ def test_the_fused_loss_sees_the_models_own_head(tied):
                           tie_embeddings=tied)
   model = build(model_cfg)
   tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 40)
-  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), tokens)["params"])
+  shapes = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(1), tokens)["params"])
+  rng = np.random.default_rng(1)
+  params = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
   (hidden, kernel), logits = jax.jit(lambda p: (_apply_without_head(model, p, (tokens,)),
                                                 model.apply({"params": p}, tokens)))(params)
   if tied:  # the embedding, transposed, times 1/sqrt(D) (txf.layers.Embedder.attend)

@@ -55,6 +55,7 @@ EXPECTED_CHANGES = {
                    "train.learning_rate", "train.warmup_steps", "train.checkpoint_every",
                    "eval.every", "eval.num_batches", "eval.sample_tokens"},
 }
+EXPECTED_CHANGES["gpt2_small_8k"] = EXPECTED_CHANGES["gpt2_small"] | {"data.batch_size"}
 
 
 
