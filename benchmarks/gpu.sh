@@ -58,8 +58,9 @@ case $part in
     bench step_b16_torch 160 $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
     ;;
   loop)
-    bench loop 560 $GPT2 --loop --steps=400 --window=50 --config.eval.every=200 \
+    bench loop 440 $GPT2 --loop --steps=400 --window=50 --config.eval.every=200 \
       --config.train.checkpoint_every=200 --profile_dir="$dir/profile" --profile_steps=300,305
+    bench step_b32_reused_batch 110 $GPT2 --steps=200 --window=50  # as the 430k
     ;;
   long)
     for len in 8192 16384 32768 65536; do

@@ -16,6 +16,13 @@ Starting it again on the same work directory resumes from the latest good
 checkpoint, including the data position, and reaches the same numbers as an
 uninterrupted run.
 
+The loop adds little to the compiled step: no device sync between log
+steps (non-finite updates are flagged on device and checked at each log
+step), batches read and sent ahead in a thread, and the eval step and the
+sampler compiled in another thread as training starts, so the first
+evaluation does not stop the accelerator to compile (experiments.bench
+--loop measures what the loop costs, piece by piece).
+
 A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
 side on the same batches (txf.train.setup); every metric is logged per
 replica with the replicas' mean and std (txf.train.metrics.replica_scalars),
