@@ -90,6 +90,8 @@ def get_config() -> ml_collections.ConfigDict:
       grad_accum_steps=1,     # micro-batches per step (batch_size must divide evenly)
       label_smoothing=0.0,
       z_loss=0.0,
+      # The [B, T, V] logits are then never held at once (lm heads only).
+      loss_chunk_len=0,       # > 0: loss fused with the LM head, this many positions at a time
       log_every=50,
       checkpoint_every=200,
       max_to_keep=2,

@@ -4,7 +4,7 @@
 
 12 layers, d_model 768, 12 heads, 1024 context, learned positions, GELU,
 biases, LayerNorm eps 1e-5, tied embeddings, vocabulary 50304 (GPT-2's 50257
-padded to a multiple of 64). bfloat16 compute with float32 parameters; the
+padded to a multiple of 128). bfloat16 compute with float32 parameters; the
 cuDNN flash-attention kernel is chosen automatically on GPU. On the built-in
 corpus the tokens are bytes (ids < 260); the vocabulary keeps GPT-2's shape
 so parameter counts and FLOPs match. Far too big for a CPU.

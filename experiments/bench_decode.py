@@ -1,192 +1,102 @@
-"""Times encoder-decoder decoding with the cross-attention keys/values cached
-once per source against recomputing them at every step, in one run.
+"""KV-cache generation against transformers' GPT-2 generate()
+(`experiments.bench --decode`).
 
-  python -m experiments.bench_decode [--source_len=512] [--new_tokens=128] [--batch_size=4]
-      [--num_beams=1] [--d_model=128] [--num_layers=2] [--num_heads=4] [--repeats=5]
-
-Both variants decode the same random sources with the same random-init model
-(`txf.models.build`, family 'encoder_decoder'), switching only
-`cache_cross_attention`, without EOS (every row decodes all N tokens), two
-ways:
-
-  generate      `txf.decode.generate` (greedy, or beam search with
-                --num_beams > 1): the whole loop is one XLA program. ms/token
-                is the marginal cost of a token,
-                (time(N tokens) - time(1 token)) / (N - 1) (median of paired
-                runs), so the encoder and the once-per-source work drop out.
-  step by step  greedy decoding driven from Python, one jitted decoder step
-                per token (num_beams 1 only): ms/token is the loop's time / N.
-
-Each is compiled and run once before timing; then every repeat times each
-variant and length to completion in turn (so a shared machine's changing
-load reaches all alike), --repeats times; figures are medians. --json=PATH
-also writes them.
+txf.decode.generate (greedy, one jitted call with an on-device loop) on the
+config's model with random weights held in the compute dtype, at each batch
+size: prompts of random ids, --new_tokens generated per row, the median of
+--repeats timed calls after a compiling one. Reported per batch size: new
+tokens/s (all rows), microseconds per new token (end to end: txf's loop
+also feeds the prompt one position at a time, P + N - 1 iterations in all),
+and the fraction of the physical floor reached: reading the weights once
+per generated position (weight bytes / the device's memory bandwidth,
+txf.train.hardware) over the time per new token. The transformers figures
+(benchmarks/hf_gpt2_decode.py, a subprocess run before JAX starts, the same
+shape and batch sizes, bf16 on a GPU) come in `hf`; each txf row gets its
+ratio to them.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
-from etils import epath
 
-from txf import decode, models
-from txf.layers.config import ModelConfig
+from txf import decode
+from txf.data import make_tokenizer
+from txf.train import hardware
+from txf.train.setup import setup_run
 
-_SOURCE_LEN = flags.DEFINE_integer("source_len", 512, "Encoder tokens per source.")
-_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Decoder tokens generated per row (N).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 4, "Sources decoded together.")
-_NUM_BEAMS = flags.DEFINE_integer("num_beams", 1, "1: greedy; K > 1: beam search.")
-_D_MODEL = flags.DEFINE_integer("d_model", 128, "Model width.")
-_NUM_LAYERS = flags.DEFINE_integer("num_layers", 2, "Layers per stack (encoder and decoder).")
-_NUM_HEADS = flags.DEFINE_integer("num_heads", 4, "Attention heads.")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 260, "Vocabulary size.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per variant and length.")
-_JSON = flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
-for _name in ("source_len", "batch_size", "num_beams", "d_model", "num_layers", "num_heads",
-              "vocab_size", "repeats"):
-  flags.register_validator(_name, lambda value: value >= 1, f"--{_name} must be >= 1")
-flags.register_validator("new_tokens", lambda value: value >= 2,
-                         "--new_tokens must be >= 2 (ms/token compares N tokens with 1)")
-
-VARIANTS = (("cached", True), ("recomputed", False))
-BOS_ID = 1
+GPT2_SHAPE = ("a pre-LN decoder with learned positions, GELU, LayerNorm, biases, tied "
+              "embeddings, multi-head attention and d_ff = 4 d_model, no window")
 
 
-def generate_call(model, params, sources_BxS, cache_cross_attention: bool, *,
-                  new_tokens: int, num_beams: int):
-  """`decode.generate` of new_tokens per row: the whole loop one XLA program."""
-  return functools.partial(decode.generate, model, params, encoder_tokens_BxS=sources_BxS,
-                           max_new_tokens=new_tokens, num_beams=num_beams, bos_id=BOS_ID,
-                           cache_cross_attention=cache_cross_attention)
+def is_gpt2(model) -> bool:
+  """Whether a config's model section is GPT-2's architecture (any size)."""
+  return (model.family == "decoder" and model.head == "lm" and model.position == "learned"
+          and model.activation == "gelu" and model.norm == "layer"
+          and model.norm_placement == "pre" and model.use_bias and model.tie_embeddings
+          and model.num_kv_heads in (None, model.num_heads)
+          and model.head_dim in (None, model.d_model // model.num_heads)
+          and model.d_ff in (None, 4 * model.d_model) and model.window is None)
 
 
-def stepwise_call(model, params, sources_BxS, cache_cross_attention: bool, *, new_tokens: int):
-  """Greedy decoding driven from Python, one jitted decoder step per token (as
-  step-by-step research code runs it), from a cache prepared beforehand.
-
-  The cache comes from `decode.encode_for_decoding`; the recomputing step
-  gets the encoding as an argument (as a closure constant the compiler
-  could fold its projection away), the cached one reads it from the cache.
-  """
-  _, cache = decode.encode_for_decoding(model, params, sources_BxS, new_tokens,
-                                        cache_cross_attention=cache_cross_attention)
-  context = ((None, None) if cache_cross_attention
-             else model.apply({"params": params}, sources_BxS, method="encode"))
-  step = jax.jit(lambda params, context, tokens_Bx1, cache: decode.make_tokens_to_logits(
-      model, params, *context, method="decode")(tokens_Bx1, cache))
-  bos_Bx1 = jnp.full((sources_BxS.shape[0], 1), BOS_ID, jnp.int32)
-
-  def decode_tokens():
-    tokens_Bx1, step_cache = bos_Bx1, cache
-    for _ in range(new_tokens):
-      logits_BxV, step_cache = step(params, context, tokens_Bx1, step_cache)
-      tokens_Bx1 = jnp.argmax(logits_BxV, axis=-1)[:, None].astype(jnp.int32)
-    return tokens_Bx1
-  return decode_tokens
+def hf_arguments(config, batch_sizes, prompt_len: int, new_tokens: int, repeats: int
+                 ) -> list[str]:
+  """benchmarks/hf_gpt2_decode.py's arguments for the config's model shape."""
+  model = config.model
+  vocab = model.vocab_size or make_tokenizer(config.data).vocab_size
+  return [f"--layers={model.num_layers}", f"--d_model={model.d_model}",
+          f"--heads={model.num_heads}", f"--vocab={vocab}", f"--max_len={model.max_len}",
+          f"--batch_sizes={','.join(str(b) for b in batch_sizes)}",
+          f"--prompt_len={prompt_len}", f"--new_tokens={new_tokens}", f"--repeats={repeats}"]
 
 
-def interleaved_seconds(calls: dict, repeats: int) -> dict[Any, list[float]]:
-  """Wall times of each call run to completion, after one compiling call
-  each; every repeat runs all calls in turn, so a shared machine's changing
-  load reaches every variant alike."""
-  for call in calls.values():
-    jax.block_until_ready(call())
-  seconds = {key: [] for key in calls}
+def _median_seconds(run, repeats: int) -> float:
+  jax.block_until_ready(run())  # compiles
+  times = []
   for _ in range(repeats):
-    for key, call in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(call())
-      seconds[key].append(time.perf_counter() - start)
-  return seconds
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
 
 
-def measure(model, params, sources_BxS, *, new_tokens: int, num_beams: int, repeats: int
-            ) -> dict[str, dict[str, dict[str, float]]]:
-  """{loop: {variant: figures}} for cached and recomputed cross-attention
-  keys/values, decoded by `generate` and step by step (greedy only)."""
-  calls = {}
-  for name, cached in VARIANTS:
-    for n in (1, new_tokens):
-      calls["generate", name, n] = generate_call(model, params, sources_BxS, cached,
-                                                 new_tokens=n, num_beams=num_beams)
-    if num_beams == 1:
-      calls["stepwise", name] = stepwise_call(model, params, sources_BxS, cached,
-                                              new_tokens=new_tokens)
-  seconds = interleaved_seconds(calls, repeats)
-  figures = {"generate": {}, "stepwise": {}}
-  for name, _ in VARIANTS:
-    # The paired difference of N and 1 tokens leaves the encoder and the
-    # once-per-source work out.
-    differences = [long - short for short, long in zip(seconds["generate", name, 1],
-                                                       seconds["generate", name, new_tokens])]
-    figures["generate"][name] = dict(
-        ms_per_token=1e3 * statistics.median(differences) / (new_tokens - 1),
-        total_ms=1e3 * statistics.median(seconds["generate", name, new_tokens]))
-    if num_beams == 1:
-      figures["stepwise"][name] = dict(
-          ms_per_token=1e3 * statistics.median(seconds["stepwise", name]) / new_tokens)
-  return {loop: variants for loop, variants in figures.items() if variants}
-
-
-LOOP_NAMES = {"generate": "generate (one XLA loop)",
-              "stepwise": "step by step (a jitted call per token)"}
-
-
-def format_table(figures: dict) -> str:
-  rows = [("decoding loop", "cached ms/token", "recomputed ms/token", "speedup")]
-  for loop, variants in figures.items():
-    cached, recomputed = (variants[name]["ms_per_token"] for name, _ in VARIANTS)
-    rows.append((LOOP_NAMES[loop], f"{cached:.3f}", f"{recomputed:.3f}",
-                 f"{recomputed / cached:.2f}x"))
-  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-  return "\n".join("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
-                             for i, (cell, width) in enumerate(zip(row, widths)))
-                   for row in rows)
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  cfg = ModelConfig(family="encoder_decoder", vocab_size=_VOCAB_SIZE.value,
-                    d_model=_D_MODEL.value, num_heads=_NUM_HEADS.value,
-                    num_layers=_NUM_LAYERS.value, dtype=_DTYPE.value,
-                    max_len=max(_SOURCE_LEN.value, _NEW_TOKENS.value + 1))
-  model = models.build(cfg)
-  init_tokens = jnp.ones((1, 8), jnp.int32)
-  params = jax.jit(model.init)(jax.random.key(0), init_tokens, init_tokens)["params"]
-  # Random non-special ids (0-3 are pad, bos, eos, mask), every source full length.
-  sources_BxS = jax.random.randint(jax.random.key(1), (_BATCH_SIZE.value, _SOURCE_LEN.value),
-                                   4, cfg.vocab_size)
-  figures = measure(model, params, sources_BxS, new_tokens=_NEW_TOKENS.value,
-                    num_beams=_NUM_BEAMS.value, repeats=_REPEATS.value)
-  search = "greedy" if _NUM_BEAMS.value == 1 else f"beam search, {_NUM_BEAMS.value} beams"
-  device = jax.devices()[0]
-  print(f"encoder_decoder d_model={cfg.d_model}, {cfg.num_layers}+{cfg.num_decoder_layers} "
-        f"layers, {cfg.num_heads} heads, {cfg.dtype}; batch {_BATCH_SIZE.value}, source "
-        f"{_SOURCE_LEN.value} tokens, {_NEW_TOKENS.value} new tokens ({search}); "
-        f"{device.platform} ({device.device_kind}), median of {_REPEATS.value}")
-  print(format_table(figures))
-  totals = ", ".join(f"{name} {figures['generate'][name]['total_ms']:.1f} ms"
-                     for name, _ in VARIANTS)
-  print(f"generate, whole call for {_NEW_TOKENS.value} tokens: {totals}")
-  if _JSON.value:
-    record = dict(device=device.device_kind, platform=device.platform,
-                  model=dict(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                             num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
-                             dtype=cfg.dtype),
-                  batch_size=_BATCH_SIZE.value, source_len=_SOURCE_LEN.value,
-                  new_tokens=_NEW_TOKENS.value, num_beams=_NUM_BEAMS.value,
-                  repeats=_REPEATS.value, figures=figures)
-    epath.Path(_JSON.value).write_text(json.dumps(record, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-  app.run(main)
+def compare(config, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: int,
+            hf: dict | None) -> dict:
+  """txf's decoding figures per batch size (module docstring), with `hf`'s."""
+  if hf is not None and not is_gpt2(config.model):
+    print(f"transformers reference dropped: the config's model is not GPT-2 ({GPT2_SHAPE})")
+    hf = None
+  setup = setup_run(config)
+  dtype = jnp.dtype(setup.model_cfg.dtype)
+  with setup.activation_sharding():
+    params = jax.tree.map(lambda p: p.astype(dtype),
+                          setup.replica_params(setup.init().params, 0))
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    floor = hardware.decode_floor_seconds(weight_bytes, hardware.memory_bandwidth_per_device())
+    hf_rows = {row["batch_size"]: row for row in (hf or {}).get("results", [])}
+    rows = []
+    for batch_size in batch_sizes:
+      prompt_BxP = jax.random.randint(jax.random.key(batch_size), (batch_size, prompt_len), 1,
+                                      setup.model_cfg.vocab_size)
+      seconds = _median_seconds(functools.partial(
+          decode.generate, setup.model, params, prompt_BxP, max_new_tokens=new_tokens), repeats)
+      per_token = seconds / new_tokens
+      row = dict(batch_size=batch_size, seconds=seconds,
+                 tokens_per_sec=batch_size * new_tokens / seconds, us_per_token=1e6 * per_token,
+                 us_per_iteration=1e6 * seconds / (prompt_len + new_tokens - 1),
+                 floor_fraction=None if floor is None else floor / per_token)
+      if batch_size in hf_rows:
+        row["hf_tokens_per_sec"] = hf_rows[batch_size]["tokens_per_sec"]
+        row["ratio_to_hf"] = row["tokens_per_sec"] / row["hf_tokens_per_sec"]
+      rows.append(row)
+      floor_text = "" if floor is None else f", {100 * row['floor_fraction']:.1f}% of the floor"
+      hf_text = f", {row['ratio_to_hf']:.1f}x transformers" if "ratio_to_hf" in row else ""
+      print(f"txf decode batch {batch_size}: {row['tokens_per_sec']:,.0f} new tokens/s, "
+            f"{row['us_per_token']:,.0f} us/token{floor_text}{hf_text}")
+  return dict(prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
+              dtype=dtype.name, weight_bytes=weight_bytes,
+              floor_us_per_token=None if floor is None else 1e6 * floor, txf=rows, hf=hf)

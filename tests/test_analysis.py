@@ -141,11 +141,12 @@ def test_flops_per_token_by_hand():
   #   attention weights per layer: q 16*16 + k 16*8 + v 16*8 + out 16*16 = 768
   #   FFN weights per layer:       2 * 16 * 32                            = 1024
   #   N = 2 * (768 + 1024) + LM head 16 * 32 = 3584 + 512                 = 4096
-  #   6N = 24576; causal attention 6 * L * H * Dh * T = 6 * 2 * 16 * 8     = 1536
+  #   6N = 24576; attention 12 * L * H * Dh * T = 12 * 2 * 16 * 8          = 3072
+  #   (PaLM's convention: causal attention counted whole)
   cfg = ModelConfig(family="decoder", vocab_size=32, d_model=16, num_heads=2, num_kv_heads=1,
                     d_ff=32, activation="relu", num_layers=2)
   assert matmul_params(cfg) == 4096
-  assert flops_per_token(cfg, 8) == 24576 + 1536
+  assert flops_per_token(cfg, 8) == 24576 + 3072
 
 
 FLOP_CONFIGS = {
@@ -171,21 +172,22 @@ def test_flops_per_token_matches_formula(name):
   L_enc = cfg.num_layers if cfg.family != "decoder" else 0
   L_dec = (cfg.num_decoder_layers or cfg.num_layers) if cfg.family != "encoder" else 0
   L_cross = L_dec if cfg.family == "encoder_decoder" else 0
-  expected = 6 * N + 12 * L_enc * width * T + 6 * L_dec * width * T + 12 * L_cross * width * T
+  expected = 6 * N + 12 * (L_enc + L_dec + L_cross) * width * T
   if cfg.head == "classify":
     expected += 6 * D * cfg.num_classes / T   # one classifier matmul per sequence
   assert matmul_params(cfg) == N
   np.testing.assert_allclose(flops_per_token(cfg, T), expected, rtol=1e-12)
 
 
-def test_causal_attention_costs_half_of_bidirectional():
-  # The seq_len slope is the attention term alone: 6 or 12 * L * H * Dh.
+def test_causal_attention_counts_as_much_as_bidirectional():
+  # The seq_len slope is the attention term alone: 12 * L * H * Dh, causal or
+  # not (PaLM's 6N + 12LHQT counts the masked half too).
   common = dict(TINY, d_model=32, num_heads=4)
   decoder = ModelConfig(**common, family="decoder")
   encoder = ModelConfig(**common, family="encoder", head="mlm")
   slope = lambda cfg: flops_per_token(cfg, 200) - flops_per_token(cfg, 100)
-  np.testing.assert_allclose(slope(decoder), 6 * 2 * 32 * 100, rtol=1e-12)
-  np.testing.assert_allclose(slope(encoder), 2 * slope(decoder), rtol=1e-12)
+  np.testing.assert_allclose(slope(decoder), 12 * 2 * 32 * 100, rtol=1e-12)
+  np.testing.assert_allclose(slope(encoder), slope(decoder), rtol=1e-12)
 
 
 def test_six_n_dominates_for_short_sequences():
@@ -197,8 +199,8 @@ def test_six_n_dominates_for_short_sequences():
   six_n = 6 * (counts["attention"] + counts["ffn"] + counts["head"])
   f8, f16 = flops_per_token(cfg, 8), flops_per_token(cfg, 16)
   np.testing.assert_allclose(2 * f8 - f16, six_n, rtol=1e-12)  # linear in T
-  # Causal attention over the 12 * D^2 weights of a layer: a share of about
-  # T / (12 * D), ~1% at T=8, D=64.
+  # Attention over the 12 * D^2 weights of a layer: a share of about
+  # T / (6 * D), ~2% at T=8, D=64.
   assert 0 < (f8 - six_n) / f8 < 0.02
   assert (flops_per_token(cfg, 4096) - six_n) / six_n > 0.5  # and not for long ones
 

@@ -73,6 +73,7 @@ EXPECTED_CHANGES = {
                    "data.tokenizer_path", "data.seq_len", "train.init_from",
                    "train.learning_rate", "train.warmup_steps", "train.weight_decay"},
 }
+EXPECTED_CHANGES["gpt2_small_8k"] = EXPECTED_CHANGES["gpt2_small"] | {"data.batch_size"}
 
 
 

@@ -40,7 +40,7 @@ one token. Beam search keeps one copy of them per example, which all its
 beams attend to (`cache_batch_axes` marks them None), so neither copying
 them per beam nor reordering them costs anything. `cache_cross_attention=
 False` recomputes them at every step instead, kept to compare and benchmark
-against (experiments/bench_decode.py): inside one jitted loop, as in
+against (experiments/bench_seq2seq_decode.py): inside one jitted loop, as in
 `generate`, XLA hoists that loop-invariant work out of the loop by itself,
 so the cache saves time mainly when decoding runs step by step.
 
@@ -203,7 +203,7 @@ def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array
       and values of the encoding (and its padding mask) are computed here,
       once, and stored in the cache. False: every step projects the
       encoding again, as decoding did before they were cached; this path
-      exists to compare and benchmark against (experiments/bench_decode.py:
+      exists to compare and benchmark against (experiments/bench_seq2seq_decode.py:
       inside one jitted loop, as in `generate`, XLA hoists that
       loop-invariant projection out of the loop itself, so the two cost
       about the same there; decoding step by step, the cache saves it).
@@ -612,8 +612,8 @@ def generate(model: nn.Module, params: Any, prompt_BxP: Array | None = None, *,
              top_p: float = 1.0, eos_id: int | None = None, num_beams: int = 1,
              length_penalty: float | Array = 0.6, return_beams: bool = False,
              prompt_lengths_B: Array | None = None, padding_side: str = "right",
-             bos_id: int = 1, cache_cross_attention: bool = True
-             ) -> Array | tuple[Array, Array]:
+             bos_id: int = 1, cache_cross_attention: bool = True, lower: bool = False
+             ) -> Array | tuple[Array, Array] | jax.stages.Lowered:
   """Continues prompts with a decoder or an encoder-decoder (jitted; compiles
   once per shape and static option).
 
@@ -643,11 +643,15 @@ def generate(model: nn.Module, params: Any, prompt_BxP: Array | None = None, *,
     cache_cross_attention: encoder_decoder: compute the cross-attention keys
       and values once per source (True) or at every step (False, the path
       before caching, kept to compare and benchmark against).
+    lower: return the jitted program lowered for these arguments instead of
+      running it (`params` may then be jax.ShapeDtypeStructs), so a caller
+      can compile it ahead of time: the training loop does, in a thread.
 
   Returns:
     int32 [B, P + N], prompts followed by their new tokens (the best beam
     under beam search). With return_beams: tokens int32 [B, K, P + N] and
-    scores float32 [B, K], best first (see `beam_search`).
+    scores float32 [B, K], best first (see `beam_search`). With lower: the
+    `jax.stages.Lowered` program.
 
   Raises:
     ValueError: naming the argument or field, before anything runs: a family
@@ -682,10 +686,11 @@ def generate(model: nn.Module, params: Any, prompt_BxP: Array | None = None, *,
   # here while they are concrete: inside the jitted program they are traced.
   _check_search("generate", None, prompt_BxP, prompt_lengths_B, max_new_tokens,
                 model.cfg.pad_id, padding_side)
-  return _generate(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, rng,
-                   temperature, length_penalty, max_new_tokens=max_new_tokens, top_k=top_k,
-                   top_p=top_p, eos_id=eos_id, num_beams=num_beams, return_beams=return_beams,
-                   padding_side=padding_side, cache_cross_attention=cache_cross_attention)
+  program = _generate.lower if lower else _generate
+  return program(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, rng,
+                 temperature, length_penalty, max_new_tokens=max_new_tokens, top_k=top_k,
+                 top_p=top_p, eos_id=eos_id, num_beams=num_beams, return_beams=return_beams,
+                 padding_side=padding_side, cache_cross_attention=cache_cross_attention)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "top_p",

@@ -174,18 +174,20 @@ def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
 def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float:
   """Training (forward + backward) FLOPs per token, without rematerialisation.
 
-      flops = 6 * N  +  6 * L_c * H * Dh * T  +  12 * L_b * H * Dh * T
+      flops = 6 * N  +  12 * L_a * H * Dh * T
 
+  the convention of PaLM's model FLOPs utilisation (Chowdhery et al. 2022,
+  appendix B: 6N + 12LHQT), which nanoGPT and most published MFU figures use.
   N is `matmul_params(cfg)`: each weight costs 2 FLOPs (multiply-add) per
   token forward and 4 backward (Kaplan et al. 2020, sec. 2.1; Hoffmann et al.
-  2022, appendix F). The attention term is PaLM's (Chowdhery et al. 2022,
-  appendix B): per layer and token, q.k scores and the weighted sum of values
-  each take 2 * H * Dh * T FLOPs forward, 12 * H * Dh * T forward + backward.
-  Causal self-attention needs only half the score matrix, so its L_c layers
-  count 6 * H * Dh * T; bidirectional self-attention and cross-attention
-  (L_b layers; cross-attention attends to all T = seq_len encoder
-  positions) count 12 * H * Dh * T. Sliding windows are not credited: the
-  count assumes the whole causal or bidirectional score matrix.
+  2022, appendix F). Per attention layer and token, the q.k scores and the
+  weighted sum of values each take 2 * H * Dh * T FLOPs forward, 12 * H * Dh
+  * T forward + backward; L_a counts every attention sub-layer (self and
+  cross; an encoder-decoder's cross-attention attends to all T = seq_len
+  encoder positions). As in PaLM, causal attention is counted whole: a causal
+  kernel that skips the masked half does less work than this counts, and
+  sliding windows are not credited either, so MFU figures compare across
+  codebases that use the convention.
 
   An LSTM (family='lstm') has no attention term: 6 * N, its gates' matmuls
   and the vocabulary projection (the gates' elementwise work is not counted).
@@ -205,14 +207,10 @@ def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float
   if cfg.family == "lstm":
     return 6.0 * matmul_params(cfg)
   attention_width = cfg.num_heads * cfg.head_dim
+  attention_layers = cfg.num_layers
   if cfg.family == "encoder_decoder":  # the only family with num_decoder_layers
-    causal_layers, full_layers = cfg.num_decoder_layers, cfg.num_layers + cfg.num_decoder_layers
-  else:
-    causal_layers, full_layers = ((cfg.num_layers, 0) if cfg.family == "decoder"
-                                  else (0, cfg.num_layers))
-  flops = (6.0 * matmul_params(cfg)
-           + 6.0 * causal_layers * attention_width * seq_len
-           + 12.0 * full_layers * attention_width * seq_len)
+    attention_layers += 2 * cfg.num_decoder_layers  # self- and cross-attention
+  flops = 6.0 * matmul_params(cfg) + 12.0 * attention_layers * attention_width * seq_len
   if cfg.head == "classify":
     flops += 6.0 * cfg.d_model * cfg.num_classes / seq_len
   return flops

@@ -6,7 +6,7 @@ and call these.
 """
 
 from txf.ops.attention import apply_attention_weights, attention_weights, dot_product_attention
-from txf.ops.losses import cross_entropy, token_cross_entropy
+from txf.ops.losses import cross_entropy, linear_cross_entropy_sums, token_cross_entropy
 from txf.ops.masks import (causal_mask, combine_masks, padding_mask, segment_mask,
                            sliding_window_mask)
 from txf.ops.norms import layer_norm, rms_norm
@@ -24,5 +24,5 @@ __all__ = [
     # norms
     'layer_norm', 'rms_norm',
     # losses
-    'cross_entropy', 'token_cross_entropy',
+    'cross_entropy', 'token_cross_entropy', 'linear_cross_entropy_sums',
 ]

@@ -1,11 +1,13 @@
-"""Token-level cross-entropy with weights, label smoothing and z-loss."""
+"""Token-level cross-entropy with weights, label smoothing and z-loss, and
+the same loss fused with the output projection, chunked over positions."""
 
+import functools
 import numbers
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ['cross_entropy', 'token_cross_entropy']
+__all__ = ['cross_entropy', 'linear_cross_entropy_sums', 'token_cross_entropy']
 
 
 def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
@@ -88,3 +90,153 @@ def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0
   # Dividing by 1 where no token counts gives 0 (the numerator is 0) not NaN.
   loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)
   return loss, num_tokens
+
+
+def _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss,
+                dtype, with_grads):
+  """One chunk: (loss sum, correct count[, d sum / d x, d sum / d kernel])."""
+  logits_BxCxV = jnp.einsum('bcd,dv->bcv', x_BxCxD.astype(dtype), kernel_DxV.astype(dtype),
+                            preferred_element_type=jnp.float32)
+  log_z_BxC = jax.nn.logsumexp(logits_BxCxV, axis=-1)
+  label_logit_BxC = jnp.take_along_axis(logits_BxCxV, labels_BxC[..., None], axis=-1)[..., 0]
+  nll_BxC = log_z_BxC - label_logit_BxC
+  uniform_nll_BxC = log_z_BxC - jnp.mean(logits_BxCxV, axis=-1)
+  per_token_BxC = ((1.0 - label_smoothing) * nll_BxC + label_smoothing * uniform_nll_BxC
+                   + z_loss * jnp.square(log_z_BxC))
+  loss = jnp.sum(weights_BxC * per_token_BxC)
+  correct = jnp.sum((jnp.argmax(logits_BxCxV, axis=-1) == labels_BxC) * weights_BxC)
+  if not with_grads:
+    return loss, correct
+  # d per_token / d logits = softmax * (1 + 2 z log_z) - (1 - ls) onehot - ls / V.
+  vocab_size = logits_BxCxV.shape[-1]
+  probs_BxCxV = jnp.exp(logits_BxCxV - log_z_BxC[..., None])
+  onehot_BxCxV = jax.nn.one_hot(labels_BxC, vocab_size, dtype=jnp.float32)
+  grad_logits_BxCxV = weights_BxC[..., None] * (
+      probs_BxCxV * (1.0 + 2.0 * z_loss * log_z_BxC)[..., None]
+      - (1.0 - label_smoothing) * onehot_BxCxV - label_smoothing / vocab_size)
+  grad_logits_BxCxV = grad_logits_BxCxV.astype(dtype)
+  grad_x_BxCxD = jnp.einsum('bcv,dv->bcd', grad_logits_BxCxV, kernel_DxV.astype(dtype),
+                            preferred_element_type=jnp.float32)
+  grad_kernel_DxV = jnp.einsum('bcd,bcv->dv', x_BxCxD.astype(dtype), grad_logits_BxCxV,
+                               preferred_element_type=jnp.float32)
+  return loss, correct, grad_x_BxCxD, grad_kernel_DxV
+
+
+def _chunked(x_BxTxD, chunk_len):
+  """[B, T, ...] -> [T / chunk_len, B, chunk_len, ...] (the scan axis first)."""
+  B, T = x_BxTxD.shape[:2]
+  return jnp.moveaxis(x_BxTxD.reshape(B, T // chunk_len, chunk_len, *x_BxTxD.shape[2:]), 1, 0)
+
+
+def _unchunked(x_NxBxCx_):
+  N, B, C = x_NxBxCx_.shape[:3]
+  return jnp.moveaxis(x_NxBxCx_, 0, 1).reshape(B, N * C, *x_NxBxCx_.shape[3:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _linear_ce_sums(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, label_smoothing,
+                    z_loss, dtype):
+  """(weighted loss sum, weighted correct count), chunk by chunk."""
+  def body(carry, chunk):
+    x_BxCxD, labels_BxC, weights_BxC = chunk
+    loss, correct = _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing,
+                                z_loss, dtype, with_grads=False)
+    return (carry[0] + loss, carry[1] + correct), None
+  chunks = (_chunked(x_BxTxD, chunk_len), _chunked(labels_BxT, chunk_len),
+            _chunked(weights_BxT, chunk_len))
+  sums, _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
+                         chunks)
+  return sums
+
+
+def _linear_ce_forward(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len,
+                       label_smoothing, z_loss, dtype):
+  """The sums and, computed on the way, their gradients (no [B, T, V] residual)."""
+  def body(carry, chunk):
+    x_BxCxD, labels_BxC, weights_BxC = chunk
+    loss, correct, grad_x_BxCxD, grad_kernel_DxV = _chunk_sums(
+        x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss, dtype,
+        with_grads=True)
+    loss_sum, correct_sum, grad_kernel_sum = carry
+    return ((loss_sum + loss, correct_sum + correct, grad_kernel_sum + grad_kernel_DxV),
+            grad_x_BxCxD.astype(x_BxTxD.dtype))
+  chunks = (_chunked(x_BxTxD, chunk_len), _chunked(labels_BxT, chunk_len),
+            _chunked(weights_BxT, chunk_len))
+  zeros = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
+           jnp.zeros(kernel_DxV.shape, jnp.float32))
+  (loss, correct, grad_kernel_DxV), grad_x = jax.lax.scan(body, zeros, chunks)
+  residuals = (_unchunked(grad_x), grad_kernel_DxV.astype(kernel_DxV.dtype))
+  return (loss, correct), residuals
+
+
+def _linear_ce_backward(chunk_len, label_smoothing, z_loss, dtype, residuals, cotangents):
+  del chunk_len, label_smoothing, z_loss, dtype
+  grad_x_BxTxD, grad_kernel_DxV = residuals
+  loss_cotangent = cotangents[0]  # the correct count is not differentiable
+  return (grad_x_BxTxD * loss_cotangent.astype(grad_x_BxTxD.dtype),
+          grad_kernel_DxV * loss_cotangent.astype(grad_kernel_DxV.dtype), None, None)
+
+
+_linear_ce_sums.defvjp(_linear_ce_forward, _linear_ce_backward)
+
+
+def linear_cross_entropy_sums(x_BxTxD, kernel_DxV, labels_BxT, *, weights_BxT=None,
+                              chunk_len, label_smoothing=0.0, z_loss=0.0, dtype=None):
+  """`token_cross_entropy` of the logits x @ kernel, summed, without ever
+  holding the [B, T, V] logits: positions go through in chunks of chunk_len.
+
+  Equal to `cross_entropy(einsum('btd,dv->btv', x, kernel), labels, ...)`
+  (times the token count) up to the rounding of the matmul. The matmuls take
+  `dtype` operands (x's dtype by default) with float32 accumulation; the
+  logits, the softmax and the loss are float32. Under `jax.grad`, each chunk's
+  gradients with respect to x and kernel are computed in the forward pass
+  (as Liger-Kernel's fused linear cross-entropy), so the backward pass holds
+  no logits and recomputes nothing: the FLOPs equal the plain path's, and
+  the memory of the logits falls from B * T * V to B * chunk_len * V floats.
+  Only the loss sum is differentiable; labels and weights are constants.
+
+  Args:
+    x_BxTxD: float hidden states.
+    kernel_DxV: float output projection (any scaling folded in).
+    labels_BxT: int targets in [0, V).
+    weights_BxT: float weights, 0 for padding; None weighs every token 1.
+    chunk_len: positions per chunk; must divide T.
+    label_smoothing, z_loss: as in `token_cross_entropy`.
+    dtype: the matmuls' operand dtype; None: x's.
+
+  Returns:
+    (loss_sum, num_tokens, num_correct): float32 scalars, the weighted sum
+    of the token losses, sum(weights) and the weighted count of tokens whose
+    argmax logit is the label. Sums, so micro-batches add up exactly.
+  """
+  x_BxTxD, kernel_DxV, labels_BxT = map(jnp.asarray, (x_BxTxD, kernel_DxV, labels_BxT))
+  if x_BxTxD.ndim != 3 or kernel_DxV.ndim != 2 or x_BxTxD.shape[-1] != kernel_DxV.shape[0]:
+    raise ValueError(f'x must be [B, T, D] and kernel [D, V] with the same D, got x '
+                     f'{x_BxTxD.shape} and kernel {kernel_DxV.shape}')
+  for name, array in (('x', x_BxTxD), ('kernel', kernel_DxV)):
+    if not jnp.issubdtype(array.dtype, jnp.floating):
+      raise ValueError(f'{name} must be floating, got dtype {array.dtype}')
+  if not jnp.issubdtype(labels_BxT.dtype, jnp.integer):
+    raise ValueError(f'labels must be integer, got dtype {labels_BxT.dtype}')
+  if labels_BxT.shape != x_BxTxD.shape[:2]:
+    raise ValueError(f'labels must have shape x.shape[:2] = {x_BxTxD.shape[:2]}, got '
+                     f'{labels_BxT.shape}')
+  weights_BxT = (jnp.ones(labels_BxT.shape, jnp.float32) if weights_BxT is None
+                 else jnp.asarray(weights_BxT).astype(jnp.float32))
+  if weights_BxT.shape != labels_BxT.shape:
+    raise ValueError(f'weights must have the shape of labels {labels_BxT.shape}, got '
+                     f'{weights_BxT.shape}')
+  if isinstance(chunk_len, bool) or not isinstance(chunk_len, int) or chunk_len < 1:
+    raise ValueError(f'chunk_len must be a positive int, got {chunk_len!r}')
+  if x_BxTxD.shape[1] % chunk_len:
+    raise ValueError(f'chunk_len {chunk_len} does not divide the length T = '
+                     f'{x_BxTxD.shape[1]}')
+  if not 0.0 <= label_smoothing < 1.0:
+    raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}')
+  if z_loss < 0:
+    raise ValueError(f'z_loss must be >= 0, got {z_loss}')
+  dtype = jnp.dtype(x_BxTxD.dtype if dtype is None else dtype)
+  loss_sum, num_correct = _linear_ce_sums(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT,
+                                          chunk_len, float(label_smoothing), float(z_loss),
+                                          dtype)
+  return loss_sum, jnp.sum(weights_BxT), num_correct

@@ -15,8 +15,8 @@ from txf.train.optim import make_optimizer
 SECTIONS = ("seed", "replicas", "model", "data", "train", "eval", "parallel")
 TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
                 "weight_decay", "b1", "b2", "eps", "grad_clip_norm", "grad_accum_steps",
-                "label_smoothing", "z_loss", "log_every", "checkpoint_every", "max_to_keep",
-                "init_from")
+                "label_smoothing", "z_loss", "loss_chunk_len", "log_every", "checkpoint_every",
+                "max_to_keep", "init_from")
 EVAL_FIELDS = ("every", "num_batches", "sample_tokens", "sample_prompt", "temperature")
 PARALLEL_FIELDS = ("data", "fsdp", "tensor")
 DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSpec))
@@ -87,6 +87,13 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   if spec.batch_size % train.grad_accum_steps:
     raise ValueError(f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
                      f"data.batch_size={spec.batch_size}")
+  chunk_len = checks.int_at_least(train.loss_chunk_len, "train.loss_chunk_len", 0)
+  if chunk_len and model_cfg.head != "lm":
+    raise ValueError(f"train.loss_chunk_len: the fused loss needs an 'lm' head (a linear "
+                     f"one), not model.head={model_cfg.head!r}; set it to 0")
+  if chunk_len and spec.seq_len % chunk_len:
+    raise ValueError(f"train.loss_chunk_len: {chunk_len} does not divide "
+                     f"data.seq_len={spec.seq_len}")
   checks.positive_int(config.eval.every, "eval.every")
   checks.positive_int(config.eval.num_batches, "eval.num_batches")
   checks.int_at_least(config.eval.sample_tokens, "eval.sample_tokens", 0)

@@ -1,12 +1,20 @@
-"""Peak dense FLOP/s per accelerator and model FLOPs utilisation (MFU).
+"""Peak dense FLOP/s and memory bandwidth per accelerator; model FLOPs
+utilisation (MFU).
 
 Peaks are the vendors' dense tensor-core / MXU numbers (datasheets quote
 2x these "with sparsity" for NVIDIA parts), per JAX device. On TPU v4, v5p
-(megacore) and v5e/v6e (one TensorCore) a JAX device is one chip.
+(megacore) and v5e/v6e (one TensorCore) a JAX device is one chip. Memory
+bandwidths are the datasheets' HBM/GDDR figures: reading a model's weights
+once takes at least weight bytes / bandwidth, the floor of a decoding step
+at small batch (`decode_floor_seconds`).
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
+import os
+import platform
 import re
 from typing import Any
 
@@ -38,6 +46,31 @@ _PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
+# (pattern as above, bytes/s). GH200 ships with 96 GB HBM3 or 144 GB HBM3e
+# at different bandwidths, so it is left unknown.
+_BANDWIDTHS: tuple[tuple[str, float], ...] = (
+    (r'.*\bh100.*pcie.*', 2.0e12),
+    (r'.*\bh100.*nvl.*', 3.9e12),
+    (r'.*\bh200.*', 4.8e12),
+    (r'.*\bh100.*', 3.35e12),          # SXM5 80 GB HBM3
+    (r'.*\ba100.*40gb.*', 1.555e12),
+    (r'.*\ba100.*pcie.*', 1.935e12),   # 80 GB PCIe
+    (r'.*\ba100.*', 2.039e12),         # 80 GB SXM4
+    (r'.*\bl4\b.*', 0.3e12),
+    (r'.*\bv100.*', 0.9e12),
+    (r'tpu v4', 1.228e12),
+    (r'tpu v5( lite|e)', 0.819e12),
+    (r'tpu v5p?', 2.765e12),
+    (r'tpu v6( lite|e)', 1.64e12),
+)
+
+
+def _device_kind(device: Any) -> str:
+  if device is None:
+    device = jax.local_devices()[0]
+  return device.device_kind.lower().strip()
+
+
 def _dtype_name(dtype: Any) -> str:
   try:
     return jnp.dtype(dtype).name
@@ -59,9 +92,7 @@ def peak_flops_per_device(device: Any = None,
     (float32, or bfloat16 on a V100), where MFU is not meaningful.
   """
   name = _dtype_name(dtype)
-  if device is None:
-    device = jax.local_devices()[0]
-  kind = device.device_kind.lower().strip()
+  kind = _device_kind(device)
   for pattern, peaks in _PEAKS:
     if re.fullmatch(pattern, kind):
       return peaks.get(name)
@@ -91,3 +122,41 @@ def mfu(flops_per_token: float, tokens_per_second: float, num_devices: int,
   if peak <= 0:
     raise ValueError(f'peak must be positive or None, got {peak}.')
   return flops_per_token * tokens_per_second / (num_devices * peak)
+
+
+def memory_bandwidth_per_device(device: Any = None) -> float | None:
+  """Peak memory bandwidth of one device in bytes/s; None for CPUs and
+  unknown devices. `device` as in `peak_flops_per_device`."""
+  kind = _device_kind(device)
+  return next((bandwidth for pattern, bandwidth in _BANDWIDTHS
+               if re.fullmatch(pattern, kind)), None)
+
+
+def decode_floor_seconds(weight_bytes: float, bandwidth: float | None) -> float | None:
+  """The least time one decoding step can take: every weight read once from
+  device memory (KV-cache reads and all compute ignored); None when the
+  bandwidth is unknown."""
+  if weight_bytes < 0:
+    raise ValueError(f'weight_bytes must be >= 0, got {weight_bytes}.')
+  if bandwidth is None:
+    return None
+  if bandwidth <= 0:
+    raise ValueError(f'bandwidth must be positive or None, got {bandwidth}.')
+  return weight_bytes / bandwidth
+
+
+def environment() -> dict[str, Any]:
+  """What a benchmark figure was measured on: date, device, software versions
+  and XLA flags (for docs/benchmarks.md)."""
+  versions = {}
+  for package in ('jax', 'jaxlib', 'flax', 'optax', 'numpy'):
+    try:
+      versions[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      versions[package] = None
+  device = jax.local_devices()[0]
+  return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+              backend=jax.default_backend(), device_kind=device.device_kind,
+              device_count=jax.device_count(), process_count=jax.process_count(),
+              python=platform.python_version(), versions=versions,
+              xla_flags=os.environ.get('XLA_FLAGS', ''))

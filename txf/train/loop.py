@@ -16,6 +16,13 @@ Starting it again on the same work directory resumes from the latest good
 checkpoint, including the data position, and reaches the same numbers as an
 uninterrupted run.
 
+The loop adds little to the compiled step: no device sync between log
+steps (non-finite updates are flagged on device and checked at each log
+step), batches read and sent ahead in a thread, and the eval step and the
+sampler compiled in another thread as training starts, so the first
+evaluation does not stop the accelerator to compile (experiments.bench
+--loop measures what the loop costs, piece by piece).
+
 A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
 side on the same batches (txf.train.setup); every metric is logged per
 replica with the replicas' mean and std (txf.train.metrics.replica_scalars),
@@ -33,7 +40,6 @@ import time
 from typing import Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
@@ -56,11 +62,13 @@ class TrainingDiverged(RuntimeError):
 
 PREFETCH_THREAD = "txf-prefetch"
 PREFETCH_JOIN_SECONDS = 30.0
+COMPILE_THREAD = "txf-compile-eval"
 
 
 def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
   """Yields (to_device(batch), data state after it), prepared in a thread so
-  reading and the host-to-device copy overlap the previous step.
+  reading and the host-to-device copy overlap the previous step (size 0:
+  in the caller's thread, when asked for).
 
   The state travels with its batch, so a checkpoint records the position
   after the last batch trained on, not after the ones waiting in the queue.
@@ -70,6 +78,10 @@ def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
   is inside a device transfer (a daemon thread in JAX's C++ code at
   interpreter exit aborts the process).
   """
+  if not size:
+    for batch in dataset:
+      yield to_device(batch), dataset.get_state()
+    return
   slots: queue.Queue = queue.Queue(maxsize=size)
   stop = threading.Event()
 
@@ -110,19 +122,68 @@ def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
     producer.join(PREFETCH_JOIN_SECONDS)
 
 
-def _sample_text(setup: RunSetup, params, step: int) -> str:
-  """Samples a continuation of eval.sample_prompt with the KV cache."""
+def _samples(setup: RunSetup) -> bool:
+  """Whether the run's evaluations sample text."""
+  # Every lm-task model generates: a decoder, or an LSTM (its carry is its cache).
+  return setup.task == "lm" and bool(setup.config.eval.sample_tokens)
+
+
+def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:
+  """decode.generate's arguments for a sample of eval.sample_prompt at `step`."""
   eval_config, tokenizer = setup.config.eval, setup.train_data.tokenizer
   prompt_1xP = tokenizer.encode(eval_config.sample_prompt)[None]
   # Every process holds the same prompt; as one replicated global array it
   # can meet parameters sharded over other hosts' devices inside jit.
   prompt_1xP = jax.make_array_from_callback(prompt_1xP.shape, sharding.replicated(setup.mesh),
                                             lambda index: prompt_1xP[index])
-  tokens_1xT = decode.generate(setup.model, params, prompt_1xP,
-                               max_new_tokens=eval_config.sample_tokens,
-                               rng=jax.random.fold_in(setup.init_key, step),
-                               temperature=eval_config.temperature, eos_id=tokenizer.eos_id)
-  return tokenizer.decode(np.asarray(tokens_1xT[0]))
+  return ((setup.model, params, prompt_1xP),
+          dict(max_new_tokens=eval_config.sample_tokens,
+               rng=jax.random.fold_in(setup.init_key, step),
+               temperature=eval_config.temperature, eos_id=tokenizer.eos_id))
+
+
+def _sample_text(setup: RunSetup, params, step: int) -> str:
+  """Samples a continuation of eval.sample_prompt with the KV cache."""
+  args, kwargs = _sampler_arguments(setup, params, step)
+  tokens_1xT = decode.generate(*args, **kwargs)
+  return setup.train_data.tokenizer.decode(np.asarray(tokens_1xT[0]))
+
+
+def _abstract(tree):
+  """Shapes, dtypes and shardings of a tree of arrays, for `lower`."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      tree)
+
+
+def _compile_evaluation(setup: RunSetup, params) -> threading.Thread:
+  """Starts compiling the eval step (and the sampler) in a thread.
+
+  XLA compilation of the evaluation would otherwise stall training at the
+  first eval (for gpt2_small, seconds to a minute of an idle accelerator);
+  in a thread it overlaps training on otherwise idle host cores. JAX keeps
+  the executables, so the first eval only retraces. Only shapes of `params`
+  are used: the thread never touches arrays the train step donates. Join
+  the thread before evaluating (a second compilation would start otherwise).
+  """
+  eval_batch = _abstract(setup.to_device(next(iter(setup.eval_data))))
+  sampler = None
+  if _samples(setup):
+    args, kwargs = _sampler_arguments(setup, setup.replica_params(params, 0), step=0)
+    sampler = ((*args[:1], _abstract(args[1]), *args[2:]), kwargs)
+  params = _abstract(params)
+
+  def compile_all():
+    try:
+      with setup.activation_sharding():
+        setup.eval_step.lower(params, eval_batch).compile()
+        if sampler is not None:
+          decode.generate(*sampler[0], **sampler[1], lower=True).compile()
+    except Exception:  # pylint: disable=broad-except
+      pass  # the eval itself compiles then, and raises whatever this met
+
+  thread = threading.Thread(target=compile_all, name=COMPILE_THREAD, daemon=True)
+  thread.start()
+  return thread
 
 
 class _Throughput:
@@ -168,9 +229,10 @@ def _log_train(setup: RunSetup, metrics: dict, done: int, window: _Throughput,
   log(format_progress(done, setup.config.train.steps, scalars))
 
 
-def _check_finite(skipped_updates, done: int, checkpointer: Checkpointer) -> None:
-  """Raises TrainingDiverged if any update so far was skipped as non-finite."""
-  if int(skipped_updates):
+def _check_finite(finite_flags: list, done: int, checkpointer: Checkpointer) -> None:
+  """Raises TrainingDiverged if an update since the last check was skipped as
+  non-finite (a flag [R] or scalar of 0 in `finite_flags`)."""
+  if not all(np.all(flag) for flag in jax.device_get(finite_flags)):
     checkpointer.wait_until_finished()
     latest = checkpointer.latest_step()
     kept = ("no checkpoint had been written yet" if latest is None
@@ -183,8 +245,7 @@ def _check_finite(skipped_updates, done: int, checkpointer: Checkpointer) -> Non
 def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
                      log) -> dict[str, float]:
   result = setup.evaluate(params)
-  samples = setup.task == "lm"  # a decoder or an LSTM: both generate
-  if samples and setup.config.eval.sample_tokens:
+  if _samples(setup):
     sample = _sample_text(setup, setup.replica_params(params, 0), done)
     writer.write_sample(done, sample)
     log(f"sample @ {done}: {sample[:200]!r}")
@@ -218,32 +279,47 @@ def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_
 
 
 def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
-           guard: PreemptionGuard, writer: MetricsWriter, log) -> dict[str, float]:
+           guard: PreemptionGuard, writer: MetricsWriter, log, prefetch: int
+           ) -> dict[str, float]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's metrics."""
   config = setup.config
-  window, skipped_updates, last_eval = _Throughput(), 0, {}
-  # Closing stops the prefetch thread also when training raises.
-  with contextlib.closing(_prefetch(setup.train_data, setup.to_device)) as batches:
+  window, finite_flags, last_eval = _Throughput(), [], {}
+  # The last step always evaluates, so this compilation is never wasted.
+  compiling = _compile_evaluation(setup, state.params)
+  # Closing stops the prefetch thread also when training raises; the
+  # compilation is waited for too (a thread inside XLA at exit aborts Python).
+  with (contextlib.closing(_prefetch(setup.train_data, setup.to_device, prefetch)) as batches,
+        _joining(compiling)):
     for step in range(start, config.train.steps):
       batch, data_state = next(batches)
       state, metrics = setup.train_step(state, batch)
-      # Counted on device (no sync per step), checked at every log step.
-      skipped_updates = skipped_updates + jnp.sum(1 - metrics["finite"])
+      # Kept on device (no sync, no dispatch per step), checked at every log step.
+      finite_flags.append(metrics["finite"])
       window.add(metrics, compiling=step == start)
       done = step + 1
       if done % config.train.log_every == 0 or done == config.train.steps:
         metrics = jax.device_get(metrics)
-        _check_finite(skipped_updates, done, checkpointer)
+        _check_finite(finite_flags, done, checkpointer)
+        finite_flags = []
         # A failed asynchronous save stops the run here, not at the next save.
         checkpointer.check_for_errors()
         _log_train(setup, metrics, done, window, writer, log)
         window.restart()
       if done % config.eval.every == 0 or done == config.train.steps:
+        compiling.join()
         last_eval = _eval_and_sample(setup, state.params, done, writer, log)
         window.restart()
       if _checkpoint(checkpointer, guard, state, data_state, done, config, writer, log):
         break
   return last_eval
+
+
+@contextlib.contextmanager
+def _joining(thread: threading.Thread):
+  try:
+    yield
+  finally:
+    thread.join()
 
 
 def _continue_data(setup: RunSetup, data_state: dict) -> None:
@@ -260,8 +336,14 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
         f"continue training with the run's own (config.json) ({error})") from error
 
 
-def run(config, workdir: str | os.PathLike, *, log=print) -> dict[str, float]:
+def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None = None,
+        prefetch: int = 2) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
+
+  `setup` is the config's RunSetup to train with (None: built here by
+  setup_run; benchmarks pass one with pieces swapped, see experiments.bench
+  --loop). `prefetch` batches are read and sent to the devices ahead in a
+  thread (0: no thread, each batch read when its step is dispatched).
 
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
@@ -287,7 +369,8 @@ def run(config, workdir: str | os.PathLike, *, log=print) -> dict[str, float]:
     check_resumable(config, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  setup = setup_run(config, workdir)
+  if setup is None:
+    setup = setup_run(config, workdir)
   check_writable(workdir)
   is_chief = jax.process_index() == 0
   # Only process 0 locks: the others write nothing that must be exclusive.
@@ -310,7 +393,7 @@ def run(config, workdir: str | os.PathLike, *, log=print) -> dict[str, float]:
               f"training continues from) to its .dropped file")
         write_config(config, workdir)
         try:
-          return _train(setup, state, start, checkpointer, guard, writer, log)
+          return _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
         finally:
           setup.train_data.close()  # stops the loader's worker processes
 

@@ -206,10 +206,12 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
+  loss_chunk_len = config.train.loss_chunk_len
   step_for_seed = lambda seed: make_train_step(
       model, optimizer, task, seed=seed, grad_accum_steps=config.train.grad_accum_steps,
-      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
-  eval_step = make_eval_step(model, task)
+      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss,
+      loss_chunk_len=loss_chunk_len)
+  eval_step = make_eval_step(model, task, loss_chunk_len=loss_chunk_len)
   seeds = replicas.replica_seeds(config.seed, config.replicas)
   # The pretrained parameters (None without init_from) are an argument of the
   # jitted init, not constants baked into its program.
@@ -309,7 +311,8 @@ RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
 # Fields added since (dotted for a section's): the value every run written
 # before had. Fields added with a None default need no entry (absent reads as None).
 ADDED_FIELDS = {"replicas": 1, "model.gelu_approximate": True, "model.embed_norm": False,
-                "model.num_token_types": 0, "model.scale_attention": True}
+                "model.num_token_types": 0, "model.scale_attention": True,
+                "train.loss_chunk_len": 0}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:

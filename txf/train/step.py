@@ -9,6 +9,11 @@ A task decides which batch fields feed the model and which are labels:
 Losses are summed over real tokens within a step and divided once by the
 step's token count, so gradient accumulation over micro-batches gives exactly
 the gradient of the full batch.
+
+With `loss_chunk_len` > 0 (lm and seq2seq, whose LM head is linear) the
+model runs without its head and the loss is `ops.linear_cross_entropy_sums`
+of the hidden states and the head's kernel: the same loss, with the [B, T, V]
+logits never held at once.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from txf import ops
+from txf.models.heads import LMHead
 
 Batch = dict[str, jax.Array]
 TASKS = ("lm", "mlm", "seq2seq", "classify")
@@ -78,14 +84,45 @@ def labels_and_weights(batch: Batch, task: str) -> tuple[jax.Array, jax.Array]:
   return batch["targets"], batch["weights"].astype(jnp.float32)
 
 
+def _apply_without_head(model: nn.Module, params: Any, inputs: tuple[jax.Array, ...],
+                        **kwargs) -> tuple[jax.Array, jax.Array]:
+  """(hidden states [B, T, D] that reach the LM head, the head's kernel [D, V]).
+
+  The LM head (tied or not) is linear and bias-free, so applying it to the
+  D x D identity gives its kernel with every scaling and cast folded in, and
+  gradients reach the embedding (or logits) parameters through it.
+  """
+  kernels = []
+
+  def skip_head(next_fun, args, kwargs, context):
+    if context.method_name != "__call__" or not isinstance(context.module, LMHead):
+      return next_fun(*args, **kwargs)
+    x_BxTxD, *rest = args
+    eye_1xDxD = jnp.eye(x_BxTxD.shape[-1], dtype=x_BxTxD.dtype)[None]
+    kernels.append(next_fun(eye_1xDxD, *rest, **kwargs)[0])
+    return x_BxTxD
+
+  with nn.intercept_methods(skip_head):
+    hidden_BxTxD = model.apply({"params": params}, *inputs, **kwargs)
+  (kernel_DxV,) = kernels
+  return hidden_BxTxD, kernel_DxV
+
+
 def _loss_sums(model: nn.Module, params: Any, batch: Batch, task: str, *,
-               label_smoothing: float, z_loss: float, dropout_rng: jax.Array | None):
+               label_smoothing: float, z_loss: float, dropout_rng: jax.Array | None,
+               loss_chunk_len: int = 0):
   """(weighted loss sum, weight sum, correct-prediction count) for one batch."""
   deterministic = dropout_rng is None
   rngs = {} if deterministic else {"dropout": dropout_rng}
+  labels, weights = labels_and_weights(batch, task)
+  if loss_chunk_len:
+    hidden_BxTxD, kernel_DxV = _apply_without_head(
+        model, params, model_inputs(batch, task), deterministic=deterministic, rngs=rngs)
+    return ops.linear_cross_entropy_sums(
+        hidden_BxTxD, kernel_DxV, labels, weights_BxT=weights, chunk_len=loss_chunk_len,
+        label_smoothing=label_smoothing, z_loss=z_loss, dtype=model.cfg.dtype)
   logits = model.apply({"params": params}, *model_inputs(batch, task),
                        deterministic=deterministic, rngs=rngs)
-  labels, weights = labels_and_weights(batch, task)
   loss, count = ops.cross_entropy(logits, labels, weights=weights,
                                   label_smoothing=label_smoothing, z_loss=z_loss)
   correct = jnp.sum((jnp.argmax(logits, axis=-1) == labels) * weights)
@@ -108,8 +145,12 @@ def _split_micro_batches(batch: Batch, num: int) -> Batch:
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, task: str, *,
                     seed: int, grad_accum_steps: int = 1, label_smoothing: float = 0.0,
-                    z_loss: float = 0.0) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+                    z_loss: float = 0.0, loss_chunk_len: int = 0
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """Returns `train_step(state, batch) -> (state, metrics)` (not yet jitted).
+
+  loss_chunk_len > 0 computes the loss fused with the LM head, that many
+  positions at a time (module docstring).
 
   An update whose loss, gradient or update is not finite is skipped (the
   state is returned unchanged) and reported through `metrics['finite'] == 0`,
@@ -118,7 +159,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, t
   def sums(params, micro_batch, rng):
     total, count, correct = _loss_sums(model, params, micro_batch, task,
                                        label_smoothing=label_smoothing, z_loss=z_loss,
-                                       dropout_rng=rng)
+                                       dropout_rng=rng, loss_chunk_len=loss_chunk_len)
     return total, (count, correct)
 
   value_and_grad_fn = jax.value_and_grad(sums, has_aux=True)
@@ -157,11 +198,14 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, t
   return train_step
 
 
-def make_eval_step(model: nn.Module, task: str) -> Callable[[Any, Batch], dict]:
+def make_eval_step(model: nn.Module, task: str, *, loss_chunk_len: int = 0
+                   ) -> Callable[[Any, Batch], dict]:
   """Returns `eval_step(params, batch) -> sums` with loss_sum, count, correct
-  (sums, so results over many batches add up exactly)."""
+  (sums, so results over many batches add up exactly); loss_chunk_len as in
+  `make_train_step`."""
   def eval_step(params, batch):
     total, count, correct = _loss_sums(model, params, batch, task, label_smoothing=0.0,
-                                       z_loss=0.0, dropout_rng=None)
+                                       z_loss=0.0, dropout_rng=None,
+                                       loss_chunk_len=loss_chunk_len)
     return {"loss_sum": total, "count": count, "correct": correct}
   return eval_step

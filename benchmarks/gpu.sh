@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Every GPU figure docs/benchmarks.md is missing, in parts that each fit one
+# 10-minute call of a lent GPU machine (minutes measured nowhere yet: estimates):
+#
+#   bash benchmarks/gpu.sh train    # step vs the PyTorch recipe, fused loss, XLA flags (~7 min)
+#   bash benchmarks/gpu.sh loop     # the real loop's variants vs the step, a profile    (~7 min)
+#   bash benchmarks/gpu.sh long     # gpt2_small at 8k, 16k, 32k, 64k context            (~6 min)
+#   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
+#   bash benchmarks/gpu.sh all      # the four in turn, where no time limit applies
+#
+# Run from the repository root. Packages the machine lacks come from .whl/
+# (benchmarks/fetch_wheels.sh, run beforehand where PyPI is reachable). Each
+# part writes $OUT/<part>.tar.gz (JSON reports, logs, an nvidia-smi sample of
+# clocks, power, temperature and throttle reasons every 0.5 s, a profile) and
+# prints a summary (benchmarks/summarize.py) last. EXTRA="--config.model.d_model=32 ..."
+# appends flags to every experiments.bench call (a smoke test on a CPU at toy size).
+set -uo pipefail
+part=${1:?usage: bash benchmarks/gpu.sh train|loop|long|decode|all}
+OUT=${OUT:-gpu_results}
+if [ "$part" = all ]; then
+  for p in train loop long decode; do bash "$0" "$p"; done
+  exit 0
+fi
+dir=gpu_results/$part
+rm -rf "$dir" && mkdir -p "$dir" "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# The persistent compilation cache survives between calls while the machine stays warm.
+export JAX_COMPILATION_CACHE_DIR=$PWD/.jax_cache
+python3 -c "import jax, flax, optax, orbax.checkpoint, sys; print(sys.version.split()[0], \
+  'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" \
+  2>&1 | tee "$dir/versions.txt"
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv \
+  >> "$dir/versions.txt" 2>&1
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,\
+utilization.gpu,memory.used,clocks_throttle_reasons.active --format=csv -lms 500 \
+  > "$dir/nvidia_smi.csv" 2>&1 &
+smi=$!
+
+bench() {  # bench NAME SECONDS ARGS...: one benchmark, its report in $dir/NAME.json
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*" | tee -a "$dir/log.txt"
+  timeout "$limit" python3 -m experiments.bench "$@" ${EXTRA:-} --json="$dir/$name.json" 2>&1 \
+    | grep -v -e "Unable to initialize backend" -e "^W0000" | tee -a "$dir/log.txt"
+}
+GPT2=--config=configs/gpt2_small.py
+STEP="--steps=200 --window=50 --fresh_batches --nosync"
+case $part in
+  train)
+    bench step_b32_torch 200 $GPT2 $STEP --torch --torch_steps=50
+    bench step_b32_fused_loss 100 $GPT2 $STEP --config.train.loss_chunk_len=256
+    XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+      bench step_b32_command_buffers 100 $GPT2 $STEP
+    bench step_b16_torch 160 $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
+    ;;
+  loop)
+    bench loop 440 $GPT2 --loop --steps=400 --window=50 --config.eval.every=200 \
+      --config.train.checkpoint_every=200 --profile_dir="$dir/profile" --profile_steps=300,305
+    bench step_b32_reused_batch 110 $GPT2 --steps=200 --window=50  # as the issue's 430k
+    ;;
+  long)
+    for len in 8192 16384 32768 65536; do
+      batch=$(( 32768 / len > 0 ? 32768 / len : 1 ))
+      bench "step_${len}" 130 --config=configs/gpt2_small_8k.py --steps=30 --window=10 \
+        --fresh_batches --nosync --config.model.max_len=$len --config.data.seq_len=$len \
+        --config.data.batch_size=$batch --config.eval.num_batches=1
+    done
+    ;;
+  decode)
+    bench decode 200 $GPT2 --decode --hf --decode_batch_sizes=1,32 --prompt_len=128 \
+      --new_tokens=512
+    XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+      bench decode_command_buffers 120 $GPT2 --decode --decode_batch_sizes=1,32 \
+      --prompt_len=128 --new_tokens=512
+    echo "== bench_replicas" | tee -a "$dir/log.txt"
+    timeout 60 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
+      2>&1 | tee -a "$dir/log.txt"
+    timeout 180 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
+      --runs --config.train.steps=200 --config.eval.every=100 \
+      --config.train.checkpoint_every=100 2>&1 | grep -v -e "^I1" -e "^W0000" \
+      | tee -a "$dir/log.txt"
+    ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac
+kill "$smi" 2>/dev/null
+tar -czf "$OUT/$part.tar.gz" -C gpu_results "$part"
+python3 benchmarks/summarize.py "$dir"

@@ -1,0 +1,201 @@
+"""The real training loop against its bare step (`experiments.bench --loop`).
+
+One process, one RunSetup (so the step compiles once): first the bare step
+(experiments.bench's benchmark, a fresh host batch every step, windows timed
+asynchronously, as the loop dispatches), then txf.train.loop.run in a fresh
+temporary work directory once per variant, each with one piece of what the
+loop adds to the step switched off or swapped:
+
+  full           the run as configured (eval, samples, checkpoints at their
+                 config intervals inside the timed steps)
+  no_eval        evals, samples and checkpoints only after the last timed step
+  random_ids     no_eval on uniform random token ids instead of text batches
+  no_prefetch    no_eval with each batch read and sent in the loop's thread
+  log_every_step no_eval with metrics fetched (a device sync) every step
+  host_only      no_eval with the step replaced by a no-op of its signature:
+                 how fast the loop's own host work could drive the device
+
+Every run trains --steps steps and logs every --window. Per run it reports
+the loop's own windows (tokens/s between logs, evals excluded), the
+amortised tokens/s from the first log to the last (evals and checkpoints
+between them included) and its ratio to the bare step, and the Python
+garbage collector's pauses. The issue's target: amortised >= 0.95 x step,
+flat from step 50. A jax.profiler trace of a few steps of `full` is written
+with --profile_dir (open it with TensorBoard or Perfetto).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import re
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench_step import benchmark
+from txf.train import loop, sharding
+from txf.train.metrics import read_metrics
+from txf.train.setup import RunSetup, setup_run
+
+VARIANTS = ("full", "no_eval", "random_ids", "no_prefetch", "log_every_step", "host_only")
+_PROGRESS = re.compile(r"^step (\d+)/")
+
+
+class RandomIds:
+  """A training dataset's interface over uniform random ids in [1, vocab):
+  batches of the same shapes and weights, free of the text's statistics."""
+
+  def __init__(self, dataset, vocab_size: int, seed: int = 0):
+    self._dataset, self._vocab_size = dataset, vocab_size
+    self._rng = np.random.default_rng(seed)
+
+  def __getattr__(self, name):
+    return getattr(self._dataset, name)  # tokenizer, get_state, set_state, ...
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    batch = dict(next(self._dataset))
+    for key in ("inputs", "targets"):
+      batch[key] = self._rng.integers(1, self._vocab_size, batch[key].shape, dtype=np.int32)
+    return batch
+
+
+def null_step(setup: RunSetup):
+  """A jitted step with the train step's signature and outputs that only
+  counts the step: the loop around it runs at its host-side ceiling."""
+  batch = setup.to_device(next(iter(setup.eval_data)))
+  abstract_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+  with setup.activation_sharding():
+    metrics = jax.eval_shape(setup.train_step, setup.abstract_state, abstract_batch)[1]
+
+  def step(state, batch):
+    del batch
+    return (state.replace(step=state.step + 1),
+            jax.tree.map(lambda m: jnp.ones(m.shape, m.dtype), metrics))
+
+  return jax.jit(step, donate_argnums=0,
+                 out_shardings=(setup.state_sharding, sharding.replicated(setup.mesh)))
+
+
+def traced(train_step, directory: str, first: int, last: int):
+  """`train_step` writing a jax.profiler trace of its calls first..last."""
+  calls = iter(range(1, 1 << 62))
+
+  def step(state, batch):
+    call = next(calls)
+    if call == first:
+      jax.profiler.start_trace(directory)
+    out = train_step(state, batch)
+    if call == last:
+      jax.block_until_ready(out)
+      jax.profiler.stop_trace()
+    return out
+
+  return step
+
+
+class _GcPauses:
+  """Counts the collector's pauses while entered (Python's threads stop then),
+  in all and of full (generation 2) collections, whose cost grows with the
+  number of live objects."""
+
+  def __enter__(self):
+    self.count, self.seconds, self.longest, self._start = 0, 0.0, 0.0, None
+    self.full_count, self.full_seconds = 0, 0.0
+    gc.callbacks.append(self._callback)
+    return self
+
+  def _callback(self, phase, info):
+    if phase == "start":
+      self._start = time.perf_counter()
+    elif self._start is not None:
+      pause = time.perf_counter() - self._start
+      self.count, self.seconds = self.count + 1, self.seconds + pause
+      self.longest = max(self.longest, pause)
+      if info["generation"] == 2:
+        self.full_count, self.full_seconds = self.full_count + 1, self.full_seconds + pause
+
+  def __exit__(self, *exc_info):
+    gc.callbacks.remove(self._callback)
+
+
+def variant_setup(setup: RunSetup, variant: str, profile) -> tuple[RunSetup, int]:
+  """The setup `variant` trains with and its prefetch depth."""
+  config = setup.config.copy_and_resolve_references()
+  steps = config.train.steps
+  if variant != "full":  # the last step always evaluates and saves, after its log
+    config.eval.every = config.train.checkpoint_every = steps
+  if variant == "log_every_step":
+    config.train.log_every = 1
+  changes = dict(config=config)
+  if variant == "random_ids":
+    changes["train_data"] = RandomIds(setup.train_data, setup.model_cfg.vocab_size)
+  if variant == "host_only":
+    changes["train_step"] = null_step(setup)
+  if variant == "full" and profile is not None:
+    directory, first, last = profile
+    changes["train_step"] = traced(setup.train_step, directory, first, last)
+  return dataclasses.replace(setup, **changes), 0 if variant == "no_prefetch" else 2
+
+
+def time_loop(setup: RunSetup, variant: str, step_tokens_per_sec: float, profile=None) -> dict:
+  """Trains `variant` of the setup's run once; its figures."""
+  run_setup, prefetch = variant_setup(setup, variant, profile)
+  progress = []  # (seconds, step) at each progress line
+
+  def log(line: str) -> None:
+    if match := _PROGRESS.match(line):
+      progress.append((time.perf_counter(), int(match.group(1))))
+
+  with tempfile.TemporaryDirectory() as workdir, _GcPauses() as pauses:
+    start = time.perf_counter()
+    loop.run(run_setup.config, workdir, log=log, setup=run_setup, prefetch=prefetch)
+    wall = time.perf_counter() - start
+    rows = read_metrics(workdir)
+  windows = [dict(last_step=row["step"], tokens_per_sec=row["tokens_per_sec"], loss=row["loss"],
+                  mfu=row.get("mfu")) for row in rows if "tokens_per_sec" in row]
+  (t_first, first), (t_last, last) = progress[0], progress[-1]
+  amortised = setup.tokens_per_step * (last - first) / (t_last - t_first)
+  figures = dict(variant=variant, windows=windows, first_step=first, last_step=last,
+                 amortised_tokens_per_sec=amortised,
+                 ratio_to_step=amortised / step_tokens_per_sec,
+                 window_tokens_per_sec_min=min(w["tokens_per_sec"] for w in windows),
+                 window_tokens_per_sec_last=windows[-1]["tokens_per_sec"],
+                 wall_seconds=wall, gc_pauses=pauses.count, gc_seconds=pauses.seconds,
+                 gc_longest=pauses.longest, gc_full_collections=pauses.full_count,
+                 gc_full_seconds=pauses.full_seconds)
+  print(f"{variant:15s} steps {first}-{last}: {amortised:12,.0f} tokens/s amortised "
+        f"({figures['ratio_to_step']:.3f} x step); windows min "
+        f"{figures['window_tokens_per_sec_min']:,.0f}, last "
+        f"{figures['window_tokens_per_sec_last']:,.0f}; gc {pauses.count} pauses, "
+        f"{pauses.seconds:.2f} s, longest {1e3 * pauses.longest:.0f} ms, "
+        f"{pauses.full_count} full ({pauses.full_seconds:.2f} s)")
+  return figures
+
+
+def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
+  """The bare step's figures, then each variant's run (module docstring)."""
+  config = config.copy_and_resolve_references()
+  config.train.steps, config.train.log_every = steps, window
+  # A shorter run than configured: warmup must still fit (a schedule change
+  # that does not change the speed of a step).
+  config.train.warmup_steps = min(config.train.warmup_steps, steps)
+  setup = setup_run(config)
+  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
+        f"{setup.tokens_per_step} tokens/step; bare step:")
+  with setup.activation_sharding():
+    step_windows = benchmark(setup, steps=steps, window=window, fresh_batches=True, sync=False)
+  step_tokens_per_sec = setup.tokens_per_step / statistics.median(
+      w["step_time"] for w in step_windows)
+  print(f"{'bare step':15s} {step_tokens_per_sec:,.0f} tokens/s (median window)")
+  runs = [time_loop(setup, variant, step_tokens_per_sec, profile) for variant in variants]
+  return dict(tokens_per_step=setup.tokens_per_step, flops_per_token=setup.flops_per_token,
+              peak_flops=setup.peak_flops, steps=steps, window=window,
+              step=dict(windows=step_windows, tokens_per_sec=step_tokens_per_sec), loop=runs)
