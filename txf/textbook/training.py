@@ -1,0 +1,56 @@
+"""Training for the experiments that need a trained model: the one runner.
+
+An experiment derives its run config from the `base_config` it is given
+(configs/<name>.py's, passed by the command) with dotted overrides, trains it
+with txf.train.loop.run in a work directory under the experiment's output
+directory, and restores it with txf.train.setup.load_run. Running the
+experiment again on the same directory finds the run trained and only
+evaluates it; a run directory trained with other settings (e.g. the other
+size) is refused by the runner, naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Callable, Mapping
+
+import ml_collections
+from etils import epath
+
+from txf.train.loop import run as train_run
+from txf.train.setup import TrainedRun, load_run
+
+RUNS_DIR = "runs"
+
+
+def derive_config(base_config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
+                  ) -> ml_collections.ConfigDict:
+  """A copy of `base_config` with dotted fields set ({"model.d_model": 64, ...});
+  ValueError naming a field the config does not have."""
+  config = copy.deepcopy(base_config)
+  for name, value in overrides.items():
+    *sections, field = name.split(".")
+    node = config
+    for section in sections:
+      if section not in node:
+        raise ValueError(f"{name}: unknown field")
+      node = node[section]
+    if field not in node:
+      raise ValueError(f"{name}: unknown field")
+    try:
+      node[field] = value
+    except TypeError as error:  # ml_collections keeps each field's type
+      raise ValueError(f"{name}: {error}") from None
+  return config
+
+
+def train(config: ml_collections.ConfigDict, out_dir: str | os.PathLike, run_name: str, *,
+          log: Callable[[str], None] = print) -> tuple[TrainedRun, dict[str, float]]:
+  """Trains `config` in out_dir/runs/<run_name> (resuming, or only evaluating a
+  finished run) and restores it; returns (the trained run, its final eval
+  metrics)."""
+  workdir = epath.Path(out_dir) / RUNS_DIR / run_name
+  workdir.mkdir(parents=True, exist_ok=True)
+  metrics = train_run(config, workdir, log=log)
+  return load_run(workdir), metrics
