@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, load_config
 
 from txf import textbook
+from txf.analysis import plots
 from txf.analysis.counts import COMPONENTS
 from txf.textbook import (heads, kv_cache, masks, param_counts, positions, quadratic, report,
                           scaling, training)
@@ -67,6 +68,27 @@ def test_derive_config_sets_fields_and_names_unknown_ones():
     training.derive_config(base, {'model.no_such_field': 1})
   with pytest.raises(ValueError, match='train.steps'):
     training.derive_config(base, {'train.steps': 'many'})
+
+
+def test_heatmaps_share_one_colour_scale_and_leave_non_finite_blank(tmp_path):
+  panels = {'a': np.array([[0.0, 1.0], [np.nan, 2.0]]), 'b': np.array([[-np.inf, 4.0],
+                                                                      [3.0, 0.5]])}
+  figure = plots.heatmaps_figure(panels, title='t', xlabel='key', ylabel='query',
+                                 colorbar_label='bias', columns=1, xticklabels=['x', 'y'])
+  images = [axes.images[0] for axes in figure.axes if axes.images]
+  assert [image.axes.get_title() for image in images] == ['a', 'b']
+  assert all(image.get_clim() == (0.0, 4.0) for image in images)  # the finite range
+  assert images[0].get_array().mask[1, 0] and images[1].get_array().mask[0, 0]
+  assert figure.axes[-1].get_ylabel() == 'bias'
+  assert [t.get_text() for t in images[0].axes.get_xticklabels()] == ['x', 'y']
+  path = plots.heatmaps(panels, tmp_path / 'h.png', 't', xlabel='k', ylabel='q',
+                        colorbar_label='c')
+  assert path.read_bytes()[:8] == PNG_MAGIC
+  for bad, message in (({}, 'at least one'), ({'a': np.zeros(3)}, r"panels\['a'\]"),
+                       ({'a': np.zeros((2, 2)), 'b': np.zeros((2, 3))}, r"panels\['b'\]"),
+                       ({'a': np.full((2, 2), np.nan)}, 'no finite value')):
+    with pytest.raises(ValueError, match=message):
+      plots.heatmaps_figure(bad, title='t', xlabel='x', ylabel='y', colorbar_label='c')
 
 
 # ------------------------------------------------------------ 1: 1/sqrt(d_k)
@@ -217,6 +239,7 @@ def test_a_trained_lm_has_a_previous_token_head(tmp_path):
   layer, head = result['best']['previous_token']
   assert previous[layer, head] == previous.max()
   assert previous.max() > 1.5 * result['baselines']['previous_token']
+  assert result['period'] == 16  # half the quick model's 32 tokens
   assert result['baselines']['induction'] == pytest.approx(
       np.mean(1 / (np.arange(16, 32) + 1)))
   assert_pngs(result, 3)

@@ -36,14 +36,14 @@ from txf.textbook.report import figure_path, markdown_table
 from txf.textbook.training import derive_config, train
 
 NAME = "heads"
-FULL = dict(period=64, num_sequences=16, overrides={
+FULL = dict(overrides={
     "model.d_model": 128, "model.num_heads": 4, "model.num_layers": 2, "data.seq_len": 128,
     "train.steps": 1000, "train.warmup_steps": 100})
-QUICK = dict(period=16, num_sequences=8, overrides={
+QUICK = dict(overrides={
     "model.d_model": 32, "model.num_heads": 2, "model.num_layers": 2, "data.seq_len": 32,
     "data.batch_size": 16, "data.max_corpus_bytes": 200_000, "train.steps": 150,
     "train.warmup_steps": 15})
-_EVAL = {"eval.num_batches": 2, "eval.sample_tokens": 0}
+_EVAL = {"eval.num_batches": 1, "eval.sample_tokens": 0}
 # The lowest id repeated_random_tokens draws: skips pad, bos, eos and mask.
 _LOWEST_RANDOM_ID = 4
 
@@ -59,17 +59,17 @@ def _per_layer(score: Callable[[Any], np.ndarray], layers: list[Any]) -> np.ndar
 
 
 def compute(base_config: ml_collections.ConfigDict, out_dir: str | os.PathLike, *,
-            period: int, num_sequences: int, overrides: dict[str, Any],
-            run_name: str = NAME, seed: int = 0, log: Callable[[str], None] = print
-            ) -> dict[str, Any]:
+            overrides: dict[str, Any], run_name: str = NAME, seed: int = 0,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
   """Trains (or reuses) the LM and scores every head.
+
+  The induction inputs have the shape of a validation batch (one compiled
+  program serves both): as many sequences, each a random block of
+  period = data.seq_len // 2 tokens repeated twice.
 
   Args:
     base_config: configs/base.py's config (a decoder LM).
     out_dir: the run trains in out_dir/runs/<run_name>.
-    period: block length of the induction inputs (2 * period tokens each,
-      at most the training length).
-    num_sequences: repeated sequences scored.
     overrides: dotted config fields (model size, steps).
 
   Returns:
@@ -86,13 +86,13 @@ def compute(base_config: ml_collections.ConfigDict, out_dir: str | os.PathLike, 
     raise ValueError("base_config: heads needs a decoder language model (model.family="
                      f"'decoder', data.task='lm'), got {config.model.family!r}, "
                      f"{config.data.task!r}")
-  if 2 * period > config.data.seq_len:
-    raise ValueError(f"period: 2 * {period} tokens exceed data.seq_len={config.data.seq_len}")
   trained, metrics = train(config, out_dir, run_name, log=log)
   setup, params = trained.setup, trained.params
   maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
   text_BxT = next(iter(setup.eval_data))["inputs"]
-  repeated_BxT = repeated_random_tokens(np.random.default_rng(seed), num_sequences, period,
+  batch, length = text_BxT.shape
+  period = length // 2
+  repeated_BxT = repeated_random_tokens(np.random.default_rng(seed), batch, period,
                                         setup.model_cfg.vocab_size, low=_LOWEST_RANDOM_ID)
   text_layers = maps_by_kind(maps_fn(params, text_BxT))["self"]
   repeated_layers = maps_by_kind(maps_fn(params, repeated_BxT))["self"]
@@ -102,7 +102,7 @@ def compute(base_config: ml_collections.ConfigDict, out_dir: str | os.PathLike, 
           for kind, values in scores.items()}
   return {"eval": metrics, "steps": trained.step, "period": period,
           "scores": {kind: values.tolist() for kind, values in scores.items()}, "best": best,
-          "baselines": {"previous_token": uniform_baseline(text_BxT.shape[1], 1),
+          "baselines": {"previous_token": uniform_baseline(length, 1),
                         "induction": uniform_baseline(2 * period, period)},
           "text_weights": np.stack([np.asarray(w)[0] for w in text_layers]),
           "repeated_weights": np.stack([np.asarray(w)[0] for w in repeated_layers]),

@@ -43,7 +43,7 @@ QUICK = dict(length=10, valid_length=7, task="reverse", source="gadbfce", num_qu
                                       "train.warmup_steps": 15})
 # Shared by both sizes: sources of 4-8 symbols (the example's 7 among them).
 _DATA = {"data.seq_len": 10, "data.min_example_len": 4, "data.max_example_len": 8,
-         "data.batch_size": 32, "eval.num_batches": 2}
+         "data.batch_size": 32, "eval.num_batches": 1}
 
 
 def mask_weights(length: int, valid_length: int, seed: int = 0) -> dict[str, dict[str, Any]]:

@@ -85,7 +85,7 @@ ARCHITECTURES: dict[str, tuple[str, ModelConfig, Callable[[], dict[str, int]]]] 
                          d_ff=2048, num_layers=6, position="sinusoidal", norm_placement="post",
                          share_embeddings=True, tie_embeddings=True, **_COMMON),
              base_closed_form),
-    "stack32k": ("6-layer stack, tied V 32,000",
+    "stack32k": ("6-layer stack (tied V 32,000)",
                  ModelConfig(family="decoder", vocab_size=32000, d_model=512, num_heads=8,
                              d_ff=2048, num_layers=6, position="sinusoidal",
                              norm_placement="post", tie_embeddings=True, **_COMMON),
@@ -144,13 +144,14 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
   for component in COMPONENTS:
     millions = np.array([result[name]["counts"][component] / 1e6 for name in names])
     if millions.any():
-      axes.bar([result[name]["title"] for name in names], millions, bottom=bottom,
-               label=component)
+      axes.bar([result[name]["title"].replace(" (", "\n(") for name in names], millions,
+               bottom=bottom, label=component)
       bottom += millions
   for x, total in enumerate(bottom):
     axes.text(x, total, f"{total:.1f}M", ha="center", va="bottom", fontsize=9)
   axes.set(title="Parameters by component (count_params of model.init)",
            ylabel="parameters (millions)", xlabel="architecture")
+  axes.set_ylim(top=1.12 * bottom.max())
   axes.tick_params(axis="x", labelsize=8)
   axes.legend(fontsize="small")
   return [str(save_figure(figure, figure_path(out_dir, NAME, "components")))]

@@ -133,21 +133,21 @@ def compute(lengths: Sequence[int], num_heads: int, head_dim: int, chunk_size: i
 def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
   """Time and memory vs length on log-log axes, with the fitted exponents; the PNG paths."""
   lengths = np.asarray(result["lengths"], np.float64)
-  shape = f"1 sequence, {result['num_heads']} heads x {result['head_dim']} dims, float32"
+  shape = f"1 sequence, {result['num_heads']} heads x {result['head_dim']} dims"
   time_series = {
       f"{LABELS[impl]}: T^{result[f'{impl}_time_exponent']:.2f}":
           (lengths, np.asarray(result[f"{impl}_seconds"]) * 1e3) for impl in IMPLEMENTATIONS}
   memory_series = {
       f"{LABELS[impl]}: T^{result[f'{impl}_memory_exponent']:.2f}":
           (lengths, np.asarray(result[f"{impl}_temp_bytes"]) / 2**20) for impl in IMPLEMENTATIONS}
+  xlabel = f"sequence length T (tokens); {shape}"
   paths = [
       line_plot(time_series, figure_path(out_dir, NAME, "time"),
-                f"Attention forward time ({result['device']}; {shape})",
-                "sequence length T (tokens)", "forward time (ms)", logx=True, logy=True),
-      line_plot(memory_series, figure_path(out_dir, NAME, "memory"),
-                f"Attention working memory (XLA temp buffers; {shape})",
-                "sequence length T (tokens)", "XLA temporary memory (MiB)",
+                f"Attention forward time ({result['device']})", xlabel, "forward time (ms)",
                 logx=True, logy=True),
+      line_plot(memory_series, figure_path(out_dir, NAME, "memory"),
+                "Attention working memory (XLA temporary buffers)", xlabel,
+                "XLA temporary memory (MiB)", logx=True, logy=True),
   ]
   return [str(path) for path in paths]
 
