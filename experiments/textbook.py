@@ -68,11 +68,13 @@ def main(argv) -> None:
     result = experiment.run(out_dir, quick=_QUICK.value, **kwargs)
     seconds = time.perf_counter() - start
     result = {**result, "seconds": seconds, "quick": _QUICK.value}
-    (out_dir / f"{experiment.name}.json").write_text(
-        json.dumps(result, indent=1, default=_json_default) + "\n")
-    (out_dir / f"{experiment.name}.md").write_text(result["text"])
-    print(result["text"])
-    print("figures:\n" + "\n".join(f"  {path}" for path in result["figures"])
+    numbers = json.dumps(result, indent=1, default=_json_default)
+    (out_dir / f"{experiment.name}.json").write_text(numbers + "\n")
+    # Every experiment here reports markdown; one without prints its numbers.
+    text = result.get("text", numbers)
+    (out_dir / f"{experiment.name}.md").write_text(text)
+    print(text)
+    print("figures:\n" + "\n".join(f"  {path}" for path in result.get("figures", []))
           + f"\n({seconds:.0f} s)\n", flush=True)
 
 

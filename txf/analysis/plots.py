@@ -235,7 +235,7 @@ def heatmaps_figure(panels: Mapping[str, Any], *, title: str, xlabel: str, ylabe
                     colorbar_label: str, columns: int | None = None, cmap: str = 'viridis',
                     vmin: float | None = None, vmax: float | None = None,
                     xticklabels: Sequence[str] | None = None,
-                    yticklabels: Sequence[str] | None = None) -> Figure:
+                    yticklabels: Sequence[str] | None = None, annotate: bool = False) -> Figure:
   """Heatmaps of 2-D arrays (masks, encodings, biases, similarities), one per panel.
 
   All panels share one colour scale (`vmin`..`vmax`, default the arrays'
@@ -251,6 +251,8 @@ def heatmaps_figure(panels: Mapping[str, Any], *, title: str, xlabel: str, ylabe
     vmin, vmax: the colour scale's ends.
     xticklabels, yticklabels: optional labels of the columns / rows (when
       at most MAX_TOKEN_TICKS of them).
+    annotate: write each finite value (3 significant digits) in its cell,
+      for small grids such as per-head scores.
 
   Returns:
     The Figure.
@@ -289,6 +291,11 @@ def heatmaps_figure(panels: Mapping[str, Any], *, title: str, xlabel: str, ylabe
     axes.set_title(name, fontsize=9)
     axes.set(xlabel=xlabel, ylabel=ylabel)
     _token_ticks(axes, row_labels, column_labels)
+    if annotate:
+      for (row, column), value in np.ndenumerate(array):
+        if np.isfinite(value):
+          axes.text(column, row, f'{value:.3g}', ha='center', va='center', fontsize=8,
+                    color='white' if value < (vmin + vmax) / 2 else 'black')
   figure.colorbar(image, ax=axes_grid, label=colorbar_label, shrink=0.8)
   figure.suptitle(title)
   return figure

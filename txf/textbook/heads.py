@@ -117,22 +117,24 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
   panels = {}
   for kind, title in (("previous_token", "previous-token"), ("induction", "induction")):
     layer, head = result["best"][kind]
-    panels[f"{title} head L{layer}H{head}, text"] = result["text_weights"][layer, head]
-    panels[f"{title} head L{layer}H{head}, repeated"] = result["repeated_weights"][layer, head]
+    best = f"best {title} score: L{layer}H{head} ({scores[kind][layer, head]:.2f})"
+    panels[f"{best}, text"] = result["text_weights"][layer, head]
+    panels[f"{best}, repeated"] = result["repeated_weights"][layer, head]
   paths = [
       heatmaps({"previous-token score (text)": scores["previous_token"],
                 "induction score (repeated random tokens)": scores["induction"]},
                figure_path(out_dir, NAME, "scores"),
                f"Head scores after {result['steps']} steps (uniform attention: "
-               f"{result['baselines']['previous_token']:.2f} and "
-               f"{result['baselines']['induction']:.2f})",
+               f"{result['baselines']['previous_token']:.3f} and "
+               f"{result['baselines']['induction']:.3f})",
                xlabel="head", ylabel="layer", colorbar_label="score (mean attention weight)",
                vmin=0.0, vmax=1.0, xticklabels=[str(h) for h in range(H)],
-               yticklabels=[str(layer) for layer in range(L)]),
+               yticklabels=[str(layer) for layer in range(L)], annotate=True),
       heatmaps(panels, figure_path(out_dir, NAME, "patterns"),
-               f"Best heads on validation text and on a random block of {result['period']} "
-               "tokens repeated twice", xlabel="key position", ylabel="query position",
-               colorbar_label="attention weight", columns=2, vmin=0.0, vmax=1.0),
+               f"Highest-scoring heads on validation text and on a random block of "
+               f"{result['period']} tokens repeated twice", xlabel="key position",
+               ylabel="query position", colorbar_label="attention weight", columns=2,
+               vmin=0.0, vmax=1.0),
       attention_grid(list(result["repeated_weights"]), None,
                      figure_path(out_dir, NAME, "repeated_all_heads"),
                      f"Every head on a random block of {result['period']} tokens repeated twice"),
@@ -147,7 +149,8 @@ def report(result: dict[str, Any]) -> str:
           for layer in range(L) for head in range(H)]
   evaluation = ", ".join(f"{name} {value:.4f}" for name, value in result["eval"].items())
   best = ", ".join(f"{kind.replace('_', '-')}: layer {layer}, head {head} "
-                   f"({scores[kind][layer, head]:.3f})"
+                   f"({scores[kind][layer, head]:.3f}, "
+                   f"{scores[kind][layer, head] / result['baselines'][kind]:.1f}x uniform)"
                    for kind, (layer, head) in result["best"].items())
   return (f"Decoder LM trained {result['steps']} steps on the built-in corpus ({evaluation}). "
           f"Previous-token score on validation text; induction score on random blocks of "
