@@ -15,6 +15,7 @@ import pytest
 from test_ops_attention import (B, CASES, F32_TOL, GRAD_TOL, H, NONFINITE_KEY, make_inputs,
                                 np_reference, np_valid)
 
+from txf import models
 from txf.ops.attention import dot_product_attention
 
 
@@ -116,3 +117,16 @@ def test_bad_chunk_size_is_a_value_error(kwargs, message):
   q, k, v = make_inputs(0)
   with pytest.raises(ValueError, match=message):
     dot_product_attention(q, k, v, **kwargs)
+
+
+def test_model_attention_impl_chunked_gives_the_xla_logits():
+  """model.attention_impl='chunked' selects the path inside the layers (ALiBi
+  bias, GQA, causal mask): the same parameters give the same logits."""
+  fields = dict(family='decoder', vocab_size=50, d_model=32, num_heads=4, num_kv_heads=2,
+                position='alibi', num_layers=1)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 50, (2, 40)), jnp.int32)
+  xla = models.build(models.ModelConfig(**fields, attention_impl='xla'))
+  chunked_model = models.build(models.ModelConfig(**fields, attention_impl='chunked'))
+  params = jax.jit(xla.init)(jax.random.key(0), tokens)['params']
+  logits = lambda model: np.asarray(jax.jit(model.apply)({'params': params}, tokens))
+  np.testing.assert_allclose(logits(chunked_model), logits(xla), **F32_TOL)

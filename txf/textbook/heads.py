@@ -131,8 +131,8 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
                vmin=0.0, vmax=1.0, xticklabels=[str(h) for h in range(H)],
                yticklabels=[str(layer) for layer in range(L)], annotate=True),
       heatmaps(panels, figure_path(out_dir, NAME, "patterns"),
-               f"Highest-scoring heads on validation text and on a random block of "
-               f"{result['period']} tokens repeated twice", xlabel="key position",
+               f"Top-scoring heads on text and on {result['period']} random tokens, repeated",
+               xlabel="key position",
                ylabel="query position", colorbar_label="attention weight", columns=2,
                vmin=0.0, vmax=1.0),
       attention_grid(list(result["repeated_weights"]), None,
