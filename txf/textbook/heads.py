@@ -44,8 +44,6 @@ QUICK = dict(overrides={
     "data.batch_size": 16, "data.max_corpus_bytes": 200_000, "train.steps": 150,
     "train.warmup_steps": 15})
 _EVAL = {"eval.num_batches": 1, "eval.sample_tokens": 0}
-# The lowest id repeated_random_tokens draws: skips pad, bos, eos and mask.
-_LOWEST_RANDOM_ID = 4
 
 
 def uniform_baseline(length: int, first_query: int) -> float:
@@ -92,8 +90,9 @@ def compute(base_config: ml_collections.ConfigDict, out_dir: str | os.PathLike, 
   text_BxT = next(iter(setup.eval_data))["inputs"]
   batch, length = text_BxT.shape
   period = length // 2
+  # Ids from 4 up (the function's default) skip pad, bos, eos and mask.
   repeated_BxT = repeated_random_tokens(np.random.default_rng(seed), batch, period,
-                                        setup.model_cfg.vocab_size, low=_LOWEST_RANDOM_ID)
+                                        setup.model_cfg.vocab_size)
   text_layers = maps_by_kind(maps_fn(params, text_BxT))["self"]
   repeated_layers = maps_by_kind(maps_fn(params, repeated_BxT))["self"]
   scores = {"previous_token": _per_layer(previous_token_score, text_layers),

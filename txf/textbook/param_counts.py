@@ -78,7 +78,10 @@ def bert_closed_form(d=768, layers=12, vocab=30522, n_ctx=512) -> dict[str, int]
               head=d * d + d + _layer_norm(d) + vocab)
 
 
-_COMMON = dict(use_bias=True, norm="layer", activation="relu")
+# scan_layers: the stacks are traced as one scanned block (fast); count_params
+# gives the same counts for either layout (tests/test_analysis.py).
+_SCANNED = dict(scan_layers=True)
+_COMMON = dict(use_bias=True, norm="layer", activation="relu", **_SCANNED)
 ARCHITECTURES: dict[str, tuple[str, ModelConfig, Callable[[], dict[str, int]]]] = {
     "base": ("Transformer base (6 + 6 layers, V 37,000)",
              ModelConfig(family="encoder_decoder", vocab_size=37000, d_model=512, num_heads=8,
@@ -93,13 +96,13 @@ ARCHITECTURES: dict[str, tuple[str, ModelConfig, Callable[[], dict[str, int]]]] 
     "gpt2": ("GPT-2 small",
              ModelConfig(family="decoder", vocab_size=50257, d_model=768, num_heads=12,
                          num_layers=12, max_len=1024, position="learned", use_bias=True,
-                         norm="layer", activation="gelu", tie_embeddings=True),
+                         norm="layer", activation="gelu", tie_embeddings=True, **_SCANNED),
              gpt2_closed_form),
     "bert": ("BERT-base shape (MLM head)",
              ModelConfig(family="encoder", head="mlm", vocab_size=30522, d_model=768,
                          num_heads=12, num_layers=12, max_len=512, position="learned",
                          use_bias=True, norm="layer", norm_placement="post",
-                         activation="gelu", tie_embeddings=True),
+                         activation="gelu", tie_embeddings=True, **_SCANNED),
              bert_closed_form),
 }
 # Published totals, for the record (not asserted): what they count that txf's

@@ -19,29 +19,18 @@ import ml_collections
 from etils import epath
 
 from txf.train.loop import run as train_run
-from txf.train.setup import TrainedRun, load_run
+from txf.train.setup import TrainedRun, apply_overrides, load_run
 
 RUNS_DIR = "runs"
 
 
 def derive_config(base_config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
                   ) -> ml_collections.ConfigDict:
-  """A copy of `base_config` with dotted fields set ({"model.d_model": 64, ...});
-  ValueError naming a field the config does not have."""
+  """A copy of `base_config` with dotted fields set ({"model.d_model": 64, ...},
+  as txf.train.setup.apply_overrides: ValueError naming an unknown field or a
+  value of the wrong type)."""
   config = copy.deepcopy(base_config)
-  for name, value in overrides.items():
-    *sections, field = name.split(".")
-    node = config
-    for section in sections:
-      if section not in node:
-        raise ValueError(f"{name}: unknown field")
-      node = node[section]
-    if field not in node:
-      raise ValueError(f"{name}: unknown field")
-    try:
-      node[field] = value
-    except TypeError as error:  # ml_collections keeps each field's type
-      raise ValueError(f"{name}: {error}") from None
+  apply_overrides(config, overrides)
   return config
 
 
