@@ -9,6 +9,7 @@ callers that add to it) and a writer that builds it, saves it with
 
   attention_grid_figure / attention_grid  one heatmap per (layer, head)
   line_plot_figure / line_plot            labelled curves with optional std bands
+  heatmaps_figure / heatmaps              titled panels of any 2-D arrays, one colour scale
 """
 
 from __future__ import annotations
@@ -228,3 +229,80 @@ def line_plot(series: Mapping[str, Any], path: str | os.PathLike, title: str, xl
   """Writes `line_plot_figure(...)` as a PNG to `path`; returns the path."""
   return save_figure(line_plot_figure(series, title=title, xlabel=xlabel, ylabel=ylabel,
                                       logx=logx, logy=logy, styles=styles), path)
+
+
+def heatmaps_figure(panels: Mapping[str, Any], *, title: str, xlabel: str, ylabel: str,
+                    colorbar_label: str, columns: int | None = None, cmap: str = 'viridis',
+                    vmin: float | None = None, vmax: float | None = None,
+                    xticklabels: Sequence[str] | None = None,
+                    yticklabels: Sequence[str] | None = None, annotate: bool = False) -> Figure:
+  """Heatmaps of 2-D arrays (masks, encodings, biases, similarities), one per panel.
+
+  All panels share one colour scale (`vmin`..`vmax`, default the arrays'
+  finite range) and one colour bar; a NaN or inf entry is left blank (e.g.
+  a masked position). Rows run down the y axis, columns along x.
+
+  Args:
+    panels: panel title -> 2-D array [rows, columns] (all the same shape).
+    title: figure title; xlabel, ylabel: axis labels (with units) of every
+      panel; colorbar_label: what the colours measure (with units).
+    columns: panels per row of the grid; default all in one row.
+    cmap: matplotlib colour map.
+    vmin, vmax: the colour scale's ends.
+    xticklabels, yticklabels: optional labels of the columns / rows (when
+      at most MAX_TOKEN_TICKS of them).
+    annotate: write each finite value (3 significant digits) in its cell,
+      for small grids such as per-head scores.
+
+  Returns:
+    The Figure.
+  """
+  for name, text in (('title', title), ('xlabel', xlabel), ('ylabel', ylabel),
+                     ('colorbar_label', colorbar_label)):
+    _check_text(text, name)
+  if not panels:
+    raise ValueError('panels must hold at least one title -> 2-D array')
+  arrays = {_check_text(name, 'panel title'): np.asarray(values, np.float64)
+            for name, values in panels.items()}
+  shape = next(iter(arrays.values())).shape
+  for name, array in arrays.items():
+    if array.ndim != 2 or array.shape != shape or 0 in shape:
+      raise ValueError(f'panels[{name!r}] must be a non-empty 2-D array like the first '
+                       f'{shape}, got shape {array.shape}')
+  finite = np.concatenate([array[np.isfinite(array)] for array in arrays.values()])
+  if not finite.size:
+    raise ValueError('panels hold no finite value to colour')
+  vmin = float(finite.min()) if vmin is None else vmin
+  vmax = float(finite.max()) if vmax is None else vmax
+  row_labels = _check_tokens(yticklabels, shape[0], 'yticklabels')
+  column_labels = _check_tokens(xticklabels, shape[1], 'xticklabels')
+  columns = len(arrays) if columns is None else int(columns)
+  rows = -(-len(arrays) // columns)
+  figure = Figure(figsize=(_PANEL_INCHES * 1.3 * columns + 1.2,
+                           _PANEL_INCHES * 1.3 * rows + 0.6), layout='constrained')
+  axes_grid = figure.subplots(rows, columns, squeeze=False)
+  for index, axes in enumerate(axes_grid.flat):
+    if index >= len(arrays):
+      axes.set_axis_off()
+      continue
+    name, array = list(arrays.items())[index]
+    image = axes.imshow(np.ma.masked_invalid(array), cmap=cmap, vmin=vmin, vmax=vmax,
+                        aspect='auto', interpolation='nearest')
+    axes.set_title(name, fontsize=9)
+    axes.set(xlabel=xlabel, ylabel=ylabel)
+    _token_ticks(axes, row_labels, column_labels)
+    if annotate:
+      for (row, column), value in np.ndenumerate(array):
+        if np.isfinite(value):
+          axes.text(column, row, f'{value:.3g}', ha='center', va='center', fontsize=8,
+                    color='white' if value < (vmin + vmax) / 2 else 'black')
+  figure.colorbar(image, ax=axes_grid, label=colorbar_label, shrink=0.8)
+  figure.suptitle(title)
+  return figure
+
+
+def heatmaps(panels: Mapping[str, Any], path: str | os.PathLike, title: str, *, xlabel: str,
+             ylabel: str, colorbar_label: str, **kwargs: Any) -> epath.Path:
+  """Writes `heatmaps_figure(...)` as a PNG to `path`; returns the path."""
+  return save_figure(heatmaps_figure(panels, title=title, xlabel=xlabel, ylabel=ylabel,
+                                     colorbar_label=colorbar_label, **kwargs), path)

@@ -89,7 +89,7 @@ class ModelConfig:
   pooling: str = "cls"             # classify head: cls | mean | max | last
   pad_id: int = 0
   dtype: str = "float32"           # compute dtype; parameters stay float32
-  attention_impl: str | None = None  # None (best available) | xla | cudnn
+  attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
   remat: bool = False              # recompute block activations in backward
   scan_layers: bool = False        # nn.scan over layers: compile time O(1) in depth
 

@@ -33,6 +33,16 @@ The mask sources ``mask``, ``is_causal``, ``window`` and ``kv_lengths`` are
 ANDed. q, k, v (and weights) must be floating point; scores and the softmax
 are computed in float32 whatever the input dtype. All shape and dtype checks
 happen at trace time and raise ValueError.
+
+Memory: the 'xla' path materialises the ``[B, H, T, S]`` scores and weights,
+so its memory grows as T * S. The 'chunked' path (:func:`dot_product_attention`,
+``implementation='chunked'``) never holds more than ``chunk_size`` keys' scores
+per query: it scans over key blocks keeping a running maximum, normaliser and
+weighted sum per query (the online softmax of Milakov & Gimelshein 2018, as in
+Rabe & Staats 2021, "Self-attention does not need O(n^2) memory", and
+FlashAttention), so its memory grows as T * chunk_size, forward and backward.
+It runs on any backend (the long-context path on CPU) and gives the same
+numbers as 'xla' up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ from txf.ops import masks as _masks
 
 __all__ = ['apply_attention_weights', 'attention_weights', 'dot_product_attention']
 
-IMPLEMENTATIONS = (None, 'xla', 'cudnn')
+IMPLEMENTATIONS = (None, 'xla', 'cudnn', 'chunked')
+# Keys per block of the 'chunked' path when no chunk_size is given.
+DEFAULT_CHUNK_SIZE = 512
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -214,6 +226,109 @@ def _xla_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
 
 
 # ----------------------------------------------------------------------------
+# Chunked path: online softmax over key blocks, O(T * chunk_size) memory.
+
+
+def _heads_split(x4, K, G):
+  """A [b, h, t, s] mask or bias (h = 1 or H = K * G) as [b, K|1, G|1, t, s]."""
+  b, h, t, s = x4.shape
+  return x4.reshape(b, K, G, t, s) if h > 1 else x4.reshape(b, 1, 1, t, s)
+
+
+def _as_4d(x):
+  return x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def _key_blocks(x, axis, S_padded, fill):
+  """`x` padded with `fill` to S_padded keys along `axis` (unless that axis has
+  length 1: broadcast), and a function slicing keys [start, start + block)."""
+  if x.shape[axis] == 1:
+    return lambda start, block: x
+  if S_padded > x.shape[axis]:
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, S_padded - x.shape[axis])
+    x = jnp.pad(x, widths, constant_values=fill)
+  return lambda start, block: jax.lax.dynamic_slice_in_dim(x, start, block, axis=axis)
+
+
+def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths, chunk_size):
+  """Same result as `_xla_attention`, scanning over blocks of `chunk_size` keys.
+
+  Per query row the scan keeps m (the largest score so far), l (sum of
+  exp(score - m)) and acc (sum of exp(score - m) * v); a new block rescales
+  them by exp(m_old - m_new). The block's body is rematerialised in the
+  backward pass, so gradients too hold one block's scores at a time.
+  """
+  B, T, H, D = q.shape
+  _, S, K, Dv = v.shape
+  G = H // K
+  block = min(chunk_size, S)
+  num_blocks = -(-S // block)
+  S_padded = num_blocks * block
+  if scale is None:
+    scale = 1.0 / math.sqrt(D)
+  q_btkgd = q.reshape(B, T, K, G, D)
+  acc_dtype = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+  # Non-finite keys and values are zeroed and flagged, as on the xla path.
+  k, bad_k_bk11s = _split_nonfinite(k)
+  v, bad_v_bk11s = _split_nonfinite(v)
+  k_blocks, v_blocks = (_key_blocks(x, 1, S_padded, 0) for x in (k, v))  # [B, S, K, D]
+  bad_k_blocks, bad_v_blocks = (_key_blocks(bad, -1, S_padded, False)  # [B, K, 1, 1, S]
+                                for bad in (bad_k_bk11s, bad_v_bk11s))
+  mask_blocks = None if mask is None else _key_blocks(_as_4d(mask), -1, S_padded, False)
+  bias_blocks = None if bias is None else _key_blocks(_as_4d(bias), -1, S_padded, 0.0)
+
+  def attend_block(carry, start):
+    m_bkgt, l_bkgt, acc_bkgtd, poisoned_bkgt = carry
+    k_bskd, v_bskd = k_blocks(start, block), v_blocks(start, block)
+    logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k_bskd,
+                              preferred_element_type=acc_dtype).astype(jnp.float32)
+    logits_bkgts = jnp.where(bad_k_blocks(start, block), jnp.nan, logits_bkgts)
+    logits_bkgts = logits_bkgts * jnp.asarray(scale, jnp.float32)
+    if bias_blocks is not None:
+      logits_bkgts = logits_bkgts + _heads_split(bias_blocks(start, block), K, G).astype(
+          jnp.float32)
+    # Key j of this block sits at position start + j: the position masks are
+    # the whole-sequence ones with the queries shifted by -start.
+    offset = -start
+    valid = _masks.combine_masks(
+        None if mask_blocks is None else mask_blocks(start, block),
+        _masks.causal_mask(T, block, q_offset=offset) if is_causal else None,
+        (_masks.sliding_window_mask(T, block, window=window, q_offset=offset)
+         if window is not None else None),
+        (_masks.padding_mask(lengths=kv_lengths - start, k_len=block)
+         if kv_lengths is not None else None),
+        (_masks.padding_mask(lengths=jnp.reshape(S - start, (1,)), k_len=block)
+         if S_padded > S else None))
+    valid = None if valid is None else _heads_split(_as_4d(valid), K, G)
+    masked_bkgts = logits_bkgts if valid is None else jnp.where(valid, logits_bkgts, -jnp.inf)
+    # The result does not depend on m (it cancels in acc / l), so no gradient
+    # flows through it; a row with no finite score yet keeps m = -inf and is
+    # referenced to 0 so that exp() stays finite.
+    m_new = jax.lax.stop_gradient(jnp.maximum(m_bkgt, jnp.max(masked_bkgts, axis=-1)))
+    reference = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    rescale = jnp.exp(m_bkgt - reference)
+    p_bkgts = jnp.exp(masked_bkgts - reference[..., None])
+    l_new = rescale * l_bkgt + jnp.sum(p_bkgts, axis=-1)
+    acc_new = rescale[..., None] * acc_bkgtd + jnp.einsum(
+        'bkgts,bskd->bkgtd', p_bkgts.astype(v.dtype), v_bskd,
+        preferred_element_type=jnp.promote_types(v.dtype, jnp.float32))
+    poisoned_new = poisoned_bkgt | jnp.any(bad_v_blocks(start, block) & (p_bkgts != 0), axis=-1)
+    return (m_new, l_new, acc_new, poisoned_new), None
+
+  init = (jnp.full((B, K, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+          jnp.zeros((B, K, G, T, Dv), jnp.promote_types(v.dtype, jnp.float32)),
+          jnp.zeros((B, K, G, T), bool))
+  starts = jnp.arange(num_blocks, dtype=jnp.int32) * block
+  (_, l_bkgt, acc_bkgtd, poisoned_bkgt), _ = jax.lax.scan(
+      jax.checkpoint(attend_block), init, starts)
+  # A row with no allowed key has l = 0 and acc = 0: output 0.
+  out_bkgtd = acc_bkgtd / jnp.where(l_bkgt > 0, l_bkgt, 1.0)[..., None]
+  out_bkgtd = jnp.where(poisoned_bkgt[..., None], jnp.nan, out_bkgtd)
+  return jnp.transpose(out_bkgtd, (0, 3, 1, 2, 4)).reshape(B, T, H, Dv).astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------
 # cuDNN path (jax.nn.dot_product_attention(implementation='cudnn')).
 
 
@@ -362,7 +477,7 @@ def apply_attention_weights(weights, v):
 
 def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
                           scale=None, window=None, kv_lengths=None,
-                          implementation=None):
+                          implementation=None, chunk_size=None):
   """Scaled dot-product attention, ``[B, T, H, Dv]`` in q's dtype.
 
   ``out = attention_weights(q, k, ...) @ v`` per head (formula and shapes:
@@ -390,18 +505,40 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
         ``mask``, ``is_causal`` or ``window`` the kernel's behaviour is not
         guaranteed (a NaN there may reach rows that cannot attend it), so
         keep such inputs finite or use ``'xla'``.
+      ``'chunked'``: memory-efficient attention on any backend: a scan over
+        blocks of ``chunk_size`` keys with an online softmax (module
+        docstring), holding ``[B, H, T, chunk_size]`` scores at a time
+        instead of ``[B, H, T, S]``, in the forward and the backward pass.
+        Same inputs, semantics and float32 softmax as ``'xla'``; a row is NaN
+        where it gives nonzero weight to a non-finite value, with the weight
+        taken before the final normalisation (an underflowing weight that
+        'xla' rounds to 0 still counts). ``causal``, ``window`` and
+        ``kv_lengths`` are generated per block; a ``mask`` or ``bias`` the
+        caller passes with a full ``[T, S]`` extent is itself that big.
       ``None``: ``'cudnn'`` when it can take the inputs on the GPU backend and
         no explicit boolean ``mask`` is given (and, with a bias, T and S are
         even, which its backward pass needs); otherwise ``'xla'``.
+    chunk_size: keys per block of ``'chunked'`` (default
+      ``DEFAULT_CHUNK_SIZE``; S when S is smaller); only with
+      ``implementation='chunked'``.
 
   Returns:
     ``[B, T, H, Dv]`` with q's dtype.
   """
   if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be None, 'xla' or 'cudnn', got "
+    raise ValueError(f"implementation must be None, 'xla', 'cudnn' or 'chunked', got "
                      f'{implementation!r}')
+  if chunk_size is not None:
+    if implementation != 'chunked':
+      raise ValueError(f"chunk_size={chunk_size!r} applies only to implementation='chunked', "
+                       f'got implementation={implementation!r}')
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+      raise ValueError(f'chunk_size must be a python int >= 1, got {chunk_size!r}')
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   bias, mask, kv_lengths, window = _validate(q, k, v, bias, mask, kv_lengths, window)
+  if implementation == 'chunked':
+    return _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths,
+                              DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size)
   if implementation is None:
     use_cudnn = not _cudnn_problems(q, k, v, bias, mask, is_causal, window, auto=True)
     implementation = 'cudnn' if use_cudnn else 'xla'

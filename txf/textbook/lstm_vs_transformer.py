@@ -50,6 +50,7 @@ from txf.analysis import count_params, flops_per_token
 from txf.analysis.plots import line_plot
 from txf.data import make_tokenizer
 from txf.layers.config import LSTM_FIELDS, ModelConfig
+from txf.textbook.training import derive_config
 from txf.train import loop
 from txf.train.metrics import SAMPLES_FILE, read_metrics
 
@@ -102,11 +103,6 @@ def matched_lstm_width(target_params: int, lstm_cfg: ModelConfig) -> int:
   return min((below, below + 1), key=lambda width: abs(count(width) - target_params))
 
 
-def _set(config: Any, dotted: str, value: Any) -> None:
-  section, field = dotted.split(".")
-  config[section][field] = value
-
-
 def comparison_configs(base_config: Any, *, steps: int | None = None,
                        quick: bool = False) -> dict[str, Any]:
   """{'transformer': run config, 'lstm': run config}, both from `base_config`.
@@ -128,12 +124,10 @@ def comparison_configs(base_config: Any, *, steps: int | None = None,
   if base_config.data.task != "lm":
     raise ValueError(f"data.task: the comparison trains language models, got "
                      f"{base_config.data.task!r}")
-  transformer = copy.deepcopy(base_config)
-  transformer.model.update(TRANSFORMER_MODEL)
-  if quick:
-    transformer.model.update(_QUICK_TRANSFORMER)
-    for dotted, value in _QUICK_FIELDS.items():
-      _set(transformer, dotted, value)
+  model = {**TRANSFORMER_MODEL, **(_QUICK_TRANSFORMER if quick else {})}
+  transformer = derive_config(base_config, {**{f"model.{field}": value
+                                               for field, value in model.items()},
+                                            **(_QUICK_FIELDS if quick else {})})
   if steps is None:
     steps = _QUICK_STEPS if quick else base_config.train.steps
   transformer.train.steps = steps

@@ -429,7 +429,7 @@ def write_config(config: Any, workdir: str | os.PathLike) -> None:
                  json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n")
 
 
-def _apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
   """Sets each dotted field ('data.seq_len') of `overrides` in `config`."""
   for name, value in overrides.items():
     *sections, field = name.split(".")
@@ -477,7 +477,7 @@ def load_run(workdir: str | os.PathLike,
     if not path.exists():
       raise ValueError(f"workdir: {workdir} holds no run ({path} does not exist)")
     config = ml_collections.ConfigDict(read_run_config(workdir))
-    _apply_overrides(config, overrides or {})
+    apply_overrides(config, overrides or {})
     check_resumable(config, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
