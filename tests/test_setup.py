@@ -20,7 +20,7 @@ from conftest import REPO, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.config import ConfigError
-from txf.train.setup import load_run
+from txf.train.setup import load_run, setup_run
 
 STEPS = 4
 
@@ -153,3 +153,16 @@ def test_bench_times_the_training_step_and_writes_json(tmp_path):
     # A barely trained byte-level model: near uniform over 260 ids (ln 260 = 5.56).
     assert 3.0 < window["loss"] < 7.0
   assert min(w["step_time"] for w in report["windows"]) <= report["median_step_time"]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_abstract_state_carries_the_state_shardings(replicas):
+  """Restoring onto another mesh or process count needs a target sharding on
+  every leaf (orbax otherwise falls back to the saved topology and refuses)."""
+  config = tiny_config("rope", steps=STEPS)
+  config.replicas = replicas
+  setup = setup_run(config)
+  leaves = jax.tree.leaves(setup.abstract_state)
+  shardings = jax.tree.leaves(setup.state_sharding)
+  assert len(leaves) == len(shardings)
+  assert [leaf.sharding for leaf in leaves] == shardings

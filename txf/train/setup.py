@@ -218,15 +218,14 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   start = _starting_from(init_fn, optimizer) if pretrained is not None else (
       lambda rng, params: init_fn(rng))
   if config.replicas == 1:
-    init = functools.partial(jax.jit(lambda params: start(key, params),
-                                     out_shardings=state_sharding), pretrained)
+    init_from = jax.jit(lambda params: start(key, params), out_shardings=state_sharding)
     train_step = step_for_seed(config.seed)
   else:
     strategy = replicas.default_strategy(jax.default_backend())
     state_sharding = replicas.stacked_shardings(state_sharding)
-    init = functools.partial(jax.jit(
+    init_from = jax.jit(
         lambda params: replicas.init_replicas(lambda rng: start(rng, params), seeds),
-        out_shardings=state_sharding), pretrained)
+        out_shardings=state_sharding)
     train_step = replicas.make_replicated_train_step(step_for_seed, seeds, strategy=strategy)
     eval_step = replicas.over_replicas(eval_step, strategy)
   replicated = sharding.replicated(mesh)
@@ -234,8 +233,11 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   return RunSetup(
       config=config, model_cfg=model_cfg, model=model, task=task, train_data=train_data,
       eval_data=eval_data, optimizer=optimizer, schedule=schedule, mesh=mesh,
-      replicas=config.replicas, state_sharding=state_sharding, init=init,
-      abstract_state=jax.eval_shape(init),
+      replicas=config.replicas, state_sharding=state_sharding,
+      init=functools.partial(init_from, pretrained),
+      # Of the jitted function itself: through a partial, eval_shape would
+      # lose the out_shardings that restoring onto another mesh needs.
+      abstract_state=init_from.eval_shape(pretrained),
       train_step=jax.jit(train_step, out_shardings=(state_sharding, replicated),
                          donate_argnums=0),
       eval_step=jax.jit(eval_step, out_shardings=replicated),
