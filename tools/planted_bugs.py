@@ -48,11 +48,15 @@ class Bug:
 BUGS = (
     # --- ops ------------------------------------------------------------------
     Bug("attention_no_scale", "txf/ops/attention.py",
-        "scale = 1.0 / math.sqrt(D)", "scale = 1.0",
+        # _weights (the xla path); the chunked path states its own scale.
+        "scale = 1.0 / math.sqrt(D)\n  logits_bhts = logits_bhts *",
+        "scale = 1.0\n  logits_bhts = logits_bhts *",
         ("tests/test_ops_attention.py",)),
     Bug("gqa_tiled_groups", "txf/ops/attention.py",
-        "q_btkgd = q.reshape(B, T, K, G, D)",
-        "q_btkgd = q.reshape(B, T, G, K, D).swapaxes(2, 3)",
+        "q_btkgd = q.reshape(B, T, K, G, D)\n  acc_dtype = jnp.promote_types("
+        "jnp.result_type(q, k), jnp.float32)\n  # Non-finite keys enter",
+        "q_btkgd = q.reshape(B, T, G, K, D).swapaxes(2, 3)\n  acc_dtype = jnp.promote_types("
+        "jnp.result_type(q, k), jnp.float32)\n  # Non-finite keys enter",
         ("tests/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",)),
     Bug("softmax_over_queries", "txf/ops/attention.py",
         "denom = jnp.sum(unnorm, axis=-1, keepdims=True)",
@@ -133,13 +137,15 @@ BUGS = (
         "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
         ("tests/test_models.py::test_classification_pooling_ignores_padding",)),
     Bug("encoder_attends_to_pads", "txf/models/transformer.py",
-        "return self._forward(tokens_BxS, key_mask, deterministic=deterministic, use_cache=False,",
-        "return self._forward(tokens_BxS, None, deterministic=deterministic, use_cache=False,",
+        "return self._forward(tokens_BxS, key_mask, positions_BxS, deterministic=deterministic,",
+        "return self._forward(tokens_BxS, None, positions_BxS, deterministic=deterministic,",
         ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",)),
     Bug("embedding_dropout_always_on", "txf/models/transformer.py",
-        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT, token_types_BxT),\n"
+        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions, "
+        "token_types_BxT),\n"
         "                                 deterministic=deterministic)",
-        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, positions_1xT, token_types_BxT),\n"
+        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions, "
+        "token_types_BxT),\n"
         "                                 deterministic=False)",
         (DETERMINISTIC,)),
     # --- train ----------------------------------------------------------------
