@@ -42,7 +42,7 @@ class Bug:
   file: str       # relative to the repository root
   original: str   # must occur exactly once in `file`
   planted: str
-  tests: tuple[str, ...]  # pytest node ids, files, or "-k" expressions after a file
+  tests: tuple[str, ...]  # pytest node ids or files
 
 
 BUGS = (
@@ -171,6 +171,24 @@ BUGS = (
         "selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))",
         "selected = uniforms[0] < probability",
         ("tests/test_data_mlm.py",)),
+    # --- packed sequences, pretrained checkpoints, LSTM, chunked attention ------
+    Bug("packed_documents_attend_across", "txf/models/transformer.py",
+        "      mask = ops.segment_mask(segment_ids_BxT)", "      mask = None",
+        ("tests/test_packed_attention.py",)),
+    Bug("packed_positions_not_restarted", "txf/models/transformer.py",
+        "embed_positions = positions_1xT if positions_BxT is None else positions_BxT",
+        "embed_positions = positions_1xT",
+        ("tests/test_packed_attention.py",)),
+    Bug("t5_attention_scaled", "txf/layers/block.py",
+        "scale=None if cfg.scale_attention else 1.0,", "scale=None,",
+        ("tests/test_interop.py::test_t5_encoder_and_logits_match_transformers",)),
+    Bug("lstm_cache_keeps_first_carry", "txf/models/lstm.py",
+        "      cached.value = new_carry", "      cached.value = cached.value",
+        ("tests/test_lstm.py::test_cached_decoding_matches_full_pass",)),
+    Bug("chunked_attention_no_rescale", "txf/ops/attention.py",
+        "l_new = rescale * l_bkgt + jnp.sum(p_bkgts, axis=-1)",
+        "l_new = l_bkgt + jnp.sum(p_bkgts, axis=-1)",
+        ("tests/test_ops_attention_chunked.py",)),
 )
 
 
