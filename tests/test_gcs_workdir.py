@@ -5,9 +5,11 @@ stands in for Cloud Storage: epath/gcsfs find it through
 STORAGE_EMULATOR_HOST, orbax's bucket lookup (google-cloud-storage) too, and
 tensorstore's gcs driver (orbax's array storage) through
 TENSORSTORE_GCS_HTTP_URL, with GOOGLE_AUTH_TOKEN_FOR_TESTING instead of real
-credentials. No network is used. The emulator serves orbax's checkpoints
-as they are (tensorstore reads its downloads, which lack the
-x-goog-generation header, with an unknown generation); gcsfs's moveTo calls
+credentials. No network is used. The emulator's downloads lack the
+x-goog-generation header Cloud Storage sends, which tensorstore reads as
+generation 0 and then refuses as the condition of its next write ("Malformed
+StorageGeneration", whenever OCDBT happens to re-read a manifest it is about
+to replace): `_send_generation_headers` adds the header. gcsfs's moveTo calls
 fail there (501) and gcsfs falls back to copy and delete.
 
 Each test writes under its own prefix of one bucket, from a scratch current
@@ -33,6 +35,8 @@ import pytest  # noqa: E402
 from conftest import REPO, assert_same_states, sigterm_at, tiny_config  # noqa: E402
 from etils import epath  # noqa: E402
 from gcp_storage_emulator import server as emulator_server  # noqa: E402
+from gcp_storage_emulator.exceptions import NotFound as EmulatorNotFound  # noqa: E402
+from gcp_storage_emulator.handlers import objects as emulator_objects  # noqa: E402
 
 from txf.sweep import grid, results, runner  # noqa: E402
 from txf.train import loop, metrics  # noqa: E402
@@ -55,6 +59,31 @@ def _clear_client_caches():
   gcsfs.GCSFileSystem.clear_instance_cache()
   from orbax.checkpoint._src.path import gcs_utils  # pylint: disable=import-outside-toplevel
   gcs_utils.get_bucket.cache_clear()
+
+
+def _send_generation_headers():
+  """Makes the emulator's object downloads carry x-goog-generation and
+  x-goog-metageneration, as Cloud Storage's do."""
+  def download(request, response, storage, *args, **kwargs):
+    plain_download(request, response, storage, *args, **kwargs)
+    try:
+      obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    except EmulatorNotFound:
+      return
+    response["x-goog-generation"] = str(obj["generation"])
+    response["x-goog-metageneration"] = str(obj["metageneration"])
+
+  # Routed directly and through objects.get (`alt=media`), which looks the
+  # module's name up at each call.
+  plain_download = emulator_objects.download
+  emulator_objects.download = download
+  for _, handlers in emulator_server.HANDLERS:
+    for method, handler in handlers.items():
+      if handler is plain_download:
+        handlers[method] = download
+
+
+_send_generation_headers()
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +138,20 @@ def run_quietly(config, workdir, log=None):
   lines = []
   result = loop.run(config, workdir, log=log or lines.append)
   return result, "\n".join(lines)
+
+
+def test_a_ranged_read_gives_the_generation_a_conditional_write_needs(emulator):
+  """What OCDBT does to a manifest: read part of it, then replace it on the
+  condition that it is unchanged (fails with generation 0 from a bare
+  emulator)."""
+  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  store = ts.KvStore.open({"driver": "gcs", "bucket": BUCKET}).result()
+  written = store.write("generations/manifest", b"first").result()
+  read = store.read("generations/manifest", byte_range=slice(1, 3)).result()
+  assert read.value == b"ir"
+  assert read.stamp.generation == written.generation
+  store.write("generations/manifest", b"second", if_equal=read.stamp.generation).result()
+  assert store.read("generations/manifest").result().value == b"second"
 
 
 # --- the main job -------------------------------------------------------------
