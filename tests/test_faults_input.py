@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_config
+from conftest import load_config, tiny_config
 
 from txf import models
 from txf.layers import Embedder
-from txf.train.config import check_run_config
+from txf.train.config import ConfigError, check_run_config
+from txf.train.setup import setup_run
 
 V, D = 6, 4
 
@@ -64,3 +65,15 @@ def test_eval_temperature_nan_or_negative_is_a_config_error(temperature):
   config.eval.temperature = temperature
   with pytest.raises(ValueError, match=r"eval\.temperature: must be >= 0"):
     check_run_config(config, vocab_size=260, num_classes=None)
+
+
+def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_before_compute():
+  """It used to surface as a traceback from the sampler's compilation."""
+  config = tiny_config(model__position="learned", model__max_len=32,
+                       eval__sample_prompt="def", eval__sample_tokens=30)
+  with pytest.raises(ConfigError, match=r"model\.max_len: eval\.sample_prompt plus "
+                     r"eval\.sample_tokens of 33 positions is longer than the learned "
+                     r"position table \(32 rows\)"):
+    setup_run(config)
+  config.eval.sample_tokens = 29  # 3 + 29 = 32 rows: fits
+  assert setup_run(config).model_cfg.max_len == 32

@@ -48,6 +48,7 @@ from txf import interop, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset
 from txf.layers.config import ModelConfig
+from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, check_run_config
@@ -190,6 +191,13 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     mesh = sharding.make_mesh(config.parallel)
     sharding.check_batch(config.data.batch_size, mesh)
     task = train_data.task
+    if task == "lm" and config.eval.sample_tokens:
+      # The evaluations' sample must fit a learned position table too: found
+      # here, not at the first evaluation.
+      sample_len = (len(train_data.tokenizer.encode(config.eval.sample_prompt))
+                    + config.eval.sample_tokens)
+      check_position_table(model_cfg.position, model_cfg.max_len, sample_len,
+                           "eval.sample_prompt plus eval.sample_tokens")
     model = models.build(model_cfg)
     first_batch = next(iter(eval_data))  # shapes only: train and eval batches match
     init_fn = functools.partial(init_state, model, optimizer, first_batch, task)
