@@ -20,6 +20,7 @@ replicated run's batches: data.seed = seed).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import tempfile
 import time
@@ -31,8 +32,8 @@ from ml_collections import config_flags
 from txf.train import loop
 from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
                                 make_replicated_train_step, replica_seeds)
-from txf.train.setup import setup_run
-from txf.train.step import init_state, make_train_step
+from txf.train.setup import setup_run, train_step_for_seed
+from txf.train.step import init_state
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _REPLICAS = flags.DEFINE_integer("replicas", 3, "Seed replicas.")
@@ -85,10 +86,8 @@ def main(argv):
   setup = setup_run(config)
   batch = next(iter(setup.train_data))
   init_fn = lambda key: init_state(setup.model, setup.optimizer, batch, setup.task, key)
-  step_for_seed = lambda seed: make_train_step(
-      setup.model, setup.optimizer, setup.task, seed=seed,
-      grad_accum_steps=config.train.grad_accum_steps,
-      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss)
+  step_for_seed = functools.partial(train_step_for_seed, config.train, setup.model,
+                                    setup.optimizer, setup.task)
   seeds = replica_seeds(config.seed, _REPLICAS.value)
   single = jax.jit(step_for_seed(config.seed))
 

@@ -162,6 +162,16 @@ class RunSetup:
     return replica_scalars(result)
 
 
+def train_step_for_seed(train_config: Any, model: nn.Module,
+                        optimizer: optax.GradientTransformation, task: str,
+                        seed: int) -> Callable:
+  """The (unjitted) train step of one replica's `seed`, as `train_config` sets it up."""
+  return make_train_step(model, optimizer, task, seed=seed,
+                         grad_accum_steps=train_config.grad_accum_steps,
+                         label_smoothing=train_config.label_smoothing,
+                         z_loss=train_config.z_loss, loss_chunk_len=train_config.loss_chunk_len)
+
+
 def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup:
   """Builds everything a run of `config` trains and evaluates with.
 
@@ -214,12 +224,8 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
-  loss_chunk_len = config.train.loss_chunk_len
-  step_for_seed = lambda seed: make_train_step(
-      model, optimizer, task, seed=seed, grad_accum_steps=config.train.grad_accum_steps,
-      label_smoothing=config.train.label_smoothing, z_loss=config.train.z_loss,
-      loss_chunk_len=loss_chunk_len)
-  eval_step = make_eval_step(model, task, loss_chunk_len=loss_chunk_len)
+  step_for_seed = functools.partial(train_step_for_seed, config.train, model, optimizer, task)
+  eval_step = make_eval_step(model, task, loss_chunk_len=config.train.loss_chunk_len)
   seeds = replicas.replica_seeds(config.seed, config.replicas)
   # The pretrained parameters (None without init_from) are an argument of the
   # jitted init, not constants baked into its program.
