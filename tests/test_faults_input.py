@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import load_config, tiny_config
 
-from txf import models
+from txf import decode, models
 from txf.layers import Embedder
 from txf.train.config import ConfigError, check_run_config
 from txf.train.setup import setup_run
@@ -69,11 +69,18 @@ def test_eval_temperature_nan_or_negative_is_a_config_error(temperature):
 
 def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_before_compute():
   """It used to surface as a traceback from the sampler's compilation."""
+  # The sampler feeds the prompt and every new token but the last: 3 + 31 - 1.
   config = tiny_config(model__position="learned", model__max_len=32,
-                       eval__sample_prompt="def", eval__sample_tokens=30)
+                       eval__sample_prompt="def", eval__sample_tokens=31)
   with pytest.raises(ConfigError, match=r"model\.max_len: eval\.sample_prompt plus "
                      r"eval\.sample_tokens of 33 positions is longer than the learned "
                      r"position table \(32 rows\)"):
     setup_run(config)
-  config.eval.sample_tokens = 29  # 3 + 29 = 32 rows: fits
-  assert setup_run(config).model_cfg.max_len == 32
+  config.eval.sample_tokens = 30  # 3 + 30 - 1 = 32 rows: fits
+  setup = setup_run(config)
+  # The same boundary as the sampler's own: 30 new tokens lower, 31 do not.
+  prompt_1xP = jnp.asarray(setup.train_data.tokenizer.encode("def"))[None]
+  params = setup.init().params
+  decode.generate(setup.model, params, prompt_1xP, max_new_tokens=30, lower=True)
+  with pytest.raises(ValueError, match="a cache of 33 positions"):
+    decode.generate(setup.model, params, prompt_1xP, max_new_tokens=31, lower=True)

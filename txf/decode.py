@@ -155,6 +155,12 @@ def cache_batch_axes(model: nn.Module, cache_len: int) -> Cache:
                                           _cache_shapes(model, 2, cache_len, 1))
 
 
+def cache_length(prompt_len: int, max_new_tokens: int) -> int:
+  """Positions a search writes into the cache: every prompt column and every
+  new token but the last, which is never fed back."""
+  return prompt_len + max_new_tokens - 1
+
+
 def _cache_len(cache: Cache) -> int | None:
   """Positions a txf cache holds: the length axis of its self-attention
   `cached_key` leaves ([..., B, L, K, Dh]); None for a cache without them."""
@@ -255,7 +261,7 @@ def _check_search(caller: str, cache: Cache, prompt_BxP: Array, prompt_lengths_B
     raise ValueError(f"{caller}: prompts must be int [B, P] with P >= 1, got "
                      f"{prompt_BxP.dtype} {prompt_BxP.shape}")
   batch_size, prompt_len = prompt_BxP.shape
-  needed, cache_len = prompt_len + max_new_tokens - 1, _cache_len(cache)
+  needed, cache_len = cache_length(prompt_len, max_new_tokens), _cache_len(cache)
   if cache_len is not None and cache_len < needed:
     raise ValueError(f"{caller}: the cache holds {cache_len} positions, but prompts of "
                      f"{prompt_len} tokens and max_new_tokens={max_new_tokens} need "
@@ -701,7 +707,7 @@ def _generate(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, r
               padding_side, cache_cross_attention):
   """`generate` after its checks: one jitted program per shape and option."""
   batch_size, prompt_len = prompt_BxP.shape
-  cache_len = prompt_len + max_new_tokens - 1
+  cache_len = cache_length(prompt_len, max_new_tokens)
   beam = num_beams > 1 or return_beams
   if encoder_tokens_BxS is not None:
     tokens_to_logits, cache = encode_for_decoding(model, params, encoder_tokens_BxS, cache_len,

@@ -44,7 +44,7 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
-from txf import interop, models
+from txf import decode, interop, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset
 from txf.layers.config import ModelConfig
@@ -204,8 +204,8 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     if task == "lm" and config.eval.sample_tokens:
       # The evaluations' sample must fit a learned position table too: found
       # here, not at the first evaluation.
-      sample_len = (len(train_data.tokenizer.encode(config.eval.sample_prompt))
-                    + config.eval.sample_tokens)
+      sample_len = decode.cache_length(len(train_data.tokenizer.encode(config.eval.sample_prompt)),
+                                       config.eval.sample_tokens)
       check_position_table(model_cfg.position, model_cfg.max_len, sample_len,
                            "eval.sample_prompt plus eval.sample_tokens")
     model = models.build(model_cfg)
