@@ -24,7 +24,11 @@ def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
   if weights is not None and weights.shape != labels.shape:
     raise ValueError(
         f'weights must have the shape of labels {labels.shape}, got shape {weights.shape}')
-  # Hyperparameters are checked when concrete; traced values pass through.
+  _check_hyperparameters(label_smoothing, z_loss)
+
+
+def _check_hyperparameters(label_smoothing, z_loss):
+  # Checked when concrete; traced values pass through.
   if isinstance(label_smoothing, numbers.Real) and not 0.0 <= label_smoothing < 1.0:
     raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}')
   if isinstance(z_loss, numbers.Real) and z_loss < 0:
@@ -51,7 +55,11 @@ def token_cross_entropy(logits, labels, *, label_smoothing=0.0, z_loss=0.0):
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   _check_inputs(logits, labels, None, label_smoothing, z_loss)
-  logits_xV = logits.astype(jnp.float32)
+  return _per_token_and_log_z(logits.astype(jnp.float32), labels, label_smoothing, z_loss)[0]
+
+
+def _per_token_and_log_z(logits_xV, labels, label_smoothing, z_loss):
+  """(each token's loss, logsumexp of its logits), float32 logits in."""
   log_z = jax.nn.logsumexp(logits_xV, axis=-1)
   # -sum(target * log_softmax) split into its one-hot and uniform parts, so
   # no [..., V] target array is built.
@@ -59,7 +67,7 @@ def token_cross_entropy(logits, labels, *, label_smoothing=0.0, z_loss=0.0):
   nll = log_z - label_logit
   uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
   per_token = (1.0 - label_smoothing) * nll + label_smoothing * uniform_nll
-  return per_token + z_loss * jnp.square(log_z)
+  return per_token + z_loss * jnp.square(log_z), log_z
 
 
 def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0.0):
@@ -97,12 +105,8 @@ def _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z
   """One chunk: (loss sum, correct count[, d sum / d x, d sum / d kernel])."""
   logits_BxCxV = jnp.einsum('bcd,dv->bcv', x_BxCxD.astype(dtype), kernel_DxV.astype(dtype),
                             preferred_element_type=jnp.float32)
-  log_z_BxC = jax.nn.logsumexp(logits_BxCxV, axis=-1)
-  label_logit_BxC = jnp.take_along_axis(logits_BxCxV, labels_BxC[..., None], axis=-1)[..., 0]
-  nll_BxC = log_z_BxC - label_logit_BxC
-  uniform_nll_BxC = log_z_BxC - jnp.mean(logits_BxCxV, axis=-1)
-  per_token_BxC = ((1.0 - label_smoothing) * nll_BxC + label_smoothing * uniform_nll_BxC
-                   + z_loss * jnp.square(log_z_BxC))
+  per_token_BxC, log_z_BxC = _per_token_and_log_z(logits_BxCxV, labels_BxC, label_smoothing,
+                                                  z_loss)
   loss = jnp.sum(weights_BxC * per_token_BxC)
   correct = jnp.sum((jnp.argmax(logits_BxCxV, axis=-1) == labels_BxC) * weights_BxC)
   if not with_grads:
@@ -128,6 +132,11 @@ def _chunked(x_BxTxD, chunk_len):
   return jnp.moveaxis(x_BxTxD.reshape(B, T // chunk_len, chunk_len, *x_BxTxD.shape[2:]), 1, 0)
 
 
+def _chunked_inputs(x_BxTxD, labels_BxT, weights_BxT, chunk_len):
+  """The scan's inputs: x, labels and weights, chunk by chunk."""
+  return tuple(_chunked(a, chunk_len) for a in (x_BxTxD, labels_BxT, weights_BxT))
+
+
 def _unchunked(x_NxBxCx_):
   N, B, C = x_NxBxCx_.shape[:3]
   return jnp.moveaxis(x_NxBxCx_, 0, 1).reshape(B, N * C, *x_NxBxCx_.shape[3:])
@@ -142,8 +151,7 @@ def _linear_ce_sums(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, lab
     loss, correct = _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing,
                                 z_loss, dtype, with_grads=False)
     return (carry[0] + loss, carry[1] + correct), None
-  chunks = (_chunked(x_BxTxD, chunk_len), _chunked(labels_BxT, chunk_len),
-            _chunked(weights_BxT, chunk_len))
+  chunks = _chunked_inputs(x_BxTxD, labels_BxT, weights_BxT, chunk_len)
   sums, _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
                          chunks)
   return sums
@@ -160,8 +168,7 @@ def _linear_ce_forward(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len,
     loss_sum, correct_sum, grad_kernel_sum = carry
     return ((loss_sum + loss, correct_sum + correct, grad_kernel_sum + grad_kernel_DxV),
             grad_x_BxCxD.astype(x_BxTxD.dtype))
-  chunks = (_chunked(x_BxTxD, chunk_len), _chunked(labels_BxT, chunk_len),
-            _chunked(weights_BxT, chunk_len))
+  chunks = _chunked_inputs(x_BxTxD, labels_BxT, weights_BxT, chunk_len)
   zeros = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
            jnp.zeros(kernel_DxV.shape, jnp.float32))
   (loss, correct, grad_kernel_DxV), grad_x = jax.lax.scan(body, zeros, chunks)
@@ -231,12 +238,10 @@ def linear_cross_entropy_sums(x_BxTxD, kernel_DxV, labels_BxT, *, weights_BxT=No
   if x_BxTxD.shape[1] % chunk_len:
     raise ValueError(f'chunk_len {chunk_len} does not divide the length T = '
                      f'{x_BxTxD.shape[1]}')
-  if not 0.0 <= label_smoothing < 1.0:
-    raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}')
-  if z_loss < 0:
-    raise ValueError(f'z_loss must be >= 0, got {z_loss}')
+  # Static arguments of the custom VJP: concrete Python floats.
+  label_smoothing, z_loss = float(label_smoothing), float(z_loss)
+  _check_hyperparameters(label_smoothing, z_loss)
   dtype = jnp.dtype(x_BxTxD.dtype if dtype is None else dtype)
   loss_sum, num_correct = _linear_ce_sums(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT,
-                                          chunk_len, float(label_smoothing), float(z_loss),
-                                          dtype)
+                                          chunk_len, label_smoothing, z_loss, dtype)
   return loss_sum, jnp.sum(weights_BxT), num_correct
