@@ -48,15 +48,13 @@ class Bug:
 BUGS = (
     # --- ops ------------------------------------------------------------------
     Bug("attention_no_scale", "txf/ops/attention.py",
-        # _weights (the xla path); the chunked path states its own scale.
-        "scale = 1.0 / math.sqrt(D)\n  logits_bhts = logits_bhts *",
-        "scale = 1.0\n  logits_bhts = logits_bhts *",
+        # _scaled_scores, shared by the xla and chunked paths.
+        "scale = 1.0 / math.sqrt(q_btkgd.shape[-1])",
+        "scale = 1.0",
         ("tests/test_ops_attention.py",)),
     Bug("gqa_tiled_groups", "txf/ops/attention.py",
-        "q_btkgd = q.reshape(B, T, K, G, D)\n  acc_dtype = jnp.promote_types("
-        "jnp.result_type(q, k), jnp.float32)\n  # Non-finite keys enter",
-        "q_btkgd = q.reshape(B, T, G, K, D).swapaxes(2, 3)\n  acc_dtype = jnp.promote_types("
-        "jnp.result_type(q, k), jnp.float32)\n  # Non-finite keys enter",
+        "return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)",
+        "return q.reshape(B, T, H // num_kv_heads, num_kv_heads, D).swapaxes(2, 3)",
         ("tests/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",)),
     Bug("softmax_over_queries", "txf/ops/attention.py",
         "denom = jnp.sum(unnorm, axis=-1, keepdims=True)",

@@ -174,24 +174,33 @@ def _split_nonfinite(x_bskd):
   return jnp.where(finite_bskd, x_bskd, jnp.zeros((), x_bskd.dtype)), bad_bks[:, :, None, None, :]
 
 
+def _grouped_queries(q, num_kv_heads):
+  """[B, T, H, D] queries as [B, T, K, G, D]: query head k * G + g uses key head k."""
+  B, T, H, D = q.shape
+  return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)
+
+
+def _scaled_scores(q_btkgd, k_bskd, bad_bk11s, scale):
+  """float32 scale * q.k [B, K, G, T, S] (scale None: 1/sqrt(D)), NaN where a
+  key is flagged non-finite in bad [B, K, 1, 1, S] (and zeroed in k)."""
+  acc_dtype = jnp.promote_types(jnp.result_type(q_btkgd, k_bskd), jnp.float32)
+  logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k_bskd,
+                            preferred_element_type=acc_dtype)
+  logits_bkgts = jnp.where(bad_bk11s, jnp.nan, logits_bkgts).astype(jnp.float32)
+  if scale is None:
+    scale = 1.0 / math.sqrt(q_btkgd.shape[-1])
+  return logits_bkgts * jnp.asarray(scale, jnp.float32)
+
+
 def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
   """float32 [B, H, T, S] attention weights; inputs already validated."""
-  B, T, H, D = q.shape
+  B, T, H, _ = q.shape
   _, S, K, _ = k.shape
-  G = H // K
-  q_btkgd = q.reshape(B, T, K, G, D)
-  acc_dtype = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
   # Non-finite keys enter the product as 0 and come back as NaN scores, which
   # the mask then replaces: a masked inf key poisons neither the output nor,
   # through 0 * inf in the backward pass, the gradient of q.
   k, bad_bk11s = _split_nonfinite(k)
-  logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k,
-                            preferred_element_type=acc_dtype)
-  logits_bkgts = jnp.where(bad_bk11s, jnp.nan, logits_bkgts)
-  logits_bhts = logits_bkgts.astype(jnp.float32).reshape(B, H, T, S)
-  if scale is None:
-    scale = 1.0 / math.sqrt(D)
-  logits_bhts = logits_bhts * jnp.asarray(scale, jnp.float32)
+  logits_bhts = _scaled_scores(_grouped_queries(q, K), k, bad_bk11s, scale).reshape(B, H, T, S)
   if bias is not None:
     logits_bhts = logits_bhts + bias.astype(jnp.float32)
   valid = _combined_mask(mask, bool(is_causal), window, kv_lengths, T, S)
@@ -259,16 +268,13 @@ def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths
   them by exp(m_old - m_new). The block's body is rematerialised in the
   backward pass, so gradients too hold one block's scores at a time.
   """
-  B, T, H, D = q.shape
+  B, T, H, _ = q.shape
   _, S, K, Dv = v.shape
   G = H // K
   block = min(chunk_size, S)
   num_blocks = -(-S // block)
   S_padded = num_blocks * block
-  if scale is None:
-    scale = 1.0 / math.sqrt(D)
-  q_btkgd = q.reshape(B, T, K, G, D)
-  acc_dtype = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+  q_btkgd = _grouped_queries(q, K)
   # Non-finite keys and values are zeroed and flagged, as on the xla path.
   k, bad_k_bk11s = _split_nonfinite(k)
   v, bad_v_bk11s = _split_nonfinite(v)
@@ -281,10 +287,7 @@ def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths
   def attend_block(carry, start):
     m_bkgt, l_bkgt, acc_bkgtd, poisoned_bkgt = carry
     k_bskd, v_bskd = k_blocks(start, block), v_blocks(start, block)
-    logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k_bskd,
-                              preferred_element_type=acc_dtype).astype(jnp.float32)
-    logits_bkgts = jnp.where(bad_k_blocks(start, block), jnp.nan, logits_bkgts)
-    logits_bkgts = logits_bkgts * jnp.asarray(scale, jnp.float32)
+    logits_bkgts = _scaled_scores(q_btkgd, k_bskd, bad_k_blocks(start, block), scale)
     if bias_blocks is not None:
       logits_bkgts = logits_bkgts + _heads_split(bias_blocks(start, block), K, G).astype(
           jnp.float32)
