@@ -18,14 +18,13 @@ ratio to them.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from txf import decode
 from txf.data import make_tokenizer
+from txf.textbook.report import median_seconds
 from txf.train import hardware
 from txf.train.setup import setup_run
 
@@ -54,16 +53,6 @@ def hf_arguments(config, batch_sizes, prompt_len: int, new_tokens: int, repeats:
           f"--prompt_len={prompt_len}", f"--new_tokens={new_tokens}", f"--repeats={repeats}"]
 
 
-def _median_seconds(run, repeats: int) -> float:
-  jax.block_until_ready(run())  # compiles
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(run())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def compare(config, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: int,
             hf: dict | None) -> dict:
   """txf's decoding figures per batch size (module docstring), with `hf`'s."""
@@ -82,8 +71,9 @@ def compare(config, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: i
     for batch_size in batch_sizes:
       prompt_BxP = jax.random.randint(jax.random.key(batch_size), (batch_size, prompt_len), 1,
                                       setup.model_cfg.vocab_size)
-      seconds = _median_seconds(functools.partial(
-          decode.generate, setup.model, params, prompt_BxP, max_new_tokens=new_tokens), repeats)
+      seconds = median_seconds(
+          functools.partial(decode.generate, setup.model, params, prompt_BxP,
+                            max_new_tokens=new_tokens), repeats=repeats)
       per_token = seconds / new_tokens
       row = dict(batch_size=batch_size, seconds=seconds,
                  tokens_per_sec=batch_size * new_tokens / seconds, us_per_token=1e6 * per_token,
