@@ -22,6 +22,7 @@ import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from flax import traverse_util
 
 Shape = tuple[int, ...]
 Arrays = tuple[np.ndarray, ...]
@@ -86,27 +87,14 @@ def linear(hf: str, txf: str, in_shape: Shape, out_shape: Shape, *, bias: bool,
 # Parameter trees as flat {'a/b/c': array} dicts.
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
   """{'stack/block_0/ffn/wi/kernel': leaf} from a nested params dict."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      flat.update(flatten(value, f"{prefix}{key}/"))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
+  return traverse_util.flatten_dict(tree, sep="/")
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
   """The nested params dict of a flat {'a/b': leaf} dict."""
-  tree: dict[str, Any] = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split("/")
-    node = tree
-    for key in parents:
-      node = node.setdefault(key, {})
-    node[leaf] = value
-  return tree
+  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 # ---------------------------------------------------------------------------
