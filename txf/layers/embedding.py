@@ -131,7 +131,15 @@ def _checked_ids(ids_BxT: jax.Array, size: int, what: str, range_name: str, fiel
 
 class RelativePositionTable(nn.Module):
   """T5's learned relative-position bias table [num_buckets, H], one per stack
-  and shared by all its layers (Raffel et al. 2020)."""
+  and shared by all its layers (Raffel et al. 2020).
+
+  Initialised as t5x / flaxformer's RelativePositionBiases:
+  variance_scaling(1.0, 'fan_avg', 'uniform'), entries within
+  +-sqrt(6 / (num_buckets + H)) (0.41 for 32 buckets and 4 heads). A unit
+  normal table starts every head with biases as large as the content scores,
+  and Adam, moving each entry about one learning rate a step, leaves it close
+  to that random start for hundreds of steps.
+  """
 
   num_buckets: int
   num_heads: int
@@ -139,8 +147,9 @@ class RelativePositionTable(nn.Module):
   @nn.compact
   def __call__(self) -> jax.Array:
     return self.param("table",
-                      nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0),
-                                                   (None, "heads")),
+                      nn.with_logical_partitioning(
+                          nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                          (None, "heads")),
                       (self.num_buckets, self.num_heads), jnp.float32)
 
 
