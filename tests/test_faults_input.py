@@ -3,18 +3,23 @@
 Token ids outside the vocabulary: a ValueError where the ids are concrete, a
 documented clamp (finite embeddings equal to the clamped ids') under jit.
 A `model` config that is not a mapping: a TypeError naming the model config.
-eval.temperature = NaN: a ValueError naming the field.
+A config value that would fail only once training starts (NaN, an infinity,
+label_smoothing >= 1, a seed past int32): a ValueError naming the field.
 """
+
+import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from conftest import load_config, tiny_config
 
 from txf import decode, models
 from txf.layers import Embedder
+from txf.sweep.runner import check_point_config
 from txf.train.config import ConfigError, check_run_config
 from txf.train.setup import setup_run
 
@@ -58,13 +63,53 @@ def test_build_rejects_a_non_mapping_model_config(config):
     models.build(config)
 
 
-@pytest.mark.parametrize("temperature", [float("nan"), -0.5])
-def test_eval_temperature_nan_or_negative_is_a_config_error(temperature):
-  """NaN used to pass `temperature < 0` and turn every sample into spaces."""
-  config = load_config("rope")
-  config.eval.temperature = temperature
-  with pytest.raises(ValueError, match=r"eval\.temperature: must be >= 0"):
+# field -> values that passed validation and failed only at the first step
+# (a traceback, "diverged by step 1", an OverflowError), after the work
+# directory was written; each is now a config error naming the field.
+LATE_FAILURES = {
+    "eval.temperature": [float("nan"), -0.5, float("inf")],
+    "train.label_smoothing": [1.5, 1.0, -0.1, float("nan")],
+    "train.z_loss": [float("nan"), -1.0, float("inf")],
+    "train.weight_decay": [float("inf")],
+    "train.eps": [float("inf")],
+    "train.grad_clip_norm": [float("inf")],
+    "model.norm_eps": [float("nan"), -1.0, 0.0, float("inf")],
+    "model.rope_base": [float("nan"), -10.0],
+    "model.rope_scale": [float("nan"), float("inf")],
+    "model.pad_id": [1.5],
+    "model.use_bias": ["false"],
+    "model.t5_max_distance": [0],
+    "seed": [99999999999999999999, 2**31, -1],
+    "model.vocab_size": ["big"],
+}
+
+
+@pytest.mark.parametrize("field,value", [(field, value) for field, values in LATE_FAILURES.items()
+                                         for value in values])
+def test_values_that_used_to_fail_after_setup_are_config_errors(field, value):
+  fields = load_config("rope").to_dict()  # a dict: a config.json may hold any type
+  section, _, name = field.rpartition(".")
+  (fields[section] if section else fields)[name] = value
+  config = ml_collections.ConfigDict(fields)
+  with pytest.raises(ValueError, match=rf"^{re.escape(field)}: "):
     check_run_config(config, vocab_size=260, num_classes=None)
+
+
+def test_a_seed_whose_replicas_overflow_is_a_config_error():
+  config = load_config("rope")
+  config.seed, config.replicas = 2**31 - 2, 3
+  with pytest.raises(ValueError, match=r"^seed: 2147483646 \+ replicas=3 - 1 is above"):
+    check_run_config(config, vocab_size=260, num_classes=None)
+  config.replicas = 2
+  check_run_config(config, vocab_size=260, num_classes=None)
+
+
+def test_a_bad_grid_value_is_caught_by_the_sweeps_point_check():
+  """The sweep checks every point with check_point_config before point 0 trains."""
+  config = tiny_config()
+  config.train.label_smoothing = 1.5
+  with pytest.raises(ValueError, match=r"^train\.label_smoothing: must be in \[0, 1\)"):
+    check_point_config(config)
 
 
 def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_before_compute():

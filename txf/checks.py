@@ -8,20 +8,51 @@ checks.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from typing import Any, Sequence
 
+# The largest seed: replica seeds are an int32 array (txf.train.replicas).
+SEED_MAX = 2**31 - 1
 
-def int_at_least(value: Any, name: str, minimum: int) -> int:
-  """`value` as an int >= minimum (bools are not ints here)."""
+
+def int_at_least(value: Any, name: str, minimum: int, maximum: int | None = None) -> int:
+  """`value` as an int in [minimum, maximum] (bools are not ints here)."""
+  bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
   try:
     if isinstance(value, bool):
       raise TypeError
     value = operator.index(value)
   except TypeError:
-    raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}") from None
-  if value < minimum:
-    raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    raise ValueError(f"{name}: must be an integer {bounds}, got {value!r}") from None
+  if value < minimum or (maximum is not None and value > maximum):
+    raise ValueError(f"{name}: must be an integer {bounds}, got {value!r}")
+  return value
+
+
+def seed(value: Any, name: str) -> int:
+  """`value` as a seed: an int in [0, SEED_MAX]."""
+  return int_at_least(value, name, 0, SEED_MAX)
+
+
+def finite_at_least(value: Any, name: str, minimum: float, *, open_: bool = False) -> float:
+  """`value` a finite real number >= minimum (> minimum when `open_`); NaN and
+  infinities fail (every comparison with NaN is False, so they would pass a
+  plain `value < minimum` check)."""
+  ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+  if ok:
+    ok = value > minimum if open_ else value >= minimum
+  if not ok:
+    raise ValueError(f"{name}: must be a finite number {'>' if open_ else '>='} {minimum}, "
+                     f"got {value!r}")
+  return value
+
+
+def boolean(value: Any, name: str) -> bool:
+  """`value` if it is True or False (a string such as 'false' would be truthy)."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{name}: must be True or False, got {value!r}")
   return value
 
 

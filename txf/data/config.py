@@ -111,7 +111,7 @@ def read_data_config(data: Any) -> DataSpec:
   seed = getattr(data, 'seed', None)
   spec = DataSpec(name=name, task=task, seq_len=_int(data, 'seq_len', 2),
                   batch_size=_int(data, 'batch_size', 1),
-                  seed=None if seed is None else _int(data, 'seed', 0))
+                  seed=None if seed is None else checks.seed(seed, 'data.seed'))
   if name == 'pystdlib' or is_files(name):
     return _corpus_fields(data, spec)
   if is_tfds(name):

@@ -26,6 +26,9 @@ HEADS = ("lm", "mlm", "classify", "none")
 GELU_ACTIVATIONS = ("gelu", "geglu")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
+# The fields that are True or False (scale_logits may also be None).
+BOOL_FIELDS = ("gelu_approximate", "embed_norm", "scale_attention", "use_bias", "tie_embeddings",
+               "share_embeddings", "remat", "scan_layers")
 
 # Which heads each family can carry.
 FAMILY_HEADS = {
@@ -114,6 +117,15 @@ class ModelConfig:
       checks.positive_int(getattr(self, name), f"model.{name}")
     for name in ("num_kv_heads", "head_dim", "d_ff", "window", "num_decoder_layers"):
       checks.optional_positive_int(getattr(self, name), f"model.{name}")
+    for name in BOOL_FIELDS:
+      checks.boolean(getattr(self, name), f"model.{name}")
+    if self.scale_logits is not None:
+      checks.boolean(self.scale_logits, "model.scale_logits")
+    # NaN or a negative eps passes everything until the first step diverges.
+    checks.finite_at_least(self.norm_eps, "model.norm_eps", 0.0, open_=True)
+    checks.finite_at_least(self.rope_base, "model.rope_base", 0.0, open_=True)
+    checks.finite_at_least(self.rope_scale, "model.rope_scale", 1.0)  # > 1: interpolation
+    checks.int_at_least(self.pad_id, "model.pad_id", 0)
     if self.family == "lstm":
       return self._check_lstm()  # none of the Transformer checks below apply
     if self.head_dim is None and self.d_model % self.num_heads:
@@ -128,10 +140,9 @@ class ModelConfig:
       raise ValueError(f"model.position: rope needs an even head dim, got {head_dim}")
     if self.position in ("sinusoidal",) and self.d_model % 2:
       raise ValueError(f"model.position: sinusoidal needs an even d_model, got {self.d_model}")
-    if self.rope_scale < 1.0:
-      raise ValueError(f"model.rope_scale: must be >= 1 (interpolation), got {self.rope_scale}")
-    if self.position == "t5_bias" and self.t5_num_buckets < 4:
-      raise ValueError(f"model.t5_num_buckets: need at least 4, got {self.t5_num_buckets}")
+    checks.positive_int(self.t5_max_distance, "model.t5_max_distance")
+    if self.position == "t5_bias":
+      checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
     if self.head not in FAMILY_HEADS[self.family]:
       raise ValueError(
           f"model.head: {self.head!r} does not fit model.family={self.family!r} "

@@ -57,14 +57,17 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   _check_known("train", config.train, TRAIN_FIELDS)
   _check_known("eval", config.eval, EVAL_FIELDS)
   _check_known("parallel", config.parallel, PARALLEL_FIELDS)
-  checks.int_at_least(config.seed, "seed", 0)
-  checks.positive_int(config.replicas, "replicas")
+  checks.seed(config.seed, "seed")
+  replicas = checks.positive_int(config.replicas, "replicas")
+  if config.seed + replicas - 1 > checks.SEED_MAX:  # replica r trains with seed + r
+    raise ValueError(f"seed: {config.seed} + replicas={replicas} - 1 is above the largest "
+                     f"seed {checks.SEED_MAX}")
   spec = read_data_config(config.data)
 
   model_fields = dict(config.model.items())
   if model_fields.get("vocab_size") is None:
     model_fields["vocab_size"] = vocab_size
-  elif model_fields["vocab_size"] < vocab_size:
+  elif checks.positive_int(model_fields["vocab_size"], "model.vocab_size") < vocab_size:
     raise ValueError(f"model.vocab_size: {model_fields['vocab_size']} is smaller than the "
                      f"tokenizer's {vocab_size} ids")
   if num_classes is not None:
@@ -82,6 +85,12 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
 
   train = config.train
   make_optimizer(train)  # checks the optimizer and schedule fields (train.steps among them)
+  # ... but lets infinities through where they pass its comparisons.
+  checks.finite_at_least(train.weight_decay, "train.weight_decay", 0.0)
+  checks.finite_at_least(train.eps, "train.eps", 0.0, open_=True)
+  checks.finite_at_least(train.grad_clip_norm, "train.grad_clip_norm", 0.0)
+  checks.fraction(train.label_smoothing, "train.label_smoothing")
+  checks.finite_at_least(train.z_loss, "train.z_loss", 0.0)
   for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
     checks.positive_int(train[field], f"train.{field}")
   if spec.batch_size % train.grad_accum_steps:
@@ -97,6 +106,6 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   checks.positive_int(config.eval.every, "eval.every")
   checks.positive_int(config.eval.num_batches, "eval.num_batches")
   checks.int_at_least(config.eval.sample_tokens, "eval.sample_tokens", 0)
-  if not config.eval.temperature >= 0:  # NaN too (it would sample garbage)
-    raise ValueError(f"eval.temperature: must be >= 0, got {config.eval.temperature}")
+  # NaN would pass `temperature < 0` and sample garbage.
+  checks.finite_at_least(config.eval.temperature, "eval.temperature", 0.0)
   return model_cfg
