@@ -12,9 +12,9 @@ trained run exits 2 with one line naming it.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from experiments.cli import fail
+from experiments.cli import fail, run_command
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.")
 _NUM_BATCHES = flags.DEFINE_integer(
@@ -27,8 +27,6 @@ flags.mark_flag_as_required("workdir")
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   # After flag parsing: fast --help.
   from txf.sweep.analyze import analyze_run
   from txf.train.workdir import WorkdirError
@@ -44,4 +42,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main)

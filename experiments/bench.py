@@ -48,13 +48,14 @@ import tempfile
 
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 
 from experiments import bench_decode, bench_loop
 from experiments.bench_step import (FRESH_BATCHES, benchmark, compiled_memory,
                                     peak_memory_bytes)
+from experiments.cli import fail, run_command
 from txf.data import make_dataset
 from txf.data.throughput import format_throughput, loader_throughput
 from txf.train import hardware
@@ -205,7 +206,7 @@ def main(argv) -> None:
   modes = {"loop": _LOOP.value, "decode": _DECODE.value, "data": _DATA.value}
   chosen = [name for name, on in modes.items() if on]
   if len(chosen) > 1:
-    raise app.UsageError(f"choose one of --{', --'.join(chosen)}")
+    fail("flag", f"choose one of --{', --'.join(chosen)}")
   mode = chosen[0] if chosen else "step"
   report = {"loop": loop_mode, "decode": decode_mode, "data": data_mode,
             "step": step_mode}[mode](config)
@@ -216,4 +217,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main)

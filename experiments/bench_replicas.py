@@ -26,9 +26,10 @@ import tempfile
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from experiments.cli import run_command
 from txf.train import loop
 from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
                                 make_replicated_train_step, replica_seeds)
@@ -113,4 +114,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main)

@@ -33,9 +33,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from etils import epath
 
+from experiments.cli import run_command
 from txf import decode, models
 from txf.layers.config import ModelConfig
 
@@ -153,8 +154,6 @@ def format_table(figures: dict) -> str:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cfg = ModelConfig(family="encoder_decoder", vocab_size=_VOCAB_SIZE.value,
                     d_model=_D_MODEL.value, num_heads=_NUM_HEADS.value,
                     num_layers=_NUM_LAYERS.value, dtype=_DTYPE.value,
@@ -189,4 +188,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main)

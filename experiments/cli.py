@@ -3,14 +3,15 @@ cause on the command line is one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import pathlib
 import re
 import sys
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
-from absl import flags
+from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
@@ -88,14 +89,39 @@ def unknown_field(error: Exception, argv: list[str]) -> str | None:
   return f"{field}: unknown field" + (f" ({hint})" if hint else "")
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def run_command(main: Callable[[list[str]], None], *, arguments: str | None = None) -> None:
+  """absl's `app.run(main)` for a command of experiments/: its flags parsed by
+  `parse_flags`, so every command reports a bad flag, a missing required one
+  and a stray or missing positional argument alike (one line, exit 2).
+
+  Args:
+    main: the command; it receives argv (the program name, then the
+      positional arguments).
+    arguments: what the positional arguments are (e.g. 'the texts to embed'),
+      at least one required; None: the command takes none.
+  """
+  app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments))
+
+
+def parse_flags(argv: list[str], *, arguments: str | None = None) -> list[str]:
   """absl's flag parsing, with every error the user can cause as one line and
-  exit status 2 instead of a traceback."""
+  exit status 2 instead of a traceback or a page of usage; `arguments` as in
+  `run_command`."""
+  rest = _parse(argv)
+  if arguments is None and len(rest) > 1:
+    fail("flag", f"unexpected arguments: {' '.join(rest[1:])} (this command takes only flags)")
+  if arguments is not None and len(rest) == 1:
+    fail("flag", f"missing {arguments}")
+  return rest
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """flags.FLAGS(argv), its errors as `fail` lines."""
   try:
     return flags.FLAGS(argv)
   except ConfigFileError as error:
     fail("config", error)
-  except flags.Error as error:  # --config.train.steps=abc, --no_such_flag
+  except flags.Error as error:  # --config.train.steps=abc, --no_such_flag, a missing --workdir
     fail("flag", str(error).strip().splitlines()[0])
   except (AttributeError, KeyError) as error:  # ml_collections: no such field
     message = unknown_field(error, argv)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from experiments.cli import fail
+from experiments.cli import fail, run_command
 
 _MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory of an encoder.")
 _POOLING = flags.DEFINE_enum("pooling", None, ["mean", "cls"],
@@ -32,8 +32,6 @@ flags.mark_flag_as_required("model")
 
 def main(argv) -> None:
   texts = argv[1:]
-  if not texts:
-    raise app.UsageError("give the texts to embed as arguments")
   # After flag parsing: fast --help.
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
@@ -56,4 +54,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main, arguments="the texts to embed (positional arguments)")

@@ -13,9 +13,9 @@ directory without a trained run exits 2 with one line naming it.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from experiments.cli import fail
+from experiments.cli import fail, run_command
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder LM.")
 _FACTORS = flags.DEFINE_list("factors", ["1", "2", "4", "8", "16"],
@@ -28,8 +28,6 @@ flags.mark_flag_as_required("workdir")
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run, format_table
   from txf.train.workdir import WorkdirError
@@ -49,4 +47,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main)

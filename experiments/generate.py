@@ -13,9 +13,9 @@ text. An unusable directory or argument exits 2 with one line naming it.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from experiments.cli import fail
+from experiments.cli import fail, run_command
 
 _MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory.")
 _PROMPT = flags.DEFINE_string("prompt", None, "Text to continue (decoder) or answer (T5).")
@@ -28,8 +28,6 @@ flags.mark_flags_as_required(["model", "prompt"])
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   # After flag parsing: fast --help.
   import jax
   import numpy as np
@@ -60,4 +58,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_command(main)

@@ -33,10 +33,9 @@ import sys
 import tokenize
 from typing import NoReturn
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from experiments.cli import (ConfigFileParser, default_workdir, define_config_flag, fail,
-                             parse_flags)
+from experiments.cli import ConfigFileParser, default_workdir, define_config_flag, fail, run_command
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -126,8 +125,6 @@ def print_config(config, base) -> None:
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if _PRINT_CONFIG.value:
     print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")))
     return
@@ -170,4 +167,4 @@ def exit_now(status: int, line: str) -> NoReturn:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  run_command(main)

@@ -16,9 +16,9 @@ the field (exit status 2). A diverged point is recorded and the sweep goes on.
 from __future__ import annotations
 
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from experiments.cli import default_workdir, define_config_flag, fail, parse_flags
+from experiments.cli import default_workdir, define_config_flag, fail, run_command
 
 _CONFIG = define_config_flag("Path to a sweep config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None,
@@ -36,8 +36,6 @@ _EXTRAPOLATE = flags.DEFINE_bool(
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if _DRY_RUN.value and _SUMMARIZE.value:
     fail("flag", "--dry_run and --summarize: choose one")
   # After flag parsing: fast --help.
@@ -58,4 +56,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  run_command(main)

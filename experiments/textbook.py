@@ -20,10 +20,10 @@ import json
 import time
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from etils import epath
 
-from experiments.cli import fail, parse_flags
+from experiments.cli import fail, run_command
 
 _OUT_DIR = flags.DEFINE_string("out_dir", "workdirs/textbook",
                                "Directory for the figures, numbers and training runs.")
@@ -79,4 +79,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  run_command(main)

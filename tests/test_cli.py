@@ -1,6 +1,6 @@
-"""`python -m experiments.run` as a user meets it: every error the user can
-cause is one line on stderr with exit status 2 and no traceback, before any
-compute; --help lists the config files; --print_config prints every field.
+"""`python -m experiments.run` (and every other command) as a user meets it:
+every error the user can cause is one line on stderr with exit status 2 and no
+traceback, before any compute; --help lists the config files; --print_config prints every field.
 
 Each case is one subprocess (~2-5 s, mostly imports); none trains.
 """
@@ -18,8 +18,8 @@ TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
 pytestmark = pytest.mark.slow  # subprocesses: ~20 s in all
 
 
-def run_cli(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO,
+def run_cli(*args, command="run"):
+  return subprocess.run([sys.executable, "-m", f"experiments.{command}", *args], cwd=REPO,
                         capture_output=True, text=True, timeout=TIMEOUT_S,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
@@ -67,6 +67,24 @@ def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
 def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
   result = run_cli("--config=configs/rope.py", f"--workdir={tmp_path / 'run'}", flag)
   assert_one_line_error(result, "flag error: ", *fragments)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command,args,fragments", [
+    ("run", ["--config=configs/rope.py", "foo"], ["unexpected arguments: foo"]),
+    ("sweep", ["--config=configs/sweeps/pe_ln.py", "foo"], ["unexpected arguments: foo"]),
+    ("embed", ["--model=D"], ["missing the texts to embed"]),
+    ("extrapolate", ["--workdir=W", "--stride=abc"], ["--stride=abc", "invalid literal"]),
+    ("extrapolate", [], ["--workdir must have a value"]),
+    ("analyze", ["--workdir=W", "--num_batches=abc"], ["--num_batches=abc"]),
+])
+def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
+    tmp_path, command, args, fragments):
+  """They used to print a page of usage or absl's FATAL flags error, exit 1."""
+  args = [arg.replace("=W", f"={tmp_path / 'run'}") for arg in args]
+  if command in ("run", "sweep"):
+    args.append(f"--workdir={tmp_path / 'run'}")
+  assert_one_line_error(run_cli(*args, command=command), "flag error: ", *fragments)
   assert not (tmp_path / "run").exists()
 
 
