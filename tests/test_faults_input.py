@@ -7,6 +7,7 @@ A config value that would fail only once training starts (NaN, an infinity,
 label_smoothing >= 1, a seed past int32): a ValueError naming the field.
 """
 
+import json
 import re
 
 import flax.linen as nn
@@ -21,7 +22,7 @@ from txf import decode, models
 from txf.layers import Embedder
 from txf.sweep.runner import check_point_config
 from txf.train.config import ConfigError, check_run_config
-from txf.train.setup import setup_run
+from txf.train.setup import check_optimizer_state, read_run_config, setup_run
 
 V, D = 6, 4
 
@@ -129,3 +130,31 @@ def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_befor
   decode.generate(setup.model, params, prompt_1xP, max_new_tokens=30, lower=True)
   with pytest.raises(ValueError, match="a cache of 33 positions"):
     decode.generate(setup.model, params, prompt_1xP, max_new_tokens=31, lower=True)
+
+
+# A run's config.json, corrupted: every case a ValueError naming the file (a
+# JSON message without it, an AttributeError or a TypeError traceback before).
+CORRUPT_RUN_CONFIGS = {
+    '{"seed": 0, "model": {': "not valid JSON",
+    "[1, 2, 3]": "expected a JSON object, got list",
+    '{"seed": 0, "model": 3}': "model: expected a JSON object, got int",
+}
+
+
+@pytest.mark.parametrize("text", list(CORRUPT_RUN_CONFIGS))
+def test_a_corrupt_run_config_json_is_an_error_naming_the_file(tmp_path, text):
+  (tmp_path / "config.json").write_text(text)
+  with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
+                     rf"{re.escape(CORRUPT_RUN_CONFIGS[text])}"):
+    read_run_config(tmp_path)
+
+
+def test_a_run_config_json_value_of_the_wrong_type_is_an_error_naming_the_file(tmp_path):
+  config = load_config("rope")
+  saved = json.loads(config.to_json_best_effort())
+  saved["train"]["steps"] = "twenty"
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  params = {"w": jax.ShapeDtypeStruct((2, 2), jnp.float32)}
+  with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
+                     r"train\.steps: 'twenty' is not of type int"):
+    check_optimizer_state(config, tmp_path, params)

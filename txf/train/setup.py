@@ -332,11 +332,25 @@ ADDED_FIELDS = {"replicas": 1, "model.gelu_approximate": True, "model.embed_norm
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
-  """The run's config.json as a dict under today's field names, or None."""
+  """The run's config.json as a dict under today's field names, or None.
+
+  Raises:
+    ValueError: naming the file, when it is not JSON, not an object, or one of
+      its sections is not an object.
+  """
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  saved = json.loads(path.read_text())
+  try:
+    saved = json.loads(path.read_text())
+  except json.JSONDecodeError as error:
+    raise ValueError(f"{path}: not valid JSON ({error})") from None
+  if not isinstance(saved, dict):
+    raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
+  for section in ("model", "data", "train", "eval", "parallel"):
+    if section in saved and not isinstance(saved[section], dict):
+      raise ValueError(f"{path}: {section}: expected a JSON object, got "
+                       f"{type(saved[section]).__name__}")
   for name, value in ADDED_FIELDS.items():
     section, _, field = name.rpartition(".")
     fields = saved.get(section) if section else saved
@@ -425,14 +439,19 @@ def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_para
     if field not in saved["train"]:
       continue
     reverted = ml_collections.ConfigDict(config.train.to_dict())
-    reverted[field] = saved["train"][field]
+    old_value = saved["train"][field]
+    try:
+      reverted[field] = old_value
+    except TypeError:  # ml_collections keeps each field's type
+      raise ValueError(f"{epath.Path(workdir) / CONFIG_FILE}: {name}: {old_value!r} is not of "
+                       f"type {type(config.train[field]).__name__}") from None
     try:
       changes_structure = structure(reverted) != current
     except ValueError:  # the saved value no longer validates: not this field's doing
       continue
     if changes_structure:
       raise ValueError(
-          f"{name}: {saved['train'][field]!r} -> {config.train[field]!r} changes the optimizer "
+          f"{name}: {old_value!r} -> {config.train[field]!r} changes the optimizer "
           f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
           "--workdir")
 
