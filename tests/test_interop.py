@@ -17,6 +17,7 @@ outputs by 1e-2 or more.
 import functools
 import json
 import pathlib
+import re
 import shutil
 import types
 
@@ -402,3 +403,86 @@ def test_token_types_are_checked():
   embedder = Embedder(vocab_size=8, d_model=4, position="none", max_len=4, dtype=np.float32)
   with pytest.raises(ValueError, match="model.num_token_types=0"):
     embedder.init(jax.random.key(0), tokens, np.arange(3)[None], tokens)
+
+
+# ---------------------------------------------------------------------------
+# Broken or hostile files: one CheckpointError naming the file and the key.
+
+
+@pytest.mark.parametrize("name,key,value,match", [
+    ("gpt2", "layer_norm_epsilon", "small", r"layer_norm_epsilon: must be a finite number >= 0"),
+    ("gpt2", "vocab_size", 1e12, r"vocab_size: must be an integer in \[0, 2147483647\]"),
+    ("gpt2", "vocab_size", 10**12, r"vocab_size: must be an integer in \[0, 2147483647\]"),
+    ("gpt2", "n_layer", "twelve", r"n_layer: must be an integer"),
+    ("gpt2", "activation_function", 3, r"activation_function: must be a str, got 3"),
+    ("gpt2", "eos_token_id", "end", r"eos_token_id: must be an integer"),
+    ("gpt2", "layer_norm_epsilon", 0.0, r"model\.norm_eps: must be a finite number > 0"),
+    ("bert", "hidden_dropout_prob", float("nan"), r"hidden_dropout_prob: must be a finite"),
+    ("t5", "d_kv", -4, r"d_kv: must be an integer"),
+])
+def test_a_config_value_of_the_wrong_kind_names_the_file_and_key(tmp_path, name, key, value,
+                                                                  match):
+  """They were TypeError / OverflowError tracebacks or a message naming neither."""
+  directory = copy_fixture(name, tmp_path)
+  edit_json(directory / "config.json", **{key: value})
+  with pytest.raises(CheckpointError, match=rf"^{directory / 'config.json'}: {match}"):
+    load_pretrained(directory)
+
+
+def move_weights_to_shard(directory, shard):
+  """model.safetensors -> `shard` (relative to directory), named by an index."""
+  names = list(load_file(directory / "model.safetensors"))
+  target = pathlib.Path(directory / shard)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  (directory / "model.safetensors").rename(target)
+  (directory / "model.safetensors.index.json").write_text(
+      json.dumps({"weight_map": {name: shard for name in names}}))
+
+
+def test_a_sharded_index_inside_the_directory_loads(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  move_weights_to_shard(directory, "shards/./model-00001-of-00001.safetensors")
+  flat, expected = flatten(load_pretrained(directory).params), flatten(pretrained("gpt2").params)
+  assert flat.keys() == expected.keys()
+  for path, value in expected.items():
+    np.testing.assert_array_equal(flat[path], value, err_msg=path)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "shards/../../outside.safetensors"])
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_before_reading(tmp_path, shard):
+  directory = copy_fixture("gpt2", tmp_path)
+  move_weights_to_shard(directory, shard)  # a valid file, outside: it would load
+  with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: weight_map: "
+                     rf"{re.escape(repr(shard))} is outside the checkpoint directory"):
+    load_pretrained(directory)
+
+
+def test_an_index_naming_an_absolute_path_is_refused(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  (directory / "model.safetensors").unlink()
+  (directory / "model.safetensors.index.json").write_text(
+      json.dumps({"weight_map": {"a": "/etc/passwd"}}))
+  with pytest.raises(CheckpointError, match=r"'/etc/passwd' is outside the checkpoint"):
+    load_pretrained(directory)
+
+
+MODULES_POOLING = {"idx": 1, "name": "1", "path": "1_Pooling",
+                   "type": "sentence_transformers.models.Pooling"}
+
+
+@pytest.mark.parametrize("file,text,match", [
+    ("modules.json", "not json", r"modules\.json: not valid JSON"),
+    ("modules.json", '{"a": 1}', r"modules\.json: expected a JSON list, got dict"),
+    ("modules.json", "[3]", r"modules\.json: module 0: expected an object with a string 'type'"),
+    ("modules.json", json.dumps([{k: v for k, v in MODULES_POOLING.items() if k != "path"}]),
+     r"modules\.json: Pooling module's path: None is not a path"),
+    ("modules.json", json.dumps([{**MODULES_POOLING, "path": "../../../etc"}]),
+     r"modules\.json: Pooling module's path: '\.\./\.\./\.\./etc' is outside the checkpoint"),
+    ("1_Pooling/config.json", "not json", r"1_Pooling/config\.json: not valid JSON"),
+    ("1_Pooling/config.json", "[]", r"1_Pooling/config\.json: expected a JSON object, got list"),
+])
+def test_a_broken_sentence_transformers_declaration_names_the_file(tmp_path, file, text, match):
+  directory = copy_fixture("minilm", tmp_path)
+  (directory / file).write_text(text)
+  with pytest.raises(CheckpointError, match=rf"^{re.escape(str(directory))}/{match}"):
+    sentence_transformers_pooling(directory)

@@ -13,8 +13,9 @@ import numbers
 import operator
 from typing import Any, Sequence
 
+INT32_MAX = 2**31 - 1
 # The largest seed: replica seeds are an int32 array (txf.train.replicas).
-SEED_MAX = 2**31 - 1
+SEED_MAX = INT32_MAX
 
 
 def int_at_least(value: Any, name: str, minimum: int, maximum: int | None = None) -> int:

@@ -38,6 +38,7 @@ from etils import epath
 
 from txf import models
 from txf.interop import bert, gpt2, rules, t5
+from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, write_tensors
 from txf.layers.config import ModelConfig
@@ -165,12 +166,17 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
     for name in unused:
       del tensors[name]
   tied = family.untied_output(architecture) not in tensors
-  cfg = family.model_config(hf, architecture, head, tied)
+  try:
+    cfg = family.model_config(hf, architecture, head, tied)
+    token_ids = {key: None if hf.get(key) is None else get(hf, key) for key in TOKEN_ID_KEYS}
+  except ValueError as error:  # a key (CheckpointError) or a ModelConfig field it sets
+    message = str(error).removeprefix(f"{CONFIG}: ")
+    raise CheckpointError(f"{directory / CONFIG}: {message}") from None
   conversion = family.rules(cfg, architecture)
   rules.check_rules_cover(conversion, param_shapes(cfg), str(directory))
   flat = rules.to_txf(conversion, tensors, where=str(directory))
   return Pretrained(config=cfg, params=rules.unflatten(flat), architecture=architecture,
-                    token_ids={key: hf.get(key) for key in TOKEN_ID_KEYS},
+                    token_ids=token_ids,
                     unused=tuple(unused))
 
 

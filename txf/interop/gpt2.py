@@ -55,8 +55,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
   hf_config.expect(hf, "add_cross_attention", (False,), False)
   d_model, vocab_size = get(hf, "n_embd"), get(hf, "vocab_size")
   # GPT-2 has no padding token; its <|endoftext|> pads by convention.
-  pad_id = hf.get("pad_token_id")
-  pad_id = hf.get("eos_token_id", 0) if pad_id is None else pad_id
+  pad_id = get(hf, "pad_token_id", get(hf, "eos_token_id", 0))
   return ModelConfig(
       family="decoder", head=head, vocab_size=vocab_size, d_model=d_model,
       num_heads=get(hf, "n_head"), num_layers=get(hf, "n_layer"),

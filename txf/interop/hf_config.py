@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from txf import checks
 from txf.interop.rules import CheckpointError
 from txf.layers.config import ModelConfig
 
@@ -19,12 +20,27 @@ GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
 def get(hf: Mapping[str, Any], key: str, default: Any = _MISSING) -> Any:
-  """hf[key]; without a default a missing (or null) key is a CheckpointError."""
+  """hf[key]; without a default a missing (or null) key is a CheckpointError.
+
+  The value must have the default's kind (no default: an integer): a string,
+  an integer in [0, 2^31), or a finite number >= 0 -- what every key read here
+  holds; anything else is a CheckpointError naming the key.
+  """
   value = hf.get(key)
   if value is None:
     if default is _MISSING:
       raise CheckpointError(f"config.json: missing {key!r}")
     return default
+  kind = int if default is _MISSING else type(default)
+  try:
+    if kind is int:
+      return checks.int_at_least(value, key, 0, checks.INT32_MAX)
+    if kind is float:
+      return checks.finite_at_least(value, key, 0.0)
+  except ValueError as error:
+    raise CheckpointError(f"config.json: {error}") from None
+  if not isinstance(value, kind):
+    raise CheckpointError(f"config.json: {key}: must be a {kind.__name__}, got {value!r}")
   return value
 
 

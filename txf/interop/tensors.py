@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping
+import posixpath
+from typing import Any, Mapping
 
 import numpy as np
 from etils import epath
@@ -27,17 +28,33 @@ PYTORCH_BIN = "pytorch_model.bin"
 CONFIG = "config.json"
 
 
-def read_json(path: epath.Path) -> dict:
-  """A JSON object file; CheckpointError names a missing or broken one."""
+def read_json(path: epath.Path, kind: type = dict) -> Any:
+  """A JSON file holding a `kind` (an object, or a list); CheckpointError
+  names a missing or broken one."""
   if not path.exists():
     raise CheckpointError(f"{path}: no such file")
   try:
     value = json.loads(path.read_text())
-  except json.JSONDecodeError as error:
+  except (json.JSONDecodeError, UnicodeDecodeError) as error:
     raise CheckpointError(f"{path}: not valid JSON ({error})") from None
-  if not isinstance(value, dict):
-    raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+  if not isinstance(value, kind):
+    expected = "a JSON object" if kind is dict else f"a JSON {kind.__name__}"
+    raise CheckpointError(f"{path}: expected {expected}, got {type(value).__name__}")
   return value
+
+
+def file_inside(directory: epath.Path, name: Any, where: str) -> epath.Path:
+  """`directory / name`, where `name` comes from a file of the checkpoint
+  (`where` names it and its key): it must be a relative path that stays inside
+  `directory`, so a downloaded checkpoint cannot make txf read files outside
+  it. The check is on the path's text, not on symlinks' targets (the Hugging
+  Face cache links each file to a blob elsewhere)."""
+  if not isinstance(name, str):
+    raise CheckpointError(f"{where}: {name!r} is not a path")
+  normalized = posixpath.normpath(name)
+  if posixpath.isabs(name) or normalized == ".." or normalized.startswith("../"):
+    raise CheckpointError(f"{where}: {name!r} is outside the checkpoint directory {directory}")
+  return directory / normalized
 
 
 def _as_float32(array: np.ndarray) -> np.ndarray:
@@ -79,13 +96,17 @@ def read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
   if (directory / SAFETENSORS).exists():
     return _read_safetensors(directory / SAFETENSORS)
   if (directory / SAFETENSORS_INDEX).exists():
-    index = read_json(directory / SAFETENSORS_INDEX)
-    shards = sorted(set((index.get("weight_map") or {}).values()))
+    where = f"{directory / SAFETENSORS_INDEX}: weight_map"
+    weight_map = read_json(directory / SAFETENSORS_INDEX).get("weight_map") or {}
+    if not isinstance(weight_map, dict):
+      raise CheckpointError(f"{where}: expected a JSON object, got {type(weight_map).__name__}")
+    # Every shard is checked before any is read.
+    shards = [file_inside(directory, shard, where) for shard in set(weight_map.values())]
     if not shards:
-      raise CheckpointError(f"{directory / SAFETENSORS_INDEX}: its weight_map names no files")
+      raise CheckpointError(f"{where}: names no files")
     tensors = {}
-    for shard in shards:
-      tensors.update(_read_safetensors(directory / shard))
+    for shard in sorted(shards, key=str):
+      tensors.update(_read_safetensors(shard))
     return tensors
   if (directory / PYTORCH_BIN).exists():
     return _read_pytorch_bin(directory / PYTORCH_BIN)

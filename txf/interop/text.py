@@ -11,7 +11,6 @@ embeddings, generation.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -23,8 +22,11 @@ from etils import epath
 from txf import decode
 from txf.data.tokenizers import HFTokenizer
 from txf.interop.checkpoint import Pretrained
+from txf.interop.rules import CheckpointError
+from txf.interop.tensors import CONFIG, file_inside, read_json
 from txf.models import pool
 
+MODULES = "modules.json"  # a sentence-transformers directory's list of modules
 SENTENCE_POOLINGS = ("mean", "cls")
 # sentence-transformers' Pooling config keys of those poolings.
 _POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
@@ -79,21 +81,40 @@ def pool_sentences(hidden_BxTxD: jax.Array, valid_BxT: jax.Array, *, pooling: st
 
 def sentence_transformers_pooling(directory: str | epath.PathLike) -> tuple[str, bool] | None:
   """(pooling, normalize) that a sentence-transformers directory declares
-  (modules.json, its Pooling module's config.json), or None when it has none."""
+  (modules.json, its Pooling module's config.json), or None when it has none.
+
+  Raises:
+    CheckpointError: naming the file and key of a broken declaration, or a
+      module path outside `directory` (checked before it is read).
+  """
   directory = epath.Path(directory)
-  if not (directory / "modules.json").exists():
+  if not (directory / MODULES).exists():
     return None
-  modules = json.loads((directory / "modules.json").read_text())
-  kinds = {module.get("type", "").rsplit(".", 1)[-1]: module for module in modules}
+  kinds = _module_kinds(directory)
   pooling = "mean"
   if "Pooling" in kinds:
-    config = json.loads((directory / kinds["Pooling"]["path"] / "config.json").read_text())
+    module_dir = file_inside(directory, kinds["Pooling"].get("path"),
+                             f"{directory / MODULES}: Pooling module's path")
+    config = read_json(module_dir / CONFIG)
     chosen = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
     if len(chosen) != 1 or chosen[0] not in _POOLING_MODES:
-      raise ValueError(f"{directory / kinds['Pooling']['path']}: pooling {chosen} is not "
-                       f"one of {sorted(_POOLING_MODES)} alone")
+      raise CheckpointError(f"{module_dir / CONFIG}: pooling {chosen} is not one of "
+                            f"{sorted(_POOLING_MODES)} alone")
     pooling = _POOLING_MODES[chosen[0]]
   return pooling, "Normalize" in kinds
+
+
+def _module_kinds(directory: epath.Path) -> dict[str, dict[str, Any]]:
+  """modules.json's modules by their class name ('Pooling', 'Normalize', ...)."""
+  path = directory / MODULES
+  kinds = {}
+  for i, module in enumerate(read_json(path, list)):
+    kind = module.get("type") if isinstance(module, dict) else None
+    if not isinstance(kind, str):
+      raise CheckpointError(f"{path}: module {i}: expected an object with a string 'type', "
+                            f"got {module!r}")
+    kinds[kind.rsplit(".", 1)[-1]] = module
+  return kinds
 
 
 def generate_text(pretrained: Pretrained, prompt_BxP: np.ndarray, *, max_new_tokens: int,
