@@ -45,6 +45,23 @@ def test_rms_norm_matches_reference(inputs):
   np.testing.assert_allclose(got, np_rms_norm(x, scale, 1e-5), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("eps", [1e-6, 1e-3])
+def test_norms_where_eps_matters_match_reference(eps):
+  """Rows whose (mean-square / variance) statistic is 0.01x to 100x eps: there
+  eps changes the output by O(1), so eps outside the square root, or a
+  dropped or doubled eps, fails. The inputs above have variance ~9, where
+  eps = 1e-5 moves the output by ~1e-6, below any tolerance."""
+  rng = np.random.default_rng(1)
+  spread = np.sqrt(eps) * np.array([0.1, 1.0, 10.0])[:, None, None]  # statistic / eps: 0.01..100
+  x = (rng.normal(size=(3, 4, 16)) * spread).astype(np.float32)
+  scale = rng.normal(size=16).astype(np.float32)
+  bias = rng.normal(size=16).astype(np.float32)
+  np.testing.assert_allclose(rms_norm(x, scale, eps=eps), np_rms_norm(x, scale, eps),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(layer_norm(x + 1.0, scale, bias, eps=eps),
+                             np_layer_norm(x + 1.0, scale, bias, eps), rtol=1e-3, atol=1e-3)
+
+
 def test_rms_norm_unit_rms(inputs):
   x, _, _ = inputs
   got = np.asarray(rms_norm(x - 20, np.ones(16, np.float32)), np.float64)

@@ -5,6 +5,7 @@ One tiny RoPE run is trained once for the module (compilation dominates;
 JAX's persistent compilation cache is on, as in test_runner.py).
 """
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -21,6 +22,7 @@ from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.setup import load_run, setup_run
+from txf.train.step import model_inputs
 
 STEPS = 4
 
@@ -166,3 +168,31 @@ def test_abstract_state_carries_the_state_shardings(replicas):
   shardings = jax.tree.leaves(setup.state_sharding)
   assert len(leaves) == len(shardings)
   assert [leaf.sharding for leaf in leaves] == shardings
+
+
+def test_evaluate_weights_every_token_alike_across_batches():
+  """eval_loss and eval_accuracy are means over all weighted tokens, not
+  means of per-batch means: batches of unequal weight, and a weight-0 batch
+  (the streamed evaluator pads up to eval.num_batches with them), count by
+  their tokens. Compared with the token-weighted mean in float64."""
+  setup = setup_run(tiny_config("rope"))
+  params = setup.init().params
+  batch = jax.tree.map(np.asarray, next(iter(setup.eval_data)))
+  weights_BxT = batch["weights"].astype(np.float32)
+  few_BxT = weights_BxT * (np.arange(weights_BxT.shape[1]) < 3)  # 3 tokens a row
+  zero_BxT = np.zeros_like(weights_BxT)
+  batches = [dict(batch, weights=w) for w in (weights_BxT, few_BxT, zero_BxT)]
+  result = dataclasses.replace(setup, eval_data=batches).evaluate(params)
+
+  logits = np.asarray(setup.model.apply({"params": params}, *model_inputs(batch, "lm"),
+                                        deterministic=True), np.float64)
+  log_probs = logits - logits.max(-1, keepdims=True)
+  log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+  nll_BxT = -np.take_along_axis(log_probs, batch["targets"][..., None], -1)[..., 0]
+  correct_BxT = logits.argmax(-1) == batch["targets"]
+  total = sum(w.sum() for w in (weights_BxT, few_BxT, zero_BxT))
+  loss = sum((nll_BxT * w).sum() for w in (weights_BxT, few_BxT)) / total
+  accuracy = sum((correct_BxT * w).sum() for w in (weights_BxT, few_BxT)) / total
+  np.testing.assert_allclose(result["eval_loss"], loss, rtol=1e-5)
+  np.testing.assert_allclose(result["eval_accuracy"], accuracy, rtol=1e-5)
+  np.testing.assert_allclose(result["eval_perplexity"], np.exp(loss), rtol=1e-5)

@@ -77,6 +77,13 @@ BUGS = (
     Bug("layer_norm_no_centering", "txf/ops/norms.py",
         "y = (x32 - mean) * jax.lax.rsqrt(var + eps)", "y = x32 * jax.lax.rsqrt(var + eps)",
         ("tests/test_ops_norms.py",)),
+    # eps where the tests' inputs make it visible (rows of variance ~eps).
+    Bug("rms_norm_eps_outside_sqrt", "txf/ops/norms.py",
+        "y = x32 * jax.lax.rsqrt(mean_square + eps)", "y = x32 / (jnp.sqrt(mean_square) + eps)",
+        ("tests/test_ops_norms.py",)),
+    Bug("layer_norm_eps_outside_sqrt", "txf/ops/norms.py",
+        "y = (x32 - mean) * jax.lax.rsqrt(var + eps)", "y = (x32 - mean) / (jnp.sqrt(var) + eps)",
+        ("tests/test_ops_norms.py",)),
     Bug("loss_over_padding", "txf/ops/losses.py",
         "loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)",
         "loss = jnp.mean(per_token)",
@@ -160,6 +167,12 @@ BUGS = (
         "rng = jax.random.key(seed)",
         ("tests/test_behaviour.py::test_train_step_draws_a_new_mask_each_step_and_repeats_a_step"
          "_exactly",)),
+    Bug("eval_mean_of_batch_means", "txf/train/setup.py",
+        "          totals[key] = totals[key] + np.asarray(sums[key], np.float64)",
+        # Each batch counts 1, whatever its weight (a weight-0 padding batch too).
+        "          totals[key] = totals[key] + (1.0 if key == 'count' else np.asarray(\n"
+        "              sums[key], np.float64) / max(float(sums['count']), 1.0))",
+        ("tests/test_setup.py::test_evaluate_weights_every_token_alike_across_batches",)),
     # --- data -----------------------------------------------------------------
     Bug("lm_targets_not_shifted", "txf/data/lm.py",
         "return {'inputs': windows[:, :-1], 'targets': windows[:, 1:],",
