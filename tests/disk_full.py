@@ -1,6 +1,6 @@
 """A simulated full disk for tests of file writers, without root: the Nth
 file opened for writing (through etils.epath, which every txf writer uses)
-under a directory gets the first half of what is written to it, then
+in a directory (not below it) gets the first half of what is written to it, then
 OSError(ENOSPC), as a write to a full file system does.
 
   monkeypatch.setattr(*disk_full_at(2, tmp_path))   # the 2nd write fails
@@ -38,12 +38,12 @@ class _CutWrites:
 
 def disk_full_at(n: int, under) -> tuple:
   """(class, "open", replacement) for monkeypatch.setattr: the `n`th file
-  opened for writing below `under` (1-based) fails as on a full disk."""
+  opened for writing in directory `under` (1-based) fails as on a full disk."""
   original, under, opened = _PATH_TYPE.open, os.fspath(under), [0]
 
   def open_(self, mode="r", **kwargs):
     file = original(self, mode, **kwargs)
-    if any(m in mode for m in "wax") and os.fspath(self).startswith(under):
+    if any(m in mode for m in "wax") and os.fspath(self.parent) == under:
       opened[0] += 1
       if opened[0] == n:
         return _CutWrites(file)

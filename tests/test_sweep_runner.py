@@ -349,3 +349,18 @@ def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
   assert done.stderr.startswith(
       "config error: point 0 (position=sinusoidal,norm_placement=pre): model.num_heads")
   assert os.listdir(tmp_path) == []
+
+
+def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
+  # The sweep command in a process whose first file written under tmp_path
+  # meets a full disk (tests/disk_full.py).
+  script = ("import runpy, sys; sys.path.insert(0, 'tests'); import disk_full; "
+            f"disk_full.install(1, {str(tmp_path)!r}); "
+            f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
+            "'--summarize']; runpy.run_module('experiments.sweep', run_name='__main__')")
+  done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert done.returncode == 1, done.stderr
+  assert done.stderr.strip() == (
+      f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device")
+  assert os.listdir(tmp_path) == []  # no cut file, no temporary
