@@ -65,10 +65,10 @@ def define_config_flag(help_text: str):
   return holder
 
 
-def fail(kind: str, message: Any) -> NoReturn:
-  """One line `<kind> error: ...` on stderr, exit status 2."""
+def fail(kind: str, message: Any, status: int = 2) -> NoReturn:
+  """One line `<kind> error: ...` on stderr, exit `status` (2: the user's input)."""
   print(f"{kind} error: {message}", file=sys.stderr)
-  sys.exit(2)
+  sys.exit(status)
 
 
 def unknown_field(error: Exception, argv: list[str]) -> str | None:

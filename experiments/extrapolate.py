@@ -8,7 +8,9 @@ non-overlapping and sliding windows (txf.analysis.extrapolation), prints a
 table and writes extrapolation.json, extrapolation.png and
 per_position_loss.png into RUN (nothing else there changes). A length longer
 than a learned position table is reported as n/a. An invalid argument or a
-directory without a trained run exits 2 with one line naming it.
+directory without a trained run exits 2 with one line naming it; a file
+that cannot be written (a full disk) exits 1 with one line naming it
+(`write error: ...`), the previous extrapolation.json intact.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ flags.mark_flag_as_required("workdir")
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run, format_table
+  from txf.sweep.writes import ResultWriteError
   from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)
   try:
@@ -43,6 +46,8 @@ def main(argv) -> None:
     fail("extrapolate", error)
   except WorkdirError as error:
     fail("workdir", error)
+  except ResultWriteError as error:
+    fail("write", error, status=1)
   print(format_table(record))
 
 

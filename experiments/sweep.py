@@ -11,6 +11,12 @@ point's `experiments.run` command; `--summarize` only rebuilds results.csv,
 results.md and the plots from what is on disk. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
+A SIGTERM (preemption) while a point trains saves it and stops the sweep
+("sweep preempted in point N ...", exit status 0, as experiments.run); the
+rerun resumes there. A results file, plot or extrapolation record that cannot
+be written (a full disk) stops it with one line naming the file (`write
+error: ...`, exit status 1); every such file is replaced atomically, so its
+previous version is intact.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ def main(argv) -> None:
   from txf.sweep.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError
   from txf.sweep.runner import run_sweep
+  from txf.sweep.writes import ResultWriteError
   from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
@@ -53,6 +60,8 @@ def main(argv) -> None:
     fail("config", error)
   except WorkdirError as error:
     fail("workdir", error)
+  except ResultWriteError as error:
+    fail("write", error, status=1)
 
 
 if __name__ == "__main__":

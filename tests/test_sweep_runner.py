@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -13,10 +14,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import load_config, tiny_config
+from conftest import checkpoint_steps, load_config, tiny_config
 from txf.sweep import grid, results, runner
 from txf.sweep.grid import GridError
 from txf.train.metrics import read_metrics
+from txf.train.workdir import WorkdirError, WorkdirLock
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -152,6 +154,114 @@ def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypat
   assert (workdir / results.RESULTS_CSV).read_text() == expected
 
 
+def copy_of(finished_sweep, tmp_path):
+  """A copy of the finished toy sweep's directory to break."""
+  workdir = tmp_path / "copy"
+  shutil.copytree(finished_sweep["workdir"], workdir)
+  return workdir
+
+
+def point_lines(lines):
+  return [line for line in lines if line.startswith(("point ", "sweep "))]
+
+
+def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  expected = final_eval_loss(workdir / TOY_NAMES[0])
+  shutil.rmtree(workdir / TOY_NAMES[0])  # point 0 trains again, point 1 is done
+  (workdir / results.RESULTS_CSV).unlink()
+  lines = []
+
+  def log(line):  # the scheduler's SIGTERM, as point 0 logs step 3
+    lines.append(line)
+    if line.startswith(f"step 3/{TOY_STEPS} "):
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  assert runner.run_sweep(toy_sweep(), workdir, log=log,
+                          extrapolate=fake_extrapolate(calls := [])) is None
+  assert point_lines(lines) == [
+      f"point 0 ({TOY_NAMES[0]}): training",
+      f"sweep preempted in point 0 ({TOY_NAMES[0]}), which is saved; rerun the same command "
+      "to resume"]
+  assert checkpoint_steps(workdir / TOY_NAMES[0]) == [3] and calls == []
+  assert not (workdir / results.RESULTS_CSV).exists()
+  lines = []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  assert f"resumed from step 3 in {workdir / TOY_NAMES[0] / 'checkpoints'}" in lines
+  assert final_eval_loss(workdir / TOY_NAMES[0]) == pytest.approx(expected, rel=1e-6)
+  assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
+def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep,
+                                                                         tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  path = workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE
+  path.write_text(path.read_text()[:30])
+  lines = []
+  rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lines.append)
+  assert rows[0].extrapolation is None and rows[1].extrapolation is not None
+  (line,) = [line for line in lines if str(path) in line]
+  assert line.startswith(f"{path}: not JSON (") and line.endswith(
+      "; read as missing (a sweep rerun recomputes it)") and "\n" not in line
+  calls = []
+  rows = runner.run_sweep(toy_sweep(), workdir, log=lambda line: None,
+                          extrapolate=fake_extrapolate(calls))
+  assert [str(call) for call in calls] == [str(path.parent)]
+  assert rows[0].extrapolation == rows[1].extrapolation
+
+
+def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  cut, unconfigured = (workdir / name for name in TOY_NAMES)
+  metrics = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+  final = json.loads(metrics[-1])
+  assert final["step"] == TOY_STEPS and "eval_loss" in final
+  (cut / "metrics.jsonl").write_text("".join(metrics[:-1]) + metrics[-1][:20])
+  config_json = (unconfigured / "config.json").read_text()
+  (unconfigured / "config.json").unlink()
+  lines = []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate([]))
+  assert [line for line in lines if line.startswith("point ")] == [
+      f"point {i} ({name}): training" for i, name in enumerate(TOY_NAMES)]
+  assert final_eval_loss(cut) == pytest.approx(final["eval_loss"], rel=1e-6)
+  assert (unconfigured / "config.json").read_text() == config_json
+  table = read_csv(workdir / results.RESULTS_CSV)
+  assert [row["status"] for row in table] == ["done"] * 2
+  assert float(table[0]["eval_loss"]) == pytest.approx(final["eval_loss"], rel=1e-6)
+
+
+def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  for name in TOY_NAMES:  # extrapolated at the old final step
+    path = workdir / name / results.EXTRAPOLATION_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), "step": TOY_STEPS}))
+  steps = TOY_STEPS + 4
+  sweep = toy_sweep()
+  sweep.base.train.steps = steps
+  lines, calls = [], []
+  runner.run_sweep(sweep, workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  for name in TOY_NAMES:
+    assert checkpoint_steps(workdir / name)[-1] == steps
+    assert json.loads((workdir / name / "config.json").read_text())["train"]["steps"] == steps
+    assert f"resumed from step {TOY_STEPS} in {workdir / name / 'checkpoints'}" in lines
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES  # stale ones recomputed
+  table = read_csv(workdir / results.RESULTS_CSV)
+  assert [float(row["eval_loss"]) for row in table] == [
+      pytest.approx(final_eval_loss(workdir / name), rel=1e-12) for name in TOY_NAMES]
+
+
+def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished_sweep,
+                                                                         tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  with WorkdirLock(workdir / TOY_NAMES[0]):  # the first sweep, extrapolating point 0
+    with pytest.raises(WorkdirError, match=f"^{workdir / TOY_NAMES[0]}: in use by another run"):
+      runner.run_sweep(toy_sweep(), workdir, log=lambda line: None,
+                       extrapolate=fake_extrapolate(calls))
+  assert calls == []
+
+
 def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_path):
   rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
   assert [row.status for row in rows] == ["missing", "missing"]
@@ -239,3 +349,18 @@ def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
   assert done.stderr.startswith(
       "config error: point 0 (position=sinusoidal,norm_placement=pre): model.num_heads")
   assert os.listdir(tmp_path) == []
+
+
+def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
+  # The sweep command in a process whose first file written under tmp_path
+  # meets a full disk (tests/disk_full.py).
+  script = ("import runpy, sys; sys.path.insert(0, 'tests'); import disk_full; "
+            f"disk_full.install(1, {str(tmp_path)!r}); "
+            f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
+            "'--summarize']; runpy.run_module('experiments.sweep', run_name='__main__')")
+  done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert done.returncode == 1, done.stderr
+  assert done.stderr.strip() == (
+      f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device")
+  assert os.listdir(tmp_path) == []  # no cut file, no temporary

@@ -41,17 +41,22 @@ def _check_text(value: Any, name: str) -> str:
   return value
 
 
+def png_bytes(figure: Figure) -> bytes:
+  """`figure` rendered as a PNG file's bytes (for writers that write them their own way)."""
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format='png', dpi=_DPI)
+  return buffer.getvalue()
+
+
 def save_figure(figure: Figure, path: str | os.PathLike) -> epath.Path:
   """Writes `figure` as a PNG to `path` (local or `gs://`), creating parent directories.
 
   Returns:
     The path written.
   """
-  buffer = io.BytesIO()
-  figure.savefig(buffer, format='png', dpi=_DPI)
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_bytes(buffer.getvalue())
+  path.write_bytes(png_bytes(figure))
   return path
 
 

@@ -15,7 +15,9 @@ the reason is recorded. A run of R seed replicas is evaluated replica by
 replica: "loss" and the per-position losses are the replicas' means,
 "replica_loss" holds each replica's. The run directory gains
 extrapolation.json (format: txf.sweep.results), extrapolation.png and
-per_position_loss.png; nothing else in it changes.
+per_position_loss.png; nothing else in it changes. Each is written
+atomically (txf.sweep.writes), the plots first: extrapolation.json, which
+tells a sweep that the point is extrapolated, is never cut and comes last.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ import numpy as np
 from etils import epath
 
 from txf.analysis.extrapolation import PROTOCOLS, default_stride, window_losses
-from txf.analysis.plots import line_plot
 from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
+from txf.sweep.writes import write_file, write_line_plot
 from txf.train.config import check_run_config
 from txf.train.setup import RunSetup, TrainedRun, load_run, read_run_config
 from txf.train.workdir import run_path
@@ -103,6 +105,8 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
       one needs the `gcs` extra).
     ValueError: naming the argument (or data.task for a run that is not a
       decoder language model), before any model is run.
+    ResultWriteError: a file could not be written (one line naming it; the
+      previous extrapolation.json is intact).
   """
   factors = _check_factors(factors)
   for name, value, minimum in (("stride", stride, 1), ("num_tokens", num_tokens, 2),
@@ -132,9 +136,9 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
             "applicable": [reason is None for reason in reasons], "reason": reasons}
   record.update(_losses(run, tokens_N, record, batch_tokens or (
       run.setup.config.data.batch_size * train_length)))
-  (workdir / EXTRAPOLATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
   if record["per_position"] is not None:
     _plot(record, workdir)
+  write_file(workdir / EXTRAPOLATION_FILE, json.dumps(record, indent=2) + "\n")
   return record
 
 
@@ -198,22 +202,21 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
   lengths = np.array([record["lengths"][at] for at in kept])
   ylabel = f"validation loss ({LOSS_UNITS})"
   train_length = record["train_length"]
-  line_plot({protocol.replace("_", "-") + " windows":
-             (lengths, np.array([record["loss"][protocol][at] for at in kept], np.float64))
-             for protocol in PROTOCOLS},
-            workdir / EXTRAPOLATION_PNG,
-            title=f"Length extrapolation (trained on {train_length} tokens, step "
-                  f"{record['step']})",
-            xlabel="evaluation length (tokens)", ylabel=ylabel, logx=True)
+  write_line_plot({protocol.replace("_", "-") + " windows":
+                   (lengths, np.array([record["loss"][protocol][at] for at in kept], np.float64))
+                   for protocol in PROTOCOLS},
+                  workdir / EXTRAPOLATION_PNG,
+                  title=f"Length extrapolation (trained on {train_length} tokens, step "
+                        f"{record['step']})",
+                  xlabel="evaluation length (tokens)", ylabel=ylabel, logx=True)
   per_position = record["per_position"]
   length = per_position["length"]
-  line_plot({f"non-overlapping windows of {length} tokens":
-             (np.arange(length), np.array(per_position["loss"], np.float64))},
-            workdir / PER_POSITION_PNG,
-            title=f"Loss by token position at {length} tokens "
-                  f"({length // train_length}x the training length {train_length})",
-            xlabel="position in the window (tokens from its start)", ylabel=ylabel)
-
+  write_line_plot({f"non-overlapping windows of {length} tokens":
+                   (np.arange(length), np.array(per_position["loss"], np.float64))},
+                  workdir / PER_POSITION_PNG,
+                  title=f"Loss by token position at {length} tokens "
+                        f"({length // train_length}x the training length {train_length})",
+                  xlabel="position in the window (tokens from its start)", ylabel=ylabel)
 
 def format_table(record: dict[str, Any]) -> str:
   """The extrapolation record as a text table, one row per length."""

@@ -26,6 +26,10 @@ metrics.jsonl; the sweep adds
       apply, or null) and "replica_loss" (protocol -> per length the list of
       each seed replica's loss, whose mean "loss" holds); null where not
       applicable.
+  Every file here (and the sweep's tables and plots) is written atomically
+  (txf.sweep.writes): a cut or unreadable extrapolation.json is a writer
+  killed by something else; it reads as missing (one line says so) and the
+  sweep recomputes it.
 
 Replicas. A run of R seed replicas (its config's `replicas` > 1) logs each
 per-replica metric as '<name>/<r>' (r = 0..R-1), e.g. 'eval_loss/0',
@@ -47,6 +51,7 @@ from etils import epath
 import numpy as np
 
 from txf.sweep.grid import Point
+from txf.sweep.writes import write_figure, write_file, write_line_plot
 from txf.train.metrics import read_metrics
 
 DIVERGED_FILE = "diverged.json"
@@ -64,6 +69,7 @@ PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
 
 LinePlot = Callable[..., Any]
+Log = Callable[[str], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +86,14 @@ class Stat:
 
 @dataclasses.dataclass(frozen=True)
 class Extrapolation:
-  """The contents of extrapolation.json (format in the module docstring)."""
+  """The contents of extrapolation.json (format in the module docstring);
+  `step` is the checkpoint's it evaluated (None in a file without one)."""
   lengths: tuple[int, ...]
   loss: Mapping[str, tuple[float | None, ...]]
   applicable: tuple[bool, ...]
   per_position_length: int | None = None
   per_position_loss: tuple[float, ...] | None = None
+  step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +115,7 @@ class PointSummary:
 
 def mark_diverged(workdir: str | epath.PathLike, error: str) -> None:
   """Records in `workdir` that the point's training diverged."""
-  path = epath.Path(workdir)
-  path.mkdir(parents=True, exist_ok=True)
-  (path / DIVERGED_FILE).write_text(json.dumps({"error": error}) + "\n")
+  write_file(epath.Path(workdir) / DIVERGED_FILE, json.dumps({"error": error}) + "\n")
 
 
 def _merged_by_step(workdir: epath.Path) -> dict[int, dict[str, Any]]:
@@ -120,17 +126,23 @@ def _merged_by_step(workdir: epath.Path) -> dict[int, dict[str, Any]]:
   return dict(sorted(merged.items()))
 
 
-def point_status(workdir: str | epath.PathLike) -> str:
-  """'diverged' (the sweep marked it), 'done' (metrics.jsonl has an eval row
-  at config.json's train.steps), 'partial' (started, not done) or 'missing'."""
+def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str:
+  """'diverged' (the sweep marked it), 'done' (config.json is there and
+  metrics.jsonl has an eval row at step `steps`; None: config.json's
+  train.steps), 'partial' (started, not done) or 'missing'.
+
+  A sweep passes its point's train.steps: a point trained to fewer steps
+  than the sweep now asks for is not done (rerunning continues it).
+  """
   workdir = epath.Path(workdir)
   if (workdir / DIVERGED_FILE).exists():
     return "diverged"
   rows = _merged_by_step(workdir)
   config_path = workdir / CONFIG_FILE
-  if not config_path.exists():
+  if not config_path.exists():  # a run writes it before its first step
     return "partial" if rows else "missing"
-  steps = json.loads(config_path.read_text())["train"]["steps"]
+  if steps is None:
+    steps = json.loads(config_path.read_text())["train"]["steps"]
   return "done" if "eval_loss" in rows.get(steps, {}) else "partial"
 
 
@@ -162,7 +174,13 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
   path = epath.Path(workdir) / EXTRAPOLATION_FILE
   if not path.exists():
     return None
-  data = json.loads(path.read_text())
+  try:
+    data = json.loads(path.read_text())
+  except ValueError as error:  # cut off, or not text at all
+    raise ValueError(f"{path}: not JSON ({error})") from None
+  if not isinstance(data, dict) or not isinstance(data.get("loss", {}), dict):
+    raise ValueError(f"{path}: not an extrapolation record (a JSON object whose 'loss' "
+                     "is one)")
   for key in ("lengths", "loss", "applicable"):
     if key not in data:
       raise ValueError(f"{path}: missing {key!r}")
@@ -186,7 +204,18 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
       lengths, loss, tuple(bool(a) for a in data["applicable"]),
       per_position_length=None if per_position is None else int(per_position["length"]),
       per_position_loss=None if per_position is None else tuple(
-          math.nan if v is None else float(v) for v in per_position["loss"]))
+          math.nan if v is None else float(v) for v in per_position["loss"]),
+      step=None if data.get("step") is None else int(data["step"]))
+
+
+def readable_extrapolation(workdir: str | epath.PathLike, log: Log) -> Extrapolation | None:
+  """`read_extrapolation`, except that a file it cannot read is reported with
+  one `log` line and read as None (missing): a sweep rerun recomputes it."""
+  try:
+    return read_extrapolation(workdir)
+  except ValueError as error:
+    log(f"{error}; read as missing (a sweep rerun recomputes it)")
+    return None
 
 
 def point_replicas(point: Point) -> int:
@@ -195,20 +224,23 @@ def point_replicas(point: Point) -> int:
 
 
 def summarize_point(point: Point, workdir: str | epath.PathLike, *,
-                    replicas: int | None = None) -> PointSummary:
-  """The results row of `point`, whose run directory is `workdir`.
+                    replicas: int | None = None, log: Log = print) -> PointSummary:
+  """The results row of `point`, whose run directory is `workdir`; its status
+  is relative to the point's train.steps.
 
   Args:
     point: the grid point.
     workdir: the point's own run directory.
     replicas: R, the seed replicas the point trained (1: a single run);
       None: `point_replicas(point)`.
+    log: called with the one line saying that an unreadable
+      extrapolation.json is left out.
   """
   replicas = point_replicas(point) if replicas is None else replicas
   if replicas < 1:
     raise ValueError(f"replicas must be >= 1, got {replicas}")
   workdir = epath.Path(workdir)
-  status = point_status(workdir)
+  status = point_status(workdir, steps=point.config.train.steps)
   rows = _merged_by_step(workdir)
   diverged = status == "diverged"
   train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
@@ -218,7 +250,7 @@ def summarize_point(point: Point, workdir: str | epath.PathLike, *,
   return PointSummary(point=point, status=status, replicas=replicas, train_loss=train_loss,
                       train_perplexity=train_ppl, eval_loss=eval_loss, eval_perplexity=eval_ppl,
                       tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
-                      diverged=diverged, extrapolation=read_extrapolation(workdir))
+                      diverged=diverged, extrapolation=readable_extrapolation(workdir, log))
 
 
 def _extrapolation_columns(rows: Sequence[PointSummary]) -> list[tuple[str, int]]:
@@ -305,17 +337,15 @@ def write_results(rows: Sequence[PointSummary],
   """Writes results.csv and results.md (one row per point) into the sweep
   workdir and returns their paths.
 
-  CSV: numbers at full precision, '' where there is no value, 'n/a' for an
+  Each file is replaced atomically (ResultWriteError, the old one intact,
+  when that fails). CSV: numbers at full precision, '' where there is no value, 'n/a' for an
   extrapolation length that does not apply, std columns '' with one replica.
   """
   if not rows:
     raise ValueError("rows: no points to write")
   directory = epath.Path(sweep_workdir)
-  directory.mkdir(parents=True, exist_ok=True)
-  csv_path, md_path = directory / RESULTS_CSV, directory / RESULTS_MD
-  csv_path.write_text(_csv_text(rows))
-  md_path.write_text(_markdown_text(rows))
-  return csv_path, md_path
+  return (write_file(directory / RESULTS_CSV, _csv_text(rows)),
+          write_file(directory / RESULTS_MD, _markdown_text(rows)))
 
 
 LINESTYLES = ("-", "--", ":", "-.")
@@ -343,11 +373,6 @@ def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
   return styles
 
 
-def _default_line_plot() -> LinePlot:
-  from txf.analysis.plots import line_plot  # pylint: disable=import-outside-toplevel
-  return line_plot
-
-
 def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss"
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
   """(steps, mean `metric`, std over replicas or None) of a run's rows
@@ -367,7 +392,8 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
   ±1 std band over its replicas; points with no such row yet are left out.
   Returns the PNG.
 
-  `line_plot` defaults to txf.analysis.plots.line_plot.
+  `line_plot` defaults to txf.analysis.plots.line_plot, written atomically
+  (txf.sweep.writes.write_line_plot).
   """
   if metric not in CURVES:
     raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")
@@ -385,7 +411,7 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   styles = point_styles(points)
-  (line_plot or _default_line_plot())(
+  (line_plot or write_line_plot)(
       series, path, title=f"{what.capitalize()} per point" + (
           f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else ""),
       xlabel="training step", ylabel=f"{what} ({LOSS_UNITS})",
@@ -409,7 +435,7 @@ def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.
     series[row.point.name] = (np.array([found.lengths[at] for at in kept]),
                               np.array([found.loss[protocol][at] for at in kept]), None)
   path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
-  (line_plot or _default_line_plot())(
+  (line_plot or write_line_plot)(
       series, path, title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
       xlabel="evaluation length (tokens)", ylabel=f"validation loss ({LOSS_UNITS})", logx=True,
       styles=styles)
@@ -442,7 +468,7 @@ def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.P
         np.array([span.mean() for span in spans]),
         np.array([values.mean() if values.size else np.nan for values in scored]), None)
   path = epath.Path(sweep_workdir) / PER_POSITION_PNG
-  (line_plot or _default_line_plot())(
+  (line_plot or write_line_plot)(
       series, path, title=f"Loss by position at the longest length ({bins}-span means)",
       xlabel="position in the window (tokens from its start)",
       ylabel=f"validation loss ({LOSS_UNITS})", styles=styles)
@@ -487,8 +513,4 @@ def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.Pa
   axes.set_title(f"Final validation loss by {short(group_field)} and {short(split_field)}")
   axes.legend(title=split_field)
   figure.tight_layout()
-  path = epath.Path(sweep_workdir) / PRE_VS_POST_PNG
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("wb") as f:
-    figure.savefig(f, format="png")
-  return path
+  return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)

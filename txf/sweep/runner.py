@@ -18,9 +18,18 @@ The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
 
 Each point trains through txf.train.loop.run in `<workdir>/<point name>`, a
 normal run directory, so it is one code path with `experiments.run`: a
-rerun resumes an interrupted point from its checkpoint and skips finished
-ones. The sweep workdir gets results.csv, results.md and PNG plots (see
-txf.sweep.results).
+rerun resumes an interrupted point from its checkpoint (a point trained to
+fewer steps than its train.steps now asks for continues; one whose final
+eval row or config.json was lost gets them) and skips finished ones. A
+SIGTERM (preemption) while a point trains saves it and stops the sweep; the
+rerun resumes there. The sweep workdir gets results.csv, results.md and PNG
+plots (see txf.sweep.results), written atomically.
+
+Locking: a point's training holds its work directory's lock (txf.train.
+workdir.WorkdirLock) and so does its extrapolation, so a second sweep on the
+same directory is refused (WorkdirError) instead of training or
+extrapolating a point the first is working on; `--index` job arrays, one
+point each, run side by side.
 
 Seeds per point are the run config's own field: `base.replicas` = R trains R
 seeds of every point side by side in one program (txf.train.replicas), and
@@ -42,8 +51,9 @@ from txf.data.listops import NUM_CLASSES
 from txf.sweep import grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
+from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
-from txf.train.workdir import run_path
+from txf.train.workdir import WorkdirLock, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -126,34 +136,61 @@ def _dry_run(points: Sequence[Point], workdir: epath.Path,
                            reference=reference))
 
 
-def _train_point(point: Point, workdir: epath.Path, log: Log) -> None:
-  """Trains one point unless it is done or diverged; records a divergence."""
-  status = results.point_status(workdir)
+def _train_point(point: Point, workdir: epath.Path, log: Log) -> bool:
+  """Trains one point unless it is done (to its train.steps) or diverged;
+  records a divergence. Returns whether training stopped for a preemption
+  (SIGTERM) -- the point saved, not done -- so the sweep must stop too."""
+  steps = point.config.train.steps
+  status = results.point_status(workdir, steps=steps)
   if status in ("done", "diverged"):
     log(f"point {point.index} ({point.name}): {status}, skipped")
-    return
+    return False
   log(f"point {point.index} ({point.name}): training")
-  try:
-    loop.run(point.config, workdir, log=log)
-  except loop.ConfigError as error:  # e.g. a workdir trained with another config
-    raise GridError(f"point {point.index} ({point.name}): {error}") from error
-  except loop.TrainingDiverged as error:
-    results.mark_diverged(workdir, str(error))
-    log(f"point {point.index} ({point.name}): diverged ({error}); going on")
-  finally:
-    # Each point compiles its own programs; drop them before the next one.
-    jax.clear_caches()
+  # The sweep's own guard: a SIGTERM in the run's last moments (after its
+  # final save's check) is still seen here.
+  with PreemptionGuard() as preemption:
+    try:
+      loop.run(point.config, workdir, log=log, preemption=preemption)
+    except loop.ConfigError as error:  # e.g. a workdir trained with another config
+      raise GridError(f"point {point.index} ({point.name}): {error}") from error
+    except loop.TrainingDiverged as error:
+      results.mark_diverged(workdir, str(error))
+      log(f"point {point.index} ({point.name}): diverged ({error}); going on")
+    finally:
+      # Each point compiles its own programs; drop them before the next one.
+      jax.clear_caches()
+  # Multi-process runs learn of a preemption from JAX, not the guard: the
+  # point is then saved but not done.
+  return preemption.requested or results.point_status(workdir, steps=steps) == "partial"
+
+
+def _needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
+  """Whether a finished point lacks a readable extrapolation.json of its
+  final step (an unreadable one, or one of fewer steps, is recomputed)."""
+  steps = point.config.train.steps
+  if results.point_status(workdir, steps=steps) != "done":
+    return False
+  found = results.readable_extrapolation(workdir, log)
+  if found is not None and found.step not in (None, steps):
+    log(f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, "
+        f"the point is trained to {steps}; recomputing it")
+    return True
+  return found is None
 
 
 def _extrapolate_point(point: Point, workdir: epath.Path, extrapolate: Extrapolate | None,
                        num_tokens: int | None, log: Log) -> None:
-  """Runs the extrapolation hook once for a finished point."""
-  if (extrapolate is None or results.point_status(workdir) != "done"
-      or (workdir / results.EXTRAPOLATION_FILE).exists()):
+  """Runs the extrapolation hook once for a finished point, holding the
+  point's work directory lock (as its training does): another sweep on the
+  directory is refused instead of extrapolating the point at the same time."""
+  if extrapolate is None:
     return
-  log(f"point {point.index} ({point.name}): length extrapolation")
-  extrapolate(workdir, num_tokens=num_tokens)
-  jax.clear_caches()
+  with WorkdirLock(workdir):
+    if not _needs_extrapolation(point, workdir, log):
+      return
+    log(f"point {point.index} ({point.name}): length extrapolation")
+    extrapolate(workdir, num_tokens=num_tokens)
+    jax.clear_caches()
 
 
 def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
@@ -168,7 +205,7 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
   extrapolated length.
   """
   workdir = epath.Path(workdir)
-  rows = [results.summarize_point(point, workdir / point.name) for point in points]
+  rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
@@ -203,7 +240,9 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     summarize_only   writes the results and plots from what is on disk
 
   A point that diverges is recorded (txf.sweep.results.mark_diverged) and the
-  sweep goes on. Only one point's model is in memory at a time.
+  sweep goes on. A point preempted (SIGTERM) while it trains saves, and the
+  sweep stops there: it logs so and returns None (a rerun resumes). Only one
+  point's model is in memory at a time.
 
   Args:
     sweep_config: base, grid and sweep sections (module docstring).
@@ -217,7 +256,8 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
       (or sweep.extrapolate False): no extrapolation.
 
   Returns:
-    The results rows where results are written, else None.
+    The results rows where results are written, else None (also when
+    preempted).
 
   Raises:
     GridError: a bad grid, sweep setting or point (naming the point and the
@@ -225,7 +265,10 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
       cannot resume.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra), before anything trains; a point's work
-      directory that is not writable or in use.
+      directory that is not writable or in use (another sweep trains or
+      extrapolates it).
+    ResultWriteError: a results file, plot or extrapolation record could not
+      be written (one line naming it; its previous version is intact).
   """
   if dry_run and summarize_only:
     raise ValueError("dry_run and summarize_only: choose one mode")
@@ -242,7 +285,10 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
   if not summarize_only:
     for point in selected:
       point_dir = workdir / point.name
-      _train_point(point, point_dir, log)
+      if _train_point(point, point_dir, log):
+        log(f"sweep preempted in point {point.index} ({point.name}), which is saved; "
+            "rerun the same command to resume")
+        return None
       _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log)
     if len(selected) < len(points):
       return None

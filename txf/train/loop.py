@@ -50,9 +50,9 @@ from txf.train import hardware, sharding
 from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError
 from txf.train.distributed import gather_data_states
-from txf.train.metrics import MetricsWriter, format_progress, replica_scalars
+from txf.train.metrics import MetricsWriter, format_progress, read_metrics, replica_scalars
 from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
-                             make_checkpointer, setup_run, write_config)
+                             make_checkpointer, read_run_config, setup_run, write_config)
 from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 
@@ -337,13 +337,15 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
 
 
 def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None = None,
-        prefetch: int = 2) -> dict[str, float]:
+        prefetch: int = 2, preemption: PreemptionGuard | None = None) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
   `setup` is the config's RunSetup to train with (None: built here by
   setup_run; benchmarks pass one with pieces swapped, see experiments.bench
   --loop). `prefetch` batches are read and sent to the devices ahead in a
   thread (0: no thread, each batch read when its step is dispatched).
+  `preemption` is the entered SIGTERM guard to train under (None: one of its
+  own); a sweep passes its own to learn that a run stopped for a preemption.
 
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
@@ -356,7 +358,10 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
   TrainingDiverged on a non-finite loss and CheckpointWriteError when a save
   fails. A finished run started again trains nothing and evaluates (at the
   config's data.seq_len and data.batch_size, which may differ from the
-  training's); config.json is then left as it is.
+  training's); config.json is then left as it is -- unless what the run's
+  end writes was lost (config.json, or the final eval row of metrics.jsonl):
+  then the end is completed as training would have (final eval and sample
+  logged, config.json written).
 
   Metrics rows and samples logged after the step training continues from
   (0 without a checkpoint) are moved to metrics.dropped.jsonl /
@@ -376,13 +381,14 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
   # Only process 0 locks: the others write nothing that must be exclusive.
   with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
     checkpointer = make_checkpointer(config, workdir)
-    with (PreemptionGuard() as guard, _closing(checkpointer), setup.activation_sharding()):
+    guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
+    with (guarding as guard, _closing(checkpointer), setup.activation_sharding()):
       start, state, data_state = _restore(setup, checkpointer, workdir, log)
       first_params = setup.replica_params(state.params, 0)
       log(f"data: {setup.train_data.description}\n"
           f"{summarize(first_params, setup.model_cfg, config.data.seq_len)}"
           + (f"\n{setup.replicas} replicas, seeds {setup.seeds}" if setup.replicas > 1 else ""))
-      if start >= config.train.steps:
+      if start >= config.train.steps and _end_written(config, workdir, start):
         log(f"already trained to step {start} of {config.train.steps}")
         return setup.evaluate(state.params)
       if data_state is not None:
@@ -393,9 +399,21 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
               f"training continues from) to its .dropped file")
         write_config(config, workdir)
         try:
+          if start >= config.train.steps:  # trained, but its end's writes were lost
+            log(f"trained to step {start}: completing its final evaluation")
+            return _eval_and_sample(setup, state.params, start, writer, log)
           return _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
         finally:
           setup.train_data.close()  # stops the loader's worker processes
+
+
+def _end_written(config, workdir: epath.Path, step: int) -> bool:
+  """Whether a run trained to `step` >= train.steps has what its end writes:
+  config.json and, when `step` is train.steps, an eval row at `step`."""
+  if read_run_config(workdir) is None:
+    return False
+  return step != config.train.steps or any(
+      row["step"] == step and "eval_loss" in row for row in read_metrics(workdir))
 
 
 def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):

@@ -30,6 +30,7 @@ import os
 import re
 import socket
 import time
+import uuid
 
 from etils import epath
 
@@ -89,16 +90,29 @@ def run_path(path: str | os.PathLike, name: str = "workdir") -> epath.Path:
   return epath.Path(text)
 
 
-def replace_text(path: epath.Path, text: str) -> None:
-  """Replaces `path`'s text atomically, for readers in other processes: a
-  local file through a renamed temporary, an object by one upload (object
-  writes are atomic; a rename there is a copy and a delete)."""
-  if is_local(path):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(text.encode("utf-8"))
+def replace_bytes(path: epath.Path, data: bytes) -> None:
+  """Replaces `path`'s contents atomically, for readers in other processes and
+  against a failed write: a local file through a temporary of its own name in
+  the same directory, renamed over it; an object by one upload (object writes
+  are atomic; a rename there is a copy and a delete). A write that fails (a
+  full disk) raises its OSError and leaves `path` as it was and no temporary
+  behind."""
+  if not is_local(path):
+    path.write_bytes(data)
+    return
+  # A name per writer: two processes replacing one file never share a temporary.
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+  try:
+    tmp.write_bytes(data)
     tmp.replace(path)
-  else:
-    path.write_bytes(text.encode("utf-8"))
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+
+
+def replace_text(path: epath.Path, text: str) -> None:
+  """Replaces `path`'s text (UTF-8) atomically: see `replace_bytes`."""
+  replace_bytes(path, text.encode("utf-8"))
 
 
 def check_writable(directory: str | os.PathLike) -> None:
