@@ -1,0 +1,28 @@
+"""Multi-query associative recall (Arora et al. 2023, "Zoology") with a 2-layer decoder.
+
+  python -m experiments.run --config=configs/mqar.py --workdir=/tmp/txf/mqar
+
+Each row holds 8 key-value pairs over 64 symbols, then every key queried once
+at power-law gaps, followed by its value (txf.data.incontext); loss and
+accuracy count the values after queried keys only (chance: 1/32).
+
+Expected on 2 CPU cores: RESULT_PLACEHOLDER
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_config()
+  config.model.d_model = 64
+  config.model.num_heads = 4
+  config.data.name = "mqar"
+  config.data.seq_len = 64
+  config.data.num_symbols = 64
+  config.data.num_kv_pairs = 8
+  config.train.steps = 3000
+  config.train.warmup_steps = 100
+  config.eval.every = 500
+  config.eval.sample_tokens = 0
+  config.train.checkpoint_every = 1000
+  return config
