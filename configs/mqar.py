@@ -20,9 +20,9 @@ def get_config():
   config.data.seq_len = 64
   config.data.num_symbols = 64
   config.data.num_kv_pairs = 8
-  config.train.steps = 3000
+  config.train.steps = 1000
   config.train.warmup_steps = 100
-  config.eval.every = 500
+  config.eval.every = 250
   config.eval.sample_tokens = 0
-  config.train.checkpoint_every = 1000
+  config.train.checkpoint_every = 500
   return config
