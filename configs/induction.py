@@ -18,7 +18,6 @@ from configs import base
 def get_config():
   config = base.get_config()
   config.model.d_model = 64
-  config.model.num_heads = 4
   config.data.name = "induction"
   config.data.seq_len = 48
   config.data.min_example_len = 4

@@ -15,7 +15,6 @@ from configs import base
 def get_config():
   config = base.get_config()
   config.model.d_model = 64
-  config.model.num_heads = 4
   config.data.name = "mqar"
   config.data.seq_len = 64
   config.data.num_symbols = 64
