@@ -6,7 +6,8 @@ Each row holds 8 key-value pairs over 64 symbols, then every key queried once
 at power-law gaps, followed by its value (txf.data.incontext); loss and
 accuracy count the values after queried keys only (chance: 1/32).
 
-Expected on 2 CPU cores: RESULT_PLACEHOLDER
+Expected on 2 CPU cores (shared with other jobs): about 7 minutes; eval_accuracy
+0.13 / 0.76 / 0.998 / 0.9995 at steps 250 / 500 / 750 / 1000 (seed 0).
 """
 
 from configs import base
