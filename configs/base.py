@@ -61,6 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
       min_example_len=4,
       max_example_len=16,
       listops_max_depth=4,
+      num_symbols=32,         # induction, mqar: content ids
+      num_kv_pairs=8,         # mqar: key-value pairs per row
       # data.name="tfds:<builder>[/config]": a prepared TFDS dataset (README).
       # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
       tfds_data_dir=config_dict.placeholder(str),

@@ -382,3 +382,60 @@ def test_line_plot_rejects_bad_input(kwargs, field):
   arguments = dict(series={'a': ([1, 2], [3, 4])}, title='t', xlabel='x', ylabel='y') | kwargs
   with pytest.raises(ValueError, match=field):
     plots.line_plot_figure(arguments.pop('series'), **arguments)
+
+
+# ------------------------------------------------ probe periods, roles, groups
+
+
+def offset_weights(batch, heads_offsets, T):
+  """[B, H, T, T]: head h puts all weight on key t - offset_h (t itself if before 0)."""
+  weights = np.zeros((batch, len(heads_offsets), T, T))
+  for h, offset in enumerate(heads_offsets):
+    for t in range(T):
+      weights[:, h, t, max(t - offset, 0)] = 1.0
+  return weights
+
+
+def test_a_fixed_offset_head_is_positional_and_a_content_head_induction():
+  T = 24
+  scores = {}
+  for P in (8, 11):
+    # Head 0 attends a fixed offset (7: the induction target at period 8
+    # only); head 1 the token after the previous occurrence at this P.
+    scores[P] = heads.induction_score(offset_weights(2, (7, P - 1), T), P)[None]
+  assert scores[8][0, 0] == pytest.approx(1.0) and scores[11][0, 0] == pytest.approx(0.0)
+  roles = heads.head_roles(np.zeros((1, 2)), scores)
+  assert list(roles[0]) == ['positional', 'induction']
+  # Probed only at periods other than the fixed offset's: neither.
+  assert heads.head_roles(np.zeros((1, 2)), {11: scores[11], 12: scores[11]})[0, 0] == ''
+  with pytest.raises(ValueError, match='two or more probe periods'):
+    heads.head_roles(np.zeros((1, 2)), {8: scores[8]})
+
+
+def test_probe_periods_avoid_the_training_periods_and_fit():
+  assert heads.probe_periods(48, 32, range(4, 17)) == [24, 23]
+  assert heads.probe_periods(48, 20, range(4, 17)) == [20, 19]  # distinct ids limit
+  assert heads.probe_periods(48, 32, range(4, 25)) == [3, 2]
+  with pytest.raises(ValueError, match='only 1 induction-probe periods'):
+    heads.probe_periods(8, 32, (2, 3))
+
+
+def test_the_probe_draws_only_in_distribution_ids():
+  tokens = np.array([[0, 0, 7, 9, 1, 40], [9, 12, 7, 0, 0, 0]])
+  ids = heads.in_distribution_ids(tokens, {0, 1, 2})
+  np.testing.assert_array_equal(ids, [7, 9, 12, 40])
+  probe = heads.repeated_random_tokens(np.random.default_rng(0), 50, 4, 260, ids=ids)
+  assert set(np.unique(probe)) == {7, 9, 12, 40}  # all drawn, nothing else
+  with pytest.raises(ValueError, match=r'len\(ids\) = 4 must be >= period=5'):
+    heads.repeated_random_tokens(np.random.default_rng(0), 1, 5, 260, ids=ids)
+  with pytest.raises(ValueError, match=r'ids must lie in \[0, vocab_size=20\)'):
+    heads.repeated_random_tokens(np.random.default_rng(0), 1, 2, 20, ids=ids)
+
+
+def test_group_mask_zeroes_exactly_the_named_heads():
+  mask = heads.group_mask([(1, 0), (0, 2)], 2, 3)
+  reference = np.ones((2, 3), np.float32)
+  reference[1, 0] = reference[0, 2] = 0
+  np.testing.assert_array_equal(mask, reference)
+  with pytest.raises(ValueError, match='head L2H0 is not in'):
+    heads.group_mask([(2, 0)], 2, 3)

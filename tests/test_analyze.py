@@ -213,7 +213,8 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
     assert math.isnan(float(row["induction"])) != causal  # decoder self-attention only
     assert math.isnan(float(row["previous_token"])) == cross  # self-attention only
     assert math.isfinite(float(row["ablation_delta_loss"]))
-  assert record["period"] == 12  # half the decoder's 24 positions (configs/seq2seq.py)
+  # Two blocks fit the decoder's 24 positions (configs/seq2seq.py) up to 12.
+  assert record["periods"] == [12, 11]
   assert "| 0 | 0 | n/a | n/a |" in record["table"]  # cross: no previous-token, no induction
 
   # The ablation of the cross-attention against the kernel-zeroed evaluator.
@@ -228,11 +229,43 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(num_batches=0), "^num_batches: must be"),
-    (dict(period=17), r"^period must be at most 16"),
+    (dict(periods=[17, 5]), r"^periods: 17 must be in 2\.\.16"),
+    (dict(periods=[5]), r"^periods: two or more different probe periods"),
+    (dict(ablate="L2H0"),
+     r"^ablate: L2H0 is not a head of the model \(layers 0\.\.1, heads 0\.\.1\)$"),
+    (dict(ablate="L0H2"), r"^ablate: L0H2 is not a head of the model"),
+    (dict(ablate="L0H1,L0H1"), r"^ablate: L0H1 is named twice$"),
+    (dict(ablate="L0-H1"), r"^ablate: 'L0-H1' is not a head; expected L<layer>H<head>"),
+    (dict(ablate=""), r"^ablate: '' is not a head"),
 ])
 def test_bad_arguments_are_refused_naming_them(decoder_run, kwargs, message):
   with pytest.raises(ValueError, match=message):
     analyze_run(decoder_run, **kwargs)
+
+
+def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
+  record = analyze_run(decoder_run, ablate="L0H1,L1H0", num_batches=1)
+  group = record["group_ablation"]
+  assert group["heads"] == ["L0H1", "L1H0"]
+  # Reference: both heads' output-kernel rows zeroed, the run's own evaluator.
+  run = load_run(decoder_run, {"eval.num_batches": 1})
+  zeroed = zero_head(zero_head(run.params, "stack", "self_attention", 0, 1, scanned=True),
+                     "stack", "self_attention", 1, 0, scanned=True)
+  for name, params in (("baseline", plain(run.params)), ("ablated", zeroed)):
+    metrics = run.setup.evaluate(params)
+    assert group[name]["loss"] == pytest.approx(metrics["eval_loss"], abs=1e-5)
+    assert group[name]["accuracy"] == pytest.approx(metrics["eval_accuracy"], abs=1e-6)
+  assert group["ablated"]["loss"] != pytest.approx(group["baseline"]["loss"], abs=1e-4)
+  assert "## Group ablation of L0H1, L1H0" in record["table"]
+
+
+def test_the_command_refuses_a_bad_ablate_spec_in_one_line(decoder_run, compilation_cache_dir):
+  done = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}",
+                         "--ablate=L9H0"], cwd=REPO, env=cli_env(compilation_cache_dir),
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [
+      "analyze error: ablate: L9H0 is not a head of the model (layers 0..1, heads 0..1)"]
 
 
 def test_a_directory_without_a_run_is_refused(tmp_path):

@@ -14,11 +14,15 @@ Attention layers are grouped by kind (`txf.analysis.attention.attention_kind`):
 
   loss_fns = ablation_loss_fns(model, params, batches, loss_sums)
   deltas_LxH = head_ablation(loss_fns['self'], *attention_shapes(params)['self'])
+
+A group of heads is zeroed together with `parse_heads` ('L1H0,L1H2'),
+`txf.analysis.heads.group_mask` and `ablation_metric_fns` (loss and accuracy).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Callable, Iterable, Mapping
 
 import flax.linen as nn
@@ -97,6 +101,27 @@ class HeadMasked:
     return self.model.apply({**variables, HEAD_MASK: self.mask}, *args, **kwargs)
 
 
+def _summed_fns(model: nn.Module, params: Any, batches: Iterable[Any],
+                sums_fn: Callable[[Any, Any, Any], Mapping[str, jax.Array]]
+                ) -> dict[str, Callable[[np.ndarray], dict[str, float]]]:
+  """{kind: `fn(head_mask_LxH) -> {name: sum over batches}`} of `sums_fn`'s
+  per-batch sums; one compiled step for all calls (the mask is an argument)."""
+  batches = list(batches)
+  if not batches:
+    raise ValueError("batches: at least one batch to evaluate the ablation on")
+  step = jax.jit(lambda params, mask, batch: sums_fn(HeadMasked(model, mask), params, batch))
+
+  def summed(kind: str, head_mask_LxH: np.ndarray) -> dict[str, float]:
+    mask = head_mask(params, {kind: np.asarray(head_mask_LxH, np.float32)})
+    totals: dict[str, float] = {}
+    for batch in batches:
+      for name, value in jax.device_get(step(params, mask, batch)).items():
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+  return {kind: functools.partial(summed, kind) for kind in attention_shapes(params)}
+
+
 def ablation_loss_fns(model: nn.Module, params: Any, batches: Iterable[Any],
                       loss_sums: LossSums) -> dict[str, Callable[[np.ndarray], float]]:
   """{kind: `loss_fn(head_mask_LxH) -> mean loss` over `batches`}, for `head_ablation`.
@@ -117,17 +142,51 @@ def ablation_loss_fns(model: nn.Module, params: Any, batches: Iterable[Any],
     The functions, in `KINDS` order; a loss is sum(loss_sum) / sum(count)
     over the batches.
   """
-  batches = list(batches)
-  if not batches:
-    raise ValueError("batches: at least one batch to evaluate the ablation on")
-  step = jax.jit(lambda params, mask, batch: loss_sums(HeadMasked(model, mask), params, batch))
+  def sums_fn(masked_model, params, batch):
+    loss_sum, count = loss_sums(masked_model, params, batch)
+    return {"loss_sum": loss_sum, "count": count}
 
-  def loss_fn(kind: str, head_mask_LxH: np.ndarray) -> float:
-    mask = head_mask(params, {kind: np.asarray(head_mask_LxH, np.float32)})
-    total = count = 0.0
-    for batch in batches:
-      loss_sum, weight = jax.device_get(step(params, mask, batch))
-      total, count = total + float(loss_sum), count + float(weight)
-    return total / count
+  def loss_fn(summed, head_mask_LxH):
+    totals = summed(head_mask_LxH)
+    return totals["loss_sum"] / totals["count"]
 
-  return {kind: functools.partial(loss_fn, kind) for kind in attention_shapes(params)}
+  return {kind: functools.partial(loss_fn, summed)
+          for kind, summed in _summed_fns(model, params, batches, sums_fn).items()}
+
+
+def ablation_metric_fns(model: nn.Module, params: Any, batches: Iterable[Any],
+                        eval_sums: Callable[[Any, Any, Any], Mapping[str, jax.Array]]
+                        ) -> dict[str, Callable[[np.ndarray], dict[str, float]]]:
+  """{kind: `fn(head_mask_LxH) -> {"loss", "accuracy"}`} over `batches`, as
+  `ablation_loss_fns` but from `eval_sums(model, params, batch)` -> sums
+  with "loss_sum", "count" and "correct" (a run's eval step): the weighted
+  mean loss and the share of weighted targets predicted right."""
+  def metrics(summed, head_mask_LxH):
+    totals = summed(head_mask_LxH)
+    return {"loss": totals["loss_sum"] / totals["count"],
+            "accuracy": totals["correct"] / totals["count"]}
+
+  return {kind: functools.partial(metrics, summed)
+          for kind, summed in _summed_fns(model, params, batches, eval_sums).items()}
+
+
+def parse_heads(spec: str, num_layers: int, num_heads: int) -> list[tuple[int, int]]:
+  """The heads of a spec like 'L1H0,L1H2' as [(layer, head)], checked.
+
+  ValueError in one line for bad syntax, a layer or head the model does not
+  have, or a head named twice.
+  """
+  heads = []
+  for item in str(spec).split(","):
+    match = re.fullmatch(r"L(\d+)H(\d+)", item.strip())
+    if match is None:
+      raise ValueError(f"ablate: {item.strip()!r} is not a head; expected L<layer>H<head>, "
+                       "e.g. 'L1H0,L1H2'")
+    layer, head = int(match[1]), int(match[2])
+    if layer >= num_layers or head >= num_heads:
+      raise ValueError(f"ablate: {item.strip()} is not a head of the model (layers 0.."
+                       f"{num_layers - 1}, heads 0..{num_heads - 1})")
+    if (layer, head) in heads:
+      raise ValueError(f"ablate: {item.strip()} is named twice")
+    heads.append((layer, head))
+  return heads

@@ -12,13 +12,18 @@ arrays and are not meant to be jitted.
   previous_token_score    attention from t to t - 1
   induction_score         attention from t to t - period + 1 on a repeated
                           random sequence (Olsson et al. 2022)
+  head_roles              previous-token, induction or positional, from scores
+                          at two or more probe periods (a fixed-offset head
+                          scores like an induction head at one period)
   attention_entropy       entropy of each query's row, in nats
   mean_attended_distance  expected |t - s| under each query's row
 
 Scores of a model are collected as `name -> [L, H]` arrays (one row per
 layer) and written with `head_scores_table` (markdown) or
 `write_head_scores_csv`. `head_ablation` measures the loss change of zeroing
-one head at a time through a caller-supplied `loss_fn(head_mask_LxH)`.
+one head at a time through a caller-supplied `loss_fn(head_mask_LxH)`;
+`group_mask` zeroes a set of heads together (redundant heads hide from
+single-head ablation).
 """
 
 from __future__ import annotations
@@ -147,12 +152,12 @@ def induction_score(weights_BxHxTxT: Any, period: int) -> np.ndarray:
 
 
 def repeated_random_tokens(rng: np.random.Generator, batch: int, period: int,
-                           vocab_size: int, *, low: int = 4) -> np.ndarray:
+                           vocab_size: int, *, low: int = 4, ids: Any = None) -> np.ndarray:
   """Inputs for `induction_score`: a random block of `period` tokens, twice.
 
   The tokens of one block are distinct (drawn without replacement from
-  [low, vocab_size)), so each token's previous occurrence, and the token
-  after it, is unambiguous.
+  `ids`, or else from [low, vocab_size)), so each token's previous
+  occurrence, and the token after it, is unambiguous.
 
   Args:
     rng: numpy generator (e.g. `np.random.default_rng(seed)`).
@@ -161,18 +166,94 @@ def repeated_random_tokens(rng: np.random.Generator, batch: int, period: int,
     vocab_size: ids are < vocab_size.
     low: smallest id drawn; the default 4 skips pad, bos, eos and the byte
       tokenizer's mask id (`txf.data.tokenizers`).
+    ids: optional int array of the ids to draw from, e.g. the model's own
+      token distribution (`in_distribution_ids`), all in [0, vocab_size);
+      then `low` is not used.
 
   Returns:
     int32 `[batch, 2 * period]`, row[t] == row[t + period].
   """
   batch, period = int_at_least(batch, 'batch', 1), int_at_least(period, 'period', 1)
   low, vocab_size = int_at_least(low, 'low', 0), int_at_least(vocab_size, 'vocab_size', 1)
-  if vocab_size - low < period:
-    raise ValueError(f'vocab_size - low = {vocab_size} - {low} must be >= period={period} '
-                     'to draw a block of distinct tokens')
-  blocks = [rng.choice(np.arange(low, vocab_size), size=period, replace=False)
-            for _ in range(batch)]
+  if ids is None:
+    pool = np.arange(low, vocab_size)
+    where = f'vocab_size - low = {vocab_size} - {low}'
+  else:
+    pool = np.unique(np.asarray(ids))
+    if pool.size and (pool[0] < 0 or pool[-1] >= vocab_size):
+      raise ValueError(f'ids must lie in [0, vocab_size={vocab_size}), got '
+                       f'{pool[0]}..{pool[-1]}')
+    where = f'len(ids) = {pool.size}'
+  if pool.size < period:
+    raise ValueError(f'{where} must be >= period={period} to draw a block of distinct tokens')
+  blocks = [rng.choice(pool, size=period, replace=False) for _ in range(batch)]
   return np.tile(np.stack(blocks), (1, 2)).astype(np.int32)
+
+
+def in_distribution_ids(tokens: Any, special_ids: Any) -> np.ndarray:
+  """The distinct ids that occur in `tokens` (e.g. a run's validation inputs),
+  minus `special_ids` (pad, bos, ...): the ids an induction probe may draw
+  without leaving the model's training distribution.
+
+  Returns:
+    int64 `[N]`, sorted.
+  """
+  return np.setdiff1d(np.unique(np.asarray(tokens)), np.asarray(list(special_ids)))
+
+
+def probe_periods(length: int, num_ids: int, seen_periods: Any = (), count: int = 2
+                  ) -> list[int]:
+  """The `count` longest induction-probe periods that fit and were not trained on.
+
+  A period P fits when two blocks fit `length` positions (2 P <= length) and
+  a block of distinct ids fits `num_ids`. Periods in `seen_periods` (those
+  the training data repeats with) are skipped: at a trained period a
+  fixed-offset positional head scores like an induction head.
+
+  Returns:
+    `count` ints, longest first; ValueError if fewer fit.
+  """
+  seen = set(seen_periods)
+  fitting = range(min(length // 2, num_ids), 0, -1)
+  periods = [period for period in fitting if period not in seen and period > 1][:count]
+  if len(periods) < count:
+    longest = min(length // 2, num_ids)
+    raise ValueError(f'only {len(periods)} induction-probe periods in 2..{longest} '
+                     f'(two blocks in {length} positions, {num_ids} distinct ids) avoid the '
+                     f'training periods {sorted(seen)}; {count} are needed')
+  return periods
+
+
+def head_roles(previous_LxH: Any, induction_by_period: Mapping[int, Any], *,
+               threshold: float = 0.5) -> np.ndarray:
+  """What each head does, from its scores: object `[L, H]` of str.
+
+  'previous_token' if its previous-token score is >= threshold; 'induction'
+  if its induction score is >= threshold at every probe period (it follows
+  content); 'positional' if it is >= threshold at some probe period but not
+  all (it attends a fixed offset, which only matches the induction target at
+  one period); '' if none. Several roles are joined with '+'.
+
+  Args:
+    previous_LxH: previous-token scores `[L, H]`.
+    induction_by_period: probe period -> induction scores `[L, H]`, at least two
+      periods (one cannot tell a fixed offset from a content match).
+    threshold: score above which a head counts as doing the thing.
+  """
+  if len(induction_by_period) < 2:
+    raise ValueError('induction_by_period needs scores at two or more probe periods, got '
+                     f'{sorted(induction_by_period)}')
+  induction_PxLxH = np.stack([np.asarray(scores, np.float64)
+                              for scores in induction_by_period.values()])
+  previous_LxH = np.asarray(previous_LxH, np.float64)
+  labels = [(previous_LxH >= threshold, 'previous_token'),
+            (np.all(induction_PxLxH >= threshold, axis=0), 'induction'),
+            (np.any(induction_PxLxH >= threshold, axis=0)
+             & ~np.all(induction_PxLxH >= threshold, axis=0), 'positional')]
+  roles = np.empty(previous_LxH.shape, object)
+  for index in np.ndindex(previous_LxH.shape):
+    roles[index] = '+'.join(name for is_role, name in labels if is_role[index])
+  return roles
 
 
 def attention_entropy(weights_BxHxTxS: Any, *, query_mask: Any = None) -> np.ndarray:
@@ -248,6 +329,18 @@ def head_ablation(loss_fn: Callable[[np.ndarray], Any], num_layers: int,
     mask_LxH[layer, head] = 0
     deltas_LxH[layer, head] = float(loss_fn(mask_LxH)) - baseline
   return deltas_LxH
+
+
+def group_mask(heads: Any, num_layers: int, num_heads: int) -> np.ndarray:
+  """float32 `[L, H]` head mask: 0 at each (layer, head) of `heads`, 1 elsewhere."""
+  mask_LxH = np.ones((int_at_least(num_layers, 'num_layers', 1),
+                      int_at_least(num_heads, 'num_heads', 1)), np.float32)
+  for layer, head in heads:
+    if not (0 <= layer < num_layers and 0 <= head < num_heads):
+      raise ValueError(f'head L{layer}H{head} is not in the model\'s {num_layers} layers x '
+                       f'{num_heads} heads')
+    mask_LxH[layer, head] = 0
+  return mask_LxH
 
 
 def head_score_rows(scores: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:

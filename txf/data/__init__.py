@@ -30,12 +30,15 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   name               str    all            'pystdlib' (built-in corpus: Python
                                            stdlib sources), 'copy', 'reverse',
                                            'sort', 'addition', 'listops',
+                                           'induction', 'mqar' (in-context
+                                           lm tasks: incontext.py),
                                            'tfds:<builder>[/<config>][:<ver>]'
                                            (a TFDS dataset prepared as
                                            ArrayRecord: tfds_source.py), or
                                            'files:PATH_OR_GLOB' (UTF-8 text
                                            files: files.py)
   task               str    all            'lm' | 'mlm' (pystdlib, tfds, files),
+                                           'lm' (induction, mqar),
                                            'seq2seq' (copy/reverse/sort/
                                            addition, tfds), 'classify'
                                            (listops)
@@ -53,8 +56,12 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   max_corpus_bytes   int    pystdlib,files bytes of text read per split (lm,
                                            mlm) and for sentencepiece training
   mlm_probability    float  mlm            share of tokens selected, in (0, 1)
-  min_example_len,   int    generated      source length (seq2seq) or
-  max_example_len                          expression tokens (listops)
+  min_example_len,   int    generated      source length (seq2seq),
+  max_example_len                          expression tokens (listops) or
+                                           block length (induction)
+  num_symbols        int    induction,mqar content ids (after pad, bos, eos)
+  num_kv_pairs       int    mqar           key-value pairs per row, each
+                                           queried once
   listops_max_depth  int    listops        most nested operators (root = 1)
   tfds_data_dir      str    tfds           folder holding the prepared dataset;
                                            None: TFDS's default

@@ -21,7 +21,11 @@ TASKS = {
     'sort': ('seq2seq',),
     'addition': ('seq2seq',),
     'listops': ('classify',),
+    'induction': ('lm',),
+    'mqar': ('lm',),
 }
+# The in-context lm tasks (incontext.py).
+INCONTEXT = ('induction', 'mqar')
 # data.name = TFDS_PREFIX + '<builder>[/<config>][:<version>]' reads a TFDS
 # dataset (tfds_source.py).
 TFDS_PREFIX = 'tfds:'
@@ -51,6 +55,9 @@ class DataSpec:
   min_example_len: int | None = None
   max_example_len: int | None = None
   listops_max_depth: int | None = None
+  # In-context tasks (incontext.py): content ids, and MQAR's key-value pairs.
+  num_symbols: int | None = None
+  num_kv_pairs: int | None = None
   tfds_data_dir: str | None = None
   tfds_text_key: str | None = None
   tfds_source_key: str | None = None
@@ -116,6 +123,10 @@ def read_data_config(data: Any) -> DataSpec:
     return _corpus_fields(data, spec)
   if is_tfds(name):
     return _tfds_fields(data, spec)
+  if name == 'induction':
+    return _induction_fields(data, spec)
+  if name == 'mqar':
+    return _mqar_fields(data, spec)
   return _synthetic_fields(data, spec)
 
 
@@ -230,3 +241,37 @@ def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:
                      f'data.max_example_len={max_len}: it needs one more')
   return dataclasses.replace(spec, min_example_len=min_len,
                              max_example_len=max_len, listops_max_depth=depth)
+
+
+def _induction_fields(data: Any, spec: DataSpec) -> DataSpec:
+  """Block lengths (periods) in [min_example_len, max_example_len] of distinct
+  symbols, each row holding at least two copies of its block."""
+  min_len, max_len = _int(data, 'min_example_len', 1), _int(data, 'max_example_len', 1)
+  num_symbols = _int(data, 'num_symbols', 1)
+  if min_len > max_len:
+    raise ValueError(f'data.min_example_len={min_len} exceeds '
+                     f'data.max_example_len={max_len}')
+  if max_len > num_symbols:
+    raise ValueError(f'data.max_example_len={max_len} exceeds data.num_symbols={num_symbols}: '
+                     'a block holds distinct symbols')
+  if 2 * max_len > spec.seq_len:
+    raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
+                     f'data.max_example_len={max_len}: it needs two copies of a block')
+  return dataclasses.replace(spec, num_symbols=num_symbols, min_example_len=min_len,
+                             max_example_len=max_len)
+
+
+def _mqar_fields(data: Any, spec: DataSpec) -> DataSpec:
+  """N key-value pairs and N queries fit the row; keys and values from
+  separate halves of the symbols, noise from the symbols that are not keys."""
+  pairs = _int(data, 'num_kv_pairs', 1)
+  num_symbols = _int(data, 'num_symbols', 2)
+  if pairs > num_symbols // 2:
+    raise ValueError(f'data.num_kv_pairs={pairs} exceeds data.num_symbols // 2 = '
+                     f'{num_symbols // 2}: keys and values are distinct symbols of '
+                     'separate halves')
+  if 4 * pairs > spec.seq_len + 1:
+    raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
+                     f'data.num_kv_pairs={pairs}: pairs and queries need '
+                     f'{4 * pairs - 1} positions')
+  return dataclasses.replace(spec, num_symbols=num_symbols, num_kv_pairs=pairs)

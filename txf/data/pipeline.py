@@ -9,10 +9,12 @@ from etils import epath
 from txf import checks
 from txf.data import corpus
 from txf.data import files
+from txf.data import incontext
 from txf.data import listops
 from txf.data import synthetic
 from txf.data import tfds_source
-from txf.data.config import FILES_PREFIX, DataSpec, is_files, is_tfds, read_data_config
+from txf.data.config import (FILES_PREFIX, INCONTEXT, DataSpec, is_files, is_tfds,
+                             read_data_config)
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
 from txf.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
@@ -141,6 +143,8 @@ def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
     return _corpus_tokenizer(spec, workdir)
   if spec.name == 'listops':
     return listops.listops_tokenizer()
+  if spec.name in INCONTEXT:
+    return incontext.symbol_tokenizer(spec.num_symbols)
   return synthetic.seq2seq_tokenizer(spec.name)
 
 
@@ -190,6 +194,13 @@ def _generated_source(spec: DataSpec, split: str, seed: int
     return listops.ListOpsSource(
         seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_example_len,
         max_len=spec.max_example_len, max_depth=spec.listops_max_depth)
+  if spec.name == 'induction':
+    return incontext.InductionSource(
+        seed=seed, split=split, seq_len=spec.seq_len, num_symbols=spec.num_symbols,
+        min_period=spec.min_example_len, max_period=spec.max_example_len)
+  if spec.name == 'mqar':
+    return incontext.MQARSource(seed=seed, split=split, seq_len=spec.seq_len,
+                                num_symbols=spec.num_symbols, num_pairs=spec.num_kv_pairs)
   return synthetic.Seq2SeqSource(
       spec.name, seed=seed, split=split, seq_len=spec.seq_len,
       min_len=spec.min_example_len, max_len=spec.max_example_len)
@@ -205,6 +216,12 @@ def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
       data = tfds_source.description(spec)
     return (f'{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; '
             f'{spec.task}, seq_len {spec.seq_len}')
+  if spec.name == 'induction':
+    return (f'induction task, blocks of {spec.min_example_len}..{spec.max_example_len} of '
+            f'{spec.num_symbols} symbols repeated, seq_len {spec.seq_len}')
+  if spec.name == 'mqar':
+    return (f'mqar task, {spec.num_kv_pairs} key-value pairs over {spec.num_symbols} symbols, '
+            f'seq_len {spec.seq_len}')
   return (f'{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, '
           f'seq_len {spec.seq_len}')
 

@@ -35,13 +35,16 @@ import jax
 import numpy as np
 from etils import epath
 
-from txf.analysis.ablation import ablation_loss_fns, attention_shapes
+from txf.analysis.ablation import (ablation_loss_fns, ablation_metric_fns, attention_shapes,
+                                   parse_heads)
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import (attention_entropy, head_ablation, head_score_rows,
-                                head_scores_table, induction_score, mean_attended_distance,
-                                previous_token_score, repeated_random_tokens)
+from txf.analysis.heads import (attention_entropy, group_mask, head_ablation, head_roles,
+                                head_score_rows, head_scores_table, in_distribution_ids,
+                                induction_score, mean_attended_distance, previous_token_score,
+                                probe_periods, repeated_random_tokens)
 from txf.analysis.plots import attention_grid
 from txf.checks import int_at_least
+from txf.data.incontext import repeat_periods
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 from txf.train.workdir import run_path
@@ -49,8 +52,6 @@ from txf.train.workdir import run_path
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"
 SCORES_MD = "head_scores.md"
-# The lowest id `repeated_random_tokens` draws: skips pad, bos, eos and mask.
-_LOWEST_RANDOM_ID = 4
 
 
 def attention_png(kind: str) -> str:
@@ -104,31 +105,40 @@ def _plot_sample(setup: RunSetup, kind: str, layers: list[Any], batch: dict[str,
                  key_tokens=_labels(setup, keys_S[:S]))
 
 
-def _induction_period(setup: RunSetup, kinds: list[str], batch: dict[str, np.ndarray],
-                      period: int | None) -> int | None:
-  """The induction inputs' block length: `period`, checked, or half the causal
-  kind's query length (at most the vocabulary allows); None without a causal kind."""
-  causal = [kind for kind in kinds if _is_causal(setup, kind)]
-  if not causal:
-    return None
-  T = _query_tokens(batch, causal[0]).shape[1]
-  limit = min(T // 2, setup.model_cfg.vocab_size - _LOWEST_RANDOM_ID)
-  if period is None:
-    return limit
-  if period > limit:
-    raise ValueError(f"period must be at most {limit} (two blocks of distinct tokens fit the "
-                     f"run's {T} query positions and vocabulary), got {period}")
-  return period
+def _probe_ids(setup: RunSetup, kind: str, batches: list[dict[str, np.ndarray]]) -> np.ndarray:
+  """The ids the induction probe draws: those in the validation batches'
+  `kind` queries, special ids left out (the run's own token distribution)."""
+  tokens = np.concatenate([_query_tokens(batch, kind).ravel() for batch in batches])
+  return in_distribution_ids(tokens, setup.train_data.tokenizer.special_ids)
+
+
+def _probe_periods(setup: RunSetup, length: int, num_ids: int, periods: list[int] | None
+                   ) -> list[int]:
+  """The probe periods: `periods`, checked to fit, or the two longest that fit
+  and that the training data does not repeat with (`probe_periods`)."""
+  if periods is None:
+    return probe_periods(length, num_ids, repeat_periods(setup.config.data))
+  if len(periods) < 2 or len(set(periods)) < len(periods):
+    raise ValueError(f"periods: two or more different probe periods are needed to tell "
+                     f"induction from positional heads, got {periods}")
+  limit = min(length // 2, num_ids)
+  for period in periods:
+    if not 2 <= period <= limit:
+      raise ValueError(f"periods: {period} must be in 2..{limit} (two blocks of distinct "
+                       f"tokens fit the run's {length} query positions and {num_ids} "
+                       "in-distribution ids)")
+  return periods
 
 
 def _induction(setup: RunSetup, maps_fn: Callable[..., dict[str, Any]], params: Any,
-               batch: dict[str, np.ndarray], kind: str, period: int, seed: int) -> np.ndarray:
-  """[L, H] induction scores of `kind` on repeated random tokens (an
+               batch: dict[str, np.ndarray], kind: str, period: int, seed: int,
+               ids: np.ndarray) -> np.ndarray:
+  """[L, H] induction scores of `kind` on repeated blocks of `ids` (an
   encoder-decoder's source: the batch's encoder inputs), attention from
   `maps_fn(params, *inputs)`."""
   B = _query_tokens(batch, kind).shape[0]
   tokens_BxT = repeated_random_tokens(np.random.default_rng(seed), B, period,
-                                      setup.model_cfg.vocab_size, low=_LOWEST_RANDOM_ID)
+                                      setup.model_cfg.vocab_size, ids=ids)
   inputs = ((batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq"
             else (tokens_BxT,))
   layers = maps_by_kind(maps_fn(params, *inputs))[kind]
@@ -136,31 +146,67 @@ def _induction(setup: RunSetup, maps_fn: Callable[..., dict[str, Any]], params: 
 
 
 def _attention_scores(setup: RunSetup, kind: str, layers: list[Any],
-                      batch: dict[str, np.ndarray], induction_LxH: np.ndarray
+                      batch: dict[str, np.ndarray], induction_by_period: dict[int, np.ndarray]
                       ) -> dict[str, np.ndarray]:
   """The [L, H] scores of one kind in table order: previous-token
-  (self-attention only; NaN for cross), `induction_LxH`, entropy and
-  distance on the batch, padded queries left out."""
+  (self-attention only; NaN for cross), induction (the lowest over the probe
+  periods: a content match scores at every period), the induction score at
+  each probe period, entropy and distance on the batch, padded queries left
+  out."""
   query_mask_BxT = _query_tokens(batch, kind) != setup.model_cfg.pad_id
   per_layer = lambda score: np.stack([score(weights, query_mask=query_mask_BxT)
                                       for weights in layers])
   entropy_LxH = per_layer(attention_entropy)
   previous_LxH = (np.full_like(entropy_LxH, np.nan) if kind == "cross"
                   else per_layer(previous_token_score))
-  return {"previous_token": previous_LxH, "induction": induction_LxH, "entropy_nats": entropy_LxH,
+  by_period = {f"induction_p{period}": scores_LxH
+               for period, scores_LxH in induction_by_period.items()}
+  return {"previous_token": previous_LxH,
+          "induction": np.min(np.stack(list(by_period.values())), axis=0),
+          **by_period, "entropy_nats": entropy_LxH,
           "distance_tokens": per_layer(mean_attended_distance)}
+
+
+def _eval_sums(task: str):
+  """(model, params, batch) -> {loss_sum, count, correct}: the run's eval step."""
+  return lambda model, params, batch: make_eval_step(model, task)(params, batch)
 
 
 def _eval_loss_sums(task: str):
   """(model, params, batch) -> (loss_sum, count) with the run's eval step."""
   def loss_sums(model, params, batch):
-    sums = make_eval_step(model, task)(params, batch)
+    sums = _eval_sums(task)(model, params, batch)
     return sums["loss_sum"], sums["count"]
   return loss_sums
 
 
+def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict[str, dict]:
+  """{kind: {role: ['L<l>H<h>', ...]}} of the causal kinds (`head_roles`)."""
+  named = {}
+  for kind, kind_scores in scores.items():
+    if np.all(np.isnan(kind_scores["induction"])):
+      continue
+    roles_LxH = head_roles(kind_scores["previous_token"],
+                           {period: kind_scores[f"induction_p{period}"] for period in periods})
+    named[kind] = {role: [] for role in ("previous_token", "induction", "positional")}
+    for (layer, head), labels in np.ndenumerate(roles_LxH):
+      for role in filter(None, labels.split("+")):
+        named[kind][role].append(f"L{layer}H{head}")
+  return named
+
+
+def _group_ablation(metric_fn: Callable[[np.ndarray], dict[str, float]], spec: str,
+                    shape: tuple[int, int]) -> dict[str, Any]:
+  """Loss and accuracy with every head on and with the heads of `spec` zeroed together."""
+  heads = parse_heads(spec, *shape)
+  return {"heads": [f"L{layer}H{head}" for layer, head in heads],
+          "baseline": metric_fn(np.ones(shape, np.float32)),
+          "ablated": metric_fn(group_mask(heads, *shape))}
+
+
 def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
-                period: int | None = None, seed: int = 0, replica: int = 0) -> dict[str, Any]:
+                periods: list[int] | None = None, seed: int = 0, replica: int = 0,
+                ablate: str | None = None) -> dict[str, Any]:
   """Writes the attention analysis of the run in `workdir` into
   <workdir>/analysis/ (see the module docstring) and returns it.
 
@@ -169,17 +215,23 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
       or encoder-decoder (not an LSTM).
     num_batches: validation batches the ablation evaluates (None: the run's
       eval.num_batches); the scores use the first.
-    period: the repeated block length of the induction inputs (None: half
-      the run's query length, at most the vocabulary allows).
+    periods: two or more block lengths of the induction probe (None: the two
+      longest that fit the run's query length and its in-distribution ids
+      and that its training data does not repeat with).
     seed: seed of the induction inputs' random tokens.
     replica: which seed replica of a run of several to analyse (0: the
       first, whose seed is the run's `seed`).
+    ablate: heads of the causal self-attention to zero together, e.g.
+      'L1H0,L1H2' (None: none); their loss and accuracy change is reported.
 
   Returns:
     {"step": checkpoint step, "baseline_loss": validation loss with every
-     head, "period": induction period (None without a causal kind),
-     "scores": {kind: {score name: [L, H] list}}, "files": [paths written],
-     "table": the markdown of head_scores.md}.
+     head, "periods": induction probe periods (None without a causal kind),
+     "scores": {kind: {score name: [L, H] list}}, "roles": {kind:
+     {"previous_token" | "induction" | "positional": ["L<l>H<h>", ...]}}
+     (causal kinds), "group_ablation": {"heads", "baseline", "ablated"} with
+     {"loss", "accuracy"} each (None without `ablate`), "files": [paths
+     written], "table": the markdown of head_scores.md}.
 
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
@@ -189,8 +241,8 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   """
   if num_batches is not None:
     int_at_least(num_batches, "num_batches", 1)
-  if period is not None:
-    int_at_least(period, "period", 1)
+  if periods is not None:
+    periods = [int_at_least(period, "periods", 1) for period in periods]
   int_at_least(seed, "seed", 0)
   if jax.process_count() > 1:
     raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
@@ -207,16 +259,22 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   batches = list(setup.eval_data)
   first = batches[0]
   shapes = attention_shapes(params)
-  period = _induction_period(setup, list(shapes), first, period)
+  causal = [kind for kind in shapes if _is_causal(setup, kind)]
+  if ablate is not None and not causal:
+    raise ValueError("ablate: the model has no causal self-attention to ablate")
+  ids = _probe_ids(setup, causal[0], batches) if causal else None
+  if causal:
+    periods = _probe_periods(setup, _query_tokens(first, causal[0]).shape[1], len(ids), periods)
+  if ablate is not None:
+    parse_heads(ablate, *shapes[causal[0]])  # a bad spec fails before the model runs
   out = workdir / ANALYSIS_DIR
   scores: dict[str, dict[str, np.ndarray]] = {}
   files = []
   with setup.activation_sharding():
-    # Compiled once: the default induction inputs have the batch's shapes.
     maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
     layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
-    loss_fns = ablation_loss_fns(setup.model, params,
-                                 [setup.to_device(batch) for batch in batches],
+    device_batches = [setup.to_device(batch) for batch in batches]
+    loss_fns = ablation_loss_fns(setup.model, params, device_batches,
                                  _eval_loss_sums(setup.task))
     any_kind, any_shape = next(iter(shapes.items()))
     baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
@@ -225,16 +283,24 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
       path = out / attention_png(kind)
       _plot_sample(setup, kind, layers, first, path, run.step)
       files.append(path)
-      induction_LxH = (_induction(setup, maps_fn, params, first, kind, period, seed)
-                       if _is_causal(setup, kind) else np.full((num_layers, num_heads), np.nan))
-      scores[kind] = {**_attention_scores(setup, kind, layers, first, induction_LxH),
+      induction = {period: (_induction(setup, maps_fn, params, first, kind, period, seed, ids)
+                            if kind in causal else np.full((num_layers, num_heads), np.nan))
+                   for period in periods or ()}
+      scores[kind] = {**_attention_scores(setup, kind, layers, first, induction),
                       "ablation_delta_loss": head_ablation(loss_fns[kind], num_layers,
                                                            num_heads)}
-  table = _markdown(scores, run.step, baseline, period, len(batches))
+    group = None
+    if ablate is not None:
+      metric_fns = ablation_metric_fns(setup.model, params, device_batches,
+                                       _eval_sums(setup.task))
+      group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]])
+  roles = _roles(scores, periods) if causal else {}
+  table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
   files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
-  return {"step": run.step, "baseline_loss": baseline, "period": period,
+  return {"step": run.step, "baseline_loss": baseline, "periods": periods,
           "scores": {kind: {name: values.tolist() for name, values in kind_scores.items()}
                      for kind, kind_scores in scores.items()},
+          "roles": roles, "group_ablation": group,
           "files": [str(path) for path in files], "table": table}
 
 
@@ -245,11 +311,14 @@ def _write(path: epath.Path, text: str) -> epath.Path:
 
 
 def _markdown(scores: dict[str, dict[str, np.ndarray]], step: int, baseline: float,
-              period: int | None, num_batches: int) -> str:
-  """head_scores.md: a header saying what the columns mean, one table per kind."""
+              periods: list[int] | None, num_batches: int, roles: dict[str, dict],
+              group: dict[str, Any] | None) -> str:
+  """head_scores.md: a header saying what the columns mean, one table per kind,
+  the heads' roles and the group ablation."""
   induction = (f"attention to the token after the previous occurrence, on random blocks of "
-               f"{period} tokens repeated twice; causal self-attention only" if period
-               else "n/a (the model has no causal self-attention)")
+               f"in-distribution tokens repeated twice; the lowest over the probe periods "
+               f"{periods} (induction_p<P>: at period P); causal self-attention only"
+               if periods else "n/a (the model has no causal self-attention)")
   parts = [f"# Attention heads at step {step}\n\n"
            f"- previous_token: mean attention from t to t - 1 (self-attention only)\n"
            f"- entropy_nats: mean entropy of a query's attention, nats\n"
@@ -258,8 +327,19 @@ def _markdown(scores: dict[str, dict[str, np.ndarray]], step: int, baseline: flo
            f"- ablation_delta_loss: the run's validation loss (nats; {num_batches} "
            f"batch{'es' if num_batches > 1 else ''}, baseline {baseline:.4f}) with the head's "
            f"output zeroed, minus the baseline\n"]
-  parts += [f"\n## {kind} attention\n\n{head_scores_table(kind_scores)}"
-            for kind, kind_scores in scores.items()]
+  for kind, kind_scores in scores.items():
+    parts.append(f"\n## {kind} attention\n\n{head_scores_table(kind_scores)}")
+    if kind in roles:
+      parts.append("\nRoles (score >= 0.5; positional: an induction score at some probe "
+                   "period but not all):\n\n" + "".join(
+                       f"- {role}: {', '.join(heads) or 'none'}\n"
+                       for role, heads in roles[kind].items()))
+  if group is not None:
+    before, after = group["baseline"], group["ablated"]
+    parts.append(f"\n## Group ablation of {', '.join(group['heads'])}\n\n"
+                 f"| | loss (nats) | accuracy |\n|---|---|---|\n"
+                 f"| every head | {before['loss']:.4f} | {before['accuracy']:.4f} |\n"
+                 f"| heads zeroed | {after['loss']:.4f} | {after['accuracy']:.4f} |\n")
   return "".join(parts)
 
 
