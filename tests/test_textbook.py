@@ -15,6 +15,7 @@ from conftest import REPO, load_config
 from txf import textbook
 from txf.analysis import plots
 from txf.analysis.counts import COMPONENTS
+from txf.train.setup import load_run
 from txf.textbook import (heads, kv_cache, masks, param_counts, positions, quadratic, report,
                           scaling, training)
 
@@ -235,12 +236,31 @@ def test_a_trained_lm_has_a_previous_token_head(tmp_path):
   result = heads.run(tmp_path, quick=True, base_config=load_config('base'),
                      log=lambda line: None)
   previous = np.array(result['scores']['previous_token'])
-  induction = np.array(result['scores']['induction'])
-  assert previous.shape == induction.shape == (2, 2)
+  assert previous.shape == (2, 2)
   layer, head = result['best']['previous_token']
   assert previous[layer, head] == previous.max()
   assert previous.max() > 1.5 * result['baselines']['previous_token']
-  assert result['period'] == 16  # half the quick model's 32 tokens
-  assert result['baselines']['induction'] == pytest.approx(
-      np.mean(1 / (np.arange(16, 32) + 1)))
-  assert_pngs(result, 3)
+  # The probe: two periods that fit the quick model's 32 tokens, its ids
+  # exactly the non-special ids of the run's validation batch.
+  assert result['periods'] == [16, 15]
+  setup = load_run(tmp_path / 'runs' / 'heads_quick').setup
+  validation = next(iter(setup.eval_data))['inputs']
+  specials = set(setup.train_data.tokenizer.special_ids)
+  assert set(result['probe_ids']) == set(np.unique(validation).tolist()) - specials
+  assert len(result['probe_ids']) < setup.model_cfg.vocab_size - len(specials)
+  for p, tokens in result['probe_tokens'].items():
+    assert len(tokens) == 2 * p and set(tokens) <= set(result['probe_ids'])
+  by_period = np.array([result['scores'][f'induction_p{p}'] for p in (16, 15)])
+  assert np.array_equal(np.array(result['scores']['induction']), by_period.min(axis=0))
+  for p in (16, 15):
+    assert result['baselines'][f'induction_p{p}'] == pytest.approx(
+        np.mean(1 / (np.arange(p, 2 * p) + 1)))
+  # Roles follow the scores: induction needs >= 0.5 at both periods.
+  for (layer, head), role in np.ndenumerate(np.array(result['roles'], object)):
+    labels = set(filter(None, role.split('+')))
+    assert ('previous_token' in labels) == (previous[layer, head] >= 0.5)
+    assert ('induction' in labels) == bool(np.all(by_period[:, layer, head] >= 0.5))
+    assert ('positional' in labels) == bool(np.any(by_period[:, layer, head] >= 0.5)
+                                            and not np.all(by_period[:, layer, head] >= 0.5))
+  assert 'induction P=16' in result['text'] and 'Heads by role:' in result['text']
+  assert_pngs(result, 4)
