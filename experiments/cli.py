@@ -89,7 +89,8 @@ def unknown_field(error: Exception, argv: list[str]) -> str | None:
   return f"{field}: unknown field" + (f" ({hint})" if hint else "")
 
 
-def run_command(main: Callable[[list[str]], None], *, arguments: str | None = None) -> None:
+def run_command(main: Callable[[list[str]], None], *, arguments: str | None = None,
+                required: bool = True) -> None:
   """absl's `app.run(main)` for a command of experiments/: its flags parsed by
   `parse_flags`, so every command reports a bad flag, a missing required one
   and a stray or missing positional argument alike (one line, exit 2).
@@ -97,20 +98,23 @@ def run_command(main: Callable[[list[str]], None], *, arguments: str | None = No
   Args:
     main: the command; it receives argv (the program name, then the
       positional arguments).
-    arguments: what the positional arguments are (e.g. 'the texts to embed'),
-      at least one required; None: the command takes none.
+    arguments: what the positional arguments are (e.g. 'the texts to embed');
+      None: the command takes none.
+    required: at least one positional argument must be given.
   """
-  app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments))
+  app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments,
+                                               required=required))
 
 
-def parse_flags(argv: list[str], *, arguments: str | None = None) -> list[str]:
+def parse_flags(argv: list[str], *, arguments: str | None = None,
+                required: bool = True) -> list[str]:
   """absl's flag parsing, with every error the user can cause as one line and
-  exit status 2 instead of a traceback or a page of usage; `arguments` as in
-  `run_command`."""
+  exit status 2 instead of a traceback or a page of usage; `arguments` and
+  `required` as in `run_command`."""
   rest = _parse(argv)
   if arguments is None and len(rest) > 1:
     fail("flag", f"unexpected arguments: {' '.join(rest[1:])} (this command takes only flags)")
-  if arguments is not None and len(rest) == 1:
+  if arguments is not None and required and len(rest) == 1:
     fail("flag", f"missing {arguments}")
   return rest
 

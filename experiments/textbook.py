@@ -79,4 +79,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  run_command(main)
+  run_command(main, arguments="experiment names", required=False)
