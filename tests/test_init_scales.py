@@ -16,9 +16,11 @@ initialisation) breaks the +-a bound and the std by a factor of about 4.
 import flax.linen as nn
 from flax.traverse_util import flatten_dict
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from txf.layers import Embedder
 from txf.models import ModelConfig, build
 
 T5_SHAPES = [(32, 4), (256, 8)]  # the base config's table, and one large enough for tight stats
@@ -49,3 +51,18 @@ def test_t5_table_is_fan_avg_uniform(num_buckets, num_heads):
                              rtol=5 * std_error)
   within_half = np.mean(np.abs(table) < bound / 2)
   assert abs(within_half - 0.5) < 5 * np.sqrt(1 / (4 * count))
+
+
+def test_learned_position_rows_start_small_beside_unit_token_rows():
+  """Token rows N(0, 1) (tied logits divided by sqrt(D)) and the learned
+  position table N(0, 0.02): position signal at 1/50 of the token scale.
+  Normal entries: the sample std's relative standard error is sqrt(1 / (2 N))."""
+  vocab, max_len, d_model = 256, 512, 64
+  embedder = Embedder(vocab_size=vocab, d_model=d_model, position="learned", max_len=max_len,
+                      dtype=jnp.float32)
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  params = nn.meta.unbox(embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(4)[None]))
+  for name, expected_std in (("token/embedding", 1.0), ("position_table", 0.02)):
+    table = np.asarray(flatten_dict(params["params"], sep="/")[name], np.float64)
+    np.testing.assert_allclose(table.std(), expected_std, rtol=5 * np.sqrt(1 / (2 * table.size)))
+    assert abs(table.mean()) < 5 * expected_std / np.sqrt(table.size)
