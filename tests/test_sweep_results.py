@@ -188,6 +188,38 @@ def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
   assert (cells[1]["diverged"], cells[1]["val loss"]) == ("yes", "")
 
 
+def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
+  steps = [200, 400, 600, 800, 1000]
+  loss = [3.0, 2.5, 2.2, 2.02, 2.0]
+  assert results.late_improvement(steps, loss) == pytest.approx(0.02 / 2.02, rel=1e-12)
+  assert results.is_flat(results.late_improvement(steps, loss))  # 1.0% < 2%
+  # No evaluation at 80% of 250 steps: the window starts at the latest before (125).
+  assert results.late_improvement([125, 250], [2.6, 2.3]) == pytest.approx(0.3 / 2.6, rel=1e-12)
+  assert results.late_improvement([250], [2.3]) is None
+  assert results.late_improvement([], []) is None
+  assert results.late_improvement(steps, [3.0, 2.5, 2.2, 2.1, 2.0]) == pytest.approx(
+      0.1 / 2.1, rel=1e-12)
+  assert not results.is_flat(0.1 / 2.1) and results.is_flat(0.019) and results.is_flat(-0.01)
+  assert results.is_flat(None) is None
+
+
+def test_results_tables_report_the_flattening_criterion(sweep_dir, points):
+  rows = summaries(sweep_dir, points)
+  assert rows[0].late_improvement == pytest.approx((3.2 - 2.25) / 3.2, rel=1e-12)
+  assert rows[1].late_improvement is None  # diverged
+  assert rows[3].late_improvement is None  # one evaluation
+  csv_path, md_path = results.write_results(rows, sweep_dir)
+  with open(csv_path, newline="") as f:
+    table = list(csv.DictReader(f))
+  assert float(table[0]["late_improvement"]) == pytest.approx((3.2 - 2.25) / 3.2, rel=1e-12)
+  assert [row["flat"] for row in table] == ["no", "", "no", ""]
+  lines = md_path.read_text().splitlines()
+  header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+  first = dict(zip(header, (c.strip() for c in lines[4].strip("|").split("|"))))
+  assert (first["val change, last fifth"], first["flat"]) == ("-29.7%", "no")
+  assert "less than 2%" in lines[0]
+
+
 def test_write_results_rejects_no_rows(tmp_path):
   with pytest.raises(ValueError, match="^rows: no points"):
     results.write_results([], tmp_path)
@@ -221,8 +253,15 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   path = results.plot_loss_curves(points, sweep_dir, line_plot=line_plot)
   assert_png(path)
   (call,) = line_plot.calls
-  assert list(call["series"]) == [points[0].name, points[2].name, points[3].name]
-  steps, mean, std = call["series"][points[0].name]
+  # Labelled with the flattening verdict: rope_pre (3.2 -> 2.25) and
+  # learned_pre (3.0 -> 2.5) improved by 29.7% and 16.7% over the last fifth;
+  # learned_post has one evaluation.
+  assert list(call["series"]) == [
+      f"{points[0].name} (not flat: -29.7% in the last fifth)",
+      f"{points[2].name} (not flat: -16.7% in the last fifth)",
+      f"{points[3].name} (flatness unknown)"]
+  assert "flat: < 2% better over the last fifth" in call["title"]
+  steps, mean, std = next(iter(call["series"].values()))
   np.testing.assert_array_equal(steps, [2, 4])
   np.testing.assert_allclose(mean, [3.2, 2.25], rtol=1e-12)
   np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.5 / math.sqrt(2)], rtol=1e-12)
@@ -233,6 +272,7 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   assert path.name == results.TRAIN_LOSS_CURVES_PNG
   train = line_plot.calls[-1]
   assert "training loss" in train["ylabel"] and len(train["series"]) == 4  # diverged too
+  assert list(train["series"]) == [p.name for p in points] and "flat" not in train["title"]
   steps, mean, std = train["series"][points[0].name]
   np.testing.assert_array_equal(steps, [2, 4])
   np.testing.assert_allclose(mean, [3.1, 2.4], rtol=1e-12)

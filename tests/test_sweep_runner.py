@@ -312,7 +312,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
   points = grid.expand(config)
   assert len(points) == count
   grid.validate(points, runner.check_point_config)
-  assert config.base.replicas == 3  # the findings' seeds (docs/results.md)
+  assert config.base.replicas == {"pe_ln": 2, "ln_warmup": 3}[name]  # seeds (docs/results.md)
   reference = runner.load_run_config(str(ROOT / config.sweep.run_config))
   for point in points:  # every point has an exact experiments.run command
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
@@ -334,10 +334,9 @@ def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   assert len(commands) == 12
   assert commands[7] == (
       "python -m experiments.run --config=configs/base.py "
-      f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=125 "
+      f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=60 "
       "--config.model.norm_placement=post --config.model.position=alibi "
-      "--config.replicas=3 --config.train.checkpoint_every=125 --config.train.steps=250 "
-      "--config.train.warmup_steps=25")
+      "--config.replicas=2 --config.train.checkpoint_every=300 --config.train.log_every=60")
   assert os.listdir(tmp_path) == []
 
 

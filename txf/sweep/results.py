@@ -67,6 +67,13 @@ CURVES = {"eval_loss": (LOSS_CURVES_PNG, "validation loss"),
 PRE_VS_POST_PNG = "pre_vs_post.png"
 PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
+# The flattening criterion: a point's validation loss has flattened when the
+# last FLAT_FRACTION of its training improved it by less than FLAT_TOLERANCE
+# of its value there. Relative, not zero: under a decaying learning rate the
+# loss keeps creeping down, and a curve still falling faster than this means
+# a longer run could reorder the points.
+FLAT_FRACTION = 0.2
+FLAT_TOLERANCE = 0.02
 
 LinePlot = Callable[..., Any]
 Log = Callable[[str], Any]
@@ -82,6 +89,52 @@ class Stat:
   def of(cls, values: Sequence[float]) -> Stat:
     values_R = np.asarray(values, dtype=np.float64)
     return cls(float(values_R.mean()), float(values_R.std(ddof=1)) if len(values_R) > 1 else None)
+
+
+def late_improvement(steps_N: Sequence[int], loss_N: Sequence[float], *,
+                     fraction: float = FLAT_FRACTION) -> float | None:
+  """Relative improvement of a loss curve over its last `fraction` of training.
+
+  (L_start - L_end) / L_start, where L_end is the loss at the last step S of
+  the curve and L_start the loss at the latest step at or before
+  (1 - fraction) * S. Evaluations every fraction * S / k steps put one at
+  that step exactly; coarser ones measure a longer window, which can only
+  report more improvement (a conservative 'flat').
+
+  Args:
+    steps_N: the N evaluated training steps, ascending.
+    loss_N: the loss at each.
+
+  Returns:
+    The improvement (positive: the loss fell), or None when no step lies at
+    or before the window's start (fewer than two evaluations).
+  """
+  steps_N = np.asarray(steps_N, np.float64)
+  loss_N = np.asarray(loss_N, np.float64)
+  if not steps_N.size:
+    return None
+  early = np.flatnonzero(steps_N <= (1.0 - fraction) * steps_N[-1])
+  if not early.size:
+    return None
+  start = loss_N[early[-1]]
+  return float((start - loss_N[-1]) / start)
+
+
+def is_flat(improvement: float | None) -> bool | None:
+  """Whether a late_improvement meets the flattening criterion (None: unknown)."""
+  return None if improvement is None else improvement < FLAT_TOLERANCE
+
+
+def _flatness_text(improvement: float | None) -> str:
+  """'flat' / 'not flat' with the loss change, e.g. 'not flat: -3.1% in the last fifth'."""
+  if improvement is None:
+    return "flatness unknown"
+  verdict = "flat" if is_flat(improvement) else "not flat"
+  return f"{verdict}: {-100 * improvement:+.1f}% in the last {_fraction_name()}"
+
+
+def _fraction_name() -> str:
+  return "fifth" if FLAT_FRACTION == 0.2 else f"{FLAT_FRACTION:.0%}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +153,9 @@ class Extrapolation:
 class PointSummary:
   """One row of the results table. Losses are final values (None when the
   point has not logged one, or diverged); perplexities are exp(loss) per
-  replica, then mean ± std; tokens_per_sec is the mean over logged rows."""
+  replica, then mean ± std; tokens_per_sec is the mean over logged rows.
+  late_improvement is `late_improvement` of the mean validation-loss curve
+  (None: fewer than two evaluations, or diverged)."""
   point: Point
   status: str
   replicas: int
@@ -111,6 +166,7 @@ class PointSummary:
   tokens_per_sec: float | None
   diverged: bool
   extrapolation: Extrapolation | None
+  late_improvement: float | None = None
 
 
 def mark_diverged(workdir: str | epath.PathLike, error: str) -> None:
@@ -247,10 +303,13 @@ def summarize_point(point: Point, workdir: str | epath.PathLike, *,
   eval_loss, eval_ppl = (None, None) if diverged else _final(
       rows, "eval_loss", replicas, workdir)
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
+  improvement = None if diverged else late_improvement(
+      *loss_curve(workdir, replicas=replicas)[:2])
   return PointSummary(point=point, status=status, replicas=replicas, train_loss=train_loss,
                       train_perplexity=train_ppl, eval_loss=eval_loss, eval_perplexity=eval_ppl,
                       tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
-                      diverged=diverged, extrapolation=readable_extrapolation(workdir, log))
+                      diverged=diverged, extrapolation=readable_extrapolation(workdir, log),
+                      late_improvement=improvement)
 
 
 def _extrapolation_columns(rows: Sequence[PointSummary]) -> list[tuple[str, int]]:
@@ -285,7 +344,8 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
   header = ["point", *fields, "status", "replicas"]
   for column, _ in _STATS:
     header += [column, f"{column}_std"]
-  header += ["tokens_per_sec", *(f"{p}@{n}" for p, n in extrapolation), "diverged"]
+  header += ["late_improvement", "flat", "tokens_per_sec",
+             *(f"{p}@{n}" for p, n in extrapolation), "diverged"]
   blank = lambda value: "" if value is None else value
   stat_cells = lambda stat: ["", ""] if stat is None else [stat.mean, blank(stat.std)]
   out = io.StringIO()
@@ -296,11 +356,16 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
             row.replicas]
     for _, attribute in _STATS:
       line += stat_cells(getattr(row, attribute))
-    line += [blank(row.tokens_per_sec),
+    line += [blank(row.late_improvement), _yes_no(is_flat(row.late_improvement)),
+             blank(row.tokens_per_sec),
              *(blank(_extrapolated(row, p, n)) for p, n in extrapolation),
              "yes" if row.diverged else "no"]
     writer.writerow(line)
   return out.getvalue()
+
+
+def _yes_no(flag: bool | None) -> str:
+  return "" if flag is None else "yes" if flag else "no"
 
 
 def _format_stat(stat: Stat | None) -> str:
@@ -316,15 +381,20 @@ def _format_loss(value: float | str | None) -> str:
 def _markdown_text(rows: Sequence[PointSummary]) -> str:
   fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
   header = ["point", *fields, "status", "train loss", "train ppl", "val loss", "val ppl",
-            "tokens/s", *(f"{p} @{n}" for p, n in extrapolation), "diverged"]
+            f"val change, last {_fraction_name()}", "flat", "tokens/s",
+            *(f"{p} @{n}" for p, n in extrapolation), "diverged"]
   note = (f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
           "tokens/s: training tokens per second, each batch counted once however many "
           "replicas train on it. Extrapolation columns: validation loss at that "
-          "evaluation length (n/a: not applicable).")
+          "evaluation length (n/a: not applicable). Val change: relative change of the "
+          f"mean validation loss over the last {_fraction_name()} of training; flat: it "
+          f"improved by less than {FLAT_TOLERANCE:.0%} there.")
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
     cells = [row.point.name, *(str(row.point.overrides.get(f, "")) for f in fields),
              row.status, *(_format_stat(getattr(row, a)) for _, a in _STATS),
+             "" if row.late_improvement is None else f"{-100 * row.late_improvement:+.1f}%",
+             _yes_no(is_flat(row.late_improvement)),
              "" if row.tokens_per_sec is None else f"{row.tokens_per_sec:,.0f}",
              *(_format_loss(_extrapolated(row, p, n)) for p, n in extrapolation),
              "yes" if row.diverged else "no"]
@@ -390,6 +460,8 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
   """Validation ('eval_loss', loss_curves.png) or training ('loss',
   train_loss_curves.png) loss vs training step, one line per point with a
   ±1 std band over its replicas; points with no such row yet are left out.
+  Validation curves are labelled with the flattening criterion's verdict
+  (`late_improvement`), e.g. '<point> (not flat: -3.1% in the last fifth)'.
   Returns the PNG.
 
   `line_plot` defaults to txf.analysis.plots.line_plot, written atomically
@@ -400,22 +472,28 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
   png, what = CURVES[metric]
   points = list(points)
   directory = epath.Path(sweep_workdir)
-  series, replica_counts = {}, set()
+  series, styles, replica_counts = {}, {}, set()
+  all_styles = point_styles(points)
   for point in points:
     replicas = point_replicas(point)
     steps_N, mean_N, std_N = loss_curve(directory / point.name, replicas=replicas,
                                         metric=metric)
     if len(steps_N):
-      series[point.name] = (steps_N, mean_N, std_N)
+      label = point.name
+      if metric == "eval_loss":
+        label += f" ({_flatness_text(late_improvement(steps_N, mean_N))})"
+      series[label] = (steps_N, mean_N, std_N)
+      styles[label] = all_styles[point.name]
       replica_counts.add(replicas)
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
-  styles = point_styles(points)
+  criterion = (f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {_fraction_name()}"
+               if metric == "eval_loss" else "")
   (line_plot or write_line_plot)(
       series, path, title=f"{what.capitalize()} per point" + (
-          f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else ""),
-      xlabel="training step", ylabel=f"{what} ({LOSS_UNITS})",
-      styles={label: styles[label] for label in series})
+          f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
+      + criterion,
+      xlabel="training step", ylabel=f"{what} ({LOSS_UNITS})", styles=styles)
   return path
 
 
