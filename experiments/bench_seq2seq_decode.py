@@ -38,6 +38,7 @@ from etils import epath
 
 from experiments.cli import run_command
 from txf import decode, models
+from txf.decode import generation
 from txf.layers.config import ModelConfig
 
 _SOURCE_LEN = flags.DEFINE_integer("source_len", 512, "Encoder tokens per source.")
@@ -64,9 +65,9 @@ BOS_ID = 1
 def generate_call(model, params, sources_BxS, cache_cross_attention: bool, *,
                   new_tokens: int, num_beams: int):
   """`decode.generate` of new_tokens per row: the whole loop one XLA program."""
-  return functools.partial(decode.generate, model, params, encoder_tokens_BxS=sources_BxS,
-                           max_new_tokens=new_tokens, num_beams=num_beams, bos_id=BOS_ID,
-                           cache_cross_attention=cache_cross_attention)
+  generate = generation.build_generate(cache_cross_attention=cache_cross_attention)
+  return functools.partial(generate, model, params, encoder_tokens_BxS=sources_BxS,
+                           max_new_tokens=new_tokens, num_beams=num_beams, bos_id=BOS_ID)
 
 
 def stepwise_call(model, params, sources_BxS, cache_cross_attention: bool, *, new_tokens: int):

@@ -19,6 +19,7 @@ import pytest
 
 from test_decode import PROMPT, TINY, apply, model_and_params, random_tokens, to_left
 from txf import decode, models
+from txf.decode import generation
 from txf.layers.config import ModelConfig
 
 # ---------------------------------------------------------------------------
@@ -216,11 +217,13 @@ def test_seq2seq_ragged_beam_search_caches_cross_attention_and_equals_each_examp
   # Ragged sources and ragged decoder prompts: BOS alone, and BOS + 2 forced tokens.
   encoder_tokens = random_tokens(6, (2, 7)).at[0, 5:].set(0)
   prompts = jnp.array([[1, 0, 0], [1, 7, 9]])
-  beam = functools.partial(decode.generate, model, params, max_new_tokens=NEW, eos_id=2,
-                           num_beams=BEAMS, length_penalty=ALPHA, return_beams=True)
+  options = dict(max_new_tokens=NEW, eos_id=2, num_beams=BEAMS, length_penalty=ALPHA,
+                 return_beams=True)
+  beam = functools.partial(decode.generate, model, params, **options)
   tokens, scores = beam(prompts, encoder_tokens_BxS=encoder_tokens)
-  uncached_tokens, uncached_scores = beam(prompts, encoder_tokens_BxS=encoder_tokens,
-                                          cache_cross_attention=False)
+  uncached_beam = functools.partial(
+      generation.build_generate(cache_cross_attention=False), model, params, **options)
+  uncached_tokens, uncached_scores = uncached_beam(prompts, encoder_tokens_BxS=encoder_tokens)
   np.testing.assert_array_equal(tokens, uncached_tokens)
   np.testing.assert_allclose(scores, uncached_scores, atol=1e-5)
   for row in range(2):

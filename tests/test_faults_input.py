@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from conftest import load_config, tiny_config
 
-from txf import decode, models
+from txf import models
+from txf.decode import generation
 from txf.layers import Embedder
 from txf.sweep.runner import check_point_config
 from txf.train.config import ConfigError, check_run_config
@@ -127,9 +128,10 @@ def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_befor
   # The same boundary as the sampler's own: 30 new tokens lower, 31 do not.
   prompt_1xP = jnp.asarray(setup.train_data.tokenizer.encode("def"))[None]
   params = setup.init().params
-  decode.generate(setup.model, params, prompt_1xP, max_new_tokens=30, lower=True)
+  lower_generate = generation.build_generate(lower=True)
+  lower_generate(setup.model, params, prompt_1xP, max_new_tokens=30)
   with pytest.raises(ValueError, match="a cache of 33 positions"):
-    decode.generate(setup.model, params, prompt_1xP, max_new_tokens=31, lower=True)
+    lower_generate(setup.model, params, prompt_1xP, max_new_tokens=31)
 
 
 # A run's config.json, corrupted: every case a ValueError naming the file (a

@@ -46,6 +46,7 @@ from etils import epath
 from txf import decode
 from txf.analysis import summarize
 from txf.data import ProcessCountError
+from txf.decode import generation
 from txf.train import hardware, sharding
 from txf.train.checkpoint import Checkpointer, PreemptionGuard
 from txf.train.config import ConfigError
@@ -177,7 +178,7 @@ def _compile_evaluation(setup: RunSetup, params) -> threading.Thread:
       with setup.activation_sharding():
         setup.eval_step.lower(params, eval_batch).compile()
         if sampler is not None:
-          decode.generate(*sampler[0], **sampler[1], lower=True).compile()
+          generation.build_generate(lower=True)(*sampler[0], **sampler[1]).compile()
     except Exception:  # pylint: disable=broad-except
       pass  # the eval itself compiles then, and raises whatever this met
 

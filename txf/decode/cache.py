@@ -1,0 +1,186 @@
+"""Decoding caches of txf models, and the callables that thread them.
+
+`init_cache`, `cache_batch_axes`, `make_tokens_to_logits` and
+`encode_for_decoding` adapt txf models (`txf.models.build`) to the searches'
+interface (`txf.decode`'s docstring); `cache_length` says how many positions
+a search writes, and `cache_positions` how many a txf cache holds.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from txf.layers.attention import CROSS_CACHE_NAMES
+from txf.layers.embedding import check_position_table
+
+Array = jax.Array
+Cache = Any  # a pytree of arrays
+TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
+
+_GENERATIVE_FAMILIES = ("decoder", "encoder_decoder", "lstm")
+
+
+def check_generative(model: nn.Module) -> None:
+  """Raises a ValueError naming the field unless the model can generate."""
+  cfg = model.cfg
+  if cfg.family not in _GENERATIVE_FAMILIES:
+    raise ValueError(f"model.family: {cfg.family!r} cannot generate "
+                     f"(KV-cache decoding needs one of {_GENERATIVE_FAMILIES})")
+  if cfg.head != "lm":
+    raise ValueError(f"model.head: generation needs an 'lm' head, got {cfg.head!r}")
+
+
+def _cache_shapes(model: nn.Module, batch_size: int, cache_len: int, encoder_len: int) -> Cache:
+  """The model's 'cache' collection as a pytree of jax.ShapeDtypeStruct."""
+  check_generative(model)
+  check_position_table(model.cfg.position, model.cfg.max_len, cache_len, "a cache")
+  inputs = (jax.ShapeDtypeStruct((batch_size, cache_len), jnp.int32),)
+  if model.cfg.family == "encoder_decoder":
+    inputs = (jax.ShapeDtypeStruct((batch_size, encoder_len), jnp.int32),) + inputs
+  # eval_shape: the init call would otherwise materialise all parameters.
+  variables = jax.eval_shape(functools.partial(model.init, use_cache=True),
+                             jax.random.key(0), *inputs)
+  return variables["cache"]
+
+
+def init_cache(model: nn.Module, batch_size: int, cache_len: int, *,
+               encoder_tokens: Array | None = None) -> Cache:
+  """An empty (all-zero) decoding cache for a decoder or encoder-decoder.
+
+  Args:
+    model: a module from `txf.models.build` with family 'decoder' or
+      'encoder_decoder' and an 'lm' head.
+    batch_size: B.
+    cache_len: L, the number of positions the cache can hold.
+    encoder_tokens: encoder_decoder only, and required there: [B, S] encoder
+      inputs; only their length is used (it sizes the cross-attention keys
+      and values, which `encode_for_decoding` computes and stores).
+
+  Returns:
+    The model's 'cache' collection: per layer self-attention
+    `cached_key`/`cached_value` [B, L, K, Dh]; for an encoder-decoder also
+    cross-attention `cross_key`/`cross_value` [B, S, K, Dh] and `cross_mask`
+    [B, 1, 1, S]; scan_layers adds a leading [N] axis to each. And a scalar
+    `index`.
+
+  Raises:
+    ValueError: naming the field, for a family or head that cannot generate,
+      cache_len longer than a learned position table, or encoder_tokens
+      missing (encoder_decoder) or given (decoder).
+  """
+  check_generative(model)
+  is_seq2seq = model.cfg.family == "encoder_decoder"
+  if is_seq2seq and encoder_tokens is None:
+    raise ValueError("init_cache: encoder_tokens: an encoder_decoder cache needs the encoder "
+                     "inputs (their length sizes the cross-attention keys/values)")
+  if not is_seq2seq and encoder_tokens is not None:
+    raise ValueError("init_cache: encoder_tokens only apply to family='encoder_decoder'")
+  encoder_len = encoder_tokens.shape[1] if is_seq2seq else 0
+  shapes = _cache_shapes(model, batch_size, cache_len, encoder_len)
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def cache_batch_axes(model: nn.Module, cache_len: int) -> Cache:
+  """Which axis of each cache leaf `beam_search` copies per beam and reorders.
+
+  Found by comparing the cache shapes for batch sizes 1 and 2, so it holds
+  for any layout (e.g. scanned layers put the batch on axis 1).
+
+  Returns:
+    A pytree with the cache's structure: an int axis per leaf, or None for a
+    leaf the search leaves alone: the shared `index`, and an
+    encoder-decoder's cross-attention keys, values and mask, of which each
+    example keeps one copy that all its beams attend to.
+  """
+  def batch_axis(path, one, two):
+    if getattr(path[-1], "key", None) in CROSS_CACHE_NAMES:
+      return None
+    differing = [a for a, (m, n) in enumerate(zip(one.shape, two.shape)) if m != n]
+    return differing[0] if differing else None
+  return jax.tree_util.tree_map_with_path(batch_axis, _cache_shapes(model, 1, cache_len, 1),
+                                          _cache_shapes(model, 2, cache_len, 1))
+
+
+def cache_length(prompt_len: int, max_new_tokens: int) -> int:
+  """Positions a search writes into the cache: every prompt column and every
+  new token but the last, which is never fed back."""
+  return prompt_len + max_new_tokens - 1
+
+
+def cache_positions(cache: Cache) -> int | None:
+  """Positions a txf cache holds: the length axis of its self-attention
+  `cached_key` leaves ([..., B, L, K, Dh]); None for a cache without them."""
+  lengths = {leaf.shape[-3] for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+             if path and getattr(path[-1], "key", None) == "cached_key"}
+  return min(lengths) if lengths else None
+
+
+def make_tokens_to_logits(model: nn.Module, params: Any, *context: Array | None,
+                          method: str | None = None) -> TokensToLogits:
+  """Wraps a txf model as the `tokens_to_logits` of `sample` / `beam_search`.
+
+  Args:
+    model: decoder or encoder-decoder.
+    params: its parameters.
+    *context: leading arguments of `method` before the tokens, e.g.
+      (encoded [B, S, D], encoder mask [B, 1, 1, S]) for `method='decode'`
+      of an encoder-decoder, or (None, None) to read the encoding stored in
+      the cache (see `encode_for_decoding`). An encoding may have fewer
+      rows than the tokens, one per example when its beams share it.
+    method: the model method to apply; None: `__call__`.
+
+  Returns:
+    tokens_to_logits(tokens [B, T], cache) -> (logits of the last position
+    [B, V] float32, updated cache).
+  """
+  def tokens_to_logits(tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
+    logits_BxTxV, variables = model.apply({"params": params, "cache": cache}, *context,
+                                          tokens_BxT, use_cache=True, mutable=["cache"],
+                                          method=method)
+    return logits_BxTxV[:, -1], variables["cache"]
+  return tokens_to_logits
+
+
+def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array,
+                        cache_len: int, *,
+                        cache_cross_attention: bool = True) -> tuple[TokensToLogits, Cache]:
+  """Runs an encoder-decoder's encoder once and adapts its decoder to the searches.
+
+  Args:
+    model: encoder_decoder from `txf.models.build`.
+    params: its parameters.
+    encoder_tokens_BxS: encoder inputs padded with cfg.pad_id.
+    cache_len: decoder positions the cache holds.
+    cache_cross_attention: True: each decoder layer's cross-attention keys
+      and values of the encoding (and its padding mask) are computed here,
+      once, and stored in the cache. False: every step projects the
+      encoding again, as decoding did before they were cached; this path
+      exists to compare and benchmark against (experiments/bench_seq2seq_decode.py:
+      inside one jitted loop, as in `generate`, XLA hoists that
+      loop-invariant projection out of the loop itself, so the two cost
+      about the same there; decoding step by step, the cache saves it).
+
+  Returns:
+    (tokens_to_logits, cache) for batch B; beam search copies the
+    self-attention part of the cache per beam (with `cache_batch_axes`).
+  """
+  batch_size = encoder_tokens_BxS.shape[0]
+  encoded_BxSxD, encoder_mask = model.apply({"params": params}, encoder_tokens_BxS,
+                                            method="encode")
+  cache = init_cache(model, batch_size, cache_len, encoder_tokens=encoder_tokens_BxS)
+  if not cache_cross_attention:
+    # Each step projects the encoding again (and stores the result over the
+    # stored copy, which it does not read).
+    return make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask,
+                                 method="decode"), cache
+  # Decoding zero tokens with the encoding only stores its keys and values:
+  # the self-attention slots and the index stay empty.
+  no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)
+  _, variables = model.apply({"params": params, "cache": cache}, encoded_BxSxD, encoder_mask,
+                             no_tokens_Bx0, use_cache=True, mutable=["cache"], method="decode")
+  return make_tokens_to_logits(model, params, None, None, method="decode"), variables["cache"]

@@ -1,0 +1,113 @@
+"""Temperature, top-k and top-p sampling; temperature 0 is greedy decoding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from txf.decode.cache import Cache, TokensToLogits
+from txf.decode.prompts import check_search, prompt_lengths, restore_padding_side, right_aligned
+
+Array = jax.Array
+
+
+def _filter_top_k(logits_BxV: Array, top_k: int) -> Array:
+  """Keeps the k largest logits per row (ties at the k-th may keep more)."""
+  kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
+  return jnp.where(logits_BxV >= kth_Bx1, logits_BxV, -jnp.inf)
+
+
+def _filter_top_p(logits_BxV: Array, top_p: float) -> Array:
+  """Nucleus filter: keeps the most likely tokens whose probabilities reach top_p.
+
+  A token is kept when the probability of all more likely tokens is still
+  below top_p, so the most likely token always survives.
+  """
+  sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
+  probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+  mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+  cutoff_Bx1 = jnp.min(jnp.where(mass_before_BxV < top_p, sorted_BxV, jnp.inf),
+                       axis=-1, keepdims=True)
+  return jnp.where(logits_BxV >= cutoff_Bx1, logits_BxV, -jnp.inf)
+
+
+def _next_token(rng: Array, logits_BxV: Array, temperature: float | Array, top_k: int,
+                top_p: float) -> Array:
+  """Samples [B] tokens from temperature-scaled, top-k then top-p filtered logits.
+
+  temperature 0 means argmax. temperature may be traced (no recompile per
+  value); top_k and top_p are Python numbers (top_k sets a shape).
+  """
+  logits_BxV = logits_BxV.astype(jnp.float32)
+  # The sampled branch must stay finite when temperature is 0; it is discarded then.
+  scaled_BxV = logits_BxV / jnp.where(temperature > 0, temperature, 1.0)
+  if top_k:
+    scaled_BxV = _filter_top_k(scaled_BxV, top_k)
+  if top_p < 1.0:
+    scaled_BxV = _filter_top_p(scaled_BxV, top_p)
+  sampled_B = jax.random.categorical(rng, scaled_BxV, axis=-1)
+  return jnp.where(temperature > 0, sampled_B, jnp.argmax(logits_BxV, axis=-1))
+
+
+def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Array, *,
+           max_new_tokens: int, rng: Array, temperature: float | Array = 1.0,
+           top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None,
+           pad_id: int = 0, prompt_lengths_B: Array | None = None,
+           padding_side: str = "right") -> Array:
+  """Temperature / top-k / top-p sampling; temperature 0 is greedy decoding.
+
+  Prompts, padding and EOS as in `txf.decode`'s docstring. The loop stops as
+  soon as every row has ended.
+
+  Args:
+    tokens_to_logits: (tokens [B, 1], cache) -> (logits [B, V], cache).
+    cache: empty cache with room for P + max_new_tokens - 1 positions.
+    prompt_BxP: int prompts.
+    max_new_tokens: N >= 1.
+    rng: PRNG key; step i uses fold_in(rng, i).
+    temperature: logits are divided by it; 0: argmax.
+    top_k: sample among the k most likely tokens; 0: all.
+    top_p: sample among the most likely tokens holding probability top_p
+      (nucleus sampling); 1: all.
+    eos_id: token that ends a row (only when generated, not in a prompt);
+      None: rows run to max_new_tokens.
+    pad_id: prompt padding and filler after a row ends.
+    prompt_lengths_B: int [B] prompt lengths; None: the tokens != pad_id.
+    padding_side: 'right' or 'left', where the prompts' padding is.
+
+  Returns:
+    int32 [B, P + N]: prompts followed by the generated tokens.
+
+  Raises:
+    ValueError: for a txf cache too short, bad shapes, or (concrete
+      prompts) rows without a token or not padded on padding_side.
+  """
+  check_search("sample", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id,
+               padding_side)
+  prompt_len = prompt_BxP.shape[1]
+  lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
+  prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)
+  last_position_B = lengths_B + max_new_tokens - 1
+  tokens_BxT = jnp.pad(prompt_BxP, ((0, 0), (0, max_new_tokens)), constant_values=pad_id)
+  finished_B = jnp.zeros(prompt_BxP.shape[:1], bool)
+
+  def step(state):
+    i, tokens_BxT, finished_B, cache = state
+    logits_BxV, cache = tokens_to_logits(
+        jax.lax.dynamic_slice_in_dim(tokens_BxT, i, 1, axis=1), cache)
+    sampled_B = _next_token(jax.random.fold_in(rng, i), logits_BxV, temperature, top_k, top_p)
+    position = i + 1
+    in_prompt_B = position < lengths_B
+    token_B = jnp.where(in_prompt_B, tokens_BxT[:, position],
+                        jnp.where(finished_B, pad_id, sampled_B))
+    tokens_BxT = tokens_BxT.at[:, position].set(token_B)
+    finished_B |= position == last_position_B
+    if eos_id is not None:
+      finished_B |= ~in_prompt_B & (token_B == eos_id)
+    return i + 1, tokens_BxT, finished_B, cache
+
+  # Every row finishes at its last_position (<= P + N - 1), so this ends
+  # before `position` runs off the buffer.
+  _, tokens_BxT, _, _ = jax.lax.while_loop(lambda state: ~jnp.all(state[2]), step,
+                                           (jnp.int32(0), tokens_BxT, finished_B, cache))
+  return restore_padding_side(tokens_BxT, lengths_B, prompt_len, padding_side)
