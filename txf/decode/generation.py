@@ -63,7 +63,7 @@ def _check_search_choice(num_beams: int, return_beams: bool, rng: Array | None, 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "top_p",
                                              "eos_id", "num_beams", "return_beams",
                                              "padding_side", "cache_cross_attention"))
-def _program(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, rng, temperature,
+def _generate(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, rng, temperature,
              length_penalty, *, max_new_tokens, top_k, top_p, eos_id, num_beams, return_beams,
              padding_side, cache_cross_attention):
   """`generate` after its checks: one jitted program per shape and option."""
@@ -104,7 +104,7 @@ def build_generate(*, cache_cross_attention: bool = True,
   Returns:
     A function with `generate`'s signature and checks.
   """
-  run = _program.lower if lower else _program
+  run = _generate.lower if lower else _generate
 
   def generate(model: nn.Module, params: Any, prompt_BxP: Array | None = None, *,
                max_new_tokens: int, encoder_tokens_BxS: Array | None = None,
