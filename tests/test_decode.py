@@ -10,6 +10,7 @@ summation order).
 """
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -423,3 +424,11 @@ def test_prefill_longer_than_the_cache_is_rejected():
   with pytest.raises(ValueError, match="KV cache of 4 slots"):
     model.apply({"params": params, "cache": cache}, jnp.ones((1, 6), jnp.int32), use_cache=True,
                 mutable=["cache"])
+
+
+def test_generate_leaves_the_benchmark_switches_to_build_generate():
+  """The public signature holds what a user chooses; comparing against the
+  uncached cross-attention and lowering the program are reached inside."""
+  switches = {"cache_cross_attention", "lower"}
+  assert not switches & set(inspect.signature(decode.generate).parameters)
+  assert switches == set(inspect.signature(decode.generation.build_generate).parameters)
