@@ -13,7 +13,7 @@
 # part writes $OUT/<part>.tar.gz (JSON reports, logs, an nvidia-smi sample of
 # clocks, power, temperature and throttle reasons every 0.5 s, a profile) and
 # prints a summary (benchmarks/summarize.py) last. EXTRA="--config.model.d_model=32 ..."
-# appends flags to every experiments.bench call (a smoke test on a CPU at toy size).
+# appends flags to every step, loop and decode call (a smoke test on a CPU at toy size).
 set -uo pipefail
 part=${1:?usage: bash benchmarks/gpu.sh train|loop|long|decode|all}
 OUT=${OUT:-gpu_results}
@@ -41,45 +41,45 @@ utilization.gpu,memory.used,clocks_throttle_reasons.active --format=csv -lms 500
   > "$dir/nvidia_smi.csv" 2>&1 &
 smi=$!
 
-bench() {  # bench NAME SECONDS ARGS...: one benchmark, its report in $dir/NAME.json
+bench() {  # bench NAME SECONDS MODE ARGS...: one benchmark, its report in $dir/NAME.json
   local name=$1 limit=$2; shift 2
   echo "== $name: $*" | tee -a "$dir/log.txt"
-  timeout "$limit" python3 -m experiments.bench "$@" ${EXTRA:-} --json="$dir/$name.json" 2>&1 \
+  timeout "$limit" python3 -m benchmarks.run "$@" ${EXTRA:-} --json="$dir/$name.json" 2>&1 \
     | grep -v -e "Unable to initialize backend" -e "^W0000" | tee -a "$dir/log.txt"
 }
 GPT2=--config=configs/gpt2_small.py
 STEP="--steps=200 --window=50 --fresh_batches --nosync"
 case $part in
   train)
-    bench step_b32_torch 200 $GPT2 $STEP --torch --torch_steps=50
-    bench step_b32_fused_loss 100 $GPT2 $STEP --config.train.loss_chunk_len=256
+    bench step_b32_torch 200 step $GPT2 $STEP --torch --torch_steps=50
+    bench step_b32_fused_loss 100 step $GPT2 $STEP --config.train.loss_chunk_len=256
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
-      bench step_b32_command_buffers 100 $GPT2 $STEP
-    bench step_b16_torch 160 $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
+      bench step_b32_command_buffers 100 step $GPT2 $STEP
+    bench step_b16_torch 160 step $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
     ;;
   loop)
-    bench loop 440 $GPT2 --loop --steps=400 --window=50 --config.eval.every=200 \
+    bench loop 440 loop $GPT2 --steps=400 --window=50 --config.eval.every=200 \
       --config.train.checkpoint_every=200 --profile_dir="$dir/profile" --profile_steps=300,305
-    bench step_b32_reused_batch 110 $GPT2 --steps=200 --window=50  # as the 430k
+    bench step_b32_reused_batch 110 step $GPT2 --steps=200 --window=50  # as the 430k
     ;;
   long)
     for len in 8192 16384 32768 65536; do
       batch=$(( 32768 / len > 0 ? 32768 / len : 1 ))
-      bench "step_${len}" 130 --config=configs/gpt2_small_8k.py --steps=30 --window=10 \
+      bench "step_${len}" 130 step --config=configs/gpt2_small_8k.py --steps=30 --window=10 \
         --fresh_batches --nosync --config.model.max_len=$len --config.data.seq_len=$len \
         --config.data.batch_size=$batch --config.eval.num_batches=1
     done
     ;;
   decode)
-    bench decode 200 $GPT2 --decode --hf --decode_batch_sizes=1,32 --prompt_len=128 \
+    bench decode 200 decode $GPT2 --hf --decode_batch_sizes=1,32 --prompt_len=128 \
       --new_tokens=512
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
-      bench decode_command_buffers 120 $GPT2 --decode --decode_batch_sizes=1,32 \
+      bench decode_command_buffers 120 decode $GPT2 --decode_batch_sizes=1,32 \
       --prompt_len=128 --new_tokens=512
-    echo "== bench_replicas" | tee -a "$dir/log.txt"
-    timeout 60 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
+    echo "== replicas" | tee -a "$dir/log.txt"
+    timeout 60 python3 -m benchmarks.run replicas --config=configs/base.py --replicas=3 \
       2>&1 | tee -a "$dir/log.txt"
-    timeout 180 python3 -m experiments.bench_replicas --config=configs/base.py --replicas=3 \
+    timeout 180 python3 -m benchmarks.run replicas --config=configs/base.py --replicas=3 \
       --runs --config.train.steps=200 --config.eval.every=100 \
       --config.train.checkpoint_every=100 2>&1 | grep -v -e "^I1" -e "^W0000" \
       | tee -a "$dir/log.txt"

@@ -1,4 +1,4 @@
-"""Prints the figures of experiments.bench JSON reports as markdown table rows
+"""Prints the figures of benchmarks.run JSON reports (step, loop, decode) as markdown table rows
 (for docs/benchmarks.md).
 
   python benchmarks/summarize.py gpu_results/train [more directories or files]

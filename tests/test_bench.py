@@ -2,7 +2,8 @@
 counts, memory bandwidth and the decoding floor, the fused chunked loss
 against the plain path and float64 numpy, the evaluation compiled in the
 background, the long-context config, and the benchmark modes (step with the
-PyTorch reference, loop, decode) writing their figures at toy size.
+PyTorch reference, loop, decode, data, replicas, seq2seq decoding) writing
+their figures at toy size, and the one command that runs them.
 
 Speed itself is never asserted here: benchmarks print figures
 (docs/benchmarks.md), tests check what the figures are made of.
@@ -22,9 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, load_config
+from conftest import REPO, load_config, tiny_config
 
-from experiments import bench_decode, bench_loop
+from benchmarks import data as bench_data
+from benchmarks import decode as bench_decode
+from benchmarks import loop as bench_loop
+from benchmarks import replicas as bench_replicas
+from benchmarks import seq2seq_decode as bench_seq2seq
+from benchmarks import step as bench_step
 from txf import ops
 from txf.analysis import flops_per_token, matmul_params
 from txf.layers.config import ModelConfig
@@ -335,7 +341,7 @@ def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                     reason="transformers is not installed")
 def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
-  done = subprocess.run([sys.executable, "benchmarks/hf_gpt2_decode.py", "--layers=1",
+  done = subprocess.run([sys.executable, "benchmarks/references/hf_gpt2_decode.py", "--layers=1",
                          "--d_model=32", "--heads=2", "--vocab=260", "--max_len=64",
                          "--batch_sizes=1,2", "--prompt_len=4", "--new_tokens=3", "--repeats=1",
                          f"--json={tmp_path / 'hf.json'}"],
@@ -351,9 +357,8 @@ def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
 
 
 def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
-  from experiments import bench  # pylint: disable=import-outside-toplevel
   config = gpt2_tiny(max_len=32)  # torch's position table has T rows
-  report = bench.torch_reference(config, steps=2, compile_model=False)
+  report = bench_step.torch_reference(config, steps=2, compile_model=False)
   if HAS_TORCH:
     assert (report["batch_size"], report["seq_len"], report["steps"]) == (4, 32, 2)
     assert report["tokens_per_sec"] == pytest.approx(4 * 32 / report["step_time"])
@@ -366,7 +371,57 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
     assert report is None and "torch is not installed" in capsys.readouterr().out
   # A model that is not GPT-2 has no reference.
   rope = load_config("rope")
-  assert bench.torch_reference(rope, steps=2, compile_model=False) is None
+  assert bench_step.torch_reference(rope, steps=2, compile_model=False) is None
+
+
+def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
+  config = gpt2_tiny()
+  figures = bench_data.device_throughput(config, batches=3, workdir=str(tmp_path))
+  assert (figures["batches"], figures["devices"]) == (3, jax.device_count())
+  assert figures["tokens_per_sec"] == pytest.approx(3 * 4 * 32 / figures["seconds"])
+  assert figures["ms_per_batch"] == pytest.approx(1e3 * figures["seconds"] / 3)
+
+
+def test_replicas_bench_times_every_strategy_against_one_replica():
+  figures = bench_replicas.time_steps(tiny_config("rope"), replicas=2, steps=1)
+  assert list(figures) == ["1 replica", "2 replicas vmap", "2 replicas map", "2 sequential"]
+  assert all(ms > 0 for ms in figures.values())
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_beams):
+  cfg = ModelConfig(family="encoder_decoder", vocab_size=20, d_model=16, num_heads=2,
+                    num_layers=1, max_len=8)
+  model = build(cfg)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = jax.jit(model.init)(jax.random.key(0), tokens, tokens)["params"]
+  sources = jax.random.randint(jax.random.key(1), (2, 6), 4, 20)
+  figures = bench_seq2seq.measure(model, params, sources, new_tokens=3, num_beams=num_beams,
+                                  repeats=1)
+  # Stepping from Python is greedy only.
+  assert list(figures) == (["generate", "stepwise"] if num_beams == 1 else ["generate"])
+  for variants in figures.values():
+    assert list(variants) == ["cached", "recomputed"]
+  table = bench_seq2seq.format_table(figures).splitlines()
+  generate = figures["generate"]
+  speedup = generate["recomputed"]["ms_per_token"] / generate["cached"]["ms_per_token"]
+  assert table[1].startswith("generate") and table[1].endswith(f"{speedup:.2f}x")
+
+
+@pytest.mark.slow  # subprocesses
+@pytest.mark.parametrize("args,message", [
+    ([], "flag error: missing mode; usage: python -m benchmarks.run {step|loop|"),
+    (["nosuch"], "flag error: unknown mode 'nosuch'"),
+    # A flag of the step mode is no flag of the loop mode.
+    (["loop", "--config=configs/rope.py", "--torch"],
+     "flag error: Unknown command line flag 'torch'"),
+])
+def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message):
+  done = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2
+  (line,) = done.stderr.strip().splitlines()
+  assert line.startswith(message), line
 
 
 def test_environment_names_the_device_and_versions():

@@ -137,7 +137,7 @@ def test_bench_times_the_training_step_and_writes_json(tmp_path):
   tiny = ["--config.model.d_model=32", "--config.model.num_heads=2",
           "--config.model.num_layers=1", "--config.data.seq_len=32",
           "--config.data.batch_size=8", "--config.data.max_corpus_bytes=200000"]
-  done = subprocess.run([sys.executable, "-m", "experiments.bench", "--config=configs/rope.py",
+  done = subprocess.run([sys.executable, "-m", "benchmarks.run", "step", "--config=configs/rope.py",
                          *tiny, "--steps=4", "--window=2", "--fresh_batches",
                          f"--json={report_path}"],
                         cwd=REPO, capture_output=True, text=True, timeout=300)

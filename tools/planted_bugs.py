@@ -5,7 +5,7 @@
   python tools/planted_bugs.py --only rope_q_only --only last_pool_first
 
 Each bug replaces one exact snippet in one file of a temporary copy of the
-repository (txf/, tests/, configs/, experiments/, pyproject.toml), then runs
+repository (txf/, tests/, configs/, experiments/, benchmarks/, pyproject.toml), then runs
 the tests named for it there (`pytest -x -q -n 0`). A bug is caught when
 those tests fail. The tool stops with an error when a snippet is not found
 exactly once, so a refactor that moves the code cannot make a bug silently
@@ -29,7 +29,7 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-COPIED = ("txf", "tests", "configs", "experiments", "pyproject.toml")
+COPIED = ("txf", "tests", "configs", "experiments", "benchmarks", "pyproject.toml")
 LAYER_REFS = "tests/test_layer_references.py"
 ATTENTION_REF = f"{LAYER_REFS}::test_attention_matches_numpy"
 BLOCK_REF = f"{LAYER_REFS}::test_block_matches_numpy"

@@ -21,7 +21,7 @@ within 0.05 nats of no position encoding, while with 1000 steps both are
 about 0.4 nats ahead of it (single seed; docs/results.md). Timing: one seed
 of configs/base.py costs 329 ms a step on the idle 2-core CPU
 (docs/results.md, "Seeds as replicas"); timed side by side on the shared
-CPU (experiments.bench_replicas, --replicas=2 --steps=10, 2026-11-25), the
+CPU (benchmarks.run replicas, --replicas=2 --steps=10, 2026-11-25), the
 slowest point, t5_bias, used the CPU time rope did (105 vs 104 CPU-s for the
 same benchmark; the contended wall times were too noisy to compare) and two
 seeds in one program cost 1.70x (t5_bias) to 1.89x (rope) one. So a point of

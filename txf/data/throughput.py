@@ -1,7 +1,7 @@
 """How fast a data config's training batches arrive on one host.
 
 `loader_throughput` times `make_dataset(data_config, 'train', ...)` alone (no
-model, no device): what `python -m experiments.bench --data` reports, to
+model, no device): what `python -m benchmarks.run data` reports, to
 compare with how fast a device trains (tokens/s per host, at the config's
 data.read_workers and data.read_threads).
 """

@@ -20,8 +20,8 @@ The loop adds little to the compiled step: no device sync between log
 steps (non-finite updates are flagged on device and checked at each log
 step), batches read and sent ahead in a thread, and the eval step and the
 sampler compiled in another thread as training starts, so the first
-evaluation does not stop the accelerator to compile (experiments.bench
---loop measures what the loop costs, piece by piece).
+evaluation does not stop the accelerator to compile (benchmarks.run
+loop measures what the loop costs, piece by piece).
 
 A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
 side on the same batches (txf.train.setup); every metric is logged per
@@ -342,8 +342,8 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
   `setup` is the config's RunSetup to train with (None: built here by
-  setup_run; benchmarks pass one with pieces swapped, see experiments.bench
-  --loop). `prefetch` batches are read and sent to the devices ahead in a
+  setup_run; benchmarks pass one with pieces swapped, see benchmarks.run
+  loop). `prefetch` batches are read and sent to the devices ahead in a
   thread (0: no thread, each batch read when its step is dispatched).
   `preemption` is the entered SIGTERM guard to train under (None: one of its
   own); a sweep passes its own to learn that a run stopped for a preemption.

@@ -22,7 +22,7 @@ Strategies (same results up to float32 summation order):
   'map'   jax.lax.map over the replicas: a loop inside the one program, each
           iteration the single-replica step.
 
-Measured (experiments/bench_replicas.py, configs/base.py model: d_model 128,
+Measured (benchmarks/replicas.py, configs/base.py model: d_model 128,
 2 layers, seq 128, batch 32; 2-core CPU shared with other jobs, ms/step and
 ratio to one replica; two runs of the final script, 2026-11-23):
                      run 1              run 2

@@ -4,11 +4,11 @@ GPT-2 (Radford et al. 2019) written the way the widely used PyTorch recipe
 (nanoGPT / llm.c's train_gpt2.py) writes it: pre-LN blocks, GELU (tanh),
 biases, tied embeddings, F.scaled_dot_product_attention(is_causal=True),
 bf16 autocast, fused AdamW (decay on matrices only), gradient clipping at 1,
-torch.compile. `python -m experiments.bench --torch` runs it in a subprocess
+torch.compile. `python -m benchmarks.run step --torch` runs it in a subprocess
 before JAX starts (each framework then has the GPU to itself) on the very
 token batches txf trains on, and reports both in one JSON.
 
-  python benchmarks/torch_gpt2.py --tokens=batches.npy --layers=12 --d_model=768 \
+  python benchmarks/references/torch_gpt2.py --tokens=batches.npy --layers=12 --d_model=768 \
       --heads=12 --vocab=50304 --steps=100 --json=torch.json
 
 --tokens is an int [n, B, T + 1] array of windows (inputs are [:, :, :-1],

@@ -1,8 +1,8 @@
 """Hugging Face transformers GPT-2 `generate()`: the decoding reference timed
-beside txf's KV-cache generation (`python -m experiments.bench --decode`
+beside txf's KV-cache generation (`python -m benchmarks.run decode`
 runs it in a subprocess before JAX starts).
 
-  python benchmarks/hf_gpt2_decode.py --batch_sizes=1,32 --prompt_len=128 \
+  python benchmarks/references/hf_gpt2_decode.py --batch_sizes=1,32 --prompt_len=128 \
       --new_tokens=512 --json=hf.json
 
 The model is GPT2LMHeadModel with random weights built from a GPT2Config of

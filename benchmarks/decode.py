@@ -1,5 +1,5 @@
 """KV-cache generation against transformers' GPT-2 generate()
-(`experiments.bench --decode`).
+(`python -m benchmarks.run decode`).
 
 txf.decode.generate (greedy, one jitted call with an on-device loop) on the
 config's model with random weights held in the compute dtype, at each batch
@@ -10,7 +10,7 @@ also feeds the prompt one position at a time, P + N - 1 iterations in all),
 and the fraction of the physical floor reached: reading the weights once
 per generated position (weight bytes / the device's memory bandwidth,
 txf.train.hardware) over the time per new token. The transformers figures
-(benchmarks/hf_gpt2_decode.py, a subprocess run before JAX starts, the same
+(benchmarks/references/hf_gpt2_decode.py, a subprocess run before JAX starts, the same
 shape and batch sizes, bf16 on a GPU) come in `hf`; each txf row gets its
 ratio to them.
 """
@@ -21,12 +21,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 
+from benchmarks.references import run_reference
+from experiments.cli import define_config_flag
 from txf import decode
 from txf.data import make_tokenizer
 from txf.textbook.report import median_seconds
 from txf.train import hardware
 from txf.train.setup import setup_run
+
+FLAGS = flags.FLAGS
 
 GPT2_SHAPE = ("a pre-LN decoder with learned positions, GELU, LayerNorm, biases, tied "
               "embeddings, multi-head attention and d_ff = 4 d_model, no window")
@@ -44,7 +49,7 @@ def is_gpt2(model) -> bool:
 
 def hf_arguments(config, batch_sizes, prompt_len: int, new_tokens: int, repeats: int
                  ) -> list[str]:
-  """benchmarks/hf_gpt2_decode.py's arguments for the config's model shape."""
+  """benchmarks/references/hf_gpt2_decode.py's arguments for the config's model shape."""
   model = config.model
   vocab = model.vocab_size or make_tokenizer(config.data).vocab_size
   return [f"--layers={model.num_layers}", f"--d_model={model.d_model}",
@@ -90,3 +95,25 @@ def compare(config, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: i
   return dict(prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
               dtype=dtype.name, weight_bytes=weight_bytes,
               floor_us_per_token=None if floor is None else 1e6 * floor, txf=rows, hf=hf)
+
+
+def define_flags() -> None:
+  define_config_flag("Config file.")
+  flags.DEFINE_list("decode_batch_sizes", ["1", "32"], "Batch sizes.")
+  flags.DEFINE_integer("prompt_len", 128, "Prompt length.")
+  flags.DEFINE_integer("new_tokens", 512, "Tokens generated per row.")
+  flags.DEFINE_integer("repeats", 3, "Timed calls (median).")
+  flags.DEFINE_bool("hf", False, "Also time transformers' GPT-2 generate().")
+
+
+def main() -> dict:
+  config = FLAGS.config
+  batch_sizes = [int(b) for b in FLAGS.decode_batch_sizes]
+  hf = None
+  if FLAGS.hf:
+    hf = run_reference("hf_gpt2_decode.py",
+                       hf_arguments(config, batch_sizes, FLAGS.prompt_len, FLAGS.new_tokens,
+                                    FLAGS.repeats),
+                       needs="transformers")
+  return compare(config, batch_sizes=batch_sizes, prompt_len=FLAGS.prompt_len,
+                 new_tokens=FLAGS.new_tokens, repeats=FLAGS.repeats, hf=hf)

@@ -2,8 +2,8 @@
 single runs (txf.train.replicas); prints each figure and its ratio to one
 replica.
 
-  python -m experiments.bench_replicas --config=configs/base.py --replicas=3 --steps=20
-  python -m experiments.bench_replicas --config=configs/base.py --replicas=3 --runs \
+  python -m benchmarks.run replicas --config=configs/base.py --replicas=3 --steps=20
+  python -m benchmarks.run replicas --config=configs/base.py --replicas=3 --runs \
       --config.train.steps=100
 
 Steps (default): each variant is compiled and run once before timing; every
@@ -27,21 +27,23 @@ import time
 
 import jax
 from absl import flags
-from ml_collections import config_flags
 
-from experiments.cli import run_command
+from experiments.cli import define_config_flag
 from txf.train import loop
 from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
                                 make_replicated_train_step, replica_seeds)
 from txf.train.setup import setup_run, train_step_for_seed
 from txf.train.step import init_state
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_REPLICAS = flags.DEFINE_integer("replicas", 3, "Seed replicas.")
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per variant.")
-_RUNS = flags.DEFINE_bool("runs", False, "Time whole runs (train.steps of the config) "
-                          "instead of single steps.")
-flags.mark_flag_as_required("config")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  define_config_flag("Config file.")
+  flags.DEFINE_integer("replicas", 3, "Seed replicas.")
+  flags.DEFINE_integer("steps", 20, "Timed steps per variant.")
+  flags.DEFINE_bool("runs", False, "Time whole runs (train.steps of the config) instead of "
+                    "single steps.")
 
 
 def median_ms(step, state, batch, steps: int) -> float:
@@ -66,7 +68,8 @@ def run_seconds(config, replicas: int, seed: int) -> float:
     return time.perf_counter() - start
 
 
-def time_runs(config, replicas: int) -> None:
+def time_runs(config, replicas: int) -> dict[str, float]:
+  """Seconds of each way to train `replicas` seeds (module docstring)."""
   seeds = replica_seeds(config.seed, replicas)
   figures = {"1 run": run_seconds(config, 1, config.seed),
              f"1 run of {replicas} replicas ({default_strategy(jax.default_backend())})":
@@ -76,28 +79,25 @@ def time_runs(config, replicas: int) -> None:
         f"{config.train.steps} steps")
   for name, seconds in figures.items():
     print(f"  {name:32s} {seconds:8.1f} s  {seconds / figures['1 run']:5.2f}x")
+  return figures
 
 
-def main(argv):
-  del argv
-  config = _CONFIG.value
-  if _RUNS.value:
-    time_runs(config, _REPLICAS.value)
-    return
+def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
+  """Median ms per training step of each way to train `replicas` seeds
+  (module docstring)."""
   setup = setup_run(config)
   batch = next(iter(setup.train_data))
   init_fn = lambda key: init_state(setup.model, setup.optimizer, batch, setup.task, key)
   step_for_seed = functools.partial(train_step_for_seed, config.train, setup.model,
                                     setup.optimizer, setup.task)
-  seeds = replica_seeds(config.seed, _REPLICAS.value)
+  seeds = replica_seeds(config.seed, replicas)
   single = jax.jit(step_for_seed(config.seed))
 
-  figures = {"1 replica": median_ms(single, init_fn(jax.random.key(config.seed)), batch,
-                                    _STEPS.value)}
+  figures = {"1 replica": median_ms(single, init_fn(jax.random.key(config.seed)), batch, steps)}
   for strategy in STRATEGIES:
     step = jax.jit(make_replicated_train_step(step_for_seed, seeds, strategy=strategy))
     figures[f"{len(seeds)} replicas {strategy}"] = median_ms(
-        step, init_replicas(init_fn, seeds), batch, _STEPS.value)
+        step, init_replicas(init_fn, seeds), batch, steps)
   # R runs one after another: each replica's own jitted single step in turn.
   singles = [jax.jit(step_for_seed(seed)) for seed in seeds]
   def sequential(states, batch):
@@ -105,13 +105,19 @@ def main(argv):
     return tuple(zip(*(jax.block_until_ready(one(state, batch))
                        for one, state in zip(singles, states))))
   figures[f"{len(seeds)} sequential"] = median_ms(
-      sequential, tuple(init_fn(jax.random.key(seed)) for seed in seeds), batch, _STEPS.value)
+      sequential, tuple(init_fn(jax.random.key(seed)) for seed in seeds), batch, steps)
 
   print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), "
-        f"median of {_STEPS.value} steps")
+        f"median of {steps} steps")
   for name, ms in figures.items():
     print(f"  {name:20s} {ms:8.1f} ms/step  {ms / figures['1 replica']:5.2f}x")
+  return figures
 
 
-if __name__ == "__main__":
-  run_command(main)
+def main() -> dict:
+  config, replicas = FLAGS.config, FLAGS.replicas
+  if FLAGS.runs:
+    return dict(replicas=replicas, steps=config.train.steps,
+                run_seconds=time_runs(config, replicas))
+  return dict(replicas=replicas, steps=FLAGS.steps,
+              ms_per_step=time_steps(config, replicas, FLAGS.steps))

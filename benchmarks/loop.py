@@ -1,7 +1,7 @@
-"""The real training loop against its bare step (`experiments.bench --loop`).
+"""The real training loop against its bare step (`python -m benchmarks.run loop`).
 
 One process, one RunSetup (so the step compiles once): first the bare step
-(experiments.bench's benchmark, a fresh host batch every step, windows timed
+(benchmarks.step's benchmark, a fresh host batch every step, windows timed
 asynchronously, as the loop dispatches), then txf.train.loop.run in a fresh
 temporary work directory once per variant, each with one piece of what the
 loop adds to the step switched off or swapped:
@@ -36,11 +36,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
-from experiments.bench_step import benchmark
+from benchmarks.step import benchmark, define_steps_and_window
 from txf.train import loop, sharding
 from txf.train.metrics import read_metrics
 from txf.train.setup import RunSetup, setup_run
+
+FLAGS = flags.FLAGS
 
 VARIANTS = ("full", "no_eval", "random_ids", "no_prefetch", "log_every_step", "host_only")
 _PROGRESS = re.compile(r"^step (\d+)/")
@@ -199,3 +202,21 @@ def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
   return dict(tokens_per_step=setup.tokens_per_step, flops_per_token=setup.flops_per_token,
               peak_flops=setup.peak_flops, steps=steps, window=window,
               step=dict(windows=step_windows, tokens_per_sec=step_tokens_per_sec), loop=runs)
+
+
+def define_flags() -> None:
+  define_steps_and_window("train.steps of each run.", "log_every of each run.")
+  flags.DEFINE_list("loop_variants", list(VARIANTS), f"Runs, from {', '.join(VARIANTS)}.")
+  flags.register_validator(
+      "loop_variants", lambda names: set(names) <= set(VARIANTS),
+      f"--loop_variants must come from {', '.join(VARIANTS)}")
+  flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of --profile_steps of "
+                      "the 'full' run here.")
+  flags.DEFINE_list("profile_steps", ["300", "305"], "First and last step of the trace.")
+
+
+def main() -> dict:
+  first, last = (int(step) for step in FLAGS.profile_steps)
+  profile = (FLAGS.profile_dir, first, last) if FLAGS.profile_dir else None
+  return compare(FLAGS.config, steps=FLAGS.steps, window=FLAGS.window,
+                 variants=FLAGS.loop_variants, profile=profile)

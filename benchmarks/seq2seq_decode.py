@@ -1,7 +1,7 @@
 """Times encoder-decoder decoding with the cross-attention keys/values cached
 once per source against recomputing them at every step, in one run.
 
-  python -m experiments.bench_seq2seq_decode [--source_len=512] [--new_tokens=128] [--batch_size=4]
+  python -m benchmarks.run seq2seq_decode [--source_len=512] [--new_tokens=128] [--batch_size=4]
       [--num_beams=1] [--d_model=128] [--num_layers=2] [--num_heads=4] [--repeats=5]
 
 Both variants decode the same random sources with the same random-init model
@@ -19,14 +19,12 @@ ways:
 
 Each is compiled and run once before timing; then every repeat times each
 variant and length to completion in turn (so a shared machine's changing
-load reaches all alike), --repeats times; figures are medians. --json=PATH
-also writes them.
+load reaches all alike), --repeats times; figures are medians.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
 from typing import Any
@@ -34,29 +32,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from absl import flags
-from etils import epath
 
-from experiments.cli import run_command
 from txf import decode, models
 from txf.decode import generation
 from txf.layers.config import ModelConfig
 
-_SOURCE_LEN = flags.DEFINE_integer("source_len", 512, "Encoder tokens per source.")
-_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "Decoder tokens generated per row (N).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 4, "Sources decoded together.")
-_NUM_BEAMS = flags.DEFINE_integer("num_beams", 1, "1: greedy; K > 1: beam search.")
-_D_MODEL = flags.DEFINE_integer("d_model", 128, "Model width.")
-_NUM_LAYERS = flags.DEFINE_integer("num_layers", 2, "Layers per stack (encoder and decoder).")
-_NUM_HEADS = flags.DEFINE_integer("num_heads", 4, "Attention heads.")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 260, "Vocabulary size.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per variant and length.")
-_JSON = flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
-for _name in ("source_len", "batch_size", "num_beams", "d_model", "num_layers", "num_heads",
-              "vocab_size", "repeats"):
-  flags.register_validator(_name, lambda value: value >= 1, f"--{_name} must be >= 1")
-flags.register_validator("new_tokens", lambda value: value >= 2,
-                         "--new_tokens must be >= 2 (ms/token compares N tokens with 1)")
+FLAGS = flags.FLAGS
 
 VARIANTS = (("cached", True), ("recomputed", False))
 BOS_ID = 1
@@ -154,39 +135,50 @@ def format_table(figures: dict) -> str:
                    for row in rows)
 
 
-def main(argv):
-  cfg = ModelConfig(family="encoder_decoder", vocab_size=_VOCAB_SIZE.value,
-                    d_model=_D_MODEL.value, num_heads=_NUM_HEADS.value,
-                    num_layers=_NUM_LAYERS.value, dtype=_DTYPE.value,
-                    max_len=max(_SOURCE_LEN.value, _NEW_TOKENS.value + 1))
+def define_flags() -> None:
+  flags.DEFINE_integer("source_len", 512, "Encoder tokens per source.")
+  flags.DEFINE_integer("new_tokens", 128, "Decoder tokens generated per row (N).")
+  flags.DEFINE_integer("batch_size", 4, "Sources decoded together.")
+  flags.DEFINE_integer("num_beams", 1, "1: greedy; K > 1: beam search.")
+  flags.DEFINE_integer("d_model", 128, "Model width.")
+  flags.DEFINE_integer("num_layers", 2, "Layers per stack (encoder and decoder).")
+  flags.DEFINE_integer("num_heads", 4, "Attention heads.")
+  flags.DEFINE_integer("vocab_size", 260, "Vocabulary size.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+  flags.DEFINE_integer("repeats", 5, "Timed calls per variant and length.")
+  for name in ("source_len", "batch_size", "num_beams", "d_model", "num_layers", "num_heads",
+               "vocab_size", "repeats"):
+    flags.register_validator(name, lambda value: value >= 1, f"--{name} must be >= 1")
+  flags.register_validator("new_tokens", lambda value: value >= 2,
+                           "--new_tokens must be >= 2 (ms/token compares N tokens with 1)")
+
+
+def main() -> dict:
+  cfg = ModelConfig(family="encoder_decoder", vocab_size=FLAGS.vocab_size,
+                    d_model=FLAGS.d_model, num_heads=FLAGS.num_heads,
+                    num_layers=FLAGS.num_layers, dtype=FLAGS.dtype,
+                    max_len=max(FLAGS.source_len, FLAGS.new_tokens + 1))
   model = models.build(cfg)
   init_tokens = jnp.ones((1, 8), jnp.int32)
   params = jax.jit(model.init)(jax.random.key(0), init_tokens, init_tokens)["params"]
   # Random non-special ids (0-3 are pad, bos, eos, mask), every source full length.
-  sources_BxS = jax.random.randint(jax.random.key(1), (_BATCH_SIZE.value, _SOURCE_LEN.value),
+  sources_BxS = jax.random.randint(jax.random.key(1), (FLAGS.batch_size, FLAGS.source_len),
                                    4, cfg.vocab_size)
-  figures = measure(model, params, sources_BxS, new_tokens=_NEW_TOKENS.value,
-                    num_beams=_NUM_BEAMS.value, repeats=_REPEATS.value)
-  search = "greedy" if _NUM_BEAMS.value == 1 else f"beam search, {_NUM_BEAMS.value} beams"
+  figures = measure(model, params, sources_BxS, new_tokens=FLAGS.new_tokens,
+                    num_beams=FLAGS.num_beams, repeats=FLAGS.repeats)
+  search = "greedy" if FLAGS.num_beams == 1 else f"beam search, {FLAGS.num_beams} beams"
   device = jax.devices()[0]
   print(f"encoder_decoder d_model={cfg.d_model}, {cfg.num_layers}+{cfg.num_decoder_layers} "
-        f"layers, {cfg.num_heads} heads, {cfg.dtype}; batch {_BATCH_SIZE.value}, source "
-        f"{_SOURCE_LEN.value} tokens, {_NEW_TOKENS.value} new tokens ({search}); "
-        f"{device.platform} ({device.device_kind}), median of {_REPEATS.value}")
+        f"layers, {cfg.num_heads} heads, {cfg.dtype}; batch {FLAGS.batch_size}, source "
+        f"{FLAGS.source_len} tokens, {FLAGS.new_tokens} new tokens ({search}); "
+        f"{device.platform} ({device.device_kind}), median of {FLAGS.repeats}")
   print(format_table(figures))
   totals = ", ".join(f"{name} {figures['generate'][name]['total_ms']:.1f} ms"
                      for name, _ in VARIANTS)
-  print(f"generate, whole call for {_NEW_TOKENS.value} tokens: {totals}")
-  if _JSON.value:
-    record = dict(device=device.device_kind, platform=device.platform,
-                  model=dict(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                             num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
-                             dtype=cfg.dtype),
-                  batch_size=_BATCH_SIZE.value, source_len=_SOURCE_LEN.value,
-                  new_tokens=_NEW_TOKENS.value, num_beams=_NUM_BEAMS.value,
-                  repeats=_REPEATS.value, figures=figures)
-    epath.Path(_JSON.value).write_text(json.dumps(record, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-  run_command(main)
+  print(f"generate, whole call for {FLAGS.new_tokens} tokens: {totals}")
+  return dict(device=device.device_kind, platform=device.platform,
+              model=dict(d_model=cfg.d_model, num_layers=cfg.num_layers,
+                         num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, dtype=cfg.dtype),
+              batch_size=FLAGS.batch_size, source_len=FLAGS.source_len,
+              new_tokens=FLAGS.new_tokens, num_beams=FLAGS.num_beams, repeats=FLAGS.repeats,
+              figures=figures)

@@ -1,0 +1,79 @@
+"""Every benchmark of txf, each a mode of one command:
+
+  python -m benchmarks.run step --config=configs/gpt2_small.py --steps=400 --window=50
+  python -m benchmarks.run step --config=configs/gpt2_small.py --torch
+  python -m benchmarks.run loop --config=configs/gpt2_small.py --steps=600 --window=50
+  python -m benchmarks.run decode --config=configs/gpt2_small.py --hf
+  python -m benchmarks.run data --config=configs/gpt2_small.py --steps=100
+  python -m benchmarks.run replicas --config=configs/base.py --replicas=3 --steps=20
+  python -m benchmarks.run seq2seq_decode --source_len=512 --new_tokens=128
+  python -m benchmarks.run MODE --help     # the mode's own flags
+
+A mode is a module of this package, benchmarks/<mode>.py, with its flags
+(`define_flags`) and its measurement (`main`, which prints its figures and
+returns them); modes share flag names with different meanings and defaults
+(--steps, --new_tokens, ...), so only the chosen mode's flags are defined.
+--json=PATH writes the figures with the mode, the config file, the date,
+device and software versions (txf.train.hardware.environment).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import sys
+from types import ModuleType
+
+from absl import flags, logging
+from etils import epath
+
+from experiments import cli
+from experiments.cli import fail, run_command
+from txf.train import hardware
+
+MODES = ("step", "loop", "decode", "data", "replicas", "seq2seq_decode")
+
+
+def mode_module(argv: list[str]) -> tuple[str, ModuleType]:
+  """The mode argv[1] names and its module; --help before a mode prints this
+  command's docstring, a missing or unknown mode is a one-line error, exit 2."""
+  usage = f"usage: python -m benchmarks.run {{{'|'.join(MODES)}}} [flags]"
+  if len(argv) >= 2 and argv[1] in ("-h", "--help", "--helpfull"):
+    print(f"{usage}\n\n{__doc__}")
+    sys.exit(0)
+  if len(argv) < 2 or argv[1] not in MODES:
+    fail("flag", (f"unknown mode {argv[1]!r}" if len(argv) >= 2 else "missing mode") +
+         f"; {usage}")
+  return argv[1], importlib.import_module(f"benchmarks.{argv[1]}")
+
+
+def report(mode: str, figures: dict) -> dict:
+  """The figures of `mode` with what they were measured on."""
+  config = ({"config": flags.FLAGS["config"].config_filename} if "config" in flags.FLAGS
+            else {})
+  return dict(**config, mode=mode, **hardware.environment(), **figures)
+
+
+def run_mode(mode: str, module: ModuleType, argv: list[str]) -> None:
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
+  figures = module.main()
+  if flags.FLAGS.json:
+    epath.Path(flags.FLAGS.json).write_text(json.dumps(report(mode, figures), indent=2) + "\n")
+
+
+def main() -> None:
+  mode, module = mode_module(sys.argv)
+  module.define_flags()
+  flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
+  # absl's --help prints the main module's docstring and key flags: the mode's.
+  sys.modules["__main__"].__doc__ = module.__doc__
+  flags.adopt_module_key_flags(module)
+  flags.adopt_module_key_flags(cli)
+  del sys.argv[1]  # the mode: absl parses the flags after it
+  run_command(functools.partial(run_mode, mode, module))
+
+
+if __name__ == "__main__":
+  main()
