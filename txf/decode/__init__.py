@@ -49,7 +49,7 @@ beams attend to (`cache_batch_axes` marks them None), so neither copying
 them per beam nor reordering them costs anything. Recomputing them at every
 step instead (`encode_for_decoding(..., cache_cross_attention=False)`, or
 `generation.build_generate(cache_cross_attention=False)`) is kept to compare
-and benchmark against (experiments/bench_seq2seq_decode.py): inside one
+and benchmark against (benchmarks/seq2seq_decode.py): inside one
 jitted loop, as in `generate`, XLA hoists that loop-invariant work out of the
 loop by itself, so the cache saves time mainly when decoding runs step by
 step.

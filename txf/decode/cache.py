@@ -160,7 +160,7 @@ def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array
       and values of the encoding (and its padding mask) are computed here,
       once, and stored in the cache. False: every step projects the
       encoding again, as decoding did before they were cached; this path
-      exists to compare and benchmark against (experiments/bench_seq2seq_decode.py:
+      exists to compare and benchmark against (benchmarks/seq2seq_decode.py:
       inside one jitted loop, as in `generate`, XLA hoists that
       loop-invariant projection out of the loop itself, so the two cost
       about the same there; decoding step by step, the cache saves it).

@@ -97,9 +97,9 @@ def cross_attention(trained, task: str, source: str, num_queries: int, greedy: b
   best = np.unravel_index(np.argmax(alignment_LxH), alignment_LxH.shape)
   greedy_output = None
   if greedy:
-    generated = decode.generate_seq2seq(setup.model, params, encoder_1xS,
-                                        max_new_tokens=len(source) + 1, eos_id=tokenizer.eos_id)
-    greedy_output = tokenizer.decode(np.asarray(generated[0]))
+    generated_1xN = decode.generate(setup.model, params, encoder_tokens_BxS=encoder_1xS,
+                                    max_new_tokens=len(source) + 1, eos_id=tokenizer.eos_id)
+    greedy_output = tokenizer.decode(np.asarray(generated_1xN[0, 1:]))  # after the bos prompt
   return {"source": source, "target": target, "expected_positions": expected,
           "query_tokens": ["<bos>", *target[:num_queries - 1]], "key_tokens": list(source),
           "weights": weights_LxHxQxS, "alignment": alignment_LxH.tolist(),
@@ -123,7 +123,7 @@ def compute(base_config: ml_collections.ConfigDict, out_dir: str | os.PathLike, 
     source: the source whose alignment is shown (symbols of the task's
       alphabet, 4-8 of them).
     num_queries: decoder positions shown (BOS + num_queries - 1 targets).
-    greedy: also decode `source` greedily (txf.decode.generate_seq2seq).
+    greedy: also decode `source` greedily (txf.decode.generate).
     overrides: dotted config fields (model size, steps).
   """
   if task not in TASKS:
