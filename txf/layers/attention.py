@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import ops
+from txf.layers import positions
 from txf.layers.partitioning import projection_inits
 
 Array = jax.Array
@@ -29,9 +30,9 @@ class MultiHeadAttention(nn.Module):
     num_heads: query heads H.
     num_kv_heads: key/value heads K (H % K == 0).
     head_dim: per-head width Dh.
-    position: 'rope' rotates q and k; 'alibi' and 't5_bias' add a bias;
-      anything else adds nothing here (absolute encodings live in the
-      embedding). Cross-attention passes 'none'.
+    position: a txf.layers.positions name: an encoding that rotates q and k
+      or adds a bias acts here (absolute ones act in the Embedder).
+      Cross-attention passes 'none'.
     causal: queries attend only to keys at positions <= their own.
     bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
     window: sliding-window span, or None.
@@ -70,7 +71,8 @@ class MultiHeadAttention(nn.Module):
         (a `cross` layer under use_cache may omit it: see below).
       q_positions_BxT: absolute positions of the queries ([1, T] broadcasts).
       key_mask: bool, broadcastable to [B, 1, 1|T, S]: padding of the keys.
-      relative_table: [num_buckets, H] T5 bias table (position='t5_bias').
+      relative_table: [num_buckets, H] table of an encoding with table='relative'
+        (T5's bias).
       cache_index: scalar int32, the first free cache slot (use_cache only).
       deterministic: disables dropout.
       use_cache: self-attention reads and writes the KV cache (see below).
@@ -125,11 +127,11 @@ class MultiHeadAttention(nn.Module):
 
     seq_len = k_BxSxKxDh.shape[1]
     k_positions_BxS = jnp.arange(seq_len)[None]
-    if self.position == "rope":
-      q_BxTxHxDh = ops.apply_rope(q_BxTxHxDh, q_positions_BxT, base=self.rope_base,
-                                  scale=self.rope_scale)
-      k_BxSxKxDh = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,
-                                  base=self.rope_base, scale=self.rope_scale)
+    encoding = positions.encoding(self.position)
+    if encoding.rotate is not None:
+      q_BxTxHxDh = encoding.rotate(self, q_BxTxHxDh, q_positions_BxT)
+      k_BxSxKxDh = encoding.rotate(self, k_BxSxKxDh,
+                                   q_positions_BxT if is_self else k_positions_BxS)
 
     is_causal, window, mask = self.causal, self.window, key_mask
     if use_cache and is_self:
@@ -147,7 +149,7 @@ class MultiHeadAttention(nn.Module):
           mask = ops.combine_masks(mask, ops.sliding_window_mask(
               q_len, seq_len, window=window, q_offset=cache_index))
         is_causal, window = False, None
-    bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
+    bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
 
     batch, q_len = q_BxTxHxDh.shape[:2]
     kv_batch = k_BxSxKxDh.shape[0]
@@ -182,16 +184,14 @@ class MultiHeadAttention(nn.Module):
                                               (self.num_heads, self.head_dim, d_model)),
                            name="out")(out_BxTxHxDh)
 
-  def _position_bias(self, q_positions, k_positions, relative_table):
-    if self.position == "alibi":
-      return ops.alibi_bias(self.num_heads, q_positions, k_positions)
-    if self.position == "t5_bias":
-      if relative_table is None:
-        raise ValueError("MultiHeadAttention: position='t5_bias' needs relative_table")
-      return ops.relative_position_bias(relative_table, q_positions, k_positions,
-                                        bidirectional=self.bidirectional_bias,
-                                        max_distance=self.t5_max_distance)
-    return None
+  def _position_bias(self, encoding: positions.PositionEncoding, q_positions_BxT: Array,
+                     k_positions_BxS: Array, relative_table: Array | None) -> Array | None:
+    """The encoding's additive bias [B|1, H, T, S], or None if it adds none."""
+    if encoding.bias is None:
+      return None
+    if encoding.table == "relative" and relative_table is None:
+      raise ValueError(f"MultiHeadAttention: position={self.position!r} needs relative_table")
+    return encoding.bias(self, q_positions_BxT, k_positions_BxS, relative_table)
 
   def _cross_cache(self, kv_BxSxD, key_mask, project_kv):
     """Cross-attention under use_cache: projects kv and stores the keys, values

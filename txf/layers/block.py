@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
@@ -127,7 +128,7 @@ class TransformerStack(nn.Module):
     cfg = self.cfg
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
     relative_table = None
-    if cfg.position == "t5_bias":
+    if positions.encoding(cfg.position).table == "relative":
       relative_table = RelativePositionTable(cfg.t5_num_buckets, cfg.num_heads,
                                              name="relative_position")()
     block = TransformerBlock
