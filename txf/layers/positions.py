@@ -16,7 +16,8 @@ instead of branching on its name:
 The callables read their settings from the calling layer (`layer`), whose
 attributes repeat the ModelConfig fields: `d_model` (Embedder), `num_heads`,
 `rope_base`, `rope_scale`, `t5_max_distance`, `bidirectional_bias`
-(MultiHeadAttention). The math itself lives in `txf.ops.positional`.
+(MultiHeadAttention). The math itself lives in `txf.ops.positional`. rope_ntk reads rope_scale
+as its NTK factor (the base is scaled, positions are not).
 
 Adding an encoding is one function there, one entry in ENCODINGS and one
 config file in configs/; docs/positions.md walks through an example.
@@ -84,6 +85,11 @@ def _rope(layer, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
                                scale=layer.rope_scale)
 
 
+def _ntk_rope(layer, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
+  return positional.apply_ntk_rope(x_BxTxHxDh, positions_BxT, base=layer.rope_base,
+                                   scale=layer.rope_scale)
+
+
 def _alibi(layer, q_positions: Array, k_positions: Array, table: None) -> Array:
   return positional.alibi_bias(layer.num_heads, q_positions, k_positions)
 
@@ -98,6 +104,7 @@ ENCODINGS: dict[str, PositionEncoding] = {
     "sinusoidal": PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model"),
     "learned": PositionEncoding("embedding", embed=_learned_embedding, table="absolute"),
     "rope": PositionEncoding("rotation", rotate=_rope, even="head_dim"),
+    "rope_ntk": PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"),
     "alibi": PositionEncoding("bias", bias=_alibi),
     "t5_bias": PositionEncoding("bias", bias=_t5_bias, table="relative"),
     "none": PositionEncoding("nothing"),
