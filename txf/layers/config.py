@@ -39,6 +39,10 @@ FAMILY_HEADS = {
     "lstm": ("lm",),
 }
 
+# Fields that None derives from others (ModelConfig._resolve); replace()
+# derives them again unless they were given explicitly.
+DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "scale_logits", "num_decoder_layers")
+
 # The fields an LSTM language model (family='lstm', txf/models/lstm.py) reads;
 # d_model is both its embedding and its hidden width, norm/norm_eps its final
 # norm's. Every other field describes a Transformer (attention, positions,
@@ -108,6 +112,9 @@ class ModelConfig:
     return cls(**items)
 
   def __post_init__(self):
+    # frozen: only __post_init__ may set; not a field, so equality ignores it.
+    object.__setattr__(self, "_explicit", frozenset(
+        name for name in DERIVED_FIELDS if getattr(self, name) is not None))
     for name, choices in (("family", FAMILIES), ("position", POSITIONS),
                           ("activation", ACTIVATIONS), ("norm", NORMS),
                           ("norm_placement", NORM_PLACEMENTS), ("head", HEADS),
@@ -207,6 +214,8 @@ class ModelConfig:
     return 4 * self.d_model
 
   def replace(self, **changes) -> "ModelConfig":
-    """A copy with `changes`. Derived fields keep their resolved values: pass
-    them again (e.g. d_ff=None) when a change should re-derive them."""
-    return dataclasses.replace(self, **changes)
+    """A copy with `changes`. Derived fields (DERIVED_FIELDS) given explicitly
+    to this config or in `changes` keep their values; the others derive again
+    from the new fields (replace(d_model=256) doubles a derived d_ff)."""
+    rederived = {name: None for name in DERIVED_FIELDS if name not in self._explicit}
+    return dataclasses.replace(self, **{**rederived, **changes})
