@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.layers import positions
+from txf.layers.config import DEFAULTS
 from txf.layers.partitioning import projection_inits
 
 Array = jax.Array
@@ -26,10 +27,13 @@ CROSS_CACHE_NAMES = ("cross_key", "cross_value", "cross_mask")
 class MultiHeadAttention(nn.Module):
   """Self- or cross-attention with MHA / GQA / MQA heads.
 
+  Only num_heads and head_dim are required; the attributes named like a
+  ModelConfig field default to its default (`implementation`: attention_impl).
+
   Attributes:
     num_heads: query heads H.
-    num_kv_heads: key/value heads K (H % K == 0).
     head_dim: per-head width Dh.
+    num_kv_heads: key/value heads K (H % K == 0); None: K = H.
     position: a txf.layers.positions name: an encoding that rotates q and k
       or adds a bias acts here (absolute ones act in the Embedder).
       Cross-attention passes 'none'.
@@ -42,17 +46,17 @@ class MultiHeadAttention(nn.Module):
   """
 
   num_heads: int
-  num_kv_heads: int
   head_dim: int
-  position: str
-  window: int | None
-  rope_base: float
-  rope_scale: float
-  t5_max_distance: int
-  use_bias: bool
-  attention_dropout_rate: float
-  implementation: str | None
-  dtype: Any
+  num_kv_heads: int | None = None
+  position: str = DEFAULTS.position
+  window: int | None = DEFAULTS.window
+  rope_base: float = DEFAULTS.rope_base
+  rope_scale: float = DEFAULTS.rope_scale
+  t5_max_distance: int = DEFAULTS.t5_max_distance
+  use_bias: bool = DEFAULTS.use_bias
+  attention_dropout_rate: float = DEFAULTS.attention_dropout_rate
+  implementation: str | None = DEFAULTS.attention_impl
+  dtype: Any = jnp.dtype(DEFAULTS.dtype)
   causal: bool = False
   bidirectional_bias: bool = True
   scale: float | None = None
@@ -111,9 +115,10 @@ class MultiHeadAttention(nn.Module):
         **projection_inits(("embed",), (heads_axis, "head_dim"),
                            (d_model, heads, self.head_dim)), name=name)
     is_self = kv_BxSxD is None and not self.cross
+    num_kv_heads = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
     project_kv = lambda inputs_BxSxD: (
-        dense(self.num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
-        dense(self.num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
+        dense(num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
+        dense(num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
     q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
     if is_self:
       k_BxSxKxDh, v_BxSxKxDh = project_kv(x_BxTxD)

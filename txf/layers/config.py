@@ -219,3 +219,8 @@ class ModelConfig:
     from the new fields (replace(d_model=256) doubles a derived d_ff)."""
     rederived = {name: None for name in DERIVED_FIELDS if name not in self._explicit}
     return dataclasses.replace(self, **{**rederived, **changes})
+
+
+# The one source of defaults: a layer's attributes that repeat a model field
+# default to this config's value (resolved: scale_logits is True).
+DEFAULTS = ModelConfig()

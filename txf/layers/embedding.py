@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.layers import positions
+from txf.layers.config import DEFAULTS
 from txf.layers.norm import Norm
 
 
@@ -22,6 +23,9 @@ def check_position_table(position: str, max_len: int, length: int, what: str) ->
 
 class Embedder(nn.Module):
   """Token embedding plus an absolute position encoding, and the tied logits.
+
+  Only vocab_size and d_model are required; the others default to
+  ModelConfig's defaults (norm None: embed_norm=False).
 
   Attributes:
     vocab_size: V.
@@ -38,13 +42,13 @@ class Embedder(nn.Module):
 
   vocab_size: int
   d_model: int
-  position: str
-  max_len: int
-  dtype: Any
-  num_token_types: int = 0
+  position: str = DEFAULTS.position
+  max_len: int = DEFAULTS.max_len
+  dtype: Any = jnp.dtype(DEFAULTS.dtype)
+  num_token_types: int = DEFAULTS.num_token_types
   norm: str | None = None
-  norm_eps: float = 1e-6
-  scale_logits: bool = True
+  norm_eps: float = DEFAULTS.norm_eps
+  scale_logits: bool = DEFAULTS.scale_logits
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -144,8 +148,8 @@ class RelativePositionTable(nn.Module):
   to that random start for hundreds of steps.
   """
 
-  num_buckets: int
   num_heads: int
+  num_buckets: int = DEFAULTS.t5_num_buckets
 
   @nn.compact
   def __call__(self) -> jax.Array:
