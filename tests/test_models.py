@@ -158,6 +158,20 @@ def test_model_config_resolves_unset_fields_once(changes, resolved):
   assert cfg.replace(use_bias=True).d_ff == cfg.d_ff  # resolved values survive a copy
 
 
+def test_model_config_replace_rederives_unset_fields():
+  """replace(d_model=256) of a config that left head_dim and d_ff to be
+  derived derives them again; fields given explicitly, then or now, stay."""
+  cfg = ModelConfig(d_model=128, num_heads=4, family="encoder_decoder")
+  wider = cfg.replace(d_model=256, num_layers=3)
+  assert (wider.head_dim, wider.d_ff, wider.num_decoder_layers) == (64, 1024, 3)
+  assert wider == ModelConfig(d_model=256, num_heads=4, num_layers=3, family="encoder_decoder")
+  assert cfg.replace(activation="swiglu").d_ff == 344  # 8/3 x 128, up to a multiple of 8
+  pinned = ModelConfig(d_model=128, num_heads=4, head_dim=16, d_ff=300)
+  assert (pinned.replace(d_model=256).head_dim, pinned.replace(d_model=256).d_ff) == (16, 300)
+  assert pinned.replace(d_model=256, d_ff=None).d_ff == 1024
+  assert cfg.replace(d_ff=100).replace(d_model=256).d_ff == 100
+
+
 # ---------------------------------------------------------------------------
 # Learning: each family fits a fixed toy batch. Batches are [2, 6] like the
 # other tests', so eager `init` reuses JAX's cache of compiled ops.

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops.positional import (alibi_bias, alibi_slopes, apply_rope, relative_position_bias,
-                                relative_position_bucket, sinusoidal_embedding)
+from txf.ops.positional import (alibi_bias, alibi_slopes, apply_ntk_rope, apply_rope,
+                                relative_position_bias, relative_position_bucket,
+                                sinusoidal_embedding)
 
 
 def np_sinusoidal(positions, dim, max_timescale=10000.0):
@@ -287,3 +288,20 @@ def test_transformations(qk, dtype):
 def test_bad_input_raises(call, name):
   with pytest.raises(ValueError, match=name):
     call()
+
+
+def test_rope_ntk_scales_the_base_not_the_positions():
+  """NTK: the fastest pair turns as in RoPE, the slowest `scale` times slower."""
+  dim, scale = 8, 4.0
+  x = jnp.zeros((1, 2, 1, dim)).at[..., 0].set(1.0).at[..., dim // 2 - 1].set(1.0)
+  position_1xT = jnp.array([[0, 5]])
+  rotated = apply_ntk_rope(x, position_1xT, scale=scale)[0, 1, 0]
+  fastest = jnp.arctan2(rotated[dim // 2], rotated[0])
+  slowest = jnp.arctan2(rotated[-1], rotated[dim // 2 - 1])
+  np.testing.assert_allclose(fastest, np.angle(np.exp(5j)), rtol=1e-5)
+  np.testing.assert_allclose(slowest, 5 * 10000.0 ** (-(dim - 2) / dim) / scale, rtol=1e-5)
+
+
+def test_rope_ntk_without_scaling_is_rope():
+  x = jax.random.normal(jax.random.key(0), (2, 5, 3, 8))
+  np.testing.assert_allclose(apply_ntk_rope(x, jnp.arange(5)), apply_rope(x, jnp.arange(5)))

@@ -90,8 +90,8 @@ BUGS = (
         ("tests/test_ops_losses.py",)),
     # --- layers ---------------------------------------------------------------
     Bug("rope_q_only", "txf/layers/attention.py",
-        "k_BxSxKxDh = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,",
-        "k_rotated = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,",
+        "k_BxSxKxDh = encoding.rotate(self, k_BxSxKxDh,",
+        "k_rotated = encoding.rotate(self, k_BxSxKxDh,",
         (ATTENTION_REF, "tests/test_models.py::test_encoder_permutation_equivariance_only_without"
          "_positions")),
     Bug("attention_dropout_inverted_flag", "txf/layers/attention.py",

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from txf import ops
+from txf.layers import positions
+from txf.layers.config import DEFAULTS
 from txf.layers.partitioning import projection_inits
 
 Array = jax.Array
@@ -25,13 +27,16 @@ CROSS_CACHE_NAMES = ("cross_key", "cross_value", "cross_mask")
 class MultiHeadAttention(nn.Module):
   """Self- or cross-attention with MHA / GQA / MQA heads.
 
+  Only num_heads and head_dim are required; the attributes named like a
+  ModelConfig field default to its default (`implementation`: attention_impl).
+
   Attributes:
     num_heads: query heads H.
-    num_kv_heads: key/value heads K (H % K == 0).
     head_dim: per-head width Dh.
-    position: 'rope' rotates q and k; 'alibi' and 't5_bias' add a bias;
-      anything else adds nothing here (absolute encodings live in the
-      embedding). Cross-attention passes 'none'.
+    num_kv_heads: key/value heads K (H % K == 0); None: K = H.
+    position: a txf.layers.positions name: an encoding that rotates q and k
+      or adds a bias acts here (absolute ones act in the Embedder).
+      Cross-attention passes 'none'.
     causal: queries attend only to keys at positions <= their own.
     bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
     window: sliding-window span, or None.
@@ -41,17 +46,17 @@ class MultiHeadAttention(nn.Module):
   """
 
   num_heads: int
-  num_kv_heads: int
   head_dim: int
-  position: str
-  window: int | None
-  rope_base: float
-  rope_scale: float
-  t5_max_distance: int
-  use_bias: bool
-  attention_dropout_rate: float
-  implementation: str | None
-  dtype: Any
+  num_kv_heads: int | None = None
+  position: str = DEFAULTS.position
+  window: int | None = DEFAULTS.window
+  rope_base: float = DEFAULTS.rope_base
+  rope_scale: float = DEFAULTS.rope_scale
+  t5_max_distance: int = DEFAULTS.t5_max_distance
+  use_bias: bool = DEFAULTS.use_bias
+  attention_dropout_rate: float = DEFAULTS.attention_dropout_rate
+  implementation: str | None = DEFAULTS.attention_impl
+  dtype: Any = jnp.dtype(DEFAULTS.dtype)
   causal: bool = False
   bidirectional_bias: bool = True
   scale: float | None = None
@@ -70,7 +75,8 @@ class MultiHeadAttention(nn.Module):
         (a `cross` layer under use_cache may omit it: see below).
       q_positions_BxT: absolute positions of the queries ([1, T] broadcasts).
       key_mask: bool, broadcastable to [B, 1, 1|T, S]: padding of the keys.
-      relative_table: [num_buckets, H] T5 bias table (position='t5_bias').
+      relative_table: [num_buckets, H] table of an encoding with table='relative'
+        (T5's bias).
       cache_index: scalar int32, the first free cache slot (use_cache only).
       deterministic: disables dropout.
       use_cache: self-attention reads and writes the KV cache (see below).
@@ -109,9 +115,10 @@ class MultiHeadAttention(nn.Module):
         **projection_inits(("embed",), (heads_axis, "head_dim"),
                            (d_model, heads, self.head_dim)), name=name)
     is_self = kv_BxSxD is None and not self.cross
+    num_kv_heads = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
     project_kv = lambda inputs_BxSxD: (
-        dense(self.num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
-        dense(self.num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
+        dense(num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
+        dense(num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
     q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
     if is_self:
       k_BxSxKxDh, v_BxSxKxDh = project_kv(x_BxTxD)
@@ -125,11 +132,11 @@ class MultiHeadAttention(nn.Module):
 
     seq_len = k_BxSxKxDh.shape[1]
     k_positions_BxS = jnp.arange(seq_len)[None]
-    if self.position == "rope":
-      q_BxTxHxDh = ops.apply_rope(q_BxTxHxDh, q_positions_BxT, base=self.rope_base,
-                                  scale=self.rope_scale)
-      k_BxSxKxDh = ops.apply_rope(k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS,
-                                  base=self.rope_base, scale=self.rope_scale)
+    encoding = positions.encoding(self.position)
+    if encoding.rotate is not None:
+      q_BxTxHxDh = encoding.rotate(self, q_BxTxHxDh, q_positions_BxT)
+      k_BxSxKxDh = encoding.rotate(self, k_BxSxKxDh,
+                                   q_positions_BxT if is_self else k_positions_BxS)
 
     is_causal, window, mask = self.causal, self.window, key_mask
     if use_cache and is_self:
@@ -147,7 +154,7 @@ class MultiHeadAttention(nn.Module):
           mask = ops.combine_masks(mask, ops.sliding_window_mask(
               q_len, seq_len, window=window, q_offset=cache_index))
         is_causal, window = False, None
-    bias = self._position_bias(q_positions_BxT, k_positions_BxS, relative_table)
+    bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
 
     batch, q_len = q_BxTxHxDh.shape[:2]
     kv_batch = k_BxSxKxDh.shape[0]
@@ -182,16 +189,14 @@ class MultiHeadAttention(nn.Module):
                                               (self.num_heads, self.head_dim, d_model)),
                            name="out")(out_BxTxHxDh)
 
-  def _position_bias(self, q_positions, k_positions, relative_table):
-    if self.position == "alibi":
-      return ops.alibi_bias(self.num_heads, q_positions, k_positions)
-    if self.position == "t5_bias":
-      if relative_table is None:
-        raise ValueError("MultiHeadAttention: position='t5_bias' needs relative_table")
-      return ops.relative_position_bias(relative_table, q_positions, k_positions,
-                                        bidirectional=self.bidirectional_bias,
-                                        max_distance=self.t5_max_distance)
-    return None
+  def _position_bias(self, encoding: positions.PositionEncoding, q_positions_BxT: Array,
+                     k_positions_BxS: Array, relative_table: Array | None) -> Array | None:
+    """The encoding's additive bias [B|1, H, T, S], or None if it adds none."""
+    if encoding.bias is None:
+      return None
+    if encoding.table == "relative" and relative_table is None:
+      raise ValueError(f"MultiHeadAttention: position={self.position!r} needs relative_table")
+    return encoding.bias(self, q_positions_BxT, k_positions_BxS, relative_table)
 
   def _cross_cache(self, kv_BxSxD, key_mask, project_kv):
     """Cross-attention under use_cache: projects kv and stores the keys, values

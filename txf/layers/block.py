@@ -14,11 +14,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
-from txf.layers.config import ModelConfig
+from txf.layers.config import DEFAULTS, ModelConfig
 
 Array = jax.Array
 
@@ -36,7 +37,7 @@ class TransformerBlock(nn.Module):
   """One layer. Returns `(x, None)` so the same module runs under `nn.scan`.
 
   Attributes:
-    cfg: model hyperparameters.
+    cfg: model hyperparameters (default: ModelConfig()'s).
     causal: self-attention is causal (decoder side).
     has_cross: add a cross-attention sub-layer over `cross_x`.
     deterministic: no dropout.
@@ -44,8 +45,8 @@ class TransformerBlock(nn.Module):
       encoder output's keys/values there (read back when `cross_x` is None).
   """
 
-  cfg: ModelConfig
-  causal: bool
+  cfg: ModelConfig = DEFAULTS
+  causal: bool = False
   has_cross: bool = False
   deterministic: bool = True
   use_cache: bool = False
@@ -96,15 +97,15 @@ class TransformerStack(nn.Module):
   """`num_layers` blocks plus the stack-wide pieces.
 
   Attributes:
-    cfg: model hyperparameters.
-    num_layers: depth N.
+    cfg: model hyperparameters (default: ModelConfig()'s).
+    num_layers: depth N; None: cfg.num_layers.
     causal: decoder-side (causal) self-attention.
     has_cross: blocks attend to an encoder output.
   """
 
-  cfg: ModelConfig
-  num_layers: int
-  causal: bool
+  cfg: ModelConfig = DEFAULTS
+  num_layers: int | None = None
+  causal: bool = False
   has_cross: bool = False
 
   @nn.compact
@@ -125,10 +126,12 @@ class TransformerStack(nn.Module):
         stores or reads its keys/values there.
     """
     cfg = self.cfg
+    num_layers = cfg.num_layers if self.num_layers is None else self.num_layers
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
     relative_table = None
-    if cfg.position == "t5_bias":
-      relative_table = RelativePositionTable(cfg.t5_num_buckets, cfg.num_heads,
+    if positions.encoding(cfg.position).table == "relative":
+      relative_table = RelativePositionTable(num_heads=cfg.num_heads,
+                                             num_buckets=cfg.t5_num_buckets,
                                              name="relative_position")()
     block = TransformerBlock
     if cfg.remat:
@@ -143,11 +146,11 @@ class TransformerStack(nn.Module):
                                               HEAD_MASK: 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast,) * (len(block_args) - 1),
-                        length=self.num_layers,
+                        length=num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x_BxTxD, _ = scanned(**block_attrs, name="blocks")(*block_args)
     else:
-      for i in range(self.num_layers):
+      for i in range(num_layers):
         x_BxTxD, _ = block(**block_attrs, name=f"block_{i}")(x_BxTxD, *block_args[1:])
     if cfg.norm_placement == "pre":
       # Pre-LN leaves the residual stream unnormalised; Post-LN already ends in a norm.

@@ -13,10 +13,11 @@ import dataclasses
 from typing import Any, Mapping
 
 from txf import checks
+from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "lstm")
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
+POSITIONS = tuple(positions.ENCODINGS)
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 NORMS = ("layer", "rms")
@@ -37,6 +38,10 @@ FAMILY_HEADS = {
     "encoder_decoder": ("lm",),
     "lstm": ("lm",),
 }
+
+# Fields that None derives from others (ModelConfig._resolve); replace()
+# derives them again unless they were given explicitly.
+DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "scale_logits", "num_decoder_layers")
 
 # The fields an LSTM language model (family='lstm', txf/models/lstm.py) reads;
 # d_model is both its embedding and its hidden width, norm/norm_eps its final
@@ -68,10 +73,10 @@ class ModelConfig:
   d_ff: int | None = None          # None: 4*d_model, or 8/3*d_model if gated
   activation: str = "gelu"         # relu | gelu | swiglu | geglu
   gelu_approximate: bool = True    # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
-  position: str = "rope"           # sinusoidal | learned | rope | alibi | t5_bias | none
+  position: str = "rope"           # a txf.layers.positions.ENCODINGS name (POSITIONS)
   max_len: int = 512               # learned table size and longest KV cache
   rope_base: float = 10000.0
-  rope_scale: float = 1.0          # > 1: linear position interpolation
+  rope_scale: float = 1.0          # > 1: context extension (rope: linear interpolation)
   t5_num_buckets: int = 32
   t5_max_distance: int = 128
   norm: str = "layer"              # layer | rms
@@ -107,6 +112,9 @@ class ModelConfig:
     return cls(**items)
 
   def __post_init__(self):
+    # frozen: only __post_init__ may set; not a field, so equality ignores it.
+    object.__setattr__(self, "_explicit", frozenset(
+        name for name in DERIVED_FIELDS if getattr(self, name) is not None))
     for name, choices in (("family", FAMILIES), ("position", POSITIONS),
                           ("activation", ACTIVATIONS), ("norm", NORMS),
                           ("norm_placement", NORM_PLACEMENTS), ("head", HEADS),
@@ -135,14 +143,7 @@ class ModelConfig:
     if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
       raise ValueError(f"model.num_kv_heads: {self.num_kv_heads} does not divide "
                        f"model.num_heads={self.num_heads}")
-    head_dim = self.d_model // self.num_heads if self.head_dim is None else self.head_dim
-    if self.position == "rope" and head_dim % 2:
-      raise ValueError(f"model.position: rope needs an even head dim, got {head_dim}")
-    if self.position in ("sinusoidal",) and self.d_model % 2:
-      raise ValueError(f"model.position: sinusoidal needs an even d_model, got {self.d_model}")
-    checks.positive_int(self.t5_max_distance, "model.t5_max_distance")
-    if self.position == "t5_bias":
-      checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
+    self._check_position()
     if self.head not in FAMILY_HEADS[self.family]:
       raise ValueError(
           f"model.head: {self.head!r} does not fit model.family={self.family!r} "
@@ -165,6 +166,19 @@ class ModelConfig:
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
     self._resolve()
+
+  def _check_position(self) -> None:
+    """What the registry entry of model.position needs: an even dimension, a
+    relative table of at least 4 buckets (two exact ones per direction)."""
+    encoding = positions.encoding(self.position)
+    dims = dict(d_model=self.d_model,
+                head_dim=self.d_model // self.num_heads if self.head_dim is None else self.head_dim)
+    if encoding.even is not None and dims[encoding.even] % 2:
+      raise ValueError(f"model.position: {self.position} needs an even {encoding.even}, "
+                       f"got {dims[encoding.even]}")
+    checks.positive_int(self.t5_max_distance, "model.t5_max_distance")
+    if encoding.table == "relative":
+      checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
 
   def _check_lstm(self) -> None:
     """family='lstm': only LSTM_FIELDS may differ from their defaults. The
@@ -200,6 +214,13 @@ class ModelConfig:
     return 4 * self.d_model
 
   def replace(self, **changes) -> "ModelConfig":
-    """A copy with `changes`. Derived fields keep their resolved values: pass
-    them again (e.g. d_ff=None) when a change should re-derive them."""
-    return dataclasses.replace(self, **changes)
+    """A copy with `changes`. Derived fields (DERIVED_FIELDS) given explicitly
+    to this config or in `changes` keep their values; the others derive again
+    from the new fields (replace(d_model=256) doubles a derived d_ff)."""
+    rederived = {name: None for name in DERIVED_FIELDS if name not in self._explicit}
+    return dataclasses.replace(self, **{**rederived, **changes})
+
+
+# The one source of defaults: a layer's attributes that repeat a model field
+# default to this config's value (resolved: scale_logits is True).
+DEFAULTS = ModelConfig()

@@ -9,13 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf import ops
+from txf.layers import positions
+from txf.layers.config import DEFAULTS
 from txf.layers.norm import Norm
 
 
 def check_position_table(position: str, max_len: int, length: int, what: str) -> None:
   """Rejects `length` positions (of `what`) beyond a learned table of max_len rows."""
-  if position == "learned" and length > max_len:
+  if positions.encoding(position).table == "absolute" and length > max_len:
     raise ValueError(f"model.max_len: {what} of {length} positions is longer than the "
                      f"learned position table ({max_len} rows)")
 
@@ -23,13 +24,15 @@ def check_position_table(position: str, max_len: int, length: int, what: str) ->
 class Embedder(nn.Module):
   """Token embedding plus an absolute position encoding, and the tied logits.
 
+  Only vocab_size and d_model are required; the others default to
+  ModelConfig's defaults (norm None: embed_norm=False).
+
   Attributes:
     vocab_size: V.
     d_model: D.
-    position: 'learned' adds a [max_len, D] table, 'sinusoidal' adds the
-      fixed encoding, anything else adds nothing (relative schemes act in
-      attention).
-    max_len: size of the learned table.
+    position: a txf.layers.positions name; an encoding that contributes an
+      embedding is added here (others act in attention or not at all).
+    max_len: rows of an encoding's absolute table (table='absolute').
     num_token_types: N > 0 adds a [N, D] token-type (segment) table (BERT).
     norm: 'layer' or 'rms' normalises the sum (BERT's embedding LayerNorm);
       None: no norm.
@@ -39,13 +42,13 @@ class Embedder(nn.Module):
 
   vocab_size: int
   d_model: int
-  position: str
-  max_len: int
-  dtype: Any
-  num_token_types: int = 0
+  position: str = DEFAULTS.position
+  max_len: int = DEFAULTS.max_len
+  dtype: Any = jnp.dtype(DEFAULTS.dtype)
+  num_token_types: int = DEFAULTS.num_token_types
   norm: str | None = None
-  norm_eps: float = 1e-6
-  scale_logits: bool = True
+  norm_eps: float = DEFAULTS.norm_eps
+  scale_logits: bool = DEFAULTS.scale_logits
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -53,7 +56,8 @@ class Embedder(nn.Module):
     self.token = nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype,
                           embedding_init=nn.with_logical_partitioning(
                               nn.initializers.normal(stddev=1.0), ("vocab", "embed")))
-    if self.position == "learned":
+    self.encoding = positions.encoding(self.position)
+    if self.encoding.table == "absolute":
       # N(0, 0.02), BERT's scale for its position rows (GPT-2: 0.01). Beside
       # N(0, 1) token rows that is 1/50 of the token scale, where GPT-2 has 1/2
       # and BERT 1; a table at GPT-2's ratio, N(0, 0.5), trained no better on
@@ -85,10 +89,9 @@ class Embedder(nn.Module):
                               "model.vocab_size")
     x_BxTxD = self.token(tokens_BxT)
     check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
-    if self.position == "learned":
-      x_BxTxD = x_BxTxD + jnp.take(self.position_table, positions_BxT, axis=0).astype(self.dtype)
-    elif self.position == "sinusoidal":
-      x_BxTxD = x_BxTxD + ops.sinusoidal_embedding(positions_BxT, self.d_model).astype(self.dtype)
+    if self.encoding.embed is not None:
+      table_LxD = self.position_table if self.encoding.table == "absolute" else None
+      x_BxTxD = x_BxTxD + self.encoding.embed(self, positions_BxT, table_LxD).astype(self.dtype)
     if self.num_token_types:
       if token_types_BxT is None:
         token_types_BxT = jnp.zeros_like(tokens_BxT)
@@ -145,8 +148,8 @@ class RelativePositionTable(nn.Module):
   to that random start for hundreds of steps.
   """
 
-  num_buckets: int
   num_heads: int
+  num_buckets: int = DEFAULTS.t5_num_buckets
 
   @nn.compact
   def __call__(self) -> jax.Array:

@@ -7,8 +7,9 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
-from txf.layers.config import GATED_ACTIVATIONS
+from txf.layers.config import DEFAULTS, GATED_ACTIVATIONS
 from txf.layers.partitioning import projection_inits
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swiglu": jax.nn.silu,
@@ -18,6 +19,8 @@ _ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swiglu": jax.nn.silu,
 class FeedForward(nn.Module):
   """`out(act(x W_in))`, or `out(act(x W_gate) * (x W_in))` when gated (Shazeer 2020).
 
+  Only d_ff is required; the others default to ModelConfig's defaults.
+
   Attributes:
     d_ff: hidden width F.
     activation: relu | gelu | swiglu | geglu.
@@ -26,11 +29,11 @@ class FeedForward(nn.Module):
   """
 
   d_ff: int
-  activation: str
-  use_bias: bool
-  dropout_rate: float
-  dtype: Any
-  gelu_approximate: bool = True
+  activation: str = DEFAULTS.activation
+  use_bias: bool = DEFAULTS.use_bias
+  dropout_rate: float = DEFAULTS.dropout_rate
+  dtype: Any = jnp.dtype(DEFAULTS.dtype)
+  gelu_approximate: bool = DEFAULTS.gelu_approximate
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, *, deterministic: bool = True) -> jax.Array:

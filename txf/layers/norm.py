@@ -9,17 +9,19 @@ import jax
 import jax.numpy as jnp
 
 from txf import ops
+from txf.layers.config import DEFAULTS
 
 
 class Norm(nn.Module):
   """LayerNorm (scale and bias) or RMSNorm (scale only) over the last axis.
 
-  Statistics are computed in float32 by the ops; the output keeps x's dtype.
+  Statistics are computed in float32 by the ops; the output is in `dtype`.
+  Every attribute defaults to ModelConfig's (norm, norm_eps, dtype).
   """
 
-  kind: str  # layer | rms
-  eps: float
-  dtype: Any
+  kind: str = DEFAULTS.norm  # layer | rms
+  eps: float = DEFAULTS.norm_eps
+  dtype: Any = jnp.dtype(DEFAULTS.dtype)
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:

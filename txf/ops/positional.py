@@ -1,4 +1,4 @@
-"""Positional encodings: sinusoidal, rotary (RoPE), ALiBi and T5 relative buckets.
+"""Positional encodings: sinusoidal, rotary (RoPE, NTK-scaled), ALiBi and T5 relative buckets.
 
 All functions are pure. Frequencies, slopes and bucket parameters depend only
 on static Python values, so they are computed once in numpy at trace time;
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    'sinusoidal_embedding', 'apply_rope', 'alibi_slopes', 'alibi_bias',
+    'sinusoidal_embedding', 'apply_rope', 'apply_ntk_rope', 'alibi_slopes', 'alibi_bias',
     'relative_position_bucket', 'relative_position_bias',
 ]
 
@@ -103,6 +103,30 @@ def apply_rope(x, positions, *, base=10000.0, scale=1.0):
       x2_BxTxHxF * cos_BxTx1xF + x1_BxTxHxF * sin_BxTx1xF,
   ], axis=-1)
   return rotated.astype(x.dtype)
+
+
+def apply_ntk_rope(x, positions, *, base=10000.0, scale=1.0):
+  """RoPE with NTK-aware scaling (bloc97, 2023): the base, not the positions, is scaled.
+
+  base' = base * scale^(D / (D - 2)) slows the low frequencies by about
+  `scale` (the slowest pair exactly so) while the fastest pair keeps its
+  angle, so nearby tokens stay as distinguishable as in training. scale=1 is
+  plain RoPE.
+
+  Args:
+    x: `[B, T, H, D]` queries or keys, D even and at least 4.
+    positions: int or float `[T]`, `[1, T]` or `[B, T]`.
+    base: frequency base before scaling.
+    scale: context extension factor, >= 1.
+
+  Returns:
+    `[B, T, H, D]`, x's dtype.
+  """
+  head_dim = jnp.shape(x)[-1]
+  if head_dim < 4:
+    raise ValueError(f'x head dim must be at least 4 for NTK scaling, got shape {jnp.shape(x)}')
+  _check_positive('scale', scale)
+  return apply_rope(x, positions, base=base * scale ** (head_dim / (head_dim - 2)))
 
 
 def alibi_slopes(num_heads):
