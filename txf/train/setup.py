@@ -328,7 +328,7 @@ RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
 # before had. Fields added with a None default need no entry (absent reads as None).
 ADDED_FIELDS = {"replicas": 1, "model.gelu_approximate": True, "model.embed_norm": False,
                 "model.num_token_types": 0, "model.scale_attention": True,
-                "train.loss_chunk_len": 0}
+                "train.loss_chunk_len": 0, "data.num_symbols": 32, "data.num_kv_pairs": 8}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
