@@ -73,7 +73,8 @@ __doc__ += "\n" + configs_help()
 
 def field_docs() -> dict[str, str]:
   """`section.field` -> doc: the trailing comments of configs/base.py's entries
-  and of ModelConfig's fields (ModelConfig's win for model fields)."""
+  and of ModelConfig's fields (ModelConfig's win for model fields); a model
+  field with a fixed set of values lists them."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   from txf.layers import config as model_config  # pylint: disable=import-outside-toplevel
   docs, section = {}, None
@@ -86,6 +87,11 @@ def field_docs() -> dict[str, str]:
   for line, comment in _commented_lines(pathlib.Path(model_config.__file__)):
     if (m := re.match(r"\s+(\w+):", line)) and m.group(1) in names and comment:
       docs[f"model.{m.group(1)}"] = comment
+  for name, choices in model_config.CHOICES.items():
+    doc = docs.get(f"model.{name}", "")
+    if not all(str(choice) in doc for choice in choices):
+      listed = " | ".join(map(str, choices))
+      docs[f"model.{name}"] = f"{listed}: {doc}" if doc else listed
   return docs
 
 

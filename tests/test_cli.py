@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from conftest import REPO, flatten, load_config
+from txf.layers.config import POSITIONS
 
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
 
@@ -142,7 +143,7 @@ def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
     assert ("(base: " in printed[name]) == (value != base[name]), (name, printed[name])
   # Docs: a model field's from ModelConfig, another section's from configs/base.py.
   assert printed["model.position"].endswith(
-      "# sinusoidal | learned | rope | alibi | t5_bias | none")
+      "# " + " | ".join(POSITIONS) + ": a txf.layers.positions.ENCODINGS name")
   assert printed["train.steps"] == "7  (base: 600)"
   assert printed["data.batch_size"].endswith("# global, across all devices and hosts")
   assert not workdir.exists()

@@ -27,6 +27,10 @@ HEADS = ("lm", "mlm", "classify", "none")
 GELU_ACTIVATIONS = ("gelu", "geglu")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
+# The string fields with a fixed set of values (--print_config lists them).
+CHOICES = {"family": FAMILIES, "position": POSITIONS, "activation": ACTIVATIONS,
+           "norm": NORMS, "norm_placement": NORM_PLACEMENTS, "head": HEADS,
+           "pooling": POOLINGS, "dtype": DTYPES, "attention_impl": ATTENTION_IMPLEMENTATIONS}
 # The fields that are True or False (scale_logits may also be None).
 BOOL_FIELDS = ("gelu_approximate", "embed_norm", "scale_attention", "use_bias", "tie_embeddings",
                "share_embeddings", "remat", "scan_layers")
@@ -73,7 +77,7 @@ class ModelConfig:
   d_ff: int | None = None          # None: 4*d_model, or 8/3*d_model if gated
   activation: str = "gelu"         # relu | gelu | swiglu | geglu
   gelu_approximate: bool = True    # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
-  position: str = "rope"           # a txf.layers.positions.ENCODINGS name (POSITIONS)
+  position: str = "rope"           # a txf.layers.positions.ENCODINGS name
   max_len: int = 512               # learned table size and longest KV cache
   rope_base: float = 10000.0
   rope_scale: float = 1.0          # > 1: context extension (rope: linear interpolation)
@@ -115,11 +119,7 @@ class ModelConfig:
     # frozen: only __post_init__ may set; not a field, so equality ignores it.
     object.__setattr__(self, "_explicit", frozenset(
         name for name in DERIVED_FIELDS if getattr(self, name) is not None))
-    for name, choices in (("family", FAMILIES), ("position", POSITIONS),
-                          ("activation", ACTIVATIONS), ("norm", NORMS),
-                          ("norm_placement", NORM_PLACEMENTS), ("head", HEADS),
-                          ("pooling", POOLINGS), ("dtype", DTYPES),
-                          ("attention_impl", ATTENTION_IMPLEMENTATIONS)):
+    for name, choices in CHOICES.items():
       checks.choice(getattr(self, name), f"model.{name}", choices)
     for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len", "num_classes"):
       checks.positive_int(getattr(self, name), f"model.{name}")
