@@ -294,6 +294,17 @@ def test_bad_sweep_settings_are_rejected_naming_the_field(tmp_path, sweep, messa
   assert os.listdir(tmp_path) == []
 
 
+def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_path,
+                                                                           monkeypatch):
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  seq_len = toy_sweep().base.data.seq_len
+  with pytest.raises(GridError, match=rf"^sweep.extrapolate_tokens: point 0 .*no window of "
+                                      rf"{16 * seq_len + 1} tokens"):
+    runner.run_sweep(toy_sweep(extrapolate_tokens=16 * seq_len), tmp_path,
+                     log=lambda line: None, extrapolate=fake_extrapolate([]))
+  assert os.listdir(tmp_path) == []
+
+
 def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilation_cache_dir):
   lines = []
   rows = runner.run_sweep(toy_sweep({"train.learning_rate": [1e6, 1e-3]}), tmp_path,

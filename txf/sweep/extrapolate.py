@@ -79,6 +79,16 @@ def _none_if_nan(values: Any) -> list[float | None]:
   return [None if math.isnan(v) else float(v) for v in values]
 
 
+def check_num_tokens(num_tokens: int, seq_len: int,
+                     factors: Sequence[int] = DEFAULT_FACTORS) -> None:
+  """Raises ValueError unless `num_tokens` validation tokens hold one window
+  at the largest factor: a sweep checks this before it trains anything."""
+  longest = max(_check_factors(factors)) * seq_len
+  if num_tokens < longest + 1:
+    raise ValueError(f"{num_tokens} validation tokens hold no window of {longest + 1} tokens "
+                     f"({max(factors)} x data.seq_len {seq_len}); give at least {longest + 1}")
+
+
 def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT_FACTORS, *,
                     stride: int | None = None, num_tokens: int | None = None,
                     batch_tokens: int | None = None) -> dict[str, Any]:

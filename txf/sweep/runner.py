@@ -49,6 +49,7 @@ from txf.checks import optional_positive_int
 from txf.data import DataSpec, make_tokenizer, read_data_config
 from txf.data.listops import NUM_CLASSES
 from txf.sweep import grid, results
+from txf.sweep.extrapolate import check_num_tokens
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
@@ -224,6 +225,17 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
   return rows
 
 
+def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int) -> None:
+  """sweep.extrapolate_tokens must hold a window at 16x every point's seq_len:
+  found after training, it would stop the sweep with each point trained."""
+  for point in points:
+    try:
+      check_num_tokens(num_tokens, point.config.data.seq_len)
+    except ValueError as error:
+      raise GridError(f"sweep.extrapolate_tokens: point {point.index} ({point.name}): "
+                      f"{error}") from None
+
+
 def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | None = None,
               dry_run: bool = False, summarize_only: bool = False, log: Log = print,
               extrapolate: Extrapolate | None = None) -> list[results.PointSummary] | None:
@@ -278,6 +290,8 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     extrapolate = None
   points = grid.expand(sweep_config)
   grid.validate(points, check_point_config)
+  if extrapolate is not None and settings.extrapolate_tokens is not None:
+    _check_extrapolate_tokens(points, settings.extrapolate_tokens)
   selected = grid.select(points, index)
   if dry_run:
     _dry_run(selected, workdir, settings, log)
