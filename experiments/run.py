@@ -10,9 +10,12 @@ Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 it differs, doc) and exits 0 without training.
 
 Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
-1 when the run diverged (its last good checkpoint is kept) or a checkpoint
+1 when the run diverged (its last good checkpoint is kept), a checkpoint
 could not be written (`checkpoint error: ...`; the checkpoints already
-written stay intact); 2 when it cannot start: a config error (missing or
+written stay intact) or another output could not be (`write error: PATH:
+REASON`, e.g. a full disk: metrics.jsonl, tb/, samples.txt, config.json) --
+one line on stderr, and a rerun once the cause is gone resumes from the last
+checkpoint; 2 when it cannot start: a config error (missing or
 broken config file, unknown field, impossible combination, a change to a run
 whose checkpoints do not fit it), a flag error (a value of the wrong type, an
 unknown flag), a work directory that is not a writable directory or is in
@@ -135,7 +138,7 @@ def main(argv) -> None:
   from txf.train import distributed
   from txf.train.checkpoint import CheckpointWriteError, RestoreError
   from txf.train.loop import ConfigError, TrainingDiverged, run
-  from txf.train.workdir import WorkdirError
+  from txf.train.workdir import WorkdirError, WriteError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir("workdirs", flags.FLAGS["config"].config_filename)
   try:
@@ -156,9 +159,11 @@ def main(argv) -> None:
     print(f"diverged: {error}", file=sys.stderr)
     sys.exit(1)
   except CheckpointWriteError as error:
-    # orbax's threads still wait for the failed save's commit and would keep
+    # orbax's threads may still wait for the failed save's commit and keep
     # the interpreter from ever exiting: leave without waiting for them.
     exit_now(1, f"checkpoint error: {error}")
+  except WriteError as error:
+    exit_now(1, f"write error: {error}")
 
 
 def exit_now(status: int, line: str) -> NoReturn:
