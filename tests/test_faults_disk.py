@@ -18,6 +18,7 @@ import jax
 import pytest
 from conftest import (REPO, checkpoint_steps, cli_env, cli_overrides, tiny_config)
 from full_disk import full_disk
+from test_train_metrics import read_tensorboard_scalars
 
 from txf.train import checkpoint, loop, setup
 from txf.train.checkpoint import CheckpointWriteError
@@ -97,18 +98,25 @@ def fails_writing(pattern, workdir, after, error_type=WriteError, slow_finalize=
   return str(error.value), disk.failed
 
 
-@pytest.mark.parametrize("pattern, after", [
-    (METRICS, 3),   # step 3's row: after checkpoint 2
-    (EVENTS, 6),    # the file version, the purge mark, the rows of steps 1-4
-    (SAMPLES, 1),   # the sample of the evaluation at step 4
+@pytest.mark.parametrize("pattern, after, rows_to, events_to", [
+    (METRICS, 3, 2, 2),  # step 3's row: after checkpoint 2
+    (EVENTS, 6, 4, 3),   # the file version, the purge mark, the rows of steps 1-4
+    (SAMPLES, 1, 4, 4),  # the sample of the evaluation at step 4
 ])
 def test_a_full_disk_stops_the_run_at_once_and_the_rerun_resumes_exactly(
-    tmp_path, uninterrupted, pattern, after):
+    tmp_path, uninterrupted, pattern, after, rows_to, events_to):
   workdir = tmp_path / "run"
   message, failed = fails_writing(pattern, workdir, after)
   # One line: the file and the OS's reason.
   assert message == f"{failed[0]}: {ENOSPC}", message
   assert checkpoint_steps(workdir) == [2]
+  # The record that failed was cut off again: every file holds whole records.
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  assert [row["step"] for row in map(json.loads, lines) if "loss" in row] == list(
+      range(1, rows_to + 1))
+  assert {step for _, step in read_tensorboard_scalars(workdir / "tb")} == set(
+      range(1, events_to + 1))
+  assert not (workdir / "samples.txt").exists() or not (workdir / "samples.txt").read_text()
   assert_resumes_exactly(workdir, uninterrupted, resumed_from=2)
 
 

@@ -362,8 +362,9 @@ class Checkpointer:
   def _report_unfinished_saves(self) -> None:
     for tmp in ocp.path.step.all_temporary_paths(self.directory):
       logger.warning(
-          'Ignoring unfinished checkpoint save %s (never finalised, e.g. the '
-          'job stopped mid-save); it is left in place.', tmp.get())
+          'Ignoring unfinished checkpoint save %s (not finalised: the job stopped '
+          'or failed mid-save, or a run training there is saving it); it is left '
+          'in place.', tmp.get())
 
   def _quarantine(self, steps: list[int], *, restored_step: int) -> None:
     """Renames unrestorable steps newer than `restored_step` out of the way.

@@ -197,10 +197,14 @@ class _EventFile:
         n += 1  # two sessions within one second
         path = directory / f'{name}.{n}'
     self.path = path
-    self._add(Event(wall_time=time.time(), file_version='brain.Event:2'))
-    if purge_step is not None:
-      self._add(Event(wall_time=time.time(), step=purge_step,
-                      session_log=SessionLog(status=SessionLog.START)))
+    try:
+      self._add(Event(wall_time=time.time(), file_version='brain.Event:2'))
+      if purge_step is not None:
+        self._add(Event(wall_time=time.time(), step=purge_step,
+                        session_log=SessionLog(status=SessionLog.START)))
+    except BaseException:
+      self.close()
+      raise
 
   def _add(self, event: Event) -> None:
     self._file.append(_record(event.SerializeToString()))
