@@ -165,6 +165,7 @@ class Checkpointer:
     )
     directory = _as_directory(directory)
     self._read_only = read_only
+    self._unchecked_save = False  # a save started whose outcome check_for_errors has not seen
     # Fail before training, not at the first save steps later.
     if not read_only:
       try:
@@ -214,6 +215,7 @@ class Checkpointer:
     if self._read_only:
       raise CheckpointWriteError(f'{self.directory} was opened read-only (for restoring)')
     _check_extras(extras)
+    self._unchecked_save = True
     return self._writing(lambda: self._manager.save(
         step,
         args=ocp.args.Composite(**{
@@ -242,9 +244,12 @@ class Checkpointer:
     steps (with max_to_keep=1, the last good checkpoint). Once the save has
     finished, its error (if any) is raised here.
     """
-    if self._manager.is_saving_in_progress():
+    if not self._unchecked_save or self._manager.is_saving_in_progress():
       return
-    # Returns at once: the save (if any) has finished; raises its error.
+    # Returns at once: the save has finished; raises its error. (Called only
+    # once per save: orbax adds each call's time to its "waiting for the
+    # previous save" figure, and warns when that passes a second.)
+    self._unchecked_save = False
     self._writing(self._manager.wait_until_finished)
 
   def latest_step(self) -> int | None:
