@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from experiments.cli import fail, run_command
+from experiments.cli import fail, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.")
 _NUM_BATCHES = flags.DEFINE_integer(
@@ -48,16 +48,14 @@ def _periods(values: list[str] | None) -> list[int] | None:
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.analyze import analyze_run
-  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)
-  try:
-    record = analyze_run(_WORKDIR.value, num_batches=_NUM_BATCHES.value,
-                         periods=_periods(_PERIODS.value), seed=_SEED.value,
-                         replica=_REPLICA.value, ablate=_ABLATE.value)
-  except ValueError as error:  # ConfigError too
-    fail("analyze", error)
-  except WorkdirError as error:
-    fail("workdir", error)
+  with run_errors():
+    try:
+      record = analyze_run(_WORKDIR.value, num_batches=_NUM_BATCHES.value,
+                           periods=_periods(_PERIODS.value), seed=_SEED.value,
+                           replica=_REPLICA.value, ablate=_ABLATE.value)
+    except ValueError as error:  # ConfigError too
+      fail("analyze", error)
   print(record["table"], end="")
 
 

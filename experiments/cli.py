@@ -1,8 +1,11 @@
-"""Flag parsing shared by the commands in experiments/: every error a user can
-cause on the command line is one line on stderr and exit status 2."""
+"""Flag parsing and error reporting shared by the commands in experiments/:
+every error a user can cause on the command line is one line on stderr and
+exit status 2; a failure while running (a full disk, a diverged run) is one
+line and exit status 1."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -69,6 +72,47 @@ def fail(kind: str, message: Any, status: int = 2) -> NoReturn:
   """One line `<kind> error: ...` on stderr, exit `status` (2: the user's input)."""
   print(f"{kind} error: {message}", file=sys.stderr)
   sys.exit(status)
+
+
+@contextlib.contextmanager
+def run_errors():
+  """Reports the errors of training, evaluating or reading a run as one line
+  on stderr and an exit status: the user's input (config, work directory, a
+  checkpoint that does not restore) 2; a diverged run or an output that
+  cannot be written (a full disk) 1."""
+  # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  # pylint: disable=import-outside-toplevel
+  from txf.train.checkpoint import CheckpointWriteError, RestoreError
+  from txf.train.config import ConfigError
+  from txf.train.loop import TrainingDiverged
+  from txf.train.workdir import WorkdirError, WriteError
+  try:
+    yield
+  except ConfigError as error:
+    fail("config", error)
+  except WorkdirError as error:
+    fail("workdir", error)
+  except RestoreError as error:
+    # After a failed restore, tensorstore may still finish a future on a
+    # closed event loop and print a traceback at exit: leave at once.
+    exit_now(2, f"checkpoint error: {' '.join(str(error).split())}")
+  except TrainingDiverged as error:
+    print(f"diverged: {error}", file=sys.stderr)
+    sys.exit(1)
+  except CheckpointWriteError as error:
+    # orbax's threads may still wait for the failed save's commit and keep
+    # the interpreter from ever exiting: leave without waiting for them.
+    exit_now(1, f"checkpoint error: {error}")
+  except WriteError as error:
+    exit_now(1, f"write error: {error}")
+
+
+def exit_now(status: int, line: str) -> NoReturn:
+  """Prints `line` on stderr and exits without waiting for background threads."""
+  print(line, file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
 
 
 def unknown_field(error: Exception, argv: list[str]) -> str | None:

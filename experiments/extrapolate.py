@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from experiments.cli import fail, run_command
+from experiments.cli import fail, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder LM.")
 _FACTORS = flags.DEFINE_list("factors", ["1", "2", "4", "8", "16"],
@@ -32,22 +32,17 @@ flags.mark_flag_as_required("workdir")
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run, format_table
-  from txf.sweep.writes import ResultWriteError
-  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)
   try:
     factors = [int(factor) for factor in _FACTORS.value]
   except ValueError:
     fail("flag", f"factors: not a list of integers: {','.join(_FACTORS.value)}")
-  try:
-    record = extrapolate_run(_WORKDIR.value, factors, stride=_STRIDE.value,
-                             num_tokens=_NUM_TOKENS.value)
-  except ValueError as error:  # ConfigError too
-    fail("extrapolate", error)
-  except WorkdirError as error:
-    fail("workdir", error)
-  except ResultWriteError as error:
-    fail("write", error, status=1)
+  with run_errors():
+    try:
+      record = extrapolate_run(_WORKDIR.value, factors, stride=_STRIDE.value,
+                               num_tokens=_NUM_TOKENS.value)
+    except ValueError as error:  # ConfigError too
+      fail("extrapolate", error)
   print(format_table(record))
 
 

@@ -10,9 +10,12 @@ Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 it differs, doc) and exits 0 without training.
 
 Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
-1 when the run diverged (its last good checkpoint is kept) or a checkpoint
+1 when the run diverged (its last good checkpoint is kept), a checkpoint
 could not be written (`checkpoint error: ...`; the checkpoints already
-written stay intact); 2 when it cannot start: a config error (missing or
+written stay intact) or another output could not be (`write error: PATH:
+REASON`, e.g. a full disk: metrics.jsonl, tb/, samples.txt, config.json) --
+one line on stderr, and a rerun once the cause is gone resumes from the last
+checkpoint; 2 when it cannot start: a config error (missing or
 broken config file, unknown field, impossible combination, a change to a run
 whose checkpoints do not fit it), a flag error (a value of the wrong type, an
 unknown flag), a work directory that is not a writable directory or is in
@@ -26,16 +29,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import io
-import os
 import pathlib
 import re
-import sys
 import tokenize
-from typing import NoReturn
 
 from absl import flags, logging
 
-from experiments.cli import ConfigFileParser, default_workdir, define_config_flag, fail, run_command
+from experiments.cli import (ConfigFileParser, default_workdir, define_config_flag, fail,
+                             run_command, run_errors)
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
@@ -136,40 +137,15 @@ def main(argv) -> None:
     return
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed
-  from txf.train.checkpoint import CheckpointWriteError, RestoreError
-  from txf.train.loop import ConfigError, TrainingDiverged, run
-  from txf.train.workdir import WorkdirError
+  from txf.train.loop import run
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir("workdirs", flags.FLAGS["config"].config_filename)
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as error:
     fail("flag", error)
-  try:
+  with run_errors():
     run(_CONFIG.value, workdir)
-  except ConfigError as error:
-    fail("config", error)
-  except WorkdirError as error:
-    fail("workdir", error)
-  except RestoreError as error:
-    # After a failed restore, tensorstore may still finish a future on a
-    # closed event loop and print a traceback at exit: leave at once.
-    exit_now(2, f"checkpoint error: {' '.join(str(error).split())}")
-  except TrainingDiverged as error:
-    print(f"diverged: {error}", file=sys.stderr)
-    sys.exit(1)
-  except CheckpointWriteError as error:
-    # orbax's threads still wait for the failed save's commit and would keep
-    # the interpreter from ever exiting: leave without waiting for them.
-    exit_now(1, f"checkpoint error: {error}")
-
-
-def exit_now(status: int, line: str) -> NoReturn:
-  """Prints `line` on stderr and exits without waiting for background threads."""
-  print(line, file=sys.stderr)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from experiments.cli import default_workdir, define_config_flag, fail, run_command
+from experiments.cli import default_workdir, define_config_flag, fail, run_command, run_errors
 
 _CONFIG = define_config_flag("Path to a sweep config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None,
@@ -48,20 +48,15 @@ def main(argv) -> None:
   from txf.sweep.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError
   from txf.sweep.runner import run_sweep
-  from txf.sweep.writes import ResultWriteError
-  from txf.train.workdir import WorkdirError
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
-  try:
-    run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
-              summarize_only=_SUMMARIZE.value,
-              extrapolate=extrapolate_run if _EXTRAPOLATE.value else None)
-  except GridError as error:
-    fail("config", error)
-  except WorkdirError as error:
-    fail("workdir", error)
-  except ResultWriteError as error:
-    fail("write", error, status=1)
+  with run_errors():
+    try:
+      run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
+                summarize_only=_SUMMARIZE.value,
+                extrapolate=extrapolate_run if _EXTRAPOLATE.value else None)
+    except GridError as error:
+      fail("config", error)
 
 
 if __name__ == "__main__":

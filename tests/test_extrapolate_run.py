@@ -16,12 +16,12 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO, tiny_config
-from disk_full import disk_full_at
+from full_disk import files_in, full_disk
 
 from txf.analysis.extrapolation import PROTOCOLS
 from txf.sweep import results
 from txf.sweep.extrapolate import extrapolate_run, format_table
-from txf.sweep.writes import ResultWriteError
+from txf.train.workdir import WriteError
 from txf.train import loop
 from txf.train.config import ConfigError
 
@@ -145,12 +145,12 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   assert done.returncode == 2 and "holds no run" in done.stderr
 
 
-def test_a_full_disk_while_writing_the_record_keeps_the_previous_one(trained, monkeypatch):
+def test_a_full_disk_while_writing_the_record_keeps_the_previous_one(trained):
   path = trained / results.EXTRAPOLATION_FILE
   extrapolate_run(trained, (1, 2))
   before = path.read_bytes()
-  monkeypatch.setattr(*disk_full_at(len(OUTPUTS), trained))  # the plots, then the record
-  with pytest.raises(ResultWriteError, match=f"^{path}: No space left on device$"):
+  with full_disk(files_in(trained), len(OUTPUTS)), pytest.raises(  # the plots, then the record
+      WriteError, match=f"^{path}: No space left on device$"):
     extrapolate_run(trained, (1, 2, 4))
   assert path.read_bytes() == before
   assert not [p for p in trained.iterdir() if p.name.endswith(".tmp")]

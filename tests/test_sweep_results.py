@@ -13,9 +13,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from disk_full import disk_full_at
+from full_disk import files_in, full_disk
 from txf.sweep import grid, results
-from txf.sweep.writes import ResultWriteError
+from txf.train.workdir import WriteError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 4
@@ -364,25 +364,24 @@ def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep
 
 @pytest.mark.parametrize("failing", [results.RESULTS_CSV, results.RESULTS_MD])
 def test_a_full_disk_while_writing_results_is_one_line_and_keeps_the_old_file(
-    sweep_dir, points, monkeypatch, failing):
+    sweep_dir, points, failing):
   rows = summaries(sweep_dir, points)
   written = results.write_results(rows, sweep_dir)
   before = {path.name: path.read_bytes() for path in written}
   (sweep_dir / points[0].name / results.EXTRAPOLATION_FILE).unlink()  # new tables differ
-  monkeypatch.setattr(*disk_full_at([results.RESULTS_CSV, results.RESULTS_MD].index(failing)
-                                    + 1, sweep_dir))
-  with pytest.raises(ResultWriteError) as error:
+  nth_write = [results.RESULTS_CSV, results.RESULTS_MD].index(failing) + 1
+  with full_disk(files_in(sweep_dir), nth_write), pytest.raises(WriteError) as error:
     results.write_results(summaries(sweep_dir, points), sweep_dir)
   assert str(error.value) == f"{sweep_dir / failing}: No space left on device"
   assert (sweep_dir / failing).read_bytes() == before[failing]
   assert not [p for p in sweep_dir.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_a_full_disk_while_writing_a_plot_keeps_the_old_png(sweep_dir, points, monkeypatch):
+def test_a_full_disk_while_writing_a_plot_keeps_the_old_png(sweep_dir, points):
   path = results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir)
   before = path.read_bytes()
-  monkeypatch.setattr(*disk_full_at(1, sweep_dir))
-  with pytest.raises(ResultWriteError, match=f"^{path}: No space left on device$"):
+  with full_disk(files_in(sweep_dir), 1), pytest.raises(
+      WriteError, match=f"^{path}: No space left on device$"):
     results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir,
                              group_field="model.norm_placement", split_field="model.position")
   assert path.read_bytes() == before

@@ -138,10 +138,10 @@ def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tm
                    extrapolate=fake_extrapolate(calls))
   assert calls == []
   tokens = []
-  runner.run_sweep(toy_sweep(extrapolate_tokens=500), workdir, log=lambda line: None,
+  runner.run_sweep(toy_sweep(extrapolate_tokens=600), workdir, log=lambda line: None,
                    extrapolate=fake_extrapolate(calls, tokens))
   assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
-  assert tokens == [500, 500]  # sweep.extrapolate_tokens reaches the hook
+  assert tokens == [600, 600]  # sweep.extrapolate_tokens reaches the hook
 
 
 def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
@@ -363,11 +363,12 @@ def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
 
 def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
   # The sweep command in a process whose first file written under tmp_path
-  # meets a full disk (tests/disk_full.py).
-  script = ("import runpy, sys; sys.path.insert(0, 'tests'); import disk_full; "
-            f"disk_full.install(1, {str(tmp_path)!r}); "
+  # meets a full disk (tests/full_disk.py).
+  script = ("import runpy, sys; sys.path.insert(0, 'tests'); import full_disk\n"
             f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
-            "'--summarize']; runpy.run_module('experiments.sweep', run_name='__main__')")
+            "'--summarize']\n"
+            f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 1):\n"
+            "  runpy.run_module('experiments.sweep', run_name='__main__')")
   done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                         text=True, timeout=120, check=False)
   assert done.returncode == 1, done.stderr

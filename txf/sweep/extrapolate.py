@@ -115,7 +115,7 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
       one needs the `gcs` extra).
     ValueError: naming the argument (or data.task for a run that is not a
       decoder language model), before any model is run.
-    ResultWriteError: a file could not be written (one line naming it; the
+    WriteError: a file could not be written (one line naming it; the
       previous extrapolation.json is intact).
   """
   factors = _check_factors(factors)

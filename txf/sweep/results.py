@@ -407,7 +407,7 @@ def write_results(rows: Sequence[PointSummary],
   """Writes results.csv and results.md (one row per point) into the sweep
   workdir and returns their paths.
 
-  Each file is replaced atomically (ResultWriteError, the old one intact,
+  Each file is replaced atomically (WriteError, the old one intact,
   when that fails). CSV: numbers at full precision, '' where there is no value, 'n/a' for an
   extrapolation length that does not apply, std columns '' with one replica.
   """

@@ -279,7 +279,7 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
       one needs the `gcs` extra), before anything trains; a point's work
       directory that is not writable or in use (another sweep trains or
       extrapolates it).
-    ResultWriteError: a results file, plot or extrapolation record could not
+    WriteError: a results file, plot or extrapolation record could not
       be written (one line naming it; its previous version is intact).
   """
   if dry_run and summarize_only:

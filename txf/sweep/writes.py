@@ -5,8 +5,8 @@ Each file is replaced whole (txf.train.workdir.replace_bytes: a temporary in
 the same directory renamed over it; one upload on object storage), so a crash
 or a full disk never leaves a cut file that a rerun or `--summarize` would
 choke on: the previous version stays until the new one is complete. A write
-that fails raises ResultWriteError, whose message is one line naming the
-path and the reason.
+that fails raises txf.train.workdir.WriteError (as every run output does),
+whose message is one line naming the path and the reason.
 """
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ from typing import Any, Mapping
 
 from etils import epath
 
-from txf.train.workdir import is_local, replace_bytes
-
-
-class ResultWriteError(RuntimeError):
-  """A result file could not be written (e.g. the disk is full); the message
-  names the path and the reason, and the file's previous version is intact."""
+from txf.train.workdir import is_local, replace_bytes, write_error
 
 
 def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
@@ -29,7 +24,7 @@ def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
   creating its local parent directories; returns the path.
 
   Raises:
-    ResultWriteError: the write failed (`path` is as it was).
+    WriteError: the write failed (`path` is as it was).
   """
   path = epath.Path(path)
   data = data.encode("utf-8") if isinstance(data, str) else data
@@ -37,9 +32,9 @@ def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
     if is_local(path):  # object stores have no directories to create
       path.parent.mkdir(parents=True, exist_ok=True)
     replace_bytes(path, data)
-  except OSError as error:
-    reason = error.strerror or " ".join(str(error).split()) or type(error).__name__
-    raise ResultWriteError(f"{path}: {reason}") from error
+  # Remote file systems raise their own types (gcsfs's HttpError, ...).
+  except Exception as error:  # pylint: disable=broad-except
+    raise write_error(path, error) from error
   return path
 
 

@@ -12,6 +12,24 @@ of the resumed run's own save at that step. Unfinished saves
 (`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; they are
 reported and left in place.
 
+A Checkpointer opened with `read_only=True` (to evaluate a run, perhaps one
+that is still training) creates, renames and writes nothing. A step that
+vanishes while it is read (the training run saved a newer one and, keeping
+`max_to_keep`, deleted it) is not a corrupt step: the listing is read again
+and the newest step retried, and if the steps keep changing the error says
+that they were being replaced.
+
+A failed save never costs the last good checkpoint: orbax deletes steps
+beyond `max_to_keep` only after a save has committed, and `check_for_errors`
+never takes a pending save's error from under it (orbax reports a
+background failure once; taken by another thread, the save would look
+committed and the older steps would be deleted).
+
+orbax logs each failure it meets with a traceback (from its own threads,
+tens to hundreds of lines); every one of them also reaches the caller as
+CheckpointWriteError or RestoreError, so those records are dropped
+(`OrbaxErrorFilter`, installed on the logger orbax writes to).
+
 Preemption: with `jax.distributed` initialised, JAX's preemption service
 turns SIGTERM into a step every process agrees on, which
 `Checkpointer.reached_preemption(step)` reports. A single-process run has
@@ -22,33 +40,56 @@ and the loop can save and exit 0. Check both:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from txf.train.workdir import WorkdirError, check_writable, is_local
+from txf.train.workdir import WorkdirError, WriteError, check_writable, is_local
 
 logger = logging.getLogger(__name__)
 
 STATE_ITEM = 'state'
 EXTRAS_ITEM = 'extras'
 CORRUPT_SUFFIX = '.corrupt'
+# Reading a run that is training: how often a restore starts over when the
+# steps changed while it read, and how long it waits before each new try.
+REPLACED_RETRIES = 5
+REPLACED_WAIT_SECONDS = 0.5
 
 
 class RestoreError(RuntimeError):
   """Checkpoints exist but none of them restores onto the given state."""
 
 
-class CheckpointWriteError(RuntimeError):
+class OrbaxErrorFilter(logging.Filter):
+  """Drops orbax's error records (and their tracebacks): every failure they
+  report also reaches the caller, as CheckpointWriteError or RestoreError."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    from_orbax = f'{os.sep}orbax{os.sep}' in (record.pathname or '')
+    return not (from_orbax and record.levelno >= logging.ERROR)
+
+
+def _quiet_orbax_errors() -> None:
+  """Installs OrbaxErrorFilter on the logger orbax writes to (absl's), once."""
+  absl_logger = logging.getLogger('absl')
+  if not any(isinstance(f, OrbaxErrorFilter) for f in absl_logger.filters):
+    absl_logger.addFilter(OrbaxErrorFilter())
+
+
+class CheckpointWriteError(WriteError):
   """A checkpoint could not be written (read-only or full disk, a file in the
-  way, ...). Checkpoints finalised before it are intact.
+  way, ...). Checkpoints finalised before it are intact: a failed save
+  deletes no older step.
 
   After a failed asynchronous save, orbax's background threads wait forever
   for a commit that never comes and would keep the interpreter from exiting:
@@ -97,16 +138,20 @@ class Checkpointer:
   Usable as a context manager (closes on exit, waiting for pending saves).
 
   Args:
-    directory: root of the step directories (created if missing).
+    directory: root of the step directories (created if missing, unless
+      `read_only`).
     max_to_keep: how many of the newest checkpoints to keep.
     save_interval_steps: `save` writes only at multiples of this, at a
       preemption step, or when forced.
+    read_only: only restore: nothing under `directory` (nor the directory
+      itself) is created, renamed or written, and `save` raises.
   """
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
-               save_interval_steps: int = 1):
+               save_interval_steps: int = 1, read_only: bool = False):
     _positive_int('max_to_keep', max_to_keep)
     _positive_int('save_interval_steps', save_interval_steps)
+    _quiet_orbax_errors()
     policies = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=policies.AnySavePolicy([
@@ -114,14 +159,19 @@ class Checkpointer:
             policies.PreemptionCheckpointingPolicy(),
         ]),
         preservation_policy=policies.LatestN(n=max_to_keep),
-        create=True,
+        # orbax's own read_only option warns at every opening; without
+        # `create` and without saves it writes nothing either.
+        create=not read_only,
     )
     directory = _as_directory(directory)
+    self._read_only = read_only
+    self._unchecked_save = False  # a save started whose outcome check_for_errors has not seen
     # Fail before training, not at the first save steps later.
-    try:
-      check_writable(directory)
-    except WorkdirError as error:
-      raise CheckpointWriteError(f'checkpoint directory {error}') from error
+    if not read_only:
+      try:
+        check_writable(directory)
+      except WorkdirError as error:
+        raise CheckpointWriteError(f'checkpoint directory {error}') from error
     self._manager = ocp.CheckpointManager(
         directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM))
 
@@ -132,6 +182,10 @@ class Checkpointer:
     except CheckpointWriteError:
       raise
     except Exception as error:  # pylint: disable=broad-except
+      # orbax forgot the steps the failed save was to replace: what is on
+      # disk (they are, still) is what latest_step must report.
+      with contextlib.suppress(Exception):
+        self._manager.reload()
       raise CheckpointWriteError(
           f'writing a checkpoint under {self.directory} failed: {_describe(error)}'
       ) from error
@@ -158,7 +212,10 @@ class Checkpointer:
     """
     if step < 0:
       raise ValueError(f'step must be >= 0, got {step}.')
+    if self._read_only:
+      raise CheckpointWriteError(f'{self.directory} was opened read-only (for restoring)')
     _check_extras(extras)
+    self._unchecked_save = True
     return self._writing(lambda: self._manager.save(
         step,
         args=ocp.args.Composite(**{
@@ -180,9 +237,20 @@ class Checkpointer:
     """Raises CheckpointWriteError if a finished asynchronous save failed.
 
     Cheap (no waiting): call it at log steps so a failed write stops the run
-    soon after it happens rather than at the next save.
+    soon after it happens rather than at the next save. A save still in
+    progress is left alone: orbax reports a background failure only once, and
+    its save thread must be the one to see it -- taken from under it here,
+    the failed save would look committed and orbax would delete the older
+    steps (with max_to_keep=1, the last good checkpoint). Once the save has
+    finished, its error (if any) is raised here.
     """
-    self._writing(self._manager.check_for_errors)
+    if not self._unchecked_save or self._manager.is_saving_in_progress():
+      return
+    # Returns at once: the save has finished; raises its error. (Called only
+    # once per save: orbax adds each call's time to its "waiting for the
+    # previous save" figure, and warns when that passes a second.)
+    self._unchecked_save = False
+    self._writing(self._manager.wait_until_finished)
 
   def latest_step(self) -> int | None:
     """The newest finalised step in the directory, or None."""
@@ -200,6 +268,11 @@ class Checkpointer:
   def restore(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
     """Restores the newest checkpoint that restores cleanly.
 
+    When the steps change while they are read (a run training in the same
+    directory saved a newer step and deleted the one being read), the
+    listing is read again and the newest step tried again, up to
+    REPLACED_RETRIES times.
+
     Args:
       abstract_state: pytree of `jax.ShapeDtypeStruct` (with shardings to
         restore onto a mesh) matching the saved state.
@@ -210,12 +283,46 @@ class Checkpointer:
     Raises:
       ValueError: `abstract_state` has no array-like leaves.
       RestoreError: checkpoints exist but none restores (each step's error is
-        listed; nothing is renamed).
+        listed; nothing is renamed), or they kept being replaced while read.
     """
     _check_abstract_state(abstract_state)
+    if not self.directory.exists():
+      return None
     self._report_unfinished_saves()
+    replaced: list[int] = []
+    for attempt in range(REPLACED_RETRIES):
+      if attempt:
+        time.sleep(REPLACED_WAIT_SECONDS)
+      outcome = self._restore_newest(abstract_state)
+      if outcome is None or isinstance(outcome, tuple):
+        return outcome
+      replaced.append(outcome)
+    read = ', '.join(str(step) for step in replaced if step >= 0) or 'the listing'
+    raise RestoreError(
+        f'the checkpoints in {self.directory} changed while they were read, '
+        f'{REPLACED_RETRIES} times (read: {read}): a run is probably training there and '
+        'replacing them (with train.max_to_keep=1 it deletes each step as it saves the '
+        'next); try again once it has saved or stopped')
+
+  def _steps(self) -> list[int]:
+    """The finalised steps on disk now, newest first."""
+    self._manager.reload()
+    return sorted(self._manager.all_steps(), reverse=True)
+
+  def _restore_newest(self, abstract_state: Any) -> tuple[int, Any, dict] | int | None:
+    """One pass over the steps, newest first: (step, state, extras) of the
+    first that restores, None if there are none, or the step being read when
+    the steps changed (the caller tries again).
+
+    Raises:
+      RestoreError: every step fails, and none changed while being read.
+    """
+    try:
+      steps = self._steps()
+    except OSError:  # a step vanished while the listing read it
+      return -1
     failures: list[tuple[int, Exception]] = []
-    for step in sorted(self._manager.all_steps(), reverse=True):
+    for step in steps:
       try:
         restored = self._manager.restore(
             step,
@@ -225,7 +332,13 @@ class Checkpointer:
             }))
       except Exception as error:  # pylint: disable=broad-except
         # Any failure (missing file, bad bytes, missing item) makes this
-        # step unusable; which exception depends on the file that broke.
+        # step unusable; which exception depends on the file that broke --
+        # unless the steps changed meanwhile: then it was being replaced.
+        if self._replaced(steps):
+          logger.warning('Checkpoint step %d in %s changed while it was read (a run '
+                         'training there replaced it); reading the steps again.',
+                         step, self.directory)
+          return step
         logger.warning(
             'Checkpoint step %d in %s does not restore (%s); trying an '
             'earlier step.', step, self.directory, _describe(error))
@@ -244,11 +357,19 @@ class Checkpointer:
           'start afresh.') from failures[0][1]
     return None
 
+  def _replaced(self, steps: list[int]) -> bool:
+    """Whether the finalised steps on disk are no longer `steps`."""
+    try:
+      return self._steps() != steps
+    except OSError:
+      return True
+
   def _report_unfinished_saves(self) -> None:
     for tmp in ocp.path.step.all_temporary_paths(self.directory):
       logger.warning(
-          'Ignoring unfinished checkpoint save %s (never finalised, e.g. the '
-          'job stopped mid-save); it is left in place.', tmp.get())
+          'Ignoring unfinished checkpoint save %s (not finalised: the job stopped '
+          'or failed mid-save, or a run training there is saving it); it is left '
+          'in place.', tmp.get())
 
   def _quarantine(self, steps: list[int], *, restored_step: int) -> None:
     """Renames unrestorable steps newer than `restored_step` out of the way.
@@ -256,7 +377,7 @@ class Checkpointer:
     Without this the manager would still report them as the latest step and
     refuse the resumed run's saves up to that step.
     """
-    if not steps:
+    if not steps or self._read_only:
       return
     if ocp.multihost.process_index() == 0:
       for step in steps:

@@ -16,6 +16,14 @@ Starting it again on the same work directory resumes from the latest good
 checkpoint, including the data position, and reaches the same numbers as an
 uninterrupted run.
 
+A write that fails (a full or read-only disk) stops the run at once: every
+output is written in the training thread and raises WriteError (metrics,
+TensorBoard events, samples, config.json) or CheckpointWriteError (a
+checkpoint; an asynchronous save's failure is seen at the next log step),
+each naming the file and the reason. Checkpoints written before it are kept:
+a failed save never deletes an older one (txf.train.checkpoint). Free the
+space and rerun: it resumes from the last checkpoint exactly.
+
 The loop adds little to the compiled step: no device sync between log
 steps (non-finite updates are flagged on device and checked at each log
 step), batches read and sent ahead in a thread, and the eval step and the
@@ -48,7 +56,7 @@ from txf.analysis import summarize
 from txf.data import ProcessCountError
 from txf.decode import generation
 from txf.train import hardware, sharding
-from txf.train.checkpoint import Checkpointer, PreemptionGuard
+from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionGuard
 from txf.train.config import ConfigError
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics, replica_scalars
@@ -356,13 +364,16 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
   installed (a gs:// one needs the `gcs` extra), writable and held by no
   other run (WorkdirError),
   and that a checkpoint restores (RestoreError). Training raises
-  TrainingDiverged on a non-finite loss and CheckpointWriteError when a save
-  fails. A finished run started again trains nothing and evaluates (at the
-  config's data.seq_len and data.batch_size, which may differ from the
-  training's); config.json is then left as it is -- unless what the run's
-  end writes was lost (config.json, or the final eval row of metrics.jsonl):
-  then the end is completed as training would have (final eval and sample
-  logged, config.json written).
+  TrainingDiverged on a non-finite loss, CheckpointWriteError when a save
+  fails and WriteError when another output (metrics.jsonl, tb/, samples.txt,
+  config.json) cannot be written -- each as soon as it happens, and each
+  one line naming the file and the reason. A finished run started again
+  trains nothing and evaluates (at the config's data.seq_len and
+  data.batch_size, which may differ from the training's); config.json is
+  then left as it is -- unless what the run's end writes was lost
+  (config.json, or the final eval row of metrics.jsonl): then the end is
+  completed as training would have (final eval and sample logged,
+  config.json written).
 
   Metrics rows and samples logged after the step training continues from
   (0 without a checkpoint) are moved to metrics.dropped.jsonl /
@@ -435,9 +446,15 @@ def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, l
 
 @contextlib.contextmanager
 def _closing(checkpointer: Checkpointer):
-  """Finishes pending saves and closes the checkpointer, also when training raises."""
+  """Finishes pending saves and closes the checkpointer, also when training
+  raises -- then a save's failure (a full disk fails both) does not replace
+  the error that stopped the run."""
   try:
     yield
-  finally:
-    checkpointer.wait_until_finished()
-    checkpointer.close()
+  except BaseException:
+    with contextlib.suppress(CheckpointWriteError):
+      checkpointer.wait_until_finished()
+      checkpointer.close()
+    raise
+  checkpointer.wait_until_finished()
+  checkpointer.close()

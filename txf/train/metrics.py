@@ -2,8 +2,16 @@
 
 A run's work directory holds
   metrics.jsonl  one JSON object per `write`: {"step": 100, "loss": 2.3, ...}
-  tb/            TensorBoard event files (tensorboardX; no TensorFlow needed)
+  tb/            TensorBoard event files (written here with tensorboardX's
+                 protocol buffers; no TensorFlow needed)
   samples.txt    text sampled at each evaluation, one '=== step N ===' record each
+
+Every file is written in the caller's thread, each record with one write to
+the OS: a failed write (a full disk, ...) raises WriteError naming the file
+and the reason, and the record is cut off again, so no file keeps half a
+row. (tensorboardX's SummaryWriter writes from a thread of its own; when a
+write there failed, the thread died and the training thread then waited for
+ever on its queue.)
 
 Only process 0 should write (`enabled=jax.process_index() == 0`). A writer
 opened at `start_step` (the step a run resumes from, 0 for a fresh start)
@@ -23,12 +31,15 @@ A run of R > 1 seed replicas logs each replica's value of a metric as
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import math
 import os
 import re
+import socket
+import struct
 import tempfile
 import time
 import uuid
@@ -37,9 +48,11 @@ from typing import Any, Mapping
 from etils import epath
 import jax.numpy as jnp
 import numpy as np
-import tensorboardX
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.record_writer import masked_crc32c
 
-from txf.train.workdir import is_local, replace_text
+from txf.train.workdir import WriteError, is_local, replace_text, write_error
 
 METRICS_FILE = 'metrics.jsonl'
 DROPPED_METRICS_FILE = 'metrics.dropped.jsonl'
@@ -72,22 +85,44 @@ def _to_python_scalars(scalars: Mapping[str, Any]) -> dict[str, int | float]:
   return {name: _to_python(name, value) for name, value in scalars.items()}
 
 
-class _LocalLines:
-  """Appends text to a local file, line-buffered: every row reaches the OS as
-  soon as it is written (a run killed at any point keeps all its rows)."""
+class _LocalFile:
+  """Appends bytes to a local file, each append one write to the OS (nothing
+  is buffered in the process: a run killed at any point keeps every record
+  written). An append that fails is cut off again, so the file never ends in
+  part of a record, and raises WriteError naming the file."""
 
-  def __init__(self, path: epath.Path):
-    # Line buffering is an OS-file feature epath's open does not offer.
-    self._file = open(path, 'a', buffering=1, encoding='utf-8')
+  def __init__(self, path: epath.Path, *, exclusive: bool = False):
+    self.path = path
+    try:
+      # Unbuffered: every append reaches the OS at once, or fails at once.
+      self._file = open(path, 'xb' if exclusive else 'ab', buffering=0)
+      self._size = os.fstat(self._file.fileno()).st_size
+    except OSError as error:
+      raise write_error(path, error) from error
 
-  def append(self, text: str) -> None:
-    self._file.write(text)
+  def append(self, data: bytes) -> None:
+    try:
+      view = memoryview(data)
+      while view:
+        view = view[self._file.write(view):]
+    except OSError as error:
+      with contextlib.suppress(OSError):
+        os.ftruncate(self._file.fileno(), self._size)
+      raise write_error(self.path, error) from error
+    self._size += len(data)
 
   def flush(self) -> None:
-    self._file.flush()
+    pass  # every append is written already
 
   def close(self) -> None:
     self._file.close()
+
+
+class _LocalLines(_LocalFile):
+  """Appends text (whole lines) to a local file (see _LocalFile)."""
+
+  def append(self, text: str) -> None:
+    super().append(text.encode('utf-8'))
 
 
 class _ObjectLines:
@@ -111,7 +146,11 @@ class _ObjectLines:
 
   def flush(self) -> None:
     if self._pending:
-      _write(self._path, ''.join(self._chunks))
+      try:
+        _write(self._path, ''.join(self._chunks))
+      # Remote file systems raise their own types (gcsfs's HttpError, ...).
+      except Exception as error:  # pylint: disable=broad-except
+        raise write_error(self._path, error) from error
       self._pending, self._uploaded = False, time.monotonic()
 
   def close(self) -> None:
@@ -122,48 +161,109 @@ def _lines_sink(path: epath.Path) -> _LocalLines | _ObjectLines:
   return _LocalLines(path) if is_local(path) else _ObjectLines(path)
 
 
+def _record(data: bytes) -> bytes:
+  """`data` framed as one TFRecord: length, its CRC, data, its CRC."""
+  header = struct.pack('<Q', len(data))
+  return (header + struct.pack('<I', masked_crc32c(header)) + data
+          + struct.pack('<I', masked_crc32c(data)))
+
+
+class _EventFile:
+  """A TensorBoard event file in a local `directory`, written in the caller's
+  thread (see _LocalFile): one Event per `add_scalars` call, holding every
+  scalar of the row.
+
+  The file is named as TensorBoard expects (events.out.tfevents.<time>.<host>,
+  then `suffix`; a new name if that one exists) and starts as tensorboardX's
+  do: the file version, then, for a resumed run, a SessionLog START at
+  `purge_step`, which tells TensorBoard to hide the events logged at and
+  after it by the previous session.
+  """
+
+  def __init__(self, directory: epath.Path, purge_step: int | None, suffix: str = ''):
+    try:
+      directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+      raise write_error(directory, error) from error
+    name = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}{suffix}'
+    path, n = directory / name, 1
+    while True:
+      try:
+        self._file = _LocalFile(path, exclusive=True)
+        break
+      except WriteError:
+        if not path.exists():
+          raise
+        n += 1  # two sessions within one second
+        path = directory / f'{name}.{n}'
+    self.path = path
+    try:
+      self._add(Event(wall_time=time.time(), file_version='brain.Event:2'))
+      if purge_step is not None:
+        self._add(Event(wall_time=time.time(), step=purge_step,
+                        session_log=SessionLog(status=SessionLog.START)))
+    except BaseException:
+      self.close()
+      raise
+
+  def _add(self, event: Event) -> None:
+    self._file.append(_record(event.SerializeToString()))
+
+  def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars.items()]
+    self._add(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+
+  def flush(self) -> None:
+    pass  # every event is written already
+
+  def close(self) -> None:
+    self._file.close()
+
+
 class _MirroredTensorBoard:
   """TensorBoard event files for a work directory on object storage.
 
-  tensorboardX's own Cloud Storage writer is broken (AttributeError on
-  close), so the events are written to a local temporary directory and its
-  files copied into `target` at flush and close, and on `add_scalar` at most
-  every `interval` seconds. A copy replaces the whole file; event files of
-  scalars stay small.
+  Object stores have no append: the events are written to a local temporary
+  directory and its files copied into `target` at flush and close, and on
+  `add_scalars` at most every `interval` seconds. A copy replaces the whole
+  file; event files of scalars stay small.
   """
 
   def __init__(self, target: epath.Path, purge_step: int | None, interval: float = 60.0):
     self._target, self._interval = target, interval
     self._local = tempfile.TemporaryDirectory(prefix='txf-tb-')
     # Event files are named by the second they start in: a unique suffix
-    # keeps a quick restart from overwriting the previous session's copy.
-    self._writer = tensorboardX.SummaryWriter(self._local.name, purge_step=purge_step,
-                                              filename_suffix=f'.{uuid.uuid4().hex[:8]}')
+    # keeps a quick restart (on another machine) from overwriting the
+    # previous session's copy.
+    self._events = _EventFile(epath.Path(self._local.name), purge_step,
+                              suffix=f'.{uuid.uuid4().hex[:8]}')
     self._copied = time.monotonic()
 
-  def add_scalar(self, name: str, value: float, global_step: int) -> None:
-    self._writer.add_scalar(name, value, global_step=global_step)
+  def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    self._events.add_scalars(step, scalars)
     if time.monotonic() - self._copied >= self._interval:
       self.flush()
 
-  def _copy(self) -> None:
-    for file in epath.Path(self._local.name).iterdir():
+  def flush(self) -> None:
+    file = self._events.path
+    try:
       (self._target / file.name).write_bytes(file.read_bytes())
+    # Remote file systems raise their own types (gcsfs's HttpError, ...).
+    except Exception as error:  # pylint: disable=broad-except
+      raise write_error(self._target / file.name, error) from error
     self._copied = time.monotonic()
 
-  def flush(self) -> None:
-    self._writer.flush()
-    self._copy()
-
   def close(self) -> None:
-    self._writer.close()
-    self._copy()
-    self._local.cleanup()
+    try:
+      self._events.close()
+      self.flush()
+    finally:
+      self._local.cleanup()
 
 
 def _tensorboard(directory: epath.Path, purge_step: int | None):
   if is_local(directory):
-    return tensorboardX.SummaryWriter(os.fspath(directory), purge_step=purge_step)
+    return _EventFile(directory, purge_step)
   return _MirroredTensorBoard(directory, purge_step)
 
 
@@ -179,6 +279,9 @@ class MetricsWriter:
   second; pending rows at `flush` and `close`) and TensorBoard's files are
   copied in (at most once a minute, and at `flush` and `close`): see
   _ObjectLines and _MirroredTensorBoard.
+
+  Every method that writes raises WriteError ('<path>: <reason>') when a
+  file cannot be written; no thread is left behind.
 
   Args:
     workdir: the run's work directory (local or a URL such as gs://b/run).
@@ -198,15 +301,19 @@ class MetricsWriter:
     self.dropped: dict[str, int] = {}
     if not enabled:
       return
-    if is_local(self._workdir):  # object stores have no directories, nor cut-off rows
-      self._workdir.mkdir(parents=True, exist_ok=True)
-      _terminate_partial_last_line(self._workdir / METRICS_FILE)
-    if start_step is not None:
-      self.dropped = drop_records_after(self._workdir, start_step)
-    self._jsonl = _lines_sink(self._workdir / METRICS_FILE)
-    self._tensorboard = _tensorboard(
-        self._workdir / TENSORBOARD_DIR,
-        purge_step=None if start_step is None else start_step + 1)
+    try:
+      if is_local(self._workdir):  # object stores have no directories, nor cut-off rows
+        _writing(self._workdir, lambda: self._workdir.mkdir(parents=True, exist_ok=True))
+        _terminate_partial_last_line(self._workdir / METRICS_FILE)
+      if start_step is not None:
+        self.dropped = drop_records_after(self._workdir, start_step)
+      self._jsonl = _lines_sink(self._workdir / METRICS_FILE)
+      self._tensorboard = _tensorboard(
+          self._workdir / TENSORBOARD_DIR,
+          purge_step=None if start_step is None else start_step + 1)
+    except BaseException:
+      self._close_quietly()
+      raise
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Records `scalars` (name -> Python/numpy/jax scalar) at `step`.
@@ -224,8 +331,7 @@ class MetricsWriter:
       raise ValueError(f'step must be >= 0, got {step}.')
     row = _to_python_scalars(scalars)
     self._jsonl.append(json.dumps({'step': step, **row}) + '\n')
-    for name, value in row.items():
-      self._tensorboard.add_scalar(name, value, global_step=step)
+    self._tensorboard.add_scalars(step, row)
 
   def write_sample(self, step: int, text: str) -> None:
     """Appends a text sample taken at `step` to samples.txt."""
@@ -243,17 +349,32 @@ class MetricsWriter:
         output.flush()
 
   def close(self) -> None:
-    """Flushes and closes every output; calling it again does nothing."""
-    for output in (self._jsonl, self._samples, self._tensorboard):
-      if output is not None:
-        output.close()
+    """Flushes and closes every output (each one, also when another fails:
+    the first failure is raised); calling it again does nothing."""
+    outputs = [o for o in (self._jsonl, self._samples, self._tensorboard) if o is not None]
     self._jsonl = self._samples = self._tensorboard = None
+    error = None
+    for output in outputs:
+      try:
+        output.close()
+      except Exception as failure:  # pylint: disable=broad-except
+        error = error or failure
+    if error is not None:
+      raise error
+
+  def _close_quietly(self) -> None:
+    """Closes every output, ignoring failures (an error is on its way already)."""
+    with contextlib.suppress(Exception):
+      self.close()
 
   def __enter__(self) -> MetricsWriter:
     return self
 
-  def __exit__(self, *exc_info) -> None:
-    self.close()
+  def __exit__(self, exc_type, *exc_info) -> None:
+    if exc_type is None:
+      self.close()
+    else:  # the error that stopped the run is the one to report
+      self._close_quietly()
 
 
 def _read(path: epath.Path) -> str:
@@ -265,24 +386,43 @@ def _write(path: epath.Path, text: str) -> None:
   path.write_bytes(text.encode('utf-8'))
 
 
+def _writing(path: epath.Path, action):
+  """Runs `action()`, raising WriteError naming `path` if it fails."""
+  try:
+    return action()
+  except WriteError:
+    raise
+  # Remote file systems raise their own types (gcsfs's HttpError, ...).
+  except Exception as error:  # pylint: disable=broad-except
+    raise write_error(path, error) from error
+
+
 def _terminate_partial_last_line(path: epath.Path) -> None:
   """Ends a row of a local file cut off by a crash, so appended rows start
   on a new line."""
   if not path.exists() or path.stat().length == 0:
     return
-  with open(path, 'rb+') as f:
+  with open(path, 'rb') as f:
     f.seek(-1, os.SEEK_END)
-    if f.read(1) != b'\n':
-      f.write(b'\n')
+    ended = f.read(1) == b'\n'
+  if not ended:
+    file = _LocalFile(path)
+    try:
+      file.append(b'\n')
+    finally:
+      file.close()
 
 
 def _append(path: epath.Path, text: str) -> None:
   """Appends `text` to `path`; an object (no append) is rewritten whole."""
   if is_local(path):
-    with path.open('a') as f:
-      f.write(text)
+    file = _LocalFile(path)
+    try:
+      file.append(text.encode('utf-8'))
+    finally:
+      file.close()
   else:
-    _write(path, _read(path) + text)
+    _writing(path, lambda: _write(path, _read(path) + text))
 
 
 def _move_lines(path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool],

@@ -309,11 +309,13 @@ def _starting_from(init_fn: Callable[[jax.Array], TrainState],
   return init
 
 
-def make_checkpointer(config: Any, workdir: str | os.PathLike) -> Checkpointer:
-  """The run's checkpoints: workdir/checkpoints, kept and spaced as config.train says."""
+def make_checkpointer(config: Any, workdir: str | os.PathLike, *,
+                      read_only: bool = False) -> Checkpointer:
+  """The run's checkpoints: workdir/checkpoints, kept and spaced as config.train
+  says; `read_only` to restore one without creating or writing anything."""
   return Checkpointer(epath.Path(workdir) / "checkpoints",
                       max_to_keep=config.train.max_to_keep,
-                      save_interval_steps=config.train.checkpoint_every)
+                      save_interval_steps=config.train.checkpoint_every, read_only=read_only)
 
 
 # ---------------------------------------------------------------------------
@@ -499,12 +501,18 @@ def load_run(workdir: str | os.PathLike,
   The setup is built from the run's config.json with `overrides` applied,
   e.g. {"data.seq_len": 256, "eval.num_batches": 4}: any field the checkpoint
   does not depend on (see `check_resumable`). Nothing in `workdir` is
-  written; config.json keeps describing how the run was trained.
+  written (nor created: a directory without checkpoints stays without a
+  checkpoints/ directory); config.json keeps describing how the run was
+  trained. The run may be training still: a checkpoint replaced while it is
+  read (the run saved a newer one and deleted it) is read again from the
+  newest step (see txf.train.checkpoint.Checkpointer.restore).
 
   Raises:
     ConfigError: `workdir` holds no run (no config.json or no checkpoint), or
       an override names an unknown field, changes one the checkpoint depends
       on, or makes the config invalid -- before any compute.
+    RestoreError: no checkpoint restores, or they kept being replaced while
+      read (each says so).
   """
   workdir = epath.Path(workdir)
   path = workdir / CONFIG_FILE
@@ -516,7 +524,7 @@ def load_run(workdir: str | os.PathLike,
     check_resumable(config, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  with make_checkpointer(config, workdir) as checkpointer:
+  with make_checkpointer(config, workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
     setup = setup_run(config, workdir)

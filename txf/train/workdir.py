@@ -1,5 +1,5 @@
-"""A run's work directory: its path type, an exclusive lock and an early
-writability check.
+"""A run's work directory: its path type, an exclusive lock, an early
+writability check, and the error every writer of a run raises.
 
 Everything a run reads and writes goes through one path type, `etils.epath`
 (the one orbax uses), so a work directory may be local or a URL such as
@@ -18,10 +18,17 @@ not enforced (one warning says so) and keeping to one run per work directory
 is up to the user. Only process 0 of a multi-process run takes it: the other
 processes write nothing exclusive (checkpoints are coordinated by orbax
 across processes).
+
+A run's outputs (metrics, TensorBoard events, samples, config.json) are
+written in the training thread, and a failed write (a full or read-only
+disk, a lost mount) raises `WriteError`, naming the file and the OS's
+reason in one line (`write_error`), so the run stops there instead of
+training on without its outputs or hanging in a writer thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import json
@@ -51,6 +58,23 @@ logger = logging.getLogger(__name__)
 class WorkdirError(RuntimeError):
   """The work directory cannot be used: not writable, held by another run, or
   on a file system that is not installed."""
+
+
+class WriteError(RuntimeError):
+  """An output of a run (a file of its work directory) could not be written:
+  the message is one line, '<path>: <reason>'. What was written before it is
+  intact, so a rerun (once the cause is gone) resumes from the last checkpoint."""
+
+
+def _reason(error: BaseException) -> str:
+  """The OS's reason for `error` ('No space left on device'), else its text
+  on one line."""
+  return getattr(error, "strerror", None) or " ".join(str(error).split()) or repr(error)
+
+
+def write_error(path: str | os.PathLike, error: BaseException) -> WriteError:
+  """WriteError('<path>: <reason>') for `error` met writing `path`."""
+  return WriteError(f"{os.fspath(path)}: {_reason(error)}")
 
 
 def is_local(path: str | os.PathLike) -> bool:
@@ -111,8 +135,17 @@ def replace_bytes(path: epath.Path, data: bytes) -> None:
 
 
 def replace_text(path: epath.Path, text: str) -> None:
-  """Replaces `path`'s text (UTF-8) atomically: see `replace_bytes`."""
-  replace_bytes(path, text.encode("utf-8"))
+  """Replaces `path`'s text (UTF-8) atomically: see `replace_bytes`.
+
+  Raises:
+    WriteError: naming `path` and the reason (a full disk, ...); `path` is
+      left as it was and the temporary is removed.
+  """
+  try:
+    replace_bytes(path, text.encode("utf-8"))
+  # Remote file systems raise their own types (gcsfs's HttpError, ...).
+  except Exception as error:  # pylint: disable=broad-except
+    raise write_error(path, error) from error
 
 
 def check_writable(directory: str | os.PathLike) -> None:
@@ -138,8 +171,7 @@ def check_writable(directory: str | os.PathLike) -> None:
       probe.unlink()
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
   except Exception as error:  # pylint: disable=broad-except
-    reason = getattr(error, "strerror", None) or " ".join(str(error).split()) or repr(error)
-    raise WorkdirError(f"{directory}: not a writable directory ({reason})") from error
+    raise WorkdirError(f"{directory}: not a writable directory ({_reason(error)})") from error
   if is_file:
     raise WorkdirError(f"{directory}: exists and is not a directory")
 
@@ -180,11 +212,16 @@ class WorkdirLock:
     except OSError as error:  # e.g. a file system without flock
       handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {error.strerror or error}") from error
-    handle.seek(0)
-    handle.truncate()
-    handle.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                             "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-    handle.flush()
+    try:
+      handle.seek(0)
+      handle.truncate()
+      handle.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+      handle.flush()
+    except OSError as error:  # e.g. a full disk: the lock is held, its note is not written
+      with contextlib.suppress(OSError):  # closing flushes (and fails) again
+        handle.close()
+      raise WorkdirError(f"cannot lock {self.path}: {_reason(error)}") from error
     self._file = handle
 
   def release(self) -> None:
