@@ -53,6 +53,7 @@ import numpy as np
 from txf.sweep.grid import Point
 from txf.sweep.writes import write_figure, write_file, write_line_plot
 from txf.train.metrics import read_metrics
+from txf.train.setup import read_run_config
 
 DIVERGED_FILE = "diverged.json"
 EXTRAPOLATION_FILE = "extrapolation.json"
@@ -186,6 +187,7 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   """'diverged' (the sweep marked it), 'done' (config.json is there and
   metrics.jsonl has an eval row at step `steps`; None: config.json's
   train.steps), 'partial' (started, not done) or 'missing'.
+  A config.json that is not a JSON object raises ValueError naming it.
 
   A sweep passes its point's train.steps: a point trained to fewer steps
   than the sweep now asks for is not done (rerunning continues it).
@@ -198,7 +200,7 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   if not config_path.exists():  # a run writes it before its first step
     return "partial" if rows else "missing"
   if steps is None:
-    steps = json.loads(config_path.read_text())["train"]["steps"]
+    steps = read_run_config(workdir).get("train", {}).get("steps")
   return "done" if "eval_loss" in rows.get(steps, {}) else "partial"
 
 
