@@ -6,12 +6,14 @@ Each case is one subprocess (~2-5 s, mostly imports); none trains.
 """
 
 import ast
+import asyncio
 import os
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO, flatten, load_config
+from experiments import cli
 from txf.layers.config import POSITIONS
 
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
@@ -147,3 +149,27 @@ def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
   assert printed["train.steps"] == "7  (base: 600)"
   assert printed["data.batch_size"].endswith("# global, across all devices and hosts")
   assert not workdir.exists()
+
+
+class _RaisesWhenCollected:
+  """Calls `action` in __del__, where what it raises is unraisable."""
+
+  def __init__(self, action):
+    self.action = action
+
+  def __del__(self):
+    self.action()
+
+
+def test_run_errors_drops_closed_event_loop_callbacks_and_nothing_else(monkeypatch, capsys):
+  # What tensorstore's threads report as unraisable after a failed checkpoint
+  # save (a full disk) closed orbax's event loop.
+  monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+  loop = asyncio.new_event_loop()
+  loop.close()
+  with cli.run_errors():
+    _RaisesWhenCollected(lambda: loop.call_soon_threadsafe(print))
+    _RaisesWhenCollected(lambda: 1 / 0)
+  printed = capsys.readouterr().err
+  assert "Event loop is closed" not in printed
+  assert "ZeroDivisionError" in printed
