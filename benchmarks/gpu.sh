@@ -6,7 +6,9 @@
 #   bash benchmarks/gpu.sh loop     # the real loop's variants vs the step, a profile    (~7 min)
 #   bash benchmarks/gpu.sh long     # gpt2_small at 8k, 16k, 32k, 64k context            (~6 min)
 #   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
-#   bash benchmarks/gpu.sh all      # the four in turn, where no time limit applies
+#   bash benchmarks/gpu.sh step     # the step vs the PyTorch recipe alone               (~3 min)
+#   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
+#   bash benchmarks/gpu.sh all      # train, loop, long, decode in turn, where no time limit applies
 #
 # Run from the repository root. Packages the machine lacks come from .whl/
 # (benchmarks/fetch_wheels.sh, run beforehand where PyPI is reachable). Each
@@ -50,8 +52,10 @@ bench() {  # bench NAME SECONDS MODE ARGS...: one benchmark, its report in $dir/
 GPT2=--config=configs/gpt2_small.py
 STEP="--steps=200 --window=50 --fresh_batches --nosync"
 case $part in
-  train)
-    bench step_b32_torch 200 step $GPT2 $STEP --torch --torch_steps=50
+  step|train)
+    bench step_b32_torch "${STEP_LIMIT:-200}" step $GPT2 $STEP --torch --torch_steps=50
+    [ "$part" = step ] && { kill "$smi"; tar -czf "$OUT/$part.tar.gz" -C gpu_results "$part"
+      python3 benchmarks/summarize.py "$dir"; exit 0; }
     bench step_b32_fused_loss 100 step $GPT2 $STEP --config.train.loss_chunk_len=256
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
       bench step_b32_command_buffers 100 step $GPT2 $STEP
@@ -83,6 +87,38 @@ case $part in
       --runs --config.train.steps=200 --config.eval.every=100 \
       --config.train.checkpoint_every=100 2>&1 | grep -v -e "^I1" -e "^W0000" \
       | tee -a "$dir/log.txt"
+    ;;
+  sweep)
+    # SWEEP_WORKERS workers (6) take every sixth point (--index runs one point;
+    # points lock their own directories): compiles run on the CPU while other
+    # points train.
+    # At SWEEP_LIMIT seconds each worker gets a SIGTERM, which saves the point
+    # training then; --summarize tabulates the points that finished.
+    sweep_dir=$dir/pe_ln_gpu
+    workers=${SWEEP_WORKERS:-6}
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.12
+    deadline=$(( $(date +%s) + ${SWEEP_LIMIT:-560} ))
+    sweep_worker() {  # sweep_worker FIRST: points FIRST, FIRST + workers, ... until the deadline
+      for index in $(seq "$1" "$workers" 11); do
+        local left=$(( deadline - $(date +%s) ))
+        [ "$left" -gt 0 ] || return
+        timeout -k 60 "$left" python3 -m experiments.sweep --config=configs/sweeps/pe_ln_gpu.py \
+          --workdir="$sweep_dir" --index="$index" ${SWEEP_EXTRA:-}
+      done
+    }
+    pids=()
+    for (( worker = 0; worker < workers; worker++ )); do
+      sweep_worker $worker > "$dir/worker_$worker.log" 2>&1 &
+      pids+=($!)
+    done
+    start=$SECONDS
+    wait "${pids[@]}"
+    echo "sweep: $(( SECONDS - start )) s" | tee -a "$dir/log.txt"
+    python3 -m experiments.sweep --config=configs/sweeps/pe_ln_gpu.py --workdir="$sweep_dir" \
+      --summarize ${SWEEP_EXTRA:-} 2>&1 | tee -a "$dir/log.txt"
+    kill "$smi" 2>/dev/null
+    tar -czf "$OUT/$part.tar.gz" --exclude=checkpoints -C gpu_results "$part"
+    exit 0
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

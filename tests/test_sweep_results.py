@@ -351,6 +351,18 @@ def test_pre_vs_post_bar_chart_is_written(sweep_dir, points):
     results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir, split_field="model.window")
 
 
+def test_pre_vs_post_axis_spans_the_losses_not_zero_and_its_legend_sits_beside_it(
+    sweep_dir, points):
+  rows = summaries(sweep_dir, points)
+  figure = results.pre_vs_post_figure(rows)
+  (axes,) = figure.axes
+  low, high = axes.get_ylim()
+  means = [row.eval_loss.mean for row in rows if row.eval_loss is not None]
+  assert means and 0 < low < min(means) and high > max(means)
+  renderer = figure.canvas.get_renderer()
+  assert axes.get_legend().get_window_extent(renderer).x0 >= axes.get_window_extent(renderer).x1
+
+
 def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep_dir, points):
   path = sweep_dir / points[0].name / results.EXTRAPOLATION_FILE
   path.write_text(path.read_text()[:40])  # a writer killed mid-file

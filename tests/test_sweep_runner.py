@@ -16,6 +16,7 @@ import pytest
 
 from conftest import checkpoint_steps, load_config, tiny_config
 from txf.sweep import grid, results, runner
+from txf.sweep.extrapolate import check_num_tokens
 from txf.sweep.grid import GridError
 from txf.train.metrics import read_metrics
 from txf.train.workdir import WorkdirError, WorkdirLock
@@ -317,17 +318,19 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
   assert any(line.startswith("point 0 (learning_rate=1000000.0): diverged") for line in lines)
 
 
-@pytest.mark.parametrize("name, count", [("pe_ln", 12), ("ln_warmup", 8)])
+@pytest.mark.parametrize("name, count", [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8)])
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
   config = load_config(f"sweeps.{name}")
   points = grid.expand(config)
   assert len(points) == count
   grid.validate(points, runner.check_point_config)
-  assert config.base.replicas == {"pe_ln": 2, "ln_warmup": 3}[name]  # seeds (docs/results.md)
+  assert config.base.replicas == {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3}[name]  # seeds
+  if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
+    check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
   reference = runner.load_run_config(str(ROOT / config.sweep.run_config))
   for point in points:  # every point has an exact experiments.run command
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
-  if name == "pe_ln":
+  if name.startswith("pe_ln"):
     assert {p.overrides["model.position"] for p in points} == {
         "sinusoidal", "learned", "rope", "alibi", "t5_bias", "none"}
     assert {p.overrides["model.norm_placement"] for p in points} == {"pre", "post"}

@@ -33,6 +33,13 @@ tokens first if it runs over. 1000 steps at 2 seeds (about 2 hours) or 3
 seeds at 600 steps do not fit; 2 seeds give a std per point, and a gap of a
 few times it is the least a finding needs.
 
+Measured since (2026-11-25, idle 2-core CPU): point 0 trained at about
+9,200 tokens/s, 0.88 s a step for both seeds, 9-10 minutes a point with its
+evaluations and extrapolation: about 2 hours for the sweep, not the 90
+minutes estimated above (the 1.89x replica cost was measured under load).
+configs/sweeps/pe_ln_gpu.py asks the same question with 7x the parameters
+on a GPU (docs/results.md, section 1).
+
 Not known yet: whether every point meets the flattening criterion at 600
 steps. The criterion alone does not show that a run has converged: every
 250-step single-seed run of configs/base.py met it (-0.9% to -1.3% over the

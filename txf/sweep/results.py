@@ -555,13 +555,13 @@ def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.P
   return path
 
 
-def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.PathLike, *,
-                     group_field: str = "model.position",
-                     split_field: str = "model.norm_placement") -> epath.Path:
-  """Final validation loss as a grouped bar chart: one group per value of
-  `group_field` (the encodings), one bar per value of `split_field` (Pre-
-  and Post-LN), error bars ±1 std over replicas. A point without a final
-  eval loss has no bar (a diverged one is labelled so). Returns the PNG."""
+def pre_vs_post_figure(rows: Sequence[PointSummary], *, group_field: str = "model.position",
+                       split_field: str = "model.norm_placement"):
+  """plot_pre_vs_post's matplotlib Figure, unwritten.
+
+  Raises:
+    ValueError: a field that is not one of the points' grid fields.
+  """
   # Only matplotlib's object API: no pyplot global state, safe in threads.
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
   from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
@@ -571,7 +571,7 @@ def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.Pa
       raise ValueError(f"{field}: not a grid field of these points")
   groups = list(dict.fromkeys(row.point.overrides.get(group_field) for row in rows))
   splits = list(dict.fromkeys(row.point.overrides.get(split_field) for row in rows))
-  width = 0.8 / len(splits)
+  width = 0.6 / len(splits)
   figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8))
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
@@ -580,17 +580,33 @@ def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.Pa
     found = [next((row for row in rows if row.point.overrides.get(group_field) == group
                    and row.point.overrides.get(split_field) == split), None) for group in groups]
     stats = [None if row is None else row.eval_loss for row in found]
-    axes.bar(positions, [math.nan if stat is None else stat.mean for stat in stats], width,
-             yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
-             capsize=3, label=str(split))
+    # Markers, not bars: the axis then spans the losses rather than starting
+    # at 0, where gaps of a few hundredths of a nat would not show.
+    axes.errorbar(positions, [math.nan if stat is None else stat.mean for stat in stats],
+                  yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+                  fmt="o", markersize=7, capsize=4, label=str(split))
     for position, row in zip(positions, found):
-      if row is not None and row.diverged:  # no bar: say why
-        axes.text(position, 0.0, "diverged", rotation=90, ha="center", va="bottom")
+      if row is not None and row.diverged:  # no marker: say why, at the axis' foot
+        axes.text(position, 0.02, "diverged", rotation=90, ha="center", va="bottom",
+                  transform=axes.get_xaxis_transform())
   axes.set_xticks(np.arange(len(groups)), [str(group) for group in groups])
   axes.set_xlabel(group_field)
   axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
   short = lambda field: field.rsplit(".", 1)[-1]
   axes.set_title(f"Final validation loss by {short(group_field)} and {short(split_field)}")
-  axes.legend(title=split_field)
+  axes.grid(axis="y", alpha=0.3)
+  # Beside the axes, never over a marker.
+  axes.legend(title=split_field, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   figure.tight_layout()
+  return figure
+
+
+def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.PathLike, *,
+                     group_field: str = "model.position",
+                     split_field: str = "model.norm_placement") -> epath.Path:
+  """Final validation loss, one column per value of `group_field` (the
+  encodings) holding one marker per value of `split_field` (Pre- and
+  Post-LN), error bars ±1 std over replicas. A point without a final eval
+  loss has no marker (a diverged one is labelled so). Returns the PNG."""
+  figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
   return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)
