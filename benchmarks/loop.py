@@ -132,12 +132,16 @@ class _GcPauses:
 def variant_setup(setup: RunSetup, variant: str, profile) -> tuple[RunSetup, int]:
   """The setup `variant` trains with and its prefetch depth."""
   config = setup.config.copy_and_resolve_references()
-  steps = config.train.steps
+  train, eval_config = setup.run.train, setup.run.eval
   if variant != "full":  # the last step always evaluates and saves, after its log
-    config.eval.every = config.train.checkpoint_every = steps
+    config.eval.every = config.train.checkpoint_every = train.steps
+    eval_config = dataclasses.replace(eval_config, every=train.steps)
+    train = dataclasses.replace(train, checkpoint_every=train.steps)
   if variant == "log_every_step":
     config.train.log_every = 1
-  changes = dict(config=config)
+    train = dataclasses.replace(train, log_every=1)
+  # config.json records `config`; the loop reads `run`.
+  changes = dict(config=config, run=dataclasses.replace(setup.run, train=train, eval=eval_config))
   if variant == "random_ids":
     changes["train_data"] = RandomIds(setup.train_data, setup.model_cfg.vocab_size)
   if variant == "host_only":

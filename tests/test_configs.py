@@ -26,7 +26,6 @@ from txf.layers.config import ModelConfig
 from txf.data import listops, make_tokenizer
 from txf.train import loop
 from txf.train.config import ConfigError, check_run_config
-from txf.train.optim import make_optimizer, make_schedule
 from txf.train.step import model_inputs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -90,11 +89,8 @@ def validate(config):
   """What the runner checks before compute (txf.train.loop.run, minus data loading)."""
   tokenizer = make_tokenizer(config.data)
   num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
-  model_cfg = check_run_config(config, vocab_size=tokenizer.vocab_size,
-                               num_classes=num_classes)
-  make_optimizer(config.train)
-  make_schedule(config.train)
-  return model_cfg
+  return check_run_config(config, vocab_size=tokenizer.vocab_size,
+                          num_classes=num_classes).model
 
 
 def tiny():

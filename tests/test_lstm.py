@@ -109,7 +109,7 @@ def test_bad_lstm_values_are_refused(fields, named):
 def test_run_config_trains_lstm_on_lm_only():
   config = load_config("lstm")
   vocab = make_tokenizer(config.data).vocab_size
-  assert check_run_config(config, vocab_size=vocab, num_classes=None).family == "lstm"
+  assert check_run_config(config, vocab_size=vocab, num_classes=None).model.family == "lstm"
   config.data.task = "mlm"
   with pytest.raises(ValueError, match=r"^model\.family: 'lstm' cannot train data\.task='mlm'"):
     check_run_config(config, vocab_size=vocab, num_classes=None)

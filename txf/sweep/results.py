@@ -53,6 +53,7 @@ import numpy as np
 from txf.sweep.grid import Point
 from txf.sweep.writes import write_figure, write_file, write_line_plot
 from txf.train.metrics import read_metrics
+from txf.train.replicas import metric_names
 from txf.train.setup import read_run_config
 
 DIVERGED_FILE = "diverged.json"
@@ -205,7 +206,7 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
 
 
 def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -> list[float]:
-  keys = [f"{name}/{r}" for r in range(replicas)] if replicas > 1 else [name]
+  keys = metric_names(name, replicas)
   missing = [key for key in keys if key not in row]
   if missing:
     raise ValueError(f"{workdir}: metrics row at step {row['step']} has {name!r} but not "

@@ -1,25 +1,100 @@
-"""Checks a whole run config before any compute: unknown fields, impossible
-combinations across sections. Every error is a `ValueError` naming the field."""
+"""Checks a whole run config before any compute and returns it typed.
+
+  run = check_run_config(config, vocab_size=260, num_classes=None)
+  run.model.d_model, run.data.seq_len, run.train.steps, run.eval.every
+  run.optimizer, run.schedule          # built once, here
+  run.seeds                            # (seed, ..., seed + replicas - 1)
+
+Unknown fields and impossible combinations across sections are each a
+`ValueError` naming the field. `RunConfig` is what setup_run, the loop and
+the commands read; the ConfigDict stays what config.json records.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import optax
+
 from txf import checks
 from txf.data.config import DataSpec, read_data_config
 from txf.layers.config import ModelConfig
 from txf.layers.embedding import check_position_table
-from txf.train.optim import make_optimizer
+from txf.train import replicas as replicas_lib
+from txf.train.optim import make_optimizer, make_schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The `train` section (configs/base.py documents each field)."""
+  steps: int
+  learning_rate: float
+  warmup_steps: int
+  decay: str
+  end_lr_fraction: float
+  weight_decay: float
+  b1: float
+  b2: float
+  eps: float
+  grad_clip_norm: float
+  grad_accum_steps: int
+  label_smoothing: float
+  z_loss: float
+  loss_chunk_len: int
+  log_every: int
+  checkpoint_every: int
+  max_to_keep: int
+  init_from: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """The `eval` section."""
+  every: int
+  num_batches: int
+  sample_tokens: int
+  sample_prompt: str
+  temperature: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+  """The `parallel` section: mesh axis sizes (-1: the devices left)."""
+  data: int
+  fsdp: int
+  tensor: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunConfig:
+  """A checked run config: each section typed, the optimizer and its
+  schedule built once from `train`."""
+  seed: int
+  replicas: int
+  model: ModelConfig
+  data: DataSpec
+  train: TrainConfig
+  eval: EvalConfig
+  parallel: ParallelConfig
+  optimizer: optax.GradientTransformation
+  schedule: optax.Schedule
+
+  @property
+  def seeds(self) -> tuple[int, ...]:
+    """The replicas' seeds: replica r is the single run of seed + r."""
+    return replicas_lib.replica_seeds(self.seed, self.replicas)
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+  return tuple(field.name for field in dataclasses.fields(cls))
+
 
 SECTIONS = ("seed", "replicas", "model", "data", "train", "eval", "parallel")
-TRAIN_FIELDS = ("steps", "learning_rate", "warmup_steps", "decay", "end_lr_fraction",
-                "weight_decay", "b1", "b2", "eps", "grad_clip_norm", "grad_accum_steps",
-                "label_smoothing", "z_loss", "loss_chunk_len", "log_every", "checkpoint_every",
-                "max_to_keep", "init_from")
-EVAL_FIELDS = ("every", "num_batches", "sample_tokens", "sample_prompt", "temperature")
-PARALLEL_FIELDS = ("data", "fsdp", "tensor")
-DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSpec))
+TRAIN_FIELDS = _field_names(TrainConfig)
+EVAL_FIELDS = _field_names(EvalConfig)
+PARALLEL_FIELDS = _field_names(ParallelConfig)
+DATA_FIELDS = _field_names(DataSpec)
 
 # data.task -> (model.family, model.head) it trains.
 TASK_MODELS = {
@@ -28,6 +103,12 @@ TASK_MODELS = {
     "seq2seq": (("encoder_decoder",), ("lm",)),
     "classify": (("encoder", "decoder"), ("classify",)),
 }
+
+
+def _typed(cls: type, section: Any) -> Any:
+  """`cls` from a checked section; a field the section lacks reads as None
+  (and fails the check of its value)."""
+  return cls(**{name: section.get(name) for name in _field_names(cls)})
 
 
 class ConfigError(ValueError):
@@ -40,8 +121,8 @@ def _check_known(section: str, config: Any, known: tuple[str, ...]) -> None:
     raise ValueError(f"{section}.{unknown[0]}: unknown field (known: {', '.join(known)})")
 
 
-def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -> ModelConfig:
-  """Validates `config` and returns its `ModelConfig`.
+def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -> RunConfig:
+  """Validates `config` and returns it typed, its optimizer built.
 
   Args:
     config: the run's ConfigDict (sections: seed, replicas, model, data, train, eval,
@@ -83,8 +164,9 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
                      f"(needs one of {heads})")
   check_position_table(model_cfg.position, model_cfg.max_len, spec.seq_len, "data.seq_len")
 
-  train = config.train
-  make_optimizer(train)  # checks the optimizer and schedule fields (train.steps among them)
+  train = _typed(TrainConfig, config.train)
+  # Checks the optimizer and schedule fields (train.steps among them) ...
+  optimizer, schedule = make_optimizer(train), make_schedule(train)
   # ... but lets infinities through where they pass its comparisons.
   checks.finite_at_least(train.weight_decay, "train.weight_decay", 0.0)
   checks.finite_at_least(train.eps, "train.eps", 0.0, open_=True)
@@ -92,7 +174,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   checks.fraction(train.label_smoothing, "train.label_smoothing")
   checks.finite_at_least(train.z_loss, "train.z_loss", 0.0)
   for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
-    checks.positive_int(train[field], f"train.{field}")
+    checks.positive_int(getattr(train, field), f"train.{field}")
   if spec.batch_size % train.grad_accum_steps:
     raise ValueError(f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
                      f"data.batch_size={spec.batch_size}")
@@ -108,4 +190,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   checks.int_at_least(config.eval.sample_tokens, "eval.sample_tokens", 0)
   # NaN would pass `temperature < 0` and sample garbage.
   checks.finite_at_least(config.eval.temperature, "eval.temperature", 0.0)
-  return model_cfg
+  return RunConfig(seed=config.seed, replicas=replicas, model=model_cfg, data=spec, train=train,
+                   eval=_typed(EvalConfig, config.eval),
+                   parallel=_typed(ParallelConfig, config.parallel),
+                   optimizer=optimizer, schedule=schedule)

@@ -55,11 +55,11 @@ from txf import decode
 from txf.analysis import summarize
 from txf.data import ProcessCountError
 from txf.decode import generation
-from txf.train import hardware, sharding
+from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionGuard
-from txf.train.config import ConfigError
+from txf.train.config import ConfigError, TrainConfig
 from txf.train.distributed import gather_data_states
-from txf.train.metrics import MetricsWriter, format_progress, read_metrics, replica_scalars
+from txf.train.metrics import MetricsWriter, format_progress, read_metrics
 from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
                              make_checkpointer, read_run_config, setup_run, write_config)
 from txf.train.workdir import WorkdirLock, check_writable, run_path
@@ -134,12 +134,12 @@ def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
 def _samples(setup: RunSetup) -> bool:
   """Whether the run's evaluations sample text."""
   # Every lm-task model generates: a decoder, or an LSTM (its carry is its cache).
-  return setup.task == "lm" and bool(setup.config.eval.sample_tokens)
+  return setup.task == "lm" and bool(setup.run.eval.sample_tokens)
 
 
 def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:
   """decode.generate's arguments for a sample of eval.sample_prompt at `step`."""
-  eval_config, tokenizer = setup.config.eval, setup.train_data.tokenizer
+  eval_config, tokenizer = setup.run.eval, setup.train_data.tokenizer
   prompt_1xP = tokenizer.encode(eval_config.sample_prompt)[None]
   # Every process holds the same prompt; as one replicated global array it
   # can meet parameters sharded over other hosts' devices inside jit.
@@ -230,12 +230,11 @@ class _Throughput:
 
 def _log_train(setup: RunSetup, metrics: dict, done: int, window: _Throughput,
                writer: MetricsWriter, log) -> None:
-  scalars = {name: metrics[name] for name in ("loss", "accuracy", "grad_norm")}
-  if setup.replicas > 1:
-    scalars = replica_scalars(scalars)
+  scalars = replicas.scalars({name: metrics[name] for name in ("loss", "accuracy", "grad_norm")},
+                             setup.replicas)
   scalars.update(learning_rate=setup.schedule(done - 1), **window.figures(setup))
   writer.write(done, scalars)
-  log(format_progress(done, setup.config.train.steps, scalars))
+  log(format_progress(done, setup.run.train.steps, scalars))
 
 
 def _check_finite(finite_flags: list, done: int, checkpointer: Checkpointer) -> None:
@@ -265,12 +264,12 @@ def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
 
 
 def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_state: dict,
-                done: int, config, writer: MetricsWriter, log) -> bool:
+                done: int, train: TrainConfig, writer: MetricsWriter, log) -> bool:
   """Saves at checkpoint steps and at the last; returns True (after saving)
   when the run is preempted."""
   save = lambda: checkpointer.save(done, state, {"data": gather_data_states(data_state)},
                                    force=True)
-  saved = (done % config.train.checkpoint_every == 0 or done == config.train.steps) and save()
+  saved = (done % train.checkpoint_every == 0 or done == train.steps) and save()
   if saved:
     # On object storage rows are uploaded at most once a second: a run killed
     # after this checkpoint must not lose the rows up to it.
@@ -291,7 +290,7 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
            guard: PreemptionGuard, writer: MetricsWriter, log, prefetch: int
            ) -> dict[str, float]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's metrics."""
-  config = setup.config
+  train, eval_config = setup.run.train, setup.run.eval
   window, finite_flags, last_eval = _Throughput(), [], {}
   # The last step always evaluates, so this compilation is never wasted.
   compiling = _compile_evaluation(setup, state.params)
@@ -299,14 +298,14 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
   # compilation is waited for too (a thread inside XLA at exit aborts Python).
   with (contextlib.closing(_prefetch(setup.train_data, setup.to_device, prefetch)) as batches,
         _joining(compiling)):
-    for step in range(start, config.train.steps):
+    for step in range(start, train.steps):
       batch, data_state = next(batches)
       state, metrics = setup.train_step(state, batch)
       # Kept on device (no sync, no dispatch per step), checked at every log step.
       finite_flags.append(metrics["finite"])
       window.add(metrics, compiling=step == start)
       done = step + 1
-      if done % config.train.log_every == 0 or done == config.train.steps:
+      if done % train.log_every == 0 or done == train.steps:
         metrics = jax.device_get(metrics)
         _check_finite(finite_flags, done, checkpointer)
         finite_flags = []
@@ -314,11 +313,11 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
         checkpointer.check_for_errors()
         _log_train(setup, metrics, done, window, writer, log)
         window.restart()
-      if done % config.eval.every == 0 or done == config.train.steps:
+      if done % eval_config.every == 0 or done == train.steps:
         compiling.join()
         last_eval = _eval_and_sample(setup, state.params, done, writer, log)
         window.restart()
-      if _checkpoint(checkpointer, guard, state, data_state, done, config, writer, log):
+      if _checkpoint(checkpointer, guard, state, data_state, done, train, writer, log):
         break
   return last_eval
 
@@ -338,7 +337,7 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
   except ProcessCountError as error:
     raise ConfigError(str(error)) from error
   except ValueError as error:  # e.g. a position between batches of a new size
-    data = setup.config.data
+    data = setup.run.data
     raise ConfigError(
         f"data.batch_size: the checkpoint's data position {data_state} does not continue "
         f"in batches of data.batch_size={data.batch_size}, data.seq_len={data.seq_len}; "
@@ -392,16 +391,17 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
   is_chief = jax.process_index() == 0
   # Only process 0 locks: the others write nothing that must be exclusive.
   with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
-    checkpointer = make_checkpointer(config, workdir)
+    checkpointer = make_checkpointer(setup.run.train, workdir)
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
     with (guarding as guard, _closing(checkpointer), setup.activation_sharding()):
       start, state, data_state = _restore(setup, checkpointer, workdir, log)
       first_params = setup.replica_params(state.params, 0)
       log(f"data: {setup.train_data.description}\n"
-          f"{summarize(first_params, setup.model_cfg, config.data.seq_len)}"
-          + (f"\n{setup.replicas} replicas, seeds {setup.seeds}" if setup.replicas > 1 else ""))
-      if start >= config.train.steps and _end_written(config, workdir, start):
-        log(f"already trained to step {start} of {config.train.steps}")
+          f"{summarize(first_params, setup.model_cfg, setup.run.data.seq_len)}"
+          + "".join(f"\n{line}" for line in [replicas.describe(setup.seeds)] if line))
+      steps = setup.run.train.steps
+      if start >= steps and _end_written(steps, workdir, start):
+        log(f"already trained to step {start} of {steps}")
         return setup.evaluate(state.params)
       if data_state is not None:
         _continue_data(setup, data_state)
@@ -411,7 +411,7 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
               f"training continues from) to its .dropped file")
         write_config(config, workdir)
         try:
-          if start >= config.train.steps:  # trained, but its end's writes were lost
+          if start >= steps:  # trained, but its end's writes were lost
             log(f"trained to step {start}: completing its final evaluation")
             return _eval_and_sample(setup, state.params, start, writer, log)
           return _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
@@ -419,12 +419,12 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
           setup.train_data.close()  # stops the loader's worker processes
 
 
-def _end_written(config, workdir: epath.Path, step: int) -> bool:
+def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   """Whether a run trained to `step` >= train.steps has what its end writes:
   config.json and, when `step` is train.steps, an eval row at `step`."""
   if read_run_config(workdir) is None:
     return False
-  return step != config.train.steps or any(
+  return step != steps or any(
       row["step"] == step and "eval_loss" in row for row in read_metrics(workdir))
 
 

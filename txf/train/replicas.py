@@ -47,12 +47,13 @@ measured: no accelerator in this session).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from txf.train.metrics import replica_scalars
 from txf.train.step import Batch, TrainState
 
 STRATEGIES = ("vmap", "map")
@@ -139,3 +140,66 @@ def default_strategy(backend: str) -> str:
   where it measured about 2.0x one replica for 3 against vmap's 3.3x
   (module docstring); 'vmap' on accelerators."""
   return "map" if backend == "cpu" else "vmap"
+
+
+# The run-level view: the one place that branches on a run's replica count.
+
+
+class RunPrograms(NamedTuple):
+  """A run's programs over its seeds, not yet jitted (`for_seeds`)."""
+  init: Callable[[Any], TrainState]  # pretrained params (or None) -> the state
+  train_step: TrainStep
+  eval_step: Callable[[Any, Batch], Any]
+  state_sharding: Any
+
+
+def for_seeds(seeds: Sequence[int], *, start: Callable[[jax.Array, Any], TrainState],
+              step_for_seed: Callable[[Any], TrainStep], eval_step: Callable[[Any, Batch], Any],
+              state_sharding: Any) -> RunPrograms:
+  """A run of `seeds`: one seed's programs as they are; for R > 1 stacked over
+  a leading [R] axis (init_replicas, make_replicated_train_step and
+  over_replicas with the backend's default_strategy, stacked_shardings).
+
+  Args:
+    seeds: the replicas' seeds (`replica_seeds`).
+    start: (key, pretrained params or None) -> one run's initial state.
+    step_for_seed: seed -> one run's train step.
+    eval_step: one run's (params, batch) -> sums.
+    state_sharding: one run's state shardings.
+  """
+  if len(seeds) == 1:
+    (seed,) = seeds
+    return RunPrograms(lambda params: start(jax.random.key(seed), params), step_for_seed(seed),
+                       eval_step, state_sharding)
+  strategy = default_strategy(jax.default_backend())
+  return RunPrograms(
+      lambda params: init_replicas(lambda key: start(key, params), seeds),
+      make_replicated_train_step(step_for_seed, seeds, strategy=strategy),
+      over_replicas(eval_step, strategy), stacked_shardings(state_sharding))
+
+
+def replica_of(tree: Any, r: int, count: int) -> Any:
+  """Replica r of a run of `count` replicas' pytree (its params, its state):
+  the tree itself for a single run."""
+  if not 0 <= r < count:
+    raise ValueError(f"replica: {r} is not one of the run's {count} replicas")
+  return tree if count == 1 else replica(tree, r)
+
+
+def scalars(values: Mapping[str, Any], count: int) -> dict[str, float]:
+  """A step's or an evaluation's values as metrics rows hold them: floats for
+  a single run; for `count` > 1 each [R] value as its replicas' 'name/r',
+  their mean 'name' and std 'name_std' (txf.train.metrics.replica_scalars)."""
+  if count == 1:
+    return {name: float(value) for name, value in values.items()}
+  return replica_scalars(values)
+
+
+def metric_names(name: str, count: int) -> list[str]:
+  """The row keys holding each replica's `name` in a run of `count` replicas."""
+  return [f"{name}/{r}" for r in range(count)] if count > 1 else [name]
+
+
+def describe(seeds: Sequence[int]) -> str:
+  """A log line's note of the replicas ('' for a single run)."""
+  return f"{len(seeds)} replicas, seeds {tuple(seeds)}" if len(seeds) > 1 else ""

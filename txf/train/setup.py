@@ -1,7 +1,7 @@
 """One run setup: everything that trains or evaluates a config is built here.
 
   setup = setup_run(config, workdir)       # data, model, mesh, jitted steps
-  state = setup.init(setup.init_key)       # created already sharded
+  state = setup.init()                     # created already sharded
   with setup.activation_sharding():
     state, metrics = setup.train_step(state, setup.to_device(batch))
 
@@ -51,9 +51,8 @@ from txf.layers.config import ModelConfig
 from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer
-from txf.train.config import ConfigError, check_run_config
-from txf.train.metrics import replica_scalars
-from txf.train.optim import make_optimizer, make_schedule
+from txf.train.config import ConfigError, RunConfig, TrainConfig, check_run_config
+from txf.train.optim import make_optimizer
 from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
                             make_train_step)
 from txf.train.workdir import replace_text
@@ -70,15 +69,15 @@ class RunSetup:
   """What a run trains and evaluates with, built from its config by `setup_run`.
 
   Attributes:
-    config: the run config (sections seed, model, data, train, eval, parallel).
-    model_cfg: its checked ModelConfig.
+    config: the run config as given (a ConfigDict: what config.json records).
+    run: the same config checked and typed (txf.train.config.RunConfig), with
+      its optimizer and schedule; `model_cfg`, `optimizer`, `schedule`,
+      `replicas` and `seeds` read it.
     model: the linen module.
     task: 'lm', 'mlm', 'seq2seq' or 'classify'.
     train_data, eval_data: this process's rows of the train and validation
       batches (eval_data stops after eval.num_batches).
-    optimizer, schedule: from config.train.
     mesh: the device mesh of config.parallel.
-    replicas: R, config.replicas: seeds trained side by side (1: a single run).
     state_sharding: a TrainState of NamedShardings, one per leaf.
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
       created already sharded (no host ever holds the whole model); with
@@ -98,15 +97,12 @@ class RunSetup:
   """
 
   config: Any
-  model_cfg: ModelConfig
+  run: RunConfig
   model: nn.Module
   task: str
   train_data: Dataset
   eval_data: Dataset
-  optimizer: optax.GradientTransformation
-  schedule: optax.Schedule
   mesh: Mesh
-  replicas: int
   state_sharding: Any
   init: Callable[[], TrainState]
   abstract_state: TrainState
@@ -117,20 +113,35 @@ class RunSetup:
   peak_flops: float | None
 
   @property
-  def init_key(self) -> jax.Array:
-    """The key of the run's (its first replica's) seed."""
-    return jax.random.key(self.config.seed)
+  def model_cfg(self) -> ModelConfig:
+    return self.run.model
+
+  @property
+  def optimizer(self) -> optax.GradientTransformation:
+    return self.run.optimizer
+
+  @property
+  def schedule(self) -> optax.Schedule:
+    return self.run.schedule
+
+  @property
+  def replicas(self) -> int:
+    """R: seeds trained side by side (1: a single run)."""
+    return self.run.replicas
 
   @property
   def seeds(self) -> tuple[int, ...]:
     """The replicas' seeds: replica r is the single run of seed + r."""
-    return replicas.replica_seeds(self.config.seed, self.replicas)
+    return self.run.seeds
+
+  @property
+  def init_key(self) -> jax.Array:
+    """The key of the run's (its first replica's) seed."""
+    return jax.random.key(self.run.seed)
 
   def replica_params(self, params: Any, r: int) -> Any:
     """Replica r's parameters (a single run's) from the run's parameters."""
-    if not 0 <= r < self.replicas:
-      raise ValueError(f"replica: {r} is not one of the run's {self.replicas} replicas")
-    return params if self.replicas == 1 else replicas.replica(params, r)
+    return replicas.replica_of(params, r, self.replicas)
 
   def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """Global arrays, split over the mesh, from this process's rows."""
@@ -157,12 +168,10 @@ class RunSetup:
     result = {"eval_loss": loss, "eval_accuracy": totals["correct"] / totals["count"]}
     if self.task in ("lm", "mlm"):
       result["eval_perplexity"] = np.exp(np.minimum(loss, 50.0))
-    if self.replicas == 1:
-      return {name: float(value) for name, value in result.items()}
-    return replica_scalars(result)
+    return replicas.scalars(result, self.replicas)
 
 
-def train_step_for_seed(train_config: Any, model: nn.Module,
+def train_step_for_seed(train_config: TrainConfig, model: nn.Module,
                         optimizer: optax.GradientTransformation, task: str,
                         seed: int) -> Callable:
   """The (unjitted) train step of one replica's `seed`, as `train_config` sets it up."""
@@ -192,72 +201,61 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
                       seed=config.seed if config.data.get("seed") is None else config.data.seed)
   try:
     train_data = make_dataset(config.data, "train", workdir=workdir, **dataset_args)
-    model_cfg = check_run_config(config, vocab_size=train_data.vocab_size,
-                                 num_classes=train_data.num_classes)
-    optimizer = make_optimizer(config.train)
-    schedule = make_schedule(config.train)
+    run = check_run_config(config, vocab_size=train_data.vocab_size,
+                           num_classes=train_data.num_classes)
     eval_data = make_dataset(config.data, "validation", workdir=workdir,
-                             num_batches=config.eval.num_batches, **dataset_args)
-    mesh = sharding.make_mesh(config.parallel)
-    sharding.check_batch(config.data.batch_size, mesh)
+                             num_batches=run.eval.num_batches, **dataset_args)
+    mesh = sharding.make_mesh(run.parallel)
+    sharding.check_batch(run.data.batch_size, mesh)
     task = train_data.task
-    if task == "lm" and config.eval.sample_tokens:
+    if task == "lm" and run.eval.sample_tokens:
       # The evaluations' sample must fit a learned position table too: found
       # here, not at the first evaluation.
-      sample_len = decode.cache_length(len(train_data.tokenizer.encode(config.eval.sample_prompt)),
-                                       config.eval.sample_tokens)
-      check_position_table(model_cfg.position, model_cfg.max_len, sample_len,
+      sample_len = decode.cache_length(len(train_data.tokenizer.encode(run.eval.sample_prompt)),
+                                       run.eval.sample_tokens)
+      check_position_table(run.model.position, run.model.max_len, sample_len,
                            "eval.sample_prompt plus eval.sample_tokens")
-    model = models.build(model_cfg)
+    model = models.build(run.model)
     first_batch = next(iter(eval_data))  # shapes only: train and eval batches match
-    init_fn = functools.partial(init_state, model, optimizer, first_batch, task)
+    init_fn = functools.partial(init_state, model, run.optimizer, first_batch, task)
     # Abstract evaluation only: a dimension that does not divide its mesh
     # axis fails here, before any parameter exists.
     # The boxed parameters carry each one's logical axes.
-    key = jax.random.key(config.seed)
+    key = jax.random.key(run.seed)
     boxed_params = jax.eval_shape(
         functools.partial(init_params, model, first_batch, task), key)
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained = None
-    if config.train.get("init_from"):
-      pretrained = pretrained_params(config.train.init_from, model_cfg, boxed_params)
+    if run.train.init_from:
+      pretrained = pretrained_params(run.train.init_from, run.model, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
-  step_for_seed = functools.partial(train_step_for_seed, config.train, model, optimizer, task)
-  eval_step = make_eval_step(model, task, loss_chunk_len=config.train.loss_chunk_len)
-  seeds = replicas.replica_seeds(config.seed, config.replicas)
   # The pretrained parameters (None without init_from) are an argument of the
   # jitted init, not constants baked into its program.
-  start = _starting_from(init_fn, optimizer) if pretrained is not None else (
+  start = _starting_from(init_fn, run.optimizer) if pretrained is not None else (
       lambda rng, params: init_fn(rng))
-  if config.replicas == 1:
-    init_from = jax.jit(lambda params: start(key, params), out_shardings=state_sharding)
-    train_step = step_for_seed(config.seed)
-  else:
-    strategy = replicas.default_strategy(jax.default_backend())
-    state_sharding = replicas.stacked_shardings(state_sharding)
-    init_from = jax.jit(
-        lambda params: replicas.init_replicas(lambda rng: start(rng, params), seeds),
-        out_shardings=state_sharding)
-    train_step = replicas.make_replicated_train_step(step_for_seed, seeds, strategy=strategy)
-    eval_step = replicas.over_replicas(eval_step, strategy)
+  programs = replicas.for_seeds(
+      run.seeds, start=start,
+      step_for_seed=functools.partial(train_step_for_seed, run.train, model, run.optimizer, task),
+      eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
+      state_sharding=state_sharding)
+  init_from = jax.jit(programs.init, out_shardings=programs.state_sharding)
   replicated = sharding.replicated(mesh)
-  seq_len = config.data.seq_len
+  seq_len = run.data.seq_len
   return RunSetup(
-      config=config, model_cfg=model_cfg, model=model, task=task, train_data=train_data,
-      eval_data=eval_data, optimizer=optimizer, schedule=schedule, mesh=mesh,
-      replicas=config.replicas, state_sharding=state_sharding,
+      config=config, run=run, model=model, task=task, train_data=train_data,
+      eval_data=eval_data, mesh=mesh, state_sharding=programs.state_sharding,
       init=functools.partial(init_from, pretrained),
       # Of the jitted function itself: through a partial, eval_shape would
       # lose the out_shardings that restoring onto another mesh needs.
       abstract_state=init_from.eval_shape(pretrained),
-      train_step=jax.jit(train_step, out_shardings=(state_sharding, replicated),
-                         donate_argnums=0),
-      eval_step=jax.jit(eval_step, out_shardings=replicated),
-      tokens_per_step=config.data.batch_size * (1 if task == "classify" else seq_len),
-      flops_per_token=config.replicas * flops_per_token(model_cfg, seq_len),
-      peak_flops=hardware.peak_flops_per_device(dtype=model_cfg.dtype))
+      train_step=jax.jit(programs.train_step,
+                         out_shardings=(programs.state_sharding, replicated), donate_argnums=0),
+      eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
+      tokens_per_step=run.data.batch_size * (1 if task == "classify" else seq_len),
+      flops_per_token=run.replicas * flops_per_token(run.model, seq_len),
+      peak_flops=hardware.peak_flops_per_device(dtype=run.model.dtype))
 
 
 # ModelConfig fields a run may set apart from its train.init_from checkpoint: they
@@ -309,13 +307,13 @@ def _starting_from(init_fn: Callable[[jax.Array], TrainState],
   return init
 
 
-def make_checkpointer(config: Any, workdir: str | os.PathLike, *,
+def make_checkpointer(train: TrainConfig | Any, workdir: str | os.PathLike, *,
                       read_only: bool = False) -> Checkpointer:
-  """The run's checkpoints: workdir/checkpoints, kept and spaced as config.train
-  says; `read_only` to restore one without creating or writing anything."""
-  return Checkpointer(epath.Path(workdir) / "checkpoints",
-                      max_to_keep=config.train.max_to_keep,
-                      save_interval_steps=config.train.checkpoint_every, read_only=read_only)
+  """The run's checkpoints: workdir/checkpoints, kept and spaced as its `train`
+  section says (a RunConfig's, or a config's before it is checked);
+  `read_only` to restore one without creating or writing anything."""
+  return Checkpointer(epath.Path(workdir) / "checkpoints", max_to_keep=train.max_to_keep,
+                      save_interval_steps=train.checkpoint_every, read_only=read_only)
 
 
 # ---------------------------------------------------------------------------
@@ -524,7 +522,7 @@ def load_run(workdir: str | os.PathLike,
     check_resumable(config, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  with make_checkpointer(config, workdir, read_only=True) as checkpointer:
+  with make_checkpointer(config.train, workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
     setup = setup_run(config, workdir)
