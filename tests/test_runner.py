@@ -265,4 +265,7 @@ def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same_eval(tmp_p
   again, log_text = run_quietly(config, tmp_path)
   assert "already trained to step 4 of 4" in log_text
   assert again == first
+  # The evaluation is printed, not only returned: a rerun at a new length shows its loss.
+  assert f"eval @ 4 (data.seq_len={config.data.seq_len}" in log_text
+  assert f"eval_loss={again['eval_loss']:.4f}" in log_text.split("already trained")[1]
   assert checkpoint_steps(tmp_path) == [4]

@@ -258,9 +258,14 @@ def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
     writer.write_sample(done, sample)
     log(f"sample @ {done}: {sample[:200]!r}")
   writer.write(done, result)
-  # Per-replica values are in the metrics; the console gets mean (and std).
-  log(f"eval @ {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in result.items() if "/" not in k))
+  log(_eval_line(done, result))
   return result
+
+
+def _eval_line(done: int, result: dict[str, float], note: str = "") -> str:
+  # Per-replica values are in the metrics; the console gets mean (and std).
+  return (f"eval @ {done}{note}: "
+          + ", ".join(f"{k}={v:.4f}" for k, v in result.items() if "/" not in k))
 
 
 def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_state: dict,
@@ -402,7 +407,11 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
       steps = setup.run.train.steps
       if start >= steps and _end_written(steps, workdir, start):
         log(f"already trained to step {start} of {steps}")
-        return setup.evaluate(state.params)
+        result = setup.evaluate(state.params)
+        data = setup.run.data
+        log(_eval_line(start, result, f" (data.seq_len={data.seq_len}, data.batch_size="
+                                     f"{data.batch_size}; not written: the run is finished)"))
+        return result
       if data_state is not None:
         _continue_data(setup, data_state)
       with MetricsWriter(workdir, enabled=is_chief, start_step=start) as writer:
