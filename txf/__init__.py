@@ -8,8 +8,8 @@ Subpackages (dependencies point one way, top to bottom):
   txf.decode    KV-cache generation: sampling, beam search, `generate`
   txf.data      tokenizers, built-in corpus, synthetic and in-context tasks, batching
   txf.interop   Hugging Face checkpoints in and out (BERT, GPT-2, T5 shapes)
-  txf.train     run config, optimizer, train/eval steps, loop, checkpoints, metrics
   txf.analysis  parameter and FLOP counts, attention maps, head scores and ablation
+  txf.train     run config, optimizer, train/eval steps, loop, checkpoints, metrics
   txf.sweep     grids of runs, their results tables and plots, length extrapolation
   txf.textbook  the numbers and figures a Transformer course claims, measured
 
