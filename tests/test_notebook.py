@@ -26,8 +26,9 @@ def outputs(cell, kind):
 
 
 @pytest.mark.slow
-def test_the_quickstart_notebook_runs(monkeypatch):
+def test_the_quickstart_notebook_runs(monkeypatch, tmp_path):
   monkeypatch.setenv("TXF_QUICKSTART_STEPS", str(STEPS))
+  monkeypatch.setenv("TMPDIR", str(tmp_path))  # the run's temporary work directory
   # The kernel imports this checkout's txf and configs, installed or not.
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
       [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
