@@ -1,27 +1,72 @@
 """The user documents against the code they describe."""
 
+import importlib.util
 import pathlib
 import re
 
+from configs import base
 from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def resume_paragraph() -> str:
-  text = (ROOT / "README.md").read_text()
-  start = text.index("A resumed run must keep what its checkpoints depend on")
-  return text[start:text.index("\n\n", start)]
+def load_hooks():
+  """docs/hooks.py, the MkDocs hooks that write pages' generated text."""
+  spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
-def test_the_readme_resume_rules_name_the_fields_the_code_checks():
-  paragraph = " ".join(resume_paragraph().split())
+def test_the_resume_rules_name_the_fields_the_code_checks():
+  hooks = load_hooks()
+  paragraph = hooks.resume_rules()
   for section in RESUME_SECTIONS:  # what a resumed run must keep
     assert f"`{section}`" in paragraph, section
-  kept_free = paragraph[paragraph.index("every `data` field except") + len("every `data`"):]
-  kept_free = kept_free[:kept_free.index(")")]
+  listed = paragraph[paragraph.index("every `data` field except") + len("every `data`"):]
+  kept_free, defining = listed[:listed.index(")")].split(":")
   assert set(re.findall(r"`(\w+)`", kept_free)) == set(FREE_DATA_FIELDS)
+  assert set(re.findall(r"`(\w+)`", defining)) == set(base.get_config().data) - set(
+      FREE_DATA_FIELDS)
+  may_change = paragraph[paragraph.index("may change"):]
+  for section in set(base.get_config()) - set(RESUME_SECTIONS):
+    assert f"`{section}`" in may_change, section
+
+
+def test_the_running_page_gets_the_generated_resume_rules():
+  hooks = load_hooks()
+  page = (ROOT / "docs" / "running.md").read_text()
+  assert page.count(hooks.RESUME_RULES_MARKER) == 1
+  built = hooks.on_page_markdown(page)
+  assert hooks.RESUME_RULES_MARKER not in built
+  assert hooks.resume_rules() in built
+  # The README points there instead of keeping a copy that could drift.
+  assert "A resumed run must keep" not in (ROOT / "README.md").read_text()
+
+
+def bash_blocks(text):
+  return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+  readme = (ROOT / "README.md").read_text()
+  start = readme.index("## Quickstart")
+  quickstart = readme[start:readme.index("\n## ", start + 1)]
+  main_job, tests = (block.strip() for block in bash_blocks(quickstart))
+  assert main_job.endswith("python -m experiments.run --config=configs/rope.py")
+  ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+  assert tests == ci
+  for page in ("getting-started.md", "testing.md"):
+    blocks = bash_blocks((ROOT / "docs" / page).read_text())
+    assert tests in [block.strip() for block in blocks], page
+
+
+def test_every_page_is_in_the_site_navigation():
+  nav = (ROOT / "mkdocs.yml").read_text()
+  docs = ROOT / "docs"
+  for page in [*docs.rglob("*.md"), *docs.rglob("*.ipynb")]:
+    assert str(page.relative_to(docs)) in nav, page
 
 
 def test_user_documents_link_only_inside_the_repository():
@@ -31,3 +76,10 @@ def test_user_documents_link_only_inside_the_repository():
         assert (path.parent / target).resolve().is_relative_to(ROOT), (path.name, target)
         assert (path.parent / target).exists(), (path.name, target)
     assert "../shared" not in path.read_text(), path.name
+
+
+def test_user_documents_tell_no_development_history():
+  history = re.compile(r"\bissue[ -]?\d|\bagents?\b|\bsession\b|consolidation of", re.I)
+  for path in [*USER_DOCS, ROOT / "docs" / "quickstart.ipynb"]:
+    found = history.findall(path.read_text())
+    assert not found, (path.name, found)

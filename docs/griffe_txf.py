@@ -1,0 +1,90 @@
+"""A griffe extension for the API reference (mkdocs.yml loads it).
+
+txf's docstrings are written to be read as plain text: code examples, file
+lists and tables are indented blocks under a line ending with ":" or after
+a blank line, and a few use reStructuredText roles (:func:`name`). Markdown
+would run an indented block into the paragraph before it, so this turns
+each such block into a fenced code block and each role into inline code,
+before mkdocstrings parses the docstring. Google-style sections (Args:,
+Returns:, Raises:, ...) are left to the parser, with two of txf's habits
+there put in its form (see `_section_line`).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Any
+
+import griffe
+
+_SECTION = re.compile(
+    r"^(Args|Arguments|Attributes|Parameters|Other Parameters|Returns|Yields|Receives|Raises|"
+    r"Warns|Examples?|Notes?|Warnings?|Methods|Functions|Classes|Modules):\s*$")
+_ROLE = re.compile(r":(?:func|class|mod|meth|attr|obj|data|exc):`~?([^`]+)`")
+_RAISES_ITEM = re.compile(r"^(\s+)([A-Z]\w*(?:\.\w+)*)( (?!\S*:))")
+
+
+def _indented(line: str) -> bool:
+  return line.startswith(" ") and bool(line.strip())
+
+
+def _opens_block(previous: list[str]) -> bool:
+  """An indented line starts a block after a blank line or a line ending with ':'."""
+  return not previous or not previous[-1].strip() or previous[-1].rstrip().endswith(":")
+
+
+def _section_line(line: str, section: str, indent: int) -> str:
+  """A line of a Google section as the parser wants it: continuation lines
+  indented twice the items' indent (txf aligns some under a brace), and a
+  Raises item as `Error: why` (txf writes some as `Error why`)."""
+  width = len(line) - len(line.lstrip())
+  if indent < width < 2 * indent:
+    return " " * (2 * indent) + line.lstrip()
+  if section == "Raises" and width == indent:
+    return _RAISES_ITEM.sub(r"\1\2:\3", line)
+  return line
+
+
+def fence_indented_blocks(text: str) -> str:
+  """`text` with its indented blocks outside Google sections fenced as code."""
+  lines = _ROLE.sub(r"`\1`", text).split("\n")
+  out: list[str] = []
+  i, section, indent = 0, None, 0
+  while i < len(lines):
+    line = lines[i]
+    header = _SECTION.match(line)
+    if header:
+      section, indent = header.group(1), 0
+    elif section and line.strip() and not line[0].isspace():
+      section = None  # a line back at the margin ends the section
+    elif section and line.strip():
+      indent = indent or len(line) - len(line.lstrip())
+      line = _section_line(line, section, indent)
+    if section or not (_indented(line) and _opens_block(out)):
+      out.append(line)
+      i += 1
+      continue
+    block = []
+    while i < len(lines) and (_indented(lines[i]) or (
+        not lines[i].strip() and i + 1 < len(lines) and _indented(lines[i + 1]))):
+      block.append(lines[i])
+      i += 1
+    last = max((n for n, text in enumerate(out) if text.strip()), default=None)
+    if last is not None and out[last].rstrip().endswith("::"):  # reStructuredText's marker
+      out[last] = out[last].rstrip()[:-1]
+    if out and out[-1].strip():
+      out.append("")
+    code = textwrap.dedent("\n".join(block)).replace("``", "")  # inline-code marks
+    out += ["```text", *code.split("\n"), "```"]
+    if i < len(lines) and lines[i].strip():
+      out.append("")
+  return "\n".join(out)
+
+
+class IndentedBlocks(griffe.Extension):
+  """Applies `fence_indented_blocks` to every docstring griffe loads."""
+
+  def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+    if obj.docstring is not None:
+      obj.docstring.value = fence_indented_blocks(obj.docstring.value)
