@@ -34,7 +34,8 @@ def wheel(tmp_path_factory):
 @pytest.mark.slow
 def test_the_wheel_holds_txf_and_its_configs_only(wheel):
   names = zipfile.ZipFile(wheel).namelist()
-  top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+  top_level = {name.split("/")[0] for name in names}
+  top_level = {name for name in top_level if not name.endswith(".dist-info")}
   assert top_level == {"txf"}
   assert "txf/configs/rope.py" in names and "txf/configs/sweeps/pe_ln.py" in names
   entry_points = zipfile.ZipFile(wheel).read(
