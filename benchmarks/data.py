@@ -21,7 +21,7 @@ from typing import Any
 import jax
 from absl import flags
 
-from experiments.cli import define_config_flag
+from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.data.throughput import format_throughput, loader_throughput
 from txf.train import sharding

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from absl import flags
 
 from benchmarks.references import run_reference
-from experiments.cli import define_config_flag
+from txf.commands.cli import define_config_flag
 from txf import decode
 from txf.data import make_tokenizer
 from txf.textbook.report import median_seconds

@@ -13,7 +13,7 @@ checkout of an older commit to compare).
 import tempfile
 import time
 
-from configs import gpt2_small
+from txf.configs import gpt2_small
 from txf.train import loop
 
 

@@ -28,7 +28,7 @@ import time
 import jax
 from absl import flags
 
-from experiments.cli import define_config_flag
+from txf.commands.cli import define_config_flag
 from txf.train import loop
 from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
                                 make_replicated_train_step, replica_seeds)

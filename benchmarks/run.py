@@ -28,8 +28,8 @@ from types import ModuleType
 from absl import flags, logging
 from etils import epath
 
-from experiments import cli
-from experiments.cli import fail, run_command
+from txf.commands import cli
+from txf.commands.cli import fail, run_command
 from txf.train import hardware
 
 MODES = ("step", "loop", "decode", "data", "replicas", "seq2seq_decode")

@@ -28,7 +28,7 @@ from absl import flags
 
 from benchmarks.decode import GPT2_SHAPE, is_gpt2
 from benchmarks.references import run_reference
-from experiments.cli import define_config_flag
+from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.train import hardware
 from txf.train.setup import RunSetup, setup_run

@@ -29,7 +29,7 @@ def resume_rules() -> str:
   # Imported here: only a page with the marker pays for loading jax.
   import ml_collections  # pylint: disable=import-outside-toplevel
 
-  from configs import base  # pylint: disable=import-outside-toplevel
+  from txf.configs import base  # pylint: disable=import-outside-toplevel
   from txf.train.setup import (FREE_DATA_FIELDS,  # pylint: disable=import-outside-toplevel
                                RESUME_SECTIONS)
 

@@ -1,63 +1,7 @@
-"""Attention analysis of a trained run: heatmaps, per-head scores, head ablation.
+"""`python -m experiments.analyze` in a checkout: the `txf-analyze` command
+(txf.commands.analyze); `--help` prints its flags."""
 
-  python -m experiments.analyze --workdir=RUN [--num_batches=N] [--periods=P1,P2] [--seed=S]
-      [--ablate=L1H0,L1H2]
-
-Writes attention_<kind>.png (per layer and head, validation sample 0),
-head_scores.csv and head_scores.md into RUN/analysis/ (txf.sweep.analyze;
-nothing else in RUN changes) and prints the markdown table: previous-token,
-induction (at two or more probe periods the training data does not repeat
-with, on tokens from the run's validation data; a head that scores at one
-period only is reported as positional), entropy, attended distance and the
-validation-loss change when each head's output is zeroed. --ablate zeroes a
-set of heads together and reports the validation loss and accuracy with
-and without them (single-head ablation misses heads that back each other up).
-An invalid argument or a directory without a trained run exits 2 with one
-line naming it.
-"""
-
-from __future__ import annotations
-
-from absl import flags, logging
-
-from experiments.cli import fail, run_command, run_errors
-
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.")
-_NUM_BATCHES = flags.DEFINE_integer(
-    "num_batches", None, "Validation batches the ablation evaluates (default: the run's).")
-_PERIODS = flags.DEFINE_list(
-    "periods", None, "Two or more block lengths of the induction probe (default: the two "
-    "longest that fit and that the training data does not repeat with).")
-_ABLATE = flags.DEFINE_string(
-    "ablate", None, "Causal self-attention heads to zero together, e.g. L1H0,L1H2.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the induction inputs' random tokens.")
-_REPLICA = flags.DEFINE_integer("replica", 0, "Which seed replica of the run to analyse.")
-flags.mark_flag_as_required("workdir")
-
-
-def _periods(values: list[str] | None) -> list[int] | None:
-  """--periods as ints; a value that is not one exits 2 naming it."""
-  if values is None:
-    return None
-  try:
-    return [int(value) for value in values]
-  except ValueError:
-    fail("analyze", f"--periods must be integers, got {','.join(values)!r}")
-
-
-def main(argv) -> None:
-  # After flag parsing: fast --help.
-  from txf.sweep.analyze import analyze_run
-  logging.set_verbosity(logging.WARNING)
-  with run_errors():
-    try:
-      record = analyze_run(_WORKDIR.value, num_batches=_NUM_BATCHES.value,
-                           periods=_periods(_PERIODS.value), seed=_SEED.value,
-                           replica=_REPLICA.value, ablate=_ABLATE.value)
-    except ValueError as error:  # ConfigError too
-      fail("analyze", error)
-  print(record["table"], end="")
-
+from txf.commands.analyze import cli
 
 if __name__ == "__main__":
-  run_command(main)
+  cli()

@@ -1,63 +1,7 @@
-"""Run a sweep: every point of a grid of run configs, then tables and plots.
+"""`python -m experiments.sweep` in a checkout: the `txf-sweep` command
+(txf.commands.sweep); `--help` prints its flags."""
 
-  python -m experiments.sweep --config=configs/sweeps/pe_ln.py [--workdir=runs/pe_ln]
-      [--index=N] [--dry_run] [--summarize]
-
-Each point trains in <workdir>/<point name> as `experiments.run` would; the
-work directory defaults to runs/<config file stem>. Rerunning resumes: finished
-points are skipped, an interrupted one continues from its checkpoint.
-`--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
-point's `experiments.run` command; `--summarize` only rebuilds results.csv,
-results.md and the plots from what is on disk. Every point is checked before
-the first trains: a bad one stops the sweep with one line naming the point and
-the field (exit status 2). A diverged point is recorded and the sweep goes on.
-A SIGTERM (preemption) while a point trains saves it and stops the sweep
-("sweep preempted in point N ...", exit status 0, as experiments.run); the
-rerun resumes there. A results file, plot or extrapolation record that cannot
-be written (a full disk) stops it with one line naming the file (`write
-error: ...`, exit status 1); every such file is replaced atomically, so its
-previous version is intact.
-"""
-
-from __future__ import annotations
-
-
-from absl import flags, logging
-
-from experiments.cli import default_workdir, define_config_flag, fail, run_command, run_errors
-
-_CONFIG = define_config_flag("Path to a sweep config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None,
-                               "Sweep directory (default: runs/<config file stem>).")
-_INDEX = flags.DEFINE_integer("index", None, "Run only this point (0-based).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False,
-                             "Print each point and its experiments.run command; train nothing.")
-_SUMMARIZE = flags.DEFINE_bool("summarize", False,
-                               "Only rebuild the results and plots from what is on disk.")
-_EXTRAPOLATE = flags.DEFINE_bool(
-    "extrapolate", True,
-    "After training a point, evaluate it at 1x-16x its training length "
-    "(experiments.extrapolate's defaults, on sweep.extrapolate_tokens validation "
-    "tokens); --noextrapolate skips it.")
-
-
-def main(argv) -> None:
-  if _DRY_RUN.value and _SUMMARIZE.value:
-    fail("flag", "--dry_run and --summarize: choose one")
-  # After flag parsing: fast --help.
-  from txf.sweep.extrapolate import extrapolate_run
-  from txf.sweep.grid import GridError
-  from txf.sweep.runner import run_sweep
-  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
-  with run_errors():
-    try:
-      run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
-                summarize_only=_SUMMARIZE.value,
-                extrapolate=extrapolate_run if _EXTRAPOLATE.value else None)
-    except GridError as error:
-      fail("config", error)
-
+from txf.commands.sweep import cli
 
 if __name__ == "__main__":
-  run_command(main)
+  cli()

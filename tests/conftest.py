@@ -57,7 +57,7 @@ def sigterm_at(step, lines):
 
 def load_config(name):
   """configs/<name>.py's get_config()."""
-  return importlib.import_module(f"configs.{name}").get_config()
+  return importlib.import_module(f"txf.configs.{name}").get_config()
 
 
 def tiny_config(name="rope", *, steps=12, **fields):

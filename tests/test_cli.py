@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from conftest import REPO, flatten, load_config
-from experiments import cli
+from txf.commands import cli
 from txf.layers.config import POSITIONS
 
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI

@@ -37,7 +37,7 @@ CONFIG_ARGS = {"pretrained": str(REPO / "tests" / "fixtures" / "hf" / "gpt2")}
 def load(name):
   """configs/<name>.py's get_config(), given its CONFIG_ARGS argument if it takes one."""
   if name in CONFIG_ARGS:
-    return importlib.import_module(f"configs.{name}").get_config(CONFIG_ARGS[name])
+    return importlib.import_module(f"txf.configs.{name}").get_config(CONFIG_ARGS[name])
   return load_config(name)
 
 
@@ -119,7 +119,7 @@ def test_config_changes_only_its_documented_fields(name):
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_docstring_has_the_command(name):
-  module = importlib.import_module(f"configs.{name}")
+  module = importlib.import_module(f"txf.configs.{name}")
   command = f"python -m experiments.run --config=configs/{name}.py"
   assert module.__doc__ and command in module.__doc__
 

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs.base import get_config
+from txf.configs.base import get_config
 from txf.data import DataSpec, make_dataset, read_data_config
 from txf.data import corpus
 

@@ -4,7 +4,7 @@ import importlib.util
 import pathlib
 import re
 
-from configs import base
+from txf.configs import base
 from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

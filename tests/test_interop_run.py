@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from configs import pretrained as pretrained_config
+from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
 from txf.interop.rules import flatten

@@ -91,7 +91,7 @@ def translation_dir(tmp_path_factory):
 
 def tiny(name, **sections):
   """configs/<name>.py shrunk to seconds, then `sections` ({'data': {...}})."""
-  config = importlib.import_module(f"configs.{name}").get_config()
+  config = importlib.import_module(f"txf.configs.{name}").get_config()
   config.model.update(dict(d_model=32, num_heads=2, num_layers=1))
   config.data.update(dict(batch_size=8))
   config.train.update(dict(warmup_steps=2, log_every=1))

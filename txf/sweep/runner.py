@@ -39,6 +39,7 @@ the tables and plots give mean ± std over them.
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 from typing import Any, Callable, Sequence
 
 from etils import epath
@@ -46,6 +47,7 @@ import jax
 import ml_collections
 
 from txf.checks import optional_positive_int
+from txf.configs import find as find_config
 from txf.data import DataSpec, make_tokenizer, read_data_config
 from txf.data.listops import NUM_CLASSES
 from txf.sweep import grid, results
@@ -113,7 +115,10 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
 
 
 def load_run_config(path: str) -> ml_collections.ConfigDict:
-  """`get_config()` of a config file (configs/<name>.py), as config_flags loads it."""
+  """`get_config()` of a config file (configs/<name>.py), as config_flags loads
+  it; a path that does not exist names a config txf ships (txf.configs.find)."""
+  if not pathlib.Path(path).is_file() and find_config(path) is not None:
+    path = str(find_config(path))
   spec = importlib.util.spec_from_file_location("run_config", path)
   if spec is None:
     raise GridError(f"sweep.run_config: {path}: not a Python config file")

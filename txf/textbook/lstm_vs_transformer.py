@@ -1,6 +1,6 @@
 """A Transformer LM against an LSTM LM of about the same size, trained alike.
 
-  results = run("runs/lstm_vs_transformer", base_config=configs.base.get_config())
+  results = run("runs/lstm_vs_transformer", base_config=txf.configs.base.get_config())
 
 trains two language models from one base run config (its data, optimizer,
 schedule, evaluation and seed), each through the same runner as

@@ -10,7 +10,7 @@ corpus the tokens are bytes (ids < 260); the vocabulary keeps GPT-2's shape
 so parameter counts and FLOPs match. Far too big for a CPU.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

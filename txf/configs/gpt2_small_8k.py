@@ -12,7 +12,7 @@ the [B, T, V] logits from being held at once. Longer contexts:
 --config.model.max_len=N --config.data.seq_len=N --config.data.batch_size=max(1, 32768 // N).
 """
 
-from configs import gpt2_small
+from txf.configs import gpt2_small
 
 
 def get_config():

@@ -8,7 +8,7 @@ expressions are learnable on a CPU, long ones (LRA uses 2000 tokens) are
 the benchmark.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -5,7 +5,7 @@
 The table has model.max_len rows; longer sequences are rejected before compute.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -5,7 +5,7 @@
 Adds sin/cos features of the absolute position to the token embeddings.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

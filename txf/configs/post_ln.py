@@ -6,7 +6,7 @@ norm(x + f(x)) instead of the default Pre-LN x + f(norm(x)); Post-LN typically
 needs learning-rate warmup to train stably.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -6,7 +6,7 @@ Offsets are bucketed (exact when small, log-spaced up to t5_max_distance); one
 table per stack is shared by all layers.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

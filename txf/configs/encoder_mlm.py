@@ -7,7 +7,7 @@ loss is over the selected positions only; eval reports MLM loss, perplexity
 and accuracy. Learned absolute positions, as in BERT.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -12,7 +12,7 @@ txf.layers.config.LSTM_FIELDS; the others (positions, attention heads, FFN,
 ...) must keep their defaults.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -13,7 +13,7 @@ field that no longer matches the checkpoint stops the run naming it.
 
 import dataclasses
 
-from configs import base
+from txf.configs import base
 from txf.interop import read_model_config
 
 TASKS = {"decoder": "lm", "encoder": "mlm", "encoder_decoder": "seq2seq"}

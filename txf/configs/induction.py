@@ -16,7 +16,7 @@ heads (0.76-0.97 at probe periods 24 and 23); --ablate=L1H0,L1H1,L1H2,L1H3
 drops accuracy to 0.04.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

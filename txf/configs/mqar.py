@@ -10,7 +10,7 @@ Expected on 2 CPU cores (shared with other jobs): about 7 minutes; eval_accuracy
 0.13 / 0.76 / 0.998 / 0.9995 at steps 250 / 500 / 750 / 1000 (seed 0).
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

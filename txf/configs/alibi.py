@@ -5,7 +5,7 @@
 No position embedding: each head adds -slope * distance to its attention scores.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -7,7 +7,7 @@ the slowest pair turns rope_scale times slower, the fastest as in RoPE. The work
 an encoding (docs/positions.md).
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -52,7 +52,7 @@ show).
 
 import ml_collections
 
-from configs import base
+from txf.configs import base
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "configs/base.py"

@@ -10,7 +10,7 @@ Expected on 2 CPU cores: about 2.5 minutes; eval_loss 1.95 / 1.72 / 1.66 at
 steps 200 / 400 / 600 (bytes tokenizer, Python 3.11 stdlib corpus).
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

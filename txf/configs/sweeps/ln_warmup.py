@@ -27,7 +27,7 @@ same fields, before the grid's rates were set to these.)
 
 import ml_collections
 
-from configs import base
+from txf.configs import base
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "configs/base.py"

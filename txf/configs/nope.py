@@ -5,7 +5,7 @@
 Only the causal mask tells positions apart.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

@@ -8,7 +8,7 @@ symbols. The decoder is teacher-forced on BOS + target; eval reports token
 loss and accuracy. Shared embeddings, sinusoidal positions as in Vaswani et al.
 """
 
-from configs import base
+from txf.configs import base
 
 
 def get_config():

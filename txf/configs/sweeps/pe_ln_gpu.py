@@ -29,7 +29,7 @@ numbers move with the Python version); only ALiBi's loss falls from 1x to
 
 import ml_collections
 
-from configs.sweeps import pe_ln
+from txf.configs.sweeps import pe_ln
 
 STEPS = 2000
 SEQ_LEN = 256

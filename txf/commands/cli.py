@@ -1,4 +1,5 @@
-"""Flag parsing and error reporting shared by the commands in experiments/:
+"""Flag parsing and error reporting shared by txf's commands (txf.commands;
+`python -m experiments.<command>` in a checkout, `txf-<command>` installed):
 every error a user can cause on the command line is one line on stderr and
 exit status 2; a failure while running (a full disk, a diverged run) is one
 line and exit status 1."""
@@ -18,6 +19,9 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
+from txf.configs import DIRECTORY as CONFIG_DIRECTORY
+from txf.configs import find as find_config
+
 
 class ConfigFileError(Exception):
   """The config file cannot be loaded. Not a ValueError: absl would wrap it
@@ -32,7 +36,11 @@ class ConfigFileParser(flags.ArgumentParser):
   def parse(self, argument):
     file, *arg = argument.split(":", 1)
     if not os.path.isfile(file):
-      raise ConfigFileError(f"{file}: no such config file")
+      shipped = find_config(file)  # --config=rope: the config txf ships by that name
+      if shipped is None:
+        raise ConfigFileError(f"{file}: no such config file (nor a config txf ships: "
+                              f"{', '.join(shipped_config_names())})")
+      file = str(shipped)
     try:
       spec = importlib.util.spec_from_file_location("config_file", file)
       module = importlib.util.module_from_spec(spec)
@@ -51,6 +59,12 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def flag_type(self):
     return "config object"
+
+
+def shipped_config_names() -> list[str]:
+  """The names `--config=` takes for the configs txf ships ('rope', 'sweeps/pe_ln', ...)."""
+  return sorted(str(path.relative_to(CONFIG_DIRECTORY).with_suffix(""))
+                for path in CONFIG_DIRECTORY.rglob("*.py") if path.name != "__init__.py")
 
 
 def default_workdir(root: str, config_path: str) -> epath.Path:
@@ -166,6 +180,13 @@ def run_command(main: Callable[[list[str]], None], *, arguments: str | None = No
       None: the command takes none.
     required: at least one positional argument must be given.
   """
+  # absl's --help prints the main module's docstring and key flags: the
+  # command's, also when a thin entry point (experiments/<command>.py, a
+  # console script) runs it.
+  command = sys.modules[main.__module__]
+  sys.modules["__main__"].__doc__ = command.__doc__
+  for flag in flags.FLAGS.get_key_flags_for_module(command):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments,
                                                required=required))
 

@@ -1,0 +1,55 @@
+"""Length extrapolation of a trained run (Press et al. 2022, "Train Short, Test Long").
+
+  python -m experiments.extrapolate --workdir=RUN [--factors=1,2,4,8,16] [--stride=64]
+      [--num_tokens=100000]
+
+Scores the run's validation split at each factor x its training length with
+non-overlapping and sliding windows (txf.analysis.extrapolation), prints a
+table and writes extrapolation.json, extrapolation.png and
+per_position_loss.png into RUN (nothing else there changes). A length longer
+than a learned position table is reported as n/a. An invalid argument or a
+directory without a trained run exits 2 with one line naming it; a file
+that cannot be written (a full disk) exits 1 with one line naming it
+(`write error: ...`), the previous extrapolation.json intact.
+"""
+
+from __future__ import annotations
+
+from absl import flags, logging
+
+from txf.commands.cli import fail, run_command, run_errors
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder LM.")
+_FACTORS = flags.DEFINE_list("factors", ["1", "2", "4", "8", "16"],
+                             "Evaluation lengths as multiples of the training length.")
+_STRIDE = flags.DEFINE_integer("stride", None,
+                               "Tokens a sliding window advances (default: half the length).")
+_NUM_TOKENS = flags.DEFINE_integer(
+    "num_tokens", None, "Validation tokens to score (default: those of the run's evaluator).")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv) -> None:
+  # After flag parsing: fast --help.
+  from txf.sweep.extrapolate import extrapolate_run, format_table
+  logging.set_verbosity(logging.WARNING)
+  try:
+    factors = [int(factor) for factor in _FACTORS.value]
+  except ValueError:
+    fail("flag", f"factors: not a list of integers: {','.join(_FACTORS.value)}")
+  with run_errors():
+    try:
+      record = extrapolate_run(_WORKDIR.value, factors, stride=_STRIDE.value,
+                               num_tokens=_NUM_TOKENS.value)
+    except ValueError as error:  # ConfigError too
+      fail("extrapolate", error)
+  print(format_table(record))
+
+
+def cli() -> None:
+  """The `txf-extrapolate` console script and `python -m experiments.extrapolate`."""
+  run_command(main)
+
+
+if __name__ == "__main__":
+  cli()

@@ -1,0 +1,159 @@
+"""Train and evaluate one config: the main job.
+
+  python -m experiments.run --config=configs/rope.py [--workdir=DIR] [--config.train.steps=200]
+  python -m experiments.run --config=configs/rope.py --print_config   # every field, its doc
+  txf-run --config=rope [flags]   # pip-installed: the same command; a shipped config by name
+
+The work directory defaults to workdirs/<config name>. Rerunning the same
+command on the same work directory resumes from its latest checkpoint.
+Any field of the config can be overridden with --config.<section>.<field>=VALUE;
+--print_config lists them all (resolved value, configs/base.py default where
+it differs, doc) and exits 0 without training.
+
+Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
+1 when the run diverged (its last good checkpoint is kept), a checkpoint
+could not be written (`checkpoint error: ...`; the checkpoints already
+written stay intact) or another output could not be (`write error: PATH:
+REASON`, e.g. a full disk: metrics.jsonl, tb/, samples.txt, config.json) --
+one line on stderr, and a rerun once the cause is gone resumes from the last
+checkpoint; 2 when it cannot start: a config error (missing or
+broken config file, unknown field, impossible combination, a change to a run
+whose checkpoints do not fit it), a flag error (a value of the wrong type, an
+unknown flag), a work directory that is not a writable directory or is in
+use by another run, or no checkpoint in it restores. Exit 2 prints one line
+on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
+`checkpoint error: ...`, before any training step.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import pathlib
+import re
+import tokenize
+
+from absl import flags, logging
+
+from txf.commands.cli import (CONFIG_DIRECTORY, ConfigFileParser, default_workdir,
+                              define_config_flag, fail,
+                             run_command, run_errors)
+
+CONFIGS = CONFIG_DIRECTORY
+
+
+_CONFIG = define_config_flag("Path to a config file (file.py[:arg]).")
+_WORKDIR = flags.DEFINE_string("workdir", None,
+                               "Run directory (default: workdirs/<config file stem>).")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False,
+    "Print every field of the resolved config (one per line, with its doc) and exit 0.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None,
+    "host:port of process 0, for multi-process runs outside SLURM/MPI/Cloud TPU "
+    "(which are detected automatically).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+
+
+def first_docstring_line(path: pathlib.Path) -> str:
+  """A config file's one-line purpose, read without importing it."""
+  doc = ast.get_docstring(ast.parse(path.read_text()))
+  return doc.strip().splitlines()[0] if doc else ""
+
+
+def configs_help() -> str:
+  """The list of config files for --help."""
+  files = sorted(f for f in CONFIGS.glob("*.py") if f.name != "__init__.py")
+  lines = [f"  configs/{f.name:<20} {first_docstring_line(f)}" for f in files]
+  return "Config files:\n" + "\n".join(lines) + "\n"
+
+
+# absl's --help prints the main module's docstring.
+__doc__ += "\n" + configs_help()
+
+
+def field_docs() -> dict[str, str]:
+  """`section.field` -> doc: the trailing comments of configs/base.py's entries
+  and of ModelConfig's fields (ModelConfig's win for model fields); a model
+  field with a fixed set of values lists them."""
+  # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  from txf.layers import config as model_config  # pylint: disable=import-outside-toplevel
+  docs, section = {}, None
+  for line, comment in _commented_lines(CONFIGS / "base.py"):
+    if m := re.match(r"\s*config\.(\w+) =", line):
+      section = m.group(1)
+    elif (m := re.match(r"\s+(\w+)=", line)) and section and comment:
+      docs[f"{section}.{m.group(1)}"] = comment
+  names = {f.name for f in dataclasses.fields(model_config.ModelConfig)}
+  for line, comment in _commented_lines(pathlib.Path(model_config.__file__)):
+    if (m := re.match(r"\s+(\w+):", line)) and m.group(1) in names and comment:
+      docs[f"model.{m.group(1)}"] = comment
+  for name, choices in model_config.CHOICES.items():
+    doc = docs.get(f"model.{name}", "")
+    if not all(str(choice) in doc for choice in choices):
+      listed = " | ".join(map(str, choices))
+      docs[f"model.{name}"] = f"{listed}: {doc}" if doc else listed
+  return docs
+
+
+def _commented_lines(path: pathlib.Path) -> list[tuple[str, str | None]]:
+  """(line, its trailing comment or None) for every line of a Python file."""
+  text = path.read_text()
+  lines = text.splitlines()
+  comments = {}
+  for token in tokenize.generate_tokens(io.StringIO(text).readline):
+    row = token.start[0] - 1
+    if token.type == tokenize.COMMENT and lines[row][:token.start[1]].strip():
+      comments[row] = token.string.lstrip("#").strip()
+  return [(line, comments.get(i)) for i, line in enumerate(lines)]
+
+
+def leaves(tree, prefix=""):
+  """(`section.field`, value) for every leaf of a nested ConfigDict."""
+  for key, value in tree.items():
+    if hasattr(value, "items"):
+      yield from leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def print_config(config, base) -> None:
+  """One `section.field = value` line per field, with the default from
+  configs/base.py where the value differs, and the field's doc."""
+  docs = field_docs()
+  defaults = dict(leaves(base))
+  for name, value in leaves(config):
+    line = f"{name} = {value!r}"
+    if name in defaults and defaults[name] != value:
+      line += f"  (base: {defaults[name]!r})"
+    if name in docs:
+      line += f"  # {docs[name]}"
+    print(line)
+
+
+def main(argv) -> None:
+  if _PRINT_CONFIG.value:
+    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")))
+    return
+  # Imported after flag parsing: --help need not wait for jax.
+  from txf.train import distributed
+  from txf.train.loop import run
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
+  workdir = _WORKDIR.value or default_workdir("workdirs", flags.FLAGS["config"].config_filename)
+  try:
+    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  except ValueError as error:
+    fail("flag", error)
+  with run_errors():
+    run(_CONFIG.value, workdir)
+
+
+def cli() -> None:
+  """The `txf-run` console script and `python -m experiments.run`."""
+  run_command(main)
+
+
+if __name__ == "__main__":
+  cli()

@@ -1,0 +1,88 @@
+"""Textbook experiments: the numbers and figures a Transformer course claims.
+
+  python -m experiments.textbook NAME [NAME ...] [--out_dir=workdirs/textbook] [--quick]
+  python -m experiments.textbook all
+  python -m experiments.textbook --list
+
+Runs each experiment of txf.textbook, prints its numbers (markdown) and
+writes into --out_dir its figures (textbook_<name>_<what>.png), its numbers
+(<name>.json) and its report (<name>.md). Experiments that train use
+configs/<config>.py (listed by --list) and keep their runs in
+<out_dir>/runs/; running again reuses a finished run. --quick runs the toy
+sizes the tests use. An unknown NAME or a bad argument exits 2 with one line.
+docs/textbook.md collects the results.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+
+import numpy as np
+from absl import flags, logging
+from etils import epath
+
+from txf.commands.cli import fail, run_command
+
+_OUT_DIR = flags.DEFINE_string("out_dir", "workdirs/textbook",
+                               "Directory for the figures, numbers and training runs.")
+_QUICK = flags.DEFINE_bool("quick", False, "Toy sizes (seconds; what the tests run).")
+_LIST = flags.DEFINE_bool("list", False, "List the experiments and exit.")
+
+
+def _json_default(value):
+  """numpy scalars and arrays in the results, as JSON."""
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, np.generic):
+    return value.item()
+  raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def main(argv) -> None:
+  from txf import textbook  # after flag parsing: fast --help
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  if _LIST.value:
+    for experiment in textbook.EXPERIMENTS.values():
+      trains = f" (trains configs/{experiment.config}.py)" if experiment.config else ""
+      print(f"{experiment.name:<14} item {experiment.item}: {experiment.title}{trains}")
+    return
+  names = argv[1:]
+  if not names:
+    fail("flag", "name an experiment (or 'all'); --list shows them")
+  if "all" in names:
+    names = list(textbook.EXPERIMENTS)
+  try:
+    experiments = [textbook.get(name) for name in names]
+  except ValueError as error:
+    fail("flag", error)
+  out_dir = epath.Path(_OUT_DIR.value)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  for experiment in experiments:
+    kwargs = {}
+    if experiment.config:
+      config_module = importlib.import_module(f"txf.configs.{experiment.config}")
+      kwargs["base_config"] = config_module.get_config()
+    print(f"## {experiment.name} (item {experiment.item}): {experiment.title}\n", flush=True)
+    start = time.perf_counter()
+    result = experiment.run(out_dir, quick=_QUICK.value, **kwargs)
+    seconds = time.perf_counter() - start
+    result = {**result, "seconds": seconds, "quick": _QUICK.value}
+    numbers = json.dumps(result, indent=1, default=_json_default)
+    (out_dir / f"{experiment.name}.json").write_text(numbers + "\n")
+    # Every experiment here reports markdown; one without prints its numbers.
+    text = result.get("text", numbers)
+    (out_dir / f"{experiment.name}.md").write_text(text)
+    print(text)
+    print("figures:\n" + "\n".join(f"  {path}" for path in result.get("figures", []))
+          + f"\n({seconds:.0f} s)\n", flush=True)
+
+
+def cli() -> None:
+  """The `txf-textbook` console script and `python -m experiments.textbook`."""
+  run_command(main, arguments="experiment names", required=False)
+
+
+if __name__ == "__main__":
+  cli()
