@@ -30,8 +30,13 @@ from absl import flags
 
 from experiments.cli import define_config_flag
 from txf.train import loop
-from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
-                                make_replicated_train_step, replica_seeds)
+from txf.train.replicas import (
+  STRATEGIES,
+  default_strategy,
+  init_replicas,
+  make_replicated_train_step,
+  replica_seeds,
+)
 from txf.train.setup import setup_run, train_step_for_seed
 from txf.train.step import init_state
 

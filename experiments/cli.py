@@ -12,7 +12,8 @@ import os
 import pathlib
 import re
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from absl import app, flags
 from etils import epath

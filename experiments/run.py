@@ -35,8 +35,14 @@ import tokenize
 
 from absl import flags, logging
 
-from experiments.cli import (ConfigFileParser, default_workdir, define_config_flag, fail,
-                             run_command, run_errors)
+from experiments.cli import (
+  ConfigFileParser,
+  default_workdir,
+  define_config_flag,
+  fail,
+  run_command,
+  run_errors,
+)
 
 CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 

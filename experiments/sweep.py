@@ -21,7 +21,6 @@ previous version is intact.
 
 from __future__ import annotations
 
-
 from absl import flags, logging
 
 from experiments.cli import default_workdir, define_config_flag, fail, run_command, run_errors

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, cli_env, tiny_config
 
+from conftest import REPO, cli_env, tiny_config
 from txf.analysis import ablation
 from txf.models import ModelConfig, build
 from txf.sweep.analyze import ANALYSIS_DIR, SCORES_CSV, SCORES_MD, analyze_run, attention_png

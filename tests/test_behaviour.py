@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_config
 
+from conftest import load_config
 from txf.layers import FeedForward, MultiHeadAttention, TransformerBlock
 from txf.models import ModelConfig, build
 from txf.train.optim import make_optimizer

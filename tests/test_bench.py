@@ -23,21 +23,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, load_config, tiny_config
 
-from benchmarks import data as bench_data
-from benchmarks import decode as bench_decode
-from benchmarks import loop as bench_loop
-from benchmarks import replicas as bench_replicas
-from benchmarks import seq2seq_decode as bench_seq2seq
-from benchmarks import step as bench_step
+from benchmarks import (
+  data as bench_data,
+  decode as bench_decode,
+  loop as bench_loop,
+  replicas as bench_replicas,
+  seq2seq_decode as bench_seq2seq,
+  step as bench_step,
+)
+from conftest import REPO, load_config, tiny_config
 from txf import ops
 from txf.analysis import flops_per_token, matmul_params
 from txf.layers.config import ModelConfig
+from txf.models import build
 from txf.train import hardware, loop
 from txf.train.config import check_run_config
 from txf.train.setup import ADDED_FIELDS, read_run_config, setup_run
-from txf.models import build
 from txf.train.step import _apply_without_head, make_train_step
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO, flatten, load_config
 from experiments import cli
 from txf.layers.config import POSITIONS

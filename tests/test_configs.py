@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 from absl import flags
-from conftest import REPO, flatten, load_config
 from ml_collections import config_flags
 
+from conftest import REPO, flatten, load_config
 from txf import models
-from txf.layers.config import ModelConfig
 from txf.data import listops, make_tokenizer
+from txf.layers.config import ModelConfig
 from txf.train import loop
 from txf.train.config import ConfigError, check_run_config
 from txf.train.optim import make_optimizer, make_schedule

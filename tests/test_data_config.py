@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from configs.base import get_config
-from txf.data import DataSpec, make_dataset, read_data_config
-from txf.data import corpus
+from txf.data import DataSpec, corpus, make_dataset, read_data_config
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from txf.data import make_dataset
-from txf.data import listops
+from txf.data import listops, make_dataset
 
 
 def _parse(tokens, start=0):

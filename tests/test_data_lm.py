@@ -6,8 +6,8 @@ import types
 
 import numpy as np
 import pytest
-from conftest import assert_same_batches, take_batches
 
+from conftest import assert_same_batches, take_batches
 from txf.data import ByteTokenizer, load_corpus, make_dataset
 from txf.data.lm import token_stream
 

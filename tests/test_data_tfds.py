@@ -13,10 +13,10 @@ import types
 
 import numpy as np
 import pytest
-from tfds_builders import TranslationBuilder
-from conftest import assert_same_batches, take_batches
 import tensorflow_datasets as tfds
 
+from conftest import assert_same_batches, take_batches
+from tfds_builders import TranslationBuilder
 from txf.data import SentencePieceTokenizer, make_dataset
 from txf.data.tfds_source import read_texts
 

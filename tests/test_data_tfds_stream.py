@@ -30,10 +30,10 @@ import types
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_same_batches, take_batches
-from tfds_builders import DocumentsBuilder
 import tensorflow_datasets as tfds
 
+from conftest import REPO, assert_same_batches, take_batches
+from tfds_builders import DocumentsBuilder
 from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset
 
 SEQ_LEN = 15  # windows of 16 tokens: many documents are cut across windows

@@ -5,9 +5,13 @@ import types
 import numpy as np
 import pytest
 
-from txf.data import ByteTokenizer, SentencePieceTokenizer, SymbolTokenizer
-from txf.data import make_tokenizer
-from txf.data import tokenizers as tokenizers_module
+from txf.data import (
+  ByteTokenizer,
+  SentencePieceTokenizer,
+  SymbolTokenizer,
+  make_tokenizer,
+  tokenizers as tokenizers_module,
+)
 
 TEXTS = [
     'def add(a, b):\n    return a + b\n',

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from test_decode import PROMPT, TINY, apply, model_and_params, random_tokens, to_left
+
 from txf import decode, models
 from txf.decode import generation
 from txf.layers.config import ModelConfig

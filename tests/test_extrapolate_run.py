@@ -15,15 +15,15 @@ import sys
 
 import numpy as np
 import pytest
+
 from conftest import REPO, tiny_config
 from full_disk import files_in, full_disk
-
 from txf.analysis.extrapolation import PROTOCOLS
 from txf.sweep import results
 from txf.sweep.extrapolate import extrapolate_run, format_table
-from txf.train.workdir import WriteError
 from txf.train import loop
 from txf.train.config import ConfigError
+from txf.train.workdir import WriteError
 
 STEPS = 4
 SEQ_LEN = 32

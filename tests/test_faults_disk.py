@@ -16,10 +16,10 @@ import sys
 
 import jax
 import pytest
-from conftest import (REPO, checkpoint_steps, cli_env, cli_overrides, tiny_config)
-from full_disk import full_disk
 from test_train_metrics import read_tensorboard_scalars
 
+from conftest import REPO, checkpoint_steps, cli_env, cli_overrides, tiny_config
+from full_disk import full_disk
 from txf.train import checkpoint, loop, setup
 from txf.train.checkpoint import CheckpointWriteError
 from txf.train.config import ConfigError

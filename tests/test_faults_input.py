@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import load_config, tiny_config
 
+from conftest import load_config, tiny_config
 from txf import models
 from txf.decode import generation
 from txf.layers import Embedder

@@ -13,9 +13,15 @@ import threading
 import time
 
 import pytest
-from conftest import (REPO, checkpoint_steps, cli_command, cli_env, tiny_config as tiny,
-                      truncate_state_files)
 
+from conftest import (
+  REPO,
+  checkpoint_steps,
+  cli_command,
+  cli_env,
+  tiny_config as tiny,
+  truncate_state_files,
+)
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics

@@ -32,12 +32,12 @@ import gcsfs  # noqa: E402
 import ml_collections  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
-from conftest import REPO, assert_same_states, sigterm_at, tiny_config  # noqa: E402
 from etils import epath  # noqa: E402
 from gcp_storage_emulator import server as emulator_server  # noqa: E402
 from gcp_storage_emulator.exceptions import NotFound as EmulatorNotFound  # noqa: E402
 from gcp_storage_emulator.handlers import objects as emulator_objects  # noqa: E402
 
+from conftest import REPO, assert_same_states, sigterm_at, tiny_config  # noqa: E402
 from txf.sweep import grid, results, runner  # noqa: E402
 from txf.train import loop, metrics  # noqa: E402
 from txf.train.workdir import WorkdirError, WorkdirLock, check_writable  # noqa: E402

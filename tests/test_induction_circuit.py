@@ -20,8 +20,8 @@ About 45 s of CPU (user time) for the run and the analysis; seed 1 as well
 """
 
 import pytest
-from conftest import load_config
 
+from conftest import load_config
 from txf.data.incontext import repeat_periods
 from txf.sweep.analyze import analyze_run
 from txf.train.loop import run

@@ -14,11 +14,11 @@ initialisation) breaks the +-a bound and the std by a factor of about 4.
 """
 
 import flax.linen as nn
-from flax.traverse_util import flatten_dict
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from txf.layers import Embedder
 from txf.models import ModelConfig, build

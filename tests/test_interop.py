@@ -30,21 +30,25 @@ from txf.data import HFTokenizer, read_data_config
 from txf.interop import CheckpointError, load_pretrained, save_pretrained
 from txf.interop.checkpoint import param_shapes
 from txf.interop.rules import flatten, unflatten
+from txf.interop.text import (
+  encode_batch,
+  generate_text,
+  pool_sentences,
+  sentence_transformers_pooling,
+)
 from txf.layers import Embedder
-from txf.interop.text import (encode_batch, generate_text, pool_sentences,
-                              sentence_transformers_pooling)
 from txf.models import ModelConfig
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 ATOL = 1e-4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pretrained(name, head=None):
   return load_pretrained(FIXTURES / name, head=head)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(name):
   return dict(np.load(FIXTURES / name / "reference.npz"))
 
@@ -68,7 +72,7 @@ def assert_close_on(valid_BxT, actual, expected):
 # more than running these models).
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward(name, batch, head=None):
   """The model's output on a reference batch (T5: (encoder output, logits))."""
   loaded, ref = pretrained(name, head), reference(name)

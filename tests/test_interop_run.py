@@ -12,9 +12,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
 from configs import pretrained as pretrained_config
+from conftest import REPO
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
 from txf.interop.rules import flatten

@@ -10,8 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.layers import (Embedder, FeedForward, MultiHeadAttention, Norm, RelativePositionTable,
-                        TransformerBlock, TransformerStack)
+from txf.layers import (
+  Embedder,
+  FeedForward,
+  MultiHeadAttention,
+  Norm,
+  RelativePositionTable,
+  TransformerBlock,
+  TransformerStack,
+)
 from txf.layers.block import compute_dtype
 from txf.layers.config import ModelConfig
 

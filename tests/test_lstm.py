@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import load_config
 
+from conftest import load_config
 from txf import decode
 from txf.analysis import count_params, extrapolation, flops_per_token, matmul_params
 from txf.data import make_tokenizer

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_same_states, load_config, restore_state, sigterm_at
 
+from conftest import assert_same_states, load_config, restore_state, sigterm_at
 from txf.layers.config import ModelConfig
 from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop

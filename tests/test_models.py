@@ -7,7 +7,8 @@ atol = rtol = 1e-4 (summed over many terms). Causality is exact: masked keys
 get weight exactly 0, so gradients through them are exactly 0.
 """
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax

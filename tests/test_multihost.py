@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from txf.train.metrics import read_metrics
 
 N = 4           # steps of the two-process run (and its checkpoint)

@@ -16,8 +16,8 @@ import pathlib
 import shutil
 
 import numpy as np
-from conftest import load_config
 
+from conftest import load_config
 from txf.train import loop
 from txf.train.metrics import read_metrics
 from txf.train.setup import load_run

@@ -12,8 +12,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_ops_attention import (B, CASES, F32_TOL, GRAD_TOL, H, NONFINITE_KEY, make_inputs,
-                                np_reference, np_valid)
+from test_ops_attention import (
+  CASES,
+  F32_TOL,
+  GRAD_TOL,
+  NONFINITE_KEY,
+  B,
+  H,
+  make_inputs,
+  np_reference,
+  np_valid,
+)
 
 from txf import models
 from txf.ops.attention import dot_product_attention

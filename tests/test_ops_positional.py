@@ -7,9 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops.positional import (alibi_bias, alibi_slopes, apply_ntk_rope, apply_rope,
-                                relative_position_bias, relative_position_bucket,
-                                sinusoidal_embedding)
+from txf.ops.positional import (
+  alibi_bias,
+  alibi_slopes,
+  apply_ntk_rope,
+  apply_rope,
+  relative_position_bias,
+  relative_position_bucket,
+  sinusoidal_embedding,
+)
 
 
 def np_sinusoidal(positions, dim, max_timescale=10000.0):

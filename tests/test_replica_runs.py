@@ -13,12 +13,12 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
 
+from conftest import tiny_config
+from txf.sweep.extrapolate import extrapolate_run
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
-from txf.sweep.extrapolate import extrapolate_run
 from txf.train.setup import load_run
 
 REPLICAS = 2

@@ -13,8 +13,13 @@ import pytest
 from test_behaviour import TINY, lm_batch, optimizer
 
 from txf.models import ModelConfig, build
-from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
-                                make_replicated_train_step, replica)
+from txf.train.replicas import (
+  STRATEGIES,
+  default_strategy,
+  init_replicas,
+  make_replicated_train_step,
+  replica,
+)
 from txf.train.step import init_state, make_train_step
 
 SEEDS = (3, 5, 11)

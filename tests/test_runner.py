@@ -21,9 +21,18 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import (REPO, assert_same_states, checkpoint_steps, cli_command, cli_env,
-                      restore_state, sigterm_at, tiny_config as tiny, truncate_state_files)
 
+from conftest import (
+  REPO,
+  assert_same_states,
+  checkpoint_steps,
+  cli_command,
+  cli_env,
+  restore_state,
+  sigterm_at,
+  tiny_config as tiny,
+  truncate_state_files,
+)
 from txf.train import loop
 from txf.train.metrics import read_metrics
 

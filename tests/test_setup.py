@@ -16,8 +16,8 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, restore_state, tiny_config
 
+from conftest import REPO, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.config import ConfigError

@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 
-from etils import epath
 import ml_collections
 import numpy as np
 import pytest
+from etils import epath
 
 from conftest import checkpoint_steps, load_config, tiny_config
 from txf.sweep import grid, results, runner

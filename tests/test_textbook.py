@@ -10,14 +10,23 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, load_config
 
+from conftest import REPO, load_config
 from txf import textbook
 from txf.analysis import plots
 from txf.analysis.counts import COMPONENTS
+from txf.textbook import (
+  heads,
+  kv_cache,
+  masks,
+  param_counts,
+  positions,
+  quadratic,
+  report,
+  scaling,
+  training,
+)
 from txf.train.setup import load_run
-from txf.textbook import (heads, kv_cache, masks, param_counts, positions, quadratic, report,
-                          scaling, training)
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 

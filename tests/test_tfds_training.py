@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 import pytest
-from tfds_builders import TranslationBuilder
-from conftest import assert_same_states, checkpoint_steps, restore_state, sigterm_at
 import tensorflow_datasets as tfds
 
+from conftest import assert_same_states, checkpoint_steps, restore_state, sigterm_at
+from tfds_builders import TranslationBuilder
 from txf.train import loop
 from txf.train.metrics import read_metrics
 

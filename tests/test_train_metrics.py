@@ -12,8 +12,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
-from txf.train import hardware
-from txf.train import metrics
+from txf.train import hardware, metrics
 
 
 def read_tensorboard_scalars(logdir):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 INT32_MAX = 2**31 - 1
 # The largest seed: replica seeds are an int32 array (txf.train.replicas).

@@ -32,7 +32,8 @@ import csv
 import io
 import itertools
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from etils import epath

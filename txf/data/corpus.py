@@ -14,10 +14,10 @@ only between runs on the same version.
 
 import hashlib
 import os
-from collections.abc import Iterable
 import pathlib
 import platform
 import sysconfig
+from collections.abc import Iterable
 
 SPLITS = ('train', 'validation', 'test')
 # Upper bounds of each split's share of the hash range [0, 100).

@@ -7,18 +7,11 @@ import numpy as np
 from etils import epath
 
 from txf import checks
-from txf.data import corpus
-from txf.data import files
-from txf.data import incontext
-from txf.data import listops
-from txf.data import synthetic
-from txf.data import tfds_source
-from txf.data.config import (FILES_PREFIX, INCONTEXT, DataSpec, is_files, is_tfds,
-                             read_data_config)
+from txf.data import corpus, files, incontext, listops, synthetic, tfds_source
+from txf.data.config import FILES_PREFIX, INCONTEXT, DataSpec, is_files, is_tfds, read_data_config
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
-from txf.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
-                                 Tokenizer)
+from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).
 SENTENCEPIECE_TRAIN_BYTES = 2_000_000

@@ -56,8 +56,15 @@ step.
 """
 
 from txf.decode.beam_search import BeamState, beam_search, length_penalty_factor
-from txf.decode.cache import (Cache, TokensToLogits, cache_batch_axes, cache_length,
-                              encode_for_decoding, init_cache, make_tokens_to_logits)
+from txf.decode.cache import (
+                              Cache,
+                              TokensToLogits,
+                              cache_batch_axes,
+                              cache_length,
+                              encode_for_decoding,
+                              init_cache,
+                              make_tokens_to_logits,
+)
 from txf.decode.generation import generate
 from txf.decode.prompts import PADDING_SIDES
 from txf.decode.sampling import sample

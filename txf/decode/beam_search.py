@@ -9,11 +9,12 @@ the ones that ended into the finished pool.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
-from flax import struct
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from txf.decode.cache import Cache, TokensToLogits
 from txf.decode.prompts import check_search, prompt_lengths, restore_padding_side, right_aligned

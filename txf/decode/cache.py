@@ -9,7 +9,8 @@ a search writes, and `cache_positions` how many a txf cache holds.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax

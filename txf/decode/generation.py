@@ -10,15 +10,22 @@ the program instead of running it (to compile ahead of time).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from txf.decode.beam_search import beam_search
-from txf.decode.cache import (cache_batch_axes, cache_length, check_generative,
-                              encode_for_decoding, init_cache, make_tokens_to_logits)
+from txf.decode.cache import (
+  cache_batch_axes,
+  cache_length,
+  check_generative,
+  encode_for_decoding,
+  init_cache,
+  make_tokens_to_logits,
+)
 from txf.decode.prompts import check_search, concrete
 from txf.decode.sampling import sample
 

@@ -10,7 +10,8 @@ export writes the rows before them as zeros (no real token reads them).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

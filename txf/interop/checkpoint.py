@@ -27,8 +27,9 @@ import dataclasses
 import json
 import logging
 import re
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax

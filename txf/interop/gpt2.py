@@ -8,7 +8,8 @@ transpose) and its attention's query, key and value are one fused `c_attn`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -8,7 +8,8 @@ the field.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from txf import checks
 from txf.interop.rules import CheckpointError

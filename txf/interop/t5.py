@@ -17,7 +17,8 @@ embedding.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from txf.interop import hf_config
 from txf.interop.hf_config import get

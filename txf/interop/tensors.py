@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from etils import epath

@@ -8,7 +8,7 @@ stack-wide T5 relative-bias table and, for Pre-LN, a final norm.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 
 from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
+from txf.layers.config import DEFAULTS, ModelConfig
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
-from txf.layers.config import DEFAULTS, ModelConfig
 
 Array = jax.Array
 

@@ -10,7 +10,8 @@ field, before any parameter is created.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from txf import checks
 from txf.layers import positions
@@ -106,7 +107,7 @@ class ModelConfig:
   scan_layers: bool = False        # nn.scan over layers: compile time O(1) in depth
 
   @classmethod
-  def from_config(cls, config: Mapping[str, Any] | Any) -> "ModelConfig":
+  def from_config(cls, config: Mapping[str, Any] | Any) -> ModelConfig:
     """Builds and validates from a ConfigDict / dict; unknown fields fail."""
     items = dict(config.items()) if hasattr(config, "items") else dict(vars(config))
     known = {f.name for f in dataclasses.fields(cls)}
@@ -213,7 +214,7 @@ class ModelConfig:
       return -(-8 * self.d_model // 3 // 8) * 8
     return 4 * self.d_model
 
-  def replace(self, **changes) -> "ModelConfig":
+  def replace(self, **changes) -> ModelConfig:
     """A copy with `changes`. Derived fields (DERIVED_FIELDS) given explicitly
     to this config or in `changes` keep their values; the others derive again
     from the new fields (replace(d_model=256) doubles a derived d_ff)."""

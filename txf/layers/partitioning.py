@@ -9,7 +9,7 @@ dimension never split; `nn.scan` over layers prepends 'layers'.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 

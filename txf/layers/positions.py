@@ -26,7 +26,8 @@ config file in configs/; docs/positions.md walks through an example.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -29,19 +29,34 @@ import csv
 import functools
 import io
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 from etils import epath
 
-from txf.analysis.ablation import (ablation_loss_fns, ablation_metric_fns, attention_shapes,
-                                   parse_heads)
+from txf.analysis.ablation import (
+  ablation_loss_fns,
+  ablation_metric_fns,
+  attention_shapes,
+  parse_heads,
+)
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import (attention_entropy, group_mask, head_ablation, head_roles,
-                                head_score_rows, head_scores_table, in_distribution_ids,
-                                induction_score, mean_attended_distance, previous_token_score,
-                                probe_periods, repeated_random_tokens)
+from txf.analysis.heads import (
+  attention_entropy,
+  group_mask,
+  head_ablation,
+  head_roles,
+  head_score_rows,
+  head_scores_table,
+  in_distribution_ids,
+  induction_score,
+  mean_attended_distance,
+  previous_token_score,
+  probe_periods,
+  repeated_random_tokens,
+)
 from txf.analysis.plots import attention_grid
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods

@@ -24,7 +24,8 @@ import itertools
 import os
 import re
 import shlex
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ml_collections
 

@@ -45,10 +45,11 @@ import dataclasses
 import io
 import json
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from etils import epath
 import numpy as np
+from etils import epath
 
 from txf.sweep.grid import Point
 from txf.sweep.writes import write_figure, write_file, write_line_plot

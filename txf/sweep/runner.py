@@ -39,11 +39,12 @@ the tables and plots give mean ± std over them.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from etils import epath
 import jax
 import ml_collections
+from etils import epath
 
 from txf.checks import optional_positive_int
 from txf.data import DataSpec, make_tokenizer, read_data_config

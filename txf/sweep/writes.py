@@ -12,7 +12,8 @@ whose message is one line naming the path and the reason.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from etils import epath
 

@@ -32,15 +32,22 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import (head_roles, in_distribution_ids, induction_score,
-                                previous_token_score, probe_periods, repeated_random_tokens)
+from txf.analysis.heads import (
+  head_roles,
+  in_distribution_ids,
+  induction_score,
+  previous_token_score,
+  probe_periods,
+  repeated_random_tokens,
+)
 from txf.analysis.plots import attention_grid, heatmaps
 from txf.data.incontext import repeat_periods
 from txf.textbook.report import figure_path, markdown_table

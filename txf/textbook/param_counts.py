@@ -23,7 +23,8 @@ must agree exactly. With biases, one attention layer holds 4 d^2 + 4 d
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

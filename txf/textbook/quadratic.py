@@ -28,7 +28,8 @@ in closed form, by XLA's cost analysis of the compiled materialised program
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ml_collections
 from etils import epath

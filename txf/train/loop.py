@@ -45,7 +45,7 @@ import os
 import queue
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -60,8 +60,15 @@ from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionG
 from txf.train.config import ConfigError
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics, replica_scalars
-from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
-                             make_checkpointer, read_run_config, setup_run, write_config)
+from txf.train.setup import (
+  RunSetup,
+  check_optimizer_state,
+  check_resumable,
+  make_checkpointer,
+  read_run_config,
+  setup_run,
+  write_config,
+)
 from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 

@@ -43,11 +43,12 @@ import struct
 import tempfile
 import time
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from etils import epath
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c

@@ -34,7 +34,8 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -54,8 +55,7 @@ from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, check_run_config
 from txf.train.metrics import replica_scalars
 from txf.train.optim import make_optimizer, make_schedule
-from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
-                            make_train_step)
+from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.workdir import replace_text
 
 CONFIG_FILE = "config.json"

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax

@@ -18,7 +18,8 @@ logits never held at once.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import flax.struct

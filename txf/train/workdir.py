@@ -231,7 +231,7 @@ class WorkdirLock:
       self._file.close()
       self._file = None
 
-  def __enter__(self) -> "WorkdirLock":
+  def __enter__(self) -> WorkdirLock:
     self.acquire()
     return self
 
