@@ -41,7 +41,7 @@ class ConfigFileParser(flags.ArgumentParser):
       config = module.get_config(*arg)
     except SyntaxError as error:
       raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
-    except Exception as error:  # pylint: disable=broad-except  # the user's code
+    except Exception as error:  # the user's code
       first_line = (str(error).splitlines() or [""])[0]
       raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
     if not hasattr(config, "lock"):
@@ -82,7 +82,6 @@ def run_errors():
   checkpoint that does not restore) 2; a diverged run or an output that
   cannot be written (a full disk) 1."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  # pylint: disable=import-outside-toplevel
   from txf.train.checkpoint import CheckpointWriteError, RestoreError
   from txf.train.config import ConfigError
   from txf.train.loop import TrainingDiverged
@@ -133,7 +132,7 @@ def exit_now(status: int, line: str) -> NoReturn:
   print(line, file=sys.stderr)
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(status)  # pylint: disable=protected-access
+  os._exit(status)
 
 
 def unknown_field(error: Exception, argv: list[str]) -> str | None:

@@ -83,7 +83,7 @@ def field_docs() -> dict[str, str]:
   and of ModelConfig's fields (ModelConfig's win for model fields); a model
   field with a fixed set of values lists them."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  from txf.layers import config as model_config  # pylint: disable=import-outside-toplevel
+  from txf.layers import config as model_config
   docs, section = {}, None
   for line, comment in _commented_lines(CONFIGS / "base.py"):
     if m := re.match(r"\s*config\.(\w+) =", line):

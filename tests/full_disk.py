@@ -114,21 +114,21 @@ def full_disk(pattern: str, after: int, slow_finalize: float = 0.0):
 def _slow_finalize(seconds: float):
   """Delays orbax's save-finalize thread by `seconds` before it collects the
   background commit's result; returns what undoes it."""
-  from orbax.checkpoint import checkpoint_manager  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint import checkpoint_manager
   manager = checkpoint_manager.CheckpointManager
-  original = manager._wait_for_checkpointers  # pylint: disable=protected-access
+  original = manager._wait_for_checkpointers
 
   def slowly(self):
     time.sleep(seconds)
     return original(self)
 
-  manager._wait_for_checkpointers = slowly  # pylint: disable=protected-access
+  manager._wait_for_checkpointers = slowly
   return lambda: setattr(manager, "_wait_for_checkpointers", original)
 
 
 def main(argv: list[str]) -> None:
   """python tests/full_disk.py PATTERN N [--slow_finalize=S] -- RUN_FLAGS..."""
-  import runpy  # pylint: disable=import-outside-toplevel
+  import runpy
   split = argv.index("--")
   pattern, after, *options = argv[1:split]
   slow = 0.0

@@ -201,7 +201,7 @@ def test_reading_creates_nothing(tmp_path):
 def replacing_while_read(reader, writer, times):
   """Makes `reader`'s next `times` restores meet a step that a run training
   in the same directory (`writer`, max_to_keep=1) replaces as it is read."""
-  manager = reader._manager  # pylint: disable=protected-access
+  manager = reader._manager
   restore, calls = manager.restore, []
 
   def restore_while_replaced(step, *args, **kwargs):

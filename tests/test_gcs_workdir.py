@@ -55,9 +55,9 @@ def _free_port() -> int:
 def _clear_client_caches():
   """Filesystems and clients are cached per process with the endpoint they
   were made with: drop them when the endpoint changes."""
-  epath.backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  epath.backend.fsspec_backend._get_filesystem.cache_clear()
   gcsfs.GCSFileSystem.clear_instance_cache()
-  from orbax.checkpoint._src.path import gcs_utils  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.path import gcs_utils
   gcs_utils.get_bucket.cache_clear()
 
 
@@ -144,7 +144,7 @@ def test_a_ranged_read_gives_the_generation_a_conditional_write_needs(emulator):
   """What OCDBT does to a manifest: read part of it, then replace it on the
   condition that it is unchanged (fails with generation 0 from a bare
   emulator)."""
-  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  import tensorstore as ts
   store = ts.KvStore.open({"driver": "gcs", "bucket": BUCKET}).result()
   written = store.write("generations/manifest", b"first").result()
   read = store.read("generations/manifest", byte_range=slice(1, 3)).result()
@@ -303,8 +303,8 @@ NO_EXTRA = r"^workdir: gs://bucket/run needs gcsfs for gs:// paths: pip install 
 
 
 def test_without_the_gcs_extra_every_entry_point_fails_naming_it(scratch_cwd, monkeypatch):
-  from txf.sweep.analyze import analyze_run  # pylint: disable=import-outside-toplevel
-  from txf.sweep.extrapolate import extrapolate_run  # pylint: disable=import-outside-toplevel
+  from txf.sweep.analyze import analyze_run
+  from txf.sweep.extrapolate import extrapolate_run
   monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` raises ImportError
   sweep = ml_collections.ConfigDict({"base": tiny_config(),
                                      "grid": grid.make_grid({"model.position": ["rope"]})})

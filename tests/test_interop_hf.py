@@ -17,7 +17,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-# pylint: disable=wrong-import-position
 import jax  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 

@@ -58,7 +58,7 @@ def benchmark(*, layers: int, d_model: int, heads: int, vocab: int, max_len: int
               torch_version=torch.__version__, device=device,
               device_kind=torch.cuda.get_device_name() if device == "cuda" else "cpu",
               dtype=str(dtype).removeprefix("torch."),
-              attention=model.config._attn_implementation,  # pylint: disable=protected-access
+              attention=model.config._attn_implementation,
               params=sum(p.numel() for p in model.parameters()), prompt_len=prompt_len,
               new_tokens=new_tokens, repeats=repeats, results=results)
 

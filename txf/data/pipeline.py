@@ -265,7 +265,7 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
                 description=_description(spec, tokenizer))
   if is_tfds(spec.name) and spec.task != 'seq2seq':
     # Imported here: packed.py builds on this module's Dataset.
-    from txf.data import packed  # pylint: disable=g-import-not-at-top
+    from txf.data import packed
     return packed.PackedDataset(tfds_source.open_split(spec, split), seed=seed,
                                 masker=_masker(spec, seed, tokenizer), **common)
   if spec.name == 'pystdlib':

@@ -64,7 +64,7 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
     default, $TFDS_DATA_DIR or ~/tensorflow_datasets); ValueError naming the
     data.tfds_*_key field whose feature the records lack.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # imported here: only TFDS data needs it
 
   data_dir = spec.tfds_data_dir or tfds.core.constants.get_default_data_dir()
   where = f'{data_dir} (data.tfds_data_dir={spec.tfds_data_dir!r})'
@@ -156,7 +156,7 @@ class TranslationSource:
   def __init__(self, records: Sequence[Mapping[str, Any]], *,
                keys: tuple[str, str], tokenizer: Tokenizer, seq_len: int,
                batch_size: int, seed: int, shuffle: bool):
-    import grain  # pylint: disable=g-import-not-at-top
+    import grain
 
     dataset = grain.MapDataset.source(records)
     if shuffle:

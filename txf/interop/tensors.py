@@ -82,7 +82,7 @@ def _read_safetensors(path: epath.Path) -> dict[str, np.ndarray]:
 
 def _read_pytorch_bin(path: epath.Path) -> dict[str, np.ndarray]:
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
   except ImportError:
     raise CheckpointError(f"{path}: reading pytorch_model.bin needs torch; convert the "
                           "checkpoint to model.safetensors or install torch") from None

@@ -340,7 +340,7 @@ def _gpu_max_head_dim():
   try:
     cc = jax.devices()[0].compute_capability
     major = int(str(cc).split('.')[0])
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     return 256
   return 256 if major >= 9 else 128
 

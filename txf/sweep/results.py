@@ -564,8 +564,8 @@ def pre_vs_post_figure(rows: Sequence[PointSummary], *, group_field: str = "mode
     ValueError: a field that is not one of the points' grid fields.
   """
   # Only matplotlib's object API: no pyplot global state, safe in threads.
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
-  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
 
   for field in (group_field, split_field):
     if not any(field in row.point.overrides for row in rows):

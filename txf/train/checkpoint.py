@@ -181,7 +181,7 @@ class Checkpointer:
       return action()
     except CheckpointWriteError:
       raise
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       # orbax forgot the steps the failed save was to replace: what is on
       # disk (they are, still) is what latest_step must report.
       with contextlib.suppress(Exception):
@@ -330,7 +330,7 @@ class Checkpointer:
                 STATE_ITEM: ocp.args.StandardRestore(abstract_state),
                 EXTRAS_ITEM: ocp.args.JsonRestore(),
             }))
-      except Exception as error:  # pylint: disable=broad-except
+      except Exception as error:
         # Any failure (missing file, bad bytes, missing item) makes this
         # step unusable; which exception depends on the file that broke --
         # unless the steps changed meanwhile: then it was being replaced.

@@ -150,7 +150,7 @@ class _ObjectLines:
       try:
         _write(self._path, ''.join(self._chunks))
       # Remote file systems raise their own types (gcsfs's HttpError, ...).
-      except Exception as error:  # pylint: disable=broad-except
+      except Exception as error:
         raise write_error(self._path, error) from error
       self._pending, self._uploaded = False, time.monotonic()
 
@@ -250,7 +250,7 @@ class _MirroredTensorBoard:
     try:
       (self._target / file.name).write_bytes(file.read_bytes())
     # Remote file systems raise their own types (gcsfs's HttpError, ...).
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       raise write_error(self._target / file.name, error) from error
     self._copied = time.monotonic()
 
@@ -358,7 +358,7 @@ class MetricsWriter:
     for output in outputs:
       try:
         output.close()
-      except Exception as failure:  # pylint: disable=broad-except
+      except Exception as failure:
         error = error or failure
     if error is not None:
       raise error
@@ -394,7 +394,7 @@ def _writing(path: epath.Path, action):
   except WriteError:
     raise
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise write_error(path, error) from error
 
 

@@ -144,7 +144,7 @@ def replace_text(path: epath.Path, text: str) -> None:
   try:
     replace_bytes(path, text.encode("utf-8"))
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise write_error(path, error) from error
 
 
@@ -170,7 +170,7 @@ def check_writable(directory: str | os.PathLike) -> None:
       probe.write_text("ok")
       probe.unlink()
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise WorkdirError(f"{directory}: not a writable directory ({_reason(error)})") from error
   if is_file:
     raise WorkdirError(f"{directory}: exists and is not a directory")
