@@ -163,6 +163,7 @@ def read_csv(workdir):
   return list(csv.DictReader(io.StringIO((workdir / ANALYSIS_DIR / SCORES_CSV).read_text())))
 
 
+@pytest.mark.slow  # its fixture trains a run; a subprocess
 def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   before = digests(decoder_run)
   done = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}",
@@ -197,6 +198,7 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert any(abs(float(row["ablation_delta_loss"])) > 1e-4 for row in rows)
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
   before = digests(seq2seq_run)
   record = analyze_run(seq2seq_run)
@@ -227,6 +229,7 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
       ablated - baseline, abs=1e-5)
 
 
+@pytest.mark.slow  # its fixture trains a run
 @pytest.mark.parametrize("kwargs,message", [
     (dict(num_batches=0), "^num_batches: must be"),
     (dict(periods=[17, 5]), r"^periods: 17 must be in 2\.\.16"),
@@ -243,6 +246,7 @@ def test_bad_arguments_are_refused_naming_them(decoder_run, kwargs, message):
     analyze_run(decoder_run, **kwargs)
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
   record = analyze_run(decoder_run, ablate="L0H1,L1H0", num_batches=1)
   group = record["group_ablation"]
@@ -259,6 +263,7 @@ def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
   assert "## Group ablation of L0H1, L1H0" in record["table"]
 
 
+@pytest.mark.slow  # its fixture trains a run; a subprocess
 def test_the_command_refuses_a_bad_ablate_spec_in_one_line(decoder_run, compilation_cache_dir):
   done = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}",
                          "--ablate=L9H0"], cwd=REPO, env=cli_env(compilation_cache_dir),
@@ -273,6 +278,7 @@ def test_a_directory_without_a_run_is_refused(tmp_path):
     analyze_run(tmp_path)
 
 
+@pytest.mark.slow  # a subprocess
 def test_the_command_fails_in_one_line_without_a_run(tmp_path):
   done = subprocess.run([sys.executable, "-m", "experiments.analyze", f"--workdir={tmp_path}"],
                         cwd=REPO, capture_output=True, text=True, timeout=300)

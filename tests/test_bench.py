@@ -270,6 +270,7 @@ def test_gpt2_small_8k_lowers_with_causal_attention_and_no_mask(monkeypatch):
 # The benchmark modes.
 
 
+@pytest.mark.slow  # trains a run
 def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeypatch):
   # A known peak, so the loop's and the benchmark's MFU can be checked (CPUs have none).
   monkeypatch.setattr(hardware, "peak_flops_per_device", lambda dtype=None: 1e12)

@@ -57,6 +57,7 @@ def final_eval_loss(workdir):
   return [row["eval_loss"] for row in rows if row["step"] == STEPS and "eval_loss" in row][-1]
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_extrapolation_of_a_learned_table_run(trained):
   before = digests(trained)
   record = extrapolate_run(trained, (1, 2, 4))
@@ -96,6 +97,7 @@ def test_extrapolation_of_a_learned_table_run(trained):
   assert f"{record['loss']['non_overlapping'][0]:.4f}" in table
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_a_token_budget_and_stride_of_ones_own(trained):
   record = extrapolate_run(trained, (1, 2), stride=8, num_tokens=300)
   assert record["num_tokens"] == 300  # eval.num_batches raised to 2 batches for it
@@ -104,6 +106,7 @@ def test_a_token_budget_and_stride_of_ones_own(trained):
   assert record["scored_tokens"]["sliding"] == [299, 299]
 
 
+@pytest.mark.slow  # its fixture trains a run
 @pytest.mark.parametrize("kwargs, message", [
     (dict(factors=(2, 1)), "factors must be distinct positive ints in increasing order"),
     (dict(factors=(0,)), r"factors\[\]: must be an integer >= 1"),
@@ -124,6 +127,7 @@ def test_a_directory_without_a_run_is_refused(tmp_path):
     extrapolate_run(tmp_path)
 
 
+@pytest.mark.slow  # its fixture trains a run; a subprocess
 def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   config_json = (trained / "config.json").read_bytes()
   for name in OUTPUTS:
@@ -145,6 +149,7 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   assert done.returncode == 2 and "holds no run" in done.stderr
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_a_full_disk_while_writing_the_record_keeps_the_previous_one(trained):
   path = trained / results.EXTRAPOLATION_FILE
   extrapolate_run(trained, (1, 2))

@@ -103,6 +103,7 @@ def fails_writing(pattern, workdir, after, error_type=WriteError, slow_finalize=
   return str(error.value), disk.failed
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 @pytest.mark.parametrize("pattern, after, rows_to, events_to", [
     (METRICS, 3, 2, 2),  # step 3's row: after checkpoint 2
     (EVENTS, 6, 4, 3),   # the file version, the purge mark, the rows of steps 1-4
@@ -125,6 +126,7 @@ def test_a_full_disk_stops_the_run_at_once_and_the_rerun_resumes_exactly(
   assert_resumes_exactly(workdir, uninterrupted, resumed_from=2)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_a_full_disk_writing_config_json_changes_nothing(tmp_path, uninterrupted):
   workdir = tmp_path / "run"
   train(workdir, steps=4)  # a run to continue, with checkpoint 4
@@ -138,6 +140,7 @@ def test_a_full_disk_writing_config_json_changes_nothing(tmp_path, uninterrupted
   assert_resumes_exactly(workdir, uninterrupted, resumed_from=4)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_a_failed_checkpoint_save_keeps_the_last_good_one(tmp_path, uninterrupted):
   """The save of step 4 fails in orbax's background commit while the loop
   checks for errors at every step; orbax's finalize is slowed, so a loop

@@ -156,6 +156,7 @@ def test_a_ranged_read_gives_the_generation_a_conditional_write_needs(emulator):
 
 # --- the main job -------------------------------------------------------------
 
+@pytest.mark.slow  # trains a run
 def test_a_run_on_gcs_writes_everything_to_the_bucket_and_resumes_exactly(
     emulator, scratch_cwd, sigterm_is_caught, compilation_cache_dir):
   """Steps 1-8 on a local disk == steps 1-2 on gs://, preempted, then 3-8
@@ -203,6 +204,7 @@ def _truncate_objects(directory: str, prefix: str) -> None:
 
 # After a failed restore, orbax's tensorstore sometimes completes a future on an
 # already-closed asyncio loop (a harmless "Event loop is closed" in a thread).
+@pytest.mark.slow  # trains a run
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_corrupt_checkpoint_on_gcs_falls_back_and_moves_later_rows_aside(
     emulator, scratch_cwd, compilation_cache_dir):
@@ -224,6 +226,7 @@ def test_a_corrupt_checkpoint_on_gcs_falls_back_and_moves_later_rows_aside(
   assert [row["loss"] for row in rows[4:8]] == [row["loss"] for row in first[4:8]]
 
 
+@pytest.mark.slow  # trains a sweep
 def test_a_sweep_on_gcs_writes_its_results_to_the_bucket(emulator, scratch_cwd,
                                                         compilation_cache_dir):
   sweep = ml_collections.ConfigDict()
@@ -317,6 +320,7 @@ def test_without_the_gcs_extra_every_entry_point_fails_naming_it(scratch_cwd, mo
   assert os.listdir(scratch_cwd) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_without_the_gcs_extra_exits_2_with_one_line(scratch_cwd):
   code = ("import runpy, sys; sys.modules['gcsfs'] = None; "
           f"sys.argv = ['run', '--config={REPO}/configs/rope.py', '--workdir=gs://bucket/run']; "

@@ -24,6 +24,8 @@ from txf.train.setup import load_run
 REPLICAS = 2
 STEPS = 6
 TOL = dict(rtol=1e-5, atol=1e-6)
+# Every test trains runs, or reads the module's trained runs (fixtures).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -151,6 +151,7 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path, compilation_cache_dir):
 
 # --- resume and checkpoints (in-process) --------------------------------------
 
+@pytest.mark.slow  # trains a run
 def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
   """Steps 1-12 in one go == steps 1-3, preempted, then 4-12 resumed: the same
   final state bit for bit, and the same metrics at every step. The cut is
@@ -182,6 +183,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
 
 # After a failed restore, orbax's tensorstore sometimes completes a future on an
 # already-closed asyncio loop (a harmless "Event loop is closed" in a thread).
+@pytest.mark.slow  # trains a run
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   workdir = tmp_path / "run"
@@ -206,6 +208,7 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   assert [r["loss"] for r in rows[4:8]] == [r["loss"] for r in first_rows[4:8]]
 
 
+@pytest.mark.slow  # trains a run
 def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   run_quietly(tiny(steps=8, train__checkpoint_every=4), workdir)
@@ -224,6 +227,7 @@ def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):
 
 # --- every family learns -------------------------------------------------------
 
+@pytest.mark.slow  # trains a run
 @pytest.mark.parametrize("name, steps, batch_size, margin", [
     ("rope", 30, 8, 0.5),
     ("encoder_mlm", 20, 16, 0.5),
@@ -247,6 +251,7 @@ BAND_STEPS, BAND_EVAL_BATCHES = 100, 16
 BAND = (2.74, 3.22)
 
 
+@pytest.mark.slow  # trains a run
 def test_decoder_eval_loss_lands_in_a_narrow_band(tmp_path):
   """The end-to-end decoder run reaches the eval loss its seeds reach (the
   old check accepted anything in (0, 20)).
@@ -268,6 +273,7 @@ def test_decoder_eval_loss_lands_in_a_narrow_band(tmp_path):
   assert BAND[0] < result["eval_loss"] < BAND[1], result
 
 
+@pytest.mark.slow  # trains a run
 def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same_eval(tmp_path):
   config = tiny("rope", steps=4)
   first, _ = run_quietly(config, tmp_path)

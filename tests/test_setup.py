@@ -60,6 +60,7 @@ def reference_eval_loss(setup, params):
   return loss_sum / count
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_load_run_evaluates_at_twice_the_training_length(trained):
   before = digests(trained)
   run = load_run(trained, {"data.seq_len": 64, "eval.num_batches": 2})
@@ -83,6 +84,7 @@ def test_load_run_evaluates_at_twice_the_training_length(trained):
   assert digests(trained) == before  # config.json and checkpoints untouched
 
 
+@pytest.mark.slow  # its fixture trains a run
 @pytest.mark.parametrize("overrides, field", [
     ({"model.d_model": 64}, "model.d_model"),
     ({"model.position": "alibi"}, "model.position"),
@@ -104,6 +106,7 @@ def test_load_run_needs_a_run(tmp_path):
     load_run(tmp_path)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
   """A finished run started again with another seq_len and batch size (24:
   the saved data position, 4 batches of 8, is no boundary of batches of 24)
@@ -119,6 +122,7 @@ def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
   assert json.loads(config_json)["data"]["seq_len"] == 32
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(trained):
   config_json = (trained / "config.json").read_bytes()
   with pytest.raises(ConfigError, match=r"^data\.batch_size: .*does not continue"):
@@ -127,11 +131,13 @@ def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(tra
   assert (trained / "config.json").read_bytes() == config_json
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_resume_with_another_model_is_refused(trained):
   with pytest.raises(ConfigError, match=r"^model\.d_model: differs from the run"):
     loop.run(tiny_config("rope", steps=2 * STEPS, model__d_model=64), trained)
 
 
+@pytest.mark.slow  # a subprocess
 def test_bench_times_the_training_step_and_writes_json(tmp_path):
   report_path = tmp_path / "bench.json"
   tiny = ["--config.model.d_model=32", "--config.model.num_heads=2",

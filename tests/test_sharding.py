@@ -348,6 +348,7 @@ class TestEightDevices:
       assert double()(x).sharding.spec == P(("data", "fsdp"))
 
 
+@pytest.mark.slow  # a subprocess
 def test_eight_device_checks():
   """Runs TestEightDevices in a fresh process with 8 CPU devices."""
   if jax.device_count() >= 8:

@@ -80,11 +80,13 @@ def finished_sweep(tmp_path_factory, compilation_cache_dir):
               lines=lines, calls=calls)
 
 
+@pytest.mark.slow  # its fixture trains a sweep
 def test_index_runs_exactly_one_point_and_writes_no_results(finished_sweep):
   assert finished_sweep["index_result"] is None
   assert finished_sweep["index_listing"] == [TOY_NAMES[1]]
 
 
+@pytest.mark.slow  # its fixture trains a sweep
 def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep):
   workdir, lines, calls = (finished_sweep[key] for key in ("workdir", "lines", "calls"))
   assert [str(call) for call in calls] == [str(workdir / name) for name in TOY_NAMES]
@@ -117,6 +119,7 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
       f"point 1 ({TOY_NAMES[1]}): done, skipped", f"point 1 ({TOY_NAMES[1]}): length extrapolation"]
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_rerun_skips_finished_points(finished_sweep):
   workdir = finished_sweep["workdir"]
   metrics = [workdir / name / "metrics.jsonl" for name in TOY_NAMES]
@@ -129,6 +132,7 @@ def test_a_rerun_skips_finished_points(finished_sweep):
   assert [path.stat().st_mtime_ns for path in metrics] == before
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tmp_path):
   workdir = tmp_path / "copy"
   shutil.copytree(finished_sweep["workdir"], workdir)
@@ -145,6 +149,7 @@ def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tm
   assert tokens == [600, 600]  # sweep.extrapolate_tokens reaches the hook
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
   workdir = finished_sweep["workdir"]
   expected = (workdir / results.RESULTS_CSV).read_text()
@@ -166,6 +171,7 @@ def point_lines(lines):
   return [line for line in lines if line.startswith(("point ", "sweep "))]
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   expected = final_eval_loss(workdir / TOY_NAMES[0])
@@ -193,6 +199,7 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
   assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep,
                                                                          tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
@@ -211,6 +218,7 @@ def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finishe
   assert rows[0].extrapolation == rows[1].extrapolation
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   cut, unconfigured = (workdir / name for name in TOY_NAMES)
@@ -231,6 +239,7 @@ def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path)
   assert float(table[0]["eval_loss"]) == pytest.approx(final["eval_loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   for name in TOY_NAMES:  # extrapolated at the old final step
@@ -251,6 +260,7 @@ def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_
       pytest.approx(final_eval_loss(workdir / name), rel=1e-12) for name in TOY_NAMES]
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished_sweep,
                                                                          tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
@@ -306,6 +316,7 @@ def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # trains a sweep
 def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilation_cache_dir):
   lines = []
   rows = runner.run_sweep(toy_sweep({"train.learning_rate": [1e6, 1e-3]}), tmp_path,
@@ -341,6 +352,7 @@ def run_cli(*args):
                         capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
   assert done.returncode == 0, done.stderr
@@ -354,6 +366,7 @@ def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
   done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}",
                  "--config.base.model.num_heads=3")
@@ -364,6 +377,7 @@ def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
   # The sweep command in a process whose first file written under tmp_path
   # meets a full disk (tests/full_disk.py).

@@ -52,6 +52,7 @@ def test_registry_names_items_and_modules():
     textbook.get('nope')
 
 
+@pytest.mark.slow  # a subprocess
 def test_command_lists_and_rejects_unknown_names():
   command = [sys.executable, '-m', 'experiments.textbook']
   listed = subprocess.run(command + ['--list'], cwd=REPO, capture_output=True, text=True)

@@ -21,6 +21,7 @@ def test_second_lock_is_refused_naming_the_holder(tmp_path):
     pass
 
 
+@pytest.mark.slow  # a subprocess
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
   holder = subprocess.Popen(
       [sys.executable, "-c", textwrap.dedent(f"""
