@@ -49,7 +49,7 @@ BUGS = (
     # --- ops ------------------------------------------------------------------
     Bug("attention_no_scale", "txf/ops/attention.py",
         # _scaled_scores, shared by the xla and chunked paths.
-        "scale = 1.0 / math.sqrt(q_btkgd.shape[-1])",
+        "scale = 1.0 / math.sqrt(q_BxTxKxGxD.shape[-1])",
         "scale = 1.0",
         ("tests/test_ops_attention.py",)),
     Bug("gqa_tiled_groups", "txf/ops/attention.py",
@@ -197,8 +197,8 @@ BUGS = (
         "      cached.value = new_carry", "      cached.value = cached.value",
         ("tests/test_lstm.py::test_cached_decoding_matches_full_pass",)),
     Bug("chunked_attention_no_rescale", "txf/ops/attention.py",
-        "l_new = rescale * l_bkgt + jnp.sum(p_bkgts, axis=-1)",
-        "l_new = l_bkgt + jnp.sum(p_bkgts, axis=-1)",
+        "l_new = rescale * l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
+        "l_new = l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
         ("tests/test_ops_attention_chunked.py",)),
 )
 

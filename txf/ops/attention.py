@@ -25,7 +25,8 @@ for keys past ``kv_lengths`` (see :func:`dot_product_attention`).
 Shapes (letters used throughout):
   q ``[B, T, H, D]``, k ``[B, S, K, D]``, v ``[B, S, K, Dv]``;
   B batch, T query length, S key length, H query heads, K key/value heads,
-  G = H // K, D query/key head dim, Dv value head dim.
+  G = H // K, D query/key head dim, Dv value head dim (C: keys per block
+  of the chunked path).
   mask: bool, broadcastable to ``[B, H, T, S]``, True = may attend.
   bias: float, broadcastable to ``[B, H, T, S]``, added to the scaled scores.
 
@@ -167,11 +168,13 @@ def _masked_softmax(logits, valid):
   return unnorm / jnp.where(denom > 0, denom, 1.0)
 
 
-def _split_nonfinite(x_bskd):
-  """x with non-finite entries zeroed, and [B, K, 1, 1, S]: key s of head k is non-finite."""
-  finite_bskd = jnp.isfinite(x_bskd)
-  bad_bks = jnp.transpose(~jnp.all(finite_bskd, axis=-1), (0, 2, 1))
-  return jnp.where(finite_bskd, x_bskd, jnp.zeros((), x_bskd.dtype)), bad_bks[:, :, None, None, :]
+def _split_nonfinite(x_BxSxKxD):
+  """Keys [B, S, K, D] (or values, D = Dv) with non-finite entries zeroed, and
+  [B, K, 1, 1, S]: key s of head k is non-finite."""
+  finite_BxSxKxD = jnp.isfinite(x_BxSxKxD)
+  bad_BxKxS = jnp.transpose(~jnp.all(finite_BxSxKxD, axis=-1), (0, 2, 1))
+  zeroed_BxSxKxD = jnp.where(finite_BxSxKxD, x_BxSxKxD, jnp.zeros((), x_BxSxKxD.dtype))
+  return zeroed_BxSxKxD, bad_BxKxS[:, :, None, None, :]
 
 
 def _grouped_queries(q, num_kv_heads):
@@ -180,16 +183,16 @@ def _grouped_queries(q, num_kv_heads):
   return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)
 
 
-def _scaled_scores(q_btkgd, k_bskd, bad_bk11s, scale):
+def _scaled_scores(q_BxTxKxGxD, k_BxSxKxD, bad_BxKx1x1xS, scale):
   """float32 scale * q.k [B, K, G, T, S] (scale None: 1/sqrt(D)), NaN where a
   key is flagged non-finite in bad [B, K, 1, 1, S] (and zeroed in k)."""
-  acc_dtype = jnp.promote_types(jnp.result_type(q_btkgd, k_bskd), jnp.float32)
-  logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k_bskd,
+  acc_dtype = jnp.promote_types(jnp.result_type(q_BxTxKxGxD, k_BxSxKxD), jnp.float32)
+  logits_BxKxGxTxS = jnp.einsum('btkgd,bskd->bkgts', q_BxTxKxGxD, k_BxSxKxD,
                             preferred_element_type=acc_dtype)
-  logits_bkgts = jnp.where(bad_bk11s, jnp.nan, logits_bkgts).astype(jnp.float32)
+  logits_BxKxGxTxS = jnp.where(bad_BxKx1x1xS, jnp.nan, logits_BxKxGxTxS).astype(jnp.float32)
   if scale is None:
-    scale = 1.0 / math.sqrt(q_btkgd.shape[-1])
-  return logits_bkgts * jnp.asarray(scale, jnp.float32)
+    scale = 1.0 / math.sqrt(q_BxTxKxGxD.shape[-1])
+  return logits_BxKxGxTxS * jnp.asarray(scale, jnp.float32)
 
 
 def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
@@ -199,39 +202,40 @@ def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
   # Non-finite keys enter the product as 0 and come back as NaN scores, which
   # the mask then replaces: a masked inf key poisons neither the output nor,
   # through 0 * inf in the backward pass, the gradient of q.
-  k, bad_bk11s = _split_nonfinite(k)
-  logits_bhts = _scaled_scores(_grouped_queries(q, K), k, bad_bk11s, scale).reshape(B, H, T, S)
+  k, bad_BxKx1x1xS = _split_nonfinite(k)
+  logits_BxKxGxTxS = _scaled_scores(_grouped_queries(q, K), k, bad_BxKx1x1xS, scale)
+  logits_BxHxTxS = logits_BxKxGxTxS.reshape(B, H, T, S)
   if bias is not None:
-    logits_bhts = logits_bhts + bias.astype(jnp.float32)
+    logits_BxHxTxS = logits_BxHxTxS + bias.astype(jnp.float32)
   valid = _combined_mask(mask, bool(is_causal), window, kv_lengths, T, S)
-  return _masked_softmax(logits_bhts, valid)
+  return _masked_softmax(logits_BxHxTxS, valid)
 
 
-def _weighted_values(w_bhts, v, out_dtype):
+def _weighted_values(w_BxHxTxS, v, out_dtype):
   """[B, H, T, S] weights x [B, S, K, Dv] values -> [B, T, H, Dv] in out_dtype.
 
   Values with weight exactly 0 are skipped even when non-finite (0 * NaN would
   poison the row); a row with nonzero weight on a non-finite value is NaN.
   """
-  B, H, T, S = w_bhts.shape
+  B, H, T, S = w_BxHxTxS.shape
   _, _, K, Dv = v.shape
   G = H // K
-  w_bkgts = w_bhts.reshape(B, K, G, T, S)
-  v, bad_bk11s = _split_nonfinite(v)
-  poisoned_bkgt = jnp.any(bad_bk11s & (w_bkgts != 0), axis=-1)
+  w_BxKxGxTxS = w_BxHxTxS.reshape(B, K, G, T, S)
+  v, bad_BxKx1x1xS = _split_nonfinite(v)
+  poisoned_BxKxGxT = jnp.any(bad_BxKx1x1xS & (w_BxKxGxTxS != 0), axis=-1)
   # Weights go to v's dtype for the product (bf16 matmul on accelerators);
   # the sum accumulates in at least float32.
   acc_dtype = jnp.promote_types(v.dtype, jnp.float32)
-  out_btkgd = jnp.einsum('bkgts,bskd->btkgd', w_bkgts.astype(v.dtype), v,
+  out_BxTxKxGxDv = jnp.einsum('bkgts,bskd->btkgd', w_BxKxGxTxS.astype(v.dtype), v,
                          preferred_element_type=acc_dtype)
-  poisoned_btkg1 = jnp.transpose(poisoned_bkgt, (0, 3, 1, 2))[..., None]
-  out_btkgd = jnp.where(poisoned_btkg1, jnp.nan, out_btkgd)
-  return out_btkgd.reshape(B, T, H, Dv).astype(out_dtype)
+  poisoned_BxTxKxGx1 = jnp.transpose(poisoned_BxKxGxT, (0, 3, 1, 2))[..., None]
+  out_BxTxKxGxDv = jnp.where(poisoned_BxTxKxGx1, jnp.nan, out_BxTxKxGxDv)
+  return out_BxTxKxGxDv.reshape(B, T, H, Dv).astype(out_dtype)
 
 
 def _xla_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
-  w_bhts = _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
-  return _weighted_values(w_bhts, v, q.dtype)
+  w_BxHxTxS = _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
+  return _weighted_values(w_BxHxTxS, v, q.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -274,22 +278,22 @@ def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths
   block = min(chunk_size, S)
   num_blocks = -(-S // block)
   S_padded = num_blocks * block
-  q_btkgd = _grouped_queries(q, K)
+  q_BxTxKxGxD = _grouped_queries(q, K)
   # Non-finite keys and values are zeroed and flagged, as on the xla path.
-  k, bad_k_bk11s = _split_nonfinite(k)
-  v, bad_v_bk11s = _split_nonfinite(v)
+  k, bad_k_BxKx1x1xS = _split_nonfinite(k)
+  v, bad_v_BxKx1x1xS = _split_nonfinite(v)
   k_blocks, v_blocks = (_key_blocks(x, 1, S_padded, 0) for x in (k, v))  # [B, S, K, D]
   bad_k_blocks, bad_v_blocks = (_key_blocks(bad, -1, S_padded, False)  # [B, K, 1, 1, S]
-                                for bad in (bad_k_bk11s, bad_v_bk11s))
+                                for bad in (bad_k_BxKx1x1xS, bad_v_BxKx1x1xS))
   mask_blocks = None if mask is None else _key_blocks(_as_4d(mask), -1, S_padded, False)
   bias_blocks = None if bias is None else _key_blocks(_as_4d(bias), -1, S_padded, 0.0)
 
   def attend_block(carry, start):
-    m_bkgt, l_bkgt, acc_bkgtd, poisoned_bkgt = carry
-    k_bskd, v_bskd = k_blocks(start, block), v_blocks(start, block)
-    logits_bkgts = _scaled_scores(q_btkgd, k_bskd, bad_k_blocks(start, block), scale)
+    m_BxKxGxT, l_BxKxGxT, acc_BxKxGxTxDv, poisoned_BxKxGxT = carry
+    k_BxCxKxD, v_BxCxKxDv = k_blocks(start, block), v_blocks(start, block)
+    logits_BxKxGxTxC = _scaled_scores(q_BxTxKxGxD, k_BxCxKxD, bad_k_blocks(start, block), scale)
     if bias_blocks is not None:
-      logits_bkgts = logits_bkgts + _heads_split(bias_blocks(start, block), K, G).astype(
+      logits_BxKxGxTxC = logits_BxKxGxTxC + _heads_split(bias_blocks(start, block), K, G).astype(
           jnp.float32)
     # Key j of this block sits at position start + j: the position masks are
     # the whole-sequence ones with the queries shifted by -start.
@@ -304,31 +308,33 @@ def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths
         (_masks.padding_mask(lengths=jnp.reshape(S - start, (1,)), k_len=block)
          if S_padded > S else None))
     valid = None if valid is None else _heads_split(_as_4d(valid), K, G)
-    masked_bkgts = logits_bkgts if valid is None else jnp.where(valid, logits_bkgts, -jnp.inf)
+    masked_BxKxGxTxC = (logits_BxKxGxTxC if valid is None
+                        else jnp.where(valid, logits_BxKxGxTxC, -jnp.inf))
     # The result does not depend on m (it cancels in acc / l), so no gradient
     # flows through it; a row with no finite score yet keeps m = -inf and is
     # referenced to 0 so that exp() stays finite.
-    m_new = jax.lax.stop_gradient(jnp.maximum(m_bkgt, jnp.max(masked_bkgts, axis=-1)))
+    m_new = jax.lax.stop_gradient(jnp.maximum(m_BxKxGxT, jnp.max(masked_BxKxGxTxC, axis=-1)))
     reference = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    rescale = jnp.exp(m_bkgt - reference)
-    p_bkgts = jnp.exp(masked_bkgts - reference[..., None])
-    l_new = rescale * l_bkgt + jnp.sum(p_bkgts, axis=-1)
-    acc_new = rescale[..., None] * acc_bkgtd + jnp.einsum(
-        'bkgts,bskd->bkgtd', p_bkgts.astype(v.dtype), v_bskd,
+    rescale = jnp.exp(m_BxKxGxT - reference)
+    p_BxKxGxTxC = jnp.exp(masked_BxKxGxTxC - reference[..., None])
+    l_new = rescale * l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)
+    acc_new = rescale[..., None] * acc_BxKxGxTxDv + jnp.einsum(
+        'bkgts,bskd->bkgtd', p_BxKxGxTxC.astype(v.dtype), v_BxCxKxDv,
         preferred_element_type=jnp.promote_types(v.dtype, jnp.float32))
-    poisoned_new = poisoned_bkgt | jnp.any(bad_v_blocks(start, block) & (p_bkgts != 0), axis=-1)
+    poisoned_new = poisoned_BxKxGxT | jnp.any(
+        bad_v_blocks(start, block) & (p_BxKxGxTxC != 0), axis=-1)
     return (m_new, l_new, acc_new, poisoned_new), None
 
   init = (jnp.full((B, K, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
           jnp.zeros((B, K, G, T, Dv), jnp.promote_types(v.dtype, jnp.float32)),
           jnp.zeros((B, K, G, T), bool))
   starts = jnp.arange(num_blocks, dtype=jnp.int32) * block
-  (_, l_bkgt, acc_bkgtd, poisoned_bkgt), _ = jax.lax.scan(
+  (_, l_BxKxGxT, acc_BxKxGxTxDv, poisoned_BxKxGxT), _ = jax.lax.scan(
       jax.checkpoint(attend_block), init, starts)
   # A row with no allowed key has l = 0 and acc = 0: output 0.
-  out_bkgtd = acc_bkgtd / jnp.where(l_bkgt > 0, l_bkgt, 1.0)[..., None]
-  out_bkgtd = jnp.where(poisoned_bkgt[..., None], jnp.nan, out_bkgtd)
-  return jnp.transpose(out_bkgtd, (0, 3, 1, 2, 4)).reshape(B, T, H, Dv).astype(q.dtype)
+  out_BxKxGxTxDv = acc_BxKxGxTxDv / jnp.where(l_BxKxGxT > 0, l_BxKxGxT, 1.0)[..., None]
+  out_BxKxGxTxDv = jnp.where(poisoned_BxKxGxT[..., None], jnp.nan, out_BxKxGxTxDv)
+  return jnp.transpose(out_BxKxGxTxDv, (0, 3, 1, 2, 4)).reshape(B, T, H, Dv).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -387,9 +393,9 @@ def _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
   if kv_lengths is not None:
     # The kernel multiplies padded keys' values by weight 0, so a NaN there
     # would reach every row; padding is known per key, so zero it (cheap).
-    keep_b1s11 = (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, :, None, None]
-    k = jnp.where(keep_b1s11, k, jnp.zeros((), k.dtype))
-    v = jnp.where(keep_b1s11, v, jnp.zeros((), v.dtype))
+    keep_BxSx1x1 = (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, :, None, None]
+    k = jnp.where(keep_BxSx1x1, k, jnp.zeros((), k.dtype))
+    v = jnp.where(keep_BxSx1x1, v, jnp.zeros((), v.dtype))
   local_window_size = None
   if window is not None:
     if window == 1:
