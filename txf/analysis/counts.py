@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import layers, models
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
 # The LSTM family's components: its layers are 'recurrent'.
@@ -56,7 +56,7 @@ def module_components(cfg: ModelConfig | Mapping[str, Any]) -> dict[tuple[str, .
   class as it is called.
   """
   cfg = _as_model_config(cfg)
-  components = {}
+  components: dict[tuple[str, ...], str] = {}
 
   def record(next_fun, args, kwargs, context):
     if context.method_name == "__call__":
@@ -133,7 +133,7 @@ def _as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
 
 def _attention_matmul_params(cfg: ModelConfig) -> int:
   """Weights of q, k, v and out: D*H*Dh + 2*D*K*Dh + H*Dh*D."""
-  return cfg.d_model * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  return cfg.d_model * derived(cfg.head_dim) * (2 * cfg.num_heads + 2 * derived(cfg.num_kv_heads))
 
 
 def _lstm_matmul_params(cfg: ModelConfig) -> int:
@@ -144,7 +144,7 @@ def _lstm_matmul_params(cfg: ModelConfig) -> int:
 def _ffn_matmul_params(cfg: ModelConfig) -> int:
   """Weights of wi (and gate) and wo: (2 or 3) * D * F."""
   gated = cfg.activation in ("swiglu", "geglu")
-  return (3 if gated else 2) * cfg.d_model * cfg.d_ff
+  return (3 if gated else 2) * cfg.d_model * derived(cfg.d_ff)
 
 
 def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
@@ -164,7 +164,7 @@ def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
   layer = _attention_matmul_params(cfg) + _ffn_matmul_params(cfg)
   stacks = cfg.num_layers * layer
   if cfg.family == "encoder_decoder":
-    stacks += cfg.num_decoder_layers * (layer + _attention_matmul_params(cfg))
+    stacks += derived(cfg.num_decoder_layers) * (layer + _attention_matmul_params(cfg))
   vocab_projection = cfg.d_model * cfg.vocab_size
   head = {"lm": vocab_projection,
           "mlm": cfg.d_model * cfg.d_model + vocab_projection,  # transform, projection
@@ -207,10 +207,10 @@ def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float
   cfg = _as_model_config(cfg)
   if cfg.family == "lstm":
     return 6.0 * matmul_params(cfg)
-  attention_width = cfg.num_heads * cfg.head_dim
+  attention_width = cfg.num_heads * derived(cfg.head_dim)
   attention_layers = cfg.num_layers
   if cfg.family == "encoder_decoder":  # the only family with num_decoder_layers
-    attention_layers += 2 * cfg.num_decoder_layers  # self- and cross-attention
+    attention_layers += 2 * derived(cfg.num_decoder_layers)  # self- and cross-attention
   flops = 6.0 * matmul_params(cfg) + 12.0 * attention_layers * attention_width * seq_len
   if cfg.head == "classify":
     flops += 6.0 * cfg.d_model * cfg.num_classes / seq_len

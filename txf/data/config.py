@@ -7,7 +7,7 @@ the table in txf/data/__init__.py.
 """
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from txf import checks
 from txf.data import listops
@@ -71,6 +71,16 @@ class DataSpec:
   # The data order's seed (shuffling, masking, generated examples); None:
   # the run's `seed`. Seed replicas (config `replicas`) share the run's.
   seed: int | None = None
+
+
+T = TypeVar('T')
+
+
+def required(value: T | None) -> T:
+  """A DataSpec field the dataset uses, which read_data_config has set (it
+  leaves None only the fields a dataset does not use), typed without the None."""
+  assert value is not None, 'a DataSpec field read for a dataset that does not use it'
+  return value
 
 
 def is_tfds(name: Any) -> bool:

@@ -30,9 +30,11 @@ Rows are drawn from generators keyed by (seed, split, step, row)
 (txf.data.seeding), so batches are deterministic and splits differ.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from txf.data.config import read_data_config
+from txf.data.config import read_data_config, required
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SymbolTokenizer
 
@@ -83,7 +85,7 @@ def mqar_row(rng: np.random.Generator, length: int, num_symbols: int, num_pairs:
   return row, queries
 
 
-def lm_arrays(rows: list[np.ndarray], weights: list[np.ndarray]) -> dict[str, np.ndarray]:
+def lm_arrays(rows: Sequence[np.ndarray], weights: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
   """The lm batch of rows int [seq_len + 1] and their target weights [seq_len].
 
   Returns inputs, targets int32 [R, seq_len] and weights float32 [R, seq_len].
@@ -140,4 +142,4 @@ def repeat_periods(data_config) -> range:
   spec = read_data_config(data_config)
   if spec.name != 'induction':
     return range(0)
-  return range(spec.min_example_len, spec.max_example_len + 1)
+  return range(required(spec.min_example_len), required(spec.max_example_len) + 1)

@@ -39,7 +39,7 @@ def _median(values: Sequence[int]) -> int:
   return (ordered[middle - 1] + ordered[middle]) // 2
 
 
-_APPLY = {
+_APPLY: dict[str, Callable[[list[int]], int]] = {
     '[MAX': max,
     '[MIN': min,
     '[MED': _median,
@@ -61,8 +61,8 @@ def longest_expression(max_depth: int) -> int:
 
 def evaluate(tokens: Sequence[str]) -> int:
   """Value of an expression given as its tokens; ValueError if malformed."""
-  arguments = [[]]  # values gathered at each open level; [0]: the top level
-  operators = []
+  arguments: list[list[int]] = [[]]  # values gathered at each open level; [0]: the top level
+  operators: list[str] = []
   for token in tokens:
     if token in _APPLY:
       operators.append(token)

@@ -55,7 +55,8 @@ class LanguageModelSource:
     else:
       self._batches_per_epoch = math.ceil(num_examples / batch_size)
       self.num_batches = self._batches_per_epoch
-    self._order_cache = (None, None)  # (epoch, order)
+    # (epoch, its order); no epoch yet.
+    self._order_cache: tuple[int | None, np.ndarray] = (None, np.empty(0, int))
 
   def _order(self, epoch: int) -> np.ndarray:
     """Example ids of the epoch's batches, int [batches * B]; -1 pads."""

@@ -244,20 +244,25 @@ class PackedDataset(Dataset):
         process_count=process_count, read_threads=spec.read_threads,
         # An evaluation restarts at every iter(): not worth starting workers.
         read_workers=spec.read_workers if split == 'train' else 0)
-    super().__init__(stream, spec=spec, split=split, tokenizer=tokenizer,
+    # Not a Source (it is iterated, not indexed by step): this class overrides
+    # every method of Dataset that reads the source's batches or state.
+    super().__init__(stream,  # type: ignore[arg-type]
+                     spec=spec, split=split, tokenizer=tokenizer,
                      process_index=process_index, process_count=process_count,
                      num_batches=num_batches, description=description)
     self._process = (process_index, process_count)
     self._workers = spec.read_workers if split == 'train' else 0
     self._masker = masker
     self._segmented = not spec.attend_across_documents
-    self._iterator = None
+    self._stream = stream
+    self._iterator: Any = None  # a Grain DatasetIterator over the stream's windows
+    self._closer: weakref.finalize  # closes it; set with it (_restart)
     self._exhausted = False
 
   def _restart(self) -> None:
     if self._iterator is not None:
       self._closer()  # stops its threads and worker processes
-    self._iterator, self._exhausted, self._step = iter(self._source.windows), False, 0
+    self._iterator, self._exhausted, self._step = iter(self._stream.windows), False, 0
     # Also closed when the dataset is collected or the program exits, before
     # the interpreter tears down what Grain's cleanup needs.
     self._closer = weakref.finalize(self, self._iterator.close)
@@ -294,7 +299,7 @@ class PackedDataset(Dataset):
   def _padded(self, windows: Mapping[str, np.ndarray]) -> np.ndarray:
     """The windows' tokens ({} after the pass: none) with all-padding rows
     (0) up to the batch size, int32 [B, window_len]."""
-    tokens = windows.get(TOKENS, np.zeros((0, self._source.window_len), np.int32))
+    tokens = windows.get(TOKENS, np.zeros((0, self._stream.window_len), np.int32))
     return np.pad(tokens, ((0, self.batch_size - len(tokens)), (0, 0)))
 
   def _batch(self, windows_BxW: np.ndarray) -> dict[str, np.ndarray]:

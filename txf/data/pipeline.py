@@ -8,7 +8,15 @@ from etils import epath
 
 from txf import checks
 from txf.data import corpus, files, incontext, listops, synthetic, tfds_source
-from txf.data.config import FILES_PREFIX, INCONTEXT, DataSpec, is_files, is_tfds, read_data_config
+from txf.data.config import (
+  FILES_PREFIX,
+  INCONTEXT,
+  DataSpec,
+  is_files,
+  is_tfds,
+  read_data_config,
+  required,
+)
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
 from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
@@ -19,7 +27,10 @@ SENTENCEPIECE_TRAIN_BYTES = 2_000_000
 
 class Source(Protocol):
   """What Dataset needs: global batches as a pure function of the step."""
-  num_batches: int | None  # batches available; None: unbounded
+
+  @property
+  def num_batches(self) -> int | None: ...  # batches available; None: unbounded
+
 
   def batch(self, step: int, rows: range) -> dict[str, np.ndarray]: ...
   def state_at(self, step: int) -> dict[str, int]: ...
@@ -112,7 +123,7 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
   if spec.tokenizer == 'bytes':
     return ByteTokenizer()
   if spec.tokenizer == 'hf':
-    return HFTokenizer(spec.tokenizer_path)
+    return HFTokenizer(required(spec.tokenizer_path))
   if workdir is None:
     raise ValueError("workdir is required for data.tokenizer='sentencepiece' "
                      '(the model is trained into it once, then reused)')
@@ -128,7 +139,7 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
     texts = _text_files(spec).load('train', max_bytes=max_bytes)
   else:
     texts = tfds_source.training_texts(spec, max_bytes)
-  return SentencePieceTokenizer.train(texts, spec.sp_vocab_size, prefix)
+  return SentencePieceTokenizer.train(texts, required(spec.sp_vocab_size), prefix)
 
 
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
@@ -137,7 +148,7 @@ def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   if spec.name == 'listops':
     return listops.listops_tokenizer()
   if spec.name in INCONTEXT:
-    return incontext.symbol_tokenizer(spec.num_symbols)
+    return incontext.symbol_tokenizer(required(spec.num_symbols))
   return synthetic.seq2seq_tokenizer(spec.name)
 
 
@@ -156,8 +167,11 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None
 def _masker(spec: DataSpec, seed: int, tokenizer: Tokenizer) -> BertMasker | None:
   if spec.task != 'mlm':
     return None
+  if tokenizer.mask_id is None:  # an HF tokenizer.json without one
+    raise ValueError(f"data.task='mlm' needs a mask token; the tokenizer "
+                     f"{spec.tokenizer_path or spec.tokenizer!r} has none")
   return BertMasker(
-      probability=spec.mlm_probability, mask_id=tokenizer.mask_id,
+      probability=required(spec.mlm_probability), mask_id=tokenizer.mask_id,
       vocab_size=tokenizer.vocab_size, special_ids=tokenizer.special_ids,
       seed=seed)
 
@@ -176,7 +190,7 @@ def _translation_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokeni
                         ) -> tfds_source.TranslationSource:
   return tfds_source.TranslationSource(
       tfds_source.open_split(spec, split),
-      keys=(spec.tfds_source_key, spec.tfds_target_key),
+      keys=(required(spec.tfds_source_key), required(spec.tfds_target_key)),
       tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
       seed=seed, shuffle=split == 'train')
 
@@ -185,18 +199,19 @@ def _generated_source(spec: DataSpec, split: str, seed: int
                       ) -> synthetic.GeneratedSource:
   if spec.name == 'listops':
     return listops.ListOpsSource(
-        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_example_len,
-        max_len=spec.max_example_len, max_depth=spec.listops_max_depth)
+        seed=seed, split=split, seq_len=spec.seq_len, min_len=required(spec.min_example_len),
+        max_len=required(spec.max_example_len), max_depth=required(spec.listops_max_depth))
   if spec.name == 'induction':
     return incontext.InductionSource(
-        seed=seed, split=split, seq_len=spec.seq_len, num_symbols=spec.num_symbols,
-        min_period=spec.min_example_len, max_period=spec.max_example_len)
+        seed=seed, split=split, seq_len=spec.seq_len, num_symbols=required(spec.num_symbols),
+        min_period=required(spec.min_example_len), max_period=required(spec.max_example_len))
   if spec.name == 'mqar':
     return incontext.MQARSource(seed=seed, split=split, seq_len=spec.seq_len,
-                                num_symbols=spec.num_symbols, num_pairs=spec.num_kv_pairs)
+                                num_symbols=required(spec.num_symbols),
+                                num_pairs=required(spec.num_kv_pairs))
   return synthetic.Seq2SeqSource(
       spec.name, seed=seed, split=split, seq_len=spec.seq_len,
-      min_len=spec.min_example_len, max_len=spec.max_example_len)
+      min_len=required(spec.min_example_len), max_len=required(spec.max_example_len))
 
 
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
@@ -260,14 +275,16 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
                      f'generated task data.name={spec.name!r}')
 
   tokenizer = _tokenizer(spec, workdir)
-  common = dict(spec=spec, split=split, tokenizer=tokenizer, process_index=process_index,
-                process_count=process_count, num_batches=num_batches,
-                description=_description(spec, tokenizer))
+  common: dict[str, Any] = dict(
+      spec=spec, split=split, tokenizer=tokenizer, process_index=process_index,
+      process_count=process_count, num_batches=num_batches,
+      description=_description(spec, tokenizer))
   if is_tfds(spec.name) and spec.task != 'seq2seq':
     # Imported here: packed.py builds on this module's Dataset.
     from txf.data import packed
     return packed.PackedDataset(tfds_source.open_split(spec, split), seed=seed,
                                 masker=_masker(spec, seed, tokenizer), **common)
+  source: Source
   if spec.name == 'pystdlib':
     source = _lm_source(
         spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes),

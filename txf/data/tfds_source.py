@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from txf.data.config import TFDS_PREFIX, DataSpec
+from txf.data.config import TFDS_PREFIX, DataSpec, required
 from txf.data.synthetic import seq2seq_arrays
 from txf.data.tokenizers import Tokenizer
 
@@ -42,9 +42,9 @@ def dataset_name(spec: DataSpec) -> str:
 def feature_keys(spec: DataSpec) -> dict[str, str]:
   """Config field -> the feature key it names, for the keys spec.task reads."""
   if spec.task == 'seq2seq':
-    return {'tfds_source_key': spec.tfds_source_key,
-            'tfds_target_key': spec.tfds_target_key}
-  return {'tfds_text_key': spec.tfds_text_key}
+    return {'tfds_source_key': required(spec.tfds_source_key),
+            'tfds_target_key': required(spec.tfds_target_key)}
+  return {'tfds_text_key': required(spec.tfds_text_key)}
 
 
 def _preparation_hint(spec: DataSpec, data_dir: str) -> str:

@@ -226,12 +226,13 @@ class HFTokenizer(Tokenizer):
     self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
     roles = self._special_tokens(file.parent)
     found = {role: self._token_id(file, role, token) for role, token in roles.items()}
-    self.eos_id = found.get('eos', found.get('sep'))
-    self.pad_id = found.get('pad', self.eos_id)
-    self.bos_id = found.get('bos', found.get('cls', self.pad_id))
-    if self.pad_id is None or self.eos_id is None:
+    eos_id = found.get('eos', found.get('sep'))
+    pad_id = found.get('pad', eos_id)
+    if pad_id is None or eos_id is None:
       raise ValueError(f'{file}: names no eos (or sep) token; txf needs one to separate '
                        'documents (tokenizer_config.json: eos_token)')
+    self.eos_id, self.pad_id = eos_id, pad_id
+    self.bos_id = found.get('bos', found.get('cls', pad_id))
     self.mask_id = found.get('mask')
     self.unk_id = found.get('unk')
     added = json.loads(file.read_text()).get('added_tokens') or []

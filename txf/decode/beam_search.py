@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,11 @@ from txf.decode.prompts import check_search, prompt_lengths, restore_padding_sid
 Array = jax.Array
 
 
-def length_penalty_factor(length: Array, alpha: float | Array) -> Array:
+@overload
+def length_penalty_factor(length: Array, alpha: float | Array) -> Array: ...
+@overload
+def length_penalty_factor(length: int, alpha: float | Array) -> Array | float: ...
+def length_penalty_factor(length: Array | int, alpha: float | Array) -> Array | float:
   """GNMT length normalisation ((5 + length) / 6) ** alpha (Wu et al. 2016)."""
   return ((5.0 + length) / 6.0) ** alpha
 
@@ -95,7 +99,8 @@ def _beam_init(tokens_BxT: Array, num_beams: int, position: Array, cache: Cache)
                    finished_scores_BxK=jnp.full((batch_size, num_beams), -jnp.inf), cache=cache)
 
 
-def _search_continues(state: BeamState, total_len: int, max_length_factor: Array) -> Array:
+def _search_continues(state: BeamState, total_len: int, max_length_factor: Array | float
+                      ) -> Array:
   """Whether columns remain and some live beam can still beat its example's
   worst finished one (its best possible score is its log-prob over the
   longest length's factor, as length_penalty >= 0)."""

@@ -81,7 +81,7 @@ def init_cache(model: nn.Module, batch_size: int, cache_len: int, *,
                      "inputs (their length sizes the cross-attention keys/values)")
   if not is_seq2seq and encoder_tokens is not None:
     raise ValueError("init_cache: encoder_tokens only apply to family='encoder_decoder'")
-  encoder_len = encoder_tokens.shape[1] if is_seq2seq else 0
+  encoder_len = 0 if encoder_tokens is None else encoder_tokens.shape[1]  # None <=> not seq2seq
   shapes = _cache_shapes(model, batch_size, cache_len, encoder_len)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -171,8 +171,9 @@ def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array
     self-attention part of the cache per beam (with `cache_batch_axes`).
   """
   batch_size = encoder_tokens_BxS.shape[0]
-  encoded_BxSxD, encoder_mask = model.apply({"params": params}, encoder_tokens_BxS,
-                                            method="encode")
+  # Any: flax types apply's result as the output or (output, mutated variables).
+  encoded: Any = model.apply({"params": params}, encoder_tokens_BxS, method="encode")
+  encoded_BxSxD, encoder_mask = encoded
   cache = init_cache(model, batch_size, cache_len, encoder_tokens=encoder_tokens_BxS)
   if not cache_cross_attention:
     # Each step projects the encoding again (and stores the result over the

@@ -42,11 +42,12 @@ def _checked_prompts(model: nn.Module, prompt_BxP: Array | None,
     raise ValueError("generate: encoder_tokens_BxS: an encoder_decoder needs encoder inputs")
   if not is_seq2seq and encoder_tokens_BxS is not None:
     raise ValueError("generate: encoder_tokens_BxS only apply to family='encoder_decoder'")
+  # From here encoder_tokens_BxS is None exactly when the model is not seq2seq.
   if prompt_BxP is None:
-    if not is_seq2seq:
+    if encoder_tokens_BxS is None:
       raise ValueError("generate: prompt_BxP: a decoder needs prompts")
     prompt_BxP = jnp.full((encoder_tokens_BxS.shape[0], 1), bos_id, jnp.int32)
-  if is_seq2seq and encoder_tokens_BxS.shape[0] != prompt_BxP.shape[0]:
+  if encoder_tokens_BxS is not None and encoder_tokens_BxS.shape[0] != prompt_BxP.shape[0]:
     raise ValueError(f"generate: encoder_tokens_BxS has {encoder_tokens_BxS.shape[0]} rows, "
                      f"prompt_BxP {prompt_BxP.shape[0]}")
   return prompt_BxP
@@ -119,7 +120,7 @@ def build_generate(*, cache_cross_attention: bool = True,
                top_p: float = 1.0, eos_id: int | None = None, num_beams: int = 1,
                length_penalty: float | Array = 0.6, return_beams: bool = False,
                prompt_lengths_B: Array | None = None, padding_side: str = "right",
-               bos_id: int = 1) -> Array | tuple[Array, Array]:
+               bos_id: int = 1) -> Array | tuple[Array, Array] | jax.stages.Lowered:
     """Continues prompts with a decoder or an encoder-decoder (jitted; compiles
     once per shape and static option).
 

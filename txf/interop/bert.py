@@ -18,7 +18,7 @@ import numpy as np
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 ARCHITECTURES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
                  "RobertaModel": "none", "RobertaForMaskedLM": "mlm"}
@@ -116,7 +116,8 @@ def _position_rule(hf: str, txf: str, max_len: int, offset: int, d_model: int) -
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Encoder module tree."""
-  p, D, H, Dh, F = prefix(architecture), cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff
+  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  Dh, F = derived(cfg.head_dim), derived(cfg.d_ff)
   offset = _position_offset(architecture, cfg.pad_id)
   found = [same(f"{p}embeddings.word_embeddings.weight", "embedder/token/embedding",
                 (cfg.vocab_size, D)),
@@ -166,7 +167,7 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   if cfg.num_token_types < 1:
     raise CheckpointError(f"model.num_token_types: 0 cannot be written as {architecture} "
                           "(its embedding always adds token type 0)")
-  if cfg.num_heads * cfg.head_dim != cfg.d_model:
+  if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
     raise CheckpointError(f"model.head_dim: {cfg.head_dim} x {cfg.num_heads} heads must equal "
                           f"model.d_model={cfg.d_model} for {architecture}")
   return {

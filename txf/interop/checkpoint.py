@@ -81,7 +81,7 @@ class Pretrained:
 
 def _family(hf: Mapping[str, Any]) -> tuple[ModuleType, str]:
   """The family module and architecture of a config.json."""
-  architectures = hf.get("architectures") or [DEFAULT_ARCHITECTURES.get(hf.get("model_type"))]
+  architectures = hf.get("architectures") or [DEFAULT_ARCHITECTURES.get(hf.get("model_type", ""))]
   for architecture in architectures:
     for family in FAMILIES:
       if architecture in family.ARCHITECTURES:

@@ -16,7 +16,7 @@ import numpy as np
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import Rule, linear, norm, same
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 ARCHITECTURES = {"GPT2Model": "none", "GPT2LMHeadModel": "lm"}
 HEAD_ROOTS = ("lm_head",)
@@ -90,7 +90,8 @@ def _fused_qkv(hf: str, txf: str, d_model: int, num_heads: int, head_dim: int) -
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Decoder module tree."""
-  p, D, H, Dh, F = prefix(architecture), cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff
+  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  Dh, F = derived(cfg.head_dim), derived(cfg.d_ff)
   found = [same(f"{p}wte.weight", "embedder/token/embedding", (cfg.vocab_size, D)),
            same(f"{p}wpe.weight", "embedder/position_table", (cfg.max_len, D))]
   for i in range(cfg.num_layers):
@@ -120,7 +121,7 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   hf_config.require_plain_attention(cfg, architecture)
   if cfg.head == "lm":
     hf_config.require(cfg, architecture, scale_logits=False)
-  if cfg.num_heads * cfg.head_dim != cfg.d_model:
+  if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
     hf_config.require(cfg, architecture, head_dim=cfg.d_model // cfg.num_heads)
   return {
       "architectures": [architecture], "model_type": "gpt2", "vocab_size": cfg.vocab_size,

@@ -23,7 +23,7 @@ from typing import Any
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "lm"}
 HEAD_ROOTS = ("lm_head",)
@@ -99,7 +99,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
 
 
 def _attention(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
-  D, H, Dh = cfg.d_model, cfg.num_heads, cfg.head_dim
+  D, H, Dh = cfg.d_model, cfg.num_heads, derived(cfg.head_dim)
   found = []
   for name, txf_name in (("q", "query"), ("k", "key"), ("v", "value")):
     found += linear(f"{hf}.{name}", f"{txf}/{txf_name}", (D,), (H, Dh), bias=False)
@@ -107,7 +107,7 @@ def _attention(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
 
 
 def _ffn(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
-  D, F = cfg.d_model, cfg.d_ff
+  D, F = cfg.d_model, derived(cfg.d_ff)
   if cfg.activation in ("geglu", "swiglu"):
     # T5: act(wi_0 x) * wi_1 x; txf: act(gate x) * wi x.
     inputs = linear(f"{hf}.wi_0", f"{txf}/gate", (D,), (F,), bias=False) + linear(
@@ -140,7 +140,7 @@ def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   del architecture
   found = [same("shared.weight", "encoder_embedder/token/embedding", (cfg.vocab_size, cfg.d_model))]
   found += _stack("encoder", cfg, cfg.num_layers, decoder=False)
-  found += _stack("decoder", cfg, cfg.num_decoder_layers, decoder=True)
+  found += _stack("decoder", cfg, derived(cfg.num_decoder_layers), decoder=True)
   if not cfg.tie_embeddings:
     found += linear("lm_head", "head/logits", (cfg.d_model,), (cfg.vocab_size,), bias=False)
   return found

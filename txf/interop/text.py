@@ -57,8 +57,9 @@ def sentence_embeddings(model: nn.Module, params: Any, tokens_BxT: jax.Array, *,
   if cfg.family != "encoder" or cfg.head != "none":
     raise ValueError(f"model.head: sentence embeddings need an encoder with head='none', "
                      f"got family={cfg.family!r}, head={cfg.head!r}")
-  kwargs = {} if token_types_BxT is None else dict(token_types_BxS=token_types_BxT)
-  hidden_BxTxD = model.apply({"params": params}, tokens_BxT, **kwargs)
+  kwargs: dict[str, Any] = {} if token_types_BxT is None else dict(token_types_BxS=token_types_BxT)
+  # Any: flax types apply's result as the output or (output, mutated variables).
+  hidden_BxTxD: Any = model.apply({"params": params}, tokens_BxT, **kwargs)
   return pool_sentences(hidden_BxTxD, jnp.asarray(tokens_BxT) != cfg.pad_id, pooling=pooling,
                         normalize=normalize)
 

@@ -127,7 +127,7 @@ class MultiHeadAttention(nn.Module):
     out_BxTxHxDh = self._attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias,
                                 deterministic=deterministic, **masking)
     if self.has_variable(HEAD_MASK, "mask"):
-      mask_H = self.get_variable(HEAD_MASK, "mask")
+      mask_H: Array = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
     d_model = x_BxTxD.shape[-1]
     return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,

@@ -9,6 +9,7 @@ stack-wide T5 relative-bias table and, for Pre-LN, a final norm.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 
 from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
-from txf.layers.config import DEFAULTS, ModelConfig
+from txf.layers.config import DEFAULTS, ModelConfig, derived
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
@@ -58,7 +59,7 @@ class TransformerBlock(nn.Module):
     cfg = self.cfg
     dtype = compute_dtype(cfg)
     attention = lambda name, causal, position: MultiHeadAttention(
-        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=derived(cfg.head_dim),
         position=position, causal=causal, bidirectional_bias=not causal,
         window=cfg.window if name == "self_attention" else None,
         rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
@@ -77,7 +78,7 @@ class TransformerBlock(nn.Module):
       x_BxTxD = self._residual("cross_attention", x_BxTxD, lambda h: cross_attention(
           h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
           deterministic=self.deterministic, use_cache=self.use_cache))
-    ffn = FeedForward(cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
+    ffn = FeedForward(derived(cfg.d_ff), cfg.activation, use_bias=cfg.use_bias,
                       dropout_rate=cfg.dropout_rate, dtype=dtype,
                       gelu_approximate=cfg.gelu_approximate, name="ffn")
     x_BxTxD = self._residual("ffn", x_BxTxD,
@@ -139,8 +140,8 @@ class TransformerStack(nn.Module):
       block = nn.remat(block, prevent_cse=not cfg.scan_layers)
     block_args = (x_BxTxD, q_positions_BxT, self_mask, relative_table, cache_index,
                   cross_x_BxSxD, cross_mask)
-    block_attrs = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
-                       deterministic=deterministic, use_cache=use_cache)
+    block_attrs: dict[str, Any] = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
+                                       deterministic=deterministic, use_cache=use_cache)
     if cfg.scan_layers:
       scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
                                               HEAD_MASK: 0},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from txf import checks
 from txf.layers import positions
@@ -116,8 +116,10 @@ class ModelConfig:
       raise ValueError(f"model.{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
     return cls(**items)
 
-  def __post_init__(self):
-    # frozen: only __post_init__ may set; not a field, so equality ignores it.
+  def __post_init__(self) -> None:
+    # The derived fields given explicitly. frozen: only __post_init__ may set;
+    # not a field, so equality ignores it (declared here, not in the class body).
+    self._explicit: frozenset[str]
     object.__setattr__(self, "_explicit", frozenset(
         name for name in DERIVED_FIELDS if getattr(self, name) is not None))
     for name, choices in CHOICES.items():
@@ -220,6 +222,16 @@ class ModelConfig:
     from the new fields (replace(d_model=256) doubles a derived d_ff)."""
     rederived = {name: None for name in DERIVED_FIELDS if name not in self._explicit}
     return dataclasses.replace(self, **{**rederived, **changes})
+
+
+T = TypeVar("T")
+
+
+def derived(value: T | None) -> T:
+  """A derived field (DERIVED_FIELDS) of a Transformer config, which
+  __post_init__ has filled (never None there), typed without the None."""
+  assert value is not None, "a derived ModelConfig field read on an LSTM config"
+  return value
 
 
 # The one source of defaults: a layer's attributes that repeat a model field

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.layers import positions
-from txf.layers.config import DEFAULTS
+from txf.layers.config import DEFAULTS, derived
 from txf.layers.norm import Norm
 
 
@@ -48,7 +48,7 @@ class Embedder(nn.Module):
   num_token_types: int = DEFAULTS.num_token_types
   norm: str | None = None
   norm_eps: float = DEFAULTS.norm_eps
-  scale_logits: bool = DEFAULTS.scale_logits
+  scale_logits: bool = derived(DEFAULTS.scale_logits)
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -75,9 +75,11 @@ class Embedder(nn.Module):
     if self.norm is not None:
       self.embed_norm = Norm(self.norm, self.norm_eps, self.dtype)
 
-  def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+  def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None,
                token_types_BxT: jax.Array | None = None) -> jax.Array:
     """tokens [B, T] int, positions [B|1, T], token types [B, T] int -> [B, T, D].
+
+    positions may be None where the encoding adds no embedding (rope, alibi, none, ...).
 
     Token ids must lie in [0, vocab_size) and token types in
     [0, num_token_types): concrete ids outside raise ValueError. Under jit the
@@ -90,6 +92,7 @@ class Embedder(nn.Module):
     x_BxTxD = self.token(tokens_BxT)
     check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
     if self.encoding.embed is not None:
+      assert positions_BxT is not None, f"model.position={self.position!r} needs positions"
       table_LxD = self.position_table if self.encoding.table == "absolute" else None
       x_BxTxD = x_BxTxD + self.encoding.embed(self, positions_BxT, table_LxD).astype(self.dtype)
     if self.num_token_types:
@@ -153,11 +156,12 @@ class RelativePositionTable(nn.Module):
 
   @nn.compact
   def __call__(self) -> jax.Array:
-    return self.param("table",
-                      nn.with_logical_partitioning(
-                          nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                          (None, "heads")),
-                      (self.num_buckets, self.num_heads), jnp.float32)
+    # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
+    return cast(jax.Array, self.param(
+        "table",
+        nn.with_logical_partitioning(
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), (None, "heads")),
+        (self.num_buckets, self.num_heads), jnp.float32))
 
 
 class Positions(nn.Module):

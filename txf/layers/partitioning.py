@@ -9,11 +9,18 @@ dimension never split; `nn.scan` over layers prepends 'layers'.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import flax.linen as nn
 
 Axes = Sequence[str | None]
+
+
+class ProjectionInits(TypedDict):
+  """The `kernel_init` and `bias_init` keyword arguments of a flax Dense layer."""
+  kernel_init: Callable[..., Any]
+  bias_init: Callable[..., Any]
 
 
 def _reshaped(init: nn.initializers.Initializer,
@@ -25,7 +32,7 @@ def _reshaped(init: nn.initializers.Initializer,
 
 
 def projection_inits(in_axes: Axes, out_axes: Axes, kernel_shape: tuple[int, ...] | None = None
-                     ) -> dict[str, nn.initializers.Initializer]:
+                     ) -> ProjectionInits:
   """`kernel_init` (Glorot uniform) and `bias_init` (zeros) of a projection.
 
   The kernel's axes are `in_axes + out_axes` (the contracted dimensions, then
@@ -39,7 +46,7 @@ def projection_inits(in_axes: Axes, out_axes: Axes, kernel_shape: tuple[int, ...
   those of the flattened kernel), the boxes always fit their axes.
   """
   bias_shape = None if kernel_shape is None else tuple(kernel_shape[len(in_axes):])
-  return dict(
+  return ProjectionInits(
       kernel_init=nn.with_logical_partitioning(
           _reshaped(nn.initializers.xavier_uniform(), kernel_shape), (*in_axes, *out_axes)),
       bias_init=nn.with_logical_partitioning(

@@ -54,9 +54,11 @@ class PositionEncoding:
   """
 
   contributes: str
-  embed: Callable[[Any, Array, Array | None], Array] | None = None
+  # The table argument is an Array when `table` is set and None when it is
+  # not, so each function declares one or the other: Any here.
+  embed: Callable[[Any, Array, Any], Array] | None = None
   rotate: Callable[[Any, Array, Array], Array] | None = None
-  bias: Callable[[Any, Array, Array, Array | None], Array] | None = None
+  bias: Callable[[Any, Array, Array, Any], Array] | None = None
   table: str | None = None
   even: str | None = None
 

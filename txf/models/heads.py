@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -56,8 +58,10 @@ class MaskedLMHead(nn.Module):
     h_BxTxD = jax.nn.gelu(h_BxTxD, approximate=cfg.gelu_approximate)
     h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(h_BxTxD)
     logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
-    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                        (cfg.vocab_size,), jnp.float32)
+    # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
+    bias_V = cast(jax.Array, self.param(
+        "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+        (cfg.vocab_size,), jnp.float32))
     return logits_BxTxV + bias_V
 
 

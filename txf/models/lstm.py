@@ -26,6 +26,9 @@ does not grow with the length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypedDict
+
 import flax.linen as nn
 import jax
 
@@ -37,11 +40,18 @@ from txf.models.heads import LMHead
 Array = jax.Array
 
 
-def _cell_inits() -> dict[str, nn.initializers.Initializer]:
+class _CellInits(TypedDict):
+  """The initializer keyword arguments of nn.OptimizedLSTMCell."""
+  kernel_init: Callable[..., Any]
+  recurrent_kernel_init: Callable[..., Any]
+  bias_init: Callable[..., Any]
+
+
+def _cell_inits() -> _CellInits:
   """flax's LSTM initializers (LeCun normal inputs, orthogonal recurrence, zero
   biases) with logical axes: kernels [in, D] are (embed, mlp), biases (mlp,)."""
   axes = ("embed", "mlp")
-  return dict(
+  return _CellInits(
       kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
       recurrent_kernel_init=nn.with_logical_partitioning(nn.initializers.orthogonal(), axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)))

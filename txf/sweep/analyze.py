@@ -197,7 +197,7 @@ def _eval_loss_sums(task: str):
 
 def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict[str, dict]:
   """{kind: {role: ['L<l>H<h>', ...]}} of the causal kinds (`head_roles`)."""
-  named = {}
+  named: dict[str, dict] = {}
   for kind, kind_scores in scores.items():
     if np.all(np.isnan(kind_scores["induction"])):
       continue
@@ -277,8 +277,9 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   causal = [kind for kind in shapes if _is_causal(setup, kind)]
   if ablate is not None and not causal:
     raise ValueError("ablate: the model has no causal self-attention to ablate")
-  ids = _probe_ids(setup, causal[0], batches) if causal else None
+  ids = None
   if causal:
+    ids = _probe_ids(setup, causal[0], batches)
     periods = _probe_periods(setup, _query_tokens(first, causal[0]).shape[1], len(ids), periods)
   if ablate is not None:
     parse_heads(ablate, *shapes[causal[0]])  # a bad spec fails before the model runs
@@ -299,7 +300,8 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
       _plot_sample(setup, kind, layers, first, path, run.step)
       files.append(path)
       induction = {period: (_induction(setup, maps_fn, params, first, kind, period, seed, ids)
-                            if kind in causal else np.full((num_layers, num_heads), np.nan))
+                            if kind in causal and ids is not None  # ids: None <=> no causal kind
+                            else np.full((num_layers, num_heads), np.nan))
                    for period in periods or ()}
       scores[kind] = {**_attention_scores(setup, kind, layers, first, induction),
                       "ablation_delta_loss": head_ablation(loss_fns[kind], num_layers,
@@ -309,7 +311,7 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
       metric_fns = ablation_metric_fns(setup.model, params, device_batches,
                                        _eval_sums(setup.task))
       group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]])
-  roles = _roles(scores, periods) if causal else {}
+  roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
   files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
   return {"step": run.step, "baseline_loss": baseline, "periods": periods,

@@ -180,8 +180,8 @@ def _losses(run: TrainedRun, tokens_N: np.ndarray, record: dict[str, Any],
   """The record's "loss", "replica_loss", "scored_tokens" and "per_position":
   both protocols at each applicable length of `record`, for every replica
   of the run; "loss" and "per_position" are the replicas' means."""
-  replica_loss = {protocol: [] for protocol in PROTOCOLS}
-  scored = {protocol: [] for protocol in PROTOCOLS}
+  replica_loss: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
+  scored: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
   per_position = None
   replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.replicas)]
   for length, stride, applicable in zip(record["lengths"], record["stride"],

@@ -134,7 +134,8 @@ def expand(sweep_config: Any) -> list[Point]:
       naming the point and the field), or two points with the same name.
   """
   fields = _read_grid(sweep_config)
-  points, seen = [], {}
+  points: list[Point] = []
+  seen: dict[str, int] = {}
   for index, values in enumerate(itertools.product(*fields.values())):
     overrides = dict(zip(fields, values))
     name = point_name(overrides)

@@ -88,12 +88,12 @@ class Stat:
   std: float | None
 
   @classmethod
-  def of(cls, values: Sequence[float]) -> Stat:
+  def of(cls, values: Sequence[float] | np.ndarray) -> Stat:
     values_R = np.asarray(values, dtype=np.float64)
     return cls(float(values_R.mean()), float(values_R.std(ddof=1)) if len(values_R) > 1 else None)
 
 
-def late_improvement(steps_N: Sequence[int], loss_N: Sequence[float], *,
+def late_improvement(steps_N: Sequence[int] | np.ndarray, loss_N: Sequence[float] | np.ndarray, *,
                      fraction: float = FLAT_FRACTION) -> float | None:
   """Relative improvement of a loss curve over its last `fraction` of training.
 
@@ -201,7 +201,8 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   if not config_path.exists():  # a run writes it before its first step
     return "partial" if rows else "missing"
   if steps is None:
-    steps = read_run_config(workdir).get("train", {}).get("steps")
+    saved = read_run_config(workdir) or {}  # None only if deleted since the check above
+    steps = saved.get("train", {}).get("steps")
   return "done" if "eval_loss" in rows.get(steps, {}) else "partial"
 
 

@@ -48,6 +48,7 @@ from etils import epath
 
 from txf.checks import optional_positive_int
 from txf.data import DataSpec, make_tokenizer, read_data_config
+from txf.data.config import required
 from txf.data.listops import NUM_CLASSES
 from txf.sweep import grid, results
 from txf.sweep.extrapolate import check_num_tokens
@@ -94,7 +95,7 @@ def _vocab_size(data_config: ml_collections.ConfigDict, spec: DataSpec) -> int:
   model (trained in the point's workdir at its first run) has at most
   data.sp_vocab_size pieces; the other tokenizers are built as they are."""
   if spec.tokenizer == "sentencepiece":
-    return spec.sp_vocab_size
+    return required(spec.sp_vocab_size)
   return make_tokenizer(data_config).vocab_size
 
 
@@ -116,7 +117,7 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
 def load_run_config(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of a config file (configs/<name>.py), as config_flags loads it."""
   spec = importlib.util.spec_from_file_location("run_config", path)
-  if spec is None:
+  if spec is None or spec.loader is None:
     raise GridError(f"sweep.run_config: {path}: not a Python config file")
   module = importlib.util.module_from_spec(spec)
   try:

@@ -54,10 +54,10 @@ from txf.textbook.report import figure_path, markdown_table
 from txf.textbook.training import derive_config, train
 
 NAME = "heads"
-FULL = dict(overrides={
+FULL: dict[str, Any] = dict(overrides={
     "model.d_model": 128, "model.num_heads": 4, "model.num_layers": 2, "data.seq_len": 128,
     "train.steps": 1000, "train.warmup_steps": 100})
-QUICK = dict(overrides={
+QUICK: dict[str, Any] = dict(overrides={
     "model.d_model": 32, "model.num_heads": 2, "model.num_layers": 2, "data.seq_len": 32,
     "data.batch_size": 16, "data.max_corpus_bytes": 200_000, "train.steps": 150,
     "train.warmup_steps": 15})
@@ -135,8 +135,9 @@ def compute(base_config: ml_collections.ConfigDict, out_dir: str | os.PathLike, 
                   for period in periods}
   repeated_layers = {period: maps_by_kind(maps_fn(params, tokens_BxT))["self"]
                      for period, tokens_BxT in repeated_BxT.items()}
-  induction_by_period = {period: _per_layer(lambda w, p=period: induction_score(w, p), layers)
-                         for period, layers in repeated_layers.items()}
+  induction_by_period = {
+      period: _per_layer(functools.partial(induction_score, period=period), layers)
+      for period, layers in repeated_layers.items()}
   previous_LxH = _per_layer(previous_token_score, text_layers)
   # A content match scores at every period, so a head is as much an
   # induction head as its lowest score says (as experiments.analyze ranks it).

@@ -42,9 +42,11 @@ from txf.layers.config import ModelConfig
 from txf.textbook.report import figure_path, loglog_slope, markdown_table, median_seconds
 
 NAME = "kv_cache"
-FULL = dict(lengths=(128, 256, 512, 1024), d_model=128, num_heads=4, num_layers=2, bucket=64,
-            repeats=3)
-QUICK = dict(lengths=(64, 128), d_model=128, num_heads=2, num_layers=1, bucket=64, repeats=1)
+FULL: dict[str, Any] = dict(
+    lengths=(128, 256, 512, 1024), d_model=128, num_heads=4, num_layers=2, bucket=64,
+    repeats=3)
+QUICK: dict[str, Any] = dict(
+    lengths=(64, 128), d_model=128, num_heads=2, num_layers=1, bucket=64, repeats=1)
 _VOCAB = 260
 _PROMPT_TOKEN = 1
 

@@ -34,14 +34,16 @@ from txf.textbook.training import derive_config, train
 
 NAME = "masks"
 TASKS = {"copy": lambda word: word, "reverse": lambda word: word[::-1]}
-FULL = dict(length=10, valid_length=7, task="reverse", source="gadbfce", num_queries=5,
-            greedy=True, overrides={"model.d_model": 64, "model.num_heads": 4,
-                                    "model.num_layers": 2, "train.steps": 1500,
-                                    "train.warmup_steps": 150})
-QUICK = dict(length=10, valid_length=7, task="reverse", source="gadbfce", num_queries=5,
-             greedy=False, overrides={"model.d_model": 32, "model.num_heads": 2,
-                                      "model.num_layers": 1, "train.steps": 150,
-                                      "train.warmup_steps": 15})
+FULL: dict[str, Any] = dict(
+    length=10, valid_length=7, task="reverse", source="gadbfce", num_queries=5,
+    greedy=True, overrides={"model.d_model": 64, "model.num_heads": 4,
+                            "model.num_layers": 2, "train.steps": 1500,
+                            "train.warmup_steps": 150})
+QUICK: dict[str, Any] = dict(
+    length=10, valid_length=7, task="reverse", source="gadbfce", num_queries=5,
+    greedy=False, overrides={"model.d_model": 32, "model.num_heads": 2,
+                             "model.num_layers": 1, "train.steps": 150,
+                             "train.warmup_steps": 15})
 # Shared by both sizes: sources of 4-8 symbols (the example's 7 among them).
 _DATA = {"data.seq_len": 10, "data.min_example_len": 4, "data.max_example_len": 8,
          "data.batch_size": 32, "eval.num_batches": 1}
@@ -62,9 +64,10 @@ def mask_weights(length: int, valid_length: int, seed: int = 0) -> dict[str, dic
   causal = np.asarray(ops.causal_mask(length))[0, 0]
   padding = np.broadcast_to(
       np.asarray(ops.padding_mask(lengths=lengths, k_len=length))[0, 0], (length, length))
-  cases = {"causal": (causal, dict(is_causal=True)),
-           "padding": (padding, dict(kv_lengths=lengths)),
-           "causal + padding": (causal & padding, dict(is_causal=True, kv_lengths=lengths))}
+  cases: dict[str, tuple[np.ndarray, dict[str, Any]]] = {
+      "causal": (causal, dict(is_causal=True)),
+      "padding": (padding, dict(kv_lengths=lengths)),
+      "causal + padding": (causal & padding, dict(is_causal=True, kv_lengths=lengths))}
   result = {}
   for name, (mask, kwargs) in cases.items():
     weights = np.asarray(ops.attention_weights(q, k, **kwargs))[0, 0]

@@ -81,8 +81,8 @@ def bert_closed_form(d=768, layers=12, vocab=30522, n_ctx=512) -> dict[str, int]
 
 # scan_layers: the stacks are traced as one scanned block (fast); count_params
 # gives the same counts for either layout (tests/test_analysis.py).
-_SCANNED = dict(scan_layers=True)
-_COMMON = dict(use_bias=True, norm="layer", activation="relu", **_SCANNED)
+_SCANNED: dict[str, Any] = dict(scan_layers=True)
+_COMMON: dict[str, Any] = dict(use_bias=True, norm="layer", activation="relu", **_SCANNED)
 ARCHITECTURES: dict[str, tuple[str, ModelConfig, Callable[[], dict[str, int]]]] = {
     "base": ("Transformer base (6 + 6 layers, V 37,000)",
              ModelConfig(family="encoder_decoder", vocab_size=37000, d_model=512, num_heads=8,

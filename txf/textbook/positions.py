@@ -35,10 +35,12 @@ from txf.analysis.plots import heatmaps, line_plot
 from txf.textbook.report import figure_path, markdown_table
 
 NAME = "positions"
-FULL = dict(num_positions=256, dim=128, shifts=(1, 2, 5, 10, 50, 100), rope_positions=128,
-            rope_dim=64, alibi_heads=8, alibi_len=16)
-QUICK = dict(num_positions=64, dim=32, shifts=(1, 5, 20), rope_positions=32, rope_dim=16,
-             alibi_heads=4, alibi_len=8)
+FULL: dict[str, Any] = dict(
+    num_positions=256, dim=128, shifts=(1, 2, 5, 10, 50, 100), rope_positions=128,
+    rope_dim=64, alibi_heads=8, alibi_len=16)
+QUICK: dict[str, Any] = dict(
+    num_positions=64, dim=32, shifts=(1, 5, 20), rope_positions=32, rope_dim=16,
+    alibi_heads=4, alibi_len=8)
 _MAX_TIMESCALE = 10000.0
 
 

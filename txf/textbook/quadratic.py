@@ -44,9 +44,10 @@ from txf.textbook.report import figure_path, loglog_slope, markdown_table, media
 NAME = "quadratic"
 IMPLEMENTATIONS = ("xla", "chunked")
 LABELS = {"xla": "materialised (xla)", "chunked": "chunked (online softmax)"}
-FULL = dict(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), num_heads=2, head_dim=64,
-            chunk_size=512, repeats=3, fit_from=1024)
-QUICK = dict(lengths=(256, 512, 1024), num_heads=1, head_dim=16, chunk_size=64,
+FULL: dict[str, Any] = dict(
+    lengths=(128, 256, 512, 1024, 2048, 4096, 8192), num_heads=2, head_dim=64,
+    chunk_size=512, repeats=3, fit_from=1024)
+QUICK: dict[str, Any] = dict(lengths=(256, 512, 1024), num_heads=1, head_dim=16, chunk_size=64,
              repeats=2, fit_from=128)
 FLOP_LENGTHS = (2048, 32768)
 # GPT-2 small's shape, for the model-level FLOP ratio.

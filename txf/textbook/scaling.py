@@ -31,8 +31,8 @@ from txf.analysis.plots import line_plot
 from txf.textbook.report import figure_path, markdown_table
 
 NAME = "scaling"
-FULL = dict(d_ks=(16, 32, 64, 128, 256, 512, 1024), num_queries=256, num_keys=256)
-QUICK = dict(d_ks=(16, 64, 256), num_queries=64, num_keys=64)
+FULL: dict[str, Any] = dict(d_ks=(16, 32, 64, 128, 256, 512, 1024), num_queries=256, num_keys=256)
+QUICK: dict[str, Any] = dict(d_ks=(16, 64, 256), num_queries=64, num_keys=64)
 # Rows whose softmax Jacobian is taken (each is [num_keys, num_keys]).
 _JACOBIAN_ROWS = 64
 

@@ -36,7 +36,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """
   explicit = (coordinator_address, num_processes, process_id)
   if any(value is not None for value in explicit):
-    if any(value is None for value in explicit):
+    if coordinator_address is None or num_processes is None or process_id is None:
       raise ValueError("--coordinator_address, --num_processes and --process_id go together: "
                        f"got {coordinator_address!r}, {num_processes!r}, {process_id!r}")
     if not 0 <= process_id < num_processes:

@@ -148,7 +148,7 @@ def decode_floor_seconds(weight_bytes: float, bandwidth: float | None) -> float 
 def environment() -> dict[str, Any]:
   """What a benchmark figure was measured on: date, device, software versions
   and XLA flags (for docs/benchmarks.md)."""
-  versions = {}
+  versions: dict[str, str | None] = {}
   for package in ('jax', 'jaxlib', 'flax', 'optax', 'numpy'):
     try:
       versions[package] = importlib.metadata.version(package)

@@ -45,7 +45,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import jax
 import numpy as np
@@ -81,7 +81,7 @@ PREFETCH_JOIN_SECONDS = 30.0
 COMPILE_THREAD = "txf-compile-eval"
 
 
-def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
+def _prefetch(dataset, to_device, size: int = 2) -> Generator[tuple[dict, dict], None, None]:
   """Yields (to_device(batch), data state after it), prepared in a thread so
   reading and the host-to-device copy overlap the previous step (size 0:
   in the caller's thread, when asked for).

@@ -119,11 +119,20 @@ class _LocalFile:
     self._file.close()
 
 
-class _LocalLines(_LocalFile):
+class _LocalLines:
   """Appends text (whole lines) to a local file (see _LocalFile)."""
 
+  def __init__(self, path: epath.Path):
+    self._file = _LocalFile(path)
+
   def append(self, text: str) -> None:
-    super().append(text.encode('utf-8'))
+    self._file.append(text.encode('utf-8'))
+
+  def flush(self) -> None:
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
 
 
 class _ObjectLines:
@@ -262,7 +271,8 @@ class _MirroredTensorBoard:
       self._local.cleanup()
 
 
-def _tensorboard(directory: epath.Path, purge_step: int | None):
+def _tensorboard(directory: epath.Path, purge_step: int | None
+                 ) -> _EventFile | _MirroredTensorBoard:
   if is_local(directory):
     return _EventFile(directory, purge_step)
   return _MirroredTensorBoard(directory, purge_step)
@@ -296,9 +306,9 @@ class MetricsWriter:
                start_step: int | None = None):
     self._enabled = enabled
     self._workdir = epath.Path(workdir)
-    self._jsonl = None
-    self._samples = None
-    self._tensorboard = None
+    self._jsonl: _LocalLines | _ObjectLines | None = None
+    self._samples: _LocalLines | _ObjectLines | None = None
+    self._tensorboard: _EventFile | _MirroredTensorBoard | None = None
     self.dropped: dict[str, int] = {}
     if not enabled:
       return
@@ -325,7 +335,7 @@ class MetricsWriter:
     """
     if not self._enabled:
       return
-    if self._jsonl is None:
+    if self._jsonl is None or self._tensorboard is None:  # set and cleared together
       raise ValueError('MetricsWriter.write called after close().')
     step = int(step)
     if step < 0:

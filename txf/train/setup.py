@@ -145,7 +145,7 @@ class RunSetup:
     """Loss, accuracy (and perplexity for language models) over eval_data;
     with R > 1 replicas (stacked params) each replica's ('eval_loss/0', ...)
     and their mean ('eval_loss') and std ('eval_loss_std')."""
-    totals = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
+    totals: dict[str, float | np.ndarray] = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
     with self.activation_sharding():
       for batch in self.eval_data:
         sums = jax.device_get(self.eval_step(params, self.to_device(batch)))
@@ -305,7 +305,8 @@ def _starting_from(init_fn: Callable[[jax.Array], TrainState],
   optimizer state."""
   def init(rng: jax.Array, params: Any) -> TrainState:
     state = init_fn(rng)  # its random parameters are dead code once replaced
-    return state.replace(params=params, opt_state=optimizer.init(params))
+    # dataclasses.replace is what flax's TrainState.replace does (untyped there).
+    return dataclasses.replace(state, params=params, opt_state=optimizer.init(params))
   return init
 
 
@@ -433,8 +434,8 @@ def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_para
   saved = read_run_config(workdir)
   if saved is None or not isinstance(saved.get("train"), dict):
     return
-  structure = lambda train: jax.tree.structure(
-      jax.eval_shape(make_optimizer(train).init, abstract_params))
+  def structure(train: Any) -> jax.tree_util.PyTreeDef:
+    return jax.tree.structure(jax.eval_shape(make_optimizer(train).init, abstract_params))
   current = structure(config.train)
   for name in changed_fields(config, workdir, sections=("train",)):
     field = name.partition(".")[2]
@@ -528,5 +529,8 @@ def load_run(workdir: str | os.PathLike,
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
     setup = setup_run(config, workdir)
-    step, state, _ = checkpointer.restore(setup.abstract_state)
+    restored = checkpointer.restore(setup.abstract_state)
+    if restored is None:  # deleted since latest_step() saw it
+      raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
+    step, state, _ = restored
   return TrainedRun(setup=setup, params=state.params, step=step)

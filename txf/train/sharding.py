@@ -60,7 +60,7 @@ DEFAULT_RULES: Rules = (
 )
 
 # Where to change a logical axis's size when its mesh axis does not divide it.
-_AXIS_FIELDS = {
+_AXIS_FIELDS: dict[str | None, str] = {
     "embed": "model.d_model",
     "heads": "model.num_heads",
     "kv_heads": "model.num_kv_heads",
@@ -131,7 +131,8 @@ def _mesh_axes(rules: Rules, logical: str | None, name: str) -> tuple[str, ...]:
 def _spec(name: str, shape: tuple[int, ...], axes: Sequence[str | None], mesh: Mesh,
           rules: Rules) -> PartitionSpec:
   """PartitionSpec for one array, checking that every split is even."""
-  entries, used = [], set()
+  entries: list[str | tuple[str, ...] | None] = []
+  used: set[str] = set()
   for dim, (size, logical) in enumerate(zip(shape, axes)):
     # A size-1 mesh axis splits nothing: leaving it out keeps specs readable
     # (P() is "replicated") and lets such axes repeat.

@@ -18,19 +18,24 @@ logits never held at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from txf import ops
 from txf.models.heads import LMHead
 
 Batch = dict[str, jax.Array]
+# A batch as the data pipeline gives it (numpy) or on the device: init and
+# model_inputs take either.
+AnyBatch = Mapping[str, jax.Array | np.ndarray]
+ArrayT = TypeVar("ArrayT", bound=jax.Array | np.ndarray)
 TASKS = ("lm", "mlm", "seq2seq", "classify")
 
 
@@ -46,14 +51,14 @@ class TrainState:
   opt_state: Any
 
 
-def init_params(model: nn.Module, batch: Batch, task: str, rng: jax.Array) -> Any:
+def init_params(model: nn.Module, batch: AnyBatch, task: str, rng: jax.Array) -> Any:
   """The model's initial parameters, each boxed (`nn.Partitioned`) with the
   logical axes its layer declares: under `jax.eval_shape`, what
   `txf.train.sharding.state_shardings` reads the axes from."""
   return model.init(rng, *model_inputs(batch, task))["params"]
 
 
-def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch: Batch,
+def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch: AnyBatch,
                task: str, rng: jax.Array) -> TrainState:
   """Initial state from a batch of the right shapes (its values are unused).
 
@@ -65,7 +70,7 @@ def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch:
                     opt_state=optimizer.init(params))
 
 
-def model_inputs(batch: Batch, task: str) -> tuple[jax.Array, ...]:
+def model_inputs(batch: Mapping[str, ArrayT], task: str) -> tuple[ArrayT, ...]:
   """The model's positional inputs; packed lm/mlm batches add their segment
   ids and positions (txf.data's packed TFDS streams)."""
   if task == "seq2seq":
@@ -104,7 +109,8 @@ def _apply_without_head(model: nn.Module, params: Any, inputs: tuple[jax.Array, 
     return x_BxTxD
 
   with nn.intercept_methods(skip_head):
-    hidden_BxTxD = model.apply({"params": params}, *inputs, **kwargs)
+    # Any: flax types apply's result as the output or (output, mutated variables).
+    hidden_BxTxD: Any = model.apply({"params": params}, *inputs, **kwargs)
   (kernel_DxV,) = kernels
   return hidden_BxTxD, kernel_DxV
 
@@ -114,7 +120,7 @@ def _loss_sums(model: nn.Module, params: Any, batch: Batch, task: str, *,
                loss_chunk_len: int = 0):
   """(weighted loss sum, weight sum, correct-prediction count) for one batch."""
   deterministic = dropout_rng is None
-  rngs = {} if deterministic else {"dropout": dropout_rng}
+  rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
   labels, weights = labels_and_weights(batch, task)
   if loss_chunk_len:
     hidden_BxTxD, kernel_DxV = _apply_without_head(
@@ -122,8 +128,8 @@ def _loss_sums(model: nn.Module, params: Any, batch: Batch, task: str, *,
     return ops.linear_cross_entropy_sums(
         hidden_BxTxD, kernel_DxV, labels, weights_BxT=weights, chunk_len=loss_chunk_len,
         label_smoothing=label_smoothing, z_loss=z_loss, dtype=model.cfg.dtype)
-  logits = model.apply({"params": params}, *model_inputs(batch, task),
-                       deterministic=deterministic, rngs=rngs)
+  logits: Any = model.apply({"params": params}, *model_inputs(batch, task),  # Any: as above
+                            deterministic=deterministic, rngs=rngs)
   loss, count = ops.cross_entropy(logits, labels, weights=weights,
                                   label_smoothing=label_smoothing, z_loss=z_loss)
   correct = jnp.sum((jnp.argmax(logits, axis=-1) == labels) * weights)

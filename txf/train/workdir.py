@@ -38,6 +38,7 @@ import re
 import socket
 import time
 import uuid
+from typing import IO
 
 from etils import epath
 
@@ -186,7 +187,7 @@ class WorkdirLock:
 
   def __init__(self, directory: str | os.PathLike):
     self.path = run_path(directory) / LOCK_FILE
-    self._file = None
+    self._file: IO[str] | None = None
 
   def acquire(self) -> None:
     """Takes the lock and records this process as its holder.
