@@ -40,9 +40,13 @@ def device_throughput(config, *, batches: int, workdir: str) -> dict[str, Any]:
     for _ in range(batches):
       jax.block_until_ready(sharding.shard_batch(next(dataset), mesh))
     seconds = time.perf_counter() - start
-  return dict(tokens_per_sec=batches * tokens_per_batch / seconds,
-              ms_per_batch=1e3 * seconds / batches, seconds=seconds, batches=batches,
-              devices=mesh.size)
+  return dict(
+    tokens_per_sec=batches * tokens_per_batch / seconds,
+    ms_per_batch=1e3 * seconds / batches,
+    seconds=seconds,
+    batches=batches,
+    devices=mesh.size,
+  )
 
 
 def define_flags() -> None:
@@ -53,12 +57,13 @@ def define_flags() -> None:
 def main() -> dict:
   config = FLAGS.config
   with tempfile.TemporaryDirectory() as workdir:
-    figures = loader_throughput(config.data, batches=FLAGS.steps, seed=config.seed,
-                                workdir=workdir)
+    figures = loader_throughput(config.data, batches=FLAGS.steps, seed=config.seed, workdir=workdir)
     print(format_throughput(figures))
     figures["to_device"] = device_throughput(config, batches=FLAGS.steps, workdir=workdir)
   to_device = figures["to_device"]
-  print(f"read and sent to {to_device['devices']} device(s): "
-        f"{to_device['tokens_per_sec']:,.0f} tokens/s, {to_device['ms_per_batch']:.2f} ms "
-        "per batch")
+  print(
+    f"read and sent to {to_device['devices']} device(s): "
+    f"{to_device['tokens_per_sec']:,.0f} tokens/s, {to_device['ms_per_batch']:.2f} ms "
+    "per batch"
+  )
   return figures

@@ -80,11 +80,14 @@ def null_step(setup: RunSetup):
 
   def step(state, batch):
     del batch
-    return (state.replace(step=state.step + 1),
-            jax.tree.map(lambda m: jnp.ones(m.shape, m.dtype), metrics))
+    return (
+      state.replace(step=state.step + 1),
+      jax.tree.map(lambda m: jnp.ones(m.shape, m.dtype), metrics),
+    )
 
-  return jax.jit(step, donate_argnums=0,
-                 out_shardings=(setup.state_sharding, sharding.replicated(setup.mesh)))
+  return jax.jit(
+    step, donate_argnums=0, out_shardings=(setup.state_sharding, sharding.replicated(setup.mesh))
+  )
 
 
 def traced(train_step, directory: str, first: int, last: int):
@@ -166,24 +169,42 @@ def time_loop(setup: RunSetup, variant: str, step_tokens_per_sec: float, profile
     loop.run(run_setup.config, workdir, log=log, setup=run_setup, prefetch=prefetch)
     wall = time.perf_counter() - start
     rows = read_metrics(workdir)
-  windows = [dict(last_step=row["step"], tokens_per_sec=row["tokens_per_sec"], loss=row["loss"],
-                  mfu=row.get("mfu")) for row in rows if "tokens_per_sec" in row]
+  windows = [
+    dict(
+      last_step=row["step"],
+      tokens_per_sec=row["tokens_per_sec"],
+      loss=row["loss"],
+      mfu=row.get("mfu"),
+    )
+    for row in rows
+    if "tokens_per_sec" in row
+  ]
   (t_first, first), (t_last, last) = progress[0], progress[-1]
   amortised = setup.tokens_per_step * (last - first) / (t_last - t_first)
-  figures = dict(variant=variant, windows=windows, first_step=first, last_step=last,
-                 amortised_tokens_per_sec=amortised,
-                 ratio_to_step=amortised / step_tokens_per_sec,
-                 window_tokens_per_sec_min=min(w["tokens_per_sec"] for w in windows),
-                 window_tokens_per_sec_last=windows[-1]["tokens_per_sec"],
-                 wall_seconds=wall, gc_pauses=pauses.count, gc_seconds=pauses.seconds,
-                 gc_longest=pauses.longest, gc_full_collections=pauses.full_count,
-                 gc_full_seconds=pauses.full_seconds)
-  print(f"{variant:15s} steps {first}-{last}: {amortised:12,.0f} tokens/s amortised "
-        f"({figures['ratio_to_step']:.3f} x step); windows min "
-        f"{figures['window_tokens_per_sec_min']:,.0f}, last "
-        f"{figures['window_tokens_per_sec_last']:,.0f}; gc {pauses.count} pauses, "
-        f"{pauses.seconds:.2f} s, longest {1e3 * pauses.longest:.0f} ms, "
-        f"{pauses.full_count} full ({pauses.full_seconds:.2f} s)")
+  figures = dict(
+    variant=variant,
+    windows=windows,
+    first_step=first,
+    last_step=last,
+    amortised_tokens_per_sec=amortised,
+    ratio_to_step=amortised / step_tokens_per_sec,
+    window_tokens_per_sec_min=min(w["tokens_per_sec"] for w in windows),
+    window_tokens_per_sec_last=windows[-1]["tokens_per_sec"],
+    wall_seconds=wall,
+    gc_pauses=pauses.count,
+    gc_seconds=pauses.seconds,
+    gc_longest=pauses.longest,
+    gc_full_collections=pauses.full_count,
+    gc_full_seconds=pauses.full_seconds,
+  )
+  print(
+    f"{variant:15s} steps {first}-{last}: {amortised:12,.0f} tokens/s amortised "
+    f"({figures['ratio_to_step']:.3f} x step); windows min "
+    f"{figures['window_tokens_per_sec_min']:,.0f}, last "
+    f"{figures['window_tokens_per_sec_last']:,.0f}; gc {pauses.count} pauses, "
+    f"{pauses.seconds:.2f} s, longest {1e3 * pauses.longest:.0f} ms, "
+    f"{pauses.full_count} full ({pauses.full_seconds:.2f} s)"
+  )
   return figures
 
 
@@ -195,32 +216,49 @@ def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
   # that does not change the speed of a step).
   config.train.warmup_steps = min(config.train.warmup_steps, steps)
   setup = setup_run(config)
-  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
-        f"{setup.tokens_per_step} tokens/step; bare step:")
+  print(
+    f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
+    f"{setup.tokens_per_step} tokens/step; bare step:"
+  )
   with setup.activation_sharding():
     step_windows = benchmark(setup, steps=steps, window=window, fresh_batches=True, sync=False)
   step_tokens_per_sec = setup.tokens_per_step / statistics.median(
-      w["step_time"] for w in step_windows)
+    w["step_time"] for w in step_windows
+  )
   print(f"{'bare step':15s} {step_tokens_per_sec:,.0f} tokens/s (median window)")
   runs = [time_loop(setup, variant, step_tokens_per_sec, profile) for variant in variants]
-  return dict(tokens_per_step=setup.tokens_per_step, flops_per_token=setup.flops_per_token,
-              peak_flops=setup.peak_flops, steps=steps, window=window,
-              step=dict(windows=step_windows, tokens_per_sec=step_tokens_per_sec), loop=runs)
+  return dict(
+    tokens_per_step=setup.tokens_per_step,
+    flops_per_token=setup.flops_per_token,
+    peak_flops=setup.peak_flops,
+    steps=steps,
+    window=window,
+    step=dict(windows=step_windows, tokens_per_sec=step_tokens_per_sec),
+    loop=runs,
+  )
 
 
 def define_flags() -> None:
   define_steps_and_window("train.steps of each run.", "log_every of each run.")
   flags.DEFINE_list("loop_variants", list(VARIANTS), f"Runs, from {', '.join(VARIANTS)}.")
   flags.register_validator(
-      "loop_variants", lambda names: set(names) <= set(VARIANTS),
-      f"--loop_variants must come from {', '.join(VARIANTS)}")
-  flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of --profile_steps of "
-                      "the 'full' run here.")
+    "loop_variants",
+    lambda names: set(names) <= set(VARIANTS),
+    f"--loop_variants must come from {', '.join(VARIANTS)}",
+  )
+  flags.DEFINE_string(
+    "profile_dir", None, "Write a jax.profiler trace of --profile_steps of the 'full' run here."
+  )
   flags.DEFINE_list("profile_steps", ["300", "305"], "First and last step of the trace.")
 
 
 def main() -> dict:
   first, last = (int(step) for step in FLAGS.profile_steps)
   profile = (FLAGS.profile_dir, first, last) if FLAGS.profile_dir else None
-  return compare(FLAGS.config, steps=FLAGS.steps, window=FLAGS.window,
-                 variants=FLAGS.loop_variants, profile=profile)
+  return compare(
+    FLAGS.config,
+    steps=FLAGS.steps,
+    window=FLAGS.window,
+    variants=FLAGS.loop_variants,
+    profile=profile,
+  )

@@ -30,8 +30,13 @@ from absl import flags
 
 from txf.commands.cli import define_config_flag
 from txf.train import loop
-from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
-                                make_replicated_train_step, replica_seeds)
+from txf.train.replicas import (
+  STRATEGIES,
+  default_strategy,
+  init_replicas,
+  make_replicated_train_step,
+  replica_seeds,
+)
 from txf.train.setup import setup_run, train_step_for_seed
 from txf.train.step import init_state
 
@@ -42,8 +47,9 @@ def define_flags() -> None:
   define_config_flag("Config file.")
   flags.DEFINE_integer("replicas", 3, "Seed replicas.")
   flags.DEFINE_integer("steps", 20, "Timed steps per variant.")
-  flags.DEFINE_bool("runs", False, "Time whole runs (train.steps of the config) instead of "
-                    "single steps.")
+  flags.DEFINE_bool(
+    "runs", False, "Time whole runs (train.steps of the config) instead of single steps."
+  )
 
 
 def median_ms(step, state, batch, steps: int) -> float:
@@ -71,12 +77,17 @@ def run_seconds(config, replicas: int, seed: int) -> float:
 def time_runs(config, replicas: int) -> dict[str, float]:
   """Seconds of each way to train `replicas` seeds (module docstring)."""
   seeds = replica_seeds(config.seed, replicas)
-  figures = {"1 run": run_seconds(config, 1, config.seed),
-             f"1 run of {replicas} replicas ({default_strategy(jax.default_backend())})":
-             run_seconds(config, replicas, config.seed),
-             f"{replicas} sequential runs": sum(run_seconds(config, 1, seed) for seed in seeds)}
-  print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), whole runs of "
-        f"{config.train.steps} steps")
+  figures = {
+    "1 run": run_seconds(config, 1, config.seed),
+    f"1 run of {replicas} replicas ({default_strategy(jax.default_backend())})": run_seconds(
+      config, replicas, config.seed
+    ),
+    f"{replicas} sequential runs": sum(run_seconds(config, 1, seed) for seed in seeds),
+  }
+  print(
+    f"backend {jax.default_backend()}, {jax.device_count()} device(s), whole runs of "
+    f"{config.train.steps} steps"
+  )
   for name, seconds in figures.items():
     print(f"  {name:32s} {seconds:8.1f} s  {seconds / figures['1 run']:5.2f}x")
   return figures
@@ -88,8 +99,9 @@ def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
   setup = setup_run(config)
   batch = next(iter(setup.train_data))
   init_fn = lambda key: init_state(setup.model, setup.optimizer, batch, setup.task, key)
-  step_for_seed = functools.partial(train_step_for_seed, config.train, setup.model,
-                                    setup.optimizer, setup.task)
+  step_for_seed = functools.partial(
+    train_step_for_seed, config.train, setup.model, setup.optimizer, setup.task
+  )
   seeds = replica_seeds(config.seed, replicas)
   single = jax.jit(step_for_seed(config.seed))
 
@@ -97,18 +109,22 @@ def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
   for strategy in STRATEGIES:
     step = jax.jit(make_replicated_train_step(step_for_seed, seeds, strategy=strategy))
     figures[f"{len(seeds)} replicas {strategy}"] = median_ms(
-        step, init_replicas(init_fn, seeds), batch, steps)
+      step, init_replicas(init_fn, seeds), batch, steps
+    )
   # R runs one after another: each replica's own jitted single step in turn.
   singles = [jax.jit(step_for_seed(seed)) for seed in seeds]
+
   def sequential(states, batch):
     # Wait for each: R runs one after another never overlap on the devices.
-    return tuple(zip(*(jax.block_until_ready(one(state, batch))
-                       for one, state in zip(singles, states))))
-  figures[f"{len(seeds)} sequential"] = median_ms(
-      sequential, tuple(init_fn(jax.random.key(seed)) for seed in seeds), batch, steps)
+    return tuple(
+      zip(*(jax.block_until_ready(one(state, batch)) for one, state in zip(singles, states)))
+    )
 
-  print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), "
-        f"median of {steps} steps")
+  figures[f"{len(seeds)} sequential"] = median_ms(
+    sequential, tuple(init_fn(jax.random.key(seed)) for seed in seeds), batch, steps
+  )
+
+  print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), median of {steps} steps")
   for name, ms in figures.items():
     print(f"  {name:20s} {ms:8.1f} ms/step  {ms / figures['1 replica']:5.2f}x")
   return figures
@@ -117,7 +133,9 @@ def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
 def main() -> dict:
   config, replicas = FLAGS.config, FLAGS.replicas
   if FLAGS.runs:
-    return dict(replicas=replicas, steps=config.train.steps,
-                run_seconds=time_runs(config, replicas))
-  return dict(replicas=replicas, steps=FLAGS.steps,
-              ms_per_step=time_steps(config, replicas, FLAGS.steps))
+    return dict(
+      replicas=replicas, steps=config.train.steps, run_seconds=time_runs(config, replicas)
+    )
+  return dict(
+    replicas=replicas, steps=FLAGS.steps, ms_per_step=time_steps(config, replicas, FLAGS.steps)
+  )

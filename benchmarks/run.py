@@ -43,15 +43,13 @@ def mode_module(argv: list[str]) -> tuple[str, ModuleType]:
     print(f"{usage}\n\n{__doc__}")
     sys.exit(0)
   if len(argv) < 2 or argv[1] not in MODES:
-    fail("flag", (f"unknown mode {argv[1]!r}" if len(argv) >= 2 else "missing mode") +
-         f"; {usage}")
+    fail("flag", (f"unknown mode {argv[1]!r}" if len(argv) >= 2 else "missing mode") + f"; {usage}")
   return argv[1], importlib.import_module(f"benchmarks.{argv[1]}")
 
 
 def report(mode: str, figures: dict) -> dict:
   """The figures of `mode` with what they were measured on."""
-  config = ({"config": flags.FLAGS["config"].config_filename} if "config" in flags.FLAGS
-            else {})
+  config = {"config": flags.FLAGS["config"].config_filename} if "config" in flags.FLAGS else {}
   return dict(**config, mode=mode, **hardware.environment(), **figures)
 
 

@@ -43,12 +43,20 @@ VARIANTS = (("cached", True), ("recomputed", False))
 BOS_ID = 1
 
 
-def generate_call(model, params, sources_BxS, cache_cross_attention: bool, *,
-                  new_tokens: int, num_beams: int):
+def generate_call(
+  model, params, sources_BxS, cache_cross_attention: bool, *, new_tokens: int, num_beams: int
+):
   """`decode.generate` of new_tokens per row: the whole loop one XLA program."""
   generate = generation.build_generate(cache_cross_attention=cache_cross_attention)
-  return functools.partial(generate, model, params, encoder_tokens_BxS=sources_BxS,
-                           max_new_tokens=new_tokens, num_beams=num_beams, bos_id=BOS_ID)
+  return functools.partial(
+    generate,
+    model,
+    params,
+    encoder_tokens_BxS=sources_BxS,
+    max_new_tokens=new_tokens,
+    num_beams=num_beams,
+    bos_id=BOS_ID,
+  )
 
 
 def stepwise_call(model, params, sources_BxS, cache_cross_attention: bool, *, new_tokens: int):
@@ -59,12 +67,19 @@ def stepwise_call(model, params, sources_BxS, cache_cross_attention: bool, *, ne
   gets the encoding as an argument (as a closure constant the compiler
   could fold its projection away), the cached one reads it from the cache.
   """
-  _, cache = decode.encode_for_decoding(model, params, sources_BxS, new_tokens,
-                                        cache_cross_attention=cache_cross_attention)
-  context = ((None, None) if cache_cross_attention
-             else model.apply({"params": params}, sources_BxS, method="encode"))
-  step = jax.jit(lambda params, context, tokens_Bx1, cache: decode.make_tokens_to_logits(
-      model, params, *context, method="decode")(tokens_Bx1, cache))
+  _, cache = decode.encode_for_decoding(
+    model, params, sources_BxS, new_tokens, cache_cross_attention=cache_cross_attention
+  )
+  context = (
+    (None, None)
+    if cache_cross_attention
+    else model.apply({"params": params}, sources_BxS, method="encode")
+  )
+  step = jax.jit(
+    lambda params, context, tokens_Bx1, cache: decode.make_tokens_to_logits(
+      model, params, *context, method="decode"
+    )(tokens_Bx1, cache)
+  )
   bos_Bx1 = jnp.full((sources_BxS.shape[0], 1), BOS_ID, jnp.int32)
 
   def decode_tokens():
@@ -73,6 +88,7 @@ def stepwise_call(model, params, sources_BxS, cache_cross_attention: bool, *, ne
       logits_BxV, step_cache = step(params, context, tokens_Bx1, step_cache)
       tokens_Bx1 = jnp.argmax(logits_BxV, axis=-1)[:, None].astype(jnp.int32)
     return tokens_Bx1
+
   return decode_tokens
 
 
@@ -91,48 +107,62 @@ def interleaved_seconds(calls: dict, repeats: int) -> dict[Any, list[float]]:
   return seconds
 
 
-def measure(model, params, sources_BxS, *, new_tokens: int, num_beams: int, repeats: int
-            ) -> dict[str, dict[str, dict[str, float]]]:
+def measure(
+  model, params, sources_BxS, *, new_tokens: int, num_beams: int, repeats: int
+) -> dict[str, dict[str, dict[str, float]]]:
   """{loop: {variant: figures}} for cached and recomputed cross-attention
   keys/values, decoded by `generate` and step by step (greedy only)."""
   calls = {}
   for name, cached in VARIANTS:
     for n in (1, new_tokens):
-      calls["generate", name, n] = generate_call(model, params, sources_BxS, cached,
-                                                 new_tokens=n, num_beams=num_beams)
+      calls["generate", name, n] = generate_call(
+        model, params, sources_BxS, cached, new_tokens=n, num_beams=num_beams
+      )
     if num_beams == 1:
-      calls["stepwise", name] = stepwise_call(model, params, sources_BxS, cached,
-                                              new_tokens=new_tokens)
+      calls["stepwise", name] = stepwise_call(
+        model, params, sources_BxS, cached, new_tokens=new_tokens
+      )
   seconds = interleaved_seconds(calls, repeats)
   figures = {"generate": {}, "stepwise": {}}
   for name, _ in VARIANTS:
     # The paired difference of N and 1 tokens leaves the encoder and the
     # once-per-source work out.
-    differences = [long - short for short, long in zip(seconds["generate", name, 1],
-                                                       seconds["generate", name, new_tokens])]
+    differences = [
+      long - short
+      for short, long in zip(seconds["generate", name, 1], seconds["generate", name, new_tokens])
+    ]
     figures["generate"][name] = dict(
-        ms_per_token=1e3 * statistics.median(differences) / (new_tokens - 1),
-        total_ms=1e3 * statistics.median(seconds["generate", name, new_tokens]))
+      ms_per_token=1e3 * statistics.median(differences) / (new_tokens - 1),
+      total_ms=1e3 * statistics.median(seconds["generate", name, new_tokens]),
+    )
     if num_beams == 1:
       figures["stepwise"][name] = dict(
-          ms_per_token=1e3 * statistics.median(seconds["stepwise", name]) / new_tokens)
+        ms_per_token=1e3 * statistics.median(seconds["stepwise", name]) / new_tokens
+      )
   return {loop: variants for loop, variants in figures.items() if variants}
 
 
-LOOP_NAMES = {"generate": "generate (one XLA loop)",
-              "stepwise": "step by step (a jitted call per token)"}
+LOOP_NAMES = {
+  "generate": "generate (one XLA loop)",
+  "stepwise": "step by step (a jitted call per token)",
+}
 
 
 def format_table(figures: dict) -> str:
   rows = [("decoding loop", "cached ms/token", "recomputed ms/token", "speedup")]
   for loop, variants in figures.items():
     cached, recomputed = (variants[name]["ms_per_token"] for name, _ in VARIANTS)
-    rows.append((LOOP_NAMES[loop], f"{cached:.3f}", f"{recomputed:.3f}",
-                 f"{recomputed / cached:.2f}x"))
+    rows.append(
+      (LOOP_NAMES[loop], f"{cached:.3f}", f"{recomputed:.3f}", f"{recomputed / cached:.2f}x")
+    )
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-  return "\n".join("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
-                             for i, (cell, width) in enumerate(zip(row, widths)))
-                   for row in rows)
+  return "\n".join(
+    "  ".join(
+      cell.ljust(width) if i == 0 else cell.rjust(width)
+      for i, (cell, width) in enumerate(zip(row, widths))
+    )
+    for row in rows
+  )
 
 
 def define_flags() -> None:
@@ -146,39 +176,76 @@ def define_flags() -> None:
   flags.DEFINE_integer("vocab_size", 260, "Vocabulary size.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
   flags.DEFINE_integer("repeats", 5, "Timed calls per variant and length.")
-  for name in ("source_len", "batch_size", "num_beams", "d_model", "num_layers", "num_heads",
-               "vocab_size", "repeats"):
+  for name in (
+    "source_len",
+    "batch_size",
+    "num_beams",
+    "d_model",
+    "num_layers",
+    "num_heads",
+    "vocab_size",
+    "repeats",
+  ):
     flags.register_validator(name, lambda value: value >= 1, f"--{name} must be >= 1")
-  flags.register_validator("new_tokens", lambda value: value >= 2,
-                           "--new_tokens must be >= 2 (ms/token compares N tokens with 1)")
+  flags.register_validator(
+    "new_tokens",
+    lambda value: value >= 2,
+    "--new_tokens must be >= 2 (ms/token compares N tokens with 1)",
+  )
 
 
 def main() -> dict:
-  cfg = ModelConfig(family="encoder_decoder", vocab_size=FLAGS.vocab_size,
-                    d_model=FLAGS.d_model, num_heads=FLAGS.num_heads,
-                    num_layers=FLAGS.num_layers, dtype=FLAGS.dtype,
-                    max_len=max(FLAGS.source_len, FLAGS.new_tokens + 1))
+  cfg = ModelConfig(
+    family="encoder_decoder",
+    vocab_size=FLAGS.vocab_size,
+    d_model=FLAGS.d_model,
+    num_heads=FLAGS.num_heads,
+    num_layers=FLAGS.num_layers,
+    dtype=FLAGS.dtype,
+    max_len=max(FLAGS.source_len, FLAGS.new_tokens + 1),
+  )
   model = models.build(cfg)
   init_tokens = jnp.ones((1, 8), jnp.int32)
   params = jax.jit(model.init)(jax.random.key(0), init_tokens, init_tokens)["params"]
   # Random non-special ids (0-3 are pad, bos, eos, mask), every source full length.
-  sources_BxS = jax.random.randint(jax.random.key(1), (FLAGS.batch_size, FLAGS.source_len),
-                                   4, cfg.vocab_size)
-  figures = measure(model, params, sources_BxS, new_tokens=FLAGS.new_tokens,
-                    num_beams=FLAGS.num_beams, repeats=FLAGS.repeats)
+  sources_BxS = jax.random.randint(
+    jax.random.key(1), (FLAGS.batch_size, FLAGS.source_len), 4, cfg.vocab_size
+  )
+  figures = measure(
+    model,
+    params,
+    sources_BxS,
+    new_tokens=FLAGS.new_tokens,
+    num_beams=FLAGS.num_beams,
+    repeats=FLAGS.repeats,
+  )
   search = "greedy" if FLAGS.num_beams == 1 else f"beam search, {FLAGS.num_beams} beams"
   device = jax.devices()[0]
-  print(f"encoder_decoder d_model={cfg.d_model}, {cfg.num_layers}+{cfg.num_decoder_layers} "
-        f"layers, {cfg.num_heads} heads, {cfg.dtype}; batch {FLAGS.batch_size}, source "
-        f"{FLAGS.source_len} tokens, {FLAGS.new_tokens} new tokens ({search}); "
-        f"{device.platform} ({device.device_kind}), median of {FLAGS.repeats}")
+  print(
+    f"encoder_decoder d_model={cfg.d_model}, {cfg.num_layers}+{cfg.num_decoder_layers} "
+    f"layers, {cfg.num_heads} heads, {cfg.dtype}; batch {FLAGS.batch_size}, source "
+    f"{FLAGS.source_len} tokens, {FLAGS.new_tokens} new tokens ({search}); "
+    f"{device.platform} ({device.device_kind}), median of {FLAGS.repeats}"
+  )
   print(format_table(figures))
-  totals = ", ".join(f"{name} {figures['generate'][name]['total_ms']:.1f} ms"
-                     for name, _ in VARIANTS)
+  totals = ", ".join(
+    f"{name} {figures['generate'][name]['total_ms']:.1f} ms" for name, _ in VARIANTS
+  )
   print(f"generate, whole call for {FLAGS.new_tokens} tokens: {totals}")
-  return dict(device=device.device_kind, platform=device.platform,
-              model=dict(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                         num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, dtype=cfg.dtype),
-              batch_size=FLAGS.batch_size, source_len=FLAGS.source_len,
-              new_tokens=FLAGS.new_tokens, num_beams=FLAGS.num_beams, repeats=FLAGS.repeats,
-              figures=figures)
+  return dict(
+    device=device.device_kind,
+    platform=device.platform,
+    model=dict(
+      d_model=cfg.d_model,
+      num_layers=cfg.num_layers,
+      num_heads=cfg.num_heads,
+      vocab_size=cfg.vocab_size,
+      dtype=cfg.dtype,
+    ),
+    batch_size=FLAGS.batch_size,
+    source_len=FLAGS.source_len,
+    new_tokens=FLAGS.new_tokens,
+    num_beams=FLAGS.num_beams,
+    repeats=FLAGS.repeats,
+    figures=figures,
+  )

@@ -42,22 +42,29 @@ FRESH_BATCHES = 8
 def window_figures(setup: RunSetup, first: int, last: int, step_time: float, loss) -> dict:
   """The figures of steps first..last (1-based) at `step_time` seconds a step."""
   tokens_per_sec = setup.tokens_per_step / step_time
-  return dict(first_step=first, last_step=last, step_time=step_time,
-              tokens_per_sec=tokens_per_sec, loss=float(loss),
-              mfu=hardware.mfu(setup.flops_per_token, tokens_per_sec, jax.device_count(),
-                               setup.peak_flops))
+  return dict(
+    first_step=first,
+    last_step=last,
+    step_time=step_time,
+    tokens_per_sec=tokens_per_sec,
+    loss=float(loss),
+    mfu=hardware.mfu(setup.flops_per_token, tokens_per_sec, jax.device_count(), setup.peak_flops),
+  )
 
 
 def format_window(figures: dict) -> str:
   mfu = figures["mfu"]
   mfu_text = f", MFU {100 * mfu:.1f}%" if mfu is not None else ""
-  return (f"steps {figures['first_step']}-{figures['last_step']}: "
-          f"{1e3 * figures['step_time']:.1f} ms/step, {figures['tokens_per_sec']:,.0f} tokens/s"
-          f"{mfu_text}, loss {figures['loss']:.3f}")
+  return (
+    f"steps {figures['first_step']}-{figures['last_step']}: "
+    f"{1e3 * figures['step_time']:.1f} ms/step, {figures['tokens_per_sec']:,.0f} tokens/s"
+    f"{mfu_text}, loss {figures['loss']:.3f}"
+  )
 
 
-def benchmark(setup: RunSetup, *, steps: int, window: int, fresh_batches: bool,
-              sync: bool) -> list[dict]:
+def benchmark(
+  setup: RunSetup, *, steps: int, window: int, fresh_batches: bool, sync: bool
+) -> list[dict]:
   """Runs `steps` training steps after a compiling one; the figures of each
   full window of `window` steps (printed as they come)."""
   count = FRESH_BATCHES if fresh_batches else 1
@@ -99,14 +106,15 @@ def compiled_memory(setup: RunSetup) -> dict[str, int] | None:
   none). Lowered on the setup's abstract state and batch: after the step has
   run this reuses its compilation."""
   batch = setup.to_device(next(iter(setup.eval_data)))
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                       batch)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), batch)
   with setup.activation_sharding():
     analysis = setup.train_step.lower(setup.abstract_state, batch).compile().memory_analysis()
   if analysis is None:
     return None
-  return {name: int(getattr(analysis, f"{name}_size_in_bytes"))
-          for name in ("argument", "output", "alias", "temp", "generated_code")}
+  return {
+    name: int(getattr(analysis, f"{name}_size_in_bytes"))
+    for name in ("argument", "output", "alias", "temp", "generated_code")
+  }
 
 
 def define_steps_and_window(steps_help: str, window_help: str) -> None:
@@ -117,16 +125,21 @@ def define_steps_and_window(steps_help: str, window_help: str) -> None:
   flags.DEFINE_integer("window", 50, window_help)
   flags.register_validator("window", lambda window: window >= 1, "--window must be >= 1")
   flags.register_multi_flags_validator(
-      ["steps", "window"], lambda values: values["steps"] >= values["window"],
-      "--steps must be at least --window (a window of steps is timed as one figure)")
+    ["steps", "window"],
+    lambda values: values["steps"] >= values["window"],
+    "--steps must be at least --window (a window of steps is timed as one figure)",
+  )
 
 
 def define_flags() -> None:
   define_steps_and_window("Timed steps.", "Steps per reported window.")
   flags.DEFINE_bool("fresh_batches", False, "A new host batch every step.")
   flags.DEFINE_bool("sync", True, "Wait for every step (median) or only per window.")
-  flags.DEFINE_bool("compile_only", False, "Compile the step and report XLA's memory "
-                    "analysis of it, without running.")
+  flags.DEFINE_bool(
+    "compile_only",
+    False,
+    "Compile the step and report XLA's memory analysis of it, without running.",
+  )
   flags.DEFINE_bool("torch", False, "Also time benchmarks/references/torch_gpt2.py.")
   flags.DEFINE_integer("torch_steps", 50, "Timed steps of the PyTorch recipe.")
   flags.DEFINE_bool("torch_compile", True, "torch.compile the PyTorch model.")
@@ -142,42 +155,71 @@ def torch_reference(config, *, steps: int, compile_model: bool) -> dict | None:
     return None
   data = make_dataset(config.data, "train", seed=config.seed)
   batches = [next(data) for _ in range(FRESH_BATCHES)]
-  windows_NxBxT1 = np.stack([np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1)
-                             for b in batches])
+  windows_NxBxT1 = np.stack(
+    [np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1) for b in batches]
+  )
   with tempfile.TemporaryDirectory() as directory:
     tokens = pathlib.Path(directory) / "tokens.npy"
     np.save(tokens, windows_NxBxT1)
     return run_reference(
-        "torch_gpt2.py",
-        [f"--tokens={tokens}", f"--layers={model.num_layers}", f"--d_model={model.d_model}",
-         f"--heads={model.num_heads}", f"--vocab={model.vocab_size or data.vocab_size}",
-         f"--steps={steps}"] + ([] if compile_model else ["--no_compile"]),
-        needs="torch")
+      "torch_gpt2.py",
+      [
+        f"--tokens={tokens}",
+        f"--layers={model.num_layers}",
+        f"--d_model={model.d_model}",
+        f"--heads={model.num_heads}",
+        f"--vocab={model.vocab_size or data.vocab_size}",
+        f"--steps={steps}",
+      ]
+      + ([] if compile_model else ["--no_compile"]),
+      needs="torch",
+    )
 
 
 def main() -> dict:
   config = FLAGS.config
-  torch = (torch_reference(config, steps=FLAGS.torch_steps, compile_model=FLAGS.torch_compile)
-           if FLAGS.torch else None)
+  torch = (
+    torch_reference(config, steps=FLAGS.torch_steps, compile_model=FLAGS.torch_compile)
+    if FLAGS.torch
+    else None
+  )
   setup = setup_run(config)
-  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
-        f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token")
-  report = dict(tokens_per_step=setup.tokens_per_step, flops_per_token=setup.flops_per_token,
-                peak_flops=setup.peak_flops)
+  print(
+    f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
+    f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token"
+  )
+  report = dict(
+    tokens_per_step=setup.tokens_per_step,
+    flops_per_token=setup.flops_per_token,
+    peak_flops=setup.peak_flops,
+  )
   if not FLAGS.compile_only:
     with setup.activation_sharding():
-      windows = benchmark(setup, steps=FLAGS.steps, window=FLAGS.window,
-                          fresh_batches=FLAGS.fresh_batches, sync=FLAGS.sync)
-    report.update(steps=FLAGS.steps, window=FLAGS.window, fresh_batches=FLAGS.fresh_batches,
-                  sync=FLAGS.sync, windows=windows,
-                  median_step_time=statistics.median(w["step_time"] for w in windows),
-                  peak_bytes_in_use=peak_memory_bytes())
+      windows = benchmark(
+        setup,
+        steps=FLAGS.steps,
+        window=FLAGS.window,
+        fresh_batches=FLAGS.fresh_batches,
+        sync=FLAGS.sync,
+      )
+    report.update(
+      steps=FLAGS.steps,
+      window=FLAGS.window,
+      fresh_batches=FLAGS.fresh_batches,
+      sync=FLAGS.sync,
+      windows=windows,
+      median_step_time=statistics.median(w["step_time"] for w in windows),
+      peak_bytes_in_use=peak_memory_bytes(),
+    )
   report["compiled_memory"] = compiled_memory(setup)
-  print("compiled step memory (bytes): " + ", ".join(
-      f"{name} {size:,}" for name, size in (report["compiled_memory"] or {}).items()))
+  print(
+    "compiled step memory (bytes): "
+    + ", ".join(f"{name} {size:,}" for name, size in (report["compiled_memory"] or {}).items())
+  )
   if torch is not None:
-    torch["mfu"] = hardware.mfu(setup.flops_per_token, torch["tokens_per_sec"],
-                                jax.device_count(), setup.peak_flops)
+    torch["mfu"] = hardware.mfu(
+      setup.flops_per_token, torch["tokens_per_sec"], jax.device_count(), setup.peak_flops
+    )
     median_tokens = setup.tokens_per_step / report["median_step_time"]
     print(f"txf / torch tokens/s: {median_tokens / torch['tokens_per_sec']:.2f}x")
     report["torch"] = torch

@@ -26,31 +26,39 @@ def _gib(size: int | None) -> str:
 def step_rows(name: str, report: dict) -> list[str]:
   compiled = report.get("compiled_memory") or {}
   if "median_step_time" not in report:  # --compile_only
-    return [f"| {name} | txf, compiled only | {report['tokens_per_step']:,} | | | "
-            f"temporaries {_gib(compiled.get('temp'))} |"]
+    return [
+      f"| {name} | txf, compiled only | {report['tokens_per_step']:,} | | | "
+      f"temporaries {_gib(compiled.get('temp'))} |"
+    ]
   tokens = report["tokens_per_step"] / report["median_step_time"]
   mfu = report["windows"][-1]["mfu"]
   if mfu is not None:  # the median window's MFU
     mfu *= tokens / report["windows"][-1]["tokens_per_sec"]
-  rows = [f"| {name} | txf | {report['tokens_per_step']:,} | {_k(tokens)} | {_pct(mfu)} | "
-          f"peak {_gib(report.get('peak_bytes_in_use'))}, temporaries "
-          f"{_gib(compiled.get('temp'))} |"]
+  rows = [
+    f"| {name} | txf | {report['tokens_per_step']:,} | {_k(tokens)} | {_pct(mfu)} | "
+    f"peak {_gib(report.get('peak_bytes_in_use'))}, temporaries "
+    f"{_gib(compiled.get('temp'))} |"
+  ]
   if "torch" in report:
     torch = report["torch"]
-    rows.append(f"| {name} | torch {torch['torch_version']} | "
-                f"{torch['batch_size'] * torch['seq_len']:,} | {_k(torch['tokens_per_sec'])} | "
-                f"{_pct(torch['mfu'])} | txf / torch = {tokens / torch['tokens_per_sec']:.2f}x |")
+    rows.append(
+      f"| {name} | torch {torch['torch_version']} | "
+      f"{torch['batch_size'] * torch['seq_len']:,} | {_k(torch['tokens_per_sec'])} | "
+      f"{_pct(torch['mfu'])} | txf / torch = {tokens / torch['tokens_per_sec']:.2f}x |"
+    )
   return rows
 
 
 def loop_rows(name: str, report: dict) -> list[str]:
   rows = [f"| {name} | bare step | {_k(report['step']['tokens_per_sec'])} | 1.000 | | | |"]
   for run in report["loop"]:
-    rows.append(f"| {name} | {run['variant']} | {_k(run['amortised_tokens_per_sec'])} | "
-                f"{run['ratio_to_step']:.3f} | {_k(run['window_tokens_per_sec_min'])} | "
-                f"{_k(run['window_tokens_per_sec_last'])} | {run['gc_pauses']} pauses, "
-                f"{run['gc_seconds']:.2f} s ({run.get('gc_full_collections', '?')} full, "
-                f"{run.get('gc_full_seconds', float('nan')):.2f} s) |")
+    rows.append(
+      f"| {name} | {run['variant']} | {_k(run['amortised_tokens_per_sec'])} | "
+      f"{run['ratio_to_step']:.3f} | {_k(run['window_tokens_per_sec_min'])} | "
+      f"{_k(run['window_tokens_per_sec_last'])} | {run['gc_pauses']} pauses, "
+      f"{run['gc_seconds']:.2f} s ({run.get('gc_full_collections', '?')} full, "
+      f"{run.get('gc_full_seconds', float('nan')):.2f} s) |"
+    )
   return rows
 
 
@@ -60,20 +68,26 @@ def decode_rows(name: str, report: dict) -> list[str]:
     hf, ratio = "n/a", "n/a"
     if "hf_tokens_per_sec" in row:
       hf, ratio = f"{row['hf_tokens_per_sec']:,.0f}", f"{row['ratio_to_hf']:.1f}x"
-    rows.append(f"| {name} | {row['batch_size']} | {row['tokens_per_sec']:,.0f} | "
-                f"{row['us_per_token']:,.0f} | {_pct(row['floor_fraction'])} | {hf} | {ratio} |")
+    rows.append(
+      f"| {name} | {row['batch_size']} | {row['tokens_per_sec']:,.0f} | "
+      f"{row['us_per_token']:,.0f} | {_pct(row['floor_fraction'])} | {hf} | {ratio} |"
+    )
   return rows
 
 
 def main(paths: list[str]) -> None:
-  files = [f for p in map(pathlib.Path, paths)
-           for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+  files = [
+    f for p in map(pathlib.Path, paths) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])
+  ]
   for file in files:
     report = json.loads(file.read_text())
     rows = {"step": step_rows, "loop": loop_rows, "decode": decode_rows}[report["mode"]](
-        file.stem, report)
-    print(f"{file}: {report['device_kind']}, {report['date']}, jax "
-          f"{report['versions']['jax']}, XLA_FLAGS='{report['xla_flags']}'")
+      file.stem, report
+    )
+    print(
+      f"{file}: {report['device_kind']}, {report['date']}, jax "
+      f"{report['versions']['jax']}, XLA_FLAGS='{report['xla_flags']}'"
+    )
     print("\n".join(rows))
 
 

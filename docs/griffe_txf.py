@@ -19,8 +19,9 @@ from typing import Any
 import griffe
 
 _SECTION = re.compile(
-    r"^(Args|Arguments|Attributes|Parameters|Other Parameters|Returns|Yields|Receives|Raises|"
-    r"Warns|Examples?|Notes?|Warnings?|Methods|Functions|Classes|Modules):\s*$")
+  r"^(Args|Arguments|Attributes|Parameters|Other Parameters|Returns|Yields|Receives|Raises|"
+  r"Warns|Examples?|Notes?|Warnings?|Methods|Functions|Classes|Modules):\s*$"
+)
 _ROLE = re.compile(r":(?:func|class|mod|meth|attr|obj|data|exc):`~?([^`]+)`")
 _RAISES_ITEM = re.compile(r"^(\s+)([A-Z]\w*(?:\.\w+)*)( (?!\S*:))")
 
@@ -66,8 +67,10 @@ def fence_indented_blocks(text: str) -> str:
       i += 1
       continue
     block = []
-    while i < len(lines) and (_indented(lines[i]) or (
-        not lines[i].strip() and i + 1 < len(lines) and _indented(lines[i + 1]))):
+    while i < len(lines) and (
+      _indented(lines[i])
+      or (not lines[i].strip() and i + 1 < len(lines) and _indented(lines[i + 1]))
+    ):
       block.append(lines[i])
       i += 1
     last = max((n for n, text in enumerate(out) if text.strip()), default=None)

@@ -27,11 +27,10 @@ def resume_rules() -> str:
   if str(ROOT) not in sys.path:  # `mkdocs` run from a checkout that is not installed
     sys.path.insert(0, str(ROOT))
   # Imported here: only a page with the marker pays for loading jax.
-  import ml_collections  # pylint: disable=import-outside-toplevel
+  import ml_collections
 
-  from txf.configs import base  # pylint: disable=import-outside-toplevel
-  from txf.train.setup import (FREE_DATA_FIELDS,  # pylint: disable=import-outside-toplevel
-                               RESUME_SECTIONS)
+  from txf.configs import base
+  from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
 
   config = base.get_config()
   sections = [name for name in config if isinstance(config[name], ml_collections.ConfigDict)]
@@ -39,24 +38,30 @@ def resume_rules() -> str:
   for name in RESUME_SECTIONS:
     if name == "data":
       defining = [field for field in config.data if field not in FREE_DATA_FIELDS]
-      kept.append(f"the `data` fields that define the data stream and tokenizer (every `data` "
-                  f"field except {_names(FREE_DATA_FIELDS)}: {_names(defining)})")
+      kept.append(
+        f"the `data` fields that define the data stream and tokenizer (every `data` "
+        f"field except {_names(FREE_DATA_FIELDS)}: {_names(defining)})"
+      )
     elif name in sections:
       kept.append(f"the `{name}` section")
     else:
       kept.append(f"`{name}`")
   free_sections = [name for name in sections if name not in RESUME_SECTIONS]
   plain = [name for name in free_sections if name != "train"]
-  text = (f"A resumed run must keep what its checkpoints depend on: {', '.join(kept[:-1])} "
-          f"and {kept[-1]}; changing one stops the run before any compute, naming the field "
-          f"(`txf.train.setup.check_resumable`). The `data` fields "
-          f"{_names(FREE_DATA_FIELDS)} may change")
+  text = (
+    f"A resumed run must keep what its checkpoints depend on: {', '.join(kept[:-1])} "
+    f"and {kept[-1]}; changing one stops the run before any compute, naming the field "
+    f"(`txf.train.setup.check_resumable`). The `data` fields "
+    f"{_names(FREE_DATA_FIELDS)} may change"
+  )
   if plain:
     text += f", and so may the {_names(plain)} section{'s' if len(plain) > 1 else ''}"
   if "train" in free_sections:
-    text += (", and `train`, except a change that reshapes the optimizer state the "
-             "checkpoints hold (e.g. `train.grad_clip_norm=0` drops the clipping's state), "
-             "which is refused naming the field (`txf.train.setup.check_optimizer_state`)")
+    text += (
+      ", and `train`, except a change that reshapes the optimizer state the "
+      "checkpoints hold (e.g. `train.grad_clip_norm=0` drops the clipping's state), "
+      "which is refused naming the field (`txf.train.setup.check_optimizer_state`)"
+    )
   return text + "."
 
 

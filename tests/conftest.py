@@ -20,9 +20,11 @@ def compilation_cache_dir(tmp_path_factory):
   end-to-end runs cost mostly XLA compilation, and reruns of the same
   program then compile once."""
   directory = tmp_path_factory.mktemp("xla_cache")
-  values = {"jax_compilation_cache_dir": str(directory),
-            "jax_persistent_cache_min_compile_time_secs": 0,
-            "jax_persistent_cache_min_entry_size_bytes": -1}
+  values = {
+    "jax_compilation_cache_dir": str(directory),
+    "jax_persistent_cache_min_compile_time_secs": 0,
+    "jax_persistent_cache_min_entry_size_bytes": -1,
+  }
   previous = {name: getattr(jax.config, name) for name in values}
   for name, value in values.items():
     jax.config.update(name, value)
@@ -47,12 +49,13 @@ def sigterm_at(step, lines):
   """A `log` callback for txf.train.loop.run that records lines and sends
   this process SIGTERM once step `step` is logged (the loop's PreemptionGuard
   turns it into a save and a clean return)."""
+
   def log(line):
     lines.append(line)
     if line.startswith(f"step {step}/"):
       os.kill(os.getpid(), signal.SIGTERM)
-  return log
 
+  return log
 
 
 def load_config(name):
@@ -67,8 +70,9 @@ def tiny_config(name="rope", *, steps=12, **fields):
   config.data.update(dict(batch_size=8, max_corpus_bytes=200_000))
   if config.data.task in ("lm", "mlm"):
     config.data.seq_len = 32
-  config.train.update(dict(steps=steps, warmup_steps=4, decay="constant", log_every=1,
-                           checkpoint_every=1000))
+  config.train.update(
+    dict(steps=steps, warmup_steps=4, decay="constant", log_every=1, checkpoint_every=1000)
+  )
   config.eval.update(dict(every=1000, num_batches=1, sample_tokens=0))
   for key, value in fields.items():
     section, field = key.split("__")
@@ -138,17 +142,16 @@ def truncate_state_files(step_dir):
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 _CACHE_OPTIONS = {  # jax config option -> environment variable (subprocesses)
-    "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
-    "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-    "jax_persistent_cache_min_entry_size_bytes": "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+  "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
+  "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+  "jax_persistent_cache_min_entry_size_bytes": "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
 }
 
 
 def cli_overrides(config, name):
   """--config.<field>=<value> flags that turn configs/<name>.py into `config`."""
   base = flatten(load_config(name))
-  return [f"--config.{key}={value}" for key, value in flatten(config).items()
-          if value != base[key]]
+  return [f"--config.{key}={value}" for key, value in flatten(config).items() if value != base[key]]
 
 
 def cli_env(cache):
@@ -158,5 +161,12 @@ def cli_env(cache):
 
 
 def cli_command(name, workdir, config, *extra):
-  return [sys.executable, "-m", "experiments.run", f"--config=configs/{name}.py",
-          f"--workdir={workdir}", *cli_overrides(config, name), *extra]
+  return [
+    sys.executable,
+    "-m",
+    "experiments.run",
+    f"--config=configs/{name}.py",
+    f"--workdir={workdir}",
+    *cli_overrides(config, name),
+    *extra,
+  ]

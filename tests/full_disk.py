@@ -55,10 +55,14 @@ class FullDisk:
   def open(self, real_open):
     def open_(file, mode="r", *args, **kwargs):
       handle = real_open(file, mode, *args, **kwargs)
-      if (isinstance(file, (str, os.PathLike)) and set(mode) & set("wax+")
-          and self.pattern.search(os.fspath(file))):
+      if (
+        isinstance(file, (str, os.PathLike))
+        and set(mode) & set("wax+")
+        and self.pattern.search(os.fspath(file))
+      ):
         return _Filling(handle, self, os.fspath(file))
       return handle
+
     return open_
 
 
@@ -70,7 +74,7 @@ class _Filling:
 
   def write(self, data):
     if self._disk.count(self._path):
-      self._handle.write(data[:len(data) // 2])  # what still fitted
+      self._handle.write(data[: len(data) // 2])  # what still fitted
       raise self._disk.error(self._path)
     return self._handle.write(data)
 
@@ -114,28 +118,30 @@ def full_disk(pattern: str, after: int, slow_finalize: float = 0.0):
 def _slow_finalize(seconds: float):
   """Delays orbax's save-finalize thread by `seconds` before it collects the
   background commit's result; returns what undoes it."""
-  from orbax.checkpoint import checkpoint_manager  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint import checkpoint_manager
+
   manager = checkpoint_manager.CheckpointManager
-  original = manager._wait_for_checkpointers  # pylint: disable=protected-access
+  original = manager._wait_for_checkpointers
 
   def slowly(self):
     time.sleep(seconds)
     return original(self)
 
-  manager._wait_for_checkpointers = slowly  # pylint: disable=protected-access
+  manager._wait_for_checkpointers = slowly
   return lambda: setattr(manager, "_wait_for_checkpointers", original)
 
 
 def main(argv: list[str]) -> None:
   """python tests/full_disk.py PATTERN N [--slow_finalize=S] -- RUN_FLAGS..."""
-  import runpy  # pylint: disable=import-outside-toplevel
+  import runpy
+
   split = argv.index("--")
   pattern, after, *options = argv[1:split]
   slow = 0.0
   for option in options:
     slow = float(option.removeprefix("--slow_finalize="))
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  sys.argv = ["experiments.run", *argv[split + 1:]]
+  sys.argv = ["experiments.run", *argv[split + 1 :]]
   with full_disk(pattern, int(after), slow):
     runpy.run_module("experiments.run", run_name="__main__", alter_sys=True)
 

@@ -31,7 +31,7 @@ def expected_counts(cfg: ModelConfig) -> dict[str, int]:
   Dh = cfg.head_dim or D // H
   gated = cfg.activation in ("swiglu", "geglu")
   F = cfg.d_ff or (-(-8 * D // 3 // 8) * 8 if gated else 4 * D)
-  per_norm = 2 * D if cfg.norm == "layer" else D        # scale (+ bias)
+  per_norm = 2 * D if cfg.norm == "layer" else D  # scale (+ bias)
   bias = int(cfg.use_bias)
 
   # q, out: D x H*Dh; k, v: D x K*Dh; biases on each projection's outputs.
@@ -48,43 +48,76 @@ def expected_counts(cfg: ModelConfig) -> dict[str, int]:
   tables = 2 if cfg.family == "encoder_decoder" and not cfg.share_embeddings else 1
   embedding = tables * (V * D + (cfg.max_len * D if cfg.position == "learned" else 0))
   untied_logits = 0 if cfg.tie_embeddings else D * V
-  head = {"lm": untied_logits,
-          # transform (kernel + bias), norm, output bias, projection
-          "mlm": D * D + D + per_norm + V + untied_logits,
-          "classify": D * cfg.num_classes + cfg.num_classes}[cfg.head]
+  head = {
+    "lm": untied_logits,
+    # transform (kernel + bias), norm, output bias, projection
+    "mlm": D * D + D + per_norm + V + untied_logits,
+    "classify": D * cfg.num_classes + cfg.num_classes,
+  }[cfg.head]
   counts = {
-      "embedding": embedding,
-      "position": len(stacks) * cfg.t5_num_buckets * H if cfg.position == "t5_bias" else 0,
-      "attention": sum(n for n, _ in stacks) * attention,
-      "cross_attention": sum(n for n, cross in stacks if cross) * attention,
-      "ffn": sum(n for n, _ in stacks) * ffn,
-      "norm": sum(n * (3 if cross else 2) * per_norm + final_norm for n, cross in stacks),
-      "head": head,
+    "embedding": embedding,
+    "position": len(stacks) * cfg.t5_num_buckets * H if cfg.position == "t5_bias" else 0,
+    "attention": sum(n for n, _ in stacks) * attention,
+    "cross_attention": sum(n for n, cross in stacks if cross) * attention,
+    "ffn": sum(n for n, _ in stacks) * ffn,
+    "norm": sum(n * (3 if cross else 2) * per_norm + final_norm for n, cross in stacks),
+    "head": head,
   }
   counts["total"] = sum(counts.values())
   return counts
 
 
 COUNT_CONFIGS = {
-    "decoder_default": dict(family="decoder"),
-    "decoder_bias_untied_gqa_swiglu_learned_rms": dict(
-        family="decoder", use_bias=True, tie_embeddings=False, num_heads=4, num_kv_heads=2,
-        activation="swiglu", position="learned", norm="rms"),
-    "decoder_mqa_t5_post_geglu_classify_headdim": dict(
-        family="decoder", num_heads=4, num_kv_heads=1, head_dim=6, position="t5_bias",
-        norm_placement="post", activation="geglu", head="classify", pooling="last", num_classes=3),
-    "encoder_mlm_untied_learned_bias_post_relu": dict(
-        family="encoder", head="mlm", tie_embeddings=False, position="learned", use_bias=True,
-        norm_placement="post", activation="relu", d_ff=40),
-    "encoder_mlm_tied_rms": dict(family="encoder", head="mlm", norm="rms", num_layers=1),
-    "encoder_classify_t5": dict(family="encoder", head="classify", position="t5_bias",
-                                pooling="mean", num_classes=5),
-    "encdec_shared_t5": dict(family="encoder_decoder", position="t5_bias",
-                             num_decoder_layers=3),
-    "encdec_separate_untied_learned_bias_swiglu_gqa_post": dict(
-        family="encoder_decoder", share_embeddings=False, tie_embeddings=False,
-        position="learned", use_bias=True, activation="swiglu", num_heads=4, num_kv_heads=2,
-        norm_placement="post", num_layers=1),
+  "decoder_default": dict(family="decoder"),
+  "decoder_bias_untied_gqa_swiglu_learned_rms": dict(
+    family="decoder",
+    use_bias=True,
+    tie_embeddings=False,
+    num_heads=4,
+    num_kv_heads=2,
+    activation="swiglu",
+    position="learned",
+    norm="rms",
+  ),
+  "decoder_mqa_t5_post_geglu_classify_headdim": dict(
+    family="decoder",
+    num_heads=4,
+    num_kv_heads=1,
+    head_dim=6,
+    position="t5_bias",
+    norm_placement="post",
+    activation="geglu",
+    head="classify",
+    pooling="last",
+    num_classes=3,
+  ),
+  "encoder_mlm_untied_learned_bias_post_relu": dict(
+    family="encoder",
+    head="mlm",
+    tie_embeddings=False,
+    position="learned",
+    use_bias=True,
+    norm_placement="post",
+    activation="relu",
+    d_ff=40,
+  ),
+  "encoder_mlm_tied_rms": dict(family="encoder", head="mlm", norm="rms", num_layers=1),
+  "encoder_classify_t5": dict(
+    family="encoder", head="classify", position="t5_bias", pooling="mean", num_classes=5
+  ),
+  "encdec_shared_t5": dict(family="encoder_decoder", position="t5_bias", num_decoder_layers=3),
+  "encdec_separate_untied_learned_bias_swiglu_gqa_post": dict(
+    family="encoder_decoder",
+    share_embeddings=False,
+    tie_embeddings=False,
+    position="learned",
+    use_bias=True,
+    activation="swiglu",
+    num_heads=4,
+    num_kv_heads=2,
+    norm_placement="post",
+    num_layers=1,
+  ),
 }
 
 
@@ -143,18 +176,32 @@ def test_flops_per_token_by_hand():
   #   N = 2 * (768 + 1024) + LM head 16 * 32 = 3584 + 512                 = 4096
   #   6N = 24576; attention 12 * L * H * Dh * T = 12 * 2 * 16 * 8          = 3072
   #   (PaLM's convention: causal attention counted whole)
-  cfg = ModelConfig(family="decoder", vocab_size=32, d_model=16, num_heads=2, num_kv_heads=1,
-                    d_ff=32, activation="relu", num_layers=2)
+  cfg = ModelConfig(
+    family="decoder",
+    vocab_size=32,
+    d_model=16,
+    num_heads=2,
+    num_kv_heads=1,
+    d_ff=32,
+    activation="relu",
+    num_layers=2,
+  )
   assert matmul_params(cfg) == 4096
   assert flops_per_token(cfg, 8) == 24576 + 3072
 
 
 FLOP_CONFIGS = {
-    "decoder_gqa_swiglu_headdim": dict(family="decoder", num_heads=4, num_kv_heads=2,
-                                       head_dim=6, activation="swiglu", tie_embeddings=False),
-    "encoder_mlm": dict(family="encoder", head="mlm"),
-    "encoder_classify": dict(family="encoder", head="classify", num_classes=3),
-    "encdec_deeper_decoder": dict(family="encoder_decoder", num_layers=1, num_decoder_layers=3),
+  "decoder_gqa_swiglu_headdim": dict(
+    family="decoder",
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=6,
+    activation="swiglu",
+    tie_embeddings=False,
+  ),
+  "encoder_mlm": dict(family="encoder", head="mlm"),
+  "encoder_classify": dict(family="encoder", head="classify", num_classes=3),
+  "encdec_deeper_decoder": dict(family="encoder_decoder", num_layers=1, num_decoder_layers=3),
 }
 
 
@@ -174,7 +221,7 @@ def test_flops_per_token_matches_formula(name):
   L_cross = L_dec if cfg.family == "encoder_decoder" else 0
   expected = 6 * N + 12 * (L_enc + L_dec + L_cross) * width * T
   if cfg.head == "classify":
-    expected += 6 * D * cfg.num_classes / T   # one classifier matmul per sequence
+    expected += 6 * D * cfg.num_classes / T  # one classifier matmul per sequence
   assert matmul_params(cfg) == N
   np.testing.assert_allclose(flops_per_token(cfg, T), expected, rtol=1e-12)
 
@@ -193,8 +240,9 @@ def test_causal_attention_counts_as_much_as_bidirectional():
 def test_six_n_dominates_for_short_sequences():
   # Untied, bias-free decoder: N is exactly the counted attention + FFN + head
   # parameters, so the T -> 0 intercept must be 6 * count.
-  cfg = ModelConfig(vocab_size=64, d_model=64, num_heads=4, num_layers=2,
-                    family="decoder", tie_embeddings=False)
+  cfg = ModelConfig(
+    vocab_size=64, d_model=64, num_heads=4, num_layers=2, family="decoder", tie_embeddings=False
+  )
   counts = count_params(param_shapes(cfg), cfg)
   six_n = 6 * (counts["attention"] + counts["ffn"] + counts["head"])
   f8, f16 = flops_per_token(cfg, 8), flops_per_token(cfg, 16)
@@ -207,5 +255,6 @@ def test_six_n_dominates_for_short_sequences():
 
 def test_flops_accepts_config_dict():
   fields = dict(TINY, family="encoder_decoder", position="t5_bias")
-  assert (flops_per_token(ml_collections.ConfigDict(fields), 12)
-          == flops_per_token(ModelConfig(**fields), 12))
+  assert flops_per_token(ml_collections.ConfigDict(fields), 12) == flops_per_token(
+    ModelConfig(**fields), 12
+  )

@@ -18,7 +18,7 @@ import pytest
 from txf import ops
 from txf.analysis import heads, plots
 
-PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def random_weights(seed, B, H, T, S, causal=True):
@@ -45,8 +45,12 @@ def loop_reference(weights, row_value, queries, query_mask=None):
   B, H = weights.shape[:2]
   result = np.zeros(H)
   for h in range(H):
-    values = [row_value(weights[b, h, t], t) for b in range(B) for t in queries
-              if (query_mask is None or query_mask[b, t]) and weights[b, h, t].sum() > 0]
+    values = [
+      row_value(weights[b, h, t], t)
+      for b in range(B)
+      for t in queries
+      if (query_mask is None or query_mask[b, t]) and weights[b, h, t].sum() > 0
+    ]
     result[h] = sum(values) / len(values)
   return result
 
@@ -77,7 +81,7 @@ def test_induction_score_hand_built_patterns():
 
 
 def test_induction_score_matches_loop_reference_on_random_weights():
-  P, T = 3, 8   # T > 2P: a block repeated more than twice keeps the same target t - P + 1
+  P, T = 3, 8  # T > 2P: a block repeated more than twice keeps the same target t - P + 1
   weights = random_weights(0, 2, 3, T, T)
   expected = loop_reference(weights, lambda row, t: row[t - P + 1], range(P, T))
   np.testing.assert_allclose(heads.induction_score(weights, P), expected, rtol=1e-12)
@@ -96,15 +100,17 @@ def test_scores_of_txf_ops_attention_weights():
   q = jnp.zeros((1, T, 2, 8))
   k = jnp.asarray(np.random.default_rng(9).normal(size=(1, T, 2, 8)), jnp.float32)
   weights = ops.attention_weights(q, k, is_causal=True)
-  np.testing.assert_allclose(heads.induction_score(weights, P),
-                             [np.mean([1 / (t + 1) for t in range(P, T)])] * 2, rtol=1e-6)
-  np.testing.assert_allclose(heads.attention_entropy(weights),
-                             [np.mean(np.log(np.arange(1, T + 1)))] * 2, rtol=1e-6)
+  np.testing.assert_allclose(
+    heads.induction_score(weights, P), [np.mean([1 / (t + 1) for t in range(P, T)])] * 2, rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    heads.attention_entropy(weights), [np.mean(np.log(np.arange(1, T + 1)))] * 2, rtol=1e-6
+  )
 
 
-@pytest.mark.parametrize('period', [0, 6, 7, 2.0, True])
+@pytest.mark.parametrize("period", [0, 6, 7, 2.0, True])
 def test_induction_score_rejects_bad_period(period):
-  with pytest.raises(ValueError, match='period'):
+  with pytest.raises(ValueError, match="period"):
     heads.induction_score(random_weights(0, 1, 1, 6, 6), period)
 
 
@@ -113,18 +119,24 @@ def test_repeated_random_tokens():
   assert tokens.shape == (4, 14) and tokens.dtype == np.int32
   np.testing.assert_array_equal(tokens[:, :7], tokens[:, 7:])
   assert tokens.min() >= 4 and tokens.max() < 20
-  assert all(len(set(row[:7])) == 7 for row in tokens)   # distinct within a block
-  assert len({tuple(row) for row in tokens}) > 1          # rows differ
+  assert all(len(set(row[:7])) == 7 for row in tokens)  # distinct within a block
+  assert len({tuple(row) for row in tokens}) > 1  # rows differ
   again = heads.repeated_random_tokens(np.random.default_rng(0), 4, 7, 20, low=4)
   np.testing.assert_array_equal(tokens, again)
 
 
-@pytest.mark.parametrize('kwargs, field', [
-    (dict(batch=0), 'batch'), (dict(period=0), 'period'),
-    (dict(vocab_size=10), 'vocab_size'), (dict(low=-1), 'low')])
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    (dict(batch=0), "batch"),
+    (dict(period=0), "period"),
+    (dict(vocab_size=10), "vocab_size"),
+    (dict(low=-1), "low"),
+  ],
+)
 def test_repeated_random_tokens_rejects_bad_arguments(kwargs, field):
   arguments = dict(batch=2, period=7, vocab_size=20) | kwargs
-  low = arguments.pop('low', 4)
+  low = arguments.pop("low", 4)
   with pytest.raises(ValueError, match=field):
     heads.repeated_random_tokens(np.random.default_rng(0), **arguments, low=low)
 
@@ -138,8 +150,9 @@ def test_previous_token_score_hand_built_patterns():
   identity = np.eye(T)
   weights = np.stack([shifted_identity, identity, uniform_causal(T)])[None]
   expected_uniform = np.mean([1 / (t + 1) for t in range(1, T)])
-  np.testing.assert_allclose(heads.previous_token_score(weights), [1.0, 0.0, expected_uniform],
-                             rtol=1e-12)
+  np.testing.assert_allclose(
+    heads.previous_token_score(weights), [1.0, 0.0, expected_uniform], rtol=1e-12
+  )
 
 
 def test_previous_token_score_with_query_mask_matches_loop_reference():
@@ -147,14 +160,15 @@ def test_previous_token_score_with_query_mask_matches_loop_reference():
   query_mask = np.random.default_rng(3).random((3, 7)) < 0.6
   query_mask[:, 1] = True
   expected = loop_reference(weights, lambda row, t: row[t - 1], range(1, 7), query_mask)
-  np.testing.assert_allclose(heads.previous_token_score(weights, query_mask=query_mask),
-                             expected, rtol=1e-12)
+  np.testing.assert_allclose(
+    heads.previous_token_score(weights, query_mask=query_mask), expected, rtol=1e-12
+  )
 
 
 def test_previous_token_score_rejects_cross_attention_and_bad_mask():
-  with pytest.raises(ValueError, match=r'T=4 queries and S=6 keys'):
+  with pytest.raises(ValueError, match=r"T=4 queries and S=6 keys"):
     heads.previous_token_score(random_weights(0, 1, 1, 4, 6, causal=False))
-  with pytest.raises(ValueError, match='query_mask'):
+  with pytest.raises(ValueError, match="query_mask"):
     heads.previous_token_score(random_weights(0, 1, 1, 4, 4), query_mask=np.ones((1, 4)))
 
 
@@ -164,9 +178,9 @@ def test_previous_token_score_rejects_cross_attention_and_bad_mask():
 def test_attention_entropy_uniform_one_hot_and_masked_keys():
   T, n = 5, 3
   uniform_over_n = np.zeros((T, T))
-  uniform_over_n[:, :n] = 1 / n     # the other keys masked: exact zeros
+  uniform_over_n[:, :n] = 1 / n  # the other keys masked: exact zeros
   weights = np.stack([uniform_over_n, np.eye(T), uniform_causal(T)])[None]
-  with np.errstate(all='raise'):     # a 0 * log 0 would raise here
+  with np.errstate(all="raise"):  # a 0 * log 0 would raise here
     entropy = heads.attention_entropy(weights)
   assert np.all(np.isfinite(entropy))
   expected_causal = np.mean([math.log(t + 1) for t in range(T)])
@@ -175,12 +189,13 @@ def test_attention_entropy_uniform_one_hot_and_masked_keys():
 
 def test_attention_entropy_skips_rows_without_keys_and_masked_queries():
   weights = random_weights(4, 2, 3, 6, 9, causal=False)
-  weights[0, :, 2] = 0.0            # a query with no allowed key
+  weights[0, :, 2] = 0.0  # a query with no allowed key
   query_mask = np.ones((2, 6), bool)
   query_mask[1, 4:] = False
   expected = loop_reference(weights, entropy_of, range(6), query_mask)
-  np.testing.assert_allclose(heads.attention_entropy(weights, query_mask=query_mask),
-                             expected, rtol=1e-12)
+  np.testing.assert_allclose(
+    heads.attention_entropy(weights, query_mask=query_mask), expected, rtol=1e-12
+  )
 
 
 # ----------------------------------------------------------------- distance
@@ -188,33 +203,37 @@ def test_attention_entropy_skips_rows_without_keys_and_masked_queries():
 
 def test_mean_attended_distance_hand_built_patterns():
   T = 8
-  to_first = one_hot_rows([0] * T, T)           # query t attends key 0: distance t
+  to_first = one_hot_rows([0] * T, T)  # query t attends key 0: distance t
   three_back = one_hot_rows([max(t - 3, 0) for t in range(T)], T)
   weights = np.stack([to_first, np.eye(T), three_back])[None]
   expected_three_back = np.mean([min(t, 3) for t in range(T)])
-  np.testing.assert_allclose(heads.mean_attended_distance(weights),
-                             [(T - 1) / 2, 0.0, expected_three_back], rtol=1e-12)
+  np.testing.assert_allclose(
+    heads.mean_attended_distance(weights), [(T - 1) / 2, 0.0, expected_three_back], rtol=1e-12
+  )
 
 
 def test_mean_attended_distance_cross_attention_matches_loop_reference():
-  weights = random_weights(5, 2, 2, 4, 7, causal=False)   # T=4 target, S=7 source
+  weights = random_weights(5, 2, 2, 4, 7, causal=False)  # T=4 target, S=7 source
   expected = loop_reference(weights, distance_of, range(4))
   np.testing.assert_allclose(heads.mean_attended_distance(weights), expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize('weights, message', [
-    (np.full((2, 4, 4), 0.25), r'\[B, H, T, S\]'),
-    (np.ones((1, 1, 3, 3), np.int32), 'float'),
-    (np.log(random_weights(0, 1, 1, 3, 3, causal=False)), 'logits'),
-    (2 * random_weights(0, 1, 1, 3, 3), 'sum to 1'),
-])
+@pytest.mark.parametrize(
+  "weights, message",
+  [
+    (np.full((2, 4, 4), 0.25), r"\[B, H, T, S\]"),
+    (np.ones((1, 1, 3, 3), np.int32), "float"),
+    (np.log(random_weights(0, 1, 1, 3, 3, causal=False)), "logits"),
+    (2 * random_weights(0, 1, 1, 3, 3), "sum to 1"),
+  ],
+)
 def test_scores_reject_arrays_that_are_not_attention_weights(weights, message):
   with pytest.raises(ValueError, match=message):
     heads.mean_attended_distance(weights)
 
 
 def test_scores_reject_all_queries_masked():
-  with pytest.raises(ValueError, match='no valid query'):
+  with pytest.raises(ValueError, match="no valid query"):
     heads.attention_entropy(random_weights(0, 1, 1, 3, 3), query_mask=np.zeros((1, 3), bool))
 
 
@@ -247,7 +266,7 @@ def test_head_ablation_zeroes_one_head_per_call_and_returns_deltas():
 
 
 def test_head_ablation_rejects_bad_sizes():
-  with pytest.raises(ValueError, match='num_heads'):
+  with pytest.raises(ValueError, match="num_heads"):
     heads.head_ablation(lambda mask: 0.0, 2, 0)
 
 
@@ -256,31 +275,33 @@ def test_head_ablation_rejects_bad_sizes():
 
 def test_head_scores_table_and_csv(tmp_path):
   L, H = 2, 3
-  scores = {'induction': np.arange(L * H).reshape(L, H) / 7,
-            'loss_delta': -np.arange(L * H).reshape(L, H) * 1e-3}
+  scores = {
+    "induction": np.arange(L * H).reshape(L, H) / 7,
+    "loss_delta": -np.arange(L * H).reshape(L, H) * 1e-3,
+  }
   table = heads.head_scores_table(scores)
   lines = table.splitlines()
   assert len(lines) == 2 + L * H
-  assert lines[0] == '| layer | head | induction | loss_delta |'
-  assert lines[1] == '|---|---|---|---|'
-  cells = [cell.strip() for cell in lines[2 + 1 * H + 2].strip('|').split('|')]
-  assert cells == ['1', '2', f'{5 / 7:.4g}', f'{-5e-3:.4g}']
+  assert lines[0] == "| layer | head | induction | loss_delta |"
+  assert lines[1] == "|---|---|---|---|"
+  cells = [cell.strip() for cell in lines[2 + 1 * H + 2].strip("|").split("|")]
+  assert cells == ["1", "2", f"{5 / 7:.4g}", f"{-5e-3:.4g}"]
 
-  path = heads.write_head_scores_csv(scores, tmp_path / 'sub' / 'heads.csv')
+  path = heads.write_head_scores_csv(scores, tmp_path / "sub" / "heads.csv")
   with path.open() as f:
     rows = list(csv.reader(f))
-  assert rows[0] == ['layer', 'head', 'induction', 'loss_delta']
+  assert rows[0] == ["layer", "head", "induction", "loss_delta"]
   assert len(rows) == 1 + L * H
   for layer, head, induction, loss_delta in rows[1:]:
     layer, head = int(layer), int(head)
-    assert float(induction) == scores['induction'][layer, head]     # full precision
-    assert float(loss_delta) == scores['loss_delta'][layer, head]
+    assert float(induction) == scores["induction"][layer, head]  # full precision
+    assert float(loss_delta) == scores["loss_delta"][layer, head]
 
 
 def test_head_scores_table_rejects_mismatched_shapes():
   with pytest.raises(ValueError, match="scores\\['entropy'\\]"):
-    heads.head_scores_table({'induction': np.zeros((2, 3)), 'entropy': np.zeros((3, 2))})
-  with pytest.raises(ValueError, match='at least one'):
+    heads.head_scores_table({"induction": np.zeros((2, 3)), "entropy": np.zeros((3, 2))})
+  with pytest.raises(ValueError, match="at least one"):
     heads.head_scores_table({})
 
 
@@ -290,98 +311,124 @@ def test_head_scores_table_rejects_mismatched_shapes():
 def test_attention_grid_figure_and_png(tmp_path):
   L, H, T = 2, 3, 5
   weights = random_weights(7, L, H, T, T)
-  tokens = ['a', 'b', 'c', 'd', 'e']
-  figure = plots.attention_grid_figure(list(weights), tokens, title='layer x head')
-  assert figure.get_suptitle() == 'layer x head'
+  tokens = ["a", "b", "c", "d", "e"]
+  figure = plots.attention_grid_figure(list(weights), tokens, title="layer x head")
+  assert figure.get_suptitle() == "layer x head"
   panels = [axes for axes in figure.axes if axes.get_title()]
   assert [axes.get_title() for axes in panels] == [
-      f'layer {layer}, head {h}' for layer in range(L) for h in range(H)]
-  assert [axes.get_xlabel() for axes in panels[-H:]] == ['key position'] * H
-  assert [panels[layer * H].get_ylabel() for layer in range(L)] == ['query position'] * L
+    f"layer {layer}, head {h}" for layer in range(L) for h in range(H)
+  ]
+  assert [axes.get_xlabel() for axes in panels[-H:]] == ["key position"] * H
+  assert [panels[layer * H].get_ylabel() for layer in range(L)] == ["query position"] * L
   assert [label.get_text() for label in panels[0].get_xticklabels()] == tokens
   np.testing.assert_array_equal(panels[4].images[0].get_array(), weights[1, 1])
-  assert len(figure.axes) == L * H + 1                     # one shared colour bar
-  assert figure.axes[-1].get_ylabel() == 'attention weight'
+  assert len(figure.axes) == L * H + 1  # one shared colour bar
+  assert figure.axes[-1].get_ylabel() == "attention weight"
 
-  path = plots.attention_grid(list(weights), tokens, tmp_path / 'grid.png', 'attention')
+  path = plots.attention_grid(list(weights), tokens, tmp_path / "grid.png", "attention")
   assert path.read_bytes()[:8] == PNG_MAGIC
 
 
 def test_attention_grid_cross_attention_and_long_sequences():
   weights = random_weights(8, 1, 2, 3, 4, causal=False)[0]
-  figure = plots.attention_grid_figure([weights], ['x', 'y', 'z'], title='cross',
-                                       key_tokens=['p', 'q', 'r', 's'])
-  assert [t.get_text() for t in figure.axes[0].get_xticklabels()] == ['p', 'q', 'r', 's']
-  assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ['x', 'y', 'z']
+  figure = plots.attention_grid_figure(
+    [weights], ["x", "y", "z"], title="cross", key_tokens=["p", "q", "r", "s"]
+  )
+  assert [t.get_text() for t in figure.axes[0].get_xticklabels()] == ["p", "q", "r", "s"]
+  assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["x", "y", "z"]
   T = plots.MAX_TOKEN_TICKS + 1
-  figure = plots.attention_grid_figure([uniform_causal(T)[None]], [str(i) for i in range(T)],
-                                       title='long')
-  assert len(figure.axes[0].get_xticks()) < T              # numeric positions, not tokens
+  figure = plots.attention_grid_figure(
+    [uniform_causal(T)[None]], [str(i) for i in range(T)], title="long"
+  )
+  assert len(figure.axes[0].get_xticks()) < T  # numeric positions, not tokens
 
 
-@pytest.mark.parametrize('kwargs, field', [
-    (dict(title=''), 'title'),
-    (dict(tokens=['a', 'b']), 'tokens'),
-    (dict(weights_by_layer=[np.eye(3)]), r'weights_by_layer\[0\]'),
-    (dict(weights_by_layer=[]), 'weights_by_layer'),
-])
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    (dict(title=""), "title"),
+    (dict(tokens=["a", "b"]), "tokens"),
+    (dict(weights_by_layer=[np.eye(3)]), r"weights_by_layer\[0\]"),
+    (dict(weights_by_layer=[]), "weights_by_layer"),
+  ],
+)
 def test_attention_grid_rejects_bad_input(kwargs, field):
-  arguments = dict(weights_by_layer=[np.eye(3)[None]], tokens=['a', 'b', 'c'], title='t') | kwargs
+  arguments = dict(weights_by_layer=[np.eye(3)[None]], tokens=["a", "b", "c"], title="t") | kwargs
   with pytest.raises(ValueError, match=field):
-    plots.attention_grid_figure(arguments.pop('weights_by_layer'), **arguments)
+    plots.attention_grid_figure(arguments.pop("weights_by_layer"), **arguments)
 
 
 def test_line_plot_figure_and_png(tmp_path):
   x = np.array([128, 256, 512, 1024])
-  series = {'rope': (x, np.array([3.0, 2.9, 3.4, 4.0]), np.full(4, 0.1)),
-            'alibi': (x, np.array([3.1, 3.0, 2.95, 2.9]))}
-  figure = plots.line_plot_figure(series, title='loss vs length',
-                                  xlabel='evaluation length (tokens)',
-                                  ylabel='loss (nats/token)', logx=True)
+  series = {
+    "rope": (x, np.array([3.0, 2.9, 3.4, 4.0]), np.full(4, 0.1)),
+    "alibi": (x, np.array([3.1, 3.0, 2.95, 2.9])),
+  }
+  figure = plots.line_plot_figure(
+    series,
+    title="loss vs length",
+    xlabel="evaluation length (tokens)",
+    ylabel="loss (nats/token)",
+    logx=True,
+  )
   (axes,) = figure.axes
   assert (axes.get_title(), axes.get_xlabel(), axes.get_ylabel()) == (
-      'loss vs length', 'evaluation length (tokens)', 'loss (nats/token)')
-  assert axes.get_xscale() == 'log'
-  assert [text.get_text() for text in axes.get_legend().get_texts()] == ['rope', 'alibi']
-  assert len(axes.collections) == 1                        # one std band
+    "loss vs length",
+    "evaluation length (tokens)",
+    "loss (nats/token)",
+  )
+  assert axes.get_xscale() == "log"
+  assert [text.get_text() for text in axes.get_legend().get_texts()] == ["rope", "alibi"]
+  assert len(axes.collections) == 1  # one std band
   band = axes.collections[0].get_paths()[0].vertices
   np.testing.assert_allclose([band[:, 1].min(), band[:, 1].max()], [2.8, 4.1], rtol=1e-12)
-  assert [text.get_text() for text in axes.get_xticklabels()] == ['128', '256', '512', '1024']
+  assert [text.get_text() for text in axes.get_xticklabels()] == ["128", "256", "512", "1024"]
 
-  path = plots.line_plot(series, tmp_path / 'loss.png', 'loss', 'step', 'loss (nats/token)')
+  path = plots.line_plot(series, tmp_path / "loss.png", "loss", "step", "loss (nats/token)")
   assert path.read_bytes()[:8] == PNG_MAGIC
 
 
 def test_line_plot_styles_and_a_legend_outside_for_many_curves():
   x = np.arange(3.0)
-  many = {f'run {i}': (x, x + i) for i in range(plots.LEGEND_INSIDE_MAX + 1)}
-  figure = plots.line_plot_figure(many, title='t', xlabel='x (steps)', ylabel='y (nats)',
-                                  styles={'run 0': {'color': 'C3', 'linestyle': '--'}})
+  many = {f"run {i}": (x, x + i) for i in range(plots.LEGEND_INSIDE_MAX + 1)}
+  figure = plots.line_plot_figure(
+    many,
+    title="t",
+    xlabel="x (steps)",
+    ylabel="y (nats)",
+    styles={"run 0": {"color": "C3", "linestyle": "--"}},
+  )
   (axes,) = figure.axes
   first = axes.get_lines()[0]
-  assert (first.get_color(), first.get_linestyle()) == ('C3', '--')
+  assert (first.get_color(), first.get_linestyle()) == ("C3", "--")
   figure.canvas.draw()  # the legend's place is known once drawn
   legend_box = axes.get_legend().get_window_extent()
   assert legend_box.x0 >= axes.get_window_extent().x1  # right of the axes: hides no curve
-  few = plots.line_plot_figure(dict(list(many.items())[:2]), title='t', xlabel='x (steps)',
-                               ylabel='y (nats)')
+  few = plots.line_plot_figure(
+    dict(list(many.items())[:2]), title="t", xlabel="x (steps)", ylabel="y (nats)"
+  )
   few.canvas.draw()
   assert few.axes[0].get_legend().get_window_extent().x0 < few.axes[0].get_window_extent().x1
   with pytest.raises(ValueError, match=r"styles\['nope'\]: no such series"):
-    plots.line_plot_figure(many, title='t', xlabel='x', ylabel='y', styles={'nope': {}})
+    plots.line_plot_figure(many, title="t", xlabel="x", ylabel="y", styles={"nope": {}})
 
 
-@pytest.mark.parametrize('kwargs, field', [
-    (dict(xlabel=''), 'xlabel'), (dict(ylabel=' '), 'ylabel'), (dict(title=None), 'title'),
-    (dict(series={}), 'series'),
-    (dict(series={'a': ([1, 2], [1, 2, 3])}), r"series\['a'\] y"),
-    (dict(series={'a': ([1, 2], [1, 2], [0.1])}), r"series\['a'\] std"),
-    (dict(series={'a': ([0, 1], [1, 2])}, logx=True), 'logx'),
-])
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    (dict(xlabel=""), "xlabel"),
+    (dict(ylabel=" "), "ylabel"),
+    (dict(title=None), "title"),
+    (dict(series={}), "series"),
+    (dict(series={"a": ([1, 2], [1, 2, 3])}), r"series\['a'\] y"),
+    (dict(series={"a": ([1, 2], [1, 2], [0.1])}), r"series\['a'\] std"),
+    (dict(series={"a": ([0, 1], [1, 2])}, logx=True), "logx"),
+  ],
+)
 def test_line_plot_rejects_bad_input(kwargs, field):
-  arguments = dict(series={'a': ([1, 2], [3, 4])}, title='t', xlabel='x', ylabel='y') | kwargs
+  arguments = dict(series={"a": ([1, 2], [3, 4])}, title="t", xlabel="x", ylabel="y") | kwargs
   with pytest.raises(ValueError, match=field):
-    plots.line_plot_figure(arguments.pop('series'), **arguments)
+    plots.line_plot_figure(arguments.pop("series"), **arguments)
 
 
 # ------------------------------------------------ probe periods, roles, groups
@@ -405,10 +452,10 @@ def test_a_fixed_offset_head_is_positional_and_a_content_head_induction():
     scores[P] = heads.induction_score(offset_weights(2, (7, P - 1), T), P)[None]
   assert scores[8][0, 0] == pytest.approx(1.0) and scores[11][0, 0] == pytest.approx(0.0)
   roles = heads.head_roles(np.zeros((1, 2)), scores)
-  assert list(roles[0]) == ['positional', 'induction']
+  assert list(roles[0]) == ["positional", "induction"]
   # Probed only at periods other than the fixed offset's: neither.
-  assert heads.head_roles(np.zeros((1, 2)), {11: scores[11], 12: scores[11]})[0, 0] == ''
-  with pytest.raises(ValueError, match='two or more probe periods'):
+  assert heads.head_roles(np.zeros((1, 2)), {11: scores[11], 12: scores[11]})[0, 0] == ""
+  with pytest.raises(ValueError, match="two or more probe periods"):
     heads.head_roles(np.zeros((1, 2)), {8: scores[8]})
 
 
@@ -416,7 +463,7 @@ def test_probe_periods_avoid_the_training_periods_and_fit():
   assert heads.probe_periods(48, 32, range(4, 17)) == [24, 23]
   assert heads.probe_periods(48, 20, range(4, 17)) == [20, 19]  # distinct ids limit
   assert heads.probe_periods(48, 32, range(4, 25)) == [3, 2]
-  with pytest.raises(ValueError, match='only 1 induction-probe periods'):
+  with pytest.raises(ValueError, match="only 1 induction-probe periods"):
     heads.probe_periods(8, 32, (2, 3))
 
 
@@ -426,9 +473,9 @@ def test_the_probe_draws_only_in_distribution_ids():
   np.testing.assert_array_equal(ids, [7, 9, 12, 40])
   probe = heads.repeated_random_tokens(np.random.default_rng(0), 50, 4, 260, ids=ids)
   assert set(np.unique(probe)) == {7, 9, 12, 40}  # all drawn, nothing else
-  with pytest.raises(ValueError, match=r'len\(ids\) = 4 must be >= period=5'):
+  with pytest.raises(ValueError, match=r"len\(ids\) = 4 must be >= period=5"):
     heads.repeated_random_tokens(np.random.default_rng(0), 1, 5, 260, ids=ids)
-  with pytest.raises(ValueError, match=r'ids must lie in \[0, vocab_size=20\)'):
+  with pytest.raises(ValueError, match=r"ids must lie in \[0, vocab_size=20\)"):
     heads.repeated_random_tokens(np.random.default_rng(0), 1, 2, 20, ids=ids)
 
 
@@ -437,5 +484,5 @@ def test_group_mask_zeroes_exactly_the_named_heads():
   reference = np.ones((2, 3), np.float32)
   reference[1, 0] = reference[0, 2] = 0
   np.testing.assert_array_equal(mask, reference)
-  with pytest.raises(ValueError, match='head L2H0 is not in'):
+  with pytest.raises(ValueError, match="head L2H0 is not in"):
     heads.group_mask([(2, 0)], 2, 3)

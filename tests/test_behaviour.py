@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_config
 
+from conftest import load_config
 from txf.layers import FeedForward, MultiHeadAttention, TransformerBlock
 from txf.models import ModelConfig, build
 from txf.train.optim import make_optimizer
@@ -32,10 +32,12 @@ def lm_batch(seed, batch, length, vocab=32):
   so micro-batches hold different token counts."""
   rng = np.random.default_rng(seed)
   tokens = rng.integers(1, vocab, size=(batch, length + 1))
-  weights = (np.arange(length)[None] < rng.integers(1, length + 1, size=(batch, 1)))
-  return {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
-          "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
-          "weights": jnp.asarray(weights, jnp.float32)}
+  weights = np.arange(length)[None] < rng.integers(1, length + 1, size=(batch, 1))
+  return {
+    "inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+    "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+    "weights": jnp.asarray(weights, jnp.float32),
+  }
 
 
 def optimizer():
@@ -57,8 +59,9 @@ def test_grad_accumulation_equals_one_big_batch(k):
   batch = lm_batch(0, 8, 6)
   state = init_state(model, opt, batch, "lm", jax.random.key(0))
   whole, whole_metrics = jax.jit(make_train_step(model, opt, "lm", seed=0))(state, batch)
-  accum, accum_metrics = jax.jit(make_train_step(model, opt, "lm", seed=0,
-                                                 grad_accum_steps=k))(state, batch)
+  accum, accum_metrics = jax.jit(make_train_step(model, opt, "lm", seed=0, grad_accum_steps=k))(
+    state, batch
+  )
   assert whole_metrics.keys() == accum_metrics.keys()
   for name in whole_metrics:
     np.testing.assert_allclose(accum_metrics[name], whole_metrics[name], err_msg=name, **TOL)
@@ -69,8 +72,9 @@ def test_grad_accumulation_equals_one_big_batch(k):
   for (path, a), b in zip(leaves_whole, leaves_accum):
     np.testing.assert_allclose(b, a, err_msg=jax.tree_util.keystr(path), **TOL)
   # The step moved the parameters: equal states are not two untouched copies.
-  moved = jax.tree.map(lambda new, old: np.abs(np.asarray(new - old)).max(),
-                       whole.params, state.params)
+  moved = jax.tree.map(
+    lambda new, old: np.abs(np.asarray(new - old)).max(), whole.params, state.params
+  )
   assert max(jax.tree.leaves(moved)) > 1e-4
 
 
@@ -92,8 +96,9 @@ def test_deterministic_model_ignores_dropout_rates(family):
   params = plain.init(jax.random.key(0), *inputs)["params"]
   expected = plain.apply({"params": params}, *inputs)
   np.testing.assert_array_equal(dropped.apply({"params": params}, *inputs), expected)
-  noisy = dropped.apply({"params": params}, *inputs, deterministic=False,
-                        rngs={"dropout": jax.random.key(1)})
+  noisy = dropped.apply(
+    {"params": params}, *inputs, deterministic=False, rngs={"dropout": jax.random.key(1)}
+  )
   assert np.abs(np.asarray(noisy - expected)).max() > 1e-2
 
 
@@ -109,9 +114,10 @@ def assert_unbiased(draws, expected):
 def mean_matches_deterministic(module, variables, *args, **kwargs):
   """Applies `module` with DRAWS dropout keys; asserts their mean is the
   deterministic output (valid where the output is linear in the masks)."""
+
   def draw(key):
-    return module.apply(variables, *args, deterministic=False, rngs={"dropout": key},
-                        **kwargs)
+    return module.apply(variables, *args, deterministic=False, rngs={"dropout": key}, **kwargs)
+
   draws = jax.vmap(draw)(jax.random.split(jax.random.key(1), DRAWS))
   assert_unbiased(draws, module.apply(variables, *args, deterministic=True, **kwargs))
 
@@ -125,10 +131,21 @@ def test_feedforward_hidden_dropout_is_unbiased():
 
 def test_attention_weight_dropout_is_unbiased():
   """The output is linear in the dropped attention weights."""
-  attention = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
-                                 window=None, rope_base=10000.0, rope_scale=1.0,
-                                 t5_max_distance=128, use_bias=False, attention_dropout_rate=P,
-                                 implementation=None, dtype=jnp.float32, causal=True)
+  attention = MultiHeadAttention(
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    position="none",
+    window=None,
+    rope_base=10000.0,
+    rope_scale=1.0,
+    t5_max_distance=128,
+    use_bias=False,
+    attention_dropout_rate=P,
+    implementation=None,
+    dtype=jnp.float32,
+    causal=True,
+  )
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   call = dict(q_positions_BxT=jnp.arange(5)[None])
   mean_matches_deterministic(attention, attention.init(jax.random.key(2), x, **call), x, **call)
@@ -137,11 +154,13 @@ def test_attention_weight_dropout_is_unbiased():
 def zero_output_of(module_type):
   """Context in which every `module_type` call returns zeros: with one
   sub-layer silenced, a block's output is linear in the other's masks."""
+
   def interceptor(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
     if isinstance(context.module, module_type) and context.method_name == "__call__":
       return jnp.zeros_like(out)
     return out
+
   return nn.intercept_methods(interceptor)
 
 
@@ -173,13 +192,19 @@ def test_embedding_dropout_is_unbiased():
 
   def stack_input(key):
     captured = []
+
     def interceptor(next_fun, args, kwargs, context):
       if type(context.module).__name__ == "TransformerStack":
         captured.append(args[0])
       return next_fun(*args, **kwargs)
+
     with nn.intercept_methods(interceptor):
-      model.apply({"params": params}, tokens, deterministic=key is None,
-                  rngs={} if key is None else {"dropout": key})
+      model.apply(
+        {"params": params},
+        tokens,
+        deterministic=key is None,
+        rngs={} if key is None else {"dropout": key},
+      )
     return captured[0]
 
   draws = jax.vmap(stack_input)(jax.random.split(jax.random.key(1), DRAWS))
@@ -192,8 +217,11 @@ def test_dropout_masks_differ_across_rows():
   model = build(ModelConfig(**TINY, **DROPOUT))
   tokens = jnp.tile(jnp.arange(1, 7, dtype=jnp.int32)[None], (4, 1))
   params = model.init(jax.random.key(0), tokens)["params"]
-  logits = np.asarray(model.apply({"params": params}, tokens, deterministic=False,
-                                  rngs={"dropout": jax.random.key(1)}))
+  logits = np.asarray(
+    model.apply(
+      {"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    )
+  )
   for i in range(1, 4):
     assert np.abs(logits[i] - logits[0]).max() > 1e-2, f"rows 0 and {i} share a mask"
 
@@ -236,8 +264,9 @@ def test_tied_output_trains_the_embedding_of_unseen_tokens(tied):
 
   def loss(params):
     logits = model.apply({"params": params}, batch["inputs"])
-    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
-                                         batch["targets"][..., None], -1))
+    return -jnp.mean(
+      jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], -1)
+    )
 
   grad_unseen = np.asarray(jax.grad(loss)(params)["embedder"]["token"]["embedding"][16:])
   if tied:
@@ -258,8 +287,9 @@ def test_train_step_ignores_padded_targets():
   batch = lm_batch(0, 4, 6)
   state = init_state(model, opt, batch, "lm", jax.random.key(0))
   step = jax.jit(make_train_step(model, opt, "lm", seed=0))
-  scrambled = dict(batch, targets=jnp.where(batch["weights"] > 0, batch["targets"],
-                                            (batch["targets"] + 7) % 32))
+  scrambled = dict(
+    batch, targets=jnp.where(batch["weights"] > 0, batch["targets"], (batch["targets"] + 7) % 32)
+  )
   assert np.any(np.asarray(scrambled["targets"] != batch["targets"]))
   (new, metrics), (new_scrambled, metrics_scrambled) = step(state, batch), step(state, scrambled)
   assert float(metrics["tokens"]) == float(jnp.sum(batch["weights"]))

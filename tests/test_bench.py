@@ -23,21 +23,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import REPO, load_config, tiny_config
 
-from benchmarks import data as bench_data
-from benchmarks import decode as bench_decode
-from benchmarks import loop as bench_loop
-from benchmarks import replicas as bench_replicas
-from benchmarks import seq2seq_decode as bench_seq2seq
-from benchmarks import step as bench_step
+from benchmarks import (
+  data as bench_data,
+  decode as bench_decode,
+  loop as bench_loop,
+  replicas as bench_replicas,
+  seq2seq_decode as bench_seq2seq,
+  step as bench_step,
+)
+from conftest import REPO, load_config, tiny_config
 from txf import ops
 from txf.analysis import flops_per_token, matmul_params
 from txf.layers.config import ModelConfig
+from txf.models import build
 from txf.train import hardware, loop
 from txf.train.config import check_run_config
 from txf.train.setup import ADDED_FIELDS, read_run_config, setup_run
-from txf.models import build
 from txf.train.step import _apply_without_head, make_train_step
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -46,8 +48,12 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 def gpt2_tiny(**model):
   """configs/gpt2_small.py at toy size (GPT-2's architecture, float32)."""
   config = load_config("gpt2_small")
-  config.model.update({**dict(d_model=32, num_heads=2, num_layers=1, vocab_size=260,
-                              max_len=64, dtype="float32"), **model})
+  config.model.update(
+    {
+      **dict(d_model=32, num_heads=2, num_layers=1, vocab_size=260, max_len=64, dtype="float32"),
+      **model,
+    }
+  )
   config.data.update(dict(seq_len=32, batch_size=4, max_corpus_bytes=200_000))
   config.train.update(dict(warmup_steps=2, checkpoint_every=1000))
   config.eval.update(dict(every=1000, num_batches=1, sample_tokens=0))
@@ -70,14 +76,22 @@ def test_flops_per_token_of_gpt2_small_by_hand():
   h100 = types.SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3")
   peak = hardware.peak_flops_per_device(h100, "bfloat16")
   assert peak == 989.5e12
-  assert hardware.mfu(flops_per_token(cfg, 1024), 471e3, 1, peak) == pytest.approx(0.407,
-                                                                                   abs=5e-4)
+  assert hardware.mfu(flops_per_token(cfg, 1024), 471e3, 1, peak) == pytest.approx(0.407, abs=5e-4)
 
 
 def test_flops_per_token_of_an_encoder_decoder_by_hand():
-  cfg = ModelConfig(family="encoder_decoder", vocab_size=100, d_model=64, num_heads=4,
-                    num_kv_heads=2, head_dim=16, d_ff=96, activation="swiglu", num_layers=2,
-                    num_decoder_layers=3)
+  cfg = ModelConfig(
+    family="encoder_decoder",
+    vocab_size=100,
+    d_model=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    d_ff=96,
+    activation="swiglu",
+    num_layers=2,
+    num_decoder_layers=3,
+  )
   # One attention's q, k, v, out: 64 * 16 * (4 + 2 + 2 + 4) = 12,288; gated FFN 3 * 64 * 96
   # = 18,432. Encoder 2 * (12,288 + 18,432) = 61,440; decoder (self + cross + FFN)
   # 3 * 43,008 = 129,024; head 64 * 100 = 6,400: N = 196,864.
@@ -111,36 +125,48 @@ def numpy_sums(x, kernel, labels, weights, label_smoothing, z_loss):
   top = logits.max(-1, keepdims=True)
   log_z = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
   nll = log_z - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
-  per_token = ((1 - label_smoothing) * nll + label_smoothing * (log_z - logits.mean(-1))
-               + z_loss * log_z ** 2)
+  per_token = (
+    (1 - label_smoothing) * nll + label_smoothing * (log_z - logits.mean(-1)) + z_loss * log_z**2
+  )
   return (weights * per_token).sum(), (weights * (logits.argmax(-1) == labels)).sum()
 
 
 def loss_inputs(seed, B=2, T=8, D=6, V=13, dtype=jnp.float32):
   keys = jax.random.split(jax.random.key(seed), 4)
-  return (jax.random.normal(keys[0], (B, T, D)).astype(dtype),
-          jax.random.normal(keys[1], (D, V)).astype(dtype),
-          jax.random.randint(keys[2], (B, T), 0, V),
-          (jax.random.uniform(keys[3], (B, T)) > 0.3).astype(jnp.float32))
+  return (
+    jax.random.normal(keys[0], (B, T, D)).astype(dtype),
+    jax.random.normal(keys[1], (D, V)).astype(dtype),
+    jax.random.randint(keys[2], (B, T), 0, V),
+    (jax.random.uniform(keys[3], (B, T)) > 0.3).astype(jnp.float32),
+  )
 
 
 def test_linear_cross_entropy_equals_float64_numpy_and_the_plain_path():
   x, kernel, labels, weights = loss_inputs(0)
   label_smoothing, z_loss = 0.1, 1e-3
   fused = lambda x, kernel: ops.linear_cross_entropy_sums(
-      x, kernel, labels, weights_BxT=weights, chunk_len=4, label_smoothing=label_smoothing,
-      z_loss=z_loss)
+    x,
+    kernel,
+    labels,
+    weights_BxT=weights,
+    chunk_len=4,
+    label_smoothing=label_smoothing,
+    z_loss=z_loss,
+  )
   loss, count, correct = jax.jit(fused)(x, kernel)
-  expected_loss, expected_correct = numpy_sums(x, kernel, np.asarray(labels),
-                                               np.asarray(weights), label_smoothing, z_loss)
+  expected_loss, expected_correct = numpy_sums(
+    x, kernel, np.asarray(labels), np.asarray(weights), label_smoothing, z_loss
+  )
   np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
   assert correct == expected_correct and count == weights.sum()
 
   def plain(x, kernel):
     logits = jnp.einsum("btd,dv->btv", x, kernel, precision="highest")
-    mean, tokens = ops.cross_entropy(logits, labels, weights=weights,
-                                     label_smoothing=label_smoothing, z_loss=z_loss)
+    mean, tokens = ops.cross_entropy(
+      logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+    )
     return mean * tokens
+
   # An upstream scale (the step divides by the token count) must reach both grads.
   grads = jax.jit(jax.grad(lambda *a: 0.37 * fused(*a)[0], argnums=(0, 1)))(x, kernel)
   expected = jax.jit(jax.grad(lambda *a: 0.37 * plain(*a), argnums=(0, 1)))(x, kernel)
@@ -150,14 +176,26 @@ def test_linear_cross_entropy_equals_float64_numpy_and_the_plain_path():
 
 def test_linear_cross_entropy_in_bfloat16_is_within_its_rounding():
   x, kernel, labels, weights = loss_inputs(1, T=16, D=32, V=50, dtype=jnp.bfloat16)
-  loss, _, _ = jax.jit(lambda x: ops.linear_cross_entropy_sums(
-      x, kernel, labels, weights_BxT=weights, chunk_len=8))(x)
-  expected, _ = numpy_sums(x.astype(jnp.float32), kernel.astype(jnp.float32),
-                           np.asarray(labels), np.asarray(weights), 0.0, 0.0)
+  loss, _, _ = jax.jit(
+    lambda x: ops.linear_cross_entropy_sums(x, kernel, labels, weights_BxT=weights, chunk_len=8)
+  )(x)
+  expected, _ = numpy_sums(
+    x.astype(jnp.float32),
+    kernel.astype(jnp.float32),
+    np.asarray(labels),
+    np.asarray(weights),
+    0.0,
+    0.0,
+  )
   # bf16 operands, float32 accumulation and loss: rounding of the logits only.
   np.testing.assert_allclose(loss, expected, rtol=1e-2)
-  grad_x = jax.jit(jax.grad(lambda x: ops.linear_cross_entropy_sums(
-      x, kernel, labels, weights_BxT=weights, chunk_len=8)[0]))(x)
+  grad_x = jax.jit(
+    jax.grad(
+      lambda x: ops.linear_cross_entropy_sums(x, kernel, labels, weights_BxT=weights, chunk_len=8)[
+        0
+      ]
+    )
+  )(x)
   assert grad_x.dtype == jnp.bfloat16
 
 
@@ -181,11 +219,19 @@ def test_the_fused_loss_gives_the_plain_loss_and_gradients():
   state = state.replace(opt_state=sgd.init(state.params))
 
   def step(loss_chunk_len):
-    train_step = make_train_step(setup.model, sgd, setup.task, seed=0, label_smoothing=0.1,
-                                 z_loss=1e-4, loss_chunk_len=loss_chunk_len)
+    train_step = make_train_step(
+      setup.model,
+      sgd,
+      setup.task,
+      seed=0,
+      label_smoothing=0.1,
+      z_loss=1e-4,
+      loss_chunk_len=loss_chunk_len,
+    )
     new_state, metrics = jax.jit(train_step)(state, batch)
-    grads = jax.tree.map(lambda old, new: np.asarray(old, np.float64) - np.asarray(new),
-                         state.params, new_state.params)
+    grads = jax.tree.map(
+      lambda old, new: np.asarray(old, np.float64) - np.asarray(new), state.params, new_state.params
+    )
     return metrics, np.concatenate([g.ravel() for g in jax.tree.leaves(grads)])
 
   (plain, plain_grad), (fused, fused_grad) = step(0), step(8)
@@ -199,29 +245,33 @@ def test_the_fused_loss_gives_the_plain_loss_and_gradients():
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_the_fused_loss_sees_the_models_own_head(tied):
-  model_cfg = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1,
-                          tie_embeddings=tied)
+  model_cfg = ModelConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1, tie_embeddings=tied)
   model = build(model_cfg)
   tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 40)
   shapes = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(1), tokens)["params"])
   rng = np.random.default_rng(1)
   params = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
-  (hidden, kernel), logits = jax.jit(lambda p: (_apply_without_head(model, p, (tokens,)),
-                                                model.apply({"params": p}, tokens)))(params)
+  (hidden, kernel), logits = jax.jit(
+    lambda p: (_apply_without_head(model, p, (tokens,)), model.apply({"params": p}, tokens))
+  )(params)
   if tied:  # the embedding, transposed, times 1/sqrt(D) (txf.layers.Embedder.attend)
     expected = params["embedder"]["token"]["embedding"].T / 4.0
   else:
     expected = params["head"]["logits"]["kernel"]
   np.testing.assert_allclose(kernel, expected, rtol=1e-6)
-  np.testing.assert_allclose(jnp.einsum("btd,dv->btv", hidden, kernel), logits, rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    jnp.einsum("btd,dv->btv", hidden, kernel), logits, rtol=1e-5, atol=1e-6
+  )
 
 
 def test_loss_chunk_len_is_checked_against_the_head_and_length():
   config = gpt2_tiny()
   config.train.loss_chunk_len = 5
-  with pytest.raises(ValueError, match=r"^train.loss_chunk_len: 5 does not divide "
-                                       r"data.seq_len=32"):
+  with pytest.raises(
+    ValueError,
+    match=r"^train.loss_chunk_len: 5 does not divide "
+    r"data.seq_len=32",
+  ):
     check_run_config(config, vocab_size=260, num_classes=None)
   mlm = load_config("encoder_mlm")
   mlm.train.loss_chunk_len = 8
@@ -251,30 +301,36 @@ def test_gpt2_small_8k_lowers_with_causal_attention_and_no_mask(monkeypatch):
   setup = setup_run(config)
   calls = []
   attend = ops.dot_product_attention
-  monkeypatch.setattr(ops, "dot_product_attention",
-                      lambda *args, **kwargs: calls.append(kwargs) or attend(*args, **kwargs))
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                       setup.to_device(next(iter(setup.eval_data))))
+  monkeypatch.setattr(
+    ops,
+    "dot_product_attention",
+    lambda *args, **kwargs: calls.append(kwargs) or attend(*args, **kwargs),
+  )
+  batch = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), setup.to_device(next(iter(setup.eval_data)))
+  )
   with setup.activation_sharding():
     lowered = setup.train_step.lower(setup.abstract_state, batch)
   assert "8192" in lowered.as_text()
   # is_causal without a mask or bias array: what selects cuDNN's flash kernel
   # (memory linear in T) on a GPU, see txf.ops.dot_product_attention.
-  assert calls and all(c["is_causal"] and c["mask"] is None and c["bias"] is None
-                       for c in calls)
+  assert calls and all(c["is_causal"] and c["mask"] is None and c["bias"] is None for c in calls)
 
 
 # ---------------------------------------------------------------------------
 # The benchmark modes.
 
 
+@pytest.mark.slow  # trains a run
 def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeypatch):
   # A known peak, so the loop's and the benchmark's MFU can be checked (CPUs have none).
   monkeypatch.setattr(hardware, "peak_flops_per_device", lambda dtype=None: 1e12)
   compiled = []
+
   def listener(event, duration, **kwargs):
     if event == "/jax/core/compile/backend_compile_duration":
       compiled.append((kwargs.get("fun_name"), threading.current_thread().name))
+
   jax.monitoring.register_event_duration_secs_listener(listener)
   config = gpt2_tiny()
   config.eval.sample_tokens = 4  # each run evaluates and samples after its last step
@@ -291,7 +347,8 @@ def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeyp
     assert [w["last_step"] for w in run["windows"]] == [2, 4]
     assert (run["first_step"], run["last_step"]) == (2, 4)
     assert run["ratio_to_step"] == pytest.approx(
-        run["amortised_tokens_per_sec"] / step["tokens_per_sec"], rel=1e-9)
+      run["amortised_tokens_per_sec"] / step["tokens_per_sec"], rel=1e-9
+    )
   # MFU in the loop's metrics and in the benchmark: one FLOP count over the peak.
   for window in step["windows"] + runs["random_ids"]["windows"]:
     assert window["mfu"] == pytest.approx(flops * window["tokens_per_sec"] / 1e12, rel=1e-9)
@@ -320,11 +377,13 @@ def test_random_ids_keep_the_batches_shape_and_weights():
 def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
   monkeypatch.setattr(hardware, "memory_bandwidth_per_device", lambda device=None: 1e9)
   hf = dict(results=[dict(batch_size=2, tokens_per_sec=20.0)])
-  report = bench_decode.compare(gpt2_tiny(), batch_sizes=[2], prompt_len=4, new_tokens=3,
-                                repeats=1, hf=hf)
+  report = bench_decode.compare(
+    gpt2_tiny(), batch_sizes=[2], prompt_len=4, new_tokens=3, repeats=1, hf=hf
+  )
   # float32 weights: 4 bytes each, read once per generated position.
-  params = sum(math.prod(x.shape) for x in jax.tree.leaves(
-      setup_run(gpt2_tiny()).abstract_state.params))
+  params = sum(
+    math.prod(x.shape) for x in jax.tree.leaves(setup_run(gpt2_tiny()).abstract_state.params)
+  )
   assert report["weight_bytes"] == 4 * params
   assert report["floor_us_per_token"] == pytest.approx(1e6 * 4 * params / 1e9)
   (row,) = report["txf"]
@@ -338,21 +397,38 @@ def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
   assert not bench_decode.is_gpt2(rope.model) and bench_decode.is_gpt2(gpt2_tiny().model)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                    reason="transformers is not installed")
+@pytest.mark.skipif(
+  importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
+)
 def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
-  done = subprocess.run([sys.executable, "benchmarks/references/hf_gpt2_decode.py", "--layers=1",
-                         "--d_model=32", "--heads=2", "--vocab=260", "--max_len=64",
-                         "--batch_sizes=1,2", "--prompt_len=4", "--new_tokens=3", "--repeats=1",
-                         f"--json={tmp_path / 'hf.json'}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "benchmarks/references/hf_gpt2_decode.py",
+      "--layers=1",
+      "--d_model=32",
+      "--heads=2",
+      "--vocab=260",
+      "--max_len=64",
+      "--batch_sizes=1,2",
+      "--prompt_len=4",
+      "--new_tokens=3",
+      "--repeats=1",
+      f"--json={tmp_path / 'hf.json'}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   report = json.loads((tmp_path / "hf.json").read_text())
   assert [row["batch_size"] for row in report["results"]] == [1, 2]
   for row in report["results"]:
     assert row["tokens_per_sec"] == pytest.approx(row["batch_size"] * 3 / row["seconds"])
-  txf_params = sum(math.prod(x.shape)
-                   for x in jax.tree.leaves(setup_run(gpt2_tiny()).abstract_state.params))
+  txf_params = sum(
+    math.prod(x.shape) for x in jax.tree.leaves(setup_run(gpt2_tiny()).abstract_state.params)
+  )
   assert report["params"] == txf_params
 
 
@@ -364,8 +440,9 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
     assert report["tokens_per_sec"] == pytest.approx(4 * 32 / report["step_time"])
     assert abs(report["loss"] - math.log(260)) < 1.0  # txf's own text batches, ids < 260
     # The same model: as many parameters as txf's GPT-2 of this shape.
-    txf_params = sum(math.prod(x.shape)
-                     for x in jax.tree.leaves(setup_run(config).abstract_state.params))
+    txf_params = sum(
+      math.prod(x.shape) for x in jax.tree.leaves(setup_run(config).abstract_state.params)
+    )
     assert report["params"] == txf_params
   else:
     assert report is None and "torch is not installed" in capsys.readouterr().out
@@ -390,14 +467,16 @@ def test_replicas_bench_times_every_strategy_against_one_replica():
 
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_beams):
-  cfg = ModelConfig(family="encoder_decoder", vocab_size=20, d_model=16, num_heads=2,
-                    num_layers=1, max_len=8)
+  cfg = ModelConfig(
+    family="encoder_decoder", vocab_size=20, d_model=16, num_heads=2, num_layers=1, max_len=8
+  )
   model = build(cfg)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = jax.jit(model.init)(jax.random.key(0), tokens, tokens)["params"]
   sources = jax.random.randint(jax.random.key(1), (2, 6), 4, 20)
-  figures = bench_seq2seq.measure(model, params, sources, new_tokens=3, num_beams=num_beams,
-                                  repeats=1)
+  figures = bench_seq2seq.measure(
+    model, params, sources, new_tokens=3, num_beams=num_beams, repeats=1
+  )
   # Stepping from Python is greedy only.
   assert list(figures) == (["generate", "stepwise"] if num_beams == 1 else ["generate"])
   for variants in figures.values():
@@ -409,16 +488,26 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
 
 
 @pytest.mark.slow  # subprocesses
-@pytest.mark.parametrize("args,message", [
+@pytest.mark.parametrize(
+  "args,message",
+  [
     ([], "flag error: missing mode; usage: python -m benchmarks.run {step|loop|"),
     (["nosuch"], "flag error: unknown mode 'nosuch'"),
     # A flag of the step mode is no flag of the loop mode.
-    (["loop", "--config=configs/rope.py", "--torch"],
-     "flag error: Unknown command line flag 'torch'"),
-])
+    (
+      ["loop", "--config=configs/rope.py", "--torch"],
+      "flag error: Unknown command line flag 'torch'",
+    ),
+  ],
+)
 def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message):
-  done = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.run", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 2
   (line,) = done.stderr.strip().splitlines()
   assert line.startswith(message), line

@@ -29,8 +29,9 @@ def test_seed_must_fit_an_int32(value):
   assert checks.seed(2**31 - 1, "seed") == 2**31 - 1
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -1e-9, "1", True,
-                                   None])
+@pytest.mark.parametrize(
+  "value", [float("nan"), float("inf"), -float("inf"), -1e-9, "1", True, None]
+)
 def test_finite_at_least_rejects_nan_infinities_and_values_below(value):
   with pytest.raises(ValueError, match=r"^model\.norm_eps: must be a finite number >= 0"):
     checks.finite_at_least(value, "model.norm_eps", 0.0)
@@ -63,11 +64,20 @@ def test_choice_names_the_field_and_the_choices():
     checks.choice(["layer"], "model.norm", ("layer", "rms"))  # unhashable
 
 
-@pytest.mark.parametrize("value, low_open, high_open, ok", [
-    (0.0, False, True, True), (0.0, True, True, False), (1.0, False, True, False),
-    (1.0, False, False, True), (0.5, True, True, True), (-0.1, False, False, False),
-    (True, False, False, False), ("0.5", False, False, False), (float("nan"), False, False, False),
-])
+@pytest.mark.parametrize(
+  "value, low_open, high_open, ok",
+  [
+    (0.0, False, True, True),
+    (0.0, True, True, False),
+    (1.0, False, True, False),
+    (1.0, False, False, True),
+    (0.5, True, True, True),
+    (-0.1, False, False, False),
+    (True, False, False, False),
+    ("0.5", False, False, False),
+    (float("nan"), False, False, False),
+  ],
+)
 def test_fraction_bounds(value, low_open, high_open, ok):
   check = lambda: checks.fraction(value, "train.b1", low_open=low_open, high_open=high_open)
   if ok:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO, flatten, load_config
 from txf.commands import cli
 from txf.layers.config import POSITIONS
@@ -22,9 +23,14 @@ pytestmark = pytest.mark.slow  # subprocesses: ~20 s in all
 
 
 def run_cli(*args, command="run"):
-  return subprocess.run([sys.executable, "-m", f"experiments.{command}", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=TIMEOUT_S,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return subprocess.run(
+    [sys.executable, "-m", f"experiments.{command}", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
 
 
 def assert_one_line_error(result, prefix, *fragments):
@@ -41,13 +47,14 @@ def write(path, text):
 
 
 CONFIG_ERRORS = {
-    # case -> (config file text or None for a missing file, expected fragments)
-    "missing": (None, ["no such config file"]),
-    "syntax": ("def get_config(:\n", [":1: invalid syntax"]),
-    "get_config_raises": ("def get_config():\n  raise KeyError('boom')\n",
-                          ["KeyError: 'boom'"]),
-    "get_config_returns_none": ("def get_config():\n  pass\n",
-                                ["get_config() returned NoneType, not a ConfigDict"]),
+  # case -> (config file text or None for a missing file, expected fragments)
+  "missing": (None, ["no such config file"]),
+  "syntax": ("def get_config(:\n", [":1: invalid syntax"]),
+  "get_config_raises": ("def get_config():\n  raise KeyError('boom')\n", ["KeyError: 'boom'"]),
+  "get_config_returns_none": (
+    "def get_config():\n  pass\n",
+    ["get_config() returned NoneType, not a ConfigDict"],
+  ),
 }
 
 
@@ -63,26 +70,33 @@ def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize("flag,fragments", [
+@pytest.mark.parametrize(
+  "flag,fragments",
+  [
     ("--config.train.steps=abc", ["--config.train.steps=abc", "invalid literal for int()"]),
     ("--no_such_flag=1", ["no_such_flag"]),
-])
+  ],
+)
 def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
   result = run_cli("--config=configs/rope.py", f"--workdir={tmp_path / 'run'}", flag)
   assert_one_line_error(result, "flag error: ", *fragments)
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("command,args,fragments", [
+@pytest.mark.parametrize(
+  "command,args,fragments",
+  [
     ("run", ["--config=configs/rope.py", "foo"], ["unexpected arguments: foo"]),
     ("sweep", ["--config=configs/sweeps/pe_ln.py", "foo"], ["unexpected arguments: foo"]),
     ("embed", ["--model=D"], ["missing the texts to embed"]),
     ("extrapolate", ["--workdir=W", "--stride=abc"], ["--stride=abc", "invalid literal"]),
     ("extrapolate", [], ["--workdir must have a value"]),
     ("analyze", ["--workdir=W", "--num_batches=abc"], ["--num_batches=abc"]),
-])
+  ],
+)
 def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
-    tmp_path, command, args, fragments):
+  tmp_path, command, args, fragments
+):
   """They used to print a page of usage or absl's FATAL flags error, exit 1."""
   args = [arg.replace("=W", f"={tmp_path / 'run'}") for arg in args]
   if command in ("run", "sweep"):
@@ -94,8 +108,10 @@ def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
 def test_unusable_workdir_is_one_line_exit_2(tmp_path):
   a_file = tmp_path / "file"
   a_file.write_text("keep me")
-  for workdir, fragment in ((a_file, "exists and is not a directory"),
-                            (a_file / "run", "not a writable directory")):
+  for workdir, fragment in (
+    (a_file, "exists and is not a directory"),
+    (a_file / "run", "not a writable directory"),
+  ):
     result = run_cli("--config=configs/rope.py", f"--workdir={workdir}")
     assert_one_line_error(result, "workdir error: ", str(workdir), fragment)
   assert a_file.read_text() == "keep me"
@@ -128,8 +144,12 @@ def test_help_lists_every_config_file_with_its_purpose():
 
 def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
   workdir = tmp_path / "run"
-  result = run_cli("--config=configs/seq2seq.py", f"--workdir={workdir}", "--print_config",
-                   "--config.train.steps=7")
+  result = run_cli(
+    "--config=configs/seq2seq.py",
+    f"--workdir={workdir}",
+    "--print_config",
+    "--config.train.steps=7",
+  )
   assert result.returncode == 0, result.stderr
   expected = flatten(load_config("seq2seq"))
   expected["train.steps"] = 7
@@ -145,7 +165,8 @@ def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
     assert ("(base: " in printed[name]) == (value != base[name]), (name, printed[name])
   # Docs: a model field's from ModelConfig, another section's from configs/base.py.
   assert printed["model.position"].endswith(
-      "# " + " | ".join(POSITIONS) + ": a txf.layers.positions.ENCODINGS name")
+    "# " + " | ".join(POSITIONS) + ": a txf.layers.positions.ENCODINGS name"
+  )
   assert printed["train.steps"] == "7  (base: 600)"
   assert printed["data.batch_size"].endswith("# global, across all devices and hosts")
   assert not workdir.exists()

@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 from absl import flags
-from conftest import REPO, flatten, load_config
 from ml_collections import config_flags
 
+from conftest import REPO, flatten, load_config
 from txf import models
-from txf.layers.config import ModelConfig
 from txf.data import listops, make_tokenizer
+from txf.layers.config import ModelConfig
 from txf.train import loop
 from txf.train.config import ConfigError, check_run_config
 from txf.train.step import model_inputs
@@ -43,54 +43,114 @@ def load(name):
 
 # config file -> the flattened fields in which it differs from base.py.
 EXPECTED_CHANGES = {
-    "base": set(),
-    "rope": set(),  # base.py's default position is already RoPE
-    "sinusoidal": {"model.position"},
-    "learned": {"model.position"},
-    "alibi": {"model.position"},
-    "nope": {"model.position"},
-    "t5_bias": {"model.position"},
-    "rope_ntk": {"model.position", "model.rope_scale"},
-    "post_ln": {"model.norm_placement"},
-    "lstm": {"model.family", "model.d_model"},  # base.py's 2 layers stay
-    "encoder_mlm": {"model.family", "model.head", "model.position", "data.task",
-                    "eval.sample_tokens"},
-    "encoder_classify": {"model.family", "model.head", "data.name", "data.task",
-                         "data.seq_len", "data.max_example_len", "data.listops_max_depth",
-                         "eval.sample_tokens"},
-    "induction": {"model.d_model", "data.name", "data.seq_len",
-                  "train.steps",
-                  "train.warmup_steps", "train.checkpoint_every", "eval.every",
-                  "eval.sample_tokens"},
-    "mqar": {"model.d_model", "data.name", "data.seq_len",
-             "data.num_symbols", "train.steps", "train.warmup_steps",
-             "train.checkpoint_every", "eval.every", "eval.sample_tokens"},
-    "seq2seq": {"model.family", "model.position", "data.name", "data.task", "data.seq_len",
-                "eval.sample_tokens"},
-    "gpt2_small": {"model.vocab_size", "model.d_model", "model.num_heads", "model.num_layers",
-                   "model.max_len", "model.position", "model.use_bias", "model.norm_eps",
-                   "model.dtype", "data.seq_len", "data.max_corpus_bytes", "train.steps",
-                   "train.learning_rate", "train.warmup_steps", "train.checkpoint_every",
-                   "eval.every", "eval.num_batches", "eval.sample_tokens"},
-    # The fixture GPT-2's model section (txf.interop), its tokenizer and weights.
-    "pretrained": {"model.vocab_size", "model.d_model", "model.num_kv_heads", "model.head_dim",
-                   "model.d_ff", "model.position", "model.max_len", "model.norm_eps",
-                   "model.use_bias", "model.dropout_rate", "model.attention_dropout_rate",
-                   "model.scale_logits", "model.pad_id", "data.tokenizer",
-                   "data.tokenizer_path", "data.seq_len", "train.init_from",
-                   "train.learning_rate", "train.warmup_steps", "train.weight_decay"},
+  "base": set(),
+  "rope": set(),  # base.py's default position is already RoPE
+  "sinusoidal": {"model.position"},
+  "learned": {"model.position"},
+  "alibi": {"model.position"},
+  "nope": {"model.position"},
+  "t5_bias": {"model.position"},
+  "rope_ntk": {"model.position", "model.rope_scale"},
+  "post_ln": {"model.norm_placement"},
+  "lstm": {"model.family", "model.d_model"},  # base.py's 2 layers stay
+  "encoder_mlm": {
+    "model.family",
+    "model.head",
+    "model.position",
+    "data.task",
+    "eval.sample_tokens",
+  },
+  "encoder_classify": {
+    "model.family",
+    "model.head",
+    "data.name",
+    "data.task",
+    "data.seq_len",
+    "data.max_example_len",
+    "data.listops_max_depth",
+    "eval.sample_tokens",
+  },
+  "induction": {
+    "model.d_model",
+    "data.name",
+    "data.seq_len",
+    "train.steps",
+    "train.warmup_steps",
+    "train.checkpoint_every",
+    "eval.every",
+    "eval.sample_tokens",
+  },
+  "mqar": {
+    "model.d_model",
+    "data.name",
+    "data.seq_len",
+    "data.num_symbols",
+    "train.steps",
+    "train.warmup_steps",
+    "train.checkpoint_every",
+    "eval.every",
+    "eval.sample_tokens",
+  },
+  "seq2seq": {
+    "model.family",
+    "model.position",
+    "data.name",
+    "data.task",
+    "data.seq_len",
+    "eval.sample_tokens",
+  },
+  "gpt2_small": {
+    "model.vocab_size",
+    "model.d_model",
+    "model.num_heads",
+    "model.num_layers",
+    "model.max_len",
+    "model.position",
+    "model.use_bias",
+    "model.norm_eps",
+    "model.dtype",
+    "data.seq_len",
+    "data.max_corpus_bytes",
+    "train.steps",
+    "train.learning_rate",
+    "train.warmup_steps",
+    "train.checkpoint_every",
+    "eval.every",
+    "eval.num_batches",
+    "eval.sample_tokens",
+  },
+  # The fixture GPT-2's model section (txf.interop), its tokenizer and weights.
+  "pretrained": {
+    "model.vocab_size",
+    "model.d_model",
+    "model.num_kv_heads",
+    "model.head_dim",
+    "model.d_ff",
+    "model.position",
+    "model.max_len",
+    "model.norm_eps",
+    "model.use_bias",
+    "model.dropout_rate",
+    "model.attention_dropout_rate",
+    "model.scale_logits",
+    "model.pad_id",
+    "data.tokenizer",
+    "data.tokenizer_path",
+    "data.seq_len",
+    "train.init_from",
+    "train.learning_rate",
+    "train.warmup_steps",
+    "train.weight_decay",
+  },
 }
 EXPECTED_CHANGES["gpt2_small_8k"] = EXPECTED_CHANGES["gpt2_small"] | {"data.batch_size"}
-
-
 
 
 def validate(config):
   """What the runner checks before compute (txf.train.loop.run, minus data loading)."""
   tokenizer = make_tokenizer(config.data)
   num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
-  return check_run_config(config, vocab_size=tokenizer.vocab_size,
-                          num_classes=num_classes).model
+  return check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes).model
 
 
 def tiny():
@@ -131,10 +191,12 @@ def test_config_validates_and_builds(name):
   assert model_cfg.vocab_size >= make_tokenizer(config.data).vocab_size
   model = models.build(model_cfg)
   length = config.data.seq_len
-  batch = {key: jnp.ones((1, length), jnp.int32)
-           for key in ("inputs", "encoder_inputs", "decoder_inputs")}
-  params = jax.eval_shape(lambda: model.init(jax.random.key(0),
-                                             *model_inputs(batch, config.data.task)))
+  batch = {
+    key: jnp.ones((1, length), jnp.int32) for key in ("inputs", "encoder_inputs", "decoder_inputs")
+  }
+  params = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), *model_inputs(batch, config.data.task))
+  )
   count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
   assert count > 0
   if name == "gpt2_small":  # "124M parameters" (tied embeddings, 50304-row vocabulary)
@@ -218,11 +280,14 @@ def test_decay_typo():
   assert "train.decay" in error_message(config)
 
 
-@pytest.mark.parametrize("section, field, value, named", [
+@pytest.mark.parametrize(
+  "section, field, value, named",
+  [
     ("train", "decay", "cosin", "train.decay"),
     ("model", "num_heads", 3, "model.num_heads"),
     ("data", "bogus_field", 1, "data.bogus_field"),
-])
+  ],
+)
 def test_runner_stops_before_compute(tmp_path, section, field, value, named):
   """run() itself raises ConfigError naming the field and writes no checkpoint."""
   config = tiny()
@@ -254,9 +319,17 @@ def parse_cli(*overrides):
 
 
 def test_unset_fields_include_those_users_set():
-  assert {"model.num_kv_heads", "model.head_dim", "model.d_ff", "model.window",
-          "model.num_decoder_layers", "model.vocab_size", "model.attention_impl",
-          "data.tfds_data_dir", "data.tfds_text_key"} <= set(UNSET_FIELDS)
+  assert {
+    "model.num_kv_heads",
+    "model.head_dim",
+    "model.d_ff",
+    "model.window",
+    "model.num_decoder_layers",
+    "model.vocab_size",
+    "model.attention_impl",
+    "data.tfds_data_dir",
+    "data.tfds_text_key",
+  } <= set(UNSET_FIELDS)
 
 
 @pytest.mark.parametrize("field", UNSET_FIELDS)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from txf.configs.base import get_config
-from txf.data import DataSpec, make_dataset, read_data_config
-from txf.data import corpus
+from txf.data import DataSpec, corpus, make_dataset, read_data_config
 
 
 @pytest.fixture(autouse=True)
@@ -16,9 +15,9 @@ def no_corpus_reads(monkeypatch):
   """Checks must fail before any data is read."""
 
   def fail(*args, **kwargs):
-    raise AssertionError('read the corpus before checking the arguments')
+    raise AssertionError("read the corpus before checking the arguments")
 
-  monkeypatch.setattr(corpus, 'load_corpus', fail)
+  monkeypatch.setattr(corpus, "load_corpus", fail)
 
 
 def _data(**overrides):
@@ -26,82 +25,93 @@ def _data(**overrides):
   return types.SimpleNamespace(**{**get_config().data.to_dict(), **overrides})
 
 
-SEQ2SEQ = dict(name='copy', task='seq2seq')
-LISTOPS = dict(name='listops', task='classify', seq_len=64, max_example_len=60)
+SEQ2SEQ = dict(name="copy", task="seq2seq")
+LISTOPS = dict(name="listops", task="classify", seq_len=64, max_example_len=60)
 
 
-@pytest.mark.parametrize('overrides, field', [
-    (dict(name='wikitext'), 'data.name'),
-    (dict(task='seq2seq'), 'data.task'),
-    (dict(name='sort', task='lm'), 'data.task'),
-    (dict(name='listops', task='seq2seq'), 'data.task'),
-    (dict(tokenizer='chars'), 'data.tokenizer'),
-    (dict(tokenizer='sentencepiece', sp_vocab_size=100), 'data.sp_vocab_size'),
-    (dict(seq_len=1), 'data.seq_len'),
-    (dict(seq_len=16.0), 'data.seq_len'),
-    (dict(batch_size=0), 'data.batch_size'),
-    (dict(max_corpus_bytes=0), 'data.max_corpus_bytes'),
-    (dict(task='mlm', mlm_probability=1.5), 'data.mlm_probability'),
-    (dict(task='mlm', mlm_probability=0.0), 'data.mlm_probability'),
-    (dict(**SEQ2SEQ, min_example_len=0), 'data.min_example_len'),
-    (dict(**SEQ2SEQ, min_example_len=9, max_example_len=8), 'data.min_example_len'),
-    (dict(name='addition', task='seq2seq', min_example_len=2), 'data.min_example_len'),
-    (dict(**SEQ2SEQ, seq_len=16, max_example_len=16), 'data.seq_len'),
-    (dict(**LISTOPS, listops_max_depth=0), 'data.listops_max_depth'),
-    (dict(**LISTOPS, listops_max_depth=1, min_example_len=13), 'data.min_example_len'),
-    (dict(name='listops', task='classify', max_example_len=3), 'data.max_example_len'),
-    (dict(name='listops', task='classify', seq_len=32, max_example_len=40),
-     'data.seq_len'),
-])
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
+    (dict(name="wikitext"), "data.name"),
+    (dict(task="seq2seq"), "data.task"),
+    (dict(name="sort", task="lm"), "data.task"),
+    (dict(name="listops", task="seq2seq"), "data.task"),
+    (dict(tokenizer="chars"), "data.tokenizer"),
+    (dict(tokenizer="sentencepiece", sp_vocab_size=100), "data.sp_vocab_size"),
+    (dict(seq_len=1), "data.seq_len"),
+    (dict(seq_len=16.0), "data.seq_len"),
+    (dict(batch_size=0), "data.batch_size"),
+    (dict(max_corpus_bytes=0), "data.max_corpus_bytes"),
+    (dict(task="mlm", mlm_probability=1.5), "data.mlm_probability"),
+    (dict(task="mlm", mlm_probability=0.0), "data.mlm_probability"),
+    (dict(**SEQ2SEQ, min_example_len=0), "data.min_example_len"),
+    (dict(**SEQ2SEQ, min_example_len=9, max_example_len=8), "data.min_example_len"),
+    (dict(name="addition", task="seq2seq", min_example_len=2), "data.min_example_len"),
+    (dict(**SEQ2SEQ, seq_len=16, max_example_len=16), "data.seq_len"),
+    (dict(**LISTOPS, listops_max_depth=0), "data.listops_max_depth"),
+    (dict(**LISTOPS, listops_max_depth=1, min_example_len=13), "data.min_example_len"),
+    (dict(name="listops", task="classify", max_example_len=3), "data.max_example_len"),
+    (dict(name="listops", task="classify", seq_len=32, max_example_len=40), "data.seq_len"),
+  ],
+)
 def test_bad_field_is_named(overrides, field):
   with pytest.raises(ValueError, match=field):
-    make_dataset(_data(**overrides), 'train', seed=0)
+    make_dataset(_data(**overrides), "train", seed=0)
 
 
 def test_missing_field_is_named():
-  data = types.SimpleNamespace(name='copy', task='seq2seq', seq_len=16,
-                               batch_size=4, max_example_len=8)
-  with pytest.raises(ValueError, match='data.min_example_len'):
+  data = types.SimpleNamespace(
+    name="copy", task="seq2seq", seq_len=16, batch_size=4, max_example_len=8
+  )
+  with pytest.raises(ValueError, match="data.min_example_len"):
     read_data_config(data)
 
 
 def test_plain_object_reads_only_the_fields_it_uses():
-  data = types.SimpleNamespace(name='sort', task='seq2seq', seq_len=16,
-                               batch_size=4, min_example_len=2, max_example_len=8)
+  data = types.SimpleNamespace(
+    name="sort", task="seq2seq", seq_len=16, batch_size=4, min_example_len=2, max_example_len=8
+  )
   assert read_data_config(data) == DataSpec(
-      name='sort', task='seq2seq', seq_len=16, batch_size=4, min_example_len=2,
-      max_example_len=8)
-  assert read_data_config(ml_collections.ConfigDict(vars(data))) == (
-      read_data_config(data))
+    name="sort", task="seq2seq", seq_len=16, batch_size=4, min_example_len=2, max_example_len=8
+  )
+  assert read_data_config(ml_collections.ConfigDict(vars(data))) == (read_data_config(data))
 
 
-@pytest.mark.parametrize('kwargs, argument', [
-    (dict(split='dev'), 'split'),
-    (dict(seed=-1), 'seed'),
-    (dict(seed=1.5), 'seed'),
-    (dict(process_count=0), 'process_count'),
-    (dict(process_index=2, process_count=2), 'process_index'),
-    (dict(process_count=3), 'process_count'),  # 32 rows over 3 processes
-    (dict(num_batches=0), 'num_batches'),
-    (dict(workdir=None, data=dict(tokenizer='sentencepiece')), 'workdir'),
-    (dict(split='validation', data=SEQ2SEQ), 'num_batches'),
-])
+@pytest.mark.parametrize(
+  "kwargs, argument",
+  [
+    (dict(split="dev"), "split"),
+    (dict(seed=-1), "seed"),
+    (dict(seed=1.5), "seed"),
+    (dict(process_count=0), "process_count"),
+    (dict(process_index=2, process_count=2), "process_index"),
+    (dict(process_count=3), "process_count"),  # 32 rows over 3 processes
+    (dict(num_batches=0), "num_batches"),
+    (dict(workdir=None, data=dict(tokenizer="sentencepiece")), "workdir"),
+    (dict(split="validation", data=SEQ2SEQ), "num_batches"),
+  ],
+)
 def test_bad_argument_is_named(kwargs, argument):
-  kwargs = {'split': 'train', 'seed': 0, **kwargs}
-  data = _data(**kwargs.pop('data', {}))
+  kwargs = {"split": "train", "seed": 0, **kwargs}
+  data = _data(**kwargs.pop("data", {}))
   with pytest.raises(ValueError, match=argument):
-    make_dataset(data, kwargs.pop('split'), **kwargs)
+    make_dataset(data, kwargs.pop("split"), **kwargs)
 
 
 def test_base_config_builds_every_task(monkeypatch):
   """The default fields of configs/base.py fit each dataset."""
   monkeypatch.undo()  # the corpus may be read here
-  cases = [dict(), dict(task='mlm'), SEQ2SEQ, dict(name='addition',
-           task='seq2seq'), dict(name='listops', task='classify')]
+  cases = [
+    dict(),
+    dict(task="mlm"),
+    SEQ2SEQ,
+    dict(name="addition", task="seq2seq"),
+    dict(name="listops", task="classify"),
+  ]
   for overrides in cases:
     data = get_config().data
     data.update(max_corpus_bytes=50_000, **overrides)
-    ds = make_dataset(data, 'train', seed=0)
+    ds = make_dataset(data, "train", seed=0)
     batch = next(ds)
     assert all(isinstance(v, np.ndarray) for v in batch.values())
     assert ds.task == data.task

@@ -13,14 +13,21 @@ import pytest
 from txf.data import make_dataset
 from txf.data.incontext import repeat_periods
 
-INDUCTION = dict(name='induction', task='lm', seq_len=40, batch_size=8, min_example_len=3,
-                 max_example_len=9, num_symbols=12)
-MQAR = dict(name='mqar', task='lm', seq_len=48, batch_size=8, num_kv_pairs=6, num_symbols=20)
+INDUCTION = dict(
+  name="induction",
+  task="lm",
+  seq_len=40,
+  batch_size=8,
+  min_example_len=3,
+  max_example_len=9,
+  num_symbols=12,
+)
+MQAR = dict(name="mqar", task="lm", seq_len=48, batch_size=8, num_kv_pairs=6, num_symbols=20)
 
 
-def batch(fields, split='train', step=0, seed=0):
+def batch(fields, split="train", step=0, seed=0):
   ds = make_dataset(ml_collections.ConfigDict(fields), split, seed=seed, num_batches=4)
-  ds.set_state({'step': step})
+  ds.set_state({"step": step})
   return next(iter(ds)), ds  # validation restarts at step 0
 
 
@@ -35,56 +42,59 @@ def copied_from_earlier(row):
 
 def test_induction_weights_cover_exactly_the_second_copy_onwards():
   b, ds = batch(INDUCTION)
-  np.testing.assert_array_equal(b['inputs'][:, 1:], b['targets'][:, :-1])
-  for inputs, targets, weights in zip(b['inputs'], b['targets'], b['weights']):
+  np.testing.assert_array_equal(b["inputs"][:, 1:], b["targets"][:, :-1])
+  for inputs, targets, weights in zip(b["inputs"], b["targets"], b["weights"]):
     row = np.append(inputs, targets[-1])
     period = int(np.argmax(weights))  # first weighted input position
-    assert INDUCTION['min_example_len'] <= period <= INDUCTION['max_example_len']
-    np.testing.assert_array_equal(row[period:], row[:len(row) - period])  # repeats with P
+    assert INDUCTION["min_example_len"] <= period <= INDUCTION["max_example_len"]
+    np.testing.assert_array_equal(row[period:], row[: len(row) - period])  # repeats with P
     assert len(set(row[:period])) == period  # distinct symbols in a block
     np.testing.assert_array_equal(weights.astype(bool), copied_from_earlier(row))
-  assert b['inputs'].min() >= 3 and b['inputs'].max() < ds.vocab_size == 3 + 12
+  assert b["inputs"].min() >= 3 and b["inputs"].max() < ds.vocab_size == 3 + 12
 
 
 def test_mqar_weights_cover_exactly_the_values_after_queried_keys():
   b, ds = batch(MQAR)
-  N = MQAR['num_kv_pairs']
-  for inputs, targets, weights in zip(b['inputs'], b['targets'], b['weights']):
+  N = MQAR["num_kv_pairs"]
+  for inputs, targets, weights in zip(b["inputs"], b["targets"], b["weights"]):
     row = np.append(inputs, targets[-1])
-    keys, values = row[0:2 * N:2], row[1:2 * N:2]
+    keys, values = row[0 : 2 * N : 2], row[1 : 2 * N : 2]
     assert len(set(keys)) == len(set(values)) == N and not set(keys) & set(values)
     queried = np.isin(inputs, keys) & (np.arange(len(inputs)) >= 2 * N)
     np.testing.assert_array_equal(weights.astype(bool), queried)
     assert weights.sum() == N  # every key queried once
     lookup = dict(zip(keys, values))
     assert all(targets[t] == lookup[inputs[t]] for t in np.nonzero(weights)[0])
-  assert b['inputs'].min() >= 3 and b['inputs'].max() < ds.vocab_size
+  assert b["inputs"].min() >= 3 and b["inputs"].max() < ds.vocab_size
 
 
-@pytest.mark.parametrize('fields', [INDUCTION, MQAR])
+@pytest.mark.parametrize("fields", [INDUCTION, MQAR])
 def test_batches_are_deterministic_and_splits_differ(fields):
   first, _ = batch(fields, step=3)
   again, _ = batch(fields, step=3)
-  other, _ = batch(fields, split='validation')
+  other, _ = batch(fields, split="validation")
   for key in first:
     np.testing.assert_array_equal(first[key], again[key])
-  assert not np.array_equal(first['inputs'], other['inputs'])
-  assert not np.array_equal(first['inputs'], batch(fields, seed=1, step=3)[0]['inputs'])
+  assert not np.array_equal(first["inputs"], other["inputs"])
+  assert not np.array_equal(first["inputs"], batch(fields, seed=1, step=3)[0]["inputs"])
 
 
-@pytest.mark.parametrize('fields,message', [
-    (dict(INDUCTION, max_example_len=13), r'^data.max_example_len=13 exceeds data.num_symbols'),
-    (dict(INDUCTION, seq_len=17), r'^data.seq_len=17 is too small .* two copies'),
-    (dict(INDUCTION, min_example_len=10), r'^data.min_example_len=10 exceeds'),
-    (dict(INDUCTION, num_symbols=0), r'^data.num_symbols'),
-    (dict(INDUCTION, task='mlm'), r"^data.task='mlm' does not fit"),
-    (dict(MQAR, num_kv_pairs=11), r'^data.num_kv_pairs=11 exceeds data.num_symbols // 2'),
-    (dict(MQAR, seq_len=22), r'^data.seq_len=22 is too small'),
-    ({k: v for k, v in MQAR.items() if k != 'num_kv_pairs'}, r'^data.num_kv_pairs is required'),
-])
+@pytest.mark.parametrize(
+  "fields,message",
+  [
+    (dict(INDUCTION, max_example_len=13), r"^data.max_example_len=13 exceeds data.num_symbols"),
+    (dict(INDUCTION, seq_len=17), r"^data.seq_len=17 is too small .* two copies"),
+    (dict(INDUCTION, min_example_len=10), r"^data.min_example_len=10 exceeds"),
+    (dict(INDUCTION, num_symbols=0), r"^data.num_symbols"),
+    (dict(INDUCTION, task="mlm"), r"^data.task='mlm' does not fit"),
+    (dict(MQAR, num_kv_pairs=11), r"^data.num_kv_pairs=11 exceeds data.num_symbols // 2"),
+    (dict(MQAR, seq_len=22), r"^data.seq_len=22 is too small"),
+    ({k: v for k, v in MQAR.items() if k != "num_kv_pairs"}, r"^data.num_kv_pairs is required"),
+  ],
+)
 def test_bad_fields_are_refused_naming_them(fields, message):
   with pytest.raises(ValueError, match=message):
-    make_dataset(ml_collections.ConfigDict(fields), 'train', seed=0)
+    make_dataset(ml_collections.ConfigDict(fields), "train", seed=0)
 
 
 def test_repeat_periods_are_the_induction_block_lengths():

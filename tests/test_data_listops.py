@@ -6,8 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from txf.data import make_dataset
-from txf.data import listops
+from txf.data import listops, make_dataset
 
 
 def _parse(tokens, start=0):
@@ -28,8 +27,12 @@ def _value(tree):
     return tree
   operator, arguments = tree
   values = [_value(argument) for argument in arguments]
-  return {'[MAX': max, '[MIN': min, '[SM': lambda v: sum(v) % 10,
-          '[MED': lambda v: int(np.median(v))}[operator](values)
+  return {
+    "[MAX": max,
+    "[MIN": min,
+    "[SM": lambda v: sum(v) % 10,
+    "[MED": lambda v: int(np.median(v)),
+  }[operator](values)
 
 
 def _depth(tree):
@@ -38,23 +41,27 @@ def _depth(tree):
   return 1 + max(_depth(argument) for argument in tree[1])
 
 
-@pytest.mark.parametrize('text, expected', [
-    ('[MAX 2 9 [MIN 4 7 ] 0 ]', max(2, 9, min(4, 7), 0)),
-    ('[MIN 3 [MAX 1 0 ] 5 ]', min(3, max(1, 0), 5)),
-    ('[SM 9 8 7 ]', (9 + 8 + 7) % 10),
-    ('[MED 1 2 3 4 ]', statistics.median_low([1, 2, 4, 3])),  # 2.5 -> 2
-    ('[MED 7 1 9 ]', statistics.median([7, 1, 9])),
-    ('[MED 8 9 ]', 8),  # int(8.5)
-    ('[SM [MED 2 6 5 ] [MAX 1 [SM 4 4 ] ] 3 ]', (5 + 8 + 3) % 10),
-])
+@pytest.mark.parametrize(
+  "text, expected",
+  [
+    ("[MAX 2 9 [MIN 4 7 ] 0 ]", max(2, 9, min(4, 7), 0)),
+    ("[MIN 3 [MAX 1 0 ] 5 ]", min(3, max(1, 0), 5)),
+    ("[SM 9 8 7 ]", (9 + 8 + 7) % 10),
+    ("[MED 1 2 3 4 ]", statistics.median_low([1, 2, 4, 3])),  # 2.5 -> 2
+    ("[MED 7 1 9 ]", statistics.median([7, 1, 9])),
+    ("[MED 8 9 ]", 8),  # int(8.5)
+    ("[SM [MED 2 6 5 ] [MAX 1 [SM 4 4 ] ] 3 ]", (5 + 8 + 3) % 10),
+  ],
+)
 def test_evaluate_hand_checked(text, expected):
   assert listops.evaluate(text.split()) == expected
 
 
-@pytest.mark.parametrize('text', [
-    '[MAX 1 2', '', '[MIN 3 ] ]', '[MAX ]', '[MIN 1 2 ] 3', '[MAX 1 x ]'])
+@pytest.mark.parametrize(
+  "text", ["[MAX 1 2", "", "[MIN 3 ] ]", "[MAX ]", "[MIN 1 2 ] 3", "[MAX 1 x ]"]
+)
 def test_evaluate_rejects_malformed(text):
-  with pytest.raises(ValueError, match='expression'):
+  with pytest.raises(ValueError, match="expression"):
     listops.evaluate(text.split())
 
 
@@ -77,21 +84,28 @@ def test_longest_expression_bound():
 
 
 def _config(**overrides):
-  fields = dict(name='listops', task='classify', seq_len=65, batch_size=16,
-                min_example_len=8, max_example_len=64, listops_max_depth=4)
+  fields = dict(
+    name="listops",
+    task="classify",
+    seq_len=65,
+    batch_size=16,
+    min_example_len=8,
+    max_example_len=64,
+    listops_max_depth=4,
+  )
   return types.SimpleNamespace(**{**fields, **overrides})
 
 
 def test_listops_batches():
-  ds = make_dataset(_config(), 'train', seed=0)
-  assert (ds.task, ds.num_classes) == ('classify', 10)
+  ds = make_dataset(_config(), "train", seed=0)
+  assert (ds.task, ds.num_classes) == ("classify", 10)
   assert ds.vocab_size == 3 + 4 + 1 + 10
   batch = next(ds)
-  assert set(batch) == {'inputs', 'labels'}
-  assert batch['inputs'].shape == (16, 65) and batch['inputs'].dtype == np.int32
-  assert batch['labels'].shape == (16,) and batch['labels'].dtype == np.int32
-  np.testing.assert_array_equal(batch['inputs'][:, 0], ds.tokenizer.bos_id)
-  for ids, label in zip(batch['inputs'], batch['labels']):
+  assert set(batch) == {"inputs", "labels"}
+  assert batch["inputs"].shape == (16, 65) and batch["inputs"].dtype == np.int32
+  assert batch["labels"].shape == (16,) and batch["labels"].dtype == np.int32
+  np.testing.assert_array_equal(batch["inputs"][:, 0], ds.tokenizer.bos_id)
+  for ids, label in zip(batch["inputs"], batch["labels"]):
     tokens = ds.tokenizer.decode(ids).split()
     assert 8 <= len(tokens) <= 64
     assert (ids != 0).sum() == len(tokens) + 1  # BOS, tokens, then padding
@@ -99,13 +113,14 @@ def test_listops_batches():
 
 
 def test_listops_deterministic_and_sharded():
-  whole = next(make_dataset(_config(), 'train', seed=2))
-  again = next(make_dataset(_config(), 'train', seed=2))
-  parts = [next(make_dataset(_config(), 'train', seed=2, process_index=p,
-                             process_count=2)) for p in range(2)]
+  whole = next(make_dataset(_config(), "train", seed=2))
+  again = next(make_dataset(_config(), "train", seed=2))
+  parts = [
+    next(make_dataset(_config(), "train", seed=2, process_index=p, process_count=2))
+    for p in range(2)
+  ]
   for key in whole:
     np.testing.assert_array_equal(again[key], whole[key])
-    np.testing.assert_array_equal(
-        np.concatenate([part[key] for part in parts]), whole[key])
-  other = next(make_dataset(_config(), 'train', seed=3))
-  assert not np.array_equal(other['inputs'], whole['inputs'])
+    np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), whole[key])
+  other = next(make_dataset(_config(), "train", seed=3))
+  assert not np.array_equal(other["inputs"], whole["inputs"])

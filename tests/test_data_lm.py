@@ -6,8 +6,8 @@ import types
 
 import numpy as np
 import pytest
-from conftest import assert_same_batches, take_batches
 
+from conftest import assert_same_batches, take_batches
 from txf.data import ByteTokenizer, load_corpus, make_dataset
 from txf.data.lm import token_stream
 
@@ -17,131 +17,136 @@ CORPUS_BYTES = 20_000  # 625 windows of 32 tokens: 39 batches per epoch
 
 
 def _config(**overrides):
-  fields = dict(name='pystdlib', task='lm', tokenizer='bytes', seq_len=SEQ_LEN,
-                batch_size=BATCH, max_corpus_bytes=CORPUS_BYTES)
+  fields = dict(
+    name="pystdlib",
+    task="lm",
+    tokenizer="bytes",
+    seq_len=SEQ_LEN,
+    batch_size=BATCH,
+    max_corpus_bytes=CORPUS_BYTES,
+  )
   return types.SimpleNamespace(**{**fields, **overrides})
 
 
-
-
-def _windows(split='train'):
+def _windows(split="train"):
   """The split's windows of SEQ_LEN + 1 tokens, computed independently."""
-  tokens = token_stream(load_corpus(split, max_bytes=CORPUS_BYTES),
-                        ByteTokenizer())
+  tokens = token_stream(load_corpus(split, max_bytes=CORPUS_BYTES), ByteTokenizer())
   n = len(tokens) // (SEQ_LEN + 1)
-  return tokens[:n * (SEQ_LEN + 1)].reshape(n, SEQ_LEN + 1)
+  return tokens[: n * (SEQ_LEN + 1)].reshape(n, SEQ_LEN + 1)
 
 
 def test_token_stream_joins_documents_with_eos():
   tok = ByteTokenizer()
-  stream = token_stream(['ab', 'c'], tok)
+  stream = token_stream(["ab", "c"], tok)
   np.testing.assert_array_equal(
-      stream, np.concatenate([tok.encode('ab'), [2], tok.encode('c'), [2]]))
+    stream, np.concatenate([tok.encode("ab"), [2], tok.encode("c"), [2]])
+  )
 
 
 def test_batches_are_shifted_windows_with_attributes():
-  ds = make_dataset(_config(), 'train', seed=0)
-  assert (ds.task, ds.vocab_size, ds.num_classes) == ('lm', 260, None)
+  ds = make_dataset(_config(), "train", seed=0)
+  assert (ds.task, ds.vocab_size, ds.num_classes) == ("lm", 260, None)
   assert isinstance(ds.tokenizer, ByteTokenizer)
-  assert 'Python' in ds.description
+  assert "Python" in ds.description
   batch = next(ds)
-  assert set(batch) == {'inputs', 'targets', 'weights'}
-  for key, dtype in [('inputs', np.int32), ('targets', np.int32),
-                     ('weights', np.float32)]:
+  assert set(batch) == {"inputs", "targets", "weights"}
+  for key, dtype in [("inputs", np.int32), ("targets", np.int32), ("weights", np.float32)]:
     assert batch[key].shape == (BATCH, SEQ_LEN) and batch[key].dtype == dtype
-  np.testing.assert_array_equal(batch['inputs'][:, 1:],
-                                batch['targets'][:, :-1])
-  np.testing.assert_array_equal(batch['weights'], 1.0)
+  np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+  np.testing.assert_array_equal(batch["weights"], 1.0)
   # Every row is one of the corpus's windows of seq_len + 1 tokens.
   windows = {row.tobytes() for row in _windows()}
-  rows = np.concatenate([batch['inputs'], batch['targets'][:, -1:]], axis=1)
+  rows = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
   assert all(row.tobytes() in windows for row in rows)
 
 
 def test_each_epoch_is_a_permutation_and_epochs_differ():
-  ds = make_dataset(_config(), 'train', seed=0)
+  ds = make_dataset(_config(), "train", seed=0)
   windows = _windows()
   per_epoch = len(windows) // BATCH
-  epochs = [np.concatenate([b['inputs'] for b in take_batches(ds, per_epoch)])
-            for _ in range(2)]
+  epochs = [np.concatenate([b["inputs"] for b in take_batches(ds, per_epoch)]) for _ in range(2)]
   # Some windows repeat in the corpus (banner comments), so compare counts.
   available = collections.Counter(row.tobytes() for row in windows[:, :-1])
   for rows in epochs:
     used = collections.Counter(row.tobytes() for row in rows)
     assert used.total() == per_epoch * BATCH and not used - available
   assert not np.array_equal(epochs[0], epochs[1])
-  assert ds.get_state() == {'epoch': 2, 'position': 0}
+  assert ds.get_state() == {"epoch": 2, "position": 0}
 
 
 def test_deterministic_across_constructions_and_seed_dependent():
-  first = take_batches(make_dataset(_config(), 'train', seed=3), 3)
-  assert_same_batches(first, take_batches(make_dataset(_config(), 'train', seed=3), 3))
-  other = next(make_dataset(_config(), 'train', seed=4))
-  assert not np.array_equal(first[0]['inputs'], other['inputs'])
+  first = take_batches(make_dataset(_config(), "train", seed=3), 3)
+  assert_same_batches(first, take_batches(make_dataset(_config(), "train", seed=3), 3))
+  other = next(make_dataset(_config(), "train", seed=4))
+  assert not np.array_equal(first[0]["inputs"], other["inputs"])
 
 
-@pytest.mark.parametrize('task', ['lm', 'mlm'])
-@pytest.mark.parametrize('taken, crosses_epoch', [(5, False), (37, True)])
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+@pytest.mark.parametrize("taken, crosses_epoch", [(5, False), (37, True)])
 def test_resume_yields_the_same_batches(task, taken, crosses_epoch):
   config = _config(task=task, mlm_probability=0.15)
-  original = make_dataset(config, 'train', seed=1)
+  original = make_dataset(config, "train", seed=1)
   take_batches(original, taken)
   state = json.loads(json.dumps(original.get_state()))
-  resumed = make_dataset(config, 'train', seed=1)
+  resumed = make_dataset(config, "train", seed=1)
   resumed.set_state(state)
   assert_same_batches(take_batches(resumed, 4), take_batches(original, 4))
   assert resumed.get_state() == original.get_state()
-  assert (original.get_state()['epoch'] > state['epoch']) == crosses_epoch
+  assert (original.get_state()["epoch"] > state["epoch"]) == crosses_epoch
 
 
-@pytest.mark.parametrize('task', ['lm', 'mlm'])
+@pytest.mark.parametrize("task", ["lm", "mlm"])
 def test_process_rows_concatenate_to_the_global_batch(task):
   config = _config(task=task, mlm_probability=0.15)
-  whole = take_batches(make_dataset(config, 'train', seed=0), 2)
-  parts = [take_batches(make_dataset(config, 'train', seed=0, process_index=p,
-                              process_count=2), 2) for p in range(2)]
-  assert parts[0][0]['inputs'].shape == (BATCH // 2, SEQ_LEN)
+  whole = take_batches(make_dataset(config, "train", seed=0), 2)
+  parts = [
+    take_batches(make_dataset(config, "train", seed=0, process_index=p, process_count=2), 2)
+    for p in range(2)
+  ]
+  assert parts[0][0]["inputs"].shape == (BATCH // 2, SEQ_LEN)
   for step, batch in enumerate(whole):
     for key in batch:
-      np.testing.assert_array_equal(
-          np.concatenate([part[step][key] for part in parts]), batch[key])
+      np.testing.assert_array_equal(np.concatenate([part[step][key] for part in parts]), batch[key])
 
 
 def test_eval_is_one_padded_pass_repeated_identically():
-  ds = make_dataset(_config(), 'validation', seed=0)
-  windows = _windows('validation')
+  ds = make_dataset(_config(), "validation", seed=0)
+  windows = _windows("validation")
   assert ds.num_batches == -(-len(windows) // BATCH)
   first, second = list(ds), list(ds)
   assert_same_batches(first, second)
   assert len(first) == ds.num_batches
-  weights = np.concatenate([b['weights'] for b in first])
-  inputs = np.concatenate([b['inputs'] for b in first])
+  weights = np.concatenate([b["weights"] for b in first])
+  inputs = np.concatenate([b["inputs"] for b in first])
   # Stream order, every window once, then rows of weight 0.
-  np.testing.assert_array_equal(inputs[:len(windows)], windows[:, :-1])
-  np.testing.assert_array_equal(weights[:len(windows)], 1.0)
-  np.testing.assert_array_equal(weights[len(windows):], 0.0)
-  np.testing.assert_array_equal(inputs[len(windows):], 0)
+  np.testing.assert_array_equal(inputs[: len(windows)], windows[:, :-1])
+  np.testing.assert_array_equal(weights[: len(windows)], 1.0)
+  np.testing.assert_array_equal(weights[len(windows) :], 0.0)
+  np.testing.assert_array_equal(inputs[len(windows) :], 0)
 
 
 def test_num_batches_limits_eval():
-  ds = make_dataset(_config(), 'test', seed=0, num_batches=2)
+  ds = make_dataset(_config(), "test", seed=0, num_batches=2)
   assert ds.num_batches == 2 and len(list(ds)) == 2
 
 
-@pytest.mark.parametrize('state, message', [
-    ({'epoch': 0}, 'keys'),
-    ({'epoch': 0, 'position': 3}, 'position'),
-    ({'epoch': 0, 'position': 10_000 * BATCH}, 'position'),
-    ({'epoch': -1, 'position': 0}, 'epoch'),
-    ({'epoch': 0.5, 'position': 0}, 'epoch'),
-    ({'step': 0}, 'keys'),
-])
+@pytest.mark.parametrize(
+  "state, message",
+  [
+    ({"epoch": 0}, "keys"),
+    ({"epoch": 0, "position": 3}, "position"),
+    ({"epoch": 0, "position": 10_000 * BATCH}, "position"),
+    ({"epoch": -1, "position": 0}, "epoch"),
+    ({"epoch": 0.5, "position": 0}, "epoch"),
+    ({"step": 0}, "keys"),
+  ],
+)
 def test_set_state_rejects_bad_states(state, message):
-  ds = make_dataset(_config(), 'train', seed=0)
+  ds = make_dataset(_config(), "train", seed=0)
   with pytest.raises(ValueError, match=message):
     ds.set_state(state)
 
 
 def test_corpus_smaller_than_a_batch_raises():
-  with pytest.raises(ValueError, match='data.batch_size'):
-    make_dataset(_config(max_corpus_bytes=200), 'train', seed=0)
+  with pytest.raises(ValueError, match="data.batch_size"):
+    make_dataset(_config(max_corpus_bytes=200), "train", seed=0)

@@ -17,38 +17,39 @@ def _five_sigma(p, n):
   return 5 * np.sqrt(p * (1 - p) / n)
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def masked():
   """Masks 200k tokens, a fifth of them special."""
   rng = np.random.default_rng(0)
   tokens = rng.integers(4, VOCAB, size=(400, 500)).astype(np.int32)
   special = rng.random(tokens.shape) < 0.2
   tokens[special] = rng.choice(SPECIALS, size=special.sum())
-  masker = BertMasker(probability=0.15, mask_id=MASK_ID, vocab_size=VOCAB,
-                      special_ids=SPECIALS, seed=0)
+  masker = BertMasker(
+    probability=0.15, mask_id=MASK_ID, vocab_size=VOCAB, special_ids=SPECIALS, seed=0
+  )
   return tokens, masker(tokens, step=7, rows=range(400), batch_size=400)
 
 
 def test_masking_rate_and_specials(masked):
   tokens, batch = masked
   special = np.isin(tokens, SPECIALS)
-  selected = batch['weights'] == 1
-  np.testing.assert_array_equal(np.unique(batch['weights']), [0.0, 1.0])
+  selected = batch["weights"] == 1
+  np.testing.assert_array_equal(np.unique(batch["weights"]), [0.0, 1.0])
   assert not selected[special].any()
-  np.testing.assert_array_equal(batch['inputs'][special], tokens[special])
+  np.testing.assert_array_equal(batch["inputs"][special], tokens[special])
   rate = selected[~special].mean()
   assert abs(rate - 0.15) < _five_sigma(0.15, (~special).sum())
-  np.testing.assert_array_equal(batch['targets'], tokens)
-  np.testing.assert_array_equal(batch['inputs'][~selected], tokens[~selected])
-  assert batch['inputs'].dtype == np.int32
-  assert batch['weights'].dtype == np.float32
+  np.testing.assert_array_equal(batch["targets"], tokens)
+  np.testing.assert_array_equal(batch["inputs"][~selected], tokens[~selected])
+  assert batch["inputs"].dtype == np.int32
+  assert batch["weights"].dtype == np.float32
 
 
 def test_80_10_10_split(masked):
   tokens, batch = masked
-  selected = batch['weights'] == 1
+  selected = batch["weights"] == 1
   n = selected.sum()
-  inputs, originals = batch['inputs'][selected], tokens[selected]
+  inputs, originals = batch["inputs"][selected], tokens[selected]
   to_mask = inputs == MASK_ID
   # A random replacement equals the original with chance 1 / 256.
   to_random = ~to_mask & (inputs != originals)
@@ -62,41 +63,54 @@ def test_80_10_10_split(masked):
 
 def test_bert_mask_follows_its_draws():
   tokens = np.array([[5, 6, 7, 8, 2]], dtype=np.int32)
-  uniforms = np.array([[[0.1, 0.1, 0.1, 0.9, 0.1]],    # select all but 8
-                       [[0.5, 0.85, 0.95, 0.5, 0.5]]])  # mask, random, keep
+  uniforms = np.array(
+    [
+      [[0.1, 0.1, 0.1, 0.9, 0.1]],  # select all but 8
+      [[0.5, 0.85, 0.95, 0.5, 0.5]],
+    ]
+  )  # mask, random, keep
   random_tokens = np.full_like(tokens, 42)
-  out = bert_mask(tokens, uniforms, random_tokens, probability=0.15,
-                  mask_id=MASK_ID, special_ids=SPECIALS)
-  np.testing.assert_array_equal(out['inputs'], [[MASK_ID, 42, 7, 8, 2]])
-  np.testing.assert_array_equal(out['weights'], [[1, 1, 1, 0, 0]])
+  out = bert_mask(
+    tokens, uniforms, random_tokens, probability=0.15, mask_id=MASK_ID, special_ids=SPECIALS
+  )
+  np.testing.assert_array_equal(out["inputs"], [[MASK_ID, 42, 7, 8, 2]])
+  np.testing.assert_array_equal(out["weights"], [[1, 1, 1, 0, 0]])
 
 
 def test_masks_depend_on_step_and_seed(masked):
   tokens, batch = masked
-  make = lambda seed: BertMasker(probability=0.15, mask_id=MASK_ID,
-                                 vocab_size=VOCAB, special_ids=SPECIALS,
-                                 seed=seed)
+  make = lambda seed: BertMasker(
+    probability=0.15, mask_id=MASK_ID, vocab_size=VOCAB, special_ids=SPECIALS, seed=seed
+  )
   again = make(0)(tokens, step=7, rows=range(400), batch_size=400)
-  np.testing.assert_array_equal(again['inputs'], batch['inputs'])
-  for other in (make(0)(tokens, step=8, rows=range(400), batch_size=400),
-                make(1)(tokens, step=7, rows=range(400), batch_size=400)):
-    assert not np.array_equal(other['weights'], batch['weights'])
+  np.testing.assert_array_equal(again["inputs"], batch["inputs"])
+  for other in (
+    make(0)(tokens, step=8, rows=range(400), batch_size=400),
+    make(1)(tokens, step=7, rows=range(400), batch_size=400),
+  ):
+    assert not np.array_equal(other["weights"], batch["weights"])
 
 
 def test_mlm_dataset_batches():
   config = types.SimpleNamespace(
-      name='pystdlib', task='mlm', tokenizer='bytes', seq_len=64,
-      batch_size=8, max_corpus_bytes=20_000, mlm_probability=0.3)
-  ds = make_dataset(config, 'train', seed=0)
-  assert ds.task == 'mlm'
+    name="pystdlib",
+    task="mlm",
+    tokenizer="bytes",
+    seq_len=64,
+    batch_size=8,
+    max_corpus_bytes=20_000,
+    mlm_probability=0.3,
+  )
+  ds = make_dataset(config, "train", seed=0)
+  assert ds.task == "mlm"
   batches = [next(ds) for _ in range(20)]
   for batch in batches:
     assert all(batch[k].shape == (8, 64) for k in batch)
     # Unmasked positions show the original token: targets are the window.
-    keep = batch['weights'] == 0
-    np.testing.assert_array_equal(batch['inputs'][keep], batch['targets'][keep])
-  weights = np.concatenate([b['weights'] for b in batches])
-  targets = np.concatenate([b['targets'] for b in batches])
+    keep = batch["weights"] == 0
+    np.testing.assert_array_equal(batch["inputs"][keep], batch["targets"][keep])
+  weights = np.concatenate([b["weights"] for b in batches])
+  targets = np.concatenate([b["targets"] for b in batches])
   eos = targets == ds.tokenizer.eos_id
   assert eos.any() and not weights[eos].any()
   assert abs(weights[~eos].mean() - 0.3) < _five_sigma(0.3, (~eos).sum())

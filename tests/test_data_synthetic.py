@@ -12,35 +12,44 @@ BATCH = 12
 
 
 def _config(name, **overrides):
-  fields = dict(name=name, task='seq2seq', seq_len=SEQ_LEN, batch_size=BATCH,
-                min_example_len=3, max_example_len=12)
+  fields = dict(
+    name=name,
+    task="seq2seq",
+    seq_len=SEQ_LEN,
+    batch_size=BATCH,
+    min_example_len=3,
+    max_example_len=12,
+  )
   return types.SimpleNamespace(**{**fields, **overrides})
 
 
 def _pairs(ds, batch):
   """Decoded (source, target) texts of a batch."""
-  return [(ds.tokenizer.decode(src), ds.tokenizer.decode(tgt))
-          for src, tgt in zip(batch['encoder_inputs'], batch['targets'])]
+  return [
+    (ds.tokenizer.decode(src), ds.tokenizer.decode(tgt))
+    for src, tgt in zip(batch["encoder_inputs"], batch["targets"])
+  ]
 
 
 def _check_addition(source, target):
-  left, right = source.split('+')
+  left, right = source.split("+")
   return int(target) == int(left) + int(right) and all(
-      part == str(int(part)) for part in (left, right, target))
+    part == str(int(part)) for part in (left, right, target)
+  )
 
 
 CHECKS = {
-    'copy': lambda source, target: target == source,
-    'reverse': lambda source, target: target == source[::-1],
-    'sort': lambda source, target: target == ''.join(sorted(source)),
-    'addition': _check_addition,
+  "copy": lambda source, target: target == source,
+  "reverse": lambda source, target: target == source[::-1],
+  "sort": lambda source, target: target == "".join(sorted(source)),
+  "addition": _check_addition,
 }
 
 
-@pytest.mark.parametrize('task', sorted(CHECKS))
+@pytest.mark.parametrize("task", sorted(CHECKS))
 def test_targets_are_correct(task):
-  ds = make_dataset(_config(task), 'train', seed=0)
-  assert ds.task == 'seq2seq'
+  ds = make_dataset(_config(task), "train", seed=0)
+  assert ds.task == "seq2seq"
   lengths = []
   for _ in range(5):
     for source, target in _pairs(ds, next(ds)):
@@ -50,59 +59,54 @@ def test_targets_are_correct(task):
   assert len(set(lengths)) > 3  # lengths vary
 
 
-@pytest.mark.parametrize('task', sorted(CHECKS))
+@pytest.mark.parametrize("task", sorted(CHECKS))
 def test_batch_layout(task):
-  ds = make_dataset(_config(task), 'validation', seed=0, num_batches=1)
+  ds = make_dataset(_config(task), "validation", seed=0, num_batches=1)
   batch = next(iter(ds))
-  assert set(batch) == {'encoder_inputs', 'decoder_inputs', 'targets',
-                        'weights'}
+  assert set(batch) == {"encoder_inputs", "decoder_inputs", "targets", "weights"}
   for key, array in batch.items():
     assert array.shape == (BATCH, SEQ_LEN), key
-    assert array.dtype == (np.float32 if key == 'weights' else np.int32), key
+    assert array.dtype == (np.float32 if key == "weights" else np.int32), key
   tok = ds.tokenizer
   for row in range(BATCH):
-    target = batch['targets'][row]
+    target = batch["targets"][row]
     length = int((target != tok.pad_id).sum())
     # target + EOS, then padding; decoder inputs are BOS + target.
     assert target[length - 1] == tok.eos_id
     np.testing.assert_array_equal(target[length:], tok.pad_id)
-    np.testing.assert_array_equal(batch['decoder_inputs'][row, 0], tok.bos_id)
-    np.testing.assert_array_equal(batch['decoder_inputs'][row, 1:length],
-                                  target[:length - 1])
-    np.testing.assert_array_equal(batch['decoder_inputs'][row, length:], 0)
-    np.testing.assert_array_equal(batch['weights'][row, :length], 1.0)
-    np.testing.assert_array_equal(batch['weights'][row, length:], 0.0)
-    assert tok.eos_id not in batch['encoder_inputs'][row]
+    np.testing.assert_array_equal(batch["decoder_inputs"][row, 0], tok.bos_id)
+    np.testing.assert_array_equal(batch["decoder_inputs"][row, 1:length], target[: length - 1])
+    np.testing.assert_array_equal(batch["decoder_inputs"][row, length:], 0)
+    np.testing.assert_array_equal(batch["weights"][row, :length], 1.0)
+    np.testing.assert_array_equal(batch["weights"][row, length:], 0.0)
+    assert tok.eos_id not in batch["encoder_inputs"][row]
 
 
 def test_deterministic_resumable_and_split_dependent():
-  config = _config('reverse')
-  a, b = (make_dataset(config, 'train', seed=5) for _ in range(2))
+  config = _config("reverse")
+  a, b = (make_dataset(config, "train", seed=5) for _ in range(2))
   first = [next(a) for _ in range(3)]
   for batch in first:
-    np.testing.assert_array_equal(next(b)['encoder_inputs'],
-                                  batch['encoder_inputs'])
-  assert not np.array_equal(first[0]['encoder_inputs'],
-                            first[1]['encoder_inputs'])
-  assert a.get_state() == {'step': 3}
-  resumed = make_dataset(config, 'train', seed=5)
-  resumed.set_state({'step': 2})
-  np.testing.assert_array_equal(next(resumed)['targets'], first[2]['targets'])
-  validation = make_dataset(config, 'validation', seed=5, num_batches=1)
-  assert not np.array_equal(next(validation)['encoder_inputs'],
-                            first[0]['encoder_inputs'])
+    np.testing.assert_array_equal(next(b)["encoder_inputs"], batch["encoder_inputs"])
+  assert not np.array_equal(first[0]["encoder_inputs"], first[1]["encoder_inputs"])
+  assert a.get_state() == {"step": 3}
+  resumed = make_dataset(config, "train", seed=5)
+  resumed.set_state({"step": 2})
+  np.testing.assert_array_equal(next(resumed)["targets"], first[2]["targets"])
+  validation = make_dataset(config, "validation", seed=5, num_batches=1)
+  assert not np.array_equal(next(validation)["encoder_inputs"], first[0]["encoder_inputs"])
 
 
 def test_eval_repeats_and_process_rows_concatenate():
-  config = _config('addition')
-  ds = make_dataset(config, 'test', seed=0, num_batches=2)
+  config = _config("addition")
+  ds = make_dataset(config, "test", seed=0, num_batches=2)
   first, second = list(ds), list(ds)
   assert len(first) == 2
   for x, y in zip(first, second):
-    np.testing.assert_array_equal(x['encoder_inputs'], y['encoder_inputs'])
-  parts = [next(make_dataset(config, 'test', seed=0, process_index=p,
-                             process_count=3, num_batches=2))
-           for p in range(3)]
+    np.testing.assert_array_equal(x["encoder_inputs"], y["encoder_inputs"])
+  parts = [
+    next(make_dataset(config, "test", seed=0, process_index=p, process_count=3, num_batches=2))
+    for p in range(3)
+  ]
   for key in first[0]:
-    np.testing.assert_array_equal(
-        np.concatenate([part[key] for part in parts]), first[0][key])
+    np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), first[0][key])

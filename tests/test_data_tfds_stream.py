@@ -30,14 +30,14 @@ import types
 
 import numpy as np
 import pytest
-from conftest import REPO, assert_same_batches, take_batches
-from tfds_builders import DocumentsBuilder
 import tensorflow_datasets as tfds
 
+from conftest import REPO, assert_same_batches, take_batches
+from tfds_builders import DocumentsBuilder
 from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset
 
 SEQ_LEN = 15  # windows of 16 tokens: many documents are cut across windows
-BATCH = 6     # global rows: 6, 3 or 2 per process for 1, 2 or 3 processes
+BATCH = 6  # global rows: 6, 3 or 2 per process for 1, 2 or 3 processes
 EOS = ByteTokenizer.eos_id
 
 TRAIN_DOCS = [f"doc {i:02d}: " + "xyz " * (i % 7) * 3 for i in range(23)]
@@ -56,22 +56,29 @@ class TxfTestDocuments(DocumentsBuilder):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   directory = tmp_path_factory.mktemp("tfds")
-  tfds.builder("txf_test_documents", data_dir=directory,
-               file_format="array_record").download_and_prepare()
+  tfds.builder(
+    "txf_test_documents", data_dir=directory, file_format="array_record"
+  ).download_and_prepare()
   return str(directory)
 
 
 def config(data_dir, **overrides):
-  fields = dict(name="tfds:txf_test_documents", task="lm", tokenizer="bytes",
-                seq_len=SEQ_LEN, batch_size=BATCH, tfds_data_dir=data_dir,
-                read_threads=0, mlm_probability=0.15)
+  fields = dict(
+    name="tfds:txf_test_documents",
+    task="lm",
+    tokenizer="bytes",
+    seq_len=SEQ_LEN,
+    batch_size=BATCH,
+    tfds_data_dir=data_dir,
+    read_threads=0,
+    mlm_probability=0.15,
+  )
   return types.SimpleNamespace(**{**fields, **overrides})
 
 
 def windows_of(batches):
   """The lm batches' windows of SEQ_LEN + 1 tokens, [N, SEQ_LEN + 1] in stream order."""
-  return np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)
-                         for b in batches])
+  return np.concatenate([np.concatenate([b["inputs"], b["targets"][:, -1:]], 1) for b in batches])
 
 
 def documents_of(windows):
@@ -93,8 +100,7 @@ def test_every_document_of_an_epoch_reaches_one_process_once(data_dir, processes
   # order, which is epoch (k * P + p) // N.
   epochs = {0: [], 1: []}
   for p in range(processes):
-    ds = make_dataset(config(data_dir), "train", seed=0, process_index=p,
-                      process_count=processes)
+    ds = make_dataset(config(data_dir), "train", seed=0, process_index=p, process_count=processes)
     # More than this process's share of two epochs, whatever documents it got.
     documents = documents_of(windows_of(take_batches(ds, batches_for(2 * EPOCH_TOKENS, rows))))
     for k, text in enumerate(documents):
@@ -146,8 +152,9 @@ def test_lm_batches_are_shifted_windows_with_document_segments(data_dir):
 
 def test_attending_across_documents_drops_the_segments(data_dir):
   packed = take_batches(make_dataset(config(data_dir), "train", seed=0), 3)
-  across = take_batches(make_dataset(config(data_dir, attend_across_documents=True),
-                                     "train", seed=0), 3)
+  across = take_batches(
+    make_dataset(config(data_dir, attend_across_documents=True), "train", seed=0), 3
+  )
   for batch, plain in zip(packed, across):
     assert set(plain) == {"inputs", "targets", "weights"}
     for key in plain:
@@ -201,8 +208,7 @@ def test_worker_processes_give_the_same_stream_and_resume_it(data_dir):
 
 def test_resume_needs_the_process_count_that_saved(data_dir):
   def shard(p, count):
-    return make_dataset(config(data_dir), "train", seed=0, process_index=p,
-                        process_count=count)
+    return make_dataset(config(data_dir), "train", seed=0, process_index=p, process_count=count)
 
   pair = [shard(p, 2) for p in range(2)]
   for ds in pair:
@@ -226,8 +232,9 @@ def test_eval_is_one_padded_pass_in_storage_order(data_dir):
   ds = make_dataset(config(data_dir), "validation", seed=0)
   first, second = list(ds), list(ds)  # every iter() starts over
   assert_same_batches(first, second)
-  stored = tfds.data_source("txf_test_documents", split="validation", data_dir=data_dir,
-                            download=False)
+  stored = tfds.data_source(
+    "txf_test_documents", split="validation", data_dir=data_dir, download=False
+  )
   assert documents_of(windows_of(first)) == [r["text"].decode() for r in stored]
   assert sorted(documents_of(windows_of(first))) == sorted(VALIDATION_DOCS)
   last = first[-1]
@@ -236,10 +243,9 @@ def test_eval_is_one_padded_pass_in_storage_order(data_dir):
   np.testing.assert_array_equal(last["weights"], ~padding)  # the loss ignores padding
   np.testing.assert_array_equal(last["segment_ids"][last["inputs"] == 0], 0)
   # With num_batches, every process gives that many: padding batches after the pass.
-  padded = list(make_dataset(config(data_dir), "validation", seed=0,
-                             num_batches=len(first) + 2))
-  assert_same_batches(padded[:len(first)], first)
-  for batch in padded[len(first):]:
+  padded = list(make_dataset(config(data_dir), "validation", seed=0, num_batches=len(first) + 2))
+  assert_same_batches(padded[: len(first)], first)
+  for batch in padded[len(first) :]:
     for key, value in batch.items():
       np.testing.assert_array_equal(value, 0, err_msg=key)
 
@@ -274,8 +280,14 @@ _PEAK_RSS = textwrap.dedent("""
 @pytest.mark.slow
 def test_memory_stays_bounded_as_the_split_grows():
   def peak_kib(records):
-    result = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(records)], cwd=REPO,
-                            capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+      [sys.executable, "-c", _PEAK_RSS, str(records)],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      check=True,
+    )
     return int(result.stdout.split()[-1])
 
   # One epoch each of 1280 and 12800 records (several groups of
@@ -302,9 +314,17 @@ def test_two_processes_save_both_states():
     s.bind(("localhost", 0))
     address = f"localhost:{s.getsockname()[1]}"
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
-  processes = [subprocess.Popen([sys.executable, "-c", _GATHER, address, str(i)], cwd=REPO,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for i in range(2)]
+  processes = [
+    subprocess.Popen(
+      [sys.executable, "-c", _GATHER, address, str(i)],
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   try:
     outputs = [process.communicate(timeout=120) for process in processes]
   finally:
@@ -314,6 +334,7 @@ def test_two_processes_save_both_states():
     assert process.returncode == 0, err[-2000:]
     per_process, shared = json.loads(out.strip().splitlines()[-1])
     # Different states: every process's, in process order; equal ones: as they are.
-    assert per_process == {"processes": [{"step": 3, "process_index": 0},
-                                         {"step": 3, "process_index": 1}]}
+    assert per_process == {
+      "processes": [{"step": 3, "process_index": 0}, {"step": 3, "process_index": 1}]
+    }
     assert shared == {"epoch": 1, "position": 8}

@@ -5,38 +5,41 @@ import types
 import numpy as np
 import pytest
 
-from txf.data import ByteTokenizer, SentencePieceTokenizer, SymbolTokenizer
-from txf.data import make_tokenizer
-from txf.data import tokenizers as tokenizers_module
+from txf.data import (
+  ByteTokenizer,
+  SentencePieceTokenizer,
+  SymbolTokenizer,
+  make_tokenizer,
+  tokenizers as tokenizers_module,
+)
 
 TEXTS = [
-    'def add(a, b):\n    return a + b\n',
-    '  leading spaces,\ttabs and trailing spaces  \n\n',
-    'naïve café — 中文 and emoji 🙂\r\n',
-    '',
+  "def add(a, b):\n    return a + b\n",
+  "  leading spaces,\ttabs and trailing spaces  \n\n",
+  "naïve café — 中文 and emoji 🙂\r\n",
+  "",
 ]
 
 
 def _training_texts():
-  words = ['alpha', 'beta', 'gamma', 'delta', 'return', 'def', 'class', 'self']
+  words = ["alpha", "beta", "gamma", "delta", "return", "def", "class", "self"]
   rng = np.random.default_rng(0)
-  return [' '.join(rng.choice(words, size=12)) + ':\n    pass\n'
-          for _ in range(200)]
+  return [" ".join(rng.choice(words, size=12)) + ":\n    pass\n" for _ in range(200)]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def sp_model_prefix(tmp_path_factory):
-  prefix = tmp_path_factory.mktemp('sp') / 'tiny'
+  prefix = tmp_path_factory.mktemp("sp") / "tiny"
   SentencePieceTokenizer.train(_training_texts(), 300, prefix)
   return prefix
 
 
-@pytest.mark.parametrize('text', TEXTS)
+@pytest.mark.parametrize("text", TEXTS)
 def test_byte_round_trip(text):
   tok = ByteTokenizer()
   ids = tok.encode(text)
   assert ids.dtype == np.int32
-  assert len(ids) == len(text.encode('utf-8'))
+  assert len(ids) == len(text.encode("utf-8"))
   assert ids.min(initial=tok.vocab_size) >= 4 and ids.max(initial=0) < 260
   assert tok.decode(ids) == text
 
@@ -45,27 +48,28 @@ def test_byte_decode_skips_specials_and_replaces_bad_utf8():
   tok = ByteTokenizer()
   assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.mask_id) == (0, 1, 2, 3)
   assert tok.vocab_size == 260
-  ids = np.concatenate([[tok.bos_id], tok.encode('hé'), [tok.mask_id],
-                        tok.encode('!'), [tok.eos_id, tok.pad_id]])
-  assert tok.decode(ids) == 'hé!'
+  ids = np.concatenate(
+    [[tok.bos_id], tok.encode("hé"), [tok.mask_id], tok.encode("!"), [tok.eos_id, tok.pad_id]]
+  )
+  assert tok.decode(ids) == "hé!"
   # A lone continuation byte (0x80) is not UTF-8.
-  assert tok.decode([0x80 + 4]) == '\ufffd'
+  assert tok.decode([0x80 + 4]) == "\ufffd"
 
 
 def test_symbol_tokenizer():
-  chars = SymbolTokenizer('abc')
+  chars = SymbolTokenizer("abc")
   assert chars.vocab_size == 6 and chars.mask_id is None
-  np.testing.assert_array_equal(chars.encode('cab'), [5, 3, 4])
-  assert chars.decode([1, 5, 3, 0, 2, 4]) == 'cab'
-  words = SymbolTokenizer(['[MAX', ']', '7'], separator=' ')
-  assert words.decode(words.encode('[MAX 7 7 ]')) == '[MAX 7 7 ]'
-  with pytest.raises(ValueError, match='outside the vocabulary'):
-    chars.encode('abz')
+  np.testing.assert_array_equal(chars.encode("cab"), [5, 3, 4])
+  assert chars.decode([1, 5, 3, 0, 2, 4]) == "cab"
+  words = SymbolTokenizer(["[MAX", "]", "7"], separator=" ")
+  assert words.decode(words.encode("[MAX 7 7 ]")) == "[MAX 7 7 ]"
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    chars.encode("abz")
 
 
-@pytest.mark.parametrize('text', TEXTS + ['unseen: Ω∑ ü\x00'])
+@pytest.mark.parametrize("text", TEXTS + ["unseen: Ω∑ ü\x00"])
 def test_sentencepiece_round_trip(sp_model_prefix, text):
-  tok = SentencePieceTokenizer(f'{sp_model_prefix}.model')
+  tok = SentencePieceTokenizer(f"{sp_model_prefix}.model")
   ids = tok.encode(text)
   assert ids.dtype == np.int32
   assert tok.decode(ids) == text
@@ -73,52 +77,56 @@ def test_sentencepiece_round_trip(sp_model_prefix, text):
 
 
 def test_sentencepiece_ids_and_determinism(sp_model_prefix, tmp_path):
-  tok = SentencePieceTokenizer(f'{sp_model_prefix}.model')
+  tok = SentencePieceTokenizer(f"{sp_model_prefix}.model")
   assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.mask_id) == (0, 1, 2, 4)
   assert tok.RESERVED_IDS < tok.vocab_size <= 300
   # Common words become single pieces, so the model learned something.
-  assert len(tok.encode('alpha')) == 1
-  again = SentencePieceTokenizer.train(_training_texts(), 300, tmp_path / 'b')
-  assert (tmp_path / 'b.model').read_bytes() == (
-      sp_model_prefix.parent / 'tiny.model').read_bytes()
-  assert tok.decode([tok.bos_id, *again.encode('beta'), tok.mask_id]) == 'beta'
+  assert len(tok.encode("alpha")) == 1
+  again = SentencePieceTokenizer.train(_training_texts(), 300, tmp_path / "b")
+  assert (tmp_path / "b.model").read_bytes() == (sp_model_prefix.parent / "tiny.model").read_bytes()
+  assert tok.decode([tok.bos_id, *again.encode("beta"), tok.mask_id]) == "beta"
 
 
 def test_sentencepiece_train_rejects_bad_input(tmp_path):
-  with pytest.raises(ValueError, match='vocab_size'):
-    SentencePieceTokenizer.train(['abc'], 100, tmp_path / 'm')
-  with pytest.raises(ValueError, match='texts'):
-    SentencePieceTokenizer.train(['', '\n'], 300, tmp_path / 'm')
+  with pytest.raises(ValueError, match="vocab_size"):
+    SentencePieceTokenizer.train(["abc"], 100, tmp_path / "m")
+  with pytest.raises(ValueError, match="texts"):
+    SentencePieceTokenizer.train(["", "\n"], 300, tmp_path / "m")
 
 
 def _corpus_config(**overrides):
-  fields = dict(name='pystdlib', task='lm', tokenizer='sentencepiece',
-                sp_vocab_size=512, seq_len=16, batch_size=2,
-                max_corpus_bytes=20_000)
+  fields = dict(
+    name="pystdlib",
+    task="lm",
+    tokenizer="sentencepiece",
+    sp_vocab_size=512,
+    seq_len=16,
+    batch_size=2,
+    max_corpus_bytes=20_000,
+  )
   return types.SimpleNamespace(**{**fields, **overrides})
 
 
 def test_make_tokenizer_trains_once_then_reuses(tmp_path, monkeypatch):
-  assert isinstance(make_tokenizer(_corpus_config(tokenizer='bytes')),
-                    ByteTokenizer)
+  assert isinstance(make_tokenizer(_corpus_config(tokenizer="bytes")), ByteTokenizer)
   first = make_tokenizer(_corpus_config(), tmp_path)
-  assert (tmp_path / 'sentencepiece_512.model').exists()
+  assert (tmp_path / "sentencepiece_512.model").exists()
 
   def fail(*args, **kwargs):
-    raise AssertionError('trained again instead of reusing the model')
+    raise AssertionError("trained again instead of reusing the model")
 
-  monkeypatch.setattr(tokenizers_module.SentencePieceTokenizer, 'train', fail)
+  monkeypatch.setattr(tokenizers_module.SentencePieceTokenizer, "train", fail)
   second = make_tokenizer(_corpus_config(), tmp_path)
-  text = 'import os\nprint(os.getcwd())\n'
+  text = "import os\nprint(os.getcwd())\n"
   np.testing.assert_array_equal(first.encode(text), second.encode(text))
 
 
 def test_make_tokenizer_sentencepiece_needs_workdir():
-  with pytest.raises(ValueError, match='workdir'):
+  with pytest.raises(ValueError, match="workdir"):
     make_tokenizer(_corpus_config())
 
 
 def test_sentencepiece_vocab_too_small_for_characters(tmp_path):
-  texts = [''.join(map(chr, range(0x4e00, 0x4e00 + 200)))] * 3
-  with pytest.raises(ValueError, match='vocab_size=300'):
-    SentencePieceTokenizer.train(texts, 300, tmp_path / 'm')
+  texts = ["".join(map(chr, range(0x4E00, 0x4E00 + 200)))] * 3
+  with pytest.raises(ValueError, match="vocab_size=300"):
+    SentencePieceTokenizer.train(texts, 300, tmp_path / "m")

@@ -69,9 +69,9 @@ def stepwise_logits(model, params, tokens_BxT):
   return logits_TxBxV.transpose(1, 0, 2)
 
 
-DECODER_VARIANTS = [dict(position=p) for p in
-                    ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")] + [
-    dict(num_kv_heads=2), dict(num_kv_heads=1), dict(window=3), dict(scan_layers=True)]
+DECODER_VARIANTS = [
+  dict(position=p) for p in ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
+] + [dict(num_kv_heads=2), dict(num_kv_heads=1), dict(window=3), dict(scan_layers=True)]
 
 
 @pytest.mark.parametrize("overrides", DECODER_VARIANTS, ids=str)
@@ -87,12 +87,14 @@ def test_prefill_then_single_steps_match_full_pass():
   tokens = random_tokens(2, (B, T))
   prefill = 5
   cache = decode.init_cache(model, B, T)
-  logits, variables = apply(model, {"params": params, "cache": cache}, tokens[:, :prefill],
-                            use_cache=True)
+  logits, variables = apply(
+    model, {"params": params, "cache": cache}, tokens[:, :prefill], use_cache=True
+  )
   assert int(variables["cache"]["positions"]["index"]) == prefill
   for t in range(prefill, T):
-    step_logits, variables = apply(model, {"params": params, **variables},
-                                   tokens[:, t:t + 1], use_cache=True)
+    step_logits, variables = apply(
+      model, {"params": params, **variables}, tokens[:, t : t + 1], use_cache=True
+    )
     logits = jnp.concatenate([logits, step_logits], axis=1)
   np.testing.assert_allclose(logits, apply(model, {"params": params}, tokens), atol=1e-5)
 
@@ -107,12 +109,18 @@ def seq2seq_stepwise(model, params, encoder_tokens_BxS, decoder_tokens_BxT):
   """Logits [B, T, V] from feeding decoder tokens one per step, with the
   cross-attention keys/values cached and recomputed at every step; and the
   cached path's cache after the encoding is stored."""
+
   def run(cache_cross_attention):
     tokens_to_logits, cache = decode.encode_for_decoding(
-        model, params, encoder_tokens_BxS, decoder_tokens_BxT.shape[1],
-        cache_cross_attention=cache_cross_attention)
+      model,
+      params,
+      encoder_tokens_BxS,
+      decoder_tokens_BxT.shape[1],
+      cache_cross_attention=cache_cross_attention,
+    )
     step = lambda cache, token_B: tokens_to_logits(token_B[:, None], cache)[::-1]
     return jax.lax.scan(step, cache, decoder_tokens_BxT.T)[1].transpose(1, 0, 2), cache
+
   (cached, cache), (uncached, _) = run(True), run(False)
   return cached, uncached, cache
 
@@ -129,8 +137,9 @@ def test_cached_cross_attention_matches_uncached_and_full_pass():
   # and the encoder padding mask; the self-attention part is still empty.
   crossed = cache["decoder"]["blocks"]["cross_attention"]
   assert crossed["cross_key"].shape == (2, B, 7, 4, 8) and np.abs(crossed["cross_key"]).min() > 0
-  np.testing.assert_array_equal(crossed["cross_mask"][:, :, 0, 0, :],
-                                np.broadcast_to(encoder_tokens != 0, (2, B, 7)))
+  np.testing.assert_array_equal(
+    crossed["cross_mask"][:, :, 0, 0, :], np.broadcast_to(encoder_tokens != 0, (2, B, 7))
+  )
   assert int(cache["positions"]["index"]) == 0
   assert not cache["decoder"]["blocks"]["self_attention"]["cached_key"].any()
 
@@ -138,23 +147,37 @@ def test_cached_cross_attention_matches_uncached_and_full_pass():
 def test_query_rows_sharing_an_encoding_equal_each_row_with_its_own_copy():
   # Beam search keeps one encoding per example for all its beams: 6 query
   # rows over 2 key rows must equal 6 rows over the key rows repeated 3 times.
-  attention = MultiHeadAttention(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
-                                 window=None, rope_base=1e4, rope_scale=1.0,
-                                 t5_max_distance=128, use_bias=False,
-                                 attention_dropout_rate=0.0, implementation=None,
-                                 dtype=jnp.float32, cross=True)
+  attention = MultiHeadAttention(
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    position="none",
+    window=None,
+    rope_base=1e4,
+    rope_scale=1.0,
+    t5_max_distance=128,
+    use_bias=False,
+    attention_dropout_rate=0.0,
+    implementation=None,
+    dtype=jnp.float32,
+    cross=True,
+  )
   x = jax.random.normal(jax.random.key(0), (6, 3, 8))
   kv = jax.random.normal(jax.random.key(1), (2, 5, 8))
   key_mask = (jnp.arange(5) < jnp.array([[5], [3]]))[:, None, None]  # row 1: 3 keys
   positions = jnp.arange(3)[None]
   variables = jax.jit(attention.init)(jax.random.key(2), x, kv, q_positions_BxT=positions)
-  apply = jax.jit(lambda kv, key_mask: attention.apply(
-      variables, x, kv, key_mask=key_mask, q_positions_BxT=positions, mutable=["intermediates"]))
+  apply = jax.jit(
+    lambda kv, key_mask: attention.apply(
+      variables, x, kv, key_mask=key_mask, q_positions_BxT=positions, mutable=["intermediates"]
+    )
+  )
   shared, shared_maps = apply(kv, key_mask)
   copied, copied_maps = apply(jnp.repeat(kv, 3, axis=0), jnp.repeat(key_mask, 3, axis=0))
   np.testing.assert_allclose(shared, copied, atol=1e-6)
-  np.testing.assert_allclose(jax.tree.leaves(shared_maps)[0], jax.tree.leaves(copied_maps)[0],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    jax.tree.leaves(shared_maps)[0], jax.tree.leaves(copied_maps)[0], atol=1e-6
+  )
   with pytest.raises(ValueError, match="6 query rows cannot share 4 key/value rows"):
     jax.eval_shape(apply, jnp.ones((4, 5, 8)), None)
 
@@ -167,8 +190,15 @@ def test_cross_attention_without_a_stored_encoding_is_an_error():
   cache = decode.init_cache(model, B, 4, encoder_tokens=tokens)
   del cache["decoder"]["blocks"]["cross_attention"]  # a cache that never stored one
   with pytest.raises(ValueError, match="reads its keys/values from the cache, which holds none"):
-    model.apply({"params": params, "cache": cache}, None, None, tokens, use_cache=True,
-                mutable=["cache"], method="decode")
+    model.apply(
+      {"params": params, "cache": cache},
+      None,
+      None,
+      tokens,
+      use_cache=True,
+      mutable=["cache"],
+      method="decode",
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -177,16 +207,22 @@ def test_cross_attention_without_a_stored_encoding_is_an_error():
 
 def test_init_cache_shapes_and_batch_axes():
   # [B, L, K, Dh], with scanned layers [N, B, L, K, Dh]
-  for overrides, layout in ((dict(num_kv_heads=2), (B, 10, 2, 8)),
-                            (dict(scan_layers=True), (2, B, 10, 4, 8))):
+  for overrides, layout in (
+    (dict(num_kv_heads=2), (B, 10, 2, 8)),
+    (dict(scan_layers=True), (2, B, 10, 4, 8)),
+  ):
     model, _ = model_and_params(**overrides)
     scan = "scan_layers" in overrides
     cache = decode.init_cache(model, B, 10)
-    keys = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-            if "cached_key" in jax.tree_util.keystr(path)]
+    keys = [
+      leaf
+      for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+      if "cached_key" in jax.tree_util.keystr(path)
+    ]
     assert keys and all(k.shape == layout and not k.any() for k in keys)
-    axes = jax.tree_util.tree_leaves_with_path(decode.cache_batch_axes(model, 10),
-                                               is_leaf=lambda a: a is None)
+    axes = jax.tree_util.tree_leaves_with_path(
+      decode.cache_batch_axes(model, 10), is_leaf=lambda a: a is None
+    )
     for path, axis in axes:
       assert axis == (None if "index" in jax.tree_util.keystr(path) else int(scan))
 
@@ -200,19 +236,23 @@ def test_seq2seq_cache_holds_the_encoding_once_per_example():
   # Beam search keeps one copy per example (its beams share it): no batch
   # axis to copy or reorder, unlike the self-attention keys.
   axes = decode.cache_batch_axes(model, 10)
-  assert axes["decoder"]["blocks"]["cross_attention"] == dict(cross_key=None, cross_value=None,
-                                                              cross_mask=None)
+  assert axes["decoder"]["blocks"]["cross_attention"] == dict(
+    cross_key=None, cross_value=None, cross_mask=None
+  )
   assert axes["decoder"]["blocks"]["self_attention"] == dict(cached_key=1, cached_value=1)
   assert axes["positions"]["index"] is None
 
 
-@pytest.mark.parametrize("overrides, kwargs, field", [
+@pytest.mark.parametrize(
+  "overrides, kwargs, field",
+  [
     (dict(position="learned"), dict(cache_len=17), "model.max_len"),
     (dict(family="encoder", head="mlm"), dict(cache_len=8), "model.family"),
     (dict(head="classify", pooling="last"), dict(cache_len=8), "model.head"),
     (dict(), dict(cache_len=8, encoder_tokens=jnp.ones((B, 3), jnp.int32)), "encoder_tokens"),
     (dict(family="encoder_decoder"), dict(cache_len=8), "encoder_tokens: an encoder_decoder"),
-])
+  ],
+)
 def test_init_cache_errors(overrides, kwargs, field):
   model = models.build(ModelConfig(**{**TINY, **overrides}))
   with pytest.raises(ValueError, match=field):
@@ -255,19 +295,26 @@ def test_greedy_matches_uncached_reference(lm):
   np.testing.assert_array_equal(greedy, reference_greedy(model, params, PROMPT, NEW))
 
 
-@pytest.mark.parametrize("kwargs", [dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-5)],
-                         ids=["top_k=1", "top_p=1e-6", "temperature=1e-5"])
+@pytest.mark.parametrize(
+  "kwargs",
+  [dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-5)],
+  ids=["top_k=1", "top_p=1e-6", "temperature=1e-5"],
+)
 def test_degenerate_sampling_is_greedy(lm, kwargs):
   model, params, greedy = lm
-  sampled = decode.generate(model, params, PROMPT, max_new_tokens=NEW,
-                            rng=jax.random.key(7), **kwargs)
+  sampled = decode.generate(
+    model, params, PROMPT, max_new_tokens=NEW, rng=jax.random.key(7), **kwargs
+  )
   np.testing.assert_array_equal(sampled, greedy)
 
 
 def test_sampling_is_reproducible_and_depends_on_rng(lm):
   model, params, greedy = lm
-  run = lambda seed: np.asarray(decode.generate(model, params, PROMPT, max_new_tokens=NEW,
-                                                rng=jax.random.key(seed), temperature=1.0))
+  run = lambda seed: np.asarray(
+    decode.generate(
+      model, params, PROMPT, max_new_tokens=NEW, rng=jax.random.key(seed), temperature=1.0
+    )
+  )
   first = run(0)
   np.testing.assert_array_equal(first, run(0))
   assert not np.array_equal(first, run(1))
@@ -283,10 +330,12 @@ COUNT_VOCAB = 16
 
 def counting_stub(calls):
   """Always predicts token + 1, logging each call into `calls`."""
+
   def tokens_to_logits(tokens_Bx1, cache):
     jax.debug.callback(lambda: calls.append(1))
     logits = 10.0 * jax.nn.one_hot((tokens_Bx1[:, 0] + 1) % COUNT_VOCAB, COUNT_VOCAB)
     return logits, {"index": cache["index"] + 1}
+
   return tokens_to_logits
 
 
@@ -307,9 +356,15 @@ def test_sample_stops_rows_at_eos_and_length(eos_id):
   # Row 1's prompt ends in the EOS id: a prompt token must not end the row.
   prompt = jnp.array([[1, 2, 0], [5, 6, 0], [4, 0, 0]])
   calls = []
-  out = decode.sample(counting_stub(calls), {"index": jnp.int32(0)}, prompt,
-                      max_new_tokens=6, rng=jax.random.key(0), temperature=0.0,
-                      eos_id=eos_id)
+  out = decode.sample(
+    counting_stub(calls),
+    {"index": jnp.int32(0)},
+    prompt,
+    max_new_tokens=6,
+    rng=jax.random.key(0),
+    temperature=0.0,
+    eos_id=eos_id,
+  )
   jax.effects_barrier()
   expected = [expected_counting(list(row), eos_id, 6) for row in np.asarray(prompt)]
   np.testing.assert_array_equal(out, [tokens for tokens, _ in expected])
@@ -328,9 +383,16 @@ RAGGED = np.array([[1, 2, 0], [5, 6, 0], [4, 0, 0], [7, 8, 9]])  # lengths 2, 2,
 
 def test_sample_on_left_padded_prompts():
   lengths = (RAGGED != 0).sum(1)
-  out = decode.sample(counting_stub([]), {"index": jnp.int32(0)}, to_left(RAGGED, lengths, 3),
-                      max_new_tokens=4, rng=jax.random.key(0), temperature=0.0, eos_id=6,
-                      padding_side="left")
+  out = decode.sample(
+    counting_stub([]),
+    {"index": jnp.int32(0)},
+    to_left(RAGGED, lengths, 3),
+    max_new_tokens=4,
+    rng=jax.random.key(0),
+    temperature=0.0,
+    eos_id=6,
+    padding_side="left",
+  )
   expected = np.array([expected_counting(list(row), 6, 4)[0] for row in RAGGED])
   np.testing.assert_array_equal(out, to_left(expected, lengths, 3))
 
@@ -341,14 +403,23 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
   lengths = np.array([2, 1, 3, 1])
   prompt = np.where(np.arange(3) < lengths[:, None], RAGGED, 13)
   prompt[2, 0] = 0
-  out = decode.sample(counting_stub([]), {"index": jnp.int32(0)}, prompt, max_new_tokens=4,
-                      rng=jax.random.key(0), temperature=0.0, eos_id=6,
-                      prompt_lengths_B=jnp.asarray(lengths))
+  out = decode.sample(
+    counting_stub([]),
+    {"index": jnp.int32(0)},
+    prompt,
+    max_new_tokens=4,
+    rng=jax.random.key(0),
+    temperature=0.0,
+    eos_id=6,
+    prompt_lengths_B=jnp.asarray(lengths),
+  )
   expected = [expected_counting(list(row), 6, 4, length=n)[0] for row, n in zip(prompt, lengths)]
   np.testing.assert_array_equal(out, expected)
 
 
-@pytest.mark.parametrize("prompt, kwargs, message", [
+@pytest.mark.parametrize(
+  "prompt, kwargs, message",
+  [
     ([[0, 5, 6]], {}, r"rows \[0\] are not right-padded with pad_id=0"),
     ([[5, 0, 6], [5, 6, 0]], {}, r"rows \[0\] are not right-padded"),
     ([[5, 6, 0]], dict(padding_side="left"), r"rows \[0\] are not left-padded"),
@@ -358,23 +429,42 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
     ([[5, 6]], dict(padding_side="middle"), "padding_side must be one of"),
     ([[5, 6]], dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),
     ([5, 6], {}, r"prompts must be int \[B, P\]"),
-], ids=["pad first", "pad inside", "right as left", "empty row", "length > P",
-        "lengths shape", "side", "no new tokens", "1-D prompt"])
+  ],
+  ids=[
+    "pad first",
+    "pad inside",
+    "right as left",
+    "empty row",
+    "length > P",
+    "lengths shape",
+    "side",
+    "no new tokens",
+    "1-D prompt",
+  ],
+)
 def test_bad_prompts_are_rejected_before_decoding(prompt, kwargs, message):
   calls = []
   kwargs = dict(dict(max_new_tokens=3), **kwargs)
   with pytest.raises(ValueError, match=message):
-    decode.sample(counting_stub(calls), {"index": jnp.int32(0)}, jnp.array(prompt),
-                  rng=jax.random.key(0), **kwargs)
+    decode.sample(
+      counting_stub(calls),
+      {"index": jnp.int32(0)},
+      jnp.array(prompt),
+      rng=jax.random.key(0),
+      **kwargs,
+    )
   jax.effects_barrier()
   assert not calls
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     (dict(), "prompt_BxP: a decoder needs prompts"),
     (dict(prompt_BxP=PROMPT, encoder_tokens_BxS=PROMPT), "encoder_tokens_BxS only apply"),
     (dict(prompt_BxP=PROMPT[:, ::-1]), r"rows \[0\] are not right-padded"),
-])
+  ],
+)
 def test_bad_generate_arguments_are_rejected(kwargs, message):
   model, params = model_and_params()
   with pytest.raises(ValueError, match=message):
@@ -387,29 +477,42 @@ def test_a_cache_too_short_for_prompt_and_new_tokens_is_an_error(overrides):
   model, params = model_and_params(**overrides)
   tokens_to_logits = decode.make_tokens_to_logits(model, params)
   cache = decode.init_cache(model, B, 9)
-  with pytest.raises(ValueError, match=r"sample: the cache holds 9 positions, but prompts of 5 "
-                                       r"tokens and max_new_tokens=6 need 10"):
+  with pytest.raises(
+    ValueError,
+    match=r"sample: the cache holds 9 positions, but prompts of 5 "
+    r"tokens and max_new_tokens=6 need 10",
+  ):
     decode.sample(tokens_to_logits, cache, PROMPT, max_new_tokens=NEW, rng=jax.random.key(0))
   with pytest.raises(ValueError, match=r"beam_search: the cache holds 9 positions, .* need 10"):
-    decode.beam_search(tokens_to_logits, cache, PROMPT, num_beams=2, max_new_tokens=NEW,
-                       eos_id=None)
+    decode.beam_search(
+      tokens_to_logits, cache, PROMPT, num_beams=2, max_new_tokens=NEW, eos_id=None
+    )
 
 
 def test_a_caller_built_cache_of_the_right_size_decodes_as_generate(lm):
   model, params, greedy = lm
-  sample = jax.jit(lambda cache: decode.sample(
-      decode.make_tokens_to_logits(model, params), cache, PROMPT, max_new_tokens=NEW,
-      rng=jax.random.key(0), temperature=0.0))
+  sample = jax.jit(
+    lambda cache: decode.sample(
+      decode.make_tokens_to_logits(model, params),
+      cache,
+      PROMPT,
+      max_new_tokens=NEW,
+      rng=jax.random.key(0),
+      temperature=0.0,
+    )
+  )
   np.testing.assert_array_equal(sample(decode.init_cache(model, B, 10)), greedy)
 
 
-@pytest.mark.parametrize("kwargs", [dict(top_k=3), dict(top_p=0.8), dict(top_k=4, top_p=0.9)],
-                         ids=str)
+@pytest.mark.parametrize(
+  "kwargs", [dict(top_k=3), dict(top_p=0.8), dict(top_k=4, top_p=0.9)], ids=str
+)
 def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
   logits = jnp.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
   stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
-  out = decode.sample(stub, {}, jnp.ones((512, 1), jnp.int32), max_new_tokens=1,
-                      rng=jax.random.key(3), **kwargs)
+  out = decode.sample(
+    stub, {}, jnp.ones((512, 1), jnp.int32), max_new_tokens=1, rng=jax.random.key(3), **kwargs
+  )
   probs = np.asarray(jax.nn.softmax(logits))  # sorted descending already
   kept = np.arange(kwargs.get("top_k", 8))
   kept = kept[(np.cumsum(probs) - probs)[kept] < kwargs.get("top_p", 1.0)]
@@ -422,8 +525,12 @@ def test_prefill_longer_than_the_cache_is_rejected():
   model, params = model_and_params()
   cache = decode.init_cache(model, 1, 4)
   with pytest.raises(ValueError, match="KV cache of 4 slots"):
-    model.apply({"params": params, "cache": cache}, jnp.ones((1, 6), jnp.int32), use_cache=True,
-                mutable=["cache"])
+    model.apply(
+      {"params": params, "cache": cache},
+      jnp.ones((1, 6), jnp.int32),
+      use_cache=True,
+      mutable=["cache"],
+    )
 
 
 def test_generate_leaves_the_benchmark_switches_to_build_generate():

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from test_decode import PROMPT, TINY, apply, model_and_params, random_tokens, to_left
+
 from txf import decode, models
 from txf.decode import generation
 from txf.layers.config import ModelConfig
@@ -38,8 +38,11 @@ BF_PROMPTS = np.array([[2, 0, 0], [1, 3, 0], [0, 2, 1], [3, 0, 0]])
 BF_LENGTHS = np.array([1, 2, 3, 1])
 BF_PROMPT_LEN = BF_PROMPTS.shape[1]
 # The code of 1 followed by every fed token (at most P + N - 1 of them).
-BF_TABLE = (2.0 * jax.random.normal(jax.random.key(5), (BF_VOCAB ** (BF_PROMPT_LEN + BF_MAX_NEW),
-                                                        BF_VOCAB))).at[:, BF_EOS].add(4.0)
+BF_TABLE = (
+  (2.0 * jax.random.normal(jax.random.key(5), (BF_VOCAB ** (BF_PROMPT_LEN + BF_MAX_NEW), BF_VOCAB)))
+  .at[:, BF_EOS]
+  .add(4.0)
+)
 BF_LOGPROBS = np.asarray(jax.nn.log_softmax(BF_TABLE))
 BF_AXES = {"index": None, "code": 1}
 PATH_STUB_CALLS = []
@@ -77,7 +80,7 @@ def brute_force_beams(prompt, alpha, num_beams, max_new_tokens):
   continuations = set()
   for continuation in itertools.product(range(BF_VOCAB), repeat=max_new_tokens):
     if BF_EOS in continuation:
-      continuation = continuation[:continuation.index(BF_EOS) + 1]
+      continuation = continuation[: continuation.index(BF_EOS) + 1]
     continuations.add(continuation)
   return ranked(prompt, continuations, alpha, num_beams, max_new_tokens)
 
@@ -88,8 +91,9 @@ def reference_beam_search(prompt, alpha, num_beams, max_new_tokens):
   live, ended = [()], []
   for step in range(1, max_new_tokens + 1):
     expansions = [c + (token,) for c in live for token in range(BF_VOCAB)]
-    expansions = sorted(expansions, key=lambda c: path_logprob(prompt, c),
-                        reverse=True)[:2 * num_beams]
+    expansions = sorted(expansions, key=lambda c: path_logprob(prompt, c), reverse=True)[
+      : 2 * num_beams
+    ]
     done = lambda c, step=step: c[-1] == BF_EOS or step == max_new_tokens
     ended += [c for c in expansions if done(c)]
     live = [c for c in expansions if not done(c)][:num_beams]
@@ -99,20 +103,31 @@ def reference_beam_search(prompt, alpha, num_beams, max_new_tokens):
 @functools.partial(jax.jit, static_argnames=("num_beams", "max_new_tokens", "padding_side"))
 def stub_beam_search(prompt_BxP, lengths_B, alpha, num_beams, max_new_tokens, padding_side):
   cache = {"index": jnp.int32(0), "code": jnp.ones((1, prompt_BxP.shape[0]), jnp.int32)}
-  return decode.beam_search(path_stub, cache, prompt_BxP, num_beams=num_beams,
-                            max_new_tokens=max_new_tokens, eos_id=BF_EOS,
-                            length_penalty=alpha, prompt_lengths_B=lengths_B,
-                            padding_side=padding_side, batch_axes=BF_AXES)
+  return decode.beam_search(
+    path_stub,
+    cache,
+    prompt_BxP,
+    num_beams=num_beams,
+    max_new_tokens=max_new_tokens,
+    eos_id=BF_EOS,
+    length_penalty=alpha,
+    prompt_lengths_B=lengths_B,
+    padding_side=padding_side,
+    batch_axes=BF_AXES,
+  )
 
 
 def check_against(expected_fn, padding_side, alpha, num_beams, max_new_tokens):
-  prompts = (BF_PROMPTS if padding_side == "right"
-             else to_left(BF_PROMPTS, BF_LENGTHS, BF_PROMPT_LEN))
-  tokens, scores = stub_beam_search(prompts, BF_LENGTHS, alpha, num_beams, max_new_tokens,
-                                    padding_side)
+  prompts = (
+    BF_PROMPTS if padding_side == "right" else to_left(BF_PROMPTS, BF_LENGTHS, BF_PROMPT_LEN)
+  )
+  tokens, scores = stub_beam_search(
+    prompts, BF_LENGTHS, alpha, num_beams, max_new_tokens, padding_side
+  )
   for row, (prompt, length) in enumerate(zip(BF_PROMPTS, BF_LENGTHS)):
-    expected_tokens, expected_scores = expected_fn(tuple(prompt[:length]), alpha, num_beams,
-                                                   max_new_tokens)
+    expected_tokens, expected_scores = expected_fn(
+      tuple(prompt[:length]), alpha, num_beams, max_new_tokens
+    )
     if padding_side == "left":
       expected_tokens = to_left(expected_tokens, [length] * num_beams, BF_PROMPT_LEN)
     np.testing.assert_array_equal(tokens[row], expected_tokens)
@@ -128,8 +143,9 @@ def test_wide_beam_search_finds_the_brute_force_ranking(padding_side):
     check_against(brute_force_beams, padding_side, alpha, num_beams=16, max_new_tokens=3)
 
 
-@pytest.mark.parametrize("num_beams, alpha, padding_side",
-                         [(2, 0.0, "right"), (2, 0.6, "right"), (3, 3.0, "left")])
+@pytest.mark.parametrize(
+  "num_beams, alpha, padding_side", [(2, 0.0, "right"), (2, 0.6, "right"), (3, 3.0, "left")]
+)
 def test_narrow_beam_search_matches_reference_without_early_stop(num_beams, alpha, padding_side):
   # Narrow beams prune, and stopping early must not change what they find.
   PATH_STUB_CALLS.clear()
@@ -181,21 +197,31 @@ def decoder():
 def test_ragged_beam_search_equals_each_prompt_alone(decoder):
   model, params = decoder
   lengths = np.asarray((PROMPT != 0).sum(1))  # 3 and 5
-  beam = functools.partial(decode.generate, model, params, max_new_tokens=NEW, eos_id=EOS,
-                           num_beams=BEAMS, length_penalty=ALPHA, return_beams=True)
+  beam = functools.partial(
+    decode.generate,
+    model,
+    params,
+    max_new_tokens=NEW,
+    eos_id=EOS,
+    num_beams=BEAMS,
+    length_penalty=ALPHA,
+    return_beams=True,
+  )
   tokens, scores = beam(PROMPT)
   # Some hypotheses end at EOS, and hold pad after it.
   generated = np.asarray(tokens)[:, :, 3:]
   assert np.any(generated == EOS)
-  assert not np.any(np.where(np.cumsum(generated == EOS, axis=-1) > (generated == EOS),
-                             generated, 0))
+  assert not np.any(
+    np.where(np.cumsum(generated == EOS, axis=-1) > (generated == EOS), generated, 0)
+  )
   for row, length in enumerate(lengths):
-    alone_tokens, alone_scores = beam(PROMPT[row:row + 1, :length])
-    np.testing.assert_array_equal(tokens[row, :, :length + NEW], alone_tokens[0])
-    assert not np.any(tokens[row, :, length + NEW:])  # pad after the row's own length
+    alone_tokens, alone_scores = beam(PROMPT[row : row + 1, :length])
+    np.testing.assert_array_equal(tokens[row, :, : length + NEW], alone_tokens[0])
+    assert not np.any(tokens[row, :, length + NEW :])  # pad after the row's own length
     np.testing.assert_allclose(scores[row], alone_scores[0], atol=1e-5)
-  np.testing.assert_allclose(scores, teacher_forced_scores(model, params, tokens, lengths, EOS),
-                             atol=1e-4)
+  np.testing.assert_allclose(
+    scores, teacher_forced_scores(model, params, tokens, lengths, EOS), atol=1e-4
+  )
 
 
 def test_one_beam_is_greedy_decoding(decoder):
@@ -206,53 +232,63 @@ def test_one_beam_is_greedy_decoding(decoder):
   run = functools.partial(decode.generate, model, params, PROMPT, max_new_tokens=NEW)
   tokens, scores = run(num_beams=1, return_beams=True, length_penalty=ALPHA)
   np.testing.assert_array_equal(tokens[:, 0], run(num_beams=1))
-  np.testing.assert_allclose(scores, teacher_forced_scores(model, params, tokens, [3, 5], None),
-                             atol=1e-4)
+  np.testing.assert_allclose(
+    scores, teacher_forced_scores(model, params, tokens, [3, 5], None), atol=1e-4
+  )
 
 
 def test_seq2seq_ragged_beam_search_caches_cross_attention_and_equals_each_example_alone():
   # Scanned layers put the cache's batch (cross-attention keys/values too) on axis 1.
-  model, params = model_and_params(family="encoder_decoder", scan_layers=True,
-                                   tie_embeddings=False)
+  model, params = model_and_params(family="encoder_decoder", scan_layers=True, tie_embeddings=False)
   # Ragged sources and ragged decoder prompts: BOS alone, and BOS + 2 forced tokens.
   encoder_tokens = random_tokens(6, (2, 7)).at[0, 5:].set(0)
   prompts = jnp.array([[1, 0, 0], [1, 7, 9]])
-  options = dict(max_new_tokens=NEW, eos_id=2, num_beams=BEAMS, length_penalty=ALPHA,
-                 return_beams=True)
+  options = dict(
+    max_new_tokens=NEW, eos_id=2, num_beams=BEAMS, length_penalty=ALPHA, return_beams=True
+  )
   beam = functools.partial(decode.generate, model, params, **options)
   tokens, scores = beam(prompts, encoder_tokens_BxS=encoder_tokens)
   uncached_beam = functools.partial(
-      generation.build_generate(cache_cross_attention=False), model, params, **options)
+    generation.build_generate(cache_cross_attention=False), model, params, **options
+  )
   uncached_tokens, uncached_scores = uncached_beam(prompts, encoder_tokens_BxS=encoder_tokens)
   np.testing.assert_array_equal(tokens, uncached_tokens)
   np.testing.assert_allclose(scores, uncached_scores, atol=1e-5)
   for row in range(2):
-    alone_tokens, alone_scores = beam(prompts[row:row + 1],
-                                      encoder_tokens_BxS=encoder_tokens[row:row + 1])
+    alone_tokens, alone_scores = beam(
+      prompts[row : row + 1], encoder_tokens_BxS=encoder_tokens[row : row + 1]
+    )
     np.testing.assert_array_equal(tokens[row], alone_tokens[0])
     np.testing.assert_allclose(scores[row], alone_scores[0], atol=1e-5)
   assert np.all(np.diff(scores, axis=1) <= 0)
   assert len({tuple(beam_tokens) for beam_tokens in np.asarray(tokens[1])}) == BEAMS
   np.testing.assert_allclose(
-      scores, teacher_forced_scores(model, params, tokens, [1, 3], 2, encoder_tokens), atol=1e-4)
+    scores, teacher_forced_scores(model, params, tokens, [1, 3], 2, encoder_tokens), atol=1e-4
+  )
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     (dict(rng=jax.random.key(0)), "rng, top_k and top_p sample, but num_beams=2"),
     (dict(top_k=5), "beam search, which is deterministic"),
     (dict(length_penalty=-0.5), "length_penalty must be >= 0"),
     (dict(num_beams=0), "num_beams must be >= 1, got 0"),
-])
+  ],
+)
 def test_bad_beam_arguments_are_rejected(kwargs, message):
   kwargs = dict(dict(num_beams=2), **kwargs)
   with pytest.raises(ValueError, match=message):  # before the parameters are read
     decode.generate(models.build(ModelConfig(**TINY)), None, PROMPT, max_new_tokens=2, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     (dict(), "encoder_tokens_BxS: an encoder_decoder needs encoder inputs"),
     (dict(encoder_tokens_BxS=PROMPT, prompt_BxP=PROMPT[:1]), "has 2 rows, prompt_BxP 1"),
-])
+  ],
+)
 def test_bad_seq2seq_arguments_are_rejected(kwargs, message):
   model = models.build(ModelConfig(**TINY, family="encoder_decoder"))
   with pytest.raises(ValueError, match=message):

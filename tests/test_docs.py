@@ -24,12 +24,13 @@ def test_the_resume_rules_name_the_fields_the_code_checks():
   paragraph = hooks.resume_rules()
   for section in RESUME_SECTIONS:  # what a resumed run must keep
     assert f"`{section}`" in paragraph, section
-  listed = paragraph[paragraph.index("every `data` field except") + len("every `data`"):]
-  kept_free, defining = listed[:listed.index(")")].split(":")
+  listed = paragraph[paragraph.index("every `data` field except") + len("every `data`") :]
+  kept_free, defining = listed[: listed.index(")")].split(":")
   assert set(re.findall(r"`(\w+)`", kept_free)) == set(FREE_DATA_FIELDS)
   assert set(re.findall(r"`(\w+)`", defining)) == set(base.get_config().data) - set(
-      FREE_DATA_FIELDS)
-  may_change = paragraph[paragraph.index("may change"):]
+    FREE_DATA_FIELDS
+  )
+  may_change = paragraph[paragraph.index("may change") :]
   for section in set(base.get_config()) - set(RESUME_SECTIONS):
     assert f"`{section}`" in may_change, section
 
@@ -52,7 +53,7 @@ def bash_blocks(text):
 def test_the_readme_test_command_is_what_ci_runs():
   readme = (ROOT / "README.md").read_text()
   start = readme.index("## Quickstart")
-  quickstart = readme[start:readme.index("\n## ", start + 1)]
+  quickstart = readme[start : readme.index("\n## ", start + 1)]
   main_job, tests = (block.strip() for block in bash_blocks(quickstart))
   assert main_job.endswith("python -m experiments.run --config=configs/rope.py")
   ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]

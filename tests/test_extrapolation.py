@@ -15,14 +15,13 @@ import pytest
 from txf import models
 from txf.analysis.extrapolation import WindowLosses, window_losses, windows
 
-T = 8      # evaluation length
-N = 30     # tokens per stream: (N - 1 - T) = 21 is no multiple of strides 2 or 4
+T = 8  # evaluation length
+N = 30  # tokens per stream: (N - 1 - T) = 21 is no multiple of strides 2 or 4
 VOCAB = 16
 
 
 def tiny_model(position="rope", **fields):
-  cfg = dict(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=1, position=position,
-             max_len=T)
+  cfg = dict(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=1, position=position, max_len=T)
   return models.build(cfg | fields)
 
 
@@ -66,42 +65,42 @@ def assert_matches_reference(result, model, params, tokens_BxN, context_start):
   expected_position = np.full((B, num_tokens), -1)
   for b in range(B):
     for n, start in context_start.items():
-      expected_loss[b, n] = reference_loss(model, params, tokens_BxN[b, start:n],
-                                           tokens_BxN[b, n])
+      expected_loss[b, n] = reference_loss(model, params, tokens_BxN[b, start:n], tokens_BxN[b, n])
       expected_position[b, n] = n - start - 1
   np.testing.assert_array_equal(result.position_BxN, expected_position)
   np.testing.assert_allclose(result.loss_BxN, expected_loss, rtol=1e-5)
   assert result.num_scored == B * len(context_start)
 
 
-def test_non_overlapping_scores_disjoint_windows_of_t_plus_one_tokens(model_and_params,
-                                                                      tokens_BxN):
+def test_non_overlapping_scores_disjoint_windows_of_t_plus_one_tokens(model_and_params, tokens_BxN):
   model, params = model_and_params
-  result = window_losses(model, params, tokens_BxN, seq_len=T, protocol="non_overlapping",
-                         batch_size=2)
+  result = window_losses(
+    model, params, tokens_BxN, seq_len=T, protocol="non_overlapping", batch_size=2
+  )
   # Windows [0, 9), [9, 18), [18, 27); tokens 27..29 are too few for a window.
-  context_start = {n: (n // (T + 1)) * (T + 1) for n in range(N - N % (T + 1))
-                   if n % (T + 1)}
+  context_start = {n: (n // (T + 1)) * (T + 1) for n in range(N - N % (T + 1)) if n % (T + 1)}
   assert_matches_reference(result, model, params, tokens_BxN, context_start)
 
 
 @pytest.mark.parametrize("stride", [1, 4, T])
-def test_sliding_scores_each_token_once_with_its_windows_context(model_and_params,
-                                                                 tokens_BxN, stride):
+def test_sliding_scores_each_token_once_with_its_windows_context(
+  model_and_params, tokens_BxN, stride
+):
   model, params = model_and_params
-  result = window_losses(model, params, tokens_BxN, seq_len=T, protocol="sliding",
-                         stride=stride, batch_size=3)
-  assert_matches_reference(result, model, params, tokens_BxN,
-                           sliding_context_starts(N, T, stride))
+  result = window_losses(
+    model, params, tokens_BxN, seq_len=T, protocol="sliding", stride=stride, batch_size=3
+  )
+  assert_matches_reference(result, model, params, tokens_BxN, sliding_context_starts(N, T, stride))
 
 
 def test_sliding_with_stride_one_gives_every_later_token_t_tokens_of_context(tokens_BxN):
   model = tiny_model()
   params = model.init(jax.random.key(2), tokens_BxN[:, :T])["params"]
   result = window_losses(model, params, tokens_BxN, seq_len=T, protocol="sliding", stride=1)
-  assert np.all(result.position_BxN[:, T + 1:] == T - 1)
-  np.testing.assert_array_equal(result.position_BxN[:, :T + 1],
-                                np.broadcast_to(np.arange(-1, T), (2, T + 1)))
+  assert np.all(result.position_BxN[:, T + 1 :] == T - 1)
+  np.testing.assert_array_equal(
+    result.position_BxN[:, : T + 1], np.broadcast_to(np.arange(-1, T), (2, T + 1))
+  )
 
 
 def test_per_position_loss_has_one_mean_per_position(model_and_params, tokens_BxN):
@@ -110,7 +109,7 @@ def test_per_position_loss_has_one_mean_per_position(model_and_params, tokens_Bx
   per_position_T = result.per_position_loss()
   assert per_position_T.shape == (T,)
   # Window w's position t predicts token w (T + 1) + t + 1 of each stream.
-  losses_BxWxT = result.loss_BxN[:, :3 * (T + 1)].reshape(2, 3, T + 1)[:, :, 1:]
+  losses_BxWxT = result.loss_BxN[:, : 3 * (T + 1)].reshape(2, 3, T + 1)[:, :, 1:]
   np.testing.assert_allclose(per_position_T, losses_BxWxT.mean(axis=(0, 1)), rtol=1e-12)
   # Every window is whole, so each position holds equally many tokens.
   assert per_position_T.mean() == pytest.approx(result.mean_loss, rel=1e-12)
@@ -118,8 +117,11 @@ def test_per_position_loss_has_one_mean_per_position(model_and_params, tokens_Bx
 
 
 def test_per_position_loss_is_nan_where_nothing_was_scored():
-  result = WindowLosses(loss_BxN=np.array([[np.nan, 1.0, 2.0, 4.0]]),
-                        position_BxN=np.array([[-1, 0, 1, 1]], np.int32), seq_len=3)
+  result = WindowLosses(
+    loss_BxN=np.array([[np.nan, 1.0, 2.0, 4.0]]),
+    position_BxN=np.array([[-1, 0, 1, 1]], np.int32),
+    seq_len=3,
+  )
   np.testing.assert_array_equal(result.per_position_loss(), [1.0, 3.0, np.nan])
   assert result.num_scored == 3 and result.mean_loss == pytest.approx(7 / 3, rel=1e-12)
 
@@ -133,7 +135,9 @@ def test_windows_of_the_sliding_protocol_cover_the_stream():
   assert np.all(np.diff(default_starts)[:-1] == 4)  # stride None: seq_len // 2
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     (dict(protocol="overlapping"), "protocol must be one of"),
     (dict(protocol="sliding", stride=0), "stride: must be an integer >= 1"),
     (dict(protocol="sliding", stride=T + 1), f"stride must be at most seq_len={T}"),
@@ -141,7 +145,8 @@ def test_windows_of_the_sliding_protocol_cover_the_stream():
     (dict(seq_len=N), f"tokens: a stream of {N} tokens holds no window"),
     (dict(seq_len=0), "seq_len: must be an integer >= 1"),
     (dict(batch_size=0), "batch_size: must be an integer >= 1"),
-])
+  ],
+)
 def test_bad_arguments_are_refused_naming_them(tokens_BxN, kwargs, message):
   model = tiny_model()
   arguments = dict(seq_len=T, protocol="non_overlapping") | kwargs
@@ -152,8 +157,10 @@ def test_bad_arguments_are_refused_naming_them(tokens_BxN, kwargs, message):
 def test_models_that_cannot_be_scored_are_refused(tokens_BxN):
   learned = tiny_model("learned")
   params = learned.init(jax.random.key(4), tokens_BxN[:, :T])["params"]
-  with pytest.raises(ValueError, match="model.max_len: a sequence of 16 positions is longer than "
-                                       "the learned position table"):
+  with pytest.raises(
+    ValueError,
+    match="model.max_len: a sequence of 16 positions is longer than the learned position table",
+  ):
     window_losses(learned, params, tokens_BxN, seq_len=2 * T)
   encoder = tiny_model(family="encoder", head="mlm")
   with pytest.raises(ValueError, match="model must be a txf decoder language model"):

@@ -16,10 +16,10 @@ import sys
 
 import jax
 import pytest
-from conftest import (REPO, checkpoint_steps, cli_env, cli_overrides, tiny_config)
-from full_disk import full_disk
 from test_train_metrics import read_tensorboard_scalars
 
+from conftest import REPO, checkpoint_steps, cli_env, cli_overrides, tiny_config
+from full_disk import full_disk
 from txf.train import checkpoint, loop, setup
 from txf.train.checkpoint import CheckpointWriteError
 from txf.train.config import ConfigError
@@ -52,8 +52,10 @@ def deadline(seconds=DEADLINE_SECONDS):
   """Raises TimeoutError in the main thread if the block is still running
   after `seconds`, and every second after (a hung writer's cleanup hangs too),
   so a run that hangs fails the test instead of hanging the suite."""
+
   def expire(signum, frame):
     raise TimeoutError(f"still running after {seconds} s: the run hangs")
+
   previous = signal.signal(signal.SIGALRM, expire)
   signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
   try:
@@ -66,8 +68,13 @@ def deadline(seconds=DEADLINE_SECONDS):
 def config(steps=8):
   """Checkpoints every 2 steps keeping 1 (a failed save must not take the
   last good one), an evaluation with a sample every 4 steps."""
-  return tiny_config(steps=steps, train__checkpoint_every=2, train__max_to_keep=1,
-                     eval__every=4, eval__sample_tokens=4)
+  return tiny_config(
+    steps=steps,
+    train__checkpoint_every=2,
+    train__max_to_keep=1,
+    eval__every=4,
+    eval__sample_tokens=4,
+  )
 
 
 def rows(workdir):
@@ -103,13 +110,18 @@ def fails_writing(pattern, workdir, after, error_type=WriteError, slow_finalize=
   return str(error.value), disk.failed
 
 
-@pytest.mark.parametrize("pattern, after, rows_to, events_to", [
+@pytest.mark.slow  # trains runs (and its fixture one)
+@pytest.mark.parametrize(
+  "pattern, after, rows_to, events_to",
+  [
     (METRICS, 3, 2, 2),  # step 3's row: after checkpoint 2
-    (EVENTS, 6, 4, 3),   # the file version, the purge mark, the rows of steps 1-4
+    (EVENTS, 6, 4, 3),  # the file version, the purge mark, the rows of steps 1-4
     (SAMPLES, 1, 4, 4),  # the sample of the evaluation at step 4
-])
+  ],
+)
 def test_a_full_disk_stops_the_run_at_once_and_the_rerun_resumes_exactly(
-    tmp_path, uninterrupted, pattern, after, rows_to, events_to):
+  tmp_path, uninterrupted, pattern, after, rows_to, events_to
+):
   workdir = tmp_path / "run"
   message, failed = fails_writing(pattern, workdir, after)
   # One line: the file and the OS's reason.
@@ -118,13 +130,16 @@ def test_a_full_disk_stops_the_run_at_once_and_the_rerun_resumes_exactly(
   # The record that failed was cut off again: every file holds whole records.
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   assert [row["step"] for row in map(json.loads, lines) if "loss" in row] == list(
-      range(1, rows_to + 1))
+    range(1, rows_to + 1)
+  )
   assert {step for _, step in read_tensorboard_scalars(workdir / "tb")} == set(
-      range(1, events_to + 1))
+    range(1, events_to + 1)
+  )
   assert not (workdir / "samples.txt").exists() or not (workdir / "samples.txt").read_text()
   assert_resumes_exactly(workdir, uninterrupted, resumed_from=2)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_a_full_disk_writing_config_json_changes_nothing(tmp_path, uninterrupted):
   workdir = tmp_path / "run"
   train(workdir, steps=4)  # a run to continue, with checkpoint 4
@@ -138,13 +153,15 @@ def test_a_full_disk_writing_config_json_changes_nothing(tmp_path, uninterrupted
   assert_resumes_exactly(workdir, uninterrupted, resumed_from=4)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_a_failed_checkpoint_save_keeps_the_last_good_one(tmp_path, uninterrupted):
   """The save of step 4 fails in orbax's background commit while the loop
   checks for errors at every step; orbax's finalize is slowed, so a loop
   that took the commit's error from it would let orbax delete step 2."""
   workdir = tmp_path / "run"
-  message, failed = fails_writing(CHECKPOINT, workdir, after=2,
-                                  error_type=CheckpointWriteError, slow_finalize=0.5)
+  message, failed = fails_writing(
+    CHECKPOINT, workdir, after=2, error_type=CheckpointWriteError, slow_finalize=0.5
+  )
   assert message.startswith(f"writing a checkpoint under {workdir / 'checkpoints'} failed: ")
   assert ENOSPC in message and failed[0] in message, message
   assert "\n" not in message
@@ -160,8 +177,7 @@ def state(offset):
 
 
 def abstract(tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                      tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def test_polling_for_errors_never_lets_a_failed_save_delete_the_last_good_one(tmp_path):
@@ -201,7 +217,7 @@ def test_reading_creates_nothing(tmp_path):
 def replacing_while_read(reader, writer, times):
   """Makes `reader`'s next `times` restores meet a step that a run training
   in the same directory (`writer`, max_to_keep=1) replaces as it is read."""
-  manager = reader._manager  # pylint: disable=protected-access
+  manager = reader._manager
   restore, calls = manager.restore, []
 
   def restore_while_replaced(step, *args, **kwargs):
@@ -234,28 +250,42 @@ def test_a_checkpoint_replaced_while_read_is_read_again(tmp_path, monkeypatch):
   assert "changed while they were read" in message and "a run is probably training" in message
   assert "config probably differs" not in message
   assert [p.name for p in tmp_path.iterdir() if p.name.isdigit()] == [
-      str(3 + checkpoint.REPLACED_RETRIES)]
+    str(3 + checkpoint.REPLACED_RETRIES)
+  ]
 
 
 # --- the command line -------------------------------------------------------------
 
 
 def run_cli(workdir, cache, pattern, after, *options, steps=8):
-  command = [sys.executable, str(REPO / "tests" / "full_disk.py"), pattern, str(after),
-             *options, "--", "--config=configs/rope.py", f"--workdir={workdir}",
-             *cli_overrides(config(steps), "rope")]
-  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
-                        env=cli_env(cache))
+  command = [
+    sys.executable,
+    str(REPO / "tests" / "full_disk.py"),
+    pattern,
+    str(after),
+    *options,
+    "--",
+    "--config=configs/rope.py",
+    f"--workdir={workdir}",
+    *cli_overrides(config(steps), "rope"),
+  ]
+  return subprocess.run(
+    command, cwd=REPO, capture_output=True, text=True, timeout=300, env=cli_env(cache)
+  )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pattern, after, options, prefix", [
+@pytest.mark.parametrize(
+  "pattern, after, options, prefix",
+  [
     (EVENTS, 6, (), "write error: "),
     (METRICS, 3, (), "write error: "),
     (CHECKPOINT, 2, ("--slow_finalize=0.5",), "checkpoint error: writing a checkpoint under "),
-])
-def test_cli_full_disk_is_one_line_and_exit_1(tmp_path, compilation_cache_dir, pattern, after,
-                                                options, prefix):
+  ],
+)
+def test_cli_full_disk_is_one_line_and_exit_1(
+  tmp_path, compilation_cache_dir, pattern, after, options, prefix
+):
   """Exit 1 and, on stderr, the one line (no traceback, none of orbax's
   either); the rerun without the fault finishes."""
   workdir = tmp_path / "run"
@@ -266,10 +296,21 @@ def test_cli_full_disk_is_one_line_and_exit_1(tmp_path, compilation_cache_dir, p
   assert line.startswith(prefix) and ENOSPC in line, line
   assert str(workdir) in line, line
   assert checkpoint_steps(workdir) == [2]
-  rerun = subprocess.run([sys.executable, "-m", "experiments.run", "--config=configs/rope.py",
-                          f"--workdir={workdir}", *cli_overrides(config(), "rope")],
-                         cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env=cli_env(compilation_cache_dir))
+  rerun = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.run",
+      "--config=configs/rope.py",
+      f"--workdir={workdir}",
+      *cli_overrides(config(), "rope"),
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=cli_env(compilation_cache_dir),
+  )
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert "resumed from step 2" in rerun.stdout
   assert [row["step"] for row in read_metrics(workdir) if "loss" in row] == list(range(1, 9))

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import load_config, tiny_config
 
+from conftest import load_config, tiny_config
 from txf import models
 from txf.decode import generation
 from txf.layers import Embedder
@@ -69,25 +69,26 @@ def test_build_rejects_a_non_mapping_model_config(config):
 # (a traceback, "diverged by step 1", an OverflowError), after the work
 # directory was written; each is now a config error naming the field.
 LATE_FAILURES = {
-    "eval.temperature": [float("nan"), -0.5, float("inf")],
-    "train.label_smoothing": [1.5, 1.0, -0.1, float("nan")],
-    "train.z_loss": [float("nan"), -1.0, float("inf")],
-    "train.weight_decay": [float("inf")],
-    "train.eps": [float("inf")],
-    "train.grad_clip_norm": [float("inf")],
-    "model.norm_eps": [float("nan"), -1.0, 0.0, float("inf")],
-    "model.rope_base": [float("nan"), -10.0],
-    "model.rope_scale": [float("nan"), float("inf")],
-    "model.pad_id": [1.5],
-    "model.use_bias": ["false"],
-    "model.t5_max_distance": [0],
-    "seed": [99999999999999999999, 2**31, -1],
-    "model.vocab_size": ["big"],
+  "eval.temperature": [float("nan"), -0.5, float("inf")],
+  "train.label_smoothing": [1.5, 1.0, -0.1, float("nan")],
+  "train.z_loss": [float("nan"), -1.0, float("inf")],
+  "train.weight_decay": [float("inf")],
+  "train.eps": [float("inf")],
+  "train.grad_clip_norm": [float("inf")],
+  "model.norm_eps": [float("nan"), -1.0, 0.0, float("inf")],
+  "model.rope_base": [float("nan"), -10.0],
+  "model.rope_scale": [float("nan"), float("inf")],
+  "model.pad_id": [1.5],
+  "model.use_bias": ["false"],
+  "model.t5_max_distance": [0],
+  "seed": [99999999999999999999, 2**31, -1],
+  "model.vocab_size": ["big"],
 }
 
 
-@pytest.mark.parametrize("field,value", [(field, value) for field, values in LATE_FAILURES.items()
-                                         for value in values])
+@pytest.mark.parametrize(
+  "field,value", [(field, value) for field, values in LATE_FAILURES.items() for value in values]
+)
 def test_values_that_used_to_fail_after_setup_are_config_errors(field, value):
   fields = load_config("rope").to_dict()  # a dict: a config.json may hold any type
   section, _, name = field.rpartition(".")
@@ -117,11 +118,15 @@ def test_a_bad_grid_value_is_caught_by_the_sweeps_point_check():
 def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_before_compute():
   """It used to surface as a traceback from the sampler's compilation."""
   # The sampler feeds the prompt and every new token but the last: 3 + 31 - 1.
-  config = tiny_config(model__position="learned", model__max_len=32,
-                       eval__sample_prompt="def", eval__sample_tokens=31)
-  with pytest.raises(ConfigError, match=r"model\.max_len: eval\.sample_prompt plus "
-                     r"eval\.sample_tokens of 33 positions is longer than the learned "
-                     r"position table \(32 rows\)"):
+  config = tiny_config(
+    model__position="learned", model__max_len=32, eval__sample_prompt="def", eval__sample_tokens=31
+  )
+  with pytest.raises(
+    ConfigError,
+    match=r"model\.max_len: eval\.sample_prompt plus "
+    r"eval\.sample_tokens of 33 positions is longer than the learned "
+    r"position table \(32 rows\)",
+  ):
     setup_run(config)
   config.eval.sample_tokens = 30  # 3 + 30 - 1 = 32 rows: fits
   setup = setup_run(config)
@@ -137,17 +142,20 @@ def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_befor
 # A run's config.json, corrupted: every case a ValueError naming the file (a
 # JSON message without it, an AttributeError or a TypeError traceback before).
 CORRUPT_RUN_CONFIGS = {
-    '{"seed": 0, "model": {': "not valid JSON",
-    "[1, 2, 3]": "expected a JSON object, got list",
-    '{"seed": 0, "model": 3}': "model: expected a JSON object, got int",
+  '{"seed": 0, "model": {': "not valid JSON",
+  "[1, 2, 3]": "expected a JSON object, got list",
+  '{"seed": 0, "model": 3}': "model: expected a JSON object, got int",
 }
 
 
 @pytest.mark.parametrize("text", list(CORRUPT_RUN_CONFIGS))
 def test_a_corrupt_run_config_json_is_an_error_naming_the_file(tmp_path, text):
   (tmp_path / "config.json").write_text(text)
-  with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
-                     rf"{re.escape(CORRUPT_RUN_CONFIGS[text])}"):
+  with pytest.raises(
+    ValueError,
+    match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
+    rf"{re.escape(CORRUPT_RUN_CONFIGS[text])}",
+  ):
     read_run_config(tmp_path)
 
 
@@ -157,6 +165,9 @@ def test_a_run_config_json_value_of_the_wrong_type_is_an_error_naming_the_file(t
   saved["train"]["steps"] = "twenty"
   (tmp_path / "config.json").write_text(json.dumps(saved))
   params = {"w": jax.ShapeDtypeStruct((2, 2), jnp.float32)}
-  with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
-                     r"train\.steps: 'twenty' is not of type int"):
+  with pytest.raises(
+    ValueError,
+    match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
+    r"train\.steps: 'twenty' is not of type int",
+  ):
     check_optimizer_state(config, tmp_path, params)

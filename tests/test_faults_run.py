@@ -13,9 +13,15 @@ import threading
 import time
 
 import pytest
-from conftest import (REPO, checkpoint_steps, cli_command, cli_env, tiny_config as tiny,
-                      truncate_state_files)
 
+from conftest import (
+  REPO,
+  checkpoint_steps,
+  cli_command,
+  cli_env,
+  tiny_config as tiny,
+  truncate_state_files,
+)
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
@@ -30,15 +36,22 @@ def _compilation_cache(compilation_cache_dir):
 
 def digests(directory):
   """sha256 of every file (but the lock, which records its latest holder)."""
-  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(pathlib.Path(directory).rglob("*"))
-          if p.is_file() and p.name != ".lock"}
+  return {
+    str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(pathlib.Path(directory).rglob("*"))
+    if p.is_file() and p.name != ".lock"
+  }
 
 
 def start(workdir, config, log_path, cache):
   log_file = open(log_path, "w")  # a file, not a pipe: it never fills up
-  process = subprocess.Popen(cli_command("rope", workdir, config), cwd=REPO, stdout=log_file,
-                             stderr=subprocess.STDOUT, env=cli_env(cache))
+  process = subprocess.Popen(
+    cli_command("rope", workdir, config),
+    cwd=REPO,
+    stdout=log_file,
+    stderr=subprocess.STDOUT,
+    env=cli_env(cache),
+  )
   log_file.close()
   return process
 
@@ -85,7 +98,8 @@ def test_failed_checkpoint_write_stops_the_run_promptly(tmp_path, compilation_ca
 
 
 def test_second_run_on_a_workdir_is_refused_and_a_killed_ones_lock_is_not_stale(
-    tmp_path, compilation_cache_dir):
+  tmp_path, compilation_cache_dir
+):
   workdir = tmp_path / "run"
   first_log, second_log = tmp_path / "first.txt", tmp_path / "second.txt"
   first = start(workdir, endless(), first_log, compilation_cache_dir)
@@ -112,10 +126,16 @@ def test_resume_with_a_changed_optimizer_names_the_field_and_writes_nothing(tmp_
   workdir = tmp_path / "run"
   loop.run(tiny(steps=4, train__checkpoint_every=4), workdir, log=lambda line: None)
   before = digests(workdir)
-  with pytest.raises(ConfigError, match=r"^train\.grad_clip_norm: 1\.0 -> 0\.0 changes the "
-                                        r"optimizer state"):
-    loop.run(tiny(steps=8, train__checkpoint_every=4, train__grad_clip_norm=0.0), workdir,
-             log=lambda line: None)
+  with pytest.raises(
+    ConfigError,
+    match=r"^train\.grad_clip_norm: 1\.0 -> 0\.0 changes the "
+    r"optimizer state",
+  ):
+    loop.run(
+      tiny(steps=8, train__checkpoint_every=4, train__grad_clip_norm=0.0),
+      workdir,
+      log=lambda line: None,
+    )
   assert digests(workdir) == before  # config.json, metrics, checkpoints untouched
 
 
@@ -136,13 +156,15 @@ def test_restart_without_checkpoints_moves_the_old_history_aside(tmp_path):
 
 
 def test_sigkill_between_a_log_and_a_checkpoint_keeps_one_row_per_step(
-    tmp_path, compilation_cache_dir):
+  tmp_path, compilation_cache_dir
+):
   workdir, log_path = tmp_path / "run", tmp_path / "log.txt"
   process = start(workdir, endless(train__checkpoint_every=20), log_path, compilation_cache_dir)
   try:
     # Killed once checkpoint 20 is final and a few more steps are logged.
-    wait_for(lambda: has_checkpoint(workdir, 20) and "step 23/" in log_path.read_text(),
-             process, log_path)
+    wait_for(
+      lambda: has_checkpoint(workdir, 20) and "step 23/" in log_path.read_text(), process, log_path
+    )
   finally:
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -154,8 +176,10 @@ def test_sigkill_between_a_log_and_a_checkpoint_keeps_one_row_per_step(
   assert f"resumed from step {resumed_from}" in "\n".join(lines)
   train_steps = [row["step"] for row in read_metrics(workdir) if "loss" in row]
   assert train_steps == list(range(1, logged + 3))
-  dropped = [json.loads(line)["step"]
-             for line in (workdir / "metrics.dropped.jsonl").read_text().splitlines()]
+  dropped = [
+    json.loads(line)["step"]
+    for line in (workdir / "metrics.dropped.jsonl").read_text().splitlines()
+  ]
   assert dropped == list(range(resumed_from + 1, logged + 1))
 
 
@@ -168,8 +192,14 @@ def test_all_checkpoints_corrupt_is_one_line_exit_2(tmp_path, compilation_cache_
     truncate_state_files(workdir / "checkpoints" / str(step))
   before = digests(workdir)
   config.train.steps = 12
-  done = subprocess.run(cli_command("rope", workdir, config), cwd=REPO, capture_output=True,
-                        text=True, timeout=300, env=cli_env(compilation_cache_dir))
+  done = subprocess.run(
+    cli_command("rope", workdir, config),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=cli_env(compilation_cache_dir),
+  )
   # orbax logs each step's failure too (warnings, from its own threads): ours
   # is the one line that says what stops the run.
   errors = [line for line in done.stderr.splitlines() if line.startswith("checkpoint error: ")]
@@ -202,6 +232,5 @@ def test_no_prefetch_thread_outlives_its_run(tmp_path):
   loop.run(tiny(steps=4), tmp_path / "done", log=lambda line: None)
   assert prefetch_threads_after() == []
   with pytest.raises(loop.TrainingDiverged):
-    loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "diverged",
-             log=lambda line: None)
+    loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "diverged", log=lambda line: None)
   assert prefetch_threads_after() == []

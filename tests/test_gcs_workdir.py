@@ -32,12 +32,12 @@ import gcsfs  # noqa: E402
 import ml_collections  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
-from conftest import REPO, assert_same_states, sigterm_at, tiny_config  # noqa: E402
 from etils import epath  # noqa: E402
 from gcp_storage_emulator import server as emulator_server  # noqa: E402
 from gcp_storage_emulator.exceptions import NotFound as EmulatorNotFound  # noqa: E402
 from gcp_storage_emulator.handlers import objects as emulator_objects  # noqa: E402
 
+from conftest import REPO, assert_same_states, sigterm_at, tiny_config  # noqa: E402
 from txf.sweep import grid, results, runner  # noqa: E402
 from txf.train import loop, metrics  # noqa: E402
 from txf.train.workdir import WorkdirError, WorkdirLock, check_writable  # noqa: E402
@@ -55,15 +55,17 @@ def _free_port() -> int:
 def _clear_client_caches():
   """Filesystems and clients are cached per process with the endpoint they
   were made with: drop them when the endpoint changes."""
-  epath.backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  epath.backend.fsspec_backend._get_filesystem.cache_clear()
   gcsfs.GCSFileSystem.clear_instance_cache()
-  from orbax.checkpoint._src.path import gcs_utils  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.path import gcs_utils
+
   gcs_utils.get_bucket.cache_clear()
 
 
 def _send_generation_headers():
   """Makes the emulator's object downloads carry x-goog-generation and
   x-goog-metageneration, as Cloud Storage's do."""
+
   def download(request, response, storage, *args, **kwargs):
     plain_download(request, response, storage, *args, **kwargs)
     try:
@@ -92,11 +94,14 @@ def emulator():
   that points every client at it."""
   port = _free_port()
   url = f"http://127.0.0.1:{port}"
-  env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator", "NO_GCE_CHECK": "True"}
+  env = {
+    "STORAGE_EMULATOR_HOST": url,
+    "TENSORSTORE_GCS_HTTP_URL": url,
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+    "NO_GCE_CHECK": "True",
+  }
   patch = pytest.MonkeyPatch()
-  server = emulator_server.create_server("127.0.0.1", port, in_memory=True,
-                                         default_bucket=BUCKET)
+  server = emulator_server.create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
   server.start()
   for name, value in env.items():
     patch.setenv(name, value)
@@ -121,7 +126,7 @@ def bucket_files(prefix: str) -> set[str]:
   """Object names under gs://BUCKET/prefix, relative to it, read afresh."""
   fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True, use_listings_cache=False)
   root = f"{BUCKET}/{prefix}/"
-  return {name[len(root):] for name in fs.find(root)}
+  return {name[len(root) :] for name in fs.find(root)}
 
 
 def without_timings(rows):
@@ -144,7 +149,8 @@ def test_a_ranged_read_gives_the_generation_a_conditional_write_needs(emulator):
   """What OCDBT does to a manifest: read part of it, then replace it on the
   condition that it is unchanged (fails with generation 0 from a bare
   emulator)."""
-  import tensorstore as ts  # pylint: disable=import-outside-toplevel
+  import tensorstore as ts
+
   store = ts.KvStore.open({"driver": "gcs", "bucket": BUCKET}).result()
   written = store.write("generations/manifest", b"first").result()
   read = store.read("generations/manifest", byte_range=slice(1, 3)).result()
@@ -156,8 +162,11 @@ def test_a_ranged_read_gives_the_generation_a_conditional_write_needs(emulator):
 
 # --- the main job -------------------------------------------------------------
 
+
+@pytest.mark.slow  # trains a run
 def test_a_run_on_gcs_writes_everything_to_the_bucket_and_resumes_exactly(
-    emulator, scratch_cwd, sigterm_is_caught, compilation_cache_dir):
+  emulator, scratch_cwd, sigterm_is_caught, compilation_cache_dir
+):
   """Steps 1-8 on a local disk == steps 1-2 on gs://, preempted, then 3-8
   resumed there: the same eval, the same rows at every step, the same
   samples; every output is an object in the bucket."""
@@ -175,14 +184,17 @@ def test_a_run_on_gcs_writes_everything_to_the_bucket_and_resumes_exactly(
 
   local = scratch_cwd / "local"
   assert without_timings(metrics.read_metrics(workdir)) == without_timings(
-      metrics.read_metrics(local))
+    metrics.read_metrics(local)
+  )
   assert [row["step"] for row in metrics.read_metrics(workdir) if "loss" in row] == list(
-      range(1, 9))
+    range(1, 9)
+  )
   files = bucket_files("resume")
   assert {"config.json", "metrics.jsonl", "samples.txt"} <= files
   assert epath.Path(f"{workdir}/samples.txt").read_text() == (local / "samples.txt").read_text()
   assert json.loads(epath.Path(f"{workdir}/config.json").read_text()) == json.loads(
-      (local / "config.json").read_text())
+    (local / "config.json").read_text()
+  )
   assert len([f for f in files if f.startswith("tb/events.out.tfevents.")]) == 2  # a session each
   steps = {f.split("/")[1] for f in files if f.startswith("checkpoints/")}
   assert {"4", "8"} <= steps
@@ -203,9 +215,11 @@ def _truncate_objects(directory: str, prefix: str) -> None:
 
 # After a failed restore, orbax's tensorstore sometimes completes a future on an
 # already-closed asyncio loop (a harmless "Event loop is closed" in a thread).
+@pytest.mark.slow  # trains a run
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_corrupt_checkpoint_on_gcs_falls_back_and_moves_later_rows_aside(
-    emulator, scratch_cwd, compilation_cache_dir):
+  emulator, scratch_cwd, compilation_cache_dir
+):
   workdir = f"gs://{BUCKET}/corrupt"
   run_quietly(tiny_config(steps=8, train__checkpoint_every=4), workdir)
   first = [row for row in metrics.read_metrics(workdir) if "loss" in row]
@@ -217,15 +231,19 @@ def test_a_corrupt_checkpoint_on_gcs_falls_back_and_moves_later_rows_aside(
   assert {"8.corrupt", "8", "12"} <= steps
   rows = [row for row in metrics.read_metrics(workdir) if "loss" in row]
   assert [row["step"] for row in rows] == list(range(1, 13))
-  dropped = [json.loads(line) for line in
-             epath.Path(f"{workdir}/metrics.dropped.jsonl").read_text().splitlines()]
+  dropped = [
+    json.loads(line)
+    for line in epath.Path(f"{workdir}/metrics.dropped.jsonl").read_text().splitlines()
+  ]
   assert [row["step"] for row in dropped if "loss" in row] == [5, 6, 7, 8]
   # Retrained from step 4's state and data position: the same losses.
   assert [row["loss"] for row in rows[4:8]] == [row["loss"] for row in first[4:8]]
 
 
-def test_a_sweep_on_gcs_writes_its_results_to_the_bucket(emulator, scratch_cwd,
-                                                        compilation_cache_dir):
+@pytest.mark.slow  # trains a sweep
+def test_a_sweep_on_gcs_writes_its_results_to_the_bucket(
+  emulator, scratch_cwd, compilation_cache_dir
+):
   sweep = ml_collections.ConfigDict()
   sweep.base = tiny_config(steps=4)
   sweep.grid = grid.make_grid({"model.position": ["rope", "alibi"]})
@@ -246,6 +264,7 @@ def test_a_sweep_on_gcs_writes_its_results_to_the_bucket(emulator, scratch_cwd,
 
 # --- pieces: metrics, lock, writability ------------------------------------------
 
+
 def _history(workdir):
   """A run's worth of rows and samples, then a restart at step 3."""
   with metrics.MetricsWriter(workdir) as writer:
@@ -261,12 +280,17 @@ def _history(workdir):
 def test_metrics_on_gcs_are_the_files_a_local_writer_writes(emulator, scratch_cwd):
   local, remote = scratch_cwd / "local", epath.Path(f"gs://{BUCKET}/writer")
   assert _history(local) == _history(remote) == {"metrics.jsonl": 2, "samples.txt": 1}
-  for name in (metrics.METRICS_FILE, metrics.DROPPED_METRICS_FILE, metrics.SAMPLES_FILE,
-               metrics.DROPPED_SAMPLES_FILE):
+  for name in (
+    metrics.METRICS_FILE,
+    metrics.DROPPED_METRICS_FILE,
+    metrics.SAMPLES_FILE,
+    metrics.DROPPED_SAMPLES_FILE,
+  ):
     assert (remote / name).read_text() == (local / name).read_text(), name
   events = [name for name in bucket_files("writer") if name.startswith("tb/")]
   assert len(events) == 2 and all(
-      (remote / name).read_bytes() for name in events)  # copied in, not empty
+    (remote / name).read_bytes() for name in events
+  )  # copied in, not empty
 
 
 def test_metrics_on_gcs_reach_the_bucket_while_the_writer_is_open(emulator, scratch_cwd):
@@ -303,39 +327,54 @@ NO_EXTRA = r"^workdir: gs://bucket/run needs gcsfs for gs:// paths: pip install 
 
 
 def test_without_the_gcs_extra_every_entry_point_fails_naming_it(scratch_cwd, monkeypatch):
-  from txf.sweep.analyze import analyze_run  # pylint: disable=import-outside-toplevel
-  from txf.sweep.extrapolate import extrapolate_run  # pylint: disable=import-outside-toplevel
+  from txf.sweep.analyze import analyze_run
+  from txf.sweep.extrapolate import extrapolate_run
+
   monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` raises ImportError
-  sweep = ml_collections.ConfigDict({"base": tiny_config(),
-                                     "grid": grid.make_grid({"model.position": ["rope"]})})
-  for start in (lambda: loop.run(tiny_config(), "gs://bucket/run"),
-                lambda: runner.run_sweep(sweep, "gs://bucket/run"),
-                lambda: extrapolate_run("gs://bucket/run", [1]),
-                lambda: analyze_run("gs://bucket/run")):
+  sweep = ml_collections.ConfigDict(
+    {"base": tiny_config(), "grid": grid.make_grid({"model.position": ["rope"]})}
+  )
+  for start in (
+    lambda: loop.run(tiny_config(), "gs://bucket/run"),
+    lambda: runner.run_sweep(sweep, "gs://bucket/run"),
+    lambda: extrapolate_run("gs://bucket/run", [1]),
+    lambda: analyze_run("gs://bucket/run"),
+  ):
     with pytest.raises(WorkdirError, match=NO_EXTRA):
       start()
   assert os.listdir(scratch_cwd) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_without_the_gcs_extra_exits_2_with_one_line(scratch_cwd):
-  code = ("import runpy, sys; sys.modules['gcsfs'] = None; "
-          f"sys.argv = ['run', '--config={REPO}/configs/rope.py', '--workdir=gs://bucket/run']; "
-          "runpy.run_module('experiments.run', run_name='__main__')")
-  done = subprocess.run([sys.executable, "-c", code], cwd=scratch_cwd, capture_output=True,
-                        text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+  code = (
+    "import runpy, sys; sys.modules['gcsfs'] = None; "
+    f"sys.argv = ['run', '--config={REPO}/configs/rope.py', '--workdir=gs://bucket/run']; "
+    "runpy.run_module('experiments.run', run_name='__main__')"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=scratch_cwd,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, PYTHONPATH=str(REPO)),
+  )
   assert done.returncode == 2, done.stderr[-3000:]
   assert done.stderr.strip().splitlines()[-1] == (
-      "workdir error: workdir: gs://bucket/run needs gcsfs for gs:// paths: "
-      "pip install 'txf[gcs]'"), done.stderr[-3000:]
+    "workdir error: workdir: gs://bucket/run needs gcsfs for gs:// paths: pip install 'txf[gcs]'"
+  ), done.stderr[-3000:]
   assert os.listdir(scratch_cwd) == []
 
 
-@pytest.mark.parametrize("url, message", [
+@pytest.mark.parametrize(
+  "url, message",
+  [
     ("gs:/bucket/run", "gs:/bucket/run is a URL that lost a slash; write it as gs://bucket/run"),
     ("memory://run", "memory://run: unsupported URL scheme memory://"),
-])
-def test_a_url_that_is_not_one_stops_the_run_before_anything_is_written(scratch_cwd, url,
-                                                                         message):
+  ],
+)
+def test_a_url_that_is_not_one_stops_the_run_before_anything_is_written(scratch_cwd, url, message):
   with pytest.raises(WorkdirError, match=f"^workdir: {message}"):
     loop.run(tiny_config(), url)
   assert os.listdir(scratch_cwd) == []

@@ -20,8 +20,8 @@ About 45 s of CPU (user time) for the run and the analysis; seed 1 as well
 """
 
 import pytest
-from conftest import load_config
 
+from conftest import load_config
 from txf.data.incontext import repeat_periods
 from txf.sweep.analyze import analyze_run
 from txf.train.loop import run
@@ -33,8 +33,9 @@ def toy_config(steps: int = STEPS, num_layers: int = 2):
   config = load_config("induction")
   config.model.update(dict(d_model=64, num_heads=4, num_layers=num_layers))
   config.data.update(dict(seq_len=24, min_example_len=4, max_example_len=8, num_symbols=16))
-  config.train.update(dict(steps=steps, warmup_steps=steps // 10, log_every=steps,
-                           checkpoint_every=steps))
+  config.train.update(
+    dict(steps=steps, warmup_steps=steps // 10, log_every=steps, checkpoint_every=steps)
+  )
   config.eval.update(dict(every=steps, num_batches=1))
   return config
 

@@ -14,11 +14,11 @@ initialisation) breaks the +-a bound and the std by a factor of about 4.
 """
 
 import flax.linen as nn
-from flax.traverse_util import flatten_dict
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from txf.layers import Embedder
 from txf.models import ModelConfig, build
@@ -28,14 +28,25 @@ T5_SHAPES = [(32, 4), (256, 8)]  # the base config's table, and one large enough
 
 def t5_table(num_buckets, num_heads, seed=0):
   """The relative-bias table [buckets, heads] of a freshly initialised decoder."""
-  cfg = ModelConfig(vocab_size=32, d_model=8 * num_heads, num_heads=num_heads, num_layers=1,
-                    max_len=16, position="t5_bias", t5_num_buckets=num_buckets,
-                    t5_max_distance=4 * num_buckets)
+  cfg = ModelConfig(
+    vocab_size=32,
+    d_model=8 * num_heads,
+    num_heads=num_heads,
+    num_layers=1,
+    max_len=16,
+    position="t5_bias",
+    t5_num_buckets=num_buckets,
+    t5_max_distance=4 * num_buckets,
+  )
   tokens = np.zeros((1, 4), np.int32)
-  params = flatten_dict(nn.meta.unbox(build(cfg).init(jax.random.PRNGKey(seed), tokens)["params"]),
-                        sep="/")
-  (table,) = [np.asarray(x, np.float64) for name, x in params.items()
-              if name.endswith("relative_position/table")]
+  params = flatten_dict(
+    nn.meta.unbox(build(cfg).init(jax.random.PRNGKey(seed), tokens)["params"]), sep="/"
+  )
+  (table,) = [
+    np.asarray(x, np.float64)
+    for name, x in params.items()
+    if name.endswith("relative_position/table")
+  ]
   return table
 
 
@@ -47,8 +58,9 @@ def test_t5_table_is_fan_avg_uniform(num_buckets, num_heads):
   count = table.size
   assert np.abs(table).max() <= bound
   std_error = np.sqrt((9 / 5 - 1) / (4 * count))
-  np.testing.assert_allclose(table.std(), np.sqrt(2.0 / (num_buckets + num_heads)),
-                             rtol=5 * std_error)
+  np.testing.assert_allclose(
+    table.std(), np.sqrt(2.0 / (num_buckets + num_heads)), rtol=5 * std_error
+  )
   within_half = np.mean(np.abs(table) < bound / 2)
   assert abs(within_half - 0.5) < 5 * np.sqrt(1 / (4 * count))
 
@@ -58,8 +70,9 @@ def test_learned_position_rows_start_small_beside_unit_token_rows():
   position table N(0, 0.02): position signal at 1/50 of the token scale.
   Normal entries: the sample std's relative standard error is sqrt(1 / (2 N))."""
   vocab, max_len, d_model = 256, 512, 64
-  embedder = Embedder(vocab_size=vocab, d_model=d_model, position="learned", max_len=max_len,
-                      dtype=jnp.float32)
+  embedder = Embedder(
+    vocab_size=vocab, d_model=d_model, position="learned", max_len=max_len, dtype=jnp.float32
+  )
   tokens = jnp.zeros((1, 4), jnp.int32)
   params = nn.meta.unbox(embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(4)[None]))
   for name, expected_std in (("token/embedding", 1.0), ("position_table", 0.02)):

@@ -30,21 +30,25 @@ from txf.data import HFTokenizer, read_data_config
 from txf.interop import CheckpointError, load_pretrained, save_pretrained
 from txf.interop.checkpoint import param_shapes
 from txf.interop.rules import flatten, unflatten
+from txf.interop.text import (
+  encode_batch,
+  generate_text,
+  pool_sentences,
+  sentence_transformers_pooling,
+)
 from txf.layers import Embedder
-from txf.interop.text import (encode_batch, generate_text, pool_sentences,
-                              sentence_transformers_pooling)
 from txf.models import ModelConfig
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 ATOL = 1e-4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pretrained(name, head=None):
   return load_pretrained(FIXTURES / name, head=head)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(name):
   return dict(np.load(FIXTURES / name / "reference.npz"))
 
@@ -68,17 +72,19 @@ def assert_close_on(valid_BxT, actual, expected):
 # more than running these models).
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward(name, batch, head=None):
   """The model's output on a reference batch (T5: (encoder output, logits))."""
   loaded, ref = pretrained(name, head), reference(name)
   model = loaded.model()
   tokens = ref[f"{batch}_tokens"]
   if loaded.config.family == "encoder_decoder":
+
     def run(params):
       encoded, mask = model.apply({"params": params}, tokens, method="encode")
-      return encoded, model.apply({"params": params}, encoded, mask,
-                                  ref[f"{batch}_decoder_tokens"], method="decode")
+      return encoded, model.apply(
+        {"params": params}, encoded, mask, ref[f"{batch}_decoder_tokens"], method="decode"
+      )
   else:
     types = ref.get(f"{batch}_types")
     kwargs = {} if types is None else dict(token_types_BxS=types)
@@ -86,8 +92,9 @@ def forward(name, batch, head=None):
   return jax.tree.map(np.asarray, jax.jit(run)(loaded.params))
 
 
-@pytest.mark.parametrize("name,batch", [("bert", "full"), ("bert", "padded"),
-                                        ("roberta", "padded"), ("gpt2", "padded")])
+@pytest.mark.parametrize(
+  "name,batch", [("bert", "full"), ("bert", "padded"), ("roberta", "padded"), ("gpt2", "padded")]
+)
 def test_logits_match_transformers(name, batch):
   """MLM logits (BERT with a second segment in row 0) and GPT-2's LM logits.
   Right padding: BERT masks it, and a causal model's real tokens never see it."""
@@ -95,12 +102,14 @@ def test_logits_match_transformers(name, batch):
   assert_close_on(valid(name, batch), forward(name, batch), reference(name)[f"{batch}_logits"])
 
 
-@pytest.mark.parametrize("name,batch", [("minilm", "full"), ("minilm", "padded"),
-                                        ("gpt2", "padded")])
+@pytest.mark.parametrize(
+  "name,batch", [("minilm", "full"), ("minilm", "padded"), ("gpt2", "padded")]
+)
 def test_hidden_states_match_transformers(name, batch):
   """head='none' returns the final hidden states (after GPT-2's ln_f)."""
-  assert_close_on(valid(name, batch), forward(name, batch, "none"),
-                  reference(name)[f"{batch}_hidden"])
+  assert_close_on(
+    valid(name, batch), forward(name, batch, "none"), reference(name)[f"{batch}_hidden"]
+  )
 
 
 @pytest.mark.parametrize("name,batch", [("minilm", "full"), ("minilm", "padded")])
@@ -124,7 +133,8 @@ def test_t5_encoder_and_logits_match_transformers(name, batch):
   """v1.0: ReLU, tied and scaled output; v1.1: gated GELU, untied unscaled."""
   loaded, ref = pretrained(name), reference(name)
   assert (loaded.config.tie_embeddings, loaded.config.scale_logits) == (
-      (True, True) if name == "t5" else (False, False))
+    (True, True) if name == "t5" else (False, False)
+  )
   encoded, logits = forward(name, batch)
   assert_close_on(valid(name, batch), encoded, ref[f"{batch}_hidden"])
   assert_close_on(np.ones(logits.shape[:2], bool), logits, ref[f"{batch}_logits"])
@@ -138,16 +148,18 @@ def test_gpt2_greedy_generation_matches_transformers():
   """Prompts of 3, 5 and 2 tokens in one right-padded batch; transformers
   generated each alone."""
   loaded, ref = pretrained("gpt2"), reference("gpt2")
-  generated = generate_text(loaded, ref["greedy_prompts"],
-                            max_new_tokens=ref["greedy_tokens"].shape[1])
+  generated = generate_text(
+    loaded, ref["greedy_prompts"], max_new_tokens=ref["greedy_tokens"].shape[1]
+  )
   np.testing.assert_array_equal(generated, ref["greedy_tokens"])
 
 
 def test_t5_greedy_generation_matches_transformers():
   """v1.1 (gated GELU, untied output); encoder inputs of three lengths, padded."""
   loaded, ref = pretrained("t5_v1_1"), reference("t5_v1_1")
-  generated = generate_text(loaded, ref["padded_tokens"],
-                            max_new_tokens=ref["padded_greedy_tokens"].shape[1])
+  generated = generate_text(
+    loaded, ref["padded_tokens"], max_new_tokens=ref["padded_greedy_tokens"].shape[1]
+  )
   np.testing.assert_array_equal(generated, ref["padded_greedy_tokens"])
 
 
@@ -170,8 +182,10 @@ def test_tokenizer_json_encodes_as_transformers(name):
   loaded, ref = pretrained(name), reference(name)
   tokenizer = HFTokenizer(FIXTURES / name)
   expected = ref["padded_tokens"][1:]
-  np.testing.assert_array_equal(encode_batch(tokenizer, texts, pad_id=loaded.config.pad_id),
-                                expected[:, :max(np.sum(expected != loaded.config.pad_id, 1))])
+  np.testing.assert_array_equal(
+    encode_batch(tokenizer, texts, pad_id=loaded.config.pad_id),
+    expected[:, : max(np.sum(expected != loaded.config.pad_id, 1))],
+  )
   assert tokenizer.decode(tokenizer.encode(texts[1])).strip().lower() == texts[1]
 
 
@@ -188,20 +202,32 @@ def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
   tokens; txf pads batches itself and never cuts text."""
   directory = copy_fixture("bert", tmp_path)
   saved = json.loads((directory / "tokenizer.json").read_text())
-  saved["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None,
-                      "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
-  saved["truncation"] = {"direction": "Right", "max_length": 3, "strategy": "LongestFirst",
-                         "stride": 0}
+  saved["padding"] = {
+    "strategy": {"Fixed": 16},
+    "direction": "Right",
+    "pad_to_multiple_of": None,
+    "pad_id": 0,
+    "pad_type_id": 0,
+    "pad_token": "[PAD]",
+  }
+  saved["truncation"] = {
+    "direction": "Right",
+    "max_length": 3,
+    "strategy": "LongestFirst",
+    "stride": 0,
+  }
   (directory / "tokenizer.json").write_text(json.dumps(saved))
   text = "every model looks at the dog"
-  np.testing.assert_array_equal(HFTokenizer(directory).encode(text),
-                                HFTokenizer(FIXTURES / "bert").encode(text))
+  np.testing.assert_array_equal(
+    HFTokenizer(directory).encode(text), HFTokenizer(FIXTURES / "bert").encode(text)
+  )
   assert len(HFTokenizer(directory).encode(text)) == 11  # every m ##o ##d ##e ##l look ##s ...
 
 
 def test_hf_tokenizer_needs_its_path():
-  data = dict(name="pystdlib", task="lm", seq_len=8, batch_size=2, tokenizer="hf",
-              max_corpus_bytes=100)
+  data = dict(
+    name="pystdlib", task="lm", seq_len=8, batch_size=2, tokenizer="hf", max_corpus_bytes=100
+  )
   with pytest.raises(ValueError, match="data.tokenizer_path is required for data.tokenizer='hf'"):
     read_data_config(types.SimpleNamespace(**data))
   spec = read_data_config(types.SimpleNamespace(**data, tokenizer_path=str(FIXTURES / "bert")))
@@ -230,7 +256,7 @@ def test_export_then_import_gives_identical_params(name, tmp_path):
   # The same tensors, under the same names, as the file transformers wrote
   # (but RoBERTa's position rows before pad_id + 1, which no token reads).
   original, exported = (load_file(d / "model.safetensors") for d in (FIXTURES / name, tmp_path))
-  pooler = {key for key in original if "pooler" in key}   # dropped, named in `unused`
+  pooler = {key for key in original if "pooler" in key}  # dropped, named in `unused`
   assert exported.keys() == original.keys() - pooler
   for key, value in exported.items():
     skip = 2 if name == "roberta" and "position_embeddings" in key else 0
@@ -240,15 +266,25 @@ def test_export_then_import_gives_identical_params(name, tmp_path):
 def random_params(cfg, seed=0):
   """N(0, 1) parameters of cfg's model, without running its init."""
   rng = np.random.default_rng(seed)
-  return unflatten({path: rng.normal(size=shape).astype(np.float32)
-                    for path, shape in param_shapes(cfg).items()})
+  return unflatten(
+    {path: rng.normal(size=shape).astype(np.float32) for path, shape in param_shapes(cfg).items()}
+  )
 
 
 def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
   """A model made in txf (GPT-2-shaped) round-trips through the HF format."""
-  cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1,
-                    position="learned", max_len=12, use_bias=True, scale_logits=False,
-                    norm_eps=1e-5)
+  cfg = ModelConfig(
+    family="decoder",
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    position="learned",
+    max_len=12,
+    use_bias=True,
+    scale_logits=False,
+    norm_eps=1e-5,
+  )
   params = random_params(cfg)
   save_pretrained(cfg, params, tmp_path, token_ids={"eos_token_id": 49})
   written = json.loads((tmp_path / "config.json").read_text())
@@ -260,15 +296,27 @@ def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
     np.testing.assert_array_equal(flatten(again.params)[path], value, err_msg=path)
 
 
-@pytest.mark.parametrize("change,field", [
+@pytest.mark.parametrize(
+  "change,field",
+  [
     (dict(position="rope"), "model.position: 'rope' cannot be written as GPT2LMHeadModel"),
     (dict(use_bias=False), "model.use_bias: False cannot be written"),
     (dict(scale_logits=True), "model.scale_logits: True cannot be written"),
     (dict(num_kv_heads=1), "model.num_kv_heads: 1 cannot be written"),
-])
+  ],
+)
 def test_export_refuses_what_the_architecture_cannot_hold(change, field, tmp_path):
-  base = dict(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1,
-              position="learned", max_len=12, use_bias=True, scale_logits=False)
+  base = dict(
+    family="decoder",
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    position="learned",
+    max_len=12,
+    use_bias=True,
+    scale_logits=False,
+  )
   cfg = ModelConfig(**{**base, **change})
   with pytest.raises(CheckpointError, match=field):
     save_pretrained(cfg, random_params(cfg), tmp_path)
@@ -300,8 +348,11 @@ def edit_tensors(directory, edit):
 def test_unsupported_architecture_is_named(tmp_path):
   directory = copy_fixture("gpt2", tmp_path)
   edit_json(directory / "config.json", architectures=["LlamaForCausalLM"])
-  with pytest.raises(CheckpointError, match=r"architecture \['LlamaForCausalLM'\] is not "
-                                            r"supported \(supported: BertForMaskedLM"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"architecture \['LlamaForCausalLM'\] is not "
+    r"supported \(supported: BertForMaskedLM",
+  ):
     load_pretrained(directory)
 
 
@@ -315,26 +366,41 @@ def test_unsupported_config_value_is_named(tmp_path):
 def test_missing_tensor_is_named(tmp_path):
   directory = copy_fixture("bert", tmp_path)
   edit_tensors(directory, lambda t: t.pop("bert.encoder.layer.1.output.dense.bias"))
-  with pytest.raises(CheckpointError,
-                     match=r"missing tensors bert\.encoder\.layer\.1\.output\.dense\.bias"):
+  with pytest.raises(
+    CheckpointError, match=r"missing tensors bert\.encoder\.layer\.1\.output\.dense\.bias"
+  ):
     load_pretrained(directory)
 
 
 def test_unexpected_tensor_is_named(tmp_path):
   directory = copy_fixture("t5", tmp_path)
-  edit_tensors(directory, lambda t: t.update(
-      {"encoder.block.0.layer.1.DenseReluDense.wi.bias": np.zeros(48, np.float32)}))
-  with pytest.raises(CheckpointError, match=r"unexpected tensors encoder\.block\.0\.layer\.1\."
-                                            r"DenseReluDense\.wi\.bias"):
+  edit_tensors(
+    directory,
+    lambda t: t.update(
+      {"encoder.block.0.layer.1.DenseReluDense.wi.bias": np.zeros(48, np.float32)}
+    ),
+  )
+  with pytest.raises(
+    CheckpointError,
+    match=r"unexpected tensors encoder\.block\.0\.layer\.1\."
+    r"DenseReluDense\.wi\.bias",
+  ):
     load_pretrained(directory)
 
 
 def test_shape_mismatch_is_named(tmp_path):
   directory = copy_fixture("gpt2", tmp_path)
-  edit_tensors(directory, lambda t: t.update(
-      {"transformer.h.0.mlp.c_fc.weight": t["transformer.h.0.mlp.c_fc.weight"].T.copy()}))
-  with pytest.raises(CheckpointError, match=r"tensor transformer\.h\.0\.mlp\.c_fc\.weight has "
-                                            r"shape \(128, 32\), expected \(32, 128\)"):
+  edit_tensors(
+    directory,
+    lambda t: t.update(
+      {"transformer.h.0.mlp.c_fc.weight": t["transformer.h.0.mlp.c_fc.weight"].T.copy()}
+    ),
+  )
+  with pytest.raises(
+    CheckpointError,
+    match=r"tensor transformer\.h\.0\.mlp\.c_fc\.weight has "
+    r"shape \(128, 32\), expected \(32, 128\)",
+  ):
     load_pretrained(directory)
 
 
@@ -342,8 +408,9 @@ def test_differing_tied_copy_is_not_silently_dropped(tmp_path):
   """A decoder bias that differs from the output bias it should repeat has no
   txf parameter: the load stops naming it."""
   directory = copy_fixture("bert", tmp_path)
-  edit_tensors(directory, lambda t: t.update(
-      {"cls.predictions.decoder.bias": t["cls.predictions.bias"] + 1.0}))
+  edit_tensors(
+    directory, lambda t: t.update({"cls.predictions.decoder.bias": t["cls.predictions.bias"] + 1.0})
+  )
   with pytest.raises(CheckpointError, match=r"unexpected tensors cls\.predictions\.decoder\.bias"):
     load_pretrained(directory)
 
@@ -352,16 +419,21 @@ def test_unused_weights_are_named(caplog):
   """BertModel's pooler has no txf layer: dropped, with a warning naming it."""
   loaded = load_pretrained(FIXTURES / "minilm")
   assert loaded.unused == ("bert.pooler.dense.bias", "bert.pooler.dense.weight")
-  assert "txf does not use 2 weights of BertModel: bert.pooler.dense.bias, " \
-         "bert.pooler.dense.weight" in caplog.text
+  assert (
+    "txf does not use 2 weights of BertModel: bert.pooler.dense.bias, "
+    "bert.pooler.dense.weight" in caplog.text
+  )
 
 
-@pytest.mark.parametrize("problem,match", [
+@pytest.mark.parametrize(
+  "problem,match",
+  [
     ("no_weights", "no weights"),
     ("no_config", r"config\.json: no such file"),
     ("corrupt_weights", "not a readable safetensors file"),
     ("wrong_head", r"BertModel has no 'mlm' head"),
-])
+  ],
+)
 def test_unreadable_directory_is_named(problem, match, tmp_path):
   directory = copy_fixture("minilm", tmp_path)
   head = None
@@ -381,12 +453,15 @@ def test_unreadable_directory_is_named(problem, match, tmp_path):
 # Model options (validation; the numerics are in test_layer_references.py).
 
 
-@pytest.mark.parametrize("fields,match", [
+@pytest.mark.parametrize(
+  "fields,match",
+  [
     (dict(family="decoder", num_token_types=2), "model.num_token_types: only family='encoder'"),
     (dict(family="encoder", head="mlm", num_token_types=-1), "model.num_token_types"),
     (dict(activation="relu", gelu_approximate=False), "model.gelu_approximate: False changes"),
     (dict(family="encoder_decoder", head="none"), "model.head: 'none' does not fit"),
-])
+  ],
+)
 def test_conflicting_model_options_are_refused(fields, match):
   with pytest.raises(ValueError, match=match):
     ModelConfig(**fields)
@@ -409,7 +484,9 @@ def test_token_types_are_checked():
 # Broken or hostile files: one CheckpointError naming the file and the key.
 
 
-@pytest.mark.parametrize("name,key,value,match", [
+@pytest.mark.parametrize(
+  "name,key,value,match",
+  [
     ("gpt2", "layer_norm_epsilon", "small", r"layer_norm_epsilon: must be a finite number >= 0"),
     ("gpt2", "vocab_size", 1e12, r"vocab_size: must be an integer in \[0, 2147483647\]"),
     ("gpt2", "vocab_size", 10**12, r"vocab_size: must be an integer in \[0, 2147483647\]"),
@@ -419,9 +496,9 @@ def test_token_types_are_checked():
     ("gpt2", "layer_norm_epsilon", 0.0, r"model\.norm_eps: must be a finite number > 0"),
     ("bert", "hidden_dropout_prob", float("nan"), r"hidden_dropout_prob: must be a finite"),
     ("t5", "d_kv", -4, r"d_kv: must be an integer"),
-])
-def test_a_config_value_of_the_wrong_kind_names_the_file_and_key(tmp_path, name, key, value,
-                                                                  match):
+  ],
+)
+def test_a_config_value_of_the_wrong_kind_names_the_file_and_key(tmp_path, name, key, value, match):
   """They were TypeError / OverflowError tracebacks or a message naming neither."""
   directory = copy_fixture(name, tmp_path)
   edit_json(directory / "config.json", **{key: value})
@@ -436,7 +513,8 @@ def move_weights_to_shard(directory, shard):
   target.parent.mkdir(parents=True, exist_ok=True)
   (directory / "model.safetensors").rename(target)
   (directory / "model.safetensors.index.json").write_text(
-      json.dumps({"weight_map": {name: shard for name in names}}))
+    json.dumps({"weight_map": {name: shard for name in names}})
+  )
 
 
 def test_a_sharded_index_inside_the_directory_loads(tmp_path):
@@ -452,8 +530,11 @@ def test_a_sharded_index_inside_the_directory_loads(tmp_path):
 def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_before_reading(tmp_path, shard):
   directory = copy_fixture("gpt2", tmp_path)
   move_weights_to_shard(directory, shard)  # a valid file, outside: it would load
-  with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: weight_map: "
-                     rf"{re.escape(repr(shard))} is outside the checkpoint directory"):
+  with pytest.raises(
+    CheckpointError,
+    match=r"model\.safetensors\.index\.json: weight_map: "
+    rf"{re.escape(repr(shard))} is outside the checkpoint directory",
+  ):
     load_pretrained(directory)
 
 
@@ -461,26 +542,40 @@ def test_an_index_naming_an_absolute_path_is_refused(tmp_path):
   directory = copy_fixture("gpt2", tmp_path)
   (directory / "model.safetensors").unlink()
   (directory / "model.safetensors.index.json").write_text(
-      json.dumps({"weight_map": {"a": "/etc/passwd"}}))
+    json.dumps({"weight_map": {"a": "/etc/passwd"}})
+  )
   with pytest.raises(CheckpointError, match=r"'/etc/passwd' is outside the checkpoint"):
     load_pretrained(directory)
 
 
-MODULES_POOLING = {"idx": 1, "name": "1", "path": "1_Pooling",
-                   "type": "sentence_transformers.models.Pooling"}
+MODULES_POOLING = {
+  "idx": 1,
+  "name": "1",
+  "path": "1_Pooling",
+  "type": "sentence_transformers.models.Pooling",
+}
 
 
-@pytest.mark.parametrize("file,text,match", [
+@pytest.mark.parametrize(
+  "file,text,match",
+  [
     ("modules.json", "not json", r"modules\.json: not valid JSON"),
     ("modules.json", '{"a": 1}', r"modules\.json: expected a JSON list, got dict"),
     ("modules.json", "[3]", r"modules\.json: module 0: expected an object with a string 'type'"),
-    ("modules.json", json.dumps([{k: v for k, v in MODULES_POOLING.items() if k != "path"}]),
-     r"modules\.json: Pooling module's path: None is not a path"),
-    ("modules.json", json.dumps([{**MODULES_POOLING, "path": "../../../etc"}]),
-     r"modules\.json: Pooling module's path: '\.\./\.\./\.\./etc' is outside the checkpoint"),
+    (
+      "modules.json",
+      json.dumps([{k: v for k, v in MODULES_POOLING.items() if k != "path"}]),
+      r"modules\.json: Pooling module's path: None is not a path",
+    ),
+    (
+      "modules.json",
+      json.dumps([{**MODULES_POOLING, "path": "../../../etc"}]),
+      r"modules\.json: Pooling module's path: '\.\./\.\./\.\./etc' is outside the checkpoint",
+    ),
     ("1_Pooling/config.json", "not json", r"1_Pooling/config\.json: not valid JSON"),
     ("1_Pooling/config.json", "[]", r"1_Pooling/config\.json: expected a JSON object, got list"),
-])
+  ],
+)
 def test_a_broken_sentence_transformers_declaration_names_the_file(tmp_path, file, text, match):
   directory = copy_fixture("minilm", tmp_path)
   (directory / file).write_text(text)

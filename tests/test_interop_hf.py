@@ -17,7 +17,6 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-# pylint: disable=wrong-import-position
 import jax  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
@@ -32,8 +31,9 @@ ATOL = 1e-4
 
 
 def make_hf_fixtures():
-  spec = importlib.util.spec_from_file_location("make_hf_fixtures",
-                                                FIXTURES / "make_hf_fixtures.py")
+  spec = importlib.util.spec_from_file_location(
+    "make_hf_fixtures", FIXTURES / "make_hf_fixtures.py"
+  )
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -60,8 +60,11 @@ def test_fixture_script_reproduces_the_committed_fixtures(rebuilt, name):
 
 def hf_outputs(directory, architecture, reference):
   """transformers' outputs on the unpadded reference batch, for the checkpoint in directory."""
-  model = getattr(transformers, architecture).from_pretrained(
-      directory, attn_implementation="eager").eval()
+  model = (
+    getattr(transformers, architecture)
+    .from_pretrained(directory, attn_implementation="eager")
+    .eval()
+  )
   inputs = dict(input_ids=torch.tensor(reference["full_tokens"]))
   if "full_types" in reference:
     inputs["token_type_ids"] = torch.tensor(reference["full_types"])
@@ -79,27 +82,56 @@ def test_converted_checkpoints_written_by_txf_load_in_transformers(name, tmp_pat
   pretrained.save(tmp_path)
   reference = dict(np.load(FIXTURES / "hf" / name / "reference.npz"))
   expected = reference.get("full_logits", reference["full_hidden"])
-  np.testing.assert_allclose(hf_outputs(tmp_path, pretrained.architecture, reference),
-                             expected, atol=ATOL)
+  np.testing.assert_allclose(
+    hf_outputs(tmp_path, pretrained.architecture, reference), expected, atol=ATOL
+  )
 
 
-@pytest.mark.parametrize("family,fields", [
+@pytest.mark.parametrize(
+  "family,fields",
+  [
     ("decoder", dict(position="learned", use_bias=True, scale_logits=False, norm_eps=1e-5)),
-    ("encoder", dict(head="mlm", position="learned", use_bias=True, scale_logits=False,
-                     norm_placement="post", embed_norm=True, num_token_types=2,
-                     gelu_approximate=False)),
+    (
+      "encoder",
+      dict(
+        head="mlm",
+        position="learned",
+        use_bias=True,
+        scale_logits=False,
+        norm_placement="post",
+        embed_norm=True,
+        num_token_types=2,
+        gelu_approximate=False,
+      ),
+    ),
     # Tied but unscaled (transformers 5's fresh T5 v1.1): written untied.
-    ("encoder_decoder", dict(position="t5_bias", norm="rms", activation="geglu",
-                             scale_attention=False, scale_logits=False, t5_num_buckets=8,
-                             t5_max_distance=16)),
-])
+    (
+      "encoder_decoder",
+      dict(
+        position="t5_bias",
+        norm="rms",
+        activation="geglu",
+        scale_attention=False,
+        scale_logits=False,
+        t5_num_buckets=8,
+        t5_max_distance=16,
+      ),
+    ),
+  ],
+)
 def test_a_model_made_in_txf_loads_in_transformers(family, fields, tmp_path):
-  cfg = ModelConfig(family=family, vocab_size=40, d_model=16, num_heads=2, num_layers=2,
-                    max_len=16, **fields)
+  cfg = ModelConfig(
+    family=family, vocab_size=40, d_model=16, num_heads=2, num_layers=2, max_len=16, **fields
+  )
   rng = np.random.default_rng(0)
-  params = unflatten({path: (rng.normal(size=shape) * (0.5 if len(shape) == 1 else
-                                                       shape[0] ** -0.5)).astype(np.float32)
-                      for path, shape in param_shapes(cfg).items()})
+  params = unflatten(
+    {
+      path: (rng.normal(size=shape) * (0.5 if len(shape) == 1 else shape[0] ** -0.5)).astype(
+        np.float32
+      )
+      for path, shape in param_shapes(cfg).items()
+    }
+  )
   save_pretrained(cfg, params, tmp_path)
   tokens = np.array([[3, 9, 27, 4, 11, 5]])
   model = build(cfg)

@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
@@ -49,14 +49,15 @@ def test_run_starts_from_the_checkpoint(tmp_path):
     np.testing.assert_array_equal(np.asarray(found[path]), value, err_msg=path)
 
 
-@pytest.mark.parametrize("name,changes,message", [
-    ("gpt2", dict(d_ff=64), "model.d_ff: 64 differs from the checkpoint's 128 in "
-     "train.init_from="),
+@pytest.mark.parametrize(
+  "name,changes,message",
+  [
+    ("gpt2", dict(d_ff=64), "model.d_ff: 64 differs from the checkpoint's 128 in train.init_from="),
     ("gpt2", dict(gelu_approximate=False), "model.gelu_approximate: False differs"),
     # BertModel has no MLM head: its parameters would start at random.
-    ("minilm", dict(head="mlm"),
-     "train.init_from: parameter head/bias is only in the run's model"),
-])
+    ("minilm", dict(head="mlm"), "train.init_from: parameter head/bias is only in the run's model"),
+  ],
+)
 def test_run_refuses_a_model_that_is_not_the_checkpoint(name, changes, message, tmp_path):
   with pytest.raises(ConfigError, match=message):
     setup_run(small_run(name, **changes), tmp_path)
@@ -68,16 +69,25 @@ def test_pretrained_config_needs_a_directory():
 
 
 def run_command(module, *args):
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=TIMEOUT_S, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return subprocess.run(
+    [sys.executable, "-m", module, *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
 
 
 @pytest.mark.slow  # a subprocess (~4 s)
 def test_embed_prints_the_sentence_transformers_embeddings():
   """The fixture is a sentence-transformers directory (mean pooling, then
   L2): the command's defaults give its embeddings of the reference texts."""
-  texts = ["the quick fox jumps", "a single step begins the journey of tokens",
-           "every model looks at the dog"]
+  texts = [
+    "the quick fox jumps",
+    "a single step begins the journey of tokens",
+    "every model looks at the dog",
+  ]
   result = run_command("experiments.embed", f"--model={FIXTURES / 'minilm'}", *texts)
   assert result.returncode == 0, result.stderr
   rows = [json.loads(line) for line in result.stdout.splitlines()]
@@ -93,13 +103,19 @@ def test_generate_prints_the_greedy_continuation():
   reference = np.load(FIXTURES / "gpt2" / "reference.npz")
   tokenizer = HFTokenizer(FIXTURES / "gpt2")
   np.testing.assert_array_equal(tokenizer.encode("a single"), reference["greedy_prompts"][1])
-  result = run_command("experiments.generate", f"--model={FIXTURES / 'gpt2'}",
-                       "--prompt=a single", "--max_new_tokens=6")
+  result = run_command(
+    "experiments.generate",
+    f"--model={FIXTURES / 'gpt2'}",
+    "--prompt=a single",
+    "--max_new_tokens=6",
+  )
   assert result.returncode == 0, result.stderr
   expected = reference["greedy_tokens"][1]
   assert tokenizer.eos_id not in expected  # which would stop the command earlier
-  assert result.stdout.splitlines() == ["prompt: a single",
-                                        f"generated: {tokenizer.decode(expected)}"]
+  assert result.stdout.splitlines() == [
+    "prompt: a single",
+    f"generated: {tokenizer.decode(expected)}",
+  ]
 
 
 @pytest.mark.slow  # a subprocess (~3 s)

@@ -42,9 +42,23 @@ PERTURBED = ("bias", "scale", "position_table", "token_type_table")
 # heads), an FFN width unrelated to D, biases on, T5 buckets and distance small
 # enough that T <= 6 reaches the log-spaced buckets (and no bucket boundary
 # falls on an exact float value).
-TINY = dict(vocab_size=32, d_model=D, num_heads=4, num_kv_heads=2, head_dim=4, d_ff=24,
-            num_layers=1, max_len=8, rope_base=100.0, rope_scale=1.0, t5_num_buckets=8,
-            t5_max_distance=10, norm_eps=1e-6, use_bias=True, pad_id=PAD)
+TINY = dict(
+  vocab_size=32,
+  d_model=D,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=4,
+  d_ff=24,
+  num_layers=1,
+  max_len=8,
+  rope_base=100.0,
+  rope_scale=1.0,
+  t5_num_buckets=8,
+  t5_max_distance=10,
+  norm_eps=1e-6,
+  use_bias=True,
+  pad_id=PAD,
+)
 
 
 def rand(seed, *shape):
@@ -72,6 +86,7 @@ def own_params(module, *args, **kwargs):
     if path[-1].key in PERTURBED:
       return x + 0.5 * rng.normal(size=x.shape).astype(np.float32)
     return x
+
   return jax.tree_util.tree_map_with_path(perturb, params)
 
 
@@ -81,13 +96,19 @@ def f64(tree):
 
 def hidden_states(model, params, *inputs):
   """The output of the model's one TransformerStack, [B, T, D]."""
-  _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"],
-                         capture_intermediates=lambda mdl, _: isinstance(mdl, TransformerStack))
+  _, state = model.apply(
+    {"params": params},
+    *inputs,
+    mutable=["intermediates"],
+    capture_intermediates=lambda mdl, _: isinstance(mdl, TransformerStack),
+  )
   # Attention layers sow their weights into the same collection: keep only
   # the captured __call__ outputs.
-  captured = [leaf for path, leaf in
-              jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]
-              if any(getattr(key, "key", None) == "__call__" for key in path)]
+  captured = [
+    leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]
+    if any(getattr(key, "key", None) == "__call__" for key in path)
+  ]
   assert len(captured) == 1, "expected exactly one TransformerStack"
   return np.asarray(captured[0], np.float64)
 
@@ -106,20 +127,24 @@ def np_norm(p, x, kind, eps):
   """LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019) over the last axis."""
   if kind == "layer":
     centred = x - x.mean(-1, keepdims=True)
-    return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps) * p["scale"] + p["bias"]
+    return centred / np.sqrt((centred**2).mean(-1, keepdims=True) + eps) * p["scale"] + p["bias"]
   assert "bias" not in p, "RMSNorm has no bias"
-  return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * p["scale"]
 
 
 def np_gelu(x, approximate=True):
   """Hendrycks & Gimpel: x Phi(x) exactly (erf), or its tanh form (jax.nn.gelu's default)."""
   if approximate:
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
   return 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2)))
 
 
-NP_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0), "gelu": np_gelu,
-                  "swiglu": lambda x: x / (1 + np.exp(-x)), "geglu": np_gelu}
+NP_ACTIVATIONS = {
+  "relu": lambda x: np.maximum(x, 0),
+  "gelu": np_gelu,
+  "swiglu": lambda x: x / (1 + np.exp(-x)),
+  "geglu": np_gelu,
+}
 
 
 def np_ffn(p, x, activation, gelu_approximate=True):
@@ -151,12 +176,14 @@ def np_alibi_slopes(n):
   """Press et al. (2022): a geometric sequence from 2^(-8/n) for a power of two
   n; otherwise those of the nearest lower power of two, then every other slope
   of twice that."""
+
   def geometric(m):
     return [2 ** (-8 / m * (i + 1)) for i in range(m)]
+
   if math.log2(n).is_integer():
     return np.array(geometric(n))
   closest = 2 ** math.floor(math.log2(n))
-  return np.array(geometric(closest) + geometric(2 * closest)[0::2][:n - closest])
+  return np.array(geometric(closest) + geometric(2 * closest)[0::2][: n - closest])
 
 
 def np_t5_bucket(relative, bidirectional, num_buckets, max_distance):
@@ -199,8 +226,9 @@ def np_attention(p, x, kv, key_valid, spec, table=None):
   if spec["position"] == "alibi":
     bias_HxTxS = -np_alibi_slopes(num_heads)[:, None, None] * np.abs(relative_TxS)
   elif spec["position"] == "t5_bias":
-    buckets_TxS = np.vectorize(np_t5_bucket)(relative_TxS, spec["bidirectional_bias"],
-                                             table.shape[0], spec["t5_max_distance"])
+    buckets_TxS = np.vectorize(np_t5_bucket)(
+      relative_TxS, spec["bidirectional_bias"], table.shape[0], spec["t5_max_distance"]
+    )
     bias_HxTxS = np.moveaxis(table[buckets_TxS], -1, 0)
   heads = np.zeros(q.shape[:2] + (num_heads, v.shape[-1]))
   scale = 1 / np.sqrt(q.shape[-1]) if spec.get("scale") is None else spec["scale"]
@@ -217,16 +245,25 @@ def np_attention(p, x, kv, key_valid, spec, table=None):
 
 def attention_spec(cfg, causal, cross):
   """The attributes a block gives its self- (cross=False) or cross-attention."""
-  return dict(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-              position="none" if cross else cfg.position, causal=causal and not cross,
-              bidirectional_bias=not causal, window=None if cross else cfg.window,
-              rope_base=cfg.rope_base, rope_scale=cfg.rope_scale,
-              t5_max_distance=cfg.t5_max_distance, scale=None if cfg.scale_attention else 1.0)
+  return dict(
+    num_heads=cfg.num_heads,
+    num_kv_heads=cfg.num_kv_heads,
+    head_dim=cfg.head_dim,
+    position="none" if cross else cfg.position,
+    causal=causal and not cross,
+    bidirectional_bias=not causal,
+    window=None if cross else cfg.window,
+    rope_base=cfg.rope_base,
+    rope_scale=cfg.rope_scale,
+    t5_max_distance=cfg.t5_max_distance,
+    scale=None if cfg.scale_attention else 1.0,
+  )
 
 
 def np_block(p, x, cfg, *, causal, self_valid, table=None, cross=None, cross_valid=None):
   """One TransformerBlock: self-attention, [cross-attention,] FFN, each a
   residual x + f(norm(x)) (pre) or norm(x + f(x)) (post)."""
+
   def residual(name, x, sublayer):
     norm = lambda h: np_norm(p[f"{name}_norm"], h, cfg.norm, cfg.norm_eps)
     if cfg.norm_placement == "pre":
@@ -234,12 +271,18 @@ def np_block(p, x, cfg, *, causal, self_valid, table=None, cross=None, cross_val
     return norm(x + sublayer(x))
 
   self_spec = attention_spec(cfg, causal, cross=False)
-  x = residual("self_attention", x, lambda h: np_attention(
-      p["self_attention"], h, h, self_valid, self_spec, table))
+  x = residual(
+    "self_attention",
+    x,
+    lambda h: np_attention(p["self_attention"], h, h, self_valid, self_spec, table),
+  )
   if cross is not None:
     cross_spec = attention_spec(cfg, causal, cross=True)
-    x = residual("cross_attention", x, lambda h: np_attention(
-        p["cross_attention"], h, cross, cross_valid, cross_spec))
+    x = residual(
+      "cross_attention",
+      x,
+      lambda h: np_attention(p["cross_attention"], h, cross, cross_valid, cross_spec),
+    )
   return residual("ffn", x, lambda h: np_ffn(p["ffn"], h, cfg.activation, cfg.gelu_approximate))
 
 
@@ -249,8 +292,16 @@ def np_stack(p, x, cfg, num_layers, *, causal, self_valid=None, cross=None, cros
     self_valid = np.ones(x.shape[:2], bool)
   table = p["relative_position"]["table"] if cfg.position == "t5_bias" else None
   for i in range(num_layers):
-    x = np_block(p[f"block_{i}"], x, cfg, causal=causal, self_valid=self_valid, table=table,
-                 cross=cross, cross_valid=cross_valid)
+    x = np_block(
+      p[f"block_{i}"],
+      x,
+      cfg,
+      causal=causal,
+      self_valid=self_valid,
+      table=table,
+      cross=cross,
+      cross_valid=cross_valid,
+    )
   if cfg.norm_placement == "pre":
     return np_norm(p["final_norm"], x, cfg.norm, cfg.norm_eps)
   assert "final_norm" not in p, "Post-LN already ends in a norm"
@@ -295,11 +346,23 @@ def np_tied_logits(p_embedder, x, scaled=True):
 # MultiHeadAttention.
 
 # Every attribute, so that the layer under test never depends on a default.
-ATTENTION_ATTRIBUTES = dict(num_heads=4, num_kv_heads=2, head_dim=4, position="none",
-                            causal=False, bidirectional_bias=True, window=None, rope_base=100.0,
-                            rope_scale=1.0, t5_max_distance=10, use_bias=True,
-                            attention_dropout_rate=0.0, implementation=None, dtype=jnp.float32,
-                            scale=None)
+ATTENTION_ATTRIBUTES = dict(
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=4,
+  position="none",
+  causal=False,
+  bidirectional_bias=True,
+  window=None,
+  rope_base=100.0,
+  rope_scale=1.0,
+  t5_max_distance=10,
+  use_bias=True,
+  attention_dropout_rate=0.0,
+  implementation=None,
+  dtype=jnp.float32,
+  scale=None,
+)
 
 
 def attention_case(name, kv_len=None, **changes):
@@ -308,24 +371,42 @@ def attention_case(name, kv_len=None, **changes):
 
 
 ATTENTION_CASES = [
-    # Every position kind, causal and bidirectional, GQA (2 kv heads of 4).
-    *(attention_case(f"{position}-{'causal' if causal else 'bidirectional'}",
-                     position=position, causal=causal, bidirectional_bias=not causal)
-      for position in ("rope", "alibi", "t5_bias", "none") for causal in (False, True)),
-    # Non-power-of-two ALiBi slopes (6 heads, 3 kv heads).
-    attention_case("alibi-6-heads", position="alibi", num_heads=6, num_kv_heads=3, causal=True,
-                   bidirectional_bias=False),
-    attention_case("mqa-rope-interpolated", position="rope", num_kv_heads=1, causal=True,
-                   bidirectional_bias=False, rope_scale=2.0),
-    attention_case("mha-t5-no-bias", position="t5_bias", num_kv_heads=4, use_bias=False),
-    # Row 1's last query sees only padded keys in this window: a zero output.
-    attention_case("window-bidirectional", position="alibi", window=2),
-    attention_case("window-causal", position="rope", window=3, causal=True,
-                   bidirectional_bias=False),
-    attention_case("cross", kv_len=6),
-    attention_case("cross-mqa-no-bias", kv_len=3, num_kv_heads=1, use_bias=False),
-    # T5: no 1/sqrt(Dh) on the scores.
-    attention_case("t5-unscaled", position="t5_bias", use_bias=False, scale=1.0),
+  # Every position kind, causal and bidirectional, GQA (2 kv heads of 4).
+  *(
+    attention_case(
+      f"{position}-{'causal' if causal else 'bidirectional'}",
+      position=position,
+      causal=causal,
+      bidirectional_bias=not causal,
+    )
+    for position in ("rope", "alibi", "t5_bias", "none")
+    for causal in (False, True)
+  ),
+  # Non-power-of-two ALiBi slopes (6 heads, 3 kv heads).
+  attention_case(
+    "alibi-6-heads",
+    position="alibi",
+    num_heads=6,
+    num_kv_heads=3,
+    causal=True,
+    bidirectional_bias=False,
+  ),
+  attention_case(
+    "mqa-rope-interpolated",
+    position="rope",
+    num_kv_heads=1,
+    causal=True,
+    bidirectional_bias=False,
+    rope_scale=2.0,
+  ),
+  attention_case("mha-t5-no-bias", position="t5_bias", num_kv_heads=4, use_bias=False),
+  # Row 1's last query sees only padded keys in this window: a zero output.
+  attention_case("window-bidirectional", position="alibi", window=2),
+  attention_case("window-causal", position="rope", window=3, causal=True, bidirectional_bias=False),
+  attention_case("cross", kv_len=6),
+  attention_case("cross-mqa-no-bias", kv_len=3, num_kv_heads=1, use_bias=False),
+  # T5: no 1/sqrt(Dh) on the scores.
+  attention_case("t5-unscaled", position="t5_bias", use_bias=False, scale=1.0),
 ]
 
 
@@ -336,15 +417,25 @@ def test_attention_matches_numpy(spec, kv_len):
   x = rand(2, B, T, D)
   kv = None if kv_len is None else rand(3, B, kv_len, D)
   S = T if kv_len is None else kv_len
-  key_valid = valid_keys([S, S - 2], S)   # row 1's last two keys are padding
+  key_valid = valid_keys([S, S - 2], S)  # row 1's last two keys are padding
   table = rand(4, 8, spec["num_heads"]) if spec["position"] == "t5_bias" else None
-  call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=jnp.asarray(key_valid)[:, None, None],
-              relative_table=table, deterministic=True)
+  call = dict(
+    q_positions_BxT=jnp.arange(T)[None],
+    key_mask=jnp.asarray(key_valid)[:, None, None],
+    relative_table=table,
+    deterministic=True,
+  )
   params = own_params(layer, x, kv, **call)
   assert params["key"]["kernel"].shape == (D, spec["num_kv_heads"], spec["head_dim"])
   x64 = x.astype(np.float64)
-  expected = np_attention(f64(params), x64, x64 if kv is None else kv.astype(np.float64),
-                          key_valid, spec, None if table is None else table.astype(np.float64))
+  expected = np_attention(
+    f64(params),
+    x64,
+    x64 if kv is None else kv.astype(np.float64),
+    key_valid,
+    spec,
+    None if table is None else table.astype(np.float64),
+  )
   np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
 
 
@@ -353,25 +444,33 @@ def test_attention_matches_numpy(spec, kv_len):
 
 # The full product of placement x norm x cross-attention, each activation
 # appearing under both placements.
-BLOCK_CASES = [("pre", "layer", False, "relu"), ("pre", "rms", True, "gelu"),
-               ("pre", "layer", True, "swiglu"), ("pre", "rms", False, "geglu"),
-               ("post", "rms", False, "relu"), ("post", "layer", True, "gelu"),
-               ("post", "rms", True, "swiglu"), ("post", "layer", False, "geglu")]
+BLOCK_CASES = [
+  ("pre", "layer", False, "relu"),
+  ("pre", "rms", True, "gelu"),
+  ("pre", "layer", True, "swiglu"),
+  ("pre", "rms", False, "geglu"),
+  ("post", "rms", False, "relu"),
+  ("post", "layer", True, "gelu"),
+  ("post", "rms", True, "swiglu"),
+  ("post", "layer", False, "geglu"),
+]
 
 
 def make_block(cfg, *, causal, has_cross):
-  return TransformerBlock(cfg=cfg, causal=causal, has_cross=has_cross, deterministic=True,
-                          use_cache=False)
+  return TransformerBlock(
+    cfg=cfg, causal=causal, has_cross=has_cross, deterministic=True, use_cache=False
+  )
 
 
 @pytest.mark.parametrize("placement,norm,has_cross,activation", BLOCK_CASES)
 def test_block_matches_numpy(placement, norm, has_cross, activation):
   """A decoder-side block (causal, attending to a padded source) with
   cross-attention, an encoder-side block (bidirectional, padded) without."""
-  cfg = ModelConfig(**TINY, position="rope", norm=norm, norm_placement=placement,
-                    activation=activation)
+  cfg = ModelConfig(
+    **TINY, position="rope", norm=norm, norm_placement=placement, activation=activation
+  )
   T, S = 5, 6
-  x = 2.0 * rand(5, B, T, D) + 1.0   # far from normalised, so a missing norm shows
+  x = 2.0 * rand(5, B, T, D) + 1.0  # far from normalised, so a missing norm shows
   if has_cross:
     self_valid, self_mask = np.ones((B, T), bool), None
     cross, cross_valid = rand(6, B, S, D), valid_keys([S, 4], S)
@@ -383,10 +482,15 @@ def test_block_matches_numpy(placement, norm, has_cross, activation):
   args = (x, jnp.arange(T)[None], self_mask, None, None, cross, cross_mask)
   params = own_params(block, *args)
   out, _ = block.apply({"params": params}, *args)
-  expected = np_block(f64(params), x.astype(np.float64), cfg, causal=has_cross,
-                      self_valid=self_valid,
-                      cross=None if cross is None else cross.astype(np.float64),
-                      cross_valid=cross_valid)
+  expected = np_block(
+    f64(params),
+    x.astype(np.float64),
+    cfg,
+    causal=has_cross,
+    self_valid=self_valid,
+    cross=None if cross is None else cross.astype(np.float64),
+    cross_valid=cross_valid,
+  )
   np.testing.assert_allclose(out, expected, **TOL)
 
 
@@ -413,37 +517,54 @@ def test_stack_matches_numpy(placement):
 # Embedder.
 
 
-@pytest.mark.parametrize("position,bert_style", [
-    ("learned", False), ("sinusoidal", False), ("none", False), ("learned", True)])
+@pytest.mark.parametrize(
+  "position,bert_style",
+  [("learned", False), ("sinusoidal", False), ("none", False), ("learned", True)],
+)
 def test_embedder_and_tied_logits_match_numpy(position, bert_style):
   """bert_style: token types, a LayerNorm on the sum and unscaled tied logits."""
   extra = dict(num_token_types=3, norm="layer", norm_eps=1e-12, scale_logits=False)
-  embedder = Embedder(vocab_size=32, d_model=D, position=position, max_len=8, dtype=jnp.float32,
-                      **(extra if bert_style else {}))
+  embedder = Embedder(
+    vocab_size=32,
+    d_model=D,
+    position=position,
+    max_len=8,
+    dtype=jnp.float32,
+    **(extra if bert_style else {}),
+  )
   tokens = tokens_with_padding(8, [5, 3], 5)
-  positions = np.arange(2, 7)   # not 0..T-1: the positions given must be the ones used
-  types = jnp.asarray(np.random.default_rng(8).integers(0, 3, size=tokens.shape)) if bert_style \
-      else None
+  positions = np.arange(2, 7)  # not 0..T-1: the positions given must be the ones used
+  types = (
+    jnp.asarray(np.random.default_rng(8).integers(0, 3, size=tokens.shape)) if bert_style else None
+  )
   params = own_params(embedder, tokens, jnp.asarray(positions)[None], types)
   p = f64(params)
   embedded = embedder.apply({"params": params}, tokens, jnp.asarray(positions)[None], types)
   norm = dict(norm="layer", eps=1e-12) if bert_style else {}
-  np.testing.assert_allclose(embedded, np_embed(p, tokens, positions, position, types, **norm),
-                             **TOL)
+  np.testing.assert_allclose(
+    embedded, np_embed(p, tokens, positions, position, types, **norm), **TOL
+  )
   x = rand(9, B, 5, D)
-  np.testing.assert_allclose(embedder.apply({"params": params}, x, method=Embedder.attend),
-                             np_tied_logits(p, x.astype(np.float64), scaled=not bert_style),
-                             **TOL)
+  np.testing.assert_allclose(
+    embedder.apply({"params": params}, x, method=Embedder.attend),
+    np_tied_logits(p, x.astype(np.float64), scaled=not bert_style),
+    **TOL,
+  )
 
 
 # ---------------------------------------------------------------------------
 # Whole models.
 
 
-@pytest.mark.parametrize("position,tied", [
-    *((position, True) for position in ("sinusoidal", "learned", "rope", "alibi", "t5_bias",
-                                        "none")),
-    ("rope", False)])
+@pytest.mark.parametrize(
+  "position,tied",
+  [
+    *(
+      (position, True) for position in ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
+    ),
+    ("rope", False),
+  ],
+)
 def test_decoder_matches_numpy(position, tied):
   """Embedding -> causal stack -> logits; padding is an ordinary token to a decoder."""
   cfg = ModelConfig(**TINY, family="decoder", position=position, tie_embeddings=tied)
@@ -452,8 +573,13 @@ def test_decoder_matches_numpy(position, tied):
   params = own_params(model, tokens)
   p = f64(params)
   positions = np.arange(6)
-  x = np_stack(p["stack"], np_embed(p["embedder"], tokens, positions, position), cfg,
-               cfg.num_layers, causal=True)
+  x = np_stack(
+    p["stack"],
+    np_embed(p["embedder"], tokens, positions, position),
+    cfg,
+    cfg.num_layers,
+    causal=True,
+  )
   if tied:
     assert "head" not in p
     expected = np_tied_logits(p["embedder"], x)
@@ -468,10 +594,15 @@ def test_encoder_decoder_matches_numpy(style):
   under the source's padding mask; one shared embedding table and a tied
   output; or T5 v1.1's options: unscaled attention, RMS norm, gated tanh-GELU
   FFN, an untied output without scaling."""
-  t5_v1_1 = dict(use_bias=False, norm="rms", activation="geglu", scale_attention=False,
-                 tie_embeddings=False)
-  cfg = ModelConfig(**{**TINY, **(t5_v1_1 if style == "t5_v1_1" else {})},
-                    family="encoder_decoder", position="t5_bias", share_embeddings=True)
+  t5_v1_1 = dict(
+    use_bias=False, norm="rms", activation="geglu", scale_attention=False, tie_embeddings=False
+  )
+  cfg = ModelConfig(
+    **{**TINY, **(t5_v1_1 if style == "t5_v1_1" else {})},
+    family="encoder_decoder",
+    position="t5_bias",
+    share_embeddings=True,
+  )
   assert cfg.scale_logits == (style == "tied")
   model = build(cfg)
   source = tokens_with_padding(11, [6, 3], 6)
@@ -479,12 +610,28 @@ def test_encoder_decoder_matches_numpy(style):
   params = own_params(model, source, target)
   p = f64(params)
   source_valid = np.asarray(source) != PAD
-  encoded = np_stack(p["encoder"], np_embed(p["encoder_embedder"], source, np.arange(6), "none"),
-                     cfg, cfg.num_layers, causal=False, self_valid=source_valid)
-  decoded = np_stack(p["decoder"], np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
-                     cfg, cfg.num_layers, causal=True, cross=encoded, cross_valid=source_valid)
-  expected = (np_tied_logits(p["encoder_embedder"], decoded) if cfg.tie_embeddings
-              else decoded @ p["head"]["logits"]["kernel"])
+  encoded = np_stack(
+    p["encoder"],
+    np_embed(p["encoder_embedder"], source, np.arange(6), "none"),
+    cfg,
+    cfg.num_layers,
+    causal=False,
+    self_valid=source_valid,
+  )
+  decoded = np_stack(
+    p["decoder"],
+    np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
+    cfg,
+    cfg.num_layers,
+    causal=True,
+    cross=encoded,
+    cross_valid=source_valid,
+  )
+  expected = (
+    np_tied_logits(p["encoder_embedder"], decoded)
+    if cfg.tie_embeddings
+    else decoded @ p["head"]["logits"]["kernel"]
+  )
   np.testing.assert_allclose(model.apply({"params": params}, source, target), expected, **TOL)
 
 
@@ -499,9 +646,16 @@ def np_pool(h, valid, pooling):
   return np.stack([reduce(row, axis=0) for row in rows])
 
 
-@pytest.mark.parametrize("family,pooling", [
-    ("encoder", "cls"), ("encoder", "mean"), ("encoder", "max"), ("encoder", "last"),
-    ("decoder", "last")])
+@pytest.mark.parametrize(
+  "family,pooling",
+  [
+    ("encoder", "cls"),
+    ("encoder", "mean"),
+    ("encoder", "max"),
+    ("encoder", "last"),
+    ("decoder", "last"),
+  ],
+)
 def test_classification_head_matches_numpy(family, pooling):
   """Pooling of the stack's hidden states over the real tokens, then the dense classifier."""
   cfg = ModelConfig(**TINY, family=family, head="classify", pooling=pooling, num_classes=3)
@@ -513,7 +667,7 @@ def test_classification_head_matches_numpy(family, pooling):
   valid = np.asarray(tokens) != PAD
   pooled = {kind: np_pool(h, valid, kind) for kind in ("cls", "mean", "max", "last")}
   for other, reference in pooled.items():
-    if other != pooling:   # the references themselves tell the poolings apart
+    if other != pooling:  # the references themselves tell the poolings apart
       assert np.max(np.abs(reference - pooled[pooling])) > 1e-3, other
   expected = np_dense(pooled[pooling], p["head"]["classifier"])
   np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
@@ -531,20 +685,33 @@ def test_bert_style_encoder_matches_numpy(head):
   """The options BERT needs, together: token types, a LayerNorm on the
   embedding, Post-LN, exact-erf GELU, unscaled tied logits; head='none'
   returns the hidden states."""
-  cfg = ModelConfig(**{**TINY, "norm_eps": 1e-12}, family="encoder", head=head,
-                    position="learned", norm_placement="post", embed_norm=True,
-                    num_token_types=2, gelu_approximate=False, scale_logits=False)
+  cfg = ModelConfig(
+    **{**TINY, "norm_eps": 1e-12},
+    family="encoder",
+    head=head,
+    position="learned",
+    norm_placement="post",
+    embed_norm=True,
+    num_token_types=2,
+    gelu_approximate=False,
+    scale_logits=False,
+  )
   model = build(cfg)
   tokens = tokens_with_padding(14, [6, 4], 6)
   types = jnp.asarray([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 0, 0]], jnp.int32)
   params = own_params(model, tokens, token_types_BxS=types)
   p = f64(params)
   valid = np.asarray(tokens) != PAD
-  x = np_stack(p["stack"], np_embed(p["embedder"], tokens, np.arange(6), "learned", types,
-                                    norm="layer", eps=1e-12),
-               cfg, cfg.num_layers, causal=False, self_valid=valid)
+  x = np_stack(
+    p["stack"],
+    np_embed(p["embedder"], tokens, np.arange(6), "learned", types, norm="layer", eps=1e-12),
+    cfg,
+    cfg.num_layers,
+    causal=False,
+    self_valid=valid,
+  )
   expected = x if head == "none" else np_mlm_head(p["head"], x, cfg, p["embedder"])
   out = model.apply({"params": params}, tokens, token_types_BxS=types)
   np.testing.assert_allclose(out, expected, **TOL)
-  if head == "mlm":   # the segments matter: type 0 everywhere gives other logits
+  if head == "mlm":  # the segments matter: type 0 everywhere gives other logits
     assert np.max(np.abs(model.apply({"params": params}, tokens) - out)) > 1e-3

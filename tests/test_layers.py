@@ -28,7 +28,8 @@ def perturbed(params, seed=1):
   leaves, treedef = jax.tree_util.tree_flatten(nn.meta.unbox(params))
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_unflatten(
-      treedef, [x + 0.5 * rng.normal(size=x.shape).astype(np.float32) for x in leaves])
+    treedef, [x + 0.5 * rng.normal(size=x.shape).astype(np.float32) for x in leaves]
+  )
 
 
 def f64(tree):
@@ -47,17 +48,22 @@ def np_dense(x, p):
 
 def np_gelu_tanh(x):
   # jax.nn.gelu's default (approximate=True): Hendrycks & Gimpel's tanh form.
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-NP_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0), "gelu": np_gelu_tanh,
-                  "swiglu": lambda x: x / (1 + np.exp(-x)), "geglu": np_gelu_tanh}
+NP_ACTIVATIONS = {
+  "relu": lambda x: np.maximum(x, 0),
+  "gelu": np_gelu_tanh,
+  "swiglu": lambda x: x / (1 + np.exp(-x)),
+  "geglu": np_gelu_tanh,
+}
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
 def test_feedforward_matches_numpy(activation):
-  layer = FeedForward(d_ff=24, activation=activation, use_bias=True, dropout_rate=0.0,
-                      dtype=jnp.float32)
+  layer = FeedForward(
+    d_ff=24, activation=activation, use_bias=True, dropout_rate=0.0, dtype=jnp.float32
+  )
   x = randn(0, B, T, D)
   params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
   p = f64(params)
@@ -80,16 +86,16 @@ def test_feedforward_matches_numpy(activation):
 def test_norm_matches_numpy(kind):
   eps = 1e-6
   layer = Norm(kind, eps, jnp.float32)
-  x = 3.0 * randn(2, B, T, D) + 1.5   # offset and scale, so centring matters
+  x = 3.0 * randn(2, B, T, D) + 1.5  # offset and scale, so centring matters
   params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
   p, x64 = f64(params), x.astype(np.float64)
   if kind == "layer":
     centred = x64 - x64.mean(-1, keepdims=True)
-    expected = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+    expected = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + eps) * p["scale"]
     expected += p["bias"]
   else:
     assert "bias" not in p
-    expected = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
+    expected = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + eps) * p["scale"]
   np.testing.assert_allclose(layer.apply({"params": params}, x), expected, **TOL)
 
 
@@ -102,8 +108,8 @@ def np_attention_weights(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid
 
   x [B, T, D], kv [B, S, D], key_valid bool [B, S].
   """
-  q = np_dense(x, p["query"])                      # [B, T, H, Dh]
-  k = np_dense(kv, p["key"])                       # [B, S, K, Dh]
+  q = np_dense(x, p["query"])  # [B, T, H, Dh]
+  k = np_dense(kv, p["key"])  # [B, S, K, Dh]
   k = np.repeat(k, num_heads // num_kv_heads, axis=2)
   scores = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
   allowed = np.broadcast_to(key_valid[:, None, None, :], scores.shape).copy()
@@ -116,28 +122,43 @@ def np_attention_weights(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid
 
 def np_attention(p, x, kv, *, num_heads, num_kv_heads, causal, key_valid):
   """float64 multi-head attention from DenseGeneral params: [B, T, D]."""
-  weights = np_attention_weights(p, x, kv, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                 causal=causal, key_valid=key_valid)
+  weights = np_attention_weights(
+    p, x, kv, num_heads=num_heads, num_kv_heads=num_kv_heads, causal=causal, key_valid=key_valid
+  )
   v = np.repeat(np_dense(kv, p["value"]), num_heads // num_kv_heads, axis=2)
   heads = np.einsum("bhts,bshd->bthd", weights, v)
   out = np.einsum("bthd,hdo->bto", heads, p["out"]["kernel"])
   return out + p["out"]["bias"] if "bias" in p["out"] else out
 
 
-ATTENTION_CASES = pytest.mark.parametrize("num_kv_heads,causal,kv_len", [
-    (4, False, None),   # MHA self-attention with padding
-    (2, True, None),    # GQA causal self-attention with padding
-    (1, False, 7),      # MQA cross-attention to a longer, padded source
-])
+ATTENTION_CASES = pytest.mark.parametrize(
+  "num_kv_heads,causal,kv_len",
+  [
+    (4, False, None),  # MHA self-attention with padding
+    (2, True, None),  # GQA causal self-attention with padding
+    (1, False, 7),  # MQA cross-attention to a longer, padded source
+  ],
+)
 
 
 def attention_case(num_kv_heads, causal, kv_len):
   """A 4-head layer, its perturbed params, its inputs and call arguments, and
   the arguments of the float64 references."""
-  layer = MultiHeadAttention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=4,
-                             position="none", window=None, rope_base=10000.0, rope_scale=1.0,
-                             t5_max_distance=128, use_bias=True, attention_dropout_rate=0.0,
-                             implementation=None, dtype=jnp.float32, causal=causal)
+  layer = MultiHeadAttention(
+    num_heads=4,
+    num_kv_heads=num_kv_heads,
+    head_dim=4,
+    position="none",
+    window=None,
+    rope_base=10000.0,
+    rope_scale=1.0,
+    t5_max_distance=128,
+    use_bias=True,
+    attention_dropout_rate=0.0,
+    implementation=None,
+    dtype=jnp.float32,
+    causal=causal,
+  )
   x = randn(3, B, T, D)
   kv = None if kv_len is None else randn(4, B, kv_len, D)
   S = T if kv_len is None else kv_len
@@ -145,9 +166,15 @@ def attention_case(num_kv_heads, causal, kv_len):
   key_valid = np.arange(S)[None, :] < np.array([[S], [3]])
   call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=key_valid[:, None, None, :])
   params = perturbed(layer.init(jax.random.PRNGKey(0), x, kv, **call)["params"])
-  reference = dict(p=f64(params), x=x.astype(np.float64),
-                   kv=(x if kv is None else kv).astype(np.float64), num_heads=4,
-                   num_kv_heads=num_kv_heads, causal=causal, key_valid=key_valid)
+  reference = dict(
+    p=f64(params),
+    x=x.astype(np.float64),
+    kv=(x if kv is None else kv).astype(np.float64),
+    num_heads=4,
+    num_kv_heads=num_kv_heads,
+    causal=causal,
+    key_valid=key_valid,
+  )
   return layer, params, (x, kv), call, reference
 
 
@@ -155,8 +182,9 @@ def attention_case(num_kv_heads, causal, kv_len):
 def test_multi_head_attention_matches_numpy(num_kv_heads, causal, kv_len):
   layer, params, inputs, call, reference = attention_case(num_kv_heads, causal, kv_len)
   assert params["key"]["kernel"].shape == (D, num_kv_heads, 4)
-  np.testing.assert_allclose(layer.apply({"params": params}, *inputs, **call),
-                             np_attention(**reference), **TOL)
+  np.testing.assert_allclose(
+    layer.apply({"params": params}, *inputs, **call), np_attention(**reference), **TOL
+  )
 
 
 @ATTENTION_CASES
@@ -176,8 +204,7 @@ def test_multi_head_attention_records_the_weights_it_uses(num_kv_heads, causal, 
 
 
 def test_learned_position_table_rejects_longer_sequence():
-  embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6,
-                      dtype=jnp.float32)
+  embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6, dtype=jnp.float32)
   tokens = jnp.ones((1, 6), jnp.int32)
   variables = nn.meta.unbox(embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(6)[None]))
   assert variables["params"]["position_table"].shape == (6, D)
@@ -192,8 +219,7 @@ def test_learned_position_table_rejects_longer_sequence():
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_post_ln_block_output_is_normalised_pre_ln_is_not(placement):
-  cfg = ModelConfig(d_model=D, num_heads=2, norm="layer", norm_placement=placement,
-                    position="none")
+  cfg = ModelConfig(d_model=D, num_heads=2, norm="layer", norm_placement=placement, position="none")
   block = TransformerBlock(cfg, causal=False)
   # A residual stream far from normalised: per-token mean ~2, std ~4.
   x = 4.0 * randn(5, B, T, D) + 2.0

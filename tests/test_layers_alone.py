@@ -10,8 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.layers import (Embedder, FeedForward, MultiHeadAttention, Norm, RelativePositionTable,
-                        TransformerBlock, TransformerStack)
+from txf.layers import (
+  Embedder,
+  FeedForward,
+  MultiHeadAttention,
+  Norm,
+  RelativePositionTable,
+  TransformerBlock,
+  TransformerStack,
+)
 from txf.layers.block import compute_dtype
 from txf.layers.config import ModelConfig
 
@@ -24,37 +31,68 @@ BLOCK_ARGS = (X, POSITIONS_1xT, None, None, None, None, None)
 
 # name -> (layer from its essential sizes, the layer through ModelConfig, call args, kwargs)
 CASES = {
-    "attention": (
-        MultiHeadAttention(num_heads=CFG.num_heads, head_dim=CFG.head_dim),
-        MultiHeadAttention(
-            num_heads=CFG.num_heads, num_kv_heads=CFG.num_kv_heads, head_dim=CFG.head_dim,
-            position=CFG.position, window=CFG.window, rope_base=CFG.rope_base,
-            rope_scale=CFG.rope_scale, t5_max_distance=CFG.t5_max_distance,
-            use_bias=CFG.use_bias, attention_dropout_rate=CFG.attention_dropout_rate,
-            implementation=CFG.attention_impl, dtype=compute_dtype(CFG)),
-        (X,), dict(q_positions_BxT=POSITIONS_1xT)),
-    "feedforward": (
-        FeedForward(d_ff=CFG.d_ff),
-        FeedForward(CFG.d_ff, CFG.activation, use_bias=CFG.use_bias,
-                    dropout_rate=CFG.dropout_rate, dtype=compute_dtype(CFG),
-                    gelu_approximate=CFG.gelu_approximate),
-        (X,), {}),
-    "norm": (Norm(), Norm(CFG.norm, CFG.norm_eps, compute_dtype(CFG)), (3.0 * X + 1.0,), {}),
-    "embedder": (
-        Embedder(vocab_size=CFG.vocab_size, d_model=CFG.d_model),
-        Embedder(CFG.vocab_size, CFG.d_model, position=CFG.position, max_len=CFG.max_len,
-                 dtype=compute_dtype(CFG), num_token_types=CFG.num_token_types,
-                 norm=CFG.norm if CFG.embed_norm else None, norm_eps=CFG.norm_eps,
-                 scale_logits=CFG.scale_logits),
-        (TOKENS, POSITIONS_1xT), {}),
-    "relative_table": (RelativePositionTable(num_heads=CFG.num_heads),
-                       RelativePositionTable(num_heads=CFG.num_heads,
-                                             num_buckets=CFG.t5_num_buckets),
-                       (), {}),
-    "block": (TransformerBlock(), TransformerBlock(cfg=CFG, causal=False), BLOCK_ARGS, {}),
-    "stack": (TransformerStack(), TransformerStack(cfg=CFG, num_layers=CFG.num_layers,
-                                                   causal=False),
-              (X,), dict(q_positions_BxT=POSITIONS_1xT)),
+  "attention": (
+    MultiHeadAttention(num_heads=CFG.num_heads, head_dim=CFG.head_dim),
+    MultiHeadAttention(
+      num_heads=CFG.num_heads,
+      num_kv_heads=CFG.num_kv_heads,
+      head_dim=CFG.head_dim,
+      position=CFG.position,
+      window=CFG.window,
+      rope_base=CFG.rope_base,
+      rope_scale=CFG.rope_scale,
+      t5_max_distance=CFG.t5_max_distance,
+      use_bias=CFG.use_bias,
+      attention_dropout_rate=CFG.attention_dropout_rate,
+      implementation=CFG.attention_impl,
+      dtype=compute_dtype(CFG),
+    ),
+    (X,),
+    dict(q_positions_BxT=POSITIONS_1xT),
+  ),
+  "feedforward": (
+    FeedForward(d_ff=CFG.d_ff),
+    FeedForward(
+      CFG.d_ff,
+      CFG.activation,
+      use_bias=CFG.use_bias,
+      dropout_rate=CFG.dropout_rate,
+      dtype=compute_dtype(CFG),
+      gelu_approximate=CFG.gelu_approximate,
+    ),
+    (X,),
+    {},
+  ),
+  "norm": (Norm(), Norm(CFG.norm, CFG.norm_eps, compute_dtype(CFG)), (3.0 * X + 1.0,), {}),
+  "embedder": (
+    Embedder(vocab_size=CFG.vocab_size, d_model=CFG.d_model),
+    Embedder(
+      CFG.vocab_size,
+      CFG.d_model,
+      position=CFG.position,
+      max_len=CFG.max_len,
+      dtype=compute_dtype(CFG),
+      num_token_types=CFG.num_token_types,
+      norm=CFG.norm if CFG.embed_norm else None,
+      norm_eps=CFG.norm_eps,
+      scale_logits=CFG.scale_logits,
+    ),
+    (TOKENS, POSITIONS_1xT),
+    {},
+  ),
+  "relative_table": (
+    RelativePositionTable(num_heads=CFG.num_heads),
+    RelativePositionTable(num_heads=CFG.num_heads, num_buckets=CFG.t5_num_buckets),
+    (),
+    {},
+  ),
+  "block": (TransformerBlock(), TransformerBlock(cfg=CFG, causal=False), BLOCK_ARGS, {}),
+  "stack": (
+    TransformerStack(),
+    TransformerStack(cfg=CFG, num_layers=CFG.num_layers, causal=False),
+    (X,),
+    dict(q_positions_BxT=POSITIONS_1xT),
+  ),
 }
 
 
@@ -64,8 +102,11 @@ DERIVED = ("num_kv_heads", "num_layers")
 
 def attributes(layer):
   """The layer's attributes, without flax's parent and name and the derived ones."""
-  return {f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)
-          if f.name not in ("parent", "name") + DERIVED}
+  return {
+    f.name: getattr(layer, f.name)
+    for f in dataclasses.fields(layer)
+    if f.name not in ("parent", "name") + DERIVED
+  }
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -83,7 +124,8 @@ def test_layer_from_essential_sizes_matches_config_built_layer(name):
 
 def test_stack_depth_defaults_to_the_config():
   params = TransformerStack(cfg=CFG.replace(num_layers=3)).init(
-      jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT)["params"]
+    jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT
+  )["params"]
   assert sorted(k for k in params if k.startswith("block_")) == ["block_0", "block_1", "block_2"]
 
 

@@ -22,8 +22,8 @@ from txf.models import ModelConfig, build
 from txf.train.optim import make_optimizer
 from txf.train.step import init_state, make_eval_step, make_train_step
 
-VOCAB = 16       # tokens 1..15 (0 is the pad id, never drawn)
-COPY_LEN = 12    # n
+VOCAB = 16  # tokens 1..15 (0 is the pad id, never drawn)
+COPY_LEN = 12  # n
 BATCH = 32
 STEPS = 300
 EVAL_ROWS = 256
@@ -37,16 +37,21 @@ EVAL_ROWS = 256
 SECOND_COPY_SEEDS = (0.1987, 0.0706, 0.0688, 0.1177, 0.0538)
 FIRST_COPY_SEEDS = (2.7601, 2.7583, 2.7488, 2.7764, 2.7409)
 SECOND_COPY_BAND = (min(SECOND_COPY_SEEDS) / 1.5, max(SECOND_COPY_SEEDS) * 1.5)
-FIRST_COPY_BAND = (np.mean(FIRST_COPY_SEEDS) - 4 * np.std(FIRST_COPY_SEEDS, ddof=1),
-                   np.mean(FIRST_COPY_SEEDS) + 4 * np.std(FIRST_COPY_SEEDS, ddof=1))
+FIRST_COPY_BAND = (
+  np.mean(FIRST_COPY_SEEDS) - 4 * np.std(FIRST_COPY_SEEDS, ddof=1),
+  np.mean(FIRST_COPY_SEEDS) + 4 * np.std(FIRST_COPY_SEEDS, ddof=1),
+)
 
 
 def copy_batch(rng: np.random.Generator, rows: int) -> dict:
   """LM batch of [a, a] sequences: inputs/targets [rows, 2n - 1], every target weighted."""
   a_RxN = rng.integers(1, VOCAB, size=(rows, COPY_LEN))
   seq_Rx2N = np.concatenate([a_RxN, a_RxN], axis=1)
-  return {"inputs": seq_Rx2N[:, :-1].astype(np.int32), "targets": seq_Rx2N[:, 1:].astype(np.int32),
-          "weights": np.ones((rows, 2 * COPY_LEN - 1), np.float32)}
+  return {
+    "inputs": seq_Rx2N[:, :-1].astype(np.int32),
+    "targets": seq_Rx2N[:, 1:].astype(np.int32),
+    "weights": np.ones((rows, 2 * COPY_LEN - 1), np.float32),
+  }
 
 
 def only_targets(batch: dict, first: int, stop: int) -> dict:
@@ -57,16 +62,36 @@ def only_targets(batch: dict, first: int, stop: int) -> dict:
 
 
 def train_config() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      learning_rate=3e-3, warmup_steps=20, decay="constant", steps=STEPS, end_lr_fraction=0.1,
-      weight_decay=0.0, b1=0.9, b2=0.98, eps=1e-9, grad_clip_norm=1.0))
+  return ml_collections.ConfigDict(
+    dict(
+      learning_rate=3e-3,
+      warmup_steps=20,
+      decay="constant",
+      steps=STEPS,
+      end_lr_fraction=0.1,
+      weight_decay=0.0,
+      b1=0.9,
+      b2=0.98,
+      eps=1e-9,
+      grad_clip_norm=1.0,
+    )
+  )
 
 
 def model_config() -> ModelConfig:
   # num_kv_heads=2 of 4 runs the GQA path; every switch the check relies on is explicit.
-  return ModelConfig(family="decoder", vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2,
-                     num_layers=2, position="rope", norm_placement="pre", tie_embeddings=True,
-                     max_len=2 * COPY_LEN)
+  return ModelConfig(
+    family="decoder",
+    vocab_size=VOCAB,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    num_layers=2,
+    position="rope",
+    norm_placement="pre",
+    tie_embeddings=True,
+    max_len=2 * COPY_LEN,
+  )
 
 
 def train(seed: int):

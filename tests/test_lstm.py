@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import load_config
 
+from conftest import load_config
 from txf import decode
 from txf.analysis import count_params, extrapolation, flops_per_token, matmul_params
 from txf.data import make_tokenizer
@@ -54,8 +54,7 @@ def cached_call(model, variables, tokens_BxT):
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def dropout_logits(model, params, tokens_BxT, rng):
-  return model.apply({"params": params}, tokens_BxT, deterministic=False,
-                     rngs={"dropout": rng})
+  return model.apply({"params": params}, tokens_BxT, deterministic=False, rngs={"dropout": rng})
 
 
 # ---------------------------------------------------------------------------
@@ -63,20 +62,44 @@ def dropout_logits(model, params, tokens_BxT, rng):
 
 
 # A non-default value of each Transformer field.
-INAPPLICABLE = dict(num_heads=8, num_kv_heads=2, head_dim=16, num_decoder_layers=2, d_ff=64,
-                    activation="relu", position="alibi", max_len=1024, rope_base=500.0,
-                    rope_scale=2.0, t5_num_buckets=16, t5_max_distance=64,
-                    norm_placement="post", use_bias=True, attention_dropout_rate=0.1,
-                    share_embeddings=False, window=8, num_classes=3, pooling="mean",
-                    attention_impl="xla", remat=True, scan_layers=True,
-                    gelu_approximate=False, embed_norm=True, num_token_types=2,
-                    scale_attention=False, scale_logits=False)
+INAPPLICABLE = dict(
+  num_heads=8,
+  num_kv_heads=2,
+  head_dim=16,
+  num_decoder_layers=2,
+  d_ff=64,
+  activation="relu",
+  position="alibi",
+  max_len=1024,
+  rope_base=500.0,
+  rope_scale=2.0,
+  t5_num_buckets=16,
+  t5_max_distance=64,
+  norm_placement="post",
+  use_bias=True,
+  attention_dropout_rate=0.1,
+  share_embeddings=False,
+  window=8,
+  num_classes=3,
+  pooling="mean",
+  attention_impl="xla",
+  remat=True,
+  scan_layers=True,
+  gelu_approximate=False,
+  embed_norm=True,
+  num_token_types=2,
+  scale_attention=False,
+  scale_logits=False,
+)
 
 
 @pytest.mark.parametrize("field", sorted(INAPPLICABLE))
 def test_inapplicable_field_is_refused_naming_it(field):
-  with pytest.raises(ValueError, match=rf"^model\.{field}: does not apply to "
-                                       r"model\.family='lstm'"):
+  with pytest.raises(
+    ValueError,
+    match=rf"^model\.{field}: does not apply to "
+    r"model\.family='lstm'",
+  ):
     ModelConfig(**TINY, **{field: INAPPLICABLE[field]})
 
 
@@ -89,18 +112,27 @@ def test_every_field_is_either_read_or_refused():
 
 def test_lstm_fields_are_free_of_transformer_constraints():
   # 38 units: no head count divides it, and the derived Transformer fields stay None.
-  cfg = ModelConfig(**{**TINY, "d_model": 38, "dropout_rate": 0.1}, norm="rms", norm_eps=1e-5,
-                    tie_embeddings=False, pad_id=3, dtype="bfloat16")
+  cfg = ModelConfig(
+    **{**TINY, "d_model": 38, "dropout_rate": 0.1},
+    norm="rms",
+    norm_eps=1e-5,
+    tie_embeddings=False,
+    pad_id=3,
+    dtype="bfloat16",
+  )
   assert (cfg.d_model, cfg.num_kv_heads, cfg.head_dim, cfg.d_ff) == (38, None, None, None)
 
 
-@pytest.mark.parametrize("fields, named", [
+@pytest.mark.parametrize(
+  "fields, named",
+  [
     (dict(head="classify"), "model.head"),
     (dict(head="mlm"), "model.head"),
     (dict(dropout_rate=1.0), "model.dropout_rate"),
     (dict(pad_id=50), "model.pad_id"),
     (dict(d_model=0), "model.d_model"),
-])
+  ],
+)
 def test_bad_lstm_values_are_refused(fields, named):
   with pytest.raises(ValueError, match=rf"^{named}\b"):
     ModelConfig(**{**TINY, **fields})
@@ -122,15 +154,17 @@ def test_run_config_trains_lstm_on_lm_only():
 def test_every_param_carries_logical_axes_and_shards():
   model = build(ModelConfig(**TINY))
   boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
-  leaves = jax.tree_util.tree_leaves_with_path(boxed,
-                                              is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  leaves = jax.tree_util.tree_leaves_with_path(
+    boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)
+  )
   assert len(leaves) == 2 * 12 + 3  # 8 kernels + 4 biases per layer; table, norm scale, bias
   for path, box in leaves:
     assert isinstance(box, nn.Partitioned) and len(box.names) == box.value.ndim, path
   kernel = boxed["layer_1"]["cell"]["hi"]["kernel"]
   assert tuple(kernel.names) == ("embed", "mlp")
-  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)),
-                            jax.devices()[:1])
+  mesh = sharding.make_mesh(
+    ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)), jax.devices()[:1]
+  )
   sharding.param_shardings(boxed, mesh)  # raises for a parameter without axes
 
 
@@ -142,9 +176,11 @@ def numpy_lstm_logits(params, cfg, tokens_BxT):
   x_BxTxD = table_VxD[np.asarray(tokens_BxT)]
   for i in range(cfg.num_layers):
     cell = p[f"layer_{i}"]["cell"]
-    gate = lambda name, x_BxD, h_BxD, cell=cell: (x_BxD @ cell[f"i{name}"]["kernel"]
-                                                  + h_BxD @ cell[f"h{name}"]["kernel"]
-                                                  + cell[f"h{name}"]["bias"])
+    gate = lambda name, x_BxD, h_BxD, cell=cell: (
+      x_BxD @ cell[f"i{name}"]["kernel"]
+      + h_BxD @ cell[f"h{name}"]["kernel"]
+      + cell[f"h{name}"]["bias"]
+    )
     c_BxD = h_BxD = np.zeros((x_BxTxD.shape[0], cfg.d_model))
     outputs = []
     for t in range(x_BxTxD.shape[1]):
@@ -191,7 +227,8 @@ def test_cache_is_the_carry_and_does_not_grow():
   for length in (4, 40):
     cache = decode.init_cache(model, B, length)
     assert jax.tree.map(jnp.shape, cache) == {
-        f"layer_{i}": {"carry": ((B, 12), (B, 12))} for i in range(2)}
+      f"layer_{i}": {"carry": ((B, 12), (B, 12))} for i in range(2)
+    }
     assert all(not np.any(leaf) for leaf in jax.tree.leaves(cache))
   assert jax.tree.leaves(decode.cache_batch_axes(model, 4)) == [0] * 4
 
@@ -209,8 +246,9 @@ def stepwise_logits(model, params, tokens_BxT):
 def test_cached_decoding_matches_full_pass():
   model, params = model_and_params()
   tokens = random_tokens(2, (B, T))
-  np.testing.assert_allclose(stepwise_logits(model, params, tokens),
-                             full_logits(model, params, tokens), atol=1e-5)
+  np.testing.assert_allclose(
+    stepwise_logits(model, params, tokens), full_logits(model, params, tokens), atol=1e-5
+  )
 
 
 def test_prefill_then_steps_match_full_pass():
@@ -222,8 +260,9 @@ def test_prefill_then_steps_match_full_pass():
     logits, cache = cached_call(model, variables, tokens[:, start:stop])
     variables = {"params": params, **cache}
     pieces.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1),
-                             full_logits(model, params, tokens), atol=1e-5)
+  np.testing.assert_allclose(
+    jnp.concatenate(pieces, axis=1), full_logits(model, params, tokens), atol=1e-5
+  )
 
 
 def test_greedy_generation_matches_uncached_argmax():
@@ -251,16 +290,22 @@ def test_window_losses_score_an_lstm():
 # Parameter and FLOP counts.
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(tie_embeddings=False, norm="rms", num_layers=3)],
-                         ids=["tied", "untied_rms"])
+@pytest.mark.parametrize(
+  "overrides",
+  [{}, dict(tie_embeddings=False, norm="rms", num_layers=3)],
+  ids=["tied", "untied_rms"],
+)
 def test_counts_match_closed_form(overrides):
   cfg = ModelConfig(**{**TINY, **overrides})
   params = jax.eval_shape(build(cfg).init, jax.random.key(0), jnp.ones((1, 4), jnp.int32))
   D, V, L = cfg.d_model, cfg.vocab_size, cfg.num_layers
   per_layer = 4 * (D * D + D * D + D)  # per gate: input kernel, recurrent kernel, bias
-  expected = {"embedding": V * D, "recurrent": L * per_layer,
-              "norm": 2 * D if cfg.norm == "layer" else D,
-              "head": 0 if cfg.tie_embeddings else D * V}
+  expected = {
+    "embedding": V * D,
+    "recurrent": L * per_layer,
+    "norm": 2 * D if cfg.norm == "layer" else D,
+    "head": 0 if cfg.tie_embeddings else D * V,
+  }
   expected["total"] = sum(expected.values())
   assert count_params(params, cfg) == expected
   assert matmul_params(cfg) == L * 8 * D * D + D * V

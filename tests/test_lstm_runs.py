@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_same_states, load_config, restore_state, sigterm_at
 
+from conftest import assert_same_states, load_config, restore_state, sigterm_at
 from txf.layers.config import ModelConfig
 from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop
@@ -25,8 +25,7 @@ TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
 def quick(tmp_path_factory, compilation_cache_dir):
   out_dir = tmp_path_factory.mktemp("lstm_vs_transformer")
   lines = []
-  result = comparison.run(out_dir, base_config=load_config("base"), quick=True,
-                          log=lines.append)
+  result = comparison.run(out_dir, base_config=load_config("base"), quick=True, log=lines.append)
   return out_dir, result, lines
 
 
@@ -74,12 +73,14 @@ def test_comparison_numbers_are_consistent(quick):
   assert abs(result["param_ratio"] - 1) <= comparison.PARAM_TOLERANCE
   assert result["param_ratio"] == lstm["params"] / transformer["params"]
   width = lstm["d_model"]
-  lstm_cfg = ModelConfig(family="lstm", vocab_size=260, d_model=width,
-                         num_layers=comparison.LSTM_LAYERS)
+  lstm_cfg = ModelConfig(
+    family="lstm", vocab_size=260, d_model=width, num_layers=comparison.LSTM_LAYERS
+  )
   assert comparison.num_params(lstm_cfg) == lstm["params"]
   for neighbour in (width - 1, width + 1):
-    assert (abs(comparison.num_params(lstm_cfg.replace(d_model=neighbour)) - transformer["params"])
-            >= abs(lstm["params"] - transformer["params"]))
+    assert abs(
+      comparison.num_params(lstm_cfg.replace(d_model=neighbour)) - transformer["params"]
+    ) >= abs(lstm["params"] - transformer["params"])
   for run in (transformer, lstm):
     assert run["steps"] == 30
     assert math.isclose(run["eval_perplexity"], math.exp(run["eval_loss"]), rel_tol=1e-6)

@@ -7,7 +7,8 @@ atol = rtol = 1e-4 (summed over many terms). Causality is exact: masked keys
 get weight exactly 0, so gradients through them are exactly 0.
 """
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -31,8 +32,9 @@ KEY = jax.random.PRNGKey(0)
 
 def real_tokens(seed, batch, length, vocab=32):
   """Random non-padding tokens in [1, vocab)."""
-  return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, size=(batch, length)),
-                     jnp.int32)
+  return jnp.asarray(
+    np.random.default_rng(seed).integers(1, vocab, size=(batch, length)), jnp.int32
+  )
 
 
 def pad(tokens, n):
@@ -46,11 +48,13 @@ def pad(tokens, n):
 
 def add_to_embedding(delta_TxD):
   """Context in which every Embedder call returns its output plus delta."""
+
   def interceptor(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
     if isinstance(context.module, Embedder) and context.method_name == "__call__":
       return out + delta_TxD
     return out
+
   return nn.intercept_methods(interceptor)
 
 
@@ -91,8 +95,9 @@ def test_encoder_padding_does_not_change_real_positions(position):
   np.testing.assert_allclose(padded_logits[:, :6], logits, **TOL)
 
 
-@pytest.mark.parametrize("position,equivariant", [
-    ("none", True), ("sinusoidal", False), ("rope", False)])
+@pytest.mark.parametrize(
+  "position,equivariant", [("none", True), ("sinusoidal", False), ("rope", False)]
+)
 def test_encoder_permutation_equivariance_only_without_positions(position, equivariant):
   cfg = ModelConfig(**TINY, family="encoder", head="mlm", position=position)
   model = build(cfg)
@@ -125,32 +130,40 @@ def test_classification_pooling_ignores_padding(pooling):
 # Config errors.
 
 
-@pytest.mark.parametrize("changes,field", [
+@pytest.mark.parametrize(
+  "changes,field",
+  [
     (dict(d_model=30, num_heads=4), "num_heads"),
     (dict(num_heads=4, num_kv_heads=3), "num_kv_heads"),
-    (dict(d_model=12, num_heads=4, position="rope"), "position"),   # head dim 3
+    (dict(d_model=12, num_heads=4, position="rope"), "position"),  # head dim 3
     (dict(not_a_field=1), "not_a_field"),
     (dict(family="decoder", head="mlm"), "head"),
     (dict(family="encoder_decoder", head="classify"), "head"),
     (dict(family="decoder", num_decoder_layers=2), "num_decoder_layers"),
     (dict(family="decoder", head="classify", pooling="cls"), "pooling"),  # sees 1 token
-])
+  ],
+)
 def test_build_rejects_bad_config_naming_the_field(changes, field):
   config = ml_collections.ConfigDict({**TINY, "family": "decoder", "position": "rope", **changes})
   with pytest.raises(ValueError, match=rf"model\.{field}\b"):
     build(config)
 
 
-@pytest.mark.parametrize("changes,resolved", [
+@pytest.mark.parametrize(
+  "changes,resolved",
+  [
     # d_model=48, num_heads=4, num_layers=3: head_dim 48/4; d_ff 4*48, or
     # 8/3*48 = 128 (a multiple of 8 already) when gated.
     (dict(), dict(num_kv_heads=4, head_dim=12, d_ff=192, num_decoder_layers=None)),
     (dict(activation="swiglu"), dict(d_ff=128)),
     (dict(d_model=40, activation="geglu"), dict(head_dim=10, d_ff=112)),  # 106.7 -> 112
     (dict(family="encoder_decoder"), dict(num_decoder_layers=3)),
-    (dict(num_kv_heads=2, head_dim=6, d_ff=50, family="encoder_decoder", num_decoder_layers=1),
-     dict(num_kv_heads=2, head_dim=6, d_ff=50, num_decoder_layers=1)),
-])
+    (
+      dict(num_kv_heads=2, head_dim=6, d_ff=50, family="encoder_decoder", num_decoder_layers=1),
+      dict(num_kv_heads=2, head_dim=6, d_ff=50, num_decoder_layers=1),
+    ),
+  ],
+)
 def test_model_config_resolves_unset_fields_once(changes, resolved):
   """None fields take their derived values at construction; set ones stay."""
   cfg = ModelConfig(**{**dict(vocab_size=32, d_model=48, num_heads=4, num_layers=3), **changes})
@@ -176,11 +189,12 @@ def test_model_config_replace_rederives_unset_fields():
 # Learning: each family fits a fixed toy batch. Batches are [2, 6] like the
 # other tests', so eager `init` reuses JAX's cache of compiled ops.
 
-ONE_LAYER = dict(TINY, num_layers=1)   # depth does not matter here; compile time does
+ONE_LAYER = dict(TINY, num_layers=1)  # depth does not matter here; compile time does
 
 
-def train_losses(model: nn.Module, inputs: tuple, loss_fn, steps: int = 30,
-                 learning_rate: float = 1e-2) -> list[float]:
+def train_losses(
+  model: nn.Module, inputs: tuple, loss_fn, steps: int = 30, learning_rate: float = 1e-2
+) -> list[float]:
   """Adam on loss_fn(params) for `steps` steps, one jitted step; returns the losses."""
   params = model.init(KEY, *inputs)["params"]
   optimizer = optax.adam(learning_rate)
@@ -222,8 +236,9 @@ def test_encoder_learns_masked_lm():
   masked[:, 1::3] = True
   mask_id = cfg.vocab_size - 1
   inputs = jnp.where(masked, mask_id, targets)
-  loss_fn = lambda p: ops.cross_entropy(model.apply({"params": p}, inputs), targets,
-                                        weights=masked)[0]
+  loss_fn = lambda p: ops.cross_entropy(
+    model.apply({"params": p}, inputs), targets, weights=masked
+  )[0]
   losses = train_losses(model, (inputs,), loss_fn)
   assert losses[-1] < 0.7 * losses[0], losses
 
@@ -233,8 +248,9 @@ def test_encoder_decoder_learns_copy():
   source = real_tokens(6, 2, 6)
   bos = jnp.ones((2, 1), jnp.int32)
   decoder_inputs = jnp.concatenate([bos, source[:, :-1]], axis=1)  # teacher forcing
-  loss_fn = lambda p: ops.cross_entropy(
-      model.apply({"params": p}, source, decoder_inputs), source)[0]
+  loss_fn = lambda p: ops.cross_entropy(model.apply({"params": p}, source, decoder_inputs), source)[
+    0
+  ]
   losses = train_losses(model, (source, decoder_inputs), loss_fn)
   assert losses[-1] < 0.7 * losses[0], losses
 
@@ -251,8 +267,9 @@ def to_scanned(tree: Any) -> Any:
   blocks = sorted((k for k in tree if k.startswith("block_")), key=lambda k: int(k[6:]))
   out = {k: to_scanned(v) for k, v in tree.items() if not k.startswith("block_")}
   if blocks:
-    out["blocks"] = jax.tree_util.tree_map(lambda *layers: jnp.stack(layers),
-                                           *[tree[k] for k in blocks])
+    out["blocks"] = jax.tree_util.tree_map(
+      lambda *layers: jnp.stack(layers), *[tree[k] for k in blocks]
+    )
   return out
 
 
@@ -287,8 +304,11 @@ def plain_decoder():
   return (cfg, params, *decoder_logits_and_grads(cfg, params))
 
 
-@pytest.mark.parametrize("changes", [dict(remat=True), dict(remat=True, scan_layers=True)],
-                         ids=lambda changes: "+".join(changes))
+@pytest.mark.parametrize(
+  "changes",
+  [dict(remat=True), dict(remat=True, scan_layers=True)],
+  ids=lambda changes: "+".join(changes),
+)
 def test_remat_and_scan_match_plain_decoder(changes, plain_decoder):
   """Same logits and gradients from the same parameters in either layout
   (remat changes only the backward pass, so logits alone would not do).
@@ -298,8 +318,9 @@ def test_remat_and_scan_match_plain_decoder(changes, plain_decoder):
   logits, grads = decoder_logits_and_grads(cfg, params)
   np.testing.assert_allclose(logits, expected_logits, **TOL)
   expected_grads = to_scanned(expected_grads) if cfg.scan_layers else expected_grads
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, **GRAD_TOL),
-                         grads, expected_grads)
+  jax.tree_util.tree_map(
+    lambda a, b: np.testing.assert_allclose(a, b, **GRAD_TOL), grads, expected_grads
+  )
 
 
 def test_scan_matches_plain_encoder_decoder():
@@ -310,17 +331,20 @@ def test_scan_matches_plain_encoder_decoder():
   inputs = (tokens, pad(tokens[:, :4], 2))
   plain_params = nn.meta.unbox(build(base).init(KEY, *inputs)["params"])
   cfg, params = variant_params(base, dict(scan_layers=True), plain_params, inputs)
-  np.testing.assert_allclose(build(cfg).apply({"params": params}, *inputs),
-                             build(base).apply({"params": plain_params}, *inputs), **TOL)
+  np.testing.assert_allclose(
+    build(cfg).apply({"params": params}, *inputs),
+    build(base).apply({"params": plain_params}, *inputs),
+    **TOL,
+  )
 
 
 # ---------------------------------------------------------------------------
 # Attention maps: the weights each attention layer records are the ones it uses.
 
 MAP_FAMILIES = {  # with MQA heads; learned positions leave q.k untouched
-    "decoder": dict(family="decoder"),
-    "encoder": dict(family="encoder", head="mlm"),
-    "encoder_decoder": dict(family="encoder_decoder"),
+  "decoder": dict(family="decoder"),
+  "encoder": dict(family="encoder", head="mlm"),
+  "encoder_decoder": dict(family="encoder_decoder"),
 }
 
 
@@ -328,8 +352,11 @@ def map_setup(family):
   """Config, unscanned plain params and inputs (encoder inputs padded)."""
   cfg = ModelConfig(**TINY, **MAP_FAMILIES[family], num_kv_heads=1, position="learned")
   source = pad(real_tokens(9, 2, 4), 2)
-  inputs = {"decoder": (real_tokens(10, 2, 5),), "encoder": (source,),
-            "encoder_decoder": (source, real_tokens(10, 2, 5))}[family]
+  inputs = {
+    "decoder": (real_tokens(10, 2, 5),),
+    "encoder": (source,),
+    "encoder_decoder": (source, real_tokens(10, 2, 5)),
+  }[family]
   return cfg, nn.meta.unbox(build(cfg).init(KEY, *inputs)["params"]), inputs
 
 
@@ -346,15 +373,24 @@ def np_softmax_weights(q, k, allowed):
 def test_attention_maps_are_softmax_of_each_layers_queries_and_keys(family):
   cfg, params, inputs = map_setup(family)
   model = build(cfg)
-  out, state = model.apply({"params": params}, *inputs, mutable=["intermediates"],
-                           capture_intermediates=lambda m, _: m.name in ("query", "key"))
+  out, state = model.apply(
+    {"params": params},
+    *inputs,
+    mutable=["intermediates"],
+    capture_intermediates=lambda m, _: m.name in ("query", "key"),
+  )
   np.testing.assert_allclose(out, model.apply({"params": params}, *inputs), atol=1e-6)
   maps = attention_maps(model, params, *inputs)
-  stacks = {"decoder": ["stack"], "encoder": ["stack"],
-            "encoder_decoder": ["encoder", "decoder"]}[family]
+  stacks = {"decoder": ["stack"], "encoder": ["stack"], "encoder_decoder": ["encoder", "decoder"]}[
+    family
+  ]
   kinds = lambda stack: ["self_attention"] + (["cross_attention"] if stack == "decoder" else [])
-  assert set(maps) == {f"{stack}/block_{i}/{kind}" for stack in stacks
-                       for i in range(cfg.num_layers) for kind in kinds(stack)}
+  assert set(maps) == {
+    f"{stack}/block_{i}/{kind}"
+    for stack in stacks
+    for i in range(cfg.num_layers)
+    for kind in kinds(stack)
+  }
   source_valid = np.asarray(inputs[0] != cfg.pad_id)[:, None, None, :]
   for path, weights in maps.items():
     node = state["intermediates"]
@@ -375,8 +411,10 @@ def test_attention_maps_of_scanned_stacks_match_unscanned(family):
   model = build(cfg)
   out, _ = model.apply({"params": params}, *inputs, mutable=["intermediates"])
   np.testing.assert_allclose(out, model.apply({"params": params}, *inputs), atol=1e-6)
-  maps, plain_maps = (attention_maps(model, params, *inputs),
-                      attention_maps(build(base), plain_params, *inputs))
+  maps, plain_maps = (
+    attention_maps(model, params, *inputs),
+    attention_maps(build(base), plain_params, *inputs),
+  )
   assert maps.keys() == plain_maps.keys()
   for path, weights in plain_maps.items():
     np.testing.assert_allclose(maps[path], weights, **TOL)

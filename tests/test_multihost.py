@@ -28,20 +28,29 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from txf.train.metrics import read_metrics
 
-N = 4           # steps of the two-process run (and its checkpoint)
-TOTAL = 2 * N   # steps after resuming
-TIMEOUT = 240   # seconds, per run
+N = 4  # steps of the two-process run (and its checkpoint)
+TOTAL = 2 * N  # steps after resuming
+TIMEOUT = 240  # seconds, per run
 
 TINY = {
-    "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
-    "data.seq_len": 32, "data.batch_size": 8, "data.max_corpus_bytes": 200_000,
-    "train.warmup_steps": 1, "train.decay": "constant", "train.learning_rate": 0.01,
-    "train.log_every": 1, "train.checkpoint_every": N,
-    "eval.every": N, "eval.num_batches": 1, "eval.sample_tokens": 4,
+  "model.d_model": 32,
+  "model.num_layers": 1,
+  "model.num_heads": 2,
+  "data.seq_len": 32,
+  "data.batch_size": 8,
+  "data.max_corpus_bytes": 200_000,
+  "train.warmup_steps": 1,
+  "train.decay": "constant",
+  "train.learning_rate": 0.01,
+  "train.log_every": 1,
+  "train.checkpoint_every": N,
+  "eval.every": N,
+  "eval.num_batches": 1,
+  "eval.sample_tokens": 4,
 }
 MESH_2x2 = {"parallel.data": 2, "parallel.fsdp": 2, "parallel.tensor": 1}
 # Resume mesh: parameters split over 'tensor' (heads, mlp, vocab) instead of
@@ -56,16 +65,25 @@ def free_port() -> int:
 
 
 def command(workdir, fields, *extra):
-  return [sys.executable, "-m", "experiments.run", "--config=configs/rope.py",
-          f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in fields.items()), *extra]
+  return [
+    sys.executable,
+    "-m",
+    "experiments.run",
+    "--config=configs/rope.py",
+    f"--workdir={workdir}",
+    *(f"--config.{k}={v}" for k, v in fields.items()),
+    *extra,
+  ]
 
 
 def environment(num_devices: int) -> dict[str, str]:
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(num_devices), JAX_PLATFORMS="cpu",
-             PYTHONUNBUFFERED="1")
+  env = dict(
+    os.environ, JAX_NUM_CPU_DEVICES=str(num_devices), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"
+  )
   # A forced host device count in XLA_FLAGS would override JAX_NUM_CPU_DEVICES.
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in f]
+  flags = [
+    f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f
+  ]
   # Compilation dominates these runs; unoptimised LLVM code halves it. Every
   # run here uses the same flags, so their numbers stay comparable.
   flags.append("--xla_backend_optimization_level=0")
@@ -82,8 +100,9 @@ def launch(commands_and_envs, log_dir: pathlib.Path, name: str):
     for i, (cmd, env) in enumerate(commands_and_envs):
       path = log_dir / f"{name}.{i}.log"
       with open(path, "w") as log_file:  # a file, not a pipe: it never fills up
-        processes.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file,
-                                          stderr=subprocess.STDOUT))
+        processes.append(
+          subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        )
       paths.append(path)
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
@@ -127,9 +146,23 @@ def two_processes(run_dir):
   workdir = run_dir / "two_processes"
   address = f"localhost:{free_port()}"
   fields = {**TINY, **MESH_2x2, "train.steps": N}
-  results = launch([(command(workdir, fields, f"--coordinator_address={address}",
-                             "--num_processes=2", f"--process_id={i}"), environment(2))
-                    for i in range(2)], run_dir, "two_processes")
+  results = launch(
+    [
+      (
+        command(
+          workdir,
+          fields,
+          f"--coordinator_address={address}",
+          "--num_processes=2",
+          f"--process_id={i}",
+        ),
+        environment(2),
+      )
+      for i in range(2)
+    ],
+    run_dir,
+    "two_processes",
+  )
   return workdir, results
 
 
@@ -191,8 +224,7 @@ def test_resume_on_one_process_and_another_mesh(two_processes, one_process, run_
   resumed = run_dir / "resumed"
   shutil.copytree(workdir, resumed)
   fields = {**TINY, **MESH_TENSOR, "train.steps": TOTAL}
-  [(returncode, text)] = launch([(command(resumed, fields), environment(2))], run_dir,
-                                "resumed")
+  [(returncode, text)] = launch([(command(resumed, fields), environment(2))], run_dir, "resumed")
   assert returncode == 0, text[-4000:]
   assert re.search(rf"resumed from step {N} in \S*resumed", text), text[-4000:]
   assert f"step {TOTAL}/{TOTAL}" in text
@@ -209,23 +241,35 @@ def test_resume_on_one_process_and_another_mesh(two_processes, one_process, run_
   reference = losses(train_rows(reference_dir))
   resumed_losses = losses(rows)
   steps = list(range(N + 1, TOTAL + 1))
-  np.testing.assert_allclose([resumed_losses[s] for s in steps], [reference[s] for s in steps],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    [resumed_losses[s] for s in steps], [reference[s] for s in steps], rtol=1e-5
+  )
   resumed_eval = {r["step"]: r["eval_loss"] for r in eval_rows(resumed)}
   reference_eval = {r["step"]: r["eval_loss"] for r in eval_rows(reference_dir)}
   np.testing.assert_allclose(resumed_eval[TOTAL], reference_eval[TOTAL], rtol=1e-5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra, named", [
+@pytest.mark.parametrize(
+  "extra, named",
+  [
     (["--coordinator_address=localhost:1"], ["--num_processes", "--process_id"]),
-    (["--coordinator_address=localhost:1", "--num_processes=2", "--process_id=2"],
-     ["--process_id"]),
-])
+    (
+      ["--coordinator_address=localhost:1", "--num_processes=2", "--process_id=2"],
+      ["--process_id"],
+    ),
+  ],
+)
 def test_distributed_flag_errors(tmp_path, extra, named):
   workdir = tmp_path / "run"
-  done = subprocess.run(command(workdir, {**TINY, "train.steps": 1}, *extra), cwd=REPO,
-                        env=environment(1), capture_output=True, text=True, timeout=TIMEOUT)
+  done = subprocess.run(
+    command(workdir, {**TINY, "train.steps": 1}, *extra),
+    cwd=REPO,
+    env=environment(1),
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT,
+  )
   assert done.returncode == 2, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]
   assert last_line.startswith("flag error: "), done.stderr[-3000:]

@@ -30,15 +30,20 @@ def test_the_quickstart_notebook_runs(monkeypatch, tmp_path):
   monkeypatch.setenv("TXF_QUICKSTART_STEPS", str(STEPS))
   monkeypatch.setenv("TMPDIR", str(tmp_path))  # the run's temporary work directory
   # The kernel imports this checkout's txf and configs, installed or not.
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+  monkeypatch.setenv(
+    "PYTHONPATH", os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+  )
   notebook = nbformat.read(NOTEBOOK, as_version=4)
-  nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
-                          resources={"metadata": {"path": str(ROOT / "docs")}}).execute()
+  nbclient.NotebookClient(
+    notebook,
+    timeout=600,
+    kernel_name="python3",
+    resources={"metadata": {"path": str(ROOT / "docs")}},
+  ).execute()
   code = [cell for cell in notebook.cells if cell.cell_type == "code"]
   text = "\n".join(text for cell in code for text in outputs(cell, "text"))
   assert f"training steps: {STEPS}" in text
-  assert "0.506 0.186 0.307" in text          # the worked example's first row
+  assert "0.506 0.186 0.307" in text  # the worked example's first row
   assert "final validation loss" in text
   # The loss curve and the attention map are drawn.
   assert sum(len(outputs(cell, "image/png")) for cell in code) == 2

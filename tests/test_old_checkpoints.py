@@ -16,8 +16,9 @@ import pathlib
 import shutil
 
 import numpy as np
-from conftest import load_config
+import pytest
 
+from conftest import load_config
 from txf.train import loop
 from txf.train.metrics import read_metrics
 from txf.train.setup import load_run
@@ -25,6 +26,7 @@ from txf.train.setup import load_run
 OLD_RUN = pathlib.Path(__file__).parent / "data" / "run_822e561"
 
 
+@pytest.mark.slow  # resumes the run: trains
 def test_old_run_evaluates_to_its_logged_loss_and_resumes(tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(OLD_RUN, workdir)

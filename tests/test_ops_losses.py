@@ -23,7 +23,7 @@ def np_target(labels, label_smoothing):
 
 def np_token_cross_entropy(logits, labels, label_smoothing=0.0, z_loss=0.0):
   log_probs, lse = np_log_softmax(logits)
-  return -(np_target(labels, label_smoothing) * log_probs).sum(-1) + z_loss * lse ** 2
+  return -(np_target(labels, label_smoothing) * log_probs).sum(-1) + z_loss * lse**2
 
 
 def np_cross_entropy(logits, labels, weights, label_smoothing=0.0, z_loss=0.0):
@@ -40,27 +40,28 @@ def batch():
   return logits, labels, weights.astype(np.float32)
 
 
-@pytest.mark.parametrize('label_smoothing,z_loss', [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2),
-                                                    (0.2, 1e-3)])
+@pytest.mark.parametrize(
+  "label_smoothing,z_loss", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2), (0.2, 1e-3)]
+)
 def test_matches_reference(batch, label_smoothing, z_loss):
   logits, labels, weights = batch
-  loss, num_tokens = cross_entropy(logits, labels, weights=weights,
-                                   label_smoothing=label_smoothing, z_loss=z_loss)
+  loss, num_tokens = cross_entropy(
+    logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+  )
   assert loss.dtype == num_tokens.dtype == jnp.float32 and loss.shape == ()
   ref_loss, ref_num = np_cross_entropy(logits, labels, weights, label_smoothing, z_loss)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
   np.testing.assert_allclose(num_tokens, ref_num, rtol=1e-6)
 
 
-@pytest.mark.parametrize('label_smoothing,z_loss', [(0.0, 0.0), (0.2, 1e-3)])
+@pytest.mark.parametrize("label_smoothing,z_loss", [(0.0, 0.0), (0.2, 1e-3)])
 def test_token_losses_match_reference(batch, label_smoothing, z_loss):
   logits, labels, _ = batch
-  per_token = token_cross_entropy(logits, labels, label_smoothing=label_smoothing,
-                                  z_loss=z_loss)
+  per_token = token_cross_entropy(logits, labels, label_smoothing=label_smoothing, z_loss=z_loss)
   assert per_token.dtype == jnp.float32 and per_token.shape == labels.shape
-  np.testing.assert_allclose(per_token,
-                             np_token_cross_entropy(logits, labels, label_smoothing, z_loss),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    per_token, np_token_cross_entropy(logits, labels, label_smoothing, z_loss), rtol=1e-5
+  )
 
 
 def test_default_weights_and_bool_weights(batch):
@@ -82,8 +83,9 @@ def test_padded_tokens_do_not_change_loss(batch):
   other_logits = np.where(pad[..., None], rng.normal(size=logits.shape) * 50, logits)
   other_labels = np.where(pad, rng.integers(0, V, labels.shape), labels)
   base = cross_entropy(logits, labels, weights=weights, label_smoothing=0.1, z_loss=1e-3)
-  other = cross_entropy(other_logits.astype(np.float32), other_labels, weights=weights,
-                        label_smoothing=0.1, z_loss=1e-3)
+  other = cross_entropy(
+    other_logits.astype(np.float32), other_labels, weights=weights, label_smoothing=0.1, z_loss=1e-3
+  )
   assert pad.any() and not np.allclose(other_logits, logits)
   np.testing.assert_allclose(other[0], base[0], rtol=1e-6)
   assert other[1] == base[1]
@@ -98,17 +100,18 @@ def test_zero_weights_give_zero(batch):
   np.testing.assert_array_equal(grad, 0.0)
 
 
-@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_gradient_is_softmax_minus_target(batch, label_smoothing):
   logits, labels, weights = batch
-  grad = jax.grad(lambda z: cross_entropy(z, labels, weights=weights,
-                                          label_smoothing=label_smoothing)[0])(logits)
+  grad = jax.grad(
+    lambda z: cross_entropy(z, labels, weights=weights, label_smoothing=label_smoothing)[0]
+  )(logits)
   log_probs, _ = np_log_softmax(logits)
   ref = (np.exp(log_probs) - np_target(labels, label_smoothing)) * weights[..., None]
   np.testing.assert_allclose(grad, ref / weights.sum(), atol=1e-6)
 
 
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_transformations(batch, dtype):
   logits, labels, weights = batch
   logits = jnp.asarray(logits, dtype)
@@ -121,22 +124,27 @@ def test_transformations(batch, dtype):
   rows, counts = jax.vmap(fn)(logits, labels, weights)
   for b in range(labels.shape[0]):
     np.testing.assert_allclose(
-        rows[b], np_cross_entropy(np.asarray(logits[b], np.float64), labels[b], weights[b], 0.1,
-                                  1e-3)[0], rtol=1e-5)
+      rows[b],
+      np_cross_entropy(np.asarray(logits[b], np.float64), labels[b], weights[b], 0.1, 1e-3)[0],
+      rtol=1e-5,
+    )
   np.testing.assert_allclose(counts, weights.sum(-1), rtol=1e-6)
   grad = jax.grad(lambda z: fn(z, labels, weights)[0])(logits)
   assert grad.dtype == dtype and np.all(np.isfinite(np.asarray(grad, np.float32)))
 
 
-@pytest.mark.parametrize('kwargs,name', [
-    (dict(labels=np.zeros((3, 6), np.int32)), 'labels'),
-    (dict(labels=np.zeros((3, 7), np.float32)), 'labels'),
-    (dict(weights=np.ones((3, 6))), 'weights'),
-    (dict(label_smoothing=1.0), 'label_smoothing'),
-    (dict(label_smoothing=-0.1), 'label_smoothing'),
-    (dict(z_loss=-1.0), 'z_loss'),
-    (dict(logits=np.zeros((3, 7, V), np.int32)), 'logits'),
-])
+@pytest.mark.parametrize(
+  "kwargs,name",
+  [
+    (dict(labels=np.zeros((3, 6), np.int32)), "labels"),
+    (dict(labels=np.zeros((3, 7), np.float32)), "labels"),
+    (dict(weights=np.ones((3, 6))), "weights"),
+    (dict(label_smoothing=1.0), "label_smoothing"),
+    (dict(label_smoothing=-0.1), "label_smoothing"),
+    (dict(z_loss=-1.0), "z_loss"),
+    (dict(logits=np.zeros((3, 7, V), np.int32)), "logits"),
+  ],
+)
 def test_bad_input_raises(batch, kwargs, name):
   logits, labels, _ = batch
   args = dict(logits=logits, labels=labels) | kwargs

@@ -28,7 +28,7 @@ def np_window(T, S, window, offset=0):
 # causal_mask
 
 
-@pytest.mark.parametrize('T,S', [(5, 5), (3, 6), (6, 3), (1, 4)])
+@pytest.mark.parametrize("T,S", [(5, 5), (3, 6), (6, 3), (1, 4)])
 def test_causal_mask_matches_elementwise(T, S):
   m = causal_mask(T, S)
   assert m.shape == (1, 1, T, S) and m.dtype == jnp.bool_
@@ -39,14 +39,14 @@ def test_causal_mask_k_len_defaults_to_q_len():
   np.testing.assert_array_equal(np.asarray(causal_mask(4))[0, 0], np.tril(np.ones((4, 4), bool)))
 
 
-@pytest.mark.parametrize('offset', [0, 2, 5, jnp.int32(3), np.int64(1)])
+@pytest.mark.parametrize("offset", [0, 2, 5, jnp.int32(3), np.int64(1)])
 def test_causal_mask_scalar_offset_matches_rows_of_full_mask(offset):
   S, T = 8, 3
   full = np.asarray(causal_mask(S))[0, 0]
   o = int(offset)
   m = causal_mask(T, S, q_offset=offset)
   assert m.shape == (1, 1, T, S)
-  np.testing.assert_array_equal(np.asarray(m)[0, 0], full[o:o + T])
+  np.testing.assert_array_equal(np.asarray(m)[0, 0], full[o : o + T])
 
 
 def test_causal_mask_per_batch_offset_for_kv_cache():
@@ -56,7 +56,7 @@ def test_causal_mask_per_batch_offset_for_kv_cache():
   m = causal_mask(T, S, q_offset=offsets)
   assert m.shape == (3, 1, T, S)
   for b, o in enumerate(np.asarray(offsets)):
-    np.testing.assert_array_equal(np.asarray(m)[b, 0], full[o:o + T])
+    np.testing.assert_array_equal(np.asarray(m)[b, 0], full[o : o + T])
     np.testing.assert_array_equal(np.asarray(m)[b, 0], np_causal(T, S, o))
 
 
@@ -67,18 +67,19 @@ def test_causal_mask_traced_offset_under_jit():
   offsets = jnp.array([1, 5])
   out = jax.jit(lambda o: causal_mask(1, 6, q_offset=o))(offsets)
   assert out.shape == (2, 1, 1, 6)
-  np.testing.assert_array_equal(np.asarray(out)[:, 0, 0],
-                                [np_causal(1, 6, 1)[0], np_causal(1, 6, 5)[0]])
+  np.testing.assert_array_equal(
+    np.asarray(out)[:, 0, 0], [np_causal(1, 6, 1)[0], np_causal(1, 6, 5)[0]]
+  )
 
 
 def test_causal_mask_bad_args():
-  with pytest.raises(ValueError, match='q_offset'):
+  with pytest.raises(ValueError, match="q_offset"):
     causal_mask(2, 4, q_offset=jnp.zeros((2, 2), jnp.int32))
-  with pytest.raises(ValueError, match='q_offset'):
+  with pytest.raises(ValueError, match="q_offset"):
     causal_mask(2, 4, q_offset=0.5)
-  with pytest.raises(ValueError, match='q_len'):
+  with pytest.raises(ValueError, match="q_len"):
     causal_mask(-1)
-  with pytest.raises(ValueError, match='k_len'):
+  with pytest.raises(ValueError, match="k_len"):
     causal_mask(2, 3.0)
 
 
@@ -86,8 +87,10 @@ def test_causal_mask_bad_args():
 # sliding_window_mask
 
 
-@pytest.mark.parametrize('T,S,window,offset', [(6, 6, 1, 0), (6, 6, 2, 0), (6, 6, 3, 0),
-                                               (4, 9, 3, 0), (4, 9, 2, 5), (6, 6, 100, 0)])
+@pytest.mark.parametrize(
+  "T,S,window,offset",
+  [(6, 6, 1, 0), (6, 6, 2, 0), (6, 6, 3, 0), (4, 9, 3, 0), (4, 9, 2, 5), (6, 6, 100, 0)],
+)
 def test_sliding_window_matches_elementwise(T, S, window, offset):
   m = sliding_window_mask(T, S, window=window, q_offset=offset)
   assert m.shape == (1, 1, T, S) and m.dtype == jnp.bool_
@@ -98,8 +101,9 @@ def test_sliding_window_semantics():
   m = np.asarray(sliding_window_mask(5, window=2))[0, 0]
   # window=2: the query sees itself and one key on each side.
   np.testing.assert_array_equal(m[2], [False, True, True, True, False])
-  np.testing.assert_array_equal(np.asarray(sliding_window_mask(4, window=1))[0, 0],
-                                np.eye(4, dtype=bool))
+  np.testing.assert_array_equal(
+    np.asarray(sliding_window_mask(4, window=1))[0, 0], np.eye(4, dtype=bool)
+  )
   # AND causal: itself and window-1 previous keys.
   local = np.asarray(combine_masks(causal_mask(6), sliding_window_mask(6, window=3)))[0, 0]
   for i in range(6):
@@ -114,9 +118,9 @@ def test_sliding_window_per_batch_offset():
     np.testing.assert_array_equal(np.asarray(m)[b, 0], np_window(2, 8, 2, o))
 
 
-@pytest.mark.parametrize('window', [0, -1, 1.5, None])
+@pytest.mark.parametrize("window", [0, -1, 1.5, None])
 def test_sliding_window_bad_window(window):
-  with pytest.raises(ValueError, match='window'):
+  with pytest.raises(ValueError, match="window"):
     sliding_window_mask(4, window=window)
 
 
@@ -140,25 +144,26 @@ def test_padding_mask_from_lengths_and_tokens():
 
 
 def test_padding_mask_bad_args():
-  with pytest.raises(ValueError, match='exactly one of lengths= or tokens='):
+  with pytest.raises(ValueError, match="exactly one of lengths= or tokens="):
     padding_mask()
-  with pytest.raises(ValueError, match='exactly one of lengths= or tokens='):
+  with pytest.raises(ValueError, match="exactly one of lengths= or tokens="):
     padding_mask(lengths=jnp.array([1]), tokens=jnp.ones((1, 3), jnp.int32), k_len=3)
-  with pytest.raises(ValueError, match='k_len'):
+  with pytest.raises(ValueError, match="k_len"):
     padding_mask(lengths=jnp.array([1, 2]))
-  with pytest.raises(ValueError, match='lengths'):
+  with pytest.raises(ValueError, match="lengths"):
     padding_mask(lengths=jnp.ones((2, 2), jnp.int32), k_len=3)
-  with pytest.raises(ValueError, match='tokens'):
+  with pytest.raises(ValueError, match="tokens"):
     padding_mask(tokens=jnp.ones((3,), jnp.int32))
-  with pytest.raises(ValueError, match='k_len'):
+  with pytest.raises(ValueError, match="k_len"):
     padding_mask(tokens=jnp.ones((1, 3), jnp.int32), k_len=4)
 
 
 def test_combine_causal_and_padding_matches_elementwise():
   B, T, S = 3, 4, 6
   lengths = np.array([6, 2, 4])
-  got = np.asarray(combine_masks(causal_mask(T, S),
-                                 padding_mask(lengths=jnp.asarray(lengths), k_len=S)))
+  got = np.asarray(
+    combine_masks(causal_mask(T, S), padding_mask(lengths=jnp.asarray(lengths), k_len=S))
+  )
   assert got.shape == (B, 1, T, S)
   expected = np.zeros((B, 1, T, S), bool)
   for b, i, j in itertools.product(range(B), range(T), range(S)):
@@ -178,9 +183,9 @@ def test_combine_masks_none_and_broadcasting():
 
 
 def test_combine_masks_rejects_bad_inputs():
-  with pytest.raises(ValueError, match='boolean'):
+  with pytest.raises(ValueError, match="boolean"):
     combine_masks(jnp.ones((2, 2)), None)
-  with pytest.raises(ValueError, match='broadcast'):
+  with pytest.raises(ValueError, match="broadcast"):
     combine_masks(jnp.ones((2, 3), bool), jnp.ones((4,), bool))
 
 
@@ -191,5 +196,6 @@ def test_masks_under_vmap():
   np.testing.assert_array_equal(np.asarray(per_ex), np.asarray(causal_mask(2, 8, q_offset=offsets)))
   lengths = jnp.array([1, 4])
   per_ex = jax.vmap(lambda L: padding_mask(lengths=L[None], k_len=5)[0])(lengths)
-  np.testing.assert_array_equal(np.asarray(per_ex),
-                                np.asarray(padding_mask(lengths=lengths, k_len=5)))
+  np.testing.assert_array_equal(
+    np.asarray(per_ex), np.asarray(padding_mask(lengths=lengths, k_len=5))
+  )

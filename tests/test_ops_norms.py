@@ -17,7 +17,7 @@ def np_layer_norm(x, scale, bias, eps=1e-6):
 
 def np_rms_norm(x, scale, eps=1e-6):
   x = x.astype(np.float64)
-  return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * scale
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
 
 
 @pytest.fixture
@@ -56,16 +56,21 @@ def test_norms_where_eps_matters_match_reference(eps):
   x = (rng.normal(size=(3, 4, 16)) * spread).astype(np.float32)
   scale = rng.normal(size=16).astype(np.float32)
   bias = rng.normal(size=16).astype(np.float32)
-  np.testing.assert_allclose(rms_norm(x, scale, eps=eps), np_rms_norm(x, scale, eps),
-                             rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(layer_norm(x + 1.0, scale, bias, eps=eps),
-                             np_layer_norm(x + 1.0, scale, bias, eps), rtol=1e-3, atol=1e-3)
+  np.testing.assert_allclose(
+    rms_norm(x, scale, eps=eps), np_rms_norm(x, scale, eps), rtol=1e-4, atol=1e-5
+  )
+  np.testing.assert_allclose(
+    layer_norm(x + 1.0, scale, bias, eps=eps),
+    np_layer_norm(x + 1.0, scale, bias, eps),
+    rtol=1e-3,
+    atol=1e-3,
+  )
 
 
 def test_rms_norm_unit_rms(inputs):
   x, _, _ = inputs
   got = np.asarray(rms_norm(x - 20, np.ones(16, np.float32)), np.float64)
-  np.testing.assert_allclose(np.sqrt((got ** 2).mean(-1)), 1.0, atol=1e-5)
+  np.testing.assert_allclose(np.sqrt((got**2).mean(-1)), 1.0, atol=1e-5)
 
 
 def test_layer_norm_zero_mean_unit_variance(inputs):
@@ -75,33 +80,36 @@ def test_layer_norm_zero_mean_unit_variance(inputs):
   np.testing.assert_allclose(got.var(-1), 1.0, atol=1e-4)
 
 
-@pytest.mark.parametrize('norm', ['layer', 'rms'])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_bfloat16_uses_float32_statistics(inputs, norm):
   x, scale, bias = inputs
   x_bf16 = jnp.asarray(x, jnp.bfloat16)
   x_exact = np.asarray(x_bf16, np.float64)  # the values the function actually sees
-  if norm == 'layer':
+  if norm == "layer":
     got, ref = layer_norm(x_bf16, scale, bias), np_layer_norm(x_exact, scale, bias)
   else:
     got, ref = rms_norm(x_bf16, scale), np_rms_norm(x_exact, scale)
   assert got.dtype == jnp.bfloat16
   # Only the final cast rounds: within half a bf16 ulp (2^-8 relative) of the exact
   # result. bfloat16 statistics would be off by far more around a mean of 20.
-  np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=2 ** -8, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=2**-8, atol=1e-6)
 
 
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_transformations(inputs, dtype):
   x, scale, bias = (jnp.asarray(a, dtype) for a in inputs)
   tol = float(jnp.finfo(dtype).eps)
   for fn, args in ((layer_norm, (scale, bias)), (rms_norm, (scale,))):
     eager = np.asarray(fn(x, *args), np.float32)
-    np.testing.assert_allclose(np.asarray(jax.jit(fn)(x, *args), np.float32), eager,
-                               rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+      np.asarray(jax.jit(fn)(x, *args), np.float32), eager, rtol=tol, atol=tol
+    )
     vmapped = jax.vmap(fn, in_axes=(0,) + (None,) * len(args))(x, *args)
     np.testing.assert_allclose(np.asarray(vmapped, np.float32), eager, rtol=tol, atol=tol)
-    grads = jax.grad(lambda x, *p, fn=fn: jnp.sum(fn(x, *p).astype(jnp.float32) ** 3),
-                     argnums=tuple(range(1 + len(args))))(x, *args)
+    grads = jax.grad(
+      lambda x, *p, fn=fn: jnp.sum(fn(x, *p).astype(jnp.float32) ** 3),
+      argnums=tuple(range(1 + len(args))),
+    )(x, *args)
     for g, a in zip(grads, (x,) + args):
       assert g.dtype == dtype and g.shape == a.shape
       assert np.all(np.isfinite(np.asarray(g, np.float32)))
@@ -114,17 +122,21 @@ def test_transformations(inputs, dtype):
   centred = x64 - x64.mean(-1, keepdims=True)
   scale_of_grad = np.abs(grad_x).sum(-1)
   np.testing.assert_array_less(np.abs(grad_x.sum(-1)), 0.02 * scale_of_grad + 1e-6)
-  np.testing.assert_array_less(np.abs((grad_x * centred).sum(-1)),
-                               0.02 * scale_of_grad * np.abs(centred).max(-1) + 1e-6)
+  np.testing.assert_array_less(
+    np.abs((grad_x * centred).sum(-1)), 0.02 * scale_of_grad * np.abs(centred).max(-1) + 1e-6
+  )
 
 
-@pytest.mark.parametrize('call,name', [
-    (lambda: layer_norm(np.zeros((2, 4), np.float32), np.ones(3)), 'scale'),
-    (lambda: layer_norm(np.zeros((2, 4), np.float32), None, np.ones((1, 4))), 'bias'),
-    (lambda: rms_norm(np.zeros((2, 4), np.float32), np.ones(5)), 'scale'),
-    (lambda: rms_norm(np.zeros((2, 4), np.int32)), 'x'),
-    (lambda: layer_norm(np.float32(1.0)), 'x'),
-])
+@pytest.mark.parametrize(
+  "call,name",
+  [
+    (lambda: layer_norm(np.zeros((2, 4), np.float32), np.ones(3)), "scale"),
+    (lambda: layer_norm(np.zeros((2, 4), np.float32), None, np.ones((1, 4))), "bias"),
+    (lambda: rms_norm(np.zeros((2, 4), np.float32), np.ones(5)), "scale"),
+    (lambda: rms_norm(np.zeros((2, 4), np.int32)), "x"),
+    (lambda: layer_norm(np.float32(1.0)), "x"),
+  ],
+)
 def test_bad_input_raises(call, name):
   with pytest.raises(ValueError, match=name):
     call()

@@ -7,9 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops.positional import (alibi_bias, alibi_slopes, apply_ntk_rope, apply_rope,
-                                relative_position_bias, relative_position_bucket,
-                                sinusoidal_embedding)
+from txf.ops.positional import (
+  alibi_bias,
+  alibi_slopes,
+  apply_ntk_rope,
+  apply_rope,
+  relative_position_bias,
+  relative_position_bucket,
+  sinusoidal_embedding,
+)
 
 
 def np_sinusoidal(positions, dim, max_timescale=10000.0):
@@ -37,13 +43,13 @@ def np_alibi_slopes(n):
   """The reference implementation published with the ALiBi paper."""
 
   def power_of_2(n):
-    start = 2 ** (-2 ** -(math.log2(n) - 3))
-    return [start * start ** i for i in range(n)]
+    start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+    return [start * start**i for i in range(n)]
 
   if math.log2(n).is_integer():
     return power_of_2(n)
   closest = 2 ** math.floor(math.log2(n))
-  return power_of_2(closest) + np_alibi_slopes(2 * closest)[0::2][:n - closest]
+  return power_of_2(closest) + np_alibi_slopes(2 * closest)[0::2][: n - closest]
 
 
 def np_t5_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
@@ -58,12 +64,13 @@ def np_t5_bucket(relative_position, bidirectional=True, num_buckets=32, max_dist
     n = np.maximum(n, 0)
   max_exact = num_buckets // 2
   is_small = n < max_exact
-  with np.errstate(divide='ignore'):
+  with np.errstate(divide="ignore"):
     val_if_large = max_exact + (
-        np.log(n.astype(np.float64) / max_exact) / math.log(max_distance / max_exact) *
-        (num_buckets - max_exact))
-  val_if_large = np.minimum(np.nan_to_num(val_if_large, neginf=0).astype(np.int64),
-                            num_buckets - 1)
+      np.log(n.astype(np.float64) / max_exact)
+      / math.log(max_distance / max_exact)
+      * (num_buckets - max_exact)
+    )
+  val_if_large = np.minimum(np.nan_to_num(val_if_large, neginf=0).astype(np.int64), num_buckets - 1)
   return ret + np.where(is_small, n, val_if_large)
 
 
@@ -79,8 +86,9 @@ def test_sinusoidal_matches_formula():
 
 def test_sinusoidal_float_positions():
   positions = np.array([0.5, 1.25, 3.75])
-  np.testing.assert_allclose(sinusoidal_embedding(positions, 8), np_sinusoidal(positions, 8),
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    sinusoidal_embedding(positions, 8), np_sinusoidal(positions, 8), atol=1e-6
+  )
 
 
 def test_sinusoidal_shift_is_fixed_rotation():
@@ -90,7 +98,7 @@ def test_sinusoidal_shift_is_fixed_rotation():
   m = np.zeros((dim, dim))
   for i in range(dim // 2):
     b = k / 10000.0 ** (2 * i / dim)
-    m[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[np.cos(b), np.sin(b)], [-np.sin(b), np.cos(b)]]
+    m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[np.cos(b), np.sin(b)], [-np.sin(b), np.cos(b)]]
   pe = np.asarray(sinusoidal_embedding(positions, dim), np.float64)
   shifted = np.asarray(sinusoidal_embedding(positions + k, dim), np.float64)
   np.testing.assert_allclose(pe @ m.T, shifted, atol=2e-5)
@@ -110,8 +118,9 @@ def test_rope_matches_reference(qk):
   for scale in (1.0, 4.0):
     got = apply_rope(qk, positions, base=500.0, scale=scale)
     assert got.shape == qk.shape and got.dtype == jnp.float32
-    np.testing.assert_allclose(got, np_rope(qk.astype(np.float64), positions, 500.0, scale),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+      got, np_rope(qk.astype(np.float64), positions, 500.0, scale), atol=1e-5
+    )
 
 
 def test_rope_preserves_pair_norms(qk):
@@ -130,7 +139,7 @@ def test_rope_scores_depend_only_on_offset(qk):
   def score(i, j):
     rq = apply_rope(q, np.array([i]))
     rk = apply_rope(k, np.array([j]))
-    return np.einsum('bqhd,bkhd->bhqk', rq, rk)
+    return np.einsum("bqhd,bkhd->bhqk", rq, rk)
 
   np.testing.assert_allclose(score(2, 9), score(7, 14), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(score(9, 2), score(14, 7), rtol=1e-5, atol=1e-5)
@@ -140,24 +149,27 @@ def test_rope_scores_depend_only_on_offset(qk):
 
 def test_rope_scale_is_position_interpolation(qk):
   positions = np.arange(6)
-  np.testing.assert_allclose(apply_rope(qk, 2 * positions, scale=2.0),
-                             apply_rope(qk, positions), atol=1e-6)
+  np.testing.assert_allclose(
+    apply_rope(qk, 2 * positions, scale=2.0), apply_rope(qk, positions), atol=1e-6
+  )
 
 
 def test_rope_batched_positions_equal_per_row(qk):
   positions = np.array([[0, 1, 2, 3, 4, 5], [9, 8, 7, 1, 2, 3]])
   batched = apply_rope(qk, positions)
   for b in range(2):
-    np.testing.assert_allclose(batched[b:b + 1], apply_rope(qk[b:b + 1], positions[b]),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      batched[b : b + 1], apply_rope(qk[b : b + 1], positions[b]), atol=1e-6
+    )
 
 
 def test_rope_bfloat16_keeps_dtype(qk):
   positions = np.arange(6)
   got = apply_rope(jnp.asarray(qk, jnp.bfloat16), positions)
   assert got.dtype == jnp.bfloat16
-  ref = np_rope(np.asarray(jnp.asarray(qk, jnp.bfloat16), np.float64),
-                np.broadcast_to(positions, (2, 6)))
+  ref = np_rope(
+    np.asarray(jnp.asarray(qk, jnp.bfloat16), np.float64), np.broadcast_to(positions, (2, 6))
+  )
   np.testing.assert_allclose(np.asarray(got, np.float64), ref, atol=2e-2, rtol=1e-2)
 
 
@@ -170,7 +182,7 @@ def test_alibi_slopes_power_of_two():
   np.testing.assert_array_equal(got, 2.0 ** -np.arange(1, 9))
 
 
-@pytest.mark.parametrize('num_heads', [1, 3, 6, 12, 16])
+@pytest.mark.parametrize("num_heads", [1, 3, 6, 12, 16])
 def test_alibi_slopes_paper_rule(num_heads):
   np.testing.assert_allclose(alibi_slopes(num_heads), np_alibi_slopes(num_heads), rtol=1e-6)
 
@@ -188,25 +200,28 @@ def test_alibi_bias_batched():
   got = alibi_bias(4, q_pos, np.arange(5))
   assert got.shape == (2, 4, 3, 5)
   for b in range(2):
-    np.testing.assert_allclose(got[b:b + 1], alibi_bias(4, q_pos[b], np.arange(5)))
+    np.testing.assert_allclose(got[b : b + 1], alibi_bias(4, q_pos[b], np.arange(5)))
 
 
 # --- T5 relative buckets ----------------------------------------------------
 
 
-@pytest.mark.parametrize('bidirectional,num_buckets,max_distance',
-                         [(True, 32, 128), (False, 32, 128), (True, 16, 40), (False, 8, 20)])
+@pytest.mark.parametrize(
+  "bidirectional,num_buckets,max_distance",
+  [(True, 32, 128), (False, 32, 128), (True, 16, 40), (False, 8, 20)],
+)
 def test_t5_buckets_match_reference(bidirectional, num_buckets, max_distance):
   offsets = np.arange(-300, 301)
-  got = relative_position_bucket(offsets, bidirectional=bidirectional, num_buckets=num_buckets,
-                                 max_distance=max_distance)
+  got = relative_position_bucket(
+    offsets, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+  )
   assert got.dtype == jnp.int32
   ref = np_t5_bucket(offsets, bidirectional, num_buckets, max_distance)
   np.testing.assert_array_equal(got, ref)
   assert got.min() >= 0 and got.max() == num_buckets - 1
 
 
-@pytest.mark.parametrize('bidirectional', [True, False])
+@pytest.mark.parametrize("bidirectional", [True, False])
 def test_t5_buckets_monotone_within_sign(bidirectional):
   distance = np.arange(0, 400)
   for sign in (1, -1):
@@ -232,7 +247,7 @@ def test_relative_position_bias_gathers():
 # --- transformations --------------------------------------------------------
 
 
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_transformations(qk, dtype):
   x = jnp.asarray(qk, dtype)
   positions = jnp.arange(6)
@@ -247,8 +262,9 @@ def test_transformations(qk, dtype):
   grad_x = jax.grad(lambda x: jnp.sum(apply_rope(x, positions).astype(jnp.float32) ** 2))(x)
   assert grad_x.dtype == dtype
   # The rotation is orthogonal, so d|R x|^2/dx = 2x.
-  np.testing.assert_allclose(np.asarray(grad_x, np.float32), 2 * np.asarray(x, np.float32),
-                             rtol=2e-2, atol=2e-2)
+  np.testing.assert_allclose(
+    np.asarray(grad_x, np.float32), 2 * np.asarray(x, np.float32), rtol=2e-2, atol=2e-2
+  )
 
   table = jnp.asarray(np.arange(32 * 3).reshape(32, 3), dtype)
   grad_table = jax.grad(lambda t: jnp.sum(relative_position_bias(t, positions, positions)))(table)
@@ -257,9 +273,9 @@ def test_transformations(qk, dtype):
   counts = np.bincount(buckets.ravel(), minlength=32)
   np.testing.assert_array_equal(np.asarray(grad_table, np.float32), counts[:, None] * np.ones(3))
 
-  grad_pos = jax.grad(
-      lambda p: jnp.sum(alibi_bias(4, p, p)) + jnp.sum(sinusoidal_embedding(p, 4)))(
-          positions.astype(dtype))
+  grad_pos = jax.grad(lambda p: jnp.sum(alibi_bias(4, p, p)) + jnp.sum(sinusoidal_embedding(p, 4)))(
+    positions.astype(dtype)
+  )
   assert np.all(np.isfinite(np.asarray(grad_pos, np.float32)))
   sin_vmap = jax.jit(jax.vmap(lambda p: sinusoidal_embedding(p, 4)))(positions[:, None])
   np.testing.assert_allclose(sin_vmap, sinusoidal_embedding(positions[:, None], 4), atol=1e-6)
@@ -268,23 +284,28 @@ def test_transformations(qk, dtype):
 # --- validation -------------------------------------------------------------
 
 
-@pytest.mark.parametrize('call,name', [
-    (lambda: sinusoidal_embedding(np.arange(4), 5), 'dim'),
-    (lambda: sinusoidal_embedding(np.int32(3), 4), 'positions'),
-    (lambda: apply_rope(np.zeros((1, 4, 2, 5)), np.arange(4)), 'head dim'),
-    (lambda: apply_rope(np.zeros((4, 2, 6)), np.arange(4)), 'x'),
-    (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(5)), 'positions'),
-    (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(4), scale=0.0), 'scale'),
-    (lambda: alibi_slopes(0), 'num_heads'),
-    (lambda: alibi_bias(4, np.zeros((2, 3)), np.zeros((3, 3))), 'q_positions and k_positions'),
-    (lambda: alibi_bias(4, np.zeros((1, 2, 3)), np.arange(3)), 'q_positions'),
-    (lambda: relative_position_bucket(np.arange(3.0)), 'relative_position'),
-    (lambda: relative_position_bucket(np.arange(3), num_buckets=3), 'num_buckets'),
-    (lambda: relative_position_bucket(np.arange(3), max_distance=8), 'max_distance'),
-    (lambda: relative_position_bias(np.zeros((32,)), np.arange(3), np.arange(3)), 'table'),
-    (lambda: relative_position_bias(np.zeros((32, 2)), np.arange(3.0), np.arange(3)),
-     'q_positions and k_positions'),
-])
+@pytest.mark.parametrize(
+  "call,name",
+  [
+    (lambda: sinusoidal_embedding(np.arange(4), 5), "dim"),
+    (lambda: sinusoidal_embedding(np.int32(3), 4), "positions"),
+    (lambda: apply_rope(np.zeros((1, 4, 2, 5)), np.arange(4)), "head dim"),
+    (lambda: apply_rope(np.zeros((4, 2, 6)), np.arange(4)), "x"),
+    (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(5)), "positions"),
+    (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(4), scale=0.0), "scale"),
+    (lambda: alibi_slopes(0), "num_heads"),
+    (lambda: alibi_bias(4, np.zeros((2, 3)), np.zeros((3, 3))), "q_positions and k_positions"),
+    (lambda: alibi_bias(4, np.zeros((1, 2, 3)), np.arange(3)), "q_positions"),
+    (lambda: relative_position_bucket(np.arange(3.0)), "relative_position"),
+    (lambda: relative_position_bucket(np.arange(3), num_buckets=3), "num_buckets"),
+    (lambda: relative_position_bucket(np.arange(3), max_distance=8), "max_distance"),
+    (lambda: relative_position_bias(np.zeros((32,)), np.arange(3), np.arange(3)), "table"),
+    (
+      lambda: relative_position_bias(np.zeros((32, 2)), np.arange(3.0), np.arange(3)),
+      "q_positions and k_positions",
+    ),
+  ],
+)
 def test_bad_input_raises(call, name):
   with pytest.raises(ValueError, match=name):
     call()

@@ -38,10 +38,12 @@ def rows(seed=0):
   a, b = rng.integers(1, 32, A_LEN), rng.integers(1, 32, B_LEN)
   pad = lambda *parts: np.concatenate([*parts, np.zeros(LENGTH - sum(map(len, parts)))])
   tokens = np.stack([pad(a, b), pad(b, a)])
-  segment_ids = np.stack([pad(np.full(A_LEN, 1), np.full(B_LEN, 2)),
-                          pad(np.full(B_LEN, 1), np.full(A_LEN, 2))])
-  positions = np.stack([pad(np.arange(A_LEN), np.arange(B_LEN)),
-                        pad(np.arange(B_LEN), np.arange(A_LEN))])
+  segment_ids = np.stack(
+    [pad(np.full(A_LEN, 1), np.full(B_LEN, 2)), pad(np.full(B_LEN, 1), np.full(A_LEN, 2))]
+  )
+  positions = np.stack(
+    [pad(np.arange(A_LEN), np.arange(B_LEN)), pad(np.arange(B_LEN), np.arange(A_LEN))]
+  )
   alone = np.stack([pad(a), pad(b)])
   return tuple(jnp.asarray(x, jnp.int32) for x in (tokens, segment_ids, positions, alone))
 
@@ -78,8 +80,7 @@ def test_packed_documents_get_their_own_logits(family, position):
   for row, (first_len, first, second) in enumerate(pairs):
     second_len = A_LEN + B_LEN - first_len
     np.testing.assert_allclose(packed[row, :first_len], first[:first_len], **TOL)
-    np.testing.assert_allclose(packed[row, first_len:A_LEN + B_LEN], second[:second_len],
-                               **TOL)
+    np.testing.assert_allclose(packed[row, first_len : A_LEN + B_LEN], second[:second_len], **TOL)
 
 
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
@@ -93,8 +94,7 @@ def test_attention_weights_never_cross_documents(family):
     assert np.all(np.asarray(weights_BxHxTxT).transpose(0, 2, 3, 1)[across_BxTxT] == 0.0)
   # Without segment ids the same rows attend across their documents.
   crossing = attention_maps(model, params, tokens)
-  assert all(np.asarray(w).transpose(0, 2, 3, 1)[across_BxTxT].max() > 0
-             for w in crossing.values())
+  assert all(np.asarray(w).transpose(0, 2, 3, 1)[across_BxTxT].max() > 0 for w in crossing.values())
 
 
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
@@ -106,8 +106,11 @@ def test_one_segment_changes_nothing(family):
   assert jax.tree.structure(plain) == jax.tree.structure(packed)
   for x, y in zip(jax.tree.leaves(plain), jax.tree.leaves(packed)):
     np.testing.assert_array_equal(x, y)
-  np.testing.assert_allclose(model.apply({"params": plain}, tokens, ones, arange),
-                             model.apply({"params": plain}, tokens), **TOL)
+  np.testing.assert_allclose(
+    model.apply({"params": plain}, tokens, ones, arange),
+    model.apply({"params": plain}, tokens),
+    **TOL,
+  )
 
 
 def test_bad_packing_inputs_are_named():
@@ -122,11 +125,17 @@ def test_bad_packing_inputs_are_named():
 
 
 def test_train_step_feeds_segments_to_the_model():
-  batch = dict(inputs=np.ones((2, 4), np.int32), targets=np.ones((2, 4), np.int32),
-               weights=np.ones((2, 4), np.float32))
+  batch = dict(
+    inputs=np.ones((2, 4), np.int32),
+    targets=np.ones((2, 4), np.int32),
+    weights=np.ones((2, 4), np.float32),
+  )
   assert len(model_inputs(batch, "lm")) == 1
-  packed = dict(batch, segment_ids=np.full((2, 4), 1, np.int32),
-                positions=np.tile(np.arange(4, dtype=np.int32), (2, 1)))
+  packed = dict(
+    batch,
+    segment_ids=np.full((2, 4), 1, np.int32),
+    positions=np.tile(np.arange(4, dtype=np.int32), (2, 1)),
+  )
   inputs, segment_ids, positions = model_inputs(packed, "mlm")
   assert inputs is packed["inputs"] and segment_ids is packed["segment_ids"]
   assert positions is packed["positions"]

@@ -50,8 +50,9 @@ def test_cached_decoding_matches_full_pass(position):
   cache = model.init(jax.random.key(0), inputs, use_cache=True)["cache"]
   step_logits = []
   for t in range(T):
-    logits, variables = model.apply({"params": params, "cache": cache}, inputs[:, t:t + 1],
-                                    use_cache=True, mutable=["cache"])
+    logits, variables = model.apply(
+      {"params": params, "cache": cache}, inputs[:, t : t + 1], use_cache=True, mutable=["cache"]
+    )
     cache = variables["cache"]
     step_logits.append(logits)
   full = model.apply({"params": params}, inputs)
@@ -64,14 +65,16 @@ def test_config_choices_are_the_registry():
     ModelConfig(position="xpos")
 
 
-@pytest.mark.parametrize("entry", [
-    dict(contributes="bias"),                                   # no bias callable
-    dict(contributes="rotation", embed=lambda *a: None),        # the wrong callable
+@pytest.mark.parametrize(
+  "entry",
+  [
+    dict(contributes="bias"),  # no bias callable
+    dict(contributes="rotation", embed=lambda *a: None),  # the wrong callable
     dict(contributes="nothing", rotate=lambda *a: None),
     dict(contributes="angle"),
     dict(contributes="nothing", table="global"),
-])
+  ],
+)
 def test_entry_must_match_what_it_contributes(entry):
   with pytest.raises(ValueError):
     positions.PositionEncoding(**entry)
-

@@ -13,17 +13,19 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
 
+from conftest import tiny_config
+from txf.sweep.extrapolate import extrapolate_run
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
-from txf.sweep.extrapolate import extrapolate_run
 from txf.train.setup import load_run
 
 REPLICAS = 2
 STEPS = 6
 TOL = dict(rtol=1e-5, atol=1e-6)
+# Every test trains runs, or reads the module's trained runs (fixtures).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,8 +34,14 @@ def _compilation_cache(compilation_cache_dir):
 
 
 def config_for(*, seed=0, replicas=1, steps=STEPS):
-  config = tiny_config("base", steps=steps, model__dropout_rate=0.1,
-                       eval__every=3, train__checkpoint_every=3, train__warmup_steps=2)
+  config = tiny_config(
+    "base",
+    steps=steps,
+    model__dropout_rate=0.1,
+    eval__every=3,
+    train__checkpoint_every=3,
+    train__warmup_steps=2,
+  )
   config.seed, config.replicas = seed, replicas
   config.data.seed = 0  # replicas share the batches of the run's seed (0)
   return config
@@ -62,15 +70,20 @@ def replicated_run(tmp_path_factory):
 
 
 def test_each_replica_is_the_single_run_of_its_seed(single_runs, replicated_run):
-  replicated_loss, replicated_eval = rows(replicated_run, "loss"), rows(replicated_run,
-                                                                       "eval_loss")
+  replicated_loss, replicated_eval = rows(replicated_run, "loss"), rows(replicated_run, "eval_loss")
   assert sorted(replicated_loss) == list(range(1, STEPS + 1))
   for r, workdir in single_runs.items():
     single_loss, single_eval = rows(workdir, "loss"), rows(workdir, "eval_loss")
-    np.testing.assert_allclose([replicated_loss[s][f"loss/{r}"] for s in single_loss],
-                               [row["loss"] for row in single_loss.values()], **TOL)
-    np.testing.assert_allclose([replicated_eval[s][f"eval_loss/{r}"] for s in single_eval],
-                               [row["eval_loss"] for row in single_eval.values()], **TOL)
+    np.testing.assert_allclose(
+      [replicated_loss[s][f"loss/{r}"] for s in single_loss],
+      [row["loss"] for row in single_loss.values()],
+      **TOL,
+    )
+    np.testing.assert_allclose(
+      [replicated_eval[s][f"eval_loss/{r}"] for s in single_eval],
+      [row["eval_loss"] for row in single_eval.values()],
+      **TOL,
+    )
   # The replicas differ (different seeds), by far more than the tolerance.
   last = replicated_loss[STEPS]
   assert abs(last["loss/0"] - last["loss/1"]) > 1e-3
@@ -88,8 +101,10 @@ def test_load_run_holds_every_replica_and_each_is_the_single_runs(single_runs, r
   trained = load_run(replicated_run)
   for r, workdir in single_runs.items():
     single = load_run(workdir)
-    for got, want in zip(jax.tree.leaves(trained.setup.replica_params(trained.params, r)),
-                         jax.tree.leaves(single.params)):
+    for got, want in zip(
+      jax.tree.leaves(trained.setup.replica_params(trained.params, r)),
+      jax.tree.leaves(single.params),
+    ):
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match="replica: 2"):
     trained.setup.replica_params(trained.params, REPLICAS)
@@ -100,8 +115,9 @@ def test_resume_of_a_replicated_run_is_exact(tmp_path, replicated_run):
   loop.run(config_for(replicas=REPLICAS, steps=3), tmp_path, log=lambda line: None)
   loop.run(config_for(replicas=REPLICAS), tmp_path, log=lambda line: None)
   timing = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
-  strip = lambda table: {step: {k: v for k, v in row.items() if k not in timing}
-                         for step, row in table.items()}
+  strip = lambda table: {
+    step: {k: v for k, v in row.items() if k not in timing} for step, row in table.items()
+  }
   assert strip(rows(tmp_path, "loss")) == strip(rows(replicated_run, "loss"))
   assert rows(tmp_path, "eval_loss")[STEPS] == rows(replicated_run, "eval_loss")[STEPS]
 
@@ -124,8 +140,9 @@ def test_extrapolation_of_a_replicated_run_is_each_replicas(single_runs, replica
   for protocol, by_length in record["replica_loss"].items():
     for at, values in enumerate(by_length):
       assert len(values) == REPLICAS
-      np.testing.assert_allclose(values, [single["loss"][protocol][at] for single in singles],
-                                 rtol=1e-4)
+      np.testing.assert_allclose(
+        values, [single["loss"][protocol][at] for single in singles], rtol=1e-4
+      )
       np.testing.assert_allclose(record["loss"][protocol][at], np.mean(values), rtol=1e-12)
   final_eval = rows(replicated_run, "eval_loss")[STEPS]["eval_loss"]
   np.testing.assert_allclose(record["loss"]["non_overlapping"][0], final_eval, rtol=1e-5)

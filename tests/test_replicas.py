@@ -13,8 +13,13 @@ import pytest
 from test_behaviour import TINY, lm_batch, optimizer
 
 from txf.models import ModelConfig, build
-from txf.train.replicas import (STRATEGIES, default_strategy, init_replicas,
-                                make_replicated_train_step, replica)
+from txf.train.replicas import (
+  STRATEGIES,
+  default_strategy,
+  init_replicas,
+  make_replicated_train_step,
+  replica,
+)
 from txf.train.step import init_state, make_train_step
 
 SEEDS = (3, 5, 11)
@@ -51,8 +56,10 @@ def single_runs(parts):
 def replicated_steps(parts):
   """strategy -> the jitted replicated step."""
   _, step_for_seed, _ = parts
-  return {strategy: jax.jit(make_replicated_train_step(step_for_seed, SEEDS, strategy=strategy))
-          for strategy in STRATEGIES}
+  return {
+    strategy: jax.jit(make_replicated_train_step(step_for_seed, SEEDS, strategy=strategy))
+    for strategy in STRATEGIES
+  }
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +81,9 @@ def assert_trees_close(actual, expected):
   assert jax.tree.structure(actual) == jax.tree.structure(expected)
   paths, _ = jax.tree.flatten_with_path(expected)
   for (path, b), a in zip(paths, jax.tree.leaves(actual)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b),
-                               err_msg=jax.tree_util.keystr(path), **TOL)
+    np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path), **TOL
+    )
 
 
 def test_initial_replicas_are_the_single_runs_initial_states(parts):
@@ -118,8 +126,10 @@ def test_dropout_keys_differ_per_replica(parts, replicated_steps):
   assert len(set(np.round(losses, 4))) == len(SEEDS)
 
 
-@pytest.mark.parametrize("seeds, strategy, field", [
-    ((), "vmap", "seeds"), ((1, 1), "vmap", "seeds"), ((1, 2), "pmap", "strategy")])
+@pytest.mark.parametrize(
+  "seeds, strategy, field",
+  [((), "vmap", "seeds"), ((1, 1), "vmap", "seeds"), ((1, 2), "pmap", "strategy")],
+)
 def test_bad_arguments_name_the_argument(parts, seeds, strategy, field):
   _, step_for_seed, _ = parts
   with pytest.raises(ValueError, match=f"^{field}:"):

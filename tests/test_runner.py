@@ -21,18 +21,27 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import (REPO, assert_same_states, checkpoint_steps, cli_command, cli_env,
-                      restore_state, sigterm_at, tiny_config as tiny, truncate_state_files)
 
+from conftest import (
+  REPO,
+  assert_same_states,
+  checkpoint_steps,
+  cli_command,
+  cli_env,
+  restore_state,
+  sigterm_at,
+  tiny_config as tiny,
+  truncate_state_files,
+)
 from txf.train import loop
 from txf.train.metrics import read_metrics
 
 TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _compilation_cache(compilation_cache_dir):
   return compilation_cache_dir
-
-
 
 
 def run_quietly(config, workdir):
@@ -50,19 +59,30 @@ def without_timings(rows):
 
 
 def file_digests(directory):
-  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(pathlib.Path(directory).rglob("*")) if p.is_file()}
+  return {
+    str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(pathlib.Path(directory).rglob("*"))
+    if p.is_file()
+  }
 
 
 # --- the command line --------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   workdir = tmp_path / "run"
-  config = tiny(steps=12, train__log_every=3, train__checkpoint_every=6, eval__every=6,
-                eval__sample_tokens=8)
-  done = subprocess.run(cli_command("rope", workdir, config), cwd=REPO, capture_output=True,
-                        text=True, timeout=300, env=cli_env(compilation_cache_dir))
+  config = tiny(
+    steps=12, train__log_every=3, train__checkpoint_every=6, eval__every=6, eval__sample_tokens=8
+  )
+  done = subprocess.run(
+    cli_command("rope", workdir, config),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=cli_env(compilation_cache_dir),
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "step 12/12" in done.stdout
 
@@ -88,15 +108,23 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fields, extra, field", [
-    ({}, ["--config.model.bogus=1"], "model.bogus"),             # unknown override
-    ({"model__num_heads": 3}, [], "model.num_heads"),            # 3 does not divide 32
-])
+@pytest.mark.parametrize(
+  "fields, extra, field",
+  [
+    ({}, ["--config.model.bogus=1"], "model.bogus"),  # unknown override
+    ({"model__num_heads": 3}, [], "model.num_heads"),  # 3 does not divide 32
+  ],
+)
 def test_cli_config_error(tmp_path, compilation_cache_dir, fields, extra, field):
   workdir = tmp_path / "run"
-  done = subprocess.run(cli_command("rope", workdir, tiny(**fields), *extra), cwd=REPO,
-                        capture_output=True, text=True, timeout=300,
-                        env=cli_env(compilation_cache_dir))
+  done = subprocess.run(
+    cli_command("rope", workdir, tiny(**fields), *extra),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=cli_env(compilation_cache_dir),
+  )
   assert done.returncode == 2, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]
   assert last_line.startswith("config error: ") and field in last_line, done.stderr[-3000:]
@@ -109,9 +137,13 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path, compilation_cache_dir):
   config = tiny(steps=total, train__log_every=10, train__checkpoint_every=total)
   log_path = tmp_path / "log.txt"
   with open(log_path, "w") as log_file:  # a file, not a pipe: it never fills up
-    process = subprocess.Popen(cli_command("rope", workdir, config), cwd=REPO,
-                               stdout=log_file, stderr=subprocess.STDOUT,
-                               env=cli_env(compilation_cache_dir))
+    process = subprocess.Popen(
+      cli_command("rope", workdir, config),
+      cwd=REPO,
+      stdout=log_file,
+      stderr=subprocess.STDOUT,
+      env=cli_env(compilation_cache_dir),
+    )
     try:
       deadline = time.monotonic() + 300
       while f"step 10/{total}" not in log_path.read_text():
@@ -132,8 +164,9 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path, compilation_cache_dir):
   assert max(r["step"] for r in train_rows(workdir)) <= saved
 
   # The same config with a reachable end: resumes there and finishes.
-  result, text = run_quietly(tiny(steps=saved + 5, train__log_every=10,
-                                  train__checkpoint_every=total), workdir)
+  result, text = run_quietly(
+    tiny(steps=saved + 5, train__log_every=10, train__checkpoint_every=total), workdir
+  )
   assert f"resumed from step {saved}" in text
   assert set(result) == {"eval_loss", "eval_accuracy", "eval_perplexity"}
   assert checkpoint_steps(workdir) == [saved, saved + 5]  # max_to_keep=2
@@ -142,6 +175,8 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path, compilation_cache_dir):
 
 # --- resume and checkpoints (in-process) --------------------------------------
 
+
+@pytest.mark.slow  # trains a run
 def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
   """Steps 1-12 in one go == steps 1-3, preempted, then 4-12 resumed: the same
   final state bit for bit, and the same metrics at every step. The cut is
@@ -173,6 +208,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
 
 # After a failed restore, orbax's tensorstore sometimes completes a future on an
 # already-closed asyncio loop (a harmless "Event loop is closed" in a thread).
+@pytest.mark.slow  # trains a run
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   workdir = tmp_path / "run"
@@ -190,13 +226,15 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   rows = train_rows(workdir)
   # Steps 5-8 were trained again: their first rows moved aside, one row per step.
   assert [r["step"] for r in rows] == list(range(1, 13))
-  dropped = [json.loads(line) for line in
-             (workdir / "metrics.dropped.jsonl").read_text().splitlines()]
+  dropped = [
+    json.loads(line) for line in (workdir / "metrics.dropped.jsonl").read_text().splitlines()
+  ]
   assert [r["step"] for r in dropped if "loss" in r] == [5, 6, 7, 8]
   # Retrained from step 4's state and data position: the same losses.
   assert [r["loss"] for r in rows[4:8]] == [r["loss"] for r in first_rows[4:8]]
 
 
+@pytest.mark.slow  # trains a run
 def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   run_quietly(tiny(steps=8, train__checkpoint_every=4), workdir)
@@ -215,12 +253,17 @@ def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):
 
 # --- every family learns -------------------------------------------------------
 
-@pytest.mark.parametrize("name, steps, batch_size, margin", [
+
+@pytest.mark.slow  # trains a run
+@pytest.mark.parametrize(
+  "name, steps, batch_size, margin",
+  [
     ("rope", 30, 8, 0.5),
     ("encoder_mlm", 20, 16, 0.5),
     ("encoder_classify", 40, 16, 0.15),  # 10 labels: mostly learns their prior this soon
     ("seq2seq", 20, 8, 0.5),
-])
+  ],
+)
 def test_family_learns(tmp_path, name, steps, batch_size, margin):
   """Mean of the last 3 logged train losses is clearly below the first 3
   (averaged: single small batches are noisy, MLM's especially). Margins are
@@ -238,6 +281,7 @@ BAND_STEPS, BAND_EVAL_BATCHES = 100, 16
 BAND = (2.74, 3.22)
 
 
+@pytest.mark.slow  # trains a run
 def test_decoder_eval_loss_lands_in_a_narrow_band(tmp_path):
   """The end-to-end decoder run reaches the eval loss its seeds reach (the
   old check accepted anything in (0, 20)).
@@ -252,13 +296,19 @@ def test_decoder_eval_loss_lands_in_a_narrow_band(tmp_path):
   scale 3.036, with the residuals dropped 3.130 -- all inside (the layer
   references catch those).
   """
-  config = tiny("rope", steps=BAND_STEPS, data__batch_size=8, train__learning_rate=3e-3,
-                eval__num_batches=BAND_EVAL_BATCHES)
+  config = tiny(
+    "rope",
+    steps=BAND_STEPS,
+    data__batch_size=8,
+    train__learning_rate=3e-3,
+    eval__num_batches=BAND_EVAL_BATCHES,
+  )
   assert config.seed == 0
   result, _ = run_quietly(config, tmp_path / "run")
   assert BAND[0] < result["eval_loss"] < BAND[1], result
 
 
+@pytest.mark.slow  # trains a run
 def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same_eval(tmp_path):
   config = tiny("rope", steps=4)
   first, _ = run_quietly(config, tmp_path)

@@ -16,8 +16,8 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import REPO, restore_state, tiny_config
 
+from conftest import REPO, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.config import ConfigError
@@ -41,8 +41,11 @@ def trained(tmp_path_factory):
 
 
 def digests(directory):
-  return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(pathlib.Path(directory).rglob("*")) if p.is_file()}
+  return {
+    str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(pathlib.Path(directory).rglob("*"))
+    if p.is_file()
+  }
 
 
 def reference_eval_loss(setup, params):
@@ -50,8 +53,9 @@ def reference_eval_loss(setup, params):
   from the model's logits (independent of the eval step and its sums)."""
   loss_sum = count = 0.0
   for batch in setup.eval_data:
-    logits = np.asarray(setup.model.apply({"params": params}, batch["inputs"],
-                                          deterministic=True), np.float64)
+    logits = np.asarray(
+      setup.model.apply({"params": params}, batch["inputs"], deterministic=True), np.float64
+    )
     shifted = logits - logits.max(axis=-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
     picked = np.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
@@ -60,6 +64,7 @@ def reference_eval_loss(setup, params):
   return loss_sum / count
 
 
+@pytest.mark.slow  # its fixture trains a run
 def test_load_run_evaluates_at_twice_the_training_length(trained):
   before = digests(trained)
   run = load_run(trained, {"data.seq_len": 64, "eval.num_batches": 2})
@@ -77,13 +82,15 @@ def test_load_run_evaluates_at_twice_the_training_length(trained):
   result = run.setup.evaluate(run.params)
   assert math.isfinite(result["eval_loss"])
   # float32 logits and sums against a float64 reference over 2 x 8 x 64 tokens.
-  assert result["eval_loss"] == pytest.approx(reference_eval_loss(run.setup, run.params),
-                                              rel=1e-5)
+  assert result["eval_loss"] == pytest.approx(reference_eval_loss(run.setup, run.params), rel=1e-5)
   assert result["eval_perplexity"] == pytest.approx(math.exp(result["eval_loss"]), rel=1e-9)
   assert digests(trained) == before  # config.json and checkpoints untouched
 
 
-@pytest.mark.parametrize("overrides, field", [
+@pytest.mark.slow  # its fixture trains a run
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
     ({"model.d_model": 64}, "model.d_model"),
     ({"model.position": "alibi"}, "model.position"),
     ({"seed": 1}, "seed"),
@@ -91,7 +98,8 @@ def test_load_run_evaluates_at_twice_the_training_length(trained):
     ({"data.tokenizer": "sentencepiece"}, "data.tokenizer"),
     ({"data.bogus": 1}, "data.bogus"),
     ({"bogus.seq_len": 1}, "bogus.seq_len"),
-])
+  ],
+)
 def test_load_run_refuses_what_the_checkpoint_depends_on(trained, overrides, field):
   before = digests(trained)
   with pytest.raises(ConfigError, match=rf"^{field}: "):
@@ -104,14 +112,18 @@ def test_load_run_needs_a_run(tmp_path):
     load_run(tmp_path)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
   """A finished run started again with another seq_len and batch size (24:
   the saved data position, 4 batches of 8, is no boundary of batches of 24)
   trains nothing and evaluates there, as load_run does."""
   config_json = (trained / "config.json").read_bytes()
   lines = []
-  result = loop.run(tiny_config("rope", steps=STEPS, data__seq_len=64, data__batch_size=24),
-                    trained, log=lines.append)
+  result = loop.run(
+    tiny_config("rope", steps=STEPS, data__seq_len=64, data__batch_size=24),
+    trained,
+    log=lines.append,
+  )
   assert f"already trained to step {STEPS} of {STEPS}" in lines
   evaluation = load_run(trained, {"data.seq_len": 64, "data.batch_size": 24})
   assert result == evaluation.setup.evaluate(evaluation.params)
@@ -119,28 +131,51 @@ def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
   assert json.loads(config_json)["data"]["seq_len"] == 32
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(trained):
   config_json = (trained / "config.json").read_bytes()
   with pytest.raises(ConfigError, match=r"^data\.batch_size: .*does not continue"):
-    loop.run(tiny_config("rope", steps=2 * STEPS, data__batch_size=24), trained,
-             log=lambda line: None)
+    loop.run(
+      tiny_config("rope", steps=2 * STEPS, data__batch_size=24), trained, log=lambda line: None
+    )
   assert (trained / "config.json").read_bytes() == config_json
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_resume_with_another_model_is_refused(trained):
   with pytest.raises(ConfigError, match=r"^model\.d_model: differs from the run"):
     loop.run(tiny_config("rope", steps=2 * STEPS, model__d_model=64), trained)
 
 
+@pytest.mark.slow  # a subprocess
 def test_bench_times_the_training_step_and_writes_json(tmp_path):
   report_path = tmp_path / "bench.json"
-  tiny = ["--config.model.d_model=32", "--config.model.num_heads=2",
-          "--config.model.num_layers=1", "--config.data.seq_len=32",
-          "--config.data.batch_size=8", "--config.data.max_corpus_bytes=200000"]
-  done = subprocess.run([sys.executable, "-m", "benchmarks.run", "step", "--config=configs/rope.py",
-                         *tiny, "--steps=4", "--window=2", "--fresh_batches",
-                         f"--json={report_path}"],
-                        cwd=REPO, capture_output=True, text=True, timeout=300)
+  tiny = [
+    "--config.model.d_model=32",
+    "--config.model.num_heads=2",
+    "--config.model.num_layers=1",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=8",
+    "--config.data.max_corpus_bytes=200000",
+  ]
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.run",
+      "step",
+      "--config=configs/rope.py",
+      *tiny,
+      "--steps=4",
+      "--window=2",
+      "--fresh_batches",
+      f"--json={report_path}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "steps 3-4:" in done.stdout
   report = json.loads(report_path.read_text())
@@ -184,8 +219,10 @@ def test_evaluate_weights_every_token_alike_across_batches():
   batches = [dict(batch, weights=w) for w in (weights_BxT, few_BxT, zero_BxT)]
   result = dataclasses.replace(setup, eval_data=batches).evaluate(params)
 
-  logits = np.asarray(setup.model.apply({"params": params}, *model_inputs(batch, "lm"),
-                                        deterministic=True), np.float64)
+  logits = np.asarray(
+    setup.model.apply({"params": params}, *model_inputs(batch, "lm"), deterministic=True),
+    np.float64,
+  )
   log_probs = logits - logits.max(-1, keepdims=True)
   log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
   nll_BxT = -np.take_along_axis(log_probs, batch["targets"][..., None], -1)[..., 0]

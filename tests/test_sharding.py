@@ -37,20 +37,48 @@ TINY = dict(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=16)
 # Every parameter kind: GQA, learned positions, gated FFN with biases, untied
 # heads, T5 tables, MLM and classification heads, RMS norms, scanned stacks.
 FAMILIES = {
-    "decoder_gqa_untied": dict(family="decoder", num_kv_heads=2, position="learned",
-                               activation="swiglu", use_bias=True, tie_embeddings=False),
-    "decoder_scan_t5_classify": dict(family="decoder", position="t5_bias", scan_layers=True,
-                                     head="classify", pooling="last", num_classes=3),
-    "encoder_mlm_untied_t5": dict(family="encoder", head="mlm", position="t5_bias",
-                                  tie_embeddings=False),
-    "encoder_classify_rms": dict(family="encoder", head="classify", norm="rms"),
-    "encoder_decoder_scan": dict(family="encoder_decoder", position="t5_bias", scan_layers=True,
-                                 share_embeddings=False, use_bias=True, num_kv_heads=2),
-    "encoder_decoder": dict(family="encoder_decoder", position="sinusoidal",
-                            tie_embeddings=False),
+  "decoder_gqa_untied": dict(
+    family="decoder",
+    num_kv_heads=2,
+    position="learned",
+    activation="swiglu",
+    use_bias=True,
+    tie_embeddings=False,
+  ),
+  "decoder_scan_t5_classify": dict(
+    family="decoder",
+    position="t5_bias",
+    scan_layers=True,
+    head="classify",
+    pooling="last",
+    num_classes=3,
+  ),
+  "encoder_mlm_untied_t5": dict(
+    family="encoder", head="mlm", position="t5_bias", tie_embeddings=False
+  ),
+  "encoder_classify_rms": dict(family="encoder", head="classify", norm="rms"),
+  "encoder_decoder_scan": dict(
+    family="encoder_decoder",
+    position="t5_bias",
+    scan_layers=True,
+    share_embeddings=False,
+    use_bias=True,
+    num_kv_heads=2,
+  ),
+  "encoder_decoder": dict(family="encoder_decoder", position="sinusoidal", tie_embeddings=False),
 }
-TRAIN = dict(learning_rate=1e-3, warmup_steps=0, decay="constant", steps=3, end_lr_fraction=0.1,
-             weight_decay=0.1, b1=0.9, b2=0.95, eps=1e-8, grad_clip_norm=1.0)
+TRAIN = dict(
+  learning_rate=1e-3,
+  warmup_steps=0,
+  decay="constant",
+  steps=3,
+  end_lr_fraction=0.1,
+  weight_decay=0.1,
+  b1=0.9,
+  b2=0.95,
+  eps=1e-8,
+  grad_clip_norm=1.0,
+)
 
 
 def abstract_params(overrides):
@@ -67,8 +95,7 @@ def parallel(data=-1, fsdp=1, tensor=1):
 
 def logical_axes(params):
   """Tuples of logical axis names, read from the boxes the layers created."""
-  return jax.tree.map(tuple, nn.get_partition_spec(params),
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(tuple, nn.get_partition_spec(params), is_leaf=lambda x: isinstance(x, P))
 
 
 def flat(tree):
@@ -108,15 +135,26 @@ def test_layers_name_the_axes_of_each_kind():
   assert axes["head/logits/kernel"] == ("embed", "vocab")
   scanned = flat(logical_axes(abstract_params(FAMILIES["encoder_decoder_scan"])))
   assert scanned["decoder/blocks/cross_attention/value/kernel"] == (
-      "layers", "embed", "kv_heads", "head_dim")
+    "layers",
+    "embed",
+    "kv_heads",
+    "head_dim",
+  )
   assert scanned["encoder/relative_position/table"] == (None, "heads")
 
 
-@pytest.mark.parametrize("path,shape,axes,message", [
+@pytest.mark.parametrize(
+  "path,shape,axes,message",
+  [
     (("stack", "block_0", "ffn", "new_scale"), (128,), None, "has no logical axes"),
-    (("stack", "block_0", "ffn", "wi", "kernel"), (4, 32, 128), ("embed", "mlp"),
-     "has 3 dimensions"),
-])
+    (
+      ("stack", "block_0", "ffn", "wi", "kernel"),
+      (4, 32, 128),
+      ("embed", "mlp"),
+      "has 3 dimensions",
+    ),
+  ],
+)
 def test_param_without_matching_axes_raises_naming_its_path(path, shape, axes, message):
   params = abstract_params({})
   node = params
@@ -163,8 +201,11 @@ def test_model_applies_under_activation_sharding(name):
 def test_state_leaf_mirroring_no_param_raises():
   mesh = sharding.make_mesh(parallel(data=1), jax.devices()[:1])
   params = abstract_params({})
-  state = TrainState(step=jax.ShapeDtypeStruct((), np.int32), params=nn.meta.unbox(params),
-                     opt_state={"stray": jax.ShapeDtypeStruct((3,), np.float32)})
+  state = TrainState(
+    step=jax.ShapeDtypeStruct((), np.int32),
+    params=nn.meta.unbox(params),
+    opt_state={"stray": jax.ShapeDtypeStruct((3,), np.float32)},
+  )
   with pytest.raises(ValueError, match=r"state\.opt_state\['stray'\]"):
     sharding.state_shardings(state, params, mesh)
 
@@ -185,13 +226,16 @@ def lm_setup():
   (softmax ignores a constant per query), which Adam would blow up to
   learning-rate-sized noise.
   """
-  model = build(ModelConfig(**{**TINY, "num_layers": 1}, num_kv_heads=2, d_ff=64,
-                            position="learned"))
+  model = build(
+    ModelConfig(**{**TINY, "num_layers": 1}, num_kv_heads=2, d_ff=64, position="learned")
+  )
   optimizer = make_optimizer(ml_collections.ConfigDict(TRAIN))
   rng = np.random.default_rng(0)
-  batch = {"inputs": rng.integers(1, 64, (8, 16)).astype(np.int32),
-           "targets": rng.integers(1, 64, (8, 16)).astype(np.int32),
-           "weights": (rng.random((8, 16)) > 0.2).astype(np.float32)}
+  batch = {
+    "inputs": rng.integers(1, 64, (8, 16)).astype(np.int32),
+    "targets": rng.integers(1, 64, (8, 16)).astype(np.int32),
+    "weights": (rng.random((8, 16)) > 0.2).astype(np.float32),
+  }
   return model, optimizer, batch
 
 
@@ -207,8 +251,11 @@ def sharded_init(mesh):
 def train_three_steps(mesh, state, shardings):
   """Losses and final state (on the host) of 3 steps from `state` on `mesh`."""
   model, optimizer, batch = lm_setup()
-  step = jax.jit(make_train_step(model, optimizer, "lm", seed=0),
-                 out_shardings=(shardings, sharding.replicated(mesh)), donate_argnums=0)
+  step = jax.jit(
+    make_train_step(model, optimizer, "lm", seed=0),
+    out_shardings=(shardings, sharding.replicated(mesh)),
+    donate_argnums=0,
+  )
   device_batch = sharding.shard_batch(batch, mesh)
   losses = []
   for _ in range(3):
@@ -231,12 +278,15 @@ class TestEightDevices:
     if jax.device_count() < 8:
       pytest.skip("needs 8 devices; test_eight_device_checks runs these in a subprocess")
 
-  @pytest.mark.parametrize("sizes,shape", [
+  @pytest.mark.parametrize(
+    "sizes,shape",
+    [
       (dict(), (8, 1, 1)),
       (dict(data=2, fsdp=4), (2, 4, 1)),
       (dict(data=4, tensor=2), (4, 1, 2)),
       (dict(fsdp=2, tensor=2), (2, 2, 2)),
-  ])
+    ],
+  )
   def test_mesh_from_config(self, sizes, shape):
     mesh = sharding.make_mesh(parallel(**sizes))
     assert mesh.axis_names == ("data", "fsdp", "tensor")
@@ -244,15 +294,21 @@ class TestEightDevices:
     assert mesh.axis_types == (AxisType.Auto,) * 3
     assert set(mesh.devices.flat) == set(jax.devices())
 
-  @pytest.mark.parametrize("sizes,message", [
-      (dict(data=2, fsdp=2), r"parallel.data x parallel.fsdp x parallel.tensor = 2 x 2 x 1 = 4 "
-                             r"does not match the 8 devices"),
+  @pytest.mark.parametrize(
+    "sizes,message",
+    [
+      (
+        dict(data=2, fsdp=2),
+        r"parallel.data x parallel.fsdp x parallel.tensor = 2 x 2 x 1 = 4 "
+        r"does not match the 8 devices",
+      ),
       (dict(data=4, fsdp=4), r"parallel.data x .* = 16 does not match"),
       (dict(fsdp=3), r"parallel.fsdp x parallel.tensor = 3 x 1 does not divide the 8"),
       (dict(tensor=0), r"parallel.tensor: must be a positive integer"),
       (dict(fsdp=True), r"parallel.fsdp: must be a positive integer"),
       (dict(data=-2), r"parallel.data: must be a positive integer or -1"),
-  ])
+    ],
+  )
   def test_mesh_errors_name_the_field(self, sizes, message):
     with pytest.raises(ValueError, match=message):
       sharding.make_mesh(parallel(**sizes))
@@ -275,16 +331,22 @@ class TestEightDevices:
     assert spec(tensor, layer + "ffn/wo/bias") == P(None)
     assert spec(tensor, layer + "ffn_norm/scale") == P(None)
     assert spec(tensor, "head/logits/kernel") == P(None, "tensor")
-    both = sharding.param_shardings(abstract_params(FAMILIES["encoder_decoder_scan"]),
-                                    sharding.make_mesh(parallel(fsdp=2, tensor=2)))
+    both = sharding.param_shardings(
+      abstract_params(FAMILIES["encoder_decoder_scan"]),
+      sharding.make_mesh(parallel(fsdp=2, tensor=2)),
+    )
     assert spec(both, "encoder/blocks/self_attention/query/kernel") == P(
-        None, "fsdp", "tensor", None)
+      None, "fsdp", "tensor", None
+    )
     assert spec(both, "decoder/relative_position/table") == P(None, "tensor")
 
-  @pytest.mark.parametrize("sizes,query_shard", [
-      (dict(data=2, fsdp=4), (8, 4, 8)),     # query kernel [32, 4, 8]: embed / 4
+  @pytest.mark.parametrize(
+    "sizes,query_shard",
+    [
+      (dict(data=2, fsdp=4), (8, 4, 8)),  # query kernel [32, 4, 8]: embed / 4
       (dict(data=4, tensor=2), (32, 2, 8)),  # heads / 2
-  ])
+    ],
+  )
   def test_training_matches_one_device(self, sizes, query_shard):
     mesh = sharding.make_mesh(parallel(**sizes))
     state, shardings = sharded_init(mesh)
@@ -306,24 +368,39 @@ class TestEightDevices:
     for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(want_state)):
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
-  @pytest.mark.parametrize("overrides,sizes,message", [
-      (dict(), dict(data=1, tensor=8),
-       r"stack/block_0/self_attention/key/kernel: dimension 1 \('kv_heads', size 4\) is not "
-       r"divisible by mesh axis tensor \(size 8\); change model.num_kv_heads or parallel.tensor"),
-      (dict(vocab_size=65), dict(tensor=2),
-       r"embedder/token/embedding: dimension 0 \('vocab', size 65\) .* change model.vocab_size"),
-      (dict(d_model=36, num_heads=2), dict(fsdp=8),
-       r"embedder/token/embedding: dimension 1 \('embed', size 36\) is not divisible by mesh "
-       r"axis fsdp \(size 8\)"),
-  ])
+  @pytest.mark.parametrize(
+    "overrides,sizes,message",
+    [
+      (
+        dict(),
+        dict(data=1, tensor=8),
+        r"stack/block_0/self_attention/key/kernel: dimension 1 \('kv_heads', size 4\) is not "
+        r"divisible by mesh axis tensor \(size 8\); change model.num_kv_heads or parallel.tensor",
+      ),
+      (
+        dict(vocab_size=65),
+        dict(tensor=2),
+        r"embedder/token/embedding: dimension 0 \('vocab', size 65\) .* change model.vocab_size",
+      ),
+      (
+        dict(d_model=36, num_heads=2),
+        dict(fsdp=8),
+        r"embedder/token/embedding: dimension 1 \('embed', size 36\) is not divisible by mesh "
+        r"axis fsdp \(size 8\)",
+      ),
+    ],
+  )
   def test_non_divisible_dimension_names_param_and_field(self, overrides, sizes, message):
     with pytest.raises(ValueError, match=message):
       sharding.param_shardings(abstract_params(overrides), sharding.make_mesh(parallel(**sizes)))
 
   def test_batch_sharding(self):
     mesh = sharding.make_mesh(parallel(data=2, fsdp=2, tensor=2))
-    with pytest.raises(ValueError, match=r"data.batch_size: 6 is not divisible by "
-                                         r"parallel.data x parallel.fsdp = 2 x 2 = 4"):
+    with pytest.raises(
+      ValueError,
+      match=r"data.batch_size: 6 is not divisible by "
+      r"parallel.data x parallel.fsdp = 2 x 2 = 4",
+    ):
       sharding.check_batch(6, mesh)
     batch = {"inputs": np.arange(8 * 3).reshape(8, 3), "labels": np.arange(8)}
     arrays = sharding.shard_batch(batch, mesh)
@@ -340,7 +417,8 @@ class TestEightDevices:
     # A fresh jit each time: the flax rules are read while tracing, and are
     # not part of jit's cache key.
     double = lambda: jax.jit(
-        lambda x: nn.with_logical_constraint(2 * x, ("batch", "length", "embed")))
+      lambda x: nn.with_logical_constraint(2 * x, ("batch", "length", "embed"))
+    )
     x = jax.device_put(np.ones((8, 4, 16), np.float32), sharding.replicated(mesh))
     assert double()(x).sharding.is_fully_replicated  # outside the context: a no-op
     with sharding.activation_sharding(mesh):
@@ -348,6 +426,7 @@ class TestEightDevices:
       assert double()(x).sharding.spec == P(("data", "fsdp"))
 
 
+@pytest.mark.slow  # a subprocess
 def test_eight_device_checks():
   """Runs TestEightDevices in a fresh process with 8 CPU devices."""
   if jax.device_count() >= 8:
@@ -357,10 +436,22 @@ def test_eight_device_checks():
   xla_flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags)
   result = subprocess.run(
-      [sys.executable, "-m", "pytest", f"{__file__}::TestEightDevices", "-q", "-x",
-       "-p", "no:cacheprovider"],
-      env=env, cwd=pathlib.Path(__file__).parents[1], capture_output=True, text=True,
-      timeout=600)
+    [
+      sys.executable,
+      "-m",
+      "pytest",
+      f"{__file__}::TestEightDevices",
+      "-q",
+      "-x",
+      "-p",
+      "no:cacheprovider",
+    ],
+    env=env,
+    cwd=pathlib.Path(__file__).parents[1],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   output = result.stdout + result.stderr
   assert result.returncode == 0, output[-6000:]
   assert re.search(r"\d+ passed", output) and "skipped" not in output, output[-3000:]

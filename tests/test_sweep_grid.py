@@ -24,13 +24,19 @@ def sweep_config(fields, base=None):
 
 
 def test_expand_is_the_product_in_grid_order_first_field_slowest():
-  config = sweep_config({"model.position": ["rope", "alibi", "learned"],
-                         "model.norm_placement": ["pre", "post"]})
+  config = sweep_config(
+    {"model.position": ["rope", "alibi", "learned"], "model.norm_placement": ["pre", "post"]}
+  )
   points = grid.expand(config)
   assert [p.index for p in points] == list(range(6))
   assert [(p.config.model.position, p.config.model.norm_placement) for p in points] == [
-      ("rope", "pre"), ("rope", "post"), ("alibi", "pre"), ("alibi", "post"),
-      ("learned", "pre"), ("learned", "post")]
+    ("rope", "pre"),
+    ("rope", "post"),
+    ("alibi", "pre"),
+    ("alibi", "post"),
+    ("learned", "pre"),
+    ("learned", "post"),
+  ]
   assert points[3].name == "position=alibi,norm_placement=post"
   assert points[3].overrides == {"model.position": "alibi", "model.norm_placement": "post"}
   # Each point owns a copy: the base and the other points are untouched.
@@ -40,9 +46,16 @@ def test_expand_is_the_product_in_grid_order_first_field_slowest():
 
 
 def test_names_are_filesystem_safe_and_keep_grid_order_with_full_paths_on_clashes():
-  points = grid.expand(sweep_config({"model.max_len": [256], "data.max_example_len": [8],
-                                     "eval.sample_prompt": ["a/b c"],
-                                     "model.use_bias": [True]}))
+  points = grid.expand(
+    sweep_config(
+      {
+        "model.max_len": [256],
+        "data.max_example_len": [8],
+        "eval.sample_prompt": ["a/b c"],
+        "model.use_bias": [True],
+      }
+    )
+  )
   assert points[0].name == "max_len=256,max_example_len=8,sample_prompt=a_b_c,use_bias=true"
   assert points[0].config.eval.sample_prompt == "a/b c"
 
@@ -58,26 +71,36 @@ def test_int_values_are_accepted_by_float_fields_through_configdict():
   assert isinstance(points[0].config.train.learning_rate, float)
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"model.num_layers": [2, "two"]},
-     r"^point 1 \(num_layers=two\): model\.num_layers: 'two' has the wrong type"),
-    ({"model.position": ["rope"], "model.bogus": [1]},
-     r"^point 0 \(position=rope,bogus=1\): model\.bogus: unknown field"),
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (
+      {"model.num_layers": [2, "two"]},
+      r"^point 1 \(num_layers=two\): model\.num_layers: 'two' has the wrong type",
+    ),
+    (
+      {"model.position": ["rope"], "model.bogus": [1]},
+      r"^point 0 \(position=rope,bogus=1\): model\.bogus: unknown field",
+    ),
     ({"bogus.position": [1]}, r"^point 0 \(position=1\): bogus: unknown field"),
     ({"model.position.x": [1]}, r"^point 0 \(x=1\): model\.position\.x: unknown field"),
     ({"model": [1]}, r"^point 0 \(model=1\): model: is a section, not a field"),
-])
+  ],
+)
 def test_bad_overrides_name_the_point_and_the_field(fields, message):
   with pytest.raises(GridError, match=message):
     grid.expand(sweep_config(fields))
 
 
-@pytest.mark.parametrize("fields, message", [
+@pytest.mark.parametrize(
+  "fields, message",
+  [
     ({}, r"^grid: empty"),
     ({"model.position": []}, r"^grid\.model\.position: must be a non-empty list"),
     ({"model.position": "rope"}, r"^grid\.model\.position: must be a non-empty list"),
     ({"model.position": [("rope",)]}, r"^grid\.model\.position: \('rope',\) is not a str"),
-])
+  ],
+)
 def test_bad_grids_are_rejected_naming_the_field(fields, message):
   with pytest.raises(GridError, match=message):
     grid.expand(sweep_config(fields))
@@ -92,24 +115,33 @@ def test_a_sweep_config_without_a_grid_is_rejected():
 def check_learned_table(config):
   """A stand-in for the run config validator: its error names the field."""
   if config.model.position == "learned" and config.data.seq_len > config.model.max_len:
-    raise ValueError(f"model.max_len: the learned table ({config.model.max_len}) is shorter "
-                     f"than data.seq_len={config.data.seq_len}")
+    raise ValueError(
+      f"model.max_len: the learned table ({config.model.max_len}) is shorter "
+      f"than data.seq_len={config.data.seq_len}"
+    )
 
 
 def test_validate_names_the_first_point_the_check_rejects():
-  points = grid.expand(sweep_config({"model.position": ["rope", "learned"],
-                                     "model.max_len": [512, 64]}))
+  points = grid.expand(
+    sweep_config({"model.position": ["rope", "learned"], "model.max_len": [512, 64]})
+  )
   grid.validate(points[:3], check_learned_table)  # rope x both, learned x 512: fine
-  with pytest.raises(GridError, match=r"^point 3 \(position=learned,max_len=64\): "
-                                      r"model\.max_len: the learned table \(64\)"):
+  with pytest.raises(
+    GridError,
+    match=r"^point 3 \(position=learned,max_len=64\): "
+    r"model\.max_len: the learned table \(64\)",
+  ):
     grid.validate(points, check_learned_table)
 
 
 @pytest.fixture
 def six_points(monkeypatch):
   monkeypatch.delenv(grid.SLURM_TASK_ENV, raising=False)
-  return grid.expand(sweep_config({"model.position": ["rope", "alibi", "learned"],
-                                   "model.norm_placement": ["pre", "post"]}))
+  return grid.expand(
+    sweep_config(
+      {"model.position": ["rope", "alibi", "learned"], "model.norm_placement": ["pre", "post"]}
+    )
+  )
 
 
 def test_select_all_one_or_the_slurm_task(six_points, monkeypatch):
@@ -120,14 +152,18 @@ def test_select_all_one_or_the_slurm_task(six_points, monkeypatch):
   assert grid.select(six_points, 0) == [six_points[0]]  # an explicit --index wins
 
 
-@pytest.mark.parametrize("index, env, message", [
+@pytest.mark.parametrize(
+  "index, env, message",
+  [
     (6, None, r"^--index=6: out of range \(the grid has 6 points, indices 0\.\.5\)"),
     (-1, None, r"^--index=-1: out of range"),
     (None, "6", r"^SLURM_ARRAY_TASK_ID=6: out of range"),
     (None, "two", r"^SLURM_ARRAY_TASK_ID=two: not an integer"),
-])
-def test_select_rejects_bad_indices_naming_their_source(six_points, monkeypatch, index, env,
-                                                        message):
+  ],
+)
+def test_select_rejects_bad_indices_naming_their_source(
+  six_points, monkeypatch, index, env, message
+):
   if env is not None:
     monkeypatch.setenv(grid.SLURM_TASK_ENV, env)
   with pytest.raises(GridError, match=message):
@@ -140,8 +176,9 @@ def parse_run_command(command):
   assert args[:3] == ["python", "-m", "experiments.run"]
   argv = ["run", *args[3:]]
   values = flags.FlagValues()
-  config_flag = config_flags.DEFINE_config_file("config", None, "run config", flag_values=values,
-                                                lock_config=True, sys_argv=argv)
+  config_flag = config_flags.DEFINE_config_file(
+    "config", None, "run config", flag_values=values, lock_config=True, sys_argv=argv
+  )
   workdir_flag = flags.DEFINE_string("workdir", None, "run directory", flag_values=values)
   values(argv)
   return config_flag.value, workdir_flag.value
@@ -153,14 +190,23 @@ def test_command_for_reproduces_every_field_the_point_changes(tmp_path):
   base.train.steps = 20
   base.model.tie_embeddings = False
   base.eval.sample_prompt = "x = 'a b'"
-  points = grid.expand(sweep_config(
-      {"model.norm_placement": ["post"], "train.learning_rate": [1e-5, 2],
-       "model.use_bias": [True], "data.seq_len": [64]}, base=base))
+  points = grid.expand(
+    sweep_config(
+      {
+        "model.norm_placement": ["post"],
+        "train.learning_rate": [1e-5, 2],
+        "model.use_bias": [True],
+        "data.seq_len": [64],
+      },
+      base=base,
+    )
+  )
   commands = []
   for point in points:
     workdir = tmp_path / point.name
-    commands.append(grid.command_for(point, str(BASE_CONFIG_FILE), workdir,
-                                     reference=load_config("base")))
+    commands.append(
+      grid.command_for(point, str(BASE_CONFIG_FILE), workdir, reference=load_config("base"))
+    )
     config, parsed_workdir = parse_run_command(commands[-1])
     assert config.to_dict() == point.config.to_dict()
     assert isinstance(config.train.learning_rate, float)
@@ -176,12 +222,16 @@ def test_command_for_sets_derived_fields_and_rejects_what_the_command_line_canno
   reference = load_config("base")
   assert "window" not in grid.command_for(points[0], "configs/base.py", "w", reference=reference)
   # model.window is a typed placeholder (None by default): the command line sets it.
-  assert "--config.model.window=16" in grid.command_for(points[1], "configs/base.py", "w",
-                                                         reference=reference)
+  assert "--config.model.window=16" in grid.command_for(
+    points[1], "configs/base.py", "w", reference=reference
+  )
   # ...but cannot set a field back to None.
   reference.model.window = 16
-  with pytest.raises(GridError, match=r"^point 0 \(window=None\): model\.window: cannot set "
-                                      r"None from the command line"):
+  with pytest.raises(
+    GridError,
+    match=r"^point 0 \(window=None\): model\.window: cannot set "
+    r"None from the command line",
+  ):
     grid.command_for(points[0], "configs/base.py", "w", reference=reference)
   reference.model.bogus = 1
   with pytest.raises(GridError, match=r"^point 1 \(window=16\): model\.bogus: in only one"):

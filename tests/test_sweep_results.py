@@ -31,24 +31,31 @@ def write_run(workdir, rows, *, steps=STEPS):
 
 def replica_row(step, name, values, **extra):
   """A metrics row as a run of len(values) vmapped replicas logs it."""
-  return {"step": step, name: float(np.mean(values)),
-          **{f"{name}/{r}": value for r, value in enumerate(values)}, **extra}
+  return {
+    "step": step,
+    name: float(np.mean(values)),
+    **{f"{name}/{r}": value for r, value in enumerate(values)},
+    **extra,
+  }
 
 
 def write_extrapolation(workdir, applicable, **extra):
   losses = {"non_overlapping": [2.0, 2.5, 3.5], "sliding": [1.9, 2.2, 3.0]}
   losses = {p: [v if ok else None for v, ok in zip(vs, applicable)] for p, vs in losses.items()}
-  (workdir / results.EXTRAPOLATION_FILE).write_text(json.dumps(
-      {"lengths": [8, 16, 32], "loss": losses, "applicable": applicable, **extra}))
+  (workdir / results.EXTRAPOLATION_FILE).write_text(
+    json.dumps({"lengths": [8, 16, 32], "loss": losses, "applicable": applicable, **extra})
+  )
 
 
 @pytest.fixture
 def points():
-  base = ml_collections.ConfigDict(dict(
-      replicas=2, model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS)))
+  base = ml_collections.ConfigDict(
+    dict(replicas=2, model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS))
+  )
   config = ml_collections.ConfigDict(dict(base=base))
-  config.grid = grid.make_grid({"model.position": ["rope", "learned"],
-                                "model.norm_placement": ["pre", "post"]})
+  config.grid = grid.make_grid(
+    {"model.position": ["rope", "learned"], "model.norm_placement": ["pre", "post"]}
+  )
   return grid.expand(config)
 
 
@@ -57,28 +64,45 @@ def sweep_dir(tmp_path, points):
   """Four points of two replicas each: done (with extrapolation), diverged,
   done (learned table: longer lengths not applicable), partial."""
   rope_pre, rope_post, learned_pre, learned_post = (tmp_path / p.name for p in points)
-  write_run(rope_pre, [
+  write_run(
+    rope_pre,
+    [
       replica_row(2, "loss", [3.0, 3.2], tokens_per_sec=1000.0),
       replica_row(2, "eval_loss", [3.1, 3.3]),
       replica_row(4, "loss", [2.2, 2.6], tokens_per_sec=1200.0),
-      replica_row(4, "eval_loss", [2.0, 2.5])])
+      replica_row(4, "eval_loss", [2.0, 2.5]),
+    ],
+  )
   write_extrapolation(rope_pre, [True, True, True])
   write_run(rope_post, [replica_row(2, "loss", [3.0, 3.0], tokens_per_sec=900.0)])
   results.mark_diverged(rope_post, "non-finite loss by step 3")
-  write_run(learned_pre, [
+  write_run(
+    learned_pre,
+    [
       replica_row(2, "loss", [2.9, 3.1], tokens_per_sec=800.0),
       replica_row(2, "eval_loss", [3.0, 3.0]),
       replica_row(4, "loss", [2.4, 2.4], tokens_per_sec=1000.0),
-      replica_row(4, "eval_loss", [2.3, 2.7])])
+      replica_row(4, "eval_loss", [2.3, 2.7]),
+    ],
+  )
   write_extrapolation(learned_pre, [True, False, False])
-  write_run(learned_post, [replica_row(2, "loss", [3.1, 3.3], tokens_per_sec=700.0),
-                           replica_row(2, "eval_loss", [3.2, 3.4])])
+  write_run(
+    learned_post,
+    [
+      replica_row(2, "loss", [3.1, 3.3], tokens_per_sec=700.0),
+      replica_row(2, "eval_loss", [3.2, 3.4]),
+    ],
+  )
   return tmp_path
 
 
 def test_point_status_of_each_state(sweep_dir, points, tmp_path):
   assert [results.point_status(sweep_dir / p.name) for p in points] == [
-      "done", "diverged", "done", "partial"]
+    "done",
+    "diverged",
+    "done",
+    "partial",
+  ]
   assert results.point_status(tmp_path / "never_started") == "missing"
   (tmp_path / "empty").mkdir()
   assert results.point_status(tmp_path / "empty") == "missing"
@@ -105,8 +129,10 @@ def test_summary_of_replicas_is_mean_and_sample_std(sweep_dir, points):
 
 
 def test_summary_of_a_single_run_has_no_std(tmp_path, points):
-  write_run(tmp_path / "single", [{"step": 4, "loss": 2.5, "tokens_per_sec": 500.0},
-                                  {"step": 4, "eval_loss": 2.25}])
+  write_run(
+    tmp_path / "single",
+    [{"step": 4, "loss": 2.5, "tokens_per_sec": 500.0}, {"step": 4, "eval_loss": 2.25}],
+  )
   row = results.summarize_point(points[0], tmp_path / "single", replicas=1)
   assert (row.train_loss.mean, row.train_loss.std) == (2.5, None)
   assert row.eval_perplexity.mean == pytest.approx(math.exp(2.25), rel=1e-12)
@@ -121,16 +147,23 @@ def test_summary_of_a_diverged_point_has_no_final_losses(sweep_dir, points):
 
 
 def test_rows_of_a_resumed_run_replace_earlier_ones_at_the_same_step(tmp_path, points):
-  write_run(tmp_path / "resumed", [
-      {"step": 4, "loss": 9.0}, {"step": 4, "eval_loss": 9.0},
-      {"step": 4, "loss": 2.0}, {"step": 4, "eval_loss": 1.5}])
+  write_run(
+    tmp_path / "resumed",
+    [
+      {"step": 4, "loss": 9.0},
+      {"step": 4, "eval_loss": 9.0},
+      {"step": 4, "loss": 2.0},
+      {"step": 4, "eval_loss": 1.5},
+    ],
+  )
   row = results.summarize_point(points[0], tmp_path / "resumed", replicas=1)
   assert (row.train_loss.mean, row.eval_loss.mean) == (2.0, 1.5)
 
 
 def test_a_missing_replica_value_is_an_error_naming_it(tmp_path, points):
-  write_run(tmp_path / "run", [{"step": 4, "loss": 2.0, "loss/0": 2.0},
-                               {"step": 4, "eval_loss": 2.0}])
+  write_run(
+    tmp_path / "run", [{"step": 4, "loss": 2.0, "loss/0": 2.0}, {"step": 4, "eval_loss": 2.0}]
+  )
   with pytest.raises(ValueError, match=r"step 4 has 'loss' but not 'loss/1' \(replicas=2\)"):
     results.summarize_point(points[0], tmp_path / "run", replicas=2)
   with pytest.raises(ValueError, match="replicas must be >= 1"):
@@ -138,8 +171,9 @@ def test_a_missing_replica_value_is_an_error_naming_it(tmp_path, points):
 
 
 def test_a_malformed_extrapolation_file_is_an_error_naming_the_key(tmp_path):
-  (tmp_path / results.EXTRAPOLATION_FILE).write_text(json.dumps(
-      {"lengths": [8, 16], "loss": {"sliding": [2.0]}, "applicable": [True, True]}))
+  (tmp_path / results.EXTRAPOLATION_FILE).write_text(
+    json.dumps({"lengths": [8, 16], "loss": {"sliding": [2.0]}, "applicable": [True, True]})
+  )
   with pytest.raises(ValueError, match=r"loss\.sliding has 1 entries for 2 lengths"):
     results.read_extrapolation(tmp_path)
   (tmp_path / results.EXTRAPOLATION_FILE).write_text(json.dumps({"lengths": [8]}))
@@ -161,13 +195,17 @@ def test_results_csv_holds_the_hand_computed_values(sweep_dir, points):
   assert float(rope_pre["eval_loss"]) == pytest.approx(2.25, rel=1e-12)
   assert float(rope_pre["eval_loss_std"]) == pytest.approx(0.5 / math.sqrt(2), rel=1e-12)
   assert float(rope_pre["train_ppl"]) == pytest.approx(
-      (math.exp(2.2) + math.exp(2.6)) / 2, rel=1e-12)
+    (math.exp(2.2) + math.exp(2.6)) / 2, rel=1e-12
+  )
   assert float(rope_pre["tokens_per_sec"]) == pytest.approx(1100.0, rel=1e-12)
   assert [rope_pre[f"sliding@{n}"] for n in (8, 16, 32)] == ["1.9", "2.2", "3.0"]
   assert [learned_pre[f"non_overlapping@{n}"] for n in (8, 16, 32)] == ["2.0", "n/a", "n/a"]
   assert float(learned_pre["eval_loss_std"]) == pytest.approx(0.4 / math.sqrt(2), rel=1e-12)
   assert (rope_post["diverged"], rope_post["status"], rope_post["eval_loss"]) == (
-      "yes", "diverged", "")
+    "yes",
+    "diverged",
+    "",
+  )
   assert learned_post["status"] == "partial" and learned_post["diverged"] == "no"
   assert float(learned_post["eval_loss"]) == pytest.approx(3.3, rel=1e-12)
   assert learned_post["sliding@8"] == ""  # not evaluated
@@ -178,8 +216,7 @@ def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
   lines = md_path.read_text().splitlines()
   assert "sample std (ddof=1)" in lines[0]
   header = [cell.strip() for cell in lines[2].strip("|").split("|")]
-  cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
-           for line in lines[4:]]
+  cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[4:]]
   assert len(cells) == 4
   assert cells[0]["val loss"] == "2.2500 ± 0.3536"
   assert cells[0]["tokens/s"] == "1,100"
@@ -198,7 +235,8 @@ def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   assert results.late_improvement([250], [2.3]) is None
   assert results.late_improvement([], []) is None
   assert results.late_improvement(steps, [3.0, 2.5, 2.2, 2.1, 2.0]) == pytest.approx(
-      0.1 / 2.1, rel=1e-12)
+    0.1 / 2.1, rel=1e-12
+  )
   assert not results.is_flat(0.1 / 2.1) and results.is_flat(0.019) and results.is_flat(-0.01)
   assert results.is_flat(None) is None
 
@@ -234,8 +272,10 @@ class FakeLinePlot:
   def __call__(self, series, path, title, xlabel, ylabel, logx=False, styles=None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    self.calls.append(dict(series=series, title=title, xlabel=xlabel, ylabel=ylabel,
-                           logx=logx, styles=styles))
+
+    self.calls.append(
+      dict(series=series, title=title, xlabel=xlabel, ylabel=ylabel, logx=logx, styles=styles)
+    )
     figure = Figure()
     FigureCanvasAgg(figure)
     for label, (x, y, _) in series.items():
@@ -257,9 +297,10 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   # learned_pre (3.0 -> 2.5) improved by 29.7% and 16.7% over the last fifth;
   # learned_post has one evaluation.
   assert list(call["series"]) == [
-      f"{points[0].name} (not flat: -29.7% in the last fifth)",
-      f"{points[2].name} (not flat: -16.7% in the last fifth)",
-      f"{points[3].name} (flatness unknown)"]
+    f"{points[0].name} (not flat: -29.7% in the last fifth)",
+    f"{points[2].name} (not flat: -16.7% in the last fifth)",
+    f"{points[3].name} (flatness unknown)",
+  ]
   assert "flat: < 2% better over the last fifth" in call["title"]
   steps, mean, std = next(iter(call["series"].values()))
   np.testing.assert_array_equal(steps, [2, 4])
@@ -290,16 +331,20 @@ def test_point_styles_colour_the_leading_fields_and_dash_the_last(points):
   assert by_values[("rope", "pre")]["color"] != by_values[("learned", "pre")]["color"]
   assert by_values[("rope", "pre")]["linestyle"] == by_values[("learned", "pre")]["linestyle"]
   assert by_values[("rope", "pre")]["linestyle"] != by_values[("rope", "post")]["linestyle"]
-  one_field = grid.expand(ml_collections.ConfigDict(dict(
-      base=points[0].config, grid=grid.make_grid({"model.position": ["rope", "alibi"]}))))
+  one_field = grid.expand(
+    ml_collections.ConfigDict(
+      dict(base=points[0].config, grid=grid.make_grid({"model.position": ["rope", "alibi"]}))
+    )
+  )
   colours = {style["color"] for style in results.point_styles(one_field).values()}
   assert len(colours) == 2
 
 
 def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, points):
   line_plot = FakeLinePlot()
-  path = results.plot_extrapolation(summaries(sweep_dir, points), sweep_dir,
-                                    protocol="sliding", line_plot=line_plot)
+  path = results.plot_extrapolation(
+    summaries(sweep_dir, points), sweep_dir, protocol="sliding", line_plot=line_plot
+  )
   assert path.name == "extrapolation_sliding.png"
   assert_png(path)
   (call,) = line_plot.calls
@@ -312,11 +357,13 @@ def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, po
 
 def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
   per_position = [3.0, 2.0, None, 1.5]  # null: no token scored at position 2
-  write_extrapolation(sweep_dir / points[0].name, [True, True, False],
-                      per_position={"length": 4, "loss": per_position})
+  write_extrapolation(
+    sweep_dir / points[0].name,
+    [True, True, False],
+    per_position={"length": 4, "loss": per_position},
+  )
   line_plot = FakeLinePlot()
-  path = results.plot_per_position(summaries(sweep_dir, points), sweep_dir,
-                                   line_plot=line_plot)
+  path = results.plot_per_position(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
   assert path.name == results.PER_POSITION_PNG
   assert_png(path)
   (call,) = line_plot.calls
@@ -327,18 +374,21 @@ def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
   assert "position" in call["xlabel"] and "nats/token" in call["ylabel"]
 
   # Longer windows are averaged over equal spans of positions.
-  results.plot_per_position(summaries(sweep_dir, points), sweep_dir, bins=2,
-                            line_plot=line_plot)
+  results.plot_per_position(summaries(sweep_dir, points), sweep_dir, bins=2, line_plot=line_plot)
   ((_, (positions, losses, _)),) = line_plot.calls[-1]["series"].items()
   np.testing.assert_array_equal(positions, [0.5, 2.5])
   np.testing.assert_array_equal(losses, [2.5, 1.5])  # the null position is left out
 
-  write_extrapolation(sweep_dir / points[0].name, [True, True, False],
-                      per_position={"length": 5, "loss": per_position})
+  write_extrapolation(
+    sweep_dir / points[0].name,
+    [True, True, False],
+    per_position={"length": 5, "loss": per_position},
+  )
   with pytest.raises(ValueError, match="per_position.loss has 4 entries for length 5"):
     results.read_extrapolation(sweep_dir / points[0].name)
-  write_extrapolation(sweep_dir / points[0].name, [True, True, False],
-                      per_position={"loss": per_position})
+  write_extrapolation(
+    sweep_dir / points[0].name, [True, True, False], per_position={"loss": per_position}
+  )
   with pytest.raises(ValueError, match="missing 'per_position.length'"):
     results.read_extrapolation(sweep_dir / points[0].name)
 
@@ -352,7 +402,8 @@ def test_pre_vs_post_bar_chart_is_written(sweep_dir, points):
 
 
 def test_pre_vs_post_axis_spans_the_losses_not_zero_and_its_legend_sits_beside_it(
-    sweep_dir, points):
+  sweep_dir, points
+):
   rows = summaries(sweep_dir, points)
   figure = results.pre_vs_post_figure(rows)
   (axes,) = figure.axes
@@ -376,7 +427,8 @@ def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep
 
 @pytest.mark.parametrize("failing", [results.RESULTS_CSV, results.RESULTS_MD])
 def test_a_full_disk_while_writing_results_is_one_line_and_keeps_the_old_file(
-    sweep_dir, points, failing):
+  sweep_dir, points, failing
+):
   rows = summaries(sweep_dir, points)
   written = results.write_results(rows, sweep_dir)
   before = {path.name: path.read_bytes() for path in written}
@@ -392,8 +444,14 @@ def test_a_full_disk_while_writing_results_is_one_line_and_keeps_the_old_file(
 def test_a_full_disk_while_writing_a_plot_keeps_the_old_png(sweep_dir, points):
   path = results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir)
   before = path.read_bytes()
-  with full_disk(files_in(sweep_dir), 1), pytest.raises(
-      WriteError, match=f"^{path}: No space left on device$"):
-    results.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir,
-                             group_field="model.norm_placement", split_field="model.position")
+  with (
+    full_disk(files_in(sweep_dir), 1),
+    pytest.raises(WriteError, match=f"^{path}: No space left on device$"),
+  ):
+    results.plot_pre_vs_post(
+      summaries(sweep_dir, points),
+      sweep_dir,
+      group_field="model.norm_placement",
+      split_field="model.position",
+    )
   assert path.read_bytes() == before

@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 
-from etils import epath
 import ml_collections
 import numpy as np
 import pytest
+from etils import epath
 
 from conftest import checkpoint_steps, load_config, tiny_config
 from txf.sweep import grid, results, runner
@@ -44,12 +44,15 @@ def toy_sweep(fields=None, **sweep):
 def fake_extrapolate(calls, tokens=None):
   """An extrapolation hook writing the documented file with made-up losses;
   appends each run directory to `calls` and each num_tokens to `tokens`."""
+
   def extrapolate(workdir, *, num_tokens):
     calls.append(workdir)
     if tokens is not None:
       tokens.append(num_tokens)
-    (epath.Path(workdir) / results.EXTRAPOLATION_FILE).write_text(json.dumps(
-        {"lengths": [32, 64], "loss": {"sliding": [3.0, 3.5]}, "applicable": [True, True]}))
+    (epath.Path(workdir) / results.EXTRAPOLATION_FILE).write_text(
+      json.dumps({"lengths": [32, 64], "loss": {"sliding": [3.0, 3.5]}, "applicable": [True, True]})
+    )
+
   return extrapolate
 
 
@@ -76,15 +79,22 @@ def finished_sweep(tmp_path_factory, compilation_cache_dir):
   index_listing = sorted(os.listdir(workdir))
   lines, calls = [], []
   runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
-  return dict(workdir=workdir, index_result=index_result, index_listing=index_listing,
-              lines=lines, calls=calls)
+  return dict(
+    workdir=workdir,
+    index_result=index_result,
+    index_listing=index_listing,
+    lines=lines,
+    calls=calls,
+  )
 
 
+@pytest.mark.slow  # its fixture trains a sweep
 def test_index_runs_exactly_one_point_and_writes_no_results(finished_sweep):
   assert finished_sweep["index_result"] is None
   assert finished_sweep["index_listing"] == [TOY_NAMES[1]]
 
 
+@pytest.mark.slow  # its fixture trains a sweep
 def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep):
   workdir, lines, calls = (finished_sweep[key] for key in ("workdir", "lines", "calls"))
   assert [str(call) for call in calls] == [str(workdir / name) for name in TOY_NAMES]
@@ -101,22 +111,29 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
     assert float(row["eval_loss"]) == pytest.approx(final_eval_loss(workdir / name), rel=1e-12)
     final = [r for r in read_metrics(workdir / name) if "eval_loss" in r][-1]
     replica_losses = [final[f"eval_loss/{r}"] for r in range(REPLICAS)]
-    assert float(row["eval_loss_std"]) == pytest.approx(np.std(replica_losses, ddof=1),
-                                                        rel=1e-9)
+    assert float(row["eval_loss_std"]) == pytest.approx(np.std(replica_losses, ddof=1), rel=1e-9)
     assert row["replicas"] == str(REPLICAS)
     assert (row["status"], row["diverged"], row["sliding@64"]) == ("done", "no", "3.5")
   markdown = (workdir / results.RESULTS_MD).read_text()
   assert all(f"| {name} |" in markdown for name in TOY_NAMES)
-  for png in (results.LOSS_CURVES_PNG, results.TRAIN_LOSS_CURVES_PNG, results.PRE_VS_POST_PNG,
-              "extrapolation_sliding.png"):
+  for png in (
+    results.LOSS_CURVES_PNG,
+    results.TRAIN_LOSS_CURVES_PNG,
+    results.PRE_VS_POST_PNG,
+    "extrapolation_sliding.png",
+  ):
     assert (workdir / png).read_bytes().startswith(PNG_MAGIC)
   # Point 1 trained alone first: the full run trains only point 0, and
   # extrapolates both.
   assert [line for line in lines if line.startswith("point ")] == [
-      f"point 0 ({TOY_NAMES[0]}): training", f"point 0 ({TOY_NAMES[0]}): length extrapolation",
-      f"point 1 ({TOY_NAMES[1]}): done, skipped", f"point 1 ({TOY_NAMES[1]}): length extrapolation"]
+    f"point 0 ({TOY_NAMES[0]}): training",
+    f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+    f"point 1 ({TOY_NAMES[1]}): done, skipped",
+    f"point 1 ({TOY_NAMES[1]}): length extrapolation",
+  ]
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_rerun_skips_finished_points(finished_sweep):
   workdir = finished_sweep["workdir"]
   metrics = [workdir / name / "metrics.jsonl" for name in TOY_NAMES]
@@ -124,27 +141,38 @@ def test_a_rerun_skips_finished_points(finished_sweep):
   lines, calls = [], []
   runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
   assert [line for line in lines if line.startswith("point ")] == [
-      f"point {i} ({name}): done, skipped" for i, name in enumerate(TOY_NAMES)]
+    f"point {i} ({name}): done, skipped" for i, name in enumerate(TOY_NAMES)
+  ]
   assert calls == []  # extrapolation.json already there
   assert [path.stat().st_mtime_ns for path in metrics] == before
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tmp_path):
   workdir = tmp_path / "copy"
   shutil.copytree(finished_sweep["workdir"], workdir)
   for name in TOY_NAMES:
     (workdir / name / results.EXTRAPOLATION_FILE).unlink()
   calls = []
-  runner.run_sweep(toy_sweep(extrapolate=False), workdir, log=lambda line: None,
-                   extrapolate=fake_extrapolate(calls))
+  runner.run_sweep(
+    toy_sweep(extrapolate=False),
+    workdir,
+    log=lambda line: None,
+    extrapolate=fake_extrapolate(calls),
+  )
   assert calls == []
   tokens = []
-  runner.run_sweep(toy_sweep(extrapolate_tokens=600), workdir, log=lambda line: None,
-                   extrapolate=fake_extrapolate(calls, tokens))
+  runner.run_sweep(
+    toy_sweep(extrapolate_tokens=600),
+    workdir,
+    log=lambda line: None,
+    extrapolate=fake_extrapolate(calls, tokens),
+  )
   assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
   assert tokens == [600, 600]  # sweep.extrapolate_tokens reaches the hook
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
   workdir = finished_sweep["workdir"]
   expected = (workdir / results.RESULTS_CSV).read_text()
@@ -166,6 +194,7 @@ def point_lines(lines):
   return [line for line in lines if line.startswith(("point ", "sweep "))]
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   expected = final_eval_loss(workdir / TOY_NAMES[0])
@@ -178,12 +207,15 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
     if line.startswith(f"step 3/{TOY_STEPS} "):
       os.kill(os.getpid(), signal.SIGTERM)
 
-  assert runner.run_sweep(toy_sweep(), workdir, log=log,
-                          extrapolate=fake_extrapolate(calls := [])) is None
+  assert (
+    runner.run_sweep(toy_sweep(), workdir, log=log, extrapolate=fake_extrapolate(calls := []))
+    is None
+  )
   assert point_lines(lines) == [
-      f"point 0 ({TOY_NAMES[0]}): training",
-      f"sweep preempted in point 0 ({TOY_NAMES[0]}), which is saved; rerun the same command "
-      "to resume"]
+    f"point 0 ({TOY_NAMES[0]}): training",
+    f"sweep preempted in point 0 ({TOY_NAMES[0]}), which is saved; rerun the same command "
+    "to resume",
+  ]
   assert checkpoint_steps(workdir / TOY_NAMES[0]) == [3] and calls == []
   assert not (workdir / results.RESULTS_CSV).exists()
   lines = []
@@ -193,8 +225,8 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
   assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
 
 
-def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep,
-                                                                         tmp_path):
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   path = workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE
   path.write_text(path.read_text()[:30])
@@ -202,15 +234,20 @@ def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finishe
   rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lines.append)
   assert rows[0].extrapolation is None and rows[1].extrapolation is not None
   (line,) = [line for line in lines if str(path) in line]
-  assert line.startswith(f"{path}: not JSON (") and line.endswith(
-      "; read as missing (a sweep rerun recomputes it)") and "\n" not in line
+  assert (
+    line.startswith(f"{path}: not JSON (")
+    and line.endswith("; read as missing (a sweep rerun recomputes it)")
+    and "\n" not in line
+  )
   calls = []
-  rows = runner.run_sweep(toy_sweep(), workdir, log=lambda line: None,
-                          extrapolate=fake_extrapolate(calls))
+  rows = runner.run_sweep(
+    toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+  )
   assert [str(call) for call in calls] == [str(path.parent)]
   assert rows[0].extrapolation == rows[1].extrapolation
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   cut, unconfigured = (workdir / name for name in TOY_NAMES)
@@ -223,7 +260,8 @@ def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path)
   lines = []
   runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate([]))
   assert [line for line in lines if line.startswith("point ")] == [
-      f"point {i} ({name}): training" for i, name in enumerate(TOY_NAMES)]
+    f"point {i} ({name}): training" for i, name in enumerate(TOY_NAMES)
+  ]
   assert final_eval_loss(cut) == pytest.approx(final["eval_loss"], rel=1e-6)
   assert (unconfigured / "config.json").read_text() == config_json
   table = read_csv(workdir / results.RESULTS_CSV)
@@ -231,6 +269,7 @@ def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path)
   assert float(table[0]["eval_loss"]) == pytest.approx(final["eval_loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   for name in TOY_NAMES:  # extrapolated at the old final step
@@ -248,18 +287,20 @@ def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_
   assert [pathlib.Path(call).name for call in calls] == TOY_NAMES  # stale ones recomputed
   table = read_csv(workdir / results.RESULTS_CSV)
   assert [float(row["eval_loss"]) for row in table] == [
-      pytest.approx(final_eval_loss(workdir / name), rel=1e-12) for name in TOY_NAMES]
+    pytest.approx(final_eval_loss(workdir / name), rel=1e-12) for name in TOY_NAMES
+  ]
 
 
-def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished_sweep,
-                                                                         tmp_path):
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
   calls = []
   with WorkdirLock(workdir / TOY_NAMES[0]):  # the first sweep, extrapolating point 0
     with pytest.raises(WorkdirError, match=f"^{workdir / TOY_NAMES[0]}: in use by another run"):
-      runner.run_sweep(toy_sweep(), workdir, log=lambda line: None,
-                       extrapolate=fake_extrapolate(calls))
+      runner.run_sweep(
+        toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+      )
   assert calls == []
 
 
@@ -269,47 +310,64 @@ def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_
   assert sorted(os.listdir(tmp_path)) == [results.RESULTS_CSV, results.RESULTS_MD]
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"model.position": ["rope", "bogus"]},
-     r"^point 1 \(position=bogus\): model.position: 'bogus' is not one of"),
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (
+      {"model.position": ["rope", "bogus"]},
+      r"^point 1 \(position=bogus\): model.position: 'bogus' is not one of",
+    ),
     ({"model.num_heads": [2, 3]}, r"^point 1 \(num_heads=3\): model.num_heads"),
     ({"train.warmup_steps": [2, 99]}, r"^point 1 \(warmup_steps=99\): train.warmup_steps"),
-])
-def test_an_invalid_point_stops_the_sweep_before_anything_trains(tmp_path, monkeypatch, fields,
-                                                                  message):
+  ],
+)
+def test_an_invalid_point_stops_the_sweep_before_anything_trains(
+  tmp_path, monkeypatch, fields, message
+):
   monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
   with pytest.raises(GridError, match=message):
     runner.run_sweep(toy_sweep(fields), tmp_path, log=lambda line: None)
   assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("sweep, message", [
+@pytest.mark.parametrize(
+  "sweep, message",
+  [
     (dict(seeds=3), r"sweep.seeds: unknown field .*; seeds per point are base.replicas"),
     (dict(extrapolate_tokens=0), r"sweep.extrapolate_tokens"),
     (dict(extrapolate="no"), r"sweep.extrapolate: must be True or False"),
     (dict(seed=1), r"sweep.seed: unknown field"),
-])
+  ],
+)
 def test_bad_sweep_settings_are_rejected_naming_the_field(tmp_path, sweep, message):
   with pytest.raises(GridError, match=message):
     runner.run_sweep(toy_sweep(**sweep), tmp_path, log=lambda line: None)
   assert os.listdir(tmp_path) == []
 
 
-def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_path,
-                                                                           monkeypatch):
+def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_path, monkeypatch):
   monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
   seq_len = toy_sweep().base.data.seq_len
-  with pytest.raises(GridError, match=rf"^sweep.extrapolate_tokens: point 0 .*no window of "
-                                      rf"{16 * seq_len + 1} tokens"):
-    runner.run_sweep(toy_sweep(extrapolate_tokens=16 * seq_len), tmp_path,
-                     log=lambda line: None, extrapolate=fake_extrapolate([]))
+  with pytest.raises(
+    GridError,
+    match=rf"^sweep.extrapolate_tokens: point 0 .*no window of "
+    rf"{16 * seq_len + 1} tokens",
+  ):
+    runner.run_sweep(
+      toy_sweep(extrapolate_tokens=16 * seq_len),
+      tmp_path,
+      log=lambda line: None,
+      extrapolate=fake_extrapolate([]),
+    )
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # trains a sweep
 def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilation_cache_dir):
   lines = []
-  rows = runner.run_sweep(toy_sweep({"train.learning_rate": [1e6, 1e-3]}), tmp_path,
-                          log=lines.append)
+  rows = runner.run_sweep(
+    toy_sweep({"train.learning_rate": [1e6, 1e-3]}), tmp_path, log=lines.append
+  )
   diverged, healthy = (tmp_path / f"learning_rate={lr}" for lr in ("1000000.0", "0.001"))
   assert "non-finite" in json.loads((diverged / results.DIVERGED_FILE).read_text())["error"]
   assert results.point_status(healthy) == "done"
@@ -332,49 +390,76 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
   if name.startswith("pe_ln"):
     assert {p.overrides["model.position"] for p in points} == {
-        "sinusoidal", "learned", "rope", "alibi", "t5_bias", "none"}
+      "sinusoidal",
+      "learned",
+      "rope",
+      "alibi",
+      "t5_bias",
+      "none",
+    }
     assert {p.overrides["model.norm_placement"] for p in points} == {"pre", "post"}
 
 
 def run_cli(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.sweep", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120, check=False)
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.sweep", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
   assert done.returncode == 0, done.stderr
   commands = [line.strip() for line in done.stdout.splitlines() if "experiments.run" in line]
   assert len(commands) == 12
   assert commands[7] == (
-      "python -m experiments.run --config=configs/base.py "
-      f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=60 "
-      "--config.model.norm_placement=post --config.model.position=alibi "
-      "--config.replicas=2 --config.train.checkpoint_every=300 --config.train.log_every=60")
+    "python -m experiments.run --config=configs/base.py "
+    f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=60 "
+    "--config.model.norm_placement=post --config.model.position=alibi "
+    "--config.replicas=2 --config.train.checkpoint_every=300 --config.train.log_every=60"
+  )
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
-  done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}",
-                 "--config.base.model.num_heads=3")
+  done = run_cli(
+    "--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--config.base.model.num_heads=3"
+  )
   assert done.returncode == 2
   assert done.stderr.strip().splitlines() == [done.stderr.strip()]
   assert done.stderr.startswith(
-      "config error: point 0 (position=sinusoidal,norm_placement=pre): model.num_heads")
+    "config error: point 0 (position=sinusoidal,norm_placement=pre): model.num_heads"
+  )
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
   # The sweep command in a process whose first file written under tmp_path
   # meets a full disk (tests/full_disk.py).
-  script = ("import runpy, sys; sys.path.insert(0, 'tests'); import full_disk\n"
-            f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
-            "'--summarize']\n"
-            f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 1):\n"
-            "  runpy.run_module('experiments.sweep', run_name='__main__')")
-  done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120, check=False)
+  script = (
+    "import runpy, sys; sys.path.insert(0, 'tests'); import full_disk\n"
+    f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
+    "'--summarize']\n"
+    f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 1):\n"
+    "  runpy.run_module('experiments.sweep', run_name='__main__')"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
   assert done.returncode == 1, done.stderr
   assert done.stderr.strip() == (
-      f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device")
+    f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device"
+  )
   assert os.listdir(tmp_path) == []  # no cut file, no temporary

@@ -10,22 +10,31 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, load_config
 
+from conftest import REPO, load_config
 from txf import textbook
 from txf.analysis import plots
 from txf.analysis.counts import COMPONENTS
+from txf.textbook import (
+  heads,
+  kv_cache,
+  masks,
+  param_counts,
+  positions,
+  quadratic,
+  report,
+  scaling,
+  training,
+)
 from txf.train.setup import load_run
-from txf.textbook import (heads, kv_cache, masks, param_counts, positions, quadratic, report,
-                          scaling, training)
 
-PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def assert_pngs(result, count):
-  assert len(result['figures']) == count
-  for path in result['figures']:
-    with open(path, 'rb') as file:
+  assert len(result["figures"]) == count
+  for path in result["figures"]:
+    with open(path, "rb") as file:
       assert file.read(8) == PNG_MAGIC, path
 
 
@@ -33,22 +42,33 @@ def assert_pngs(result, count):
 
 
 def test_registry_names_items_and_modules():
-  assert list(textbook.EXPERIMENTS) == ['scaling', 'masks', 'positions', 'quadratic',
-                                        'kv_cache', 'param_counts', 'lstm_vs_transformer',
-                                        'heads']
+  assert list(textbook.EXPERIMENTS) == [
+    "scaling",
+    "masks",
+    "positions",
+    "quadratic",
+    "kv_cache",
+    "param_counts",
+    "lstm_vs_transformer",
+    "heads",
+  ]
   assert [e.item for e in textbook.EXPERIMENTS.values()] == [1, 2, 3, 4, 5, 6, 7, 9]
   assert {e.name: e.config for e in textbook.EXPERIMENTS.values() if e.config} == {
-      'masks': 'seq2seq', 'lstm_vs_transformer': 'base', 'heads': 'base'}
+    "masks": "seq2seq",
+    "lstm_vs_transformer": "base",
+    "heads": "base",
+  }
   with pytest.raises(ValueError, match="no textbook experiment 'nope'.*scaling, masks"):
-    textbook.get('nope')
+    textbook.get("nope")
 
 
+@pytest.mark.slow  # a subprocess
 def test_command_lists_and_rejects_unknown_names():
-  command = [sys.executable, '-m', 'experiments.textbook']
-  listed = subprocess.run(command + ['--list'], cwd=REPO, capture_output=True, text=True)
+  command = [sys.executable, "-m", "experiments.textbook"]
+  listed = subprocess.run(command + ["--list"], cwd=REPO, capture_output=True, text=True)
   assert listed.returncode == 0, listed.stderr
-  assert listed.stdout.splitlines()[0].startswith('scaling        item 1:')
-  unknown = subprocess.run(command + ['nope'], cwd=REPO, capture_output=True, text=True)
+  assert listed.stdout.splitlines()[0].startswith("scaling        item 1:")
+  unknown = subprocess.run(command + ["nope"], cwd=REPO, capture_output=True, text=True)
   assert unknown.returncode == 2
   assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")
 
@@ -57,40 +77,48 @@ def test_loglog_slope_recovers_a_power_law():
   x = np.array([128, 256, 512, 1024])
   assert report.loglog_slope(x, 3.0 * x**2) == pytest.approx(2.0, abs=1e-12)
   assert report.loglog_slope(x, 0.5 * x) == pytest.approx(1.0, abs=1e-12)
-  with pytest.raises(ValueError, match='positive'):
+  with pytest.raises(ValueError, match="positive"):
     report.loglog_slope([1, 2], [0.0, 1.0])
 
 
 def test_derive_config_sets_fields_and_names_unknown_ones():
-  base = load_config('base')
-  config = training.derive_config(base, {'model.d_model': 48, 'train.steps': 7})
+  base = load_config("base")
+  config = training.derive_config(base, {"model.d_model": 48, "train.steps": 7})
   assert (config.model.d_model, config.train.steps) == (48, 7)
   assert base.model.d_model == 128  # the base is not changed
-  with pytest.raises(ValueError, match='model.no_such_field: unknown field'):
-    training.derive_config(base, {'model.no_such_field': 1})
-  with pytest.raises(ValueError, match='train.steps'):
-    training.derive_config(base, {'train.steps': 'many'})
+  with pytest.raises(ValueError, match="model.no_such_field: unknown field"):
+    training.derive_config(base, {"model.no_such_field": 1})
+  with pytest.raises(ValueError, match="train.steps"):
+    training.derive_config(base, {"train.steps": "many"})
 
 
 def test_heatmaps_share_one_colour_scale_and_leave_non_finite_blank(tmp_path):
-  panels = {'a': np.array([[0.0, 1.0], [np.nan, 2.0]]), 'b': np.array([[-np.inf, 4.0],
-                                                                      [3.0, 0.5]])}
-  figure = plots.heatmaps_figure(panels, title='t', xlabel='key', ylabel='query',
-                                 colorbar_label='bias', columns=1, xticklabels=['x', 'y'])
+  panels = {"a": np.array([[0.0, 1.0], [np.nan, 2.0]]), "b": np.array([[-np.inf, 4.0], [3.0, 0.5]])}
+  figure = plots.heatmaps_figure(
+    panels,
+    title="t",
+    xlabel="key",
+    ylabel="query",
+    colorbar_label="bias",
+    columns=1,
+    xticklabels=["x", "y"],
+  )
   images = [axes.images[0] for axes in figure.axes if axes.images]
-  assert [image.axes.get_title() for image in images] == ['a', 'b']
+  assert [image.axes.get_title() for image in images] == ["a", "b"]
   assert all(image.get_clim() == (0.0, 4.0) for image in images)  # the finite range
   assert images[0].get_array().mask[1, 0] and images[1].get_array().mask[0, 0]
-  assert figure.axes[-1].get_ylabel() == 'bias'
-  assert [t.get_text() for t in images[0].axes.get_xticklabels()] == ['x', 'y']
-  path = plots.heatmaps(panels, tmp_path / 'h.png', 't', xlabel='k', ylabel='q',
-                        colorbar_label='c')
+  assert figure.axes[-1].get_ylabel() == "bias"
+  assert [t.get_text() for t in images[0].axes.get_xticklabels()] == ["x", "y"]
+  path = plots.heatmaps(panels, tmp_path / "h.png", "t", xlabel="k", ylabel="q", colorbar_label="c")
   assert path.read_bytes()[:8] == PNG_MAGIC
-  for bad, message in (({}, 'at least one'), ({'a': np.zeros(3)}, r"panels\['a'\]"),
-                       ({'a': np.zeros((2, 2)), 'b': np.zeros((2, 3))}, r"panels\['b'\]"),
-                       ({'a': np.full((2, 2), np.nan)}, 'no finite value')):
+  for bad, message in (
+    ({}, "at least one"),
+    ({"a": np.zeros(3)}, r"panels\['a'\]"),
+    ({"a": np.zeros((2, 2)), "b": np.zeros((2, 3))}, r"panels\['b'\]"),
+    ({"a": np.full((2, 2), np.nan)}, "no finite value"),
+  ):
     with pytest.raises(ValueError, match=message):
-      plots.heatmaps_figure(bad, title='t', xlabel='x', ylabel='y', colorbar_label='c')
+      plots.heatmaps_figure(bad, title="t", xlabel="x", ylabel="y", colorbar_label="c")
 
 
 # ------------------------------------------------------------ 1: 1/sqrt(d_k)
@@ -98,17 +126,17 @@ def test_heatmaps_share_one_colour_scale_and_leave_non_finite_blank(tmp_path):
 
 def test_scaling_keeps_variance_one_and_the_softmax_unsaturated(tmp_path):
   result = scaling.run(tmp_path, quick=True)
-  d_k = np.array(result['d_k'])
+  d_k = np.array(result["d_k"])
   # 64 x 64 scores: the sample variance is within ~2.5% (1 std) of the truth.
-  np.testing.assert_allclose(result['variance_scaled'], 1.0, rtol=0.1)
-  np.testing.assert_allclose(result['variance_unscaled'], d_k, rtol=0.1)
+  np.testing.assert_allclose(result["variance_scaled"], 1.0, rtol=0.1)
+  np.testing.assert_allclose(result["variance_unscaled"], d_k, rtol=0.1)
   # Unscaled rows collapse onto one key and their gradients vanish with d_k;
   # scaled rows keep the same entropy and gradient at every d_k.
-  assert np.all(np.diff(result['entropy_unscaled']) < 0)
-  assert result['entropy_unscaled'][-1] < 0.5 < 3.5 < min(result['entropy_scaled'])
-  assert np.ptp(result['entropy_scaled']) < 0.1
-  assert result['max_gradient_unscaled'][-1] < result['max_gradient_scaled'][-1] / 3
-  assert np.ptp(result['max_gradient_scaled']) < 0.01
+  assert np.all(np.diff(result["entropy_unscaled"]) < 0)
+  assert result["entropy_unscaled"][-1] < 0.5 < 3.5 < min(result["entropy_scaled"])
+  assert np.ptp(result["entropy_scaled"]) < 0.1
+  assert result["max_gradient_unscaled"][-1] < result["max_gradient_scaled"][-1] / 3
+  assert np.ptp(result["max_gradient_scaled"]) < 0.01
   assert_pngs(result, 3)
 
 
@@ -126,18 +154,19 @@ def test_largest_softmax_gradient_is_max_p_times_one_minus_p():
 
 @pytest.mark.slow
 def test_masks_are_exact_and_a_trained_encoder_decoder_aligns(tmp_path):
-  result = masks.run(tmp_path, quick=True, base_config=load_config('seq2seq'),
-                     log=lambda line: None)
-  for case in result['masks'].values():
-    assert case['max_masked_weight'] == 0.0  # exactly
-    assert case['max_row_sum_error'] < 1e-6
-  cross = result['cross']
-  assert cross['expected_positions'] == [6, 5, 4, 3, 2]  # reverse of a 7-token source
-  alignment = np.array(cross['alignment'])
+  result = masks.run(
+    tmp_path, quick=True, base_config=load_config("seq2seq"), log=lambda line: None
+  )
+  for case in result["masks"].values():
+    assert case["max_masked_weight"] == 0.0  # exactly
+    assert case["max_row_sum_error"] < 1e-6
+  cross = result["cross"]
+  assert cross["expected_positions"] == [6, 5, 4, 3, 2]  # reverse of a 7-token source
+  alignment = np.array(cross["alignment"])
   assert alignment.shape == (1, 2)  # the quick model's layers x heads
   # 150 steps: the best head already puts ~3x the uniform weight on the
   # source token to predict (0.43 measured; uniform 1/7).
-  assert cross['best_alignment'] == alignment.max() > 2 * cross['uniform_alignment']
+  assert cross["best_alignment"] == alignment.max() > 2 * cross["uniform_alignment"]
   assert_pngs(result, 3)
 
 
@@ -145,11 +174,14 @@ def test_mask_weights_match_the_masks():
   cases = masks.mask_weights(10, 7)
   causal = np.tril(np.ones((10, 10), bool))
   padding = np.broadcast_to(np.arange(10) < 7, (10, 10))
-  for name, expected in (('causal', causal), ('padding', padding),
-                         ('causal + padding', causal & padding)):
-    np.testing.assert_array_equal(cases[name]['mask'], expected)
-    assert np.all(cases[name]['weights'][~expected] == 0.0)
-    assert np.all(cases[name]['weights'][expected] > 0.0)
+  for name, expected in (
+    ("causal", causal),
+    ("padding", padding),
+    ("causal + padding", causal & padding),
+  ):
+    np.testing.assert_array_equal(cases[name]["mask"], expected)
+    assert np.all(cases[name]["weights"][~expected] == 0.0)
+    assert np.all(cases[name]["weights"][expected] > 0.0)
 
 
 # ------------------------------------------------------------ 3: positions
@@ -159,16 +191,17 @@ def test_positional_encodings_rotation_relative_and_alibi(tmp_path):
   result = positions.run(tmp_path, quick=True)
   # PE(p + k) = R_k PE(p) to 1e-5 (float32 encodings, positions < 64), and
   # to within the encodings' own rounding.
-  assert max(result['rotation_error']) < 1e-5
-  assert max(result['rotation_error']) <= 2 * result['encoding_error'] + 1e-7
+  assert max(result["rotation_error"]) < 1e-5
+  assert max(result["rotation_error"]) <= 2 * result["encoding_error"] + 1e-7
   # Cosine similarity and RoPE scores depend on the offset only; added
   # sinusoids do not.
-  assert result['similarity_toeplitz_deviation'] < 1e-5
-  assert result['rope_toeplitz_deviation'] < 1e-5 * result['rope_score_scale']
-  assert result['absolute_toeplitz_deviation'] > 1.0
-  slopes = result['alibi_slopes']
-  np.testing.assert_allclose(slopes, [2.0 ** (-8 * (h + 1) / len(slopes))
-                                      for h in range(len(slopes))], rtol=1e-6)
+  assert result["similarity_toeplitz_deviation"] < 1e-5
+  assert result["rope_toeplitz_deviation"] < 1e-5 * result["rope_score_scale"]
+  assert result["absolute_toeplitz_deviation"] > 1.0
+  slopes = result["alibi_slopes"]
+  np.testing.assert_allclose(
+    slopes, [2.0 ** (-8 * (h + 1) / len(slopes)) for h in range(len(slopes))], rtol=1e-6
+  )
   assert_pngs(result, 6)
 
 
@@ -177,7 +210,7 @@ def test_shift_rotation_is_orthogonal_and_composes():
   np.testing.assert_allclose(r3 @ r3.T, np.eye(16), atol=1e-12)
   np.testing.assert_allclose(r1 @ r2, r3, atol=1e-12)
   pe = positions.sinusoidal_float64(8, 16)
-  np.testing.assert_allclose(pe[3:] , pe[:5] @ r3.T, atol=1e-12)
+  np.testing.assert_allclose(pe[3:], pe[:5] @ r3.T, atol=1e-12)
 
 
 # ------------------------------------------------------------ 4: quadratic
@@ -186,14 +219,14 @@ def test_shift_rotation_is_orthogonal_and_composes():
 def test_attention_cost_exponents_from_compiled_memory_and_flops(tmp_path):
   result = quadratic.run(tmp_path, quick=True)
   # XLA's compiled temporary memory: [T, T] scores for xla, [T, chunk] for chunked.
-  assert 1.8 <= result['xla_memory_exponent'] <= 2.2
-  assert 0.8 <= result['chunked_memory_exponent'] <= 1.2
-  assert result['chunked_temp_bytes'][-1] < result['xla_temp_bytes'][-1] / 4
-  assert result['max_abs_difference'] < 1e-5
-  ratio = result['flop_ratio']
-  assert ratio['closed_form'] == 256.0
-  assert ratio['xla_cost_analysis'] == pytest.approx(256.0, rel=0.01)
-  assert 16.0 < ratio['gpt2_small_training_per_sequence'] < 256.0
+  assert 1.8 <= result["xla_memory_exponent"] <= 2.2
+  assert 0.8 <= result["chunked_memory_exponent"] <= 1.2
+  assert result["chunked_temp_bytes"][-1] < result["xla_temp_bytes"][-1] / 4
+  assert result["max_abs_difference"] < 1e-5
+  ratio = result["flop_ratio"]
+  assert ratio["closed_form"] == 256.0
+  assert ratio["xla_cost_analysis"] == pytest.approx(256.0, rel=0.01)
+  assert 16.0 < ratio["gpt2_small_training_per_sequence"] < 256.0
   assert_pngs(result, 2)
 
 
@@ -202,12 +235,12 @@ def test_attention_cost_exponents_from_compiled_memory_and_flops(tmp_path):
 
 def test_kv_cache_decodes_the_same_tokens_with_far_less_work(tmp_path):
   result = kv_cache.run(tmp_path, quick=True)
-  assert result['same_tokens']
-  flops = result['step_flops']
-  assert flops['uncached'] > 50 * flops['cached']  # deterministic (XLA's count)
+  assert result["same_tokens"]
+  flops = result["step_flops"]
+  assert flops["uncached"] > 50 * flops["cached"]  # deterministic (XLA's count)
   # The margin is ~100x in work; measured per token, ~5-10x.
-  assert result['cached_per_token_at_longest'] < result['uncached_per_token_at_longest']
-  assert len(result['uncached_step_seconds']) == len(result['cached_step_seconds']) == 128
+  assert result["cached_per_token_at_longest"] < result["uncached_per_token_at_longest"]
+  assert len(result["uncached_step_seconds"]) == len(result["cached_step_seconds"]) == 128
   assert_pngs(result, 2)
 
 
@@ -218,12 +251,13 @@ def test_parameter_counts_equal_the_closed_forms(tmp_path):
   result = param_counts.run(tmp_path)
   for name in param_counts.ARCHITECTURES:
     entry = result[name]
-    assert entry['counts'] == entry['closed_form'], name
-    assert set(entry['counts']) == {*COMPONENTS, 'total'}
-  assert result['gpt2']['counts']['total'] == 124_439_808  # GPT-2 small, as published
+    assert entry["counts"] == entry["closed_form"], name
+    assert set(entry["counts"]) == {*COMPONENTS, "total"}
+  assert result["gpt2"]["counts"]["total"] == 124_439_808  # GPT-2 small, as published
   d = 768
-  bert_model = result['bert']['counts']['total'] - result['bert']['counts']['head'] \
-      + 2 * d + 2 * d + d * d + d  # + token types, embedding norm, pooler
+  bert_model = (
+    result["bert"]["counts"]["total"] - result["bert"]["counts"]["head"] + 2 * d + 2 * d + d * d + d
+  )  # + token types, embedding norm, pooler
   assert bert_model == 109_482_240  # Hugging Face BertModel
   assert_pngs(result, 1)
 
@@ -233,34 +267,35 @@ def test_parameter_counts_equal_the_closed_forms(tmp_path):
 
 @pytest.mark.slow
 def test_a_trained_lm_has_a_previous_token_head(tmp_path):
-  result = heads.run(tmp_path, quick=True, base_config=load_config('base'),
-                     log=lambda line: None)
-  previous = np.array(result['scores']['previous_token'])
+  result = heads.run(tmp_path, quick=True, base_config=load_config("base"), log=lambda line: None)
+  previous = np.array(result["scores"]["previous_token"])
   assert previous.shape == (2, 2)
-  layer, head = result['best']['previous_token']
+  layer, head = result["best"]["previous_token"]
   assert previous[layer, head] == previous.max()
-  assert previous.max() > 1.5 * result['baselines']['previous_token']
+  assert previous.max() > 1.5 * result["baselines"]["previous_token"]
   # The probe: two periods that fit the quick model's 32 tokens, its ids
   # exactly the non-special ids of the run's validation batch.
-  assert result['periods'] == [16, 15]
-  setup = load_run(tmp_path / 'runs' / 'heads_quick').setup
-  validation = next(iter(setup.eval_data))['inputs']
+  assert result["periods"] == [16, 15]
+  setup = load_run(tmp_path / "runs" / "heads_quick").setup
+  validation = next(iter(setup.eval_data))["inputs"]
   specials = set(setup.train_data.tokenizer.special_ids)
-  assert set(result['probe_ids']) == set(np.unique(validation).tolist()) - specials
-  assert len(result['probe_ids']) < setup.model_cfg.vocab_size - len(specials)
-  for p, tokens in result['probe_tokens'].items():
-    assert len(tokens) == 2 * p and set(tokens) <= set(result['probe_ids'])
-  by_period = np.array([result['scores'][f'induction_p{p}'] for p in (16, 15)])
-  assert np.array_equal(np.array(result['scores']['induction']), by_period.min(axis=0))
+  assert set(result["probe_ids"]) == set(np.unique(validation).tolist()) - specials
+  assert len(result["probe_ids"]) < setup.model_cfg.vocab_size - len(specials)
+  for p, tokens in result["probe_tokens"].items():
+    assert len(tokens) == 2 * p and set(tokens) <= set(result["probe_ids"])
+  by_period = np.array([result["scores"][f"induction_p{p}"] for p in (16, 15)])
+  assert np.array_equal(np.array(result["scores"]["induction"]), by_period.min(axis=0))
   for p in (16, 15):
-    assert result['baselines'][f'induction_p{p}'] == pytest.approx(
-        np.mean(1 / (np.arange(p, 2 * p) + 1)))
+    assert result["baselines"][f"induction_p{p}"] == pytest.approx(
+      np.mean(1 / (np.arange(p, 2 * p) + 1))
+    )
   # Roles follow the scores: induction needs >= 0.5 at both periods.
-  for (layer, head), role in np.ndenumerate(np.array(result['roles'], object)):
-    labels = set(filter(None, role.split('+')))
-    assert ('previous_token' in labels) == (previous[layer, head] >= 0.5)
-    assert ('induction' in labels) == bool(np.all(by_period[:, layer, head] >= 0.5))
-    assert ('positional' in labels) == bool(np.any(by_period[:, layer, head] >= 0.5)
-                                            and not np.all(by_period[:, layer, head] >= 0.5))
-  assert 'induction P=16' in result['text'] and 'Heads by role:' in result['text']
+  for (layer, head), role in np.ndenumerate(np.array(result["roles"], object)):
+    labels = set(filter(None, role.split("+")))
+    assert ("previous_token" in labels) == (previous[layer, head] >= 0.5)
+    assert ("induction" in labels) == bool(np.all(by_period[:, layer, head] >= 0.5))
+    assert ("positional" in labels) == bool(
+      np.any(by_period[:, layer, head] >= 0.5) and not np.all(by_period[:, layer, head] >= 0.5)
+    )
+  assert "induction P=16" in result["text"] and "Heads by role:" in result["text"]
   assert_pngs(result, 4)

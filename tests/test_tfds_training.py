@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 import pytest
-from tfds_builders import TranslationBuilder
-from conftest import assert_same_states, checkpoint_steps, restore_state, sigterm_at
 import tensorflow_datasets as tfds
 
+from conftest import assert_same_states, checkpoint_steps, restore_state, sigterm_at
+from tfds_builders import TranslationBuilder
 from txf.train import loop
 from txf.train.metrics import read_metrics
 
@@ -33,21 +33,30 @@ TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
 # them). About 1.9 kB of training text: 7 batches of 8 packed windows of 33
 # byte tokens per epoch, so a 10-step run crosses an epoch end.
 _SPEAKERS = ["First Citizen", "Second Citizen", "MENENIUS", "MARCIUS", "All"]
-_LINES = ["Before we proceed any further, hear me speak.",
-          "You are all resolved rather to die than to famish?",
-          "We are accounted poor citizens, the patricians good.",
-          "What work's, my countrymen, in hand? where go you?",
-          "Speak, speak."]
+_LINES = [
+  "Before we proceed any further, hear me speak.",
+  "You are all resolved rather to die than to famish?",
+  "We are accounted poor citizens, the patricians good.",
+  "What work's, my countrymen, in hand? where go you?",
+  "Speak, speak.",
+]
 TEXTS = {
-    "train": [f"{_SPEAKERS[i % 5]}:\n{_LINES[(3 * i) % 5]}\n{_LINES[(i + 1) % 5]}\n\n"
-              for i in range(16)],
-    "validation": [f"{_SPEAKERS[i % 5]}:\n{_LINES[(2 * i) % 5]}\n\n" for i in range(5)],
-    "test": ["CORIOLANUS:\nThanks. What's the matter, you dissentious rogues?\n"],
+  "train": [
+    f"{_SPEAKERS[i % 5]}:\n{_LINES[(3 * i) % 5]}\n{_LINES[(i + 1) % 5]}\n\n" for i in range(16)
+  ],
+  "validation": [f"{_SPEAKERS[i % 5]}:\n{_LINES[(2 * i) % 5]}\n\n" for i in range(5)],
+  "test": ["CORIOLANUS:\nThanks. What's the matter, you dissentious rogues?\n"],
 }
 
 # A tiny translation dataset: (de, en) pairs with a learnable mapping.
-_WORDS = [("Hund", "dog"), ("Katze", "cat"), ("Haus", "house"), ("Baum", "tree"),
-          ("Vogel", "bird"), ("Fisch", "fish")]
+_WORDS = [
+  ("Hund", "dog"),
+  ("Katze", "cat"),
+  ("Haus", "house"),
+  ("Baum", "tree"),
+  ("Vogel", "bird"),
+  ("Fisch", "fish"),
+]
 TRAIN_PAIRS = [(f"der {de} {i}", f"the {en} {i}") for i in range(8) for de, en in _WORDS]
 VALIDATION_PAIRS = [(f"ein {de} {i}", f"a {en} {i}") for i, (de, en) in enumerate(_WORDS)]
 
@@ -76,16 +85,18 @@ def shakespeare(monkeypatch):
 
   # mock_data fakes the records, not the prepared files the loader checks for.
   monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda _: True)
-  with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE,
-                              as_data_source_fn=as_data_source):
+  with tfds.testing.mock_data(
+    policy=tfds.testing.MockPolicy.USE_CODE, as_data_source_fn=as_data_source
+  ):
     yield reads
 
 
 @pytest.fixture(scope="module")
 def translation_dir(tmp_path_factory):
   data_dir = tmp_path_factory.mktemp("tfds")
-  tfds.builder("txf_tiny_translate/de-en", data_dir=data_dir,
-               file_format="array_record").download_and_prepare()
+  tfds.builder(
+    "txf_tiny_translate/de-en", data_dir=data_dir, file_format="array_record"
+  ).download_and_prepare()
   return str(data_dir)
 
 
@@ -112,10 +123,12 @@ def without_timings(rows):
 @pytest.mark.slow
 def test_tfds_lm_trains_and_resumes_exactly(tmp_path, shakespeare, sigterm_is_caught):
   steps, cut = 10, 8  # 7 batches an epoch: the cut is in the second epoch
-  config = tiny("rope",
-                data=dict(name="tfds:tiny_shakespeare", tokenizer="bytes", seq_len=32),
-                train=dict(steps=steps, learning_rate=0.01, checkpoint_every=4, max_to_keep=5),
-                eval=dict(every=5))
+  config = tiny(
+    "rope",
+    data=dict(name="tfds:tiny_shakespeare", tokenizer="bytes", seq_len=32),
+    train=dict(steps=steps, learning_rate=0.01, checkpoint_every=4, max_to_keep=5),
+    eval=dict(every=5),
+  )
   straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
 
   lines = []
@@ -149,18 +162,19 @@ def test_tfds_lm_trains_and_resumes_exactly(tmp_path, shakespeare, sigterm_is_ca
 @pytest.mark.slow
 def test_tfds_translation_trains_an_encoder_decoder(tmp_path, translation_dir):
   steps = 12
-  config = tiny("seq2seq",
-                data=dict(name="tfds:txf_tiny_translate/de-en", tfds_data_dir=translation_dir,
-                          seq_len=16),
-                train=dict(steps=steps, learning_rate=0.01, decay="constant",
-                           checkpoint_every=steps),
-                eval=dict(every=steps))
+  config = tiny(
+    "seq2seq",
+    data=dict(name="tfds:txf_tiny_translate/de-en", tfds_data_dir=translation_dir, seq_len=16),
+    train=dict(steps=steps, learning_rate=0.01, decay="constant", checkpoint_every=steps),
+    eval=dict(every=steps),
+  )
   assert config.model.family == "encoder_decoder"
   workdir = tmp_path / "run"
   lines = []
   result = loop.run(config, workdir, log=lines.append)
-  assert any("TFDS txf_tiny_translate" in line and "'de'" in line and "'en'" in line
-             for line in lines), lines[:3]
+  assert any(
+    "TFDS txf_tiny_translate" in line and "'de'" in line and "'en'" in line for line in lines
+  ), lines[:3]
   assert checkpoint_steps(workdir) == [steps]
 
   losses = [row["loss"] for row in train_rows(workdir)]

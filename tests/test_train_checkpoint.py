@@ -16,35 +16,36 @@ from txf.train import checkpoint
 def make_state(offset):
   """A small train-state-like pytree; values depend on `offset`."""
   return {
-      'params': {
-          'dense': {'kernel': jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
-                              + offset,
-                    'bias': jnp.full((4,), 0.5 + offset, jnp.bfloat16)},
+    "params": {
+      "dense": {
+        "kernel": jnp.arange(12, dtype=jnp.float32).reshape(3, 4) + offset,
+        "bias": jnp.full((4,), 0.5 + offset, jnp.bfloat16),
       },
-      'opt': {'count': jnp.asarray(offset, jnp.int32),
-              'mu': jnp.arange(6, dtype=jnp.int32) * offset},
-      'step': jnp.asarray(10 * offset, jnp.int32),
+    },
+    "opt": {"count": jnp.asarray(offset, jnp.int32), "mu": jnp.arange(6, dtype=jnp.int32) * offset},
+    "step": jnp.asarray(10 * offset, jnp.int32),
   }
 
 
 def abstract(state):
   device = jax.devices()[0]
   return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(
-          x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)),
-      state)
+    lambda x: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
+    ),
+    state,
+  )
 
 
 def extras_for(step):
-  return {'data': {'epoch': 1, 'position': 32 * step}, 'rng': [0, step]}
+  return {"data": {"epoch": 1, "position": 32 * step}, "rng": [0, step]}
 
 
 def assert_trees_equal(got, want):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert g.dtype == w.dtype
-    np.testing.assert_array_equal(np.asarray(g, np.float32),
-                                  np.asarray(w, np.float32))
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
 def save_steps(directory, steps, **kwargs):
@@ -69,14 +70,14 @@ def test_round_trip(tmp_path):
 
 def test_relative_directory(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  save_steps('ckpt', [3])
-  with checkpoint.Checkpointer('ckpt') as ckpt:
+  save_steps("ckpt", [3])
+  with checkpoint.Checkpointer("ckpt") as ckpt:
     assert ckpt.restore(abstract(make_state(0)))[0] == 3
 
 
 def test_max_to_keep(tmp_path):
   save_steps(tmp_path, [1, 2, 3, 4, 5], max_to_keep=2)
-  assert sorted(p.name for p in tmp_path.iterdir()) == ['4', '5']
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["4", "5"]
 
 
 def test_save_interval_and_force(tmp_path):
@@ -89,38 +90,38 @@ def test_save_interval_and_force(tmp_path):
 
 
 def test_restore_empty_returns_none(tmp_path):
-  with checkpoint.Checkpointer(tmp_path / 'new') as ckpt:
+  with checkpoint.Checkpointer(tmp_path / "new") as ckpt:
     assert ckpt.restore(abstract(make_state(0))) is None
 
 
 def truncate_state_data(step_dir):
-  for path in (step_dir / 'state' / 'd').iterdir():
-    with open(path, 'r+b') as f:
+  for path in (step_dir / "state" / "d").iterdir():
+    with open(path, "r+b") as f:
       f.truncate(3)
 
 
 def delete_state_manifest(step_dir):
-  os.remove(step_dir / 'state' / 'manifest.ocdbt')
+  os.remove(step_dir / "state" / "manifest.ocdbt")
 
 
 def delete_extras_item(step_dir):
-  shutil.rmtree(step_dir / 'extras')
+  shutil.rmtree(step_dir / "extras")
 
 
-@pytest.mark.parametrize('corrupt', [truncate_state_data,
-                                     delete_state_manifest,
-                                     delete_extras_item])
+@pytest.mark.parametrize(
+  "corrupt", [truncate_state_data, delete_state_manifest, delete_extras_item]
+)
 def test_corrupt_latest_falls_back_and_is_kept(tmp_path, caplog, corrupt):
   save_steps(tmp_path, [1, 2, 3])
-  corrupt(tmp_path / '3')
+  corrupt(tmp_path / "3")
   with checkpoint.Checkpointer(tmp_path) as ckpt:
     step, state, extras = ckpt.restore(abstract(make_state(0)))
     assert step == 2
     assert_trees_equal(state, make_state(2))
     assert extras == extras_for(2)
-    assert 'step 3' in caplog.text
+    assert "step 3" in caplog.text
     # Kept for inspection, and out of the way of the resumed run's saves.
-    assert (tmp_path / f'3{checkpoint.CORRUPT_SUFFIX}').is_dir()
+    assert (tmp_path / f"3{checkpoint.CORRUPT_SUFFIX}").is_dir()
     assert ckpt.latest_step() == 2
     assert ckpt.save(3, make_state(3), extras_for(3))
     ckpt.wait_until_finished()
@@ -129,8 +130,8 @@ def test_corrupt_latest_falls_back_and_is_kept(tmp_path, caplog, corrupt):
 
 def test_unfinished_save_is_reported_and_left(tmp_path, caplog):
   save_steps(tmp_path, [1])
-  unfinished = tmp_path / '2.orbax-checkpoint-tmp-1700000000'
-  (unfinished / 'state').mkdir(parents=True)
+  unfinished = tmp_path / "2.orbax-checkpoint-tmp-1700000000"
+  (unfinished / "state").mkdir(parents=True)
   with checkpoint.Checkpointer(tmp_path) as ckpt:
     assert ckpt.restore(abstract(make_state(0)))[0] == 1
   assert str(unfinished) in caplog.text
@@ -139,28 +140,31 @@ def test_unfinished_save_is_reported_and_left(tmp_path, caplog):
 
 def test_all_corrupt_raises_and_renames_nothing(tmp_path):
   save_steps(tmp_path, [1, 2])
-  for step in ('1', '2'):
+  for step in ("1", "2"):
     truncate_state_data(tmp_path / step)
   with checkpoint.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint.RestoreError, match=r'(?s)step 2.*step 1'):
+    with pytest.raises(checkpoint.RestoreError, match=r"(?s)step 2.*step 1"):
       ckpt.restore(abstract(make_state(0)))
-  assert sorted(p.name for p in tmp_path.iterdir()) == ['1', '2']
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
 
 
 def test_mismatched_state_raises_and_renames_nothing(tmp_path):
   save_steps(tmp_path, [1])
   wrong = make_state(0)
-  wrong['params']['dense']['kernel'] = jnp.zeros((5, 4), jnp.float32)
+  wrong["params"]["dense"]["kernel"] = jnp.zeros((5, 4), jnp.float32)
   with checkpoint.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint.RestoreError, match='step 1'):
+    with pytest.raises(checkpoint.RestoreError, match="step 1"):
       ckpt.restore(abstract(wrong))
-  assert [p.name for p in tmp_path.iterdir()] == ['1']
+  assert [p.name for p in tmp_path.iterdir()] == ["1"]
 
 
-@pytest.mark.parametrize('kwargs, name', [
-    (dict(max_to_keep=0), 'max_to_keep'),
-    (dict(save_interval_steps=-1), 'save_interval_steps'),
-])
+@pytest.mark.parametrize(
+  "kwargs, name",
+  [
+    (dict(max_to_keep=0), "max_to_keep"),
+    (dict(save_interval_steps=-1), "save_interval_steps"),
+  ],
+)
 def test_bad_constructor_arguments(tmp_path, kwargs, name):
   with pytest.raises(ValueError, match=name):
     checkpoint.Checkpointer(tmp_path, **kwargs)
@@ -168,12 +172,12 @@ def test_bad_constructor_arguments(tmp_path, kwargs, name):
 
 def test_bad_save_and_restore_arguments(tmp_path):
   with checkpoint.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(ValueError, match='extras'):
-      ckpt.save(1, make_state(1), {'rng': jnp.ones(2)})
-    with pytest.raises(ValueError, match='extras'):
+    with pytest.raises(ValueError, match="extras"):
+      ckpt.save(1, make_state(1), {"rng": jnp.ones(2)})
+    with pytest.raises(ValueError, match="extras"):
       ckpt.save(1, make_state(1), [1, 2])
-    with pytest.raises(ValueError, match='abstract_state'):
-      ckpt.restore({'x': 'not an array'})
+    with pytest.raises(ValueError, match="abstract_state"):
+      ckpt.restore({"x": "not an array"})
     ckpt.wait_until_finished()
     assert ckpt.latest_step() is None
 
@@ -181,15 +185,16 @@ def test_bad_save_and_restore_arguments(tmp_path):
 @pytest.fixture
 def sentinel_sigterm_handler():
   """Installs a recognisable SIGTERM handler; restores the original after."""
+
   def sentinel(signum, frame):
-    raise AssertionError('SIGTERM reached the previous handler')
+    raise AssertionError("SIGTERM reached the previous handler")
+
   original = signal.signal(signal.SIGTERM, sentinel)
   yield sentinel
   signal.signal(signal.SIGTERM, original)
 
 
-def test_preemption_guard_sets_flag_and_restores_handler(
-    sentinel_sigterm_handler):
+def test_preemption_guard_sets_flag_and_restores_handler(sentinel_sigterm_handler):
   with checkpoint.PreemptionGuard() as guard:
     assert guard.installed and not guard.requested
     os.kill(os.getpid(), signal.SIGTERM)
@@ -201,9 +206,8 @@ def test_preemption_guard_sets_flag_and_restores_handler(
   assert signal.getsignal(signal.SIGTERM) is sentinel_sigterm_handler
 
 
-def test_preemption_guard_leaves_multiprocess_runs_to_jax(
-    sentinel_sigterm_handler, monkeypatch):
-  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+def test_preemption_guard_leaves_multiprocess_runs_to_jax(sentinel_sigterm_handler, monkeypatch):
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
   with checkpoint.PreemptionGuard() as guard:
     assert not guard.installed
     assert signal.getsignal(signal.SIGTERM) is sentinel_sigterm_handler

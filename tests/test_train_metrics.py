@@ -12,8 +12,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
-from txf.train import hardware
-from txf.train import metrics
+from txf.train import hardware, metrics
 
 
 def read_tensorboard_scalars(logdir):
@@ -23,18 +22,16 @@ def read_tensorboard_scalars(logdir):
   each record is <u64 length><u32 crc(length)><payload><u32 crc(payload)>.
   """
   scalars = {}
-  for path in glob.glob(os.path.join(logdir, 'events.out.tfevents.*')):
-    with open(path, 'rb') as f:
+  for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
+    with open(path, "rb") as f:
       data = f.read()
     pos = 0
     while pos < len(data):
-      header = data[pos:pos + 8]
-      (length,) = struct.unpack('<Q', header)
-      assert struct.unpack('<I', data[pos + 8:pos + 12])[0] == masked_crc32c(
-          header)
-      payload = data[pos + 12:pos + 12 + length]
-      (payload_crc,) = struct.unpack(
-          '<I', data[pos + 12 + length:pos + 16 + length])
+      header = data[pos : pos + 8]
+      (length,) = struct.unpack("<Q", header)
+      assert struct.unpack("<I", data[pos + 8 : pos + 12])[0] == masked_crc32c(header)
+      payload = data[pos + 12 : pos + 12 + length]
+      (payload_crc,) = struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])
       assert payload_crc == masked_crc32c(payload)
       pos += 16 + length
       event = event_pb2.Event.FromString(payload)
@@ -45,88 +42,103 @@ def read_tensorboard_scalars(logdir):
 
 def test_jsonl_round_trip_converts_array_scalars(tmp_path):
   rows = [
-      (10, {'loss': jnp.float32(2.5), 'tokens': np.int64(4096),
-            'learning_rate': 1e-3, 'grad_norm': jnp.asarray(0.75,
-                                                             jnp.bfloat16)}),
-      (20, {'loss': np.float32(2.25), 'tokens': 8192, 'nan_check': jnp.nan}),
+    (
+      10,
+      {
+        "loss": jnp.float32(2.5),
+        "tokens": np.int64(4096),
+        "learning_rate": 1e-3,
+        "grad_norm": jnp.asarray(0.75, jnp.bfloat16),
+      },
+    ),
+    (20, {"loss": np.float32(2.25), "tokens": 8192, "nan_check": jnp.nan}),
   ]
   with metrics.MetricsWriter(tmp_path) as writer:
     for step, scalars in rows:
       writer.write(step, scalars)
   got = metrics.read_metrics(tmp_path)
-  assert [row['step'] for row in got] == [10, 20]
+  assert [row["step"] for row in got] == [10, 20]
   for (_, scalars), row in zip(rows, got):
-    assert set(row) == {'step', *scalars}
+    assert set(row) == {"step", *scalars}
     for name, value in scalars.items():
       np.testing.assert_equal(row[name], float(value))
-  assert isinstance(got[0]['tokens'], int)
+  assert isinstance(got[0]["tokens"], int)
   # Plain JSON on disk, one object per line.
   lines = (tmp_path / metrics.METRICS_FILE).read_text().splitlines()
-  assert json.loads(lines[0])['loss'] == 2.5
+  assert json.loads(lines[0])["loss"] == 2.5
 
 
 def test_reopen_appends(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write(1, {'loss': 3.0})
+    writer.write(1, {"loss": 3.0})
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write(2, {'loss': 2.0})
-  assert metrics.read_metrics(tmp_path) == [{'step': 1, 'loss': 3.0},
-                                            {'step': 2, 'loss': 2.0}]
+    writer.write(2, {"loss": 2.0})
+  assert metrics.read_metrics(tmp_path) == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]
 
 
 def test_row_cut_off_by_crash_is_skipped_and_not_glued(tmp_path, caplog):
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write(1, {'loss': 3.0})
-  with open(tmp_path / metrics.METRICS_FILE, 'a') as f:
+    writer.write(1, {"loss": 3.0})
+  with open(tmp_path / metrics.METRICS_FILE, "a") as f:
     f.write('{"step": 2, "lo')
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write(2, {'loss': 2.0})
-  assert metrics.read_metrics(tmp_path) == [{'step': 1, 'loss': 3.0},
-                                            {'step': 2, 'loss': 2.0}]
-  assert 'line 2' in caplog.text
+    writer.write(2, {"loss": 2.0})
+  assert metrics.read_metrics(tmp_path) == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]
+  assert "line 2" in caplog.text
 
 
 def test_tensorboard_event_files_hold_the_scalars(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write(5, {'loss': 1.5, 'eval/accuracy': jnp.float32(0.25)})
-    writer.write(6, {'loss': 1.25})
+    writer.write(5, {"loss": 1.5, "eval/accuracy": jnp.float32(0.25)})
+    writer.write(6, {"loss": 1.25})
   scalars = read_tensorboard_scalars(tmp_path / metrics.TENSORBOARD_DIR)
-  assert scalars == {('loss', 5): 1.5, ('eval/accuracy', 5): 0.25,
-                     ('loss', 6): 1.25}
+  assert scalars == {("loss", 5): 1.5, ("eval/accuracy", 5): 0.25, ("loss", 6): 1.25}
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
-  workdir = tmp_path / 'run'
+  workdir = tmp_path / "run"
   with metrics.MetricsWriter(workdir, enabled=False) as writer:
-    writer.write(1, {'loss': 1.0})
+    writer.write(1, {"loss": 1.0})
     writer.flush()
   assert not workdir.exists()
   assert metrics.read_metrics(workdir) == []
 
 
-@pytest.mark.parametrize('scalars, message', [
-    ({'loss': jnp.ones((2,))}, "'loss'.*shape"),
-    ({'name': 'abc'}, "'name'.*number"),
-    ({'step': 3}, "'step'"),
-])
+@pytest.mark.parametrize(
+  "scalars, message",
+  [
+    ({"loss": jnp.ones((2,))}, "'loss'.*shape"),
+    ({"name": "abc"}, "'name'.*number"),
+    ({"step": 3}, "'step'"),
+  ],
+)
 def test_bad_scalars_raise_before_writing(tmp_path, scalars, message):
   with metrics.MetricsWriter(tmp_path) as writer:
     with pytest.raises(ValueError, match=message):
-      writer.write(1, {'ok': 1.0, **scalars})
+      writer.write(1, {"ok": 1.0, **scalars})
   assert metrics.read_metrics(tmp_path) == []
 
 
 def test_format_progress():
-  line = metrics.format_progress(250, 1000, {
-      'loss': jnp.float32(2.34567), 'learning_rate': 3e-4,
-      'tokens_per_sec': 51234.4, 'mfu': 0.4123, 'steps_per_sec': 2.0,
-      'other': 7})
-  assert line == ('step 250/1000 (25.0%) | loss 2.3457 | lr 3.000e-04 | '
-                  '51,234 tok/s | mfu 41.2% | eta 6m15s')
-  assert metrics.format_progress(0, 10, {}) == 'step 0/10 (0.0%)'
-  long_run = metrics.format_progress(0, 10_000, {'steps_per_sec': 1.0})
-  assert long_run.endswith('eta 2h46m')  # 10,000 s = 2h46m40s
-  with pytest.raises(ValueError, match='total'):
+  line = metrics.format_progress(
+    250,
+    1000,
+    {
+      "loss": jnp.float32(2.34567),
+      "learning_rate": 3e-4,
+      "tokens_per_sec": 51234.4,
+      "mfu": 0.4123,
+      "steps_per_sec": 2.0,
+      "other": 7,
+    },
+  )
+  assert line == (
+    "step 250/1000 (25.0%) | loss 2.3457 | lr 3.000e-04 | 51,234 tok/s | mfu 41.2% | eta 6m15s"
+  )
+  assert metrics.format_progress(0, 10, {}) == "step 0/10 (0.0%)"
+  long_run = metrics.format_progress(0, 10_000, {"steps_per_sec": 1.0})
+  assert long_run.endswith("eta 2h46m")  # 10,000 s = 2h46m40s
+  with pytest.raises(ValueError, match="total"):
     metrics.format_progress(1, 0, {})
 
 
@@ -134,27 +146,30 @@ def fake_device(kind):
   return types.SimpleNamespace(device_kind=kind)
 
 
-@pytest.mark.parametrize('kind, dtype, expected', [
-    ('NVIDIA H100 80GB HBM3', 'bfloat16', 989.5e12),
-    ('NVIDIA H100 PCIe', 'bfloat16', 756.5e12),
-    ('NVIDIA H100 NVL', 'float16', 835.5e12),
-    ('NVIDIA H200', jnp.bfloat16, 989.5e12),
-    ('NVIDIA A100-SXM4-80GB', 'bfloat16', 312e12),
-    ('NVIDIA A100 80GB PCIe', 'bfloat16', 312e12),
-    ('NVIDIA L4', 'bfloat16', 121e12),
-    ('Tesla V100-SXM2-16GB', 'float16', 125e12),
-    ('Tesla V100-SXM2-16GB', 'bfloat16', None),
-    ('TPU v4', 'bfloat16', 275e12),
-    ('TPU v5 lite', 'bfloat16', 197e12),
-    ('TPU v5e', 'bfloat16', 197e12),
-    ('TPU v5', 'bfloat16', 459e12),
-    ('TPU v5p', 'bfloat16', 459e12),
-    ('TPU v6 lite', 'bfloat16', 918e12),
-    ('NVIDIA H100 80GB HBM3', 'float32', None),
-    ('NVIDIA L40S', 'bfloat16', None),
-    ('TPU v4 lite', 'bfloat16', None),
-    ('cpu', 'bfloat16', None),
-])
+@pytest.mark.parametrize(
+  "kind, dtype, expected",
+  [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.5e12),
+    ("NVIDIA H100 PCIe", "bfloat16", 756.5e12),
+    ("NVIDIA H100 NVL", "float16", 835.5e12),
+    ("NVIDIA H200", jnp.bfloat16, 989.5e12),
+    ("NVIDIA A100-SXM4-80GB", "bfloat16", 312e12),
+    ("NVIDIA A100 80GB PCIe", "bfloat16", 312e12),
+    ("NVIDIA L4", "bfloat16", 121e12),
+    ("Tesla V100-SXM2-16GB", "float16", 125e12),
+    ("Tesla V100-SXM2-16GB", "bfloat16", None),
+    ("TPU v4", "bfloat16", 275e12),
+    ("TPU v5 lite", "bfloat16", 197e12),
+    ("TPU v5e", "bfloat16", 197e12),
+    ("TPU v5", "bfloat16", 459e12),
+    ("TPU v5p", "bfloat16", 459e12),
+    ("TPU v6 lite", "bfloat16", 918e12),
+    ("NVIDIA H100 80GB HBM3", "float32", None),
+    ("NVIDIA L40S", "bfloat16", None),
+    ("TPU v4 lite", "bfloat16", None),
+    ("cpu", "bfloat16", None),
+  ],
+)
 def test_peak_flops_lookup(kind, dtype, expected):
   assert hardware.peak_flops_per_device(fake_device(kind), dtype) == expected
 
@@ -164,17 +179,19 @@ def test_peak_flops_default_device_is_cpu_here():
 
 
 def test_peak_flops_rejects_non_dtype():
-  with pytest.raises(ValueError, match='dtype'):
-    hardware.peak_flops_per_device(fake_device('TPU v4'), 'not-a-dtype')
+  with pytest.raises(ValueError, match="dtype"):
+    hardware.peak_flops_per_device(fake_device("TPU v4"), "not-a-dtype")
 
 
 def test_mfu_arithmetic():
   # 6e9 FLOPs/token at 1e5 tokens/s on 4 devices of 1e15 FLOP/s peak.
   assert hardware.mfu(6e9, 1e5, 4, 1e15) == pytest.approx(6e14 / 4e15)
   assert hardware.mfu(6e9, 1e5, 4, None) is None
-  for args, name in [((-1, 1, 1, 1e12), 'flops_per_token'),
-                     ((1, -1, 1, 1e12), 'tokens_per_second'),
-                     ((1, 1, 0, 1e12), 'num_devices'),
-                     ((1, 1, 1, 0.0), 'peak')]:
+  for args, name in [
+    ((-1, 1, 1, 1e12), "flops_per_token"),
+    ((1, -1, 1, 1e12), "tokens_per_second"),
+    ((1, 1, 0, 1e12), "num_devices"),
+    ((1, 1, 1, 0.0), "peak"),
+  ]:
     with pytest.raises(ValueError, match=name):
       hardware.mfu(*args)

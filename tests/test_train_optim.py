@@ -17,10 +17,20 @@ END_FRACTION = 0.1
 
 
 def train_config(**overrides):
-  config = ml_collections.ConfigDict(dict(
-      learning_rate=PEAK, warmup_steps=WARMUP, decay='cosine', steps=STEPS,
-      end_lr_fraction=END_FRACTION, weight_decay=0.1, b1=0.9, b2=0.95,
-      eps=1e-8, grad_clip_norm=1.0))
+  config = ml_collections.ConfigDict(
+    dict(
+      learning_rate=PEAK,
+      warmup_steps=WARMUP,
+      decay="cosine",
+      steps=STEPS,
+      end_lr_fraction=END_FRACTION,
+      weight_decay=0.1,
+      b1=0.9,
+      b2=0.95,
+      eps=1e-8,
+      grad_clip_norm=1.0,
+    )
+  )
   config.update(overrides)
   return config
 
@@ -31,48 +41,48 @@ def expected_lr(step, decay):
     return PEAK * step / WARMUP
   end = PEAK * END_FRACTION
   progress = min(step - WARMUP, STEPS - WARMUP) / (STEPS - WARMUP)
-  if decay == 'cosine':
+  if decay == "cosine":
     return end + (PEAK - end) * 0.5 * (1 + math.cos(math.pi * progress))
-  if decay == 'linear':
+  if decay == "linear":
     return PEAK + (end - PEAK) * progress
-  if decay == 'constant':
+  if decay == "constant":
     return PEAK
   return PEAK * math.sqrt(WARMUP / step)
 
 
-@pytest.mark.parametrize('decay', optim.DECAYS)
+@pytest.mark.parametrize("decay", optim.DECAYS)
 def test_schedule_matches_formula(decay):
   schedule = optim.make_schedule(train_config(decay=decay))
   # Warmup start and middle, peak, early/mid/late decay, end, past the end.
   for step in (0, 5, WARMUP, WARMUP + 1, 35, 60, 100, STEPS, STEPS + 50):
     np.testing.assert_allclose(
-        float(schedule(step)), expected_lr(step, decay), rtol=1e-5,
-        err_msg=f'{decay} at step {step}')
+      float(schedule(step)), expected_lr(step, decay), rtol=1e-5, err_msg=f"{decay} at step {step}"
+    )
 
 
 def test_schedule_without_warmup_starts_at_peak():
-  schedule = optim.make_schedule(train_config(warmup_steps=0, decay='linear'))
+  schedule = optim.make_schedule(train_config(warmup_steps=0, decay="linear"))
   np.testing.assert_allclose(float(schedule(0)), PEAK, rtol=1e-6)
-  np.testing.assert_allclose(float(schedule(STEPS)), PEAK * END_FRACTION,
-                             rtol=1e-5)
+  np.testing.assert_allclose(float(schedule(STEPS)), PEAK * END_FRACTION, rtol=1e-5)
 
 
 def test_schedule_is_jittable():
   schedule = optim.make_schedule(train_config())
-  np.testing.assert_allclose(float(jax.jit(schedule)(jnp.int32(60))),
-                             expected_lr(60, 'cosine'), rtol=1e-5)
+  np.testing.assert_allclose(
+    float(jax.jit(schedule)(jnp.int32(60))), expected_lr(60, "cosine"), rtol=1e-5
+  )
 
 
 def params_tree():
   return {
-      'embed': {'embedding': jnp.full((5, 4), 2.0)},
-      'dense': {'kernel': jnp.full((4, 3), -1.5), 'bias': jnp.full((3,), 0.7)},
-      'norm': {'scale': jnp.ones((4,))},
+    "embed": {"embedding": jnp.full((5, 4), 2.0)},
+    "dense": {"kernel": jnp.full((4, 3), -1.5), "bias": jnp.full((3,), 0.7)},
+    "norm": {"scale": jnp.ones((4,))},
   }
 
 
 def test_weight_decay_only_touches_matrices():
-  config = train_config(warmup_steps=0, decay='constant')
+  config = train_config(warmup_steps=0, decay="constant")
   tx = optim.make_optimizer(config)
   params = params_tree()
   # Zero gradients: Adam's direction is 0, so only weight decay moves params.
@@ -83,8 +93,9 @@ def test_weight_decay_only_touches_matrices():
     for key in path:
       param = param[key.key]
     if param.ndim >= 2:
-      np.testing.assert_allclose(update, -PEAK * config.weight_decay * param,
-                                 rtol=1e-6, err_msg=str(path))
+      np.testing.assert_allclose(
+        update, -PEAK * config.weight_decay * param, rtol=1e-6, err_msg=str(path)
+      )
     else:
       np.testing.assert_array_equal(update, 0.0, err_msg=str(path))
 
@@ -112,21 +123,21 @@ def reference_adamw(params, grads_per_step, config, clip):
   return params
 
 
-@pytest.mark.parametrize('clip', [0.0, 0.5])
+@pytest.mark.parametrize("clip", [0.0, 0.5])
 def test_two_steps_match_reference(clip):
-  config = train_config(warmup_steps=0, decay='linear', grad_clip_norm=clip)
+  config = train_config(warmup_steps=0, decay="linear", grad_clip_norm=clip)
   tx = optim.make_optimizer(config)
   rng = np.random.default_rng(0)
-  params = {'kernel': jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
-            'bias': jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+  params = {
+    "kernel": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+    "bias": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+  }
   # A large gradient (clipped when clip > 0) followed by a small one: the
   # clip factor differs between steps, which Adam's scale invariance
   # would otherwise hide.
   grads_per_step = [
-      jax.tree.map(lambda p: 50.0 * jnp.asarray(rng.normal(size=p.shape),
-                                                jnp.float32), params),
-      jax.tree.map(lambda p: 0.01 * jnp.asarray(rng.normal(size=p.shape),
-                                                jnp.float32), params),
+    jax.tree.map(lambda p: 50.0 * jnp.asarray(rng.normal(size=p.shape), jnp.float32), params),
+    jax.tree.map(lambda p: 0.01 * jnp.asarray(rng.normal(size=p.shape), jnp.float32), params),
   ]
   state = tx.init(params)
   got = params
@@ -135,28 +146,30 @@ def test_two_steps_match_reference(clip):
     got = jax.tree.map(lambda p, u: p + u, got, updates)
   want = reference_adamw(params, grads_per_step, config, clip)
   for k in params:
-    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7,
-                               err_msg=k)
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=k)
   if clip:
     unclipped = reference_adamw(params, grads_per_step, config, 0.0)
-    assert not np.allclose(unclipped['kernel'], want['kernel'], rtol=1e-4)
+    assert not np.allclose(unclipped["kernel"], want["kernel"], rtol=1e-4)
 
 
-@pytest.mark.parametrize('overrides, field', [
-    (dict(decay='exponential'), 'train.decay'),
-    (dict(warmup_steps=STEPS + 1), 'train.warmup_steps'),
-    (dict(warmup_steps=-1), 'train.warmup_steps'),
-    (dict(warmup_steps=0, decay='rsqrt'), 'train.warmup_steps'),
-    (dict(learning_rate=-1e-3), 'train.learning_rate'),
-    (dict(steps=0), 'train.steps'),
-    (dict(steps=10.5), 'train.steps'),
-    (dict(end_lr_fraction=1.5), 'train.end_lr_fraction'),
-    (dict(weight_decay=-0.1), 'train.weight_decay'),
-    (dict(b1=1.0), 'train.b1'),
-    (dict(b2=-0.1), 'train.b2'),
-    (dict(eps=0.0), 'train.eps'),
-    (dict(grad_clip_norm=-1.0), 'train.grad_clip_norm'),
-])
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
+    (dict(decay="exponential"), "train.decay"),
+    (dict(warmup_steps=STEPS + 1), "train.warmup_steps"),
+    (dict(warmup_steps=-1), "train.warmup_steps"),
+    (dict(warmup_steps=0, decay="rsqrt"), "train.warmup_steps"),
+    (dict(learning_rate=-1e-3), "train.learning_rate"),
+    (dict(steps=0), "train.steps"),
+    (dict(steps=10.5), "train.steps"),
+    (dict(end_lr_fraction=1.5), "train.end_lr_fraction"),
+    (dict(weight_decay=-0.1), "train.weight_decay"),
+    (dict(b1=1.0), "train.b1"),
+    (dict(b2=-0.1), "train.b2"),
+    (dict(eps=0.0), "train.eps"),
+    (dict(grad_clip_norm=-1.0), "train.grad_clip_norm"),
+  ],
+)
 def test_bad_fields_name_the_field(overrides, field):
   config = train_config()
   for key, value in overrides.items():
@@ -164,12 +177,12 @@ def test_bad_fields_name_the_field(overrides, field):
     config.unlock()
     del config[key]
     config[key] = value
-  with pytest.raises(ValueError, match=field.replace('.', r'\.')):
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
     optim.make_optimizer(config)
 
 
 def test_missing_field_is_named():
   config = train_config()
-  del config['b2']
-  with pytest.raises(ValueError, match=r'train\.b2'):
+  del config["b2"]
+  with pytest.raises(ValueError, match=r"train\.b2"):
     optim.make_optimizer(config)

@@ -21,16 +21,25 @@ def test_second_lock_is_refused_naming_the_holder(tmp_path):
     pass
 
 
+@pytest.mark.slow  # a subprocess
 def test_lock_of_a_killed_process_does_not_block(tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, "-c", textwrap.dedent(f"""
+    [
+      sys.executable,
+      "-c",
+      textwrap.dedent(f"""
           import sys, time
           from txf.train.workdir import WorkdirLock
           lock = WorkdirLock({str(tmp_path)!r})
           lock.acquire()
           print("locked", flush=True)
           time.sleep(60)
-      """)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+      """),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=os.getcwd(),
+  )
   try:
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(WorkdirError, match=f'"pid": {holder.pid}'):
@@ -48,8 +57,9 @@ def test_check_writable_names_the_directory_and_cause(tmp_path):
   assert (tmp_path / "new" / "dir").is_dir()
   blocker = tmp_path / "file"
   blocker.write_text("x")
-  with pytest.raises(WorkdirError,
-                     match=rf"{blocker}/run: not a writable directory \(Not a directory\)"):
+  with pytest.raises(
+    WorkdirError, match=rf"{blocker}/run: not a writable directory \(Not a directory\)"
+  ):
     check_writable(blocker / "run")
   with pytest.raises(WorkdirError, match=rf"{blocker}: exists and is not a directory"):
     check_writable(blocker)

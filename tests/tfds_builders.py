@@ -22,8 +22,10 @@ class TranslationBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True
     return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(("de", "en")))
 
   def _split_generators(self, dl_manager):
-    return {"train": self._generate_examples(self.TRAIN_PAIRS),
-            "validation": self._generate_examples(self.VALIDATION_PAIRS)}
+    return {
+      "train": self._generate_examples(self.TRAIN_PAIRS),
+      "validation": self._generate_examples(self.VALIDATION_PAIRS),
+    }
 
   def _generate_examples(self, pairs):
     for i, (de, en) in enumerate(pairs):
@@ -42,8 +44,10 @@ class DocumentsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return tfds.core.DatasetInfo(builder=self, features=features)
 
   def _split_generators(self, dl_manager):
-    return {"train": self._generate_examples(self.TRAIN_TEXTS),
-            "validation": self._generate_examples(self.VALIDATION_TEXTS)}
+    return {
+      "train": self._generate_examples(self.TRAIN_TEXTS),
+      "validation": self._generate_examples(self.VALIDATION_TEXTS),
+    }
 
   def _generate_examples(self, texts):
     for i, text in enumerate(texts):

@@ -39,167 +39,288 @@ DETERMINISTIC = "tests/test_behaviour.py::test_deterministic_model_ignores_dropo
 @dataclasses.dataclass(frozen=True)
 class Bug:
   name: str
-  file: str       # relative to the repository root
-  original: str   # must occur exactly once in `file`
+  file: str  # relative to the repository root
+  original: str  # must occur exactly once in `file`
   planted: str
   tests: tuple[str, ...]  # pytest node ids or files
 
 
 BUGS = (
-    # --- ops ------------------------------------------------------------------
-    Bug("attention_no_scale", "txf/ops/attention.py",
-        # _scaled_scores, shared by the xla and chunked paths.
-        "scale = 1.0 / math.sqrt(q_btkgd.shape[-1])",
-        "scale = 1.0",
-        ("tests/test_ops_attention.py",)),
-    Bug("gqa_tiled_groups", "txf/ops/attention.py",
-        "return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)",
-        "return q.reshape(B, T, H // num_kv_heads, num_kv_heads, D).swapaxes(2, 3)",
-        ("tests/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",)),
-    Bug("softmax_over_queries", "txf/ops/attention.py",
-        "denom = jnp.sum(unnorm, axis=-1, keepdims=True)",
-        "denom = jnp.sum(unnorm, axis=-2, keepdims=True)",
-        ("tests/test_ops_attention.py",)),
-    Bug("causal_mask_off_by_one", "txf/ops/masks.py",
-        "return k_pos <= q_pos", "return k_pos < q_pos",
-        ("tests/test_ops_masks.py",)),
-    Bug("window_off_by_one", "txf/ops/masks.py",
-        "return jnp.abs(q_pos - k_pos) < window", "return jnp.abs(q_pos - k_pos) <= window",
-        ("tests/test_ops_masks.py",)),
-    Bug("rope_rotation_sign", "txf/ops/positional.py",
-        "x2_BxTxHxF * cos_BxTx1xF + x1_BxTxHxF * sin_BxTx1xF",
-        "x2_BxTxHxF * cos_BxTx1xF - x1_BxTxHxF * sin_BxTx1xF",
-        ("tests/test_ops_positional.py",)),
-    Bug("alibi_bias_sign", "txf/ops/positional.py",
-        "return -slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
-        "return slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
-        ("tests/test_ops_positional.py",)),
-    Bug("layer_norm_no_centering", "txf/ops/norms.py",
-        "y = (x32 - mean) * jax.lax.rsqrt(var + eps)", "y = x32 * jax.lax.rsqrt(var + eps)",
-        ("tests/test_ops_norms.py",)),
-    # eps where the tests' inputs make it visible (rows of variance ~eps).
-    Bug("rms_norm_eps_outside_sqrt", "txf/ops/norms.py",
-        "y = x32 * jax.lax.rsqrt(mean_square + eps)", "y = x32 / (jnp.sqrt(mean_square) + eps)",
-        ("tests/test_ops_norms.py",)),
-    Bug("layer_norm_eps_outside_sqrt", "txf/ops/norms.py",
-        "y = (x32 - mean) * jax.lax.rsqrt(var + eps)", "y = (x32 - mean) / (jnp.sqrt(var) + eps)",
-        ("tests/test_ops_norms.py",)),
-    Bug("loss_over_padding", "txf/ops/losses.py",
-        "loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)",
-        "loss = jnp.mean(per_token)",
-        ("tests/test_ops_losses.py",)),
-    # --- layers ---------------------------------------------------------------
-    Bug("rope_q_only", "txf/layers/attention.py",
-        "k_BxSxKxDh = encoding.rotate(self, k_BxSxKxDh,",
-        "k_rotated = encoding.rotate(self, k_BxSxKxDh,",
-        (ATTENTION_REF, "tests/test_models.py::test_encoder_permutation_equivariance_only_without"
-         "_positions")),
-    Bug("attention_dropout_inverted_flag", "txf/layers/attention.py",
-        "dropout = self.attention_dropout_rate > 0.0 and not deterministic",
-        "dropout = self.attention_dropout_rate > 0.0 and deterministic",
-        (DETERMINISTIC,)),
-    Bug("cache_write_off_by_one", "txf/layers/attention.py",
-        "start = (0, cache_index, 0, 0)", "start = (0, cache_index + 1, 0, 0)",
-        ("tests/test_decode.py::test_cached_decoding_matches_full_pass",)),
-    Bug("dropped_residual", "txf/layers/block.py",
-        "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
-        "return dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
-        (BLOCK_REF, "tests/test_layers.py")),
-    Bug("pre_ln_norm_on_output", "txf/layers/block.py",
-        "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
-        "return x_BxTxD + norm(dropout(sublayer(x_BxTxD), deterministic=self.deterministic))",
-        (BLOCK_REF, "tests/test_layers.py")),
-    Bug("no_final_norm", "txf/layers/block.py",
-        'if cfg.norm_placement == "pre":\n      # Pre-LN leaves',
-        'if cfg.norm_placement == "none":\n      # Pre-LN leaves',
-        (f"{LAYER_REFS}::test_stack_matches_numpy",)),
-    Bug("cross_attention_ignores_padding", "txf/layers/block.py",
-        "h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,",
-        "h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=None,",
-        (BLOCK_REF,)),
-    Bug("ffn_gate_on_wrong_branch", "txf/layers/feedforward.py",
-        "h_BxTxF = act(dense(self.d_ff, into_hidden, \"gate\")(x_BxTxD)) * h_BxTxF",
-        "h_BxTxF = dense(self.d_ff, into_hidden, \"gate\")(x_BxTxD) * act(h_BxTxF)",
-        ("tests/test_layers.py::test_feedforward_matches_numpy",)),
-    Bug("ffn_dropout_always_on", "txf/layers/feedforward.py",
-        "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=deterministic)",
-        "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=False)",
-        (DETERMINISTIC,)),
-    Bug("tied_logits_no_scale", "txf/layers/embedding.py",
-        "logits = logits / jnp.sqrt(self.d_model).astype(jnp.float32)",
-        "logits = logits",
-        (f"{LAYER_REFS}::test_embedder_and_tied_logits_match_numpy",)),
-    Bug("decode_positions_off_by_one", "txf/layers/embedding.py",
-        "index.value = cache_index + length", "index.value = cache_index + length - 1",
-        ("tests/test_decode.py::test_prefill_then_single_steps_match_full_pass",)),
-    # --- models ---------------------------------------------------------------
-    Bug("last_pool_first", "txf/models/heads.py",
-        "last_B = jnp.maximum(jnp.sum(valid_BxT, axis=1) - 1, 0)",
-        "last_B = jnp.zeros(valid_BxT.shape[:1], jnp.int32)",
-        (f"{LAYER_REFS}::test_classification_head_matches_numpy",)),
-    Bug("mean_pool_over_pads", "txf/models/heads.py",
-        "return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)",
-        "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
-        ("tests/test_models.py::test_classification_pooling_ignores_padding",)),
-    Bug("encoder_attends_to_pads", "txf/models/transformer.py",
-        "return self._forward(tokens_BxS, key_mask, positions_BxS, deterministic=deterministic,",
-        "return self._forward(tokens_BxS, None, positions_BxS, deterministic=deterministic,",
-        ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",)),
-    Bug("embedding_dropout_always_on", "txf/models/transformer.py",
-        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions, "
-        "token_types_BxT),\n"
-        "                                 deterministic=deterministic)",
-        "x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions, "
-        "token_types_BxT),\n"
-        "                                 deterministic=False)",
-        (DETERMINISTIC,)),
-    # --- train ----------------------------------------------------------------
-    Bug("grad_accum_double_average", "txf/train/step.py",
-        "grads = jax.tree.map(lambda g: g / denom, grads)",
-        "grads = jax.tree.map(lambda g: g / denom / grad_accum_steps, grads)",
-        ("tests/test_behaviour.py::test_grad_accumulation_equals_one_big_batch",)),
-    Bug("train_loss_ignores_weights", "txf/train/step.py",
-        'return batch["targets"], batch["weights"].astype(jnp.float32)',
-        'return batch["targets"], jnp.ones(batch["targets"].shape, jnp.float32)',
-        ("tests/test_behaviour.py::test_train_step_ignores_padded_targets",)),
-    Bug("same_dropout_mask_every_step", "txf/train/step.py",
-        "rng = jax.random.fold_in(jax.random.key(seed), state.step)",
-        "rng = jax.random.key(seed)",
-        ("tests/test_behaviour.py::test_train_step_draws_a_new_mask_each_step_and_repeats_a_step"
-         "_exactly",)),
-    Bug("eval_mean_of_batch_means", "txf/train/setup.py",
-        "          totals[key] = totals[key] + np.asarray(sums[key], np.float64)",
-        # Each batch counts 1, whatever its weight (a weight-0 padding batch too).
-        "          totals[key] = totals[key] + (1.0 if key == 'count' else np.asarray(\n"
-        "              sums[key], np.float64) / max(float(sums['count']), 1.0))",
-        ("tests/test_setup.py::test_evaluate_weights_every_token_alike_across_batches",)),
-    # --- data -----------------------------------------------------------------
-    Bug("lm_targets_not_shifted", "txf/data/lm.py",
-        "return {'inputs': windows[:, :-1], 'targets': windows[:, 1:],",
-        "return {'inputs': windows[:, :-1], 'targets': windows[:, :-1],",
-        ("tests/test_data_lm.py",)),
-    Bug("mlm_masks_specials", "txf/data/masking.py",
-        "selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))",
-        "selected = uniforms[0] < probability",
-        ("tests/test_data_mlm.py",)),
-    # --- packed sequences, pretrained checkpoints, LSTM, chunked attention ------
-    Bug("packed_documents_attend_across", "txf/models/transformer.py",
-        "      mask = ops.segment_mask(segment_ids_BxT)", "      mask = None",
-        ("tests/test_packed_attention.py",)),
-    Bug("packed_positions_not_restarted", "txf/models/transformer.py",
-        "embed_positions = positions_1xT if positions_BxT is None else positions_BxT",
-        "embed_positions = positions_1xT",
-        ("tests/test_packed_attention.py",)),
-    Bug("t5_attention_scaled", "txf/layers/block.py",
-        "scale=None if cfg.scale_attention else 1.0,", "scale=None,",
-        ("tests/test_interop.py::test_t5_encoder_and_logits_match_transformers",)),
-    Bug("lstm_cache_keeps_first_carry", "txf/models/lstm.py",
-        "      cached.value = new_carry", "      cached.value = cached.value",
-        ("tests/test_lstm.py::test_cached_decoding_matches_full_pass",)),
-    Bug("chunked_attention_no_rescale", "txf/ops/attention.py",
-        "l_new = rescale * l_bkgt + jnp.sum(p_bkgts, axis=-1)",
-        "l_new = l_bkgt + jnp.sum(p_bkgts, axis=-1)",
-        ("tests/test_ops_attention_chunked.py",)),
+  # --- ops ------------------------------------------------------------------
+  Bug(
+    "attention_no_scale",
+    "txf/ops/attention.py",
+    # _scaled_scores, shared by the xla and chunked paths.
+    "scale = 1.0 / math.sqrt(q_BxTxKxGxD.shape[-1])",
+    "scale = 1.0",
+    ("tests/test_ops_attention.py",),
+  ),
+  Bug(
+    "gqa_tiled_groups",
+    "txf/ops/attention.py",
+    "return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)",
+    "return q.reshape(B, T, H // num_kv_heads, num_kv_heads, D).swapaxes(2, 3)",
+    ("tests/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",),
+  ),
+  Bug(
+    "softmax_over_queries",
+    "txf/ops/attention.py",
+    "denom = jnp.sum(unnorm, axis=-1, keepdims=True)",
+    "denom = jnp.sum(unnorm, axis=-2, keepdims=True)",
+    ("tests/test_ops_attention.py",),
+  ),
+  Bug(
+    "causal_mask_off_by_one",
+    "txf/ops/masks.py",
+    "return k_pos <= q_pos",
+    "return k_pos < q_pos",
+    ("tests/test_ops_masks.py",),
+  ),
+  Bug(
+    "window_off_by_one",
+    "txf/ops/masks.py",
+    "return jnp.abs(q_pos - k_pos) < window",
+    "return jnp.abs(q_pos - k_pos) <= window",
+    ("tests/test_ops_masks.py",),
+  ),
+  Bug(
+    "rope_rotation_sign",
+    "txf/ops/positional.py",
+    "x2_BxTxHxF * cos_BxTx1xF + x1_BxTxHxF * sin_BxTx1xF",
+    "x2_BxTxHxF * cos_BxTx1xF - x1_BxTxHxF * sin_BxTx1xF",
+    ("tests/test_ops_positional.py",),
+  ),
+  Bug(
+    "alibi_bias_sign",
+    "txf/ops/positional.py",
+    "return -slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
+    "return slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
+    ("tests/test_ops_positional.py",),
+  ),
+  Bug(
+    "layer_norm_no_centering",
+    "txf/ops/norms.py",
+    "y = (x32 - mean) * jax.lax.rsqrt(var + eps)",
+    "y = x32 * jax.lax.rsqrt(var + eps)",
+    ("tests/test_ops_norms.py",),
+  ),
+  # eps where the tests' inputs make it visible (rows of variance ~eps).
+  Bug(
+    "rms_norm_eps_outside_sqrt",
+    "txf/ops/norms.py",
+    "y = x32 * jax.lax.rsqrt(mean_square + eps)",
+    "y = x32 / (jnp.sqrt(mean_square) + eps)",
+    ("tests/test_ops_norms.py",),
+  ),
+  Bug(
+    "layer_norm_eps_outside_sqrt",
+    "txf/ops/norms.py",
+    "y = (x32 - mean) * jax.lax.rsqrt(var + eps)",
+    "y = (x32 - mean) / (jnp.sqrt(var) + eps)",
+    ("tests/test_ops_norms.py",),
+  ),
+  Bug(
+    "loss_over_padding",
+    "txf/ops/losses.py",
+    "loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)",
+    "loss = jnp.mean(per_token)",
+    ("tests/test_ops_losses.py",),
+  ),
+  # --- layers ---------------------------------------------------------------
+  Bug(
+    "rope_q_only",
+    "txf/layers/attention.py",
+    "k_BxSxKxDh = encoding.rotate(",
+    "k_rotated = encoding.rotate(",
+    (
+      ATTENTION_REF,
+      "tests/test_models.py::test_encoder_permutation_equivariance_only_without_positions",
+    ),
+  ),
+  Bug(
+    "attention_dropout_inverted_flag",
+    "txf/layers/attention.py",
+    "dropout = self.attention_dropout_rate > 0.0 and not deterministic",
+    "dropout = self.attention_dropout_rate > 0.0 and deterministic",
+    (DETERMINISTIC,),
+  ),
+  Bug(
+    "cache_write_off_by_one",
+    "txf/layers/attention.py",
+    "start = (0, cache_index, 0, 0)",
+    "start = (0, cache_index + 1, 0, 0)",
+    ("tests/test_decode.py::test_cached_decoding_matches_full_pass",),
+  ),
+  Bug(
+    "dropped_residual",
+    "txf/layers/block.py",
+    "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
+    "return dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
+    (BLOCK_REF, "tests/test_layers.py"),
+  ),
+  Bug(
+    "pre_ln_norm_on_output",
+    "txf/layers/block.py",
+    "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
+    "return x_BxTxD + norm(dropout(sublayer(x_BxTxD), deterministic=self.deterministic))",
+    (BLOCK_REF, "tests/test_layers.py"),
+  ),
+  Bug(
+    "no_final_norm",
+    "txf/layers/block.py",
+    'if cfg.norm_placement == "pre":\n      # Pre-LN leaves',
+    'if cfg.norm_placement == "none":\n      # Pre-LN leaves',
+    (f"{LAYER_REFS}::test_stack_matches_numpy",),
+  ),
+  Bug(
+    "cross_attention_ignores_padding",
+    "txf/layers/block.py",
+    "key_mask=cross_mask,",
+    "key_mask=None,",
+    (BLOCK_REF,),
+  ),
+  Bug(
+    "ffn_gate_on_wrong_branch",
+    "txf/layers/feedforward.py",
+    'h_BxTxF = act(dense(self.d_ff, into_hidden, "gate")(x_BxTxD)) * h_BxTxF',
+    'h_BxTxF = dense(self.d_ff, into_hidden, "gate")(x_BxTxD) * act(h_BxTxF)',
+    ("tests/test_layers.py::test_feedforward_matches_numpy",),
+  ),
+  Bug(
+    "ffn_dropout_always_on",
+    "txf/layers/feedforward.py",
+    "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=deterministic)",
+    "h_BxTxF = nn.Dropout(self.dropout_rate)(h_BxTxF, deterministic=False)",
+    (DETERMINISTIC,),
+  ),
+  Bug(
+    "tied_logits_no_scale",
+    "txf/layers/embedding.py",
+    "logits = logits / jnp.sqrt(self.d_model).astype(jnp.float32)",
+    "logits = logits",
+    (f"{LAYER_REFS}::test_embedder_and_tied_logits_match_numpy",),
+  ),
+  Bug(
+    "decode_positions_off_by_one",
+    "txf/layers/embedding.py",
+    "index.value = cache_index + length",
+    "index.value = cache_index + length - 1",
+    ("tests/test_decode.py::test_prefill_then_single_steps_match_full_pass",),
+  ),
+  # --- models ---------------------------------------------------------------
+  Bug(
+    "last_pool_first",
+    "txf/models/heads.py",
+    "last_B = jnp.maximum(jnp.sum(valid_BxT, axis=1) - 1, 0)",
+    "last_B = jnp.zeros(valid_BxT.shape[:1], jnp.int32)",
+    (f"{LAYER_REFS}::test_classification_head_matches_numpy",),
+  ),
+  Bug(
+    "mean_pool_over_pads",
+    "txf/models/heads.py",
+    "return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)",
+    "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
+    ("tests/test_models.py::test_classification_pooling_ignores_padding",),
+  ),
+  Bug(
+    "encoder_attends_to_pads",
+    "txf/models/transformer.py",
+    "tokens_BxS,\n      key_mask,\n      positions_BxS,",
+    "tokens_BxS,\n      None,\n      positions_BxS,",
+    ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",),
+  ),
+  Bug(
+    "embedding_dropout_always_on",
+    "txf/models/transformer.py",
+    "self.embedder(tokens_BxT, embed_positions, token_types_BxT), deterministic=deterministic\n",
+    "self.embedder(tokens_BxT, embed_positions, token_types_BxT), deterministic=False\n",
+    (DETERMINISTIC,),
+  ),
+  # --- train ----------------------------------------------------------------
+  Bug(
+    "grad_accum_double_average",
+    "txf/train/step.py",
+    "grads = jax.tree.map(lambda g: g / denom, grads)",
+    "grads = jax.tree.map(lambda g: g / denom / grad_accum_steps, grads)",
+    ("tests/test_behaviour.py::test_grad_accumulation_equals_one_big_batch",),
+  ),
+  Bug(
+    "train_loss_ignores_weights",
+    "txf/train/step.py",
+    'return batch["targets"], batch["weights"].astype(jnp.float32)',
+    'return batch["targets"], jnp.ones(batch["targets"].shape, jnp.float32)',
+    ("tests/test_behaviour.py::test_train_step_ignores_padded_targets",),
+  ),
+  Bug(
+    "same_dropout_mask_every_step",
+    "txf/train/step.py",
+    "rng = jax.random.fold_in(jax.random.key(seed), state.step)",
+    "rng = jax.random.key(seed)",
+    (
+      "tests/test_behaviour.py::test_train_step_draws_a_new_mask_each_step_and_repeats_a_step"
+      "_exactly",
+    ),
+  ),
+  Bug(
+    "eval_mean_of_batch_means",
+    "txf/train/setup.py",
+    "          totals[key] = totals[key] + np.asarray(sums[key], np.float64)",
+    # Each batch counts 1, whatever its weight (a weight-0 padding batch too).
+    "          totals[key] = totals[key] + (1.0 if key == 'count' else np.asarray(\n"
+    "              sums[key], np.float64) / max(float(sums['count']), 1.0))",
+    ("tests/test_setup.py::test_evaluate_weights_every_token_alike_across_batches",),
+  ),
+  # --- data -----------------------------------------------------------------
+  Bug(
+    "lm_targets_not_shifted",
+    "txf/data/lm.py",
+    '"targets": windows[:, 1:],',
+    '"targets": windows[:, :-1],',
+    ("tests/test_data_lm.py",),
+  ),
+  Bug(
+    "mlm_masks_specials",
+    "txf/data/masking.py",
+    "selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))",
+    "selected = uniforms[0] < probability",
+    ("tests/test_data_mlm.py",),
+  ),
+  # --- packed sequences, pretrained checkpoints, LSTM, chunked attention ------
+  Bug(
+    "packed_documents_attend_across",
+    "txf/models/transformer.py",
+    "      mask = ops.segment_mask(segment_ids_BxT)",
+    "      mask = None",
+    ("tests/test_packed_attention.py",),
+  ),
+  Bug(
+    "packed_positions_not_restarted",
+    "txf/models/transformer.py",
+    "embed_positions = positions_1xT if positions_BxT is None else positions_BxT",
+    "embed_positions = positions_1xT",
+    ("tests/test_packed_attention.py",),
+  ),
+  Bug(
+    "t5_attention_scaled",
+    "txf/layers/block.py",
+    "scale=None if cfg.scale_attention else 1.0,",
+    "scale=None,",
+    ("tests/test_interop.py::test_t5_encoder_and_logits_match_transformers",),
+  ),
+  Bug(
+    "lstm_cache_keeps_first_carry",
+    "txf/models/lstm.py",
+    "      cached.value = new_carry",
+    "      cached.value = cached.value",
+    ("tests/test_lstm.py::test_cached_decoding_matches_full_pass",),
+  ),
+  Bug(
+    "chunked_attention_no_rescale",
+    "txf/ops/attention.py",
+    "l_new = rescale * l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
+    "l_new = l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
+    ("tests/test_ops_attention_chunked.py",),
+  ),
 )
 
 
@@ -208,8 +329,10 @@ def drift(bug: Bug, text: str) -> str | None:
   found = text.count(bug.original)
   if found == 1:
     return None
-  return (f"bug {bug.name!r}: the original snippet occurs {found} times in {bug.file} "
-          "(expected exactly once); update its entry")
+  return (
+    f"bug {bug.name!r}: the original snippet occurs {found} times in {bug.file} "
+    "(expected exactly once); update its entry"
+  )
 
 
 def plant(bug: Bug, root: pathlib.Path) -> None:
@@ -241,30 +364,52 @@ def run_bug(bug: Bug) -> dict:
     root = pathlib.Path(tmp)
     for name in COPIED:
       source = REPO / name
-      if source.is_dir():
-        shutil.copytree(source, root / name,
-                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+      if source.is_symlink():  # configs/ -> txf/configs: the copy links to its own
+        (root / name).symlink_to(source.readlink())
+      elif source.is_dir():
+        shutil.copytree(
+          source, root / name, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache")
+        )
       else:
         shutil.copy2(source, root / name)
     plant(bug, root)
     tests = test_args(bug, root)
     if not tests:
-      return dict(bug=bug, caught=False, failed=["(none of its tests exist)"],
-                  seconds=time.monotonic() - start)
+      return dict(
+        bug=bug,
+        caught=False,
+        failed=["(none of its tests exist)"],
+        seconds=time.monotonic() - start,
+      )
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-rfE", "-p", "no:cacheprovider",
-         *tests], cwd=root, capture_output=True, text=True)
+      [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-n",
+        "0",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+      ],
+      cwd=root,
+      capture_output=True,
+      text=True,
+    )
   failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.M)
   if done.returncode not in (0, 1) and not failed:
     failed = [f"(pytest exit {done.returncode}: {done.stdout.strip().splitlines()[-1:]})"]
-  return dict(bug=bug, caught=done.returncode != 0, failed=failed,
-              seconds=time.monotonic() - start)
+  return dict(bug=bug, caught=done.returncode != 0, failed=failed, seconds=time.monotonic() - start)
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                      help="run only this bug (repeatable)")
+  parser.add_argument(
+    "--only", action="append", default=[], metavar="NAME", help="run only this bug (repeatable)"
+  )
   parser.add_argument("--list", action="store_true", help="list the bugs and exit")
   parser.add_argument("--jobs", type=int, default=2, help="bugs tested at once (default 2)")
   args = parser.parse_args(argv)
@@ -289,8 +434,11 @@ def main(argv=None) -> int:
     results = []
     for result in pool.map(run_bug, bugs):
       verdict = "caught" if result["caught"] else "MISSED"
-      print(f"{verdict:7} {result['bug'].name:34} {result['seconds']:5.0f}s  "
-            f"{', '.join(result['failed'][:3])}", flush=True)
+      print(
+        f"{verdict:7} {result['bug'].name:34} {result['seconds']:5.0f}s  "
+        f"{', '.join(result['failed'][:3])}",
+        flush=True,
+      )
       results.append(result)
   caught = sum(r["caught"] for r in results)
   print(f"{caught}/{len(results)} caught in {time.monotonic() - start:.0f}s")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 INT32_MAX = 2**31 - 1
 # The largest seed: replica seeds are an int32 array (txf.train.replicas).
@@ -45,8 +46,9 @@ def finite_at_least(value: Any, name: str, minimum: float, *, open_: bool = Fals
   if ok:
     ok = value > minimum if open_ else value >= minimum
   if not ok:
-    raise ValueError(f"{name}: must be a finite number {'>' if open_ else '>='} {minimum}, "
-                     f"got {value!r}")
+    raise ValueError(
+      f"{name}: must be a finite number {'>' if open_ else '>='} {minimum}, got {value!r}"
+    )
   return value
 
 

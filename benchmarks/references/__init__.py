@@ -23,8 +23,12 @@ def run_reference(script: str, args: list[str], needs: str) -> dict | None:
     return None
   with tempfile.TemporaryDirectory() as directory:
     report = pathlib.Path(directory) / "report.json"
-    done = subprocess.run([sys.executable, str(REFERENCES / script), *args, f"--json={report}"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+      [sys.executable, str(REFERENCES / script), *args, f"--json={report}"],
+      capture_output=True,
+      text=True,
+      check=False,
+    )
     print(done.stdout, end="")
     if done.returncode:
       print(f"{script}: failed (exit {done.returncode}):\n{done.stderr[-3000:]}")

@@ -24,21 +24,38 @@ import torch
 import transformers
 
 
-def benchmark(*, layers: int, d_model: int, heads: int, vocab: int, max_len: int,
-              batch_sizes: list[int], prompt_len: int, new_tokens: int, repeats: int) -> dict:
+def benchmark(
+  *,
+  layers: int,
+  d_model: int,
+  heads: int,
+  vocab: int,
+  max_len: int,
+  batch_sizes: list[int],
+  prompt_len: int,
+  new_tokens: int,
+  repeats: int,
+) -> dict:
   device = "cuda" if torch.cuda.is_available() else "cpu"
   dtype = torch.bfloat16 if device == "cuda" else torch.float32
   torch.manual_seed(0)
-  config = transformers.GPT2Config(n_layer=layers, n_embd=d_model, n_head=heads,
-                                   vocab_size=vocab, n_positions=max_len)
+  config = transformers.GPT2Config(
+    n_layer=layers, n_embd=d_model, n_head=heads, vocab_size=vocab, n_positions=max_len
+  )
   model = transformers.GPT2LMHeadModel(config).to(device=device, dtype=dtype).eval()
   sync = torch.cuda.synchronize if device == "cuda" else lambda: None
   results = []
   for batch_size in batch_sizes:
     prompt = torch.randint(1, vocab, (batch_size, prompt_len), device=device)
     generate = functools.partial(
-        model.generate, prompt, attention_mask=torch.ones_like(prompt),
-        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+      model.generate,
+      prompt,
+      attention_mask=torch.ones_like(prompt),
+      max_new_tokens=new_tokens,
+      min_new_tokens=new_tokens,
+      do_sample=False,
+      pad_token_id=0,
+    )
     with torch.inference_mode():
       out = generate()
       if out.shape != (batch_size, prompt_len + new_tokens):
@@ -51,36 +68,63 @@ def benchmark(*, layers: int, d_model: int, heads: int, vocab: int, max_len: int
         sync()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    results.append(dict(batch_size=batch_size, seconds=seconds,
-                        tokens_per_sec=batch_size * new_tokens / seconds,
-                        us_per_token=1e6 * seconds / new_tokens))
-  return dict(framework="transformers", transformers_version=transformers.__version__,
-              torch_version=torch.__version__, device=device,
-              device_kind=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              dtype=str(dtype).removeprefix("torch."),
-              attention=model.config._attn_implementation,  # pylint: disable=protected-access
-              params=sum(p.numel() for p in model.parameters()), prompt_len=prompt_len,
-              new_tokens=new_tokens, repeats=repeats, results=results)
+    results.append(
+      dict(
+        batch_size=batch_size,
+        seconds=seconds,
+        tokens_per_sec=batch_size * new_tokens / seconds,
+        us_per_token=1e6 * seconds / new_tokens,
+      )
+    )
+  return dict(
+    framework="transformers",
+    transformers_version=transformers.__version__,
+    torch_version=torch.__version__,
+    device=device,
+    device_kind=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+    dtype=str(dtype).removeprefix("torch."),
+    attention=model.config._attn_implementation,
+    params=sum(p.numel() for p in model.parameters()),
+    prompt_len=prompt_len,
+    new_tokens=new_tokens,
+    repeats=repeats,
+    results=results,
+  )
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  for name, default in (("layers", 12), ("d_model", 768), ("heads", 12), ("vocab", 50304),
-                        ("max_len", 1024), ("prompt_len", 128), ("new_tokens", 512),
-                        ("repeats", 3)):
+  for name, default in (
+    ("layers", 12),
+    ("d_model", 768),
+    ("heads", 12),
+    ("vocab", 50304),
+    ("max_len", 1024),
+    ("prompt_len", 128),
+    ("new_tokens", 512),
+    ("repeats", 3),
+  ):
     parser.add_argument(f"--{name}", type=int, default=default)
   parser.add_argument("--batch_sizes", default="1,32")
   parser.add_argument("--json", help="write the figures here")
   args = parser.parse_args()
-  figures = benchmark(layers=args.layers, d_model=args.d_model, heads=args.heads,
-                      vocab=args.vocab, max_len=args.max_len,
-                      batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-                      prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                      repeats=args.repeats)
+  figures = benchmark(
+    layers=args.layers,
+    d_model=args.d_model,
+    heads=args.heads,
+    vocab=args.vocab,
+    max_len=args.max_len,
+    batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+    prompt_len=args.prompt_len,
+    new_tokens=args.new_tokens,
+    repeats=args.repeats,
+  )
   for row in figures["results"]:
-    print(f"transformers {figures['transformers_version']} {figures['device_kind']}: batch "
-          f"{row['batch_size']}, {row['tokens_per_sec']:,.0f} new tokens/s, "
-          f"{row['us_per_token']:,.0f} us/token")
+    print(
+      f"transformers {figures['transformers_version']} {figures['device_kind']}: batch "
+      f"{row['batch_size']}, {row['tokens_per_sec']:,.0f} new tokens/s, "
+      f"{row['us_per_token']:,.0f} us/token"
+    )
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(figures, f, indent=2)

@@ -74,14 +74,25 @@ class GPT(nn.Module):
 
 def make_optimizer(model: nn.Module, device: str) -> torch.optim.Optimizer:
   params = [p for p in model.parameters() if p.requires_grad]
-  groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-  return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
-                           fused=device == "cuda")
+  groups = [
+    {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+  ]
+  return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=device == "cuda")
 
 
-def benchmark(tokens_NxBxT1: np.ndarray, *, layers: int, d_model: int, heads: int, vocab: int,
-              steps: int, warmup: int, compile_model: bool, device: str) -> dict:
+def benchmark(
+  tokens_NxBxT1: np.ndarray,
+  *,
+  layers: int,
+  d_model: int,
+  heads: int,
+  vocab: int,
+  steps: int,
+  warmup: int,
+  compile_model: bool,
+  device: str,
+) -> dict:
   """Trains on the windows in turn; the timed steps' figures."""
   torch.manual_seed(0)
   seq_len = tokens_NxBxT1.shape[2] - 1
@@ -111,20 +122,35 @@ def benchmark(tokens_NxBxT1: np.ndarray, *, layers: int, d_model: int, heads: in
   sync()
   seconds = time.perf_counter() - start
   batch_size = tokens_NxBxT1.shape[1]
-  return dict(framework="torch", torch_version=torch.__version__, device=device,
-              device_kind=(torch.cuda.get_device_name() if device == "cuda"
-                           else platform.processor() or "cpu"),
-              compiled=compile_model, batch_size=batch_size, seq_len=seq_len,
-              params=sum(p.numel() for p in model.parameters()), steps=steps,
-              step_time=seconds / steps,
-              tokens_per_sec=batch_size * seq_len * steps / seconds, loss=float(loss.detach()))
+  return dict(
+    framework="torch",
+    torch_version=torch.__version__,
+    device=device,
+    device_kind=(
+      torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+    ),
+    compiled=compile_model,
+    batch_size=batch_size,
+    seq_len=seq_len,
+    params=sum(p.numel() for p in model.parameters()),
+    steps=steps,
+    step_time=seconds / steps,
+    tokens_per_sec=batch_size * seq_len * steps / seconds,
+    loss=float(loss.detach()),
+  )
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tokens", required=True, help="int [n, B, T + 1] .npy windows")
-  for name, default in (("layers", 12), ("d_model", 768), ("heads", 12), ("vocab", 50304),
-                        ("steps", 50), ("warmup", 10)):
+  for name, default in (
+    ("layers", 12),
+    ("d_model", 768),
+    ("heads", 12),
+    ("vocab", 50304),
+    ("steps", 50),
+    ("warmup", 10),
+  ):
     parser.add_argument(f"--{name}", type=int, default=default)
   parser.add_argument("--no_compile", action="store_true", help="eager, no torch.compile")
   parser.add_argument("--json", help="write the figures here")
@@ -133,12 +159,22 @@ def main() -> None:
   if device == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-  figures = benchmark(np.load(args.tokens), layers=args.layers, d_model=args.d_model,
-                      heads=args.heads, vocab=args.vocab, steps=args.steps,
-                      warmup=args.warmup, compile_model=not args.no_compile, device=device)
-  print(f"torch {figures['torch_version']} {figures['device_kind']}: batch "
-        f"{figures['batch_size']} x {figures['seq_len']}, {1e3 * figures['step_time']:.1f} "
-        f"ms/step, {figures['tokens_per_sec']:,.0f} tokens/s, loss {figures['loss']:.3f}")
+  figures = benchmark(
+    np.load(args.tokens),
+    layers=args.layers,
+    d_model=args.d_model,
+    heads=args.heads,
+    vocab=args.vocab,
+    steps=args.steps,
+    warmup=args.warmup,
+    compile_model=not args.no_compile,
+    device=device,
+  )
+  print(
+    f"torch {figures['torch_version']} {figures['device_kind']}: batch "
+    f"{figures['batch_size']} x {figures['seq_len']}, {1e3 * figures['step_time']:.1f} "
+    f"ms/step, {figures['tokens_per_sec']:,.0f} tokens/s, loss {figures['loss']:.3f}"
+  )
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(figures, f, indent=2)

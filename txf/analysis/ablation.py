@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -41,8 +42,11 @@ def _attention_kernels(params: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
   """{attention module path: its heads' shape}, (H,) or (L, H) under scan,
   read from the output projections' kernels [(L,) H, Dh, D]."""
   flat = traverse_util.flatten_dict(nn.meta.unbox(params))
-  return {path[:-2]: tuple(kernel.shape[:-2]) for path, kernel in flat.items()
-          if path[-2:] == ("out", "kernel") and path[-3].endswith("_attention")}
+  return {
+    path[:-2]: tuple(kernel.shape[:-2])
+    for path, kernel in flat.items()
+    if path[-2:] == ("out", "kernel") and path[-3].endswith("_attention")
+  }
 
 
 def attention_shapes(params: Any) -> dict[str, tuple[int, int]]:
@@ -101,9 +105,12 @@ class HeadMasked:
     return self.model.apply({**variables, HEAD_MASK: self.mask}, *args, **kwargs)
 
 
-def _summed_fns(model: nn.Module, params: Any, batches: Iterable[Any],
-                sums_fn: Callable[[Any, Any, Any], Mapping[str, jax.Array]]
-                ) -> dict[str, Callable[[np.ndarray], dict[str, float]]]:
+def _summed_fns(
+  model: nn.Module,
+  params: Any,
+  batches: Iterable[Any],
+  sums_fn: Callable[[Any, Any, Any], Mapping[str, jax.Array]],
+) -> dict[str, Callable[[np.ndarray], dict[str, float]]]:
   """{kind: `fn(head_mask_LxH) -> {name: sum over batches}`} of `sums_fn`'s
   per-batch sums; one compiled step for all calls (the mask is an argument)."""
   batches = list(batches)
@@ -122,8 +129,9 @@ def _summed_fns(model: nn.Module, params: Any, batches: Iterable[Any],
   return {kind: functools.partial(summed, kind) for kind in attention_shapes(params)}
 
 
-def ablation_loss_fns(model: nn.Module, params: Any, batches: Iterable[Any],
-                      loss_sums: LossSums) -> dict[str, Callable[[np.ndarray], float]]:
+def ablation_loss_fns(
+  model: nn.Module, params: Any, batches: Iterable[Any], loss_sums: LossSums
+) -> dict[str, Callable[[np.ndarray], float]]:
   """{kind: `loss_fn(head_mask_LxH) -> mean loss` over `batches`}, for `head_ablation`.
 
   Each kind's function masks that kind's [L, H] heads and keeps every head
@@ -142,6 +150,7 @@ def ablation_loss_fns(model: nn.Module, params: Any, batches: Iterable[Any],
     The functions, in `KINDS` order; a loss is sum(loss_sum) / sum(count)
     over the batches.
   """
+
   def sums_fn(masked_model, params, batch):
     loss_sum, count = loss_sums(masked_model, params, batch)
     return {"loss_sum": loss_sum, "count": count}
@@ -150,24 +159,34 @@ def ablation_loss_fns(model: nn.Module, params: Any, batches: Iterable[Any],
     totals = summed(head_mask_LxH)
     return totals["loss_sum"] / totals["count"]
 
-  return {kind: functools.partial(loss_fn, summed)
-          for kind, summed in _summed_fns(model, params, batches, sums_fn).items()}
+  return {
+    kind: functools.partial(loss_fn, summed)
+    for kind, summed in _summed_fns(model, params, batches, sums_fn).items()
+  }
 
 
-def ablation_metric_fns(model: nn.Module, params: Any, batches: Iterable[Any],
-                        eval_sums: Callable[[Any, Any, Any], Mapping[str, jax.Array]]
-                        ) -> dict[str, Callable[[np.ndarray], dict[str, float]]]:
+def ablation_metric_fns(
+  model: nn.Module,
+  params: Any,
+  batches: Iterable[Any],
+  eval_sums: Callable[[Any, Any, Any], Mapping[str, jax.Array]],
+) -> dict[str, Callable[[np.ndarray], dict[str, float]]]:
   """{kind: `fn(head_mask_LxH) -> {"loss", "accuracy"}`} over `batches`, as
   `ablation_loss_fns` but from `eval_sums(model, params, batch)` -> sums
   with "loss_sum", "count" and "correct" (a run's eval step): the weighted
   mean loss and the share of weighted targets predicted right."""
+
   def metrics(summed, head_mask_LxH):
     totals = summed(head_mask_LxH)
-    return {"loss": totals["loss_sum"] / totals["count"],
-            "accuracy": totals["correct"] / totals["count"]}
+    return {
+      "loss": totals["loss_sum"] / totals["count"],
+      "accuracy": totals["correct"] / totals["count"],
+    }
 
-  return {kind: functools.partial(metrics, summed)
-          for kind, summed in _summed_fns(model, params, batches, eval_sums).items()}
+  return {
+    kind: functools.partial(metrics, summed)
+    for kind, summed in _summed_fns(model, params, batches, eval_sums).items()
+  }
 
 
 def parse_heads(spec: str, num_layers: int, num_heads: int) -> list[tuple[int, int]]:
@@ -180,12 +199,15 @@ def parse_heads(spec: str, num_layers: int, num_heads: int) -> list[tuple[int, i
   for item in str(spec).split(","):
     match = re.fullmatch(r"L(\d+)H(\d+)", item.strip())
     if match is None:
-      raise ValueError(f"ablate: {item.strip()!r} is not a head; expected L<layer>H<head>, "
-                       "e.g. 'L1H0,L1H2'")
+      raise ValueError(
+        f"ablate: {item.strip()!r} is not a head; expected L<layer>H<head>, e.g. 'L1H0,L1H2'"
+      )
     layer, head = int(match[1]), int(match[2])
     if layer >= num_layers or head >= num_heads:
-      raise ValueError(f"ablate: {item.strip()} is not a head of the model (layers 0.."
-                       f"{num_layers - 1}, heads 0..{num_heads - 1})")
+      raise ValueError(
+        f"ablate: {item.strip()} is not a head of the model (layers 0.."
+        f"{num_layers - 1}, heads 0..{num_heads - 1})"
+      )
     if (layer, head) in heads:
       raise ValueError(f"ablate: {item.strip()} is named twice")
     heads.append((layer, head))

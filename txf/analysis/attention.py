@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -18,8 +19,9 @@ _BLOCK = re.compile(r"block_(\d+)$")
 KINDS = ("self", "encoder_self", "decoder_self", "cross")
 
 
-def attention_maps(model: nn.Module, params: Any, *inputs: jax.Array,
-                   **kwargs: Any) -> dict[str, jax.Array]:
+def attention_maps(
+  model: nn.Module, params: Any, *inputs: jax.Array, **kwargs: Any
+) -> dict[str, jax.Array]:
   """The attention weights of every attention layer for one batch.
 
   Applies the model with its 'intermediates' collection mutable, so each
@@ -79,5 +81,8 @@ def maps_by_kind(maps: dict[str, jax.Array]) -> dict[str, list[jax.Array]]:
   for path, weights_BxHxTxS in maps.items():
     parts = path.split("/")
     grouped.setdefault(attention_kind(parts), []).append((layer_index(parts), weights_BxHxTxS))
-  return {kind: [weights for _, weights in sorted(grouped[kind], key=lambda item: item[0])]
-          for kind in KINDS if kind in grouped}
+  return {
+    kind: [weights for _, weights in sorted(grouped[kind], key=lambda item: item[0])]
+    for kind in KINDS
+    if kind in grouped
+  }

@@ -10,14 +10,15 @@ through, in closed form.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from txf import layers, models
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
 # The LSTM family's components: its layers are 'recurrent'.
@@ -28,14 +29,14 @@ LSTM_COMPONENTS = ("embedding", "recurrent", "norm", "head")
 # counts as 'head', one in a block as 'norm'. MultiHeadAttention is
 # 'attention' or 'cross_attention' by how it is called (`_component`).
 _CLASS_COMPONENTS = {
-    layers.Embedder: "embedding",  # token table and learned position table
-    layers.RelativePositionTable: "position",
-    layers.FeedForward: "ffn",
-    layers.Norm: "norm",
-    models.LSTMLayer: "recurrent",
-    models.LMHead: "head",
-    models.MaskedLMHead: "head",
-    models.ClassificationHead: "head",
+  layers.Embedder: "embedding",  # token table and learned position table
+  layers.RelativePositionTable: "position",
+  layers.FeedForward: "ffn",
+  layers.Norm: "norm",
+  models.LSTMLayer: "recurrent",
+  models.LMHead: "head",
+  models.MaskedLMHead: "head",
+  models.ClassificationHead: "head",
 }
 
 
@@ -44,8 +45,9 @@ def _component(module: nn.Module, args: tuple) -> str | None:
   if isinstance(module, layers.MultiHeadAttention):
     # Cross-attention is the attention called with a key/value input.
     return "cross_attention" if len(args) > 1 and args[1] is not None else "attention"
-  return next((component for cls, component in _CLASS_COMPONENTS.items()
-               if isinstance(module, cls)), None)
+  return next(
+    (component for cls, component in _CLASS_COMPONENTS.items() if isinstance(module, cls)), None
+  )
 
 
 def module_components(cfg: ModelConfig | Mapping[str, Any]) -> dict[tuple[str, ...], str]:
@@ -55,7 +57,7 @@ def module_components(cfg: ModelConfig | Mapping[str, Any]) -> dict[tuple[str, .
   class as it is called.
   """
   cfg = _as_model_config(cfg)
-  components = {}
+  components: dict[tuple[str, ...], str] = {}
 
   def record(next_fun, args, kwargs, context):
     if context.method_name == "__call__":
@@ -79,8 +81,7 @@ def _key_name(key: Any) -> str:
   return str(key)
 
 
-def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]
-                 ) -> dict[str, int]:
+def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]) -> dict[str, int]:
   """Exact parameter counts of a txf model, by component.
 
   Args:
@@ -117,8 +118,9 @@ def count_params(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any]
   counts = dict.fromkeys(LSTM_COMPONENTS if cfg.family == "lstm" else COMPONENTS, 0)
   for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
     names = tuple(_key_name(key) for key in path)
-    component = next((components[names[:i]] for i in range(1, len(names))
-                      if names[:i] in components), None)
+    component = next(
+      (components[names[:i]] for i in range(1, len(names)) if names[:i] in components), None
+    )
     if component is None:
       raise ValueError(f"count_params: no component for parameter {'/'.join(names)}")
     counts[component] += math.prod(leaf.shape)
@@ -132,7 +134,7 @@ def _as_model_config(cfg: ModelConfig | Mapping[str, Any]) -> ModelConfig:
 
 def _attention_matmul_params(cfg: ModelConfig) -> int:
   """Weights of q, k, v and out: D*H*Dh + 2*D*K*Dh + H*Dh*D."""
-  return cfg.d_model * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  return cfg.d_model * derived(cfg.head_dim) * (2 * cfg.num_heads + 2 * derived(cfg.num_kv_heads))
 
 
 def _lstm_matmul_params(cfg: ModelConfig) -> int:
@@ -143,7 +145,7 @@ def _lstm_matmul_params(cfg: ModelConfig) -> int:
 def _ffn_matmul_params(cfg: ModelConfig) -> int:
   """Weights of wi (and gate) and wo: (2 or 3) * D * F."""
   gated = cfg.activation in ("swiglu", "geglu")
-  return (3 if gated else 2) * cfg.d_model * cfg.d_ff
+  return (3 if gated else 2) * cfg.d_model * derived(cfg.d_ff)
 
 
 def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
@@ -163,11 +165,13 @@ def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
   layer = _attention_matmul_params(cfg) + _ffn_matmul_params(cfg)
   stacks = cfg.num_layers * layer
   if cfg.family == "encoder_decoder":
-    stacks += cfg.num_decoder_layers * (layer + _attention_matmul_params(cfg))
+    stacks += derived(cfg.num_decoder_layers) * (layer + _attention_matmul_params(cfg))
   vocab_projection = cfg.d_model * cfg.vocab_size
-  head = {"lm": vocab_projection,
-          "mlm": cfg.d_model * cfg.d_model + vocab_projection,  # transform, projection
-          "classify": 0}[cfg.head]
+  head = {
+    "lm": vocab_projection,
+    "mlm": cfg.d_model * cfg.d_model + vocab_projection,  # transform, projection
+    "classify": 0,
+  }[cfg.head]
   return stacks + head
 
 
@@ -206,18 +210,19 @@ def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float
   cfg = _as_model_config(cfg)
   if cfg.family == "lstm":
     return 6.0 * matmul_params(cfg)
-  attention_width = cfg.num_heads * cfg.head_dim
+  attention_width = cfg.num_heads * derived(cfg.head_dim)
   attention_layers = cfg.num_layers
   if cfg.family == "encoder_decoder":  # the only family with num_decoder_layers
-    attention_layers += 2 * cfg.num_decoder_layers  # self- and cross-attention
+    attention_layers += 2 * derived(cfg.num_decoder_layers)  # self- and cross-attention
   flops = 6.0 * matmul_params(cfg) + 12.0 * attention_layers * attention_width * seq_len
   if cfg.head == "classify":
     flops += 6.0 * cfg.d_model * cfg.num_classes / seq_len
   return flops
 
 
-def summarize(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any],
-              seq_len: int | None = None) -> str:
+def summarize(
+  params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any], seq_len: int | None = None
+) -> str:
   """A table of parameter counts by component and the FLOPs per token.
 
   Args:
@@ -239,7 +244,10 @@ def summarize(params: Mapping[str, Any], cfg: ModelConfig | Mapping[str, Any],
   counts = count_params(params, cfg)
   total = max(counts["total"], 1)
   rows = [f"{'component':<16}{'params':>14}{'%':>8}"]
-  rows += [f"{name:<16}{count:>14,}{100.0 * count / total:>8.1f}"
-           for name, count in counts.items() if count or name == "total"]
+  rows += [
+    f"{name:<16}{count:>14,}{100.0 * count / total:>8.1f}"
+    for name, count in counts.items()
+    if count or name == "total"
+  ]
   rows.append(f"training FLOPs/token (T={seq_len}): {flops_per_token(cfg, seq_len):.3g}")
   return "\n".join(rows)

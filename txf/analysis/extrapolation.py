@@ -85,8 +85,9 @@ def default_stride(seq_len: int) -> int:
   return max(seq_len // 2, 1)
 
 
-def windows(num_tokens: int, *, seq_len: int, protocol: str,
-            stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def windows(
+  num_tokens: int, *, seq_len: int, protocol: str, stride: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
   """Where the protocol's windows lie in a stream of `num_tokens` tokens.
 
   Returns:
@@ -104,8 +105,10 @@ def windows(num_tokens: int, *, seq_len: int, protocol: str,
   if protocol not in PROTOCOLS:
     raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
   if num_tokens < seq_len + 1:
-    raise ValueError(f"tokens: a stream of {num_tokens} tokens holds no window of "
-                     f"seq_len + 1 = {seq_len + 1} tokens")
+    raise ValueError(
+      f"tokens: a stream of {num_tokens} tokens holds no window of "
+      f"seq_len + 1 = {seq_len + 1} tokens"
+    )
   if protocol == "non_overlapping":
     if stride is not None:
       raise ValueError(f"stride: only the sliding protocol takes one, got {stride!r}")
@@ -122,8 +125,9 @@ def windows(num_tokens: int, *, seq_len: int, protocol: str,
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _token_losses(model: nn.Module, params: Any, inputs_BxT: jax.Array,
-                  targets_BxT: jax.Array) -> jax.Array:
+def _token_losses(
+  model: nn.Module, params: Any, inputs_BxT: jax.Array, targets_BxT: jax.Array
+) -> jax.Array:
   """float32 [B, T]: the loss of each next-token prediction."""
   logits_BxTxV = model.apply({"params": params}, inputs_BxT, deterministic=True)
   return ops.token_cross_entropy(logits_BxTxV, targets_BxT)
@@ -132,13 +136,22 @@ def _token_losses(model: nn.Module, params: Any, inputs_BxT: jax.Array,
 def _check_model(model: nn.Module) -> None:
   cfg = getattr(model, "cfg", None)
   if cfg is None or cfg.family not in ("decoder", "lstm") or cfg.head != "lm":
-    raise ValueError("model must be a txf decoder language model (model.family='decoder' or "
-                     f"'lstm', model.head='lm'), got {type(model).__name__}")
+    raise ValueError(
+      "model must be a txf decoder language model (model.family='decoder' or "
+      f"'lstm', model.head='lm'), got {type(model).__name__}"
+    )
 
 
-def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: int,
-                  protocol: str = "non_overlapping", stride: int | None = None,
-                  batch_size: int = 8) -> WindowLosses:
+def window_losses(
+  model: nn.Module,
+  params: Any,
+  tokens_BxN: Any,
+  *,
+  seq_len: int,
+  protocol: str = "non_overlapping",
+  stride: int | None = None,
+  batch_size: int = 8,
+) -> WindowLosses:
   """Scores each row of `tokens_BxN` as a token stream in windows of `seq_len`.
 
   Args:
@@ -162,8 +175,9 @@ def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: in
   """
   tokens_BxN = np.asarray(tokens_BxN)
   if tokens_BxN.ndim != 2 or not np.issubdtype(tokens_BxN.dtype, np.integer):
-    raise ValueError(f"tokens_BxN must be an int [B, N] array, got {tokens_BxN.dtype} "
-                     f"{tokens_BxN.shape}")
+    raise ValueError(
+      f"tokens_BxN must be an int [B, N] array, got {tokens_BxN.dtype} {tokens_BxN.shape}"
+    )
   batch_size = int_at_least(batch_size, "batch_size", 1)
   B, N = tokens_BxN.shape
   starts_W, first_W = windows(N, seq_len=seq_len, protocol=protocol, stride=stride)
@@ -180,10 +194,12 @@ def window_losses(model: nn.Module, params: Any, tokens_BxN: Any, *, seq_len: in
     items_b = np.arange(begin, min(begin + batch_size, len(rows_I)))
     # A short last batch is padded by repeating its windows: one shape, one compilation.
     padded_b = np.resize(items_b, batch_size)
-    windows_bxT1 = tokens_BxN[rows_I[padded_b, None],
-                              starts_I[padded_b, None] + np.arange(seq_len + 1)]
-    losses_bxT = np.asarray(_token_losses(model, params, windows_bxT1[:, :-1],
-                                          windows_bxT1[:, 1:]), np.float64)[:len(items_b)]
+    windows_bxT1 = tokens_BxN[
+      rows_I[padded_b, None], starts_I[padded_b, None] + np.arange(seq_len + 1)
+    ]
+    losses_bxT = np.asarray(
+      _token_losses(model, params, windows_bxT1[:, :-1], windows_bxT1[:, 1:]), np.float64
+    )[: len(items_b)]
     scored_bxT = offsets_T >= first_I[items_b, None]
     # The S scored predictions: their stream (row), token (column) and position.
     rows_S = np.broadcast_to(rows_I[items_b, None], scored_bxT.shape)[scored_bxT]

@@ -32,7 +32,8 @@ import csv
 import io
 import itertools
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,32 +45,35 @@ from txf.checks import int_at_least
 _ROW_SUM_ATOL = 2e-2
 
 
-def _check_weights(weights: Any, name: str = 'weights') -> np.ndarray:
+def _check_weights(weights: Any, name: str = "weights") -> np.ndarray:
   """`weights` as float64 `[B, H, T, S]`; ValueError unless they look like softmax rows."""
   array = np.asarray(weights)
   if array.ndim != 4:
-    raise ValueError(f'{name} must be [B, H, T, S], got shape {array.shape}')
-  if not jnp.issubdtype(array.dtype, jnp.floating):   # numpy's says no to bfloat16
-    raise ValueError(f'{name} must be a float array, got dtype {array.dtype}')
+    raise ValueError(f"{name} must be [B, H, T, S], got shape {array.shape}")
+  if not jnp.issubdtype(array.dtype, jnp.floating):  # numpy's says no to bfloat16
+    raise ValueError(f"{name} must be a float array, got dtype {array.dtype}")
   if 0 in array.shape:
-    raise ValueError(f'{name} must not be empty, got shape {array.shape}')
+    raise ValueError(f"{name} must not be empty, got shape {array.shape}")
   array = array.astype(np.float64)
   if not np.all(np.isfinite(array)) or np.any(array < 0):
-    raise ValueError(f'{name} must be finite and >= 0 (softmax weights, not logits)')
+    raise ValueError(f"{name} must be finite and >= 0 (softmax weights, not logits)")
   sums_BxHxT = array.sum(axis=-1)
   if not np.all((np.abs(sums_BxHxT - 1) <= _ROW_SUM_ATOL) | (sums_BxHxT <= _ROW_SUM_ATOL)):
     worst = sums_BxHxT.flat[np.argmax(np.minimum(np.abs(sums_BxHxT - 1), sums_BxHxT))]
-    raise ValueError(f'{name} rows must sum to 1 over the keys (or 0 for a query with no '
-                     f'allowed key), found a row summing to {worst:.4g}')
+    raise ValueError(
+      f"{name} rows must sum to 1 over the keys (or 0 for a query with no "
+      f"allowed key), found a row summing to {worst:.4g}"
+    )
   return array
 
 
-def _check_square(weights_BxHxTxS: np.ndarray, name: str = 'weights') -> None:
+def _check_square(weights_BxHxTxS: np.ndarray, name: str = "weights") -> None:
   """ValueError unless queries and keys are the same sequence (T == S)."""
   _, _, T, S = weights_BxHxTxS.shape
   if T != S:
-    raise ValueError(f'{name} must be self-attention [B, H, T, T], got T={T} queries '
-                     f'and S={S} keys')
+    raise ValueError(
+      f"{name} must be self-attention [B, H, T, T], got T={T} queries and S={S} keys"
+    )
 
 
 def _valid_queries(weights_BxHxTxS: np.ndarray, query_mask: Any) -> np.ndarray:
@@ -79,8 +83,7 @@ def _valid_queries(weights_BxHxTxS: np.ndarray, query_mask: Any) -> np.ndarray:
   if query_mask is not None:
     mask = np.asarray(query_mask)
     if mask.dtype != bool or mask.shape != (B, T):
-      raise ValueError(f'query_mask must be bool [B, T] = {(B, T)}, got {mask.dtype} '
-                       f'{mask.shape}')
+      raise ValueError(f"query_mask must be bool [B, T] = {(B, T)}, got {mask.dtype} {mask.shape}")
     valid_BxHxT &= mask[:, None, :]
   return valid_BxHxT.astype(np.float64)
 
@@ -89,13 +92,13 @@ def _mean_over_queries(values_BxHxT: np.ndarray, valid_BxHxT: np.ndarray) -> np.
   """`[H]`: the mean of `values` over the batch and the valid queries of each head."""
   counts_H = valid_BxHxT.sum(axis=(0, 2))
   if np.any(counts_H == 0):
-    raise ValueError('no valid query to average over (every query is masked or has '
-                     'no allowed key)')
+    raise ValueError("no valid query to average over (every query is masked or has no allowed key)")
   return (values_BxHxT * valid_BxHxT).sum(axis=(0, 2)) / counts_H
 
 
-def _diagonal_mean(weights_BxHxTxT: np.ndarray, offset: int, first_query: int,
-                   valid_BxHxT: np.ndarray) -> np.ndarray:
+def _diagonal_mean(
+  weights_BxHxTxT: np.ndarray, offset: int, first_query: int, valid_BxHxT: np.ndarray
+) -> np.ndarray:
   """`[H]`: mean weight from query t to key t - offset, over queries t >= first_query."""
   T = weights_BxHxTxT.shape[-1]
   queries = np.arange(first_query, T)
@@ -116,11 +119,12 @@ def previous_token_score(weights_BxHxTxT: Any, *, query_mask: Any = None) -> np.
   Returns:
     float64 `[H]` in [0, 1].
   """
-  weights = _check_weights(weights_BxHxTxT, 'weights_BxHxTxT')
-  _check_square(weights, 'weights_BxHxTxT')
+  weights = _check_weights(weights_BxHxTxT, "weights_BxHxTxT")
+  _check_square(weights, "weights_BxHxTxT")
   if weights.shape[-1] < 2:
-    raise ValueError('weights_BxHxTxT needs T >= 2 for a previous token, got '
-                     f'T={weights.shape[-1]}')
+    raise ValueError(
+      f"weights_BxHxTxT needs T >= 2 for a previous token, got T={weights.shape[-1]}"
+    )
   return _diagonal_mean(weights, 1, 1, _valid_queries(weights, query_mask))
 
 
@@ -142,17 +146,23 @@ def induction_score(weights_BxHxTxT: Any, period: int) -> np.ndarray:
   Returns:
     float64 `[H]` in [0, 1].
   """
-  weights = _check_weights(weights_BxHxTxT, 'weights_BxHxTxT')
-  _check_square(weights, 'weights_BxHxTxT')
+  weights = _check_weights(weights_BxHxTxT, "weights_BxHxTxT")
+  _check_square(weights, "weights_BxHxTxT")
   T = weights.shape[-1]
-  if int_at_least(period, 'period', 1) >= T:
-    raise ValueError(f'period must be < T={T} (the weights need a second occurrence), '
-                     f'got {period}')
+  if int_at_least(period, "period", 1) >= T:
+    raise ValueError(f"period must be < T={T} (the weights need a second occurrence), got {period}")
   return _diagonal_mean(weights, period - 1, period, _valid_queries(weights, None))
 
 
-def repeated_random_tokens(rng: np.random.Generator, batch: int, period: int,
-                           vocab_size: int, *, low: int = 4, ids: Any = None) -> np.ndarray:
+def repeated_random_tokens(
+  rng: np.random.Generator,
+  batch: int,
+  period: int,
+  vocab_size: int,
+  *,
+  low: int = 4,
+  ids: Any = None,
+) -> np.ndarray:
   """Inputs for `induction_score`: a random block of `period` tokens, twice.
 
   The tokens of one block are distinct (drawn without replacement from
@@ -173,19 +183,18 @@ def repeated_random_tokens(rng: np.random.Generator, batch: int, period: int,
   Returns:
     int32 `[batch, 2 * period]`, row[t] == row[t + period].
   """
-  batch, period = int_at_least(batch, 'batch', 1), int_at_least(period, 'period', 1)
-  low, vocab_size = int_at_least(low, 'low', 0), int_at_least(vocab_size, 'vocab_size', 1)
+  batch, period = int_at_least(batch, "batch", 1), int_at_least(period, "period", 1)
+  low, vocab_size = int_at_least(low, "low", 0), int_at_least(vocab_size, "vocab_size", 1)
   if ids is None:
     pool = np.arange(low, vocab_size)
-    where = f'vocab_size - low = {vocab_size} - {low}'
+    where = f"vocab_size - low = {vocab_size} - {low}"
   else:
     pool = np.unique(np.asarray(ids))
     if pool.size and (pool[0] < 0 or pool[-1] >= vocab_size):
-      raise ValueError(f'ids must lie in [0, vocab_size={vocab_size}), got '
-                       f'{pool[0]}..{pool[-1]}')
-    where = f'len(ids) = {pool.size}'
+      raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}), got {pool[0]}..{pool[-1]}")
+    where = f"len(ids) = {pool.size}"
   if pool.size < period:
-    raise ValueError(f'{where} must be >= period={period} to draw a block of distinct tokens')
+    raise ValueError(f"{where} must be >= period={period} to draw a block of distinct tokens")
   blocks = [rng.choice(pool, size=period, replace=False) for _ in range(batch)]
   return np.tile(np.stack(blocks), (1, 2)).astype(np.int32)
 
@@ -201,8 +210,7 @@ def in_distribution_ids(tokens: Any, special_ids: Any) -> np.ndarray:
   return np.setdiff1d(np.unique(np.asarray(tokens)), np.asarray(list(special_ids)))
 
 
-def probe_periods(length: int, num_ids: int, seen_periods: Any = (), count: int = 2
-                  ) -> list[int]:
+def probe_periods(length: int, num_ids: int, seen_periods: Any = (), count: int = 2) -> list[int]:
   """The `count` longest induction-probe periods that fit and were not trained on.
 
   A period P fits when two blocks fit `length` positions (2 P <= length) and
@@ -218,14 +226,17 @@ def probe_periods(length: int, num_ids: int, seen_periods: Any = (), count: int 
   periods = [period for period in fitting if period not in seen and period > 1][:count]
   if len(periods) < count:
     longest = min(length // 2, num_ids)
-    raise ValueError(f'only {len(periods)} induction-probe periods in 2..{longest} '
-                     f'(two blocks in {length} positions, {num_ids} distinct ids) avoid the '
-                     f'training periods {sorted(seen)}; {count} are needed')
+    raise ValueError(
+      f"only {len(periods)} induction-probe periods in 2..{longest} "
+      f"(two blocks in {length} positions, {num_ids} distinct ids) avoid the "
+      f"training periods {sorted(seen)}; {count} are needed"
+    )
   return periods
 
 
-def head_roles(previous_LxH: Any, induction_by_period: Mapping[int, Any], *,
-               threshold: float = 0.5) -> np.ndarray:
+def head_roles(
+  previous_LxH: Any, induction_by_period: Mapping[int, Any], *, threshold: float = 0.5
+) -> np.ndarray:
   """What each head does, from its scores: object `[L, H]` of str.
 
   'previous_token' if its previous-token score is >= threshold; 'induction'
@@ -241,18 +252,25 @@ def head_roles(previous_LxH: Any, induction_by_period: Mapping[int, Any], *,
     threshold: score above which a head counts as doing the thing.
   """
   if len(induction_by_period) < 2:
-    raise ValueError('induction_by_period needs scores at two or more probe periods, got '
-                     f'{sorted(induction_by_period)}')
-  induction_PxLxH = np.stack([np.asarray(scores, np.float64)
-                              for scores in induction_by_period.values()])
+    raise ValueError(
+      "induction_by_period needs scores at two or more probe periods, got "
+      f"{sorted(induction_by_period)}"
+    )
+  induction_PxLxH = np.stack(
+    [np.asarray(scores, np.float64) for scores in induction_by_period.values()]
+  )
   previous_LxH = np.asarray(previous_LxH, np.float64)
-  labels = [(previous_LxH >= threshold, 'previous_token'),
-            (np.all(induction_PxLxH >= threshold, axis=0), 'induction'),
-            (np.any(induction_PxLxH >= threshold, axis=0)
-             & ~np.all(induction_PxLxH >= threshold, axis=0), 'positional')]
+  labels = [
+    (previous_LxH >= threshold, "previous_token"),
+    (np.all(induction_PxLxH >= threshold, axis=0), "induction"),
+    (
+      np.any(induction_PxLxH >= threshold, axis=0) & ~np.all(induction_PxLxH >= threshold, axis=0),
+      "positional",
+    ),
+  ]
   roles = np.empty(previous_LxH.shape, object)
   for index in np.ndindex(previous_LxH.shape):
-    roles[index] = '+'.join(name for is_role, name in labels if is_role[index])
+    roles[index] = "+".join(name for is_role, name in labels if is_role[index])
   return roles
 
 
@@ -269,7 +287,7 @@ def attention_entropy(weights_BxHxTxS: Any, *, query_mask: Any = None) -> np.nda
   Returns:
     float64 `[H]`, >= 0.
   """
-  weights = _check_weights(weights_BxHxTxS, 'weights_BxHxTxS')
+  weights = _check_weights(weights_BxHxTxS, "weights_BxHxTxS")
   # log of 1 where w == 0 keeps 0 * log 0 out of the sum (no NaN, no warning).
   log_weights = np.log(np.where(weights > 0, weights, 1.0))
   entropy_BxHxT = -(weights * log_weights).sum(axis=-1)
@@ -293,15 +311,16 @@ def mean_attended_distance(weights_BxHxTxS: Any, *, query_mask: Any = None) -> n
   Returns:
     float64 `[H]`, in positions (>= 0).
   """
-  weights = _check_weights(weights_BxHxTxS, 'weights_BxHxTxS')
+  weights = _check_weights(weights_BxHxTxS, "weights_BxHxTxS")
   _, _, T, S = weights.shape
   distance_TxS = np.abs(np.arange(T)[:, None] - np.arange(S)[None, :]).astype(np.float64)
   distance_BxHxT = (weights * distance_TxS).sum(axis=-1)
   return _mean_over_queries(distance_BxHxT, _valid_queries(weights, query_mask))
 
 
-def head_ablation(loss_fn: Callable[[np.ndarray], Any], num_layers: int,
-                  num_heads: int) -> np.ndarray:
+def head_ablation(
+  loss_fn: Callable[[np.ndarray], Any], num_layers: int, num_heads: int
+) -> np.ndarray:
   """Loss change from zeroing each head's output, one head at a time.
 
   Calls `loss_fn` 1 + L * H times: once with every head on (the baseline),
@@ -319,8 +338,8 @@ def head_ablation(loss_fn: Callable[[np.ndarray], Any], num_layers: int,
     float64 `[L, H]`: loss with head (l, h) zeroed minus the baseline loss
     (positive: the head helps).
   """
-  num_layers = int_at_least(num_layers, 'num_layers', 1)
-  num_heads = int_at_least(num_heads, 'num_heads', 1)
+  num_layers = int_at_least(num_layers, "num_layers", 1)
+  num_heads = int_at_least(num_heads, "num_heads", 1)
   all_on_LxH = np.ones((num_layers, num_heads), np.float32)
   baseline = float(loss_fn(all_on_LxH.copy()))
   deltas_LxH = np.empty((num_layers, num_heads), np.float64)
@@ -333,12 +352,14 @@ def head_ablation(loss_fn: Callable[[np.ndarray], Any], num_layers: int,
 
 def group_mask(heads: Any, num_layers: int, num_heads: int) -> np.ndarray:
   """float32 `[L, H]` head mask: 0 at each (layer, head) of `heads`, 1 elsewhere."""
-  mask_LxH = np.ones((int_at_least(num_layers, 'num_layers', 1),
-                      int_at_least(num_heads, 'num_heads', 1)), np.float32)
+  mask_LxH = np.ones(
+    (int_at_least(num_layers, "num_layers", 1), int_at_least(num_heads, "num_heads", 1)), np.float32
+  )
   for layer, head in heads:
     if not (0 <= layer < num_layers and 0 <= head < num_heads):
-      raise ValueError(f'head L{layer}H{head} is not in the model\'s {num_layers} layers x '
-                       f'{num_heads} heads')
+      raise ValueError(
+        f"head L{layer}H{head} is not in the model's {num_layers} layers x {num_heads} heads"
+      )
     mask_LxH[layer, head] = 0
   return mask_LxH
 
@@ -346,16 +367,19 @@ def group_mask(heads: Any, num_layers: int, num_heads: int) -> np.ndarray:
 def head_score_rows(scores: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
   """Header and rows (layer, head, one float per score) of `name -> [L, H]` scores."""
   if not scores:
-    raise ValueError('scores must hold at least one name -> [L, H] array')
+    raise ValueError("scores must hold at least one name -> [L, H] array")
   arrays = {name: np.asarray(values, np.float64) for name, values in scores.items()}
   shape = next(iter(arrays.values())).shape
   for name, array in arrays.items():
     if array.ndim != 2 or array.shape != shape:
-      raise ValueError(f'scores[{name!r}] must be [L, H] like the first score {shape}, '
-                       f'got {array.shape}')
-  header = ['layer', 'head', *arrays]
-  rows = [[layer, head, *(float(array[layer, head]) for array in arrays.values())]
-          for layer, head in itertools.product(range(shape[0]), range(shape[1]))]
+      raise ValueError(
+        f"scores[{name!r}] must be [L, H] like the first score {shape}, got {array.shape}"
+      )
+  header = ["layer", "head", *arrays]
+  rows = [
+    [layer, head, *(float(array[layer, head]) for array in arrays.values())]
+    for layer, head in itertools.product(range(shape[0]), range(shape[1]))
+  ]
   return header, rows
 
 
@@ -371,12 +395,15 @@ def head_scores_table(scores: Mapping[str, Any]) -> str:
     'n/a'), ending in a newline.
   """
   header, rows = head_score_rows(scores)
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for layer, head, *values in rows:
-    cells = [str(layer), str(head),
-             *('n/a' if np.isnan(value) else f'{value:.4g}' for value in values)]
-    lines.append('| ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines) + '\n'
+    cells = [
+      str(layer),
+      str(head),
+      *("n/a" if np.isnan(value) else f"{value:.4g}" for value in values),
+    ]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def write_head_scores_csv(scores: Mapping[str, Any], path: str | os.PathLike) -> epath.Path:
@@ -391,10 +418,11 @@ def write_head_scores_csv(scores: Mapping[str, Any], path: str | os.PathLike) ->
   """
   header, rows = head_score_rows(scores)
   text = io.StringIO()
-  writer = csv.writer(text, lineterminator='\n')
+  writer = csv.writer(text, lineterminator="\n")
   writer.writerow(header)
-  writer.writerows([layer, head, *(repr(value) for value in values)]
-                   for layer, head, *values in rows)
+  writer.writerows(
+    [layer, head, *(repr(value) for value in values)] for layer, head, *values in rows
+  )
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(text.getvalue())

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from etils import epath
@@ -37,14 +38,14 @@ _DPI = 120
 def _check_text(value: Any, name: str) -> str:
   """`value` if it is a non-empty string; ValueError naming `name` otherwise."""
   if not isinstance(value, str) or not value.strip():
-    raise ValueError(f'{name} must be a non-empty string, got {value!r}')
+    raise ValueError(f"{name} must be a non-empty string, got {value!r}")
   return value
 
 
 def png_bytes(figure: Figure) -> bytes:
   """`figure` rendered as a PNG file's bytes (for writers that write them their own way)."""
   buffer = io.BytesIO()
-  figure.savefig(buffer, format='png', dpi=_DPI)
+  figure.savefig(buffer, format="png", dpi=_DPI)
   return buffer.getvalue()
 
 
@@ -63,15 +64,17 @@ def save_figure(figure: Figure, path: str | os.PathLike) -> epath.Path:
 def _check_grid(weights_by_layer: Sequence[Any]) -> np.ndarray:
   """float `[L, H, T, S]` from L >= 1 equally shaped `[H, T, S]` arrays (a list or an array)."""
   if len(weights_by_layer) == 0:
-    raise ValueError('weights_by_layer must be a non-empty list of [H, T, S] arrays')
+    raise ValueError("weights_by_layer must be a non-empty list of [H, T, S] arrays")
   arrays = [np.asarray(weights, np.float64) for weights in weights_by_layer]
   for layer, array in enumerate(arrays):
     if array.ndim != 3 or array.shape != arrays[0].shape or 0 in array.shape:
-      raise ValueError(f'weights_by_layer[{layer}] must be [H, T, S] like layer 0 '
-                       f'{arrays[0].shape}, got {array.shape}')
+      raise ValueError(
+        f"weights_by_layer[{layer}] must be [H, T, S] like layer 0 "
+        f"{arrays[0].shape}, got {array.shape}"
+      )
   weights_LxHxTxS = np.stack(arrays)
   if not np.all(np.isfinite(weights_LxHxTxS)):
-    raise ValueError('weights_by_layer must be finite')
+    raise ValueError("weights_by_layer must be finite")
   return weights_LxHxTxS
 
 
@@ -80,8 +83,9 @@ def _check_tokens(tokens: Sequence[str] | None, length: int, name: str) -> list[
   if tokens is None:
     return None
   if isinstance(tokens, str) or len(tokens) != length:
-    raise ValueError(f'{name} must be a list of {length} strings (one per position), '
-                     f'got {tokens!r}')
+    raise ValueError(
+      f"{name} must be a list of {length} strings (one per position), got {tokens!r}"
+    )
   return [str(token) for token in tokens]
 
 
@@ -93,8 +97,13 @@ def _token_ticks(axes: Any, query_tokens: list[str] | None, key_tokens: list[str
     axes.set_yticks(range(len(query_tokens)), query_tokens, fontsize=6)
 
 
-def attention_grid_figure(weights_by_layer: Sequence[Any], tokens: Sequence[str] | None = None,
-                          *, title: str, key_tokens: Sequence[str] | None = None) -> Figure:
+def attention_grid_figure(
+  weights_by_layer: Sequence[Any],
+  tokens: Sequence[str] | None = None,
+  *,
+  title: str,
+  key_tokens: Sequence[str] | None = None,
+) -> Figure:
   """A grid of attention heatmaps: one row per layer, one column per head.
 
   Each panel shows one head's weights with queries down the rows and keys
@@ -114,56 +123,69 @@ def attention_grid_figure(weights_by_layer: Sequence[Any], tokens: Sequence[str]
   Returns:
     The Figure.
   """
-  _check_text(title, 'title')
+  _check_text(title, "title")
   weights_LxHxTxS = _check_grid(weights_by_layer)
   L, H, T, S = weights_LxHxTxS.shape
-  query_tokens = _check_tokens(tokens, T, 'tokens')
-  key_tokens = _check_tokens(tokens if key_tokens is None else key_tokens, S, 'key_tokens')
+  query_tokens = _check_tokens(tokens, T, "tokens")
+  key_tokens = _check_tokens(tokens if key_tokens is None else key_tokens, S, "key_tokens")
 
-  figure = Figure(figsize=(_PANEL_INCHES * H + 1.2, _PANEL_INCHES * L + 0.6),
-                  layout='constrained')
+  figure = Figure(figsize=(_PANEL_INCHES * H + 1.2, _PANEL_INCHES * L + 0.6), layout="constrained")
   axes_LxH = figure.subplots(L, H, squeeze=False)
   vmax = max(float(weights_LxHxTxS.max()), np.finfo(np.float32).tiny)
   for layer in range(L):
     for head in range(H):
       axes = axes_LxH[layer, head]
-      image = axes.imshow(weights_LxHxTxS[layer, head], cmap='viridis', vmin=0.0, vmax=vmax,
-                          aspect='auto', interpolation='nearest')
-      axes.set_title(f'layer {layer}, head {head}', fontsize=9)
+      image = axes.imshow(
+        weights_LxHxTxS[layer, head],
+        cmap="viridis",
+        vmin=0.0,
+        vmax=vmax,
+        aspect="auto",
+        interpolation="nearest",
+      )
+      axes.set_title(f"layer {layer}, head {head}", fontsize=9)
       _token_ticks(axes, query_tokens, key_tokens)
       if layer == L - 1:
-        axes.set_xlabel('key position')
+        axes.set_xlabel("key position")
       if head == 0:
-        axes.set_ylabel('query position')
-  figure.colorbar(image, ax=axes_LxH, label='attention weight', shrink=0.8)
+        axes.set_ylabel("query position")
+  figure.colorbar(image, ax=axes_LxH, label="attention weight", shrink=0.8)
   figure.suptitle(title)
   return figure
 
 
-def attention_grid(weights_by_layer: Sequence[Any], tokens: Sequence[str] | None,
-                   path: str | os.PathLike, title: str, *,
-                   key_tokens: Sequence[str] | None = None) -> epath.Path:
+def attention_grid(
+  weights_by_layer: Sequence[Any],
+  tokens: Sequence[str] | None,
+  path: str | os.PathLike,
+  title: str,
+  *,
+  key_tokens: Sequence[str] | None = None,
+) -> epath.Path:
   """Writes `attention_grid_figure(...)` as a PNG to `path`; returns the path."""
   return save_figure(
-      attention_grid_figure(weights_by_layer, tokens, title=title, key_tokens=key_tokens), path)
+    attention_grid_figure(weights_by_layer, tokens, title=title, key_tokens=key_tokens), path
+  )
 
 
-def _check_series(label: Any, curve: Any, logx: bool
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _check_series(
+  label: Any, curve: Any, logx: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
   """(x, y, std or None) of one series, 1-D and equally long; ValueError naming `label`."""
-  _check_text(label, 'series label')
+  _check_text(label, "series label")
   if not isinstance(curve, (tuple, list)) or len(curve) not in (2, 3):
-    raise ValueError(f'series[{label!r}] must be (x, y) or (x, y, std), got {curve!r}')
+    raise ValueError(f"series[{label!r}] must be (x, y) or (x, y, std), got {curve!r}")
   x, y = (np.asarray(values, np.float64) for values in curve[:2])
   std = None if len(curve) == 2 or curve[2] is None else np.asarray(curve[2], np.float64)
-  for name, values in (('x', x), ('y', y), ('std', std)):
+  for name, values in (("x", x), ("y", y), ("std", std)):
     if values is not None and (values.ndim != 1 or values.shape != x.shape or not x.size):
-      raise ValueError(f'series[{label!r}] {name} must be 1-D with the length of x '
-                       f'{x.shape}, got {values.shape}')
+      raise ValueError(
+        f"series[{label!r}] {name} must be 1-D with the length of x {x.shape}, got {values.shape}"
+      )
   if std is not None and np.any(std < 0):
-    raise ValueError(f'series[{label!r}] std must be >= 0')
+    raise ValueError(f"series[{label!r}] std must be >= 0")
   if logx and np.any(x <= 0):
-    raise ValueError(f'series[{label!r}] x must be > 0 for logx=True')
+    raise ValueError(f"series[{label!r}] x must be > 0 for logx=True")
   return x, y, std
 
 
@@ -171,13 +193,20 @@ def _label_data_ticks(axes: Any, x: np.ndarray) -> None:
   """On a log x axis, ticks at the data's few x values (1024, not 2^10 or 1.02e3)."""
   values = np.unique(x)
   if values.size <= MAX_LOG_TICKS:
-    axes.set_xticks(values, [f'{value:g}' for value in values])
+    axes.set_xticks(values, [f"{value:g}" for value in values])
     axes.set_xticks([], minor=True)
 
 
-def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylabel: str,
-                     logx: bool = False, logy: bool = False,
-                     styles: Mapping[str, Mapping[str, Any]] | None = None) -> Figure:
+def line_plot_figure(
+  series: Mapping[str, Any],
+  *,
+  title: str,
+  xlabel: str,
+  ylabel: str,
+  logx: bool = False,
+  logy: bool = False,
+  styles: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Figure:
   """Curves with a legend, each with an optional +-std band.
 
   NaN values of y (e.g. a length where a run does not apply) leave a gap.
@@ -197,50 +226,77 @@ def line_plot_figure(series: Mapping[str, Any], *, title: str, xlabel: str, ylab
   Returns:
     The Figure.
   """
-  for name, text in (('title', title), ('xlabel', xlabel), ('ylabel', ylabel)):
+  for name, text in (("title", title), ("xlabel", xlabel), ("ylabel", ylabel)):
     _check_text(text, name)
   if not series:
-    raise ValueError('series must hold at least one label -> (x, y[, std]) curve')
+    raise ValueError("series must hold at least one label -> (x, y[, std]) curve")
   curves = {label: _check_series(label, curve, logx) for label, curve in series.items()}
 
   unknown = sorted(set(styles or {}) - set(curves))
   if unknown:
-    raise ValueError(f'styles[{unknown[0]!r}]: no such series')
+    raise ValueError(f"styles[{unknown[0]!r}]: no such series")
   outside = len(curves) > LEGEND_INSIDE_MAX
-  figure = Figure(figsize=(10.0, 4.8) if outside else (6.4, 4.2), layout='constrained')
+  figure = Figure(figsize=(10.0, 4.8) if outside else (6.4, 4.2), layout="constrained")
   axes = figure.subplots()
   for label, (x, y, std) in curves.items():
-    (line,) = axes.plot(x, y, label=label, marker='o' if x.size <= 20 else None, markersize=4,
-                        **(styles or {}).get(label, {}))
+    (line,) = axes.plot(
+      x,
+      y,
+      label=label,
+      marker="o" if x.size <= 20 else None,
+      markersize=4,
+      **(styles or {}).get(label, {}),
+    )
     if std is not None:
       axes.fill_between(x, y - std, y + std, color=line.get_color(), alpha=0.2, linewidth=0)
   if logx:
-    axes.set_xscale('log')
+    axes.set_xscale("log")
     _label_data_ticks(axes, np.concatenate([x for x, _, _ in curves.values()]))
   if logy:
-    axes.set_yscale('log')
+    axes.set_yscale("log")
   axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
   axes.grid(True, alpha=0.3)
   if outside:
-    axes.legend(loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize='small')
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
   else:
     axes.legend()
   return figure
 
 
-def line_plot(series: Mapping[str, Any], path: str | os.PathLike, title: str, xlabel: str,
-              ylabel: str, logx: bool = False, logy: bool = False,
-              styles: Mapping[str, Mapping[str, Any]] | None = None) -> epath.Path:
+def line_plot(
+  series: Mapping[str, Any],
+  path: str | os.PathLike,
+  title: str,
+  xlabel: str,
+  ylabel: str,
+  logx: bool = False,
+  logy: bool = False,
+  styles: Mapping[str, Mapping[str, Any]] | None = None,
+) -> epath.Path:
   """Writes `line_plot_figure(...)` as a PNG to `path`; returns the path."""
-  return save_figure(line_plot_figure(series, title=title, xlabel=xlabel, ylabel=ylabel,
-                                      logx=logx, logy=logy, styles=styles), path)
+  return save_figure(
+    line_plot_figure(
+      series, title=title, xlabel=xlabel, ylabel=ylabel, logx=logx, logy=logy, styles=styles
+    ),
+    path,
+  )
 
 
-def heatmaps_figure(panels: Mapping[str, Any], *, title: str, xlabel: str, ylabel: str,
-                    colorbar_label: str, columns: int | None = None, cmap: str = 'viridis',
-                    vmin: float | None = None, vmax: float | None = None,
-                    xticklabels: Sequence[str] | None = None,
-                    yticklabels: Sequence[str] | None = None, annotate: bool = False) -> Figure:
+def heatmaps_figure(
+  panels: Mapping[str, Any],
+  *,
+  title: str,
+  xlabel: str,
+  ylabel: str,
+  colorbar_label: str,
+  columns: int | None = None,
+  cmap: str = "viridis",
+  vmin: float | None = None,
+  vmax: float | None = None,
+  xticklabels: Sequence[str] | None = None,
+  yticklabels: Sequence[str] | None = None,
+  annotate: bool = False,
+) -> Figure:
   """Heatmaps of 2-D arrays (masks, encodings, biases, similarities), one per panel.
 
   All panels share one colour scale (`vmin`..`vmax`, default the arrays'
@@ -262,52 +318,87 @@ def heatmaps_figure(panels: Mapping[str, Any], *, title: str, xlabel: str, ylabe
   Returns:
     The Figure.
   """
-  for name, text in (('title', title), ('xlabel', xlabel), ('ylabel', ylabel),
-                     ('colorbar_label', colorbar_label)):
+  for name, text in (
+    ("title", title),
+    ("xlabel", xlabel),
+    ("ylabel", ylabel),
+    ("colorbar_label", colorbar_label),
+  ):
     _check_text(text, name)
   if not panels:
-    raise ValueError('panels must hold at least one title -> 2-D array')
-  arrays = {_check_text(name, 'panel title'): np.asarray(values, np.float64)
-            for name, values in panels.items()}
+    raise ValueError("panels must hold at least one title -> 2-D array")
+  arrays = {
+    _check_text(name, "panel title"): np.asarray(values, np.float64)
+    for name, values in panels.items()
+  }
   shape = next(iter(arrays.values())).shape
   for name, array in arrays.items():
     if array.ndim != 2 or array.shape != shape or 0 in shape:
-      raise ValueError(f'panels[{name!r}] must be a non-empty 2-D array like the first '
-                       f'{shape}, got shape {array.shape}')
+      raise ValueError(
+        f"panels[{name!r}] must be a non-empty 2-D array like the first "
+        f"{shape}, got shape {array.shape}"
+      )
   finite = np.concatenate([array[np.isfinite(array)] for array in arrays.values()])
   if not finite.size:
-    raise ValueError('panels hold no finite value to colour')
+    raise ValueError("panels hold no finite value to colour")
   vmin = float(finite.min()) if vmin is None else vmin
   vmax = float(finite.max()) if vmax is None else vmax
-  row_labels = _check_tokens(yticklabels, shape[0], 'yticklabels')
-  column_labels = _check_tokens(xticklabels, shape[1], 'xticklabels')
+  row_labels = _check_tokens(yticklabels, shape[0], "yticklabels")
+  column_labels = _check_tokens(xticklabels, shape[1], "xticklabels")
   columns = len(arrays) if columns is None else int(columns)
   rows = -(-len(arrays) // columns)
-  figure = Figure(figsize=(_PANEL_INCHES * 1.3 * columns + 1.2,
-                           _PANEL_INCHES * 1.3 * rows + 0.6), layout='constrained')
+  figure = Figure(
+    figsize=(_PANEL_INCHES * 1.3 * columns + 1.2, _PANEL_INCHES * 1.3 * rows + 0.6),
+    layout="constrained",
+  )
   axes_grid = figure.subplots(rows, columns, squeeze=False)
   for index, axes in enumerate(axes_grid.flat):
     if index >= len(arrays):
       axes.set_axis_off()
       continue
     name, array = list(arrays.items())[index]
-    image = axes.imshow(np.ma.masked_invalid(array), cmap=cmap, vmin=vmin, vmax=vmax,
-                        aspect='auto', interpolation='nearest')
+    image = axes.imshow(
+      np.ma.masked_invalid(array),
+      cmap=cmap,
+      vmin=vmin,
+      vmax=vmax,
+      aspect="auto",
+      interpolation="nearest",
+    )
     axes.set_title(name, fontsize=9)
     axes.set(xlabel=xlabel, ylabel=ylabel)
     _token_ticks(axes, row_labels, column_labels)
     if annotate:
       for (row, column), value in np.ndenumerate(array):
         if np.isfinite(value):
-          axes.text(column, row, f'{value:.3g}', ha='center', va='center', fontsize=8,
-                    color='white' if value < (vmin + vmax) / 2 else 'black')
+          axes.text(
+            column,
+            row,
+            f"{value:.3g}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="white" if value < (vmin + vmax) / 2 else "black",
+          )
   figure.colorbar(image, ax=axes_grid, label=colorbar_label, shrink=0.8)
   figure.suptitle(title)
   return figure
 
 
-def heatmaps(panels: Mapping[str, Any], path: str | os.PathLike, title: str, *, xlabel: str,
-             ylabel: str, colorbar_label: str, **kwargs: Any) -> epath.Path:
+def heatmaps(
+  panels: Mapping[str, Any],
+  path: str | os.PathLike,
+  title: str,
+  *,
+  xlabel: str,
+  ylabel: str,
+  colorbar_label: str,
+  **kwargs: Any,
+) -> epath.Path:
   """Writes `heatmaps_figure(...)` as a PNG to `path`; returns the path."""
-  return save_figure(heatmaps_figure(panels, title=title, xlabel=xlabel, ylabel=ylabel,
-                                     colorbar_label=colorbar_label, **kwargs), path)
+  return save_figure(
+    heatmaps_figure(
+      panels, title=title, xlabel=xlabel, ylabel=ylabel, colorbar_label=colorbar_label, **kwargs
+    ),
+    path,
+  )

@@ -22,17 +22,21 @@ from absl import flags, logging
 
 from txf.commands.cli import fail, run_command, run_errors
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.", required=True)
 _NUM_BATCHES = flags.DEFINE_integer(
-    "num_batches", None, "Validation batches the ablation evaluates (default: the run's).")
+  "num_batches", None, "Validation batches the ablation evaluates (default: the run's)."
+)
 _PERIODS = flags.DEFINE_list(
-    "periods", None, "Two or more block lengths of the induction probe (default: the two "
-    "longest that fit and that the training data does not repeat with).")
+  "periods",
+  None,
+  "Two or more block lengths of the induction probe (default: the two "
+  "longest that fit and that the training data does not repeat with).",
+)
 _ABLATE = flags.DEFINE_string(
-    "ablate", None, "Causal self-attention heads to zero together, e.g. L1H0,L1H2.")
+  "ablate", None, "Causal self-attention heads to zero together, e.g. L1H0,L1H2."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the induction inputs' random tokens.")
 _REPLICA = flags.DEFINE_integer("replica", 0, "Which seed replica of the run to analyse.")
-flags.mark_flag_as_required("workdir")
 
 
 def _periods(values: list[str] | None) -> list[int] | None:
@@ -48,12 +52,18 @@ def _periods(values: list[str] | None) -> list[int] | None:
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.analyze import analyze_run
+
   logging.set_verbosity(logging.WARNING)
   with run_errors():
     try:
-      record = analyze_run(_WORKDIR.value, num_batches=_NUM_BATCHES.value,
-                           periods=_periods(_PERIODS.value), seed=_SEED.value,
-                           replica=_REPLICA.value, ablate=_ABLATE.value)
+      record = analyze_run(
+        _WORKDIR.value,
+        num_batches=_NUM_BATCHES.value,
+        periods=_periods(_PERIODS.value),
+        seed=_SEED.value,
+        replica=_REPLICA.value,
+        ablate=_ABLATE.value,
+      )
     except ValueError as error:  # ConfigError too
       fail("analyze", error)
   print(record["table"], end="")

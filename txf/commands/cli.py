@@ -13,14 +13,14 @@ import os
 import pathlib
 import re
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from txf.configs import DIRECTORY as CONFIG_DIRECTORY
-from txf.configs import find as find_config
+from txf.configs import DIRECTORY as CONFIG_DIRECTORY, find as find_config
 
 
 class ConfigFileError(Exception):
@@ -38,8 +38,10 @@ class ConfigFileParser(flags.ArgumentParser):
     if not os.path.isfile(file):
       shipped = find_config(file)  # --config=rope: the config txf ships by that name
       if shipped is None:
-        raise ConfigFileError(f"{file}: no such config file (nor a config txf ships: "
-                              f"{', '.join(shipped_config_names())})")
+        raise ConfigFileError(
+          f"{file}: no such config file (nor a config txf ships: "
+          f"{', '.join(shipped_config_names())})"
+        )
       file = str(shipped)
     try:
       spec = importlib.util.spec_from_file_location("config_file", file)
@@ -48,12 +50,13 @@ class ConfigFileParser(flags.ArgumentParser):
       config = module.get_config(*arg)
     except SyntaxError as error:
       raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
-    except Exception as error:  # pylint: disable=broad-except  # the user's code
+    except Exception as error:  # the user's code
       first_line = (str(error).splitlines() or [""])[0]
       raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
     if not hasattr(config, "lock"):
-      raise ConfigFileError(f"{argument}: get_config() returned {type(config).__name__}, "
-                            "not a ConfigDict")
+      raise ConfigFileError(
+        f"{argument}: get_config() returned {type(config).__name__}, not a ConfigDict"
+      )
     config.lock()
     return config
 
@@ -63,8 +66,11 @@ class ConfigFileParser(flags.ArgumentParser):
 
 def shipped_config_names() -> list[str]:
   """The names `--config=` takes for the configs txf ships ('rope', 'sweeps/pe_ln', ...)."""
-  return sorted(str(path.relative_to(CONFIG_DIRECTORY).with_suffix(""))
-                for path in CONFIG_DIRECTORY.rglob("*.py") if path.name != "__init__.py")
+  return sorted(
+    str(path.relative_to(CONFIG_DIRECTORY).with_suffix(""))
+    for path in CONFIG_DIRECTORY.rglob("*.py")
+    if path.name != "__init__.py"
+  )
 
 
 def default_workdir(root: str, config_path: str) -> epath.Path:
@@ -95,11 +101,11 @@ def run_errors():
   checkpoint that does not restore) 2; a diverged run or an output that
   cannot be written (a full disk) 1."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  # pylint: disable=import-outside-toplevel
   from txf.train.checkpoint import CheckpointWriteError, RestoreError
   from txf.train.config import ConfigError
   from txf.train.loop import TrainingDiverged
   from txf.train.workdir import WorkdirError, WriteError
+
   sys.unraisablehook = _without_closed_loop_callbacks(sys.unraisablehook)
   try:
     yield
@@ -129,15 +135,20 @@ def _without_closed_loop_callbacks(unraisablehook):
   loop, which the failure closed; each call reports a traceback from a C++
   thread as unraisable, dozens before the run's one-line error, saying
   nothing it does not."""
+
   def hook(unraisable):
     last = unraisable.exc_traceback
     while last is not None and last.tb_next is not None:
       last = last.tb_next
-    if (unraisable.exc_type is RuntimeError
-        and str(unraisable.exc_value) == "Event loop is closed"
-        and last is not None and "asyncio" in last.tb_frame.f_code.co_filename):
+    if (
+      unraisable.exc_type is RuntimeError
+      and str(unraisable.exc_value) == "Event loop is closed"
+      and last is not None
+      and "asyncio" in last.tb_frame.f_code.co_filename
+    ):
       return
     unraisablehook(unraisable)
+
   return hook
 
 
@@ -146,7 +157,7 @@ def exit_now(status: int, line: str) -> NoReturn:
   print(line, file=sys.stderr)
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(status)  # pylint: disable=protected-access
+  os._exit(status)
 
 
 def unknown_field(error: Exception, argv: list[str]) -> str | None:
@@ -157,18 +168,21 @@ def unknown_field(error: Exception, argv: list[str]) -> str | None:
     cause = cause.args[0]
   message = str(cause)
   found = re.search(r"'([^']+)'", message)
-  paths = [arg.lstrip("-").split("=", 1)[0] for arg in argv[1:]
-           if arg.lstrip("-").startswith("config.")]
-  field = next((p.partition(".")[2] for p in paths
-                if found and found.group(1) in p.split(".")[1:]), None)
+  paths = [
+    arg.lstrip("-").split("=", 1)[0] for arg in argv[1:] if arg.lstrip("-").startswith("config.")
+  ]
+  field = next(
+    (p.partition(".")[2] for p in paths if found and found.group(1) in p.split(".")[1:]), None
+  )
   if field is None:
     return None
   hint = message.partition("\n")[2]
   return f"{field}: unknown field" + (f" ({hint})" if hint else "")
 
 
-def run_command(main: Callable[[list[str]], None], *, arguments: str | None = None,
-                required: bool = True) -> None:
+def run_command(
+  main: Callable[[list[str]], None], *, arguments: str | None = None, required: bool = True
+) -> None:
   """absl's `app.run(main)` for a command of experiments/: its flags parsed by
   `parse_flags`, so every command reports a bad flag, a missing required one
   and a stray or missing positional argument alike (one line, exit 2).
@@ -187,12 +201,12 @@ def run_command(main: Callable[[list[str]], None], *, arguments: str | None = No
   sys.modules["__main__"].__doc__ = command.__doc__
   for flag in flags.FLAGS.get_key_flags_for_module(command):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments,
-                                               required=required))
+  app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments, required=required))
 
 
-def parse_flags(argv: list[str], *, arguments: str | None = None,
-                required: bool = True) -> list[str]:
+def parse_flags(
+  argv: list[str], *, arguments: str | None = None, required: bool = True
+) -> list[str]:
   """absl's flag parsing, with every error the user can cause as one line and
   exit status 2 instead of a traceback or a page of usage; `arguments` and
   `required` as in `run_command`."""

@@ -20,14 +20,18 @@ from absl import flags, logging
 
 from txf.commands.cli import fail, run_command
 
-_MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory of an encoder.")
-_POOLING = flags.DEFINE_enum("pooling", None, ["mean", "cls"],
-                             "mean: over the real tokens; cls: the first token's "
-                             "(default: the directory's, else mean).")
-_NORMALIZE = flags.DEFINE_bool("normalize", None,
-                               "Divide each embedding by its L2 norm (default: the "
-                               "directory's, else no).")
-flags.mark_flag_as_required("model")
+_MODEL = flags.DEFINE_string(
+  "model", None, "Hugging Face model directory of an encoder.", required=True
+)
+_POOLING = flags.DEFINE_enum(
+  "pooling",
+  None,
+  ["mean", "cls"],
+  "mean: over the real tokens; cls: the first token's (default: the directory's, else mean).",
+)
+_NORMALIZE = flags.DEFINE_bool(
+  "normalize", None, "Divide each embedding by its L2 norm (default: the directory's, else no)."
+)
 
 
 def main(argv) -> None:
@@ -36,6 +40,7 @@ def main(argv) -> None:
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
   from txf.interop.text import encode_batch, sentence_embeddings, sentence_transformers_pooling
+
   logging.set_verbosity(logging.WARNING)
   try:
     pretrained = load_pretrained(_MODEL.value, head="none")
@@ -45,8 +50,9 @@ def main(argv) -> None:
     pooling = _POOLING.value or pooling
     normalize = normalize if _NORMALIZE.value is None else _NORMALIZE.value
     tokens_BxT = encode_batch(HFTokenizer(_MODEL.value), texts, pad_id=pretrained.config.pad_id)
-    embeddings_BxD = sentence_embeddings(pretrained.model(), pretrained.params, tokens_BxT,
-                                         pooling=pooling, normalize=normalize)
+    embeddings_BxD = sentence_embeddings(
+      pretrained.model(), pretrained.params, tokens_BxT, pooling=pooling, normalize=normalize
+    )
   except ValueError as error:  # CheckpointError too
     fail("model", error)
   for text, embedding in zip(texts, embeddings_BxD.tolist()):

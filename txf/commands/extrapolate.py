@@ -19,19 +19,24 @@ from absl import flags, logging
 
 from txf.commands.cli import fail, run_command, run_errors
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained decoder LM.")
-_FACTORS = flags.DEFINE_list("factors", ["1", "2", "4", "8", "16"],
-                             "Evaluation lengths as multiples of the training length.")
-_STRIDE = flags.DEFINE_integer("stride", None,
-                               "Tokens a sliding window advances (default: half the length).")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Run directory of a trained decoder LM.", required=True
+)
+_FACTORS = flags.DEFINE_list(
+  "factors", ["1", "2", "4", "8", "16"], "Evaluation lengths as multiples of the training length."
+)
+_STRIDE = flags.DEFINE_integer(
+  "stride", None, "Tokens a sliding window advances (default: half the length)."
+)
 _NUM_TOKENS = flags.DEFINE_integer(
-    "num_tokens", None, "Validation tokens to score (default: those of the run's evaluator).")
-flags.mark_flag_as_required("workdir")
+  "num_tokens", None, "Validation tokens to score (default: those of the run's evaluator)."
+)
 
 
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run, format_table
+
   logging.set_verbosity(logging.WARNING)
   try:
     factors = [int(factor) for factor in _FACTORS.value]
@@ -39,8 +44,9 @@ def main(argv) -> None:
     fail("flag", f"factors: not a list of integers: {','.join(_FACTORS.value)}")
   with run_errors():
     try:
-      record = extrapolate_run(_WORKDIR.value, factors, stride=_STRIDE.value,
-                               num_tokens=_NUM_TOKENS.value)
+      record = extrapolate_run(
+        _WORKDIR.value, factors, stride=_STRIDE.value, num_tokens=_NUM_TOKENS.value
+      )
     except ValueError as error:  # ConfigError too
       fail("extrapolate", error)
   print(format_table(record))

@@ -17,14 +17,15 @@ from absl import flags, logging
 
 from txf.commands.cli import fail, run_command
 
-_MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory.")
-_PROMPT = flags.DEFINE_string("prompt", None, "Text to continue (decoder) or answer (T5).")
+_MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory.", required=True)
+_PROMPT = flags.DEFINE_string(
+  "prompt", None, "Text to continue (decoder) or answer (T5).", required=True
+)
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate at most.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0: greedy.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens; 0: all.")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1: all.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.mark_flags_as_required(["model", "prompt"])
 
 
 def main(argv) -> None:
@@ -35,6 +36,7 @@ def main(argv) -> None:
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
   from txf.interop.text import encode_batch, generate_text
+
   logging.set_verbosity(logging.WARNING)
   if _MAX_NEW_TOKENS.value < 1:
     fail("flag", f"max_new_tokens: must be >= 1, got {_MAX_NEW_TOKENS.value}")
@@ -47,10 +49,16 @@ def main(argv) -> None:
     rng = jax.random.key(_SEED.value) if _TEMPERATURE.value > 0 else None
     # One unpadded prompt: its length is given, so a token equal to pad_id
     # (GPT-2 pads with <|endoftext|>) is read as a token.
-    generated_1xN = generate_text(pretrained, prompt_1xP, max_new_tokens=_MAX_NEW_TOKENS.value,
-                                  prompt_lengths_B=np.array([prompt_1xP.shape[1]]), rng=rng,
-                                  temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
-                                  top_p=_TOP_P.value)
+    generated_1xN = generate_text(
+      pretrained,
+      prompt_1xP,
+      max_new_tokens=_MAX_NEW_TOKENS.value,
+      prompt_lengths_B=np.array([prompt_1xP.shape[1]]),
+      rng=rng,
+      temperature=_TEMPERATURE.value,
+      top_k=_TOP_K.value,
+      top_p=_TOP_P.value,
+    )
   except ValueError as error:  # CheckpointError too
     fail("model", error)
   print(f"prompt: {_PROMPT.value}")

@@ -35,24 +35,36 @@ import re
 import tokenize
 
 from absl import flags, logging
+from ml_collections import config_flags
 
-from txf.commands.cli import (CONFIG_DIRECTORY, ConfigFileParser, default_workdir,
-                              define_config_flag, fail,
-                             run_command, run_errors)
+from txf.commands.cli import (
+  CONFIG_DIRECTORY,
+  ConfigFileParser,
+  default_workdir,
+  define_config_flag,
+  fail,
+  run_command,
+  run_errors,
+)
 
 CONFIGS = CONFIG_DIRECTORY
 
 
 _CONFIG = define_config_flag("Path to a config file (file.py[:arg]).")
-_WORKDIR = flags.DEFINE_string("workdir", None,
-                               "Run directory (default: workdirs/<config file stem>).")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Run directory (default: workdirs/<config file stem>)."
+)
 _PRINT_CONFIG = flags.DEFINE_bool(
-    "print_config", False,
-    "Print every field of the resolved config (one per line, with its doc) and exit 0.")
+  "print_config",
+  False,
+  "Print every field of the resolved config (one per line, with its doc) and exit 0.",
+)
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None,
-    "host:port of process 0, for multi-process runs outside SLURM/MPI/Cloud TPU "
-    "(which are detected automatically).")
+  "coordinator_address",
+  None,
+  "host:port of process 0, for multi-process runs outside SLURM/MPI/Cloud TPU "
+  "(which are detected automatically).",
+)
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
@@ -79,7 +91,8 @@ def field_docs() -> dict[str, str]:
   and of ModelConfig's fields (ModelConfig's win for model fields); a model
   field with a fixed set of values lists them."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  from txf.layers import config as model_config  # pylint: disable=import-outside-toplevel
+  from txf.layers import config as model_config
+
   docs, section = {}, None
   for line, comment in _commented_lines(CONFIGS / "base.py"):
     if m := re.match(r"\s*config\.(\w+) =", line):
@@ -105,7 +118,7 @@ def _commented_lines(path: pathlib.Path) -> list[tuple[str, str | None]]:
   comments = {}
   for token in tokenize.generate_tokens(io.StringIO(text).readline):
     row = token.start[0] - 1
-    if token.type == tokenize.COMMENT and lines[row][:token.start[1]].strip():
+    if token.type == tokenize.COMMENT and lines[row][: token.start[1]].strip():
       comments[row] = token.string.lstrip("#").strip()
   return [(line, comments.get(i)) for i, line in enumerate(lines)]
 
@@ -140,8 +153,11 @@ def main(argv) -> None:
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed
   from txf.train.loop import run
+
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  workdir = _WORKDIR.value or default_workdir("workdirs", flags.FLAGS["config"].config_filename)
+  workdir = _WORKDIR.value or default_workdir(
+    "workdirs", config_flags.get_config_filename(flags.FLAGS["config"])
+  )
   try:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as error:

@@ -22,24 +22,29 @@ previous version is intact.
 
 from __future__ import annotations
 
-
 from absl import flags, logging
+from ml_collections import config_flags
 
 from txf.commands.cli import default_workdir, define_config_flag, fail, run_command, run_errors
 
 _CONFIG = define_config_flag("Path to a sweep config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None,
-                               "Sweep directory (default: runs/<config file stem>).")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Sweep directory (default: runs/<config file stem>)."
+)
 _INDEX = flags.DEFINE_integer("index", None, "Run only this point (0-based).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False,
-                             "Print each point and its experiments.run command; train nothing.")
-_SUMMARIZE = flags.DEFINE_bool("summarize", False,
-                               "Only rebuild the results and plots from what is on disk.")
+_DRY_RUN = flags.DEFINE_bool(
+  "dry_run", False, "Print each point and its experiments.run command; train nothing."
+)
+_SUMMARIZE = flags.DEFINE_bool(
+  "summarize", False, "Only rebuild the results and plots from what is on disk."
+)
 _EXTRAPOLATE = flags.DEFINE_bool(
-    "extrapolate", True,
-    "After training a point, evaluate it at 1x-16x its training length "
-    "(experiments.extrapolate's defaults, on sweep.extrapolate_tokens validation "
-    "tokens); --noextrapolate skips it.")
+  "extrapolate",
+  True,
+  "After training a point, evaluate it at 1x-16x its training length "
+  "(experiments.extrapolate's defaults, on sweep.extrapolate_tokens validation "
+  "tokens); --noextrapolate skips it.",
+)
 
 
 def main(argv) -> None:
@@ -49,13 +54,21 @@ def main(argv) -> None:
   from txf.sweep.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError
   from txf.sweep.runner import run_sweep
+
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  workdir = _WORKDIR.value or default_workdir("runs", flags.FLAGS["config"].config_filename)
+  workdir = _WORKDIR.value or default_workdir(
+    "runs", config_flags.get_config_filename(flags.FLAGS["config"])
+  )
   with run_errors():
     try:
-      run_sweep(_CONFIG.value, workdir, index=_INDEX.value, dry_run=_DRY_RUN.value,
-                summarize_only=_SUMMARIZE.value,
-                extrapolate=extrapolate_run if _EXTRAPOLATE.value else None)
+      run_sweep(
+        _CONFIG.value,
+        workdir,
+        index=_INDEX.value,
+        dry_run=_DRY_RUN.value,
+        summarize_only=_SUMMARIZE.value,
+        extrapolate=extrapolate_run if _EXTRAPOLATE.value else None,
+      )
     except GridError as error:
       fail("config", error)
 

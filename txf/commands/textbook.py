@@ -25,8 +25,9 @@ from etils import epath
 
 from txf.commands.cli import fail, run_command
 
-_OUT_DIR = flags.DEFINE_string("out_dir", "workdirs/textbook",
-                               "Directory for the figures, numbers and training runs.")
+_OUT_DIR = flags.DEFINE_string(
+  "out_dir", "workdirs/textbook", "Directory for the figures, numbers and training runs."
+)
 _QUICK = flags.DEFINE_bool("quick", False, "Toy sizes (seconds; what the tests run).")
 _LIST = flags.DEFINE_bool("list", False, "List the experiments and exit.")
 
@@ -42,6 +43,7 @@ def _json_default(value):
 
 def main(argv) -> None:
   from txf import textbook  # after flag parsing: fast --help
+
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   if _LIST.value:
     for experiment in textbook.EXPERIMENTS.values():
@@ -75,8 +77,12 @@ def main(argv) -> None:
     text = result.get("text", numbers)
     (out_dir / f"{experiment.name}.md").write_text(text)
     print(text)
-    print("figures:\n" + "\n".join(f"  {path}" for path in result.get("figures", []))
-          + f"\n({seconds:.0f} s)\n", flush=True)
+    print(
+      "figures:\n"
+      + "\n".join(f"  {path}" for path in result.get("figures", []))
+      + f"\n({seconds:.0f} s)\n",
+      flush=True,
+    )
 
 
 def cli() -> None:

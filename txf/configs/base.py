@@ -48,25 +48,26 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.vocab_size = config_dict.placeholder(int)
 
   # txf.data documents every field.
-  config.data = ml_collections.ConfigDict(dict(
-      name="pystdlib",        # built-in corpus: the Python standard library's sources
+  config.data = ml_collections.ConfigDict(
+    dict(
+      name="pystdlib",  # built-in corpus: the Python standard library's sources
       task="lm",
       tokenizer="bytes",
       sp_vocab_size=1024,
       tokenizer_path=config_dict.placeholder(str),  # tokenizer="hf": a tokenizer.json or its dir
       seq_len=128,
-      batch_size=32,          # global, across all devices and hosts
+      batch_size=32,  # global, across all devices and hosts
       max_corpus_bytes=4_000_000,  # pystdlib: bytes read per split
       mlm_probability=0.15,
       min_example_len=4,
       max_example_len=16,
       listops_max_depth=4,
-      num_symbols=32,         # induction, mqar: content ids
-      num_kv_pairs=8,         # mqar: key-value pairs per row
+      num_symbols=32,  # induction, mqar: content ids
+      num_kv_pairs=8,  # mqar: key-value pairs per row
       # data.name="tfds:<builder>[/config]": a prepared TFDS dataset (README).
       # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
       tfds_data_dir=config_dict.placeholder(str),
-      tfds_text_key=config_dict.placeholder(str),    # lm/mlm text feature; None: "text"
+      tfds_text_key=config_dict.placeholder(str),  # lm/mlm text feature; None: "text"
       # seq2seq features; None: from a "<src>-<tgt>" config name
       tfds_source_key=config_dict.placeholder(str),
       tfds_target_key=config_dict.placeholder(str),
@@ -74,11 +75,13 @@ def get_config() -> ml_collections.ConfigDict:
       read_threads=DEFAULT_READ_THREADS,  # threads reading ahead (I/O)
       # processes reading and tokenizing the training split (CPU); None: 0
       read_workers=config_dict.placeholder(int),
-      attend_across_documents=False,      # True: GPT-2's recipe, no document mask
+      attend_across_documents=False,  # True: GPT-2's recipe, no document mask
       seed=config_dict.placeholder(int),  # the data order's; None: the run's seed
-  ))
+    )
+  )
 
-  config.train = ml_collections.ConfigDict(dict(
+  config.train = ml_collections.ConfigDict(
+    dict(
       steps=600,
       learning_rate=3e-3,
       warmup_steps=60,
@@ -89,28 +92,33 @@ def get_config() -> ml_collections.ConfigDict:
       b2=0.95,
       eps=1e-8,
       grad_clip_norm=1.0,
-      grad_accum_steps=1,     # micro-batches per step (batch_size must divide evenly)
+      grad_accum_steps=1,  # micro-batches per step (batch_size must divide evenly)
       label_smoothing=0.0,
       z_loss=0.0,
       # The [B, T, V] logits are then never held at once (lm heads only).
-      loss_chunk_len=0,       # > 0: loss fused with the LM head, this many positions at a time
+      loss_chunk_len=0,  # > 0: loss fused with the LM head, this many positions at a time
       log_every=50,
       checkpoint_every=200,
       max_to_keep=2,
       init_from=config_dict.placeholder(str),  # a Hugging Face checkpoint dir to start from
-  ))
+    )
+  )
 
-  config.eval = ml_collections.ConfigDict(dict(
+  config.eval = ml_collections.ConfigDict(
+    dict(
       every=200,
       num_batches=8,
-      sample_tokens=96,       # LMs: tokens sampled at each eval (0: none)
+      sample_tokens=96,  # LMs: tokens sampled at each eval (0: none)
       sample_prompt="def ",
       temperature=0.8,
-  ))
+    )
+  )
 
-  config.parallel = ml_collections.ConfigDict(dict(
-      data=-1,                # -1: all devices not used by the other axes
+  config.parallel = ml_collections.ConfigDict(
+    dict(
+      data=-1,  # -1: all devices not used by the other axes
       fsdp=1,
       tensor=1,
-  ))
+    )
+  )
   return config

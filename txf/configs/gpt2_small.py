@@ -15,14 +15,33 @@ from txf.configs import base
 
 def get_config():
   config = base.get_config()
-  config.model.update(dict(
-      vocab_size=50304, d_model=768, num_heads=12, num_layers=12, max_len=1024,
-      position="learned", activation="gelu", use_bias=True, norm_eps=1e-5,
-      dtype="bfloat16"))
+  config.model.update(
+    dict(
+      vocab_size=50304,
+      d_model=768,
+      num_heads=12,
+      num_layers=12,
+      max_len=1024,
+      position="learned",
+      activation="gelu",
+      use_bias=True,
+      norm_eps=1e-5,
+      dtype="bfloat16",
+    )
+  )
   config.data.seq_len = 1024
   config.data.batch_size = 32
   config.data.max_corpus_bytes = 50_000_000
-  config.train.update(dict(steps=5000, learning_rate=6e-4, warmup_steps=700, b2=0.95,
-                           weight_decay=0.1, log_every=50, checkpoint_every=1000))
+  config.train.update(
+    dict(
+      steps=5000,
+      learning_rate=6e-4,
+      warmup_steps=700,
+      b2=0.95,
+      weight_decay=0.1,
+      log_every=50,
+      checkpoint_every=1000,
+    )
+  )
   config.eval.update(dict(every=1000, num_batches=20, sample_tokens=256))
   return config

@@ -26,9 +26,16 @@ def get_config(directory: str = ""):
   model = read_model_config(directory)
   for field in dataclasses.fields(model):
     config.model[field.name] = getattr(model, field.name)
-  config.data.update(dict(tokenizer="hf", tokenizer_path=directory, task=TASKS[model.family],
-                          seq_len=min(128, model.max_len)))
+  config.data.update(
+    dict(
+      tokenizer="hf",
+      tokenizer_path=directory,
+      task=TASKS[model.family],
+      seq_len=min(128, model.max_len),
+    )
+  )
   # Fine-tuning: a small learning rate, short warmup, light weight decay.
-  config.train.update(dict(init_from=directory, learning_rate=1e-4, warmup_steps=20,
-                           weight_decay=0.01))
+  config.train.update(
+    dict(init_from=directory, learning_rate=1e-4, warmup_steps=20, weight_decay=0.01)
+  )
   return config

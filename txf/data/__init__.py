@@ -88,12 +88,28 @@ from txf.data.config import DataSpec, read_data_config
 from txf.data.corpus import corpus_description, corpus_files, load_corpus
 from txf.data.packed import PackedDataset, ProcessCountError
 from txf.data.pipeline import Dataset, make_dataset, make_tokenizer
-from txf.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
-                                 SymbolTokenizer, Tokenizer)
+from txf.data.tokenizers import (
+  ByteTokenizer,
+  HFTokenizer,
+  SentencePieceTokenizer,
+  SymbolTokenizer,
+  Tokenizer,
+)
 
 __all__ = [
-    'ByteTokenizer', 'DataSpec', 'Dataset', 'HFTokenizer', 'PackedDataset',
-    'ProcessCountError', 'SentencePieceTokenizer',
-    'SymbolTokenizer', 'Tokenizer', 'corpus_description', 'corpus_files',
-    'load_corpus', 'make_dataset', 'make_tokenizer', 'read_data_config',
+  "ByteTokenizer",
+  "DataSpec",
+  "Dataset",
+  "HFTokenizer",
+  "PackedDataset",
+  "ProcessCountError",
+  "SentencePieceTokenizer",
+  "SymbolTokenizer",
+  "Tokenizer",
+  "corpus_description",
+  "corpus_files",
+  "load_corpus",
+  "make_dataset",
+  "make_tokenizer",
+  "read_data_config",
 ]

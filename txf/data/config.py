@@ -7,7 +7,7 @@ the table in txf/data/__init__.py.
 """
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from txf import checks
 from txf.data import listops
@@ -15,34 +15,35 @@ from txf.data.tokenizers import SentencePieceTokenizer
 
 # data.name -> the data.task values it supports; the first is its natural one.
 TASKS = {
-    'pystdlib': ('lm', 'mlm'),
-    'copy': ('seq2seq',),
-    'reverse': ('seq2seq',),
-    'sort': ('seq2seq',),
-    'addition': ('seq2seq',),
-    'listops': ('classify',),
-    'induction': ('lm',),
-    'mqar': ('lm',),
+  "pystdlib": ("lm", "mlm"),
+  "copy": ("seq2seq",),
+  "reverse": ("seq2seq",),
+  "sort": ("seq2seq",),
+  "addition": ("seq2seq",),
+  "listops": ("classify",),
+  "induction": ("lm",),
+  "mqar": ("lm",),
 }
 # The in-context lm tasks (incontext.py).
-INCONTEXT = ('induction', 'mqar')
+INCONTEXT = ("induction", "mqar")
 # data.name = TFDS_PREFIX + '<builder>[/<config>][:<version>]' reads a TFDS
 # dataset (tfds_source.py).
-TFDS_PREFIX = 'tfds:'
-TFDS_TASKS = ('lm', 'mlm', 'seq2seq')
+TFDS_PREFIX = "tfds:"
+TFDS_TASKS = ("lm", "mlm", "seq2seq")
 # data.name = FILES_PREFIX + PATH_OR_GLOB reads UTF-8 text files (files.py).
-FILES_PREFIX = 'files:'
-FILES_TASKS = ('lm', 'mlm')
-TOKENIZERS = ('bytes', 'sentencepiece', 'hf')
+FILES_PREFIX = "files:"
+FILES_TASKS = ("lm", "mlm")
+TOKENIZERS = ("bytes", "sentencepiece", "hf")
 # data.read_threads of a config that has none (written before the field).
 DEFAULT_READ_THREADS = 4
 # Shortest source each seq2seq task can generate ('addition': 'd+d').
-_MIN_SOURCE_LEN = {'copy': 1, 'reverse': 1, 'sort': 1, 'addition': 3}
+_MIN_SOURCE_LEN = {"copy": 1, "reverse": 1, "sort": 1, "addition": 3}
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
   """Checked fields of a `data` section; None where the dataset needs none."""
+
   name: str
   task: str
   seq_len: int
@@ -73,6 +74,16 @@ class DataSpec:
   seed: int | None = None
 
 
+T = TypeVar("T")
+
+
+def required(value: T | None) -> T:
+  """A DataSpec field the dataset uses, which read_data_config has set (it
+  leaves None only the fields a dataset does not use), typed without the None."""
+  assert value is not None, "a DataSpec field read for a dataset that does not use it"
+  return value
+
+
 def is_tfds(name: Any) -> bool:
   """Whether data.name `name` names a TFDS dataset ('tfds:...')."""
   return isinstance(name, str) and name.startswith(TFDS_PREFIX)
@@ -87,81 +98,92 @@ def _get(data: Any, field: str) -> Any:
   try:
     return getattr(data, field)
   except AttributeError:
-    raise ValueError(f'data.{field} is required for data.name='
-                     f'{getattr(data, "name", None)!r}') from None
+    raise ValueError(
+      f"data.{field} is required for data.name={getattr(data, 'name', None)!r}"
+    ) from None
 
 
 def _int(data: Any, field: str, minimum: int) -> int:
-  return checks.int_at_least(_get(data, field), f'data.{field}', minimum)
+  return checks.int_at_least(_get(data, field), f"data.{field}", minimum)
 
 
 def read_data_config(data: Any) -> DataSpec:
   """Returns the checked DataSpec of `data`; ValueError names a bad field."""
-  name = _get(data, 'name')
+  name = _get(data, "name")
   if is_tfds(name):
     tasks = TFDS_TASKS
   elif is_files(name):
-    if not name[len(FILES_PREFIX):].strip():
-      raise ValueError(f"data.name={name!r} names no path; expected "
-                       f"'{FILES_PREFIX}PATH_OR_GLOB'")
+    if not name[len(FILES_PREFIX) :].strip():
+      raise ValueError(f"data.name={name!r} names no path; expected '{FILES_PREFIX}PATH_OR_GLOB'")
     tasks = FILES_TASKS
   elif name in tuple(TASKS):  # a tuple: an unhashable name is just unknown
     tasks = TASKS[name]
   else:
-    raise ValueError(f'data.name={name!r} is not one of {tuple(TASKS)}, '
-                     f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]' or "
-                     f"'{FILES_PREFIX}PATH_OR_GLOB'")
-  task = _get(data, 'task')
+    raise ValueError(
+      f"data.name={name!r} is not one of {tuple(TASKS)}, "
+      f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]' or "
+      f"'{FILES_PREFIX}PATH_OR_GLOB'"
+    )
+  task = _get(data, "task")
   if task not in tasks:
-    raise ValueError(f'data.task={task!r} does not fit data.name={name!r}; '
-                     f'expected one of {tasks}')
-  seed = getattr(data, 'seed', None)
-  spec = DataSpec(name=name, task=task, seq_len=_int(data, 'seq_len', 2),
-                  batch_size=_int(data, 'batch_size', 1),
-                  seed=None if seed is None else checks.seed(seed, 'data.seed'))
-  if name == 'pystdlib' or is_files(name):
+    raise ValueError(f"data.task={task!r} does not fit data.name={name!r}; expected one of {tasks}")
+  seed = getattr(data, "seed", None)
+  spec = DataSpec(
+    name=name,
+    task=task,
+    seq_len=_int(data, "seq_len", 2),
+    batch_size=_int(data, "batch_size", 1),
+    seed=None if seed is None else checks.seed(seed, "data.seed"),
+  )
+  if name == "pystdlib" or is_files(name):
     return _corpus_fields(data, spec)
   if is_tfds(name):
     return _tfds_fields(data, spec)
-  if name == 'induction':
+  if name == "induction":
     return _induction_fields(data, spec)
-  if name == 'mqar':
+  if name == "mqar":
     return _mqar_fields(data, spec)
   return _synthetic_fields(data, spec)
 
 
 def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
-  return dataclasses.replace(_text_fields(data, spec),
-                             max_corpus_bytes=_int(data, 'max_corpus_bytes', 1))
+  return dataclasses.replace(
+    _text_fields(data, spec), max_corpus_bytes=_int(data, "max_corpus_bytes", 1)
+  )
 
 
 def _text_fields(data: Any, spec: DataSpec) -> DataSpec:
   """The fields of text read from splits: tokenizer and masking."""
-  tokenizer = checks.choice(_get(data, 'tokenizer'), 'data.tokenizer',
-                            TOKENIZERS)
+  tokenizer = checks.choice(_get(data, "tokenizer"), "data.tokenizer", TOKENIZERS)
   sp_vocab_size = tokenizer_path = None
-  if tokenizer == 'sentencepiece':
-    sp_vocab_size = _int(data, 'sp_vocab_size',
-                         SentencePieceTokenizer.RESERVED_IDS + 1)
-  if tokenizer == 'hf':
-    tokenizer_path = _optional_str(data, 'tokenizer_path')
+  if tokenizer == "sentencepiece":
+    sp_vocab_size = _int(data, "sp_vocab_size", SentencePieceTokenizer.RESERVED_IDS + 1)
+  if tokenizer == "hf":
+    tokenizer_path = _optional_str(data, "tokenizer_path")
     if tokenizer_path is None:
-      raise ValueError("data.tokenizer_path is required for data.tokenizer='hf' (a "
-                       'tokenizer.json or the model directory holding it)')
+      raise ValueError(
+        "data.tokenizer_path is required for data.tokenizer='hf' (a "
+        "tokenizer.json or the model directory holding it)"
+      )
   mlm_probability = None
-  if spec.task == 'mlm':
-    mlm_probability = checks.fraction(_get(data, 'mlm_probability'),
-                                      'data.mlm_probability', low_open=True)
-  return dataclasses.replace(spec, tokenizer=tokenizer, sp_vocab_size=sp_vocab_size,
-                             tokenizer_path=tokenizer_path, mlm_probability=mlm_probability)
+  if spec.task == "mlm":
+    mlm_probability = checks.fraction(
+      _get(data, "mlm_probability"), "data.mlm_probability", low_open=True
+    )
+  return dataclasses.replace(
+    spec,
+    tokenizer=tokenizer,
+    sp_vocab_size=sp_vocab_size,
+    tokenizer_path=tokenizer_path,
+    mlm_probability=mlm_probability,
+  )
 
 
 def _optional_str(data: Any, field: str) -> str | None:
   """data.<field>, a non-empty str or None; an absent field reads as None."""
   value = getattr(data, field, None)
   if value is not None and (not isinstance(value, str) or not value):
-    raise ValueError(f'data.{field} must be a non-empty str or None, got '
-                     f'{value!r}')
+    raise ValueError(f"data.{field} must be a non-empty str or None, got {value!r}")
   return value
 
 
@@ -170,108 +192,126 @@ def _translation_keys(data: Any, dataset: str) -> tuple[str, str]:
 
   'wmt14_translate/de-en:1.0.0' -> ('de', 'en'), WMT's naming.
   """
-  config = dataset.split(':')[0].partition('/')[2]
-  derived = config.split('-') if config.count('-') == 1 else [None, None]
+  config = dataset.split(":")[0].partition("/")[2]
+  derived = config.split("-") if config.count("-") == 1 else [None, None]
   keys = []
-  for field, default in zip(('tfds_source_key', 'tfds_target_key'), derived):
+  for field, default in zip(("tfds_source_key", "tfds_target_key"), derived):
     key = _optional_str(data, field) or default
     if not key:
-      raise ValueError(f'data.{field} is required for data.name='
-                       f"'{TFDS_PREFIX}{dataset}': its config is not named "
-                       "'<source>-<target>'")
+      raise ValueError(
+        f"data.{field} is required for data.name="
+        f"'{TFDS_PREFIX}{dataset}': its config is not named "
+        "'<source>-<target>'"
+      )
     keys.append(key)
   if keys[0] == keys[1]:
-    raise ValueError(f'data.tfds_source_key and data.tfds_target_key are both '
-                     f'{keys[0]!r}')
+    raise ValueError(f"data.tfds_source_key and data.tfds_target_key are both {keys[0]!r}")
   return keys[0], keys[1]
 
 
 def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
-  dataset = spec.name[len(TFDS_PREFIX):]
-  if not dataset.split(':')[0].split('/')[0]:
-    raise ValueError(f'data.name={spec.name!r} names no TFDS builder; expected '
-                     f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'")
+  dataset = spec.name[len(TFDS_PREFIX) :]
+  if not dataset.split(":")[0].split("/")[0]:
+    raise ValueError(
+      f"data.name={spec.name!r} names no TFDS builder; expected "
+      f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'"
+    )
   spec = dataclasses.replace(
-      _text_fields(data, spec),
-      tfds_data_dir=_optional_str(data, 'tfds_data_dir'))
-  if spec.task == 'seq2seq':
+    _text_fields(data, spec), tfds_data_dir=_optional_str(data, "tfds_data_dir")
+  )
+  if spec.task == "seq2seq":
     source_key, target_key = _translation_keys(data, dataset)
-    return dataclasses.replace(spec, tfds_source_key=source_key,
-                               tfds_target_key=target_key)
+    return dataclasses.replace(spec, tfds_source_key=source_key, tfds_target_key=target_key)
   # lm / mlm stream the split (packed.py); fields absent from a config
   # written before they existed take their defaults.
-  threads = getattr(data, 'read_threads', None)
-  workers = getattr(data, 'read_workers', None)
-  across = getattr(data, 'attend_across_documents', None)
+  threads = getattr(data, "read_threads", None)
+  workers = getattr(data, "read_workers", None)
+  across = getattr(data, "attend_across_documents", None)
   if across is not None and not isinstance(across, bool):
-    raise ValueError(f'data.attend_across_documents must be a bool, got {across!r}')
+    raise ValueError(f"data.attend_across_documents must be a bool, got {across!r}")
   return dataclasses.replace(
-      spec, tfds_text_key=_optional_str(data, 'tfds_text_key') or 'text',
-      read_threads=DEFAULT_READ_THREADS if threads is None else checks.int_at_least(
-          threads, 'data.read_threads', 0),
-      read_workers=0 if workers is None else checks.int_at_least(
-          workers, 'data.read_workers', 0),
-      attend_across_documents=bool(across))
+    spec,
+    tfds_text_key=_optional_str(data, "tfds_text_key") or "text",
+    read_threads=DEFAULT_READ_THREADS
+    if threads is None
+    else checks.int_at_least(threads, "data.read_threads", 0),
+    read_workers=0 if workers is None else checks.int_at_least(workers, "data.read_workers", 0),
+    attend_across_documents=bool(across),
+  )
 
 
 def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:
-  max_len = _int(data, 'max_example_len', 1)
-  if spec.name == 'listops':
-    depth = _int(data, 'listops_max_depth', 1)
-    min_len = _int(data, 'min_example_len', 1)
+  max_len = _int(data, "max_example_len", 1)
+  if spec.name == "listops":
+    depth = _int(data, "listops_max_depth", 1)
+    min_len = _int(data, "min_example_len", 1)
     longest = listops.longest_expression(depth)
     if min_len > longest:
-      raise ValueError(f'data.min_example_len={min_len} exceeds {longest} '
-                       f'tokens, the longest expression of depth {depth} '
-                       '(data.listops_max_depth)')
+      raise ValueError(
+        f"data.min_example_len={min_len} exceeds {longest} "
+        f"tokens, the longest expression of depth {depth} "
+        "(data.listops_max_depth)"
+      )
     if max_len < listops.SHORTEST_EXPRESSION:
-      raise ValueError(f'data.max_example_len={max_len} is below '
-                       f'{listops.SHORTEST_EXPRESSION} tokens, the shortest '
-                       'expression')
+      raise ValueError(
+        f"data.max_example_len={max_len} is below "
+        f"{listops.SHORTEST_EXPRESSION} tokens, the shortest "
+        "expression"
+      )
   else:
     depth = None
-    min_len = _int(data, 'min_example_len', _MIN_SOURCE_LEN[spec.name])
+    min_len = _int(data, "min_example_len", _MIN_SOURCE_LEN[spec.name])
   if min_len > max_len:
-    raise ValueError(f'data.min_example_len={min_len} exceeds '
-                     f'data.max_example_len={max_len}')
+    raise ValueError(f"data.min_example_len={min_len} exceeds data.max_example_len={max_len}")
   # One token more than an example: BOS before a listops expression, EOS
   # after a seq2seq target.
   if max_len + 1 > spec.seq_len:
-    raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
-                     f'data.max_example_len={max_len}: it needs one more')
-  return dataclasses.replace(spec, min_example_len=min_len,
-                             max_example_len=max_len, listops_max_depth=depth)
+    raise ValueError(
+      f"data.seq_len={spec.seq_len} is too small for "
+      f"data.max_example_len={max_len}: it needs one more"
+    )
+  return dataclasses.replace(
+    spec, min_example_len=min_len, max_example_len=max_len, listops_max_depth=depth
+  )
 
 
 def _induction_fields(data: Any, spec: DataSpec) -> DataSpec:
   """Block lengths (periods) in [min_example_len, max_example_len] of distinct
   symbols, each row holding at least two copies of its block."""
-  min_len, max_len = _int(data, 'min_example_len', 1), _int(data, 'max_example_len', 1)
-  num_symbols = _int(data, 'num_symbols', 1)
+  min_len, max_len = _int(data, "min_example_len", 1), _int(data, "max_example_len", 1)
+  num_symbols = _int(data, "num_symbols", 1)
   if min_len > max_len:
-    raise ValueError(f'data.min_example_len={min_len} exceeds '
-                     f'data.max_example_len={max_len}')
+    raise ValueError(f"data.min_example_len={min_len} exceeds data.max_example_len={max_len}")
   if max_len > num_symbols:
-    raise ValueError(f'data.max_example_len={max_len} exceeds data.num_symbols={num_symbols}: '
-                     'a block holds distinct symbols')
+    raise ValueError(
+      f"data.max_example_len={max_len} exceeds data.num_symbols={num_symbols}: "
+      "a block holds distinct symbols"
+    )
   if 2 * max_len > spec.seq_len:
-    raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
-                     f'data.max_example_len={max_len}: it needs two copies of a block')
-  return dataclasses.replace(spec, num_symbols=num_symbols, min_example_len=min_len,
-                             max_example_len=max_len)
+    raise ValueError(
+      f"data.seq_len={spec.seq_len} is too small for "
+      f"data.max_example_len={max_len}: it needs two copies of a block"
+    )
+  return dataclasses.replace(
+    spec, num_symbols=num_symbols, min_example_len=min_len, max_example_len=max_len
+  )
 
 
 def _mqar_fields(data: Any, spec: DataSpec) -> DataSpec:
   """N key-value pairs and N queries fit the row; keys and values from
   separate halves of the symbols, noise from the symbols that are not keys."""
-  pairs = _int(data, 'num_kv_pairs', 1)
-  num_symbols = _int(data, 'num_symbols', 2)
+  pairs = _int(data, "num_kv_pairs", 1)
+  num_symbols = _int(data, "num_symbols", 2)
   if pairs > num_symbols // 2:
-    raise ValueError(f'data.num_kv_pairs={pairs} exceeds data.num_symbols // 2 = '
-                     f'{num_symbols // 2}: keys and values are distinct symbols of '
-                     'separate halves')
+    raise ValueError(
+      f"data.num_kv_pairs={pairs} exceeds data.num_symbols // 2 = "
+      f"{num_symbols // 2}: keys and values are distinct symbols of "
+      "separate halves"
+    )
   if 4 * pairs > spec.seq_len + 1:
-    raise ValueError(f'data.seq_len={spec.seq_len} is too small for '
-                     f'data.num_kv_pairs={pairs}: pairs and queries need '
-                     f'{4 * pairs - 1} positions')
+    raise ValueError(
+      f"data.seq_len={spec.seq_len} is too small for "
+      f"data.num_kv_pairs={pairs}: pairs and queries need "
+      f"{4 * pairs - 1} positions"
+    )
   return dataclasses.replace(spec, num_symbols=num_symbols, num_kv_pairs=pairs)

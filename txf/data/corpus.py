@@ -14,37 +14,39 @@ only between runs on the same version.
 
 import hashlib
 import os
-from collections.abc import Iterable
 import pathlib
 import platform
 import sysconfig
+from collections.abc import Iterable
 
-SPLITS = ('train', 'validation', 'test')
+SPLITS = ("train", "validation", "test")
 # Upper bounds of each split's share of the hash range [0, 100).
-_SPLIT_PERCENT = {'train': 90, 'validation': 95, 'test': 100}
-_SKIPPED_DIRS = frozenset({'site-packages', 'dist-packages', '__pycache__'})
+_SPLIT_PERCENT = {"train": 90, "validation": 95, "test": 100}
+_SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
 def stdlib_root() -> pathlib.Path:
-  return pathlib.Path(sysconfig.get_paths()['stdlib'])
+  return pathlib.Path(sysconfig.get_paths()["stdlib"])
 
 
 def corpus_description() -> str:
-  return (f'Python {platform.python_version()} standard library .py sources '
-          f'({stdlib_root()}), split by a SHA-256 hash of the relative path')
+  return (
+    f"Python {platform.python_version()} standard library .py sources "
+    f"({stdlib_root()}), split by a SHA-256 hash of the relative path"
+  )
 
 
 def _check_split(split: str) -> None:
   if split not in SPLITS:
-    raise ValueError(f'split={split!r} is unknown; expected one of {SPLITS}')
+    raise ValueError(f"split={split!r} is unknown; expected one of {SPLITS}")
 
 
 def _hash_key(relative_path: str) -> bytes:
-  return hashlib.sha256(relative_path.encode('utf-8')).digest()
+  return hashlib.sha256(relative_path.encode("utf-8")).digest()
 
 
 def _split_of(relative_path: str) -> str:
-  bucket = int.from_bytes(_hash_key(relative_path)[:8], 'big') % 100
+  bucket = int.from_bytes(_hash_key(relative_path)[:8], "big") % 100
   return next(s for s in SPLITS if bucket < _SPLIT_PERCENT[s])
 
 
@@ -54,8 +56,7 @@ def hash_order(relative_paths: Iterable[str]) -> list[str]:
   return sorted(relative_paths, key=_hash_key)
 
 
-def corpus_files(split: str, root: str | os.PathLike | None = None
-                 ) -> list[str]:
+def corpus_files(split: str, root: str | os.PathLike | None = None) -> list[str]:
   """Relative POSIX paths of the split's files, in reading order.
 
   Args:
@@ -69,14 +70,14 @@ def corpus_files(split: str, root: str | os.PathLike | None = None
     # Pruning in place stops os.walk from descending into installed packages.
     subdirs[:] = [d for d in subdirs if d not in _SKIPPED_DIRS]
     for name in files:
-      if name.endswith('.py'):
-        paths.append(
-            (pathlib.Path(directory) / name).relative_to(root).as_posix())
+      if name.endswith(".py"):
+        paths.append((pathlib.Path(directory) / name).relative_to(root).as_posix())
   return hash_order(p for p in paths if _split_of(p) == split)
 
 
-def load_corpus(split: str, *, max_bytes: int | None,
-                root: str | os.PathLike | None = None) -> list[str]:
+def load_corpus(
+  split: str, *, max_bytes: int | None, root: str | os.PathLike | None = None
+) -> list[str]:
   """Returns the split's non-empty documents, at most `max_bytes` in all.
 
   Files are read in `corpus_files` order until `max_bytes` is reached; the
@@ -93,7 +94,7 @@ def load_corpus(split: str, *, max_bytes: int | None,
   """
   _check_split(split)
   if max_bytes is not None and max_bytes < 1:
-    raise ValueError(f'max_bytes must be >= 1 or None, got {max_bytes}')
+    raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
   root = pathlib.Path(root) if root is not None else stdlib_root()
   budget = max_bytes  # bytes still to read; None: no cap
   documents = []
@@ -105,7 +106,7 @@ def load_corpus(split: str, *, max_bytes: int | None,
       data = data[:budget]
       budget -= len(data)
     if data:
-      documents.append(data.decode('utf-8', errors='replace'))
+      documents.append(data.decode("utf-8", errors="replace"))
   if not documents:
-    raise ValueError(f'split={split!r} of the corpus at {root} holds no text')
+    raise ValueError(f"split={split!r} of the corpus at {root} holds no text")
   return documents

@@ -51,10 +51,10 @@ from txf.data import corpus
 # files are.
 MAX_FILES_SPLIT_BY_POSITION = 2
 # Split by position: where validation and test start, as fractions of a text.
-POSITION_CUTS = {'validation': 0.90, 'test': 0.95}
+POSITION_CUTS = {"validation": 0.90, "test": 0.95}
 # Whole files: the share of them (rounded up) in validation and in test.
 HELD_OUT_FILE_FRACTION = 0.05
-_WILDCARDS = '*?['
+_WILDCARDS = "*?["
 
 
 def _root_and_pattern(path_or_glob: str) -> tuple[epath.Path, str | None]:
@@ -62,13 +62,13 @@ def _root_and_pattern(path_or_glob: str) -> tuple[epath.Path, str | None]:
   first = min((i for i, c in enumerate(path_or_glob) if c in _WILDCARDS), default=None)
   if first is None:
     return epath.Path(path_or_glob), None
-  slash = path_or_glob.rfind('/', 0, first)
-  root = '.' if slash < 0 else path_or_glob[:slash] or '/'
-  return epath.Path(root), path_or_glob[slash + 1:]
+  slash = path_or_glob.rfind("/", 0, first)
+  root = "." if slash < 0 else path_or_glob[:slash] or "/"
+  return epath.Path(root), path_or_glob[slash + 1 :]
 
 
 def _visible(relative: str) -> bool:
-  return not any(part.startswith('.') for part in relative.split('/'))
+  return not any(part.startswith(".") for part in relative.split("/"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,32 +93,35 @@ class TextFiles:
       ValueError: naming the path, for an empty one or one matching no file.
     """
     if not isinstance(path_or_glob, str) or not path_or_glob.strip():
-      raise ValueError(f"data.name: 'files:' names no path; expected "
-                       f"'files:PATH_OR_GLOB', got {path_or_glob!r}")
+      raise ValueError(
+        f"data.name: 'files:' names no path; expected 'files:PATH_OR_GLOB', got {path_or_glob!r}"
+      )
     root, pattern = _root_and_pattern(path_or_glob)
     try:
       if pattern is None and root.is_file():
         return cls(path_or_glob, root.parent, (root.name,))
       if pattern is None and not root.is_dir():
-        raise ValueError(f'data.name: files:{path_or_glob}: no such file or directory')
+        raise ValueError(f"data.name: files:{path_or_glob}: no such file or directory")
       if pattern is None:
         found = []
         for folder, subfolders, names in root.walk():
-          subfolders[:] = [d for d in subfolders if not d.startswith('.')]  # prunes the walk
+          subfolders[:] = [d for d in subfolders if not d.startswith(".")]  # prunes the walk
           found += [folder / name for name in names]
       else:
-        if '**' in pattern:
-          raise ValueError(f"data.name: files:{path_or_glob}: '**' is not supported; name the "
-                           "directory to read every file below it")
+        if "**" in pattern:
+          raise ValueError(
+            f"data.name: files:{path_or_glob}: '**' is not supported; name the "
+            "directory to read every file below it"
+          )
         if not root.is_dir():
-          raise ValueError(f'data.name: files:{path_or_glob}: no such directory {root}')
+          raise ValueError(f"data.name: files:{path_or_glob}: no such directory {root}")
         found = [p for p in root.glob(pattern) if p.is_file()]
     except OSError as error:
-      raise ValueError(f'data.name: files:{path_or_glob}: cannot be listed ({error})') from None
+      raise ValueError(f"data.name: files:{path_or_glob}: cannot be listed ({error})") from None
     relative = sorted({p.relative_to(root).as_posix() for p in found})
     relative = tuple(p for p in relative if _visible(p))
     if not relative:
-      raise ValueError(f'data.name: files:{path_or_glob}: matches no file')
+      raise ValueError(f"data.name: files:{path_or_glob}: matches no file")
     return cls(path_or_glob, root, relative)
 
   def _read(self, relative: str) -> str:
@@ -126,12 +129,13 @@ class TextFiles:
     try:
       data = path.read_bytes()
     except OSError as error:
-      raise ValueError(f'data.name: {path}: cannot be read ({error})') from None
+      raise ValueError(f"data.name: {path}: cannot be read ({error})") from None
     try:
-      return data.decode('utf-8')
+      return data.decode("utf-8")
     except UnicodeDecodeError as error:
-      raise ValueError(f'data.name: {path}: is not UTF-8 text (byte {error.start}: '
-                       f'{error.reason})') from None
+      raise ValueError(
+        f"data.name: {path}: is not UTF-8 text (byte {error.start}: {error.reason})"
+      ) from None
 
   @property
   def split_by_position(self) -> bool:
@@ -143,17 +147,22 @@ class TextFiles:
     held_out = math.ceil(HELD_OUT_FILE_FRACTION * len(ordered))
     first_test = len(ordered) - held_out
     first_validation = first_test - held_out
-    return {'train': ordered[:first_validation],
-            'validation': ordered[first_validation:first_test],
-            'test': ordered[first_test:]}[split]
+    return {
+      "train": ordered[:first_validation],
+      "validation": ordered[first_validation:first_test],
+      "test": ordered[first_test:],
+    }[split]
 
   def _part(self, relative: str, split: str) -> str:
     """The split's share of one file split by position (module docstring)."""
     text = self._read(relative)
     cut = lambda fraction: _after_newline(text, int(fraction * len(text)))
-    start = 0 if split == 'train' else cut(POSITION_CUTS[split])
-    end = {'train': cut(POSITION_CUTS['validation']), 'validation': cut(POSITION_CUTS['test']),
-           'test': len(text)}[split]
+    start = 0 if split == "train" else cut(POSITION_CUTS[split])
+    end = {
+      "train": cut(POSITION_CUTS["validation"]),
+      "validation": cut(POSITION_CUTS["test"]),
+      "test": len(text),
+    }[split]
     return text[start:end]
 
   def load(self, split: str, *, max_bytes: int | None) -> list[str]:
@@ -165,9 +174,9 @@ class TextFiles:
         be read or is not UTF-8, or a split without text.
     """
     if split not in corpus.SPLITS:
-      raise ValueError(f'split={split!r} is unknown; expected one of {corpus.SPLITS}')
+      raise ValueError(f"split={split!r} is unknown; expected one of {corpus.SPLITS}")
     if max_bytes is not None and max_bytes < 1:
-      raise ValueError(f'max_bytes must be >= 1 or None, got {max_bytes}')
+      raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
     if self.split_by_position:
       texts = (self._part(p, split) for p in self.relative_paths)
     else:
@@ -177,31 +186,38 @@ class TextFiles:
       if budget == 0:
         break
       if budget is not None:
-        data = text.encode('utf-8')[:budget]
+        data = text.encode("utf-8")[:budget]
         budget -= len(data)
         # A cut inside a character drops its first bytes, not the document.
-        text = data.decode('utf-8', errors='ignore')
+        text = data.decode("utf-8", errors="ignore")
       if text:
         documents.append(text)
     if not documents:
-      hint = ('a file of one line, or a few, leaves it empty' if self.split_by_position
-              else 'its files are empty')
-      raise ValueError(f'data.name: files:{self.source}: the {split} split holds no text '
-                       f'({self._split_rule()}; {hint})')
+      hint = (
+        "a file of one line, or a few, leaves it empty"
+        if self.split_by_position
+        else "its files are empty"
+      )
+      raise ValueError(
+        f"data.name: files:{self.source}: the {split} split holds no text "
+        f"({self._split_rule()}; {hint})"
+      )
     return documents
 
   def _split_rule(self) -> str:
-    files = ', '.join(os.fspath(self.root / p) for p in self.relative_paths)
+    files = ", ".join(os.fspath(self.root / p) for p in self.relative_paths)
     if self.split_by_position:
-      return f'{files} split by position at line ends'
-    return (f'{len(self.relative_paths)} files under {self.root}, whole, by a hash of their '
-            'relative paths')
+      return f"{files} split by position at line ends"
+    return (
+      f"{len(self.relative_paths)} files under {self.root}, whole, by a hash of their "
+      "relative paths"
+    )
 
   def description(self) -> str:
-    return f'UTF-8 text files:{self.source}: {self._split_rule()}'
+    return f"UTF-8 text files:{self.source}: {self._split_rule()}"
 
 
 def _after_newline(text: str, index: int) -> int:
   """The index just after the first newline at or after `index` (len(text) if none)."""
-  newline = text.find('\n', index)
+  newline = text.find("\n", index)
   return len(text) if newline < 0 else newline + 1

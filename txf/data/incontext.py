@@ -30,9 +30,11 @@ Rows are drawn from generators keyed by (seed, split, step, row)
 (txf.data.seeding), so batches are deterministic and splits differ.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from txf.data.config import read_data_config
+from txf.data.config import read_data_config, required
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SymbolTokenizer
 
@@ -42,16 +44,22 @@ MQAR_POWER_A = 0.01
 
 def symbol_tokenizer(num_symbols: int) -> SymbolTokenizer:
   """Symbols 's0' .. 's<num_symbols - 1>' at ids 3 .., space-separated."""
-  return SymbolTokenizer([f's{i}' for i in range(num_symbols)], separator=' ')
+  return SymbolTokenizer([f"s{i}" for i in range(num_symbols)], separator=" ")
 
 
 def first_symbol_id(tokenizer: SymbolTokenizer) -> int:
   """The id of symbol 's0'; the symbols' ids follow it."""
-  return int(tokenizer.encode('s0')[0])
+  return int(tokenizer.encode("s0")[0])
 
 
-def induction_row(rng: np.random.Generator, length: int, num_symbols: int, min_period: int,
-                  max_period: int, low: int) -> tuple[np.ndarray, int]:
+def induction_row(
+  rng: np.random.Generator,
+  length: int,
+  num_symbols: int,
+  min_period: int,
+  max_period: int,
+  low: int,
+) -> tuple[np.ndarray, int]:
   """One row of repeated blocks: (int32 [length], its period P).
 
   The block holds P distinct ids from [low, low + num_symbols), P uniform in
@@ -62,8 +70,9 @@ def induction_row(rng: np.random.Generator, length: int, num_symbols: int, min_p
   return np.resize(block, length).astype(np.int32), period
 
 
-def mqar_row(rng: np.random.Generator, length: int, num_symbols: int, num_pairs: int,
-             low: int) -> tuple[np.ndarray, np.ndarray]:
+def mqar_row(
+  rng: np.random.Generator, length: int, num_symbols: int, num_pairs: int, low: int
+) -> tuple[np.ndarray, np.ndarray]:
   """One MQAR row: (int32 [length], int [num_pairs] positions of the queried keys).
 
   Ids from [low, low + num_symbols): keys in the lower half, values in the
@@ -74,7 +83,7 @@ def mqar_row(rng: np.random.Generator, length: int, num_symbols: int, num_pairs:
   values = rng.choice(num_symbols - half, size=num_pairs, replace=False) + low + half
   not_keys = np.setdiff1d(np.arange(low, low + num_symbols), keys)
   row = rng.choice(not_keys, size=length).astype(np.int32)
-  row[0:2 * num_pairs:2], row[1:2 * num_pairs:2] = keys, values
+  row[0 : 2 * num_pairs : 2], row[1 : 2 * num_pairs : 2] = keys, values
   slots = (length - 2 * num_pairs) // 2  # (key, value) slots after the pairs
   p = MQAR_POWER_A * np.arange(1, slots + 1, dtype=np.float64) ** (MQAR_POWER_A - 1)
   gaps = rng.choice(slots, size=num_pairs, replace=False, p=p / p.sum())
@@ -83,29 +92,34 @@ def mqar_row(rng: np.random.Generator, length: int, num_symbols: int, num_pairs:
   return row, queries
 
 
-def lm_arrays(rows: list[np.ndarray], weights: list[np.ndarray]) -> dict[str, np.ndarray]:
+def lm_arrays(rows: Sequence[np.ndarray], weights: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
   """The lm batch of rows int [seq_len + 1] and their target weights [seq_len].
 
   Returns inputs, targets int32 [R, seq_len] and weights float32 [R, seq_len].
   """
   rows_RxL = np.stack(rows)
-  return {'inputs': rows_RxL[:, :-1], 'targets': rows_RxL[:, 1:],
-          'weights': np.stack(weights).astype(np.float32)}
+  return {
+    "inputs": rows_RxL[:, :-1],
+    "targets": rows_RxL[:, 1:],
+    "weights": np.stack(weights).astype(np.float32),
+  }
 
 
 class InductionSource(GeneratedSource):
   """Batches of data.name='induction' (module docstring): lm arrays [R, seq_len]."""
 
-  def __init__(self, *, seed: int, split: str, seq_len: int, num_symbols: int,
-               min_period: int, max_period: int):
+  def __init__(
+    self, *, seed: int, split: str, seq_len: int, num_symbols: int, min_period: int, max_period: int
+  ):
     super().__init__(seed=seed, split=split)
     self._seq_len, self._num_symbols = seq_len, num_symbols
     self._periods = (min_period, max_period)
     self.tokenizer = symbol_tokenizer(num_symbols)
 
   def example(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    row, period = induction_row(rng, self._seq_len + 1, self._num_symbols, *self._periods,
-                                low=first_symbol_id(self.tokenizer))
+    row, period = induction_row(
+      rng, self._seq_len + 1, self._num_symbols, *self._periods, low=first_symbol_id(self.tokenizer)
+    )
     # Input t predicts row[t + 1], known once t is in the second copy.
     return row, np.arange(self._seq_len) >= period
 
@@ -116,15 +130,19 @@ class InductionSource(GeneratedSource):
 class MQARSource(GeneratedSource):
   """Batches of data.name='mqar' (module docstring): lm arrays [R, seq_len]."""
 
-  def __init__(self, *, seed: int, split: str, seq_len: int, num_symbols: int,
-               num_pairs: int):
+  def __init__(self, *, seed: int, split: str, seq_len: int, num_symbols: int, num_pairs: int):
     super().__init__(seed=seed, split=split)
     self._seq_len, self._num_symbols, self._num_pairs = seq_len, num_symbols, num_pairs
     self.tokenizer = symbol_tokenizer(num_symbols)
 
   def example(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    row, queries = mqar_row(rng, self._seq_len + 1, self._num_symbols, self._num_pairs,
-                            low=first_symbol_id(self.tokenizer))
+    row, queries = mqar_row(
+      rng,
+      self._seq_len + 1,
+      self._num_symbols,
+      self._num_pairs,
+      low=first_symbol_id(self.tokenizer),
+    )
     weights = np.zeros(self._seq_len, bool)
     weights[queries] = True  # input: the queried key; target: its value
     return row, weights
@@ -138,6 +156,6 @@ def repeat_periods(data_config) -> range:
   data.min_example_len .. data.max_example_len for 'induction', none for any
   other dataset. An induction probe must avoid them."""
   spec = read_data_config(data_config)
-  if spec.name != 'induction':
+  if spec.name != "induction":
     return range(0)
-  return range(spec.min_example_len, spec.max_example_len + 1)
+  return range(required(spec.min_example_len), required(spec.max_example_len) + 1)

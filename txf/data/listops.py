@@ -19,9 +19,9 @@ import numpy as np
 from txf.data.synthetic import GeneratedSource, pad_rows
 from txf.data.tokenizers import SymbolTokenizer
 
-OPERATORS = ('[MAX', '[MIN', '[MED', '[SM')
-END = ']'
-DIGITS = tuple('0123456789')
+OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
+END = "]"
+DIGITS = tuple("0123456789")
 NUM_CLASSES = 10
 MAX_ARGS = 10
 OPERATOR_PROBABILITY = 0.25
@@ -39,16 +39,16 @@ def _median(values: Sequence[int]) -> int:
   return (ordered[middle - 1] + ordered[middle]) // 2
 
 
-_APPLY = {
-    '[MAX': max,
-    '[MIN': min,
-    '[MED': _median,
-    '[SM': lambda values: sum(values) % 10,
+_APPLY: dict[str, Callable[[list[int]], int]] = {
+  "[MAX": max,
+  "[MIN": min,
+  "[MED": _median,
+  "[SM": lambda values: sum(values) % 10,
 }
 
 
 def listops_tokenizer() -> SymbolTokenizer:
-  return SymbolTokenizer(OPERATORS + (END,) + DIGITS, separator=' ')
+  return SymbolTokenizer(OPERATORS + (END,) + DIGITS, separator=" ")
 
 
 def longest_expression(max_depth: int) -> int:
@@ -61,8 +61,8 @@ def longest_expression(max_depth: int) -> int:
 
 def evaluate(tokens: Sequence[str]) -> int:
   """Value of an expression given as its tokens; ValueError if malformed."""
-  arguments = [[]]  # values gathered at each open level; [0]: the top level
-  operators = []
+  arguments: list[list[int]] = [[]]  # values gathered at each open level; [0]: the top level
+  operators: list[str] = []
   for token in tokens:
     if token in _APPLY:
       operators.append(token)
@@ -73,9 +73,9 @@ def evaluate(tokens: Sequence[str]) -> int:
     elif token in DIGITS:
       arguments[-1].append(int(token))
     else:
-      raise ValueError(f'bad token {token!r} in expression {tokens!r}')
+      raise ValueError(f"bad token {token!r} in expression {tokens!r}")
   if operators or len(arguments[0]) != 1:
-    raise ValueError(f'not one complete expression: {tokens!r}')
+    raise ValueError(f"not one complete expression: {tokens!r}")
   return arguments[0][0]
 
 
@@ -102,8 +102,7 @@ class _TooLong(Exception):
   pass
 
 
-def _draw(uniform: Callable[[], float], max_depth: int, max_len: int
-          ) -> list[str]:
+def _draw(uniform: Callable[[], float], max_depth: int, max_len: int) -> list[str]:
   """One expression by LRA's recursion; raises _TooLong past max_len tokens."""
   tokens = []
 
@@ -125,8 +124,7 @@ def _draw(uniform: Callable[[], float], max_depth: int, max_len: int
   return tokens
 
 
-def generate(rng: np.random.Generator, *, min_len: int, max_len: int,
-             max_depth: int) -> list[str]:
+def generate(rng: np.random.Generator, *, min_len: int, max_len: int, max_depth: int) -> list[str]:
   """Tokens of a random expression of min_len..max_len tokens."""
   uniform = _Uniforms(rng)
   for _ in range(_MAX_ATTEMPTS):
@@ -137,8 +135,9 @@ def generate(rng: np.random.Generator, *, min_len: int, max_len: int,
     if len(tokens) >= min_len:
       return tokens
   raise RuntimeError(
-      f'no expression of {min_len}..{max_len} tokens in {_MAX_ATTEMPTS} '
-      f'draws at max_depth={max_depth}; widen the length range')
+    f"no expression of {min_len}..{max_len} tokens in {_MAX_ATTEMPTS} "
+    f"draws at max_depth={max_depth}; widen the length range"
+  )
 
 
 class ListOpsSource(GeneratedSource):
@@ -149,8 +148,9 @@ class ListOpsSource(GeneratedSource):
     labels: int32 [R], the expression's value 0..9.
   """
 
-  def __init__(self, *, seed: int, split: str, seq_len: int, min_len: int,
-               max_len: int, max_depth: int):
+  def __init__(
+    self, *, seed: int, split: str, seq_len: int, min_len: int, max_len: int, max_depth: int
+  ):
     super().__init__(seed=seed, split=split)
     self._seq_len = seq_len
     self._limits = dict(min_len=min_len, max_len=max_len, max_depth=max_depth)
@@ -158,11 +158,11 @@ class ListOpsSource(GeneratedSource):
 
   def example(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
     tokens = generate(rng, **self._limits)
-    ids = self.tokenizer.encode(' '.join(tokens))
+    ids = self.tokenizer.encode(" ".join(tokens))
     return np.insert(ids, 0, self.tokenizer.bos_id), evaluate(tokens)
 
   def collate(self, examples: list) -> dict[str, np.ndarray]:
     return {
-        'inputs': pad_rows([ids for ids, _ in examples], self._seq_len),
-        'labels': np.array([label for _, label in examples], dtype=np.int32),
+      "inputs": pad_rows([ids for ids, _ in examples], self._seq_len),
+      "labels": np.array([label for _, label in examples], dtype=np.int32),
     }

@@ -13,8 +13,7 @@ from txf.data.tokenizers import Tokenizer
 def token_stream(documents: Sequence[str], tokenizer: Tokenizer) -> np.ndarray:
   """Documents' ids, each followed by EOS, as one int32 [N] array."""
   eos = np.array([tokenizer.eos_id], dtype=np.int32)
-  return np.concatenate(
-      [part for doc in documents for part in (tokenizer.encode(doc), eos)])
+  return np.concatenate([part for doc in documents for part in (tokenizer.encode(doc), eos)])
 
 
 class LanguageModelSource:
@@ -34,17 +33,25 @@ class LanguageModelSource:
   with a masker, windows of T tokens give the masker's dict (masking.py).
   """
 
-  def __init__(self, tokens: np.ndarray, *, example_len: int, batch_size: int,
-               seed: int, shuffle: bool, masker: BertMasker | None = None):
+  def __init__(
+    self,
+    tokens: np.ndarray,
+    *,
+    example_len: int,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
+    masker: BertMasker | None = None,
+  ):
     num_examples = len(tokens) // example_len
     if num_examples < (batch_size if shuffle else 1):
       raise ValueError(
-          f'the split has {len(tokens)} tokens: {num_examples} examples of '
-          f'{example_len} tokens, fewer than one batch of {batch_size} '
-          '(lower data.batch_size or data.seq_len, or raise '
-          'data.max_corpus_bytes)')
-    self._windows = tokens[:num_examples * example_len].reshape(
-        num_examples, example_len)
+        f"the split has {len(tokens)} tokens: {num_examples} examples of "
+        f"{example_len} tokens, fewer than one batch of {batch_size} "
+        "(lower data.batch_size or data.seq_len, or raise "
+        "data.max_corpus_bytes)"
+      )
+    self._windows = tokens[: num_examples * example_len].reshape(num_examples, example_len)
     self._batch_size = batch_size
     self._seed = seed
     self._shuffle = shuffle
@@ -55,7 +62,8 @@ class LanguageModelSource:
     else:
       self._batches_per_epoch = math.ceil(num_examples / batch_size)
       self.num_batches = self._batches_per_epoch
-    self._order_cache = (None, None)  # (epoch, order)
+    # (epoch, its order); no epoch yet.
+    self._order_cache: tuple[int | None, np.ndarray] = (None, np.empty(0, int))
 
   def _order(self, epoch: int) -> np.ndarray:
     """Example ids of the epoch's batches, int [batches * B]; -1 pads."""
@@ -63,8 +71,7 @@ class LanguageModelSource:
       size = self._batches_per_epoch * self._batch_size
       num_examples = len(self._windows)
       if self._shuffle:
-        order = seeding.shuffle_rng(self._seed, epoch).permutation(
-            num_examples)[:size]
+        order = seeding.shuffle_rng(self._seed, epoch).permutation(num_examples)[:size]
       else:
         order = np.arange(size)
         order[order >= num_examples] = -1
@@ -75,24 +82,28 @@ class LanguageModelSource:
     """Rows `rows` of global batch `step`."""
     epoch, index = divmod(step, self._batches_per_epoch)
     start = index * self._batch_size
-    ids = self._order(epoch)[start + rows.start:start + rows.stop]
+    ids = self._order(epoch)[start + rows.start : start + rows.stop]
     real = ids >= 0
     windows = np.where(real[:, None], self._windows[ids], 0).astype(np.int32)
     if self._masker is not None:
       return self._masker(windows, step, rows, self._batch_size)
     weights = np.broadcast_to(real[:, None], (len(ids), windows.shape[1] - 1))
-    return {'inputs': windows[:, :-1], 'targets': windows[:, 1:],
-            'weights': weights.astype(np.float32)}
+    return {
+      "inputs": windows[:, :-1],
+      "targets": windows[:, 1:],
+      "weights": weights.astype(np.float32),
+    }
 
   def state_at(self, step: int) -> dict[str, int]:
     epoch, index = divmod(step, self._batches_per_epoch)
-    return {'epoch': epoch, 'position': index * self._batch_size}
+    return {"epoch": epoch, "position": index * self._batch_size}
 
   def step_of(self, state: dict[str, int]) -> int:
-    index, remainder = divmod(state['position'], self._batch_size)
+    index, remainder = divmod(state["position"], self._batch_size)
     if remainder or index >= self._batches_per_epoch:
       raise ValueError(
-          f"state['position']={state['position']} is not the start of one of "
-          f'the {self._batches_per_epoch} batches of {self._batch_size} '
-          'examples in an epoch')
-    return state['epoch'] * self._batches_per_epoch + index
+        f"state['position']={state['position']} is not the start of one of "
+        f"the {self._batches_per_epoch} batches of {self._batch_size} "
+        "examples in an epoch"
+      )
+    return state["epoch"] * self._batches_per_epoch + index

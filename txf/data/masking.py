@@ -12,9 +12,15 @@ MASK_FRACTION = 0.8
 RANDOM_FRACTION = 0.1
 
 
-def bert_mask(tokens: np.ndarray, uniforms: np.ndarray,
-              random_tokens: np.ndarray, *, probability: float, mask_id: int,
-              special_ids: Iterable[int]) -> dict[str, np.ndarray]:
+def bert_mask(
+  tokens: np.ndarray,
+  uniforms: np.ndarray,
+  random_tokens: np.ndarray,
+  *,
+  probability: float,
+  mask_id: int,
+  special_ids: Iterable[int],
+) -> dict[str, np.ndarray]:
   """Masks `tokens` given the random draws (a pure function).
 
   Args:
@@ -33,11 +39,13 @@ def bert_mask(tokens: np.ndarray, uniforms: np.ndarray,
   selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))
   action = uniforms[1]
   inputs = np.where(selected & (action < MASK_FRACTION), mask_id, tokens)
-  use_random = selected & (action >= MASK_FRACTION) & (
-      action < MASK_FRACTION + RANDOM_FRACTION)
+  use_random = selected & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
   inputs = np.where(use_random, random_tokens, inputs)
-  return {'inputs': inputs.astype(np.int32), 'targets': tokens,
-          'weights': selected.astype(np.float32)}
+  return {
+    "inputs": inputs.astype(np.int32),
+    "targets": tokens,
+    "weights": selected.astype(np.float32),
+  }
 
 
 class BertMasker:
@@ -47,26 +55,37 @@ class BertMasker:
   so the processes' masks together equal the single-process mask.
   """
 
-  def __init__(self, *, probability: float, mask_id: int, vocab_size: int,
-               special_ids: Iterable[int], seed: int):
+  def __init__(
+    self,
+    *,
+    probability: float,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: Iterable[int],
+    seed: int,
+  ):
     self._probability = probability
     self._mask_id = mask_id
     self._special_ids = sorted(special_ids)
-    self._replacements = np.setdiff1d(
-        np.arange(vocab_size, dtype=np.int32), self._special_ids)
+    self._replacements = np.setdiff1d(np.arange(vocab_size, dtype=np.int32), self._special_ids)
     self._seed = seed
 
-  def __call__(self, tokens: np.ndarray, step: int, rows: range,
-               batch_size: int) -> dict[str, np.ndarray]:
+  def __call__(
+    self, tokens: np.ndarray, step: int, rows: range, batch_size: int
+  ) -> dict[str, np.ndarray]:
     """Masks `tokens` int32 [len(rows), T]: rows `rows` of global batch `step`.
 
     batch_size is the global batch size, the shape of the draws.
     """
     rng = seeding.mask_rng(self._seed, step)
     shape = (batch_size, tokens.shape[1])
-    uniforms = rng.random((2, *shape))[:, rows.start:rows.stop]
+    uniforms = rng.random((2, *shape))[:, rows.start : rows.stop]
     choices = rng.integers(len(self._replacements), size=shape)
     return bert_mask(
-        tokens, uniforms, self._replacements[choices[rows.start:rows.stop]],
-        probability=self._probability, mask_id=self._mask_id,
-        special_ids=self._special_ids)
+      tokens,
+      uniforms,
+      self._replacements[choices[rows.start : rows.stop]],
+      probability=self._probability,
+      mask_id=self._mask_id,
+      special_ids=self._special_ids,
+    )

@@ -60,7 +60,7 @@ from txf.data.tokenizers import Tokenizer
 READ_GROUP = 256
 # Groups each read thread, and each worker's output queue, keeps ready.
 GROUPS_PER_THREAD = 2
-TOKENS = 'tokens'
+TOKENS = "tokens"
 
 
 class ProcessCountError(ValueError):
@@ -72,8 +72,7 @@ class ReadDocuments:
   non-empty texts, each followed by EOS, joined; None if all are empty (a
   Grain map function)."""
 
-  def __init__(self, records: Sequence[Mapping[str, Any]], text_key: str,
-               tokenizer: Tokenizer):
+  def __init__(self, records: Sequence[Mapping[str, Any]], text_key: str, tokenizer: Tokenizer):
     self._records = records
     self._text_key = text_key
     self._tokenizer = tokenizer
@@ -81,7 +80,7 @@ class ReadDocuments:
 
   def __call__(self, ids: np.ndarray) -> dict[str, np.ndarray] | None:
     ids = [int(i) for i in ids]
-    read_many = getattr(self._records, '__getitems__', None)
+    read_many = getattr(self._records, "__getitems__", None)
     records = read_many(ids) if read_many else [self._records[i] for i in ids]
     parts = []
     for record in records:
@@ -91,10 +90,20 @@ class ReadDocuments:
     return {TOKENS: np.concatenate(parts)} if parts else None
 
 
-def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
-                   tokenizer: Tokenizer, window_len: int, rows: int, seed: int,
-                   shuffle: bool, process_index: int, process_count: int,
-                   read_threads: int, read_workers: int = 0):
+def packed_windows(
+  records: Sequence[Mapping[str, Any]],
+  *,
+  text_key: str,
+  tokenizer: Tokenizer,
+  window_len: int,
+  rows: int,
+  seed: int,
+  shuffle: bool,
+  process_index: int,
+  process_count: int,
+  read_threads: int,
+  read_workers: int = 0,
+):
   """This process's batches of packed windows, a grain.IterDataset.
 
   Each element: {'tokens': int32 [rows, window_len]} ([<= rows, window_len]
@@ -110,8 +119,9 @@ def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
     read_workers: processes reading and tokenizing the groups (0: this
       process does). Grain starts them at the first window (seconds).
   """
-  import grain  # pylint: disable=g-import-not-at-top
-  from grain import experimental  # pylint: disable=g-import-not-at-top
+  # Imported here: only TFDS data needs grain (a 1 s import).
+  import grain
+  from grain import experimental
 
   ids = grain.MapDataset.range(len(records))
   if shuffle:
@@ -122,21 +132,25 @@ def packed_windows(records: Sequence[Mapping[str, Any]], *, text_key: str,
   group = min(READ_GROUP, -(-len(records) // process_count))
   groups = ids[process_index::process_count].batch(group)
   documents = groups.map(ReadDocuments(records, text_key, tokenizer)).to_iter_dataset(
-      grain.ReadOptions(num_threads=read_threads,
-                        prefetch_buffer_size=GROUPS_PER_THREAD * read_threads))
+    grain.ReadOptions(
+      num_threads=read_threads, prefetch_buffer_size=GROUPS_PER_THREAD * read_threads
+    )
+  )
   if read_workers:
     _default_absl_flags()
-    documents = documents.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=read_workers, per_worker_buffer_size=GROUPS_PER_THREAD))
-  windows = experimental.ConcatThenSplitIterDataset(documents,
-                                                   length_struct={TOKENS: window_len})
+    documents = documents.mp_prefetch(
+      grain.MultiprocessingOptions(
+        num_workers=read_workers, per_worker_buffer_size=GROUPS_PER_THREAD
+      )
+    )
+  windows = experimental.ConcatThenSplitIterDataset(documents, length_struct={TOKENS: window_len})
   return windows.batch(rows, drop_remainder=False)
 
 
 def _default_absl_flags() -> None:
   """Grain reads an absl flag when it starts workers; outside an absl program
   (a notebook, pytest) flags were never parsed: use their defaults."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
 
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
@@ -159,8 +173,7 @@ def document_segments(tokens_RxL: np.ndarray, eos_id: int) -> tuple[np.ndarray, 
   return segment_ids.astype(np.int32), positions.astype(np.int32)
 
 
-def lm_batch(windows_RxW: np.ndarray, *, eos_id: int, segmented: bool
-             ) -> dict[str, np.ndarray]:
+def lm_batch(windows_RxW: np.ndarray, *, eos_id: int, segmented: bool) -> dict[str, np.ndarray]:
   """Next-token batch of packed windows of W = T + 1 tokens.
 
   Returns inputs, targets int32 [R, T] (targets = inputs shifted by one),
@@ -170,10 +183,13 @@ def lm_batch(windows_RxW: np.ndarray, *, eos_id: int, segmented: bool
   whose query attends only its own document.
   """
   inputs_RxT, targets_RxT = windows_RxW[:, :-1], windows_RxW[:, 1:]
-  batch = {'inputs': inputs_RxT, 'targets': targets_RxT,
-           'weights': (targets_RxT != 0).astype(np.float32)}
+  batch = {
+    "inputs": inputs_RxT,
+    "targets": targets_RxT,
+    "weights": (targets_RxT != 0).astype(np.float32),
+  }
   if segmented:
-    batch['segment_ids'], batch['positions'] = document_segments(inputs_RxT, eos_id)
+    batch["segment_ids"], batch["positions"] = document_segments(inputs_RxT, eos_id)
   return batch
 
 
@@ -192,9 +208,14 @@ def _from_json(state: Any) -> Any:
   every other list stays a list)."""
   if not isinstance(state, Mapping):
     return state
-  return {key: ({name: tuple(bounds) for name, bounds in value.items()}
-                if key == 'remainder_slices' else _from_json(value))
-          for key, value in state.items()}
+  return {
+    key: (
+      {name: tuple(bounds) for name, bounds in value.items()}
+      if key == "remainder_slices"
+      else _from_json(value)
+    )
+    for key, value in state.items()
+  }
 
 
 class PackedStream:
@@ -232,31 +253,60 @@ class PackedDataset(Dataset):
   {'processes': [the state of each]} (txf.train.distributed).
   """
 
-  def __init__(self, records: Sequence[Mapping[str, Any]], *, spec: DataSpec, split: str,
-               tokenizer: Tokenizer, seed: int, process_index: int, process_count: int,
-               num_batches: int | None, description: str, masker: BertMasker | None):
+  def __init__(
+    self,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    spec: DataSpec,
+    split: str,
+    tokenizer: Tokenizer,
+    seed: int,
+    process_index: int,
+    process_count: int,
+    num_batches: int | None,
+    description: str,
+    masker: BertMasker | None,
+  ):
     rows = spec.batch_size // process_count
     stream = PackedStream(
-        records, text_key=spec.tfds_text_key, tokenizer=tokenizer,
-        window_len=spec.seq_len + (masker is None), rows=rows, seed=seed,
-        shuffle=split == 'train', process_index=process_index,
-        process_count=process_count, read_threads=spec.read_threads,
-        # An evaluation restarts at every iter(): not worth starting workers.
-        read_workers=spec.read_workers if split == 'train' else 0)
-    super().__init__(stream, spec=spec, split=split, tokenizer=tokenizer,
-                     process_index=process_index, process_count=process_count,
-                     num_batches=num_batches, description=description)
+      records,
+      text_key=spec.tfds_text_key,
+      tokenizer=tokenizer,
+      window_len=spec.seq_len + (masker is None),
+      rows=rows,
+      seed=seed,
+      shuffle=split == "train",
+      process_index=process_index,
+      process_count=process_count,
+      read_threads=spec.read_threads,
+      # An evaluation restarts at every iter(): not worth starting workers.
+      read_workers=spec.read_workers if split == "train" else 0,
+    )
+    # Not a Source (it is iterated, not indexed by step): this class overrides
+    # every method of Dataset that reads the source's batches or state.
+    super().__init__(
+      stream,  # type: ignore[arg-type]
+      spec=spec,
+      split=split,
+      tokenizer=tokenizer,
+      process_index=process_index,
+      process_count=process_count,
+      num_batches=num_batches,
+      description=description,
+    )
     self._process = (process_index, process_count)
-    self._workers = spec.read_workers if split == 'train' else 0
+    self._workers = spec.read_workers if split == "train" else 0
     self._masker = masker
     self._segmented = not spec.attend_across_documents
-    self._iterator = None
+    self._stream = stream
+    self._iterator: Any = None  # a Grain DatasetIterator over the stream's windows
+    self._closer: weakref.finalize  # closes it; set with it (_restart)
     self._exhausted = False
 
   def _restart(self) -> None:
     if self._iterator is not None:
       self._closer()  # stops its threads and worker processes
-    self._iterator, self._exhausted, self._step = iter(self._source.windows), False, 0
+    self._iterator, self._exhausted, self._step = iter(self._stream.windows), False, 0
     # Also closed when the dataset is collected or the program exits, before
     # the interpreter tears down what Grain's cleanup needs.
     self._closer = weakref.finalize(self, self._iterator.close)
@@ -269,7 +319,7 @@ class PackedDataset(Dataset):
       self._iterator = None
 
   def __iter__(self) -> PackedDataset:
-    if self.split != 'train' or self._iterator is None:
+    if self.split != "train" or self._iterator is None:
       self._restart()
     return self
 
@@ -293,7 +343,7 @@ class PackedDataset(Dataset):
   def _padded(self, windows: Mapping[str, np.ndarray]) -> np.ndarray:
     """The windows' tokens ({} after the pass: none) with all-padding rows
     (0) up to the batch size, int32 [B, window_len]."""
-    tokens = windows.get(TOKENS, np.zeros((0, self._source.window_len), np.int32))
+    tokens = windows.get(TOKENS, np.zeros((0, self._stream.window_len), np.int32))
     return np.pad(tokens, ((0, self.batch_size - len(tokens)), (0, 0)))
 
   def _batch(self, windows_BxW: np.ndarray) -> dict[str, np.ndarray]:
@@ -302,16 +352,20 @@ class PackedDataset(Dataset):
       return lm_batch(windows_BxW, eos_id=eos_id, segmented=self._segmented)
     batch = self._masker(windows_BxW, self._step, self._rows, self.global_batch_size)
     if self._segmented:
-      batch['segment_ids'], batch['positions'] = document_segments(windows_BxW, eos_id)
+      batch["segment_ids"], batch["positions"] = document_segments(windows_BxW, eos_id)
     return batch
 
   def get_state(self) -> dict[str, Any]:
     if self._iterator is None:
       self._restart()
     process_index, process_count = self._process
-    return {'process_index': process_index, 'process_count': process_count,
-            'read_workers': self._workers, 'step': self._step,
-            'stream': _to_json(self._iterator.get_state())}
+    return {
+      "process_index": process_index,
+      "process_count": process_count,
+      "read_workers": self._workers,
+      "step": self._step,
+      "stream": _to_json(self._iterator.get_state()),
+    }
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues after `state`: this process's state, or {'processes': [...]}
@@ -323,25 +377,30 @@ class PackedDataset(Dataset):
       ValueError: `state` is not a state of this dataset.
     """
     process_index, process_count = self._process
-    states = state.get('processes', [state]) if isinstance(state, dict) else None
+    states = state.get("processes", [state]) if isinstance(state, dict) else None
     if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
-      raise ValueError(f'state must be a packed stream state dict, got {state!r}')
-    saved_count = states[0].get('process_count', len(states))
+      raise ValueError(f"state must be a packed stream state dict, got {state!r}")
+    saved_count = states[0].get("process_count", len(states))
     if len(states) != process_count or saved_count != process_count:
       raise ProcessCountError(
-          f'data position: the checkpoint continues a packed TFDS stream of {saved_count} '
-          f'processes, and this run has {process_count}. Each process packs its own shard '
-          f'of the records, so the stream continues exactly only on {saved_count} '
-          'processes: resume with that many, or start a new --workdir')
+        f"data position: the checkpoint continues a packed TFDS stream of {saved_count} "
+        f"processes, and this run has {process_count}. Each process packs its own shard "
+        f"of the records, so the stream continues exactly only on {saved_count} "
+        "processes: resume with that many, or start a new --workdir"
+      )
     mine = states[process_index]
-    expected = {'process_index', 'process_count', 'read_workers', 'step', 'stream'}
-    if set(mine) != expected or mine['process_index'] != process_index:
-      raise ValueError(f'state of process {process_index} must have keys {sorted(expected)} '
-                       f'and process_index={process_index}, got {mine!r}')
-    if mine['read_workers'] != self._workers:
-      raise ValueError(f"data.read_workers={self._workers}: the checkpoint's data position "
-                       f"is a stream read by {mine['read_workers']} workers; continue with "
-                       'that many')
+    expected = {"process_index", "process_count", "read_workers", "step", "stream"}
+    if set(mine) != expected or mine["process_index"] != process_index:
+      raise ValueError(
+        f"state of process {process_index} must have keys {sorted(expected)} "
+        f"and process_index={process_index}, got {mine!r}"
+      )
+    if mine["read_workers"] != self._workers:
+      raise ValueError(
+        f"data.read_workers={self._workers}: the checkpoint's data position "
+        f"is a stream read by {mine['read_workers']} workers; continue with "
+        "that many"
+      )
     self._restart()
-    self._iterator.set_state(_from_json(mine['stream']))
-    self._step = mine['step']
+    self._iterator.set_state(_from_json(mine["stream"]))
+    self._step = mine["step"]

@@ -7,18 +7,19 @@ import numpy as np
 from etils import epath
 
 from txf import checks
-from txf.data import corpus
-from txf.data import files
-from txf.data import incontext
-from txf.data import listops
-from txf.data import synthetic
-from txf.data import tfds_source
-from txf.data.config import (FILES_PREFIX, INCONTEXT, DataSpec, is_files, is_tfds,
-                             read_data_config)
+from txf.data import corpus, files, incontext, listops, synthetic, tfds_source
+from txf.data.config import (
+  FILES_PREFIX,
+  INCONTEXT,
+  DataSpec,
+  is_files,
+  is_tfds,
+  read_data_config,
+  required,
+)
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
-from txf.data.tokenizers import (ByteTokenizer, HFTokenizer, SentencePieceTokenizer,
-                                 Tokenizer)
+from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).
 SENTENCEPIECE_TRAIN_BYTES = 2_000_000
@@ -26,7 +27,9 @@ SENTENCEPIECE_TRAIN_BYTES = 2_000_000
 
 class Source(Protocol):
   """What Dataset needs: global batches as a pure function of the step."""
-  num_batches: int | None  # batches available; None: unbounded
+
+  @property
+  def num_batches(self) -> int | None: ...  # batches available; None: unbounded
 
   def batch(self, step: int, rows: range) -> dict[str, np.ndarray]: ...
   def state_at(self, step: int) -> dict[str, int]: ...
@@ -56,26 +59,34 @@ class Dataset:
     description: what the data is (corpus, Python version, task).
   """
 
-  def __init__(self, source: Source, *, spec: DataSpec, split: str,
-               tokenizer: Tokenizer, process_index: int, process_count: int,
-               num_batches: int | None, description: str):
+  def __init__(
+    self,
+    source: Source,
+    *,
+    spec: DataSpec,
+    split: str,
+    tokenizer: Tokenizer,
+    process_index: int,
+    process_count: int,
+    num_batches: int | None,
+    description: str,
+  ):
     self._source = source
     self.tokenizer = tokenizer
     self.vocab_size = tokenizer.vocab_size
     self.task = spec.task
-    self.num_classes = listops.NUM_CLASSES if spec.task == 'classify' else None
+    self.num_classes = listops.NUM_CLASSES if spec.task == "classify" else None
     self.split = split
     self.global_batch_size = spec.batch_size
     self.batch_size = spec.batch_size // process_count
-    self._rows = range(process_index * self.batch_size,
-                       (process_index + 1) * self.batch_size)
+    self._rows = range(process_index * self.batch_size, (process_index + 1) * self.batch_size)
     limits = [n for n in (num_batches, source.num_batches) if n is not None]
     self.num_batches = min(limits) if limits else None
     self.description = description
     self._step = 0
 
-  def __iter__(self) -> 'Dataset':
-    if self.split != 'train':
+  def __iter__(self) -> "Dataset":
+    if self.split != "train":
       self._step = 0
     return self
 
@@ -94,11 +105,10 @@ class Dataset:
     """Makes the next batch the one that followed `state` when it was saved."""
     expected = set(self._source.state_at(0))
     if not isinstance(state, dict) or set(state) != expected:
-      raise ValueError(f'state must be a dict with keys {sorted(expected)}, '
-                       f'got {state!r}')
+      raise ValueError(f"state must be a dict with keys {sorted(expected)}, got {state!r}")
     for key, value in state.items():
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f'state[{key!r}] must be an int >= 0, got {value!r}')
+        raise ValueError(f"state[{key!r}] must be an int >= 0, got {value!r}")
     self._step = self._source.step_of(state)
 
   def close(self) -> None:
@@ -107,49 +117,48 @@ class Dataset:
 
 def _reads_text(spec: DataSpec) -> bool:
   """Whether the data is text read from splits (the corpus, TFDS or files)."""
-  return spec.name == 'pystdlib' or is_tfds(spec.name) or is_files(spec.name)
+  return spec.name == "pystdlib" or is_tfds(spec.name) or is_files(spec.name)
 
 
 def _text_files(spec: DataSpec) -> files.TextFiles:
-  return files.TextFiles.find(spec.name[len(FILES_PREFIX):])
+  return files.TextFiles.find(spec.name[len(FILES_PREFIX) :])
 
 
-def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None
-                      ) -> Tokenizer:
-  if spec.tokenizer == 'bytes':
+def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+  if spec.tokenizer == "bytes":
     return ByteTokenizer()
-  if spec.tokenizer == 'hf':
-    return HFTokenizer(spec.tokenizer_path)
+  if spec.tokenizer == "hf":
+    return HFTokenizer(required(spec.tokenizer_path))
   if workdir is None:
-    raise ValueError("workdir is required for data.tokenizer='sentencepiece' "
-                     '(the model is trained into it once, then reused)')
-  prefix = epath.Path(workdir) / f'sentencepiece_{spec.sp_vocab_size}'
-  model = prefix.with_name(prefix.name + '.model')
+    raise ValueError(
+      "workdir is required for data.tokenizer='sentencepiece' "
+      "(the model is trained into it once, then reused)"
+    )
+  prefix = epath.Path(workdir) / f"sentencepiece_{spec.sp_vocab_size}"
+  model = prefix.with_name(prefix.name + ".model")
   if model.exists():
     return SentencePieceTokenizer(model)
-  max_bytes = min(spec.max_corpus_bytes or SENTENCEPIECE_TRAIN_BYTES,
-                  SENTENCEPIECE_TRAIN_BYTES)
-  if spec.name == 'pystdlib':
-    texts = corpus.load_corpus('train', max_bytes=max_bytes)
+  max_bytes = min(spec.max_corpus_bytes or SENTENCEPIECE_TRAIN_BYTES, SENTENCEPIECE_TRAIN_BYTES)
+  if spec.name == "pystdlib":
+    texts = corpus.load_corpus("train", max_bytes=max_bytes)
   elif is_files(spec.name):
-    texts = _text_files(spec).load('train', max_bytes=max_bytes)
+    texts = _text_files(spec).load("train", max_bytes=max_bytes)
   else:
     texts = tfds_source.training_texts(spec, max_bytes)
-  return SentencePieceTokenizer.train(texts, spec.sp_vocab_size, prefix)
+  return SentencePieceTokenizer.train(texts, required(spec.sp_vocab_size), prefix)
 
 
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   if _reads_text(spec):
     return _corpus_tokenizer(spec, workdir)
-  if spec.name == 'listops':
+  if spec.name == "listops":
     return listops.listops_tokenizer()
   if spec.name in INCONTEXT:
-    return incontext.symbol_tokenizer(spec.num_symbols)
+    return incontext.symbol_tokenizer(required(spec.num_symbols))
   return synthetic.seq2seq_tokenizer(spec.name)
 
 
-def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None
-                   ) -> Tokenizer:
+def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -> Tokenizer:
   """The tokenizer of the dataset `data_config` describes.
 
   For data.tokenizer='sentencepiece' the model is
@@ -161,75 +170,126 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None
 
 
 def _masker(spec: DataSpec, seed: int, tokenizer: Tokenizer) -> BertMasker | None:
-  if spec.task != 'mlm':
+  if spec.task != "mlm":
     return None
+  if tokenizer.mask_id is None:  # an HF tokenizer.json without one
+    raise ValueError(
+      f"data.task='mlm' needs a mask token; the tokenizer "
+      f"{spec.tokenizer_path or spec.tokenizer!r} has none"
+    )
   return BertMasker(
-      probability=spec.mlm_probability, mask_id=tokenizer.mask_id,
-      vocab_size=tokenizer.vocab_size, special_ids=tokenizer.special_ids,
-      seed=seed)
+    probability=required(spec.mlm_probability),
+    mask_id=tokenizer.mask_id,
+    vocab_size=tokenizer.vocab_size,
+    special_ids=tokenizer.special_ids,
+    seed=seed,
+  )
 
 
-def _lm_source(spec: DataSpec, documents: list[str], split: str, seed: int,
-               tokenizer: Tokenizer) -> LanguageModelSource:
+def _lm_source(
+  spec: DataSpec, documents: list[str], split: str, seed: int, tokenizer: Tokenizer
+) -> LanguageModelSource:
   tokens = token_stream(documents, tokenizer)
   masker = _masker(spec, seed, tokenizer)
   return LanguageModelSource(
-      tokens, example_len=spec.seq_len + (masker is None),
-      batch_size=spec.batch_size, seed=seed, shuffle=split == 'train',
-      masker=masker)
+    tokens,
+    example_len=spec.seq_len + (masker is None),
+    batch_size=spec.batch_size,
+    seed=seed,
+    shuffle=split == "train",
+    masker=masker,
+  )
 
 
-def _translation_source(spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
-                        ) -> tfds_source.TranslationSource:
+def _translation_source(
+  spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
+) -> tfds_source.TranslationSource:
   return tfds_source.TranslationSource(
-      tfds_source.open_split(spec, split),
-      keys=(spec.tfds_source_key, spec.tfds_target_key),
-      tokenizer=tokenizer, seq_len=spec.seq_len, batch_size=spec.batch_size,
-      seed=seed, shuffle=split == 'train')
+    tfds_source.open_split(spec, split),
+    keys=(required(spec.tfds_source_key), required(spec.tfds_target_key)),
+    tokenizer=tokenizer,
+    seq_len=spec.seq_len,
+    batch_size=spec.batch_size,
+    seed=seed,
+    shuffle=split == "train",
+  )
 
 
-def _generated_source(spec: DataSpec, split: str, seed: int
-                      ) -> synthetic.GeneratedSource:
-  if spec.name == 'listops':
+def _generated_source(spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
+  if spec.name == "listops":
     return listops.ListOpsSource(
-        seed=seed, split=split, seq_len=spec.seq_len, min_len=spec.min_example_len,
-        max_len=spec.max_example_len, max_depth=spec.listops_max_depth)
-  if spec.name == 'induction':
+      seed=seed,
+      split=split,
+      seq_len=spec.seq_len,
+      min_len=required(spec.min_example_len),
+      max_len=required(spec.max_example_len),
+      max_depth=required(spec.listops_max_depth),
+    )
+  if spec.name == "induction":
     return incontext.InductionSource(
-        seed=seed, split=split, seq_len=spec.seq_len, num_symbols=spec.num_symbols,
-        min_period=spec.min_example_len, max_period=spec.max_example_len)
-  if spec.name == 'mqar':
-    return incontext.MQARSource(seed=seed, split=split, seq_len=spec.seq_len,
-                                num_symbols=spec.num_symbols, num_pairs=spec.num_kv_pairs)
+      seed=seed,
+      split=split,
+      seq_len=spec.seq_len,
+      num_symbols=required(spec.num_symbols),
+      min_period=required(spec.min_example_len),
+      max_period=required(spec.max_example_len),
+    )
+  if spec.name == "mqar":
+    return incontext.MQARSource(
+      seed=seed,
+      split=split,
+      seq_len=spec.seq_len,
+      num_symbols=required(spec.num_symbols),
+      num_pairs=required(spec.num_kv_pairs),
+    )
   return synthetic.Seq2SeqSource(
-      spec.name, seed=seed, split=split, seq_len=spec.seq_len,
-      min_len=spec.min_example_len, max_len=spec.max_example_len)
+    spec.name,
+    seed=seed,
+    split=split,
+    seq_len=spec.seq_len,
+    min_len=required(spec.min_example_len),
+    max_len=required(spec.max_example_len),
+  )
 
 
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
   if _reads_text(spec):
-    if spec.name == 'pystdlib':
+    if spec.name == "pystdlib":
       data = corpus.corpus_description()
     elif is_files(spec.name):
       data = _text_files(spec).description()
     else:
       data = tfds_source.description(spec)
-    return (f'{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; '
-            f'{spec.task}, seq_len {spec.seq_len}')
-  if spec.name == 'induction':
-    return (f'induction task, blocks of {spec.min_example_len}..{spec.max_example_len} of '
-            f'{spec.num_symbols} symbols repeated, seq_len {spec.seq_len}')
-  if spec.name == 'mqar':
-    return (f'mqar task, {spec.num_kv_pairs} key-value pairs over {spec.num_symbols} symbols, '
-            f'seq_len {spec.seq_len}')
-  return (f'{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, '
-          f'seq_len {spec.seq_len}')
+    return (
+      f"{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; "
+      f"{spec.task}, seq_len {spec.seq_len}"
+    )
+  if spec.name == "induction":
+    return (
+      f"induction task, blocks of {spec.min_example_len}..{spec.max_example_len} of "
+      f"{spec.num_symbols} symbols repeated, seq_len {spec.seq_len}"
+    )
+  if spec.name == "mqar":
+    return (
+      f"mqar task, {spec.num_kv_pairs} key-value pairs over {spec.num_symbols} symbols, "
+      f"seq_len {spec.seq_len}"
+    )
+  return (
+    f"{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, "
+    f"seq_len {spec.seq_len}"
+  )
 
 
-def make_dataset(data_config: Any, split: str, *, seed: int,
-                 process_index: int = 0, process_count: int = 1,
-                 workdir: str | os.PathLike | None = None,
-                 num_batches: int | None = None) -> Dataset:
+def make_dataset(
+  data_config: Any,
+  split: str,
+  *,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  workdir: str | os.PathLike | None = None,
+  num_batches: int | None = None,
+) -> Dataset:
   """Builds the batches of `split` for this process.
 
   Args:
@@ -250,39 +310,52 @@ def make_dataset(data_config: Any, split: str, *, seed: int,
   """
   spec = read_data_config(data_config)
   if split not in corpus.SPLITS:
-    raise ValueError(f'split={split!r} is not one of {corpus.SPLITS}')
-  seed = checks.int_at_least(seed, 'seed', 0)
-  process_count = checks.positive_int(process_count, 'process_count')
-  process_index = checks.int_at_least(process_index, 'process_index', 0)
+    raise ValueError(f"split={split!r} is not one of {corpus.SPLITS}")
+  seed = checks.int_at_least(seed, "seed", 0)
+  process_count = checks.positive_int(process_count, "process_count")
+  process_index = checks.int_at_least(process_index, "process_index", 0)
   if process_index >= process_count:
-    raise ValueError(f'process_index={process_index} must be below '
-                     f'process_count={process_count}')
+    raise ValueError(f"process_index={process_index} must be below process_count={process_count}")
   if spec.batch_size % process_count:
-    raise ValueError(f'data.batch_size={spec.batch_size} must be divisible by '
-                     f'process_count={process_count}')
+    raise ValueError(
+      f"data.batch_size={spec.batch_size} must be divisible by process_count={process_count}"
+    )
   if num_batches is not None:
-    num_batches = checks.positive_int(num_batches, 'num_batches')
-  elif split != 'train' and not _reads_text(spec):
-    raise ValueError(f'num_batches is required for split={split!r} of the '
-                     f'generated task data.name={spec.name!r}')
+    num_batches = checks.positive_int(num_batches, "num_batches")
+  elif split != "train" and not _reads_text(spec):
+    raise ValueError(
+      f"num_batches is required for split={split!r} of the generated task data.name={spec.name!r}"
+    )
 
   tokenizer = _tokenizer(spec, workdir)
-  common = dict(spec=spec, split=split, tokenizer=tokenizer, process_index=process_index,
-                process_count=process_count, num_batches=num_batches,
-                description=_description(spec, tokenizer))
-  if is_tfds(spec.name) and spec.task != 'seq2seq':
+  common: dict[str, Any] = dict(
+    spec=spec,
+    split=split,
+    tokenizer=tokenizer,
+    process_index=process_index,
+    process_count=process_count,
+    num_batches=num_batches,
+    description=_description(spec, tokenizer),
+  )
+  if is_tfds(spec.name) and spec.task != "seq2seq":
     # Imported here: packed.py builds on this module's Dataset.
-    from txf.data import packed  # pylint: disable=g-import-not-at-top
-    return packed.PackedDataset(tfds_source.open_split(spec, split), seed=seed,
-                                masker=_masker(spec, seed, tokenizer), **common)
-  if spec.name == 'pystdlib':
+    from txf.data import packed
+
+    return packed.PackedDataset(
+      tfds_source.open_split(spec, split),
+      seed=seed,
+      masker=_masker(spec, seed, tokenizer),
+      **common,
+    )
+  source: Source
+  if spec.name == "pystdlib":
     source = _lm_source(
-        spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes),
-        split, seed, tokenizer)
+      spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes), split, seed, tokenizer
+    )
   elif is_files(spec.name):
     source = _lm_source(
-        spec, _text_files(spec).load(split, max_bytes=spec.max_corpus_bytes),
-        split, seed, tokenizer)
+      spec, _text_files(spec).load(split, max_bytes=spec.max_corpus_bytes), split, seed, tokenizer
+    )
   elif is_tfds(spec.name):
     source = _translation_source(spec, split, seed, tokenizer)
   else:

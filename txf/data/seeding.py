@@ -7,7 +7,7 @@ tag that keeps them apart from each other and from the shuffle key.
 
 import numpy as np
 
-SPLIT_INDEX = {'train': 0, 'validation': 1, 'test': 2}
+SPLIT_INDEX = {"train": 0, "validation": 1, "test": 2}
 _MASK_TAG = 1
 _EXAMPLE_TAG = 2
 
@@ -22,8 +22,6 @@ def mask_rng(seed: int, step: int) -> np.random.Generator:
   return np.random.default_rng((seed, step, _MASK_TAG))
 
 
-def example_rng(seed: int, split: str, step: int, row: int
-                ) -> np.random.Generator:
+def example_rng(seed: int, split: str, step: int, row: int) -> np.random.Generator:
   """Generator for one row of one global batch of a generated task."""
-  return np.random.default_rng(
-      (seed, SPLIT_INDEX[split], step, row, _EXAMPLE_TAG))
+  return np.random.default_rng((seed, SPLIT_INDEX[split], step, row, _EXAMPLE_TAG))

@@ -18,21 +18,21 @@ import numpy as np
 from txf.data import seeding
 from txf.data.tokenizers import SymbolTokenizer, Tokenizer
 
-ALPHABET = 'abcdefghijklmnop'
-DIGITS = '0123456789'
+ALPHABET = "abcdefghijklmnop"
+DIGITS = "0123456789"
 _TRANSFORMS = {
-    'copy': lambda word: word,
-    'reverse': lambda word: word[::-1],
-    'sort': lambda word: ''.join(sorted(word)),
+  "copy": lambda word: word,
+  "reverse": lambda word: word[::-1],
+  "sort": lambda word: "".join(sorted(word)),
 }
 
 
 def seq2seq_tokenizer(task: str) -> SymbolTokenizer:
-  return SymbolTokenizer(DIGITS + '+' if task == 'addition' else ALPHABET)
+  return SymbolTokenizer(DIGITS + "+" if task == "addition" else ALPHABET)
 
 
 def _random_string(rng: np.random.Generator, length: int, symbols: str) -> str:
-  return ''.join(symbols[i] for i in rng.integers(len(symbols), size=length))
+  return "".join(symbols[i] for i in rng.integers(len(symbols), size=length))
 
 
 def _random_number(rng: np.random.Generator, num_digits: int) -> str:
@@ -41,18 +41,19 @@ def _random_number(rng: np.random.Generator, num_digits: int) -> str:
   return first + _random_string(rng, num_digits - 1, DIGITS)
 
 
-def make_example(task: str, rng: np.random.Generator, min_len: int,
-                 max_len: int) -> tuple[str, str]:
+def make_example(
+  task: str, rng: np.random.Generator, min_len: int, max_len: int
+) -> tuple[str, str]:
   """Returns (source, target) text, len(source) uniform in [min_len, max_len].
 
   'addition' sources are 'a+b' (min_len >= 3) and targets str(a + b).
   """
   length = int(rng.integers(min_len, max_len + 1))
-  if task == 'addition':
+  if task == "addition":
     left_digits = int(rng.integers(1, length - 1))
     left = _random_number(rng, left_digits)
     right = _random_number(rng, length - 1 - left_digits)
-    return f'{left}+{right}', str(int(left) + int(right))
+    return f"{left}+{right}", str(int(left) + int(right))
   word = _random_string(rng, length, ALPHABET)
   return word, _TRANSFORMS[task](word)
 
@@ -61,12 +62,13 @@ def pad_rows(rows: Sequence[np.ndarray], length: int) -> np.ndarray:
   """Stacks int sequences into int32 [len(rows), length], padded with 0."""
   out = np.zeros((len(rows), length), dtype=np.int32)
   for i, row in enumerate(rows):
-    out[i, :len(row)] = row
+    out[i, : len(row)] = row
   return out
 
 
-def seq2seq_arrays(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *,
-                   tokenizer: Tokenizer, seq_len: int) -> dict[str, np.ndarray]:
+def seq2seq_arrays(
+  pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, tokenizer: Tokenizer, seq_len: int
+) -> dict[str, np.ndarray]:
   """The seq2seq batch of (source ids, target ids) pairs, padded with 0.
 
   Sources must have at most seq_len ids, targets at most seq_len - 1 (EOS is
@@ -80,10 +82,10 @@ def seq2seq_arrays(pairs: Sequence[tuple[np.ndarray, np.ndarray]], *,
   starts = [np.insert(t[:-1], 0, tokenizer.bos_id) for t in targets]
   targets = pad_rows(targets, seq_len)
   return {
-      'encoder_inputs': pad_rows([source for source, _ in pairs], seq_len),
-      'decoder_inputs': pad_rows(starts, seq_len),
-      'targets': targets,
-      'weights': (targets != tokenizer.pad_id).astype(np.float32),
+    "encoder_inputs": pad_rows([source for source, _ in pairs], seq_len),
+    "decoder_inputs": pad_rows(starts, seq_len),
+    "targets": targets,
+    "weights": (targets != tokenizer.pad_id).astype(np.float32),
   }
 
 
@@ -109,15 +111,15 @@ class GeneratedSource(abc.ABC):
 
   def batch(self, step: int, rows: range) -> dict[str, np.ndarray]:
     """Rows `rows` of global batch `step`."""
-    return self.collate([
-        self.example(seeding.example_rng(self._seed, self._split, step, row))
-        for row in rows])
+    return self.collate(
+      [self.example(seeding.example_rng(self._seed, self._split, step, row)) for row in rows]
+    )
 
   def state_at(self, step: int) -> dict[str, int]:
-    return {'step': step}
+    return {"step": step}
 
   def step_of(self, state: dict[str, int]) -> int:
-    return state['step']
+    return state["step"]
 
 
 class Seq2SeqSource(GeneratedSource):
@@ -130,8 +132,7 @@ class Seq2SeqSource(GeneratedSource):
     weights: float32 [R, T], 1 on the len(target) + 1 real target tokens.
   """
 
-  def __init__(self, task: str, *, seed: int, split: str, seq_len: int,
-               min_len: int, max_len: int):
+  def __init__(self, task: str, *, seed: int, split: str, seq_len: int, min_len: int, max_len: int):
     super().__init__(seed=seed, split=split)
     self._task = task
     self._seq_len = seq_len

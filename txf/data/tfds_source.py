@@ -29,30 +29,34 @@ from typing import Any
 
 import numpy as np
 
-from txf.data.config import TFDS_PREFIX, DataSpec
+from txf.data.config import TFDS_PREFIX, DataSpec, required
 from txf.data.synthetic import seq2seq_arrays
 from txf.data.tokenizers import Tokenizer
 
 
 def dataset_name(spec: DataSpec) -> str:
   """The TFDS name of spec.name: 'tfds:lm1b' -> 'lm1b'."""
-  return spec.name[len(TFDS_PREFIX):]
+  return spec.name[len(TFDS_PREFIX) :]
 
 
 def feature_keys(spec: DataSpec) -> dict[str, str]:
   """Config field -> the feature key it names, for the keys spec.task reads."""
-  if spec.task == 'seq2seq':
-    return {'tfds_source_key': spec.tfds_source_key,
-            'tfds_target_key': spec.tfds_target_key}
-  return {'tfds_text_key': spec.tfds_text_key}
+  if spec.task == "seq2seq":
+    return {
+      "tfds_source_key": required(spec.tfds_source_key),
+      "tfds_target_key": required(spec.tfds_target_key),
+    }
+  return {"tfds_text_key": required(spec.tfds_text_key)}
 
 
 def _preparation_hint(spec: DataSpec, data_dir: str) -> str:
-  return (f'Prepare it where TensorFlow is installed: `tfds build '
-          f'{dataset_name(spec)} --data_dir={data_dir} '
-          '--file_format=array_record`, or copy the <builder>/<config>/'
-          '<version> folder of a prepared copy (dataset_info.json, '
-          f'features.json, *.array_record-*) into {data_dir}')
+  return (
+    f"Prepare it where TensorFlow is installed: `tfds build "
+    f"{dataset_name(spec)} --data_dir={data_dir} "
+    "--file_format=array_record`, or copy the <builder>/<config>/"
+    "<version> folder of a prepared copy (dataset_info.json, "
+    f"features.json, *.array_record-*) into {data_dir}"
+  )
 
 
 def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
@@ -64,53 +68,57 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
     default, $TFDS_DATA_DIR or ~/tensorflow_datasets); ValueError naming the
     data.tfds_*_key field whose feature the records lack.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # imported here: only TFDS data needs it
 
   data_dir = spec.tfds_data_dir or tfds.core.constants.get_default_data_dir()
-  where = f'{data_dir} (data.tfds_data_dir={spec.tfds_data_dir!r})'
+  where = f"{data_dir} (data.tfds_data_dir={spec.tfds_data_dir!r})"
   hint = _preparation_hint(spec, data_dir)
   try:
     builder = tfds.builder(dataset_name(spec), data_dir=spec.tfds_data_dir)
   except tfds.core.DatasetNotFoundError:
     # TFDS's own message lists every registered builder: too long to chain.
     raise ValueError(
-        f'data.name={spec.name!r}: TFDS has no builder code for it and '
-        f'{where} holds no prepared copy (check the name). {hint}.') from None
+      f"data.name={spec.name!r}: TFDS has no builder code for it and "
+      f"{where} holds no prepared copy (check the name). {hint}."
+    ) from None
   if not builder.is_prepared():
     raise ValueError(
-        f'data.name={spec.name!r} is not prepared in {where} (looked in '
-        f'{builder.data_dir}). {hint}.')
+      f"data.name={spec.name!r} is not prepared in {where} (looked in {builder.data_dir}). {hint}."
+    )
   try:
     records = builder.as_data_source(split=split)
   except NotImplementedError as error:  # prepared, but not for random access
     raise ValueError(
-        f'data.name={spec.name!r} in {builder.data_dir} has no ArrayRecord '
-        'files (prepared as TFRecord?): convert them with `tfds convert_format '
-        f'--dataset_version_dir={builder.data_dir} '
-        f'--out_file_format=array_record`. {hint}.') from error
+      f"data.name={spec.name!r} in {builder.data_dir} has no ArrayRecord "
+      "files (prepared as TFRecord?): convert them with `tfds convert_format "
+      f"--dataset_version_dir={builder.data_dir} "
+      f"--out_file_format=array_record`. {hint}."
+    ) from error
   if len(records) == 0:
-    raise ValueError(f'split={split!r} of data.name={spec.name!r} is empty')
+    raise ValueError(f"split={split!r} of data.name={spec.name!r} is empty")
   first = records[0]
   for field, key in feature_keys(spec).items():
     if key not in first:
-      raise ValueError(f'data.{field}={key!r} is not a feature of '
-                       f'data.name={spec.name!r}; its features: {sorted(first)}')
+      raise ValueError(
+        f"data.{field}={key!r} is not a feature of "
+        f"data.name={spec.name!r}; its features: {sorted(first)}"
+      )
   return records
 
 
 def _utf8(value: str | bytes) -> bytes:
   """A text feature's bytes (data sources give bytes, some mocks str)."""
-  return value if isinstance(value, bytes) else value.encode('utf-8')
+  return value if isinstance(value, bytes) else value.encode("utf-8")
 
 
 def decode_text(value: str | bytes) -> str:
   """A text feature's str; bytes that are not UTF-8 decode to U+FFFD."""
-  return value if isinstance(value, str) else value.decode(
-      'utf-8', errors='replace')
+  return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
-def read_texts(records: Sequence[Mapping[str, Any]], keys: Sequence[str],
-               max_bytes: int) -> list[str]:
+def read_texts(
+  records: Sequence[Mapping[str, Any]], keys: Sequence[str], max_bytes: int
+) -> list[str]:
   """The `keys` texts of `records` in storage order, at most max_bytes in all.
 
   Reads records one at a time and stops at the budget; the last text is cut
@@ -136,7 +144,7 @@ def training_texts(spec: DataSpec, max_bytes: int) -> list[str]:
   For seq2seq both sides, so one vocabulary covers source and target.
   """
   keys = list(feature_keys(spec).values())
-  return read_texts(open_split(spec, 'train'), keys, max_bytes)
+  return read_texts(open_split(spec, "train"), keys, max_bytes)
 
 
 class TranslationSource:
@@ -153,17 +161,26 @@ class TranslationSource:
   Batch: `seq2seq_arrays` of the rows.
   """
 
-  def __init__(self, records: Sequence[Mapping[str, Any]], *,
-               keys: tuple[str, str], tokenizer: Tokenizer, seq_len: int,
-               batch_size: int, seed: int, shuffle: bool):
-    import grain  # pylint: disable=g-import-not-at-top
+  def __init__(
+    self,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    keys: tuple[str, str],
+    tokenizer: Tokenizer,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
+  ):
+    import grain
 
     dataset = grain.MapDataset.source(records)
     if shuffle:
       if len(records) < batch_size:
         raise ValueError(
-            f'the split has {len(records)} records, fewer than one batch of '
-            f'{batch_size} (lower data.batch_size)')
+          f"the split has {len(records)} records, fewer than one batch of "
+          f"{batch_size} (lower data.batch_size)"
+        )
       # Grain's shuffle seeds are 32-bit.
       dataset = dataset.shuffle(seed=seed % 2**32).repeat()
       self.num_batches = None
@@ -177,29 +194,25 @@ class TranslationSource:
     self._batch_size = batch_size
 
   def _encode(self, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    source, target = (self._tokenizer.encode(decode_text(record[key]))
-                      for key in self._keys)
-    return source[:self._seq_len], target[:self._seq_len - 1]
+    source, target = (self._tokenizer.encode(decode_text(record[key])) for key in self._keys)
+    return source[: self._seq_len], target[: self._seq_len - 1]
 
   def batch(self, step: int, rows: range) -> dict[str, np.ndarray]:
     """Rows `rows` of global batch `step`."""
     first = step * self._batch_size
-    pairs = [self._pairs[first + row] for row in rows
-             if first + row < self._num_rows]
-    arrays = seq2seq_arrays(pairs, tokenizer=self._tokenizer,
-                            seq_len=self._seq_len)
+    pairs = [self._pairs[first + row] for row in rows if first + row < self._num_rows]
+    arrays = seq2seq_arrays(pairs, tokenizer=self._tokenizer, seq_len=self._seq_len)
     # Rows past the end of an evaluation split come last: pad with zeros.
     padding = ((0, len(rows) - len(pairs)), (0, 0))
     return {key: np.pad(value, padding) for key, value in arrays.items()}
 
   def state_at(self, step: int) -> dict[str, int]:
-    return {'step': step}
+    return {"step": step}
 
   def step_of(self, state: dict[str, int]) -> int:
-    return state['step']
+    return state["step"]
 
 
 def description(spec: DataSpec) -> str:
-  keys = ', '.join(f'{field}={key!r}'
-                   for field, key in feature_keys(spec).items())
-  return f'TFDS {dataset_name(spec)} ({keys})'
+  keys = ", ".join(f"{field}={key!r}" for field, key in feature_keys(spec).items())
+  return f"TFDS {dataset_name(spec)} ({keys})"

@@ -21,8 +21,9 @@ from txf.data.pipeline import make_dataset
 GPT2_SMALL_H100_TOKENS_PER_SEC = 600_000
 
 
-def loader_throughput(data_config: Any, *, batches: int, seed: int = 0,
-                      workdir: str | os.PathLike | None = None) -> dict[str, Any]:
+def loader_throughput(
+  data_config: Any, *, batches: int, seed: int = 0, workdir: str | os.PathLike | None = None
+) -> dict[str, Any]:
   """Times `batches` training batches after a first, untimed one (which opens
   the split and starts the read threads and worker processes).
 
@@ -36,28 +37,37 @@ def loader_throughput(data_config: Any, *, batches: int, seed: int = 0,
      'read_workers' (None where the data has none), 'description'}.
   """
   spec = read_data_config(data_config)
-  dataset = make_dataset(data_config, 'train', seed=seed, workdir=workdir)
+  dataset = make_dataset(data_config, "train", seed=seed, workdir=workdir)
   with contextlib.closing(dataset):
-    tokens_per_batch = next(dataset)['inputs'].size
+    tokens_per_batch = next(dataset)["inputs"].size
     start, start_cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
       next(dataset)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
   tokens = batches * tokens_per_batch
-  return dict(tokens_per_sec=tokens / seconds, tokens_per_cpu_sec=tokens / cpu_seconds,
-              batches=batches, seconds=seconds, cpu_seconds=cpu_seconds,
-              tokens_per_batch=tokens_per_batch, read_threads=spec.read_threads,
-              read_workers=spec.read_workers, description=dataset.description)
+  return dict(
+    tokens_per_sec=tokens / seconds,
+    tokens_per_cpu_sec=tokens / cpu_seconds,
+    batches=batches,
+    seconds=seconds,
+    cpu_seconds=cpu_seconds,
+    tokens_per_batch=tokens_per_batch,
+    read_threads=spec.read_threads,
+    read_workers=spec.read_workers,
+    description=dataset.description,
+  )
 
 
 def format_throughput(figures: dict[str, Any]) -> str:
   """Tokens/s with the loader's threads and workers, and how many GPT-2-small
   H100s that feeds."""
-  return (f"data: {figures['description']}\n"
-          f"{figures['tokens_per_sec']:,.0f} tokens/s per host with "
-          f"{figures['read_workers']} worker processes and {figures['read_threads']} read "
-          f"threads ({figures['batches']} batches of {figures['tokens_per_batch']} tokens in "
-          f"{figures['seconds']:.2f} s); {figures['tokens_per_cpu_sec']:,.0f} tokens per "
-          f"CPU-second of this process (workers not counted)\n"
-          f"{figures['tokens_per_sec'] / GPT2_SMALL_H100_TOKENS_PER_SEC:.2f}x the "
-          f"~{GPT2_SMALL_H100_TOKENS_PER_SEC:,} tokens/s GPT-2 small trains at on one H100")
+  return (
+    f"data: {figures['description']}\n"
+    f"{figures['tokens_per_sec']:,.0f} tokens/s per host with "
+    f"{figures['read_workers']} worker processes and {figures['read_threads']} read "
+    f"threads ({figures['batches']} batches of {figures['tokens_per_batch']} tokens in "
+    f"{figures['seconds']:.2f} s); {figures['tokens_per_cpu_sec']:,.0f} tokens per "
+    f"CPU-second of this process (workers not counted)\n"
+    f"{figures['tokens_per_sec'] / GPT2_SMALL_H100_TOKENS_PER_SEC:.2f}x the "
+    f"~{GPT2_SMALL_H100_TOKENS_PER_SEC:,} tokens/s GPT-2 small trains at on one H100"
+  )

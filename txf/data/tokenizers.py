@@ -59,14 +59,14 @@ class ByteTokenizer(Tokenizer):
   vocab_size = _OFFSET + 256
 
   def encode(self, text: str) -> np.ndarray:
-    data = np.frombuffer(text.encode('utf-8'), dtype=np.uint8)
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     return data.astype(np.int32) + self._OFFSET
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     byte_ids = ids[(ids >= self._OFFSET) & (ids < self.vocab_size)]
     data = (byte_ids - self._OFFSET).astype(np.uint8).tobytes()
-    return data.decode('utf-8', errors='replace')
+    return data.decode("utf-8", errors="replace")
 
 
 class SymbolTokenizer(Tokenizer):
@@ -81,9 +81,9 @@ class SymbolTokenizer(Tokenizer):
 
   _OFFSET = 3
 
-  def __init__(self, symbols: Sequence[str], separator: str = ''):
+  def __init__(self, symbols: Sequence[str], separator: str = ""):
     if len(set(symbols)) != len(symbols) or not symbols:
-      raise ValueError(f'symbols must be distinct and non-empty: {symbols!r}')
+      raise ValueError(f"symbols must be distinct and non-empty: {symbols!r}")
     self.symbols = tuple(symbols)
     self.separator = separator
     self.vocab_size = self._OFFSET + len(symbols)
@@ -93,13 +93,15 @@ class SymbolTokenizer(Tokenizer):
     pieces = text.split() if self.separator else list(text)
     unknown = sorted(set(pieces) - self._ids.keys())
     if unknown:
-      raise ValueError(f'text has symbols outside the vocabulary: {unknown!r}')
+      raise ValueError(f"text has symbols outside the vocabulary: {unknown!r}")
     return np.array([self._ids[p] for p in pieces], dtype=np.int32)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     return self.separator.join(
-        self.symbols[i - self._OFFSET] for i in np.asarray(ids).reshape(-1)
-        if self._OFFSET <= i < self.vocab_size)
+      self.symbols[i - self._OFFSET]
+      for i in np.asarray(ids).reshape(-1)
+      if self._OFFSET <= i < self.vocab_size
+    )
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -113,7 +115,7 @@ class SentencePieceTokenizer(Tokenizer):
 
   unk_id = 3
   mask_id = 4
-  MASK_PIECE = '<mask>'
+  MASK_PIECE = "<mask>"
   # Ids every model holds before learned pieces: 5 specials, '\n', 256 bytes.
   RESERVED_IDS = 5 + 1 + 256
 
@@ -121,15 +123,20 @@ class SentencePieceTokenizer(Tokenizer):
     # Read through epath: the model may be in a gs:// work directory.
     self._sp = spm.SentencePieceProcessor(model_proto=epath.Path(model_path).read_bytes())
     self.vocab_size = self._sp.get_piece_size()
-    found = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
-             self._sp.unk_id(), self._sp.piece_to_id(self.MASK_PIECE))
-    expected = (self.pad_id, self.bos_id, self.eos_id, self.unk_id,
-                self.mask_id)
+    found = (
+      self._sp.pad_id(),
+      self._sp.bos_id(),
+      self._sp.eos_id(),
+      self._sp.unk_id(),
+      self._sp.piece_to_id(self.MASK_PIECE),
+    )
+    expected = (self.pad_id, self.bos_id, self.eos_id, self.unk_id, self.mask_id)
     if found != expected:
       raise ValueError(
-          f'model_path {model_path} has special ids (pad, bos, eos, unk, '
-          f'mask) = {found}, expected {expected}: train it with '
-          'SentencePieceTokenizer.train')
+        f"model_path {model_path} has special ids (pad, bos, eos, unk, "
+        f"mask) = {found}, expected {expected}: train it with "
+        "SentencePieceTokenizer.train"
+      )
 
   @property
   def special_ids(self) -> frozenset[int]:
@@ -140,12 +147,12 @@ class SentencePieceTokenizer(Tokenizer):
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     special = self.special_ids
-    return self._sp.decode(
-        [int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in special])
+    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in special])
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int,
-            model_prefix_path: str | os.PathLike) -> 'SentencePieceTokenizer':
+  def train(
+    cls, texts: Iterable[str], vocab_size: int, model_prefix_path: str | os.PathLike
+  ) -> "SentencePieceTokenizer":
     """Trains a unigram model on `texts` and writes `<model_prefix_path>.model`.
 
     Training is deterministic (one thread, input order kept), so every
@@ -161,32 +168,43 @@ class SentencePieceTokenizer(Tokenizer):
       model_prefix_path: output path without the '.model' suffix.
     """
     if vocab_size <= cls.RESERVED_IDS:
-      raise ValueError(f'vocab_size={vocab_size} must exceed the '
-                       f'{cls.RESERVED_IDS} reserved ids')
-    lines = [line for text in texts for line in text.split('\n') if line]
+      raise ValueError(f"vocab_size={vocab_size} must exceed the {cls.RESERVED_IDS} reserved ids")
+    lines = [line for text in texts for line in text.split("\n") if line]
     if not lines:
-      raise ValueError('texts hold no text to train on')
+      raise ValueError("texts hold no text to train on")
     model = io.BytesIO()
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(lines), model_writer=model,
-          vocab_size=vocab_size, hard_vocab_limit=False, model_type='unigram',
-          pad_id=cls.pad_id, bos_id=cls.bos_id, eos_id=cls.eos_id,
-          unk_id=cls.unk_id, user_defined_symbols=[cls.MASK_PIECE, '\n'],
-          normalization_rule_name='identity', remove_extra_whitespaces=False,
-          add_dummy_prefix=False, allow_whitespace_only_pieces=True,
-          byte_fallback=True, num_threads=1, shuffle_input_sentence=False,
-          minloglevel=2)
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        model_type="unigram",
+        pad_id=cls.pad_id,
+        bos_id=cls.bos_id,
+        eos_id=cls.eos_id,
+        unk_id=cls.unk_id,
+        user_defined_symbols=[cls.MASK_PIECE, "\n"],
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True,
+        byte_fallback=True,
+        num_threads=1,
+        shuffle_input_sentence=False,
+        minloglevel=2,
+      )
     except RuntimeError as error:
       # Every common character of the text needs an id of its own.
-      if 'required_chars' not in str(error):
+      if "required_chars" not in str(error):
         raise
-      raise ValueError(f'vocab_size={vocab_size} leaves too few ids for the '
-                       f'characters of texts: {error}') from None
-    path = epath.Path(f'{os.fspath(model_prefix_path)}.model')
-    if '://' not in os.fspath(path):  # object stores have no directories to make
+      raise ValueError(
+        f"vocab_size={vocab_size} leaves too few ids for the characters of texts: {error}"
+      ) from None
+    path = epath.Path(f"{os.fspath(model_prefix_path)}.model")
+    if "://" not in os.fspath(path):  # object stores have no directories to make
       path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f'{path.name}.{os.getpid()}.partial')
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_bytes(model.getvalue())
     partial.replace(path)
     return cls(path)
@@ -208,17 +226,17 @@ class HFTokenizer(Tokenizer):
     path: a tokenizer.json, or the directory holding it.
   """
 
-  _ROLES = ('pad', 'bos', 'eos', 'mask', 'unk', 'cls', 'sep')
+  _ROLES = ("pad", "bos", "eos", "mask", "unk", "cls", "sep")
 
   def __init__(self, path: str | os.PathLike):
     path = epath.Path(path)
-    file = path / 'tokenizer.json' if path.is_dir() else path
+    file = path / "tokenizer.json" if path.is_dir() else path
     if not file.exists():
-      raise ValueError(f'{file}: no tokenizer.json there')
+      raise ValueError(f"{file}: no tokenizer.json there")
     try:
       self._tokenizer = tokenizers.Tokenizer.from_str(file.read_text())
     except Exception as error:  # tokenizers raises plain Exceptions on bad files
-      raise ValueError(f'{file}: not a tokenizers tokenizer.json ({error})') from None
+      raise ValueError(f"{file}: not a tokenizers tokenizer.json ({error})") from None
     # A saved tokenizer.json may pad or truncate every encoding (all-MiniLM's
     # pads to 128 tokens): txf pads batches itself and never cuts text.
     self._tokenizer.no_padding()
@@ -226,30 +244,34 @@ class HFTokenizer(Tokenizer):
     self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
     roles = self._special_tokens(file.parent)
     found = {role: self._token_id(file, role, token) for role, token in roles.items()}
-    self.eos_id = found.get('eos', found.get('sep'))
-    self.pad_id = found.get('pad', self.eos_id)
-    self.bos_id = found.get('bos', found.get('cls', self.pad_id))
-    if self.pad_id is None or self.eos_id is None:
-      raise ValueError(f'{file}: names no eos (or sep) token; txf needs one to separate '
-                       'documents (tokenizer_config.json: eos_token)')
-    self.mask_id = found.get('mask')
-    self.unk_id = found.get('unk')
-    added = json.loads(file.read_text()).get('added_tokens') or []
+    eos_id = found.get("eos", found.get("sep"))
+    pad_id = found.get("pad", eos_id)
+    if pad_id is None or eos_id is None:
+      raise ValueError(
+        f"{file}: names no eos (or sep) token; txf needs one to separate "
+        "documents (tokenizer_config.json: eos_token)"
+      )
+    self.eos_id, self.pad_id = eos_id, pad_id
+    self.bos_id = found.get("bos", found.get("cls", pad_id))
+    self.mask_id = found.get("mask")
+    self.unk_id = found.get("unk")
+    added = json.loads(file.read_text()).get("added_tokens") or []
     self._special = frozenset(
-        {token['id'] for token in added if token.get('special')} | set(found.values()))
+      {token["id"] for token in added if token.get("special")} | set(found.values())
+    )
 
   @staticmethod
   def _special_tokens(directory: epath.Path) -> dict[str, str]:
     """{role: token text} from special_tokens_map.json, then tokenizer_config.json."""
     roles = {}
-    for name in ('special_tokens_map.json', 'tokenizer_config.json'):
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
       if not (directory / name).exists():
         continue
       saved = json.loads((directory / name).read_text())
       for role in HFTokenizer._ROLES:
-        token = saved.get(f'{role}_token')
+        token = saved.get(f"{role}_token")
         if isinstance(token, dict):  # {"content": "[PAD]", "lstrip": false, ...}
-          token = token.get('content')
+          token = token.get("content")
         if isinstance(token, str):
           roles[role] = token
     return roles
@@ -257,7 +279,7 @@ class HFTokenizer(Tokenizer):
   def _token_id(self, file: epath.Path, role: str, token: str) -> int:
     token_id = self._tokenizer.token_to_id(token)
     if token_id is None:
-      raise ValueError(f'{file}: its {role} token {token!r} is not in the vocabulary')
+      raise ValueError(f"{file}: its {role} token {token!r} is not in the vocabulary")
     return token_id
 
   @property
@@ -269,5 +291,6 @@ class HFTokenizer(Tokenizer):
     return np.asarray(ids, dtype=np.int32)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    return self._tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)
-                                   if int(i) not in self._special])
+    return self._tokenizer.decode(
+      [int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in self._special]
+    )

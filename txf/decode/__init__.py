@@ -56,12 +56,31 @@ step.
 """
 
 from txf.decode.beam_search import BeamState, beam_search, length_penalty_factor
-from txf.decode.cache import (Cache, TokensToLogits, cache_batch_axes, cache_length,
-                              encode_for_decoding, init_cache, make_tokens_to_logits)
+from txf.decode.cache import (
+  Cache,
+  TokensToLogits,
+  cache_batch_axes,
+  cache_length,
+  encode_for_decoding,
+  init_cache,
+  make_tokens_to_logits,
+)
 from txf.decode.generation import generate
 from txf.decode.prompts import PADDING_SIDES
 from txf.decode.sampling import sample
 
-__all__ = ["PADDING_SIDES", "BeamState", "Cache", "TokensToLogits", "beam_search",
-           "cache_batch_axes", "cache_length", "encode_for_decoding", "generate", "init_cache",
-           "length_penalty_factor", "make_tokens_to_logits", "sample"]
+__all__ = [
+  "PADDING_SIDES",
+  "BeamState",
+  "Cache",
+  "TokensToLogits",
+  "beam_search",
+  "cache_batch_axes",
+  "cache_length",
+  "encode_for_decoding",
+  "generate",
+  "init_cache",
+  "length_penalty_factor",
+  "make_tokens_to_logits",
+  "sample",
+]

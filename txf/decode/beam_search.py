@@ -9,11 +9,12 @@ the ones that ended into the finished pool.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, overload
 
-from flax import struct
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from txf.decode.cache import Cache, TokensToLogits
 from txf.decode.prompts import check_search, prompt_lengths, restore_padding_side, right_aligned
@@ -21,7 +22,11 @@ from txf.decode.prompts import check_search, prompt_lengths, restore_padding_sid
 Array = jax.Array
 
 
-def length_penalty_factor(length: Array, alpha: float | Array) -> Array:
+@overload
+def length_penalty_factor(length: Array, alpha: float | Array) -> Array: ...
+@overload
+def length_penalty_factor(length: int, alpha: float | Array) -> Array | float: ...
+def length_penalty_factor(length: Array | int, alpha: float | Array) -> Array | float:
   """GNMT length normalisation ((5 + length) / 6) ** alpha (Wu et al. 2016)."""
   return ((5.0 + length) / 6.0) ** alpha
 
@@ -33,6 +38,7 @@ class BeamState:
   Hypotheses are right-aligned prompts followed by their new tokens, pad_id
   after their end. A log-probability or score of -inf marks an empty slot.
   """
+
   position: Array  # int32 scalar: the column this step's tokens go to
   live_tokens_BxKxT: Array  # int32: the hypotheses still going
   live_logprobs_BxK: Array  # float32: their summed log-probabilities
@@ -43,14 +49,16 @@ class BeamState:
 
 class _Candidates(NamedTuple):
   """A step's 2K best extensions per example, 2K = 2 * num_beams."""
+
   logprobs_Bx2K: Array  # float32: summed log-probabilities
   source_beams_Bx2K: Array  # int32: the live beam each extends
   tokens_Bx2KxT: Array  # int32: the hypotheses with their new token
   ended_Bx2K: Array  # bool: ended at EOS or at the row's last token
 
 
-def _map_batch_leaves(fn: Callable[[Array, int], Array], cache: Cache,
-                      batch_axes: Cache | None) -> Cache:
+def _map_batch_leaves(
+  fn: Callable[[Array, int], Array], cache: Cache, batch_axes: Cache | None
+) -> Cache:
   """Applies fn(leaf, batch_axis) to the leaves that have a batch axis.
 
   batch_axes None: axis 0 of every non-scalar leaf (the t5x convention).
@@ -68,15 +76,17 @@ def _gather_beams(x: Array, beam_indices_BxK: Array, axis: int) -> Array:
   return jnp.take(x, flat_indices.reshape(-1), axis=axis)
 
 
-def _prefill(tokens_to_logits: TokensToLogits, cache: Cache, tokens_BxP: Array,
-             num_tokens: Array) -> Cache:
+def _prefill(
+  tokens_to_logits: TokensToLogits, cache: Cache, tokens_BxP: Array, num_tokens: Array
+) -> Cache:
   """Feeds the first num_tokens columns of tokens [B, P] through the cache, one
   position at a time; keeps the cache."""
   return jax.lax.fori_loop(
-      0, num_tokens,
-      lambda i, cache: tokens_to_logits(jax.lax.dynamic_slice_in_dim(tokens_BxP, i, 1, 1),
-                                        cache)[1],
-      cache)
+    0,
+    num_tokens,
+    lambda i, cache: tokens_to_logits(jax.lax.dynamic_slice_in_dim(tokens_BxP, i, 1, 1), cache)[1],
+    cache,
+  )
 
 
 def _beam_init(tokens_BxT: Array, num_beams: int, position: Array, cache: Cache) -> BeamState:
@@ -87,14 +97,20 @@ def _beam_init(tokens_BxT: Array, num_beams: int, position: Array, cache: Cache)
   """
   batch_size = tokens_BxT.shape[0]
   live_tokens_BxKxT = jnp.repeat(tokens_BxT[:, None], num_beams, axis=1)
-  live_logprobs_BxK = jnp.tile(jnp.where(jnp.arange(num_beams) == 0, 0.0, -jnp.inf),
-                               (batch_size, 1))
-  return BeamState(position=position, live_tokens_BxKxT=live_tokens_BxKxT,
-                   live_logprobs_BxK=live_logprobs_BxK, finished_tokens_BxKxT=live_tokens_BxKxT,
-                   finished_scores_BxK=jnp.full((batch_size, num_beams), -jnp.inf), cache=cache)
+  live_logprobs_BxK = jnp.tile(
+    jnp.where(jnp.arange(num_beams) == 0, 0.0, -jnp.inf), (batch_size, 1)
+  )
+  return BeamState(
+    position=position,
+    live_tokens_BxKxT=live_tokens_BxKxT,
+    live_logprobs_BxK=live_logprobs_BxK,
+    finished_tokens_BxKxT=live_tokens_BxKxT,
+    finished_scores_BxK=jnp.full((batch_size, num_beams), -jnp.inf),
+    cache=cache,
+  )
 
 
-def _search_continues(state: BeamState, total_len: int, max_length_factor: Array) -> Array:
+def _search_continues(state: BeamState, total_len: int, max_length_factor: Array | float) -> Array:
   """Whether columns remain and some live beam can still beat its example's
   worst finished one (its best possible score is its log-prob over the
   longest length's factor, as length_penalty >= 0)."""
@@ -103,8 +119,9 @@ def _search_continues(state: BeamState, total_len: int, max_length_factor: Array
   return (state.position < total_len) & jnp.any(can_improve_B)
 
 
-def _next_logprobs(tokens_to_logits: TokensToLogits, state: BeamState, tokens_BxT: Array,
-                   in_prompt_B: Array) -> tuple[Array, Cache]:
+def _next_logprobs(
+  tokens_to_logits: TokensToLogits, state: BeamState, tokens_BxT: Array, in_prompt_B: Array
+) -> tuple[Array, Cache]:
   """Log-probabilities [B, K, V] of each live beam's next token, and the cache.
 
   Inside its prompt a row's next token is forced: it keeps the beam's
@@ -112,91 +129,131 @@ def _next_logprobs(tokens_to_logits: TokensToLogits, state: BeamState, tokens_Bx
   """
   batch_size, num_beams = state.live_logprobs_BxK.shape
   logits_BKxV, cache = tokens_to_logits(
-      state.live_tokens_BxKxT[:, :, state.position - 1].reshape(-1, 1), state.cache)
+    state.live_tokens_BxKxT[:, :, state.position - 1].reshape(-1, 1), state.cache
+  )
   vocab_size = logits_BKxV.shape[-1]
   logprobs_BxKxV = jax.nn.log_softmax(logits_BKxV.astype(jnp.float32)).reshape(
-      batch_size, num_beams, vocab_size)
-  forced_BxV = jnp.where(jnp.arange(vocab_size) == tokens_BxT[:, state.position, None], 0.0,
-                         -jnp.inf)
+    batch_size, num_beams, vocab_size
+  )
+  forced_BxV = jnp.where(
+    jnp.arange(vocab_size) == tokens_BxT[:, state.position, None], 0.0, -jnp.inf
+  )
   return jnp.where(in_prompt_B[:, None, None], forced_BxV[:, None], logprobs_BxKxV), cache
 
 
-def _top_candidates(state: BeamState, logprobs_BxKxV: Array, ended_by_length_B: Array,
-                    in_prompt_B: Array, eos_id: int | None) -> _Candidates:
+def _top_candidates(
+  state: BeamState,
+  logprobs_BxKxV: Array,
+  ended_by_length_B: Array,
+  in_prompt_B: Array,
+  eos_id: int | None,
+) -> _Candidates:
   """The 2K best extensions of the live beams, and which of them end.
 
   2K candidates always hold K that do not end in EOS (each beam has one EOS).
   """
   batch_size, num_beams, vocab_size = logprobs_BxKxV.shape
   candidate_logprobs_BxKV = (state.live_logprobs_BxK[..., None] + logprobs_BxKxV).reshape(
-      batch_size, -1)
+    batch_size, -1
+  )
   logprobs_Bx2K, flat_indices_Bx2K = jax.lax.top_k(candidate_logprobs_BxKV, 2 * num_beams)
   source_beams_Bx2K = flat_indices_Bx2K // vocab_size
   new_tokens_Bx2K = flat_indices_Bx2K % vocab_size
-  tokens_Bx2KxT = jnp.take_along_axis(
-      state.live_tokens_BxKxT, source_beams_Bx2K[..., None], axis=1).at[:, :, state.position].set(
-          new_tokens_Bx2K)
+  tokens_Bx2KxT = (
+    jnp.take_along_axis(state.live_tokens_BxKxT, source_beams_Bx2K[..., None], axis=1)
+    .at[:, :, state.position]
+    .set(new_tokens_Bx2K)
+  )
   ended_Bx2K = jnp.broadcast_to(ended_by_length_B[:, None], new_tokens_Bx2K.shape)
   if eos_id is not None:
     ended_Bx2K |= ~in_prompt_B[:, None] & (new_tokens_Bx2K == eos_id)
   return _Candidates(logprobs_Bx2K, source_beams_Bx2K, tokens_Bx2KxT, ended_Bx2K)
 
 
-def _keep_live(candidates: _Candidates, cache: Cache, num_beams: int,
-               batch_axes: Cache | None) -> tuple[Array, Array, Cache]:
+def _keep_live(
+  candidates: _Candidates, cache: Cache, num_beams: int, batch_axes: Cache | None
+) -> tuple[Array, Array, Cache]:
   """The K best candidates that go on: (tokens [B, K, T], log-probs [B, K],
   the cache reordered to them)."""
   live_logprobs_BxK, live_picks_BxK = jax.lax.top_k(
-      jnp.where(candidates.ended_Bx2K, -jnp.inf, candidates.logprobs_Bx2K), num_beams)
-  live_tokens_BxKxT = jnp.take_along_axis(candidates.tokens_Bx2KxT, live_picks_BxK[..., None],
-                                          axis=1)
+    jnp.where(candidates.ended_Bx2K, -jnp.inf, candidates.logprobs_Bx2K), num_beams
+  )
+  live_tokens_BxKxT = jnp.take_along_axis(
+    candidates.tokens_Bx2KxT, live_picks_BxK[..., None], axis=1
+  )
   live_sources_BxK = jnp.take_along_axis(candidates.source_beams_Bx2K, live_picks_BxK, axis=1)
-  cache = _map_batch_leaves(lambda x, axis: _gather_beams(x, live_sources_BxK, axis),
-                            cache, batch_axes)
+  cache = _map_batch_leaves(
+    lambda x, axis: _gather_beams(x, live_sources_BxK, axis), cache, batch_axes
+  )
   return live_tokens_BxKxT, live_logprobs_BxK, cache
 
 
-def _merge_finished(state: BeamState, candidates: _Candidates,
-                    length_factor_B: Array) -> tuple[Array, Array]:
+def _merge_finished(
+  state: BeamState, candidates: _Candidates, length_factor_B: Array
+) -> tuple[Array, Array]:
   """The K best of the finished pool and the candidates that ended: (tokens
   [B, K, T], scores [B, K])."""
   num_beams = state.finished_scores_BxK.shape[1]
-  ended_scores_Bx2K = jnp.where(candidates.ended_Bx2K,
-                                candidates.logprobs_Bx2K / length_factor_B[:, None], -jnp.inf)
+  ended_scores_Bx2K = jnp.where(
+    candidates.ended_Bx2K, candidates.logprobs_Bx2K / length_factor_B[:, None], -jnp.inf
+  )
   finished_scores_BxK, finished_picks_BxK = jax.lax.top_k(
-      jnp.concatenate([state.finished_scores_BxK, ended_scores_Bx2K], axis=1), num_beams)
+    jnp.concatenate([state.finished_scores_BxK, ended_scores_Bx2K], axis=1), num_beams
+  )
   finished_tokens_BxKxT = jnp.take_along_axis(
-      jnp.concatenate([state.finished_tokens_BxKxT, candidates.tokens_Bx2KxT], axis=1),
-      finished_picks_BxK[..., None], axis=1)
+    jnp.concatenate([state.finished_tokens_BxKxT, candidates.tokens_Bx2KxT], axis=1),
+    finished_picks_BxK[..., None],
+    axis=1,
+  )
   return finished_tokens_BxKxT, finished_scores_BxK
 
 
-def _beam_step(state: BeamState, *, tokens_to_logits: TokensToLogits, tokens_BxT: Array,
-               lengths_B: Array, max_new_tokens: int, eos_id: int | None,
-               length_penalty: float | Array, batch_axes: Cache | None) -> BeamState:
+def _beam_step(
+  state: BeamState,
+  *,
+  tokens_to_logits: TokensToLogits,
+  tokens_BxT: Array,
+  lengths_B: Array,
+  max_new_tokens: int,
+  eos_id: int | None,
+  length_penalty: float | Array,
+  batch_axes: Cache | None,
+) -> BeamState:
   """Extends every live beam by one token at column state.position."""
   in_prompt_B = state.position < lengths_B
   generated_B = state.position - lengths_B + 1  # new tokens with this one (<= 0 in the prompt)
   logprobs_BxKxV, cache = _next_logprobs(tokens_to_logits, state, tokens_BxT, in_prompt_B)
-  candidates = _top_candidates(state, logprobs_BxKxV, generated_B == max_new_tokens, in_prompt_B,
-                               eos_id)
+  candidates = _top_candidates(
+    state, logprobs_BxKxV, generated_B == max_new_tokens, in_prompt_B, eos_id
+  )
   num_beams = state.live_logprobs_BxK.shape[1]
-  live_tokens_BxKxT, live_logprobs_BxK, cache = _keep_live(candidates, cache, num_beams,
-                                                           batch_axes)
+  live_tokens_BxKxT, live_logprobs_BxK, cache = _keep_live(candidates, cache, num_beams, batch_axes)
   length_factor_B = length_penalty_factor(jnp.maximum(generated_B, 1), length_penalty)
-  finished_tokens_BxKxT, finished_scores_BxK = _merge_finished(state, candidates,
-                                                               length_factor_B)
-  return BeamState(position=state.position + 1, live_tokens_BxKxT=live_tokens_BxKxT,
-                   live_logprobs_BxK=live_logprobs_BxK,
-                   finished_tokens_BxKxT=finished_tokens_BxKxT,
-                   finished_scores_BxK=finished_scores_BxK, cache=cache)
+  finished_tokens_BxKxT, finished_scores_BxK = _merge_finished(state, candidates, length_factor_B)
+  return BeamState(
+    position=state.position + 1,
+    live_tokens_BxKxT=live_tokens_BxKxT,
+    live_logprobs_BxK=live_logprobs_BxK,
+    finished_tokens_BxKxT=finished_tokens_BxKxT,
+    finished_scores_BxK=finished_scores_BxK,
+    cache=cache,
+  )
 
 
-def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Array, *,
-                num_beams: int, max_new_tokens: int, eos_id: int | None,
-                length_penalty: float | Array = 0.6, pad_id: int = 0,
-                prompt_lengths_B: Array | None = None, padding_side: str = "right",
-                batch_axes: Cache | None = None) -> tuple[Array, Array]:
+def beam_search(
+  tokens_to_logits: TokensToLogits,
+  cache: Cache,
+  prompt_BxP: Array,
+  *,
+  num_beams: int,
+  max_new_tokens: int,
+  eos_id: int | None,
+  length_penalty: float | Array = 0.6,
+  pad_id: int = 0,
+  prompt_lengths_B: Array | None = None,
+  padding_side: str = "right",
+  batch_axes: Cache | None = None,
+) -> tuple[Array, Array]:
   """Beam search with GNMT length normalisation (as flax's wmt example / t5x).
 
   Hypotheses are scored by the sum of log-probabilities of the generated
@@ -240,8 +297,9 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Arra
   Raises:
     ValueError: as `sample`, or num_beams < 1.
   """
-  check_search("beam_search", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id,
-               padding_side)
+  check_search(
+    "beam_search", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side
+  )
   if num_beams < 1:
     raise ValueError(f"beam_search: num_beams must be >= 1, got {num_beams}")
   prompt_len = prompt_BxP.shape[1]
@@ -249,19 +307,29 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Arra
   prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)
   shared_len = jnp.min(lengths_B) - 1
   cache = _prefill(tokens_to_logits, cache, prompt_BxP, shared_len)
-  cache = _map_batch_leaves(lambda x, axis: jnp.repeat(x, num_beams, axis=axis),
-                            cache, batch_axes)
+  cache = _map_batch_leaves(lambda x, axis: jnp.repeat(x, num_beams, axis=axis), cache, batch_axes)
   tokens_BxT = jnp.pad(prompt_BxP, ((0, 0), (0, max_new_tokens)), constant_values=pad_id)
   continues = functools.partial(
-      _search_continues, total_len=prompt_len + max_new_tokens,
-      max_length_factor=length_penalty_factor(max_new_tokens, length_penalty))
+    _search_continues,
+    total_len=prompt_len + max_new_tokens,
+    max_length_factor=length_penalty_factor(max_new_tokens, length_penalty),
+  )
   step = functools.partial(
-      _beam_step, tokens_to_logits=tokens_to_logits, tokens_BxT=tokens_BxT, lengths_B=lengths_B,
-      max_new_tokens=max_new_tokens, eos_id=eos_id, length_penalty=length_penalty,
-      batch_axes=batch_axes)
+    _beam_step,
+    tokens_to_logits=tokens_to_logits,
+    tokens_BxT=tokens_BxT,
+    lengths_B=lengths_B,
+    max_new_tokens=max_new_tokens,
+    eos_id=eos_id,
+    length_penalty=length_penalty,
+    batch_axes=batch_axes,
+  )
   # Every hypothesis ends by its row's max_new_tokens, so the pool is the
   # answer: no fallback to live beams is needed.
-  state = jax.lax.while_loop(continues, step,
-                             _beam_init(tokens_BxT, num_beams, shared_len + 1, cache))
-  return (restore_padding_side(state.finished_tokens_BxKxT, lengths_B, prompt_len, padding_side),
-          state.finished_scores_BxK)
+  state = jax.lax.while_loop(
+    continues, step, _beam_init(tokens_BxT, num_beams, shared_len + 1, cache)
+  )
+  return (
+    restore_padding_side(state.finished_tokens_BxKxT, lengths_B, prompt_len, padding_side),
+    state.finished_scores_BxK,
+  )

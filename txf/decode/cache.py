@@ -9,7 +9,8 @@ a search writes, and `cache_positions` how many a txf cache holds.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -29,8 +30,10 @@ def check_generative(model: nn.Module) -> None:
   """Raises a ValueError naming the field unless the model can generate."""
   cfg = model.cfg
   if cfg.family not in _GENERATIVE_FAMILIES:
-    raise ValueError(f"model.family: {cfg.family!r} cannot generate "
-                     f"(KV-cache decoding needs one of {_GENERATIVE_FAMILIES})")
+    raise ValueError(
+      f"model.family: {cfg.family!r} cannot generate "
+      f"(KV-cache decoding needs one of {_GENERATIVE_FAMILIES})"
+    )
   if cfg.head != "lm":
     raise ValueError(f"model.head: generation needs an 'lm' head, got {cfg.head!r}")
 
@@ -43,13 +46,15 @@ def _cache_shapes(model: nn.Module, batch_size: int, cache_len: int, encoder_len
   if model.cfg.family == "encoder_decoder":
     inputs = (jax.ShapeDtypeStruct((batch_size, encoder_len), jnp.int32),) + inputs
   # eval_shape: the init call would otherwise materialise all parameters.
-  variables = jax.eval_shape(functools.partial(model.init, use_cache=True),
-                             jax.random.key(0), *inputs)
+  variables = jax.eval_shape(
+    functools.partial(model.init, use_cache=True), jax.random.key(0), *inputs
+  )
   return variables["cache"]
 
 
-def init_cache(model: nn.Module, batch_size: int, cache_len: int, *,
-               encoder_tokens: Array | None = None) -> Cache:
+def init_cache(
+  model: nn.Module, batch_size: int, cache_len: int, *, encoder_tokens: Array | None = None
+) -> Cache:
   """An empty (all-zero) decoding cache for a decoder or encoder-decoder.
 
   Args:
@@ -76,11 +81,13 @@ def init_cache(model: nn.Module, batch_size: int, cache_len: int, *,
   check_generative(model)
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens is None:
-    raise ValueError("init_cache: encoder_tokens: an encoder_decoder cache needs the encoder "
-                     "inputs (their length sizes the cross-attention keys/values)")
+    raise ValueError(
+      "init_cache: encoder_tokens: an encoder_decoder cache needs the encoder "
+      "inputs (their length sizes the cross-attention keys/values)"
+    )
   if not is_seq2seq and encoder_tokens is not None:
     raise ValueError("init_cache: encoder_tokens only apply to family='encoder_decoder'")
-  encoder_len = encoder_tokens.shape[1] if is_seq2seq else 0
+  encoder_len = 0 if encoder_tokens is None else encoder_tokens.shape[1]  # None <=> not seq2seq
   shapes = _cache_shapes(model, batch_size, cache_len, encoder_len)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -97,13 +104,16 @@ def cache_batch_axes(model: nn.Module, cache_len: int) -> Cache:
     encoder-decoder's cross-attention keys, values and mask, of which each
     example keeps one copy that all its beams attend to.
   """
+
   def batch_axis(path, one, two):
     if getattr(path[-1], "key", None) in CROSS_CACHE_NAMES:
       return None
     differing = [a for a, (m, n) in enumerate(zip(one.shape, two.shape)) if m != n]
     return differing[0] if differing else None
-  return jax.tree_util.tree_map_with_path(batch_axis, _cache_shapes(model, 1, cache_len, 1),
-                                          _cache_shapes(model, 2, cache_len, 1))
+
+  return jax.tree_util.tree_map_with_path(
+    batch_axis, _cache_shapes(model, 1, cache_len, 1), _cache_shapes(model, 2, cache_len, 1)
+  )
 
 
 def cache_length(prompt_len: int, max_new_tokens: int) -> int:
@@ -115,13 +125,17 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 def cache_positions(cache: Cache) -> int | None:
   """Positions a txf cache holds: the length axis of its self-attention
   `cached_key` leaves ([..., B, L, K, Dh]); None for a cache without them."""
-  lengths = {leaf.shape[-3] for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-             if path and getattr(path[-1], "key", None) == "cached_key"}
+  lengths = {
+    leaf.shape[-3]
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+    if path and getattr(path[-1], "key", None) == "cached_key"
+  }
   return min(lengths) if lengths else None
 
 
-def make_tokens_to_logits(model: nn.Module, params: Any, *context: Array | None,
-                          method: str | None = None) -> TokensToLogits:
+def make_tokens_to_logits(
+  model: nn.Module, params: Any, *context: Array | None, method: str | None = None
+) -> TokensToLogits:
   """Wraps a txf model as the `tokens_to_logits` of `sample` / `beam_search`.
 
   Args:
@@ -138,17 +152,29 @@ def make_tokens_to_logits(model: nn.Module, params: Any, *context: Array | None,
     tokens_to_logits(tokens [B, T], cache) -> (logits of the last position
     [B, V] float32, updated cache).
   """
+
   def tokens_to_logits(tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
-    logits_BxTxV, variables = model.apply({"params": params, "cache": cache}, *context,
-                                          tokens_BxT, use_cache=True, mutable=["cache"],
-                                          method=method)
+    logits_BxTxV, variables = model.apply(
+      {"params": params, "cache": cache},
+      *context,
+      tokens_BxT,
+      use_cache=True,
+      mutable=["cache"],
+      method=method,
+    )
     return logits_BxTxV[:, -1], variables["cache"]
+
   return tokens_to_logits
 
 
-def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array,
-                        cache_len: int, *,
-                        cache_cross_attention: bool = True) -> tuple[TokensToLogits, Cache]:
+def encode_for_decoding(
+  model: nn.Module,
+  params: Any,
+  encoder_tokens_BxS: Array,
+  cache_len: int,
+  *,
+  cache_cross_attention: bool = True,
+) -> tuple[TokensToLogits, Cache]:
   """Runs an encoder-decoder's encoder once and adapts its decoder to the searches.
 
   Args:
@@ -170,17 +196,24 @@ def encode_for_decoding(model: nn.Module, params: Any, encoder_tokens_BxS: Array
     self-attention part of the cache per beam (with `cache_batch_axes`).
   """
   batch_size = encoder_tokens_BxS.shape[0]
-  encoded_BxSxD, encoder_mask = model.apply({"params": params}, encoder_tokens_BxS,
-                                            method="encode")
+  # Any: flax types apply's result as the output or (output, mutated variables).
+  encoded: Any = model.apply({"params": params}, encoder_tokens_BxS, method="encode")
+  encoded_BxSxD, encoder_mask = encoded
   cache = init_cache(model, batch_size, cache_len, encoder_tokens=encoder_tokens_BxS)
   if not cache_cross_attention:
     # Each step projects the encoding again (and stores the result over the
     # stored copy, which it does not read).
-    return make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask,
-                                 method="decode"), cache
+    return make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask, method="decode"), cache
   # Decoding zero tokens with the encoding only stores its keys and values:
   # the self-attention slots and the index stay empty.
   no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)
-  _, variables = model.apply({"params": params, "cache": cache}, encoded_BxSxD, encoder_mask,
-                             no_tokens_Bx0, use_cache=True, mutable=["cache"], method="decode")
+  _, variables = model.apply(
+    {"params": params, "cache": cache},
+    encoded_BxSxD,
+    encoder_mask,
+    no_tokens_Bx0,
+    use_cache=True,
+    mutable=["cache"],
+    method="decode",
+  )
   return make_tokens_to_logits(model, params, None, None, method="decode"), variables["cache"]

@@ -10,23 +10,31 @@ the program instead of running it (to compile ahead of time).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from txf.decode.beam_search import beam_search
-from txf.decode.cache import (cache_batch_axes, cache_length, check_generative,
-                              encode_for_decoding, init_cache, make_tokens_to_logits)
+from txf.decode.cache import (
+  cache_batch_axes,
+  cache_length,
+  check_generative,
+  encode_for_decoding,
+  init_cache,
+  make_tokens_to_logits,
+)
 from txf.decode.prompts import check_search, concrete
 from txf.decode.sampling import sample
 
 Array = jax.Array
 
 
-def _checked_prompts(model: nn.Module, prompt_BxP: Array | None,
-                     encoder_tokens_BxS: Array | None, bos_id: int) -> Array:
+def _checked_prompts(
+  model: nn.Module, prompt_BxP: Array | None, encoder_tokens_BxS: Array | None, bos_id: int
+) -> Array:
   """The decoder's prompts [B, P]: those given, or an encoder-decoder's
   default BOS column; raises a ValueError for missing or extra inputs."""
   check_generative(model)
@@ -35,61 +43,121 @@ def _checked_prompts(model: nn.Module, prompt_BxP: Array | None,
     raise ValueError("generate: encoder_tokens_BxS: an encoder_decoder needs encoder inputs")
   if not is_seq2seq and encoder_tokens_BxS is not None:
     raise ValueError("generate: encoder_tokens_BxS only apply to family='encoder_decoder'")
+  # From here encoder_tokens_BxS is None exactly when the model is not seq2seq.
   if prompt_BxP is None:
-    if not is_seq2seq:
+    if encoder_tokens_BxS is None:
       raise ValueError("generate: prompt_BxP: a decoder needs prompts")
     prompt_BxP = jnp.full((encoder_tokens_BxS.shape[0], 1), bos_id, jnp.int32)
-  if is_seq2seq and encoder_tokens_BxS.shape[0] != prompt_BxP.shape[0]:
-    raise ValueError(f"generate: encoder_tokens_BxS has {encoder_tokens_BxS.shape[0]} rows, "
-                     f"prompt_BxP {prompt_BxP.shape[0]}")
+  if encoder_tokens_BxS is not None and encoder_tokens_BxS.shape[0] != prompt_BxP.shape[0]:
+    raise ValueError(
+      f"generate: encoder_tokens_BxS has {encoder_tokens_BxS.shape[0]} rows, "
+      f"prompt_BxP {prompt_BxP.shape[0]}"
+    )
   return prompt_BxP
 
 
-def _check_search_choice(num_beams: int, return_beams: bool, rng: Array | None, top_k: int,
-                         top_p: float, length_penalty: float | Array) -> None:
+def _check_search_choice(
+  num_beams: int,
+  return_beams: bool,
+  rng: Array | None,
+  top_k: int,
+  top_p: float,
+  length_penalty: float | Array,
+) -> None:
   """Rejects beam widths below 1 and sampling options given to beam search."""
   beam = num_beams > 1 or return_beams
   if num_beams < 1:
     raise ValueError(f"generate: num_beams must be >= 1, got {num_beams}")
   if beam and (rng is not None or top_k or top_p < 1.0):
-    raise ValueError(f"generate: rng, top_k and top_p sample, but num_beams={num_beams} / "
-                     f"return_beams={return_beams} runs beam search, which is deterministic")
+    raise ValueError(
+      f"generate: rng, top_k and top_p sample, but num_beams={num_beams} / "
+      f"return_beams={return_beams} runs beam search, which is deterministic"
+    )
   penalty = concrete(length_penalty)
   if beam and penalty is not None and penalty < 0:
-    raise ValueError(f"generate: length_penalty must be >= 0 (its early stop assumes it), "
-                     f"got {length_penalty}")
+    raise ValueError(
+      f"generate: length_penalty must be >= 0 (its early stop assumes it), got {length_penalty}"
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k", "top_p",
-                                             "eos_id", "num_beams", "return_beams",
-                                             "padding_side", "cache_cross_attention"))
-def _generate(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, rng, temperature,
-             length_penalty, *, max_new_tokens, top_k, top_p, eos_id, num_beams, return_beams,
-             padding_side, cache_cross_attention):
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "model",
+    "max_new_tokens",
+    "top_k",
+    "top_p",
+    "eos_id",
+    "num_beams",
+    "return_beams",
+    "padding_side",
+    "cache_cross_attention",
+  ),
+)
+def _generate(
+  model,
+  params,
+  prompt_BxP,
+  encoder_tokens_BxS,
+  prompt_lengths_B,
+  rng,
+  temperature,
+  length_penalty,
+  *,
+  max_new_tokens,
+  top_k,
+  top_p,
+  eos_id,
+  num_beams,
+  return_beams,
+  padding_side,
+  cache_cross_attention,
+):
   """`generate` after its checks: one jitted program per shape and option."""
   batch_size, prompt_len = prompt_BxP.shape
   cache_len = cache_length(prompt_len, max_new_tokens)
   if encoder_tokens_BxS is not None:
-    tokens_to_logits, cache = encode_for_decoding(model, params, encoder_tokens_BxS, cache_len,
-                                                  cache_cross_attention=cache_cross_attention)
+    tokens_to_logits, cache = encode_for_decoding(
+      model, params, encoder_tokens_BxS, cache_len, cache_cross_attention=cache_cross_attention
+    )
   else:
     tokens_to_logits = make_tokens_to_logits(model, params)
     cache = init_cache(model, batch_size, cache_len)
-  search = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=model.cfg.pad_id,
-                prompt_lengths_B=prompt_lengths_B, padding_side=padding_side)
+  search = dict(
+    max_new_tokens=max_new_tokens,
+    eos_id=eos_id,
+    pad_id=model.cfg.pad_id,
+    prompt_lengths_B=prompt_lengths_B,
+    padding_side=padding_side,
+  )
   if not (num_beams > 1 or return_beams):
     if rng is None:
       rng, temperature = jax.random.key(0), 0.0  # the key is unused by argmax
-    return sample(tokens_to_logits, cache, prompt_BxP, rng=rng, temperature=temperature,
-                  top_k=top_k, top_p=top_p, **search)
+    return sample(
+      tokens_to_logits,
+      cache,
+      prompt_BxP,
+      rng=rng,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      **search,
+    )
   tokens_BxKxT, scores_BxK = beam_search(
-      tokens_to_logits, cache, prompt_BxP, num_beams=num_beams, length_penalty=length_penalty,
-      batch_axes=cache_batch_axes(model, cache_len), **search)
+    tokens_to_logits,
+    cache,
+    prompt_BxP,
+    num_beams=num_beams,
+    length_penalty=length_penalty,
+    batch_axes=cache_batch_axes(model, cache_len),
+    **search,
+  )
   return (tokens_BxKxT, scores_BxK) if return_beams else tokens_BxKxT[:, 0]
 
 
-def build_generate(*, cache_cross_attention: bool = True,
-                   lower: bool = False) -> Callable[..., Any]:
+def build_generate(
+  *, cache_cross_attention: bool = True, lower: bool = False
+) -> Callable[..., Any]:
   """`generate` with its benchmark-only switches set.
 
   Args:
@@ -106,13 +174,25 @@ def build_generate(*, cache_cross_attention: bool = True,
   """
   run = _generate.lower if lower else _generate
 
-  def generate(model: nn.Module, params: Any, prompt_BxP: Array | None = None, *,
-               max_new_tokens: int, encoder_tokens_BxS: Array | None = None,
-               rng: Array | None = None, temperature: float | Array = 1.0, top_k: int = 0,
-               top_p: float = 1.0, eos_id: int | None = None, num_beams: int = 1,
-               length_penalty: float | Array = 0.6, return_beams: bool = False,
-               prompt_lengths_B: Array | None = None, padding_side: str = "right",
-               bos_id: int = 1) -> Array | tuple[Array, Array]:
+  def generate(
+    model: nn.Module,
+    params: Any,
+    prompt_BxP: Array | None = None,
+    *,
+    max_new_tokens: int,
+    encoder_tokens_BxS: Array | None = None,
+    rng: Array | None = None,
+    temperature: float | Array = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | None = None,
+    num_beams: int = 1,
+    length_penalty: float | Array = 0.6,
+    return_beams: bool = False,
+    prompt_lengths_B: Array | None = None,
+    padding_side: str = "right",
+    bos_id: int = 1,
+  ) -> Array | tuple[Array, Array] | jax.stages.Lowered:
     """Continues prompts with a decoder or an encoder-decoder (jitted; compiles
     once per shape and static option).
 
@@ -156,12 +236,27 @@ def build_generate(*, cache_cross_attention: bool = True,
     _check_search_choice(num_beams, return_beams, rng, top_k, top_p, length_penalty)
     # The searches' checks of the prompts (generate sizes the cache itself),
     # here while they are concrete: inside the jitted program they are traced.
-    check_search("generate", None, prompt_BxP, prompt_lengths_B, max_new_tokens,
-                 model.cfg.pad_id, padding_side)
-    return run(model, params, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, rng,
-               temperature, length_penalty, max_new_tokens=max_new_tokens, top_k=top_k,
-               top_p=top_p, eos_id=eos_id, num_beams=num_beams, return_beams=return_beams,
-               padding_side=padding_side, cache_cross_attention=cache_cross_attention)
+    check_search(
+      "generate", None, prompt_BxP, prompt_lengths_B, max_new_tokens, model.cfg.pad_id, padding_side
+    )
+    return run(
+      model,
+      params,
+      prompt_BxP,
+      encoder_tokens_BxS,
+      prompt_lengths_B,
+      rng,
+      temperature,
+      length_penalty,
+      max_new_tokens=max_new_tokens,
+      top_k=top_k,
+      top_p=top_p,
+      eos_id=eos_id,
+      num_beams=num_beams,
+      return_beams=return_beams,
+      padding_side=padding_side,
+      cache_cross_attention=cache_cross_attention,
+    )
 
   return generate
 

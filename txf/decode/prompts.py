@@ -35,28 +35,34 @@ def _check_options(caller: str, max_new_tokens: int, padding_side: str) -> None:
   if max_new_tokens < 1:
     raise ValueError(f"{caller}: max_new_tokens must be >= 1, got {max_new_tokens}")
   if padding_side not in PADDING_SIDES:
-    raise ValueError(f"{caller}: padding_side must be one of {PADDING_SIDES}, "
-                     f"got {padding_side!r}")
+    raise ValueError(f"{caller}: padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
 
 
 def _check_cache_size(caller: str, cache: Cache, prompt_len: int, max_new_tokens: int) -> None:
   """A txf cache (one `cache_positions` can measure) must hold every position written."""
   needed, cache_len = cache_length(prompt_len, max_new_tokens), cache_positions(cache)
   if cache_len is not None and cache_len < needed:
-    raise ValueError(f"{caller}: the cache holds {cache_len} positions, but prompts of "
-                     f"{prompt_len} tokens and max_new_tokens={max_new_tokens} need "
-                     f"{needed} (prompt + max_new_tokens - 1)")
+    raise ValueError(
+      f"{caller}: the cache holds {cache_len} positions, but prompts of "
+      f"{prompt_len} tokens and max_new_tokens={max_new_tokens} need "
+      f"{needed} (prompt + max_new_tokens - 1)"
+    )
 
 
-def _check_given_lengths(caller: str, prompt_lengths_B: Array, batch_size: int,
-                         prompt_len: int) -> None:
+def _check_given_lengths(
+  caller: str, prompt_lengths_B: Array, batch_size: int, prompt_len: int
+) -> None:
   if jnp.shape(prompt_lengths_B) != (batch_size,):
-    raise ValueError(f"{caller}: prompt_lengths_B must have shape ({batch_size},), got "
-                     f"{jnp.shape(prompt_lengths_B)}")
+    raise ValueError(
+      f"{caller}: prompt_lengths_B must have shape ({batch_size},), got "
+      f"{jnp.shape(prompt_lengths_B)}"
+    )
   lengths_B = concrete(prompt_lengths_B)
   if lengths_B is not None and not np.all((lengths_B >= 1) & (lengths_B <= prompt_len)):
-    raise ValueError(f"{caller}: prompt_lengths_B must lie in [1, {prompt_len}] (every row "
-                     f"needs a token), got {lengths_B.tolist()}")
+    raise ValueError(
+      f"{caller}: prompt_lengths_B must lie in [1, {prompt_len}] (every row "
+      f"needs a token), got {lengths_B.tolist()}"
+    )
 
 
 def _check_padding(caller: str, prompt_BxP: np.ndarray, pad_id: int, padding_side: str) -> None:
@@ -65,20 +71,34 @@ def _check_padding(caller: str, prompt_BxP: np.ndarray, pad_id: int, padding_sid
   is_token = prompt_BxP != pad_id
   lengths_B = is_token.sum(axis=1)
   if not np.all(lengths_B):
-    raise ValueError(f"{caller}: prompt rows {np.flatnonzero(lengths_B == 0).tolist()} hold "
-                     f"only pad_id={pad_id}; every row needs a token (e.g. BOS)")
+    raise ValueError(
+      f"{caller}: prompt rows {np.flatnonzero(lengths_B == 0).tolist()} hold "
+      f"only pad_id={pad_id}; every row needs a token (e.g. BOS)"
+    )
   columns = np.arange(prompt_len)[None]
-  expected = (columns < lengths_B[:, None] if padding_side == "right"
-              else columns >= prompt_len - lengths_B[:, None])
+  expected = (
+    columns < lengths_B[:, None]
+    if padding_side == "right"
+    else columns >= prompt_len - lengths_B[:, None]
+  )
   misplaced = np.flatnonzero(np.any(is_token != expected, axis=1))
   if misplaced.size:
-    raise ValueError(f"{caller}: prompt rows {misplaced.tolist()} are not {padding_side}-padded "
-                     f"with pad_id={pad_id} (a pad between tokens, or the other side); pass "
-                     "padding_side or prompt_lengths_B")
+    raise ValueError(
+      f"{caller}: prompt rows {misplaced.tolist()} are not {padding_side}-padded "
+      f"with pad_id={pad_id} (a pad between tokens, or the other side); pass "
+      "padding_side or prompt_lengths_B"
+    )
 
 
-def check_search(caller: str, cache: Cache, prompt_BxP: Array, prompt_lengths_B: Array | None,
-                 max_new_tokens: int, pad_id: int, padding_side: str) -> None:
+def check_search(
+  caller: str,
+  cache: Cache,
+  prompt_BxP: Array,
+  prompt_lengths_B: Array | None,
+  max_new_tokens: int,
+  pad_id: int,
+  padding_side: str,
+) -> None:
   """Rejects bad search arguments before anything is traced: shapes, sizes,
   and (when they are concrete) prompt lengths and padding.
 
@@ -86,10 +106,14 @@ def check_search(caller: str, cache: Cache, prompt_BxP: Array, prompt_lengths_B:
     ValueError: starting with `caller`.
   """
   _check_options(caller, max_new_tokens, padding_side)
-  if prompt_BxP.ndim != 2 or not prompt_BxP.shape[1] or \
-      not jnp.issubdtype(prompt_BxP.dtype, jnp.integer):
-    raise ValueError(f"{caller}: prompts must be int [B, P] with P >= 1, got "
-                     f"{prompt_BxP.dtype} {prompt_BxP.shape}")
+  if (
+    prompt_BxP.ndim != 2
+    or not prompt_BxP.shape[1]
+    or not jnp.issubdtype(prompt_BxP.dtype, jnp.integer)
+  ):
+    raise ValueError(
+      f"{caller}: prompts must be int [B, P] with P >= 1, got {prompt_BxP.dtype} {prompt_BxP.shape}"
+    )
   batch_size, prompt_len = prompt_BxP.shape
   _check_cache_size(caller, cache, prompt_len, max_new_tokens)
   if prompt_lengths_B is not None:
@@ -114,12 +138,14 @@ def right_aligned(prompt_BxP: Array, lengths_B: Array, pad_id: int, padding_side
   if padding_side == "left":
     columns_BxP = (columns_BxP + (prompt_len - lengths_B)[:, None]) % prompt_len
     prompt_BxP = jnp.take_along_axis(prompt_BxP, columns_BxP, axis=1)
-  return jnp.where(jnp.arange(prompt_len)[None] < lengths_B[:, None],
-                   prompt_BxP.astype(jnp.int32), pad_id)
+  return jnp.where(
+    jnp.arange(prompt_len)[None] < lengths_B[:, None], prompt_BxP.astype(jnp.int32), pad_id
+  )
 
 
-def restore_padding_side(tokens_Bx_xT: Array, lengths_B: Array, prompt_len: int,
-                         padding_side: str) -> Array:
+def restore_padding_side(
+  tokens_Bx_xT: Array, lengths_B: Array, prompt_len: int, padding_side: str
+) -> Array:
   """Right-aligned outputs [B, T] or [B, K, T] back to the prompts' padding side.
 
   A left-padded row moves right by its padding, P - length; what wraps
@@ -130,6 +156,7 @@ def restore_padding_side(tokens_Bx_xT: Array, lengths_B: Array, prompt_len: int,
     return tokens_Bx_xT
   total_len = tokens_Bx_xT.shape[-1]
   columns_BxT = (jnp.arange(total_len)[None] - (prompt_len - lengths_B)[:, None]) % total_len
-  columns = columns_BxT.reshape(columns_BxT.shape[:1] + (1,) * (tokens_Bx_xT.ndim - 2)
-                                + columns_BxT.shape[1:])
+  columns = columns_BxT.reshape(
+    columns_BxT.shape[:1] + (1,) * (tokens_Bx_xT.ndim - 2) + columns_BxT.shape[1:]
+  )
   return jnp.take_along_axis(tokens_Bx_xT, columns, axis=-1)

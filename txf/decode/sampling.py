@@ -26,13 +26,15 @@ def _filter_top_p(logits_BxV: Array, top_p: float) -> Array:
   sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
   probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
   mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
-  cutoff_Bx1 = jnp.min(jnp.where(mass_before_BxV < top_p, sorted_BxV, jnp.inf),
-                       axis=-1, keepdims=True)
+  cutoff_Bx1 = jnp.min(
+    jnp.where(mass_before_BxV < top_p, sorted_BxV, jnp.inf), axis=-1, keepdims=True
+  )
   return jnp.where(logits_BxV >= cutoff_Bx1, logits_BxV, -jnp.inf)
 
 
-def _next_token(rng: Array, logits_BxV: Array, temperature: float | Array, top_k: int,
-                top_p: float) -> Array:
+def _next_token(
+  rng: Array, logits_BxV: Array, temperature: float | Array, top_k: int, top_p: float
+) -> Array:
   """Samples [B] tokens from temperature-scaled, top-k then top-p filtered logits.
 
   temperature 0 means argmax. temperature may be traced (no recompile per
@@ -49,11 +51,21 @@ def _next_token(rng: Array, logits_BxV: Array, temperature: float | Array, top_k
   return jnp.where(temperature > 0, sampled_B, jnp.argmax(logits_BxV, axis=-1))
 
 
-def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Array, *,
-           max_new_tokens: int, rng: Array, temperature: float | Array = 1.0,
-           top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None,
-           pad_id: int = 0, prompt_lengths_B: Array | None = None,
-           padding_side: str = "right") -> Array:
+def sample(
+  tokens_to_logits: TokensToLogits,
+  cache: Cache,
+  prompt_BxP: Array,
+  *,
+  max_new_tokens: int,
+  rng: Array,
+  temperature: float | Array = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  eos_id: int | None = None,
+  pad_id: int = 0,
+  prompt_lengths_B: Array | None = None,
+  padding_side: str = "right",
+) -> Array:
   """Temperature / top-k / top-p sampling; temperature 0 is greedy decoding.
 
   Prompts, padding and EOS as in `txf.decode`'s docstring. The loop stops as
@@ -82,8 +94,7 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Array, *,
     ValueError: for a txf cache too short, bad shapes, or (concrete
       prompts) rows without a token or not padded on padding_side.
   """
-  check_search("sample", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id,
-               padding_side)
+  check_search("sample", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side)
   prompt_len = prompt_BxP.shape[1]
   lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
   prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)
@@ -94,12 +105,14 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Array, *,
   def step(state):
     i, tokens_BxT, finished_B, cache = state
     logits_BxV, cache = tokens_to_logits(
-        jax.lax.dynamic_slice_in_dim(tokens_BxT, i, 1, axis=1), cache)
+      jax.lax.dynamic_slice_in_dim(tokens_BxT, i, 1, axis=1), cache
+    )
     sampled_B = _next_token(jax.random.fold_in(rng, i), logits_BxV, temperature, top_k, top_p)
     position = i + 1
     in_prompt_B = position < lengths_B
-    token_B = jnp.where(in_prompt_B, tokens_BxT[:, position],
-                        jnp.where(finished_B, pad_id, sampled_B))
+    token_B = jnp.where(
+      in_prompt_B, tokens_BxT[:, position], jnp.where(finished_B, pad_id, sampled_B)
+    )
     tokens_BxT = tokens_BxT.at[:, position].set(token_B)
     finished_B |= position == last_position_B
     if eos_id is not None:
@@ -108,6 +121,7 @@ def sample(tokens_to_logits: TokensToLogits, cache: Cache, prompt_BxP: Array, *,
 
   # Every row finishes at its last_position (<= P + N - 1), so this ends
   # before `position` runs off the buffer.
-  _, tokens_BxT, _, _ = jax.lax.while_loop(lambda state: ~jnp.all(state[2]), step,
-                                           (jnp.int32(0), tokens_BxT, finished_B, cache))
+  _, tokens_BxT, _, _ = jax.lax.while_loop(
+    lambda state: ~jnp.all(state[2]), step, (jnp.int32(0), tokens_BxT, finished_B, cache)
+  )
   return restore_padding_side(tokens_BxT, lengths_B, prompt_len, padding_side)

@@ -10,17 +10,23 @@ export writes the rows before them as zeros (no real token reads them).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
-ARCHITECTURES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
-                 "RobertaModel": "none", "RobertaForMaskedLM": "mlm"}
+ARCHITECTURES = {
+  "BertModel": "none",
+  "BertForMaskedLM": "mlm",
+  "BertForPreTraining": "mlm",
+  "RobertaModel": "none",
+  "RobertaForMaskedLM": "mlm",
+}
 HEAD_ROOTS = ("cls", "lm_head")
 
 
@@ -37,16 +43,19 @@ def tied_copies(architecture: str) -> dict[str, str]:
   """{tensor: the tensor it repeats when the output is tied}."""
   p = prefix(architecture)
   if _roberta(architecture):
-    return {"lm_head.decoder.weight": f"{p}embeddings.word_embeddings.weight",
-            "lm_head.decoder.bias": "lm_head.bias"}
-  return {"cls.predictions.decoder.weight": f"{p}embeddings.word_embeddings.weight",
-          "cls.predictions.decoder.bias": "cls.predictions.bias"}
+    return {
+      "lm_head.decoder.weight": f"{p}embeddings.word_embeddings.weight",
+      "lm_head.decoder.bias": "lm_head.bias",
+    }
+  return {
+    "cls.predictions.decoder.weight": f"{p}embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+  }
 
 
 def untied_output(architecture: str) -> str:
   """The output projection's tensor, present only when it is untied."""
-  return ("lm_head.decoder.weight" if _roberta(architecture)
-          else "cls.predictions.decoder.weight")
+  return "lm_head.decoder.weight" if _roberta(architecture) else "cls.predictions.decoder.weight"
 
 
 def unused(architecture: str, head: str) -> tuple[str, ...]:
@@ -68,14 +77,13 @@ def _position_offset(architecture: str, pad_id: int) -> int:
 def rename_legacy(name: str) -> str:
   """Old TF-converted BERT checkpoints call LayerNorm's weight/bias gamma/beta."""
   if name.endswith(".gamma"):
-    return name[:-len("gamma")] + "weight"
+    return name[: -len("gamma")] + "weight"
   if name.endswith(".beta"):
-    return name[:-len("beta")] + "bias"
+    return name[: -len("beta")] + "bias"
   return name
 
 
-def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
-                 ) -> ModelConfig:
+def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool) -> ModelConfig:
   hf_config.expect(hf, "position_embedding_type", ("absolute",), "absolute")
   hf_config.expect(hf, "is_decoder", (False,), False)
   hf_config.expect(hf, "add_cross_attention", (False,), False)
@@ -85,52 +93,82 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
   # RoBERTa's always exact GELU.
   if head == "mlm" and _roberta(architecture):
     if activation.get("gelu_approximate"):
-      raise CheckpointError(f"config.json: hidden_act={hidden_act!r} with {architecture}'s MLM "
-                            "head (exact GELU) is not supported by txf")
+      raise CheckpointError(
+        f"config.json: hidden_act={hidden_act!r} with {architecture}'s MLM "
+        "head (exact GELU) is not supported by txf"
+      )
     activation["gelu_approximate"] = False
   elif head == "mlm" and activation["activation"] != "gelu":
-    raise CheckpointError(f"config.json: hidden_act={hidden_act!r} with {architecture}'s MLM "
-                          "head is not supported by txf (its MLM head applies GELU)")
+    raise CheckpointError(
+      f"config.json: hidden_act={hidden_act!r} with {architecture}'s MLM "
+      "head is not supported by txf (its MLM head applies GELU)"
+    )
   pad_id = get(hf, "pad_token_id", 0)
   offset = _position_offset(architecture, pad_id)
   return ModelConfig(
-      family="encoder", head=head, vocab_size=get(hf, "vocab_size"),
-      d_model=get(hf, "hidden_size"), num_heads=get(hf, "num_attention_heads"),
-      num_layers=get(hf, "num_hidden_layers"), d_ff=get(hf, "intermediate_size"),
-      **activation, position="learned", max_len=get(hf, "max_position_embeddings") - offset,
-      num_token_types=get(hf, "type_vocab_size", 2), embed_norm=True, norm="layer",
-      norm_eps=get(hf, "layer_norm_eps", 1e-12), norm_placement="post", use_bias=True,
-      dropout_rate=get(hf, "hidden_dropout_prob", 0.0),
-      attention_dropout_rate=get(hf, "attention_probs_dropout_prob", 0.0),
-      tie_embeddings=tied, scale_logits=False, pad_id=pad_id)
+    family="encoder",
+    head=head,
+    vocab_size=get(hf, "vocab_size"),
+    d_model=get(hf, "hidden_size"),
+    num_heads=get(hf, "num_attention_heads"),
+    num_layers=get(hf, "num_hidden_layers"),
+    d_ff=get(hf, "intermediate_size"),
+    **activation,
+    position="learned",
+    max_len=get(hf, "max_position_embeddings") - offset,
+    num_token_types=get(hf, "type_vocab_size", 2),
+    embed_norm=True,
+    norm="layer",
+    norm_eps=get(hf, "layer_norm_eps", 1e-12),
+    norm_placement="post",
+    use_bias=True,
+    dropout_rate=get(hf, "hidden_dropout_prob", 0.0),
+    attention_dropout_rate=get(hf, "attention_probs_dropout_prob", 0.0),
+    tie_embeddings=tied,
+    scale_logits=False,
+    pad_id=pad_id,
+  )
 
 
 def _position_rule(hf: str, txf: str, max_len: int, offset: int, d_model: int) -> Rule:
   """The position table without (import) or with (export, zeros) its first
   `offset` rows."""
-  return Rule((hf,), ((max_len + offset, d_model),), (txf,), ((max_len, d_model),),
-              lambda table: (table[offset:],),
-              lambda table: (np.concatenate([np.zeros((offset, d_model), table.dtype), table]),))
+  return Rule(
+    (hf,),
+    ((max_len + offset, d_model),),
+    (txf,),
+    ((max_len, d_model),),
+    lambda table: (table[offset:],),
+    lambda table: (np.concatenate([np.zeros((offset, d_model), table.dtype), table]),),
+  )
 
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Encoder module tree."""
-  p, D, H, Dh, F = prefix(architecture), cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff
+  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  Dh, F = derived(cfg.head_dim), derived(cfg.d_ff)
   offset = _position_offset(architecture, cfg.pad_id)
-  found = [same(f"{p}embeddings.word_embeddings.weight", "embedder/token/embedding",
-                (cfg.vocab_size, D)),
-           _position_rule(f"{p}embeddings.position_embeddings.weight", "embedder/position_table",
-                          cfg.max_len, offset, D),
-           same(f"{p}embeddings.token_type_embeddings.weight", "embedder/token_type_table",
-                (cfg.num_token_types, D)),
-           *norm(f"{p}embeddings.LayerNorm", "embedder/embed_norm", "layer", D)]
+  found = [
+    same(f"{p}embeddings.word_embeddings.weight", "embedder/token/embedding", (cfg.vocab_size, D)),
+    _position_rule(
+      f"{p}embeddings.position_embeddings.weight", "embedder/position_table", cfg.max_len, offset, D
+    ),
+    same(
+      f"{p}embeddings.token_type_embeddings.weight",
+      "embedder/token_type_table",
+      (cfg.num_token_types, D),
+    ),
+    *norm(f"{p}embeddings.LayerNorm", "embedder/embed_norm", "layer", D),
+  ]
   for i in range(cfg.num_layers):
     hf, txf = f"{p}encoder.layer.{i}", f"stack/block_{i}"
     for name, txf_name in (("query", "query"), ("key", "key"), ("value", "value")):
-      found += linear(f"{hf}.attention.self.{name}", f"{txf}/self_attention/{txf_name}", (D,),
-                      (H, Dh), bias=True)
-    found += linear(f"{hf}.attention.output.dense", f"{txf}/self_attention/out", (H, Dh), (D,),
-                    bias=True)
+      found += linear(
+        f"{hf}.attention.self.{name}", f"{txf}/self_attention/{txf_name}", (D,), (H, Dh), bias=True
+      )
+    found += linear(
+      f"{hf}.attention.output.dense", f"{txf}/self_attention/out", (H, Dh), (D,), bias=True
+    )
     found += norm(f"{hf}.attention.output.LayerNorm", f"{txf}/self_attention_norm", "layer", D)
     found += linear(f"{hf}.intermediate.dense", f"{txf}/ffn/wi", (D,), (F,), bias=True)
     found += linear(f"{hf}.output.dense", f"{txf}/ffn/wo", (F,), (D,), bias=True)
@@ -139,12 +177,17 @@ def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
     head = "lm_head" if _roberta(architecture) else "cls.predictions"
     transform = "lm_head" if _roberta(architecture) else "cls.predictions.transform"
     found += linear(f"{transform}.dense", "head/transform", (D,), (D,), bias=True)
-    found += norm(f"{transform}.{'layer_norm' if _roberta(architecture) else 'LayerNorm'}",
-                  "head/norm", "layer", D)
+    found += norm(
+      f"{transform}.{'layer_norm' if _roberta(architecture) else 'LayerNorm'}",
+      "head/norm",
+      "layer",
+      D,
+    )
     found.append(same(f"{head}.bias", "head/bias", (cfg.vocab_size,)))
     if not cfg.tie_embeddings:
-      found += linear(f"{head}.decoder", "head/projection/logits", (D,), (cfg.vocab_size,),
-                      bias=False)
+      found += linear(
+        f"{head}.decoder", "head/projection/logits", (D,), (cfg.vocab_size,), bias=False
+      )
   return found
 
 
@@ -154,28 +197,49 @@ def default_architecture(cfg: ModelConfig) -> str:
 
 def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   """The config.json of cfg as `architecture`; refuses fields it cannot hold."""
-  hf_config.require(cfg, architecture, family="encoder", head=ARCHITECTURES[architecture],
-                    position="learned", norm="layer", norm_placement="post", embed_norm=True,
-                    use_bias=True, scale_attention=True, activation=("gelu", "relu"))
+  hf_config.require(
+    cfg,
+    architecture,
+    family="encoder",
+    head=ARCHITECTURES[architecture],
+    position="learned",
+    norm="layer",
+    norm_placement="post",
+    embed_norm=True,
+    use_bias=True,
+    scale_attention=True,
+    activation=("gelu", "relu"),
+  )
   hf_config.require_plain_attention(cfg, architecture)
   if cfg.head == "mlm":
     hf_config.require(cfg, architecture, scale_logits=False, activation="gelu")
   if _roberta(architecture) and (cfg.activation == "gelu" or cfg.head == "mlm"):
     hf_config.require(cfg, architecture, gelu_approximate=False)
   if cfg.num_token_types < 1:
-    raise CheckpointError(f"model.num_token_types: 0 cannot be written as {architecture} "
-                          "(its embedding always adds token type 0)")
-  if cfg.num_heads * cfg.head_dim != cfg.d_model:
-    raise CheckpointError(f"model.head_dim: {cfg.head_dim} x {cfg.num_heads} heads must equal "
-                          f"model.d_model={cfg.d_model} for {architecture}")
+    raise CheckpointError(
+      f"model.num_token_types: 0 cannot be written as {architecture} "
+      "(its embedding always adds token type 0)"
+    )
+  if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
+    raise CheckpointError(
+      f"model.head_dim: {cfg.head_dim} x {cfg.num_heads} heads must equal "
+      f"model.d_model={cfg.d_model} for {architecture}"
+    )
   return {
-      "architectures": [architecture], "model_type": "roberta" if _roberta(architecture)
-      else "bert", "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-      "intermediate_size": cfg.d_ff, "hidden_act": hf_config.hf_activation(cfg),
-      "max_position_embeddings": cfg.max_len + _position_offset(architecture, cfg.pad_id),
-      "type_vocab_size": cfg.num_token_types, "layer_norm_eps": cfg.norm_eps,
-      "hidden_dropout_prob": cfg.dropout_rate,
-      "attention_probs_dropout_prob": cfg.attention_dropout_rate,
-      "position_embedding_type": "absolute",
-      "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": 0.02}
+    "architectures": [architecture],
+    "model_type": "roberta" if _roberta(architecture) else "bert",
+    "vocab_size": cfg.vocab_size,
+    "hidden_size": cfg.d_model,
+    "num_hidden_layers": cfg.num_layers,
+    "num_attention_heads": cfg.num_heads,
+    "intermediate_size": cfg.d_ff,
+    "hidden_act": hf_config.hf_activation(cfg),
+    "max_position_embeddings": cfg.max_len + _position_offset(architecture, cfg.pad_id),
+    "type_vocab_size": cfg.num_token_types,
+    "layer_norm_eps": cfg.norm_eps,
+    "hidden_dropout_prob": cfg.dropout_rate,
+    "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+    "position_embedding_type": "absolute",
+    "tie_word_embeddings": cfg.tie_embeddings,
+    "initializer_range": 0.02,
+  }

@@ -27,8 +27,9 @@ import dataclasses
 import json
 import logging
 import re
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -45,8 +46,12 @@ from txf.layers.config import ModelConfig
 
 FAMILIES = (bert, gpt2, t5)
 # config.json's model_type -> the architecture assumed when `architectures` is absent.
-DEFAULT_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel",
-                         "gpt2": "GPT2LMHeadModel", "t5": "T5ForConditionalGeneration"}
+DEFAULT_ARCHITECTURES = {
+  "bert": "BertModel",
+  "roberta": "RobertaModel",
+  "gpt2": "GPT2LMHeadModel",
+  "t5": "T5ForConditionalGeneration",
+}
 _EXPORT_FAMILIES = {"encoder": bert, "decoder": gpt2, "encoder_decoder": t5}
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
@@ -74,21 +79,23 @@ class Pretrained:
 
   def save(self, directory: str | epath.PathLike) -> None:
     """Writes this checkpoint back as its architecture (config.json + model.safetensors)."""
-    save_pretrained(self.config, self.params, directory, architecture=self.architecture,
-                    token_ids=self.token_ids)
+    save_pretrained(
+      self.config, self.params, directory, architecture=self.architecture, token_ids=self.token_ids
+    )
 
 
 def _family(hf: Mapping[str, Any]) -> tuple[ModuleType, str]:
   """The family module and architecture of a config.json."""
-  architectures = hf.get("architectures") or [DEFAULT_ARCHITECTURES.get(hf.get("model_type"))]
+  architectures = hf.get("architectures") or [DEFAULT_ARCHITECTURES.get(hf.get("model_type", ""))]
   for architecture in architectures:
     for family in FAMILIES:
       if architecture in family.ARCHITECTURES:
         return family, architecture
   supported = sorted(a for family in FAMILIES for a in family.ARCHITECTURES)
   found = hf.get("architectures") or hf.get("model_type")
-  raise CheckpointError(f"config.json: architecture {found!r} is not supported (supported: "
-                        f"{', '.join(supported)})")
+  raise CheckpointError(
+    f"config.json: architecture {found!r} is not supported (supported: {', '.join(supported)})"
+  )
 
 
 def _head(family: ModuleType, architecture: str, head: str | None) -> str:
@@ -96,13 +103,15 @@ def _head(family: ModuleType, architecture: str, head: str | None) -> str:
   if head is None:
     return natural
   if head not in (natural, "none"):
-    raise CheckpointError(f"head: {architecture} has no {head!r} head (choose {natural!r} "
-                          "or 'none')")
+    raise CheckpointError(
+      f"head: {architecture} has no {head!r} head (choose {natural!r} or 'none')"
+    )
   return head
 
 
-def _canonical_names(tensors: Mapping[str, np.ndarray], family: ModuleType,
-                     architecture: str) -> dict[str, np.ndarray]:
+def _canonical_names(
+  tensors: Mapping[str, np.ndarray], family: ModuleType, architecture: str
+) -> dict[str, np.ndarray]:
   """Names as the family's rules spell them: legacy names renamed, the body
   under its prefix ('bert.', 'transformer.'), whether or not the file was
   saved with a head (the original GPT-2 files have none)."""
@@ -134,8 +143,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   inputs = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
   abstract = jax.eval_shape(models.build(cfg).init, jax.random.key(0), *inputs)["params"]
-  return {path: tuple(leaf.shape)
-          for path, leaf in rules.flatten(nn.meta.unbox(abstract)).items()}
+  return {path: tuple(leaf.shape) for path, leaf in rules.flatten(nn.meta.unbox(abstract)).items()}
 
 
 def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None) -> Pretrained:
@@ -161,8 +169,13 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   _drop_tied_copies(tensors, family.tied_copies(architecture))
   unused = _matching(tensors, family.unused(architecture, head))
   if unused:
-    logging.warning("%s: txf does not use %d weights of %s: %s", directory, len(unused),
-                    architecture, ", ".join(unused))
+    logging.warning(
+      "%s: txf does not use %d weights of %s: %s",
+      directory,
+      len(unused),
+      architecture,
+      ", ".join(unused),
+    )
     for name in unused:
       del tensors[name]
   tied = family.untied_output(architecture) not in tensors
@@ -175,21 +188,29 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   conversion = family.rules(cfg, architecture)
   rules.check_rules_cover(conversion, param_shapes(cfg), str(directory))
   flat = rules.to_txf(conversion, tensors, where=str(directory))
-  return Pretrained(config=cfg, params=rules.unflatten(flat), architecture=architecture,
-                    token_ids=token_ids,
-                    unused=tuple(unused))
+  return Pretrained(
+    config=cfg,
+    params=rules.unflatten(flat),
+    architecture=architecture,
+    token_ids=token_ids,
+    unused=tuple(unused),
+  )
 
 
-def read_model_config(directory: str | epath.PathLike, *, head: str | None = None
-                      ) -> ModelConfig:
+def read_model_config(directory: str | epath.PathLike, *, head: str | None = None) -> ModelConfig:
   """The txf ModelConfig of a HF model directory. The weights are read too:
   whether the output is tied is decided by them (see the module docstring)."""
   return load_pretrained(directory, head=head).config
 
 
-def save_pretrained(cfg: ModelConfig | Mapping[str, Any], params: Mapping[str, Any],
-                    directory: str | epath.PathLike, *, architecture: str | None = None,
-                    token_ids: Mapping[str, int | None] | None = None) -> None:
+def save_pretrained(
+  cfg: ModelConfig | Mapping[str, Any],
+  params: Mapping[str, Any],
+  directory: str | epath.PathLike,
+  *,
+  architecture: str | None = None,
+  token_ids: Mapping[str, int | None] | None = None,
+) -> None:
   """Writes a txf model as a HF model directory: config.json + model.safetensors.
 
   Args:
@@ -210,12 +231,19 @@ def save_pretrained(cfg: ModelConfig | Mapping[str, Any], params: Mapping[str, A
   family = _EXPORT_FAMILIES[cfg.family]
   architecture = architecture or family.default_architecture(cfg)
   if architecture not in family.ARCHITECTURES:
-    raise CheckpointError(f"architecture: {architecture!r} is not a model.family="
-                          f"{cfg.family!r} architecture (choose from "
-                          f"{', '.join(family.ARCHITECTURES)})")
+    raise CheckpointError(
+      f"architecture: {architecture!r} is not a model.family="
+      f"{cfg.family!r} architecture (choose from "
+      f"{', '.join(family.ARCHITECTURES)})"
+    )
   hf = {"pad_token_id": cfg.pad_id, **family.hf_config_of(cfg, architecture)}
-  hf.update({key: value for key, value in (token_ids or {}).items()
-             if key in TOKEN_ID_KEYS and value is not None})
+  hf.update(
+    {
+      key: value
+      for key, value in (token_ids or {}).items()
+      if key in TOKEN_ID_KEYS and value is not None
+    }
+  )
   conversion = family.rules(cfg, architecture)
   rules.check_rules_cover(conversion, param_shapes(cfg), "export")
   tensors = rules.to_hf(conversion, rules.flatten(nn.meta.unbox(params)), where="export")

@@ -8,14 +8,15 @@ transpose) and its attention's query, key and value are one fused `c_attn`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import Rule, linear, norm, same
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 ARCHITECTURES = {"GPT2Model": "none", "GPT2LMHeadModel": "lm"}
 HEAD_ROOTS = ("lm_head",)
@@ -47,8 +48,7 @@ def rename_legacy(name: str) -> str:
   return name
 
 
-def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
-                 ) -> ModelConfig:
+def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool) -> ModelConfig:
   del architecture
   hf_config.expect(hf, "scale_attn_weights", (True,), True)
   hf_config.expect(hf, "scale_attn_by_inverse_layer_idx", (False,), False)
@@ -57,23 +57,37 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
   # GPT-2 has no padding token; its <|endoftext|> pads by convention.
   pad_id = get(hf, "pad_token_id", get(hf, "eos_token_id", 0))
   return ModelConfig(
-      family="decoder", head=head, vocab_size=vocab_size, d_model=d_model,
-      num_heads=get(hf, "n_head"), num_layers=get(hf, "n_layer"),
-      d_ff=get(hf, "n_inner", 4 * d_model),
-      **hf_config.activation_fields(get(hf, "activation_function", "gelu_new"),
-                                    "activation_function"),
-      position="learned", max_len=get(hf, "n_positions"), norm="layer",
-      norm_eps=get(hf, "layer_norm_epsilon", 1e-5), norm_placement="pre", use_bias=True,
-      dropout_rate=get(hf, "resid_pdrop", 0.0), attention_dropout_rate=get(hf, "attn_pdrop", 0.0),
-      tie_embeddings=tied, scale_logits=False, pad_id=pad_id if 0 <= pad_id < vocab_size else 0)
+    family="decoder",
+    head=head,
+    vocab_size=vocab_size,
+    d_model=d_model,
+    num_heads=get(hf, "n_head"),
+    num_layers=get(hf, "n_layer"),
+    d_ff=get(hf, "n_inner", 4 * d_model),
+    **hf_config.activation_fields(
+      get(hf, "activation_function", "gelu_new"), "activation_function"
+    ),
+    position="learned",
+    max_len=get(hf, "n_positions"),
+    norm="layer",
+    norm_eps=get(hf, "layer_norm_epsilon", 1e-5),
+    norm_placement="pre",
+    use_bias=True,
+    dropout_rate=get(hf, "resid_pdrop", 0.0),
+    attention_dropout_rate=get(hf, "attn_pdrop", 0.0),
+    tie_embeddings=tied,
+    scale_logits=False,
+    pad_id=pad_id if 0 <= pad_id < vocab_size else 0,
+  )
 
 
 def _fused_qkv(hf: str, txf: str, d_model: int, num_heads: int, head_dim: int) -> Rule:
   """`c_attn` ([D, 3D] weight, [3D] bias, q|k|v along the output) <-> the
   query, key and value projections ([D, H, Dh] kernels, [H, Dh] biases)."""
   D, H, Dh = d_model, num_heads, head_dim
-  names = [f"{txf}/{part}/{kind}" for kind in ("kernel", "bias")
-           for part in ("query", "key", "value")]
+  names = [
+    f"{txf}/{part}/{kind}" for kind in ("kernel", "bias") for part in ("query", "key", "value")
+  ]
 
   def to_txf(weight, bias):
     kernels = [w.reshape(D, H, Dh) for w in np.split(weight, 3, axis=1)]
@@ -81,23 +95,36 @@ def _fused_qkv(hf: str, txf: str, d_model: int, num_heads: int, head_dim: int) -
 
   def to_hf(*arrays):
     kernels, biases = arrays[:3], arrays[3:]
-    return (np.concatenate([k.reshape(D, H * Dh) for k in kernels], axis=1),
-            np.concatenate([b.reshape(H * Dh) for b in biases]))
-  return Rule((f"{hf}.weight", f"{hf}.bias"), ((D, 3 * H * Dh), (3 * H * Dh,)), tuple(names),
-              ((D, H, Dh),) * 3 + ((H, Dh),) * 3, to_txf, to_hf)
+    return (
+      np.concatenate([k.reshape(D, H * Dh) for k in kernels], axis=1),
+      np.concatenate([b.reshape(H * Dh) for b in biases]),
+    )
+
+  return Rule(
+    (f"{hf}.weight", f"{hf}.bias"),
+    ((D, 3 * H * Dh), (3 * H * Dh,)),
+    tuple(names),
+    ((D, H, Dh),) * 3 + ((H, Dh),) * 3,
+    to_txf,
+    to_hf,
+  )
 
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Decoder module tree."""
-  p, D, H, Dh, F = prefix(architecture), cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.d_ff
-  found = [same(f"{p}wte.weight", "embedder/token/embedding", (cfg.vocab_size, D)),
-           same(f"{p}wpe.weight", "embedder/position_table", (cfg.max_len, D))]
+  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  Dh, F = derived(cfg.head_dim), derived(cfg.d_ff)
+  found = [
+    same(f"{p}wte.weight", "embedder/token/embedding", (cfg.vocab_size, D)),
+    same(f"{p}wpe.weight", "embedder/position_table", (cfg.max_len, D)),
+  ]
   for i in range(cfg.num_layers):
     hf, txf = f"{p}h.{i}", f"stack/block_{i}"
     found += norm(f"{hf}.ln_1", f"{txf}/self_attention_norm", "layer", D)
     found.append(_fused_qkv(f"{hf}.attn.c_attn", f"{txf}/self_attention", D, H, Dh))
-    found += linear(f"{hf}.attn.c_proj", f"{txf}/self_attention/out", (H, Dh), (D,), bias=True,
-                    transposed=False)
+    found += linear(
+      f"{hf}.attn.c_proj", f"{txf}/self_attention/out", (H, Dh), (D,), bias=True, transposed=False
+    )
     found += norm(f"{hf}.ln_2", f"{txf}/ffn_norm", "layer", D)
     found += linear(f"{hf}.mlp.c_fc", f"{txf}/ffn/wi", (D,), (F,), bias=True, transposed=False)
     found += linear(f"{hf}.mlp.c_proj", f"{txf}/ffn/wo", (F,), (D,), bias=True, transposed=False)
@@ -113,19 +140,39 @@ def default_architecture(cfg: ModelConfig) -> str:
 
 def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   """The config.json of cfg as `architecture`; refuses fields it cannot hold."""
-  hf_config.require(cfg, architecture, family="decoder", head=ARCHITECTURES[architecture],
-                    position="learned", norm="layer", norm_placement="pre", embed_norm=False,
-                    use_bias=True, scale_attention=True, activation=("gelu", "relu"))
+  hf_config.require(
+    cfg,
+    architecture,
+    family="decoder",
+    head=ARCHITECTURES[architecture],
+    position="learned",
+    norm="layer",
+    norm_placement="pre",
+    embed_norm=False,
+    use_bias=True,
+    scale_attention=True,
+    activation=("gelu", "relu"),
+  )
   hf_config.require_plain_attention(cfg, architecture)
   if cfg.head == "lm":
     hf_config.require(cfg, architecture, scale_logits=False)
-  if cfg.num_heads * cfg.head_dim != cfg.d_model:
+  if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
     hf_config.require(cfg, architecture, head_dim=cfg.d_model // cfg.num_heads)
   return {
-      "architectures": [architecture], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-      "n_embd": cfg.d_model, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
-      "n_inner": cfg.d_ff, "n_positions": cfg.max_len,
-      "activation_function": hf_config.hf_activation(cfg), "layer_norm_epsilon": cfg.norm_eps,
-      "resid_pdrop": cfg.dropout_rate, "embd_pdrop": cfg.dropout_rate,
-      "attn_pdrop": cfg.attention_dropout_rate, "tie_word_embeddings": cfg.tie_embeddings,
-      "scale_attn_weights": True, "initializer_range": 0.02}
+    "architectures": [architecture],
+    "model_type": "gpt2",
+    "vocab_size": cfg.vocab_size,
+    "n_embd": cfg.d_model,
+    "n_layer": cfg.num_layers,
+    "n_head": cfg.num_heads,
+    "n_inner": cfg.d_ff,
+    "n_positions": cfg.max_len,
+    "activation_function": hf_config.hf_activation(cfg),
+    "layer_norm_epsilon": cfg.norm_eps,
+    "resid_pdrop": cfg.dropout_rate,
+    "embd_pdrop": cfg.dropout_rate,
+    "attn_pdrop": cfg.attention_dropout_rate,
+    "tie_word_embeddings": cfg.tie_embeddings,
+    "scale_attn_weights": True,
+    "initializer_range": 0.02,
+  }

@@ -8,7 +8,8 @@ the field.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from txf import checks
 from txf.interop.rules import CheckpointError
@@ -48,8 +49,10 @@ def expect(hf: Mapping[str, Any], key: str, supported: tuple, default: Any) -> A
   """hf[key] (default when absent), which must be one of `supported`."""
   value = hf.get(key, default)
   if value not in supported:
-    raise CheckpointError(f"config.json: {key}={value!r} is not supported by txf "
-                          f"(supported: {', '.join(map(repr, supported))})")
+    raise CheckpointError(
+      f"config.json: {key}={value!r} is not supported by txf "
+      f"(supported: {', '.join(map(repr, supported))})"
+    )
   return value
 
 
@@ -61,8 +64,10 @@ def activation_fields(name: str, key: str) -> dict[str, Any]:
     return dict(activation="gelu", gelu_approximate=False)
   if name in GELU_TANH:
     return dict(activation="gelu", gelu_approximate=True)
-  raise CheckpointError(f"config.json: {key}={name!r} is not supported by txf (supported: "
-                        f"'relu', 'gelu', {', '.join(map(repr, GELU_TANH))})")
+  raise CheckpointError(
+    f"config.json: {key}={name!r} is not supported by txf (supported: "
+    f"'relu', 'gelu', {', '.join(map(repr, GELU_TANH))})"
+  )
 
 
 def hf_activation(cfg: ModelConfig) -> str:
@@ -81,8 +86,10 @@ def require(cfg: ModelConfig, architecture: str, **required: Any) -> None:
     allowed = allowed if isinstance(allowed, tuple) else (allowed,)
     value = getattr(cfg, field)
     if value not in allowed:
-      raise CheckpointError(f"model.{field}: {value!r} cannot be written as {architecture} "
-                            f"(needs {' or '.join(map(repr, allowed))})")
+      raise CheckpointError(
+        f"model.{field}: {value!r} cannot be written as {architecture} "
+        f"(needs {' or '.join(map(repr, allowed))})"
+      )
 
 
 def require_plain_attention(cfg: ModelConfig, architecture: str) -> None:

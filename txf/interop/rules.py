@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flax import traverse_util
@@ -51,8 +52,9 @@ def same(hf: str, txf: str, shape: Shape) -> Rule:
   return Rule((hf,), (tuple(shape),), (txf,), (tuple(shape),), lambda x: (x,), lambda x: (x,))
 
 
-def norm(hf: str, txf: str, kind: str, dim: int, *, scale_name: str = "weight",
-         bias_name: str = "bias") -> list[Rule]:
+def norm(
+  hf: str, txf: str, kind: str, dim: int, *, scale_name: str = "weight", bias_name: str = "bias"
+) -> list[Rule]:
   """LayerNorm (weight, bias) or RMSNorm (weight) of `dim` features at HF
   module `hf` and txf module `txf`."""
   rules = [same(f"{hf}.{scale_name}", f"{txf}/scale", (dim,))]
@@ -61,8 +63,9 @@ def norm(hf: str, txf: str, kind: str, dim: int, *, scale_name: str = "weight",
   return rules
 
 
-def linear(hf: str, txf: str, in_shape: Shape, out_shape: Shape, *, bias: bool,
-           transposed: bool = True) -> list[Rule]:
+def linear(
+  hf: str, txf: str, in_shape: Shape, out_shape: Shape, *, bias: bool, transposed: bool = True
+) -> list[Rule]:
   """A projection: HF `<hf>.weight` [out, in] (torch Linear; transposed=False:
   [in, out], GPT-2's Conv1D) and `<hf>.bias` [out] <-> txf `<txf>/kernel`
   [*in_shape, *out_shape] and `<txf>/bias` [*out_shape] (nn.Dense /
@@ -70,17 +73,36 @@ def linear(hf: str, txf: str, in_shape: Shape, out_shape: Shape, *, bias: bool,
   n_in, n_out = math.prod(in_shape), math.prod(out_shape)
   kernel_shape = (*in_shape, *out_shape)
   if transposed:
-    weight = Rule((f"{hf}.weight",), ((n_out, n_in),), (f"{txf}/kernel",), (kernel_shape,),
-                  lambda w: (w.T.reshape(kernel_shape),),
-                  lambda k: (k.reshape(n_in, n_out).T,))
+    weight = Rule(
+      (f"{hf}.weight",),
+      ((n_out, n_in),),
+      (f"{txf}/kernel",),
+      (kernel_shape,),
+      lambda w: (w.T.reshape(kernel_shape),),
+      lambda k: (k.reshape(n_in, n_out).T,),
+    )
   else:
-    weight = Rule((f"{hf}.weight",), ((n_in, n_out),), (f"{txf}/kernel",), (kernel_shape,),
-                  lambda w: (w.reshape(kernel_shape),),
-                  lambda k: (k.reshape(n_in, n_out),))
+    weight = Rule(
+      (f"{hf}.weight",),
+      ((n_in, n_out),),
+      (f"{txf}/kernel",),
+      (kernel_shape,),
+      lambda w: (w.reshape(kernel_shape),),
+      lambda k: (k.reshape(n_in, n_out),),
+    )
   if not bias:
     return [weight]
-  return [weight, Rule((f"{hf}.bias",), ((n_out,),), (f"{txf}/bias",), (tuple(out_shape),),
-                       lambda b: (b.reshape(out_shape),), lambda b: (b.reshape(n_out),))]
+  return [
+    weight,
+    Rule(
+      (f"{hf}.bias",),
+      ((n_out,),),
+      (f"{txf}/bias",),
+      (tuple(out_shape),),
+      lambda b: (b.reshape(out_shape),),
+      lambda b: (b.reshape(n_out),),
+    ),
+  ]
 
 
 # ---------------------------------------------------------------------------
@@ -107,16 +129,17 @@ def _listing(names: Iterable[str], limit: int = 8) -> str:
   return ", ".join(names[:limit]) + more
 
 
-def _check_shapes(names: Sequence[str], arrays: Sequence[np.ndarray], shapes: Sequence[Shape],
-                  where: str) -> None:
+def _check_shapes(
+  names: Sequence[str], arrays: Sequence[np.ndarray], shapes: Sequence[Shape], where: str
+) -> None:
   for name, array, shape in zip(names, arrays, shapes):
     if tuple(np.shape(array)) != tuple(shape):
-      raise CheckpointError(f"{where}: tensor {name} has shape {tuple(np.shape(array))}, "
-                            f"expected {tuple(shape)}")
+      raise CheckpointError(
+        f"{where}: tensor {name} has shape {tuple(np.shape(array))}, expected {tuple(shape)}"
+      )
 
 
-def check_rules_cover(rules: Sequence[Rule], param_shapes: Mapping[str, Shape],
-                      what: str) -> None:
+def check_rules_cover(rules: Sequence[Rule], param_shapes: Mapping[str, Shape], what: str) -> None:
   """The rules produce exactly the model's parameters, with its shapes.
 
   A difference is a bug in a family's rules or a config the rules do not
@@ -127,17 +150,21 @@ def check_rules_cover(rules: Sequence[Rule], param_shapes: Mapping[str, Shape],
     unset = set(param_shapes) - set(produced)
     extra = set(produced) - set(param_shapes)
     raise CheckpointError(
-        f"{what}: the conversion does not match the txf model's parameters"
-        + (f"; no tensor for {_listing(unset)}" if unset else "")
-        + (f"; no parameter for {_listing(extra)}" if extra else ""))
+      f"{what}: the conversion does not match the txf model's parameters"
+      + (f"; no tensor for {_listing(unset)}" if unset else "")
+      + (f"; no parameter for {_listing(extra)}" if extra else "")
+    )
   for path, shape in produced.items():
     if tuple(param_shapes[path]) != tuple(shape):
-      raise CheckpointError(f"{what}: parameter {path} has shape {tuple(param_shapes[path])} "
-                            f"in the txf model, the conversion gives {tuple(shape)}")
+      raise CheckpointError(
+        f"{what}: parameter {path} has shape {tuple(param_shapes[path])} "
+        f"in the txf model, the conversion gives {tuple(shape)}"
+      )
 
 
-def to_txf(rules: Sequence[Rule], tensors: Mapping[str, np.ndarray], *,
-           where: str) -> dict[str, np.ndarray]:
+def to_txf(
+  rules: Sequence[Rule], tensors: Mapping[str, np.ndarray], *, where: str
+) -> dict[str, np.ndarray]:
   """The flat txf params from HF `tensors` (every tensor must be used).
 
   Raises:
@@ -150,8 +177,9 @@ def to_txf(rules: Sequence[Rule], tensors: Mapping[str, np.ndarray], *,
     raise CheckpointError(f"{where}: missing tensors {_listing(missing)}")
   unexpected = set(tensors) - set(needed)
   if unexpected:
-    raise CheckpointError(f"{where}: unexpected tensors {_listing(unexpected)} (no txf "
-                          "parameter takes them)")
+    raise CheckpointError(
+      f"{where}: unexpected tensors {_listing(unexpected)} (no txf parameter takes them)"
+    )
   flat = {}
   for rule in rules:
     arrays = [tensors[name] for name in rule.hf]
@@ -161,17 +189,19 @@ def to_txf(rules: Sequence[Rule], tensors: Mapping[str, np.ndarray], *,
   return flat
 
 
-def to_hf(rules: Sequence[Rule], flat_params: Mapping[str, np.ndarray], *,
-          where: str) -> dict[str, np.ndarray]:
+def to_hf(
+  rules: Sequence[Rule], flat_params: Mapping[str, np.ndarray], *, where: str
+) -> dict[str, np.ndarray]:
   """The HF tensors of flat txf params (every parameter must be used)."""
   needed = [path for rule in rules for path in rule.txf]
   missing = [path for path in needed if path not in flat_params]
   unexpected = set(flat_params) - set(needed)
   if missing or unexpected:
     raise CheckpointError(
-        f"{where}: the params do not fit the config"
-        + (f"; missing {_listing(missing)}" if missing else "")
-        + (f"; unexpected {_listing(unexpected)}" if unexpected else ""))
+      f"{where}: the params do not fit the config"
+      + (f"; missing {_listing(missing)}" if missing else "")
+      + (f"; unexpected {_listing(unexpected)}" if unexpected else "")
+    )
   tensors = {}
   for rule in rules:
     arrays = [np.asarray(flat_params[path], np.float32) for path in rule.txf]

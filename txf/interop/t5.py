@@ -17,20 +17,25 @@ embedding.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "lm"}
 HEAD_ROOTS = ("lm_head",)
 BUFFERS = ()
 # feed_forward_proj activation -> (txf activation ungated, gated, gelu_approximate).
-_FFN_ACTIVATIONS = {"relu": ("relu", None, True), "gelu": ("gelu", "geglu", False),
-                    "gelu_new": ("gelu", "geglu", True),
-                    "gelu_pytorch_tanh": ("gelu", "geglu", True), "silu": (None, "swiglu", True)}
+_FFN_ACTIVATIONS = {
+  "relu": ("relu", None, True),
+  "gelu": ("gelu", "geglu", False),
+  "gelu_new": ("gelu", "geglu", True),
+  "gelu_pytorch_tanh": ("gelu", "geglu", True),
+  "silu": (None, "swiglu", True),
+}
 
 
 def prefix(architecture: str) -> str:
@@ -40,9 +45,11 @@ def prefix(architecture: str) -> str:
 
 def tied_copies(architecture: str) -> dict[str, str]:
   del architecture
-  return {"encoder.embed_tokens.weight": "shared.weight",
-          "decoder.embed_tokens.weight": "shared.weight",
-          "lm_head.weight": "shared.weight"}
+  return {
+    "encoder.embed_tokens.weight": "shared.weight",
+    "decoder.embed_tokens.weight": "shared.weight",
+    "lm_head.weight": "shared.weight",
+  }
 
 
 def untied_output(architecture: str) -> str:
@@ -69,36 +76,51 @@ def _ffn_fields(feed_forward_proj: str) -> dict[str, Any]:
   ungated, gated_kind, approximate = _FFN_ACTIVATIONS.get(name, (None, None, True))
   activation = gated_kind if gated else ungated
   if activation is None:
-    raise CheckpointError(f"config.json: feed_forward_proj={feed_forward_proj!r} is not "
-                          "supported by txf (supported: 'relu', 'gelu', 'gated-gelu', "
-                          "'gated-silu')")
+    raise CheckpointError(
+      f"config.json: feed_forward_proj={feed_forward_proj!r} is not "
+      "supported by txf (supported: 'relu', 'gelu', 'gated-gelu', "
+      "'gated-silu')"
+    )
   fields: dict[str, Any] = dict(activation=activation)
   if activation in ("gelu", "geglu"):
     fields["gelu_approximate"] = approximate
   return fields
 
 
-def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
-                 ) -> ModelConfig:
+def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool) -> ModelConfig:
   del architecture
   scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
   if scaled is None:
     scaled = True
   return ModelConfig(
-      family="encoder_decoder", head=head, vocab_size=get(hf, "vocab_size"),
-      d_model=get(hf, "d_model"), num_heads=get(hf, "num_heads"), head_dim=get(hf, "d_kv"),
-      num_layers=get(hf, "num_layers"),
-      num_decoder_layers=get(hf, "num_decoder_layers", get(hf, "num_layers")),
-      d_ff=get(hf, "d_ff"), **_ffn_fields(get(hf, "feed_forward_proj", "relu")),
-      position="t5_bias", t5_num_buckets=get(hf, "relative_attention_num_buckets", 32),
-      t5_max_distance=get(hf, "relative_attention_max_distance", 128), norm="rms",
-      norm_eps=get(hf, "layer_norm_epsilon", 1e-6), norm_placement="pre", use_bias=False,
-      scale_attention=False, dropout_rate=get(hf, "dropout_rate", 0.0), tie_embeddings=tied,
-      share_embeddings=True, scale_logits=bool(scaled), pad_id=get(hf, "pad_token_id", 0))
+    family="encoder_decoder",
+    head=head,
+    vocab_size=get(hf, "vocab_size"),
+    d_model=get(hf, "d_model"),
+    num_heads=get(hf, "num_heads"),
+    head_dim=get(hf, "d_kv"),
+    num_layers=get(hf, "num_layers"),
+    num_decoder_layers=get(hf, "num_decoder_layers", get(hf, "num_layers")),
+    d_ff=get(hf, "d_ff"),
+    **_ffn_fields(get(hf, "feed_forward_proj", "relu")),
+    position="t5_bias",
+    t5_num_buckets=get(hf, "relative_attention_num_buckets", 32),
+    t5_max_distance=get(hf, "relative_attention_max_distance", 128),
+    norm="rms",
+    norm_eps=get(hf, "layer_norm_epsilon", 1e-6),
+    norm_placement="pre",
+    use_bias=False,
+    scale_attention=False,
+    dropout_rate=get(hf, "dropout_rate", 0.0),
+    tie_embeddings=tied,
+    share_embeddings=True,
+    scale_logits=bool(scaled),
+    pad_id=get(hf, "pad_token_id", 0),
+  )
 
 
 def _attention(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
-  D, H, Dh = cfg.d_model, cfg.num_heads, cfg.head_dim
+  D, H, Dh = cfg.d_model, cfg.num_heads, derived(cfg.head_dim)
   found = []
   for name, txf_name in (("q", "query"), ("k", "key"), ("v", "value")):
     found += linear(f"{hf}.{name}", f"{txf}/{txf_name}", (D,), (H, Dh), bias=False)
@@ -106,11 +128,12 @@ def _attention(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
 
 
 def _ffn(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
-  D, F = cfg.d_model, cfg.d_ff
+  D, F = cfg.d_model, derived(cfg.d_ff)
   if cfg.activation in ("geglu", "swiglu"):
     # T5: act(wi_0 x) * wi_1 x; txf: act(gate x) * wi x.
     inputs = linear(f"{hf}.wi_0", f"{txf}/gate", (D,), (F,), bias=False) + linear(
-        f"{hf}.wi_1", f"{txf}/wi", (D,), (F,), bias=False)
+      f"{hf}.wi_1", f"{txf}/wi", (D,), (F,), bias=False
+    )
   else:
     inputs = linear(f"{hf}.wi", f"{txf}/wi", (D,), (F,), bias=False)
   return inputs + linear(f"{hf}.wo", f"{txf}/wo", (F,), (D,), bias=False)
@@ -118,8 +141,13 @@ def _ffn(hf: str, txf: str, cfg: ModelConfig) -> list[Rule]:
 
 def _stack(stack: str, cfg: ModelConfig, num_layers: int, decoder: bool) -> list[Rule]:
   D = cfg.d_model
-  found = [same(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                f"{stack}/relative_position/table", (cfg.t5_num_buckets, cfg.num_heads))]
+  found = [
+    same(
+      f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+      f"{stack}/relative_position/table",
+      (cfg.t5_num_buckets, cfg.num_heads),
+    )
+  ]
   for i in range(num_layers):
     hf, txf = f"{stack}.block.{i}.layer", f"{stack}/block_{i}"
     found += _attention(f"{hf}.0.SelfAttention", f"{txf}/self_attention", cfg)
@@ -139,7 +167,7 @@ def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   del architecture
   found = [same("shared.weight", "encoder_embedder/token/embedding", (cfg.vocab_size, cfg.d_model))]
   found += _stack("encoder", cfg, cfg.num_layers, decoder=False)
-  found += _stack("decoder", cfg, cfg.num_decoder_layers, decoder=True)
+  found += _stack("decoder", cfg, derived(cfg.num_decoder_layers), decoder=True)
   if not cfg.tie_embeddings:
     found += linear("lm_head", "head/logits", (cfg.d_model,), (cfg.vocab_size,), bias=False)
   return found
@@ -157,29 +185,50 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   logits' scaling there); a tied, unscaled output is written untied, its
   lm_head a copy of the embedding (the `lm_head.weight` save_pretrained adds).
   """
-  hf_config.require(cfg, architecture, family="encoder_decoder", position="t5_bias",
-                    norm="rms", norm_placement="pre", embed_norm=False, use_bias=False,
-                    scale_attention=False, share_embeddings=True,
-                    activation=("relu", "gelu", "geglu", "swiglu"))
+  hf_config.require(
+    cfg,
+    architecture,
+    family="encoder_decoder",
+    position="t5_bias",
+    norm="rms",
+    norm_placement="pre",
+    embed_norm=False,
+    use_bias=False,
+    scale_attention=False,
+    share_embeddings=True,
+    activation=("relu", "gelu", "geglu", "swiglu"),
+  )
   hf_config.require_plain_attention(cfg, architecture)
   if not cfg.tie_embeddings:
     hf_config.require(cfg, architecture, scale_logits=False)
   gated = cfg.activation in ("geglu", "swiglu")
-  name = {"relu": "relu", "swiglu": "silu"}.get(cfg.activation,
-                                                "gelu_new" if cfg.gelu_approximate else "gelu")
+  name = {"relu": "relu", "swiglu": "silu"}.get(
+    cfg.activation, "gelu_new" if cfg.gelu_approximate else "gelu"
+  )
   if gated and name == "gelu_new":
     name = "gelu"  # "gated-gelu" means gelu_new to transformers
   elif gated and name == "gelu":
-    raise CheckpointError(f"model.gelu_approximate: False with model.activation='geglu' cannot "
-                          f"be written as {architecture} (its gated GELU is the tanh form)")
+    raise CheckpointError(
+      f"model.gelu_approximate: False with model.activation='geglu' cannot "
+      f"be written as {architecture} (its gated GELU is the tanh form)"
+    )
   return {
-      "architectures": [architecture], "model_type": "t5", "vocab_size": cfg.vocab_size,
-      "d_model": cfg.d_model, "d_kv": cfg.head_dim, "d_ff": cfg.d_ff,
-      "num_layers": cfg.num_layers, "num_decoder_layers": cfg.num_decoder_layers,
-      "num_heads": cfg.num_heads, "relative_attention_num_buckets": cfg.t5_num_buckets,
-      "relative_attention_max_distance": cfg.t5_max_distance,
-      "feed_forward_proj": f"gated-{name}" if gated else name,
-      "layer_norm_epsilon": cfg.norm_eps, "dropout_rate": cfg.dropout_rate,
-      "tie_word_embeddings": bool(cfg.scale_logits), "is_encoder_decoder": True,
-      "decoder_start_token_id": cfg.pad_id,
-      "initializer_factor": 1.0}
+    "architectures": [architecture],
+    "model_type": "t5",
+    "vocab_size": cfg.vocab_size,
+    "d_model": cfg.d_model,
+    "d_kv": cfg.head_dim,
+    "d_ff": cfg.d_ff,
+    "num_layers": cfg.num_layers,
+    "num_decoder_layers": cfg.num_decoder_layers,
+    "num_heads": cfg.num_heads,
+    "relative_attention_num_buckets": cfg.t5_num_buckets,
+    "relative_attention_max_distance": cfg.t5_max_distance,
+    "feed_forward_proj": f"gated-{name}" if gated else name,
+    "layer_norm_epsilon": cfg.norm_eps,
+    "dropout_rate": cfg.dropout_rate,
+    "tie_word_embeddings": bool(cfg.scale_logits),
+    "is_encoder_decoder": True,
+    "decoder_start_token_id": cfg.pad_id,
+    "initializer_factor": 1.0,
+  }

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from etils import epath
@@ -72,8 +73,7 @@ def _read_safetensors(path: epath.Path) -> dict[str, np.ndarray]:
           tensors[name] = _as_float32(file.get_tensor(name))
     if bfloat16:
       with safe_open(os.fspath(path), framework="flax") as file:
-        tensors.update({name: np.asarray(file.get_tensor(name), np.float32)
-                        for name in bfloat16})
+        tensors.update({name: np.asarray(file.get_tensor(name), np.float32) for name in bfloat16})
   except (OSError, SafetensorError) as error:
     raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
   return tensors
@@ -81,14 +81,17 @@ def _read_safetensors(path: epath.Path) -> dict[str, np.ndarray]:
 
 def _read_pytorch_bin(path: epath.Path) -> dict[str, np.ndarray]:
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
   except ImportError:
-    raise CheckpointError(f"{path}: reading pytorch_model.bin needs torch; convert the "
-                          "checkpoint to model.safetensors or install torch") from None
+    raise CheckpointError(
+      f"{path}: reading pytorch_model.bin needs torch; convert the "
+      "checkpoint to model.safetensors or install torch"
+    ) from None
   state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
-  return {name: _as_float32(tensor.float().numpy() if tensor.is_floating_point()
-                            else tensor.numpy())
-          for name, tensor in state.items()}
+  return {
+    name: _as_float32(tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy())
+    for name, tensor in state.items()
+  }
 
 
 def read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
@@ -110,11 +113,15 @@ def read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
     return tensors
   if (directory / PYTORCH_BIN).exists():
     return _read_pytorch_bin(directory / PYTORCH_BIN)
-  raise CheckpointError(f"{directory}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX} or "
-                        f"{PYTORCH_BIN})")
+  raise CheckpointError(
+    f"{directory}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN})"
+  )
 
 
 def write_tensors(path: epath.Path, tensors: Mapping[str, np.ndarray]) -> None:
   """Writes a safetensors file that `transformers` loads (format 'pt')."""
-  save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()},
-            os.fspath(path), metadata={"format": "pt"})
+  save_file(
+    {name: np.ascontiguousarray(value) for name, value in tensors.items()},
+    os.fspath(path),
+    metadata={"format": "pt"},
+  )

@@ -11,7 +11,8 @@ embeddings, generation.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -44,26 +45,37 @@ def encode_batch(tokenizer: HFTokenizer, texts: Sequence[str], *, pad_id: int) -
     raise ValueError(f"texts: {empty[0]!r} encodes to no tokens")
   tokens_BxT = np.full((len(texts), max(map(len, encoded))), pad_id, np.int32)
   for row, ids in enumerate(encoded):
-    tokens_BxT[row, :len(ids)] = ids
+    tokens_BxT[row, : len(ids)] = ids
   return tokens_BxT
 
 
-def sentence_embeddings(model: nn.Module, params: Any, tokens_BxT: jax.Array, *,
-                        pooling: str = "mean", normalize: bool = False,
-                        token_types_BxT: jax.Array | None = None) -> jax.Array:
+def sentence_embeddings(
+  model: nn.Module,
+  params: Any,
+  tokens_BxT: jax.typing.ArrayLike,
+  *,
+  pooling: str = "mean",
+  normalize: bool = False,
+  token_types_BxT: jax.Array | None = None,
+) -> jax.Array:
   """Sentence embeddings [B, D] from an encoder with head='none' (see `pool_sentences`)."""
   cfg = model.cfg
   if cfg.family != "encoder" or cfg.head != "none":
-    raise ValueError(f"model.head: sentence embeddings need an encoder with head='none', "
-                     f"got family={cfg.family!r}, head={cfg.head!r}")
-  kwargs = {} if token_types_BxT is None else dict(token_types_BxS=token_types_BxT)
-  hidden_BxTxD = model.apply({"params": params}, tokens_BxT, **kwargs)
-  return pool_sentences(hidden_BxTxD, jnp.asarray(tokens_BxT) != cfg.pad_id, pooling=pooling,
-                        normalize=normalize)
+    raise ValueError(
+      f"model.head: sentence embeddings need an encoder with head='none', "
+      f"got family={cfg.family!r}, head={cfg.head!r}"
+    )
+  kwargs: dict[str, Any] = {} if token_types_BxT is None else dict(token_types_BxS=token_types_BxT)
+  # Any: flax types apply's result as the output or (output, mutated variables).
+  hidden_BxTxD: Any = model.apply({"params": params}, tokens_BxT, **kwargs)
+  return pool_sentences(
+    hidden_BxTxD, jnp.asarray(tokens_BxT) != cfg.pad_id, pooling=pooling, normalize=normalize
+  )
 
 
-def pool_sentences(hidden_BxTxD: jax.Array, valid_BxT: jax.Array, *, pooling: str = "mean",
-                   normalize: bool = False) -> jax.Array:
+def pool_sentences(
+  hidden_BxTxD: jax.Array, valid_BxT: jax.Array, *, pooling: str = "mean", normalize: bool = False
+) -> jax.Array:
   """[B, T, D] hidden states -> [B, D] sentence embeddings.
 
   mean: averaged over the real tokens (valid), as sentence-transformers'
@@ -93,13 +105,15 @@ def sentence_transformers_pooling(directory: str | epath.PathLike) -> tuple[str,
   kinds = _module_kinds(directory)
   pooling = "mean"
   if "Pooling" in kinds:
-    module_dir = file_inside(directory, kinds["Pooling"].get("path"),
-                             f"{directory / MODULES}: Pooling module's path")
+    module_dir = file_inside(
+      directory, kinds["Pooling"].get("path"), f"{directory / MODULES}: Pooling module's path"
+    )
     config = read_json(module_dir / CONFIG)
     chosen = [key for key, value in config.items() if key.startswith("pooling_mode_") and value]
     if len(chosen) != 1 or chosen[0] not in _POOLING_MODES:
-      raise CheckpointError(f"{module_dir / CONFIG}: pooling {chosen} is not one of "
-                            f"{sorted(_POOLING_MODES)} alone")
+      raise CheckpointError(
+        f"{module_dir / CONFIG}: pooling {chosen} is not one of {sorted(_POOLING_MODES)} alone"
+      )
     pooling = _POOLING_MODES[chosen[0]]
   return pooling, "Normalize" in kinds
 
@@ -111,15 +125,24 @@ def _module_kinds(directory: epath.Path) -> dict[str, dict[str, Any]]:
   for i, module in enumerate(read_json(path, list)):
     kind = module.get("type") if isinstance(module, dict) else None
     if not isinstance(kind, str):
-      raise CheckpointError(f"{path}: module {i}: expected an object with a string 'type', "
-                            f"got {module!r}")
+      raise CheckpointError(
+        f"{path}: module {i}: expected an object with a string 'type', got {module!r}"
+      )
     kinds[kind.rsplit(".", 1)[-1]] = module
   return kinds
 
 
-def generate_text(pretrained: Pretrained, prompt_BxP: np.ndarray, *, max_new_tokens: int,
-                  prompt_lengths_B: np.ndarray | None = None, rng: jax.Array | None = None,
-                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+def generate_text(
+  pretrained: Pretrained,
+  prompt_BxP: np.ndarray,
+  *,
+  max_new_tokens: int,
+  prompt_lengths_B: np.ndarray | None = None,
+  rng: jax.Array | None = None,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+) -> np.ndarray:
   """Generated tokens [B, max_new_tokens] (KV cache, txf.decode), pad after EOS.
 
   A decoder continues each prompt, right-padded with model.pad_id, of the
@@ -131,29 +154,50 @@ def generate_text(pretrained: Pretrained, prompt_BxP: np.ndarray, *, max_new_tok
   """
   cfg, model = pretrained.config, pretrained.model()
   prompt_BxP = np.asarray(prompt_BxP)
-  sampling = dict(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p,
-                  eos_id=pretrained.token_ids.get("eos_token_id"))
+  sampling = dict(
+    rng=rng,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    eos_id=pretrained.token_ids.get("eos_token_id"),
+  )
   if cfg.family == "encoder_decoder":
     start = pretrained.token_ids.get("decoder_start_token_id")
     start_Bx1 = np.full((len(prompt_BxP), 1), cfg.pad_id if start is None else start, np.int32)
     # The start token may equal pad_id (T5): its length is given, not counted.
-    generated_BxT = decode.generate(model, pretrained.params, jnp.asarray(start_Bx1),
-                                    encoder_tokens_BxS=jnp.asarray(prompt_BxP),
-                                    prompt_lengths_B=jnp.ones(len(prompt_BxP), jnp.int32),
-                                    max_new_tokens=max_new_tokens, **sampling)
+    generated_BxT = decode.generate(
+      model,
+      pretrained.params,
+      jnp.asarray(start_Bx1),
+      encoder_tokens_BxS=jnp.asarray(prompt_BxP),
+      prompt_lengths_B=jnp.ones(len(prompt_BxP), jnp.int32),
+      max_new_tokens=max_new_tokens,
+      **sampling,
+    )
     return np.asarray(generated_BxT)[:, 1:]
   if cfg.family != "decoder" or cfg.head != "lm":
-    raise ValueError(f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
-                     "LM head or an encoder-decoder)")
+    raise ValueError(
+      f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
+      "LM head or an encoder-decoder)"
+    )
   if prompt_lengths_B is None:
     real_BxP = prompt_BxP != cfg.pad_id
     prompt_lengths_B = np.sum(np.cumprod(real_BxP, axis=1), axis=1)
     if np.any(real_BxP.sum(axis=1) != prompt_lengths_B):
-      raise ValueError(f"prompt: holds token {cfg.pad_id} (model.pad_id) inside a prompt; "
-                       "give prompt_lengths_B")
+      raise ValueError(
+        f"prompt: holds token {cfg.pad_id} (model.pad_id) inside a prompt; give prompt_lengths_B"
+      )
   prompt_lengths_B = np.asarray(prompt_lengths_B)
-  tokens_BxT = np.asarray(decode.generate(model, pretrained.params, jnp.asarray(prompt_BxP),
-                                          prompt_lengths_B=jnp.asarray(prompt_lengths_B),
-                                          max_new_tokens=max_new_tokens, **sampling))
-  return np.stack([row[length:length + max_new_tokens]
-                   for row, length in zip(tokens_BxT, prompt_lengths_B)])
+  tokens_BxT = np.asarray(
+    decode.generate(
+      model,
+      pretrained.params,
+      jnp.asarray(prompt_BxP),
+      prompt_lengths_B=jnp.asarray(prompt_lengths_B),
+      max_new_tokens=max_new_tokens,
+      **sampling,
+    )
+  )
+  return np.stack(
+    [row[length : length + max_new_tokens] for row, length in zip(tokens_BxT, prompt_lengths_B)]
+  )

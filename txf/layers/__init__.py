@@ -6,5 +6,12 @@ from txf.layers.embedding import Embedder, RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
 
-__all__ = ["MultiHeadAttention", "TransformerBlock", "TransformerStack", "Embedder",
-           "RelativePositionTable", "FeedForward", "Norm"]
+__all__ = [
+  "MultiHeadAttention",
+  "TransformerBlock",
+  "TransformerStack",
+  "Embedder",
+  "RelativePositionTable",
+  "FeedForward",
+  "Norm",
+]

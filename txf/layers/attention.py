@@ -63,10 +63,18 @@ class MultiHeadAttention(nn.Module):
   cross: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, kv_BxSxD: Array | None = None, *,
-               q_positions_BxT: Array, key_mask: Array | None = None,
-               relative_table: Array | None = None, cache_index: Array | None = None,
-               deterministic: bool = True, use_cache: bool = False) -> Array:
+  def __call__(
+    self,
+    x_BxTxD: Array,
+    kv_BxSxD: Array | None = None,
+    *,
+    q_positions_BxT: Array,
+    key_mask: Array | None = None,
+    relative_table: Array | None = None,
+    cache_index: Array | None = None,
+    deterministic: bool = True,
+    use_cache: bool = False,
+  ) -> Array:
     """Attends from x to kv (x itself when kv is None).
 
     Args:
@@ -109,58 +117,76 @@ class MultiHeadAttention(nn.Module):
     Returns:
       [B, T, D] in the compute dtype.
     """
-    q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(x_BxTxD, kv_BxSxD, key_mask,
-                                                                 use_cache)
+    q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
+      x_BxTxD, kv_BxSxD, key_mask, use_cache
+    )
     is_self = kv_BxSxD is None and not self.cross
     k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
     encoding = positions.encoding(self.position)
     if encoding.rotate is not None:
       q_BxTxHxDh = encoding.rotate(self, q_BxTxHxDh, q_positions_BxT)
-      k_BxSxKxDh = encoding.rotate(self, k_BxSxKxDh,
-                                   q_positions_BxT if is_self else k_positions_BxS)
+      k_BxSxKxDh = encoding.rotate(
+        self, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
+      )
     masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
     if use_cache and is_self:
-      k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(k_BxSxKxDh, v_BxSxKxDh,
-                                                                cache_index, masking)
+      k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
+        k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
+      )
       k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
     bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
-    out_BxTxHxDh = self._attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias,
-                                deterministic=deterministic, **masking)
+    out_BxTxHxDh = self._attend(
+      q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
+    )
     if self.has_variable(HEAD_MASK, "mask"):
-      mask_H = self.get_variable(HEAD_MASK, "mask")
+      mask_H: Array = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
     d_model = x_BxTxD.shape[-1]
-    return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=self.use_bias, dtype=self.dtype,
-                           **projection_inits(("heads", "head_dim"), ("embed",),
-                                              (self.num_heads, self.head_dim, d_model)),
-                           name="out")(out_BxTxHxDh)
+    return nn.DenseGeneral(
+      d_model,
+      axis=(-2, -1),
+      use_bias=self.use_bias,
+      dtype=self.dtype,
+      **projection_inits(
+        ("heads", "head_dim"), ("embed",), (self.num_heads, self.head_dim, d_model)
+      ),
+      name="out",
+    )(out_BxTxHxDh)
 
-  def _project(self, x_BxTxD: Array, kv_BxSxD: Array | None, key_mask: Array | None,
-               use_cache: bool) -> tuple[Array, Array, Array, Array | None]:
+  def _project(
+    self, x_BxTxD: Array, kv_BxSxD: Array | None, key_mask: Array | None, use_cache: bool
+  ) -> tuple[Array, Array, Array, Array | None]:
     """(q [B, T, H, Dh], k [B, S, K, Dh], v [B, S, K, Dh], the key mask): the
     projections of x, and of x or kv_BxSxD (a cached cross-attention may read
     its keys, values and mask from the cache instead)."""
     d_model = x_BxTxD.shape[-1]
     dense = lambda heads, heads_axis, name: nn.DenseGeneral(
-        (heads, self.head_dim), use_bias=self.use_bias, dtype=self.dtype,
-        **projection_inits(("embed",), (heads_axis, "head_dim"),
-                           (d_model, heads, self.head_dim)), name=name)
+      (heads, self.head_dim),
+      use_bias=self.use_bias,
+      dtype=self.dtype,
+      **projection_inits(("embed",), (heads_axis, "head_dim"), (d_model, heads, self.head_dim)),
+      name=name,
+    )
     num_kv_heads = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
     project_kv = lambda inputs_BxSxD: (
-        dense(num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
-        dense(num_kv_heads, "kv_heads", "value")(inputs_BxSxD))
+      dense(num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
+      dense(num_kv_heads, "kv_heads", "value")(inputs_BxSxD),
+    )
     q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
     if kv_BxSxD is None and not self.cross:
       return (q_BxTxHxDh, *project_kv(x_BxTxD), key_mask)
     if use_cache:
       return (q_BxTxHxDh, *self._cross_cache(kv_BxSxD, key_mask, project_kv))
     if kv_BxSxD is None:
-      raise ValueError("MultiHeadAttention: cross-attention needs kv_BxSxD (only use_cache "
-                       "may omit it, to read the keys/values a call with it stored)")
+      raise ValueError(
+        "MultiHeadAttention: cross-attention needs kv_BxSxD (only use_cache "
+        "may omit it, to read the keys/values a call with it stored)"
+      )
     return (q_BxTxHxDh, *project_kv(kv_BxSxD), key_mask)
 
-  def _attend_over_cache(self, k_BxTxKxDh: Array, v_BxTxKxDh: Array, cache_index: Array | None,
-                         masking: dict) -> tuple[Array, Array, dict]:
+  def _attend_over_cache(
+    self, k_BxTxKxDh: Array, v_BxTxKxDh: Array, cache_index: Array | None, masking: dict
+  ) -> tuple[Array, Array, dict]:
     """Self-attention under use_cache: writes the new keys and values into the
     cache and returns (k, v) over all L slots [B, L, K, Dh] with `masking`
     (mask, is_causal, window) made explicit for queries at cache_index + t."""
@@ -173,23 +199,29 @@ class MultiHeadAttention(nn.Module):
     # Queries sit at cache_index + t, so the causal and window masks are
     # offset; slots not written yet lie after every query and are masked.
     cache_len = k_BxLxKxDh.shape[1]
-    mask = ops.combine_masks(masking["mask"],
-                             ops.causal_mask(q_len, cache_len, q_offset=cache_index))
+    mask = ops.combine_masks(
+      masking["mask"], ops.causal_mask(q_len, cache_len, q_offset=cache_index)
+    )
     if masking["window"] is not None:
-      mask = ops.combine_masks(mask, ops.sliding_window_mask(
-          q_len, cache_len, window=masking["window"], q_offset=cache_index))
+      mask = ops.combine_masks(
+        mask,
+        ops.sliding_window_mask(q_len, cache_len, window=masking["window"], q_offset=cache_index),
+      )
     return k_BxLxKxDh, v_BxLxKxDh, dict(mask=mask, is_causal=False, window=None)
 
-  def _attend(self, q_BxTxHxDh: Array, k_BxSxKxDh: Array, v_BxSxKxDh: Array, *,
-              deterministic: bool, **attend) -> Array:
+  def _attend(
+    self, q_BxTxHxDh: Array, k_BxSxKxDh: Array, v_BxSxKxDh: Array, *, deterministic: bool, **attend
+  ) -> Array:
     """The heads' outputs [B, T, H, Dh]; `attend` holds ops.dot_product_attention's
     bias, mask, is_causal and window. Query rows may outnumber key rows (a
     multiple of them: see __call__)."""
     batch, q_len = q_BxTxHxDh.shape[:2]
     kv_batch = k_BxSxKxDh.shape[0]
     if batch % kv_batch:
-      raise ValueError(f"MultiHeadAttention: {batch} query rows cannot share {kv_batch} "
-                       "key/value rows (the queries' batch must be a multiple)")
+      raise ValueError(
+        f"MultiHeadAttention: {batch} query rows cannot share {kv_batch} "
+        "key/value rows (the queries' batch must be a multiple)"
+      )
     # Each group of query rows sharing a key row attends as that row's queries.
     q_BxTxHxDh = q_BxTxHxDh.reshape((kv_batch, -1) + q_BxTxHxDh.shape[2:])
     unfold = lambda x_BxGTxN: x_BxGTxN.reshape((batch, q_len) + x_BxGTxN.shape[2:])
@@ -199,19 +231,31 @@ class MultiHeadAttention(nn.Module):
     # recorded weights are the ones the output is computed from.
     if dropout or self.is_mutable_collection("intermediates"):
       weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, scale=self.scale, **attend)
-      self.sow("intermediates", "attention_weights",
-               unfold(weights_BxHxTxS.swapaxes(1, 2)).swapaxes(1, 2))
+      self.sow(
+        "intermediates", "attention_weights", unfold(weights_BxHxTxS.swapaxes(1, 2)).swapaxes(1, 2)
+      )
       weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
-          weights_BxHxTxS, deterministic=not dropout)
+        weights_BxHxTxS, deterministic=not dropout
+      )
       out_BxTxHxDh = ops.apply_attention_weights(weights_BxHxTxS.astype(self.dtype), v_BxSxKxDh)
     else:
       out_BxTxHxDh = ops.dot_product_attention(
-          q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, implementation=self.implementation,
-          scale=self.scale, **attend)
+        q_BxTxHxDh,
+        k_BxSxKxDh,
+        v_BxSxKxDh,
+        implementation=self.implementation,
+        scale=self.scale,
+        **attend,
+      )
     return unfold(out_BxTxHxDh)
 
-  def _position_bias(self, encoding: positions.PositionEncoding, q_positions_BxT: Array,
-                     k_positions_BxS: Array, relative_table: Array | None) -> Array | None:
+  def _position_bias(
+    self,
+    encoding: positions.PositionEncoding,
+    q_positions_BxT: Array,
+    k_positions_BxS: Array,
+    relative_table: Array | None,
+  ) -> Array | None:
     """The encoding's additive bias [B|1, H, T, S], or None if it adds none."""
     if encoding.bias is None:
       return None
@@ -227,32 +271,38 @@ class MultiHeadAttention(nn.Module):
     """
     if kv_BxSxD is None:
       if not self.has_variable("cache", CROSS_CACHE_NAMES[0]):
-        raise ValueError("MultiHeadAttention: cross-attention without kv_BxSxD reads its keys/"
-                         "values from the cache, which holds none (store them by a use_cache "
-                         "call with the encoder output, see txf.decode.encode_for_decoding)")
-      k_BxSxKxDh, v_BxSxKxDh, cached_mask = (self.get_variable("cache", name)
-                                             for name in CROSS_CACHE_NAMES)
+        raise ValueError(
+          "MultiHeadAttention: cross-attention without kv_BxSxD reads its keys/"
+          "values from the cache, which holds none (store them by a use_cache "
+          "call with the encoder output, see txf.decode.encode_for_decoding)"
+        )
+      k_BxSxKxDh, v_BxSxKxDh, cached_mask = (
+        self.get_variable("cache", name) for name in CROSS_CACHE_NAMES
+      )
       return k_BxSxKxDh, v_BxSxKxDh, ops.combine_masks(key_mask, cached_mask)
     k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
     mask_shape = (k_BxSxKxDh.shape[0], 1, 1, k_BxSxKxDh.shape[1])
-    mask_Bx1x1xS = (jnp.ones(mask_shape, bool) if key_mask is None
-                    else jnp.broadcast_to(key_mask, mask_shape))
+    mask_Bx1x1xS = (
+      jnp.ones(mask_shape, bool) if key_mask is None else jnp.broadcast_to(key_mask, mask_shape)
+    )
     for name, value in zip(CROSS_CACHE_NAMES, (k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS)):
       self.put_variable("cache", name, value)
     return k_BxSxKxDh, v_BxSxKxDh, mask_Bx1x1xS
 
   def _update_cache(self, k_BxTxKxDh, v_BxTxKxDh, cache_index):
     """Writes the new keys/values at cache_index; returns the whole cache."""
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BxTxKxDh.shape,
-                               k_BxTxKxDh.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BxTxKxDh.shape,
-                                 v_BxTxKxDh.dtype)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BxTxKxDh.shape, k_BxTxKxDh.dtype)
+    cached_value = self.variable(
+      "cache", "cached_value", jnp.zeros, v_BxTxKxDh.shape, v_BxTxKxDh.dtype
+    )
     if self.is_initializing():
       return k_BxTxKxDh, v_BxTxKxDh
     new_len, cache_len = k_BxTxKxDh.shape[1], cached_key.value.shape[1]
     if new_len > cache_len:
-      raise ValueError(f"decode: {new_len} new tokens do not fit a KV cache of {cache_len} "
-                       "slots (init the cache with a longer input, at most model.max_len)")
+      raise ValueError(
+        f"decode: {new_len} new tokens do not fit a KV cache of {cache_len} "
+        "slots (init the cache with a longer input, at most model.max_len)"
+      )
     start = (0, cache_index, 0, 0)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BxTxKxDh, start)
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BxTxKxDh, start)

@@ -8,7 +8,8 @@ stack-wide T5 relative-bias table and, for Pre-LN, a final norm.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -16,10 +17,10 @@ import jax.numpy as jnp
 
 from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
+from txf.layers.config import DEFAULTS, ModelConfig, derived
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
-from txf.layers.config import DEFAULTS, ModelConfig
 
 Array = jax.Array
 
@@ -52,36 +53,77 @@ class TransformerBlock(nn.Module):
   use_cache: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, q_positions_BxT: Array, self_mask: Array | None,
-               relative_table: Array | None, cache_index: Array | None,
-               cross_x_BxSxD: Array | None, cross_mask: Array | None):
+  def __call__(
+    self,
+    x_BxTxD: Array,
+    q_positions_BxT: Array,
+    self_mask: Array | None,
+    relative_table: Array | None,
+    cache_index: Array | None,
+    cross_x_BxSxD: Array | None,
+    cross_mask: Array | None,
+  ):
     cfg = self.cfg
     dtype = compute_dtype(cfg)
     attention = lambda name, causal, position: MultiHeadAttention(
-        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        position=position, causal=causal, bidirectional_bias=not causal,
-        window=cfg.window if name == "self_attention" else None,
-        rope_base=cfg.rope_base, rope_scale=cfg.rope_scale, t5_max_distance=cfg.t5_max_distance,
-        use_bias=cfg.use_bias, attention_dropout_rate=cfg.attention_dropout_rate,
-        implementation=cfg.attention_impl, dtype=dtype,
-        scale=None if cfg.scale_attention else 1.0, cross=name == "cross_attention",
-        name=name)
+      num_heads=cfg.num_heads,
+      num_kv_heads=cfg.num_kv_heads,
+      head_dim=derived(cfg.head_dim),
+      position=position,
+      causal=causal,
+      bidirectional_bias=not causal,
+      window=cfg.window if name == "self_attention" else None,
+      rope_base=cfg.rope_base,
+      rope_scale=cfg.rope_scale,
+      t5_max_distance=cfg.t5_max_distance,
+      use_bias=cfg.use_bias,
+      attention_dropout_rate=cfg.attention_dropout_rate,
+      implementation=cfg.attention_impl,
+      dtype=dtype,
+      scale=None if cfg.scale_attention else 1.0,
+      cross=name == "cross_attention",
+      name=name,
+    )
 
     self_attention = attention("self_attention", self.causal, cfg.position)
-    x_BxTxD = self._residual("self_attention", x_BxTxD, lambda h: self_attention(
-        h, q_positions_BxT=q_positions_BxT, key_mask=self_mask, relative_table=relative_table,
-        cache_index=cache_index, deterministic=self.deterministic, use_cache=self.use_cache))
+    x_BxTxD = self._residual(
+      "self_attention",
+      x_BxTxD,
+      lambda h: self_attention(
+        h,
+        q_positions_BxT=q_positions_BxT,
+        key_mask=self_mask,
+        relative_table=relative_table,
+        cache_index=cache_index,
+        deterministic=self.deterministic,
+        use_cache=self.use_cache,
+      ),
+    )
     if self.has_cross:
       # Cross-attention carries no positional signal (as in T5 and Vaswani et al.).
       cross_attention = attention("cross_attention", False, "none")
-      x_BxTxD = self._residual("cross_attention", x_BxTxD, lambda h: cross_attention(
-          h, cross_x_BxSxD, q_positions_BxT=q_positions_BxT, key_mask=cross_mask,
-          deterministic=self.deterministic, use_cache=self.use_cache))
-    ffn = FeedForward(cfg.d_ff, cfg.activation, use_bias=cfg.use_bias,
-                      dropout_rate=cfg.dropout_rate, dtype=dtype,
-                      gelu_approximate=cfg.gelu_approximate, name="ffn")
-    x_BxTxD = self._residual("ffn", x_BxTxD,
-                             lambda h: ffn(h, deterministic=self.deterministic))
+      x_BxTxD = self._residual(
+        "cross_attention",
+        x_BxTxD,
+        lambda h: cross_attention(
+          h,
+          cross_x_BxSxD,
+          q_positions_BxT=q_positions_BxT,
+          key_mask=cross_mask,
+          deterministic=self.deterministic,
+          use_cache=self.use_cache,
+        ),
+      )
+    ffn = FeedForward(
+      derived(cfg.d_ff),
+      cfg.activation,
+      use_bias=cfg.use_bias,
+      dropout_rate=cfg.dropout_rate,
+      dtype=dtype,
+      gelu_approximate=cfg.gelu_approximate,
+      name="ffn",
+    )
+    x_BxTxD = self._residual("ffn", x_BxTxD, lambda h: ffn(h, deterministic=self.deterministic))
     return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES), None
 
   def _residual(self, name: str, x_BxTxD: Array, sublayer: Callable[[Array], Array]) -> Array:
@@ -109,10 +151,18 @@ class TransformerStack(nn.Module):
   has_cross: bool = False
 
   @nn.compact
-  def __call__(self, x_BxTxD: Array, *, q_positions_BxT: Array, self_mask: Array | None = None,
-               cache_index: Array | None = None, cross_x_BxSxD: Array | None = None,
-               cross_mask: Array | None = None, deterministic: bool = True,
-               use_cache: bool = False) -> Array:
+  def __call__(
+    self,
+    x_BxTxD: Array,
+    *,
+    q_positions_BxT: Array,
+    self_mask: Array | None = None,
+    cache_index: Array | None = None,
+    cross_x_BxSxD: Array | None = None,
+    cross_mask: Array | None = None,
+    deterministic: bool = True,
+    use_cache: bool = False,
+  ) -> Array:
     """[B, T, D] embedded inputs -> [B, T, D] final hidden states.
 
     Args:
@@ -130,24 +180,38 @@ class TransformerStack(nn.Module):
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
     relative_table = None
     if positions.encoding(cfg.position).table == "relative":
-      relative_table = RelativePositionTable(num_heads=cfg.num_heads,
-                                             num_buckets=cfg.t5_num_buckets,
-                                             name="relative_position")()
+      relative_table = RelativePositionTable(
+        num_heads=cfg.num_heads, num_buckets=cfg.t5_num_buckets, name="relative_position"
+      )()
     block = TransformerBlock
     if cfg.remat:
       # Inside scan, CSE cannot merge the recomputation away, so it may stay off.
       block = nn.remat(block, prevent_cse=not cfg.scan_layers)
-    block_args = (x_BxTxD, q_positions_BxT, self_mask, relative_table, cache_index,
-                  cross_x_BxSxD, cross_mask)
-    block_attrs = dict(cfg=cfg, causal=self.causal, has_cross=self.has_cross,
-                       deterministic=deterministic, use_cache=use_cache)
+    block_args = (
+      x_BxTxD,
+      q_positions_BxT,
+      self_mask,
+      relative_table,
+      cache_index,
+      cross_x_BxSxD,
+      cross_mask,
+    )
+    block_attrs: dict[str, Any] = dict(
+      cfg=cfg,
+      causal=self.causal,
+      has_cross=self.has_cross,
+      deterministic=deterministic,
+      use_cache=use_cache,
+    )
     if cfg.scan_layers:
-      scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
-                                              HEAD_MASK: 0},
-                        split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast,) * (len(block_args) - 1),
-                        length=num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
+      scanned = nn.scan(
+        block,
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0, HEAD_MASK: 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * (len(block_args) - 1),
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
       x_BxTxD, _ = scanned(**block_attrs, name="blocks")(*block_args)
     else:
       for i in range(num_layers):

@@ -10,7 +10,8 @@ field, before any parameter is created.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from txf import checks
 from txf.layers import positions
@@ -28,19 +29,35 @@ GELU_ACTIVATIONS = ("gelu", "geglu")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
 # The string fields with a fixed set of values (--print_config lists them).
-CHOICES = {"family": FAMILIES, "position": POSITIONS, "activation": ACTIVATIONS,
-           "norm": NORMS, "norm_placement": NORM_PLACEMENTS, "head": HEADS,
-           "pooling": POOLINGS, "dtype": DTYPES, "attention_impl": ATTENTION_IMPLEMENTATIONS}
+CHOICES = {
+  "family": FAMILIES,
+  "position": POSITIONS,
+  "activation": ACTIVATIONS,
+  "norm": NORMS,
+  "norm_placement": NORM_PLACEMENTS,
+  "head": HEADS,
+  "pooling": POOLINGS,
+  "dtype": DTYPES,
+  "attention_impl": ATTENTION_IMPLEMENTATIONS,
+}
 # The fields that are True or False (scale_logits may also be None).
-BOOL_FIELDS = ("gelu_approximate", "embed_norm", "scale_attention", "use_bias", "tie_embeddings",
-               "share_embeddings", "remat", "scan_layers")
+BOOL_FIELDS = (
+  "gelu_approximate",
+  "embed_norm",
+  "scale_attention",
+  "use_bias",
+  "tie_embeddings",
+  "share_embeddings",
+  "remat",
+  "scan_layers",
+)
 
 # Which heads each family can carry.
 FAMILY_HEADS = {
-    "decoder": ("lm", "classify", "none"),
-    "encoder": ("mlm", "classify", "none"),
-    "encoder_decoder": ("lm",),
-    "lstm": ("lm",),
+  "decoder": ("lm", "classify", "none"),
+  "encoder": ("mlm", "classify", "none"),
+  "encoder_decoder": ("lm",),
+  "lstm": ("lm",),
 }
 
 # Fields that None derives from others (ModelConfig._resolve); replace()
@@ -51,8 +68,19 @@ DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "scale_logits", "num_decod
 # d_model is both its embedding and its hidden width, norm/norm_eps its final
 # norm's. Every other field describes a Transformer (attention, positions,
 # block norms, FFN, layer scan) and must keep its default with family='lstm'.
-LSTM_FIELDS = ("family", "vocab_size", "d_model", "num_layers", "norm", "norm_eps",
-               "dropout_rate", "tie_embeddings", "head", "pad_id", "dtype")
+LSTM_FIELDS = (
+  "family",
+  "vocab_size",
+  "d_model",
+  "num_layers",
+  "norm",
+  "norm_eps",
+  "dropout_rate",
+  "tie_embeddings",
+  "head",
+  "pad_id",
+  "dtype",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,47 +94,47 @@ class ModelConfig:
   fields None.
   """
 
-  family: str = "decoder"          # decoder | encoder | encoder_decoder | lstm
+  family: str = "decoder"  # decoder | encoder | encoder_decoder | lstm
   vocab_size: int = 260
   d_model: int = 128
   num_heads: int = 4
   num_kv_heads: int | None = None  # None: = num_heads (MHA); 1: MQA; else GQA
-  head_dim: int | None = None      # None: d_model // num_heads
-  num_layers: int = 2              # layers per stack
+  head_dim: int | None = None  # None: d_model // num_heads
+  num_layers: int = 2  # layers per stack
   num_decoder_layers: int | None = None  # encoder_decoder only; None: num_layers
-  d_ff: int | None = None          # None: 4*d_model, or 8/3*d_model if gated
-  activation: str = "gelu"         # relu | gelu | swiglu | geglu
-  gelu_approximate: bool = True    # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
-  position: str = "rope"           # a txf.layers.positions.ENCODINGS name
-  max_len: int = 512               # learned table size and longest KV cache
+  d_ff: int | None = None  # None: 4*d_model, or 8/3*d_model if gated
+  activation: str = "gelu"  # relu | gelu | swiglu | geglu
+  gelu_approximate: bool = True  # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
+  position: str = "rope"  # a txf.layers.positions.ENCODINGS name
+  max_len: int = 512  # learned table size and longest KV cache
   rope_base: float = 10000.0
-  rope_scale: float = 1.0          # > 1: context extension (rope: linear interpolation)
+  rope_scale: float = 1.0  # > 1: context extension (rope: linear interpolation)
   t5_num_buckets: int = 32
   t5_max_distance: int = 128
-  norm: str = "layer"              # layer | rms
+  norm: str = "layer"  # layer | rms
   norm_eps: float = 1e-6
-  norm_placement: str = "pre"      # pre: x + f(norm(x)); post: norm(x + f(x))
-  embed_norm: bool = False         # a model.norm on the embedding sum (BERT, RoBERTa)
-  num_token_types: int = 0         # encoder: token-type (segment) embeddings (BERT: 2); 0: none
-  scale_attention: bool = True     # scores x head_dim^-0.5; False: unscaled (T5)
-  use_bias: bool = False           # biases on attention and FFN projections
-  dropout_rate: float = 0.0        # residual and embedding dropout
+  norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x))
+  embed_norm: bool = False  # a model.norm on the embedding sum (BERT, RoBERTa)
+  num_token_types: int = 0  # encoder: token-type (segment) embeddings (BERT: 2); 0: none
+  scale_attention: bool = True  # scores x head_dim^-0.5; False: unscaled (T5)
+  use_bias: bool = False  # biases on attention and FFN projections
+  dropout_rate: float = 0.0  # residual and embedding dropout
   attention_dropout_rate: float = 0.0
-  tie_embeddings: bool = True      # output projection = token embedding^T
+  tie_embeddings: bool = True  # output projection = token embedding^T
   scale_logits: bool | None = None  # logits x d_model^-0.5; None: when tied (T5 v1.0); GPT-2: False
-  share_embeddings: bool = True    # encoder_decoder: one table for both stacks
-  window: int | None = None        # sliding-window attention span
-  head: str = "lm"                 # lm | mlm | classify | none (returns the hidden states)
-  num_classes: int = 2             # classify head only
-  pooling: str = "cls"             # classify head: cls | mean | max | last
+  share_embeddings: bool = True  # encoder_decoder: one table for both stacks
+  window: int | None = None  # sliding-window attention span
+  head: str = "lm"  # lm | mlm | classify | none (returns the hidden states)
+  num_classes: int = 2  # classify head only
+  pooling: str = "cls"  # classify head: cls | mean | max | last
   pad_id: int = 0
-  dtype: str = "float32"           # compute dtype; parameters stay float32
+  dtype: str = "float32"  # compute dtype; parameters stay float32
   attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
-  remat: bool = False              # recompute block activations in backward
-  scan_layers: bool = False        # nn.scan over layers: compile time O(1) in depth
+  remat: bool = False  # recompute block activations in backward
+  scan_layers: bool = False  # nn.scan over layers: compile time O(1) in depth
 
   @classmethod
-  def from_config(cls, config: Mapping[str, Any] | Any) -> "ModelConfig":
+  def from_config(cls, config: Mapping[str, Any] | Any) -> ModelConfig:
     """Builds and validates from a ConfigDict / dict; unknown fields fail."""
     items = dict(config.items()) if hasattr(config, "items") else dict(vars(config))
     known = {f.name for f in dataclasses.fields(cls)}
@@ -115,10 +143,15 @@ class ModelConfig:
       raise ValueError(f"model.{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
     return cls(**items)
 
-  def __post_init__(self):
-    # frozen: only __post_init__ may set; not a field, so equality ignores it.
-    object.__setattr__(self, "_explicit", frozenset(
-        name for name in DERIVED_FIELDS if getattr(self, name) is not None))
+  def __post_init__(self) -> None:
+    # The derived fields given explicitly. frozen: only __post_init__ may set;
+    # not a field, so equality ignores it (declared here, not in the class body).
+    self._explicit: frozenset[str]
+    object.__setattr__(
+      self,
+      "_explicit",
+      frozenset(name for name in DERIVED_FIELDS if getattr(self, name) is not None),
+    )
     for name, choices in CHOICES.items():
       checks.choice(getattr(self, name), f"model.{name}", choices)
     for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len", "num_classes"):
@@ -138,27 +171,34 @@ class ModelConfig:
       return self._check_lstm()  # none of the Transformer checks below apply
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
-          f"model.num_heads: {self.num_heads} does not divide model.d_model={self.d_model} "
-          "(set model.head_dim to decouple them)")
+        f"model.num_heads: {self.num_heads} does not divide model.d_model={self.d_model} "
+        "(set model.head_dim to decouple them)"
+      )
     if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-      raise ValueError(f"model.num_kv_heads: {self.num_kv_heads} does not divide "
-                       f"model.num_heads={self.num_heads}")
+      raise ValueError(
+        f"model.num_kv_heads: {self.num_kv_heads} does not divide model.num_heads={self.num_heads}"
+      )
     self._check_position()
     if self.head not in FAMILY_HEADS[self.family]:
       raise ValueError(
-          f"model.head: {self.head!r} does not fit model.family={self.family!r} "
-          f"(choose from {FAMILY_HEADS[self.family]})")
+        f"model.head: {self.head!r} does not fit model.family={self.family!r} "
+        f"(choose from {FAMILY_HEADS[self.family]})"
+      )
     if self.family == "decoder" and self.head == "classify" and self.pooling == "cls":
-      raise ValueError("model.pooling: 'cls' on a causal decoder pools a token that saw only "
-                       "itself; use 'last' (or 'mean'/'max')")
+      raise ValueError(
+        "model.pooling: 'cls' on a causal decoder pools a token that saw only "
+        "itself; use 'last' (or 'mean'/'max')"
+      )
     checks.int_at_least(self.num_token_types, "model.num_token_types", 0)
     if self.num_token_types and self.family != "encoder":
-      raise ValueError(f"model.num_token_types: only family='encoder' takes token types, "
-                       f"not {self.family!r}")
-    if (not self.gelu_approximate and self.activation not in GELU_ACTIVATIONS
-        and self.head != "mlm"):
-      raise ValueError(f"model.gelu_approximate: False changes nothing: no GELU in "
-                       f"model.activation={self.activation!r} or model.head={self.head!r}")
+      raise ValueError(
+        f"model.num_token_types: only family='encoder' takes token types, not {self.family!r}"
+      )
+    if not self.gelu_approximate and self.activation not in GELU_ACTIVATIONS and self.head != "mlm":
+      raise ValueError(
+        f"model.gelu_approximate: False changes nothing: no GELU in "
+        f"model.activation={self.activation!r} or model.head={self.head!r}"
+      )
     if self.num_decoder_layers is not None and self.family != "encoder_decoder":
       raise ValueError("model.num_decoder_layers: only applies to family='encoder_decoder'")
     checks.fraction(self.dropout_rate, "model.dropout_rate")
@@ -171,11 +211,14 @@ class ModelConfig:
     """What the registry entry of model.position needs: an even dimension, a
     relative table of at least 4 buckets (two exact ones per direction)."""
     encoding = positions.encoding(self.position)
-    dims = dict(d_model=self.d_model,
-                head_dim=self.d_model // self.num_heads if self.head_dim is None else self.head_dim)
+    dims = dict(
+      d_model=self.d_model,
+      head_dim=self.d_model // self.num_heads if self.head_dim is None else self.head_dim,
+    )
     if encoding.even is not None and dims[encoding.even] % 2:
-      raise ValueError(f"model.position: {self.position} needs an even {encoding.even}, "
-                       f"got {dims[encoding.even]}")
+      raise ValueError(
+        f"model.position: {self.position} needs an even {encoding.even}, got {dims[encoding.even]}"
+      )
     checks.positive_int(self.t5_max_distance, "model.t5_max_distance")
     if encoding.table == "relative":
       checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
@@ -186,11 +229,14 @@ class ModelConfig:
     for field in dataclasses.fields(self):
       if field.name not in LSTM_FIELDS and getattr(self, field.name) != field.default:
         raise ValueError(
-            f"model.{field.name}: does not apply to model.family='lstm' (keep its default "
-            f"{field.default!r}; an LSTM reads only {', '.join(LSTM_FIELDS)})")
+          f"model.{field.name}: does not apply to model.family='lstm' (keep its default "
+          f"{field.default!r}; an LSTM reads only {', '.join(LSTM_FIELDS)})"
+        )
     if self.head not in FAMILY_HEADS["lstm"]:
-      raise ValueError(f"model.head: {self.head!r} does not fit model.family='lstm' "
-                       f"(choose from {FAMILY_HEADS['lstm']})")
+      raise ValueError(
+        f"model.head: {self.head!r} does not fit model.family='lstm' "
+        f"(choose from {FAMILY_HEADS['lstm']})"
+      )
     checks.fraction(self.dropout_rate, "model.dropout_rate")
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
@@ -198,8 +244,12 @@ class ModelConfig:
   def _resolve(self):
     """Fills the None fields with their derived values, once: each quantity
     then has one name (cfg.num_kv_heads, cfg.head_dim, cfg.d_ff, ...)."""
-    resolved = dict(num_kv_heads=self.num_heads, head_dim=self.d_model // self.num_heads,
-                    d_ff=self._default_d_ff(), scale_logits=self.tie_embeddings)
+    resolved = dict(
+      num_kv_heads=self.num_heads,
+      head_dim=self.d_model // self.num_heads,
+      d_ff=self._default_d_ff(),
+      scale_logits=self.tie_embeddings,
+    )
     if self.family == "encoder_decoder":
       resolved["num_decoder_layers"] = self.num_layers
     for name, value in resolved.items():
@@ -213,12 +263,22 @@ class ModelConfig:
       return -(-8 * self.d_model // 3 // 8) * 8
     return 4 * self.d_model
 
-  def replace(self, **changes) -> "ModelConfig":
+  def replace(self, **changes) -> ModelConfig:
     """A copy with `changes`. Derived fields (DERIVED_FIELDS) given explicitly
     to this config or in `changes` keep their values; the others derive again
     from the new fields (replace(d_model=256) doubles a derived d_ff)."""
     rederived = {name: None for name in DERIVED_FIELDS if name not in self._explicit}
     return dataclasses.replace(self, **{**rederived, **changes})
+
+
+T = TypeVar("T")
+
+
+def derived(value: T | None) -> T:
+  """A derived field (DERIVED_FIELDS) of a Transformer config, which
+  __post_init__ has filled (never None there), typed without the None."""
+  assert value is not None, "a derived ModelConfig field read on an LSTM config"
+  return value
 
 
 # The one source of defaults: a layer's attributes that repeat a model field

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -10,15 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.layers import positions
-from txf.layers.config import DEFAULTS
+from txf.layers.config import DEFAULTS, derived
 from txf.layers.norm import Norm
 
 
 def check_position_table(position: str, max_len: int, length: int, what: str) -> None:
   """Rejects `length` positions (of `what`) beyond a learned table of max_len rows."""
   if positions.encoding(position).table == "absolute" and length > max_len:
-    raise ValueError(f"model.max_len: {what} of {length} positions is longer than the "
-                     f"learned position table ({max_len} rows)")
+    raise ValueError(
+      f"model.max_len: {what} of {length} positions is longer than the "
+      f"learned position table ({max_len} rows)"
+    )
 
 
 class Embedder(nn.Module):
@@ -48,14 +50,19 @@ class Embedder(nn.Module):
   num_token_types: int = DEFAULTS.num_token_types
   norm: str | None = None
   norm_eps: float = DEFAULTS.norm_eps
-  scale_logits: bool = DEFAULTS.scale_logits
+  scale_logits: bool = derived(DEFAULTS.scale_logits)
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
     # embeddings and sinusoids are both O(1) and initial logits are O(1).
-    self.token = nn.Embed(self.vocab_size, self.d_model, dtype=self.dtype,
-                          embedding_init=nn.with_logical_partitioning(
-                              nn.initializers.normal(stddev=1.0), ("vocab", "embed")))
+    self.token = nn.Embed(
+      self.vocab_size,
+      self.d_model,
+      dtype=self.dtype,
+      embedding_init=nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=1.0), ("vocab", "embed")
+      ),
+    )
     self.encoding = positions.encoding(self.position)
     if self.encoding.table == "absolute":
       # N(0, 0.02), BERT's scale for its position rows (GPT-2: 0.01). Beside
@@ -63,21 +70,31 @@ class Embedder(nn.Module):
       # and BERT 1; a table at GPT-2's ratio, N(0, 0.5), trained no better on
       # configs/base.py (docs/results.md, section 1), so the small start stays.
       self.position_table = self.param(
-          "position_table",
-          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
-          (self.max_len, self.d_model), jnp.float32)
+        "position_table",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+        (self.max_len, self.d_model),
+        jnp.float32,
+      )
     if self.num_token_types:
       # As the position table: small next to the N(0, 1) token rows.
       self.token_type_table = self.param(
-          "token_type_table",
-          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
-          (self.num_token_types, self.d_model), jnp.float32)
+        "token_type_table",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+        (self.num_token_types, self.d_model),
+        jnp.float32,
+      )
     if self.norm is not None:
       self.embed_norm = Norm(self.norm, self.norm_eps, self.dtype)
 
-  def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
-               token_types_BxT: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self,
+    tokens_BxT: jax.Array,
+    positions_BxT: jax.Array | None,
+    token_types_BxT: jax.Array | None = None,
+  ) -> jax.Array:
     """tokens [B, T] int, positions [B|1, T], token types [B, T] int -> [B, T, D].
+
+    positions may be None where the encoding adds no embedding (rope, alibi, none, ...).
 
     Token ids must lie in [0, vocab_size) and token types in
     [0, num_token_types): concrete ids outside raise ValueError. Under jit the
@@ -85,26 +102,37 @@ class Embedder(nn.Module):
     finite embedding, never NaN logits). token_types None means type 0
     everywhere (BERT's default); they are refused without a token-type table.
     """
-    tokens_BxT = _checked_ids(tokens_BxT, self.vocab_size, "tokens", "the vocabulary",
-                              "model.vocab_size")
+    tokens_BxT = _checked_ids(
+      tokens_BxT, self.vocab_size, "tokens", "the vocabulary", "model.vocab_size"
+    )
     x_BxTxD = self.token(tokens_BxT)
     check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
     if self.encoding.embed is not None:
+      assert positions_BxT is not None, f"model.position={self.position!r} needs positions"
       table_LxD = self.position_table if self.encoding.table == "absolute" else None
       x_BxTxD = x_BxTxD + self.encoding.embed(self, positions_BxT, table_LxD).astype(self.dtype)
     if self.num_token_types:
       if token_types_BxT is None:
         token_types_BxT = jnp.zeros_like(tokens_BxT)
       elif jnp.shape(token_types_BxT) != tokens_BxT.shape:
-        raise ValueError(f"token_types: shape {jnp.shape(token_types_BxT)} differs from the "
-                         f"tokens' {tokens_BxT.shape}")
-      token_types_BxT = _checked_ids(token_types_BxT, self.num_token_types, "token_types",
-                                     "the token types", "model.num_token_types")
-      x_BxTxD = x_BxTxD + jnp.take(self.token_type_table, token_types_BxT,
-                                   axis=0).astype(self.dtype)
+        raise ValueError(
+          f"token_types: shape {jnp.shape(token_types_BxT)} differs from the "
+          f"tokens' {tokens_BxT.shape}"
+        )
+      token_types_BxT = _checked_ids(
+        token_types_BxT,
+        self.num_token_types,
+        "token_types",
+        "the token types",
+        "model.num_token_types",
+      )
+      x_BxTxD = x_BxTxD + jnp.take(self.token_type_table, token_types_BxT, axis=0).astype(
+        self.dtype
+      )
     elif token_types_BxT is not None:
-      raise ValueError("token_types: the model has no token-type embeddings "
-                       "(model.num_token_types=0)")
+      raise ValueError(
+        "token_types: the model has no token-type embeddings (model.num_token_types=0)"
+      )
     if self.norm is not None:
       x_BxTxD = self.embed_norm(x_BxTxD)
     return x_BxTxD
@@ -118,8 +146,9 @@ class Embedder(nn.Module):
     return logits
 
 
-def _checked_ids(ids_BxT: jax.Array, size: int, what: str, range_name: str, field: str
-                 ) -> jax.Array:
+def _checked_ids(
+  ids_BxT: jax.Array, size: int, what: str, range_name: str, field: str
+) -> jax.Array:
   """Integer ids clamped to [0, size); concrete ids outside raise ValueError."""
   ids_BxT = jnp.asarray(ids_BxT)
   if not jnp.issubdtype(ids_BxT.dtype, jnp.integer):
@@ -153,11 +182,18 @@ class RelativePositionTable(nn.Module):
 
   @nn.compact
   def __call__(self) -> jax.Array:
-    return self.param("table",
-                      nn.with_logical_partitioning(
-                          nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                          (None, "heads")),
-                      (self.num_buckets, self.num_heads), jnp.float32)
+    # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
+    return cast(
+      jax.Array,
+      self.param(
+        "table",
+        nn.with_logical_partitioning(
+          nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), (None, "heads")
+        ),
+        (self.num_buckets, self.num_heads),
+        jnp.float32,
+      ),
+    )
 
 
 class Positions(nn.Module):

@@ -12,8 +12,12 @@ import jax.numpy as jnp
 from txf.layers.config import DEFAULTS, GATED_ACTIVATIONS
 from txf.layers.partitioning import projection_inits
 
-_ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "swiglu": jax.nn.silu,
-                "geglu": jax.nn.gelu}
+_ACTIVATIONS = {
+  "relu": jax.nn.relu,
+  "gelu": jax.nn.gelu,
+  "swiglu": jax.nn.silu,
+  "geglu": jax.nn.gelu,
+}
 
 
 class FeedForward(nn.Module):
@@ -41,7 +45,8 @@ class FeedForward(nn.Module):
     if self.activation not in _ACTIVATIONS:
       raise ValueError(f"FeedForward.activation: {self.activation!r} not in {tuple(_ACTIVATIONS)}")
     dense = lambda features, axes, name: nn.Dense(
-        features, use_bias=self.use_bias, dtype=self.dtype, **projection_inits(*axes), name=name)
+      features, use_bias=self.use_bias, dtype=self.dtype, **projection_inits(*axes), name=name
+    )
     act = _ACTIVATIONS[self.activation]
     if act is jax.nn.gelu:
       act = functools.partial(jax.nn.gelu, approximate=self.gelu_approximate)

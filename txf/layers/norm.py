@@ -27,12 +27,14 @@ class Norm(nn.Module):
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     """[..., D] -> [..., D] in the compute dtype."""
     d = x_BxTxD.shape[-1]
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                       (d,), jnp.float32)
+    scale = self.param(
+      "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (d,), jnp.float32
+    )
     x_BxTxD = x_BxTxD.astype(self.dtype)
     if self.kind == "layer":
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                        (d,), jnp.float32)
+      bias = self.param(
+        "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d,), jnp.float32
+      )
       return ops.layer_norm(x_BxTxD, scale, bias, eps=self.eps)
     if self.kind == "rms":
       return ops.rms_norm(x_BxTxD, scale, eps=self.eps)

@@ -9,23 +9,33 @@ dimension never split; `nn.scan` over layers prepends 'layers'.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import flax.linen as nn
 
 Axes = Sequence[str | None]
 
 
-def _reshaped(init: nn.initializers.Initializer,
-              shape: tuple[int, ...] | None) -> nn.initializers.Initializer:
+class ProjectionInits(TypedDict):
+  """The `kernel_init` and `bias_init` keyword arguments of a flax Dense layer."""
+
+  kernel_init: Callable[..., Any]
+  bias_init: Callable[..., Any]
+
+
+def _reshaped(
+  init: nn.initializers.Initializer, shape: tuple[int, ...] | None
+) -> nn.initializers.Initializer:
   """`init` on the shape it is asked for, then reshaped to `shape` (if given)."""
   if shape is None:
     return init
   return lambda rng, asked, dtype=float: init(rng, asked, dtype).reshape(shape)
 
 
-def projection_inits(in_axes: Axes, out_axes: Axes, kernel_shape: tuple[int, ...] | None = None
-                     ) -> dict[str, nn.initializers.Initializer]:
+def projection_inits(
+  in_axes: Axes, out_axes: Axes, kernel_shape: tuple[int, ...] | None = None
+) -> ProjectionInits:
   """`kernel_init` (Glorot uniform) and `bias_init` (zeros) of a projection.
 
   The kernel's axes are `in_axes + out_axes` (the contracted dimensions, then
@@ -38,9 +48,12 @@ def projection_inits(in_axes: Axes, out_axes: Axes, kernel_shape: tuple[int, ...
   axes than they have. Reshaped here already (same values: Glorot's fans are
   those of the flattened kernel), the boxes always fit their axes.
   """
-  bias_shape = None if kernel_shape is None else tuple(kernel_shape[len(in_axes):])
-  return dict(
-      kernel_init=nn.with_logical_partitioning(
-          _reshaped(nn.initializers.xavier_uniform(), kernel_shape), (*in_axes, *out_axes)),
-      bias_init=nn.with_logical_partitioning(
-          _reshaped(nn.initializers.zeros_init(), bias_shape), tuple(out_axes)))
+  bias_shape = None if kernel_shape is None else tuple(kernel_shape[len(in_axes) :])
+  return ProjectionInits(
+    kernel_init=nn.with_logical_partitioning(
+      _reshaped(nn.initializers.xavier_uniform(), kernel_shape), (*in_axes, *out_axes)
+    ),
+    bias_init=nn.with_logical_partitioning(
+      _reshaped(nn.initializers.zeros_init(), bias_shape), tuple(out_axes)
+    ),
+  )

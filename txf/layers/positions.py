@@ -26,7 +26,8 @@ config file in configs/; docs/positions.md walks through an example.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,9 +54,11 @@ class PositionEncoding:
   """
 
   contributes: str
-  embed: Callable[[Any, Array, Array | None], Array] | None = None
+  # The table argument is an Array when `table` is set and None when it is
+  # not, so each function declares one or the other: Any here.
+  embed: Callable[[Any, Array, Any], Array] | None = None
   rotate: Callable[[Any, Array, Array], Array] | None = None
-  bias: Callable[[Any, Array, Array, Array | None], Array] | None = None
+  bias: Callable[[Any, Array, Array, Any], Array] | None = None
   table: str | None = None
   even: str | None = None
 
@@ -63,11 +66,14 @@ class PositionEncoding:
     if self.contributes not in CONTRIBUTIONS:
       raise ValueError(f"contributes: {self.contributes!r} not in {CONTRIBUTIONS}")
     given = {name for name in ("embed", "rotate", "bias") if getattr(self, name) is not None}
-    expected = {"embedding": {"embed"}, "rotation": {"rotate"}, "bias": {"bias"},
-                "nothing": set()}[self.contributes]
+    expected = {"embedding": {"embed"}, "rotation": {"rotate"}, "bias": {"bias"}, "nothing": set()}[
+      self.contributes
+    ]
     if given != expected:
-      raise ValueError(f"contributes={self.contributes!r} takes {sorted(expected) or 'none'} "
-                       f"of embed/rotate/bias, got {sorted(given) or 'none'}")
+      raise ValueError(
+        f"contributes={self.contributes!r} takes {sorted(expected) or 'none'} "
+        f"of embed/rotate/bias, got {sorted(given) or 'none'}"
+      )
     if self.table not in (None,) + TABLES:
       raise ValueError(f"table: {self.table!r} not in {TABLES}")
 
@@ -81,13 +87,15 @@ def _sinusoidal_embedding(layer, positions_BxT: Array, table: None) -> Array:
 
 
 def _rope(layer, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
-  return positional.apply_rope(x_BxTxHxDh, positions_BxT, base=layer.rope_base,
-                               scale=layer.rope_scale)
+  return positional.apply_rope(
+    x_BxTxHxDh, positions_BxT, base=layer.rope_base, scale=layer.rope_scale
+  )
 
 
 def _ntk_rope(layer, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
-  return positional.apply_ntk_rope(x_BxTxHxDh, positions_BxT, base=layer.rope_base,
-                                   scale=layer.rope_scale)
+  return positional.apply_ntk_rope(
+    x_BxTxHxDh, positions_BxT, base=layer.rope_base, scale=layer.rope_scale
+  )
 
 
 def _alibi(layer, q_positions: Array, k_positions: Array, table: None) -> Array:
@@ -95,25 +103,30 @@ def _alibi(layer, q_positions: Array, k_positions: Array, table: None) -> Array:
 
 
 def _t5_bias(layer, q_positions: Array, k_positions: Array, table_NxH: Array) -> Array:
-  return positional.relative_position_bias(table_NxH, q_positions, k_positions,
-                                           bidirectional=layer.bidirectional_bias,
-                                           max_distance=layer.t5_max_distance)
+  return positional.relative_position_bias(
+    table_NxH,
+    q_positions,
+    k_positions,
+    bidirectional=layer.bidirectional_bias,
+    max_distance=layer.t5_max_distance,
+  )
 
 
 ENCODINGS: dict[str, PositionEncoding] = {
-    "sinusoidal": PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model"),
-    "learned": PositionEncoding("embedding", embed=_learned_embedding, table="absolute"),
-    "rope": PositionEncoding("rotation", rotate=_rope, even="head_dim"),
-    "rope_ntk": PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"),
-    "alibi": PositionEncoding("bias", bias=_alibi),
-    "t5_bias": PositionEncoding("bias", bias=_t5_bias, table="relative"),
-    "none": PositionEncoding("nothing"),
+  "sinusoidal": PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model"),
+  "learned": PositionEncoding("embedding", embed=_learned_embedding, table="absolute"),
+  "rope": PositionEncoding("rotation", rotate=_rope, even="head_dim"),
+  "rope_ntk": PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"),
+  "alibi": PositionEncoding("bias", bias=_alibi),
+  "t5_bias": PositionEncoding("bias", bias=_t5_bias, table="relative"),
+  "none": PositionEncoding("nothing"),
 }
 
 
 def encoding(name: str) -> PositionEncoding:
   """The entry for `model.position` = name; ValueError naming the choices."""
   if name not in ENCODINGS:
-    raise ValueError(f"model.position: {name!r} is not a registered encoding "
-                     f"(choose from {tuple(ENCODINGS)})")
+    raise ValueError(
+      f"model.position: {name!r} is not a registered encoding (choose from {tuple(ENCODINGS)})"
+    )
   return ENCODINGS[name]

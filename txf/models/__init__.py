@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 
@@ -11,8 +12,12 @@ from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead, pool
 from txf.models.lstm import LSTMLanguageModel, LSTMLayer
 from txf.models.transformer import Decoder, Encoder, EncoderDecoder
 
-_FAMILIES = {"decoder": Decoder, "encoder": Encoder, "encoder_decoder": EncoderDecoder,
-             "lstm": LSTMLanguageModel}
+_FAMILIES = {
+  "decoder": Decoder,
+  "encoder": Encoder,
+  "encoder_decoder": EncoderDecoder,
+  "lstm": LSTMLanguageModel,
+}
 
 
 def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
@@ -24,12 +29,26 @@ def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
     ValueError: naming the field, for unknown fields or impossible combinations.
   """
   if not (isinstance(model_config, ModelConfig) or hasattr(model_config, "items")):
-    raise TypeError(f"model config: expected the config's `model` section (a ConfigDict, dict "
-                    f"or ModelConfig), got {type(model_config).__name__}")
-  cfg = (model_config if isinstance(model_config, ModelConfig)
-         else ModelConfig.from_config(model_config))
+    raise TypeError(
+      f"model config: expected the config's `model` section (a ConfigDict, dict "
+      f"or ModelConfig), got {type(model_config).__name__}"
+    )
+  cfg = (
+    model_config if isinstance(model_config, ModelConfig) else ModelConfig.from_config(model_config)
+  )
   return _FAMILIES[cfg.family](cfg)
 
 
-__all__ = ["build", "ModelConfig", "Decoder", "Encoder", "EncoderDecoder", "LMHead",
-           "MaskedLMHead", "ClassificationHead", "pool", "LSTMLanguageModel", "LSTMLayer"]
+__all__ = [
+  "build",
+  "ModelConfig",
+  "Decoder",
+  "Encoder",
+  "EncoderDecoder",
+  "LMHead",
+  "MaskedLMHead",
+  "ClassificationHead",
+  "pool",
+  "LSTMLanguageModel",
+  "LSTMLayer",
+]

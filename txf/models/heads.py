@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -29,9 +31,13 @@ class LMHead(nn.Module):
     cfg = self.cfg
     if cfg.tie_embeddings:
       return embedder.attend(x_BxTxD)  # the embedder applies cfg.scale_logits
-    logits_BxTxV = nn.Dense(cfg.vocab_size, use_bias=False, dtype=compute_dtype(cfg),
-                            **projection_inits(("embed",), ("vocab",)),
-                            name="logits")(x_BxTxD).astype(jnp.float32)
+    logits_BxTxV = nn.Dense(
+      cfg.vocab_size,
+      use_bias=False,
+      dtype=compute_dtype(cfg),
+      **projection_inits(("embed",), ("vocab",)),
+      name="logits",
+    )(x_BxTxD).astype(jnp.float32)
     if cfg.scale_logits:
       logits_BxTxV = logits_BxTxV / jnp.sqrt(cfg.d_model).astype(jnp.float32)
     return logits_BxTxV
@@ -48,16 +54,26 @@ class MaskedLMHead(nn.Module):
     """[B, T, D] -> [B, T, V] float32."""
     cfg = self.cfg
     # [D, D]: one mesh axis cannot split both dimensions.
-    h_BxTxD = nn.Dense(cfg.d_model, dtype=compute_dtype(cfg),
-                       kernel_init=_lecun_kernel_init("embed", None),
-                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                              ("embed",)),
-                       name="transform")(x_BxTxD)
+    h_BxTxD = nn.Dense(
+      cfg.d_model,
+      dtype=compute_dtype(cfg),
+      kernel_init=_lecun_kernel_init("embed", None),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+      name="transform",
+    )(x_BxTxD)
     h_BxTxD = jax.nn.gelu(h_BxTxD, approximate=cfg.gelu_approximate)
     h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(h_BxTxD)
     logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
-    bias_V = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                        (cfg.vocab_size,), jnp.float32)
+    # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
+    bias_V = cast(
+      jax.Array,
+      self.param(
+        "bias",
+        nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+        (cfg.vocab_size,),
+        jnp.float32,
+      ),
+    )
     return logits_BxTxV + bias_V
 
 
@@ -90,7 +106,10 @@ class ClassificationHead(nn.Module):
   def __call__(self, x_BxTxD: jax.Array, valid_BxT: jax.Array) -> jax.Array:
     pooled_BxD = pool(x_BxTxD, valid_BxT, self.cfg.pooling)
     # A handful of classes: not worth splitting.
-    return nn.Dense(self.cfg.num_classes, dtype=compute_dtype(self.cfg),
-                    kernel_init=_lecun_kernel_init("embed", None),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
-                    name="classifier")(pooled_BxD).astype(jnp.float32)
+    return nn.Dense(
+      self.cfg.num_classes,
+      dtype=compute_dtype(self.cfg),
+      kernel_init=_lecun_kernel_init("embed", None),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
+      name="classifier",
+    )(pooled_BxD).astype(jnp.float32)

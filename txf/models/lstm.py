@@ -26,6 +26,9 @@ does not grow with the length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypedDict
+
 import flax.linen as nn
 import jax
 
@@ -37,14 +40,23 @@ from txf.models.heads import LMHead
 Array = jax.Array
 
 
-def _cell_inits() -> dict[str, nn.initializers.Initializer]:
+class _CellInits(TypedDict):
+  """The initializer keyword arguments of nn.OptimizedLSTMCell."""
+
+  kernel_init: Callable[..., Any]
+  recurrent_kernel_init: Callable[..., Any]
+  bias_init: Callable[..., Any]
+
+
+def _cell_inits() -> _CellInits:
   """flax's LSTM initializers (LeCun normal inputs, orthogonal recurrence, zero
   biases) with logical axes: kernels [in, D] are (embed, mlp), biases (mlp,)."""
   axes = ("embed", "mlp")
-  return dict(
-      kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
-      recurrent_kernel_init=nn.with_logical_partitioning(nn.initializers.orthogonal(), axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)))
+  return _CellInits(
+    kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+    recurrent_kernel_init=nn.with_logical_partitioning(nn.initializers.orthogonal(), axes),
+    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)),
+  )
 
 
 class LSTMLayer(nn.Module):
@@ -54,12 +66,14 @@ class LSTMLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, *, use_cache: bool = False) -> Array:
-    cell = nn.OptimizedLSTMCell(self.cfg.d_model, dtype=compute_dtype(self.cfg),
-                                **_cell_inits(), name="cell")
+    cell = nn.OptimizedLSTMCell(
+      self.cfg.d_model, dtype=compute_dtype(self.cfg), **_cell_inits(), name="cell"
+    )
     carry = None  # None: nn.RNN starts from the cell's zero carry
     if use_cache:
-      cached = self.variable("cache", "carry", cell.initialize_carry, jax.random.key(0),
-                             x_BxTxD[:, 0].shape)
+      cached = self.variable(
+        "cache", "carry", cell.initialize_carry, jax.random.key(0), x_BxTxD[:, 0].shape
+      )
       carry = cached.value
     new_carry, y_BxTxD = nn.RNN(cell)(x_BxTxD, initial_carry=carry, return_carry=True)
     if use_cache and not self.is_initializing():
@@ -73,15 +87,17 @@ class LSTMLanguageModel(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_BxT: Array, *, deterministic: bool = True,
-               use_cache: bool = False) -> Array:
+  def __call__(
+    self, tokens_BxT: Array, *, deterministic: bool = True, use_cache: bool = False
+  ) -> Array:
     """tokens [B, T] -> float32 logits [B, T, V].
 
     use_cache=True continues from the layers' carries (see `txf.decode`).
     """
     cfg = self.cfg
-    embedder = Embedder(cfg.vocab_size, cfg.d_model, "none", cfg.max_len,
-                        dtype=compute_dtype(cfg), name="embedder")
+    embedder = Embedder(
+      cfg.vocab_size, cfg.d_model, "none", cfg.max_len, dtype=compute_dtype(cfg), name="embedder"
+    )
     dropout = nn.Dropout(cfg.dropout_rate)
     x_BxTxD = dropout(embedder(tokens_BxT, None), deterministic=deterministic)
     for i in range(cfg.num_layers):

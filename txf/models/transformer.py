@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from txf import ops
 from txf.layers import Embedder, TransformerStack
 from txf.layers.block import compute_dtype
-from txf.layers.config import ModelConfig
+from txf.layers.config import ModelConfig, derived
 from txf.layers.embedding import Positions
 from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead
 
@@ -29,20 +29,32 @@ _HEADS = {"lm": LMHead, "mlm": MaskedLMHead, "classify": ClassificationHead}
 
 
 def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
-  return Embedder(cfg.vocab_size, cfg.d_model, cfg.position, cfg.max_len,
-                  dtype=compute_dtype(cfg), num_token_types=cfg.num_token_types,
-                  norm=cfg.norm if cfg.embed_norm else None, norm_eps=cfg.norm_eps,
-                  scale_logits=cfg.scale_logits, name=name)
+  return Embedder(
+    cfg.vocab_size,
+    cfg.d_model,
+    cfg.position,
+    cfg.max_len,
+    dtype=compute_dtype(cfg),
+    num_token_types=cfg.num_token_types,
+    norm=cfg.norm if cfg.embed_norm else None,
+    norm_eps=cfg.norm_eps,
+    scale_logits=derived(cfg.scale_logits),
+    name=name,
+  )
 
 
-def _check_packing(tokens_BxT: Array, segment_ids_BxT: Array | None,
-                   positions_BxT: Array | None) -> None:
+def _check_packing(
+  tokens_BxT: Array, segment_ids_BxT: Array | None, positions_BxT: Array | None
+) -> None:
   """ValueError unless the packing inputs given are int arrays shaped like the tokens."""
   for name, array in (("segment_ids", segment_ids_BxT), ("positions", positions_BxT)):
-    if array is not None and (array.shape != tokens_BxT.shape
-                              or not jnp.issubdtype(array.dtype, jnp.integer)):
-      raise ValueError(f"{name}: expected int [B, T] = {tokens_BxT.shape} like the tokens, "
-                       f"got {array.dtype} {array.shape}")
+    if array is not None and (
+      array.shape != tokens_BxT.shape or not jnp.issubdtype(array.dtype, jnp.integer)
+    ):
+      raise ValueError(
+        f"{name}: expected int [B, T] = {tokens_BxT.shape} like the tokens, "
+        f"got {array.dtype} {array.shape}"
+      )
 
 
 class _OneStackModel(nn.Module):
@@ -60,18 +72,32 @@ class _OneStackModel(nn.Module):
     if cfg.head != "none":
       self.head = _HEADS[cfg.head](cfg)
 
-  def _forward(self, tokens_BxT: Array, key_mask: Array | None, positions_BxT: Array | None, *,
-               deterministic: bool, use_cache: bool, token_types_BxT: Array | None = None
-               ) -> Array:
+  def _forward(
+    self,
+    tokens_BxT: Array,
+    key_mask: Array | None,
+    positions_BxT: Array | None,
+    *,
+    deterministic: bool,
+    use_cache: bool,
+    token_types_BxT: Array | None = None,
+  ) -> Array:
     positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], use_cache)
     # Packed documents restart the absolute encodings (learned, sinusoidal);
     # the relative ones act in attention on the window's positions, which give
     # the same distances within a document, and the segment mask hides the rest.
     embed_positions = positions_1xT if positions_BxT is None else positions_BxT
-    x_BxTxD = self.embed_dropout(self.embedder(tokens_BxT, embed_positions, token_types_BxT),
-                                 deterministic=deterministic)
-    x_BxTxD = self.stack(x_BxTxD, q_positions_BxT=positions_1xT, self_mask=key_mask,
-                         cache_index=cache_index, deterministic=deterministic, use_cache=use_cache)
+    x_BxTxD = self.embed_dropout(
+      self.embedder(tokens_BxT, embed_positions, token_types_BxT), deterministic=deterministic
+    )
+    x_BxTxD = self.stack(
+      x_BxTxD,
+      q_positions_BxT=positions_1xT,
+      self_mask=key_mask,
+      cache_index=cache_index,
+      deterministic=deterministic,
+      use_cache=use_cache,
+    )
     if self.cfg.head == "none":
       return x_BxTxD
     if self.cfg.head == "classify":
@@ -84,9 +110,15 @@ class Decoder(_OneStackModel):
 
   _causal = True
 
-  def __call__(self, tokens_BxT: Array, segment_ids_BxT: Array | None = None,
-               positions_BxT: Array | None = None, *, deterministic: bool = True,
-               use_cache: bool = False) -> Array:
+  def __call__(
+    self,
+    tokens_BxT: Array,
+    segment_ids_BxT: Array | None = None,
+    positions_BxT: Array | None = None,
+    *,
+    deterministic: bool = True,
+    use_cache: bool = False,
+  ) -> Array:
     """tokens [B, T] -> logits [B, T, V] (lm) or [B, num_classes] (classify).
 
     Packed rows (several documents in one row, txf.data) pass segment ids
@@ -101,16 +133,23 @@ class Decoder(_OneStackModel):
       if use_cache:
         raise ValueError("Decoder: segment_ids (packed documents) do not go with use_cache")
       mask = ops.segment_mask(segment_ids_BxT)
-    return self._forward(tokens_BxT, mask, positions_BxT, deterministic=deterministic,
-                         use_cache=use_cache)
+    return self._forward(
+      tokens_BxT, mask, positions_BxT, deterministic=deterministic, use_cache=use_cache
+    )
 
 
 class Encoder(_OneStackModel):
   """BERT-style bidirectional encoder; padding tokens are never attended to."""
 
-  def __call__(self, tokens_BxS: Array, segment_ids_BxS: Array | None = None,
-               positions_BxS: Array | None = None, *, token_types_BxS: Array | None = None,
-               deterministic: bool = True) -> Array:
+  def __call__(
+    self,
+    tokens_BxS: Array,
+    segment_ids_BxS: Array | None = None,
+    positions_BxS: Array | None = None,
+    *,
+    token_types_BxS: Array | None = None,
+    deterministic: bool = True,
+  ) -> Array:
     """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify).
 
     Packed rows pass segment ids and positions [B, S] as the Decoder does: a
@@ -122,8 +161,14 @@ class Encoder(_OneStackModel):
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
     if segment_ids_BxS is not None:
       key_mask = ops.combine_masks(key_mask, ops.segment_mask(segment_ids_BxS))
-    return self._forward(tokens_BxS, key_mask, positions_BxS, deterministic=deterministic,
-                         use_cache=False, token_types_BxT=token_types_BxS)
+    return self._forward(
+      tokens_BxS,
+      key_mask,
+      positions_BxS,
+      deterministic=deterministic,
+      use_cache=False,
+      token_types_BxT=token_types_BxS,
+    )
 
 
 class EncoderDecoder(nn.Module):
@@ -141,20 +186,27 @@ class EncoderDecoder(nn.Module):
     self.decoder = TransformerStack(cfg, cfg.num_decoder_layers, causal=True, has_cross=True)
     self.head = LMHead(cfg)
 
-  def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True
-             ) -> tuple[Array, Array]:
+  def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True) -> tuple[Array, Array]:
     """tokens [B, S] -> (encoded [B, S, D], key mask [B, 1, 1, S])."""
     positions_1xS, _ = self.positions(encoder_tokens_BxS.shape[1], False)
     key_mask = ops.padding_mask(tokens=encoder_tokens_BxS, pad_id=self.cfg.pad_id)
-    x_BxSxD = self.embed_dropout(self.encoder_embedder(encoder_tokens_BxS, positions_1xS),
-                                 deterministic=deterministic)
-    encoded_BxSxD = self.encoder(x_BxSxD, q_positions_BxT=positions_1xS, self_mask=key_mask,
-                                 deterministic=deterministic)
+    x_BxSxD = self.embed_dropout(
+      self.encoder_embedder(encoder_tokens_BxS, positions_1xS), deterministic=deterministic
+    )
+    encoded_BxSxD = self.encoder(
+      x_BxSxD, q_positions_BxT=positions_1xS, self_mask=key_mask, deterministic=deterministic
+    )
     return encoded_BxSxD, key_mask
 
-  def decode(self, encoded_BxSxD: Array | None, encoder_mask: Array | None,
-             decoder_tokens_BxT: Array, *, deterministic: bool = True,
-             use_cache: bool = False) -> Array:
+  def decode(
+    self,
+    encoded_BxSxD: Array | None,
+    encoder_mask: Array | None,
+    decoder_tokens_BxT: Array,
+    *,
+    deterministic: bool = True,
+    use_cache: bool = False,
+  ) -> Array:
     """Decoder tokens [B, T] attending to an encoding -> logits [B, T, V].
 
     With use_cache (see `txf.decode`) each cross-attention layer stores the
@@ -163,19 +215,39 @@ class EncoderDecoder(nn.Module):
     the encoding again. Decoding zero tokens only stores them.
     """
     if encoded_BxSxD is None and not use_cache:
-      raise ValueError("EncoderDecoder.decode: encoded_BxSxD=None reads the encoding from the "
-                       "cache and needs use_cache=True")
+      raise ValueError(
+        "EncoderDecoder.decode: encoded_BxSxD=None reads the encoding from the "
+        "cache and needs use_cache=True"
+      )
     positions_1xT, cache_index = self.positions(decoder_tokens_BxT.shape[1], use_cache)
-    y_BxTxD = self.embed_dropout(self.decoder_embedder(decoder_tokens_BxT, positions_1xT),
-                                 deterministic=deterministic)
-    y_BxTxD = self.decoder(y_BxTxD, q_positions_BxT=positions_1xT, cache_index=cache_index,
-                           cross_x_BxSxD=encoded_BxSxD, cross_mask=encoder_mask,
-                           deterministic=deterministic, use_cache=use_cache)
+    y_BxTxD = self.embed_dropout(
+      self.decoder_embedder(decoder_tokens_BxT, positions_1xT), deterministic=deterministic
+    )
+    y_BxTxD = self.decoder(
+      y_BxTxD,
+      q_positions_BxT=positions_1xT,
+      cache_index=cache_index,
+      cross_x_BxSxD=encoded_BxSxD,
+      cross_mask=encoder_mask,
+      deterministic=deterministic,
+      use_cache=use_cache,
+    )
     return self.head(y_BxTxD, self.decoder_embedder)
 
-  def __call__(self, encoder_tokens_BxS: Array, decoder_tokens_BxT: Array, *,
-               deterministic: bool = True, use_cache: bool = False) -> Array:
+  def __call__(
+    self,
+    encoder_tokens_BxS: Array,
+    decoder_tokens_BxT: Array,
+    *,
+    deterministic: bool = True,
+    use_cache: bool = False,
+  ) -> Array:
     """encoder tokens [B, S], decoder tokens [B, T] -> logits [B, T, V]."""
     encoded_BxSxD, encoder_mask = self.encode(encoder_tokens_BxS, deterministic=deterministic)
-    return self.decode(encoded_BxSxD, encoder_mask, decoder_tokens_BxT,
-                       deterministic=deterministic, use_cache=use_cache)
+    return self.decode(
+      encoded_BxSxD,
+      encoder_mask,
+      decoder_tokens_BxT,
+      deterministic=deterministic,
+      use_cache=use_cache,
+    )

@@ -7,22 +7,46 @@ and call these.
 
 from txf.ops.attention import apply_attention_weights, attention_weights, dot_product_attention
 from txf.ops.losses import cross_entropy, linear_cross_entropy_sums, token_cross_entropy
-from txf.ops.masks import (causal_mask, combine_masks, padding_mask, segment_mask,
-                           sliding_window_mask)
+from txf.ops.masks import (
+  causal_mask,
+  combine_masks,
+  padding_mask,
+  segment_mask,
+  sliding_window_mask,
+)
 from txf.ops.norms import layer_norm, rms_norm
-from txf.ops.positional import (alibi_bias, alibi_slopes, apply_rope, relative_position_bias,
-                                relative_position_bucket, sinusoidal_embedding)
+from txf.ops.positional import (
+  alibi_bias,
+  alibi_slopes,
+  apply_rope,
+  relative_position_bias,
+  relative_position_bucket,
+  sinusoidal_embedding,
+)
 
 __all__ = [
-    # attention
-    'dot_product_attention', 'attention_weights', 'apply_attention_weights',
-    # masks
-    'causal_mask', 'padding_mask', 'segment_mask', 'sliding_window_mask', 'combine_masks',
-    # positional encodings
-    'sinusoidal_embedding', 'apply_rope', 'alibi_slopes', 'alibi_bias',
-    'relative_position_bucket', 'relative_position_bias',
-    # norms
-    'layer_norm', 'rms_norm',
-    # losses
-    'cross_entropy', 'token_cross_entropy', 'linear_cross_entropy_sums',
+  # attention
+  "dot_product_attention",
+  "attention_weights",
+  "apply_attention_weights",
+  # masks
+  "causal_mask",
+  "padding_mask",
+  "segment_mask",
+  "sliding_window_mask",
+  "combine_masks",
+  # positional encodings
+  "sinusoidal_embedding",
+  "apply_rope",
+  "alibi_slopes",
+  "alibi_bias",
+  "relative_position_bucket",
+  "relative_position_bias",
+  # norms
+  "layer_norm",
+  "rms_norm",
+  # losses
+  "cross_entropy",
+  "token_cross_entropy",
+  "linear_cross_entropy_sums",
 ]

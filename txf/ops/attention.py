@@ -25,7 +25,8 @@ for keys past ``kv_lengths`` (see :func:`dot_product_attention`).
 Shapes (letters used throughout):
   q ``[B, T, H, D]``, k ``[B, S, K, D]``, v ``[B, S, K, Dv]``;
   B batch, T query length, S key length, H query heads, K key/value heads,
-  G = H // K, D query/key head dim, Dv value head dim.
+  G = H // K, D query/key head dim, Dv value head dim (C: keys per block
+  of the chunked path).
   mask: bool, broadcastable to ``[B, H, T, S]``, True = may attend.
   bias: float, broadcastable to ``[B, H, T, S]``, added to the scaled scores.
 
@@ -55,9 +56,9 @@ import numpy as np
 
 from txf.ops import masks as _masks
 
-__all__ = ['apply_attention_weights', 'attention_weights', 'dot_product_attention']
+__all__ = ["apply_attention_weights", "attention_weights", "dot_product_attention"]
 
-IMPLEMENTATIONS = (None, 'xla', 'cudnn', 'chunked')
+IMPLEMENTATIONS = (None, "xla", "cudnn", "chunked")
 # Keys per block of the 'chunked' path when no chunk_size is given.
 DEFAULT_CHUNK_SIZE = 512
 _CUDNN_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -75,7 +76,7 @@ def _check_float(**arrays):
   """ValueError naming the first non-float array (an int q would truncate the output)."""
   for name, x in arrays.items():
     if x is not None and not jnp.issubdtype(x.dtype, jnp.floating):
-      raise ValueError(f'{name} must be a floating-point array, got dtype {x.dtype}')
+      raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
 
 
 def _check_broadcastable(name, x, target):
@@ -87,53 +88,65 @@ def _check_broadcastable(name, x, target):
     except ValueError:
       ok = False
   if not ok:
-    raise ValueError(f'{name} of shape {shape} is not broadcastable to '
-                     f'[B, H, T, S] = {list(target)}')
+    raise ValueError(
+      f"{name} of shape {shape} is not broadcastable to [B, H, T, S] = {list(target)}"
+    )
 
 
 def _validate(q, k, v, bias, mask, kv_lengths, window):
   """Checks shapes/dtypes; returns (bias, mask, kv_lengths, window) as arrays/ints."""
-  for name, x, layout in (('q', q, '[B, T, H, D]'), ('k', k, '[B, S, K, D]'),
-                          ('v', v, '[B, S, K, Dv]')):
+  for name, x, layout in (
+    ("q", q, "[B, T, H, D]"),
+    ("k", k, "[B, S, K, D]"),
+    ("v", v, "[B, S, K, Dv]"),
+  ):
     if x is not None and x.ndim != 4:
-      raise ValueError(f'{name} must have rank 4 {layout}, got shape {x.shape}')
+      raise ValueError(f"{name} must have rank 4 {layout}, got shape {x.shape}")
   _check_float(q=q, k=k, v=v)
   B, T, H, D = q.shape
   _, S, K, Dk = k.shape
   if k.shape[0] != B or (v is not None and v.shape[0] != B):
-    vs = '' if v is None else f', v {v.shape}'
-    raise ValueError(f'batch sizes of q, k, v differ: q {q.shape}, k {k.shape}{vs}')
+    vs = "" if v is None else f", v {v.shape}"
+    raise ValueError(f"batch sizes of q, k, v differ: q {q.shape}, k {k.shape}{vs}")
   if v is not None and v.shape[1] != S:
-    raise ValueError(f'k and v lengths differ: k {k.shape} has S={S}, '
-                     f'v {v.shape} has S={v.shape[1]}')
+    raise ValueError(
+      f"k and v lengths differ: k {k.shape} has S={S}, v {v.shape} has S={v.shape[1]}"
+    )
   if v is not None and v.shape[2] != K:
-    raise ValueError(f'k and v head counts differ: k {k.shape} has K={K}, '
-                     f'v {v.shape} has K={v.shape[2]}')
+    raise ValueError(
+      f"k and v head counts differ: k {k.shape} has K={K}, v {v.shape} has K={v.shape[2]}"
+    )
   if K == 0 or H % K:
-    raise ValueError(f'query heads H={H} (q {q.shape}) must be a multiple of '
-                     f'key/value heads K={K} (k {k.shape})')
+    raise ValueError(
+      f"query heads H={H} (q {q.shape}) must be a multiple of key/value heads K={K} (k {k.shape})"
+    )
   if Dk != D:
-    raise ValueError(f'q and k head dims differ: q {q.shape} has D={D}, '
-                     f'k {k.shape} has D={Dk}')
+    raise ValueError(f"q and k head dims differ: q {q.shape} has D={D}, k {k.shape} has D={Dk}")
   target = (B, H, T, S)
   if bias is not None:
     bias = jnp.asarray(bias)
     if not jnp.issubdtype(bias.dtype, jnp.floating):
-      raise ValueError(f'bias must be a float array (additive), got dtype {bias.dtype}; '
-                       'pass boolean masks as mask=')
-    _check_broadcastable('bias', bias, target)
+      raise ValueError(
+        f"bias must be a float array (additive), got dtype {bias.dtype}; "
+        "pass boolean masks as mask="
+      )
+    _check_broadcastable("bias", bias, target)
   if mask is not None:
     mask = jnp.asarray(mask)
     if mask.dtype != jnp.bool_:
-      raise ValueError(f'mask must be boolean (True = may attend), got dtype '
-                       f'{mask.dtype} with shape {mask.shape}; pass additive '
-                       'masks as bias=')
-    _check_broadcastable('mask', mask, target)
+      raise ValueError(
+        f"mask must be boolean (True = may attend), got dtype "
+        f"{mask.dtype} with shape {mask.shape}; pass additive "
+        "masks as bias="
+      )
+    _check_broadcastable("mask", mask, target)
   if kv_lengths is not None:
     kv_lengths = jnp.asarray(kv_lengths)
     if kv_lengths.shape != (B,) or not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
-      raise ValueError(f'kv_lengths must be an int array of shape [B] = ({B},), got '
-                       f'shape {kv_lengths.shape} dtype {kv_lengths.dtype}')
+      raise ValueError(
+        f"kv_lengths must be an int array of shape [B] = ({B},), got "
+        f"shape {kv_lengths.shape} dtype {kv_lengths.dtype}"
+      )
   window = _check_window(window)
   return bias, mask, kv_lengths, window
 
@@ -145,11 +158,10 @@ def _validate(q, k, v, bias, mask, kv_lengths, window):
 def _combined_mask(mask, is_causal, window, kv_lengths, T, S):
   """AND of every mask source, broadcastable to [B, H, T, S]; None if there is none."""
   return _masks.combine_masks(
-      mask,
-      _masks.causal_mask(T, S) if is_causal else None,
-      _masks.sliding_window_mask(T, S, window=window) if window is not None else None,
-      (_masks.padding_mask(lengths=kv_lengths, k_len=S)
-       if kv_lengths is not None else None),
+    mask,
+    _masks.causal_mask(T, S) if is_causal else None,
+    _masks.sliding_window_mask(T, S, window=window) if window is not None else None,
+    (_masks.padding_mask(lengths=kv_lengths, k_len=S) if kv_lengths is not None else None),
   )
 
 
@@ -167,11 +179,13 @@ def _masked_softmax(logits, valid):
   return unnorm / jnp.where(denom > 0, denom, 1.0)
 
 
-def _split_nonfinite(x_bskd):
-  """x with non-finite entries zeroed, and [B, K, 1, 1, S]: key s of head k is non-finite."""
-  finite_bskd = jnp.isfinite(x_bskd)
-  bad_bks = jnp.transpose(~jnp.all(finite_bskd, axis=-1), (0, 2, 1))
-  return jnp.where(finite_bskd, x_bskd, jnp.zeros((), x_bskd.dtype)), bad_bks[:, :, None, None, :]
+def _split_nonfinite(x_BxSxKxD):
+  """Keys [B, S, K, D] (or values, D = Dv) with non-finite entries zeroed, and
+  [B, K, 1, 1, S]: key s of head k is non-finite."""
+  finite_BxSxKxD = jnp.isfinite(x_BxSxKxD)
+  bad_BxKxS = jnp.transpose(~jnp.all(finite_BxSxKxD, axis=-1), (0, 2, 1))
+  zeroed_BxSxKxD = jnp.where(finite_BxSxKxD, x_BxSxKxD, jnp.zeros((), x_BxSxKxD.dtype))
+  return zeroed_BxSxKxD, bad_BxKxS[:, :, None, None, :]
 
 
 def _grouped_queries(q, num_kv_heads):
@@ -180,16 +194,17 @@ def _grouped_queries(q, num_kv_heads):
   return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)
 
 
-def _scaled_scores(q_btkgd, k_bskd, bad_bk11s, scale):
+def _scaled_scores(q_BxTxKxGxD, k_BxSxKxD, bad_BxKx1x1xS, scale):
   """float32 scale * q.k [B, K, G, T, S] (scale None: 1/sqrt(D)), NaN where a
   key is flagged non-finite in bad [B, K, 1, 1, S] (and zeroed in k)."""
-  acc_dtype = jnp.promote_types(jnp.result_type(q_btkgd, k_bskd), jnp.float32)
-  logits_bkgts = jnp.einsum('btkgd,bskd->bkgts', q_btkgd, k_bskd,
-                            preferred_element_type=acc_dtype)
-  logits_bkgts = jnp.where(bad_bk11s, jnp.nan, logits_bkgts).astype(jnp.float32)
+  acc_dtype = jnp.promote_types(jnp.result_type(q_BxTxKxGxD, k_BxSxKxD), jnp.float32)
+  logits_BxKxGxTxS = jnp.einsum(
+    "btkgd,bskd->bkgts", q_BxTxKxGxD, k_BxSxKxD, preferred_element_type=acc_dtype
+  )
+  logits_BxKxGxTxS = jnp.where(bad_BxKx1x1xS, jnp.nan, logits_BxKxGxTxS).astype(jnp.float32)
   if scale is None:
-    scale = 1.0 / math.sqrt(q_btkgd.shape[-1])
-  return logits_bkgts * jnp.asarray(scale, jnp.float32)
+    scale = 1.0 / math.sqrt(q_BxTxKxGxD.shape[-1])
+  return logits_BxKxGxTxS * jnp.asarray(scale, jnp.float32)
 
 
 def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
@@ -199,39 +214,41 @@ def _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths):
   # Non-finite keys enter the product as 0 and come back as NaN scores, which
   # the mask then replaces: a masked inf key poisons neither the output nor,
   # through 0 * inf in the backward pass, the gradient of q.
-  k, bad_bk11s = _split_nonfinite(k)
-  logits_bhts = _scaled_scores(_grouped_queries(q, K), k, bad_bk11s, scale).reshape(B, H, T, S)
+  k, bad_BxKx1x1xS = _split_nonfinite(k)
+  logits_BxKxGxTxS = _scaled_scores(_grouped_queries(q, K), k, bad_BxKx1x1xS, scale)
+  logits_BxHxTxS = logits_BxKxGxTxS.reshape(B, H, T, S)
   if bias is not None:
-    logits_bhts = logits_bhts + bias.astype(jnp.float32)
+    logits_BxHxTxS = logits_BxHxTxS + bias.astype(jnp.float32)
   valid = _combined_mask(mask, bool(is_causal), window, kv_lengths, T, S)
-  return _masked_softmax(logits_bhts, valid)
+  return _masked_softmax(logits_BxHxTxS, valid)
 
 
-def _weighted_values(w_bhts, v, out_dtype):
+def _weighted_values(w_BxHxTxS, v, out_dtype):
   """[B, H, T, S] weights x [B, S, K, Dv] values -> [B, T, H, Dv] in out_dtype.
 
   Values with weight exactly 0 are skipped even when non-finite (0 * NaN would
   poison the row); a row with nonzero weight on a non-finite value is NaN.
   """
-  B, H, T, S = w_bhts.shape
+  B, H, T, S = w_BxHxTxS.shape
   _, _, K, Dv = v.shape
   G = H // K
-  w_bkgts = w_bhts.reshape(B, K, G, T, S)
-  v, bad_bk11s = _split_nonfinite(v)
-  poisoned_bkgt = jnp.any(bad_bk11s & (w_bkgts != 0), axis=-1)
+  w_BxKxGxTxS = w_BxHxTxS.reshape(B, K, G, T, S)
+  v, bad_BxKx1x1xS = _split_nonfinite(v)
+  poisoned_BxKxGxT = jnp.any(bad_BxKx1x1xS & (w_BxKxGxTxS != 0), axis=-1)
   # Weights go to v's dtype for the product (bf16 matmul on accelerators);
   # the sum accumulates in at least float32.
   acc_dtype = jnp.promote_types(v.dtype, jnp.float32)
-  out_btkgd = jnp.einsum('bkgts,bskd->btkgd', w_bkgts.astype(v.dtype), v,
-                         preferred_element_type=acc_dtype)
-  poisoned_btkg1 = jnp.transpose(poisoned_bkgt, (0, 3, 1, 2))[..., None]
-  out_btkgd = jnp.where(poisoned_btkg1, jnp.nan, out_btkgd)
-  return out_btkgd.reshape(B, T, H, Dv).astype(out_dtype)
+  out_BxTxKxGxDv = jnp.einsum(
+    "bkgts,bskd->btkgd", w_BxKxGxTxS.astype(v.dtype), v, preferred_element_type=acc_dtype
+  )
+  poisoned_BxTxKxGx1 = jnp.transpose(poisoned_BxKxGxT, (0, 3, 1, 2))[..., None]
+  out_BxTxKxGxDv = jnp.where(poisoned_BxTxKxGx1, jnp.nan, out_BxTxKxGxDv)
+  return out_BxTxKxGxDv.reshape(B, T, H, Dv).astype(out_dtype)
 
 
 def _xla_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
-  w_bhts = _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
-  return _weighted_values(w_bhts, v, q.dtype)
+  w_BxHxTxS = _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
+  return _weighted_values(w_BxHxTxS, v, q.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -274,61 +291,85 @@ def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths
   block = min(chunk_size, S)
   num_blocks = -(-S // block)
   S_padded = num_blocks * block
-  q_btkgd = _grouped_queries(q, K)
+  q_BxTxKxGxD = _grouped_queries(q, K)
   # Non-finite keys and values are zeroed and flagged, as on the xla path.
-  k, bad_k_bk11s = _split_nonfinite(k)
-  v, bad_v_bk11s = _split_nonfinite(v)
+  k, bad_k_BxKx1x1xS = _split_nonfinite(k)
+  v, bad_v_BxKx1x1xS = _split_nonfinite(v)
   k_blocks, v_blocks = (_key_blocks(x, 1, S_padded, 0) for x in (k, v))  # [B, S, K, D]
-  bad_k_blocks, bad_v_blocks = (_key_blocks(bad, -1, S_padded, False)  # [B, K, 1, 1, S]
-                                for bad in (bad_k_bk11s, bad_v_bk11s))
+  bad_k_blocks, bad_v_blocks = (
+    _key_blocks(bad, -1, S_padded, False)  # [B, K, 1, 1, S]
+    for bad in (bad_k_BxKx1x1xS, bad_v_BxKx1x1xS)
+  )
   mask_blocks = None if mask is None else _key_blocks(_as_4d(mask), -1, S_padded, False)
   bias_blocks = None if bias is None else _key_blocks(_as_4d(bias), -1, S_padded, 0.0)
 
   def attend_block(carry, start):
-    m_bkgt, l_bkgt, acc_bkgtd, poisoned_bkgt = carry
-    k_bskd, v_bskd = k_blocks(start, block), v_blocks(start, block)
-    logits_bkgts = _scaled_scores(q_btkgd, k_bskd, bad_k_blocks(start, block), scale)
+    m_BxKxGxT, l_BxKxGxT, acc_BxKxGxTxDv, poisoned_BxKxGxT = carry
+    k_BxCxKxD, v_BxCxKxDv = k_blocks(start, block), v_blocks(start, block)
+    logits_BxKxGxTxC = _scaled_scores(q_BxTxKxGxD, k_BxCxKxD, bad_k_blocks(start, block), scale)
     if bias_blocks is not None:
-      logits_bkgts = logits_bkgts + _heads_split(bias_blocks(start, block), K, G).astype(
-          jnp.float32)
+      logits_BxKxGxTxC = logits_BxKxGxTxC + _heads_split(bias_blocks(start, block), K, G).astype(
+        jnp.float32
+      )
     # Key j of this block sits at position start + j: the position masks are
     # the whole-sequence ones with the queries shifted by -start.
     offset = -start
     valid = _masks.combine_masks(
-        None if mask_blocks is None else mask_blocks(start, block),
-        _masks.causal_mask(T, block, q_offset=offset) if is_causal else None,
-        (_masks.sliding_window_mask(T, block, window=window, q_offset=offset)
-         if window is not None else None),
-        (_masks.padding_mask(lengths=kv_lengths - start, k_len=block)
-         if kv_lengths is not None else None),
-        (_masks.padding_mask(lengths=jnp.reshape(S - start, (1,)), k_len=block)
-         if S_padded > S else None))
+      None if mask_blocks is None else mask_blocks(start, block),
+      _masks.causal_mask(T, block, q_offset=offset) if is_causal else None,
+      (
+        _masks.sliding_window_mask(T, block, window=window, q_offset=offset)
+        if window is not None
+        else None
+      ),
+      (
+        _masks.padding_mask(lengths=kv_lengths - start, k_len=block)
+        if kv_lengths is not None
+        else None
+      ),
+      (
+        _masks.padding_mask(lengths=jnp.reshape(S - start, (1,)), k_len=block)
+        if S_padded > S
+        else None
+      ),
+    )
     valid = None if valid is None else _heads_split(_as_4d(valid), K, G)
-    masked_bkgts = logits_bkgts if valid is None else jnp.where(valid, logits_bkgts, -jnp.inf)
+    masked_BxKxGxTxC = (
+      logits_BxKxGxTxC if valid is None else jnp.where(valid, logits_BxKxGxTxC, -jnp.inf)
+    )
     # The result does not depend on m (it cancels in acc / l), so no gradient
     # flows through it; a row with no finite score yet keeps m = -inf and is
     # referenced to 0 so that exp() stays finite.
-    m_new = jax.lax.stop_gradient(jnp.maximum(m_bkgt, jnp.max(masked_bkgts, axis=-1)))
+    m_new = jax.lax.stop_gradient(jnp.maximum(m_BxKxGxT, jnp.max(masked_BxKxGxTxC, axis=-1)))
     reference = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    rescale = jnp.exp(m_bkgt - reference)
-    p_bkgts = jnp.exp(masked_bkgts - reference[..., None])
-    l_new = rescale * l_bkgt + jnp.sum(p_bkgts, axis=-1)
-    acc_new = rescale[..., None] * acc_bkgtd + jnp.einsum(
-        'bkgts,bskd->bkgtd', p_bkgts.astype(v.dtype), v_bskd,
-        preferred_element_type=jnp.promote_types(v.dtype, jnp.float32))
-    poisoned_new = poisoned_bkgt | jnp.any(bad_v_blocks(start, block) & (p_bkgts != 0), axis=-1)
+    rescale = jnp.exp(m_BxKxGxT - reference)
+    p_BxKxGxTxC = jnp.exp(masked_BxKxGxTxC - reference[..., None])
+    l_new = rescale * l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)
+    acc_new = rescale[..., None] * acc_BxKxGxTxDv + jnp.einsum(
+      "bkgts,bskd->bkgtd",
+      p_BxKxGxTxC.astype(v.dtype),
+      v_BxCxKxDv,
+      preferred_element_type=jnp.promote_types(v.dtype, jnp.float32),
+    )
+    poisoned_new = poisoned_BxKxGxT | jnp.any(
+      bad_v_blocks(start, block) & (p_BxKxGxTxC != 0), axis=-1
+    )
     return (m_new, l_new, acc_new, poisoned_new), None
 
-  init = (jnp.full((B, K, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
-          jnp.zeros((B, K, G, T, Dv), jnp.promote_types(v.dtype, jnp.float32)),
-          jnp.zeros((B, K, G, T), bool))
+  init = (
+    jnp.full((B, K, G, T), -jnp.inf, jnp.float32),
+    jnp.zeros((B, K, G, T), jnp.float32),
+    jnp.zeros((B, K, G, T, Dv), jnp.promote_types(v.dtype, jnp.float32)),
+    jnp.zeros((B, K, G, T), bool),
+  )
   starts = jnp.arange(num_blocks, dtype=jnp.int32) * block
-  (_, l_bkgt, acc_bkgtd, poisoned_bkgt), _ = jax.lax.scan(
-      jax.checkpoint(attend_block), init, starts)
+  (_, l_BxKxGxT, acc_BxKxGxTxDv, poisoned_BxKxGxT), _ = jax.lax.scan(
+    jax.checkpoint(attend_block), init, starts
+  )
   # A row with no allowed key has l = 0 and acc = 0: output 0.
-  out_bkgtd = acc_bkgtd / jnp.where(l_bkgt > 0, l_bkgt, 1.0)[..., None]
-  out_bkgtd = jnp.where(poisoned_bkgt[..., None], jnp.nan, out_bkgtd)
-  return jnp.transpose(out_bkgtd, (0, 3, 1, 2, 4)).reshape(B, T, H, Dv).astype(q.dtype)
+  out_BxKxGxTxDv = acc_BxKxGxTxDv / jnp.where(l_BxKxGxT > 0, l_BxKxGxT, 1.0)[..., None]
+  out_BxKxGxTxDv = jnp.where(poisoned_BxKxGxT[..., None], jnp.nan, out_BxKxGxTxDv)
+  return jnp.transpose(out_BxKxGxTxDv, (0, 3, 1, 2, 4)).reshape(B, T, H, Dv).astype(q.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -339,8 +380,8 @@ def _gpu_max_head_dim():
   """256 on Hopper or later, 128 before (cuDNN flash attention limits)."""
   try:
     cc = jax.devices()[0].compute_capability
-    major = int(str(cc).split('.')[0])
-  except Exception:  # pylint: disable=broad-except
+    major = int(str(cc).split(".")[0])
+  except Exception:
     return 256
   return 256 if major >= 9 else 128
 
@@ -349,29 +390,33 @@ def _cudnn_problems(q, k, v, bias, mask, is_causal, window, *, auto):
   """Reasons cuDNN cannot take these inputs (empty list: it can)."""
   problems = []
   backend = jax.default_backend()
-  if backend != 'gpu':
+  if backend != "gpu":
     problems.append(f"it needs a GPU, but jax.default_backend() is '{backend}'")
   if q.dtype not in _CUDNN_DTYPES:
-    problems.append(f'it needs bfloat16 or float16 inputs, got q dtype {q.dtype}')
+    problems.append(f"it needs bfloat16 or float16 inputs, got q dtype {q.dtype}")
   elif not q.dtype == k.dtype == v.dtype:
-    problems.append(f'q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}')
+    problems.append(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
   D = q.shape[-1]
-  max_d = _gpu_max_head_dim() if backend == 'gpu' else 256
+  max_d = _gpu_max_head_dim() if backend == "gpu" else 256
   if D % 8 or D > max_d:
-    problems.append(f'the head dim D must be a multiple of 8 and <= {max_d}, got D={D}')
+    problems.append(f"the head dim D must be a multiple of 8 and <= {max_d}, got D={D}")
   if v.shape[-1] != D:
-    problems.append(f'v head dim Dv={v.shape[-1]} must equal the q/k head dim D={D} '
-                    '(jax.nn.dot_product_attention needs k and v of one shape)')
+    problems.append(
+      f"v head dim Dv={v.shape[-1]} must equal the q/k head dim D={D} "
+      "(jax.nn.dot_product_attention needs k and v of one shape)"
+    )
   if window is not None and window > 1 and not is_causal:
-    problems.append(f'cuDNN takes only a causal (left) window; window={window} '
-                    'without is_causal=True is a two-sided band')
+    problems.append(
+      f"cuDNN takes only a causal (left) window; window={window} "
+      "without is_causal=True is a two-sided band"
+    )
   if auto:
     if mask is not None:
-      problems.append('an explicit boolean mask was given')
+      problems.append("an explicit boolean mask was given")
     T, S = q.shape[1], k.shape[1]
     if bias is not None and (T % 2 or S % 2):
       # cuDNN's backward pass with a bias needs even lengths.
-      problems.append(f'a bias with odd T={T} or S={S}')
+      problems.append(f"a bias with odd T={T} or S={S}")
   return problems
 
 
@@ -387,9 +432,9 @@ def _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
   if kv_lengths is not None:
     # The kernel multiplies padded keys' values by weight 0, so a NaN there
     # would reach every row; padding is known per key, so zero it (cheap).
-    keep_b1s11 = (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, :, None, None]
-    k = jnp.where(keep_b1s11, k, jnp.zeros((), k.dtype))
-    v = jnp.where(keep_b1s11, v, jnp.zeros((), v.dtype))
+    keep_BxSx1x1 = (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, :, None, None]
+    k = jnp.where(keep_BxSx1x1, k, jnp.zeros((), k.dtype))
+    v = jnp.where(keep_BxSx1x1, v, jnp.zeros((), v.dtype))
   local_window_size = None
   if window is not None:
     if window == 1:
@@ -398,15 +443,16 @@ def _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
       is_causal = True
     local_window_size = (window - 1, 0 if is_causal else window - 1)
   out = jax.nn.dot_product_attention(
-      q, k, v,
-      bias=None if bias is None else full_ts(bias, q.dtype),
-      mask=None if mask is None else full_ts(mask, jnp.bool_),
-      scale=scale,
-      is_causal=bool(is_causal),
-      key_value_seq_lengths=(None if kv_lengths is None
-                             else kv_lengths.astype(jnp.int32)),
-      local_window_size=local_window_size,
-      implementation='cudnn',
+    q,
+    k,
+    v,
+    bias=None if bias is None else full_ts(bias, q.dtype),
+    mask=None if mask is None else full_ts(mask, jnp.bool_),
+    scale=scale,
+    is_causal=bool(is_causal),
+    key_value_seq_lengths=(None if kv_lengths is None else kv_lengths.astype(jnp.int32)),
+    local_window_size=local_window_size,
+    implementation="cudnn",
   )
   # cuDNN turns a boolean mask into a large negative bias, so a row with no
   # allowed key would average v uniformly; zero such rows (the documented
@@ -428,8 +474,9 @@ def _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths):
 # Public API.
 
 
-def attention_weights(q, k, *, bias=None, mask=None, is_causal=False, scale=None,
-                      window=None, kv_lengths=None):
+def attention_weights(
+  q, k, *, bias=None, mask=None, is_causal=False, scale=None, window=None, kv_lengths=None
+):
   """Softmax attention weights, float32 ``[B, H, T, S]`` (for analysis and plots).
 
   ``weights = softmax(scale * q.k + bias)`` over the keys allowed by every mask
@@ -469,18 +516,33 @@ def apply_attention_weights(weights, v):
   weights, v = jnp.asarray(weights), jnp.asarray(v)
   _check_float(weights=weights, v=v)
   if weights.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'weights must be [B, H, T, S] and v [B, S, K, Dv], got weights '
-                     f'{weights.shape} and v {v.shape}')
+    raise ValueError(
+      f"weights must be [B, H, T, S] and v [B, S, K, Dv], got weights "
+      f"{weights.shape} and v {v.shape}"
+    )
   B, H, _, S = weights.shape
   if v.shape[0] != B or v.shape[1] != S or H % v.shape[2]:
-    raise ValueError(f'weights {weights.shape} do not fit v {v.shape}: need the same batch '
-                     f'and key length, and v heads dividing weights heads')
+    raise ValueError(
+      f"weights {weights.shape} do not fit v {v.shape}: need the same batch "
+      f"and key length, and v heads dividing weights heads"
+    )
   return _weighted_values(weights, v, v.dtype)
 
 
-def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
-                          scale=None, window=None, kv_lengths=None,
-                          implementation=None, chunk_size=None):
+def dot_product_attention(
+  q,
+  k,
+  v,
+  *,
+  bias=None,
+  mask=None,
+  is_causal=False,
+  scale=None,
+  window=None,
+  kv_lengths=None,
+  implementation=None,
+  chunk_size=None,
+):
   """Scaled dot-product attention, ``[B, T, H, Dv]`` in q's dtype.
 
   ``out = attention_weights(q, k, ...) @ v`` per head (formula and shapes:
@@ -529,27 +591,39 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, is_causal=False,
     ``[B, T, H, Dv]`` with q's dtype.
   """
   if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be None, 'xla', 'cudnn' or 'chunked', got "
-                     f'{implementation!r}')
+    raise ValueError(
+      f"implementation must be None, 'xla', 'cudnn' or 'chunked', got {implementation!r}"
+    )
   if chunk_size is not None:
-    if implementation != 'chunked':
-      raise ValueError(f"chunk_size={chunk_size!r} applies only to implementation='chunked', "
-                       f'got implementation={implementation!r}')
+    if implementation != "chunked":
+      raise ValueError(
+        f"chunk_size={chunk_size!r} applies only to implementation='chunked', "
+        f"got implementation={implementation!r}"
+      )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-      raise ValueError(f'chunk_size must be a python int >= 1, got {chunk_size!r}')
+      raise ValueError(f"chunk_size must be a python int >= 1, got {chunk_size!r}")
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
   bias, mask, kv_lengths, window = _validate(q, k, v, bias, mask, kv_lengths, window)
-  if implementation == 'chunked':
-    return _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths,
-                              DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size)
+  if implementation == "chunked":
+    return _chunked_attention(
+      q,
+      k,
+      v,
+      bias,
+      mask,
+      is_causal,
+      scale,
+      window,
+      kv_lengths,
+      DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
+    )
   if implementation is None:
     use_cudnn = not _cudnn_problems(q, k, v, bias, mask, is_causal, window, auto=True)
-    implementation = 'cudnn' if use_cudnn else 'xla'
-  elif implementation == 'cudnn':
+    implementation = "cudnn" if use_cudnn else "xla"
+  elif implementation == "cudnn":
     problems = _cudnn_problems(q, k, v, bias, mask, is_causal, window, auto=False)
     if problems:
-      raise ValueError("implementation='cudnn' cannot take these inputs: "
-                       + '; '.join(problems))
-  if implementation == 'cudnn':
+      raise ValueError("implementation='cudnn' cannot take these inputs: " + "; ".join(problems))
+  if implementation == "cudnn":
     return _cudnn_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths)
   return _xla_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths)

@@ -7,32 +7,33 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-__all__ = ['cross_entropy', 'linear_cross_entropy_sums', 'token_cross_entropy']
+__all__ = ["cross_entropy", "linear_cross_entropy_sums", "token_cross_entropy"]
 
 
 def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
   if logits.ndim < 1 or not jnp.issubdtype(logits.dtype, jnp.floating):
     raise ValueError(
-        f'logits must be a floating array [..., V], got shape {logits.shape} '
-        f'dtype {logits.dtype}')
+      f"logits must be a floating array [..., V], got shape {logits.shape} dtype {logits.dtype}"
+    )
   if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise ValueError(f'labels must be integer, got dtype {labels.dtype}')
+    raise ValueError(f"labels must be integer, got dtype {labels.dtype}")
   if labels.shape != logits.shape[:-1]:
     raise ValueError(
-        f'labels must have shape logits.shape[:-1] = {logits.shape[:-1]}, '
-        f'got shape {labels.shape}')
+      f"labels must have shape logits.shape[:-1] = {logits.shape[:-1]}, got shape {labels.shape}"
+    )
   if weights is not None and weights.shape != labels.shape:
     raise ValueError(
-        f'weights must have the shape of labels {labels.shape}, got shape {weights.shape}')
+      f"weights must have the shape of labels {labels.shape}, got shape {weights.shape}"
+    )
   _check_hyperparameters(label_smoothing, z_loss)
 
 
 def _check_hyperparameters(label_smoothing, z_loss):
   # Checked when concrete; traced values pass through.
   if isinstance(label_smoothing, numbers.Real) and not 0.0 <= label_smoothing < 1.0:
-    raise ValueError(f'label_smoothing must be in [0, 1), got {label_smoothing}')
+    raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
   if isinstance(z_loss, numbers.Real) and z_loss < 0:
-    raise ValueError(f'z_loss must be >= 0, got {z_loss}')
+    raise ValueError(f"z_loss must be >= 0, got {z_loss}")
 
 
 def token_cross_entropy(logits, labels, *, label_smoothing=0.0, z_loss=0.0):
@@ -90,23 +91,25 @@ def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0
   labels = jnp.asarray(labels)
   weights = None if weights is None else jnp.asarray(weights)
   _check_inputs(logits, labels, weights, label_smoothing, z_loss)
-  per_token = token_cross_entropy(logits, labels, label_smoothing=label_smoothing,
-                                  z_loss=z_loss)
-  weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(
-      jnp.float32)
+  per_token = token_cross_entropy(logits, labels, label_smoothing=label_smoothing, z_loss=z_loss)
+  weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
   num_tokens = jnp.sum(weights)
   # Dividing by 1 where no token counts gives 0 (the numerator is 0) not NaN.
   loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)
   return loss, num_tokens
 
 
-def _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss,
-                dtype, with_grads):
+def _chunk_sums(
+  x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss, dtype, with_grads
+):
   """One chunk: (loss sum, correct count[, d sum / d x, d sum / d kernel])."""
-  logits_BxCxV = jnp.einsum('bcd,dv->bcv', x_BxCxD.astype(dtype), kernel_DxV.astype(dtype),
-                            preferred_element_type=jnp.float32)
-  per_token_BxC, log_z_BxC = _per_token_and_log_z(logits_BxCxV, labels_BxC, label_smoothing,
-                                                  z_loss)
+  logits_BxCxV = jnp.einsum(
+    "bcd,dv->bcv",
+    x_BxCxD.astype(dtype),
+    kernel_DxV.astype(dtype),
+    preferred_element_type=jnp.float32,
+  )
+  per_token_BxC, log_z_BxC = _per_token_and_log_z(logits_BxCxV, labels_BxC, label_smoothing, z_loss)
   loss = jnp.sum(weights_BxC * per_token_BxC)
   correct = jnp.sum((jnp.argmax(logits_BxCxV, axis=-1) == labels_BxC) * weights_BxC)
   if not with_grads:
@@ -116,13 +119,17 @@ def _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z
   probs_BxCxV = jnp.exp(logits_BxCxV - log_z_BxC[..., None])
   onehot_BxCxV = jax.nn.one_hot(labels_BxC, vocab_size, dtype=jnp.float32)
   grad_logits_BxCxV = weights_BxC[..., None] * (
-      probs_BxCxV * (1.0 + 2.0 * z_loss * log_z_BxC)[..., None]
-      - (1.0 - label_smoothing) * onehot_BxCxV - label_smoothing / vocab_size)
+    probs_BxCxV * (1.0 + 2.0 * z_loss * log_z_BxC)[..., None]
+    - (1.0 - label_smoothing) * onehot_BxCxV
+    - label_smoothing / vocab_size
+  )
   grad_logits_BxCxV = grad_logits_BxCxV.astype(dtype)
-  grad_x_BxCxD = jnp.einsum('bcv,dv->bcd', grad_logits_BxCxV, kernel_DxV.astype(dtype),
-                            preferred_element_type=jnp.float32)
-  grad_kernel_DxV = jnp.einsum('bcd,bcv->dv', x_BxCxD.astype(dtype), grad_logits_BxCxV,
-                               preferred_element_type=jnp.float32)
+  grad_x_BxCxD = jnp.einsum(
+    "bcv,dv->bcd", grad_logits_BxCxV, kernel_DxV.astype(dtype), preferred_element_type=jnp.float32
+  )
+  grad_kernel_DxV = jnp.einsum(
+    "bcd,bcv->dv", x_BxCxD.astype(dtype), grad_logits_BxCxV, preferred_element_type=jnp.float32
+  )
   return loss, correct, grad_x_BxCxD, grad_kernel_DxV
 
 
@@ -143,34 +150,45 @@ def _unchunked(x_NxBxCx_):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _linear_ce_sums(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, label_smoothing,
-                    z_loss, dtype):
+def _linear_ce_sums(
+  x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, label_smoothing, z_loss, dtype
+):
   """(weighted loss sum, weighted correct count), chunk by chunk."""
+
   def body(carry, chunk):
     x_BxCxD, labels_BxC, weights_BxC = chunk
-    loss, correct = _chunk_sums(x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing,
-                                z_loss, dtype, with_grads=False)
+    loss, correct = _chunk_sums(
+      x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss, dtype, with_grads=False
+    )
     return (carry[0] + loss, carry[1] + correct), None
+
   chunks = _chunked_inputs(x_BxTxD, labels_BxT, weights_BxT, chunk_len)
-  sums, _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)),
-                         chunks)
+  sums, _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)), chunks)
   return sums
 
 
-def _linear_ce_forward(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len,
-                       label_smoothing, z_loss, dtype):
+def _linear_ce_forward(
+  x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, label_smoothing, z_loss, dtype
+):
   """The sums and, computed on the way, their gradients (no [B, T, V] residual)."""
+
   def body(carry, chunk):
     x_BxCxD, labels_BxC, weights_BxC = chunk
     loss, correct, grad_x_BxCxD, grad_kernel_DxV = _chunk_sums(
-        x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss, dtype,
-        with_grads=True)
+      x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss, dtype, with_grads=True
+    )
     loss_sum, correct_sum, grad_kernel_sum = carry
-    return ((loss_sum + loss, correct_sum + correct, grad_kernel_sum + grad_kernel_DxV),
-            grad_x_BxCxD.astype(x_BxTxD.dtype))
+    return (
+      (loss_sum + loss, correct_sum + correct, grad_kernel_sum + grad_kernel_DxV),
+      grad_x_BxCxD.astype(x_BxTxD.dtype),
+    )
+
   chunks = _chunked_inputs(x_BxTxD, labels_BxT, weights_BxT, chunk_len)
-  zeros = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
-           jnp.zeros(kernel_DxV.shape, jnp.float32))
+  zeros = (
+    jnp.zeros((), jnp.float32),
+    jnp.zeros((), jnp.float32),
+    jnp.zeros(kernel_DxV.shape, jnp.float32),
+  )
   (loss, correct, grad_kernel_DxV), grad_x = jax.lax.scan(body, zeros, chunks)
   residuals = (_unchunked(grad_x), grad_kernel_DxV.astype(kernel_DxV.dtype))
   return (loss, correct), residuals
@@ -180,15 +198,28 @@ def _linear_ce_backward(chunk_len, label_smoothing, z_loss, dtype, residuals, co
   del chunk_len, label_smoothing, z_loss, dtype
   grad_x_BxTxD, grad_kernel_DxV = residuals
   loss_cotangent = cotangents[0]  # the correct count is not differentiable
-  return (grad_x_BxTxD * loss_cotangent.astype(grad_x_BxTxD.dtype),
-          grad_kernel_DxV * loss_cotangent.astype(grad_kernel_DxV.dtype), None, None)
+  return (
+    grad_x_BxTxD * loss_cotangent.astype(grad_x_BxTxD.dtype),
+    grad_kernel_DxV * loss_cotangent.astype(grad_kernel_DxV.dtype),
+    None,
+    None,
+  )
 
 
 _linear_ce_sums.defvjp(_linear_ce_forward, _linear_ce_backward)
 
 
-def linear_cross_entropy_sums(x_BxTxD, kernel_DxV, labels_BxT, *, weights_BxT=None,
-                              chunk_len, label_smoothing=0.0, z_loss=0.0, dtype=None):
+def linear_cross_entropy_sums(
+  x_BxTxD,
+  kernel_DxV,
+  labels_BxT,
+  *,
+  weights_BxT=None,
+  chunk_len,
+  label_smoothing=0.0,
+  z_loss=0.0,
+  dtype=None,
+):
   """`token_cross_entropy` of the logits x @ kernel, summed, without ever
   holding the [B, T, V] logits: positions go through in chunks of chunk_len.
 
@@ -218,30 +249,37 @@ def linear_cross_entropy_sums(x_BxTxD, kernel_DxV, labels_BxT, *, weights_BxT=No
   """
   x_BxTxD, kernel_DxV, labels_BxT = map(jnp.asarray, (x_BxTxD, kernel_DxV, labels_BxT))
   if x_BxTxD.ndim != 3 or kernel_DxV.ndim != 2 or x_BxTxD.shape[-1] != kernel_DxV.shape[0]:
-    raise ValueError(f'x must be [B, T, D] and kernel [D, V] with the same D, got x '
-                     f'{x_BxTxD.shape} and kernel {kernel_DxV.shape}')
-  for name, array in (('x', x_BxTxD), ('kernel', kernel_DxV)):
+    raise ValueError(
+      f"x must be [B, T, D] and kernel [D, V] with the same D, got x "
+      f"{x_BxTxD.shape} and kernel {kernel_DxV.shape}"
+    )
+  for name, array in (("x", x_BxTxD), ("kernel", kernel_DxV)):
     if not jnp.issubdtype(array.dtype, jnp.floating):
-      raise ValueError(f'{name} must be floating, got dtype {array.dtype}')
+      raise ValueError(f"{name} must be floating, got dtype {array.dtype}")
   if not jnp.issubdtype(labels_BxT.dtype, jnp.integer):
-    raise ValueError(f'labels must be integer, got dtype {labels_BxT.dtype}')
+    raise ValueError(f"labels must be integer, got dtype {labels_BxT.dtype}")
   if labels_BxT.shape != x_BxTxD.shape[:2]:
-    raise ValueError(f'labels must have shape x.shape[:2] = {x_BxTxD.shape[:2]}, got '
-                     f'{labels_BxT.shape}')
-  weights_BxT = (jnp.ones(labels_BxT.shape, jnp.float32) if weights_BxT is None
-                 else jnp.asarray(weights_BxT).astype(jnp.float32))
+    raise ValueError(
+      f"labels must have shape x.shape[:2] = {x_BxTxD.shape[:2]}, got {labels_BxT.shape}"
+    )
+  weights_BxT = (
+    jnp.ones(labels_BxT.shape, jnp.float32)
+    if weights_BxT is None
+    else jnp.asarray(weights_BxT).astype(jnp.float32)
+  )
   if weights_BxT.shape != labels_BxT.shape:
-    raise ValueError(f'weights must have the shape of labels {labels_BxT.shape}, got '
-                     f'{weights_BxT.shape}')
+    raise ValueError(
+      f"weights must have the shape of labels {labels_BxT.shape}, got {weights_BxT.shape}"
+    )
   if isinstance(chunk_len, bool) or not isinstance(chunk_len, int) or chunk_len < 1:
-    raise ValueError(f'chunk_len must be a positive int, got {chunk_len!r}')
+    raise ValueError(f"chunk_len must be a positive int, got {chunk_len!r}")
   if x_BxTxD.shape[1] % chunk_len:
-    raise ValueError(f'chunk_len {chunk_len} does not divide the length T = '
-                     f'{x_BxTxD.shape[1]}')
+    raise ValueError(f"chunk_len {chunk_len} does not divide the length T = {x_BxTxD.shape[1]}")
   # Static arguments of the custom VJP: concrete Python floats.
   label_smoothing, z_loss = float(label_smoothing), float(z_loss)
   _check_hyperparameters(label_smoothing, z_loss)
   dtype = jnp.dtype(x_BxTxD.dtype if dtype is None else dtype)
-  loss_sum, num_correct = _linear_ce_sums(x_BxTxD, kernel_DxV, labels_BxT, weights_BxT,
-                                          chunk_len, label_smoothing, z_loss, dtype)
+  loss_sum, num_correct = _linear_ce_sums(
+    x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, label_smoothing, z_loss, dtype
+  )
   return loss_sum, jnp.sum(weights_BxT), num_correct

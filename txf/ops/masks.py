@@ -19,30 +19,29 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['causal_mask', 'sliding_window_mask', 'padding_mask', 'segment_mask',
-           'combine_masks']
+__all__ = ["causal_mask", "sliding_window_mask", "padding_mask", "segment_mask", "combine_masks"]
 
 
 def _check_len(value: Any, name: str) -> int:
   try:
     n = operator.index(value)
   except TypeError:
-    raise ValueError(f'{name} must be a python int, got {value!r}') from None
+    raise ValueError(f"{name} must be a python int, got {value!r}") from None
   if n < 0:
-    raise ValueError(f'{name} must be >= 0, got {n}')
+    raise ValueError(f"{name} must be >= 0, got {n}")
   return n
 
 
 def check_window(window: Any) -> int:
   """A sliding-window width: a python int >= 1 (bools rejected), else ValueError."""
   if isinstance(window, bool):
-    raise ValueError(f'window must be a python int >= 1, got {window!r}')
+    raise ValueError(f"window must be a python int >= 1, got {window!r}")
   try:
     window = operator.index(window)
   except TypeError:
-    raise ValueError(f'window must be a python int >= 1, got {window!r}') from None
+    raise ValueError(f"window must be a python int >= 1, got {window!r}") from None
   if window < 1:
-    raise ValueError(f'window must be >= 1, got window={window}')
+    raise ValueError(f"window must be >= 1, got window={window}")
   return window
 
 
@@ -50,20 +49,20 @@ def _query_positions(q_len: int, q_offset: Any) -> jnp.ndarray:
   """Absolute query positions: ``[1, T]`` for a scalar offset, ``[B, T]`` for ``[B]``."""
   off = jnp.asarray(q_offset)
   if not jnp.issubdtype(off.dtype, jnp.integer):
-    raise ValueError(f'q_offset must be an integer (python int or int array), '
-                     f'got dtype {off.dtype}')
+    raise ValueError(
+      f"q_offset must be an integer (python int or int array), got dtype {off.dtype}"
+    )
   if off.ndim == 0:
     off = off[None]
   elif off.ndim != 1:
-    raise ValueError(f'q_offset must be a scalar or an int array [B], got shape '
-                     f'{off.shape}')
+    raise ValueError(f"q_offset must be a scalar or an int array [B], got shape {off.shape}")
   return off[:, None] + jnp.arange(q_len, dtype=off.dtype)[None, :]
 
 
 def _positions(q_len, k_len, q_offset):
   """Returns (q_pos [B|1, 1, T, 1], k_pos [1, 1, 1, S])."""
-  q_len = _check_len(q_len, 'q_len')
-  k_len = q_len if k_len is None else _check_len(k_len, 'k_len')
+  q_len = _check_len(q_len, "q_len")
+  k_len = q_len if k_len is None else _check_len(k_len, "k_len")
   q_pos = _query_positions(q_len, q_offset)[:, None, :, None]
   k_pos = jnp.arange(k_len, dtype=q_pos.dtype)[None, None, None, :]
   return q_pos, k_pos
@@ -89,8 +88,7 @@ def causal_mask(q_len: int, k_len: int | None = None, *, q_offset: Any = 0):
   return k_pos <= q_pos
 
 
-def sliding_window_mask(q_len: int, k_len: int | None = None, *, window: int,
-                        q_offset: Any = 0):
+def sliding_window_mask(q_len: int, k_len: int | None = None, *, window: int, q_offset: Any = 0):
   """Symmetric local-attention band.
 
   Key ``j`` is allowed for the query at absolute position ``p = q_offset + i``
@@ -112,8 +110,9 @@ def sliding_window_mask(q_len: int, k_len: int | None = None, *, window: int,
   return jnp.abs(q_pos - k_pos) < window
 
 
-def padding_mask(*, lengths: Any = None, tokens: Any = None, pad_id: int = 0,
-                 k_len: int | None = None):
+def padding_mask(
+  *, lengths: Any = None, tokens: Any = None, pad_id: int = 0, k_len: int | None = None
+):
   """Key-padding mask: which keys are real tokens.
 
   Give exactly one of:
@@ -126,25 +125,26 @@ def padding_mask(*, lengths: Any = None, tokens: Any = None, pad_id: int = 0,
     bool ``[B, 1, 1, S]`` (broadcasts over heads and queries).
   """
   if (lengths is None) == (tokens is None):
-    given = [n for n, a in (('lengths', lengths), ('tokens', tokens)) if a is not None]
-    raise ValueError('padding_mask needs exactly one of lengths= or tokens=, got '
-                     f'{given or "neither"}')
+    given = [n for n, a in (("lengths", lengths), ("tokens", tokens)) if a is not None]
+    raise ValueError(
+      f"padding_mask needs exactly one of lengths= or tokens=, got {given or 'neither'}"
+    )
   if lengths is not None:
     if k_len is None:
-      raise ValueError('padding_mask(lengths=...) needs k_len (the key length S)')
-    k_len = _check_len(k_len, 'k_len')
+      raise ValueError("padding_mask(lengths=...) needs k_len (the key length S)")
+    k_len = _check_len(k_len, "k_len")
     lengths = jnp.asarray(lengths)
     if lengths.ndim != 1:
-      raise ValueError(f'lengths must have shape [B], got shape {lengths.shape}')
+      raise ValueError(f"lengths must have shape [B], got shape {lengths.shape}")
     if not jnp.issubdtype(lengths.dtype, jnp.integer):
-      raise ValueError(f'lengths must be integer, got dtype {lengths.dtype}')
+      raise ValueError(f"lengths must be integer, got dtype {lengths.dtype}")
     valid = jnp.arange(k_len, dtype=lengths.dtype)[None, :] < lengths[:, None]
   else:
     tokens = jnp.asarray(tokens)
     if tokens.ndim != 2:
-      raise ValueError(f'tokens must have shape [B, S], got shape {tokens.shape}')
-    if k_len is not None and _check_len(k_len, 'k_len') != tokens.shape[1]:
-      raise ValueError(f'k_len={k_len} does not match tokens shape {tokens.shape}')
+      raise ValueError(f"tokens must have shape [B, S], got shape {tokens.shape}")
+    if k_len is not None and _check_len(k_len, "k_len") != tokens.shape[1]:
+      raise ValueError(f"k_len={k_len} does not match tokens shape {tokens.shape}")
     valid = tokens != pad_id
   return valid[:, None, None, :]
 
@@ -167,13 +167,15 @@ def segment_mask(q_segment_ids: Any, k_segment_ids: Any = None):
   """
   q_ids = jnp.asarray(q_segment_ids)
   k_ids = q_ids if k_segment_ids is None else jnp.asarray(k_segment_ids)
-  for name, ids in (('q_segment_ids', q_ids), ('k_segment_ids', k_ids)):
+  for name, ids in (("q_segment_ids", q_ids), ("k_segment_ids", k_ids)):
     if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
-      raise ValueError(f'{name} must be an int array [B, T], got shape {ids.shape} '
-                       f'dtype {ids.dtype}')
+      raise ValueError(
+        f"{name} must be an int array [B, T], got shape {ids.shape} dtype {ids.dtype}"
+      )
   if q_ids.shape[0] != k_ids.shape[0]:
-    raise ValueError(f'q_segment_ids {q_ids.shape} and k_segment_ids {k_ids.shape} '
-                     'differ in batch size')
+    raise ValueError(
+      f"q_segment_ids {q_ids.shape} and k_segment_ids {k_ids.shape} differ in batch size"
+    )
   return q_ids[:, None, :, None] == k_ids[:, None, None, :]
 
 
@@ -188,13 +190,15 @@ def combine_masks(*masks: Any):
     return None
   for m in present:
     if m.dtype != jnp.bool_:
-      raise ValueError(f'combine_masks: masks must be boolean, got dtype {m.dtype} '
-                       f'(shape {m.shape})')
+      raise ValueError(
+        f"combine_masks: masks must be boolean, got dtype {m.dtype} (shape {m.shape})"
+      )
   try:
     np.broadcast_shapes(*(m.shape for m in present))
   except ValueError:
-    raise ValueError('combine_masks: mask shapes do not broadcast: '
-                     f'{[m.shape for m in present]}') from None
+    raise ValueError(
+      f"combine_masks: mask shapes do not broadcast: {[m.shape for m in present]}"
+    ) from None
   out = present[0]
   for m in present[1:]:
     out = jnp.logical_and(out, m)

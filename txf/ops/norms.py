@@ -8,19 +8,19 @@ result is cast back to the input dtype.
 import jax
 import jax.numpy as jnp
 
-__all__ = ['layer_norm', 'rms_norm']
+__all__ = ["layer_norm", "rms_norm"]
 
 
 def _check_input(x, params):
   """Validates x `[..., D]` and each named parameter (None or `[D]`)."""
   if x.ndim < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
-    raise ValueError(
-        f'x must be a floating array [..., D], got shape {x.shape} dtype {x.dtype}')
+    raise ValueError(f"x must be a floating array [..., D], got shape {x.shape} dtype {x.dtype}")
   for name, param in params.items():
     if param is not None and jnp.shape(param) != x.shape[-1:]:
       raise ValueError(
-          f'{name} must have shape (D,) = {x.shape[-1:]} for x of shape {x.shape}, '
-          f'got shape {jnp.shape(param)}')
+        f"{name} must have shape (D,) = {x.shape[-1:]} for x of shape {x.shape}, "
+        f"got shape {jnp.shape(param)}"
+      )
 
 
 def _affine(y, scale, bias):
@@ -45,7 +45,7 @@ def layer_norm(x, scale=None, bias=None, eps=1e-6):
     `[..., D]` in x's dtype.
   """
   x = jnp.asarray(x)
-  _check_input(x, {'scale': scale, 'bias': bias})
+  _check_input(x, {"scale": scale, "bias": bias})
   x32 = x.astype(jnp.float32)
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   # Two-pass variance: E[x^2] - E[x]^2 cancels badly when |mean| >> std.
@@ -66,7 +66,7 @@ def rms_norm(x, scale=None, eps=1e-6):
     `[..., D]` in x's dtype.
   """
   x = jnp.asarray(x)
-  _check_input(x, {'scale': scale})
+  _check_input(x, {"scale": scale})
   x32 = x.astype(jnp.float32)
   mean_square = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
   y = x32 * jax.lax.rsqrt(mean_square + eps)

@@ -15,19 +15,24 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    'sinusoidal_embedding', 'apply_rope', 'apply_ntk_rope', 'alibi_slopes', 'alibi_bias',
-    'relative_position_bucket', 'relative_position_bias',
+  "sinusoidal_embedding",
+  "apply_rope",
+  "apply_ntk_rope",
+  "alibi_slopes",
+  "alibi_bias",
+  "relative_position_bucket",
+  "relative_position_bias",
 ]
 
 
 def _check_positive_int(name, value):
   if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f'{name} must be a positive integer, got {value!r}')
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_positive(name, value):
   if not isinstance(value, numbers.Real) or not value > 0:
-    raise ValueError(f'{name} must be a positive number, got {value!r}')
+    raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def _inverse_frequencies(dim, base):
@@ -51,11 +56,11 @@ def sinusoidal_embedding(positions, dim, *, max_timescale=10000.0):
   """
   positions = jnp.asarray(positions)
   if positions.ndim < 1:
-    raise ValueError(f'positions must have shape [..., L], got shape {positions.shape}')
-  _check_positive_int('dim', dim)
+    raise ValueError(f"positions must have shape [..., L], got shape {positions.shape}")
+  _check_positive_int("dim", dim)
   if dim % 2:
-    raise ValueError(f'dim must be even, got {dim}')
-  _check_positive('max_timescale', max_timescale)
+    raise ValueError(f"dim must be even, got {dim}")
+  _check_positive("max_timescale", max_timescale)
   angles_xLxF = positions.astype(jnp.float32)[..., None] * _inverse_frequencies(dim, max_timescale)
   # Interleave so that each frequency owns the adjacent pair (2i, 2i+1).
   pe_xLxFx2 = jnp.stack([jnp.sin(angles_xLxF), jnp.cos(angles_xLxF)], axis=-1)
@@ -81,16 +86,17 @@ def apply_rope(x, positions, *, base=10000.0, scale=1.0):
   x = jnp.asarray(x)
   positions = jnp.asarray(positions)
   if x.ndim != 4:
-    raise ValueError(f'x must have shape [B, T, H, D], got shape {x.shape}')
+    raise ValueError(f"x must have shape [B, T, H, D], got shape {x.shape}")
   batch, length, _, head_dim = x.shape
   if head_dim % 2:
-    raise ValueError(f'x head dim (last axis) must be even, got shape {x.shape}')
+    raise ValueError(f"x head dim (last axis) must be even, got shape {x.shape}")
   if positions.shape not in ((length,), (1, length), (batch, length)):
     raise ValueError(
-        f'positions must have shape [T], [1, T] or [B, T] = {(length,)}, {(1, length)} or '
-        f'{(batch, length)} for x of shape {x.shape}, got shape {positions.shape}')
-  _check_positive('base', base)
-  _check_positive('scale', scale)
+      f"positions must have shape [T], [1, T] or [B, T] = {(length,)}, {(1, length)} or "
+      f"{(batch, length)} for x of shape {x.shape}, got shape {positions.shape}"
+    )
+  _check_positive("base", base)
+  _check_positive("scale", scale)
 
   positions_BxT = jnp.broadcast_to(positions.astype(jnp.float32), (batch, length))
   angles_BxTxF = (positions_BxT / scale)[..., None] * _inverse_frequencies(head_dim, base)
@@ -98,10 +104,13 @@ def apply_rope(x, positions, *, base=10000.0, scale=1.0):
   sin_BxTx1xF = jnp.sin(angles_BxTxF)[:, :, None, :]
   cos_BxTx1xF = jnp.cos(angles_BxTxF)[:, :, None, :]
   x1_BxTxHxF, x2_BxTxHxF = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  rotated = jnp.concatenate([
+  rotated = jnp.concatenate(
+    [
       x1_BxTxHxF * cos_BxTx1xF - x2_BxTxHxF * sin_BxTx1xF,
       x2_BxTxHxF * cos_BxTx1xF + x1_BxTxHxF * sin_BxTx1xF,
-  ], axis=-1)
+    ],
+    axis=-1,
+  )
   return rotated.astype(x.dtype)
 
 
@@ -124,8 +133,8 @@ def apply_ntk_rope(x, positions, *, base=10000.0, scale=1.0):
   """
   head_dim = jnp.shape(x)[-1]
   if head_dim < 4:
-    raise ValueError(f'x head dim must be at least 4 for NTK scaling, got shape {jnp.shape(x)}')
-  _check_positive('scale', scale)
+    raise ValueError(f"x head dim must be at least 4 for NTK scaling, got shape {jnp.shape(x)}")
+  _check_positive("scale", scale)
   return apply_rope(x, positions, base=base * scale ** (head_dim / (head_dim - 2)))
 
 
@@ -139,7 +148,7 @@ def alibi_slopes(num_heads):
   Returns:
     float32 `[num_heads]`.
   """
-  _check_positive_int('num_heads', num_heads)
+  _check_positive_int("num_heads", num_heads)
 
   def power_of_two_slopes(n):
     return 2.0 ** (-8.0 / n * np.arange(1, n + 1))
@@ -147,7 +156,7 @@ def alibi_slopes(num_heads):
   closest = 2 ** int(math.floor(math.log2(num_heads)))
   slopes = power_of_two_slopes(closest)
   if closest < num_heads:
-    extra = power_of_two_slopes(2 * closest)[0::2][:num_heads - closest]
+    extra = power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]
     slopes = np.concatenate([slopes, extra])
   return jnp.asarray(slopes, dtype=jnp.float32)
 
@@ -156,15 +165,16 @@ def _relative_positions(q_positions, k_positions):
   """k_pos - q_pos as `[B or 1, T, S]`, from positions `[T]`/`[B, T]` and `[S]`/`[B, S]`."""
   q_positions = jnp.asarray(q_positions)
   k_positions = jnp.asarray(k_positions)
-  for name, pos in (('q_positions', q_positions), ('k_positions', k_positions)):
+  for name, pos in (("q_positions", q_positions), ("k_positions", k_positions)):
     if pos.ndim not in (1, 2):
-      raise ValueError(f'{name} must have shape [L] or [B, L], got shape {pos.shape}')
+      raise ValueError(f"{name} must have shape [L] or [B, L], got shape {pos.shape}")
   q_batch = q_positions.shape[0] if q_positions.ndim == 2 else 1
   k_batch = k_positions.shape[0] if k_positions.ndim == 2 else 1
   if q_batch != k_batch and 1 not in (q_batch, k_batch):
     raise ValueError(
-        f'q_positions and k_positions batch sizes differ: shapes {q_positions.shape} '
-        f'and {k_positions.shape}')
+      f"q_positions and k_positions batch sizes differ: shapes {q_positions.shape} "
+      f"and {k_positions.shape}"
+    )
   q_BxTx1 = q_positions.reshape(q_batch, -1, 1)
   k_Bx1xS = k_positions.reshape(k_batch, 1, -1)
   return k_Bx1xS - q_BxTx1
@@ -185,13 +195,13 @@ def alibi_bias(num_heads, q_positions, k_positions):
     float32 `[1, H, T, S]`, or `[B, H, T, S]` when either positions is batched.
   """
   slopes_H = alibi_slopes(num_heads)
-  distance_BxTxS = jnp.abs(
-      _relative_positions(q_positions, k_positions).astype(jnp.float32))
+  distance_BxTxS = jnp.abs(_relative_positions(q_positions, k_positions).astype(jnp.float32))
   return -slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]
 
 
-def relative_position_bucket(relative_position, *, bidirectional=True, num_buckets=32,
-                             max_distance=128):
+def relative_position_bucket(
+  relative_position, *, bidirectional=True, num_buckets=32, max_distance=128
+):
   """T5's bucketing of relative positions (Raffel et al., 2020).
 
   Matches mesh_tensorflow / t5x `_relative_position_bucket`. With
@@ -212,19 +222,18 @@ def relative_position_bucket(relative_position, *, bidirectional=True, num_bucke
   """
   relative_position = jnp.asarray(relative_position)
   if not jnp.issubdtype(relative_position.dtype, jnp.integer):
-    raise ValueError(
-        f'relative_position must be integer, got dtype {relative_position.dtype}')
-  _check_positive_int('num_buckets', num_buckets)
-  _check_positive_int('max_distance', max_distance)
+    raise ValueError(f"relative_position must be integer, got dtype {relative_position.dtype}")
+  _check_positive_int("num_buckets", num_buckets)
+  _check_positive_int("max_distance", max_distance)
   buckets_per_side = num_buckets // 2 if bidirectional else num_buckets
   max_exact = buckets_per_side // 2
   if max_exact < 1 or (bidirectional and num_buckets % 2):
     raise ValueError(
-        f'num_buckets must be even and >= {4 if bidirectional else 2} '
-        f'(bidirectional={bidirectional}), got {num_buckets}')
+      f"num_buckets must be even and >= {4 if bidirectional else 2} "
+      f"(bidirectional={bidirectional}), got {num_buckets}"
+    )
   if max_distance <= max_exact:
-    raise ValueError(
-        f'max_distance must exceed the {max_exact} exact buckets, got {max_distance}')
+    raise ValueError(f"max_distance must exceed the {max_exact} exact buckets, got {max_distance}")
 
   n = -relative_position.astype(jnp.int32)
   if bidirectional:
@@ -236,14 +245,15 @@ def relative_position_bucket(relative_position, *, bidirectional=True, num_bucke
   # The clamp keeps log() finite where the exact branch is selected anyway.
   log_ratio = jnp.log(jnp.maximum(n, max_exact).astype(jnp.float32) / max_exact)
   log_bucket = max_exact + (
-      log_ratio / math.log(max_distance / max_exact) * (buckets_per_side - max_exact)
+    log_ratio / math.log(max_distance / max_exact) * (buckets_per_side - max_exact)
   ).astype(jnp.int32)
   log_bucket = jnp.minimum(log_bucket, buckets_per_side - 1)
   return (side_offset + jnp.where(n < max_exact, n, log_bucket)).astype(jnp.int32)
 
 
-def relative_position_bias(table, q_positions, k_positions, *, bidirectional=True,
-                           max_distance=128):
+def relative_position_bias(
+  table, q_positions, k_positions, *, bidirectional=True, max_distance=128
+):
   """T5 relative attention bias: a learned scalar per (bucket, head).
 
   Args:
@@ -258,13 +268,17 @@ def relative_position_bias(table, q_positions, k_positions, *, bidirectional=Tru
   """
   table = jnp.asarray(table)
   if table.ndim != 2:
-    raise ValueError(f'table must have shape [num_buckets, H], got shape {table.shape}')
+    raise ValueError(f"table must have shape [num_buckets, H], got shape {table.shape}")
   relative_BxTxS = _relative_positions(q_positions, k_positions)
   if not jnp.issubdtype(relative_BxTxS.dtype, jnp.integer):
     raise ValueError(
-        f'q_positions and k_positions must be integer, got dtype {relative_BxTxS.dtype}')
+      f"q_positions and k_positions must be integer, got dtype {relative_BxTxS.dtype}"
+    )
   buckets_BxTxS = relative_position_bucket(
-      relative_BxTxS, bidirectional=bidirectional, num_buckets=table.shape[0],
-      max_distance=max_distance)
+    relative_BxTxS,
+    bidirectional=bidirectional,
+    num_buckets=table.shape[0],
+    max_distance=max_distance,
+  )
   bias_BxTxSxH = jnp.take(table.astype(jnp.float32), buckets_BxTxS, axis=0)
   return jnp.transpose(bias_BxTxSxH, (0, 3, 1, 2))

@@ -29,19 +29,34 @@ import csv
 import functools
 import io
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 from etils import epath
 
-from txf.analysis.ablation import (ablation_loss_fns, ablation_metric_fns, attention_shapes,
-                                   parse_heads)
+from txf.analysis.ablation import (
+  ablation_loss_fns,
+  ablation_metric_fns,
+  attention_shapes,
+  parse_heads,
+)
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import (attention_entropy, group_mask, head_ablation, head_roles,
-                                head_score_rows, head_scores_table, in_distribution_ids,
-                                induction_score, mean_attended_distance, previous_token_score,
-                                probe_periods, repeated_random_tokens)
+from txf.analysis.heads import (
+  attention_entropy,
+  group_mask,
+  head_ablation,
+  head_roles,
+  head_score_rows,
+  head_scores_table,
+  in_distribution_ids,
+  induction_score,
+  mean_attended_distance,
+  previous_token_score,
+  probe_periods,
+  repeated_random_tokens,
+)
 from txf.analysis.plots import attention_grid
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
@@ -88,21 +103,31 @@ def _labels(setup: RunSetup, tokens_T: np.ndarray) -> list[str]:
   labels = []
   for token in tokens_T:
     text = setup.train_data.tokenizer.decode([int(token)])
-    labels.append(text if text.strip() and text.isprintable()
-                  else repr(text) if text else f"<{int(token)}>")
+    labels.append(
+      text if text.strip() and text.isprintable() else repr(text) if text else f"<{int(token)}>"
+    )
   return labels
 
 
-def _plot_sample(setup: RunSetup, kind: str, layers: list[Any], batch: dict[str, np.ndarray],
-                 path: epath.Path, step: int) -> None:
+def _plot_sample(
+  setup: RunSetup,
+  kind: str,
+  layers: list[Any],
+  batch: dict[str, np.ndarray],
+  path: epath.Path,
+  step: int,
+) -> None:
   """Heatmaps of validation sample 0 for one kind, padding cut off."""
   pad_id = setup.model_cfg.pad_id
   queries_T, keys_S = _query_tokens(batch, kind)[0], _key_tokens(batch, kind)[0]
   T, S = _unpadded_length(queries_T, pad_id), _unpadded_length(keys_S, pad_id)
-  attention_grid([np.asarray(weights_BxHxTxS[0, :, :T, :S]) for weights_BxHxTxS in layers],
-                 _labels(setup, queries_T[:T]), path,
-                 f"{kind} attention, validation sample 0 (step {step})",
-                 key_tokens=_labels(setup, keys_S[:S]))
+  attention_grid(
+    [np.asarray(weights_BxHxTxS[0, :, :T, :S]) for weights_BxHxTxS in layers],
+    _labels(setup, queries_T[:T]),
+    path,
+    f"{kind} attention, validation sample 0 (step {step})",
+    key_tokens=_labels(setup, keys_S[:S]),
+  )
 
 
 def _probe_ids(setup: RunSetup, kind: str, batches: list[dict[str, np.ndarray]]) -> np.ndarray:
@@ -112,59 +137,81 @@ def _probe_ids(setup: RunSetup, kind: str, batches: list[dict[str, np.ndarray]])
   return in_distribution_ids(tokens, setup.train_data.tokenizer.special_ids)
 
 
-def _probe_periods(setup: RunSetup, length: int, num_ids: int, periods: list[int] | None
-                   ) -> list[int]:
+def _probe_periods(
+  setup: RunSetup, length: int, num_ids: int, periods: list[int] | None
+) -> list[int]:
   """The probe periods: `periods`, checked to fit, or the two longest that fit
   and that the training data does not repeat with (`probe_periods`)."""
   if periods is None:
     return probe_periods(length, num_ids, repeat_periods(setup.config.data))
   if len(periods) < 2 or len(set(periods)) < len(periods):
-    raise ValueError(f"periods: two or more different probe periods are needed to tell "
-                     f"induction from positional heads, got {periods}")
+    raise ValueError(
+      f"periods: two or more different probe periods are needed to tell "
+      f"induction from positional heads, got {periods}"
+    )
   limit = min(length // 2, num_ids)
   for period in periods:
     if not 2 <= period <= limit:
-      raise ValueError(f"periods: {period} must be in 2..{limit} (two blocks of distinct "
-                       f"tokens fit the run's {length} query positions and {num_ids} "
-                       "in-distribution ids)")
+      raise ValueError(
+        f"periods: {period} must be in 2..{limit} (two blocks of distinct "
+        f"tokens fit the run's {length} query positions and {num_ids} "
+        "in-distribution ids)"
+      )
   return periods
 
 
-def _induction(setup: RunSetup, maps_fn: Callable[..., dict[str, Any]], params: Any,
-               batch: dict[str, np.ndarray], kind: str, period: int, seed: int,
-               ids: np.ndarray) -> np.ndarray:
+def _induction(
+  setup: RunSetup,
+  maps_fn: Callable[..., dict[str, Any]],
+  params: Any,
+  batch: dict[str, np.ndarray],
+  kind: str,
+  period: int,
+  seed: int,
+  ids: np.ndarray,
+) -> np.ndarray:
   """[L, H] induction scores of `kind` on repeated blocks of `ids` (an
   encoder-decoder's source: the batch's encoder inputs), attention from
   `maps_fn(params, *inputs)`."""
   B = _query_tokens(batch, kind).shape[0]
-  tokens_BxT = repeated_random_tokens(np.random.default_rng(seed), B, period,
-                                      setup.model_cfg.vocab_size, ids=ids)
-  inputs = ((batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq"
-            else (tokens_BxT,))
+  tokens_BxT = repeated_random_tokens(
+    np.random.default_rng(seed), B, period, setup.model_cfg.vocab_size, ids=ids
+  )
+  inputs = (batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq" else (tokens_BxT,)
   layers = maps_by_kind(maps_fn(params, *inputs))[kind]
   return np.stack([induction_score(weights, period) for weights in layers])
 
 
-def _attention_scores(setup: RunSetup, kind: str, layers: list[Any],
-                      batch: dict[str, np.ndarray], induction_by_period: dict[int, np.ndarray]
-                      ) -> dict[str, np.ndarray]:
+def _attention_scores(
+  setup: RunSetup,
+  kind: str,
+  layers: list[Any],
+  batch: dict[str, np.ndarray],
+  induction_by_period: dict[int, np.ndarray],
+) -> dict[str, np.ndarray]:
   """The [L, H] scores of one kind in table order: previous-token
   (self-attention only; NaN for cross), induction (the lowest over the probe
   periods: a content match scores at every period), the induction score at
   each probe period, entropy and distance on the batch, padded queries left
   out."""
   query_mask_BxT = _query_tokens(batch, kind) != setup.model_cfg.pad_id
-  per_layer = lambda score: np.stack([score(weights, query_mask=query_mask_BxT)
-                                      for weights in layers])
+  per_layer = lambda score: np.stack(
+    [score(weights, query_mask=query_mask_BxT) for weights in layers]
+  )
   entropy_LxH = per_layer(attention_entropy)
-  previous_LxH = (np.full_like(entropy_LxH, np.nan) if kind == "cross"
-                  else per_layer(previous_token_score))
-  by_period = {f"induction_p{period}": scores_LxH
-               for period, scores_LxH in induction_by_period.items()}
-  return {"previous_token": previous_LxH,
-          "induction": np.min(np.stack(list(by_period.values())), axis=0),
-          **by_period, "entropy_nats": entropy_LxH,
-          "distance_tokens": per_layer(mean_attended_distance)}
+  previous_LxH = (
+    np.full_like(entropy_LxH, np.nan) if kind == "cross" else per_layer(previous_token_score)
+  )
+  by_period = {
+    f"induction_p{period}": scores_LxH for period, scores_LxH in induction_by_period.items()
+  }
+  return {
+    "previous_token": previous_LxH,
+    "induction": np.min(np.stack(list(by_period.values())), axis=0),
+    **by_period,
+    "entropy_nats": entropy_LxH,
+    "distance_tokens": per_layer(mean_attended_distance),
+  }
 
 
 def _eval_sums(task: str):
@@ -174,20 +221,24 @@ def _eval_sums(task: str):
 
 def _eval_loss_sums(task: str):
   """(model, params, batch) -> (loss_sum, count) with the run's eval step."""
+
   def loss_sums(model, params, batch):
     sums = _eval_sums(task)(model, params, batch)
     return sums["loss_sum"], sums["count"]
+
   return loss_sums
 
 
 def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict[str, dict]:
   """{kind: {role: ['L<l>H<h>', ...]}} of the causal kinds (`head_roles`)."""
-  named = {}
+  named: dict[str, dict] = {}
   for kind, kind_scores in scores.items():
     if np.all(np.isnan(kind_scores["induction"])):
       continue
-    roles_LxH = head_roles(kind_scores["previous_token"],
-                           {period: kind_scores[f"induction_p{period}"] for period in periods})
+    roles_LxH = head_roles(
+      kind_scores["previous_token"],
+      {period: kind_scores[f"induction_p{period}"] for period in periods},
+    )
     named[kind] = {role: [] for role in ("previous_token", "induction", "positional")}
     for (layer, head), labels in np.ndenumerate(roles_LxH):
       for role in filter(None, labels.split("+")):
@@ -195,18 +246,27 @@ def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict
   return named
 
 
-def _group_ablation(metric_fn: Callable[[np.ndarray], dict[str, float]], spec: str,
-                    shape: tuple[int, int]) -> dict[str, Any]:
+def _group_ablation(
+  metric_fn: Callable[[np.ndarray], dict[str, float]], spec: str, shape: tuple[int, int]
+) -> dict[str, Any]:
   """Loss and accuracy with every head on and with the heads of `spec` zeroed together."""
   heads = parse_heads(spec, *shape)
-  return {"heads": [f"L{layer}H{head}" for layer, head in heads],
-          "baseline": metric_fn(np.ones(shape, np.float32)),
-          "ablated": metric_fn(group_mask(heads, *shape))}
+  return {
+    "heads": [f"L{layer}H{head}" for layer, head in heads],
+    "baseline": metric_fn(np.ones(shape, np.float32)),
+    "ablated": metric_fn(group_mask(heads, *shape)),
+  }
 
 
-def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
-                periods: list[int] | None = None, seed: int = 0, replica: int = 0,
-                ablate: str | None = None) -> dict[str, Any]:
+def analyze_run(
+  workdir: str | os.PathLike,
+  *,
+  num_batches: int | None = None,
+  periods: list[int] | None = None,
+  seed: int = 0,
+  replica: int = 0,
+  ablate: str | None = None,
+) -> dict[str, Any]:
   """Writes the attention analysis of the run in `workdir` into
   <workdir>/analysis/ (see the module docstring) and returns it.
 
@@ -250,8 +310,9 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
   setup = run.setup
   if setup.model_cfg.family == "lstm":
-    raise ValueError(f"model.family: the run in {workdir} is an LSTM; it has no attention "
-                     "to analyse")
+    raise ValueError(
+      f"model.family: the run in {workdir} is an LSTM; it has no attention to analyse"
+    )
   try:
     params = setup.replica_params(run.params, replica)
   except ValueError as error:
@@ -262,8 +323,9 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
   causal = [kind for kind in shapes if _is_causal(setup, kind)]
   if ablate is not None and not causal:
     raise ValueError("ablate: the model has no causal self-attention to ablate")
-  ids = _probe_ids(setup, causal[0], batches) if causal else None
+  ids = None
   if causal:
+    ids = _probe_ids(setup, causal[0], batches)
     periods = _probe_periods(setup, _query_tokens(first, causal[0]).shape[1], len(ids), periods)
   if ablate is not None:
     parse_heads(ablate, *shapes[causal[0]])  # a bad spec fails before the model runs
@@ -274,8 +336,7 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
     maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
     layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
     device_batches = [setup.to_device(batch) for batch in batches]
-    loss_fns = ablation_loss_fns(setup.model, params, device_batches,
-                                 _eval_loss_sums(setup.task))
+    loss_fns = ablation_loss_fns(setup.model, params, device_batches, _eval_loss_sums(setup.task))
     any_kind, any_shape = next(iter(shapes.items()))
     baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
     for kind, (num_layers, num_heads) in shapes.items():
@@ -283,25 +344,38 @@ def analyze_run(workdir: str | os.PathLike, *, num_batches: int | None = None,
       path = out / attention_png(kind)
       _plot_sample(setup, kind, layers, first, path, run.step)
       files.append(path)
-      induction = {period: (_induction(setup, maps_fn, params, first, kind, period, seed, ids)
-                            if kind in causal else np.full((num_layers, num_heads), np.nan))
-                   for period in periods or ()}
-      scores[kind] = {**_attention_scores(setup, kind, layers, first, induction),
-                      "ablation_delta_loss": head_ablation(loss_fns[kind], num_layers,
-                                                           num_heads)}
+      induction = {
+        period: (
+          _induction(setup, maps_fn, params, first, kind, period, seed, ids)
+          if kind in causal and ids is not None  # ids: None <=> no causal kind
+          else np.full((num_layers, num_heads), np.nan)
+        )
+        for period in periods or ()
+      }
+      scores[kind] = {
+        **_attention_scores(setup, kind, layers, first, induction),
+        "ablation_delta_loss": head_ablation(loss_fns[kind], num_layers, num_heads),
+      }
     group = None
     if ablate is not None:
-      metric_fns = ablation_metric_fns(setup.model, params, device_batches,
-                                       _eval_sums(setup.task))
+      metric_fns = ablation_metric_fns(setup.model, params, device_batches, _eval_sums(setup.task))
       group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]])
-  roles = _roles(scores, periods) if causal else {}
+  roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
   files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
-  return {"step": run.step, "baseline_loss": baseline, "periods": periods,
-          "scores": {kind: {name: values.tolist() for name, values in kind_scores.items()}
-                     for kind, kind_scores in scores.items()},
-          "roles": roles, "group_ablation": group,
-          "files": [str(path) for path in files], "table": table}
+  return {
+    "step": run.step,
+    "baseline_loss": baseline,
+    "periods": periods,
+    "scores": {
+      kind: {name: values.tolist() for name, values in kind_scores.items()}
+      for kind, kind_scores in scores.items()
+    },
+    "roles": roles,
+    "group_ablation": group,
+    "files": [str(path) for path in files],
+    "table": table,
+  }
 
 
 def _write(path: epath.Path, text: str) -> epath.Path:
@@ -310,36 +384,52 @@ def _write(path: epath.Path, text: str) -> epath.Path:
   return path
 
 
-def _markdown(scores: dict[str, dict[str, np.ndarray]], step: int, baseline: float,
-              periods: list[int] | None, num_batches: int, roles: dict[str, dict],
-              group: dict[str, Any] | None) -> str:
+def _markdown(
+  scores: dict[str, dict[str, np.ndarray]],
+  step: int,
+  baseline: float,
+  periods: list[int] | None,
+  num_batches: int,
+  roles: dict[str, dict],
+  group: dict[str, Any] | None,
+) -> str:
   """head_scores.md: a header saying what the columns mean, one table per kind,
   the heads' roles and the group ablation."""
-  induction = (f"attention to the token after the previous occurrence, on random blocks of "
-               f"in-distribution tokens repeated twice; the lowest over the probe periods "
-               f"{periods} (induction_p<P>: at period P); causal self-attention only"
-               if periods else "n/a (the model has no causal self-attention)")
-  parts = [f"# Attention heads at step {step}\n\n"
-           f"- previous_token: mean attention from t to t - 1 (self-attention only)\n"
-           f"- entropy_nats: mean entropy of a query's attention, nats\n"
-           f"- distance_tokens: mean expected |query - key| position distance, tokens\n"
-           f"- induction: {induction}\n"
-           f"- ablation_delta_loss: the run's validation loss (nats; {num_batches} "
-           f"batch{'es' if num_batches > 1 else ''}, baseline {baseline:.4f}) with the head's "
-           f"output zeroed, minus the baseline\n"]
+  induction = (
+    f"attention to the token after the previous occurrence, on random blocks of "
+    f"in-distribution tokens repeated twice; the lowest over the probe periods "
+    f"{periods} (induction_p<P>: at period P); causal self-attention only"
+    if periods
+    else "n/a (the model has no causal self-attention)"
+  )
+  parts = [
+    f"# Attention heads at step {step}\n\n"
+    f"- previous_token: mean attention from t to t - 1 (self-attention only)\n"
+    f"- entropy_nats: mean entropy of a query's attention, nats\n"
+    f"- distance_tokens: mean expected |query - key| position distance, tokens\n"
+    f"- induction: {induction}\n"
+    f"- ablation_delta_loss: the run's validation loss (nats; {num_batches} "
+    f"batch{'es' if num_batches > 1 else ''}, baseline {baseline:.4f}) with the head's "
+    f"output zeroed, minus the baseline\n"
+  ]
   for kind, kind_scores in scores.items():
     parts.append(f"\n## {kind} attention\n\n{head_scores_table(kind_scores)}")
     if kind in roles:
-      parts.append("\nRoles (score >= 0.5; positional: an induction score at some probe "
-                   "period but not all):\n\n" + "".join(
-                       f"- {role}: {', '.join(heads) or 'none'}\n"
-                       for role, heads in roles[kind].items()))
+      parts.append(
+        "\nRoles (score >= 0.5; positional: an induction score at some probe "
+        "period but not all):\n\n"
+        + "".join(
+          f"- {role}: {', '.join(heads) or 'none'}\n" for role, heads in roles[kind].items()
+        )
+      )
   if group is not None:
     before, after = group["baseline"], group["ablated"]
-    parts.append(f"\n## Group ablation of {', '.join(group['heads'])}\n\n"
-                 f"| | loss (nats) | accuracy |\n|---|---|---|\n"
-                 f"| every head | {before['loss']:.4f} | {before['accuracy']:.4f} |\n"
-                 f"| heads zeroed | {after['loss']:.4f} | {after['accuracy']:.4f} |\n")
+    parts.append(
+      f"\n## Group ablation of {', '.join(group['heads'])}\n\n"
+      f"| | loss (nats) | accuracy |\n|---|---|---|\n"
+      f"| every head | {before['loss']:.4f} | {before['accuracy']:.4f} |\n"
+      f"| heads zeroed | {after['loss']:.4f} | {after['accuracy']:.4f} |\n"
+    )
   return "".join(parts)
 
 

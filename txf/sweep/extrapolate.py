@@ -26,7 +26,8 @@ import json
 import math
 import os
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -79,19 +80,27 @@ def _none_if_nan(values: Any) -> list[float | None]:
   return [None if math.isnan(v) else float(v) for v in values]
 
 
-def check_num_tokens(num_tokens: int, seq_len: int,
-                     factors: Sequence[int] = DEFAULT_FACTORS) -> None:
+def check_num_tokens(
+  num_tokens: int, seq_len: int, factors: Sequence[int] = DEFAULT_FACTORS
+) -> None:
   """Raises ValueError unless `num_tokens` validation tokens hold one window
   at the largest factor: a sweep checks this before it trains anything."""
   longest = max(_check_factors(factors)) * seq_len
   if num_tokens < longest + 1:
-    raise ValueError(f"{num_tokens} validation tokens hold no window of {longest + 1} tokens "
-                     f"({max(factors)} x data.seq_len {seq_len}); give at least {longest + 1}")
+    raise ValueError(
+      f"{num_tokens} validation tokens hold no window of {longest + 1} tokens "
+      f"({max(factors)} x data.seq_len {seq_len}); give at least {longest + 1}"
+    )
 
 
-def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT_FACTORS, *,
-                    stride: int | None = None, num_tokens: int | None = None,
-                    batch_tokens: int | None = None) -> dict[str, Any]:
+def extrapolate_run(
+  workdir: str | os.PathLike,
+  factors: Sequence[int] = DEFAULT_FACTORS,
+  *,
+  stride: int | None = None,
+  num_tokens: int | None = None,
+  batch_tokens: int | None = None,
+) -> dict[str, Any]:
   """Evaluates the run in `workdir` at `factors` x its training length and
   writes extrapolation.json, extrapolation.png and per_position_loss.png there.
 
@@ -119,13 +128,18 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
       previous extrapolation.json is intact).
   """
   factors = _check_factors(factors)
-  for name, value, minimum in (("stride", stride, 1), ("num_tokens", num_tokens, 2),
-                               ("batch_tokens", batch_tokens, 1)):
+  for name, value, minimum in (
+    ("stride", stride, 1),
+    ("num_tokens", num_tokens, 2),
+    ("batch_tokens", batch_tokens, 1),
+  ):
     if value is not None:
       int_at_least(value, name, minimum)
   if jax.process_count() > 1:
-    raise ValueError("extrapolate_run: runs in one process (the validation stream is read "
-                     f"whole), got {jax.process_count()}")
+    raise ValueError(
+      "extrapolate_run: runs in one process (the validation stream is read "
+      f"whole), got {jax.process_count()}"
+    )
   workdir = run_path(workdir)
   run, tokens_N = _load(workdir, num_tokens)
   train_length = run.setup.config.data.seq_len
@@ -135,17 +149,30 @@ def extrapolate_run(workdir: str | os.PathLike, factors: Sequence[int] = DEFAULT
   reasons = [_not_applicable(run.setup, length) for length in lengths]
   for length, reason in zip(lengths, reasons):
     if reason is None and len(tokens_N) < length + 1:
-      raise ValueError(f"num_tokens: {len(tokens_N)} validation tokens hold no window of "
-                       f"{length + 1} tokens (length {length}); evaluate more tokens or "
-                       "lower the largest factor")
+      raise ValueError(
+        f"num_tokens: {len(tokens_N)} validation tokens hold no window of "
+        f"{length + 1} tokens (length {length}); evaluate more tokens or "
+        "lower the largest factor"
+      )
 
-  record = {"step": run.step, "train_length": train_length, "factors": list(factors),
-            "lengths": lengths, "num_tokens": len(tokens_N),
-            "stride": [None if reason else stride or default_stride(length)
-                       for length, reason in zip(lengths, reasons)],
-            "applicable": [reason is None for reason in reasons], "reason": reasons}
-  record.update(_losses(run, tokens_N, record, batch_tokens or (
-      run.setup.config.data.batch_size * train_length)))
+  record = {
+    "step": run.step,
+    "train_length": train_length,
+    "factors": list(factors),
+    "lengths": lengths,
+    "num_tokens": len(tokens_N),
+    "stride": [
+      None if reason else stride or default_stride(length)
+      for length, reason in zip(lengths, reasons)
+    ],
+    "applicable": [reason is None for reason in reasons],
+    "reason": reasons,
+  }
+  record.update(
+    _losses(
+      run, tokens_N, record, batch_tokens or (run.setup.config.data.batch_size * train_length)
+    )
+  )
   if record["per_position"] is not None:
     _plot(record, workdir)
   write_file(workdir / EXTRAPOLATION_FILE, json.dumps(record, indent=2) + "\n")
@@ -160,49 +187,71 @@ def _load(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.n
   if saved is not None:  # else load_run says why there is no run
     data = saved["data"]
     overrides["eval.num_batches"] = math.ceil(
-        num_tokens / (data["batch_size"] * (data["seq_len"] + 1)))
+      num_tokens / (data["batch_size"] * (data["seq_len"] + 1))
+    )
   run = load_run(workdir, overrides)
   if run.setup.task != "lm":
-    raise ValueError(f"data.task: length extrapolation needs a decoder language model "
-                     f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}")
+    raise ValueError(
+      f"data.task: length extrapolation needs a decoder language model "
+      f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}"
+    )
   tokens_N = _validation_stream(run.setup)
   if num_tokens is None:
     return run, tokens_N
   if len(tokens_N) < num_tokens:
-    raise ValueError(f"num_tokens: the validation split holds only {len(tokens_N)} tokens, "
-                     f"asked for {num_tokens}")
+    raise ValueError(
+      f"num_tokens: the validation split holds only {len(tokens_N)} tokens, asked for {num_tokens}"
+    )
   return run, tokens_N[:num_tokens]
 
 
-def _losses(run: TrainedRun, tokens_N: np.ndarray, record: dict[str, Any],
-            batch_tokens: int) -> dict[str, Any]:
+def _losses(
+  run: TrainedRun, tokens_N: np.ndarray, record: dict[str, Any], batch_tokens: int
+) -> dict[str, Any]:
   """The record's "loss", "replica_loss", "scored_tokens" and "per_position":
   both protocols at each applicable length of `record`, for every replica
   of the run; "loss" and "per_position" are the replicas' means."""
-  replica_loss = {protocol: [] for protocol in PROTOCOLS}
-  scored = {protocol: [] for protocol in PROTOCOLS}
+  replica_loss: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
+  scored: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
   per_position = None
   replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.replicas)]
-  for length, stride, applicable in zip(record["lengths"], record["stride"],
-                                        record["applicable"]):
+  for length, stride, applicable in zip(record["lengths"], record["stride"], record["applicable"]):
     for protocol in PROTOCOLS:
-      results = [window_losses(
-          run.setup.model, params, tokens_N[None], seq_len=length, protocol=protocol,
-          stride=stride if protocol == "sliding" else None,
-          batch_size=max(batch_tokens // length, 1)) for params in replica_params
-      ] if applicable else None
-      replica_loss[protocol].append(None if results is None else
-                                    [result.mean_loss for result in results])
+      results = (
+        [
+          window_losses(
+            run.setup.model,
+            params,
+            tokens_N[None],
+            seq_len=length,
+            protocol=protocol,
+            stride=stride if protocol == "sliding" else None,
+            batch_size=max(batch_tokens // length, 1),
+          )
+          for params in replica_params
+        ]
+        if applicable
+        else None
+      )
+      replica_loss[protocol].append(
+        None if results is None else [result.mean_loss for result in results]
+      )
       scored[protocol].append(None if results is None else results[0].num_scored)
       if results is not None and protocol == "non_overlapping":  # the longest length's last
         with warnings.catch_warnings():  # a position no window scores stays NaN
           warnings.simplefilter("ignore", RuntimeWarning)
           mean_loss = np.nanmean([result.per_position_loss() for result in results], axis=0)
         per_position = {"length": length, "loss": _none_if_nan(mean_loss)}
-  loss = {protocol: [None if values is None else float(np.mean(values)) for values in by_length]
-          for protocol, by_length in replica_loss.items()}
-  return {"loss": loss, "replica_loss": replica_loss, "scored_tokens": scored,
-          "per_position": per_position}
+  loss = {
+    protocol: [None if values is None else float(np.mean(values)) for values in by_length]
+    for protocol, by_length in replica_loss.items()
+  }
+  return {
+    "loss": loss,
+    "replica_loss": replica_loss,
+    "scored_tokens": scored,
+    "per_position": per_position,
+  }
 
 
 def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
@@ -212,33 +261,54 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
   lengths = np.array([record["lengths"][at] for at in kept])
   ylabel = f"validation loss ({LOSS_UNITS})"
   train_length = record["train_length"]
-  write_line_plot({protocol.replace("_", "-") + " windows":
-                   (lengths, np.array([record["loss"][protocol][at] for at in kept], np.float64))
-                   for protocol in PROTOCOLS},
-                  workdir / EXTRAPOLATION_PNG,
-                  title=f"Length extrapolation (trained on {train_length} tokens, step "
-                        f"{record['step']})",
-                  xlabel="evaluation length (tokens)", ylabel=ylabel, logx=True)
+  write_line_plot(
+    {
+      protocol.replace("_", "-") + " windows": (
+        lengths,
+        np.array([record["loss"][protocol][at] for at in kept], np.float64),
+      )
+      for protocol in PROTOCOLS
+    },
+    workdir / EXTRAPOLATION_PNG,
+    title=f"Length extrapolation (trained on {train_length} tokens, step {record['step']})",
+    xlabel="evaluation length (tokens)",
+    ylabel=ylabel,
+    logx=True,
+  )
   per_position = record["per_position"]
   length = per_position["length"]
-  write_line_plot({f"non-overlapping windows of {length} tokens":
-                   (np.arange(length), np.array(per_position["loss"], np.float64))},
-                  workdir / PER_POSITION_PNG,
-                  title=f"Loss by token position at {length} tokens "
-                        f"({length // train_length}x the training length {train_length})",
-                  xlabel="position in the window (tokens from its start)", ylabel=ylabel)
+  write_line_plot(
+    {
+      f"non-overlapping windows of {length} tokens": (
+        np.arange(length),
+        np.array(per_position["loss"], np.float64),
+      )
+    },
+    workdir / PER_POSITION_PNG,
+    title=f"Loss by token position at {length} tokens "
+    f"({length // train_length}x the training length {train_length})",
+    xlabel="position in the window (tokens from its start)",
+    ylabel=ylabel,
+  )
+
 
 def format_table(record: dict[str, Any]) -> str:
   """The extrapolation record as a text table, one row per length."""
-  lines = [f"step {record['step']}, trained on {record['train_length']} tokens, "
-           f"{record['num_tokens']} validation tokens; loss in {LOSS_UNITS}",
-           f"{'length':>7} {'factor':>6} {'non-overlapping':>15} {'sliding':>9} {'stride':>6}"]
+  lines = [
+    f"step {record['step']}, trained on {record['train_length']} tokens, "
+    f"{record['num_tokens']} validation tokens; loss in {LOSS_UNITS}",
+    f"{'length':>7} {'factor':>6} {'non-overlapping':>15} {'sliding':>9} {'stride':>6}",
+  ]
   for at, length in enumerate(record["lengths"]):
     if not record["applicable"][at]:
-      lines.append(f"{length:>7} {record['factors'][at]:>5}x {'n/a':>15} {'n/a':>9} {'':>6}  "
-                   f"({record['reason'][at]})")
+      lines.append(
+        f"{length:>7} {record['factors'][at]:>5}x {'n/a':>15} {'n/a':>9} {'':>6}  "
+        f"({record['reason'][at]})"
+      )
       continue
-    lines.append(f"{length:>7} {record['factors'][at]:>5}x "
-                 f"{record['loss']['non_overlapping'][at]:>15.4f} "
-                 f"{record['loss']['sliding'][at]:>9.4f} {record['stride'][at]:>6}")
+    lines.append(
+      f"{length:>7} {record['factors'][at]:>5}x "
+      f"{record['loss']['non_overlapping'][at]:>15.4f} "
+      f"{record['loss']['sliding'][at]:>9.4f} {record['stride'][at]:>6}"
+    )
   return "\n".join(lines)

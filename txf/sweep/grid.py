@@ -24,7 +24,8 @@ import itertools
 import os
 import re
 import shlex
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ml_collections
 
@@ -49,6 +50,7 @@ class Point:
     overrides: dotted field path -> value, in grid order.
     config: a copy of the sweep's base config with the overrides applied.
   """
+
   index: int
   name: str
   overrides: Mapping[str, Any]
@@ -82,8 +84,10 @@ def point_name(overrides: Mapping[str, Any]) -> str:
   `expand` rejects a grid whose names would collide.
   """
   keys = _name_keys(list(overrides))
-  return ",".join(f"{_UNSAFE_NAME_CHARS.sub('_', key)}={_format_name_value(value)}"
-                  for key, value in zip(keys, overrides.values()))
+  return ",".join(
+    f"{_UNSAFE_NAME_CHARS.sub('_', key)}={_format_name_value(value)}"
+    for key, value in zip(keys, overrides.values())
+  )
 
 
 def _read_grid(sweep_config: Any) -> dict[str, list[Any]]:
@@ -113,7 +117,7 @@ def _set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None
   parts = path.split(".")
   for depth, part in enumerate(parts):
     if not isinstance(holder, ml_collections.ConfigDict) or part not in holder:
-      raise ValueError(f"{'.'.join(parts[:depth + 1])}: unknown field")
+      raise ValueError(f"{'.'.join(parts[: depth + 1])}: unknown field")
     if depth < len(parts) - 1:
       holder = holder[part]
   if isinstance(holder[parts[-1]], ml_collections.ConfigDict):
@@ -133,13 +137,16 @@ def expand(sweep_config: Any) -> list[Point]:
       naming the point and the field), or two points with the same name.
   """
   fields = _read_grid(sweep_config)
-  points, seen = [], {}
+  points: list[Point] = []
+  seen: dict[str, int] = {}
   for index, values in enumerate(itertools.product(*fields.values())):
     overrides = dict(zip(fields, values))
     name = point_name(overrides)
     if name in seen:
-      raise GridError(f"points {seen[name]} and {index} have the same name {name!r} "
-                      "(repeated or equivalent grid values)")
+      raise GridError(
+        f"points {seen[name]} and {index} have the same name {name!r} "
+        "(repeated or equivalent grid values)"
+      )
     if len(name.encode()) > _MAX_NAME_BYTES:
       raise GridError(f"point {index}: its name is longer than {_MAX_NAME_BYTES} bytes: {name}")
     seen[name] = index
@@ -188,8 +195,9 @@ def select(points: Sequence[Point], index: int | None = None) -> list[Point]:
     except ValueError as error:
       raise GridError(f"{source}: not an integer") from error
   if not 0 <= index < len(points):
-    raise GridError(f"{source}: out of range (the grid has {len(points)} points, "
-                    f"indices 0..{len(points) - 1})")
+    raise GridError(
+      f"{source}: out of range (the grid has {len(points)} points, indices 0..{len(points) - 1})"
+    )
   return [points[index]]
 
 
@@ -217,13 +225,20 @@ def _format_flag_value(path: str, value: Any, field_type: type) -> str:
       return repr(float(value))
     if field_type is str and isinstance(value, str):
       return value
-  raise GridError(f"{path}: cannot set {value!r} from the command line (the config file "
-                  f"declares it as {field_type.__name__}; config_flags parses only str, int, "
-                  "float and bool fields, and none of them into None)")
+  raise GridError(
+    f"{path}: cannot set {value!r} from the command line (the config file "
+    f"declares it as {field_type.__name__}; config_flags parses only str, int, "
+    "float and bool fields, and none of them into None)"
+  )
 
 
-def command_for(point: Point, config_path: str, workdir: str | os.PathLike, *,
-                reference: ml_collections.ConfigDict) -> str:
+def command_for(
+  point: Point,
+  config_path: str,
+  workdir: str | os.PathLike,
+  *,
+  reference: ml_collections.ConfigDict,
+) -> str:
   """The `experiments.run` command line that trains `point` in `workdir`.
 
   Args:
@@ -253,5 +268,13 @@ def command_for(point: Point, config_path: str, workdir: str | os.PathLike, *,
         flags.append(f"--config.{path}={_format_flag_value(path, value, field_type)}")
   except GridError as error:
     raise GridError(f"point {point.index} ({point.name}): {error}") from error
-  return shlex.join(["python", "-m", "experiments.run", f"--config={config_path}",
-                     f"--workdir={os.fspath(workdir)}", *flags])
+  return shlex.join(
+    [
+      "python",
+      "-m",
+      "experiments.run",
+      f"--config={config_path}",
+      f"--workdir={os.fspath(workdir)}",
+      *flags,
+    ]
+  )

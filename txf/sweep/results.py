@@ -45,10 +45,11 @@ import dataclasses
 import io
 import json
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from etils import epath
 import numpy as np
+from etils import epath
 
 from txf.sweep.grid import Point
 from txf.sweep.writes import write_figure, write_file, write_line_plot
@@ -64,8 +65,10 @@ RESULTS_MD = "results.md"
 LOSS_CURVES_PNG = "loss_curves.png"
 TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
 # Metric -> (PNG, what its axis and title call it) of plot_loss_curves.
-CURVES = {"eval_loss": (LOSS_CURVES_PNG, "validation loss"),
-          "loss": (TRAIN_LOSS_CURVES_PNG, "training loss")}
+CURVES = {
+  "eval_loss": (LOSS_CURVES_PNG, "validation loss"),
+  "loss": (TRAIN_LOSS_CURVES_PNG, "training loss"),
+}
 PRE_VS_POST_PNG = "pre_vs_post.png"
 PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
@@ -84,17 +87,22 @@ Log = Callable[[str], Any]
 @dataclasses.dataclass(frozen=True)
 class Stat:
   """Mean and sample std (ddof=1) over replicas; std None for one replica."""
+
   mean: float
   std: float | None
 
   @classmethod
-  def of(cls, values: Sequence[float]) -> Stat:
+  def of(cls, values: Sequence[float] | np.ndarray) -> Stat:
     values_R = np.asarray(values, dtype=np.float64)
     return cls(float(values_R.mean()), float(values_R.std(ddof=1)) if len(values_R) > 1 else None)
 
 
-def late_improvement(steps_N: Sequence[int], loss_N: Sequence[float], *,
-                     fraction: float = FLAT_FRACTION) -> float | None:
+def late_improvement(
+  steps_N: Sequence[int] | np.ndarray,
+  loss_N: Sequence[float] | np.ndarray,
+  *,
+  fraction: float = FLAT_FRACTION,
+) -> float | None:
   """Relative improvement of a loss curve over its last `fraction` of training.
 
   (L_start - L_end) / L_start, where L_end is the loss at the last step S of
@@ -143,6 +151,7 @@ def _fraction_name() -> str:
 class Extrapolation:
   """The contents of extrapolation.json (format in the module docstring);
   `step` is the checkpoint's it evaluated (None in a file without one)."""
+
   lengths: tuple[int, ...]
   loss: Mapping[str, tuple[float | None, ...]]
   applicable: tuple[bool, ...]
@@ -158,6 +167,7 @@ class PointSummary:
   replica, then mean ± std; tokens_per_sec is the mean over logged rows.
   late_improvement is `late_improvement` of the mean validation-loss curve
   (None: fewer than two evaluations, or diverged)."""
+
   point: Point
   status: str
   replicas: int
@@ -201,7 +211,8 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   if not config_path.exists():  # a run writes it before its first step
     return "partial" if rows else "missing"
   if steps is None:
-    steps = read_run_config(workdir).get("train", {}).get("steps")
+    saved = read_run_config(workdir) or {}  # None only if deleted since the check above
+    steps = saved.get("train", {}).get("steps")
   return "done" if "eval_loss" in rows.get(steps, {}) else "partial"
 
 
@@ -209,13 +220,16 @@ def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -
   keys = metric_names(name, replicas)
   missing = [key for key in keys if key not in row]
   if missing:
-    raise ValueError(f"{workdir}: metrics row at step {row['step']} has {name!r} but not "
-                     f"{missing[0]!r} (replicas={replicas})")
+    raise ValueError(
+      f"{workdir}: metrics row at step {row['step']} has {name!r} but not "
+      f"{missing[0]!r} (replicas={replicas})"
+    )
   return [float(row[key]) for key in keys]
 
 
-def _final(rows: Mapping[int, Mapping[str, Any]], name: str, replicas: int,
-           workdir) -> tuple[Stat, Stat] | tuple[None, None]:
+def _final(
+  rows: Mapping[int, Mapping[str, Any]], name: str, replicas: int, workdir
+) -> tuple[Stat, Stat] | tuple[None, None]:
   """(loss, perplexity) of the last row logging `name`."""
   logged = [row for row in rows.values() if name in row]
   if not logged:
@@ -238,33 +252,41 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
   except ValueError as error:  # cut off, or not text at all
     raise ValueError(f"{path}: not JSON ({error})") from None
   if not isinstance(data, dict) or not isinstance(data.get("loss", {}), dict):
-    raise ValueError(f"{path}: not an extrapolation record (a JSON object whose 'loss' "
-                     "is one)")
+    raise ValueError(f"{path}: not an extrapolation record (a JSON object whose 'loss' is one)")
   for key in ("lengths", "loss", "applicable"):
     if key not in data:
       raise ValueError(f"{path}: missing {key!r}")
   lengths = tuple(int(length) for length in data["lengths"])
   sized = {"applicable": data["applicable"]} | {
-      f"loss.{protocol}": values for protocol, values in data["loss"].items()}
+    f"loss.{protocol}": values for protocol, values in data["loss"].items()
+  }
   for key, values in sized.items():
     if len(values) != len(lengths):
       raise ValueError(f"{path}: {key} has {len(values)} entries for {len(lengths)} lengths")
-  loss = {protocol: tuple(None if v is None else float(v) for v in values)
-          for protocol, values in data["loss"].items()}
+  loss = {
+    protocol: tuple(None if v is None else float(v) for v in values)
+    for protocol, values in data["loss"].items()
+  }
   per_position = data.get("per_position")
   if per_position is not None:
     for key in ("length", "loss"):
       if key not in per_position:
         raise ValueError(f"{path}: missing 'per_position.{key}'")
     if len(per_position["loss"]) != per_position["length"]:
-      raise ValueError(f"{path}: per_position.loss has {len(per_position['loss'])} entries "
-                       f"for length {per_position['length']}")
+      raise ValueError(
+        f"{path}: per_position.loss has {len(per_position['loss'])} entries "
+        f"for length {per_position['length']}"
+      )
   return Extrapolation(
-      lengths, loss, tuple(bool(a) for a in data["applicable"]),
-      per_position_length=None if per_position is None else int(per_position["length"]),
-      per_position_loss=None if per_position is None else tuple(
-          math.nan if v is None else float(v) for v in per_position["loss"]),
-      step=None if data.get("step") is None else int(data["step"]))
+    lengths,
+    loss,
+    tuple(bool(a) for a in data["applicable"]),
+    per_position_length=None if per_position is None else int(per_position["length"]),
+    per_position_loss=None
+    if per_position is None
+    else tuple(math.nan if v is None else float(v) for v in per_position["loss"]),
+    step=None if data.get("step") is None else int(data["step"]),
+  )
 
 
 def readable_extrapolation(workdir: str | epath.PathLike, log: Log) -> Extrapolation | None:
@@ -282,8 +304,9 @@ def point_replicas(point: Point) -> int:
   return point.config.get("replicas", 1)
 
 
-def summarize_point(point: Point, workdir: str | epath.PathLike, *,
-                    replicas: int | None = None, log: Log = print) -> PointSummary:
+def summarize_point(
+  point: Point, workdir: str | epath.PathLike, *, replicas: int | None = None, log: Log = print
+) -> PointSummary:
   """The results row of `point`, whose run directory is `workdir`; its status
   is relative to the point's train.steps.
 
@@ -303,16 +326,22 @@ def summarize_point(point: Point, workdir: str | epath.PathLike, *,
   rows = _merged_by_step(workdir)
   diverged = status == "diverged"
   train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
-  eval_loss, eval_ppl = (None, None) if diverged else _final(
-      rows, "eval_loss", replicas, workdir)
+  eval_loss, eval_ppl = (None, None) if diverged else _final(rows, "eval_loss", replicas, workdir)
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
-  improvement = None if diverged else late_improvement(
-      *loss_curve(workdir, replicas=replicas)[:2])
-  return PointSummary(point=point, status=status, replicas=replicas, train_loss=train_loss,
-                      train_perplexity=train_ppl, eval_loss=eval_loss, eval_perplexity=eval_ppl,
-                      tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
-                      diverged=diverged, extrapolation=readable_extrapolation(workdir, log),
-                      late_improvement=improvement)
+  improvement = None if diverged else late_improvement(*loss_curve(workdir, replicas=replicas)[:2])
+  return PointSummary(
+    point=point,
+    status=status,
+    replicas=replicas,
+    train_loss=train_loss,
+    train_perplexity=train_ppl,
+    eval_loss=eval_loss,
+    eval_perplexity=eval_ppl,
+    tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
+    diverged=diverged,
+    extrapolation=readable_extrapolation(workdir, log),
+    late_improvement=improvement,
+  )
 
 
 def _extrapolation_columns(rows: Sequence[PointSummary]) -> list[tuple[str, int]]:
@@ -321,8 +350,12 @@ def _extrapolation_columns(rows: Sequence[PointSummary]) -> list[tuple[str, int]
   found = [row.extrapolation for row in rows if row.extrapolation is not None]
   protocols = dict.fromkeys(protocol for e in found for protocol in e.loss)
   present = {(protocol, n) for e in found for protocol in e.loss for n in e.lengths}
-  return [(protocol, n) for protocol in protocols
-          for n in sorted({n for e in found for n in e.lengths}) if (protocol, n) in present]
+  return [
+    (protocol, n)
+    for protocol in protocols
+    for n in sorted({n for e in found for n in e.lengths})
+    if (protocol, n) in present
+  ]
 
 
 def _extrapolated(row: PointSummary, protocol: str, length: int) -> float | str | None:
@@ -338,8 +371,12 @@ def _grid_fields(rows: Sequence[PointSummary]) -> list[str]:
   return list(dict.fromkeys(path for row in rows for path in row.point.overrides))
 
 
-_STATS = (("train_loss", "train_loss"), ("train_ppl", "train_perplexity"),
-          ("eval_loss", "eval_loss"), ("eval_ppl", "eval_perplexity"))
+_STATS = (
+  ("train_loss", "train_loss"),
+  ("train_ppl", "train_perplexity"),
+  ("eval_loss", "eval_loss"),
+  ("eval_ppl", "eval_perplexity"),
+)
 
 
 def _csv_text(rows: Sequence[PointSummary]) -> str:
@@ -347,22 +384,34 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
   header = ["point", *fields, "status", "replicas"]
   for column, _ in _STATS:
     header += [column, f"{column}_std"]
-  header += ["late_improvement", "flat", "tokens_per_sec",
-             *(f"{p}@{n}" for p, n in extrapolation), "diverged"]
+  header += [
+    "late_improvement",
+    "flat",
+    "tokens_per_sec",
+    *(f"{p}@{n}" for p, n in extrapolation),
+    "diverged",
+  ]
   blank = lambda value: "" if value is None else value
   stat_cells = lambda stat: ["", ""] if stat is None else [stat.mean, blank(stat.std)]
   out = io.StringIO()
   writer = csv.writer(out, lineterminator="\n")
   writer.writerow(header)
   for row in rows:
-    line = [row.point.name, *(blank(row.point.overrides.get(f)) for f in fields), row.status,
-            row.replicas]
+    line = [
+      row.point.name,
+      *(blank(row.point.overrides.get(f)) for f in fields),
+      row.status,
+      row.replicas,
+    ]
     for _, attribute in _STATS:
       line += stat_cells(getattr(row, attribute))
-    line += [blank(row.late_improvement), _yes_no(is_flat(row.late_improvement)),
-             blank(row.tokens_per_sec),
-             *(blank(_extrapolated(row, p, n)) for p, n in extrapolation),
-             "yes" if row.diverged else "no"]
+    line += [
+      blank(row.late_improvement),
+      _yes_no(is_flat(row.late_improvement)),
+      blank(row.tokens_per_sec),
+      *(blank(_extrapolated(row, p, n)) for p, n in extrapolation),
+      "yes" if row.diverged else "no",
+    ]
     writer.writerow(line)
   return out.getvalue()
 
@@ -383,30 +432,48 @@ def _format_loss(value: float | str | None) -> str:
 
 def _markdown_text(rows: Sequence[PointSummary]) -> str:
   fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
-  header = ["point", *fields, "status", "train loss", "train ppl", "val loss", "val ppl",
-            f"val change, last {_fraction_name()}", "flat", "tokens/s",
-            *(f"{p} @{n}" for p, n in extrapolation), "diverged"]
-  note = (f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
-          "tokens/s: training tokens per second, each batch counted once however many "
-          "replicas train on it. Extrapolation columns: validation loss at that "
-          "evaluation length (n/a: not applicable). Val change: relative change of the "
-          f"mean validation loss over the last {_fraction_name()} of training; flat: it "
-          f"improved by less than {FLAT_TOLERANCE:.0%} there.")
+  header = [
+    "point",
+    *fields,
+    "status",
+    "train loss",
+    "train ppl",
+    "val loss",
+    "val ppl",
+    f"val change, last {_fraction_name()}",
+    "flat",
+    "tokens/s",
+    *(f"{p} @{n}" for p, n in extrapolation),
+    "diverged",
+  ]
+  note = (
+    f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
+    "tokens/s: training tokens per second, each batch counted once however many "
+    "replicas train on it. Extrapolation columns: validation loss at that "
+    "evaluation length (n/a: not applicable). Val change: relative change of the "
+    f"mean validation loss over the last {_fraction_name()} of training; flat: it "
+    f"improved by less than {FLAT_TOLERANCE:.0%} there."
+  )
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
-    cells = [row.point.name, *(str(row.point.overrides.get(f, "")) for f in fields),
-             row.status, *(_format_stat(getattr(row, a)) for _, a in _STATS),
-             "" if row.late_improvement is None else f"{-100 * row.late_improvement:+.1f}%",
-             _yes_no(is_flat(row.late_improvement)),
-             "" if row.tokens_per_sec is None else f"{row.tokens_per_sec:,.0f}",
-             *(_format_loss(_extrapolated(row, p, n)) for p, n in extrapolation),
-             "yes" if row.diverged else "no"]
+    cells = [
+      row.point.name,
+      *(str(row.point.overrides.get(f, "")) for f in fields),
+      row.status,
+      *(_format_stat(getattr(row, a)) for _, a in _STATS),
+      "" if row.late_improvement is None else f"{-100 * row.late_improvement:+.1f}%",
+      _yes_no(is_flat(row.late_improvement)),
+      "" if row.tokens_per_sec is None else f"{row.tokens_per_sec:,.0f}",
+      *(_format_loss(_extrapolated(row, p, n)) for p, n in extrapolation),
+      "yes" if row.diverged else "no",
+    ]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
-def write_results(rows: Sequence[PointSummary],
-                  sweep_workdir: str | epath.PathLike) -> tuple[epath.Path, epath.Path]:
+def write_results(
+  rows: Sequence[PointSummary], sweep_workdir: str | epath.PathLike
+) -> tuple[epath.Path, epath.Path]:
   """Writes results.csv and results.md (one row per point) into the sweep
   workdir and returns their paths.
 
@@ -417,8 +484,10 @@ def write_results(rows: Sequence[PointSummary],
   if not rows:
     raise ValueError("rows: no points to write")
   directory = epath.Path(sweep_workdir)
-  return (write_file(directory / RESULTS_CSV, _csv_text(rows)),
-          write_file(directory / RESULTS_MD, _markdown_text(rows)))
+  return (
+    write_file(directory / RESULTS_CSV, _csv_text(rows)),
+    write_file(directory / RESULTS_MD, _markdown_text(rows)),
+  )
 
 
 LINESTYLES = ("-", "--", ":", "-.")
@@ -432,8 +501,9 @@ def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
   LINESTYLES), each point its own colour."""
   points = list(points)
   fields = list(points[0].overrides) if points else []
-  last_values = list(dict.fromkeys(point.overrides[fields[-1]] for point in points)) if fields \
-      else []
+  last_values = (
+    list(dict.fromkeys(point.overrides[fields[-1]] for point in points)) if fields else []
+  )
   split = len(fields) >= 2 and len(last_values) <= len(LINESTYLES)
   colours: dict[tuple, str] = {}
   styles = {}
@@ -446,8 +516,9 @@ def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
   return styles
 
 
-def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss"
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def loss_curve(
+  workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
   """(steps, mean `metric`, std over replicas or None) of a run's rows
   holding it ('eval_loss': evaluations, 'loss': logged training steps)."""
   workdir = epath.Path(workdir)
@@ -458,8 +529,13 @@ def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "e
   return steps_N, mean_N, np.array([stat.std for stat in stats]) if replicas > 1 else None
 
 
-def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLike, *,
-                     metric: str = "eval_loss", line_plot: LinePlot | None = None) -> epath.Path:
+def plot_loss_curves(
+  points: Iterable[Point],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  metric: str = "eval_loss",
+  line_plot: LinePlot | None = None,
+) -> epath.Path:
   """Validation ('eval_loss', loss_curves.png) or training ('loss',
   train_loss_curves.png) loss vs training step, one line per point with a
   ±1 std band over its replicas; points with no such row yet are left out.
@@ -479,8 +555,7 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
   all_styles = point_styles(points)
   for point in points:
     replicas = point_replicas(point)
-    steps_N, mean_N, std_N = loss_curve(directory / point.name, replicas=replicas,
-                                        metric=metric)
+    steps_N, mean_N, std_N = loss_curve(directory / point.name, replicas=replicas, metric=metric)
     if len(steps_N):
       label = point.name
       if metric == "eval_loss":
@@ -490,18 +565,31 @@ def plot_loss_curves(points: Iterable[Point], sweep_workdir: str | epath.PathLik
       replica_counts.add(replicas)
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
-  criterion = (f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {_fraction_name()}"
-               if metric == "eval_loss" else "")
+  criterion = (
+    f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {_fraction_name()}"
+    if metric == "eval_loss"
+    else ""
+  )
   (line_plot or write_line_plot)(
-      series, path, title=f"{what.capitalize()} per point" + (
-          f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
-      + criterion,
-      xlabel="training step", ylabel=f"{what} ({LOSS_UNITS})", styles=styles)
+    series,
+    path,
+    title=f"{what.capitalize()} per point"
+    + (f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
+    + criterion,
+    xlabel="training step",
+    ylabel=f"{what} ({LOSS_UNITS})",
+    styles=styles,
+  )
   return path
 
 
-def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.PathLike, *,
-                       protocol: str, line_plot: LinePlot | None = None) -> epath.Path:
+def plot_extrapolation(
+  rows: Iterable[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  protocol: str,
+  line_plot: LinePlot | None = None,
+) -> epath.Path:
   """Validation loss vs evaluation length (log x), one line per point that has
   extrapolation results for `protocol`, applicable lengths only. Returns the
   PNG, extrapolation_<protocol>.png."""
@@ -513,18 +601,31 @@ def plot_extrapolation(rows: Iterable[PointSummary], sweep_workdir: str | epath.
       continue
     styles[row.point.name] = all_styles[row.point.name]
     kept = [at for at, applicable in enumerate(found.applicable) if applicable]
-    series[row.point.name] = (np.array([found.lengths[at] for at in kept]),
-                              np.array([found.loss[protocol][at] for at in kept]), None)
+    series[row.point.name] = (
+      np.array([found.lengths[at] for at in kept]),
+      np.array([found.loss[protocol][at] for at in kept]),
+      None,
+    )
   path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
   (line_plot or write_line_plot)(
-      series, path, title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
-      xlabel="evaluation length (tokens)", ylabel=f"validation loss ({LOSS_UNITS})", logx=True,
-      styles=styles)
+    series,
+    path,
+    title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
+    xlabel="evaluation length (tokens)",
+    ylabel=f"validation loss ({LOSS_UNITS})",
+    logx=True,
+    styles=styles,
+  )
   return path
 
 
-def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.PathLike, *,
-                      bins: int = 16, line_plot: LinePlot | None = None) -> epath.Path:
+def plot_per_position(
+  rows: Iterable[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  bins: int = 16,
+  line_plot: LinePlot | None = None,
+) -> epath.Path:
   """Validation loss vs token position in the non-overlapping windows of each
   point's longest applicable evaluation length, one line per point that has
   them (where an encoding breaks shows as a rise past the training length).
@@ -546,26 +647,36 @@ def plot_per_position(rows: Iterable[PointSummary], sweep_workdir: str | epath.P
     label = f"{row.point.name} ({found.per_position_length} tokens)"
     styles[label] = all_styles[row.point.name]
     series[label] = (
-        np.array([span.mean() for span in spans]),
-        np.array([values.mean() if values.size else np.nan for values in scored]), None)
+      np.array([span.mean() for span in spans]),
+      np.array([values.mean() if values.size else np.nan for values in scored]),
+      None,
+    )
   path = epath.Path(sweep_workdir) / PER_POSITION_PNG
   (line_plot or write_line_plot)(
-      series, path, title=f"Loss by position at the longest length ({bins}-span means)",
-      xlabel="position in the window (tokens from its start)",
-      ylabel=f"validation loss ({LOSS_UNITS})", styles=styles)
+    series,
+    path,
+    title=f"Loss by position at the longest length ({bins}-span means)",
+    xlabel="position in the window (tokens from its start)",
+    ylabel=f"validation loss ({LOSS_UNITS})",
+    styles=styles,
+  )
   return path
 
 
-def pre_vs_post_figure(rows: Sequence[PointSummary], *, group_field: str = "model.position",
-                       split_field: str = "model.norm_placement"):
+def pre_vs_post_figure(
+  rows: Sequence[PointSummary],
+  *,
+  group_field: str = "model.position",
+  split_field: str = "model.norm_placement",
+):
   """plot_pre_vs_post's matplotlib Figure, unwritten.
 
   Raises:
     ValueError: a field that is not one of the points' grid fields.
   """
   # Only matplotlib's object API: no pyplot global state, safe in threads.
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
-  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
 
   for field in (group_field, split_field):
     if not any(field in row.point.overrides for row in rows):
@@ -578,18 +689,41 @@ def pre_vs_post_figure(rows: Sequence[PointSummary], *, group_field: str = "mode
   axes = figure.add_subplot()
   for offset, split in enumerate(splits):
     positions = np.arange(len(groups)) + (offset - (len(splits) - 1) / 2) * width
-    found = [next((row for row in rows if row.point.overrides.get(group_field) == group
-                   and row.point.overrides.get(split_field) == split), None) for group in groups]
+    found = [
+      next(
+        (
+          row
+          for row in rows
+          if row.point.overrides.get(group_field) == group
+          and row.point.overrides.get(split_field) == split
+        ),
+        None,
+      )
+      for group in groups
+    ]
     stats = [None if row is None else row.eval_loss for row in found]
     # Markers, not bars: the axis then spans the losses rather than starting
     # at 0, where gaps of a few hundredths of a nat would not show.
-    axes.errorbar(positions, [math.nan if stat is None else stat.mean for stat in stats],
-                  yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
-                  fmt="o", markersize=7, capsize=4, label=str(split))
+    axes.errorbar(
+      positions,
+      [math.nan if stat is None else stat.mean for stat in stats],
+      yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+      fmt="o",
+      markersize=7,
+      capsize=4,
+      label=str(split),
+    )
     for position, row in zip(positions, found):
       if row is not None and row.diverged:  # no marker: say why, at the axis' foot
-        axes.text(position, 0.02, "diverged", rotation=90, ha="center", va="bottom",
-                  transform=axes.get_xaxis_transform())
+        axes.text(
+          position,
+          0.02,
+          "diverged",
+          rotation=90,
+          ha="center",
+          va="bottom",
+          transform=axes.get_xaxis_transform(),
+        )
   axes.set_xticks(np.arange(len(groups)), [str(group) for group in groups])
   axes.set_xlabel(group_field)
   axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
@@ -602,9 +736,13 @@ def pre_vs_post_figure(rows: Sequence[PointSummary], *, group_field: str = "mode
   return figure
 
 
-def plot_pre_vs_post(rows: Sequence[PointSummary], sweep_workdir: str | epath.PathLike, *,
-                     group_field: str = "model.position",
-                     split_field: str = "model.norm_placement") -> epath.Path:
+def plot_pre_vs_post(
+  rows: Sequence[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  group_field: str = "model.position",
+  split_field: str = "model.norm_placement",
+) -> epath.Path:
   """Final validation loss, one column per value of `group_field` (the
   encodings) holding one marker per value of `split_field` (Pre- and
   Post-LN), error bars ±1 std over replicas. A point without a final eval

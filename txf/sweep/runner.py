@@ -40,15 +40,17 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from etils import epath
 import jax
 import ml_collections
+from etils import epath
 
 from txf.checks import optional_positive_int
 from txf.configs import find as find_config
 from txf.data import DataSpec, make_tokenizer, read_data_config
+from txf.data.config import required
 from txf.data.listops import NUM_CLASSES
 from txf.sweep import grid, results
 from txf.sweep.extrapolate import check_num_tokens
@@ -77,10 +79,10 @@ def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
   unknown = sorted(set(given.keys()) - set(SWEEP_FIELDS))
   if unknown:
     hint = "; seeds per point are base.replicas" if unknown[0] == "seeds" else ""
-    raise GridError(f"sweep.{unknown[0]}: unknown field (known: {', '.join(SWEEP_FIELDS)})"
-                    + hint)
+    raise GridError(f"sweep.{unknown[0]}: unknown field (known: {', '.join(SWEEP_FIELDS)})" + hint)
   settings = ml_collections.ConfigDict(
-      {**dict(run_config=None, extrapolate=True, extrapolate_tokens=None), **given})
+    {**dict(run_config=None, extrapolate=True, extrapolate_tokens=None), **given}
+  )
   if not isinstance(settings.extrapolate, bool):
     raise GridError(f"sweep.extrapolate: must be True or False, got {settings.extrapolate!r}")
   try:
@@ -95,7 +97,7 @@ def _vocab_size(data_config: ml_collections.ConfigDict, spec: DataSpec) -> int:
   model (trained in the point's workdir at its first run) has at most
   data.sp_vocab_size pieces; the other tokenizers are built as they are."""
   if spec.tokenizer == "sentencepiece":
-    return spec.sp_vocab_size
+    return required(spec.sp_vocab_size)
   return make_tokenizer(data_config).vocab_size
 
 
@@ -109,8 +111,11 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
     ValueError: naming the field.
   """
   spec = read_data_config(config.data)
-  check_run_config(config, vocab_size=_vocab_size(config.data, spec),
-                   num_classes=NUM_CLASSES if spec.task == "classify" else None)
+  check_run_config(
+    config,
+    vocab_size=_vocab_size(config.data, spec),
+    num_classes=NUM_CLASSES if spec.task == "classify" else None,
+  )
   sharding.check_batch(config.data.batch_size, sharding.make_mesh(config.parallel))
 
 
@@ -120,7 +125,7 @@ def load_run_config(path: str) -> ml_collections.ConfigDict:
   if not pathlib.Path(path).is_file() and find_config(path) is not None:
     path = str(find_config(path))
   spec = importlib.util.spec_from_file_location("run_config", path)
-  if spec is None:
+  if spec is None or spec.loader is None:
     raise GridError(f"sweep.run_config: {path}: not a Python config file")
   module = importlib.util.module_from_spec(spec)
   try:
@@ -130,16 +135,20 @@ def load_run_config(path: str) -> ml_collections.ConfigDict:
   return module.get_config()
 
 
-def _dry_run(points: Sequence[Point], workdir: epath.Path,
-             settings: ml_collections.ConfigDict, log: Log) -> None:
+def _dry_run(
+  points: Sequence[Point], workdir: epath.Path, settings: ml_collections.ConfigDict, log: Log
+) -> None:
   if settings.run_config is None:
-    raise GridError("sweep.run_config: needed for --dry_run (the run config file `base` "
-                    "comes from, which each command loads)")
+    raise GridError(
+      "sweep.run_config: needed for --dry_run (the run config file `base` "
+      "comes from, which each command loads)"
+    )
   reference = load_run_config(settings.run_config)
   for point in points:
-    log(f"point {point.index} ({point.name}):\n  "
-        + grid.command_for(point, settings.run_config, workdir / point.name,
-                           reference=reference))
+    log(
+      f"point {point.index} ({point.name}):\n  "
+      + grid.command_for(point, settings.run_config, workdir / point.name, reference=reference)
+    )
 
 
 def _train_point(point: Point, workdir: epath.Path, log: Log) -> bool:
@@ -178,14 +187,21 @@ def _needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
     return False
   found = results.readable_extrapolation(workdir, log)
   if found is not None and found.step not in (None, steps):
-    log(f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, "
-        f"the point is trained to {steps}; recomputing it")
+    log(
+      f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, "
+      f"the point is trained to {steps}; recomputing it"
+    )
     return True
   return found is None
 
 
-def _extrapolate_point(point: Point, workdir: epath.Path, extrapolate: Extrapolate | None,
-                       num_tokens: int | None, log: Log) -> None:
+def _extrapolate_point(
+  point: Point,
+  workdir: epath.Path,
+  extrapolate: Extrapolate | None,
+  num_tokens: int | None,
+  log: Log,
+) -> None:
   """Runs the extrapolation hook once for a finished point, holding the
   point's work directory lock (as its training does): another sweep on the
   directory is refused instead of extrapolating the point at the same time."""
@@ -199,8 +215,9 @@ def _extrapolate_point(point: Point, workdir: epath.Path, extrapolate: Extrapola
     jax.clear_caches()
 
 
-def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
-              log: Log = print) -> list[results.PointSummary]:
+def summarize(
+  points: Sequence[Point], workdir: str | epath.PathLike, *, log: Log = print
+) -> list[results.PointSummary]:
   """Writes results.csv, results.md and the plots into the sweep workdir from
   what the points' run directories hold; returns the rows.
 
@@ -215,14 +232,19 @@ def summarize(points: Sequence[Point], workdir: str | epath.PathLike, *,
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written += [results.plot_loss_curves(points, workdir, metric=metric)
-                for metric in results.CURVES]
-  protocols = dict.fromkeys(protocol for row in rows if row.extrapolation is not None
-                            for protocol in row.extrapolation.loss)
-  written += [results.plot_extrapolation(rows, workdir, protocol=protocol)
-              for protocol in protocols]
-  if any(row.extrapolation is not None and row.extrapolation.per_position_loss is not None
-         for row in rows):
+    written += [
+      results.plot_loss_curves(points, workdir, metric=metric) for metric in results.CURVES
+    ]
+  protocols = dict.fromkeys(
+    protocol for row in rows if row.extrapolation is not None for protocol in row.extrapolation.loss
+  )
+  written += [
+    results.plot_extrapolation(rows, workdir, protocol=protocol) for protocol in protocols
+  ]
+  if any(
+    row.extrapolation is not None and row.extrapolation.per_position_loss is not None
+    for row in rows
+  ):
     written.append(results.plot_per_position(rows, workdir))
   if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
     written.append(results.plot_pre_vs_post(rows, workdir))
@@ -237,13 +259,21 @@ def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int) -> None:
     try:
       check_num_tokens(num_tokens, point.config.data.seq_len)
     except ValueError as error:
-      raise GridError(f"sweep.extrapolate_tokens: point {point.index} ({point.name}): "
-                      f"{error}") from None
+      raise GridError(
+        f"sweep.extrapolate_tokens: point {point.index} ({point.name}): {error}"
+      ) from None
 
 
-def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | None = None,
-              dry_run: bool = False, summarize_only: bool = False, log: Log = print,
-              extrapolate: Extrapolate | None = None) -> list[results.PointSummary] | None:
+def run_sweep(
+  sweep_config: Any,
+  workdir: str | epath.PathLike,
+  *,
+  index: int | None = None,
+  dry_run: bool = False,
+  summarize_only: bool = False,
+  log: Log = print,
+  extrapolate: Extrapolate | None = None,
+) -> list[results.PointSummary] | None:
   """Runs the sweep `sweep_config` in `workdir`.
 
   Every point is expanded and checked before any trains. Then, by mode:
@@ -305,8 +335,10 @@ def run_sweep(sweep_config: Any, workdir: str | epath.PathLike, *, index: int | 
     for point in selected:
       point_dir = workdir / point.name
       if _train_point(point, point_dir, log):
-        log(f"sweep preempted in point {point.index} ({point.name}), which is saved; "
-            "rerun the same command to resume")
+        log(
+          f"sweep preempted in point {point.index} ({point.name}), which is saved; "
+          "rerun the same command to resume"
+        )
         return None
       _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log)
     if len(selected) < len(points):

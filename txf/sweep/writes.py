@@ -12,7 +12,8 @@ whose message is one line naming the path and the reason.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from etils import epath
 
@@ -33,7 +34,7 @@ def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
       path.parent.mkdir(parents=True, exist_ok=True)
     replace_bytes(path, data)
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise write_error(path, error) from error
   return path
 
@@ -41,12 +42,15 @@ def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
 def write_figure(figure: Any, path: str | os.PathLike) -> epath.Path:
   """Writes a matplotlib Figure as a PNG (txf.analysis.plots' resolution)
   with `write_file`; returns the path."""
-  from txf.analysis.plots import png_bytes  # pylint: disable=import-outside-toplevel
+  from txf.analysis.plots import png_bytes  # loads matplotlib: only when a figure is written
+
   return write_file(path, png_bytes(figure))
 
 
-def write_line_plot(series: Mapping[str, Any], path: str | os.PathLike,
-                    **options: Any) -> epath.Path:
+def write_line_plot(
+  series: Mapping[str, Any], path: str | os.PathLike, **options: Any
+) -> epath.Path:
   """txf.analysis.plots.line_plot (same arguments), written with `write_figure`."""
-  from txf.analysis.plots import line_plot_figure  # pylint: disable=import-outside-toplevel
+  from txf.analysis.plots import line_plot_figure  # as in write_figure
+
   return write_figure(line_plot_figure(series, **options), path)

@@ -44,35 +44,75 @@ class Experiment:
   module: str
   config: str | None = None
 
-  def run(self, out_dir: str | os.PathLike, *, quick: bool = False, **kwargs: Any
-          ) -> dict[str, Any]:
+  def run(
+    self, out_dir: str | os.PathLike, *, quick: bool = False, **kwargs: Any
+  ) -> dict[str, Any]:
     """Runs the experiment (its module's `run`), writing figures into `out_dir`."""
     return importlib.import_module(self.module).run(out_dir, quick=quick, **kwargs)
 
 
-EXPERIMENTS: dict[str, Experiment] = {experiment.name: experiment for experiment in (
-    Experiment("scaling", 1, "why scores are divided by sqrt(d_k): variance, entropy, gradient",
-               "txf.textbook.scaling"),
-    Experiment("masks", 2, "causal and padding masks; cross-attention alignment of a trained "
-               "encoder-decoder", "txf.textbook.masks", config="seq2seq"),
-    Experiment("positions", 3, "sinusoidal encodings as rotations, RoPE's relative property, "
-               "ALiBi biases", "txf.textbook.positions"),
-    Experiment("quadratic", 4, "time and memory of attention vs length, materialised and "
-               "chunked", "txf.textbook.quadratic"),
-    Experiment("kv_cache", 5, "time per generated token with and without the KV cache",
-               "txf.textbook.kv_cache"),
-    Experiment("param_counts", 6, "parameter counts by component against closed forms",
-               "txf.textbook.param_counts"),
-    Experiment("lstm_vs_transformer", 7, "a Transformer LM against an LSTM LM of about the "
-               "same size, trained alike", "txf.textbook.lstm_vs_transformer", config="base"),
-    Experiment("heads", 9, "previous-token and induction heads in a trained LM",
-               "txf.textbook.heads", config="base"),
-)}
+EXPERIMENTS: dict[str, Experiment] = {
+  experiment.name: experiment
+  for experiment in (
+    Experiment(
+      "scaling",
+      1,
+      "why scores are divided by sqrt(d_k): variance, entropy, gradient",
+      "txf.textbook.scaling",
+    ),
+    Experiment(
+      "masks",
+      2,
+      "causal and padding masks; cross-attention alignment of a trained encoder-decoder",
+      "txf.textbook.masks",
+      config="seq2seq",
+    ),
+    Experiment(
+      "positions",
+      3,
+      "sinusoidal encodings as rotations, RoPE's relative property, ALiBi biases",
+      "txf.textbook.positions",
+    ),
+    Experiment(
+      "quadratic",
+      4,
+      "time and memory of attention vs length, materialised and chunked",
+      "txf.textbook.quadratic",
+    ),
+    Experiment(
+      "kv_cache",
+      5,
+      "time per generated token with and without the KV cache",
+      "txf.textbook.kv_cache",
+    ),
+    Experiment(
+      "param_counts",
+      6,
+      "parameter counts by component against closed forms",
+      "txf.textbook.param_counts",
+    ),
+    Experiment(
+      "lstm_vs_transformer",
+      7,
+      "a Transformer LM against an LSTM LM of about the same size, trained alike",
+      "txf.textbook.lstm_vs_transformer",
+      config="base",
+    ),
+    Experiment(
+      "heads",
+      9,
+      "previous-token and induction heads in a trained LM",
+      "txf.textbook.heads",
+      config="base",
+    ),
+  )
+}
 
 
 def get(name: str) -> Experiment:
   """The experiment called `name`; ValueError listing the names otherwise."""
   if name not in EXPERIMENTS:
-    raise ValueError(f"no textbook experiment {name!r}; choose from "
-                     f"{', '.join(EXPERIMENTS)} (or 'all')")
+    raise ValueError(
+      f"no textbook experiment {name!r}; choose from {', '.join(EXPERIMENTS)} (or 'all')"
+    )
   return EXPERIMENTS[name]

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,49 +42,66 @@ from txf.layers.config import ModelConfig
 from txf.textbook.report import figure_path, loglog_slope, markdown_table, median_seconds
 
 NAME = "kv_cache"
-FULL = dict(lengths=(128, 256, 512, 1024), d_model=128, num_heads=4, num_layers=2, bucket=64,
-            repeats=3)
-QUICK = dict(lengths=(64, 128), d_model=128, num_heads=2, num_layers=1, bucket=64, repeats=1)
+FULL: dict[str, Any] = dict(
+  lengths=(128, 256, 512, 1024), d_model=128, num_heads=4, num_layers=2, bucket=64, repeats=3
+)
+QUICK: dict[str, Any] = dict(
+  lengths=(64, 128), d_model=128, num_heads=2, num_layers=1, bucket=64, repeats=1
+)
 _VOCAB = 260
 _PROMPT_TOKEN = 1
 
 
 def model_config(d_model: int, num_heads: int, num_layers: int, max_len: int) -> ModelConfig:
   """The decoder timed: byte vocabulary, RoPE, d_ff = 4 d_model."""
-  return ModelConfig(family="decoder", vocab_size=_VOCAB, d_model=d_model, num_heads=num_heads,
-                     num_layers=num_layers, max_len=max_len, position="rope")
+  return ModelConfig(
+    family="decoder",
+    vocab_size=_VOCAB,
+    d_model=d_model,
+    num_heads=num_heads,
+    num_layers=num_layers,
+    max_len=max_len,
+    position="rope",
+  )
 
 
 def _uncached_step(model, params, length: int):
   """The compiled (params, tokens [1, length], last) -> greedy next token after
   position `last`: the whole model over the prefix, no cache."""
-  next_token = jax.jit(lambda params, tokens_1xL, last: jnp.argmax(
-      model.apply({"params": params}, tokens_1xL)[0, last]))
-  return next_token.lower(params, jax.ShapeDtypeStruct((1, length), jnp.int32),
-                          jax.ShapeDtypeStruct((), jnp.int32)).compile()
+  next_token = jax.jit(
+    lambda params, tokens_1xL, last: jnp.argmax(
+      model.apply({"params": params}, tokens_1xL)[0, last]
+    )
+  )
+  return next_token.lower(
+    params, jax.ShapeDtypeStruct((1, length), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32)
+  ).compile()
 
 
 def _cached_step(model, params, cache):
   """The compiled (params, token [1, 1], cache) -> (greedy next token, cache),
   one token through txf.decode's KV cache; the cache is donated."""
+
   def next_token(params, token_1x1, cache):
     logits_1xV, cache = decode.make_tokens_to_logits(model, params)(token_1x1, cache)
     return jnp.argmax(logits_1xV[0]), cache
-  return jax.jit(next_token, donate_argnums=2).lower(
-      params, jax.ShapeDtypeStruct((1, 1), jnp.int32), cache).compile()
+
+  return (
+    jax.jit(next_token, donate_argnums=2)
+    .lower(params, jax.ShapeDtypeStruct((1, 1), jnp.int32), cache)
+    .compile()
+  )
 
 
 def _flops(compiled) -> float:
   return float(compiled.cost_analysis()["flops"])
 
 
-def uncached_steps(model, params, length: int, bucket: int
-                   ) -> tuple[list[int], list[float], float]:
+def uncached_steps(model, params, length: int, bucket: int) -> tuple[list[int], list[float], float]:
   """Greedy tokens, per-step seconds and XLA's FLOPs of the longest step,
   recomputing the whole prefix each step."""
   padded = -(-length // bucket) * bucket
-  steps = {size: _uncached_step(model, params, size)
-           for size in range(bucket, padded + 1, bucket)}
+  steps = {size: _uncached_step(model, params, size) for size in range(bucket, padded + 1, bucket)}
   tokens = np.zeros((1, padded), np.int32)
   tokens[0, 0] = _PROMPT_TOKEN
   generated, seconds = [], []
@@ -113,8 +131,15 @@ def cached_steps(model, params, length: int) -> tuple[list[int], list[float], fl
   return tokens, seconds, _flops(step)
 
 
-def compute(lengths: Sequence[int], d_model: int, num_heads: int, num_layers: int,
-            bucket: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+def compute(
+  lengths: Sequence[int],
+  d_model: int,
+  num_heads: int,
+  num_layers: int,
+  bucket: int,
+  repeats: int,
+  seed: int = 0,
+) -> dict[str, Any]:
   """Per-step and total generation times with and without the KV cache.
 
   Both step-by-step loops generate the longest T once (the cache has that
@@ -141,27 +166,31 @@ def compute(lengths: Sequence[int], d_model: int, num_heads: int, num_layers: in
   params = jax.jit(model.init)(jax.random.key(seed), jnp.ones((1, 8), jnp.int32))["params"]
   prompt_1x1 = jnp.full((1, 1), _PROMPT_TOKEN, jnp.int32)
 
-  uncached_tokens, uncached_seconds, uncached_flops = uncached_steps(model, params, longest,
-                                                                    bucket)
+  uncached_tokens, uncached_seconds, uncached_flops = uncached_steps(model, params, longest, bucket)
   cached_tokens, cached_seconds, cached_flops = cached_steps(model, params, longest)
   result: dict[str, Any] = {
-      "lengths": lengths, "device": jax.devices()[0].device_kind, "bucket": bucket,
-      "model": dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers,
-                    vocab_size=_VOCAB),
-      "uncached_step_seconds": uncached_seconds, "cached_step_seconds": cached_seconds,
-      "step_flops": {"uncached": uncached_flops, "cached": cached_flops}}
+    "lengths": lengths,
+    "device": jax.devices()[0].device_kind,
+    "bucket": bucket,
+    "model": dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, vocab_size=_VOCAB),
+    "uncached_step_seconds": uncached_seconds,
+    "cached_step_seconds": cached_seconds,
+    "step_flops": {"uncached": uncached_flops, "cached": cached_flops},
+  }
   for name, seconds in (("uncached", uncached_seconds), ("cached", cached_seconds)):
     cumulative = np.cumsum(seconds)
     result[f"{name}_total_seconds"] = [float(cumulative[length - 1]) for length in lengths]
   result["generate_seconds"], same_tokens = [], cached_tokens == uncached_tokens
   for length in lengths:
-    generate = lambda length=length: decode.generate(model, params, prompt_1x1,
-                                                     max_new_tokens=length)
+    generate = lambda length=length: decode.generate(
+      model, params, prompt_1x1, max_new_tokens=length
+    )
     same_tokens &= np.asarray(generate())[0, 1:].tolist() == cached_tokens[:length]
     result["generate_seconds"].append(median_seconds(generate, repeats=repeats))
   result["same_tokens"] = bool(same_tokens)
-  result["speedup"] = [u / c for u, c in zip(result["uncached_total_seconds"],
-                                             result["cached_total_seconds"])]
+  result["speedup"] = [
+    u / c for u, c in zip(result["uncached_total_seconds"], result["cached_total_seconds"])
+  ]
   last = slice(longest - bucket, longest)
   result["uncached_per_token_at_longest"] = float(np.median(uncached_seconds[last]))
   result["cached_per_token_at_longest"] = float(np.median(cached_seconds[last]))
@@ -177,45 +206,80 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
   lengths = np.asarray(result["lengths"], np.float64)
   shape = "decoder d={d_model}, {num_layers} layers, {num_heads} heads".format(**result["model"])
   paths = [
-      line_plot({"no cache (recompute the prefix)":
-                     (positions, np.asarray(result["uncached_step_seconds"]) * 1e3),
-                 "KV cache": (positions, np.asarray(result["cached_step_seconds"]) * 1e3)},
-                figure_path(out_dir, NAME, "per_token"),
-                f"Time per generated token ({result['device']}; {shape})",
-                "position of the generated token (tokens)", "time for this token (ms)",
-                logy=True),
-      line_plot({f"no cache: T^{result['uncached_exponent']:.2f}":
-                     (lengths, result["uncached_total_seconds"]),
-                 f"KV cache, step by step: T^{result['cached_exponent']:.2f}":
-                     (lengths, result["cached_total_seconds"]),
-                 f"KV cache, decode.generate: T^{result['generate_exponent']:.2f}":
-                     (lengths, result["generate_seconds"])},
-                figure_path(out_dir, NAME, "total"),
-                f"Time to generate T tokens ({result['device']}; {shape})",
-                "generated tokens T", "total time (s)", logx=True, logy=True),
+    line_plot(
+      {
+        "no cache (recompute the prefix)": (
+          positions,
+          np.asarray(result["uncached_step_seconds"]) * 1e3,
+        ),
+        "KV cache": (positions, np.asarray(result["cached_step_seconds"]) * 1e3),
+      },
+      figure_path(out_dir, NAME, "per_token"),
+      f"Time per generated token ({result['device']}; {shape})",
+      "position of the generated token (tokens)",
+      "time for this token (ms)",
+      logy=True,
+    ),
+    line_plot(
+      {
+        f"no cache: T^{result['uncached_exponent']:.2f}": (
+          lengths,
+          result["uncached_total_seconds"],
+        ),
+        f"KV cache, step by step: T^{result['cached_exponent']:.2f}": (
+          lengths,
+          result["cached_total_seconds"],
+        ),
+        f"KV cache, decode.generate: T^{result['generate_exponent']:.2f}": (
+          lengths,
+          result["generate_seconds"],
+        ),
+      },
+      figure_path(out_dir, NAME, "total"),
+      f"Time to generate T tokens ({result['device']}; {shape})",
+      "generated tokens T",
+      "total time (s)",
+      logx=True,
+      logy=True,
+    ),
   ]
   return [str(path) for path in paths]
 
 
 def report(result: dict[str, Any]) -> str:
-  header = ["T", "no cache (s)", "KV cache, per step (s)", "decode.generate (s)",
-            "speedup (no cache / KV cache)"]
-  rows = [[length, result["uncached_total_seconds"][n], result["cached_total_seconds"][n],
-           result["generate_seconds"][n], result["speedup"][n]]
-          for n, length in enumerate(result["lengths"])]
+  header = [
+    "T",
+    "no cache (s)",
+    "KV cache, per step (s)",
+    "decode.generate (s)",
+    "speedup (no cache / KV cache)",
+  ]
+  rows = [
+    [
+      length,
+      result["uncached_total_seconds"][n],
+      result["cached_total_seconds"][n],
+      result["generate_seconds"][n],
+      result["speedup"][n],
+    ]
+    for n, length in enumerate(result["lengths"])
+  ]
   model = result["model"]
-  return (f"Device: {result['device']}; greedy decoding with a random-weight decoder "
-          f"(d_model {model['d_model']}, {model['num_layers']} layers, {model['num_heads']} "
-          f"heads, byte vocabulary), one-token prompt.\n\n" + markdown_table(header, rows)
-          + f"\nFitted total ~ T^p: no cache p = {result['uncached_exponent']:.2f}, KV cache "
-          f"p = {result['cached_exponent']:.2f}, decode.generate p = "
-          f"{result['generate_exponent']:.2f}. Per token at T = {result['lengths'][-1]} "
-          f"(median of the last {result['bucket']} steps): no cache "
-          f"{result['uncached_per_token_at_longest'] * 1e3:.2f} ms, KV cache "
-          f"{result['cached_per_token_at_longest'] * 1e3:.2f} ms; XLA's FLOP count of that "
-          f"step: no cache {result['step_flops']['uncached']:.3g}, KV cache "
-          f"{result['step_flops']['cached']:.3g}. Same tokens from all three: "
-          f"{result['same_tokens']}.\n")
+  return (
+    f"Device: {result['device']}; greedy decoding with a random-weight decoder "
+    f"(d_model {model['d_model']}, {model['num_layers']} layers, {model['num_heads']} "
+    f"heads, byte vocabulary), one-token prompt.\n\n"
+    + markdown_table(header, rows)
+    + f"\nFitted total ~ T^p: no cache p = {result['uncached_exponent']:.2f}, KV cache "
+    f"p = {result['cached_exponent']:.2f}, decode.generate p = "
+    f"{result['generate_exponent']:.2f}. Per token at T = {result['lengths'][-1]} "
+    f"(median of the last {result['bucket']} steps): no cache "
+    f"{result['uncached_per_token_at_longest'] * 1e3:.2f} ms, KV cache "
+    f"{result['cached_per_token_at_longest'] * 1e3:.2f} ms; XLA's FLOP count of that "
+    f"step: no cache {result['step_flops']['uncached']:.3g}, KV cache "
+    f"{result['step_flops']['cached']:.3g}. Same tokens from all three: "
+    f"{result['same_tokens']}.\n"
+  )
 
 
 def run(out_dir: str | os.PathLike, *, quick: bool = False) -> dict[str, Any]:

@@ -38,7 +38,8 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -67,9 +68,15 @@ LABELS = {"transformer": "Transformer", "lstm": "LSTM"}
 
 # quick=True: test-sized models, data and schedule.
 _QUICK_TRANSFORMER = dict(num_layers=1, d_model=32, num_heads=2)
-_QUICK_FIELDS = {"data.seq_len": 32, "data.batch_size": 8, "data.max_corpus_bytes": 200_000,
-                 "train.warmup_steps": 4, "train.log_every": 1, "eval.num_batches": 1,
-                 "eval.sample_tokens": 16}
+_QUICK_FIELDS = {
+  "data.seq_len": 32,
+  "data.batch_size": 8,
+  "data.max_corpus_bytes": 200_000,
+  "train.warmup_steps": 4,
+  "train.log_every": 1,
+  "eval.num_batches": 1,
+  "eval.sample_tokens": 16,
+}
 _QUICK_STEPS = 30
 _WALL_TIME_FILE = "wall_time.json"
 
@@ -103,8 +110,9 @@ def matched_lstm_width(target_params: int, lstm_cfg: ModelConfig) -> int:
   return min((below, below + 1), key=lambda width: abs(count(width) - target_params))
 
 
-def comparison_configs(base_config: Any, *, steps: int | None = None,
-                       quick: bool = False) -> dict[str, Any]:
+def comparison_configs(
+  base_config: Any, *, steps: int | None = None, quick: bool = False
+) -> dict[str, Any]:
   """{'transformer': run config, 'lstm': run config}, both from `base_config`.
 
   Args:
@@ -122,12 +130,17 @@ def comparison_configs(base_config: Any, *, steps: int | None = None,
       a language model.
   """
   if base_config.data.task != "lm":
-    raise ValueError(f"data.task: the comparison trains language models, got "
-                     f"{base_config.data.task!r}")
+    raise ValueError(
+      f"data.task: the comparison trains language models, got {base_config.data.task!r}"
+    )
   model = {**TRANSFORMER_MODEL, **(_QUICK_TRANSFORMER if quick else {})}
-  transformer = derive_config(base_config, {**{f"model.{field}": value
-                                               for field, value in model.items()},
-                                            **(_QUICK_FIELDS if quick else {})})
+  transformer = derive_config(
+    base_config,
+    {
+      **{f"model.{field}": value for field, value in model.items()},
+      **(_QUICK_FIELDS if quick else {}),
+    },
+  )
   if steps is None:
     steps = _QUICK_STEPS if quick else base_config.train.steps
   transformer.train.steps = steps
@@ -154,8 +167,7 @@ def _match_width(configs: dict[str, Any], runs_dir: epath.Path) -> dict[str, Mod
   """Sets the LSTM's d_model to match the Transformer's parameter count;
   returns both ModelConfigs (the vocabulary filled in from the tokenizer,
   which a sentencepiece tokenizer is trained for, once, in its run directory)."""
-  vocab_size = make_tokenizer(configs["transformer"].data,
-                              runs_dir / "transformer").vocab_size
+  vocab_size = make_tokenizer(configs["transformer"].data, runs_dir / "transformer").vocab_size
   transformer_cfg = _model_config(configs["transformer"], vocab_size)
   lstm_template = _model_config(configs["lstm"], vocab_size)
   width = matched_lstm_width(num_params(transformer_cfg), lstm_template)
@@ -170,7 +182,8 @@ def _train(config: Any, workdir: epath.Path, log: Callable[[str], None]) -> dict
   final = loop.run(config, workdir, log=log)
   if fresh:
     (workdir / _WALL_TIME_FILE).write_text(
-        json.dumps({"seconds": time.perf_counter() - start}) + "\n")
+      json.dumps({"seconds": time.perf_counter() - start}) + "\n"
+    )
   return final
 
 
@@ -190,39 +203,44 @@ def _last_sample(workdir: epath.Path) -> str:
 def _curves(workdir: epath.Path) -> dict[str, tuple[list[int], list[float]]]:
   """{'train': (steps, losses), 'validation': (steps, losses)} from metrics.jsonl."""
   rows = read_metrics(workdir)
-  curve = lambda key: ([row["step"] for row in rows if key in row],
-                       [row[key] for row in rows if key in row])
+  curve = lambda key: (
+    [row["step"] for row in rows if key in row],
+    [row[key] for row in rows if key in row],
+  )
   return {"train": curve("loss"), "validation": curve("eval_loss")}
 
 
 def _describe(cfg: ModelConfig) -> str:
   if cfg.family == "lstm":
     return f"LSTM, {cfg.num_layers} layers, d_model {cfg.d_model}"
-  return (f"decoder, {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, "
-          f"{cfg.position} positions")
+  return (
+    f"decoder, {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, "
+    f"{cfg.position} positions"
+  )
 
 
-def _summary(name: str, config: Any, cfg: ModelConfig, final: dict[str, float],
-             workdir: epath.Path) -> dict[str, Any]:
+def _summary(
+  name: str, config: Any, cfg: ModelConfig, final: dict[str, float], workdir: epath.Path
+) -> dict[str, Any]:
   rows = read_metrics(workdir)
   speeds = [row["tokens_per_sec"] for row in rows if "tokens_per_sec" in row]
   curves = _curves(workdir)
   return {
-      "model": _describe(cfg),
-      "d_model": cfg.d_model,
-      "num_layers": cfg.num_layers,
-      "params": num_params(cfg),
-      "flops_per_token": flops_per_token(cfg, config.data.seq_len),
-      "steps": config.train.steps,
-      "eval_loss": final["eval_loss"],
-      "eval_perplexity": final["eval_perplexity"],
-      "final_train_loss": curves["train"][1][-1] if curves["train"][1] else None,
-      "wall_time_s": _wall_time(workdir),
-      "tokens_per_sec": float(np.mean(speeds)) if speeds else None,
-      "sample": _last_sample(workdir),
-      "curves": curves,
-      "workdir": os.fspath(workdir),
-      "label": LABELS[name],
+    "model": _describe(cfg),
+    "d_model": cfg.d_model,
+    "num_layers": cfg.num_layers,
+    "params": num_params(cfg),
+    "flops_per_token": flops_per_token(cfg, config.data.seq_len),
+    "steps": config.train.steps,
+    "eval_loss": final["eval_loss"],
+    "eval_perplexity": final["eval_perplexity"],
+    "final_train_loss": curves["train"][1][-1] if curves["train"][1] else None,
+    "wall_time_s": _wall_time(workdir),
+    "tokens_per_sec": float(np.mean(speeds)) if speeds else None,
+    "sample": _last_sample(workdir),
+    "curves": curves,
+    "workdir": os.fspath(workdir),
+    "label": LABELS[name],
   }
 
 
@@ -232,25 +250,41 @@ def _number(value: float | None, spec: str) -> str:
 
 def _markdown(runs: dict[str, dict[str, Any]], config: Any, data: str) -> str:
   """The side-by-side table, then each model's last sample."""
-  rows = [("model", "model", "{}"), ("parameters", "params", ",d"),
-          ("training FLOPs/token", "flops_per_token", ".3g"), ("steps", "steps", "d"),
-          ("final training loss (nats/token)", "final_train_loss", ".4f"),
-          ("validation loss (nats/token)", "eval_loss", ".4f"),
-          ("validation perplexity", "eval_perplexity", ".3f"),
-          ("wall time (s)", "wall_time_s", ".1f"), ("tokens/s", "tokens_per_sec", ",.0f")]
+  rows = [
+    ("model", "model", "{}"),
+    ("parameters", "params", ",d"),
+    ("training FLOPs/token", "flops_per_token", ".3g"),
+    ("steps", "steps", "d"),
+    ("final training loss (nats/token)", "final_train_loss", ".4f"),
+    ("validation loss (nats/token)", "eval_loss", ".4f"),
+    ("validation perplexity", "eval_perplexity", ".3f"),
+    ("wall time (s)", "wall_time_s", ".1f"),
+    ("tokens/s", "tokens_per_sec", ",.0f"),
+  ]
   header = "| | " + " | ".join(runs[name]["label"] for name in RUNS) + " |"
-  lines = ["# Transformer vs LSTM language model", "",
-           f"Data: {data}. Both trained {config.train.steps} steps on the same batches "
-           f"({config.data.batch_size} x {config.data.seq_len} tokens), same optimizer and "
-           "schedule.", "", header, "|---|" + "---|" * len(RUNS)]
+  lines = [
+    "# Transformer vs LSTM language model",
+    "",
+    f"Data: {data}. Both trained {config.train.steps} steps on the same batches "
+    f"({config.data.batch_size} x {config.data.seq_len} tokens), same optimizer and "
+    "schedule.",
+    "",
+    header,
+    "|---|" + "---|" * len(RUNS),
+  ]
   for label, key, spec in rows:
     cells = [runs[name][key] for name in RUNS]
     cells = [value if spec == "{}" else _number(value, spec) for value in cells]
     lines.append(f"| {label} | " + " | ".join(str(cell) for cell in cells) + " |")
   for name in RUNS:
-    lines += ["", f"{runs[name]['label']} sample (last evaluation, "
-              f"prompt {config.eval.sample_prompt!r}):", "", "```",
-              runs[name]["sample"], "```"]
+    lines += [
+      "",
+      f"{runs[name]['label']} sample (last evaluation, prompt {config.eval.sample_prompt!r}):",
+      "",
+      "```",
+      runs[name]["sample"],
+      "```",
+    ]
   return "\n".join(lines) + "\n"
 
 
@@ -262,12 +296,24 @@ def _plot(runs: dict[str, dict[str, Any]], path: epath.Path) -> epath.Path:
       label = f"{run_['label']} {kind} ({run_['params']:,} params)"
       series[label] = tuple(np.asarray(values, float) for values in run_["curves"][kind])
       styles[label] = {"color": colour, "linestyle": linestyle}
-  return line_plot(series, path, title="Transformer vs LSTM language model: loss",
-                   xlabel="training step", ylabel="loss (nats/token)", styles=styles)
+  return line_plot(
+    series,
+    path,
+    title="Transformer vs LSTM language model: loss",
+    xlabel="training step",
+    ylabel="loss (nats/token)",
+    styles=styles,
+  )
 
 
-def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = None,
-        quick: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+  out_dir: str | os.PathLike,
+  *,
+  base_config: Any,
+  steps: int | None = None,
+  quick: bool = False,
+  log: Callable[[str], None] = print,
+) -> dict[str, Any]:
   """Trains both models (see the module docstring) and writes the table and plot.
 
   Args:
@@ -301,9 +347,10 @@ def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = Non
   configs = comparison_configs(base_config, steps=steps, quick=quick)
   model_cfgs = _match_width(configs, runs_dir)
   data_lines = []
+
   def run_log(line: str) -> None:
     if line.startswith("data: "):
-      data_lines.append(line.splitlines()[0][len("data: "):])
+      data_lines.append(line.splitlines()[0][len("data: ") :])
     log(line)
 
   runs = {}
@@ -315,5 +362,10 @@ def run(out_dir: str | os.PathLike, *, base_config: Any, steps: int | None = Non
   table = out_dir / f"textbook_{NAME}.md"
   table.write_text(text)
   plot = _plot(runs, out_dir / f"textbook_{NAME}_loss.png")
-  return {**runs, "param_ratio": runs["lstm"]["params"] / runs["transformer"]["params"],
-          "text": text, "table": os.fspath(table), "figures": [os.fspath(plot)]}
+  return {
+    **runs,
+    "param_ratio": runs["lstm"]["params"] / runs["transformer"]["params"],
+    "text": text,
+    "table": os.fspath(table),
+    "figures": [os.fspath(plot)],
+  }

@@ -23,7 +23,8 @@ must agree exactly. With biases, one attention layer holds 4 d^2 + 4 d
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,66 +55,141 @@ def _layer_norm(d: int) -> int:
 def base_closed_form(d=512, d_ff=2048, layers=6, vocab=37000) -> dict[str, int]:
   """Encoder-decoder, Post-LN: encoder layers hold self-attention, FFN and 2
   norms; decoder layers add cross-attention and a third norm; no final norm."""
-  return dict(embedding=vocab * d, attention=2 * layers * _attention(d),
-              cross_attention=layers * _attention(d), ffn=2 * layers * _ffn(d, d_ff),
-              norm=(2 + 3) * layers * _layer_norm(d), head=0)
+  return dict(
+    embedding=vocab * d,
+    attention=2 * layers * _attention(d),
+    cross_attention=layers * _attention(d),
+    ffn=2 * layers * _ffn(d, d_ff),
+    norm=(2 + 3) * layers * _layer_norm(d),
+    head=0,
+  )
 
 
 def stack32k_closed_form(d=512, d_ff=2048, layers=6, vocab=32000) -> dict[str, int]:
   """Decoder stack, Post-LN (no final norm), tied output."""
-  return dict(embedding=vocab * d, attention=layers * _attention(d),
-              ffn=layers * _ffn(d, d_ff), norm=2 * layers * _layer_norm(d), head=0)
+  return dict(
+    embedding=vocab * d,
+    attention=layers * _attention(d),
+    ffn=layers * _ffn(d, d_ff),
+    norm=2 * layers * _layer_norm(d),
+    head=0,
+  )
 
 
 def gpt2_closed_form(d=768, layers=12, vocab=50257, n_ctx=1024) -> dict[str, int]:
   """Pre-LN decoder: L (12 d^2 + 13 d) + V d + n_ctx d + 2 d (final norm)."""
-  return dict(embedding=vocab * d + n_ctx * d, attention=layers * _attention(d),
-              ffn=layers * _ffn(d, 4 * d), norm=(2 * layers + 1) * _layer_norm(d), head=0)
+  return dict(
+    embedding=vocab * d + n_ctx * d,
+    attention=layers * _attention(d),
+    ffn=layers * _ffn(d, 4 * d),
+    norm=(2 * layers + 1) * _layer_norm(d),
+    head=0,
+  )
 
 
 def bert_closed_form(d=768, layers=12, vocab=30522, n_ctx=512) -> dict[str, int]:
   """Post-LN encoder with a tied MLM head: transform d^2 + d, its norm, output bias V."""
-  return dict(embedding=vocab * d + n_ctx * d, attention=layers * _attention(d),
-              ffn=layers * _ffn(d, 4 * d), norm=2 * layers * _layer_norm(d),
-              head=d * d + d + _layer_norm(d) + vocab)
+  return dict(
+    embedding=vocab * d + n_ctx * d,
+    attention=layers * _attention(d),
+    ffn=layers * _ffn(d, 4 * d),
+    norm=2 * layers * _layer_norm(d),
+    head=d * d + d + _layer_norm(d) + vocab,
+  )
 
 
 # scan_layers: the stacks are traced as one scanned block (fast); count_params
 # gives the same counts for either layout (tests/test_analysis.py).
-_SCANNED = dict(scan_layers=True)
-_COMMON = dict(use_bias=True, norm="layer", activation="relu", **_SCANNED)
+_SCANNED: dict[str, Any] = dict(scan_layers=True)
+_COMMON: dict[str, Any] = dict(use_bias=True, norm="layer", activation="relu", **_SCANNED)
 ARCHITECTURES: dict[str, tuple[str, ModelConfig, Callable[[], dict[str, int]]]] = {
-    "base": ("Transformer base (6 + 6 layers, V 37,000)",
-             ModelConfig(family="encoder_decoder", vocab_size=37000, d_model=512, num_heads=8,
-                         d_ff=2048, num_layers=6, position="sinusoidal", norm_placement="post",
-                         share_embeddings=True, tie_embeddings=True, **_COMMON),
-             base_closed_form),
-    "stack32k": ("6-layer stack (tied V 32,000)",
-                 ModelConfig(family="decoder", vocab_size=32000, d_model=512, num_heads=8,
-                             d_ff=2048, num_layers=6, position="sinusoidal",
-                             norm_placement="post", tie_embeddings=True, **_COMMON),
-                 stack32k_closed_form),
-    "gpt2": ("GPT-2 small",
-             ModelConfig(family="decoder", vocab_size=50257, d_model=768, num_heads=12,
-                         num_layers=12, max_len=1024, position="learned", use_bias=True,
-                         norm="layer", activation="gelu", tie_embeddings=True, **_SCANNED),
-             gpt2_closed_form),
-    "bert": ("BERT-base shape (MLM head)",
-             ModelConfig(family="encoder", head="mlm", vocab_size=30522, d_model=768,
-                         num_heads=12, num_layers=12, max_len=512, position="learned",
-                         use_bias=True, norm="layer", norm_placement="post",
-                         activation="gelu", tie_embeddings=True, **_SCANNED),
-             bert_closed_form),
+  "base": (
+    "Transformer base (6 + 6 layers, V 37,000)",
+    ModelConfig(
+      family="encoder_decoder",
+      vocab_size=37000,
+      d_model=512,
+      num_heads=8,
+      d_ff=2048,
+      num_layers=6,
+      position="sinusoidal",
+      norm_placement="post",
+      share_embeddings=True,
+      tie_embeddings=True,
+      **_COMMON,
+    ),
+    base_closed_form,
+  ),
+  "stack32k": (
+    "6-layer stack (tied V 32,000)",
+    ModelConfig(
+      family="decoder",
+      vocab_size=32000,
+      d_model=512,
+      num_heads=8,
+      d_ff=2048,
+      num_layers=6,
+      position="sinusoidal",
+      norm_placement="post",
+      tie_embeddings=True,
+      **_COMMON,
+    ),
+    stack32k_closed_form,
+  ),
+  "gpt2": (
+    "GPT-2 small",
+    ModelConfig(
+      family="decoder",
+      vocab_size=50257,
+      d_model=768,
+      num_heads=12,
+      num_layers=12,
+      max_len=1024,
+      position="learned",
+      use_bias=True,
+      norm="layer",
+      activation="gelu",
+      tie_embeddings=True,
+      **_SCANNED,
+    ),
+    gpt2_closed_form,
+  ),
+  "bert": (
+    "BERT-base shape (MLM head)",
+    ModelConfig(
+      family="encoder",
+      head="mlm",
+      vocab_size=30522,
+      d_model=768,
+      num_heads=12,
+      num_layers=12,
+      max_len=512,
+      position="learned",
+      use_bias=True,
+      norm="layer",
+      norm_placement="post",
+      activation="gelu",
+      tie_embeddings=True,
+      **_SCANNED,
+    ),
+    bert_closed_form,
+  ),
 }
 # Published totals, for the record (not asserted): what they count that txf's
 # model does not, or the other way round.
 PUBLISHED = {
-    "base": ("65M (Vaswani et al. 2017, Table 3)", "the paper gives no breakdown; its "
-             "shared vocabulary of about 37,000 BPE tokens gives 63.1M here"),
-    "gpt2": ("124,439,808 (Hugging Face GPT2Model)", "the same architecture and count"),
-    "bert": ("109,482,240 (Hugging Face BertModel)", "BertModel has no MLM head (-622,650) "
-             "but token-type embeddings (+2 d = 1,536), an embedding LayerNorm (+1,536) and "
-             "a pooler (+d^2 + d = 590,592): 109,511,226 - 622,650 + 593,664 = 109,482,240"),
+  "base": (
+    "65M (Vaswani et al. 2017, Table 3)",
+    "the paper gives no breakdown; its "
+    "shared vocabulary of about 37,000 BPE tokens gives 63.1M here",
+  ),
+  "gpt2": ("124,439,808 (Hugging Face GPT2Model)", "the same architecture and count"),
+  "bert": (
+    "109,482,240 (Hugging Face BertModel)",
+    "BertModel has no MLM head (-622,650) "
+    "but token-type embeddings (+2 d = 1,536), an embedding LayerNorm (+1,536) and "
+    "a pooler (+d^2 + d = 590,592): 109,511,226 - 622,650 + 593,664 = 109,482,240",
+  ),
 }
 
 
@@ -133,8 +209,12 @@ def compute() -> dict[str, Any]:
     counts = model_counts(cfg)
     formula = {component: 0 for component in COMPONENTS} | closed_form()
     formula["total"] = sum(formula.values())
-    result[name] = {"title": title, "counts": counts, "closed_form": formula,
-                    "match": counts == formula}
+    result[name] = {
+      "title": title,
+      "counts": counts,
+      "closed_form": formula,
+      "match": counts == formula,
+    }
   return result
 
 
@@ -147,13 +227,20 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
   for component in COMPONENTS:
     millions = np.array([result[name]["counts"][component] / 1e6 for name in names])
     if millions.any():
-      axes.bar([result[name]["title"].replace(" (", "\n(") for name in names], millions,
-               bottom=bottom, label=component)
+      axes.bar(
+        [result[name]["title"].replace(" (", "\n(") for name in names],
+        millions,
+        bottom=bottom,
+        label=component,
+      )
       bottom += millions
   for x, total in enumerate(bottom):
     axes.text(x, total, f"{total:.1f}M", ha="center", va="bottom", fontsize=9)
-  axes.set(title="Parameters by component (count_params of model.init)",
-           ylabel="parameters (millions)", xlabel="architecture")
+  axes.set(
+    title="Parameters by component (count_params of model.init)",
+    ylabel="parameters (millions)",
+    xlabel="architecture",
+  )
   axes.set_ylim(top=1.12 * bottom.max())
   axes.tick_params(axis="x", labelsize=8)
   axes.legend(fontsize="small")
@@ -163,15 +250,23 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
 def report(result: dict[str, Any]) -> str:
   parts = []
   for name, entry in result.items():
-    rows = [[component, entry["counts"][component], entry["closed_form"][component],
-             "yes" if entry["counts"][component] == entry["closed_form"][component] else "NO"]
-            for component in (*COMPONENTS, "total")
-            if entry["counts"][component] or entry["closed_form"][component]]
+    rows = [
+      [
+        component,
+        entry["counts"][component],
+        entry["closed_form"][component],
+        "yes" if entry["counts"][component] == entry["closed_form"][component] else "NO",
+      ]
+      for component in (*COMPONENTS, "total")
+      if entry["counts"][component] or entry["closed_form"][component]
+    ]
     published = PUBLISHED.get(name)
-    note = (f"\nPublished: {published[0]}; {published[1]}.\n" if published else "")
-    parts.append(f"### {entry['title']}\n\n"
-                 + markdown_table(["component", "count_params", "closed form", "equal"], rows)
-                 + note)
+    note = f"\nPublished: {published[0]}; {published[1]}.\n" if published else ""
+    parts.append(
+      f"### {entry['title']}\n\n"
+      + markdown_table(["component", "count_params", "closed form", "equal"], rows)
+      + note
+    )
   return "\n".join(parts)
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -34,10 +35,24 @@ from txf.analysis.plots import heatmaps, line_plot
 from txf.textbook.report import figure_path, markdown_table
 
 NAME = "positions"
-FULL = dict(num_positions=256, dim=128, shifts=(1, 2, 5, 10, 50, 100), rope_positions=128,
-            rope_dim=64, alibi_heads=8, alibi_len=16)
-QUICK = dict(num_positions=64, dim=32, shifts=(1, 5, 20), rope_positions=32, rope_dim=16,
-             alibi_heads=4, alibi_len=8)
+FULL: dict[str, Any] = dict(
+  num_positions=256,
+  dim=128,
+  shifts=(1, 2, 5, 10, 50, 100),
+  rope_positions=128,
+  rope_dim=64,
+  alibi_heads=8,
+  alibi_len=16,
+)
+QUICK: dict[str, Any] = dict(
+  num_positions=64,
+  dim=32,
+  shifts=(1, 5, 20),
+  rope_positions=32,
+  rope_dim=16,
+  alibi_heads=4,
+  alibi_len=8,
+)
 _MAX_TIMESCALE = 10000.0
 
 
@@ -57,7 +72,7 @@ def shift_rotation(dim: int, shift: int) -> np.ndarray:
   rotation = np.zeros((dim, dim))
   for i, w in enumerate(_frequencies(dim)):
     c, s = math.cos(w * shift), math.sin(w * shift)
-    rotation[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, s], [-s, c]]
+    rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[c, s], [-s, c]]
   return rotation
 
 
@@ -80,14 +95,26 @@ def _toeplitz_deviation(matrix_NxN: np.ndarray) -> float:
 
 def _rope_scores(q_D: np.ndarray, k_D: np.ndarray, positions: int) -> np.ndarray:
   """[P, P]: <RoPE(q, m), RoPE(k, n)> for query position m and key position n."""
-  at = lambda x: np.asarray(ops.apply_rope(
+  at = lambda x: np.asarray(
+    ops.apply_rope(
       jnp.broadcast_to(jnp.asarray(x, jnp.float32), (1, positions, 1, x.size)),
-      jnp.arange(positions)), np.float64)[0, :, 0]
+      jnp.arange(positions),
+    ),
+    np.float64,
+  )[0, :, 0]
   return at(q_D) @ at(k_D).T
 
 
-def compute(num_positions: int, dim: int, shifts: Sequence[int], rope_positions: int,
-            rope_dim: int, alibi_heads: int, alibi_len: int, seed: int = 0) -> dict[str, Any]:
+def compute(
+  num_positions: int,
+  dim: int,
+  shifts: Sequence[int],
+  rope_positions: int,
+  rope_dim: int,
+  alibi_heads: int,
+  alibi_len: int,
+  seed: int = 0,
+) -> dict[str, Any]:
   """The numbers and matrices of the positional-encoding experiment.
 
   Returns:
@@ -113,7 +140,7 @@ def compute(num_positions: int, dim: int, shifts: Sequence[int], rope_positions:
   similarity = _cosine_similarity(encoding.astype(np.float64))
   rotation_error = []
   for shift in shifts:
-    rotated = encoding[:num_positions - shift].astype(np.float64) @ shift_rotation(dim, shift).T
+    rotated = encoding[: num_positions - shift].astype(np.float64) @ shift_rotation(dim, shift).T
     rotation_error.append(float(np.max(np.abs(encoding[shift:] - rotated))))
 
   q_D, k_D = rng.standard_normal(rope_dim), rng.standard_normal(rope_dim)
@@ -125,17 +152,20 @@ def compute(num_positions: int, dim: int, shifts: Sequence[int], rope_positions:
   bias = np.asarray(ops.alibi_bias(alibi_heads, positions, positions))[0]
   causal = np.asarray(ops.causal_mask(alibi_len))[0, 0]
   return {
-      "encoding": encoding, "similarity": similarity,
-      "similarity_by_distance": _mean_by_distance(similarity),
-      "encoding_error": float(np.max(np.abs(encoding - sinusoidal_float64(num_positions, dim)))),
-      "similarity_toeplitz_deviation": _toeplitz_deviation(similarity),
-      "shifts": list(shifts), "rotation_error": rotation_error,
-      "rope_scores": rope_scores, "rope_toeplitz_deviation": _toeplitz_deviation(rope_scores),
-      "rope_score_scale": float(np.max(np.abs(rope_scores))),
-      "absolute_scores": absolute_scores,
-      "absolute_toeplitz_deviation": _toeplitz_deviation(absolute_scores),
-      "alibi_slopes": np.asarray(ops.alibi_slopes(alibi_heads)).tolist(),
-      "alibi_bias": np.where(causal, bias, -np.inf),
+    "encoding": encoding,
+    "similarity": similarity,
+    "similarity_by_distance": _mean_by_distance(similarity),
+    "encoding_error": float(np.max(np.abs(encoding - sinusoidal_float64(num_positions, dim)))),
+    "similarity_toeplitz_deviation": _toeplitz_deviation(similarity),
+    "shifts": list(shifts),
+    "rotation_error": rotation_error,
+    "rope_scores": rope_scores,
+    "rope_toeplitz_deviation": _toeplitz_deviation(rope_scores),
+    "rope_score_scale": float(np.max(np.abs(rope_scores))),
+    "absolute_scores": absolute_scores,
+    "absolute_toeplitz_deviation": _toeplitz_deviation(absolute_scores),
+    "alibi_slopes": np.asarray(ops.alibi_slopes(alibi_heads)).tolist(),
+    "alibi_bias": np.where(causal, bias, -np.inf),
   }
 
 
@@ -148,68 +178,104 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
   starts = (rope_scores.shape[0] // 4, rope_scores.shape[0] // 2, 3 * rope_scores.shape[0] // 4 - 1)
   slopes = result["alibi_slopes"]
   # The RoPE curves coincide: thick solid under thinner dashed and dotted.
-  styles = {f"query at m = {m}": {"linestyle": style, "linewidth": width}
-            for m, style, width in zip(starts, ("-", "--", ":"), (5.0, 2.5, 1.5))}
+  styles = {
+    f"query at m = {m}": {"linestyle": style, "linewidth": width}
+    for m, style, width in zip(starts, ("-", "--", ":"), (5.0, 2.5, 1.5))
+  }
   paths = [
-      heatmaps({f"PE[pos, i], d = {dim}": result["encoding"]},
-               figure_path(out_dir, NAME, "sinusoidal"), "Sinusoidal positional encoding",
-               xlabel="encoding dimension i", ylabel="position pos (tokens)",
-               colorbar_label="PE value", cmap="RdBu_r", vmin=-1.0, vmax=1.0),
-      heatmaps({"cos(PE(i), PE(j))": result["similarity"]},
-               figure_path(out_dir, NAME, "similarity"),
-               "Cosine similarity between sinusoidal encodings",
-               xlabel="position j (tokens)", ylabel="position i (tokens)",
-               colorbar_label="cosine similarity", cmap="RdBu_r", vmin=-1.0, vmax=1.0),
-      line_plot({"mean over pairs at |i - j|": (distance, result["similarity_by_distance"])},
-                figure_path(out_dir, NAME, "similarity_by_distance"),
-                f"Sinusoidal encodings (d = {dim}): similarity falls with distance",
-                "distance |i - j| (tokens)", "cosine similarity"),
-      line_plot({f"query at m = {m}": (offsets, rope_scores[m, m - offsets]) for m in starts},
-                figure_path(out_dir, NAME, "rope_relative"),
-                "RoPE: the score depends only on the offset m - n",
-                "offset m - n (tokens)", "score <RoPE(q, m), RoPE(k, n)>", styles=styles),
-      line_plot({f"query at m = {m}": (offsets, result["absolute_scores"][m, m - offsets])
-                 for m in starts},
-                figure_path(out_dir, NAME, "absolute_not_relative"),
-                "Sinusoidal added to q, k: the score depends on m, not only m - n",
-                "offset m - n (tokens)", "score <q + PE(m), k + PE(n)>", styles=styles),
-      heatmaps({f"head {h}, slope {slope:.4g}": result["alibi_bias"][h]
-                for h, slope in enumerate(slopes)},
-               figure_path(out_dir, NAME, "alibi"), "ALiBi bias per head (causal)",
-               xlabel="key position j", ylabel="query position i",
-               colorbar_label="bias added to the score (blank: masked)",
-               columns=min(4, len(slopes)), cmap="magma"),
+    heatmaps(
+      {f"PE[pos, i], d = {dim}": result["encoding"]},
+      figure_path(out_dir, NAME, "sinusoidal"),
+      "Sinusoidal positional encoding",
+      xlabel="encoding dimension i",
+      ylabel="position pos (tokens)",
+      colorbar_label="PE value",
+      cmap="RdBu_r",
+      vmin=-1.0,
+      vmax=1.0,
+    ),
+    heatmaps(
+      {"cos(PE(i), PE(j))": result["similarity"]},
+      figure_path(out_dir, NAME, "similarity"),
+      "Cosine similarity between sinusoidal encodings",
+      xlabel="position j (tokens)",
+      ylabel="position i (tokens)",
+      colorbar_label="cosine similarity",
+      cmap="RdBu_r",
+      vmin=-1.0,
+      vmax=1.0,
+    ),
+    line_plot(
+      {"mean over pairs at |i - j|": (distance, result["similarity_by_distance"])},
+      figure_path(out_dir, NAME, "similarity_by_distance"),
+      f"Sinusoidal encodings (d = {dim}): similarity falls with distance",
+      "distance |i - j| (tokens)",
+      "cosine similarity",
+    ),
+    line_plot(
+      {f"query at m = {m}": (offsets, rope_scores[m, m - offsets]) for m in starts},
+      figure_path(out_dir, NAME, "rope_relative"),
+      "RoPE: the score depends only on the offset m - n",
+      "offset m - n (tokens)",
+      "score <RoPE(q, m), RoPE(k, n)>",
+      styles=styles,
+    ),
+    line_plot(
+      {f"query at m = {m}": (offsets, result["absolute_scores"][m, m - offsets]) for m in starts},
+      figure_path(out_dir, NAME, "absolute_not_relative"),
+      "Sinusoidal added to q, k: the score depends on m, not only m - n",
+      "offset m - n (tokens)",
+      "score <q + PE(m), k + PE(n)>",
+      styles=styles,
+    ),
+    heatmaps(
+      {f"head {h}, slope {slope:.4g}": result["alibi_bias"][h] for h, slope in enumerate(slopes)},
+      figure_path(out_dir, NAME, "alibi"),
+      "ALiBi bias per head (causal)",
+      xlabel="key position j",
+      ylabel="query position i",
+      colorbar_label="bias added to the score (blank: masked)",
+      columns=min(4, len(slopes)),
+      cmap="magma",
+    ),
   ]
   return [str(path) for path in paths]
 
 
 def report(result: dict[str, Any]) -> str:
-  rotation = markdown_table(["shift k", "max abs(PE(p+k) - R_k PE(p))"],
-                            list(zip(result["shifts"], result["rotation_error"])))
+  rotation = markdown_table(
+    ["shift k", "max abs(PE(p+k) - R_k PE(p))"],
+    list(zip(result["shifts"], result["rotation_error"])),
+  )
   slopes = ", ".join(f"{slope:.4g}" for slope in result["alibi_slopes"])
   P, dim = result["encoding"].shape
-  return (f"Sinusoidal encodings, positions 0-{P - 1}, d = {dim}. PE(p + k) as the fixed "
-          f"rotation R_k of PE(p) (float32 encodings vs float64 R_k, every p):\n\n{rotation}\n"
-          f"txf's float32 encodings differ from the float64 closed form by up to "
-          f"{result['encoding_error']:.3g} (float32 frequencies and angles up to {P - 1} rad), "
-          f"so the identity holds to the encodings' own rounding (twice that bounds it).\n\n"
-          f"Cosine similarity: largest spread along a diagonal (same |i - j|) "
-          f"{result['similarity_toeplitz_deviation']:.3g}; similarity at distance 1, 10, "
-          f"{P - 1}: " + ", ".join(f"{result['similarity_by_distance'][d]:.3f}"
-                                  for d in (1, min(10, P - 1), P - 1)) + ".\n\n"
-          f"RoPE relative property: largest |score(m, n) - score(m + s, n + s)| = "
-          f"{result['rope_toeplitz_deviation']:.3g} for scores up to "
-          f"{result['rope_score_scale']:.3g}; with sinusoidal encodings added to q and k "
-          f"instead it is {result['absolute_toeplitz_deviation']:.3g}.\n\n"
-          f"ALiBi slopes ({len(result['alibi_slopes'])} heads): {slopes}.\n")
+  return (
+    f"Sinusoidal encodings, positions 0-{P - 1}, d = {dim}. PE(p + k) as the fixed "
+    f"rotation R_k of PE(p) (float32 encodings vs float64 R_k, every p):\n\n{rotation}\n"
+    f"txf's float32 encodings differ from the float64 closed form by up to "
+    f"{result['encoding_error']:.3g} (float32 frequencies and angles up to {P - 1} rad), "
+    f"so the identity holds to the encodings' own rounding (twice that bounds it).\n\n"
+    f"Cosine similarity: largest spread along a diagonal (same |i - j|) "
+    f"{result['similarity_toeplitz_deviation']:.3g}; similarity at distance 1, 10, "
+    f"{P - 1}: "
+    + ", ".join(f"{result['similarity_by_distance'][d]:.3f}" for d in (1, min(10, P - 1), P - 1))
+    + ".\n\n"
+    f"RoPE relative property: largest |score(m, n) - score(m + s, n + s)| = "
+    f"{result['rope_toeplitz_deviation']:.3g} for scores up to "
+    f"{result['rope_score_scale']:.3g}; with sinusoidal encodings added to q and k "
+    f"instead it is {result['absolute_toeplitz_deviation']:.3g}.\n\n"
+    f"ALiBi slopes ({len(result['alibi_slopes'])} heads): {slopes}.\n"
+  )
 
 
 def run(out_dir: str | os.PathLike, *, quick: bool = False) -> dict[str, Any]:
   """Computes, plots and reports item 3 at full (or toy, `quick`) size."""
   result = compute(**(QUICK if quick else FULL))
   figures = plot(result, out_dir)
-  numbers = {key: value for key, value in result.items()
-             if key not in ("encoding", "similarity", "rope_scores", "absolute_scores",
-                            "alibi_bias")}
+  numbers = {
+    key: value
+    for key, value in result.items()
+    if key not in ("encoding", "similarity", "rope_scores", "absolute_scores", "alibi_bias")
+  }
   numbers["similarity_by_distance"] = result["similarity_by_distance"].tolist()
   return {**numbers, "figures": figures, "text": report(result)}

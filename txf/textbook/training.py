@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ml_collections
 from etils import epath
@@ -24,8 +25,9 @@ from txf.train.setup import TrainedRun, apply_overrides, load_run
 RUNS_DIR = "runs"
 
 
-def derive_config(base_config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
-                  ) -> ml_collections.ConfigDict:
+def derive_config(
+  base_config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
+) -> ml_collections.ConfigDict:
   """A copy of `base_config` with dotted fields set ({"model.d_model": 64, ...},
   as txf.train.setup.apply_overrides: ValueError naming an unknown field or a
   value of the wrong type)."""
@@ -34,8 +36,13 @@ def derive_config(base_config: ml_collections.ConfigDict, overrides: Mapping[str
   return config
 
 
-def train(config: ml_collections.ConfigDict, out_dir: str | os.PathLike, run_name: str, *,
-          log: Callable[[str], None] = print) -> tuple[TrainedRun, dict[str, float]]:
+def train(
+  config: ml_collections.ConfigDict,
+  out_dir: str | os.PathLike,
+  run_name: str,
+  *,
+  log: Callable[[str], None] = print,
+) -> tuple[TrainedRun, dict[str, float]]:
   """Trains `config` in out_dir/runs/<run_name> (resuming, or only evaluating a
   finished run) and restores it; returns (the trained run, its final eval
   metrics)."""

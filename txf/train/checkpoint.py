@@ -57,9 +57,9 @@ from txf.train.workdir import WorkdirError, WriteError, check_writable, is_local
 
 logger = logging.getLogger(__name__)
 
-STATE_ITEM = 'state'
-EXTRAS_ITEM = 'extras'
-CORRUPT_SUFFIX = '.corrupt'
+STATE_ITEM = "state"
+EXTRAS_ITEM = "extras"
+CORRUPT_SUFFIX = ".corrupt"
 # Reading a run that is training: how often a restore starts over when the
 # steps changed while it read, and how long it waits before each new try.
 REPLACED_RETRIES = 5
@@ -75,13 +75,13 @@ class OrbaxErrorFilter(logging.Filter):
   report also reaches the caller, as CheckpointWriteError or RestoreError."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    from_orbax = f'{os.sep}orbax{os.sep}' in (record.pathname or '')
+    from_orbax = f"{os.sep}orbax{os.sep}" in (record.pathname or "")
     return not (from_orbax and record.levelno >= logging.ERROR)
 
 
 def _quiet_orbax_errors() -> None:
   """Installs OrbaxErrorFilter on the logger orbax writes to (absl's), once."""
-  absl_logger = logging.getLogger('absl')
+  absl_logger = logging.getLogger("absl")
   if not any(isinstance(f, OrbaxErrorFilter) for f in absl_logger.filters):
     absl_logger.addFilter(OrbaxErrorFilter())
 
@@ -100,7 +100,7 @@ class CheckpointWriteError(WriteError):
 
 def _positive_int(name: str, value: Any) -> int:
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
   return value
 
 
@@ -114,21 +114,23 @@ def _as_directory(directory: str | os.PathLike) -> epath.Path:
 def _check_abstract_state(abstract_state: Any) -> None:
   leaves = jax.tree.leaves(abstract_state)
   if not leaves:
-    raise ValueError('abstract_state has no leaves.')
+    raise ValueError("abstract_state has no leaves.")
   for leaf in leaves:
-    if not (hasattr(leaf, 'shape') and hasattr(leaf, 'dtype')):
-      raise ValueError('abstract_state leaves must be jax.ShapeDtypeStruct '
-                       f'(or arrays), got {type(leaf).__name__}.')
+    if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+      raise ValueError(
+        "abstract_state leaves must be jax.ShapeDtypeStruct "
+        f"(or arrays), got {type(leaf).__name__}."
+      )
 
 
 def _check_extras(extras: Any) -> None:
   """Fails now rather than in orbax's background writer."""
   if not isinstance(extras, dict):
-    raise ValueError(f'extras must be a dict, got {type(extras).__name__}.')
+    raise ValueError(f"extras must be a dict, got {type(extras).__name__}.")
   try:
     json.dumps(extras)
   except (TypeError, ValueError) as error:
-    raise ValueError(f'extras must be JSON-serialisable: {error}') from error
+    raise ValueError(f"extras must be JSON-serialisable: {error}") from error
 
 
 class Checkpointer:
@@ -147,21 +149,29 @@ class Checkpointer:
       itself) is created, renamed or written, and `save` raises.
   """
 
-  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
-               save_interval_steps: int = 1, read_only: bool = False):
-    _positive_int('max_to_keep', max_to_keep)
-    _positive_int('save_interval_steps', save_interval_steps)
+  def __init__(
+    self,
+    directory: str | os.PathLike,
+    *,
+    max_to_keep: int = 3,
+    save_interval_steps: int = 1,
+    read_only: bool = False,
+  ):
+    _positive_int("max_to_keep", max_to_keep)
+    _positive_int("save_interval_steps", save_interval_steps)
     _quiet_orbax_errors()
     policies = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
-        save_decision_policy=policies.AnySavePolicy([
-            policies.FixedIntervalPolicy(save_interval_steps),
-            policies.PreemptionCheckpointingPolicy(),
-        ]),
-        preservation_policy=policies.LatestN(n=max_to_keep),
-        # orbax's own read_only option warns at every opening; without
-        # `create` and without saves it writes nothing either.
-        create=not read_only,
+      save_decision_policy=policies.AnySavePolicy(
+        [
+          policies.FixedIntervalPolicy(save_interval_steps),
+          policies.PreemptionCheckpointingPolicy(),
+        ]
+      ),
+      preservation_policy=policies.LatestN(n=max_to_keep),
+      # orbax's own read_only option warns at every opening; without
+      # `create` and without saves it writes nothing either.
+      create=not read_only,
     )
     directory = _as_directory(directory)
     self._read_only = read_only
@@ -171,9 +181,10 @@ class Checkpointer:
       try:
         check_writable(directory)
       except WorkdirError as error:
-        raise CheckpointWriteError(f'checkpoint directory {error}') from error
+        raise CheckpointWriteError(f"checkpoint directory {error}") from error
     self._manager = ocp.CheckpointManager(
-        directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM))
+      directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM)
+    )
 
   def _writing(self, action):
     """Runs `action()`, turning any failure of a save into CheckpointWriteError."""
@@ -181,21 +192,20 @@ class Checkpointer:
       return action()
     except CheckpointWriteError:
       raise
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       # orbax forgot the steps the failed save was to replace: what is on
       # disk (they are, still) is what latest_step must report.
       with contextlib.suppress(Exception):
         self._manager.reload()
       raise CheckpointWriteError(
-          f'writing a checkpoint under {self.directory} failed: {_describe(error)}'
+        f"writing a checkpoint under {self.directory} failed: {_describe(error)}"
       ) from error
 
   @property
   def directory(self) -> epath.Path:
     return self._manager.directory
 
-  def save(self, step: int, state: Any, extras: dict[str, Any], *,
-           force: bool = False) -> bool:
+  def save(self, step: int, state: Any, extras: dict[str, Any], *, force: bool = False) -> bool:
     """Starts an asynchronous save of `state` and `extras` at `step`.
 
     Returns once the arrays are copied off the devices, so the caller may
@@ -211,18 +221,23 @@ class Checkpointer:
       CheckpointWriteError: this save, or an earlier asynchronous one, failed.
     """
     if step < 0:
-      raise ValueError(f'step must be >= 0, got {step}.')
+      raise ValueError(f"step must be >= 0, got {step}.")
     if self._read_only:
-      raise CheckpointWriteError(f'{self.directory} was opened read-only (for restoring)')
+      raise CheckpointWriteError(f"{self.directory} was opened read-only (for restoring)")
     _check_extras(extras)
     self._unchecked_save = True
-    return self._writing(lambda: self._manager.save(
+    return self._writing(
+      lambda: self._manager.save(
         step,
-        args=ocp.args.Composite(**{
+        args=ocp.args.Composite(
+          **{
             STATE_ITEM: ocp.args.StandardSave(state),
             EXTRAS_ITEM: ocp.args.JsonSave(extras),
-        }),
-        force=force))
+          }
+        ),
+        force=force,
+      )
+    )
 
   def wait_until_finished(self) -> None:
     """Blocks until pending saves are on disk (and old ones pruned).
@@ -297,12 +312,13 @@ class Checkpointer:
       if outcome is None or isinstance(outcome, tuple):
         return outcome
       replaced.append(outcome)
-    read = ', '.join(str(step) for step in replaced if step >= 0) or 'the listing'
+    read = ", ".join(str(step) for step in replaced if step >= 0) or "the listing"
     raise RestoreError(
-        f'the checkpoints in {self.directory} changed while they were read, '
-        f'{REPLACED_RETRIES} times (read: {read}): a run is probably training there and '
-        'replacing them (with train.max_to_keep=1 it deletes each step as it saves the '
-        'next); try again once it has saved or stopped')
+      f"the checkpoints in {self.directory} changed while they were read, "
+      f"{REPLACED_RETRIES} times (read: {read}): a run is probably training there and "
+      "replacing them (with train.max_to_keep=1 it deletes each step as it saves the "
+      "next); try again once it has saved or stopped"
+    )
 
   def _steps(self) -> list[int]:
     """The finalised steps on disk now, newest first."""
@@ -325,36 +341,46 @@ class Checkpointer:
     for step in steps:
       try:
         restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(**{
-                STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-                EXTRAS_ITEM: ocp.args.JsonRestore(),
-            }))
-      except Exception as error:  # pylint: disable=broad-except
+          step,
+          args=ocp.args.Composite(
+            **{
+              STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+              EXTRAS_ITEM: ocp.args.JsonRestore(),
+            }
+          ),
+        )
+      except Exception as error:
         # Any failure (missing file, bad bytes, missing item) makes this
         # step unusable; which exception depends on the file that broke --
         # unless the steps changed meanwhile: then it was being replaced.
         if self._replaced(steps):
-          logger.warning('Checkpoint step %d in %s changed while it was read (a run '
-                         'training there replaced it); reading the steps again.',
-                         step, self.directory)
+          logger.warning(
+            "Checkpoint step %d in %s changed while it was read (a run "
+            "training there replaced it); reading the steps again.",
+            step,
+            self.directory,
+          )
           return step
         logger.warning(
-            'Checkpoint step %d in %s does not restore (%s); trying an '
-            'earlier step.', step, self.directory, _describe(error))
-        logger.debug('Full error for step %d:', step, exc_info=error)
+          "Checkpoint step %d in %s does not restore (%s); trying an earlier step.",
+          step,
+          self.directory,
+          _describe(error),
+        )
+        logger.debug("Full error for step %d:", step, exc_info=error)
         failures.append((step, error))
         continue
       self._quarantine([s for s, _ in failures], restored_step=step)
       return step, restored[STATE_ITEM], restored[EXTRAS_ITEM]
     if failures:
-      details = '\n'.join(f'  step {s}: {_describe(e)}' for s, e in failures)
+      details = "\n".join(f"  step {s}: {_describe(e)}" for s, e in failures)
       raise RestoreError(
-          f'No checkpoint in {self.directory} restores onto the given state:\n'
-          f'{details}\nThey are left in place. If every step fails the same '
-          'way, the config probably differs from the one that wrote them '
-          '(model or optimizer shapes); otherwise move the directory away to '
-          'start afresh.') from failures[0][1]
+        f"No checkpoint in {self.directory} restores onto the given state:\n"
+        f"{details}\nThey are left in place. If every step fails the same "
+        "way, the config probably differs from the one that wrote them "
+        "(model or optimizer shapes); otherwise move the directory away to "
+        "start afresh."
+      ) from failures[0][1]
     return None
 
   def _replaced(self, steps: list[int]) -> bool:
@@ -367,9 +393,11 @@ class Checkpointer:
   def _report_unfinished_saves(self) -> None:
     for tmp in ocp.path.step.all_temporary_paths(self.directory):
       logger.warning(
-          'Ignoring unfinished checkpoint save %s (not finalised: the job stopped '
-          'or failed mid-save, or a run training there is saving it); it is left '
-          'in place.', tmp.get())
+        "Ignoring unfinished checkpoint save %s (not finalised: the job stopped "
+        "or failed mid-save, or a run training there is saving it); it is left "
+        "in place.",
+        tmp.get(),
+      )
 
   def _quarantine(self, steps: list[int], *, restored_step: int) -> None:
     """Renames unrestorable steps newer than `restored_step` out of the way.
@@ -382,13 +410,16 @@ class Checkpointer:
     if ocp.multihost.process_index() == 0:
       for step in steps:
         source = self.directory / str(step)
-        target = _free_path(source.parent / f'{source.name}{CORRUPT_SUFFIX}')
+        target = _free_path(source.parent / f"{source.name}{CORRUPT_SUFFIX}")
         source.rename(target)
         logger.warning(
-            'Moved unrestorable checkpoint step %d to %s (kept for '
-            'inspection); resuming from step %d.', step, target,
-            restored_step)
-    ocp.multihost.sync_global_processes('txf_checkpoint_quarantine')
+          "Moved unrestorable checkpoint step %d to %s (kept for "
+          "inspection); resuming from step %d.",
+          step,
+          target,
+          restored_step,
+        )
+    ocp.multihost.sync_global_processes("txf_checkpoint_quarantine")
     self._manager.reload()
 
   def close(self) -> None:
@@ -405,10 +436,10 @@ class Checkpointer:
 def _describe(error: Exception, limit: int = 400) -> str:
   """Type and message, without the kilobytes of spec tensorstore appends; a
   long message keeps its start and its end (where the OS's reason is)."""
-  text = f'{type(error).__name__}: {str(error).split(" [tensorstore_spec=")[0]}'
+  text = f"{type(error).__name__}: {str(error).split(' [tensorstore_spec=')[0]}"
   if len(text) <= limit:
     return text
-  return f'{text[:limit // 2]} ... {text[-limit // 2:]}'
+  return f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
 
 
 def _free_path(path: epath.Path) -> epath.Path:
@@ -416,7 +447,7 @@ def _free_path(path: epath.Path) -> epath.Path:
   candidate, n = path, 1
   while candidate.exists():
     n += 1
-    candidate = path.parent / f'{path.name}-{n}'
+    candidate = path.parent / f"{path.name}-{n}"
   return candidate
 
 

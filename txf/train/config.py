@@ -28,6 +28,7 @@ from txf.train.optim import make_optimizer, make_schedule
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """The `train` section (configs/base.py documents each field)."""
+
   steps: int
   learning_rate: float
   warmup_steps: int
@@ -51,6 +52,7 @@ class TrainConfig:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
   """The `eval` section."""
+
   every: int
   num_batches: int
   sample_tokens: int
@@ -61,6 +63,7 @@ class EvalConfig:
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
   """The `parallel` section: mesh axis sizes (-1: the devices left)."""
+
   data: int
   fsdp: int
   tensor: int
@@ -70,6 +73,7 @@ class ParallelConfig:
 class RunConfig:
   """A checked run config: each section typed, the optimizer and its
   schedule built once from `train`."""
+
   seed: int
   replicas: int
   model: ModelConfig
@@ -98,10 +102,10 @@ DATA_FIELDS = _field_names(DataSpec)
 
 # data.task -> (model.family, model.head) it trains.
 TASK_MODELS = {
-    "lm": (("decoder", "lstm"), ("lm",)),
-    "mlm": (("encoder",), ("mlm",)),
-    "seq2seq": (("encoder_decoder",), ("lm",)),
-    "classify": (("encoder", "decoder"), ("classify",)),
+  "lm": (("decoder", "lstm"), ("lm",)),
+  "mlm": (("encoder",), ("mlm",)),
+  "seq2seq": (("encoder_decoder",), ("lm",)),
+  "classify": (("encoder", "decoder"), ("classify",)),
 }
 
 
@@ -141,27 +145,33 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   checks.seed(config.seed, "seed")
   replicas = checks.positive_int(config.replicas, "replicas")
   if config.seed + replicas - 1 > checks.SEED_MAX:  # replica r trains with seed + r
-    raise ValueError(f"seed: {config.seed} + replicas={replicas} - 1 is above the largest "
-                     f"seed {checks.SEED_MAX}")
+    raise ValueError(
+      f"seed: {config.seed} + replicas={replicas} - 1 is above the largest seed {checks.SEED_MAX}"
+    )
   spec = read_data_config(config.data)
 
   model_fields = dict(config.model.items())
   if model_fields.get("vocab_size") is None:
     model_fields["vocab_size"] = vocab_size
   elif checks.positive_int(model_fields["vocab_size"], "model.vocab_size") < vocab_size:
-    raise ValueError(f"model.vocab_size: {model_fields['vocab_size']} is smaller than the "
-                     f"tokenizer's {vocab_size} ids")
+    raise ValueError(
+      f"model.vocab_size: {model_fields['vocab_size']} is smaller than the "
+      f"tokenizer's {vocab_size} ids"
+    )
   if num_classes is not None:
     model_fields["num_classes"] = num_classes
   model_cfg = ModelConfig.from_config(model_fields)
 
   families, heads = TASK_MODELS[spec.task]
   if model_cfg.family not in families:
-    raise ValueError(f"model.family: {model_cfg.family!r} cannot train data.task="
-                     f"{spec.task!r} (needs one of {families})")
+    raise ValueError(
+      f"model.family: {model_cfg.family!r} cannot train data.task="
+      f"{spec.task!r} (needs one of {families})"
+    )
   if model_cfg.head not in heads:
-    raise ValueError(f"model.head: {model_cfg.head!r} cannot train data.task={spec.task!r} "
-                     f"(needs one of {heads})")
+    raise ValueError(
+      f"model.head: {model_cfg.head!r} cannot train data.task={spec.task!r} (needs one of {heads})"
+    )
   check_position_table(model_cfg.position, model_cfg.max_len, spec.seq_len, "data.seq_len")
 
   train = _typed(TrainConfig, config.train)
@@ -176,21 +186,33 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
     checks.positive_int(getattr(train, field), f"train.{field}")
   if spec.batch_size % train.grad_accum_steps:
-    raise ValueError(f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
-                     f"data.batch_size={spec.batch_size}")
+    raise ValueError(
+      f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
+      f"data.batch_size={spec.batch_size}"
+    )
   chunk_len = checks.int_at_least(train.loss_chunk_len, "train.loss_chunk_len", 0)
   if chunk_len and model_cfg.head != "lm":
-    raise ValueError(f"train.loss_chunk_len: the fused loss needs an 'lm' head (a linear "
-                     f"one), not model.head={model_cfg.head!r}; set it to 0")
+    raise ValueError(
+      f"train.loss_chunk_len: the fused loss needs an 'lm' head (a linear "
+      f"one), not model.head={model_cfg.head!r}; set it to 0"
+    )
   if chunk_len and spec.seq_len % chunk_len:
-    raise ValueError(f"train.loss_chunk_len: {chunk_len} does not divide "
-                     f"data.seq_len={spec.seq_len}")
+    raise ValueError(
+      f"train.loss_chunk_len: {chunk_len} does not divide data.seq_len={spec.seq_len}"
+    )
   checks.positive_int(config.eval.every, "eval.every")
   checks.positive_int(config.eval.num_batches, "eval.num_batches")
   checks.int_at_least(config.eval.sample_tokens, "eval.sample_tokens", 0)
   # NaN would pass `temperature < 0` and sample garbage.
   checks.finite_at_least(config.eval.temperature, "eval.temperature", 0.0)
-  return RunConfig(seed=config.seed, replicas=replicas, model=model_cfg, data=spec, train=train,
-                   eval=_typed(EvalConfig, config.eval),
-                   parallel=_typed(ParallelConfig, config.parallel),
-                   optimizer=optimizer, schedule=schedule)
+  return RunConfig(
+    seed=config.seed,
+    replicas=replicas,
+    model=model_cfg,
+    data=spec,
+    train=train,
+    eval=_typed(EvalConfig, config.eval),
+    parallel=_typed(ParallelConfig, config.parallel),
+    optimizer=optimizer,
+    schedule=schedule,
+  )

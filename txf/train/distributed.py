@@ -19,14 +19,23 @@ def cluster_detected(environ=os.environ) -> bool:
   """True inside a multi-process job that `jax.distributed.initialize()` can
   configure by itself: SLURM or Open MPI with more than one task, or a Cloud
   TPU slice with more than one worker host."""
+
   def more_than_one(name: str) -> bool:
     return environ.get(name, "1").isdigit() and int(environ.get(name, "1")) > 1
-  return (more_than_one("SLURM_NTASKS") or more_than_one("OMPI_COMM_WORLD_SIZE")
-          or "," in environ.get("TPU_WORKER_HOSTNAMES", ""))
+
+  return (
+    more_than_one("SLURM_NTASKS")
+    or more_than_one("OMPI_COMM_WORLD_SIZE")
+    or "," in environ.get("TPU_WORKER_HOSTNAMES", "")
+  )
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, environ=os.environ) -> bool:
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  environ=os.environ,
+) -> bool:
   """Initialises jax.distributed for a multi-process run; returns whether it did.
 
   With an explicit coordinator ("host:port"), process count and id, uses
@@ -36,9 +45,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """
   explicit = (coordinator_address, num_processes, process_id)
   if any(value is not None for value in explicit):
-    if any(value is None for value in explicit):
-      raise ValueError("--coordinator_address, --num_processes and --process_id go together: "
-                       f"got {coordinator_address!r}, {num_processes!r}, {process_id!r}")
+    if coordinator_address is None or num_processes is None or process_id is None:
+      raise ValueError(
+        "--coordinator_address, --num_processes and --process_id go together: "
+        f"got {coordinator_address!r}, {num_processes!r}, {process_id!r}"
+      )
     if not 0 <= process_id < num_processes:
       raise ValueError(f"--process_id: {process_id} is not in [0, {num_processes})")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
@@ -63,7 +74,7 @@ def gather_data_states(state: dict[str, Any]) -> dict[str, Any]:
   payload = np.frombuffer(json.dumps(state, sort_keys=True).encode(), np.uint8)
   lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)])))
   padded = np.zeros(int(lengths.max()), np.uint8)
-  padded[:len(payload)] = payload
+  padded[: len(payload)] = payload
   rows = np.asarray(multihost_utils.process_allgather(padded))
   states = [json.loads(row[:length].tobytes()) for row, length in zip(rows, lengths.ravel())]
   return states[0] if all(s == states[0] for s in states) else {"processes": states}

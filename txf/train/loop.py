@@ -45,7 +45,7 @@ import os
 import queue
 import threading
 import time
-from typing import Iterator
+from collections.abc import Generator
 
 import jax
 import numpy as np
@@ -60,8 +60,15 @@ from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionG
 from txf.train.config import ConfigError, TrainConfig
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics
-from txf.train.setup import (RunSetup, check_optimizer_state, check_resumable,
-                             make_checkpointer, read_run_config, setup_run, write_config)
+from txf.train.setup import (
+  RunSetup,
+  check_optimizer_state,
+  check_resumable,
+  make_checkpointer,
+  read_run_config,
+  setup_run,
+  write_config,
+)
 from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 
@@ -74,7 +81,7 @@ PREFETCH_JOIN_SECONDS = 30.0
 COMPILE_THREAD = "txf-compile-eval"
 
 
-def _prefetch(dataset, to_device, size: int = 2) -> Iterator[tuple[dict, dict]]:
+def _prefetch(dataset, to_device, size: int = 2) -> Generator[tuple[dict, dict], None, None]:
   """Yields (to_device(batch), data state after it), prepared in a thread so
   reading and the host-to-device copy overlap the previous step (size 0:
   in the caller's thread, when asked for).
@@ -143,12 +150,18 @@ def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]
   prompt_1xP = tokenizer.encode(eval_config.sample_prompt)[None]
   # Every process holds the same prompt; as one replicated global array it
   # can meet parameters sharded over other hosts' devices inside jit.
-  prompt_1xP = jax.make_array_from_callback(prompt_1xP.shape, sharding.replicated(setup.mesh),
-                                            lambda index: prompt_1xP[index])
-  return ((setup.model, params, prompt_1xP),
-          dict(max_new_tokens=eval_config.sample_tokens,
-               rng=jax.random.fold_in(setup.init_key, step),
-               temperature=eval_config.temperature, eos_id=tokenizer.eos_id))
+  prompt_1xP = jax.make_array_from_callback(
+    prompt_1xP.shape, sharding.replicated(setup.mesh), lambda index: prompt_1xP[index]
+  )
+  return (
+    (setup.model, params, prompt_1xP),
+    dict(
+      max_new_tokens=eval_config.sample_tokens,
+      rng=jax.random.fold_in(setup.init_key, step),
+      temperature=eval_config.temperature,
+      eos_id=tokenizer.eos_id,
+    ),
+  )
 
 
 def _sample_text(setup: RunSetup, params, step: int) -> str:
@@ -160,8 +173,7 @@ def _sample_text(setup: RunSetup, params, step: int) -> str:
 
 def _abstract(tree):
   """Shapes, dtypes and shardings of a tree of arrays, for `lower`."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                      tree)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def _compile_evaluation(setup: RunSetup, params) -> threading.Thread:
@@ -187,7 +199,7 @@ def _compile_evaluation(setup: RunSetup, params) -> threading.Thread:
         setup.eval_step.lower(params, eval_batch).compile()
         if sampler is not None:
           generation.build_generate(lower=True)(*sampler[0], **sampler[1]).compile()
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       pass  # the eval itself compiles then, and raises whatever this met
 
   thread = threading.Thread(target=compile_all, name=COMPILE_THREAD, daemon=True)
@@ -219,19 +231,25 @@ class _Throughput:
       return {}
     elapsed = time.perf_counter() - self._start
     tokens_per_sec = setup.tokens_per_step * self._steps / elapsed
-    figures = dict(tokens_per_sec=tokens_per_sec, steps_per_sec=self._steps / elapsed,
-                   step_time=elapsed / self._steps)
-    utilisation = hardware.mfu(setup.flops_per_token, tokens_per_sec, jax.device_count(),
-                               setup.peak_flops)
+    figures = dict(
+      tokens_per_sec=tokens_per_sec,
+      steps_per_sec=self._steps / elapsed,
+      step_time=elapsed / self._steps,
+    )
+    utilisation = hardware.mfu(
+      setup.flops_per_token, tokens_per_sec, jax.device_count(), setup.peak_flops
+    )
     if utilisation is not None:
       figures["mfu"] = utilisation
     return figures
 
 
-def _log_train(setup: RunSetup, metrics: dict, done: int, window: _Throughput,
-               writer: MetricsWriter, log) -> None:
-  scalars = replicas.scalars({name: metrics[name] for name in ("loss", "accuracy", "grad_norm")},
-                             setup.replicas)
+def _log_train(
+  setup: RunSetup, metrics: dict, done: int, window: _Throughput, writer: MetricsWriter, log
+) -> None:
+  scalars = replicas.scalars(
+    {name: metrics[name] for name in ("loss", "accuracy", "grad_norm")}, setup.replicas
+  )
   scalars.update(learning_rate=setup.schedule(done - 1), **window.figures(setup))
   writer.write(done, scalars)
   log(format_progress(done, setup.run.train.steps, scalars))
@@ -243,15 +261,19 @@ def _check_finite(finite_flags: list, done: int, checkpointer: Checkpointer) -> 
   if not all(np.all(flag) for flag in jax.device_get(finite_flags)):
     checkpointer.wait_until_finished()
     latest = checkpointer.latest_step()
-    kept = ("no checkpoint had been written yet" if latest is None
-            else f"the last good checkpoint (step {latest}) is kept")
+    kept = (
+      "no checkpoint had been written yet"
+      if latest is None
+      else f"the last good checkpoint (step {latest}) is kept"
+    )
     raise TrainingDiverged(
-        f"non-finite loss, gradient or update by step {done}; those updates were skipped "
-        f"and {kept}")
+      f"non-finite loss, gradient or update by step {done}; those updates were skipped and {kept}"
+    )
 
 
-def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
-                     log) -> dict[str, float]:
+def _eval_and_sample(
+  setup: RunSetup, params, done: int, writer: MetricsWriter, log
+) -> dict[str, float]:
   result = setup.evaluate(params)
   if _samples(setup):
     sample = _sample_text(setup, setup.replica_params(params, 0), done)
@@ -264,16 +286,26 @@ def _eval_and_sample(setup: RunSetup, params, done: int, writer: MetricsWriter,
 
 def _eval_line(done: int, result: dict[str, float], note: str = "") -> str:
   # Per-replica values are in the metrics; the console gets mean (and std).
-  return (f"eval @ {done}{note}: "
-          + ", ".join(f"{k}={v:.4f}" for k, v in result.items() if "/" not in k))
+  return f"eval @ {done}{note}: " + ", ".join(
+    f"{k}={v:.4f}" for k, v in result.items() if "/" not in k
+  )
 
 
-def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_state: dict,
-                done: int, train: TrainConfig, writer: MetricsWriter, log) -> bool:
+def _checkpoint(
+  checkpointer: Checkpointer,
+  guard: PreemptionGuard,
+  state,
+  data_state: dict,
+  done: int,
+  train: TrainConfig,
+  writer: MetricsWriter,
+  log,
+) -> bool:
   """Saves at checkpoint steps and at the last; returns True (after saving)
   when the run is preempted."""
-  save = lambda: checkpointer.save(done, state, {"data": gather_data_states(data_state)},
-                                   force=True)
+  save = lambda: checkpointer.save(
+    done, state, {"data": gather_data_states(data_state)}, force=True
+  )
   saved = (done % train.checkpoint_every == 0 or done == train.steps) and save()
   if saved:
     # On object storage rows are uploaded at most once a second: a run killed
@@ -281,8 +313,7 @@ def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_
     writer.flush()
   # JAX's preemption service exists only under jax.distributed; its check
   # is a cross-process sync, so it is skipped when there is one process.
-  preempted = guard.requested or (jax.process_count() > 1 and
-                                  checkpointer.reached_preemption(done))
+  preempted = guard.requested or (jax.process_count() > 1 and checkpointer.reached_preemption(done))
   if preempted:
     if not saved:  # a second save of the same step raises StepAlreadyExistsError
       save()
@@ -291,9 +322,16 @@ def _checkpoint(checkpointer: Checkpointer, guard: PreemptionGuard, state, data_
   return preempted
 
 
-def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
-           guard: PreemptionGuard, writer: MetricsWriter, log, prefetch: int
-           ) -> dict[str, float]:
+def _train(
+  setup: RunSetup,
+  state,
+  start: int,
+  checkpointer: Checkpointer,
+  guard: PreemptionGuard,
+  writer: MetricsWriter,
+  log,
+  prefetch: int,
+) -> dict[str, float]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's metrics."""
   train, eval_config = setup.run.train, setup.run.eval
   window, finite_flags, last_eval = _Throughput(), [], {}
@@ -301,8 +339,10 @@ def _train(setup: RunSetup, state, start: int, checkpointer: Checkpointer,
   compiling = _compile_evaluation(setup, state.params)
   # Closing stops the prefetch thread also when training raises; the
   # compilation is waited for too (a thread inside XLA at exit aborts Python).
-  with (contextlib.closing(_prefetch(setup.train_data, setup.to_device, prefetch)) as batches,
-        _joining(compiling)):
+  with (
+    contextlib.closing(_prefetch(setup.train_data, setup.to_device, prefetch)) as batches,
+    _joining(compiling),
+  ):
     for step in range(start, train.steps):
       batch, data_state = next(batches)
       state, metrics = setup.train_step(state, batch)
@@ -344,13 +384,21 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
   except ValueError as error:  # e.g. a position between batches of a new size
     data = setup.run.data
     raise ConfigError(
-        f"data.batch_size: the checkpoint's data position {data_state} does not continue "
-        f"in batches of data.batch_size={data.batch_size}, data.seq_len={data.seq_len}; "
-        f"continue training with the run's own (config.json) ({error})") from error
+      f"data.batch_size: the checkpoint's data position {data_state} does not continue "
+      f"in batches of data.batch_size={data.batch_size}, data.seq_len={data.seq_len}; "
+      f"continue training with the run's own (config.json) ({error})"
+    ) from error
 
 
-def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None = None,
-        prefetch: int = 2, preemption: PreemptionGuard | None = None) -> dict[str, float]:
+def run(
+  config,
+  workdir: str | os.PathLike,
+  *,
+  log=print,
+  setup: RunSetup | None = None,
+  prefetch: int = 2,
+  preemption: PreemptionGuard | None = None,
+) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
   `setup` is the config's RunSetup to train with (None: built here by
@@ -398,26 +446,36 @@ def run(config, workdir: str | os.PathLike, *, log=print, setup: RunSetup | None
   with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
     checkpointer = make_checkpointer(setup.run.train, workdir)
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
-    with (guarding as guard, _closing(checkpointer), setup.activation_sharding()):
+    with guarding as guard, _closing(checkpointer), setup.activation_sharding():
       start, state, data_state = _restore(setup, checkpointer, workdir, log)
       first_params = setup.replica_params(state.params, 0)
-      log(f"data: {setup.train_data.description}\n"
-          f"{summarize(first_params, setup.model_cfg, setup.run.data.seq_len)}"
-          + "".join(f"\n{line}" for line in [replicas.describe(setup.seeds)] if line))
+      log(
+        f"data: {setup.train_data.description}\n"
+        f"{summarize(first_params, setup.model_cfg, setup.run.data.seq_len)}"
+        + "".join(f"\n{line}" for line in [replicas.describe(setup.seeds)] if line)
+      )
       steps = setup.run.train.steps
       if start >= steps and _end_written(steps, workdir, start):
         log(f"already trained to step {start} of {steps}")
         result = setup.evaluate(state.params)
         data = setup.run.data
-        log(_eval_line(start, result, f" (data.seq_len={data.seq_len}, data.batch_size="
-                                     f"{data.batch_size}; not written: the run is finished)"))
+        log(
+          _eval_line(
+            start,
+            result,
+            f" (data.seq_len={data.seq_len}, data.batch_size="
+            f"{data.batch_size}; not written: the run is finished)",
+          )
+        )
         return result
       if data_state is not None:
         _continue_data(setup, data_state)
       with MetricsWriter(workdir, enabled=is_chief, start_step=start) as writer:
         for name, count in writer.dropped.items():
-          log(f"moved {count} records of {name} logged after step {start} (the step "
-              f"training continues from) to its .dropped file")
+          log(
+            f"moved {count} records of {name} logged after step {start} (the step "
+            f"training continues from) to its .dropped file"
+          )
         write_config(config, workdir)
         try:
           if start >= steps:  # trained, but its end's writes were lost
@@ -434,7 +492,8 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   if read_run_config(workdir) is None:
     return False
   return step != steps or any(
-      row["step"] == step and "eval_loss" in row for row in read_metrics(workdir))
+    row["step"] == step and "eval_loss" in row for row in read_metrics(workdir)
+  )
 
 
 def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):

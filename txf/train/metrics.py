@@ -43,23 +43,24 @@ import struct
 import tempfile
 import time
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from etils import epath
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
 from txf.train.workdir import WriteError, is_local, replace_text, write_error
 
-METRICS_FILE = 'metrics.jsonl'
-DROPPED_METRICS_FILE = 'metrics.dropped.jsonl'
-SAMPLES_FILE = 'samples.txt'
-DROPPED_SAMPLES_FILE = 'samples.dropped.txt'
-TENSORBOARD_DIR = 'tb'
-_SAMPLE_HEADER = re.compile(r'^=== step (\d+) ===$')
+METRICS_FILE = "metrics.jsonl"
+DROPPED_METRICS_FILE = "metrics.dropped.jsonl"
+SAMPLES_FILE = "samples.txt"
+DROPPED_SAMPLES_FILE = "samples.dropped.txt"
+TENSORBOARD_DIR = "tb"
+_SAMPLE_HEADER = re.compile(r"^=== step (\d+) ===$")
 
 logger = logging.getLogger(__name__)
 
@@ -68,20 +69,17 @@ def _to_python(name: str, value: Any) -> int | float:
   """A Python int/float from a Python, numpy or jax scalar."""
   array = np.asarray(value)
   if array.shape != ():
-    raise ValueError(
-        f'scalars[{name!r}] must be a scalar, got shape {array.shape}.')
+    raise ValueError(f"scalars[{name!r}] must be a scalar, got shape {array.shape}.")
   if jnp.issubdtype(array.dtype, jnp.integer) or array.dtype == bool:
     return int(array)
   if jnp.issubdtype(array.dtype, jnp.floating):
     return float(array)
-  raise ValueError(
-      f'scalars[{name!r}] must be a number, got {value!r} ({array.dtype}).')
+  raise ValueError(f"scalars[{name!r}] must be a number, got {value!r} ({array.dtype}).")
 
 
 def _to_python_scalars(scalars: Mapping[str, Any]) -> dict[str, int | float]:
-  if 'step' in scalars:
-    raise ValueError("scalars must not contain 'step' (it is written from the "
-                     'step argument).')
+  if "step" in scalars:
+    raise ValueError("scalars must not contain 'step' (it is written from the step argument).")
   return {name: _to_python(name, value) for name, value in scalars.items()}
 
 
@@ -95,7 +93,7 @@ class _LocalFile:
     self.path = path
     try:
       # Unbuffered: every append reaches the OS at once, or fails at once.
-      self._file = open(path, 'xb' if exclusive else 'ab', buffering=0)
+      self._file = open(path, "xb" if exclusive else "ab", buffering=0)
       self._size = os.fstat(self._file.fileno()).st_size
     except OSError as error:
       raise write_error(path, error) from error
@@ -104,7 +102,7 @@ class _LocalFile:
     try:
       view = memoryview(data)
       while view:
-        view = view[self._file.write(view):]
+        view = view[self._file.write(view) :]
     except OSError as error:
       with contextlib.suppress(OSError):
         os.ftruncate(self._file.fileno(), self._size)
@@ -118,11 +116,20 @@ class _LocalFile:
     self._file.close()
 
 
-class _LocalLines(_LocalFile):
+class _LocalLines:
   """Appends text (whole lines) to a local file (see _LocalFile)."""
 
+  def __init__(self, path: epath.Path):
+    self._file = _LocalFile(path)
+
   def append(self, text: str) -> None:
-    super().append(text.encode('utf-8'))
+    self._file.append(text.encode("utf-8"))
+
+  def flush(self) -> None:
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
 
 
 class _ObjectLines:
@@ -135,7 +142,7 @@ class _ObjectLines:
   def __init__(self, path: epath.Path, interval: float = 1.0):
     self._path, self._interval = path, interval
     text = _read(path)
-    self._chunks = [text + '\n' if text and not text.endswith('\n') else text]
+    self._chunks = [text + "\n" if text and not text.endswith("\n") else text]
     self._pending, self._uploaded = False, -math.inf
 
   def append(self, text: str) -> None:
@@ -147,9 +154,9 @@ class _ObjectLines:
   def flush(self) -> None:
     if self._pending:
       try:
-        _write(self._path, ''.join(self._chunks))
+        _write(self._path, "".join(self._chunks))
       # Remote file systems raise their own types (gcsfs's HttpError, ...).
-      except Exception as error:  # pylint: disable=broad-except
+      except Exception as error:
         raise write_error(self._path, error) from error
       self._pending, self._uploaded = False, time.monotonic()
 
@@ -163,9 +170,13 @@ def _lines_sink(path: epath.Path) -> _LocalLines | _ObjectLines:
 
 def _record(data: bytes) -> bytes:
   """`data` framed as one TFRecord: length, its CRC, data, its CRC."""
-  header = struct.pack('<Q', len(data))
-  return (header + struct.pack('<I', masked_crc32c(header)) + data
-          + struct.pack('<I', masked_crc32c(data)))
+  header = struct.pack("<Q", len(data))
+  return (
+    header
+    + struct.pack("<I", masked_crc32c(header))
+    + data
+    + struct.pack("<I", masked_crc32c(data))
+  )
 
 
 class _EventFile:
@@ -180,12 +191,12 @@ class _EventFile:
   after it by the previous session.
   """
 
-  def __init__(self, directory: epath.Path, purge_step: int | None, suffix: str = ''):
+  def __init__(self, directory: epath.Path, purge_step: int | None, suffix: str = ""):
     try:
       directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
       raise write_error(directory, error) from error
-    name = f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}{suffix}'
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}{suffix}"
     path, n = directory / name, 1
     while True:
       try:
@@ -195,13 +206,16 @@ class _EventFile:
         if not path.exists():
           raise
         n += 1  # two sessions within one second
-        path = directory / f'{name}.{n}'
+        path = directory / f"{name}.{n}"
     self.path = path
     try:
-      self._add(Event(wall_time=time.time(), file_version='brain.Event:2'))
+      self._add(Event(wall_time=time.time(), file_version="brain.Event:2"))
       if purge_step is not None:
-        self._add(Event(wall_time=time.time(), step=purge_step,
-                        session_log=SessionLog(status=SessionLog.START)))
+        self._add(
+          Event(
+            wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)
+          )
+        )
     except BaseException:
       self.close()
       raise
@@ -231,12 +245,13 @@ class _MirroredTensorBoard:
 
   def __init__(self, target: epath.Path, purge_step: int | None, interval: float = 60.0):
     self._target, self._interval = target, interval
-    self._local = tempfile.TemporaryDirectory(prefix='txf-tb-')
+    self._local = tempfile.TemporaryDirectory(prefix="txf-tb-")
     # Event files are named by the second they start in: a unique suffix
     # keeps a quick restart (on another machine) from overwriting the
     # previous session's copy.
-    self._events = _EventFile(epath.Path(self._local.name), purge_step,
-                              suffix=f'.{uuid.uuid4().hex[:8]}')
+    self._events = _EventFile(
+      epath.Path(self._local.name), purge_step, suffix=f".{uuid.uuid4().hex[:8]}"
+    )
     self._copied = time.monotonic()
 
   def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -249,7 +264,7 @@ class _MirroredTensorBoard:
     try:
       (self._target / file.name).write_bytes(file.read_bytes())
     # Remote file systems raise their own types (gcsfs's HttpError, ...).
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       raise write_error(self._target / file.name, error) from error
     self._copied = time.monotonic()
 
@@ -261,7 +276,9 @@ class _MirroredTensorBoard:
       self._local.cleanup()
 
 
-def _tensorboard(directory: epath.Path, purge_step: int | None):
+def _tensorboard(
+  directory: epath.Path, purge_step: int | None
+) -> _EventFile | _MirroredTensorBoard:
   if is_local(directory):
     return _EventFile(directory, purge_step)
   return _MirroredTensorBoard(directory, purge_step)
@@ -291,13 +308,14 @@ class MetricsWriter:
       everything (for writers that only append, e.g. evaluations).
   """
 
-  def __init__(self, workdir: str | os.PathLike, *, enabled: bool = True,
-               start_step: int | None = None):
+  def __init__(
+    self, workdir: str | os.PathLike, *, enabled: bool = True, start_step: int | None = None
+  ):
     self._enabled = enabled
     self._workdir = epath.Path(workdir)
-    self._jsonl = None
-    self._samples = None
-    self._tensorboard = None
+    self._jsonl: _LocalLines | _ObjectLines | None = None
+    self._samples: _LocalLines | _ObjectLines | None = None
+    self._tensorboard: _EventFile | _MirroredTensorBoard | None = None
     self.dropped: dict[str, int] = {}
     if not enabled:
       return
@@ -309,8 +327,8 @@ class MetricsWriter:
         self.dropped = drop_records_after(self._workdir, start_step)
       self._jsonl = _lines_sink(self._workdir / METRICS_FILE)
       self._tensorboard = _tensorboard(
-          self._workdir / TENSORBOARD_DIR,
-          purge_step=None if start_step is None else start_step + 1)
+        self._workdir / TENSORBOARD_DIR, purge_step=None if start_step is None else start_step + 1
+      )
     except BaseException:
       self._close_quietly()
       raise
@@ -324,13 +342,13 @@ class MetricsWriter:
     """
     if not self._enabled:
       return
-    if self._jsonl is None:
-      raise ValueError('MetricsWriter.write called after close().')
+    if self._jsonl is None or self._tensorboard is None:  # set and cleared together
+      raise ValueError("MetricsWriter.write called after close().")
     step = int(step)
     if step < 0:
-      raise ValueError(f'step must be >= 0, got {step}.')
+      raise ValueError(f"step must be >= 0, got {step}.")
     row = _to_python_scalars(scalars)
-    self._jsonl.append(json.dumps({'step': step, **row}) + '\n')
+    self._jsonl.append(json.dumps({"step": step, **row}) + "\n")
     self._tensorboard.add_scalars(step, row)
 
   def write_sample(self, step: int, text: str) -> None:
@@ -338,10 +356,10 @@ class MetricsWriter:
     if not self._enabled:
       return
     if self._jsonl is None:
-      raise ValueError('MetricsWriter.write_sample called after close().')
+      raise ValueError("MetricsWriter.write_sample called after close().")
     if self._samples is None:  # created with the first sample
       self._samples = _lines_sink(self._workdir / SAMPLES_FILE)
-    self._samples.append(f'=== step {int(step)} ===\n{text}\n')
+    self._samples.append(f"=== step {int(step)} ===\n{text}\n")
 
   def flush(self) -> None:
     for output in (self._jsonl, self._samples, self._tensorboard):
@@ -357,7 +375,7 @@ class MetricsWriter:
     for output in outputs:
       try:
         output.close()
-      except Exception as failure:  # pylint: disable=broad-except
+      except Exception as failure:
         error = error or failure
     if error is not None:
       raise error
@@ -379,11 +397,11 @@ class MetricsWriter:
 
 def _read(path: epath.Path) -> str:
   """The text of `path` ('' if there is none)."""
-  return path.read_bytes().decode('utf-8') if path.exists() else ''
+  return path.read_bytes().decode("utf-8") if path.exists() else ""
 
 
 def _write(path: epath.Path, text: str) -> None:
-  path.write_bytes(text.encode('utf-8'))
+  path.write_bytes(text.encode("utf-8"))
 
 
 def _writing(path: epath.Path, action):
@@ -393,7 +411,7 @@ def _writing(path: epath.Path, action):
   except WriteError:
     raise
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise write_error(path, error) from error
 
 
@@ -402,13 +420,13 @@ def _terminate_partial_last_line(path: epath.Path) -> None:
   on a new line."""
   if not path.exists() or path.stat().length == 0:
     return
-  with open(path, 'rb') as f:
+  with open(path, "rb") as f:
     f.seek(-1, os.SEEK_END)
-    ended = f.read(1) == b'\n'
+    ended = f.read(1) == b"\n"
   if not ended:
     file = _LocalFile(path)
     try:
-      file.append(b'\n')
+      file.append(b"\n")
     finally:
       file.close()
 
@@ -418,19 +436,20 @@ def _append(path: epath.Path, text: str) -> None:
   if is_local(path):
     file = _LocalFile(path)
     try:
-      file.append(text.encode('utf-8'))
+      file.append(text.encode("utf-8"))
     finally:
       file.close()
   else:
     _writing(path, lambda: _write(path, _read(path) + text))
 
 
-def _move_lines(path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool],
-                lines: list[str]) -> None:
+def _move_lines(
+  path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool], lines: list[str]
+) -> None:
   """Rewrites `path` with the kept lines, appending the others to
   `dropped_path` first so nothing is lost if the rewrite is interrupted."""
-  _append(dropped_path, ''.join(line for line, keep in zip(lines, keep_flags) if not keep))
-  replace_text(path, ''.join(line for line, keep in zip(lines, keep_flags) if keep))
+  _append(dropped_path, "".join(line for line, keep in zip(lines, keep_flags) if not keep))
+  replace_text(path, "".join(line for line, keep in zip(lines, keep_flags) if keep))
 
 
 def _read_lines(path: epath.Path) -> list[str]:
@@ -454,7 +473,7 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
   keep = []
   for line in lines:
     try:
-      keep.append(int(json.loads(line)['step']) <= step)
+      keep.append(int(json.loads(line)["step"]) <= step)
     except (ValueError, KeyError, TypeError):
       keep.append(True)
   if not all(keep):
@@ -463,7 +482,7 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
   lines = _read_lines(workdir / SAMPLES_FILE)
   keep, current, records = [], True, 0
   for line in lines:
-    header = _SAMPLE_HEADER.match(line.rstrip('\n'))
+    header = _SAMPLE_HEADER.match(line.rstrip("\n"))
     if header:
       current = int(header.group(1)) <= step
       records += not current
@@ -487,21 +506,20 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
     try:
       rows.append(json.loads(line))
     except json.JSONDecodeError as error:
-      logger.warning('Skipping unreadable line %d of %s: %s', line_number,
-                     path, error)
+      logger.warning("Skipping unreadable line %d of %s: %s", line_number, path, error)
   return rows
 
 
 def _format_duration(seconds: float) -> str:
   if not math.isfinite(seconds):
-    return '?'
+    return "?"
   minutes, secs = divmod(int(round(seconds)), 60)
   hours, minutes = divmod(minutes, 60)
   if hours:
-    return f'{hours}h{minutes:02d}m'
+    return f"{hours}h{minutes:02d}m"
   if minutes:
-    return f'{minutes}m{secs:02d}s'
-  return f'{secs}s'
+    return f"{minutes}m{secs:02d}s"
+  return f"{secs}s"
 
 
 def replica_scalars(values_R: Mapping[str, Any]) -> dict[str, float]:
@@ -514,11 +532,10 @@ def replica_scalars(values_R: Mapping[str, Any]) -> dict[str, float]:
   for name, value in values_R.items():
     value_R = np.asarray(value, np.float64)
     if value_R.ndim != 1 or not value_R.size:
-      raise ValueError(f'{name}: expected one value per replica ([R]), got shape '
-                       f'{value_R.shape}')
-    scalars.update({f'{name}/{r}': float(v) for r, v in enumerate(value_R)})
+      raise ValueError(f"{name}: expected one value per replica ([R]), got shape {value_R.shape}")
+    scalars.update({f"{name}/{r}": float(v) for r, v in enumerate(value_R)})
     scalars[name] = float(value_R.mean())
-    scalars[f'{name}_std'] = float(value_R.std(ddof=1)) if value_R.size > 1 else 0.0
+    scalars[f"{name}_std"] = float(value_R.std(ddof=1)) if value_R.size > 1 else 0.0
   return scalars
 
 
@@ -532,19 +549,19 @@ def format_progress(step: int, total: int, scalars: Mapping[str, Any]) -> str:
   ignored.
   """
   if total <= 0:
-    raise ValueError(f'total must be positive, got {total}.')
-  known = ('loss', 'learning_rate', 'tokens_per_sec', 'mfu', 'steps_per_sec')
+    raise ValueError(f"total must be positive, got {total}.")
+  known = ("loss", "learning_rate", "tokens_per_sec", "mfu", "steps_per_sec")
   values = _to_python_scalars({k: scalars[k] for k in known if k in scalars})
-  parts = [f'step {step}/{total} ({100 * step / total:.1f}%)']
-  if 'loss' in values:
-    parts.append(f'loss {values["loss"]:.4f}')
-  if 'learning_rate' in values:
-    parts.append(f'lr {values["learning_rate"]:.3e}')
-  if 'tokens_per_sec' in values:
-    parts.append(f'{values["tokens_per_sec"]:,.0f} tok/s')
-  if 'mfu' in values:
-    parts.append(f'mfu {values["mfu"]:.1%}')
-  if values.get('steps_per_sec', 0) > 0:
-    remaining = max(total - step, 0) / values['steps_per_sec']
-    parts.append(f'eta {_format_duration(remaining)}')
-  return ' | '.join(parts)
+  parts = [f"step {step}/{total} ({100 * step / total:.1f}%)"]
+  if "loss" in values:
+    parts.append(f"loss {values['loss']:.4f}")
+  if "learning_rate" in values:
+    parts.append(f"lr {values['learning_rate']:.3e}")
+  if "tokens_per_sec" in values:
+    parts.append(f"{values['tokens_per_sec']:,.0f} tok/s")
+  if "mfu" in values:
+    parts.append(f"mfu {values['mfu']:.1%}")
+  if values.get("steps_per_sec", 0) > 0:
+    remaining = max(total - step, 0) / values["steps_per_sec"]
+    parts.append(f"eta {_format_duration(remaining)}")
+  return " | ".join(parts)

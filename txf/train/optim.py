@@ -25,7 +25,7 @@ import optax
 
 from txf import checks
 
-DECAYS = ('cosine', 'linear', 'constant', 'rsqrt')
+DECAYS = ("cosine", "linear", "constant", "rsqrt")
 
 _MISSING = object()
 
@@ -34,7 +34,7 @@ def _field(train_config: Any, name: str) -> Any:
   """Returns `train_config.<name>`, or a ValueError naming `train.<name>`."""
   value = getattr(train_config, name, _MISSING)
   if value is _MISSING:
-    raise ValueError(f'train.{name} is missing from the config.')
+    raise ValueError(f"train.{name} is missing from the config.")
   return value
 
 
@@ -42,13 +42,13 @@ def _number(train_config: Any, name: str) -> Any:
   """Reads a real field; bools are rejected (they are ints in Python)."""
   value = _field(train_config, name)
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f'train.{name} must be a number, got {value!r}.')
+    raise ValueError(f"train.{name} must be a number, got {value!r}.")
   return value
 
 
 def _check(condition: bool, name: str, requirement: str, value: Any) -> None:
   if not condition:
-    raise ValueError(f'train.{name} must be {requirement}, got {value!r}.')
+    raise ValueError(f"train.{name} must be {requirement}, got {value!r}.")
 
 
 def make_schedule(train_config: Any) -> optax.Schedule:
@@ -67,28 +67,26 @@ def make_schedule(train_config: Any) -> optax.Schedule:
   Raises:
     ValueError: naming the offending `train.<field>`.
   """
-  peak = _number(train_config, 'learning_rate')
-  warmup = checks.int_at_least(_field(train_config, 'warmup_steps'),
-                               'train.warmup_steps', 0)
-  total = checks.positive_int(_field(train_config, 'steps'), 'train.steps')
-  end_fraction = _number(train_config, 'end_lr_fraction')
-  decay = _field(train_config, 'decay')
-  _check(0 < peak < float('inf'), 'learning_rate', 'positive and finite', peak)
-  _check(warmup <= total, 'warmup_steps',
-         f'between 0 and train.steps ({total})', warmup)
-  _check(0 <= end_fraction <= 1, 'end_lr_fraction', 'in [0, 1]', end_fraction)
-  _check(decay in DECAYS, 'decay', f'one of {DECAYS}', decay)
-  _check(decay != 'rsqrt' or warmup > 0, 'warmup_steps',
-         "positive when train.decay is 'rsqrt'", warmup)
+  peak = _number(train_config, "learning_rate")
+  warmup = checks.int_at_least(_field(train_config, "warmup_steps"), "train.warmup_steps", 0)
+  total = checks.positive_int(_field(train_config, "steps"), "train.steps")
+  end_fraction = _number(train_config, "end_lr_fraction")
+  decay = _field(train_config, "decay")
+  _check(0 < peak < float("inf"), "learning_rate", "positive and finite", peak)
+  _check(warmup <= total, "warmup_steps", f"between 0 and train.steps ({total})", warmup)
+  _check(0 <= end_fraction <= 1, "end_lr_fraction", "in [0, 1]", end_fraction)
+  _check(decay in DECAYS, "decay", f"one of {DECAYS}", decay)
+  _check(
+    decay != "rsqrt" or warmup > 0, "warmup_steps", "positive when train.decay is 'rsqrt'", warmup
+  )
 
   decay_steps = max(total - warmup, 1)
   end_value = peak * end_fraction
-  if decay == 'cosine':
-    after_warmup = optax.cosine_decay_schedule(
-        peak, decay_steps, alpha=end_fraction)
-  elif decay == 'linear':
+  if decay == "cosine":
+    after_warmup = optax.cosine_decay_schedule(peak, decay_steps, alpha=end_fraction)
+  elif decay == "linear":
     after_warmup = optax.linear_schedule(peak, end_value, decay_steps)
-  elif decay == 'constant':
+  elif decay == "constant":
     after_warmup = optax.constant_schedule(peak)
   else:
     # join_schedules counts from the boundary, so the global step is s + W;
@@ -98,8 +96,7 @@ def make_schedule(train_config: Any) -> optax.Schedule:
 
   if warmup == 0:
     return after_warmup
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
 
 
 def decay_mask(params: Any) -> Any:
@@ -122,18 +119,16 @@ def make_optimizer(train_config: Any) -> optax.GradientTransformation:
     ValueError: naming the offending `train.<field>`.
   """
   schedule = make_schedule(train_config)
-  weight_decay = _number(train_config, 'weight_decay')
-  b1 = checks.fraction(_field(train_config, 'b1'), 'train.b1')
-  b2 = checks.fraction(_field(train_config, 'b2'), 'train.b2')
-  eps = _number(train_config, 'eps')
-  clip = _number(train_config, 'grad_clip_norm')
-  _check(weight_decay >= 0, 'weight_decay', 'non-negative', weight_decay)
-  _check(eps > 0, 'eps', 'positive', eps)
-  _check(clip >= 0, 'grad_clip_norm', 'non-negative (0 turns clipping off)',
-         clip)
+  weight_decay = _number(train_config, "weight_decay")
+  b1 = checks.fraction(_field(train_config, "b1"), "train.b1")
+  b2 = checks.fraction(_field(train_config, "b2"), "train.b2")
+  eps = _number(train_config, "eps")
+  clip = _number(train_config, "grad_clip_norm")
+  _check(weight_decay >= 0, "weight_decay", "non-negative", weight_decay)
+  _check(eps > 0, "eps", "positive", eps)
+  _check(clip >= 0, "grad_clip_norm", "non-negative (0 turns clipping off)", clip)
 
-  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps,
-                      weight_decay=weight_decay, mask=decay_mask)
+  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
   if clip == 0:
     return adamw
   return optax.chain(optax.clip_by_global_norm(clip), adamw)

@@ -47,7 +47,8 @@ measured: no accelerator in this session).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -109,8 +110,9 @@ def over_replicas(fn: Callable[[Any, Any], Any], strategy: str) -> Callable[[Any
   return lambda x_R, shared: jax.lax.map(lambda x: fn(x, shared), x_R)
 
 
-def make_replicated_train_step(step_for_seed: Callable[[jax.Array], TrainStep],
-                               seeds: Sequence[int], *, strategy: str) -> TrainStep:
+def make_replicated_train_step(
+  step_for_seed: Callable[[jax.Array], TrainStep], seeds: Sequence[int], *, strategy: str
+) -> TrainStep:
   """Returns `step(state_R, batch) -> (state_R, metrics_R)` (not yet jitted).
 
   Every replica takes the same batch; metrics_R holds each metric per replica
@@ -124,8 +126,10 @@ def make_replicated_train_step(step_for_seed: Callable[[jax.Array], TrainStep],
     strategy: 'vmap' or 'map' (see the module docstring; `default_strategy`).
   """
   seeds_R = _seed_array(seeds)
-  one = over_replicas(lambda state_and_seed, batch: step_for_seed(state_and_seed[1])(
-      state_and_seed[0], batch), strategy)
+  one = over_replicas(
+    lambda state_and_seed, batch: step_for_seed(state_and_seed[1])(state_and_seed[0], batch),
+    strategy,
+  )
   return lambda state_R, batch: one((state_R, seeds_R), batch)
 
 
@@ -147,15 +151,21 @@ def default_strategy(backend: str) -> str:
 
 class RunPrograms(NamedTuple):
   """A run's programs over its seeds, not yet jitted (`for_seeds`)."""
+
   init: Callable[[Any], TrainState]  # pretrained params (or None) -> the state
   train_step: TrainStep
   eval_step: Callable[[Any, Batch], Any]
   state_sharding: Any
 
 
-def for_seeds(seeds: Sequence[int], *, start: Callable[[jax.Array, Any], TrainState],
-              step_for_seed: Callable[[Any], TrainStep], eval_step: Callable[[Any, Batch], Any],
-              state_sharding: Any) -> RunPrograms:
+def for_seeds(
+  seeds: Sequence[int],
+  *,
+  start: Callable[[jax.Array, Any], TrainState],
+  step_for_seed: Callable[[Any], TrainStep],
+  eval_step: Callable[[Any, Batch], Any],
+  state_sharding: Any,
+) -> RunPrograms:
   """A run of `seeds`: one seed's programs as they are; for R > 1 stacked over
   a leading [R] axis (init_replicas, make_replicated_train_step and
   over_replicas with the backend's default_strategy, stacked_shardings).
@@ -169,13 +179,19 @@ def for_seeds(seeds: Sequence[int], *, start: Callable[[jax.Array, Any], TrainSt
   """
   if len(seeds) == 1:
     (seed,) = seeds
-    return RunPrograms(lambda params: start(jax.random.key(seed), params), step_for_seed(seed),
-                       eval_step, state_sharding)
+    return RunPrograms(
+      lambda params: start(jax.random.key(seed), params),
+      step_for_seed(seed),
+      eval_step,
+      state_sharding,
+    )
   strategy = default_strategy(jax.default_backend())
   return RunPrograms(
-      lambda params: init_replicas(lambda key: start(key, params), seeds),
-      make_replicated_train_step(step_for_seed, seeds, strategy=strategy),
-      over_replicas(eval_step, strategy), stacked_shardings(state_sharding))
+    lambda params: init_replicas(lambda key: start(key, params), seeds),
+    make_replicated_train_step(step_for_seed, seeds, strategy=strategy),
+    over_replicas(eval_step, strategy),
+    stacked_shardings(state_sharding),
+  )
 
 
 def replica_of(tree: Any, r: int, count: int) -> Any:

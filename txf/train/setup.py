@@ -34,7 +34,8 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -53,8 +54,7 @@ from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.optim import make_optimizer
-from txf.train.step import (TrainState, init_params, init_state, make_eval_step,
-                            make_train_step)
+from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.workdir import replace_text
 
 CONFIG_FILE = "config.json"
@@ -156,7 +156,7 @@ class RunSetup:
     """Loss, accuracy (and perplexity for language models) over eval_data;
     with R > 1 replicas (stacked params) each replica's ('eval_loss/0', ...)
     and their mean ('eval_loss') and std ('eval_loss_std')."""
-    totals = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
+    totals: dict[str, float | np.ndarray] = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
     with self.activation_sharding():
       for batch in self.eval_data:
         sums = jax.device_get(self.eval_step(params, self.to_device(batch)))
@@ -171,14 +171,24 @@ class RunSetup:
     return replicas.scalars(result, self.replicas)
 
 
-def train_step_for_seed(train_config: TrainConfig, model: nn.Module,
-                        optimizer: optax.GradientTransformation, task: str,
-                        seed: int) -> Callable:
+def train_step_for_seed(
+  train_config: TrainConfig,
+  model: nn.Module,
+  optimizer: optax.GradientTransformation,
+  task: str,
+  seed: int,
+) -> Callable:
   """The (unjitted) train step of one replica's `seed`, as `train_config` sets it up."""
-  return make_train_step(model, optimizer, task, seed=seed,
-                         grad_accum_steps=train_config.grad_accum_steps,
-                         label_smoothing=train_config.label_smoothing,
-                         z_loss=train_config.z_loss, loss_chunk_len=train_config.loss_chunk_len)
+  return make_train_step(
+    model,
+    optimizer,
+    task,
+    seed=seed,
+    grad_accum_steps=train_config.grad_accum_steps,
+    label_smoothing=train_config.label_smoothing,
+    z_loss=train_config.z_loss,
+    loss_chunk_len=train_config.loss_chunk_len,
+  )
 
 
 def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup:
@@ -197,24 +207,34 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     ConfigError: naming the field, for a config that cannot run (including a
       dimension that does not divide its mesh axis), before any compute.
   """
-  dataset_args = dict(process_index=jax.process_index(), process_count=jax.process_count(),
-                      seed=config.seed if config.data.get("seed") is None else config.data.seed)
+  dataset_args = dict(
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    seed=config.seed if config.data.get("seed") is None else config.data.seed,
+  )
   try:
     train_data = make_dataset(config.data, "train", workdir=workdir, **dataset_args)
-    run = check_run_config(config, vocab_size=train_data.vocab_size,
-                           num_classes=train_data.num_classes)
-    eval_data = make_dataset(config.data, "validation", workdir=workdir,
-                             num_batches=run.eval.num_batches, **dataset_args)
+    run = check_run_config(
+      config, vocab_size=train_data.vocab_size, num_classes=train_data.num_classes
+    )
+    eval_data = make_dataset(
+      config.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
+    )
     mesh = sharding.make_mesh(run.parallel)
     sharding.check_batch(run.data.batch_size, mesh)
     task = train_data.task
     if task == "lm" and run.eval.sample_tokens:
       # The evaluations' sample must fit a learned position table too: found
       # here, not at the first evaluation.
-      sample_len = decode.cache_length(len(train_data.tokenizer.encode(run.eval.sample_prompt)),
-                                       run.eval.sample_tokens)
-      check_position_table(run.model.position, run.model.max_len, sample_len,
-                           "eval.sample_prompt plus eval.sample_tokens")
+      sample_len = decode.cache_length(
+        len(train_data.tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
+      )
+      check_position_table(
+        run.model.position,
+        run.model.max_len,
+        sample_len,
+        "eval.sample_prompt plus eval.sample_tokens",
+      )
     model = models.build(run.model)
     first_batch = next(iter(eval_data))  # shapes only: train and eval batches match
     init_fn = functools.partial(init_state, model, run.optimizer, first_batch, task)
@@ -222,8 +242,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     # axis fails here, before any parameter exists.
     # The boxed parameters carry each one's logical axes.
     key = jax.random.key(run.seed)
-    boxed_params = jax.eval_shape(
-        functools.partial(init_params, model, first_batch, task), key)
+    boxed_params = jax.eval_shape(functools.partial(init_params, model, first_batch, task), key)
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained = None
     if run.train.init_from:
@@ -233,35 +252,57 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
 
   # The pretrained parameters (None without init_from) are an argument of the
   # jitted init, not constants baked into its program.
-  start = _starting_from(init_fn, run.optimizer) if pretrained is not None else (
-      lambda rng, params: init_fn(rng))
+  start = (
+    _starting_from(init_fn, run.optimizer)
+    if pretrained is not None
+    else (lambda rng, params: init_fn(rng))
+  )
   programs = replicas.for_seeds(
-      run.seeds, start=start,
-      step_for_seed=functools.partial(train_step_for_seed, run.train, model, run.optimizer, task),
-      eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
-      state_sharding=state_sharding)
+    run.seeds,
+    start=start,
+    step_for_seed=functools.partial(train_step_for_seed, run.train, model, run.optimizer, task),
+    eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
+    state_sharding=state_sharding,
+  )
   init_from = jax.jit(programs.init, out_shardings=programs.state_sharding)
   replicated = sharding.replicated(mesh)
   seq_len = run.data.seq_len
   return RunSetup(
-      config=config, run=run, model=model, task=task, train_data=train_data,
-      eval_data=eval_data, mesh=mesh, state_sharding=programs.state_sharding,
-      init=functools.partial(init_from, pretrained),
-      # Of the jitted function itself: through a partial, eval_shape would
-      # lose the out_shardings that restoring onto another mesh needs.
-      abstract_state=init_from.eval_shape(pretrained),
-      train_step=jax.jit(programs.train_step,
-                         out_shardings=(programs.state_sharding, replicated), donate_argnums=0),
-      eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
-      tokens_per_step=run.data.batch_size * (1 if task == "classify" else seq_len),
-      flops_per_token=run.replicas * flops_per_token(run.model, seq_len),
-      peak_flops=hardware.peak_flops_per_device(dtype=run.model.dtype))
+    config=config,
+    run=run,
+    model=model,
+    task=task,
+    train_data=train_data,
+    eval_data=eval_data,
+    mesh=mesh,
+    state_sharding=programs.state_sharding,
+    init=functools.partial(init_from, pretrained),
+    # Of the jitted function itself: through a partial, eval_shape would
+    # lose the out_shardings that restoring onto another mesh needs.
+    abstract_state=init_from.eval_shape(pretrained),
+    train_step=jax.jit(
+      programs.train_step, out_shardings=(programs.state_sharding, replicated), donate_argnums=0
+    ),
+    eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
+    tokens_per_step=run.data.batch_size * (1 if task == "classify" else seq_len),
+    flops_per_token=run.replicas * flops_per_token(run.model, seq_len),
+    peak_flops=hardware.peak_flops_per_device(dtype=run.model.dtype),
+  )
 
 
 # ModelConfig fields a run may set apart from its train.init_from checkpoint: they
 # change how the model trains or runs, not the function its parameters compute.
-FREE_PRETRAINED_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "attention_impl",
-                          "remat", "max_len", "head", "num_classes", "pooling")
+FREE_PRETRAINED_FIELDS = (
+  "dropout_rate",
+  "attention_dropout_rate",
+  "dtype",
+  "attention_impl",
+  "remat",
+  "max_len",
+  "head",
+  "num_classes",
+  "pooling",
+)
 
 
 def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
@@ -280,40 +321,51 @@ def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any)
   for field in dataclasses.fields(ModelConfig):
     ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
     if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
-      raise ValueError(f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
-                       f"in train.init_from={directory} {hint}")
+      raise ValueError(
+        f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
+        f"in train.init_from={directory} {hint}"
+      )
   expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
   found = interop.rules.flatten(pretrained.params)
   for path in sorted(set(expected) | set(found)):
     if path not in found or path not in expected:
       where = "the run's model" if path not in found else "the checkpoint"
-      raise ValueError(f"train.init_from: parameter {path} is only in {where} {directory} "
-                       f"{hint}")
+      raise ValueError(f"train.init_from: parameter {path} is only in {where} {directory} {hint}")
     shape = tuple(expected[path].shape)
     if shape != found[path].shape:
-      raise ValueError(f"train.init_from: parameter {path} has shape {shape} in the run's "
-                       f"model but {found[path].shape} in {directory} {hint}")
+      raise ValueError(
+        f"train.init_from: parameter {path} has shape {shape} in the run's "
+        f"model but {found[path].shape} in {directory} {hint}"
+      )
   return pretrained.params
 
 
-def _starting_from(init_fn: Callable[[jax.Array], TrainState],
-                   optimizer: optax.GradientTransformation
-                   ) -> Callable[[jax.Array, Any], TrainState]:
+def _starting_from(
+  init_fn: Callable[[jax.Array], TrainState], optimizer: optax.GradientTransformation
+) -> Callable[[jax.Array, Any], TrainState]:
   """(rng, params) -> init_fn's state with those parameters and their fresh
   optimizer state."""
+
   def init(rng: jax.Array, params: Any) -> TrainState:
     state = init_fn(rng)  # its random parameters are dead code once replaced
-    return state.replace(params=params, opt_state=optimizer.init(params))
+    # dataclasses.replace is what flax's TrainState.replace does (untyped there).
+    return dataclasses.replace(state, params=params, opt_state=optimizer.init(params))
+
   return init
 
 
-def make_checkpointer(train: TrainConfig | Any, workdir: str | os.PathLike, *,
-                      read_only: bool = False) -> Checkpointer:
+def make_checkpointer(
+  train: TrainConfig | Any, workdir: str | os.PathLike, *, read_only: bool = False
+) -> Checkpointer:
   """The run's checkpoints: workdir/checkpoints, kept and spaced as its `train`
   section says (a RunConfig's, or a config's before it is checked);
   `read_only` to restore one without creating or writing anything."""
-  return Checkpointer(epath.Path(workdir) / "checkpoints", max_to_keep=train.max_to_keep,
-                      save_interval_steps=train.checkpoint_every, read_only=read_only)
+  return Checkpointer(
+    epath.Path(workdir) / "checkpoints",
+    max_to_keep=train.max_to_keep,
+    save_interval_steps=train.checkpoint_every,
+    read_only=read_only,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -322,13 +374,19 @@ def make_checkpointer(train: TrainConfig | Any, workdir: str | os.PathLike, *,
 
 # Fields renamed since runs were first written: (section, old name, new name).
 # A run's config.json is read under today's names, so older runs resume.
-RENAMED_FIELDS = (("data", "min_len", "min_example_len"),
-                  ("data", "max_len", "max_example_len"))
+RENAMED_FIELDS = (("data", "min_len", "min_example_len"), ("data", "max_len", "max_example_len"))
 # Fields added since (dotted for a section's): the value every run written
 # before had. Fields added with a None default need no entry (absent reads as None).
-ADDED_FIELDS = {"replicas": 1, "model.gelu_approximate": True, "model.embed_norm": False,
-                "model.num_token_types": 0, "model.scale_attention": True,
-                "train.loss_chunk_len": 0, "data.num_symbols": 32, "data.num_kv_pairs": 8}
+ADDED_FIELDS = {
+  "replicas": 1,
+  "model.gelu_approximate": True,
+  "model.embed_norm": False,
+  "model.num_token_types": 0,
+  "model.scale_attention": True,
+  "train.loss_chunk_len": 0,
+  "data.num_symbols": 32,
+  "data.num_kv_pairs": 8,
+}
 
 
 def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
@@ -349,8 +407,9 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
     raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
   for section in ("model", "data", "train", "eval", "parallel"):
     if section in saved and not isinstance(saved[section], dict):
-      raise ValueError(f"{path}: {section}: expected a JSON object, got "
-                       f"{type(saved[section]).__name__}")
+      raise ValueError(
+        f"{path}: {section}: expected a JSON object, got {type(saved[section]).__name__}"
+      )
   for name, value in ADDED_FIELDS.items():
     section, _, field = name.rpartition(".")
     fields = saved.get(section) if section else saved
@@ -378,13 +437,13 @@ def _checkpoint_fields(config_json: Mapping[str, Any]) -> dict[str, Any]:
   """The part of a config (as JSON) that its checkpoints depend on."""
   fields = {section: config_json.get(section) for section in RESUME_SECTIONS}
   if isinstance(fields["data"], dict):
-    fields["data"] = {key: value for key, value in fields["data"].items()
-                      if key not in FREE_DATA_FIELDS}
+    fields["data"] = {
+      key: value for key, value in fields["data"].items() if key not in FREE_DATA_FIELDS
+    }
   return fields
 
 
-def changed_fields(config: Any, workdir: str | os.PathLike,
-                   sections: tuple[str, ...]) -> list[str]:
+def changed_fields(config: Any, workdir: str | os.PathLike, sections: tuple[str, ...]) -> list[str]:
   """Dotted names of the fields in `sections` where `config` differs from the
   run's config.json ([] when there is none)."""
   saved = read_run_config(workdir)
@@ -394,8 +453,11 @@ def changed_fields(config: Any, workdir: str | os.PathLike,
   changed = []
   for section in sections:
     old, new = saved.get(section) or {}, current.get(section) or {}
-    changed += [f"{section}.{key}" for key in sorted(set(old) | set(new))
-                if _first_difference(old.get(key), new.get(key), key)]
+    changed += [
+      f"{section}.{key}"
+      for key in sorted(set(old) | set(new))
+      if _first_difference(old.get(key), new.get(key), key)
+    ]
   return changed
 
 
@@ -415,8 +477,9 @@ def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
   for section in RESUME_SECTIONS:
     field = _first_difference(saved[section], current[section], section)
     if field:
-      raise ValueError(f"{field}: differs from the run already in {workdir} (see {path}); "
-                       "use a new --workdir")
+      raise ValueError(
+        f"{field}: differs from the run already in {workdir} (see {path}); use a new --workdir"
+      )
 
 
 def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_params: Any) -> None:
@@ -431,8 +494,10 @@ def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_para
   saved = read_run_config(workdir)
   if saved is None or not isinstance(saved.get("train"), dict):
     return
-  structure = lambda train: jax.tree.structure(
-      jax.eval_shape(make_optimizer(train).init, abstract_params))
+
+  def structure(train: Any) -> jax.tree_util.PyTreeDef:
+    return jax.tree.structure(jax.eval_shape(make_optimizer(train).init, abstract_params))
+
   current = structure(config.train)
   for name in changed_fields(config, workdir, sections=("train",)):
     field = name.partition(".")[2]
@@ -443,25 +508,30 @@ def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_para
     try:
       reverted[field] = old_value
     except TypeError:  # ml_collections keeps each field's type
-      raise ValueError(f"{epath.Path(workdir) / CONFIG_FILE}: {name}: {old_value!r} is not of "
-                       f"type {type(config.train[field]).__name__}") from None
+      raise ValueError(
+        f"{epath.Path(workdir) / CONFIG_FILE}: {name}: {old_value!r} is not of "
+        f"type {type(config.train[field]).__name__}"
+      ) from None
     try:
       changes_structure = structure(reverted) != current
     except ValueError:  # the saved value no longer validates: not this field's doing
       continue
     if changes_structure:
       raise ValueError(
-          f"{name}: {old_value!r} -> {config.train[field]!r} changes the optimizer "
-          f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
-          "--workdir")
+        f"{name}: {old_value!r} -> {config.train[field]!r} changes the optimizer "
+        f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
+        "--workdir"
+      )
 
 
 def write_config(config: Any, workdir: str | os.PathLike) -> None:
   """Records `config` as the one the run in `workdir` trains with (process 0
   writes, atomically: other processes of the run may be reading it)."""
   if jax.process_index() == 0:
-    replace_text(epath.Path(workdir) / CONFIG_FILE,
-                 json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n")
+    replace_text(
+      epath.Path(workdir) / CONFIG_FILE,
+      json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n",
+    )
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
@@ -487,13 +557,13 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, A
 
 class TrainedRun(NamedTuple):
   """A trained run restored for evaluation: `setup.evaluate(params)`."""
+
   setup: RunSetup
   params: Any  # stacked ([R, ...] leaves) for a run of R > 1 replicas
   step: int  # the checkpoint's step
 
 
-def load_run(workdir: str | os.PathLike,
-             overrides: Mapping[str, Any] | None = None) -> TrainedRun:
+def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> TrainedRun:
   """Restores the latest checkpoint of the run in `workdir` for evaluation.
 
   The setup is built from the run's config.json with `overrides` applied,
@@ -526,5 +596,8 @@ def load_run(workdir: str | os.PathLike,
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
     setup = setup_run(config, workdir)
-    step, state, _ = checkpointer.restore(setup.abstract_state)
+    restored = checkpointer.restore(setup.abstract_state)
+    if restored is None:  # deleted since latest_step() saw it
+      raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
+    step, state, _ = restored
   return TrainedRun(setup=setup, params=state.params, step=step)

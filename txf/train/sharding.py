@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -47,25 +48,25 @@ BATCH_AXES = ("data", "fsdp")
 # flax's `nn.logical_axis_rules`.
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 DEFAULT_RULES: Rules = (
-    ("batch", BATCH_AXES),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("length", None),
+  ("batch", BATCH_AXES),
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("vocab", "tensor"),
+  ("head_dim", None),
+  ("layers", None),
+  ("length", None),
 )
 
 # Where to change a logical axis's size when its mesh axis does not divide it.
-_AXIS_FIELDS = {
-    "embed": "model.d_model",
-    "heads": "model.num_heads",
-    "kv_heads": "model.num_kv_heads",
-    "mlp": "model.d_ff",
-    "vocab": "model.vocab_size",
-    "head_dim": "model.head_dim",
+_AXIS_FIELDS: dict[str | None, str] = {
+  "embed": "model.d_model",
+  "heads": "model.num_heads",
+  "kv_heads": "model.num_kv_heads",
+  "mlp": "model.d_ff",
+  "vocab": "model.vocab_size",
+  "head_dim": "model.head_dim",
 }
 
 
@@ -89,25 +90,32 @@ def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None)
   sizes = {}
   for name in MESH_AXES:
     sentinel = (-1, "all remaining devices") if name == "data" else None
-    sizes[name] = checks.positive_int(getattr(parallel_config, name, None), f"parallel.{name}",
-                                      sentinel=sentinel)
+    sizes[name] = checks.positive_int(
+      getattr(parallel_config, name, None), f"parallel.{name}", sentinel=sentinel
+    )
   model_parallel = sizes["fsdp"] * sizes["tensor"]
   if sizes["data"] == -1:
     if len(devices) % model_parallel:
       raise ValueError(
-          f"parallel.fsdp x parallel.tensor = {sizes['fsdp']} x {sizes['tensor']} does not "
-          f"divide the {len(devices)} devices")
+        f"parallel.fsdp x parallel.tensor = {sizes['fsdp']} x {sizes['tensor']} does not "
+        f"divide the {len(devices)} devices"
+      )
     sizes["data"] = len(devices) // model_parallel
   if math.prod(sizes.values()) != len(devices):
     raise ValueError(
-        f"parallel.data x parallel.fsdp x parallel.tensor = "
-        f"{' x '.join(str(sizes[n]) for n in MESH_AXES)} = {math.prod(sizes.values())} "
-        f"does not match the {len(devices)} devices (parallel.data=-1 takes the rest)")
+      f"parallel.data x parallel.fsdp x parallel.tensor = "
+      f"{' x '.join(str(sizes[n]) for n in MESH_AXES)} = {math.prod(sizes.values())} "
+      f"does not match the {len(devices)} devices (parallel.data=-1 takes the rest)"
+    )
   # jax.make_mesh orders devices for the physical topology (ICI neighbours on
   # the fastest-varying axis: 'tensor'). Auto axes: sharding is propagated
   # by the compiler and linen's logical constraints stay constraints.
-  return jax.make_mesh(tuple(sizes[n] for n in MESH_AXES), MESH_AXES,
-                       axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+  return jax.make_mesh(
+    tuple(sizes[n] for n in MESH_AXES),
+    MESH_AXES,
+    axis_types=(AxisType.Auto,) * len(MESH_AXES),
+    devices=devices,
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -127,17 +135,21 @@ def _mesh_axes(rules: Rules, logical: str | None, name: str) -> tuple[str, ...]:
   return (target,) if isinstance(target, str) else tuple(target)
 
 
-def _spec(name: str, shape: tuple[int, ...], axes: Sequence[str | None], mesh: Mesh,
-          rules: Rules) -> PartitionSpec:
+def _spec(
+  name: str, shape: tuple[int, ...], axes: Sequence[str | None], mesh: Mesh, rules: Rules
+) -> PartitionSpec:
   """PartitionSpec for one array, checking that every split is even."""
-  entries, used = [], set()
+  entries: list[str | tuple[str, ...] | None] = []
+  used: set[str] = set()
   for dim, (size, logical) in enumerate(zip(shape, axes)):
     # A size-1 mesh axis splits nothing: leaving it out keeps specs readable
     # (P() is "replicated") and lets such axes repeat.
     mesh_axes = tuple(a for a in _mesh_axes(rules, logical, name) if mesh.shape[a] > 1)
     if used.intersection(mesh_axes):
-      raise ValueError(f"{name}: mesh axes {mesh_axes} split two dimensions; the sharding "
-                       f"rules map two of its logical axes {tuple(axes)} to the same mesh axis")
+      raise ValueError(
+        f"{name}: mesh axes {mesh_axes} split two dimensions; the sharding "
+        f"rules map two of its logical axes {tuple(axes)} to the same mesh axis"
+      )
     used.update(mesh_axes)
     ways = math.prod(mesh.shape[a] for a in mesh_axes)
     if size % ways:
@@ -145,10 +157,10 @@ def _spec(name: str, shape: tuple[int, ...], axes: Sequence[str | None], mesh: M
       model_field = _AXIS_FIELDS.get(logical)
       change = f"{model_field} or {fields}" if model_field else fields
       raise ValueError(
-          f"{name}: dimension {dim} ({logical!r}, size {size}) is not divisible by mesh axis "
-          f"{' x '.join(mesh_axes)} (size {ways}); change {change}")
-    entries.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1
-                   else mesh_axes)
+        f"{name}: dimension {dim} ({logical!r}, size {size}) is not divisible by mesh axis "
+        f"{' x '.join(mesh_axes)} (size {ways}); change {change}"
+      )
+    entries.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
   return PartitionSpec(*entries)
 
 
@@ -174,23 +186,30 @@ def param_shardings(abstract_params: Any, mesh: Mesh, rules: Rules = DEFAULT_RUL
     ValueError: naming the parameter, for one created without logical axes,
       axes that do not match its rank, or an uneven split.
   """
+
   def one(path, leaf):
     name = _path_name(path)
     if not isinstance(leaf, nn.Partitioned):
-      raise ValueError(f"{name}: this parameter has no logical axes; create it with its "
-                       "initializer wrapped in nn.with_logical_partitioning (txf.layers."
-                       "partitioning)")
+      raise ValueError(
+        f"{name}: this parameter has no logical axes; create it with its "
+        "initializer wrapped in nn.with_logical_partitioning (txf.layers."
+        "partitioning)"
+      )
     shape, axes = np.shape(leaf.value), tuple(leaf.names)
     if len(axes) != len(shape):
-      raise ValueError(f"{name}: has {len(shape)} dimensions but its logical axes {axes} "
-                       f"name {len(axes)}")
+      raise ValueError(
+        f"{name}: has {len(shape)} dimensions but its logical axes {axes} name {len(axes)}"
+      )
     return NamedSharding(mesh, _spec(name, shape, axes, mesh, rules))
+
   return jax.tree_util.tree_map_with_path(
-      one, abstract_params, is_leaf=lambda leaf: isinstance(leaf, nn.Partitioned))
+    one, abstract_params, is_leaf=lambda leaf: isinstance(leaf, nn.Partitioned)
+  )
 
 
-def state_shardings(abstract_state: Any, abstract_params: Any, mesh: Mesh,
-                    rules: Rules = DEFAULT_RULES) -> Any:
+def state_shardings(
+  abstract_state: Any, abstract_params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES
+) -> Any:
   """NamedShardings for a whole TrainState (or any tree holding `.params`).
 
   Args:
@@ -214,16 +233,21 @@ def state_shardings(abstract_state: Any, abstract_params: Any, mesh: Mesh,
   params_shardings = param_shardings(abstract_params, mesh, rules)
 
   def mirrors_params(node):
-    return (jax.tree.structure(node) == params_def
-            and [np.shape(x) for x in jax.tree.leaves(node)] == params_shapes)
+    return (
+      jax.tree.structure(node) == params_def
+      and [np.shape(x) for x in jax.tree.leaves(node)] == params_shapes
+    )
 
   def one(path, node):
     if mirrors_params(node):
       return params_shardings
     if np.ndim(node) == 0:
       return replicated(mesh)
-    raise ValueError(f"state{jax.tree_util.keystr(path)}: a {np.shape(node)} leaf that mirrors "
-                     "no parameter; txf.train.sharding.state_shardings cannot place it")
+    raise ValueError(
+      f"state{jax.tree_util.keystr(path)}: a {np.shape(node)} leaf that mirrors "
+      "no parameter; txf.train.sharding.state_shardings cannot place it"
+    )
+
   return jax.tree_util.tree_map_with_path(one, abstract_state, is_leaf=mirrors_params)
 
 
@@ -246,8 +270,9 @@ def check_batch(global_batch_size: int, mesh: Mesh) -> None:
   ways = math.prod(mesh.shape[a] for a in BATCH_AXES)
   if global_batch_size % ways:
     raise ValueError(
-        f"data.batch_size: {global_batch_size} is not divisible by parallel.data x "
-        f"parallel.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}")
+      f"data.batch_size: {global_batch_size} is not divisible by parallel.data x "
+      f"parallel.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}"
+    )
 
 
 def shard_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
@@ -261,8 +286,10 @@ def shard_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, 
   if len(rows) != 1:
     raise ValueError(f"shard_batch: batch fields disagree on the row count: {sorted(rows)}")
   check_batch(rows.pop() * jax.process_count(), mesh)
-  return {key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
-          for key, value in local_batch.items()}
+  return {
+    key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+    for key, value in local_batch.items()
+  }
 
 
 # ---------------------------------------------------------------------------

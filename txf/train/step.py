@@ -18,18 +18,24 @@ logits never held at once.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from txf import ops
 from txf.models.heads import LMHead
 
 Batch = dict[str, jax.Array]
+# A batch as the data pipeline gives it (numpy) or on the device: init and
+# model_inputs take either.
+AnyBatch = Mapping[str, jax.Array | np.ndarray]
+ArrayT = TypeVar("ArrayT", bound=jax.Array | np.ndarray)
 TASKS = ("lm", "mlm", "seq2seq", "classify")
 
 
@@ -45,26 +51,30 @@ class TrainState:
   opt_state: Any
 
 
-def init_params(model: nn.Module, batch: Batch, task: str, rng: jax.Array) -> Any:
+def init_params(model: nn.Module, batch: AnyBatch, task: str, rng: jax.Array) -> Any:
   """The model's initial parameters, each boxed (`nn.Partitioned`) with the
   logical axes its layer declares: under `jax.eval_shape`, what
   `txf.train.sharding.state_shardings` reads the axes from."""
   return model.init(rng, *model_inputs(batch, task))["params"]
 
 
-def init_state(model: nn.Module, optimizer: optax.GradientTransformation, batch: Batch,
-               task: str, rng: jax.Array) -> TrainState:
+def init_state(
+  model: nn.Module,
+  optimizer: optax.GradientTransformation,
+  batch: AnyBatch,
+  task: str,
+  rng: jax.Array,
+) -> TrainState:
   """Initial state from a batch of the right shapes (its values are unused).
 
   The state holds plain arrays (the boxes of `init_params` removed): the
   optimizer, the steps and checkpoints never see logical-axis metadata.
   """
   params = nn.meta.unbox(init_params(model, batch, task, rng))
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=optimizer.init(params))
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
-def model_inputs(batch: Batch, task: str) -> tuple[jax.Array, ...]:
+def model_inputs(batch: Mapping[str, ArrayT], task: str) -> tuple[ArrayT, ...]:
   """The model's positional inputs; packed lm/mlm batches add their segment
   ids and positions (txf.data's packed TFDS streams)."""
   if task == "seq2seq":
@@ -84,8 +94,9 @@ def labels_and_weights(batch: Batch, task: str) -> tuple[jax.Array, jax.Array]:
   return batch["targets"], batch["weights"].astype(jnp.float32)
 
 
-def _apply_without_head(model: nn.Module, params: Any, inputs: tuple[jax.Array, ...],
-                        **kwargs) -> tuple[jax.Array, jax.Array]:
+def _apply_without_head(
+  model: nn.Module, params: Any, inputs: tuple[jax.Array, ...], **kwargs
+) -> tuple[jax.Array, jax.Array]:
   """(hidden states [B, T, D] that reach the LM head, the head's kernel [D, V]).
 
   The LM head (tied or not) is linear and bias-free, so applying it to the
@@ -103,28 +114,50 @@ def _apply_without_head(model: nn.Module, params: Any, inputs: tuple[jax.Array, 
     return x_BxTxD
 
   with nn.intercept_methods(skip_head):
-    hidden_BxTxD = model.apply({"params": params}, *inputs, **kwargs)
+    # Any: flax types apply's result as the output or (output, mutated variables).
+    hidden_BxTxD: Any = model.apply({"params": params}, *inputs, **kwargs)
   (kernel_DxV,) = kernels
   return hidden_BxTxD, kernel_DxV
 
 
-def _loss_sums(model: nn.Module, params: Any, batch: Batch, task: str, *,
-               label_smoothing: float, z_loss: float, dropout_rng: jax.Array | None,
-               loss_chunk_len: int = 0):
+def _loss_sums(
+  model: nn.Module,
+  params: Any,
+  batch: Batch,
+  task: str,
+  *,
+  label_smoothing: float,
+  z_loss: float,
+  dropout_rng: jax.Array | None,
+  loss_chunk_len: int = 0,
+):
   """(weighted loss sum, weight sum, correct-prediction count) for one batch."""
   deterministic = dropout_rng is None
-  rngs = {} if deterministic else {"dropout": dropout_rng}
+  rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
   labels, weights = labels_and_weights(batch, task)
   if loss_chunk_len:
     hidden_BxTxD, kernel_DxV = _apply_without_head(
-        model, params, model_inputs(batch, task), deterministic=deterministic, rngs=rngs)
+      model, params, model_inputs(batch, task), deterministic=deterministic, rngs=rngs
+    )
     return ops.linear_cross_entropy_sums(
-        hidden_BxTxD, kernel_DxV, labels, weights_BxT=weights, chunk_len=loss_chunk_len,
-        label_smoothing=label_smoothing, z_loss=z_loss, dtype=model.cfg.dtype)
-  logits = model.apply({"params": params}, *model_inputs(batch, task),
-                       deterministic=deterministic, rngs=rngs)
-  loss, count = ops.cross_entropy(logits, labels, weights=weights,
-                                  label_smoothing=label_smoothing, z_loss=z_loss)
+      hidden_BxTxD,
+      kernel_DxV,
+      labels,
+      weights_BxT=weights,
+      chunk_len=loss_chunk_len,
+      label_smoothing=label_smoothing,
+      z_loss=z_loss,
+      dtype=model.cfg.dtype,
+    )
+  logits: Any = model.apply(
+    {"params": params},
+    *model_inputs(batch, task),  # Any: as above
+    deterministic=deterministic,
+    rngs=rngs,
+  )
+  loss, count = ops.cross_entropy(
+    logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+  )
   correct = jnp.sum((jnp.argmax(logits, axis=-1) == labels) * weights)
   return loss * count, count, correct
 
@@ -135,18 +168,28 @@ def _split_micro_batches(batch: Batch, num: int) -> Batch:
   Strided rows keep every micro-batch spread over all data-parallel devices
   (a contiguous split would put each on a fraction of them).
   """
+
   def split(x):
     if x.shape[0] % num:
       raise ValueError(
-          f"train.grad_accum_steps: {num} does not divide the batch of {x.shape[0]} rows")
+        f"train.grad_accum_steps: {num} does not divide the batch of {x.shape[0]} rows"
+      )
     return x.reshape(x.shape[0] // num, num, *x.shape[1:]).swapaxes(0, 1)
+
   return jax.tree.map(split, batch)
 
 
-def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, task: str, *,
-                    seed: int, grad_accum_steps: int = 1, label_smoothing: float = 0.0,
-                    z_loss: float = 0.0, loss_chunk_len: int = 0
-                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+def make_train_step(
+  model: nn.Module,
+  optimizer: optax.GradientTransformation,
+  task: str,
+  *,
+  seed: int,
+  grad_accum_steps: int = 1,
+  label_smoothing: float = 0.0,
+  z_loss: float = 0.0,
+  loss_chunk_len: int = 0,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """Returns `train_step(state, batch) -> (state, metrics)` (not yet jitted).
 
   loss_chunk_len > 0 computes the loss fused with the LM head, that many
@@ -156,10 +199,18 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, t
   state is returned unchanged) and reported through `metrics['finite'] == 0`,
   so a NaN never reaches the parameters or a checkpoint.
   """
+
   def sums(params, micro_batch, rng):
-    total, count, correct = _loss_sums(model, params, micro_batch, task,
-                                       label_smoothing=label_smoothing, z_loss=z_loss,
-                                       dropout_rng=rng, loss_chunk_len=loss_chunk_len)
+    total, count, correct = _loss_sums(
+      model,
+      params,
+      micro_batch,
+      task,
+      label_smoothing=label_smoothing,
+      z_loss=z_loss,
+      dropout_rng=rng,
+      loss_chunk_len=loss_chunk_len,
+    )
     return total, (count, correct)
 
   value_and_grad_fn = jax.value_and_grad(sums, has_aux=True)
@@ -170,42 +221,61 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, t
       (total, (count, correct)), grads = value_and_grad_fn(state.params, batch, rng)
     else:
       micro = _split_micro_batches(batch, grad_accum_steps)
+
       def accumulate(carry, xs):
         i, micro_batch = xs
         (m_total, (m_count, m_correct)), m_grads = value_and_grad_fn(
-            state.params, micro_batch, jax.random.fold_in(rng, i))
+          state.params, micro_batch, jax.random.fold_in(rng, i)
+        )
         g, t, c, k = carry
         return (jax.tree.map(jnp.add, g, m_grads), t + m_total, c + m_count, k + m_correct), None
+
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       init = (zeros, jnp.zeros(()), jnp.zeros(()), jnp.zeros(()))
       (grads, total, count, correct), _ = jax.lax.scan(
-          accumulate, init, (jnp.arange(grad_accum_steps), micro))
+        accumulate, init, (jnp.arange(grad_accum_steps), micro)
+      )
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     loss = total / denom
     grad_norm = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                           opt_state=opt_state)
+    new_state = TrainState(
+      step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
+    )
     # The update too: a finite gradient times a huge step can still overflow.
-    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-              & jnp.isfinite(optax.global_norm(updates)))
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
-    metrics = {"loss": loss, "accuracy": correct / denom, "grad_norm": grad_norm,
-               "tokens": count, "finite": finite.astype(jnp.int32)}
+    metrics = {
+      "loss": loss,
+      "accuracy": correct / denom,
+      "grad_norm": grad_norm,
+      "tokens": count,
+      "finite": finite.astype(jnp.int32),
+    }
     return new_state, metrics
 
   return train_step
 
 
-def make_eval_step(model: nn.Module, task: str, *, loss_chunk_len: int = 0
-                   ) -> Callable[[Any, Batch], dict]:
+def make_eval_step(
+  model: nn.Module, task: str, *, loss_chunk_len: int = 0
+) -> Callable[[Any, Batch], dict]:
   """Returns `eval_step(params, batch) -> sums` with loss_sum, count, correct
   (sums, so results over many batches add up exactly); loss_chunk_len as in
   `make_train_step`."""
+
   def eval_step(params, batch):
-    total, count, correct = _loss_sums(model, params, batch, task, label_smoothing=0.0,
-                                       z_loss=0.0, dropout_rng=None,
-                                       loss_chunk_len=loss_chunk_len)
+    total, count, correct = _loss_sums(
+      model,
+      params,
+      batch,
+      task,
+      label_smoothing=0.0,
+      z_loss=0.0,
+      dropout_rng=None,
+      loss_chunk_len=loss_chunk_len,
+    )
     return {"loss_sum": total, "count": count, "correct": correct}
+
   return eval_step

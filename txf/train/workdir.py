@@ -38,16 +38,17 @@ import re
 import socket
 import time
 import uuid
+from typing import IO
 
 from etils import epath
 
 LOCK_FILE = ".lock"
 # URL scheme -> (modules its file system needs, how to install them).
 SCHEMES = {
-    "gs": (("gcsfs", "google.cloud.storage"), "pip install 'txf[gcs]'"),
-    "s3": (("s3fs",), "pip install s3fs"),
-    "az": (("adlfs",), "pip install adlfs"),
-    "hf": (("huggingface_hub",), "pip install huggingface_hub"),
+  "gs": (("gcsfs", "google.cloud.storage"), "pip install 'txf[gcs]'"),
+  "s3": (("s3fs",), "pip install s3fs"),
+  "az": (("adlfs",), "pip install adlfs"),
+  "hf": (("huggingface_hub",), "pip install huggingface_hub"),
 }
 # 'gs:/bucket/run': a URL whose '//' a pathlib.Path has collapsed.
 _COLLAPSED_URL = re.compile(rf"^({'|'.join(SCHEMES)}):/(?!/)")
@@ -98,19 +99,23 @@ def run_path(path: str | os.PathLike, name: str = "workdir") -> epath.Path:
   scheme, separator, _ = text.partition("://")
   if not separator:
     if _COLLAPSED_URL.match(text):
-      raise WorkdirError(f"{name}: {text} is a URL that lost a slash; write it as "
-                         f"{text.replace(':/', '://', 1)}")
+      raise WorkdirError(
+        f"{name}: {text} is a URL that lost a slash; write it as {text.replace(':/', '://', 1)}"
+      )
     return epath.Path(text)
   if scheme not in SCHEMES:
-    raise WorkdirError(f"{name}: {text}: unsupported URL scheme {scheme}:// "
-                       f"(supported: a local path, {', '.join(s + '://' for s in SCHEMES)})")
+    raise WorkdirError(
+      f"{name}: {text}: unsupported URL scheme {scheme}:// "
+      f"(supported: a local path, {', '.join(s + '://' for s in SCHEMES)})"
+    )
   modules, install = SCHEMES[scheme]
   for module in modules:
     try:
       importlib.import_module(module)
     except ImportError:
-      raise WorkdirError(f"{name}: {text} needs {module} for {scheme}:// paths: "
-                         f"{install}") from None
+      raise WorkdirError(
+        f"{name}: {text} needs {module} for {scheme}:// paths: {install}"
+      ) from None
   return epath.Path(text)
 
 
@@ -144,7 +149,7 @@ def replace_text(path: epath.Path, text: str) -> None:
   try:
     replace_bytes(path, text.encode("utf-8"))
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise write_error(path, error) from error
 
 
@@ -170,7 +175,7 @@ def check_writable(directory: str | os.PathLike) -> None:
       probe.write_text("ok")
       probe.unlink()
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     raise WorkdirError(f"{directory}: not a writable directory ({_reason(error)})") from error
   if is_file:
     raise WorkdirError(f"{directory}: exists and is not a directory")
@@ -186,7 +191,7 @@ class WorkdirLock:
 
   def __init__(self, directory: str | os.PathLike):
     self.path = run_path(directory) / LOCK_FILE
-    self._file = None
+    self._file: IO[str] | None = None
 
   def acquire(self) -> None:
     """Takes the lock and records this process as its holder.
@@ -196,8 +201,11 @@ class WorkdirLock:
         are in the message).
     """
     if not is_local(self.path):
-      logger.warning("%s: the work directory lock is not enforced on object storage; "
-                     "make sure no other run uses this work directory", self.path.parent)
+      logger.warning(
+        "%s: the work directory lock is not enforced on object storage; "
+        "make sure no other run uses this work directory",
+        self.path.parent,
+      )
       return
     # flock needs an OS file descriptor: a local file, opened by the OS.
     handle = open(self.path, "a+", encoding="utf-8")
@@ -207,16 +215,26 @@ class WorkdirLock:
       handle.seek(0)
       holder = handle.read().strip() or "an unknown process"
       handle.close()
-      raise WorkdirError(f"{self.path.parent}: in use by another run "
-                         f"({holder}); wait for it to finish or use another --workdir") from None
+      raise WorkdirError(
+        f"{self.path.parent}: in use by another run "
+        f"({holder}); wait for it to finish or use another --workdir"
+      ) from None
     except OSError as error:  # e.g. a file system without flock
       handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {error.strerror or error}") from error
     try:
       handle.seek(0)
       handle.truncate()
-      handle.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                               "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+      handle.write(
+        json.dumps(
+          {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+          }
+        )
+        + "\n"
+      )
       handle.flush()
     except OSError as error:  # e.g. a full disk: the lock is held, its note is not written
       with contextlib.suppress(OSError):  # closing flushes (and fails) again
@@ -231,7 +249,7 @@ class WorkdirLock:
       self._file.close()
       self._file = None
 
-  def __enter__(self) -> "WorkdirLock":
+  def __enter__(self) -> WorkdirLock:
     self.acquire()
     return self
 

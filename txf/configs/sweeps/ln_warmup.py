@@ -42,11 +42,13 @@ def get_config() -> ml_collections.ConfigDict:
   run.eval.update(dict(every=100))
   config = ml_collections.ConfigDict()
   config.base = run
-  config.grid = make_grid({
+  config.grid = make_grid(
+    {
       "model.norm_placement": ["pre", "post"],
       "train.warmup_steps": [0, STEPS // 10],
       "train.learning_rate": [3e-3, 1e-2],
-  })
+    }
+  )
   # The question here is warmup, not length: no extrapolation.
   config.sweep = ml_collections.ConfigDict(dict(run_config=RUN_CONFIG, extrapolate=False))
   return config

@@ -63,14 +63,17 @@ def get_config() -> ml_collections.ConfigDict:
   run = base.get_config()
   run.replicas = 2
   # Ten evaluations: the last fifth of training starts on one (txf.sweep.results.late_improvement).
-  run.train.update(dict(steps=STEPS, warmup_steps=STEPS // 10, log_every=STEPS // 10,
-                        checkpoint_every=STEPS // 2))
+  run.train.update(
+    dict(steps=STEPS, warmup_steps=STEPS // 10, log_every=STEPS // 10, checkpoint_every=STEPS // 2)
+  )
   run.eval.update(dict(every=STEPS // 10))
   config = ml_collections.ConfigDict()
   config.base = run
-  config.grid = make_grid({
+  config.grid = make_grid(
+    {
       "model.position": ["sinusoidal", "learned", "rope", "alibi", "t5_bias", "none"],
       "model.norm_placement": ["pre", "post"],
-  })
+    }
+  )
   config.sweep = ml_collections.ConfigDict(dict(run_config=RUN_CONFIG, extrapolate_tokens=12_288))
   return config

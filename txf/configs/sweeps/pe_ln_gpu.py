@@ -40,8 +40,15 @@ def get_config() -> ml_collections.ConfigDict:
   run = config.base
   run.model.update(dict(num_layers=4, d_model=256, num_heads=4))
   run.data.update(dict(seq_len=SEQ_LEN, batch_size=64, max_corpus_bytes=20_000_000))
-  run.train.update(dict(steps=STEPS, learning_rate=2e-3, warmup_steps=STEPS // 10,
-                        log_every=STEPS // 10, checkpoint_every=STEPS // 2))
+  run.train.update(
+    dict(
+      steps=STEPS,
+      learning_rate=2e-3,
+      warmup_steps=STEPS // 10,
+      log_every=STEPS // 10,
+      checkpoint_every=STEPS // 2,
+    )
+  )
   # Ten evaluations (the flattening criterion's window, the last fifth, starts
   # on one); no samples, whose decoding would add a compile to every point.
   run.eval.update(dict(every=STEPS // 10, sample_tokens=0))
