@@ -134,6 +134,12 @@ def require_config_kind(kind: str) -> None:
     )
 
 
+def progress(line: str) -> None:
+  """A command's progress line: on stderr, so that stdout holds only its
+  result (a table another program may read)."""
+  print(line, file=sys.stderr, flush=True)
+
+
 def fail(kind: str, message: Any, status: int = 2) -> NoReturn:
   """One line `<kind> error: ...` on stderr, exit `status` (2: the user's input)."""
   print(f"{kind} error: {message}", file=sys.stderr)
