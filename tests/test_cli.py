@@ -121,6 +121,19 @@ def test_a_config_of_the_other_kind_is_one_line_exit_2(tmp_path, command, config
   assert not (tmp_path / "run").exists()
 
 
+def test_a_run_field_set_on_a_sweep_config_says_how_to_set_its_base(tmp_path):
+  result = run_cli(
+    "--config=configs/sweeps/pe_ln.py",
+    f"--workdir={tmp_path / 'sweep'}",
+    "--config.train.steps=3",
+    command="sweep",
+  )
+  assert_one_line_error(
+    result, "config error: train.steps: unknown field", "--config.base.<section>.<field>=VALUE"
+  )
+  assert not (tmp_path / "sweep").exists()
+
+
 def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path):
   result = run_cli(
     "--config=configs/rope.py",

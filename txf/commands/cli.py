@@ -270,6 +270,18 @@ def parse_flags(
   return rest
 
 
+def _given_config(argv: list[str]) -> Any:
+  """The config that --config in `argv` names, or None (none given, or one
+  that does not load)."""
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      try:
+        return ConfigFileParser().parse(arg.partition("=")[2])
+      except ConfigFileError:
+        return None
+  return None
+
+
 def _parse(argv: list[str]) -> list[str]:
   """flags.FLAGS(argv), its errors as `fail` lines."""
   try:
@@ -285,4 +297,9 @@ def _parse(argv: list[str]) -> list[str]:
     message = unknown_field(error, argv)
     if message is None:  # not an override's field: some other bug, keep the traceback
       raise
+    if is_sweep_config(_given_config(argv)):
+      message += (
+        " (a sweep config: set a field of its base run config with "
+        "--config.base.<section>.<field>=VALUE)"
+      )
     fail("config", message)
