@@ -253,8 +253,16 @@ def test_head_ablation_zeroes_one_head_per_call_and_returns_deltas():
     off = 1.0 - np.asarray(head_mask, np.float64)
     return 2.0 + float((importance * off).sum()) + interaction * float(off.sum()) ** 2
 
-  deltas = heads.head_ablation(loss_fn, L, H)
+  reported = []
+  deltas = heads.head_ablation(
+    loss_fn, L, H, progress=lambda *args: reported.append((*args, len(masks)))
+  )
   assert len(masks) == 1 + L * H
+  # Progress: each head once it is done (its loss_fn call made), in order.
+  assert [(layer, head, calls) for layer, head, _, calls in reported] == [
+    (layer, head, 2 + layer * H + head) for layer in range(L) for head in range(H)
+  ]
+  assert [delta for *_, delta, _ in reported] == list(deltas.ravel())
   np.testing.assert_array_equal(masks[0], np.ones((L, H)))
   zeroed = []
   for mask in masks[1:]:

@@ -25,7 +25,14 @@ import pytest
 from conftest import REPO, cli_env, tiny_config
 from txf.analysis import ablation
 from txf.models import ModelConfig, build
-from txf.sweep.analyze import ANALYSIS_DIR, SCORES_CSV, SCORES_MD, analyze_run, attention_png
+from txf.sweep.analyze import (
+  ANALYSIS_DIR,
+  SCORES_CSV,
+  SCORES_MD,
+  analyze_run,
+  attention_png,
+  format_head_progress,
+)
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.setup import load_run
@@ -206,6 +213,14 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert (out / attention_png("self")).read_bytes().startswith(PNG_MAGIC)
   assert "| layer | head | previous_token | induction |" in done.stdout
   assert done.stdout == (out / SCORES_MD).read_text()
+  # A progress line per head's ablation, on stderr: stdout is the table alone.
+  L, H = 2, 2  # decoder_run's layers and heads
+  progress = [line for line in done.stderr.splitlines() if line.startswith("analyze: ")]
+  assert [line.split(" | ")[0] for line in progress] == [
+    f"analyze: self head L{layer}H{head} ({1 + layer * H + head} of {L * H})"
+    for layer in range(L)
+    for head in range(H)
+  ]
 
   rows = read_csv(decoder_run)
   assert [(row["attention"], int(row["layer"]), int(row["head"])) for row in rows] == [
@@ -349,3 +364,9 @@ def test_the_command_fails_in_one_line_without_a_run(tmp_path):
   assert done.stderr.strip().splitlines() == [
     f"analyze error: workdir: {tmp_path} holds no run ({tmp_path}/config.json does not exist)"
   ]
+
+
+def test_head_progress_line_has_the_head_its_place_and_an_eta():
+  line = format_head_progress("self", 1, 0, 2, 4, 0.01234, 10.0)
+  # Head 5 of 8 after 10 s: 3 more at 2 s each.
+  assert line == "analyze: self head L1H0 (5 of 8) | loss_delta +0.0123 | elapsed 10s | eta 6s"

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import REPO, flatten, load_config
 from txf.commands import cli
+from txf.commands.run import field_docs, leaves
 from txf.layers.config import POSITIONS
 
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
@@ -90,7 +91,8 @@ def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
     ("sweep", ["--config=configs/sweeps/pe_ln.py", "foo"], ["unexpected arguments: foo"]),
     ("embed", ["--model=D"], ["missing the texts to embed"]),
     ("extrapolate", ["--workdir=W", "--stride=abc"], ["--stride=abc", "invalid literal"]),
-    ("extrapolate", [], ["--workdir must have a value"]),
+    ("extrapolate", [], ["--workdir is required (Run directory"]),
+    ("analyze", [], ["--workdir is required (Run directory"]),
     ("analyze", ["--workdir=W", "--num_batches=abc"], ["--num_batches=abc"]),
   ],
 )
@@ -103,6 +105,52 @@ def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
     args.append(f"--workdir={tmp_path / 'run'}")
   assert_one_line_error(run_cli(*args, command=command), "flag error: ", *fragments)
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+  "command,config,fragments",
+  [
+    ("run", "configs/sweeps/pe_ln.py", ["a sweep config", "experiments.sweep"]),
+    ("sweep", "configs/rope.py", ["not a sweep config", "experiments.run"]),
+  ],
+)
+def test_a_config_of_the_other_kind_is_one_line_exit_2(tmp_path, command, config, fragments):
+  """A sweep config given to run ended in chained tracebacks (AttributeError: 'data')."""
+  result = run_cli(f"--config={config}", f"--workdir={tmp_path / 'run'}", command=command)
+  assert_one_line_error(result, "config error: ", config, *fragments)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_run_field_set_on_a_sweep_config_says_how_to_set_its_base(tmp_path):
+  result = run_cli(
+    "--config=configs/sweeps/pe_ln.py",
+    f"--workdir={tmp_path / 'sweep'}",
+    "--config.train.steps=3",
+    command="sweep",
+  )
+  assert_one_line_error(
+    result, "config error: train.steps: unknown field", "--config.base.<section>.<field>=VALUE"
+  )
+  assert not (tmp_path / "sweep").exists()
+
+
+def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path):
+  result = run_cli(
+    "--config=configs/rope.py",
+    f"--workdir={tmp_path / 'run'}",
+    "--print_config",
+    "--config.model.position=rpoe",
+  )
+  assert_one_line_error(result, "config error: model.position: ", "'rpoe'")
+  assert not result.stdout
+
+
+def test_every_config_field_has_a_doc():
+  """--print_config's docs: a field added to configs/base.py or ModelConfig
+  without a trailing comment fails here."""
+  docs = field_docs()
+  undocumented = [name for name, _ in leaves(load_config("base")) if not docs.get(name)]
+  assert not undocumented
 
 
 def test_unusable_workdir_is_one_line_exit_2(tmp_path):
@@ -142,17 +190,29 @@ def test_help_lists_every_config_file_with_its_purpose():
   assert "--config.<section>.<field>=VALUE" in result.stdout
 
 
+def test_sweep_help_lists_every_sweep_config_and_how_to_override_its_base():
+  result = run_cli("--help", command="sweep")
+  files = sorted(p for p in (REPO / "configs" / "sweeps").glob("*.py") if p.name != "__init__.py")
+  assert len(files) >= 3
+  lines = result.stdout.splitlines()
+  for path in files:
+    purpose = ast.get_docstring(ast.parse(path.read_text())).splitlines()[0]
+    assert any(f"configs/sweeps/{path.name}" in line and purpose in line for line in lines)
+  assert "--config.base.<section>.<field>=VALUE" in result.stdout
+  assert "--config.base.train.steps=" in result.stdout
+
+
 def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
   workdir = tmp_path / "run"
   result = run_cli(
     "--config=configs/seq2seq.py",
     f"--workdir={workdir}",
     "--print_config",
-    "--config.train.steps=7",
+    "--config.train.steps=700",
   )
   assert result.returncode == 0, result.stderr
   expected = flatten(load_config("seq2seq"))
-  expected["train.steps"] = 7
+  expected["train.steps"] = 700
   base = flatten(load_config("base"))
   printed = {}
   for line in result.stdout.splitlines():
@@ -167,8 +227,17 @@ def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
   assert printed["model.position"].endswith(
     "# " + " | ".join(POSITIONS) + ": a txf.layers.positions.ENCODINGS name"
   )
-  assert printed["train.steps"] == "7  (base: 600)"
+  assert printed["train.steps"].startswith("700  (base: 600)  # ")
   assert printed["data.batch_size"].endswith("# global, across all devices and hosts")
+  assert all("  # " in rest for rest in printed.values())
+  # Derived values as the run uses them: from the tokenizer and ModelConfig.
+  model = load_config("seq2seq").model
+  assert model.vocab_size is None and model.head_dim is None and model.d_ff is None
+  assert printed["model.vocab_size"].startswith("None  (resolved: 19)")
+  head_dim = model.d_model // model.num_heads
+  assert printed["model.head_dim"].startswith(f"None  (resolved: {head_dim})")
+  assert printed["model.d_ff"].startswith(f"None  (resolved: {4 * model.d_model})")
+  assert "(resolved: " not in printed["model.d_model"]
   assert not workdir.exists()
 
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -63,7 +64,8 @@ def final_eval_loss(workdir):
 @pytest.mark.slow  # its fixture trains a run
 def test_extrapolation_of_a_learned_table_run(trained):
   before = digests(trained)
-  record = extrapolate_run(trained, (1, 2, 4))
+  lines = []
+  record = extrapolate_run(trained, (1, 2, 4), log=lines.append)
   assert digests(trained) == before  # config.json and checkpoints untouched
   for name in OUTPUTS[1:]:
     assert (trained / name).read_bytes().startswith(PNG_MAGIC)
@@ -95,6 +97,15 @@ def test_extrapolation_of_a_learned_table_run(trained):
   assert read.lengths == (32, 64, 128) and read.applicable == (True, True, False)
   assert read.loss["sliding"] == tuple(record["loss"]["sliding"])
   assert read.per_position_length == 64 and len(read.per_position_loss) == 64
+
+  # One progress line per length, as each is done.
+  assert len(lines) == 3
+  for at, line in enumerate(lines):
+    assert line.startswith(f"extrapolate: length {record['lengths'][at]} ({at + 1} of 3, ")
+    assert re.search(r"\| elapsed \d+s$", line), line
+  assert f"non_overlapping {record['loss']['non_overlapping'][0]:.4f}" in lines[0]
+  assert f"sliding {record['loss']['sliding'][1]:.4f}" in lines[1]
+  assert "| n/a (model.max_len: " in lines[2]
 
   table = format_table(record)
   assert "n/a" in table and "model.max_len" in table
@@ -150,6 +161,12 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "n/a" in done.stdout and "128" in done.stdout
+  assert [line.split(" (")[0] for line in done.stderr.splitlines() if "extrapolate:" in line] == [
+    "extrapolate: length 32",
+    "extrapolate: length 64",
+    "extrapolate: length 128",
+  ]
+  assert "extrapolate:" not in done.stdout  # the table alone
   assert json.loads((trained / results.EXTRAPOLATION_FILE).read_text())["applicable"] == [
     True,
     True,

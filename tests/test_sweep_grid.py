@@ -15,10 +15,10 @@ from txf.sweep.grid import GridError
 BASE_CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "base.py"
 
 
-def sweep_config(fields, base=None):
+def sweep_config(fields, base=None, zip=None):
   config = ml_collections.ConfigDict()
   config.base = base if base is not None else load_config("base")
-  config.grid = grid.make_grid(fields)
+  config.grid = grid.make_grid(fields, zip=zip)
   config.sweep = ml_collections.ConfigDict(dict(seeds=2))
   return config
 
@@ -43,6 +43,88 @@ def test_expand_is_the_product_in_grid_order_first_field_slowest():
   points[0].config.train.steps = 7
   assert config.base.model.position == "rope" and config.base.train.steps == 600
   assert points[1].config.train.steps == 600
+
+
+def test_zipped_fields_vary_together_as_one_axis_after_the_product():
+  config = sweep_config(
+    {"model.norm_placement": ["pre", "post"]},
+    zip={"train.learning_rate": [1e-3, 3e-3, 1e-2], "train.warmup_steps": [0, 60, 120]},
+  )
+  config.lock()  # as a config file's is
+  points = grid.expand(config)
+  settings = [
+    (p.config.model.norm_placement, p.config.train.learning_rate, p.config.train.warmup_steps)
+    for p in points
+  ]
+  assert settings == [
+    ("pre", 1e-3, 0),
+    ("pre", 3e-3, 60),
+    ("pre", 1e-2, 120),
+    ("post", 1e-3, 0),
+    ("post", 3e-3, 60),
+    ("post", 1e-2, 120),
+  ]
+  assert [p.index for p in points] == list(range(6))
+  assert points[4].name == "norm_placement=post,learning_rate=0.003,warmup_steps=60"
+  assert points[4].overrides == {
+    "model.norm_placement": "post",
+    "train.learning_rate": 3e-3,
+    "train.warmup_steps": 60,
+  }
+  assert len({p.name for p in points}) == 6
+
+
+def test_a_zip_alone_is_a_grid_and_names_stay_filesystem_safe():
+  points = grid.expand(
+    sweep_config({}, zip={"eval.sample_prompt": ["a/b", "c d"], "model.use_bias": [True, False]})
+  )
+  assert [p.name for p in points] == [
+    "sample_prompt=a_b,use_bias=true",
+    "sample_prompt=c_d,use_bias=false",
+  ]
+  assert [p.config.eval.sample_prompt for p in points] == ["a/b", "c d"]
+
+
+@pytest.mark.parametrize(
+  "fields,zipped,message",
+  [
+    (
+      {},
+      {"train.learning_rate": [1e-3, 3e-3], "train.warmup_steps": [0, 60, 120]},
+      "zip: the lists must have one length, but train.learning_rate has 2, "
+      "train.warmup_steps has 3 values",
+    ),
+    ({}, {"train.learning_rate": [1e-3]}, "zip: needs two or more fields"),
+    ({}, {"train.learning_rate": [], "train.warmup_steps": []}, "must be a non-empty list"),
+    (
+      {"train.learning_rate": [1e-3]},
+      {"train.learning_rate": [1e-3], "train.warmup_steps": [0]},
+      "zip: train.learning_rate: also a multiplied field",
+    ),
+  ],
+)
+def test_bad_zips_are_rejected_naming_the_fields(fields, zipped, message):
+  with pytest.raises(GridError, match=message.replace("(", r"\(")):
+    grid.make_grid(fields, zip=zipped)
+
+
+def test_a_hand_written_zip_entry_is_checked_row_by_row():
+  config = sweep_config({"train.learning_rate,train.warmup_steps": [(1e-3, 0), (3e-3,)]})
+  with pytest.raises(GridError, match=r"grid.train.learning_rate,train.warmup_steps: \(0.003,\)"):
+    grid.expand(config)
+  config = sweep_config(
+    {"train.warmup_steps": [0], "train.learning_rate,train.warmup_steps": [(1, 2)]}
+  )
+  with pytest.raises(GridError, match="train.warmup_steps appears twice"):
+    grid.expand(config)
+
+
+def test_zipped_points_reproduce_through_command_for(tmp_path):
+  config = sweep_config({}, zip={"train.learning_rate": [1e-3], "train.warmup_steps": [7]})
+  (point,) = grid.expand(config)
+  command = grid.command_for(point, "configs/base.py", tmp_path, reference=load_config("base"))
+  assert "--config.train.learning_rate=0.001" in command
+  assert "--config.train.warmup_steps=7" in command
 
 
 def test_names_are_filesystem_safe_and_keep_grid_order_with_full_paths_on_clashes():

@@ -142,6 +142,24 @@ def test_format_progress():
     metrics.format_progress(1, 0, {})
 
 
+def test_format_progress_shows_elapsed_and_counts_evaluations_in_its_eta():
+  # 100 steps in 300 s of wall time, evaluations included, although the
+  # steps alone ran at 2/s: 900 steps to go take 2700 s, not 450 s.
+  line = metrics.format_progress(
+    100, 1000, {"loss": 2.0, "steps_per_sec": 2.0}, elapsed=300.0, steps_run=100
+  )
+  assert line == "step 100/1000 (10.0%) | loss 2.0000 | elapsed 5m00s | eta 45m00s"
+  # A resumed run: only the steps this process ran count.
+  resumed = metrics.format_progress(600, 1000, {}, elapsed=50.0, steps_run=100)
+  assert resumed.endswith("| elapsed 50s | eta 3m20s")
+  # Nothing run yet: the step rate's ETA, or none.
+  assert metrics.format_progress(0, 10, {"steps_per_sec": 1.0}, elapsed=5.0).endswith(
+    "| elapsed 5s | eta 10s"
+  )
+  assert metrics.format_progress(0, 10, {}, elapsed=5.0) == "step 0/10 (0.0%) | elapsed 5s"
+  assert "\x1b" not in line and "\r" not in line  # plain lines for a log file
+
+
 def fake_device(kind):
   return types.SimpleNamespace(device_kind=kind)
 

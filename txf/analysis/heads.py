@@ -319,7 +319,11 @@ def mean_attended_distance(weights_BxHxTxS: Any, *, query_mask: Any = None) -> n
 
 
 def head_ablation(
-  loss_fn: Callable[[np.ndarray], Any], num_layers: int, num_heads: int
+  loss_fn: Callable[[np.ndarray], Any],
+  num_layers: int,
+  num_heads: int,
+  *,
+  progress: Callable[[int, int, float], Any] | None = None,
 ) -> np.ndarray:
   """Loss change from zeroing each head's output, one head at a time.
 
@@ -333,6 +337,7 @@ def head_ablation(
     loss_fn: `head_mask_LxH` (float32 numpy `[L, H]` of 0/1) -> scalar loss.
     num_layers: L, >= 1.
     num_heads: H, >= 1.
+    progress: called as `progress(l, h, delta)` once head (l, h) is done.
 
   Returns:
     float64 `[L, H]`: loss with head (l, h) zeroed minus the baseline loss
@@ -347,6 +352,8 @@ def head_ablation(
     mask_LxH = all_on_LxH.copy()
     mask_LxH[layer, head] = 0
     deltas_LxH[layer, head] = float(loss_fn(mask_LxH)) - baseline
+    if progress is not None:
+      progress(layer, head, deltas_LxH[layer, head])
   return deltas_LxH
 
 

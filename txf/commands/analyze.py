@@ -12,7 +12,8 @@ period only is reported as positional), entropy, attended distance and the
 validation-loss change when each head's output is zeroed. --ablate zeroes a
 set of heads together and reports the validation loss and accuracy with
 and without them (single-head ablation misses heads that back each other up).
-An invalid argument or a directory without a trained run exits 2 with one
+A progress line per head's ablation goes to stderr as it is done. An
+invalid argument or a directory without a trained run exits 2 with one
 line naming it.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, run_command, run_errors
+from txf.commands.cli import fail, progress, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.", required=True)
 _NUM_BATCHES = flags.DEFINE_integer(
@@ -63,6 +64,7 @@ def main(argv) -> None:
         seed=_SEED.value,
         replica=_REPLICA.value,
         ablate=_ABLATE.value,
+        log=progress,
       )
     except ValueError as error:  # ConfigError too
       fail("analyze", error)

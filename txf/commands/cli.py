@@ -6,6 +6,7 @@ line and exit status 1."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib.util
@@ -73,6 +74,22 @@ def shipped_config_names() -> list[str]:
   )
 
 
+def first_docstring_line(path: pathlib.Path) -> str:
+  """A config file's one-line purpose, read without importing it."""
+  doc = ast.get_docstring(ast.parse(path.read_text()))
+  return doc.strip().splitlines()[0] if doc else ""
+
+
+def config_files_help(directory: pathlib.Path) -> str:
+  """One line per config file in `directory` (not below it): its name as
+  `--config=` takes it from a checkout (configs/..., the configs/ link to
+  txf/configs), and its docstring's first line."""
+  files = sorted(f for f in directory.glob("*.py") if f.name != "__init__.py")
+  names = [f"configs/{f.relative_to(CONFIG_DIRECTORY).as_posix()}" for f in files]
+  width = max(map(len, names), default=0) + 2
+  return "\n".join(f"  {name:<{width}}{first_docstring_line(f)}" for name, f in zip(names, files))
+
+
 def default_workdir(root: str, config_path: str) -> epath.Path:
   """root/<config file stem>, or root/<stem>_<arg> for --config=file.py:arg."""
   stem = pathlib.PurePath(config_path.split(":")[0]).stem
@@ -86,6 +103,41 @@ def define_config_flag(help_text: str):
   flags.FLAGS["config"].parser = ConfigFileParser()
   flags.mark_flag_as_required("config")
   return holder
+
+
+SWEEP_SECTIONS = ("base", "grid")
+
+
+def is_sweep_config(config: Any) -> bool:
+  """Whether `config` is a sweep config (sections base and grid, txf.sweep.grid)
+  rather than a run config."""
+  return hasattr(config, "keys") and all(section in config for section in SWEEP_SECTIONS)
+
+
+def require_config_kind(kind: str) -> None:
+  """Exits 2 with one line when --config is a sweep config given to a command
+  that runs one config (`kind` 'run') or a run config given to the sweep
+  (`kind` 'sweep')."""
+  config = flags.FLAGS["config"].value
+  file = config_flags.get_config_filename(flags.FLAGS["config"])
+  if kind == "run" and is_sweep_config(config):
+    fail(
+      "config",
+      f"{file}: a sweep config (sections base, grid), not a run config: "
+      f"run it with experiments.sweep (txf-sweep --config={file})",
+    )
+  if kind == "sweep" and not is_sweep_config(config):
+    fail(
+      "config",
+      f"{file}: not a sweep config (it has no base and grid sections; a run config?): "
+      f"run a run config with experiments.run (txf-run --config={file})",
+    )
+
+
+def progress(line: str) -> None:
+  """A command's progress line: on stderr, so that stdout holds only its
+  result (a table another program may read)."""
+  print(line, file=sys.stderr, flush=True)
 
 
 def fail(kind: str, message: Any, status: int = 2) -> NoReturn:
@@ -218,6 +270,18 @@ def parse_flags(
   return rest
 
 
+def _given_config(argv: list[str]) -> Any:
+  """The config that --config in `argv` names, or None (none given, or one
+  that does not load)."""
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      try:
+        return ConfigFileParser().parse(arg.partition("=")[2])
+      except ConfigFileError:
+        return None
+  return None
+
+
 def _parse(argv: list[str]) -> list[str]:
   """flags.FLAGS(argv), its errors as `fail` lines."""
   try:
@@ -225,9 +289,17 @@ def _parse(argv: list[str]) -> list[str]:
   except ConfigFileError as error:
     fail("config", error)
   except flags.Error as error:  # --config.train.steps=abc, --no_such_flag, a missing --workdir
+    if missing := re.search(r"Flag --(\w+) must have a value other than None", str(error)):
+      name = missing.group(1)
+      fail("flag", f"--{name} is required ({flags.FLAGS[name].help})")
     fail("flag", str(error).strip().splitlines()[0])
   except (AttributeError, KeyError) as error:  # ml_collections: no such field
     message = unknown_field(error, argv)
     if message is None:  # not an override's field: some other bug, keep the traceback
       raise
+    if is_sweep_config(_given_config(argv)):
+      message += (
+        " (a sweep config: set a field of its base run config with "
+        "--config.base.<section>.<field>=VALUE)"
+      )
     fail("config", message)

@@ -6,7 +6,8 @@
 Scores the run's validation split at each factor x its training length with
 non-overlapping and sliding windows (txf.analysis.extrapolation), prints a
 table and writes extrapolation.json, extrapolation.png and
-per_position_loss.png into RUN (nothing else there changes). A length longer
+per_position_loss.png into RUN (nothing else there changes); a progress line
+per length goes to stderr as it is done. A length longer
 than a learned position table is reported as n/a. An invalid argument or a
 directory without a trained run exits 2 with one line naming it; a file
 that cannot be written (a full disk) exits 1 with one line naming it
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, run_command, run_errors
+from txf.commands.cli import fail, progress, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory of a trained decoder LM.", required=True
@@ -45,7 +46,11 @@ def main(argv) -> None:
   with run_errors():
     try:
       record = extrapolate_run(
-        _WORKDIR.value, factors, stride=_STRIDE.value, num_tokens=_NUM_TOKENS.value
+        _WORKDIR.value,
+        factors,
+        stride=_STRIDE.value,
+        num_tokens=_NUM_TOKENS.value,
+        log=progress,
       )
     except ValueError as error:  # ConfigError too
       fail("extrapolate", error)

@@ -7,8 +7,10 @@
 The work directory defaults to workdirs/<config name>. Rerunning the same
 command on the same work directory resumes from its latest checkpoint.
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
---print_config lists them all (resolved value, configs/base.py default where
-it differs, doc) and exits 0 without training.
+--print_config checks the config as the run would (an invalid one exits 2,
+`config error: ...`), lists every field (its value, the configs/base.py
+default where it differs, the value the run derives where the config leaves
+it None, e.g. model.d_ff, and its doc) and exits 0 without training.
 
 Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
 1 when the run diverged (its last good checkpoint is kept), a checkpoint
@@ -27,7 +29,6 @@ on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import io
 import pathlib
@@ -40,9 +41,11 @@ from ml_collections import config_flags
 from txf.commands.cli import (
   CONFIG_DIRECTORY,
   ConfigFileParser,
+  config_files_help,
   default_workdir,
   define_config_flag,
   fail,
+  require_config_kind,
   run_command,
   run_errors,
 )
@@ -69,17 +72,9 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the r
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
-def first_docstring_line(path: pathlib.Path) -> str:
-  """A config file's one-line purpose, read without importing it."""
-  doc = ast.get_docstring(ast.parse(path.read_text()))
-  return doc.strip().splitlines()[0] if doc else ""
-
-
 def configs_help() -> str:
-  """The list of config files for --help."""
-  files = sorted(f for f in CONFIGS.glob("*.py") if f.name != "__init__.py")
-  lines = [f"  configs/{f.name:<20} {first_docstring_line(f)}" for f in files]
-  return "Config files:\n" + "\n".join(lines) + "\n"
+  """The list of run config files for --help."""
+  return "Config files:\n" + config_files_help(CONFIGS) + "\n"
 
 
 # absl's --help prints the main module's docstring.
@@ -95,8 +90,13 @@ def field_docs() -> dict[str, str]:
 
   docs, section = {}, None
   for line, comment in _commented_lines(CONFIGS / "base.py"):
-    if m := re.match(r"\s*config\.(\w+) =", line):
+    if m := re.match(r"\s*config\.(\w+)\.(\w+) =", line):  # config.model.vocab_size = ...
+      if comment:
+        docs[f"{m.group(1)}.{m.group(2)}"] = comment
+    elif m := re.match(r"\s*config\.(\w+) =", line):  # a section, or a top-level field
       section = m.group(1)
+      if comment:
+        docs[section] = comment
     elif (m := re.match(r"\s+(\w+)=", line)) and section and comment:
       docs[f"{section}.{m.group(1)}"] = comment
   names = {f.name for f in dataclasses.fields(model_config.ModelConfig)}
@@ -132,23 +132,57 @@ def leaves(tree, prefix=""):
       yield f"{prefix}{key}", value
 
 
-def print_config(config, base) -> None:
+def resolved_model(config):
+  """The ModelConfig the run of `config` would build (model.vocab_size from
+  the tokenizer, head_dim, d_ff, ... derived), after checking the whole config
+  as the run does (txf.train.config.check_run_config).
+
+  Raises:
+    ValueError: naming the field, for a config the run would reject.
+  """
+  # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  import tempfile
+
+  from txf.data import make_dataset
+  from txf.train.config import check_run_config
+
+  seed = config.seed if config.data.get("seed") is None else config.data.seed
+  # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
+  with tempfile.TemporaryDirectory() as workdir:
+    data = make_dataset(config.data, "train", seed=seed, workdir=workdir)
+    run = check_run_config(config, vocab_size=data.vocab_size, num_classes=data.num_classes)
+  return run.model
+
+
+def print_config(config, base, model=None) -> None:
   """One `section.field = value` line per field, with the default from
-  configs/base.py where the value differs, and the field's doc."""
+  configs/base.py where the value differs, the value the run uses where it
+  differs from the config's (a None that `model`, the resolved ModelConfig,
+  derives: `(resolved: 512)`), and the field's doc."""
   docs = field_docs()
   defaults = dict(leaves(base))
   for name, value in leaves(config):
     line = f"{name} = {value!r}"
     if name in defaults and defaults[name] != value:
       line += f"  (base: {defaults[name]!r})"
+    section, _, field = name.partition(".")
+    if model is not None and section == "model" and hasattr(model, field):
+      used = getattr(model, field)
+      if used != value:
+        line += f"  (resolved: {used!r})"
     if name in docs:
       line += f"  # {docs[name]}"
     print(line)
 
 
 def main(argv) -> None:
+  require_config_kind("run")
   if _PRINT_CONFIG.value:
-    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")))
+    try:
+      model = resolved_model(_CONFIG.value)
+    except ValueError as error:  # ConfigError too
+      fail("config", error)
+    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), model)
     return
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed

@@ -18,6 +18,12 @@ rerun resumes there. A results file, plot or extrapolation record that cannot
 be written (a full disk) stops it with one line naming the file (`write
 error: ...`, exit status 1); every such file is replaced atomically, so its
 previous version is intact.
+
+A sweep config has sections base (the run config every point starts from),
+grid (the fields swept, txf.sweep.grid) and sweep (its settings). Override a
+field of the base run config with --config.base.<section>.<field>=VALUE, e.g.
+--config.base.train.steps=100; a config given to experiments.run instead (or
+a run config given here) exits 2 with one line saying so.
 """
 
 from __future__ import annotations
@@ -25,7 +31,19 @@ from __future__ import annotations
 from absl import flags, logging
 from ml_collections import config_flags
 
-from txf.commands.cli import default_workdir, define_config_flag, fail, run_command, run_errors
+from txf.commands.cli import (
+  CONFIG_DIRECTORY,
+  config_files_help,
+  default_workdir,
+  define_config_flag,
+  fail,
+  require_config_kind,
+  run_command,
+  run_errors,
+)
+
+# absl's --help prints the main module's docstring.
+__doc__ += "\nSweep config files:\n" + config_files_help(CONFIG_DIRECTORY / "sweeps") + "\n"
 
 _CONFIG = define_config_flag("Path to a sweep config file.")
 _WORKDIR = flags.DEFINE_string(
@@ -48,6 +66,7 @@ _EXTRAPOLATE = flags.DEFINE_bool(
 
 
 def main(argv) -> None:
+  require_config_kind("sweep")
   if _DRY_RUN.value and _SUMMARIZE.value:
     fail("flag", "--dry_run and --summarize: choose one")
   # After flag parsing: fast --help.

@@ -96,8 +96,8 @@ class ModelConfig:
 
   family: str = "decoder"  # decoder | encoder | encoder_decoder | lstm
   vocab_size: int = 260
-  d_model: int = 128
-  num_heads: int = 4
+  d_model: int = 128  # width of the residual stream and embeddings
+  num_heads: int = 4  # attention (query) heads
   num_kv_heads: int | None = None  # None: = num_heads (MHA); 1: MQA; else GQA
   head_dim: int | None = None  # None: d_model // num_heads
   num_layers: int = 2  # layers per stack
@@ -107,19 +107,19 @@ class ModelConfig:
   gelu_approximate: bool = True  # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
   position: str = "rope"  # a txf.layers.positions.ENCODINGS name
   max_len: int = 512  # learned table size and longest KV cache
-  rope_base: float = 10000.0
+  rope_base: float = 10000.0  # rope: wavelength base of the rotation frequencies
   rope_scale: float = 1.0  # > 1: context extension (rope: linear interpolation)
-  t5_num_buckets: int = 32
-  t5_max_distance: int = 128
+  t5_num_buckets: int = 32  # t5_bias: relative-position buckets
+  t5_max_distance: int = 128  # t5_bias: distances from here on share the last bucket
   norm: str = "layer"  # layer | rms
-  norm_eps: float = 1e-6
+  norm_eps: float = 1e-6  # added to the variance in every norm
   norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x))
   embed_norm: bool = False  # a model.norm on the embedding sum (BERT, RoBERTa)
   num_token_types: int = 0  # encoder: token-type (segment) embeddings (BERT: 2); 0: none
   scale_attention: bool = True  # scores x head_dim^-0.5; False: unscaled (T5)
   use_bias: bool = False  # biases on attention and FFN projections
   dropout_rate: float = 0.0  # residual and embedding dropout
-  attention_dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0  # dropout on attention weights
   tie_embeddings: bool = True  # output projection = token embedding^T
   scale_logits: bool | None = None  # logits x d_model^-0.5; None: when tied (T5 v1.0); GPT-2: False
   share_embeddings: bool = True  # encoder_decoder: one table for both stacks
@@ -127,7 +127,7 @@ class ModelConfig:
   head: str = "lm"  # lm | mlm | classify | none (returns the hidden states)
   num_classes: int = 2  # classify head only
   pooling: str = "cls"  # classify head: cls | mean | max | last
-  pad_id: int = 0
+  pad_id: int = 0  # the padding token id
   dtype: str = "float32"  # compute dtype; parameters stay float32
   attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
   remat: bool = False  # recompute block activations in backward

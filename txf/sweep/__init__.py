@@ -4,7 +4,16 @@ Length extrapolation of a trained point: txf.sweep.extrapolate.extrapolate_run,
 and its attention analysis: txf.sweep.analyze.analyze_run (not imported here:
 they load the training stack)."""
 
-from txf.sweep.grid import GridError, Point, command_for, expand, make_grid, select, validate
+from txf.sweep.grid import (
+  GridError,
+  Point,
+  command_for,
+  expand,
+  make_grid,
+  select,
+  validate,
+  zip_fields,
+)
 from txf.sweep.results import (
   PointSummary,
   Stat,
@@ -36,4 +45,5 @@ __all__ = [
   "summarize_point",
   "validate",
   "write_results",
+  "zip_fields",
 ]

@@ -29,6 +29,7 @@ import csv
 import functools
 import io
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,7 @@ from txf.analysis.heads import (
 from txf.analysis.plots import attention_grid
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
+from txf.train.metrics import _format_duration as format_duration
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 from txf.train.workdir import run_path
@@ -258,6 +260,19 @@ def _group_ablation(
   }
 
 
+def format_head_progress(
+  kind: str, layer: int, head: int, num_layers: int, num_heads: int, delta: float, elapsed: float
+) -> str:
+  """The progress line of one head's ablation, e.g. 'analyze: self head L0H1
+  (2 of 8) | loss_delta +0.0123 | elapsed 3s | eta 9s' (the ETA at the
+  mean time per head of `kind` so far)."""
+  done, total = layer * num_heads + head + 1, num_layers * num_heads
+  return (
+    f"analyze: {kind} head L{layer}H{head} ({done} of {total}) | loss_delta {delta:+.4f} | "
+    f"elapsed {format_duration(elapsed)} | eta {format_duration(elapsed / done * (total - done))}"
+  )
+
+
 def analyze_run(
   workdir: str | os.PathLike,
   *,
@@ -266,6 +281,7 @@ def analyze_run(
   seed: int = 0,
   replica: int = 0,
   ablate: str | None = None,
+  log: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
   """Writes the attention analysis of the run in `workdir` into
   <workdir>/analysis/ (see the module docstring) and returns it.
@@ -283,6 +299,8 @@ def analyze_run(
       first, whose seed is the run's `seed`).
     ablate: heads of the causal self-attention to zero together, e.g.
       'L1H0,L1H2' (None: none); their loss and accuracy change is reported.
+    log: called with a progress line as each head's ablation is done
+      (`format_head_progress`); None: quiet.
 
   Returns:
     {"step": checkpoint step, "baseline_loss": validation loss with every
@@ -352,9 +370,18 @@ def analyze_run(
         )
         for period in periods or ()
       }
+      began = time.perf_counter()
+
+      def progress(layer, head, delta, kind=kind, shape=(num_layers, num_heads), began=began):
+        if log is not None:
+          elapsed = time.perf_counter() - began
+          log(format_head_progress(kind, layer, head, *shape, delta, elapsed))
+
       scores[kind] = {
         **_attention_scores(setup, kind, layers, first, induction),
-        "ablation_delta_loss": head_ablation(loss_fns[kind], num_layers, num_heads),
+        "ablation_delta_loss": head_ablation(
+          loss_fns[kind], num_layers, num_heads, progress=progress
+        ),
       }
     group = None
     if ablate is not None:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -39,6 +40,7 @@ from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.sweep.writes import write_file, write_line_plot
 from txf.train.config import check_run_config
+from txf.train.metrics import _format_duration as format_duration
 from txf.train.setup import RunSetup, TrainedRun, load_run, read_run_config
 from txf.train.workdir import run_path
 
@@ -100,6 +102,7 @@ def extrapolate_run(
   stride: int | None = None,
   num_tokens: int | None = None,
   batch_tokens: int | None = None,
+  log: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
   """Evaluates the run in `workdir` at `factors` x its training length and
   writes extrapolation.json, extrapolation.png and per_position_loss.png there.
@@ -114,6 +117,8 @@ def extrapolate_run(
     batch_tokens: tokens per model call (windows per call = batch_tokens //
       length, at least 1); None: a training batch's (data.batch_size x
       data.seq_len).
+    log: called with a progress line as each length is done (`format_length_progress`);
+      None: quiet.
 
   Returns:
     The contents of extrapolation.json (format: txf.sweep.results).
@@ -170,7 +175,11 @@ def extrapolate_run(
   }
   record.update(
     _losses(
-      run, tokens_N, record, batch_tokens or (run.setup.config.data.batch_size * train_length)
+      run,
+      tokens_N,
+      record,
+      batch_tokens or (run.setup.config.data.batch_size * train_length),
+      log,
     )
   )
   if record["per_position"] is not None:
@@ -205,8 +214,30 @@ def _load(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.n
   return run, tokens_N[:num_tokens]
 
 
+def format_length_progress(
+  at: int, record: dict[str, Any], losses: dict[str, float | None], elapsed: float
+) -> str:
+  """The progress line of the `at`-th length of `record`, e.g.
+  'extrapolate: length 256 (2 of 5, 2x) | non_overlapping 2.3456 | sliding 2.3012 |
+  elapsed 12s'; `losses`: each protocol's mean loss (None: not applicable)."""
+  lengths = record["lengths"]
+  parts = [
+    f"extrapolate: length {lengths[at]} ({at + 1} of {len(lengths)}, {record['factors'][at]}x)"
+  ]
+  if not record["applicable"][at]:
+    parts.append(f"n/a ({record['reason'][at]})")
+  else:
+    parts += [f"{protocol} {losses[protocol]:.4f}" for protocol in PROTOCOLS]
+  parts.append(f"elapsed {format_duration(elapsed)}")
+  return " | ".join(parts)
+
+
 def _losses(
-  run: TrainedRun, tokens_N: np.ndarray, record: dict[str, Any], batch_tokens: int
+  run: TrainedRun,
+  tokens_N: np.ndarray,
+  record: dict[str, Any],
+  batch_tokens: int,
+  log: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
   """The record's "loss", "replica_loss", "scored_tokens" and "per_position":
   both protocols at each applicable length of `record`, for every replica
@@ -215,7 +246,10 @@ def _losses(
   scored: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
   per_position = None
   replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.replicas)]
-  for length, stride, applicable in zip(record["lengths"], record["stride"], record["applicable"]):
+  began = time.perf_counter()
+  for at, (length, stride, applicable) in enumerate(
+    zip(record["lengths"], record["stride"], record["applicable"])
+  ):
     for protocol in PROTOCOLS:
       results = (
         [
@@ -242,6 +276,12 @@ def _losses(
           warnings.simplefilter("ignore", RuntimeWarning)
           mean_loss = np.nanmean([result.per_position_loss() for result in results], axis=0)
         per_position = {"length": length, "loss": _none_if_nan(mean_loss)}
+    if log is not None:
+      means = {
+        protocol: None if by_length[at] is None else float(np.mean(by_length[at]))
+        for protocol, by_length in replica_loss.items()
+      }
+      log(format_length_progress(at, record, means, time.perf_counter() - began))
   loss = {
     protocol: [None if values is None else float(np.mean(values)) for values in by_length]
     for protocol, by_length in replica_loss.items()

@@ -14,6 +14,14 @@ only `base`.
 Grid values are scalars (str, int, float, bool, None): what a command line
 can set. The points are the Cartesian product in grid order, the first field
 varying slowest.
+
+Fields that go together (a learning rate and its warmup) are zipped rather
+than multiplied: `make_grid({...}, zip={"train.learning_rate": [1e-3, 3e-3],
+"train.warmup_steps": [0, 60]})` gives 2 settings, (1e-3, 0) and (3e-3, 60),
+not 4; they are one axis of the product, after the multiplied fields. The grid
+holds a zipped group as one entry, its paths joined by ZIP_SEPARATOR
+("train.learning_rate,train.warmup_steps") and its values as rows (one tuple
+per setting): `zip_fields` builds it, and a grid written by hand may use it.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ SLURM_TASK_ENV = "SLURM_ARRAY_TASK_ID"
 _MAX_NAME_BYTES = 255
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._+-]")
 _SCALAR_TYPES = (str, int, float, bool, type(None))
+# Joins the paths of a zipped grid entry (see `zip_fields`).
+ZIP_SEPARATOR = ","
 
 
 class GridError(ValueError):
@@ -57,9 +67,44 @@ class Point:
   config: ml_collections.ConfigDict
 
 
-def make_grid(fields: Mapping[str, Sequence[Any]]) -> ml_collections.ConfigDict:
-  """A ConfigDict grid that keeps `fields`' order and dotted paths."""
-  return ml_collections.ConfigDict(dict(fields), sort_keys=False, allow_dotted_keys=True)
+def zip_fields(fields: Mapping[str, Sequence[Any]]) -> dict[str, list[tuple[Any, ...]]]:
+  """The grid entry of fields zipped together: {"a.x,b.y": [(x0, y0), (x1, y1), ...]}.
+
+  Raises:
+    GridError: fewer than two fields, a field that is not a non-empty list, or
+      lists of unequal length (naming the fields and their lengths).
+  """
+  if len(fields) < 2:
+    raise GridError(f"zip: needs two or more fields, got {', '.join(fields) or 'none'}")
+  for path, values in fields.items():
+    if ZIP_SEPARATOR in path:
+      raise GridError(f"zip: {path!r}: a field path has no {ZIP_SEPARATOR!r}")
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+      raise GridError(f"zip: {path}: must be a non-empty list of values, got {values!r}")
+  lengths = {path: len(values) for path, values in fields.items()}
+  if len(set(lengths.values())) > 1:
+    listed = ", ".join(f"{path} has {length}" for path, length in lengths.items())
+    raise GridError(f"zip: the lists must have one length, but {listed} values")
+  return {ZIP_SEPARATOR.join(fields): list(zip(*fields.values()))}
+
+
+def make_grid(
+  fields: Mapping[str, Sequence[Any]], zip: Mapping[str, Sequence[Any]] | None = None
+) -> ml_collections.ConfigDict:
+  """A ConfigDict grid that keeps `fields`' order and dotted paths; `zip`:
+  fields whose lists are walked together (their i-th values make one
+  setting), one more axis of the product, after `fields` (see `zip_fields`).
+
+  Raises:
+    GridError: as `zip_fields`, or a field both in `fields` and in `zip`.
+  """
+  entries = dict(fields)
+  if zip is not None:
+    both = sorted(set(entries) & set(zip))
+    if both:
+      raise GridError(f"zip: {both[0]}: also a multiplied field of the grid")
+    entries.update(zip_fields(zip))
+  return ml_collections.ConfigDict(entries, sort_keys=False, allow_dotted_keys=True)
 
 
 def _format_name_value(value: Any) -> str:
@@ -90,7 +135,9 @@ def point_name(overrides: Mapping[str, Any]) -> str:
   )
 
 
-def _read_grid(sweep_config: Any) -> dict[str, list[Any]]:
+def _read_grid(sweep_config: Any) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
+  """The grid's axes: (paths, rows), one path and 1-tuples for a multiplied
+  field, the group's paths and its rows for a zipped one."""
   for section in ("base", "grid"):
     if section not in sweep_config:
       raise GridError(f"sweep config: {section}: missing section")
@@ -99,15 +146,29 @@ def _read_grid(sweep_config: Any) -> dict[str, list[Any]]:
     raise GridError(f"grid: must map field paths to lists of values, got {type(grid).__name__}")
   if not len(grid):
     raise GridError("grid: empty (name at least one field to sweep)")
-  fields = {}
-  for path, values in grid.items():
+  axes, seen = [], set()
+  for key, values in grid.items():
     if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-      raise GridError(f"grid.{path}: must be a non-empty list of values, got {values!r}")
-    for value in values:
-      if not isinstance(value, _SCALAR_TYPES):
-        raise GridError(f"grid.{path}: {value!r} is not a str, int, float, bool or None")
-    fields[path] = list(values)
-  return fields
+      raise GridError(f"grid.{key}: must be a non-empty list of values, got {values!r}")
+    paths = key.split(ZIP_SEPARATOR)
+    for path in paths:
+      if path in seen:
+        raise GridError(f"grid.{key}: {path} appears twice in the grid")
+      seen.add(path)
+    if len(paths) == 1:
+      rows = [(value,) for value in values]
+    else:  # zipped: one row of values per setting
+      rows = []
+      for row in values:
+        if isinstance(row, str) or not isinstance(row, Sequence) or len(row) != len(paths):
+          raise GridError(f"grid.{key}: {row!r} is not a row of {len(paths)} values (zip_fields)")
+        rows.append(tuple(row))
+    for row in rows:
+      for path, value in zip(paths, row):
+        if not isinstance(value, _SCALAR_TYPES):
+          raise GridError(f"grid.{path}: {value!r} is not a str, int, float, bool or None")
+    axes.append((paths, rows))
+  return axes
 
 
 def _set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
@@ -129,18 +190,21 @@ def _set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None
 
 
 def expand(sweep_config: Any) -> list[Point]:
-  """All points of `sweep_config`'s grid, first grid field varying slowest.
+  """All points of `sweep_config`'s grid, first grid field varying slowest
+  (a zipped group is one axis; its fields vary together).
 
   Raises:
     GridError: a missing base/grid, an empty or non-list grid entry, an
       unknown field path, a value of the wrong type for its field (each
       naming the point and the field), or two points with the same name.
   """
-  fields = _read_grid(sweep_config)
+  axes = _read_grid(sweep_config)
   points: list[Point] = []
   seen: dict[str, int] = {}
-  for index, values in enumerate(itertools.product(*fields.values())):
-    overrides = dict(zip(fields, values))
+  for index, rows in enumerate(itertools.product(*(rows for _, rows in axes))):
+    overrides = {
+      path: value for (paths, _), row in zip(axes, rows) for path, value in zip(paths, row)
+    }
     name = point_name(overrides)
     if name in seen:
       raise GridError(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,13 +59,38 @@ from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
+from txf.train.metrics import _format_duration as format_duration
 from txf.train.workdir import WorkdirLock, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
 Log = Callable[[str], Any]
-# (run directory, *, num_tokens) -> anything; writes extrapolation.json there.
+# (run directory, *, num_tokens, log) -> anything; writes extrapolation.json
+# there, logging its progress with `log`.
 Extrapolate = Callable[..., Any]
+
+
+def format_sweep_progress(
+  position: int, total: int, point: Point, elapsed: float, point_seconds: Sequence[float]
+) -> str:
+  """The line logged as the sweep reaches a point, e.g. 'sweep: point 3 of 12
+  (index 2, position=rope,norm_placement=pre) | elapsed 18m20s | eta 1h31m'.
+
+  Args:
+    position: 1-based position of `point` among the `total` points this sweep runs.
+    elapsed: wall seconds since the sweep started.
+    point_seconds: the wall seconds of each point trained so far (skipped ones
+      left out); the ETA is their mean times the points left, this one
+      included, and is left out until one point has trained.
+  """
+  line = (
+    f"sweep: point {position} of {total} (index {point.index}, {point.name}) | "
+    f"elapsed {format_duration(elapsed)}"
+  )
+  if point_seconds:
+    mean = sum(point_seconds) / len(point_seconds)
+    line += f" | eta {format_duration(mean * (total - position + 1))}"
+  return line
 
 
 def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
@@ -211,7 +237,7 @@ def _extrapolate_point(
     if not _needs_extrapolation(point, workdir, log):
       return
     log(f"point {point.index} ({point.name}): length extrapolation")
-    extrapolate(workdir, num_tokens=num_tokens)
+    extrapolate(workdir, num_tokens=num_tokens, log=log)
     jax.clear_caches()
 
 
@@ -297,7 +323,7 @@ def run_sweep(
     index: the one point to run, or None.
     dry_run, summarize_only: the modes above (at most one).
     log: called with each progress line (the loop's included).
-    extrapolate: called as `extrapolate(run_dir, num_tokens=sweep.extrapolate_tokens)`
+    extrapolate: called as `extrapolate(run_dir, num_tokens=sweep.extrapolate_tokens, log=log)`
       for a finished point whose run directory has no extrapolation.json
       yet, to write one (e.g. txf.sweep.extrapolate.extrapolate_run); None
       (or sweep.extrapolate False): no extrapolation.
@@ -332,8 +358,19 @@ def run_sweep(
     _dry_run(selected, workdir, settings, log)
     return None
   if not summarize_only:
-    for point in selected:
+    began, point_seconds = time.perf_counter(), list[float]()
+    for position, point in enumerate(selected, 1):
       point_dir = workdir / point.name
+      log(
+        format_sweep_progress(
+          position, len(selected), point, time.perf_counter() - began, point_seconds
+        )
+      )
+      point_began = time.perf_counter()
+      trains = results.point_status(point_dir, steps=point.config.train.steps) not in (
+        "done",
+        "diverged",
+      )
       if _train_point(point, point_dir, log):
         log(
           f"sweep preempted in point {point.index} ({point.name}), which is saved; "
@@ -341,6 +378,8 @@ def run_sweep(
         )
         return None
       _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log)
+      if trains:
+        point_seconds.append(time.perf_counter() - point_began)
     if len(selected) < len(points):
       return None
   return summarize(points, workdir, log=log)

@@ -213,11 +213,14 @@ class _Throughput:
 
   def __init__(self):
     self.restart()
+    # The whole of this process's training, compilation and evaluations included.
+    self.began, self.steps_run = self._start, 0
 
   def restart(self) -> None:
     self._start, self._steps = time.perf_counter(), 0
 
   def add(self, metrics: dict, *, compiling: bool) -> None:
+    self.steps_run += 1
     if compiling:
       jax.block_until_ready(metrics)
       self.restart()
@@ -252,7 +255,12 @@ def _log_train(
   )
   scalars.update(learning_rate=setup.schedule(done - 1), **window.figures(setup))
   writer.write(done, scalars)
-  log(format_progress(done, setup.run.train.steps, scalars))
+  elapsed = time.perf_counter() - window.began
+  log(
+    format_progress(
+      done, setup.run.train.steps, scalars, elapsed=elapsed, steps_run=window.steps_run
+    )
+  )
 
 
 def _check_finite(finite_flags: list, done: int, checkpointer: Checkpointer) -> None:

@@ -539,14 +539,24 @@ def replica_scalars(values_R: Mapping[str, Any]) -> dict[str, float]:
   return scalars
 
 
-def format_progress(step: int, total: int, scalars: Mapping[str, Any]) -> str:
+def format_progress(
+  step: int,
+  total: int,
+  scalars: Mapping[str, Any],
+  *,
+  elapsed: float | None = None,
+  steps_run: int = 0,
+) -> str:
   """One console line, e.g.
   'step 120/1000 (12.0%) | loss 2.3456 | lr 3.000e-04 | 51,234 tok/s |
-  mfu 41.2% | eta 7m20s'.
+  mfu 41.2% | elapsed 1m05s | eta 7m20s'.
 
   Reads the optional keys 'loss', 'learning_rate', 'tokens_per_sec', 'mfu'
-  and 'steps_per_sec' (for the ETA); missing ones are left out, others
-  ignored.
+  and 'steps_per_sec'; missing ones are left out, others ignored.
+  `elapsed`: wall seconds this process has trained, evaluations and
+  compilation included, over `steps_run` steps. With both, the ETA is the
+  remaining steps at that wall time per step, so it counts the evaluations
+  still to come; otherwise it is the remaining steps at 'steps_per_sec'.
   """
   if total <= 0:
     raise ValueError(f"total must be positive, got {total}.")
@@ -561,7 +571,11 @@ def format_progress(step: int, total: int, scalars: Mapping[str, Any]) -> str:
     parts.append(f"{values['tokens_per_sec']:,.0f} tok/s")
   if "mfu" in values:
     parts.append(f"mfu {values['mfu']:.1%}")
-  if values.get("steps_per_sec", 0) > 0:
-    remaining = max(total - step, 0) / values["steps_per_sec"]
-    parts.append(f"eta {_format_duration(remaining)}")
+  remaining = max(total - step, 0)
+  if elapsed is not None:
+    parts.append(f"elapsed {_format_duration(elapsed)}")
+  if elapsed is not None and steps_run > 0:
+    parts.append(f"eta {_format_duration(remaining * elapsed / steps_run)}")
+  elif values.get("steps_per_sec", 0) > 0:
+    parts.append(f"eta {_format_duration(remaining / values['steps_per_sec'])}")
   return " | ".join(parts)
