@@ -36,7 +36,7 @@ from conftest import (
 from txf.train import loop
 from txf.train.metrics import read_metrics
 
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
+TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 
 @pytest.fixture(scope="module", autouse=True)
