@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 from etils import epath
+from test_train_metrics import read_hparams
 
 from conftest import checkpoint_steps, load_config, tiny_config
 from txf.sweep import grid, results, runner
@@ -131,6 +132,17 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
     f"point 1 ({TOY_NAMES[1]}): done, skipped",
     f"point 1 ({TOY_NAMES[1]}): length extrapolation",
   ]
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_each_point_gives_tensorboard_its_swept_fields_and_final_metrics(finished_sweep):
+  for name in TOY_NAMES:
+    hparams, metric_tags = read_hparams(finished_sweep["workdir"] / name / "tb")
+    swept = dict(field.split("=") for field in name.split(","))
+    assert hparams["model.position"] == swept["position"]
+    assert hparams["model.norm_placement"] == swept["norm_placement"]
+    assert hparams["replicas"] == REPLICAS and hparams["model.d_model"] == 32
+    assert {"eval_loss", "eval_loss_std", "eval_loss/0"} <= set(metric_tags)
 
 
 @pytest.mark.slow  # trains a sweep (and its fixture one)
