@@ -112,7 +112,7 @@ def test_corpus_fingerprint_follows_the_contents(tmp_path):
 
 @pytest.mark.parametrize("trackers", ["nope", "wandb,nope", ["wandb", 3], 5])
 def test_unknown_tracker_is_a_config_error_before_anything_is_written(tmp_path, trackers):
-  config = tiny(steps=2)
+  config = tiny(steps=4)
   config.train.trackers = trackers if isinstance(trackers, str) else ""
   if not isinstance(trackers, str):
     config.train.unlock()
