@@ -132,5 +132,9 @@ def test_without_wandb_installed_naming_it_says_what_to_install(tmp_path, monkey
   import sys
 
   monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+  # The config check says so, before anything is written ...
+  with pytest.raises(ValueError, match=r"^train\.trackers: .*pip install 'txf\[wandb\]'"):
+    trackers.tracker_names("wandb")
+  # ... and so would starting it.
   with pytest.raises(ImportError, match=r"pip install 'txf\[wandb\]'"):
     trackers.make_trackers(("wandb",), tmp_path)

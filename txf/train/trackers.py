@@ -18,6 +18,7 @@ methods, and a name in `TRACKERS`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Callable, Mapping
@@ -89,6 +90,15 @@ class WandbTracker:
 
 # name -> a tracker for a run's work directory.
 TRACKERS: dict[str, Callable[[epath.Path], Tracker]] = {"wandb": WandbTracker}
+# name -> the package it needs (checked with the config, before anything is written).
+PACKAGES = {"wandb": "wandb"}
+
+
+def _installed(package: str) -> bool:
+  try:
+    return importlib.util.find_spec(package) is not None
+  except (ImportError, ValueError, AttributeError):  # e.g. sys.modules[package] is None
+    return False
 
 
 def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
@@ -109,6 +119,10 @@ def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
   for name in names:
     if name not in TRACKERS:
       raise ValueError(f"{field}: unknown tracker {name!r} (known: {', '.join(sorted(TRACKERS))})")
+  for name in names:
+    package = PACKAGES.get(name)
+    if package and not _installed(package):
+      raise ValueError(f"{field}: {name!r} needs the {package} package: pip install 'txf[{name}]'")
   return tuple(dict.fromkeys(names))
 
 
