@@ -38,7 +38,7 @@ EVENTS = r"/tb/events\.out\.tfevents\."
 SAMPLES = r"/samples\.txt$"
 CONFIG = r"/\.?config\.json(\.\w+\.tmp)?$"  # config.json, or its temporary
 CHECKPOINT = r"checkpoint-tmp.*/extras[^/]*/metadata$"  # orbax's JSON item, in its commit
-TIMINGS = ("tokens_per_sec", "steps_per_sec", "step_time", "mfu")
+TIMINGS = ("tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time")
 DEADLINE_SECONDS = 120  # a tiny run takes seconds: past this, it hangs
 
 

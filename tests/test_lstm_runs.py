@@ -18,7 +18,7 @@ from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop
 from txf.train.metrics import read_metrics
 
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
+TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 
 @pytest.fixture(scope="module")

@@ -35,8 +35,9 @@ from conftest import (
 )
 from txf.train import loop
 from txf.train.metrics import read_metrics
+from txf.train.record import read_record
 
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
+TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -190,14 +191,17 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
   partial = loop.run(config, interrupted, log=sigterm_at(3, lines))
   assert any(line.startswith("preempted: saved step 3") for line in lines), lines
   assert sigterm_is_caught == []  # the runner's guard took it, not the fallback
-  evals = [r for r in read_metrics(interrupted) if "eval_loss" in r]
+  evals = without_timings([r for r in read_metrics(interrupted) if "eval_loss" in r])
   assert [r.pop("step") for r in evals] == [2] and partial == evals[0]  # its last eval
   assert checkpoint_steps(interrupted) == [3]
   assert max(r["step"] for r in read_metrics(interrupted)) == 3
+  (entry,) = read_record(interrupted)  # the run record says how it stopped
+  assert entry["ended"] == "preempted" and entry["end_step"] == 3
 
   result, text = run_quietly(config, interrupted)
   assert "resumed from step 3" in text
   assert result == expected
+  assert [e["ended"] for e in read_record(interrupted)] == ["preempted", "finished"]
   assert without_timings(read_metrics(interrupted)) == without_timings(read_metrics(straight))
   assert [r["step"] for r in train_rows(straight)] == list(range(1, 13))
 

@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 from etils import epath
+from test_train_metrics import read_hparams
 
 from conftest import checkpoint_steps, load_config, tiny_config
 from txf.sweep import grid, results, runner
@@ -153,6 +154,17 @@ def test_sweep_progress_line_counts_the_points_left_at_the_mean_point_time():
   assert runner.format_sweep_progress(5, 12, point, 1100.0, [500.0, 700.0]) == (
     "sweep: point 5 of 12 (index 4, position=rope) | elapsed 18m20s | eta 1h20m"
   )
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_each_point_gives_tensorboard_its_swept_fields_and_final_metrics(finished_sweep):
+  for name in TOY_NAMES:
+    hparams, metric_tags = read_hparams(finished_sweep["workdir"] / name / "tb")
+    swept = dict(field.split("=") for field in name.split(","))
+    assert hparams["model.position"] == swept["position"]
+    assert hparams["model.norm_placement"] == swept["norm_placement"]
+    assert hparams["replicas"] == REPLICAS and hparams["model.d_model"] == 32
+    assert {"eval_loss", "eval_loss_std", "eval_loss/0"} <= set(metric_tags)
 
 
 @pytest.mark.slow  # trains a sweep (and its fixture one)

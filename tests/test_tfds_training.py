@@ -27,7 +27,7 @@ from tfds_builders import TranslationBuilder
 from txf.train import loop
 from txf.train.metrics import read_metrics
 
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu"}
+TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 # The mocked tiny_shakespeare: records of known text (bytes, as TFDS gives
 # them). About 1.9 kB of training text: 7 batches of 8 packed windows of 33

@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import struct
+import time
 import types
 
 import jax.numpy as jnp
@@ -15,14 +16,14 @@ from tensorboardX.record_writer import masked_crc32c
 from txf.train import hardware, metrics
 
 
-def read_tensorboard_scalars(logdir):
-  """{(tag, step): value} from every event file under `logdir`.
+def read_tensorboard_events(logdir):
+  """Every Event of every event file under `logdir`, in file order.
 
   A minimal TFRecord reader (the `tensorboard` package is not installed):
   each record is <u64 length><u32 crc(length)><payload><u32 crc(payload)>.
   """
-  scalars = {}
-  for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
+  events = []
+  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
     with open(path, "rb") as f:
       data = f.read()
     pos = 0
@@ -34,10 +35,22 @@ def read_tensorboard_scalars(logdir):
       (payload_crc,) = struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])
       assert payload_crc == masked_crc32c(payload)
       pos += 16 + length
-      event = event_pb2.Event.FromString(payload)
-      for value in event.summary.value:
-        scalars[(value.tag, event.step)] = value.simple_value
-  return scalars
+      events.append(event_pb2.Event.FromString(payload))
+  return events
+
+
+def read_tensorboard_scalars(logdir):
+  """{(tag, step): value} of the scalar summaries under `logdir`."""
+  return {
+    (value.tag, event.step): value.simple_value
+    for event in read_tensorboard_events(logdir)
+    for value in event.summary.value
+    if value.WhichOneof("value") == "simple_value"
+  }
+
+
+def without_time(rows):
+  return [{k: v for k, v in row.items() if k != "time"} for row in rows]
 
 
 def test_jsonl_round_trip_converts_array_scalars(tmp_path):
@@ -53,13 +66,17 @@ def test_jsonl_round_trip_converts_array_scalars(tmp_path):
     ),
     (20, {"loss": np.float32(2.25), "tokens": 8192, "nan_check": jnp.nan}),
   ]
+  before = time.time()
   with metrics.MetricsWriter(tmp_path) as writer:
     for step, scalars in rows:
       writer.write(step, scalars)
   got = metrics.read_metrics(tmp_path)
   assert [row["step"] for row in got] == [10, 20]
+  # Each row's wall time, in seconds since the epoch.
+  assert before <= got[0]["time"] <= got[1]["time"] <= time.time()
+  assert isinstance(got[0]["time"], float)
   for (_, scalars), row in zip(rows, got):
-    assert set(row) == {"step", *scalars}
+    assert set(row) == {"step", "time", *scalars}
     for name, value in scalars.items():
       np.testing.assert_equal(row[name], float(value))
   assert isinstance(got[0]["tokens"], int)
@@ -73,7 +90,10 @@ def test_reopen_appends(tmp_path):
     writer.write(1, {"loss": 3.0})
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(2, {"loss": 2.0})
-  assert metrics.read_metrics(tmp_path) == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]
+  assert without_time(metrics.read_metrics(tmp_path)) == [
+    {"step": 1, "loss": 3.0},
+    {"step": 2, "loss": 2.0},
+  ]
 
 
 def test_row_cut_off_by_crash_is_skipped_and_not_glued(tmp_path, caplog):
@@ -83,7 +103,10 @@ def test_row_cut_off_by_crash_is_skipped_and_not_glued(tmp_path, caplog):
     f.write('{"step": 2, "lo')
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(2, {"loss": 2.0})
-  assert metrics.read_metrics(tmp_path) == [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}]
+  assert without_time(metrics.read_metrics(tmp_path)) == [
+    {"step": 1, "loss": 3.0},
+    {"step": 2, "loss": 2.0},
+  ]
   assert "line 2" in caplog.text
 
 
@@ -110,6 +133,7 @@ def test_disabled_writer_writes_nothing(tmp_path):
     ({"loss": jnp.ones((2,))}, "'loss'.*shape"),
     ({"name": "abc"}, "'name'.*number"),
     ({"step": 3}, "'step'"),
+    ({"time": 3.0}, "'time'"),
   ],
 )
 def test_bad_scalars_raise_before_writing(tmp_path, scalars, message):
@@ -213,3 +237,105 @@ def test_mfu_arithmetic():
   ]:
     with pytest.raises(ValueError, match=name):
       hardware.mfu(*args)
+
+
+def test_samples_are_tensorboard_text(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write_sample(4, "def f(x):\n  return x")
+    writer.write_sample(8, "import os")
+  texts = {
+    event.step: value.tensor.string_val[0].decode()
+    for event in read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+    for value in event.summary.value
+    if value.tag.startswith(metrics.SAMPLE_TAG)
+  }
+  assert texts == {4: "def f(x):\n  return x", 8: "import os"}
+  # Tagged for TensorBoard's text dashboard.
+  plugins = {
+    value.metadata.plugin_data.plugin_name
+    for event in read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+    for value in event.summary.value
+  }
+  assert plugins == {"text"}
+
+
+def read_hparams(logdir):
+  """(hparams {name: value}, metric tags) from the hparams plugin's summaries."""
+  from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
+  hparams, metric_tags = None, None
+  for event in read_tensorboard_events(logdir):
+    for value in event.summary.value:
+      if value.metadata.plugin_data.plugin_name != "hparams":
+        continue
+      data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+      if data.HasField("session_start_info"):
+        hparams = {
+          name: getattr(v, v.WhichOneof("kind"))
+          for name, v in data.session_start_info.hparams.items()
+        }
+      if data.HasField("experiment"):
+        metric_tags = [info.name.tag for info in data.experiment.metric_infos]
+  return hparams, metric_tags
+
+
+def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(10, {"eval_loss": 2.5, "eval_accuracy": 0.25})
+    writer.write_hparams(
+      10,
+      {"model.d_model": 64, "model.position": "rope", "model.window": None, "train.lr": 1e-3},
+      {"eval_loss": np.float32(2.5), "eval_accuracy": 0.25},
+    )
+  logdir = tmp_path / metrics.TENSORBOARD_DIR
+  hparams, metric_tags = read_hparams(logdir)
+  assert hparams == {
+    "model.d_model": 64.0,
+    "model.position": "rope",
+    "model.window": "null",
+    "train.lr": 1e-3,
+  }
+  assert sorted(metric_tags) == ["eval_accuracy", "eval_loss"]
+  # The dashboard reads each metric's value from the scalars of that tag.
+  assert read_tensorboard_scalars(logdir)[("eval_loss", 10)] == 2.5
+
+
+class RecordingTracker:
+  def __init__(self):
+    self.calls = []
+
+  def log_config(self, config):
+    self.calls.append(("config", dict(config)))
+
+  def log_metrics(self, step, scalars):
+    self.calls.append(("metrics", step, dict(scalars)))
+
+  def log_sample(self, step, text):
+    self.calls.append(("sample", step, text))
+
+  def log_summary(self, final):
+    self.calls.append(("summary", dict(final)))
+
+  def close(self):
+    self.calls.append(("close",))
+
+
+def test_writer_fans_out_to_trackers(tmp_path):
+  tracker = RecordingTracker()
+  with metrics.MetricsWriter(tmp_path, trackers=(tracker,)) as writer:
+    writer.write(1, {"loss": jnp.float32(2.0)})
+    writer.write_sample(1, "text")
+    writer.write_hparams(1, {"model.d_model": 8}, {"eval_loss": 1.5})
+  assert tracker.calls == [
+    ("metrics", 1, {"loss": 2.0}),
+    ("sample", 1, "text"),
+    ("summary", {"eval_loss": 1.5}),
+    ("close",),
+  ]
+
+
+def test_disabled_writer_leaves_trackers_alone(tmp_path):
+  tracker = RecordingTracker()
+  with metrics.MetricsWriter(tmp_path / "run", enabled=False, trackers=(tracker,)) as writer:
+    writer.write(1, {"loss": 1.0})
+  assert tracker.calls == []

@@ -12,6 +12,7 @@ and edited), so `corpus_description()` records the version; compare numbers
 only between runs on the same version.
 """
 
+import functools
 import hashlib
 import os
 import pathlib
@@ -33,6 +34,28 @@ def corpus_description() -> str:
   return (
     f"Python {platform.python_version()} standard library .py sources "
     f"({stdlib_root()}), split by a SHA-256 hash of the relative path"
+  )
+
+
+@functools.cache
+def corpus_fingerprint(root: str | None = None) -> dict[str, int | str]:
+  """What the corpus is, for a run's record: the Python version, the number
+  of .py files and their bytes (all splits), and a SHA-256 of their relative
+  paths and contents (in `hash_order`), the same wherever the corpus is.
+
+  Args:
+    root: directory to read instead of the standard library (for tests).
+  """
+  base = pathlib.Path(root) if root is not None else stdlib_root()
+  digest, total = hashlib.sha256(), 0
+  paths = hash_order(p for split in SPLITS for p in corpus_files(split, base))
+  for path in paths:
+    data = (base / path).read_bytes()
+    total += len(data)
+    for part in (path.encode("utf-8"), data):
+      digest.update(len(part).to_bytes(8, "big") + part)
+  return dict(
+    python=platform.python_version(), files=len(paths), bytes=total, sha256=digest.hexdigest()
   )
 
 

@@ -191,7 +191,7 @@ def _train_point(point: Point, workdir: epath.Path, log: Log) -> bool:
   # final save's check) is still seen here.
   with PreemptionGuard() as preemption:
     try:
-      loop.run(point.config, workdir, log=log, preemption=preemption)
+      loop.run(point.config, workdir, log=log, preemption=preemption, hparams=point.overrides)
     except loop.ConfigError as error:  # e.g. a workdir trained with another config
       raise GridError(f"point {point.index} ({point.name}): {error}") from error
     except loop.TrainingDiverged as error:

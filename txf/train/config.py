@@ -23,6 +23,7 @@ from txf.layers.config import ModelConfig
 from txf.layers.embedding import check_position_table
 from txf.train import replicas as replicas_lib
 from txf.train.optim import make_optimizer, make_schedule
+from txf.train.trackers import tracker_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,7 @@ class TrainConfig:
   checkpoint_every: int
   max_to_keep: int
   init_from: str | None
+  trackers: tuple[str, ...]  # checked names (txf.train.trackers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +177,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   check_position_table(model_cfg.position, model_cfg.max_len, spec.seq_len, "data.seq_len")
 
   train = _typed(TrainConfig, config.train)
+  train = dataclasses.replace(train, trackers=tracker_names(train.trackers))
   # Checks the optimizer and schedule fields (train.steps among them) ...
   optimizer, schedule = make_optimizer(train), make_schedule(train)
   # ... but lets infinities through where they pass its comparisons.

@@ -8,6 +8,15 @@
   workdir/metrics.jsonl    one JSON record per logged step or eval
   workdir/tb/              TensorBoard event files
   workdir/samples.txt      text sampled at each eval (language models)
+  workdir/run_record.json  each start of the run: environment, git commit,
+                           command line, data, resolved config, start/end
+                           (txf.train.record)
+
+TensorBoard also gets the samples (text) and, when the run finishes, its
+hyperparameters (the model's fields and `hparams`, e.g. a sweep point's
+fields) with its final eval metrics for the HParams dashboard. The trackers
+`train.trackers` names (txf.train.trackers, e.g. wandb) get the resolved
+config, every metrics row, the samples and the final metrics (process 0).
 
 The work directory may be local or on Cloud Storage (gs://bucket/run, with
 the `gcs` extra installed): every file goes through `etils.epath`.
@@ -41,11 +50,13 @@ samples come from the first replica.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -60,6 +71,7 @@ from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionG
 from txf.train.config import ConfigError, TrainConfig
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics
+from txf.train.record import RunRecord, resolved_config
 from txf.train.setup import (
   RunSetup,
   check_optimizer_state,
@@ -69,6 +81,7 @@ from txf.train.setup import (
   setup_run,
   write_config,
 )
+from txf.train.trackers import make_trackers
 from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 
@@ -339,10 +352,11 @@ def _train(
   writer: MetricsWriter,
   log,
   prefetch: int,
-) -> dict[str, float]:
-  """Steps start+1 .. train.steps (or to a preemption); the last eval's metrics."""
+) -> tuple[dict[str, float], int]:
+  """Steps start+1 .. train.steps (or to a preemption); the last eval's
+  metrics and the step training stopped at."""
   train, eval_config = setup.run.train, setup.run.eval
-  window, finite_flags, last_eval = _Throughput(), [], {}
+  window, finite_flags, last_eval, done = _Throughput(), [], {}, start
   # The last step always evaluates, so this compilation is never wasted.
   compiling = _compile_evaluation(setup, state.params)
   # Closing stops the prefetch thread also when training raises; the
@@ -372,7 +386,7 @@ def _train(
         window.restart()
       if _checkpoint(checkpointer, guard, state, data_state, done, train, writer, log):
         break
-  return last_eval
+  return last_eval, done
 
 
 @contextlib.contextmanager
@@ -406,6 +420,7 @@ def run(
   setup: RunSetup | None = None,
   prefetch: int = 2,
   preemption: PreemptionGuard | None = None,
+  hparams: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
@@ -415,6 +430,8 @@ def run(
   thread (0: no thread, each batch read when its step is dispatched).
   `preemption` is the entered SIGTERM guard to train under (None: one of its
   own); a sweep passes its own to learn that a run stopped for a preemption.
+  `hparams` (dotted field -> value, e.g. a sweep point's fields) are
+  recorded for TensorBoard's HParams dashboard beside the model's fields.
 
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
@@ -478,20 +495,45 @@ def run(
         return result
       if data_state is not None:
         _continue_data(setup, data_state)
-      with MetricsWriter(workdir, enabled=is_chief, start_step=start) as writer:
+      trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
+      with MetricsWriter(workdir, enabled=is_chief, start_step=start, trackers=trackers) as writer:
         for name, count in writer.dropped.items():
           log(
             f"moved {count} records of {name} logged after step {start} (the step "
             f"training continues from) to its .dropped file"
           )
         write_config(config, workdir)
+        record = RunRecord(workdir, enabled=is_chief)
         try:
+          record.start(setup.run, start)
+          for tracker in trackers:
+            tracker.log_config(resolved_config(setup.run))
           if start >= steps:  # trained, but its end's writes were lost
             log(f"trained to step {start}: completing its final evaluation")
-            return _eval_and_sample(setup, state.params, start, writer, log)
-          return _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
+            result, done = _eval_and_sample(setup, state.params, start, writer, log), start
+          else:
+            result, done = _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
+          if done >= steps:
+            writer.write_hparams(done, _hparams(setup, hparams), result)
+        except BaseException as error:
+          with contextlib.suppress(Exception):  # the error that stopped the run is the one
+            record.end(type(error).__name__)
+          raise
         finally:
           setup.train_data.close()  # stops the loader's worker processes
+        record.end("finished" if done >= steps else "preempted", done)
+        return result
+
+
+def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+  """The hyperparameters TensorBoard compares runs by: the model's fields
+  (derived ones filled in), seed and replicas, and `extra` (a sweep point's)."""
+  values: dict[str, Any] = {
+    f"model.{name}": value for name, value in dataclasses.asdict(setup.run.model).items()
+  }
+  values.update(seed=setup.run.seed, replicas=setup.run.replicas)
+  values.update(extra or {})
+  return values
 
 
 def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:

@@ -1,10 +1,16 @@
 """Training metrics: JSON lines + TensorBoard event files, and a console line.
 
 A run's work directory holds
-  metrics.jsonl  one JSON object per `write`: {"step": 100, "loss": 2.3, ...}
+  metrics.jsonl  one JSON object per `write`: {"step": 100, "time": 1.7e9,
+                 "loss": 2.3, ...} (`time`: wall time, seconds since the epoch)
   tb/            TensorBoard event files (written here with tensorboardX's
-                 protocol buffers; no TensorFlow needed)
+                 protocol buffers; no TensorFlow needed): the scalars, each
+                 sample as text ('sample'), and the run's hyperparameters with
+                 its final metrics for the HParams dashboard (`write_hparams`)
   samples.txt    text sampled at each evaluation, one '=== step N ===' record each
+
+Experiment trackers (txf.train.trackers, e.g. Weights & Biases) passed as
+`trackers` get every row, sample and the hyperparameters too (process 0 only).
 
 Every file is written in the caller's thread, each record with one write to
 the OS: a failed write (a full disk, ...) raises WriteError naming the file
@@ -49,15 +55,19 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
+from tensorboardX import summary as tb_summary
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
+from txf.train.trackers import Tracker
 from txf.train.workdir import WriteError, is_local, replace_text, write_error
 
 METRICS_FILE = "metrics.jsonl"
 DROPPED_METRICS_FILE = "metrics.dropped.jsonl"
 SAMPLES_FILE = "samples.txt"
+TIME_KEY = "time"  # a metrics row's wall time: seconds since the epoch
+SAMPLE_TAG = "sample"  # TensorBoard's text summaries of the samples
 DROPPED_SAMPLES_FILE = "samples.dropped.txt"
 TENSORBOARD_DIR = "tb"
 _SAMPLE_HEADER = re.compile(r"^=== step (\d+) ===$")
@@ -225,7 +235,10 @@ class _EventFile:
 
   def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars.items()]
-    self._add(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+    self.add_summary(step, Summary(value=values))
+
+  def add_summary(self, step: int, summary: Summary) -> None:
+    self._add(Event(wall_time=time.time(), step=step, summary=summary))
 
   def flush(self) -> None:
     pass  # every event is written already
@@ -256,6 +269,11 @@ class _MirroredTensorBoard:
 
   def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     self._events.add_scalars(step, scalars)
+    if time.monotonic() - self._copied >= self._interval:
+      self.flush()
+
+  def add_summary(self, step: int, summary: Summary) -> None:
+    self._events.add_summary(step, summary)
     if time.monotonic() - self._copied >= self._interval:
       self.flush()
 
@@ -306,12 +324,21 @@ class MetricsWriter:
     start_step: the step training continues from; rows and samples logged
       after it are moved aside first (see the module docstring). None keeps
       everything (for writers that only append, e.g. evaluations).
+    trackers: experiment trackers (txf.train.trackers) that get every row,
+      sample and the hyperparameters too; closed by `close` (only used
+      when `enabled`).
   """
 
   def __init__(
-    self, workdir: str | os.PathLike, *, enabled: bool = True, start_step: int | None = None
+    self,
+    workdir: str | os.PathLike,
+    *,
+    enabled: bool = True,
+    start_step: int | None = None,
+    trackers: tuple[Tracker, ...] = (),
   ):
     self._enabled = enabled
+    self._trackers = tuple(trackers) if enabled else ()
     self._workdir = epath.Path(workdir)
     self._jsonl: _LocalLines | _ObjectLines | None = None
     self._samples: _LocalLines | _ObjectLines | None = None
@@ -348,8 +375,12 @@ class MetricsWriter:
     if step < 0:
       raise ValueError(f"step must be >= 0, got {step}.")
     row = _to_python_scalars(scalars)
-    self._jsonl.append(json.dumps({"step": step, **row}) + "\n")
+    if TIME_KEY in row:
+      raise ValueError(f"scalars must not contain {TIME_KEY!r} (the row's wall time is added).")
+    self._jsonl.append(json.dumps({"step": step, TIME_KEY: time.time(), **row}) + "\n")
     self._tensorboard.add_scalars(step, row)
+    for tracker in self._trackers:
+      tracker.log_metrics(step, row)
 
   def write_sample(self, step: int, text: str) -> None:
     """Appends a text sample taken at `step` to samples.txt."""
@@ -360,6 +391,29 @@ class MetricsWriter:
     if self._samples is None:  # created with the first sample
       self._samples = _lines_sink(self._workdir / SAMPLES_FILE)
     self._samples.append(f"=== step {int(step)} ===\n{text}\n")
+    if self._tensorboard is not None:
+      self._tensorboard.add_summary(int(step), tb_summary.text(SAMPLE_TAG, text))
+    for tracker in self._trackers:
+      tracker.log_sample(int(step), text)
+
+  def write_hparams(
+    self, step: int, hparams: Mapping[str, Any], metrics: Mapping[str, Any]
+  ) -> None:
+    """Records the run's hyperparameters (name -> bool, number, string; None
+    and other values are written as text) with its final `metrics` (name ->
+    scalar) for TensorBoard's HParams dashboard, which shows each run's
+    hyperparameters beside the last value of each metric's scalars. The
+    trackers get the metrics as their run's summary."""
+    if not self._enabled:
+      return
+    if self._tensorboard is None:
+      raise ValueError("MetricsWriter.write_hparams called after close().")
+    values = {name: _hparam_value(value) for name, value in hparams.items()}
+    final = _to_python_scalars(metrics)
+    for summary in tb_summary.hparams(values, final):
+      self._tensorboard.add_summary(int(step), summary)
+    for tracker in self._trackers:
+      tracker.log_summary(final)
 
   def flush(self) -> None:
     for output in (self._jsonl, self._samples, self._tensorboard):
@@ -367,10 +421,15 @@ class MetricsWriter:
         output.flush()
 
   def close(self) -> None:
-    """Flushes and closes every output (each one, also when another fails:
-    the first failure is raised); calling it again does nothing."""
-    outputs = [o for o in (self._jsonl, self._samples, self._tensorboard) if o is not None]
+    """Flushes and closes every output and tracker (each one, also when
+    another fails: the first failure is raised); calling it again does
+    nothing."""
+    outputs: list[Any] = [
+      o for o in (self._jsonl, self._samples, self._tensorboard) if o is not None
+    ]
+    outputs += self._trackers
     self._jsonl = self._samples = self._tensorboard = None
+    self._trackers = ()
     error = None
     for output in outputs:
       try:
@@ -393,6 +452,19 @@ class MetricsWriter:
       self.close()
     else:  # the error that stopped the run is the one to report
       self._close_quietly()
+
+
+def _hparam_value(value: Any) -> bool | int | float | str:
+  """A value TensorBoard's hparams take: bools, numbers and strings as they
+  are, anything else (None, tuples, ...) as its JSON (or repr)."""
+  if isinstance(value, bool | str):
+    return value
+  if isinstance(value, int | float | np.integer | np.floating):
+    return value.item() if isinstance(value, np.generic) else value
+  try:
+    return json.dumps(value)
+  except TypeError:
+    return repr(value)
 
 
 def _read(path: epath.Path) -> str:

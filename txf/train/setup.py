@@ -384,6 +384,7 @@ ADDED_FIELDS = {
   "model.num_token_types": 0,
   "model.scale_attention": True,
   "train.loss_chunk_len": 0,
+  "train.trackers": "",
   "data.num_symbols": 32,
   "data.num_kv_pairs": 8,
 }

@@ -1,0 +1,140 @@
+"""Tests of the experiment trackers (txf.train.trackers): the check of
+train.trackers' names, and a Weights & Biases run logged offline (no network)
+from a tiny training run, then resumed into the same wandb run."""
+
+import pathlib
+import struct
+
+import pytest
+
+from conftest import tiny_config as tiny
+from txf.train import loop, trackers
+from txf.train.metrics import read_metrics
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
+
+
+@pytest.mark.parametrize(
+  "value, names",
+  [
+    ("", ()),
+    (None, ()),
+    ("wandb", ("wandb",)),
+    (" wandb, wandb ", ("wandb",)),
+    (["wandb"], ("wandb",)),
+  ],
+)
+def test_tracker_names(value, names):
+  assert trackers.tracker_names(value) == names
+
+
+@pytest.mark.parametrize("value", ["tensorboard", "wandb,x", 3, ["wandb", 1]])
+def test_bad_tracker_names_name_the_field(value):
+  with pytest.raises(ValueError, match=r"^train\.trackers: "):
+    trackers.tracker_names(value)
+
+
+def read_wandb_records(path):
+  """The Records of a wandb .wandb transaction log (LevelDB's log format:
+  32 KiB blocks of chunks <crc u32><length u16><type u8><data>, after a
+  7-byte ':W&B' header; wandb's own reader left its Python package)."""
+  from wandb.proto import wandb_internal_pb2
+
+  data = pathlib.Path(path).read_bytes()
+  assert data[:4] == b":W&B"
+  block, pos, records, pending = 32768, 7, [], b""
+  while pos + 7 <= len(data):
+    left = block - pos % block
+    length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7]) if left >= 7 else (0, 0)
+    if length == 0 and kind == 0:  # zero padding at a block's end
+      pos += left
+      continue
+    pending += data[pos + 7 : pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):  # a FULL record, or the LAST chunk of one
+      records.append(wandb_internal_pb2.Record.FromString(pending))
+      pending = b""
+  return records
+
+
+def offline_run(wandb_dir, run_id):
+  """(run ids, history {step: {key: value}}, summary, config) of every
+  offline wandb run of `run_id` under `wandb_dir`, in start order."""
+  import json
+
+  files = sorted((wandb_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+  assert files, list(wandb_dir.rglob("*"))
+  ids, history, summary, config = [], {}, {}, {}
+  for file in files:
+    for record in read_wandb_records(file):
+      kind = record.WhichOneof("record_type")
+      if kind == "run":
+        ids.append(record.run.run_id)
+      elif kind == "history":
+        row = {
+          item.key or "/".join(item.nested_key): json.loads(item.value_json)
+          for item in record.history.item
+        }
+        history.setdefault(row["_step"], {}).update(row)
+      elif kind == "summary":
+        summary.update(
+          {item.key: json.loads(item.value_json) for item in record.summary.update if item.key}
+        )
+      elif kind == "config":
+        config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+  return ids, history, summary, config
+
+
+@pytest.mark.slow
+def test_wandb_logs_config_metrics_samples_and_resumes_the_same_run(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.setenv("WANDB_PROJECT", "txf-test")
+  workdir = tmp_path / "run"
+  config = tiny(steps=4, train__trackers="wandb", eval__every=4, eval__sample_tokens=8)
+  loop.run(config, workdir, log=lambda line: None)
+  run_id = (workdir / trackers.WANDB_ID_FILE).read_text().strip()
+  ids, history, summary, logged_config = offline_run(tmp_path, run_id)
+  assert ids == [run_id]
+  rows = read_metrics(workdir)
+  final = [row for row in rows if "eval_loss" in row][-1]
+  assert final["step"] == 4
+  # The final eval loss: in the history at its step and in the summary.
+  assert history[4]["eval_loss"] == pytest.approx(final["eval_loss"])
+  assert summary["eval_loss"] == pytest.approx(final["eval_loss"])
+  for row in rows:
+    if "loss" in row:
+      assert history[row["step"]]["loss"] == pytest.approx(row["loss"])
+  samples = (workdir / "samples.txt").read_text()
+  assert history[4]["sample"] and history[4]["sample"] in samples
+  # The resolved config, derived fields filled in.
+  assert logged_config["model"]["head_dim"] == 16
+  assert logged_config["train"]["trackers"] == ["wandb"]
+
+  # Restarted with more steps: the same wandb run goes on.
+  config = tiny(steps=6, train__trackers="wandb", eval__every=4, eval__sample_tokens=8)
+  loop.run(config, workdir, log=lambda line: None)
+  assert (workdir / trackers.WANDB_ID_FILE).read_text().strip() == run_id
+  ids, history, summary, _ = offline_run(tmp_path, run_id)
+  assert ids == [run_id, run_id]
+  final = [row for row in read_metrics(workdir) if "eval_loss" in row][-1]
+  assert final["step"] == 6
+  assert history[6]["eval_loss"] == pytest.approx(final["eval_loss"])
+  assert summary["eval_loss"] == pytest.approx(final["eval_loss"])
+
+
+def test_without_wandb_installed_naming_it_says_what_to_install(tmp_path, monkeypatch):
+  import sys
+
+  monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+  # The config check says so, before anything is written ...
+  with pytest.raises(ValueError, match=r"^train\.trackers: .*pip install 'txf\[wandb\]'"):
+    trackers.tracker_names("wandb")
+  # ... and so would starting it.
+  with pytest.raises(ImportError, match=r"pip install 'txf\[wandb\]'"):
+    trackers.make_trackers(("wandb",), tmp_path)

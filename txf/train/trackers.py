@@ -1,0 +1,145 @@
+"""Experiment trackers: writers that get a run's config, metrics and samples
+beside metrics.jsonl and TensorBoard (txf.train.metrics.MetricsWriter fans
+out to them).
+
+A run names its trackers in the config field `train.trackers` (a string,
+names separated by commas, or a list of names; empty: none):
+
+  wandb  Weights & Biases (`pip install txf[wandb]`; wandb is imported only
+         when named). The project is $WANDB_PROJECT (default 'txf'), the run's
+         name the work directory's; wandb's own settings (WANDB_MODE=offline,
+         WANDB_DIR, WANDB_ENTITY, ...) apply. The wandb run id is kept in the
+         work directory (wandb_run_id.txt), so a run restarted after a
+         preemption continues the same wandb run.
+
+Only process 0 tracks. Another tracker is one class with the `Tracker`
+methods, and a name in `TRACKERS`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from etils import epath
+
+from txf.train.workdir import replace_text
+
+WANDB_ID_FILE = "wandb_run_id.txt"
+
+
+class Tracker(Protocol):
+  """What MetricsWriter and the loop call on a tracker."""
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    """The run's resolved config (nested dicts of JSON values)."""
+
+  def log_metrics(self, step: int, scalars: Mapping[str, int | float]) -> None:
+    """One metrics row (as metrics.jsonl holds it, without step and time)."""
+
+  def log_sample(self, step: int, text: str) -> None:
+    """Text sampled at an evaluation."""
+
+  def log_summary(self, metrics: Mapping[str, int | float]) -> None:
+    """The run's final metrics."""
+
+  def close(self) -> None:
+    """Finishes the tracker's run (uploads what is pending)."""
+
+
+class WandbTracker:
+  """Weights & Biases (see the module docstring)."""
+
+  def __init__(self, workdir: epath.Path):
+    import wandb  # noqa: PLC0415 (an optional dependency, imported when named)
+
+    self._wandb = wandb
+    path = workdir / WANDB_ID_FILE
+    run_id = path.read_text().strip() if path.exists() else ""
+    if not run_id:
+      run_id = uuid.uuid4().hex[:12]  # wandb ids: letters and digits
+      replace_text(path, run_id + "\n")  # before init: a crash in it keeps the id
+    self.run_id = run_id
+    self._run = wandb.init(
+      project=os.environ.get("WANDB_PROJECT", "txf"),
+      id=run_id,
+      name=workdir.name,
+      resume="allow",
+    )
+
+  def log_config(self, config: Mapping[str, Any]) -> None:
+    self._run.config.update(dict(config), allow_val_change=True)
+
+  def log_metrics(self, step: int, scalars: Mapping[str, int | float]) -> None:
+    # wandb drops (with a warning) rows at steps below its last, which a run
+    # resumed from an earlier checkpoint trains again.
+    self._run.log(dict(scalars), step=step)
+
+  def log_sample(self, step: int, text: str) -> None:
+    self._run.log({"sample": text}, step=step)
+
+  def log_summary(self, metrics: Mapping[str, int | float]) -> None:
+    self._run.summary.update(dict(metrics))
+
+  def close(self) -> None:
+    self._run.finish()
+
+
+# name -> a tracker for a run's work directory.
+TRACKERS: dict[str, Callable[[epath.Path], Tracker]] = {"wandb": WandbTracker}
+# name -> the package it needs (checked with the config, before anything is written).
+PACKAGES = {"wandb": "wandb"}
+
+
+def _installed(package: str) -> bool:
+  try:
+    return importlib.util.find_spec(package) is not None
+  except (ImportError, ValueError, AttributeError):  # e.g. sys.modules[package] is None
+    return False
+
+
+def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
+  """The tracker names of a config's `train.trackers` ('wandb', 'a,b', a list
+  of names; '' or None: none).
+
+  Raises:
+    ValueError: naming `field`, for an unknown name or a value of another type.
+  """
+  if value is None:
+    return ()
+  if isinstance(value, str):
+    names = [name.strip() for name in value.split(",") if name.strip()]
+  elif isinstance(value, list | tuple) and all(isinstance(name, str) for name in value):
+    names = [name.strip() for name in value]
+  else:
+    raise ValueError(f"{field}: expected tracker names (a string or a list), got {value!r}")
+  for name in names:
+    if name not in TRACKERS:
+      raise ValueError(f"{field}: unknown tracker {name!r} (known: {', '.join(sorted(TRACKERS))})")
+  for name in names:
+    package = PACKAGES.get(name)
+    if package and not _installed(package):
+      raise ValueError(f"{field}: {name!r} needs the {package} package: pip install 'txf[{name}]'")
+  return tuple(dict.fromkeys(names))
+
+
+def make_trackers(names: tuple[str, ...], workdir: epath.Path) -> tuple[Tracker, ...]:
+  """The named trackers for the run in `workdir` (call on process 0 only);
+  a failure to start one closes those started and raises."""
+  trackers: list[Tracker] = []
+  try:
+    for name in names:
+      try:
+        trackers.append(TRACKERS[name](workdir))
+      except ImportError as error:
+        raise ImportError(
+          f"train.trackers: {name!r} needs the {name} package: pip install 'txf[{name}]'"
+        ) from error
+  except BaseException:
+    for tracker in trackers:
+      tracker.close()
+    raise
+  return tuple(trackers)
