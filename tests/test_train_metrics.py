@@ -339,3 +339,14 @@ def test_disabled_writer_leaves_trackers_alone(tmp_path):
   with metrics.MetricsWriter(tmp_path / "run", enabled=False, trackers=(tracker,)) as writer:
     writer.write(1, {"loss": 1.0})
   assert tracker.calls == []
+
+
+def test_durations_print_as_the_progress_lines_show_them():
+  assert [metrics.format_duration(s) for s in (0.4, 45, 425, 3720, 3599.6)] == [
+    "0s",
+    "45s",
+    "7m05s",
+    "1h02m",
+    "1h00m",
+  ]
+  assert metrics.format_duration(float("inf")) == "?"

@@ -61,7 +61,7 @@ from txf.analysis.heads import (
 from txf.analysis.plots import attention_grid
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
-from txf.train.metrics import _format_duration as format_duration
+from txf.train.metrics import format_duration
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 from txf.train.workdir import run_path

@@ -40,7 +40,7 @@ from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.sweep.writes import write_file, write_line_plot
 from txf.train.config import check_run_config
-from txf.train.metrics import _format_duration as format_duration
+from txf.train.metrics import format_duration
 from txf.train.setup import RunSetup, TrainedRun, load_run, read_run_config
 from txf.train.workdir import run_path
 

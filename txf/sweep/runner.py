@@ -59,7 +59,7 @@ from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
-from txf.train.metrics import _format_duration as format_duration
+from txf.train.metrics import format_duration
 from txf.train.workdir import WorkdirLock, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")

@@ -582,7 +582,8 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   return rows
 
 
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+  """A duration as progress lines print it: '45s', '7m05s', '1h02m' ('?' if not finite)."""
   if not math.isfinite(seconds):
     return "?"
   minutes, secs = divmod(int(round(seconds)), 60)
@@ -645,9 +646,9 @@ def format_progress(
     parts.append(f"mfu {values['mfu']:.1%}")
   remaining = max(total - step, 0)
   if elapsed is not None:
-    parts.append(f"elapsed {_format_duration(elapsed)}")
+    parts.append(f"elapsed {format_duration(elapsed)}")
   if elapsed is not None and steps_run > 0:
-    parts.append(f"eta {_format_duration(remaining * elapsed / steps_run)}")
+    parts.append(f"eta {format_duration(remaining * elapsed / steps_run)}")
   elif values.get("steps_per_sec", 0) > 0:
-    parts.append(f"eta {_format_duration(remaining / values['steps_per_sec'])}")
+    parts.append(f"eta {format_duration(remaining / values['steps_per_sec'])}")
   return " | ".join(parts)
