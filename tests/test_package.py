@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from txf.configs import find
+from txf.configs import find, names, resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,6 +20,15 @@ def test_shipped_configs_are_found_by_name_and_nothing_else():
   assert find("rope").name == "rope.py" and find("sweeps/pe_ln").parent.name == "sweeps"
   for name in ("no_such", "__init__", "../setup", "/etc/passwd", "", "sweeps"):
     assert find(name) is None, name
+  assert "rope" in names() and "sweeps/pe_ln" in names() and "__init__" not in names()
+
+
+def test_a_config_path_that_exists_wins_over_a_shipped_name(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "rope.py").write_text("def get_config(): ...\n")
+  assert resolve("rope.py").resolve() == (tmp_path / "rope.py").resolve()
+  assert resolve("rope") == find("rope")  # no file named 'rope' here
+  assert resolve("no_such.py") is None
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,11 @@ from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
-from txf.configs import DIRECTORY as CONFIG_DIRECTORY, find as find_config
+from txf.configs import (
+  DIRECTORY as CONFIG_DIRECTORY,
+  names as config_names,
+  resolve as resolve_config,
+)
 
 
 class ConfigFileError(Exception):
@@ -36,14 +40,12 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def parse(self, argument):
     file, *arg = argument.split(":", 1)
-    if not os.path.isfile(file):
-      shipped = find_config(file)  # --config=rope: the config txf ships by that name
-      if shipped is None:
-        raise ConfigFileError(
-          f"{file}: no such config file (nor a config txf ships: "
-          f"{', '.join(shipped_config_names())})"
-        )
-      file = str(shipped)
+    resolved = resolve_config(file)  # --config=rope: the config txf ships by that name
+    if resolved is None:
+      raise ConfigFileError(
+        f"{file}: no such config file (nor a config txf ships: {', '.join(config_names())})"
+      )
+    file = str(resolved)
     try:
       spec = importlib.util.spec_from_file_location("config_file", file)
       module = importlib.util.module_from_spec(spec)
@@ -63,15 +65,6 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def flag_type(self):
     return "config object"
-
-
-def shipped_config_names() -> list[str]:
-  """The names `--config=` takes for the configs txf ships ('rope', 'sweeps/pe_ln', ...)."""
-  return sorted(
-    str(path.relative_to(CONFIG_DIRECTORY).with_suffix(""))
-    for path in CONFIG_DIRECTORY.rglob("*.py")
-    if path.name != "__init__.py"
-  )
 
 
 def first_docstring_line(path: pathlib.Path) -> str:

@@ -8,6 +8,7 @@ name, from anywhere (`--config=rope`, `--config=sweeps/pe_ln`):
 
   find("rope")               # .../txf/configs/rope.py
   find("configs/rope.py")    # the same
+  resolve("my_config.py")    # a file that exists; else find(...)
 """
 
 from __future__ import annotations
@@ -15,6 +16,22 @@ from __future__ import annotations
 import pathlib
 
 DIRECTORY = pathlib.Path(__file__).resolve().parent
+
+
+def resolve(path_or_name: str) -> pathlib.Path | None:
+  """The config file `path_or_name` means: that file where it exists, else the
+  config txf ships by that name (`find`); None if neither."""
+  path = pathlib.Path(path_or_name)
+  return path if path.is_file() else find(path_or_name)
+
+
+def names() -> list[str]:
+  """The names `find` takes for the configs txf ships ('rope', 'sweeps/pe_ln', ...)."""
+  return sorted(
+    str(path.relative_to(DIRECTORY).with_suffix(""))
+    for path in DIRECTORY.rglob("*.py")
+    if path.name != "__init__.py"
+  )
 
 
 def find(name: str) -> pathlib.Path | None:

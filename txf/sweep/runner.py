@@ -39,7 +39,6 @@ the tables and plots give mean ± std over them.
 from __future__ import annotations
 
 import importlib.util
-import pathlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,7 +48,7 @@ import ml_collections
 from etils import epath
 
 from txf.checks import optional_positive_int
-from txf.configs import find as find_config
+from txf.configs import resolve as resolve_config
 from txf.data import DataSpec, make_tokenizer, read_data_config
 from txf.data.config import required
 from txf.data.listops import NUM_CLASSES
@@ -148,8 +147,7 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
 def load_run_config(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of a config file (configs/<name>.py), as config_flags loads
   it; a path that does not exist names a config txf ships (txf.configs.find)."""
-  if not pathlib.Path(path).is_file() and find_config(path) is not None:
-    path = str(find_config(path))
+  path = str(resolve_config(path) or path)  # neither: the import below says so
   spec = importlib.util.spec_from_file_location("run_config", path)
   if spec is None or spec.loader is None:
     raise GridError(f"sweep.run_config: {path}: not a Python config file")

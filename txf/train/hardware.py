@@ -16,6 +16,7 @@ import importlib.metadata
 import os
 import platform
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -145,11 +146,14 @@ def decode_floor_seconds(weight_bytes: float, bandwidth: float | None) -> float 
   return weight_bytes / bandwidth
 
 
-def environment() -> dict[str, Any]:
-  """What a benchmark figure was measured on: date, device, software versions
-  and XLA flags (for docs/benchmarks.md)."""
+BENCHMARK_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")
+
+
+def environment(packages: Sequence[str] = BENCHMARK_PACKAGES) -> dict[str, Any]:
+  """What a benchmark figure (or a run) was measured on: date, device, the
+  versions of `packages` (None where one is not installed) and XLA flags."""
   versions: dict[str, str | None] = {}
-  for package in ("jax", "jaxlib", "flax", "optax", "numpy"):
+  for package in packages:
     try:
       versions[package] = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

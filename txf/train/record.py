@@ -27,7 +27,6 @@ import dataclasses
 import datetime
 import functools
 import hashlib
-import importlib.metadata
 import json
 import pathlib
 import subprocess
@@ -73,15 +72,8 @@ def git_state(package_dir: str | None = None) -> dict[str, Any] | None:
 
 def environment() -> dict[str, Any]:
   """hardware.environment() with the versions of every package a run uses."""
-  env = hardware.environment()
-  env.pop("date", None)
-  versions: dict[str, str | None] = {}
-  for package in _PACKAGES:
-    try:
-      versions[package] = importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-      versions[package] = None
-  env["versions"] = versions
+  env = hardware.environment(_PACKAGES)
+  env.pop("date", None)  # each entry has its own start and end
   return env
 
 
