@@ -56,17 +56,20 @@ from txf.configs import base
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "configs/base.py"
-STEPS = 600
+STEPS = 1800
 
 
 def get_config() -> ml_collections.ConfigDict:
   run = base.get_config()
+  run.model.update(dict(d_model=64))
   run.replicas = 2
-  # Ten evaluations: the last fifth of training starts on one (txf.sweep.results.late_improvement).
+  # Fifteen evaluations: the last fifth of training starts on one
+  # (txf.sweep.results.late_improvement). No samples: they cost time and the
+  # sweep reports losses.
   run.train.update(
-    dict(steps=STEPS, warmup_steps=STEPS // 10, log_every=STEPS // 10, checkpoint_every=STEPS // 2)
+    dict(steps=STEPS, warmup_steps=STEPS // 10, log_every=STEPS // 15, checkpoint_every=STEPS // 2)
   )
-  run.eval.update(dict(every=STEPS // 10))
+  run.eval.update(dict(every=STEPS // 15, sample_tokens=0))
   config = ml_collections.ConfigDict()
   config.base = run
   config.grid = make_grid(
