@@ -254,7 +254,11 @@ def line_plot_figure(
     _label_data_ticks(axes, np.concatenate([x for x, _, _ in curves.values()]))
   if logy:
     axes.set_yscale("log")
-  axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
+  axes.set(xlabel=xlabel, ylabel=ylabel)
+  if outside:  # centred over axes and legend: an axes title as wide as both ran off the figure
+    figure.suptitle(title)
+  else:
+    axes.set_title(title)
   axes.grid(True, alpha=0.3)
   if outside:
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
