@@ -432,6 +432,11 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
       "none",
     }
     assert {p.overrides["model.norm_placement"] for p in points} == {"pre", "post"}
+    # The flat column is only exact when an evaluation opens the last fifth
+    # (results.late_improvement) and one closes it.
+    steps, every = config.base.train.steps, config.base.eval.every
+    window_start = steps * (1 - results.FLAT_FRACTION)
+    assert window_start == int(window_start) and int(window_start) % every == 0 == steps % every
 
 
 def run_cli(*args):

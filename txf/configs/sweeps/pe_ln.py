@@ -2,11 +2,12 @@
 
   python -m experiments.sweep --config=configs/sweeps/pe_ln.py --workdir=runs/pe_ln
 
-12 points, each configs/base.py as it stands (byte-level decoder LM on the
-Python standard library, d_model=128, 2 layers, seq_len=128, batch 32, its
-600-step cosine schedule with 60 warmup steps) with 2 seed replicas (seeds
-0, 1 side by side in one program), evaluated every 60 steps (so the
-flattening criterion's window, the last fifth, starts on an evaluation), then
+12 points, each configs/base.py narrowed to d_model 64 (byte-level decoder
+LM on the Python standard library, 2 layers, 4 heads, 116k parameters,
+seq_len 128, batch 32) and trained for 1800 steps (7.4M tokens per seed;
+cosine schedule, 180 warmup steps, peak lr 3e-3) with 2 seed replicas
+(seeds 0, 1 side by side in one program), evaluated every 120 steps (so an
+evaluation opens the flattening criterion's window, the last fifth), then
 at 1x-16x the training length on 12,288 validation tokens. Each point's run
 directory is runs/pe_ln/<point name>, e.g.
 runs/pe_ln/position=rope,norm_placement=pre; results.csv, results.md and the
@@ -14,40 +15,23 @@ plots land in runs/pe_ln. results.md's "flat" column says whether each
 point's validation loss improved by less than 2% over its last fifth
 (txf.sweep.results.FLAT_TOLERANCE).
 
-Why this length, these seeds and this size. The sweep must train until the
-encodings separate, within 90 minutes on a 2-core CPU. 250 steps (the
-earlier setting) did not: there the T5 bias and the learned table were
-within 0.05 nats of no position encoding, while with 1000 steps both are
-about 0.4 nats ahead of it (single seed; docs/results.md). Timing: one seed
-of configs/base.py costs 329 ms a step on the idle 2-core CPU
-(docs/results.md, "Seeds as replicas"); timed side by side on the shared
-CPU (benchmarks.run replicas, --replicas=2 --steps=10, 2026-11-25), the
-slowest point, t5_bias, used the CPU time rope did (105 vs 104 CPU-s for the
-same benchmark; the contended wall times were too noisy to compare) and two
-seeds in one program cost 1.70x (t5_bias) to 1.89x (rope) one. So a point of
-600 steps and 2 seeds is about 600 x 329 ms x 1.89 = 373 s of training on
-the idle CPU, plus about 35 s of start-up and evaluations and 40 s of
-extrapolation (two thirds of the 3-seed sweep's minute): about 90 minutes
-for the 12 points (12 x 448 s), at the limit; lower the extrapolation's
-tokens first if it runs over. 1000 steps at 2 seeds (about 2 hours) or 3
-seeds at 600 steps do not fit; 2 seeds give a std per point, and a gap of a
-few times it is the least a finding needs.
+Why this size. The sweep must train every point until its validation loss
+flattens, within 90 minutes on a 2-core CPU. configs/base.py's own size
+(d_model 128) does not fit: at 600 steps, about 2 hours for the sweep,
+none of the 5 points run was flat (-2.1% to -2.7% over the last fifth,
+2026-11-25). At d_model 64 a step of both seeds costs about 0.2 s on the idle
+2-core CPU (0.23 s for the T5 bias, whose bucketed bias table is gathered
+and scattered every step), so 1800 steps fit; trial runs of the two slowest
+learners at that length (2026-11-26, both seeds) were flat: learned
+positions -1.6%, T5 bias -1.7% over the last fifth.
 
-Measured since (2026-11-25, idle 2-core CPU): point 0 trained at about
-9,200 tokens/s, 0.88 s a step for both seeds, 9-10 minutes a point with its
-evaluations and extrapolation: about 2 hours for the sweep, not the 90
-minutes estimated above (the 1.89x replica cost was measured under load).
-configs/sweeps/pe_ln_gpu.py asks the same question with 7x the parameters
-on a GPU (docs/results.md, section 1).
-
-Not known yet: whether every point meets the flattening criterion at 600
-steps. The criterion alone does not show that a run has converged: every
-250-step single-seed run of configs/base.py met it (-0.9% to -1.3% over the
-last fifth) although 1000 steps go 0.6 nats lower, and both 1000-step runs
-(T5 bias, learned) missed it (-3.7%, -3.1%). This sweep has not been run
-with these settings; its flat column will say which points flattened
-(docs/results.md says what the 250-step sweep of 2026-11-23 did and did not
-show).
+Measured (2026-11-26, idle 2-core CPU, Python 3.11.7; docs/results.md
+section 2): 82 minutes for the sweep, extrapolation included. Expected
+result: every point flat (-0.9% to -1.7% over the last fifth), none
+diverged; final validation loss (nats/token, Pre-LN) RoPE 1.61, T5 bias
+1.64, ALiBi 1.70, sinusoidal and learned 1.77, NoPE 2.16 (Post-LN within
+0.03 of each); only ALiBi's loss stays flat from 1x to 16x. The corpus is
+the host Python's standard library, so the numbers move with its version.
 """
 
 import ml_collections

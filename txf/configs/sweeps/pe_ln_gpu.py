@@ -1,5 +1,5 @@
 """Positional encodings x Pre-/Post-LN at GPU scale: configs/sweeps/pe_ln.py's
-12 points, a model 7x the CPU sweep's parameters and 13x its tokens per seed.
+12 points, a model 28x the CPU sweep's parameters and 4.4x its tokens per seed.
 
   bash benchmarks/gpu.sh sweep                # 6 points side by side on one GPU
   python -m experiments.sweep --config=configs/sweeps/pe_ln_gpu.py --workdir=runs/pe_ln_gpu
@@ -10,8 +10,8 @@ d_model 256, 4 heads, sequence 256, batch 64, 2000 steps (33M tokens per
 seed; a 2000-step cosine schedule with 200 warmup steps, peak learning rate
 2e-3), 2 seeds side by side in one program, evaluated every 200 steps, then
 at 1x-16x the training length on 65,537 validation tokens (16 sequences at
-4096). The CPU sweep (configs/sweeps/pe_ln.py) is d_model 128, 2 layers,
-sequence 128, 600 steps of 4096 tokens.
+4096). The CPU sweep (configs/sweeps/pe_ln.py) is d_model 64, 2 layers,
+sequence 128, 1800 steps of 4096 tokens.
 
 Why this size: the whole sweep, extrapolation included, should fit one
 10-minute call of a lent H100/H200: about 0.7 TFLOP a step (both seeds),
