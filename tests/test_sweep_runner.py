@@ -458,9 +458,11 @@ def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   assert len(commands) == 12
   assert commands[7] == (
     "python -m experiments.run --config=configs/base.py "
-    f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=60 "
+    f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=120 "
+    "--config.eval.sample_tokens=0 --config.model.d_model=64 "
     "--config.model.norm_placement=post --config.model.position=alibi "
-    "--config.replicas=2 --config.train.checkpoint_every=300 --config.train.log_every=60"
+    "--config.replicas=2 --config.train.checkpoint_every=900 --config.train.log_every=120 "
+    "--config.train.steps=1800 --config.train.warmup_steps=180"
   )
   assert os.listdir(tmp_path) == []
 
