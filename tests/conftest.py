@@ -80,6 +80,15 @@ def tiny_config(name="rope", *, steps=12, **fields):
   return config
 
 
+# A metrics row's fields that differ between two runs of the same config.
+TIMING_KEYS = frozenset({"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"})
+
+
+def without_timings(rows):
+  """Metrics rows without their TIMING_KEYS, to compare two runs' rows."""
+  return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+
+
 def flatten(tree, prefix=""):
   """{'model.d_model': 128, ...} from a nested dict / ConfigDict."""
   flat = {}

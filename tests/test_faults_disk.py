@@ -18,7 +18,14 @@ import jax
 import pytest
 from test_train_metrics import read_tensorboard_scalars
 
-from conftest import REPO, checkpoint_steps, cli_env, cli_overrides, tiny_config
+from conftest import (
+  REPO,
+  checkpoint_steps,
+  cli_env,
+  cli_overrides,
+  tiny_config,
+  without_timings,
+)
 from full_disk import full_disk
 from txf.train import checkpoint, loop, setup
 from txf.train.checkpoint import CheckpointWriteError
@@ -38,7 +45,6 @@ EVENTS = r"/tb/events\.out\.tfevents\."
 SAMPLES = r"/samples\.txt$"
 CONFIG = r"/\.?config\.json(\.\w+\.tmp)?$"  # config.json, or its temporary
 CHECKPOINT = r"checkpoint-tmp.*/extras[^/]*/metadata$"  # orbax's JSON item, in its commit
-TIMINGS = ("tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time")
 DEADLINE_SECONDS = 120  # a tiny run takes seconds: past this, it hangs
 
 
@@ -78,7 +84,7 @@ def config(steps=8):
 
 
 def rows(workdir):
-  return [{k: v for k, v in row.items() if k not in TIMINGS} for row in read_metrics(workdir)]
+  return without_timings(read_metrics(workdir))
 
 
 def train(workdir, steps=8):

@@ -38,13 +38,18 @@ from gcp_storage_emulator import server as emulator_server  # noqa: E402
 from gcp_storage_emulator.exceptions import NotFound as EmulatorNotFound  # noqa: E402
 from gcp_storage_emulator.handlers import objects as emulator_objects  # noqa: E402
 
-from conftest import REPO, assert_same_states, sigterm_at, tiny_config  # noqa: E402
+from conftest import (  # noqa: E402
+  REPO,
+  assert_same_states,
+  sigterm_at,
+  tiny_config,
+  without_timings,
+)
 from txf.sweep import grid, results, runner  # noqa: E402
 from txf.train import loop, metrics  # noqa: E402
 from txf.train.workdir import WorkdirError, WorkdirLock, check_writable  # noqa: E402
 
 BUCKET = "bucket"
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 
 def _free_port() -> int:
@@ -128,10 +133,6 @@ def bucket_files(prefix: str) -> set[str]:
   fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True, use_listings_cache=False)
   root = f"{BUCKET}/{prefix}/"
   return {name[len(root) :] for name in fs.find(root)}
-
-
-def without_timings(rows):
-  return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
 
 
 def restore_saved(workdir, step):

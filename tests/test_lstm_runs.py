@@ -12,13 +12,17 @@ import math
 import numpy as np
 import pytest
 
-from conftest import assert_same_states, load_config, restore_state, sigterm_at
+from conftest import (
+  assert_same_states,
+  load_config,
+  restore_state,
+  sigterm_at,
+  without_timings,
+)
 from txf.layers.config import ModelConfig
 from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop
 from txf.train.metrics import read_metrics
-
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +31,6 @@ def quick(tmp_path_factory, compilation_cache_dir):
   lines = []
   result = comparison.run(out_dir, base_config=load_config("base"), quick=True, log=lines.append)
   return out_dir, result, lines
-
-
-def without_timings(rows):
-  return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import TIMING_KEYS, tiny_config
 from txf.sweep.extrapolate import extrapolate_run
 from txf.train import loop
 from txf.train.config import ConfigError
@@ -114,9 +114,8 @@ def test_resume_of_a_replicated_run_is_exact(tmp_path, replicated_run):
   """Training to step 3, then on to 6, gives the uninterrupted run's rows."""
   loop.run(config_for(replicas=REPLICAS, steps=3), tmp_path, log=lambda line: None)
   loop.run(config_for(replicas=REPLICAS), tmp_path, log=lambda line: None)
-  timing = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
   strip = lambda table: {
-    step: {k: v for k, v in row.items() if k not in timing} for step, row in table.items()
+    step: {k: v for k, v in row.items() if k not in TIMING_KEYS} for step, row in table.items()
   }
   assert strip(rows(tmp_path, "loss")) == strip(rows(replicated_run, "loss"))
   assert (

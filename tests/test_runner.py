@@ -32,12 +32,11 @@ from conftest import (
   sigterm_at,
   tiny_config as tiny,
   truncate_state_files,
+  without_timings,
 )
 from txf.train import loop
 from txf.train.metrics import read_metrics
 from txf.train.record import read_record
-
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,10 +52,6 @@ def run_quietly(config, workdir):
 
 def train_rows(workdir):
   return [row for row in read_metrics(workdir) if "loss" in row]
-
-
-def without_timings(rows):
-  return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
 
 
 def file_digests(directory):

@@ -22,12 +22,16 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from conftest import assert_same_states, checkpoint_steps, restore_state, sigterm_at
+from conftest import (
+  assert_same_states,
+  checkpoint_steps,
+  restore_state,
+  sigterm_at,
+  without_timings,
+)
 from tfds_builders import TranslationBuilder
 from txf.train import loop
 from txf.train.metrics import read_metrics
-
-TIMING_KEYS = {"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
 
 # The mocked tiny_shakespeare: records of known text (bytes, as TFDS gives
 # them). About 1.9 kB of training text: 7 batches of 8 packed windows of 33
@@ -114,10 +118,6 @@ def tiny(name, **sections):
 
 def train_rows(workdir):
   return [row for row in read_metrics(workdir) if "loss" in row]
-
-
-def without_timings(rows):
-  return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
 
 
 @pytest.mark.slow

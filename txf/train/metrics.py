@@ -191,8 +191,8 @@ def _record(data: bytes) -> bytes:
 
 class _EventFile:
   """A TensorBoard event file in a local `directory`, written in the caller's
-  thread (see _LocalFile): one Event per `add_scalars` call, holding every
-  scalar of the row.
+  thread (see _LocalFile): one Event per `add_summary` call (a row's
+  scalars, a sample's text, the hyperparameters).
 
   The file is named as TensorBoard expects (events.out.tfevents.<time>.<host>,
   then `suffix`; a new name if that one exists) and starts as tensorboardX's
@@ -233,10 +233,6 @@ class _EventFile:
   def _add(self, event: Event) -> None:
     self._file.append(_record(event.SerializeToString()))
 
-  def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-    values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars.items()]
-    self.add_summary(step, Summary(value=values))
-
   def add_summary(self, step: int, summary: Summary) -> None:
     self._add(Event(wall_time=time.time(), step=step, summary=summary))
 
@@ -252,7 +248,7 @@ class _MirroredTensorBoard:
 
   Object stores have no append: the events are written to a local temporary
   directory and its files copied into `target` at flush and close, and on
-  `add_scalars` at most every `interval` seconds. A copy replaces the whole
+  `add_summary` at most every `interval` seconds. A copy replaces the whole
   file; event files of scalars stay small.
   """
 
@@ -266,11 +262,6 @@ class _MirroredTensorBoard:
       epath.Path(self._local.name), purge_step, suffix=f".{uuid.uuid4().hex[:8]}"
     )
     self._copied = time.monotonic()
-
-  def add_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-    self._events.add_scalars(step, scalars)
-    if time.monotonic() - self._copied >= self._interval:
-      self.flush()
 
   def add_summary(self, step: int, summary: Summary) -> None:
     self._events.add_summary(step, summary)
@@ -378,7 +369,7 @@ class MetricsWriter:
     if TIME_KEY in row:
       raise ValueError(f"scalars must not contain {TIME_KEY!r} (the row's wall time is added).")
     self._jsonl.append(json.dumps({"step": step, TIME_KEY: time.time(), **row}) + "\n")
-    self._tensorboard.add_scalars(step, row)
+    self._tensorboard.add_summary(step, _scalars_summary(row))
     for tracker in self._trackers:
       tracker.log_metrics(step, row)
 
@@ -452,6 +443,13 @@ class MetricsWriter:
       self.close()
     else:  # the error that stopped the run is the one to report
       self._close_quietly()
+
+
+def _scalars_summary(scalars: Mapping[str, float]) -> Summary:
+  """One Summary holding every scalar of a metrics row (one Event per row)."""
+  return Summary(
+    value=[Summary.Value(tag=name, simple_value=value) for name, value in scalars.items()]
+  )
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
