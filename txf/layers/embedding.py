@@ -105,7 +105,13 @@ class Embedder(nn.Module):
     tokens_BxT = _checked_ids(
       tokens_BxT, self.vocab_size, "tokens", "the vocabulary", "model.vocab_size"
     )
-    x_BxTxD = self.token(tokens_BxT)
+    # The lookup in the float32 table, cast after (not nn.Embed's cast of the
+    # whole table first): its gradient is then a float32 scatter-add. In
+    # bfloat16 that scatter adds each id's rows in bfloat16 (a large error
+    # for frequent ids) and, on a GPU, through compare-and-swap loops that
+    # contend on text's few frequent rows: 57 ms of gpt2_small's 134 ms
+    # step on an H100 (docs/benchmarks.md).
+    x_BxTxD = jnp.take(self.token.embedding, tokens_BxT, axis=0).astype(self.dtype)
     check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
     if self.encoding.embed is not None:
       assert positions_BxT is not None, f"model.position={self.position!r} needs positions"
