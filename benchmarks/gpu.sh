@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
 # Every GPU figure docs/benchmarks.md is missing, in parts that each fit one
-# 10-minute call of a lent GPU machine (minutes measured nowhere yet: estimates):
+# 10-minute call of a lent GPU machine (compiles included; the part's figures
+# come back even where its time runs out, PART_SECONDS, default 540):
 #
-#   bash benchmarks/gpu.sh train    # step vs the PyTorch recipe, fused loss, XLA flags (~7 min)
+#   bash benchmarks/gpu.sh ab       # the step A/B: txf vs the PyTorch recipe, same steps,  (~8 min)
+#                                   # XLA's Triton GEMMs off, fused loss, vocabulary 512,
+#                                   # 1 layer; kernel time by category for each
 #   bash benchmarks/gpu.sh loop     # the real loop's variants vs the step, a profile    (~7 min)
 #   bash benchmarks/gpu.sh long     # gpt2_small at 8k, 16k, 32k, 64k context            (~6 min)
 #   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
-#   bash benchmarks/gpu.sh step     # the step vs the PyTorch recipe alone               (~3 min)
 #   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
-#   bash benchmarks/gpu.sh all      # train, loop, long, decode in turn, where no time limit applies
+#   bash benchmarks/gpu.sh change   # a change's A/B: the step before (txf in $BASE) and after,  (~4 min)
+#                                   # and the embedding gradient's methods
+#   bash benchmarks/gpu.sh all      # ab, loop, long, decode in turn, where no time limit applies
+#
+# `change` needs the txf before the change beside the working tree, made here
+# (and carried along, it is git-ignored):
+#   rm -rf .ab_base && mkdir .ab_base && git archive REF txf configs | tar -x -C .ab_base \
+#     && cp -r benchmarks .ab_base/
 #
 # Run from the repository root. Packages the machine lacks come from .whl/
 # (benchmarks/fetch_wheels.sh, run beforehand where PyPI is reachable). Each
 # part writes $OUT/<part>.tar.gz (JSON reports, logs, an nvidia-smi sample of
-# clocks, power, temperature and throttle reasons every 0.5 s, a profile) and
+# clocks, power, temperature and throttle reasons every 0.5 s, profiles) and
 # prints a summary (benchmarks/summarize.py) last. EXTRA="--config.model.d_model=32 ..."
 # appends flags to every step, loop and decode call (a smoke test on a CPU at toy size).
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu.sh train|loop|long|decode|all}
+part=${1:?usage: bash benchmarks/gpu.sh ab|loop|long|decode|sweep|all}
 OUT=${OUT:-gpu_results}
+deadline=$(( $(date +%s) + ${PART_SECONDS:-540} ))
 if [ "$part" = all ]; then
-  for p in train loop long decode; do bash "$0" "$p"; done
+  for p in ab loop long decode; do bash "$0" "$p"; done
   exit 0
 fi
-dir=gpu_results/$part
+dir=$PWD/gpu_results/$part
 rm -rf "$dir" && mkdir -p "$dir" "$OUT"
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
@@ -43,23 +53,39 @@ utilization.gpu,memory.used,clocks_throttle_reasons.active --format=csv -lms 500
   > "$dir/nvidia_smi.csv" 2>&1 &
 smi=$!
 
-bench() {  # bench NAME SECONDS MODE ARGS...: one benchmark, its report in $dir/NAME.json
+bench() {  # bench NAME SECONDS MODE ARGS...: one benchmark, its report in $dir/NAME.json,
+  # stopped at SECONDS or at the part's deadline, whichever comes first
   local name=$1 limit=$2; shift 2
-  echo "== $name: $*" | tee -a "$dir/log.txt"
+  local left=$(( deadline - $(date +%s) ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -gt 10 ] || { echo "== $name: skipped (the part's time is up)" | tee -a "$dir/log.txt"; return; }
+  echo "== $name ($(date +%s), ${limit} s at most, XLA_FLAGS='${XLA_FLAGS:-}'): $*" | tee -a "$dir/log.txt"
   timeout "$limit" python3 -m benchmarks.run "$@" ${EXTRA:-} --json="$dir/$name.json" 2>&1 \
     | grep -v -e "Unable to initialize backend" -e "^W0000" | tee -a "$dir/log.txt"
 }
 GPT2=--config=configs/gpt2_small.py
-STEP="--steps=200 --window=50 --fresh_batches --nosync"
 case $part in
-  step|train)
-    bench step_b32_torch "${STEP_LIMIT:-200}" step $GPT2 $STEP --torch --torch_steps=50
-    [ "$part" = step ] && { kill "$smi"; tar -czf "$OUT/$part.tar.gz" -C gpu_results "$part"
-      python3 benchmarks/summarize.py "$dir"; exit 0; }
-    bench step_b32_fused_loss 100 step $GPT2 $STEP --config.train.loss_chunk_len=256
-    XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
-      bench step_b32_command_buffers 100 step $GPT2 $STEP
-    bench step_b16_torch 160 step $GPT2 $STEP --config.data.batch_size=16 --torch --torch_steps=50
+  ab)
+    # The same step count and windows for txf and PyTorch; 5 more steps of each
+    # profiled (kernel time by category); the compiled program's text kept.
+    AB="--steps=${AB_STEPS:-150} --window=${AB_WINDOW:-50} --fresh_batches --nosync --profile_steps=5"
+    # The autotuner's choices, for deviceless compiles to load (--xla_gpu_load_autotune_results_from).
+    XLA_FLAGS="--xla_gpu_dump_autotune_results_to=$dir/autotune_step_base.textproto" \
+      bench step_base 230 step $GPT2 $AB --torch --compiled_text="$dir/step_base.hlo.txt"
+    XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" bench step_no_triton_gemm 100 step $GPT2 $AB \
+      --compiled_text="$dir/step_no_triton_gemm.hlo.txt"
+    bench step_fused_loss 100 step $GPT2 $AB --config.train.loss_chunk_len=256
+    bench step_vocab512 130 step $GPT2 $AB --config.model.vocab_size=512 --torch
+    bench step_1layer 100 step $GPT2 $AB --config.model.num_layers=1 --torch
+    ;;
+  change)
+    base=${BASE:-.ab_base}
+    [ -d "$base/txf" ] || { echo "no $base/txf: make it first (see the top of this file)"; exit 2; }
+    STEPS="--steps=150 --window=50 --fresh_batches --nosync --profile_steps=5"
+    bench embedding_grad 60 embedding_grad $GPT2
+    (cd "$base" && bench step_before 120 step $GPT2 $STEPS)
+    bench step_after 120 step $GPT2 $STEPS
+    bench step_after_1layer 60 step $GPT2 $STEPS --config.model.num_layers=1
     ;;
   loop)
     bench loop 440 loop $GPT2 --steps=400 --window=50 --config.eval.every=200 \
@@ -123,5 +149,5 @@ case $part in
   *) echo "unknown part $part"; exit 2 ;;
 esac
 kill "$smi" 2>/dev/null
-tar -czf "$OUT/$part.tar.gz" -C gpu_results "$part"
+tar -czf "$OUT/$part.tar.gz" -C "$dir/.." "$part"
 python3 benchmarks/summarize.py "$dir"

@@ -221,7 +221,9 @@ def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
     f"{setup.tokens_per_step} tokens/step; bare step:"
   )
   with setup.activation_sharding():
-    step_windows = benchmark(setup, steps=steps, window=window, fresh_batches=True, sync=False)
+    step_windows, _, _ = benchmark(
+      setup, steps=steps, window=window, fresh_batches=True, sync=False
+    )
   step_tokens_per_sec = setup.tokens_per_step / statistics.median(
     w["step_time"] for w in step_windows
   )

@@ -32,7 +32,7 @@ from txf.commands import cli
 from txf.commands.cli import fail, run_command
 from txf.train import hardware
 
-MODES = ("step", "loop", "decode", "data", "replicas", "seq2seq_decode")
+MODES = ("step", "loop", "decode", "data", "replicas", "seq2seq_decode", "embedding_grad")
 
 
 def mode_module(argv: list[str]) -> tuple[str, ModuleType]:

@@ -9,15 +9,20 @@ the device's peak, where the peak is known). --fresh_batches sends a new
 host batch to the devices every step (as training does) instead of reusing
 one; --sync=false dispatches steps asynchronously and times whole windows
 (as the training loop runs) instead of timing each step to completion and
-taking the median. --torch also times the PyTorch GPT-2 recipe
-(benchmarks/references/torch_gpt2.py) on the same token batches, in a
-subprocess started before JAX takes the device.
+taking the median. Each window records its start and end (Unix time), so
+clock and power samples taken beside it line up. --torch also times the
+PyTorch GPT-2 recipe (benchmarks/references/torch_gpt2.py) on the same token
+batches for the same number of steps and windows, in a subprocess started
+before JAX takes the device. --profile_steps profiles that many further
+steps of each (jax.profiler, torch.profiler) and reports device time by
+kernel category (benchmarks/kernels.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import pathlib
+import shutil
 import statistics
 import tempfile
 import time
@@ -26,6 +31,7 @@ import jax
 import numpy as np
 from absl import flags
 
+from benchmarks import kernels
 from benchmarks.decode import GPT2_SHAPE, is_gpt2
 from benchmarks.references import run_reference
 from txf.commands.cli import define_config_flag
@@ -39,12 +45,17 @@ FLAGS = flags.FLAGS
 FRESH_BATCHES = 8
 
 
-def window_figures(setup: RunSetup, first: int, last: int, step_time: float, loss) -> dict:
-  """The figures of steps first..last (1-based) at `step_time` seconds a step."""
+def window_figures(
+  setup: RunSetup, first: int, last: int, step_time: float, loss, wall: tuple[float, float]
+) -> dict:
+  """The figures of steps first..last (1-based) at `step_time` seconds a
+  step; `wall` is the window's (start, end) in Unix time."""
   tokens_per_sec = setup.tokens_per_step / step_time
   return dict(
     first_step=first,
     last_step=last,
+    start_time=wall[0],
+    end_time=wall[1],
     step_time=step_time,
     tokens_per_sec=tokens_per_sec,
     loss=float(loss),
@@ -73,7 +84,7 @@ def benchmark(
   state = setup.init()
   state, metrics = setup.train_step(state, device_batch)  # compile
   jax.block_until_ready(metrics)
-  windows, times, window_start = [], [], time.perf_counter()
+  windows, times, window_start, window_wall = [], [], time.perf_counter(), time.time()
   for i in range(steps):
     start = time.perf_counter()
     if fresh_batches:
@@ -89,9 +100,28 @@ def benchmark(
         jax.block_until_ready(metrics)
         step_time = (time.perf_counter() - window_start) / window
         window_start = time.perf_counter()
-      windows.append(window_figures(setup, i + 2 - window, i + 1, step_time, metrics["loss"]))
+      wall = (window_wall, time.time())
+      window_wall = wall[1]
+      windows.append(window_figures(setup, i + 2 - window, i + 1, step_time, metrics["loss"], wall))
       print(format_window(windows[-1]))
-  return windows
+  return windows, state, host_batches
+
+
+def profile(setup: RunSetup, state, host_batches: list, steps: int, directory: str | None) -> dict:
+  """`steps` more training steps from `state` (donated) under jax.profiler,
+  in `directory` (kept) or a temporary one; their kernels by category
+  (benchmarks/kernels.py)."""
+  trace_dir = directory or tempfile.mkdtemp(prefix="txf_profile_")
+  try:
+    with jax.profiler.trace(trace_dir):
+      for i in range(steps):
+        batch = setup.to_device(host_batches[i % len(host_batches)])
+        state, metrics = setup.train_step(state, batch)
+      jax.block_until_ready(metrics)
+    return kernels.trace_kernels(trace_dir, steps)
+  finally:
+    if directory is None:
+      shutil.rmtree(trace_dir, ignore_errors=True)
 
 
 def peak_memory_bytes() -> int | None:
@@ -100,15 +130,23 @@ def peak_memory_bytes() -> int | None:
   return None if not stats else stats.get("peak_bytes_in_use")
 
 
-def compiled_memory(setup: RunSetup) -> dict[str, int] | None:
+def compiled_memory(
+  setup: RunSetup, state=None, text_path: str | None = None
+) -> dict[str, int] | None:
   """XLA's memory analysis of the compiled train step (bytes of arguments,
   outputs, aliased donations and temporaries; None where the backend gives
-  none). Lowered on the setup's abstract state and batch: after the step has
-  run this reuses its compilation."""
-  batch = setup.to_device(next(iter(setup.eval_data)))
+  none), and its HLO text written to `text_path` if given. Lowered on a
+  training batch and `state` (default: the abstract state): lowered on the
+  state the timed steps ran with, the persistent compilation cache (gpu.sh
+  turns it on) answers with their executable instead of compiling again."""
+  batch = setup.to_device(next(iter(setup.train_data)))
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), batch)
   with setup.activation_sharding():
-    analysis = setup.train_step.lower(setup.abstract_state, batch).compile().memory_analysis()
+    state = setup.abstract_state if state is None else state
+    compiled = setup.train_step.lower(state, batch).compile()
+  if text_path:
+    pathlib.Path(text_path).write_text(compiled.as_text())
+  analysis = compiled.memory_analysis()
   if analysis is None:
     return None
   return {
@@ -141,11 +179,20 @@ def define_flags() -> None:
     "Compile the step and report XLA's memory analysis of it, without running.",
   )
   flags.DEFINE_bool("torch", False, "Also time benchmarks/references/torch_gpt2.py.")
-  flags.DEFINE_integer("torch_steps", 50, "Timed steps of the PyTorch recipe.")
+  flags.DEFINE_integer("torch_steps", None, "Timed steps of the PyTorch recipe (default --steps).")
+  flags.DEFINE_integer(
+    "profile_steps", 0, "Profile this many steps after the timed ones (kernel time by category)."
+  )
+  flags.DEFINE_string("profile_dir", None, "Keep the jax.profiler trace here.")
+  flags.DEFINE_string(
+    "compiled_text", None, "Write the compiled train step's HLO text here (kernels, fusions)."
+  )
   flags.DEFINE_bool("torch_compile", True, "torch.compile the PyTorch model.")
 
 
-def torch_reference(config, *, steps: int, compile_model: bool) -> dict | None:
+def torch_reference(
+  config, *, steps: int, window: int, profile_steps: int, compile_model: bool
+) -> dict | None:
   """The PyTorch recipe at the config's model shape and batch, on the config's
   own training batches (None where it does not apply or torch is absent);
   run before JAX initialises its backend."""
@@ -170,16 +217,36 @@ def torch_reference(config, *, steps: int, compile_model: bool) -> dict | None:
         f"--heads={model.num_heads}",
         f"--vocab={model.vocab_size or data.vocab_size}",
         f"--steps={steps}",
+        f"--window={window}",
+        f"--profile_steps={profile_steps}",
       ]
       + ([] if compile_model else ["--no_compile"]),
       needs="torch",
     )
 
 
+def profile_or_error(summarize) -> dict:
+  """summarize()'s profile summary, printed; a profiler that fails (no GPU
+  plane, CUPTI refused) costs the profile, not the figures already taken."""
+  try:
+    summary = summarize()
+  except Exception as error:  # noqa: BLE001 - any profiler failure is reported, not raised
+    print(f"profile: failed: {type(error).__name__}: {error}")
+    return {"error": f"{type(error).__name__}: {error}"}
+  print(kernels.format_summary("profile", summary))
+  return summary
+
+
 def main() -> dict:
   config = FLAGS.config
   torch = (
-    torch_reference(config, steps=FLAGS.torch_steps, compile_model=FLAGS.torch_compile)
+    torch_reference(
+      config,
+      steps=FLAGS.torch_steps or FLAGS.steps,
+      window=FLAGS.window,
+      profile_steps=FLAGS.profile_steps,
+      compile_model=FLAGS.torch_compile,
+    )
     if FLAGS.torch
     else None
   )
@@ -193,15 +260,23 @@ def main() -> dict:
     flops_per_token=setup.flops_per_token,
     peak_flops=setup.peak_flops,
   )
+  state = None
   if not FLAGS.compile_only:
     with setup.activation_sharding():
-      windows = benchmark(
+      windows, trained, host_batches = benchmark(
         setup,
         steps=FLAGS.steps,
         window=FLAGS.window,
         fresh_batches=FLAGS.fresh_batches,
         sync=FLAGS.sync,
       )
+      state = jax.tree.map(  # the shapes and shardings the steps ran with (profiling donates them)
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), trained
+      )
+      if FLAGS.profile_steps:
+        report["profile"] = profile_or_error(
+          lambda: profile(setup, trained, host_batches, FLAGS.profile_steps, FLAGS.profile_dir)
+        )
     report.update(
       steps=FLAGS.steps,
       window=FLAGS.window,
@@ -211,12 +286,17 @@ def main() -> dict:
       median_step_time=statistics.median(w["step_time"] for w in windows),
       peak_bytes_in_use=peak_memory_bytes(),
     )
-  report["compiled_memory"] = compiled_memory(setup)
+  report["compiled_memory"] = compiled_memory(setup, state, FLAGS.compiled_text)
   print(
     "compiled step memory (bytes): "
     + ", ".join(f"{name} {size:,}" for name, size in (report["compiled_memory"] or {}).items())
   )
   if torch is not None:
+    if torch.get("profile"):
+      raw = torch.pop("profile")
+      torch["profile"] = profile_or_error(
+        lambda: kernels.profile_summary(raw["kernels"], raw["intervals"], raw["steps"])
+      )
     torch["mfu"] = hardware.mfu(
       setup.flops_per_token, torch["tokens_per_sec"], jax.device_count(), setup.peak_flops
     )

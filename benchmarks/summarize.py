@@ -46,6 +46,25 @@ def step_rows(name: str, report: dict) -> list[str]:
       f"{torch['batch_size'] * torch['seq_len']:,} | {_k(torch['tokens_per_sec'])} | "
       f"{_pct(torch['mfu'])} | txf / torch = {tokens / torch['tokens_per_sec']:.2f}x |"
     )
+  rows += profile_rows(name, "txf", report.get("profile"))
+  rows += profile_rows(name, "torch", report.get("torch", {}).get("profile"))
+  return rows
+
+
+def profile_rows(name: str, framework: str, profile: dict | None) -> list[str]:
+  """A step profile's figures per step: span, busy, kernels, then each category."""
+  if not profile:
+    return []
+  if "error" in profile:
+    return [f"| {name} | {framework} profile | failed: {profile['error']} |"]
+  rows = [
+    f"| {name} | {framework} profile | {profile['span_ms_per_step']:.1f} ms/step span, device "
+    f"busy {profile['busy_ms_per_step']:.1f} ms ({profile['kernels_per_step']:.0f} kernels) |"
+  ]
+  rows += [
+    f"| {name} | {framework} {category} | {row['ms']:.2f} ms/step ({row['launches']:.0f} kernels) |"
+    for category, row in profile["categories"].items()
+  ]
   return rows
 
 
@@ -75,15 +94,25 @@ def decode_rows(name: str, report: dict) -> list[str]:
   return rows
 
 
+def embedding_grad_rows(name: str, report: dict) -> list[str]:
+  return [
+    f"| {name} | {method} | {row['ms']:.3f} ms | max error {row['max_abs_error']:.3g} |"
+    for method, row in report["methods"].items()
+  ]
+
+
 def main(paths: list[str]) -> None:
   files = [
     f for p in map(pathlib.Path, paths) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])
   ]
   for file in files:
     report = json.loads(file.read_text())
-    rows = {"step": step_rows, "loop": loop_rows, "decode": decode_rows}[report["mode"]](
-      file.stem, report
-    )
+    rows = {
+      "step": step_rows,
+      "loop": loop_rows,
+      "decode": decode_rows,
+      "embedding_grad": embedding_grad_rows,
+    }[report["mode"]](file.stem, report)
     print(
       f"{file}: {report['device_kind']}, {report['date']}, jax "
       f"{report['versions']['jax']}, XLA_FLAGS='{report['xla_flags']}'"

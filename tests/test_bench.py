@@ -27,6 +27,8 @@ import pytest
 from benchmarks import (
   data as bench_data,
   decode as bench_decode,
+  embedding_grad as bench_embedding_grad,
+  kernels as bench_kernels,
   loop as bench_loop,
   replicas as bench_replicas,
   seq2seq_decode as bench_seq2seq,
@@ -318,6 +320,63 @@ def test_gpt2_small_8k_lowers_with_causal_attention_and_no_mask(monkeypatch):
 
 
 # ---------------------------------------------------------------------------
+# Kernel time by category (benchmarks/kernels.py), from profiles' raw tables.
+
+
+@pytest.mark.parametrize(
+  "kernel,expected",
+  [
+    ("gemm_fusion_dot_12", "gemm"),  # XLA:GPU's Triton GEMM
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),  # cuBLAS
+    ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_TNN", "gemm"),  # cuBLAS on Hopper
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
+    ("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", "attention"),
+    ("input_scatter_fusion_3", "scatter/gather"),
+    ("triton_poi_fused_embedding_dense_backward_2", "scatter/gather"),
+    ("input_reduce_fusion_7", "reduction"),
+    ("triton_red_fused__log_softmax_0", "reduction"),
+    ("triton_per_fused_native_layer_norm_1", "reduction"),
+    ("loop_add_fusion_2", "elementwise"),
+    ("triton_poi_fused_add_gelu_3", "elementwise"),
+    ("multi_tensor_apply_kernel", "elementwise"),  # PyTorch's fused AdamW
+    ("Memcpy HtoD (Pageable -> Device)", "copy"),
+    ("wrapped_transpose", "copy"),
+    ("some_unnamed_kernel", "other"),
+  ],
+)
+def test_kernels_fall_in_their_category(kernel, expected):
+  assert bench_kernels.category(kernel) == expected
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+  rng = np.random.default_rng(0)
+  starts = rng.integers(0, 1000, 200)
+  intervals = [(int(s), int(s + d)) for s, d in zip(starts, rng.integers(1, 40, 200))]
+  covered = np.zeros(1100, bool)  # the union by brute force, on the integer grid
+  for start, end in intervals:
+    covered[start:end] = True
+  assert bench_kernels.busy_ns(intervals) == covered.sum()
+  assert bench_kernels.busy_ns([(0, 10), (2, 5), (10, 12), (20, 21)]) == 13
+
+
+def test_profile_summary_figures_per_step():
+  kernels = {"gemm_fusion_dot": [4, 8_000_000], "loop_add_fusion": [6, 2_000_000]}
+  # Two streams: the add overlaps the GEMM for 1 ms; 1 ms idle in the middle.
+  intervals = [(0, 4_000_000), (3_000_000, 4_000_000), (5_000_000, 10_000_000)]
+  summary = bench_kernels.profile_summary(kernels, intervals, steps=2)
+  assert summary["kernels_per_step"] == 5
+  assert summary["device_ms_per_step"] == pytest.approx(5.0)
+  assert summary["span_ms_per_step"] == pytest.approx(5.0)
+  assert summary["busy_ms_per_step"] == pytest.approx(4.5)
+  assert summary["categories"] == {
+    "gemm": {"launches": 2, "ms": pytest.approx(4.0)},
+    "elementwise": {"launches": 3, "ms": pytest.approx(1.0)},
+  }
+  text = bench_kernels.format_summary("txf", summary)
+  assert text.splitlines()[1].split() == ["gemm", "4.00", "ms/step,", "2", "kernels"]
+
+
+# ---------------------------------------------------------------------------
 # The benchmark modes.
 
 
@@ -434,10 +493,18 @@ def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
 
 def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   config = gpt2_tiny(max_len=32)  # torch's position table has T rows
-  report = bench_step.torch_reference(config, steps=2, compile_model=False)
+  reference = dict(steps=3, window=2, profile_steps=0, compile_model=False)
+  report = bench_step.torch_reference(config, **reference)
   if HAS_TORCH:
-    assert (report["batch_size"], report["seq_len"], report["steps"]) == (4, 32, 2)
+    assert (report["batch_size"], report["seq_len"], report["steps"]) == (4, 32, 3)
     assert report["tokens_per_sec"] == pytest.approx(4 * 32 / report["step_time"])
+    # Windows of 2 steps and the remainder, back to back in wall time.
+    windows = report["windows"]
+    assert [(w["first_step"], w["last_step"]) for w in windows] == [(1, 2), (3, 3)]
+    assert windows[0]["start_time"] < windows[0]["end_time"] <= windows[1]["start_time"] + 1e-3
+    for w, steps in zip(windows, (2, 1)):
+      assert w["tokens_per_sec"] == pytest.approx(4 * 32 / w["step_time"])
+      assert abs(steps * w["step_time"] - (w["end_time"] - w["start_time"])) < 0.01
     assert abs(report["loss"] - math.log(260)) < 1.0  # txf's own text batches, ids < 260
     # The same model: as many parameters as txf's GPT-2 of this shape.
     txf_params = sum(
@@ -448,7 +515,7 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
     assert report is None and "torch is not installed" in capsys.readouterr().out
   # A model that is not GPT-2 has no reference.
   rope = load_config("rope")
-  assert bench_step.torch_reference(rope, steps=2, compile_model=False) is None
+  assert bench_step.torch_reference(rope, **reference) is None
 
 
 def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
@@ -457,6 +524,20 @@ def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
   assert (figures["batches"], figures["devices"]) == (3, jax.device_count())
   assert figures["tokens_per_sec"] == pytest.approx(3 * 4 * 32 / figures["seconds"])
   assert figures["ms_per_batch"] == pytest.approx(1e3 * figures["seconds"] / 3)
+
+
+def test_embedding_grad_bench_checks_every_method_against_float64():
+  config = gpt2_tiny(vocab_size=512)
+  figures = bench_embedding_grad.compare(config, repeats=1)
+  batch = next(iter(setup_run(config).train_data))["inputs"]
+  assert figures["ids"] == batch.size and figures["distinct_ids"] == len(np.unique(batch))
+  methods = figures["methods"]
+  assert list(methods) == list(bench_embedding_grad.METHODS)
+  # float32 sums of bf16 rows against the float64 sum; bf16 sums are far off.
+  for name in ("f32_table", "one_hot", "sorted"):
+    assert methods[name]["max_abs_error"] < 1e-4, name
+  assert methods["bf16_table"]["max_abs_error"] > 1e-2
+  assert all(row["ms"] > 0 for row in methods.values())
 
 
 def test_replicas_bench_times_every_strategy_against_one_replica():

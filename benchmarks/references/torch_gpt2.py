@@ -14,7 +14,11 @@ token batches txf trains on, and reports both in one JSON.
 --tokens is an int [n, B, T + 1] array of windows (inputs are [:, :, :-1],
 targets [:, :, 1:]), cycled through. Timing: --warmup steps (compilation
 included) are left out; then the wall time of --steps steps, the device
-synchronised before and after, gives tokens/s.
+synchronised before and after, gives tokens/s, and every --window steps a
+window's figures with its start and end (Unix time, to line up with clock
+and power samples). --profile_steps then records that many more steps with
+torch.profiler: each GPU kernel's launches and device time, and the
+kernels' intervals (benchmarks/kernels.py turns them into categories).
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ def benchmark(
   vocab: int,
   steps: int,
   warmup: int,
+  window: int,
+  profile_steps: int,
   compile_model: bool,
   device: str,
 ) -> dict:
@@ -116,12 +122,32 @@ def benchmark(
   for i in range(warmup):
     train_step(i)
   sync()
-  start = time.perf_counter()
-  for i in range(warmup, warmup + steps):
-    loss = train_step(i)
-  sync()
-  seconds = time.perf_counter() - start
   batch_size = tokens_NxBxT1.shape[1]
+  windows, start = [], time.perf_counter()
+  window_start, window_wall = start, time.time()
+  for i in range(steps):
+    loss = train_step(warmup + i)
+    if (i + 1) % window == 0 or i + 1 == steps:
+      sync()
+      now, count = time.perf_counter(), i + 1 - (windows[-1]["last_step"] if windows else 0)
+      windows.append(
+        dict(
+          first_step=i + 2 - count,
+          last_step=i + 1,
+          start_time=window_wall,
+          end_time=time.time(),
+          step_time=(now - window_start) / count,
+          tokens_per_sec=batch_size * seq_len * count / (now - window_start),
+        )
+      )
+      w = windows[-1]
+      print(
+        f"torch steps {w['first_step']}-{w['last_step']}: {1e3 * w['step_time']:.1f} ms/step, "
+        f"{w['tokens_per_sec']:,.0f} tokens/s"
+      )
+      window_start, window_wall = now, time.time()
+  seconds = time.perf_counter() - start
+  profile = profile_kernels(train_step, warmup + steps, profile_steps) if profile_steps else None
   return dict(
     framework="torch",
     torch_version=torch.__version__,
@@ -137,7 +163,31 @@ def benchmark(
     step_time=seconds / steps,
     tokens_per_sec=batch_size * seq_len * steps / seconds,
     loss=float(loss.detach()),
+    windows=windows,
+    profile=profile,
   )
+
+
+def profile_kernels(train_step, first: int, steps: int) -> dict:
+  """Steps first..first+steps-1 under torch.profiler: {"steps", "kernels":
+  {name: [launches, total ns]}, "intervals": [[start, end] ns]} of the GPU
+  kernels (memory copies and sets included)."""
+  activities = [torch.profiler.ProfilerActivity.CUDA]
+  with torch.profiler.profile(activities=activities) as profiler:
+    for i in range(first, first + steps):
+      train_step(i)
+    torch.cuda.synchronize()
+  kernels: dict[str, list[int]] = {}
+  intervals = []
+  for event in profiler.events():
+    if event.device_type != torch.autograd.DeviceType.CUDA:
+      continue
+    start, end = int(1e3 * event.time_range.start), int(1e3 * event.time_range.end)
+    row = kernels.setdefault(event.name, [0, 0])
+    row[0] += 1
+    row[1] += end - start
+    intervals.append([start, end])
+  return dict(steps=steps, kernels=kernels, intervals=intervals)
 
 
 def main() -> None:
@@ -150,6 +200,8 @@ def main() -> None:
     ("vocab", 50304),
     ("steps", 50),
     ("warmup", 10),
+    ("window", 50),
+    ("profile_steps", 0),
   ):
     parser.add_argument(f"--{name}", type=int, default=default)
   parser.add_argument("--no_compile", action="store_true", help="eager, no torch.compile")
@@ -167,6 +219,8 @@ def main() -> None:
     vocab=args.vocab,
     steps=args.steps,
     warmup=args.warmup,
+    window=args.window,
+    profile_steps=args.profile_steps if device == "cuda" else 0,
     compile_model=not args.no_compile,
     device=device,
   )
