@@ -6,7 +6,12 @@ import pathlib
 import signal
 import sys
 
-import jax
+# The tests run on the CPU: with txf's compile extras installed (libtpu,
+# jax's CUDA plugin), jax would otherwise start those backends in every test
+# process; txf.aot compiles for them without starting them.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest

@@ -144,6 +144,28 @@ EXPECTED_CHANGES = {
   },
 }
 EXPECTED_CHANGES["gpt2_small_8k"] = EXPECTED_CHANGES["gpt2_small"] | {"data.batch_size"}
+EXPECTED_CHANGES["decoder_1b"] = {
+  "model.vocab_size",
+  "model.d_model",
+  "model.num_heads",
+  "model.num_layers",
+  "model.max_len",
+  "model.norm",
+  "model.activation",
+  "model.tie_embeddings",
+  "model.dtype",
+  "data.seq_len",
+  "data.batch_size",
+  "data.max_corpus_bytes",
+  "train.steps",
+  "train.learning_rate",
+  "train.warmup_steps",
+  "train.checkpoint_every",
+  "eval.every",
+  "eval.num_batches",
+  "eval.sample_tokens",
+  "parallel.fsdp",
+}
 
 
 def validate(config):
@@ -201,6 +223,8 @@ def test_config_validates_and_builds(name):
   assert count > 0
   if name == "gpt2_small":  # "124M parameters" (tied embeddings, 50304-row vocabulary)
     assert 123e6 < count < 126e6, count
+  if name == "decoder_1b":  # "1.4B parameters"
+    assert 1.35e9 < count < 1.45e9, count
 
 
 @pytest.mark.parametrize("section", ["model", "data", "train", "eval", "parallel"])

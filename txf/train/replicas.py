@@ -165,6 +165,7 @@ def for_seeds(
   step_for_seed: Callable[[Any], TrainStep],
   eval_step: Callable[[Any, Batch], Any],
   state_sharding: Any,
+  backend: str | None = None,
 ) -> RunPrograms:
   """A run of `seeds`: one seed's programs as they are; for R > 1 stacked over
   a leading [R] axis (init_replicas, make_replicated_train_step and
@@ -176,6 +177,8 @@ def for_seeds(
     step_for_seed: seed -> one run's train step.
     eval_step: one run's (params, batch) -> sums.
     state_sharding: one run's state shardings.
+    backend: the platform the programs run on ('cpu', 'gpu', 'tpu'), which
+      picks the replicas' strategy; default this process's backend.
   """
   if len(seeds) == 1:
     (seed,) = seeds
@@ -185,7 +188,7 @@ def for_seeds(
       eval_step,
       state_sharding,
     )
-  strategy = default_strategy(jax.default_backend())
+  strategy = default_strategy(backend or jax.default_backend())
   return RunPrograms(
     lambda params: init_replicas(lambda key: start(key, params), seeds),
     make_replicated_train_step(step_for_seed, seeds, strategy=strategy),

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -191,7 +191,9 @@ def train_step_for_seed(
   )
 
 
-def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup:
+def setup_run(
+  config: Any, workdir: str | os.PathLike | None = None, devices: Sequence[Any] | None = None
+) -> RunSetup:
   """Builds everything a run of `config` trains and evaluates with.
 
   Nothing is computed on the devices: parameters exist once `init` is called.
@@ -202,6 +204,9 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     config: the run config.
     workdir: the run's directory, where a sentencepiece tokenizer is trained
       once and reused; None where no tokenizer needs one.
+    devices: the devices of the mesh (default: all of them); those of a
+      topology description compile the run's programs for hardware this
+      process does not have (txf.aot), which then only lower and compile.
 
   Raises:
     ConfigError: naming the field, for a config that cannot run (including a
@@ -220,7 +225,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     eval_data = make_dataset(
       config.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
     )
-    mesh = sharding.make_mesh(run.parallel)
+    mesh = sharding.make_mesh(run.parallel, devices)
     sharding.check_batch(run.data.batch_size, mesh)
     task = train_data.task
     if task == "lm" and run.eval.sample_tokens:
@@ -250,6 +255,8 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
+  device = mesh.devices.flat[0]
+  platform = "gpu" if device.platform in ("cuda", "rocm") else device.platform
   # The pretrained parameters (None without init_from) are an argument of the
   # jitted init, not constants baked into its program.
   start = (
@@ -263,6 +270,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     step_for_seed=functools.partial(train_step_for_seed, run.train, model, run.optimizer, task),
     eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
     state_sharding=state_sharding,
+    backend=platform,
   )
   init_from = jax.jit(programs.init, out_shardings=programs.state_sharding)
   replicated = sharding.replicated(mesh)
@@ -286,7 +294,7 @@ def setup_run(config: Any, workdir: str | os.PathLike | None = None) -> RunSetup
     eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
     tokens_per_step=run.data.batch_size * (1 if task == "classify" else seq_len),
     flops_per_token=run.replicas * flops_per_token(run.model, seq_len),
-    peak_flops=hardware.peak_flops_per_device(dtype=run.model.dtype),
+    peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
   )
 
 

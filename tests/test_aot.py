@@ -1,0 +1,301 @@
+"""Compiling for hardware this machine does not have (txf.aot, txf-compile):
+target names against the clouds' slice shapes, the HLO reader against a
+hand-counted module, and tiny runs compiled for a TPU slice and an H100
+with figures that follow from the config (fsdp divides the state, a batch
+too large does not fit, one cuDNN call per attention layer and direction).
+
+The compiles need txf's compile extras (libtpu; jax's CUDA plugin and
+ptxas); a test whose compiler is not installed is skipped, naming it.
+"""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from conftest import REPO, tiny_config
+from txf.aot import hlo
+from txf.aot.compile import compile_run, prepare_environment
+from txf.aot.report import report
+from txf.aot.targets import parse_target
+
+prepare_environment()
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+HAS_CUDA_PLUGIN = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed (txf[tpu])")
+needs_cuda_plugin = pytest.mark.skipif(
+  not HAS_CUDA_PLUGIN, reason="jax's CUDA plugin not installed (txf[gpu-compile])"
+)
+
+
+# ---------------------------------------------------------------------------
+# Targets.
+
+
+@pytest.mark.parametrize(
+  "name,chips,topology",
+  [
+    ("v5e-1", 1, "v5e:1x1"),  # the ends of v5e's range
+    ("v5e-8", 8, "v5e:2x4"),
+    ("v5e-256", 256, "v5e:16x16"),
+    ("v5litepod-16", 16, "v5e:4x4"),
+    ("v4-8", 4, "v4:2x2x1"),  # TensorCores: 2 per chip
+    ("v4-32", 16, "v4:2x2x4"),
+    ("v4-128", 64, "v4:4x4x4"),
+    ("v5p-256", 128, "v5p:4x4x8"),
+    ("v6e-64", 64, "v6e:8x8"),
+    ("h100", 1, "1x1x1"),
+    ("h100x8", 8, "1x1x8"),
+    ("h200x16", 16, "1x2x8"),  # two hosts
+  ],
+)
+def test_target_names_give_the_clouds_slices(name, chips, topology):
+  target = parse_target(name)
+  assert (target.chips, target.topology) == (chips, topology)
+
+
+def test_two_slices_double_the_chips_not_the_slice():
+  one, two = parse_target("v5e-256"), parse_target("v5e-256x2")
+  assert (two.chips, two.slices, two.topology) == (512, 2, one.topology)
+
+
+@pytest.mark.parametrize(
+  "name,message",
+  [
+    ("v5e-3", "no v5e slice has 3 chips"),
+    ("v4-7", "two per chip"),
+    ("v4-2", "no v4 slice has 1 chips"),
+    ("h100x12", "whole hosts of 8"),
+    ("h100x0", "1 to 8 GPUs"),
+    ("tpu-v9", "not a TPU slice"),
+  ],
+)
+def test_a_bad_target_is_one_line_naming_it(name, message):
+  with pytest.raises(ValueError, match=message) as error:
+    parse_target(name)
+  assert name in str(error.value) and "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------------------
+# The HLO reader, on a module written out by hand.
+
+MODULE = """\
+HloModule jit_step, entry_computation_layout={(f32[4,8]{1,0})->f32[4,8]{1,0}}
+
+%fused_add (p0: f32[4,8], p1: f32[4,8]) -> f32[4,8] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = f32[4,8]{1,0} parameter(1)
+  ROOT %add.9 = f32[4,8]{1,0} add(%p0, %p1)
+}
+
+%body (t: (s32[], bf16[8,16])) -> (s32[], bf16[8,16]) {
+  %t = (s32[], bf16[8,16]{1,0}) parameter(0)
+  %w = bf16[8,16]{1,0} get-tuple-element(%t), index=1
+  %ag = bf16[32,16]{1,0} all-gather(%w), dimensions={0}
+  ROOT %r = (s32[], bf16[8,16]{1,0}) tuple(%i, %w)
+}
+
+ENTRY %main (a: f32[4,8], b: bf16[8,16]) -> f32[4,8] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = bf16[8,16]{1,0} parameter(1)
+  %loop_add_fusion = f32[4,8]{1,0} fusion(%a, %a), kind=kLoop, calls=%fused_add, \
+metadata={op_name="jit(step)/transpose(jvp(Decoder))/Decoder._forward/stack/block_0/self_attention/add"}
+  %gemm = (bf16[4,16]{1,0}, s8[1024]{0}) custom-call(%loop_add_fusion, %b), \
+custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(step)/jvp(Decoder)/dense/dot"}
+  %fmha = (bf16[4,16]{1,0}, u8[0]{0}) custom-call(%b), custom_call_target="__cudnn$fmhaSoftmax", \
+metadata={op_name="jit(step)/jvp(Decoder)/Decoder._forward/stack/block_0/self_attention/attend"}
+  %loss_fusion = f32[4]{0} fusion(%a), kind=kInput, calls=%fused_add, \
+metadata={op_name="jit(step)/transpose(jvp())/reduce_sum"}
+  %ars = f32[4,8]{1,0} all-reduce-start(%loop_add_fusion), to_apply=%fused_add
+  %ard = f32[4,8]{1,0} all-reduce-done(%ars)
+  %update = f32[4,8]{1,0} fusion(%ard, %a), kind=kLoop, calls=%fused_add, \
+metadata={op_name="jit(step)/mul"}
+  %rs = f32[1,8]{1,0} fusion(%ard), kind=kCustom, calls=%all-reduce-scatter.3
+  %loop = (s32[], bf16[8,16]{1,0}) while(%t0), condition=%cond, body=%body
+  ROOT %out = f32[4,8]{1,0} copy(%update)
+}
+"""
+
+
+def test_hlo_reader_counts_the_device_work_and_its_bytes():
+  program = {i.name: i for i in hlo.instructions(MODULE)}
+  # The fusion's own add, parameters, tuples, the -done half: no device work.
+  assert list(program) == [
+    "ag", "loop_add_fusion", "gemm", "fmha", "loss_fusion", "ars", "update", "rs", "out"
+  ]  # fmt: skip
+  assert program["loop_add_fusion"].bytes == 4 * 8 * 4 * 3  # two operands and the result
+  assert program["gemm"].result_bytes == 4 * 16 * 2 + 1024
+  assert program["gemm"].operand_bytes == 4 * 8 * 4 + 8 * 16 * 2
+  assert program["gemm"].is_gemm and not program["fmha"].is_gemm
+  assert program["fmha"].is_cudnn_attention
+  assert program["loop_add_fusion"].target == "kLoop"
+  # The collectives: the gather's full buffer, the all-reduce's operand.
+  assert hlo.collectives(MODULE) == {
+    "all-gather": {"count": 1, "bytes": 32 * 16 * 2},
+    "all-reduce": {"count": 1, "bytes": 4 * 8 * 4},
+    "reduce-scatter": {"count": 1, "bytes": 4 * 8 * 4},  # TPU's: a fusion
+  }
+
+
+@pytest.mark.parametrize(
+  "op_name,region",
+  [
+    ("jit(train_step)/mul", "optimizer"),
+    ("jit(train_step)/jit(_where)/select_n", "optimizer"),
+    ("jit(train_step)/transpose(jvp())/reduce_sum", "loss"),
+    ("jit(train_step)/jvp(Decoder)/Decoder._forward/head/dot_general", "loss"),
+    ("jit(train_step)/transpose(jvp(jit(take_along_axis)))/scatter-add", "loss"),
+    ("jit(train_step)/jvp(Decoder)/Decoder._forward/stack/block_3/self_attention/x", "attention"),
+    ("jit(train_step)/jvp(Decoder)/Decoder._forward/stack/block_0/cross_attention/x", "attention"),
+    ("jit(train_step)/jvp(Decoder)/Decoder._forward/stack/block_0/self_attention_norm/x", "model"),
+    ("jit(train_step)/transpose(jvp(Decoder))/Decoder._forward/stack/block_0/ffn/wo", "model"),
+  ],
+)
+def test_each_op_falls_in_its_region_of_the_step(op_name, region):
+  assert hlo.region(op_name) == region
+
+
+# ---------------------------------------------------------------------------
+# Tiny runs compiled for targets.
+
+
+def argument_bytes(config, target):
+  """Per-device argument bytes of the compiled train step, less its share of the batch."""
+  run = compile_run(config, parse_target(target))
+  batch = next(iter(run.setup.train_data))
+  batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in batch.values())
+  figures = report(run)
+  return figures["per_device"]["arguments_bytes"] - batch_bytes / figures["devices"], run
+
+
+@pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_fsdp_divides_the_state_each_gpu_holds():
+  # On GPUs arrays are not padded to tiles (TPUs pad a [32, 64] shard to 128 lanes).
+  config = tiny_config("rope", model__d_model=128)
+  replicated, run = argument_bytes(config, "h100x4")
+  state = sum(
+    math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(run.setup.abstract_state)
+  )
+  config.parallel.fsdp = 4
+  sharded, _ = argument_bytes(config, "h100x4")
+  assert replicated == pytest.approx(state, rel=0.01)
+  assert sharded == pytest.approx(state / 4, rel=0.01)
+
+
+@pytest.mark.slow  # compiles
+@needs_libtpu
+def test_a_tpu_slice_gathers_and_scatters_under_fsdp_and_all_reduces_without():
+  config = tiny_config("rope", model__d_model=128)
+  data = report(compile_run(config, parse_target("v5e-4")))
+  config.parallel.fsdp = 4
+  fsdp = report(compile_run(config, parse_target("v5e-4")))
+  assert data["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert fsdp["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert "all-reduce" in data["collectives"] and "all-gather" not in data["collectives"]
+  assert {"all-gather", "reduce-scatter"} <= set(fsdp["collectives"])
+  assert fsdp["device_kind"] == "TPU v5 lite" and fsdp["devices"] == 4 and fsdp["fits"]
+  # The compiler counts the step's FLOPs on TPUs; within a factor of the model's count.
+  compiler, model = fsdp["flops"]["compiler_per_device"], fsdp["flops"]["model_per_device"]
+  assert 0.5 < compiler / model < 2
+
+
+@pytest.mark.slow  # compiles
+@needs_libtpu
+def test_a_state_larger_than_the_chip_does_not_fit():
+  # float32 logits of 64 x 1024 tokens over 65,536 ids: 16 GiB, and their
+  # gradient as much again, on a 16 GiB v5e chip.
+  config = tiny_config("rope", model__vocab_size=2**16, data__batch_size=64, data__seq_len=1024)
+  figures = report(compile_run(config, parse_target("v5e-1")))
+  assert not figures["fits"]
+  train = figures["per_device"]
+  assert train["total_bytes"] > train["capacity_bytes"] == 16 * 2**30
+  assert train["headroom_bytes"] == train["capacity_bytes"] - train["total_bytes"] < 0
+
+
+@pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_an_h100_program_has_cudnn_attention_and_its_regions():
+  config = tiny_config("rope", model__num_layers=2, model__dtype="bfloat16")
+  run = compile_run(config, parse_target("h100"))
+  assert run.cudnn
+  figures = report(run, step_seconds=1e-3)
+  gpu = figures["gpu"]
+  # Forward and backward, each layer.
+  assert gpu["cudnn_attention_calls"] == 2 * 2
+  assert sum(gpu["gemms"].values()) > 0 and gpu["kernels"] > sum(gpu["gemms"].values())
+  assert all(row["kernels"] > 0 and row["bytes"] > 0 for row in gpu["regions"].values())
+  assert gpu["non_gemm_bytes"] == pytest.approx(sum(r["bytes"] for r in gpu["regions"].values()))
+  line = figures["roofline"]
+  assert line["peak_flops"] == 989.5e12
+  model_flops = figures["flops"]["model_per_device"]
+  assert line["mfu_at_assumed"] == pytest.approx(model_flops / 989.5e12 / 1e-3)
+  assert line["step_seconds_bound"] == max(line["compute_seconds"], line["memory_seconds"])
+  # The GPU entry's kernel table is the compiled program's own.
+  text = run.train_step.as_text()
+  assert text.count('custom_call_target="__cudnn$fmha') == gpu["cudnn_attention_calls"]
+
+
+# ---------------------------------------------------------------------------
+# The command.
+
+
+def compile_command(*flags):
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.compile", "--config=rope", *flags],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+
+
+TINY = [
+  "--config.model.d_model=32",
+  "--config.model.num_heads=2",
+  "--config.model.num_layers=1",
+  "--config.data.seq_len=32",
+  "--config.data.batch_size=8",
+  "--config.data.max_corpus_bytes=200000",
+]
+
+
+@pytest.mark.slow  # subprocesses
+@pytest.mark.parametrize(
+  "flags,message",
+  [
+    (["--target=v9-8"], "target error: target 'v9-8': not a TPU slice"),
+    (["--target=v5e-4", "--config.parallel.fsdp=3"], "config error: parallel.fsdp"),
+    (["--target=v5e-4", "--config.data.batch_size=6"], "config error:"),
+    (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be > 0"),
+    (["--target=h100", "--json=/no/such/dir/r.json"], "flag error: json: /no/such/dir/r.json"),
+  ],
+)
+def test_bad_input_is_one_line_exit_2(flags, message):
+  done = compile_command(*TINY, *flags)
+  assert done.returncode == 2, done.stderr[-2000:]
+  (line,) = done.stderr.strip().splitlines()
+  assert line.startswith(message), line
+
+
+@pytest.mark.slow  # subprocesses
+@needs_libtpu
+def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):
+  fits = compile_command(*TINY, "--target=v5e-4", f"--json={tmp_path / 'fits.json'}")
+  assert fits.returncode == 0, fits.stderr[-2000:]
+  assert fits.stdout.splitlines()[1].startswith("FITS: train step")
+  figures = json.loads((tmp_path / "fits.json").read_text())
+  assert figures["fits"] is True and figures["target"] == "v5e-4"
+  keys = {"arguments_bytes", "temporaries_bytes", "total_bytes", "capacity_bytes"}
+  assert keys <= set(figures["per_device"])
+  big = ["--config.model.vocab_size=65536", "--config.data.batch_size=64"]
+  big.append("--config.data.seq_len=1024")
+  over = compile_command(*TINY, *big, "--target=v5e-1", f"--json={tmp_path / 'over.json'}")
+  assert over.returncode == 1, over.stderr[-2000:]
+  assert over.stdout.splitlines()[1].startswith("DOES NOT FIT")
+  assert json.loads((tmp_path / "over.json").read_text())["fits"] is False

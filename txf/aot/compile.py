@@ -1,0 +1,167 @@
+"""Compile a run's exact programs for a target it does not run on.
+
+  report = compile_run(config, parse_target("v5e-256"))
+
+`compile_run` builds the run as `txf-run` would (txf.train.setup.setup_run),
+but on the target's devices, and compiles its train step and eval step on
+abstract arguments: nothing is allocated and no accelerator is needed. The
+report (`report.py`) then reads memory, cost, collectives and, for GPUs,
+kernels from the compiled programs.
+
+What the compilers need on a machine without the hardware:
+  TPU  libtpu (`pip install 'txf[tpu]'`), told not to look for a TPU or ask
+       a cloud metadata server (`prepare_environment`).
+  GPU  jax's CUDA plugin and ptxas (`pip install 'txf[gpu-compile]'`); the
+       plugin's check for a CUDA driver and libraries is skipped, and jax's
+       cuDNN attention checks, which ask the attached GPU and the loaded
+       cuDNN, are answered for the target (`_cudnn_answered_for`). Without a
+       GPU to time candidates on, XLA does not autotune: it keeps its default
+       GEMM backend (Triton) where a real GPU may choose cuBLAS, so kernel
+       counts differ slightly; memory does not (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+from txf.aot.targets import CUDNN_VERSION, Target
+from txf.ops import attention
+from txf.train import sharding
+from txf.train.setup import RunSetup, setup_run
+
+# Before jax starts a backend: compile for TPUs and GPUs on this CPU.
+ENVIRONMENT = {
+  "JAX_PLATFORMS": "cpu",  # run nothing on a TPU or GPU this machine may have
+  "JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1",  # no CUDA driver or libraries needed
+  "TPU_SKIP_MDS_QUERY": "1",  # libtpu: no cloud metadata server
+  "TPU_ACCELERATOR_TYPE": "v5litepod-4",  # libtpu: any type, the topology names its own
+  "TPU_WORKER_HOSTNAMES": "localhost",
+  "TPU_WORKER_ID": "0",
+  # libtpu otherwise lets one process at a time load it (a lock file in /tmp),
+  # which guards a real TPU; compiling needs none.
+  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+def prepare_environment() -> None:
+  """Sets what the deviceless compilers need (`ENVIRONMENT`, where unset).
+  Call before jax starts a backend (before the first jax.devices())."""
+  for name, value in ENVIRONMENT.items():
+    os.environ.setdefault(name, value)
+  # jax read JAX_PLATFORMS when it was imported.
+  jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledRun:
+  """A run's programs compiled for a target.
+
+  Attributes:
+    target: what they were compiled for.
+    setup: the run as built on the target's devices (its mesh, shapes,
+      FLOPs per token); its programs can be lowered, not run.
+    train_step, eval_step: the compiled programs (jax.stages.Compiled);
+      None where the compiler refused one for want of memory.
+    out_of_memory: {'train_step' / 'eval_step': the compiler's message}
+      for each program it refused (the TPU compiler checks memory itself).
+    compile_seconds: {'train_step': s, 'eval_step': s}.
+    cudnn: whether GPU attention could go to cuDNN (False where this jax
+      has no cuDNN checks to answer: attention then compiles as XLA's).
+  """
+
+  target: Target
+  setup: RunSetup
+  train_step: Any
+  eval_step: Any
+  out_of_memory: dict[str, str]
+  compile_seconds: dict[str, float]
+  cudnn: bool
+
+
+@contextlib.contextmanager
+def _cudnn_answered_for(target: Target) -> Iterator[bool]:
+  """jax's cuDNN attention checks answered for the target GPU (they ask the
+  attached GPU and the loaded cuDNN); yields whether that was possible."""
+  if target.gpu is None:
+    yield False
+    return
+  try:  # private: what jax.nn.dot_product_attention(implementation='cudnn') checks
+    from jax._src.cudnn import fused_attention_stablehlo as checks
+  except ImportError:
+    yield False
+    return
+  names = ("check_cudnn_version", "check_compute_capability", "is_cuda_compute_capability_equal")
+  if not all(hasattr(checks, name) for name in names):
+    yield False
+    return
+  saved = {name: getattr(checks, name) for name in names}
+  major, minor, patch = CUDNN_VERSION
+  capability = target.gpu.compute_capability
+
+  def parse(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in str(text).split("."))
+
+  checks.check_cudnn_version = lambda *_: major * 10000 + minor * 100 + patch
+  checks.check_compute_capability = lambda cc: capability >= parse(cc)
+  checks.is_cuda_compute_capability_equal = lambda cc: capability == parse(cc)
+  try:
+    with attention.compiling_for("gpu", capability[0]):
+      yield True
+  finally:
+    for name, function in saved.items():
+      setattr(checks, name, function)
+
+
+def abstract_batch(setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global training batch's shapes and dtypes, split over the mesh as
+  the run splits its batches."""
+  batch = next(iter(setup.train_data))
+  split = sharding.batch_sharding(setup.mesh)
+  return {
+    key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=split)
+    for key, value in batch.items()
+  }
+
+
+def compile_run(config: Any, target: Target, devices: list | None = None) -> CompiledRun:
+  """Compiles the run of `config` for `target` (see the module docstring).
+
+  Args:
+    config: a run config, as txf-run takes it.
+    target: the hardware (txf.aot.targets.parse_target).
+    devices: the target's devices if already made (`target.devices()`).
+
+  Raises:
+    ImportError: the target's compiler is not installed (names the extra).
+    ConfigError: a config that cannot run there (a mesh that does not
+      divide the target's devices, a batch that does not split), naming it.
+  """
+  devices = devices if devices is not None else target.devices()
+  with _cudnn_answered_for(target) as cudnn:
+    setup = setup_run(config, devices=devices)
+    batch = abstract_batch(setup)
+    programs: dict[str, tuple[Any, Any]] = {  # jitted: they lower
+      "train_step": (setup.train_step, setup.abstract_state),
+      "eval_step": (setup.eval_step, setup.abstract_state.params),
+    }
+    compiled, out_of_memory, seconds = {}, {}, {}
+    with setup.activation_sharding():
+      for name, (step, state) in programs.items():
+        start = time.perf_counter()
+        try:
+          compiled[name] = step.lower(state, batch).compile()
+        except Exception as error:  # jax's JaxRuntimeError, which XlaRuntimeError was
+          if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+          compiled[name], out_of_memory[name] = None, str(error).strip()
+        seconds[name] = time.perf_counter() - start
+  return CompiledRun(
+    target, setup, compiled["train_step"], compiled["eval_step"], out_of_memory, seconds, cudnn
+  )

@@ -1,0 +1,256 @@
+"""What a compiled program does, read from its optimised HLO text
+(`compiled.as_text()`): the instructions that launch work on the device
+(kernels on a GPU), their bytes, their libraries, and the collectives.
+
+Only the computations the device runs instruction by instruction are read:
+the entry computation and the bodies of control flow (while, conditional,
+call). A fusion's own computation runs as one kernel, so its instructions
+are not counted. An instruction inside a loop body is counted once, not
+once per iteration.
+
+Bytes of an instruction are its operands' plus its result's, each buffer
+counted whole: the traffic an unfused kernel must move at least once (a
+kernel that reads an operand twice moves more; one that reads part of it
+less).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+DTYPE_BYTES = {
+  "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e5m2fnuz": 1,
+  "f8e4m3fnuz": 1, "f8e4m3b11fnuz": 1, "f8e3m4": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+  "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16,
+  "s4": 0.5, "u4": 0.5, "s2": 0.25, "u2": 0.25, "token": 0,
+}  # fmt: skip
+
+# Opcodes that launch device work; bookkeeping ops (parameter, tuple,
+# get-tuple-element, bitcast, constant, the -done halves of async pairs) do not.
+LAUNCHING = {
+  "fusion", "custom-call", "copy", "copy-start", "sort", "scatter", "gather", "reduce",
+  "transpose", "dot", "convolution", "reduce-window", "select-and-scatter", "dynamic-slice",
+  "dynamic-update-slice", "all-reduce", "all-reduce-start", "all-gather", "all-gather-start",
+  "reduce-scatter", "all-to-all", "collective-permute", "collective-permute-start",
+  "rng-bit-generator", "cholesky", "triangular-solve", "fft",
+}  # fmt: skip
+COLLECTIVES = {
+  "all-reduce": "all-reduce",
+  "all-reduce-start": "all-reduce",
+  "all-gather": "all-gather",
+  "all-gather-start": "all-gather",
+  "reduce-scatter": "reduce-scatter",
+  "all-to-all": "all-to-all",
+  "collective-permute": "collective-permute",
+  "collective-permute-start": "collective-permute",
+}
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+_CONTROL = re.compile(
+  r"\b(?:body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  """One device-work instruction of the program.
+
+  Attributes:
+    name: its HLO name.
+    opcode: 'fusion', 'custom-call', 'all-gather-start', ...
+    target: a custom call's target (`__cudnn$fmhaSoftmax`,
+      `__cublas$lt$matmul`), or a fusion's kind (`kLoop`, `kInput`,
+      `__triton_nested_gemm_fusion`, ...); '' otherwise.
+    result_bytes: its result's bytes (every element of a tuple).
+    operand_bytes: its operands' bytes.
+    op_name: the JAX source path of the operation (its metadata), e.g.
+      `jit(train_step)/transpose(jvp(Decoder))/.../self_attention/...`.
+  """
+
+  name: str
+  opcode: str
+  target: str
+  result_bytes: float
+  operand_bytes: float
+  op_name: str
+
+  @property
+  def bytes(self) -> float:
+    return self.result_bytes + self.operand_bytes
+
+  @property
+  def is_gemm(self) -> bool:
+    """A matrix product: a cuBLAS call, a Triton GEMM fusion or a dot."""
+    target = self.target.lower()
+    return self.opcode in ("dot", "convolution") or any(
+      word in target for word in ("gemm", "matmul", "cublas")
+    )
+
+  @property
+  def is_cudnn_attention(self) -> bool:
+    return self.target.startswith("__cudnn$fmha")
+
+
+def shape_bytes(text: str) -> float:
+  """Bytes of every array shape written in `text` (`f32[2,3]{1,0}`, tuples too)."""
+  total = 0.0
+  for dtype, dims in _SHAPE.findall(text):
+    if dtype not in DTYPE_BYTES:
+      continue
+    count = 1
+    for dim in filter(None, dims.split(",")):
+      count *= int(dim)
+    total += count * DTYPE_BYTES[dtype]
+  return total
+
+
+def _split_computations(text: str) -> dict[str, tuple[bool, list[str]]]:
+  """{computation name: (is the entry, its instruction lines)}."""
+  computations: dict[str, tuple[bool, list[str]]] = {}
+  current: list[str] | None = None
+  for line in text.splitlines():
+    header = re.match(r"(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+    if header and not line.startswith(" "):
+      current = []
+      computations[header[2]] = (bool(header[1]), current)
+    elif current is not None and line.startswith(" "):
+      current.append(line)
+  return computations
+
+
+def _matching(text: str, start: int) -> int:
+  """The index just past the bracket that closes the one at `start`."""
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] in "([{":
+      depth += 1
+    elif text[i] in ")]}":
+      depth -= 1
+      if depth == 0:
+        return i + 1
+  return len(text)
+
+
+def _parse(line: str) -> tuple[str, str, str, str, str] | None:
+  """(name, result type, opcode, operands, attributes) of an instruction line."""
+  match = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*", line)
+  if not match:
+    return None
+  rest = line[match.end() :]
+  if rest.startswith("("):
+    end = _matching(rest, 0)
+  else:
+    end = rest.find(" ")
+  result, rest = rest[:end], rest[end:].lstrip()
+  opcode = re.match(r"([a-z][\w\-]*)\(", rest)
+  if not opcode:
+    return None
+  close = _matching(rest, opcode.end() - 1)
+  return match[1], result, opcode[1], rest[opcode.end() : close - 1], rest[close:]
+
+
+def _target(opcode: str, attributes: str) -> str:
+  if opcode == "custom-call":
+    found = re.search(r'custom_call_target="([^"]*)"', attributes)
+    return found[1] if found else ""
+  if opcode == "fusion":
+    found = re.search(r'"kind":"(__[^"]*)"', attributes)  # a Triton fusion's kind
+    if found:
+      return found[1]
+    kind = re.search(r"kind=(k\w+)", attributes)
+    return kind[1] if kind else ""
+  return ""
+
+
+def _operand_bytes(operands: str, shapes: dict[str, float]) -> float:
+  """Bytes of an operand list: each operand's written type, or the type of
+  the instruction of its name (`shapes`)."""
+  total = 0.0
+  for operand in operands.split(","):
+    operand = re.sub(r"/\*.*?\*/", "", operand).strip()  # /*index=5*/
+    if operand:
+      total += shape_bytes(operand) or shapes.get(operand.split()[-1].lstrip("%"), 0.0)
+  return total
+
+
+def instructions(text: str) -> list[Instruction]:
+  """The device-work instructions of an optimised HLO module's text, in order."""
+  computations = _split_computations(text)
+  run = {name for name, (entry, _) in computations.items() if entry}
+  for _, lines in computations.values():
+    for line in lines:
+      run |= set(_CONTROL.findall(line))
+      for group in _BRANCHES.findall(line):
+        run |= {name.strip().lstrip("%") for name in group.split(",")}
+  found = []
+  for name in computations:
+    if name not in run:
+      continue
+    shapes: dict[str, float] = {}
+    for line in computations[name][1]:
+      parsed = _parse(line)
+      if parsed is None:
+        continue
+      instruction, result, opcode, operands, attributes = parsed
+      shapes[instruction] = shape_bytes(result)
+      if opcode not in LAUNCHING:
+        continue
+      operand_bytes = _operand_bytes(operands, shapes)
+      op_name = re.search(r'op_name="([^"]*)"', attributes)
+      found.append(
+        Instruction(
+          instruction,
+          opcode,
+          _target(opcode, attributes),
+          shapes[instruction],
+          operand_bytes,
+          op_name[1] if op_name else "",
+        )
+      )
+  return found
+
+
+def collectives(text: str) -> dict[str, dict[str, float]]:
+  """{kind: {"count", "bytes"}} of the collectives of an optimised HLO
+  module's text, wherever they sit: TPU programs run them inside fusions
+  (asynchronous collective fusions; a reduce-scatter is a fusion calling an
+  `all-reduce-scatter` computation). Bytes: the larger of each one's operands
+  and result (the whole buffer it gathers, reduces or scatters on each
+  device)."""
+  totals: dict[str, dict[str, float]] = {}
+  for _, lines in _split_computations(text).values():
+    shapes: dict[str, float] = {}
+    for line in lines:
+      parsed = _parse(line)
+      if parsed is None:
+        continue
+      name, result, opcode, operands, attributes = parsed
+      result_bytes = shapes[name] = shape_bytes(result)
+      kind = COLLECTIVES.get(opcode)
+      if opcode == "fusion" and re.search(r"calls=%?all-reduce-scatter", attributes):
+        kind = "reduce-scatter"
+      if kind is None:
+        continue
+      operand_bytes = _operand_bytes(operands, shapes)
+      if opcode.endswith("-start"):  # its result holds the operand too
+        result_bytes -= operand_bytes
+      row = totals.setdefault(kind, {"count": 0, "bytes": 0.0})
+      row["count"] += 1
+      row["bytes"] += max(operand_bytes, result_bytes)
+  return totals
+
+
+def region(op_name: str) -> str:
+  """Which part of a txf train step an instruction belongs to, by its JAX
+  source path: 'optimizer' (outside the gradient: the update, clipping, the
+  non-finite check), 'loss' (the loss function and the output head),
+  'attention' (inside a self- or cross-attention layer) or 'model' (the rest
+  of the forward and backward pass)."""
+  if "jvp(" not in op_name:
+    return "optimizer"
+  if "jvp()" in op_name or "/head/" in op_name or "take_along_axis" in op_name:
+    return "loss"
+  if re.search(r"(self|cross)_attention/", op_name):
+    return "attention"
+  return "model"

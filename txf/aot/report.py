@@ -1,0 +1,284 @@
+"""What a run compiled for a target costs there: memory against the device's,
+FLOPs and bytes, a roofline bound on the step time, collectives and (GPUs)
+kernels, from the compiled programs (txf.aot.compile.CompiledRun).
+
+Every figure is per device and per step unless its name says otherwise.
+`report(run)` is a JSON-ready dict; `format_report` prints it as a table.
+
+  memory   XLA's memory analysis: arguments (the state and the batch),
+           outputs, aliased (outputs written over donated arguments, counted
+           once), temporaries and generated code; total = arguments +
+           outputs - aliased + temporaries + generated code, against the
+           device's memory (`capacity_bytes`). A program that fits here can
+           still fail on the device by what XLA does not see: the
+           allocator's fragmentation, cuDNN / cuBLAS workspaces, the
+           runtime's own reservation (JAX takes 75% of a GPU by default;
+           XLA_PYTHON_CLIENT_MEM_FRACTION).
+  FLOPs    the model's count (txf.analysis.flops_per_token, 6N + 12LHQT per
+           token, over the devices) and, where the compiler gives one, its
+           cost analysis of the program (on GPUs it gives none: library calls
+           have no cost model).
+  roofline the least time a step can take: the model's FLOPs at the
+           device's peak, or the program's bytes at its memory bandwidth,
+           whichever is longer (collectives' time over the interconnect not
+           included); MFU at that time is the most the step can reach.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any
+
+import jax
+
+from txf.aot import compile as compile_module, hlo
+from txf.aot.compile import CompiledRun
+from txf.train import hardware
+
+MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
+
+
+def shard_bytes(tree: Any) -> int:
+  """Bytes one device holds of a tree of ShapeDtypeStructs with shardings."""
+  return sum(
+    math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
+  )
+
+
+def refused_memory(message: str, arguments: int) -> dict[str, int]:
+  """The sizes a compiler that ran out of memory reports: the temporaries it
+  needed (its message: "... required for HLO temporaries (40.95G) exceeds
+  available HBM (15.75G)") and the arguments the program takes."""
+  amounts = re.findall(r"\(([\d.]+)([KMGT])\)", message)
+  scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+  temporaries = int(float(amounts[0][0]) * scale[amounts[0][1]]) if amounts else 0
+  return {"argument": arguments, "output": 0, "alias": 0, "temp": temporaries, "generated_code": 0}
+
+
+def memory(compiled: Any, capacity: int, refused: dict[str, int] | None = None) -> dict[str, Any]:
+  """Per-device memory of a compiled program against `capacity` bytes (or of
+  one the compiler refused, from `refused_memory`)."""
+  if refused is not None:
+    sizes = refused
+  else:
+    analysis = compiled.memory_analysis()
+    sizes = {
+      name: int(getattr(analysis, f"{name}_size_in_bytes", 0) or 0) for name in MEMORY_FIELDS
+    }
+  total = (
+    sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"] + sizes["generated_code"]
+  )
+  return {
+    "arguments_bytes": sizes["argument"],
+    "outputs_bytes": sizes["output"],
+    "aliased_bytes": sizes["alias"],
+    "temporaries_bytes": sizes["temp"],
+    "generated_code_bytes": sizes["generated_code"],
+    "total_bytes": total,
+    "capacity_bytes": capacity,
+    "headroom_bytes": capacity - total,
+    "fits": refused is None and total <= capacity,
+  }
+
+
+def compiler_cost(compiled: Any) -> dict[str, float] | None:
+  """The compiler's FLOPs and bytes accessed for one device, or None."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # some backends raise instead of returning None
+    return None
+  if isinstance(cost, list | tuple):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return {"flops": float(cost["flops"]), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def gpu_kernels(program: list[hlo.Instruction]) -> dict[str, Any]:
+  """A GPU program's kernels: count, GEMMs by backend, cuDNN attention calls,
+  and the bytes each region of the step moves outside GEMMs (hlo.region)."""
+  gemms: Counter = Counter()
+  regions: dict[str, dict[str, float]] = {
+    name: {"kernels": 0, "bytes": 0.0} for name in ("loss", "optimizer", "attention", "model")
+  }
+  gemm_bytes = 0.0
+  for instruction in program:
+    if instruction.is_gemm:
+      target = instruction.target
+      gemms["cublas" if "cublas" in target else "triton" if "triton" in target else "xla"] += 1
+      gemm_bytes += instruction.bytes
+      continue
+    row = regions[hlo.region(instruction.op_name)]
+    row["kernels"] += 1
+    row["bytes"] += instruction.bytes
+  return {
+    "kernels": len(program),
+    "gemms": dict(gemms),
+    "cudnn_attention_calls": sum(instruction.is_cudnn_attention for instruction in program),
+    "gemm_bytes": gemm_bytes,
+    "non_gemm_bytes": sum(row["bytes"] for row in regions.values()),
+    "regions": regions,
+  }
+
+
+def roofline(
+  model_flops: float, bytes_moved: float | None, device: Any, dtype: Any, step_seconds: float | None
+) -> dict[str, float | None]:
+  """The least step time on `device` and the MFU it allows; MFU at an
+  assumed `step_seconds` too, where given."""
+  peak = hardware.peak_flops_per_device(device, dtype)
+  bandwidth = hardware.memory_bandwidth_per_device(device)
+  compute = model_flops / peak if peak else None
+  memory_time = bytes_moved / bandwidth if bandwidth and bytes_moved is not None else None
+  bound = max((t for t in (compute, memory_time) if t is not None), default=None)
+  return {
+    "peak_flops": peak,
+    "memory_bandwidth": bandwidth,
+    "compute_seconds": compute,
+    "memory_seconds": memory_time,
+    "step_seconds_bound": bound,
+    "mfu_bound": (compute / bound) if compute and bound else None,
+    "assumed_step_seconds": step_seconds,
+    "mfu_at_assumed": (compute / step_seconds) if compute and step_seconds else None,
+  }
+
+
+def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any]:
+  """Everything txf-compile reports of a compiled run (module docstring)."""
+  setup, target = run.setup, run.target
+  batch = compile_module.abstract_batch(setup)
+  arguments = {
+    "train_step": shard_bytes((setup.abstract_state, batch)),
+    "eval_step": shard_bytes((setup.abstract_state.params, batch)),
+  }
+  train, evaluation = (
+    memory(
+      getattr(run, name),
+      target.memory_bytes,
+      refused_memory(run.out_of_memory[name], arguments[name])
+      if name in run.out_of_memory
+      else None,
+    )
+    for name in ("train_step", "eval_step")
+  )
+  text = run.train_step.as_text() if run.train_step is not None else ""
+  program = hlo.instructions(text)
+  devices = setup.mesh.size
+  model_flops = setup.flops_per_token * setup.tokens_per_step
+  cost = compiler_cost(run.train_step) if run.train_step is not None else None
+  kernels = gpu_kernels(program) if target.platform == "gpu" and program else None
+  if cost and cost["bytes_accessed"]:
+    bytes_moved = cost["bytes_accessed"]
+  else:
+    bytes_moved = kernels["non_gemm_bytes"] + kernels["gemm_bytes"] if kernels else None
+  device = setup.mesh.devices.flat[0]
+  return {
+    "target": target.name,
+    "platform": target.platform,
+    "device_kind": device.device_kind,
+    "devices": devices,
+    "mesh": dict(setup.mesh.shape),
+    "fits": train["fits"] and evaluation["fits"],
+    "per_device": train,
+    "eval_step": evaluation,
+    "tokens_per_step": setup.tokens_per_step,
+    "flops": {
+      "model_per_step": model_flops,
+      "model_per_device": model_flops / devices,
+      "compiler_per_device": cost["flops"] if cost else None,
+    },
+    "bytes_accessed_per_device": bytes_moved,
+    "roofline": roofline(
+      model_flops / devices, bytes_moved, device, setup.run.model.dtype, step_seconds
+    ),
+    "collectives": hlo.collectives(text),
+    "gpu": kernels,
+    "cudnn_attention": run.cudnn,
+    "out_of_memory": run.out_of_memory,
+    "compile_seconds": run.compile_seconds,
+    "versions": {"jax": jax.__version__},
+  }
+
+
+def _gib(size: float) -> str:
+  """Bytes in GiB, or MiB / KiB where that would read 0.00."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+    if abs(size) >= scale:
+      return f"{size / scale:,.2f} {unit}"
+  return f"{size / 2**10:,.1f} KiB"
+
+
+def format_report(figures: dict[str, Any]) -> str:
+  """The report as the lines txf-compile prints."""
+  train, evaluation = figures["per_device"], figures["eval_step"]
+  mesh = " x ".join(f"{name} {size}" for name, size in figures["mesh"].items())
+  verdict = "FITS" if figures["fits"] else "DOES NOT FIT"
+  lines = [
+    f"{figures['target']}: {figures['devices']} x {figures['device_kind']}, mesh {mesh}",
+    f"{verdict}: train step {_gib(train['total_bytes'])} of {_gib(train['capacity_bytes'])} "
+    f"per device ({_gib(abs(train['headroom_bytes']))} "
+    f"{'free' if train['fits'] else 'over'}), eval step {_gib(evaluation['total_bytes'])}",
+    f"  arguments {_gib(train['arguments_bytes'])}, outputs {_gib(train['outputs_bytes'])} "
+    f"({_gib(train['aliased_bytes'])} of them over donated arguments), temporaries "
+    f"{_gib(train['temporaries_bytes'])}",
+    *(
+      f"  the compiler refused the {name.replace('_', ' ')}: {message.splitlines()[0]}"
+      for name, message in figures["out_of_memory"].items()
+    ),
+  ]
+  flops, line = figures["flops"], figures["roofline"]
+  compiler = flops["compiler_per_device"]
+  lines.append(
+    f"FLOPs per step per device: model {flops['model_per_device']:.3e}"
+    + (f", compiler {compiler:.3e}" if compiler else " (no compiler cost model for this target)")
+  )
+  if line["step_seconds_bound"]:
+    parts = [
+      f"{name} {1e3 * line[f'{name}_seconds']:.1f} ms"
+      for name in ("compute", "memory")
+      if line[f"{name}_seconds"] is not None
+    ]
+    mfu = line["mfu_bound"]
+    lines.append(
+      f"roofline: step >= {1e3 * line['step_seconds_bound']:.1f} ms ({', '.join(parts)})"
+      + (f", so MFU <= {100 * mfu:.1f}%" if mfu else " (no peak FLOP/s for this dtype: no MFU)")
+    )
+  if line["mfu_at_assumed"] is not None:
+    lines.append(
+      f"at an assumed {1e3 * line['assumed_step_seconds']:.1f} ms a step: "
+      f"MFU {100 * line['mfu_at_assumed']:.1f}%"
+    )
+  collectives = figures["collectives"]
+  lines.append(
+    "collectives per step: "
+    + (
+      ", ".join(
+        f"{kind} {row['count']} ({_gib(row['bytes'])})" for kind, row in sorted(collectives.items())
+      )
+      or "none"
+    )
+  )
+  if figures["gpu"]:
+    gpu = figures["gpu"]
+    gemms = ", ".join(f"{count} {backend}" for backend, count in sorted(gpu["gemms"].items()))
+    lines.append(
+      f"kernels: {gpu['kernels']}; GEMMs {sum(gpu['gemms'].values())} ({gemms}); cuDNN "
+      f"attention calls {gpu['cudnn_attention_calls']}"
+      + ("" if figures["cudnn_attention"] else " (cuDNN unavailable: XLA attention)")
+    )
+    regions = ", ".join(
+      f"{name} {row['bytes'] / 1e9:.1f} GB ({row['kernels']:.0f} kernels)"
+      for name, row in gpu["regions"].items()
+    )
+    lines.append(
+      f"bytes moved outside GEMMs: {gpu['non_gemm_bytes'] / 1e9:.1f} GB ({regions}); "
+      f"GEMMs {gpu['gemm_bytes'] / 1e9:.1f} GB"
+    )
+  seconds = figures["compile_seconds"]
+  lines.append(
+    f"compiled in {seconds['train_step']:.1f} s (train step) + {seconds['eval_step']:.1f} s "
+    f"(eval step)"
+  )
+  return "\n".join(lines)

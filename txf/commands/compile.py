@@ -1,0 +1,109 @@
+"""Compile a run for hardware this machine does not have: does it fit, and what does it cost there?
+
+  txf-compile --config=gpt2_small --target=h100
+  txf-compile --config=decoder_1b --target=v5e-256 --json=report.json
+  python -m experiments.compile --config=configs/rope.py --target=v4-8 --config.parallel.fsdp=4
+
+Builds the run exactly as txf-run would (the same config, overrides and
+checks), but on the devices of the target's topology description, and
+compiles its train step and eval step ahead of time on this CPU: no TPU or
+GPU needed. Targets: TPU slices by their cloud names (v4-8 ... v4-4096,
+v5e-1 ... v5e-256, v5p-8 ..., v6e-...; v5e-256x2 for two slices) and GPUs
+with a count (h100, h200, a100; h100x8, h100x16 for two hosts). It prints,
+per device: the memory the train step and the eval step need against the
+device's (FITS / DOES NOT FIT, by how much), the step's FLOPs (the model's;
+the compiler's where it counts them), a roofline bound on the step time and
+the MFU it allows (`--step_seconds` gives the MFU at an assumed step time),
+the collectives per step (count and bytes), and for GPUs the kernels per
+step, GEMMs by backend, cuDNN attention calls and the bytes each region of
+the step moves outside GEMMs (loss, optimizer, attention, the rest);
+docs/scaling.md says how to read it. `--json=PATH` writes the same figures
+(keys `fits` and `per_device`: `arguments_bytes`, `temporaries_bytes`,
+`total_bytes`, `capacity_bytes`, ...). `--hlo=PATH` writes the compiled
+train step's HLO text.
+
+Needs the target's compiler: `pip install 'txf[tpu]'` (libtpu) for TPUs,
+`pip install 'txf[gpu-compile]'` (jax's CUDA plugin and ptxas) for GPUs.
+
+Exit status: 0 when both steps fit; 1 when one does not (the report says by
+how much); 2 with one line for a bad target, a missing compiler, a config
+error (including a mesh that does not divide the target's devices or a batch
+that does not split over it).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from absl import flags, logging
+
+from txf.commands.cli import define_config_flag, fail, require_config_kind, run_command, run_errors
+
+_CONFIG = define_config_flag("Run config (file.py[:arg], or a shipped config's name).")
+_TARGET = flags.DEFINE_string(
+  "target", None, "Hardware: a TPU slice (v5e-256, v4-8, v5p-128) or GPUs (h100, h100x8).",
+  required=True,
+)  # fmt: skip
+_JSON = flags.DEFINE_string("json", None, "Also write the report here as JSON.")
+_HLO = flags.DEFINE_string("hlo", None, "Write the compiled train step's HLO text here.")
+_STEP_SECONDS = flags.DEFINE_float(
+  "step_seconds", None, "An assumed step time: report the MFU it would give."
+)
+
+
+def _check_output(flag: flags.FlagHolder) -> None:
+  """An output file's directory must exist, and the file must not be one."""
+  if flag.value is None:
+    return
+  path = pathlib.Path(flag.value)
+  if path.is_dir() or not path.parent.is_dir():
+    reason = "is a directory" if path.is_dir() else f"no directory {path.parent}"
+    fail("flag", f"{flag.name}: {path}: {reason}")
+
+
+def _write(path: str, text: str) -> None:
+  try:
+    pathlib.Path(path).write_text(text, encoding="utf-8")
+  except OSError as error:
+    fail("write", f"{path}: {error.strerror or error}", status=1)
+
+
+def main(argv) -> None:
+  # After flag parsing: fast --help; before jax starts a backend.
+  from txf.aot.compile import compile_run, prepare_environment
+
+  prepare_environment()
+  from txf.aot.report import format_report, report
+  from txf.aot.targets import parse_target
+
+  logging.set_verbosity(logging.WARNING)
+  require_config_kind("run")
+  if _STEP_SECONDS.value is not None and not _STEP_SECONDS.value > 0:
+    fail("flag", f"step_seconds: must be > 0, got {_STEP_SECONDS.value}")
+  _check_output(_JSON)
+  _check_output(_HLO)
+  try:
+    target = parse_target(_TARGET.value)
+    devices = target.devices()
+  except (ValueError, ImportError) as error:
+    fail("target", error)
+  with run_errors():
+    compiled = compile_run(_CONFIG.value, target, devices)
+  figures = report(compiled, _STEP_SECONDS.value)
+  if _HLO.value:
+    _write(_HLO.value, compiled.train_step.as_text())
+  if _JSON.value:
+    _write(_JSON.value, json.dumps(figures, indent=2) + "\n")
+  print(format_report(figures))
+  if not figures["fits"]:
+    raise SystemExit(1)
+
+
+def cli() -> None:
+  """The `txf-compile` console script and `python -m experiments.compile`."""
+  run_command(main)
+
+
+if __name__ == "__main__":
+  cli()
