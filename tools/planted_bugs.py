@@ -34,6 +34,10 @@ LAYER_REFS = "tests/test_layer_references.py"
 ATTENTION_REF = f"{LAYER_REFS}::test_attention_matches_numpy"
 BLOCK_REF = f"{LAYER_REFS}::test_block_matches_numpy"
 DETERMINISTIC = "tests/test_behaviour.py::test_deterministic_model_ignores_dropout_rates"
+RANGES = "tests/test_data_ranges.py::test_sampled_parameters_cover_their_documented_range"
+REGISTRIES = "tests/test_registries.py"
+SETTING_TEST = "test_every_option_setting_changes_the_model_output"
+PROVENANCE = "tests/test_record_provenance.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,6 +324,114 @@ BUGS = (
     "l_new = rescale * l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
     "l_new = l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
     ("tests/test_ops_attention_chunked.py",),
+  ),
+  # --- a sampled parameter that stops reaching an end of its range ----------
+  Bug(
+    "induction_period_misses_top",
+    "txf/data/incontext.py",
+    "period = int(rng.integers(min_period, max_period + 1))",
+    "period = int(rng.integers(min_period, max_period))",
+    (f"{RANGES}[induction]",),
+  ),
+  Bug(
+    "seq2seq_length_misses_top",
+    "txf/data/synthetic.py",
+    "length = int(rng.integers(min_len, max_len + 1))",
+    "length = int(rng.integers(min_len, max_len))",
+    (f"{RANGES}[copy]",),
+  ),
+  Bug(
+    "listops_never_ten_arguments",
+    "txf/data/listops.py",
+    "for _ in range(2 + int(uniform() * (MAX_ARGS - 1))):",
+    "for _ in range(2 + int(uniform() * (MAX_ARGS - 2))):",
+    (f"{RANGES}[listops]",),
+  ),
+  Bug(
+    "mqar_queries_miss_last_slot",
+    "txf/data/incontext.py",
+    "slots = (length - 2 * num_pairs) // 2  #",
+    "slots = (length - 2 * num_pairs) // 2 - 1  #",
+    (f"{RANGES}[mqar]",),
+  ),
+  Bug(
+    "probe_tokens_skip_low",
+    "txf/analysis/heads.py",
+    "pool = np.arange(low, vocab_size)",
+    "pool = np.arange(low + 1, vocab_size)",
+    (f"{RANGES}[induction_probe]",),
+  ),
+  # --- a registry entry that behaves like another, or ignores its settings ----
+  Bug(
+    "rope_ntk_registered_as_rope",
+    "txf/layers/positions.py",
+    '"rope_ntk": PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"),',
+    '"rope_ntk": PositionEncoding("rotation", rotate=_rope, even="head_dim"),',
+    (f"{REGISTRIES}::test_every_option_changes_the_model_output[position]",),
+  ),
+  Bug(
+    "max_pooling_is_mean",
+    "txf/models/heads.py",
+    'if pooling == "mean":',
+    'if pooling in ("mean", "max"):',
+    (f"{REGISTRIES}::test_every_option_changes_the_model_output[pooling]",),
+  ),
+  Bug(
+    "rope_ignores_base",
+    "txf/layers/positions.py",
+    "return positional.apply_rope(\n    x_BxTxHxDh, positions_BxT, base=layer.rope_base,",
+    "return positional.apply_rope(\n    x_BxTxHxDh, positions_BxT, base=10000.0,",
+    (f"{REGISTRIES}::{SETTING_TEST}[position-rope-rope_base]",),
+  ),
+  Bug(
+    "t5_bias_ignores_max_distance",
+    "txf/layers/positions.py",
+    "max_distance=layer.t5_max_distance,",
+    "max_distance=128,",
+    (f"{REGISTRIES}::{SETTING_TEST}[position-t5_bias-t5_max_distance]",),
+  ),
+  Bug(
+    "rms_norm_ignores_eps",
+    "txf/layers/norm.py",
+    "return ops.rms_norm(x_BxTxD, scale, eps=self.eps)",
+    "return ops.rms_norm(x_BxTxD, scale, eps=DEFAULTS.norm_eps)",
+    (f"{REGISTRIES}::{SETTING_TEST}[norm-rms-norm_eps]",),
+  ),
+  # --- a provenance field of the run record recorded wrong ---------------------
+  Bug(
+    "git_dirty_only_when_staged",
+    "txf/train/record.py",
+    'dirty = bool(_git(directory, "status", "--porcelain", "--untracked-files=no"))',
+    'dirty = bool(_git(directory, "diff", "--cached", "--name-only"))',
+    (f"{PROVENANCE}::test_git_state_follows_a_checkout_made_clean_then_dirty",),
+  ),
+  Bug(
+    "git_commit_is_the_tree",
+    "txf/train/record.py",
+    'commit = _git(directory, "rev-parse", "HEAD")',
+    'commit = _git(directory, "rev-parse", "HEAD^{tree}")',
+    (f"{PROVENANCE}::test_git_state_follows_a_checkout_made_clean_then_dirty",),
+  ),
+  Bug(
+    "corpus_fingerprint_names_only",
+    "txf/data/corpus.py",
+    'for part in (path.encode("utf-8"), data):',
+    'for part in (path.encode("utf-8"),):',
+    (f"{PROVENANCE}::test_pystdlib_fingerprint_follows_the_corpus_contents_and_names",),
+  ),
+  Bug(
+    "files_fingerprint_sizes_only",
+    "txf/data/files.py",
+    "        update(data)\n",
+    "        update(str(len(data)).encode())\n",
+    (f"{PROVENANCE}::test_text_files_fingerprint_follows_their_contents_and_names",),
+  ),
+  Bug(
+    "data_sha256_of_the_fields_alone",
+    "txf/train/record.py",
+    "json.dumps(description, sort_keys=True, default=repr)",
+    "json.dumps(spec, sort_keys=True, default=repr)",
+    (f"{PROVENANCE}::test_pystdlib_fingerprint_follows_the_corpus_contents_and_names",),
   ),
 )
 

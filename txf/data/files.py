@@ -40,6 +40,7 @@ files assigned by hash. Point at wiki.train.raw instead (split by position).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 
@@ -215,6 +216,33 @@ class TextFiles:
 
   def description(self) -> str:
     return f"UTF-8 text files:{self.source}: {self._split_rule()}"
+
+  def fingerprint(self, *, max_bytes: int | None) -> dict[str, int | str]:
+    """What a run reads, for its record: the number of files, the UTF-8 bytes
+    its three splits hold (at most `max_bytes` each, as `load` reads them)
+    and a SHA-256 of the files' relative paths and of each split's documents,
+    so it follows the contents as well as the names, the same wherever the
+    files lie. A split that cannot be loaded (a run reading it fails on its
+    own) is hashed as a marker."""
+    digest, total = hashlib.sha256(), 0
+
+    def update(part: bytes) -> None:
+      digest.update(len(part).to_bytes(8, "big") + part)
+
+    for relative in self.relative_paths:
+      update(relative.encode("utf-8"))
+    for split in corpus.SPLITS:
+      update(split.encode("utf-8"))
+      try:
+        documents = self.load(split, max_bytes=max_bytes)
+      except ValueError:
+        update(b"<no text>")
+        continue
+      for document in documents:
+        data = document.encode("utf-8")
+        total += len(data)
+        update(data)
+    return dict(files=len(self.relative_paths), bytes=total, sha256=digest.hexdigest())
 
 
 def _after_newline(text: str, index: int) -> int:

@@ -12,8 +12,9 @@ run appends one), rewritten atomically:
   environment    Python, jax/jaxlib/flax/optax/orbax versions, devices and
                  their kind, process count (txf.train.hardware.environment)
   data           {'name', 'sha256', ...}: the data source described (for the
-                 built-in corpus its Python version, files and bytes) and a
-                 hash of that description
+                 built-in corpus its Python version, files and bytes; for
+                 text files their count, the bytes the splits read and a
+                 hash of those) and a hash of that description
   config         the fully resolved config: the checked RunConfig's fields,
                  derived ones filled in (model.vocab_size, head_dim, d_ff, ...)
 
@@ -79,12 +80,15 @@ def environment() -> dict[str, Any]:
 
 def data_description(run: RunConfig) -> dict[str, Any]:
   """The run's data described as cheaply as is stable, with a SHA-256 of it."""
-  from txf.data import corpus  # noqa: PLC0415 (imports the data pipeline's modules)
+  from txf.data import config, corpus, files  # noqa: PLC0415 (imports the data pipeline's modules)
 
   spec = dataclasses.asdict(run.data)
   description: dict[str, Any] = dict(name=run.data.name, fields=spec)
   if run.data.name == "pystdlib":
     description["corpus"] = corpus.corpus_fingerprint()
+  elif config.is_files(run.data.name):
+    text_files = files.TextFiles.find(run.data.name[len(config.FILES_PREFIX) :])
+    description["corpus"] = text_files.fingerprint(max_bytes=run.data.max_corpus_bytes)
   description["sha256"] = hashlib.sha256(
     json.dumps(description, sort_keys=True, default=repr).encode("utf-8")
   ).hexdigest()
