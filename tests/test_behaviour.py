@@ -49,6 +49,37 @@ def optimizer():
 
 
 # ---------------------------------------------------------------------------
+# A non-finite step.
+
+
+@pytest.mark.parametrize("poison", ["weights", "params"])
+def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(poison):
+  model = build(ModelConfig(**TINY, family="decoder"))
+  opt = optimizer()
+  batch = lm_batch(0, 4, 6)
+  state = init_state(model, opt, batch, "lm", jax.random.key(0))
+  step = jax.jit(make_train_step(model, opt, "lm", seed=0))
+  if poison == "weights":  # a NaN loss
+    batch = dict(batch, weights=batch["weights"].at[0, 0].set(jnp.nan))
+  else:  # a NaN parameter (a NaN checkpoint, say): NaN loss and gradient
+    state = state.replace(
+      params=jax.tree_util.tree_map_with_path(
+        lambda path, x: x.at[0].set(jnp.nan) if "ffn_norm" in jax.tree_util.keystr(path) else x,
+        state.params,
+      )
+    )
+  before = jax.tree.map(np.asarray, state)
+  after, metrics = step(state, batch)
+  assert int(metrics["finite"]) == 0 and int(after.step) == 0
+  for (path, old), new in zip(jax.tree.leaves_with_path(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(np.asarray(new), old, err_msg=jax.tree_util.keystr(path))
+  # The same step on a clean batch and state moves it.
+  clean_state = init_state(model, opt, lm_batch(0, 4, 6), "lm", jax.random.key(0))
+  moved, metrics = step(clean_state, lm_batch(0, 4, 6))
+  assert int(metrics["finite"]) == 1 and int(moved.step) == 1
+
+
+# ---------------------------------------------------------------------------
 # Gradient accumulation.
 
 

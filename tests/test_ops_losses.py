@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops.losses import cross_entropy, token_cross_entropy
+from txf.ops.losses import cross_entropy, cross_entropy_sums, token_cross_entropy
 
 V = 11
 
@@ -150,3 +150,74 @@ def test_bad_input_raises(batch, kwargs, name):
   args = dict(logits=logits, labels=labels) | kwargs
   with pytest.raises(ValueError, match=name):
     cross_entropy(**args)
+
+
+# ---------------------------------------------------------------------------
+# cross_entropy_sums: the training loss, one pass over the logits each way.
+
+
+def np_grad(logits, labels, weights, label_smoothing, z_loss):
+  """d sum(w * loss) / d logits in float64."""
+  log_probs, lse = np_log_softmax(logits)
+  softmax = np.exp(log_probs) * (1 + 2 * z_loss * lse)[..., None]
+  return weights[..., None] * (softmax - np_target(labels, label_smoothing))
+
+
+@pytest.mark.parametrize(
+  "label_smoothing,z_loss", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2), (0.2, 1e-3)]
+)
+def test_sums_and_their_gradient_match_float64(batch, label_smoothing, z_loss):
+  logits, labels, weights = batch
+  sums = lambda z: cross_entropy_sums(  # noqa: E731
+    z, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+  )
+  loss_sum, num_tokens, correct = sums(logits)
+  ref_loss, ref_num = np_cross_entropy(logits, labels, weights, label_smoothing, z_loss)
+  np.testing.assert_allclose(loss_sum, ref_loss * ref_num, rtol=1e-5)
+  np.testing.assert_allclose(num_tokens, ref_num, rtol=1e-6)
+  np.testing.assert_allclose(correct, ((logits.argmax(-1) == labels) * weights).sum(), rtol=1e-6)
+  grad = jax.grad(lambda z: sums(z)[0])(logits)
+  ref = np_grad(logits, labels, weights, label_smoothing, z_loss)
+  np.testing.assert_allclose(grad, ref, atol=1e-6, rtol=1e-5)
+  # The same as differentiating the reference implementation.
+  plain = jax.grad(
+    lambda z: cross_entropy(
+      z, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+    )[0]
+    * weights.sum()
+  )(logits)
+  np.testing.assert_allclose(grad, plain, atol=1e-6)
+
+
+def test_correct_counts_the_first_largest_logit_as_argmax_does():
+  # Ties: argmax picks the first index of the largest logit.
+  logits = np.array([[[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [5.0, 1.0, 5.0, 4.0]]] * 2)
+  labels = np.array([[1, 0, 2], [2, 3, 0]])
+  _, _, correct = cross_entropy_sums(logits.astype(np.float32), labels)
+  assert correct == (logits.argmax(-1) == labels).sum() == 3
+
+
+def test_masked_vocabulary_entries_and_zero_weights_stay_finite(batch):
+  logits, labels, weights = batch
+  logits = logits.copy()
+  logits[..., -3:] = -np.inf  # ids a model may never emit
+  labels = labels % (V - 3)
+  weights[0] = 0.0
+  loss_sum, _, _ = cross_entropy_sums(logits, labels, weights=weights)
+  grad = jax.grad(lambda z: cross_entropy_sums(z, labels, weights=weights)[0])(logits)
+  _, lse = np_log_softmax(logits[..., : V - 3])
+  nll = lse - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+  np.testing.assert_allclose(loss_sum, (weights * nll).sum(), rtol=1e-5)
+  assert np.all(np.isfinite(grad)) and np.all(grad[..., -3:] == 0) and np.all(grad[0] == 0)
+
+
+def test_bfloat16_logits_give_a_bfloat16_gradient_of_float32_statistics(batch):
+  logits, labels, weights = batch
+  low = jnp.asarray(logits, jnp.bfloat16)
+  loss_sum, _, _ = jax.jit(lambda z: cross_entropy_sums(z, labels, weights=weights))(low)
+  ref_loss, ref_num = np_cross_entropy(np.asarray(low, np.float64), labels, weights)
+  np.testing.assert_allclose(loss_sum, ref_loss * ref_num, rtol=1e-5)
+  grad = jax.grad(lambda z: cross_entropy_sums(z, labels, weights=weights)[0])(low)
+  assert grad.dtype == jnp.bfloat16
+  ref = np_grad(np.asarray(low, np.float64), labels, weights, 0.0, 0.0)
+  np.testing.assert_allclose(np.asarray(grad, np.float64), ref, atol=1e-2)

@@ -6,7 +6,12 @@ and call these.
 """
 
 from txf.ops.attention import apply_attention_weights, attention_weights, dot_product_attention
-from txf.ops.losses import cross_entropy, linear_cross_entropy_sums, token_cross_entropy
+from txf.ops.losses import (
+  cross_entropy,
+  cross_entropy_sums,
+  linear_cross_entropy_sums,
+  token_cross_entropy,
+)
 from txf.ops.masks import (
   causal_mask,
   combine_masks,
@@ -47,6 +52,7 @@ __all__ = [
   "rms_norm",
   # losses
   "cross_entropy",
+  "cross_entropy_sums",
   "token_cross_entropy",
   "linear_cross_entropy_sums",
 ]

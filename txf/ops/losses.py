@@ -1,5 +1,8 @@
-"""Token-level cross-entropy with weights, label smoothing and z-loss, and
-the same loss fused with the output projection, chunked over positions."""
+"""Token-level cross-entropy with weights, label smoothing and z-loss: as a
+function of the logits (`cross_entropy`), as sums with their own gradient
+that read the logits once each way (`cross_entropy_sums`, what training
+uses), and fused with the output projection, chunked over positions
+(`linear_cross_entropy_sums`)."""
 
 import functools
 import numbers
@@ -7,7 +10,12 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-__all__ = ["cross_entropy", "linear_cross_entropy_sums", "token_cross_entropy"]
+__all__ = [
+  "cross_entropy",
+  "cross_entropy_sums",
+  "linear_cross_entropy_sums",
+  "token_cross_entropy",
+]
 
 
 def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
@@ -99,6 +107,128 @@ def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0
   return loss, num_tokens
 
 
+def _combine_statistics(a, b):
+  """The reduction of `_logit_statistics`: two partial results in one.
+
+  (running max, sum of exp(x - max), label logit, max before the label,
+  max after the label[, sum of x]); the exp-sum is rescaled to the larger
+  max (an online log-sum-exp), and a part whose max is -inf adds nothing
+  (not exp(-inf + inf) = NaN).
+  """
+  top = jnp.maximum(a[0], b[0])
+
+  def rescaled(part):
+    return jnp.where(part[0] == -jnp.inf, 0.0, part[1] * jnp.exp(part[0] - top))
+
+  combined = (top, rescaled(a) + rescaled(b), a[2] + b[2], jnp.maximum(a[3], b[3]))
+  combined += (jnp.maximum(a[4], b[4]),) + tuple(x + y for x, y in zip(a[5:], b[5:]))
+  return combined
+
+
+def _logit_statistics(logits_xV, labels, with_sum):
+  """(log-sum-exp, the label's logit, whether the label is the argmax[, sum
+  of the logits]) of each row, float32, from one reduction over the
+  vocabulary: on a GPU, one pass over the logits.
+
+  "The argmax" as jnp.argmax picks it: the first index of the largest logit,
+  so the label is it iff its logit beats every earlier one and is not beaten
+  by a later one.
+  """
+  x_xV = logits_xV.astype(jnp.float32)
+  index_xV = jax.lax.broadcasted_iota(jnp.int32, x_xV.shape, x_xV.ndim - 1)
+  label_x1 = labels[..., None]
+  minus_inf = jnp.float32(-jnp.inf)
+  operands = (
+    x_xV,
+    jnp.ones_like(x_xV),  # each logit's own exp(x - x)
+    jnp.where(index_xV == label_x1, x_xV, 0.0),
+    jnp.where(index_xV < label_x1, x_xV, minus_inf),
+    jnp.where(index_xV > label_x1, x_xV, minus_inf),
+  ) + ((x_xV,) if with_sum else ())
+  init = (minus_inf, jnp.float32(0), jnp.float32(0), minus_inf, minus_inf)
+  init += (jnp.float32(0),) if with_sum else ()
+  top, exp_sum, label_logit, before, after, *total = jax.lax.reduce(
+    operands, init, _combine_statistics, (x_xV.ndim - 1,)
+  )
+  log_z = top + jnp.log(exp_sum)
+  correct = (label_logit > before) & (label_logit >= after)
+  return (log_z, label_logit, correct, *total)
+
+
+def _token_losses(log_z, label_logit, logits_sum, vocab_size, label_smoothing, z_loss):
+  """Each token's loss from its statistics (as `token_cross_entropy`)."""
+  nll = log_z - label_logit
+  if label_smoothing:
+    nll = (1.0 - label_smoothing) * nll + label_smoothing * (log_z - logits_sum / vocab_size)
+  return nll + z_loss * jnp.square(log_z)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _sums(logits_xV, labels, weights, label_smoothing, z_loss):
+  return _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss)[0]
+
+
+def _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss):
+  log_z, label_logit, correct, *total = _logit_statistics(
+    logits_xV, labels, with_sum=bool(label_smoothing)
+  )
+  per_token = _token_losses(
+    log_z, label_logit, total[0] if total else None, logits_xV.shape[-1], label_smoothing, z_loss
+  )
+  sums = (jnp.sum(weights * per_token), jnp.sum(weights * correct))
+  return sums, (logits_xV, labels, weights, log_z)
+
+
+def _sums_backward(label_smoothing, z_loss, residuals, cotangents):
+  """d loss_sum / d logits = w * (softmax * (1 + 2 z log_z) - (1 - ls) onehot
+  - ls / V): one elementwise pass, written in the logits' dtype."""
+  logits_xV, labels, weights, log_z = residuals
+  scale = weights * cotangents[0]  # the correct count is not differentiable
+  x_xV = logits_xV.astype(jnp.float32)
+  index_xV = jax.lax.broadcasted_iota(jnp.int32, x_xV.shape, x_xV.ndim - 1)
+  softmax_xV = jnp.exp(x_xV - log_z[..., None]) * (1.0 + 2.0 * z_loss * log_z)[..., None]
+  target_xV = jnp.where(index_xV == labels[..., None], 1.0 - label_smoothing, 0.0)
+  if label_smoothing:
+    target_xV = target_xV + label_smoothing / x_xV.shape[-1]
+  grad_xV = scale[..., None] * (softmax_xV - target_xV)
+  return grad_xV.astype(logits_xV.dtype), None, None
+
+
+_sums.defvjp(_sums_forward, _sums_backward)
+
+
+def cross_entropy_sums(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0.0):
+  """`token_cross_entropy` summed with weights, with its own gradient.
+
+  The same loss as `cross_entropy` (times the token count), computed as
+  training needs it from [B, T, V] logits: the forward pass is one reduction
+  over the vocabulary giving each row's log-sum-exp, the label's logit and
+  whether the label is the argmax (no separate max, mean or argmax passes),
+  the backward pass one elementwise kernel writing the gradient in the
+  logits' dtype (no scatter of the label's gradient into a zero array).
+  Only the loss sum is differentiable; labels and weights are constants.
+
+  Args:
+    logits: float `[..., V]`.
+    labels: int `[...]` in [0, V).
+    weights: float or bool `[...]`, 0 for padding; None weighs every token 1.
+    label_smoothing: in [0, 1), a Python float.
+    z_loss: coefficient of the z-loss term, >= 0, a Python float.
+
+  Returns:
+    (loss_sum, num_tokens, num_correct): float32 scalars, the weighted sum of
+    the token losses, sum(weights) and the weighted count of tokens whose
+    argmax logit (the first, as `jnp.argmax`) is the label.
+  """
+  logits = jnp.asarray(logits)
+  labels = jnp.asarray(labels)
+  weights = None if weights is None else jnp.asarray(weights)
+  _check_inputs(logits, labels, weights, label_smoothing, z_loss)
+  weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
+  loss_sum, num_correct = _sums(logits, labels, weights, float(label_smoothing), float(z_loss))
+  return loss_sum, jnp.sum(weights), num_correct
+
+
 def _chunk_sums(
   x_BxCxD, kernel_DxV, labels_BxC, weights_BxC, label_smoothing, z_loss, dtype, with_grads
 ):
@@ -109,9 +239,19 @@ def _chunk_sums(
     kernel_DxV.astype(dtype),
     preferred_element_type=jnp.float32,
   )
-  per_token_BxC, log_z_BxC = _per_token_and_log_z(logits_BxCxV, labels_BxC, label_smoothing, z_loss)
+  log_z_BxC, label_logit_BxC, correct_BxC, *total = _logit_statistics(
+    logits_BxCxV, labels_BxC, with_sum=bool(label_smoothing)
+  )
+  per_token_BxC = _token_losses(
+    log_z_BxC,
+    label_logit_BxC,
+    total[0] if total else None,
+    logits_BxCxV.shape[-1],
+    label_smoothing,
+    z_loss,
+  )
   loss = jnp.sum(weights_BxC * per_token_BxC)
-  correct = jnp.sum((jnp.argmax(logits_BxCxV, axis=-1) == labels_BxC) * weights_BxC)
+  correct = jnp.sum(correct_BxC * weights_BxC)
   if not with_grads:
     return loss, correct
   # d per_token / d logits = softmax * (1 + 2 z log_z) - (1 - ls) onehot - ls / V.

@@ -155,11 +155,9 @@ def _loss_sums(
     deterministic=deterministic,
     rngs=rngs,
   )
-  loss, count = ops.cross_entropy(
+  return ops.cross_entropy_sums(
     logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
   )
-  correct = jnp.sum((jnp.argmax(logits, axis=-1) == labels) * weights)
-  return loss * count, count, correct
 
 
 def _split_micro_batches(batch: Batch, num: int) -> Batch:
@@ -195,10 +193,13 @@ def make_train_step(
   loss_chunk_len > 0 computes the loss fused with the LM head, that many
   positions at a time (module docstring).
 
-  An update whose loss, gradient or update is not finite is skipped (the
-  state is returned unchanged) and reported through `metrics['finite'] == 0`,
-  so a NaN never reaches the parameters or a checkpoint.
+  An update whose loss or gradient is not finite is skipped (the state is
+  returned unchanged) and reported through `metrics['finite'] == 0`, so a
+  NaN never reaches the parameters or a checkpoint.
   """
+
+  # Any optax transformation; one of make_optimizer's takes the norm computed here.
+  optimizer = optax.with_extra_args_support(optimizer)
 
   def sums(params, micro_batch, rng):
     total, count, correct = _loss_sums(
@@ -239,13 +240,21 @@ def make_train_step(
     grads = jax.tree.map(lambda g: g / denom, grads)
     loss = total / denom
     grad_norm = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    new_state = TrainState(
-      step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
-    )
-    # The update too: a finite gradient times a huge step can still overflow.
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
-    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+
+    def update(state: TrainState) -> TrainState:
+      updates, opt_state = optimizer.update(
+        grads, state.opt_state, state.params, grad_norm=grad_norm
+      )
+      params = optax.apply_updates(state.params, updates)
+      return TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+
+    # Decided from what the step already has: a non-finite gradient has a
+    # non-finite norm. (Adam's update is at most about the learning rate per
+    # parameter, so a finite gradient cannot make it overflow.) lax.cond
+    # skips the update's passes instead of computing them and selecting over
+    # the whole state.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new_state = jax.lax.cond(finite, update, lambda state: state, state)
     metrics = {
       "loss": loss,
       "accuracy": correct / denom,
