@@ -56,6 +56,15 @@ CONFIG_ERRORS = {
     "def get_config():\n  pass\n",
     ["get_config() returned NoneType, not a ConfigDict"],
   ),
+  # Exit 0 with nothing printed or trained; an AttributeError traceback.
+  "get_config_exits": (
+    "import sys\ndef get_config():\n  sys.exit(0)\n",
+    ["exited (sys.exit(0)) while loading"],
+  ),
+  "get_config_returns_an_object_with_lock": (
+    "class Locks:\n  def lock(self): ...\ndef get_config():\n  return Locks()\n",
+    ["get_config() returned Locks, not a ConfigDict"],
+  ),
 }
 
 

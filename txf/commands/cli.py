@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import ml_collections
 from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
@@ -36,7 +37,8 @@ class ConfigFileError(Exception):
 class ConfigFileParser(flags.ArgumentParser):
   """Parses --config=file.py[:arg] like ml_collections' own parser (get_config(arg),
   then lock), but every way a config file can fail to load (missing, syntax
-  error, get_config raising) is a one-line ConfigFileError."""
+  error, get_config raising or exiting, returning something other than a
+  ConfigDict) is a one-line ConfigFileError."""
 
   def parse(self, argument):
     file, *arg = argument.split(":", 1)
@@ -53,10 +55,12 @@ class ConfigFileParser(flags.ArgumentParser):
       config = module.get_config(*arg)
     except SyntaxError as error:
       raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
+    except SystemExit as error:  # sys.exit() in the user's code: nothing would run
+      raise ConfigFileError(f"{file}: exited (sys.exit({error.code!r})) while loading") from None
     except Exception as error:  # the user's code
       first_line = (str(error).splitlines() or [""])[0]
       raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
-    if not hasattr(config, "lock"):
+    if not isinstance(config, ml_collections.ConfigDict):
       raise ConfigFileError(
         f"{argument}: get_config() returned {type(config).__name__}, not a ConfigDict"
       )
