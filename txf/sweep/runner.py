@@ -256,9 +256,7 @@ def summarize(
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written += [
-      results.plot_loss_curves(points, workdir, metric=metric) for metric in results.CURVES
-    ]
+    written += [results.plot_loss_curves(rows, workdir, metric=metric) for metric in results.CURVES]
   protocols = dict.fromkeys(
     protocol for row in rows if row.extrapolation is not None for protocol in row.extrapolation.loss
   )

@@ -503,7 +503,7 @@ def run(
             f"training continues from) to its .dropped file"
           )
         write_config(config, workdir)
-        record = RunRecord(workdir, enabled=is_chief)
+        record = RunRecord(workdir, enabled=is_chief, log=log)
         try:
           record.start(setup.run, start)
           for tracker in trackers:
@@ -542,7 +542,7 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   if read_run_config(workdir) is None:
     return False
   return step != steps or any(
-    row["step"] == step and "eval_loss" in row for row in read_metrics(workdir)
+    row["step"] == step and "eval_loss" in row for row in read_metrics(workdir, since=step)
   )
 
 
