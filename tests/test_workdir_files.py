@@ -1,7 +1,7 @@
 """Files of a work directory that are corrupt or long (txf.train.workdir's
-readers, run_record.json, metrics.jsonl, config.json).
+readers, run_record.json, metrics.jsonl, wandb_run_id.txt, config.json).
 
-A corrupt file is either one line naming it (config.json)
+A corrupt file is either one line naming it (config.json, wandb_run_id.txt)
 or read past: an unreadable metrics row is skipped, a run record that does
 not read as one is set aside (run_record.json.corrupt) with a line saying
 so, never overwritten. Reading a long file costs what is needed: a resume
@@ -16,8 +16,8 @@ import pytest
 
 from conftest import tiny_config
 from txf.sweep import grid, results, runner
-from txf.train import loop, metrics, record
-from txf.train.config import check_run_config
+from txf.train import loop, metrics, record, trackers
+from txf.train.config import ConfigError, check_run_config
 from txf.train.setup import read_run_config
 
 NOT_UTF8 = b'[{"a": "\xff"}]'  # the reporter's printf '[{"a": "\xff"}]'
@@ -104,6 +104,19 @@ def test_a_corrupt_metrics_line_is_read_past(tmp_path, caplog):
   assert [row["loss"] for row in metrics.read_metrics(tmp_path)] == [1.0, 0.5, 0.5]
 
 
+@pytest.mark.parametrize(
+  "content, message",
+  [(b"../x\n", r"not a wandb run id \('\.\./x'\)"), (b"\x8f\xff\x00\x13", "not UTF-8 text")],
+)
+def test_a_corrupt_wandb_run_id_is_an_error_naming_the_file(tmp_path, content, message):
+  """It was wandb's UsageError or a UnicodeDecodeError, after the run had
+  written its lock and checkpoints/."""
+  path = tmp_path / trackers.WANDB_ID_FILE
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=rf"^{path}: {message}"):
+    trackers.check_trackers(("wandb",), tmp_path)
+
+
 @pytest.mark.slow  # two tiny runs
 def test_a_run_resumes_past_a_corrupt_record_and_metrics_line(tmp_path, compilation_cache_dir):
   workdir = tmp_path / "run"
@@ -121,6 +134,16 @@ def test_a_run_resumes_past_a_corrupt_record_and_metrics_line(tmp_path, compilat
   # Run again, finished: the rerun reads past the line too.
   loop.run(tiny_config(steps=6), workdir, log=lines.append)
   assert lines[-1].startswith("eval @ 6 (") and "the run is finished" in lines[-1]
+
+
+def test_a_config_error_is_what_a_corrupt_wandb_id_stops_a_run_with(tmp_path):
+  config = tiny_config(steps=4, train__trackers="wandb")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / trackers.WANDB_ID_FILE).write_text("../x\n")
+  with pytest.raises(ConfigError, match=r"wandb_run_id\.txt: not a wandb run id"):
+    loop.run(config, workdir, log=lambda line: None)
+  assert sorted(p.name for p in workdir.iterdir()) == [trackers.WANDB_ID_FILE]
 
 
 # --- long files: what a read costs -------------------------------------------------

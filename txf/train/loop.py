@@ -81,7 +81,7 @@ from txf.train.setup import (
   setup_run,
   write_config,
 )
-from txf.train.trackers import make_trackers
+from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 
@@ -439,8 +439,8 @@ def run(
   txf.train.setup.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
   installed (a gs:// one needs the `gcs` extra), writable and held by no
-  other run (WorkdirError),
-  and that a checkpoint restores (RestoreError). Training raises
+  other run (WorkdirError), that the trackers can start (ConfigError: e.g.
+  wandb without a login), and that a checkpoint restores (RestoreError). Training raises
   TrainingDiverged on a non-finite loss, CheckpointWriteError when a save
   fails and WriteError when another output (metrics.jsonl, tb/, samples.txt,
   config.json) cannot be written -- each as soon as it happens, and each
@@ -465,8 +465,13 @@ def run(
     raise ConfigError(str(error)) from error
   if setup is None:
     setup = setup_run(config, workdir)
-  check_writable(workdir)
   is_chief = jax.process_index() == 0
+  try:
+    if is_chief:
+      check_trackers(setup.run.train.trackers, workdir)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  check_writable(workdir)
   # Only process 0 locks: the others write nothing that must be exclusive.
   with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
     checkpointer = make_checkpointer(setup.run.train, workdir)
