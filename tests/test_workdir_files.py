@@ -74,13 +74,13 @@ def test_a_record_that_does_not_read_is_set_aside_and_a_new_one_started(
     record.read_record(tmp_path)
   for aside_name, corrupt in [(".corrupt", content), (".corrupt.1", NOT_UTF8)]:
     lines = []
-    record.RunRecord(tmp_path, log=lines.append).start(run_config, 4)
+    record.RunRecord(tmp_path, log=lines.append).start(run_config, 4, config_file="c.py")
     aside = tmp_path / (record.RECORD_FILE + aside_name)
     (line,) = lines
     assert line.startswith(f"{path}: ") and f"moved to {aside.name}" in line
     assert aside.is_dir() if corrupt is None else aside.read_bytes() == corrupt
     (entry,) = record.read_record(tmp_path)
-    assert entry["start_step"] == 4
+    assert entry["start_step"] == 4 and entry["config_file"] == "c.py"
     path.write_bytes(NOT_UTF8)  # a second corrupt record goes beside the first
 
 

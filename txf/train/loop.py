@@ -421,6 +421,7 @@ def run(
   prefetch: int = 2,
   preemption: PreemptionGuard | None = None,
   hparams: Mapping[str, Any] | None = None,
+  config_file: str | None = None,
 ) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
@@ -432,6 +433,7 @@ def run(
   own); a sweep passes its own to learn that a run stopped for a preemption.
   `hparams` (dotted field -> value, e.g. a sweep point's fields) are
   recorded for TensorBoard's HParams dashboard beside the model's fields.
+  `config_file` is the file `config` was loaded from, for run_record.json.
 
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
@@ -510,7 +512,7 @@ def run(
         write_config(config, workdir)
         record = RunRecord(workdir, enabled=is_chief, log=log)
         try:
-          record.start(setup.run, start)
+          record.start(setup.run, start, config_file)
           for tracker in trackers:
             tracker.log_config(resolved_config(setup.run))
           if start >= steps:  # trained, but its end's writes were lost

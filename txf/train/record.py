@@ -7,6 +7,9 @@ run appends one), rewritten atomically:
                  'finished', 'preempted' or the error's type
   start_step     the step it continued from (0: a fresh start)
   argv           the command line (sys.argv)
+  config_file    the config file the run was loaded from, resolved
+                 ('/.../txf/configs/rope.py'; ':arg' appended where given);
+                 null when not loaded from a file (a config built in Python)
   git            {'commit', 'dirty'} of the txf checkout it ran from; null
                  outside a git checkout (or without git)
   environment    Python, jax/jaxlib/flax/optax/orbax versions, devices and
@@ -179,8 +182,9 @@ class RunRecord:
     self._before = ""  # the record's text before this start's entry
     self._entry: dict[str, Any] | None = None
 
-  def start(self, run: RunConfig, start_step: int) -> None:
-    """Appends this start's entry."""
+  def start(self, run: RunConfig, start_step: int, config_file: str | None = None) -> None:
+    """Appends this start's entry; `config_file`: the config file the run
+    was loaded from (None: not from a file)."""
     if not self._enabled:
       return
     try:
@@ -199,6 +203,7 @@ class RunRecord:
       ended=None,
       start_step=start_step,
       argv=list(sys.argv),
+      config_file=config_file,
       git=git_state(),
       environment=environment(),
       data=data_description(run),
