@@ -7,13 +7,14 @@ Each case is one subprocess (~2-5 s, mostly imports); none trains.
 
 import ast
 import asyncio
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, flatten, load_config
+from conftest import REPO, cli_overrides, flatten, load_config, tiny_config
 from txf.commands import cli
 from txf.commands.run import field_docs, leaves
 from txf.layers.config import POSITIONS
@@ -55,6 +56,15 @@ CONFIG_ERRORS = {
   "get_config_returns_none": (
     "def get_config():\n  pass\n",
     ["get_config() returned NoneType, not a ConfigDict"],
+  ),
+  # Exit 0 with nothing printed or trained; an AttributeError traceback.
+  "get_config_exits": (
+    "import sys\ndef get_config():\n  sys.exit(0)\n",
+    ["exited (sys.exit(0)) while loading"],
+  ),
+  "get_config_returns_an_object_with_lock": (
+    "class Locks:\n  def lock(self): ...\ndef get_config():\n  return Locks()\n",
+    ["get_config() returned Locks, not a ConfigDict"],
   ),
 }
 
@@ -239,6 +249,46 @@ def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):
   assert printed["model.d_ff"].startswith(f"None  (resolved: {4 * model.d_model})")
   assert "(resolved: " not in printed["model.d_model"]
   assert not workdir.exists()
+
+
+def run_in(directory, *args):
+  """experiments.run from `directory` (this checkout's txf)."""
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.run", *args],
+    cwd=directory,
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+    env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)),
+  )
+
+
+@pytest.mark.parametrize(
+  "config", ["./rope.py", "rope.txt", "rope.yaml", "rope/", "configs/rope.py"]
+)
+def test_a_config_path_is_that_file_or_an_error(tmp_path, config):
+  """Each loaded the shipped txf/configs/rope.py where no such file was."""
+  (tmp_path / "rope").mkdir()
+  result = run_in(tmp_path, f"--config={config}", "--print_config")
+  assert_one_line_error(result, f"config error: {config}: ", "nor the name of a config txf ships")
+
+
+def test_the_config_file_loaded_is_printed_first_and_recorded(tmp_path, compilation_cache_dir):
+  """A local rope.py and the shipped rope: the run's first line and its
+  run_record.json name the file each loaded (neither did)."""
+  local = tmp_path / "rope.py"
+  local.write_text(
+    "from txf.configs import rope\n\ndef get_config():\n  return rope.get_config()\n"
+  )
+  config = tiny_config(steps=4)
+  result = run_in(tmp_path, "--config=rope.py", "--workdir=run", *cli_overrides(config, "rope"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.splitlines()[0] == f"config: {local}"
+  (entry,) = json.loads((tmp_path / "run" / "run_record.json").read_text())
+  assert entry["config_file"] == str(local)
+  shipped = run_in(tmp_path, "--config=rope", "--print_config")
+  assert shipped.returncode == 0, shipped.stderr[-2000:]
+  assert shipped.stderr.splitlines()[0] == f"config: {REPO / 'txf' / 'configs' / 'rope.py'}"
 
 
 class _RaisesWhenCollected:

@@ -123,3 +123,26 @@ def test_commands_name_an_unusable_directory(tmp_path):
   result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi")
   assert result.returncode == 2
   assert result.stderr.strip() == f"model error: {tmp_path / 'config.json'}: no such file"
+
+
+# Each was accepted: 32 garbage tokens (top_p=nan), a top_p past 1, uniform
+# sampling (temperature=inf), silently greedy (temperature=nan); or failed
+# in jax's words (top_k=-3) or with an OverflowError traceback (the seed).
+BAD_SAMPLING_FLAGS = {
+  "--top_p=nan": "top_p: must be in (0, 1], got nan",
+  "--top_p=2": "top_p: must be in (0, 1], got 2.0",
+  "--temperature=inf": "temperature: must be a finite number >= 0, got inf",
+  "--temperature=nan": "temperature: must be a finite number >= 0, got nan",
+  "--top_k=-3": "top_k: must be an integer >= 0, got -3",
+  "--seed=99999999999999999999": "seed: must be an integer in [0, 2147483647], got 99999",
+}
+
+
+@pytest.mark.slow  # a subprocess each (~2 s: they stop before jax is imported)
+@pytest.mark.parametrize("flag", list(BAD_SAMPLING_FLAGS))
+def test_generate_refuses_a_sampling_flag_out_of_range_before_loading(tmp_path, flag):
+  """An empty --model directory: the flag is what is reported, not the model."""
+  result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi", flag)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().startswith(f"flag error: {BAD_SAMPLING_FLAGS[flag]}")
+  assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout

@@ -15,18 +15,23 @@ from txf.configs import find, names, resolve
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_shipped_configs_are_found_by_name_and_nothing_else():
-  assert find("rope") == find("rope.py") == find("configs/rope.py")
+def test_shipped_configs_are_found_by_their_bare_name_only():
   assert find("rope").name == "rope.py" and find("sweeps/pe_ln").parent.name == "sweeps"
+  # A path or a suffix named the shipped rope.py too (normalised, .with_suffix(".py")).
+  for name in ("rope.py", "configs/rope.py", "./rope", "rope.txt", "rope.yaml", "rope/"):
+    assert find(name) is None, name
   for name in ("no_such", "__init__", "../setup", "/etc/passwd", "", "sweeps"):
     assert find(name) is None, name
   assert "rope" in names() and "sweeps/pe_ln" in names() and "__init__" not in names()
 
 
-def test_a_config_path_that_exists_wins_over_a_shipped_name(tmp_path, monkeypatch):
+def test_a_config_path_is_that_file_and_a_bare_name_the_shipped_one(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
+  for path in ("./rope.py", "rope.py", "rope.txt", "rope/"):
+    assert resolve(path) is None, path
   (tmp_path / "rope.py").write_text("def get_config(): ...\n")
   assert resolve("rope.py").resolve() == (tmp_path / "rope.py").resolve()
+  assert resolve("./rope.py").resolve() == (tmp_path / "rope.py").resolve()
   assert resolve("rope") == find("rope")  # no file named 'rope' here
   assert resolve("no_such.py") is None
 
@@ -133,6 +138,8 @@ def test_txf_run_from_a_fresh_environment_outside_the_checkout(wheel, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "eval @ 3" in result.stdout
+  first = result.stdout.splitlines()[0]  # the shipped config, from the wheel
+  assert first.startswith(f"config: {venv}") and first.endswith("/txf/configs/rope.py"), first
   where = subprocess.run(
     [str(python), "-c", "import txf; print(txf.__file__)"],
     cwd=outside,

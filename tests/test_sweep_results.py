@@ -290,7 +290,7 @@ def assert_png(path):
 
 def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   line_plot = FakeLinePlot()
-  path = results.plot_loss_curves(points, sweep_dir, line_plot=line_plot)
+  path = results.plot_loss_curves(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
   assert_png(path)
   (call,) = line_plot.calls
   # Labelled with the flattening verdict: rope_pre (3.2 -> 2.25) and
@@ -309,7 +309,9 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   assert "step" in call["xlabel"] and "nats/token" in call["ylabel"] and not call["logx"]
   assert set(call["styles"]) == set(call["series"])
 
-  path = results.plot_loss_curves(points, sweep_dir, metric="loss", line_plot=line_plot)
+  path = results.plot_loss_curves(
+    summaries(sweep_dir, points), sweep_dir, metric="loss", line_plot=line_plot
+  )
   assert path.name == results.TRAIN_LOSS_CURVES_PNG
   train = line_plot.calls[-1]
   assert "training loss" in train["ylabel"] and len(train["series"]) == 4  # diverged too
@@ -319,7 +321,9 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   np.testing.assert_allclose(mean, [3.1, 2.4], rtol=1e-12)
   np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.4 / math.sqrt(2)], rtol=1e-12)
   with pytest.raises(ValueError, match="metric: 'accuracy'"):
-    results.plot_loss_curves(points, sweep_dir, metric="accuracy", line_plot=line_plot)
+    results.plot_loss_curves(
+      summaries(sweep_dir, points), sweep_dir, metric="accuracy", line_plot=line_plot
+    )
 
 
 def test_point_styles_colour_the_leading_fields_and_dash_the_last(points):

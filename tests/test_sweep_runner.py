@@ -419,7 +419,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
   assert config.base.replicas == {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3}[name]  # seeds
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
-  reference = runner.load_run_config(str(ROOT / config.sweep.run_config))
+  reference = runner.load_run_config(config.sweep.run_config)  # a shipped name: from anywhere
   for point in points:  # every point has an exact experiments.run command
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
   if name.startswith("pe_ln"):
@@ -457,7 +457,7 @@ def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   commands = [line.strip() for line in done.stdout.splitlines() if "experiments.run" in line]
   assert len(commands) == 12
   assert commands[7] == (
-    "python -m experiments.run --config=configs/base.py "
+    "python -m experiments.run --config=base "
     f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=120 "
     "--config.eval.sample_tokens=0 --config.model.d_model=64 "
     "--config.model.norm_placement=post --config.model.position=alibi "

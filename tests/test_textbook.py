@@ -73,6 +73,45 @@ def test_command_lists_and_rejects_unknown_names():
   assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")
 
 
+@pytest.mark.slow  # a subprocess
+def test_an_out_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
+  """It was a FileExistsError traceback."""
+  out = tmp_path / "file"
+  out.write_text("kept")
+  command = [sys.executable, "-m", "experiments.textbook", "scaling", "--quick"]
+  done = subprocess.run(
+    [*command, f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.strip() == f"flag error: out_dir: {out}: exists and is not a directory"
+  assert out.read_text() == "kept"
+
+
+# The full disk's writes under --out_dir: 1 the writability probe, 2 the
+# figure (a plain write: was an OSError traceback), 3 the numbers (atomic).
+@pytest.mark.slow  # a subprocess (~20 s)
+@pytest.mark.parametrize(
+  "after, written", [(2, "textbook_param_counts_components.png"), (3, "param_counts.json")]
+)
+def test_a_full_disk_under_out_dir_is_one_line_exit_1(tmp_path, after, written):
+  out = tmp_path / "out"
+  code = "\n".join(
+    [
+      "import runpy, sys",
+      f"sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO)!r}]",
+      "from full_disk import files_in, full_disk",
+      f"sys.argv = ['experiments.textbook', 'param_counts', '--quick', '--out_dir={out}']",
+      f"with full_disk(files_in({str(out)!r}), {after}):",
+      "  runpy.run_module('experiments.textbook', run_name='__main__', alter_sys=True)",
+    ]
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+  )
+  assert done.returncode == 1, done.stderr[-2000:]
+  assert done.stderr.strip() == f"write error: {out / written}: No space left on device"
+
+
 def test_loglog_slope_recovers_a_power_law():
   x = np.array([128, 256, 512, 1024])
   assert report.loglog_slope(x, 3.0 * x**2) == pytest.approx(2.0, abs=1e-12)

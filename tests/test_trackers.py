@@ -2,12 +2,15 @@
 train.trackers' names, and a Weights & Biases run logged offline (no network)
 from a tiny training run, then resumed into the same wandb run."""
 
+import os
 import pathlib
 import struct
+import subprocess
+import sys
 
 import pytest
 
-from conftest import tiny_config as tiny
+from conftest import REPO, tiny_config as tiny
 from txf.train import loop, trackers
 from txf.train.metrics import read_metrics
 
@@ -138,3 +141,37 @@ def test_without_wandb_installed_naming_it_says_what_to_install(tmp_path, monkey
   # ... and so would starting it.
   with pytest.raises(ImportError, match=r"pip install 'txf\[wandb\]'"):
     trackers.make_trackers(("wandb",), tmp_path)
+
+
+@pytest.mark.slow  # a subprocess (imports only: it stops before any compute)
+def test_wandb_without_a_login_is_one_line_exit_2_before_anything_is_written(tmp_path):
+  """It was wandb's 37-line UsageError, exit 1, after the run had written
+  .lock, checkpoints/ and wandb_run_id.txt."""
+  pytest.importorskip("wandb")
+  home = tmp_path / "home"  # no ~/.netrc, no wandb settings
+  home.mkdir()
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "NETRC"))}
+  env.update(HOME=str(home), WANDB_API_KEY="", JAX_PLATFORMS="cpu")
+  workdir = tmp_path / "run"
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.run",
+      "--config=rope",
+      f"--workdir={workdir}",
+      "--config.train.trackers=wandb",
+      "--config.data.max_corpus_bytes=200000",
+    ],
+    cwd=tmp_path,
+    env=dict(env, PYTHONPATH=str(REPO)),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines() == [
+    "config error: train.trackers: wandb has no API key (none in WANDB_API_KEY, ~/.netrc or "
+    "its settings): run `wandb login`, or set WANDB_MODE=offline to log offline"
+  ]
+  assert not workdir.exists()

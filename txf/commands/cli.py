@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import ml_collections
 from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
@@ -36,16 +37,21 @@ class ConfigFileError(Exception):
 class ConfigFileParser(flags.ArgumentParser):
   """Parses --config=file.py[:arg] like ml_collections' own parser (get_config(arg),
   then lock), but every way a config file can fail to load (missing, syntax
-  error, get_config raising) is a one-line ConfigFileError."""
+  error, get_config raising or exiting, returning something other than a
+  ConfigDict) is a one-line ConfigFileError. `loaded` is then the file
+  loaded, resolved (':arg' appended where given)."""
+
+  loaded: str | None = None
 
   def parse(self, argument):
     file, *arg = argument.split(":", 1)
     resolved = resolve_config(file)  # --config=rope: the config txf ships by that name
     if resolved is None:
+      what = "not a file" if pathlib.Path(file).exists() else "no such config file"
       raise ConfigFileError(
-        f"{file}: no such config file (nor a config txf ships: {', '.join(config_names())})"
+        f"{file}: {what} (nor the name of a config txf ships: {', '.join(config_names())})"
       )
-    file = str(resolved)
+    file = str(resolved.resolve())
     try:
       spec = importlib.util.spec_from_file_location("config_file", file)
       module = importlib.util.module_from_spec(spec)
@@ -53,18 +59,26 @@ class ConfigFileParser(flags.ArgumentParser):
       config = module.get_config(*arg)
     except SyntaxError as error:
       raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
+    except SystemExit as error:  # sys.exit() in the user's code: nothing would run
+      raise ConfigFileError(f"{file}: exited (sys.exit({error.code!r})) while loading") from None
     except Exception as error:  # the user's code
       first_line = (str(error).splitlines() or [""])[0]
-      raise ConfigFileError(f"{argument}: {type(error).__name__}: {first_line}") from error
-    if not hasattr(config, "lock"):
+      raise ConfigFileError(f"{file}: {type(error).__name__}: {first_line}") from error
+    if not isinstance(config, ml_collections.ConfigDict):
       raise ConfigFileError(
-        f"{argument}: get_config() returned {type(config).__name__}, not a ConfigDict"
+        f"{file}: get_config() returned {type(config).__name__}, not a ConfigDict"
       )
     config.lock()
+    self.loaded = file + "".join(f":{a}" for a in arg)
     return config
 
   def flag_type(self):
     return "config object"
+
+
+def loaded_config_file() -> str | None:
+  """The config file --config loaded, resolved (see ConfigFileParser)."""
+  return getattr(flags.FLAGS["config"].parser, "loaded", None)
 
 
 def first_docstring_line(path: pathlib.Path) -> str:

@@ -8,13 +8,17 @@ tokenizer.json) converted by txf.interop. A decoder continues the prompt; an
 encoder-decoder reads the prompt and writes its answer. Generation runs with
 the KV cache (txf.decode), greedy at temperature 0 (the default), and stops at
 the checkpoint's end-of-sequence token. Prints the prompt and the generated
-text. An unusable directory or argument exits 2 with one line naming it.
+text. An unusable directory or argument exits 2 with one line naming it;
+the sampling flags are checked before the model loads (max_new_tokens >= 1,
+a finite temperature >= 0, top_k >= 0, top_p in (0, 1], a seed in
+[0, 2**31 - 1]).
 """
 
 from __future__ import annotations
 
 from absl import flags, logging
 
+from txf import checks
 from txf.commands.cli import fail, run_command
 
 _MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory.", required=True)
@@ -28,7 +32,21 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1: all.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
+def check_flags() -> None:
+  """Exits 2 with one line naming the first sampling flag out of its range
+  (NaN, an infinity, a seed jax cannot take), before the model loads."""
+  try:
+    checks.int_at_least(_MAX_NEW_TOKENS.value, "max_new_tokens", 1)
+    checks.finite_at_least(_TEMPERATURE.value, "temperature", 0)
+    checks.int_at_least(_TOP_K.value, "top_k", 0)
+    checks.fraction(_TOP_P.value, "top_p", low_open=True, high_open=False)
+    checks.seed(_SEED.value, "seed")
+  except ValueError as error:
+    fail("flag", error)
+
+
 def main(argv) -> None:
+  check_flags()
   # After flag parsing: fast --help.
   import jax
   import numpy as np
@@ -38,10 +56,6 @@ def main(argv) -> None:
   from txf.interop.text import encode_batch, generate_text
 
   logging.set_verbosity(logging.WARNING)
-  if _MAX_NEW_TOKENS.value < 1:
-    fail("flag", f"max_new_tokens: must be >= 1, got {_MAX_NEW_TOKENS.value}")
-  if _TEMPERATURE.value < 0:
-    fail("flag", f"temperature: must be >= 0, got {_TEMPERATURE.value}")
   try:
     pretrained = load_pretrained(_MODEL.value)
     tokenizer = HFTokenizer(_MODEL.value)

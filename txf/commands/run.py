@@ -4,8 +4,12 @@
   python -m experiments.run --config=configs/rope.py --print_config   # every field, its doc
   txf-run --config=rope [flags]   # pip-installed: the same command; a shipped config by name
 
-The work directory defaults to workdirs/<config name>. Rerunning the same
-command on the same work directory resumes from its latest checkpoint.
+The work directory defaults to workdirs/<config name>. A config txf ships is
+taken by its bare name (rope, sweeps/pe_ln); anything else is a path, loaded
+only where that file exists. The first line the run prints is the config
+file it loaded (`config: /.../rope.py`), which run_record.json records too.
+Rerunning the same command on the same work directory resumes from its
+latest checkpoint.
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 --print_config checks the config as the run would (an invalid one exits 2,
 `config error: ...`), lists every field (its value, the configs/base.py
@@ -45,6 +49,8 @@ from txf.commands.cli import (
   default_workdir,
   define_config_flag,
   fail,
+  loaded_config_file,
+  progress,
   require_config_kind,
   run_command,
   run_errors,
@@ -177,11 +183,13 @@ def print_config(config, base, model=None) -> None:
 
 def main(argv) -> None:
   require_config_kind("run")
+  config_file = loaded_config_file()
   if _PRINT_CONFIG.value:
     try:
       model = resolved_model(_CONFIG.value)
     except ValueError as error:  # ConfigError too
       fail("config", error)
+    progress(f"config: {config_file}")  # stdout holds only the fields
     print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), model)
     return
   # Imported after flag parsing: --help need not wait for jax.
@@ -196,8 +204,9 @@ def main(argv) -> None:
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   except ValueError as error:
     fail("flag", error)
+  print(f"config: {config_file}", flush=True)
   with run_errors():
-    run(_CONFIG.value, workdir)
+    run(_CONFIG.value, workdir, config_file=config_file)
 
 
 def cli() -> None:

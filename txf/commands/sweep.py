@@ -5,7 +5,9 @@
   txf-sweep --config=sweeps/pe_ln [flags]   # pip-installed: the same command
 
 Each point trains in <workdir>/<point name> as `experiments.run` would; the
-work directory defaults to runs/<config file stem>. Rerunning resumes: finished
+work directory defaults to runs/<config file stem>. The first line printed is
+the sweep config file loaded (`config: /.../sweeps/pe_ln.py`), which each
+point's run_record.json records too. Rerunning resumes: finished
 points are skipped, an interrupted one continues from its checkpoint.
 `--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
 point's `experiments.run` command; `--summarize` only rebuilds results.csv,
@@ -37,6 +39,7 @@ from txf.commands.cli import (
   default_workdir,
   define_config_flag,
   fail,
+  loaded_config_file,
   require_config_kind,
   run_command,
   run_errors,
@@ -78,11 +81,13 @@ def main(argv) -> None:
   workdir = _WORKDIR.value or default_workdir(
     "runs", config_flags.get_config_filename(flags.FLAGS["config"])
   )
+  print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
     try:
       run_sweep(
         _CONFIG.value,
         workdir,
+        config_file=loaded_config_file(),
         index=_INDEX.value,
         dry_run=_DRY_RUN.value,
         summarize_only=_SUMMARIZE.value,

@@ -9,7 +9,11 @@ writes into --out_dir its figures (textbook_<name>_<what>.png), its numbers
 (<name>.json) and its report (<name>.md). Experiments that train use
 configs/<config>.py (listed by --list) and keep their runs in
 <out_dir>/runs/; running again reuses a finished run. --quick runs the toy
-sizes the tests use. An unknown NAME or a bad argument exits 2 with one line.
+sizes the tests use. An unknown NAME or a bad argument (an --out_dir that is
+not a writable directory among them) exits 2 with one line, before any
+experiment runs; a file that cannot be written (a full disk) exits 1 with
+one line naming it (`write error: ...`), as a training error does (the
+training commands' one-line errors).
 docs/textbook.md collects the results.
 """
 
@@ -23,7 +27,8 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from txf.commands.cli import fail, run_command
+from txf.commands.cli import fail, run_command, run_errors
+from txf.train.workdir import WorkdirError, check_writable, replace_text, write_error
 
 _OUT_DIR = flags.DEFINE_string(
   "out_dir", "workdirs/textbook", "Directory for the figures, numbers and training runs."
@@ -59,30 +64,43 @@ def main(argv) -> None:
     experiments = [textbook.get(name) for name in names]
   except ValueError as error:
     fail("flag", error)
+  try:
+    check_writable(_OUT_DIR.value)
+  except WorkdirError as error:
+    fail("flag", f"out_dir: {error}")
   out_dir = epath.Path(_OUT_DIR.value)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  for experiment in experiments:
-    kwargs = {}
-    if experiment.config:
-      config_module = importlib.import_module(f"txf.configs.{experiment.config}")
-      kwargs["base_config"] = config_module.get_config()
-    print(f"## {experiment.name} (item {experiment.item}): {experiment.title}\n", flush=True)
-    start = time.perf_counter()
-    result = experiment.run(out_dir, quick=_QUICK.value, **kwargs)
-    seconds = time.perf_counter() - start
-    result = {**result, "seconds": seconds, "quick": _QUICK.value}
-    numbers = json.dumps(result, indent=1, default=_json_default)
-    (out_dir / f"{experiment.name}.json").write_text(numbers + "\n")
-    # Every experiment here reports markdown; one without prints its numbers.
-    text = result.get("text", numbers)
-    (out_dir / f"{experiment.name}.md").write_text(text)
-    print(text)
-    print(
-      "figures:\n"
-      + "\n".join(f"  {path}" for path in result.get("figures", []))
-      + f"\n({seconds:.0f} s)\n",
-      flush=True,
-    )
+  with run_errors():
+    for experiment in experiments:
+      try:
+        _run(experiment, out_dir)
+      except OSError as error:  # a figure that cannot be written (a full disk)
+        raise write_error(error.filename or out_dir, error) from error
+
+
+def _run(experiment, out_dir: epath.Path) -> None:
+  """Runs one experiment: prints its report and writes its numbers and
+  report (atomically: WriteError naming a file that cannot be written)."""
+  kwargs = {}
+  if experiment.config:
+    config_module = importlib.import_module(f"txf.configs.{experiment.config}")
+    kwargs["base_config"] = config_module.get_config()
+  print(f"## {experiment.name} (item {experiment.item}): {experiment.title}\n", flush=True)
+  start = time.perf_counter()
+  result = experiment.run(out_dir, quick=_QUICK.value, **kwargs)
+  seconds = time.perf_counter() - start
+  result = {**result, "seconds": seconds, "quick": _QUICK.value}
+  numbers = json.dumps(result, indent=1, default=_json_default)
+  replace_text(out_dir / f"{experiment.name}.json", numbers + "\n")
+  # Every experiment here reports markdown; one without prints its numbers.
+  text = result.get("text", numbers)
+  replace_text(out_dir / f"{experiment.name}.md", text)
+  print(text)
+  print(
+    "figures:\n"
+    + "\n".join(f"  {path}" for path in result.get("figures", []))
+    + f"\n({seconds:.0f} s)\n",
+    flush=True,
+  )
 
 
 def cli() -> None:

@@ -4,10 +4,12 @@ configs in sweeps/.
 
 In a checkout they are also `configs/` at the repository root
 (`--config=configs/rope.py`); every command also takes a shipped config by
-name, from anywhere (`--config=rope`, `--config=sweeps/pe_ln`):
+its bare name, from anywhere (`--config=rope`, `--config=sweeps/pe_ln`, as
+`names()` lists them): a path (`./rope.py`, `configs/rope.py`, `rope.txt`) is
+that file or nothing, never a shipped file it resembles.
 
   find("rope")               # .../txf/configs/rope.py
-  find("configs/rope.py")    # the same
+  find("rope.py")            # None: a name has no suffix
   resolve("my_config.py")    # a file that exists; else find(...)
 """
 
@@ -28,19 +30,13 @@ def resolve(path_or_name: str) -> pathlib.Path | None:
 def names() -> list[str]:
   """The names `find` takes for the configs txf ships ('rope', 'sweeps/pe_ln', ...)."""
   return sorted(
-    str(path.relative_to(DIRECTORY).with_suffix(""))
+    path.relative_to(DIRECTORY).with_suffix("").as_posix()
     for path in DIRECTORY.rglob("*.py")
     if path.name != "__init__.py"
   )
 
 
 def find(name: str) -> pathlib.Path | None:
-  """The shipped config file `name` names ('rope', 'rope.py', 'sweeps/pe_ln',
-  'configs/rope.py'), or None if txf ships none by that name."""
-  relative = pathlib.PurePosixPath(name)
-  if relative.parts[:1] == ("configs",):
-    relative = pathlib.PurePosixPath(*relative.parts[1:])
-  if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-    return None
-  path = DIRECTORY / relative.with_suffix(".py")
-  return path if path.is_file() and path.name != "__init__.py" else None
+  """The shipped config file `name` names, exactly as `names()` lists it
+  ('rope', 'sweeps/pe_ln'), or None."""
+  return DIRECTORY / f"{name}.py" if name in names() else None

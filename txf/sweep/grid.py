@@ -307,7 +307,7 @@ def command_for(
 
   Args:
     point: a point from `expand`.
-    config_path: the run config file the command loads (e.g. 'configs/base.py').
+    config_path: the run config the command loads (a path, or a shipped name: 'base').
     workdir: the point's run directory.
     reference: the config `config_path` loads. Every field where the point's
       config differs from it becomes a `--config.<path>=<value>` override, so

@@ -82,6 +82,8 @@ FLAT_TOLERANCE = 0.02
 
 LinePlot = Callable[..., Any]
 Log = Callable[[str], Any]
+# A loss curve: (steps [N], mean over replicas [N], std over replicas [N] or None).
+Curve = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +168,9 @@ class PointSummary:
   point has not logged one, or diverged); perplexities are exp(loss) per
   replica, then mean ± std; tokens_per_sec is the mean over logged rows.
   late_improvement is `late_improvement` of the mean validation-loss curve
-  (None: fewer than two evaluations, or diverged)."""
+  (None: fewer than two evaluations, or diverged). curves holds the point's
+  `loss_curve` of each metric of CURVES, for `plot_loss_curves` (read with
+  the row: a summary reads each metrics.jsonl once)."""
 
   point: Point
   status: str
@@ -179,6 +183,7 @@ class PointSummary:
   diverged: bool
   extrapolation: Extrapolation | None
   late_improvement: float | None = None
+  curves: Mapping[str, Curve] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
 def mark_diverged(workdir: str | epath.PathLike, error: str) -> None:
@@ -206,14 +211,19 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   workdir = epath.Path(workdir)
   if (workdir / DIVERGED_FILE).exists():
     return "diverged"
-  rows = _merged_by_step(workdir)
   config_path = workdir / CONFIG_FILE
   if not config_path.exists():  # a run writes it before its first step
-    return "partial" if rows else "missing"
+    return "partial" if read_metrics(workdir) else "missing"
   if steps is None:
     saved = read_run_config(workdir) or {}  # None only if deleted since the check above
     steps = saved.get("train", {}).get("steps")
-  return "done" if "eval_loss" in rows.get(steps, {}) else "partial"
+  if not isinstance(steps, int):
+    return "partial"
+  # Only the rows from `steps` on: read from the end of the file.
+  done = any(
+    row["step"] == steps and "eval_loss" in row for row in read_metrics(workdir, since=steps)
+  )
+  return "done" if done else "partial"
 
 
 def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -> list[float]:
@@ -328,7 +338,8 @@ def summarize_point(
   train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
   eval_loss, eval_ppl = (None, None) if diverged else _final(rows, "eval_loss", replicas, workdir)
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
-  improvement = None if diverged else late_improvement(*loss_curve(workdir, replicas=replicas)[:2])
+  curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVES}
+  improvement = None if diverged else late_improvement(*curves["eval_loss"][:2])
   return PointSummary(
     point=point,
     status=status,
@@ -341,6 +352,7 @@ def summarize_point(
     diverged=diverged,
     extrapolation=readable_extrapolation(workdir, log),
     late_improvement=improvement,
+    curves=curves,
   )
 
 
@@ -516,29 +528,35 @@ def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
   return styles
 
 
-def loss_curve(
-  workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss"
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss") -> Curve:
   """(steps, mean `metric`, std over replicas or None) of a run's rows
   holding it ('eval_loss': evaluations, 'loss': logged training steps)."""
   workdir = epath.Path(workdir)
-  logged = [row for row in _merged_by_step(workdir).values() if metric in row]
-  stats = [Stat.of(_replica_values(row, metric, replicas, workdir)) for row in logged]
+  return _curve(_merged_by_step(workdir), metric, replicas, workdir)
+
+
+def _curve(rows: Mapping[int, Mapping[str, Any]], metric: str, replicas: int, workdir) -> Curve:
+  """`loss_curve` of the merged rows of the run in `workdir`."""
+  logged = [row for row in rows.values() if metric in row]
+  values_NxR = np.array(
+    [_replica_values(row, metric, replicas, workdir) for row in logged], np.float64
+  ).reshape(len(logged), replicas)
   steps_N = np.array([row["step"] for row in logged])
-  mean_N = np.array([stat.mean for stat in stats])
-  return steps_N, mean_N, np.array([stat.std for stat in stats]) if replicas > 1 else None
+  std_N = values_NxR.std(axis=1, ddof=1) if replicas > 1 else None
+  return steps_N, values_NxR.mean(axis=1), std_N
 
 
 def plot_loss_curves(
-  points: Iterable[Point],
+  rows: Iterable[PointSummary],
   sweep_workdir: str | epath.PathLike,
   *,
   metric: str = "eval_loss",
   line_plot: LinePlot | None = None,
 ) -> epath.Path:
   """Validation ('eval_loss', loss_curves.png) or training ('loss',
-  train_loss_curves.png) loss vs training step, one line per point with a
-  ±1 std band over its replicas; points with no such row yet are left out.
+  train_loss_curves.png) loss vs training step, one line per point (its
+  summary's curve) with a ±1 std band over its replicas; points with no such
+  row yet are left out.
   Validation curves are labelled with the flattening criterion's verdict
   (`late_improvement`), e.g. '<point> (not flat: -3.1% in the last fifth)'.
   Returns the PNG.
@@ -549,20 +567,19 @@ def plot_loss_curves(
   if metric not in CURVES:
     raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")
   png, what = CURVES[metric]
-  points = list(points)
+  rows = list(rows)
   directory = epath.Path(sweep_workdir)
   series, styles, replica_counts = {}, {}, set()
-  all_styles = point_styles(points)
-  for point in points:
-    replicas = point_replicas(point)
-    steps_N, mean_N, std_N = loss_curve(directory / point.name, replicas=replicas, metric=metric)
+  all_styles = point_styles(row.point for row in rows)
+  for row in rows:
+    steps_N, mean_N, std_N = row.curves[metric]
     if len(steps_N):
-      label = point.name
+      label = row.point.name
       if metric == "eval_loss":
         label += f" ({_flatness_text(late_improvement(steps_N, mean_N))})"
       series[label] = (steps_N, mean_N, std_N)
-      styles[label] = all_styles[point.name]
-      replica_counts.add(replicas)
+      styles[label] = all_styles[row.point.name]
+      replica_counts.add(row.replicas)
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   criterion = (

@@ -6,9 +6,10 @@
   run_sweep(sweep_config, "runs/pe_ln", summarize_only=True)  # results from disk
 
 The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
-  sweep.run_config   the run config file `base` comes from (e.g.
-                     'configs/base.py'): the dry run's `experiments.run`
-                     commands load it and override what the point changes
+  sweep.run_config   the run config file `base` comes from (a path, or a
+                     shipped config's name: 'base'): the dry run's
+                     `experiments.run` commands load it and override what
+                     the point changes
   sweep.extrapolate  whether finished points get a length extrapolation
                      (default True; the `extrapolate` hook of run_sweep)
   sweep.extrapolate_tokens
@@ -145,8 +146,8 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
 
 
 def load_run_config(path: str) -> ml_collections.ConfigDict:
-  """`get_config()` of a config file (configs/<name>.py), as config_flags loads
-  it; a path that does not exist names a config txf ships (txf.configs.find)."""
+  """`get_config()` of a config file, as config_flags loads it: a path, or the
+  bare name of a config txf ships ('base', txf.configs.resolve)."""
   path = str(resolve_config(path) or path)  # neither: the import below says so
   spec = importlib.util.spec_from_file_location("run_config", path)
   if spec is None or spec.loader is None:
@@ -175,7 +176,7 @@ def _dry_run(
     )
 
 
-def _train_point(point: Point, workdir: epath.Path, log: Log) -> bool:
+def _train_point(point: Point, workdir: epath.Path, log: Log, config_file: str | None) -> bool:
   """Trains one point unless it is done (to its train.steps) or diverged;
   records a divergence. Returns whether training stopped for a preemption
   (SIGTERM) -- the point saved, not done -- so the sweep must stop too."""
@@ -189,7 +190,14 @@ def _train_point(point: Point, workdir: epath.Path, log: Log) -> bool:
   # final save's check) is still seen here.
   with PreemptionGuard() as preemption:
     try:
-      loop.run(point.config, workdir, log=log, preemption=preemption, hparams=point.overrides)
+      loop.run(
+        point.config,
+        workdir,
+        log=log,
+        preemption=preemption,
+        hparams=point.overrides,
+        config_file=config_file,
+      )
     except loop.ConfigError as error:  # e.g. a workdir trained with another config
       raise GridError(f"point {point.index} ({point.name}): {error}") from error
     except loop.TrainingDiverged as error:
@@ -256,9 +264,7 @@ def summarize(
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written += [
-      results.plot_loss_curves(points, workdir, metric=metric) for metric in results.CURVES
-    ]
+    written += [results.plot_loss_curves(rows, workdir, metric=metric) for metric in results.CURVES]
   protocols = dict.fromkeys(
     protocol for row in rows if row.extrapolation is not None for protocol in row.extrapolation.loss
   )
@@ -297,6 +303,7 @@ def run_sweep(
   summarize_only: bool = False,
   log: Log = print,
   extrapolate: Extrapolate | None = None,
+  config_file: str | None = None,
 ) -> list[results.PointSummary] | None:
   """Runs the sweep `sweep_config` in `workdir`.
 
@@ -325,6 +332,7 @@ def run_sweep(
       for a finished point whose run directory has no extrapolation.json
       yet, to write one (e.g. txf.sweep.extrapolate.extrapolate_run); None
       (or sweep.extrapolate False): no extrapolation.
+    config_file: the sweep config file loaded, for each point's run_record.json.
 
   Returns:
     The results rows where results are written, else None (also when
@@ -369,7 +377,7 @@ def run_sweep(
         "done",
         "diverged",
       )
-      if _train_point(point, point_dir, log):
+      if _train_point(point, point_dir, log, config_file):
         log(
           f"sweep preempted in point {point.index} ({point.name}), which is saved; "
           "rerun the same command to resume"

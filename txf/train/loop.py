@@ -81,7 +81,7 @@ from txf.train.setup import (
   setup_run,
   write_config,
 )
-from txf.train.trackers import make_trackers
+from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_writable, run_path
 
 
@@ -421,6 +421,7 @@ def run(
   prefetch: int = 2,
   preemption: PreemptionGuard | None = None,
   hparams: Mapping[str, Any] | None = None,
+  config_file: str | None = None,
 ) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints).
 
@@ -432,6 +433,7 @@ def run(
   own); a sweep passes its own to learn that a run stopped for a preemption.
   `hparams` (dotted field -> value, e.g. a sweep point's fields) are
   recorded for TensorBoard's HParams dashboard beside the model's fields.
+  `config_file` is the file `config` was loaded from, for run_record.json.
 
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
@@ -439,8 +441,8 @@ def run(
   txf.train.setup.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
   installed (a gs:// one needs the `gcs` extra), writable and held by no
-  other run (WorkdirError),
-  and that a checkpoint restores (RestoreError). Training raises
+  other run (WorkdirError), that the trackers can start (ConfigError: e.g.
+  wandb without a login), and that a checkpoint restores (RestoreError). Training raises
   TrainingDiverged on a non-finite loss, CheckpointWriteError when a save
   fails and WriteError when another output (metrics.jsonl, tb/, samples.txt,
   config.json) cannot be written -- each as soon as it happens, and each
@@ -465,8 +467,13 @@ def run(
     raise ConfigError(str(error)) from error
   if setup is None:
     setup = setup_run(config, workdir)
-  check_writable(workdir)
   is_chief = jax.process_index() == 0
+  try:
+    if is_chief:
+      check_trackers(setup.run.train.trackers, workdir)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  check_writable(workdir)
   # Only process 0 locks: the others write nothing that must be exclusive.
   with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
     checkpointer = make_checkpointer(setup.run.train, workdir)
@@ -503,9 +510,9 @@ def run(
             f"training continues from) to its .dropped file"
           )
         write_config(config, workdir)
-        record = RunRecord(workdir, enabled=is_chief)
+        record = RunRecord(workdir, enabled=is_chief, log=log)
         try:
-          record.start(setup.run, start)
+          record.start(setup.run, start, config_file)
           for tracker in trackers:
             tracker.log_config(resolved_config(setup.run))
           if start >= steps:  # trained, but its end's writes were lost
@@ -542,7 +549,7 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   if read_run_config(workdir) is None:
     return False
   return step != steps or any(
-    row["step"] == step and "eval_loss" in row for row in read_metrics(workdir)
+    row["step"] == step and "eval_loss" in row for row in read_metrics(workdir, since=step)
   )
 
 

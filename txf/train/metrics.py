@@ -49,7 +49,7 @@ import struct
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -61,7 +61,7 @@ from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
 from txf.train.trackers import Tracker
-from txf.train.workdir import WriteError, is_local, replace_text, write_error
+from txf.train.workdir import WriteError, is_local, replace_bytes, write_error
 
 METRICS_FILE = "metrics.jsonl"
 DROPPED_METRICS_FILE = "metrics.dropped.jsonl"
@@ -70,7 +70,7 @@ TIME_KEY = "time"  # a metrics row's wall time: seconds since the epoch
 SAMPLE_TAG = "sample"  # TensorBoard's text summaries of the samples
 DROPPED_SAMPLES_FILE = "samples.dropped.txt"
 TENSORBOARD_DIR = "tb"
-_SAMPLE_HEADER = re.compile(r"^=== step (\d+) ===$")
+_SAMPLE_HEADER = re.compile(rb"^=== step (\d+) ===$")
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +151,12 @@ class _ObjectLines:
 
   def __init__(self, path: epath.Path, interval: float = 1.0):
     self._path, self._interval = path, interval
-    text = _read(path)
-    self._chunks = [text + "\n" if text and not text.endswith("\n") else text]
+    data = _read(path)
+    self._chunks = [data + b"\n" if data and not data.endswith(b"\n") else data]
     self._pending, self._uploaded = False, -math.inf
 
   def append(self, text: str) -> None:
-    self._chunks.append(text)
+    self._chunks.append(text.encode("utf-8"))
     self._pending = True
     if time.monotonic() - self._uploaded >= self._interval:
       self.flush()
@@ -164,7 +164,7 @@ class _ObjectLines:
   def flush(self) -> None:
     if self._pending:
       try:
-        _write(self._path, "".join(self._chunks))
+        self._path.write_bytes(b"".join(self._chunks))
       # Remote file systems raise their own types (gcsfs's HttpError, ...).
       except Exception as error:
         raise write_error(self._path, error) from error
@@ -465,13 +465,10 @@ def _hparam_value(value: Any) -> bool | int | float | str:
     return repr(value)
 
 
-def _read(path: epath.Path) -> str:
-  """The text of `path` ('' if there is none)."""
-  return path.read_bytes().decode("utf-8") if path.exists() else ""
-
-
-def _write(path: epath.Path, text: str) -> None:
-  path.write_bytes(text.encode("utf-8"))
+def _read(path: epath.Path) -> bytes:
+  """The bytes of `path` (b'' if there is none): read as bytes, so that a
+  line that is not UTF-8 is one unreadable row, not an unreadable file."""
+  return path.read_bytes() if path.exists() else b""
 
 
 def _writing(path: epath.Path, action):
@@ -501,30 +498,58 @@ def _terminate_partial_last_line(path: epath.Path) -> None:
       file.close()
 
 
-def _append(path: epath.Path, text: str) -> None:
-  """Appends `text` to `path`; an object (no append) is rewritten whole."""
+def _append(path: epath.Path, data: bytes) -> None:
+  """Appends `data` to `path`; an object (no append) is rewritten whole."""
   if is_local(path):
     file = _LocalFile(path)
     try:
-      file.append(text.encode("utf-8"))
+      file.append(data)
     finally:
       file.close()
   else:
-    _writing(path, lambda: _write(path, _read(path) + text))
+    _writing(path, lambda: path.write_bytes(_read(path) + data))
 
 
 def _move_lines(
-  path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool], lines: list[str]
+  path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool], lines: list[bytes]
 ) -> None:
   """Rewrites `path` with the kept lines, appending the others to
   `dropped_path` first so nothing is lost if the rewrite is interrupted."""
-  _append(dropped_path, "".join(line for line, keep in zip(lines, keep_flags) if not keep))
-  replace_text(path, "".join(line for line, keep in zip(lines, keep_flags) if keep))
+  _append(dropped_path, b"".join(line for line, keep in zip(lines, keep_flags) if not keep))
+  kept = b"".join(line for line, keep in zip(lines, keep_flags) if keep)
+  _writing(path, lambda: replace_bytes(path, kept))
 
 
-def _read_lines(path: epath.Path) -> list[str]:
+def _read_lines(path: epath.Path) -> list[bytes]:
   """`path`'s lines with their newlines ([] if there is no file)."""
-  return io.StringIO(_read(path)).readlines()
+  return io.BytesIO(_read(path)).readlines()
+
+
+def _row_step(line: bytes) -> int | None:
+  """The step of a metrics.jsonl line (None: not a readable row)."""
+  try:
+    return int(json.loads(line)["step"])
+  except (ValueError, KeyError, TypeError):  # UnicodeDecodeError and JSONDecodeError too
+    return None
+
+
+def _sample_step(line: bytes) -> int | None:
+  """The step of a samples.txt record's header line (None: not a header)."""
+  header = _SAMPLE_HEADER.match(line.rstrip(b"\n"))
+  return int(header.group(1)) if header else None
+
+
+def _tail_start(lines: list[bytes], step_of: Callable[[bytes], int | None], step: int) -> int:
+  """Index of the first of `lines` after the last one at `step` or before
+  (by `step_of`; 0 if there is none), looking from the end only as far as
+  that line: a run's files are in step order (a restart moves what was
+  logged after its step aside), so what was logged after a step is at the
+  end, and reading it costs what it holds, not what the file holds."""
+  for index in range(len(lines) - 1, -1, -1):
+    line_step = step_of(lines[index])
+    if line_step is not None and line_step <= step:
+      return index + 1
+  return 0
 
 
 def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
@@ -532,7 +557,8 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
 
   Rows go from metrics.jsonl to metrics.dropped.jsonl, samples from
   samples.txt to samples.dropped.txt (appended, so repeated restarts keep
-  every history). Unparseable metrics rows are kept where they are.
+  every history). Unreadable metrics rows are kept where they are. Only the
+  records after the last one at `step` or before are parsed (`_tail_start`).
 
   Returns:
     {file name: number of records moved}, only for files that lost any.
@@ -540,22 +566,18 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
   workdir = epath.Path(workdir)
   moved = {}
   lines = _read_lines(workdir / METRICS_FILE)
-  keep = []
-  for line in lines:
-    try:
-      keep.append(int(json.loads(line)["step"]) <= step)
-    except (ValueError, KeyError, TypeError):
-      keep.append(True)
+  start = _tail_start(lines, _row_step, step)
+  keep = [True] * start + [_row_step(line) is None for line in lines[start:]]
   if not all(keep):
     _move_lines(workdir / METRICS_FILE, workdir / DROPPED_METRICS_FILE, keep, lines)
     moved[METRICS_FILE] = keep.count(False)
   lines = _read_lines(workdir / SAMPLES_FILE)
-  keep, current, records = [], True, 0
-  for line in lines:
-    header = _SAMPLE_HEADER.match(line.rstrip("\n"))
-    if header:
-      current = int(header.group(1)) <= step
-      records += not current
+  start = _tail_start(lines, _sample_step, step)
+  keep, current, records = [True] * start, True, 0
+  for line in lines[start:]:
+    if _sample_step(line) is not None:  # every header here is after `step`
+      current = False
+      records += 1
     keep.append(current)
   if records:
     _move_lines(workdir / SAMPLES_FILE, workdir / DROPPED_SAMPLES_FILE, keep, lines)
@@ -563,19 +585,24 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
   return moved
 
 
-def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  """All rows of `workdir/metrics.jsonl` in file order ([] if there is none).
+def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> list[dict[str, Any]]:
+  """The rows of `workdir/metrics.jsonl` in file order ([] if there is none);
+  with `since`, only the rows at step `since` and after, reading the file
+  from its end (`_tail_start`).
 
-  A row that does not parse (cut off by a crash) is skipped with a warning.
+  A row that does not parse (cut off by a crash, not UTF-8) is skipped with
+  a warning.
   """
   path = epath.Path(workdir) / METRICS_FILE
+  lines = _read_lines(path)
+  start = 0 if since is None else _tail_start(lines, _row_step, since - 1)
   rows = []
-  for line_number, line in enumerate(_read_lines(path), start=1):
+  for line_number, line in enumerate(lines[start:], start=start + 1):
     if not line.strip():
       continue
     try:
       rows.append(json.loads(line))
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
       logger.warning("Skipping unreadable line %d of %s: %s", line_number, path, error)
   return rows
 

@@ -7,6 +7,9 @@ run appends one), rewritten atomically:
                  'finished', 'preempted' or the error's type
   start_step     the step it continued from (0: a fresh start)
   argv           the command line (sys.argv)
+  config_file    the config file the run was loaded from, resolved
+                 ('/.../txf/configs/rope.py'; ':arg' appended where given);
+                 null when not loaded from a file (a config built in Python)
   git            {'commit', 'dirty'} of the txf checkout it ran from; null
                  outside a git checkout (or without git)
   environment    Python, jax/jaxlib/flax/optax/orbax versions, devices and
@@ -20,6 +23,8 @@ run appends one), rewritten atomically:
 
 config.json stays the config as given (resuming checks it); this file is only
 written. Runs written before it have none and load and resume as before.
+A start reads only the record's last entry and encodes only its own, so a
+long record costs a copy of its text, not a parse (RunRecord).
 """
 
 from __future__ import annotations
@@ -32,13 +37,14 @@ import json
 import pathlib
 import subprocess
 import sys
+import textwrap
 from typing import Any
 
 from etils import epath
 
 from txf.train import hardware
 from txf.train.config import RunConfig
-from txf.train.workdir import replace_text
+from txf.train.workdir import parse_json, read_text, replace_text, write_error
 
 RECORD_FILE = "run_record.json"
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "txf")
@@ -104,52 +110,118 @@ def resolved_config(run: RunConfig) -> dict[str, Any]:
 
 
 def read_record(workdir: str | epath.PathLike) -> list[dict[str, Any]]:
-  """The run's record ([] for a run without one, or one that is unreadable)."""
+  """The run's record ([] for a run without one).
+
+  Raises:
+    ValueError: naming the file, when it is not UTF-8 JSON, cannot be read
+      or is not a list.
+  """
   path = epath.Path(workdir) / RECORD_FILE
-  if not path.exists():
-    return []
-  try:
-    entries = json.loads(path.read_text())
-  except json.JSONDecodeError:
-    return []
-  return entries if isinstance(entries, list) else []
+  text = read_text(path)
+  return [] if text is None else _entries(text, path)
+
+
+def _entries(text: str, path: epath.Path) -> list[dict[str, Any]]:
+  """The entries of the record `text` read from `path` (ValueError naming it
+  when it is not a JSON list)."""
+  entries = parse_json(text, path)
+  if not isinstance(entries, list):
+    raise ValueError(f"{path}: not a run record (a JSON list)")
+  return entries
+
+
+def _entry_text(entry: dict[str, Any]) -> str:
+  """`entry` laid out as json.dumps(entries, indent=1) lays out an entry of
+  the list: each line one space in, so that an entry starts a line with ' {'
+  (JSON strings hold no raw newline)."""
+  return textwrap.indent(json.dumps(entry, indent=1), " ")
+
+
+def _entries_before(text: str, path: epath.Path) -> str:
+  """The text of a record up to a new entry: '[' and its entries, each
+  followed by ',' -- parsing only its last entry when the record is laid
+  out as RunRecord writes it (a long record costs a copy, not a parse);
+  else parsing it whole and writing it in that layout.
+
+  Raises:
+    ValueError: naming `path`, when it is not a record.
+  """
+  body = text.rstrip()
+  last = body.rfind("\n {")
+  if body.startswith("[\n {") and body.endswith("\n }\n]"):
+    try:
+      if isinstance(json.loads(body[last:-2]), dict):
+        return body[:-2] + ",\n"
+    except json.JSONDecodeError:
+      pass  # not as written here: parsed whole below
+  return "[\n" + "".join(_entry_text(entry) + ",\n" for entry in _entries(text, path))
+
+
+def _set_aside(path: epath.Path) -> epath.Path:
+  """Renames `path` to the first free '<name>.corrupt', '<name>.corrupt.1', ..."""
+  aside, n = path.with_name(f"{path.name}.corrupt"), 0
+  while aside.exists():
+    n += 1
+    aside = path.with_name(f"{path.name}.corrupt.{n}")
+  path.rename(aside)
+  return aside
 
 
 class RunRecord:
   """Appends this start of a run to the record (`start`) and fills its end
   (`end`); with `enabled=False` (other processes) nothing. Writes raise
-  WriteError naming the file (txf.train.workdir)."""
+  WriteError naming the file (txf.train.workdir).
 
-  def __init__(self, workdir: str | epath.PathLike, *, enabled: bool = True):
+  Only the new entry is encoded, and only the record's last entry parsed:
+  the earlier entries are copied as they are. A record that does not read as
+  one (not UTF-8 JSON, not a list, a directory) is renamed to
+  run_record.json.corrupt (.1, ...) and `log` says so; the new record starts
+  empty.
+  """
+
+  def __init__(self, workdir: str | epath.PathLike, *, enabled: bool = True, log=print):
     self._path = epath.Path(workdir) / RECORD_FILE
     self._enabled = enabled  # only process 0 writes
-    self._entries: list[dict[str, Any]] = []
+    self._log = log
+    self._before = ""  # the record's text before this start's entry
+    self._entry: dict[str, Any] | None = None
 
-  def start(self, run: RunConfig, start_step: int) -> None:
+  def start(self, run: RunConfig, start_step: int, config_file: str | None = None) -> None:
+    """Appends this start's entry; `config_file`: the config file the run
+    was loaded from (None: not from a file)."""
     if not self._enabled:
       return
-    self._entries = read_record(self._path.parent)
-    self._entries.append(
-      dict(
-        start=_now(),
-        end=None,
-        ended=None,
-        start_step=start_step,
-        argv=list(sys.argv),
-        git=git_state(),
-        environment=environment(),
-        data=data_description(run),
-        config=resolved_config(run),
-      )
+    try:
+      text = read_text(self._path)
+      self._before = "[\n" if text is None else _entries_before(text, self._path)
+    except ValueError as error:
+      try:
+        aside = _set_aside(self._path)
+      except OSError as rename_error:
+        raise write_error(self._path, rename_error) from rename_error
+      self._log(f"{error}: moved to {aside.name}; the record starts again")
+      self._before = "[\n"
+    self._entry = dict(
+      start=_now(),
+      end=None,
+      ended=None,
+      start_step=start_step,
+      argv=list(sys.argv),
+      config_file=config_file,
+      git=git_state(),
+      environment=environment(),
+      data=data_description(run),
+      config=resolved_config(run),
     )
     self._write()
 
   def end(self, how: str, end_step: int | None = None) -> None:
     """Fills this start's end: `how` it ended, at `end_step`."""
-    if not self._entries:
+    if self._entry is None:
       return
-    self._entries[-1].update(end=_now(), ended=how, end_step=end_step)
+    self._entry.update(end=_now(), ended=how, end_step=end_step)
     self._write()
 
   def _write(self) -> None:
-    replace_text(self._path, json.dumps(self._entries, indent=1) + "\n")
+    assert self._entry is not None
+    replace_text(self._path, self._before + _entry_text(self._entry) + "\n]\n")

@@ -55,7 +55,7 @@ from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.optim import make_optimizer
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
-from txf.train.workdir import replace_text
+from txf.train.workdir import read_json, replace_text
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -402,16 +402,14 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
   """The run's config.json as a dict under today's field names, or None.
 
   Raises:
-    ValueError: naming the file, when it is not JSON, not an object, or one of
-      its sections is not an object.
+    ValueError: naming the file, when it is not UTF-8 JSON or cannot be read
+      (txf.train.workdir.read_json), not an object, or one of its sections is
+      not an object.
   """
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  try:
-    saved = json.loads(path.read_text())
-  except json.JSONDecodeError as error:
-    raise ValueError(f"{path}: not valid JSON ({error})") from None
+  saved = read_json(path)
   if not isinstance(saved, dict):
     raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
   for section in ("model", "data", "train", "eval", "parallel"):

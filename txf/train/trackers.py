@@ -10,25 +10,30 @@ names separated by commas, or a list of names; empty: none):
          name the work directory's; wandb's own settings (WANDB_MODE=offline,
          WANDB_DIR, WANDB_ENTITY, ...) apply. The wandb run id is kept in the
          work directory (wandb_run_id.txt), so a run restarted after a
-         preemption continues the same wandb run.
+         preemption continues the same wandb run. Before anything is
+         written, the run checks that wandb will not stop for a login
+         (offline, or an API key found) and that the kept id is one.
 
 Only process 0 tracks. Another tracker is one class with the `Tracker`
-methods, and a name in `TRACKERS`.
+methods, a name in `TRACKERS` and its start-up check in `CHECKS`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from etils import epath
 
-from txf.train.workdir import replace_text
+from txf.train.workdir import read_text, replace_text
 
 WANDB_ID_FILE = "wandb_run_id.txt"
+# What wandb takes as a run id: none of / \ # ? % : nor whitespace.
+_WANDB_RUN_ID = re.compile(r"[^/\\#?%:\s]{1,128}")
 
 
 class Tracker(Protocol):
@@ -57,11 +62,10 @@ class WandbTracker:
     import wandb  # noqa: PLC0415 (an optional dependency, imported when named)
 
     self._wandb = wandb
-    path = workdir / WANDB_ID_FILE
-    run_id = path.read_text().strip() if path.exists() else ""
+    run_id = _wandb_run_id(workdir)
     if not run_id:
       run_id = uuid.uuid4().hex[:12]  # wandb ids: letters and digits
-      replace_text(path, run_id + "\n")  # before init: a crash in it keeps the id
+      replace_text(workdir / WANDB_ID_FILE, run_id + "\n")  # before init: a crash keeps the id
     self.run_id = run_id
     self._run = wandb.init(
       project=os.environ.get("WANDB_PROJECT", "txf"),
@@ -88,8 +92,59 @@ class WandbTracker:
     self._run.finish()
 
 
+def _wandb_run_id(workdir: epath.Path) -> str:
+  """The wandb run id kept in `workdir` ('' if none is).
+
+  Raises:
+    ValueError: naming the file, when it holds no run id wandb takes.
+  """
+  path = workdir / WANDB_ID_FILE
+  run_id = (read_text(path) or "").strip()
+  if run_id and not _WANDB_RUN_ID.fullmatch(run_id):
+    raise ValueError(
+      f"{path}: not a wandb run id ({run_id[:40]!r}); delete the file to start a new wandb run"
+    )
+  return run_id
+
+
+def _check_wandb(workdir: epath.Path) -> None:
+  """That wandb can start a run in `workdir` without asking for anything:
+  the run id kept there is one, and wandb runs offline or disabled
+  (WANDB_MODE) or finds an API key (WANDB_API_KEY, ~/.netrc, its settings)
+  -- without the network, as wandb.init would find it.
+
+  Raises:
+    ValueError: naming what is missing.
+  """
+  _wandb_run_id(workdir)
+  try:  # wandb's own lookup, without prompting (wandb.login would ask the server who we are)
+    from wandb.errors import Error  # noqa: PLC0415 (an optional dependency)
+    from wandb.sdk import wandb_setup  # noqa: PLC0415
+    from wandb.sdk.lib import wbauth  # noqa: PLC0415
+  except ImportError:  # a wandb without that lookup: wandb.init says what is missing
+    return
+  settings = wandb_setup.singleton().settings
+  if settings.mode in ("offline", "dryrun", "disabled"):
+    return
+  try:
+    found = wbauth.authenticate_session(
+      host=settings.base_url, source="txf", prompt=False, update_session=False
+    )
+  except TypeError:  # a wandb whose lookup takes other arguments: wandb.init says
+    return
+  except Error as error:  # e.g. a malformed WANDB_API_KEY
+    raise ValueError(f"train.trackers: wandb: {' '.join(str(error).split())}") from None
+  if found is None:
+    raise ValueError(
+      "train.trackers: wandb has no API key (none in WANDB_API_KEY, ~/.netrc or its "
+      "settings): run `wandb login`, or set WANDB_MODE=offline to log offline"
+    )
+
+
 # name -> a tracker for a run's work directory.
 TRACKERS: dict[str, Callable[[epath.Path], Tracker]] = {"wandb": WandbTracker}
+# name -> its check that it can start in a work directory (before anything is written).
+CHECKS: dict[str, Callable[[epath.Path], None]] = {"wandb": _check_wandb}
 # name -> the package it needs (checked with the config, before anything is written).
 PACKAGES = {"wandb": "wandb"}
 
@@ -124,6 +179,17 @@ def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
     if package and not _installed(package):
       raise ValueError(f"{field}: {name!r} needs the {package} package: pip install 'txf[{name}]'")
   return tuple(dict.fromkeys(names))
+
+
+def check_trackers(names: tuple[str, ...], workdir: epath.Path) -> None:
+  """That each named tracker can start in `workdir` (a login, a readable run
+  id): call before anything is written, on process 0.
+
+  Raises:
+    ValueError: naming what is missing.
+  """
+  for name in names:
+    CHECKS[name](workdir)
 
 
 def make_trackers(names: tuple[str, ...], workdir: epath.Path) -> tuple[Tracker, ...]:

@@ -1,5 +1,6 @@
 """A run's work directory: its path type, an exclusive lock, an early
-writability check, and the error every writer of a run raises.
+writability check, the error every writer of a run raises, and the readers
+of its text and JSON files that name a file they cannot read.
 
 Everything a run reads and writes goes through one path type, `etils.epath`
 (the one orbax uses), so a work directory may be local or a URL such as
@@ -38,7 +39,7 @@ import re
 import socket
 import time
 import uuid
-from typing import IO
+from typing import IO, Any
 
 from etils import epath
 
@@ -151,6 +152,45 @@ def replace_text(path: epath.Path, text: str) -> None:
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
   except Exception as error:
     raise write_error(path, error) from error
+
+
+def read_text(path: epath.Path) -> str | None:
+  """The text (UTF-8) of `path`, a file of a work directory; None if there is none.
+
+  Raises:
+    ValueError: one line naming `path`, when it is not UTF-8 text or cannot
+      be read (a directory, no permission).
+  """
+  try:
+    if not path.exists():
+      return None
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as error:
+    raise ValueError(f"{path}: not UTF-8 text (byte {error.start})") from None
+  except OSError as error:
+    raise ValueError(f"{path}: cannot be read ({_reason(error)})") from None
+
+
+def read_json(path: epath.Path) -> Any:
+  """The JSON value in `path` (`read_text`); None if there is no such file.
+
+  Raises:
+    ValueError: one line naming `path`, when it is not UTF-8 JSON or cannot be read.
+  """
+  text = read_text(path)
+  return None if text is None else parse_json(text, path)
+
+
+def parse_json(text: str, path: epath.Path) -> Any:
+  """The JSON value `text` (read from `path`) holds.
+
+  Raises:
+    ValueError: one line naming `path`, when `text` is not JSON.
+  """
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as error:
+    raise ValueError(f"{path}: not valid JSON ({error})") from None
 
 
 def check_writable(directory: str | os.PathLike) -> None:

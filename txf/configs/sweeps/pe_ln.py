@@ -39,7 +39,7 @@ import ml_collections
 from txf.configs import base
 from txf.sweep.grid import make_grid
 
-RUN_CONFIG = "configs/base.py"
+RUN_CONFIG = "base"  # the run config txf ships by that name, from any directory
 STEPS = 1800
 
 
