@@ -288,7 +288,9 @@ def test_bad_input_is_one_line_exit_2(flags, message):
 def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):
   fits = compile_command(*TINY, "--target=v5e-4", f"--json={tmp_path / 'fits.json'}")
   assert fits.returncode == 0, fits.stderr[-2000:]
-  assert fits.stdout.splitlines()[1].startswith("FITS: train step")
+  lines = fits.stdout.splitlines()
+  assert lines[0] == f"config: {REPO / 'txf' / 'configs' / 'rope.py'}"
+  assert lines[2].startswith("FITS: train step")
   figures = json.loads((tmp_path / "fits.json").read_text())
   assert figures["fits"] is True and figures["target"] == "v5e-4"
   keys = {"arguments_bytes", "temporaries_bytes", "total_bytes", "capacity_bytes"}
@@ -297,5 +299,5 @@ def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):
   big.append("--config.data.seq_len=1024")
   over = compile_command(*TINY, *big, "--target=v5e-1", f"--json={tmp_path / 'over.json'}")
   assert over.returncode == 1, over.stderr[-2000:]
-  assert over.stdout.splitlines()[1].startswith("DOES NOT FIT")
+  assert over.stdout.splitlines()[2].startswith("DOES NOT FIT")
   assert json.loads((tmp_path / "over.json").read_text())["fits"] is False

@@ -181,10 +181,10 @@ def test_sums_and_their_gradient_match_float64(batch, label_smoothing, z_loss):
   np.testing.assert_allclose(grad, ref, atol=1e-6, rtol=1e-5)
   # The same as differentiating the reference implementation.
   plain = jax.grad(
-    lambda z: cross_entropy(
-      z, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
-    )[0]
-    * weights.sum()
+    lambda z: (
+      cross_entropy(z, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss)[0]
+      * weights.sum()
+    )
   )(logits)
   np.testing.assert_allclose(grad, plain, atol=1e-6)
 

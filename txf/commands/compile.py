@@ -4,23 +4,23 @@
   txf-compile --config=decoder_1b --target=v5e-256 --json=report.json
   python -m experiments.compile --config=configs/rope.py --target=v4-8 --config.parallel.fsdp=4
 
-Builds the run exactly as txf-run would (the same config, overrides and
-checks), but on the devices of the target's topology description, and
-compiles its train step and eval step ahead of time on this CPU: no TPU or
-GPU needed. Targets: TPU slices by their cloud names (v4-8 ... v4-4096,
-v5e-1 ... v5e-256, v5p-8 ..., v6e-...; v5e-256x2 for two slices) and GPUs
-with a count (h100, h200, a100; h100x8, h100x16 for two hosts). It prints,
-per device: the memory the train step and the eval step need against the
-device's (FITS / DOES NOT FIT, by how much), the step's FLOPs (the model's;
-the compiler's where it counts them), a roofline bound on the step time and
-the MFU it allows (`--step_seconds` gives the MFU at an assumed step time),
-the collectives per step (count and bytes), and for GPUs the kernels per
-step, GEMMs by backend, cuDNN attention calls and the bytes each region of
-the step moves outside GEMMs (loss, optimizer, attention, the rest);
-docs/scaling.md says how to read it. `--json=PATH` writes the same figures
-(keys `fits` and `per_device`: `arguments_bytes`, `temporaries_bytes`,
-`total_bytes`, `capacity_bytes`, ...). `--hlo=PATH` writes the compiled
-train step's HLO text.
+Prints the config file it loaded first, then builds the run exactly as txf-
+run would (the same config, overrides and checks), but on the devices of the
+target's topology description, and compiles its train step and eval step
+ahead of time on this CPU: no TPU or GPU needed. Targets: TPU slices by
+their cloud names (v4-8 ... v4-4096, v5e-1 ... v5e-256, v5p-8 ..., v6e-...;
+v5e-256x2 for two slices) and GPUs with a count (h100, h200, a100; h100x8,
+h100x16 for two hosts). It prints, per device: the memory the train step and
+the eval step need against the device's (FITS / DOES NOT FIT, by how much),
+the step's FLOPs (the model's; the compiler's where it counts them), a
+roofline bound on the step time and the MFU it allows (`--step_seconds`
+gives the MFU at an assumed step time), the collectives per step (count and
+bytes), and for GPUs the kernels per step, GEMMs by backend, cuDNN attention
+calls and the bytes each region of the step moves outside GEMMs (loss,
+optimizer, attention, the rest); docs/scaling.md says how to read it.
+`--json=PATH` writes the same figures (keys `fits` and `per_device`:
+`arguments_bytes`, `temporaries_bytes`, `total_bytes`, `capacity_bytes`,
+...). `--hlo=PATH` writes the compiled train step's HLO text.
 
 Needs the target's compiler: `pip install 'txf[tpu]'` (libtpu) for TPUs,
 `pip install 'txf[gpu-compile]'` (jax's CUDA plugin and ptxas) for GPUs.
@@ -38,7 +38,14 @@ import pathlib
 
 from absl import flags, logging
 
-from txf.commands.cli import define_config_flag, fail, require_config_kind, run_command, run_errors
+from txf.commands.cli import (
+  define_config_flag,
+  fail,
+  loaded_config_file,
+  require_config_kind,
+  run_command,
+  run_errors,
+)
 
 _CONFIG = define_config_flag("Run config (file.py[:arg], or a shipped config's name).")
 _TARGET = flags.DEFINE_string(
@@ -88,6 +95,7 @@ def main(argv) -> None:
     devices = target.devices()
   except (ValueError, ImportError) as error:
     fail("target", error)
+  print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
     compiled = compile_run(_CONFIG.value, target, devices)
   figures = report(compiled, _STEP_SECONDS.value)
