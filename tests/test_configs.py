@@ -108,6 +108,8 @@ EXPECTED_CHANGES = {
     "model.position",
     "model.use_bias",
     "model.norm_eps",
+    "model.scale_logits",
+    "model.init",
     "model.dtype",
     "data.seq_len",
     "data.max_corpus_bytes",

@@ -7,6 +7,7 @@ atol = rtol = 1e-4 (summed over many terms). Causality is exact: masked keys
 get weight exactly 0, so gradients through them are exactly 0.
 """
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -418,3 +419,48 @@ def test_attention_maps_of_scanned_stacks_match_unscanned(family):
   assert maps.keys() == plain_maps.keys()
   for path, weights in plain_maps.items():
     np.testing.assert_allclose(maps[path], weights, **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Initialisation schemes (model.init).
+
+
+def test_gpt2_init_draws_each_group_at_gpt2s_scale():
+  """N(0, 0.02) projections and token rows, N(0, 0.01) positions,
+  N(0, 0.02 / sqrt(2 L)) residual outputs, zero biases, unit norms."""
+  layers = 4
+  cfg = ModelConfig(
+    vocab_size=512, d_model=256, num_heads=4, num_layers=layers, max_len=256,
+    position="learned", use_bias=True, init="gpt2",
+  )  # fmt: skip
+  params = nn.meta.unbox(build(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+  groups: dict[str, list] = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params["params"]):
+    names = [str(getattr(p, "key", p)) for p in path]
+    group = (
+      "token" if names[-2] == "token" else
+      "position" if names[-1] == "position_table" else
+      "residual" if names[-1] == "kernel" and names[-2] in ("out", "wo") else
+      "kernel" if names[-1] == "kernel" else
+      "norm_scale" if names[-1] == "scale" else "zero"
+    )  # fmt: skip
+    groups.setdefault(group, []).append(np.ravel(leaf))
+  values = {name: np.concatenate(leaves) for name, leaves in groups.items()}
+  expected_std = {
+    "token": 0.02, "position": 0.01, "kernel": 0.02, "residual": 0.02 / np.sqrt(2 * layers)
+  }  # fmt: skip
+  for name, std in expected_std.items():
+    assert abs(values[name].mean()) < 0.1 * std, name
+    assert values[name].std() == pytest.approx(std, rel=0.03), name
+  np.testing.assert_array_equal(values["norm_scale"], 1.0)
+  np.testing.assert_array_equal(values["zero"], 0.0)  # biases, norm offsets
+
+
+def test_init_schemes_are_deterministic_and_txf_is_flaxs_own():
+  cfg = ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=1)
+  tokens = jnp.ones((1, 8), jnp.int32)
+  gpt2 = build(dataclasses.replace(cfg, init="gpt2"))
+  first, again = (gpt2.init(jax.random.key(3), tokens) for _ in range(2))
+  jax.tree.map(np.testing.assert_array_equal, first, again)
+  plain = nn.Module.init(build(cfg), jax.random.key(3), tokens)  # flax's, no scheme
+  jax.tree.map(np.testing.assert_array_equal, build(cfg).init(jax.random.key(3), tokens), plain)

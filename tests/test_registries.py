@@ -80,6 +80,9 @@ IMPLEMENTATIONS = {
     "test_ops_attention_chunked.py::test_model_attention_impl_chunked_gives_the_xla_logits"
   ),
 }
+# Registries of initial parameters: the models here replace their parameters,
+# so their options are held apart on the parameters init draws instead.
+INIT_REGISTRIES = ("init",)
 # The settings each option reads, with a value other than BASE's: changing
 # each must change the option's output.
 SETTINGS = {
@@ -176,7 +179,20 @@ def differ(a, b):
   return a.shape != b.shape or not np.allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
-DISTINCT_REGISTRIES = [name for name in CHOICES if name not in IMPLEMENTATIONS]
+DISTINCT_REGISTRIES = [
+  name for name in CHOICES if name not in IMPLEMENTATIONS and name not in INIT_REGISTRIES
+]
+
+
+@pytest.mark.parametrize("registry", INIT_REGISTRIES)
+def test_every_init_option_draws_other_parameters(registry):
+  tokens = jnp.ones((B, T), jnp.int32)
+  drawn = {}
+  for option in CHOICES[registry]:
+    params = models.build(model_config(registry, option)).init(jax.random.key(0), tokens)
+    drawn[option] = np.concatenate([np.ravel(x) for x in jax.tree.leaves(nn.meta.unbox(params))])
+  same = [(a, b) for a, b in itertools.combinations(drawn, 2) if not differ(drawn[a], drawn[b])]
+  assert not same, f"model.{registry}: options drawing the same parameters: {same}"
 
 
 @pytest.mark.parametrize("registry", DISTINCT_REGISTRIES)

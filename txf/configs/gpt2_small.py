@@ -1,13 +1,17 @@
-"""GPT-2 small shape (124M parameters; Radford et al. 2019), for one GPU.
+"""GPT-2 small (124M parameters; Radford et al. 2019), for one GPU.
 
   python -m experiments.run --config=configs/gpt2_small.py
 
 12 layers, d_model 768, 12 heads, 1024 context, learned positions, GELU,
-biases, LayerNorm eps 1e-5, tied embeddings, vocabulary 50304 (GPT-2's 50257
-padded to a multiple of 128). bfloat16 compute with float32 parameters; the
-cuDNN flash-attention kernel is chosen automatically on GPU. On the built-in
-corpus the tokens are bytes (ids < 260); the vocabulary keeps GPT-2's shape
-so parameter counts and FLOPs match. Far too big for a CPU.
+biases, LayerNorm eps 1e-5, tied embeddings without logit scaling, vocabulary
+50304 (GPT-2's 50257 padded to a multiple of 128), and GPT-2's initialisation
+(txf.models.inits: every projection N(0, 0.02), the residual projections N(0,
+0.02 / sqrt(24)), token rows N(0, 0.02), position rows N(0, 0.01)), so it is
+the model the PyTorch recipe trains (benchmarks/references/torch_gpt2.py).
+bfloat16 compute with float32 parameters; the cuDNN flash-attention kernel is
+chosen automatically on GPU. On the built-in corpus the tokens are bytes (ids
+< 260); the vocabulary keeps GPT-2's shape so parameter counts and FLOPs
+match. Far too big for a CPU.
 """
 
 from txf.configs import base
@@ -26,6 +30,8 @@ def get_config():
       activation="gelu",
       use_bias=True,
       norm_eps=1e-5,
+      scale_logits=False,
+      init="gpt2",
       dtype="bfloat16",
     )
   )

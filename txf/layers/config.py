@@ -28,6 +28,8 @@ HEADS = ("lm", "mlm", "classify", "none")
 GELU_ACTIVATIONS = ("gelu", "geglu")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
+# Initialisation schemes (txf.models.inits.INITS, which must list the same).
+INITS = ("txf", "gpt2")
 # The string fields with a fixed set of values (--print_config lists them).
 CHOICES = {
   "family": FAMILIES,
@@ -39,6 +41,7 @@ CHOICES = {
   "pooling": POOLINGS,
   "dtype": DTYPES,
   "attention_impl": ATTENTION_IMPLEMENTATIONS,
+  "init": INITS,
 }
 # The fields that are True or False (scale_logits may also be None).
 BOOL_FIELDS = (
@@ -128,6 +131,9 @@ class ModelConfig:
   num_classes: int = 2  # classify head only
   pooling: str = "cls"  # classify head: cls | mean | max | last
   pad_id: int = 0  # the padding token id
+  init: str = (
+    "txf"  # initialisation: txf (each layer's own) | gpt2 (N(0, 0.02), residual / sqrt(2L))
+  )
   dtype: str = "float32"  # compute dtype; parameters stay float32
   attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
   remat: bool = False  # recompute block activations in backward

@@ -21,6 +21,7 @@ from txf.layers.block import compute_dtype
 from txf.layers.config import ModelConfig, derived
 from txf.layers.embedding import Positions
 from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead
+from txf.models.inits import apply_init
 
 Array = jax.Array
 
@@ -62,6 +63,10 @@ class _OneStackModel(nn.Module):
 
   cfg: ModelConfig
   _causal = False
+
+  def init(self, rngs, *args, **kwargs):
+    """flax's init, then the config's initialisation scheme (txf.models.inits)."""
+    return apply_init(super().init(rngs, *args, **kwargs), self.cfg, rngs)
 
   def setup(self):
     cfg = self.cfg
@@ -175,6 +180,10 @@ class EncoderDecoder(nn.Module):
   """Transformer / T5-style sequence-to-sequence model."""
 
   cfg: ModelConfig
+
+  def init(self, rngs, *args, **kwargs):
+    """flax's init, then the config's initialisation scheme (txf.models.inits)."""
+    return apply_init(super().init(rngs, *args, **kwargs), self.cfg, rngs)
 
   def setup(self):
     cfg = self.cfg

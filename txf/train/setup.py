@@ -304,6 +304,7 @@ FREE_PRETRAINED_FIELDS = (
   "dropout_rate",
   "attention_dropout_rate",
   "dtype",
+  "init",
   "attention_impl",
   "remat",
   "max_len",

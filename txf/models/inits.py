@@ -1,0 +1,79 @@
+"""Initialisation schemes (`model.init`): how a Transformer's parameters are
+first drawn, applied by the models' `init`.
+
+  txf    each layer's own initialisers: Glorot-uniform projections, N(0, 1)
+         token rows (with tied logits scaled by 1/sqrt(D) by default),
+         N(0, 0.02) position rows, zero biases, unit norm scales.
+  gpt2   GPT-2's (Radford et al. 2019; openai/gpt-2 model.py, with the
+         residual scaling its paper describes as nanoGPT and Hugging Face's
+         GPT2PreTrainedModel implement it): every projection N(0, 0.02), the
+         projections that write into the residual stream (attention output,
+         FFN output) N(0, 0.02 / sqrt(2 L)) for L layers per stack, token rows
+         N(0, 0.02), position rows N(0, 0.01), biases 0, norms 1 and 0.
+
+A scheme is a function (params, cfg, key) -> params over the boxed
+parameters `model.init` returns; `txf` keeps them as drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Modules whose output is added to the residual stream: GPT-2's c_proj.
+RESIDUAL_OUTPUTS = ("out", "wo")
+GPT2_STDDEV = 0.02
+GPT2_POSITION_STDDEV = 0.01
+
+
+def _gpt2_stddev(names: tuple[str, ...], num_layers: int) -> float | None:
+  """The N(0, std) of a parameter by its path, or None to leave it as drawn
+  (norms: 1 and 0; biases: 0)."""
+  if names[-1] == "embedding" or names[-1] == "token_type_table":
+    return GPT2_STDDEV
+  if names[-1] == "position_table":
+    return GPT2_POSITION_STDDEV
+  if names[-1] in ("kernel", "relative_table"):
+    if len(names) >= 2 and names[-2] in RESIDUAL_OUTPUTS:
+      return GPT2_STDDEV / math.sqrt(2 * num_layers)
+    return GPT2_STDDEV
+  return None
+
+
+def gpt2(params: Any, cfg: Any, key: jax.Array) -> Any:
+  """GPT-2's initialisation of `params` (module docstring)."""
+
+  def redraw(path, leaf):
+    names = tuple(str(getattr(entry, "key", entry)) for entry in path)
+    stddev = _gpt2_stddev(names, cfg.num_layers)
+    if stddev is None:
+      return leaf
+    value = nn.meta.unbox(leaf)
+    leaf_key = jax.random.fold_in(key, zlib.crc32("/".join(names).encode()) % 2**31)
+    drawn = stddev * jax.random.normal(leaf_key, value.shape, jnp.float32)
+    drawn = drawn.astype(value.dtype)
+    return leaf.replace_boxed(drawn) if isinstance(leaf, nn.meta.AxisMetadata) else drawn
+
+  return jax.tree_util.tree_map_with_path(
+    redraw, params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)
+  )
+
+
+INITS: dict[str, Callable[[Any, Any, jax.Array], Any] | None] = {"txf": None, "gpt2": gpt2}
+
+
+def apply_init(variables: Any, cfg: Any, rngs: Any) -> Any:
+  """`variables` (what flax's init returns) with `cfg.init`'s scheme applied
+  to their params; the scheme's key is derived from init's params key."""
+  scheme = INITS[cfg.init]
+  if scheme is None:
+    return variables
+  key = rngs["params"] if isinstance(rngs, dict) else rngs
+  params = scheme(variables["params"], cfg, jax.random.fold_in(key, 0x5EED))
+  return {**variables, "params": params}
