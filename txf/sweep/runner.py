@@ -59,7 +59,7 @@ from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
-from txf.train.workdir import WorkdirLock, run_path
+from txf.train.workdir import WorkdirLock, check_reachable, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -335,7 +335,8 @@ def run_sweep(
       field) before anything trains, or a point's workdir that its config
       cannot resume.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
-      one needs the `gcs` extra), before anything trains; a point's work
+      one needs the `gcs` extra) or that cannot be reached, before anything
+      trains; a point's work
       directory that is not writable or in use (another sweep trains or
       extrapolates it).
     WriteError: a results file, plot or extrapolation record could not
@@ -355,6 +356,7 @@ def run_sweep(
   if dry_run:
     _dry_run(selected, workdir, settings, log)
     return None
+  check_reachable(workdir)
   if not summarize_only:
     began, point_seconds = time.perf_counter(), list[float]()
     for position, point in enumerate(selected, 1):

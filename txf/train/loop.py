@@ -82,7 +82,7 @@ from txf.train.setup import (
   write_config,
 )
 from txf.train.trackers import make_trackers
-from txf.train.workdir import WorkdirLock, check_writable, run_path
+from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 
 
 class TrainingDiverged(RuntimeError):
@@ -438,8 +438,9 @@ def run(
   that changes what the run's checkpoints depend on, see
   txf.train.setup.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
-  installed (a gs:// one needs the `gcs` extra), writable and held by no
-  other run (WorkdirError),
+  installed (a gs:// one needs the `gcs` extra) and answers within
+  txf.train.workdir.REACH_TIMEOUT_S, writable and held by no other run
+  (WorkdirError),
   and that a checkpoint restores (RestoreError). Training raises
   TrainingDiverged on a non-finite loss, CheckpointWriteError when a save
   fails and WriteError when another output (metrics.jsonl, tb/, samples.txt,
@@ -457,6 +458,7 @@ def run(
   samples.dropped.txt, so every step has one row.
   """
   workdir = run_path(workdir)
+  check_reachable(workdir)
   if config.data.get("tfds_data_dir"):
     run_path(config.data.tfds_data_dir, "data.tfds_data_dir")
   try:

@@ -7,6 +7,9 @@ Everything a run reads and writes goes through one path type, `etils.epath`
 any compute, a URL whose file system is not installed (`gs://` needs the
 `gcs` extra: `pip install 'txf[gcs]'`) and a URL that lost a slash on the way
 (`gs:/bucket/run`, which would otherwise become a local directory `gs:`).
+`check_reachable` then looks at such a URL once within `REACH_TIMEOUT_S`
+seconds: a bucket that cannot be reached (no network, no credentials) stops
+a command in one line instead of after a minute of retries.
 
 Two runs on one work directory would interleave their metrics and race on
 checkpoint steps, so a run holds `workdir/.lock` for its whole life. On a
@@ -36,6 +39,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from typing import IO
@@ -43,6 +47,8 @@ from typing import IO
 from etils import epath
 
 LOCK_FILE = ".lock"
+# How long the first look at a URL work directory may take (check_reachable).
+REACH_TIMEOUT_S = 30.0
 # URL scheme -> (modules its file system needs, how to install them).
 SCHEMES = {
   "gs": (("gcsfs", "google.cloud.storage"), "pip install 'txf[gcs]'"),
@@ -117,6 +123,70 @@ def run_path(path: str | os.PathLike, name: str = "workdir") -> epath.Path:
         f"{name}: {text} needs {module} for {scheme}:// paths: {install}"
       ) from None
   return epath.Path(text)
+
+
+def check_reachable(directory: epath.Path) -> None:
+  """Looks at a URL `directory` once, in a thread that must answer within
+  `REACH_TIMEOUT_S` seconds, before anything else reads or writes it. A
+  client such as gcsfs retries a failed request with growing waits (about
+  half a minute a request for a host that does not resolve) and logs a
+  traceback for each: here its logs are held back and the outcome is one
+  line. A local path is not looked at.
+
+  Raises:
+    WorkdirError: the look failed (no network, no credentials: the
+      client's reason) or gave no answer in time (with the last thing the
+      client logged, e.g. the error it retries).
+  """
+  if is_local(directory):
+    return
+  outcome: list[BaseException | None] = []
+
+  def look() -> None:
+    try:
+      directory.exists()  # a missing directory (or bucket) is an answer
+      outcome.append(None)
+    except Exception as error:
+      outcome.append(error)
+
+  logs = _HeldLogs(SCHEMES[os.fspath(directory).partition("://")[0]][0])
+  with logs:
+    thread = threading.Thread(target=look, name=f"look at {directory}", daemon=True)
+    thread.start()
+    thread.join(REACH_TIMEOUT_S)
+  if not outcome:  # the thread goes on in the background; the process may exit
+    last = f"; last logged: {logs.last}" if logs.last else ""
+    raise WorkdirError(f"{directory}: no answer within {REACH_TIMEOUT_S:g} s{last}")
+  if outcome[0] is not None:
+    raise WorkdirError(f"{directory}: cannot be reached ({_reason(outcome[0])})") from outcome[0]
+
+
+class _HeldLogs(logging.Handler):
+  """Within it, what the loggers `names` (and their children) log is kept
+  from the process's handlers; `last` is the last message."""
+
+  def __init__(self, names: tuple[str, ...]):
+    super().__init__(logging.DEBUG)
+    self.last: str | None = None
+    self._loggers = [logging.getLogger(name) for name in names]
+    self._saved: list[tuple[int, bool]] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.last = " ".join(record.getMessage().split())
+
+  def __enter__(self) -> _HeldLogs:
+    for logger_ in self._loggers:
+      self._saved.append((logger_.level, logger_.propagate))
+      logger_.setLevel(logging.DEBUG)
+      logger_.propagate = False
+      logger_.addHandler(self)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for logger_, (level, propagate) in zip(self._loggers, self._saved):
+      logger_.removeHandler(self)
+      logger_.setLevel(level)
+      logger_.propagate = propagate
 
 
 def replace_bytes(path: epath.Path, data: bytes) -> None:
