@@ -56,6 +56,9 @@ SCHEMES = {
   "az": (("adlfs",), "pip install adlfs"),
   "hf": (("huggingface_hub",), "pip install huggingface_hub"),
 }
+# replace_bytes' temporary of a file NAME: .NAME.<hex>.tmp
+_TEMPORARY_HEX = 12
+_STALE = re.compile(rf"\..+\.[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
 # 'gs:/bucket/run': a URL whose '//' a pathlib.Path has collapsed.
 _COLLAPSED_URL = re.compile(rf"^({'|'.join(SCHEMES)}):/(?!/)")
 
@@ -200,13 +203,24 @@ def replace_bytes(path: epath.Path, data: bytes) -> None:
     path.write_bytes(data)
     return
   # A name per writer: two processes replacing one file never share a temporary.
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
   try:
     tmp.write_bytes(data)
     tmp.replace(path)
   except BaseException:
     tmp.unlink(missing_ok=True)
     raise
+
+
+def remove_stale_temporaries(directory: epath.Path) -> None:
+  """Removes the temporaries of `replace_bytes` left directly in the local
+  `directory` by a process killed between writing one and renaming it.
+  Only for the holder of the directory's lock (`WorkdirLock`), which no
+  other writer of the run shares: every temporary there is stale."""
+  for path in directory.glob(".*.tmp"):
+    if _STALE.fullmatch(path.name):
+      with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
+        path.unlink()
 
 
 def replace_text(path: epath.Path, text: str) -> None:
@@ -221,6 +235,11 @@ def replace_text(path: epath.Path, text: str) -> None:
   # Remote file systems raise their own types (gcsfs's HttpError, ...).
   except Exception as error:
     raise write_error(path, error) from error
+
+
+def not_writable(directory: str | os.PathLike, error: BaseException) -> WorkdirError:
+  """WorkdirError('<directory>: not a writable directory (<reason>)') for `error`."""
+  return WorkdirError(f"{os.fspath(directory)}: not a writable directory ({_reason(error)})")
 
 
 def check_writable(directory: str | os.PathLike) -> None:
@@ -242,11 +261,14 @@ def check_writable(directory: str | os.PathLike) -> None:
     if not is_file:
       if is_local(directory):
         directory.mkdir(parents=True, exist_ok=True)
-      probe.write_text("ok")
-      probe.unlink()
+      try:
+        probe.write_text("ok")
+      finally:  # also when the write failed (a full disk) after creating the file
+        with contextlib.suppress(Exception):  # the write's error is the one to report
+          probe.unlink(missing_ok=True)
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
   except Exception as error:
-    raise WorkdirError(f"{directory}: not a writable directory ({_reason(error)})") from error
+    raise not_writable(directory, error) from error
   if is_file:
     raise WorkdirError(f"{directory}: exists and is not a directory")
 
@@ -255,8 +277,11 @@ class WorkdirLock:
   """Exclusive lock on a work directory for the life of a run.
 
   Use as a context manager. `acquire` fails at once (never waits) when
-  another live process holds the lock, naming its host and pid. On an object
-  store it only warns that nothing is enforced (module docstring).
+  another live process holds the lock, naming its host and pid, and when the
+  directory cannot be written (WorkdirError, as `check_writable`). Holding
+  it, it removes the temporaries a killed holder left behind
+  (`remove_stale_temporaries`). On an object store it only warns that
+  nothing is enforced (module docstring).
   """
 
   def __init__(self, directory: str | os.PathLike):
@@ -268,7 +293,7 @@ class WorkdirLock:
 
     Raises:
       WorkdirError: another process holds it (its host, pid and start time
-        are in the message).
+        are in the message), or the directory is not a writable one.
     """
     if not is_local(self.path):
       logger.warning(
@@ -278,7 +303,10 @@ class WorkdirLock:
       )
       return
     # flock needs an OS file descriptor: a local file, opened by the OS.
-    handle = open(self.path, "a+", encoding="utf-8")
+    try:
+      handle = open(self.path, "a+", encoding="utf-8")
+    except OSError as error:  # a read-only file system, no permission, no such directory
+      raise not_writable(self.path.parent, error) from error
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -311,6 +339,7 @@ class WorkdirLock:
         handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {_reason(error)}") from error
     self._file = handle
+    remove_stale_temporaries(self.path.parent)
 
   def release(self) -> None:
     """Releases the lock (the file stays: the lock is the flock, not the file)."""
