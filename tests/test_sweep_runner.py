@@ -17,6 +17,7 @@ from etils import epath
 from test_train_metrics import read_hparams
 
 from conftest import checkpoint_steps, load_config, tiny_config
+from full_disk import read_only
 from txf.sweep import grid, results, runner
 from txf.sweep.extrapolate import check_num_tokens
 from txf.sweep.grid import GridError
@@ -338,6 +339,51 @@ def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished
   assert calls == []
 
 
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_sweep_is_refused_in_one_line_before_anything_runs(finished_sweep, tmp_path):
+  """A finished sweep made read-only, rerun (its point 0 lacking its
+  extrapolation) or summarized: before, the rerun met a raw OSError taking
+  point 0's lock and the summary a write error at its first table."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  for summarize_only in (False, True):
+    with (
+      read_only(workdir),
+      pytest.raises(
+        WorkdirError, match=rf"^{workdir}: not a writable directory \(Read-only file system\)$"
+      ),
+    ):
+      runner.run_sweep(
+        toy_sweep(),
+        workdir,
+        summarize_only=summarize_only,
+        log=lambda line: None,
+        extrapolate=fake_extrapolate(calls),
+      )
+  assert calls == []
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_point_is_refused_in_one_line_before_it_is_extrapolated(
+  finished_sweep, tmp_path
+):
+  workdir = copy_of(finished_sweep, tmp_path)
+  point = workdir / TOY_NAMES[0]
+  (point / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  with (
+    read_only(point),
+    pytest.raises(
+      WorkdirError, match=rf"^{point}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    runner.run_sweep(
+      toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+    )
+  assert calls == []
+
+
 def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_path):
   rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
   assert [row.status for row in rows] == ["missing", "missing"]
@@ -482,13 +528,13 @@ def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
 
 @pytest.mark.slow  # a subprocess
 def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
-  # The sweep command in a process whose first file written under tmp_path
-  # meets a full disk (tests/full_disk.py).
+  # The sweep command in a process whose second file written in tmp_path
+  # (after the writability probe) meets a full disk (tests/full_disk.py).
   script = (
     "import runpy, sys; sys.path.insert(0, 'tests'); import full_disk\n"
     f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
     "'--summarize']\n"
-    f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 1):\n"
+    f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 2):\n"
     "  runpy.run_module('experiments.sweep', run_name='__main__')"
   )
   done = subprocess.run(

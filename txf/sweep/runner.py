@@ -59,7 +59,8 @@ from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
-from txf.train.workdir import WorkdirLock, check_reachable, run_path
+from txf.train.setup import adding_to_run
+from txf.train.workdir import check_reachable, check_writable, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -227,11 +228,13 @@ def _extrapolate_point(
   log: Log,
 ) -> None:
   """Runs the extrapolation hook once for a finished point, holding the
-  point's work directory lock (as its training does): another sweep on the
-  directory is refused instead of extrapolating the point at the same time."""
+  point's work directory (txf.train.setup.adding_to_run: its lock, as its
+  training does): another sweep on the directory is refused instead of
+  extrapolating the point at the same time, and so is a directory that
+  cannot be written."""
   if extrapolate is None:
     return
-  with WorkdirLock(workdir):
+  with adding_to_run(workdir):
     if not _needs_extrapolation(point, workdir, log):
       return
     log(f"point {point.index} ({point.name}): length extrapolation")
@@ -335,8 +338,8 @@ def run_sweep(
       field) before anything trains, or a point's workdir that its config
       cannot resume.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
-      one needs the `gcs` extra) or that cannot be reached, before anything
-      trains; a point's work
+      one needs the `gcs` extra), that cannot be reached or written (a
+      read-only file system), before anything trains; a point's work
       directory that is not writable or in use (another sweep trains or
       extrapolates it).
     WriteError: a results file, plot or extrapolation record could not
@@ -357,6 +360,7 @@ def run_sweep(
     _dry_run(selected, workdir, settings, log)
     return None
   check_reachable(workdir)
+  check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     began, point_seconds = time.perf_counter(), list[float]()
     for position, point in enumerate(selected, 1):
