@@ -384,10 +384,30 @@ def test_a_read_only_point_is_refused_in_one_line_before_it_is_extrapolated(
   assert calls == []
 
 
-def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_path):
+def started(point_dir):
+  """Makes `point_dir` a point of REPLICAS replicas that started training:
+  one logged step."""
+  point_dir.mkdir(parents=True)
+  row = {"step": 1, "loss": 5.0, **{f"loss/{r}": 5.0 for r in range(REPLICAS)}}
+  (point_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def test_summarize_only_where_no_point_ran_is_refused_and_creates_nothing(tmp_path):
+  """A mistyped --workdir: before, the directory was created with tables of
+  'missing' points, exit 0."""
+  workdir = tmp_path / "typo"
+  with pytest.raises(
+    WorkdirError, match=rf"^{workdir}: no point of this sweep has run there: nothing to summarize$"
+  ):
+    runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plots(tmp_path):
+  started(tmp_path / TOY_NAMES[0])
   rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
-  assert [row.status for row in rows] == ["missing", "missing"]
-  assert sorted(os.listdir(tmp_path)) == [results.RESULTS_CSV, results.RESULTS_MD]
+  assert [row.status for row in rows] == ["partial", "missing"]
+  assert sorted(os.listdir(tmp_path)) == [TOY_NAMES[0], results.RESULTS_CSV, results.RESULTS_MD]
 
 
 @pytest.mark.parametrize(
@@ -537,6 +557,8 @@ def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
     f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 2):\n"
     "  runpy.run_module('experiments.sweep', run_name='__main__')"
   )
+  point = "position=sinusoidal,norm_placement=pre"
+  started(tmp_path / point)
   done = subprocess.run(
     [sys.executable, "-c", script],
     cwd=ROOT,
@@ -549,4 +571,4 @@ def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
   assert done.stderr.strip() == (
     f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device"
   )
-  assert os.listdir(tmp_path) == []  # no cut file, no temporary
+  assert os.listdir(tmp_path) == [point]  # no cut file, no temporary

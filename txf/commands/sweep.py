@@ -9,7 +9,10 @@ work directory defaults to runs/<config file stem>. Rerunning resumes: finished
 points are skipped, an interrupted one continues from its checkpoint.
 `--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
 point's `experiments.run` command; `--summarize` only rebuilds results.csv,
-results.md and the plots from what is on disk. Every point is checked before
+results.md and the plots from what is on disk (a directory where no point has
+run, a mistyped --workdir, exits 2 with one line, creating nothing). A sweep
+directory that cannot be written (read-only) exits 2 with one line before
+anything runs. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
 A SIGTERM (preemption) while a point trains saves it and stops the sweep

@@ -60,7 +60,7 @@ from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
 from txf.train.setup import adding_to_run
-from txf.train.workdir import check_reachable, check_writable, run_path
+from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -311,7 +311,8 @@ def run_sweep(
                      it when set, else every point); no results are written,
                      since other points may still be training elsewhere
     dry_run          logs each point and its exact experiments.run command
-    summarize_only   writes the results and plots from what is on disk
+    summarize_only   writes the results and plots from what is on disk (at
+                     least one point must have been run in `workdir`)
 
   A point that diverges is recorded (txf.sweep.results.mark_diverged) and the
   sweep goes on. A point preempted (SIGTERM) while it trains saves, and the
@@ -339,7 +340,8 @@ def run_sweep(
       cannot resume.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra), that cannot be reached or written (a
-      read-only file system), before anything trains; a point's work
+      read-only file system), or where no point has been run (summarize_only),
+      before anything trains or is written; a point's work
       directory that is not writable or in use (another sweep trains or
       extrapolates it).
     WriteError: a results file, plot or extrapolation record could not
@@ -360,6 +362,9 @@ def run_sweep(
     _dry_run(selected, workdir, settings, log)
     return None
   check_reachable(workdir)
+  # A mistyped --workdir: say so rather than write a table of missing points.
+  if summarize_only and all(results.point_status(workdir / p.name) == "missing" for p in points):
+    raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     began, point_seconds = time.perf_counter(), list[float]()
