@@ -260,6 +260,36 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
   assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
 
 
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_sigterm_during_an_extrapolation_stops_the_sweep_and_a_rerun_redoes_it(
+  finished_sweep, tmp_path, sigterm_is_caught
+):
+  """Before, the SIGTERM killed the sweep (exit 143) without a word."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  for name in TOY_NAMES:
+    (workdir / name / results.EXTRAPOLATION_FILE).unlink()
+  (workdir / results.RESULTS_CSV).unlink()
+  lines, calls = [], []
+  writes = fake_extrapolate(calls)
+
+  def preempted(run_dir, *, num_tokens, log):  # the scheduler's SIGTERM, mid-way
+    os.kill(os.getpid(), signal.SIGTERM)
+    log("extrapolate: length 32 (1 of 2, 1x) | ...")
+    writes(run_dir, num_tokens=num_tokens, log=log)
+
+  assert runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=preempted) is None
+  assert sigterm_is_caught == []  # the sweep's guard took it
+  assert point_lines(lines)[-2:] == [
+    f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+    f"sweep preempted in point 0 ({TOY_NAMES[0]})'s length extrapolation; "
+    "rerun the same command to resume (an extrapolation cut short is computed again)",
+  ]
+  assert calls == [] and not (workdir / results.RESULTS_CSV).exists()
+  runner.run_sweep(toy_sweep(), workdir, log=lambda line: None, extrapolate=writes)
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
+  assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
 @pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)

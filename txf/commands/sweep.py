@@ -17,7 +17,9 @@ the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
 A SIGTERM (preemption) while a point trains saves it and stops the sweep
 ("sweep preempted in point N ...", exit status 0, as experiments.run); the
-rerun resumes there. A results file, plot or extrapolation record that cannot
+rerun resumes there. One during a point's length extrapolation stops it
+too, with a line saying so (exit status 0; the rerun extrapolates the point
+again). A results file, plot or extrapolation record that cannot
 be written (a full disk) stops it with one line naming the file (`write
 error: ...`, exit status 1); every such file is replaced atomically, so its
 previous version is intact.

@@ -220,26 +220,45 @@ def _needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
   return found is None
 
 
+class _Preempted(Exception):
+  """A SIGTERM stopped a point's extrapolation (_extrapolate_point)."""
+
+
 def _extrapolate_point(
   point: Point,
   workdir: epath.Path,
   extrapolate: Extrapolate | None,
   num_tokens: int | None,
   log: Log,
-) -> None:
+) -> bool:
   """Runs the extrapolation hook once for a finished point, holding the
   point's work directory (txf.train.setup.adding_to_run: its lock, as its
   training does): another sweep on the directory is refused instead of
   extrapolating the point at the same time, and so is a directory that
-  cannot be written."""
+  cannot be written. Returns whether a SIGTERM (preemption) arrived
+  meanwhile: the hook is then stopped at its next progress line (between
+  two lengths, with nothing in flight), before extrapolation.json, which it
+  writes last, so a rerun extrapolates the point again."""
   if extrapolate is None:
-    return
+    return False
   with adding_to_run(workdir):
     if not _needs_extrapolation(point, workdir, log):
-      return
+      return False
     log(f"point {point.index} ({point.name}): length extrapolation")
-    extrapolate(workdir, num_tokens=num_tokens, log=log)
-    jax.clear_caches()
+    with PreemptionGuard() as preemption:
+
+      def log_or_stop(line: str) -> None:
+        log(line)
+        if preemption.requested:
+          raise _Preempted
+
+      try:
+        extrapolate(workdir, num_tokens=num_tokens, log=log_or_stop)
+      except _Preempted:
+        pass
+      finally:
+        jax.clear_caches()
+    return preemption.requested
 
 
 def summarize(
@@ -316,7 +335,9 @@ def run_sweep(
 
   A point that diverges is recorded (txf.sweep.results.mark_diverged) and the
   sweep goes on. A point preempted (SIGTERM) while it trains saves, and the
-  sweep stops there: it logs so and returns None (a rerun resumes). Only one
+  sweep stops there: it logs so and returns None (a rerun resumes); a
+  SIGTERM during a point's extrapolation stops it too, at the hook's next
+  progress line (a rerun computes again what it had not written). Only one
   point's model is in memory at a time.
 
   Args:
@@ -386,7 +407,12 @@ def run_sweep(
           "rerun the same command to resume"
         )
         return None
-      _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log)
+      if _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log):
+        log(
+          f"sweep preempted in point {point.index} ({point.name})'s length extrapolation; "
+          "rerun the same command to resume (an extrapolation cut short is computed again)"
+        )
+        return None
       if trains:
         point_seconds.append(time.perf_counter() - point_began)
     if len(selected) < len(points):
