@@ -185,11 +185,12 @@ def seq2seq_run(tmp_path_factory):
 
 
 def digests(directory):
-  """{relative path: sha256} of the run's files outside analysis/."""
+  """{relative path: sha256} of the run's files outside analysis/ (but the
+  lock's note of its holder, which the command rewrites as it holds it)."""
   return {
     str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
     for p in sorted(pathlib.Path(directory).rglob("*"))
-    if p.is_file() and ANALYSIS_DIR not in p.relative_to(directory).parts
+    if p.is_file() and ANALYSIS_DIR not in p.relative_to(directory).parts and p.name != ".lock"
   }
 
 

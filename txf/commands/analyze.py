@@ -5,19 +5,19 @@
 
 Writes attention_<kind>.png (per layer and head, validation sample 0),
 head_scores.csv and head_scores.md into RUN/analysis/ (txf.sweep.analyze;
-nothing else in RUN changes) and prints the markdown table: previous-token,
-induction (at two or more probe periods the training data does not repeat
-with, on tokens from the run's validation data; a head that scores at one
-period only is reported as positional), entropy, attended distance and the
-validation-loss change when each head's output is zeroed. --ablate zeroes a
-set of heads together and reports the validation loss and accuracy with
-and without them (single-head ablation misses heads that back each other up).
+nothing else in RUN changes but its .lock, held meanwhile) and prints the
+markdown table: previous-token, induction (at two or more probe periods the
+training data does not repeat with, on tokens from the run's validation
+data; a head that scores at one period only is reported as positional),
+entropy, attended distance and the validation-loss change when each head's
+output is zeroed. --ablate zeroes a set of heads together and reports the
+validation loss and accuracy with and without them (single-head ablation
+misses heads that back each other up).
 A progress line per head's ablation goes to stderr as it is done. An
 invalid argument, a directory without a trained run, one that cannot be
 written (a read-only file system) or one held by another process (a run
 still training there) exits 2 with one line naming it, before anything is
-computed; a file that cannot be written (a full disk) exits 1 with one line
-naming it (`write error: ...`).
+computed.
 """
 
 from __future__ import annotations

@@ -6,14 +6,15 @@
 Scores the run's validation split at each factor x its training length with
 non-overlapping and sliding windows (txf.analysis.extrapolation), prints a
 table and writes extrapolation.json, extrapolation.png and
-per_position_loss.png into RUN (nothing else there changes); a progress line
-per length goes to stderr as it is done. A length longer
-than a learned position table is reported as n/a. An invalid argument, a
-directory without a trained run, one that cannot be written (a read-only
-file system) or one held by another process (a run still training there,
-another extrapolation) exits 2 with one line naming it, before anything is
-computed; a file that cannot be written (a full disk) exits 1 with one line
-naming it (`write error: ...`), the previous extrapolation.json intact.
+per_position_loss.png into RUN (nothing else there changes but its .lock,
+held meanwhile); a progress line per length goes to stderr as it is done. A
+length longer than a learned position table is reported as n/a. An invalid
+argument, a directory without a trained run, one that cannot be written (a
+read-only file system) or one held by another process (a run still training
+there, another extrapolation) exits 2 with one line naming it, before
+anything is computed; a file that cannot be written (a full disk) exits 1
+with one line naming it (`write error: ...`), the previous
+extrapolation.json intact.
 """
 
 from __future__ import annotations
