@@ -1,7 +1,7 @@
 """A disk that fills up, for tests: from the Nth write to a file whose path
 matches a pattern, that write and every later one to such files fail with
 OSError(ENOSPC), as on a full disk (the failing write puts part of its data
-down first, as a real one can).
+down first, as a real one can). `read_only` makes a directory read-only.
 
 In-process it wraps `builtins.open`, which every Python writer of a run goes
 through (metrics, TensorBoard events, samples, config.json, and orbax's JSON
@@ -113,6 +113,40 @@ def full_disk(pattern: str, after: int, slow_finalize: float = 0.0):
   finally:
     builtins.open = real_open
     restore_finalize()
+
+
+@contextlib.contextmanager
+def read_only(directory: str | os.PathLike):
+  """Within it, `directory` is on a read-only file system, as far as Python's
+  writers see it (root writes through permissions and tests cannot mount):
+  opening a file below it for writing or making a directory there fails with
+  OSError(EROFS)."""
+  root = os.path.abspath(directory)
+  real_open, real_mkdir = builtins.open, os.mkdir
+
+  def below(path) -> bool:
+    return isinstance(path, (str, os.PathLike)) and (os.path.abspath(path) + os.sep).startswith(
+      root + os.sep
+    )
+
+  def refuse(path):
+    return OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+
+  def open_(file, mode="r", *args, **kwargs):
+    if below(file) and set(mode) & set("wax+"):
+      raise refuse(file)
+    return real_open(file, mode, *args, **kwargs)
+
+  def mkdir(path, *args, **kwargs):
+    if below(path) and not os.path.isdir(path):
+      raise refuse(path)
+    return real_mkdir(path, *args, **kwargs)
+
+  builtins.open, os.mkdir = open_, mkdir
+  try:
+    yield
+  finally:
+    builtins.open, os.mkdir = real_open, real_mkdir
 
 
 def _slow_finalize(seconds: float):

@@ -36,6 +36,7 @@ from txf.sweep.analyze import (
 from txf.train import loop
 from txf.train.config import ConfigError
 from txf.train.setup import load_run
+from txf.train.workdir import WorkdirLock
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = dict(vocab_size=32, d_model=18, num_heads=3, num_layers=2, max_len=12)
@@ -184,11 +185,12 @@ def seq2seq_run(tmp_path_factory):
 
 
 def digests(directory):
-  """{relative path: sha256} of the run's files outside analysis/."""
+  """{relative path: sha256} of the run's files outside analysis/ (but the
+  lock's note of its holder, which the command rewrites as it holds it)."""
   return {
     str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
     for p in sorted(pathlib.Path(directory).rglob("*"))
-    if p.is_file() and ANALYSIS_DIR not in p.relative_to(directory).parts
+    if p.is_file() and ANALYSIS_DIR not in p.relative_to(directory).parts and p.name != ".lock"
   }
 
 
@@ -344,6 +346,29 @@ def test_the_command_refuses_a_bad_ablate_spec_in_one_line(decoder_run, compilat
   assert done.stderr.strip().splitlines() == [
     "analyze error: ablate: L9H0 is not a head of the model (layers 0..1, heads 0..1)"
   ]
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_a_run_still_training_in_one_line(decoder_run, compilation_cache_dir):
+  """Another process holds the run (here this one, as a training run would):
+  before, the command analysed it and wrote analysis/ into the live run."""
+  with WorkdirLock(decoder_run):
+    before = digests(decoder_run)
+    done = subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1"],
+      cwd=REPO,
+      env=cli_env(compilation_cache_dir),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+  assert done.returncode == 2, done.stderr[-3000:]
+  holder = (decoder_run / ".lock").read_text().strip()
+  assert done.stderr.strip().splitlines() == [
+    f"workdir error: {decoder_run}: in use by another run ({holder}); "
+    "wait for it to finish or use another --workdir"
+  ]
+  assert digests(decoder_run) == before
 
 
 def test_a_directory_without_a_run_is_refused(tmp_path):

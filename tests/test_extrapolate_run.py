@@ -9,6 +9,7 @@ JAX's persistent compilation cache is on, as in test_setup.py.
 import hashlib
 import json
 import math
+import os
 import pathlib
 import re
 import subprocess
@@ -18,13 +19,14 @@ import numpy as np
 import pytest
 
 from conftest import REPO, tiny_config
-from full_disk import files_in, full_disk
+from full_disk import files_in, full_disk, read_only
 from txf.analysis.extrapolation import PROTOCOLS
 from txf.sweep import results
 from txf.sweep.extrapolate import extrapolate_run, format_table
 from txf.train import loop
 from txf.train.config import ConfigError
-from txf.train.workdir import WriteError
+from txf.train.setup import adding_to_run
+from txf.train.workdir import WorkdirError, WorkdirLock, WriteError
 
 STEPS = 4
 SEQ_LEN = 32
@@ -184,6 +186,53 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
     timeout=300,
   )
   assert done.returncode == 2 and "holds no run" in done.stderr
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_adding_to_a_read_only_run_is_refused_before_anything_is_computed(trained):
+  before = digests(trained)
+  with (
+    read_only(trained),
+    pytest.raises(
+      WorkdirError, match=rf"^{trained}: not a writable directory \(Read-only file system\)$"
+    ),
+    adding_to_run(trained),
+  ):
+    pytest.fail("entered")
+  assert digests(trained) == before
+
+
+def test_adding_to_a_directory_without_a_run_creates_nothing(tmp_path):
+  with (
+    pytest.raises(ConfigError, match="^workdir: .* holds no run"),
+    adding_to_run(tmp_path / "typo"),
+  ):
+    pytest.fail("entered")
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_a_run_still_training_in_one_line(trained):
+  """Another process holds the run (here this one, as a training run would):
+  before, the command extrapolated it and wrote into the live run."""
+  for name in OUTPUTS:
+    (trained / name).unlink(missing_ok=True)
+  with WorkdirLock(trained):
+    before = digests(trained)
+    done = subprocess.run(
+      [sys.executable, "-m", "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.strip().splitlines() == [
+    f"workdir error: {trained}: in use by another run ({(trained / '.lock').read_text().strip()}); "
+    "wait for it to finish or use another --workdir"
+  ]
+  assert not any((trained / name).exists() for name in OUTPUTS)
+  assert digests(trained) == before
 
 
 @pytest.mark.slow  # its fixture trains a run

@@ -22,7 +22,9 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
+import aiohttp.resolver
 import fsspec
 
 # gcsfs's default file system asks Cloud Storage's gRPC control API about each
@@ -46,8 +48,17 @@ from conftest import (  # noqa: E402
   without_timings,
 )
 from txf.sweep import grid, results, runner  # noqa: E402
-from txf.train import loop, metrics  # noqa: E402
-from txf.train.workdir import WorkdirError, WorkdirLock, check_writable  # noqa: E402
+from txf.train import (  # noqa: E402
+  loop,
+  metrics,
+  workdir as workdir_module,
+)
+from txf.train.workdir import (  # noqa: E402
+  WorkdirError,
+  WorkdirLock,
+  check_reachable,
+  check_writable,
+)
 
 BUCKET = "bucket"
 
@@ -383,3 +394,116 @@ def test_a_url_that_is_not_one_stops_the_run_before_anything_is_written(scratch_
   with pytest.raises(WorkdirError, match=f"^workdir: {message}"):
     loop.run(tiny_config(), url)
   assert os.listdir(scratch_cwd) == []
+
+
+# --- a bucket that cannot be reached ------------------------------------------
+
+REACH_S = 2.0  # the tests' bound on the first look at a gs:// work directory
+
+
+@pytest.fixture
+def no_dns(monkeypatch):
+  """Cloud Storage's host name does not resolve, as on a machine without a
+  network: aiohttp's resolver fails as the system's does, so gcsfs meets
+  the ClientConnectorDNSError and retries it for half a minute a request.
+  Nothing leaves the machine: the host is localhost (after the test, a port
+  nobody listens on), the token anonymous. The first look at a gs:// work
+  directory is bounded by REACH_S seconds."""
+
+  async def resolve(self, host, port=0, family=socket.AF_INET):
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+  monkeypatch.setattr(aiohttp.resolver.DefaultResolver, "resolve", resolve)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{_free_port()}")
+  monkeypatch.setenv("NO_GCE_CHECK", "True")
+  monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
+  monkeypatch.setattr(workdir_module, "REACH_TIMEOUT_S", REACH_S)
+  _clear_client_caches()
+  yield
+  _clear_client_caches()
+
+
+UNREACHABLE = (
+  rf"^gs://bucket/run: no answer within {REACH_S:g} s; last logged: .*"
+  r"Cannot connect to host localhost:\d+ .*\[Name or service not known\]$"
+)
+
+
+def test_an_unreachable_bucket_stops_every_entry_point_in_one_line_in_time(no_dns, scratch_cwd):
+  from txf.sweep.analyze import analyze_run
+  from txf.sweep.extrapolate import extrapolate_run
+
+  sweep = ml_collections.ConfigDict(
+    {"base": tiny_config(), "grid": grid.make_grid({"model.position": ["rope"]})}
+  )
+  for start in (
+    lambda: loop.run(tiny_config(), "gs://bucket/run"),
+    lambda: runner.run_sweep(sweep, "gs://bucket/run", summarize_only=True),
+    lambda: extrapolate_run("gs://bucket/run", [1]),
+    lambda: analyze_run("gs://bucket/run"),
+  ):
+    began = time.monotonic()
+    with pytest.raises(WorkdirError, match=UNREACHABLE):
+      start()
+    assert time.monotonic() - began < REACH_S + 3
+  assert os.listdir(scratch_cwd) == []
+
+
+def test_a_look_that_fails_at_once_is_reported_with_its_reason():
+  class Forbidden(epath.gpath.PosixGPath):  # a bucket this account may not read
+    def exists(self):
+      raise PermissionError(13, "Forbidden")
+
+  began = time.monotonic()
+  with pytest.raises(WorkdirError, match=r"^gs://bucket/run: cannot be reached \(Forbidden\)$"):
+    check_reachable(Forbidden("gs://bucket/run"))
+  assert time.monotonic() - began < 1
+
+
+@pytest.mark.slow  # subprocesses
+def test_cli_on_an_unreachable_bucket_exits_2_with_one_line_in_time(scratch_cwd):
+  """The reporter's commands: before, 151 and 198 lines of gcsfs's retries
+  and tracebacks after a minute, exit 1."""
+  sweep = scratch_cwd / "tiny.py"
+  sweep.write_text(
+    "import ml_collections\n"
+    "from txf.configs import rope\n"
+    "from txf.sweep.grid import make_grid\n"
+    "def get_config():\n"
+    "  return ml_collections.ConfigDict(\n"
+    "    {'base': rope.get_config(), 'grid': make_grid({'model.position': ['rope', 'alibi']})}\n"
+    "  )\n"
+  )
+  for command, config in (("run", "rope"), ("sweep", sweep)):
+    code = (
+      "import runpy, socket, sys, aiohttp.resolver, txf.train.workdir as w\n"
+      "async def resolve(self, host, port=0, family=0):\n"
+      "  raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')\n"
+      "aiohttp.resolver.DefaultResolver.resolve = resolve\n"
+      f"w.REACH_TIMEOUT_S = {REACH_S}\n"
+      f"sys.argv = ['{command}', '--config={config}', '--workdir=gs://bucket/run']\n"
+      f"runpy.run_module('experiments.{command}', run_name='__main__')\n"
+    )
+    began = time.monotonic()
+    done = subprocess.run(
+      [sys.executable, "-c", code],
+      cwd=scratch_cwd,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        JAX_PLATFORMS="cpu",
+        STORAGE_EMULATOR_HOST=f"http://localhost:{_free_port()}",
+        NO_GCE_CHECK="True",
+        FSSPEC_GCS_TOKEN="anon",
+        GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+      ),
+    )
+    took = time.monotonic() - began
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert re.match(UNREACHABLE.replace("^", "^workdir error: "), line), line
+    assert took < 60, took  # imports and the config check, then REACH_S
+  assert sorted(os.listdir(scratch_cwd)) == ["tiny.py"]

@@ -17,6 +17,7 @@ from etils import epath
 from test_train_metrics import read_hparams
 
 from conftest import checkpoint_steps, load_config, tiny_config
+from full_disk import read_only
 from txf.sweep import grid, results, runner
 from txf.sweep.extrapolate import check_num_tokens
 from txf.sweep.grid import GridError
@@ -259,6 +260,36 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
   assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
 
 
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_sigterm_during_an_extrapolation_stops_the_sweep_and_a_rerun_redoes_it(
+  finished_sweep, tmp_path, sigterm_is_caught
+):
+  """Before, the SIGTERM killed the sweep (exit 143) without a word."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  for name in TOY_NAMES:
+    (workdir / name / results.EXTRAPOLATION_FILE).unlink()
+  (workdir / results.RESULTS_CSV).unlink()
+  lines, calls = [], []
+  writes = fake_extrapolate(calls)
+
+  def preempted(run_dir, *, num_tokens, log):  # the scheduler's SIGTERM, mid-way
+    os.kill(os.getpid(), signal.SIGTERM)
+    log("extrapolate: length 32 (1 of 2, 1x) | ...")
+    writes(run_dir, num_tokens=num_tokens, log=log)
+
+  assert runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=preempted) is None
+  assert sigterm_is_caught == []  # the sweep's guard took it
+  assert point_lines(lines)[-2:] == [
+    f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+    f"sweep preempted in point 0 ({TOY_NAMES[0]})'s length extrapolation; "
+    "rerun the same command to resume (an extrapolation cut short is computed again)",
+  ]
+  assert calls == [] and not (workdir / results.RESULTS_CSV).exists()
+  runner.run_sweep(toy_sweep(), workdir, log=lambda line: None, extrapolate=writes)
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
+  assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
 @pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
@@ -338,10 +369,75 @@ def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished
   assert calls == []
 
 
-def test_summarize_only_before_any_point_ran_writes_the_tables_and_no_plots(tmp_path):
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_sweep_is_refused_in_one_line_before_anything_runs(finished_sweep, tmp_path):
+  """A finished sweep made read-only, rerun (its point 0 lacking its
+  extrapolation) or summarized: before, the rerun met a raw OSError taking
+  point 0's lock and the summary a write error at its first table."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  for summarize_only in (False, True):
+    with (
+      read_only(workdir),
+      pytest.raises(
+        WorkdirError, match=rf"^{workdir}: not a writable directory \(Read-only file system\)$"
+      ),
+    ):
+      runner.run_sweep(
+        toy_sweep(),
+        workdir,
+        summarize_only=summarize_only,
+        log=lambda line: None,
+        extrapolate=fake_extrapolate(calls),
+      )
+  assert calls == []
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_point_is_refused_in_one_line_before_it_is_extrapolated(
+  finished_sweep, tmp_path
+):
+  workdir = copy_of(finished_sweep, tmp_path)
+  point = workdir / TOY_NAMES[0]
+  (point / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  with (
+    read_only(point),
+    pytest.raises(
+      WorkdirError, match=rf"^{point}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    runner.run_sweep(
+      toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+    )
+  assert calls == []
+
+
+def started(point_dir):
+  """Makes `point_dir` a point of REPLICAS replicas that started training:
+  one logged step."""
+  point_dir.mkdir(parents=True)
+  row = {"step": 1, "loss": 5.0, **{f"loss/{r}": 5.0 for r in range(REPLICAS)}}
+  (point_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def test_summarize_only_where_no_point_ran_is_refused_and_creates_nothing(tmp_path):
+  """A mistyped --workdir: before, the directory was created with tables of
+  'missing' points, exit 0."""
+  workdir = tmp_path / "typo"
+  with pytest.raises(
+    WorkdirError, match=rf"^{workdir}: no point of this sweep has run there: nothing to summarize$"
+  ):
+    runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plots(tmp_path):
+  started(tmp_path / TOY_NAMES[0])
   rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
-  assert [row.status for row in rows] == ["missing", "missing"]
-  assert sorted(os.listdir(tmp_path)) == [results.RESULTS_CSV, results.RESULTS_MD]
+  assert [row.status for row in rows] == ["partial", "missing"]
+  assert sorted(os.listdir(tmp_path)) == [TOY_NAMES[0], results.RESULTS_CSV, results.RESULTS_MD]
 
 
 @pytest.mark.parametrize(
@@ -482,15 +578,17 @@ def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
 
 @pytest.mark.slow  # a subprocess
 def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
-  # The sweep command in a process whose first file written under tmp_path
-  # meets a full disk (tests/full_disk.py).
+  # The sweep command in a process whose second file written in tmp_path
+  # (after the writability probe) meets a full disk (tests/full_disk.py).
   script = (
     "import runpy, sys; sys.path.insert(0, 'tests'); import full_disk\n"
     f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
     "'--summarize']\n"
-    f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 1):\n"
+    f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 2):\n"
     "  runpy.run_module('experiments.sweep', run_name='__main__')"
   )
+  point = "position=sinusoidal,norm_placement=pre"
+  started(tmp_path / point)
   done = subprocess.run(
     [sys.executable, "-c", script],
     cwd=ROOT,
@@ -503,4 +601,4 @@ def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
   assert done.stderr.strip() == (
     f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device"
   )
-  assert os.listdir(tmp_path) == []  # no cut file, no temporary
+  assert os.listdir(tmp_path) == [point]  # no cut file, no temporary

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from full_disk import files_in, full_disk, read_only
 from txf.train import metrics
 from txf.train.workdir import WorkdirError, WorkdirLock, check_writable
 
@@ -63,6 +64,41 @@ def test_check_writable_names_the_directory_and_cause(tmp_path):
     check_writable(blocker / "run")
   with pytest.raises(WorkdirError, match=rf"{blocker}: exists and is not a directory"):
     check_writable(blocker)
+
+
+def test_a_write_probe_that_fails_leaves_nothing_behind(tmp_path):
+  """On a full disk the probe's file is created and its write fails: it is
+  removed all the same."""
+  with (
+    full_disk(files_in(tmp_path), 0),
+    pytest.raises(
+      WorkdirError, match=rf"^{tmp_path}: not a writable directory \(No space left on device\)$"
+    ),
+  ):
+    check_writable(tmp_path)
+  assert os.listdir(tmp_path) == []
+
+
+def test_the_lock_of_a_read_only_directory_is_a_one_line_workdir_error(tmp_path):
+  with (
+    read_only(tmp_path),
+    pytest.raises(
+      WorkdirError, match=rf"^{tmp_path}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    WorkdirLock(tmp_path).acquire()
+
+
+def test_taking_the_lock_removes_the_temporaries_a_killed_holder_left(tmp_path):
+  """A run killed between writing run_record.json's temporary and renaming
+  it left the temporary; whoever holds the lock next removes it (and only
+  such temporaries)."""
+  stale = [".run_record.json.0123456789ab.tmp", ".config.json.ba9876543210.tmp"]
+  kept = ["run_record.json", ".notes.tmp", ".run_record.json.tmp", "x.0123456789ab.tmp"]
+  for name in stale + kept:
+    (tmp_path / name).write_text("{")
+  with WorkdirLock(tmp_path):
+    assert sorted(os.listdir(tmp_path)) == sorted([".lock", *kept])
 
 
 def _write_history(workdir, steps, sample_steps):

@@ -5,16 +5,19 @@
 
 Writes attention_<kind>.png (per layer and head, validation sample 0),
 head_scores.csv and head_scores.md into RUN/analysis/ (txf.sweep.analyze;
-nothing else in RUN changes) and prints the markdown table: previous-token,
-induction (at two or more probe periods the training data does not repeat
-with, on tokens from the run's validation data; a head that scores at one
-period only is reported as positional), entropy, attended distance and the
-validation-loss change when each head's output is zeroed. --ablate zeroes a
-set of heads together and reports the validation loss and accuracy with
-and without them (single-head ablation misses heads that back each other up).
+nothing else in RUN changes but its .lock, held meanwhile) and prints the
+markdown table: previous-token, induction (at two or more probe periods the
+training data does not repeat with, on tokens from the run's validation
+data; a head that scores at one period only is reported as positional),
+entropy, attended distance and the validation-loss change when each head's
+output is zeroed. --ablate zeroes a set of heads together and reports the
+validation loss and accuracy with and without them (single-head ablation
+misses heads that back each other up).
 A progress line per head's ablation goes to stderr as it is done. An
-invalid argument or a directory without a trained run exits 2 with one
-line naming it.
+invalid argument, a directory without a trained run, one that cannot be
+written (a read-only file system) or one held by another process (a run
+still training there) exits 2 with one line naming it, before anything is
+computed.
 """
 
 from __future__ import annotations
@@ -53,19 +56,21 @@ def _periods(values: list[str] | None) -> list[int] | None:
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.analyze import analyze_run
+  from txf.train.setup import adding_to_run
 
   logging.set_verbosity(logging.WARNING)
   with run_errors():
     try:
-      record = analyze_run(
-        _WORKDIR.value,
-        num_batches=_NUM_BATCHES.value,
-        periods=_periods(_PERIODS.value),
-        seed=_SEED.value,
-        replica=_REPLICA.value,
-        ablate=_ABLATE.value,
-        log=progress,
-      )
+      with adding_to_run(_WORKDIR.value) as workdir:
+        record = analyze_run(
+          workdir,
+          num_batches=_NUM_BATCHES.value,
+          periods=_periods(_PERIODS.value),
+          seed=_SEED.value,
+          replica=_REPLICA.value,
+          ablate=_ABLATE.value,
+          log=progress,
+        )
     except ValueError as error:  # ConfigError too
       fail("analyze", error)
   print(record["table"], end="")

@@ -6,12 +6,15 @@
 Scores the run's validation split at each factor x its training length with
 non-overlapping and sliding windows (txf.analysis.extrapolation), prints a
 table and writes extrapolation.json, extrapolation.png and
-per_position_loss.png into RUN (nothing else there changes); a progress line
-per length goes to stderr as it is done. A length longer
-than a learned position table is reported as n/a. An invalid argument or a
-directory without a trained run exits 2 with one line naming it; a file
-that cannot be written (a full disk) exits 1 with one line naming it
-(`write error: ...`), the previous extrapolation.json intact.
+per_position_loss.png into RUN (nothing else there changes but its .lock,
+held meanwhile); a progress line per length goes to stderr as it is done. A
+length longer than a learned position table is reported as n/a. An invalid
+argument, a directory without a trained run, one that cannot be written (a
+read-only file system) or one held by another process (a run still training
+there, another extrapolation) exits 2 with one line naming it, before
+anything is computed; a file that cannot be written (a full disk) exits 1
+with one line naming it (`write error: ...`), the previous
+extrapolation.json intact.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ _NUM_TOKENS = flags.DEFINE_integer(
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run, format_table
+  from txf.train.setup import adding_to_run
 
   logging.set_verbosity(logging.WARNING)
   try:
@@ -45,13 +49,10 @@ def main(argv) -> None:
     fail("flag", f"factors: not a list of integers: {','.join(_FACTORS.value)}")
   with run_errors():
     try:
-      record = extrapolate_run(
-        _WORKDIR.value,
-        factors,
-        stride=_STRIDE.value,
-        num_tokens=_NUM_TOKENS.value,
-        log=progress,
-      )
+      with adding_to_run(_WORKDIR.value) as workdir:
+        record = extrapolate_run(
+          workdir, factors, stride=_STRIDE.value, num_tokens=_NUM_TOKENS.value, log=progress
+        )
     except ValueError as error:  # ConfigError too
       fail("extrapolate", error)
   print(format_table(record))

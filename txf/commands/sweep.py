@@ -11,12 +11,17 @@ point's run_record.json records too. Rerunning resumes: finished
 points are skipped, an interrupted one continues from its checkpoint.
 `--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
 point's `experiments.run` command; `--summarize` only rebuilds results.csv,
-results.md and the plots from what is on disk. Every point is checked before
+results.md and the plots from what is on disk (a directory where no point has
+run, a mistyped --workdir, exits 2 with one line, creating nothing). A sweep
+directory that cannot be written (read-only) exits 2 with one line before
+anything runs. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
 A SIGTERM (preemption) while a point trains saves it and stops the sweep
 ("sweep preempted in point N ...", exit status 0, as experiments.run); the
-rerun resumes there. A results file, plot or extrapolation record that cannot
+rerun resumes there. One during a point's length extrapolation stops it
+too, with a line saying so (exit status 0; the rerun extrapolates the point
+again). A results file, plot or extrapolation record that cannot
 be written (a full disk) stops it with one line naming the file (`write
 error: ...`, exit status 1); every such file is replaced atomically, so its
 previous version is intact.

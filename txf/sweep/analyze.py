@@ -64,7 +64,7 @@ from txf.data.incontext import repeat_periods
 from txf.train.metrics import format_duration
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
-from txf.train.workdir import run_path
+from txf.train.workdir import check_reachable, run_path
 
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"
@@ -314,7 +314,7 @@ def analyze_run(
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
-      one needs the `gcs` extra).
+      one needs the `gcs` extra) or that cannot be reached.
     ValueError: naming the argument, before the model runs.
   """
   if num_batches is not None:
@@ -325,6 +325,7 @@ def analyze_run(
   if jax.process_count() > 1:
     raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
   workdir = run_path(workdir)
+  check_reachable(workdir)
   run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
   setup = run.setup
   if setup.model_cfg.family == "lstm":

@@ -42,7 +42,7 @@ from txf.sweep.writes import write_file, write_line_plot
 from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
 from txf.train.setup import RunSetup, TrainedRun, load_run, read_run_config
-from txf.train.workdir import run_path
+from txf.train.workdir import check_reachable, run_path
 
 DEFAULT_FACTORS = (1, 2, 4, 8, 16)
 EXTRAPOLATION_PNG = "extrapolation.png"
@@ -126,7 +126,7 @@ def extrapolate_run(
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
-      one needs the `gcs` extra).
+      one needs the `gcs` extra) or that cannot be reached.
     ValueError: naming the argument (or data.task for a run that is not a
       decoder language model), before any model is run.
     WriteError: a file could not be written (one line naming it; the
@@ -146,6 +146,7 @@ def extrapolate_run(
       f"whole), got {jax.process_count()}"
     )
   workdir = run_path(workdir)
+  check_reachable(workdir)
   run, tokens_N = _load(workdir, num_tokens)
   train_length = run.setup.config.data.seq_len
   lengths = [factor * train_length for factor in factors]

@@ -60,7 +60,8 @@ from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
-from txf.train.workdir import WorkdirLock, run_path
+from txf.train.setup import adding_to_run
+from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -227,24 +228,45 @@ def _needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
   return found is None
 
 
+class _Preempted(Exception):
+  """A SIGTERM stopped a point's extrapolation (_extrapolate_point)."""
+
+
 def _extrapolate_point(
   point: Point,
   workdir: epath.Path,
   extrapolate: Extrapolate | None,
   num_tokens: int | None,
   log: Log,
-) -> None:
+) -> bool:
   """Runs the extrapolation hook once for a finished point, holding the
-  point's work directory lock (as its training does): another sweep on the
-  directory is refused instead of extrapolating the point at the same time."""
+  point's work directory (txf.train.setup.adding_to_run: its lock, as its
+  training does): another sweep on the directory is refused instead of
+  extrapolating the point at the same time, and so is a directory that
+  cannot be written. Returns whether a SIGTERM (preemption) arrived
+  meanwhile: the hook is then stopped at its next progress line (between
+  two lengths, with nothing in flight), before extrapolation.json, which it
+  writes last, so a rerun extrapolates the point again."""
   if extrapolate is None:
-    return
-  with WorkdirLock(workdir):
+    return False
+  with adding_to_run(workdir):
     if not _needs_extrapolation(point, workdir, log):
-      return
+      return False
     log(f"point {point.index} ({point.name}): length extrapolation")
-    extrapolate(workdir, num_tokens=num_tokens, log=log)
-    jax.clear_caches()
+    with PreemptionGuard() as preemption:
+
+      def log_or_stop(line: str) -> None:
+        log(line)
+        if preemption.requested:
+          raise _Preempted
+
+      try:
+        extrapolate(workdir, num_tokens=num_tokens, log=log_or_stop)
+      except _Preempted:
+        pass
+      finally:
+        jax.clear_caches()
+    return preemption.requested
 
 
 def summarize(
@@ -315,11 +337,14 @@ def run_sweep(
                      it when set, else every point); no results are written,
                      since other points may still be training elsewhere
     dry_run          logs each point and its exact experiments.run command
-    summarize_only   writes the results and plots from what is on disk
+    summarize_only   writes the results and plots from what is on disk (at
+                     least one point must have been run in `workdir`)
 
   A point that diverges is recorded (txf.sweep.results.mark_diverged) and the
   sweep goes on. A point preempted (SIGTERM) while it trains saves, and the
-  sweep stops there: it logs so and returns None (a rerun resumes). Only one
+  sweep stops there: it logs so and returns None (a rerun resumes); a
+  SIGTERM during a point's extrapolation stops it too, at the hook's next
+  progress line (a rerun computes again what it had not written). Only one
   point's model is in memory at a time.
 
   Args:
@@ -343,7 +368,9 @@ def run_sweep(
       field) before anything trains, or a point's workdir that its config
       cannot resume.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
-      one needs the `gcs` extra), before anything trains; a point's work
+      one needs the `gcs` extra), that cannot be reached or written (a
+      read-only file system), or where no point has been run (summarize_only),
+      before anything trains or is written; a point's work
       directory that is not writable or in use (another sweep trains or
       extrapolates it).
     WriteError: a results file, plot or extrapolation record could not
@@ -363,6 +390,11 @@ def run_sweep(
   if dry_run:
     _dry_run(selected, workdir, settings, log)
     return None
+  check_reachable(workdir)
+  # A mistyped --workdir: say so rather than write a table of missing points.
+  if summarize_only and all(results.point_status(workdir / p.name) == "missing" for p in points):
+    raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
+  check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     began, point_seconds = time.perf_counter(), list[float]()
     for position, point in enumerate(selected, 1):
@@ -383,7 +415,12 @@ def run_sweep(
           "rerun the same command to resume"
         )
         return None
-      _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log)
+      if _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log):
+        log(
+          f"sweep preempted in point {point.index} ({point.name})'s length extrapolation; "
+          "rerun the same command to resume (an extrapolation cut short is computed again)"
+        )
+        return None
       if trains:
         point_seconds.append(time.perf_counter() - point_began)
     if len(selected) < len(points):

@@ -82,7 +82,7 @@ from txf.train.setup import (
   write_config,
 )
 from txf.train.trackers import check_trackers, make_trackers
-from txf.train.workdir import WorkdirLock, check_writable, run_path
+from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 
 
 class TrainingDiverged(RuntimeError):
@@ -440,9 +440,10 @@ def run(
   that changes what the run's checkpoints depend on, see
   txf.train.setup.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
-  installed (a gs:// one needs the `gcs` extra), writable and held by no
-  other run (WorkdirError), that the trackers can start (ConfigError: e.g.
-  wandb without a login), and that a checkpoint restores (RestoreError). Training raises
+  installed (a gs:// one needs the `gcs` extra) and answers within
+  txf.train.workdir.REACH_TIMEOUT_S, writable and held by no other run
+  (WorkdirError), that the trackers can start (ConfigError: e.g. wandb
+  without a login), and that a checkpoint restores (RestoreError). Training raises
   TrainingDiverged on a non-finite loss, CheckpointWriteError when a save
   fails and WriteError when another output (metrics.jsonl, tb/, samples.txt,
   config.json) cannot be written -- each as soon as it happens, and each
@@ -459,6 +460,7 @@ def run(
   samples.dropped.txt, so every step has one row.
   """
   workdir = run_path(workdir)
+  check_reachable(workdir)
   if config.data.get("tfds_data_dir"):
     run_path(config.data.tfds_data_dir, "data.tfds_data_dir")
   try:

@@ -7,6 +7,7 @@
 
   trained = load_run(workdir, {"data.seq_len": 256})   # a trained run, to evaluate
   trained.setup.evaluate(trained.params)
+  with adding_to_run(workdir): ...   # writing into a trained run, as no one else does
 
 A config with `replicas` = R > 1 trains R seeds (seed .. seed + R - 1) in
 one program (txf.train.replicas): the state's leaves, checkpoints included,
@@ -34,7 +35,7 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -55,7 +56,14 @@ from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.optim import make_optimizer
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
-from txf.train.workdir import read_json, replace_text
+from txf.train.workdir import (
+  WorkdirLock,
+  check_reachable,
+  check_writable,
+  read_json,
+  replace_text,
+  run_path,
+)
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -571,6 +579,35 @@ class TrainedRun(NamedTuple):
   step: int  # the checkpoint's step
 
 
+def check_holds_run(workdir: epath.Path) -> None:
+  """Raises ConfigError unless `workdir` holds a run (its config.json)."""
+  path = workdir / CONFIG_FILE
+  if not path.exists():
+    raise ConfigError(f"workdir: {workdir} holds no run ({path} does not exist)")
+
+
+@contextlib.contextmanager
+def adding_to_run(workdir: str | os.PathLike) -> Iterator[epath.Path]:
+  """Holds the work directory of the trained run in `workdir` while files
+  are added to it (its length extrapolation, its attention analysis):
+  checks, before anything is computed, that it holds a run, can be written
+  and is held by no other process -- a run still training there is refused
+  as a second run would be -- and holds its lock (WorkdirLock) for the
+  block. Yields the directory as a path.
+
+  Raises:
+    ConfigError: `workdir` holds no run (nothing is created).
+    WorkdirError: `workdir` cannot be reached or written (a read-only file
+      system), or another process holds it (naming its host and pid).
+  """
+  workdir = run_path(workdir)
+  check_reachable(workdir)
+  check_holds_run(workdir)
+  check_writable(workdir)
+  with WorkdirLock(workdir):
+    yield workdir
+
+
 def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> TrainedRun:
   """Restores the latest checkpoint of the run in `workdir` for evaluation.
 
@@ -591,10 +628,8 @@ def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = N
       read (each says so).
   """
   workdir = epath.Path(workdir)
-  path = workdir / CONFIG_FILE
+  check_holds_run(workdir)
   try:
-    if not path.exists():
-      raise ValueError(f"workdir: {workdir} holds no run ({path} does not exist)")
     config = ml_collections.ConfigDict(read_run_config(workdir))
     apply_overrides(config, overrides or {})
     check_resumable(config, workdir)

@@ -8,6 +8,9 @@ Everything a run reads and writes goes through one path type, `etils.epath`
 any compute, a URL whose file system is not installed (`gs://` needs the
 `gcs` extra: `pip install 'txf[gcs]'`) and a URL that lost a slash on the way
 (`gs:/bucket/run`, which would otherwise become a local directory `gs:`).
+`check_reachable` then looks at such a URL once within `REACH_TIMEOUT_S`
+seconds: a bucket that cannot be reached (no network, no credentials) stops
+a command in one line instead of after a minute of retries.
 
 Two runs on one work directory would interleave their metrics and race on
 checkpoint steps, so a run holds `workdir/.lock` for its whole life. On a
@@ -37,6 +40,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from typing import IO, Any
@@ -44,6 +48,8 @@ from typing import IO, Any
 from etils import epath
 
 LOCK_FILE = ".lock"
+# How long the first look at a URL work directory may take (check_reachable).
+REACH_TIMEOUT_S = 30.0
 # URL scheme -> (modules its file system needs, how to install them).
 SCHEMES = {
   "gs": (("gcsfs", "google.cloud.storage"), "pip install 'txf[gcs]'"),
@@ -51,6 +57,9 @@ SCHEMES = {
   "az": (("adlfs",), "pip install adlfs"),
   "hf": (("huggingface_hub",), "pip install huggingface_hub"),
 }
+# replace_bytes' temporary of a file NAME: .NAME.<hex>.tmp
+_TEMPORARY_HEX = 12
+_STALE = re.compile(rf"\..+\.[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
 # 'gs:/bucket/run': a URL whose '//' a pathlib.Path has collapsed.
 _COLLAPSED_URL = re.compile(rf"^({'|'.join(SCHEMES)}):/(?!/)")
 
@@ -120,6 +129,70 @@ def run_path(path: str | os.PathLike, name: str = "workdir") -> epath.Path:
   return epath.Path(text)
 
 
+def check_reachable(directory: epath.Path) -> None:
+  """Looks at a URL `directory` once, in a thread that must answer within
+  `REACH_TIMEOUT_S` seconds, before anything else reads or writes it. A
+  client such as gcsfs retries a failed request with growing waits (about
+  half a minute a request for a host that does not resolve) and logs a
+  traceback for each: here its logs are held back and the outcome is one
+  line. A local path is not looked at.
+
+  Raises:
+    WorkdirError: the look failed (no network, no credentials: the
+      client's reason) or gave no answer in time (with the last thing the
+      client logged, e.g. the error it retries).
+  """
+  if is_local(directory):
+    return
+  outcome: list[BaseException | None] = []
+
+  def look() -> None:
+    try:
+      directory.exists()  # a missing directory (or bucket) is an answer
+      outcome.append(None)
+    except Exception as error:
+      outcome.append(error)
+
+  logs = _HeldLogs(SCHEMES[os.fspath(directory).partition("://")[0]][0])
+  with logs:
+    thread = threading.Thread(target=look, name=f"look at {directory}", daemon=True)
+    thread.start()
+    thread.join(REACH_TIMEOUT_S)
+  if not outcome:  # the thread goes on in the background; the process may exit
+    last = f"; last logged: {logs.last}" if logs.last else ""
+    raise WorkdirError(f"{directory}: no answer within {REACH_TIMEOUT_S:g} s{last}")
+  if outcome[0] is not None:
+    raise WorkdirError(f"{directory}: cannot be reached ({_reason(outcome[0])})") from outcome[0]
+
+
+class _HeldLogs(logging.Handler):
+  """Within it, what the loggers `names` (and their children) log is kept
+  from the process's handlers; `last` is the last message."""
+
+  def __init__(self, names: tuple[str, ...]):
+    super().__init__(logging.DEBUG)
+    self.last: str | None = None
+    self._loggers = [logging.getLogger(name) for name in names]
+    self._saved: list[tuple[int, bool]] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.last = " ".join(record.getMessage().split())
+
+  def __enter__(self) -> _HeldLogs:
+    for logger_ in self._loggers:
+      self._saved.append((logger_.level, logger_.propagate))
+      logger_.setLevel(logging.DEBUG)
+      logger_.propagate = False
+      logger_.addHandler(self)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for logger_, (level, propagate) in zip(self._loggers, self._saved):
+      logger_.removeHandler(self)
+      logger_.setLevel(level)
+      logger_.propagate = propagate
+
+
 def replace_bytes(path: epath.Path, data: bytes) -> None:
   """Replaces `path`'s contents atomically, for readers in other processes and
   against a failed write: a local file through a temporary of its own name in
@@ -131,13 +204,24 @@ def replace_bytes(path: epath.Path, data: bytes) -> None:
     path.write_bytes(data)
     return
   # A name per writer: two processes replacing one file never share a temporary.
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
   try:
     tmp.write_bytes(data)
     tmp.replace(path)
   except BaseException:
     tmp.unlink(missing_ok=True)
     raise
+
+
+def remove_stale_temporaries(directory: epath.Path) -> None:
+  """Removes the temporaries of `replace_bytes` left directly in the local
+  `directory` by a process killed between writing one and renaming it.
+  Only for the holder of the directory's lock (`WorkdirLock`), which no
+  other writer of the run shares: every temporary there is stale."""
+  for path in directory.glob(".*.tmp"):
+    if _STALE.fullmatch(path.name):
+      with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
+        path.unlink()
 
 
 def replace_text(path: epath.Path, text: str) -> None:
@@ -193,6 +277,11 @@ def parse_json(text: str, path: epath.Path) -> Any:
     raise ValueError(f"{path}: not valid JSON ({error})") from None
 
 
+def not_writable(directory: str | os.PathLike, error: BaseException) -> WorkdirError:
+  """WorkdirError('<directory>: not a writable directory (<reason>)') for `error`."""
+  return WorkdirError(f"{os.fspath(directory)}: not a writable directory ({_reason(error)})")
+
+
 def check_writable(directory: str | os.PathLike) -> None:
   """Creates `directory` if needed and proves a file can be written there.
 
@@ -212,11 +301,14 @@ def check_writable(directory: str | os.PathLike) -> None:
     if not is_file:
       if is_local(directory):
         directory.mkdir(parents=True, exist_ok=True)
-      probe.write_text("ok")
-      probe.unlink()
+      try:
+        probe.write_text("ok")
+      finally:  # also when the write failed (a full disk) after creating the file
+        with contextlib.suppress(Exception):  # the write's error is the one to report
+          probe.unlink(missing_ok=True)
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
   except Exception as error:
-    raise WorkdirError(f"{directory}: not a writable directory ({_reason(error)})") from error
+    raise not_writable(directory, error) from error
   if is_file:
     raise WorkdirError(f"{directory}: exists and is not a directory")
 
@@ -225,8 +317,11 @@ class WorkdirLock:
   """Exclusive lock on a work directory for the life of a run.
 
   Use as a context manager. `acquire` fails at once (never waits) when
-  another live process holds the lock, naming its host and pid. On an object
-  store it only warns that nothing is enforced (module docstring).
+  another live process holds the lock, naming its host and pid, and when the
+  directory cannot be written (WorkdirError, as `check_writable`). Holding
+  it, it removes the temporaries a killed holder left behind
+  (`remove_stale_temporaries`). On an object store it only warns that
+  nothing is enforced (module docstring).
   """
 
   def __init__(self, directory: str | os.PathLike):
@@ -238,7 +333,7 @@ class WorkdirLock:
 
     Raises:
       WorkdirError: another process holds it (its host, pid and start time
-        are in the message).
+        are in the message), or the directory is not a writable one.
     """
     if not is_local(self.path):
       logger.warning(
@@ -248,7 +343,10 @@ class WorkdirLock:
       )
       return
     # flock needs an OS file descriptor: a local file, opened by the OS.
-    handle = open(self.path, "a+", encoding="utf-8")
+    try:
+      handle = open(self.path, "a+", encoding="utf-8")
+    except OSError as error:  # a read-only file system, no permission, no such directory
+      raise not_writable(self.path.parent, error) from error
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -281,6 +379,7 @@ class WorkdirLock:
         handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {_reason(error)}") from error
     self._file = handle
+    remove_stale_temporaries(self.path.parent)
 
   def release(self) -> None:
     """Releases the lock (the file stays: the lock is the flock, not the file)."""
