@@ -50,6 +50,10 @@ class FeedForward(nn.Module):
     act = _ACTIVATIONS[self.activation]
     if act is jax.nn.gelu:
       act = functools.partial(jax.nn.gelu, approximate=self.gelu_approximate)
+    # Recomputed in the backward pass from its input (saved anyway) instead
+    # of saving its output and intermediates: elementwise, so the recompute
+    # costs a read, where keeping it costs [B, T, F] per layer of memory.
+    act = jax.checkpoint(act)
     into_hidden = (("embed",), ("mlp",))
     h_BxTxF = dense(self.d_ff, into_hidden, "wi")(x_BxTxD)
     if self.activation in GATED_ACTIVATIONS:
