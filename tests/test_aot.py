@@ -11,6 +11,7 @@ ptxas); a test whose compiler is not installed is skipped, naming it.
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -79,6 +80,18 @@ def test_a_bad_target_is_one_line_naming_it(name, message):
   with pytest.raises(ValueError, match=message) as error:
     parse_target(name)
   assert name in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name,extra", [("v5e-4", "txf[tpu]"), ("h100", "txf[gpu-compile]")])
+def test_a_missing_compiler_names_the_extra_to_install(monkeypatch, name, extra):
+  from jax.experimental import topologies
+
+  def unknown_backend(**kwargs):
+    raise RuntimeError("Unknown backend: 'tpu' requested, but no platforms that are instances")
+
+  monkeypatch.setattr(topologies, "get_topology_desc", unknown_backend)
+  with pytest.raises(ImportError, match=rf"pip install '{re.escape(extra)}'"):
+    parse_target(name).devices()
 
 
 # ---------------------------------------------------------------------------
@@ -164,28 +177,34 @@ def test_each_op_falls_in_its_region_of_the_step(op_name, region):
 # Tiny runs compiled for targets.
 
 
-def argument_bytes(config, target):
-  """Per-device argument bytes of the compiled train step, less its share of the batch."""
-  run = compile_run(config, parse_target(target))
+def argument_bytes(run):
+  """Per-device argument bytes of a compiled train step, less its share of the batch."""
   batch = next(iter(run.setup.train_data))
   batch_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in batch.values())
   figures = report(run)
-  return figures["per_device"]["arguments_bytes"] - batch_bytes / figures["devices"], run
+  return figures["per_device"]["arguments_bytes"] - batch_bytes / figures["devices"]
+
+
+@pytest.fixture(scope="module")
+def h100x4_runs():
+  """A 2-layer bf16 run compiled for 4 H100s, data-parallel and FSDP."""
+  config = tiny_config("rope", model__d_model=128, model__num_layers=2, model__dtype="bfloat16")
+  runs = {"data": compile_run(config, parse_target("h100x4"))}
+  config.parallel.fsdp = 4
+  runs["fsdp"] = compile_run(config, parse_target("h100x4"))
+  return runs
 
 
 @pytest.mark.slow  # compiles
 @needs_cuda_plugin
-def test_fsdp_divides_the_state_each_gpu_holds():
+def test_fsdp_divides_the_state_each_gpu_holds(h100x4_runs):
   # On GPUs arrays are not padded to tiles (TPUs pad a [32, 64] shard to 128 lanes).
-  config = tiny_config("rope", model__d_model=128)
-  replicated, run = argument_bytes(config, "h100x4")
   state = sum(
-    math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(run.setup.abstract_state)
+    math.prod(x.shape) * x.dtype.itemsize
+    for x in jax.tree.leaves(h100x4_runs["data"].setup.abstract_state)
   )
-  config.parallel.fsdp = 4
-  sharded, _ = argument_bytes(config, "h100x4")
-  assert replicated == pytest.approx(state, rel=0.01)
-  assert sharded == pytest.approx(state / 4, rel=0.01)
+  assert argument_bytes(h100x4_runs["data"]) == pytest.approx(state, rel=0.01)
+  assert argument_bytes(h100x4_runs["fsdp"]) == pytest.approx(state / 4, rel=0.01)
 
 
 @pytest.mark.slow  # compiles
@@ -220,9 +239,8 @@ def test_a_state_larger_than_the_chip_does_not_fit():
 
 @pytest.mark.slow  # compiles
 @needs_cuda_plugin
-def test_an_h100_program_has_cudnn_attention_and_its_regions():
-  config = tiny_config("rope", model__num_layers=2, model__dtype="bfloat16")
-  run = compile_run(config, parse_target("h100"))
+def test_an_h100_program_has_cudnn_attention_and_its_regions(h100x4_runs):
+  run = h100x4_runs["data"]
   assert run.cudnn
   figures = report(run, step_seconds=1e-3)
   gpu = figures["gpu"]
