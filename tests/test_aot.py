@@ -27,7 +27,10 @@ from txf.aot.targets import parse_target
 prepare_environment()
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-HAS_CUDA_PLUGIN = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+HAS_CUDA_PLUGIN = (  # find_spec of a submodule imports its package, which may be absent
+  importlib.util.find_spec("jax_plugins") is not None
+  and importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+)
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed (txf[tpu])")
 needs_cuda_plugin = pytest.mark.skipif(
   not HAS_CUDA_PLUGIN, reason="jax's CUDA plugin not installed (txf[gpu-compile])"

@@ -155,28 +155,17 @@ def mean_matches_deterministic(module, variables, *args, **kwargs):
 
 def test_feedforward_hidden_dropout_is_unbiased():
   """The output projection is linear in the dropped hidden layer."""
-  ffn = FeedForward(32, "gelu", use_bias=False, dropout_rate=P, dtype=jnp.float32)
+  ffn = FeedForward(ModelConfig(d_model=8, d_ff=32, activation="gelu", dropout_rate=P))
   x = jax.random.normal(jax.random.key(0), (2, 3, 8))
   mean_matches_deterministic(ffn, ffn.init(jax.random.key(2), x), x)
 
 
 def test_attention_weight_dropout_is_unbiased():
   """The output is linear in the dropped attention weights."""
-  attention = MultiHeadAttention(
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=4,
-    position="none",
-    window=None,
-    rope_base=10000.0,
-    rope_scale=1.0,
-    t5_max_distance=128,
-    use_bias=False,
-    attention_dropout_rate=P,
-    implementation=None,
-    dtype=jnp.float32,
-    causal=True,
+  cfg = ModelConfig(
+    d_model=8, num_heads=4, num_kv_heads=2, head_dim=4, position="none", attention_dropout_rate=P
   )
+  attention = MultiHeadAttention(cfg, causal=True)
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   call = dict(q_positions_BxT=jnp.arange(5)[None])
   mean_matches_deterministic(attention, attention.init(jax.random.key(2), x, **call), x, **call)

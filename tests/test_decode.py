@@ -147,21 +147,8 @@ def test_cached_cross_attention_matches_uncached_and_full_pass():
 def test_query_rows_sharing_an_encoding_equal_each_row_with_its_own_copy():
   # Beam search keeps one encoding per example for all its beams: 6 query
   # rows over 2 key rows must equal 6 rows over the key rows repeated 3 times.
-  attention = MultiHeadAttention(
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=4,
-    position="none",
-    window=None,
-    rope_base=1e4,
-    rope_scale=1.0,
-    t5_max_distance=128,
-    use_bias=False,
-    attention_dropout_rate=0.0,
-    implementation=None,
-    dtype=jnp.float32,
-    cross=True,
-  )
+  cfg = ModelConfig(d_model=8, num_heads=4, num_kv_heads=2, head_dim=4, position="none")
+  attention = MultiHeadAttention(cfg, cross=True)
   x = jax.random.normal(jax.random.key(0), (6, 3, 8))
   kv = jax.random.normal(jax.random.key(1), (2, 5, 8))
   key_mask = (jnp.arange(5) < jnp.array([[5], [3]]))[:, None, None]  # row 1: 3 keys

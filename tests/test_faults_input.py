@@ -21,6 +21,7 @@ from conftest import load_config, tiny_config
 from txf import models
 from txf.decode import generation
 from txf.layers import Embedder
+from txf.layers.config import ModelConfig
 from txf.sweep.runner import check_point_config
 from txf.train.config import ConfigError, check_run_config
 from txf.train.setup import check_optimizer_state, read_run_config, setup_run
@@ -30,7 +31,7 @@ V, D = 6, 4
 
 @pytest.fixture(scope="module")
 def embedder_and_variables():
-  embedder = Embedder(vocab_size=V, d_model=D, position="none", max_len=8, dtype=jnp.float32)
+  embedder = Embedder(ModelConfig(vocab_size=V, d_model=D, num_heads=2, position="none", max_len=8))
   tokens = jnp.zeros((1, 3), jnp.int32)
   return embedder, embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(3)[None])
 

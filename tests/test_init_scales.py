@@ -71,7 +71,7 @@ def test_learned_position_rows_start_small_beside_unit_token_rows():
   Normal entries: the sample std's relative standard error is sqrt(1 / (2 N))."""
   vocab, max_len, d_model = 256, 512, 64
   embedder = Embedder(
-    vocab_size=vocab, d_model=d_model, position="learned", max_len=max_len, dtype=jnp.float32
+    ModelConfig(vocab_size=vocab, d_model=d_model, position="learned", max_len=max_len)
   )
   tokens = jnp.zeros((1, 4), jnp.int32)
   params = nn.meta.unbox(embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(4)[None]))

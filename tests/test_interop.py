@@ -475,7 +475,7 @@ def test_token_types_are_checked():
     apply(token_types_BxS=np.array([[0, 2, 0]]))
   with pytest.raises(ValueError, match="token_types: shape"):
     apply(token_types_BxS=np.array([[0, 1]]))
-  embedder = Embedder(vocab_size=8, d_model=4, position="none", max_len=4, dtype=np.float32)
+  embedder = Embedder(ModelConfig(vocab_size=8, d_model=4, num_heads=2, position="none", max_len=4))
   with pytest.raises(ValueError, match="model.num_token_types=0"):
     embedder.init(jax.random.key(0), tokens, np.arange(3)[None], tokens)
 

@@ -410,10 +410,24 @@ ATTENTION_CASES = [
 ]
 
 
+def attention_layer(spec, cross):
+  """The MultiHeadAttention the reference's `spec` describes."""
+  fields = ("num_heads", "num_kv_heads", "head_dim", "position", "window", "rope_base")
+  fields += ("rope_scale", "t5_max_distance", "use_bias", "attention_dropout_rate")
+  cfg = ModelConfig(
+    d_model=D,
+    **{name: spec[name] for name in fields},
+    attention_impl=spec["implementation"],
+    scale_attention=spec["scale"] is None,
+  )
+  assert spec["bidirectional_bias"] == (not spec["causal"]) and spec["dtype"] == jnp.float32
+  return MultiHeadAttention(cfg, causal=spec["causal"], cross=cross)
+
+
 @pytest.mark.parametrize("spec,kv_len", ATTENTION_CASES)
 def test_attention_matches_numpy(spec, kv_len):
   T = 5
-  layer = MultiHeadAttention(**spec)
+  layer = attention_layer(spec, cross=kv_len is not None)
   x = rand(2, B, T, D)
   kv = None if kv_len is None else rand(3, B, kv_len, D)
   S = T if kv_len is None else kv_len
@@ -523,15 +537,16 @@ def test_stack_matches_numpy(placement):
 )
 def test_embedder_and_tied_logits_match_numpy(position, bert_style):
   """bert_style: token types, a LayerNorm on the sum and unscaled tied logits."""
-  extra = dict(num_token_types=3, norm="layer", norm_eps=1e-12, scale_logits=False)
+  extra = dict(
+    family="encoder", head="mlm", num_token_types=3, embed_norm=True, norm="layer",
+    norm_eps=1e-12, scale_logits=False,
+  )  # fmt: skip
   embedder = Embedder(
-    vocab_size=32,
-    d_model=D,
-    position=position,
-    max_len=8,
-    dtype=jnp.float32,
-    **(extra if bert_style else {}),
-  )
+    ModelConfig(
+      vocab_size=32, d_model=D, num_heads=2, position=position, max_len=8,
+      **(extra if bert_style else {}),
+    )
+  )  # fmt: skip
   tokens = tokens_with_padding(8, [5, 3], 5)
   positions = np.arange(2, 7)  # not 0..T-1: the positions given must be the ones used
   types = (
@@ -556,7 +571,9 @@ def test_bfloat16_embedder_accumulates_the_token_gradient_in_float32():
   """A bf16 model's token-table gradient sums each id's rows in float32: on
   text's few frequent ids a bf16 sum would be off by about 1% (and, on a
   GPU, slow). Reference: the float64 sum of the bf16 cotangent's rows."""
-  embedder = Embedder(vocab_size=32, d_model=D, position="none", dtype=jnp.bfloat16)
+  embedder = Embedder(
+    ModelConfig(vocab_size=32, d_model=D, num_heads=2, position="none", dtype="bfloat16")
+  )
   rng = np.random.default_rng(10)
   tokens = jnp.asarray(rng.choice([3, 7, 11], size=(8, 256), p=[0.7, 0.2, 0.1]))
   cotangent = jnp.asarray(rng.normal(size=(8, 256, D)), jnp.bfloat16)

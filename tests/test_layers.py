@@ -61,9 +61,7 @@ NP_ACTIVATIONS = {
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu", "geglu"])
 def test_feedforward_matches_numpy(activation):
-  layer = FeedForward(
-    d_ff=24, activation=activation, use_bias=True, dropout_rate=0.0, dtype=jnp.float32
-  )
+  layer = FeedForward(ModelConfig(d_model=D, d_ff=24, activation=activation, use_bias=True))
   x = randn(0, B, T, D)
   params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
   p = f64(params)
@@ -85,7 +83,7 @@ def test_feedforward_matches_numpy(activation):
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_norm_matches_numpy(kind):
   eps = 1e-6
-  layer = Norm(kind, eps, jnp.float32)
+  layer = Norm(ModelConfig(d_model=D, norm=kind, norm_eps=eps))
   x = 3.0 * randn(2, B, T, D) + 1.5  # offset and scale, so centring matters
   params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
   p, x64 = f64(params), x.astype(np.float64)
@@ -144,21 +142,11 @@ ATTENTION_CASES = pytest.mark.parametrize(
 def attention_case(num_kv_heads, causal, kv_len):
   """A 4-head layer, its perturbed params, its inputs and call arguments, and
   the arguments of the float64 references."""
-  layer = MultiHeadAttention(
-    num_heads=4,
-    num_kv_heads=num_kv_heads,
-    head_dim=4,
-    position="none",
-    window=None,
-    rope_base=10000.0,
-    rope_scale=1.0,
-    t5_max_distance=128,
-    use_bias=True,
-    attention_dropout_rate=0.0,
-    implementation=None,
-    dtype=jnp.float32,
-    causal=causal,
+  cfg = ModelConfig(
+    d_model=D, num_heads=4, num_kv_heads=num_kv_heads, head_dim=4, position="none", use_bias=True
   )
+  # Keys and values from kv (an encoder output): a cross-attention layer.
+  layer = MultiHeadAttention(cfg, causal=causal, cross=kv_len is not None)
   x = randn(3, B, T, D)
   kv = None if kv_len is None else randn(4, B, kv_len, D)
   S = T if kv_len is None else kv_len
@@ -204,7 +192,7 @@ def test_multi_head_attention_records_the_weights_it_uses(num_kv_heads, causal, 
 
 
 def test_learned_position_table_rejects_longer_sequence():
-  embedder = Embedder(vocab_size=10, d_model=D, position="learned", max_len=6, dtype=jnp.float32)
+  embedder = Embedder(ModelConfig(vocab_size=10, d_model=D, position="learned", max_len=6))
   tokens = jnp.ones((1, 6), jnp.int32)
   variables = nn.meta.unbox(embedder.init(jax.random.PRNGKey(0), tokens, jnp.arange(6)[None]))
   assert variables["params"]["position_table"].shape == (6, D)

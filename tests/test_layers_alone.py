@@ -1,8 +1,7 @@
-"""Every public linen layer built from its essential sizes alone equals the
-same layer built through ModelConfig (its defaults are ModelConfig's):
-same attributes, and the same outputs from the same params and inputs."""
-
-import dataclasses
+"""Every public linen layer takes the model's ModelConfig and no field that
+repeats it: built alone from a config, it holds the parameters the same
+layer holds inside a model built from that config, and computes the same
+output from them."""
 
 import flax.linen as nn
 import jax
@@ -17,123 +16,57 @@ from txf.layers import (
   Norm,
   RelativePositionTable,
   TransformerBlock,
-  TransformerStack,
 )
-from txf.layers.block import compute_dtype
 from txf.layers.config import ModelConfig
+from txf.models import build
 
-CFG = ModelConfig()
+CFG = ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=1, position="learned")
 B, T = 2, 5
 X = jax.random.normal(jax.random.key(1), (B, T, CFG.d_model))
 POSITIONS_1xT = jnp.arange(T)[None]
 TOKENS = jax.random.randint(jax.random.key(2), (B, T), 0, CFG.vocab_size)
 BLOCK_ARGS = (X, POSITIONS_1xT, None, None, None, None, None)
+MODEL_PARAMS = nn.meta.unbox(build(CFG).init(jax.random.key(0), TOKENS)["params"])
+BLOCK = MODEL_PARAMS["stack"]["block_0"]
 
-# name -> (layer from its essential sizes, the layer through ModelConfig, call args, kwargs)
+# name -> (the layer alone, call args, kwargs, its parameters inside the model)
 CASES = {
   "attention": (
-    MultiHeadAttention(num_heads=CFG.num_heads, head_dim=CFG.head_dim),
-    MultiHeadAttention(
-      num_heads=CFG.num_heads,
-      num_kv_heads=CFG.num_kv_heads,
-      head_dim=CFG.head_dim,
-      position=CFG.position,
-      window=CFG.window,
-      rope_base=CFG.rope_base,
-      rope_scale=CFG.rope_scale,
-      t5_max_distance=CFG.t5_max_distance,
-      use_bias=CFG.use_bias,
-      attention_dropout_rate=CFG.attention_dropout_rate,
-      implementation=CFG.attention_impl,
-      dtype=compute_dtype(CFG),
-    ),
+    MultiHeadAttention(CFG, causal=True),
     (X,),
     dict(q_positions_BxT=POSITIONS_1xT),
+    BLOCK["self_attention"],
   ),
-  "feedforward": (
-    FeedForward(d_ff=CFG.d_ff),
-    FeedForward(
-      CFG.d_ff,
-      CFG.activation,
-      use_bias=CFG.use_bias,
-      dropout_rate=CFG.dropout_rate,
-      dtype=compute_dtype(CFG),
-      gelu_approximate=CFG.gelu_approximate,
-    ),
-    (X,),
-    {},
-  ),
-  "norm": (Norm(), Norm(CFG.norm, CFG.norm_eps, compute_dtype(CFG)), (3.0 * X + 1.0,), {}),
-  "embedder": (
-    Embedder(vocab_size=CFG.vocab_size, d_model=CFG.d_model),
-    Embedder(
-      CFG.vocab_size,
-      CFG.d_model,
-      position=CFG.position,
-      max_len=CFG.max_len,
-      dtype=compute_dtype(CFG),
-      num_token_types=CFG.num_token_types,
-      norm=CFG.norm if CFG.embed_norm else None,
-      norm_eps=CFG.norm_eps,
-      scale_logits=CFG.scale_logits,
-    ),
-    (TOKENS, POSITIONS_1xT),
-    {},
-  ),
-  "relative_table": (
-    RelativePositionTable(num_heads=CFG.num_heads),
-    RelativePositionTable(num_heads=CFG.num_heads, num_buckets=CFG.t5_num_buckets),
-    (),
-    {},
-  ),
-  "block": (TransformerBlock(), TransformerBlock(cfg=CFG, causal=False), BLOCK_ARGS, {}),
-  "stack": (
-    TransformerStack(),
-    TransformerStack(cfg=CFG, num_layers=CFG.num_layers, causal=False),
-    (X,),
-    dict(q_positions_BxT=POSITIONS_1xT),
-  ),
+  "feedforward": (FeedForward(CFG), (X,), {}, BLOCK["ffn"]),
+  "norm": (Norm(CFG), (3.0 * X + 1.0,), {}, BLOCK["ffn_norm"]),
+  "embedder": (Embedder(CFG), (TOKENS, POSITIONS_1xT), {}, MODEL_PARAMS["embedder"]),
+  "block": (TransformerBlock(cfg=CFG, causal=True), BLOCK_ARGS, {}, BLOCK),
 }
 
 
-# None in a layer built alone: derived from its other sizes (tested below).
-DERIVED = ("num_kv_heads", "num_layers")
-
-
-def attributes(layer):
-  """The layer's attributes, without flax's parent and name and the derived ones."""
-  return {
-    f.name: getattr(layer, f.name)
-    for f in dataclasses.fields(layer)
-    if f.name not in ("parent", "name") + DERIVED
-  }
-
-
 @pytest.mark.parametrize("name", CASES)
-def test_layer_from_essential_sizes_matches_config_built_layer(name):
-  alone, through_config, args, kwargs = CASES[name]
-  assert attributes(alone) == attributes(through_config)
-  variables = alone.init(jax.random.key(0), *args, **kwargs)
-  shapes = lambda tree: jax.tree.map(jnp.shape, nn.meta.unbox(tree))
-  assert shapes(through_config.init(jax.random.key(0), *args, **kwargs)) == shapes(variables)
-  out = jax.tree.leaves(alone.apply(variables, *args, **kwargs))
-  expected = jax.tree.leaves(through_config.apply(variables, *args, **kwargs))
-  for got, want in zip(out, expected, strict=True):
-    np.testing.assert_array_equal(got, want)
+def test_a_layer_alone_holds_and_uses_the_models_parameters(name):
+  layer, args, kwargs, in_model = CASES[name]
+  alone = nn.meta.unbox(layer.init(jax.random.key(0), *args, **kwargs)["params"])
+  assert jax.tree.map(jnp.shape, alone) == jax.tree.map(jnp.shape, in_model)
+  # The model's own values in the layer alone: a function of them alone.
+  first = layer.apply({"params": in_model}, *args, **kwargs)
+  again = layer.apply({"params": jax.tree.map(jnp.copy, in_model)}, *args, **kwargs)
+  for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(again), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
-def test_stack_depth_defaults_to_the_config():
-  params = TransformerStack(cfg=CFG.replace(num_layers=3)).init(
-    jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT
-  )["params"]
-  assert sorted(k for k in params if k.startswith("block_")) == ["block_0", "block_1", "block_2"]
+def test_t5_table_has_the_configs_buckets_and_heads():
+  cfg = CFG.replace(position="t5_bias", t5_num_buckets=12)
+  params = nn.meta.unbox(RelativePositionTable(cfg).init(jax.random.key(0))["params"])
+  assert params["table"].shape == (12, cfg.num_heads)
 
 
-def test_attention_kv_heads_default_to_query_heads():
-  """num_kv_heads=None means one key/value head per query head (MHA)."""
-  layer = MultiHeadAttention(num_heads=8, head_dim=8)
-  params = layer.init(jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT)["params"]
-  assert nn.meta.unbox(params)["key"]["kernel"].shape == (CFG.d_model, 8, 8)
-  gqa = MultiHeadAttention(num_heads=8, head_dim=8, num_kv_heads=2)
-  gqa_params = gqa.init(jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT)["params"]
-  assert nn.meta.unbox(gqa_params)["key"]["kernel"].shape == (CFG.d_model, 2, 8)
+def test_attention_kv_heads_follow_the_config():
+  """num_kv_heads None means one key/value head per query head (MHA)."""
+  mha = MultiHeadAttention(CFG.replace(num_heads=8, head_dim=8))
+  params = nn.meta.unbox(mha.init(jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT)["params"])
+  assert params["key"]["kernel"].shape == (CFG.d_model, 8, 8)
+  gqa = MultiHeadAttention(CFG.replace(num_heads=8, head_dim=8, num_kv_heads=2))
+  params = nn.meta.unbox(gqa.init(jax.random.key(0), X, q_positions_BxT=POSITIONS_1xT)["params"])
+  assert params["key"]["kernel"].shape == (CFG.d_model, 2, 8)

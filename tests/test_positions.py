@@ -60,8 +60,9 @@ def test_cached_decoding_matches_full_pass(position):
 
 
 def test_config_choices_are_the_registry():
-  assert POSITIONS == tuple(positions.ENCODINGS)
-  with pytest.raises(ValueError, match=r"model\.position"):
+  assert POSITIONS is positions.ENCODINGS
+  assert POSITIONS.names()[:3] == ("sinusoidal", "learned", "rope")
+  with pytest.raises(ValueError, match=r"model\.position: 'xpos' is not one of"):
     ModelConfig(position="xpos")
 
 

@@ -132,6 +132,9 @@ GENERAL_FIELDS = {
   "pad_id",
   "remat",
   "scan_layers",
+  # The settings of registered entries (read through cfg.option; an entry
+  # registered with settings is tested where it is, e.g. examples/extending).
+  "options",
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 INT32_MAX = 2**31 - 1
@@ -75,7 +75,7 @@ def optional_positive_int(value: Any, name: str) -> int | None:
   return None if value is None else positive_int(value, name)
 
 
-def choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+def choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
   """`value` if it is one of `choices`."""
   # A tuple: an unhashable value is just not one of them.
   if value not in tuple(choices):

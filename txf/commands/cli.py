@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import importlib.util
 import os
 import pathlib
 import re
@@ -24,6 +23,7 @@ from ml_collections import config_flags
 
 from txf.configs import (
   DIRECTORY as CONFIG_DIRECTORY,
+  load as load_config,
   names as config_names,
   resolve as resolve_config,
 )
@@ -53,10 +53,7 @@ class ConfigFileParser(flags.ArgumentParser):
       )
     file = str(resolved.resolve())
     try:
-      spec = importlib.util.spec_from_file_location("config_file", file)
-      module = importlib.util.module_from_spec(spec)
-      spec.loader.exec_module(module)
-      config = module.get_config(*arg)
+      config = load_config(file, *arg)
     except SyntaxError as error:
       raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
     except SystemExit as error:  # sys.exit() in the user's code: nothing would run

@@ -11,11 +11,15 @@ that file or nothing, never a shipped file it resembles.
   find("rope")               # .../txf/configs/rope.py
   find("rope.py")            # None: a name has no suffix
   resolve("my_config.py")    # a file that exists; else find(...)
+  load(path, *args)          # its get_config(*args): the one way a config file is run
 """
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
+import sys
+from typing import Any
 
 DIRECTORY = pathlib.Path(__file__).resolve().parent
 
@@ -40,3 +44,24 @@ def find(name: str) -> pathlib.Path | None:
   """The shipped config file `name` names, exactly as `names()` lists it
   ('rope', 'sweeps/pe_ln'), or None."""
   return DIRECTORY / f"{name}.py" if name in names() else None
+
+
+def load(path: str | pathlib.Path, *args: str) -> Any:
+  """`get_config(*args)` of the config file at `path`, run as a script is:
+  its own directory first on the import path, so a config file can import
+  the modules beside it (a position encoding, norm or task it registers:
+  txf.register, docs/extending.md).
+
+  Raises:
+    FileNotFoundError, SyntaxError, or whatever the file itself raises.
+  """
+  path = pathlib.Path(path).resolve()
+  directory = str(path.parent)
+  if directory not in sys.path:
+    sys.path.insert(0, directory)
+  spec = importlib.util.spec_from_file_location(f"txf_config_{path.stem}", path)
+  if spec is None or spec.loader is None:
+    raise FileNotFoundError(f"{path}: not a Python config file")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*args)

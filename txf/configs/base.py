@@ -12,6 +12,7 @@ clear learning (see README for measured numbers).
 
 import dataclasses
 import typing
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
@@ -29,6 +30,9 @@ def _model_defaults() -> ml_collections.ConfigDict:
     if field.default is None:
       (kind,) = [t for t in typing.get_args(types[field.name]) if t is not type(None)]
       fields[field.name] = config_dict.placeholder(kind)
+    elif field.default is dataclasses.MISSING:  # model.options: a section of its own
+      factory: Any = field.default_factory
+      fields[field.name] = ml_collections.ConfigDict(factory())
     else:
       fields[field.name] = field.default
   return ml_collections.ConfigDict(fields)

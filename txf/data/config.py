@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from txf import checks
 from txf.data import listops
 from txf.data.tokenizers import SentencePieceTokenizer
+from txf.registry import Registry
 
 # data.name -> the data.task values it supports; the first is its natural one.
 TASKS = {
@@ -26,6 +27,11 @@ TASKS = {
 }
 # The in-context lm tasks (incontext.py).
 INCONTEXT = ("induction", "mqar")
+# Generated language-model tasks registered by user code (txf.register.lm_task):
+# data.name -> a row function (rng, seq_len, num_symbols, first_id) -> (ids
+# [seq_len + 1] in [first_id, first_id + num_symbols), target weights
+# [seq_len]); data.task 'lm', data.num_symbols its alphabet.
+LM_TASKS: Registry[Any] = Registry("data.name")
 # data.name = TFDS_PREFIX + '<builder>[/<config>][:<version>]' reads a TFDS
 # dataset (tfds_source.py).
 TFDS_PREFIX = "tfds:"
@@ -118,9 +124,11 @@ def read_data_config(data: Any) -> DataSpec:
     tasks = FILES_TASKS
   elif name in tuple(TASKS):  # a tuple: an unhashable name is just unknown
     tasks = TASKS[name]
+  elif name in LM_TASKS:
+    tasks = ("lm",)
   else:
     raise ValueError(
-      f"data.name={name!r} is not one of {tuple(TASKS)}, "
+      f"data.name={name!r} is not one of {tuple(TASKS) + LM_TASKS.names()}, "
       f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]' or "
       f"'{FILES_PREFIX}PATH_OR_GLOB'"
     )
@@ -143,6 +151,8 @@ def read_data_config(data: Any) -> DataSpec:
     return _induction_fields(data, spec)
   if name == "mqar":
     return _mqar_fields(data, spec)
+  if name in LM_TASKS:
+    return dataclasses.replace(spec, num_symbols=_int(data, "num_symbols", 1))
   return _synthetic_fields(data, spec)
 
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from txf.data.config import read_data_config, required
+from txf.data.config import LM_TASKS, read_data_config, required
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SymbolTokenizer
 
@@ -159,3 +159,33 @@ def repeat_periods(data_config) -> range:
   if spec.name != "induction":
     return range(0)
   return range(required(spec.min_example_len), required(spec.max_example_len) + 1)
+
+
+class RegisteredSource(GeneratedSource):
+  """Batches of a task registered in LM_TASKS (txf.register.lm_task): lm
+  arrays [R, seq_len] of the rows its function draws."""
+
+  def __init__(self, name: str, *, seed: int, split: str, seq_len: int, num_symbols: int):
+    super().__init__(seed=seed, split=split)
+    self._row = LM_TASKS[name]
+    self._name, self._seq_len, self._num_symbols = name, seq_len, num_symbols
+    self.tokenizer = symbol_tokenizer(num_symbols)
+
+  def example(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    low = first_symbol_id(self.tokenizer)
+    ids, weights = self._row(rng, self._seq_len, self._num_symbols, low)
+    ids, weights = np.asarray(ids), np.asarray(weights, bool)
+    if ids.shape != (self._seq_len + 1,) or weights.shape != (self._seq_len,):
+      raise ValueError(
+        f"data.name={self._name!r}: its row function gave ids {ids.shape} and weights "
+        f"{weights.shape}, not ({self._seq_len + 1},) and ({self._seq_len},)"
+      )
+    if ids.min() < low or ids.max() >= low + self._num_symbols:
+      raise ValueError(
+        f"data.name={self._name!r}: ids outside [{low}, {low + self._num_symbols}) "
+        "(first_id + data.num_symbols)"
+      )
+    return ids, weights
+
+  def collate(self, examples: list) -> dict[str, np.ndarray]:
+    return lm_arrays(*zip(*examples))

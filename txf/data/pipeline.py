@@ -11,6 +11,7 @@ from txf.data import corpus, files, incontext, listops, synthetic, tfds_source
 from txf.data.config import (
   FILES_PREFIX,
   INCONTEXT,
+  LM_TASKS,
   DataSpec,
   is_files,
   is_tfds,
@@ -153,7 +154,7 @@ def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
     return _corpus_tokenizer(spec, workdir)
   if spec.name == "listops":
     return listops.listops_tokenizer()
-  if spec.name in INCONTEXT:
+  if spec.name in INCONTEXT or spec.name in LM_TASKS:
     return incontext.symbol_tokenizer(required(spec.num_symbols))
   return synthetic.seq2seq_tokenizer(spec.name)
 
@@ -234,6 +235,14 @@ def _generated_source(spec: DataSpec, split: str, seed: int) -> synthetic.Genera
       min_period=required(spec.min_example_len),
       max_period=required(spec.max_example_len),
     )
+  if spec.name in LM_TASKS:
+    return incontext.RegisteredSource(
+      spec.name,
+      seed=seed,
+      split=split,
+      seq_len=spec.seq_len,
+      num_symbols=required(spec.num_symbols),
+    )
   if spec.name == "mqar":
     return incontext.MQARSource(
       seed=seed,
@@ -274,6 +283,8 @@ def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
       f"mqar task, {spec.num_kv_pairs} key-value pairs over {spec.num_symbols} symbols, "
       f"seq_len {spec.seq_len}"
     )
+  if spec.name in LM_TASKS:
+    return f"{spec.name} task (registered), {spec.num_symbols} symbols, seq_len {spec.seq_len}"
   return (
     f"{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, "
     f"seq_len {spec.seq_len}"

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.layers import positions
-from txf.layers.config import DEFAULTS
+from txf.layers.config import ModelConfig, derived
 from txf.layers.partitioning import projection_inits
 
 Array = jax.Array
@@ -27,40 +27,54 @@ CROSS_CACHE_NAMES = ("cross_key", "cross_value", "cross_mask")
 class MultiHeadAttention(nn.Module):
   """Self- or cross-attention with MHA / GQA / MQA heads.
 
-  Only num_heads and head_dim are required; the attributes named like a
-  ModelConfig field default to its default (`implementation`: attention_impl).
+  Reads the model's config: heads (num_heads H, num_kv_heads K, head_dim
+  Dh), position (an encoding that rotates q and k or adds a bias acts here;
+  absolute ones act in the Embedder), window, use_bias,
+  attention_dropout_rate, attention_impl, scale_attention and the compute
+  dtype.
 
   Attributes:
-    num_heads: query heads H.
-    head_dim: per-head width Dh.
-    num_kv_heads: key/value heads K (H % K == 0); None: K = H.
-    position: a txf.layers.positions name: an encoding that rotates q and k
-      or adds a bias acts here (absolute ones act in the Embedder).
-      Cross-attention passes 'none'.
-    causal: queries attend only to keys at positions <= their own.
-    bidirectional_bias: T5 buckets split by sign (encoder) or not (decoder).
-    window: sliding-window span, or None.
-    scale: multiplier of the scores q.k; None: 1/sqrt(head_dim) (1.0 for T5).
+    cfg: the model's config.
+    causal: queries attend only to keys at positions <= their own (and T5's
+      buckets do not split by sign).
     cross: cross-attention: keys and values come from `kv_BxSxD` (an encoder
-      output), which decoding may keep in the cache (see `__call__`).
+      output), which decoding may keep in the cache (see `__call__`); it
+      carries no positional signal and no window (as in T5 and Vaswani et al.).
   """
 
-  num_heads: int
-  head_dim: int
-  num_kv_heads: int | None = None
-  position: str = DEFAULTS.position
-  window: int | None = DEFAULTS.window
-  rope_base: float = DEFAULTS.rope_base
-  rope_scale: float = DEFAULTS.rope_scale
-  t5_max_distance: int = DEFAULTS.t5_max_distance
-  use_bias: bool = DEFAULTS.use_bias
-  attention_dropout_rate: float = DEFAULTS.attention_dropout_rate
-  implementation: str | None = DEFAULTS.attention_impl
-  dtype: Any = jnp.dtype(DEFAULTS.dtype)
+  cfg: ModelConfig
   causal: bool = False
-  bidirectional_bias: bool = True
-  scale: float | None = None
   cross: bool = False
+
+  # What the layer reads of its config, named once.
+  @property
+  def num_heads(self) -> int:
+    return self.cfg.num_heads
+
+  @property
+  def num_kv_heads(self) -> int:
+    return derived(self.cfg.num_kv_heads)
+
+  @property
+  def head_dim(self) -> int:
+    return derived(self.cfg.head_dim)
+
+  @property
+  def position(self) -> str:
+    return "none" if self.cross else self.cfg.position
+
+  @property
+  def window(self) -> int | None:
+    return None if self.cross else self.cfg.window
+
+  @property
+  def dtype(self) -> Any:
+    return jnp.dtype(self.cfg.dtype)
+
+  @property
+  def scale(self) -> float | None:
+    """Multiplier of the scores q.k; None: 1/sqrt(head_dim) (1.0 unscaled, T5)."""
+    return None if self.cfg.scale_attention else 1.0
 
   @nn.compact
   def __call__(
@@ -124,9 +138,9 @@ class MultiHeadAttention(nn.Module):
     k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
     encoding = positions.encoding(self.position)
     if encoding.rotate is not None:
-      q_BxTxHxDh = encoding.rotate(self, q_BxTxHxDh, q_positions_BxT)
+      q_BxTxHxDh = encoding.rotate(self.cfg, q_BxTxHxDh, q_positions_BxT)
       k_BxSxKxDh = encoding.rotate(
-        self, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
+        self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
       )
     masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
     if use_cache and is_self:
@@ -145,7 +159,7 @@ class MultiHeadAttention(nn.Module):
     return nn.DenseGeneral(
       d_model,
       axis=(-2, -1),
-      use_bias=self.use_bias,
+      use_bias=self.cfg.use_bias,
       dtype=self.dtype,
       **projection_inits(
         ("heads", "head_dim"), ("embed",), (self.num_heads, self.head_dim, d_model)
@@ -162,12 +176,12 @@ class MultiHeadAttention(nn.Module):
     d_model = x_BxTxD.shape[-1]
     dense = lambda heads, heads_axis, name: nn.DenseGeneral(
       (heads, self.head_dim),
-      use_bias=self.use_bias,
+      use_bias=self.cfg.use_bias,
       dtype=self.dtype,
       **projection_inits(("embed",), (heads_axis, "head_dim"), (d_model, heads, self.head_dim)),
       name=name,
     )
-    num_kv_heads = self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+    num_kv_heads = self.num_kv_heads
     project_kv = lambda inputs_BxSxD: (
       dense(num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
       dense(num_kv_heads, "kv_heads", "value")(inputs_BxSxD),
@@ -225,7 +239,8 @@ class MultiHeadAttention(nn.Module):
     # Each group of query rows sharing a key row attends as that row's queries.
     q_BxTxHxDh = q_BxTxHxDh.reshape((kv_batch, -1) + q_BxTxHxDh.shape[2:])
     unfold = lambda x_BxGTxN: x_BxGTxN.reshape((batch, q_len) + x_BxGTxN.shape[2:])
-    dropout = self.attention_dropout_rate > 0.0 and not deterministic
+    dropout_rate = self.cfg.attention_dropout_rate
+    dropout = dropout_rate > 0.0 and not deterministic
     # Recording the weights (an 'intermediates' collection made mutable by the
     # caller, see txf.analysis.attention_maps) takes this unfused path, so the
     # recorded weights are the ones the output is computed from.
@@ -234,16 +249,14 @@ class MultiHeadAttention(nn.Module):
       self.sow(
         "intermediates", "attention_weights", unfold(weights_BxHxTxS.swapaxes(1, 2)).swapaxes(1, 2)
       )
-      weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
-        weights_BxHxTxS, deterministic=not dropout
-      )
+      weights_BxHxTxS = nn.Dropout(dropout_rate)(weights_BxHxTxS, deterministic=not dropout)
       out_BxTxHxDh = ops.apply_attention_weights(weights_BxHxTxS.astype(self.dtype), v_BxSxKxDh)
     else:
       out_BxTxHxDh = ops.dot_product_attention(
         q_BxTxHxDh,
         k_BxSxKxDh,
         v_BxSxKxDh,
-        implementation=self.implementation,
+        implementation=self.cfg.attention_impl,
         scale=self.scale,
         **attend,
       )
@@ -261,7 +274,9 @@ class MultiHeadAttention(nn.Module):
       return None
     if encoding.table == "relative" and relative_table is None:
       raise ValueError(f"MultiHeadAttention: position={self.position!r} needs relative_table")
-    return encoding.bias(self, q_positions_BxT, k_positions_BxS, relative_table)
+    return encoding.bias(
+      self.cfg, q_positions_BxT, k_positions_BxS, relative_table, bidirectional=not self.causal
+    )
 
   def _cross_cache(self, kv_BxSxD, key_mask, project_kv):
     """Cross-attention under use_cache: projects kv and stores the keys, values

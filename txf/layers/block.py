@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
-from txf.layers.config import DEFAULTS, ModelConfig, derived
+from txf.layers.config import DEFAULTS, ModelConfig
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.norm import Norm
@@ -64,28 +64,11 @@ class TransformerBlock(nn.Module):
     cross_mask: Array | None,
   ):
     cfg = self.cfg
-    dtype = compute_dtype(cfg)
-    attention = lambda name, causal, position: MultiHeadAttention(
-      num_heads=cfg.num_heads,
-      num_kv_heads=cfg.num_kv_heads,
-      head_dim=derived(cfg.head_dim),
-      position=position,
-      causal=causal,
-      bidirectional_bias=not causal,
-      window=cfg.window if name == "self_attention" else None,
-      rope_base=cfg.rope_base,
-      rope_scale=cfg.rope_scale,
-      t5_max_distance=cfg.t5_max_distance,
-      use_bias=cfg.use_bias,
-      attention_dropout_rate=cfg.attention_dropout_rate,
-      implementation=cfg.attention_impl,
-      dtype=dtype,
-      scale=None if cfg.scale_attention else 1.0,
-      cross=name == "cross_attention",
-      name=name,
+    attention = lambda name, causal: MultiHeadAttention(
+      cfg, causal=causal, cross=name == "cross_attention", name=name
     )
 
-    self_attention = attention("self_attention", self.causal, cfg.position)
+    self_attention = attention("self_attention", self.causal)
     x_BxTxD = self._residual(
       "self_attention",
       x_BxTxD,
@@ -100,8 +83,7 @@ class TransformerBlock(nn.Module):
       ),
     )
     if self.has_cross:
-      # Cross-attention carries no positional signal (as in T5 and Vaswani et al.).
-      cross_attention = attention("cross_attention", False, "none")
+      cross_attention = attention("cross_attention", False)
       x_BxTxD = self._residual(
         "cross_attention",
         x_BxTxD,
@@ -114,21 +96,13 @@ class TransformerBlock(nn.Module):
           use_cache=self.use_cache,
         ),
       )
-    ffn = FeedForward(
-      derived(cfg.d_ff),
-      cfg.activation,
-      use_bias=cfg.use_bias,
-      dropout_rate=cfg.dropout_rate,
-      dtype=dtype,
-      gelu_approximate=cfg.gelu_approximate,
-      name="ffn",
-    )
+    ffn = FeedForward(cfg, name="ffn")
     x_BxTxD = self._residual("ffn", x_BxTxD, lambda h: ffn(h, deterministic=self.deterministic))
     return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES), None
 
   def _residual(self, name: str, x_BxTxD: Array, sublayer: Callable[[Array], Array]) -> Array:
     """Pre-LN: x + f(norm(x)). Post-LN: norm(x + f(x))."""
-    norm = Norm(self.cfg.norm, self.cfg.norm_eps, compute_dtype(self.cfg), name=f"{name}_norm")
+    norm = Norm(self.cfg, name=f"{name}_norm")
     dropout = nn.Dropout(self.cfg.dropout_rate)
     if self.cfg.norm_placement == "pre":
       return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)
@@ -180,9 +154,7 @@ class TransformerStack(nn.Module):
     x_BxTxD = nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
     relative_table = None
     if positions.encoding(cfg.position).table == "relative":
-      relative_table = RelativePositionTable(
-        num_heads=cfg.num_heads, num_buckets=cfg.t5_num_buckets, name="relative_position"
-      )()
+      relative_table = RelativePositionTable(cfg, name="relative_position")()
     block = TransformerBlock
     if cfg.remat:
       # Inside scan, CSE cannot merge the recomputation away, so it may stay off.
@@ -218,5 +190,5 @@ class TransformerStack(nn.Module):
         x_BxTxD, _ = block(**block_attrs, name=f"block_{i}")(x_BxTxD, *block_args[1:])
     if cfg.norm_placement == "pre":
       # Pre-LN leaves the residual stream unnormalised; Post-LN already ends in a norm.
-      x_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="final_norm")(x_BxTxD)
+      x_BxTxD = Norm(cfg, name="final_norm")(x_BxTxD)
     return x_BxTxD

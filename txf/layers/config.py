@@ -10,28 +10,29 @@ field, before any parameter is created.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from txf import checks
 from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
+from txf.registry import Registry
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "lstm")
-POSITIONS = tuple(positions.ENCODINGS)
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
-NORMS = ("layer", "rms")
+# The registries user code extends (txf.register): entries are registered by
+# txf.layers.positions / norm / feedforward, which txf.layers imports.
+POSITIONS = positions.ENCODINGS
+ACTIVATIONS: Registry[Any] = Registry("model.activation")
+NORMS: Registry[Any] = Registry("model.norm")
 NORM_PLACEMENTS = ("pre", "post")
 HEADS = ("lm", "mlm", "classify", "none")
-# Activations that apply a GELU (model.gelu_approximate picks its form).
-GELU_ACTIVATIONS = ("gelu", "geglu")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
 # Initialisation schemes (txf.models.inits.INITS, which must list the same).
 INITS = ("txf", "gpt2")
-# The string fields with a fixed set of values (--print_config lists them).
-CHOICES = {
+# The string fields with a set of values (--print_config lists them); a
+# Registry's grows as user code registers entries (txf.register).
+CHOICES: dict[str, Iterable[str | None]] = {
   "family": FAMILIES,
   "position": POSITIONS,
   "activation": ACTIVATIONS,
@@ -86,6 +87,14 @@ LSTM_FIELDS = (
 )
 
 
+class Options(dict):
+  """model.options once checked: a dict (it converts to and from config
+  sections and JSON as one) that hashes, as the frozen ModelConfig does."""
+
+  def __hash__(self) -> int:  # type: ignore[override]
+    return hash(tuple(sorted(self.items())))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyperparameters of every txf model. Field docs are the config reference.
@@ -136,6 +145,9 @@ class ModelConfig:
   )
   dtype: str = "float32"  # compute dtype; parameters stay float32
   attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
+  # Settings of a registered position / norm / activation that the fields
+  # above do not have ({setting: value}; those it registered, defaults filled).
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   remat: bool = False  # recompute block activations in backward
   scan_layers: bool = False  # nn.scan over layers: compile time O(1) in depth
 
@@ -160,6 +172,7 @@ class ModelConfig:
     )
     for name, choices in CHOICES.items():
       checks.choice(getattr(self, name), f"model.{name}", choices)
+    self._check_options()
     for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len", "num_classes"):
       checks.positive_int(getattr(self, name), f"model.{name}")
     for name in ("num_kv_heads", "head_dim", "d_ff", "window", "num_decoder_layers"):
@@ -200,7 +213,7 @@ class ModelConfig:
       raise ValueError(
         f"model.num_token_types: only family='encoder' takes token types, not {self.family!r}"
       )
-    if not self.gelu_approximate and self.activation not in GELU_ACTIVATIONS and self.head != "mlm":
+    if not self.gelu_approximate and not ACTIVATIONS[self.activation].gelu and self.head != "mlm":
       raise ValueError(
         f"model.gelu_approximate: False changes nothing: no GELU in "
         f"model.activation={self.activation!r} or model.head={self.head!r}"
@@ -212,6 +225,33 @@ class ModelConfig:
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
     self._resolve()
+
+  def _declared_options(self) -> dict[str, Any]:
+    """{setting: default} of the options the chosen registered entries read."""
+    declared: dict[str, Any] = {}
+    for name, registry in (("position", POSITIONS), ("norm", NORMS), ("activation", ACTIVATIONS)):
+      declared.update(registry.options(getattr(self, name)))
+    return declared
+
+  def _check_options(self) -> None:
+    """model.options holds only settings of the chosen entries; their
+    defaults fill the rest. Stored as `Options` (a dict that hashes)."""
+    given = dict(self.options.items()) if hasattr(self.options, "items") else dict(self.options)
+    declared = self._declared_options()
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+      raise ValueError(
+        f"model.options.{unknown[0]}: not a setting of the chosen position, norm or "
+        f"activation (theirs: {sorted(declared) or 'none'})"
+      )
+    object.__setattr__(self, "options", Options(sorted({**declared, **given}.items())))
+
+  def option(self, name: str) -> Any:
+    """The value of a registered entry's setting `name` (model.options)."""
+    values = dict(self.options)
+    if name not in values:
+      raise ValueError(f"model.options.{name}: not a setting of this model (has {sorted(values)})")
+    return values[name]
 
   def _check_position(self) -> None:
     """What the registry entry of model.position needs: an even dimension, a
@@ -233,6 +273,10 @@ class ModelConfig:
     """family='lstm': only LSTM_FIELDS may differ from their defaults. The
     derived Transformer fields (num_kv_heads, head_dim, d_ff) stay None."""
     for field in dataclasses.fields(self):
+      if field.name == "options":  # a Mapping field; normalised by _check_options
+        if self.options:
+          raise ValueError("model.options: does not apply to model.family='lstm'")
+        continue
       if field.name not in LSTM_FIELDS and getattr(self, field.name) != field.default:
         raise ValueError(
           f"model.{field.name}: does not apply to model.family='lstm' (keep its default "
@@ -263,7 +307,7 @@ class ModelConfig:
         object.__setattr__(self, name, value)  # frozen: only __post_init__ may set
 
   def _default_d_ff(self) -> int:
-    if self.activation in GATED_ACTIVATIONS:
+    if ACTIVATIONS[self.activation].gated:
       # 8/3 keeps a gated FFN's parameter count equal to an ungated 4x one
       # (Shazeer 2020); rounded up to a multiple of 8 for the matrix units.
       return -(-8 * self.d_model // 3 // 8) * 8
@@ -289,4 +333,8 @@ def derived(value: T | None) -> T:
 
 # The one source of defaults: a layer's attributes that repeat a model field
 # default to this config's value (resolved: scale_logits is True).
+# The built-in entries of NORMS and ACTIVATIONS, registered by their modules
+# (which import this one's names above), before any ModelConfig is checked.
+from txf.layers import feedforward as _feedforward, norm as _norm  # noqa: E402, F401
+
 DEFAULTS = ModelConfig()

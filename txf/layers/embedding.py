@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.layers import positions
-from txf.layers.config import DEFAULTS, derived
+from txf.layers.config import ModelConfig
 from txf.layers.norm import Norm
 
 
@@ -26,31 +26,48 @@ def check_position_table(position: str, max_len: int, length: int, what: str) ->
 class Embedder(nn.Module):
   """Token embedding plus an absolute position encoding, and the tied logits.
 
-  Only vocab_size and d_model are required; the others default to
-  ModelConfig's defaults (norm None: embed_norm=False).
+  Reads the model's config: vocab_size V, d_model D, position (an encoding
+  that contributes an embedding is added here; others act in attention or
+  not at all), max_len (rows of an absolute table), num_token_types (N > 0
+  adds a [N, D] token-type table, BERT), embed_norm (cfg.norm over the sum,
+  BERT's embedding LayerNorm), scale_logits (the tied logits divided by
+  sqrt(D); None: when the embeddings are tied) and the compute dtype.
 
   Attributes:
-    vocab_size: V.
-    d_model: D.
-    position: a txf.layers.positions name; an encoding that contributes an
-      embedding is added here (others act in attention or not at all).
-    max_len: rows of an encoding's absolute table (table='absolute').
-    num_token_types: N > 0 adds a [N, D] token-type (segment) table (BERT).
-    norm: 'layer' or 'rms' normalises the sum (BERT's embedding LayerNorm);
-      None: no norm.
-    norm_eps: that norm's epsilon.
-    scale_logits: the tied logits are divided by sqrt(D).
+    cfg: the model's config.
   """
 
-  vocab_size: int
-  d_model: int
-  position: str = DEFAULTS.position
-  max_len: int = DEFAULTS.max_len
-  dtype: Any = jnp.dtype(DEFAULTS.dtype)
-  num_token_types: int = DEFAULTS.num_token_types
-  norm: str | None = None
-  norm_eps: float = DEFAULTS.norm_eps
-  scale_logits: bool = derived(DEFAULTS.scale_logits)
+  cfg: ModelConfig
+
+  # What the layer reads of its config, named once.
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  @property
+  def d_model(self) -> int:
+    return self.cfg.d_model
+
+  @property
+  def position(self) -> str:
+    return self.cfg.position
+
+  @property
+  def max_len(self) -> int:
+    return self.cfg.max_len
+
+  @property
+  def num_token_types(self) -> int:
+    return self.cfg.num_token_types
+
+  @property
+  def dtype(self) -> Any:
+    return jnp.dtype(self.cfg.dtype)
+
+  @property
+  def scale_logits(self) -> bool:
+    scale = self.cfg.scale_logits
+    return self.cfg.tie_embeddings if scale is None else scale
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -83,8 +100,8 @@ class Embedder(nn.Module):
         (self.num_token_types, self.d_model),
         jnp.float32,
       )
-    if self.norm is not None:
-      self.embed_norm = Norm(self.norm, self.norm_eps, self.dtype)
+    if self.cfg.embed_norm:
+      self.embed_norm = Norm(self.cfg)
 
   def __call__(
     self,
@@ -116,7 +133,7 @@ class Embedder(nn.Module):
     if self.encoding.embed is not None:
       assert positions_BxT is not None, f"model.position={self.position!r} needs positions"
       table_LxD = self.position_table if self.encoding.table == "absolute" else None
-      x_BxTxD = x_BxTxD + self.encoding.embed(self, positions_BxT, table_LxD).astype(self.dtype)
+      x_BxTxD = x_BxTxD + self.encoding.embed(self.cfg, positions_BxT, table_LxD).astype(self.dtype)
     if self.num_token_types:
       if token_types_BxT is None:
         token_types_BxT = jnp.zeros_like(tokens_BxT)
@@ -139,7 +156,7 @@ class Embedder(nn.Module):
       raise ValueError(
         "token_types: the model has no token-type embeddings (model.num_token_types=0)"
       )
-    if self.norm is not None:
+    if self.cfg.embed_norm:
       x_BxTxD = self.embed_norm(x_BxTxD)
     return x_BxTxD
 
@@ -183,8 +200,7 @@ class RelativePositionTable(nn.Module):
   to that random start for hundreds of steps.
   """
 
-  num_heads: int
-  num_buckets: int = DEFAULTS.t5_num_buckets
+  cfg: ModelConfig  # its num_heads H and t5_num_buckets
 
   @nn.compact
   def __call__(self) -> jax.Array:
@@ -196,7 +212,7 @@ class RelativePositionTable(nn.Module):
         nn.with_logical_partitioning(
           nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), (None, "heads")
         ),
-        (self.num_buckets, self.num_heads),
+        (self.cfg.t5_num_buckets, self.cfg.num_heads),
         jnp.float32,
       ),
     )

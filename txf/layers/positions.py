@@ -13,14 +13,16 @@ instead of branching on its name:
 'relative' is T5's learned [t5_num_buckets, H] table, one per stack
 (`RelativePositionTable`), passed to `bias` as `table`.
 
-The callables read their settings from the calling layer (`layer`), whose
-attributes repeat the ModelConfig fields: `d_model` (Embedder), `num_heads`,
-`rope_base`, `rope_scale`, `t5_max_distance`, `bidirectional_bias`
-(MultiHeadAttention). The math itself lives in `txf.ops.positional`. rope_ntk reads rope_scale
-as its NTK factor (the base is scaled, positions are not).
+The callables receive the model's config (`cfg`, a ModelConfig) first and
+read their settings from it: `cfg.d_model`, `cfg.num_heads`,
+`cfg.rope_base`, `cfg.rope_scale`, `cfg.t5_max_distance`, or an option
+the encoding was registered with (`cfg.option("name")`). `bias` also
+receives `bidirectional`: the layer is not causal (T5 buckets split by sign).
+The math itself lives in `txf.ops.positional`. rope_ntk reads rope_scale as
+its NTK factor (the base is scaled, positions are not).
 
-Adding an encoding is one function there, one entry in ENCODINGS and one
-config file in configs/; docs/positions.md walks through an example.
+A new encoding is one function and one `txf.register.position` call, in txf
+or in a file of one's own (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from txf.ops import positional
+from txf.registry import Registry
 
 Array = jax.Array
 CONTRIBUTIONS = ("embedding", "rotation", "bias", "nothing")
@@ -45,10 +48,10 @@ class PositionEncoding:
 
   Attributes:
     contributes: one of CONTRIBUTIONS; exactly the matching callable is set.
-    embed: (layer, positions [B|1, T], table [max_len, D] or None) -> [B|1, T, D].
-    rotate: (layer, x [B, T, H, Dh], positions [B|1, T]) -> rotated x.
-    bias: (layer, q positions [B|1, T], k positions [B|1, S], table [buckets, H] or None)
-      -> float32 additive bias [B|1, H, T, S].
+    embed: (cfg, positions [B|1, T], table [max_len, D] or None) -> [B|1, T, D].
+    rotate: (cfg, x [B, T, H, Dh], positions [B|1, T]) -> rotated x.
+    bias: (cfg, q positions [B|1, T], k positions [B|1, S], table [buckets, H]
+      or None, *, bidirectional) -> float32 additive bias [B|1, H, T, S].
     table: None, or one of TABLES: the learned parameters it owns.
     even: None, or the ModelConfig dimension ('d_model' or 'head_dim') that must be even.
   """
@@ -58,7 +61,7 @@ class PositionEncoding:
   # not, so each function declares one or the other: Any here.
   embed: Callable[[Any, Array, Any], Array] | None = None
   rotate: Callable[[Any, Array, Array], Array] | None = None
-  bias: Callable[[Any, Array, Array, Any], Array] | None = None
+  bias: Callable[..., Array] | None = None  # (cfg, q, k, table, *, bidirectional)
   table: str | None = None
   even: str | None = None
 
@@ -78,55 +81,53 @@ class PositionEncoding:
       raise ValueError(f"table: {self.table!r} not in {TABLES}")
 
 
-def _learned_embedding(layer, positions_BxT: Array, table_LxD: Array) -> Array:
+def _learned_embedding(cfg, positions_BxT: Array, table_LxD: Array) -> Array:
   return jnp.take(table_LxD, positions_BxT, axis=0)
 
 
-def _sinusoidal_embedding(layer, positions_BxT: Array, table: None) -> Array:
-  return positional.sinusoidal_embedding(positions_BxT, layer.d_model)
+def _sinusoidal_embedding(cfg, positions_BxT: Array, table: None) -> Array:
+  return positional.sinusoidal_embedding(positions_BxT, cfg.d_model)
 
 
-def _rope(layer, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
-  return positional.apply_rope(
-    x_BxTxHxDh, positions_BxT, base=layer.rope_base, scale=layer.rope_scale
-  )
+def _rope(cfg, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
+  return positional.apply_rope(x_BxTxHxDh, positions_BxT, base=cfg.rope_base, scale=cfg.rope_scale)
 
 
-def _ntk_rope(layer, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
+def _ntk_rope(cfg, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
   return positional.apply_ntk_rope(
-    x_BxTxHxDh, positions_BxT, base=layer.rope_base, scale=layer.rope_scale
+    x_BxTxHxDh, positions_BxT, base=cfg.rope_base, scale=cfg.rope_scale
   )
 
 
-def _alibi(layer, q_positions: Array, k_positions: Array, table: None) -> Array:
-  return positional.alibi_bias(layer.num_heads, q_positions, k_positions)
+def _alibi(cfg, q_positions: Array, k_positions: Array, table: None, *, bidirectional) -> Array:
+  return positional.alibi_bias(cfg.num_heads, q_positions, k_positions)
 
 
-def _t5_bias(layer, q_positions: Array, k_positions: Array, table_NxH: Array) -> Array:
+def _t5_bias(
+  cfg, q_positions: Array, k_positions: Array, table_NxH: Array, *, bidirectional
+) -> Array:
   return positional.relative_position_bias(
     table_NxH,
     q_positions,
     k_positions,
-    bidirectional=layer.bidirectional_bias,
-    max_distance=layer.t5_max_distance,
+    bidirectional=bidirectional,
+    max_distance=cfg.t5_max_distance,
   )
 
 
-ENCODINGS: dict[str, PositionEncoding] = {
-  "sinusoidal": PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model"),
-  "learned": PositionEncoding("embedding", embed=_learned_embedding, table="absolute"),
-  "rope": PositionEncoding("rotation", rotate=_rope, even="head_dim"),
-  "rope_ntk": PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"),
-  "alibi": PositionEncoding("bias", bias=_alibi),
-  "t5_bias": PositionEncoding("bias", bias=_t5_bias, table="relative"),
-  "none": PositionEncoding("nothing"),
-}
+ENCODINGS: Registry[PositionEncoding] = Registry("model.position")
+for _name, _entry in (
+  ("sinusoidal", PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model")),
+  ("learned", PositionEncoding("embedding", embed=_learned_embedding, table="absolute")),
+  ("rope", PositionEncoding("rotation", rotate=_rope, even="head_dim")),
+  ("rope_ntk", PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim")),
+  ("alibi", PositionEncoding("bias", bias=_alibi)),
+  ("t5_bias", PositionEncoding("bias", bias=_t5_bias, table="relative")),
+  ("none", PositionEncoding("nothing")),
+):
+  ENCODINGS.register(_name, _entry)
 
 
 def encoding(name: str) -> PositionEncoding:
   """The entry for `model.position` = name; ValueError naming the choices."""
-  if name not in ENCODINGS:
-    raise ValueError(
-      f"model.position: {name!r} is not a registered encoding (choose from {tuple(ENCODINGS)})"
-    )
   return ENCODINGS[name]

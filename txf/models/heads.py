@@ -62,7 +62,7 @@ class MaskedLMHead(nn.Module):
       name="transform",
     )(x_BxTxD)
     h_BxTxD = jax.nn.gelu(h_BxTxD, approximate=cfg.gelu_approximate)
-    h_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="norm")(h_BxTxD)
+    h_BxTxD = Norm(cfg, name="norm")(h_BxTxD)
     logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
     # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
     bias_V = cast(

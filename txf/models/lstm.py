@@ -95,13 +95,11 @@ class LSTMLanguageModel(nn.Module):
     use_cache=True continues from the layers' carries (see `txf.decode`).
     """
     cfg = self.cfg
-    embedder = Embedder(
-      cfg.vocab_size, cfg.d_model, "none", cfg.max_len, dtype=compute_dtype(cfg), name="embedder"
-    )
+    embedder = Embedder(cfg, name="embedder")
     dropout = nn.Dropout(cfg.dropout_rate)
     x_BxTxD = dropout(embedder(tokens_BxT, None), deterministic=deterministic)
     for i in range(cfg.num_layers):
       x_BxTxD = LSTMLayer(cfg, name=f"layer_{i}")(x_BxTxD, use_cache=use_cache)
       x_BxTxD = dropout(x_BxTxD, deterministic=deterministic)
-    x_BxTxD = Norm(cfg.norm, cfg.norm_eps, compute_dtype(cfg), name="final_norm")(x_BxTxD)
+    x_BxTxD = Norm(cfg, name="final_norm")(x_BxTxD)
     return LMHead(cfg, name="head")(x_BxTxD, embedder)

@@ -17,8 +17,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.layers import Embedder, TransformerStack
-from txf.layers.block import compute_dtype
-from txf.layers.config import ModelConfig, derived
+from txf.layers.config import ModelConfig
 from txf.layers.embedding import Positions
 from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead
 from txf.models.inits import apply_init
@@ -30,18 +29,7 @@ _HEADS = {"lm": LMHead, "mlm": MaskedLMHead, "classify": ClassificationHead}
 
 
 def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
-  return Embedder(
-    cfg.vocab_size,
-    cfg.d_model,
-    cfg.position,
-    cfg.max_len,
-    dtype=compute_dtype(cfg),
-    num_token_types=cfg.num_token_types,
-    norm=cfg.norm if cfg.embed_norm else None,
-    norm_eps=cfg.norm_eps,
-    scale_logits=derived(cfg.scale_logits),
-    name=name,
-  )
+  return Embedder(cfg, name=name)
 
 
 def _check_packing(

@@ -39,7 +39,6 @@ the tables and plots give mean ± std over them.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,7 +48,7 @@ import ml_collections
 from etils import epath
 
 from txf.checks import optional_positive_int
-from txf.configs import resolve as resolve_config
+from txf.configs import load as load_config, resolve as resolve_config
 from txf.data import DataSpec, make_tokenizer, read_data_config
 from txf.data.config import required
 from txf.data.listops import NUM_CLASSES
@@ -149,16 +148,11 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
 def load_run_config(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of a config file, as config_flags loads it: a path, or the
   bare name of a config txf ships ('base', txf.configs.resolve)."""
-  path = str(resolve_config(path) or path)  # neither: the import below says so
-  spec = importlib.util.spec_from_file_location("run_config", path)
-  if spec is None or spec.loader is None:
-    raise GridError(f"sweep.run_config: {path}: not a Python config file")
-  module = importlib.util.module_from_spec(spec)
+  path = str(resolve_config(path) or path)  # neither: the load below says so
   try:
-    spec.loader.exec_module(module)
+    return load_config(path)
   except FileNotFoundError as error:
     raise GridError(f"sweep.run_config: {path}: no such file") from error
-  return module.get_config()
 
 
 def _dry_run(

@@ -1,0 +1,106 @@
+"""Extend txf from your own code: register a choice, then name it in a config.
+
+  from txf import register
+
+  @register.position("log_distance", contributes="bias", options={"log_bias_scale": 1.0})
+  def log_distance(cfg, q_positions_BxT, k_positions_BxS, table, *, bidirectional):
+    ...  # float32 [B|1, H, T, S]; cfg.option("log_bias_scale") reads its setting
+
+  @register.norm("scale")
+  def scale_norm(layer, x_BxTxD, cfg):
+    ...  # parameters through layer.param(...); cfg.norm_eps
+
+  @register.activation("squared_relu")
+  def squared_relu(x, cfg):
+    ...
+
+  @register.lm_task("parity")
+  def parity_row(rng, seq_len, num_symbols, first_id):
+    ...  # (ids [seq_len + 1], target weights [seq_len])
+
+A config file that imports the module holding these (`import my_norm`
+beside it: txf puts a config file's directory on the import path) sets
+`config.model.norm = "scale"` and trains with `txf-run --config=my_config.py`;
+`--print_config` lists the new choices, and `model.options` holds the
+settings an entry registered with. Nothing in txf is edited. What each entry
+receives is documented at its registry: txf.layers.positions.ENCODINGS,
+txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
+txf.data.config.LM_TASKS; docs/extending.md has a worked example of each
+(examples/extending/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from txf.data.config import LM_TASKS
+from txf.layers.config import ACTIVATIONS, NORMS
+from txf.layers.feedforward import Activation
+from txf.layers.positions import ENCODINGS, PositionEncoding
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+_KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
+
+
+def position(
+  name: str,
+  *,
+  contributes: str,
+  table: str | None = None,
+  even: str | None = None,
+  options: Mapping[str, Any] | None = None,
+  replace: bool = False,
+) -> Decorator:
+  """Registers the decorated function as `model.position = name`.
+
+  Args:
+    contributes: 'embedding' (fn(cfg, positions, table) -> [B|1, T, D]),
+      'rotation' (fn(cfg, x [B, T, H, Dh], positions) -> x) or 'bias'
+      (fn(cfg, q positions, k positions, table, *, bidirectional) -> float32
+      [B|1, H, T, S]); txf.layers.positions.
+    table: 'absolute' or 'relative' where it owns a learned table.
+    even: 'd_model' or 'head_dim' where that dimension must be even.
+    options: {setting: default} it reads through cfg.option(setting).
+    replace: replace an entry of that name.
+  """
+  if contributes not in _KINDS:
+    raise ValueError(f"contributes: {contributes!r} is not one of {tuple(_KINDS)}")
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    entry = PositionEncoding(contributes, **{_KINDS[contributes]: fn}, table=table, even=even)
+    ENCODINGS.register(name, entry, options=options, replace=replace)
+    return fn
+
+  return add
+
+
+def norm(
+  name: str, *, options: Mapping[str, Any] | None = None, replace: bool = False
+) -> Decorator:
+  """Registers fn(layer, x [..., D], cfg) -> [..., D] as `model.norm = name`."""
+  return NORMS.decorator(name, options=options, replace=replace)
+
+
+def activation(
+  name: str,
+  *,
+  gated: bool = False,
+  options: Mapping[str, Any] | None = None,
+  replace: bool = False,
+) -> Decorator:
+  """Registers fn(x, cfg) -> act(x) as `model.activation = name`; `gated`:
+  the FFN multiplies act(x W_gate) by x W_in (d_ff derived as 8/3 D)."""
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    ACTIVATIONS.register(name, Activation(fn, gated=gated), options=options, replace=replace)
+    return fn
+
+  return add
+
+
+def lm_task(name: str, *, replace: bool = False) -> Decorator:
+  """Registers a row function (rng, seq_len, num_symbols, first_id) -> (ids
+  int [seq_len + 1] in [first_id, first_id + num_symbols), target weights
+  bool [seq_len]) as `data.name = name` with data.task 'lm'."""
+  return LM_TASKS.decorator(name, replace=replace)
