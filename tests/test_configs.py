@@ -229,6 +229,33 @@ def test_config_validates_and_builds(name):
     assert 1.35e9 < count < 1.45e9, count
 
 
+@pytest.mark.parametrize("steps", [1, 30])
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_config_runs_any_number_of_steps_its_warmup_clamped(name, steps):
+  # --config.train.steps=30 on a shipped config (warmup 60 and more) was a
+  # config error; a warmup longer than the run is now clamped to it, and said.
+  config = load(name)
+  given = config.train.warmup_steps
+  config.train.steps = steps
+  tokenizer = make_tokenizer(config.data)
+  num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
+  run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes)
+  assert run.train.warmup_steps == min(given, steps)
+  assert config.train.warmup_steps == given  # the ConfigDict (config.json) keeps what was given
+  if given > steps:
+    (note,) = run.notes
+    assert note.startswith(f"train.warmup_steps: {given} is more than train.steps={steps}; ")
+    assert f"clamped to {steps}" in note
+    # The learning rate rises over the whole run: step t's is peak * t / steps.
+    peak = config.train.learning_rate
+    assert [float(run.schedule(t)) for t in range(steps)] == pytest.approx(
+      [peak * t / steps for t in range(steps)],
+      rel=1e-5,  # float32
+    )
+  else:
+    assert run.notes == ()
+
+
 @pytest.mark.parametrize("section", ["model", "data", "train", "eval", "parallel"])
 def test_unknown_field_in_each_section(section):
   config = tiny()

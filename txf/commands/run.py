@@ -138,10 +138,11 @@ def leaves(tree, prefix=""):
       yield f"{prefix}{key}", value
 
 
-def resolved_model(config):
-  """The ModelConfig the run of `config` would build (model.vocab_size from
-  the tokenizer, head_dim, d_ff, ... derived), after checking the whole config
-  as the run does (txf.train.config.check_run_config).
+def resolved_run(config):
+  """The checked RunConfig the run of `config` would train with (model.vocab_size
+  from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
+  train.steps clamped), after checking the whole config as the run does
+  (txf.train.config.check_run_config).
 
   Raises:
     ValueError: naming the field, for a config the run would reject.
@@ -156,15 +157,15 @@ def resolved_model(config):
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
     data = make_dataset(config.data, "train", seed=seed, workdir=workdir)
-    run = check_run_config(config, vocab_size=data.vocab_size, num_classes=data.num_classes)
-  return run.model
+    return check_run_config(config, vocab_size=data.vocab_size, num_classes=data.num_classes)
 
 
-def print_config(config, base, model=None) -> None:
+def print_config(config, base, run=None) -> None:
   """One `section.field = value` line per field, with the default from
   configs/base.py where the value differs, the value the run uses where it
-  differs from the config's (a None that `model`, the resolved ModelConfig,
-  derives: `(resolved: 512)`), and the field's doc."""
+  differs from the config's (a model field None that `run`, the resolved
+  RunConfig, derives, or a train field it fits: `(resolved: 512)`), and the
+  field's doc."""
   docs = field_docs()
   defaults = dict(leaves(base))
   for name, value in leaves(config):
@@ -172,9 +173,11 @@ def print_config(config, base, model=None) -> None:
     if name in defaults and defaults[name] != value:
       line += f"  (base: {defaults[name]!r})"
     section, _, field = name.partition(".")
-    if model is not None and section == "model" and hasattr(model, field):
-      used = getattr(model, field)
-      if used != value:
+    resolved = getattr(run, section, None) if section in ("model", "train") else None
+    if resolved is not None and hasattr(resolved, field):
+      used = getattr(resolved, field)
+      # A train field the check only typed (trackers 'a,b' -> ('a', 'b')) is not news.
+      if used != value and (section == "model" or isinstance(used, type(value))):
         line += f"  (resolved: {used!r})"
     if name in docs:
       line += f"  # {docs[name]}"
@@ -186,11 +189,13 @@ def main(argv) -> None:
   config_file = loaded_config_file()
   if _PRINT_CONFIG.value:
     try:
-      model = resolved_model(_CONFIG.value)
+      run = resolved_run(_CONFIG.value)
     except ValueError as error:  # ConfigError too
       fail("config", error)
     progress(f"config: {config_file}")  # stdout holds only the fields
-    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), model)
+    for note in run.notes:
+      progress(note)
+    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), run)
     return
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed

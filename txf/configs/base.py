@@ -81,7 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
     dict(
       steps=600,  # training steps (the schedule decays until here)
       learning_rate=3e-3,  # peak, after warmup
-      warmup_steps=60,  # linear warmup from 0 to learning_rate
+      warmup_steps=60,  # linear warmup from 0 to learning_rate (at most train.steps: clamped)
       decay="cosine",  # after warmup: cosine | linear | constant | rsqrt
       end_lr_fraction=0.1,  # final lr / peak (cosine, linear)
       weight_decay=0.1,  # decoupled (AdamW), on matrices only

@@ -482,6 +482,8 @@ def run(
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
     with guarding as guard, _closing(checkpointer), setup.activation_sharding():
       start, state, data_state = _restore(setup, checkpointer, workdir, log)
+      for note in setup.run.notes:
+        log(note)
       first_params = setup.replica_params(state.params, 0)
       log(
         f"data: {setup.train_data.description}\n"
