@@ -477,6 +477,37 @@ def changed_fields(config: Any, workdir: str | os.PathLike, sections: tuple[str,
   return changed
 
 
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """Dotted name -> value for every leaf of a JSON tree."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  leaves: dict[str, Any] = {}
+  for key, value in tree.items():
+    leaves.update(_leaves(value, f"{prefix}.{key}" if prefix else key))
+  return leaves
+
+
+def config_changes(config: Any, workdir: str | os.PathLike) -> list[tuple[str, Any, Any]]:
+  """(dotted field, the run's config.json value, `config`'s value) for every
+  field of `config` that differs from the run in `workdir`, in config order
+  ([] for a new work directory; a field config.json lacks: None). What a
+  resumed run changes: the fields `check_resumable` allows (and, before it,
+  those it refuses).
+
+  Raises:
+    ValueError: naming config.json, when it does not read (read_run_config).
+  """
+  saved = read_run_config(workdir)
+  if saved is None:
+    return []
+  old, new = _leaves(saved), _leaves(json.loads(config.to_json_best_effort()))
+  return [
+    (name, old.get(name), value)
+    for name, value in new.items()
+    if name not in old or old[name] != value
+  ]
+
+
 def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
   """Refuses `config` for the run in `workdir` if it changes a field the
   run's checkpoints depend on (nothing to check in a new work directory).
