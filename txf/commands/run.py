@@ -1,18 +1,21 @@
 """Train and evaluate one config: the main job.
 
-  python -m experiments.run --config=configs/rope.py [--workdir=DIR] [--config.train.steps=200]
-  python -m experiments.run --config=configs/rope.py --print_config   # every field, its doc
-  txf-run --config=rope [flags]   # pip-installed: the same command; a shipped config by name
+  txf-run --config=rope [--workdir=DIR] [--config.train.steps=200]
+  txf-run --config=rope --print_config   # every field, its doc
+  python -m experiments.run --config=rope [flags]   # in a checkout: the same command
 
 The work directory defaults to workdirs/<config name>. A config txf ships is
-taken by its bare name (rope, sweeps/pe_ln); anything else is a path, loaded
-only where that file exists. The first line the run prints is the config
-file it loaded (`config: /.../rope.py`), which run_record.json records too.
-Rerunning the same command on the same work directory resumes from its
-latest checkpoint.
+taken by its bare name (rope, sweeps/pe_ln; listed below); anything else is a
+path (./my_config.py; configs/rope.py in a checkout), loaded only where that
+file exists. The first line the run prints is the config file it loaded
+(`config: /.../rope.py`), which run_record.json records too. Rerunning the
+same command on the same work directory resumes from its latest checkpoint,
+first saying which settings it changes (`changed from the run's config.json:
+train.steps 30 -> 600; ...`). A train.warmup_steps above train.steps is
+clamped to it, in one line, so --config.train.steps=N runs any config.
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 --print_config checks the config as the run would (an invalid one exits 2,
-`config error: ...`), lists every field (its value, the configs/base.py
+`config error: ...`), lists every field (its value, the base config's
 default where it differs, the value the run derives where the config leaves
 it None, e.g. model.d_ff, and its doc) and exits 0 without training.
 
@@ -59,7 +62,10 @@ from txf.commands.cli import (
 CONFIGS = CONFIG_DIRECTORY
 
 
-_CONFIG = define_config_flag("Path to a config file (file.py[:arg]).")
+_CONFIG = define_config_flag(
+  "A config txf ships, by name (rope; listed above), or a config file's path; "
+  "NAME:arg passes arg to its get_config()."
+)
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory (default: workdirs/<config file stem>)."
 )
@@ -80,7 +86,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 def configs_help() -> str:
   """The list of run config files for --help."""
-  return "Config files:\n" + config_files_help(CONFIGS) + "\n"
+  return "Configs txf ships (--config=NAME):\n" + config_files_help(CONFIGS) + "\n"
 
 
 # absl's --help prints the main module's docstring.
@@ -215,7 +221,7 @@ def main(argv) -> None:
 
 
 def cli() -> None:
-  """The `txf-run` console script and `python -m experiments.run`."""
+  """The `txf-run` console script (`python -m experiments.run` in a checkout)."""
   run_command(main)
 
 

@@ -3,8 +3,8 @@
 Every other config file starts from this one and changes only what makes it
 different. Any field can be overridden on the command line:
 
-  python -m experiments.run --config=configs/base.py --workdir=/tmp/txf/base \
-      --config.train.steps=200 --config.model.num_layers=4
+  txf-run --config=base --workdir=/tmp/txf/base --config.train.steps=200 \
+      --config.model.num_layers=4
 
 Sized so the default run finishes on a 2-core CPU in a few minutes and shows
 clear learning (see README for measured numbers).

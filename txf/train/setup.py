@@ -334,7 +334,7 @@ def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any)
     pretrained = interop.load_pretrained(directory)
   except interop.CheckpointError as error:
     raise ValueError(f"train.init_from: {error}") from None
-  hint = f"(start from --config=configs/pretrained.py:{directory}, which writes its model section)"
+  hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
   for field in dataclasses.fields(ModelConfig):
     ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
     if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
