@@ -3,6 +3,7 @@
 import importlib.util
 import pathlib
 import re
+import tomllib
 
 from txf.configs import base
 from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
@@ -55,12 +56,33 @@ def test_the_readme_test_command_is_what_ci_runs():
   start = readme.index("## Quickstart")
   quickstart = readme[start : readme.index("\n## ", start + 1)]
   main_job, tests = (block.strip() for block in bash_blocks(quickstart))
-  assert main_job.endswith("python -m experiments.run --config=configs/rope.py")
+  assert main_job.endswith("txf-run --config=rope")
   ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
   assert tests == ci
   for page in ("getting-started.md", "testing.md"):
     blocks = bash_blocks((ROOT / "docs" / page).read_text())
     assert tests in [block.strip() for block in blocks], page
+
+
+def test_the_python_the_documents_ask_for_is_the_one_pyproject_requires():
+  required = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+  assert required.startswith(">=")
+  for path in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+    asked = re.findall(r"Python (>= ?[\d.]+)", path.read_text())
+    assert asked and {a.replace(" ", "") for a in asked} == {required}, (path.name, asked)
+
+
+def test_commands_in_the_documents_are_the_installed_ones():
+  # `python -m experiments.X` is a checkout's (No module named 'experiments'
+  # for a pip user): code blocks show `txf-X --config=NAME`, and the checkout
+  # form is prose (python -m benchmarks.run, a checkout's tool, stays).
+  for path in USER_DOCS:
+    text = path.read_text()
+    commands = "".join(re.findall(r"```(?:bash|python)\n(.*?)```", text, re.S))
+    assert "python -m experiments." not in commands, path.name
+    installed = [line for line in commands.splitlines() if line.lstrip().startswith("txf-")]
+    assert not [line for line in installed if "--config=configs/" in line], path.name
+  assert "python -m experiments." not in (ROOT / "docs" / "quickstart.ipynb").read_text()
 
 
 def test_every_page_is_in_the_site_navigation():
