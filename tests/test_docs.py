@@ -1,10 +1,16 @@
 """The user documents against the code they describe."""
 
+import ast
+import dataclasses
 import importlib.util
 import pathlib
 import re
 import tomllib
 
+import flax.linen as nn
+import pytest
+
+from txf import models
 from txf.configs import base
 from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
 
@@ -106,3 +112,42 @@ def test_user_documents_tell_no_development_history():
   for path in [*USER_DOCS, ROOT / "docs" / "quickstart.ipynb"]:
     found = history.findall(path.read_text())
     assert not found, (path.name, found)
+
+
+def test_the_api_reference_shows_each_models_call_and_every_model_field():
+  # Decoder and Encoder showed a one-line docstring and no call (mkdocstrings'
+  # filter '!^_' dropped __call__); ModelConfig listed no fields.
+  griffe = pytest.importorskip("griffe")  # the docs extra
+  spec = importlib.util.spec_from_file_location("griffe_txf", ROOT / "docs" / "griffe_txf.py")
+  extension = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(extension)
+  filters = re.search(r"filters: (\[.*\])", (ROOT / "mkdocs.yml").read_text()).group(1)
+
+  def shown(name):  # mkdocstrings' rule: the last filter that matches decides
+    keep = True
+    for rule in ast.literal_eval(filters):
+      if re.search(rule.lstrip("!"), name):
+        keep = not rule.startswith("!")
+    return keep
+
+  assert shown("__call__") and not shown("_OneStackModel") and not shown("__init__")
+  package = griffe.load(
+    "txf.models",
+    search_paths=[str(ROOT)],
+    extensions=griffe.load_extensions(extension.IndentedBlocks()),
+  )
+  modules = [
+    name
+    for name in models.__all__
+    if isinstance(getattr(models, name), type)
+    if issubclass(getattr(models, name), nn.Module)
+  ]
+  assert {"Decoder", "Encoder", "EncoderDecoder", "LSTMLanguageModel"} <= set(modules)
+  for name in modules:
+    call = package[name].final_target.members["__call__"]  # its own, so the page shows it
+    sections = {section.kind.value: section for section in call.docstring.parse("google")}
+    documented = [parameter.name for parameter in sections["parameters"].value]
+    assert documented == [p.name for p in call.parameters if p.name != "self"], name
+  config = package["ModelConfig"].final_target
+  for field in dataclasses.fields(models.ModelConfig):
+    assert config.members[field.name].docstring is not None, field.name
