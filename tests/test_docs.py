@@ -151,3 +151,33 @@ def test_the_api_reference_shows_each_models_call_and_every_model_field():
   config = package["ModelConfig"].final_target
   for field in dataclasses.fields(models.ModelConfig):
     assert config.members[field.name].docstring is not None, field.name
+
+
+def test_the_pre_commit_hooks_run_what_ci_runs_pinned_as_the_test_extra():
+  yaml = pytest.importorskip("yaml")  # the docs extra's (mkdocs reads yaml)
+  (repo,) = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+  hooks = {hook["id"]: hook for hook in repo["hooks"]}
+  ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1].split(" && ")
+  assert [hook["entry"] for hook in hooks.values()] == [
+    step for step in ci if step.startswith(("ruff", "mypy"))
+  ]
+  test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  test_extra = test_extra["optional-dependencies"]["test"]
+  ruff = next(requirement for requirement in test_extra if requirement.startswith("ruff"))
+  assert hooks["ruff-check"]["additional_dependencies"] == [ruff]
+  assert hooks["ruff-format"]["additional_dependencies"] == [ruff]
+  assert hooks["mypy"]["language"] == "system"  # the environment's: the test extra's mypy
+  assert all(hook["pass_filenames"] is False for hook in hooks.values())  # the whole tree
+
+
+def test_the_citation_and_changelog_give_the_version_and_licence_txf_has():
+  import txf
+
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  citation = (ROOT / "CITATION.cff").read_text()
+  assert re.search(r"^cff-version: 1\.2\.0$", citation, re.M)
+  assert re.search(r"^version: (.+)$", citation, re.M).group(1) == txf.__version__
+  assert re.search(r"^license: (.+)$", citation, re.M).group(1) == project["license"]
+  changelog = (ROOT / "CHANGELOG.md").read_text()
+  assert re.findall(r"^## (\S+)", changelog, re.M)[0] == txf.__version__
+  assert "dist/" in (ROOT / ".gitignore").read_text().splitlines()
