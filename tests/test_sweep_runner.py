@@ -448,7 +448,8 @@ def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plot
       r"^point 1 \(position=bogus\): model.position: 'bogus' is not one of",
     ),
     ({"model.num_heads": [2, 3]}, r"^point 1 \(num_heads=3\): model.num_heads"),
-    ({"train.warmup_steps": [2, 99]}, r"^point 1 \(warmup_steps=99\): train.warmup_steps"),
+    # (A warmup longer than the run is clamped, not refused: a negative one is.)
+    ({"train.warmup_steps": [2, -1]}, r"^point 1 \(warmup_steps=-1\): train.warmup_steps"),
   ],
 )
 def test_an_invalid_point_stops_the_sweep_before_anything_trains(
