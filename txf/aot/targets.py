@@ -179,7 +179,13 @@ def _missing_plugin(error: Exception) -> bool:
   text = str(error).lower()
   return any(
     words in text
-    for words in ("unknown backend", "not implemented", "no module named", "unable to initialize")
+    for words in (
+      "unknown backend",
+      "not implemented",
+      "no module named",
+      "unable to initialize",
+      "support not installed",  # jax 0.10: "JAX TPU support not installed; ..."
+    )
   )
 
 
