@@ -400,6 +400,7 @@ ADDED_FIELDS = {
   "model.embed_norm": False,
   "model.num_token_types": 0,
   "model.scale_attention": True,
+  "model.init": "txf",
   "train.loss_chunk_len": 0,
   "train.trackers": "",
   "data.num_symbols": 32,
