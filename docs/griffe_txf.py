@@ -8,12 +8,18 @@ each such block into a fenced code block and each role into inline code,
 before mkdocstrings parses the docstring. Google-style sections (Args:,
 Returns:, Raises:, ...) are left to the parser, with two of txf's habits
 there put in its form (see `_section_line`).
+
+A class attribute documented by a trailing comment (`d_model: int = 128  #
+width of the residual stream`, as every ModelConfig field is) gets that
+comment as its docstring, so the reference lists the fields with their docs.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import textwrap
+import tokenize
 from typing import Any
 
 import griffe
@@ -85,9 +91,31 @@ def fence_indented_blocks(text: str) -> str:
   return "\n".join(out)
 
 
+def trailing_comment(lines: list[str]) -> str | None:
+  """The first comment of source `lines` that follows code on its line."""
+  try:
+    tokens = list(tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline))
+  except (tokenize.TokenError, SyntaxError):
+    return None
+  for token in tokens:
+    if token.type == tokenize.COMMENT and lines[token.start[0] - 1][: token.start[1]].strip():
+      # Markdown would read `4*d_model, or 8/3*d_model` as emphasis.
+      return token.string.lstrip("#").strip().replace("*", "\\*")
+  return None
+
+
 class IndentedBlocks(griffe.Extension):
-  """Applies `fence_indented_blocks` to every docstring griffe loads."""
+  """Applies `fence_indented_blocks` to every docstring griffe loads, and
+  gives a class attribute without a docstring its trailing comment."""
 
   def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
     if obj.docstring is not None:
       obj.docstring.value = fence_indented_blocks(obj.docstring.value)
+
+  def on_class_members(self, *, cls: griffe.Class, **kwargs: Any) -> None:
+    for member in cls.members.values():
+      if member.is_alias or not member.is_attribute or member.docstring is not None:
+        continue
+      comment = trailing_comment(member.lines)
+      if comment:
+        member.docstring = griffe.Docstring(comment, parent=member)

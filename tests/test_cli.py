@@ -19,6 +19,7 @@ from txf.commands import cli
 from txf.commands.run import field_docs, leaves
 from txf.layers.config import POSITIONS
 
+COMMANDS = ("run", "sweep", "extrapolate", "analyze", "embed", "generate", "textbook", "compile")
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
 
 pytestmark = pytest.mark.slow  # subprocesses: ~20 s in all
@@ -120,8 +121,8 @@ def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
 @pytest.mark.parametrize(
   "command,config,fragments",
   [
-    ("run", "configs/sweeps/pe_ln.py", ["a sweep config", "experiments.sweep"]),
-    ("sweep", "configs/rope.py", ["not a sweep config", "experiments.run"]),
+    ("run", "configs/sweeps/pe_ln.py", ["a sweep config", "txf-sweep --config="]),
+    ("sweep", "configs/rope.py", ["not a sweep config", "txf-run --config="]),
   ],
 )
 def test_a_config_of_the_other_kind_is_one_line_exit_2(tmp_path, command, config, fragments):
@@ -188,28 +189,62 @@ def test_read_only_workdir_is_one_line_exit_2(tmp_path):
   assert not any(workdir.iterdir())
 
 
-def test_help_lists_every_config_file_with_its_purpose():
-  result = run_cli("--help")
-  files = sorted(p for p in (REPO / "configs").glob("*.py") if p.name != "__init__.py")
-  assert len(files) >= 10
-  lines = result.stdout.splitlines()
-  for path in files:
-    purpose = ast.get_docstring(ast.parse(path.read_text())).splitlines()[0]
-    assert any(f"configs/{path.name}" in line and purpose in line for line in lines), path.name
-  assert "--print_config" in result.stdout
-  assert "--config.<section>.<field>=VALUE" in result.stdout
+def listed_configs(help_text, heading):
+  """name -> purpose (its lines joined) of the configs listed under `heading`."""
+  listing = help_text.split(heading + "\n", 1)[1].split("\n\n", 1)[0]
+  entries = {}
+  for line in listing.splitlines():
+    if line.startswith("  ") and not line.startswith("   "):
+      name, _, purpose = line.strip().partition(" ")
+      entries[name] = purpose.strip()
+    else:
+      entries[name] += " " + line.strip()
+  return entries
 
 
-def test_sweep_help_lists_every_sweep_config_and_how_to_override_its_base():
-  result = run_cli("--help", command="sweep")
-  files = sorted(p for p in (REPO / "configs" / "sweeps").glob("*.py") if p.name != "__init__.py")
+def first_paragraph(path):
+  return " ".join(ast.get_docstring(ast.parse(path.read_text())).split("\n\n")[0].split())
+
+
+@pytest.mark.parametrize(
+  "command, directory, heading",
+  [
+    ("run", "", "Configs txf ships (--config=NAME):"),
+    ("sweep", "sweeps", "Sweep configs txf ships (--config=NAME):"),
+  ],
+)
+def test_help_lists_every_config_by_its_name_with_its_whole_purpose(command, directory, heading):
+  # They were listed as configs/alibi.py (a checkout's path) and their purpose
+  # cut at the docstring's first line (pe_ln_gpu's, decoder_1b's mid-sentence).
+  result = run_cli("--help", command=command)
+  files = sorted(p for p in (REPO / "configs" / directory).glob("*.py") if p.name != "__init__.py")
   assert len(files) >= 3
-  lines = result.stdout.splitlines()
-  for path in files:
-    purpose = ast.get_docstring(ast.parse(path.read_text())).splitlines()[0]
-    assert any(f"configs/sweeps/{path.name}" in line and purpose in line for line in lines)
-  assert "--config.base.<section>.<field>=VALUE" in result.stdout
-  assert "--config.base.train.steps=" in result.stdout
+  listed = listed_configs(result.stdout, heading)
+  prefix = f"{directory}/" if directory else ""
+  assert listed == {prefix + path.stem: first_paragraph(path) for path in files}
+  assert all(len(line) <= 100 for line in result.stdout.splitlines())
+  if command == "run":
+    assert "--print_config" in result.stdout
+    assert "--config.<section>.<field>=VALUE" in result.stdout
+  else:
+    assert "--config.base.<section>.<field>=VALUE" in result.stdout
+    assert "--config.base.train.steps=" in result.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_help_shows_the_installed_command_first_and_the_checkout_one_after(command):
+  # The help showed only `python -m experiments.X` (no module named 'experiments'
+  # for a pip user), and --config only under --helpfull.
+  result = run_cli("--help", command=command)
+  usage = [
+    line.strip()
+    for line in result.stdout.split("\n\n")[1].splitlines()
+    if line.strip().startswith(("txf-", "python "))
+  ]
+  assert usage[0].startswith(f"txf-{command} ")
+  assert usage[-1].startswith(f"python -m experiments.{command} ")
+  assert "python -m" not in "\n".join(usage[:-1])
+  assert ("  --config: " in result.stdout) == (command in ("run", "sweep", "compile"))
 
 
 def test_print_config_prints_every_resolved_field_once_with_docs(tmp_path):

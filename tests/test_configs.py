@@ -204,8 +204,9 @@ def test_config_changes_only_its_documented_fields(name):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_docstring_has_the_command(name):
   module = importlib.import_module(f"txf.configs.{name}")
-  command = f"python -m experiments.run --config=configs/{name}.py"
+  command = f"txf-run --config={name}"  # installed; python -m experiments.run in a checkout
   assert module.__doc__ and command in module.__doc__
+  assert "python -m experiments" not in module.__doc__
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)
@@ -227,6 +228,33 @@ def test_config_validates_and_builds(name):
     assert 123e6 < count < 126e6, count
   if name == "decoder_1b":  # "1.4B parameters"
     assert 1.35e9 < count < 1.45e9, count
+
+
+@pytest.mark.parametrize("steps", [1, 30])
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_every_config_runs_any_number_of_steps_its_warmup_clamped(name, steps):
+  # --config.train.steps=30 on a shipped config (warmup 60 and more) was a
+  # config error; a warmup longer than the run is now clamped to it, and said.
+  config = load(name)
+  given = config.train.warmup_steps
+  config.train.steps = steps
+  tokenizer = make_tokenizer(config.data)
+  num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
+  run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes)
+  assert run.train.warmup_steps == min(given, steps)
+  assert config.train.warmup_steps == given  # the ConfigDict (config.json) keeps what was given
+  if given > steps:
+    (note,) = run.notes
+    assert note.startswith(f"train.warmup_steps: {given} is more than train.steps={steps}; ")
+    assert f"clamped to {steps}" in note
+    # The learning rate rises over the whole run: step t's is peak * t / steps.
+    peak = config.train.learning_rate
+    assert [float(run.schedule(t)) for t in range(steps)] == pytest.approx(
+      [peak * t / steps for t in range(steps)],
+      rel=1e-5,  # float32
+    )
+  else:
+    assert run.notes == ()
 
 
 @pytest.mark.parametrize("section", ["model", "data", "train", "eval", "parallel"])

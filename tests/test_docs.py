@@ -1,9 +1,16 @@
 """The user documents against the code they describe."""
 
+import ast
+import dataclasses
 import importlib.util
 import pathlib
 import re
+import tomllib
 
+import flax.linen as nn
+import pytest
+
+from txf import models
 from txf.configs import base
 from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
 
@@ -55,12 +62,33 @@ def test_the_readme_test_command_is_what_ci_runs():
   start = readme.index("## Quickstart")
   quickstart = readme[start : readme.index("\n## ", start + 1)]
   main_job, tests = (block.strip() for block in bash_blocks(quickstart))
-  assert main_job.endswith("python -m experiments.run --config=configs/rope.py")
+  assert main_job.endswith("txf-run --config=rope")
   ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
   assert tests == ci
   for page in ("getting-started.md", "testing.md"):
     blocks = bash_blocks((ROOT / "docs" / page).read_text())
     assert tests in [block.strip() for block in blocks], page
+
+
+def test_the_python_the_documents_ask_for_is_the_one_pyproject_requires():
+  required = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+  assert required.startswith(">=")
+  for path in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+    asked = re.findall(r"Python (>= ?[\d.]+)", path.read_text())
+    assert asked and {a.replace(" ", "") for a in asked} == {required}, (path.name, asked)
+
+
+def test_commands_in_the_documents_are_the_installed_ones():
+  # `python -m experiments.X` is a checkout's (No module named 'experiments'
+  # for a pip user): code blocks show `txf-X --config=NAME`, and the checkout
+  # form is prose (python -m benchmarks.run, a checkout's tool, stays).
+  for path in USER_DOCS:
+    text = path.read_text()
+    commands = "".join(re.findall(r"```(?:bash|python)\n(.*?)```", text, re.S))
+    assert "python -m experiments." not in commands, path.name
+    installed = [line for line in commands.splitlines() if line.lstrip().startswith("txf-")]
+    assert not [line for line in installed if "--config=configs/" in line], path.name
+  assert "python -m experiments." not in (ROOT / "docs" / "quickstart.ipynb").read_text()
 
 
 def test_every_page_is_in_the_site_navigation():
@@ -84,3 +112,72 @@ def test_user_documents_tell_no_development_history():
   for path in [*USER_DOCS, ROOT / "docs" / "quickstart.ipynb"]:
     found = history.findall(path.read_text())
     assert not found, (path.name, found)
+
+
+def test_the_api_reference_shows_each_models_call_and_every_model_field():
+  # Decoder and Encoder showed a one-line docstring and no call (mkdocstrings'
+  # filter '!^_' dropped __call__); ModelConfig listed no fields.
+  griffe = pytest.importorskip("griffe")  # the docs extra
+  spec = importlib.util.spec_from_file_location("griffe_txf", ROOT / "docs" / "griffe_txf.py")
+  extension = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(extension)
+  filters = re.search(r"filters: (\[.*\])", (ROOT / "mkdocs.yml").read_text()).group(1)
+
+  def shown(name):  # mkdocstrings' rule: the last filter that matches decides
+    keep = True
+    for rule in ast.literal_eval(filters):
+      if re.search(rule.lstrip("!"), name):
+        keep = not rule.startswith("!")
+    return keep
+
+  assert shown("__call__") and not shown("_OneStackModel") and not shown("__init__")
+  package = griffe.load(
+    "txf.models",
+    search_paths=[str(ROOT)],
+    extensions=griffe.load_extensions(extension.IndentedBlocks()),
+  )
+  modules = [
+    name
+    for name in models.__all__
+    if isinstance(getattr(models, name), type)
+    if issubclass(getattr(models, name), nn.Module)
+  ]
+  assert {"Decoder", "Encoder", "EncoderDecoder", "LSTMLanguageModel"} <= set(modules)
+  for name in modules:
+    call = package[name].final_target.members["__call__"]  # its own, so the page shows it
+    sections = {section.kind.value: section for section in call.docstring.parse("google")}
+    documented = [parameter.name for parameter in sections["parameters"].value]
+    assert documented == [p.name for p in call.parameters if p.name != "self"], name
+  config = package["ModelConfig"].final_target
+  for field in dataclasses.fields(models.ModelConfig):
+    assert config.members[field.name].docstring is not None, field.name
+
+
+def test_the_pre_commit_hooks_run_what_ci_runs_pinned_as_the_test_extra():
+  yaml = pytest.importorskip("yaml")  # the docs extra's (mkdocs reads yaml)
+  (repo,) = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+  hooks = {hook["id"]: hook for hook in repo["hooks"]}
+  ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1].split(" && ")
+  assert [hook["entry"] for hook in hooks.values()] == [
+    step for step in ci if step.startswith(("ruff", "mypy"))
+  ]
+  test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  test_extra = test_extra["optional-dependencies"]["test"]
+  ruff = next(requirement for requirement in test_extra if requirement.startswith("ruff"))
+  assert hooks["ruff-check"]["additional_dependencies"] == [ruff]
+  assert hooks["ruff-format"]["additional_dependencies"] == [ruff]
+  assert hooks["mypy"]["language"] == "system"  # the environment's: the test extra's mypy
+  assert all(hook["pass_filenames"] is False for hook in hooks.values())  # the whole tree
+
+
+def test_the_citation_and_changelog_give_the_version_and_licence_txf_has():
+  import txf
+
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  citation = (ROOT / "CITATION.cff").read_text()
+  assert re.search(r"^cff-version: 1\.2\.0$", citation, re.M)
+  assert re.search(r"^version: (.+)$", citation, re.M).group(1) == txf.__version__
+  assert re.search(r"^license: (.+)$", citation, re.M).group(1) == project["license"]
+  changelog = (ROOT / "CHANGELOG.md").read_text()
+  assert re.findall(r"^## (\S+)", changelog, re.M)[0] == txf.__version__
+  assert "dist/" in (ROOT / ".gitignore").read_text().splitlines()

@@ -339,7 +339,11 @@ def test_check_writable_on_gcs_probes_and_never_creates_a_bucket(emulator, scrat
 
 # --- without the gcs extra, and URLs that are not ---------------------------------
 
-NO_EXTRA = r"^workdir: gs://bucket/run needs gcsfs for gs:// paths: pip install 'txf\[gcs\]'$"
+# The extra's packages, which pip installs however txf came ('txf[gcs]' asks an index for txf).
+NO_EXTRA = (
+  r"^workdir: gs://bucket/run needs gcsfs for gs:// paths: "
+  r"pip install 'gcsfs>=2024\.2' 'google-cloud-storage>=2\.14' \(txf's gcs extra\)$"
+)
 
 
 def test_without_the_gcs_extra_every_entry_point_fails_naming_it(scratch_cwd, monkeypatch):
@@ -378,7 +382,8 @@ def test_cli_without_the_gcs_extra_exits_2_with_one_line(scratch_cwd):
   )
   assert done.returncode == 2, done.stderr[-3000:]
   assert done.stderr.strip().splitlines()[-1] == (
-    "workdir error: workdir: gs://bucket/run needs gcsfs for gs:// paths: pip install 'txf[gcs]'"
+    "workdir error: workdir: gs://bucket/run needs gcsfs for gs:// paths: "
+    "pip install 'gcsfs>=2024.2' 'google-cloud-storage>=2.14' (txf's gcs extra)"
   ), done.stderr[-3000:]
   assert os.listdir(scratch_cwd) == []
 

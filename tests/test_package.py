@@ -6,11 +6,13 @@ import pathlib
 import site
 import subprocess
 import sys
+import tomllib
 import zipfile
 
 import pytest
 
 from txf.configs import find, names, resolve
+from txf.extras import EXTRAS, install_hint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -75,9 +77,12 @@ def test_the_wheel_holds_txf_and_its_configs_only(wheel):
   assert "txf-run = txf.commands.run:cli" in entry_points
 
 
-@pytest.mark.slow
-def test_txf_run_from_a_fresh_environment_outside_the_checkout(wheel, tmp_path):
-  venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+  """(venv, env): a fresh virtual environment with the wheel's txf installed,
+  and the environment to run its programs in (no PYTHONPATH: never the
+  checkout's txf)."""
+  venv = tmp_path_factory.mktemp("installed") / "venv"
   subprocess.run(
     [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
   )
@@ -111,6 +116,13 @@ def test_txf_run_from_a_fresh_environment_outside_the_checkout(wheel, tmp_path):
     timeout=300,
     env=env,
   )
+  return venv, env
+
+
+@pytest.mark.slow
+def test_txf_run_from_a_fresh_environment_outside_the_checkout(installed, tmp_path):
+  venv, env = installed
+  python = venv / "bin" / "python"
   workdir = tmp_path / "run"
   outside = tmp_path / "elsewhere"
   outside.mkdir()
@@ -119,8 +131,7 @@ def test_txf_run_from_a_fresh_environment_outside_the_checkout(wheel, tmp_path):
       str(venv / "bin" / "txf-run"),
       "--config=rope",
       f"--workdir={workdir}",
-      "--config.train.steps=3",
-      "--config.train.warmup_steps=1",
+      "--config.train.steps=3",  # a smoke test: rope's 60 warmup steps are clamped to 3
       "--config.train.log_every=1",
       "--config.model.num_layers=1",
       "--config.model.d_model=32",
@@ -138,6 +149,7 @@ def test_txf_run_from_a_fresh_environment_outside_the_checkout(wheel, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "eval @ 3" in result.stdout
+  assert "train.warmup_steps: 60 is more than train.steps=3; clamped to 3" in result.stdout
   first = result.stdout.splitlines()[0]  # the shipped config, from the wheel
   assert first.startswith(f"config: {venv}") and first.endswith("/txf/configs/rope.py"), first
   where = subprocess.run(
@@ -150,3 +162,57 @@ def test_txf_run_from_a_fresh_environment_outside_the_checkout(wheel, tmp_path):
   ).stdout
   assert str(venv) in where and str(ROOT) not in where  # the wheel's txf, not the checkout's
   assert (workdir / "checkpoints").is_dir() and (workdir / "config.json").is_file()
+
+
+def readme_library_snippet():
+  """The README's "Using the library" code, as a user would save it."""
+  readme = (ROOT / "README.md").read_text()
+  section = readme[readme.index("## Using the library") :]
+  return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_readme_library_snippet_runs_as_a_file_from_any_directory(installed, tmp_path):
+  # `from configs import base` failed outside a checkout (and inside one, run
+  # as a script). The snippet runs as written, from elsewhere, against the
+  # wheel, shortened only in its step count, work directory and data size.
+  venv, env = installed
+  snippet = readme_library_snippet()
+  shortened = {
+    "config.train.steps = 200": "config.train.steps = 2\n"
+    "config.eval.num_batches = 1\nconfig.eval.sample_tokens = 0\n"
+    "config.data.max_corpus_bytes = 200_000",
+    '"/tmp/txf/base"': repr(str(tmp_path / "base")),
+  }
+  for line, short in shortened.items():
+    assert line in snippet, line
+    snippet = snippet.replace(line, short)
+  script = tmp_path / "elsewhere" / "readme.py"
+  script.parent.mkdir()
+  script.write_text(
+    snippet
+    + "\nassert out.shape == (2, 16, 4, 32) and w.shape == (2, 4, 16, 16)"
+    + "\nassert logits.shape == (2, 16, 260) and greedy.shape == best.shape == (2, 12)"
+    + "\nprint('eval_loss', trained.setup.evaluate(trained.params)['eval_loss'])\n"
+  )
+  result = subprocess.run(
+    [str(venv / "bin" / "python"), script.name],
+    cwd=script.parent,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "eval_loss " in result.stdout
+  assert (tmp_path / "base" / "checkpoints").is_dir()
+
+
+def test_what_a_message_asks_to_install_is_the_extra_pyproject_declares():
+  extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  extras = extras["optional-dependencies"]
+  for name, packages in EXTRAS.items():
+    assert list(packages) == extras[name], name
+  assert install_hint("gcs") == (
+    "pip install 'gcsfs>=2024.2' 'google-cloud-storage>=2.14' (txf's gcs extra)"
+  )

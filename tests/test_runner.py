@@ -195,6 +195,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
 
   result, text = run_quietly(config, interrupted)
   assert "resumed from step 3" in text
+  assert "changed from the run's config.json" not in text  # the same config
   assert result == expected
   assert [e["ended"] for e in read_record(interrupted)] == ["preempted", "finished"]
   assert without_timings(read_metrics(interrupted)) == without_timings(read_metrics(straight))
@@ -218,6 +219,8 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
 
   result, text = run_quietly(tiny(steps=12, train__checkpoint_every=4), workdir)
   assert "resumed from step 4" in text
+  # Said before training; train.decay='constant': the learning rate does not move.
+  assert "\nchanged from the run's config.json: train.steps 8 -> 12\n" in text
   assert "step 8" in caplog.text  # the checkpointer's warning names the bad step
   assert (workdir / "checkpoints" / "8.corrupt").is_dir()
   assert checkpoint_steps(workdir) == [8, 12]

@@ -12,16 +12,17 @@ import math
 import pathlib
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
 import pytest
 
-from conftest import REPO, restore_state, tiny_config
+from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
-from txf.train.config import ConfigError
-from txf.train.setup import load_run, setup_run
+from txf.train.config import ConfigError, check_run_config
+from txf.train.setup import config_changes, load_run, setup_run, write_config
 from txf.train.step import model_inputs
 
 STEPS = 4
@@ -107,6 +108,36 @@ def test_load_run_refuses_what_the_checkpoint_depends_on(trained, overrides, fie
   assert digests(trained) == before
 
 
+def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tmp_path):
+  # A finished 30-step run (warmup 60, clamped to 30) continued to 600 steps:
+  # its learning rate drops from the peak to half of it, said in one line.
+  config = load_config("rope")
+  config.train.steps = 30
+  write_config(config, tmp_path)
+  assert config_changes(config, tmp_path) == [] and loop._changes_line(config, tmp_path) is None
+  config.train.steps = 600
+  config.train.decay = "linear"
+  config.eval.sample_prompt = "class "
+  assert config_changes(config, tmp_path) == [
+    ("train.steps", 30, 600),
+    ("train.decay", "cosine", "linear"),
+    ("eval.sample_prompt", "def ", "class "),
+  ]
+  setup = types.SimpleNamespace(run=check_run_config(config, vocab_size=260, num_classes=None))
+  setup.schedule = setup.run.schedule
+  line = loop._changes_line(config, tmp_path) + loop._learning_rate_change(setup, tmp_path, 30)
+  assert line == (
+    "changed from the run's config.json: train.steps 30 -> 600, train.decay 'cosine' -> "
+    "'linear', eval.sample_prompt 'def ' -> 'class '; learning rate at step 30: "
+    "3.000e-03 -> 1.500e-03"
+  )
+  config.train.steps = 30  # the same schedule: no learning rate in the line
+  setup.run = check_run_config(config, vocab_size=260, num_classes=None)
+  setup.schedule = setup.run.schedule
+  assert loop._learning_rate_change(setup, tmp_path, 20) == ""
+  assert config_changes(load_config("rope"), tmp_path / "new") == []
+
+
 def test_load_run_needs_a_run(tmp_path):
   with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
     load_run(tmp_path)
@@ -125,6 +156,8 @@ def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
     log=lines.append,
   )
   assert f"already trained to step {STEPS} of {STEPS}" in lines
+  changed = "changed from the run's config.json: data.seq_len 32 -> 64, data.batch_size 8 -> 24"
+  assert changed in lines
   evaluation = load_run(trained, {"data.seq_len": 64, "data.batch_size": 24})
   assert result == evaluation.setup.evaluate(evaluation.params)
   assert (trained / "config.json").read_bytes() == config_json

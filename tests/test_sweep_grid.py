@@ -253,10 +253,10 @@ def test_select_rejects_bad_indices_naming_their_source(
 
 
 def parse_run_command(command):
-  """(config, workdir) that experiments.run's flags parse from `command`."""
+  """(config, workdir) that txf-run's flags parse from `command`."""
   args = shlex.split(command)
-  assert args[:3] == ["python", "-m", "experiments.run"]
-  argv = ["run", *args[3:]]
+  assert args[0] == "txf-run"
+  argv = ["run", *args[1:]]
   values = flags.FlagValues()
   config_flag = config_flags.DEFINE_config_file(
     "config", None, "run config", flag_values=values, lock_config=True, sys_argv=argv

@@ -448,7 +448,8 @@ def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plot
       r"^point 1 \(position=bogus\): model.position: 'bogus' is not one of",
     ),
     ({"model.num_heads": [2, 3]}, r"^point 1 \(num_heads=3\): model.num_heads"),
-    ({"train.warmup_steps": [2, 99]}, r"^point 1 \(warmup_steps=99\): train.warmup_steps"),
+    # (A warmup longer than the run is clamped, not refused: a negative one is.)
+    ({"train.warmup_steps": [2, -1]}, r"^point 1 \(warmup_steps=-1\): train.warmup_steps"),
   ],
 )
 def test_an_invalid_point_stops_the_sweep_before_anything_trains(
@@ -516,7 +517,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
   reference = runner.load_run_config(config.sweep.run_config)  # a shipped name: from anywhere
-  for point in points:  # every point has an exact experiments.run command
+  for point in points:  # every point has an exact txf-run command
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
   if name.startswith("pe_ln"):
     assert {p.overrides["model.position"] for p in points} == {
@@ -550,10 +551,14 @@ def run_cli(*args):
 def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
   assert done.returncode == 0, done.stderr
-  commands = [line.strip() for line in done.stdout.splitlines() if "experiments.run" in line]
+  # The installed command (python -m experiments.run: a checkout's), said once.
+  commands = [line.strip() for line in done.stdout.splitlines() if line.startswith("  txf-run ")]
   assert len(commands) == 12
+  assert done.stdout.splitlines()[-1] == (
+    "(in a checkout, python -m experiments.run takes the place of txf-run)"
+  )
   assert commands[7] == (
-    "python -m experiments.run --config=base "
+    "txf-run --config=base "
     f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=120 "
     "--config.eval.sample_tokens=0 --config.model.d_model=64 "
     "--config.model.norm_placement=post --config.model.position=alibi "

@@ -52,7 +52,7 @@ def test_registry_names_items_and_modules():
     "lstm_vs_transformer",
     "heads",
   ]
-  assert [e.item for e in textbook.EXPERIMENTS.values()] == [1, 2, 3, 4, 5, 6, 7, 9]
+  assert [e.item for e in textbook.EXPERIMENTS.values()] == [1, 2, 3, 4, 5, 6, 7, 8]
   assert {e.name: e.config for e in textbook.EXPERIMENTS.values() if e.config} == {
     "masks": "seq2seq",
     "lstm_vs_transformer": "base",
@@ -67,7 +67,13 @@ def test_command_lists_and_rejects_unknown_names():
   command = [sys.executable, "-m", "experiments.textbook"]
   listed = subprocess.run(command + ["--list"], cwd=REPO, capture_output=True, text=True)
   assert listed.returncode == 0, listed.stderr
-  assert listed.stdout.splitlines()[0].startswith("scaling        item 1:")
+  lines = listed.stdout.splitlines()
+  # Numbered 1..8 without a gap (item 8 was skipped), names in one column.
+  assert [line.split()[:3] for line in lines] == [
+    [name, "item", f"{n}:"] for n, name in enumerate(textbook.EXPERIMENTS, 1)
+  ]
+  assert len({line.index(" item ") for line in lines}) == 1
+  assert lines[-1].endswith("(trains the base config)")
   unknown = subprocess.run(command + ["nope"], cwd=REPO, capture_output=True, text=True)
   assert unknown.returncode == 2
   assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")

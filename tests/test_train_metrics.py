@@ -184,6 +184,23 @@ def test_format_progress_shows_elapsed_and_counts_evaluations_in_its_eta():
   assert "\x1b" not in line and "\r" not in line  # plain lines for a log file
 
 
+def test_the_eta_leaves_the_compiling_step_out(monkeypatch):
+  # Resumed at step 446: the first step compiles for 30 s, the next four take
+  # 0.1 s each. The ETA was 150 steps x 30.4 s / 5 = 15m12s; it is 15 s.
+  from txf.train import loop
+
+  clock = iter([0.0, 30.0, 30.4])  # started, compiled, now
+  monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+  window = loop._Throughput()
+  for step in range(5):
+    window.add({"loss": jnp.zeros(())}, compiling=step == 0)
+  assert window.timed() == pytest.approx((0.4, 4))
+  line = metrics.format_progress(
+    450, 600, {}, elapsed=30.4, steps_run=window.steps_run, timed=(0.4, 4)
+  )
+  assert line.endswith("| elapsed 30s | eta 15s")
+
+
 def fake_device(kind):
   return types.SimpleNamespace(device_kind=kind)
 

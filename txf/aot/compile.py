@@ -9,9 +9,9 @@ report (`report.py`) then reads memory, cost, collectives and, for GPUs,
 kernels from the compiled programs.
 
 What the compilers need on a machine without the hardware:
-  TPU  libtpu (`pip install 'txf[tpu]'`), told not to look for a TPU or ask
+  TPU  libtpu (the tpu extra, txf.extras), told not to look for a TPU or ask
        a cloud metadata server (`prepare_environment`).
-  GPU  jax's CUDA plugin and ptxas (`pip install 'txf[gpu-compile]'`); the
+  GPU  jax's CUDA plugin and ptxas (the gpu-compile extra); the
        plugin's check for a CUDA driver and libraries is skipped, and jax's
        cuDNN attention checks, which ask the attached GPU and the loaded
        cuDNN, are answered for the target (`_cudnn_answered_for`). Without a

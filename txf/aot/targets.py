@@ -19,6 +19,8 @@ import dataclasses
 import math
 import re
 
+from txf.extras import install_hint
+
 # Per chip: HBM bytes (the datasheets', which is what XLA may fill).
 _TPU_MEMORY = {"v4": 32 * 2**30, "v5e": 16 * 2**30, "v5p": 95 * 2**30, "v6e": 32 * 2**30}
 # Names counting TensorCores, two per chip (megacore).
@@ -164,10 +166,10 @@ class Target:
         )
     except Exception as error:  # jax raises RuntimeError / XlaRuntimeError without a plugin
       if _missing_plugin(error):
-        extra = "txf[tpu]" if self.platform == "tpu" else "txf[gpu-compile]"
+        extra = "tpu" if self.platform == "tpu" else "gpu-compile"
         raise ImportError(
           f"compiling for {self.name} needs the {self.platform.upper()} compiler: "
-          f"pip install '{extra}'"
+          f"{install_hint(extra)}"
         ) from error
       raise
     return list(description.devices)
@@ -177,7 +179,13 @@ def _missing_plugin(error: Exception) -> bool:
   text = str(error).lower()
   return any(
     words in text
-    for words in ("unknown backend", "not implemented", "no module named", "unable to initialize")
+    for words in (
+      "unknown backend",
+      "not implemented",
+      "no module named",
+      "unable to initialize",
+      "support not installed",  # jax 0.10: "JAX TPU support not installed; ..."
+    )
   )
 
 

@@ -1,5 +1,5 @@
-"""Flag parsing and error reporting shared by txf's commands (txf.commands;
-`python -m experiments.<command>` in a checkout, `txf-<command>` installed):
+"""Flag parsing and error reporting shared by txf's commands (txf.commands:
+the console scripts `txf-<command>`; `python -m experiments.<command>` in a checkout):
 every error a user can cause on the command line is one line on stderr and
 exit status 2; a failure while running (a full disk, a diverged run) is one
 line and exit status 1."""
@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -78,20 +79,33 @@ def loaded_config_file() -> str | None:
   return getattr(flags.FLAGS["config"].parser, "loaded", None)
 
 
-def first_docstring_line(path: pathlib.Path) -> str:
-  """A config file's one-line purpose, read without importing it."""
+def config_purpose(path: pathlib.Path) -> str:
+  """A config file's purpose: its docstring's first paragraph, on one line,
+  read without importing it."""
   doc = ast.get_docstring(ast.parse(path.read_text()))
-  return doc.strip().splitlines()[0] if doc else ""
+  return " ".join(doc.strip().split("\n\n")[0].split()) if doc else ""
+
+
+HELP_WIDTH = 100
 
 
 def config_files_help(directory: pathlib.Path) -> str:
-  """One line per config file in `directory` (not below it): its name as
-  `--config=` takes it from a checkout (configs/..., the configs/ link to
-  txf/configs), and its docstring's first line."""
+  """The config files in `directory` (not below it), one entry each: the name
+  `--config=` takes from anywhere (rope, sweeps/pe_ln) and its docstring's
+  first paragraph, wrapped to HELP_WIDTH columns."""
   files = sorted(f for f in directory.glob("*.py") if f.name != "__init__.py")
-  names = [f"configs/{f.relative_to(CONFIG_DIRECTORY).as_posix()}" for f in files]
-  width = max(map(len, names), default=0) + 2
-  return "\n".join(f"  {name:<{width}}{first_docstring_line(f)}" for name, f in zip(names, files))
+  names = [f.relative_to(CONFIG_DIRECTORY).with_suffix("").as_posix() for f in files]
+  width = max(map(len, names), default=0) + 4
+  return "\n".join(
+    textwrap.fill(
+      config_purpose(f),
+      HELP_WIDTH,
+      initial_indent=f"  {name:<{width - 2}}",
+      subsequent_indent=" " * width,
+      break_on_hyphens=False,
+    )
+    for name, f in zip(names, files)
+  )
 
 
 def default_workdir(root: str, config_path: str) -> epath.Path:
@@ -102,10 +116,13 @@ def default_workdir(root: str, config_path: str) -> epath.Path:
 
 
 def define_config_flag(help_text: str):
-  """The required --config flag, parsed by ConfigFileParser."""
+  """The required --config flag, parsed by ConfigFileParser, and a key flag of
+  the calling command (listed by --help, not only --helpfull)."""
   holder = config_flags.DEFINE_config_file("config", None, help_text, lock_config=True)
   flags.FLAGS["config"].parser = ConfigFileParser()
   flags.mark_flag_as_required("config")
+  caller = sys._getframe(1).f_globals["__name__"]
+  flags.FLAGS.register_key_flag_for_module(caller, flags.FLAGS["config"])
   return holder
 
 
@@ -128,13 +145,13 @@ def require_config_kind(kind: str) -> None:
     fail(
       "config",
       f"{file}: a sweep config (sections base, grid), not a run config: "
-      f"run it with experiments.sweep (txf-sweep --config={file})",
+      f"run it with txf-sweep --config={file} (python -m experiments.sweep in a checkout)",
     )
   if kind == "sweep" and not is_sweep_config(config):
     fail(
       "config",
       f"{file}: not a sweep config (it has no base and grid sections; a run config?): "
-      f"run a run config with experiments.run (txf-run --config={file})",
+      f"run a run config with txf-run --config={file} (python -m experiments.run in a checkout)",
     )
 
 

@@ -2,7 +2,8 @@
 
   txf-compile --config=gpt2_small --target=h100
   txf-compile --config=decoder_1b --target=v5e-256 --json=report.json
-  python -m experiments.compile --config=configs/rope.py --target=v4-8 --config.parallel.fsdp=4
+  txf-compile --config=rope --target=v4-8 --config.parallel.fsdp=4
+  python -m experiments.compile --config=rope --target=v4-8 [flags]   # in a checkout
 
 Prints the config file it loaded first, then builds the run exactly as txf-
 run would (the same config, overrides and checks), but on the devices of the
@@ -22,8 +23,9 @@ optimizer, attention, the rest); docs/scaling.md says how to read it.
 `arguments_bytes`, `temporaries_bytes`, `total_bytes`, `capacity_bytes`,
 ...). `--hlo=PATH` writes the compiled train step's HLO text.
 
-Needs the target's compiler: `pip install 'txf[tpu]'` (libtpu) for TPUs,
-`pip install 'txf[gpu-compile]'` (jax's CUDA plugin and ptxas) for GPUs.
+Needs the target's compiler: for TPUs libtpu, `pip install 'jax[tpu]'` (txf's
+tpu extra); for GPUs jax's CUDA plugin and ptxas, `pip install
+'jax[cuda13-local]' 'nvidia-cuda-nvcc>=13'` (txf's gpu-compile extra).
 
 Exit status: 0 when both steps fit; 1 when one does not (the report says by
 how much); 2 with one line for a bad target, a missing compiler, a config

@@ -1,7 +1,8 @@
 """Sentence embeddings from a pretrained BERT-style encoder.
 
-  python -m experiments.embed --model=DIR "some text" ["more text" ...]
-      [--pooling=mean|cls] [--normalize|--nonormalize]
+  txf-embed --model=DIR "some text" ["more text" ...] [--pooling=mean|cls]
+      [--normalize|--nonormalize]
+  python -m experiments.embed --model=DIR "some text" [flags]   # in a checkout
 
 DIR is a Hugging Face model directory (config.json, model.safetensors,
 tokenizer.json) of a BERT, RoBERTa or MiniLM sentence encoder, converted by

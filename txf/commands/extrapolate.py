@@ -1,7 +1,7 @@
 """Length extrapolation of a trained run (Press et al. 2022, "Train Short, Test Long").
 
-  python -m experiments.extrapolate --workdir=RUN [--factors=1,2,4,8,16] [--stride=64]
-      [--num_tokens=100000]
+  txf-extrapolate --workdir=RUN [--factors=1,2,4,8,16] [--stride=64] [--num_tokens=100000]
+  python -m experiments.extrapolate --workdir=RUN [flags]   # in a checkout: the same command
 
 Scores the run's validation split at each factor x its training length with
 non-overlapping and sliding windows (txf.analysis.extrapolation), prints a

@@ -1,7 +1,8 @@
 """Text generation from a pretrained GPT-2-style decoder or T5-style encoder-decoder.
 
-  python -m experiments.generate --model=DIR --prompt="..." [--max_new_tokens=32]
-      [--temperature=0] [--top_k=0] [--top_p=1.0] [--seed=0]
+  txf-generate --model=DIR --prompt="..." [--max_new_tokens=32] [--temperature=0] [--top_k=0]
+      [--top_p=1.0] [--seed=0]
+  python -m experiments.generate --model=DIR --prompt="..." [flags]   # in a checkout
 
 DIR is a Hugging Face model directory (config.json, model.safetensors,
 tokenizer.json) converted by txf.interop. A decoder continues the prompt; an

@@ -1,18 +1,21 @@
 """Train and evaluate one config: the main job.
 
-  python -m experiments.run --config=configs/rope.py [--workdir=DIR] [--config.train.steps=200]
-  python -m experiments.run --config=configs/rope.py --print_config   # every field, its doc
-  txf-run --config=rope [flags]   # pip-installed: the same command; a shipped config by name
+  txf-run --config=rope [--workdir=DIR] [--config.train.steps=200]
+  txf-run --config=rope --print_config   # every field, its doc
+  python -m experiments.run --config=rope [flags]   # in a checkout: the same command
 
 The work directory defaults to workdirs/<config name>. A config txf ships is
-taken by its bare name (rope, sweeps/pe_ln); anything else is a path, loaded
-only where that file exists. The first line the run prints is the config
-file it loaded (`config: /.../rope.py`), which run_record.json records too.
-Rerunning the same command on the same work directory resumes from its
-latest checkpoint.
+taken by its bare name (rope, sweeps/pe_ln; listed below); anything else is a
+path (./my_config.py; configs/rope.py in a checkout), loaded only where that
+file exists. The first line the run prints is the config file it loaded
+(`config: /.../rope.py`), which run_record.json records too. Rerunning the
+same command on the same work directory resumes from its latest checkpoint,
+first saying which settings it changes (`changed from the run's config.json:
+train.steps 30 -> 600; ...`). A train.warmup_steps above train.steps is
+clamped to it, in one line, so --config.train.steps=N runs any config.
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 --print_config checks the config as the run would (an invalid one exits 2,
-`config error: ...`), lists every field (its value, the configs/base.py
+`config error: ...`), lists every field (its value, the base config's
 default where it differs, the value the run derives where the config leaves
 it None, e.g. model.d_ff, and its doc) and exits 0 without training.
 
@@ -59,7 +62,10 @@ from txf.commands.cli import (
 CONFIGS = CONFIG_DIRECTORY
 
 
-_CONFIG = define_config_flag("Path to a config file (file.py[:arg]).")
+_CONFIG = define_config_flag(
+  "A config txf ships, by name (rope; listed above), or a config file's path; "
+  "NAME:arg passes arg to its get_config()."
+)
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory (default: workdirs/<config file stem>)."
 )
@@ -80,7 +86,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 
 def configs_help() -> str:
   """The list of run config files for --help."""
-  return "Config files:\n" + config_files_help(CONFIGS) + "\n"
+  return "Configs txf ships (--config=NAME):\n" + config_files_help(CONFIGS) + "\n"
 
 
 # absl's --help prints the main module's docstring.
@@ -138,10 +144,11 @@ def leaves(tree, prefix=""):
       yield f"{prefix}{key}", value
 
 
-def resolved_model(config):
-  """The ModelConfig the run of `config` would build (model.vocab_size from
-  the tokenizer, head_dim, d_ff, ... derived), after checking the whole config
-  as the run does (txf.train.config.check_run_config).
+def resolved_run(config):
+  """The checked RunConfig the run of `config` would train with (model.vocab_size
+  from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
+  train.steps clamped), after checking the whole config as the run does
+  (txf.train.config.check_run_config).
 
   Raises:
     ValueError: naming the field, for a config the run would reject.
@@ -156,15 +163,15 @@ def resolved_model(config):
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
     data = make_dataset(config.data, "train", seed=seed, workdir=workdir)
-    run = check_run_config(config, vocab_size=data.vocab_size, num_classes=data.num_classes)
-  return run.model
+    return check_run_config(config, vocab_size=data.vocab_size, num_classes=data.num_classes)
 
 
-def print_config(config, base, model=None) -> None:
+def print_config(config, base, run=None) -> None:
   """One `section.field = value` line per field, with the default from
   configs/base.py where the value differs, the value the run uses where it
-  differs from the config's (a None that `model`, the resolved ModelConfig,
-  derives: `(resolved: 512)`), and the field's doc."""
+  differs from the config's (a model field None that `run`, the resolved
+  RunConfig, derives, or a train field it fits: `(resolved: 512)`), and the
+  field's doc."""
   docs = field_docs()
   defaults = dict(leaves(base))
   for name, value in leaves(config):
@@ -172,9 +179,11 @@ def print_config(config, base, model=None) -> None:
     if name in defaults and defaults[name] != value:
       line += f"  (base: {defaults[name]!r})"
     section, _, field = name.partition(".")
-    if model is not None and section == "model" and hasattr(model, field):
-      used = getattr(model, field)
-      if used != value:
+    resolved = getattr(run, section, None) if section in ("model", "train") else None
+    if resolved is not None and hasattr(resolved, field):
+      used = getattr(resolved, field)
+      # A train field the check only typed (trackers 'a,b' -> ('a', 'b')) is not news.
+      if used != value and (section == "model" or isinstance(used, type(value))):
         line += f"  (resolved: {used!r})"
     if name in docs:
       line += f"  # {docs[name]}"
@@ -186,11 +195,13 @@ def main(argv) -> None:
   config_file = loaded_config_file()
   if _PRINT_CONFIG.value:
     try:
-      model = resolved_model(_CONFIG.value)
+      run = resolved_run(_CONFIG.value)
     except ValueError as error:  # ConfigError too
       fail("config", error)
     progress(f"config: {config_file}")  # stdout holds only the fields
-    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), model)
+    for note in run.notes:
+      progress(note)
+    print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), run)
     return
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed
@@ -210,7 +221,7 @@ def main(argv) -> None:
 
 
 def cli() -> None:
-  """The `txf-run` console script and `python -m experiments.run`."""
+  """The `txf-run` console script (`python -m experiments.run` in a checkout)."""
   run_command(main)
 
 

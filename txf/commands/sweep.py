@@ -1,16 +1,15 @@
 """Run a sweep: every point of a grid of run configs, then tables and plots.
 
-  python -m experiments.sweep --config=configs/sweeps/pe_ln.py [--workdir=runs/pe_ln]
-      [--index=N] [--dry_run] [--summarize]
-  txf-sweep --config=sweeps/pe_ln [flags]   # pip-installed: the same command
+  txf-sweep --config=sweeps/pe_ln [--workdir=runs/pe_ln] [--index=N] [--dry_run] [--summarize]
+  python -m experiments.sweep --config=sweeps/pe_ln [flags]   # in a checkout: the same command
 
-Each point trains in <workdir>/<point name> as `experiments.run` would; the
+Each point trains in <workdir>/<point name> as `txf-run` would; the
 work directory defaults to runs/<config file stem>. The first line printed is
 the sweep config file loaded (`config: /.../sweeps/pe_ln.py`), which each
 point's run_record.json records too. Rerunning resumes: finished
 points are skipped, an interrupted one continues from its checkpoint.
 `--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
-point's `experiments.run` command; `--summarize` only rebuilds results.csv,
+point's `txf-run` command; `--summarize` only rebuilds results.csv,
 results.md and the plots from what is on disk (a directory where no point has
 run, a mistyped --workdir, exits 2 with one line, creating nothing). A sweep
 directory that cannot be written (read-only) exits 2 with one line before
@@ -18,7 +17,7 @@ anything runs. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
 A SIGTERM (preemption) while a point trains saves it and stops the sweep
-("sweep preempted in point N ...", exit status 0, as experiments.run); the
+("sweep preempted in point N ...", exit status 0, as txf-run); the
 rerun resumes there. One during a point's length extrapolation stops it
 too, with a line saying so (exit status 0; the rerun extrapolates the point
 again). A results file, plot or extrapolation record that cannot
@@ -29,7 +28,7 @@ previous version is intact.
 A sweep config has sections base (the run config every point starts from),
 grid (the fields swept, txf.sweep.grid) and sweep (its settings). Override a
 field of the base run config with --config.base.<section>.<field>=VALUE, e.g.
---config.base.train.steps=100; a config given to experiments.run instead (or
+--config.base.train.steps=100; a sweep config given to txf-run instead (or
 a run config given here) exits 2 with one line saying so.
 """
 
@@ -51,15 +50,21 @@ from txf.commands.cli import (
 )
 
 # absl's --help prints the main module's docstring.
-__doc__ += "\nSweep config files:\n" + config_files_help(CONFIG_DIRECTORY / "sweeps") + "\n"
+__doc__ += (
+  "\nSweep configs txf ships (--config=NAME):\n"
+  + config_files_help(CONFIG_DIRECTORY / "sweeps")
+  + "\n"
+)
 
-_CONFIG = define_config_flag("Path to a sweep config file.")
+_CONFIG = define_config_flag(
+  "A sweep config txf ships, by name (sweeps/pe_ln; listed above), or a sweep config file's path."
+)
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Sweep directory (default: runs/<config file stem>)."
 )
 _INDEX = flags.DEFINE_integer("index", None, "Run only this point (0-based).")
 _DRY_RUN = flags.DEFINE_bool(
-  "dry_run", False, "Print each point and its experiments.run command; train nothing."
+  "dry_run", False, "Print each point and its txf-run command; train nothing."
 )
 _SUMMARIZE = flags.DEFINE_bool(
   "summarize", False, "Only rebuild the results and plots from what is on disk."
@@ -68,7 +73,7 @@ _EXTRAPOLATE = flags.DEFINE_bool(
   "extrapolate",
   True,
   "After training a point, evaluate it at 1x-16x its training length "
-  "(experiments.extrapolate's defaults, on sweep.extrapolate_tokens validation "
+  "(txf-extrapolate's defaults, on sweep.extrapolate_tokens validation "
   "tokens); --noextrapolate skips it.",
 )
 
@@ -103,7 +108,7 @@ def main(argv) -> None:
 
 
 def cli() -> None:
-  """The `txf-sweep` console script and `python -m experiments.sweep`."""
+  """The `txf-sweep` console script (`python -m experiments.sweep` in a checkout)."""
   run_command(main)
 
 

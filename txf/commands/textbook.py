@@ -1,13 +1,14 @@
 """Textbook experiments: the numbers and figures a Transformer course claims.
 
-  python -m experiments.textbook NAME [NAME ...] [--out_dir=workdirs/textbook] [--quick]
-  python -m experiments.textbook all
-  python -m experiments.textbook --list
+  txf-textbook NAME [NAME ...] [--out_dir=workdirs/textbook] [--quick]
+  txf-textbook all
+  txf-textbook --list
+  python -m experiments.textbook NAME [flags]   # in a checkout: the same command
 
 Runs each experiment of txf.textbook, prints its numbers (markdown) and
 writes into --out_dir its figures (textbook_<name>_<what>.png), its numbers
-(<name>.json) and its report (<name>.md). Experiments that train use
-configs/<config>.py (listed by --list) and keep their runs in
+(<name>.json) and its report (<name>.md). Experiments that train start from
+a config txf ships (named by --list) and keep their runs in
 <out_dir>/runs/; running again reuses a finished run. --quick runs the toy
 sizes the tests use. An unknown NAME or a bad argument (an --out_dir that is
 not a writable directory among them) exits 2 with one line, before any
@@ -51,9 +52,10 @@ def main(argv) -> None:
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   if _LIST.value:
+    width = max(map(len, textbook.EXPERIMENTS)) + 2
     for experiment in textbook.EXPERIMENTS.values():
-      trains = f" (trains configs/{experiment.config}.py)" if experiment.config else ""
-      print(f"{experiment.name:<14} item {experiment.item}: {experiment.title}{trains}")
+      trains = f" (trains the {experiment.config} config)" if experiment.config else ""
+      print(f"{experiment.name:<{width}} item {experiment.item}: {experiment.title}{trains}")
     return
   names = argv[1:]
   if not names:

@@ -6,7 +6,9 @@ In a checkout they are also `configs/` at the repository root
 (`--config=configs/rope.py`); every command also takes a shipped config by
 its bare name, from anywhere (`--config=rope`, `--config=sweeps/pe_ln`, as
 `names()` lists them): a path (`./rope.py`, `configs/rope.py`, `rope.txt`) is
-that file or nothing, never a shipped file it resembles.
+that file or nothing, never a shipped file it resembles. Their docstrings
+show the installed command (`txf-run --config=rope`); in a checkout
+`python -m experiments.run` takes the same flags.
 
   find("rope")               # .../txf/configs/rope.py
   find("rope.py")            # None: a name has no suffix

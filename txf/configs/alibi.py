@@ -1,6 +1,6 @@
 """Decoder LM with ALiBi attention biases (Press et al. 2022).
 
-  python -m experiments.run --config=configs/alibi.py
+  txf-run --config=alibi
 
 No position embedding: each head adds -slope * distance to its attention scores.
 """

@@ -3,8 +3,8 @@
 Every other config file starts from this one and changes only what makes it
 different. Any field can be overridden on the command line:
 
-  python -m experiments.run --config=configs/base.py --workdir=/tmp/txf/base \
-      --config.train.steps=200 --config.model.num_layers=4
+  txf-run --config=base --workdir=/tmp/txf/base --config.train.steps=200 \
+      --config.model.num_layers=4
 
 Sized so the default run finishes on a 2-core CPU in a few minutes and shows
 clear learning (see README for measured numbers).
@@ -85,7 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     dict(
       steps=600,  # training steps (the schedule decays until here)
       learning_rate=3e-3,  # peak, after warmup
-      warmup_steps=60,  # linear warmup from 0 to learning_rate
+      warmup_steps=60,  # linear warmup from 0 to learning_rate (at most train.steps: clamped)
       decay="cosine",  # after warmup: cosine | linear | constant | rsqrt
       end_lr_fraction=0.1,  # final lr / peak (cosine, linear)
       weight_decay=0.1,  # decoupled (AdamW), on matrices only

@@ -1,8 +1,8 @@
 """A 1.4B-parameter decoder (1.3B in its matmuls) for a TPU v5e-256 pod: the
 config to check before renting one.
 
-  txf-compile --config=decoder_1b --target=v5e-256      # on any machine, no TPU
-  python -m experiments.run --config=configs/decoder_1b.py   # on every host of the pod
+  txf-compile --config=decoder_1b --target=v5e-256   # on any machine, no TPU
+  txf-run --config=decoder_1b                        # on every host of the pod
 
 LLaMA-style: 24 layers, d_model 2048, 16 heads of 128, RoPE, RMSNorm,
 SwiGLU, no biases, untied embeddings, vocabulary 50,304, 2,048 tokens of

@@ -1,6 +1,6 @@
 """Encoder classifier on ListOps (Nangia & Bowman 2018; the Long Range Arena task).
 
-  python -m experiments.run --config=configs/encoder_classify.py
+  txf-run --config=encoder_classify
 
 Nested MAX/MIN/MED/SM expressions over digits, labelled 0-9. Inputs begin
 with BOS, pooled as the [CLS] position. Chance accuracy is about 10%; short

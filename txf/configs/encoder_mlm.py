@@ -1,6 +1,6 @@
 """BERT-style encoder trained with masked language modelling on the built-in corpus.
 
-  python -m experiments.run --config=configs/encoder_mlm.py
+  txf-run --config=encoder_mlm
 
 15% of byte tokens are selected (80% -> [MASK], 10% random, 10% kept) and the
 loss is over the selected positions only; eval reports MLM loss, perplexity

@@ -1,6 +1,6 @@
 """GPT-2 small (124M parameters; Radford et al. 2019), for one GPU.
 
-  python -m experiments.run --config=configs/gpt2_small.py
+  txf-run --config=gpt2_small
 
 12 layers, d_model 768, 12 heads, 1024 context, learned positions, GELU,
 biases, LayerNorm eps 1e-5, tied embeddings without logit scaling, vocabulary

@@ -1,6 +1,6 @@
 """GPT-2 small shape at 8192 tokens of context, for one GPU.
 
-  python -m experiments.run --config=configs/gpt2_small_8k.py
+  txf-run --config=gpt2_small_8k
   python -m benchmarks.run step --config=configs/gpt2_small_8k.py
 
 gpt2_small.py with a learned position table of 8192 rows and 4 sequences of

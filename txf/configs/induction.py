@@ -1,7 +1,7 @@
 """A 2-layer decoder learns an induction circuit on repeated random blocks.
 
-  python -m experiments.run --config=configs/induction.py --workdir=/tmp/txf/induction
-  python -m experiments.analyze --workdir=/tmp/txf/induction --ablate=L1H0,L1H1
+  txf-run --config=induction --workdir=/tmp/txf/induction
+  txf-analyze --workdir=/tmp/txf/induction --ablate=L1H0,L1H1
 
 Each row is one block of 4..16 distinct random symbols (of 32) repeated to
 fill 48 tokens (txf.data.incontext); loss and accuracy count the second copy
@@ -10,7 +10,7 @@ layer-0 previous-token head feeding a layer-1 induction head) instead of
 fixed-offset positional heads. docs/induction.md has the analysis.
 
 Expected on 2 CPU cores (shared with other jobs): 6-10 minutes; eval_accuracy
-0.9996 at step 500 and 1.0000 at 3000 (seeds 0 and 1). experiments.analyze
+0.9996 at step 500 and 1.0000 at 3000 (seeds 0 and 1). txf-analyze
 then reports two layer-0 previous-token heads and four layer-1 induction
 heads (0.76-0.97 at probe periods 24 and 23); --ablate=L1H0,L1H1,L1H2,L1H3
 drops accuracy to 0.04.

@@ -1,6 +1,6 @@
 """Decoder LM with a learned absolute position table (GPT-2 / BERT style).
 
-  python -m experiments.run --config=configs/learned.py
+  txf-run --config=learned
 
 The table has model.max_len rows; longer sequences are rejected before compute.
 """

@@ -1,6 +1,6 @@
 """LSTM language model: the recurrent baseline (model.family='lstm').
 
-  python -m experiments.run --config=configs/lstm.py
+  txf-run --config=lstm
 
 Two layers (base.py's) of flax's LSTM cell, 218 units wide, with the Pre-LN
 Transformer's tied embedding, final norm and LM head: 819,244 parameters, as

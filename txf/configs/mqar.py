@@ -1,6 +1,6 @@
 """Multi-query associative recall (Arora et al. 2023, "Zoology") with a 2-layer decoder.
 
-  python -m experiments.run --config=configs/mqar.py --workdir=/tmp/txf/mqar
+  txf-run --config=mqar --workdir=/tmp/txf/mqar
 
 Each row holds 8 key-value pairs over 64 symbols, then every key queried once
 at power-law gaps, followed by its value (txf.data.incontext); loss and

@@ -1,6 +1,6 @@
 """Decoder LM with no positional encoding (NoPE; Kazemnejad et al. 2023).
 
-  python -m experiments.run --config=configs/nope.py
+  txf-run --config=nope
 
 Only the causal mask tells positions apart.
 """

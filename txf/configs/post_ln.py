@@ -1,6 +1,6 @@
 """Decoder LM with Post-LN residual blocks (the original Transformer).
 
-  python -m experiments.run --config=configs/post_ln.py
+  txf-run --config=post_ln
 
 norm(x + f(x)) instead of the default Pre-LN x + f(norm(x)); Post-LN typically
 needs learning-rate warmup to train stably.

@@ -1,6 +1,6 @@
-"""Fine-tunes a Hugging Face checkpoint directory: --config=configs/pretrained.py:DIR.
+"""Fine-tunes a Hugging Face checkpoint directory: --config=pretrained:DIR.
 
-  python -m experiments.run --config=configs/pretrained.py:models/gpt2 --workdir=runs/gpt2_ft
+  txf-run --config=pretrained:models/gpt2 --workdir=runs/gpt2_ft
 
 The model section is the checkpoint's (txf.interop.read_model_config), the
 run starts from its weights (config.train.init_from) and reads text with its
@@ -21,7 +21,10 @@ TASKS = {"decoder": "lm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
 
 def get_config(directory: str = ""):
   if not directory:
-    raise ValueError("no checkpoint directory: use --config=configs/pretrained.py:DIR")
+    raise ValueError(
+      "no checkpoint directory: use --config=pretrained:DIR (configs/pretrained.py:DIR in a "
+      "checkout)"
+    )
   config = base.get_config()
   model = read_model_config(directory)
   for field in dataclasses.fields(model):

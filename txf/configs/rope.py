@@ -1,6 +1,6 @@
 """Decoder LM with rotary position embeddings (RoFormer; Su et al. 2021).
 
-  python -m experiments.run --config=configs/rope.py
+  txf-run --config=rope
 
 The README's main job. Rotates queries and keys by their absolute positions so
 attention scores depend only on relative offsets. Identical to base.py (whose

@@ -1,6 +1,6 @@
 """Decoder LM with NTK-aware scaled RoPE (bloc97 2023).
 
-  python -m experiments.run --config=configs/rope_ntk.py
+  txf-run --config=rope_ntk
 
 RoPE whose base, not the positions, is multiplied by rope_scale^(D/(D-2)):
 the slowest pair turns rope_scale times slower, the fastest as in RoPE. The worked example of adding

@@ -1,7 +1,7 @@
 """Encoder-decoder on a synthetic sequence-to-sequence task (default: reverse).
 
-  python -m experiments.run --config=configs/seq2seq.py
-  python -m experiments.run --config=configs/seq2seq.py --config.data.name=addition
+  txf-run --config=seq2seq
+  txf-run --config=seq2seq --config.data.name=addition
 
 Tasks: copy, reverse, sort, addition; sources of data.min_example_len..data.max_example_len
 symbols. The decoder is teacher-forced on BOS + target; eval reports token

@@ -1,6 +1,6 @@
 """Decoder LM with fixed sinusoidal absolute positions (Vaswani et al. 2017).
 
-  python -m experiments.run --config=configs/sinusoidal.py
+  txf-run --config=sinusoidal
 
 Adds sin/cos features of the absolute position to the token embeddings.
 """

@@ -1,6 +1,6 @@
 """Decoder LM with T5's learned relative-position bias (Raffel et al. 2020).
 
-  python -m experiments.run --config=configs/t5_bias.py
+  txf-run --config=t5_bias
 
 Offsets are bucketed (exact when small, log-spaced up to t5_max_distance); one
 table per stack is shared by all layers.

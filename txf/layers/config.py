@@ -107,7 +107,7 @@ class ModelConfig:
   """
 
   family: str = "decoder"  # decoder | encoder | encoder_decoder | lstm
-  vocab_size: int = 260
+  vocab_size: int = 260  # token ids the embedding holds (a run config's None: the tokenizer's)
   d_model: int = 128  # width of the residual stream and embeddings
   num_heads: int = 4  # attention (query) heads
   num_kv_heads: int | None = None  # None: = num_heads (MHA); 1: MQA; else GQA

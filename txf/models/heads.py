@@ -27,7 +27,13 @@ class LMHead(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
-    """[B, T, D] -> [B, T, V] float32."""
+    """[B, T, D] -> [B, T, V] float32.
+
+    Args:
+      x_BxTxD: final hidden states.
+      embedder: the model's token embedder (its table is the projection when
+        `model.tie_embeddings`).
+    """
     cfg = self.cfg
     if cfg.tie_embeddings:
       return embedder.attend(x_BxTxD)  # the embedder applies cfg.scale_logits
@@ -51,7 +57,12 @@ class MaskedLMHead(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
-    """[B, T, D] -> [B, T, V] float32."""
+    """[B, T, D] -> [B, T, V] float32.
+
+    Args:
+      x_BxTxD: final hidden states.
+      embedder: the model's token embedder (the tied vocabulary projection).
+    """
     cfg = self.cfg
     # [D, D]: one mesh axis cannot split both dimensions.
     h_BxTxD = nn.Dense(
@@ -104,6 +115,12 @@ class ClassificationHead(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: jax.Array, valid_BxT: jax.Array) -> jax.Array:
+    """[B, T, D] -> float32 logits [B, num_classes].
+
+    Args:
+      x_BxTxD: final hidden states.
+      valid_BxT: bool, True at real (not padding) tokens: what `pool` pools.
+    """
     pooled_BxD = pool(x_BxTxD, valid_BxT, self.cfg.pooling)
     # A handful of classes: not worth splitting.
     return nn.Dense(

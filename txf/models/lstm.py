@@ -66,6 +66,13 @@ class LSTMLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: Array, *, use_cache: bool = False) -> Array:
+    """[B, T, D_in] -> [B, T, D] (D = model.d_model).
+
+    Args:
+      x_BxTxD: the layer's inputs.
+      use_cache: start from the carry in the 'cache' collection and store
+        the last one there (decoding one step at a time).
+    """
     cell = nn.OptimizedLSTMCell(
       self.cfg.d_model, dtype=compute_dtype(self.cfg), **_cell_inits(), name="cell"
     )
@@ -92,7 +99,11 @@ class LSTMLanguageModel(nn.Module):
   ) -> Array:
     """tokens [B, T] -> float32 logits [B, T, V].
 
-    use_cache=True continues from the layers' carries (see `txf.decode`).
+    Args:
+      tokens_BxT: int token ids [B, T].
+      deterministic: False applies dropout (needs a 'dropout' rng).
+      use_cache: continue from the layers' (c, h) carries in the 'cache'
+        collection (see `txf.decode`).
     """
     cfg = self.cfg
     embedder = Embedder(cfg, name="embedder")

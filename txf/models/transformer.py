@@ -99,7 +99,16 @@ class _OneStackModel(nn.Module):
 
 
 class Decoder(_OneStackModel):
-  """GPT-style causal decoder."""
+  """GPT-style causal decoder: token embedding (and the config's position
+  encoding), `num_layers` causal blocks, a final norm and the config's head.
+
+  Built by `txf.models.build` from a config with family='decoder'; `init`
+  applies the config's initialisation scheme (`model.init`).
+
+      model = Decoder(ModelConfig(vocab_size=260))
+      params = model.init(jax.random.key(0), tokens_BxT)["params"]
+      logits_BxTxV = model.apply({"params": params}, tokens_BxT)
+  """
 
   _causal = True
 
@@ -114,11 +123,20 @@ class Decoder(_OneStackModel):
   ) -> Array:
     """tokens [B, T] -> logits [B, T, V] (lm) or [B, num_classes] (classify).
 
-    Packed rows (several documents in one row, txf.data) pass segment ids
-    [B, T] (1, 2, ... per document, 0 for padding): a token attends only to
-    earlier tokens of its own document. positions [B, T] (each document's
-    from 0) feed the absolute position encodings; None: 0..T-1.
-    use_cache=True continues from the KV cache (see `txf.decode`).
+    Args:
+      tokens_BxT: int token ids [B, T].
+      segment_ids_BxT: packed rows (several documents in one row, txf.data):
+        int [B, T], 1, 2, ... per document and 0 for padding; a token attends
+        only to earlier tokens of its own document. None: one document a row.
+      positions_BxT: int [B, T], each token's position (each document's from
+        0) for the position encoding; None: 0..T-1.
+      deterministic: False applies dropout (needs a 'dropout' rng).
+      use_cache: continue from the KV cache in the 'cache' collection (see
+        `txf.decode`); not with segment ids.
+
+    Returns:
+      float32 logits [B, T, V] (head 'lm'), [B, num_classes] ('classify'),
+        or the final hidden states [B, T, D] ('none').
     """
     _check_packing(tokens_BxT, segment_ids_BxT, positions_BxT)
     mask = None
@@ -132,7 +150,11 @@ class Decoder(_OneStackModel):
 
 
 class Encoder(_OneStackModel):
-  """BERT-style bidirectional encoder; padding tokens are never attended to."""
+  """BERT-style bidirectional encoder: token embedding (and the config's
+  position encoding, token types), `num_layers` blocks attending both ways, a
+  final norm and the config's head. Padding tokens (`model.pad_id`) are never
+  attended to. Built by `txf.models.build` from a config with family='encoder'.
+  """
 
   def __call__(
     self,
@@ -145,10 +167,18 @@ class Encoder(_OneStackModel):
   ) -> Array:
     """tokens [B, S] -> logits [B, S, V] (mlm) or [B, num_classes] (classify).
 
-    Packed rows pass segment ids and positions [B, S] as the Decoder does: a
-    token attends only to its own document. token_types_BxS: int [B, S] BERT
-    segment (sentence A/B) ids (model.num_token_types > 0 only); None: type 0
-    everywhere.
+    Args:
+      tokens_BxS: int token ids [B, S]; `model.pad_id` marks padding.
+      segment_ids_BxS: packed rows, as `Decoder`'s: int [B, S], 1, 2, ... per
+        document, 0 for padding; a token attends only to its own document.
+      positions_BxS: int [B, S] positions for the position encoding; None: 0..S-1.
+      token_types_BxS: int [B, S] BERT segment (sentence A/B) ids
+        (`model.num_token_types` > 0 only); None: type 0 everywhere.
+      deterministic: False applies dropout (needs a 'dropout' rng).
+
+    Returns:
+      float32 logits [B, S, V] (head 'mlm'), [B, num_classes] ('classify'),
+        or the final hidden states [B, S, D] ('none').
     """
     _check_packing(tokens_BxS, segment_ids_BxS, positions_BxS)
     key_mask = ops.padding_mask(tokens=tokens_BxS, pad_id=self.cfg.pad_id)
@@ -165,7 +195,11 @@ class Encoder(_OneStackModel):
 
 
 class EncoderDecoder(nn.Module):
-  """Transformer / T5-style sequence-to-sequence model."""
+  """Transformer / T5-style sequence-to-sequence model: an encoder stack over
+  the source, a causal decoder stack with cross-attention to it, and an LM
+  head (embeddings shared between the two when `model.share_embeddings`).
+  `encode` and `decode` are its two halves (`txf.decode` calls them apart).
+  """
 
   cfg: ModelConfig
 
@@ -184,7 +218,12 @@ class EncoderDecoder(nn.Module):
     self.head = LMHead(cfg)
 
   def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True) -> tuple[Array, Array]:
-    """tokens [B, S] -> (encoded [B, S, D], key mask [B, 1, 1, S])."""
+    """tokens [B, S] -> (encoded [B, S, D], key mask [B, 1, 1, S]).
+
+    Args:
+      encoder_tokens_BxS: int source token ids [B, S]; `model.pad_id` marks padding.
+      deterministic: False applies dropout (needs a 'dropout' rng).
+    """
     positions_1xS, _ = self.positions(encoder_tokens_BxS.shape[1], False)
     key_mask = ops.padding_mask(tokens=encoder_tokens_BxS, pad_id=self.cfg.pad_id)
     x_BxSxD = self.embed_dropout(
@@ -210,6 +249,14 @@ class EncoderDecoder(nn.Module):
     keys and values of `encoded_BxSxD` (and `encoder_mask`) in the cache;
     pass None for both to attend to the stored ones instead of projecting
     the encoding again. Decoding zero tokens only stores them.
+
+    Args:
+      encoded_BxSxD: `encode`'s encoding [B, S, D], or None (use_cache only).
+      encoder_mask: `encode`'s key mask [B, 1, 1, S], or None with it.
+      decoder_tokens_BxT: int target-side token ids [B, T] (teacher forcing:
+        BOS + the target shifted right).
+      deterministic: False applies dropout (needs a 'dropout' rng).
+      use_cache: continue from the KV cache in the 'cache' collection.
     """
     if encoded_BxSxD is None and not use_cache:
       raise ValueError(
@@ -239,7 +286,19 @@ class EncoderDecoder(nn.Module):
     deterministic: bool = True,
     use_cache: bool = False,
   ) -> Array:
-    """encoder tokens [B, S], decoder tokens [B, T] -> logits [B, T, V]."""
+    """encoder tokens [B, S], decoder tokens [B, T] -> logits [B, T, V]:
+    `encode`, then `decode`.
+
+    Args:
+      encoder_tokens_BxS: int source token ids [B, S]; `model.pad_id` marks padding.
+      decoder_tokens_BxT: int target-side token ids [B, T] (BOS + the target
+        shifted right).
+      deterministic: False applies dropout (needs a 'dropout' rng).
+      use_cache: continue from the KV cache (see `txf.decode`).
+
+    Returns:
+      float32 logits [B, T, V].
+    """
     encoded_BxSxD, encoder_mask = self.encode(encoder_tokens_BxS, deterministic=deterministic)
     return self.decode(
       encoded_BxSxD,

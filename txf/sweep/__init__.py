@@ -1,5 +1,5 @@
 """Sweeps over run configs: grids of points, their status, results tables and
-plots. Importable building blocks; the command is experiments/sweep.py.
+plots. Importable building blocks; the command is txf-sweep (txf.commands.sweep).
 Length extrapolation of a trained point: txf.sweep.extrapolate.extrapolate_run,
 and its attention analysis: txf.sweep.analyze.analyze_run (not imported here:
 they load the training stack)."""

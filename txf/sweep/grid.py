@@ -296,6 +296,10 @@ def _format_flag_value(path: str, value: Any, field_type: type) -> str:
   )
 
 
+# The console script that trains one point; `python -m experiments.run` in a checkout.
+RUN_COMMAND = "txf-run"
+
+
 def command_for(
   point: Point,
   config_path: str,
@@ -303,7 +307,8 @@ def command_for(
   *,
   reference: ml_collections.ConfigDict,
 ) -> str:
-  """The `experiments.run` command line that trains `point` in `workdir`.
+  """The `txf-run` command line that trains `point` in `workdir` (in a
+  checkout, `python -m experiments.run` takes the same arguments).
 
   Args:
     point: a point from `expand`.
@@ -333,12 +338,5 @@ def command_for(
   except GridError as error:
     raise GridError(f"point {point.index} ({point.name}): {error}") from error
   return shlex.join(
-    [
-      "python",
-      "-m",
-      "experiments.run",
-      f"--config={config_path}",
-      f"--workdir={os.fspath(workdir)}",
-      *flags,
-    ]
+    [RUN_COMMAND, f"--config={config_path}", f"--workdir={os.fspath(workdir)}", *flags]
   )

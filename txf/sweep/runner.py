@@ -8,7 +8,7 @@
 The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
   sweep.run_config   the run config file `base` comes from (a path, or a
                      shipped config's name: 'base'): the dry run's
-                     `experiments.run` commands load it and override what
+                     `txf-run` commands load it and override what
                      the point changes
   sweep.extrapolate  whether finished points get a length extrapolation
                      (default True; the `extrapolate` hook of run_sweep)
@@ -18,7 +18,7 @@ The sweep config (see txf.sweep.grid) holds `base`, `grid` and `sweep`:
                      to the hook as `num_tokens`
 
 Each point trains through txf.train.loop.run in `<workdir>/<point name>`, a
-normal run directory, so it is one code path with `experiments.run`: a
+normal run directory, so it is one code path with `txf-run`: a
 rerun resumes an interrupted point from its checkpoint (a point trained to
 fewer steps than its train.steps now asks for continues; one whose final
 eval row or config.json was lost gets them) and skips finished ones. A
@@ -169,6 +169,7 @@ def _dry_run(
       f"point {point.index} ({point.name}):\n  "
       + grid.command_for(point, settings.run_config, workdir / point.name, reference=reference)
     )
+  log(f"(in a checkout, python -m experiments.run takes the place of {grid.RUN_COMMAND})")
 
 
 def _train_point(point: Point, workdir: epath.Path, log: Log, config_file: str | None) -> bool:
@@ -330,7 +331,7 @@ def run_sweep(
     index=N          trains point N only (None: $SLURM_ARRAY_TASK_ID picks
                      it when set, else every point); no results are written,
                      since other points may still be training elsewhere
-    dry_run          logs each point and its exact experiments.run command
+    dry_run          logs each point and its exact txf-run command
     summarize_only   writes the results and plots from what is on disk (at
                      least one point must have been run in `workdir`)
 

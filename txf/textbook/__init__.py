@@ -8,9 +8,10 @@ the numbers with "text" (a markdown report) and "figures" (the PNG paths);
 `quick=True` is the toy size the tests use. Experiments that train go through
 the one run setup and loop (txf.train.loop.run) with a config derived from
 the `base_config` they are given (the command passes configs/<config>.py's),
-never a loop of their own. The command is experiments/textbook.py:
+never a loop of their own. The command is txf-textbook (txf.commands.textbook;
+`python -m experiments.textbook` in a checkout):
 
-  python -m experiments.textbook NAME | all | --list
+  txf-textbook NAME | all | --list
 
 This package sits above txf.train, txf.decode and txf.sweep (like
 txf.sweep above txf.train); nothing below it imports it. The modules load
@@ -31,7 +32,7 @@ class Experiment:
 
   Attributes:
     name: the command's NAME.
-    item: its number in the textbook issue (docs/textbook.md follows it).
+    item: its number: `--list` shows it and docs/textbook.md's sections follow it.
     title: one line saying what it shows.
     module: the module holding its `run`.
     config: configs/<config>.py the experiment trains from (passed to `run`
@@ -100,7 +101,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     ),
     Experiment(
       "heads",
-      9,
+      8,
       "previous-token and induction heads in a trained LM",
       "txf.textbook.heads",
       config="base",

@@ -1,4 +1,4 @@
-"""Previous-token and induction heads in a trained LM (textbook item 9).
+"""Previous-token and induction heads in a trained LM (textbook item 8).
 
 A small decoder LM is trained on the built-in corpus (configs/base.py, the
 Python standard library's source, bytes) by txf.train.loop.run. Its
@@ -11,7 +11,7 @@ is scored per head with txf.analysis.heads:
                         token after the previous occurrence of the current
                         one, which is the one to predict.
 
-The induction probe is the one experiments.analyze uses: its tokens are ids
+The induction probe is the one txf-analyze uses: its tokens are ids
 that occur in the run's validation data (in_distribution_ids; a byte the
 corpus never holds says nothing about the model), and it runs at the two
 longest periods P that fit the context (probe_periods). A head attending a
@@ -24,7 +24,7 @@ The best head of each kind is shown on text and on repeated sequences: a
 previous-token head is a stripe just below the diagonal, an induction head a
 stripe P - 1 below it in the second block, at both periods. Uniform causal
 attention scores the mean of 1 / (t + 1) on both (given as the baseline).
-`python -m experiments.analyze --workdir=<out>/runs/heads` adds entropies,
+`txf-analyze --workdir=<out>/runs/heads` adds entropies,
 distances and head ablations for the same run.
 """
 
@@ -173,7 +173,7 @@ def compute(
   }
   previous_LxH = _per_layer(previous_token_score, text_layers)
   # A content match scores at every period, so a head is as much an
-  # induction head as its lowest score says (as experiments.analyze ranks it).
+  # induction head as its lowest score says (as txf-analyze ranks it).
   induction_LxH = np.min(np.stack(list(induction_by_period.values())), axis=0)
   scores = {
     "previous_token": previous_LxH,
@@ -311,7 +311,7 @@ def run(
   base_config: ml_collections.ConfigDict,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-  """Trains (or reuses), scores, plots and reports item 9."""
+  """Trains (or reuses), scores, plots and reports item 8."""
   result = compute(
     base_config,
     out_dir,

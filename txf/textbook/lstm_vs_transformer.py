@@ -4,7 +4,7 @@
 
 trains two language models from one base run config (its data, optimizer,
 schedule, evaluation and seed), each through the same runner as
-`python -m experiments.run` (`txf.train.loop.run`), into the run directories
+`txf-run` (`txf.train.loop.run`), into the run directories
 `out_dir/runs/lstm_vs_transformer/transformer` and `.../lstm`:
 
   transformer  a decoder of TRANSFORMER_MODEL (4 layers, d_model 128, 4 heads;

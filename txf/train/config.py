@@ -4,10 +4,15 @@
   run.model.d_model, run.data.seq_len, run.train.steps, run.eval.every
   run.optimizer, run.schedule          # built once, here
   run.seeds                            # (seed, ..., seed + replicas - 1)
+  run.notes                            # what the check changed, one line each
 
 Unknown fields and impossible combinations across sections are each a
-`ValueError` naming the field. `RunConfig` is what setup_run, the loop and
-the commands read; the ConfigDict stays what config.json records.
+`ValueError` naming the field. One setting that does not fit is fitted
+instead, by a rule the run states in a line of `notes`: a
+`train.warmup_steps` above `train.steps` is clamped to `train.steps`
+(txf.train.optim.fitted_warmup), so every config runs with
+`--config.train.steps=N` for any N >= 1. `RunConfig` is what setup_run, the
+loop and the commands read; the ConfigDict stays what config.json records.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from txf.data.config import DataSpec, read_data_config
 from txf.layers.config import ModelConfig
 from txf.layers.embedding import check_position_table
 from txf.train import replicas as replicas_lib
-from txf.train.optim import make_optimizer, make_schedule
+from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
 from txf.train.trackers import tracker_names
 
 
@@ -74,7 +79,9 @@ class ParallelConfig:
 @dataclasses.dataclass(frozen=True, eq=False)
 class RunConfig:
   """A checked run config: each section typed, the optimizer and its
-  schedule built once from `train`."""
+  schedule built once from `train`; `notes`: a line for each setting the
+  check fitted (train.warmup_steps clamped to train.steps), which the run
+  prints before training."""
 
   seed: int
   replicas: int
@@ -85,6 +92,7 @@ class RunConfig:
   parallel: ParallelConfig
   optimizer: optax.GradientTransformation
   schedule: optax.Schedule
+  notes: tuple[str, ...] = ()
 
   @property
   def seeds(self) -> tuple[int, ...]:
@@ -180,6 +188,14 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   train = dataclasses.replace(train, trackers=tracker_names(train.trackers))
   # Checks the optimizer and schedule fields (train.steps among them) ...
   optimizer, schedule = make_optimizer(train), make_schedule(train)
+  notes = []
+  warmup = fitted_warmup(train.warmup_steps, train.steps)
+  if warmup != train.warmup_steps:  # the schedule above warms up over these steps too
+    notes.append(
+      f"train.warmup_steps: {train.warmup_steps} is more than train.steps={train.steps}; "
+      f"clamped to {warmup} (the learning rate rises for the whole run)"
+    )
+    train = dataclasses.replace(train, warmup_steps=warmup)
   # ... but lets infinities through where they pass its comparisons.
   checks.finite_at_least(train.weight_decay, "train.weight_decay", 0.0)
   checks.finite_at_least(train.eps, "train.eps", 0.0, open_=True)
@@ -218,4 +234,5 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
     parallel=_typed(ParallelConfig, config.parallel),
     optimizer=optimizer,
     schedule=schedule,
+    notes=tuple(notes),
   )

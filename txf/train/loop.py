@@ -59,6 +59,7 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from etils import epath
 
@@ -71,11 +72,14 @@ from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionG
 from txf.train.config import ConfigError, TrainConfig
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics
+from txf.train.optim import make_schedule
 from txf.train.record import RunRecord, resolved_config
 from txf.train.setup import (
+  CONFIG_FILE,
   RunSetup,
   check_optimizer_state,
   check_resumable,
+  config_changes,
   make_checkpointer,
   read_run_config,
   setup_run,
@@ -228,6 +232,8 @@ class _Throughput:
     self.restart()
     # The whole of this process's training, compilation and evaluations included.
     self.began, self.steps_run = self._start, 0
+    # Since the first step compiled: what the ETA extrapolates (evaluations included).
+    self.compiled, self.steps_compiled = self._start, 0
 
   def restart(self) -> None:
     self._start, self._steps = time.perf_counter(), 0
@@ -237,8 +243,14 @@ class _Throughput:
     if compiling:
       jax.block_until_ready(metrics)
       self.restart()
+      self.compiled, self.steps_compiled = self._start, 0
     else:
       self._steps += 1
+      self.steps_compiled += 1
+
+  def timed(self) -> tuple[float, int]:
+    """(seconds, steps) this process has trained since its first step compiled."""
+    return time.perf_counter() - self.compiled, self.steps_compiled
 
   def figures(self, setup: RunSetup) -> dict[str, float]:
     """tokens/s, steps/s, step time and MFU (where the peak is known); none
@@ -271,7 +283,12 @@ def _log_train(
   elapsed = time.perf_counter() - window.began
   log(
     format_progress(
-      done, setup.run.train.steps, scalars, elapsed=elapsed, steps_run=window.steps_run
+      done,
+      setup.run.train.steps,
+      scalars,
+      elapsed=elapsed,
+      steps_run=window.steps_run,
+      timed=window.timed(),
     )
   )
 
@@ -482,6 +499,13 @@ def run(
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
     with guarding as guard, _closing(checkpointer), setup.activation_sharding():
       start, state, data_state = _restore(setup, checkpointer, workdir, log)
+      # A resume that changes settings says which, before training (config.json,
+      # which they are read from, is written below).
+      changes = _changes_line(config, workdir) if start else None
+      if changes:
+        log(changes + _learning_rate_change(setup, workdir, start))
+      for note in setup.run.notes:
+        log(note)
       first_params = setup.replica_params(state.params, 0)
       log(
         f"data: {setup.train_data.description}\n"
@@ -553,6 +577,31 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   return step != steps or any(
     row["step"] == step and "eval_loss" in row for row in read_metrics(workdir, since=step)
   )
+
+
+def _changes_line(config, workdir: epath.Path) -> str | None:
+  """One line naming every field `config` changes from the run's config.json
+  (`old -> new`), or None when it changes none."""
+  changes = config_changes(config, workdir)
+  if not changes:
+    return None
+  return f"changed from the run's {CONFIG_FILE}: " + ", ".join(
+    f"{name} {old!r} -> {new!r}" for name, old, new in changes
+  )
+
+
+def _learning_rate_change(setup: RunSetup, workdir: epath.Path, start: int) -> str:
+  """'; learning rate at step N: old -> new' where the changed schedule moves
+  the next update's learning rate, else ''."""
+  saved = read_run_config(workdir) or {}
+  try:
+    old = float(make_schedule(ml_collections.ConfigDict(saved.get("train") or {}))(start))
+  except (ValueError, TypeError, AttributeError, KeyError):  # an old run's fields, unusable
+    return ""
+  new = float(setup.schedule(start))
+  if start >= setup.run.train.steps or np.isclose(old, new, rtol=1e-6, atol=0):
+    return ""
+  return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
 
 
 def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):

@@ -644,6 +644,7 @@ def format_progress(
   *,
   elapsed: float | None = None,
   steps_run: int = 0,
+  timed: tuple[float, int] | None = None,
 ) -> str:
   """One console line, e.g.
   'step 120/1000 (12.0%) | loss 2.3456 | lr 3.000e-04 | 51,234 tok/s |
@@ -655,6 +656,9 @@ def format_progress(
   compilation included, over `steps_run` steps. With both, the ETA is the
   remaining steps at that wall time per step, so it counts the evaluations
   still to come; otherwise it is the remaining steps at 'steps_per_sec'.
+  `timed`: (seconds, steps) to take that wall time per step from instead,
+  e.g. those since the first step compiled (the loop's: a compilation is not
+  repeated, and right after a resume it would dominate a few steps' time).
   """
   if total <= 0:
     raise ValueError(f"total must be positive, got {total}.")
@@ -672,8 +676,9 @@ def format_progress(
   remaining = max(total - step, 0)
   if elapsed is not None:
     parts.append(f"elapsed {format_duration(elapsed)}")
-  if elapsed is not None and steps_run > 0:
-    parts.append(f"eta {format_duration(remaining * elapsed / steps_run)}")
+  seconds, steps = timed if timed is not None else (elapsed, steps_run)
+  if seconds is not None and steps > 0:
+    parts.append(f"eta {format_duration(remaining * seconds / steps)}")
   elif values.get("steps_per_sec", 0) > 0:
     parts.append(f"eta {format_duration(remaining / values['steps_per_sec'])}")
   return " | ".join(parts)

@@ -2,7 +2,8 @@
 
 Fields read (all under `train`):
   learning_rate    peak learning rate, reached at the end of warmup
-  warmup_steps     linear warmup from 0 to the peak over this many steps
+  warmup_steps     linear warmup from 0 to the peak over this many steps (at
+                   most `steps`: a longer warmup is clamped to it, see fitted_warmup)
   decay            shape after warmup: 'cosine' | 'linear' | 'constant' | 'rsqrt'
   steps            total training steps (the decay ends here)
   end_lr_fraction  final lr / peak, for 'cosine' and 'linear'
@@ -51,11 +52,20 @@ def _check(condition: bool, name: str, requirement: str, value: Any) -> None:
     raise ValueError(f"train.{name} must be {requirement}, got {value!r}.")
 
 
+def fitted_warmup(warmup_steps: int, steps: int) -> int:
+  """The warmup a run of `steps` steps uses: `warmup_steps`, clamped to
+  `steps`. A warmup longer than the run (a shipped config's 60 steps with
+  --config.train.steps=30) warms up over the whole run, so the learning rate
+  rises for all of it and never decays; txf.train.config.check_run_config
+  says so in one line (RunConfig.notes)."""
+  return min(warmup_steps, steps)
+
+
 def make_schedule(train_config: Any) -> optax.Schedule:
   """Linear warmup from 0 to `learning_rate`, then the `decay` shape.
 
-  With t the step and W = warmup_steps, D = steps - W, P = learning_rate,
-  E = end_lr_fraction * P:
+  With t the step and W = fitted_warmup(warmup_steps, steps), D = steps - W,
+  P = learning_rate, E = end_lr_fraction * P:
     t < W:     P * t / W   (so the very first update uses lr 0, as in optax)
     cosine:    E + (P - E) * (1 + cos(pi * min(t - W, D) / D)) / 2
     linear:    P + (E - P) * min(t - W, D) / D
@@ -73,13 +83,13 @@ def make_schedule(train_config: Any) -> optax.Schedule:
   end_fraction = _number(train_config, "end_lr_fraction")
   decay = _field(train_config, "decay")
   _check(0 < peak < float("inf"), "learning_rate", "positive and finite", peak)
-  _check(warmup <= total, "warmup_steps", f"between 0 and train.steps ({total})", warmup)
   _check(0 <= end_fraction <= 1, "end_lr_fraction", "in [0, 1]", end_fraction)
   _check(decay in DECAYS, "decay", f"one of {DECAYS}", decay)
   _check(
     decay != "rsqrt" or warmup > 0, "warmup_steps", "positive when train.decay is 'rsqrt'", warmup
   )
 
+  warmup = fitted_warmup(warmup, total)
   decay_steps = max(total - warmup, 1)
   end_value = peak * end_fraction
   if decay == "cosine":

@@ -334,7 +334,7 @@ def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any)
     pretrained = interop.load_pretrained(directory)
   except interop.CheckpointError as error:
     raise ValueError(f"train.init_from: {error}") from None
-  hint = f"(start from --config=configs/pretrained.py:{directory}, which writes its model section)"
+  hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
   for field in dataclasses.fields(ModelConfig):
     ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
     if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
@@ -400,6 +400,7 @@ ADDED_FIELDS = {
   "model.embed_norm": False,
   "model.num_token_types": 0,
   "model.scale_attention": True,
+  "model.init": "txf",
   "train.loss_chunk_len": 0,
   "train.trackers": "",
   "data.num_symbols": 32,
@@ -475,6 +476,37 @@ def changed_fields(config: Any, workdir: str | os.PathLike, sections: tuple[str,
       if _first_difference(old.get(key), new.get(key), key)
     ]
   return changed
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """Dotted name -> value for every leaf of a JSON tree."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  leaves: dict[str, Any] = {}
+  for key, value in tree.items():
+    leaves.update(_leaves(value, f"{prefix}.{key}" if prefix else key))
+  return leaves
+
+
+def config_changes(config: Any, workdir: str | os.PathLike) -> list[tuple[str, Any, Any]]:
+  """(dotted field, the run's config.json value, `config`'s value) for every
+  field of `config` that differs from the run in `workdir`, in config order
+  ([] for a new work directory; a field config.json lacks: None). What a
+  resumed run changes: the fields `check_resumable` allows (and, before it,
+  those it refuses).
+
+  Raises:
+    ValueError: naming config.json, when it does not read (read_run_config).
+  """
+  saved = read_run_config(workdir)
+  if saved is None:
+    return []
+  old, new = _leaves(saved), _leaves(json.loads(config.to_json_best_effort()))
+  return [
+    (name, old.get(name), value)
+    for name, value in new.items()
+    if name not in old or old[name] != value
+  ]
 
 
 def check_resumable(config: Any, workdir: str | os.PathLike) -> None:

@@ -5,7 +5,7 @@ out to them).
 A run names its trackers in the config field `train.trackers` (a string,
 names separated by commas, or a list of names; empty: none):
 
-  wandb  Weights & Biases (`pip install txf[wandb]`; wandb is imported only
+  wandb  Weights & Biases (the wandb extra, txf.extras; imported only
          when named). The project is $WANDB_PROJECT (default 'txf'), the run's
          name the work directory's; wandb's own settings (WANDB_MODE=offline,
          WANDB_DIR, WANDB_ENTITY, ...) apply. The wandb run id is kept in the
@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from etils import epath
 
+from txf.extras import install_hint
 from txf.train.workdir import read_text, replace_text
 
 WANDB_ID_FILE = "wandb_run_id.txt"
@@ -177,7 +178,7 @@ def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
   for name in names:
     package = PACKAGES.get(name)
     if package and not _installed(package):
-      raise ValueError(f"{field}: {name!r} needs the {package} package: pip install 'txf[{name}]'")
+      raise ValueError(f"{field}: {name!r} needs the {package} package: {install_hint(name)}")
   return tuple(dict.fromkeys(names))
 
 
@@ -202,7 +203,7 @@ def make_trackers(names: tuple[str, ...], workdir: epath.Path) -> tuple[Tracker,
         trackers.append(TRACKERS[name](workdir))
       except ImportError as error:
         raise ImportError(
-          f"train.trackers: {name!r} needs the {name} package: pip install 'txf[{name}]'"
+          f"train.trackers: {name!r} needs the {name} package: {install_hint(name)}"
         ) from error
   except BaseException:
     for tracker in trackers:

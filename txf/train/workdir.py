@@ -6,7 +6,7 @@ Everything a run reads and writes goes through one path type, `etils.epath`
 (the one orbax uses), so a work directory may be local or a URL such as
 `gs://bucket/run`. `run_path` turns a string into that path and refuses, before
 any compute, a URL whose file system is not installed (`gs://` needs the
-`gcs` extra: `pip install 'txf[gcs]'`) and a URL that lost a slash on the way
+`gcs` extra: txf.extras.install_hint("gcs")) and a URL that lost a slash on the way
 (`gs:/bucket/run`, which would otherwise become a local directory `gs:`).
 `check_reachable` then looks at such a URL once within `REACH_TIMEOUT_S`
 seconds: a bucket that cannot be reached (no network, no credentials) stops
@@ -47,12 +47,14 @@ from typing import IO, Any
 
 from etils import epath
 
+from txf.extras import install_hint
+
 LOCK_FILE = ".lock"
 # How long the first look at a URL work directory may take (check_reachable).
 REACH_TIMEOUT_S = 30.0
 # URL scheme -> (modules its file system needs, how to install them).
 SCHEMES = {
-  "gs": (("gcsfs", "google.cloud.storage"), "pip install 'txf[gcs]'"),
+  "gs": (("gcsfs", "google.cloud.storage"), install_hint("gcs")),
   "s3": (("s3fs",), "pip install s3fs"),
   "az": (("adlfs",), "pip install adlfs"),
   "hf": (("huggingface_hub",), "pip install huggingface_hub"),

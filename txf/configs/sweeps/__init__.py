@@ -1,1 +1,1 @@
-"""Sweep configs for experiments/sweep.py: a base run config, a grid, settings."""
+"""Sweep configs for txf-sweep: a base run config, a grid, settings."""

@@ -1,6 +1,6 @@
 """Pre-LN vs Post-LN x learning-rate warmup x peak learning rate (Xiong et al. 2020).
 
-  python -m experiments.sweep --config=configs/sweeps/ln_warmup.py --workdir=runs/ln_warmup
+  txf-sweep --config=sweeps/ln_warmup --workdir=runs/ln_warmup
 
 Xiong et al. 2020 ("On Layer Normalization in the Transformer Architecture")
 find that Post-LN needs warmup to train at a high learning rate and Pre-LN
@@ -21,7 +21,7 @@ idle cores), final validation loss in nats/token:
   Post-LN, warmup 30, lr 3e-3:  2.06   (... the same run with warmup)
 So at this scale the effect shows as trailing, not divergence: Post-LN needs
 warmup at 3e-3 and fails at 1e-2 even with it, while Pre-LN trains at 1e-2
-without warmup. (The lr 3e-3 points were run with experiments.run and the
+without warmup. (The lr 3e-3 points were run with txf-run and the
 same fields, before the grid's rates were set to these.)
 """
 

@@ -1,6 +1,6 @@
 """Positional encodings x Pre-/Post-LN: the six encodings x two norm placements.
 
-  python -m experiments.sweep --config=configs/sweeps/pe_ln.py --workdir=runs/pe_ln
+  txf-sweep --config=sweeps/pe_ln --workdir=runs/pe_ln
 
 12 points, each configs/base.py narrowed to d_model 64 (byte-level decoder
 LM on the Python standard library, 2 layers, 4 heads, 116k parameters,

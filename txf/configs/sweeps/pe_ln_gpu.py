@@ -1,8 +1,8 @@
-"""Positional encodings x Pre-/Post-LN at GPU scale: configs/sweeps/pe_ln.py's
-12 points, a model 28x the CPU sweep's parameters and 4.4x its tokens per seed.
+"""Positional encodings x Pre-/Post-LN at GPU scale: the pe_ln sweep's 12
+points, a model 28x the CPU sweep's parameters and 4.4x its tokens per seed.
 
-  bash benchmarks/gpu.sh sweep                # 6 points side by side on one GPU
-  python -m experiments.sweep --config=configs/sweeps/pe_ln_gpu.py --workdir=runs/pe_ln_gpu
+  txf-sweep --config=sweeps/pe_ln_gpu --workdir=runs/pe_ln_gpu
+  bash benchmarks/gpu.sh sweep   # in a checkout: 6 points side by side on one GPU
 
 Each point: a byte-level decoder LM on the built-in corpus (the Python
 standard library; 20 MB per split where the host's stdlib has it), 4 layers,
