@@ -533,6 +533,8 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     steps, every = config.base.train.steps, config.base.eval.every
     window_start = steps * (1 - results.FLAT_FRACTION)
     assert window_start == int(window_start) and int(window_start) % every == 0 == steps % every
+    # ... and enough evaluations fall in it for a verdict.
+    assert (steps - window_start) // every + 1 >= results.FLAT_MIN_EVALUATIONS
 
 
 def run_cli(*args):
