@@ -391,5 +391,12 @@ def test_override_grid_names_a_bad_flag(spec, message):
 
   with pytest.raises(grid.GridError, match=message):
     grid.override_grid(pe_ln.get_config(), [spec])
+
+
+def test_override_grid_leaves_a_field_to_sweep():
+  from txf.configs.sweeps import pe_ln
+
   with pytest.raises(grid.GridError, match="no field is left to sweep"):
     grid.override_grid(pe_ln.get_config(), ["model.position=", "model.norm_placement="])
+  with pytest.raises(grid.GridError, match="model.position is given twice"):
+    grid.override_grid(pe_ln.get_config(), ["model.position=rope", "model.position=alibi"])
