@@ -380,7 +380,7 @@ def test_line_plot_figure_and_png(tmp_path):
     logx=True,
   )
   (axes,) = figure.axes
-  assert (axes.get_title(), axes.get_xlabel(), axes.get_ylabel()) == (
+  assert (figure.get_suptitle(), axes.get_xlabel(), axes.get_ylabel()) == (
     "loss vs length",
     "evaluation length (tokens)",
     "loss (nats/token)",

@@ -145,6 +145,39 @@ def test_a_run_field_set_on_a_sweep_config_says_how_to_set_its_base(tmp_path):
   assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_grid_is_narrowed_with_the_grid_flag_not_its_config_fields(tmp_path):
+  workdir = f"--workdir={tmp_path / 'sweep'}"
+  result = run_cli(
+    "--config=configs/sweeps/pe_ln.py",
+    workdir,
+    "--config.grid.model.position=rope",
+    command="sweep",
+  )
+  assert_one_line_error(
+    result, "config error: grid.model.position: unknown field", "--grid=model.position="
+  )
+  result = run_cli(
+    "--config=configs/sweeps/pe_ln.py",
+    workdir,
+    "--grid=model.position=rope,alibi",
+    "--dry_run",
+    command="sweep",
+  )
+  assert result.returncode == 0, result.stderr
+  points = [line for line in result.stdout.splitlines() if line.startswith("point ")]
+  assert points == [
+    "point 0 (position=rope,norm_placement=pre):",
+    "point 1 (position=rope,norm_placement=post):",
+    "point 2 (position=alibi,norm_placement=pre):",
+    "point 3 (position=alibi,norm_placement=post):",
+  ]
+  result = run_cli(
+    "--config=configs/sweeps/pe_ln.py", workdir, "--grid=model.num_layers=two", command="sweep"
+  )
+  assert_one_line_error(result, "flag error: --grid=model.num_layers=two: ", "not an integer")
+  assert not (tmp_path / "sweep").exists()
+
+
 def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path):
   result = run_cli(
     "--config=configs/rope.py",

@@ -130,3 +130,39 @@ def test_sentencepiece_vocab_too_small_for_characters(tmp_path):
   texts = ["".join(map(chr, range(0x4E00, 0x4E00 + 200)))] * 3
   with pytest.raises(ValueError, match="vocab_size=300"):
     SentencePieceTokenizer.train(texts, 300, tmp_path / "m")
+
+
+def test_bytes_and_sentencepiece_as_hugging_face_tokenizers(sp_model_prefix, tmp_path):
+  """What txf-export writes: tokenizer.json (and its special tokens) that
+  txf's Hugging Face reader encodes and decodes as the run's tokenizer."""
+  from txf.data import HFTokenizer
+
+  texts = [*TEXTS, "<mask> and <b> as text", "x" * 50 + "\n\n\tq", *_training_texts()[:5]]
+  tokenizers = {
+    "bytes": ByteTokenizer(),
+    "sentencepiece": SentencePieceTokenizer(f"{sp_model_prefix}.model"),
+  }
+  for name, tokenizer in tokenizers.items():
+    directory = tmp_path / name
+    directory.mkdir()
+    for file, text in tokenizers_module.hf_tokenizer_files(tokenizer).items():
+      (directory / file).write_text(text)
+    read = HFTokenizer(directory)
+    assert read.vocab_size == tokenizer.vocab_size, name
+    assert (read.pad_id, read.bos_id, read.eos_id, read.mask_id) == (
+      tokenizer.pad_id,
+      tokenizer.bos_id,
+      tokenizer.eos_id,
+      tokenizer.mask_id,
+    )
+    # bytes: '<s>' in a text is its bytes (the special tokens are never read from text).
+    for text in [*texts, "<s> and </s>"] if name == "bytes" else texts:
+      ids = tokenizer.encode(text)
+      np.testing.assert_array_equal(read.encode(text), ids, err_msg=f"{name}: {text!r}")
+      assert read.decode(ids) == tokenizer.decode(ids), (name, text)
+    # A Hugging Face tokenizer's own files are copied.
+    assert tokenizers_module.hf_tokenizer_files(read) == {
+      file.name: file.read_text() for file in directory.iterdir()
+    }
+  with pytest.raises(ValueError, match="SymbolTokenizer .* has no Hugging Face tokenizer.json"):
+    tokenizers_module.hf_tokenizer_files(SymbolTokenizer(["a", "b"]))

@@ -323,6 +323,21 @@ def test_export_refuses_what_the_architecture_cannot_hold(change, field, tmp_pat
   assert not (tmp_path / "model.safetensors").exists()
 
 
+def test_export_names_every_field_the_architecture_cannot_hold(tmp_path):
+  """In one line: a txf model of another shape learns every change it needs."""
+  cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1)
+  with pytest.raises(CheckpointError) as raised:
+    save_pretrained(cfg, random_params(cfg), tmp_path)
+  assert str(raised.value) == (
+    "model.position: 'rope' cannot be written as GPT2LMHeadModel (needs 'learned'); "
+    "model.use_bias: False (needs True); model.scale_logits: True (needs False)"
+  )
+  cfg = ModelConfig(family="lstm", vocab_size=50, d_model=16, num_layers=1)
+  with pytest.raises(CheckpointError, match="^model.family: 'lstm' has no Hugging Face"):
+    save_pretrained(cfg, {}, tmp_path)
+  assert not list(tmp_path.iterdir())
+
+
 # ---------------------------------------------------------------------------
 # Errors name what does not fit.
 

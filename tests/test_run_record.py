@@ -60,11 +60,18 @@ def test_record_holds_each_start_of_a_run_and_hparams_its_end(tmp_path):
   rows = read_metrics(workdir)
   assert all(_time(first["start"]).timestamp() - 1 <= row["time"] for row in rows)
 
-  # TensorBoard's hparams: the model's fields, the ones passed, the final metrics.
+  # TensorBoard's hparams: every resolved field, the ones passed, the final metrics.
   hparams, metric_tags = read_hparams(workdir / TENSORBOARD_DIR)
   assert hparams["model.d_model"] == 32 and hparams["model.head_dim"] == 16
   assert hparams["train.learning_rate"] == 0.01 and hparams["seed"] == 0
-  assert "eval_loss" in metric_tags
+  assert hparams["train.warmup_steps"] == 4 and hparams["data.batch_size"] == 8
+  assert hparams["eval.num_batches"] == 1 and hparams["replicas"] == 1
+  assert {
+    f"{section}.{name}"
+    for section in ("model", "data", "train", "eval")
+    for name in first["config"][section]
+  } | {"seed", "replicas"} == set(hparams)
+  assert "eval/loss" in metric_tags
 
   # Resumed with more steps: a second entry, the first kept as it was.
   loop.run(tiny(steps=6), workdir, log=lambda line: None)

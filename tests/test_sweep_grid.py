@@ -318,3 +318,85 @@ def test_command_for_sets_derived_fields_and_rejects_what_the_command_line_canno
   reference.model.bogus = 1
   with pytest.raises(GridError, match=r"^point 1 \(window=16\): model\.bogus: in only one"):
     grid.command_for(points[1], "configs/base.py", "w", reference=reference)
+
+
+def grid_items(grid_config):
+  return [(key, list(values)) for key, values in grid_config.items()]
+
+
+def test_override_grid_narrows_adds_and_removes_fields():
+  """--grid=FIELD=VALUES: the grid as the command line narrows it; values
+  read as the base declares the field; the points keep their names."""
+  from txf.configs.sweeps import pe_ln
+
+  sweep = pe_ln.get_config()
+  narrowed = grid.override_grid(sweep, ["model.position=rope,alibi"])
+  assert grid_items(narrowed) == [
+    ("model.position", ["rope", "alibi"]),
+    ("model.norm_placement", ["pre", "post"]),
+  ]
+  full = {point.name for point in grid.expand(sweep)}
+  sweep.grid = narrowed
+  names = [point.name for point in grid.expand(sweep)]
+  assert len(names) == 4 and set(names) <= full
+  sweep = pe_ln.get_config()
+  assert grid_items(
+    grid.override_grid(
+      sweep,
+      ["model.norm_placement=", "train.learning_rate=1e-3, 3e-3", "model.embed_norm=true"],
+    )
+  ) == [
+    ("model.position", ["sinusoidal", "learned", "rope", "alibi", "t5_bias", "none"]),
+    ("train.learning_rate", [1e-3, 3e-3]),
+    ("model.embed_norm", [True]),
+  ]
+  assert grid_items(grid.override_grid(sweep, ["model.window=None,16"]))[-1] == (
+    "model.window",
+    [None, 16],
+  )
+  assert len(list(sweep.grid.items())) == 2  # the config itself is left as it was
+
+
+def test_override_grid_gives_a_zipped_group_with_all_its_fields():
+  sweep = ml_collections.ConfigDict(dict(base=load_config("base")))
+  sweep.grid = grid.make_grid(
+    {"model.norm_placement": ["pre", "post"]},
+    zip={"train.learning_rate": [1e-3, 3e-3], "train.warmup_steps": [0, 60]},
+  )
+  first, second = "train.learning_rate", "train.warmup_steps"
+  zipped = f"{first}{grid.ZIP_SEPARATOR}{second}"
+  with pytest.raises(grid.GridError, match=f"zipped with {second}.*--grid for each"):
+    grid.override_grid(sweep, [f"{first}=1e-2"])
+  rezipped = dict(grid_items(grid.override_grid(sweep, [f"{second}=30,90", f"{first}=1,2"])))
+  assert [tuple(row) for row in rezipped[zipped]] == [(1.0, 30), (2.0, 90)]
+  with pytest.raises(grid.GridError, match="^--grid: zip: the lists must have one length"):
+    grid.override_grid(sweep, [f"{first}=1,2", f"{second}=3"])
+  assert grid_items(grid.override_grid(sweep, [f"{first}=", f"{second}="])) == [
+    ("model.norm_placement", ["pre", "post"])
+  ]
+
+
+@pytest.mark.parametrize(
+  "spec, message",
+  [
+    ("model.position", "^--grid=model.position: expected --grid=FIELD=VALUE"),
+    ("model.postion=rope", "^--grid=model.postion=rope: model.postion: not a field"),
+    ("model.num_layers=two", "^--grid=model.num_layers=two: model.num_layers: 'two' is not an"),
+    ("model.embed_norm=yes", "'yes' is not true or false"),
+    ("model.position=rope,rope", "^--grid: model.position: a value is given twice"),
+  ],
+)
+def test_override_grid_names_a_bad_flag(spec, message):
+  from txf.configs.sweeps import pe_ln
+
+  with pytest.raises(grid.GridError, match=message):
+    grid.override_grid(pe_ln.get_config(), [spec])
+
+
+def test_override_grid_leaves_a_field_to_sweep():
+  from txf.configs.sweeps import pe_ln
+
+  with pytest.raises(grid.GridError, match="no field is left to sweep"):
+    grid.override_grid(pe_ln.get_config(), ["model.position=", "model.norm_placement="])
+  with pytest.raises(grid.GridError, match="model.position is given twice"):
+    grid.override_grid(pe_ln.get_config(), ["model.position=rope", "model.position=alibi"])

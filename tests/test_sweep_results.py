@@ -226,36 +226,53 @@ def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
 
 
 def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
-  steps = [200, 400, 600, 800, 1000]
-  loss = [3.0, 2.5, 2.2, 2.02, 2.0]
+  steps = list(range(100, 1001, 100))
+  loss = [3.0, 2.8, 2.6, 2.5, 2.4, 2.2, 2.1, 2.02, 2.01, 2.0]
+  # The last fifth (800-1000) holds three evaluations: measured from 800.
   assert results.late_improvement(steps, loss) == pytest.approx(0.02 / 2.02, rel=1e-12)
   assert results.is_flat(results.late_improvement(steps, loss))  # 1.0% < 2%
-  # No evaluation at 80% of 250 steps: the window starts at the latest before (125).
-  assert results.late_improvement([125, 250], [2.6, 2.3]) == pytest.approx(0.3 / 2.6, rel=1e-12)
-  assert results.late_improvement([250], [2.3]) is None
-  assert results.late_improvement([], []) is None
-  assert results.late_improvement(steps, [3.0, 2.5, 2.2, 2.1, 2.0]) == pytest.approx(
-    0.1 / 2.1, rel=1e-12
-  )
+  loss[7:] = [2.1, 2.05, 2.0]
+  assert results.late_improvement(steps, loss) == pytest.approx(0.1 / 2.1, rel=1e-12)
   assert not results.is_flat(0.1 / 2.1) and results.is_flat(0.019) and results.is_flat(-0.01)
+  # The same run evaluated every 200 steps: two evaluations in the last fifth
+  # (800, 1000) measure two noisy numbers, so flatness is unknown.
+  assert results.late_improvement(steps[1::2], loss[1::2]) is None
+  assert results.evaluations_in_window(steps[1::2]) == 2
+  # The issue's case: a 20-step run still falling, evaluated every 4 steps.
+  assert results.late_improvement([4, 8, 12, 16, 20], [4.91, 4.7, 4.5, 4.39, 4.34]) is None
+  # With fewer evaluations required, the window starts at the latest before 80% (125).
+  assert results.late_improvement([125, 250], [2.6, 2.3], min_evaluations=1) == pytest.approx(
+    0.3 / 2.6, rel=1e-12
+  )
+  assert results.late_improvement([250], [2.3], min_evaluations=1) is None
+  assert results.late_improvement([], []) is None
   assert results.is_flat(None) is None
 
 
-def test_results_tables_report_the_flattening_criterion(sweep_dir, points):
+def test_results_tables_report_the_flattening_criterion(sweep_dir, points, monkeypatch):
+  # Two evaluations (steps 2 and 4): one in the last fifth, too few for a verdict.
+  rows = summaries(sweep_dir, points)
+  assert [row.late_improvement for row in rows] == [None] * 4
+  csv_path, md_path = results.write_results(rows, sweep_dir)
+  with open(csv_path, newline="") as f:
+    assert [row["flat"] for row in csv.DictReader(f)] == ["unknown", "", "unknown", "unknown"]
+  lines = md_path.read_text().splitlines()
+  assert "less than 2%" in lines[0] and "judged only with at least 3 evaluations" in lines[0]
+  # With one evaluation enough (as a run evaluated often would have them):
+  monkeypatch.setattr(results, "FLAT_MIN_EVALUATIONS", 1)
   rows = summaries(sweep_dir, points)
   assert rows[0].late_improvement == pytest.approx((3.2 - 2.25) / 3.2, rel=1e-12)
   assert rows[1].late_improvement is None  # diverged
-  assert rows[3].late_improvement is None  # one evaluation
+  assert rows[3].late_improvement is None  # one evaluation: none before the last fifth
   csv_path, md_path = results.write_results(rows, sweep_dir)
   with open(csv_path, newline="") as f:
     table = list(csv.DictReader(f))
   assert float(table[0]["late_improvement"]) == pytest.approx((3.2 - 2.25) / 3.2, rel=1e-12)
-  assert [row["flat"] for row in table] == ["no", "", "no", ""]
+  assert [row["flat"] for row in table] == ["no", "", "no", "unknown"]
   lines = md_path.read_text().splitlines()
   header = [cell.strip() for cell in lines[2].strip("|").split("|")]
   first = dict(zip(header, (c.strip() for c in lines[4].strip("|").split("|"))))
   assert (first["val change, last fifth"], first["flat"]) == ("-29.7%", "no")
-  assert "less than 2%" in lines[0]
 
 
 def test_write_results_rejects_no_rows(tmp_path):
@@ -288,26 +305,36 @@ def assert_png(path):
   assert data[:8] == PNG_MAGIC and len(data) > 1000
 
 
-def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
+def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch):
   line_plot = FakeLinePlot()
   path = results.plot_loss_curves(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
   assert_png(path)
   (call,) = line_plot.calls
-  # Labelled with the flattening verdict: rope_pre (3.2 -> 2.25) and
-  # learned_pre (3.0 -> 2.5) improved by 29.7% and 16.7% over the last fifth;
-  # learned_post has one evaluation.
+  # Labelled in words, with the flattening verdict: unknown, one evaluation
+  # (step 4) in the last fifth of each.
   assert list(call["series"]) == [
-    f"{points[0].name} (not flat: -29.7% in the last fifth)",
-    f"{points[2].name} (not flat: -16.7% in the last fifth)",
-    f"{points[3].name} (flatness unknown)",
+    "RoPE, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
+    "learned, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
+    "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
   ]
   assert "flat: < 2% better over the last fifth" in call["title"]
+  assert "unknown with < 3 evaluations there" in call["title"]
   steps, mean, std = next(iter(call["series"].values()))
   np.testing.assert_array_equal(steps, [2, 4])
   np.testing.assert_allclose(mean, [3.2, 2.25], rtol=1e-12)
   np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.5 / math.sqrt(2)], rtol=1e-12)
   assert "step" in call["xlabel"] and "nats/token" in call["ylabel"] and not call["logx"]
   assert set(call["styles"]) == set(call["series"])
+  # With one evaluation enough: rope_pre (3.2 -> 2.25) and learned_pre (3.0 ->
+  # 2.5) improved by 29.7% and 16.7%; learned_post has no evaluation before.
+  monkeypatch.setattr(results, "FLAT_MIN_EVALUATIONS", 1)
+  results.plot_loss_curves(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
+  assert list(line_plot.calls[-1]["series"]) == [
+    "RoPE, Pre-LN (not flat: -29.7% in the last fifth)",
+    "learned, Pre-LN (not flat: -16.7% in the last fifth)",
+    "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
+  ]
+  monkeypatch.undo()
 
   path = results.plot_loss_curves(
     summaries(sweep_dir, points), sweep_dir, metric="loss", line_plot=line_plot
@@ -315,8 +342,11 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points):
   assert path.name == results.TRAIN_LOSS_CURVES_PNG
   train = line_plot.calls[-1]
   assert "training loss" in train["ylabel"] and len(train["series"]) == 4  # diverged too
-  assert list(train["series"]) == [p.name for p in points] and "flat" not in train["title"]
-  steps, mean, std = train["series"][points[0].name]
+  assert list(train["series"]) == ["RoPE, Pre-LN", "RoPE, Post-LN", "learned, Pre-LN"] + [
+    "learned, Post-LN"
+  ]
+  assert "flat" not in train["title"]
+  steps, mean, std = train["series"]["RoPE, Pre-LN"]
   np.testing.assert_array_equal(steps, [2, 4])
   np.testing.assert_allclose(mean, [3.1, 2.4], rtol=1e-12)
   np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.4 / math.sqrt(2)], rtol=1e-12)
@@ -344,6 +374,58 @@ def test_point_styles_colour_the_leading_fields_and_dash_the_last(points):
   assert len(colours) == 2
 
 
+def test_point_labels_are_words(points):
+  assert list(results.point_labels(points).values()) == [
+    "RoPE, Pre-LN",
+    "RoPE, Post-LN",
+    "learned, Pre-LN",
+    "learned, Post-LN",
+  ]
+  assert results.value_words("model.position", "t5_bias") == "T5 bias"
+  assert results.value_words("model.position", "none") == "NoPE"
+  assert results.value_words("train.learning_rate", 0.003) == "learning rate 0.003"
+  assert results.value_words("train.warmup_steps", 30) == "warmup steps 30"
+  assert results.value_words("model.embed_norm", True) == "embed norm on"
+  # Labels that would collide fall back to the point names.
+  config = ml_collections.ConfigDict(dict(base=points[0].config))
+  config.base.model.update(dict(dropout_rate=0.0))
+  config.grid = grid.make_grid({"model.dropout_rate": [0.0, 0.1]})
+  assert list(results.point_labels(grid.expand(config)).values()) == [
+    "dropout rate 0",
+    "dropout rate 0.1",
+  ]
+  twins = [
+    grid.Point(0, "a=x", {"a.rate": 1}, config.base),
+    grid.Point(1, "b=x", {"b.rate": 1}, config.base),
+  ]
+  assert results.point_labels(twins) == {"a=x": "a=x", "b=x": "b=x"}
+
+
+def test_loss_curves_fit_their_title_and_legend_at_any_grid_size(tmp_path):
+  """The PNGs as written: the title wrapped inside the figure, the legend
+  inside it too, with 2 and with 12 curves."""
+  from txf.analysis.plots import line_plot_figure
+
+  title = (
+    "Validation loss per point (mean ± std over 2 replicas); flat: < 2% better over the "
+    "last fifth (unknown with < 3 evaluations there)"
+  )
+  for count in (2, 12):
+    series = {
+      f"curve {i}, Post-LN (not flat: -3.1% in the last fifth)": ([1, 2, 3], [3.0, 2.5, 2.0 + i])
+      for i in range(count)
+    }
+    figure = line_plot_figure(series, title=title, xlabel="step", ylabel="loss")
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox
+    text = figure._suptitle
+    assert " ".join(text.get_text().split()) == title
+    for artist in (text, figure.axes[0].get_legend()):
+      box = artist.get_window_extent(renderer)
+      assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and box.y1 <= inside.y1, (count, box)
+
+
 def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, points):
   line_plot = FakeLinePlot()
   path = results.plot_extrapolation(
@@ -353,10 +435,10 @@ def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, po
   assert_png(path)
   (call,) = line_plot.calls
   assert call["logx"] and "tokens" in call["xlabel"]
-  lengths, losses, std = call["series"][points[2].name]
+  lengths, losses, std = call["series"]["learned, Pre-LN"]
   np.testing.assert_array_equal(lengths, [8])
   np.testing.assert_array_equal(losses, [1.9])
-  assert std is None and list(call["series"]) == [points[0].name, points[2].name]
+  assert std is None and list(call["series"]) == ["RoPE, Pre-LN", "learned, Pre-LN"]
 
 
 def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
@@ -372,7 +454,7 @@ def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
   assert_png(path)
   (call,) = line_plot.calls
   ((label, (positions, losses, std)),) = call["series"].items()
-  assert label == f"{points[0].name} (4 tokens)" and std is None
+  assert label == "RoPE, Pre-LN (4 tokens)" and std is None
   np.testing.assert_array_equal(positions, [0, 1, 2, 3])
   np.testing.assert_array_equal(losses, [3.0, 2.0, np.nan, 1.5])
   assert "position" in call["xlabel"] and "nats/token" in call["ylabel"]

@@ -165,7 +165,7 @@ def test_each_point_gives_tensorboard_its_swept_fields_and_final_metrics(finishe
     assert hparams["model.position"] == swept["position"]
     assert hparams["model.norm_placement"] == swept["norm_placement"]
     assert hparams["replicas"] == REPLICAS and hparams["model.d_model"] == 32
-    assert {"eval_loss", "eval_loss_std", "eval_loss/0"} <= set(metric_tags)
+    assert {"eval/loss", "eval/loss_std", "eval/loss/0"} <= set(metric_tags)
 
 
 @pytest.mark.slow  # trains a sweep (and its fixture one)
@@ -534,6 +534,8 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     steps, every = config.base.train.steps, config.base.eval.every
     window_start = steps * (1 - results.FLAT_FRACTION)
     assert window_start == int(window_start) and int(window_start) % every == 0 == steps % every
+    # ... and enough evaluations fall in it for a verdict.
+    assert (steps - window_start) // every + 1 >= results.FLAT_MIN_EVALUATIONS
 
 
 def run_cli(*args):

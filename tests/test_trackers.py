@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO, tiny_config as tiny
-from txf.train import loop, trackers
+from txf.train import loop, metrics, trackers
 from txf.train.metrics import read_metrics
 
 
@@ -91,44 +91,96 @@ def offline_run(wandb_dir, run_id):
   return ids, history, summary, config
 
 
+def table_rows(run_dir, row, key):
+  """The rows of the wandb table logged as `key` in a history `row` of an
+  offline run (a reference, flattened into '<key>/path', ..., to a file of
+  the run's files/)."""
+  import json
+
+  assert row[f"{key}/_type"] == "table-file", row
+  table = json.loads((run_dir / "files" / row[f"{key}/path"]).read_text())
+  assert table["columns"] == ["step", "sample"]
+  return [tuple(values) for values in table["data"]]
+
+
 @pytest.mark.slow
 def test_wandb_logs_config_metrics_samples_and_resumes_the_same_run(tmp_path, monkeypatch):
   pytest.importorskip("wandb")
   monkeypatch.setenv("WANDB_MODE", "offline")
-  monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+  monkeypatch.delenv("WANDB_DIR", raising=False)
   monkeypatch.setenv("WANDB_SILENT", "true")
   monkeypatch.setenv("WANDB_PROJECT", "txf-test")
+  monkeypatch.chdir(tmp_path)
   workdir = tmp_path / "run"
-  config = tiny(steps=4, train__trackers="wandb", eval__every=4, eval__sample_tokens=8)
+  config = tiny(steps=4, train__trackers="wandb", eval__every=2, eval__sample_tokens=8)
   loop.run(config, workdir, log=lambda line: None)
+  # wandb's files are the run's: in its work directory, not the current one's.
+  assert not (tmp_path / "wandb").exists()
   run_id = (workdir / trackers.WANDB_ID_FILE).read_text().strip()
-  ids, history, summary, logged_config = offline_run(tmp_path, run_id)
+  ids, history, summary, logged_config = offline_run(workdir, run_id)
   assert ids == [run_id]
   rows = read_metrics(workdir)
   final = [row for row in rows if "eval_loss" in row][-1]
   assert final["step"] == 4
-  # The final eval loss: in the history at its step and in the summary.
-  assert history[4]["eval_loss"] == pytest.approx(final["eval_loss"])
-  assert summary["eval_loss"] == pytest.approx(final["eval_loss"])
+  # The final eval loss: in the history at its step and in the summary, grouped.
+  assert history[4]["eval/loss"] == pytest.approx(final["eval_loss"])
+  assert summary["eval/loss"] == pytest.approx(final["eval_loss"])
   for row in rows:
     if "loss" in row:
-      assert history[row["step"]]["loss"] == pytest.approx(row["loss"])
-  samples = (workdir / "samples.txt").read_text()
-  assert history[4]["sample"] and history[4]["sample"] in samples
+      assert history[row["step"]]["train/loss"] == pytest.approx(row["loss"])
+    if "tokens_per_sec" in row:
+      assert history[row["step"]]["perf/tokens_per_sec"] == pytest.approx(row["tokens_per_sec"])
+  # The samples: one table of (step, sample), each logging it whole.
+  samples = metrics.read_samples(workdir)
+  assert [step for step, _ in samples] == [2, 4]
+  (run_dir,) = (workdir / "wandb").glob(f"offline-run-*-{run_id}")
+  assert table_rows(run_dir, history[4], trackers.WANDB_SAMPLES) == samples
   # The resolved config, derived fields filled in.
   assert logged_config["model"]["head_dim"] == 16
   assert logged_config["train"]["trackers"] == ["wandb"]
 
-  # Restarted with more steps: the same wandb run goes on.
-  config = tiny(steps=6, train__trackers="wandb", eval__every=4, eval__sample_tokens=8)
+  # Restarted with more steps: the same wandb run goes on, its table from the start.
+  config = tiny(steps=6, train__trackers="wandb", eval__every=2, eval__sample_tokens=8)
   loop.run(config, workdir, log=lambda line: None)
   assert (workdir / trackers.WANDB_ID_FILE).read_text().strip() == run_id
-  ids, history, summary, _ = offline_run(tmp_path, run_id)
+  ids, history, summary, _ = offline_run(workdir, run_id)
   assert ids == [run_id, run_id]
   final = [row for row in read_metrics(workdir) if "eval_loss" in row][-1]
   assert final["step"] == 6
-  assert history[6]["eval_loss"] == pytest.approx(final["eval_loss"])
-  assert summary["eval_loss"] == pytest.approx(final["eval_loss"])
+  assert history[6]["eval/loss"] == pytest.approx(final["eval_loss"])
+  assert summary["eval/loss"] == pytest.approx(final["eval_loss"])
+  samples = metrics.read_samples(workdir)
+  assert [step for step, _ in samples] == [2, 4, 6]
+  run_dir = sorted((workdir / "wandb").glob(f"offline-run-*-{run_id}"))[-1]
+  assert table_rows(run_dir, history[6], trackers.WANDB_SAMPLES) == samples
+
+
+@pytest.mark.parametrize(
+  "name, tag",
+  [
+    ("loss", "train/loss"),
+    ("loss/1", "train/loss/1"),
+    ("loss_std", "train/loss_std"),
+    ("learning_rate", "train/learning_rate"),
+    ("eval_loss", "eval/loss"),
+    ("eval_perplexity/0", "eval/perplexity/0"),
+    ("tokens_per_sec", "perf/tokens_per_sec"),
+    ("mfu", "perf/mfu"),
+    ("eval/sample", "eval/sample"),
+  ],
+)
+def test_metric_tags_group_by_what_they_measure(name, tag):
+  assert trackers.metric_tag(name) == tag
+
+
+def test_wandb_writes_into_the_work_directory_unless_told(tmp_path, monkeypatch):
+  from etils import epath
+
+  monkeypatch.delenv("WANDB_DIR", raising=False)
+  assert trackers.wandb_dir(epath.Path(tmp_path)) == str(tmp_path)
+  assert trackers.wandb_dir(epath.Path("gs://bucket/run")) is None  # wandb's default
+  monkeypatch.setenv("WANDB_DIR", "/elsewhere")
+  assert trackers.wandb_dir(epath.Path(tmp_path)) == "/elsewhere"
 
 
 def test_without_wandb_installed_naming_it_says_what_to_install(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import os
 import struct
 import time
 import types
+from html import escape as html_escape
 
 import jax.numpy as jnp
 import numpy as np
@@ -110,12 +111,31 @@ def test_row_cut_off_by_crash_is_skipped_and_not_glued(tmp_path, caplog):
   assert "line 2" in caplog.text
 
 
-def test_tensorboard_event_files_hold_the_scalars(tmp_path):
+def test_tensorboard_event_files_hold_the_scalars_in_groups(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write(5, {"loss": 1.5, "eval/accuracy": jnp.float32(0.25)})
-    writer.write(6, {"loss": 1.25})
+    writer.write(5, {"loss": 1.5, "loss/1": 1.75, "eval_accuracy": jnp.float32(0.25)})
+    writer.write(6, {"loss": 1.25, "learning_rate": 1e-3, "tokens_per_sec": 1000.0})
+    writer.write(7, {"eval_loss_std": 0.5, "mfu": 0.5, "eval/x": 2.0})
   scalars = read_tensorboard_scalars(tmp_path / metrics.TENSORBOARD_DIR)
-  assert scalars == {("loss", 5): 1.5, ("eval/accuracy", 5): 0.25, ("loss", 6): 1.25}
+  assert scalars == {
+    ("train/loss", 5): 1.5,
+    ("train/loss/1", 5): 1.75,
+    ("eval/accuracy", 5): 0.25,
+    ("train/loss", 6): 1.25,
+    ("train/learning_rate", 6): pytest.approx(1e-3),
+    ("perf/tokens_per_sec", 6): 1000.0,
+    ("eval/loss_std", 7): 0.5,
+    ("perf/mfu", 7): 0.5,
+    ("eval/x", 7): 2.0,
+  }
+  # metrics.jsonl keeps the names it was given.
+  assert set(metrics.read_metrics(tmp_path)[0]) == {
+    "step",
+    "time",
+    "loss",
+    "loss/1",
+    "eval_accuracy",
+  }
 
 
 def test_disabled_writer_writes_nothing(tmp_path):
@@ -256,9 +276,10 @@ def test_mfu_arithmetic():
       hardware.mfu(*args)
 
 
-def test_samples_are_tensorboard_text(tmp_path):
+def test_samples_are_tensorboard_text_preformatted(tmp_path):
+  code = "def f(x):\n  if x < 2:\n\n    return x  # *one*"
   with metrics.MetricsWriter(tmp_path) as writer:
-    writer.write_sample(4, "def f(x):\n  return x")
+    writer.write_sample(4, code)
     writer.write_sample(8, "import os")
   texts = {
     event.step: value.tensor.string_val[0].decode()
@@ -266,7 +287,7 @@ def test_samples_are_tensorboard_text(tmp_path):
     for value in event.summary.value
     if value.tag.startswith(metrics.SAMPLE_TAG)
   }
-  assert texts == {4: "def f(x):\n  return x", 8: "import os"}
+  assert texts == {4: metrics.preformatted(code), 8: "    import os"}
   # Tagged for TensorBoard's text dashboard.
   plugins = {
     value.metadata.plugin_data.plugin_name
@@ -274,6 +295,12 @@ def test_samples_are_tensorboard_text(tmp_path):
     for value in event.summary.value
   }
   assert plugins == {"text"}
+  # As TensorBoard renders it (Markdown): one <pre> block holding the text as it is.
+  markdown = pytest.importorskip("markdown")
+  html = markdown.markdown(texts[4])
+  assert html == f"<pre><code>{html_escape(code, quote=False)}\n</code></pre>"
+  # samples.txt keeps the text itself, which read_samples reads back.
+  assert metrics.read_samples(tmp_path) == [(4, code), (8, "import os")]
 
 
 def read_hparams(logdir):
@@ -312,9 +339,9 @@ def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
     "model.window": "null",
     "train.lr": 1e-3,
   }
-  assert sorted(metric_tags) == ["eval_accuracy", "eval_loss"]
+  assert sorted(metric_tags) == ["eval/accuracy", "eval/loss"]
   # The dashboard reads each metric's value from the scalars of that tag.
-  assert read_tensorboard_scalars(logdir)[("eval_loss", 10)] == 2.5
+  assert read_tensorboard_scalars(logdir)[("eval/loss", 10)] == 2.5
 
 
 class RecordingTracker:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,30 @@ def _check_text(value: Any, name: str) -> str:
   if not isinstance(value, str) or not value.strip():
     raise ValueError(f"{name} must be a non-empty string, got {value!r}")
   return value
+
+
+def fit_title(figure: Figure, title: str, *, fontsize: str | float = "large") -> Any:
+  """Sets `title` as the figure's title (centred over the whole figure),
+  wrapped onto as many lines as it needs to fit the figure's width; returns
+  the title's Text. A title as wide as the axes and legend, or wider than the
+  figure, ran off both sides."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+  canvas = figure.canvas
+  if not isinstance(canvas, FigureCanvasAgg):
+    canvas = FigureCanvasAgg(figure)  # a renderer to measure the text with
+  renderer = canvas.get_renderer()
+  text = " ".join(title.split())
+  artist = figure.suptitle(text, fontsize=fontsize)
+  available = 0.94 * figure.bbox.width
+  chars = len(text)
+  while chars > 16:
+    width = artist.get_window_extent(renderer).width
+    if width <= available:
+      break
+    chars = min(chars - 1, int(chars * available / width))
+    artist.set_text(textwrap.fill(text, max(chars, 16), break_long_words=False))
+  return artist
 
 
 def png_bytes(figure: Figure) -> bytes:
@@ -212,7 +237,7 @@ def line_plot_figure(
   NaN values of y (e.g. a length where a run does not apply) leave a gap.
   Short series (<= 20 points) get a marker at each point. With more than
   LEGEND_INSIDE_MAX curves the legend goes right of the axes, so it hides
-  no data.
+  no data. The title is wrapped to fit the figure (`fit_title`).
 
   Args:
     series: label -> (x, y) or (x, y, std), each a 1-D array of one length;
@@ -255,10 +280,7 @@ def line_plot_figure(
   if logy:
     axes.set_yscale("log")
   axes.set(xlabel=xlabel, ylabel=ylabel)
-  if outside:  # centred over axes and legend: an axes title as wide as both ran off the figure
-    figure.suptitle(title)
-  else:
-    axes.set_title(title)
+  fit_title(figure, title)
   axes.grid(True, alpha=0.3)
   if outside:
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")

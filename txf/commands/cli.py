@@ -309,6 +309,8 @@ def _parse(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except ConfigFileError as error:
     fail("config", error)
+  except ValueError as error:  # ml_collections: an override path it cannot parse ('a.b\\.c')
+    fail("flag", str(error).strip().splitlines()[0])
   except flags.Error as error:  # --config.train.steps=abc, --no_such_flag, a missing --workdir
     if missing := re.search(r"Flag --(\w+) must have a value other than None", str(error)):
       name = missing.group(1)
@@ -319,8 +321,15 @@ def _parse(argv: list[str]) -> list[str]:
     if message is None:  # not an override's field: some other bug, keep the traceback
       raise
     if is_sweep_config(_given_config(argv)):
-      message += (
-        " (a sweep config: set a field of its base run config with "
-        "--config.base.<section>.<field>=VALUE)"
-      )
+      if message.startswith("grid."):
+        field = message.split(":", 1)[0].removeprefix("grid.")
+        message += (
+          f" (a sweep's grid: narrow or replace it with --grid={field}=VALUE,VALUE,... "
+          "and take a field out with --grid=FIELD=)"
+        )
+      else:
+        message += (
+          " (a sweep config: set a field of its base run config with "
+          "--config.base.<section>.<field>=VALUE)"
+        )
     fail("config", message)

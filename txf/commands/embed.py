@@ -6,7 +6,9 @@
 
 DIR is a Hugging Face model directory (config.json, model.safetensors,
 tokenizer.json) of a BERT, RoBERTa or MiniLM sentence encoder, converted by
-txf.interop. Prints one JSON line per text: {"text": ..., "embedding": [...]}.
+txf.interop, or the directory of a txf encoder run (its latest checkpoint's
+final hidden states, its tokenizer; txf.train.export). Prints one JSON line
+per text: {"text": ..., "embedding": [...]}.
 Pooling and normalisation default to what a sentence-transformers directory
 declares (modules.json; all-MiniLM-L6-v2: mean, L2-normalised), otherwise to
 mean pooling over the real tokens, not normalised. An unusable directory or
@@ -19,10 +21,10 @@ import json
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, run_command
+from txf.commands.cli import fail, run_command, run_errors
 
 _MODEL = flags.DEFINE_string(
-  "model", None, "Hugging Face model directory of an encoder.", required=True
+  "model", None, "Hugging Face model directory of an encoder, or a txf encoder run.", required=True
 )
 _POOLING = flags.DEFINE_enum(
   "pooling",
@@ -40,17 +42,33 @@ def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
-  from txf.interop.text import encode_batch, sentence_embeddings, sentence_transformers_pooling
+  from txf.interop.text import (
+    encode_batch,
+    pad_batch,
+    sentence_embeddings,
+    sentence_transformers_pooling,
+  )
+  from txf.train.export import is_run_directory, load_trained, without_head
 
   logging.set_verbosity(logging.WARNING)
   try:
-    pretrained = load_pretrained(_MODEL.value, head="none")
+    if is_run_directory(_MODEL.value):
+      with run_errors():  # a run without a checkpoint, one that does not restore
+        trained = load_trained(_MODEL.value)
+      pretrained = without_head(trained.pretrained)
+      # The texts as the run's own batches read them: their tokens, no special ones.
+      encoded = [trained.tokenizer.encode(text) for text in texts]
+      tokens_BxT = pad_batch(texts, encoded, pad_id=pretrained.config.pad_id)
+      pooling, normalize = "mean", False
+    else:
+      pretrained = load_pretrained(_MODEL.value, head="none")
+      tokenizer = HFTokenizer(_MODEL.value)
+      tokens_BxT = encode_batch(tokenizer, texts, pad_id=pretrained.config.pad_id)
+      pooling, normalize = sentence_transformers_pooling(_MODEL.value) or ("mean", False)
     if pretrained.config.family != "encoder":
       raise ValueError(f"{_MODEL.value}: {pretrained.architecture} is not an encoder")
-    pooling, normalize = sentence_transformers_pooling(_MODEL.value) or ("mean", False)
     pooling = _POOLING.value or pooling
     normalize = normalize if _NORMALIZE.value is None else _NORMALIZE.value
-    tokens_BxT = encode_batch(HFTokenizer(_MODEL.value), texts, pad_id=pretrained.config.pad_id)
     embeddings_BxD = sentence_embeddings(
       pretrained.model(), pretrained.params, tokens_BxT, pooling=pooling, normalize=normalize
     )

@@ -5,8 +5,10 @@
   python -m experiments.generate --model=DIR --prompt="..." [flags]   # in a checkout
 
 DIR is a Hugging Face model directory (config.json, model.safetensors,
-tokenizer.json) converted by txf.interop. A decoder continues the prompt; an
-encoder-decoder reads the prompt and writes its answer. Generation runs with
+tokenizer.json) converted by txf.interop, or a txf run directory (its latest
+checkpoint and its tokenizer; txf.train.export). A decoder (or a txf LSTM)
+continues the prompt; an encoder-decoder reads the prompt and writes its
+answer. Generation runs with
 the KV cache (txf.decode), greedy at temperature 0 (the default), and stops at
 the checkpoint's end-of-sequence token. Prints the prompt and the generated
 text. An unusable directory or argument exits 2 with one line naming it;
@@ -20,9 +22,11 @@ from __future__ import annotations
 from absl import flags, logging
 
 from txf import checks
-from txf.commands.cli import fail, run_command
+from txf.commands.cli import fail, run_command, run_errors
 
-_MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory.", required=True)
+_MODEL = flags.DEFINE_string(
+  "model", None, "Hugging Face model directory, or a txf run directory.", required=True
+)
 _PROMPT = flags.DEFINE_string(
   "prompt", None, "Text to continue (decoder) or answer (T5).", required=True
 )
@@ -55,12 +59,22 @@ def main(argv) -> None:
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
   from txf.interop.text import encode_batch, generate_text
+  from txf.train.export import is_run_directory, load_trained
 
   logging.set_verbosity(logging.WARNING)
   try:
-    pretrained = load_pretrained(_MODEL.value)
-    tokenizer = HFTokenizer(_MODEL.value)
-    prompt_1xP = encode_batch(tokenizer, [_PROMPT.value], pad_id=pretrained.config.pad_id)
+    if is_run_directory(_MODEL.value):
+      with run_errors():  # a run without a checkpoint, one that does not restore
+        trained = load_trained(_MODEL.value)
+      pretrained, tokenizer = trained.pretrained, trained.tokenizer
+      # The prompt as the run's own samples read it: its tokens, no special ones.
+      prompt_1xP = tokenizer.encode(_PROMPT.value)[None]
+      if not prompt_1xP.size:
+        raise ValueError("prompt: encodes to no tokens")
+    else:
+      pretrained = load_pretrained(_MODEL.value)
+      tokenizer = HFTokenizer(_MODEL.value)
+      prompt_1xP = encode_batch(tokenizer, [_PROMPT.value], pad_id=pretrained.config.pad_id)
     rng = jax.random.key(_SEED.value) if _TEMPERATURE.value > 0 else None
     # One unpadded prompt: its length is given, so a token equal to pad_id
     # (GPT-2 pads with <|endoftext|>) is read as a token.

@@ -29,7 +29,13 @@ A sweep config has sections base (the run config every point starts from),
 grid (the fields swept, txf.sweep.grid) and sweep (its settings). Override a
 field of the base run config with --config.base.<section>.<field>=VALUE, e.g.
 --config.base.train.steps=100; a sweep config given to txf-run instead (or
-a run config given here) exits 2 with one line saying so.
+a run config given here) exits 2 with one line saying so. Narrow or replace
+the grid with --grid=FIELD=VALUE,VALUE,... (repeatable): the values replace
+the field's list (--grid=model.position=rope,alibi runs those two encodings
+with every norm placement), a field the grid does not sweep is added to it,
+and --grid=FIELD= takes a field out. Narrowed points keep their names and
+run directories (a field taken out leaves the names); --index counts the
+points of the grid as narrowed.
 """
 
 from __future__ import annotations
@@ -62,6 +68,12 @@ _CONFIG = define_config_flag(
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Sweep directory (default: runs/<config file stem>)."
 )
+_GRID = flags.DEFINE_multi_string(
+  "grid",
+  [],
+  "FIELD=VALUE,VALUE,...: sweep these values of FIELD (a base run config field) instead of "
+  "the grid's; FIELD= takes it out of the grid. Repeatable.",
+)
 _INDEX = flags.DEFINE_integer("index", None, "Run only this point (0-based).")
 _DRY_RUN = flags.DEFINE_bool(
   "dry_run", False, "Print each point and its txf-run command; train nothing."
@@ -84,8 +96,15 @@ def main(argv) -> None:
     fail("flag", "--dry_run and --summarize: choose one")
   # After flag parsing: fast --help.
   from txf.sweep.extrapolate import extrapolate_run
-  from txf.sweep.grid import GridError
+  from txf.sweep.grid import GridError, override_grid
   from txf.sweep.runner import run_sweep
+
+  sweep_config = _CONFIG.value
+  if _GRID.value:
+    try:
+      sweep_config.grid = override_grid(sweep_config, _GRID.value)
+    except GridError as error:
+      fail("flag", error)
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir(
@@ -95,7 +114,7 @@ def main(argv) -> None:
   with run_errors():
     try:
       run_sweep(
-        _CONFIG.value,
+        sweep_config,
         workdir,
         config_file=loaded_config_file(),
         index=_INDEX.value,

@@ -101,7 +101,7 @@ def get_config() -> ml_collections.ConfigDict:
       log_every=50,  # steps between progress lines and training metrics
       checkpoint_every=200,  # steps between checkpoints (and one at the end)
       max_to_keep=2,  # newest checkpoints kept
-      init_from=config_dict.placeholder(str),  # a Hugging Face checkpoint dir to start from
+      init_from=config_dict.placeholder(str),  # a Hugging Face dir or a txf run dir to start from
       trackers="",  # experiment trackers, comma-separated: wandb (txf.train.trackers)
     )
   )

@@ -1,14 +1,18 @@
-"""Fine-tunes a Hugging Face checkpoint directory: --config=pretrained:DIR.
+"""Fine-tunes a Hugging Face checkpoint directory or a txf run: --config=pretrained:DIR.
 
   txf-run --config=pretrained:models/gpt2 --workdir=runs/gpt2_ft
+  txf-run --config=pretrained:runs/rope --workdir=runs/rope_ft
 
 The model section is the checkpoint's (txf.interop.read_model_config), the
 run starts from its weights (config.train.init_from) and reads text with its
 tokenizer.json (data.tokenizer='hf'). The task follows the model: a GPT-2
 decoder continues the built-in corpus (lm), a BERT encoder fills its masks
 (mlm), a T5 encoder-decoder needs a translation dataset
-(--config.data.name=tfds:...). Any field can still be overridden; a model
-field that no longer matches the checkpoint stops the run naming it.
+(--config.data.name=tfds:...). A txf run directory gives its config.json's
+model and data sections (its tokenizer: a sentencepiece model is trained
+again on the same text, so it is the same) and its latest checkpoint's
+weights. Any field can still be overridden; a model field that no longer
+matches the checkpoint stops the run naming it.
 """
 
 import dataclasses
@@ -26,6 +30,19 @@ def get_config(directory: str = ""):
       "checkout)"
     )
   config = base.get_config()
+  # Fine-tuning: a small learning rate, short warmup, light weight decay.
+  fine_tuning = dict(init_from=directory, learning_rate=1e-4, warmup_steps=20, weight_decay=0.01)
+  from txf.train.export import is_run_directory  # noqa: PLC0415 (jax, only for this config)
+
+  if is_run_directory(directory):
+    from txf.train.setup import read_run_config  # noqa: PLC0415
+
+    saved = read_run_config(directory) or {}
+    for section in ("model", "data"):
+      fields = {k: v for k, v in saved.get(section, {}).items() if k in config[section]}
+      config[section].update(fields)
+    config.train.update(fine_tuning)
+    return config
   model = read_model_config(directory)
   for field in dataclasses.fields(model):
     config.model[field.name] = getattr(model, field.name)
@@ -37,8 +54,5 @@ def get_config(directory: str = ""):
       seq_len=min(128, model.max_len),
     )
   )
-  # Fine-tuning: a small learning rate, short warmup, light weight decay.
-  config.train.update(
-    dict(init_from=directory, learning_rate=1e-4, warmup_steps=20, weight_decay=0.01)
-  )
+  config.train.update(fine_tuning)
   return config

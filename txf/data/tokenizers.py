@@ -231,6 +231,7 @@ class HFTokenizer(Tokenizer):
   def __init__(self, path: str | os.PathLike):
     path = epath.Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
+    self.file = file
     if not file.exists():
       raise ValueError(f"{file}: no tokenizer.json there")
     try:
@@ -294,3 +295,103 @@ class HFTokenizer(Tokenizer):
     return self._tokenizer.decode(
       [int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in self._special]
     )
+
+
+# ---------------------------------------------------------------------------
+# A txf tokenizer as a Hugging Face tokenizer.json (txf-export).
+
+HF_SPECIAL_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# The roles of txf's special ids, as tokenizer_config.json names them.
+_SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
+
+
+def _gpt2_byte_chars() -> dict[int, str]:
+  """GPT-2's printable stand-in for each byte (what tokenizers' ByteLevel
+  pre-tokenizer and decoder map bytes to and back)."""
+  kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+  kept += range(ord("®"), ord("ÿ") + 1)
+  chars, extra = {b: chr(b) for b in kept}, 0
+  for b in range(256):
+    if b not in chars:
+      chars[b] = chr(256 + extra)
+      extra += 1
+  return chars
+
+
+def _byte_tokenizer_json() -> tokenizers.Tokenizer:
+  """ByteTokenizer's ids as a byte-level BPE without merges: each byte one
+  token, id byte + 4; the special tokens are vocabulary entries only, so a
+  text holding '<s>' is read as its bytes, as txf reads it."""
+  chars = _gpt2_byte_chars()
+  vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID, "<mask>": ByteTokenizer.mask_id}
+  vocab.update({chars[b]: b + ByteTokenizer._OFFSET for b in range(256)})
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
+    add_prefix_space=False, use_regex=False
+  )
+  tokenizer.decoder = tokenizers.decoders.ByteLevel()
+  return tokenizer
+
+
+def _sentencepiece_tokenizer_json(tokenizer: SentencePieceTokenizer) -> tokenizers.Tokenizer:
+  """A txf sentencepiece model (see SentencePieceTokenizer.train) as a
+  tokenizers Unigram: the same pieces and scores, spaces as '▁' (identity
+  normalisation, no dummy prefix), byte fallback, '<mask>' and '\\n' matched
+  first (user-defined symbols). A text holding '<pad>', '<s>', '</s>' or
+  '<unk>' itself reads them as those ids (as Hugging Face's own conversions
+  of sentencepiece models do), where sentencepiece reads their characters."""
+  processor = tokenizer._sp
+  vocab = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(len(processor))]
+  converted = tokenizers.Tokenizer(
+    tokenizers.models.Unigram(vocab, unk_id=tokenizer.unk_id, byte_fallback=True)
+  )
+  converted.normalizer = tokenizers.normalizers.Replace(" ", "\u2581")
+  converted.decoder = tokenizers.decoders.Sequence(
+    [
+      tokenizers.decoders.Replace("\u2581", " "),
+      tokenizers.decoders.ByteFallback(),
+      tokenizers.decoders.Fuse(),
+    ]
+  )
+  converted.add_tokens(
+    [
+      tokenizers.AddedToken(piece, normalized=False, special=False)
+      for piece in (SentencePieceTokenizer.MASK_PIECE, "\n")
+    ]
+  )
+  return converted
+
+
+def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
+  """The files of a Hugging Face tokenizer that encodes and decodes as
+  `tokenizer` does: file name -> text (tokenizer.json, and
+  tokenizer_config.json naming its special tokens, which HFTokenizer and
+  transformers read). bytes and sentencepiece tokenizers are converted; an
+  HFTokenizer's own files are copied.
+
+  Raises:
+    ValueError: a tokenizer with no such form (the generated tasks' symbols).
+  """
+  if isinstance(tokenizer, HFTokenizer):
+    directory = tokenizer.file.parent
+    files = {"tokenizer.json": tokenizer.file.read_text()}
+    for name in HF_SPECIAL_FILES:
+      if (directory / name).exists():
+        files[name] = (directory / name).read_text()
+    return files
+  special = dict(_SPECIAL_TOKENS, mask_token="<mask>")
+  if isinstance(tokenizer, ByteTokenizer):
+    converted = _byte_tokenizer_json()
+  elif isinstance(tokenizer, SentencePieceTokenizer):
+    converted = _sentencepiece_tokenizer_json(tokenizer)
+    special["unk_token"] = "<unk>"
+  else:
+    raise ValueError(
+      f"{type(tokenizer).__name__} (a generated task's symbols) has no Hugging Face "
+      "tokenizer.json form"
+    )
+  config = dict(special, model_max_length=int(1e30), clean_up_tokenization_spaces=False)
+  return {
+    "tokenizer.json": converted.to_str(pretty=True),
+    "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+  }

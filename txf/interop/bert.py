@@ -197,9 +197,7 @@ def default_architecture(cfg: ModelConfig) -> str:
 
 def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   """The config.json of cfg as `architecture`; refuses fields it cannot hold."""
-  hf_config.require(
-    cfg,
-    architecture,
+  required = dict(
     family="encoder",
     head=ARCHITECTURES[architecture],
     position="learned",
@@ -209,12 +207,13 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     use_bias=True,
     scale_attention=True,
     activation=("gelu", "relu"),
+    **hf_config.plain_attention(cfg),
   )
-  hf_config.require_plain_attention(cfg, architecture)
   if cfg.head == "mlm":
-    hf_config.require(cfg, architecture, scale_logits=False, activation="gelu")
+    required.update(scale_logits=False, activation="gelu")
   if _roberta(architecture) and (cfg.activation == "gelu" or cfg.head == "mlm"):
-    hf_config.require(cfg, architecture, gelu_approximate=False)
+    required.update(gelu_approximate=False)
+  hf_config.require(cfg, architecture, **required)
   if cfg.num_token_types < 1:
     raise CheckpointError(
       f"model.num_token_types: 0 cannot be written as {architecture} "

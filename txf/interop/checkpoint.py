@@ -228,6 +228,11 @@ def save_pretrained(
       parameters that do not fit cfg.
   """
   cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_config(cfg)
+  if cfg.family not in _EXPORT_FAMILIES:
+    raise CheckpointError(
+      f"model.family: {cfg.family!r} has no Hugging Face architecture txf writes (encoder: "
+      "BERT, decoder: GPT-2, encoder_decoder: T5)"
+    )
   family = _EXPORT_FAMILIES[cfg.family]
   architecture = architecture or family.default_architecture(cfg)
   if architecture not in family.ARCHITECTURES:

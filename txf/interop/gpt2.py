@@ -140,9 +140,7 @@ def default_architecture(cfg: ModelConfig) -> str:
 
 def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   """The config.json of cfg as `architecture`; refuses fields it cannot hold."""
-  hf_config.require(
-    cfg,
-    architecture,
+  required = dict(
     family="decoder",
     head=ARCHITECTURES[architecture],
     position="learned",
@@ -152,12 +150,13 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     use_bias=True,
     scale_attention=True,
     activation=("gelu", "relu"),
+    **hf_config.plain_attention(cfg),
   )
-  hf_config.require_plain_attention(cfg, architecture)
   if cfg.head == "lm":
-    hf_config.require(cfg, architecture, scale_logits=False)
+    required.update(scale_logits=False)
   if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
-    hf_config.require(cfg, architecture, head_dim=cfg.d_model // cfg.num_heads)
+    required.update(head_dim=cfg.d_model // cfg.num_heads)
+  hf_config.require(cfg, architecture, **required)
   return {
     "architectures": [architecture],
     "model_type": "gpt2",

@@ -78,21 +78,29 @@ def hf_activation(cfg: ModelConfig) -> str:
 
 
 def require(cfg: ModelConfig, architecture: str, **required: Any) -> None:
-  """Refuses a cfg field whose value `architecture` cannot represent.
+  """Refuses cfg's fields whose values `architecture` cannot represent, every
+  one of them in one CheckpointError ('model.position: 'rope' cannot be
+  written as GPT2LMHeadModel (needs 'learned')', then '; model.norm: ...'
+  for each other field).
 
   Each keyword is a field and its required value, or a tuple of allowed values.
   """
+  refused = []
   for field, allowed in required.items():
     allowed = allowed if isinstance(allowed, tuple) else (allowed,)
     value = getattr(cfg, field)
     if value not in allowed:
-      raise CheckpointError(
-        f"model.{field}: {value!r} cannot be written as {architecture} "
-        f"(needs {' or '.join(map(repr, allowed))})"
-      )
+      refused.append((f"model.{field}: {value!r}", f"(needs {' or '.join(map(repr, allowed))})"))
+  if refused:
+    (first, needs), *others = refused
+    raise CheckpointError(
+      f"{first} cannot be written as {architecture} {needs}"
+      + "".join(f"; {field} {needs}" for field, needs in others)
+    )
 
 
-def require_plain_attention(cfg: ModelConfig, architecture: str) -> None:
-  """Multi-head attention with one key/value head per query head, no window,
-  the stacks' blocks as separate parameters (what every HF family here has)."""
-  require(cfg, architecture, num_kv_heads=cfg.num_heads, window=None, scan_layers=False)
+def plain_attention(cfg: ModelConfig) -> dict[str, Any]:
+  """`require`'s keywords for multi-head attention with one key/value head
+  per query head, no window, the stacks' blocks as separate parameters (what
+  every HF family here has)."""
+  return dict(num_kv_heads=cfg.num_heads, window=None, scan_layers=False)

@@ -185,9 +185,7 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
   logits' scaling there); a tied, unscaled output is written untied, its
   lm_head a copy of the embedding (the `lm_head.weight` save_pretrained adds).
   """
-  hf_config.require(
-    cfg,
-    architecture,
+  required = dict(
     family="encoder_decoder",
     position="t5_bias",
     norm="rms",
@@ -197,10 +195,11 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     scale_attention=False,
     share_embeddings=True,
     activation=("relu", "gelu", "geglu", "swiglu"),
+    **hf_config.plain_attention(cfg),
   )
-  hf_config.require_plain_attention(cfg, architecture)
   if not cfg.tie_embeddings:
-    hf_config.require(cfg, architecture, scale_logits=False)
+    required.update(scale_logits=False)
+  hf_config.require(cfg, architecture, **required)
   gated = cfg.activation in ("geglu", "swiglu")
   name = {"relu": "relu", "swiglu": "silu"}.get(
     cfg.activation, "gelu_new" if cfg.gelu_approximate else "gelu"

@@ -37,9 +37,15 @@ NORMALIZE_EPS = 1e-12
 
 def encode_batch(tokenizer: HFTokenizer, texts: Sequence[str], *, pad_id: int) -> np.ndarray:
   """int32 [B, T]: each text with the tokenizer's special tokens, right-padded with pad_id."""
+  return pad_batch(
+    texts, [tokenizer.encode(text, add_special_tokens=True) for text in texts], pad_id=pad_id
+  )
+
+
+def pad_batch(texts: Sequence[str], encoded: Sequence[np.ndarray], *, pad_id: int) -> np.ndarray:
+  """int32 [B, T]: the ids of `texts` (`encoded`, one array each), right-padded with pad_id."""
   if not texts:
     raise ValueError("texts: nothing to encode")
-  encoded = [tokenizer.encode(text, add_special_tokens=True) for text in texts]
   empty = [text for text, ids in zip(texts, encoded) if not len(ids)]
   if empty:
     raise ValueError(f"texts: {empty[0]!r} encodes to no tokens")
@@ -175,7 +181,7 @@ def generate_text(
       **sampling,
     )
     return np.asarray(generated_BxT)[:, 1:]
-  if cfg.family != "decoder" or cfg.head != "lm":
+  if cfg.family not in ("decoder", "lstm") or cfg.head != "lm":
     raise ValueError(
       f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
       "LM head or an encoder-decoder)"

@@ -15,6 +15,13 @@ Grid values are scalars (str, int, float, bool, None): what a command line
 can set. The points are the Cartesian product in grid order, the first field
 varying slowest.
 
+The command line narrows or replaces a grid with `override_grid`
+(`txf-sweep --grid=model.position=rope,alibi`): a field's values replace
+its list, a field not in the grid becomes one more axis, and no values
+(`--grid=model.norm_placement=`) take the field out of the grid (the base's
+value then holds). A narrowed sweep's points keep their names, so they are
+the full sweep's, in the same directories (a field taken out leaves them).
+
 Fields that go together (a learning rate and its warmup) are zipped rather
 than multiplied: `make_grid({...}, zip={"train.learning_rate": [1e-3, 3e-3],
 "train.warmup_steps": [0, 60]})` gives 2 settings, (1e-3, 0) and (3e-3, 60),
@@ -169,6 +176,96 @@ def _read_grid(sweep_config: Any) -> list[tuple[list[str], list[tuple[Any, ...]]
           raise GridError(f"grid.{path}: {value!r} is not a str, int, float, bool or None")
     axes.append((paths, rows))
   return axes
+
+
+GRID_FLAG = "--grid"
+_NONE_TEXTS = ("none", "null")
+
+
+def _parse_grid_value(text: str, path: str, field_type: type, flag: str) -> Any:
+  """A --grid value as the base config declares its field: a string as it
+  is, 'true'/'false' for a bool, a number for an int or float field, and
+  'None' (or 'null') for None where the field is not a string."""
+  if field_type is str:
+    return text
+  if text.lower() in _NONE_TEXTS:
+    return None
+  try:
+    if field_type is bool:
+      if text.lower() not in ("true", "false"):
+        raise ValueError
+      return text.lower() == "true"
+    if field_type is int:
+      return int(text)
+    if field_type is float:
+      return float(text)
+  except ValueError:
+    pass
+  kind = {int: "an integer", float: "a number", bool: "true or false"}.get(field_type, "valid")
+  raise GridError(f"{flag}: {path}: {text!r} is not {kind}")
+
+
+def override_grid(sweep_config: Any, specs: Sequence[str]) -> ml_collections.ConfigDict:
+  """The sweep's grid with the command line's `--grid=PATH=V1,V2,...` flags
+  (`specs`: 'PATH=V1,V2,...' each) applied; returns it without changing
+  `sweep_config`.
+
+  PATH is a field of the base run config. Its values (comma-separated, read
+  as the field's type: see `_parse_grid_value`) replace the grid's list for
+  it, in its place in the grid; a field the grid does not sweep is added as
+  a multiplied axis after the others; an empty list ('PATH=') takes the
+  field out of the grid. A field zipped with others (`zip_fields`) is given
+  with every field of its group, lists of one length, which are zipped
+  again (an empty list for each takes the group out).
+
+  Raises:
+    GridError: one line naming the flag: no '=', an unknown field or a value
+      not of its type, a field given twice, part of a zipped group, or a
+      grid left empty.
+  """
+  axes = [(paths, rows) for paths, rows in _read_grid(sweep_config)]
+  types = {path: field_type for path, (_, field_type) in _leaves(sweep_config.base).items()}
+  given: dict[str, list[Any]] = {}
+  for spec in specs:
+    flag = f"{GRID_FLAG}={spec}"
+    path, equals, values_text = spec.partition("=")
+    path = path.strip()
+    if not equals or not path:
+      raise GridError(f"{flag}: expected {GRID_FLAG}=FIELD=VALUE,VALUE,... (e.g. model.position)")
+    if path not in types:
+      raise GridError(f"{flag}: {path}: not a field of the sweep's base run config")
+    if path in given:
+      raise GridError(f"{flag}: {path} is given twice")
+    texts = [text.strip() for text in values_text.split(",")] if values_text.strip() else []
+    given[path] = [_parse_grid_value(text, path, types[path], flag) for text in texts]
+  entries: dict[str, list[Any]] = {}
+  for paths, rows in axes:
+    named = [path for path in paths if path in given]
+    if not named:
+      entries[ZIP_SEPARATOR.join(paths)] = [row[0] if len(paths) == 1 else row for row in rows]
+      continue
+    if len(named) < len(paths):
+      missing = [path for path in paths if path not in given]
+      raise GridError(
+        f"{GRID_FLAG}={named[0]}=...: zipped with {', '.join(missing)} in the grid; give "
+        f"{GRID_FLAG} for each of them too (lists of one length, walked together)"
+      )
+    lists = {path: given.pop(path) for path in paths}
+    if len(paths) == 1:
+      if lists[paths[0]]:
+        entries[paths[0]] = lists[paths[0]]
+    elif any(lists.values()):
+      try:
+        entries.update(zip_fields(lists))
+      except GridError as error:
+        raise GridError(f"{GRID_FLAG}: {error}") from None
+  entries.update({path: values for path, values in given.items() if values})
+  if not entries:
+    raise GridError(f"{GRID_FLAG}: no field is left to sweep")
+  for key, values in entries.items():
+    if len(dict.fromkeys(map(repr, values))) < len(values):
+      raise GridError(f"{GRID_FLAG}: {key}: a value is given twice")
+  return ml_collections.ConfigDict(entries, sort_keys=False, allow_dotted_keys=True)
 
 
 def _set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None:

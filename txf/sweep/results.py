@@ -79,6 +79,10 @@ LOSS_UNITS = "nats/token"
 # a longer run could reorder the points.
 FLAT_FRACTION = 0.2
 FLAT_TOLERANCE = 0.02
+# Evaluations the last FLAT_FRACTION must hold (its last step included) for a
+# verdict: with fewer, the change measured is one or two noisy evaluations
+# (or a window reaching back before the last fifth), so flatness is unknown.
+FLAT_MIN_EVALUATIONS = 3
 
 LinePlot = Callable[..., Any]
 Log = Callable[[str], Any]
@@ -104,26 +108,31 @@ def late_improvement(
   loss_N: Sequence[float] | np.ndarray,
   *,
   fraction: float = FLAT_FRACTION,
+  min_evaluations: int | None = None,
 ) -> float | None:
   """Relative improvement of a loss curve over its last `fraction` of training.
 
   (L_start - L_end) / L_start, where L_end is the loss at the last step S of
   the curve and L_start the loss at the latest step at or before
-  (1 - fraction) * S. Evaluations every fraction * S / k steps put one at
-  that step exactly; coarser ones measure a longer window, which can only
-  report more improvement (a conservative 'flat').
+  (1 - fraction) * S. Measured only when at least `min_evaluations` steps of
+  the curve lie in that last fraction, (1 - fraction) * S .. S (None:
+  FLAT_MIN_EVALUATIONS): how often a run evaluates must not decide the
+  verdict (two evaluations, the last fifth's first and last, would measure
+  the noise of two numbers).
 
   Args:
     steps_N: the N evaluated training steps, ascending.
     loss_N: the loss at each.
 
   Returns:
-    The improvement (positive: the loss fell), or None when no step lies at
-    or before the window's start (fewer than two evaluations).
+    The improvement (positive: the loss fell), or None (unknown) when fewer
+    than `min_evaluations` steps lie in the last fraction or none at or
+    before its start.
   """
   steps_N = np.asarray(steps_N, np.float64)
   loss_N = np.asarray(loss_N, np.float64)
-  if not steps_N.size:
+  needed = FLAT_MIN_EVALUATIONS if min_evaluations is None else min_evaluations
+  if evaluations_in_window(steps_N, fraction=fraction) < max(needed, 1):
     return None
   early = np.flatnonzero(steps_N <= (1.0 - fraction) * steps_N[-1])
   if not early.size:
@@ -132,15 +141,29 @@ def late_improvement(
   return float((start - loss_N[-1]) / start)
 
 
+def evaluations_in_window(
+  steps_N: Sequence[int] | np.ndarray, *, fraction: float = FLAT_FRACTION
+) -> int:
+  """How many of the evaluated steps lie in the last `fraction` of training
+  ((1 - fraction) * S .. S, S the last step; 0 for none)."""
+  steps_N = np.asarray(steps_N, np.float64)
+  if not steps_N.size:
+    return 0
+  return int(np.sum(steps_N >= (1.0 - fraction) * steps_N[-1]))
+
+
 def is_flat(improvement: float | None) -> bool | None:
   """Whether a late_improvement meets the flattening criterion (None: unknown)."""
   return None if improvement is None else improvement < FLAT_TOLERANCE
 
 
-def _flatness_text(improvement: float | None) -> str:
-  """'flat' / 'not flat' with the loss change, e.g. 'not flat: -3.1% in the last fifth'."""
+def _flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
+  """'flat' / 'not flat' with the loss change, e.g. 'not flat: -3.1% in the
+  last fifth', or 'flat: unknown, 2 evaluations in the last fifth'."""
+  improvement = late_improvement(steps_N, loss_N)
   if improvement is None:
-    return "flatness unknown"
+    count = evaluations_in_window(steps_N)
+    return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'} in the last fifth"
   verdict = "flat" if is_flat(improvement) else "not flat"
   return f"{verdict}: {-100 * improvement:+.1f}% in the last {_fraction_name()}"
 
@@ -168,7 +191,8 @@ class PointSummary:
   point has not logged one, or diverged); perplexities are exp(loss) per
   replica, then mean ± std; tokens_per_sec is the mean over logged rows.
   late_improvement is `late_improvement` of the mean validation-loss curve
-  (None: fewer than two evaluations, or diverged). curves holds the point's
+  (None: unknown, fewer than FLAT_MIN_EVALUATIONS evaluations in the last
+  fifth, or diverged). curves holds the point's
   `loss_curve` of each metric of CURVES, for `plot_loss_curves` (read with
   the row: a summary reads each metrics.jsonl once)."""
 
@@ -419,7 +443,7 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
       line += stat_cells(getattr(row, attribute))
     line += [
       blank(row.late_improvement),
-      _yes_no(is_flat(row.late_improvement)),
+      _flat_cell(row),
       blank(row.tokens_per_sec),
       *(blank(_extrapolated(row, p, n)) for p, n in extrapolation),
       "yes" if row.diverged else "no",
@@ -428,8 +452,11 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
   return out.getvalue()
 
 
-def _yes_no(flag: bool | None) -> str:
-  return "" if flag is None else "yes" if flag else "no"
+def _flat_cell(row: PointSummary) -> str:
+  """yes / no / unknown ('' for a point with no validation loss, or diverged)."""
+  if row.late_improvement is None:
+    return "" if row.diverged or not len(row.curves["eval_loss"][0]) else "unknown"
+  return "yes" if is_flat(row.late_improvement) else "no"
 
 
 def _format_stat(stat: Stat | None) -> str:
@@ -464,7 +491,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "replicas train on it. Extrapolation columns: validation loss at that "
     "evaluation length (n/a: not applicable). Val change: relative change of the "
     f"mean validation loss over the last {_fraction_name()} of training; flat: it "
-    f"improved by less than {FLAT_TOLERANCE:.0%} there."
+    f"improved by less than {FLAT_TOLERANCE:.0%} there, judged only with at least "
+    f"{FLAT_MIN_EVALUATIONS} evaluations in that {_fraction_name()} (else unknown)."
   )
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
@@ -474,7 +502,7 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
       row.status,
       *(_format_stat(getattr(row, a)) for _, a in _STATS),
       "" if row.late_improvement is None else f"{-100 * row.late_improvement:+.1f}%",
-      _yes_no(is_flat(row.late_improvement)),
+      _flat_cell(row),
       "" if row.tokens_per_sec is None else f"{row.tokens_per_sec:,.0f}",
       *(_format_loss(_extrapolated(row, p, n)) for p, n in extrapolation),
       "yes" if row.diverged else "no",
@@ -503,6 +531,44 @@ def write_results(
 
 
 LINESTYLES = ("-", "--", ":", "-.")
+# Legends' words for the values of the fields sweeps vary most; other fields
+# are written '<field> <value>' ('learning rate 0.003').
+VALUE_WORDS: dict[str, dict[Any, str]] = {
+  "model.position": {
+    "sinusoidal": "sinusoidal",
+    "learned": "learned",
+    "rope": "RoPE",
+    "rope_ntk": "RoPE (NTK)",
+    "alibi": "ALiBi",
+    "t5_bias": "T5 bias",
+    "none": "NoPE",
+  },
+  "model.norm_placement": {"pre": "Pre-LN", "post": "Post-LN"},
+  "model.norm": {"layer": "LayerNorm", "rms": "RMSNorm"},
+}
+
+
+def value_words(path: str, value: Any) -> str:
+  """A grid value in a legend's words: 'RoPE', 'Pre-LN', 'warmup steps 30'."""
+  words = VALUE_WORDS.get(path, {})
+  if isinstance(value, str | int | float) and not isinstance(value, bool) and value in words:
+    return words[value]
+  name = path.rsplit(".", 1)[-1].replace("_", " ")
+  if isinstance(value, bool):
+    return f"{name} {'on' if value else 'off'}"
+  return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+
+
+def point_labels(points: Iterable[Point]) -> dict[str, str]:
+  """Point name -> its legend label, its values in words joined by ', '
+  ('RoPE, Pre-LN'); the point names themselves where two labels would be
+  the same."""
+  points = list(points)
+  labels = {
+    point.name: ", ".join(value_words(path, value) for path, value in point.overrides.items())
+    for point in points
+  }
+  return labels if len(set(labels.values())) == len(labels) else {p.name: p.name for p in points}
 
 
 def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
@@ -557,8 +623,9 @@ def plot_loss_curves(
   train_loss_curves.png) loss vs training step, one line per point (its
   summary's curve) with a ±1 std band over its replicas; points with no such
   row yet are left out.
-  Validation curves are labelled with the flattening criterion's verdict
-  (`late_improvement`), e.g. '<point> (not flat: -3.1% in the last fifth)'.
+  Curves are labelled in words (`point_labels`: 'RoPE, Pre-LN'), validation
+  curves with the flattening criterion's verdict too (`late_improvement`),
+  e.g. 'RoPE, Pre-LN (not flat: -3.1% in the last fifth)'.
   Returns the PNG.
 
   `line_plot` defaults to txf.analysis.plots.line_plot, written atomically
@@ -571,19 +638,21 @@ def plot_loss_curves(
   directory = epath.Path(sweep_workdir)
   series, styles, replica_counts = {}, {}, set()
   all_styles = point_styles(row.point for row in rows)
+  labels = point_labels(row.point for row in rows)
   for row in rows:
     steps_N, mean_N, std_N = row.curves[metric]
     if len(steps_N):
-      label = row.point.name
+      label = labels[row.point.name]
       if metric == "eval_loss":
-        label += f" ({_flatness_text(late_improvement(steps_N, mean_N))})"
+        label += f" ({_flatness_text(steps_N, mean_N)})"
       series[label] = (steps_N, mean_N, std_N)
       styles[label] = all_styles[row.point.name]
       replica_counts.add(row.replicas)
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   criterion = (
-    f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {_fraction_name()}"
+    f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {_fraction_name()} "
+    f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
     if metric == "eval_loss"
     else ""
   )
@@ -612,13 +681,15 @@ def plot_extrapolation(
   PNG, extrapolation_<protocol>.png."""
   rows = list(rows)
   series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
+  labels = point_labels(row.point for row in rows)
   for row in rows:
     found = row.extrapolation
     if found is None or protocol not in found.loss:
       continue
-    styles[row.point.name] = all_styles[row.point.name]
+    label = labels[row.point.name]
+    styles[label] = all_styles[row.point.name]
     kept = [at for at, applicable in enumerate(found.applicable) if applicable]
-    series[row.point.name] = (
+    series[label] = (
       np.array([found.lengths[at] for at in kept]),
       np.array([found.loss[protocol][at] for at in kept]),
       None,
@@ -654,6 +725,7 @@ def plot_per_position(
   """
   rows = list(rows)
   series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
+  labels = point_labels(row.point for row in rows)
   for row in rows:
     found = row.extrapolation
     if found is None or found.per_position_loss is None:
@@ -661,7 +733,7 @@ def plot_per_position(
     loss = np.array(found.per_position_loss, np.float64)
     spans = np.array_split(np.arange(len(loss)), min(bins, len(loss)))
     scored = [loss[span][~np.isnan(loss[span])] for span in spans]
-    label = f"{row.point.name} ({found.per_position_length} tokens)"
+    label = f"{labels[row.point.name]} ({found.per_position_length} tokens)"
     styles[label] = all_styles[row.point.name]
     series[label] = (
       np.array([span.mean() for span in spans]),
@@ -695,13 +767,15 @@ def pre_vs_post_figure(
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
+  from txf.analysis.plots import fit_title  # loads matplotlib: only when a figure is made
+
   for field in (group_field, split_field):
     if not any(field in row.point.overrides for row in rows):
       raise ValueError(f"{field}: not a grid field of these points")
   groups = list(dict.fromkeys(row.point.overrides.get(group_field) for row in rows))
   splits = list(dict.fromkeys(row.point.overrides.get(split_field) for row in rows))
   width = 0.6 / len(splits)
-  figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8))
+  figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8), layout="constrained")
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
   for offset, split in enumerate(splits):
@@ -728,7 +802,7 @@ def pre_vs_post_figure(
       fmt="o",
       markersize=7,
       capsize=4,
-      label=str(split),
+      label=value_words(split_field, split),
     )
     for position, row in zip(positions, found):
       if row is not None and row.diverged:  # no marker: say why, at the axis' foot
@@ -741,15 +815,14 @@ def pre_vs_post_figure(
           va="bottom",
           transform=axes.get_xaxis_transform(),
         )
-  axes.set_xticks(np.arange(len(groups)), [str(group) for group in groups])
+  axes.set_xticks(np.arange(len(groups)), [value_words(group_field, group) for group in groups])
   axes.set_xlabel(group_field)
   axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
-  short = lambda field: field.rsplit(".", 1)[-1]
-  axes.set_title(f"Final validation loss by {short(group_field)} and {short(split_field)}")
+  short = lambda field: field.rsplit(".", 1)[-1].replace("_", " ")
+  fit_title(figure, f"Final validation loss by {short(group_field)} and {short(split_field)}")
   axes.grid(axis="y", alpha=0.3)
   # Beside the axes, never over a marker.
   axes.legend(title=split_field, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-  figure.tight_layout()
   return figure
 
 

@@ -13,8 +13,9 @@
                            (txf.train.record)
 
 TensorBoard also gets the samples (text) and, when the run finishes, its
-hyperparameters (the model's fields and `hparams`, e.g. a sweep point's
-fields) with its final eval metrics for the HParams dashboard. The trackers
+hyperparameters (every field of the resolved model, data, train and eval
+sections, seed, replicas, and `hparams`, e.g. a sweep point's fields) with
+its final eval metrics for the HParams dashboard. The trackers
 `train.trackers` names (txf.train.trackers, e.g. wandb) get the resolved
 config, every metrics row, the samples and the final metrics (process 0).
 
@@ -50,7 +51,6 @@ samples come from the first replica.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import queue
 import threading
@@ -449,7 +449,7 @@ def run(
   `preemption` is the entered SIGTERM guard to train under (None: one of its
   own); a sweep passes its own to learn that a run stopped for a preemption.
   `hparams` (dotted field -> value, e.g. a sweep point's fields) are
-  recorded for TensorBoard's HParams dashboard beside the model's fields.
+  recorded for TensorBoard's HParams dashboard beside the resolved config's fields.
   `config_file` is the file `config` was loaded from, for run_record.json.
 
   Returns the final evaluation metrics. Before anything is written it checks
@@ -559,12 +559,13 @@ def run(
 
 
 def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-  """The hyperparameters TensorBoard compares runs by: the model's fields
-  (derived ones filled in), seed and replicas, and `extra` (a sweep point's)."""
-  values: dict[str, Any] = {
-    f"model.{name}": value for name, value in dataclasses.asdict(setup.run.model).items()
-  }
-  values.update(seed=setup.run.seed, replicas=setup.run.replicas)
+  """The hyperparameters TensorBoard compares runs by: every field of the
+  resolved config's model, data, train and eval sections (dotted names,
+  derived ones filled in), seed and replicas, and `extra` (e.g. a sweep's)."""
+  config = resolved_config(setup.run)
+  values: dict[str, Any] = dict(seed=config["seed"], replicas=config["replicas"])
+  for section in ("model", "data", "train", "eval"):
+    values.update({f"{section}.{name}": value for name, value in config[section].items()})
   values.update(extra or {})
   return values
 

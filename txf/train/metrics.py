@@ -4,9 +4,11 @@ A run's work directory holds
   metrics.jsonl  one JSON object per `write`: {"step": 100, "time": 1.7e9,
                  "loss": 2.3, ...} (`time`: wall time, seconds since the epoch)
   tb/            TensorBoard event files (written here with tensorboardX's
-                 protocol buffers; no TensorFlow needed): the scalars, each
-                 sample as text ('sample'), and the run's hyperparameters with
-                 its final metrics for the HParams dashboard (`write_hparams`)
+                 protocol buffers; no TensorFlow needed): the scalars, grouped
+                 by txf.train.trackers.metric_tag (train/loss, eval/loss,
+                 perf/tokens_per_sec, ...), each sample as preformatted text
+                 ('eval/sample'), and the run's hyperparameters with its
+                 final metrics for the HParams dashboard (`write_hparams`)
   samples.txt    text sampled at each evaluation, one '=== step N ===' record each
 
 Experiment trackers (txf.train.trackers, e.g. Weights & Biases) passed as
@@ -60,14 +62,14 @@ from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
-from txf.train.trackers import Tracker
+from txf.train.trackers import Tracker, metric_tag
 from txf.train.workdir import WriteError, is_local, replace_bytes, write_error
 
 METRICS_FILE = "metrics.jsonl"
 DROPPED_METRICS_FILE = "metrics.dropped.jsonl"
 SAMPLES_FILE = "samples.txt"
 TIME_KEY = "time"  # a metrics row's wall time: seconds since the epoch
-SAMPLE_TAG = "sample"  # TensorBoard's text summaries of the samples
+SAMPLE_TAG = "eval/sample"  # TensorBoard's text summaries of the samples
 DROPPED_SAMPLES_FILE = "samples.dropped.txt"
 TENSORBOARD_DIR = "tb"
 _SAMPLE_HEADER = re.compile(rb"^=== step (\d+) ===$")
@@ -383,7 +385,7 @@ class MetricsWriter:
       self._samples = _lines_sink(self._workdir / SAMPLES_FILE)
     self._samples.append(f"=== step {int(step)} ===\n{text}\n")
     if self._tensorboard is not None:
-      self._tensorboard.add_summary(int(step), tb_summary.text(SAMPLE_TAG, text))
+      self._tensorboard.add_summary(int(step), tb_summary.text(SAMPLE_TAG, preformatted(text)))
     for tracker in self._trackers:
       tracker.log_sample(int(step), text)
 
@@ -401,7 +403,9 @@ class MetricsWriter:
       raise ValueError("MetricsWriter.write_hparams called after close().")
     values = {name: _hparam_value(value) for name, value in hparams.items()}
     final = _to_python_scalars(metrics)
-    for summary in tb_summary.hparams(values, final):
+    # The dashboard reads each metric's value from the scalars of its tag.
+    tags = {metric_tag(name): value for name, value in final.items()}
+    for summary in tb_summary.hparams(values, tags):
       self._tensorboard.add_summary(int(step), summary)
     for tracker in self._trackers:
       tracker.log_summary(final)
@@ -446,10 +450,21 @@ class MetricsWriter:
 
 
 def _scalars_summary(scalars: Mapping[str, float]) -> Summary:
-  """One Summary holding every scalar of a metrics row (one Event per row)."""
+  """One Summary holding every scalar of a metrics row (one Event per row),
+  each under its group's tag (metric_tag)."""
   return Summary(
-    value=[Summary.Value(tag=name, simple_value=value) for name, value in scalars.items()]
+    value=[
+      Summary.Value(tag=metric_tag(name), simple_value=value) for name, value in scalars.items()
+    ]
   )
+
+
+def preformatted(text: str) -> str:
+  """`text` as a Markdown code block (every line indented 4 spaces):
+  TensorBoard renders text summaries as Markdown, which would join the lines
+  of a sample and drop their indentation (and read its '#', '*' and '<' as
+  markup); a code block shows the text as it is."""
+  return "\n".join("    " + line for line in text.split("\n"))
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
@@ -583,6 +598,23 @@ def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
     _move_lines(workdir / SAMPLES_FILE, workdir / DROPPED_SAMPLES_FILE, keep, lines)
     moved[SAMPLES_FILE] = records
   return moved
+
+
+def read_samples(workdir: str | os.PathLike) -> list[tuple[int, str]]:
+  """(step, text) of each record of `workdir/samples.txt`, in file order ([]
+  if there is none)."""
+  records: list[tuple[int, list[bytes]]] = []
+  for line in _read_lines(epath.Path(workdir) / SAMPLES_FILE):
+    step = _sample_step(line)
+    if step is not None:
+      records.append((step, []))
+    elif records:
+      records[-1][1].append(line)
+  # Each record is its text and the newline write_sample ends it with.
+  return [
+    (step, b"".join(lines).decode("utf-8", errors="replace").removesuffix("\n"))
+    for step, lines in records
+  ]
 
 
 def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> list[dict[str, Any]]:

@@ -89,8 +89,8 @@ class RunSetup:
     state_sharding: a TrainState of NamedShardings, one per leaf.
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
       created already sharded (no host ever holds the whole model); with
-      config.train.init_from, its parameters are that Hugging Face checkpoint's
-      (`pretrained_params`).
+      config.train.init_from, its parameters are that checkpoint's (a Hugging Face
+      directory or a txf run; `pretrained_params`).
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
     train_step: jitted (state, batch) -> (state, metrics); donates the state;
@@ -324,15 +324,23 @@ FREE_PRETRAINED_FIELDS = (
 
 def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
   """The parameters of the Hugging Face checkpoint in `directory`
-  (config.train.init_from), which must be the run's model: the same ModelConfig
-  up to FREE_PRETRAINED_FIELDS and exactly the same parameters.
+  (config.train.init_from), or of the latest checkpoint of the txf run there
+  (its first replica; txf.train.export.load_trained), which must be the
+  run's model: the same ModelConfig up to FREE_PRETRAINED_FIELDS and exactly
+  the same parameters.
 
   Raises:
     ValueError: naming the first model field or parameter that differs.
   """
+  # txf.train.export reads a run through load_run, below.
+  from txf.train.export import is_run_directory, load_trained  # noqa: PLC0415
+
   try:
-    pretrained = interop.load_pretrained(directory)
-  except interop.CheckpointError as error:
+    if is_run_directory(directory):
+      pretrained = load_trained(directory).pretrained
+    else:
+      pretrained = interop.load_pretrained(directory)
+  except (interop.CheckpointError, ConfigError) as error:
     raise ValueError(f"train.init_from: {error}") from None
   hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
   for field in dataclasses.fields(ModelConfig):

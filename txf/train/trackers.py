@@ -8,11 +8,16 @@ names separated by commas, or a list of names; empty: none):
   wandb  Weights & Biases (the wandb extra, txf.extras; imported only
          when named). The project is $WANDB_PROJECT (default 'txf'), the run's
          name the work directory's; wandb's own settings (WANDB_MODE=offline,
-         WANDB_DIR, WANDB_ENTITY, ...) apply. The wandb run id is kept in the
+         WANDB_ENTITY, ...) apply. wandb's files go to the work directory's
+         wandb/ (WANDB_DIR's, where it is set or the work directory is not
+         local). The wandb run id is kept in the
          work directory (wandb_run_id.txt), so a run restarted after a
          preemption continues the same wandb run. Before anything is
          written, the run checks that wandb will not stop for a login
          (offline, or an API key found) and that the kept id is one.
+         Metrics are logged under `metric_tag`'s names (train/loss,
+         eval/loss, perf/tokens_per_sec, ...); the samples are one table,
+         eval/samples, of (step, sample) rows, logged again at each sample.
 
 Only process 0 tracks. Another tracker is one class with the `Tracker`
 methods, a name in `TRACKERS` and its start-up check in `CHECKS`.
@@ -30,11 +35,29 @@ from typing import Any, Protocol
 from etils import epath
 
 from txf.extras import install_hint
-from txf.train.workdir import read_text, replace_text
+from txf.train.workdir import is_local, read_text, replace_text
 
 WANDB_ID_FILE = "wandb_run_id.txt"
+WANDB_SAMPLES = "eval/samples"  # the wandb table of the samples
+# Metrics of the hardware's speed, not of the model: grouped under perf/.
+PERF_METRICS = frozenset({"tokens_per_sec", "steps_per_sec", "step_time", "mfu"})
+METRIC_GROUPS = ("train", "eval", "perf")
 # What wandb takes as a run id: none of / \ # ? % : nor whitespace.
 _WANDB_RUN_ID = re.compile(r"[^/\\#?%:\s]{1,128}")
+
+
+def metric_tag(name: str) -> str:
+  """The name a dashboard (TensorBoard, wandb) shows a metrics.jsonl field
+  under, grouped by what it measures: 'eval_<x>' -> 'eval/<x>' (eval_loss ->
+  eval/loss, eval_loss/0 -> eval/loss/0), throughput -> 'perf/<name>'
+  (tokens_per_sec, steps_per_sec, step_time, mfu), any other -> 'train/<name>'
+  (loss, loss_std, accuracy, grad_norm, learning_rate). A name already in a
+  group ('eval/...') is kept."""
+  if name.split("/", 1)[0] in METRIC_GROUPS:
+    return name
+  if name.startswith("eval_"):
+    return "eval/" + name.removeprefix("eval_")
+  return ("perf/" if name in PERF_METRICS else "train/") + name
 
 
 class Tracker(Protocol):
@@ -63,16 +86,20 @@ class WandbTracker:
     import wandb  # noqa: PLC0415 (an optional dependency, imported when named)
 
     self._wandb = wandb
+    self._workdir = workdir
     run_id = _wandb_run_id(workdir)
     if not run_id:
       run_id = uuid.uuid4().hex[:12]  # wandb ids: letters and digits
       replace_text(workdir / WANDB_ID_FILE, run_id + "\n")  # before init: a crash keeps the id
     self.run_id = run_id
+    # (step, text) of the samples table; read from samples.txt at the first sample.
+    self._samples: list[tuple[int, str]] | None = None
     self._run = wandb.init(
       project=os.environ.get("WANDB_PROJECT", "txf"),
       id=run_id,
       name=workdir.name,
       resume="allow",
+      dir=wandb_dir(workdir),
     )
 
   def log_config(self, config: Mapping[str, Any]) -> None:
@@ -81,16 +108,32 @@ class WandbTracker:
   def log_metrics(self, step: int, scalars: Mapping[str, int | float]) -> None:
     # wandb drops (with a warning) rows at steps below its last, which a run
     # resumed from an earlier checkpoint trains again.
-    self._run.log(dict(scalars), step=step)
+    self._run.log({metric_tag(name): value for name, value in scalars.items()}, step=step)
 
   def log_sample(self, step: int, text: str) -> None:
-    self._run.log({"sample": text}, step=step)
+    if self._samples is None:  # a resumed run's table starts with the samples kept before
+      from txf.train.metrics import read_samples  # noqa: PLC0415 (metrics imports this module)
+
+      self._samples = [(s, t) for s, t in read_samples(self._workdir) if s < step]
+    self._samples.append((step, text))
+    # A wandb Table is immutable once logged: each sample logs the whole table again.
+    table = self._wandb.Table(columns=["step", "sample"], data=[list(row) for row in self._samples])
+    self._run.log({WANDB_SAMPLES: table}, step=step)
 
   def log_summary(self, metrics: Mapping[str, int | float]) -> None:
-    self._run.summary.update(dict(metrics))
+    self._run.summary.update({metric_tag(name): value for name, value in metrics.items()})
 
   def close(self) -> None:
     self._run.finish()
+
+
+def wandb_dir(workdir: epath.Path) -> str | None:
+  """The directory wandb writes its wandb/ into: $WANDB_DIR where it is set,
+  else the run's work directory when it is local (None, wandb's default:
+  the current directory, for one on object storage)."""
+  if os.environ.get("WANDB_DIR"):
+    return os.environ["WANDB_DIR"]
+  return os.fspath(workdir) if is_local(workdir) else None
 
 
 def _wandb_run_id(workdir: epath.Path) -> str:

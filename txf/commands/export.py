@@ -1,0 +1,59 @@
+"""A trained txf run as a Hugging Face model directory.
+
+  txf-export --workdir=RUN --out=DIR
+  python -m experiments.export --workdir=RUN --out=DIR   # in a checkout: the same command
+
+Writes the latest checkpoint of the run in RUN (its first seed replica) into
+DIR as Hugging Face writes a model: config.json and model.safetensors
+(txf.interop: a decoder as GPT-2, an encoder as BERT, an encoder-decoder as
+T5), tokenizer.json and tokenizer_config.json (the run's bytes,
+sentencepiece or Hugging Face tokenizer; the generated tasks' symbols have
+none, which it says), and generation_config.json. DIR then loads with
+txf-generate --model=DIR, txf.interop.load_pretrained, and transformers'
+from_pretrained. Prints what it wrote. A run whose model is not of its
+family's Hugging Face shape (GPT-2: learned positions, LayerNorm, Pre-LN,
+biases, unscaled logits, ...) exits 2 with one line naming every field that
+does not map, writing nothing; so does a RUN without a trained run, or a DIR
+that is a run's directory.
+"""
+
+from __future__ import annotations
+
+from absl import flags, logging
+
+from txf.commands.cli import fail, run_command, run_errors
+
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Run directory of a trained txf run.", required=True
+)
+_OUT = flags.DEFINE_string(
+  "out", None, "Directory to write the Hugging Face model into (created).", required=True
+)
+
+
+def main(argv) -> None:
+  # After flag parsing: fast --help.
+  from txf.interop import CheckpointError
+  from txf.train.export import export_run
+
+  logging.set_verbosity(logging.WARNING)
+  with run_errors():
+    try:
+      written = export_run(_WORKDIR.value, _OUT.value)
+    except CheckpointError as error:
+      fail("export", error)
+  print(
+    f"wrote {written.directory}: {written.architecture} of step {written.step} "
+    f"({', '.join(written.files)})"
+  )
+  if written.no_tokenizer:
+    print(f"no tokenizer.json: {written.no_tokenizer}")
+
+
+def cli() -> None:
+  """The `txf-export` console script and `python -m experiments.export`."""
+  run_command(main)
+
+
+if __name__ == "__main__":
+  cli()
