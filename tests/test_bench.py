@@ -383,7 +383,7 @@ def test_profile_summary_figures_per_step():
 @pytest.mark.slow  # trains a run
 def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeypatch):
   # A known peak, so the loop's and the benchmark's MFU can be checked (CPUs have none).
-  monkeypatch.setattr(hardware, "peak_flops_per_device", lambda dtype=None: 1e12)
+  monkeypatch.setattr(hardware, "peak_flops_per_device", lambda device=None, dtype=None: 1e12)
   compiled = []
 
   def listener(event, duration, **kwargs):

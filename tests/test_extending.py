@@ -87,6 +87,23 @@ def test_scale_norm_matches_numpy_and_is_chosen_by_the_config():
     assert set(block["params"]["stack"]["block_0"]["ffn_norm"]) == {"g"}
 
 
+def test_an_lstm_reads_the_options_of_its_registered_norm():
+  from txf import register
+
+  with registered():
+
+    @register.norm("fixed_scale", options={"norm_scale": 1.0})
+    def fixed_scale(layer, x_BxTxD, cfg):
+      return cfg.option("norm_scale") * x_BxTxD
+
+    lstm = dict(vocab_size=32, d_model=16, num_layers=1, family="lstm", norm="fixed_scale")
+    cfg = layer_config.ModelConfig(**lstm)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, (2, 8)))
+    doubled = logits(cfg.replace(options={"norm_scale": 2.0}), tokens)
+    # The final norm feeds the tied head (no bias): the logits scale with it.
+    np.testing.assert_allclose(doubled, 2.0 * logits(cfg, tokens), rtol=1e-5, atol=1e-6)
+
+
 def test_successor_task_rows_count_upwards_through_the_symbols():
   with registered("successor_task"):
     data = ml_collections.ConfigDict(

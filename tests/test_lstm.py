@@ -86,6 +86,7 @@ INAPPLICABLE = dict(
   remat=True,
   scan_layers=True,
   gelu_approximate=False,
+  init="gpt2",
   embed_norm=True,
   num_token_types=2,
   scale_attention=False,

@@ -84,6 +84,7 @@ LSTM_FIELDS = (
   "head",
   "pad_id",
   "dtype",
+  "options",  # those of a registered norm
 )
 
 
@@ -145,9 +146,9 @@ class ModelConfig:
   )
   dtype: str = "float32"  # compute dtype; parameters stay float32
   attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
-  # Settings of a registered position / norm / activation that the fields
-  # above do not have ({setting: value}; those it registered, defaults filled).
-  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  options: Mapping[str, Any] = dataclasses.field(
+    default_factory=dict
+  )  # {setting: value} of a registered position / norm / activation the fields above lack
   remat: bool = False  # recompute block activations in backward
   scan_layers: bool = False  # nn.scan over layers: compile time O(1) in depth
 
@@ -273,10 +274,6 @@ class ModelConfig:
     """family='lstm': only LSTM_FIELDS may differ from their defaults. The
     derived Transformer fields (num_kv_heads, head_dim, d_ff) stay None."""
     for field in dataclasses.fields(self):
-      if field.name == "options":  # a Mapping field; normalised by _check_options
-        if self.options:
-          raise ValueError("model.options: does not apply to model.family='lstm'")
-        continue
       if field.name not in LSTM_FIELDS and getattr(self, field.name) != field.default:
         raise ValueError(
           f"model.{field.name}: does not apply to model.family='lstm' (keep its default "

@@ -409,6 +409,7 @@ ADDED_FIELDS = {
   "model.num_token_types": 0,
   "model.scale_attention": True,
   "model.init": "txf",
+  "model.options": {},
   "train.loss_chunk_len": 0,
   "train.trackers": "",
   "data.num_symbols": 32,
