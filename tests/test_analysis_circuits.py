@@ -1,5 +1,5 @@
 """Circuits beyond ablation: composition scores, path patching, phase change,
-their tables and figures.
+their tables and figures, and docs/induction.md against its raw outputs.
 
 Cheap: tiny models with parameters drawn here (no training; the trained
 circuit is tests/test_induction_circuit.py's, marked slow), float64 numpy
@@ -9,6 +9,7 @@ txf.analysis.patching's cache.
 """
 
 import json
+import pathlib
 
 import flax.linen as nn
 import jax
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 from test_layer_references import f64, np_embed, np_ffn, np_norm, np_rope
 
+from tools import induction_docs
 from txf import ops
 from txf.analysis import circuit_report, composition, patching, phase_change
 from txf.analysis.circuits import analyze_circuits
@@ -25,6 +27,7 @@ from txf.analysis.plots import save_figure
 from txf.layers.config import ModelConfig
 from txf.models import build
 
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
 TINY = dict(vocab_size=24, d_model=32, num_heads=4, num_layers=2, max_len=32)
 PERIOD = 6
 LENGTH = 2 * PERIOD  # the probe: a block of 6, twice
@@ -447,3 +450,39 @@ def test_figures_have_titles_labels_and_legends(tmp_path):
   assert "previous-token score" in legend_texts
   path = save_figure(figures["sorted"], tmp_path / "sorted.png")
   assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------
+# docs/induction.md against its raw outputs.
+
+
+def test_docs_induction_tables_are_the_ones_its_data_give():
+  """Every table of the page, as tools/induction_docs.py writes it from
+  docs/data/induction (run it to update the page)."""
+  data = DOCS / "data" / "induction"
+  tables = induction_docs.tables(data)
+  assert set(tables) == set(induction_docs.TABLES)
+  page = (DOCS / "induction.md").read_text()
+  assert induction_docs.update_page(page, tables) == page, (
+    "docs/induction.md's tables differ from docs/data/induction: python tools/induction_docs.py"
+  )
+  # The raw files are one analysis per seed: circuits.json's scores are
+  # head_scores.csv's and the last checkpoint's of training_scores.csv.
+  training = induction_docs.training_scores(data)
+  for label, record in induction_docs.circuit_records(data).items():
+    head_scores = induction_docs.read_head_scores(data / label.replace(" ", "") / "head_scores.csv")
+    assert training[label]["steps"][-1] == record["step"]
+    for name in ("previous_token", "induction"):
+      np.testing.assert_array_equal(record["scores"][name], head_scores[name], err_msg=label)
+      np.testing.assert_array_equal(record["scores"][name], training[label][name][-1])
+    np.testing.assert_array_equal(record["composition"]["k"], training[label]["k_composition"][-1])
+
+
+def test_update_page_replaces_the_table_after_each_marker():
+  marker = induction_docs.MARKER.format("roles")
+  page = f"text\n{marker}\n| old |\n|---|\n\nafter\n"
+  assert induction_docs.update_page(page, {"roles": "| new |\n"}) == (
+    f"text\n{marker}\n| new |\n\nafter\n"
+  )
+  with pytest.raises(ValueError, match="phase_change"):
+    induction_docs.update_page(page, {"phase_change": "| new |\n"})
