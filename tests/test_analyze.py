@@ -302,6 +302,8 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
     (dict(ablate="L0H1,L0H1"), r"^ablate: L0H1 is named twice$"),
     (dict(ablate="L0-H1"), r"^ablate: 'L0-H1' is not a head; expected L<layer>H<head>"),
     (dict(ablate=""), r"^ablate: '' is not a head"),
+    (dict(circuits=True), r"^circuits: path patching needs unscanned layers"),
+    (dict(checkpoints=True), r"^checkpoints: the run in .* kept 1 checkpoint\(s\)"),
   ],
 )
 def test_bad_arguments_are_refused_naming_them(decoder_run, kwargs, message):
@@ -346,6 +348,13 @@ def test_the_command_refuses_a_bad_ablate_spec_in_one_line(decoder_run, compilat
   assert done.stderr.strip().splitlines() == [
     "analyze error: ablate: L9H0 is not a head of the model (layers 0..1, heads 0..1)"
   ]
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_circuits_refuse_an_encoder_decoder(seq2seq_run):
+  for flag in ("circuits", "checkpoints"):
+    with pytest.raises(ValueError, match=f"^{flag}: needs a decoder language model; the run's "):
+      analyze_run(seq2seq_run, **{flag: True})
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess

@@ -68,6 +68,22 @@ def test_round_trip(tmp_path):
     assert leaf.sharding == spec.sharding
 
 
+def test_every_step_restores_by_its_number(tmp_path):
+  save_steps(tmp_path, [1, 2, 3], max_to_keep=5)
+  delete_extras_item(tmp_path / "3")
+  with checkpoint.Checkpointer(tmp_path, read_only=True) as ckpt:
+    assert ckpt.steps() == [1, 2, 3]
+    for step in (1, 2):
+      state, extras = ckpt.restore_step(step, abstract(make_state(0)))
+      assert_trees_equal(state, make_state(step))
+      assert extras == extras_for(step)
+    with pytest.raises(checkpoint.RestoreError, match="step 3"):
+      ckpt.restore_step(3, abstract(make_state(0)))
+    with pytest.raises(ValueError, match="no checkpoint at step 4"):
+      ckpt.restore_step(4, abstract(make_state(0)))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]  # nothing renamed
+
+
 def test_relative_directory(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   save_steps("ckpt", [3])

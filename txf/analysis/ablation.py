@@ -189,6 +189,11 @@ def ablation_metric_fns(
   }
 
 
+def head_name(layer: int, head: int) -> str:
+  """'L<layer>H<head>': a head as `parse_heads` reads it."""
+  return f"L{layer}H{head}"
+
+
 def parse_heads(spec: str, num_layers: int, num_heads: int) -> list[tuple[int, int]]:
   """The heads of a spec like 'L1H0,L1H2' as [(layer, head)], checked.
 

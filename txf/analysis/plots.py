@@ -322,6 +322,7 @@ def heatmaps_figure(
   xticklabels: Sequence[str] | None = None,
   yticklabels: Sequence[str] | None = None,
   annotate: bool = False,
+  value_format: str = ".3g",
 ) -> Figure:
   """Heatmaps of 2-D arrays (masks, encodings, biases, similarities), one per panel.
 
@@ -338,8 +339,10 @@ def heatmaps_figure(
     vmin, vmax: the colour scale's ends.
     xticklabels, yticklabels: optional labels of the columns / rows (when
       at most MAX_TOKEN_TICKS of them).
-    annotate: write each finite value (3 significant digits) in its cell,
-      for small grids such as per-head scores.
+    annotate: write each finite value in its cell, for small grids such as
+      per-head scores.
+    value_format: the format spec of the values written (default 3
+      significant digits; '.3f': 3 decimals, one width for every cell).
 
   Returns:
     The Figure.
@@ -400,7 +403,7 @@ def heatmaps_figure(
           axes.text(
             column,
             row,
-            f"{value:.3g}",
+            f"{value:{value_format}}",
             ha="center",
             va="center",
             fontsize=8,

@@ -1,6 +1,7 @@
 """Attention analysis of a trained run: heatmaps, per-head scores, head ablation.
 
   txf-analyze --workdir=RUN [--num_batches=N] [--periods=P1,P2] [--seed=S] [--ablate=L1H0,L1H2]
+      [--circuits] [--checkpoints]
   python -m experiments.analyze --workdir=RUN [flags]   # in a checkout: the same command
 
 Writes attention_<kind>.png (per layer and head, validation sample 0),
@@ -12,7 +13,13 @@ data; a head that scores at one period only is reported as positional),
 entropy, attended distance and the validation-loss change when each head's
 output is zeroed. --ablate zeroes a set of heads together and reports the
 validation loss and accuracy with and without them (single-head ablation
-misses heads that back each other up).
+misses heads that back each other up). --circuits adds composition scores
+between consecutive layers' heads and path patching of each head's output
+into the next layer's queries, keys or values (circuits.json, circuits.md,
+composition.png, patching.png, head_scores_sorted.png); --checkpoints adds
+the validation loss, head scores and K-composition at every checkpoint the
+run kept (training_scores.csv, training_scores.png): when the circuit forms.
+Both need a decoder LM of two or more layers (--circuits: Pre-LN, unscanned).
 A progress line per head's ablation goes to stderr as it is done. An
 invalid argument, a directory without a trained run, one that cannot be
 written (a read-only file system) or one held by another process (a run
@@ -38,6 +45,18 @@ _PERIODS = flags.DEFINE_list(
 )
 _ABLATE = flags.DEFINE_string(
   "ablate", None, "Causal self-attention heads to zero together, e.g. L1H0,L1H2."
+)
+_CIRCUITS = flags.DEFINE_bool(
+  "circuits",
+  False,
+  "Also composition scores between consecutive layers' heads and path patching of "
+  "each head's output into the next layer (circuits.json, circuits.md, PNGs).",
+)
+_CHECKPOINTS = flags.DEFINE_bool(
+  "checkpoints",
+  False,
+  "Also validation loss, head scores and K-composition at every kept checkpoint "
+  "(training_scores.csv, training_scores.png): when the circuit forms.",
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the induction inputs' random tokens.")
 _REPLICA = flags.DEFINE_integer("replica", 0, "Which seed replica of the run to analyse.")
@@ -69,6 +88,8 @@ def main(argv) -> None:
           seed=_SEED.value,
           replica=_REPLICA.value,
           ablate=_ABLATE.value,
+          circuits=_CIRCUITS.value,
+          checkpoints=_CHECKPOINTS.value,
           log=progress,
         )
     except ValueError as error:  # ConfigError too

@@ -15,6 +15,17 @@ gets, in <workdir>/analysis/:
   head_scores.csv       one row per (kind, layer, head), full precision
   head_scores.md        the same as markdown tables, one per kind
 
+and, for a causal decoder, on request (txf.analysis.circuits):
+
+  circuits=True         circuits.json, circuits.md: composition scores
+                        between consecutive layers' heads and path patching
+                        of each head's output into the next layer;
+                        composition.png, patching.png, head_scores_sorted.png
+  checkpoints=True      training_scores.csv, training_scores.png and
+                        circuits.md: validation loss, head scores and
+                        K-composition at every kept checkpoint (the phase
+                        change)
+
 Scores per head (txf.analysis.heads): previous-token score and mean entropy
 and distance on the first validation batch; induction score on repeated
 random token sequences, for causal self-attention only (n/a elsewhere: a
@@ -28,6 +39,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import json
 import os
 import time
 from collections.abc import Callable
@@ -41,9 +53,21 @@ from txf.analysis.ablation import (
   ablation_loss_fns,
   ablation_metric_fns,
   attention_shapes,
+  head_name,
   parse_heads,
 )
 from txf.analysis.attention import attention_maps, maps_by_kind
+from txf.analysis.circuit_report import (
+  circuit_table,
+  composition_figure,
+  patching_figure,
+  phase_change_table,
+  sorted_scores_figure,
+  sorted_scores_table,
+  training_figure,
+)
+from txf.analysis.circuits import analyze_circuits
+from txf.analysis.composition import composition_scores
 from txf.analysis.heads import (
   attention_entropy,
   group_mask,
@@ -58,17 +82,25 @@ from txf.analysis.heads import (
   probe_periods,
   repeated_random_tokens,
 )
-from txf.analysis.plots import attention_grid
+from txf.analysis.phase_change import steepest_fall, write_training_csv
+from txf.analysis.plots import attention_grid, save_figure
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
 from txf.train.metrics import format_duration
-from txf.train.setup import RunSetup, load_run
+from txf.train.setup import RunSetup, load_run, make_checkpointer
 from txf.train.step import make_eval_step, model_inputs
 from txf.train.workdir import check_reachable, run_path
 
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"
 SCORES_MD = "head_scores.md"
+CIRCUITS_JSON = "circuits.json"
+CIRCUITS_MD = "circuits.md"
+COMPOSITION_PNG = "composition.png"
+PATCHING_PNG = "patching.png"
+SORTED_PNG = "head_scores_sorted.png"
+TRAINING_CSV = "training_scores.csv"
+TRAINING_PNG = "training_scores.png"
 
 
 def attention_png(kind: str) -> str:
@@ -244,7 +276,7 @@ def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict
     named[kind] = {role: [] for role in ("previous_token", "induction", "positional")}
     for (layer, head), labels in np.ndenumerate(roles_LxH):
       for role in filter(None, labels.split("+")):
-        named[kind][role].append(f"L{layer}H{head}")
+        named[kind][role].append(head_name(layer, head))
   return named
 
 
@@ -254,7 +286,7 @@ def _group_ablation(
   """Loss and accuracy with every head on and with the heads of `spec` zeroed together."""
   heads = parse_heads(spec, *shape)
   return {
-    "heads": [f"L{layer}H{head}" for layer, head in heads],
+    "heads": [head_name(layer, head) for layer, head in heads],
     "baseline": metric_fn(np.ones(shape, np.float32)),
     "ablated": metric_fn(group_mask(heads, *shape)),
   }
@@ -281,6 +313,8 @@ def analyze_run(
   seed: int = 0,
   replica: int = 0,
   ablate: str | None = None,
+  circuits: bool = False,
+  checkpoints: bool = False,
   log: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
   """Writes the attention analysis of the run in `workdir` into
@@ -299,8 +333,14 @@ def analyze_run(
       first, whose seed is the run's `seed`).
     ablate: heads of the causal self-attention to zero together, e.g.
       'L1H0,L1H2' (None: none); their loss and accuracy change is reported.
-    log: called with a progress line as each head's ablation is done
-      (`format_head_progress`); None: quiet.
+    circuits: also composition scores and path patching (a Pre-LN,
+      unscanned decoder LM; txf.analysis.circuits.analyze_circuits) on the
+      induction probe's periods and ids.
+    checkpoints: also the validation loss, previous-token and induction
+      scores and K-composition at every checkpoint the run kept (keep many:
+      train.checkpoint_every small, train.max_to_keep large).
+    log: called with a progress line as each head's ablation (and each
+      checkpoint) is done (`format_head_progress`); None: quiet.
 
   Returns:
     {"step": checkpoint step, "baseline_loss": validation loss with every
@@ -308,8 +348,11 @@ def analyze_run(
      "scores": {kind: {score name: [L, H] list}}, "roles": {kind:
      {"previous_token" | "induction" | "positional": ["L<l>H<h>", ...]}}
      (causal kinds), "group_ablation": {"heads", "baseline", "ablated"} with
-     {"loss", "accuracy"} each (None without `ablate`), "files": [paths
-     written], "table": the markdown of head_scores.md}.
+     {"loss", "accuracy"} each (None without `ablate`), "circuits": the
+     record of circuits.json (None without `circuits`), "training": the
+     scores over checkpoints as `read_training_csv` returns them (None
+     without `checkpoints`), "files": [paths written], "table": the markdown
+     of head_scores.md}.
 
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
@@ -348,6 +391,17 @@ def analyze_run(
     periods = _probe_periods(setup, _query_tokens(first, causal[0]).shape[1], len(ids), periods)
   if ablate is not None:
     parse_heads(ablate, *shapes[causal[0]])  # a bad spec fails before the model runs
+  if circuits or checkpoints:
+    _check_circuits(setup, circuits=circuits)
+  if checkpoints:
+    with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
+      kept = checkpointer.steps()
+    if len(kept) < 2:
+      raise ValueError(
+        f"checkpoints: the run in {workdir} kept {len(kept)} checkpoint(s); scores over "
+        "training need two or more (train with a small train.checkpoint_every and a "
+        "large train.max_to_keep)"
+      )
   out = workdir / ANALYSIS_DIR
   scores: dict[str, dict[str, np.ndarray]] = {}
   files = []
@@ -388,6 +442,48 @@ def analyze_run(
     if ablate is not None:
       metric_fns = ablation_metric_fns(setup.model, params, device_batches, _eval_sums(setup.task))
       group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]])
+    circuit_record = training = None
+    if circuits or checkpoints:
+      assert periods is not None and ids is not None  # a causal decoder (_check_circuits)
+      label = f"{workdir.name} (seed {setup.seeds[replica]})"
+      head_scores = {name: scores["self"][name] for name in ("previous_token", "induction")}
+      md_parts = []
+      if circuits:
+        circuit_record = {
+          "step": run.step,
+          "scores": {name: values.tolist() for name, values in head_scores.items()},
+          **analyze_circuits(
+            setup.model,
+            params,
+            ids,
+            periods,
+            batch=_query_tokens(first, "self").shape[0],
+            seed=seed,
+          ),
+        }
+        files += _write_circuits(out, circuit_record, label, run.step)
+        md_parts.append(_circuits_markdown(circuit_record, label))
+      if checkpoints:
+        training = _training_scores(
+          workdir, setup, replica, first, periods, ids, seed, maps_fn, log
+        )
+        files.append(write_training_csv(training, out / TRAINING_CSV))
+        files.append(
+          save_figure(
+            training_figure(
+              {label: training},
+              title="Loss and head scores over training, at every kept checkpoint",
+              max_step=_training_xlim(training),
+            ),
+            out / TRAINING_PNG,
+          )
+        )
+        md_parts.append(
+          "## When the circuit forms\n\nSteepest change between consecutive checkpoints "
+          f"({len(training['steps'])} checkpoints, steps {training['steps'][0]}.."
+          f"{training['steps'][-1]}):\n\n{phase_change_table({label: training})}"
+        )
+      files.append(_write(out / CIRCUITS_MD, "\n".join(md_parts)))
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
   files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
@@ -401,9 +497,126 @@ def analyze_run(
     },
     "roles": roles,
     "group_ablation": group,
+    "circuits": circuit_record,
+    "training": training,
     "files": [str(path) for path in files],
     "table": table,
   }
+
+
+def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
+  """ValueError, before compute, unless the run is a decoder LM with two or
+  more layers (and, for `circuits`' patching, Pre-LN and unscanned)."""
+  cfg = setup.model_cfg
+  flag = "circuits" if circuits else "checkpoints"
+  if cfg.family != "decoder" or setup.task != "lm":
+    raise ValueError(
+      f"{flag}: needs a decoder language model; the run's model.family is "
+      f"{cfg.family!r} (task {setup.task!r})"
+    )
+  if cfg.num_layers < 2:
+    raise ValueError(f"{flag}: needs two or more layers to compose, the run has {cfg.num_layers}")
+  if circuits and cfg.norm_placement != "pre":
+    raise ValueError("circuits: path patching needs Pre-LN (model.norm_placement='pre')")
+  if circuits and cfg.scan_layers:
+    raise ValueError("circuits: path patching needs unscanned layers (model.scan_layers=False)")
+
+
+def _write_circuits(
+  out: epath.Path, record: dict[str, Any], label: str, step: int
+) -> list[epath.Path]:
+  """circuits.json and the figures of layer 0 -> 1."""
+  json_path = out / CIRCUITS_JSON
+  json_path.parent.mkdir(parents=True, exist_ok=True)
+  json_path.write_text(json.dumps(record, indent=1) + "\n")
+  periods = ", ".join(str(period) for period in record["periods"])
+  figures = {
+    COMPOSITION_PNG: composition_figure(
+      record, title=f"Composition of layer-0 heads into layer-1 heads ({label}, step {step})"
+    ),
+    PATCHING_PNG: patching_figure(
+      record,
+      title=f"Path patching: layer-1 induction scores ({label}, step {step}, periods {periods})",
+    ),
+    SORTED_PNG: sorted_scores_figure(
+      {label: record["scores"]}, title=f"Every head's scores, sorted ({label}, step {step})"
+    ),
+  }
+  return [json_path] + [save_figure(figure, out / name) for name, figure in figures.items()]
+
+
+def _circuits_markdown(record: dict[str, Any], label: str) -> str:
+  baseline = record["baseline"]
+  return (
+    f"# Circuits at step {record['step']}\n\n"
+    "Composition scores (Elhage et al. 2021) from the weights, Pre-LN norm's scale "
+    "and centring folded in, RoPE and the FFNs ignored (random Gaussian weights of "
+    f"these shapes score q {baseline['q']:.3f}, k {baseline['k']:.3f}, v {baseline['v']:.3f}); "
+    "path patching: the fall of layer 1's induction scores when one layer-0 head's "
+    "output is taken from a corrupted prompt (two unrelated blocks) on one path, mean "
+    f"over the probe periods {record['periods']} and over layer 1's heads "
+    "(txf.analysis.composition, txf.analysis.patching).\n\n"
+    f"{circuit_table({label: record})}\n"
+    f"Every head's scores, sorted:\n\n{sorted_scores_table({label: record})}"
+  )
+
+
+def _training_scores(
+  workdir: epath.Path,
+  setup: RunSetup,
+  replica: int,
+  batch: dict[str, np.ndarray],
+  periods: list[int],
+  ids: np.ndarray,
+  seed: int,
+  maps_fn: Callable[..., dict[str, Any]],
+  log: Callable[[str], Any] | None,
+) -> dict[str, Any]:
+  """Validation loss and accuracy, previous-token and induction scores (as
+  `_attention_scores`) and K-composition at every checkpoint in `workdir`."""
+  rows: dict[str, list[Any]] = {
+    name: []
+    for name in ("steps", "loss", "accuracy", "previous_token", "induction", "k_composition")
+  }
+  query_mask_BxT = _query_tokens(batch, "self") != setup.model_cfg.pad_id
+  suffix = f"/{replica}" if setup.replicas > 1 else ""
+  began = time.perf_counter()
+  with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
+    steps = checkpointer.steps()
+    for done, step in enumerate(steps, 1):
+      state, _ = checkpointer.restore_step(step, setup.abstract_state)
+      metrics = setup.evaluate(state.params)
+      params = setup.replica_params(state.params, replica)
+      layers = maps_by_kind(maps_fn(params, *model_inputs(batch, setup.task)))["self"]
+      induction = [
+        _induction(setup, maps_fn, params, batch, "self", period, seed, ids) for period in periods
+      ]
+      rows["steps"].append(step)
+      rows["loss"].append(float(metrics[f"eval_loss{suffix}"]))
+      rows["accuracy"].append(float(metrics[f"eval_accuracy{suffix}"]))
+      rows["previous_token"].append(
+        np.stack([previous_token_score(weights, query_mask=query_mask_BxT) for weights in layers])
+      )
+      rows["induction"].append(np.min(np.stack(induction), axis=0))
+      rows["k_composition"].append(
+        composition_scores(params, fold_norm=setup.model_cfg.norm_placement == "pre")["k"]
+      )
+      if log is not None:
+        elapsed = time.perf_counter() - began
+        log(
+          f"analyze: checkpoint step {step} ({done} of {len(steps)}) | eval_loss "
+          f"{rows['loss'][-1]:.4f} | elapsed {format_duration(elapsed)} | eta "
+          f"{format_duration(elapsed / done * (len(steps) - done))}"
+        )
+  return {name: np.asarray(values) for name, values in rows.items()}
+
+
+def _training_xlim(training: dict[str, Any]) -> int:
+  """The training figure's last step: 4x where the accuracy stops rising
+  fastest (the phase change in the first quarter), or the last checkpoint."""
+  steps = training["steps"]
+  _, after, _ = steepest_fall(steps, -np.asarray(training["accuracy"]))
+  return int(min(steps[-1], 4 * after))
 
 
 def _write(path: epath.Path, text: str) -> epath.Path:

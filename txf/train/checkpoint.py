@@ -320,6 +320,29 @@ class Checkpointer:
       "next); try again once it has saved or stopped"
     )
 
+  def steps(self) -> list[int]:
+    """The finalised steps on disk now, oldest first (e.g. to analyse each)."""
+    return self._steps()[::-1]
+
+  def restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    """(state, extras) of the checkpoint at `step` exactly (see `restore`'s
+    arguments); no other step is tried and nothing is renamed.
+
+    Raises:
+      ValueError: there is no finalised checkpoint at `step`.
+      RestoreError: it does not restore (the error names it).
+    """
+    _check_abstract_state(abstract_state)
+    if not self.directory.exists() or step not in self._steps():
+      raise ValueError(f"no checkpoint at step {step} in {self.directory}")
+    try:
+      restored = self._manager.restore(step, args=_restore_args(abstract_state))
+    except Exception as error:
+      raise RestoreError(
+        f"checkpoint step {step} in {self.directory} does not restore: {_describe(error)}"
+      ) from error
+    return restored[STATE_ITEM], restored[EXTRAS_ITEM]
+
   def _steps(self) -> list[int]:
     """The finalised steps on disk now, newest first."""
     self._manager.reload()
@@ -340,15 +363,7 @@ class Checkpointer:
     failures: list[tuple[int, Exception]] = []
     for step in steps:
       try:
-        restored = self._manager.restore(
-          step,
-          args=ocp.args.Composite(
-            **{
-              STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-              EXTRAS_ITEM: ocp.args.JsonRestore(),
-            }
-          ),
-        )
+        restored = self._manager.restore(step, args=_restore_args(abstract_state))
       except Exception as error:
         # Any failure (missing file, bad bytes, missing item) makes this
         # step unusable; which exception depends on the file that broke --
@@ -431,6 +446,16 @@ class Checkpointer:
 
   def __exit__(self, *exc_info) -> None:
     self.close()
+
+
+def _restore_args(abstract_state: Any) -> ocp.args.Composite:
+  """What `CheckpointManager.restore` reads: the state onto `abstract_state`, and the extras."""
+  return ocp.args.Composite(
+    **{
+      STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+      EXTRAS_ITEM: ocp.args.JsonRestore(),
+    }
+  )
 
 
 def _describe(error: Exception, limit: int = 400) -> str:
