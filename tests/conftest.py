@@ -1,43 +1,50 @@
 """Helpers and fixtures shared by the config and end-to-end tests."""
 
+import atexit
 import importlib
 import os
 import pathlib
+import shutil
 import signal
 import sys
+import tempfile
 
 # The tests run on the CPU: with txf's compile extras installed (libtpu,
 # jax's CUDA plugin), jax would otherwise start those backends in every test
 # process; txf.aot compiles for them without starting them.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The tests' programs are tiny, so XLA's compile time is most of the suite;
+# LLVM's optimisations cost more of it than they save at run time (a third
+# of tests/test_behaviour.py's time on 2 cores). The numerics are the same
+# program's: the tests compare against references, not code generation.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  _fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_fast_compile}".strip()
+# One JAX persistent compilation cache for every test process: pytest's
+# workers and the command-line runs they start (which inherit this
+# environment) compile the same tiny programs across modules. The process
+# that made the directory (pytest's controller) removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="txf-tests-xla-cache-")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+  os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=_cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+  )
 
 import jax  # noqa: E402
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from jax.experimental.compilation_cache import compilation_cache
 
 
-@pytest.fixture(scope="module")
-def compilation_cache_dir(tmp_path_factory):
-  """JAX's persistent compilation cache in a temporary directory, for the
-  requesting module (and, through the returned options, its subprocesses):
-  end-to-end runs cost mostly XLA compilation, and reruns of the same
-  program then compile once."""
-  directory = tmp_path_factory.mktemp("xla_cache")
-  values = {
-    "jax_compilation_cache_dir": str(directory),
-    "jax_persistent_cache_min_compile_time_secs": 0,
-    "jax_persistent_cache_min_entry_size_bytes": -1,
-  }
-  previous = {name: getattr(jax.config, name) for name in values}
-  for name, value in values.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
-  yield values
-  for name, value in previous.items():
-    jax.config.update(name, value)
-  compilation_cache.reset_cache()
+@pytest.fixture(scope="session")
+def compilation_cache_dir():
+  """The session's JAX persistent compilation cache (set above), as
+  {jax config name: value}, for `cli_env`: end-to-end runs cost mostly XLA
+  compilation, and reruns of the same program then compile once."""
+  return {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
 
 
 @pytest.fixture

@@ -52,6 +52,7 @@ def optimizer():
 # A non-finite step.
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("poison", ["weights", "params"])
 def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(poison):
   model = build(ModelConfig(**TINY, family="decoder"))
@@ -83,6 +84,7 @@ def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(poison):
 # Gradient accumulation.
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("k", [2, 4])
 def test_grad_accumulation_equals_one_big_batch(k):
   model = build(ModelConfig(**TINY, family="decoder"))
@@ -116,6 +118,7 @@ def test_grad_accumulation_equals_one_big_batch(k):
 DROPOUT = dict(dropout_rate=P, attention_dropout_rate=P)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
 def test_deterministic_model_ignores_dropout_rates(family):
   """deterministic=True gives exactly the dropout-free model's output;
@@ -184,6 +187,7 @@ def zero_output_of(module_type):
   return nn.intercept_methods(interceptor)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("silenced", [FeedForward, MultiHeadAttention])
 def test_residual_dropout_is_unbiased(silenced):
   """Pre-LN block x + drop(f(norm(x))) with the other sub-layer silenced: the
@@ -204,6 +208,7 @@ def test_residual_dropout_is_unbiased(silenced):
     mean_matches_deterministic(block, variables, x)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_embedding_dropout_is_unbiased():
   """The stack's input (the dropped embedding) averages to the embedding."""
   model = build(ModelConfig(**TINY, **DROPOUT))
@@ -246,6 +251,7 @@ def test_dropout_masks_differ_across_rows():
     assert np.abs(logits[i] - logits[0]).max() > 1e-2, f"rows 0 and {i} share a mask"
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_train_step_draws_a_new_mask_each_step_and_repeats_a_step_exactly():
   """The train step folds the step number into the dropout key: the same
   params and batch at another step give another loss, the same step the same
@@ -272,6 +278,7 @@ def test_train_step_draws_a_new_mask_each_step_and_repeats_a_step_exactly():
 # Tied output embedding.
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("tied", [True, False])
 def test_tied_output_trains_the_embedding_of_unseen_tokens(tied):
   """Tokens absent from the input reach the embedding table only through the

@@ -30,11 +30,10 @@ from benchmarks import (
   embedding_grad as bench_embedding_grad,
   kernels as bench_kernels,
   loop as bench_loop,
-  replicas as bench_replicas,
   seq2seq_decode as bench_seq2seq,
   step as bench_step,
 )
-from conftest import REPO, load_config, tiny_config
+from conftest import REPO, load_config
 from txf import ops
 from txf.analysis import flops_per_token, matmul_params
 from txf.layers.config import ModelConfig
@@ -213,6 +212,7 @@ def test_linear_cross_entropy_rejects_bad_inputs():
     ops.linear_cross_entropy_sums(x, kernel, labels, weights_BxT=weights[:, :4], chunk_len=4)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_the_fused_loss_gives_the_plain_loss_and_gradients():
   setup = setup_run(gpt2_tiny())
   batch = next(iter(setup.train_data))
@@ -540,12 +540,7 @@ def test_embedding_grad_bench_checks_every_method_against_float64():
   assert all(row["ms"] > 0 for row in methods.values())
 
 
-def test_replicas_bench_times_every_strategy_against_one_replica():
-  figures = bench_replicas.time_steps(tiny_config("rope"), replicas=2, steps=1)
-  assert list(figures) == ["1 replica", "2 replicas vmap", "2 replicas map", "2 sequential"]
-  assert all(ms > 0 for ms in figures.values())
-
-
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_beams):
   cfg = ModelConfig(

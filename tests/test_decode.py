@@ -125,6 +125,7 @@ def seq2seq_stepwise(model, params, encoder_tokens_BxS, decoder_tokens_BxT):
   return cached, uncached, cache
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_cached_cross_attention_matches_uncached_and_full_pass():
   model, params = seq2seq_model()
   encoder_tokens = random_tokens(3, (B, 7)).at[1, 4:].set(0)  # row 1 padded

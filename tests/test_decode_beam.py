@@ -194,6 +194,7 @@ def decoder():
   return model, params
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_ragged_beam_search_equals_each_prompt_alone(decoder):
   model, params = decoder
   lengths = np.asarray((PROMPT != 0).sum(1))  # 3 and 5
@@ -237,6 +238,7 @@ def test_one_beam_is_greedy_decoding(decoder):
   )
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_seq2seq_ragged_beam_search_caches_cross_attention_and_equals_each_example_alone():
   # Scanned layers put the cache's batch (cross-attention keys/values too) on axis 1.
   model, params = model_and_params(family="encoder_decoder", scan_layers=True, tie_embeddings=False)

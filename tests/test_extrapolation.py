@@ -72,6 +72,7 @@ def assert_matches_reference(result, model, params, tokens_BxN, context_start):
   assert result.num_scored == B * len(context_start)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_non_overlapping_scores_disjoint_windows_of_t_plus_one_tokens(model_and_params, tokens_BxN):
   model, params = model_and_params
   result = window_losses(

@@ -434,6 +434,7 @@ UNREACHABLE = (
 )
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_an_unreachable_bucket_stops_every_entry_point_in_one_line_in_time(no_dns, scratch_cwd):
   from txf.sweep.analyze import analyze_run
   from txf.sweep.extrapolate import extrapolate_run

@@ -50,6 +50,7 @@ def t5_table(num_buckets, num_heads, seed=0):
   return table
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("num_buckets, num_heads", T5_SHAPES)
 def test_t5_table_is_fan_avg_uniform(num_buckets, num_heads):
   table = t5_table(num_buckets, num_heads)

@@ -120,6 +120,7 @@ def train_and_eval(seed: int) -> tuple[float, float]:
   return losses[0], losses[1]
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_decoder_learns_copying_within_the_seed_bands():
   """Seed 0 of a 2-layer GQA decoder (RoPE, Pre-LN, tied logits) lands in both
   bands (second copy [0.036, 0.298], first copy [2.704, 2.810]).

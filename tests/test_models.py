@@ -59,6 +59,7 @@ def add_to_embedding(delta_TxD):
   return nn.intercept_methods(interceptor)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("placement", ["pre", "post"])
 @pytest.mark.parametrize("position", POSITIONS)
 def test_decoder_output_ignores_later_inputs(position, placement):
@@ -85,6 +86,7 @@ def test_decoder_output_ignores_later_inputs(position, placement):
 # Encoder: padding and permutation symmetry.
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("position", ["learned", "t5_bias"])
 def test_encoder_padding_does_not_change_real_positions(position):
   cfg = ModelConfig(**TINY, family="encoder", head="mlm", position=position)
@@ -310,6 +312,7 @@ def plain_decoder():
   [dict(remat=True), dict(remat=True, scan_layers=True)],
   ids=lambda changes: "+".join(changes),
 )
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_remat_and_scan_match_plain_decoder(changes, plain_decoder):
   """Same logits and gradients from the same parameters in either layout
   (remat changes only the backward pass, so logits alone would not do).
@@ -324,6 +327,7 @@ def test_remat_and_scan_match_plain_decoder(changes, plain_decoder):
   )
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_scan_matches_plain_encoder_decoder():
   # Two stacks, cross-attention inputs and a per-stack T5 table broadcast into
   # the scan: the encoder-decoder's logits are the same in both layouts.
@@ -370,6 +374,7 @@ def np_softmax_weights(q, k, allowed):
   return weights / weights.sum(-1, keepdims=True)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("family", MAP_FAMILIES)
 def test_attention_maps_are_softmax_of_each_layers_queries_and_keys(family):
   cfg, params, inputs = map_setup(family)
@@ -405,6 +410,7 @@ def test_attention_maps_are_softmax_of_each_layers_queries_and_keys(family):
     np.testing.assert_allclose(np.sum(weights, -1), 1.0, atol=1e-6)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("family", MAP_FAMILIES)
 def test_attention_maps_of_scanned_stacks_match_unscanned(family):
   base, plain_params, inputs = map_setup(family)
@@ -425,6 +431,7 @@ def test_attention_maps_of_scanned_stacks_match_unscanned(family):
 # Initialisation schemes (model.init).
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_gpt2_init_draws_each_group_at_gpt2s_scale():
   """N(0, 0.02) projections and token rows, N(0, 0.01) positions,
   N(0, 0.02 / sqrt(2 L)) residual outputs, zero biases, unit norms."""

@@ -98,7 +98,8 @@ def test_bfloat16_uses_float32_statistics(inputs, norm):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_transformations(inputs, dtype):
   x, scale, bias = (jnp.asarray(a, dtype) for a in inputs)
-  tol = float(jnp.finfo(dtype).eps)
+  # A few ulps: jit fuses the reductions and may sum in another order than eager.
+  tol = 4 * float(jnp.finfo(dtype).eps)
   for fn, args in ((layer_norm, (scale, bias)), (rms_norm, (scale,))):
     eager = np.asarray(fn(x, *args), np.float32)
     np.testing.assert_allclose(

@@ -247,6 +247,7 @@ def test_relative_position_bias_gathers():
 # --- transformations --------------------------------------------------------
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_transformations(qk, dtype):
   x = jnp.asarray(qk, dtype)

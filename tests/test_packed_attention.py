@@ -67,6 +67,7 @@ def test_segment_mask_matches_a_reference():
     ops.segment_mask(q, k[:1])
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("position", POSITIONS)
 @pytest.mark.parametrize("family", ["decoder", "encoder"])
 def test_packed_documents_get_their_own_logits(family, position):

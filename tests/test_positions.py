@@ -43,6 +43,7 @@ def test_decoder_is_causal(position):
   assert not np.allclose(changed_logits[:, cut:], logits[:, cut:], atol=1e-3)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("position", sorted(positions.ENCODINGS))
 def test_cached_decoding_matches_full_pass(position):
   model, params = decoder_and_params(position)

@@ -187,6 +187,7 @@ DISTINCT_REGISTRIES = [
 ]
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("registry", INIT_REGISTRIES)
 def test_every_init_option_draws_other_parameters(registry):
   tokens = jnp.ones((B, T), jnp.int32)
@@ -198,6 +199,7 @@ def test_every_init_option_draws_other_parameters(registry):
   assert not same, f"model.{registry}: options drawing the same parameters: {same}"
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("registry", DISTINCT_REGISTRIES)
 def test_every_option_changes_the_model_output(registry):
   outputs = {option: output(registry, option) for option in CHOICES[registry]}

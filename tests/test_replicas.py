@@ -86,6 +86,7 @@ def assert_trees_close(actual, expected):
     )
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_initial_replicas_are_the_single_runs_initial_states(parts):
   init_fn, _, _ = parts
   state_R = init_replicas(init_fn, SEEDS)
@@ -94,6 +95,7 @@ def test_initial_replicas_are_the_single_runs_initial_states(parts):
     assert_trees_close(replica(state_R, r), init_fn(jax.random.key(seed)))
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_replicas_equal_separate_runs(replicated_runs, single_runs, strategy):
   losses_R, state_R = replicated_runs[strategy]
@@ -103,17 +105,20 @@ def test_replicas_equal_separate_runs(replicated_runs, single_runs, strategy):
     assert_trees_close(replica(state_R, r), state)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_map_equals_vmap(replicated_runs):
   np.testing.assert_allclose(replicated_runs["map"][0], replicated_runs["vmap"][0], rtol=1e-5)
   assert_trees_close(replicated_runs["map"][1], replicated_runs["vmap"][1])
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_replicas_differ(single_runs):
   """The seeds make different runs: equality above is not R copies of one."""
   losses = np.stack([run[0] for run in single_runs])
   assert np.abs(losses[0] - losses[1]).max() > 1e-3
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_dropout_keys_differ_per_replica(parts, replicated_steps):
   """Every replica from the same initial state: only the dropout keys (the
   seeds) can make their first losses differ."""

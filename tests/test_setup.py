@@ -238,6 +238,7 @@ def test_abstract_state_carries_the_state_shardings(replicas):
   assert [leaf.sharding for leaf in leaves] == shardings
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_evaluate_weights_every_token_alike_across_batches():
   """eval_loss and eval_accuracy are means over all weighted tokens, not
   means of per-batch means: batches of unequal weight, and a weight-0 batch

@@ -183,6 +183,7 @@ def test_layer_param_created_without_axes_raises_naming_it():
     sharding.param_shardings(params, mesh)
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("name", ["decoder_gqa_untied", "encoder_decoder_scan"])
 def test_model_applies_under_activation_sharding(name):
   # Under an active mesh, linen unboxes parameter boxes with sharding
@@ -431,10 +432,8 @@ def test_eight_device_checks():
   """Runs TestEightDevices in a fresh process with 8 CPU devices."""
   if jax.device_count() >= 8:
     pytest.skip("TestEightDevices ran in this process")
-  # The checks compare numbers across meshes, not XLA's CPU code generation:
-  # skipping LLVM's optimisations halves the compile time, most of the run.
-  xla_flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags)
+  # XLA_FLAGS (conftest: LLVM's optimisations off) carries over.
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu")
   result = subprocess.run(
     [
       sys.executable,
