@@ -59,9 +59,10 @@ def add_to_embedding(delta_TxD):
   return nn.intercept_methods(interceptor)
 
 
-@pytest.mark.slow  # several compiles: over 5 s on 2 cores
-@pytest.mark.parametrize("placement", ["pre", "post"])
-@pytest.mark.parametrize("position", POSITIONS)
+# Every registered position encoding Pre-LN, and Post-LN once.
+@pytest.mark.parametrize(
+  "position,placement", [(p, "pre") for p in POSITIONS.names()] + [("rope", "post")]
+)
 def test_decoder_output_ignores_later_inputs(position, placement):
   cfg = ModelConfig(**TINY, family="decoder", position=position, norm_placement=placement)
   model = build(cfg)

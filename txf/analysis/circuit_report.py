@@ -70,7 +70,7 @@ def circuit_table(records: Mapping[str, Mapping[str, Any]], *, source_layer: int
   key path, the query path and every path (mean over that layer's heads).
 
   Args:
-    records: run label -> a record with "scores" {"previous_token": [L][H]}
+    records: run label -> a record with "scores" {"previous_token": [L, H]}
       and `analyze_circuits`' fields.
   """
   if not records:
@@ -120,7 +120,7 @@ def sorted_scores_table(records: Mapping[str, Mapping[str, Any]]) -> str:
   (highest first), as 'L0H0 0.87' -- roles without a threshold.
 
   Args:
-    records: run label -> {"scores": {"previous_token": [L][H], "induction": [L][H]}}.
+    records: run label -> {"scores": {"previous_token": [L, H], "induction": [L, H]}}.
   """
   lines = ["| run | previous-token score, sorted | induction score, sorted |", "|---|---|---|"]
   for label, record in records.items():

@@ -55,12 +55,12 @@ def analyze_circuits(
     seed: of the probe's tokens.
 
   Returns:
-    {"composition": {'q', 'k', 'v': [L - 1][H][H]}, "composition_rope":
+    {"composition": {'q', 'k', 'v': nested lists [L - 1, H, H]}, "composition_rope":
      {'q', 'k'} averaged over the query-key distances 0 .. 2 max(periods) - 1
      (RoPE models only, else None), "baseline": {'q', 'k', 'v': float} (the
      score of random weights, `random_composition_baseline`), "periods",
      "patching": [one per source layer l: {"source_layer": l, "clean",
-     "corrupted_source": [H], and per path of `PATTERN_PATHS` [H][H]}], each
+     "corrupted_source": [H], and per path of `PATTERN_PATHS` [H, H]}], each
      averaged over the periods, "patching_by_period": the same per period}.
   """
   cfg = model.cfg
