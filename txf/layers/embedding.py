@@ -39,27 +39,8 @@ class Embedder(nn.Module):
 
   cfg: ModelConfig
 
-  # What the layer reads of its config, named once.
-  @property
-  def vocab_size(self) -> int:
-    return self.cfg.vocab_size
-
-  @property
-  def d_model(self) -> int:
-    return self.cfg.d_model
-
-  @property
-  def position(self) -> str:
-    return self.cfg.position
-
-  @property
-  def max_len(self) -> int:
-    return self.cfg.max_len
-
-  @property
-  def num_token_types(self) -> int:
-    return self.cfg.num_token_types
-
+  # Derived from the config: a jnp dtype, and scale_logits' None resolved for
+  # the LSTM, whose config leaves it unresolved.
   @property
   def dtype(self) -> Any:
     return jnp.dtype(self.cfg.dtype)
@@ -73,14 +54,14 @@ class Embedder(nn.Module):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
     # embeddings and sinusoids are both O(1) and initial logits are O(1).
     self.token = nn.Embed(
-      self.vocab_size,
-      self.d_model,
+      self.cfg.vocab_size,
+      self.cfg.d_model,
       dtype=self.dtype,
       embedding_init=nn.with_logical_partitioning(
         nn.initializers.normal(stddev=1.0), ("vocab", "embed")
       ),
     )
-    self.encoding = positions.encoding(self.position)
+    self.encoding = positions.encoding(self.cfg.position)
     if self.encoding.table == "absolute":
       # N(0, 0.02), BERT's scale for its position rows (GPT-2: 0.01). Beside
       # N(0, 1) token rows that is 1/50 of the token scale, where GPT-2 has 1/2
@@ -89,15 +70,15 @@ class Embedder(nn.Module):
       self.position_table = self.param(
         "position_table",
         nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
-        (self.max_len, self.d_model),
+        (self.cfg.max_len, self.cfg.d_model),
         jnp.float32,
       )
-    if self.num_token_types:
+    if self.cfg.num_token_types:
       # As the position table: small next to the N(0, 1) token rows.
       self.token_type_table = self.param(
         "token_type_table",
         nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
-        (self.num_token_types, self.d_model),
+        (self.cfg.num_token_types, self.cfg.d_model),
         jnp.float32,
       )
     if self.cfg.embed_norm:
@@ -120,7 +101,7 @@ class Embedder(nn.Module):
     everywhere (BERT's default); they are refused without a token-type table.
     """
     tokens_BxT = _checked_ids(
-      tokens_BxT, self.vocab_size, "tokens", "the vocabulary", "model.vocab_size"
+      tokens_BxT, self.cfg.vocab_size, "tokens", "the vocabulary", "model.vocab_size"
     )
     # The lookup in the float32 table, cast after (not nn.Embed's cast of the
     # whole table first): its gradient is then a float32 scatter-add. In
@@ -129,12 +110,12 @@ class Embedder(nn.Module):
     # contend on text's few frequent rows: 57 ms of gpt2_small's 134 ms
     # step on an H100 (docs/benchmarks.md).
     x_BxTxD = jnp.take(self.token.embedding, tokens_BxT, axis=0).astype(self.dtype)
-    check_position_table(self.position, self.max_len, tokens_BxT.shape[1], "a sequence")
+    check_position_table(self.cfg.position, self.cfg.max_len, tokens_BxT.shape[1], "a sequence")
     if self.encoding.embed is not None:
-      assert positions_BxT is not None, f"model.position={self.position!r} needs positions"
+      assert positions_BxT is not None, f"model.position={self.cfg.position!r} needs positions"
       table_LxD = self.position_table if self.encoding.table == "absolute" else None
       x_BxTxD = x_BxTxD + self.encoding.embed(self.cfg, positions_BxT, table_LxD).astype(self.dtype)
-    if self.num_token_types:
+    if self.cfg.num_token_types:
       if token_types_BxT is None:
         token_types_BxT = jnp.zeros_like(tokens_BxT)
       elif jnp.shape(token_types_BxT) != tokens_BxT.shape:
@@ -144,7 +125,7 @@ class Embedder(nn.Module):
         )
       token_types_BxT = _checked_ids(
         token_types_BxT,
-        self.num_token_types,
+        self.cfg.num_token_types,
         "token_types",
         "the token types",
         "model.num_token_types",
@@ -165,7 +146,7 @@ class Embedder(nn.Module):
     (divided by sqrt(D) when scale_logits)."""
     logits = self.token.attend(x_BxTxD.astype(self.dtype)).astype(jnp.float32)
     if self.scale_logits:
-      logits = logits / jnp.sqrt(self.d_model).astype(jnp.float32)
+      logits = logits / jnp.sqrt(self.cfg.d_model).astype(jnp.float32)
     return logits
 
 
