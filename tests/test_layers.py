@@ -7,6 +7,7 @@ outputs are O(1); a few float32 roundings per output).
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -185,6 +186,30 @@ def test_multi_head_attention_records_the_weights_it_uses(num_kv_heads, causal, 
   np.testing.assert_allclose(np.sum(weights, -1), 1.0, atol=1e-6)
   # Recording takes the unfused path; the output is the same up to float32 rounding.
   np.testing.assert_allclose(out, layer.apply({"params": params}, *inputs, **call), atol=1e-6)
+
+
+def stacked_projection_widths(jaxpr, d_model):
+  """P of every product with a stacked projection kernel [D, P, N, Dh] in a
+  jaxpr (nested ones included): how many projections each product fuses."""
+  widths = []
+  for eqn in jaxpr.eqns:
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      widths += stacked_projection_widths(sub, d_model)
+    if eqn.primitive.name == "dot_general":
+      shapes = [var.aval.shape for var in eqn.invars]
+      widths += [shape[1] for shape in shapes if len(shape) == 4 and shape[0] == d_model]
+  return widths
+
+
+@ATTENTION_CASES
+def test_projections_of_one_input_are_one_product(num_kv_heads, causal, kv_len):
+  """q, k and v of MHA self-attention are one GEMM; GQA self-attention and
+  cross-attention project q alone and k with v (different head counts or
+  inputs); the fused products still match numpy (test above)."""
+  layer, params, inputs, call, _ = attention_case(num_kv_heads, causal, kv_len)
+  jaxpr = jax.make_jaxpr(lambda p, *xs: layer.apply({"params": p}, *xs, **call))(params, *inputs)
+  expected = [3] if num_kv_heads == 4 and kv_len is None else [1, 2]
+  assert sorted(stacked_projection_widths(jaxpr.jaxpr, D)) == expected
 
 
 # ---------------------------------------------------------------------------

@@ -196,3 +196,20 @@ def test_missing_field_is_named():
   del config["b2"]
   with pytest.raises(ValueError, match=r"train\.b2"):
     optim.make_optimizer(config)
+
+
+def test_global_norm_over_mixed_leaves_matches_float64():
+  """optim.global_norm (leaves concatenated) against numpy's float64 norm, with
+  bf16 and f32 leaves of several ranks and an empty one; rtol 1e-6 (the sum
+  of 2,000 squares in float32)."""
+  rng = np.random.default_rng(1)
+  tree = {
+    "kernel": jnp.asarray(rng.normal(size=(30, 40)), jnp.float32),
+    "bias": jnp.asarray(rng.normal(size=(40,)), jnp.bfloat16),
+    "nested": {"table": jnp.asarray(rng.normal(size=(2, 3, 133)), jnp.float32)},
+    "empty": jnp.zeros((0,), jnp.float32),
+  }
+  want = math.sqrt(
+    sum(float(np.sum(np.square(np.asarray(leaf, np.float64)))) for leaf in jax.tree.leaves(tree))
+  )
+  np.testing.assert_allclose(float(jax.jit(optim.global_norm)(tree)), want, rtol=1e-6)

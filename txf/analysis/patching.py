@@ -45,8 +45,8 @@ PATHS = ("q", "k", "v", "all")
 # The paths that can move an attention pattern: the value path cannot
 # (tests/test_analysis_circuits.py checks that it does not).
 PATTERN_PATHS = ("k", "q", "all")
-# The projection each single-input path patches.
-_PROJECTIONS = {"q": "query", "k": "key", "v": "value"}
+# The single-input path of each of MultiHeadAttention.project's inputs (query, key, value).
+_INPUT_PATHS = ("q", "k", "v")
 
 
 def corrupted_tokens(rng: np.random.Generator, clean_BxT: Any, ids: Any) -> np.ndarray:
@@ -107,10 +107,7 @@ def patched_attention_fn(model: nn.Module, source_layer: int = 0) -> Callable[..
   target_layer = _check_patchable(model, source_layer)
   source_out = ("stack", f"block_{source_layer}", "self_attention", "out")
   target_norm = ("stack", f"block_{target_layer}", "self_attention_norm")
-  projections = {
-    ("stack", f"block_{target_layer}", "self_attention", name): path
-    for path, name in _PROJECTIONS.items()
-  }
+  target_attention = ("stack", f"block_{target_layer}", "self_attention")
   everywhere = PATHS.index("all")
 
   def maps(
@@ -128,6 +125,14 @@ def patched_attention_fn(model: nn.Module, source_layer: int = 0) -> Callable[..
 
     def patch(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
       where = context.module.path
+      if where == target_attention and context.method_name == "project":
+        # (query, key, value) inputs, each the clean or the patched one by path.
+        return next_fun(
+          *(
+            jnp.where(path_P[PATHS.index(path)], captured["patched"], captured["normed"])
+            for path in _INPUT_PATHS
+          )
+        )
       if context.method_name != "__call__":
         return next_fun(*args, **kwargs)
       if where == source_out:
@@ -145,11 +150,6 @@ def patched_attention_fn(model: nn.Module, source_layer: int = 0) -> Callable[..
         both = next_fun(jnp.concatenate([x, x + captured["delta"]]), *args[1:], **kwargs)
         captured["normed"], captured["patched"] = jnp.split(both, 2)
         return captured["normed"]
-      if where in projections:
-        patched = path_P[PATHS.index(projections[where])]
-        return next_fun(
-          jnp.where(patched, captured["patched"], captured["normed"]), *args[1:], **kwargs
-        )
       return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(patch):

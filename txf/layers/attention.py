@@ -173,30 +173,59 @@ class MultiHeadAttention(nn.Module):
     """(q [B, T, H, Dh], k [B, S, K, Dh], v [B, S, K, Dh], the key mask): the
     projections of x, and of x or kv_BxSxD (a cached cross-attention may read
     its keys, values and mask from the cache instead)."""
-    d_model = x_BxTxD.shape[-1]
-    dense = lambda heads, heads_axis, name: nn.DenseGeneral(
-      (heads, self.head_dim),
-      use_bias=self.cfg.use_bias,
-      dtype=self.dtype,
-      **projection_inits(("embed",), (heads_axis, "head_dim"), (d_model, heads, self.head_dim)),
-      name=name,
-    )
-    num_kv_heads = self.num_kv_heads
-    project_kv = lambda inputs_BxSxD: (
-      dense(num_kv_heads, "kv_heads", "key")(inputs_BxSxD),
-      dense(num_kv_heads, "kv_heads", "value")(inputs_BxSxD),
-    )
-    q_BxTxHxDh = dense(self.num_heads, "heads", "query")(x_BxTxD)
     if kv_BxSxD is None and not self.cross:
-      return (q_BxTxHxDh, *project_kv(x_BxTxD), key_mask)
+      return (*self.project(x_BxTxD, x_BxTxD, x_BxTxD), key_mask)
     if use_cache:
-      return (q_BxTxHxDh, *self._cross_cache(kv_BxSxD, key_mask, project_kv))
+      (q_BxTxHxDh,) = self.project(x_BxTxD)
+      return (q_BxTxHxDh, *self._cross_cache(kv_BxSxD, key_mask))
     if kv_BxSxD is None:
       raise ValueError(
         "MultiHeadAttention: cross-attention needs kv_BxSxD (only use_cache "
         "may omit it, to read the keys/values a call with it stored)"
       )
-    return (q_BxTxHxDh, *project_kv(kv_BxSxD), key_mask)
+    return (*self.project(x_BxTxD, kv_BxSxD, kv_BxSxD), key_mask)
+
+  def project(self, *inputs: Array | None) -> tuple[Any, ...]:
+    """The query, key and value projections of the first one, two or three of
+    `inputs` (query [B, T, D], key [B, S, D], value [B, S, D]; None: not
+    wanted): (q [B, T, H, Dh], k [B, S, K, Dh], v [B, S, K, Dh]), None for
+    each input that was None.
+
+    Projections of the same input array with as many heads are one GEMM over
+    their kernels stacked (q, k and v of MHA self-attention; k and v of
+    grouped-query and cross-attention): one read of the input and one wider
+    product instead of three, as PyTorch's packed in-projection. Each keeps
+    its own parameters ('query', 'key', 'value'), so checkpoints and
+    interop do not see the fusion. A caller that feeds a projection another
+    input (path patching) intercepts this method and gets them apart.
+    """
+    names = ("query", "key", "value")[: len(inputs)]
+    groups: dict[tuple[int, int], list[tuple[str, Array]]] = {}
+    for name, x in zip(names, inputs):
+      if x is not None:
+        heads = self.num_heads if name == "query" else self.num_kv_heads
+        groups.setdefault((id(x), heads), []).append((name, x))
+    projected: dict[str, Array] = {}
+    for group in groups.values():
+      x_BxTxD = group[0][1]
+      weights = [self._weights(name, x_BxTxD.shape[-1]) for name, _ in group]
+      kernel_DxPxNxDh = jnp.stack([kernel for kernel, _ in weights], axis=1).astype(self.dtype)
+      y_BxTxPxNxDh = jnp.einsum("btd,dpnh->btpnh", x_BxTxD.astype(self.dtype), kernel_DxPxNxDh)
+      biases = [bias for _, bias in weights if bias is not None]
+      if biases:
+        y_BxTxPxNxDh = y_BxTxPxNxDh + jnp.stack(biases).astype(self.dtype)
+      projected.update((name, y_BxTxPxNxDh[:, :, p]) for p, (name, _) in enumerate(group))
+    return tuple(projected.get(name) for name in names)
+
+  def _weights(self, name: str, d_model: int) -> tuple[Array, Array | None]:
+    """The kernel [D, N, Dh] and bias [N, Dh] (None without bias) of projection `name`."""
+    heads, axis = (self.num_heads, "heads") if name == "query" else (self.num_kv_heads, "kv_heads")
+    return ProjectionWeights(
+      shape=(d_model, heads, self.head_dim),
+      axes=(("embed",), (axis, "head_dim")),
+      use_bias=self.cfg.use_bias,
+      name=name,
+    )()
 
   def _attend_over_cache(
     self, k_BxTxKxDh: Array, v_BxTxKxDh: Array, cache_index: Array | None, masking: dict
@@ -278,7 +307,7 @@ class MultiHeadAttention(nn.Module):
       self.cfg, q_positions_BxT, k_positions_BxS, relative_table, bidirectional=not self.causal
     )
 
-  def _cross_cache(self, kv_BxSxD, key_mask, project_kv):
+  def _cross_cache(self, kv_BxSxD, key_mask):
     """Cross-attention under use_cache: projects kv and stores the keys, values
     and key mask in the cache, or reads them back when kv_BxSxD is None.
 
@@ -295,7 +324,7 @@ class MultiHeadAttention(nn.Module):
         self.get_variable("cache", name) for name in CROSS_CACHE_NAMES
       )
       return k_BxSxKxDh, v_BxSxKxDh, ops.combine_masks(key_mask, cached_mask)
-    k_BxSxKxDh, v_BxSxKxDh = project_kv(kv_BxSxD)
+    _, k_BxSxKxDh, v_BxSxKxDh = self.project(None, kv_BxSxD, kv_BxSxD)
     mask_shape = (k_BxSxKxDh.shape[0], 1, 1, k_BxSxKxDh.shape[1])
     mask_Bx1x1xS = (
       jnp.ones(mask_shape, bool) if key_mask is None else jnp.broadcast_to(key_mask, mask_shape)
@@ -322,3 +351,29 @@ class MultiHeadAttention(nn.Module):
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BxTxKxDh, start)
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BxTxKxDh, start)
     return cached_key.value, cached_value.value
+
+
+class ProjectionWeights(nn.Module):
+  """The parameters of one of attention's input projections, returned, not
+  applied (MultiHeadAttention.project multiplies several at once).
+
+  Attributes:
+    shape: the kernel's (D, N, Dh); the bias is (N, Dh).
+    axes: the kernel's logical axes, (input axes, output axes).
+    use_bias: whether there is a bias.
+  """
+
+  shape: tuple[int, int, int]
+  axes: tuple[tuple[str, ...], tuple[str, ...]]
+  use_bias: bool
+
+  @nn.compact
+  def __call__(self) -> tuple[Array, Array | None]:
+    """(kernel [D, N, Dh], bias [N, Dh] or None), float32 as stored."""
+    d_model, heads, head_dim = self.shape
+    inits = projection_inits(*self.axes, self.shape)
+    # Asked flat, as nn.DenseGeneral asks: Glorot's fans are the [D, N * Dh]
+    # matrix's, and the same key gives the same values as before.
+    kernel = self.param("kernel", inits["kernel_init"], (d_model, heads * head_dim))
+    bias = self.param("bias", inits["bias_init"], (heads * head_dim,)) if self.use_bias else None
+    return kernel, bias

@@ -30,6 +30,7 @@ import optax
 
 from txf import ops
 from txf.models.heads import LMHead
+from txf.train import optim
 
 Batch = dict[str, jax.Array]
 # A batch as the data pipeline gives it (numpy) or on the device: init and
@@ -201,7 +202,7 @@ def make_train_step(
   # Any optax transformation; one of make_optimizer's takes the norm computed here.
   optimizer = optax.with_extra_args_support(optimizer)
 
-  def sums(params, micro_batch, rng):
+  def sums(params, micro_batch, rng, denom):
     total, count, correct = _loss_sums(
       model,
       params,
@@ -212,21 +213,24 @@ def make_train_step(
       dropout_rng=rng,
       loss_chunk_len=loss_chunk_len,
     )
-    return total, (count, correct)
+    # The mean's gradient, not the sum's: dividing the loss's cotangent by
+    # the batch's weight once saves a division pass over every gradient leaf.
+    return total / denom, (total, count, correct)
 
   value_and_grad_fn = jax.value_and_grad(sums, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch):
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
+    denom = jnp.maximum(labels_and_weights(batch, task)[1].sum(), 1.0)
     if grad_accum_steps == 1:
-      (total, (count, correct)), grads = value_and_grad_fn(state.params, batch, rng)
+      (_, (total, count, correct)), grads = value_and_grad_fn(state.params, batch, rng, denom)
     else:
       micro = _split_micro_batches(batch, grad_accum_steps)
 
       def accumulate(carry, xs):
         i, micro_batch = xs
-        (m_total, (m_count, m_correct)), m_grads = value_and_grad_fn(
-          state.params, micro_batch, jax.random.fold_in(rng, i)
+        (_, (m_total, m_count, m_correct)), m_grads = value_and_grad_fn(
+          state.params, micro_batch, jax.random.fold_in(rng, i), denom
         )
         g, t, c, k = carry
         return (jax.tree.map(jnp.add, g, m_grads), t + m_total, c + m_count, k + m_correct), None
@@ -236,10 +240,8 @@ def make_train_step(
       (grads, total, count, correct), _ = jax.lax.scan(
         accumulate, init, (jnp.arange(grad_accum_steps), micro)
       )
-    denom = jnp.maximum(count, 1.0)
-    grads = jax.tree.map(lambda g: g / denom, grads)
     loss = total / denom
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optim.global_norm(grads)
 
     def update(state: TrainState) -> TrainState:
       updates, opt_state = optimizer.update(
