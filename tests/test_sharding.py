@@ -444,6 +444,7 @@ def test_eight_device_checks():
       "-x",
       "-p",
       "no:cacheprovider",
+      "-n0",  # one process: the addopts' -n auto would start a worker per core beside ours
     ],
     env=env,
     cwd=pathlib.Path(__file__).parents[1],
