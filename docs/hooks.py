@@ -2,7 +2,7 @@
 
 A page holding the marker `<!-- txf:resume-rules -->` (docs/running.md) gets
 there the rules for resuming a run, written from the lists
-`txf.train.setup.check_resumable` checks (`RESUME_SECTIONS`,
+`txf.train.resume.check_resumable` checks (`RESUME_SECTIONS`,
 `FREE_DATA_FIELDS`) and from the sections and fields of configs/base.py, so
 the page cannot drift from the code. tests/test_docs.py checks the text.
 """
@@ -30,7 +30,7 @@ def resume_rules() -> str:
   import ml_collections
 
   from txf.configs import base
-  from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
+  from txf.train.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
 
   config = base.get_config()
   sections = [name for name in config if isinstance(config[name], ml_collections.ConfigDict)]
@@ -51,7 +51,7 @@ def resume_rules() -> str:
   text = (
     f"A resumed run must keep what its checkpoints depend on: {', '.join(kept[:-1])} "
     f"and {kept[-1]}; changing one stops the run before any compute, naming the field "
-    f"(`txf.train.setup.check_resumable`). The `data` fields "
+    f"(`txf.train.resume.check_resumable`). The `data` fields "
     f"{_names(FREE_DATA_FIELDS)} may change"
   )
   if plain:

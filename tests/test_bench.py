@@ -40,7 +40,8 @@ from txf.layers.config import ModelConfig
 from txf.models import build
 from txf.train import hardware, loop
 from txf.train.config import check_run_config
-from txf.train.setup import ADDED_FIELDS, read_run_config, setup_run
+from txf.train.resume import ADDED_FIELDS, read_run_config
+from txf.train.setup import setup_run
 from txf.train.step import _apply_without_head, make_train_step
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None

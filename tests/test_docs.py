@@ -12,7 +12,7 @@ import pytest
 
 from txf import models
 from txf.configs import base
-from txf.train.setup import FREE_DATA_FIELDS, RESUME_SECTIONS
+from txf.train.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

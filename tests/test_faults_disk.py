@@ -27,7 +27,7 @@ from conftest import (
   without_timings,
 )
 from full_disk import full_disk
-from txf.train import checkpoint, loop, setup
+from txf.train import checkpoint, loop, resume, setup
 from txf.train.checkpoint import CheckpointWriteError
 from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
@@ -211,7 +211,7 @@ def test_reading_creates_nothing(tmp_path):
   error, and no checkpoints/ directory made there."""
   workdir = tmp_path / "config_only"
   workdir.mkdir()
-  setup.write_config(tiny_config(), workdir)
+  resume.write_config(tiny_config(), workdir)
   with pytest.raises(ConfigError, match="holds no checkpoint"):
     setup.load_run(workdir)
   assert [p.name for p in workdir.iterdir()] == ["config.json"]

@@ -24,7 +24,8 @@ from txf.layers import Embedder
 from txf.layers.config import ModelConfig
 from txf.sweep.runner import check_point_config
 from txf.train.config import ConfigError, check_run_config
-from txf.train.setup import check_optimizer_state, read_run_config, setup_run
+from txf.train.resume import check_optimizer_state, read_run_config
+from txf.train.setup import setup_run
 
 V, D = 6, 4
 
@@ -171,4 +172,4 @@ def test_a_run_config_json_value_of_the_wrong_type_is_an_error_naming_the_file(t
     match=rf"^{re.escape(str(tmp_path / 'config.json'))}: "
     r"train\.steps: 'twenty' is not of type int",
   ):
-    check_optimizer_state(config, tmp_path, params)
+    check_optimizer_state(config, read_run_config(tmp_path), tmp_path, params)

@@ -16,7 +16,7 @@ from txf.data import corpus
 from txf.train import loop, record
 from txf.train.config import ConfigError
 from txf.train.metrics import TENSORBOARD_DIR, read_metrics
-from txf.train.setup import CONFIG_FILE
+from txf.train.resume import CONFIG_FILE
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -22,7 +22,8 @@ from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.config import ConfigError, check_run_config
-from txf.train.setup import config_changes, load_run, setup_run, write_config
+from txf.train.resume import config_changes, read_run_config, write_config
+from txf.train.setup import load_run, setup_run
 from txf.train.step import model_inputs
 
 STEPS = 4
@@ -114,18 +115,19 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   config = load_config("rope")
   config.train.steps = 30
   write_config(config, tmp_path)
-  assert config_changes(config, tmp_path) == [] and loop._changes_line(config, tmp_path) is None
+  saved = read_run_config(tmp_path)
+  assert config_changes(config, saved) == [] and loop._changes_line(config, saved) is None
   config.train.steps = 600
   config.train.decay = "linear"
   config.eval.sample_prompt = "class "
-  assert config_changes(config, tmp_path) == [
+  assert config_changes(config, saved) == [
     ("train.steps", 30, 600),
     ("train.decay", "cosine", "linear"),
     ("eval.sample_prompt", "def ", "class "),
   ]
   setup = types.SimpleNamespace(run=check_run_config(config, vocab_size=260, num_classes=None))
   setup.schedule = setup.run.schedule
-  line = loop._changes_line(config, tmp_path) + loop._learning_rate_change(setup, tmp_path, 30)
+  line = loop._changes_line(config, saved) + loop._learning_rate_change(setup, saved, 30)
   assert line == (
     "changed from the run's config.json: train.steps 30 -> 600, train.decay 'cosine' -> "
     "'linear', eval.sample_prompt 'def ' -> 'class '; learning rate at step 30: "
@@ -134,8 +136,8 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   config.train.steps = 30  # the same schedule: no learning rate in the line
   setup.run = check_run_config(config, vocab_size=260, num_classes=None)
   setup.schedule = setup.run.schedule
-  assert loop._learning_rate_change(setup, tmp_path, 20) == ""
-  assert config_changes(load_config("rope"), tmp_path / "new") == []
+  assert loop._learning_rate_change(setup, saved, 20) == ""
+  assert config_changes(load_config("rope"), read_run_config(tmp_path / "new")) == []
 
 
 def test_load_run_needs_a_run(tmp_path):

@@ -156,14 +156,13 @@ def resolved_run(config):
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   import tempfile
 
-  from txf.data import make_dataset
-  from txf.train.config import check_run_config
+  from txf.train.setup import checked_run
 
-  seed = config.seed if config.data.get("seed") is None else config.data.seed
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
-    data = make_dataset(config.data, "train", seed=seed, workdir=workdir)
-    return check_run_config(config, vocab_size=data.vocab_size, num_classes=data.num_classes)
+    run, data = checked_run(config, workdir)
+    data.close()
+    return run
 
 
 def print_config(config, base, run=None) -> None:

@@ -35,7 +35,7 @@ def get_config(directory: str = ""):
   from txf.train.export import is_run_directory  # noqa: PLC0415 (jax, only for this config)
 
   if is_run_directory(directory):
-    from txf.train.setup import read_run_config  # noqa: PLC0415
+    from txf.train.resume import read_run_config  # noqa: PLC0415
 
     saved = read_run_config(directory) or {}
     for section in ("model", "data"):

@@ -55,7 +55,7 @@ from txf.sweep.grid import Point
 from txf.sweep.writes import write_figure, write_file, write_line_plot
 from txf.train.metrics import read_metrics
 from txf.train.replicas import metric_names
-from txf.train.setup import read_run_config
+from txf.train.resume import read_run_config
 
 DIVERGED_FILE = "diverged.json"
 EXTRAPOLATION_FILE = "extrapolation.json"

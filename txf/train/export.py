@@ -31,7 +31,8 @@ from txf import interop
 from txf.data.tokenizers import Tokenizer, hf_tokenizer_files
 from txf.interop.tensors import CONFIG, SAFETENSORS
 from txf.train.config import ConfigError
-from txf.train.setup import load_run, read_run_config
+from txf.train.resume import read_run_config
+from txf.train.setup import load_run
 
 GENERATION_CONFIG = "generation_config.json"
 

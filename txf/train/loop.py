@@ -74,17 +74,15 @@ from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics
 from txf.train.optim import make_schedule
 from txf.train.record import RunRecord, resolved_config
-from txf.train.setup import (
+from txf.train.resume import (
   CONFIG_FILE,
-  RunSetup,
   check_optimizer_state,
   check_resumable,
   config_changes,
-  make_checkpointer,
   read_run_config,
-  setup_run,
   write_config,
 )
+from txf.train.setup import RunSetup, make_checkpointer, setup_run
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 
@@ -455,7 +453,7 @@ def run(
   Returns the final evaluation metrics. Before anything is written it checks
   the config (ConfigError, a ValueError, naming the field -- including one
   that changes what the run's checkpoints depend on, see
-  txf.train.setup.check_resumable, or the optimizer state they hold), that
+  txf.train.resume.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
   installed (a gs:// one needs the `gcs` extra) and answers within
   txf.train.workdir.REACH_TIMEOUT_S, writable and held by no other run
@@ -481,7 +479,10 @@ def run(
   if config.data.get("tfds_data_dir"):
     run_path(config.data.tfds_data_dir, "data.tfds_data_dir")
   try:
-    check_resumable(config, workdir)
+    # The run's config.json, read once: everything below that compares with
+    # it (the resume checks, the changes line) runs before write_config.
+    saved = read_run_config(workdir)
+    check_resumable(config, saved, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
   if setup is None:
@@ -498,12 +499,12 @@ def run(
     checkpointer = make_checkpointer(setup.run.train, workdir)
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
     with guarding as guard, _closing(checkpointer), setup.activation_sharding():
-      start, state, data_state = _restore(setup, checkpointer, workdir, log)
+      start, state, data_state = _restore(setup, checkpointer, saved, workdir, log)
       # A resume that changes settings says which, before training (config.json,
       # which they are read from, is written below).
-      changes = _changes_line(config, workdir) if start else None
+      changes = _changes_line(config, saved) if start else None
       if changes:
-        log(changes + _learning_rate_change(setup, workdir, start))
+        log(changes + _learning_rate_change(setup, saved, start))
       for note in setup.run.notes:
         log(note)
       first_params = setup.replica_params(state.params, 0)
@@ -513,7 +514,7 @@ def run(
         + "".join(f"\n{line}" for line in [replicas.describe(setup.seeds)] if line)
       )
       steps = setup.run.train.steps
-      if start >= steps and _end_written(steps, workdir, start):
+      if start >= steps and _end_written(steps, saved, workdir, start):
         log(f"already trained to step {start} of {steps}")
         result = setup.evaluate(state.params)
         data = setup.run.data
@@ -570,20 +571,23 @@ def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]
   return values
 
 
-def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
+def _end_written(
+  steps: int, saved: Mapping[str, Any] | None, workdir: epath.Path, step: int
+) -> bool:
   """Whether a run trained to `step` >= train.steps has what its end writes:
-  config.json and, when `step` is train.steps, an eval row at `step`."""
-  if read_run_config(workdir) is None:
+  config.json (`saved`, as read) and, when `step` is train.steps, an eval row
+  at `step`."""
+  if saved is None:
     return False
   return step != steps or any(
     row["step"] == step and "eval_loss" in row for row in read_metrics(workdir, since=step)
   )
 
 
-def _changes_line(config, workdir: epath.Path) -> str | None:
+def _changes_line(config, saved: Mapping[str, Any] | None) -> str | None:
   """One line naming every field `config` changes from the run's config.json
-  (`old -> new`), or None when it changes none."""
-  changes = config_changes(config, workdir)
+  as read (`old -> new`), or None when it changes none."""
+  changes = config_changes(config, saved)
   if not changes:
     return None
   return f"changed from the run's {CONFIG_FILE}: " + ", ".join(
@@ -591,12 +595,11 @@ def _changes_line(config, workdir: epath.Path) -> str | None:
   )
 
 
-def _learning_rate_change(setup: RunSetup, workdir: epath.Path, start: int) -> str:
+def _learning_rate_change(setup: RunSetup, saved: Mapping[str, Any] | None, start: int) -> str:
   """'; learning rate at step N: old -> new' where the changed schedule moves
-  the next update's learning rate, else ''."""
-  saved = read_run_config(workdir) or {}
+  the next update's learning rate from the run's config.json's (`saved`), else ''."""
   try:
-    old = float(make_schedule(ml_collections.ConfigDict(saved.get("train") or {}))(start))
+    old = float(make_schedule(ml_collections.ConfigDict((saved or {}).get("train") or {}))(start))
   except (ValueError, TypeError, AttributeError, KeyError):  # an old run's fields, unusable
     return ""
   new = float(setup.schedule(start))
@@ -605,12 +608,18 @@ def _learning_rate_change(setup: RunSetup, workdir: epath.Path, start: int) -> s
   return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
 
 
-def _restore(setup: RunSetup, checkpointer: Checkpointer, workdir: epath.Path, log):
+def _restore(
+  setup: RunSetup,
+  checkpointer: Checkpointer,
+  saved: Mapping[str, Any] | None,
+  workdir: epath.Path,
+  log,
+):
   """(start step, state, data position or None) from the latest checkpoint
-  that restores, or a fresh state at step 0."""
+  that restores, or a fresh state at step 0; `saved` is the run's config.json."""
   if checkpointer.latest_step() is not None:
     try:
-      check_optimizer_state(setup.config, workdir, setup.abstract_state.params)
+      check_optimizer_state(setup.config, saved, workdir, setup.abstract_state.params)
     except ValueError as error:
       raise ConfigError(str(error)) from error
   restored = checkpointer.restore(setup.abstract_state)

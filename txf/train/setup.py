@@ -15,17 +15,8 @@ carry a leading [R] axis, the train step's metrics are [R], and `evaluate`
 reports every replica ('eval_loss/0', ...) with their mean and std.
 `replica_params(params, r)` is replica r's parameters, a single run's.
 
-A run's work directory records in config.json how the run was trained.
-`check_resumable` decides which changes a later run (a resumed training, an
-evaluation) may make to it: none to what the checkpoint depends on, i.e.
-`seed`, `replicas`, the `model` section, and every `data` field except those in
-`FREE_DATA_FIELDS` (the corpus or dataset, task, tokenizer and vocabulary,
-corpus size, masking and generated-example fields define the data stream the
-checkpoint was trained on and the sentencepiece model in the work directory).
-`data.seq_len`, `data.batch_size`, how a TFDS stream is read and attended
-(`data.read_threads`, `data.attend_across_documents`), and the `train`, `eval`
-and `parallel` sections may change. Only training writes config.json; an evaluation leaves
-it as it is.
+A run's config.json, and which changes a later run may make to it, are
+txf.train.resume's.
 """
 
 from __future__ import annotations
@@ -33,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -54,22 +44,14 @@ from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer
 from txf.train.config import ConfigError, RunConfig, TrainConfig, check_run_config
-from txf.train.optim import make_optimizer
+from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.workdir import (
   WorkdirLock,
   check_reachable,
   check_writable,
-  read_json,
-  replace_text,
   run_path,
 )
-
-CONFIG_FILE = "config.json"
-# What a checkpoint depends on (see the module docstring): these sections
-# must match the run's config.json, `data` except for FREE_DATA_FIELDS.
-RESUME_SECTIONS = ("seed", "replicas", "model", "data")
-FREE_DATA_FIELDS = ("seq_len", "batch_size", "read_threads", "attend_across_documents")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +181,31 @@ def train_step_for_seed(
   )
 
 
+def _dataset_args(config: Any) -> dict[str, int]:
+  """This process's share of the data and the data stream's seed: `data.seed`,
+  or the run's `seed` where that is None."""
+  return dict(
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    seed=config.seed if config.data.get("seed") is None else config.data.seed,
+  )
+
+
+def checked_run(config: Any, workdir: str | os.PathLike | None = None) -> tuple[RunConfig, Dataset]:
+  """(the config checked and typed, the training data): the run of `config`
+  as it would train, its vocabulary and classes read from the data (a
+  sentencepiece tokenizer is trained into `workdir`, see setup_run).
+
+  Raises:
+    ValueError (ConfigError): naming the field, for a config the run would reject.
+  """
+  train_data = make_dataset(config.data, "train", workdir=workdir, **_dataset_args(config))
+  run = check_run_config(
+    config, vocab_size=train_data.vocab_size, num_classes=train_data.num_classes
+  )
+  return run, train_data
+
+
 def setup_run(
   config: Any, workdir: str | os.PathLike | None = None, devices: Sequence[Any] | None = None
 ) -> RunSetup:
@@ -220,16 +227,9 @@ def setup_run(
     ConfigError: naming the field, for a config that cannot run (including a
       dimension that does not divide its mesh axis), before any compute.
   """
-  dataset_args = dict(
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    seed=config.seed if config.data.get("seed") is None else config.data.seed,
-  )
+  dataset_args = _dataset_args(config)
   try:
-    train_data = make_dataset(config.data, "train", workdir=workdir, **dataset_args)
-    run = check_run_config(
-      config, vocab_size=train_data.vocab_size, num_classes=train_data.num_classes
-    )
+    run, train_data = checked_run(config, workdir)
     eval_data = make_dataset(
       config.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
     )
@@ -393,204 +393,6 @@ def make_checkpointer(
   )
 
 
-# ---------------------------------------------------------------------------
-# The work directory's config.json.
-
-
-# Fields renamed since runs were first written: (section, old name, new name).
-# A run's config.json is read under today's names, so older runs resume.
-RENAMED_FIELDS = (("data", "min_len", "min_example_len"), ("data", "max_len", "max_example_len"))
-# Fields added since (dotted for a section's): the value every run written
-# before had. Fields added with a None default need no entry (absent reads as None).
-ADDED_FIELDS = {
-  "replicas": 1,
-  "model.gelu_approximate": True,
-  "model.embed_norm": False,
-  "model.num_token_types": 0,
-  "model.scale_attention": True,
-  "model.init": "txf",
-  "model.options": {},
-  "train.loss_chunk_len": 0,
-  "train.trackers": "",
-  "data.num_symbols": 32,
-  "data.num_kv_pairs": 8,
-}
-
-
-def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
-  """The run's config.json as a dict under today's field names, or None.
-
-  Raises:
-    ValueError: naming the file, when it is not UTF-8 JSON or cannot be read
-      (txf.train.workdir.read_json), not an object, or one of its sections is
-      not an object.
-  """
-  path = epath.Path(workdir) / CONFIG_FILE
-  if not path.exists():
-    return None
-  saved = read_json(path)
-  if not isinstance(saved, dict):
-    raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
-  for section in ("model", "data", "train", "eval", "parallel"):
-    if section in saved and not isinstance(saved[section], dict):
-      raise ValueError(
-        f"{path}: {section}: expected a JSON object, got {type(saved[section]).__name__}"
-      )
-  for name, value in ADDED_FIELDS.items():
-    section, _, field = name.rpartition(".")
-    fields = saved.get(section) if section else saved
-    if isinstance(fields, dict):
-      fields.setdefault(field, value)
-  for section, old, new in RENAMED_FIELDS:
-    fields = saved.get(section)
-    if isinstance(fields, dict) and old in fields and new not in fields:
-      fields[new] = fields.pop(old)
-  return saved
-
-
-def _first_difference(old: Any, new: Any, name: str) -> str | None:
-  """Dotted name of the first field that differs between two JSON trees."""
-  if isinstance(old, dict) and isinstance(new, dict):
-    for key in sorted(set(old) | set(new)):
-      found = _first_difference(old.get(key), new.get(key), f"{name}.{key}")
-      if found:
-        return found
-    return None
-  return None if old == new else name
-
-
-def _checkpoint_fields(config_json: Mapping[str, Any]) -> dict[str, Any]:
-  """The part of a config (as JSON) that its checkpoints depend on."""
-  fields = {section: config_json.get(section) for section in RESUME_SECTIONS}
-  if isinstance(fields["data"], dict):
-    fields["data"] = {
-      key: value for key, value in fields["data"].items() if key not in FREE_DATA_FIELDS
-    }
-  return fields
-
-
-def changed_fields(config: Any, workdir: str | os.PathLike, sections: tuple[str, ...]) -> list[str]:
-  """Dotted names of the fields in `sections` where `config` differs from the
-  run's config.json ([] when there is none)."""
-  saved = read_run_config(workdir)
-  if saved is None:
-    return []
-  current = json.loads(config.to_json_best_effort())
-  changed = []
-  for section in sections:
-    old, new = saved.get(section) or {}, current.get(section) or {}
-    changed += [
-      f"{section}.{key}"
-      for key in sorted(set(old) | set(new))
-      if _first_difference(old.get(key), new.get(key), key)
-    ]
-  return changed
-
-
-def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
-  """Dotted name -> value for every leaf of a JSON tree."""
-  if not isinstance(tree, dict):
-    return {prefix: tree}
-  leaves: dict[str, Any] = {}
-  for key, value in tree.items():
-    leaves.update(_leaves(value, f"{prefix}.{key}" if prefix else key))
-  return leaves
-
-
-def config_changes(config: Any, workdir: str | os.PathLike) -> list[tuple[str, Any, Any]]:
-  """(dotted field, the run's config.json value, `config`'s value) for every
-  field of `config` that differs from the run in `workdir`, in config order
-  ([] for a new work directory; a field config.json lacks: None). What a
-  resumed run changes: the fields `check_resumable` allows (and, before it,
-  those it refuses).
-
-  Raises:
-    ValueError: naming config.json, when it does not read (read_run_config).
-  """
-  saved = read_run_config(workdir)
-  if saved is None:
-    return []
-  old, new = _leaves(saved), _leaves(json.loads(config.to_json_best_effort()))
-  return [
-    (name, old.get(name), value)
-    for name, value in new.items()
-    if name not in old or old[name] != value
-  ]
-
-
-def check_resumable(config: Any, workdir: str | os.PathLike) -> None:
-  """Refuses `config` for the run in `workdir` if it changes a field the
-  run's checkpoints depend on (nothing to check in a new work directory).
-
-  Raises:
-    ValueError: naming the first such field.
-  """
-  saved = read_run_config(workdir)
-  if saved is None:
-    return
-  saved = _checkpoint_fields(saved)
-  path = epath.Path(workdir) / CONFIG_FILE
-  current = _checkpoint_fields(json.loads(config.to_json_best_effort()))
-  for section in RESUME_SECTIONS:
-    field = _first_difference(saved[section], current[section], section)
-    if field:
-      raise ValueError(
-        f"{field}: differs from the run already in {workdir} (see {path}); use a new --workdir"
-      )
-
-
-def check_optimizer_state(config: Any, workdir: str | os.PathLike, abstract_params: Any) -> None:
-  """Refuses a `train` change that reshapes the optimizer state the run's
-  checkpoints hold (e.g. train.grad_clip_norm=0 drops the clipping's state),
-  naming the field, instead of a restore failing on a tree mismatch.
-
-  Raises:
-    ValueError: naming the first changed train field that changes the state's
-      structure on its own.
-  """
-  saved = read_run_config(workdir)
-  if saved is None or not isinstance(saved.get("train"), dict):
-    return
-
-  def structure(train: Any) -> jax.tree_util.PyTreeDef:
-    return jax.tree.structure(jax.eval_shape(make_optimizer(train).init, abstract_params))
-
-  current = structure(config.train)
-  for name in changed_fields(config, workdir, sections=("train",)):
-    field = name.partition(".")[2]
-    if field not in saved["train"]:
-      continue
-    reverted = ml_collections.ConfigDict(config.train.to_dict())
-    old_value = saved["train"][field]
-    try:
-      reverted[field] = old_value
-    except TypeError:  # ml_collections keeps each field's type
-      raise ValueError(
-        f"{epath.Path(workdir) / CONFIG_FILE}: {name}: {old_value!r} is not of "
-        f"type {type(config.train[field]).__name__}"
-      ) from None
-    try:
-      changes_structure = structure(reverted) != current
-    except ValueError:  # the saved value no longer validates: not this field's doing
-      continue
-    if changes_structure:
-      raise ValueError(
-        f"{name}: {old_value!r} -> {config.train[field]!r} changes the optimizer "
-        f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
-        "--workdir"
-      )
-
-
-def write_config(config: Any, workdir: str | os.PathLike) -> None:
-  """Records `config` as the one the run in `workdir` trains with (process 0
-  writes, atomically: other processes of the run may be reading it)."""
-  if jax.process_index() == 0:
-    replace_text(
-      epath.Path(workdir) / CONFIG_FILE,
-      json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n",
-    )
-
-
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
   """Sets each dotted field ('data.seq_len') of `overrides` in `config`."""
   for name, value in overrides.items():
@@ -654,7 +456,7 @@ def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = N
 
   The setup is built from the run's config.json with `overrides` applied,
   e.g. {"data.seq_len": 256, "eval.num_batches": 4}: any field the checkpoint
-  does not depend on (see `check_resumable`). Nothing in `workdir` is
+  does not depend on (see txf.train.resume.check_resumable). Nothing in `workdir` is
   written (nor created: a directory without checkpoints stays without a
   checkpoints/ directory); config.json keeps describing how the run was
   trained. The run may be training still: a checkpoint replaced while it is
@@ -671,9 +473,10 @@ def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = N
   workdir = epath.Path(workdir)
   check_holds_run(workdir)
   try:
-    config = ml_collections.ConfigDict(read_run_config(workdir))
+    saved = read_run_config(workdir)
+    config = ml_collections.ConfigDict(saved)
     apply_overrides(config, overrides or {})
-    check_resumable(config, workdir)
+    check_resumable(config, saved, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
   with make_checkpointer(config.train, workdir, read_only=True) as checkpointer:
