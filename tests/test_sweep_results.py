@@ -216,7 +216,8 @@ def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
   lines = md_path.read_text().splitlines()
   assert "sample std (ddof=1)" in lines[0]
   header = [cell.strip() for cell in lines[2].strip("|").split("|")]
-  cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[4:]]
+  table = lines[4 : 4 + len(points)]
+  cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in table]
   assert len(cells) == 4
   assert cells[0]["val loss"] == "2.2500 ± 0.3536"
   assert cells[0]["tokens/s"] == "1,100"

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.sweep import significance
 from txf.sweep.grid import Point
 from txf.sweep.writes import write_figure, write_file, write_line_plot
 from txf.train.metrics import read_metrics
@@ -508,7 +509,32 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
       "yes" if row.diverged else "no",
     ]
     lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + _comparison_lines(rows, fields)) + "\n"
+
+
+def _comparison_lines(rows: Sequence[PointSummary], fields: Sequence[str]) -> list[str]:
+  """results.md's section of txf.sweep.significance's comparisons ([] if none)."""
+  found = significance.comparisons(rows, fields)
+  if not found:
+    return []
+  number = lambda value, spec: "" if value is None else format(value, spec)
+  lines = [
+    "",
+    f"Pairs of points that differ in one field, the lower validation loss first; "
+    f"resolved: {significance.RULE} (not corrected for the {len(found)} comparisons).",
+    "",
+    "| field | lower | higher | difference | t | df | p | resolved |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for c in found:
+    test = c.test
+    cells = [
+      c.field, f"{c.lower} ({c.lower_value})", f"{c.higher} ({c.higher_value})",
+      f"{test.difference:+.4f}", number(test.t, ".2f"), number(test.df, ".1f"),
+      number(test.p, ".3g"), "yes" if test.resolved else "no",
+    ]  # fmt: skip
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines
 
 
 def write_results(
