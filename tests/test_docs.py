@@ -10,6 +10,7 @@ import tomllib
 import flax.linen as nn
 import pytest
 
+from tools import findings_significance
 from txf import models
 from txf.configs import base
 from txf.train.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
@@ -181,3 +182,14 @@ def test_the_citation_and_changelog_give_the_version_and_licence_txf_has():
   changelog = (ROOT / "CHANGELOG.md").read_text()
   assert re.findall(r"^## (\S+)", changelog, re.M)[0] == txf.__version__
   assert "dist/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_findings_significance_tables_are_the_rule_on_their_results_tables():
+  """docs/results.md's significance tables, as tools/findings_significance.py
+  writes them from the results tables above them (a table cannot drift from
+  the numbers it tests); and the tool would notice a changed number."""
+  page = (ROOT / "docs" / "results.md").read_text()
+  assert page.count("<!-- findings_significance:") == 2
+  assert findings_significance.rewrite(page) == page
+  changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
+  assert changed != page and findings_significance.rewrite(changed) != changed
