@@ -86,8 +86,9 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
 
 from txf.data.config import DataSpec, read_data_config
 from txf.data.corpus import corpus_description, corpus_files, load_corpus
+from txf.data.dataset import Dataset
 from txf.data.packed import PackedDataset, ProcessCountError
-from txf.data.pipeline import Dataset, make_dataset, make_tokenizer
+from txf.data.pipeline import make_dataset, make_tokenizer
 from txf.data.tokenizers import (
   ByteTokenizer,
   HFTokenizer,
