@@ -35,7 +35,7 @@ from absl import flags
 
 from txf import decode, models
 from txf.decode import generation
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 
 FLAGS = flags.FLAGS
 

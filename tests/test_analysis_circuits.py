@@ -22,9 +22,9 @@ from tools import induction_docs
 from txf import ops
 from txf.analysis import circuit_report, composition, patching, phase_change
 from txf.analysis.circuits import analyze_circuits
-from txf.analysis.heads import repeated_random_tokens
+from txf.analysis.head_scores import repeated_random_tokens
 from txf.analysis.plots import save_figure
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.models import build
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs"

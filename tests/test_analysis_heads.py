@@ -1,4 +1,4 @@
-"""Tests for txf.analysis.heads (head scores, ablation, tables) and txf.analysis.plots.
+"""Tests for txf.analysis.head_scores (head scores, ablation, tables) and txf.analysis.plots.
 
 Scores are checked two ways: on hand-built attention patterns whose score is
 known in closed form (a copying head scores 1, uniform attention 1/(t+1)),
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from txf import ops
-from txf.analysis import heads, plots
+from txf.analysis import head_scores as heads, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -34,7 +34,7 @@ from txf.sweep.analyze import (
   format_head_progress,
 )
 from txf.train import loop
-from txf.train.config import ConfigError
+from txf.train.run_config import ConfigError
 from txf.train.setup import load_run
 from txf.train.workdir import WorkdirLock
 

@@ -36,11 +36,11 @@ from benchmarks import (
 from conftest import REPO, load_config
 from txf import ops
 from txf.analysis import flops_per_token, matmul_params
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.models import build
 from txf.train import hardware, loop
-from txf.train.config import check_run_config
 from txf.train.resume import ADDED_FIELDS, read_run_config
+from txf.train.run_config import check_run_config
 from txf.train.setup import setup_run
 from txf.train.step import _apply_without_head, make_train_step
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, cli_overrides, flatten, load_config, tiny_config
 from txf.commands import cli
 from txf.commands.run import field_docs, leaves
-from txf.layers.config import POSITIONS
+from txf.layers.model_config import POSITIONS
 
 COMMANDS = ("run", "sweep", "extrapolate", "analyze", "embed", "generate", "textbook", "compile")
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI

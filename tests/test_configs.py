@@ -23,9 +23,9 @@ from ml_collections import config_flags
 from conftest import REPO, flatten, load_config
 from txf import models
 from txf.data import listops, make_tokenizer
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.train import loop
-from txf.train.config import ConfigError, check_run_config
+from txf.train.run_config import ConfigError, check_run_config
 from txf.train.step import model_inputs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"

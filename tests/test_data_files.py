@@ -14,7 +14,7 @@ from txf.data import ByteTokenizer, make_dataset, read_data_config
 from txf.data.files import POSITION_CUTS, TextFiles
 from txf.data.lm import token_stream
 from txf.train import loop
-from txf.train.config import ConfigError
+from txf.train.run_config import ConfigError
 
 SPLITS = ("train", "validation", "test")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")

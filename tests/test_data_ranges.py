@@ -7,7 +7,7 @@ passes. Here each generator draws a few hundred examples (numpy only) and the
 set of values each sampled parameter takes must be exactly the range its
 docstring states: both ends included, nothing outside.
 
-RANGES is keyed by data.name (txf.data.config.TASKS), so a new task fails
+RANGES is keyed by data.name (txf.data.spec.TASKS), so a new task fails
 `test_sampled_parameters_cover_their_documented_range` until its entry says
 what it samples; generators that are not a data.name are in OTHER_GENERATORS.
 The row counts make a value of the range missing by chance unlikely
@@ -21,8 +21,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from txf.analysis import heads
-from txf.data import config, listops, make_dataset, synthetic
+from txf.analysis import head_scores as heads
+from txf.data import listops, make_dataset, spec as config, synthetic
 from txf.data.masking import BertMasker
 
 # label -> (values drawn, the documented range)
@@ -196,7 +196,7 @@ def bert_masking() -> Ranges:
 
 
 def probe_tokens() -> Ranges:
-  """txf.analysis.heads.repeated_random_tokens: ids from [low, vocab_size), or
+  """txf.analysis.head_scores.repeated_random_tokens: ids from [low, vocab_size), or
   from `ids`."""
   rng = np.random.default_rng(0)
   drawn = heads.repeated_random_tokens(rng, 200, 3, 12, low=5)

@@ -253,7 +253,7 @@ def test_eval_is_one_padded_pass_in_storage_order(data_dir):
 _PEAK_RSS = textwrap.dedent("""
     import resource, sys, types
     from txf.data import ByteTokenizer, PackedDataset
-    from txf.data.config import read_data_config
+    from txf.data.spec import read_data_config
 
     class Records:  # lm1b-like records (440 bytes) made on demand: only the loader holds memory
       def __init__(self, n):

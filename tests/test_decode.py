@@ -19,7 +19,7 @@ import pytest
 
 from txf import decode, models
 from txf.layers import MultiHeadAttention
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 
 TINY = dict(vocab_size=50, d_model=32, num_heads=4, num_layers=2, max_len=16)
 B, T = 2, 12

@@ -20,7 +20,7 @@ from test_decode import PROMPT, TINY, apply, model_and_params, random_tokens, to
 
 from txf import decode, models
 from txf.decode import generation
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 
 # ---------------------------------------------------------------------------
 # Search logic on a stub whose log-probabilities are known.

@@ -19,8 +19,8 @@ from txf.data import HFTokenizer
 from txf.interop import CheckpointError, load_pretrained
 from txf.interop.rules import flatten
 from txf.train import loop
-from txf.train.config import ConfigError
 from txf.train.export import export_run, is_run_directory, load_trained
+from txf.train.run_config import ConfigError
 from txf.train.setup import setup_run
 
 OLD_RUN = pathlib.Path(__file__).parent / "data" / "run_822e561"  # RoPE, no biases

@@ -21,8 +21,8 @@ import pytest
 
 from conftest import REPO
 from txf import models
-from txf.data import config as data_config, make_dataset
-from txf.layers import Norm, config as layer_config, positions
+from txf.data import make_dataset, spec as data_config
+from txf.layers import Norm, model_config as layer_config, positions
 from txf.registry import Registry
 
 EXAMPLES = REPO / "examples" / "extending"

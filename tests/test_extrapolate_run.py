@@ -24,7 +24,7 @@ from txf.analysis.extrapolation import PROTOCOLS
 from txf.sweep import results
 from txf.sweep.extrapolate import extrapolate_run, format_table
 from txf.train import loop
-from txf.train.config import ConfigError
+from txf.train.run_config import ConfigError
 from txf.train.setup import adding_to_run
 from txf.train.workdir import WorkdirError, WorkdirLock, WriteError
 

@@ -29,8 +29,8 @@ from conftest import (
 from full_disk import full_disk
 from txf.train import checkpoint, loop, resume, setup
 from txf.train.checkpoint import CheckpointWriteError
-from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
+from txf.train.run_config import ConfigError
 from txf.train.workdir import WriteError
 
 # A restore that failed (a checkpoint replaced while read) leaves orbax's read

@@ -21,10 +21,10 @@ from conftest import load_config, tiny_config
 from txf import models
 from txf.decode import generation
 from txf.layers import Embedder
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.sweep.runner import check_point_config
-from txf.train.config import ConfigError, check_run_config
 from txf.train.resume import check_optimizer_state, read_run_config
+from txf.train.run_config import ConfigError, check_run_config
 from txf.train.setup import setup_run
 
 V, D = 6, 4

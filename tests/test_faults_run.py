@@ -23,8 +23,8 @@ from conftest import (
   truncate_state_files,
 )
 from txf.train import loop
-from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
+from txf.train.run_config import ConfigError
 
 pytestmark = pytest.mark.slow  # subprocess runs: ~1-2 minutes in all
 

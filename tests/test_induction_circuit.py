@@ -16,8 +16,9 @@ Measured when this was written (seed 0 unless said; 2 shared CPU cores):
   d_model 32, 600 steps      no role at all; the test fails
   1 layer, 600 steps         no role at all; the test fails
 About 45 s of CPU (user time) for the run and the analysis; seed 1 as well
-(replicas=2) took 69 s, so only seed 0 runs here. The run keeps a
-checkpoint every 100 steps and is trained and analysed once for this
+(replicas=2) took 69 s, so only seed 0 runs here (trained by txf-run in a
+subprocess: 31 s wall alone, against 40 s under the suite's XLA flags).
+The run keeps a checkpoint every 100 steps and is trained and analysed once for this
 module's tests, with circuits and checkpoints (txf.analysis.circuits,
 txf.analysis.phase_change): about 60 s wall in all. Measured (seed 0,
 600 steps): the key path of L0H0 (the top previous-token head) moves the
@@ -29,15 +30,17 @@ composes at 0.114-0.139, and the accuracy rises fastest between steps 100
 and 200 (to 0.87).
 """
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
-from conftest import load_config
+from conftest import REPO, cli_command, load_config
 from txf.analysis.ablation import parse_heads
 from txf.analysis.phase_change import phase_change
 from txf.data.incontext import repeat_periods
 from txf.sweep.analyze import analyze_run
-from txf.train.loop import run
 
 STEPS = 600
 
@@ -65,7 +68,18 @@ def toy_analysis(tmp_path_factory):
   config.train.update(
     dict(checkpoint_every=CHECKPOINT_EVERY, max_to_keep=STEPS // CHECKPOINT_EVERY)
   )
-  run(config, workdir, log=lambda line: None)
+  # Trained by txf-run in a process of its own, with XLA's CPU optimisations
+  # on: the suite turns them off to compile faster (conftest), which runs the
+  # 600 steps about 3 times slower.
+  result = subprocess.run(
+    cli_command("induction", workdir, config),
+    cwd=REPO,
+    env=dict(os.environ, XLA_FLAGS=""),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
   return config, analyze_run(workdir, circuits=True, checkpoints=True)
 
 

@@ -18,7 +18,7 @@ from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
 from txf.interop.rules import flatten
-from txf.train.config import ConfigError
+from txf.train.run_config import ConfigError
 from txf.train.setup import setup_run
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from txf.layers import Embedder, FeedForward, MultiHeadAttention, Norm, TransformerBlock
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 B, T, D = 2, 5, 16

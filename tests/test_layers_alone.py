@@ -17,7 +17,7 @@ from txf.layers import (
   RelativePositionTable,
   TransformerBlock,
 )
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.models import build
 
 CFG = ModelConfig(vocab_size=64, d_model=32, num_heads=4, num_layers=1, position="learned")

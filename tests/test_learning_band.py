@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import head_roles, induction_score, repeated_random_tokens
+from txf.analysis.head_scores import head_roles, induction_score, repeated_random_tokens
 from txf.models import ModelConfig, build
 from txf.train.optim import make_optimizer
 from txf.train.step import init_state, make_eval_step, make_train_step

@@ -20,10 +20,10 @@ from conftest import load_config
 from txf import decode
 from txf.analysis import count_params, extrapolation, flops_per_token, matmul_params
 from txf.data import make_tokenizer
-from txf.layers.config import LSTM_FIELDS, ModelConfig
+from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.models import build
 from txf.train import sharding
-from txf.train.config import check_run_config
+from txf.train.run_config import check_run_config
 
 TINY = dict(family="lstm", vocab_size=50, d_model=12, num_layers=2, dropout_rate=0.3)
 B, T = 2, 9

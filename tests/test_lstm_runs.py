@@ -19,7 +19,7 @@ from conftest import (
   sigterm_at,
   without_timings,
 )
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop
 from txf.train.metrics import read_metrics

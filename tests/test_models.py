@@ -22,7 +22,7 @@ import pytest
 from txf import ops
 from txf.analysis import attention_maps
 from txf.layers import Embedder
-from txf.layers.config import POSITIONS
+from txf.layers.model_config import POSITIONS
 from txf.models import ModelConfig, build
 
 TOL = dict(atol=1e-5, rtol=1e-5)

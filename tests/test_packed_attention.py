@@ -20,7 +20,7 @@ import pytest
 
 from txf import ops
 from txf.analysis import attention_maps
-from txf.layers.config import POSITIONS
+from txf.layers.model_config import POSITIONS
 from txf.models import ModelConfig, build
 from txf.train.step import model_inputs
 

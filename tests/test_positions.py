@@ -14,7 +14,7 @@ import pytest
 
 from txf import models
 from txf.layers import positions
-from txf.layers.config import POSITIONS, ModelConfig
+from txf.layers.model_config import POSITIONS, ModelConfig
 
 B, T = 2, 7
 # rope_scale > 1 so that the encodings reading it (rope, rope_ntk) scale.

@@ -25,7 +25,7 @@ import pytest
 from conftest import tiny_config
 from txf.data import corpus
 from txf.train import record
-from txf.train.config import check_run_config
+from txf.train.run_config import check_run_config
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

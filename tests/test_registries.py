@@ -8,7 +8,7 @@ every pair of options must give different outputs on the same inputs and
 parameters, and changing each setting an option reads must change its output.
 
 The option lists come from the registries themselves (ModelConfig's CHOICES,
-txf.layers.positions.ENCODINGS through them, txf.data.config.TASKS,
+txf.layers.positions.ENCODINGS through them, txf.data.spec.TASKS,
 txf.train.optim.DECAYS, ...), so a new option is compared with every other
 without a new test; SETTINGS must name its settings (an empty dict if it has
 none), or `test_every_option_declares_its_settings` fails. Registries whose
@@ -43,10 +43,10 @@ import pytest
 
 from txf import models
 from txf.analysis import extrapolation
-from txf.data import config as data_config, make_dataset
+from txf.data import make_dataset, spec as data_config
 from txf.interop import text
-from txf.layers import config as layer_config
-from txf.layers.config import CHOICES, LSTM_FIELDS, ModelConfig
+from txf.layers import model_config as layer_config
+from txf.layers.model_config import CHOICES, LSTM_FIELDS, ModelConfig
 from txf.train import optim
 
 # --- model options ----------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_every_option_declares_its_settings():
   assert not (settings | GENERAL_FIELDS) - fields
 
 
-# --- data names (txf.data.config.TASKS) ----------------------------------------
+# --- data names (txf.data.spec.TASKS) ----------------------------------------
 
 DATA_BASE = {
   "pystdlib": dict(seq_len=8, tokenizer="bytes", max_corpus_bytes=4000, mlm_probability=0.5),

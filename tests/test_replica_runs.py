@@ -17,8 +17,8 @@ import pytest
 from conftest import TIMING_KEYS, tiny_config
 from txf.sweep.extrapolate import extrapolate_run
 from txf.train import loop
-from txf.train.config import ConfigError
 from txf.train.metrics import read_metrics
+from txf.train.run_config import ConfigError
 from txf.train.setup import load_run
 
 REPLICAS = 2

@@ -22,7 +22,7 @@ from txf.train.replicas import (
 )
 from txf.train.step import init_state, make_train_step
 
-SEEDS = (3, 5, 11)
+SEEDS = (3, 11)
 STEPS = 3
 TOL = dict(rtol=1e-5, atol=1e-6)
 

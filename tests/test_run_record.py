@@ -14,9 +14,9 @@ from test_train_metrics import read_hparams, read_tensorboard_events
 from conftest import tiny_config as tiny
 from txf.data import corpus
 from txf.train import loop, record
-from txf.train.config import ConfigError
 from txf.train.metrics import TENSORBOARD_DIR, read_metrics
 from txf.train.resume import CONFIG_FILE
+from txf.train.run_config import ConfigError
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -21,8 +21,8 @@ import pytest
 from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
-from txf.train.config import ConfigError, check_run_config
 from txf.train.resume import config_changes, read_run_config, write_config
+from txf.train.run_config import ConfigError, check_run_config
 from txf.train.setup import load_run, setup_run
 from txf.train.step import model_inputs
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import tiny_config
 from txf.sweep import grid, results, runner
 from txf.train import loop, metrics, record, trackers
-from txf.train.config import ConfigError, check_run_config
 from txf.train.resume import read_run_config
+from txf.train.run_config import ConfigError, check_run_config
 
 NOT_UTF8 = b'[{"a": "\xff"}]'  # the reporter's printf '[{"a": "\xff"}]'
 

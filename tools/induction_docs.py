@@ -33,7 +33,7 @@ import numpy as np
 
 from txf.analysis import circuit_report
 from txf.analysis.ablation import head_name
-from txf.analysis.heads import head_roles
+from txf.analysis.head_scores import head_roles
 from txf.analysis.phase_change import read_training_csv
 from txf.analysis.plots import save_figure
 

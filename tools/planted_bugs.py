@@ -214,14 +214,14 @@ BUGS = (
   # --- models ---------------------------------------------------------------
   Bug(
     "last_pool_first",
-    "txf/models/heads.py",
+    "txf/models/output_heads.py",
     "last_B = jnp.maximum(jnp.sum(valid_BxT, axis=1) - 1, 0)",
     "last_B = jnp.zeros(valid_BxT.shape[:1], jnp.int32)",
     (f"{LAYER_REFS}::test_classification_head_matches_numpy",),
   ),
   Bug(
     "mean_pool_over_pads",
-    "txf/models/heads.py",
+    "txf/models/output_heads.py",
     "return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)",
     "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
     ("tests/test_models.py::test_classification_pooling_ignores_padding",),
@@ -356,7 +356,7 @@ BUGS = (
   ),
   Bug(
     "probe_tokens_skip_low",
-    "txf/analysis/heads.py",
+    "txf/analysis/head_scores.py",
     "pool = np.arange(low, vocab_size)",
     "pool = np.arange(low + 1, vocab_size)",
     (f"{RANGES}[induction_probe]",),
@@ -371,7 +371,7 @@ BUGS = (
   ),
   Bug(
     "max_pooling_is_mean",
-    "txf/models/heads.py",
+    "txf/models/output_heads.py",
     'if pooling == "mean":',
     'if pooling in ("mean", "max"):',
     (f"{REGISTRIES}::test_every_option_changes_the_model_output[pooling]",),

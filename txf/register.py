@@ -25,7 +25,7 @@ beside it: txf puts a config file's directory on the import path) sets
 settings an entry registered with. Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
-txf.data.config.LM_TASKS; docs/extending.md has a worked example of each
+txf.data.spec.LM_TASKS; docs/extending.md has a worked example of each
 (examples/extending/).
 """
 
@@ -34,9 +34,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from txf.data.config import LM_TASKS
-from txf.layers.config import ACTIVATIONS, NORMS
+from txf.data.spec import LM_TASKS
 from txf.layers.feedforward import Activation
+from txf.layers.model_config import ACTIVATIONS, NORMS
 from txf.layers.positions import ENCODINGS, PositionEncoding
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]

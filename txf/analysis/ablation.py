@@ -10,13 +10,13 @@ leaves the model's numerics and parameters as they are.
 Attention layers are grouped by kind (`txf.analysis.attention.attention_kind`):
 'self' (the one stack of a decoder or encoder), 'encoder_self',
 'decoder_self' and 'cross' (encoder-decoder). One kind's heads form an [L, H] grid, the unit of
-`txf.analysis.heads.head_ablation`:
+`txf.analysis.head_scores.head_ablation`:
 
   loss_fns = ablation_loss_fns(model, params, batches, loss_sums)
   deltas_LxH = head_ablation(loss_fns['self'], *attention_shapes(params)['self'])
 
 A group of heads is zeroed together with `parse_heads` ('L1H0,L1H2'),
-`txf.analysis.heads.group_mask` and `ablation_metric_fns` (loss and accuracy).
+`txf.analysis.head_scores.group_mask` and `ablation_metric_fns` (loss and accuracy).
 """
 
 from __future__ import annotations

@@ -295,7 +295,7 @@ def sorted_scores_figure(
     runs: run label -> {"previous_token": [L, H], "induction": [L, H]}.
     title: the figure's title.
     threshold: drawn as a dashed line for reference (the convention of
-      `txf.analysis.heads.head_roles`); None: no line.
+      `txf.analysis.head_scores.head_roles`); None: no line.
   """
   if not runs:
     raise ValueError("runs must hold at least one run")

@@ -28,9 +28,9 @@ import flax.linen as nn
 import numpy as np
 
 from txf.analysis.composition import composition_scores, random_composition_baseline
-from txf.analysis.heads import repeated_random_tokens
+from txf.analysis.head_scores import repeated_random_tokens
 from txf.analysis.patching import PATTERN_PATHS, corrupted_tokens, path_patching
-from txf.layers.config import derived
+from txf.layers.model_config import derived
 
 
 def analyze_circuits(
@@ -48,7 +48,7 @@ def analyze_circuits(
     model: a txf decoder, Pre-LN and unscanned (`path_patching`).
     params: its parameters (one replica's).
     ids: the token ids the probe draws blocks from (the run's own, e.g.
-      `txf.analysis.heads.in_distribution_ids`).
+      `txf.analysis.head_scores.in_distribution_ids`).
     periods: the probe periods (block lengths); the patching effects are
       averaged over them.
     batch: probe rows per period.

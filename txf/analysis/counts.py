@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import layers, models
-from txf.layers.config import ModelConfig, derived
+from txf.layers.model_config import ModelConfig, derived
 
 COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
 # The LSTM family's components: its layers are 'recurrent'.

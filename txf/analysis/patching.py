@@ -1,7 +1,7 @@
 """Path patching: which head of layer l the next layer reads, through its own layers.
 
 Wang et al. 2022; Goldowsky-Dill et al. 2023. A clean prompt (a random
-block repeated, `txf.analysis.heads.repeated_random_tokens`) and a corrupted
+block repeated, `txf.analysis.head_scores.repeated_random_tokens`) and a corrupted
 one (two independent random blocks: no repeat, `corrupted_tokens`) run
 through the model. For a head h1 of layer l and one path:
 
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import induction_score
+from txf.analysis.head_scores import induction_score
 from txf.checks import int_at_least
 
 PATHS = ("q", "k", "v", "all")

@@ -175,8 +175,8 @@ def run_errors():
   cannot be written (a full disk) 1."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   from txf.train.checkpoint import CheckpointWriteError, RestoreError
-  from txf.train.config import ConfigError
   from txf.train.loop import TrainingDiverged
+  from txf.train.run_config import ConfigError
   from txf.train.workdir import WorkdirError, WriteError
 
   sys.unraisablehook = _without_closed_loop_callbacks(sys.unraisablehook)

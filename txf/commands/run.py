@@ -98,7 +98,7 @@ def field_docs() -> dict[str, str]:
   and of ModelConfig's fields (ModelConfig's win for model fields); a model
   field with a fixed set of values lists them."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  from txf.layers import config as model_config
+  from txf.layers import model_config
 
   docs, section = {}, None
   for line, comment in _commented_lines(CONFIGS / "base.py"):
@@ -148,7 +148,7 @@ def resolved_run(config):
   """The checked RunConfig the run of `config` would train with (model.vocab_size
   from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
   train.steps clamped), after checking the whole config as the run does
-  (txf.train.config.check_run_config).
+  (txf.train.run_config.check_run_config).
 
   Raises:
     ValueError: naming the field, for a config the run would reject.

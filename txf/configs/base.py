@@ -17,8 +17,8 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from txf.data.config import DEFAULT_READ_THREADS
-from txf.layers.config import ModelConfig
+from txf.data.spec import DEFAULT_READ_THREADS
+from txf.layers.model_config import ModelConfig
 
 
 def _model_defaults() -> ml_collections.ConfigDict:
@@ -46,16 +46,16 @@ def get_config() -> ml_collections.ConfigDict:
   # each replica ('loss/0', ...) and their mean and std.
   config.replicas = 1  # seed replicas trained side by side (see above)
 
-  # txf.layers.config.ModelConfig documents every field and holds its default.
+  # txf.layers.model_config.ModelConfig documents every field and holds its default.
   config.model = _model_defaults()
-  # txf.train.config fills it in.
+  # txf.train.run_config fills it in.
   config.model.vocab_size = config_dict.placeholder(int)  # None: the tokenizer's vocabulary size
 
   # txf.data documents every field.
   config.data = ml_collections.ConfigDict(
     dict(
       name="pystdlib",  # built-in corpus: the Python standard library's sources
-      task="lm",  # lm | mlm | seq2seq | classify (txf.data.config.TASKS: per data.name)
+      task="lm",  # lm | mlm | seq2seq | classify (txf.data.spec.TASKS: per data.name)
       tokenizer="bytes",  # bytes | sentencepiece (trained in the run dir) | hf
       sp_vocab_size=1024,  # tokenizer="sentencepiece": its largest vocabulary
       tokenizer_path=config_dict.placeholder(str),  # tokenizer="hf": a tokenizer.json or its dir

@@ -8,7 +8,7 @@ near as a width gets to the 822,016 of base.py at model.num_layers=4
 (d_model 128, 4 heads), the Transformer it is compared with in
 txf.textbook.lstm_vs_transformer. Same data, optimizer and schedule as
 base.py. An LSTM reads only the model fields in
-txf.layers.config.LSTM_FIELDS; the others (positions, attention heads, FFN,
+txf.layers.model_config.LSTM_FIELDS; the others (positions, attention heads, FFN,
 ...) must keep their defaults.
 """
 

@@ -84,11 +84,11 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
   (*) text: pystdlib, tfds and files.
 """
 
-from txf.data.config import DataSpec, read_data_config
 from txf.data.corpus import corpus_description, corpus_files, load_corpus
 from txf.data.dataset import Dataset
 from txf.data.packed import PackedDataset, ProcessCountError
 from txf.data.pipeline import make_dataset, make_tokenizer
+from txf.data.spec import DataSpec, read_data_config
 from txf.data.tokenizers import (
   ByteTokenizer,
   HFTokenizer,

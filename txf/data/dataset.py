@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from txf.data import listops
-from txf.data.config import DataSpec
+from txf.data.spec import DataSpec
 from txf.data.tokenizers import Tokenizer
 
 

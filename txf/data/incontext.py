@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from txf.data.config import LM_TASKS, read_data_config, required
+from txf.data.spec import LM_TASKS, read_data_config, required
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SymbolTokenizer
 

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from txf.data.config import DataSpec
 from txf.data.dataset import Dataset
 from txf.data.masking import BertMasker
+from txf.data.spec import DataSpec
 from txf.data.tfds_source import decode_text
 from txf.data.tokenizers import Tokenizer
 

@@ -7,7 +7,10 @@ from etils import epath
 
 from txf import checks
 from txf.data import corpus, files, incontext, listops, packed, synthetic, tfds_source
-from txf.data.config import (
+from txf.data.dataset import Dataset, Source
+from txf.data.lm import LanguageModelSource, token_stream
+from txf.data.masking import BertMasker
+from txf.data.spec import (
   FILES_PREFIX,
   INCONTEXT,
   LM_TASKS,
@@ -17,9 +20,6 @@ from txf.data.config import (
   read_data_config,
   required,
 )
-from txf.data.dataset import Dataset, Source
-from txf.data.lm import LanguageModelSource, token_stream
-from txf.data.masking import BertMasker
 from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from txf.data.config import TFDS_PREFIX, DataSpec, required
+from txf.data.spec import TFDS_PREFIX, DataSpec, required
 from txf.data.synthetic import seq2seq_arrays
 from txf.data.tokenizers import Tokenizer
 

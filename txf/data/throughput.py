@@ -13,8 +13,8 @@ import os
 import time
 from typing import Any
 
-from txf.data.config import read_data_config
 from txf.data.pipeline import make_dataset
+from txf.data.spec import read_data_config
 
 # GPT-2 small (configs/gpt2_small.py) trains at about 600k tokens/s on one
 # H100: a host feeding one such GPU must deliver at least that.

@@ -18,7 +18,7 @@ import numpy as np
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
-from txf.layers.config import ModelConfig, derived
+from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {
   "BertModel": "none",

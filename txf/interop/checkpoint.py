@@ -42,7 +42,7 @@ from txf.interop import bert, gpt2, rules, t5
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, write_tensors
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 
 FAMILIES = (bert, gpt2, t5)
 # config.json's model_type -> the architecture assumed when `architectures` is absent.

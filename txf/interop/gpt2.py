@@ -16,7 +16,7 @@ import numpy as np
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import Rule, linear, norm, same
-from txf.layers.config import ModelConfig, derived
+from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"GPT2Model": "none", "GPT2LMHeadModel": "lm"}
 HEAD_ROOTS = ("lm_head",)

@@ -13,7 +13,7 @@ from typing import Any
 
 from txf import checks
 from txf.interop.rules import CheckpointError
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 
 _MISSING = object()
 # HF activation names of GELU's tanh form; "gelu" is the exact (erf) one.

@@ -23,7 +23,7 @@ from typing import Any
 from txf.interop import hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
-from txf.layers.config import ModelConfig, derived
+from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "lm"}
 HEAD_ROOTS = ("lm_head",)

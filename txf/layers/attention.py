@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.layers import positions
-from txf.layers.config import ModelConfig, derived
+from txf.layers.model_config import ModelConfig, derived
 from txf.layers.partitioning import projection_inits
 
 Array = jax.Array

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 
 from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
-from txf.layers.config import DEFAULTS, ModelConfig
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
+from txf.layers.model_config import DEFAULTS, ModelConfig
 from txf.layers.norm import Norm
 
 Array = jax.Array

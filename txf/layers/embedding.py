@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf.layers import positions
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.layers.norm import Norm
 
 

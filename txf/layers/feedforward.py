@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf.layers.config import ACTIVATIONS, ModelConfig, derived
+from txf.layers.model_config import ACTIVATIONS, ModelConfig, derived
 from txf.layers.partitioning import projection_inits
 
 

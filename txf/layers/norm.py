@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import ops
-from txf.layers.config import NORMS, ModelConfig
+from txf.layers.model_config import NORMS, ModelConfig
 
 
 def scale_param(layer: nn.Module, name: str, d: int, init=nn.initializers.ones) -> jax.Array:

@@ -7,9 +7,9 @@ from typing import Any
 
 import flax.linen as nn
 
-from txf.layers.config import ModelConfig
-from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead, pool
+from txf.layers.model_config import ModelConfig
 from txf.models.lstm import LSTMLanguageModel, LSTMLayer
+from txf.models.output_heads import ClassificationHead, LMHead, MaskedLMHead, pool
 from txf.models.transformer import Decoder, Encoder, EncoderDecoder
 
 _FAMILIES = {

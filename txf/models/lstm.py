@@ -13,7 +13,7 @@ more here than there: an LSTM's outputs lie in (-1, 1), so without it tied
 logits could not exceed sqrt(D) in size (2 layers of d_model 38, 100 steps
 of 8 x 32 bytes of the corpus: validation loss 3.89 without the norm, 3.33
 with it; a 2-layer d_model 32 Transformer of about as many parameters
-3.33). `txf.layers.config.LSTM_FIELDS` lists the fields read here; the
+3.33). `txf.layers.model_config.LSTM_FIELDS` lists the fields read here; the
 others must keep their defaults.
 
 Decoding follows the protocol of `txf.decode`: with use_cache=True each layer
@@ -34,8 +34,8 @@ import jax
 
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
-from txf.layers.config import ModelConfig
-from txf.models.heads import LMHead
+from txf.layers.model_config import ModelConfig
+from txf.models.output_heads import LMHead
 
 Array = jax.Array
 

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.layers import Embedder, TransformerStack
-from txf.layers.config import ModelConfig
 from txf.layers.embedding import Positions
-from txf.models.heads import ClassificationHead, LMHead, MaskedLMHead
+from txf.layers.model_config import ModelConfig
 from txf.models.inits import apply_init
+from txf.models.output_heads import ClassificationHead, LMHead, MaskedLMHead
 
 Array = jax.Array
 

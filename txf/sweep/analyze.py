@@ -26,7 +26,7 @@ and, for a causal decoder, on request (txf.analysis.circuits):
                         K-composition at every kept checkpoint (the phase
                         change)
 
-Scores per head (txf.analysis.heads): previous-token score and mean entropy
+Scores per head (txf.analysis.head_scores): previous-token score and mean entropy
 and distance on the first validation batch; induction score on repeated
 random token sequences, for causal self-attention only (n/a elsewhere: a
 bidirectional encoder sees the answer, cross-attention keys are the source);
@@ -68,7 +68,7 @@ from txf.analysis.circuit_report import (
 )
 from txf.analysis.circuits import analyze_circuits
 from txf.analysis.composition import composition_scores
-from txf.analysis.heads import (
+from txf.analysis.head_scores import (
   attention_entropy,
   group_mask,
   head_ablation,

@@ -39,9 +39,9 @@ from txf.analysis.extrapolation import PROTOCOLS, default_stride, window_losses
 from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.sweep.writes import write_file, write_line_plot
-from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
 from txf.train.resume import read_run_config
+from txf.train.run_config import check_run_config
 from txf.train.setup import RunSetup, TrainedRun, load_run
 from txf.train.workdir import check_reachable, run_path
 

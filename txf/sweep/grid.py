@@ -325,7 +325,7 @@ def validate(points: Sequence[Point], check: Callable[[ml_collections.ConfigDict
   """Runs the run-config validator `check` on every point before any trains.
 
   `check(config)` raises a ValueError whose message starts with the field,
-  as `txf.train.config.check_run_config` does (bind its other arguments).
+  as `txf.train.run_config.check_run_config` does (bind its other arguments).
 
   Raises:
     GridError: the first point `check` rejects: 'point N (name): <field>: ...'.

@@ -50,15 +50,15 @@ from etils import epath
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
 from txf.data import DataSpec, make_tokenizer, read_data_config
-from txf.data.config import required
 from txf.data.listops import NUM_CLASSES
+from txf.data.spec import required
 from txf.sweep import grid, results
 from txf.sweep.extrapolate import check_num_tokens
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
-from txf.train.config import check_run_config
 from txf.train.metrics import format_duration
+from txf.train.run_config import check_run_config
 from txf.train.setup import adding_to_run
 from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
 
@@ -130,7 +130,7 @@ def _vocab_size(data_config: ml_collections.ConfigDict, spec: DataSpec) -> int:
 def check_point_config(config: ml_collections.ConfigDict) -> None:
   """Checks one point's run config without touching data or devices' memory:
   every field, the optimizer and schedule among them
-  (txf.train.config.check_run_config), and that the batch divides the device
+  (txf.train.run_config.check_run_config), and that the batch divides the device
   mesh.
 
   Raises:

@@ -3,7 +3,7 @@
 A small decoder LM is trained on the built-in corpus (configs/base.py, the
 Python standard library's source, bytes) by txf.train.loop.run. Its
 attention, read through the model's own layers (txf.analysis.attention_maps),
-is scored per head with txf.analysis.heads:
+is scored per head with txf.analysis.head_scores:
 
   previous-token score  mean weight from t to t - 1, on validation text;
   induction score       mean weight from t to t - P + 1 on random blocks of
@@ -40,7 +40,7 @@ import ml_collections
 import numpy as np
 
 from txf.analysis.attention import attention_maps, maps_by_kind
-from txf.analysis.heads import (
+from txf.analysis.head_scores import (
   head_roles,
   in_distribution_ids,
   induction_score,

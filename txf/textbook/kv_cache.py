@@ -38,7 +38,7 @@ import numpy as np
 
 from txf import decode, models
 from txf.analysis.plots import line_plot
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.textbook.report import figure_path, loglog_slope, markdown_table, median_seconds
 
 NAME = "kv_cache"

@@ -50,7 +50,7 @@ from txf import models
 from txf.analysis import count_params, flops_per_token
 from txf.analysis.plots import line_plot
 from txf.data import make_tokenizer
-from txf.layers.config import LSTM_FIELDS, ModelConfig
+from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.textbook.training import derive_config
 from txf.train import loop
 from txf.train.metrics import SAMPLES_FILE, read_metrics

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from txf import models
 from txf.analysis.counts import COMPONENTS, count_params
 from txf.analysis.plots import save_figure
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.textbook.report import figure_path, markdown_table
 
 NAME = "param_counts"

@@ -10,7 +10,7 @@ the row's entropy and gradient the same at every d_k.
 
 The weights are txf.ops.attention_weights' (scale=1 for "unscaled", its
 default 1/sqrt(d_k) for "scaled"), the entropy is
-txf.analysis.heads.attention_entropy, and the Jacobian is taken by
+txf.analysis.head_scores.attention_entropy, and the Jacobian is taken by
 jax.jacfwd of the softmax of each row's scores.
 """
 
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import ops
-from txf.analysis.heads import attention_entropy
+from txf.analysis.head_scores import attention_entropy
 from txf.analysis.plots import line_plot
 from txf.textbook.report import figure_path, markdown_table
 

@@ -30,8 +30,8 @@ from etils import epath
 from txf import interop
 from txf.data.tokenizers import Tokenizer, hf_tokenizer_files
 from txf.interop.tensors import CONFIG, SAFETENSORS
-from txf.train.config import ConfigError
 from txf.train.resume import read_run_config
+from txf.train.run_config import ConfigError
 from txf.train.setup import load_run
 
 GENERATION_CONFIG = "generation_config.json"

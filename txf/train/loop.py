@@ -69,7 +69,6 @@ from txf.data import ProcessCountError
 from txf.decode import generation
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionGuard
-from txf.train.config import ConfigError, TrainConfig
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, format_progress, read_metrics
 from txf.train.optim import make_schedule
@@ -82,6 +81,7 @@ from txf.train.resume import (
   read_run_config,
   write_config,
 )
+from txf.train.run_config import ConfigError, TrainConfig
 from txf.train.setup import RunSetup, make_checkpointer, setup_run
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path

@@ -56,7 +56,7 @@ def fitted_warmup(warmup_steps: int, steps: int) -> int:
   """The warmup a run of `steps` steps uses: `warmup_steps`, clamped to
   `steps`. A warmup longer than the run (a shipped config's 60 steps with
   --config.train.steps=30) warms up over the whole run, so the learning rate
-  rises for all of it and never decays; txf.train.config.check_run_config
+  rises for all of it and never decays; txf.train.run_config.check_run_config
   says so in one line (RunConfig.notes)."""
   return min(warmup_steps, steps)
 

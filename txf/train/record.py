@@ -43,7 +43,7 @@ from typing import Any
 from etils import epath
 
 from txf.train import hardware
-from txf.train.config import RunConfig
+from txf.train.run_config import RunConfig
 from txf.train.workdir import parse_json, read_text, replace_text, write_error
 
 RECORD_FILE = "run_record.json"
@@ -86,7 +86,7 @@ def environment() -> dict[str, Any]:
 
 def data_description(run: RunConfig) -> dict[str, Any]:
   """The run's data described as cheaply as is stable, with a SHA-256 of it."""
-  from txf.data import config, corpus, files  # noqa: PLC0415 (imports the data pipeline's modules)
+  from txf.data import corpus, files, spec as config  # noqa: PLC0415 (imports the data pipeline's modules)
 
   spec = dataclasses.asdict(run.data)
   description: dict[str, Any] = dict(name=run.data.name, fields=spec)

@@ -39,12 +39,12 @@ from jax.sharding import Mesh
 from txf import decode, interop, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset
-from txf.layers.config import ModelConfig
 from txf.layers.embedding import check_position_table
+from txf.layers.model_config import ModelConfig
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer
-from txf.train.config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
+from txf.train.run_config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.workdir import (
   WorkdirLock,
@@ -60,7 +60,7 @@ class RunSetup:
 
   Attributes:
     config: the run config as given (a ConfigDict: what config.json records).
-    run: the same config checked and typed (txf.train.config.RunConfig), with
+    run: the same config checked and typed (txf.train.run_config.RunConfig), with
       its optimizer and schedule; `model_cfg`, `optimizer`, `schedule`,
       `replicas` and `seeds` read it.
     model: the linen module.

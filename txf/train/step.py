@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from txf import ops
-from txf.models.heads import LMHead
+from txf.models.output_heads import LMHead
 from txf.train import optim
 
 Batch = dict[str, jax.Array]

@@ -23,9 +23,9 @@ from typing import Any
 import optax
 
 from txf import checks
-from txf.data.config import DataSpec, read_data_config
-from txf.layers.config import ModelConfig
+from txf.data.spec import DataSpec, read_data_config
 from txf.layers.embedding import check_position_table
+from txf.layers.model_config import ModelConfig
 from txf.train import replicas as replicas_lib
 from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
 from txf.train.trackers import tracker_names

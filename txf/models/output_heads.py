@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
-from txf.layers.config import ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.layers.partitioning import projection_inits
 
 
