@@ -11,6 +11,8 @@ at another period those heads score nothing (issue 23; the test below).
 configs/induction.py, whose period varies, is where induction heads form.
 """
 
+import functools
+
 import jax
 import ml_collections
 import numpy as np
@@ -94,6 +96,7 @@ def model_config() -> ModelConfig:
   )
 
 
+@functools.cache  # both tests read seed 0's run: trained once per process
 def train(seed: int):
   """(model, trained state) after STEPS on copy batches."""
   model = build(model_config())
