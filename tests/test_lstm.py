@@ -90,8 +90,23 @@ INAPPLICABLE = dict(
   embed_norm=True,
   num_token_types=2,
   scale_attention=False,
-  scale_logits=False,
 )
+
+
+def test_tied_logits_are_scaled_as_the_config_says():
+  """scale_logits resolves to tie_embeddings, as a Transformer's; set False,
+  the same parameters give logits sqrt(D) times larger (rtol 1e-5)."""
+  assert ModelConfig(**TINY).scale_logits is True
+  assert ModelConfig(**TINY, tie_embeddings=False).scale_logits is False
+  model, params = model_and_params()
+  unscaled = build(ModelConfig(**TINY, scale_logits=False))
+  tokens = random_tokens(0, (2, 5))
+  np.testing.assert_allclose(
+    unscaled.apply({"params": params}, tokens),
+    model.apply({"params": params}, tokens) * np.sqrt(TINY["d_model"]),
+    rtol=1e-5,
+    atol=1e-6,
+  )
 
 
 @pytest.mark.parametrize("field", sorted(INAPPLICABLE))

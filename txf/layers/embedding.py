@@ -39,16 +39,10 @@ class Embedder(nn.Module):
 
   cfg: ModelConfig
 
-  # Derived from the config: a jnp dtype, and scale_logits' None resolved for
-  # the LSTM, whose config leaves it unresolved.
+  # The config's dtype name as a jnp dtype.
   @property
   def dtype(self) -> Any:
     return jnp.dtype(self.cfg.dtype)
-
-  @property
-  def scale_logits(self) -> bool:
-    scale = self.cfg.scale_logits
-    return self.cfg.tie_embeddings if scale is None else scale
 
   def setup(self):
     # N(0, 1) rows with tied logits scaled by 1/sqrt(D) (Mesh TF / flax lm1b):
@@ -145,7 +139,7 @@ class Embedder(nn.Module):
     """Tied output projection: [B, T, D] -> float32 logits [B, T, V]
     (divided by sqrt(D) when scale_logits)."""
     logits = self.token.attend(x_BxTxD.astype(self.dtype)).astype(jnp.float32)
-    if self.scale_logits:
+    if self.cfg.scale_logits:
       logits = logits / jnp.sqrt(self.cfg.d_model).astype(jnp.float32)
     return logits
 

@@ -81,6 +81,7 @@ LSTM_FIELDS = (
   "norm_eps",
   "dropout_rate",
   "tie_embeddings",
+  "scale_logits",  # of the tied logits, as a Transformer's
   "head",
   "pad_id",
   "dtype",
@@ -188,7 +189,10 @@ class ModelConfig:
     checks.finite_at_least(self.rope_scale, "model.rope_scale", 1.0)  # > 1: interpolation
     checks.int_at_least(self.pad_id, "model.pad_id", 0)
     if self.family == "lstm":
-      return self._check_lstm()  # none of the Transformer checks below apply
+      self._check_lstm()  # none of the Transformer checks below apply
+      if self.scale_logits is None:  # the LSTM's one derived field
+        object.__setattr__(self, "scale_logits", self.tie_embeddings)
+      return
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
         f"model.num_heads: {self.num_heads} does not divide model.d_model={self.d_model} "
@@ -272,7 +276,8 @@ class ModelConfig:
 
   def _check_lstm(self) -> None:
     """family='lstm': only LSTM_FIELDS may differ from their defaults. The
-    derived Transformer fields (num_kv_heads, head_dim, d_ff) stay None."""
+    derived Transformer fields (num_kv_heads, head_dim, d_ff) stay None;
+    scale_logits is resolved as a Transformer's."""
     for field in dataclasses.fields(self):
       if field.name not in LSTM_FIELDS and getattr(self, field.name) != field.default:
         raise ValueError(
