@@ -203,8 +203,7 @@ class MultiHeadAttention(nn.Module):
     groups: dict[tuple[int, int], list[tuple[str, Array]]] = {}
     for name, x in zip(names, inputs):
       if x is not None:
-        heads = self.num_heads if name == "query" else self.num_kv_heads
-        groups.setdefault((id(x), heads), []).append((name, x))
+        groups.setdefault((id(x), self._heads(name)[0]), []).append((name, x))
     projected: dict[str, Array] = {}
     for group in groups.values():
       x_BxTxD = group[0][1]
@@ -217,9 +216,14 @@ class MultiHeadAttention(nn.Module):
       projected.update((name, y_BxTxPxNxDh[:, :, p]) for p, (name, _) in enumerate(group))
     return tuple(projected.get(name) for name in names)
 
+  def _heads(self, name: str) -> tuple[int, str]:
+    """(N, the logical axis) of projection `name`'s heads: the queries' H, or
+    the keys' and values' K."""
+    return (self.num_heads, "heads") if name == "query" else (self.num_kv_heads, "kv_heads")
+
   def _weights(self, name: str, d_model: int) -> tuple[Array, Array | None]:
     """The kernel [D, N, Dh] and bias [N, Dh] (None without bias) of projection `name`."""
-    heads, axis = (self.num_heads, "heads") if name == "query" else (self.num_kv_heads, "kv_heads")
+    heads, axis = self._heads(name)
     return ProjectionWeights(
       shape=(d_model, heads, self.head_dim),
       axes=(("embed",), (axis, "head_dim")),

@@ -190,8 +190,7 @@ class ModelConfig:
     checks.int_at_least(self.pad_id, "model.pad_id", 0)
     if self.family == "lstm":
       self._check_lstm()  # none of the Transformer checks below apply
-      if self.scale_logits is None:  # the LSTM's one derived field
-        object.__setattr__(self, "scale_logits", self.tie_embeddings)
+      self._resolve()
       return
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
@@ -296,12 +295,13 @@ class ModelConfig:
   def _resolve(self):
     """Fills the None fields with their derived values, once: each quantity
     then has one name (cfg.num_kv_heads, cfg.head_dim, cfg.d_ff, ...)."""
-    resolved = dict(
-      num_kv_heads=self.num_heads,
-      head_dim=self.d_model // self.num_heads,
-      d_ff=self._default_d_ff(),
-      scale_logits=self.tie_embeddings,
-    )
+    resolved: dict[str, Any] = dict(scale_logits=self.tie_embeddings)
+    if self.family != "lstm":  # the LSTM has none of the Transformer's derived fields
+      resolved.update(
+        num_kv_heads=self.num_heads,
+        head_dim=self.d_model // self.num_heads,
+        d_ff=self._default_d_ff(),
+      )
     if self.family == "encoder_decoder":
       resolved["num_decoder_layers"] = self.num_layers
     for name, value in resolved.items():

@@ -139,7 +139,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
 
   def update(updates, state, params=None, *, grad_norm=None, **extra_args):
     del params, extra_args
-    norm = optax.global_norm(updates) if grad_norm is None else grad_norm
+    norm = global_norm(updates) if grad_norm is None else grad_norm
     clipped = jax.tree.map(
       lambda t: jnp.where(norm < max_norm, t, (t / norm.astype(t.dtype)) * max_norm), updates
     )
