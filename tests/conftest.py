@@ -15,7 +15,7 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tests' programs are tiny, so XLA's compile time is most of the suite;
 # LLVM's optimisations cost more of it than they save at run time (a third
-# of tests/test_behaviour.py's time on 2 cores). The numerics are the same
+# of tests/train/test_training_behaviour.py's time on 2 cores). The numerics are the same
 # program's: the tests compare against references, not code generation.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   _fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -162,6 +162,8 @@ def truncate_state_files(step_dir):
 # --- the CLI in subprocesses ---------------------------------------------------
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# Files the tests read: tiny Hugging Face checkpoints, a run an old commit wrote.
+FIXTURES = REPO / "tests" / "fixtures"
 _CACHE_OPTIONS = {  # jax config option -> environment variable (subprocesses)
   "jax_compilation_cache_dir": "JAX_COMPILATION_CACHE_DIR",
   "jax_persistent_cache_min_compile_time_secs": "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",

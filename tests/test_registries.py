@@ -77,7 +77,7 @@ CONTEXT = {
 # instead (-> the test that holds them equal).
 IMPLEMENTATIONS = {
   "attention_impl": (
-    "test_ops_attention_chunked.py::test_model_attention_impl_chunked_gives_the_xla_logits"
+    "ops/test_ops_attention_chunked.py::test_model_attention_impl_chunked_gives_the_xla_logits"
   ),
 }
 # Registries of initial parameters: the models here replace their parameters,

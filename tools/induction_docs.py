@@ -16,7 +16,7 @@ the page's figures:
   induction_composition_seed0.png, induction_patching_seed0.png
 
 --check writes nothing and exits 1 if the page's tables differ from the
-data (tests/test_analysis_circuits.py checks the same).
+data (tests/analysis/test_circuits.py checks the same).
 """
 
 from __future__ import annotations

@@ -30,14 +30,16 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 COPIED = ("txf", "tests", "configs", "experiments", "benchmarks", "pyproject.toml")
-LAYER_REFS = "tests/test_layer_references.py"
+LAYER_REFS = "tests/layers/test_layer_references.py"
 ATTENTION_REF = f"{LAYER_REFS}::test_attention_matches_numpy"
 BLOCK_REF = f"{LAYER_REFS}::test_block_matches_numpy"
-DETERMINISTIC = "tests/test_behaviour.py::test_deterministic_model_ignores_dropout_rates"
-RANGES = "tests/test_data_ranges.py::test_sampled_parameters_cover_their_documented_range"
+DETERMINISTIC = (
+  "tests/train/test_training_behaviour.py::test_deterministic_model_ignores_dropout_rates"
+)
+RANGES = "tests/data/test_data_ranges.py::test_sampled_parameters_cover_their_documented_range"
 REGISTRIES = "tests/test_registries.py"
 SETTING_TEST = "test_every_option_setting_changes_the_model_output"
-PROVENANCE = "tests/test_record_provenance.py"
+PROVENANCE = "tests/train/test_record_provenance.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,56 +59,56 @@ BUGS = (
     # _scaled_scores, shared by the xla and chunked paths.
     "scale = 1.0 / math.sqrt(q_BxTxKxGxD.shape[-1])",
     "scale = 1.0",
-    ("tests/test_ops_attention.py",),
+    ("tests/ops/test_ops_attention.py",),
   ),
   Bug(
     "gqa_tiled_groups",
     "txf/ops/attention.py",
     "return q.reshape(B, T, num_kv_heads, H // num_kv_heads, D)",
     "return q.reshape(B, T, H // num_kv_heads, num_kv_heads, D).swapaxes(2, 3)",
-    ("tests/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",),
+    ("tests/ops/test_ops_attention.py::test_gqa_equals_mha_with_repeated_heads",),
   ),
   Bug(
     "softmax_over_queries",
     "txf/ops/attention.py",
     "denom = jnp.sum(unnorm, axis=-1, keepdims=True)",
     "denom = jnp.sum(unnorm, axis=-2, keepdims=True)",
-    ("tests/test_ops_attention.py",),
+    ("tests/ops/test_ops_attention.py",),
   ),
   Bug(
     "causal_mask_off_by_one",
     "txf/ops/masks.py",
     "return k_pos <= q_pos",
     "return k_pos < q_pos",
-    ("tests/test_ops_masks.py",),
+    ("tests/ops/test_ops_masks.py",),
   ),
   Bug(
     "window_off_by_one",
     "txf/ops/masks.py",
     "return jnp.abs(q_pos - k_pos) < window",
     "return jnp.abs(q_pos - k_pos) <= window",
-    ("tests/test_ops_masks.py",),
+    ("tests/ops/test_ops_masks.py",),
   ),
   Bug(
     "rope_rotation_sign",
     "txf/ops/positional.py",
     "x2_BxTxHxF * cos_BxTx1xF + x1_BxTxHxF * sin_BxTx1xF",
     "x2_BxTxHxF * cos_BxTx1xF - x1_BxTxHxF * sin_BxTx1xF",
-    ("tests/test_ops_positional.py",),
+    ("tests/ops/test_ops_positional.py",),
   ),
   Bug(
     "alibi_bias_sign",
     "txf/ops/positional.py",
     "return -slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
     "return slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]",
-    ("tests/test_ops_positional.py",),
+    ("tests/ops/test_ops_positional.py",),
   ),
   Bug(
     "layer_norm_no_centering",
     "txf/ops/norms.py",
     "y = (x32 - mean) * jax.lax.rsqrt(var + eps)",
     "y = x32 * jax.lax.rsqrt(var + eps)",
-    ("tests/test_ops_norms.py",),
+    ("tests/ops/test_ops_norms.py",),
   ),
   # eps where the tests' inputs make it visible (rows of variance ~eps).
   Bug(
@@ -114,21 +116,21 @@ BUGS = (
     "txf/ops/norms.py",
     "y = x32 * jax.lax.rsqrt(mean_square + eps)",
     "y = x32 / (jnp.sqrt(mean_square) + eps)",
-    ("tests/test_ops_norms.py",),
+    ("tests/ops/test_ops_norms.py",),
   ),
   Bug(
     "layer_norm_eps_outside_sqrt",
     "txf/ops/norms.py",
     "y = (x32 - mean) * jax.lax.rsqrt(var + eps)",
     "y = (x32 - mean) / (jnp.sqrt(var) + eps)",
-    ("tests/test_ops_norms.py",),
+    ("tests/ops/test_ops_norms.py",),
   ),
   Bug(
     "loss_over_padding",
     "txf/ops/losses.py",
     "loss = jnp.sum(weights * per_token) / jnp.where(num_tokens == 0, 1.0, num_tokens)",
     "loss = jnp.mean(per_token)",
-    ("tests/test_ops_losses.py",),
+    ("tests/ops/test_ops_losses.py",),
   ),
   # --- layers ---------------------------------------------------------------
   Bug(
@@ -138,7 +140,7 @@ BUGS = (
     "k_rotated = encoding.rotate(",
     (
       ATTENTION_REF,
-      "tests/test_models.py::test_encoder_permutation_equivariance_only_without_positions",
+      "tests/models/test_models.py::test_encoder_permutation_equivariance_only_without_positions",
     ),
   ),
   Bug(
@@ -153,21 +155,21 @@ BUGS = (
     "txf/layers/attention.py",
     "start = (0, cache_index, 0, 0)",
     "start = (0, cache_index + 1, 0, 0)",
-    ("tests/test_decode.py::test_cached_decoding_matches_full_pass",),
+    ("tests/decode/test_decode.py::test_cached_decoding_matches_full_pass",),
   ),
   Bug(
     "dropped_residual",
     "txf/layers/block.py",
     "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
     "return dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
-    (BLOCK_REF, "tests/test_layers.py"),
+    (BLOCK_REF, "tests/layers/test_layers.py"),
   ),
   Bug(
     "pre_ln_norm_on_output",
     "txf/layers/block.py",
     "return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)",
     "return x_BxTxD + norm(dropout(sublayer(x_BxTxD), deterministic=self.deterministic))",
-    (BLOCK_REF, "tests/test_layers.py"),
+    (BLOCK_REF, "tests/layers/test_layers.py"),
   ),
   Bug(
     "no_final_norm",
@@ -188,7 +190,7 @@ BUGS = (
     "txf/layers/feedforward.py",
     'h_BxTxF = act(dense(self.d_ff, into_hidden, "gate")(x_BxTxD)) * h_BxTxF',
     'h_BxTxF = dense(self.d_ff, into_hidden, "gate")(x_BxTxD) * act(h_BxTxF)',
-    ("tests/test_layers.py::test_feedforward_matches_numpy",),
+    ("tests/layers/test_layers.py::test_feedforward_matches_numpy",),
   ),
   Bug(
     "ffn_dropout_always_on",
@@ -209,7 +211,7 @@ BUGS = (
     "txf/layers/embedding.py",
     "index.value = cache_index + length",
     "index.value = cache_index + length - 1",
-    ("tests/test_decode.py::test_prefill_then_single_steps_match_full_pass",),
+    ("tests/decode/test_decode.py::test_prefill_then_single_steps_match_full_pass",),
   ),
   # --- models ---------------------------------------------------------------
   Bug(
@@ -224,14 +226,14 @@ BUGS = (
     "txf/models/output_heads.py",
     "return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)",
     "return (total_BxD / x_BxTxD.shape[1]).astype(x_BxTxD.dtype)",
-    ("tests/test_models.py::test_classification_pooling_ignores_padding",),
+    ("tests/models/test_models.py::test_classification_pooling_ignores_padding",),
   ),
   Bug(
     "encoder_attends_to_pads",
     "txf/models/transformer.py",
     "tokens_BxS,\n      key_mask,\n      positions_BxS,",
     "tokens_BxS,\n      None,\n      positions_BxS,",
-    ("tests/test_models.py::test_encoder_padding_does_not_change_real_positions",),
+    ("tests/models/test_models.py::test_encoder_padding_does_not_change_real_positions",),
   ),
   Bug(
     "embedding_dropout_always_on",
@@ -246,14 +248,14 @@ BUGS = (
     "txf/train/step.py",
     "grads = jax.tree.map(lambda g: g / denom, grads)",
     "grads = jax.tree.map(lambda g: g / denom / grad_accum_steps, grads)",
-    ("tests/test_behaviour.py::test_grad_accumulation_equals_one_big_batch",),
+    ("tests/train/test_training_behaviour.py::test_grad_accumulation_equals_one_big_batch",),
   ),
   Bug(
     "train_loss_ignores_weights",
     "txf/train/step.py",
     'return batch["targets"], batch["weights"].astype(jnp.float32)',
     'return batch["targets"], jnp.ones(batch["targets"].shape, jnp.float32)',
-    ("tests/test_behaviour.py::test_train_step_ignores_padded_targets",),
+    ("tests/train/test_training_behaviour.py::test_train_step_ignores_padded_targets",),
   ),
   Bug(
     "same_dropout_mask_every_step",
@@ -261,7 +263,7 @@ BUGS = (
     "rng = jax.random.fold_in(jax.random.key(seed), state.step)",
     "rng = jax.random.key(seed)",
     (
-      "tests/test_behaviour.py::test_train_step_draws_a_new_mask_each_step_and_repeats_a_step"
+      "tests/train/test_training_behaviour.py::test_train_step_draws_a_new_mask_each_step_and_repeats_a_step"
       "_exactly",
     ),
   ),
@@ -272,7 +274,7 @@ BUGS = (
     # Each batch counts 1, whatever its weight (a weight-0 padding batch too).
     "          totals[key] = totals[key] + (1.0 if key == 'count' else np.asarray(\n"
     "              sums[key], np.float64) / max(float(sums['count']), 1.0))",
-    ("tests/test_setup.py::test_evaluate_weights_every_token_alike_across_batches",),
+    ("tests/train/test_train_setup.py::test_evaluate_weights_every_token_alike_across_batches",),
   ),
   # --- data -----------------------------------------------------------------
   Bug(
@@ -280,14 +282,14 @@ BUGS = (
     "txf/data/lm.py",
     '"targets": windows[:, 1:],',
     '"targets": windows[:, :-1],',
-    ("tests/test_data_lm.py",),
+    ("tests/data/test_data_lm.py",),
   ),
   Bug(
     "mlm_masks_specials",
     "txf/data/masking.py",
     "selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))",
     "selected = uniforms[0] < probability",
-    ("tests/test_data_mlm.py",),
+    ("tests/data/test_data_mlm.py",),
   ),
   # --- packed sequences, pretrained checkpoints, LSTM, chunked attention ------
   Bug(
@@ -295,35 +297,35 @@ BUGS = (
     "txf/models/transformer.py",
     "      mask = ops.segment_mask(segment_ids_BxT)",
     "      mask = None",
-    ("tests/test_packed_attention.py",),
+    ("tests/layers/test_packed_attention.py",),
   ),
   Bug(
     "packed_positions_not_restarted",
     "txf/models/transformer.py",
     "embed_positions = positions_1xT if positions_BxT is None else positions_BxT",
     "embed_positions = positions_1xT",
-    ("tests/test_packed_attention.py",),
+    ("tests/layers/test_packed_attention.py",),
   ),
   Bug(
     "t5_attention_scaled",
     "txf/layers/block.py",
     "scale=None if cfg.scale_attention else 1.0,",
     "scale=None,",
-    ("tests/test_interop.py::test_t5_encoder_and_logits_match_transformers",),
+    ("tests/interop/test_interop.py::test_t5_encoder_and_logits_match_transformers",),
   ),
   Bug(
     "lstm_cache_keeps_first_carry",
     "txf/models/lstm.py",
     "      cached.value = new_carry",
     "      cached.value = cached.value",
-    ("tests/test_lstm.py::test_cached_decoding_matches_full_pass",),
+    ("tests/models/test_lstm.py::test_cached_decoding_matches_full_pass",),
   ),
   Bug(
     "chunked_attention_no_rescale",
     "txf/ops/attention.py",
     "l_new = rescale * l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
     "l_new = l_BxKxGxT + jnp.sum(p_BxKxGxTxC, axis=-1)",
-    ("tests/test_ops_attention_chunked.py",),
+    ("tests/ops/test_ops_attention_chunked.py",),
   ),
   # --- a sampled parameter that stops reaching an end of its range ----------
   Bug(

@@ -1,4 +1,8 @@
-"""Analysis of txf models: parameter and FLOP counts, attention maps, head ablation."""
+"""Evaluating txf models and trained runs: parameter and FLOP counts,
+attention maps, head scores and ablation, circuits, length extrapolation.
+
+Pure functions of a model, its parameters and arrays; a trained run's
+directory is read for them by txf.evaluate."""
 
 from txf.analysis.ablation import ablation_loss_fns, attention_shapes, head_mask
 from txf.analysis.attention import attention_maps

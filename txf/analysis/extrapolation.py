@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -39,6 +40,8 @@ from txf import ops
 from txf.checks import int_at_least
 
 PROTOCOLS = ("non_overlapping", "sliding")
+# Evaluation lengths, as multiples of the training length, unless a caller names others.
+DEFAULT_FACTORS = (1, 2, 4, 8, 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +80,27 @@ class WindowLosses:
     counts_T = np.bincount(positions, minlength=self.seq_len)
     with np.errstate(invalid="ignore", divide="ignore"):
       return np.where(counts_T > 0, sums_T / counts_T, np.nan)
+
+
+def check_factors(factors: Sequence[int]) -> tuple[int, ...]:
+  """`factors` as distinct positive ints in increasing order; ValueError otherwise."""
+  factors = tuple(int_at_least(f, "factors[]", 1) for f in factors)
+  if not factors or list(factors) != sorted(set(factors)):
+    raise ValueError(f"factors must be distinct positive ints in increasing order, got {factors}")
+  return factors
+
+
+def check_num_tokens(
+  num_tokens: int, seq_len: int, factors: Sequence[int] = DEFAULT_FACTORS
+) -> None:
+  """Raises ValueError unless `num_tokens` validation tokens hold one window
+  at the largest factor: a sweep checks this before it trains anything."""
+  longest = max(check_factors(factors)) * seq_len
+  if num_tokens < longest + 1:
+    raise ValueError(
+      f"{num_tokens} validation tokens hold no window of {longest + 1} tokens "
+      f"({max(factors)} x data.seq_len {seq_len}); give at least {longest + 1}"
+    )
 
 
 def default_stride(seq_len: int) -> int:

@@ -43,7 +43,7 @@ from txf.checks import int_at_least
 
 PATHS = ("q", "k", "v", "all")
 # The paths that can move an attention pattern: the value path cannot
-# (tests/test_analysis_circuits.py checks that it does not).
+# (tests/analysis/test_circuits.py checks that it does not).
 PATTERN_PATHS = ("k", "q", "all")
 # The single-input path of each of MultiHeadAttention.project's inputs (query, key, value).
 _INPUT_PATHS = ("q", "k", "v")

@@ -39,7 +39,7 @@ _NUM_TOKENS = flags.DEFINE_integer(
 
 def main(argv) -> None:
   # After flag parsing: fast --help.
-  from txf.sweep.extrapolate import extrapolate_run, format_table
+  from txf.evaluate.extrapolate import extrapolate_run, format_table
   from txf.train.setup import adding_to_run
 
   logging.set_verbosity(logging.WARNING)

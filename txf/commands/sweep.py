@@ -95,7 +95,7 @@ def main(argv) -> None:
   if _DRY_RUN.value and _SUMMARIZE.value:
     fail("flag", "--dry_run and --summarize: choose one")
   # After flag parsing: fast --help.
-  from txf.sweep.extrapolate import extrapolate_run
+  from txf.evaluate.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError, override_grid
   from txf.sweep.runner import run_sweep
 

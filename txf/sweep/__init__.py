@@ -1,9 +1,14 @@
-"""Sweeps over run configs: grids of points, their status, results tables and
-plots. Importable building blocks; the command is txf-sweep (txf.commands.sweep).
-Length extrapolation of a trained point: txf.sweep.extrapolate.extrapolate_run,
-and its attention analysis: txf.sweep.analyze.analyze_run (not imported here:
-they load the training stack)."""
+"""Sweeps over run configs: grids of points, their status, results tables
+(results.py) and figures (figures.py). Importable building blocks; the command
+is txf-sweep (txf.commands.sweep). A trained point is evaluated (length
+extrapolation, attention analysis) by txf.evaluate, as any trained run is."""
 
+from txf.sweep.figures import (
+  plot_extrapolation,
+  plot_loss_curves,
+  plot_per_position,
+  plot_pre_vs_post,
+)
 from txf.sweep.grid import (
   GridError,
   Point,
@@ -18,10 +23,6 @@ from txf.sweep.results import (
   PointSummary,
   Stat,
   mark_diverged,
-  plot_extrapolation,
-  plot_loss_curves,
-  plot_per_position,
-  plot_pre_vs_post,
   point_status,
   summarize_point,
   write_results,

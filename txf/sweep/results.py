@@ -1,5 +1,5 @@
 """Sweep results from what the points' run directories hold: status, summary
-rows, `results.csv` / `results.md`, and plots.
+rows, `results.csv` / `results.md` (their figures: txf.sweep.figures).
 
 A point's run directory (see txf.train.loop) holds config.json and
 metrics.jsonl; the sweep adds
@@ -7,7 +7,7 @@ metrics.jsonl; the sweep adds
                       point's training diverged, {"error": "<message>"}
   extrapolation.json  `EXTRAPOLATION_FILE`: length-extrapolation losses,
                       written by the extrapolation evaluator
-                      (txf.sweep.extrapolate; protocols: txf.analysis.extrapolation):
+                      (txf.evaluate.extrapolate; protocols: txf.analysis.extrapolation):
       {"lengths": [128, 256, ...],             evaluation lengths in tokens
        "loss": {"non_overlapping": [...],      protocol -> loss (nats/token)
                 "sliding": [...]},             per length; null where not applicable
@@ -26,7 +26,7 @@ metrics.jsonl; the sweep adds
       apply, or null) and "replica_loss" (protocol -> per length the list of
       each seed replica's loss, whose mean "loss" holds); null where not
       applicable.
-  Every file here (and the sweep's tables and plots) is written atomically
+  Every file here (and the sweep's tables and figures) is written atomically
   (txf.sweep.writes): a cut or unreadable extrapolation.json is a writer
   killed by something else; it reads as missing (one line says so) and the
   sweep recomputes it.
@@ -45,7 +45,7 @@ import dataclasses
 import io
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ from etils import epath
 
 from txf.sweep import significance
 from txf.sweep.grid import Point
-from txf.sweep.writes import write_figure, write_file, write_line_plot
+from txf.sweep.writes import write_file
 from txf.train.metrics import read_metrics
 from txf.train.replicas import metric_names
 from txf.train.resume import read_run_config
@@ -63,14 +63,8 @@ EXTRAPOLATION_FILE = "extrapolation.json"
 CONFIG_FILE = "config.json"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
-LOSS_CURVES_PNG = "loss_curves.png"
-TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
-# Metric -> (PNG, what its axis and title call it) of plot_loss_curves.
-CURVES = {
-  "eval_loss": (LOSS_CURVES_PNG, "validation loss"),
-  "loss": (TRAIN_LOSS_CURVES_PNG, "training loss"),
-}
-PRE_VS_POST_PNG = "pre_vs_post.png"
+# The metrics a summary keeps the curve of (txf.sweep.figures plots them).
+CURVE_METRICS = ("eval_loss", "loss")
 PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
 # The flattening criterion: a point's validation loss has flattened when the
@@ -85,7 +79,6 @@ FLAT_TOLERANCE = 0.02
 # (or a window reaching back before the last fifth), so flatness is unknown.
 FLAT_MIN_EVALUATIONS = 3
 
-LinePlot = Callable[..., Any]
 Log = Callable[[str], Any]
 # A loss curve: (steps [N], mean over replicas [N], std over replicas [N] or None).
 Curve = tuple[np.ndarray, np.ndarray, np.ndarray | None]
@@ -158,7 +151,7 @@ def is_flat(improvement: float | None) -> bool | None:
   return None if improvement is None else improvement < FLAT_TOLERANCE
 
 
-def _flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
+def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
   """'flat' / 'not flat' with the loss change, e.g. 'not flat: -3.1% in the
   last fifth', or 'flat: unknown, 2 evaluations in the last fifth'."""
   improvement = late_improvement(steps_N, loss_N)
@@ -166,10 +159,11 @@ def _flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
     count = evaluations_in_window(steps_N)
     return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'} in the last fifth"
   verdict = "flat" if is_flat(improvement) else "not flat"
-  return f"{verdict}: {-100 * improvement:+.1f}% in the last {_fraction_name()}"
+  return f"{verdict}: {-100 * improvement:+.1f}% in the last {fraction_name()}"
 
 
-def _fraction_name() -> str:
+def fraction_name() -> str:
+  """The flattening window's share of training in words ('fifth')."""
   return "fifth" if FLAT_FRACTION == 0.2 else f"{FLAT_FRACTION:.0%}"
 
 
@@ -194,7 +188,7 @@ class PointSummary:
   late_improvement is `late_improvement` of the mean validation-loss curve
   (None: unknown, fewer than FLAT_MIN_EVALUATIONS evaluations in the last
   fifth, or diverged). curves holds the point's
-  `loss_curve` of each metric of CURVES, for `plot_loss_curves` (read with
+  `loss_curve` of each metric of CURVE_METRICS, for its figures (read with
   the row: a summary reads each metrics.jsonl once)."""
 
   point: Point
@@ -363,7 +357,7 @@ def summarize_point(
   train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
   eval_loss, eval_ppl = (None, None) if diverged else _final(rows, "eval_loss", replicas, workdir)
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
-  curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVES}
+  curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
   improvement = None if diverged else late_improvement(*curves["eval_loss"][:2])
   return PointSummary(
     point=point,
@@ -480,7 +474,7 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "train ppl",
     "val loss",
     "val ppl",
-    f"val change, last {_fraction_name()}",
+    f"val change, last {fraction_name()}",
     "flat",
     "tokens/s",
     *(f"{p} @{n}" for p, n in extrapolation),
@@ -491,9 +485,9 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "tokens/s: training tokens per second, each batch counted once however many "
     "replicas train on it. Extrapolation columns: validation loss at that "
     "evaluation length (n/a: not applicable). Val change: relative change of the "
-    f"mean validation loss over the last {_fraction_name()} of training; flat: it "
+    f"mean validation loss over the last {fraction_name()} of training; flat: it "
     f"improved by less than {FLAT_TOLERANCE:.0%} there, judged only with at least "
-    f"{FLAT_MIN_EVALUATIONS} evaluations in that {_fraction_name()} (else unknown)."
+    f"{FLAT_MIN_EVALUATIONS} evaluations in that {fraction_name()} (else unknown)."
   )
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
@@ -556,70 +550,6 @@ def write_results(
   )
 
 
-LINESTYLES = ("-", "--", ":", "-.")
-# Legends' words for the values of the fields sweeps vary most; other fields
-# are written '<field> <value>' ('learning rate 0.003').
-VALUE_WORDS: dict[str, dict[Any, str]] = {
-  "model.position": {
-    "sinusoidal": "sinusoidal",
-    "learned": "learned",
-    "rope": "RoPE",
-    "rope_ntk": "RoPE (NTK)",
-    "alibi": "ALiBi",
-    "t5_bias": "T5 bias",
-    "none": "NoPE",
-  },
-  "model.norm_placement": {"pre": "Pre-LN", "post": "Post-LN"},
-  "model.norm": {"layer": "LayerNorm", "rms": "RMSNorm"},
-}
-
-
-def value_words(path: str, value: Any) -> str:
-  """A grid value in a legend's words: 'RoPE', 'Pre-LN', 'warmup steps 30'."""
-  words = VALUE_WORDS.get(path, {})
-  if isinstance(value, str | int | float) and not isinstance(value, bool) and value in words:
-    return words[value]
-  name = path.rsplit(".", 1)[-1].replace("_", " ")
-  if isinstance(value, bool):
-    return f"{name} {'on' if value else 'off'}"
-  return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
-
-
-def point_labels(points: Iterable[Point]) -> dict[str, str]:
-  """Point name -> its legend label, its values in words joined by ', '
-  ('RoPE, Pre-LN'); the point names themselves where two labels would be
-  the same."""
-  points = list(points)
-  labels = {
-    point.name: ", ".join(value_words(path, value) for path, value in point.overrides.items())
-    for point in points
-  }
-  return labels if len(set(labels.values())) == len(labels) else {p.name: p.name for p in points}
-
-
-def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
-  """Point name -> line style that makes a grid readable: with two or more
-  grid fields, the last field's value picks the line style (e.g. Pre-LN
-  solid, Post-LN dashed) and the other fields' values the colour (e.g. one
-  colour per encoding); with one field (or a last field of more values than
-  LINESTYLES), each point its own colour."""
-  points = list(points)
-  fields = list(points[0].overrides) if points else []
-  last_values = (
-    list(dict.fromkeys(point.overrides[fields[-1]] for point in points)) if fields else []
-  )
-  split = len(fields) >= 2 and len(last_values) <= len(LINESTYLES)
-  colours: dict[tuple, str] = {}
-  styles = {}
-  for point in points:
-    values = tuple(point.overrides.values())
-    key = values[:-1] if split else values
-    colour = colours.setdefault(key, f"C{len(colours) % 10}")
-    linestyle = LINESTYLES[last_values.index(values[-1])] if split else "-"
-    styles[point.name] = {"color": colour, "linestyle": linestyle}
-  return styles
-
-
 def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss") -> Curve:
   """(steps, mean `metric`, std over replicas or None) of a run's rows
   holding it ('eval_loss': evaluations, 'loss': logged training steps)."""
@@ -636,232 +566,3 @@ def _curve(rows: Mapping[int, Mapping[str, Any]], metric: str, replicas: int, wo
   steps_N = np.array([row["step"] for row in logged])
   std_N = values_NxR.std(axis=1, ddof=1) if replicas > 1 else None
   return steps_N, values_NxR.mean(axis=1), std_N
-
-
-def plot_loss_curves(
-  rows: Iterable[PointSummary],
-  sweep_workdir: str | epath.PathLike,
-  *,
-  metric: str = "eval_loss",
-  line_plot: LinePlot | None = None,
-) -> epath.Path:
-  """Validation ('eval_loss', loss_curves.png) or training ('loss',
-  train_loss_curves.png) loss vs training step, one line per point (its
-  summary's curve) with a ±1 std band over its replicas; points with no such
-  row yet are left out.
-  Curves are labelled in words (`point_labels`: 'RoPE, Pre-LN'), validation
-  curves with the flattening criterion's verdict too (`late_improvement`),
-  e.g. 'RoPE, Pre-LN (not flat: -3.1% in the last fifth)'.
-  Returns the PNG.
-
-  `line_plot` defaults to txf.analysis.plots.line_plot, written atomically
-  (txf.sweep.writes.write_line_plot).
-  """
-  if metric not in CURVES:
-    raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")
-  png, what = CURVES[metric]
-  rows = list(rows)
-  directory = epath.Path(sweep_workdir)
-  series, styles, replica_counts = {}, {}, set()
-  all_styles = point_styles(row.point for row in rows)
-  labels = point_labels(row.point for row in rows)
-  for row in rows:
-    steps_N, mean_N, std_N = row.curves[metric]
-    if len(steps_N):
-      label = labels[row.point.name]
-      if metric == "eval_loss":
-        label += f" ({_flatness_text(steps_N, mean_N)})"
-      series[label] = (steps_N, mean_N, std_N)
-      styles[label] = all_styles[row.point.name]
-      replica_counts.add(row.replicas)
-  path = directory / png
-  (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
-  criterion = (
-    f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {_fraction_name()} "
-    f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
-    if metric == "eval_loss"
-    else ""
-  )
-  (line_plot or write_line_plot)(
-    series,
-    path,
-    title=f"{what.capitalize()} per point"
-    + (f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
-    + criterion,
-    xlabel="training step",
-    ylabel=f"{what} ({LOSS_UNITS})",
-    styles=styles,
-  )
-  return path
-
-
-def plot_extrapolation(
-  rows: Iterable[PointSummary],
-  sweep_workdir: str | epath.PathLike,
-  *,
-  protocol: str,
-  line_plot: LinePlot | None = None,
-) -> epath.Path:
-  """Validation loss vs evaluation length (log x), one line per point that has
-  extrapolation results for `protocol`, applicable lengths only. Returns the
-  PNG, extrapolation_<protocol>.png."""
-  rows = list(rows)
-  series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
-  labels = point_labels(row.point for row in rows)
-  for row in rows:
-    found = row.extrapolation
-    if found is None or protocol not in found.loss:
-      continue
-    label = labels[row.point.name]
-    styles[label] = all_styles[row.point.name]
-    kept = [at for at, applicable in enumerate(found.applicable) if applicable]
-    series[label] = (
-      np.array([found.lengths[at] for at in kept]),
-      np.array([found.loss[protocol][at] for at in kept]),
-      None,
-    )
-  path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
-  (line_plot or write_line_plot)(
-    series,
-    path,
-    title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
-    xlabel="evaluation length (tokens)",
-    ylabel=f"validation loss ({LOSS_UNITS})",
-    logx=True,
-    styles=styles,
-  )
-  return path
-
-
-def plot_per_position(
-  rows: Iterable[PointSummary],
-  sweep_workdir: str | epath.PathLike,
-  *,
-  bins: int = 16,
-  line_plot: LinePlot | None = None,
-) -> epath.Path:
-  """Validation loss vs token position in the non-overlapping windows of each
-  point's longest applicable evaluation length, one line per point that has
-  them (where an encoding breaks shows as a rise past the training length).
-  Returns the PNG, per_position_loss.png.
-
-  Each position's loss averages only a few windows, so the curve is the mean
-  over `bins` equal spans of positions (x: the span's centre): the trend past
-  the training length is what the plot is for, not per-token noise.
-  """
-  rows = list(rows)
-  series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
-  labels = point_labels(row.point for row in rows)
-  for row in rows:
-    found = row.extrapolation
-    if found is None or found.per_position_loss is None:
-      continue
-    loss = np.array(found.per_position_loss, np.float64)
-    spans = np.array_split(np.arange(len(loss)), min(bins, len(loss)))
-    scored = [loss[span][~np.isnan(loss[span])] for span in spans]
-    label = f"{labels[row.point.name]} ({found.per_position_length} tokens)"
-    styles[label] = all_styles[row.point.name]
-    series[label] = (
-      np.array([span.mean() for span in spans]),
-      np.array([values.mean() if values.size else np.nan for values in scored]),
-      None,
-    )
-  path = epath.Path(sweep_workdir) / PER_POSITION_PNG
-  (line_plot or write_line_plot)(
-    series,
-    path,
-    title=f"Loss by position at the longest length ({bins}-span means)",
-    xlabel="position in the window (tokens from its start)",
-    ylabel=f"validation loss ({LOSS_UNITS})",
-    styles=styles,
-  )
-  return path
-
-
-def pre_vs_post_figure(
-  rows: Sequence[PointSummary],
-  *,
-  group_field: str = "model.position",
-  split_field: str = "model.norm_placement",
-):
-  """plot_pre_vs_post's matplotlib Figure, unwritten.
-
-  Raises:
-    ValueError: a field that is not one of the points' grid fields.
-  """
-  # Only matplotlib's object API: no pyplot global state, safe in threads.
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
-  from txf.analysis.plots import fit_title  # loads matplotlib: only when a figure is made
-
-  for field in (group_field, split_field):
-    if not any(field in row.point.overrides for row in rows):
-      raise ValueError(f"{field}: not a grid field of these points")
-  groups = list(dict.fromkeys(row.point.overrides.get(group_field) for row in rows))
-  splits = list(dict.fromkeys(row.point.overrides.get(split_field) for row in rows))
-  width = 0.6 / len(splits)
-  figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8), layout="constrained")
-  FigureCanvasAgg(figure)
-  axes = figure.add_subplot()
-  for offset, split in enumerate(splits):
-    positions = np.arange(len(groups)) + (offset - (len(splits) - 1) / 2) * width
-    found = [
-      next(
-        (
-          row
-          for row in rows
-          if row.point.overrides.get(group_field) == group
-          and row.point.overrides.get(split_field) == split
-        ),
-        None,
-      )
-      for group in groups
-    ]
-    stats = [None if row is None else row.eval_loss for row in found]
-    # Markers, not bars: the axis then spans the losses rather than starting
-    # at 0, where gaps of a few hundredths of a nat would not show.
-    axes.errorbar(
-      positions,
-      [math.nan if stat is None else stat.mean for stat in stats],
-      yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
-      fmt="o",
-      markersize=7,
-      capsize=4,
-      label=value_words(split_field, split),
-    )
-    for position, row in zip(positions, found):
-      if row is not None and row.diverged:  # no marker: say why, at the axis' foot
-        axes.text(
-          position,
-          0.02,
-          "diverged",
-          rotation=90,
-          ha="center",
-          va="bottom",
-          transform=axes.get_xaxis_transform(),
-        )
-  axes.set_xticks(np.arange(len(groups)), [value_words(group_field, group) for group in groups])
-  axes.set_xlabel(group_field)
-  axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
-  short = lambda field: field.rsplit(".", 1)[-1].replace("_", " ")
-  fit_title(figure, f"Final validation loss by {short(group_field)} and {short(split_field)}")
-  axes.grid(axis="y", alpha=0.3)
-  # Beside the axes, never over a marker.
-  axes.legend(title=split_field, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-  return figure
-
-
-def plot_pre_vs_post(
-  rows: Sequence[PointSummary],
-  sweep_workdir: str | epath.PathLike,
-  *,
-  group_field: str = "model.position",
-  split_field: str = "model.norm_placement",
-) -> epath.Path:
-  """Final validation loss, one column per value of `group_field` (the
-  encodings) holding one marker per value of `split_field` (Pre- and
-  Post-LN), error bars ±1 std over replicas. A point without a final eval
-  loss has no marker (a diverged one is labelled so). Returns the PNG."""
-  figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
-  return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)

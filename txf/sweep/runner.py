@@ -47,17 +47,17 @@ import jax
 import ml_collections
 from etils import epath
 
+from txf.analysis.extrapolation import check_num_tokens
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
 from txf.data import DataSpec, make_tokenizer, read_data_config
 from txf.data.listops import NUM_CLASSES
 from txf.data.spec import required
-from txf.sweep import grid, results
-from txf.sweep.extrapolate import check_num_tokens
+from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
-from txf.train.metrics import format_duration
+from txf.train.console import format_duration
 from txf.train.run_config import check_run_config
 from txf.train.setup import adding_to_run
 from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
@@ -281,20 +281,20 @@ def summarize(
   written = list(results.write_results(rows, workdir))
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written += [results.plot_loss_curves(rows, workdir, metric=metric) for metric in results.CURVES]
+    written += [figures.plot_loss_curves(rows, workdir, metric=metric) for metric in figures.CURVES]
   protocols = dict.fromkeys(
     protocol for row in rows if row.extrapolation is not None for protocol in row.extrapolation.loss
   )
   written += [
-    results.plot_extrapolation(rows, workdir, protocol=protocol) for protocol in protocols
+    figures.plot_extrapolation(rows, workdir, protocol=protocol) for protocol in protocols
   ]
   if any(
     row.extrapolation is not None and row.extrapolation.per_position_loss is not None
     for row in rows
   ):
-    written.append(results.plot_per_position(rows, workdir))
+    written.append(figures.plot_per_position(rows, workdir))
   if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
-    written.append(results.plot_pre_vs_post(rows, workdir))
+    written.append(figures.plot_pre_vs_post(rows, workdir))
   log("wrote " + ", ".join(str(path) for path in written))
   return rows
 
@@ -350,7 +350,7 @@ def run_sweep(
     log: called with each progress line (the loop's included).
     extrapolate: called as `extrapolate(run_dir, num_tokens=sweep.extrapolate_tokens, log=log)`
       for a finished point whose run directory has no extrapolation.json
-      yet, to write one (e.g. txf.sweep.extrapolate.extrapolate_run); None
+      yet, to write one (e.g. txf.evaluate.extrapolate.extrapolate_run); None
       (or sweep.extrapolate False): no extrapolation.
     config_file: the sweep config file loaded, for each point's run_record.json.
 

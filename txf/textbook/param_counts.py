@@ -99,7 +99,7 @@ def bert_closed_form(d=768, layers=12, vocab=30522, n_ctx=512) -> dict[str, int]
 
 
 # scan_layers: the stacks are traced as one scanned block (fast); count_params
-# gives the same counts for either layout (tests/test_analysis.py).
+# gives the same counts for either layout (tests/analysis/test_counts.py).
 _SCANNED: dict[str, Any] = dict(scan_layers=True)
 _COMMON: dict[str, Any] = dict(use_bias=True, norm="layer", activation="relu", **_SCANNED)
 ARCHITECTURES: dict[str, tuple[str, ModelConfig, Callable[[], dict[str, int]]]] = {

@@ -69,8 +69,9 @@ from txf.data import ProcessCountError
 from txf.decode import generation
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionGuard
+from txf.train.console import format_progress
 from txf.train.distributed import gather_data_states
-from txf.train.metrics import MetricsWriter, format_progress, read_metrics
+from txf.train.metrics import MetricsWriter, read_metrics
 from txf.train.optim import make_schedule
 from txf.train.record import RunRecord, resolved_config
 from txf.train.resume import (

@@ -1,4 +1,5 @@
-"""Training metrics: JSON lines + TensorBoard event files, and a console line.
+"""Training metrics: JSON lines + TensorBoard event files (the files
+themselves: txf.train.sinks; the console line: txf.train.console).
 
 A run's work directory holds
   metrics.jsonl  one JSON object per `write`: {"step": 100, "time": 1.7e9,
@@ -43,14 +44,9 @@ import contextlib
 import io
 import json
 import logging
-import math
 import os
 import re
-import socket
-import struct
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -58,12 +54,22 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from tensorboardX import summary as tb_summary
-from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
-from tensorboardX.record_writer import masked_crc32c
 
+from txf.train.sinks import (
+  EventFile,
+  LocalLines,
+  MirroredTensorBoard,
+  ObjectLines,
+  append_bytes,
+  lines_sink,
+  read_bytes,
+  tensorboard,
+  terminate_partial_last_line,
+  writing,
+)
 from txf.train.trackers import Tracker, metric_tag
-from txf.train.workdir import WriteError, is_local, replace_bytes, write_error
+from txf.train.workdir import is_local, replace_bytes
 
 METRICS_FILE = "metrics.jsonl"
 DROPPED_METRICS_FILE = "metrics.dropped.jsonl"
@@ -89,210 +95,10 @@ def _to_python(name: str, value: Any) -> int | float:
   raise ValueError(f"scalars[{name!r}] must be a number, got {value!r} ({array.dtype}).")
 
 
-def _to_python_scalars(scalars: Mapping[str, Any]) -> dict[str, int | float]:
+def to_python_scalars(scalars: Mapping[str, Any]) -> dict[str, int | float]:
   if "step" in scalars:
     raise ValueError("scalars must not contain 'step' (it is written from the step argument).")
   return {name: _to_python(name, value) for name, value in scalars.items()}
-
-
-class _LocalFile:
-  """Appends bytes to a local file, each append one write to the OS (nothing
-  is buffered in the process: a run killed at any point keeps every record
-  written). An append that fails is cut off again, so the file never ends in
-  part of a record, and raises WriteError naming the file."""
-
-  def __init__(self, path: epath.Path, *, exclusive: bool = False):
-    self.path = path
-    try:
-      # Unbuffered: every append reaches the OS at once, or fails at once.
-      self._file = open(path, "xb" if exclusive else "ab", buffering=0)
-      self._size = os.fstat(self._file.fileno()).st_size
-    except OSError as error:
-      raise write_error(path, error) from error
-
-  def append(self, data: bytes) -> None:
-    try:
-      view = memoryview(data)
-      while view:
-        view = view[self._file.write(view) :]
-    except OSError as error:
-      with contextlib.suppress(OSError):
-        os.ftruncate(self._file.fileno(), self._size)
-      raise write_error(self.path, error) from error
-    self._size += len(data)
-
-  def flush(self) -> None:
-    pass  # every append is written already
-
-  def close(self) -> None:
-    self._file.close()
-
-
-class _LocalLines:
-  """Appends text (whole lines) to a local file (see _LocalFile)."""
-
-  def __init__(self, path: epath.Path):
-    self._file = _LocalFile(path)
-
-  def append(self, text: str) -> None:
-    self._file.append(text.encode("utf-8"))
-
-  def flush(self) -> None:
-    self._file.flush()
-
-  def close(self) -> None:
-    self._file.close()
-
-
-class _ObjectLines:
-  """Appends text to an object (gs://...): object stores have no append, so
-  the text is kept in memory and the whole object rewritten -- at each
-  append unless the last upload was under `interval` seconds ago (Cloud
-  Storage takes about one update of an object per second), and at flush and
-  close. Rows are few (one per log step), so the rewrite stays small."""
-
-  def __init__(self, path: epath.Path, interval: float = 1.0):
-    self._path, self._interval = path, interval
-    data = _read(path)
-    self._chunks = [data + b"\n" if data and not data.endswith(b"\n") else data]
-    self._pending, self._uploaded = False, -math.inf
-
-  def append(self, text: str) -> None:
-    self._chunks.append(text.encode("utf-8"))
-    self._pending = True
-    if time.monotonic() - self._uploaded >= self._interval:
-      self.flush()
-
-  def flush(self) -> None:
-    if self._pending:
-      try:
-        self._path.write_bytes(b"".join(self._chunks))
-      # Remote file systems raise their own types (gcsfs's HttpError, ...).
-      except Exception as error:
-        raise write_error(self._path, error) from error
-      self._pending, self._uploaded = False, time.monotonic()
-
-  def close(self) -> None:
-    self.flush()
-
-
-def _lines_sink(path: epath.Path) -> _LocalLines | _ObjectLines:
-  return _LocalLines(path) if is_local(path) else _ObjectLines(path)
-
-
-def _record(data: bytes) -> bytes:
-  """`data` framed as one TFRecord: length, its CRC, data, its CRC."""
-  header = struct.pack("<Q", len(data))
-  return (
-    header
-    + struct.pack("<I", masked_crc32c(header))
-    + data
-    + struct.pack("<I", masked_crc32c(data))
-  )
-
-
-class _EventFile:
-  """A TensorBoard event file in a local `directory`, written in the caller's
-  thread (see _LocalFile): one Event per `add_summary` call (a row's
-  scalars, a sample's text, the hyperparameters).
-
-  The file is named as TensorBoard expects (events.out.tfevents.<time>.<host>,
-  then `suffix`; a new name if that one exists) and starts as tensorboardX's
-  do: the file version, then, for a resumed run, a SessionLog START at
-  `purge_step`, which tells TensorBoard to hide the events logged at and
-  after it by the previous session.
-  """
-
-  def __init__(self, directory: epath.Path, purge_step: int | None, suffix: str = ""):
-    try:
-      directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-      raise write_error(directory, error) from error
-    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}{suffix}"
-    path, n = directory / name, 1
-    while True:
-      try:
-        self._file = _LocalFile(path, exclusive=True)
-        break
-      except WriteError:
-        if not path.exists():
-          raise
-        n += 1  # two sessions within one second
-        path = directory / f"{name}.{n}"
-    self.path = path
-    try:
-      self._add(Event(wall_time=time.time(), file_version="brain.Event:2"))
-      if purge_step is not None:
-        self._add(
-          Event(
-            wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)
-          )
-        )
-    except BaseException:
-      self.close()
-      raise
-
-  def _add(self, event: Event) -> None:
-    self._file.append(_record(event.SerializeToString()))
-
-  def add_summary(self, step: int, summary: Summary) -> None:
-    self._add(Event(wall_time=time.time(), step=step, summary=summary))
-
-  def flush(self) -> None:
-    pass  # every event is written already
-
-  def close(self) -> None:
-    self._file.close()
-
-
-class _MirroredTensorBoard:
-  """TensorBoard event files for a work directory on object storage.
-
-  Object stores have no append: the events are written to a local temporary
-  directory and its files copied into `target` at flush and close, and on
-  `add_summary` at most every `interval` seconds. A copy replaces the whole
-  file; event files of scalars stay small.
-  """
-
-  def __init__(self, target: epath.Path, purge_step: int | None, interval: float = 60.0):
-    self._target, self._interval = target, interval
-    self._local = tempfile.TemporaryDirectory(prefix="txf-tb-")
-    # Event files are named by the second they start in: a unique suffix
-    # keeps a quick restart (on another machine) from overwriting the
-    # previous session's copy.
-    self._events = _EventFile(
-      epath.Path(self._local.name), purge_step, suffix=f".{uuid.uuid4().hex[:8]}"
-    )
-    self._copied = time.monotonic()
-
-  def add_summary(self, step: int, summary: Summary) -> None:
-    self._events.add_summary(step, summary)
-    if time.monotonic() - self._copied >= self._interval:
-      self.flush()
-
-  def flush(self) -> None:
-    file = self._events.path
-    try:
-      (self._target / file.name).write_bytes(file.read_bytes())
-    # Remote file systems raise their own types (gcsfs's HttpError, ...).
-    except Exception as error:
-      raise write_error(self._target / file.name, error) from error
-    self._copied = time.monotonic()
-
-  def close(self) -> None:
-    try:
-      self._events.close()
-      self.flush()
-    finally:
-      self._local.cleanup()
-
-
-def _tensorboard(
-  directory: epath.Path, purge_step: int | None
-) -> _EventFile | _MirroredTensorBoard:
-  if is_local(directory):
-    return _EventFile(directory, purge_step)
-  return _MirroredTensorBoard(directory, purge_step)
 
 
 class MetricsWriter:
@@ -306,7 +112,7 @@ class MetricsWriter:
   (gs://) metrics.jsonl and samples.txt are rewritten whole (at most once a
   second; pending rows at `flush` and `close`) and TensorBoard's files are
   copied in (at most once a minute, and at `flush` and `close`): see
-  _ObjectLines and _MirroredTensorBoard.
+  ObjectLines and MirroredTensorBoard.
 
   Every method that writes raises WriteError ('<path>: <reason>') when a
   file cannot be written; no thread is left behind.
@@ -333,20 +139,20 @@ class MetricsWriter:
     self._enabled = enabled
     self._trackers = tuple(trackers) if enabled else ()
     self._workdir = epath.Path(workdir)
-    self._jsonl: _LocalLines | _ObjectLines | None = None
-    self._samples: _LocalLines | _ObjectLines | None = None
-    self._tensorboard: _EventFile | _MirroredTensorBoard | None = None
+    self._jsonl: LocalLines | ObjectLines | None = None
+    self._samples: LocalLines | ObjectLines | None = None
+    self._tensorboard: EventFile | MirroredTensorBoard | None = None
     self.dropped: dict[str, int] = {}
     if not enabled:
       return
     try:
       if is_local(self._workdir):  # object stores have no directories, nor cut-off rows
-        _writing(self._workdir, lambda: self._workdir.mkdir(parents=True, exist_ok=True))
-        _terminate_partial_last_line(self._workdir / METRICS_FILE)
+        writing(self._workdir, lambda: self._workdir.mkdir(parents=True, exist_ok=True))
+        terminate_partial_last_line(self._workdir / METRICS_FILE)
       if start_step is not None:
         self.dropped = drop_records_after(self._workdir, start_step)
-      self._jsonl = _lines_sink(self._workdir / METRICS_FILE)
-      self._tensorboard = _tensorboard(
+      self._jsonl = lines_sink(self._workdir / METRICS_FILE)
+      self._tensorboard = tensorboard(
         self._workdir / TENSORBOARD_DIR, purge_step=None if start_step is None else start_step + 1
       )
     except BaseException:
@@ -367,7 +173,7 @@ class MetricsWriter:
     step = int(step)
     if step < 0:
       raise ValueError(f"step must be >= 0, got {step}.")
-    row = _to_python_scalars(scalars)
+    row = to_python_scalars(scalars)
     if TIME_KEY in row:
       raise ValueError(f"scalars must not contain {TIME_KEY!r} (the row's wall time is added).")
     self._jsonl.append(json.dumps({"step": step, TIME_KEY: time.time(), **row}) + "\n")
@@ -382,7 +188,7 @@ class MetricsWriter:
     if self._jsonl is None:
       raise ValueError("MetricsWriter.write_sample called after close().")
     if self._samples is None:  # created with the first sample
-      self._samples = _lines_sink(self._workdir / SAMPLES_FILE)
+      self._samples = lines_sink(self._workdir / SAMPLES_FILE)
     self._samples.append(f"=== step {int(step)} ===\n{text}\n")
     if self._tensorboard is not None:
       self._tensorboard.add_summary(int(step), tb_summary.text(SAMPLE_TAG, preformatted(text)))
@@ -402,7 +208,7 @@ class MetricsWriter:
     if self._tensorboard is None:
       raise ValueError("MetricsWriter.write_hparams called after close().")
     values = {name: _hparam_value(value) for name, value in hparams.items()}
-    final = _to_python_scalars(metrics)
+    final = to_python_scalars(metrics)
     # The dashboard reads each metric's value from the scalars of its tag.
     tags = {metric_tag(name): value for name, value in final.items()}
     for summary in tb_summary.hparams(values, tags):
@@ -480,64 +286,19 @@ def _hparam_value(value: Any) -> bool | int | float | str:
     return repr(value)
 
 
-def _read(path: epath.Path) -> bytes:
-  """The bytes of `path` (b'' if there is none): read as bytes, so that a
-  line that is not UTF-8 is one unreadable row, not an unreadable file."""
-  return path.read_bytes() if path.exists() else b""
-
-
-def _writing(path: epath.Path, action):
-  """Runs `action()`, raising WriteError naming `path` if it fails."""
-  try:
-    return action()
-  except WriteError:
-    raise
-  # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:
-    raise write_error(path, error) from error
-
-
-def _terminate_partial_last_line(path: epath.Path) -> None:
-  """Ends a row of a local file cut off by a crash, so appended rows start
-  on a new line."""
-  if not path.exists() or path.stat().length == 0:
-    return
-  with open(path, "rb") as f:
-    f.seek(-1, os.SEEK_END)
-    ended = f.read(1) == b"\n"
-  if not ended:
-    file = _LocalFile(path)
-    try:
-      file.append(b"\n")
-    finally:
-      file.close()
-
-
-def _append(path: epath.Path, data: bytes) -> None:
-  """Appends `data` to `path`; an object (no append) is rewritten whole."""
-  if is_local(path):
-    file = _LocalFile(path)
-    try:
-      file.append(data)
-    finally:
-      file.close()
-  else:
-    _writing(path, lambda: path.write_bytes(_read(path) + data))
-
-
 def _move_lines(
   path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool], lines: list[bytes]
 ) -> None:
   """Rewrites `path` with the kept lines, appending the others to
   `dropped_path` first so nothing is lost if the rewrite is interrupted."""
-  _append(dropped_path, b"".join(line for line, keep in zip(lines, keep_flags) if not keep))
+  append_bytes(dropped_path, b"".join(line for line, keep in zip(lines, keep_flags) if not keep))
   kept = b"".join(line for line, keep in zip(lines, keep_flags) if keep)
-  _writing(path, lambda: replace_bytes(path, kept))
+  writing(path, lambda: replace_bytes(path, kept))
 
 
 def _read_lines(path: epath.Path) -> list[bytes]:
   """`path`'s lines with their newlines ([] if there is no file)."""
-  return io.BytesIO(_read(path)).readlines()
+  return io.BytesIO(read_bytes(path)).readlines()
 
 
 def _row_step(line: bytes) -> int | None:
@@ -639,19 +400,6 @@ def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> lis
   return rows
 
 
-def format_duration(seconds: float) -> str:
-  """A duration as progress lines print it: '45s', '7m05s', '1h02m' ('?' if not finite)."""
-  if not math.isfinite(seconds):
-    return "?"
-  minutes, secs = divmod(int(round(seconds)), 60)
-  hours, minutes = divmod(minutes, 60)
-  if hours:
-    return f"{hours}h{minutes:02d}m"
-  if minutes:
-    return f"{minutes}m{secs:02d}s"
-  return f"{secs}s"
-
-
 def replica_scalars(values_R: Mapping[str, Any]) -> dict[str, float]:
   """Per-replica values as metrics rows hold them.
 
@@ -667,50 +415,3 @@ def replica_scalars(values_R: Mapping[str, Any]) -> dict[str, float]:
     scalars[name] = float(value_R.mean())
     scalars[f"{name}_std"] = float(value_R.std(ddof=1)) if value_R.size > 1 else 0.0
   return scalars
-
-
-def format_progress(
-  step: int,
-  total: int,
-  scalars: Mapping[str, Any],
-  *,
-  elapsed: float | None = None,
-  steps_run: int = 0,
-  timed: tuple[float, int] | None = None,
-) -> str:
-  """One console line, e.g.
-  'step 120/1000 (12.0%) | loss 2.3456 | lr 3.000e-04 | 51,234 tok/s |
-  mfu 41.2% | elapsed 1m05s | eta 7m20s'.
-
-  Reads the optional keys 'loss', 'learning_rate', 'tokens_per_sec', 'mfu'
-  and 'steps_per_sec'; missing ones are left out, others ignored.
-  `elapsed`: wall seconds this process has trained, evaluations and
-  compilation included, over `steps_run` steps. With both, the ETA is the
-  remaining steps at that wall time per step, so it counts the evaluations
-  still to come; otherwise it is the remaining steps at 'steps_per_sec'.
-  `timed`: (seconds, steps) to take that wall time per step from instead,
-  e.g. those since the first step compiled (the loop's: a compilation is not
-  repeated, and right after a resume it would dominate a few steps' time).
-  """
-  if total <= 0:
-    raise ValueError(f"total must be positive, got {total}.")
-  known = ("loss", "learning_rate", "tokens_per_sec", "mfu", "steps_per_sec")
-  values = _to_python_scalars({k: scalars[k] for k in known if k in scalars})
-  parts = [f"step {step}/{total} ({100 * step / total:.1f}%)"]
-  if "loss" in values:
-    parts.append(f"loss {values['loss']:.4f}")
-  if "learning_rate" in values:
-    parts.append(f"lr {values['learning_rate']:.3e}")
-  if "tokens_per_sec" in values:
-    parts.append(f"{values['tokens_per_sec']:,.0f} tok/s")
-  if "mfu" in values:
-    parts.append(f"mfu {values['mfu']:.1%}")
-  remaining = max(total - step, 0)
-  if elapsed is not None:
-    parts.append(f"elapsed {format_duration(elapsed)}")
-  seconds, steps = timed if timed is not None else (elapsed, steps_run)
-  if seconds is not None and steps > 0:
-    parts.append(f"eta {format_duration(remaining * seconds / steps)}")
-  elif values.get("steps_per_sec", 0) > 0:
-    parts.append(f"eta {format_duration(remaining / values['steps_per_sec'])}")
-  return " | ".join(parts)

@@ -1,0 +1,488 @@
+"""Circuits beyond ablation: composition scores, path patching, phase change,
+their tables and figures, and docs/induction.md against its raw outputs.
+
+Cheap: tiny models with parameters drawn here (no training; the trained
+circuit is tests/evaluate/test_induction_circuit.py's, marked slow), float64 numpy
+references (tests/numpy_references.py's layers) for the numerics, and
+one compiled patching program per probe shape, shared by the tests through
+txf.analysis.patching's cache.
+"""
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO
+from numpy_references import f64, np_embed, np_ffn, np_norm, np_rope
+from tools import induction_docs
+from txf import ops
+from txf.analysis import circuit_report, composition, patching, phase_change
+from txf.analysis.circuits import analyze_circuits
+from txf.analysis.head_scores import repeated_random_tokens
+from txf.analysis.plots import save_figure
+from txf.layers.model_config import ModelConfig
+from txf.models import build
+
+DOCS = REPO / "docs"
+TINY = dict(vocab_size=24, d_model=32, num_heads=4, num_layers=2, max_len=32)
+PERIOD = 6
+LENGTH = 2 * PERIOD  # the probe: a block of 6, twice
+PROBE_ROWS = 16
+IDS = np.arange(4, TINY["vocab_size"])
+
+
+def tiny(**changes):
+  """(model, params): a tiny RoPE LayerNorm decoder with parameters N(0, 0.3^2)
+  drawn here (the shapes from jax.eval_shape: no compilation), norms'
+  scales around 1: random weights, no circuit."""
+  cfg = ModelConfig(**{**TINY, **changes})
+  model = build(cfg)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, LENGTH), jnp.int32))
+  rng = np.random.default_rng(1)
+
+  def draw(path, shape):
+    values = 0.3 * rng.normal(size=shape.shape)
+    if path[-1].key == "scale":
+      values = values + 1
+    return jnp.asarray(values, jnp.float32)
+
+  return model, jax.tree_util.tree_map_with_path(draw, nn.meta.unbox(shapes["params"]))
+
+
+@pytest.fixture(scope="module")
+def model_and_params():
+  return tiny()
+
+
+def probe(seed=0):
+  """(clean, corrupt) int [PROBE_ROWS, LENGTH]: `analyze_circuits`' draws at `seed`."""
+  rng = np.random.default_rng(seed)
+  clean = repeated_random_tokens(rng, PROBE_ROWS, PERIOD, TINY["vocab_size"], ids=IDS)
+  return clean, patching.corrupted_tokens(rng, clean, IDS)
+
+
+# ---------------------------------------------------------------------------
+# Composition scores.
+
+
+def np_fold(norm_params, d_model):
+  """C diag(scale): LayerNorm's centring and scale as a matrix."""
+  return (np.eye(d_model) - 1 / d_model) @ np.diag(norm_params["scale"])
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_composition_scores_match_a_float64_reference(num_kv_heads):
+  """Per pair, the paper's three norms ratios from the folded kernels
+  (rtol 1e-9: the same float64 products in another order)."""
+  _, params = tiny(num_kv_heads=num_kv_heads)
+  p = f64(params)["stack"]
+  scores = composition.composition_scores(params)
+  H, group, norm = 4, 4 // (num_kv_heads or 4), np.linalg.norm
+  first, second = (p[f"block_{layer}"]["self_attention"] for layer in (0, 1))
+  fold1, fold2 = (np_fold(p[f"block_{layer}"]["self_attention_norm"], 32) for layer in (0, 1))
+  for h1 in range(H):
+    ov1 = fold1 @ first["value"]["kernel"][:, h1 // group] @ first["out"]["kernel"][h1]
+    for h2 in range(H):
+      q2 = fold2 @ second["query"]["kernel"][:, h2]
+      k2 = fold2 @ second["key"]["kernel"][:, h2 // group]
+      v2 = fold2 @ second["value"]["kernel"][:, h2 // group]
+      qk2, ov2 = q2 @ k2.T, v2 @ second["out"]["kernel"][h2]
+      expected = {
+        "q": norm(ov1 @ qk2) / (norm(ov1) * norm(qk2)),
+        "k": norm(qk2 @ ov1.T) / (norm(ov1) * norm(qk2)),
+        "v": norm(ov1 @ ov2) / (norm(ov1) * norm(ov2)),
+      }
+      for kind, value in expected.items():
+        np.testing.assert_allclose(scores[kind][0, h1, h2], value, rtol=1e-9, err_msg=kind)
+  # No circuit: every pair composes like random matrices, near the baseline.
+  baseline = composition.random_composition_baseline(32, 8)
+  for kind in composition.COMPOSITIONS:
+    assert abs(baseline[kind] - 1 / np.sqrt(32)) < 0.02
+    assert np.all(np.abs(scores[kind] - baseline[kind]) < 0.08), (kind, scores[kind])
+
+
+def test_scanned_layers_compose_like_unscanned_ones():
+  _, scanned = tiny(scan_layers=True)
+  blocks = scanned["stack"]["blocks"]
+  unscanned = {
+    "stack": {
+      f"block_{layer}": jax.tree.map(lambda x, at=layer: x[at], blocks) for layer in range(2)
+    }
+  }
+  for kind, values in composition.composition_scores(scanned).items():
+    np.testing.assert_allclose(values, composition.composition_scores(unscanned)[kind], rtol=1e-12)
+  one_layer = {"stack": {"block_0": unscanned["stack"]["block_0"]}}
+  assert composition.composition_scores(one_layer)["k"].shape == (0, 4, 4)
+
+
+def planted_params(seed=0, d_model=32, num_heads=4, head_dim=4):
+  """Two layers of Gaussian projections, one circuit planted: head 1 of
+  layer 0 writes only into features 0..3; head 2 of layer 1 reads its keys
+  only from there and its queries only from elsewhere; head 3 of layer 1
+  reads its values only from there."""
+  rng = np.random.default_rng(seed)
+  D, H, E = d_model, num_heads, head_dim
+  shapes = {"query": (D, H, E), "key": (D, H, E), "value": (D, H, E), "out": (H, E, D)}
+  blocks = [
+    {"self_attention": {name: {"kernel": rng.normal(size=shape)} for name, shape in shapes.items()}}
+    for _ in range(2)
+  ]
+  written = np.arange(D) < 4
+  blocks[0]["self_attention"]["out"]["kernel"][1][:, ~written] = 0
+  blocks[1]["self_attention"]["key"]["kernel"][~written, 2] = 0
+  blocks[1]["self_attention"]["query"]["kernel"][written, 2] = 0
+  blocks[1]["self_attention"]["value"]["kernel"][~written, 3] = 0
+  return {"stack": {"block_0": blocks[0], "block_1": blocks[1]}}
+
+
+def test_a_planted_circuit_is_found_on_its_path_and_pair_only():
+  scores = composition.composition_scores(planted_params())
+  k_HxH, q_HxH, v_HxH = (scores[kind][0] for kind in "kqv")
+  others = lambda scores_HxH, pair: np.delete(scores_HxH.ravel(), pair[0] * 4 + pair[1])
+  assert np.unravel_index(np.argmax(k_HxH), k_HxH.shape) == (1, 2)
+  assert k_HxH[1, 2] > 2 * others(k_HxH, (1, 2)).max()
+  assert q_HxH[1, 2] < 1e-12  # it writes where head 2's queries do not read
+  assert np.unravel_index(np.argmax(v_HxH), v_HxH.shape) == (1, 3)
+  assert v_HxH[1, 3] > 1.5 * others(v_HxH, (1, 3)).max()
+  # the rest compose like random matrices of these shapes
+  baseline = composition.random_composition_baseline(32, 4)
+  assert abs(others(k_HxH, (1, 2)).mean() - baseline["k"]) < 0.05
+
+
+def test_rope_rotation_is_the_query_key_distance_of_apply_rope():
+  rng = np.random.default_rng(0)
+  q_1xTx1xE, k_1xTx1xE = rng.normal(size=(2, 1, 10, 1, 8)).astype(np.float32)
+  positions = np.arange(10)
+  q_rot = np.asarray(ops.apply_rope(q_1xTx1xE, positions, base=100.0, scale=2.0), np.float64)
+  k_rot = np.asarray(ops.apply_rope(k_1xTx1xE, positions, base=100.0, scale=2.0), np.float64)
+  q_TxE, k_TxE = q_1xTx1xE[0, :, 0].astype(np.float64), k_1xTx1xE[0, :, 0].astype(np.float64)
+  for t, s in ((7, 2), (3, 3), (9, 0)):
+    rotation = composition.rope_rotation(t - s, 8, base=100.0, scale=2.0)
+    np.testing.assert_allclose(
+      q_rot[0, t, 0] @ k_rot[0, s, 0], q_TxE[t] @ rotation @ k_TxE[s], rtol=1e-5
+    )
+    # np_rope, the layer references' float64 RoPE, agrees
+    reference = np_rope(q_1xTx1xE.astype(np.float64), positions, 100.0, 2.0)[0, t, 0]
+    np.testing.assert_allclose(
+      reference, q_TxE[t] @ composition.rope_rotation(t, 8, base=100.0, scale=2.0)
+    )
+
+
+def test_a_folded_circuit_is_the_logit_of_normalised_rows_up_to_their_scales(model_and_params):
+  """W_QK with LayerNorm folded in gives the model's attention logit up to the
+  per-token 1/std (and the norm's bias, set to 0 here): what the scores ignore."""
+  _, params = model_and_params
+  p = f64(params)["stack"]["block_1"]
+  norm = {**p["self_attention_norm"], "bias": np.zeros(32)}
+  attention = p["self_attention"]
+  x_q, x_k = np.random.default_rng(2).normal(size=(2, 32)) * 3 + 1
+  qk_LxHxDxD, _ = composition.head_circuits(params, rope_distance=5)
+  stds = [np.sqrt(np.var(x) + 1e-6) for x in (x_q, x_k)]
+  for head in range(4):
+    query = np_norm(norm, x_q, "layer", 1e-6) @ attention["query"]["kernel"][:, head]
+    key = np_norm(norm, x_k, "layer", 1e-6) @ attention["key"]["kernel"][:, head]
+    logit = query @ composition.rope_rotation(5, 8) @ key
+    np.testing.assert_allclose(
+      logit * stds[0] * stds[1], x_q @ qk_LxHxDxD[1, head] @ x_k, rtol=1e-9
+    )
+
+
+# ---------------------------------------------------------------------------
+# Path patching.
+
+
+def np_weights(p_attention, h_query_BxTxD, h_key_BxTxD, rope_base):
+  """float64 causal RoPE attention weights [B, H, T, T], queries and keys
+  projected from their own normalised rows."""
+  positions = np.arange(h_query_BxTxD.shape[1])
+  project = lambda h, name: np_rope(
+    np.tensordot(h, p_attention[name]["kernel"], 1), positions, rope_base, 1.0
+  )
+  q_BxTxHxE, k_BxTxHxE = project(h_query_BxTxD, "query"), project(h_key_BxTxD, "key")
+  scores = np.einsum("bthe,bshe->bhts", q_BxTxHxE, k_BxTxHxE) / np.sqrt(q_BxTxHxE.shape[-1])
+  scores = np.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  return weights / weights.sum(-1, keepdims=True)
+
+
+def np_head_output(p_attention, h_BxTxD, head, rope_base):
+  """float64 [B, T, D]: one head's share of the attention output (its z W_O)."""
+  weights_BxTxT = np_weights(p_attention, h_BxTxD, h_BxTxD, rope_base)[:, head]
+  values_BxTxE = np.tensordot(h_BxTxD, p_attention["value"]["kernel"][:, head], 1)
+  z_BxTxE = np.einsum("bts,bse->bte", weights_BxTxT, values_BxTxE)
+  return z_BxTxE @ p_attention["out"]["kernel"][head]
+
+
+def np_patched_layer1_weights(params, cfg, clean, corrupt, head, path):
+  """Layer 1's attention weights on `clean`, head `head` of layer 0 patched
+  from `corrupt` on `path` ('k': the keys' input only; 'all': everywhere):
+  the module docstring of txf.analysis.patching, written out in float64."""
+  p = f64(params)["stack"]
+  norm = lambda block, name, x: np_norm(p[block][f"{name}_norm"], x, "layer", cfg.norm_eps)
+  attention0, attention1 = (p[f"block_{layer}"]["self_attention"] for layer in (0, 1))
+  embedded = [
+    np_embed(f64(params)["embedder"], tokens, np.arange(LENGTH), "rope")
+    for tokens in (clean, corrupt)
+  ]
+  normed0 = [norm("block_0", "self_attention", x) for x in embedded]
+  clean_out = sum(
+    np_head_output(attention0, normed0[0], other, cfg.rope_base) for other in range(4)
+  )
+  delta = np_head_output(attention0, normed0[1], head, cfg.rope_base) - np_head_output(
+    attention0, normed0[0], head, cfg.rope_base
+  )
+  mid = embedded[0] + clean_out + (delta if path == "all" else 0)
+  x1 = mid + np_ffn(p["block_0"]["ffn"], norm("block_0", "ffn", mid), cfg.activation)
+  h_query = norm("block_1", "self_attention", x1)
+  h_key = norm("block_1", "self_attention", x1 + delta) if path == "k" else h_query
+  return np_weights(attention1, h_query, h_key, cfg.rope_base)
+
+
+@pytest.fixture(scope="module")
+def patched_fn(model_and_params):
+  model, _ = model_and_params
+  return jax.jit(patching.patched_attention_fn(model))
+
+
+@pytest.mark.parametrize("path", ["k", "all"])
+def test_path_patching_matches_a_float64_reference(model_and_params, patched_fn, path):
+  """float32 model against float64 numpy: atol 2e-5 on attention weights
+  (two layers of float32 roundings)."""
+  model, params = model_and_params
+  clean, corrupt = probe()
+  selector = patching.path_selector(path)
+  patched = patched_fn(params, clean, corrupt, np.eye(4, dtype=np.float32)[2], selector)
+  expected = np_patched_layer1_weights(params, model.cfg, clean, corrupt, 2, path)
+  np.testing.assert_allclose(patched, expected, atol=2e-5)
+  unpatched = np_patched_layer1_weights(params, model.cfg, clean, clean, 2, path)
+  assert np.abs(expected - unpatched).max() > 1e-3  # the patch changes something
+  # Patching no head, or from a corrupted prompt equal to the clean one: the model's own weights.
+  for corrupt_BxT, heads_H in ((clean, np.eye(4)[2]), (corrupt, np.zeros(4))):
+    same = patched_fn(params, clean, corrupt_BxT, heads_H.astype(np.float32), selector)
+    np.testing.assert_allclose(same, unpatched, atol=2e-5)
+
+
+def test_patching_a_random_model_moves_nothing(model_and_params):
+  """No circuit (random weights): no head of layer 0 moves layer 1's
+  induction scores on any path; the value path never moves attention."""
+  model, params = model_and_params
+  clean, corrupt = probe()
+  effects = patching.path_patching(model, params, clean, corrupt, PERIOD)
+  assert effects["clean"].shape == (4,) and effects["k"].shape == (4, 4)
+  assert np.all(effects["v"] == 0)
+  for path in ("q", "k", "all"):
+    assert np.abs(effects[path]).max() < 0.05, (path, effects[path])
+  assert np.abs(effects["clean"] - effects["corrupted_source"]).max() < 0.1
+
+
+def test_analyze_circuits_of_a_random_model_is_a_json_record_at_the_baseline(model_and_params):
+  """The record of a model without a circuit: composition at the random
+  level, patching effects near 0, averaged over the (here one) period."""
+  model, params = model_and_params
+  record = json.loads(json.dumps(analyze_circuits(model, params, IDS, [PERIOD], batch=PROBE_ROWS)))
+  assert record["periods"] == [PERIOD] and record["baseline"]["k"] == pytest.approx(
+    1 / np.sqrt(32), abs=0.02
+  )
+  assert np.array(record["composition"]["k"]).shape == (1, 4, 4)
+  assert np.array(record["composition_rope"]["k"]).shape == (1, 4, 4)
+  assert np.all(np.abs(np.array(record["composition"]["k"]) - record["baseline"]["k"]) < 0.08)
+  (entry,) = record["patching"]
+  assert set(entry) == {"source_layer", "clean", "corrupted_source", *patching.PATTERN_PATHS}
+  assert record["patching_by_period"] == {str(PERIOD): [entry]}  # one period: its own mean
+  # The same draws as probe(0): the same effects as path_patching's.
+  clean, corrupt = probe()
+  direct = patching.path_patching(model, params, clean, corrupt, PERIOD, paths=("k",))
+  np.testing.assert_allclose(entry["k"], direct["k"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+  "changes, match",
+  [
+    (dict(norm_placement="post"), "Pre-LN"),
+    (dict(scan_layers=True), "scan_layers"),
+    (dict(num_layers=1), "no next layer"),
+  ],
+)
+def test_path_patching_refuses_what_it_cannot_patch(changes, match):
+  model = build(ModelConfig(**{**TINY, **changes}))
+  with pytest.raises(ValueError, match=match):
+    patching.patched_attention_fn(model, 0)
+
+
+def test_corrupted_tokens_have_no_repeated_block():
+  clean, corrupt = probe()
+  assert corrupt.shape == clean.shape and corrupt.dtype == np.int32
+  half = LENGTH // 2
+  assert not np.any(np.all(corrupt[:, :half] == corrupt[:, half:], axis=1))
+  assert all(len(set(row[:half])) == half for row in corrupt)  # distinct within a block
+  with pytest.raises(ValueError, match="even"):
+    patching.corrupted_tokens(np.random.default_rng(0), clean[:, :-1], IDS)
+  with pytest.raises(ValueError, match="path"):
+    patching.path_selector("o")
+
+
+# ---------------------------------------------------------------------------
+# Scores over training.
+
+
+def test_steepest_fall():
+  assert phase_change.steepest_fall([0, 10, 20, 40], [5.0, 4.0, 1.0, 0.0]) == (10, 20, 0.3)
+  # per step: the drop 4 -> 0 over 40 steps is slower than 0 -> -1 over 2
+  assert phase_change.steepest_fall([0, 40, 42], [4.0, 0.0, -1.0])[:2] == (40, 42)
+  for steps, values in (([0], [1.0]), ([0, 0], [1.0, 2.0]), ([0, 1], [1.0])):
+    with pytest.raises(ValueError):
+      phase_change.steepest_fall(steps, values)
+
+
+def synthetic_training(num_steps=12, jump=5):
+  """Scores over training with a phase change between steps jump and jump + 1;
+  the loss also falls (more slowly) before it."""
+  steps = np.arange(1, num_steps + 1) * 10
+  rising = (np.arange(num_steps) > jump).astype(np.float64)
+  previous = np.full((num_steps, 2, 3), 0.05)
+  previous[:, 0, 1] = 0.1 + 0.8 * rising
+  induction = np.full((num_steps, 2, 3), 0.02)
+  induction[:, 1] = 0.05 + 0.9 * rising[:, None] * np.array([1.0, 0.9, 0.8])
+  k_composition = np.full((num_steps, 1, 3, 3), 0.12)
+  k_composition[:, 0, 1] += 0.1 * rising[:, None]
+  return {
+    "steps": steps,
+    "loss": 3.0 - 2.9 * rising - 0.01 * np.arange(num_steps),
+    "accuracy": 0.1 + 0.85 * rising,
+    "previous_token": previous,
+    "induction": induction,
+    "k_composition": k_composition,
+  }
+
+
+def test_phase_change_and_the_training_csv_round_trip(tmp_path):
+  training = synthetic_training()
+  change = phase_change.phase_change(training)
+  assert change["previous_token_head"] == "L0H1"
+  for name in ("accuracy", "loss", "induction", "previous_token", "k_composition"):
+    assert change[name]["steps"] == [60, 70], name
+  assert change["loss"]["values"] == pytest.approx([3.0 - 0.05, 0.1 - 0.06])
+  assert change["k_composition"]["values"] == pytest.approx([0.12, 0.22])
+  path = phase_change.write_training_csv(training, tmp_path / "scores.csv")
+  read = phase_change.read_training_csv(path)
+  for name, values in training.items():
+    np.testing.assert_array_equal(read[name], values, err_msg=name)  # full precision
+  assert circuit_report.phase_change_table({"run one": read}).splitlines()[2] == (
+    "| run one | steps 60-70: 0.10 -> 0.95 (2.95 -> 0.04 nats) | steps 60-70: 0.05 -> 0.86 "
+    "| L0H1, steps 60-70: 0.10 -> 0.90 | steps 60-70: 0.120 -> 0.220 |"
+  )
+  path.write_text(path.read_text().replace("eval_loss", "loss", 1))
+  with pytest.raises(ValueError, match="not a training scores file"):
+    phase_change.read_training_csv(path)
+
+
+# ---------------------------------------------------------------------------
+# Tables and figures.
+
+
+def synthetic_record():
+  rng = np.random.default_rng(0)
+  return {
+    "step": 100,
+    "scores": {
+      "previous_token": [[0.3, 0.9, 0.6], [0.1, 0.0, 0.2]],
+      "induction": rng.random((2, 3)).tolist(),
+    },
+    "composition": {kind: rng.random((1, 3, 3)).tolist() for kind in "qkv"},
+    "baseline": {kind: 0.125 for kind in "qkv"},
+    "periods": [5, 4],
+    "patching": [
+      {
+        "source_layer": 0,
+        **{
+          path: (np.arange(9).reshape(3, 3) / 10 * scale).tolist()
+          for path, scale in (("k", 1), ("q", -0.1), ("all", 2))
+        },
+      }
+    ],
+  }
+
+
+def test_tables_sort_heads_by_score():
+  record = synthetic_record()
+  lines = circuit_report.circuit_table({"r": record}).splitlines()
+  assert lines[0].startswith("| run | head | previous-token score | Q-comp. (random 0.125) |")
+  assert [line.split(" | ")[1] for line in lines[2:]] == ["L0H1", "L0H2", "L0H0"]
+  q_HxH, k_HxH = (np.asarray(record["composition"][kind])[0] for kind in "qk")
+  # L0H1's row of the patching effects is 0.3, 0.4, 0.5: mean 0.4
+  assert lines[2] == (
+    f"| r | L0H1 | 0.90 | {q_HxH[1].mean():.3f} | {k_HxH[1].mean():.3f} | 0.400 | -0.040 | 0.800 |"
+  )
+  sorted_line = circuit_report.sorted_scores_table({"r": record}).splitlines()[2]
+  assert sorted_line.startswith(
+    "| r | L0H1 0.90, L0H2 0.60, L0H0 0.30, L1H2 0.20, L1H0 0.10, L1H1 0.00 |"
+  )
+
+
+def test_figures_have_titles_labels_and_legends(tmp_path):
+  record, training = synthetic_record(), synthetic_training()
+  figures = {
+    "composition": circuit_report.composition_figure(record, title="Composition"),
+    "patching": circuit_report.patching_figure(record, title="Patching"),
+    "training": circuit_report.training_figure(
+      {"a": training, "b": training}, title="Training", max_step=80
+    ),
+    "sorted": circuit_report.sorted_scores_figure({"a": record["scores"]}, title="Sorted"),
+  }
+  for name, figure in figures.items():
+    assert figure.get_suptitle(), name
+    assert any(axes.get_xlabel() and axes.get_ylabel() for axes in figure.axes), name
+  # heatmaps: a colour bar says what the colours measure; values to 3 decimals
+  for name in ("composition", "patching"):
+    colorbar = figures[name].axes[-1]
+    assert colorbar.get_ylabel(), name
+    texts = [text.get_text() for text in figures[name].axes[0].texts]
+    assert all(len(text.split(".")[1]) == 3 for text in texts), texts
+  assert figures["training"].axes[0].get_xlim()[1] == 80
+  training_legends = [legend for axes in figures["training"].axes if (legend := axes.get_legend())]
+  labels = {text.get_text() for legend in training_legends for text in legend.texts}
+  assert {"validation loss", "layer 0, head 1", "layer 1, head 2"} <= labels
+  legend_texts = [text.get_text() for legend in figures["sorted"].legends for text in legend.texts]
+  assert "previous-token score" in legend_texts
+  path = save_figure(figures["sorted"], tmp_path / "sorted.png")
+  assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------
+# docs/induction.md against its raw outputs.
+
+
+def test_docs_induction_tables_are_the_ones_its_data_give():
+  """Every table of the page, as tools/induction_docs.py writes it from
+  docs/data/induction (run it to update the page)."""
+  data = DOCS / "data" / "induction"
+  tables = induction_docs.tables(data)
+  assert set(tables) == set(induction_docs.TABLES)
+  page = (DOCS / "induction.md").read_text()
+  assert induction_docs.update_page(page, tables) == page, (
+    "docs/induction.md's tables differ from docs/data/induction: python tools/induction_docs.py"
+  )
+  # The raw files are one analysis per seed: circuits.json's scores are
+  # head_scores.csv's and the last checkpoint's of training_scores.csv.
+  training = induction_docs.training_scores(data)
+  for label, record in induction_docs.circuit_records(data).items():
+    head_scores = induction_docs.read_head_scores(data / label.replace(" ", "") / "head_scores.csv")
+    assert training[label]["steps"][-1] == record["step"]
+    for name in ("previous_token", "induction"):
+      np.testing.assert_array_equal(record["scores"][name], head_scores[name], err_msg=label)
+      np.testing.assert_array_equal(record["scores"][name], training[label][name][-1])
+    np.testing.assert_array_equal(record["composition"]["k"], training[label]["k_composition"][-1])
+
+
+def test_update_page_replaces_the_table_after_each_marker():
+  marker = induction_docs.MARKER.format("roles")
+  page = f"text\n{marker}\n| old |\n|---|\n\nafter\n"
+  assert induction_docs.update_page(page, {"roles": "| new |\n"}) == (
+    f"text\n{marker}\n| new |\n\nafter\n"
+  )
+  with pytest.raises(ValueError, match="phase_change"):
+    induction_docs.update_page(page, {"phase_change": "| new |\n"})

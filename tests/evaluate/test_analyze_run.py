@@ -1,0 +1,406 @@
+"""Head masks and ablation through the model (txf.analysis.ablation) and the
+attention analysis of a trained run (txf.evaluate.analyze, python -m
+experiments.analyze).
+
+The independent way to silence head h of a layer: zero that head's rows
+[h, :, :] of the layer's output-projection kernel [H, Dh, D] (its bias is
+not per head), which removes exactly the head's contribution to the output.
+JAX's persistent compilation cache is on, as in test_train_setup.py.
+"""
+
+import csv
+import hashlib
+import io
+import math
+import pathlib
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO, cli_env, tiny_config
+from txf.analysis import ablation
+from txf.evaluate.analyze import (
+  ANALYSIS_DIR,
+  SCORES_CSV,
+  SCORES_MD,
+  analyze_run,
+  attention_png,
+  format_head_progress,
+)
+from txf.models import ModelConfig, build
+from txf.train import loop
+from txf.train.run_config import ConfigError
+from txf.train.setup import load_run
+from txf.train.workdir import WorkdirLock
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = dict(vocab_size=32, d_model=18, num_heads=3, num_layers=2, max_len=12)
+KEY = jax.random.PRNGKey(0)
+# The masked and the kernel-zeroed model add the same terms (0 * w vs o * 0);
+# XLA may still order the sums differently.
+TOL = dict(atol=1e-6, rtol=1e-6)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
+
+
+def plain(params):
+  """Unboxed params as a nested dict of numpy arrays (a copy)."""
+  return jax.tree_util.tree_map(np.array, jax.device_get(nn.meta.unbox(params)))
+
+
+def zero_head(params, stack, name, layer, head, scanned):
+  """A copy of `params` with head `head` of block `layer`'s `name` attention
+  in `stack` silenced by zeroing its output-kernel rows."""
+  params = plain(params)
+  block = "blocks" if scanned else f"block_{layer}"
+  kernel = params[stack][block][name]["out"]["kernel"]
+  kernel[(layer, head) if scanned else head] = 0.0
+  return params
+
+
+def tiny_model(family, scanned):
+  """(model, random numpy params, inputs) of a tiny model: 2 layers of 3 heads
+  per stack. The params are drawn here (shapes from the model's init,
+  traced only): compiling the init would cost more than the test."""
+  decoder_layers = dict(num_decoder_layers=2) if family == "encoder_decoder" else {}
+  cfg = ModelConfig(
+    **TINY,
+    **decoder_layers,
+    family=family,
+    head="mlm" if family == "encoder" else "lm",
+    scan_layers=scanned,
+  )
+  model = build(cfg)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, size=(2, 7)), jnp.int32)
+  inputs = (tokens, tokens[:, :5]) if family == "encoder_decoder" else (tokens,)
+  variables = jax.eval_shape(model.init, KEY, *inputs)
+  assert set(variables) == {"params"}  # no mask variable is created
+  rng = np.random.default_rng(1)
+  # numpy arrays, as zero_head's: the reference applies reuse one compilation.
+  params = jax.tree_util.tree_map(
+    lambda leaf: rng.normal(0.0, 0.5, leaf.shape).astype(leaf.dtype),
+    nn.meta.unbox(variables["params"]),
+  )
+  return model, params, inputs
+
+
+# family -> (stack, attention module, kind) of its attention layers
+LAYERS = {
+  "decoder": [("stack", "self_attention", "self")],
+  "encoder_decoder": [
+    ("encoder", "self_attention", "encoder_self"),
+    ("decoder", "self_attention", "decoder_self"),
+    ("decoder", "cross_attention", "cross"),
+  ],
+}
+
+
+# Unscanned: every kind; scanned (one [L, H] mask sliced by nn.scan): a decoder.
+@pytest.mark.parametrize("family,scanned", [("encoder_decoder", False), ("decoder", True)])
+def test_a_head_mask_zeroes_exactly_that_head(family, scanned):
+  model, params, inputs = tiny_model(family, scanned)
+  apply = jax.jit(model.apply)
+  unmasked = np.asarray(apply({"params": params}, *inputs))
+  ones = ablation.head_mask(params, {})
+  np.testing.assert_array_equal(
+    np.asarray(apply({"params": params, "head_mask": ones}, *inputs)), unmasked
+  )
+  layer, head = 1, 2
+  for stack, name, kind in LAYERS[family]:
+    assert ablation.attention_shapes(params)[kind] == (2, 3)
+    mask_LxH = np.ones((2, 3), np.float32)
+    mask_LxH[layer, head] = 0.0
+    masked = apply(
+      {"params": params, "head_mask": ablation.head_mask(params, {kind: mask_LxH})}, *inputs
+    )
+    reference = apply({"params": zero_head(params, stack, name, layer, head, scanned)}, *inputs)
+    np.testing.assert_allclose(np.asarray(masked), np.asarray(reference), **TOL)
+    assert np.abs(np.asarray(masked) - unmasked).max() > 1e-4, kind  # the head mattered
+
+
+def test_attention_kinds_of_each_family():
+  assert list(ablation.attention_shapes(tiny_model("encoder_decoder", False)[1])) == [
+    "encoder_self",
+    "decoder_self",
+    "cross",
+  ]
+  assert list(ablation.attention_shapes(tiny_model("decoder", True)[1])) == ["self"]
+
+
+@pytest.mark.parametrize(
+  "masks,message",
+  [
+    ({"cross": np.ones((2, 3))}, r"masks: the model has no 'cross' attention"),
+    ({"self": np.ones((3, 2))}, r"masks\['self'\] must be \[L, H\] = \(2, 3\)"),
+  ],
+)
+def test_head_mask_refuses_a_wrong_kind_or_shape(masks, message):
+  _, params, _ = tiny_model("decoder", False)
+  with pytest.raises(ValueError, match=message):
+    ablation.head_mask(params, masks)
+
+
+def test_ablation_loss_fns_refuse_no_batches():
+  model, params, _ = tiny_model("decoder", False)
+  loss_sums = lambda model, params, batch: (jnp.float32(0), jnp.float32(1))
+  with pytest.raises(ValueError, match="^batches: "):
+    ablation.ablation_loss_fns(model, params, [], loss_sums)
+
+
+# --- trained runs ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decoder_run(tmp_path_factory):
+  """A 2-layer, 2-head RoPE decoder trained 2 steps, its layers under nn.scan."""
+  workdir = tmp_path_factory.mktemp("decoder")
+  loop.run(
+    tiny_config(
+      "rope", steps=2, train__warmup_steps=1, model__num_layers=2, model__scan_layers=True
+    ),
+    workdir,
+    log=lambda line: None,
+  )
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def seq2seq_run(tmp_path_factory):
+  """A 1 + 1-layer, 2-head encoder-decoder trained 2 steps."""
+  workdir = tmp_path_factory.mktemp("seq2seq")
+  loop.run(
+    tiny_config("seq2seq", steps=2, train__warmup_steps=1, model__num_decoder_layers=1),
+    workdir,
+    log=lambda line: None,
+  )
+  return workdir
+
+
+def digests(directory):
+  """{relative path: sha256} of the run's files outside analysis/ (but the
+  lock's note of its holder, which the command rewrites as it holds it)."""
+  return {
+    str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(pathlib.Path(directory).rglob("*"))
+    if p.is_file() and ANALYSIS_DIR not in p.relative_to(directory).parts and p.name != ".lock"
+  }
+
+
+def read_csv(workdir):
+  return list(csv.DictReader(io.StringIO((workdir / ANALYSIS_DIR / SCORES_CSV).read_text())))
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
+  before = digests(decoder_run)
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1"],
+    cwd=REPO,
+    env=cli_env(compilation_cache_dir),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert digests(decoder_run) == before  # config.json, checkpoints, metrics untouched
+  out = decoder_run / ANALYSIS_DIR
+  assert (out / attention_png("self")).read_bytes().startswith(PNG_MAGIC)
+  assert "| layer | head | previous_token | induction |" in done.stdout
+  assert done.stdout == (out / SCORES_MD).read_text()
+  # A progress line per head's ablation, on stderr: stdout is the table alone.
+  L, H = 2, 2  # decoder_run's layers and heads
+  progress = [line for line in done.stderr.splitlines() if line.startswith("analyze: ")]
+  assert [line.split(" | ")[0] for line in progress] == [
+    f"analyze: self head L{layer}H{head} ({1 + layer * H + head} of {L * H})"
+    for layer in range(L)
+    for head in range(H)
+  ]
+
+  rows = read_csv(decoder_run)
+  assert [(row["attention"], int(row["layer"]), int(row["head"])) for row in rows] == [
+    ("self", 0, 0),
+    ("self", 0, 1),
+    ("self", 1, 0),
+    ("self", 1, 1),
+  ]
+  T = 32  # tiny_config's seq_len
+  for row in rows:
+    assert 0.0 <= float(row["previous_token"]) <= 1.0
+    assert 0.0 <= float(row["induction"]) <= 1.0  # a causal decoder has an induction score
+    assert 0.0 <= float(row["entropy_nats"]) <= math.log(T)
+    assert 0.0 <= float(row["distance_tokens"]) <= T - 1
+
+  # Deltas against the run's own evaluator on kernel-zeroed params.
+  run = load_run(decoder_run)
+  baseline = run.setup.evaluate(plain(run.params))["eval_loss"]
+  for row in rows:
+    layer, head = int(row["layer"]), int(row["head"])
+    ablated = run.setup.evaluate(
+      zero_head(run.params, "stack", "self_attention", layer, head, scanned=True)
+    )["eval_loss"]
+    assert float(row["ablation_delta_loss"]) == pytest.approx(ablated - baseline, abs=1e-5)
+  assert any(abs(float(row["ablation_delta_loss"])) > 1e-4 for row in rows)
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
+  before = digests(seq2seq_run)
+  record = analyze_run(seq2seq_run)
+  assert digests(seq2seq_run) == before
+  for kind in ("encoder_self", "decoder_self", "cross"):
+    png = seq2seq_run / ANALYSIS_DIR / attention_png(kind)
+    assert png.read_bytes().startswith(PNG_MAGIC)
+  rows = read_csv(seq2seq_run)
+  kinds = [(row["attention"], int(row["layer"]), int(row["head"])) for row in rows]
+  assert kinds == [
+    (kind, layer, head)
+    for kind in ("encoder_self", "decoder_self", "cross")
+    for layer in range(1)
+    for head in range(2)
+  ]
+  for row in rows:
+    causal, cross = row["attention"] == "decoder_self", row["attention"] == "cross"
+    assert math.isnan(float(row["induction"])) != causal  # decoder self-attention only
+    assert math.isnan(float(row["previous_token"])) == cross  # self-attention only
+    assert math.isfinite(float(row["ablation_delta_loss"]))
+  # Two blocks fit the decoder's 24 positions (configs/seq2seq.py) up to 12.
+  assert record["periods"] == [12, 11]
+  assert "| 0 | 0 | n/a | n/a |" in record["table"]  # cross: no previous-token, no induction
+
+  # The ablation of the cross-attention against the kernel-zeroed evaluator.
+  run = load_run(seq2seq_run)
+  baseline = run.setup.evaluate(plain(run.params))["eval_loss"]
+  assert record["baseline_loss"] == pytest.approx(baseline, abs=1e-5)
+  ablated = run.setup.evaluate(
+    zero_head(run.params, "decoder", "cross_attention", 0, 1, scanned=False)
+  )["eval_loss"]
+  assert record["scores"]["cross"]["ablation_delta_loss"][0][1] == pytest.approx(
+    ablated - baseline, abs=1e-5
+  )
+
+
+@pytest.mark.slow  # its fixture trains a run
+@pytest.mark.parametrize(
+  "kwargs,message",
+  [
+    (dict(num_batches=0), "^num_batches: must be"),
+    (dict(periods=[17, 5]), r"^periods: 17 must be in 2\.\.16"),
+    (dict(periods=[5]), r"^periods: two or more different probe periods"),
+    (
+      dict(ablate="L2H0"),
+      r"^ablate: L2H0 is not a head of the model \(layers 0\.\.1, heads 0\.\.1\)$",
+    ),
+    (dict(ablate="L0H2"), r"^ablate: L0H2 is not a head of the model"),
+    (dict(ablate="L0H1,L0H1"), r"^ablate: L0H1 is named twice$"),
+    (dict(ablate="L0-H1"), r"^ablate: 'L0-H1' is not a head; expected L<layer>H<head>"),
+    (dict(ablate=""), r"^ablate: '' is not a head"),
+    (dict(circuits=True), r"^circuits: path patching needs unscanned layers"),
+    (dict(checkpoints=True), r"^checkpoints: the run in .* kept 1 checkpoint\(s\)"),
+  ],
+)
+def test_bad_arguments_are_refused_naming_them(decoder_run, kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    analyze_run(decoder_run, **kwargs)
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
+  record = analyze_run(decoder_run, ablate="L0H1,L1H0", num_batches=1)
+  group = record["group_ablation"]
+  assert group["heads"] == ["L0H1", "L1H0"]
+  # Reference: both heads' output-kernel rows zeroed, the run's own evaluator.
+  run = load_run(decoder_run, {"eval.num_batches": 1})
+  zeroed = zero_head(
+    zero_head(run.params, "stack", "self_attention", 0, 1, scanned=True),
+    "stack",
+    "self_attention",
+    1,
+    0,
+    scanned=True,
+  )
+  for name, params in (("baseline", plain(run.params)), ("ablated", zeroed)):
+    metrics = run.setup.evaluate(params)
+    assert group[name]["loss"] == pytest.approx(metrics["eval_loss"], abs=1e-5)
+    assert group[name]["accuracy"] == pytest.approx(metrics["eval_accuracy"], abs=1e-6)
+  assert group["ablated"]["loss"] != pytest.approx(group["baseline"]["loss"], abs=1e-4)
+  assert "## Group ablation of L0H1, L1H0" in record["table"]
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_a_bad_ablate_spec_in_one_line(decoder_run, compilation_cache_dir):
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--ablate=L9H0"],
+    cwd=REPO,
+    env=cli_env(compilation_cache_dir),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [
+    "analyze error: ablate: L9H0 is not a head of the model (layers 0..1, heads 0..1)"
+  ]
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_circuits_refuse_an_encoder_decoder(seq2seq_run):
+  for flag in ("circuits", "checkpoints"):
+    with pytest.raises(ValueError, match=f"^{flag}: needs a decoder language model; the run's "):
+      analyze_run(seq2seq_run, **{flag: True})
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_a_run_still_training_in_one_line(decoder_run, compilation_cache_dir):
+  """Another process holds the run (here this one, as a training run would):
+  before, the command analysed it and wrote analysis/ into the live run."""
+  with WorkdirLock(decoder_run):
+    before = digests(decoder_run)
+    done = subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1"],
+      cwd=REPO,
+      env=cli_env(compilation_cache_dir),
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+  assert done.returncode == 2, done.stderr[-3000:]
+  holder = (decoder_run / ".lock").read_text().strip()
+  assert done.stderr.strip().splitlines() == [
+    f"workdir error: {decoder_run}: in use by another run ({holder}); "
+    "wait for it to finish or use another --workdir"
+  ]
+  assert digests(decoder_run) == before
+
+
+def test_a_directory_without_a_run_is_refused(tmp_path):
+  with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
+    analyze_run(tmp_path)
+
+
+@pytest.mark.slow  # a subprocess
+def test_the_command_fails_in_one_line_without_a_run(tmp_path):
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.analyze", f"--workdir={tmp_path}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [
+    f"analyze error: workdir: {tmp_path} holds no run ({tmp_path}/config.json does not exist)"
+  ]
+
+
+def test_head_progress_line_has_the_head_its_place_and_an_eta():
+  line = format_head_progress("self", 1, 0, 2, 4, 0.01234, 10.0)
+  # Head 5 of 8 after 10 s: 3 more at 2 s each.
+  assert line == "analyze: self head L1H0 (5 of 8) | loss_delta +0.0123 | elapsed 10s | eta 6s"

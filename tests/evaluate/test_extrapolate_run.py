@@ -1,0 +1,251 @@
+"""Length extrapolation of a trained run (txf.evaluate.extrapolate and
+python -m experiments.extrapolate).
+
+One tiny run with a learned position table of 2x its training length (32 ->
+table 64) is trained once for the module: 1x and 2x apply, 4x does not.
+JAX's persistent compilation cache is on, as in test_train_setup.py.
+"""
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, tiny_config
+from full_disk import files_in, full_disk, read_only
+from txf.analysis.extrapolation import PROTOCOLS
+from txf.evaluate.extrapolate import extrapolate_run, format_table
+from txf.sweep import results
+from txf.train import loop
+from txf.train.run_config import ConfigError
+from txf.train.setup import adding_to_run
+from txf.train.workdir import WorkdirError, WorkdirLock, WriteError
+
+STEPS = 4
+SEQ_LEN = 32
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OUTPUTS = (results.EXTRAPOLATION_FILE, "extrapolation.png", "per_position_loss.png")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A tiny learned-position run (table of 64 rows) trained at seq_len 32."""
+  workdir = tmp_path_factory.mktemp("learned")
+  loop.run(
+    tiny_config("learned", steps=STEPS, model__max_len=2 * SEQ_LEN), workdir, log=lambda line: None
+  )
+  return workdir
+
+
+def digests(directory):
+  """{relative path: sha256} of the run's files, except the extrapolation outputs."""
+  return {
+    str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(pathlib.Path(directory).rglob("*"))
+    if p.is_file() and p.name not in OUTPUTS
+  }
+
+
+def final_eval_loss(workdir):
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [row["eval_loss"] for row in rows if row["step"] == STEPS and "eval_loss" in row][-1]
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_extrapolation_of_a_learned_table_run(trained):
+  before = digests(trained)
+  lines = []
+  record = extrapolate_run(trained, (1, 2, 4), log=lines.append)
+  assert digests(trained) == before  # config.json and checkpoints untouched
+  for name in OUTPUTS[1:]:
+    assert (trained / name).read_bytes().startswith(PNG_MAGIC)
+
+  assert record["lengths"] == [32, 64, 128] and record["applicable"] == [True, True, False]
+  # Default budget: the evaluator's eval.num_batches x batch_size windows of 33 tokens.
+  assert record["num_tokens"] == 1 * 8 * (SEQ_LEN + 1)
+  # At 1x the non-overlapping windows are the evaluator's: float32 sums of the
+  # eval step against float64 sums of float32 per-token losses.
+  assert record["loss"]["non_overlapping"][0] == pytest.approx(final_eval_loss(trained), rel=1e-5)
+  assert record["scored_tokens"]["non_overlapping"][:2] == [8 * 32, 4 * 64]
+  assert record["scored_tokens"]["sliding"][:2] == [263, 263]  # every token but the first
+  for protocol in PROTOCOLS:
+    assert all(math.isfinite(loss) for loss in record["loss"][protocol][:2])
+    assert record["loss"][protocol][2] is None
+  assert record["reason"][:2] == [None, None]
+  assert record["reason"][2].startswith(
+    "model.max_len: data.seq_len of 128 positions is longer than the learned position table (64"
+  )
+  assert record["stride"] == [16, 32, None]
+
+  # The longest applicable length's per-position loss, averaging to its loss.
+  per_position = record["per_position"]
+  assert per_position["length"] == 64 and len(per_position["loss"]) == 64
+  assert np.mean(per_position["loss"]) == pytest.approx(
+    record["loss"]["non_overlapping"][1], rel=1e-9
+  )
+  read = results.read_extrapolation(trained)
+  assert read.lengths == (32, 64, 128) and read.applicable == (True, True, False)
+  assert read.loss["sliding"] == tuple(record["loss"]["sliding"])
+  assert read.per_position_length == 64 and len(read.per_position_loss) == 64
+
+  # One progress line per length, as each is done.
+  assert len(lines) == 3
+  for at, line in enumerate(lines):
+    assert line.startswith(f"extrapolate: length {record['lengths'][at]} ({at + 1} of 3, ")
+    assert re.search(r"\| elapsed \d+s$", line), line
+  assert f"non_overlapping {record['loss']['non_overlapping'][0]:.4f}" in lines[0]
+  assert f"sliding {record['loss']['sliding'][1]:.4f}" in lines[1]
+  assert "| n/a (model.max_len: " in lines[2]
+
+  table = format_table(record)
+  assert "n/a" in table and "model.max_len" in table
+  assert f"{record['loss']['non_overlapping'][0]:.4f}" in table
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_token_budget_and_stride_of_ones_own(trained):
+  record = extrapolate_run(trained, (1, 2), stride=8, num_tokens=300)
+  assert record["num_tokens"] == 300  # eval.num_batches raised to 2 batches for it
+  assert record["stride"] == [8, 8]
+  assert record["scored_tokens"]["non_overlapping"] == [(300 // 33) * 32, (300 // 65) * 64]
+  assert record["scored_tokens"]["sliding"] == [299, 299]
+
+
+@pytest.mark.slow  # its fixture trains a run
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
+    (dict(factors=(2, 1)), "factors must be distinct positive ints in increasing order"),
+    (dict(factors=(0,)), r"factors\[\]: must be an integer >= 1"),
+    (dict(stride=33), "stride must be at most the shortest length 32, got 33"),
+    (dict(num_tokens=10**7), "num_tokens: the validation split holds only"),
+    (
+      dict(num_tokens=40, factors=(1, 2)),
+      "num_tokens: 40 validation tokens hold no window of 65 tokens",
+    ),
+  ],
+)
+def test_bad_arguments_are_refused_naming_them(trained, kwargs, message):
+  before = digests(trained)
+  with pytest.raises(ValueError, match=message):
+    extrapolate_run(trained, **kwargs)
+  assert digests(trained) == before
+
+
+def test_a_directory_without_a_run_is_refused(tmp_path):
+  with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
+    extrapolate_run(tmp_path)
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
+  config_json = (trained / "config.json").read_bytes()
+  for name in OUTPUTS:
+    (trained / name).unlink(missing_ok=True)
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2,4"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "n/a" in done.stdout and "128" in done.stdout
+  assert [line.split(" (")[0] for line in done.stderr.splitlines() if "extrapolate:" in line] == [
+    "extrapolate: length 32",
+    "extrapolate: length 64",
+    "extrapolate: length 128",
+  ]
+  assert "extrapolate:" not in done.stdout  # the table alone
+  assert json.loads((trained / results.EXTRAPOLATION_FILE).read_text())["applicable"] == [
+    True,
+    True,
+    False,
+  ]
+  for name in OUTPUTS[1:]:
+    assert (trained / name).read_bytes().startswith(PNG_MAGIC)
+  assert (trained / "config.json").read_bytes() == config_json
+
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.extrapolate", f"--workdir={tmp_path}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 2 and "holds no run" in done.stderr
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_adding_to_a_read_only_run_is_refused_before_anything_is_computed(trained):
+  before = digests(trained)
+  with (
+    read_only(trained),
+    pytest.raises(
+      WorkdirError, match=rf"^{trained}: not a writable directory \(Read-only file system\)$"
+    ),
+    adding_to_run(trained),
+  ):
+    pytest.fail("entered")
+  assert digests(trained) == before
+
+
+def test_adding_to_a_directory_without_a_run_creates_nothing(tmp_path):
+  with (
+    pytest.raises(ConfigError, match="^workdir: .* holds no run"),
+    adding_to_run(tmp_path / "typo"),
+  ):
+    pytest.fail("entered")
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_a_run_still_training_in_one_line(trained):
+  """Another process holds the run (here this one, as a training run would):
+  before, the command extrapolated it and wrote into the live run."""
+  for name in OUTPUTS:
+    (trained / name).unlink(missing_ok=True)
+  with WorkdirLock(trained):
+    before = digests(trained)
+    done = subprocess.run(
+      [sys.executable, "-m", "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2"],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.strip().splitlines() == [
+    f"workdir error: {trained}: in use by another run ({(trained / '.lock').read_text().strip()}); "
+    "wait for it to finish or use another --workdir"
+  ]
+  assert not any((trained / name).exists() for name in OUTPUTS)
+  assert digests(trained) == before
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_full_disk_while_writing_the_record_keeps_the_previous_one(trained):
+  path = trained / results.EXTRAPOLATION_FILE
+  extrapolate_run(trained, (1, 2))
+  before = path.read_bytes()
+  with (
+    full_disk(files_in(trained), len(OUTPUTS)),
+    pytest.raises(  # the plots, then the record
+      WriteError, match=f"^{path}: No space left on device$"
+    ),
+  ):
+    extrapolate_run(trained, (1, 2, 4))
+  assert path.read_bytes() == before
+  assert not [p for p in trained.iterdir() if p.name.endswith(".tmp")]

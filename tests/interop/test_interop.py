@@ -1,0 +1,599 @@
+"""Hugging Face checkpoints through txf.interop, against transformers' own outputs.
+
+tests/fixtures/hf holds tiny random checkpoints of each family and the
+outputs `transformers` computed for them (made by
+tests/fixtures/make_hf_fixtures.py; see its docstring for what each
+reference.npz holds). Here txf loads them without torch or transformers and
+must reproduce those outputs in float32 to ATOL on every real (not padding)
+token, with and without padding; its KV-cache greedy decoding must give the
+same tokens; and an export must read back to identical parameters.
+
+The weights are O(1) (logits average 0.1 to 5 in magnitude), so 1e-4 is a
+tolerance a wrong formula cannot meet: erf-vs-tanh GELU, a missing
+d_model^-0.5 or 1/sqrt(d_k), or a transposed projection each change the
+outputs by 1e-2 or more.
+"""
+
+import functools
+import json
+import pathlib
+import re
+import shutil
+import types
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from conftest import FIXTURES
+from txf.data import HFTokenizer, read_data_config
+from txf.interop import CheckpointError, load_pretrained, save_pretrained
+from txf.interop.checkpoint import param_shapes
+from txf.interop.rules import flatten, unflatten
+from txf.interop.text import (
+  encode_batch,
+  generate_text,
+  pool_sentences,
+  sentence_transformers_pooling,
+)
+from txf.layers import Embedder
+from txf.models import ModelConfig
+
+HF_FIXTURES = FIXTURES / "hf"
+ATOL = 1e-4
+
+
+@functools.cache
+def pretrained(name, head=None):
+  return load_pretrained(HF_FIXTURES / name, head=head)
+
+
+@functools.cache
+def reference(name):
+  return dict(np.load(HF_FIXTURES / name / "reference.npz"))
+
+
+def valid(name, batch):
+  """bool [B, T]: the real tokens of a reference batch."""
+  tokens = reference(name)[f"{batch}_tokens"]
+  if batch == "full":
+    return np.ones(tokens.shape, bool)
+  return tokens != pretrained(name).config.pad_id
+
+
+def assert_close_on(valid_BxT, actual, expected):
+  """max |actual - expected| over the real tokens <= ATOL."""
+  error = np.abs(np.asarray(actual, np.float64) - expected)[valid_BxT]
+  assert error.max() <= ATOL, f"max abs error {error.max():.2e} > {ATOL}"
+
+
+# ---------------------------------------------------------------------------
+# Outputs. One jitted forward per fixture, batch and head (compiling costs
+# more than running these models).
+
+
+@functools.cache
+def forward(name, batch, head=None):
+  """The model's output on a reference batch (T5: (encoder output, logits))."""
+  loaded, ref = pretrained(name, head), reference(name)
+  model = loaded.model()
+  tokens = ref[f"{batch}_tokens"]
+  if loaded.config.family == "encoder_decoder":
+
+    def run(params):
+      encoded, mask = model.apply({"params": params}, tokens, method="encode")
+      return encoded, model.apply(
+        {"params": params}, encoded, mask, ref[f"{batch}_decoder_tokens"], method="decode"
+      )
+  else:
+    types = ref.get(f"{batch}_types")
+    kwargs = {} if types is None else dict(token_types_BxS=types)
+    run = lambda params: model.apply({"params": params}, tokens, **kwargs)
+  return jax.tree.map(np.asarray, jax.jit(run)(loaded.params))
+
+
+@pytest.mark.parametrize(
+  "name,batch", [("bert", "full"), ("bert", "padded"), ("roberta", "padded"), ("gpt2", "padded")]
+)
+def test_logits_match_transformers(name, batch):
+  """MLM logits (BERT with a second segment in row 0) and GPT-2's LM logits.
+  Right padding: BERT masks it, and a causal model's real tokens never see it."""
+  assert pretrained(name).config.head in ("mlm", "lm") and pretrained(name).unused == ()
+  assert_close_on(valid(name, batch), forward(name, batch), reference(name)[f"{batch}_logits"])
+
+
+@pytest.mark.parametrize(
+  "name,batch", [("minilm", "full"), ("minilm", "padded"), ("gpt2", "padded")]
+)
+def test_hidden_states_match_transformers(name, batch):
+  """head='none' returns the final hidden states (after GPT-2's ln_f)."""
+  assert_close_on(
+    valid(name, batch), forward(name, batch, "none"), reference(name)[f"{batch}_hidden"]
+  )
+
+
+@pytest.mark.parametrize("name,batch", [("minilm", "full"), ("minilm", "padded")])
+def test_sentence_embeddings_match_transformers(name, batch):
+  """Mean pooling over real tokens (and L2-normalised) and CLS pooling, as
+  sentence-transformers computes them from transformers' hidden states."""
+  ref = reference(name)
+  pooled = functools.partial(pool_sentences, forward(name, batch, "none"), valid(name, batch))
+  every_row = np.ones(ref[f"{batch}_tokens"].shape[:1], bool)
+  assert_close_on(every_row, pooled(pooling="mean"), ref[f"{batch}_mean"])
+  assert_close_on(every_row, pooled(pooling="mean", normalize=True), ref[f"{batch}_mean_l2"])
+  assert_close_on(every_row, pooled(pooling="cls"), ref[f"{batch}_cls"])
+
+
+def test_gpt2_pads_with_its_end_of_text_token():
+  assert pretrained("gpt2").config.pad_id == 300  # the last id, as GPT-2's 50256
+
+
+@pytest.mark.parametrize("name,batch", [("t5", "full"), ("t5_v1_1", "padded")])
+def test_t5_encoder_and_logits_match_transformers(name, batch):
+  """v1.0: ReLU, tied and scaled output; v1.1: gated GELU, untied unscaled."""
+  loaded, ref = pretrained(name), reference(name)
+  assert (loaded.config.tie_embeddings, loaded.config.scale_logits) == (
+    (True, True) if name == "t5" else (False, False)
+  )
+  encoded, logits = forward(name, batch)
+  assert_close_on(valid(name, batch), encoded, ref[f"{batch}_hidden"])
+  assert_close_on(np.ones(logits.shape[:2], bool), logits, ref[f"{batch}_logits"])
+
+
+# ---------------------------------------------------------------------------
+# KV-cache generation.
+
+
+def test_gpt2_greedy_generation_matches_transformers():
+  """Prompts of 3, 5 and 2 tokens in one right-padded batch; transformers
+  generated each alone."""
+  loaded, ref = pretrained("gpt2"), reference("gpt2")
+  generated = generate_text(
+    loaded, ref["greedy_prompts"], max_new_tokens=ref["greedy_tokens"].shape[1]
+  )
+  np.testing.assert_array_equal(generated, ref["greedy_tokens"])
+
+
+def test_t5_greedy_generation_matches_transformers():
+  """v1.1 (gated GELU, untied output); encoder inputs of three lengths, padded."""
+  loaded, ref = pretrained("t5_v1_1"), reference("t5_v1_1")
+  generated = generate_text(
+    loaded, ref["padded_tokens"], max_new_tokens=ref["padded_greedy_tokens"].shape[1]
+  )
+  np.testing.assert_array_equal(generated, ref["padded_greedy_tokens"])
+
+
+def test_generation_refuses_a_prompt_holding_the_pad_id():
+  loaded = pretrained("gpt2")
+  prompt = np.array([[5, loaded.config.pad_id, 7]])
+  with pytest.raises(ValueError, match="prompt: holds token 300"):
+    generate_text(loaded, prompt, max_new_tokens=2)
+
+
+# ---------------------------------------------------------------------------
+# Tokenizers.
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "gpt2", "t5"])
+def test_tokenizer_json_encodes_as_transformers(name):
+  """HFTokenizer's ids (special tokens added) are the reference batch's, for
+  the same texts (tests/fixtures/make_hf_fixtures.TEXTS, rows 1 and 2)."""
+  texts = ["a single step begins the journey of tokens", "every model looks at the dog"]
+  loaded, ref = pretrained(name), reference(name)
+  tokenizer = HFTokenizer(HF_FIXTURES / name)
+  expected = ref["padded_tokens"][1:]
+  np.testing.assert_array_equal(
+    encode_batch(tokenizer, texts, pad_id=loaded.config.pad_id),
+    expected[:, : max(np.sum(expected != loaded.config.pad_id, 1))],
+  )
+  assert tokenizer.decode(tokenizer.encode(texts[1])).strip().lower() == texts[1]
+
+
+def test_tokenizer_special_ids():
+  bert, gpt2, t5 = (HFTokenizer(HF_FIXTURES / name) for name in ("bert", "gpt2", "t5"))
+  assert (bert.pad_id, bert.bos_id, bert.eos_id, bert.mask_id) == (0, 2, 3, 4)  # [CLS], [SEP]
+  assert gpt2.pad_id == gpt2.eos_id == gpt2.bos_id == 300  # <|endoftext|> for all three
+  assert (t5.pad_id, t5.eos_id, t5.bos_id, t5.mask_id) == (0, 1, 0, None)  # starts from pad
+  assert {0, 1, 2, 3, 4} <= bert.special_ids
+
+
+def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
+  """all-MiniLM-L6-v2's tokenizer.json pads and cuts every encoding to 128
+  tokens; txf pads batches itself and never cuts text."""
+  directory = copy_fixture("bert", tmp_path)
+  saved = json.loads((directory / "tokenizer.json").read_text())
+  saved["padding"] = {
+    "strategy": {"Fixed": 16},
+    "direction": "Right",
+    "pad_to_multiple_of": None,
+    "pad_id": 0,
+    "pad_type_id": 0,
+    "pad_token": "[PAD]",
+  }
+  saved["truncation"] = {
+    "direction": "Right",
+    "max_length": 3,
+    "strategy": "LongestFirst",
+    "stride": 0,
+  }
+  (directory / "tokenizer.json").write_text(json.dumps(saved))
+  text = "every model looks at the dog"
+  np.testing.assert_array_equal(
+    HFTokenizer(directory).encode(text), HFTokenizer(HF_FIXTURES / "bert").encode(text)
+  )
+  assert len(HFTokenizer(directory).encode(text)) == 11  # every m ##o ##d ##e ##l look ##s ...
+
+
+def test_hf_tokenizer_needs_its_path():
+  data = dict(
+    name="pystdlib", task="lm", seq_len=8, batch_size=2, tokenizer="hf", max_corpus_bytes=100
+  )
+  with pytest.raises(ValueError, match="data.tokenizer_path is required for data.tokenizer='hf'"):
+    read_data_config(types.SimpleNamespace(**data))
+  spec = read_data_config(types.SimpleNamespace(**data, tokenizer_path=str(HF_FIXTURES / "bert")))
+  assert spec.tokenizer_path == str(HF_FIXTURES / "bert")
+
+
+def test_sentence_transformers_directory_declares_its_pooling():
+  assert sentence_transformers_pooling(HF_FIXTURES / "minilm") == ("mean", True)
+  assert sentence_transformers_pooling(HF_FIXTURES / "bert") is None
+
+
+# ---------------------------------------------------------------------------
+# Export.
+
+
+@pytest.mark.parametrize("name", ["bert", "minilm", "roberta", "gpt2", "t5", "t5_v1_1"])
+def test_export_then_import_gives_identical_params(name, tmp_path):
+  loaded = pretrained(name)
+  loaded.save(tmp_path)
+  again = load_pretrained(tmp_path)
+  assert again.config == loaded.config and again.architecture == loaded.architecture
+  flat, flat_again = flatten(loaded.params), flatten(again.params)
+  assert flat.keys() == flat_again.keys()
+  for path, value in flat.items():
+    np.testing.assert_array_equal(flat_again[path], value, err_msg=path)
+  # The same tensors, under the same names, as the file transformers wrote
+  # (but RoBERTa's position rows before pad_id + 1, which no token reads).
+  original, exported = (load_file(d / "model.safetensors") for d in (HF_FIXTURES / name, tmp_path))
+  pooler = {key for key in original if "pooler" in key}  # dropped, named in `unused`
+  assert exported.keys() == original.keys() - pooler
+  for key, value in exported.items():
+    skip = 2 if name == "roberta" and "position_embeddings" in key else 0
+    np.testing.assert_array_equal(value[skip:], original[key][skip:], err_msg=key)
+
+
+def random_params(cfg, seed=0):
+  """N(0, 1) parameters of cfg's model, without running its init."""
+  rng = np.random.default_rng(seed)
+  return unflatten(
+    {path: rng.normal(size=shape).astype(np.float32) for path, shape in param_shapes(cfg).items()}
+  )
+
+
+def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
+  """A model made in txf (GPT-2-shaped) round-trips through the HF format."""
+  cfg = ModelConfig(
+    family="decoder",
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    position="learned",
+    max_len=12,
+    use_bias=True,
+    scale_logits=False,
+    norm_eps=1e-5,
+  )
+  params = random_params(cfg)
+  save_pretrained(cfg, params, tmp_path, token_ids={"eos_token_id": 49})
+  written = json.loads((tmp_path / "config.json").read_text())
+  assert written["architectures"] == ["GPT2LMHeadModel"] and written["n_positions"] == 12
+  assert written["eos_token_id"] == 49 and written["activation_function"] == "gelu_new"
+  again = load_pretrained(tmp_path)
+  assert again.config == cfg
+  for path, value in flatten(params).items():
+    np.testing.assert_array_equal(flatten(again.params)[path], value, err_msg=path)
+
+
+@pytest.mark.parametrize(
+  "change,field",
+  [
+    (dict(position="rope"), "model.position: 'rope' cannot be written as GPT2LMHeadModel"),
+    (dict(use_bias=False), "model.use_bias: False cannot be written"),
+    (dict(scale_logits=True), "model.scale_logits: True cannot be written"),
+    (dict(num_kv_heads=1), "model.num_kv_heads: 1 cannot be written"),
+  ],
+)
+def test_export_refuses_what_the_architecture_cannot_hold(change, field, tmp_path):
+  base = dict(
+    family="decoder",
+    vocab_size=50,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    position="learned",
+    max_len=12,
+    use_bias=True,
+    scale_logits=False,
+  )
+  cfg = ModelConfig(**{**base, **change})
+  with pytest.raises(CheckpointError, match=field):
+    save_pretrained(cfg, random_params(cfg), tmp_path)
+  assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_export_names_every_field_the_architecture_cannot_hold(tmp_path):
+  """In one line: a txf model of another shape learns every change it needs."""
+  cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1)
+  with pytest.raises(CheckpointError) as raised:
+    save_pretrained(cfg, random_params(cfg), tmp_path)
+  assert str(raised.value) == (
+    "model.position: 'rope' cannot be written as GPT2LMHeadModel (needs 'learned'); "
+    "model.use_bias: False (needs True); model.scale_logits: True (needs False)"
+  )
+  cfg = ModelConfig(family="lstm", vocab_size=50, d_model=16, num_layers=1)
+  with pytest.raises(CheckpointError, match="^model.family: 'lstm' has no Hugging Face"):
+    save_pretrained(cfg, {}, tmp_path)
+  assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------
+# Errors name what does not fit.
+
+
+def copy_fixture(name, tmp_path):
+  directory = tmp_path / name
+  shutil.copytree(HF_FIXTURES / name, directory)
+  return directory
+
+
+def edit_json(path, **changes):
+  value = json.loads(path.read_text())
+  value.update(changes)
+  path.write_text(json.dumps(value))
+
+
+def edit_tensors(directory, edit):
+  tensors = load_file(directory / "model.safetensors")
+  edit(tensors)
+  save_file(tensors, directory / "model.safetensors")
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  edit_json(directory / "config.json", architectures=["LlamaForCausalLM"])
+  with pytest.raises(
+    CheckpointError,
+    match=r"architecture \['LlamaForCausalLM'\] is not "
+    r"supported \(supported: BertForMaskedLM",
+  ):
+    load_pretrained(directory)
+
+
+def test_unsupported_config_value_is_named(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  edit_json(directory / "config.json", scale_attn_by_inverse_layer_idx=True)
+  with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx=True"):
+    load_pretrained(directory)
+
+
+def test_missing_tensor_is_named(tmp_path):
+  directory = copy_fixture("bert", tmp_path)
+  edit_tensors(directory, lambda t: t.pop("bert.encoder.layer.1.output.dense.bias"))
+  with pytest.raises(
+    CheckpointError, match=r"missing tensors bert\.encoder\.layer\.1\.output\.dense\.bias"
+  ):
+    load_pretrained(directory)
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+  directory = copy_fixture("t5", tmp_path)
+  edit_tensors(
+    directory,
+    lambda t: t.update(
+      {"encoder.block.0.layer.1.DenseReluDense.wi.bias": np.zeros(48, np.float32)}
+    ),
+  )
+  with pytest.raises(
+    CheckpointError,
+    match=r"unexpected tensors encoder\.block\.0\.layer\.1\."
+    r"DenseReluDense\.wi\.bias",
+  ):
+    load_pretrained(directory)
+
+
+def test_shape_mismatch_is_named(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  edit_tensors(
+    directory,
+    lambda t: t.update(
+      {"transformer.h.0.mlp.c_fc.weight": t["transformer.h.0.mlp.c_fc.weight"].T.copy()}
+    ),
+  )
+  with pytest.raises(
+    CheckpointError,
+    match=r"tensor transformer\.h\.0\.mlp\.c_fc\.weight has "
+    r"shape \(128, 32\), expected \(32, 128\)",
+  ):
+    load_pretrained(directory)
+
+
+def test_differing_tied_copy_is_not_silently_dropped(tmp_path):
+  """A decoder bias that differs from the output bias it should repeat has no
+  txf parameter: the load stops naming it."""
+  directory = copy_fixture("bert", tmp_path)
+  edit_tensors(
+    directory, lambda t: t.update({"cls.predictions.decoder.bias": t["cls.predictions.bias"] + 1.0})
+  )
+  with pytest.raises(CheckpointError, match=r"unexpected tensors cls\.predictions\.decoder\.bias"):
+    load_pretrained(directory)
+
+
+def test_unused_weights_are_named(caplog):
+  """BertModel's pooler has no txf layer: dropped, with a warning naming it."""
+  loaded = load_pretrained(HF_FIXTURES / "minilm")
+  assert loaded.unused == ("bert.pooler.dense.bias", "bert.pooler.dense.weight")
+  assert (
+    "txf does not use 2 weights of BertModel: bert.pooler.dense.bias, "
+    "bert.pooler.dense.weight" in caplog.text
+  )
+
+
+@pytest.mark.parametrize(
+  "problem,match",
+  [
+    ("no_weights", "no weights"),
+    ("no_config", r"config\.json: no such file"),
+    ("corrupt_weights", "not a readable safetensors file"),
+    ("wrong_head", r"BertModel has no 'mlm' head"),
+  ],
+)
+def test_unreadable_directory_is_named(problem, match, tmp_path):
+  directory = copy_fixture("minilm", tmp_path)
+  head = None
+  if problem == "no_weights":
+    (directory / "model.safetensors").unlink()
+  elif problem == "no_config":
+    (directory / "config.json").unlink()
+  elif problem == "corrupt_weights":
+    (directory / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
+  else:
+    head = "mlm"
+  with pytest.raises(CheckpointError, match=match):
+    load_pretrained(directory, head=head)
+
+
+# ---------------------------------------------------------------------------
+# Model options (validation; the numerics are in test_layer_references.py).
+
+
+@pytest.mark.parametrize(
+  "fields,match",
+  [
+    (dict(family="decoder", num_token_types=2), "model.num_token_types: only family='encoder'"),
+    (dict(family="encoder", head="mlm", num_token_types=-1), "model.num_token_types"),
+    (dict(activation="relu", gelu_approximate=False), "model.gelu_approximate: False changes"),
+    (dict(family="encoder_decoder", head="none"), "model.head: 'none' does not fit"),
+  ],
+)
+def test_conflicting_model_options_are_refused(fields, match):
+  with pytest.raises(ValueError, match=match):
+    ModelConfig(**fields)
+
+
+def test_token_types_are_checked():
+  loaded = pretrained("bert")
+  tokens = np.array([[2, 5, 3]])
+  apply = functools.partial(loaded.model().apply, {"params": loaded.params}, tokens)
+  with pytest.raises(ValueError, match=r"token_types: id 2 outside the token types \[0, 2\)"):
+    apply(token_types_BxS=np.array([[0, 2, 0]]))
+  with pytest.raises(ValueError, match="token_types: shape"):
+    apply(token_types_BxS=np.array([[0, 1]]))
+  embedder = Embedder(ModelConfig(vocab_size=8, d_model=4, num_heads=2, position="none", max_len=4))
+  with pytest.raises(ValueError, match="model.num_token_types=0"):
+    embedder.init(jax.random.key(0), tokens, np.arange(3)[None], tokens)
+
+
+# ---------------------------------------------------------------------------
+# Broken or hostile files: one CheckpointError naming the file and the key.
+
+
+@pytest.mark.parametrize(
+  "name,key,value,match",
+  [
+    ("gpt2", "layer_norm_epsilon", "small", r"layer_norm_epsilon: must be a finite number >= 0"),
+    ("gpt2", "vocab_size", 1e12, r"vocab_size: must be an integer in \[0, 2147483647\]"),
+    ("gpt2", "vocab_size", 10**12, r"vocab_size: must be an integer in \[0, 2147483647\]"),
+    ("gpt2", "n_layer", "twelve", r"n_layer: must be an integer"),
+    ("gpt2", "activation_function", 3, r"activation_function: must be a str, got 3"),
+    ("gpt2", "eos_token_id", "end", r"eos_token_id: must be an integer"),
+    ("gpt2", "layer_norm_epsilon", 0.0, r"model\.norm_eps: must be a finite number > 0"),
+    ("bert", "hidden_dropout_prob", float("nan"), r"hidden_dropout_prob: must be a finite"),
+    ("t5", "d_kv", -4, r"d_kv: must be an integer"),
+  ],
+)
+def test_a_config_value_of_the_wrong_kind_names_the_file_and_key(tmp_path, name, key, value, match):
+  """They were TypeError / OverflowError tracebacks or a message naming neither."""
+  directory = copy_fixture(name, tmp_path)
+  edit_json(directory / "config.json", **{key: value})
+  with pytest.raises(CheckpointError, match=rf"^{directory / 'config.json'}: {match}"):
+    load_pretrained(directory)
+
+
+def move_weights_to_shard(directory, shard):
+  """model.safetensors -> `shard` (relative to directory), named by an index."""
+  names = list(load_file(directory / "model.safetensors"))
+  target = pathlib.Path(directory / shard)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  (directory / "model.safetensors").rename(target)
+  (directory / "model.safetensors.index.json").write_text(
+    json.dumps({"weight_map": {name: shard for name in names}})
+  )
+
+
+def test_a_sharded_index_inside_the_directory_loads(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  move_weights_to_shard(directory, "shards/./model-00001-of-00001.safetensors")
+  flat, expected = flatten(load_pretrained(directory).params), flatten(pretrained("gpt2").params)
+  assert flat.keys() == expected.keys()
+  for path, value in expected.items():
+    np.testing.assert_array_equal(flat[path], value, err_msg=path)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "shards/../../outside.safetensors"])
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_before_reading(tmp_path, shard):
+  directory = copy_fixture("gpt2", tmp_path)
+  move_weights_to_shard(directory, shard)  # a valid file, outside: it would load
+  with pytest.raises(
+    CheckpointError,
+    match=r"model\.safetensors\.index\.json: weight_map: "
+    rf"{re.escape(repr(shard))} is outside the checkpoint directory",
+  ):
+    load_pretrained(directory)
+
+
+def test_an_index_naming_an_absolute_path_is_refused(tmp_path):
+  directory = copy_fixture("gpt2", tmp_path)
+  (directory / "model.safetensors").unlink()
+  (directory / "model.safetensors.index.json").write_text(
+    json.dumps({"weight_map": {"a": "/etc/passwd"}})
+  )
+  with pytest.raises(CheckpointError, match=r"'/etc/passwd' is outside the checkpoint"):
+    load_pretrained(directory)
+
+
+MODULES_POOLING = {
+  "idx": 1,
+  "name": "1",
+  "path": "1_Pooling",
+  "type": "sentence_transformers.models.Pooling",
+}
+
+
+@pytest.mark.parametrize(
+  "file,text,match",
+  [
+    ("modules.json", "not json", r"modules\.json: not valid JSON"),
+    ("modules.json", '{"a": 1}', r"modules\.json: expected a JSON list, got dict"),
+    ("modules.json", "[3]", r"modules\.json: module 0: expected an object with a string 'type'"),
+    (
+      "modules.json",
+      json.dumps([{k: v for k, v in MODULES_POOLING.items() if k != "path"}]),
+      r"modules\.json: Pooling module's path: None is not a path",
+    ),
+    (
+      "modules.json",
+      json.dumps([{**MODULES_POOLING, "path": "../../../etc"}]),
+      r"modules\.json: Pooling module's path: '\.\./\.\./\.\./etc' is outside the checkpoint",
+    ),
+    ("1_Pooling/config.json", "not json", r"1_Pooling/config\.json: not valid JSON"),
+    ("1_Pooling/config.json", "[]", r"1_Pooling/config\.json: expected a JSON object, got list"),
+  ],
+)
+def test_a_broken_sentence_transformers_declaration_names_the_file(tmp_path, file, text, match):
+  directory = copy_fixture("minilm", tmp_path)
+  (directory / file).write_text(text)
+  with pytest.raises(CheckpointError, match=rf"^{re.escape(str(directory))}/{match}"):
+    sentence_transformers_pooling(directory)

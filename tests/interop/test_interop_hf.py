@@ -1,0 +1,162 @@
+"""Cross-checks against `transformers` itself (skipped unless it and torch are
+installed: pip install -e '.[hf-check]').
+
+  * tests/fixtures/make_hf_fixtures.py, run again in memory, gives the
+    committed weights and reference outputs (so the fixtures are what the
+    script says they are, and still what transformers computes);
+  * a checkpoint txf writes (converted ones, and a model made in txf) loads
+    in transformers and gives the same outputs there as in txf.
+"""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+from conftest import FIXTURES  # noqa: E402
+from txf.interop import load_pretrained, save_pretrained  # noqa: E402
+from txf.interop.checkpoint import param_shapes  # noqa: E402
+from txf.interop.rules import flatten, unflatten  # noqa: E402
+from txf.models import ModelConfig, build  # noqa: E402
+
+NAMES = ["bert", "minilm", "roberta", "gpt2", "t5", "t5_v1_1"]
+ATOL = 1e-4
+
+
+def make_hf_fixtures():
+  spec = importlib.util.spec_from_file_location(
+    "make_hf_fixtures", FIXTURES / "make_hf_fixtures.py"
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def rebuilt():
+  return make_hf_fixtures().fixtures()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixture_script_reproduces_the_committed_fixtures(rebuilt, name):
+  model, _, reference = rebuilt[name]
+  committed = np.load(FIXTURES / "hf" / name / "reference.npz")
+  assert set(committed) == set(reference)
+  for key, value in reference.items():
+    np.testing.assert_allclose(committed[key], value, atol=1e-5, err_msg=key)
+  weights = load_file(FIXTURES / "hf" / name / "model.safetensors")
+  state = {key: tensor.numpy() for key, tensor in model.state_dict().items() if key in weights}
+  assert state.keys() == weights.keys()
+  for key, value in state.items():
+    np.testing.assert_array_equal(weights[key], value, err_msg=key)
+
+
+def hf_outputs(directory, architecture, reference):
+  """transformers' outputs on the unpadded reference batch, for the checkpoint in directory."""
+  model = (
+    getattr(transformers, architecture)
+    .from_pretrained(directory, attn_implementation="eager")
+    .eval()
+  )
+  inputs = dict(input_ids=torch.tensor(reference["full_tokens"]))
+  if "full_types" in reference:
+    inputs["token_type_ids"] = torch.tensor(reference["full_types"])
+  if "full_decoder_tokens" in reference:
+    inputs["decoder_input_ids"] = torch.tensor(reference["full_decoder_tokens"])
+  with torch.no_grad():
+    out = model(**inputs, output_hidden_states=True)
+  return (out.logits if hasattr(out, "logits") else out.hidden_states[-1]).numpy()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converted_checkpoints_written_by_txf_load_in_transformers(name, tmp_path):
+  """They give the outputs transformers computed for the original files."""
+  pretrained = load_pretrained(FIXTURES / "hf" / name)
+  pretrained.save(tmp_path)
+  reference = dict(np.load(FIXTURES / "hf" / name / "reference.npz"))
+  expected = reference.get("full_logits", reference["full_hidden"])
+  np.testing.assert_allclose(
+    hf_outputs(tmp_path, pretrained.architecture, reference), expected, atol=ATOL
+  )
+
+
+@pytest.mark.parametrize(
+  "family,fields",
+  [
+    ("decoder", dict(position="learned", use_bias=True, scale_logits=False, norm_eps=1e-5)),
+    (
+      "encoder",
+      dict(
+        head="mlm",
+        position="learned",
+        use_bias=True,
+        scale_logits=False,
+        norm_placement="post",
+        embed_norm=True,
+        num_token_types=2,
+        gelu_approximate=False,
+      ),
+    ),
+    # Tied but unscaled (transformers 5's fresh T5 v1.1): written untied.
+    (
+      "encoder_decoder",
+      dict(
+        position="t5_bias",
+        norm="rms",
+        activation="geglu",
+        scale_attention=False,
+        scale_logits=False,
+        t5_num_buckets=8,
+        t5_max_distance=16,
+      ),
+    ),
+  ],
+)
+def test_a_model_made_in_txf_loads_in_transformers(family, fields, tmp_path):
+  cfg = ModelConfig(
+    family=family, vocab_size=40, d_model=16, num_heads=2, num_layers=2, max_len=16, **fields
+  )
+  rng = np.random.default_rng(0)
+  params = unflatten(
+    {
+      path: (rng.normal(size=shape) * (0.5 if len(shape) == 1 else shape[0] ** -0.5)).astype(
+        np.float32
+      )
+      for path, shape in param_shapes(cfg).items()
+    }
+  )
+  save_pretrained(cfg, params, tmp_path)
+  tokens = np.array([[3, 9, 27, 4, 11, 5]])
+  model = build(cfg)
+  architecture = load_pretrained(tmp_path).architecture
+  hf = getattr(transformers, architecture).from_pretrained(tmp_path).eval()
+  with torch.no_grad():
+    if family == "encoder_decoder":
+      decoder = np.array([[0, 7, 2]])
+      ours = model.apply({"params": params}, tokens, decoder)
+      theirs = hf(input_ids=torch.tensor(tokens), decoder_input_ids=torch.tensor(decoder)).logits
+    else:
+      ours = model.apply({"params": params}, tokens)
+      theirs = hf(input_ids=torch.tensor(tokens)).logits
+  np.testing.assert_allclose(np.asarray(jax.device_get(ours)), theirs.numpy(), atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
+def test_pytorch_model_bin_loads_as_the_safetensors(rebuilt, name, tmp_path):
+  """torch's format holds every tied copy (lm_head.weight = the embedding,
+  T5's embed_tokens): each is checked equal and read once."""
+  model, _, _ = rebuilt[name]
+  (tmp_path / "config.json").write_text((FIXTURES / "hf" / name / "config.json").read_text())
+  torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+  from_bin, from_safetensors = load_pretrained(tmp_path), load_pretrained(FIXTURES / "hf" / name)
+  assert from_bin.config == from_safetensors.config
+  flat_bin, flat_safe = (flatten(p.params) for p in (from_bin, from_safetensors))
+  assert flat_bin.keys() == flat_safe.keys()
+  for path, value in flat_safe.items():
+    np.testing.assert_array_equal(flat_bin[path], value, err_msg=path)

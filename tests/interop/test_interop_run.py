@@ -1,0 +1,147 @@
+"""Converted checkpoints in the runner and the commands: fine-tuning from a
+Hugging Face directory (config.train.init_from through txf.train.setup, started by
+configs/pretrained.py:DIR), and `experiments.embed` / `experiments.generate`
+on the tiny fixtures of tests/fixtures/hf against transformers' outputs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, REPO
+from txf.configs import pretrained as pretrained_config
+from txf.data import HFTokenizer
+from txf.interop import load_pretrained
+from txf.interop.rules import flatten
+from txf.train.run_config import ConfigError
+from txf.train.setup import setup_run
+
+HF_FIXTURES = FIXTURES / "hf"
+TIMEOUT_S = 120
+
+
+def small_run(name, **model_changes):
+  """configs/pretrained.py:<fixture> with a small data stream."""
+  config = pretrained_config.get_config(str(HF_FIXTURES / name))
+  config.data.update(dict(seq_len=16, batch_size=4, max_corpus_bytes=20_000))
+  config.train.update(dict(steps=2, warmup_steps=1))
+  config.eval.update(dict(num_batches=1, sample_tokens=0))
+  config.model.update(model_changes)
+  return config
+
+
+@pytest.mark.slow  # the init is compiled (~3 s)
+def test_run_starts_from_the_checkpoint(tmp_path):
+  """The run's initial state holds the checkpoint's weights (and reads the
+  corpus with its tokenizer); training it is the runner's ordinary step."""
+  setup = setup_run(small_run("gpt2"), tmp_path)
+  assert setup.task == "lm" and isinstance(setup.train_data.tokenizer, HFTokenizer)
+  state = setup.init()
+  expected = flatten(load_pretrained(HF_FIXTURES / "gpt2").params)
+  found = flatten(state.params)
+  assert found.keys() == expected.keys() and int(state.step) == 0
+  for path, value in expected.items():
+    np.testing.assert_array_equal(np.asarray(found[path]), value, err_msg=path)
+
+
+@pytest.mark.parametrize(
+  "name,changes,message",
+  [
+    ("gpt2", dict(d_ff=64), "model.d_ff: 64 differs from the checkpoint's 128 in train.init_from="),
+    ("gpt2", dict(gelu_approximate=False), "model.gelu_approximate: False differs"),
+    # BertModel has no MLM head: its parameters would start at random.
+    ("minilm", dict(head="mlm"), "train.init_from: parameter head/bias is only in the run's model"),
+  ],
+)
+def test_run_refuses_a_model_that_is_not_the_checkpoint(name, changes, message, tmp_path):
+  with pytest.raises(ConfigError, match=message):
+    setup_run(small_run(name, **changes), tmp_path)
+
+
+def test_pretrained_config_needs_a_directory():
+  with pytest.raises(ValueError, match="configs/pretrained.py:DIR"):
+    pretrained_config.get_config()
+
+
+def run_command(module, *args):
+  return subprocess.run(
+    [sys.executable, "-m", module, *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
+
+
+@pytest.mark.slow  # a subprocess (~4 s)
+def test_embed_prints_the_sentence_transformers_embeddings():
+  """The fixture is a sentence-transformers directory (mean pooling, then
+  L2): the command's defaults give its embeddings of the reference texts."""
+  texts = [
+    "the quick fox jumps",
+    "a single step begins the journey of tokens",
+    "every model looks at the dog",
+  ]
+  result = run_command("experiments.embed", f"--model={HF_FIXTURES / 'minilm'}", *texts)
+  assert result.returncode == 0, result.stderr
+  rows = [json.loads(line) for line in result.stdout.splitlines()]
+  assert [row["text"] for row in rows] == texts
+  expected = np.load(HF_FIXTURES / "minilm" / "reference.npz")["padded_mean_l2"]
+  np.testing.assert_allclose([row["embedding"] for row in rows], expected, atol=1e-4)
+
+
+@pytest.mark.slow  # a subprocess (~5 s)
+def test_generate_prints_the_greedy_continuation():
+  """GPT-2 continues 'a single' (the second reference prompt) with
+  transformers' greedy tokens."""
+  reference = np.load(HF_FIXTURES / "gpt2" / "reference.npz")
+  tokenizer = HFTokenizer(HF_FIXTURES / "gpt2")
+  np.testing.assert_array_equal(tokenizer.encode("a single"), reference["greedy_prompts"][1])
+  result = run_command(
+    "experiments.generate",
+    f"--model={HF_FIXTURES / 'gpt2'}",
+    "--prompt=a single",
+    "--max_new_tokens=6",
+  )
+  assert result.returncode == 0, result.stderr
+  expected = reference["greedy_tokens"][1]
+  assert tokenizer.eos_id not in expected  # which would stop the command earlier
+  assert result.stdout.splitlines() == [
+    "prompt: a single",
+    f"generated: {tokenizer.decode(expected)}",
+  ]
+
+
+@pytest.mark.slow  # a subprocess (~3 s)
+def test_commands_name_an_unusable_directory(tmp_path):
+  result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi")
+  assert result.returncode == 2
+  assert result.stderr.strip() == f"model error: {tmp_path / 'config.json'}: no such file"
+
+
+# Each was accepted: 32 garbage tokens (top_p=nan), a top_p past 1, uniform
+# sampling (temperature=inf), silently greedy (temperature=nan); or failed
+# in jax's words (top_k=-3) or with an OverflowError traceback (the seed).
+BAD_SAMPLING_FLAGS = {
+  "--top_p=nan": "top_p: must be in (0, 1], got nan",
+  "--top_p=2": "top_p: must be in (0, 1], got 2.0",
+  "--temperature=inf": "temperature: must be a finite number >= 0, got inf",
+  "--temperature=nan": "temperature: must be a finite number >= 0, got nan",
+  "--top_k=-3": "top_k: must be an integer >= 0, got -3",
+  "--seed=99999999999999999999": "seed: must be an integer in [0, 2147483647], got 99999",
+}
+
+
+@pytest.mark.slow  # a subprocess each (~2 s: they stop before jax is imported)
+@pytest.mark.parametrize("flag", list(BAD_SAMPLING_FLAGS))
+def test_generate_refuses_a_sampling_flag_out_of_range_before_loading(tmp_path, flag):
+  """An empty --model directory: the flag is what is reported, not the model."""
+  result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi", flag)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().startswith(f"flag error: {BAD_SAMPLING_FLAGS[flag]}")
+  assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout

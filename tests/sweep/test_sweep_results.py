@@ -1,0 +1,544 @@
+"""Tests for txf.sweep.results on a hand-written sweep directory (no training).
+
+Expected values are computed here by hand from the written numbers: mean, and
+the sample standard deviation (ddof=1), which for two values a, b is
+|a - b| / sqrt(2).
+"""
+
+import csv
+import json
+import math
+
+import ml_collections
+import numpy as np
+import pytest
+
+from full_disk import files_in, full_disk
+from txf.sweep import figures, grid, results
+from txf.train.workdir import WriteError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STEPS = 4
+
+
+def write_run(workdir, rows, *, steps=STEPS):
+  """A run directory: config.json (train.steps) and metrics.jsonl `rows`."""
+  workdir.mkdir(parents=True)
+  if steps is not None:
+    (workdir / "config.json").write_text(json.dumps({"train": {"steps": steps}}))
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def replica_row(step, name, values, **extra):
+  """A metrics row as a run of len(values) vmapped replicas logs it."""
+  return {
+    "step": step,
+    name: float(np.mean(values)),
+    **{f"{name}/{r}": value for r, value in enumerate(values)},
+    **extra,
+  }
+
+
+def write_extrapolation(workdir, applicable, **extra):
+  losses = {"non_overlapping": [2.0, 2.5, 3.5], "sliding": [1.9, 2.2, 3.0]}
+  losses = {p: [v if ok else None for v, ok in zip(vs, applicable)] for p, vs in losses.items()}
+  (workdir / results.EXTRAPOLATION_FILE).write_text(
+    json.dumps({"lengths": [8, 16, 32], "loss": losses, "applicable": applicable, **extra})
+  )
+
+
+@pytest.fixture
+def points():
+  base = ml_collections.ConfigDict(
+    dict(replicas=2, model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS))
+  )
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid(
+    {"model.position": ["rope", "learned"], "model.norm_placement": ["pre", "post"]}
+  )
+  return grid.expand(config)
+
+
+@pytest.fixture
+def sweep_dir(tmp_path, points):
+  """Four points of two replicas each: done (with extrapolation), diverged,
+  done (learned table: longer lengths not applicable), partial."""
+  rope_pre, rope_post, learned_pre, learned_post = (tmp_path / p.name for p in points)
+  write_run(
+    rope_pre,
+    [
+      replica_row(2, "loss", [3.0, 3.2], tokens_per_sec=1000.0),
+      replica_row(2, "eval_loss", [3.1, 3.3]),
+      replica_row(4, "loss", [2.2, 2.6], tokens_per_sec=1200.0),
+      replica_row(4, "eval_loss", [2.0, 2.5]),
+    ],
+  )
+  write_extrapolation(rope_pre, [True, True, True])
+  write_run(rope_post, [replica_row(2, "loss", [3.0, 3.0], tokens_per_sec=900.0)])
+  results.mark_diverged(rope_post, "non-finite loss by step 3")
+  write_run(
+    learned_pre,
+    [
+      replica_row(2, "loss", [2.9, 3.1], tokens_per_sec=800.0),
+      replica_row(2, "eval_loss", [3.0, 3.0]),
+      replica_row(4, "loss", [2.4, 2.4], tokens_per_sec=1000.0),
+      replica_row(4, "eval_loss", [2.3, 2.7]),
+    ],
+  )
+  write_extrapolation(learned_pre, [True, False, False])
+  write_run(
+    learned_post,
+    [
+      replica_row(2, "loss", [3.1, 3.3], tokens_per_sec=700.0),
+      replica_row(2, "eval_loss", [3.2, 3.4]),
+    ],
+  )
+  return tmp_path
+
+
+def test_point_status_of_each_state(sweep_dir, points, tmp_path):
+  assert [results.point_status(sweep_dir / p.name) for p in points] == [
+    "done",
+    "diverged",
+    "done",
+    "partial",
+  ]
+  assert results.point_status(tmp_path / "never_started") == "missing"
+  (tmp_path / "empty").mkdir()
+  assert results.point_status(tmp_path / "empty") == "missing"
+  write_run(tmp_path / "no_config", [{"step": 4, "eval_loss": 2.0}], steps=None)
+  assert results.point_status(tmp_path / "no_config") == "partial"
+  # A train row at the last step without its eval row is not done yet.
+  write_run(tmp_path / "no_final_eval", [{"step": 4, "loss": 2.0}])
+  assert results.point_status(tmp_path / "no_final_eval") == "partial"
+
+
+def test_summary_of_replicas_is_mean_and_sample_std(sweep_dir, points):
+  row = results.summarize_point(points[0], sweep_dir / points[0].name)
+  assert row.status == "done" and not row.diverged and row.replicas == 2
+  assert row.train_loss.mean == pytest.approx(2.4, rel=1e-12)
+  assert row.train_loss.std == pytest.approx(0.4 / math.sqrt(2), rel=1e-12)
+  assert row.eval_loss.mean == pytest.approx(2.25, rel=1e-12)
+  assert row.eval_loss.std == pytest.approx(0.5 / math.sqrt(2), rel=1e-12)
+  e_a, e_b = math.exp(2.0), math.exp(2.5)
+  assert row.eval_perplexity.mean == pytest.approx((e_a + e_b) / 2, rel=1e-12)
+  assert row.eval_perplexity.std == pytest.approx((e_b - e_a) / math.sqrt(2), rel=1e-12)
+  assert row.tokens_per_sec == pytest.approx(1100.0, rel=1e-12)
+  assert row.extrapolation.lengths == (8, 16, 32)
+  assert row.extrapolation.loss["sliding"] == (1.9, 2.2, 3.0)
+
+
+def test_summary_of_a_single_run_has_no_std(tmp_path, points):
+  write_run(
+    tmp_path / "single",
+    [{"step": 4, "loss": 2.5, "tokens_per_sec": 500.0}, {"step": 4, "eval_loss": 2.25}],
+  )
+  row = results.summarize_point(points[0], tmp_path / "single", replicas=1)
+  assert (row.train_loss.mean, row.train_loss.std) == (2.5, None)
+  assert row.eval_perplexity.mean == pytest.approx(math.exp(2.25), rel=1e-12)
+  assert row.eval_perplexity.std is None and row.extrapolation is None
+
+
+def test_summary_of_a_diverged_point_has_no_final_losses(sweep_dir, points):
+  row = results.summarize_point(points[1], sweep_dir / points[1].name, replicas=2)
+  assert row.diverged and row.status == "diverged"
+  assert row.train_loss is None and row.eval_loss is None
+  assert row.tokens_per_sec == 900.0
+
+
+def test_rows_of_a_resumed_run_replace_earlier_ones_at_the_same_step(tmp_path, points):
+  write_run(
+    tmp_path / "resumed",
+    [
+      {"step": 4, "loss": 9.0},
+      {"step": 4, "eval_loss": 9.0},
+      {"step": 4, "loss": 2.0},
+      {"step": 4, "eval_loss": 1.5},
+    ],
+  )
+  row = results.summarize_point(points[0], tmp_path / "resumed", replicas=1)
+  assert (row.train_loss.mean, row.eval_loss.mean) == (2.0, 1.5)
+
+
+def test_a_missing_replica_value_is_an_error_naming_it(tmp_path, points):
+  write_run(
+    tmp_path / "run", [{"step": 4, "loss": 2.0, "loss/0": 2.0}, {"step": 4, "eval_loss": 2.0}]
+  )
+  with pytest.raises(ValueError, match=r"step 4 has 'loss' but not 'loss/1' \(replicas=2\)"):
+    results.summarize_point(points[0], tmp_path / "run", replicas=2)
+  with pytest.raises(ValueError, match="replicas must be >= 1"):
+    results.summarize_point(points[0], tmp_path / "run", replicas=0)
+
+
+def test_a_malformed_extrapolation_file_is_an_error_naming_the_key(tmp_path):
+  (tmp_path / results.EXTRAPOLATION_FILE).write_text(
+    json.dumps({"lengths": [8, 16], "loss": {"sliding": [2.0]}, "applicable": [True, True]})
+  )
+  with pytest.raises(ValueError, match=r"loss\.sliding has 1 entries for 2 lengths"):
+    results.read_extrapolation(tmp_path)
+  (tmp_path / results.EXTRAPOLATION_FILE).write_text(json.dumps({"lengths": [8]}))
+  with pytest.raises(ValueError, match="missing 'loss'"):
+    results.read_extrapolation(tmp_path)
+
+
+def summaries(sweep_dir, points):
+  return [results.summarize_point(p, sweep_dir / p.name, replicas=2) for p in points]
+
+
+def test_results_csv_holds_the_hand_computed_values(sweep_dir, points):
+  csv_path, _ = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  with open(csv_path, newline="") as f:
+    table = list(csv.DictReader(f))
+  assert [row["point"] for row in table] == [p.name for p in points]
+  rope_pre, rope_post, learned_pre, learned_post = table
+  assert (rope_pre["model.position"], rope_pre["model.norm_placement"]) == ("rope", "pre")
+  assert float(rope_pre["eval_loss"]) == pytest.approx(2.25, rel=1e-12)
+  assert float(rope_pre["eval_loss_std"]) == pytest.approx(0.5 / math.sqrt(2), rel=1e-12)
+  assert float(rope_pre["train_ppl"]) == pytest.approx(
+    (math.exp(2.2) + math.exp(2.6)) / 2, rel=1e-12
+  )
+  assert float(rope_pre["tokens_per_sec"]) == pytest.approx(1100.0, rel=1e-12)
+  assert [rope_pre[f"sliding@{n}"] for n in (8, 16, 32)] == ["1.9", "2.2", "3.0"]
+  assert [learned_pre[f"non_overlapping@{n}"] for n in (8, 16, 32)] == ["2.0", "n/a", "n/a"]
+  assert float(learned_pre["eval_loss_std"]) == pytest.approx(0.4 / math.sqrt(2), rel=1e-12)
+  assert (rope_post["diverged"], rope_post["status"], rope_post["eval_loss"]) == (
+    "yes",
+    "diverged",
+    "",
+  )
+  assert learned_post["status"] == "partial" and learned_post["diverged"] == "no"
+  assert float(learned_post["eval_loss"]) == pytest.approx(3.3, rel=1e-12)
+  assert learned_post["sliding@8"] == ""  # not evaluated
+
+
+def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
+  _, md_path = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  lines = md_path.read_text().splitlines()
+  assert "sample std (ddof=1)" in lines[0]
+  header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+  table = lines[4 : 4 + len(points)]
+  cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in table]
+  assert len(cells) == 4
+  assert cells[0]["val loss"] == "2.2500 ± 0.3536"
+  assert cells[0]["tokens/s"] == "1,100"
+  assert cells[0]["sliding @32"] == "3.0000"
+  assert cells[2]["sliding @16"] == "n/a"
+  assert (cells[1]["diverged"], cells[1]["val loss"]) == ("yes", "")
+
+
+def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
+  steps = list(range(100, 1001, 100))
+  loss = [3.0, 2.8, 2.6, 2.5, 2.4, 2.2, 2.1, 2.02, 2.01, 2.0]
+  # The last fifth (800-1000) holds three evaluations: measured from 800.
+  assert results.late_improvement(steps, loss) == pytest.approx(0.02 / 2.02, rel=1e-12)
+  assert results.is_flat(results.late_improvement(steps, loss))  # 1.0% < 2%
+  loss[7:] = [2.1, 2.05, 2.0]
+  assert results.late_improvement(steps, loss) == pytest.approx(0.1 / 2.1, rel=1e-12)
+  assert not results.is_flat(0.1 / 2.1) and results.is_flat(0.019) and results.is_flat(-0.01)
+  # The same run evaluated every 200 steps: two evaluations in the last fifth
+  # (800, 1000) measure two noisy numbers, so flatness is unknown.
+  assert results.late_improvement(steps[1::2], loss[1::2]) is None
+  assert results.evaluations_in_window(steps[1::2]) == 2
+  # The issue's case: a 20-step run still falling, evaluated every 4 steps.
+  assert results.late_improvement([4, 8, 12, 16, 20], [4.91, 4.7, 4.5, 4.39, 4.34]) is None
+  # With fewer evaluations required, the window starts at the latest before 80% (125).
+  assert results.late_improvement([125, 250], [2.6, 2.3], min_evaluations=1) == pytest.approx(
+    0.3 / 2.6, rel=1e-12
+  )
+  assert results.late_improvement([250], [2.3], min_evaluations=1) is None
+  assert results.late_improvement([], []) is None
+  assert results.is_flat(None) is None
+
+
+def test_results_tables_report_the_flattening_criterion(sweep_dir, points, monkeypatch):
+  # Two evaluations (steps 2 and 4): one in the last fifth, too few for a verdict.
+  rows = summaries(sweep_dir, points)
+  assert [row.late_improvement for row in rows] == [None] * 4
+  csv_path, md_path = results.write_results(rows, sweep_dir)
+  with open(csv_path, newline="") as f:
+    assert [row["flat"] for row in csv.DictReader(f)] == ["unknown", "", "unknown", "unknown"]
+  lines = md_path.read_text().splitlines()
+  assert "less than 2%" in lines[0] and "judged only with at least 3 evaluations" in lines[0]
+  # With one evaluation enough (as a run evaluated often would have them):
+  monkeypatch.setattr(results, "FLAT_MIN_EVALUATIONS", 1)
+  rows = summaries(sweep_dir, points)
+  assert rows[0].late_improvement == pytest.approx((3.2 - 2.25) / 3.2, rel=1e-12)
+  assert rows[1].late_improvement is None  # diverged
+  assert rows[3].late_improvement is None  # one evaluation: none before the last fifth
+  csv_path, md_path = results.write_results(rows, sweep_dir)
+  with open(csv_path, newline="") as f:
+    table = list(csv.DictReader(f))
+  assert float(table[0]["late_improvement"]) == pytest.approx((3.2 - 2.25) / 3.2, rel=1e-12)
+  assert [row["flat"] for row in table] == ["no", "", "no", "unknown"]
+  lines = md_path.read_text().splitlines()
+  header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+  first = dict(zip(header, (c.strip() for c in lines[4].strip("|").split("|"))))
+  assert (first["val change, last fifth"], first["flat"]) == ("-29.7%", "no")
+
+
+def test_write_results_rejects_no_rows(tmp_path):
+  with pytest.raises(ValueError, match="^rows: no points"):
+    results.write_results([], tmp_path)
+
+
+class FakeLinePlot:
+  """Stands in for txf.analysis.plots.line_plot: records the call, writes a PNG."""
+
+  def __init__(self):
+    self.calls = []
+
+  def __call__(self, series, path, title, xlabel, ylabel, logx=False, styles=None):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    self.calls.append(
+      dict(series=series, title=title, xlabel=xlabel, ylabel=ylabel, logx=logx, styles=styles)
+    )
+    figure = Figure()
+    FigureCanvasAgg(figure)
+    for label, (x, y, _) in series.items():
+      figure.add_subplot().plot(x, y, label=label)
+    figure.savefig(str(path), format="png")
+
+
+def assert_png(path):
+  data = path.read_bytes()
+  assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch):
+  line_plot = FakeLinePlot()
+  path = figures.plot_loss_curves(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
+  assert_png(path)
+  (call,) = line_plot.calls
+  # Labelled in words, with the flattening verdict: unknown, one evaluation
+  # (step 4) in the last fifth of each.
+  assert list(call["series"]) == [
+    "RoPE, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
+    "learned, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
+    "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
+  ]
+  assert "flat: < 2% better over the last fifth" in call["title"]
+  assert "unknown with < 3 evaluations there" in call["title"]
+  steps, mean, std = next(iter(call["series"].values()))
+  np.testing.assert_array_equal(steps, [2, 4])
+  np.testing.assert_allclose(mean, [3.2, 2.25], rtol=1e-12)
+  np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.5 / math.sqrt(2)], rtol=1e-12)
+  assert "step" in call["xlabel"] and "nats/token" in call["ylabel"] and not call["logx"]
+  assert set(call["styles"]) == set(call["series"])
+  # With one evaluation enough: rope_pre (3.2 -> 2.25) and learned_pre (3.0 ->
+  # 2.5) improved by 29.7% and 16.7%; learned_post has no evaluation before.
+  monkeypatch.setattr(results, "FLAT_MIN_EVALUATIONS", 1)
+  figures.plot_loss_curves(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
+  assert list(line_plot.calls[-1]["series"]) == [
+    "RoPE, Pre-LN (not flat: -29.7% in the last fifth)",
+    "learned, Pre-LN (not flat: -16.7% in the last fifth)",
+    "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
+  ]
+  monkeypatch.undo()
+
+  path = figures.plot_loss_curves(
+    summaries(sweep_dir, points), sweep_dir, metric="loss", line_plot=line_plot
+  )
+  assert path.name == figures.TRAIN_LOSS_CURVES_PNG
+  train = line_plot.calls[-1]
+  assert "training loss" in train["ylabel"] and len(train["series"]) == 4  # diverged too
+  assert list(train["series"]) == ["RoPE, Pre-LN", "RoPE, Post-LN", "learned, Pre-LN"] + [
+    "learned, Post-LN"
+  ]
+  assert "flat" not in train["title"]
+  steps, mean, std = train["series"]["RoPE, Pre-LN"]
+  np.testing.assert_array_equal(steps, [2, 4])
+  np.testing.assert_allclose(mean, [3.1, 2.4], rtol=1e-12)
+  np.testing.assert_allclose(std, [0.2 / math.sqrt(2), 0.4 / math.sqrt(2)], rtol=1e-12)
+  with pytest.raises(ValueError, match="metric: 'accuracy'"):
+    figures.plot_loss_curves(
+      summaries(sweep_dir, points), sweep_dir, metric="accuracy", line_plot=line_plot
+    )
+
+
+def test_point_styles_colour_the_leading_fields_and_dash_the_last(points):
+  """Grid position x norm_placement: one colour per position, one line
+  style per norm placement."""
+  styles = figures.point_styles(points)
+  by_values = {tuple(p.overrides.values()): styles[p.name] for p in points}
+  assert by_values[("rope", "pre")]["color"] == by_values[("rope", "post")]["color"]
+  assert by_values[("rope", "pre")]["color"] != by_values[("learned", "pre")]["color"]
+  assert by_values[("rope", "pre")]["linestyle"] == by_values[("learned", "pre")]["linestyle"]
+  assert by_values[("rope", "pre")]["linestyle"] != by_values[("rope", "post")]["linestyle"]
+  one_field = grid.expand(
+    ml_collections.ConfigDict(
+      dict(base=points[0].config, grid=grid.make_grid({"model.position": ["rope", "alibi"]}))
+    )
+  )
+  colours = {style["color"] for style in figures.point_styles(one_field).values()}
+  assert len(colours) == 2
+
+
+def test_point_labels_are_words(points):
+  assert list(figures.point_labels(points).values()) == [
+    "RoPE, Pre-LN",
+    "RoPE, Post-LN",
+    "learned, Pre-LN",
+    "learned, Post-LN",
+  ]
+  assert figures.value_words("model.position", "t5_bias") == "T5 bias"
+  assert figures.value_words("model.position", "none") == "NoPE"
+  assert figures.value_words("train.learning_rate", 0.003) == "learning rate 0.003"
+  assert figures.value_words("train.warmup_steps", 30) == "warmup steps 30"
+  assert figures.value_words("model.embed_norm", True) == "embed norm on"
+  # Labels that would collide fall back to the point names.
+  config = ml_collections.ConfigDict(dict(base=points[0].config))
+  config.base.model.update(dict(dropout_rate=0.0))
+  config.grid = grid.make_grid({"model.dropout_rate": [0.0, 0.1]})
+  assert list(figures.point_labels(grid.expand(config)).values()) == [
+    "dropout rate 0",
+    "dropout rate 0.1",
+  ]
+  twins = [
+    grid.Point(0, "a=x", {"a.rate": 1}, config.base),
+    grid.Point(1, "b=x", {"b.rate": 1}, config.base),
+  ]
+  assert figures.point_labels(twins) == {"a=x": "a=x", "b=x": "b=x"}
+
+
+def test_loss_curves_fit_their_title_and_legend_at_any_grid_size(tmp_path):
+  """The PNGs as written: the title wrapped inside the figure, the legend
+  inside it too, with 2 and with 12 curves."""
+  from txf.analysis.plots import line_plot_figure
+
+  title = (
+    "Validation loss per point (mean ± std over 2 replicas); flat: < 2% better over the "
+    "last fifth (unknown with < 3 evaluations there)"
+  )
+  for count in (2, 12):
+    series = {
+      f"curve {i}, Post-LN (not flat: -3.1% in the last fifth)": ([1, 2, 3], [3.0, 2.5, 2.0 + i])
+      for i in range(count)
+    }
+    figure = line_plot_figure(series, title=title, xlabel="step", ylabel="loss")
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox
+    text = figure._suptitle
+    assert " ".join(text.get_text().split()) == title
+    for artist in (text, figure.axes[0].get_legend()):
+      box = artist.get_window_extent(renderer)
+      assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and box.y1 <= inside.y1, (count, box)
+
+
+def test_extrapolation_plot_keeps_applicable_lengths_on_a_log_axis(sweep_dir, points):
+  line_plot = FakeLinePlot()
+  path = figures.plot_extrapolation(
+    summaries(sweep_dir, points), sweep_dir, protocol="sliding", line_plot=line_plot
+  )
+  assert path.name == "extrapolation_sliding.png"
+  assert_png(path)
+  (call,) = line_plot.calls
+  assert call["logx"] and "tokens" in call["xlabel"]
+  lengths, losses, std = call["series"]["learned, Pre-LN"]
+  np.testing.assert_array_equal(lengths, [8])
+  np.testing.assert_array_equal(losses, [1.9])
+  assert std is None and list(call["series"]) == ["RoPE, Pre-LN", "learned, Pre-LN"]
+
+
+def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
+  per_position = [3.0, 2.0, None, 1.5]  # null: no token scored at position 2
+  write_extrapolation(
+    sweep_dir / points[0].name,
+    [True, True, False],
+    per_position={"length": 4, "loss": per_position},
+  )
+  line_plot = FakeLinePlot()
+  path = figures.plot_per_position(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
+  assert path.name == results.PER_POSITION_PNG
+  assert_png(path)
+  (call,) = line_plot.calls
+  ((label, (positions, losses, std)),) = call["series"].items()
+  assert label == "RoPE, Pre-LN (4 tokens)" and std is None
+  np.testing.assert_array_equal(positions, [0, 1, 2, 3])
+  np.testing.assert_array_equal(losses, [3.0, 2.0, np.nan, 1.5])
+  assert "position" in call["xlabel"] and "nats/token" in call["ylabel"]
+
+  # Longer windows are averaged over equal spans of positions.
+  figures.plot_per_position(summaries(sweep_dir, points), sweep_dir, bins=2, line_plot=line_plot)
+  ((_, (positions, losses, _)),) = line_plot.calls[-1]["series"].items()
+  np.testing.assert_array_equal(positions, [0.5, 2.5])
+  np.testing.assert_array_equal(losses, [2.5, 1.5])  # the null position is left out
+
+  write_extrapolation(
+    sweep_dir / points[0].name,
+    [True, True, False],
+    per_position={"length": 5, "loss": per_position},
+  )
+  with pytest.raises(ValueError, match="per_position.loss has 4 entries for length 5"):
+    results.read_extrapolation(sweep_dir / points[0].name)
+  write_extrapolation(
+    sweep_dir / points[0].name, [True, True, False], per_position={"loss": per_position}
+  )
+  with pytest.raises(ValueError, match="missing 'per_position.length'"):
+    results.read_extrapolation(sweep_dir / points[0].name)
+
+
+def test_pre_vs_post_bar_chart_is_written(sweep_dir, points):
+  path = figures.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir)
+  assert path.name == figures.PRE_VS_POST_PNG
+  assert_png(path)
+  with pytest.raises(ValueError, match="^model.window: not a grid field"):
+    figures.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir, split_field="model.window")
+
+
+def test_pre_vs_post_axis_spans_the_losses_not_zero_and_its_legend_sits_beside_it(
+  sweep_dir, points
+):
+  rows = summaries(sweep_dir, points)
+  figure = figures.pre_vs_post_figure(rows)
+  (axes,) = figure.axes
+  low, high = axes.get_ylim()
+  means = [row.eval_loss.mean for row in rows if row.eval_loss is not None]
+  assert means and 0 < low < min(means) and high > max(means)
+  renderer = figure.canvas.get_renderer()
+  assert axes.get_legend().get_window_extent(renderer).x0 >= axes.get_window_extent(renderer).x1
+
+
+def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep_dir, points):
+  path = sweep_dir / points[0].name / results.EXTRAPOLATION_FILE
+  path.write_text(path.read_text()[:40])  # a writer killed mid-file
+  lines = []
+  row = results.summarize_point(points[0], path.parent, log=lines.append)
+  assert row.extrapolation is None and row.status == "done"
+  assert row.eval_loss.mean == pytest.approx(2.25, rel=1e-12)  # the rest of the row stands
+  (line,) = lines
+  assert line.startswith(f"{path}: not JSON") and "\n" not in line
+
+
+@pytest.mark.parametrize("failing", [results.RESULTS_CSV, results.RESULTS_MD])
+def test_a_full_disk_while_writing_results_is_one_line_and_keeps_the_old_file(
+  sweep_dir, points, failing
+):
+  rows = summaries(sweep_dir, points)
+  written = results.write_results(rows, sweep_dir)
+  before = {path.name: path.read_bytes() for path in written}
+  (sweep_dir / points[0].name / results.EXTRAPOLATION_FILE).unlink()  # new tables differ
+  nth_write = [results.RESULTS_CSV, results.RESULTS_MD].index(failing) + 1
+  with full_disk(files_in(sweep_dir), nth_write), pytest.raises(WriteError) as error:
+    results.write_results(summaries(sweep_dir, points), sweep_dir)
+  assert str(error.value) == f"{sweep_dir / failing}: No space left on device"
+  assert (sweep_dir / failing).read_bytes() == before[failing]
+  assert not [p for p in sweep_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_full_disk_while_writing_a_plot_keeps_the_old_png(sweep_dir, points):
+  path = figures.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir)
+  before = path.read_bytes()
+  with (
+    full_disk(files_in(sweep_dir), 1),
+    pytest.raises(WriteError, match=f"^{path}: No space left on device$"),
+  ):
+    figures.plot_pre_vs_post(
+      summaries(sweep_dir, points),
+      sweep_dir,
+      group_field="model.norm_placement",
+      split_field="model.position",
+    )
+  assert path.read_bytes() == before

@@ -1,0 +1,611 @@
+"""Tests for txf.sweep.runner and experiments/sweep.py: toy sweeps end to end."""
+
+import csv
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+from etils import epath
+
+from conftest import REPO, checkpoint_steps, load_config, tiny_config
+from full_disk import read_only
+from tensorboard_files import read_hparams
+from txf.analysis.extrapolation import check_num_tokens
+from txf.sweep import figures, grid, results, runner
+from txf.sweep.grid import GridError
+from txf.train.metrics import read_metrics
+from txf.train.workdir import WorkdirError, WorkdirLock
+
+ROOT = REPO
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TOY_STEPS = 10
+TOY_GRID = {"model.position": ["rope", "alibi"], "model.norm_placement": ["pre"]}
+TOY_NAMES = ["position=rope,norm_placement=pre", "position=alibi,norm_placement=pre"]
+
+
+REPLICAS = 2
+
+
+def toy_sweep(fields=None, **sweep):
+  """Toy points of REPLICAS seed replicas each."""
+  config = ml_collections.ConfigDict()
+  config.base = tiny_config(steps=TOY_STEPS)
+  config.base.replicas = REPLICAS
+  config.grid = grid.make_grid(fields or TOY_GRID)
+  config.sweep = ml_collections.ConfigDict(sweep)
+  return config
+
+
+def fake_extrapolate(calls, tokens=None):
+  """An extrapolation hook writing the documented file with made-up losses;
+  appends each run directory to `calls` and each num_tokens to `tokens`."""
+
+  def extrapolate(workdir, *, num_tokens, log):
+    calls.append(workdir)
+    if tokens is not None:
+      tokens.append(num_tokens)
+    (epath.Path(workdir) / results.EXTRAPOLATION_FILE).write_text(
+      json.dumps({"lengths": [32, 64], "loss": {"sliding": [3.0, 3.5]}, "applicable": [True, True]})
+    )
+
+  return extrapolate
+
+
+def read_csv(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def final_eval_loss(workdir):
+  return [row["eval_loss"] for row in read_metrics(workdir) if "eval_loss" in row][-1]
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory, compilation_cache_dir):
+  """A two-point, two-replica toy sweep: point 1 alone (index=1), then the
+  whole sweep.
+
+  Returns a dict: workdir; index_result, index_listing (run_sweep's return
+  and the workdir's entries after index=1); lines and calls (the full run's
+  log lines and extrapolation hook calls).
+  """
+  workdir = tmp_path_factory.mktemp("sweep")
+  index_result = runner.run_sweep(toy_sweep(), workdir, index=1, log=lambda line: None)
+  index_listing = sorted(os.listdir(workdir))
+  lines, calls = [], []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  return dict(
+    workdir=workdir,
+    index_result=index_result,
+    index_listing=index_listing,
+    lines=lines,
+    calls=calls,
+  )
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_index_runs_exactly_one_point_and_writes_no_results(finished_sweep):
+  assert finished_sweep["index_result"] is None
+  assert finished_sweep["index_listing"] == [TOY_NAMES[1]]
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep):
+  workdir, lines, calls = (finished_sweep[key] for key in ("workdir", "lines", "calls"))
+  assert [str(call) for call in calls] == [str(workdir / name) for name in TOY_NAMES]
+  for name in TOY_NAMES:
+    point_dir = workdir / name
+    saved = json.loads((point_dir / "config.json").read_text())
+    assert saved["train"]["steps"] == TOY_STEPS
+    assert saved["model"]["position"] == name.split(",")[0].split("=")[1]
+    assert str(TOY_STEPS) in os.listdir(point_dir / "checkpoints")
+    assert results.point_status(point_dir) == "done"
+  table = read_csv(workdir / results.RESULTS_CSV)
+  assert [row["point"] for row in table] == TOY_NAMES
+  for row, name in zip(table, TOY_NAMES):
+    assert float(row["eval_loss"]) == pytest.approx(final_eval_loss(workdir / name), rel=1e-12)
+    final = [r for r in read_metrics(workdir / name) if "eval_loss" in r][-1]
+    replica_losses = [final[f"eval_loss/{r}"] for r in range(REPLICAS)]
+    assert float(row["eval_loss_std"]) == pytest.approx(np.std(replica_losses, ddof=1), rel=1e-9)
+    assert row["replicas"] == str(REPLICAS)
+    assert (row["status"], row["diverged"], row["sliding@64"]) == ("done", "no", "3.5")
+  markdown = (workdir / results.RESULTS_MD).read_text()
+  assert all(f"| {name} |" in markdown for name in TOY_NAMES)
+  for png in (
+    figures.LOSS_CURVES_PNG,
+    figures.TRAIN_LOSS_CURVES_PNG,
+    figures.PRE_VS_POST_PNG,
+    "extrapolation_sliding.png",
+  ):
+    assert (workdir / png).read_bytes().startswith(PNG_MAGIC)
+  # Point 1 trained alone first: the full run trains only point 0, and
+  # extrapolates both.
+  assert [line for line in lines if line.startswith("point ")] == [
+    f"point 0 ({TOY_NAMES[0]}): training",
+    f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+    f"point 1 ({TOY_NAMES[1]}): done, skipped",
+    f"point 1 ({TOY_NAMES[1]}): length extrapolation",
+  ]
+  # Progress: point i of N with the elapsed time, and an ETA once a point
+  # has trained (point 1 was skipped: it does not count).
+  progress = [line for line in lines if line.startswith("sweep: point")]
+  assert len(progress) == 2
+  assert re.fullmatch(
+    rf"sweep: point 1 of 2 \(index 0, {TOY_NAMES[0]}\) \| elapsed \d+s", progress[0]
+  )
+  assert re.fullmatch(
+    rf"sweep: point 2 of 2 \(index 1, {TOY_NAMES[1]}\) \| elapsed \d+s \| eta \d+s", progress[1]
+  )
+
+
+def test_sweep_progress_line_counts_the_points_left_at_the_mean_point_time():
+  point = grid.Point(index=4, name="position=rope", overrides={}, config=None)
+  assert runner.format_sweep_progress(5, 12, point, 1100.0, []) == (
+    "sweep: point 5 of 12 (index 4, position=rope) | elapsed 18m20s"
+  )
+  # 8 points left (this one included) at a mean of 600 s.
+  assert runner.format_sweep_progress(5, 12, point, 1100.0, [500.0, 700.0]) == (
+    "sweep: point 5 of 12 (index 4, position=rope) | elapsed 18m20s | eta 1h20m"
+  )
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_each_point_gives_tensorboard_its_swept_fields_and_final_metrics(finished_sweep):
+  for name in TOY_NAMES:
+    hparams, metric_tags = read_hparams(finished_sweep["workdir"] / name / "tb")
+    swept = dict(field.split("=") for field in name.split(","))
+    assert hparams["model.position"] == swept["position"]
+    assert hparams["model.norm_placement"] == swept["norm_placement"]
+    assert hparams["replicas"] == REPLICAS and hparams["model.d_model"] == 32
+    assert {"eval/loss", "eval/loss_std", "eval/loss/0"} <= set(metric_tags)
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_rerun_skips_finished_points(finished_sweep):
+  workdir = finished_sweep["workdir"]
+  metrics = [workdir / name / "metrics.jsonl" for name in TOY_NAMES]
+  before = [path.stat().st_mtime_ns for path in metrics]
+  lines, calls = [], []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  assert [line for line in lines if line.startswith("point ")] == [
+    f"point {i} ({name}): done, skipped" for i, name in enumerate(TOY_NAMES)
+  ]
+  assert calls == []  # extrapolation.json already there
+  assert [path.stat().st_mtime_ns for path in metrics] == before
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tmp_path):
+  workdir = tmp_path / "copy"
+  shutil.copytree(finished_sweep["workdir"], workdir)
+  for name in TOY_NAMES:
+    (workdir / name / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  runner.run_sweep(
+    toy_sweep(extrapolate=False),
+    workdir,
+    log=lambda line: None,
+    extrapolate=fake_extrapolate(calls),
+  )
+  assert calls == []
+  tokens = []
+  runner.run_sweep(
+    toy_sweep(extrapolate_tokens=600),
+    workdir,
+    log=lambda line: None,
+    extrapolate=fake_extrapolate(calls, tokens),
+  )
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
+  assert tokens == [600, 600]  # sweep.extrapolate_tokens reaches the hook
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
+  workdir = finished_sweep["workdir"]
+  expected = (workdir / results.RESULTS_CSV).read_text()
+  (workdir / results.RESULTS_CSV).unlink()
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
+  assert [row.status for row in rows] == ["done", "done"]
+  assert (workdir / results.RESULTS_CSV).read_text() == expected
+
+
+def copy_of(finished_sweep, tmp_path):
+  """A copy of the finished toy sweep's directory to break."""
+  workdir = tmp_path / "copy"
+  shutil.copytree(finished_sweep["workdir"], workdir)
+  return workdir
+
+
+def point_lines(lines):
+  return [line for line in lines if line.startswith(("point ", "sweep "))]
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  expected = final_eval_loss(workdir / TOY_NAMES[0])
+  shutil.rmtree(workdir / TOY_NAMES[0])  # point 0 trains again, point 1 is done
+  (workdir / results.RESULTS_CSV).unlink()
+  lines = []
+
+  def log(line):  # the scheduler's SIGTERM, as point 0 logs step 3
+    lines.append(line)
+    if line.startswith(f"step 3/{TOY_STEPS} "):
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  assert (
+    runner.run_sweep(toy_sweep(), workdir, log=log, extrapolate=fake_extrapolate(calls := []))
+    is None
+  )
+  assert point_lines(lines) == [
+    f"point 0 ({TOY_NAMES[0]}): training",
+    f"sweep preempted in point 0 ({TOY_NAMES[0]}), which is saved; rerun the same command "
+    "to resume",
+  ]
+  assert checkpoint_steps(workdir / TOY_NAMES[0]) == [3] and calls == []
+  assert not (workdir / results.RESULTS_CSV).exists()
+  lines = []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  assert f"resumed from step 3 in {workdir / TOY_NAMES[0] / 'checkpoints'}" in lines
+  assert final_eval_loss(workdir / TOY_NAMES[0]) == pytest.approx(expected, rel=1e-6)
+  assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_sigterm_during_an_extrapolation_stops_the_sweep_and_a_rerun_redoes_it(
+  finished_sweep, tmp_path, sigterm_is_caught
+):
+  """Before, the SIGTERM killed the sweep (exit 143) without a word."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  for name in TOY_NAMES:
+    (workdir / name / results.EXTRAPOLATION_FILE).unlink()
+  (workdir / results.RESULTS_CSV).unlink()
+  lines, calls = [], []
+  writes = fake_extrapolate(calls)
+
+  def preempted(run_dir, *, num_tokens, log):  # the scheduler's SIGTERM, mid-way
+    os.kill(os.getpid(), signal.SIGTERM)
+    log("extrapolate: length 32 (1 of 2, 1x) | ...")
+    writes(run_dir, num_tokens=num_tokens, log=log)
+
+  assert runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=preempted) is None
+  assert sigterm_is_caught == []  # the sweep's guard took it
+  assert point_lines(lines)[-2:] == [
+    f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+    f"sweep preempted in point 0 ({TOY_NAMES[0]})'s length extrapolation; "
+    "rerun the same command to resume (an extrapolation cut short is computed again)",
+  ]
+  assert calls == [] and not (workdir / results.RESULTS_CSV).exists()
+  runner.run_sweep(toy_sweep(), workdir, log=lambda line: None, extrapolate=writes)
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
+  assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  path = workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE
+  path.write_text(path.read_text()[:30])
+  lines = []
+  rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lines.append)
+  assert rows[0].extrapolation is None and rows[1].extrapolation is not None
+  (line,) = [line for line in lines if str(path) in line]
+  assert (
+    line.startswith(f"{path}: not JSON (")
+    and line.endswith("; read as missing (a sweep rerun recomputes it)")
+    and "\n" not in line
+  )
+  calls = []
+  rows = runner.run_sweep(
+    toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+  )
+  assert [str(call) for call in calls] == [str(path.parent)]
+  assert rows[0].extrapolation == rows[1].extrapolation
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  cut, unconfigured = (workdir / name for name in TOY_NAMES)
+  metrics = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+  final = json.loads(metrics[-1])
+  assert final["step"] == TOY_STEPS and "eval_loss" in final
+  (cut / "metrics.jsonl").write_text("".join(metrics[:-1]) + metrics[-1][:20])
+  config_json = (unconfigured / "config.json").read_text()
+  (unconfigured / "config.json").unlink()
+  lines = []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate([]))
+  assert [line for line in lines if line.startswith("point ")] == [
+    f"point {i} ({name}): training" for i, name in enumerate(TOY_NAMES)
+  ]
+  assert final_eval_loss(cut) == pytest.approx(final["eval_loss"], rel=1e-6)
+  assert (unconfigured / "config.json").read_text() == config_json
+  table = read_csv(workdir / results.RESULTS_CSV)
+  assert [row["status"] for row in table] == ["done"] * 2
+  assert float(table[0]["eval_loss"]) == pytest.approx(final["eval_loss"], rel=1e-6)
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  for name in TOY_NAMES:  # extrapolated at the old final step
+    path = workdir / name / results.EXTRAPOLATION_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), "step": TOY_STEPS}))
+  steps = TOY_STEPS + 4
+  sweep = toy_sweep()
+  sweep.base.train.steps = steps
+  lines, calls = [], []
+  runner.run_sweep(sweep, workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  for name in TOY_NAMES:
+    assert checkpoint_steps(workdir / name)[-1] == steps
+    assert json.loads((workdir / name / "config.json").read_text())["train"]["steps"] == steps
+    assert f"resumed from step {TOY_STEPS} in {workdir / name / 'checkpoints'}" in lines
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES  # stale ones recomputed
+  table = read_csv(workdir / results.RESULTS_CSV)
+  assert [float(row["eval_loss"]) for row in table] == [
+    pytest.approx(final_eval_loss(workdir / name), rel=1e-12) for name in TOY_NAMES
+  ]
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_second_sweep_is_refused_while_the_first_extrapolates_a_point(finished_sweep, tmp_path):
+  workdir = copy_of(finished_sweep, tmp_path)
+  (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  with WorkdirLock(workdir / TOY_NAMES[0]):  # the first sweep, extrapolating point 0
+    with pytest.raises(WorkdirError, match=f"^{workdir / TOY_NAMES[0]}: in use by another run"):
+      runner.run_sweep(
+        toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+      )
+  assert calls == []
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_sweep_is_refused_in_one_line_before_anything_runs(finished_sweep, tmp_path):
+  """A finished sweep made read-only, rerun (its point 0 lacking its
+  extrapolation) or summarized: before, the rerun met a raw OSError taking
+  point 0's lock and the summary a write error at its first table."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  for summarize_only in (False, True):
+    with (
+      read_only(workdir),
+      pytest.raises(
+        WorkdirError, match=rf"^{workdir}: not a writable directory \(Read-only file system\)$"
+      ),
+    ):
+      runner.run_sweep(
+        toy_sweep(),
+        workdir,
+        summarize_only=summarize_only,
+        log=lambda line: None,
+        extrapolate=fake_extrapolate(calls),
+      )
+  assert calls == []
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_point_is_refused_in_one_line_before_it_is_extrapolated(
+  finished_sweep, tmp_path
+):
+  workdir = copy_of(finished_sweep, tmp_path)
+  point = workdir / TOY_NAMES[0]
+  (point / results.EXTRAPOLATION_FILE).unlink()
+  calls = []
+  with (
+    read_only(point),
+    pytest.raises(
+      WorkdirError, match=rf"^{point}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    runner.run_sweep(
+      toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
+    )
+  assert calls == []
+
+
+def started(point_dir):
+  """Makes `point_dir` a point of REPLICAS replicas that started training:
+  one logged step."""
+  point_dir.mkdir(parents=True)
+  row = {"step": 1, "loss": 5.0, **{f"loss/{r}": 5.0 for r in range(REPLICAS)}}
+  (point_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def test_summarize_only_where_no_point_ran_is_refused_and_creates_nothing(tmp_path):
+  """A mistyped --workdir: before, the directory was created with tables of
+  'missing' points, exit 0."""
+  workdir = tmp_path / "typo"
+  with pytest.raises(
+    WorkdirError, match=rf"^{workdir}: no point of this sweep has run there: nothing to summarize$"
+  ):
+    runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plots(tmp_path):
+  started(tmp_path / TOY_NAMES[0])
+  rows = runner.run_sweep(toy_sweep(), tmp_path, summarize_only=True, log=lambda line: None)
+  assert [row.status for row in rows] == ["partial", "missing"]
+  assert sorted(os.listdir(tmp_path)) == [TOY_NAMES[0], results.RESULTS_CSV, results.RESULTS_MD]
+
+
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (
+      {"model.position": ["rope", "bogus"]},
+      r"^point 1 \(position=bogus\): model.position: 'bogus' is not one of",
+    ),
+    ({"model.num_heads": [2, 3]}, r"^point 1 \(num_heads=3\): model.num_heads"),
+    # (A warmup longer than the run is clamped, not refused: a negative one is.)
+    ({"train.warmup_steps": [2, -1]}, r"^point 1 \(warmup_steps=-1\): train.warmup_steps"),
+  ],
+)
+def test_an_invalid_point_stops_the_sweep_before_anything_trains(
+  tmp_path, monkeypatch, fields, message
+):
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  with pytest.raises(GridError, match=message):
+    runner.run_sweep(toy_sweep(fields), tmp_path, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+  "sweep, message",
+  [
+    (dict(seeds=3), r"sweep.seeds: unknown field .*; seeds per point are base.replicas"),
+    (dict(extrapolate_tokens=0), r"sweep.extrapolate_tokens"),
+    (dict(extrapolate="no"), r"sweep.extrapolate: must be True or False"),
+    (dict(seed=1), r"sweep.seed: unknown field"),
+  ],
+)
+def test_bad_sweep_settings_are_rejected_naming_the_field(tmp_path, sweep, message):
+  with pytest.raises(GridError, match=message):
+    runner.run_sweep(toy_sweep(**sweep), tmp_path, log=lambda line: None)
+  assert os.listdir(tmp_path) == []
+
+
+def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_path, monkeypatch):
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  seq_len = toy_sweep().base.data.seq_len
+  with pytest.raises(
+    GridError,
+    match=rf"^sweep.extrapolate_tokens: point 0 .*no window of "
+    rf"{16 * seq_len + 1} tokens",
+  ):
+    runner.run_sweep(
+      toy_sweep(extrapolate_tokens=16 * seq_len),
+      tmp_path,
+      log=lambda line: None,
+      extrapolate=fake_extrapolate([]),
+    )
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow  # trains a sweep
+def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilation_cache_dir):
+  lines = []
+  rows = runner.run_sweep(
+    toy_sweep({"train.learning_rate": [1e6, 1e-3]}), tmp_path, log=lines.append
+  )
+  diverged, healthy = (tmp_path / f"learning_rate={lr}" for lr in ("1000000.0", "0.001"))
+  assert "non-finite" in json.loads((diverged / results.DIVERGED_FILE).read_text())["error"]
+  assert results.point_status(healthy) == "done"
+  assert [(row.status, row.diverged) for row in rows] == [("diverged", True), ("done", False)]
+  assert [row["diverged"] for row in read_csv(tmp_path / results.RESULTS_CSV)] == ["yes", "no"]
+  assert any(line.startswith("point 0 (learning_rate=1000000.0): diverged") for line in lines)
+
+
+@pytest.mark.parametrize("name, count", [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8)])
+def test_each_shipped_sweep_config_expands_and_validates(name, count):
+  config = load_config(f"sweeps.{name}")
+  points = grid.expand(config)
+  assert len(points) == count
+  grid.validate(points, runner.check_point_config)
+  assert config.base.replicas == {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3}[name]  # seeds
+  if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
+    check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
+  reference = runner.load_run_config(config.sweep.run_config)  # a shipped name: from anywhere
+  for point in points:  # every point has an exact txf-run command
+    grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
+  if name.startswith("pe_ln"):
+    assert {p.overrides["model.position"] for p in points} == {
+      "sinusoidal",
+      "learned",
+      "rope",
+      "alibi",
+      "t5_bias",
+      "none",
+    }
+    assert {p.overrides["model.norm_placement"] for p in points} == {"pre", "post"}
+    # The flat column is only exact when an evaluation opens the last fifth
+    # (results.late_improvement) and one closes it.
+    steps, every = config.base.train.steps, config.base.eval.every
+    window_start = steps * (1 - results.FLAT_FRACTION)
+    assert window_start == int(window_start) and int(window_start) % every == 0 == steps % every
+    # ... and enough evaluations fall in it for a verdict.
+    assert (steps - window_start) // every + 1 >= results.FLAT_MIN_EVALUATIONS
+
+
+def run_cli(*args):
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.sweep", *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+
+
+@pytest.mark.slow  # a subprocess
+def test_cli_dry_run_prints_every_points_run_command(tmp_path):
+  done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
+  assert done.returncode == 0, done.stderr
+  # The installed command (python -m experiments.run: a checkout's), said once.
+  commands = [line.strip() for line in done.stdout.splitlines() if line.startswith("  txf-run ")]
+  assert len(commands) == 12
+  assert done.stdout.splitlines()[-1] == (
+    "(in a checkout, python -m experiments.run takes the place of txf-run)"
+  )
+  assert commands[7] == (
+    "txf-run --config=base "
+    f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=120 "
+    "--config.eval.sample_tokens=0 --config.model.d_model=64 "
+    "--config.model.norm_placement=post --config.model.position=alibi "
+    "--config.replicas=2 --config.train.checkpoint_every=900 --config.train.log_every=120 "
+    "--config.train.steps=1800 --config.train.warmup_steps=180"
+  )
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow  # a subprocess
+def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
+  done = run_cli(
+    "--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--config.base.model.num_heads=3"
+  )
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+  assert done.stderr.startswith(
+    "config error: point 0 (position=sinusoidal,norm_placement=pre): model.num_heads"
+  )
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow  # a subprocess
+def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
+  # The sweep command in a process whose second file written in tmp_path
+  # (after the writability probe) meets a full disk (tests/full_disk.py).
+  script = (
+    "import runpy, sys; sys.path.insert(0, 'tests'); import full_disk\n"
+    f"sys.argv = ['sweep', '--config=configs/sweeps/pe_ln.py', '--workdir={tmp_path}', "
+    "'--summarize']\n"
+    f"with full_disk.full_disk(full_disk.files_in({str(tmp_path)!r}), 2):\n"
+    "  runpy.run_module('experiments.sweep', run_name='__main__')"
+  )
+  point = "position=sinusoidal,norm_placement=pre"
+  started(tmp_path / point)
+  done = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+  assert done.returncode == 1, done.stderr
+  assert done.stderr.strip() == (
+    f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device"
+  )
+  assert os.listdir(tmp_path) == [point]  # no cut file, no temporary

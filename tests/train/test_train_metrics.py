@@ -1,0 +1,339 @@
+"""Tests for txf.train.metrics (JSONL + TensorBoard) and txf.train.hardware."""
+
+import json
+import time
+import types
+from html import escape as html_escape
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tensorboard_files import read_hparams, read_tensorboard_events, read_tensorboard_scalars
+from txf.train import console, hardware, metrics
+
+
+def without_time(rows):
+  return [{k: v for k, v in row.items() if k != "time"} for row in rows]
+
+
+def test_jsonl_round_trip_converts_array_scalars(tmp_path):
+  rows = [
+    (
+      10,
+      {
+        "loss": jnp.float32(2.5),
+        "tokens": np.int64(4096),
+        "learning_rate": 1e-3,
+        "grad_norm": jnp.asarray(0.75, jnp.bfloat16),
+      },
+    ),
+    (20, {"loss": np.float32(2.25), "tokens": 8192, "nan_check": jnp.nan}),
+  ]
+  before = time.time()
+  with metrics.MetricsWriter(tmp_path) as writer:
+    for step, scalars in rows:
+      writer.write(step, scalars)
+  got = metrics.read_metrics(tmp_path)
+  assert [row["step"] for row in got] == [10, 20]
+  # Each row's wall time, in seconds since the epoch.
+  assert before <= got[0]["time"] <= got[1]["time"] <= time.time()
+  assert isinstance(got[0]["time"], float)
+  for (_, scalars), row in zip(rows, got):
+    assert set(row) == {"step", "time", *scalars}
+    for name, value in scalars.items():
+      np.testing.assert_equal(row[name], float(value))
+  assert isinstance(got[0]["tokens"], int)
+  # Plain JSON on disk, one object per line.
+  lines = (tmp_path / metrics.METRICS_FILE).read_text().splitlines()
+  assert json.loads(lines[0])["loss"] == 2.5
+
+
+def test_reopen_appends(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(1, {"loss": 3.0})
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(2, {"loss": 2.0})
+  assert without_time(metrics.read_metrics(tmp_path)) == [
+    {"step": 1, "loss": 3.0},
+    {"step": 2, "loss": 2.0},
+  ]
+
+
+def test_row_cut_off_by_crash_is_skipped_and_not_glued(tmp_path, caplog):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(1, {"loss": 3.0})
+  with open(tmp_path / metrics.METRICS_FILE, "a") as f:
+    f.write('{"step": 2, "lo')
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(2, {"loss": 2.0})
+  assert without_time(metrics.read_metrics(tmp_path)) == [
+    {"step": 1, "loss": 3.0},
+    {"step": 2, "loss": 2.0},
+  ]
+  assert "line 2" in caplog.text
+
+
+def test_tensorboard_event_files_hold_the_scalars_in_groups(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(5, {"loss": 1.5, "loss/1": 1.75, "eval_accuracy": jnp.float32(0.25)})
+    writer.write(6, {"loss": 1.25, "learning_rate": 1e-3, "tokens_per_sec": 1000.0})
+    writer.write(7, {"eval_loss_std": 0.5, "mfu": 0.5, "eval/x": 2.0})
+  scalars = read_tensorboard_scalars(tmp_path / metrics.TENSORBOARD_DIR)
+  assert scalars == {
+    ("train/loss", 5): 1.5,
+    ("train/loss/1", 5): 1.75,
+    ("eval/accuracy", 5): 0.25,
+    ("train/loss", 6): 1.25,
+    ("train/learning_rate", 6): pytest.approx(1e-3),
+    ("perf/tokens_per_sec", 6): 1000.0,
+    ("eval/loss_std", 7): 0.5,
+    ("perf/mfu", 7): 0.5,
+    ("eval/x", 7): 2.0,
+  }
+  # metrics.jsonl keeps the names it was given.
+  assert set(metrics.read_metrics(tmp_path)[0]) == {
+    "step",
+    "time",
+    "loss",
+    "loss/1",
+    "eval_accuracy",
+  }
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  with metrics.MetricsWriter(workdir, enabled=False) as writer:
+    writer.write(1, {"loss": 1.0})
+    writer.flush()
+  assert not workdir.exists()
+  assert metrics.read_metrics(workdir) == []
+
+
+@pytest.mark.parametrize(
+  "scalars, message",
+  [
+    ({"loss": jnp.ones((2,))}, "'loss'.*shape"),
+    ({"name": "abc"}, "'name'.*number"),
+    ({"step": 3}, "'step'"),
+    ({"time": 3.0}, "'time'"),
+  ],
+)
+def test_bad_scalars_raise_before_writing(tmp_path, scalars, message):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    with pytest.raises(ValueError, match=message):
+      writer.write(1, {"ok": 1.0, **scalars})
+  assert metrics.read_metrics(tmp_path) == []
+
+
+def test_format_progress():
+  line = console.format_progress(
+    250,
+    1000,
+    {
+      "loss": jnp.float32(2.34567),
+      "learning_rate": 3e-4,
+      "tokens_per_sec": 51234.4,
+      "mfu": 0.4123,
+      "steps_per_sec": 2.0,
+      "other": 7,
+    },
+  )
+  assert line == (
+    "step 250/1000 (25.0%) | loss 2.3457 | lr 3.000e-04 | 51,234 tok/s | mfu 41.2% | eta 6m15s"
+  )
+  assert console.format_progress(0, 10, {}) == "step 0/10 (0.0%)"
+  long_run = console.format_progress(0, 10_000, {"steps_per_sec": 1.0})
+  assert long_run.endswith("eta 2h46m")  # 10,000 s = 2h46m40s
+  with pytest.raises(ValueError, match="total"):
+    console.format_progress(1, 0, {})
+
+
+def test_format_progress_shows_elapsed_and_counts_evaluations_in_its_eta():
+  # 100 steps in 300 s of wall time, evaluations included, although the
+  # steps alone ran at 2/s: 900 steps to go take 2700 s, not 450 s.
+  line = console.format_progress(
+    100, 1000, {"loss": 2.0, "steps_per_sec": 2.0}, elapsed=300.0, steps_run=100
+  )
+  assert line == "step 100/1000 (10.0%) | loss 2.0000 | elapsed 5m00s | eta 45m00s"
+  # A resumed run: only the steps this process ran count.
+  resumed = console.format_progress(600, 1000, {}, elapsed=50.0, steps_run=100)
+  assert resumed.endswith("| elapsed 50s | eta 3m20s")
+  # Nothing run yet: the step rate's ETA, or none.
+  assert console.format_progress(0, 10, {"steps_per_sec": 1.0}, elapsed=5.0).endswith(
+    "| elapsed 5s | eta 10s"
+  )
+  assert console.format_progress(0, 10, {}, elapsed=5.0) == "step 0/10 (0.0%) | elapsed 5s"
+  assert "\x1b" not in line and "\r" not in line  # plain lines for a log file
+
+
+def test_the_eta_leaves_the_compiling_step_out(monkeypatch):
+  # Resumed at step 446: the first step compiles for 30 s, the next four take
+  # 0.1 s each. The ETA was 150 steps x 30.4 s / 5 = 15m12s; it is 15 s.
+  from txf.train import loop
+
+  clock = iter([0.0, 30.0, 30.4])  # started, compiled, now
+  monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+  window = loop._Throughput()
+  for step in range(5):
+    window.add({"loss": jnp.zeros(())}, compiling=step == 0)
+  assert window.timed() == pytest.approx((0.4, 4))
+  line = console.format_progress(
+    450, 600, {}, elapsed=30.4, steps_run=window.steps_run, timed=(0.4, 4)
+  )
+  assert line.endswith("| elapsed 30s | eta 15s")
+
+
+def fake_device(kind):
+  return types.SimpleNamespace(device_kind=kind)
+
+
+@pytest.mark.parametrize(
+  "kind, dtype, expected",
+  [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.5e12),
+    ("NVIDIA H100 PCIe", "bfloat16", 756.5e12),
+    ("NVIDIA H100 NVL", "float16", 835.5e12),
+    ("NVIDIA H200", jnp.bfloat16, 989.5e12),
+    ("NVIDIA A100-SXM4-80GB", "bfloat16", 312e12),
+    ("NVIDIA A100 80GB PCIe", "bfloat16", 312e12),
+    ("NVIDIA L4", "bfloat16", 121e12),
+    ("Tesla V100-SXM2-16GB", "float16", 125e12),
+    ("Tesla V100-SXM2-16GB", "bfloat16", None),
+    ("TPU v4", "bfloat16", 275e12),
+    ("TPU v5 lite", "bfloat16", 197e12),
+    ("TPU v5e", "bfloat16", 197e12),
+    ("TPU v5", "bfloat16", 459e12),
+    ("TPU v5p", "bfloat16", 459e12),
+    ("TPU v6 lite", "bfloat16", 918e12),
+    ("NVIDIA H100 80GB HBM3", "float32", None),
+    ("NVIDIA L40S", "bfloat16", None),
+    ("TPU v4 lite", "bfloat16", None),
+    ("cpu", "bfloat16", None),
+  ],
+)
+def test_peak_flops_lookup(kind, dtype, expected):
+  assert hardware.peak_flops_per_device(fake_device(kind), dtype) == expected
+
+
+def test_peak_flops_default_device_is_cpu_here():
+  assert hardware.peak_flops_per_device() is None
+
+
+def test_peak_flops_rejects_non_dtype():
+  with pytest.raises(ValueError, match="dtype"):
+    hardware.peak_flops_per_device(fake_device("TPU v4"), "not-a-dtype")
+
+
+def test_mfu_arithmetic():
+  # 6e9 FLOPs/token at 1e5 tokens/s on 4 devices of 1e15 FLOP/s peak.
+  assert hardware.mfu(6e9, 1e5, 4, 1e15) == pytest.approx(6e14 / 4e15)
+  assert hardware.mfu(6e9, 1e5, 4, None) is None
+  for args, name in [
+    ((-1, 1, 1, 1e12), "flops_per_token"),
+    ((1, -1, 1, 1e12), "tokens_per_second"),
+    ((1, 1, 0, 1e12), "num_devices"),
+    ((1, 1, 1, 0.0), "peak"),
+  ]:
+    with pytest.raises(ValueError, match=name):
+      hardware.mfu(*args)
+
+
+def test_samples_are_tensorboard_text_preformatted(tmp_path):
+  code = "def f(x):\n  if x < 2:\n\n    return x  # *one*"
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write_sample(4, code)
+    writer.write_sample(8, "import os")
+  texts = {
+    event.step: value.tensor.string_val[0].decode()
+    for event in read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+    for value in event.summary.value
+    if value.tag.startswith(metrics.SAMPLE_TAG)
+  }
+  assert texts == {4: metrics.preformatted(code), 8: "    import os"}
+  # Tagged for TensorBoard's text dashboard.
+  plugins = {
+    value.metadata.plugin_data.plugin_name
+    for event in read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+    for value in event.summary.value
+  }
+  assert plugins == {"text"}
+  # As TensorBoard renders it (Markdown): one <pre> block holding the text as it is.
+  markdown = pytest.importorskip("markdown")
+  html = markdown.markdown(texts[4])
+  assert html == f"<pre><code>{html_escape(code, quote=False)}\n</code></pre>"
+  # samples.txt keeps the text itself, which read_samples reads back.
+  assert metrics.read_samples(tmp_path) == [(4, code), (8, "import os")]
+
+
+def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(10, {"eval_loss": 2.5, "eval_accuracy": 0.25})
+    writer.write_hparams(
+      10,
+      {"model.d_model": 64, "model.position": "rope", "model.window": None, "train.lr": 1e-3},
+      {"eval_loss": np.float32(2.5), "eval_accuracy": 0.25},
+    )
+  logdir = tmp_path / metrics.TENSORBOARD_DIR
+  hparams, metric_tags = read_hparams(logdir)
+  assert hparams == {
+    "model.d_model": 64.0,
+    "model.position": "rope",
+    "model.window": "null",
+    "train.lr": 1e-3,
+  }
+  assert sorted(metric_tags) == ["eval/accuracy", "eval/loss"]
+  # The dashboard reads each metric's value from the scalars of that tag.
+  assert read_tensorboard_scalars(logdir)[("eval/loss", 10)] == 2.5
+
+
+class RecordingTracker:
+  def __init__(self):
+    self.calls = []
+
+  def log_config(self, config):
+    self.calls.append(("config", dict(config)))
+
+  def log_metrics(self, step, scalars):
+    self.calls.append(("metrics", step, dict(scalars)))
+
+  def log_sample(self, step, text):
+    self.calls.append(("sample", step, text))
+
+  def log_summary(self, final):
+    self.calls.append(("summary", dict(final)))
+
+  def close(self):
+    self.calls.append(("close",))
+
+
+def test_writer_fans_out_to_trackers(tmp_path):
+  tracker = RecordingTracker()
+  with metrics.MetricsWriter(tmp_path, trackers=(tracker,)) as writer:
+    writer.write(1, {"loss": jnp.float32(2.0)})
+    writer.write_sample(1, "text")
+    writer.write_hparams(1, {"model.d_model": 8}, {"eval_loss": 1.5})
+  assert tracker.calls == [
+    ("metrics", 1, {"loss": 2.0}),
+    ("sample", 1, "text"),
+    ("summary", {"eval_loss": 1.5}),
+    ("close",),
+  ]
+
+
+def test_disabled_writer_leaves_trackers_alone(tmp_path):
+  tracker = RecordingTracker()
+  with metrics.MetricsWriter(tmp_path / "run", enabled=False, trackers=(tracker,)) as writer:
+    writer.write(1, {"loss": 1.0})
+  assert tracker.calls == []
+
+
+def test_durations_print_as_the_progress_lines_show_them():
+  assert [console.format_duration(s) for s in (0.4, 45, 425, 3720, 3599.6)] == [
+    "0s",
+    "45s",
+    "7m05s",
+    "1h02m",
+    "1h00m",
+  ]
+  assert console.format_duration(float("inf")) == "?"

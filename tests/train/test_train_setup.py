@@ -1,0 +1,271 @@
+"""The run setup (txf.train.setup): a trained run evaluated at a new length
+through load_run, the resume guard, and the benchmark built on the setup.
+
+One tiny RoPE run is trained once for the module (compilation dominates;
+JAX's persistent compilation cache is on, as in test_train_loop.py).
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO, load_config, restore_state, tiny_config
+from txf.analysis import flops_per_token
+from txf.train import loop
+from txf.train.resume import config_changes, read_run_config, write_config
+from txf.train.run_config import ConfigError, check_run_config
+from txf.train.setup import load_run, setup_run
+from txf.train.step import model_inputs
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(compilation_cache_dir):
+  return compilation_cache_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """Work directory of a tiny RoPE run trained STEPS steps at seq_len 32."""
+  workdir = tmp_path_factory.mktemp("run")
+  loop.run(tiny_config("rope", steps=STEPS), workdir, log=lambda line: None)
+  return workdir
+
+
+def digests(directory):
+  return {
+    str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(pathlib.Path(directory).rglob("*"))
+    if p.is_file()
+  }
+
+
+def reference_eval_loss(setup, params):
+  """Token-weighted mean cross-entropy over the eval batches, in float64 numpy
+  from the model's logits (independent of the eval step and its sums)."""
+  loss_sum = count = 0.0
+  for batch in setup.eval_data:
+    logits = np.asarray(
+      setup.model.apply({"params": params}, batch["inputs"], deterministic=True), np.float64
+    )
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    picked = np.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
+    loss_sum += float(np.sum(-picked * batch["weights"]))
+    count += float(np.sum(batch["weights"]))
+  return loss_sum / count
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_load_run_evaluates_at_twice_the_training_length(trained):
+  before = digests(trained)
+  run = load_run(trained, {"data.seq_len": 64, "eval.num_batches": 2})
+  assert run.step == STEPS
+  assert run.setup.config.data.seq_len == 64
+  assert next(iter(run.setup.eval_data))["inputs"].shape == (8, 64)
+
+  saved = restore_state(trained, STEPS)["params"]  # orbax directly, not the Checkpointer
+  leaves, tree = jax.tree.flatten(run.params)
+  saved_leaves, saved_tree = jax.tree.flatten(saved)
+  assert tree == saved_tree and len(leaves) > 3
+  for leaf, saved_leaf in zip(leaves, saved_leaves):
+    np.testing.assert_array_equal(np.asarray(leaf), np.asarray(saved_leaf))
+
+  result = run.setup.evaluate(run.params)
+  assert math.isfinite(result["eval_loss"])
+  # float32 logits and sums against a float64 reference over 2 x 8 x 64 tokens.
+  assert result["eval_loss"] == pytest.approx(reference_eval_loss(run.setup, run.params), rel=1e-5)
+  assert result["eval_perplexity"] == pytest.approx(math.exp(result["eval_loss"]), rel=1e-9)
+  assert digests(trained) == before  # config.json and checkpoints untouched
+
+
+@pytest.mark.slow  # its fixture trains a run
+@pytest.mark.parametrize(
+  "overrides, field",
+  [
+    ({"model.d_model": 64}, "model.d_model"),
+    ({"model.position": "alibi"}, "model.position"),
+    ({"seed": 1}, "seed"),
+    ({"data.max_corpus_bytes": 100_000}, "data.max_corpus_bytes"),
+    ({"data.tokenizer": "sentencepiece"}, "data.tokenizer"),
+    ({"data.bogus": 1}, "data.bogus"),
+    ({"bogus.seq_len": 1}, "bogus.seq_len"),
+  ],
+)
+def test_load_run_refuses_what_the_checkpoint_depends_on(trained, overrides, field):
+  before = digests(trained)
+  with pytest.raises(ConfigError, match=rf"^{field}: "):
+    load_run(trained, overrides)
+  assert digests(trained) == before
+
+
+def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tmp_path):
+  # A finished 30-step run (warmup 60, clamped to 30) continued to 600 steps:
+  # its learning rate drops from the peak to half of it, said in one line.
+  config = load_config("rope")
+  config.train.steps = 30
+  write_config(config, tmp_path)
+  saved = read_run_config(tmp_path)
+  assert config_changes(config, saved) == [] and loop._changes_line(config, saved) is None
+  config.train.steps = 600
+  config.train.decay = "linear"
+  config.eval.sample_prompt = "class "
+  assert config_changes(config, saved) == [
+    ("train.steps", 30, 600),
+    ("train.decay", "cosine", "linear"),
+    ("eval.sample_prompt", "def ", "class "),
+  ]
+  setup = types.SimpleNamespace(run=check_run_config(config, vocab_size=260, num_classes=None))
+  setup.schedule = setup.run.schedule
+  line = loop._changes_line(config, saved) + loop._learning_rate_change(setup, saved, 30)
+  assert line == (
+    "changed from the run's config.json: train.steps 30 -> 600, train.decay 'cosine' -> "
+    "'linear', eval.sample_prompt 'def ' -> 'class '; learning rate at step 30: "
+    "3.000e-03 -> 1.500e-03"
+  )
+  config.train.steps = 30  # the same schedule: no learning rate in the line
+  setup.run = check_run_config(config, vocab_size=260, num_classes=None)
+  setup.schedule = setup.run.schedule
+  assert loop._learning_rate_change(setup, saved, 20) == ""
+  assert config_changes(load_config("rope"), read_run_config(tmp_path / "new")) == []
+
+
+def test_load_run_needs_a_run(tmp_path):
+  with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
+    load_run(tmp_path)
+
+
+@pytest.mark.slow  # trains runs (and its fixture one)
+def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
+  """A finished run started again with another seq_len and batch size (24:
+  the saved data position, 4 batches of 8, is no boundary of batches of 24)
+  trains nothing and evaluates there, as load_run does."""
+  config_json = (trained / "config.json").read_bytes()
+  lines = []
+  result = loop.run(
+    tiny_config("rope", steps=STEPS, data__seq_len=64, data__batch_size=24),
+    trained,
+    log=lines.append,
+  )
+  assert f"already trained to step {STEPS} of {STEPS}" in lines
+  changed = "changed from the run's config.json: data.seq_len 32 -> 64, data.batch_size 8 -> 24"
+  assert changed in lines
+  evaluation = load_run(trained, {"data.seq_len": 64, "data.batch_size": 24})
+  assert result == evaluation.setup.evaluate(evaluation.params)
+  assert (trained / "config.json").read_bytes() == config_json
+  assert json.loads(config_json)["data"]["seq_len"] == 32
+
+
+@pytest.mark.slow  # trains runs (and its fixture one)
+def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(trained):
+  config_json = (trained / "config.json").read_bytes()
+  with pytest.raises(ConfigError, match=r"^data\.batch_size: .*does not continue"):
+    loop.run(
+      tiny_config("rope", steps=2 * STEPS, data__batch_size=24), trained, log=lambda line: None
+    )
+  assert (trained / "config.json").read_bytes() == config_json
+
+
+@pytest.mark.slow  # trains runs (and its fixture one)
+def test_resume_with_another_model_is_refused(trained):
+  with pytest.raises(ConfigError, match=r"^model\.d_model: differs from the run"):
+    loop.run(tiny_config("rope", steps=2 * STEPS, model__d_model=64), trained)
+
+
+@pytest.mark.slow  # a subprocess
+def test_bench_times_the_training_step_and_writes_json(tmp_path):
+  report_path = tmp_path / "bench.json"
+  tiny = [
+    "--config.model.d_model=32",
+    "--config.model.num_heads=2",
+    "--config.model.num_layers=1",
+    "--config.data.seq_len=32",
+    "--config.data.batch_size=8",
+    "--config.data.max_corpus_bytes=200000",
+  ]
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.run",
+      "step",
+      "--config=configs/rope.py",
+      *tiny,
+      "--steps=4",
+      "--window=2",
+      "--fresh_batches",
+      f"--json={report_path}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "steps 3-4:" in done.stdout
+  report = json.loads(report_path.read_text())
+  config = tiny_config("rope")
+  model_cfg = dict(config.model, vocab_size=260)  # the byte tokenizer's ids
+  assert report["tokens_per_step"] == 8 * 32
+  assert report["flops_per_token"] == pytest.approx(flops_per_token(model_cfg, 32), rel=1e-12)
+  assert [(w["first_step"], w["last_step"]) for w in report["windows"]] == [(1, 2), (3, 4)]
+  for window in report["windows"]:
+    assert window["step_time"] > 0
+    assert window["tokens_per_sec"] == pytest.approx(256 / window["step_time"], rel=1e-12)
+    # A barely trained byte-level model: near uniform over 260 ids (ln 260 = 5.56).
+    assert 3.0 < window["loss"] < 7.0
+  assert min(w["step_time"] for w in report["windows"]) <= report["median_step_time"]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_abstract_state_carries_the_state_shardings(replicas):
+  """Restoring onto another mesh or process count needs a target sharding on
+  every leaf (orbax otherwise falls back to the saved topology and refuses)."""
+  config = tiny_config("rope", steps=STEPS)
+  config.replicas = replicas
+  setup = setup_run(config)
+  leaves = jax.tree.leaves(setup.abstract_state)
+  shardings = jax.tree.leaves(setup.state_sharding)
+  assert len(leaves) == len(shardings)
+  assert [leaf.sharding for leaf in leaves] == shardings
+
+
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
+def test_evaluate_weights_every_token_alike_across_batches():
+  """eval_loss and eval_accuracy are means over all weighted tokens, not
+  means of per-batch means: batches of unequal weight, and a weight-0 batch
+  (the streamed evaluator pads up to eval.num_batches with them), count by
+  their tokens. Compared with the token-weighted mean in float64."""
+  setup = setup_run(tiny_config("rope"))
+  params = setup.init().params
+  batch = jax.tree.map(np.asarray, next(iter(setup.eval_data)))
+  weights_BxT = batch["weights"].astype(np.float32)
+  few_BxT = weights_BxT * (np.arange(weights_BxT.shape[1]) < 3)  # 3 tokens a row
+  zero_BxT = np.zeros_like(weights_BxT)
+  batches = [dict(batch, weights=w) for w in (weights_BxT, few_BxT, zero_BxT)]
+  result = dataclasses.replace(setup, eval_data=batches).evaluate(params)
+
+  logits = np.asarray(
+    setup.model.apply({"params": params}, *model_inputs(batch, "lm"), deterministic=True),
+    np.float64,
+  )
+  log_probs = logits - logits.max(-1, keepdims=True)
+  log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+  nll_BxT = -np.take_along_axis(log_probs, batch["targets"][..., None], -1)[..., 0]
+  correct_BxT = logits.argmax(-1) == batch["targets"]
+  total = sum(w.sum() for w in (weights_BxT, few_BxT, zero_BxT))
+  loss = sum((nll_BxT * w).sum() for w in (weights_BxT, few_BxT)) / total
+  accuracy = sum((correct_BxT * w).sum() for w in (weights_BxT, few_BxT)) / total
+  np.testing.assert_allclose(result["eval_loss"], loss, rtol=1e-5)
+  np.testing.assert_allclose(result["eval_accuracy"], accuracy, rtol=1e-5)
+  np.testing.assert_allclose(result["eval_perplexity"], np.exp(loss), rtol=1e-5)

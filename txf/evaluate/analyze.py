@@ -1,0 +1,686 @@
+"""Attention analysis of a trained run: heatmaps, per-head scores, head ablation.
+
+  record = analyze_run("runs/pe_ln/rope_pre")
+  print(record["table"])
+
+The run is restored once through txf.train.setup.load_run. Its attention is
+read through the model's own layers (txf.analysis.attention_maps) and its
+heads are ablated through the model's own 'head_mask' collection
+(txf.analysis.ablation), evaluated with the run's eval step. Each attention
+kind (txf.analysis.attention.attention_kind: 'self' for a decoder or an
+encoder; 'encoder_self', 'decoder_self' and 'cross' for an encoder-decoder)
+gets, in <workdir>/analysis/:
+
+  attention_<kind>.png  heatmaps per layer and head of validation sample 0
+  head_scores.csv       one row per (kind, layer, head), full precision
+  head_scores.md        the same as markdown tables, one per kind
+
+and, for a causal decoder, on request (txf.analysis.circuits):
+
+  circuits=True         circuits.json, circuits.md: composition scores
+                        between consecutive layers' heads and path patching
+                        of each head's output into the next layer;
+                        composition.png, patching.png, head_scores_sorted.png
+  checkpoints=True      training_scores.csv, training_scores.png and
+                        circuits.md: validation loss, head scores and
+                        K-composition at every kept checkpoint (the phase
+                        change)
+
+Scores per head (txf.analysis.head_scores): previous-token score and mean entropy
+and distance on the first validation batch; induction score on repeated
+random token sequences, for causal self-attention only (n/a elsewhere: a
+bidirectional encoder sees the answer, cross-attention keys are the source);
+and the validation-loss change when the head's output is zeroed, over the
+run's evaluator's batches. Nothing else in the run directory changes.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+
+from txf.analysis.ablation import (
+  ablation_loss_fns,
+  ablation_metric_fns,
+  attention_shapes,
+  head_name,
+  parse_heads,
+)
+from txf.analysis.attention import attention_maps, maps_by_kind
+from txf.analysis.circuit_report import (
+  circuit_table,
+  composition_figure,
+  patching_figure,
+  phase_change_table,
+  sorted_scores_figure,
+  sorted_scores_table,
+  training_figure,
+)
+from txf.analysis.circuits import analyze_circuits
+from txf.analysis.composition import composition_scores
+from txf.analysis.head_scores import (
+  attention_entropy,
+  group_mask,
+  head_ablation,
+  head_roles,
+  head_score_rows,
+  head_scores_table,
+  in_distribution_ids,
+  induction_score,
+  mean_attended_distance,
+  previous_token_score,
+  probe_periods,
+  repeated_random_tokens,
+)
+from txf.analysis.phase_change import steepest_fall, write_training_csv
+from txf.analysis.plots import attention_grid, save_figure
+from txf.checks import int_at_least
+from txf.data.incontext import repeat_periods
+from txf.train.console import format_duration
+from txf.train.setup import RunSetup, load_run, make_checkpointer
+from txf.train.step import make_eval_step, model_inputs
+from txf.train.workdir import check_reachable, run_path
+
+ANALYSIS_DIR = "analysis"
+SCORES_CSV = "head_scores.csv"
+SCORES_MD = "head_scores.md"
+CIRCUITS_JSON = "circuits.json"
+CIRCUITS_MD = "circuits.md"
+COMPOSITION_PNG = "composition.png"
+PATCHING_PNG = "patching.png"
+SORTED_PNG = "head_scores_sorted.png"
+TRAINING_CSV = "training_scores.csv"
+TRAINING_PNG = "training_scores.png"
+
+
+def attention_png(kind: str) -> str:
+  """The heatmap file of one attention kind."""
+  return f"attention_{kind}.png"
+
+
+def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
+  """int [B, T]: the tokens whose positions are `kind`'s queries."""
+  if kind == "encoder_self":
+    return batch["encoder_inputs"]
+  if kind in ("decoder_self", "cross"):
+    return batch["decoder_inputs"]
+  return batch["inputs"]
+
+
+def _key_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
+  """int [B, S]: the tokens whose positions are `kind`'s keys."""
+  return batch["encoder_inputs"] if kind == "cross" else _query_tokens(batch, kind)
+
+
+def _is_causal(setup: RunSetup, kind: str) -> bool:
+  return kind == "decoder_self" or (kind == "self" and setup.task == "lm")
+
+
+def _unpadded_length(tokens_T: np.ndarray, pad_id: int) -> int:
+  """Positions up to the last token that is not padding (all, if every one is)."""
+  kept = np.nonzero(tokens_T != pad_id)[0]
+  return int(kept[-1]) + 1 if kept.size else len(tokens_T)
+
+
+def _labels(setup: RunSetup, tokens_T: np.ndarray) -> list[str]:
+  """One readable label per token id: its text, quoted if blank, else <id>."""
+  labels = []
+  for token in tokens_T:
+    text = setup.train_data.tokenizer.decode([int(token)])
+    labels.append(
+      text if text.strip() and text.isprintable() else repr(text) if text else f"<{int(token)}>"
+    )
+  return labels
+
+
+def _plot_sample(
+  setup: RunSetup,
+  kind: str,
+  layers: list[Any],
+  batch: dict[str, np.ndarray],
+  path: epath.Path,
+  step: int,
+) -> None:
+  """Heatmaps of validation sample 0 for one kind, padding cut off."""
+  pad_id = setup.model_cfg.pad_id
+  queries_T, keys_S = _query_tokens(batch, kind)[0], _key_tokens(batch, kind)[0]
+  T, S = _unpadded_length(queries_T, pad_id), _unpadded_length(keys_S, pad_id)
+  attention_grid(
+    [np.asarray(weights_BxHxTxS[0, :, :T, :S]) for weights_BxHxTxS in layers],
+    _labels(setup, queries_T[:T]),
+    path,
+    f"{kind} attention, validation sample 0 (step {step})",
+    key_tokens=_labels(setup, keys_S[:S]),
+  )
+
+
+def _probe_ids(setup: RunSetup, kind: str, batches: list[dict[str, np.ndarray]]) -> np.ndarray:
+  """The ids the induction probe draws: those in the validation batches'
+  `kind` queries, special ids left out (the run's own token distribution)."""
+  tokens = np.concatenate([_query_tokens(batch, kind).ravel() for batch in batches])
+  return in_distribution_ids(tokens, setup.train_data.tokenizer.special_ids)
+
+
+def _probe_periods(
+  setup: RunSetup, length: int, num_ids: int, periods: list[int] | None
+) -> list[int]:
+  """The probe periods: `periods`, checked to fit, or the two longest that fit
+  and that the training data does not repeat with (`probe_periods`)."""
+  if periods is None:
+    return probe_periods(length, num_ids, repeat_periods(setup.config.data))
+  if len(periods) < 2 or len(set(periods)) < len(periods):
+    raise ValueError(
+      f"periods: two or more different probe periods are needed to tell "
+      f"induction from positional heads, got {periods}"
+    )
+  limit = min(length // 2, num_ids)
+  for period in periods:
+    if not 2 <= period <= limit:
+      raise ValueError(
+        f"periods: {period} must be in 2..{limit} (two blocks of distinct "
+        f"tokens fit the run's {length} query positions and {num_ids} "
+        "in-distribution ids)"
+      )
+  return periods
+
+
+def _induction(
+  setup: RunSetup,
+  maps_fn: Callable[..., dict[str, Any]],
+  params: Any,
+  batch: dict[str, np.ndarray],
+  kind: str,
+  period: int,
+  seed: int,
+  ids: np.ndarray,
+) -> np.ndarray:
+  """[L, H] induction scores of `kind` on repeated blocks of `ids` (an
+  encoder-decoder's source: the batch's encoder inputs), attention from
+  `maps_fn(params, *inputs)`."""
+  B = _query_tokens(batch, kind).shape[0]
+  tokens_BxT = repeated_random_tokens(
+    np.random.default_rng(seed), B, period, setup.model_cfg.vocab_size, ids=ids
+  )
+  inputs = (batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq" else (tokens_BxT,)
+  layers = maps_by_kind(maps_fn(params, *inputs))[kind]
+  return np.stack([induction_score(weights, period) for weights in layers])
+
+
+def _attention_scores(
+  setup: RunSetup,
+  kind: str,
+  layers: list[Any],
+  batch: dict[str, np.ndarray],
+  induction_by_period: dict[int, np.ndarray],
+) -> dict[str, np.ndarray]:
+  """The [L, H] scores of one kind in table order: previous-token
+  (self-attention only; NaN for cross), induction (the lowest over the probe
+  periods: a content match scores at every period), the induction score at
+  each probe period, entropy and distance on the batch, padded queries left
+  out."""
+  query_mask_BxT = _query_tokens(batch, kind) != setup.model_cfg.pad_id
+  per_layer = lambda score: np.stack(
+    [score(weights, query_mask=query_mask_BxT) for weights in layers]
+  )
+  entropy_LxH = per_layer(attention_entropy)
+  previous_LxH = (
+    np.full_like(entropy_LxH, np.nan) if kind == "cross" else per_layer(previous_token_score)
+  )
+  by_period = {
+    f"induction_p{period}": scores_LxH for period, scores_LxH in induction_by_period.items()
+  }
+  return {
+    "previous_token": previous_LxH,
+    "induction": np.min(np.stack(list(by_period.values())), axis=0),
+    **by_period,
+    "entropy_nats": entropy_LxH,
+    "distance_tokens": per_layer(mean_attended_distance),
+  }
+
+
+def _eval_sums(task: str):
+  """(model, params, batch) -> {loss_sum, count, correct}: the run's eval step."""
+  return lambda model, params, batch: make_eval_step(model, task)(params, batch)
+
+
+def _eval_loss_sums(task: str):
+  """(model, params, batch) -> (loss_sum, count) with the run's eval step."""
+
+  def loss_sums(model, params, batch):
+    sums = _eval_sums(task)(model, params, batch)
+    return sums["loss_sum"], sums["count"]
+
+  return loss_sums
+
+
+def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict[str, dict]:
+  """{kind: {role: ['L<l>H<h>', ...]}} of the causal kinds (`head_roles`)."""
+  named: dict[str, dict] = {}
+  for kind, kind_scores in scores.items():
+    if np.all(np.isnan(kind_scores["induction"])):
+      continue
+    roles_LxH = head_roles(
+      kind_scores["previous_token"],
+      {period: kind_scores[f"induction_p{period}"] for period in periods},
+    )
+    named[kind] = {role: [] for role in ("previous_token", "induction", "positional")}
+    for (layer, head), labels in np.ndenumerate(roles_LxH):
+      for role in filter(None, labels.split("+")):
+        named[kind][role].append(head_name(layer, head))
+  return named
+
+
+def _group_ablation(
+  metric_fn: Callable[[np.ndarray], dict[str, float]], spec: str, shape: tuple[int, int]
+) -> dict[str, Any]:
+  """Loss and accuracy with every head on and with the heads of `spec` zeroed together."""
+  heads = parse_heads(spec, *shape)
+  return {
+    "heads": [head_name(layer, head) for layer, head in heads],
+    "baseline": metric_fn(np.ones(shape, np.float32)),
+    "ablated": metric_fn(group_mask(heads, *shape)),
+  }
+
+
+def format_head_progress(
+  kind: str, layer: int, head: int, num_layers: int, num_heads: int, delta: float, elapsed: float
+) -> str:
+  """The progress line of one head's ablation, e.g. 'analyze: self head L0H1
+  (2 of 8) | loss_delta +0.0123 | elapsed 3s | eta 9s' (the ETA at the
+  mean time per head of `kind` so far)."""
+  done, total = layer * num_heads + head + 1, num_layers * num_heads
+  return (
+    f"analyze: {kind} head L{layer}H{head} ({done} of {total}) | loss_delta {delta:+.4f} | "
+    f"elapsed {format_duration(elapsed)} | eta {format_duration(elapsed / done * (total - done))}"
+  )
+
+
+def analyze_run(
+  workdir: str | os.PathLike,
+  *,
+  num_batches: int | None = None,
+  periods: list[int] | None = None,
+  seed: int = 0,
+  replica: int = 0,
+  ablate: str | None = None,
+  circuits: bool = False,
+  checkpoints: bool = False,
+  log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+  """Writes the attention analysis of the run in `workdir` into
+  <workdir>/analysis/ (see the module docstring) and returns it.
+
+  Args:
+    workdir: a trained run (config.json and a checkpoint): decoder, encoder
+      or encoder-decoder (not an LSTM).
+    num_batches: validation batches the ablation evaluates (None: the run's
+      eval.num_batches); the scores use the first.
+    periods: two or more block lengths of the induction probe (None: the two
+      longest that fit the run's query length and its in-distribution ids
+      and that its training data does not repeat with).
+    seed: seed of the induction inputs' random tokens.
+    replica: which seed replica of a run of several to analyse (0: the
+      first, whose seed is the run's `seed`).
+    ablate: heads of the causal self-attention to zero together, e.g.
+      'L1H0,L1H2' (None: none); their loss and accuracy change is reported.
+    circuits: also composition scores and path patching (a Pre-LN,
+      unscanned decoder LM; txf.analysis.circuits.analyze_circuits) on the
+      induction probe's periods and ids.
+    checkpoints: also the validation loss, previous-token and induction
+      scores and K-composition at every checkpoint the run kept (keep many:
+      train.checkpoint_every small, train.max_to_keep large).
+    log: called with a progress line as each head's ablation (and each
+      checkpoint) is done (`format_head_progress`); None: quiet.
+
+  Returns:
+    {"step": checkpoint step, "baseline_loss": validation loss with every
+     head, "periods": induction probe periods (None without a causal kind),
+     "scores": {kind: {score name: [L, H] list}}, "roles": {kind:
+     {"previous_token" | "induction" | "positional": ["L<l>H<h>", ...]}}
+     (causal kinds), "group_ablation": {"heads", "baseline", "ablated"} with
+     {"loss", "accuracy"} each (None without `ablate`), "circuits": the
+     record of circuits.json (None without `circuits`), "training": the
+     scores over checkpoints as `read_training_csv` returns them (None
+     without `checkpoints`), "files": [paths written], "table": the markdown
+     of head_scores.md}.
+
+  Raises:
+    ConfigError: `workdir` holds no run or checkpoint.
+    WorkdirError: `workdir` on a file system that is not installed (a gs://
+      one needs the `gcs` extra) or that cannot be reached.
+    ValueError: naming the argument, before the model runs.
+  """
+  if num_batches is not None:
+    int_at_least(num_batches, "num_batches", 1)
+  if periods is not None:
+    periods = [int_at_least(period, "periods", 1) for period in periods]
+  int_at_least(seed, "seed", 0)
+  if jax.process_count() > 1:
+    raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
+  workdir = run_path(workdir)
+  check_reachable(workdir)
+  run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
+  setup = run.setup
+  if setup.model_cfg.family == "lstm":
+    raise ValueError(
+      f"model.family: the run in {workdir} is an LSTM; it has no attention to analyse"
+    )
+  try:
+    params = setup.replica_params(run.params, replica)
+  except ValueError as error:
+    raise ValueError(f"{error} (in {workdir})") from None
+  batches = list(setup.eval_data)
+  first = batches[0]
+  shapes = attention_shapes(params)
+  causal = [kind for kind in shapes if _is_causal(setup, kind)]
+  if ablate is not None and not causal:
+    raise ValueError("ablate: the model has no causal self-attention to ablate")
+  ids = None
+  if causal:
+    ids = _probe_ids(setup, causal[0], batches)
+    periods = _probe_periods(setup, _query_tokens(first, causal[0]).shape[1], len(ids), periods)
+  if ablate is not None:
+    parse_heads(ablate, *shapes[causal[0]])  # a bad spec fails before the model runs
+  if circuits or checkpoints:
+    _check_circuits(setup, circuits=circuits)
+  if checkpoints:
+    with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
+      kept = checkpointer.steps()
+    if len(kept) < 2:
+      raise ValueError(
+        f"checkpoints: the run in {workdir} kept {len(kept)} checkpoint(s); scores over "
+        "training need two or more (train with a small train.checkpoint_every and a "
+        "large train.max_to_keep)"
+      )
+  out = workdir / ANALYSIS_DIR
+  scores: dict[str, dict[str, np.ndarray]] = {}
+  files = []
+  with setup.activation_sharding():
+    maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
+    layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
+    device_batches = [setup.to_device(batch) for batch in batches]
+    loss_fns = ablation_loss_fns(setup.model, params, device_batches, _eval_loss_sums(setup.task))
+    any_kind, any_shape = next(iter(shapes.items()))
+    baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
+    for kind, (num_layers, num_heads) in shapes.items():
+      layers = layers_by_kind[kind]
+      path = out / attention_png(kind)
+      _plot_sample(setup, kind, layers, first, path, run.step)
+      files.append(path)
+      induction = {
+        period: (
+          _induction(setup, maps_fn, params, first, kind, period, seed, ids)
+          if kind in causal and ids is not None  # ids: None <=> no causal kind
+          else np.full((num_layers, num_heads), np.nan)
+        )
+        for period in periods or ()
+      }
+      began = time.perf_counter()
+
+      def progress(layer, head, delta, kind=kind, shape=(num_layers, num_heads), began=began):
+        if log is not None:
+          elapsed = time.perf_counter() - began
+          log(format_head_progress(kind, layer, head, *shape, delta, elapsed))
+
+      scores[kind] = {
+        **_attention_scores(setup, kind, layers, first, induction),
+        "ablation_delta_loss": head_ablation(
+          loss_fns[kind], num_layers, num_heads, progress=progress
+        ),
+      }
+    group = None
+    if ablate is not None:
+      metric_fns = ablation_metric_fns(setup.model, params, device_batches, _eval_sums(setup.task))
+      group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]])
+    circuit_record = training = None
+    if circuits or checkpoints:
+      assert periods is not None and ids is not None  # a causal decoder (_check_circuits)
+      label = f"{workdir.name} (seed {setup.seeds[replica]})"
+      head_scores = {name: scores["self"][name] for name in ("previous_token", "induction")}
+      md_parts = []
+      if circuits:
+        circuit_record = {
+          "step": run.step,
+          "scores": {name: values.tolist() for name, values in head_scores.items()},
+          **analyze_circuits(
+            setup.model,
+            params,
+            ids,
+            periods,
+            batch=_query_tokens(first, "self").shape[0],
+            seed=seed,
+          ),
+        }
+        files += _write_circuits(out, circuit_record, label, run.step)
+        md_parts.append(_circuits_markdown(circuit_record, label))
+      if checkpoints:
+        training = _training_scores(
+          workdir, setup, replica, first, periods, ids, seed, maps_fn, log
+        )
+        files.append(write_training_csv(training, out / TRAINING_CSV))
+        files.append(
+          save_figure(
+            training_figure(
+              {label: training},
+              title="Loss and head scores over training, at every kept checkpoint",
+              max_step=_training_xlim(training),
+            ),
+            out / TRAINING_PNG,
+          )
+        )
+        md_parts.append(
+          "## When the circuit forms\n\nSteepest change between consecutive checkpoints "
+          f"({len(training['steps'])} checkpoints, steps {training['steps'][0]}.."
+          f"{training['steps'][-1]}):\n\n{phase_change_table({label: training})}"
+        )
+      files.append(_write(out / CIRCUITS_MD, "\n".join(md_parts)))
+  roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
+  table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
+  files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
+  return {
+    "step": run.step,
+    "baseline_loss": baseline,
+    "periods": periods,
+    "scores": {
+      kind: {name: values.tolist() for name, values in kind_scores.items()}
+      for kind, kind_scores in scores.items()
+    },
+    "roles": roles,
+    "group_ablation": group,
+    "circuits": circuit_record,
+    "training": training,
+    "files": [str(path) for path in files],
+    "table": table,
+  }
+
+
+def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
+  """ValueError, before compute, unless the run is a decoder LM with two or
+  more layers (and, for `circuits`' patching, Pre-LN and unscanned)."""
+  cfg = setup.model_cfg
+  flag = "circuits" if circuits else "checkpoints"
+  if cfg.family != "decoder" or setup.task != "lm":
+    raise ValueError(
+      f"{flag}: needs a decoder language model; the run's model.family is "
+      f"{cfg.family!r} (task {setup.task!r})"
+    )
+  if cfg.num_layers < 2:
+    raise ValueError(f"{flag}: needs two or more layers to compose, the run has {cfg.num_layers}")
+  if circuits and cfg.norm_placement != "pre":
+    raise ValueError("circuits: path patching needs Pre-LN (model.norm_placement='pre')")
+  if circuits and cfg.scan_layers:
+    raise ValueError("circuits: path patching needs unscanned layers (model.scan_layers=False)")
+
+
+def _write_circuits(
+  out: epath.Path, record: dict[str, Any], label: str, step: int
+) -> list[epath.Path]:
+  """circuits.json and the figures of layer 0 -> 1."""
+  json_path = out / CIRCUITS_JSON
+  json_path.parent.mkdir(parents=True, exist_ok=True)
+  json_path.write_text(json.dumps(record, indent=1) + "\n")
+  periods = ", ".join(str(period) for period in record["periods"])
+  figures = {
+    COMPOSITION_PNG: composition_figure(
+      record, title=f"Composition of layer-0 heads into layer-1 heads ({label}, step {step})"
+    ),
+    PATCHING_PNG: patching_figure(
+      record,
+      title=f"Path patching: layer-1 induction scores ({label}, step {step}, periods {periods})",
+    ),
+    SORTED_PNG: sorted_scores_figure(
+      {label: record["scores"]}, title=f"Every head's scores, sorted ({label}, step {step})"
+    ),
+  }
+  return [json_path] + [save_figure(figure, out / name) for name, figure in figures.items()]
+
+
+def _circuits_markdown(record: dict[str, Any], label: str) -> str:
+  baseline = record["baseline"]
+  return (
+    f"# Circuits at step {record['step']}\n\n"
+    "Composition scores (Elhage et al. 2021) from the weights, Pre-LN norm's scale "
+    "and centring folded in, RoPE and the FFNs ignored (random Gaussian weights of "
+    f"these shapes score q {baseline['q']:.3f}, k {baseline['k']:.3f}, v {baseline['v']:.3f}); "
+    "path patching: the fall of layer 1's induction scores when one layer-0 head's "
+    "output is taken from a corrupted prompt (two unrelated blocks) on one path, mean "
+    f"over the probe periods {record['periods']} and over layer 1's heads "
+    "(txf.analysis.composition, txf.analysis.patching).\n\n"
+    f"{circuit_table({label: record})}\n"
+    f"Every head's scores, sorted:\n\n{sorted_scores_table({label: record})}"
+  )
+
+
+def _training_scores(
+  workdir: epath.Path,
+  setup: RunSetup,
+  replica: int,
+  batch: dict[str, np.ndarray],
+  periods: list[int],
+  ids: np.ndarray,
+  seed: int,
+  maps_fn: Callable[..., dict[str, Any]],
+  log: Callable[[str], Any] | None,
+) -> dict[str, Any]:
+  """Validation loss and accuracy, previous-token and induction scores (as
+  `_attention_scores`) and K-composition at every checkpoint in `workdir`."""
+  rows: dict[str, list[Any]] = {
+    name: []
+    for name in ("steps", "loss", "accuracy", "previous_token", "induction", "k_composition")
+  }
+  query_mask_BxT = _query_tokens(batch, "self") != setup.model_cfg.pad_id
+  suffix = f"/{replica}" if setup.replicas > 1 else ""
+  began = time.perf_counter()
+  with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
+    steps = checkpointer.steps()
+    for done, step in enumerate(steps, 1):
+      state, _ = checkpointer.restore_step(step, setup.abstract_state)
+      metrics = setup.evaluate(state.params)
+      params = setup.replica_params(state.params, replica)
+      layers = maps_by_kind(maps_fn(params, *model_inputs(batch, setup.task)))["self"]
+      induction = [
+        _induction(setup, maps_fn, params, batch, "self", period, seed, ids) for period in periods
+      ]
+      rows["steps"].append(step)
+      rows["loss"].append(float(metrics[f"eval_loss{suffix}"]))
+      rows["accuracy"].append(float(metrics[f"eval_accuracy{suffix}"]))
+      rows["previous_token"].append(
+        np.stack([previous_token_score(weights, query_mask=query_mask_BxT) for weights in layers])
+      )
+      rows["induction"].append(np.min(np.stack(induction), axis=0))
+      rows["k_composition"].append(
+        composition_scores(params, fold_norm=setup.model_cfg.norm_placement == "pre")["k"]
+      )
+      if log is not None:
+        elapsed = time.perf_counter() - began
+        log(
+          f"analyze: checkpoint step {step} ({done} of {len(steps)}) | eval_loss "
+          f"{rows['loss'][-1]:.4f} | elapsed {format_duration(elapsed)} | eta "
+          f"{format_duration(elapsed / done * (len(steps) - done))}"
+        )
+  return {name: np.asarray(values) for name, values in rows.items()}
+
+
+def _training_xlim(training: dict[str, Any]) -> int:
+  """The training figure's last step: 4x where the accuracy stops rising
+  fastest (the phase change in the first quarter), or the last checkpoint."""
+  steps = training["steps"]
+  _, after, _ = steepest_fall(steps, -np.asarray(training["accuracy"]))
+  return int(min(steps[-1], 4 * after))
+
+
+def _write(path: epath.Path, text: str) -> epath.Path:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+  return path
+
+
+def _markdown(
+  scores: dict[str, dict[str, np.ndarray]],
+  step: int,
+  baseline: float,
+  periods: list[int] | None,
+  num_batches: int,
+  roles: dict[str, dict],
+  group: dict[str, Any] | None,
+) -> str:
+  """head_scores.md: a header saying what the columns mean, one table per kind,
+  the heads' roles and the group ablation."""
+  induction = (
+    f"attention to the token after the previous occurrence, on random blocks of "
+    f"in-distribution tokens repeated twice; the lowest over the probe periods "
+    f"{periods} (induction_p<P>: at period P); causal self-attention only"
+    if periods
+    else "n/a (the model has no causal self-attention)"
+  )
+  parts = [
+    f"# Attention heads at step {step}\n\n"
+    f"- previous_token: mean attention from t to t - 1 (self-attention only)\n"
+    f"- entropy_nats: mean entropy of a query's attention, nats\n"
+    f"- distance_tokens: mean expected |query - key| position distance, tokens\n"
+    f"- induction: {induction}\n"
+    f"- ablation_delta_loss: the run's validation loss (nats; {num_batches} "
+    f"batch{'es' if num_batches > 1 else ''}, baseline {baseline:.4f}) with the head's "
+    f"output zeroed, minus the baseline\n"
+  ]
+  for kind, kind_scores in scores.items():
+    parts.append(f"\n## {kind} attention\n\n{head_scores_table(kind_scores)}")
+    if kind in roles:
+      parts.append(
+        "\nRoles (score >= 0.5; positional: an induction score at some probe "
+        "period but not all):\n\n"
+        + "".join(
+          f"- {role}: {', '.join(heads) or 'none'}\n" for role, heads in roles[kind].items()
+        )
+      )
+  if group is not None:
+    before, after = group["baseline"], group["ablated"]
+    parts.append(
+      f"\n## Group ablation of {', '.join(group['heads'])}\n\n"
+      f"| | loss (nats) | accuracy |\n|---|---|---|\n"
+      f"| every head | {before['loss']:.4f} | {before['accuracy']:.4f} |\n"
+      f"| heads zeroed | {after['loss']:.4f} | {after['accuracy']:.4f} |\n"
+    )
+  return "".join(parts)
+
+
+def _csv(scores: dict[str, dict[str, np.ndarray]]) -> str:
+  """head_scores.csv: an 'attention' (kind) column, then head_score_rows'."""
+  text = io.StringIO()
+  writer = csv.writer(text, lineterminator="\n")
+  for at, (kind, kind_scores) in enumerate(scores.items()):
+    header, rows = head_score_rows(kind_scores)
+    if at == 0:
+      writer.writerow(["attention", *header])
+    writer.writerows([kind, *(repr(value) for value in row)] for row in rows)
+  return text.getvalue()

@@ -1,0 +1,341 @@
+"""Length extrapolation of a trained run: its validation loss at multiples of
+its training length, with both protocols of txf.analysis.extrapolation.
+
+  result = extrapolate_run("runs/pe_ln/rope_pre", factors=(1, 2, 4, 8, 16))
+  print(format_table(result))
+
+The run is restored once through txf.train.setup.load_run; its validation
+split gives one token stream (the windows the run's evaluator reads,
+concatenated in stream order), which every length and protocol scores. By
+default the stream is exactly the evaluator's eval.num_batches x
+data.batch_size windows, so at 1x the non-overlapping loss is the run's
+eval_loss. A length the run's config refuses as data.seq_len (a learned
+position table shorter than it) is not applicable: its losses are null and
+the reason is recorded. A run of R seed replicas is evaluated replica by
+replica: "loss" and the per-position losses are the replicas' means,
+"replica_loss" holds each replica's. The run directory gains
+extrapolation.json (format: txf.sweep.results), extrapolation.png and
+per_position_loss.png; nothing else in it changes. Each is written
+atomically (txf.sweep.writes), the plots first: extrapolation.json, which
+tells a sweep that the point is extrapolated, is never cut and comes last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+
+from txf.analysis.extrapolation import (
+  DEFAULT_FACTORS,
+  PROTOCOLS,
+  check_factors,
+  default_stride,
+  window_losses,
+)
+from txf.checks import int_at_least
+from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
+from txf.sweep.writes import write_file, write_line_plot
+from txf.train.console import format_duration
+from txf.train.resume import read_run_config
+from txf.train.run_config import check_run_config
+from txf.train.setup import RunSetup, TrainedRun, load_run
+from txf.train.workdir import check_reachable, run_path
+
+EXTRAPOLATION_PNG = "extrapolation.png"
+
+
+def _validation_stream(setup: RunSetup) -> np.ndarray:
+  """int32 [N]: the validation tokens the run's eval batches hold, in stream
+  order: their windows of seq_len + 1 tokens tile the split's token stream
+  (txf.data.lm), so concatenated they are its first N tokens (padding rows
+  left out)."""
+  parts = []
+  for batch in setup.eval_data:
+    windows_RxT1 = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
+    parts.append(windows_RxT1[batch["weights"].any(axis=1)].ravel())
+  return np.concatenate(parts)
+
+
+def _not_applicable(setup: RunSetup, length: int) -> str | None:
+  """Why the run's config refuses `length` as data.seq_len; None if it accepts it."""
+  config = ml_collections.ConfigDict(setup.config.to_dict())
+  config.data.seq_len = length
+  try:
+    check_run_config(config, vocab_size=setup.model_cfg.vocab_size, num_classes=None)
+  except ValueError as error:
+    return str(error)
+  return None
+
+
+def _none_if_nan(values: Any) -> list[float | None]:
+  return [None if math.isnan(v) else float(v) for v in values]
+
+
+def extrapolate_run(
+  workdir: str | os.PathLike,
+  factors: Sequence[int] = DEFAULT_FACTORS,
+  *,
+  stride: int | None = None,
+  num_tokens: int | None = None,
+  batch_tokens: int | None = None,
+  log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+  """Evaluates the run in `workdir` at `factors` x its training length and
+  writes extrapolation.json, extrapolation.png and per_position_loss.png there.
+
+  Args:
+    workdir: a trained decoder LM run (config.json and a checkpoint).
+    factors: evaluation lengths as multiples of data.seq_len, increasing.
+    stride: tokens a sliding window advances, at most the shortest length;
+      None: half of each length.
+    num_tokens: validation tokens to score, from the split's start; None:
+      the run's evaluator's (eval.num_batches x data.batch_size windows).
+    batch_tokens: tokens per model call (windows per call = batch_tokens //
+      length, at least 1); None: a training batch's (data.batch_size x
+      data.seq_len).
+    log: called with a progress line as each length is done (`format_length_progress`);
+      None: quiet.
+
+  Returns:
+    The contents of extrapolation.json (format: txf.sweep.results).
+
+  Raises:
+    ConfigError: `workdir` holds no run or checkpoint.
+    WorkdirError: `workdir` on a file system that is not installed (a gs://
+      one needs the `gcs` extra) or that cannot be reached.
+    ValueError: naming the argument (or data.task for a run that is not a
+      decoder language model), before any model is run.
+    WriteError: a file could not be written (one line naming it; the
+      previous extrapolation.json is intact).
+  """
+  factors = check_factors(factors)
+  for name, value, minimum in (
+    ("stride", stride, 1),
+    ("num_tokens", num_tokens, 2),
+    ("batch_tokens", batch_tokens, 1),
+  ):
+    if value is not None:
+      int_at_least(value, name, minimum)
+  if jax.process_count() > 1:
+    raise ValueError(
+      "extrapolate_run: runs in one process (the validation stream is read "
+      f"whole), got {jax.process_count()}"
+    )
+  workdir = run_path(workdir)
+  check_reachable(workdir)
+  run, tokens_N = _load(workdir, num_tokens)
+  train_length = run.setup.config.data.seq_len
+  lengths = [factor * train_length for factor in factors]
+  if stride is not None and stride > lengths[0]:
+    raise ValueError(f"stride must be at most the shortest length {lengths[0]}, got {stride}")
+  reasons = [_not_applicable(run.setup, length) for length in lengths]
+  for length, reason in zip(lengths, reasons):
+    if reason is None and len(tokens_N) < length + 1:
+      raise ValueError(
+        f"num_tokens: {len(tokens_N)} validation tokens hold no window of "
+        f"{length + 1} tokens (length {length}); evaluate more tokens or "
+        "lower the largest factor"
+      )
+
+  record = {
+    "step": run.step,
+    "train_length": train_length,
+    "factors": list(factors),
+    "lengths": lengths,
+    "num_tokens": len(tokens_N),
+    "stride": [
+      None if reason else stride or default_stride(length)
+      for length, reason in zip(lengths, reasons)
+    ],
+    "applicable": [reason is None for reason in reasons],
+    "reason": reasons,
+  }
+  record.update(
+    _losses(
+      run,
+      tokens_N,
+      record,
+      batch_tokens or (run.setup.config.data.batch_size * train_length),
+      log,
+    )
+  )
+  if record["per_position"] is not None:
+    _plot(record, workdir)
+  write_file(workdir / EXTRAPOLATION_FILE, json.dumps(record, indent=2) + "\n")
+  return record
+
+
+def _load(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.ndarray]:
+  """The trained run and its first `num_tokens` validation tokens (None: its
+  evaluator's), with eval.num_batches raised to hold them."""
+  overrides = {}
+  saved = read_run_config(workdir) if num_tokens is not None else None
+  if saved is not None:  # else load_run says why there is no run
+    data = saved["data"]
+    overrides["eval.num_batches"] = math.ceil(
+      num_tokens / (data["batch_size"] * (data["seq_len"] + 1))
+    )
+  run = load_run(workdir, overrides)
+  if run.setup.task != "lm":
+    raise ValueError(
+      f"data.task: length extrapolation needs a decoder language model "
+      f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}"
+    )
+  tokens_N = _validation_stream(run.setup)
+  if num_tokens is None:
+    return run, tokens_N
+  if len(tokens_N) < num_tokens:
+    raise ValueError(
+      f"num_tokens: the validation split holds only {len(tokens_N)} tokens, asked for {num_tokens}"
+    )
+  return run, tokens_N[:num_tokens]
+
+
+def format_length_progress(
+  at: int, record: dict[str, Any], losses: dict[str, float | None], elapsed: float
+) -> str:
+  """The progress line of the `at`-th length of `record`, e.g.
+  'extrapolate: length 256 (2 of 5, 2x) | non_overlapping 2.3456 | sliding 2.3012 |
+  elapsed 12s'; `losses`: each protocol's mean loss (None: not applicable)."""
+  lengths = record["lengths"]
+  parts = [
+    f"extrapolate: length {lengths[at]} ({at + 1} of {len(lengths)}, {record['factors'][at]}x)"
+  ]
+  if not record["applicable"][at]:
+    parts.append(f"n/a ({record['reason'][at]})")
+  else:
+    parts += [f"{protocol} {losses[protocol]:.4f}" for protocol in PROTOCOLS]
+  parts.append(f"elapsed {format_duration(elapsed)}")
+  return " | ".join(parts)
+
+
+def _losses(
+  run: TrainedRun,
+  tokens_N: np.ndarray,
+  record: dict[str, Any],
+  batch_tokens: int,
+  log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+  """The record's "loss", "replica_loss", "scored_tokens" and "per_position":
+  both protocols at each applicable length of `record`, for every replica
+  of the run; "loss" and "per_position" are the replicas' means."""
+  replica_loss: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
+  scored: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
+  per_position = None
+  replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.replicas)]
+  began = time.perf_counter()
+  for at, (length, stride, applicable) in enumerate(
+    zip(record["lengths"], record["stride"], record["applicable"])
+  ):
+    for protocol in PROTOCOLS:
+      results = (
+        [
+          window_losses(
+            run.setup.model,
+            params,
+            tokens_N[None],
+            seq_len=length,
+            protocol=protocol,
+            stride=stride if protocol == "sliding" else None,
+            batch_size=max(batch_tokens // length, 1),
+          )
+          for params in replica_params
+        ]
+        if applicable
+        else None
+      )
+      replica_loss[protocol].append(
+        None if results is None else [result.mean_loss for result in results]
+      )
+      scored[protocol].append(None if results is None else results[0].num_scored)
+      if results is not None and protocol == "non_overlapping":  # the longest length's last
+        with warnings.catch_warnings():  # a position no window scores stays NaN
+          warnings.simplefilter("ignore", RuntimeWarning)
+          mean_loss = np.nanmean([result.per_position_loss() for result in results], axis=0)
+        per_position = {"length": length, "loss": _none_if_nan(mean_loss)}
+    if log is not None:
+      means = {
+        protocol: None if by_length[at] is None else float(np.mean(by_length[at]))
+        for protocol, by_length in replica_loss.items()
+      }
+      log(format_length_progress(at, record, means, time.perf_counter() - began))
+  loss = {
+    protocol: [None if values is None else float(np.mean(values)) for values in by_length]
+    for protocol, by_length in replica_loss.items()
+  }
+  return {
+    "loss": loss,
+    "replica_loss": replica_loss,
+    "scored_tokens": scored,
+    "per_position": per_position,
+  }
+
+
+def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
+  """extrapolation.png (loss vs length per protocol, log x) and
+  per_position_loss.png (loss vs window position at the longest applicable length)."""
+  kept = [at for at, applicable in enumerate(record["applicable"]) if applicable]
+  lengths = np.array([record["lengths"][at] for at in kept])
+  ylabel = f"validation loss ({LOSS_UNITS})"
+  train_length = record["train_length"]
+  write_line_plot(
+    {
+      protocol.replace("_", "-") + " windows": (
+        lengths,
+        np.array([record["loss"][protocol][at] for at in kept], np.float64),
+      )
+      for protocol in PROTOCOLS
+    },
+    workdir / EXTRAPOLATION_PNG,
+    title=f"Length extrapolation (trained on {train_length} tokens, step {record['step']})",
+    xlabel="evaluation length (tokens)",
+    ylabel=ylabel,
+    logx=True,
+  )
+  per_position = record["per_position"]
+  length = per_position["length"]
+  write_line_plot(
+    {
+      f"non-overlapping windows of {length} tokens": (
+        np.arange(length),
+        np.array(per_position["loss"], np.float64),
+      )
+    },
+    workdir / PER_POSITION_PNG,
+    title=f"Loss by token position at {length} tokens "
+    f"({length // train_length}x the training length {train_length})",
+    xlabel="position in the window (tokens from its start)",
+    ylabel=ylabel,
+  )
+
+
+def format_table(record: dict[str, Any]) -> str:
+  """The extrapolation record as a text table, one row per length."""
+  lines = [
+    f"step {record['step']}, trained on {record['train_length']} tokens, "
+    f"{record['num_tokens']} validation tokens; loss in {LOSS_UNITS}",
+    f"{'length':>7} {'factor':>6} {'non-overlapping':>15} {'sliding':>9} {'stride':>6}",
+  ]
+  for at, length in enumerate(record["lengths"]):
+    if not record["applicable"][at]:
+      lines.append(
+        f"{length:>7} {record['factors'][at]:>5}x {'n/a':>15} {'n/a':>9} {'':>6}  "
+        f"({record['reason'][at]})"
+      )
+      continue
+    lines.append(
+      f"{length:>7} {record['factors'][at]:>5}x "
+      f"{record['loss']['non_overlapping'][at]:>15.4f} "
+      f"{record['loss']['sliding'][at]:>9.4f} {record['stride'][at]:>6}"
+    )
+  return "\n".join(lines)

@@ -1,0 +1,330 @@
+"""A sweep's figures, from the summaries of txf.sweep.results: loss curves,
+length extrapolation, loss by position, final loss by Pre-/Post-LN. Each is
+written atomically into the sweep's work directory (txf.sweep.writes) and
+labelled in words (`point_labels`: 'RoPE, Pre-LN'); the plots themselves are
+txf.analysis.plots' line plots and matplotlib's object API.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from txf.sweep.grid import Point
+from txf.sweep.results import (
+  FLAT_MIN_EVALUATIONS,
+  FLAT_TOLERANCE,
+  LOSS_UNITS,
+  PER_POSITION_PNG,
+  PointSummary,
+  flatness_text,
+  fraction_name,
+)
+from txf.sweep.writes import write_figure, write_line_plot
+
+LOSS_CURVES_PNG = "loss_curves.png"
+TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
+# Metric -> (PNG, what its axis and title call it) of plot_loss_curves.
+CURVES = {
+  "eval_loss": (LOSS_CURVES_PNG, "validation loss"),
+  "loss": (TRAIN_LOSS_CURVES_PNG, "training loss"),
+}
+PRE_VS_POST_PNG = "pre_vs_post.png"
+
+LinePlot = Callable[..., Any]
+
+LINESTYLES = ("-", "--", ":", "-.")
+# Legends' words for the values of the fields sweeps vary most; other fields
+# are written '<field> <value>' ('learning rate 0.003').
+VALUE_WORDS: dict[str, dict[Any, str]] = {
+  "model.position": {
+    "sinusoidal": "sinusoidal",
+    "learned": "learned",
+    "rope": "RoPE",
+    "rope_ntk": "RoPE (NTK)",
+    "alibi": "ALiBi",
+    "t5_bias": "T5 bias",
+    "none": "NoPE",
+  },
+  "model.norm_placement": {"pre": "Pre-LN", "post": "Post-LN"},
+  "model.norm": {"layer": "LayerNorm", "rms": "RMSNorm"},
+}
+
+
+def value_words(path: str, value: Any) -> str:
+  """A grid value in a legend's words: 'RoPE', 'Pre-LN', 'warmup steps 30'."""
+  words = VALUE_WORDS.get(path, {})
+  if isinstance(value, str | int | float) and not isinstance(value, bool) and value in words:
+    return words[value]
+  name = path.rsplit(".", 1)[-1].replace("_", " ")
+  if isinstance(value, bool):
+    return f"{name} {'on' if value else 'off'}"
+  return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+
+
+def point_labels(points: Iterable[Point]) -> dict[str, str]:
+  """Point name -> its legend label, its values in words joined by ', '
+  ('RoPE, Pre-LN'); the point names themselves where two labels would be
+  the same."""
+  points = list(points)
+  labels = {
+    point.name: ", ".join(value_words(path, value) for path, value in point.overrides.items())
+    for point in points
+  }
+  return labels if len(set(labels.values())) == len(labels) else {p.name: p.name for p in points}
+
+
+def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
+  """Point name -> line style that makes a grid readable: with two or more
+  grid fields, the last field's value picks the line style (e.g. Pre-LN
+  solid, Post-LN dashed) and the other fields' values the colour (e.g. one
+  colour per encoding); with one field (or a last field of more values than
+  LINESTYLES), each point its own colour."""
+  points = list(points)
+  fields = list(points[0].overrides) if points else []
+  last_values = (
+    list(dict.fromkeys(point.overrides[fields[-1]] for point in points)) if fields else []
+  )
+  split = len(fields) >= 2 and len(last_values) <= len(LINESTYLES)
+  colours: dict[tuple, str] = {}
+  styles = {}
+  for point in points:
+    values = tuple(point.overrides.values())
+    key = values[:-1] if split else values
+    colour = colours.setdefault(key, f"C{len(colours) % 10}")
+    linestyle = LINESTYLES[last_values.index(values[-1])] if split else "-"
+    styles[point.name] = {"color": colour, "linestyle": linestyle}
+  return styles
+
+
+def plot_loss_curves(
+  rows: Iterable[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  metric: str = "eval_loss",
+  line_plot: LinePlot | None = None,
+) -> epath.Path:
+  """Validation ('eval_loss', loss_curves.png) or training ('loss',
+  train_loss_curves.png) loss vs training step, one line per point (its
+  summary's curve) with a ±1 std band over its replicas; points with no such
+  row yet are left out.
+  Curves are labelled in words (`point_labels`: 'RoPE, Pre-LN'), validation
+  curves with the flattening criterion's verdict too (`late_improvement`),
+  e.g. 'RoPE, Pre-LN (not flat: -3.1% in the last fifth)'.
+  Returns the PNG.
+
+  `line_plot` defaults to txf.analysis.plots.line_plot, written atomically
+  (txf.sweep.writes.write_line_plot).
+  """
+  if metric not in CURVES:
+    raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")
+  png, what = CURVES[metric]
+  rows = list(rows)
+  directory = epath.Path(sweep_workdir)
+  series, styles, replica_counts = {}, {}, set()
+  all_styles = point_styles(row.point for row in rows)
+  labels = point_labels(row.point for row in rows)
+  for row in rows:
+    steps_N, mean_N, std_N = row.curves[metric]
+    if len(steps_N):
+      label = labels[row.point.name]
+      if metric == "eval_loss":
+        label += f" ({flatness_text(steps_N, mean_N)})"
+      series[label] = (steps_N, mean_N, std_N)
+      styles[label] = all_styles[row.point.name]
+      replica_counts.add(row.replicas)
+  path = directory / png
+  (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
+  criterion = (
+    f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {fraction_name()} "
+    f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
+    if metric == "eval_loss"
+    else ""
+  )
+  (line_plot or write_line_plot)(
+    series,
+    path,
+    title=f"{what.capitalize()} per point"
+    + (f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
+    + criterion,
+    xlabel="training step",
+    ylabel=f"{what} ({LOSS_UNITS})",
+    styles=styles,
+  )
+  return path
+
+
+def plot_extrapolation(
+  rows: Iterable[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  protocol: str,
+  line_plot: LinePlot | None = None,
+) -> epath.Path:
+  """Validation loss vs evaluation length (log x), one line per point that has
+  extrapolation results for `protocol`, applicable lengths only. Returns the
+  PNG, extrapolation_<protocol>.png."""
+  rows = list(rows)
+  series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
+  labels = point_labels(row.point for row in rows)
+  for row in rows:
+    found = row.extrapolation
+    if found is None or protocol not in found.loss:
+      continue
+    label = labels[row.point.name]
+    styles[label] = all_styles[row.point.name]
+    kept = [at for at, applicable in enumerate(found.applicable) if applicable]
+    series[label] = (
+      np.array([found.lengths[at] for at in kept]),
+      np.array([found.loss[protocol][at] for at in kept]),
+      None,
+    )
+  path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
+  (line_plot or write_line_plot)(
+    series,
+    path,
+    title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
+    xlabel="evaluation length (tokens)",
+    ylabel=f"validation loss ({LOSS_UNITS})",
+    logx=True,
+    styles=styles,
+  )
+  return path
+
+
+def plot_per_position(
+  rows: Iterable[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  bins: int = 16,
+  line_plot: LinePlot | None = None,
+) -> epath.Path:
+  """Validation loss vs token position in the non-overlapping windows of each
+  point's longest applicable evaluation length, one line per point that has
+  them (where an encoding breaks shows as a rise past the training length).
+  Returns the PNG, per_position_loss.png.
+
+  Each position's loss averages only a few windows, so the curve is the mean
+  over `bins` equal spans of positions (x: the span's centre): the trend past
+  the training length is what the plot is for, not per-token noise.
+  """
+  rows = list(rows)
+  series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
+  labels = point_labels(row.point for row in rows)
+  for row in rows:
+    found = row.extrapolation
+    if found is None or found.per_position_loss is None:
+      continue
+    loss = np.array(found.per_position_loss, np.float64)
+    spans = np.array_split(np.arange(len(loss)), min(bins, len(loss)))
+    scored = [loss[span][~np.isnan(loss[span])] for span in spans]
+    label = f"{labels[row.point.name]} ({found.per_position_length} tokens)"
+    styles[label] = all_styles[row.point.name]
+    series[label] = (
+      np.array([span.mean() for span in spans]),
+      np.array([values.mean() if values.size else np.nan for values in scored]),
+      None,
+    )
+  path = epath.Path(sweep_workdir) / PER_POSITION_PNG
+  (line_plot or write_line_plot)(
+    series,
+    path,
+    title=f"Loss by position at the longest length ({bins}-span means)",
+    xlabel="position in the window (tokens from its start)",
+    ylabel=f"validation loss ({LOSS_UNITS})",
+    styles=styles,
+  )
+  return path
+
+
+def pre_vs_post_figure(
+  rows: Sequence[PointSummary],
+  *,
+  group_field: str = "model.position",
+  split_field: str = "model.norm_placement",
+):
+  """plot_pre_vs_post's matplotlib Figure, unwritten.
+
+  Raises:
+    ValueError: a field that is not one of the points' grid fields.
+  """
+  # Only matplotlib's object API: no pyplot global state, safe in threads.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  from txf.analysis.plots import fit_title  # loads matplotlib: only when a figure is made
+
+  for field in (group_field, split_field):
+    if not any(field in row.point.overrides for row in rows):
+      raise ValueError(f"{field}: not a grid field of these points")
+  groups = list(dict.fromkeys(row.point.overrides.get(group_field) for row in rows))
+  splits = list(dict.fromkeys(row.point.overrides.get(split_field) for row in rows))
+  width = 0.6 / len(splits)
+  figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8), layout="constrained")
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  for offset, split in enumerate(splits):
+    positions = np.arange(len(groups)) + (offset - (len(splits) - 1) / 2) * width
+    found = [
+      next(
+        (
+          row
+          for row in rows
+          if row.point.overrides.get(group_field) == group
+          and row.point.overrides.get(split_field) == split
+        ),
+        None,
+      )
+      for group in groups
+    ]
+    stats = [None if row is None else row.eval_loss for row in found]
+    # Markers, not bars: the axis then spans the losses rather than starting
+    # at 0, where gaps of a few hundredths of a nat would not show.
+    axes.errorbar(
+      positions,
+      [math.nan if stat is None else stat.mean for stat in stats],
+      yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+      fmt="o",
+      markersize=7,
+      capsize=4,
+      label=value_words(split_field, split),
+    )
+    for position, row in zip(positions, found):
+      if row is not None and row.diverged:  # no marker: say why, at the axis' foot
+        axes.text(
+          position,
+          0.02,
+          "diverged",
+          rotation=90,
+          ha="center",
+          va="bottom",
+          transform=axes.get_xaxis_transform(),
+        )
+  axes.set_xticks(np.arange(len(groups)), [value_words(group_field, group) for group in groups])
+  axes.set_xlabel(group_field)
+  axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
+  short = lambda field: field.rsplit(".", 1)[-1].replace("_", " ")
+  fit_title(figure, f"Final validation loss by {short(group_field)} and {short(split_field)}")
+  axes.grid(axis="y", alpha=0.3)
+  # Beside the axes, never over a marker.
+  axes.legend(title=split_field, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  return figure
+
+
+def plot_pre_vs_post(
+  rows: Sequence[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  group_field: str = "model.position",
+  split_field: str = "model.norm_placement",
+) -> epath.Path:
+  """Final validation loss, one column per value of `group_field` (the
+  encodings) holding one marker per value of `split_field` (Pre- and
+  Post-LN), error bars ±1 std over replicas. A point without a final eval
+  loss has no marker (a diverged one is labelled so). Returns the PNG."""
+  figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
+  return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)
