@@ -1,10 +1,9 @@
 """Named choices that user code extends: the one kind of registry in txf.
 
-Every config field that names an implementation (`model.position`,
-`model.norm`, `model.activation`, `model.family`, `model.head`,
-`model.init`, `data.name`) reads a `Registry`; txf registers its own entries
-the same way user code does (see `txf.register`), so a new choice is one
-function in a file of one's own:
+The config fields whose choices user code extends (`model.position`,
+`model.norm`, `model.activation`, and `data.name` for generated LM tasks)
+read a `Registry`; txf registers its own entries the same way user code does
+(see `txf.register`), so a new choice is one function in a file of one's own:
 
   from txf import register
 
@@ -13,7 +12,10 @@ function in a file of one's own:
     ...
 
 and a config file that imports it (`--config=my_config.py`) can name it;
-`--print_config` lists it beside the built-in choices.
+`--print_config` lists it beside the built-in choices. Model families,
+output heads and initialisation schemes (`model.family`, `model.head`,
+`model.init`) are fixed sets in txf.layers.model_config: a new one is a
+change to txf.models.
 """
 
 from __future__ import annotations

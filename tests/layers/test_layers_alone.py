@@ -26,27 +26,32 @@ X = jax.random.normal(jax.random.key(1), (B, T, CFG.d_model))
 POSITIONS_1xT = jnp.arange(T)[None]
 TOKENS = jax.random.randint(jax.random.key(2), (B, T), 0, CFG.vocab_size)
 BLOCK_ARGS = (X, POSITIONS_1xT, None, None, None, None, None)
-MODEL_PARAMS = nn.meta.unbox(build(CFG).init(jax.random.key(0), TOKENS)["params"])
-BLOCK = MODEL_PARAMS["stack"]["block_0"]
-
-# name -> (the layer alone, call args, kwargs, its parameters inside the model)
-CASES = {
-  "attention": (
-    MultiHeadAttention(CFG, causal=True),
-    (X,),
-    dict(q_positions_BxT=POSITIONS_1xT),
-    BLOCK["self_attention"],
-  ),
-  "feedforward": (FeedForward(CFG), (X,), {}, BLOCK["ffn"]),
-  "norm": (Norm(CFG), (3.0 * X + 1.0,), {}, BLOCK["ffn_norm"]),
-  "embedder": (Embedder(CFG), (TOKENS, POSITIONS_1xT), {}, MODEL_PARAMS["embedder"]),
-  "block": (TransformerBlock(cfg=CFG, causal=True), BLOCK_ARGS, {}, BLOCK),
-}
+NAMES = ("attention", "feedforward", "norm", "embedder", "block")
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_a_layer_alone_holds_and_uses_the_models_parameters(name):
-  layer, args, kwargs, in_model = CASES[name]
+@pytest.fixture(scope="module")
+def cases():
+  """name -> (the layer alone, call args, kwargs, its parameters inside the
+  model); a fixture, so collecting the tests builds no model."""
+  model_params = nn.meta.unbox(build(CFG).init(jax.random.key(0), TOKENS)["params"])
+  block = model_params["stack"]["block_0"]
+  return {
+    "attention": (
+      MultiHeadAttention(CFG, causal=True),
+      (X,),
+      dict(q_positions_BxT=POSITIONS_1xT),
+      block["self_attention"],
+    ),
+    "feedforward": (FeedForward(CFG), (X,), {}, block["ffn"]),
+    "norm": (Norm(CFG), (3.0 * X + 1.0,), {}, block["ffn_norm"]),
+    "embedder": (Embedder(CFG), (TOKENS, POSITIONS_1xT), {}, model_params["embedder"]),
+    "block": (TransformerBlock(cfg=CFG, causal=True), BLOCK_ARGS, {}, block),
+  }
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_layer_alone_holds_and_uses_the_models_parameters(name, cases):
+  layer, args, kwargs, in_model = cases[name]
   alone = nn.meta.unbox(layer.init(jax.random.key(0), *args, **kwargs)["params"])
   assert jax.tree.map(jnp.shape, alone) == jax.tree.map(jnp.shape, in_model)
   # The model's own values in the layer alone: a function of them alone.

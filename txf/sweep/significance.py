@@ -25,8 +25,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scipy import stats
-
 ALPHA = 0.05
 RULE = f"two-sided Welch's t-test over seed replicas on the final validation loss, p < {ALPHA}"
 
@@ -71,6 +69,10 @@ def welch(
     )
   t = difference / math.sqrt(var_a + var_b)
   df = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
+  # Here, not at the top: scipy.stats takes seconds to import, and every
+  # process that reads a sweep's results (txf-sweep, txf-extrapolate) loads this module.
+  from scipy import stats
+
   return Welch(difference, t, df, float(2 * stats.t.sf(abs(t), df)))
 
 
