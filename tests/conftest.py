@@ -76,6 +76,14 @@ def sigterm_at(step, lines):
   return log
 
 
+def optimised(jitted, *args):
+  """`jitted` compiled for `args` with XLA's CPU optimisations on, for the few
+  tests that run one program hundreds of times: the suite turns them off
+  (above), which compiles faster but runs about 3x slower."""
+  options = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False}
+  return jitted.lower(*args).compile(options)
+
+
 def load_config(name):
   """configs/<name>.py's get_config()."""
   return importlib.import_module(f"txf.configs.{name}").get_config()

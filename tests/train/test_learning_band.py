@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import optimised
 from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.head_scores import head_roles, induction_score, repeated_random_tokens
 from txf.models import ModelConfig, build
@@ -104,6 +105,7 @@ def train(seed: int):
   rng = np.random.default_rng(seed)
   state = init_state(model, optimizer, copy_batch(rng, BATCH), "lm", jax.random.key(seed))
   step = jax.jit(make_train_step(model, optimizer, "lm", seed=seed), donate_argnums=0)
+  step = optimised(step, state, copy_batch(np.random.default_rng(), BATCH))
   for _ in range(STEPS):
     state, _ = step(state, copy_batch(rng, BATCH))
   return model, state

@@ -40,7 +40,10 @@ def attention_maps(
     'decoder/block_1/cross_attention' (T queries, S keys). Layers under
     `scan_layers` get the same per-layer paths as unscanned ones.
   """
-  _, state = model.apply({"params": params}, *inputs, mutable=["intermediates"], **kwargs)
+  # Compiled as one program: applied eagerly, each of the model's operations
+  # would be dispatched (and compiled, per new shape) on its own.
+  apply = jax.jit(lambda p, *x: model.apply({"params": p}, *x, mutable=["intermediates"], **kwargs))
+  _, state = apply(params, *inputs)
   maps = {}
   for path, sown in traverse_util.flatten_dict(state["intermediates"]).items():
     if path[-1] != "attention_weights":
