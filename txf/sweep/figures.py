@@ -16,6 +16,7 @@ from etils import epath
 
 from txf.sweep.grid import Point
 from txf.sweep.results import (
+  CURVE_METRICS,
   FLAT_MIN_EVALUATIONS,
   FLAT_TOLERANCE,
   LOSS_UNITS,
@@ -28,11 +29,13 @@ from txf.sweep.writes import write_figure, write_line_plot
 
 LOSS_CURVES_PNG = "loss_curves.png"
 TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
-# Metric -> (PNG, what its axis and title call it) of plot_loss_curves.
-CURVES = {
+# Metric -> (PNG, what its axis and title call it) of plot_loss_curves, for
+# each metric a summary keeps the curve of.
+_CURVE_FIGURES = {
   "eval_loss": (LOSS_CURVES_PNG, "validation loss"),
   "loss": (TRAIN_LOSS_CURVES_PNG, "training loss"),
 }
+CURVES = {metric: _CURVE_FIGURES[metric] for metric in CURVE_METRICS}
 PRE_VS_POST_PNG = "pre_vs_post.png"
 
 LinePlot = Callable[..., Any]
