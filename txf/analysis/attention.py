@@ -41,7 +41,10 @@ def attention_maps(
     `scan_layers` get the same per-layer paths as unscanned ones.
   """
   # Compiled as one program: applied eagerly, each of the model's operations
-  # would be dispatched (and compiled, per new shape) on its own.
+  # would be dispatched (and compiled, per new shape) on its own. Not cached
+  # across calls: a cached trace would ignore the interceptors a caller wraps
+  # the call in (txf.analysis.patching). Callers that repeat it jit it once
+  # themselves (jax.jit(functools.partial(attention_maps, model))).
   apply = jax.jit(lambda p, *x: model.apply({"params": p}, *x, mutable=["intermediates"], **kwargs))
   _, state = apply(params, *inputs)
   maps = {}
