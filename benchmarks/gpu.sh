@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
 #   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
 #   bash benchmarks/gpu.sh change   # a change's A/B: the step before (txf in $BASE) and after,  (~4 min)
-#                                   # and the embedding gradient's methods
+#                                   # the PyTorch recipe beside the after, cuBLAS GEMMs
 #   bash benchmarks/gpu.sh all      # ab, loop, long, decode in turn, where no time limit applies
 #
 # `change` needs the txf before the change beside the working tree, made here
@@ -79,17 +79,25 @@ case $part in
     bench step_1layer 100 step $GPT2 $AB --config.model.num_layers=1 --torch
     ;;
   change)
+    # The step before the change (txf in $BASE) and after it, the PyTorch
+    # recipe in the same call (its ratio for the step after), the step after
+    # with cuBLAS GEMMs; the autotuner's choices and the compiled text kept.
     base=${BASE:-.ab_base}
     [ -d "$base/txf" ] || { echo "no $base/txf: make it first (see the top of this file)"; exit 2; }
-    STEPS="--steps=150 --window=50 --fresh_batches --nosync --profile_steps=5"
-    bench embedding_grad 60 embedding_grad $GPT2
+    STEPS="--steps=${AB_STEPS:-150} --window=50 --fresh_batches --nosync --profile_steps=5"
     (cd "$base" && bench step_before 120 step $GPT2 $STEPS)
-    bench step_after 120 step $GPT2 $STEPS
-    bench step_after_1layer 60 step $GPT2 $STEPS --config.model.num_layers=1
+    XLA_FLAGS="--xla_gpu_dump_autotune_results_to=$dir/autotune_step_after.textproto" \
+      bench step_after 230 step $GPT2 $STEPS --torch --compiled_text="$dir/step_after.hlo.txt"
+    XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" bench step_after_no_triton_gemm 100 step \
+      $GPT2 $STEPS --compiled_text="$dir/step_after_no_triton_gemm.hlo.txt"
     ;;
   loop)
-    bench loop 440 loop $GPT2 --steps=400 --window=50 --config.eval.every=200 \
-      --config.train.checkpoint_every=200 --profile_dir="$dir/profile" --profile_steps=300,305
+    # LOOP_STEPS and LOOP_VARIANTS (benchmarks/loop.py's names) size it to the call's time.
+    steps=${LOOP_STEPS:-400}
+    bench loop 440 loop $GPT2 --steps=$steps --window=50 --config.eval.every=$(( steps / 2 )) \
+      --config.train.checkpoint_every=$(( steps / 2 )) --profile_dir="$dir/profile" \
+      --profile_steps=$(( steps - 100 )),$(( steps - 95 )) \
+      --loop_variants=${LOOP_VARIANTS:-full,no_eval,random_ids,no_prefetch,log_every_step,host_only}
     bench step_b32_reused_batch 110 step $GPT2 --steps=200 --window=50  # as the 430k
     ;;
   long)
