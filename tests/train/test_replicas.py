@@ -24,7 +24,11 @@ from txf.train.step import init_state, make_train_step
 
 SEEDS = (3, 11)
 STEPS = 3
-TOL = dict(rtol=1e-5, atol=1e-6)
+# Adam divides by sqrt(v): where a gradient is near 0, the vmapped program's
+# own reduction order moves an update by a sliver of the step (seen: 2.3e-6
+# after 3 steps). atol is 1% of one step (learning rate 3e-3); a replica
+# with another seed, batch or dropout key is off by a whole step or more.
+TOL = dict(rtol=1e-5, atol=3e-5)
 
 
 @pytest.fixture(scope="module")
