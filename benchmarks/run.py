@@ -56,7 +56,8 @@ def report(mode: str, figures: dict) -> dict:
 def run_mode(mode: str, module: ModuleType, argv: list[str]) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  figures = module.main()
+  with cli.run_errors():  # a config the run rejects: one line, exit 2, as txf-run
+    figures = module.main()
   if flags.FLAGS.json:
     epath.Path(flags.FLAGS.json).write_text(json.dumps(report(mode, figures), indent=2) + "\n")
 

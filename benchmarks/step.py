@@ -37,7 +37,7 @@ from benchmarks.references import run_reference
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.train import hardware
-from txf.train.setup import RunSetup, setup_run
+from txf.train.setup import RunSetup, checked_run, setup_run
 
 FLAGS = flags.FLAGS
 
@@ -239,6 +239,8 @@ def profile_or_error(summarize) -> dict:
 
 def main() -> dict:
   config = FLAGS.config
+  if FLAGS.torch:  # a config the step rejects fails before the PyTorch run, not after it
+    checked_run(config)[1].close()
   torch = (
     torch_reference(
       config,

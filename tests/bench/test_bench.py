@@ -575,6 +575,17 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
       ["loop", "--config=configs/rope.py", "--torch"],
       "flag error: Unknown command line flag 'torch'",
     ),
+    # A config the run rejects, found before the PyTorch reference trains.
+    (
+      [
+        "step",
+        "--config=configs/gpt2_small.py",
+        "--torch",
+        "--config.model.max_len=64",
+        "--config.data.seq_len=64",
+      ],
+      "config error: model.max_len: eval.sample_prompt plus eval.sample_tokens",
+    ),
   ],
 )
 def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message):
@@ -588,6 +599,7 @@ def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, mess
   assert done.returncode == 2
   (line,) = done.stderr.strip().splitlines()
   assert line.startswith(message), line
+  assert not done.stdout  # nothing ran
 
 
 def test_environment_names_the_device_and_versions():

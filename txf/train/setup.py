@@ -197,12 +197,27 @@ def checked_run(config: Any, workdir: str | os.PathLike | None = None) -> tuple[
   sentencepiece tokenizer is trained into `workdir`, see setup_run).
 
   Raises:
-    ValueError (ConfigError): naming the field, for a config the run would reject.
+    ConfigError: naming the field, for a config the run would reject.
   """
-  train_data = make_dataset(config.data, "train", workdir=workdir, **_dataset_args(config))
-  run = check_run_config(
-    config, vocab_size=train_data.vocab_size, num_classes=train_data.num_classes
-  )
+  try:
+    train_data = make_dataset(config.data, "train", workdir=workdir, **_dataset_args(config))
+    run = check_run_config(
+      config, vocab_size=train_data.vocab_size, num_classes=train_data.num_classes
+    )
+    if train_data.task == "lm" and run.eval.sample_tokens:
+      # The evaluations' sample must fit a learned position table too: found
+      # here, not at the first evaluation.
+      sample_len = decode.cache_length(
+        len(train_data.tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
+      )
+      check_position_table(
+        run.model.position,
+        run.model.max_len,
+        sample_len,
+        "eval.sample_prompt plus eval.sample_tokens",
+      )
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
   return run, train_data
 
 
@@ -236,18 +251,6 @@ def setup_run(
     mesh = sharding.make_mesh(run.parallel, devices)
     sharding.check_batch(run.data.batch_size, mesh)
     task = train_data.task
-    if task == "lm" and run.eval.sample_tokens:
-      # The evaluations' sample must fit a learned position table too: found
-      # here, not at the first evaluation.
-      sample_len = decode.cache_length(
-        len(train_data.tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
-      )
-      check_position_table(
-        run.model.position,
-        run.model.max_len,
-        sample_len,
-        "eval.sample_prompt plus eval.sample_tokens",
-      )
     model = models.build(run.model)
     first_batch = next(iter(eval_data))  # shapes only: train and eval batches match
     init_fn = functools.partial(init_state, model, run.optimizer, first_batch, task)
