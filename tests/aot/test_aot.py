@@ -24,6 +24,7 @@ from txf.aot import hlo
 from txf.aot.compile import compile_run, prepare_environment
 from txf.aot.report import report
 from txf.aot.targets import parse_target
+from txf.train.run_config import ConfigError
 
 prepare_environment()
 
@@ -161,6 +162,71 @@ def test_hlo_reader_counts_the_device_work_and_its_bytes():
   }
 
 
+# A decoding program's shape: a token loop whose body launches two fusions,
+# a branch (each side one fusion), a reduction (its combiner is no kernel),
+# and whose condition launches one; a second, smaller loop.
+LOOPS = """\
+HloModule jit_generate
+
+%fused (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %neg = f32[4]{0} negate(%p0)
+}
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add = f32[] add(%a, %b)
+}
+
+%left (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  ROOT %l = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+}
+
+%right (y: f32[4]) -> f32[4] {
+  %y = f32[4]{0} parameter(0)
+  ROOT %r = f32[4]{0} fusion(%y), kind=kLoop, calls=%fused
+}
+
+%token_body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %v = f32[4]{0} get-tuple-element(%t), index=1
+  %f1 = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused
+  %f2 = (f32[4]{0}, f32[4]{0}) fusion(%f1), kind=kInput, calls=%fused
+  %c = f32[4]{0} conditional(%p, %v, %v), branch_computations={%left, %right}
+  %z = f32[] constant(0)
+  %s = f32[] reduce(%c, %z), dimensions={0}, to_apply=%sum
+  ROOT %o = (s32[], f32[4]{0}) tuple(%i, %c)
+}
+
+%token_cond (t: (s32[], f32[4])) -> pred[] {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  ROOT %lt = pred[] fusion(%t), kind=kLoop, calls=%fused
+}
+
+%small_body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  ROOT %g = (s32[], f32[4]{0}) fusion(%t), kind=kLoop, calls=%fused
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %prefill = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused
+  %tokens = (s32[], f32[4]{0}) while(%t0), condition=%token_cond, body=%token_body
+  %other = (s32[], f32[4]{0}) while(%t1), condition=%token_cond, body=%small_body
+  ROOT %out = f32[4]{0} copy(%prefill)
+}
+"""
+
+
+def test_loop_kernels_counts_one_iteration_of_the_busiest_loop():
+  # Body: 2 fusions + 2 branch fusions + the reduce; condition: 1.
+  assert hlo.loop_kernels(LOOPS) == 6
+  assert hlo.loop_kernels(MODULE) == 1  # its loop's all-gather (no condition defined)
+  assert hlo.loop_kernels(MODULE.replace("while(", "call(")) == 0
+
+
 @pytest.mark.parametrize(
   "op_name,region",
   [
@@ -191,11 +257,15 @@ def argument_bytes(run):
   return figures["per_device"]["arguments_bytes"] - batch_bytes / figures["devices"]
 
 
+DECODE_TOKENS = 8
+
+
 @pytest.fixture(scope="module")
 def h100x4_runs():
-  """A 2-layer bf16 run compiled for 4 H100s, data-parallel and FSDP."""
+  """A 2-layer bf16 run compiled for 4 H100s, data-parallel (with its
+  decoding of DECODE_TOKENS tokens) and FSDP."""
   config = tiny_config("rope", model__d_model=128, model__num_layers=2, model__dtype="bfloat16")
-  runs = {"data": compile_run(config, parse_target("h100x4"))}
+  runs = {"data": compile_run(config, parse_target("h100x4"), decode_tokens=DECODE_TOKENS)}
   config.parallel.fsdp = 4
   runs["fsdp"] = compile_run(config, parse_target("h100x4"))
   return runs
@@ -252,6 +322,31 @@ def test_an_h100_program_has_cudnn_attention_and_its_regions(h100x4_runs):
   assert text.count('custom_call_target="__cudnn$fmha') == gpu["cudnn_attention_calls"]
 
 
+@pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_decoding_compiles_with_its_memory_and_kernels_per_token(h100x4_runs):
+  run = h100x4_runs["data"]
+  decode = report(run)["decode"]
+  assert decode["new_tokens"] == DECODE_TOKENS and decode["fits"]
+  # Its arguments: the parameters (replicated on each GPU) and the prompt.
+  params = sum(
+    math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(run.setup.abstract_state.params)
+  )
+  prompt = 4 * len(run.setup.train_data.tokenizer.encode(run.setup.run.eval.sample_prompt))
+  assert decode["arguments_bytes"] == params + prompt
+  # Each token runs both layers' q/k/v, output and two FFN projections and
+  # the head: at least 2 * 4 + 1 GEMMs, and fewer kernels than the whole
+  # program (which also runs the prompt).
+  assert 2 * 4 + 1 <= decode["kernels_per_token"] < len(hlo.instructions(run.decode.as_text()))
+  assert h100x4_runs["fsdp"].decode is None  # not asked for
+
+
+@needs_cuda_plugin
+def test_decoding_is_compiled_for_language_models_only():
+  with pytest.raises(ConfigError, match="decode_tokens: decoding compiles for a language model"):
+    compile_run(tiny_config("encoder_mlm"), parse_target("h100"), decode_tokens=4)
+
+
 # ---------------------------------------------------------------------------
 # The command.
 
@@ -287,6 +382,7 @@ TINY = [
     (["--target=v5e-4", "--config.parallel.fsdp=3"], "config error: parallel.fsdp"),
     (["--target=v5e-4", "--config.data.batch_size=6"], "config error:"),
     (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be > 0"),
+    (["--target=h100", "--decode_tokens=-1"], "flag error: decode_tokens: must be >= 0"),
     (["--target=h100", "--json=/no/such/dir/r.json"], "flag error: json: /no/such/dir/r.json"),
   ],
 )

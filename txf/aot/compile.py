@@ -4,7 +4,10 @@
 
 `compile_run` builds the run as `txf-run` would (txf.train.setup.setup_run),
 but on the target's devices, and compiles its train step and eval step on
-abstract arguments: nothing is allocated and no accelerator is needed. The
+abstract arguments (and, asked, its model's decoding: `generate` of
+`decode_tokens` tokens after eval.sample_prompt, one row, greedy, the
+program the run's evaluation samples with): nothing is allocated and no
+accelerator is needed. The
 report (`report.py`) then reads memory, cost, collectives and, for GPUs,
 kernels from the compiled programs.
 
@@ -24,16 +27,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 from txf.aot.targets import CUDNN_VERSION, Target
+from txf.decode import generation
 from txf.ops import attention
 from txf.train import sharding
+from txf.train.run_config import ConfigError
 from txf.train.setup import RunSetup, setup_run
 
 # Before jax starts a backend: compile for TPUs and GPUs on this CPU.
@@ -69,9 +76,12 @@ class CompiledRun:
       FLOPs per token); its programs can be lowered, not run.
     train_step, eval_step: the compiled programs (jax.stages.Compiled);
       None where the compiler refused one for want of memory.
-    out_of_memory: {'train_step' / 'eval_step': the compiler's message}
-      for each program it refused (the TPU compiler checks memory itself).
-    compile_seconds: {'train_step': s, 'eval_step': s}.
+    decode: the compiled decoding program, None where not asked for (or
+      refused for want of memory); decode_tokens: its new tokens (0: none).
+    out_of_memory: {'train_step' / 'eval_step' / 'decode': the compiler's
+      message} for each program it refused (the TPU compiler checks memory
+      itself).
+    compile_seconds: {'train_step': s, 'eval_step': s[, 'decode': s]}.
     cudnn: whether GPU attention could go to cuDNN (False where this jax
       has no cuDNN checks to answer: attention then compiles as XLA's).
   """
@@ -83,6 +93,8 @@ class CompiledRun:
   out_of_memory: dict[str, str]
   compile_seconds: dict[str, float]
   cudnn: bool
+  decode: Any = None
+  decode_tokens: int = 0
 
 
 @contextlib.contextmanager
@@ -130,38 +142,71 @@ def abstract_batch(setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
   }
 
 
-def compile_run(config: Any, target: Target, devices: list | None = None) -> CompiledRun:
+def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
+  """The decoding program (generate, jitted) and its arguments: `decode_tokens`
+  greedy tokens after eval.sample_prompt, one row."""
+  if setup.train_data.task != "lm" or setup.replicas > 1:
+    raise ConfigError(
+      "decode_tokens: decoding compiles for a language model's run (data.task 'lm', one "
+      f"replica); this is a {setup.train_data.task!r} run of {setup.replicas} replica(s)"
+    )
+  tokenizer = setup.train_data.tokenizer
+  prompt_1xP = np.asarray(tokenizer.encode(setup.run.eval.sample_prompt), np.int32)[None]
+  generate = generation.build_generate(lower=True)
+  arguments = (setup.model, setup.abstract_state.params, prompt_1xP)
+  options = dict(max_new_tokens=decode_tokens, temperature=0.0, eos_id=tokenizer.eos_id)
+  return functools.partial(generate, **options), arguments
+
+
+def compile_run(
+  config: Any, target: Target, devices: list | None = None, *, decode_tokens: int = 0
+) -> CompiledRun:
   """Compiles the run of `config` for `target` (see the module docstring).
 
   Args:
     config: a run config, as txf-run takes it.
     target: the hardware (txf.aot.targets.parse_target).
     devices: the target's devices if already made (`target.devices()`).
+    decode_tokens: > 0: also compile decoding that many tokens.
 
   Raises:
     ImportError: the target's compiler is not installed (names the extra).
     ConfigError: a config that cannot run there (a mesh that does not
-      divide the target's devices, a batch that does not split), naming it.
+      divide the target's devices, a batch that does not split), naming it;
+      decoding asked of a run that is no language model's.
   """
   devices = devices if devices is not None else target.devices()
   with _cudnn_answered_for(target) as cudnn:
     setup = setup_run(config, devices=devices)
     batch = abstract_batch(setup)
-    programs: dict[str, tuple[Any, Any]] = {  # jitted: they lower
-      "train_step": (setup.train_step, setup.abstract_state),
-      "eval_step": (setup.eval_step, setup.abstract_state.params),
+    # The steps are jitted (RunSetup types them as plain callables): they lower.
+    train_step: Any = setup.train_step
+    eval_step: Any = setup.eval_step
+    programs: dict[str, tuple[Any, tuple]] = {  # name: (a function that lowers, its arguments)
+      "train_step": (train_step.lower, (setup.abstract_state, batch)),
+      "eval_step": (eval_step.lower, (setup.abstract_state.params, batch)),
     }
+    if decode_tokens:
+      programs["decode"] = _decode_program(setup, decode_tokens)
     compiled, out_of_memory, seconds = {}, {}, {}
     with setup.activation_sharding():
-      for name, (step, state) in programs.items():
+      for name, (lower, arguments) in programs.items():
         start = time.perf_counter()
         try:
-          compiled[name] = step.lower(state, batch).compile()
+          compiled[name] = lower(*arguments).compile()
         except Exception as error:  # jax's JaxRuntimeError, which XlaRuntimeError was
           if "RESOURCE_EXHAUSTED" not in str(error):
             raise
           compiled[name], out_of_memory[name] = None, str(error).strip()
         seconds[name] = time.perf_counter() - start
   return CompiledRun(
-    target, setup, compiled["train_step"], compiled["eval_step"], out_of_memory, seconds, cudnn
+    target,
+    setup,
+    compiled["train_step"],
+    compiled["eval_step"],
+    out_of_memory,
+    seconds,
+    cudnn,
+    decode=compiled.get("decode"),
+    decode_tokens=decode_tokens,
   )

@@ -180,9 +180,7 @@ def instructions(text: str) -> list[Instruction]:
   run = {name for name, (entry, _) in computations.items() if entry}
   for _, lines in computations.values():
     for line in lines:
-      run |= set(_CONTROL.findall(line))
-      for group in _BRANCHES.findall(line):
-        run |= {name.strip().lstrip("%") for name in group.split(",")}
+      run |= _called(line)
   found = []
   for name in computations:
     if name not in run:
@@ -209,6 +207,44 @@ def instructions(text: str) -> list[Instruction]:
         )
       )
   return found
+
+
+def _called(line: str) -> set[str]:
+  """The computations an instruction line runs as control flow."""
+  names = set(_CONTROL.findall(line))
+  for group in _BRANCHES.findall(line):
+    names |= {name.strip().lstrip("%") for name in group.split(",")}
+  return names
+
+
+def loop_kernels(text: str) -> int:
+  """Device-work instructions one iteration of the program's busiest while
+  loop launches, its body's and its condition's (0 without a loop): for a
+  decoding program, the kernels per generated token. Control flow inside the
+  body (a nested loop, a branch) counts its instructions once, as
+  `instructions` does."""
+  computations = _split_computations(text)
+
+  def launches(name: str, seen: frozenset[str]) -> int:
+    if name in seen or name not in computations:
+      return 0
+    count = 0
+    for line in computations[name][1]:
+      parsed = _parse(line)
+      if parsed is None:
+        continue
+      count += parsed[2] in LAUNCHING
+      if parsed[2] != "fusion":  # a fusion's own computation is one kernel
+        count += sum(launches(called, seen | {name}) for called in _called(line))
+    return count
+
+  loops = [  # each while loop's body and condition: both run every iteration
+    _called(line)
+    for _, lines in computations.values()
+    for line in lines
+    if (parsed := _parse(line)) and parsed[2] == "while"
+  ]
+  return max((sum(launches(name, frozenset()) for name in loop) for loop in loops), default=0)
 
 
 def collectives(text: str) -> dict[str, dict[str, float]]:

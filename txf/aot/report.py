@@ -145,6 +145,24 @@ def roofline(
   }
 
 
+def _decode_figures(run: CompiledRun, target: Any) -> dict[str, Any]:
+  """The decoding program's memory per device and, on a GPU, the kernels it
+  launches per generated token (one iteration of its token loop)."""
+  refused = run.out_of_memory.get("decode")
+  figures = memory(
+    run.decode,
+    target.memory_bytes,
+    refused_memory(refused, shard_bytes(run.setup.abstract_state.params)) if refused else None,
+  )
+  figures["new_tokens"] = run.decode_tokens
+  figures["kernels_per_token"] = (
+    hlo.loop_kernels(run.decode.as_text())
+    if target.platform == "gpu" and run.decode is not None
+    else None
+  )
+  return figures
+
+
 def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any]:
   """Everything txf-compile reports of a compiled run (module docstring)."""
   setup, target = run.setup, run.target
@@ -174,15 +192,17 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
   else:
     bytes_moved = kernels["non_gemm_bytes"] + kernels["gemm_bytes"] if kernels else None
   device = setup.mesh.devices.flat[0]
+  decode = _decode_figures(run, target) if run.decode_tokens else None
   return {
     "target": target.name,
     "platform": target.platform,
     "device_kind": device.device_kind,
     "devices": devices,
     "mesh": dict(setup.mesh.shape),
-    "fits": train["fits"] and evaluation["fits"],
+    "fits": train["fits"] and evaluation["fits"] and (decode is None or decode["fits"]),
     "per_device": train,
     "eval_step": evaluation,
+    "decode": decode,
     "tokens_per_step": setup.tokens_per_step,
     "flops": {
       "model_per_step": model_flops,
@@ -276,9 +296,17 @@ def format_report(figures: dict[str, Any]) -> str:
       f"bytes moved outside GEMMs: {gpu['non_gemm_bytes'] / 1e9:.1f} GB ({regions}); "
       f"GEMMs {gpu['gemm_bytes'] / 1e9:.1f} GB"
     )
+  decode = figures["decode"]
+  if decode:
+    kernels = decode["kernels_per_token"]
+    lines.append(
+      f"decode ({decode['new_tokens']} new tokens, 1 row): {_gib(decode['total_bytes'])} per "
+      f"device ({'fits' if decode['fits'] else 'DOES NOT FIT'})"
+      + (f"; {kernels} kernels per generated token" if kernels is not None else "")
+    )
   seconds = figures["compile_seconds"]
   lines.append(
     f"compiled in {seconds['train_step']:.1f} s (train step) + {seconds['eval_step']:.1f} s "
-    f"(eval step)"
+    f"(eval step)" + (f" + {seconds['decode']:.1f} s (decode)" if "decode" in seconds else "")
   )
   return "\n".join(lines)

@@ -3,6 +3,7 @@
   txf-compile --config=gpt2_small --target=h100
   txf-compile --config=decoder_1b --target=v5e-256 --json=report.json
   txf-compile --config=rope --target=v4-8 --config.parallel.fsdp=4
+  txf-compile --config=gpt2_small --target=h100 --decode_tokens=512
   python -m experiments.compile --config=rope --target=v4-8 [flags]   # in a checkout
 
 Prints the config file it loaded first, then builds the run exactly as txf-
@@ -19,6 +20,10 @@ gives the MFU at an assumed step time), the collectives per step (count and
 bytes), and for GPUs the kernels per step, GEMMs by backend, cuDNN attention
 calls and the bytes each region of the step moves outside GEMMs (loss,
 optimizer, attention, the rest); docs/scaling.md says how to read it.
+`--decode_tokens=N` also compiles the model's decoding of N tokens (one row,
+greedy, after eval.sample_prompt) and prints its memory and, for GPUs, the
+kernels it launches per generated token (what bounds decoding's speed at
+batch 1, where each kernel is tiny).
 `--json=PATH` writes the same figures (keys `fits` and `per_device`:
 `arguments_bytes`, `temporaries_bytes`, `total_bytes`, `capacity_bytes`,
 ...). `--hlo=PATH` writes the compiled train step's HLO text.
@@ -27,7 +32,7 @@ Needs the target's compiler: for TPUs libtpu, `pip install 'jax[tpu]'` (txf's
 tpu extra); for GPUs jax's CUDA plugin and ptxas, `pip install
 'jax[cuda13-local]' 'nvidia-cuda-nvcc>=13'` (txf's gpu-compile extra).
 
-Exit status: 0 when both steps fit; 1 when one does not (the report says by
+Exit status: 0 when every program fits; 1 when one does not (the report says by
 how much); 2 with one line for a bad target, a missing compiler, a config
 error (including a mesh that does not divide the target's devices or a batch
 that does not split over it).
@@ -58,6 +63,9 @@ _JSON = flags.DEFINE_string("json", None, "Also write the report here as JSON.")
 _HLO = flags.DEFINE_string("hlo", None, "Write the compiled train step's HLO text here.")
 _STEP_SECONDS = flags.DEFINE_float(
   "step_seconds", None, "An assumed step time: report the MFU it would give."
+)
+_DECODE_TOKENS = flags.DEFINE_integer(
+  "decode_tokens", 0, "> 0: also compile decoding this many tokens (language models)."
 )
 
 
@@ -90,6 +98,8 @@ def main(argv) -> None:
   require_config_kind("run")
   if _STEP_SECONDS.value is not None and not _STEP_SECONDS.value > 0:
     fail("flag", f"step_seconds: must be > 0, got {_STEP_SECONDS.value}")
+  if _DECODE_TOKENS.value < 0:
+    fail("flag", f"decode_tokens: must be >= 0, got {_DECODE_TOKENS.value}")
   _check_output(_JSON)
   _check_output(_HLO)
   try:
@@ -99,7 +109,7 @@ def main(argv) -> None:
     fail("target", error)
   print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
-    compiled = compile_run(_CONFIG.value, target, devices)
+    compiled = compile_run(_CONFIG.value, target, devices, decode_tokens=_DECODE_TOKENS.value)
   figures = report(compiled, _STEP_SECONDS.value)
   if _HLO.value:
     _write(_HLO.value, compiled.train_step.as_text())
