@@ -328,12 +328,13 @@ def test_decoding_compiles_with_its_memory_and_kernels_per_token(h100x4_runs):
   run = h100x4_runs["data"]
   decode = report(run)["decode"]
   assert decode["new_tokens"] == DECODE_TOKENS and decode["fits"]
-  # Its arguments: the parameters (replicated on each GPU) and the prompt.
+  # Its arguments: the parameters (replicated on each GPU), the int32 prompt,
+  # the sampling key (two uint32) and the float32 temperature.
   params = sum(
     math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(run.setup.abstract_state.params)
   )
   prompt = 4 * len(run.setup.train_data.tokenizer.encode(run.setup.run.eval.sample_prompt))
-  assert decode["arguments_bytes"] == params + prompt
+  assert decode["arguments_bytes"] == params + prompt + 2 * 4 + 4
   # Each token runs both layers' q/k/v, output and two FFN projections and
   # the head: at least 2 * 4 + 1 GEMMs, and fewer kernels than the whole
   # program (which also runs the prompt).

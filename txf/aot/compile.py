@@ -4,10 +4,9 @@
 
 `compile_run` builds the run as `txf-run` would (txf.train.setup.setup_run),
 but on the target's devices, and compiles its train step and eval step on
-abstract arguments (and, asked, its model's decoding: `generate` of
-`decode_tokens` tokens after eval.sample_prompt, one row, greedy, the
-program the run's evaluation samples with): nothing is allocated and no
-accelerator is needed. The
+abstract arguments (and, asked, the sampler its evaluations run, for
+`decode_tokens` tokens): nothing is allocated and no accelerator is
+needed. The
 report (`report.py`) then reads memory, cost, collectives and, for GPUs,
 kernels from the compiled programs.
 
@@ -34,12 +33,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
 from txf.aot.targets import CUDNN_VERSION, Target
 from txf.decode import generation
 from txf.ops import attention
 from txf.train import sharding
+from txf.train.loop import sampler_arguments
 from txf.train.run_config import ConfigError
 from txf.train.setup import RunSetup, setup_run
 
@@ -143,18 +142,17 @@ def abstract_batch(setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
-  """The decoding program (generate, jitted) and its arguments: `decode_tokens`
-  greedy tokens after eval.sample_prompt, one row."""
-  if setup.train_data.task != "lm" or setup.replicas > 1:
+  """The evaluations' sampler (txf.train.loop.sampler_arguments: generate
+  after eval.sample_prompt, one row, at eval.temperature) for `decode_tokens`
+  tokens, lowering, and its arguments."""
+  if setup.task != "lm" or setup.replicas > 1:
     raise ConfigError(
       "decode_tokens: decoding compiles for a language model's run (data.task 'lm', one "
-      f"replica); this is a {setup.train_data.task!r} run of {setup.replicas} replica(s)"
+      f"replica); this is a {setup.task!r} run of {setup.replicas} replica(s)"
     )
-  tokenizer = setup.train_data.tokenizer
-  prompt_1xP = np.asarray(tokenizer.encode(setup.run.eval.sample_prompt), np.int32)[None]
+  arguments, options = sampler_arguments(setup, setup.abstract_state.params, step=0)
+  options["max_new_tokens"] = decode_tokens
   generate = generation.build_generate(lower=True)
-  arguments = (setup.model, setup.abstract_state.params, prompt_1xP)
-  options = dict(max_new_tokens=decode_tokens, temperature=0.0, eos_id=tokenizer.eos_id)
   return functools.partial(generate, **options), arguments
 
 

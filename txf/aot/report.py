@@ -145,19 +145,19 @@ def roofline(
   }
 
 
-def _decode_figures(run: CompiledRun, target: Any) -> dict[str, Any]:
+def _decode_figures(run: CompiledRun) -> dict[str, Any]:
   """The decoding program's memory per device and, on a GPU, the kernels it
   launches per generated token (one iteration of its token loop)."""
   refused = run.out_of_memory.get("decode")
   figures = memory(
     run.decode,
-    target.memory_bytes,
+    run.target.memory_bytes,
     refused_memory(refused, shard_bytes(run.setup.abstract_state.params)) if refused else None,
   )
   figures["new_tokens"] = run.decode_tokens
   figures["kernels_per_token"] = (
     hlo.loop_kernels(run.decode.as_text())
-    if target.platform == "gpu" and run.decode is not None
+    if run.target.platform == "gpu" and run.decode is not None
     else None
   )
   return figures
@@ -192,7 +192,7 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
   else:
     bytes_moved = kernels["non_gemm_bytes"] + kernels["gemm_bytes"] if kernels else None
   device = setup.mesh.devices.flat[0]
-  decode = _decode_figures(run, target) if run.decode_tokens else None
+  decode = _decode_figures(run) if run.decode_tokens else None
   return {
     "target": target.name,
     "platform": target.platform,

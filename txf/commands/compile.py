@@ -20,8 +20,8 @@ gives the MFU at an assumed step time), the collectives per step (count and
 bytes), and for GPUs the kernels per step, GEMMs by backend, cuDNN attention
 calls and the bytes each region of the step moves outside GEMMs (loss,
 optimizer, attention, the rest); docs/scaling.md says how to read it.
-`--decode_tokens=N` also compiles the model's decoding of N tokens (one row,
-greedy, after eval.sample_prompt) and prints its memory and, for GPUs, the
+`--decode_tokens=N` also compiles the sampler the run's evaluations use, for
+N tokens (one row, after eval.sample_prompt) and prints its memory and, for GPUs, the
 kernels it launches per generated token (what bounds decoding's speed at
 batch 1, where each kernel is tiny).
 `--json=PATH` writes the same figures (keys `fits` and `per_device`:

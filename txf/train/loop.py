@@ -160,17 +160,13 @@ def _samples(setup: RunSetup) -> bool:
   return setup.task == "lm" and bool(setup.run.eval.sample_tokens)
 
 
-def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:
-  """decode.generate's arguments for a sample of eval.sample_prompt at `step`."""
+def sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:
+  """decode.generate's arguments for the evaluations' sample of
+  eval.sample_prompt at `step`, the prompt a host array [1, P] (txf.aot
+  compiles the same program for hardware it does not have)."""
   eval_config, tokenizer = setup.run.eval, setup.train_data.tokenizer
-  prompt_1xP = tokenizer.encode(eval_config.sample_prompt)[None]
-  # Every process holds the same prompt; as one replicated global array it
-  # can meet parameters sharded over other hosts' devices inside jit.
-  prompt_1xP = jax.make_array_from_callback(
-    prompt_1xP.shape, sharding.replicated(setup.mesh), lambda index: prompt_1xP[index]
-  )
   return (
-    (setup.model, params, prompt_1xP),
+    (setup.model, params, tokenizer.encode(eval_config.sample_prompt)[None]),
     dict(
       max_new_tokens=eval_config.sample_tokens,
       rng=jax.random.fold_in(setup.init_key, step),
@@ -178,6 +174,17 @@ def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]
       eos_id=tokenizer.eos_id,
     ),
   )
+
+
+def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:
+  """`sampler_arguments` with the prompt on the run's mesh."""
+  (model, params, prompt_1xP), options = sampler_arguments(setup, params, step)
+  # Every process holds the same prompt; as one replicated global array it
+  # can meet parameters sharded over other hosts' devices inside jit.
+  prompt_1xP = jax.make_array_from_callback(
+    prompt_1xP.shape, sharding.replicated(setup.mesh), lambda index: prompt_1xP[index]
+  )
+  return (model, params, prompt_1xP), options
 
 
 def _sample_text(setup: RunSetup, params, step: int) -> str:
