@@ -29,7 +29,7 @@ from txf.commands.cli import define_config_flag
 from txf.data import make_tokenizer
 from txf.textbook.report import median_seconds
 from txf.train import hardware
-from txf.train.setup import setup_run
+from txf.train.setup import parse_run, setup_run
 
 FLAGS = flags.FLAGS
 
@@ -81,8 +81,8 @@ def compare(
   if hf is not None and not is_gpt2(config.model):
     print(f"transformers reference dropped: the config's model is not GPT-2 ({GPT2_SHAPE})")
     hf = None
-  setup = setup_run(config)
-  dtype = jnp.dtype(setup.model_cfg.dtype)
+  setup = setup_run(parse_run(config))
+  dtype = jnp.dtype(setup.run.model.dtype)
   with setup.activation_sharding():
     params = jax.tree.map(lambda p: p.astype(dtype), setup.replica_params(setup.init().params, 0))
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
@@ -91,7 +91,7 @@ def compare(
     rows = []
     for batch_size in batch_sizes:
       prompt_BxP = jax.random.randint(
-        jax.random.key(batch_size), (batch_size, prompt_len), 1, setup.model_cfg.vocab_size
+        jax.random.key(batch_size), (batch_size, prompt_len), 1, setup.run.model.vocab_size
       )
       seconds = median_seconds(
         functools.partial(

@@ -37,7 +37,7 @@ from txf.train.replicas import (
   make_replicated_train_step,
   replica_seeds,
 )
-from txf.train.setup import setup_run, train_step_for_seed
+from txf.train.setup import parse_run, setup_run, train_step_for_seed
 from txf.train.step import init_state
 
 FLAGS = flags.FLAGS
@@ -96,16 +96,17 @@ def time_runs(config, replicas: int) -> dict[str, float]:
 def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
   """Median ms per training step of each way to train `replicas` seeds
   (module docstring)."""
-  setup = setup_run(config)
+  run = parse_run(config)
+  setup = setup_run(run)
   batch = next(iter(setup.train_data))
-  init_fn = lambda key: init_state(setup.model, setup.optimizer, batch, setup.task, key)
+  init_fn = lambda key: init_state(setup.model, run.optimizer, batch, setup.task, key)
   step_for_seed = functools.partial(
-    train_step_for_seed, config.train, setup.model, setup.optimizer, setup.task
+    train_step_for_seed, run.train, setup.model, run.optimizer, setup.task
   )
-  seeds = replica_seeds(config.seed, replicas)
-  single = jax.jit(step_for_seed(config.seed))
+  seeds = replica_seeds(run.seed, replicas)
+  single = jax.jit(step_for_seed(run.seed))
 
-  figures = {"1 replica": median_ms(single, init_fn(jax.random.key(config.seed)), batch, steps)}
+  figures = {"1 replica": median_ms(single, init_fn(jax.random.key(run.seed)), batch, steps)}
   for strategy in STRATEGIES:
     step = jax.jit(make_replicated_train_step(step_for_seed, seeds, strategy=strategy))
     figures[f"{len(seeds)} replicas {strategy}"] = median_ms(

@@ -37,7 +37,8 @@ from benchmarks.references import run_reference
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.train import hardware
-from txf.train.setup import RunSetup, checked_run, setup_run
+from txf.train.run_config import RunConfig
+from txf.train.setup import RunSetup, parse_run, setup_run
 
 FLAGS = flags.FLAGS
 
@@ -191,16 +192,16 @@ def define_flags() -> None:
 
 
 def torch_reference(
-  config, *, steps: int, window: int, profile_steps: int, compile_model: bool
+  run: RunConfig, *, steps: int, window: int, profile_steps: int, compile_model: bool
 ) -> dict | None:
-  """The PyTorch recipe at the config's model shape and batch, on the config's
+  """The PyTorch recipe at the run's model shape and batch, on the run's
   own training batches (None where it does not apply or torch is absent);
   run before JAX initialises its backend."""
-  model = config.model
+  model = run.model
   if not is_gpt2(model):
     print("torch reference: skipped (it is GPT-2: " + GPT2_SHAPE + ")")
     return None
-  data = make_dataset(config.data, "train", seed=config.seed)
+  data = make_dataset(run.data, "train", seed=run.data_seed)
   batches = [next(data) for _ in range(FRESH_BATCHES)]
   windows_NxBxT1 = np.stack(
     [np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1) for b in batches]
@@ -215,7 +216,7 @@ def torch_reference(
         f"--layers={model.num_layers}",
         f"--d_model={model.d_model}",
         f"--heads={model.num_heads}",
-        f"--vocab={model.vocab_size or data.vocab_size}",
+        f"--vocab={model.vocab_size}",
         f"--steps={steps}",
         f"--window={window}",
         f"--profile_steps={profile_steps}",
@@ -238,12 +239,10 @@ def profile_or_error(summarize) -> dict:
 
 
 def main() -> dict:
-  config = FLAGS.config
-  if FLAGS.torch:  # a config the step rejects fails before the PyTorch run, not after it
-    checked_run(config)[1].close()
+  run = parse_run(FLAGS.config)  # a config the step rejects fails before the PyTorch run
   torch = (
     torch_reference(
-      config,
+      run,
       steps=FLAGS.torch_steps or FLAGS.steps,
       window=FLAGS.window,
       profile_steps=FLAGS.profile_steps,
@@ -252,7 +251,7 @@ def main() -> dict:
     if FLAGS.torch
     else None
   )
-  setup = setup_run(config)
+  setup = setup_run(run)
   print(
     f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
     f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token"

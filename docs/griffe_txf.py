@@ -9,13 +9,16 @@ before mkdocstrings parses the docstring. Google-style sections (Args:,
 Returns:, Raises:, ...) are left to the parser, with two of txf's habits
 there put in its form (see `_section_line`).
 
-A class attribute documented by a trailing comment (`d_model: int = 128  #
-width of the residual stream`, as every ModelConfig field is) gets that
-comment as its docstring, so the reference lists the fields with their docs.
+A config section's field declared with its doc (`d_model: int =
+documented("width of the residual stream", default=128)`, txf.fields: every
+ModelConfig, DataSpec and TrainConfig field) gets that doc as its docstring,
+and another class attribute documented by a trailing comment (`x: int = 0  #
+why`) that comment, so the reference lists the fields with their docs.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import textwrap
@@ -104,9 +107,28 @@ def trailing_comment(lines: list[str]) -> str | None:
   return None
 
 
+def declared_doc(lines: list[str]) -> str | None:
+  """The doc of a field declared as `name: type = documented("doc", ...)`."""
+  try:
+    tree = ast.parse(textwrap.dedent("\n".join(lines)))
+  except SyntaxError:
+    return None
+  for node in ast.walk(tree):
+    if (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Name)
+      and node.func.id == "documented"
+      and node.args
+      and isinstance(node.args[0], ast.Constant)
+    ):
+      return str(node.args[0].value).replace("*", "\\*")
+  return None
+
+
 class IndentedBlocks(griffe.Extension):
   """Applies `fence_indented_blocks` to every docstring griffe loads, and
-  gives a class attribute without a docstring its trailing comment."""
+  gives a class attribute without a docstring its declared doc or its
+  trailing comment."""
 
   def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
     if obj.docstring is not None:
@@ -116,6 +138,6 @@ class IndentedBlocks(griffe.Extension):
     for member in cls.members.values():
       if member.is_alias or not member.is_attribute or member.docstring is not None:
         continue
-      comment = trailing_comment(member.lines)
-      if comment:
-        member.docstring = griffe.Docstring(comment, parent=member)
+      doc = declared_doc(member.lines) or trailing_comment(member.lines)
+      if doc:
+        member.docstring = griffe.Docstring(doc, parent=member)

@@ -25,7 +25,7 @@ from txf.layers.model_config import ModelConfig
 from txf.sweep.runner import check_point_config
 from txf.train.resume import check_optimizer_state, read_run_config
 from txf.train.run_config import ConfigError, check_run_config
-from txf.train.setup import setup_run
+from txf.train.setup import parse_run, setup_run
 
 V, D = 6, 4
 
@@ -129,9 +129,9 @@ def test_a_sample_longer_than_the_learned_position_table_is_a_config_error_befor
     r"eval\.sample_tokens of 33 positions is longer than the learned "
     r"position table \(32 rows\)",
   ):
-    setup_run(config)
+    setup_run(parse_run(config))
   config.eval.sample_tokens = 30  # 3 + 30 - 1 = 32 rows: fits
-  setup = setup_run(config)
+  setup = setup_run(parse_run(config))
   # The same boundary as the sampler's own: 30 new tokens lower, 31 do not.
   prompt_1xP = jnp.asarray(setup.train_data.tokenizer.encode("def"))[None]
   params = setup.init().params

@@ -41,10 +41,16 @@ from txf.models import build
 from txf.train import hardware, loop
 from txf.train.resume import ADDED_FIELDS, read_run_config
 from txf.train.run_config import check_run_config
-from txf.train.setup import setup_run
+from txf.train.setup import parse_run, setup_run
 from txf.train.step import _apply_without_head, make_train_step
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def _param_count(config) -> int:
+  """Parameters of the model txf builds for run config `config`."""
+  params = setup_run(parse_run(config)).abstract_state.params
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
 
 
 def gpt2_tiny(**model):
@@ -215,7 +221,7 @@ def test_linear_cross_entropy_rejects_bad_inputs():
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_the_fused_loss_gives_the_plain_loss_and_gradients():
-  setup = setup_run(gpt2_tiny())
+  setup = setup_run(parse_run(gpt2_tiny()))
   batch = next(iter(setup.train_data))
   sgd = optax.sgd(1.0)  # new params = params - gradient: the update is the gradient
   state = setup.init()
@@ -301,7 +307,7 @@ def test_gpt2_small_8k_lowers_with_causal_attention_and_no_mask(monkeypatch):
   assert config.data.batch_size * config.data.seq_len == 32 * 1024  # as gpt2_small
   config.model.update(dict(d_model=16, num_heads=2, num_layers=1, dtype="float32"))
   config.data.update(dict(batch_size=1, max_corpus_bytes=300_000))
-  setup = setup_run(config)
+  setup = setup_run(parse_run(config))
   calls = []
   attend = ops.dot_product_attention
   monkeypatch.setattr(
@@ -424,7 +430,7 @@ def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeyp
 
 
 def test_random_ids_keep_the_batches_shape_and_weights():
-  setup = setup_run(gpt2_tiny())
+  setup = setup_run(parse_run(gpt2_tiny()))
   text = next(iter(setup.eval_data))
   batches = bench_loop.RandomIds(iter([text]), vocab_size=50)
   batch = next(batches)
@@ -441,9 +447,7 @@ def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
     gpt2_tiny(), batch_sizes=[2], prompt_len=4, new_tokens=3, repeats=1, hf=hf
   )
   # float32 weights: 4 bytes each, read once per generated position.
-  params = sum(
-    math.prod(x.shape) for x in jax.tree.leaves(setup_run(gpt2_tiny()).abstract_state.params)
-  )
+  params = _param_count(gpt2_tiny())
   assert report["weight_bytes"] == 4 * params
   assert report["floor_us_per_token"] == pytest.approx(1e6 * 4 * params / 1e9)
   (row,) = report["txf"]
@@ -486,16 +490,14 @@ def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
   assert [row["batch_size"] for row in report["results"]] == [1, 2]
   for row in report["results"]:
     assert row["tokens_per_sec"] == pytest.approx(row["batch_size"] * 3 / row["seconds"])
-  txf_params = sum(
-    math.prod(x.shape) for x in jax.tree.leaves(setup_run(gpt2_tiny()).abstract_state.params)
-  )
+  txf_params = _param_count(gpt2_tiny())
   assert report["params"] == txf_params
 
 
 def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   config = gpt2_tiny(max_len=32)  # torch's position table has T rows
   reference = dict(steps=3, window=2, profile_steps=0, compile_model=False)
-  report = bench_step.torch_reference(config, **reference)
+  report = bench_step.torch_reference(parse_run(config), **reference)
   if HAS_TORCH:
     assert (report["batch_size"], report["seq_len"], report["steps"]) == (4, 32, 3)
     assert report["tokens_per_sec"] == pytest.approx(4 * 32 / report["step_time"])
@@ -508,14 +510,12 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
       assert abs(steps * w["step_time"] - (w["end_time"] - w["start_time"])) < 0.01
     assert abs(report["loss"] - math.log(260)) < 1.0  # txf's own text batches, ids < 260
     # The same model: as many parameters as txf's GPT-2 of this shape.
-    txf_params = sum(
-      math.prod(x.shape) for x in jax.tree.leaves(setup_run(config).abstract_state.params)
-    )
+    txf_params = _param_count(config)
     assert report["params"] == txf_params
   else:
     assert report is None and "torch is not installed" in capsys.readouterr().out
   # A model that is not GPT-2 has no reference.
-  rope = load_config("rope")
+  rope = parse_run(load_config("rope"))
   assert bench_step.torch_reference(rope, **reference) is None
 
 
@@ -530,7 +530,7 @@ def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
 def test_embedding_grad_bench_checks_every_method_against_float64():
   config = gpt2_tiny(vocab_size=512)
   figures = bench_embedding_grad.compare(config, repeats=1)
-  batch = next(iter(setup_run(config).train_data))["inputs"]
+  batch = next(iter(setup_run(parse_run(config)).train_data))["inputs"]
   assert figures["ids"] == batch.size and figures["distinct_ids"] == len(np.unique(batch))
   methods = figures["methods"]
   assert list(methods) == list(bench_embedding_grad.METHODS)

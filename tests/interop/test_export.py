@@ -20,7 +20,7 @@ from txf.interop.rules import flatten
 from txf.train import loop
 from txf.train.export import export_run, is_run_directory, load_trained
 from txf.train.run_config import ConfigError
-from txf.train.setup import setup_run
+from txf.train.setup import parse_run, setup_run
 
 OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
 HF_GPT2 = FIXTURES / "hf" / "gpt2"
@@ -204,7 +204,7 @@ def test_a_run_starts_from_a_txf_run(runs, tmp_path):
   assert config.model.to_dict() == saved["model"] and config.data.seq_len == 32
   assert config.train.init_from == str(workdir)
   config.train.update(dict(steps=2, warmup_steps=1))
-  state = setup_run(config, tmp_path / "fine_tuned").init()
+  state = setup_run(parse_run(config), tmp_path / "fine_tuned").init()
   expected = flatten(load_trained(workdir).pretrained.params)
   found = flatten(state.params)
   assert found.keys() == expected.keys() and int(state.step) == 0
@@ -212,4 +212,4 @@ def test_a_run_starts_from_a_txf_run(runs, tmp_path):
     np.testing.assert_array_equal(np.asarray(found[path]), value, err_msg=path)
   config.model.d_ff = 64
   with pytest.raises(ConfigError, match=r"model.d_ff: 64 differs .* train.init_from="):
-    setup_run(config, tmp_path / "other")
+    setup_run(parse_run(config), tmp_path / "other")

@@ -325,7 +325,7 @@ def test_a_trained_lm_has_a_previous_token_head(tmp_path):
   validation = next(iter(setup.eval_data))["inputs"]
   specials = set(setup.train_data.tokenizer.special_ids)
   assert set(result["probe_ids"]) == set(np.unique(validation).tolist()) - specials
-  assert len(result["probe_ids"]) < setup.model_cfg.vocab_size - len(specials)
+  assert len(result["probe_ids"]) < setup.run.model.vocab_size - len(specials)
   for p, tokens in result["probe_tokens"].items():
     assert len(tokens) == 2 * p and set(tokens) <= set(result["probe_ids"])
   by_period = np.array([result["scores"][f"induction_p{p}"] for p in (16, 15)])

@@ -23,7 +23,7 @@ from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.resume import config_changes, read_run_config, write_config
 from txf.train.run_config import ConfigError, check_run_config
-from txf.train.setup import load_run, setup_run
+from txf.train.setup import load_run, parse_run, setup_run
 from txf.train.step import model_inputs
 
 STEPS = 4
@@ -71,7 +71,7 @@ def test_load_run_evaluates_at_twice_the_training_length(trained):
   before = digests(trained)
   run = load_run(trained, {"data.seq_len": 64, "eval.num_batches": 2})
   assert run.step == STEPS
-  assert run.setup.config.data.seq_len == 64
+  assert run.setup.run.data.seq_len == 64
   assert next(iter(run.setup.eval_data))["inputs"].shape == (8, 64)
 
   saved = restore_state(trained, STEPS)["params"]  # orbax directly, not the Checkpointer
@@ -126,7 +126,6 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
     ("eval.sample_prompt", "def ", "class "),
   ]
   setup = types.SimpleNamespace(run=check_run_config(config, vocab_size=260, num_classes=None))
-  setup.schedule = setup.run.schedule
   line = loop._changes_line(config, saved) + loop._learning_rate_change(setup, saved, 30)
   assert line == (
     "changed from the run's config.json: train.steps 30 -> 600, train.decay 'cosine' -> "
@@ -135,7 +134,6 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   )
   config.train.steps = 30  # the same schedule: no learning rate in the line
   setup.run = check_run_config(config, vocab_size=260, num_classes=None)
-  setup.schedule = setup.run.schedule
   assert loop._learning_rate_change(setup, saved, 20) == ""
   assert config_changes(load_config("rope"), read_run_config(tmp_path / "new")) == []
 
@@ -227,13 +225,43 @@ def test_bench_times_the_training_step_and_writes_json(tmp_path):
   assert min(w["step_time"] for w in report["windows"]) <= report["median_step_time"]
 
 
+@pytest.mark.parametrize(
+  "name,vocab_size,num_classes",
+  [("rope", 260, None), ("encoder_classify", None, 10), ("mqar", None, None)],
+)
+def test_a_config_is_parsed_without_loading_data_and_set_up_from_the_parse_alone(
+  name, vocab_size, num_classes, monkeypatch
+):
+  """parse_run takes the vocabulary from the tokenizer and the classes from
+  the task, loading no data; setup_run then builds from the RunConfig alone
+  (the ConfigDict it records is not read again: here it is gone)."""
+  from txf.data import pipeline
+  from txf.train import setup as setup_module
+
+  config = tiny_config(name, steps=STEPS)
+  with monkeypatch.context() as patched:  # any data loaded fails
+    patched.setattr(setup_module, "make_dataset", None)
+    patched.setattr(pipeline.corpus, "load_corpus", None)
+    run = parse_run(config)
+  tokenizer = pipeline.make_tokenizer(config.data)
+  assert run.model.vocab_size == (vocab_size or tokenizer.vocab_size)
+  assert run.model.vocab_size == tokenizer.vocab_size
+  if num_classes is not None:
+    assert run.model.num_classes == num_classes
+  assert run.source is config
+  setup = setup_run(dataclasses.replace(run, source=None))
+  batch = next(iter(setup.train_data))
+  assert batch["inputs"].shape[0] == run.data.batch_size
+  assert setup.train_data.vocab_size == run.model.vocab_size
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_abstract_state_carries_the_state_shardings(replicas):
   """Restoring onto another mesh or process count needs a target sharding on
   every leaf (orbax otherwise falls back to the saved topology and refuses)."""
   config = tiny_config("rope", steps=STEPS)
   config.replicas = replicas
-  setup = setup_run(config)
+  setup = setup_run(parse_run(config))
   leaves = jax.tree.leaves(setup.abstract_state)
   shardings = jax.tree.leaves(setup.state_sharding)
   assert len(leaves) == len(shardings)
@@ -246,7 +274,7 @@ def test_evaluate_weights_every_token_alike_across_batches():
   means of per-batch means: batches of unequal weight, and a weight-0 batch
   (the streamed evaluator pads up to eval.num_batches with them), count by
   their tokens. Compared with the token-weighted mean in float64."""
-  setup = setup_run(tiny_config("rope"))
+  setup = setup_run(parse_run(tiny_config("rope")))
   params = setup.init().params
   batch = jax.tree.map(np.asarray, next(iter(setup.eval_data)))
   weights_BxT = batch["weights"].astype(np.float32)

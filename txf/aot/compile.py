@@ -40,7 +40,7 @@ from txf.ops import attention
 from txf.train import sharding
 from txf.train.loop import sampler_arguments
 from txf.train.run_config import ConfigError
-from txf.train.setup import RunSetup, setup_run
+from txf.train.setup import RunSetup, parse_run, setup_run
 
 # Before jax starts a backend: compile for TPUs and GPUs on this CPU.
 ENVIRONMENT = {
@@ -145,10 +145,10 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   """The evaluations' sampler (txf.train.loop.sampler_arguments: generate
   after eval.sample_prompt, one row, at eval.temperature) for `decode_tokens`
   tokens, lowering, and its arguments."""
-  if setup.task != "lm" or setup.replicas > 1:
+  if setup.task != "lm" or setup.run.replicas > 1:
     raise ConfigError(
       "decode_tokens: decoding compiles for a language model's run (data.task 'lm', one "
-      f"replica); this is a {setup.task!r} run of {setup.replicas} replica(s)"
+      f"replica); this is a {setup.task!r} run of {setup.run.replicas} replica(s)"
     )
   arguments, options = sampler_arguments(setup, setup.abstract_state.params, step=0)
   options["max_new_tokens"] = decode_tokens
@@ -175,7 +175,7 @@ def compile_run(
   """
   devices = devices if devices is not None else target.devices()
   with _cudnn_answered_for(target) as cudnn:
-    setup = setup_run(config, devices=devices)
+    setup = setup_run(parse_run(config), devices=devices)
     batch = abstract_batch(setup)
     # The steps are jitted (RunSetup types them as plain callables): they lower.
     train_step: Any = setup.train_step

@@ -36,12 +36,6 @@ on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
 
 from __future__ import annotations
 
-import dataclasses
-import io
-import pathlib
-import re
-import tokenize
-
 from absl import flags, logging
 from ml_collections import config_flags
 
@@ -94,45 +88,30 @@ __doc__ += "\n" + configs_help()
 
 
 def field_docs() -> dict[str, str]:
-  """`section.field` -> doc: the trailing comments of configs/base.py's entries
-  and of ModelConfig's fields (ModelConfig's win for model fields); a model
-  field with a fixed set of values lists them."""
+  """`section.field` -> doc: each field's own (txf.fields), as its section's
+  dataclass declares it; a model field with a fixed set of values lists them."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  from txf.data.spec import DataSpec
+  from txf.fields import docs
   from txf.layers import model_config
+  from txf.train import run_config
 
-  docs, section = {}, None
-  for line, comment in _commented_lines(CONFIGS / "base.py"):
-    if m := re.match(r"\s*config\.(\w+)\.(\w+) =", line):  # config.model.vocab_size = ...
-      if comment:
-        docs[f"{m.group(1)}.{m.group(2)}"] = comment
-    elif m := re.match(r"\s*config\.(\w+) =", line):  # a section, or a top-level field
-      section = m.group(1)
-      if comment:
-        docs[section] = comment
-    elif (m := re.match(r"\s+(\w+)=", line)) and section and comment:
-      docs[f"{section}.{m.group(1)}"] = comment
-  names = {f.name for f in dataclasses.fields(model_config.ModelConfig)}
-  for line, comment in _commented_lines(pathlib.Path(model_config.__file__)):
-    if (m := re.match(r"\s+(\w+):", line)) and m.group(1) in names and comment:
-      docs[f"model.{m.group(1)}"] = comment
+  sections = {
+    "model": model_config.ModelConfig,
+    "data": DataSpec,
+    "train": run_config.TrainConfig,
+    "eval": run_config.EvalConfig,
+    "parallel": run_config.ParallelConfig,
+  }
+  found = {name: doc for name, doc in docs(run_config.RunConfig).items() if "." not in name}
+  for section, cls in sections.items():
+    found.update({f"{section}.{name}": doc for name, doc in docs(cls).items()})
   for name, choices in model_config.CHOICES.items():
-    doc = docs.get(f"model.{name}", "")
+    doc = found.get(f"model.{name}", "")
     if not all(str(choice) in doc for choice in choices):
       listed = " | ".join(map(str, choices))
-      docs[f"model.{name}"] = f"{listed}: {doc}" if doc else listed
-  return docs
-
-
-def _commented_lines(path: pathlib.Path) -> list[tuple[str, str | None]]:
-  """(line, its trailing comment or None) for every line of a Python file."""
-  text = path.read_text()
-  lines = text.splitlines()
-  comments = {}
-  for token in tokenize.generate_tokens(io.StringIO(text).readline):
-    row = token.start[0] - 1
-    if token.type == tokenize.COMMENT and lines[row][: token.start[1]].strip():
-      comments[row] = token.string.lstrip("#").strip()
-  return [(line, comments.get(i)) for i, line in enumerate(lines)]
+      found[f"model.{name}"] = f"{listed}: {doc}" if doc else listed
+  return found
 
 
 def leaves(tree, prefix=""):
@@ -156,13 +135,11 @@ def resolved_run(config):
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   import tempfile
 
-  from txf.train.setup import checked_run
+  from txf.train.setup import parse_run
 
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
-    run, data = checked_run(config, workdir)
-    data.close()
-    return run
+    return parse_run(config, workdir)
 
 
 def print_config(config, base, run=None) -> None:

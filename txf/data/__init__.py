@@ -88,7 +88,7 @@ from txf.data.corpus import corpus_description, corpus_files, load_corpus
 from txf.data.dataset import Dataset
 from txf.data.packed import PackedDataset, ProcessCountError
 from txf.data.pipeline import make_dataset, make_tokenizer
-from txf.data.spec import DataSpec, read_data_config
+from txf.data.spec import DataSpec, num_classes, read_data_config
 from txf.data.tokenizers import (
   ByteTokenizer,
   HFTokenizer,
@@ -112,5 +112,6 @@ __all__ = [
   "load_corpus",
   "make_dataset",
   "make_tokenizer",
+  "num_classes",
   "read_data_config",
 ]

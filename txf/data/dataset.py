@@ -7,8 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from txf.data import listops
-from txf.data.spec import DataSpec
+from txf.data.spec import DataSpec, num_classes
 from txf.data.tokenizers import Tokenizer
 
 
@@ -62,7 +61,7 @@ class Dataset:
     self.tokenizer = tokenizer
     self.vocab_size = tokenizer.vocab_size
     self.task = spec.task
-    self.num_classes = listops.NUM_CLASSES if spec.task == "classify" else None
+    self.num_classes = num_classes(spec)
     self.split = split
     self.global_batch_size = spec.batch_size
     self.batch_size = spec.batch_size // process_count

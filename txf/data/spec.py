@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from txf import checks
 from txf.data import listops
 from txf.data.tokenizers import SentencePieceTokenizer
+from txf.fields import documented, section
 from txf.registry import Registry
 
 # data.name -> the data.task values it supports; the first is its natural one.
@@ -46,38 +47,71 @@ DEFAULT_READ_THREADS = 4
 _MIN_SOURCE_LEN = {"copy": 1, "reverse": 1, "sort": 1, "addition": 3}
 
 
-@dataclasses.dataclass(frozen=True)
+@section()
 class DataSpec:
-  """Checked fields of a `data` section; None where the dataset needs none."""
+  """Checked fields of a `data` section; None where the dataset needs none
+  (configs/base.py holds the defaults; txf/data/__init__.py tabulates which
+  dataset reads which field)."""
 
-  name: str
-  task: str
-  seq_len: int
-  batch_size: int
-  tokenizer: str | None = None
-  sp_vocab_size: int | None = None
-  tokenizer_path: str | None = None
-  max_corpus_bytes: int | None = None
-  mlm_probability: float | None = None
-  min_example_len: int | None = None
-  max_example_len: int | None = None
-  listops_max_depth: int | None = None
-  # In-context tasks (incontext.py): content ids, and MQAR's key-value pairs.
-  num_symbols: int | None = None
-  num_kv_pairs: int | None = None
-  tfds_data_dir: str | None = None
-  tfds_text_key: str | None = None
-  tfds_source_key: str | None = None
-  tfds_target_key: str | None = None
-  # TFDS lm/mlm streams (packed.py): threads reading ahead, worker processes
-  # reading and tokenizing, and whether attention crosses the documents
-  # packed into a window.
-  read_threads: int | None = None
-  read_workers: int | None = None
-  attend_across_documents: bool | None = None
-  # The data order's seed (shuffling, masking, generated examples); None:
-  # the run's `seed`. Seed replicas (config `replicas`) share the run's.
-  seed: int | None = None
+  name: str = documented(
+    "the dataset: pystdlib (the Python standard library's sources, built in) | copy | "
+    "reverse | sort | addition | listops | induction | mqar | tfds:<builder> | files:<glob> "
+    "| a registered task"
+  )
+  task: str = documented("lm | mlm | seq2seq | classify (txf.data.spec.TASKS: per data.name)")
+  seq_len: int = documented("tokens per example (seq2seq: per source and target)")
+  batch_size: int = documented("global, across all devices and hosts")
+  tokenizer: str | None = documented(
+    "bytes | sentencepiece (trained in the run dir) | hf", default=None
+  )
+  sp_vocab_size: int | None = documented(
+    'tokenizer="sentencepiece": its largest vocabulary', default=None
+  )
+  tokenizer_path: str | None = documented(
+    'tokenizer="hf": a tokenizer.json or its dir', default=None
+  )
+  max_corpus_bytes: int | None = documented("pystdlib, files: bytes read per split", default=None)
+  mlm_probability: float | None = documented('task="mlm": fraction of tokens masked', default=None)
+  min_example_len: int | None = documented(
+    "generated tasks: shortest example (induction: span)", default=None
+  )
+  max_example_len: int | None = documented(
+    "generated tasks: longest example (induction: span)", default=None
+  )
+  listops_max_depth: int | None = documented(
+    "listops: most nested operators (root = 1)", default=None
+  )
+  # In-context tasks (incontext.py).
+  num_symbols: int | None = documented("induction, mqar: content ids", default=None)
+  num_kv_pairs: int | None = documented("mqar: key-value pairs per row", default=None)
+  tfds_data_dir: str | None = documented(
+    "tfds: the prepared dataset's folder; None: $TFDS_DATA_DIR or ~/tensorflow_datasets",
+    default=None,
+  )
+  tfds_text_key: str | None = documented(
+    'tfds lm/mlm: the text feature; None: "text"', default=None
+  )
+  tfds_source_key: str | None = documented(
+    'tfds seq2seq: source feature; None: from "<src>-<tgt>"', default=None
+  )
+  tfds_target_key: str | None = documented(
+    'tfds seq2seq: target feature; None: from "<src>-<tgt>"', default=None
+  )
+  # TFDS lm/mlm streams (packed.py).
+  read_threads: int | None = documented(
+    "tfds lm/mlm: threads reading records ahead (I/O)", default=None
+  )
+  read_workers: int | None = documented(
+    "tfds lm/mlm: processes reading and tokenizing train (CPU); None: 0", default=None
+  )
+  attend_across_documents: bool | None = documented(
+    "tfds lm/mlm: True: attention crosses the documents packed in a window (GPT-2)", default=None
+  )
+  seed: int | None = documented(
+    "the data order's (shuffling, masking, generated examples); None: the run's seed "
+    "(seed replicas share the run's)",
+    default=None,
+  )
 
 
 T = TypeVar("T")
@@ -88,6 +122,12 @@ def required(value: T | None) -> T:
   leaves None only the fields a dataset does not use), typed without the None."""
   assert value is not None, "a DataSpec field read for a dataset that does not use it"
   return value
+
+
+def num_classes(spec: DataSpec) -> int | None:
+  """The labels of a 'classify' dataset (listops' NUM_CLASSES); None for the
+  other tasks."""
+  return listops.NUM_CLASSES if spec.task == "classify" else None
 
 
 def is_tfds(name: Any) -> bool:

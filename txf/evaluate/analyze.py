@@ -152,7 +152,7 @@ def _plot_sample(
   step: int,
 ) -> None:
   """Heatmaps of validation sample 0 for one kind, padding cut off."""
-  pad_id = setup.model_cfg.pad_id
+  pad_id = setup.run.model.pad_id
   queries_T, keys_S = _query_tokens(batch, kind)[0], _key_tokens(batch, kind)[0]
   T, S = _unpadded_length(queries_T, pad_id), _unpadded_length(keys_S, pad_id)
   attention_grid(
@@ -177,7 +177,7 @@ def _probe_periods(
   """The probe periods: `periods`, checked to fit, or the two longest that fit
   and that the training data does not repeat with (`probe_periods`)."""
   if periods is None:
-    return probe_periods(length, num_ids, repeat_periods(setup.config.data))
+    return probe_periods(length, num_ids, repeat_periods(setup.run.data))
   if len(periods) < 2 or len(set(periods)) < len(periods):
     raise ValueError(
       f"periods: two or more different probe periods are needed to tell "
@@ -209,7 +209,7 @@ def _induction(
   `maps_fn(params, *inputs)`."""
   B = _query_tokens(batch, kind).shape[0]
   tokens_BxT = repeated_random_tokens(
-    np.random.default_rng(seed), B, period, setup.model_cfg.vocab_size, ids=ids
+    np.random.default_rng(seed), B, period, setup.run.model.vocab_size, ids=ids
   )
   inputs = (batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq" else (tokens_BxT,)
   layers = maps_by_kind(maps_fn(params, *inputs))[kind]
@@ -228,7 +228,7 @@ def _attention_scores(
   periods: a content match scores at every period), the induction score at
   each probe period, entropy and distance on the batch, padded queries left
   out."""
-  query_mask_BxT = _query_tokens(batch, kind) != setup.model_cfg.pad_id
+  query_mask_BxT = _query_tokens(batch, kind) != setup.run.model.pad_id
   per_layer = lambda score: np.stack(
     [score(weights, query_mask=query_mask_BxT) for weights in layers]
   )
@@ -371,7 +371,7 @@ def analyze_run(
   check_reachable(workdir)
   run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
   setup = run.setup
-  if setup.model_cfg.family == "lstm":
+  if setup.run.model.family == "lstm":
     raise ValueError(
       f"model.family: the run in {workdir} is an LSTM; it has no attention to analyse"
     )
@@ -445,7 +445,7 @@ def analyze_run(
     circuit_record = training = None
     if circuits or checkpoints:
       assert periods is not None and ids is not None  # a causal decoder (_check_circuits)
-      label = f"{workdir.name} (seed {setup.seeds[replica]})"
+      label = f"{workdir.name} (seed {setup.run.seeds[replica]})"
       head_scores = {name: scores["self"][name] for name in ("previous_token", "induction")}
       md_parts = []
       if circuits:
@@ -507,7 +507,7 @@ def analyze_run(
 def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
   """ValueError, before compute, unless the run is a decoder LM with two or
   more layers (and, for `circuits`' patching, Pre-LN and unscanned)."""
-  cfg = setup.model_cfg
+  cfg = setup.run.model
   flag = "circuits" if circuits else "checkpoints"
   if cfg.family != "decoder" or setup.task != "lm":
     raise ValueError(
@@ -578,8 +578,8 @@ def _training_scores(
     name: []
     for name in ("steps", "loss", "accuracy", "previous_token", "induction", "k_composition")
   }
-  query_mask_BxT = _query_tokens(batch, "self") != setup.model_cfg.pad_id
-  suffix = f"/{replica}" if setup.replicas > 1 else ""
+  query_mask_BxT = _query_tokens(batch, "self") != setup.run.model.pad_id
+  suffix = f"/{replica}" if setup.run.replicas > 1 else ""
   began = time.perf_counter()
   with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
     steps = checkpointer.steps()
@@ -599,7 +599,7 @@ def _training_scores(
       )
       rows["induction"].append(np.min(np.stack(induction), axis=0))
       rows["k_composition"].append(
-        composition_scores(params, fold_norm=setup.model_cfg.norm_placement == "pre")["k"]
+        composition_scores(params, fold_norm=setup.run.model.norm_placement == "pre")["k"]
       )
       if log is not None:
         elapsed = time.perf_counter() - began

@@ -68,10 +68,10 @@ def _validation_stream(setup: RunSetup) -> np.ndarray:
 
 def _not_applicable(setup: RunSetup, length: int) -> str | None:
   """Why the run's config refuses `length` as data.seq_len; None if it accepts it."""
-  config = ml_collections.ConfigDict(setup.config.to_dict())
+  config = ml_collections.ConfigDict(setup.run.source.to_dict())
   config.data.seq_len = length
   try:
-    check_run_config(config, vocab_size=setup.model_cfg.vocab_size, num_classes=None)
+    check_run_config(config, vocab_size=setup.run.model.vocab_size, num_classes=None)
   except ValueError as error:
     return str(error)
   return None
@@ -134,7 +134,7 @@ def extrapolate_run(
   workdir = run_path(workdir)
   check_reachable(workdir)
   run, tokens_N = _load(workdir, num_tokens)
-  train_length = run.setup.config.data.seq_len
+  train_length = run.setup.run.data.seq_len
   lengths = [factor * train_length for factor in factors]
   if stride is not None and stride > lengths[0]:
     raise ValueError(f"stride must be at most the shortest length {lengths[0]}, got {stride}")
@@ -165,7 +165,7 @@ def extrapolate_run(
       run,
       tokens_N,
       record,
-      batch_tokens or (run.setup.config.data.batch_size * train_length),
+      batch_tokens or (run.setup.run.data.batch_size * train_length),
       log,
     )
   )
@@ -232,7 +232,7 @@ def _losses(
   replica_loss: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
   scored: dict[str, list[Any]] = {protocol: [] for protocol in PROTOCOLS}
   per_position = None
-  replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.replicas)]
+  replica_params = [run.setup.replica_params(run.params, r) for r in range(run.setup.run.replicas)]
   began = time.perf_counter()
   for at, (length, stride, applicable) in enumerate(
     zip(record["lengths"], record["stride"], record["applicable"])

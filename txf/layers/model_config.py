@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from txf import checks
+from txf.fields import documented, section
 from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from txf.registry import Registry
@@ -97,9 +98,10 @@ class Options(dict):
     return hash(tuple(sorted(self.items())))
 
 
-@dataclasses.dataclass(frozen=True)
+@section()
 class ModelConfig:
-  """Hyperparameters of every txf model. Field docs are the config reference.
+  """Hyperparameters of every txf model. Each field's doc (txf.fields) is the
+  config reference `--print_config` prints.
 
   A field documented `None: X` is set to X at construction, so models read
   `cfg.num_kv_heads`, `cfg.head_dim`, `cfg.d_ff`, `cfg.scale_logits`,
@@ -108,50 +110,67 @@ class ModelConfig:
   fields None.
   """
 
-  family: str = "decoder"  # decoder | encoder | encoder_decoder | lstm
-  vocab_size: int = 260  # token ids the embedding holds (a run config's None: the tokenizer's)
-  d_model: int = 128  # width of the residual stream and embeddings
-  num_heads: int = 4  # attention (query) heads
-  num_kv_heads: int | None = None  # None: = num_heads (MHA); 1: MQA; else GQA
-  head_dim: int | None = None  # None: d_model // num_heads
-  num_layers: int = 2  # layers per stack
-  num_decoder_layers: int | None = None  # encoder_decoder only; None: num_layers
-  d_ff: int | None = None  # None: 4*d_model, or 8/3*d_model if gated
-  activation: str = "gelu"  # relu | gelu | swiglu | geglu
-  gelu_approximate: bool = True  # GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)
-  position: str = "rope"  # a txf.layers.positions.ENCODINGS name
-  max_len: int = 512  # learned table size and longest KV cache
-  rope_base: float = 10000.0  # rope: wavelength base of the rotation frequencies
-  rope_scale: float = 1.0  # > 1: context extension (rope: linear interpolation)
-  t5_num_buckets: int = 32  # t5_bias: relative-position buckets
-  t5_max_distance: int = 128  # t5_bias: distances from here on share the last bucket
-  norm: str = "layer"  # layer | rms
-  norm_eps: float = 1e-6  # added to the variance in every norm
-  norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x))
-  embed_norm: bool = False  # a model.norm on the embedding sum (BERT, RoBERTa)
-  num_token_types: int = 0  # encoder: token-type (segment) embeddings (BERT: 2); 0: none
-  scale_attention: bool = True  # scores x head_dim^-0.5; False: unscaled (T5)
-  use_bias: bool = False  # biases on attention and FFN projections
-  dropout_rate: float = 0.0  # residual and embedding dropout
-  attention_dropout_rate: float = 0.0  # dropout on attention weights
-  tie_embeddings: bool = True  # output projection = token embedding^T
-  scale_logits: bool | None = None  # logits x d_model^-0.5; None: when tied (T5 v1.0); GPT-2: False
-  share_embeddings: bool = True  # encoder_decoder: one table for both stacks
-  window: int | None = None  # sliding-window attention span
-  head: str = "lm"  # lm | mlm | classify | none (returns the hidden states)
-  num_classes: int = 2  # classify head only
-  pooling: str = "cls"  # classify head: cls | mean | max | last
-  pad_id: int = 0  # the padding token id
-  init: str = (
-    "txf"  # initialisation: txf (each layer's own) | gpt2 (N(0, 0.02), residual / sqrt(2L))
+  family: str = documented("decoder | encoder | encoder_decoder | lstm", default="decoder")
+  vocab_size: int = documented(
+    "token ids the embedding holds (a run config's None: the tokenizer's)", default=260
   )
-  dtype: str = "float32"  # compute dtype; parameters stay float32
-  attention_impl: str | None = None  # None (best available) | xla | cudnn | chunked (O(T) memory)
-  options: Mapping[str, Any] = dataclasses.field(
-    default_factory=dict
-  )  # {setting: value} of a registered position / norm / activation the fields above lack
-  remat: bool = False  # recompute block activations in backward
-  scan_layers: bool = False  # nn.scan over layers: compile time O(1) in depth
+  d_model: int = documented("width of the residual stream and embeddings", default=128)
+  num_heads: int = documented("attention (query) heads", default=4)
+  num_kv_heads: int | None = documented("None: = num_heads (MHA); 1: MQA; else GQA", default=None)
+  head_dim: int | None = documented("None: d_model // num_heads", default=None)
+  num_layers: int = documented("layers per stack", default=2)
+  num_decoder_layers: int | None = documented(
+    "encoder_decoder only; None: num_layers", default=None
+  )
+  d_ff: int | None = documented("None: 4*d_model, or 8/3*d_model if gated", default=None)
+  activation: str = documented("relu | gelu | swiglu | geglu", default="gelu")
+  gelu_approximate: bool = documented(
+    "GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)", default=True
+  )
+  position: str = documented("a txf.layers.positions.ENCODINGS name", default="rope")
+  max_len: int = documented("learned table size and longest KV cache", default=512)
+  rope_base: float = documented(
+    "rope: wavelength base of the rotation frequencies", default=10000.0
+  )
+  rope_scale: float = documented("> 1: context extension (rope: linear interpolation)", default=1.0)
+  t5_num_buckets: int = documented("t5_bias: relative-position buckets", default=32)
+  t5_max_distance: int = documented(
+    "t5_bias: distances from here on share the last bucket", default=128
+  )
+  norm: str = documented("layer | rms", default="layer")
+  norm_eps: float = documented("added to the variance in every norm", default=1e-6)
+  norm_placement: str = documented("pre: x + f(norm(x)); post: norm(x + f(x))", default="pre")
+  embed_norm: bool = documented("a model.norm on the embedding sum (BERT, RoBERTa)", default=False)
+  num_token_types: int = documented(
+    "encoder: token-type (segment) embeddings (BERT: 2); 0: none", default=0
+  )
+  scale_attention: bool = documented("scores x head_dim^-0.5; False: unscaled (T5)", default=True)
+  use_bias: bool = documented("biases on attention and FFN projections", default=False)
+  dropout_rate: float = documented("residual and embedding dropout", default=0.0)
+  attention_dropout_rate: float = documented("dropout on attention weights", default=0.0)
+  tie_embeddings: bool = documented("output projection = token embedding^T", default=True)
+  scale_logits: bool | None = documented(
+    "logits x d_model^-0.5; None: when tied (T5 v1.0); GPT-2: False", default=None
+  )
+  share_embeddings: bool = documented("encoder_decoder: one table for both stacks", default=True)
+  window: int | None = documented("sliding-window attention span", default=None)
+  head: str = documented("lm | mlm | classify | none (returns the hidden states)", default="lm")
+  num_classes: int = documented("classify head only", default=2)
+  pooling: str = documented("classify head: cls | mean | max | last", default="cls")
+  pad_id: int = documented("the padding token id", default=0)
+  init: str = documented(
+    "initialisation: txf (each layer's own) | gpt2 (N(0, 0.02), residual / sqrt(2L))", default="txf"
+  )
+  dtype: str = documented("compute dtype; parameters stay float32", default="float32")
+  attention_impl: str | None = documented(
+    "None (best available) | xla | cudnn | chunked (O(T) memory)", default=None
+  )
+  options: Mapping[str, Any] = documented(
+    "{setting: value} of a registered position / norm / activation the fields above lack",
+    default_factory=dict,
+  )
+  remat: bool = documented("recompute block activations in backward", default=False)
+  scan_layers: bool = documented("nn.scan over layers: compile time O(1) in depth", default=False)
 
   @classmethod
   def from_config(cls, config: Mapping[str, Any] | Any) -> ModelConfig:

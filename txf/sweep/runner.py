@@ -50,8 +50,7 @@ from etils import epath
 from txf.analysis.extrapolation import check_num_tokens
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
-from txf.data import DataSpec, make_tokenizer, read_data_config
-from txf.data.listops import NUM_CLASSES
+from txf.data import DataSpec, make_tokenizer, num_classes, read_data_config
 from txf.data.spec import required
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
@@ -140,7 +139,7 @@ def check_point_config(config: ml_collections.ConfigDict) -> None:
   check_run_config(
     config,
     vocab_size=_vocab_size(config.data, spec),
-    num_classes=NUM_CLASSES if spec.task == "classify" else None,
+    num_classes=num_classes(spec),
   )
   sharding.check_batch(config.data.batch_size, sharding.make_mesh(config.parallel))
 

@@ -160,7 +160,7 @@ def compute(
   rng = np.random.default_rng(seed)
   text_layers = maps_by_kind(maps_fn(params, text_BxT))["self"]
   repeated_BxT = {
-    period: repeated_random_tokens(rng, batch, period, setup.model_cfg.vocab_size, ids=ids)
+    period: repeated_random_tokens(rng, batch, period, setup.run.model.vocab_size, ids=ids)
     for period in periods
   }
   repeated_layers = {

@@ -83,7 +83,7 @@ from txf.train.resume import (
   write_config,
 )
 from txf.train.run_config import ConfigError, TrainConfig
-from txf.train.setup import RunSetup, make_checkpointer, setup_run
+from txf.train.setup import RunSetup, make_checkpointer, parse_run, setup_run
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 
@@ -282,9 +282,9 @@ def _log_train(
   setup: RunSetup, metrics: dict, done: int, window: _Throughput, writer: MetricsWriter, log
 ) -> None:
   scalars = replicas.scalars(
-    {name: metrics[name] for name in ("loss", "accuracy", "grad_norm")}, setup.replicas
+    {name: metrics[name] for name in ("loss", "accuracy", "grad_norm")}, setup.run.replicas
   )
-  scalars.update(learning_rate=setup.schedule(done - 1), **window.figures(setup))
+  scalars.update(learning_rate=setup.run.schedule(done - 1), **window.figures(setup))
   writer.write(done, scalars)
   elapsed = time.perf_counter() - window.began
   log(
@@ -484,8 +484,6 @@ def run(
   """
   workdir = run_path(workdir)
   check_reachable(workdir)
-  if config.data.get("tfds_data_dir"):
-    run_path(config.data.tfds_data_dir, "data.tfds_data_dir")
   try:
     # The run's config.json, read once: everything below that compares with
     # it (the resume checks, the changes line) runs before write_config.
@@ -494,7 +492,7 @@ def run(
   except ValueError as error:
     raise ConfigError(str(error)) from error
   if setup is None:
-    setup = setup_run(config, workdir)
+    setup = setup_run(parse_run(config, workdir), workdir)
   is_chief = jax.process_index() == 0
   try:
     if is_chief:
@@ -518,8 +516,8 @@ def run(
       first_params = setup.replica_params(state.params, 0)
       log(
         f"data: {setup.train_data.description}\n"
-        f"{summarize(first_params, setup.model_cfg, setup.run.data.seq_len)}"
-        + "".join(f"\n{line}" for line in [replicas.describe(setup.seeds)] if line)
+        f"{summarize(first_params, setup.run.model, setup.run.data.seq_len)}"
+        + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
       )
       steps = setup.run.train.steps
       if start >= steps and _end_written(steps, saved, workdir, start):
@@ -610,7 +608,7 @@ def _learning_rate_change(setup: RunSetup, saved: Mapping[str, Any] | None, star
     old = float(make_schedule(ml_collections.ConfigDict((saved or {}).get("train") or {}))(start))
   except (ValueError, TypeError, AttributeError, KeyError):  # an old run's fields, unusable
     return ""
-  new = float(setup.schedule(start))
+  new = float(setup.run.schedule(start))
   if start >= setup.run.train.steps or np.isclose(old, new, rtol=1e-6, atol=0):
     return ""
   return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
@@ -627,7 +625,7 @@ def _restore(
   that restores, or a fresh state at step 0; `saved` is the run's config.json."""
   if checkpointer.latest_step() is not None:
     try:
-      check_optimizer_state(setup.config, saved, workdir, setup.abstract_state.params)
+      check_optimizer_state(setup.run.source, saved, workdir, setup.abstract_state.params)
     except ValueError as error:
       raise ConfigError(str(error)) from error
   restored = checkpointer.restore(setup.abstract_state)

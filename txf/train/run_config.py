@@ -12,7 +12,9 @@ instead, by a rule the run states in a line of `notes`: a
 `train.warmup_steps` above `train.steps` is clamped to `train.steps`
 (txf.train.optim.fitted_warmup), so every config runs with
 `--config.train.steps=N` for any N >= 1. `RunConfig` is what setup_run, the
-loop and the commands read; the ConfigDict stays what config.json records.
+loop and the commands read; its `source`, the ConfigDict as given, is what
+config.json records and what a resumed run is compared with
+(txf.train.resume), never read for a setting.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import optax
 
 from txf import checks
 from txf.data.spec import DataSpec, read_data_config
+from txf.fields import documented, section
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import ModelConfig
 from txf.train import replicas as replicas_lib
@@ -31,60 +34,73 @@ from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
 from txf.train.trackers import tracker_names
 
 
-@dataclasses.dataclass(frozen=True)
+@section()
 class TrainConfig:
-  """The `train` section (configs/base.py documents each field)."""
+  """The `train` section (configs/base.py holds the defaults)."""
 
-  steps: int
-  learning_rate: float
-  warmup_steps: int
-  decay: str
-  end_lr_fraction: float
-  weight_decay: float
-  b1: float
-  b2: float
-  eps: float
-  grad_clip_norm: float
-  grad_accum_steps: int
-  label_smoothing: float
-  z_loss: float
-  loss_chunk_len: int
-  log_every: int
-  checkpoint_every: int
-  max_to_keep: int
-  init_from: str | None
-  trackers: tuple[str, ...]  # checked names (txf.train.trackers)
+  steps: int = documented("training steps (the schedule decays until here)")
+  learning_rate: float = documented("peak, after warmup")
+  warmup_steps: int = documented(
+    "linear warmup from 0 to learning_rate (at most train.steps: clamped)"
+  )
+  decay: str = documented("after warmup: cosine | linear | constant | rsqrt")
+  end_lr_fraction: float = documented("final lr / peak (cosine, linear)")
+  weight_decay: float = documented("decoupled (AdamW), on matrices only")
+  b1: float = documented("Adam first-moment decay rate")
+  b2: float = documented("Adam second-moment decay rate")
+  eps: float = documented("Adam denominator epsilon")
+  grad_clip_norm: float = documented("global gradient norm clip (0: none)")
+  grad_accum_steps: int = documented("micro-batches per step (batch_size must divide evenly)")
+  label_smoothing: float = documented("fraction of target mass spread over the vocabulary")
+  z_loss: float = documented("weight of log(Z)^2 (PaLM), keeps logits from drifting")
+  loss_chunk_len: int = documented(
+    "> 0: loss fused with the LM head, this many positions at a time (the [B, T, V] "
+    "logits are then never held at once; lm heads only)"
+  )
+  log_every: int = documented("steps between progress lines and training metrics")
+  checkpoint_every: int = documented("steps between checkpoints (and one at the end)")
+  max_to_keep: int = documented("newest checkpoints kept")
+  init_from: str | None = documented("a Hugging Face dir or a txf run dir to start from")
+  trackers: tuple[str, ...] = documented(
+    "experiment trackers, comma-separated: wandb (txf.train.trackers)"
+  )
 
 
-@dataclasses.dataclass(frozen=True)
+@section()
 class EvalConfig:
   """The `eval` section."""
 
-  every: int
-  num_batches: int
-  sample_tokens: int
-  sample_prompt: str
-  temperature: float
+  every: int = documented("steps between evaluations (and one at the end)")
+  num_batches: int = documented("validation batches per evaluation")
+  sample_tokens: int = documented("LMs: tokens sampled at each eval (0: none)")
+  sample_prompt: str = documented("LMs: the sample's prompt")
+  temperature: float = documented("LMs: the sample's temperature (0: greedy)")
 
 
-@dataclasses.dataclass(frozen=True)
+@section()
 class ParallelConfig:
   """The `parallel` section: mesh axis sizes (-1: the devices left)."""
 
-  data: int
-  fsdp: int
-  tensor: int
+  data: int = documented("devices splitting the batch (-1: all not used by the other axes)")
+  fsdp: int = documented("devices splitting the batch and the parameters / optimizer state")
+  tensor: int = documented("devices splitting heads, MLP and vocabulary (Megatron-style)")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@section(eq=False)
 class RunConfig:
   """A checked run config: each section typed, the optimizer and its
   schedule built once from `train`; `notes`: a line for each setting the
   check fitted (train.warmup_steps clamped to train.steps), which the run
-  prints before training."""
+  prints before training; `source`: the config as given (what config.json
+  records and txf.train.resume compares; settings are read from the typed
+  sections, never from it)."""
 
-  seed: int
-  replicas: int
+  source: Any
+  seed: int = documented("parameter init, dropout and (data.seed None) data order")
+  replicas: int = documented(
+    "seed replicas: R copies of the run, seeds seed .. seed + R - 1, trained side by side "
+    "in one program on the same batches (txf.train.replicas)"
+  )
   model: ModelConfig
   data: DataSpec
   train: TrainConfig
@@ -98,6 +114,11 @@ class RunConfig:
   def seeds(self) -> tuple[int, ...]:
     """The replicas' seeds: replica r is the single run of seed + r."""
     return replicas_lib.replica_seeds(self.seed, self.replicas)
+
+  @property
+  def data_seed(self) -> int:
+    """The data order's seed: `data.seed`, or the run's `seed` where that is None."""
+    return self.seed if self.data.seed is None else self.data.seed
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -145,9 +166,9 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
     num_classes: the dataset's label count for classification, else None.
   """
   _check_known("config", config, SECTIONS)
-  for section in SECTIONS:
-    if section not in config:
-      raise ValueError(f"config.{section}: missing section")
+  for name in SECTIONS:
+    if name not in config:
+      raise ValueError(f"config.{name}: missing section")
   _check_known("data", config.data, DATA_FIELDS)
   _check_known("train", config.train, TRAIN_FIELDS)
   _check_known("eval", config.eval, EVAL_FIELDS)
@@ -225,6 +246,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
   # NaN would pass `temperature < 0` and sample garbage.
   checks.finite_at_least(config.eval.temperature, "eval.temperature", 0.0)
   return RunConfig(
+    source=config,
     seed=config.seed,
     replicas=replicas,
     model=model_cfg,

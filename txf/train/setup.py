@@ -1,6 +1,7 @@
 """One run setup: everything that trains or evaluates a config is built here.
 
-  setup = setup_run(config, workdir)       # data, model, mesh, jitted steps
+  run = parse_run(config, workdir)         # the ConfigDict checked and typed, once
+  setup = setup_run(run, workdir)          # data, model, mesh, jitted steps
   state = setup.init()                     # created already sharded
   with setup.activation_sharding():
     state, metrics = setup.train_step(state, setup.to_device(batch))
@@ -38,7 +39,8 @@ from jax.sharding import Mesh
 
 from txf import decode, interop, models
 from txf.analysis import flops_per_token
-from txf.data import Dataset, make_dataset
+from txf.data import Dataset, make_dataset, make_tokenizer, num_classes
+from txf.data.spec import read_data_config
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import ModelConfig
 from txf.train import hardware, replicas, sharding
@@ -59,10 +61,9 @@ class RunSetup:
   """What a run trains and evaluates with, built from its config by `setup_run`.
 
   Attributes:
-    config: the run config as given (a ConfigDict: what config.json records).
-    run: the same config checked and typed (txf.train.run_config.RunConfig), with
-      its optimizer and schedule; `model_cfg`, `optimizer`, `schedule`,
-      `replicas` and `seeds` read it.
+    run: the checked, typed config (txf.train.run_config.RunConfig, from
+      parse_run): its model, data, train and eval sections, its optimizer and
+      schedule, its seeds; `run.source` is the config as given.
     model: the linen module.
     task: 'lm', 'mlm', 'seq2seq' or 'classify'.
     train_data, eval_data: this process's rows of the train and validation
@@ -86,7 +87,6 @@ class RunSetup:
     peak_flops: the device's peak FLOP/s in the compute dtype; None if unknown.
   """
 
-  config: Any
   run: RunConfig
   model: nn.Module
   task: str
@@ -103,35 +103,13 @@ class RunSetup:
   peak_flops: float | None
 
   @property
-  def model_cfg(self) -> ModelConfig:
-    return self.run.model
-
-  @property
-  def optimizer(self) -> optax.GradientTransformation:
-    return self.run.optimizer
-
-  @property
-  def schedule(self) -> optax.Schedule:
-    return self.run.schedule
-
-  @property
-  def replicas(self) -> int:
-    """R: seeds trained side by side (1: a single run)."""
-    return self.run.replicas
-
-  @property
-  def seeds(self) -> tuple[int, ...]:
-    """The replicas' seeds: replica r is the single run of seed + r."""
-    return self.run.seeds
-
-  @property
   def init_key(self) -> jax.Array:
     """The key of the run's (its first replica's) seed."""
     return jax.random.key(self.run.seed)
 
   def replica_params(self, params: Any, r: int) -> Any:
     """Replica r's parameters (a single run's) from the run's parameters."""
-    return replicas.replica_of(params, r, self.replicas)
+    return replicas.replica_of(params, r, self.run.replicas)
 
   def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
     """Global arrays, split over the mesh, from this process's rows."""
@@ -158,7 +136,7 @@ class RunSetup:
     result = {"eval_loss": loss, "eval_accuracy": totals["correct"] / totals["count"]}
     if self.task in ("lm", "mlm"):
       result["eval_perplexity"] = np.exp(np.minimum(loss, 50.0))
-    return replicas.scalars(result, self.replicas)
+    return replicas.scalars(result, self.run.replicas)
 
 
 def train_step_for_seed(
@@ -181,34 +159,34 @@ def train_step_for_seed(
   )
 
 
-def _dataset_args(config: Any) -> dict[str, int]:
-  """This process's share of the data and the data stream's seed: `data.seed`,
-  or the run's `seed` where that is None."""
+def _dataset_args(run: RunConfig) -> dict[str, int]:
+  """This process's share of the data and the data stream's seed."""
   return dict(
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    seed=config.seed if config.data.get("seed") is None else config.data.seed,
+    process_index=jax.process_index(), process_count=jax.process_count(), seed=run.data_seed
   )
 
 
-def checked_run(config: Any, workdir: str | os.PathLike | None = None) -> tuple[RunConfig, Dataset]:
-  """(the config checked and typed, the training data): the run of `config`
-  as it would train, its vocabulary and classes read from the data (a
-  sentencepiece tokenizer is trained into `workdir`, see setup_run).
+def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfig:
+  """The run config `config` (a ConfigDict) checked and typed, as the run of
+  it trains: the one place a run's settings are read from its ConfigDict. The vocabulary comes
+  from the data's tokenizer (a sentencepiece one is trained into `workdir`
+  the first time, see txf.data.make_tokenizer), the classes from the task;
+  no data is loaded.
 
   Raises:
     ConfigError: naming the field, for a config the run would reject.
   """
   try:
-    train_data = make_dataset(config.data, "train", workdir=workdir, **_dataset_args(config))
-    run = check_run_config(
-      config, vocab_size=train_data.vocab_size, num_classes=train_data.num_classes
-    )
-    if train_data.task == "lm" and run.eval.sample_tokens:
+    spec = read_data_config(config.data)
+    if spec.tfds_data_dir:  # a gs:// one needs the gcs extra
+      run_path(spec.tfds_data_dir, "data.tfds_data_dir")
+    tokenizer = make_tokenizer(spec, workdir)
+    run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes(spec))
+    if spec.task == "lm" and run.eval.sample_tokens:
       # The evaluations' sample must fit a learned position table too: found
       # here, not at the first evaluation.
       sample_len = decode.cache_length(
-        len(train_data.tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
+        len(tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
       )
       check_position_table(
         run.model.position,
@@ -218,22 +196,22 @@ def checked_run(config: Any, workdir: str | os.PathLike | None = None) -> tuple[
       )
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  return run, train_data
+  return run
 
 
 def setup_run(
-  config: Any, workdir: str | os.PathLike | None = None, devices: Sequence[Any] | None = None
+  run: RunConfig, workdir: str | os.PathLike | None = None, devices: Sequence[Any] | None = None
 ) -> RunSetup:
-  """Builds everything a run of `config` trains and evaluates with.
+  """Builds everything a run of `run` (parse_run's) trains and evaluates with.
 
   Nothing is computed on the devices: parameters exist once `init` is called.
   The data are this process's share (jax.process_index() of
   jax.process_count()).
 
   Args:
-    config: the run config.
-    workdir: the run's directory, where a sentencepiece tokenizer is trained
-      once and reused; None where no tokenizer needs one.
+    run: the checked run config (parse_run).
+    workdir: the run's directory, where parse_run trained a sentencepiece
+      tokenizer; None where no tokenizer needs one.
     devices: the devices of the mesh (default: all of them); those of a
       topology description compile the run's programs for hardware this
       process does not have (txf.aot), which then only lower and compile.
@@ -242,11 +220,11 @@ def setup_run(
     ConfigError: naming the field, for a config that cannot run (including a
       dimension that does not divide its mesh axis), before any compute.
   """
-  dataset_args = _dataset_args(config)
+  dataset_args = _dataset_args(run)
   try:
-    run, train_data = checked_run(config, workdir)
+    train_data = make_dataset(run.data, "train", workdir=workdir, **dataset_args)
     eval_data = make_dataset(
-      config.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
+      run.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
     )
     mesh = sharding.make_mesh(run.parallel, devices)
     sharding.check_batch(run.data.batch_size, mesh)
@@ -287,7 +265,6 @@ def setup_run(
   replicated = sharding.replicated(mesh)
   seq_len = run.data.seq_len
   return RunSetup(
-    config=config,
     run=run,
     model=model,
     task=task,
@@ -383,11 +360,11 @@ def _starting_from(
 
 
 def make_checkpointer(
-  train: TrainConfig | Any, workdir: str | os.PathLike, *, read_only: bool = False
+  train: TrainConfig, workdir: str | os.PathLike, *, read_only: bool = False
 ) -> Checkpointer:
-  """The run's checkpoints: workdir/checkpoints, kept and spaced as its `train`
-  section says (a RunConfig's, or a config's before it is checked);
-  `read_only` to restore one without creating or writing anything."""
+  """The run's checkpoints: workdir/checkpoints, kept and spaced as its
+  `train` section says; `read_only` to restore one without creating or
+  writing anything."""
   return Checkpointer(
     epath.Path(workdir) / "checkpoints",
     max_to_keep=train.max_to_keep,
@@ -482,10 +459,11 @@ def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = N
     check_resumable(config, saved, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  with make_checkpointer(config.train, workdir, read_only=True) as checkpointer:
+  run = parse_run(config, workdir)
+  with make_checkpointer(run.train, workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
-    setup = setup_run(config, workdir)
+    setup = setup_run(run, workdir)
     restored = checkpointer.restore(setup.abstract_state)
     if restored is None:  # deleted since latest_step() saw it
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
