@@ -27,7 +27,7 @@ from txf.registry import Registry
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
-REGISTRIES += (data_config.LM_TASKS,)
+REGISTRIES += (layer_config.INITS, data_config.LM_TASKS)
 
 
 @contextlib.contextmanager
@@ -102,6 +102,25 @@ def test_an_lstm_reads_the_options_of_its_registered_norm():
     doubled = logits(cfg.replace(options={"norm_scale": 2.0}), tokens)
     # The final norm feeds the tied head (no bias): the logits scale with it.
     np.testing.assert_allclose(doubled, 2.0 * logits(cfg, tokens), rtol=1e-5, atol=1e-6)
+
+
+def test_a_registered_init_scheme_redraws_the_parameters_with_its_setting():
+  from txf import register
+
+  with registered():
+
+    @register.init("constant", options={"init_value": 0.5})
+    def constant(params, cfg, key):
+      return jax.tree.map(lambda leaf: jnp.full_like(leaf, cfg.option("init_value")), params)
+
+    cfg = layer_config.ModelConfig(**TINY, init="constant")
+    tokens = jnp.ones((1, 4), jnp.int32)
+    for value, config in ((0.5, cfg), (-2.0, cfg.replace(options={"init_value": -2.0}))):
+      params = nn.meta.unbox(models.build(config).init(jax.random.key(0), tokens))["params"]
+      leaves = jax.tree.leaves(params)
+      assert len(leaves) > 4 and all(np.all(np.asarray(leaf) == value) for leaf in leaves)
+  with pytest.raises(ValueError, match=r"model\.init: 'constant' is not one of \('txf', 'gpt2'\)"):
+    layer_config.ModelConfig(**TINY, init="constant")
 
 
 def test_successor_task_rows_count_upwards_through_the_symbols():

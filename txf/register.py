@@ -14,6 +14,10 @@
   def squared_relu(x, cfg):
     ...
 
+  @register.init("small")
+  def small_init(params, cfg, key):
+    ...  # the boxed parameters flax drew, redrawn as the scheme wants
+
   @register.lm_task("parity")
   def parity_row(rng, seq_len, num_symbols, first_id):
     ...  # (ids [seq_len + 1], target weights [seq_len])
@@ -25,7 +29,7 @@ beside it: txf puts a config file's directory on the import path) sets
 settings an entry registered with. Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
-txf.data.spec.LM_TASKS; docs/extending.md has a worked example of each
+txf.layers.inits (INITS), txf.data.spec.LM_TASKS; docs/extending.md has a worked example of each
 (examples/extending/).
 """
 
@@ -36,7 +40,7 @@ from typing import Any
 
 from txf.data.spec import LM_TASKS
 from txf.layers.feedforward import Activation
-from txf.layers.model_config import ACTIVATIONS, NORMS
+from txf.layers.model_config import ACTIVATIONS, INITS, NORMS
 from txf.layers.positions import ENCODINGS, PositionEncoding
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -80,6 +84,15 @@ def norm(
 ) -> Decorator:
   """Registers fn(layer, x [..., D], cfg) -> [..., D] as `model.norm = name`."""
   return NORMS.decorator(name, options=options, replace=replace)
+
+
+def init(
+  name: str, *, options: Mapping[str, Any] | None = None, replace: bool = False
+) -> Decorator:
+  """Registers fn(params, cfg, key) -> params as `model.init = name`: an
+  initialisation scheme, applied to the boxed parameters flax's init drew
+  (txf.layers.inits.gpt2 is one)."""
+  return INITS.decorator(name, options=options, replace=replace)
 
 
 def activation(

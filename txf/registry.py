@@ -1,7 +1,8 @@
 """Named choices that user code extends: the one kind of registry in txf.
 
 The config fields whose choices user code extends (`model.position`,
-`model.norm`, `model.activation`, and `data.name` for generated LM tasks)
+`model.norm`, `model.activation`, `model.init`, and `data.name` for generated
+LM tasks)
 read a `Registry`; txf registers its own entries the same way user code does
 (see `txf.register`), so a new choice is one function in a file of one's own:
 
@@ -12,10 +13,11 @@ read a `Registry`; txf registers its own entries the same way user code does
     ...
 
 and a config file that imports it (`--config=my_config.py`) can name it;
-`--print_config` lists it beside the built-in choices. Model families,
-output heads and initialisation schemes (`model.family`, `model.head`,
-`model.init`) are fixed sets in txf.layers.model_config: a new one is a
-change to txf.models.
+`--print_config` lists it beside the built-in choices. Model families and
+output heads (`model.family`, `model.head`) are fixed sets in
+txf.layers.model_config: each comes with the tasks it trains, the heads it
+carries and how it decodes (txf.train.run_config.TASK_MODELS, FAMILY_HEADS,
+txf.decode), so a new one is a change to txf.models.
 """
 
 from __future__ import annotations

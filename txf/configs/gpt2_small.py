@@ -5,7 +5,7 @@
 12 layers, d_model 768, 12 heads, 1024 context, learned positions, GELU,
 biases, LayerNorm eps 1e-5, tied embeddings without logit scaling, vocabulary
 50304 (GPT-2's 50257 padded to a multiple of 128), and GPT-2's initialisation
-(txf.models.inits: every projection N(0, 0.02), the residual projections N(0,
+(txf.layers.inits: every projection N(0, 0.02), the residual projections N(0,
 0.02 / sqrt(24)), token rows N(0, 0.02), position rows N(0, 0.01)), so it is
 the model the PyTorch recipe trains (benchmarks/references/torch_gpt2.py).
 bfloat16 compute with float32 parameters; the cuDNN flash-attention kernel is

@@ -4,6 +4,7 @@ from txf.layers.attention import MultiHeadAttention
 from txf.layers.block import TransformerBlock, TransformerStack
 from txf.layers.embedding import Embedder, RelativePositionTable
 from txf.layers.feedforward import FeedForward
+from txf.layers.inits import apply_init
 from txf.layers.norm import Norm
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
   "Embedder",
   "RelativePositionTable",
   "FeedForward",
+  "apply_init",
   "Norm",
 ]

@@ -21,7 +21,7 @@ from txf.registry import Registry
 
 FAMILIES = ("decoder", "encoder", "encoder_decoder", "lstm")
 # The registries user code extends (txf.register): entries are registered by
-# txf.layers.positions / norm / feedforward, which txf.layers imports.
+# txf.layers.positions / norm / feedforward / inits, which txf.layers imports.
 POSITIONS = positions.ENCODINGS
 ACTIVATIONS: Registry[Any] = Registry("model.activation")
 NORMS: Registry[Any] = Registry("model.norm")
@@ -29,8 +29,12 @@ NORM_PLACEMENTS = ("pre", "post")
 HEADS = ("lm", "mlm", "classify", "none")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
-# Initialisation schemes (txf.models.inits.INITS, which must list the same).
-INITS = ("txf", "gpt2")
+# Initialisation schemes: (params, cfg, key) -> params, registered by
+# txf.layers.inits (and user code: txf.register.init).
+INITS: Registry[Any] = Registry("model.init")
+# The fields whose entries user code registers (and whose settings
+# model.options holds).
+REGISTRY_FIELDS = {"position": POSITIONS, "norm": NORMS, "activation": ACTIVATIONS, "init": INITS}
 # The string fields with a set of values (--print_config lists them); a
 # Registry's grows as user code registers entries (txf.register).
 CHOICES: dict[str, Iterable[str | None]] = {
@@ -166,7 +170,7 @@ class ModelConfig:
     "None (best available) | xla | cudnn | chunked (O(T) memory)", default=None
   )
   options: Mapping[str, Any] = documented(
-    "{setting: value} of a registered position / norm / activation the fields above lack",
+    "{setting: value} of a registered position / norm / activation / init the fields above lack",
     default_factory=dict,
   )
   remat: bool = documented("recompute block activations in backward", default=False)
@@ -252,7 +256,7 @@ class ModelConfig:
   def _declared_options(self) -> dict[str, Any]:
     """{setting: default} of the options the chosen registered entries read."""
     declared: dict[str, Any] = {}
-    for name, registry in (("position", POSITIONS), ("norm", NORMS), ("activation", ACTIVATIONS)):
+    for name, registry in REGISTRY_FIELDS.items():
       declared.update(registry.options(getattr(self, name)))
     return declared
 
@@ -264,8 +268,8 @@ class ModelConfig:
     unknown = sorted(set(given) - set(declared))
     if unknown:
       raise ValueError(
-        f"model.options.{unknown[0]}: not a setting of the chosen position, norm or "
-        f"activation (theirs: {sorted(declared) or 'none'})"
+        f"model.options.{unknown[0]}: not a setting of the chosen position, norm, "
+        f"activation or init (theirs: {sorted(declared) or 'none'})"
       )
     object.__setattr__(self, "options", Options(sorted({**declared, **given}.items())))
 
@@ -354,8 +358,12 @@ def derived(value: T | None) -> T:
 
 # The one source of defaults: a layer's attributes that repeat a model field
 # default to this config's value (resolved: scale_logits is True).
-# The built-in entries of NORMS and ACTIVATIONS, registered by their modules
-# (which import this one's names above), before any ModelConfig is checked.
-from txf.layers import feedforward as _feedforward, norm as _norm  # noqa: E402, F401
+# The built-in entries of NORMS, ACTIVATIONS and INITS, registered by their
+# modules (which import this one's names above), before any ModelConfig is checked.
+from txf.layers import (  # noqa: E402
+  feedforward as _feedforward,  # noqa: F401
+  inits as _inits,  # noqa: F401
+  norm as _norm,  # noqa: F401
+)
 
 DEFAULTS = ModelConfig()

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from txf import ops
 from txf.layers import Embedder, TransformerStack
 from txf.layers.embedding import Positions
+from txf.layers.inits import apply_init
 from txf.layers.model_config import ModelConfig
-from txf.models.inits import apply_init
 from txf.models.output_heads import ClassificationHead, LMHead, MaskedLMHead
 
 Array = jax.Array
@@ -53,7 +53,7 @@ class _OneStackModel(nn.Module):
   _causal = False
 
   def init(self, rngs, *args, **kwargs):
-    """flax's init, then the config's initialisation scheme (txf.models.inits)."""
+    """flax's init, then the config's initialisation scheme (txf.layers.inits)."""
     return apply_init(super().init(rngs, *args, **kwargs), self.cfg, rngs)
 
   def setup(self):
@@ -204,7 +204,7 @@ class EncoderDecoder(nn.Module):
   cfg: ModelConfig
 
   def init(self, rngs, *args, **kwargs):
-    """flax's init, then the config's initialisation scheme (txf.models.inits)."""
+    """flax's init, then the config's initialisation scheme (txf.layers.inits)."""
     return apply_init(super().init(rngs, *args, **kwargs), self.cfg, rngs)
 
   def setup(self):

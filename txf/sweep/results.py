@@ -56,11 +56,10 @@ from txf.sweep.grid import Point
 from txf.sweep.writes import write_file
 from txf.train.metrics import read_metrics
 from txf.train.replicas import metric_names
-from txf.train.resume import read_run_config
+from txf.train.resume import CONFIG_FILE, read_run_config
 
 DIVERGED_FILE = "diverged.json"
 EXTRAPOLATION_FILE = "extrapolation.json"
-CONFIG_FILE = "config.json"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 # The metrics a summary keeps the curve of (txf.sweep.figures plots them).

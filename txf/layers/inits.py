@@ -12,19 +12,22 @@ first drawn, applied by the models' `init`.
          N(0, 0.02), position rows N(0, 0.01), biases 0, norms 1 and 0.
 
 A scheme is a function (params, cfg, key) -> params over the boxed
-parameters `model.init` returns; `txf` keeps them as drawn.
+parameters `model.init` returns (`txf` keeps them as drawn), registered in
+`INITS` (txf.layers.model_config); user code adds one with
+`txf.register.init` (docs/extending.md).
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from txf.layers.model_config import INITS
 
 # Modules whose output is added to the residual stream: GPT-2's c_proj.
 RESIDUAL_OUTPUTS = ("out", "wo")
@@ -65,15 +68,18 @@ def gpt2(params: Any, cfg: Any, key: jax.Array) -> Any:
   )
 
 
-INITS: dict[str, Callable[[Any, Any, jax.Array], Any] | None] = {"txf": None, "gpt2": gpt2}
+def as_drawn(params: Any, cfg: Any, key: jax.Array) -> Any:
+  """txf's own initialisation: each layer's initialisers, `params` as drawn."""
+  return params
+
+
+INITS.register("txf", as_drawn)
+INITS.register("gpt2", gpt2)
 
 
 def apply_init(variables: Any, cfg: Any, rngs: Any) -> Any:
   """`variables` (what flax's init returns) with `cfg.init`'s scheme applied
   to their params; the scheme's key is derived from init's params key."""
-  scheme = INITS[cfg.init]
-  if scheme is None:
-    return variables
   key = rngs["params"] if isinstance(rngs, dict) else rngs
-  params = scheme(variables["params"], cfg, jax.random.fold_in(key, 0x5EED))
+  params = INITS[cfg.init](variables["params"], cfg, jax.random.fold_in(key, 0x5EED))
   return {**variables, "params": params}
