@@ -14,10 +14,10 @@
 #                                   # the PyTorch recipe beside the after, cuBLAS GEMMs
 #   bash benchmarks/gpu.sh all      # ab, loop, long, decode in turn, where no time limit applies
 #
-# `change` needs the txf before the change beside the working tree, made here
-# (and carried along, it is git-ignored):
-#   rm -rf .ab_base && mkdir .ab_base && git archive REF txf configs | tar -x -C .ab_base \
-#     && cp -r benchmarks .ab_base/
+# `change` needs the txf before the change beside the working tree, with the
+# benchmarks of the same commit (they call that txf's API), made here (and
+# carried along, it is git-ignored):
+#   rm -rf .ab_base && mkdir .ab_base && git archive REF txf configs benchmarks | tar -x -C .ab_base
 #
 # Run from the repository root. Packages the machine lacks come from .whl/
 # (benchmarks/fetch_wheels.sh, run beforehand where PyPI is reachable). Each
