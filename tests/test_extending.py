@@ -27,7 +27,7 @@ from txf.registry import Registry
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
-REGISTRIES += (layer_config.INITS, data_config.LM_TASKS)
+REGISTRIES += (layer_config.INITS, data_config.GENERATED)
 
 
 @contextlib.contextmanager

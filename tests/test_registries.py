@@ -8,7 +8,7 @@ every pair of options must give different outputs on the same inputs and
 parameters, and changing each setting an option reads must change its output.
 
 The option lists come from the registries themselves (ModelConfig's CHOICES,
-txf.layers.positions.ENCODINGS through them, txf.data.spec.TASKS,
+txf.layers.positions.ENCODINGS through them, txf.data.spec.data_names(),
 txf.train.optim.DECAYS, ...), so a new option is compared with every other
 without a new test; SETTINGS must name its settings (an empty dict if it has
 none), or `test_every_option_declares_its_settings` fails. Registries whose
@@ -236,7 +236,7 @@ def test_every_option_declares_its_settings():
   assert not (settings | GENERAL_FIELDS) - fields
 
 
-# --- data names (txf.data.spec.TASKS) ----------------------------------------
+# --- data names (txf.data.spec.data_names()) ------------------------------------
 
 DATA_BASE = {
   "pystdlib": dict(seq_len=8, tokenizer="bytes", max_corpus_bytes=4000, mlm_probability=0.5),
@@ -262,7 +262,7 @@ DATA_SETTINGS = {
 }
 # Fields every name reads, and registries of their own.
 DATA_COMMON = {"name", "task", "seq_len", "batch_size", "seed", "tokenizer"}
-DATA_OPTIONS = [(name, task) for name, tasks in data_config.TASKS.items() for task in tasks]
+DATA_OPTIONS = [(name, task) for name, tasks in data_config.data_names().items() for task in tasks]
 
 
 def data_fields(name, task, **changes):

@@ -29,8 +29,8 @@ beside it: txf puts a config file's directory on the import path) sets
 settings an entry registered with. Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
-txf.layers.inits (INITS), txf.data.spec.LM_TASKS; docs/extending.md has a worked example of each
-(examples/extending/).
+txf.layers.inits (INITS), txf.data.generated (GENERATED); docs/extending.md
+has a worked example of each (examples/extending/).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from txf.data.spec import LM_TASKS
+from txf.data.generated import RowTask
+from txf.data.spec import GENERATED
 from txf.layers.feedforward import Activation
 from txf.layers.model_config import ACTIVATIONS, INITS, NORMS
 from txf.layers.positions import ENCODINGS, PositionEncoding
@@ -115,5 +116,12 @@ def activation(
 def lm_task(name: str, *, replace: bool = False) -> Decorator:
   """Registers a row function (rng, seq_len, num_symbols, first_id) -> (ids
   int [seq_len + 1] in [first_id, first_id + num_symbols), target weights
-  bool [seq_len]) as `data.name = name` with data.task 'lm'."""
-  return LM_TASKS.decorator(name, replace=replace)
+  bool [seq_len]) as `data.name = name` with data.task 'lm'
+  (txf.data.generated.RowTask; a dataset of another kind registers its own
+  entry in txf.data.spec.GENERATED)."""
+
+  def add(row: Callable[..., Any]) -> Callable[..., Any]:
+    GENERATED.register(name, RowTask(name, row), replace=replace)
+    return row
+
+  return add

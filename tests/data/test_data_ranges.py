@@ -7,7 +7,7 @@ passes. Here each generator draws a few hundred examples (numpy only) and the
 set of values each sampled parameter takes must be exactly the range its
 docstring states: both ends included, nothing outside.
 
-RANGES is keyed by data.name (txf.data.spec.TASKS), so a new task fails
+RANGES is keyed by data.name (txf.data.spec.data_names()), so a new task fails
 `test_sampled_parameters_cover_their_documented_range` until its entry says
 what it samples; generators that are not a data.name are in OTHER_GENERATORS.
 The row counts make a value of the range missing by chance unlikely
@@ -226,7 +226,7 @@ def describe(drawn, documented):
   return f"never drawn: {missing[:10]}; drawn outside the range: {outside[:10]}"
 
 
-@pytest.mark.parametrize("generator", [*config.TASKS, *OTHER_GENERATORS])
+@pytest.mark.parametrize("generator", [*config.data_names(), *OTHER_GENERATORS])
 def test_sampled_parameters_cover_their_documented_range(generator):
   draw = RANGES.get(generator) or OTHER_GENERATORS.get(generator)
   assert draw is not None, (
@@ -238,5 +238,5 @@ def test_sampled_parameters_cover_their_documented_range(generator):
 
 
 def test_every_entry_is_a_registered_generator():
-  assert not set(RANGES) - set(config.TASKS)
-  assert not set(OTHER_GENERATORS) & set(config.TASKS)
+  assert not set(RANGES) - set(config.data_names())
+  assert not set(OTHER_GENERATORS) & set(config.data_names())

@@ -30,11 +30,12 @@ Rows are drawn from generators keyed by (seed, split, step, row)
 (txf.data.seeding), so batches are deterministic and splits differ.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from txf.data.spec import LM_TASKS, read_data_config, required
+from txf.data.spec import read_data_config, required
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SymbolTokenizer
 
@@ -161,13 +162,22 @@ def repeat_periods(data_config) -> range:
   return range(required(spec.min_example_len), required(spec.max_example_len) + 1)
 
 
-class RegisteredSource(GeneratedSource):
-  """Batches of a task registered in LM_TASKS (txf.register.lm_task): lm
-  arrays [R, seq_len] of the rows its function draws."""
+class RowSource(GeneratedSource):
+  """Batches of a task registered from a row function (txf.register.lm_task,
+  txf.data.generated.RowTask): lm arrays [R, seq_len] of the rows it draws."""
 
-  def __init__(self, name: str, *, seed: int, split: str, seq_len: int, num_symbols: int):
+  def __init__(
+    self,
+    name: str,
+    row: Callable[..., Any],
+    *,
+    seed: int,
+    split: str,
+    seq_len: int,
+    num_symbols: int,
+  ):
     super().__init__(seed=seed, split=split)
-    self._row = LM_TASKS[name]
+    self._row = row
     self._name, self._seq_len, self._num_symbols = name, seq_len, num_symbols
     self.tokenizer = symbol_tokenizer(num_symbols)
 

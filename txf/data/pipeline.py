@@ -6,14 +6,13 @@ from typing import Any
 from etils import epath
 
 from txf import checks
-from txf.data import corpus, files, incontext, listops, packed, synthetic, tfds_source
+from txf.data import corpus, files, packed, tfds_source
 from txf.data.dataset import Dataset, Source
 from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker
 from txf.data.spec import (
   FILES_PREFIX,
-  INCONTEXT,
-  LM_TASKS,
+  GENERATED,
   DataSpec,
   is_files,
   is_tfds,
@@ -62,11 +61,7 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Toke
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   if _reads_text(spec):
     return _corpus_tokenizer(spec, workdir)
-  if spec.name == "listops":
-    return listops.listops_tokenizer()
-  if spec.name in INCONTEXT or spec.name in LM_TASKS:
-    return incontext.symbol_tokenizer(required(spec.num_symbols))
-  return synthetic.seq2seq_tokenizer(spec.name)
+  return GENERATED[spec.name].tokenizer(spec)
 
 
 def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -> Tokenizer:
@@ -126,51 +121,6 @@ def _translation_source(
   )
 
 
-def _generated_source(spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
-  if spec.name == "listops":
-    return listops.ListOpsSource(
-      seed=seed,
-      split=split,
-      seq_len=spec.seq_len,
-      min_len=required(spec.min_example_len),
-      max_len=required(spec.max_example_len),
-      max_depth=required(spec.listops_max_depth),
-    )
-  if spec.name == "induction":
-    return incontext.InductionSource(
-      seed=seed,
-      split=split,
-      seq_len=spec.seq_len,
-      num_symbols=required(spec.num_symbols),
-      min_period=required(spec.min_example_len),
-      max_period=required(spec.max_example_len),
-    )
-  if spec.name in LM_TASKS:
-    return incontext.RegisteredSource(
-      spec.name,
-      seed=seed,
-      split=split,
-      seq_len=spec.seq_len,
-      num_symbols=required(spec.num_symbols),
-    )
-  if spec.name == "mqar":
-    return incontext.MQARSource(
-      seed=seed,
-      split=split,
-      seq_len=spec.seq_len,
-      num_symbols=required(spec.num_symbols),
-      num_pairs=required(spec.num_kv_pairs),
-    )
-  return synthetic.Seq2SeqSource(
-    spec.name,
-    seed=seed,
-    split=split,
-    seq_len=spec.seq_len,
-    min_len=required(spec.min_example_len),
-    max_len=required(spec.max_example_len),
-  )
-
-
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
   if _reads_text(spec):
     if spec.name == "pystdlib":
@@ -183,22 +133,7 @@ def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
       f"{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; "
       f"{spec.task}, seq_len {spec.seq_len}"
     )
-  if spec.name == "induction":
-    return (
-      f"induction task, blocks of {spec.min_example_len}..{spec.max_example_len} of "
-      f"{spec.num_symbols} symbols repeated, seq_len {spec.seq_len}"
-    )
-  if spec.name == "mqar":
-    return (
-      f"mqar task, {spec.num_kv_pairs} key-value pairs over {spec.num_symbols} symbols, "
-      f"seq_len {spec.seq_len}"
-    )
-  if spec.name in LM_TASKS:
-    return f"{spec.name} task (registered), {spec.num_symbols} symbols, seq_len {spec.seq_len}"
-  return (
-    f"{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, "
-    f"seq_len {spec.seq_len}"
-  )
+  return GENERATED[spec.name].describe(spec)
 
 
 def make_dataset(
@@ -277,5 +212,5 @@ def make_dataset(
   elif is_tfds(spec.name):
     source = _translation_source(spec, split, seed, tokenizer)
   else:
-    source = _generated_source(spec, split, seed)
+    source = GENERATED[spec.name].source(spec, split, seed)
   return Dataset(source, **common)

@@ -7,32 +7,16 @@ the table in txf/data/__init__.py.
 """
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from txf import checks
-from txf.data import listops
-from txf.data.tokenizers import SentencePieceTokenizer
+from txf.data.synthetic import GeneratedSource
+from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.fields import documented, section
 from txf.registry import Registry
 
-# data.name -> the data.task values it supports; the first is its natural one.
-TASKS = {
-  "pystdlib": ("lm", "mlm"),
-  "copy": ("seq2seq",),
-  "reverse": ("seq2seq",),
-  "sort": ("seq2seq",),
-  "addition": ("seq2seq",),
-  "listops": ("classify",),
-  "induction": ("lm",),
-  "mqar": ("lm",),
-}
-# The in-context lm tasks (incontext.py).
-INCONTEXT = ("induction", "mqar")
-# Generated language-model tasks registered by user code (txf.register.lm_task):
-# data.name -> a row function (rng, seq_len, num_symbols, first_id) -> (ids
-# [seq_len + 1] in [first_id, first_id + num_symbols), target weights
-# [seq_len]); data.task 'lm', data.num_symbols its alphabet.
-LM_TASKS: Registry[Any] = Registry("data.name")
+# data.name 'pystdlib' (the built-in corpus): the data.task values it gives.
+CORPUS_TASKS = ("lm", "mlm")
 # data.name = TFDS_PREFIX + '<builder>[/<config>][:<version>]' reads a TFDS
 # dataset (tfds_source.py).
 TFDS_PREFIX = "tfds:"
@@ -43,8 +27,6 @@ FILES_TASKS = ("lm", "mlm")
 TOKENIZERS = ("bytes", "sentencepiece", "hf")
 # data.read_threads of a config that has none (written before the field).
 DEFAULT_READ_THREADS = 4
-# Shortest source each seq2seq task can generate ('addition': 'd+d').
-_MIN_SOURCE_LEN = {"copy": 1, "reverse": 1, "sort": 1, "addition": 3}
 
 
 @section()
@@ -58,7 +40,9 @@ class DataSpec:
     "reverse | sort | addition | listops | induction | mqar | tfds:<builder> | files:<glob> "
     "| a registered task"
   )
-  task: str = documented("lm | mlm | seq2seq | classify (txf.data.spec.TASKS: per data.name)")
+  task: str = documented(
+    "lm | mlm | seq2seq | classify (which a data.name gives: txf.data.spec.data_names)"
+  )
   seq_len: int = documented("tokens per example (seq2seq: per source and target)")
   batch_size: int = documented("global, across all devices and hosts")
   tokenizer: str | None = documented(
@@ -124,10 +108,52 @@ def required(value: T | None) -> T:
   return value
 
 
+class GeneratedTask(Protocol):
+  """A generated dataset, the entry of its data.name in GENERATED
+  (txf.data.generated holds txf's own)."""
+
+  @property
+  def tasks(self) -> tuple[str, ...]:
+    """The data.task values it gives, its natural one first."""
+    ...
+
+  @property
+  def num_classes(self) -> int | None:
+    """A classification task's label count; None for the others."""
+    ...
+
+  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+    """`spec` with the task's fields read from the data section (int_field)
+    and checked; ValueError names a bad one."""
+    ...
+
+  def tokenizer(self, spec: DataSpec) -> Tokenizer:
+    """Its tokenizer (the one its source encodes with), drawing nothing."""
+    ...
+
+  def source(self, spec: DataSpec, split: str, seed: int) -> GeneratedSource:
+    """Its batches of `split`, drawn from `seed`."""
+    ...
+
+  def describe(self, spec: DataSpec) -> str:
+    """One line for the run's log."""
+    ...
+
+
+# The generated datasets by data.name: txf's (txf.data.generated) and those
+# user code registers (txf.register.lm_task).
+GENERATED: Registry[GeneratedTask] = Registry("data.name")
+
+
+def data_names() -> dict[str, tuple[str, ...]]:
+  """{data.name: the data.task values it gives} of the corpus and the
+  generated datasets (TFDS and text files are named by prefix)."""
+  return {"pystdlib": CORPUS_TASKS, **{name: GENERATED[name].tasks for name in GENERATED}}
+
+
 def num_classes(spec: DataSpec) -> int | None:
-  """The labels of a 'classify' dataset (listops' NUM_CLASSES); None for the
-  other tasks."""
-  return listops.NUM_CLASSES if spec.task == "classify" else None
+  """The labels of a classification dataset (listops' 10); None for the others."""
+  return GENERATED[spec.name].num_classes if spec.name in GENERATED else None
 
 
 def is_tfds(name: Any) -> bool:
@@ -149,7 +175,8 @@ def _get(data: Any, field: str) -> Any:
     ) from None
 
 
-def _int(data: Any, field: str, minimum: int) -> int:
+def int_field(data: Any, field: str, minimum: int) -> int:
+  """data.<field>, an int >= `minimum`; ValueError names it (or its absence)."""
   return checks.int_at_least(_get(data, field), f"data.{field}", minimum)
 
 
@@ -162,13 +189,13 @@ def read_data_config(data: Any) -> DataSpec:
     if not name[len(FILES_PREFIX) :].strip():
       raise ValueError(f"data.name={name!r} names no path; expected '{FILES_PREFIX}PATH_OR_GLOB'")
     tasks = FILES_TASKS
-  elif name in tuple(TASKS):  # a tuple: an unhashable name is just unknown
-    tasks = TASKS[name]
-  elif name in LM_TASKS:
-    tasks = ("lm",)
+  elif name == "pystdlib":
+    tasks = CORPUS_TASKS
+  elif name in GENERATED:
+    tasks = GENERATED[name].tasks
   else:
     raise ValueError(
-      f"data.name={name!r} is not one of {tuple(TASKS) + LM_TASKS.names()}, "
+      f"data.name={name!r} is not one of {tuple(data_names())}, "
       f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]' or "
       f"'{FILES_PREFIX}PATH_OR_GLOB'"
     )
@@ -179,26 +206,20 @@ def read_data_config(data: Any) -> DataSpec:
   spec = DataSpec(
     name=name,
     task=task,
-    seq_len=_int(data, "seq_len", 2),
-    batch_size=_int(data, "batch_size", 1),
+    seq_len=int_field(data, "seq_len", 2),
+    batch_size=int_field(data, "batch_size", 1),
     seed=None if seed is None else checks.seed(seed, "data.seed"),
   )
   if name == "pystdlib" or is_files(name):
     return _corpus_fields(data, spec)
   if is_tfds(name):
     return _tfds_fields(data, spec)
-  if name == "induction":
-    return _induction_fields(data, spec)
-  if name == "mqar":
-    return _mqar_fields(data, spec)
-  if name in LM_TASKS:
-    return dataclasses.replace(spec, num_symbols=_int(data, "num_symbols", 1))
-  return _synthetic_fields(data, spec)
+  return GENERATED[name].fields(data, spec)
 
 
 def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
   return dataclasses.replace(
-    _text_fields(data, spec), max_corpus_bytes=_int(data, "max_corpus_bytes", 1)
+    _text_fields(data, spec), max_corpus_bytes=int_field(data, "max_corpus_bytes", 1)
   )
 
 
@@ -207,7 +228,7 @@ def _text_fields(data: Any, spec: DataSpec) -> DataSpec:
   tokenizer = checks.choice(_get(data, "tokenizer"), "data.tokenizer", TOKENIZERS)
   sp_vocab_size = tokenizer_path = None
   if tokenizer == "sentencepiece":
-    sp_vocab_size = _int(data, "sp_vocab_size", SentencePieceTokenizer.RESERVED_IDS + 1)
+    sp_vocab_size = int_field(data, "sp_vocab_size", SentencePieceTokenizer.RESERVED_IDS + 1)
   if tokenizer == "hf":
     tokenizer_path = _optional_str(data, "tokenizer_path")
     if tokenizer_path is None:
@@ -290,78 +311,6 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
   )
 
 
-def _synthetic_fields(data: Any, spec: DataSpec) -> DataSpec:
-  max_len = _int(data, "max_example_len", 1)
-  if spec.name == "listops":
-    depth = _int(data, "listops_max_depth", 1)
-    min_len = _int(data, "min_example_len", 1)
-    longest = listops.longest_expression(depth)
-    if min_len > longest:
-      raise ValueError(
-        f"data.min_example_len={min_len} exceeds {longest} "
-        f"tokens, the longest expression of depth {depth} "
-        "(data.listops_max_depth)"
-      )
-    if max_len < listops.SHORTEST_EXPRESSION:
-      raise ValueError(
-        f"data.max_example_len={max_len} is below "
-        f"{listops.SHORTEST_EXPRESSION} tokens, the shortest "
-        "expression"
-      )
-  else:
-    depth = None
-    min_len = _int(data, "min_example_len", _MIN_SOURCE_LEN[spec.name])
-  if min_len > max_len:
-    raise ValueError(f"data.min_example_len={min_len} exceeds data.max_example_len={max_len}")
-  # One token more than an example: BOS before a listops expression, EOS
-  # after a seq2seq target.
-  if max_len + 1 > spec.seq_len:
-    raise ValueError(
-      f"data.seq_len={spec.seq_len} is too small for "
-      f"data.max_example_len={max_len}: it needs one more"
-    )
-  return dataclasses.replace(
-    spec, min_example_len=min_len, max_example_len=max_len, listops_max_depth=depth
-  )
-
-
-def _induction_fields(data: Any, spec: DataSpec) -> DataSpec:
-  """Block lengths (periods) in [min_example_len, max_example_len] of distinct
-  symbols, each row holding at least two copies of its block."""
-  min_len, max_len = _int(data, "min_example_len", 1), _int(data, "max_example_len", 1)
-  num_symbols = _int(data, "num_symbols", 1)
-  if min_len > max_len:
-    raise ValueError(f"data.min_example_len={min_len} exceeds data.max_example_len={max_len}")
-  if max_len > num_symbols:
-    raise ValueError(
-      f"data.max_example_len={max_len} exceeds data.num_symbols={num_symbols}: "
-      "a block holds distinct symbols"
-    )
-  if 2 * max_len > spec.seq_len:
-    raise ValueError(
-      f"data.seq_len={spec.seq_len} is too small for "
-      f"data.max_example_len={max_len}: it needs two copies of a block"
-    )
-  return dataclasses.replace(
-    spec, num_symbols=num_symbols, min_example_len=min_len, max_example_len=max_len
-  )
-
-
-def _mqar_fields(data: Any, spec: DataSpec) -> DataSpec:
-  """N key-value pairs and N queries fit the row; keys and values from
-  separate halves of the symbols, noise from the symbols that are not keys."""
-  pairs = _int(data, "num_kv_pairs", 1)
-  num_symbols = _int(data, "num_symbols", 2)
-  if pairs > num_symbols // 2:
-    raise ValueError(
-      f"data.num_kv_pairs={pairs} exceeds data.num_symbols // 2 = "
-      f"{num_symbols // 2}: keys and values are distinct symbols of "
-      "separate halves"
-    )
-  if 4 * pairs > spec.seq_len + 1:
-    raise ValueError(
-      f"data.seq_len={spec.seq_len} is too small for "
-      f"data.num_kv_pairs={pairs}: pairs and queries need "
-      f"{4 * pairs - 1} positions"
-    )
-  return dataclasses.replace(spec, num_symbols=num_symbols, num_kv_pairs=pairs)
+# txf's generated datasets, registered by their module (which imports this
+# one's names above) before any data section is read.
+from txf.data import generated as _generated  # noqa: E402, F401
