@@ -190,11 +190,28 @@ def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path):
 
 
 def test_every_config_field_has_a_doc():
-  """--print_config's docs: a field added to configs/base.py or ModelConfig
-  without a trailing comment fails here."""
+  """--print_config's docs: a field added to configs/base.py or a section's
+  dataclass without its doc fails here."""
   docs = field_docs()
   undocumented = [name for name, _ in leaves(load_config("base")) if not docs.get(name)]
   assert not undocumented
+
+
+def test_print_config_lists_the_data_names_and_norms_user_code_registers(monkeypatch):
+  from txf import register
+  from txf.data.spec import GENERATED
+  from txf.layers.model_config import NORMS
+
+  for registry in (GENERATED, NORMS):  # restored after: the registries are global
+    monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    monkeypatch.setattr(registry, "_options", dict(registry._options))
+  before = field_docs()
+  assert "mqar" in before["data.name"] and "parity" not in before["data.name"]
+  register.lm_task("parity")(lambda rng, seq_len, num_symbols, first_id: None)
+  register.norm("unit")(lambda layer, x, cfg: x)
+  after = field_docs()
+  assert "parity" in after["data.name"] and "induction" in after["data.name"]
+  assert "unit" in after["model.norm"] and "unit" not in before["model.norm"]
 
 
 def test_unusable_workdir_is_one_line_exit_2(tmp_path):

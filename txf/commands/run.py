@@ -89,9 +89,10 @@ __doc__ += "\n" + configs_help()
 
 def field_docs() -> dict[str, str]:
   """`section.field` -> doc: each field's own (txf.fields), as its section's
-  dataclass declares it; a model field with a fixed set of values lists them."""
+  dataclass declares it; a field with a set of values (a model registry,
+  data.name) lists them, those user code registered included."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  from txf.data.spec import DataSpec
+  from txf.data.spec import DataSpec, data_names
   from txf.fields import docs
   from txf.layers import model_config
   from txf.train import run_config
@@ -106,11 +107,14 @@ def field_docs() -> dict[str, str]:
   found = {name: doc for name, doc in docs(run_config.RunConfig).items() if "." not in name}
   for section, cls in sections.items():
     found.update({f"{section}.{name}": doc for name, doc in docs(cls).items()})
-  for name, choices in model_config.CHOICES.items():
-    doc = found.get(f"model.{name}", "")
-    if not all(str(choice) in doc for choice in choices):
-      listed = " | ".join(map(str, choices))
-      found[f"model.{name}"] = f"{listed}: {doc}" if doc else listed
+  # The fields whose choices grow as user code registers entries (txf.register).
+  choices = {f"model.{name}": values for name, values in model_config.CHOICES.items()}
+  choices["data.name"] = tuple(data_names())
+  for name, values in choices.items():
+    doc = found.get(name, "")
+    if not all(str(choice) in doc for choice in values):
+      listed = " | ".join(map(str, values))
+      found[name] = f"{listed}: {doc}" if doc else listed
   return found
 
 
