@@ -86,8 +86,9 @@ from txf.analysis.phase_change import steepest_fall, write_training_csv
 from txf.analysis.plots import attention_grid, save_figure
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
+from txf.train.checkpoint import make_checkpointer
 from txf.train.console import format_duration
-from txf.train.setup import RunSetup, load_run, make_checkpointer
+from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 from txf.train.workdir import check_reachable, run_path
 

@@ -53,6 +53,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from txf.train.run_config import TrainConfig
 from txf.train.workdir import WorkdirError, WriteError, check_writable, is_local
 
 logger = logging.getLogger(__name__)
@@ -513,3 +514,17 @@ class PreemptionGuard:
       previous = signal.SIG_DFL if self._previous is None else self._previous
       signal.signal(signal.SIGTERM, previous)
       self.installed = False
+
+
+def make_checkpointer(
+  train: TrainConfig, workdir: str | os.PathLike, *, read_only: bool = False
+) -> Checkpointer:
+  """The run's checkpoints: workdir/checkpoints, kept and spaced as its
+  `train` section says; `read_only` to restore one without creating or
+  writing anything."""
+  return Checkpointer(
+    epath.Path(workdir) / "checkpoints",
+    max_to_keep=train.max_to_keep,
+    save_interval_steps=train.checkpoint_every,
+    read_only=read_only,
+  )

@@ -68,7 +68,12 @@ from txf.analysis import summarize
 from txf.data import ProcessCountError
 from txf.decode import generation
 from txf.train import hardware, replicas, sharding
-from txf.train.checkpoint import Checkpointer, CheckpointWriteError, PreemptionGuard
+from txf.train.checkpoint import (
+  Checkpointer,
+  CheckpointWriteError,
+  PreemptionGuard,
+  make_checkpointer,
+)
 from txf.train.console import format_progress
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, read_metrics
@@ -83,7 +88,7 @@ from txf.train.resume import (
   write_config,
 )
 from txf.train.run_config import ConfigError, TrainConfig
-from txf.train.setup import RunSetup, make_checkpointer, parse_run, setup_run
+from txf.train.setup import RunSetup, parse_run, setup_run
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 

@@ -37,14 +37,14 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
-from txf import decode, interop, models
+from txf import decode, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, make_dataset, make_tokenizer, num_classes
 from txf.data.spec import read_data_config
 from txf.layers.embedding import check_position_table
-from txf.layers.model_config import ModelConfig
 from txf.train import hardware, replicas, sharding
-from txf.train.checkpoint import Checkpointer
+from txf.train.checkpoint import make_checkpointer
+from txf.train.pretrained import pretrained_params, starting_from
 from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
@@ -73,7 +73,7 @@ class RunSetup:
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
       created already sharded (no host ever holds the whole model); with
       config.train.init_from, its parameters are that checkpoint's (a Hugging Face
-      directory or a txf run; `pretrained_params`).
+      directory or a txf run; txf.train.pretrained.pretrained_params).
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
     train_step: jitted (state, batch) -> (state, metrics); donates the state;
@@ -249,7 +249,7 @@ def setup_run(
   # The pretrained parameters (None without init_from) are an argument of the
   # jitted init, not constants baked into its program.
   start = (
-    _starting_from(init_fn, run.optimizer)
+    starting_from(init_fn, run.optimizer)
     if pretrained is not None
     else (lambda rng, params: init_fn(rng))
   )
@@ -283,93 +283,6 @@ def setup_run(
     tokens_per_step=run.data.batch_size * (1 if task == "classify" else seq_len),
     flops_per_token=run.replicas * flops_per_token(run.model, seq_len),
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
-  )
-
-
-# ModelConfig fields a run may set apart from its train.init_from checkpoint: they
-# change how the model trains or runs, not the function its parameters compute.
-FREE_PRETRAINED_FIELDS = (
-  "dropout_rate",
-  "attention_dropout_rate",
-  "dtype",
-  "init",
-  "attention_impl",
-  "remat",
-  "max_len",
-  "head",
-  "num_classes",
-  "pooling",
-)
-
-
-def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
-  """The parameters of the Hugging Face checkpoint in `directory`
-  (config.train.init_from), or of the latest checkpoint of the txf run there
-  (its first replica; txf.train.export.load_trained), which must be the
-  run's model: the same ModelConfig up to FREE_PRETRAINED_FIELDS and exactly
-  the same parameters.
-
-  Raises:
-    ValueError: naming the first model field or parameter that differs.
-  """
-  # txf.train.export reads a run through load_run, below.
-  from txf.train.export import is_run_directory, load_trained  # noqa: PLC0415
-
-  try:
-    if is_run_directory(directory):
-      pretrained = load_trained(directory).pretrained
-    else:
-      pretrained = interop.load_pretrained(directory)
-  except (interop.CheckpointError, ConfigError) as error:
-    raise ValueError(f"train.init_from: {error}") from None
-  hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
-  for field in dataclasses.fields(ModelConfig):
-    ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
-    if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
-      raise ValueError(
-        f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
-        f"in train.init_from={directory} {hint}"
-      )
-  expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
-  found = interop.rules.flatten(pretrained.params)
-  for path in sorted(set(expected) | set(found)):
-    if path not in found or path not in expected:
-      where = "the run's model" if path not in found else "the checkpoint"
-      raise ValueError(f"train.init_from: parameter {path} is only in {where} {directory} {hint}")
-    shape = tuple(expected[path].shape)
-    if shape != found[path].shape:
-      raise ValueError(
-        f"train.init_from: parameter {path} has shape {shape} in the run's "
-        f"model but {found[path].shape} in {directory} {hint}"
-      )
-  return pretrained.params
-
-
-def _starting_from(
-  init_fn: Callable[[jax.Array], TrainState], optimizer: optax.GradientTransformation
-) -> Callable[[jax.Array, Any], TrainState]:
-  """(rng, params) -> init_fn's state with those parameters and their fresh
-  optimizer state."""
-
-  def init(rng: jax.Array, params: Any) -> TrainState:
-    state = init_fn(rng)  # its random parameters are dead code once replaced
-    # dataclasses.replace is what flax's TrainState.replace does (untyped there).
-    return dataclasses.replace(state, params=params, opt_state=optimizer.init(params))
-
-  return init
-
-
-def make_checkpointer(
-  train: TrainConfig, workdir: str | os.PathLike, *, read_only: bool = False
-) -> Checkpointer:
-  """The run's checkpoints: workdir/checkpoints, kept and spaced as its
-  `train` section says; `read_only` to restore one without creating or
-  writing anything."""
-  return Checkpointer(
-    epath.Path(workdir) / "checkpoints",
-    max_to_keep=train.max_to_keep,
-    save_interval_steps=train.checkpoint_every,
-    read_only=read_only,
   )
 
 

@@ -1,0 +1,93 @@
+"""Starting a run from trained parameters (config.train.init_from): a
+Hugging Face checkpoint or another txf run, checked against the run's model.
+
+setup_run (txf.train.setup) calls `pretrained_params` while it builds the
+run and starts the state from them with `starting_from`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import optax
+
+from txf import interop
+from txf.layers.model_config import ModelConfig
+from txf.train.run_config import ConfigError
+from txf.train.step import TrainState
+
+# ModelConfig fields a run may set apart from its train.init_from checkpoint: they
+# change how the model trains or runs, not the function its parameters compute.
+FREE_PRETRAINED_FIELDS = (
+  "dropout_rate",
+  "attention_dropout_rate",
+  "dtype",
+  "init",
+  "attention_impl",
+  "remat",
+  "max_len",
+  "head",
+  "num_classes",
+  "pooling",
+)
+
+
+def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
+  """The parameters of the Hugging Face checkpoint in `directory`
+  (config.train.init_from), or of the latest checkpoint of the txf run there
+  (its first replica; txf.train.export.load_trained), which must be the
+  run's model: the same ModelConfig up to FREE_PRETRAINED_FIELDS and exactly
+  the same parameters.
+
+  Raises:
+    ValueError: naming the first model field or parameter that differs.
+  """
+  # txf.train.export reads a run through load_run, below.
+  from txf.train.export import is_run_directory, load_trained  # noqa: PLC0415
+
+  try:
+    if is_run_directory(directory):
+      pretrained = load_trained(directory).pretrained
+    else:
+      pretrained = interop.load_pretrained(directory)
+  except (interop.CheckpointError, ConfigError) as error:
+    raise ValueError(f"train.init_from: {error}") from None
+  hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
+  for field in dataclasses.fields(ModelConfig):
+    ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
+    if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
+      raise ValueError(
+        f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
+        f"in train.init_from={directory} {hint}"
+      )
+  expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
+  found = interop.rules.flatten(pretrained.params)
+  for path in sorted(set(expected) | set(found)):
+    if path not in found or path not in expected:
+      where = "the run's model" if path not in found else "the checkpoint"
+      raise ValueError(f"train.init_from: parameter {path} is only in {where} {directory} {hint}")
+    shape = tuple(expected[path].shape)
+    if shape != found[path].shape:
+      raise ValueError(
+        f"train.init_from: parameter {path} has shape {shape} in the run's "
+        f"model but {found[path].shape} in {directory} {hint}"
+      )
+  return pretrained.params
+
+
+def starting_from(
+  init_fn: Callable[[jax.Array], TrainState], optimizer: optax.GradientTransformation
+) -> Callable[[jax.Array, Any], TrainState]:
+  """(rng, params) -> init_fn's state with those parameters and their fresh
+  optimizer state."""
+
+  def init(rng: jax.Array, params: Any) -> TrainState:
+    state = init_fn(rng)  # its random parameters are dead code once replaced
+    # dataclasses.replace is what flax's TrainState.replace does (untyped there).
+    return dataclasses.replace(state, params=params, opt_state=optimizer.init(params))
+
+  return init
