@@ -255,6 +255,15 @@ def test_a_config_is_parsed_without_loading_data_and_set_up_from_the_parse_alone
   assert setup.train_data.vocab_size == run.model.vocab_size
 
 
+def test_a_bad_field_is_refused_before_a_sentencepiece_tokenizer_is_trained(tmp_path):
+  config = tiny_config("rope", steps=STEPS)
+  config.data.update(dict(tokenizer="sentencepiece", sp_vocab_size=400))
+  config.train.b1 = 1.5
+  with pytest.raises(ConfigError, match=r"^train\.b1"):
+    parse_run(config, tmp_path)
+  assert list(tmp_path.iterdir()) == []  # no tokenizer trained into the run's directory
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_abstract_state_carries_the_state_shardings(replicas):
   """Restoring onto another mesh or process count needs a target sharding on

@@ -39,7 +39,7 @@ from jax.sharding import Mesh
 
 from txf import decode, models
 from txf.analysis import flops_per_token
-from txf.data import Dataset, make_dataset, make_tokenizer, num_classes
+from txf.data import Dataset, SentencePieceTokenizer, make_dataset, make_tokenizer, num_classes
 from txf.data.spec import read_data_config
 from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
@@ -180,6 +180,12 @@ def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfi
     spec = read_data_config(config.data)
     if spec.tfds_data_dir:  # a gs:// one needs the gcs extra
       run_path(spec.tfds_data_dir, "data.tfds_data_dir")
+    if spec.tokenizer == "sentencepiece":
+      # Checked before the tokenizer is trained (it reads the corpus), with
+      # the fewest ids a trained one has, so no vocabulary is refused early.
+      check_run_config(
+        config, vocab_size=SentencePieceTokenizer.RESERVED_IDS + 1, num_classes=num_classes(spec)
+      )
     tokenizer = make_tokenizer(spec, workdir)
     run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes(spec))
     if spec.task == "lm" and run.eval.sample_tokens:
