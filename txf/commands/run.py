@@ -104,7 +104,7 @@ def field_docs() -> dict[str, str]:
     "eval": run_config.EvalConfig,
     "parallel": run_config.ParallelConfig,
   }
-  found = {name: doc for name, doc in docs(run_config.RunConfig).items() if "." not in name}
+  found = docs(run_config.RunConfig)  # seed, replicas
   for section, cls in sections.items():
     found.update({f"{section}.{name}": doc for name, doc in docs(cls).items()})
   # The fields whose choices grow as user code registers entries (txf.register).

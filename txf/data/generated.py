@@ -37,6 +37,24 @@ def _example_lengths(spec: DataSpec, min_len: int, max_len: int) -> DataSpec:
   return dataclasses.replace(spec, min_example_len=min_len, max_example_len=max_len)
 
 
+def _lengths_line(spec: DataSpec) -> str:
+  """The log line of a task whose examples span min_example_len .. max_example_len tokens."""
+  return (
+    f"{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, "
+    f"seq_len {spec.seq_len}"
+  )
+
+
+class _SymbolLMTask:
+  """An `lm` task over data.num_symbols content ids (incontext.symbol_tokenizer)."""
+
+  tasks: ClassVar[tuple[str, ...]] = ("lm",)
+  num_classes: ClassVar[int | None] = None
+
+  def tokenizer(self, spec: DataSpec) -> Tokenizer:
+    return incontext.symbol_tokenizer(required(spec.num_symbols))
+
+
 @dataclasses.dataclass(frozen=True)
 class Seq2SeqTask:
   """A generated seq2seq task (synthetic.py): sources of min_example_len ..
@@ -66,10 +84,7 @@ class Seq2SeqTask:
     )
 
   def describe(self, spec: DataSpec) -> str:
-    return (
-      f"{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, "
-      f"seq_len {spec.seq_len}"
-    )
+    return _lengths_line(spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,20 +129,14 @@ class ListOpsTask:
     )
 
   def describe(self, spec: DataSpec) -> str:
-    return (
-      f"{spec.name} task, {spec.min_example_len}..{spec.max_example_len} tokens, "
-      f"seq_len {spec.seq_len}"
-    )
+    return _lengths_line(spec)
 
 
 @dataclasses.dataclass(frozen=True)
-class InductionTask:
+class InductionTask(_SymbolLMTask):
   """Repeated blocks (incontext.py): periods in [min_example_len,
   max_example_len] of distinct symbols, each row holding at least two copies
   of its block."""
-
-  tasks: ClassVar[tuple[str, ...]] = ("lm",)
-  num_classes: ClassVar[int | None] = None
 
   def fields(self, data: Any, spec: DataSpec) -> DataSpec:
     min_len = int_field(data, "min_example_len", 1)
@@ -149,9 +158,6 @@ class InductionTask:
       spec, num_symbols=num_symbols, min_example_len=min_len, max_example_len=max_len
     )
 
-  def tokenizer(self, spec: DataSpec) -> Tokenizer:
-    return incontext.symbol_tokenizer(required(spec.num_symbols))
-
   def source(self, spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
     return incontext.InductionSource(
       seed=seed,
@@ -170,13 +176,10 @@ class InductionTask:
 
 
 @dataclasses.dataclass(frozen=True)
-class MQARTask:
+class MQARTask(_SymbolLMTask):
   """Multi-query associative recall (incontext.py): num_kv_pairs pairs and
   as many queries fit the row; keys and values from separate halves of the
   symbols, noise from the symbols that are not keys."""
-
-  tasks: ClassVar[tuple[str, ...]] = ("lm",)
-  num_classes: ClassVar[int | None] = None
 
   def fields(self, data: Any, spec: DataSpec) -> DataSpec:
     pairs = int_field(data, "num_kv_pairs", 1)
@@ -195,9 +198,6 @@ class MQARTask:
       )
     return dataclasses.replace(spec, num_symbols=num_symbols, num_kv_pairs=pairs)
 
-  def tokenizer(self, spec: DataSpec) -> Tokenizer:
-    return incontext.symbol_tokenizer(required(spec.num_symbols))
-
   def source(self, spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
     return incontext.MQARSource(
       seed=seed,
@@ -215,7 +215,7 @@ class MQARTask:
 
 
 @dataclasses.dataclass(frozen=True)
-class RowTask:
+class RowTask(_SymbolLMTask):
   """An `lm` task from a row function (txf.register.lm_task): `row(rng,
   seq_len, num_symbols, first_id)` -> (ids [seq_len + 1] in [first_id,
   first_id + num_symbols), target weights [seq_len]); data.num_symbols its
@@ -223,14 +223,9 @@ class RowTask:
 
   name: str
   row: Callable[..., Any]
-  tasks: ClassVar[tuple[str, ...]] = ("lm",)
-  num_classes: ClassVar[int | None] = None
 
   def fields(self, data: Any, spec: DataSpec) -> DataSpec:
     return dataclasses.replace(spec, num_symbols=int_field(data, "num_symbols", 1))
-
-  def tokenizer(self, spec: DataSpec) -> Tokenizer:
-    return incontext.symbol_tokenizer(required(spec.num_symbols))
 
   def source(self, spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
     return incontext.RowSource(
