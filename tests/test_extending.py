@@ -1,11 +1,13 @@
 """Extending txf from outside the package (txf.register, docs/extending.md):
 the worked examples in examples/extending/ register a position encoding
-with its own setting, a normalisation and a data task; each computes what
+with its own setting, a normalisation, a data task and an output head
+(a model family is registered here); each computes what
 its docstring says (float64 numpy references), changes the model it is
 chosen in, and its config trains with txf-run from any directory that has
 the examples (slow: a few steps each)."""
 
 import contextlib
+import json
 import math
 import runpy
 import shutil
@@ -19,7 +21,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, tiny_config
 from txf import models
 from txf.data import make_dataset, spec as data_config
 from txf.layers import Norm, model_config as layer_config, positions
@@ -27,20 +29,18 @@ from txf.registry import Registry
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
-REGISTRIES += (layer_config.INITS, data_config.GENERATED)
+REGISTRIES += (layer_config.INITS, data_config.GENERATED, layer_config.HEADS, layer_config.FAMILIES)
 
 
 @contextlib.contextmanager
 def registered(*examples):
   """The examples' registrations, undone after (the registries are global)."""
-  saved = [(r, dict(r._entries), dict(r._options)) for r in REGISTRIES]
-  try:
+  with contextlib.ExitStack() as scopes:
+    for registry in REGISTRIES:
+      scopes.enter_context(registry.scoped())
     for name in examples:
       runpy.run_path(str(EXAMPLES / f"{name}.py"))
     yield
-  finally:
-    for registry, entries, options in saved:
-      registry._entries, registry._options = entries, options
 
 
 TINY = dict(vocab_size=32, d_model=16, num_heads=2, num_layers=1, max_len=16)
@@ -121,6 +121,75 @@ def test_a_registered_init_scheme_redraws_the_parameters_with_its_setting():
       assert len(leaves) > 4 and all(np.all(np.asarray(leaf) == value) for leaf in leaves)
   with pytest.raises(ValueError, match=r"model\.init: 'constant' is not one of \('txf', 'gpt2'\)"):
     layer_config.ModelConfig(**TINY, init="constant")
+
+
+def test_a_registered_head_is_chosen_by_the_config_and_matches_numpy():
+  with registered("mlp_head"):
+    cfg = layer_config.ModelConfig(**TINY, head="mlp_lm")
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, (2, 8)))
+    params = nn.meta.unbox(models.build(cfg).init(jax.random.key(0), tokens))["params"]
+    got = np.asarray(models.build(cfg).apply({"params": params}, tokens), np.float64)
+    # The same body without a head gives the hidden states the head reads.
+    body = {name: value for name, value in params.items() if name != "head"}
+    hidden = np.asarray(
+      models.build(cfg.replace(head="none")).apply({"params": body}, tokens), np.float64
+    )
+    dense = {k: np.asarray(v, np.float64) for k, v in params["head"]["hidden"].items()}
+    x = hidden @ dense["kernel"] + dense["bias"]
+    gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    table = np.asarray(params["embedder"]["token"]["embedding"], np.float64)
+    expected = gelu @ table.T / (np.sqrt(16) if cfg.scale_logits else 1.0)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, logits(cfg.replace(head="lm"), tokens), atol=1e-3)
+    with pytest.raises(
+      ValueError, match=r"model\.head: 'mlp_lm' does not fit model\.family='encoder'"
+    ):
+      layer_config.ModelConfig(**TINY, family="encoder", head="mlp_lm")
+  with pytest.raises(ValueError, match=r"model\.head: 'mlp_lm' is not one of"):
+    layer_config.ModelConfig(**TINY, head="mlp_lm")
+
+
+def test_a_registered_family_trains_from_a_run_config_and_carries_txfs_lm_head(tmp_path):
+  from txf import register
+  from txf.decode import generate
+  from txf.layers import Embedder
+  from txf.train import loop
+
+  with registered():
+
+    @register.family("unigram", tasks=("lm",), heads=("lm",))
+    class UnigramLM(nn.Module):
+      """Each token's logits from its own embedding: the baseline with no context."""
+
+      cfg: layer_config.ModelConfig
+
+      @nn.compact
+      def __call__(self, tokens_BxT, *, deterministic=True, use_cache=False):
+        embedder = Embedder(self.cfg, name="embedder")
+        head = layer_config.HEADS[self.cfg.head].module(self.cfg, name="head")
+        return head(embedder(tokens_BxT, None), tokens_BxT, embedder)
+
+    cfg = layer_config.ModelConfig(**TINY, family="unigram", position="none")
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, (2, 8)))
+    params = nn.meta.unbox(models.build(cfg).init(jax.random.key(0), tokens))["params"]
+    table = np.asarray(params["embedder"]["token"]["embedding"], np.float64)
+    expected = table[np.asarray(tokens)] @ table.T / (np.sqrt(16) if cfg.scale_logits else 1.0)
+    np.testing.assert_allclose(logits(cfg, tokens), expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"model\.family: 'unigram' cannot generate"):
+      generate(models.build(cfg), params, tokens, max_new_tokens=1)
+
+    config = tiny_config("rope", steps=30, model__family="unigram", model__position="none")
+    config.train.learning_rate = 3e-2
+    rows = []
+    loop.run(config, str(tmp_path), log=lambda line: None)
+    for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
+      row = json.loads(line)
+      if "loss" in row:
+        rows.append(row["loss"])
+    # Byte unigram statistics are learnt within a few steps: from ln(260).
+    assert rows[0] > 5.0 and rows[-1] < rows[0] - 1.0, rows
+  with pytest.raises(ValueError, match=r"model\.family: 'unigram' is not one of"):
+    layer_config.ModelConfig(**TINY, family="unigram")
 
 
 def test_successor_task_rows_count_upwards_through_the_symbols():

@@ -22,6 +22,17 @@
   def parity_row(rng, seq_len, num_symbols, first_id):
     ...  # (ids [seq_len + 1], target weights [seq_len])
 
+  @register.head("mlp_lm", tasks=("lm",), families=("decoder",))
+  class MLPHead(nn.Module):  # built as MLPHead(cfg)
+    cfg: ModelConfig
+    @nn.compact
+    def __call__(self, x_BxTxD, tokens_BxT, embedder):
+      ...  # float32 logits [B, T, V]
+
+  @register.family("parallel", tasks=("lm",), generative=True)
+  class ParallelDecoder(txf.models.Decoder):  # built as ParallelDecoder(cfg)
+    ...
+
 A config file that imports the module holding these (`import my_norm`
 beside it: txf puts a config file's directory on the import path) sets
 `config.model.norm = "scale"` and trains with `txf-run --config=my_config.py`;
@@ -29,8 +40,9 @@ beside it: txf puts a config file's directory on the import path) sets
 settings an entry registered with. Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
-txf.layers.inits (INITS), txf.data.generated (GENERATED); docs/extending.md
-has a worked example of each (examples/extending/).
+txf.layers.inits (INITS), txf.data.generated (GENERATED),
+txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead);
+docs/extending.md has a worked example of each (examples/extending/).
 """
 
 from __future__ import annotations
@@ -41,7 +53,15 @@ from typing import Any
 from txf.data.generated import RowTask
 from txf.data.spec import GENERATED
 from txf.layers.feedforward import Activation
-from txf.layers.model_config import ACTIVATIONS, INITS, NORMS
+from txf.layers.model_config import (
+  ACTIVATIONS,
+  FAMILIES,
+  HEADS,
+  INITS,
+  NORMS,
+  ModelFamily,
+  OutputHead,
+)
 from txf.layers.positions import ENCODINGS, PositionEncoding
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -123,5 +143,66 @@ def lm_task(name: str, *, replace: bool = False) -> Decorator:
   def add(row: Callable[..., Any]) -> Callable[..., Any]:
     GENERATED.register(name, RowTask(name, row), replace=replace)
     return row
+
+  return add
+
+
+def family(
+  name: str,
+  *,
+  tasks: tuple[str, ...],
+  generative: bool = False,
+  heads: tuple[str, ...] = (),
+  options: Mapping[str, Any] | None = None,
+  replace: bool = False,
+) -> Decorator:
+  """Registers a linen module class as `model.family = name`.
+
+  Args:
+    tasks: the data.task values it trains; it is built as module(cfg) and
+      called as txf.models.Decoder is for 'lm' and 'classify', Encoder for
+      'mlm' and 'classify', EncoderDecoder for 'seq2seq'. It reads the
+      Transformer fields of ModelConfig (checked as a Transformer's).
+    generative: it decodes from a 'cache' collection with use_cache=True
+      (txf.decode generates with it).
+    heads: the model.head values it carries (e.g. txf's 'lm'; it builds
+      HEADS[cfg.head].module(cfg)), besides the heads registered naming it.
+    options: {setting: default} it reads through cfg.option(setting).
+    replace: replace an entry of that name.
+  """
+
+  def add(module: Any) -> Any:
+    entry = ModelFamily(module, tuple(tasks), generative=generative, heads=tuple(heads))
+    FAMILIES.register(name, entry, options=options, replace=replace)
+    return module
+
+  return add
+
+
+def head(
+  name: str,
+  *,
+  tasks: tuple[str, ...],
+  families: tuple[str, ...],
+  options: Mapping[str, Any] | None = None,
+  replace: bool = False,
+) -> Decorator:
+  """Registers a linen module class as `model.head = name`: built as
+  module(cfg), called as module(x_BxTxD, tokens_BxT, embedder) on the final
+  hidden states (txf.models.output_heads).
+
+  Args:
+    tasks: the data.task values whose loss reads its output: float32 logits
+      [B, T, V] for 'lm', 'mlm' and 'seq2seq', [B, num_classes] for
+      'classify'.
+    families: the model.family values that carry it.
+    options: {setting: default} it reads through cfg.option(setting).
+    replace: replace an entry of that name.
+  """
+
+  def add(module: Any) -> Any:
+    entry = OutputHead(module, tuple(tasks), tuple(families))
+    HEADS.register(name, entry, options=options, replace=replace)
+    return module
 
   return add

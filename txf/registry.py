@@ -1,10 +1,10 @@
 """Named choices that user code extends: the one kind of registry in txf.
 
-The config fields whose choices user code extends (`model.position`,
-`model.norm`, `model.activation`, `model.init`, and `data.name` for generated
-LM tasks)
-read a `Registry`; txf registers its own entries the same way user code does
-(see `txf.register`), so a new choice is one function in a file of one's own:
+The config fields whose choices user code extends (`model.family`,
+`model.head`, `model.position`, `model.norm`, `model.activation`,
+`model.init`, and `data.name` for generated datasets) read a `Registry`; txf
+registers its own entries the same way user code does (see `txf.register`),
+so a new choice is one function or class in a file of one's own:
 
   from txf import register
 
@@ -13,15 +13,13 @@ read a `Registry`; txf registers its own entries the same way user code does
     ...
 
 and a config file that imports it (`--config=my_config.py`) can name it;
-`--print_config` lists it beside the built-in choices. Model families and
-output heads (`model.family`, `model.head`) are fixed sets in
-txf.layers.model_config: each comes with the tasks it trains, the heads it
-carries and how it decodes (txf.train.run_config.TASK_MODELS, FAMILY_HEADS,
-txf.decode), so a new one is a change to txf.models.
+`--print_config` lists it beside the built-in choices.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -33,12 +31,24 @@ class Registry(Generic[T]):
 
   Attributes:
     field: the config field it serves (`model.position`), for error messages.
+    builtins: the module that registers txf's own entries, imported the
+      first time the registry is read, where that module sits above the
+      registry's (txf.models registers the families and heads that
+      txf.layers.model_config checks a config against).
   """
 
-  def __init__(self, field: str):
+  def __init__(self, field: str, *, builtins: str | None = None):
     self.field = field
-    self._entries: dict[str, T] = {}
+    self.builtins = builtins
+    self._entries_: dict[str, T] = {}
     self._options: dict[str, dict[str, Any]] = {}
+
+  @property
+  def _entries(self) -> dict[str, T]:
+    if self.builtins is not None:
+      module, self.builtins = self.builtins, None
+      importlib.import_module(module)
+    return self._entries_
 
   def register(
     self, name: str, entry: T, *, options: Mapping[str, Any] | None = None, replace: bool = False
@@ -73,6 +83,16 @@ class Registry(Generic[T]):
   ) -> Callable[[T], T]:
     """`@registry.decorator(name)`: registers the decorated object, returns it."""
     return lambda entry: self.register(name, entry, options=options, replace=replace)
+
+  @contextlib.contextmanager
+  def scoped(self) -> Iterator[Registry[T]]:
+    """Registrations made inside the block are undone at its end: the
+    registries are global, and a test or notebook may register for a while."""
+    entries, options = dict(self._entries), dict(self._options)
+    try:
+      yield self
+    finally:
+      self._entries_, self._options = entries, options
 
   def options(self, name: str) -> dict[str, Any]:
     """The {setting: default} `name` was registered with ({} if none)."""

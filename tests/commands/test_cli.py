@@ -197,21 +197,24 @@ def test_every_config_field_has_a_doc():
   assert not undocumented
 
 
-def test_print_config_lists_the_data_names_and_norms_user_code_registers(monkeypatch):
+def test_print_config_lists_the_choices_user_code_registers():
   from txf import register
   from txf.data.spec import GENERATED
-  from txf.layers.model_config import NORMS
+  from txf.layers.model_config import FAMILIES, HEADS, NORMS
+  from txf.models import Decoder, LMHead
 
-  for registry in (GENERATED, NORMS):  # restored after: the registries are global
-    monkeypatch.setattr(registry, "_entries", dict(registry._entries))
-    monkeypatch.setattr(registry, "_options", dict(registry._options))
-  before = field_docs()
-  assert "mqar" in before["data.name"] and "parity" not in before["data.name"]
-  register.lm_task("parity")(lambda rng, seq_len, num_symbols, first_id: None)
-  register.norm("unit")(lambda layer, x, cfg: x)
-  after = field_docs()
+  with GENERATED.scoped(), NORMS.scoped(), HEADS.scoped(), FAMILIES.scoped():
+    before = field_docs()
+    assert "mqar" in before["data.name"] and "parity" not in before["data.name"]
+    register.lm_task("parity")(lambda rng, seq_len, num_symbols, first_id: None)
+    register.norm("unit")(lambda layer, x, cfg: x)
+    register.head("other_lm", tasks=("lm",), families=("decoder",))(LMHead)
+    register.family("other_decoder", tasks=("lm",))(Decoder)
+    after = field_docs()
   assert "parity" in after["data.name"] and "induction" in after["data.name"]
-  assert "unit" in after["model.norm"] and "unit" not in before["model.norm"]
+  for field, name in (("norm", "unit"), ("head", "other_lm"), ("family", "other_decoder")):
+    assert name in after[f"model.{field}"] and name not in before[f"model.{field}"]
+  assert "other_lm" not in field_docs()["model.head"]  # unregistered at the block's end
 
 
 def test_unusable_workdir_is_one_line_exit_2(tmp_path):

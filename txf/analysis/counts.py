@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from txf import layers, models
-from txf.layers.model_config import ModelConfig, derived
+from txf.layers.model_config import HEADS, ModelConfig, derived
 
 COMPONENTS = ("embedding", "position", "attention", "cross_attention", "ffn", "norm", "head")
 # The LSTM family's components: its layers are 'recurrent'.
@@ -27,16 +27,14 @@ LSTM_COMPONENTS = ("embedding", "recurrent", "norm", "head")
 # Layer class -> component. A parameter belongs to the component of the
 # outermost classified module on its path, so a norm inside the MLM head
 # counts as 'head', one in a block as 'norm'. MultiHeadAttention is
-# 'attention' or 'cross_attention' by how it is called (`_component`).
+# 'attention' or 'cross_attention' by how it is called, and every
+# registered head's module is 'head' (`_component`).
 _CLASS_COMPONENTS = {
   layers.Embedder: "embedding",  # token table and learned position table
   layers.RelativePositionTable: "position",
   layers.FeedForward: "ffn",
   layers.Norm: "norm",
   models.LSTMLayer: "recurrent",
-  models.LMHead: "head",
-  models.MaskedLMHead: "head",
-  models.ClassificationHead: "head",
 }
 
 
@@ -45,6 +43,8 @@ def _component(module: nn.Module, args: tuple) -> str | None:
   if isinstance(module, layers.MultiHeadAttention):
     # Cross-attention is the attention called with a key/value input.
     return "cross_attention" if len(args) > 1 and args[1] is not None else "attention"
+  if any(head.module is not None and isinstance(module, head.module) for _, head in HEADS.items()):
+    return "head"
   return next(
     (component for cls, component in _CLASS_COMPONENTS.items() if isinstance(module, cls)), None
   )

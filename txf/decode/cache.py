@@ -18,24 +18,29 @@ import jax.numpy as jnp
 
 from txf.layers.attention import CROSS_CACHE_NAMES
 from txf.layers.embedding import check_position_table
+from txf.layers.model_config import FAMILIES, HEADS
 
 Array = jax.Array
 Cache = Any  # a pytree of arrays
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
 
-_GENERATIVE_FAMILIES = ("decoder", "encoder_decoder", "lstm")
+# The tasks whose head gives next-token logits [B, T, V].
+_NEXT_TOKEN_TASKS = {"lm", "seq2seq"}
 
 
 def check_generative(model: nn.Module) -> None:
   """Raises a ValueError naming the field unless the model can generate."""
   cfg = model.cfg
-  if cfg.family not in _GENERATIVE_FAMILIES:
+  if not FAMILIES[cfg.family].generative:
+    generative = tuple(name for name, family in FAMILIES.items() if family.generative)
     raise ValueError(
-      f"model.family: {cfg.family!r} cannot generate "
-      f"(KV-cache decoding needs one of {_GENERATIVE_FAMILIES})"
+      f"model.family: {cfg.family!r} cannot generate (KV-cache decoding needs one of {generative})"
     )
-  if cfg.head != "lm":
-    raise ValueError(f"model.head: generation needs an 'lm' head, got {cfg.head!r}")
+  if not _NEXT_TOKEN_TASKS & set(HEADS[cfg.head].tasks):
+    raise ValueError(
+      f"model.head: generation needs a head that gives next-token logits (as 'lm'), "
+      f"got {cfg.head!r}"
+    )
 
 
 def _cache_shapes(model: nn.Module, batch_size: int, cache_len: int, encoder_len: int) -> Cache:

@@ -19,7 +19,7 @@ from txf.layers import positions
 from txf.layers.attention import HEAD_MASK, MultiHeadAttention
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
-from txf.layers.model_config import DEFAULTS, ModelConfig
+from txf.layers.model_config import ModelConfig
 from txf.layers.norm import Norm
 
 Array = jax.Array
@@ -38,7 +38,7 @@ class TransformerBlock(nn.Module):
   """One layer. Returns `(x, None)` so the same module runs under `nn.scan`.
 
   Attributes:
-    cfg: model hyperparameters (default: ModelConfig()'s).
+    cfg: model hyperparameters.
     causal: self-attention is causal (decoder side).
     has_cross: add a cross-attention sub-layer over `cross_x`.
     deterministic: no dropout.
@@ -46,7 +46,7 @@ class TransformerBlock(nn.Module):
       encoder output's keys/values there (read back when `cross_x` is None).
   """
 
-  cfg: ModelConfig = DEFAULTS
+  cfg: ModelConfig
   causal: bool = False
   has_cross: bool = False
   deterministic: bool = True
@@ -113,13 +113,13 @@ class TransformerStack(nn.Module):
   """`num_layers` blocks plus the stack-wide pieces.
 
   Attributes:
-    cfg: model hyperparameters (default: ModelConfig()'s).
+    cfg: model hyperparameters.
     num_layers: depth N; None: cfg.num_layers.
     causal: decoder-side (causal) self-attention.
     has_cross: blocks attend to an encoder output.
   """
 
-  cfg: ModelConfig = DEFAULTS
+  cfg: ModelConfig
   num_layers: int | None = None
   causal: bool = False
   has_cross: bool = False

@@ -19,22 +19,73 @@ from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from txf.registry import Registry
 
-FAMILIES = ("decoder", "encoder", "encoder_decoder", "lstm")
-# The registries user code extends (txf.register): entries are registered by
-# txf.layers.positions / norm / feedforward / inits, which txf.layers imports.
+
+@dataclasses.dataclass(frozen=True)
+class ModelFamily:
+  """A `model.family` entry (txf.register.family).
+
+  Attributes:
+    module: the linen module class, built as module(cfg) (a ModelConfig):
+      called like txf.models.Decoder for data.task 'lm' and 'classify'
+      (tokens [B, T] -> its head's output), like Encoder for 'mlm' and
+      'classify', like EncoderDecoder for 'seq2seq'.
+    tasks: the data.task values it trains.
+    generative: it continues from a 'cache' collection when called with
+      use_cache=True (txf.decode generates with it).
+    heads: the model.head values it carries beyond those whose entry names
+      it (a registered family carrying txf's 'lm' head).
+  """
+
+  module: Any
+  tasks: tuple[str, ...]
+  generative: bool = False
+  heads: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputHead:
+  """A `model.head` entry (txf.register.head).
+
+  Attributes:
+    module: the linen module class, built as module(cfg) and called as
+      module(x_BxTxD, tokens_BxT, embedder) on the final hidden states
+      (tokens_BxT: the model's input ids, embedder: its token Embedder);
+      returns float32 logits: [B, T, V] for data.task 'lm', 'mlm' and
+      'seq2seq', [B, num_classes] for 'classify'. None: the model returns
+      its final hidden states [B, T, D].
+    tasks: the data.task values whose loss reads its output.
+    families: the model.family values that carry it.
+  """
+
+  module: Any
+  tasks: tuple[str, ...]
+  families: tuple[str, ...]
+
+
+# The registries user code extends (txf.register). txf's own entries are
+# registered by the module each names (imported when the registry is first
+# read: those modules import this one), the positions' in their own module.
+FAMILIES: Registry[ModelFamily] = Registry("model.family", builtins="txf.models")
+HEADS: Registry[OutputHead] = Registry("model.head", builtins="txf.models")
 POSITIONS = positions.ENCODINGS
-ACTIVATIONS: Registry[Any] = Registry("model.activation")
-NORMS: Registry[Any] = Registry("model.norm")
+ACTIVATIONS: Registry[Any] = Registry("model.activation", builtins="txf.layers.feedforward")
+NORMS: Registry[Any] = Registry("model.norm", builtins="txf.layers.norm")
 NORM_PLACEMENTS = ("pre", "post")
-HEADS = ("lm", "mlm", "classify", "none")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
 # Initialisation schemes: (params, cfg, key) -> params, registered by
 # txf.layers.inits (and user code: txf.register.init).
-INITS: Registry[Any] = Registry("model.init")
+INITS: Registry[Any] = Registry("model.init", builtins="txf.layers.inits")
 # The fields whose entries user code registers (and whose settings
 # model.options holds).
-REGISTRY_FIELDS = {"position": POSITIONS, "norm": NORMS, "activation": ACTIVATIONS, "init": INITS}
+REGISTRY_FIELDS: dict[str, Registry[Any]] = {
+  "family": FAMILIES,
+  "head": HEADS,
+  "position": POSITIONS,
+  "norm": NORMS,
+  "activation": ACTIVATIONS,
+  "init": INITS,
+}
 # The string fields with a set of values (--print_config lists them); a
 # Registry's grows as user code registers entries (txf.register).
 CHOICES: dict[str, Iterable[str | None]] = {
@@ -61,13 +112,13 @@ BOOL_FIELDS = (
   "scan_layers",
 )
 
-# Which heads each family can carry.
-FAMILY_HEADS = {
-  "decoder": ("lm", "classify", "none"),
-  "encoder": ("mlm", "classify", "none"),
-  "encoder_decoder": ("lm",),
-  "lstm": ("lm",),
-}
+
+def family_heads(family: str) -> tuple[str, ...]:
+  """The model.head values model.family `family` can carry: those whose
+  entry names the family, and those the family's entry names."""
+  named = FAMILIES[family].heads
+  return tuple(name for name, head in HEADS.items() if family in head.families or name in named)
+
 
 # Fields that None derives from others (ModelConfig._resolve); replace()
 # derives them again unless they were given explicitly.
@@ -114,7 +165,9 @@ class ModelConfig:
   fields None.
   """
 
-  family: str = documented("decoder | encoder | encoder_decoder | lstm", default="decoder")
+  family: str = documented(
+    "decoder | encoder | encoder_decoder | lstm (txf.models) or a registered one", default="decoder"
+  )
   vocab_size: int = documented(
     "token ids the embedding holds (a run config's None: the tokenizer's)", default=260
   )
@@ -158,7 +211,9 @@ class ModelConfig:
   )
   share_embeddings: bool = documented("encoder_decoder: one table for both stacks", default=True)
   window: int | None = documented("sliding-window attention span", default=None)
-  head: str = documented("lm | mlm | classify | none (returns the hidden states)", default="lm")
+  head: str = documented(
+    "lm | mlm | classify | none (returns the hidden states) or a registered one", default="lm"
+  )
   num_classes: int = documented("classify head only", default=2)
   pooling: str = documented("classify head: cls | mean | max | last", default="cls")
   pad_id: int = documented("the padding token id", default=0)
@@ -225,11 +280,7 @@ class ModelConfig:
         f"model.num_kv_heads: {self.num_kv_heads} does not divide model.num_heads={self.num_heads}"
       )
     self._check_position()
-    if self.head not in FAMILY_HEADS[self.family]:
-      raise ValueError(
-        f"model.head: {self.head!r} does not fit model.family={self.family!r} "
-        f"(choose from {FAMILY_HEADS[self.family]})"
-      )
+    self._check_head()
     if self.family == "decoder" and self.head == "classify" and self.pooling == "cls":
       raise ValueError(
         "model.pooling: 'cls' on a causal decoder pools a token that saw only "
@@ -268,8 +319,8 @@ class ModelConfig:
     unknown = sorted(set(given) - set(declared))
     if unknown:
       raise ValueError(
-        f"model.options.{unknown[0]}: not a setting of the chosen position, norm, "
-        f"activation or init (theirs: {sorted(declared) or 'none'})"
+        f"model.options.{unknown[0]}: not a setting of the chosen family, head, position, "
+        f"norm, activation or init (theirs: {sorted(declared) or 'none'})"
       )
     object.__setattr__(self, "options", Options(sorted({**declared, **given}.items())))
 
@@ -296,6 +347,14 @@ class ModelConfig:
     if encoding.table == "relative":
       checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
 
+  def _check_head(self) -> None:
+    HEADS[self.head]  # an unknown head: the registry's one-line error
+    if self.head not in family_heads(self.family):
+      raise ValueError(
+        f"model.head: {self.head!r} does not fit model.family={self.family!r} "
+        f"(choose from {family_heads(self.family)})"
+      )
+
   def _check_lstm(self) -> None:
     """family='lstm': only LSTM_FIELDS may differ from their defaults. The
     derived Transformer fields (num_kv_heads, head_dim, d_ff) stay None;
@@ -306,11 +365,7 @@ class ModelConfig:
           f"model.{field.name}: does not apply to model.family='lstm' (keep its default "
           f"{field.default!r}; an LSTM reads only {', '.join(LSTM_FIELDS)})"
         )
-    if self.head not in FAMILY_HEADS["lstm"]:
-      raise ValueError(
-        f"model.head: {self.head!r} does not fit model.family='lstm' "
-        f"(choose from {FAMILY_HEADS['lstm']})"
-      )
+    self._check_head()
     checks.fraction(self.dropout_rate, "model.dropout_rate")
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
@@ -354,16 +409,3 @@ def derived(value: T | None) -> T:
   __post_init__ has filled (never None there), typed without the None."""
   assert value is not None, "a derived ModelConfig field read on an LSTM config"
   return value
-
-
-# The one source of defaults: a layer's attributes that repeat a model field
-# default to this config's value (resolved: scale_logits is True).
-# The built-in entries of NORMS, ACTIVATIONS and INITS, registered by their
-# modules (which import this one's names above), before any ModelConfig is checked.
-from txf.layers import (  # noqa: E402
-  feedforward as _feedforward,  # noqa: F401
-  inits as _inits,  # noqa: F401
-  norm as _norm,  # noqa: F401
-)
-
-DEFAULTS = ModelConfig()

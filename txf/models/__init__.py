@@ -1,4 +1,6 @@
-"""Models: `build(config.model)` returns the linen module for the config's family."""
+"""Models: `build(config.model)` returns the linen module for the config's
+family, a `model.family` choice (txf.layers.model_config.FAMILIES; user
+code adds its own with txf.register.family)."""
 
 from __future__ import annotations
 
@@ -7,17 +9,15 @@ from typing import Any
 
 import flax.linen as nn
 
-from txf.layers.model_config import ModelConfig
+from txf.layers.model_config import FAMILIES, ModelConfig, ModelFamily
 from txf.models.lstm import LSTMLanguageModel, LSTMLayer
 from txf.models.output_heads import ClassificationHead, LMHead, MaskedLMHead, pool
 from txf.models.transformer import Decoder, Encoder, EncoderDecoder
 
-_FAMILIES = {
-  "decoder": Decoder,
-  "encoder": Encoder,
-  "encoder_decoder": EncoderDecoder,
-  "lstm": LSTMLanguageModel,
-}
+FAMILIES.register("decoder", ModelFamily(Decoder, ("lm", "classify"), generative=True))
+FAMILIES.register("encoder", ModelFamily(Encoder, ("mlm", "classify")))
+FAMILIES.register("encoder_decoder", ModelFamily(EncoderDecoder, ("seq2seq",), generative=True))
+FAMILIES.register("lstm", ModelFamily(LSTMLanguageModel, ("lm",), generative=True))
 
 
 def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
@@ -36,7 +36,7 @@ def build(model_config: Mapping[str, Any] | ModelConfig) -> nn.Module:
   cfg = (
     model_config if isinstance(model_config, ModelConfig) else ModelConfig.from_config(model_config)
   )
-  return _FAMILIES[cfg.family](cfg)
+  return FAMILIES[cfg.family].module(cfg)
 
 
 __all__ = [

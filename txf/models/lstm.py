@@ -1,7 +1,7 @@
 """The LSTM language model: the recurrent baseline family (model.family='lstm').
 
   tokens [B, T] -> Embedder (no positions) -> dropout
-               -> L x (LSTM layer -> dropout) -> Norm -> LMHead -> logits [B, T, V]
+               -> L x (LSTM layer -> dropout) -> Norm -> the head (lm) -> logits [B, T, V]
 
 Each layer is flax's `nn.OptimizedLSTMCell` (the gate equations are in its
 docstring; Hochreiter & Schmidhuber 1997) run over the time axis by `nn.RNN`
@@ -34,8 +34,7 @@ import jax
 
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
-from txf.layers.model_config import ModelConfig
-from txf.models.output_heads import LMHead
+from txf.layers.model_config import HEADS, ModelConfig
 
 Array = jax.Array
 
@@ -113,4 +112,4 @@ class LSTMLanguageModel(nn.Module):
       x_BxTxD = LSTMLayer(cfg, name=f"layer_{i}")(x_BxTxD, use_cache=use_cache)
       x_BxTxD = dropout(x_BxTxD, deterministic=deterministic)
     x_BxTxD = Norm(cfg, name="final_norm")(x_BxTxD)
-    return LMHead(cfg, name="head")(x_BxTxD, embedder)
+    return HEADS[cfg.head].module(cfg, name="head")(x_BxTxD, tokens_BxT, embedder)

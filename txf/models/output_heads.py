@@ -1,4 +1,10 @@
-"""Output heads: language-model, masked-LM and sequence classification."""
+"""Output heads: language-model, masked-LM and sequence classification,
+registered as `model.head` choices (txf.layers.model_config.HEADS; user code
+adds its own with txf.register.head).
+
+Every head is built as Head(cfg) and called as head(x_BxTxD, tokens_BxT,
+embedder): the final hidden states, the model's input ids and its token
+Embedder (each head reads what it needs)."""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import jax.numpy as jnp
 
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
-from txf.layers.model_config import ModelConfig
+from txf.layers.model_config import HEADS, ModelConfig, OutputHead
 from txf.layers.partitioning import projection_inits
 
 
@@ -26,11 +32,12 @@ class LMHead(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
+  def __call__(self, x_BxTxD: jax.Array, tokens_BxT: jax.Array, embedder: Embedder) -> jax.Array:
     """[B, T, D] -> [B, T, V] float32.
 
     Args:
       x_BxTxD: final hidden states.
+      tokens_BxT: the model's input ids (unused).
       embedder: the model's token embedder (its table is the projection when
         `model.tie_embeddings`).
     """
@@ -56,11 +63,12 @@ class MaskedLMHead(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD: jax.Array, embedder: Embedder) -> jax.Array:
+  def __call__(self, x_BxTxD: jax.Array, tokens_BxT: jax.Array, embedder: Embedder) -> jax.Array:
     """[B, T, D] -> [B, T, V] float32.
 
     Args:
       x_BxTxD: final hidden states.
+      tokens_BxT: the model's input ids (unused).
       embedder: the model's token embedder (the tied vocabulary projection).
     """
     cfg = self.cfg
@@ -74,7 +82,7 @@ class MaskedLMHead(nn.Module):
     )(x_BxTxD)
     h_BxTxD = jax.nn.gelu(h_BxTxD, approximate=cfg.gelu_approximate)
     h_BxTxD = Norm(cfg, name="norm")(h_BxTxD)
-    logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, embedder)
+    logits_BxTxV = LMHead(cfg, name="projection")(h_BxTxD, tokens_BxT, embedder)
     # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
     bias_V = cast(
       jax.Array,
@@ -114,14 +122,16 @@ class ClassificationHead(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD: jax.Array, valid_BxT: jax.Array) -> jax.Array:
+  def __call__(self, x_BxTxD: jax.Array, tokens_BxT: jax.Array, embedder: Embedder) -> jax.Array:
     """[B, T, D] -> float32 logits [B, num_classes].
 
     Args:
       x_BxTxD: final hidden states.
-      valid_BxT: bool, True at real (not padding) tokens: what `pool` pools.
+      tokens_BxT: the model's input ids: `pool` pools those that are not
+        padding (`model.pad_id`).
+      embedder: the model's token embedder (unused).
     """
-    pooled_BxD = pool(x_BxTxD, valid_BxT, self.cfg.pooling)
+    pooled_BxD = pool(x_BxTxD, tokens_BxT != self.cfg.pad_id, self.cfg.pooling)
     # A handful of classes: not worth splitting.
     return nn.Dense(
       self.cfg.num_classes,
@@ -130,3 +140,9 @@ class ClassificationHead(nn.Module):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
       name="classifier",
     )(pooled_BxD).astype(jnp.float32)
+
+
+HEADS.register("lm", OutputHead(LMHead, ("lm", "seq2seq"), ("decoder", "encoder_decoder", "lstm")))
+HEADS.register("mlm", OutputHead(MaskedLMHead, ("mlm",), ("encoder",)))
+HEADS.register("classify", OutputHead(ClassificationHead, ("classify",), ("decoder", "encoder")))
+HEADS.register("none", OutputHead(None, (), ("decoder", "encoder")))

@@ -19,13 +19,9 @@ from txf import ops
 from txf.layers import Embedder, TransformerStack
 from txf.layers.embedding import Positions
 from txf.layers.inits import apply_init
-from txf.layers.model_config import ModelConfig
-from txf.models.output_heads import ClassificationHead, LMHead, MaskedLMHead
+from txf.layers.model_config import HEADS, ModelConfig
 
 Array = jax.Array
-
-
-_HEADS = {"lm": LMHead, "mlm": MaskedLMHead, "classify": ClassificationHead}
 
 
 def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
@@ -62,8 +58,8 @@ class _OneStackModel(nn.Module):
     self.positions = Positions()
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
     self.stack = TransformerStack(cfg, cfg.num_layers, causal=self._causal)
-    if cfg.head != "none":
-      self.head = _HEADS[cfg.head](cfg)
+    head = HEADS[cfg.head].module
+    self.head = None if head is None else head(cfg)
 
   def _forward(
     self,
@@ -91,11 +87,9 @@ class _OneStackModel(nn.Module):
       deterministic=deterministic,
       use_cache=use_cache,
     )
-    if self.cfg.head == "none":
+    if self.head is None:
       return x_BxTxD
-    if self.cfg.head == "classify":
-      return self.head(x_BxTxD, tokens_BxT != self.cfg.pad_id)
-    return self.head(x_BxTxD, self.embedder)
+    return self.head(x_BxTxD, tokens_BxT, self.embedder)
 
 
 class Decoder(_OneStackModel):
@@ -215,7 +209,7 @@ class EncoderDecoder(nn.Module):
     self.embed_dropout = nn.Dropout(cfg.dropout_rate)
     self.encoder = TransformerStack(cfg, cfg.num_layers, causal=False)
     self.decoder = TransformerStack(cfg, cfg.num_decoder_layers, causal=True, has_cross=True)
-    self.head = LMHead(cfg)
+    self.head = HEADS[cfg.head].module(cfg)
 
   def encode(self, encoder_tokens_BxS: Array, *, deterministic: bool = True) -> tuple[Array, Array]:
     """tokens [B, S] -> (encoded [B, S, D], key mask [B, 1, 1, S]).
@@ -276,7 +270,7 @@ class EncoderDecoder(nn.Module):
       deterministic=deterministic,
       use_cache=use_cache,
     )
-    return self.head(y_BxTxD, self.decoder_embedder)
+    return self.head(y_BxTxD, decoder_tokens_BxT, self.decoder_embedder)
 
   def __call__(
     self,

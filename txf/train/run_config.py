@@ -28,7 +28,7 @@ from txf import checks
 from txf.data.spec import DataSpec, read_data_config
 from txf.fields import documented, section
 from txf.layers.embedding import check_position_table
-from txf.layers.model_config import ModelConfig
+from txf.layers.model_config import FAMILIES, HEADS, ModelConfig
 from txf.train import replicas as replicas_lib
 from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
 from txf.train.trackers import tracker_names
@@ -131,13 +131,13 @@ EVAL_FIELDS = _field_names(EvalConfig)
 PARALLEL_FIELDS = _field_names(ParallelConfig)
 DATA_FIELDS = _field_names(DataSpec)
 
-# data.task -> (model.family, model.head) it trains.
-TASK_MODELS = {
-  "lm": (("decoder", "lstm"), ("lm",)),
-  "mlm": (("encoder",), ("mlm",)),
-  "seq2seq": (("encoder_decoder",), ("lm",)),
-  "classify": (("encoder", "decoder"), ("classify",)),
-}
+
+def task_models(task: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(the model.family values, the model.head values) that train data.task
+  `task`: as each family and head declares in its registry entry."""
+  families = tuple(name for name, family in FAMILIES.items() if task in family.tasks)
+  heads = tuple(name for name, head in HEADS.items() if task in head.tasks)
+  return families, heads
 
 
 def _typed(cls: type, section: Any) -> Any:
@@ -193,7 +193,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
     model_fields["num_classes"] = num_classes
   model_cfg = ModelConfig.from_config(model_fields)
 
-  families, heads = TASK_MODELS[spec.task]
+  families, heads = task_models(spec.task)
   if model_cfg.family not in families:
     raise ValueError(
       f"model.family: {model_cfg.family!r} cannot train data.task="
