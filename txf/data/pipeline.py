@@ -145,6 +145,7 @@ def make_dataset(
   process_count: int = 1,
   workdir: str | os.PathLike | None = None,
   num_batches: int | None = None,
+  tokenizer: Tokenizer | None = None,
 ) -> Dataset:
   """Builds the batches of `split` for this process.
 
@@ -160,6 +161,8 @@ def make_dataset(
       tasks never stop). Required for evaluating generated tasks. A TFDS
       lm/mlm evaluation split gives exactly this many, padded after its pass
       (packed.PackedDataset).
+    tokenizer: make_tokenizer(data_config, workdir), where the caller has
+      made it already (a run's datasets share one); None: made here.
 
   Raises:
     ValueError naming the bad field or argument, before loading any data.
@@ -183,7 +186,8 @@ def make_dataset(
       f"num_batches is required for split={split!r} of the generated task data.name={spec.name!r}"
     )
 
-  tokenizer = _tokenizer(spec, workdir)
+  if tokenizer is None:
+    tokenizer = _tokenizer(spec, workdir)
   common: dict[str, Any] = dict(
     spec=spec,
     split=split,

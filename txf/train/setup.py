@@ -159,7 +159,7 @@ def train_step_for_seed(
   )
 
 
-def _dataset_args(run: RunConfig) -> dict[str, int]:
+def _dataset_args(run: RunConfig) -> dict[str, Any]:
   """This process's share of the data and the data stream's seed."""
   return dict(
     process_index=jax.process_index(), process_count=jax.process_count(), seed=run.data_seed
@@ -228,6 +228,8 @@ def setup_run(
   """
   dataset_args = _dataset_args(run)
   try:
+    # One tokenizer for both splits (a sentencepiece or HF one is a file read).
+    dataset_args["tokenizer"] = make_tokenizer(run.data, workdir)
     train_data = make_dataset(run.data, "train", workdir=workdir, **dataset_args)
     eval_data = make_dataset(
       run.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
