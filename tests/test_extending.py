@@ -29,7 +29,8 @@ from txf.registry import Registry
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
-REGISTRIES += (layer_config.INITS, data_config.GENERATED, layer_config.HEADS, layer_config.FAMILIES)
+REGISTRIES += (layer_config.INITS, data_config.GENERATED, data_config.TEXT)
+REGISTRIES += (layer_config.HEADS, layer_config.FAMILIES)
 
 
 @contextlib.contextmanager
@@ -204,6 +205,34 @@ def test_successor_task_rows_count_upwards_through_the_symbols():
     assert np.all(steps % 5 == 1) and np.all(batch["weights"] == 1)
     assert batch["inputs"].min() >= first and batch["inputs"].max() < first + 5
     assert "successor task (registered)" in dataset.description
+
+
+def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
+  from txf import register
+
+  def data(name, task="lm"):
+    fields = dict(name=name, task=task, seq_len=40, batch_size=2, tokenizer="bytes")
+    return ml_collections.ConfigDict(dict(fields, max_corpus_bytes=10_000, mlm_probability=0.5))
+
+  with registered():
+
+    @register.text_source("repeat", argument="WORD")
+    def repeat(word, split, max_bytes):
+      return [f"{word} {split}. " * 20] * 3
+
+    assert "repeat:WORD" in data_config.data_name_forms()
+    for split in ("train", "validation"):
+      dataset = make_dataset(data("repeat:hello"), split, seed=0, num_batches=1)
+      text = dataset.tokenizer.decode(np.asarray(next(dataset)["inputs"][0]).tolist())
+      assert f"hello {split}. hello" in text and "hello" in dataset.description
+    masked = next(make_dataset(data("repeat:hello", "mlm"), "train", seed=0))
+    assert np.any(masked["weights"]) and not np.all(masked["weights"])
+    with pytest.raises(ValueError, match=r"data\.name='repeat:' names no WORD"):
+      make_dataset(data("repeat:"), "train", seed=0)
+  with pytest.raises(
+    ValueError, match=r"data\.name='repeat:hello' is not one of .* or of the forms"
+  ):
+    make_dataset(data("repeat:hello"), "train", seed=0)
 
 
 def test_a_name_registered_twice_needs_replace():

@@ -22,6 +22,10 @@
   def parity_row(rng, seq_len, num_symbols, first_id):
     ...  # (ids [seq_len + 1], target weights [seq_len])
 
+  @register.text_source("jsonl", argument="PATH")
+  def jsonl_documents(path, split, max_bytes):
+    ...  # the split's documents (str), at most max_bytes of text
+
   @register.head("mlp_lm", tasks=("lm",), families=("decoder",))
   class MLPHead(nn.Module):  # built as MLPHead(cfg)
     cfg: ModelConfig
@@ -40,7 +44,7 @@ beside it: txf puts a config file's directory on the import path) sets
 settings an entry registered with. Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
-txf.layers.inits (INITS), txf.data.generated (GENERATED),
+txf.layers.inits (INITS), txf.data.generated (GENERATED), txf.data.text (TEXT),
 txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead);
 docs/extending.md has a worked example of each (examples/extending/).
 """
@@ -51,7 +55,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from txf.data.generated import RowTask
-from txf.data.spec import GENERATED
+from txf.data.spec import GENERATED, TEXT
+from txf.data.text import DocumentSource
 from txf.layers.feedforward import Activation
 from txf.layers.model_config import (
   ACTIVATIONS,
@@ -143,6 +148,34 @@ def lm_task(name: str, *, replace: bool = False) -> Decorator:
   def add(row: Callable[..., Any]) -> Callable[..., Any]:
     GENERATED.register(name, RowTask(name, row), replace=replace)
     return row
+
+  return add
+
+
+def text_source(
+  name: str,
+  *,
+  argument: str | None = None,
+  describe: Callable[[str], str] | None = None,
+  replace: bool = False,
+) -> Decorator:
+  """Registers fn(argument, split, max_bytes) -> the split's documents (a
+  list of str, at most max_bytes of text in all; None: no cap; split:
+  'train', 'validation' or 'test') as `data.name = name` with data.task
+  'lm' or 'mlm', tokenized by data.tokenizer (txf.data.text.DocumentSource).
+
+  Args:
+    argument: what follows '<name>:' in data.name, as its docs name it
+      (e.g. 'PATH'); None: the name alone (fn gets '').
+    describe: (argument) -> what the documents are, for the run's log.
+    replace: replace an entry of that name.
+  """
+
+  def add(load: Callable[..., Any]) -> Callable[..., Any]:
+    described = describe or (lambda arg: f"{name}:{arg} (registered)" if arg else name)
+    entry = DocumentSource(name, load, described, argument=argument)
+    TEXT.register(name, entry, replace=replace)
+    return load
 
   return add
 

@@ -152,7 +152,7 @@ def test_max_bytes_caps_each_split_without_splitting_a_character(tmp_path):
 
 @pytest.mark.parametrize("name", ["files:", "files:   "])
 def test_empty_path_is_refused_by_the_config(name):
-  with pytest.raises(ValueError, match=r"^data\.name='files:\s*' names no path"):
+  with pytest.raises(ValueError, match=r"^data\.name='files:\s*' names no PATH_OR_GLOB"):
     read_data_config(_config("", name=name))
 
 

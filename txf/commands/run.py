@@ -92,7 +92,7 @@ def field_docs() -> dict[str, str]:
   dataclass declares it; a field with a set of values (a model registry,
   data.name) lists them, those user code registered included."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  from txf.data.spec import DataSpec, data_names
+  from txf.data.spec import DataSpec, data_name_forms, data_names
   from txf.fields import docs
   from txf.layers import model_config
   from txf.train import run_config
@@ -109,7 +109,7 @@ def field_docs() -> dict[str, str]:
     found.update({f"{section}.{name}": doc for name, doc in docs(cls).items()})
   # The fields whose choices grow as user code registers entries (txf.register).
   choices = {f"model.{name}": values for name, values in model_config.CHOICES.items()}
-  choices["data.name"] = tuple(data_names())
+  choices["data.name"] = (*data_names(), *data_name_forms())
   for name, values in choices.items():
     doc = found.get(name, "")
     if not all(str(choice) in doc for choice in values):

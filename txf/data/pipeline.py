@@ -6,35 +6,16 @@ from typing import Any
 from etils import epath
 
 from txf import checks
-from txf.data import corpus, files, packed, tfds_source
-from txf.data.dataset import Dataset, Source
-from txf.data.lm import LanguageModelSource, token_stream
-from txf.data.masking import BertMasker
-from txf.data.spec import (
-  FILES_PREFIX,
-  GENERATED,
-  DataSpec,
-  is_files,
-  is_tfds,
-  read_data_config,
-  required,
-)
+from txf.data import corpus
+from txf.data.dataset import Dataset
+from txf.data.spec import GENERATED, DataSpec, read_data_config, required, text_source
 from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).
 SENTENCEPIECE_TRAIN_BYTES = 2_000_000
 
 
-def _reads_text(spec: DataSpec) -> bool:
-  """Whether the data is text read from splits (the corpus, TFDS or files)."""
-  return spec.name == "pystdlib" or is_tfds(spec.name) or is_files(spec.name)
-
-
-def _text_files(spec: DataSpec) -> files.TextFiles:
-  return files.TextFiles.find(spec.name[len(FILES_PREFIX) :])
-
-
-def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+def _text_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   if spec.tokenizer == "bytes":
     return ByteTokenizer()
   if spec.tokenizer == "hf":
@@ -49,18 +30,13 @@ def _corpus_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Toke
   if model.exists():
     return SentencePieceTokenizer(model)
   max_bytes = min(spec.max_corpus_bytes or SENTENCEPIECE_TRAIN_BYTES, SENTENCEPIECE_TRAIN_BYTES)
-  if spec.name == "pystdlib":
-    texts = corpus.load_corpus("train", max_bytes=max_bytes)
-  elif is_files(spec.name):
-    texts = _text_files(spec).load("train", max_bytes=max_bytes)
-  else:
-    texts = tfds_source.training_texts(spec, max_bytes)
+  texts = required(text_source(spec.name)).training_texts(spec, max_bytes)
   return SentencePieceTokenizer.train(texts, required(spec.sp_vocab_size), prefix)
 
 
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
-  if _reads_text(spec):
-    return _corpus_tokenizer(spec, workdir)
+  if text_source(spec.name) is not None:
+    return _text_tokenizer(spec, workdir)
   return GENERATED[spec.name].tokenizer(spec)
 
 
@@ -75,65 +51,14 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -
   return _tokenizer(read_data_config(data_config), workdir)
 
 
-def _masker(spec: DataSpec, seed: int, tokenizer: Tokenizer) -> BertMasker | None:
-  if spec.task != "mlm":
-    return None
-  if tokenizer.mask_id is None:  # an HF tokenizer.json without one
-    raise ValueError(
-      f"data.task='mlm' needs a mask token; the tokenizer "
-      f"{spec.tokenizer_path or spec.tokenizer!r} has none"
-    )
-  return BertMasker(
-    probability=required(spec.mlm_probability),
-    mask_id=tokenizer.mask_id,
-    vocab_size=tokenizer.vocab_size,
-    special_ids=tokenizer.special_ids,
-    seed=seed,
-  )
-
-
-def _lm_source(
-  spec: DataSpec, documents: list[str], split: str, seed: int, tokenizer: Tokenizer
-) -> LanguageModelSource:
-  tokens = token_stream(documents, tokenizer)
-  masker = _masker(spec, seed, tokenizer)
-  return LanguageModelSource(
-    tokens,
-    example_len=spec.seq_len + (masker is None),
-    batch_size=spec.batch_size,
-    seed=seed,
-    shuffle=split == "train",
-    masker=masker,
-  )
-
-
-def _translation_source(
-  spec: DataSpec, split: str, seed: int, tokenizer: Tokenizer
-) -> tfds_source.TranslationSource:
-  return tfds_source.TranslationSource(
-    tfds_source.open_split(spec, split),
-    keys=(required(spec.tfds_source_key), required(spec.tfds_target_key)),
-    tokenizer=tokenizer,
-    seq_len=spec.seq_len,
-    batch_size=spec.batch_size,
-    seed=seed,
-    shuffle=split == "train",
-  )
-
-
 def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
-  if _reads_text(spec):
-    if spec.name == "pystdlib":
-      data = corpus.corpus_description()
-    elif is_files(spec.name):
-      data = _text_files(spec).description()
-    else:
-      data = tfds_source.description(spec)
-    return (
-      f"{data}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; "
-      f"{spec.task}, seq_len {spec.seq_len}"
-    )
-  return GENERATED[spec.name].describe(spec)
+  text = text_source(spec.name)
+  if text is None:
+    return GENERATED[spec.name].describe(spec)
+  return (
+    f"{text.describe(spec)}; {spec.tokenizer} tokenizer, {tokenizer.vocab_size} ids; "
+    f"{spec.task}, seq_len {spec.seq_len}"
+  )
 
 
 def make_dataset(
@@ -181,7 +106,7 @@ def make_dataset(
     )
   if num_batches is not None:
     num_batches = checks.positive_int(num_batches, "num_batches")
-  elif split != "train" and not _reads_text(spec):
+  elif split != "train" and text_source(spec.name) is None:
     raise ValueError(
       f"num_batches is required for split={split!r} of the generated task data.name={spec.name!r}"
     )
@@ -197,24 +122,7 @@ def make_dataset(
     num_batches=num_batches,
     description=_description(spec, tokenizer),
   )
-  if is_tfds(spec.name) and spec.task != "seq2seq":
-    return packed.PackedDataset(
-      tfds_source.open_split(spec, split),
-      seed=seed,
-      masker=_masker(spec, seed, tokenizer),
-      **common,
-    )
-  source: Source
-  if spec.name == "pystdlib":
-    source = _lm_source(
-      spec, corpus.load_corpus(split, max_bytes=spec.max_corpus_bytes), split, seed, tokenizer
-    )
-  elif is_files(spec.name):
-    source = _lm_source(
-      spec, _text_files(spec).load(split, max_bytes=spec.max_corpus_bytes), split, seed, tokenizer
-    )
-  elif is_tfds(spec.name):
-    source = _translation_source(spec, split, seed, tokenizer)
-  else:
-    source = GENERATED[spec.name].source(spec, split, seed)
-  return Dataset(source, **common)
+  text = text_source(spec.name)
+  if text is not None:
+    return text.dataset(spec, split, seed, common)
+  return Dataset(GENERATED[spec.name].source(spec, split, seed), **common)

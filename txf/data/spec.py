@@ -15,15 +15,6 @@ from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.fields import documented, section
 from txf.registry import Registry
 
-# data.name 'pystdlib' (the built-in corpus): the data.task values it gives.
-CORPUS_TASKS = ("lm", "mlm")
-# data.name = TFDS_PREFIX + '<builder>[/<config>][:<version>]' reads a TFDS
-# dataset (tfds_source.py).
-TFDS_PREFIX = "tfds:"
-TFDS_TASKS = ("lm", "mlm", "seq2seq")
-# data.name = FILES_PREFIX + PATH_OR_GLOB reads UTF-8 text files (files.py).
-FILES_PREFIX = "files:"
-FILES_TASKS = ("lm", "mlm")
 TOKENIZERS = ("bytes", "sentencepiece", "hf")
 # data.read_threads of a config that has none (written before the field).
 DEFAULT_READ_THREADS = 4
@@ -36,9 +27,8 @@ class DataSpec:
   dataset reads which field)."""
 
   name: str = documented(
-    "the dataset: pystdlib (the Python standard library's sources, built in) | copy | "
-    "reverse | sort | addition | listops | induction | mqar | tfds:<builder> | files:<glob> "
-    "| a registered task"
+    "the dataset: text (txf.data.text; pystdlib: the Python standard library's sources, "
+    "built in) or generated (txf.data.generated), or a registered one"
   )
   task: str = documented(
     "lm | mlm | seq2seq | classify (which a data.name gives: txf.data.spec.data_names)"
@@ -140,30 +130,84 @@ class GeneratedTask(Protocol):
     ...
 
 
-# The generated datasets by data.name: txf's (txf.data.generated) and those
-# user code registers (txf.register.lm_task).
-GENERATED: Registry[GeneratedTask] = Registry("data.name")
+class TextSource(Protocol):
+  """A dataset of text read per split and tokenized by data.tokenizer, the
+  entry of its data.name in TEXT (txf.data.text holds txf's own)."""
+
+  @property
+  def tasks(self) -> tuple[str, ...]:
+    """The data.task values it gives, its natural one first."""
+    ...
+
+  @property
+  def argument(self) -> str | None:
+    """What follows '<name>:' in data.name (files: 'PATH_OR_GLOB'); None:
+    the name alone."""
+    ...
+
+  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+    """`spec` with its fields read from the data section and checked
+    (corpus_fields, tfds_fields); ValueError names a bad one."""
+    ...
+
+  def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
+    """Text of the train split to train a sentencepiece tokenizer on."""
+    ...
+
+  def dataset(self, spec: DataSpec, split: str, seed: int, common: dict[str, Any]) -> Any:
+    """The txf.data.Dataset of `split` (common: the Dataset's other
+    arguments, the tokenizer among them)."""
+    ...
+
+  def describe(self, spec: DataSpec) -> str:
+    """What the data is, for the run's log."""
+    ...
+
+  def fingerprint(self, spec: DataSpec) -> dict[str, Any] | None:
+    """What a run reads, for its record; None where the name says it."""
+    ...
+
+
+# The datasets by data.name: txf's (txf.data.generated, txf.data.text,
+# imported when a registry is first read) and those user code registers
+# (txf.register.lm_task, txf.register.text_source).
+GENERATED: Registry[GeneratedTask] = Registry("data.name", builtins="txf.data.generated")
+TEXT: Registry[TextSource] = Registry("data.name", builtins="txf.data.text")
+
+
+def text_source(name: Any) -> TextSource | None:
+  """The TEXT entry of data.name `name` ('pystdlib'; 'files:GLOB' is the
+  entry 'files'); None where it names no text source."""
+  if not isinstance(name, str):
+    return None
+  scheme, colon, _ = name.partition(":")
+  entry = TEXT[scheme] if scheme in TEXT else None
+  if entry is None or (entry.argument is not None) != bool(colon):
+    return None
+  return entry
+
+
+def name_argument(name: str) -> str:
+  """What follows the first ':' of a data.name ('' for none)."""
+  return name.partition(":")[2]
 
 
 def data_names() -> dict[str, tuple[str, ...]]:
-  """{data.name: the data.task values it gives} of the corpus and the
-  generated datasets (TFDS and text files are named by prefix)."""
-  return {"pystdlib": CORPUS_TASKS, **{name: GENERATED[name].tasks for name in GENERATED}}
+  """{data.name: the data.task values it gives} of the datasets named alone
+  (the text sources that take no argument, the generated datasets); the
+  others are named by their forms (`data_name_forms`)."""
+  names = {name: entry.tasks for name, entry in TEXT.items() if entry.argument is None}
+  return {**names, **{name: GENERATED[name].tasks for name in GENERATED}}
+
+
+def data_name_forms() -> tuple[str, ...]:
+  """The forms of the data.name values with an argument: 'files:PATH_OR_GLOB', ..."""
+  return tuple(f"{name}:{entry.argument}" for name, entry in TEXT.items() if entry.argument)
 
 
 def num_classes(spec: DataSpec) -> int | None:
   """The labels of a classification dataset (listops' 10); None for the others."""
   return GENERATED[spec.name].num_classes if spec.name in GENERATED else None
-
-
-def is_tfds(name: Any) -> bool:
-  """Whether data.name `name` names a TFDS dataset ('tfds:...')."""
-  return isinstance(name, str) and name.startswith(TFDS_PREFIX)
-
-
-def is_files(name: Any) -> bool:
-  """Whether data.name `name` names text files ('files:...')."""
-  return isinstance(name, str) and name.startswith(FILES_PREFIX)
 
 
 def _get(data: Any, field: str) -> Any:
@@ -183,21 +227,15 @@ def int_field(data: Any, field: str, minimum: int) -> int:
 def read_data_config(data: Any) -> DataSpec:
   """Returns the checked DataSpec of `data`; ValueError names a bad field."""
   name = _get(data, "name")
-  if is_tfds(name):
-    tasks = TFDS_TASKS
-  elif is_files(name):
-    if not name[len(FILES_PREFIX) :].strip():
-      raise ValueError(f"data.name={name!r} names no path; expected '{FILES_PREFIX}PATH_OR_GLOB'")
-    tasks = FILES_TASKS
-  elif name == "pystdlib":
-    tasks = CORPUS_TASKS
+  text = text_source(name)
+  if text is not None:
+    tasks = text.tasks
   elif name in GENERATED:
     tasks = GENERATED[name].tasks
   else:
     raise ValueError(
-      f"data.name={name!r} is not one of {tuple(data_names())}, "
-      f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]' or "
-      f"'{FILES_PREFIX}PATH_OR_GLOB'"
+      f"data.name={name!r} is not one of {tuple(data_names())} "
+      f"or of the forms {', '.join(map(repr, data_name_forms()))}"
     )
   task = _get(data, "task")
   if task not in tasks:
@@ -210,14 +248,13 @@ def read_data_config(data: Any) -> DataSpec:
     batch_size=int_field(data, "batch_size", 1),
     seed=None if seed is None else checks.seed(seed, "data.seed"),
   )
-  if name == "pystdlib" or is_files(name):
-    return _corpus_fields(data, spec)
-  if is_tfds(name):
-    return _tfds_fields(data, spec)
+  if text is not None:
+    return text.fields(data, spec)
   return GENERATED[name].fields(data, spec)
 
 
-def _corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
+def corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
+  """The fields of documents read per split: the text fields and data.max_corpus_bytes."""
   return dataclasses.replace(
     _text_fields(data, spec), max_corpus_bytes=int_field(data, "max_corpus_bytes", 1)
   )
@@ -271,7 +308,7 @@ def _translation_keys(data: Any, dataset: str) -> tuple[str, str]:
     if not key:
       raise ValueError(
         f"data.{field} is required for data.name="
-        f"'{TFDS_PREFIX}{dataset}': its config is not named "
+        f"'tfds:{dataset}': its config is not named "
         "'<source>-<target>'"
       )
     keys.append(key)
@@ -280,12 +317,13 @@ def _translation_keys(data: Any, dataset: str) -> tuple[str, str]:
   return keys[0], keys[1]
 
 
-def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
-  dataset = spec.name[len(TFDS_PREFIX) :]
+def tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
+  """The fields of a TFDS dataset (data.name `tfds:<builder>[/<config>][:<version>]`)."""
+  dataset = name_argument(spec.name)
   if not dataset.split(":")[0].split("/")[0]:
     raise ValueError(
       f"data.name={spec.name!r} names no TFDS builder; expected "
-      f"'{TFDS_PREFIX}<builder>[/<config>][:<version>]'"
+      f"'tfds:<builder>[/<config>][:<version>]'"
     )
   spec = dataclasses.replace(
     _text_fields(data, spec), tfds_data_dir=_optional_str(data, "tfds_data_dir")
@@ -309,8 +347,3 @@ def _tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
     read_workers=0 if workers is None else checks.int_at_least(workers, "data.read_workers", 0),
     attend_across_documents=bool(across),
   )
-
-
-# txf's generated datasets, registered by their module (which imports this
-# one's names above) before any data section is read.
-from txf.data import generated as _generated  # noqa: E402, F401

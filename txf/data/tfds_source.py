@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from txf.data.spec import TFDS_PREFIX, DataSpec, required
+from txf.data.spec import DataSpec, name_argument, required
 from txf.data.synthetic import seq2seq_arrays
 from txf.data.tokenizers import Tokenizer
 
 
 def dataset_name(spec: DataSpec) -> str:
   """The TFDS name of spec.name: 'tfds:lm1b' -> 'lm1b'."""
-  return spec.name[len(TFDS_PREFIX) :]
+  return name_argument(spec.name)
 
 
 def feature_keys(spec: DataSpec) -> dict[str, str]:

@@ -86,15 +86,14 @@ def environment() -> dict[str, Any]:
 
 def data_description(run: RunConfig) -> dict[str, Any]:
   """The run's data described as cheaply as is stable, with a SHA-256 of it."""
-  from txf.data import corpus, files, spec as config  # noqa: PLC0415 (imports the data pipeline's modules)
+  from txf.data.spec import text_source  # noqa: PLC0415 (imports the data pipeline's modules)
 
   spec = dataclasses.asdict(run.data)
   description: dict[str, Any] = dict(name=run.data.name, fields=spec)
-  if run.data.name == "pystdlib":
-    description["corpus"] = corpus.corpus_fingerprint()
-  elif config.is_files(run.data.name):
-    text_files = files.TextFiles.find(run.data.name[len(config.FILES_PREFIX) :])
-    description["corpus"] = text_files.fingerprint(max_bytes=run.data.max_corpus_bytes)
+  text = text_source(run.data.name)
+  fingerprint = None if text is None else text.fingerprint(run.data)
+  if fingerprint is not None:
+    description["corpus"] = fingerprint
   description["sha256"] = hashlib.sha256(
     json.dumps(description, sort_keys=True, default=repr).encode("utf-8")
   ).hexdigest()

@@ -1,0 +1,169 @@
+"""The text datasets: each `data.name` of text one entry of txf.data.spec.TEXT.
+
+An entry says which `data.task` values it gives, reads and checks its own
+fields of the `data` section, and makes the batches of a split and a line
+describing it (the TextSource protocol); the tokenizer is the run's
+(data.tokenizer: bytes, sentencepiece trained on `training_texts`, or hf).
+txf registers its own here; user code registers a source of documents with
+`txf.register.text_source` (a DocumentSource).
+
+  pystdlib             DocumentSource  the Python standard library (corpus.py)
+  files:PATH_OR_GLOB   DocumentSource  UTF-8 text files (files.py)
+  tfds:BUILDER         TFDSSource      a prepared TFDS dataset (tfds_source.py)
+
+An entry with an `argument` is named `<name>:<argument>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from txf.data import corpus, files, packed, tfds_source
+from txf.data.dataset import Dataset
+from txf.data.lm import LanguageModelSource, token_stream
+from txf.data.masking import BertMasker
+from txf.data.spec import TEXT, DataSpec, corpus_fields, name_argument, required, tfds_fields
+from txf.data.tokenizers import Tokenizer
+
+
+def masker(spec: DataSpec, seed: int, tokenizer: Tokenizer) -> BertMasker | None:
+  """The BERT masking of data.task 'mlm' (None for the other tasks)."""
+  if spec.task != "mlm":
+    return None
+  if tokenizer.mask_id is None:  # an HF tokenizer.json without one
+    raise ValueError(
+      f"data.task='mlm' needs a mask token; the tokenizer "
+      f"{spec.tokenizer_path or spec.tokenizer!r} has none"
+    )
+  return BertMasker(
+    probability=required(spec.mlm_probability),
+    mask_id=tokenizer.mask_id,
+    vocab_size=tokenizer.vocab_size,
+    special_ids=tokenizer.special_ids,
+    seed=seed,
+  )
+
+
+# (argument, split, max_bytes) -> the split's documents, at most max_bytes
+# of text in all (None: no cap).
+LoadDocuments = Callable[[str, str, int | None], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentSource:
+  """Documents per split, tokenized as one stream and cut into lm or mlm rows
+  (txf.data.lm); data.max_corpus_bytes caps each split.
+
+  Attributes:
+    name: its data.name (the part before ':' where it takes an argument).
+    load: (argument, split, max_bytes) -> the split's documents.
+    describe_data: (argument) -> what the documents are, for the log line.
+    fingerprint_data: (argument, max_bytes) -> what a run reads, for its
+      record (txf.train.record); None: the record names the source only.
+    argument: what follows '<name>:' in data.name (files: 'PATH_OR_GLOB');
+      None: named alone (its load gets '').
+  """
+
+  name: str
+  load: LoadDocuments
+  describe_data: Callable[[str], str]
+  fingerprint_data: Callable[[str, int | None], dict[str, Any]] | None = None
+  argument: str | None = None
+  tasks: tuple[str, ...] = ("lm", "mlm")
+
+  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+    if self.argument is not None and not name_argument(spec.name).strip():
+      raise ValueError(
+        f"data.name={spec.name!r} names no {self.argument}; expected '{self.name}:{self.argument}'"
+      )
+    return corpus_fields(data, spec)
+
+  def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
+    return self.load(name_argument(spec.name), "train", max_bytes)
+
+  def dataset(self, spec: DataSpec, split: str, seed: int, common: dict[str, Any]) -> Dataset:
+    documents = self.load(name_argument(spec.name), split, spec.max_corpus_bytes)
+    tokenizer = common["tokenizer"]
+    mask = masker(spec, seed, tokenizer)
+    source = LanguageModelSource(
+      token_stream(documents, tokenizer),
+      example_len=spec.seq_len + (mask is None),
+      batch_size=spec.batch_size,
+      seed=seed,
+      shuffle=split == "train",
+      masker=mask,
+    )
+    return Dataset(source, **common)
+
+  def describe(self, spec: DataSpec) -> str:
+    return self.describe_data(name_argument(spec.name))
+
+  def fingerprint(self, spec: DataSpec) -> dict[str, Any] | None:
+    if self.fingerprint_data is None:
+      return None
+    return self.fingerprint_data(name_argument(spec.name), spec.max_corpus_bytes)
+
+
+class TFDSSource:
+  """A prepared TFDS dataset: lm / mlm rows packed from its text feature as
+  it streams (packed.PackedDataset), or seq2seq pairs (TranslationSource)."""
+
+  tasks = ("lm", "mlm", "seq2seq")
+  argument = "<builder>[/<config>][:<version>]"
+
+  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+    return tfds_fields(data, spec)
+
+  def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
+    return tfds_source.training_texts(spec, max_bytes)
+
+  def dataset(self, spec: DataSpec, split: str, seed: int, common: dict[str, Any]) -> Dataset:
+    if spec.task != "seq2seq":
+      return packed.PackedDataset(
+        tfds_source.open_split(spec, split),
+        seed=seed,
+        masker=masker(spec, seed, common["tokenizer"]),
+        **common,
+      )
+    source = tfds_source.TranslationSource(
+      tfds_source.open_split(spec, split),
+      keys=(required(spec.tfds_source_key), required(spec.tfds_target_key)),
+      tokenizer=common["tokenizer"],
+      seq_len=spec.seq_len,
+      batch_size=spec.batch_size,
+      seed=seed,
+      shuffle=split == "train",
+    )
+    return Dataset(source, **common)
+
+  def describe(self, spec: DataSpec) -> str:
+    return tfds_source.description(spec)
+
+  def fingerprint(self, spec: DataSpec) -> dict[str, Any] | None:
+    return None  # a TFDS version names its data
+
+
+TEXT.register(
+  "pystdlib",
+  DocumentSource(
+    "pystdlib",
+    load=lambda _, split, max_bytes: corpus.load_corpus(split, max_bytes=max_bytes),
+    describe_data=lambda _: corpus.corpus_description(),
+    fingerprint_data=lambda _, max_bytes: corpus.corpus_fingerprint(),
+  ),
+)
+TEXT.register(
+  "files",
+  DocumentSource(
+    "files",
+    load=lambda glob, split, max_bytes: files.TextFiles.find(glob).load(split, max_bytes=max_bytes),
+    describe_data=lambda glob: files.TextFiles.find(glob).description(),
+    fingerprint_data=lambda glob, max_bytes: files.TextFiles.find(glob).fingerprint(
+      max_bytes=max_bytes
+    ),
+    argument="PATH_OR_GLOB",
+  ),
+)
+TEXT.register("tfds", TFDSSource())
