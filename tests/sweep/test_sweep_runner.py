@@ -609,3 +609,18 @@ def test_cli_full_disk_is_one_line_naming_the_file_and_exit_1(tmp_path):
     f"write error: {tmp_path / results.RESULTS_CSV}: No space left on device"
   )
   assert os.listdir(tmp_path) == [point]  # no cut file, no temporary
+
+
+def test_a_sentencepiece_point_is_checked_without_training_its_tokenizer(monkeypatch):
+  from txf.data.tokenizers import SentencePieceTokenizer
+
+  def trains(*args, **kwargs):
+    raise AssertionError("the check trained a sentencepiece tokenizer")
+
+  monkeypatch.setattr(SentencePieceTokenizer, "train", trains)
+  config = load_config("rope")
+  config.data.update(dict(tokenizer="sentencepiece", sp_vocab_size=300))
+  runner.check_point_config(config)
+  config.train.b1 = 3.0
+  with pytest.raises(ValueError, match=r"^train\.b1: must be in \[0, 1\)"):
+    runner.check_point_config(config)

@@ -50,15 +50,12 @@ from etils import epath
 from txf.analysis.extrapolation import check_num_tokens
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
-from txf.data import DataSpec, make_tokenizer, num_classes, read_data_config
-from txf.data.spec import required
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.console import format_duration
-from txf.train.run_config import check_run_config
-from txf.train.setup import adding_to_run
+from txf.train.setup import adding_to_run, precheck_run
 from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
@@ -117,30 +114,16 @@ def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
   return settings
 
 
-def _vocab_size(data_config: ml_collections.ConfigDict, spec: DataSpec) -> int:
-  """The point's vocabulary size without training a tokenizer: a sentencepiece
-  model (trained in the point's workdir at its first run) has at most
-  data.sp_vocab_size pieces; the other tokenizers are built as they are."""
-  if spec.tokenizer == "sentencepiece":
-    return required(spec.sp_vocab_size)
-  return make_tokenizer(data_config).vocab_size
-
-
 def check_point_config(config: ml_collections.ConfigDict) -> None:
   """Checks one point's run config without touching data or devices' memory:
   every field, the optimizer and schedule among them
-  (txf.train.run_config.check_run_config), and that the batch divides the device
-  mesh.
+  (txf.train.setup.precheck_run: no sentencepiece tokenizer is trained), and
+  that the batch divides the device mesh.
 
   Raises:
     ValueError: naming the field.
   """
-  spec = read_data_config(config.data)
-  check_run_config(
-    config,
-    vocab_size=_vocab_size(config.data, spec),
-    num_classes=num_classes(spec),
-  )
+  precheck_run(config)
   sharding.check_batch(config.data.batch_size, sharding.make_mesh(config.parallel))
 
 

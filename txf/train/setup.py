@@ -166,6 +166,23 @@ def _dataset_args(run: RunConfig) -> dict[str, Any]:
   )
 
 
+def precheck_run(config: Any) -> RunConfig:
+  """Every check parse_run makes of `config` that needs no trained tokenizer
+  (a sweep checks its points so before it runs any): a sentencepiece
+  vocabulary counts as the fewest ids a trained one has, so no vocabulary is
+  refused early; the other tokenizers are made as parse_run makes them.
+
+  Raises:
+    ValueError: naming the field.
+  """
+  spec = read_data_config(config.data)
+  if spec.tokenizer == "sentencepiece":
+    vocab_size = SentencePieceTokenizer.RESERVED_IDS + 1
+  else:
+    vocab_size = make_tokenizer(spec).vocab_size
+  return check_run_config(config, vocab_size=vocab_size, num_classes=num_classes(spec))
+
+
 def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfig:
   """The run config `config` (a ConfigDict) checked and typed, as the run of
   it trains: the one place a run's settings are read from its ConfigDict. The vocabulary comes
@@ -181,11 +198,7 @@ def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfi
     if spec.tfds_data_dir:  # a gs:// one needs the gcs extra
       run_path(spec.tfds_data_dir, "data.tfds_data_dir")
     if spec.tokenizer == "sentencepiece":
-      # Checked before the tokenizer is trained (it reads the corpus), with
-      # the fewest ids a trained one has, so no vocabulary is refused early.
-      check_run_config(
-        config, vocab_size=SentencePieceTokenizer.RESERVED_IDS + 1, num_classes=num_classes(spec)
-      )
+      precheck_run(config)  # before the tokenizer is trained (it reads the corpus)
     tokenizer = make_tokenizer(spec, workdir)
     run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes(spec))
     if spec.task == "lm" and run.eval.sample_tokens:
