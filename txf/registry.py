@@ -2,7 +2,7 @@
 
 The config fields whose choices user code extends (`model.family`,
 `model.head`, `model.position`, `model.norm`, `model.activation`,
-`model.init`, and `data.name` for generated datasets) read a `Registry`; txf
+`model.init`, and `data.name`: text and generated datasets) read a `Registry`; txf
 registers its own entries the same way user code does (see `txf.register`),
 so a new choice is one function or class in a file of one's own:
 

@@ -346,6 +346,12 @@ def test_decoding_compiles_with_its_memory_and_kernels_per_token(h100x4_runs):
   assert h100x4_runs["fsdp"].decode is None  # not asked for
 
 
+@needs_libtpu
+def test_a_batch_that_does_not_split_over_the_slice_is_a_config_error():
+  with pytest.raises(ConfigError, match=r"^data\.batch_size: 6 is not divisible by .* = 4$"):
+    compile_run(tiny_config("rope", data__batch_size=6), parse_target("v5e-4"))
+
+
 @needs_cuda_plugin
 def test_decoding_is_compiled_for_language_models_only():
   with pytest.raises(ConfigError, match="decode_tokens: decoding compiles for a language model"):
@@ -385,7 +391,6 @@ TINY = [
   [
     (["--target=v9-8"], "target error: target 'v9-8': not a TPU slice"),
     (["--target=v5e-4", "--config.parallel.fsdp=3"], "config error: parallel.fsdp"),
-    (["--target=v5e-4", "--config.data.batch_size=6"], "config error:"),
     (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be > 0"),
     (["--target=h100", "--decode_tokens=-1"], "flag error: decode_tokens: must be >= 0"),
     (["--target=h100", "--json=/no/such/dir/r.json"], "flag error: json: /no/such/dir/r.json"),

@@ -334,22 +334,6 @@ def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
   assert "## Group ablation of L0H1, L1H0" in record["table"]
 
 
-@pytest.mark.slow  # its fixture trains a run; a subprocess
-def test_the_command_refuses_a_bad_ablate_spec_in_one_line(decoder_run, compilation_cache_dir):
-  done = subprocess.run(
-    [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--ablate=L9H0"],
-    cwd=REPO,
-    env=cli_env(compilation_cache_dir),
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert done.returncode == 2
-  assert done.stderr.strip().splitlines() == [
-    "analyze error: ablate: L9H0 is not a head of the model (layers 0..1, heads 0..1)"
-  ]
-
-
 @pytest.mark.slow  # its fixture trains a run
 def test_circuits_refuse_an_encoder_decoder(seq2seq_run):
   for flag in ("circuits", "checkpoints"):
