@@ -507,13 +507,16 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
   assert any(line.startswith("point 0 (learning_rate=1000000.0): diverged") for line in lines)
 
 
-@pytest.mark.parametrize("name, count", [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8)])
+@pytest.mark.parametrize(
+  "name, count", [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8), ("t5_distance", 4)]
+)
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
   config = load_config(f"sweeps.{name}")
   points = grid.expand(config)
   assert len(points) == count
   grid.validate(points, runner.check_point_config)
-  assert config.base.replicas == {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3}[name]  # seeds
+  replicas = {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3, "t5_distance": 3}
+  assert config.base.replicas == replicas[name]  # seeds
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
   reference = runner.load_run_config(config.sweep.run_config)  # a shipped name: from anywhere
@@ -624,3 +627,26 @@ def test_a_sentencepiece_point_is_checked_without_training_its_tokenizer(monkeyp
   config.train.b1 = 3.0
   with pytest.raises(ValueError, match=r"^train\.b1: must be in \[0, 1\)"):
     runner.check_point_config(config)
+
+
+def test_the_t5_distance_sweep_tabulates_where_each_max_distance_puts_the_last_bucket():
+  import importlib
+
+  from txf.ops.positional import relative_position_bucket
+
+  config = load_config("sweeps.t5_distance")
+  assert config.base.model.position == "t5_bias" and config.base.data.seq_len == 128
+  doc = importlib.import_module("txf.configs.sweeps.t5_distance").__doc__
+  rows = re.findall(r"^  (\d+) +(\d+) +(\d+) +([\d,]+)$", doc, re.M)
+  distance = np.arange(2048)
+  for max_distance, last, trained, untrained in rows:
+    bucket = np.asarray(
+      relative_position_bucket(-distance, bidirectional=False, max_distance=int(max_distance))
+    )
+    seen = np.unique(bucket[: config.base.data.seq_len])
+    assert distance[bucket == bucket.max()].min() == int(last)
+    assert len(seen) == int(trained)
+    assert np.sum(~np.isin(bucket, seen)) == int(untrained.replace(",", ""))
+  assert [int(row[0]) for row in rows] == [
+    p.overrides["model.t5_max_distance"] for p in grid.expand(config)
+  ]

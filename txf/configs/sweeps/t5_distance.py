@@ -1,0 +1,46 @@
+"""T5's relative bias past its training length: is its last bucket the cause?
+
+  txf-sweep --config=sweeps/t5_distance --workdir=runs/t5_distance
+
+docs/results.md section 2 finds the T5 bias (32 buckets, max distance 128)
+losing +1.0 nats at 2x the training length (128 tokens) and puts it on
+`model.t5_max_distance` being the training length: in this causal model
+the last bucket starts at distance 113, so in training it held at most 15
+keys of a query, against about 1,935 at 16x. This sweep tests that cause.
+4 points, sweeps/pe_ln's T5-bias Pre-LN point (d_model 64, seq_len 128,
+1800 steps) with t5_max_distance 32, 64, 128 (pe_ln's) and 512, and 3 seed
+replicas; each is evaluated at 1x-16x the training length on 12,288
+validation tokens. Where each max distance puts the last bucket (causal,
+32 buckets; txf.ops.relative_position_bucket):
+
+  max      last bucket    buckets a 128-token    distances < 2048 in
+  distance from distance  row trains             untrained buckets
+  32       31             31                     0
+  64       59             32                     0
+  128      113            32                     0
+  512      413            26                     1,908
+
+If the last bucket's sparse training is the cause, the loss at 8x and 16x
+falls as max distance shrinks (at 32 the last bucket is trained on most of
+each row), and 512, whose far buckets are never trained, is worst. If the
+loss past 2x does not order by max distance, the cause is elsewhere (the
+softmax spreading over more keys hurts every encoding but ALiBi, whose
+bias grows with distance).
+
+Not run yet (prepared 2026-11-28): about 10 minutes a point on an idle
+2-core CPU (pe_ln's 0.23 s a step of 2 replicas, times 1.5 for 3), so
+about 45 minutes for the sweep.
+"""
+
+import ml_collections
+
+from txf.configs.sweeps import pe_ln
+from txf.sweep.grid import make_grid
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = pe_ln.get_config()
+  config.base.replicas = 3
+  config.base.model.update(dict(position="t5_bias", norm_placement="pre"))
+  config.grid = make_grid({"model.t5_max_distance": [32, 64, 128, 512]})
+  return config
