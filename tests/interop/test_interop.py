@@ -324,6 +324,20 @@ def test_export_refuses_what_the_architecture_cannot_hold(change, field, tmp_pat
   assert not (tmp_path / "model.safetensors").exists()
 
 
+def test_export_refuses_a_registered_head(tmp_path):
+  from txf import register
+  from txf.layers.model_config import HEADS
+  from txf.models import LMHead
+
+  with HEADS.scoped():
+    register.head("other_lm", tasks=("lm",), families=("decoder",))(LMHead)
+    cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1)
+    cfg = cfg.replace(head="other_lm", position="learned", scale_logits=False)
+    with pytest.raises(CheckpointError, match=r"^model\.head: 'other_lm' has no Hugging Face"):
+      save_pretrained(cfg, random_params(cfg), tmp_path)
+  assert not (tmp_path / "model.safetensors").exists()
+
+
 def test_export_names_every_field_the_architecture_cannot_hold(tmp_path):
   """In one line: a txf model of another shape learns every change it needs."""
   cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1)

@@ -234,6 +234,12 @@ def save_pretrained(
       "BERT, decoder: GPT-2, encoder_decoder: T5)"
     )
   family = _EXPORT_FAMILIES[cfg.family]
+  heads = sorted(set(family.ARCHITECTURES.values()))
+  if cfg.head not in heads:  # a registered head (txf.register.head) has no HF counterpart
+    raise CheckpointError(
+      f"model.head: {cfg.head!r} has no Hugging Face architecture txf writes "
+      f"(model.family={cfg.family!r}: {', '.join(heads)})"
+    )
   architecture = architecture or family.default_architecture(cfg)
   if architecture not in family.ARCHITECTURES:
     raise CheckpointError(
