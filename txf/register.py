@@ -173,7 +173,7 @@ def text_source(
 
   def add(load: Callable[..., Any]) -> Callable[..., Any]:
     described = describe or (lambda arg: f"{name}:{arg} (registered)" if arg else name)
-    entry = DocumentSource(name, load, described, argument=argument)
+    entry = DocumentSource(load, described, argument=argument)
     TEXT.register(name, entry, replace=replace)
     return load
 

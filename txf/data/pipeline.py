@@ -8,7 +8,14 @@ from etils import epath
 from txf import checks
 from txf.data import corpus
 from txf.data.dataset import Dataset
-from txf.data.spec import GENERATED, DataSpec, read_data_config, required, text_source
+from txf.data.spec import (
+  GENERATED,
+  DataSpec,
+  TextSource,
+  read_data_config,
+  required,
+  text_source,
+)
 from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).
@@ -51,8 +58,7 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -
   return _tokenizer(read_data_config(data_config), workdir)
 
 
-def _description(spec: DataSpec, tokenizer: Tokenizer) -> str:
-  text = text_source(spec.name)
+def _description(spec: DataSpec, text: TextSource | None, tokenizer: Tokenizer) -> str:
   if text is None:
     return GENERATED[spec.name].describe(spec)
   return (
@@ -104,9 +110,10 @@ def make_dataset(
     raise ValueError(
       f"data.batch_size={spec.batch_size} must be divisible by process_count={process_count}"
     )
+  text = text_source(spec.name)
   if num_batches is not None:
     num_batches = checks.positive_int(num_batches, "num_batches")
-  elif split != "train" and text_source(spec.name) is None:
+  elif split != "train" and text is None:
     raise ValueError(
       f"num_batches is required for split={split!r} of the generated task data.name={spec.name!r}"
     )
@@ -120,9 +127,8 @@ def make_dataset(
     process_index=process_index,
     process_count=process_count,
     num_batches=num_batches,
-    description=_description(spec, tokenizer),
+    description=_description(spec, text, tokenizer),
   )
-  text = text_source(spec.name)
   if text is not None:
     return text.dataset(spec, split, seed, common)
   return Dataset(GENERATED[spec.name].source(spec, split, seed), **common)

@@ -57,7 +57,6 @@ class DocumentSource:
   (txf.data.lm); data.max_corpus_bytes caps each split.
 
   Attributes:
-    name: its data.name (the part before ':' where it takes an argument).
     load: (argument, split, max_bytes) -> the split's documents.
     describe_data: (argument) -> what the documents are, for the log line.
     fingerprint_data: (argument, max_bytes) -> what a run reads, for its
@@ -66,7 +65,6 @@ class DocumentSource:
       None: named alone (its load gets '').
   """
 
-  name: str
   load: LoadDocuments
   describe_data: Callable[[str], str]
   fingerprint_data: Callable[[str, int | None], dict[str, Any]] | None = None
@@ -76,7 +74,8 @@ class DocumentSource:
   def fields(self, data: Any, spec: DataSpec) -> DataSpec:
     if self.argument is not None and not name_argument(spec.name).strip():
       raise ValueError(
-        f"data.name={spec.name!r} names no {self.argument}; expected '{self.name}:{self.argument}'"
+        f"data.name={spec.name!r} names no {self.argument}; "
+        f"expected '{spec.name.partition(':')[0]}:{self.argument}'"
       )
     return corpus_fields(data, spec)
 
@@ -148,7 +147,6 @@ class TFDSSource:
 TEXT.register(
   "pystdlib",
   DocumentSource(
-    "pystdlib",
     load=lambda _, split, max_bytes: corpus.load_corpus(split, max_bytes=max_bytes),
     describe_data=lambda _: corpus.corpus_description(),
     fingerprint_data=lambda _, max_bytes: corpus.corpus_fingerprint(),
@@ -157,7 +155,6 @@ TEXT.register(
 TEXT.register(
   "files",
   DocumentSource(
-    "files",
     load=lambda glob, split, max_bytes: files.TextFiles.find(glob).load(split, max_bytes=max_bytes),
     describe_data=lambda glob: files.TextFiles.find(glob).description(),
     fingerprint_data=lambda glob, max_bytes: files.TextFiles.find(glob).fingerprint(

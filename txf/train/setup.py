@@ -167,10 +167,12 @@ def _dataset_args(run: RunConfig) -> dict[str, Any]:
 
 
 def precheck_run(config: Any) -> RunConfig:
-  """Every check parse_run makes of `config` that needs no trained tokenizer
-  (a sweep checks its points so before it runs any): a sentencepiece
-  vocabulary counts as the fewest ids a trained one has, so no vocabulary is
-  refused early; the other tokenizers are made as parse_run makes them.
+  """check_run_config of `config` without training a tokenizer (a sweep
+  checks its points so before it runs any; parse_run before it trains a
+  sentencepiece one): a sentencepiece vocabulary counts as the fewest ids a
+  trained one has, so no vocabulary is refused early; the other tokenizers
+  are made as parse_run makes them. (parse_run then checks the sample's
+  length with the tokenizer.)
 
   Raises:
     ValueError: naming the field.
