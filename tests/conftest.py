@@ -44,6 +44,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+# The tests write Python bytecode even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE=1 on CI's machines): otherwise each of the ~150
+# test processes (pytest's workers, the command-line runs they start, which
+# inherit this environment) compiles txf's modules from source again, about
+# 0.8 s each, and each worker rewrites every test module's assertions again.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 @pytest.fixture(scope="session")
 def compilation_cache_dir():

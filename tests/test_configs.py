@@ -415,3 +415,23 @@ def test_cli_override_resolves_in_model_config():
   config = parse_cli("--config.model.num_kv_heads=2", "--config.model.d_ff=96")
   cfg = ModelConfig.from_config({**config.model, "vocab_size": 260})
   assert (cfg.num_kv_heads, cfg.d_ff, cfg.head_dim) == (2, 96, 128 // 4)
+
+
+def test_a_config_file_leaves_no_bytecode_beside_it(tmp_path, monkeypatch):
+  """txf.configs.load writes no __pycache__ into a config's directory, for
+  the config or a module it imports from there, where Python otherwise
+  writes bytecode (the tests do: conftest), and restores that setting."""
+  from txf import configs
+
+  (tmp_path / "side_module_of_a_config.py").write_text("WIDTH = 7\n")
+  (tmp_path / "a_config.py").write_text(
+    "import side_module_of_a_config\n\ndef get_config():\n  return side_module_of_a_config.WIDTH\n"
+  )
+  monkeypatch.setattr(sys, "dont_write_bytecode", False)
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  try:
+    assert configs.load(tmp_path / "a_config.py") == 7
+  finally:
+    sys.modules.pop("side_module_of_a_config", None)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a_config.py", "side_module_of_a_config.py"]
+  assert sys.dont_write_bytecode is False

@@ -65,5 +65,12 @@ def load(path: str | pathlib.Path, *args: str) -> Any:
   if spec is None or spec.loader is None:
     raise FileNotFoundError(f"{path}: not a Python config file")
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  # No __pycache__ beside the user's config and the modules it imports: a
+  # config directory may be shared, mounted or a run's own, and it is read
+  # once per process, so its bytecode would save nothing.
+  writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+  try:
+    spec.loader.exec_module(module)
+  finally:
+    sys.dont_write_bytecode = writes_bytecode
   return module.get_config(*args)
