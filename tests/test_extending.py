@@ -247,6 +247,27 @@ def test_a_name_registered_twice_needs_replace():
     registry["b"]
 
 
+def test_a_data_name_is_either_a_generated_dataset_or_a_text_source():
+  """GENERATED and TEXT both serve data.name: neither takes a name the other
+  holds (a text source named 'copy' would shadow the generated task), even
+  with replace; txf's own entries are all there when a user registers."""
+  from txf import register
+
+  with registered():
+    with pytest.raises(ValueError, match=r"data\.name: 'copy' is registered already, as another"):
+      register.text_source("copy", replace=True)(lambda argument, split, max_bytes: ["x"])
+    with pytest.raises(ValueError, match=r"data\.name: 'pystdlib' is registered already, as"):
+      register.lm_task("pystdlib", replace=True)(lambda *args: None)
+    assert "copy" in data_config.GENERATED and "copy" not in data_config.TEXT
+    assert "pystdlib" in data_config.TEXT and "pystdlib" not in data_config.GENERATED
+  private = Registry("data.name"), Registry("data.name")
+  private[0].share_names(private[1])
+  private[0].register("a", len)
+  private[1].register("b", abs)
+  with pytest.raises(ValueError, match="as another kind"):
+    private[1].register("a", len)
+
+
 @pytest.mark.slow  # trains three tiny runs in subprocesses
 @pytest.mark.parametrize("name", ["log_distance", "scale_norm", "successor"])
 def test_each_example_config_trains_with_txf_run_from_another_directory(tmp_path, name):

@@ -42,6 +42,15 @@ class Registry(Generic[T]):
     self.builtins = builtins
     self._entries_: dict[str, T] = {}
     self._options: dict[str, dict[str, Any]] = {}
+    self._sharing: list[Registry[Any]] = []  # other registries of the same field
+
+  def share_names(self, other: Registry[Any]) -> None:
+    """Makes this registry and `other`, two kinds of entry for one config
+    field (data.name: generated datasets and text sources), refuse a name
+    the other holds: the field's readers look in one, then the other, so
+    a duplicate would silently shadow an entry."""
+    self._sharing.append(other)
+    other._sharing.append(self)
 
   @property
   def _entries(self) -> dict[str, T]:
@@ -65,11 +74,15 @@ class Registry(Generic[T]):
       replace: replace an entry registered as `name` before.
 
     Raises:
-      ValueError: naming the field, for a name that is not a non-empty str or
-        is registered to another entry.
+      ValueError: naming the field, for a name that is not a non-empty str,
+        is registered to another entry, or is held by a registry sharing the
+        field's names (`share_names`), replace or not.
     """
     if not isinstance(name, str) or not name:
       raise ValueError(f"{self.field}: a registered name must be a non-empty string, got {name!r}")
+    for other in self._sharing:
+      if name in other._entries:
+        raise ValueError(f"{self.field}: {name!r} is registered already, as another kind of entry")
     if name in self._entries and not replace and self._entries[name] != entry:
       raise ValueError(
         f"{self.field}: {name!r} is registered already (pass replace=True to replace it)"

@@ -173,6 +173,7 @@ class TextSource(Protocol):
 # (txf.register.lm_task, txf.register.text_source).
 GENERATED: Registry[GeneratedTask] = Registry("data.name", builtins="txf.data.generated")
 TEXT: Registry[TextSource] = Registry("data.name", builtins="txf.data.text")
+GENERATED.share_names(TEXT)
 
 
 def text_source(name: Any) -> TextSource | None:
