@@ -104,7 +104,7 @@ case $part in
     bench loop 440 loop $GPT2 --steps=$steps --window=50 --config.eval.every=$(( steps / 2 )) \
       --config.train.checkpoint_every=$(( steps / 2 )) --profile_dir="$dir/profile" \
       --profile_steps=$(( steps / 2 + 1 )),$(( steps / 2 + 5 )) \
-      --loop_variants=${LOOP_VARIANTS:-full,no_eval,random_ids,no_prefetch,log_every_step,host_only}
+      --loop_variants=${LOOP_VARIANTS:-full,checkpoint_only,no_eval,random_ids,no_prefetch,log_every_step,host_only}
     bench step_b32_reused_batch 110 step $GPT2 --steps=200 --window=50  # as the 430k
     ;;
   long)

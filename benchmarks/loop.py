@@ -8,6 +8,8 @@ loop adds to the step switched off or swapped:
 
   full           the run as configured (eval, samples, checkpoints at their
                  config intervals inside the timed steps)
+  checkpoint_only checkpoints at the config's interval, evals and samples
+                 only after the last timed step: the checkpoint's own cost
   no_eval        evals, samples and checkpoints only after the last timed step
   random_ids     no_eval on uniform random token ids instead of text batches
   no_prefetch    no_eval with each batch read and sent in the loop's thread
@@ -46,7 +48,15 @@ from txf.train.setup import RunSetup, parse_run, setup_run
 
 FLAGS = flags.FLAGS
 
-VARIANTS = ("full", "no_eval", "random_ids", "no_prefetch", "log_every_step", "host_only")
+VARIANTS = (
+  "full",
+  "checkpoint_only",
+  "no_eval",
+  "random_ids",
+  "no_prefetch",
+  "log_every_step",
+  "host_only",
+)
 _PROGRESS = re.compile(r"^step (\d+)/")
 
 
@@ -137,9 +147,12 @@ def variant_setup(setup: RunSetup, variant: str, profile) -> tuple[RunSetup, int
   """The setup `variant` trains with and its prefetch depth."""
   config = setup.run.source.copy_and_resolve_references()
   train, eval_config = setup.run.train, setup.run.eval
-  if variant != "full":  # the last step always evaluates and saves, after its log
-    config.eval.every = config.train.checkpoint_every = train.steps
+  # The last step always evaluates and saves, after its log.
+  if variant != "full":
+    config.eval.every = train.steps
     eval_config = dataclasses.replace(eval_config, every=train.steps)
+  if variant not in ("full", "checkpoint_only"):
+    config.train.checkpoint_every = train.steps
     train = dataclasses.replace(train, checkpoint_every=train.steps)
   if variant == "log_every_step":
     config.train.log_every = 1

@@ -429,6 +429,23 @@ def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeyp
   assert not any(t.name == loop.COMPILE_THREAD for t in threading.enumerate())
 
 
+def test_each_loop_variant_evaluates_and_checkpoints_where_it_says():
+  """full keeps the config's intervals, checkpoint_only its checkpoints
+  alone, the others move both to the last step (the RunConfig the loop
+  reads and the config.json it records agree)."""
+  config = gpt2_tiny()
+  config.train.update(dict(steps=40, checkpoint_every=10))
+  config.eval.every = 20
+  setup = setup_run(parse_run(config))
+  expected = {"full": (20, 10), "checkpoint_only": (40, 10), "no_eval": (40, 40)}
+  expected |= {name: (40, 40) for name in bench_loop.VARIANTS if name not in expected}
+  for variant, (every, checkpoint_every) in expected.items():
+    run = bench_loop.variant_setup(setup, variant, profile=None)[0].run
+    assert (run.eval.every, run.train.checkpoint_every) == (every, checkpoint_every), variant
+    recorded = run.source
+    assert (recorded.eval.every, recorded.train.checkpoint_every) == (every, checkpoint_every)
+
+
 def test_random_ids_keep_the_batches_shape_and_weights():
   setup = setup_run(parse_run(gpt2_tiny()))
   text = next(iter(setup.eval_data))
