@@ -3,6 +3,7 @@
 import ast
 import dataclasses
 import importlib.util
+import json
 import pathlib
 import re
 import tomllib
@@ -10,13 +11,17 @@ import tomllib
 import flax.linen as nn
 import pytest
 
-from tools import findings_significance
-from txf import models
+from tools import findings_significance, results_tables
+from txf import configs, models
 from txf.configs import base
+from txf.sweep import grid, results
 from txf.train.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# docs/data holds findings' raw outputs (a sweep's own results.md among them), not pages.
+RAW_OUTPUTS = ROOT / "docs" / "data"
+PAGES = [page for page in sorted((ROOT / "docs").rglob("*.md")) if RAW_OUTPUTS not in page.parents]
+USER_DOCS = [ROOT / "README.md", *PAGES]
 
 
 def load_hooks():
@@ -95,7 +100,7 @@ def test_commands_in_the_documents_are_the_installed_ones():
 def test_every_page_is_in_the_site_navigation():
   nav = (ROOT / "mkdocs.yml").read_text()
   docs = ROOT / "docs"
-  for page in [*docs.rglob("*.md"), *docs.rglob("*.ipynb")]:
+  for page in [*PAGES, *docs.rglob("*.ipynb")]:
     assert str(page.relative_to(docs)) in nav, page
 
 
@@ -182,6 +187,30 @@ def test_the_citation_and_changelog_give_the_version_and_licence_txf_has():
   changelog = (ROOT / "CHANGELOG.md").read_text()
   assert re.findall(r"^## (\S+)", changelog, re.M)[0] == txf.__version__
   assert "dist/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path):
+  """docs/results.md's CPU sweep table, as tools/results_tables.py writes it
+  from docs/data/pe_ln; that directory's results.csv and results.md are the
+  sweep's own summary of the points' metrics.jsonl and extrapolation.json
+  beside them; and the tool would notice a changed replica's loss."""
+  page = (ROOT / "docs" / "results.md").read_text()
+  assert re.findall(r"^<!-- results_table: (\S+) -->$", page, re.M) == ["docs/data/pe_ln"]
+  assert results_tables.rewrite(page) == page
+  data = ROOT / "docs" / "data" / "pe_ln"
+  points = grid.expand(configs.load(ROOT / "txf" / "configs" / "sweeps" / "pe_ln.py"))
+  rows = [results.summarize_point(point, data / point.name) for point in points]
+  assert [row.status for row in rows] == ["done"] * 12
+  for written in results.write_results(rows, tmp_path):
+    assert written.read_text() == (data / written.name).read_text(), written.name
+  point = points[0].name
+  (tmp_path / point).mkdir()
+  record = json.loads((data / point / results.EXTRAPOLATION_FILE).read_text())
+  record["replica_loss"]["sliding"][0][0] += 0.01
+  (tmp_path / point / results.EXTRAPOLATION_FILE).write_text(json.dumps(record))
+  for other in points[1:]:
+    (tmp_path / other.name).symlink_to(data / other.name)
+  assert results_tables.table(tmp_path) != results_tables.table(data)
 
 
 def test_the_findings_significance_tables_are_the_rule_on_their_results_tables():

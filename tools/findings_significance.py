@@ -1,6 +1,6 @@
 """Writes docs/results.md's significance tables from the page's own results tables.
 
-  python tools/findings_significance.py [--check] [--page docs/results.md]
+  python -m tools.findings_significance [--check] [--page docs/results.md]
 
 Each line `<!-- findings_significance: seeds=N -->` of the page follows a
 results table whose rows start `| encoding | pre/post | m ± s |` (the final
@@ -21,6 +21,7 @@ import pathlib
 import re
 import sys
 
+from tools.page_tables import check_or_write, rewrite_tables
 from txf.sweep.significance import welch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -80,20 +81,9 @@ def significance_table(rows: dict[tuple[str, str], tuple[float, float]], seeds: 
 
 def rewrite(text: str) -> str:
   """The page with every marker's table written from the results table above it."""
-  lines = text.splitlines()
-  out: list[str] = []
-  i = 0
-  while i < len(lines):
-    out.append(lines[i])
-    marker = MARKER.match(lines[i])
-    i += 1
-    if not marker:
-      continue
-    table = significance_table(_results_rows(out[:-1]), int(marker[1]))
-    while i < len(lines) and lines[i].startswith("|"):  # the old table
-      i += 1
-    out += table
-  return "\n".join(out) + "\n"
+  return rewrite_tables(
+    text, MARKER, lambda found, above: significance_table(_results_rows(above), int(found[1]))
+  )
 
 
 def main() -> int:
@@ -101,15 +91,9 @@ def main() -> int:
   parser.add_argument("--page", type=pathlib.Path, default=ROOT / "docs" / "results.md")
   parser.add_argument("--check", action="store_true", help="compare, write nothing")
   args = parser.parse_args()
-  text = args.page.read_text()
-  new = rewrite(text)
-  if args.check:
-    if new != text:
-      print(f"{args.page}: significance tables differ from its results tables", file=sys.stderr)
-      return 1
-    return 0
-  args.page.write_text(new)
-  return 0
+  return check_or_write(
+    args.page, rewrite, args.check, "significance tables and its results tables"
+  )
 
 
 if __name__ == "__main__":

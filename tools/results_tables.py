@@ -1,0 +1,100 @@
+"""Writes docs/results.md's sweep results tables from the sweeps' committed raw outputs.
+
+  python -m tools.results_tables [--check] [--page docs/results.md]
+
+A line `<!-- results_table: DIR -->` (DIR relative to the repository, e.g.
+docs/data/pe_ln) precedes a table this writes from DIR: the sweep's
+results.csv (written over DIR by `txf-sweep --config=sweeps/NAME
+--workdir=DIR --summarize` from the points' metrics.jsonl and
+extrapolation.json committed there) for the final validation loss and its
+flatness, and each point's extrapolation.json for the extrapolated losses,
+mean ± sample std over the seed replicas. One row per point, in the
+sweep's order: encoding, LN, val @128, last fifth, flat, sliding @128,
+sliding @256, sliding @2048, non-overlapping @2048, Δ (sliding @2048 minus
+sliding @128; empty where 2048 does not apply).
+
+--check writes nothing and exits 1 if a table differs from its data
+(tests/test_docs.py checks the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import pathlib
+import re
+import sys
+
+from tools.page_tables import check_or_write, rewrite_tables
+from txf.sweep.results import EXTRAPOLATION_FILE, RESULTS_CSV, Stat
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"^<!-- results_table: (\S+) -->$")
+ENCODINGS = {
+  "sinusoidal": "sinusoidal",
+  "learned": "learned",
+  "rope": "RoPE",
+  "alibi": "ALiBi",
+  "t5_bias": "T5 bias",
+  "none": "none (NoPE)",
+}
+# (protocol, evaluation length) of each extrapolation column, in order.
+COLUMNS = (("sliding", 128), ("sliding", 256), ("sliding", 2048), ("non_overlapping", 2048))
+HEADER = [
+  "| encoding | LN | val @128 | last fifth | flat | sliding @128 | sliding @256 "
+  "| sliding @2048 | non-overlapping @2048 | Δ |",
+  "|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _stat_text(stat: Stat) -> str:
+  return f"{stat.mean:.3f} ± {stat.std:.3f}"
+
+
+def _extrapolated(record: dict, protocol: str, length: int) -> Stat | None:
+  """The replicas' loss at (protocol, length) as a Stat; None where the
+  length does not apply (a learned table shorter than it)."""
+  at = record["lengths"].index(length)
+  if not record["applicable"][at]:
+    return None
+  return Stat.of(record["replica_loss"][protocol][at])
+
+
+def table(data: pathlib.Path) -> list[str]:
+  """The results table of the sweep whose raw outputs are in `data`."""
+  lines = list(HEADER)
+  with open(data / RESULTS_CSV, newline="") as rows:
+    for row in csv.DictReader(rows):
+      record = json.loads((data / row["point"] / EXTRAPOLATION_FILE).read_text())
+      stats = [_extrapolated(record, protocol, length) for protocol, length in COLUMNS]
+      sliding_128, sliding_2048 = stats[0], stats[2]
+      delta = f"{sliding_2048.mean - sliding_128.mean:+.3f}" if sliding_128 and sliding_2048 else ""
+      cells = [
+        ENCODINGS[row["model.position"]],
+        row["model.norm_placement"],
+        _stat_text(Stat(float(row["eval_loss"]), float(row["eval_loss_std"]))),
+        f"{-100 * float(row['late_improvement']):.1f}%",
+        row["flat"],
+        *(_stat_text(stat) if stat else "n/a" for stat in stats),
+        delta,
+      ]
+      lines.append("| " + " | ".join(cells) + " |")
+  return lines
+
+
+def rewrite(text: str, root: pathlib.Path = ROOT) -> str:
+  """The page with the table after every marker written from its data."""
+  return rewrite_tables(text, MARKER, lambda found, above: table(root / found[1]))
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--page", type=pathlib.Path, default=ROOT / "docs" / "results.md")
+  parser.add_argument("--check", action="store_true", help="compare, write nothing")
+  args = parser.parse_args()
+  return check_or_write(args.page, rewrite, args.check, "results tables and their data")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
