@@ -81,7 +81,7 @@ def benchmark(
   full window of `window` steps (printed as they come)."""
   count = FRESH_BATCHES if fresh_batches else 1
   host_batches = list(itertools.islice(setup.train_data, count))
-  device_batch = setup.to_device(host_batches[0])
+  device_batch = setup.train_to_device(host_batches[0])
   state = setup.init()
   state, metrics = setup.train_step(state, device_batch)  # compile
   jax.block_until_ready(metrics)
@@ -89,7 +89,7 @@ def benchmark(
   for i in range(steps):
     start = time.perf_counter()
     if fresh_batches:
-      device_batch = setup.to_device(host_batches[i % count])
+      device_batch = setup.train_to_device(host_batches[i % count])
     state, metrics = setup.train_step(state, device_batch)
     if sync:
       jax.block_until_ready(metrics)
@@ -116,7 +116,7 @@ def profile(setup: RunSetup, state, host_batches: list, steps: int, directory: s
   try:
     with jax.profiler.trace(trace_dir):
       for i in range(steps):
-        batch = setup.to_device(host_batches[i % len(host_batches)])
+        batch = setup.train_to_device(host_batches[i % len(host_batches)])
         state, metrics = setup.train_step(state, batch)
       jax.block_until_ready(metrics)
     return kernels.trace_kernels(trace_dir, steps)
@@ -140,7 +140,7 @@ def compiled_memory(
   training batch and `state` (default: the abstract state): lowered on the
   state the timed steps ran with, the persistent compilation cache (gpu.sh
   turns it on) answers with their executable instead of compiling again."""
-  batch = setup.to_device(next(iter(setup.train_data)))
+  batch = setup.train_to_device(next(iter(setup.train_data)))
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), batch)
   with setup.activation_sharding():
     state = setup.abstract_state if state is None else state

@@ -85,6 +85,7 @@ LATE_FAILURES = {
   "model.t5_max_distance": [0],
   "seed": [99999999999999999999, 2**31, -1],
   "model.vocab_size": ["big"],
+  "data.seed_per_replica": ["yes", 1, None],
 }
 
 
@@ -107,6 +108,16 @@ def test_a_seed_whose_replicas_overflow_is_a_config_error():
     check_run_config(config, vocab_size=260, num_classes=None)
   config.replicas = 2
   check_run_config(config, vocab_size=260, num_classes=None)
+  # Replica r's data stream is data seed + r: the same bound, named by the field.
+  config.seed, config.data.seed, config.data.seed_per_replica = 0, 2**31 - 2, True
+  config.replicas = 3
+  with pytest.raises(ValueError, match=r"^data.seed_per_replica: .* 2147483646 \+ r, above"):
+    check_run_config(config, vocab_size=260, num_classes=None)
+  config.replicas = 2
+  assert check_run_config(config, vocab_size=260, num_classes=None).data_seeds == (
+    2**31 - 2,
+    2**31 - 1,
+  )
 
 
 def test_a_bad_grid_value_is_caught_by_the_sweeps_point_check():

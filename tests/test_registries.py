@@ -260,8 +260,9 @@ DATA_SETTINGS = {
   "induction": dict(min_example_len=3, max_example_len=6, num_symbols=12),
   "mqar": dict(num_kv_pairs=2, num_symbols=16),
 }
-# Fields every name reads, and registries of their own.
-DATA_COMMON = {"name", "task", "seq_len", "batch_size", "seed", "tokenizer"}
+# Fields every name reads, and registries of their own; seed_per_replica is
+# the run's (tests/train/test_replica_runs.py shows it changes the batches).
+DATA_COMMON = {"name", "task", "seq_len", "batch_size", "seed", "tokenizer", "seed_per_replica"}
 DATA_OPTIONS = [(name, task) for name, tasks in data_config.data_names().items() for task in tasks]
 
 

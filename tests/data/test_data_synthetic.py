@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from txf.data import make_dataset
+from txf.data.stacked import StackedDatasets
 
 SEQ_LEN = 20
 BATCH = 12
@@ -110,3 +111,29 @@ def test_eval_repeats_and_process_rows_concatenate():
   ]
   for key in first[0]:
     np.testing.assert_array_equal(np.concatenate([part[key] for part in parts]), first[0][key])
+
+
+def test_stacked_datasets_hold_each_seeds_batches_and_positions():
+  """Seed replicas' own batches (txf.data.stacked): field r of each stacked
+  batch is the batch of seed 5 + r, the state holds each position, and a
+  state for another replica count is refused naming the expected form."""
+  config = _config("reverse")
+  stacked = StackedDatasets([make_dataset(config, "train", seed=s) for s in (5, 6)], (5, 6))
+  first = [next(stacked) for _ in range(2)]
+  for r, seed in enumerate((5, 6)):
+    single = make_dataset(config, "train", seed=seed)
+    for batch in first:
+      np.testing.assert_array_equal(batch["encoder_inputs"][r], next(single)["encoder_inputs"])
+  assert first[0]["targets"].shape[:2] == (2, BATCH)
+  assert stacked.get_state() == {"replicas": [{"step": 2}, {"step": 2}]}
+  assert stacked.batch_size == BATCH and stacked.task == "seq2seq"
+  resumed = StackedDatasets([make_dataset(config, "train", seed=s) for s in (5, 6)], (5, 6))
+  resumed.set_state({"replicas": [{"step": 1}, {"step": 0}]})
+  batch = next(resumed)
+  np.testing.assert_array_equal(batch["targets"][0], first[1]["targets"][0])
+  np.testing.assert_array_equal(batch["targets"][1], first[0]["targets"][1])
+  for state in ({"step": 2}, {"replicas": [{"step": 2}]}, {"replicas": {"step": 2}}):
+    with pytest.raises(ValueError, match=r"^state must be \{'replicas': \[one data position"):
+      resumed.set_state(state)
+  with pytest.raises(ValueError, match="one dataset per seed, two or more"):
+    StackedDatasets([make_dataset(config, "train", seed=5)], (5,))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from etils import epath
 
-from conftest import REPO, checkpoint_steps, load_config, tiny_config
+from conftest import REPO, checkpoint_steps, flatten, load_config, tiny_config
 from full_disk import read_only
 from tensorboard_files import read_hparams
 from txf.analysis.extrapolation import check_num_tokens
@@ -508,21 +508,25 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
 
 
 @pytest.mark.parametrize(
-  "name, count", [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8), ("t5_distance", 4)]
+  "name, count",
+  [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8), ("t5_distance", 4), ("pe_ln_seeds", 6)],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
   config = load_config(f"sweeps.{name}")
   points = grid.expand(config)
   assert len(points) == count
   grid.validate(points, runner.check_point_config)
-  replicas = {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3, "t5_distance": 3}
+  replicas = {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3, "t5_distance": 3, "pe_ln_seeds": 3}
   assert config.base.replicas == replicas[name]  # seeds
+  # The sweeps made for the findings page's seed rule vary the data order too.
+  own = name in ("t5_distance", "pe_ln_seeds")
+  assert config.base.data.seed_per_replica == own
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
   reference = runner.load_run_config(config.sweep.run_config)  # a shipped name: from anywhere
   for point in points:  # every point has an exact txf-run command
     grid.command_for(point, config.sweep.run_config, "runs/x", reference=reference)
-  if name.startswith("pe_ln"):
+  if name in ("pe_ln", "pe_ln_gpu"):
     assert {p.overrides["model.position"] for p in points} == {
       "sinusoidal",
       "learned",
@@ -650,3 +654,16 @@ def test_the_t5_distance_sweep_tabulates_where_each_max_distance_puts_the_last_b
   assert [int(row[0]) for row in rows] == [
     p.overrides["model.t5_max_distance"] for p in grid.expand(config)
   ]
+
+
+def test_the_seeds_rerun_is_pe_lns_points_with_three_seeds_of_both_kinds():
+  """sweeps/pe_ln_seeds reruns points of sweeps/pe_ln: each of its points is
+  one of pe_ln's, and its base config is pe_ln's but for the seeds."""
+  seeds, original = load_config("sweeps.pe_ln_seeds"), load_config("sweeps.pe_ln")
+  original_points = [p.overrides for p in grid.expand(original)]
+  assert all(p.overrides in original_points for p in grid.expand(seeds))
+  rerun = flatten(seeds.base.to_dict())
+  assert {k: v for k, v in flatten(original.base.to_dict()).items() if rerun[k] != v} == {
+    "replicas": 2,
+    "data.seed_per_replica": False,
+  }

@@ -6,6 +6,8 @@ seed s; replica r must be the single run of seed s + r with data.seed = s: per-s
 evaluation losses within rtol 1e-5 (the replicas batch the same float32
 computation differently, so only the summation order differs). Dropout is on,
 so a replica with another replica's dropout keys would be far outside that.
+With data.seed_per_replica replica r reads its own batches, and must be the
+single run of seed s + r with data.seed d + r.
 """
 
 import json
@@ -33,7 +35,7 @@ def _compilation_cache(compilation_cache_dir):
   return compilation_cache_dir
 
 
-def config_for(*, seed=0, replicas=1, steps=STEPS):
+def config_for(*, seed=0, replicas=1, steps=STEPS, data_seed=0, own_batches=False):
   config = tiny_config(
     "base",
     steps=steps,
@@ -43,7 +45,8 @@ def config_for(*, seed=0, replicas=1, steps=STEPS):
     train__warmup_steps=2,
   )
   config.seed, config.replicas = seed, replicas
-  config.data.seed = 0  # replicas share the batches of the run's seed (0)
+  config.data.seed = data_seed  # replicas share its batches unless own_batches
+  config.data.seed_per_replica = own_batches
   return config
 
 
@@ -87,6 +90,45 @@ def test_each_replica_is_the_single_run_of_its_seed(single_runs, replicated_run)
   # The replicas differ (different seeds), by far more than the tolerance.
   last = replicated_loss[STEPS]
   assert abs(last["loss/0"] - last["loss/1"]) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def own_batches_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("own_batches")
+  loop.run(config_for(replicas=REPLICAS, own_batches=True), workdir, log=lambda line: None)
+  return workdir
+
+
+def test_with_own_batches_each_replica_is_the_single_run_of_its_seed_and_data_seed(
+  single_runs, replicated_run, own_batches_run, tmp_path
+):
+  own = rows(own_batches_run, "loss")
+  single_losses = lambda workdir: [row["loss"] for row in rows(workdir, "loss").values()]
+  # Replica 0 reads data seed 0 + 0: the single run of seed 0 (data.seed 0).
+  np.testing.assert_allclose([own[s]["loss/0"] for s in own], single_losses(single_runs[0]), **TOL)
+  # Replica 1 reads data seed 0 + 1: the single run of seed 1 with data.seed 1 ...
+  loop.run(config_for(seed=1, data_seed=1), tmp_path, log=lambda line: None)
+  np.testing.assert_allclose([own[s]["loss/1"] for s in own], single_losses(tmp_path), **TOL)
+  # ... not the shared-batch replica of seed 1, which read data seed 0.
+  shared = rows(replicated_run, "loss")
+  assert max(abs(own[s]["loss/1"] - shared[s]["loss/1"]) for s in own) > 1e-2
+  assert rows(own_batches_run, "eval_loss")[STEPS]["eval_loss/1"] != pytest.approx(
+    rows(replicated_run, "eval_loss")[STEPS]["eval_loss/1"], rel=1e-5
+  )
+
+
+def test_resume_with_own_batches_continues_each_replicas_data(own_batches_run, tmp_path):
+  """The checkpoint holds every replica's data position: training to step 3,
+  then on to 6, gives the uninterrupted run's rows."""
+  config = lambda steps: config_for(replicas=REPLICAS, steps=steps, own_batches=True)
+  loop.run(config(3), tmp_path, log=lambda line: None)
+  loop.run(config(STEPS), tmp_path, log=lambda line: None)
+  strip = lambda table: {
+    step: {k: v for k, v in row.items() if k not in TIMING_KEYS} for step, row in table.items()
+  }
+  assert strip(rows(tmp_path, "loss")) == strip(rows(own_batches_run, "loss"))
+  with pytest.raises(ConfigError, match="data.seed_per_replica"):
+    loop.run(config_for(replicas=REPLICAS, own_batches=False), tmp_path, log=lambda line: None)
 
 
 def test_rows_hold_the_mean_and_sample_std_of_the_replicas(replicated_run):

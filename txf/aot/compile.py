@@ -134,7 +134,7 @@ def abstract_batch(setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
   """The global training batch's shapes and dtypes, split over the mesh as
   the run splits its batches."""
   batch = next(iter(setup.train_data))
-  split = sharding.batch_sharding(setup.mesh)
+  split = sharding.batch_sharding(setup.mesh, replica_axis=setup.run.own_batches)
   return {
     key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=split)
     for key, value in batch.items()

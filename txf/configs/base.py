@@ -74,6 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
       read_workers=config_dict.placeholder(int),
       attend_across_documents=False,
       seed=config_dict.placeholder(int),
+      seed_per_replica=False,
     )
   )
 

@@ -83,8 +83,15 @@ class DataSpec:
   )
   seed: int | None = documented(
     "the data order's (shuffling, masking, generated examples); None: the run's seed "
-    "(seed replicas share the run's)",
+    "(seed replicas share the run's unless seed_per_replica)",
     default=None,
+  )
+  seed_per_replica: bool = documented(
+    "replicas > 1: replica r trains on its own batches, drawn from the data order's seed + r "
+    "(it trains as the single run of seed + r with data.seed + r; all are evaluated on the "
+    "run's validation batches); False: the replicas share the run's batches and differ in "
+    "initialisation and dropout only (txf.data.stacked)",
+    default=False,
   )
 
 
@@ -248,6 +255,9 @@ def read_data_config(data: Any) -> DataSpec:
     seq_len=int_field(data, "seq_len", 2),
     batch_size=int_field(data, "batch_size", 1),
     seed=None if seed is None else checks.seed(seed, "data.seed"),
+    seed_per_replica=checks.boolean(
+      getattr(data, "seed_per_replica", False), "data.seed_per_replica"
+    ),
   )
   if text is not None:
     return text.fields(data, spec)

@@ -42,7 +42,8 @@ evaluation does not stop the accelerator to compile (benchmarks.run
 loop measures what the loop costs, piece by piece).
 
 A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
-side on the same batches (txf.train.setup); every metric is logged per
+side on the same batches, or each on its own with data.seed_per_replica
+(txf.train.setup); every metric is logged per
 replica with the replicas' mean and std (txf.train.metrics.replica_scalars),
 a replica's non-finite update stops the run as for a single run, and the
 samples come from the first replica.
@@ -390,7 +391,7 @@ def _train(
   # Closing stops the prefetch thread also when training raises; the
   # compilation is waited for too (a thread inside XLA at exit aborts Python).
   with (
-    contextlib.closing(_prefetch(setup.train_data, setup.to_device, prefetch)) as batches,
+    contextlib.closing(_prefetch(setup.train_data, setup.train_to_device, prefetch)) as batches,
     _joining(compiling),
   ):
     for step in range(start, train.steps):

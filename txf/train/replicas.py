@@ -1,5 +1,6 @@
 """Seeds as replicas: R copies of one run, differing only in their seed,
-trained inside one jitted program on the same batches.
+trained inside one jitted program on the same batches (or each on its own:
+`own_batches`, batches [R, B, ...], txf.data.stacked).
 
   seeds = (0, 1, 2)
   state_R = init_replicas(lambda key: init_state(model, opt, batch, task, key), seeds)
@@ -93,30 +94,40 @@ def replica(tree_R: Any, r: int) -> Any:
   return jax.tree.map(lambda leaf_R: leaf_R[r], tree_R)
 
 
-def over_replicas(fn: Callable[[Any, Any], Any], strategy: str) -> Callable[[Any, Any], Any]:
-  """`fn(x, shared)` of one replica -> `f(x_R, shared)` over stacked replicas.
+def over_replicas(
+  fn: Callable[[Any, Any], Any], strategy: str, *, own_batches: bool = False
+) -> Callable[[Any, Any], Any]:
+  """`fn(x, batch)` of one replica -> `f(x_R, batch)` over stacked replicas.
 
-  x_R's leaves carry a leading [R] axis; `shared` (e.g. the batch) is the
-  same for every replica; the outputs gain the [R] axis.
+  x_R's leaves carry a leading [R] axis; `batch` is the same for every
+  replica, or with `own_batches` stacked too (replica r's is batch[r]); the
+  outputs gain the [R] axis.
 
   Args:
     fn: the single replica's function.
     strategy: 'vmap' or 'map' (see the module docstring; `default_strategy`).
+    own_batches: whether `batch`'s leaves carry the [R] axis.
   """
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy: {strategy!r} is not one of {STRATEGIES}")
   if strategy == "vmap":
-    return jax.vmap(fn, in_axes=(0, None))
+    return jax.vmap(fn, in_axes=(0, 0 if own_batches else None))
+  if own_batches:
+    return lambda x_R, batch_R: jax.lax.map(lambda xb: fn(*xb), (x_R, batch_R))
   return lambda x_R, shared: jax.lax.map(lambda x: fn(x, shared), x_R)
 
 
 def make_replicated_train_step(
-  step_for_seed: Callable[[jax.Array], TrainStep], seeds: Sequence[int], *, strategy: str
+  step_for_seed: Callable[[jax.Array], TrainStep],
+  seeds: Sequence[int],
+  *,
+  strategy: str,
+  own_batches: bool = False,
 ) -> TrainStep:
   """Returns `step(state_R, batch) -> (state_R, metrics_R)` (not yet jitted).
 
-  Every replica takes the same batch; metrics_R holds each metric per replica
-  ([R]).
+  Every replica takes the same batch, or with `own_batches` its own (the
+  batch's leaves [R, B, ...]); metrics_R holds each metric per replica ([R]).
 
   Args:
     step_for_seed: seed -> the single run's train step (e.g.
@@ -124,11 +135,13 @@ def make_replicated_train_step(
       called with a traced int32 seed.
     seeds: the replicas' seeds, in the order of init_replicas.
     strategy: 'vmap' or 'map' (see the module docstring; `default_strategy`).
+    own_batches: whether the batch carries a leading [R] axis, replica r's batch[r].
   """
   seeds_R = _seed_array(seeds)
   one = over_replicas(
     lambda state_and_seed, batch: step_for_seed(state_and_seed[1])(state_and_seed[0], batch),
     strategy,
+    own_batches=own_batches,
   )
   return lambda state_R, batch: one((state_R, seeds_R), batch)
 
@@ -166,6 +179,7 @@ def for_seeds(
   eval_step: Callable[[Any, Batch], Any],
   state_sharding: Any,
   backend: str | None = None,
+  own_batches: bool = False,
 ) -> RunPrograms:
   """A run of `seeds`: one seed's programs as they are; for R > 1 stacked over
   a leading [R] axis (init_replicas, make_replicated_train_step and
@@ -179,6 +193,8 @@ def for_seeds(
     state_sharding: one run's state shardings.
     backend: the platform the programs run on ('cpu', 'gpu', 'tpu'), which
       picks the replicas' strategy; default this process's backend.
+    own_batches: R > 1 only: each replica trains on its own batch (train
+      batches [R, B, ...]); evaluation batches stay shared.
   """
   if len(seeds) == 1:
     (seed,) = seeds
@@ -191,7 +207,7 @@ def for_seeds(
   strategy = default_strategy(backend or jax.default_backend())
   return RunPrograms(
     lambda params: init_replicas(lambda key: start(key, params), seeds),
-    make_replicated_train_step(step_for_seed, seeds, strategy=strategy),
+    make_replicated_train_step(step_for_seed, seeds, strategy=strategy, own_batches=own_batches),
     over_replicas(eval_step, strategy),
     stacked_shardings(state_sharding),
   )

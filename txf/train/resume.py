@@ -57,6 +57,7 @@ ADDED_FIELDS = {
   "train.trackers": "",
   "data.num_symbols": 32,
   "data.num_kv_pairs": 8,
+  "data.seed_per_replica": False,
 }
 
 

@@ -99,7 +99,8 @@ class RunConfig:
   seed: int = documented("parameter init, dropout and (data.seed None) data order")
   replicas: int = documented(
     "seed replicas: R copies of the run, seeds seed .. seed + R - 1, trained side by side "
-    "in one program on the same batches (txf.train.replicas)"
+    "in one program on the same batches, or each on its own with data.seed_per_replica "
+    "(txf.train.replicas)"
   )
   model: ModelConfig
   data: DataSpec
@@ -119,6 +120,18 @@ class RunConfig:
   def data_seed(self) -> int:
     """The data order's seed: `data.seed`, or the run's `seed` where that is None."""
     return self.seed if self.data.seed is None else self.data.seed
+
+  @property
+  def own_batches(self) -> bool:
+    """Whether each replica trains on its own batches (data.seed_per_replica
+    with replicas > 1): the train batches then carry a leading [R] axis."""
+    return self.replicas > 1 and self.data.seed_per_replica
+
+  @property
+  def data_seeds(self) -> tuple[int, ...]:
+    """The seeds of the training data streams: replica r's data_seed + r with
+    own_batches, else the one stream every replica reads."""
+    return replicas_lib.replica_seeds(self.data_seed, self.replicas if self.own_batches else 1)
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -180,6 +193,12 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
       f"seed: {config.seed} + replicas={replicas} - 1 is above the largest seed {checks.SEED_MAX}"
     )
   spec = read_data_config(config.data)
+  data_seed = config.seed if spec.seed is None else spec.seed
+  if spec.seed_per_replica and data_seed + replicas - 1 > checks.SEED_MAX:
+    raise ValueError(
+      f"data.seed_per_replica: replica r reads data seed {data_seed} + r, above the largest "
+      f"seed {checks.SEED_MAX} for replicas={replicas}"
+    )
 
   model_fields = dict(config.model.items())
   if model_fields.get("vocab_size") is None:

@@ -13,7 +13,10 @@
 A config with `replicas` = R > 1 trains R seeds (seed .. seed + R - 1) in
 one program (txf.train.replicas): the state's leaves, checkpoints included,
 carry a leading [R] axis, the train step's metrics are [R], and `evaluate`
-reports every replica ('eval_loss/0', ...) with their mean and std.
+reports every replica ('eval_loss/0', ...) with their mean and std. With
+data.seed_per_replica each replica reads its own training batches (data seed
++ r; txf.data.stacked): train batches are [R, B, ...], put on the devices
+by `train_to_device`.
 `replica_params(params, r)` is replica r's parameters, a single run's.
 
 A run's config.json, and which changes a later run may make to it, are
@@ -41,6 +44,7 @@ from txf import decode, models
 from txf.analysis import flops_per_token
 from txf.data import Dataset, SentencePieceTokenizer, make_dataset, make_tokenizer, num_classes
 from txf.data.spec import read_data_config
+from txf.data.stacked import StackedDatasets
 from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import make_checkpointer
@@ -67,7 +71,8 @@ class RunSetup:
     model: the linen module.
     task: 'lm', 'mlm', 'seq2seq' or 'classify'.
     train_data, eval_data: this process's rows of the train and validation
-      batches (eval_data stops after eval.num_batches).
+      batches (eval_data stops after eval.num_batches); with own batches
+      per replica (run.own_batches) train_data is a StackedDatasets.
     mesh: the device mesh of config.parallel.
     state_sharding: a TrainState of NamedShardings, one per leaf.
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
@@ -81,16 +86,17 @@ class RunSetup:
       metrics are [R] when R > 1.
     eval_step: jitted (params, batch) -> replicated loss/accuracy sums ([R]
       when R > 1).
-    tokens_per_step: tokens (examples, for classification) per global batch.
-    flops_per_token: training FLOPs per data token (6N + attention), all R
-      replicas together.
+    tokens_per_step: tokens (examples, for classification) a step trains on:
+      one global batch's, R of them with own batches per replica.
+    flops_per_token: training FLOPs per data token (6N + attention), of all
+      R replicas where they share the batch.
     peak_flops: the device's peak FLOP/s in the compute dtype; None if unknown.
   """
 
   run: RunConfig
   model: nn.Module
   task: str
-  train_data: Dataset
+  train_data: Dataset | StackedDatasets
   eval_data: Dataset
   mesh: Mesh
   state_sharding: Any
@@ -112,8 +118,13 @@ class RunSetup:
     return replicas.replica_of(params, r, self.run.replicas)
 
   def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """Global arrays, split over the mesh, from this process's rows."""
+    """Global arrays, split over the mesh, from this process's rows (of an
+    evaluation batch, or of a train batch every replica shares)."""
     return sharding.shard_batch(batch, self.mesh)
+
+  def train_to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """A train batch as `to_device` puts it, [R, B, ...] with own batches per replica."""
+    return sharding.shard_batch(batch, self.mesh, replica_axis=self.run.own_batches)
 
   def activation_sharding(self) -> contextlib.AbstractContextManager:
     """The context the steps run (and are traced) in: activations' logical
@@ -164,6 +175,18 @@ def _dataset_args(run: RunConfig) -> dict[str, Any]:
   return dict(
     process_index=jax.process_index(), process_count=jax.process_count(), seed=run.data_seed
   )
+
+
+def _train_data(
+  run: RunConfig, workdir: str | os.PathLike | None, dataset_args: dict[str, Any]
+) -> Dataset | StackedDatasets:
+  """The training data: one stream of run.data_seed, or with own batches per
+  replica one of each of run.data_seeds, stacked."""
+  streams = [
+    make_dataset(run.data, "train", workdir=workdir, **dict(dataset_args, seed=seed))
+    for seed in run.data_seeds
+  ]
+  return StackedDatasets(streams, run.data_seeds) if run.own_batches else streams[0]
 
 
 def precheck_run(config: Any) -> RunConfig:
@@ -245,7 +268,7 @@ def setup_run(
   try:
     # One tokenizer for both splits (a sentencepiece or HF one is a file read).
     dataset_args["tokenizer"] = make_tokenizer(run.data, workdir)
-    train_data = make_dataset(run.data, "train", workdir=workdir, **dataset_args)
+    train_data = _train_data(run, workdir, dataset_args)
     eval_data = make_dataset(
       run.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
     )
@@ -283,10 +306,12 @@ def setup_run(
     eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
     state_sharding=state_sharding,
     backend=platform,
+    own_batches=run.own_batches,
   )
   init_from = jax.jit(programs.init, out_shardings=programs.state_sharding)
   replicated = sharding.replicated(mesh)
   seq_len = run.data.seq_len
+  batches = len(run.data_seeds)  # global batches a step trains on
   return RunSetup(
     run=run,
     model=model,
@@ -303,8 +328,8 @@ def setup_run(
       programs.train_step, out_shardings=(programs.state_sharding, replicated), donate_argnums=0
     ),
     eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
-    tokens_per_step=run.data.batch_size * (1 if task == "classify" else seq_len),
-    flops_per_token=run.replicas * flops_per_token(run.model, seq_len),
+    tokens_per_step=batches * run.data.batch_size * (1 if task == "classify" else seq_len),
+    flops_per_token=run.replicas // batches * flops_per_token(run.model, seq_len),
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
   )
 

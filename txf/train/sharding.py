@@ -260,9 +260,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 # Batches.
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """[B, ...] arrays split along B over 'data' x 'fsdp'."""
-  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+def batch_sharding(mesh: Mesh, *, replica_axis: bool = False) -> NamedSharding:
+  """[B, ...] arrays split along B over 'data' x 'fsdp'; with `replica_axis`,
+  [R, B, ...] arrays (each seed replica's own batch) split so, R whole."""
+  spec = PartitionSpec(None, BATCH_AXES) if replica_axis else PartitionSpec(BATCH_AXES)
+  return NamedSharding(mesh, spec)
 
 
 def check_batch(global_batch_size: int, mesh: Mesh) -> None:
@@ -275,14 +277,18 @@ def check_batch(global_batch_size: int, mesh: Mesh) -> None:
     )
 
 
-def shard_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def shard_batch(
+  local_batch: Mapping[str, np.ndarray], mesh: Mesh, *, replica_axis: bool = False
+) -> dict[str, jax.Array]:
   """Global arrays from this process's rows of a batch.
 
   Each process passes only its own rows (its data shard, in process order);
-  the global batch is their concatenation, split over 'data' x 'fsdp'.
+  the global batch is their concatenation, split over 'data' x 'fsdp'. With
+  `replica_axis` every field is [R, rows, ...] (txf.data.stacked): the rows
+  are the second axis.
   """
-  sharding = batch_sharding(mesh)
-  rows = {np.shape(x)[0] for x in local_batch.values()}
+  sharding = batch_sharding(mesh, replica_axis=replica_axis)
+  rows = {np.shape(x)[1 if replica_axis else 0] for x in local_batch.values()}
   if len(rows) != 1:
     raise ValueError(f"shard_batch: batch fields disagree on the row count: {sorted(rows)}")
   check_batch(rows.pop() * jax.process_count(), mesh)

@@ -9,9 +9,11 @@ the last bucket starts at distance 113, so in training it held at most 15
 keys of a query, against about 1,935 at 16x. This sweep tests that cause.
 4 points, sweeps/pe_ln's T5-bias Pre-LN point (d_model 64, seq_len 128,
 1800 steps) with t5_max_distance 32, 64, 128 (pe_ln's) and 512, and 3 seed
-replicas; each is evaluated at 1x-16x the training length on 12,288
-validation tokens. Where each max distance puts the last bucket (causal,
-32 buckets; txf.ops.relative_position_bucket):
+replicas that differ in data order too (data.seed_per_replica: replica r
+trains as the single run of seed r with data seed r); each is evaluated at
+1x-16x the training length on 12,288 validation tokens. Where each max
+distance puts the last bucket (causal, 32 buckets;
+txf.ops.relative_position_bucket):
 
   max      last bucket    buckets a 128-token    distances < 2048 in
   distance from distance  row trains             untrained buckets
@@ -41,6 +43,7 @@ from txf.sweep.grid import make_grid
 def get_config() -> ml_collections.ConfigDict:
   config = pe_ln.get_config()
   config.base.replicas = 3
+  config.base.data.seed_per_replica = True
   config.base.model.update(dict(position="t5_bias", norm_placement="pre"))
   config.grid = make_grid({"model.t5_max_distance": [32, 64, 128, 512]})
   return config
