@@ -1,6 +1,6 @@
 """Writes docs/induction.md's tables and circuit figures from the committed raw outputs.
 
-  python tools/induction_docs.py [--check] [--data docs/data/induction] [--page docs/induction.md]
+  python -m tools.induction_docs [--check] [--data docs/data/induction] [--page docs/induction.md]
       [--figures docs/figures]
 
 docs/data/induction/seed<N>/ holds what `txf-analyze --circuits
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tools.page_tables import check_or_write, rewrite_tables
 from txf.analysis import circuit_report
 from txf.analysis.ablation import head_name
 from txf.analysis.head_scores import head_roles
@@ -40,6 +41,7 @@ from txf.analysis.plots import save_figure
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TABLES = ("roles", "group_ablation", "circuits", "sorted_scores", "phase_change")
 MARKER = "<!-- induction_docs: {} -->"
+_MARKER_LINE = re.compile(r"^<!-- induction_docs: (\w+) -->$")
 
 
 def seed_dirs(data: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -199,18 +201,17 @@ def tables(data: pathlib.Path) -> dict[str, str]:
 
 def update_page(page: str, new_tables: Mapping[str, str]) -> str:
   """`page` with the table after each `MARKER` line replaced by `new_tables`'
-  (a marker followed by no table gets one); ValueError if a marker is missing."""
-  lines = page.splitlines(keepends=True)
-  for name, table in new_tables.items():
-    marker = MARKER.format(name) + "\n"
-    if lines.count(marker) != 1:
-      raise ValueError(f"the page must hold the line {marker.strip()!r} once")
-    start = lines.index(marker) + 1
-    end = start
-    while end < len(lines) and lines[end].startswith("|"):
-      end += 1
-    lines[start:end] = table.splitlines(keepends=True)
-  return "".join(lines)
+  (a marker followed by no table gets one); ValueError if a marker of
+  `new_tables` is not on the page once, or one on the page is not of them."""
+  lines = page.splitlines()
+  for name in new_tables:
+    if lines.count(MARKER.format(name)) != 1:
+      raise ValueError(f"the page must hold the line {MARKER.format(name)!r} once")
+  for line in lines:
+    found = _MARKER_LINE.match(line)
+    if found and found[1] not in new_tables:
+      raise ValueError(f"{line!r}: no table of that name (tables: {', '.join(new_tables)})")
+  return rewrite_tables(page, _MARKER_LINE, lambda found, above: new_tables[found[1]].splitlines())
 
 
 def write_figures(data: pathlib.Path, figures: pathlib.Path) -> list[pathlib.Path]:
@@ -245,14 +246,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--figures", type=pathlib.Path, default=ROOT / "docs/figures")
   parser.add_argument("--check", action="store_true", help="write nothing; 1 if the page differs")
   args = parser.parse_args(argv)
-  page = args.page.read_text()
-  updated = update_page(page, tables(args.data))
+  new_tables = tables(args.data)
+  status = check_or_write(
+    args.page, lambda page: update_page(page, new_tables), args.check, f"tables and {args.data}"
+  )
   if args.check:
-    if updated != page:
-      print(f"induction_docs: {args.page}'s tables differ from {args.data}")
-      return 1
-    return 0
-  args.page.write_text(updated)
+    return status
   print(args.page)
   for path in write_figures(args.data, args.figures):
     print(path)

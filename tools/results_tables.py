@@ -9,9 +9,10 @@ results.csv (written over DIR by `txf-sweep --config=sweeps/NAME
 extrapolation.json committed there) for the final validation loss and its
 flatness, and each point's extrapolation.json for the extrapolated losses,
 mean ± sample std over the seed replicas. One row per point, in the
-sweep's order: encoding, LN, val @128, last fifth, flat, sliding @128,
-sliding @256, sliding @2048, non-overlapping @2048, Δ (sliding @2048 minus
-sliding @128; empty where 2048 does not apply).
+sweep's order: the fields the grid varies (encoding, LN, T5 max distance,
+...), val @128, last fifth, flat, sliding @128, sliding @256, sliding @2048,
+non-overlapping @2048, Δ (sliding @2048 minus sliding @128; empty where 2048
+does not apply).
 
 --check writes nothing and exits 1 if a table differs from its data
 (tests/test_docs.py checks the same).
@@ -41,11 +42,28 @@ ENCODINGS = {
 }
 # (protocol, evaluation length) of each extrapolation column, in order.
 COLUMNS = (("sliding", 128), ("sliding", 256), ("sliding", 2048), ("non_overlapping", 2048))
-HEADER = [
-  "| encoding | LN | val @128 | last fifth | flat | sliding @128 | sliding @256 "
-  "| sliding @2048 | non-overlapping @2048 | Δ |",
-  "|---|---|---|---|---|---|---|---|---|---|",
-]
+# The column titles of the grid's fields; their values as the cells show them.
+GRID_COLUMNS = {
+  "model.position": ("encoding", ENCODINGS.__getitem__),
+  "model.norm_placement": ("LN", str),
+  "model.t5_max_distance": ("T5 max distance", str),
+}
+RESULT_COLUMNS = (
+  "val @128",
+  "last fifth",
+  "flat",
+  "sliding @128",
+  "sliding @256",
+  "sliding @2048",
+  "non-overlapping @2048",
+  "Δ",
+)
+
+
+def _header(fields: list[str]) -> list[str]:
+  titles = [GRID_COLUMNS[field][0] if field in GRID_COLUMNS else field for field in fields]
+  titles += RESULT_COLUMNS
+  return ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
 
 
 def _stat_text(stat: Stat) -> str:
@@ -63,16 +81,18 @@ def _extrapolated(record: dict, protocol: str, length: int) -> Stat | None:
 
 def table(data: pathlib.Path) -> list[str]:
   """The results table of the sweep whose raw outputs are in `data`."""
-  lines = list(HEADER)
   with open(data / RESULTS_CSV, newline="") as rows:
-    for row in csv.DictReader(rows):
+    reader = csv.DictReader(rows)
+    columns = list(reader.fieldnames or [])
+    fields = columns[columns.index("point") + 1 : columns.index("status")]  # the grid's
+    lines = _header(fields)
+    for row in reader:
       record = json.loads((data / row["point"] / EXTRAPOLATION_FILE).read_text())
       stats = [_extrapolated(record, protocol, length) for protocol, length in COLUMNS]
       sliding_128, sliding_2048 = stats[0], stats[2]
       delta = f"{sliding_2048.mean - sliding_128.mean:+.3f}" if sliding_128 and sliding_2048 else ""
       cells = [
-        ENCODINGS[row["model.position"]],
-        row["model.norm_placement"],
+        *(GRID_COLUMNS.get(field, ("", str))[1](row[field]) for field in fields),
         _stat_text(Stat(float(row["eval_loss"]), float(row["eval_loss_std"]))),
         f"{-100 * float(row['late_improvement']):.1f}%",
         row["flat"],

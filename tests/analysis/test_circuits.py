@@ -464,7 +464,7 @@ def test_docs_induction_tables_are_the_ones_its_data_give():
   assert set(tables) == set(induction_docs.TABLES)
   page = (DOCS / "induction.md").read_text()
   assert induction_docs.update_page(page, tables) == page, (
-    "docs/induction.md's tables differ from docs/data/induction: python tools/induction_docs.py"
+    "docs/induction.md's tables differ from docs/data/induction: python -m tools.induction_docs"
   )
   # The raw files are one analysis per seed: circuits.json's scores are
   # head_scores.csv's and the last checkpoint's of training_scores.csv.
