@@ -42,6 +42,7 @@ import numpy as np
 from absl import flags
 
 from benchmarks.step import benchmark, define_steps_and_window
+from txf.aot.compile import abstract_batch
 from txf.train import loop, sharding
 from txf.train.metrics import read_metrics
 from txf.train.setup import RunSetup, parse_run, setup_run
@@ -84,10 +85,9 @@ class RandomIds:
 def null_step(setup: RunSetup):
   """A jitted step with the train step's signature and outputs that only
   counts the step: the loop around it runs at its host-side ceiling."""
-  batch = setup.to_device(next(iter(setup.eval_data)))
-  abstract_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+  batch_shapes = abstract_batch(setup)
   with setup.activation_sharding():
-    metrics = jax.eval_shape(setup.train_step, setup.abstract_state, abstract_batch)[1]
+    metrics = jax.eval_shape(setup.train_step, setup.abstract_state, batch_shapes)[1]
 
   def step(state, batch):
     del batch

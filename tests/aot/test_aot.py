@@ -18,13 +18,15 @@ import sys
 
 import jax
 import pytest
+from jax.sharding import PartitionSpec
 
 from conftest import REPO, tiny_config
 from txf.aot import hlo
-from txf.aot.compile import compile_run, prepare_environment
+from txf.aot.compile import abstract_batch, compile_run, prepare_environment
 from txf.aot.report import report
 from txf.aot.targets import parse_target
 from txf.train.run_config import ConfigError
+from txf.train.setup import parse_run, setup_run
 
 prepare_environment()
 
@@ -350,6 +352,24 @@ def test_decoding_compiles_with_its_memory_and_kernels_per_token(h100x4_runs):
 def test_a_batch_that_does_not_split_over_the_slice_is_a_config_error():
   with pytest.raises(ConfigError, match=r"^data\.batch_size: 6 is not divisible by .* = 4$"):
     compile_run(tiny_config("rope", data__batch_size=6), parse_target("v5e-4"))
+
+
+@needs_libtpu
+def test_replicas_with_their_own_batches_lower_with_a_replica_axis_on_the_train_batch_only():
+  """data.seed_per_replica: the train step takes [R, B, T] batches split along
+  B (R whole), the eval step the shared [B, T] ones; both lower (traced for
+  the slice, not compiled)."""
+  config = tiny_config("rope", data__seed_per_replica=True)
+  config.replicas = 2
+  setup = setup_run(parse_run(config), devices=parse_target("v5e-4").devices())
+  train, evaluation = abstract_batch(setup), abstract_batch(setup, train=False)
+  rows, length = config.data.batch_size, config.data.seq_len
+  assert {x.shape for x in train.values()} == {(2, rows, length)}
+  assert {x.shape for x in evaluation.values()} == {(rows, length)}
+  assert {x.sharding.spec for x in train.values()} == {PartitionSpec(None, ("data", "fsdp"))}
+  with setup.activation_sharding():
+    setup.train_step.lower(setup.abstract_state, train)
+    setup.eval_step.lower(setup.abstract_state.params, evaluation)
 
 
 @needs_cuda_plugin

@@ -130,11 +130,12 @@ def _cudnn_answered_for(target: Target) -> Iterator[bool]:
       setattr(checks, name, function)
 
 
-def abstract_batch(setup: RunSetup) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global training batch's shapes and dtypes, split over the mesh as
-  the run splits its batches."""
-  batch = next(iter(setup.train_data))
-  split = sharding.batch_sharding(setup.mesh, replica_axis=setup.run.own_batches)
+def abstract_batch(setup: RunSetup, *, train: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global training (or evaluation) batch's shapes and dtypes, split over
+  the mesh as the run splits its batches: a training batch is [R, B, ...]
+  where each replica trains on its own (run.own_batches)."""
+  batch = next(iter(setup.train_data if train else setup.eval_data))
+  split = sharding.batch_sharding(setup.mesh, replica_axis=train and setup.run.own_batches)
   return {
     key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=split)
     for key, value in batch.items()
@@ -176,13 +177,13 @@ def compile_run(
   devices = devices if devices is not None else target.devices()
   with _cudnn_answered_for(target) as cudnn:
     setup = setup_run(parse_run(config), devices=devices)
-    batch = abstract_batch(setup)
+    batch, eval_batch = abstract_batch(setup), abstract_batch(setup, train=False)
     # The steps are jitted (RunSetup types them as plain callables): they lower.
     train_step: Any = setup.train_step
     eval_step: Any = setup.eval_step
     programs: dict[str, tuple[Any, tuple]] = {  # name: (a function that lowers, its arguments)
       "train_step": (train_step.lower, (setup.abstract_state, batch)),
-      "eval_step": (eval_step.lower, (setup.abstract_state.params, batch)),
+      "eval_step": (eval_step.lower, (setup.abstract_state.params, eval_batch)),
     }
     if decode_tokens:
       programs["decode"] = _decode_program(setup, decode_tokens)

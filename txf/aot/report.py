@@ -167,9 +167,10 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
   """Everything txf-compile reports of a compiled run (module docstring)."""
   setup, target = run.setup, run.target
   batch = compile_module.abstract_batch(setup)
+  eval_batch = compile_module.abstract_batch(setup, train=False)
   arguments = {
     "train_step": shard_bytes((setup.abstract_state, batch)),
-    "eval_step": shard_bytes((setup.abstract_state.params, batch)),
+    "eval_step": shard_bytes((setup.abstract_state.params, eval_batch)),
   }
   train, evaluation = (
     memory(
