@@ -239,3 +239,34 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed
+
+
+def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
+  """A table whose points differ in one field ranks all its rows; column=
+  picks the tested column by its title. Welch's t from the table's numbers,
+  against scipy's on the same means and stds."""
+  from scipy import stats
+
+  page = [
+    "| max distance | val @128 | sliding @2048 |",
+    "|---|---|---|",
+    "| 32 | 1.600 ± 0.010 | 2.400 ± 0.020 |",
+    "| 128 | 1.610 ± 0.010 | 2.600 ± 0.010 |",
+    "| 512 | 1.590 ± 0.020 | 2.500 ± 0.030 |",
+    "",
+    '<!-- findings_significance: seeds=3 column="sliding @2048" -->',
+  ]
+  table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
+  assert [row.split("|")[1].strip() for row in table[2:]] == ["32 < 512", "512 < 128"]
+  t, p = stats.ttest_ind_from_stats(2.400, 0.020, 3, 2.500, 0.030, 3, equal_var=False)
+  assert (
+    table[2]
+    == f"| 32 < 512 | -0.100 | {t:.2f} | {table[2].split('|')[4].strip()} | {p:.3f} | yes |"
+  )
+  # Without column=, the first m ± s column (validation) is ranked.
+  by_validation = findings_significance.rewrite(
+    "\n".join(page[:-1] + [page[-1].split(" column")[0] + " -->"])
+  )
+  assert "| 512 < 32 |" in by_validation and "| 32 < 128 |" in by_validation
+  with pytest.raises(ValueError, match="column='sliding @4096' is not a title"):
+    findings_significance.rewrite("\n".join(page).replace('@2048" -->', '@4096" -->'))

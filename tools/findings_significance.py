@@ -3,12 +3,16 @@
   python -m tools.findings_significance [--check] [--page docs/results.md]
 
 Each line `<!-- findings_significance: seeds=N -->` of the page follows a
-results table whose rows start `| encoding | pre/post | m ± s |` (the final
-validation loss, mean ± sample std over N seeds). After the marker this
+results table: its leading columns name a point (encoding and placement, or
+another grid field), the first `m ± s` column holds the final validation
+loss, mean ± sample std over N seeds. `seeds=N column="TITLE"` tests the
+column of that title instead (e.g. "sliding @2048"). After the marker this
 writes, by txf.sweep.significance's rule (Welch's two-sided t-test, p <
-0.05), each placement's encodings against the next in the ranking, and each
-encoding's Pre-LN against its Post-LN. The means and stds are the table's,
-rounded to 3 decimals, so p is the test's on the published numbers.
+0.05): for a table of (encoding, pre/post) rows, each placement's encodings
+against the next in the ranking and each encoding's Pre-LN against its
+Post-LN; for a table of one leading column, each point against the next in
+the ranking. The means and stds are the table's, rounded to 3 decimals, so
+p is the test's on the published numbers.
 
 --check writes nothing and exits 1 if a table differs from what the page's
 results tables give (tests/test_docs.py checks the same).
@@ -25,30 +29,45 @@ from tools.page_tables import check_or_write, rewrite_tables
 from txf.sweep.significance import welch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"^<!-- findings_significance: seeds=(\d+) -->$")
+MARKER = re.compile(r'^<!-- findings_significance: seeds=(\d+)(?: column="([^"]+)")? -->$')
 _STAT = re.compile(r"^(?:\*\*)?([\d.]+) ± ([\d.]+)(?:\*\*)?$")
 HEADER = [
   "| pair | difference | t | df | p | resolved |",
   "|---|---|---|---|---|---|",
 ]
+PLACEMENTS = ("pre", "post")
 
 
-def _results_rows(lines: list[str]) -> dict[tuple[str, str], tuple[float, float]]:
-  """{(encoding, placement): (mean, std)} of the last results table in `lines`."""
+def _cells(line: str) -> list[str]:
+  return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def _results_rows(
+  lines: list[str], column: str | None = None
+) -> dict[tuple[str, ...], tuple[float, float]]:
+  """{the point's leading cells: (mean, std)} of the last results table in
+  `lines`, from its first `m ± s` column or the one titled `column`."""
   end = len(lines)
   while end and not lines[end - 1].startswith("|"):
     end -= 1
   start = end
   while start and lines[start - 1].startswith("|"):
     start -= 1
+  if end - start < 3:
+    raise ValueError(f"no results table before line {end + 1}")
+  titles, body = _cells(lines[start]), [_cells(line) for line in lines[start + 2 : end]]
+  stat_columns = [i for i in range(len(titles)) if all(_STAT.match(row[i]) for row in body)]
+  if not stat_columns:
+    raise ValueError(f"no column of 'm ± s' losses in the table before line {end + 1}")
+  if column is not None and column not in titles:
+    raise ValueError(f"column={column!r} is not a title of the table before line {end + 1}")
+  at = titles.index(column) if column is not None else stat_columns[0]
   rows = {}
-  for line in lines[start:end]:
-    cells = [cell.strip() for cell in line.strip("|").split("|")]
-    stat = _STAT.match(cells[2]) if len(cells) > 2 else None
-    if stat and cells[1] in ("pre", "post"):
-      rows[(cells[0], cells[1])] = (float(stat[1]), float(stat[2]))
-  if not rows:
-    raise ValueError(f"no results table with 'm ± s' losses before line {end + 1}")
+  for row in body:
+    stat = _STAT.match(row[at])
+    if stat is None:
+      raise ValueError(f"{row[at]!r} in column {titles[at]!r} is not 'm ± s'")
+    rows[tuple(row[: stat_columns[0]])] = (float(stat[1]), float(stat[2]))
   return rows
 
 
@@ -62,14 +81,27 @@ def _line(name: str, a: tuple[float, float], b: tuple[float, float], seeds: int)
   return f"| {name} | {numbers} | {'yes' if test.resolved else 'no'} |"
 
 
-def significance_table(rows: dict[tuple[str, str], tuple[float, float]], seeds: int) -> list[str]:
-  """The marker's table: adjacent encodings in each placement's ranking, then
-  Pre-LN against Post-LN per encoding (the lower loss first in each pair)."""
+def _ranked_pairs(rows: dict[str, tuple[float, float]], seeds: int, note: str) -> list[str]:
+  """Each point of `rows` against the next in the ranking (lower loss first)."""
+  ranked = sorted((stat, name) for name, stat in rows.items())
+  return [
+    _line(f"{first} < {second}{note}", a, b, seeds)
+    for (a, first), (b, second) in zip(ranked, ranked[1:])
+  ]
+
+
+def significance_table(rows: dict[tuple[str, ...], tuple[float, float]], seeds: int) -> list[str]:
+  """The marker's table (module docstring): for (encoding, placement) rows
+  adjacent encodings in each placement's ranking, then Pre-LN against
+  Post-LN per encoding; for rows of one leading cell, adjacent points."""
   lines = list(HEADER)
-  for placement in ("pre", "post"):
-    ranked = sorted((stat, encoding) for (encoding, p), stat in rows.items() if p == placement)
-    for (a, first), (b, second) in zip(ranked, ranked[1:]):
-      lines.append(_line(f"{first} < {second} ({placement}-LN)", a, b, seeds))
+  if all(len(key) == 1 for key in rows):
+    return lines + _ranked_pairs({key[0]: stat for key, stat in rows.items()}, seeds, "")
+  if not all(len(key) == 2 and key[1] in PLACEMENTS for key in rows):
+    raise ValueError(f"rows must be (encoding, pre/post) or of one cell, got {list(rows)}")
+  for placement in PLACEMENTS:
+    by_encoding = {encoding: stat for (encoding, p), stat in rows.items() if p == placement}
+    lines += _ranked_pairs(by_encoding, seeds, f" ({placement}-LN)")
   for encoding in dict.fromkeys(encoding for encoding, _ in rows):
     if (encoding, "pre") in rows and (encoding, "post") in rows:
       pre, post = rows[(encoding, "pre")], rows[(encoding, "post")]
@@ -82,7 +114,9 @@ def significance_table(rows: dict[tuple[str, str], tuple[float, float]], seeds: 
 def rewrite(text: str) -> str:
   """The page with every marker's table written from the results table above it."""
   return rewrite_tables(
-    text, MARKER, lambda found, above: significance_table(_results_rows(above), int(found[1]))
+    text,
+    MARKER,
+    lambda found, above: significance_table(_results_rows(above, found[2]), int(found[1])),
   )
 
 
