@@ -203,18 +203,26 @@ def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
         assert a == b
 
 
-def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path):
-  """docs/results.md's CPU sweep table, as tools/results_tables.py writes it
-  from docs/data/pe_ln; that directory's results.csv and results.md are the
+# docs/data/<sweep>: the raw outputs of configs/sweeps/<sweep>.py a results table is written from.
+SWEEP_DATA = ["docs/data/pe_ln", "docs/data/t5_distance"]
+
+
+def test_every_results_table_is_written_from_committed_raw_outputs():
+  page = (ROOT / "docs" / "results.md").read_text()
+  assert re.findall(r"^<!-- results_table: (\S+) -->$", page, re.M) == SWEEP_DATA
+  assert results_tables.rewrite(page) == page
+
+
+@pytest.mark.parametrize("data_dir", SWEEP_DATA)
+def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path, data_dir):
+  """A results table of docs/results.md, as tools/results_tables.py writes it
+  from docs/data/<sweep>; that directory's results.csv and results.md are the
   sweep's own summary of the points' metrics.jsonl and extrapolation.json
   beside them; and the tool would notice a changed replica's loss."""
-  page = (ROOT / "docs" / "results.md").read_text()
-  assert re.findall(r"^<!-- results_table: (\S+) -->$", page, re.M) == ["docs/data/pe_ln"]
-  assert results_tables.rewrite(page) == page
-  data = ROOT / "docs" / "data" / "pe_ln"
-  points = grid.expand(configs.load(ROOT / "txf" / "configs" / "sweeps" / "pe_ln.py"))
+  data = ROOT / data_dir
+  points = grid.expand(configs.load(ROOT / "txf" / "configs" / "sweeps" / f"{data.name}.py"))
   rows = [results.summarize_point(point, data / point.name) for point in points]
-  assert [row.status for row in rows] == ["done"] * 12
+  assert [row.status for row in rows] == ["done"] * len(points)
   for written in results.write_results(rows, tmp_path):
     if written.suffix == ".csv":  # full precision: numpy's last digit varies by release
       assert_same_csv(written, data / written.name)
@@ -235,7 +243,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   writes them from the results tables above them (a table cannot drift from
   the numbers it tests); and the tool would notice a changed number."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 2
+  assert page.count("<!-- findings_significance:") == 3
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed
