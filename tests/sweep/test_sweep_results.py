@@ -128,6 +128,66 @@ def test_summary_of_replicas_is_mean_and_sample_std(sweep_dir, points):
   assert row.extrapolation.loss["sliding"] == (1.9, 2.2, 3.0)
 
 
+def width_sweep(tmp_path, accuracies):
+  """Points of a family x d_model grid, each a run of 2 replicas whose final
+  evaluation logged `accuracies[point name]` ([] logs no accuracy)."""
+  base = ml_collections.ConfigDict(
+    dict(replicas=2, model=dict(family="decoder", d_model=32), train=dict(steps=STEPS))
+  )
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid({"model.family": ["decoder", "lstm"], "model.d_model": [32, 128]})
+  points = grid.expand(config)
+  for point in points:
+    row = replica_row(STEPS, "eval_loss", [2.0, 2.2])
+    if accuracies[point.name]:
+      row.update(replica_row(STEPS, "eval_accuracy", accuracies[point.name]))
+    write_run(tmp_path / point.name, [row])
+  return points, [results.summarize_point(p, tmp_path / p.name) for p in points]
+
+
+def test_final_accuracy_is_the_replicas_mean_and_std_in_every_table(tmp_path):
+  accuracies = {
+    "family=decoder,d_model=32": [0.5, 0.7],
+    "family=decoder,d_model=128": [0.9, 1.0],
+    "family=lstm,d_model=32": [],
+    "family=lstm,d_model=128": [0.1, 0.3],
+  }
+  points, rows = width_sweep(tmp_path, accuracies)
+  first = rows[0].eval_accuracy
+  assert first.mean == pytest.approx(0.6, rel=1e-12)
+  assert first.std == pytest.approx(0.2 / math.sqrt(2), rel=1e-12)
+  assert rows[2].eval_accuracy is None
+  csv_path, md_path = results.write_results(rows, tmp_path)
+  table = list(csv.DictReader(csv_path.read_text().splitlines()))
+  assert [row["eval_accuracy"] for row in table] == ["0.6", "0.95", "", "0.2"]
+  assert float(table[3]["eval_accuracy_std"]) == pytest.approx(0.2 / math.sqrt(2), rel=1e-12)
+  assert "| val accuracy |" in md_path.read_text() and "0.9500 ± 0.0707" in md_path.read_text()
+
+
+def test_accuracy_vs_width_draws_one_line_per_family_at_its_widths(tmp_path):
+  accuracies = {
+    "family=decoder,d_model=32": [0.5, 0.7],
+    "family=decoder,d_model=128": [0.9, 1.0],
+    "family=lstm,d_model=32": [],
+    "family=lstm,d_model=128": [0.1, 0.3],
+  }
+  _, rows = width_sweep(tmp_path, accuracies)
+  figure = figures.accuracy_vs_width_figure(rows)
+  (axes,) = figure.axes
+  lines = {bars.get_label(): bars.lines[0] for bars in axes.containers}  # errorbar's
+  assert sorted(lines) == ["LSTM", "Transformer decoder"]
+  data = {label: np.asarray(line.get_xydata(), float) for label, line in lines.items()}
+  np.testing.assert_allclose(data["Transformer decoder"][:, 0], [32, 128])
+  np.testing.assert_allclose(data["Transformer decoder"][:, 1], [0.6, 0.95])
+  np.testing.assert_allclose(data["LSTM"][:, 1], [np.nan, 0.2])  # no accuracy: a gap
+  assert axes.get_xscale() == "log" and "accuracy" in axes.get_ylabel()
+  path = figures.plot_accuracy_vs_width(rows, tmp_path)
+  assert path.name == figures.ACCURACY_VS_WIDTH_PNG
+  assert_png(path)
+  with pytest.raises(ValueError, match="^model.num_layers: not a grid field"):
+    figures.accuracy_vs_width_figure(rows, width_field="model.num_layers")
+
+
 def test_summary_of_a_single_run_has_no_std(tmp_path, points):
   write_run(
     tmp_path / "single",

@@ -509,17 +509,31 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
 
 @pytest.mark.parametrize(
   "name, count",
-  [("pe_ln", 12), ("pe_ln_gpu", 12), ("ln_warmup", 8), ("t5_distance", 4), ("pe_ln_seeds", 6)],
+  [
+    ("pe_ln", 12),
+    ("pe_ln_gpu", 12),
+    ("ln_warmup", 8),
+    ("t5_distance", 4),
+    ("pe_ln_seeds", 6),
+    ("mqar_scale", 6),
+  ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
   config = load_config(f"sweeps.{name}")
   points = grid.expand(config)
   assert len(points) == count
   grid.validate(points, runner.check_point_config)
-  replicas = {"pe_ln": 2, "pe_ln_gpu": 2, "ln_warmup": 3, "t5_distance": 3, "pe_ln_seeds": 3}
+  replicas = {
+    "pe_ln": 2,
+    "pe_ln_gpu": 2,
+    "ln_warmup": 3,
+    "t5_distance": 3,
+    "pe_ln_seeds": 3,
+    "mqar_scale": 2,
+  }
   assert config.base.replicas == replicas[name]  # seeds
   # The sweeps made for the findings page's seed rule vary the data order too.
-  own = name in ("t5_distance", "pe_ln_seeds")
+  own = name in ("t5_distance", "pe_ln_seeds", "mqar_scale")
   assert config.base.data.seed_per_replica == own
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
@@ -667,3 +681,24 @@ def test_the_seeds_rerun_is_pe_lns_points_with_three_seeds_of_both_kinds():
     "replicas": 2,
     "data.seed_per_replica": False,
   }
+
+
+def test_the_mqar_scale_sweep_has_a_cpu_and_a_gpu_setting():
+  """Zoology's axes: the GPU setting is the harder task at wider models; both
+  settings' points pass the run's checks; another name is refused."""
+  import importlib
+
+  module = importlib.import_module("txf.configs.sweeps.mqar_scale")
+  cpu, gpu = module.get_config(), module.get_config("gpu")
+  for config in (cpu, gpu):
+    grid.validate(grid.expand(config), runner.check_point_config)
+  assert (cpu.base.data.num_kv_pairs, cpu.base.data.num_symbols) == (16, 256)
+  assert (gpu.base.data.num_kv_pairs, gpu.base.data.num_symbols, gpu.base.data.seq_len) == (
+    64,
+    8192,
+    512,
+  )
+  widths = lambda config: sorted({p.overrides["model.d_model"] for p in grid.expand(config)})
+  assert widths(cpu) == [32, 64, 128] and widths(gpu) == [64, 128, 256, 512]
+  with pytest.raises(ValueError, match="setting 'tpu' is not one of"):
+    module.get_config("tpu")

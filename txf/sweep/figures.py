@@ -1,5 +1,6 @@
 """A sweep's figures, from the summaries of txf.sweep.results: loss curves,
-length extrapolation, loss by position, final loss by Pre-/Post-LN. Each is
+length extrapolation, loss by position, final loss by Pre-/Post-LN, final
+accuracy by model width. Each is
 written atomically into the sweep's work directory (txf.sweep.writes) and
 labelled in words (`point_labels`: 'RoPE, Pre-LN'); the plots themselves are
 txf.analysis.plots' line plots and matplotlib's object API.
@@ -37,6 +38,8 @@ _CURVE_FIGURES = {
 }
 CURVES = {metric: _CURVE_FIGURES[metric] for metric in CURVE_METRICS}
 PRE_VS_POST_PNG = "pre_vs_post.png"
+ACCURACY_VS_WIDTH_PNG = "accuracy_vs_width.png"
+WIDTH_FIELD = "model.d_model"
 
 LinePlot = Callable[..., Any]
 
@@ -55,6 +58,12 @@ VALUE_WORDS: dict[str, dict[Any, str]] = {
   },
   "model.norm_placement": {"pre": "Pre-LN", "post": "Post-LN"},
   "model.norm": {"layer": "LayerNorm", "rms": "RMSNorm"},
+  "model.family": {
+    "decoder": "Transformer decoder",
+    "encoder": "Transformer encoder",
+    "encoder_decoder": "encoder-decoder",
+    "lstm": "LSTM",
+  },
 }
 
 
@@ -331,3 +340,61 @@ def plot_pre_vs_post(
   loss has no marker (a diverged one is labelled so). Returns the PNG."""
   figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
   return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)
+
+
+def accuracy_vs_width_figure(rows: Sequence[PointSummary], *, width_field: str = WIDTH_FIELD):
+  """plot_accuracy_vs_width's matplotlib Figure, unwritten.
+
+  Raises:
+    ValueError: `width_field` is not a grid field of these points.
+  """
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  from txf.analysis.plots import fit_title
+
+  if not any(width_field in row.point.overrides for row in rows):
+    raise ValueError(f"{width_field}: not a grid field of these points")
+  # One line per setting of the other grid fields (e.g. per model family).
+  lines: dict[tuple, list[PointSummary]] = {}
+  for row in rows:
+    others = tuple((k, v) for k, v in row.point.overrides.items() if k != width_field)
+    lines.setdefault(others, []).append(row)
+  figure = Figure(figsize=(6.4, 4.8), layout="constrained")
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  for others, members in lines.items():
+    members = sorted(members, key=lambda row: row.point.overrides[width_field])
+    stats = [row.eval_accuracy for row in members]
+    axes.errorbar(
+      [row.point.overrides[width_field] for row in members],
+      [math.nan if stat is None else stat.mean for stat in stats],
+      yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+      fmt="o-",
+      capsize=4,
+      label=", ".join(value_words(k, v) for k, v in others) or "all points",
+    )
+  axes.set_xscale("log", base=2)
+  widths = sorted({row.point.overrides[width_field] for row in rows})
+  axes.set_xticks(widths, [str(width) for width in widths])
+  axes.set_ylim(-0.02, 1.02)
+  axes.set_xlabel(f"{width_field.rsplit('.', 1)[-1].replace('_', ' ')} (units per layer)")
+  axes.set_ylabel("final validation accuracy (fraction of predictions)")
+  fit_title(figure, "Final validation accuracy by model width")
+  axes.grid(alpha=0.3)
+  axes.legend(loc="lower right")
+  return figure
+
+
+def plot_accuracy_vs_width(
+  rows: Sequence[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  width_field: str = WIDTH_FIELD,
+) -> epath.Path:
+  """Final validation accuracy against the model width (`width_field`, log2
+  x), one line per setting of the other grid fields (e.g. per model family,
+  as Zoology's MQAR figures), error bars ±1 std over replicas; a point
+  without a final accuracy is left out of its line. Returns the PNG."""
+  figure = accuracy_vs_width_figure(rows, width_field=width_field)
+  return write_figure(figure, epath.Path(sweep_workdir) / ACCURACY_VS_WIDTH_PNG)

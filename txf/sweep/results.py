@@ -197,6 +197,7 @@ class PointSummary:
   train_perplexity: Stat | None
   eval_loss: Stat | None
   eval_perplexity: Stat | None
+  eval_accuracy: Stat | None  # of the final evaluation (a language model's: next-token)
   tokens_per_sec: float | None
   diverged: bool
   extrapolation: Extrapolation | None
@@ -255,14 +256,21 @@ def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -
   return [float(row[key]) for key in keys]
 
 
+def _final_values(
+  rows: Mapping[int, Mapping[str, Any]], name: str, replicas: int, workdir
+) -> list[float] | None:
+  """Each replica's `name` in the last row logging it; None if none does."""
+  logged = [row for row in rows.values() if name in row]
+  return _replica_values(logged[-1], name, replicas, workdir) if logged else None
+
+
 def _final(
   rows: Mapping[int, Mapping[str, Any]], name: str, replicas: int, workdir
 ) -> tuple[Stat, Stat] | tuple[None, None]:
   """(loss, perplexity) of the last row logging `name`."""
-  logged = [row for row in rows.values() if name in row]
-  if not logged:
+  losses = _final_values(rows, name, replicas, workdir)
+  if losses is None:
     return None, None
-  losses = _replica_values(logged[-1], name, replicas, workdir)
   return Stat.of(losses), Stat.of(np.exp(losses))
 
 
@@ -355,6 +363,7 @@ def summarize_point(
   diverged = status == "diverged"
   train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
   eval_loss, eval_ppl = (None, None) if diverged else _final(rows, "eval_loss", replicas, workdir)
+  accuracies = None if diverged else _final_values(rows, "eval_accuracy", replicas, workdir)
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
   curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
   improvement = None if diverged else late_improvement(*curves["eval_loss"][:2])
@@ -366,6 +375,7 @@ def summarize_point(
     train_perplexity=train_ppl,
     eval_loss=eval_loss,
     eval_perplexity=eval_ppl,
+    eval_accuracy=None if accuracies is None else Stat.of(accuracies),
     tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
     diverged=diverged,
     extrapolation=readable_extrapolation(workdir, log),
@@ -406,6 +416,7 @@ _STATS = (
   ("train_ppl", "train_perplexity"),
   ("eval_loss", "eval_loss"),
   ("eval_ppl", "eval_perplexity"),
+  ("eval_accuracy", "eval_accuracy"),
 )
 
 
@@ -473,6 +484,7 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "train ppl",
     "val loss",
     "val ppl",
+    "val accuracy",
     f"val change, last {fraction_name()}",
     "flat",
     "tokens/s",
@@ -480,7 +492,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "diverged",
   ]
   note = (
-    f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas. "
+    f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas; "
+    "val accuracy: of the predictions the loss counts (a language model's next token). "
     "tokens/s: training tokens per second, each batch counted once however many "
     "replicas train on it. Extrapolation columns: validation loss at that "
     "evaluation length (n/a: not applicable). Val change: relative change of the "

@@ -256,7 +256,8 @@ def summarize(
   model.position and model.norm_placement, Pre- vs Post-LN (both once any
   point has a final validation loss), and loss vs evaluation length per
   extrapolation protocol found, and loss per token position at the longest
-  extrapolated length.
+  extrapolated length; when the grid sweeps model.d_model, the final
+  validation accuracy by width.
   """
   workdir = epath.Path(workdir)
   rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
@@ -277,6 +278,8 @@ def summarize(
     written.append(figures.plot_per_position(rows, workdir))
   if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
     written.append(figures.plot_pre_vs_post(rows, workdir))
+  if evaluated and figures.WIDTH_FIELD in points[0].overrides:
+    written.append(figures.plot_accuracy_vs_width(rows, workdir))
   log("wrote " + ", ".join(str(path) for path in written))
   return rows
 

@@ -1,0 +1,71 @@
+"""Multi-query associative recall at a harder scale: attention against the LSTM by width.
+
+  txf-sweep --config=sweeps/mqar_scale --workdir=runs/mqar_scale          # 2-core CPU
+  txf-sweep --config=sweeps/mqar_scale:gpu --workdir=runs/mqar_scale_gpu
+
+configs/mqar.py's task (8 pairs, 64 symbols, 64 tokens) is solved by step
+750 and separates nothing. Zoology (Arora et al. 2023, "Zoology: Measuring
+and Improving Recall in Efficient Language Models", its MQAR figure) finds
+attention solving MQAR at every model width while fixed-state models
+(recurrences, gated convolutions) need a width that grows with the number
+of key-value pairs. This sweep asks the same of txf's 2-layer decoder and
+its LSTM baseline (model.family), at model.d_model 32, 64 and 128 (the LSTM's
+hidden width; the decoder's 4 heads), with 2 seed replicas that differ in
+initialisation and data order (data.seed_per_replica); the figure
+accuracy_vs_width.png is Zoology's accuracy-against-width plot.
+
+  CPU (default): 16 pairs over 256 symbols in 128 tokens, 1500 steps.
+  gpu:           64 pairs over 8,192 symbols in 512 tokens (Zoology's
+                 hardest setting), widths 64-512, 4000 steps, batch 64.
+
+Accuracy counts the values after queried keys only (chance 1/128 on CPU,
+1/4096 on the GPU setting: values are half the symbols). What would
+contradict Zoology here: the LSTM matching attention at the smallest width,
+or attention failing where the LSTM succeeds.
+
+Not run yet (prepared 2026-11-28). Sizing from 60-step runs on the 2-core
+CPU beside another job: a step of one replica takes about 0.05 / 0.1 / 0.2 s
+for the decoder at width 32 / 64 / 128 and 0.04 / 0.07 / 0.15 s for the
+LSTM, so about 27 minutes for the CPU sweep with 2 replicas.
+"""
+
+import ml_collections
+
+from txf.configs import mqar
+from txf.sweep.grid import make_grid
+
+RUN_CONFIG = "mqar"
+# (seq_len, num_kv_pairs, num_symbols, widths, steps, batch_size) of each setting.
+SETTINGS = {
+  "cpu": (128, 16, 256, [32, 64, 128], 1500, 32),
+  "gpu": (512, 64, 8192, [64, 128, 256, 512], 4000, 64),
+}
+
+
+def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
+  setting = setting or "cpu"
+  if setting not in SETTINGS:
+    raise ValueError(f"sweeps/mqar_scale: setting {setting!r} is not one of {tuple(SETTINGS)}")
+  seq_len, pairs, symbols, widths, steps, batch_size = SETTINGS[setting]
+  run = mqar.get_config()
+  run.replicas = 2
+  run.data.update(
+    dict(
+      seq_len=seq_len,
+      num_kv_pairs=pairs,
+      num_symbols=symbols,
+      batch_size=batch_size,
+      seed_per_replica=True,
+    )
+  )
+  # Ten evaluations: the last fifth of training starts on one
+  # (txf.sweep.results.late_improvement).
+  run.train.update(
+    dict(steps=steps, warmup_steps=steps // 10, log_every=steps // 10, checkpoint_every=steps // 2)
+  )
+  run.eval.update(dict(every=steps // 10))
+  config = ml_collections.ConfigDict()
+  config.base = run
+  config.grid = make_grid({"model.family": ["decoder", "lstm"], "model.d_model": widths})
+  config.sweep = ml_collections.ConfigDict(dict(run_config=RUN_CONFIG))
+  return config
