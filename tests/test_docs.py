@@ -204,7 +204,7 @@ def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
 
 
 # docs/data/<sweep>: the raw outputs of configs/sweeps/<sweep>.py a results table is written from.
-SWEEP_DATA = ["docs/data/pe_ln", "docs/data/t5_distance"]
+SWEEP_DATA = ["docs/data/pe_ln", "docs/data/pe_ln_seeds", "docs/data/t5_distance"]
 
 
 def test_every_results_table_is_written_from_committed_raw_outputs():
@@ -243,7 +243,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   writes them from the results tables above them (a table cannot drift from
   the numbers it tests); and the tool would notice a changed number."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 3
+  assert page.count("<!-- findings_significance:") == 4
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed

@@ -15,8 +15,13 @@ validation tokens, as pe_ln's.
 
 What would contradict pe_ln: a pair pe_ln resolves that fails the page's
 rule (Welch's t, p < 0.05) here with 3 seeds of both kinds, or a gap that
-changes sign. About 10 minutes a point on an idle 2-core CPU (pe_ln's 0.2 s
-a step of 2 replicas, times 1.5 for 3), so about an hour.
+changes sign.
+
+Measured (2026-11-28, 2-core CPU, 61 minutes; docs/results.md section 2,
+raw outputs in docs/data/pe_ln_seeds): every point flat; validation loss
+Post-LN RoPE 1.613, T5 bias 1.656, ALiBi 1.718, Pre-LN RoPE 1.609, T5 bias
+1.640, sinusoidal 1.761 (stds 0.003-0.016); the three pairs pe_ln resolves
+hold (p <= 0.002), Pre-LN RoPE vs T5 bias stays unresolved (p = 0.071).
 """
 
 import ml_collections
