@@ -278,3 +278,37 @@ def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
   assert "| 512 < 32 |" in by_validation and "| 32 < 128 |" in by_validation
   with pytest.raises(ValueError, match="column='sliding @4096' is not a title"):
     findings_significance.rewrite("\n".join(page).replace('@2048" -->', '@4096" -->'))
+
+
+def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):
+  """No extrapolation.json: the table holds the grid's fields, the validation
+  loss and accuracy (mean ± std from results.csv) and the flatness."""
+  header = ["point", "model.family", "model.d_model", "status", "replicas", "eval_loss"]
+  header += ["eval_loss_std", "eval_accuracy", "eval_accuracy_std", "late_improvement", "flat"]
+  with open(tmp_path / results.RESULTS_CSV, "w", newline="") as file:
+    writer = csv.writer(file)
+    writer.writerow(header)
+    writer.writerow(
+      [
+        "family=decoder,d_model=32",
+        "decoder",
+        32,
+        "done",
+        2,
+        1.5,
+        0.01,
+        0.9012,
+        0.0123,
+        0.004,
+        "yes",
+      ]
+    )
+    writer.writerow(
+      ["family=lstm,d_model=32", "lstm", 32, "done", 2, 4.4, 0.02, 0.0459, 0.0062, 0.031, "no"]
+    )
+  assert results_tables.table(tmp_path) == [
+    "| model | width | val loss | val accuracy | last fifth | flat |",
+    "|---|---|---|---|---|---|",
+    "| Transformer decoder | 32 | 1.500 ± 0.010 | 0.901 ± 0.012 | -0.4% | yes |",
+    "| LSTM | 32 | 4.400 ± 0.020 | 0.046 ± 0.006 | -3.1% | no |",
+  ]

@@ -12,7 +12,9 @@ mean ± sample std over the seed replicas. One row per point, in the
 sweep's order: the fields the grid varies (encoding, LN, T5 max distance,
 ...), val @128, last fifth, flat, sliding @128, sliding @256, sliding @2048,
 non-overlapping @2048, Δ (sliding @2048 minus sliding @128; empty where 2048
-does not apply).
+does not apply). A sweep without extrapolation (no extrapolation.json, e.g.
+sweeps/mqar_scale) gets the recall table instead: the grid's fields, val
+loss, val accuracy, last fifth, flat.
 
 --check writes nothing and exits 1 if a table differs from its data
 (tests/test_docs.py checks the same).
@@ -47,6 +49,8 @@ GRID_COLUMNS = {
   "model.position": ("encoding", ENCODINGS.__getitem__),
   "model.norm_placement": ("LN", str),
   "model.t5_max_distance": ("T5 max distance", str),
+  "model.family": ("model", {"decoder": "Transformer decoder", "lstm": "LSTM"}.__getitem__),
+  "model.d_model": ("width", str),
 }
 RESULT_COLUMNS = (
   "val @128",
@@ -60,9 +64,12 @@ RESULT_COLUMNS = (
 )
 
 
-def _header(fields: list[str]) -> list[str]:
+RECALL_COLUMNS = ("val loss", "val accuracy", "last fifth", "flat")
+
+
+def _header(fields: list[str], results: tuple[str, ...]) -> list[str]:
   titles = [GRID_COLUMNS[field][0] if field in GRID_COLUMNS else field for field in fields]
-  titles += RESULT_COLUMNS
+  titles += results
   return ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
 
 
@@ -79,27 +86,38 @@ def _extrapolated(record: dict, protocol: str, length: int) -> Stat | None:
   return Stat.of(record["replica_loss"][protocol][at])
 
 
+def _csv_stat(row: dict[str, str], name: str) -> str:
+  """results.csv's `name` and `name`_std as the table shows them."""
+  return _stat_text(Stat(float(row[name]), float(row[f"{name}_std"])))
+
+
+def _extrapolation_cells(record: dict) -> list[str]:
+  """sliding @128 ... non-overlapping @2048, then Δ, of a point's extrapolation.json."""
+  stats = [_extrapolated(record, protocol, length) for protocol, length in COLUMNS]
+  sliding_128, sliding_2048 = stats[0], stats[2]
+  delta = f"{sliding_2048.mean - sliding_128.mean:+.3f}" if sliding_128 and sliding_2048 else ""
+  return [*(_stat_text(stat) if stat else "n/a" for stat in stats), delta]
+
+
 def table(data: pathlib.Path) -> list[str]:
   """The results table of the sweep whose raw outputs are in `data`."""
-  with open(data / RESULTS_CSV, newline="") as rows:
-    reader = csv.DictReader(rows)
+  with open(data / RESULTS_CSV, newline="") as file:
+    reader = csv.DictReader(file)
     columns = list(reader.fieldnames or [])
-    fields = columns[columns.index("point") + 1 : columns.index("status")]  # the grid's
-    lines = _header(fields)
-    for row in reader:
+    rows = list(reader)
+  fields = columns[columns.index("point") + 1 : columns.index("status")]  # the grid's
+  extrapolated = (data / rows[0]["point"] / EXTRAPOLATION_FILE).exists()
+  lines = _header(fields, RESULT_COLUMNS if extrapolated else RECALL_COLUMNS)
+  for row in rows:
+    cells = [GRID_COLUMNS.get(field, ("", str))[1](row[field]) for field in fields]
+    cells.append(_csv_stat(row, "eval_loss"))
+    if not extrapolated:
+      cells.append(_csv_stat(row, "eval_accuracy"))
+    cells += [f"{-100 * float(row['late_improvement']):.1f}%", row["flat"]]
+    if extrapolated:
       record = json.loads((data / row["point"] / EXTRAPOLATION_FILE).read_text())
-      stats = [_extrapolated(record, protocol, length) for protocol, length in COLUMNS]
-      sliding_128, sliding_2048 = stats[0], stats[2]
-      delta = f"{sliding_2048.mean - sliding_128.mean:+.3f}" if sliding_128 and sliding_2048 else ""
-      cells = [
-        *(GRID_COLUMNS.get(field, ("", str))[1](row[field]) for field in fields),
-        _stat_text(Stat(float(row["eval_loss"]), float(row["eval_loss_std"]))),
-        f"{-100 * float(row['late_improvement']):.1f}%",
-        row["flat"],
-        *(_stat_text(stat) if stat else "n/a" for stat in stats),
-        delta,
-      ]
-      lines.append("| " + " | ".join(cells) + " |")
+      cells += _extrapolation_cells(record)
+    lines.append("| " + " | ".join(cells) + " |")
   return lines
 
 
