@@ -23,10 +23,15 @@ Accuracy counts the values after queried keys only (chance 1/128 on CPU,
 contradict Zoology here: the LSTM matching attention at the smallest width,
 or attention failing where the LSTM succeeds.
 
-Not run yet (prepared 2026-11-28). Sizing from 60-step runs on the 2-core
-CPU beside another job: a step of one replica takes about 0.05 / 0.1 / 0.2 s
-for the decoder at width 32 / 64 / 128 and 0.04 / 0.07 / 0.15 s for the
-LSTM, so about 27 minutes for the CPU sweep with 2 replicas.
+A first run (2026-11-28, 2-core CPU beside other work; stopped after 3.5 of
+its 6 points, nothing committed) says the CPU setting is not yet sized to
+separate anything: after 1500 steps the decoder's validation accuracy was
+0.046 / 0.069 / 0.071 at width 32 / 64 / 128 (2 seeds, stds <= 0.006;
+chance 0.008), the loss still falling, and the LSTM at width 32 sat at
+chance through step 750. The points took 3-11 minutes each. Before it is
+run for the findings it needs the steps that let attention solve the task
+(configs/mqar.py's 8-pair task is solved near step 750 at width 64) or a
+smaller task: that sizing is the next step.
 """
 
 import ml_collections
