@@ -30,6 +30,7 @@ import re
 import sys
 
 from tools.page_tables import check_or_write, rewrite_tables
+from txf.sweep.figures import VALUE_WORDS
 from txf.sweep.results import EXTRAPOLATION_FILE, RESULTS_CSV, Stat
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ GRID_COLUMNS = {
   "model.position": ("encoding", ENCODINGS.__getitem__),
   "model.norm_placement": ("LN", str),
   "model.t5_max_distance": ("T5 max distance", str),
-  "model.family": ("model", {"decoder": "Transformer decoder", "lstm": "LSTM"}.__getitem__),
+  "model.family": ("model", VALUE_WORDS["model.family"].__getitem__),  # the figures' words
   "model.d_model": ("width", str),
 }
 RESULT_COLUMNS = (
@@ -62,8 +63,6 @@ RESULT_COLUMNS = (
   "non-overlapping @2048",
   "Δ",
 )
-
-
 RECALL_COLUMNS = ("val loss", "val accuracy", "last fifth", "flat")
 
 

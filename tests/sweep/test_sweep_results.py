@@ -128,9 +128,18 @@ def test_summary_of_replicas_is_mean_and_sample_std(sweep_dir, points):
   assert row.extrapolation.loss["sliding"] == (1.9, 2.2, 3.0)
 
 
-def width_sweep(tmp_path, accuracies):
-  """Points of a family x d_model grid, each a run of 2 replicas whose final
-  evaluation logged `accuracies[point name]` ([] logs no accuracy)."""
+# Each point's replicas' final accuracies; [] logs no accuracy.
+WIDTH_ACCURACIES = {
+  "family=decoder,d_model=32": [0.5, 0.7],
+  "family=decoder,d_model=128": [0.9, 1.0],
+  "family=lstm,d_model=32": [],
+  "family=lstm,d_model=128": [0.1, 0.3],
+}
+
+
+def width_sweep(tmp_path):
+  """The summaries of a family x d_model grid, each point a run of 2
+  replicas whose final evaluation logged its WIDTH_ACCURACIES."""
   base = ml_collections.ConfigDict(
     dict(replicas=2, model=dict(family="decoder", d_model=32), train=dict(steps=STEPS))
   )
@@ -139,20 +148,14 @@ def width_sweep(tmp_path, accuracies):
   points = grid.expand(config)
   for point in points:
     row = replica_row(STEPS, "eval_loss", [2.0, 2.2])
-    if accuracies[point.name]:
-      row.update(replica_row(STEPS, "eval_accuracy", accuracies[point.name]))
+    if WIDTH_ACCURACIES[point.name]:
+      row.update(replica_row(STEPS, "eval_accuracy", WIDTH_ACCURACIES[point.name]))
     write_run(tmp_path / point.name, [row])
-  return points, [results.summarize_point(p, tmp_path / p.name) for p in points]
+  return [results.summarize_point(p, tmp_path / p.name) for p in points]
 
 
 def test_final_accuracy_is_the_replicas_mean_and_std_in_every_table(tmp_path):
-  accuracies = {
-    "family=decoder,d_model=32": [0.5, 0.7],
-    "family=decoder,d_model=128": [0.9, 1.0],
-    "family=lstm,d_model=32": [],
-    "family=lstm,d_model=128": [0.1, 0.3],
-  }
-  points, rows = width_sweep(tmp_path, accuracies)
+  rows = width_sweep(tmp_path)
   first = rows[0].eval_accuracy
   assert first.mean == pytest.approx(0.6, rel=1e-12)
   assert first.std == pytest.approx(0.2 / math.sqrt(2), rel=1e-12)
@@ -165,13 +168,7 @@ def test_final_accuracy_is_the_replicas_mean_and_std_in_every_table(tmp_path):
 
 
 def test_accuracy_vs_width_draws_one_line_per_family_at_its_widths(tmp_path):
-  accuracies = {
-    "family=decoder,d_model=32": [0.5, 0.7],
-    "family=decoder,d_model=128": [0.9, 1.0],
-    "family=lstm,d_model=32": [],
-    "family=lstm,d_model=128": [0.1, 0.3],
-  }
-  _, rows = width_sweep(tmp_path, accuracies)
+  rows = width_sweep(tmp_path)
   figure = figures.accuracy_vs_width_figure(rows)
   (axes,) = figure.axes
   lines = {bars.get_label(): bars.lines[0] for bars in axes.containers}  # errorbar's

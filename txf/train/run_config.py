@@ -119,7 +119,7 @@ class RunConfig:
   @property
   def data_seed(self) -> int:
     """The data order's seed: `data.seed`, or the run's `seed` where that is None."""
-    return self.seed if self.data.seed is None else self.data.seed
+    return data_order_seed(self.seed, self.data)
 
   @property
   def own_batches(self) -> bool:
@@ -132,6 +132,11 @@ class RunConfig:
     """The seeds of the training data streams: replica r's data_seed + r with
     own_batches, else the one stream every replica reads."""
     return replicas_lib.replica_seeds(self.data_seed, self.replicas if self.own_batches else 1)
+
+
+def data_order_seed(seed: int, data: DataSpec) -> int:
+  """The data order's seed of a run of `seed`: `data.seed`, or `seed` where that is None."""
+  return seed if data.seed is None else data.seed
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -193,7 +198,7 @@ def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -
       f"seed: {config.seed} + replicas={replicas} - 1 is above the largest seed {checks.SEED_MAX}"
     )
   spec = read_data_config(config.data)
-  data_seed = config.seed if spec.seed is None else spec.seed
+  data_seed = data_order_seed(config.seed, spec)
   if spec.seed_per_replica and data_seed + replicas - 1 > checks.SEED_MAX:
     raise ValueError(
       f"data.seed_per_replica: replica r reads data seed {data_seed} + r, above the largest "
