@@ -148,3 +148,35 @@ def test_bad_arguments_name_the_argument(parts, seeds, strategy, field):
 def test_default_strategy_per_backend():
   assert default_strategy("gpu") == default_strategy("tpu") == "vmap"
   assert default_strategy("cpu") == "map"  # measured: see txf.train.replicas
+
+
+# Seed replicas of an LSTM initialised in one program: under jax.vmap its
+# orthogonal initialiser's batched QR deadlocked jaxlib 0.10's CPU thread
+# pool on 2 cores (every try: width 64, 3 replicas), so this runs in a child
+# process that is killed if it does not finish.
+_LSTM_INIT = """
+import jax, numpy as np, optax
+from txf.models import ModelConfig, build
+from txf.train.replicas import init_replicas, replica
+from txf.train.step import init_state
+model = build(ModelConfig(family="lstm", d_model=64, num_layers=2, vocab_size=67))
+batch = {name: np.zeros((32, 64), np.int32) for name in ("inputs", "targets")}
+batch["weights"] = np.ones((32, 64), np.float32)
+init_fn = lambda key: init_state(model, optax.adamw(1e-3), batch, "lm", key)
+state_R = jax.jit(lambda: init_replicas(init_fn, (0, 1, 2)))()
+single = init_fn(jax.random.key(2))
+same = jax.tree.map(lambda a, b: bool((a == b).all()), replica(state_R.params, 2), single.params)
+print("replica 2 is seed 2:", all(jax.tree.leaves(same)))
+"""
+
+
+@pytest.mark.slow  # a child process: about 10 s
+def test_replicas_of_an_lstm_initialise_without_deadlock_and_as_single_runs():
+  import subprocess
+  import sys
+
+  done = subprocess.run(
+    [sys.executable, "-c", _LSTM_INIT], capture_output=True, text=True, timeout=120
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "replica 2 is seed 2: True" in done.stdout

@@ -86,7 +86,11 @@ def init_replicas(init_fn: Callable[[jax.Array], TrainState], seeds: Sequence[in
       optimizer, batch and task bound).
     seeds: the replicas' seeds; replica r starts from `jax.random.key(seeds[r])`.
   """
-  return jax.vmap(lambda seed: init_fn(jax.random.key(seed)))(_seed_array(seeds))
+  # One replica after another (lax.map), not vmap: vmapped, the LSTM's
+  # orthogonal initialiser becomes a batched QR whose CPU kernel (jaxlib
+  # 0.10) deadlocks its 2-thread pool on 2 cores. Initialisation is a sliver
+  # of a run, so running it sequentially costs nothing that shows.
+  return jax.lax.map(lambda seed: init_fn(jax.random.key(seed)), _seed_array(seeds))
 
 
 def replica(tree_R: Any, r: int) -> Any:
