@@ -280,6 +280,27 @@ def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
     findings_significance.rewrite("\n".join(page).replace('@2048" -->', '@4096" -->'))
 
 
+def test_a_significance_marker_compares_the_first_field_at_each_value_of_the_second():
+  """(model, width) rows: the models are ranked at each width, never one width
+  against another; with two leading cells the (encoding, pre/post) rule holds."""
+  page = [
+    "| model | width | val loss | val accuracy |",
+    "|---|---|---|---|",
+    "| decoder | 32 | 1.000 ± 0.100 | 0.500 ± 0.400 |",
+    "| decoder | 64 | 0.001 ± 0.001 | 1.000 ± 0.001 |",
+    "| LSTM | 32 | 3.000 ± 0.010 | 0.070 ± 0.002 |",
+    "| LSTM | 64 | 2.900 ± 0.010 | 0.080 ± 0.002 |",
+    "",
+    '<!-- findings_significance: seeds=3 column="val accuracy" -->',
+  ]
+  table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
+  assert [row.split("|")[1].strip() for row in table[2:]] == [
+    "LSTM < decoder (width 32)",
+    "LSTM < decoder (width 64)",
+  ]
+  assert [row.split("|")[-2].strip() for row in table[2:]] == ["no", "yes"]
+
+
 def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):
   """No extrapolation.json: the table holds the grid's fields, the validation
   loss and accuracy (mean ± std from results.csv) and the flatness."""

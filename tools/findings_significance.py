@@ -12,7 +12,11 @@ writes, by txf.sweep.significance's rule (Welch's two-sided t-test, p <
 against the next in the ranking and each encoding's Pre-LN against its
 Post-LN; for a table of one leading column, each point against the next in
 the ranking. The means and stds are the table's, rounded to 3 decimals, so
-p is the test's on the published numbers.
+p is the test's on the published numbers. For a table of two leading columns
+that are not (encoding, pre/post), e.g. (model, width), the first field's
+points are ranked at each value of the second ("LSTM < decoder (width
+32)"): the comparison at a width is the question, not one width against
+another.
 
 --check writes nothing and exits 1 if a table differs from what the page's
 results tables give (tests/test_docs.py checks the same).
@@ -44,9 +48,10 @@ def _cells(line: str) -> list[str]:
 
 def _results_rows(
   lines: list[str], column: str | None = None
-) -> dict[tuple[str, ...], tuple[float, float]]:
-  """{the point's leading cells: (mean, std)} of the last results table in
-  `lines`, from its first `m ± s` column or the one titled `column`."""
+) -> tuple[list[str], dict[tuple[str, ...], tuple[float, float]]]:
+  """The titles of the leading columns (those that name a point) and {the
+  point's leading cells: (mean, std)} of the last results table in `lines`,
+  from its first `m ± s` column or the one titled `column`."""
   end = len(lines)
   while end and not lines[end - 1].startswith("|"):
     end -= 1
@@ -68,7 +73,7 @@ def _results_rows(
     if stat is None:
       raise ValueError(f"{row[at]!r} in column {titles[at]!r} is not 'm ± s'")
     rows[tuple(row[: stat_columns[0]])] = (float(stat[1]), float(stat[2]))
-  return rows
+  return titles[: stat_columns[0]], rows
 
 
 def _line(name: str, a: tuple[float, float], b: tuple[float, float], seeds: int) -> str:
@@ -90,15 +95,24 @@ def _ranked_pairs(rows: dict[str, tuple[float, float]], seeds: int, note: str) -
   ]
 
 
-def significance_table(rows: dict[tuple[str, ...], tuple[float, float]], seeds: int) -> list[str]:
-  """The marker's table (module docstring): for (encoding, placement) rows
-  adjacent encodings in each placement's ranking, then Pre-LN against
-  Post-LN per encoding; for rows of one leading cell, adjacent points."""
+def significance_table(
+  titles: list[str], rows: dict[tuple[str, ...], tuple[float, float]], seeds: int
+) -> list[str]:
+  """The marker's table (module docstring) of `rows` under leading columns
+  `titles`: for (encoding, placement) rows adjacent encodings in each
+  placement's ranking, then Pre-LN against Post-LN per encoding; for other
+  two-cell rows, adjacent first cells at each second cell; for rows of one
+  leading cell, adjacent points."""
   lines = list(HEADER)
   if all(len(key) == 1 for key in rows):
     return lines + _ranked_pairs({key[0]: stat for key, stat in rows.items()}, seeds, "")
-  if not all(len(key) == 2 and key[1] in PLACEMENTS for key in rows):
-    raise ValueError(f"rows must be (encoding, pre/post) or of one cell, got {list(rows)}")
+  if not all(len(key) == 2 for key in rows):
+    raise ValueError(f"rows must be of one or two leading cells, got {list(rows)}")
+  if not all(key[1] in PLACEMENTS for key in rows):
+    for second in dict.fromkeys(key[1] for key in rows):
+      at = {first: stat for (first, other), stat in rows.items() if other == second}
+      lines += _ranked_pairs(at, seeds, f" ({titles[1]} {second})")
+    return lines
   for placement in PLACEMENTS:
     by_encoding = {encoding: stat for (encoding, p), stat in rows.items() if p == placement}
     lines += _ranked_pairs(by_encoding, seeds, f" ({placement}-LN)")
@@ -116,7 +130,7 @@ def rewrite(text: str) -> str:
   return rewrite_tables(
     text,
     MARKER,
-    lambda found, above: significance_table(_results_rows(above, found[2]), int(found[1])),
+    lambda found, above: significance_table(*_results_rows(above, found[2]), int(found[1])),
   )
 
 

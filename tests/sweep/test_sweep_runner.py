@@ -516,6 +516,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("t5_distance", 4),
     ("pe_ln_seeds", 6),
     ("mqar_scale", 6),
+    ("mqar_steps", 3),
   ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
@@ -529,11 +530,12 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     "ln_warmup": 3,
     "t5_distance": 3,
     "pe_ln_seeds": 3,
-    "mqar_scale": 2,
+    "mqar_scale": 3,
+    "mqar_steps": 3,
   }
   assert config.base.replicas == replicas[name]  # seeds
   # The sweeps made for the findings page's seed rule vary the data order too.
-  own = name in ("t5_distance", "pe_ln_seeds", "mqar_scale")
+  own = name in ("t5_distance", "pe_ln_seeds", "mqar_scale", "mqar_steps")
   assert config.base.data.seed_per_replica == own
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
@@ -692,7 +694,11 @@ def test_the_mqar_scale_sweep_has_a_cpu_and_a_gpu_setting():
   cpu, gpu = module.get_config(), module.get_config("gpu")
   for config in (cpu, gpu):
     grid.validate(grid.expand(config), runner.check_point_config)
-  assert (cpu.base.data.num_kv_pairs, cpu.base.data.num_symbols) == (16, 256)
+  assert (cpu.base.data.num_kv_pairs, cpu.base.data.num_symbols, cpu.base.data.seq_len) == (
+    8,
+    64,
+    64,
+  )
   assert (gpu.base.data.num_kv_pairs, gpu.base.data.num_symbols, gpu.base.data.seq_len) == (
     64,
     8192,
@@ -702,3 +708,25 @@ def test_the_mqar_scale_sweep_has_a_cpu_and_a_gpu_setting():
   assert widths(cpu) == [32, 64, 128] and widths(gpu) == [64, 128, 256, 512]
   with pytest.raises(ValueError, match="setting 'tpu' is not one of"):
     module.get_config("tpu")
+
+
+def test_the_mqar_control_is_mqar_scales_points_trained_four_times_as_long():
+  """sweeps/mqar_steps reruns sweeps/mqar_scale's decoder points and an LSTM
+  wider than its widest; its base config differs in the training length only
+  (steps, and the warmup, evaluations and checkpoints that scale with it)."""
+  control, original = load_config("sweeps.mqar_steps"), load_config("sweeps.mqar_scale")
+  original_points = [p.overrides for p in grid.expand(original)]
+  points = [p.overrides for p in grid.expand(control)]
+  decoders = [p for p in points if p["model.family"] == "decoder"]
+  assert decoders and all(p in original_points for p in decoders)
+  (lstm,) = [p for p in points if p["model.family"] == "lstm"]
+  assert lstm["model.d_model"] > max(p["model.d_model"] for p in original_points)
+  rerun = flatten(control.base.to_dict())
+  changed = {k: (v, rerun[k]) for k, v in flatten(original.base.to_dict()).items() if rerun[k] != v}
+  assert changed == {
+    "train.steps": (1500, 6000),
+    "train.warmup_steps": (150, 600),
+    "train.log_every": (150, 600),
+    "train.checkpoint_every": (750, 3000),
+    "eval.every": (150, 600),
+  }

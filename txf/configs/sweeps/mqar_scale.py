@@ -40,38 +40,57 @@ from txf.configs import mqar
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "mqar"
-# (seq_len, num_kv_pairs, num_symbols, widths, steps, batch_size) of each setting.
+# One setting's task, model widths (both families'), and training.
 SETTINGS = {
-  "cpu": (128, 16, 256, [32, 64, 128], 1500, 32),
-  "gpu": (512, 64, 8192, [64, 128, 256, 512], 4000, 64),
+  "cpu": dict(
+    seq_len=64,
+    pairs=8,
+    symbols=64,
+    widths=[32, 64, 128],
+    steps=1500,
+    batch_size=32,
+  ),
+  "gpu": dict(
+    seq_len=512,
+    pairs=64,
+    symbols=8192,
+    widths=[64, 128, 256, 512],
+    steps=4000,
+    batch_size=64,
+  ),
 }
+
+
+def train_for(run: ml_collections.ConfigDict, steps: int) -> None:
+  """Sets `run` (a run config) to train `steps` steps, evaluating ten times:
+  the last fifth of training then starts on an evaluation
+  (txf.sweep.results.late_improvement)."""
+  run.train.update(
+    dict(steps=steps, warmup_steps=steps // 10, log_every=steps // 10, checkpoint_every=steps // 2)
+  )
+  run.eval.update(dict(every=steps // 10))
 
 
 def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
   setting = setting or "cpu"
   if setting not in SETTINGS:
     raise ValueError(f"sweeps/mqar_scale: setting {setting!r} is not one of {tuple(SETTINGS)}")
-  seq_len, pairs, symbols, widths, steps, batch_size = SETTINGS[setting]
+  chosen = SETTINGS[setting]
   run = mqar.get_config()
-  run.replicas = 2
+  run.replicas = 3
   run.data.update(
     dict(
-      seq_len=seq_len,
-      num_kv_pairs=pairs,
-      num_symbols=symbols,
-      batch_size=batch_size,
+      seq_len=chosen["seq_len"],
+      num_kv_pairs=chosen["pairs"],
+      num_symbols=chosen["symbols"],
+      batch_size=chosen["batch_size"],
       seed_per_replica=True,
     )
   )
-  # Ten evaluations: the last fifth of training starts on one
-  # (txf.sweep.results.late_improvement).
-  run.train.update(
-    dict(steps=steps, warmup_steps=steps // 10, log_every=steps // 10, checkpoint_every=steps // 2)
-  )
-  run.eval.update(dict(every=steps // 10))
+  train_for(run, chosen["steps"])
   config = ml_collections.ConfigDict()
   config.base = run
-  config.grid = make_grid({"model.family": ["decoder", "lstm"], "model.d_model": widths})
+  config.grid = make_grid({"model.family": ["decoder", "lstm"], "model.d_model": chosen["widths"]})
   # Recall within the trained length is the question; the rows are generated,
   # so scoring longer windows would test another task.
   config.sweep = ml_collections.ConfigDict(dict(run_config=RUN_CONFIG, extrapolate=False))
