@@ -204,7 +204,13 @@ def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
 
 
 # docs/data/<sweep>: the raw outputs of configs/sweeps/<sweep>.py a results table is written from.
-SWEEP_DATA = ["docs/data/pe_ln", "docs/data/pe_ln_seeds", "docs/data/t5_distance"]
+SWEEP_DATA = [
+  "docs/data/pe_ln",
+  "docs/data/pe_ln_seeds",
+  "docs/data/t5_distance",
+  "docs/data/mqar_scale",
+  "docs/data/mqar_steps",
+]
 
 
 def test_every_results_table_is_written_from_committed_raw_outputs():
@@ -230,11 +236,21 @@ def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path, data_dir
       assert written.read_text() == (data / written.name).read_text(), written.name
   point = points[0].name
   (tmp_path / point).mkdir()
-  record = json.loads((data / point / results.EXTRAPOLATION_FILE).read_text())
-  record["replica_loss"]["sliding"][0][0] += 0.01
-  (tmp_path / point / results.EXTRAPOLATION_FILE).write_text(json.dumps(record))
   for other in points[1:]:
     (tmp_path / other.name).symlink_to(data / other.name)
+  if (data / point / results.EXTRAPOLATION_FILE).exists():
+    record = json.loads((data / point / results.EXTRAPOLATION_FILE).read_text())
+    record["replica_loss"]["sliding"][0][0] += 0.01
+    (tmp_path / point / results.EXTRAPOLATION_FILE).write_text(json.dumps(record))
+  else:  # a recall table, from results.csv: summarised again from a changed metrics.jsonl
+    (tmp_path / point / "config.json").symlink_to(data / point / "config.json")
+    rows = [json.loads(line) for line in (data / point / "metrics.jsonl").read_text().splitlines()]
+    last_eval = [row for row in rows if "eval_accuracy/0" in row][-1]
+    last_eval["eval_accuracy/0"] = 1.0 - last_eval["eval_accuracy/0"]
+    lines = [json.dumps(row) for row in rows]
+    (tmp_path / point / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    changed = [results.summarize_point(p, tmp_path / p.name) for p in points]
+    results.write_results(changed, tmp_path)
   assert results_tables.table(tmp_path) != results_tables.table(data)
 
 
@@ -243,7 +259,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   writes them from the results tables above them (a table cannot drift from
   the numbers it tests); and the tool would notice a changed number."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 4
+  assert page.count("<!-- findings_significance:") == 6
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed
@@ -333,3 +349,23 @@ def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):
     "| Transformer decoder | 32 | 1.500 ± 0.010 | 0.901 ± 0.012 | -0.4% | yes |",
     "| LSTM | 32 | 4.400 ± 0.020 | 0.046 ± 0.006 | -3.1% | no |",
   ]
+
+
+def test_the_mqar_sizing_table_is_its_committed_runs():
+  """docs/results.md section 4's sizing runs, row by row, from each run's
+  committed config.json and the last evaluation of its metrics.jsonl."""
+  page = (ROOT / "docs" / "results.md").read_text()
+  runs = sorted((RAW_OUTPUTS / "mqar_sizing").iterdir())
+  assert len(runs) == 8
+  for run in runs:
+    config = json.loads((run / "config.json").read_text())
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [row for row in evals if "eval_accuracy" in row][-1]
+    data, model, train = config["data"], config["model"], config["train"]
+    family = "LSTM" if model["family"] == "lstm" else "decoder"
+    row = (
+      f"| `{run.name}` | {data['num_kv_pairs']} | {data['num_symbols']} | {data['seq_len']} "
+      f"| {data['batch_size']} | {train['learning_rate']:g} | {family} {model['d_model']} "
+      f"| {last['step']} | {last['eval_accuracy']:.3f} | 1/{data['num_symbols'] // 2} |"
+    )
+    assert row in page.splitlines(), row
