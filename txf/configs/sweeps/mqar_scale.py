@@ -17,6 +17,10 @@ accuracy-against-width plot. sweeps/mqar_steps is its control (3x the steps).
                  tokens (chance 1/32), 1500 steps of 32 rows.
   gpu:           64 pairs over 8,192 symbols in 512 tokens (Zoology's
                  hardest setting), widths 64-512, 4000 steps of 64 rows.
+                 Its widest points fit one H200 (a deviceless compile,
+                 `txf-compile --target=h200` with the point's overrides,
+                 2026-11-28, jax 0.10.2): the train step needs 14.3 GiB
+                 (decoder, width 512) and 9.0 GiB (LSTM) of 140.4 GiB.
 
 The CPU task is below Zoology's range (16-64 pairs, 128-512 tokens) because
 on 2 cores the width-64 decoder did not learn those tasks in 1000-2500 steps
