@@ -16,7 +16,8 @@ from tools import findings_significance, results_tables
 from txf import configs, models
 from txf.configs import base
 from txf.sweep import grid, results
-from txf.train.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
+from txf.train.metrics import METRICS_FILE
+from txf.train.resume import CONFIG_FILE, FREE_DATA_FIELDS, RESUME_SECTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # docs/data holds findings' raw outputs (a sweep's own results.md among them), not pages.
@@ -243,12 +244,12 @@ def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path, data_dir
     record["replica_loss"]["sliding"][0][0] += 0.01
     (tmp_path / point / results.EXTRAPOLATION_FILE).write_text(json.dumps(record))
   else:  # a recall table, from results.csv: summarised again from a changed metrics.jsonl
-    (tmp_path / point / "config.json").symlink_to(data / point / "config.json")
-    rows = [json.loads(line) for line in (data / point / "metrics.jsonl").read_text().splitlines()]
+    (tmp_path / point / CONFIG_FILE).symlink_to(data / point / CONFIG_FILE)
+    rows = [json.loads(line) for line in (data / point / METRICS_FILE).read_text().splitlines()]
     last_eval = [row for row in rows if "eval_accuracy/0" in row][-1]
     last_eval["eval_accuracy/0"] = 1.0 - last_eval["eval_accuracy/0"]
     lines = [json.dumps(row) for row in rows]
-    (tmp_path / point / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / point / METRICS_FILE).write_text("\n".join(lines) + "\n")
     changed = [results.summarize_point(p, tmp_path / p.name) for p in points]
     results.write_results(changed, tmp_path)
   assert results_tables.table(tmp_path) != results_tables.table(data)
@@ -358,8 +359,8 @@ def test_the_mqar_sizing_table_is_its_committed_runs():
   runs = sorted((RAW_OUTPUTS / "mqar_sizing").iterdir())
   assert len(runs) == 8
   for run in runs:
-    config = json.loads((run / "config.json").read_text())
-    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    config = json.loads((run / CONFIG_FILE).read_text())
+    evals = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
     last = [row for row in evals if "eval_accuracy" in row][-1]
     data, model, train = config["data"], config["model"], config["train"]
     family = "LSTM" if model["family"] == "lstm" else "decoder"
