@@ -288,10 +288,19 @@ def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   loss = [3.0, 2.8, 2.6, 2.5, 2.4, 2.2, 2.1, 2.02, 2.01, 2.0]
   # The last fifth (800-1000) holds three evaluations: measured from 800.
   assert results.late_improvement(steps, loss) == pytest.approx(0.02 / 2.02, rel=1e-12)
-  assert results.is_flat(results.late_improvement(steps, loss))  # 1.0% < 2%
+  assert results.is_flat(results.late_improvement(steps, loss), loss[-1])  # 1.0% < 2%
   loss[7:] = [2.1, 2.05, 2.0]
   assert results.late_improvement(steps, loss) == pytest.approx(0.1 / 2.1, rel=1e-12)
-  assert not results.is_flat(0.1 / 2.1) and results.is_flat(0.019) and results.is_flat(-0.01)
+  assert not results.is_flat(0.1 / 2.1, 2.0)
+  assert results.is_flat(0.019, 2.0) and results.is_flat(-0.01, 2.0)
+  # Near zero the fall in nats decides: a solved task's 0.002 -> 0.0001 (95%)
+  # fell 0.0019 nats, flat; 0.2 -> 0.01 fell 0.19 nats, not flat; the
+  # boundary at 0.01 nats (an 80% fall to 0.0024 is 0.0096 nats, to 0.0026 0.0104).
+  assert results.is_flat(0.95, 0.0001) and not results.is_flat(0.95, 0.01)
+  assert results.is_flat(0.8, 0.0024) and not results.is_flat(0.8, 0.0026)
+  assert results.flatness_text(np.array(steps), np.array([*loss[:7], 0.002, 0.001, 0.0001])) == (
+    "flat: -0.0019 nats in the last fifth"
+  )
   # The same run evaluated every 200 steps: two evaluations in the last fifth
   # (800, 1000) measure two noisy numbers, so flatness is unknown.
   assert results.late_improvement(steps[1::2], loss[1::2]) is None
@@ -304,7 +313,7 @@ def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   )
   assert results.late_improvement([250], [2.3], min_evaluations=1) is None
   assert results.late_improvement([], []) is None
-  assert results.is_flat(None) is None
+  assert results.is_flat(None, 2.0) is None
 
 
 def test_results_tables_report_the_flattening_criterion(sweep_dir, points, monkeypatch):
@@ -375,7 +384,7 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch)
     "learned, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
     "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
   ]
-  assert "flat: < 2% better over the last fifth" in call["title"]
+  assert "flat: < 2% or 0.01 nats better over the last fifth" in call["title"]
   assert "unknown with < 3 evaluations there" in call["title"]
   steps, mean, std = next(iter(call["series"].values()))
   np.testing.assert_array_equal(steps, [2, 4])

@@ -19,6 +19,7 @@ from txf.sweep.grid import Point
 from txf.sweep.results import (
   CURVE_METRICS,
   FLAT_MIN_EVALUATIONS,
+  FLAT_ABSOLUTE,
   FLAT_TOLERANCE,
   LOSS_UNITS,
   PER_POSITION_PNG,
@@ -152,7 +153,7 @@ def plot_loss_curves(
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   criterion = (
-    f"; flat: < {FLAT_TOLERANCE:.0%} better over the last {fraction_name()} "
+    f"; flat: < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better over the last {fraction_name()} "
     f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
     if metric == "eval_loss"
     else ""

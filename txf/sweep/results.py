@@ -73,6 +73,10 @@ LOSS_UNITS = "nats/token"
 # a longer run could reorder the points.
 FLAT_FRACTION = 0.2
 FLAT_TOLERANCE = 0.02
+# ... or by less than FLAT_ABSOLUTE nats: near zero a relative change says
+# nothing (a solved task's loss falling 0.002 -> 0.0001 is 95% but no change
+# any finding could rest on).
+FLAT_ABSOLUTE = 0.01
 # Evaluations the last FLAT_FRACTION must hold (its last step included) for a
 # verdict: with fewer, the change measured is one or two noisy evaluations
 # (or a window reaching back before the last fifth), so flatness is unknown.
@@ -145,20 +149,35 @@ def evaluations_in_window(
   return int(np.sum(steps_N >= (1.0 - fraction) * steps_N[-1]))
 
 
-def is_flat(improvement: float | None) -> bool | None:
-  """Whether a late_improvement meets the flattening criterion (None: unknown)."""
-  return None if improvement is None else improvement < FLAT_TOLERANCE
+def is_flat(improvement: float | None, final_loss: float) -> bool | None:
+  """Whether a late_improvement meets the flattening criterion (None: unknown).
+
+  Args:
+    improvement: `late_improvement` of the curve, (L_start - L_end) / L_start.
+    final_loss: L_end, its last loss: the fall in nats is
+      L_end * improvement / (1 - improvement).
+  """
+  if improvement is None:
+    return None
+  if improvement < FLAT_TOLERANCE:
+    return True
+  return improvement < 1.0 and final_loss * improvement / (1.0 - improvement) < FLAT_ABSOLUTE
 
 
 def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
   """'flat' / 'not flat' with the loss change, e.g. 'not flat: -3.1% in the
-  last fifth', or 'flat: unknown, 2 evaluations in the last fifth'."""
+  last fifth', 'flat: -0.0019 nats in the last fifth' (flat by the fall in
+  nats, near zero), or 'flat: unknown, 2 evaluations in the last fifth'."""
   improvement = late_improvement(steps_N, loss_N)
   if improvement is None:
     count = evaluations_in_window(steps_N)
     return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'} in the last fifth"
-  verdict = "flat" if is_flat(improvement) else "not flat"
-  return f"{verdict}: {-100 * improvement:+.1f}% in the last {fraction_name()}"
+  if not is_flat(improvement, float(loss_N[-1])):
+    return f"not flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
+  if improvement < FLAT_TOLERANCE:
+    return f"flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
+  fall = float(loss_N[-1]) * improvement / (1.0 - improvement)
+  return f"flat: {-fall:+.4f} nats in the last {fraction_name()}"
 
 
 def fraction_name() -> str:
@@ -461,7 +480,8 @@ def _flat_cell(row: PointSummary) -> str:
   """yes / no / unknown ('' for a point with no validation loss, or diverged)."""
   if row.late_improvement is None:
     return "" if row.diverged or not len(row.curves["eval_loss"][0]) else "unknown"
-  return "yes" if is_flat(row.late_improvement) else "no"
+  assert row.eval_loss is not None  # a curve with a verdict has a final loss
+  return "yes" if is_flat(row.late_improvement, row.eval_loss.mean) else "no"
 
 
 def _format_stat(stat: Stat | None) -> str:
@@ -498,7 +518,7 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "replicas train on it. Extrapolation columns: validation loss at that "
     "evaluation length (n/a: not applicable). Val change: relative change of the "
     f"mean validation loss over the last {fraction_name()} of training; flat: it "
-    f"improved by less than {FLAT_TOLERANCE:.0%} there, judged only with at least "
+    f"improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, judged only with at least "
     f"{FLAT_MIN_EVALUATIONS} evaluations in that {fraction_name()} (else unknown)."
   )
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
