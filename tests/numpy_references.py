@@ -101,8 +101,14 @@ def np_t5_bucket(relative, bidirectional, num_buckets, max_distance):
   return offset + min(max_exact + int(log_part * (num_buckets - max_exact)), num_buckets - 1)
 
 
+def np_elu1(x):
+  """elu(x) + 1, linear attention's feature map."""
+  return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
 def np_attention(p, x, kv, key_valid, spec, table=None):
-  """Multi-head attention (Vaswani et al. 2017) from DenseGeneral params.
+  """Multi-head attention (Vaswani et al. 2017; spec['attention'] 'linear':
+  Katharopoulos et al. 2020's weights) from DenseGeneral params.
 
   x [B, T, D] queries' inputs, kv [B, S, D], key_valid bool [B, S]; spec: the
   MultiHeadAttention attributes. Queries sit at 0..T-1, keys at 0..S-1. Query
@@ -133,9 +139,13 @@ def np_attention(p, x, kv, key_valid, spec, table=None):
   scale = 1 / np.sqrt(q.shape[-1]) if spec.get("scale") is None else spec["scale"]
   for h in range(num_heads):
     g = h // (num_heads // num_kv_heads)
-    scores = np.einsum("btd,bsd->bts", q[:, :, h], k[:, :, g]) * scale
-    scores = scores + bias_HxTxS[h]
-    unnormalised = np.where(allowed_BxTxS, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
+    if spec.get("attention") == "linear":  # Katharopoulos et al. 2020: elu + 1 features
+      unnormalised = np.einsum("btd,bsd->bts", np_elu1(q[:, :, h]), np_elu1(k[:, :, g]))
+      unnormalised = np.where(allowed_BxTxS, unnormalised, 0.0)
+    else:
+      scores = np.einsum("btd,bsd->bts", q[:, :, h], k[:, :, g]) * scale
+      scores = scores + bias_HxTxS[h]
+      unnormalised = np.where(allowed_BxTxS, np.exp(scores - scores.max(-1, keepdims=True)), 0.0)
     total = unnormalised.sum(-1, keepdims=True)
     weights = unnormalised / np.where(total > 0, total, 1.0)
     heads[:, :, h] = np.einsum("bts,bsd->btd", weights, v[:, :, g])
@@ -156,6 +166,7 @@ def attention_spec(cfg, causal, cross):
     rope_scale=cfg.rope_scale,
     t5_max_distance=cfg.t5_max_distance,
     scale=None if cfg.scale_attention else 1.0,
+    attention=cfg.attention,
   )
 
 

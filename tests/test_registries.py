@@ -105,6 +105,8 @@ SETTINGS = {
   ("norm", "rms"): dict(norm_eps=0.5),
   ("norm_placement", "pre"): {},
   ("norm_placement", "post"): {},
+  ("attention", "softmax"): {},
+  ("attention", "linear"): {},  # no scale: a factor on q.k cancels in its normalisation
   ("head", "lm"): dict(tie_embeddings=False, scale_logits=False),
   ("head", "mlm"): dict(gelu_approximate=False),
   ("head", "classify"): dict(num_classes=3),

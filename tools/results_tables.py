@@ -51,6 +51,7 @@ GRID_COLUMNS = {
   "model.norm_placement": ("LN", str),
   "model.t5_max_distance": ("T5 max distance", str),
   "model.family": ("model", VALUE_WORDS["model.family"].__getitem__),  # the figures' words
+  "model.attention": ("attention", VALUE_WORDS["model.attention"].__getitem__),
   "model.d_model": ("width", str),
 }
 RESULT_COLUMNS = (

@@ -70,12 +70,14 @@ def stepwise_logits(model, params, tokens_BxT):
 
 
 # Every position encoding's own cache is tested in test_positions.py; here the
-# decoding loop with one rotation and one bias encoding, and each attention variant.
+# decoding loop with one rotation and one bias encoding, and each attention variant
+# (linear attention's cache holds its keys, as softmax attention's).
 DECODER_VARIANTS = [dict(position=p) for p in ("rope", "t5_bias")] + [
   dict(num_kv_heads=2),
   dict(num_kv_heads=1),
   dict(window=3),
   dict(scan_layers=True),
+  dict(attention="linear"),
 ]
 
 

@@ -304,6 +304,7 @@ def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
     (dict(use_bias=False), "model.use_bias: False cannot be written"),
     (dict(scale_logits=True), "model.scale_logits: True cannot be written"),
     (dict(num_kv_heads=1), "model.num_kv_heads: 1 cannot be written"),
+    (dict(attention="linear"), "model.attention: 'linear' cannot be written"),
   ],
 )
 def test_export_refuses_what_the_architecture_cannot_hold(change, field, tmp_path):
@@ -490,6 +491,13 @@ def test_unreadable_directory_is_named(problem, match, tmp_path):
     (dict(family="encoder", head="mlm", num_token_types=-1), "model.num_token_types"),
     (dict(activation="relu", gelu_approximate=False), "model.gelu_approximate: False changes"),
     (dict(family="encoder_decoder", head="none"), "model.head: 'none' does not fit"),
+    (dict(attention="quadratic"), "model.attention: 'quadratic'"),
+    *(
+      (dict(attention="linear", position=p), "model.attention: 'linear' takes no additive")
+      for p in ("alibi", "t5_bias")
+    ),
+    (dict(attention="linear", attention_impl="cudnn"), "model.attention_impl: 'cudnn' computes"),
+    (dict(family="lstm", attention="linear"), "model.attention: does not apply to model.family"),
   ],
 )
 def test_conflicting_model_options_are_refused(fields, match):

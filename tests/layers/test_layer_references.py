@@ -138,6 +138,7 @@ ATTENTION_ATTRIBUTES = dict(
   implementation=None,
   dtype=jnp.float32,
   scale=None,
+  attention="softmax",
 )
 
 
@@ -183,13 +184,17 @@ ATTENTION_CASES = [
   attention_case("cross-mqa-no-bias", kv_len=3, num_kv_heads=1, use_bias=False),
   # T5: no 1/sqrt(Dh) on the scores.
   attention_case("t5-unscaled", position="t5_bias", use_bias=False, scale=1.0),
+  # Linear attention: causal GQA with RoPE, a bidirectional window, cross.
+  attention_case("linear-rope-causal", attention="linear", causal=True, bidirectional_bias=False),
+  attention_case("linear-window-bidirectional", attention="linear", position="none", window=2),
+  attention_case("linear-cross-mqa", attention="linear", kv_len=6, num_kv_heads=1),
 ]
 
 
 def attention_layer(spec, cross):
   """The MultiHeadAttention the reference's `spec` describes."""
   fields = ("num_heads", "num_kv_heads", "head_dim", "position", "window", "rope_base")
-  fields += ("rope_scale", "t5_max_distance", "use_bias", "attention_dropout_rate")
+  fields += ("rope_scale", "t5_max_distance", "use_bias", "attention_dropout_rate", "attention")
   cfg = ModelConfig(
     d_model=D,
     **{name: spec[name] for name in fields},
@@ -368,17 +373,21 @@ def test_bfloat16_embedder_accumulates_the_token_gradient_in_float32():
 
 
 @pytest.mark.parametrize(
-  "position,tied",
+  "position,tied,attention",
   [
     *(
-      (position, True) for position in ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
+      (position, True, "softmax")
+      for position in ("sinusoidal", "learned", "rope", "alibi", "t5_bias", "none")
     ),
-    ("rope", False),
+    ("rope", False, "softmax"),
+    ("rope", True, "linear"),
   ],
 )
-def test_decoder_matches_numpy(position, tied):
+def test_decoder_matches_numpy(position, tied, attention):
   """Embedding -> causal stack -> logits; padding is an ordinary token to a decoder."""
-  cfg = ModelConfig(**TINY, family="decoder", position=position, tie_embeddings=tied)
+  cfg = ModelConfig(
+    **TINY, family="decoder", position=position, tie_embeddings=tied, attention=attention
+  )
   model = build(cfg)
   tokens = tokens_with_padding(10, [6, 4], 6)
   params = own_params(model, tokens)

@@ -1,6 +1,7 @@
 """Tests for txf.sweep.runner and experiments/sweep.py: toy sweeps end to end."""
 
 import csv
+import importlib
 import json
 import os
 import pathlib
@@ -517,6 +518,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("pe_ln_seeds", 6),
     ("mqar_scale", 6),
     ("mqar_steps", 3),
+    ("mqar_linear", 6),
   ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
@@ -532,10 +534,11 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     "pe_ln_seeds": 3,
     "mqar_scale": 3,
     "mqar_steps": 3,
+    "mqar_linear": 3,
   }
   assert config.base.replicas == replicas[name]  # seeds
   # The sweeps made for the findings page's seed rule vary the data order too.
-  own = name in ("t5_distance", "pe_ln_seeds", "mqar_scale", "mqar_steps")
+  own = name not in ("pe_ln", "pe_ln_gpu", "ln_warmup")
   assert config.base.data.seed_per_replica == own
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
@@ -688,8 +691,6 @@ def test_the_seeds_rerun_is_pe_lns_points_with_three_seeds_of_both_kinds():
 def test_the_mqar_scale_sweep_has_a_cpu_and_a_gpu_setting():
   """Zoology's axes: the GPU setting is the harder task at wider models; both
   settings' points pass the run's checks; another name is refused."""
-  import importlib
-
   module = importlib.import_module("txf.configs.sweeps.mqar_scale")
   cpu, gpu = module.get_config(), module.get_config("gpu")
   for config in (cpu, gpu):
@@ -728,3 +729,20 @@ def test_the_mqar_control_is_mqar_scales_points_trained_three_times_as_long():
     "train.checkpoint_every": (750, 2250),
     "eval.every": (150, 450),
   }
+
+
+@pytest.mark.parametrize("setting", [None, "gpu"])
+def test_mqar_linear_varies_only_the_attention_of_mqar_scales_decoders(setting):
+  """Its softmax points are mqar_scale's decoder points (same configs, so the
+  same seeds and batches); its linear points differ in model.attention alone."""
+  linear, original = (
+    importlib.import_module(f"txf.configs.sweeps.{name}").get_config(setting)
+    for name in ("mqar_linear", "mqar_scale")
+  )
+  assert flatten(linear.base.to_dict()) == flatten(original.base.to_dict())
+  decoders = [p.overrides for p in grid.expand(original) if p.overrides["model.family"] != "lstm"]
+  points = [p.overrides for p in grid.expand(linear)]
+  for attention in ("softmax", "linear"):
+    widths = [p["model.d_model"] for p in points if p["model.attention"] == attention]
+    assert widths == [p["model.d_model"] for p in decoders]
+  grid.validate(grid.expand(linear), runner.check_point_config)

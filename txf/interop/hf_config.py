@@ -101,6 +101,6 @@ def require(cfg: ModelConfig, architecture: str, **required: Any) -> None:
 
 def plain_attention(cfg: ModelConfig) -> dict[str, Any]:
   """`require`'s keywords for multi-head attention with one key/value head
-  per query head, no window, the stacks' blocks as separate parameters (what
-  every HF family here has)."""
-  return dict(num_kv_heads=cfg.num_heads, window=None, scan_layers=False)
+  per query head, no window, the stacks' blocks as separate parameters,
+  softmax weights (what every HF family here has)."""
+  return dict(num_kv_heads=cfg.num_heads, window=None, scan_layers=False, attention="softmax")

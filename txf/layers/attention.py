@@ -29,9 +29,9 @@ class MultiHeadAttention(nn.Module):
 
   Reads the model's config: heads (num_heads H, num_kv_heads K, head_dim
   Dh), position (an encoding that rotates q and k or adds a bias acts here;
-  absolute ones act in the Embedder), window, use_bias,
-  attention_dropout_rate, attention_impl, scale_attention and the compute
-  dtype.
+  absolute ones act in the Embedder), window, use_bias, attention (softmax,
+  or linear: txf.ops.linear_attention), attention_dropout_rate,
+  attention_impl, scale_attention and the compute dtype.
 
   Attributes:
     cfg: the model's config.
@@ -276,9 +276,15 @@ class MultiHeadAttention(nn.Module):
     dropout = dropout_rate > 0.0 and not deterministic
     # Recording the weights (an 'intermediates' collection made mutable by the
     # caller, see txf.analysis.attention_maps) takes this unfused path, so the
-    # recorded weights are the ones the output is computed from.
-    if dropout or self.is_mutable_collection("intermediates"):
-      weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, scale=self.scale, **attend)
+    # recorded weights are the ones the output is computed from; linear
+    # attention has no fused path.
+    linear = self.cfg.attention == "linear"
+    if linear or dropout or self.is_mutable_collection("intermediates"):
+      if linear:  # ModelConfig refuses it with a position bias, so attend's is None
+        attend.pop("bias")
+        weights_BxHxTxS = ops.linear_attention_weights(q_BxTxHxDh, k_BxSxKxDh, **attend)
+      else:
+        weights_BxHxTxS = ops.attention_weights(q_BxTxHxDh, k_BxSxKxDh, scale=self.scale, **attend)
       self.sow(
         "intermediates", "attention_weights", unfold(weights_BxHxTxS.swapaxes(1, 2)).swapaxes(1, 2)
       )

@@ -73,6 +73,8 @@ NORMS: Registry[Any] = Registry("model.norm", builtins="txf.layers.norm")
 NORM_PLACEMENTS = ("pre", "post")
 POOLINGS = ("cls", "mean", "max", "last")
 DTYPES = ("float32", "bfloat16", "float16")
+# How attention weighs its keys (txf.layers.attention.MultiHeadAttention).
+ATTENTION_WEIGHTINGS = ("softmax", "linear")
 # Initialisation schemes: (params, cfg, key) -> params, registered by
 # txf.layers.inits (and user code: txf.register.init).
 INITS: Registry[Any] = Registry("model.init", builtins="txf.layers.inits")
@@ -98,6 +100,7 @@ CHOICES: dict[str, Iterable[str | None]] = {
   "pooling": POOLINGS,
   "dtype": DTYPES,
   "attention_impl": ATTENTION_IMPLEMENTATIONS,
+  "attention": ATTENTION_WEIGHTINGS,
   "init": INITS,
 }
 # The fields that are True or False (scale_logits may also be None).
@@ -221,6 +224,10 @@ class ModelConfig:
     "initialisation: txf (each layer's own) | gpt2 (N(0, 0.02), residual / sqrt(2L))", default="txf"
   )
   dtype: str = documented("compute dtype; parameters stay float32", default="float32")
+  attention: str = documented(
+    "softmax | linear (elu+1 features, Katharopoulos et al. 2020: a fixed-size state per head)",
+    default="softmax",
+  )
   attention_impl: str | None = documented(
     "None (best available) | xla | cudnn | chunked (O(T) memory)", default=None
   )
@@ -280,6 +287,7 @@ class ModelConfig:
         f"model.num_kv_heads: {self.num_kv_heads} does not divide model.num_heads={self.num_heads}"
       )
     self._check_position()
+    self._check_linear_attention()
     self._check_head()
     if self.family == "decoder" and self.head == "classify" and self.pooling == "cls":
       raise ValueError(
@@ -346,6 +354,23 @@ class ModelConfig:
     checks.positive_int(self.t5_max_distance, "model.t5_max_distance")
     if encoding.table == "relative":
       checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
+
+  def _check_linear_attention(self) -> None:
+    """attention='linear' weighs keys by positive features, so an additive
+    score bias (ALiBi, T5) has nothing to add to, and only the XLA path
+    (txf.ops.linear_attention) computes it."""
+    if self.attention != "linear":
+      return
+    if positions.encoding(self.position).bias is not None:
+      raise ValueError(
+        f"model.attention: 'linear' takes no additive position bias (model.position="
+        f"{self.position!r} adds one); use one that rotates q and k or embeds positions"
+      )
+    if self.attention_impl not in (None, "xla"):
+      raise ValueError(
+        f"model.attention_impl: {self.attention_impl!r} computes softmax attention; "
+        "model.attention='linear' runs only as None or 'xla'"
+      )
 
   def _check_head(self) -> None:
     HEADS[self.head]  # an unknown head: the registry's one-line error

@@ -6,6 +6,7 @@ and call these.
 """
 
 from txf.ops.attention import apply_attention_weights, attention_weights, dot_product_attention
+from txf.ops.linear_attention import linear_attention_weights
 from txf.ops.losses import (
   cross_entropy,
   cross_entropy_sums,
@@ -34,6 +35,7 @@ __all__ = [
   "dot_product_attention",
   "attention_weights",
   "apply_attention_weights",
+  "linear_attention_weights",
   # masks
   "causal_mask",
   "padding_mask",

@@ -18,8 +18,8 @@ from etils import epath
 from txf.sweep.grid import Point
 from txf.sweep.results import (
   CURVE_METRICS,
-  FLAT_MIN_EVALUATIONS,
   FLAT_ABSOLUTE,
+  FLAT_MIN_EVALUATIONS,
   FLAT_TOLERANCE,
   LOSS_UNITS,
   PER_POSITION_PNG,
@@ -59,6 +59,7 @@ VALUE_WORDS: dict[str, dict[Any, str]] = {
   },
   "model.norm_placement": {"pre": "Pre-LN", "post": "Post-LN"},
   "model.norm": {"layer": "LayerNorm", "rms": "RMSNorm"},
+  "model.attention": {"softmax": "softmax attention", "linear": "linear attention"},
   "model.family": {
     "decoder": "Transformer decoder",
     "encoder": "Transformer encoder",
@@ -153,7 +154,8 @@ def plot_loss_curves(
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   criterion = (
-    f"; flat: < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better over the last {fraction_name()} "
+    f"; flat: < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better "
+    f"over the last {fraction_name()} "
     f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
     if metric == "eval_loss"
     else ""

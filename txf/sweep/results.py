@@ -518,7 +518,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "replicas train on it. Extrapolation columns: validation loss at that "
     "evaluation length (n/a: not applicable). Val change: relative change of the "
     f"mean validation loss over the last {fraction_name()} of training; flat: it "
-    f"improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, judged only with at least "
+    f"improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, "
+    "judged only with at least "
     f"{FLAT_MIN_EVALUATIONS} evaluations in that {fraction_name()} (else unknown)."
   )
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
