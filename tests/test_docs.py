@@ -209,8 +209,11 @@ SWEEP_DATA = [
   "docs/data/pe_ln",
   "docs/data/pe_ln_seeds",
   "docs/data/t5_distance",
+  "docs/data/ln_warmup",
   "docs/data/mqar_scale",
   "docs/data/mqar_steps",
+  "docs/data/mqar_linear",
+  "docs/data/mqar_linear_steps",
 ]
 
 
@@ -260,7 +263,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   writes them from the results tables above them (a table cannot drift from
   the numbers it tests); and the tool would notice a changed number."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 6
+  assert page.count("<!-- findings_significance:") == 8
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed
@@ -316,6 +319,27 @@ def test_a_significance_marker_compares_the_first_field_at_each_value_of_the_sec
     "LSTM < decoder (width 64)",
   ]
   assert [row.split("|")[-2].strip() for row in table[2:]] == ["no", "yes"]
+
+
+def test_a_significance_marker_on_three_fields_compares_rows_that_differ_in_one():
+  """(LN, warmup, lr) rows: each two rows that differ in one field, lower
+  loss first, the others named; rows differing in two fields are not paired."""
+  page = [
+    "| LN | warmup steps | peak lr | val loss |",
+    "|---|---|---|---|",
+    "| pre | 0 | 0.01 | 1.800 ± 0.010 |",
+    "| post | 0 | 0.01 | 3.200 ± 0.010 |",
+    "| post | 60 | 0.01 | 3.100 ± 0.500 |",
+    "| pre | 60 | 0.003 | 1.900 ± 0.010 |",
+    "",
+    "<!-- findings_significance: seeds=3 -->",
+  ]
+  table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
+  assert [row.split("|")[1].strip() for row in table[2:]] == [
+    "LN pre < post (warmup steps 0, peak lr 0.01)",
+    "warmup steps 60 < 0 (LN post, peak lr 0.01)",
+  ]
+  assert [row.split("|")[-2].strip() for row in table[2:]] == ["yes", "no"]
 
 
 def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):

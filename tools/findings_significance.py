@@ -16,7 +16,9 @@ p is the test's on the published numbers. For a table of two leading columns
 that are not (encoding, pre/post), e.g. (model, width), the first field's
 points are ranked at each value of the second ("LSTM < decoder (width
 32)"): the comparison at a width is the question, not one width against
-another.
+another. For a table of three or more leading columns (a grid of three
+fields, e.g. LN x warmup x learning rate), every two rows that differ in one
+field.
 
 --check writes nothing and exits 1 if a table differs from what the page's
 results tables give (tests/test_docs.py checks the same).
@@ -25,6 +27,7 @@ results tables give (tests/test_docs.py checks the same).
 from __future__ import annotations
 
 import argparse
+import itertools
 import pathlib
 import re
 import sys
@@ -95,6 +98,22 @@ def _ranked_pairs(rows: dict[str, tuple[float, float]], seeds: int, note: str) -
   ]
 
 
+def _one_cell_pairs(
+  titles: list[str], rows: dict[tuple[str, ...], tuple[float, float]], seeds: int
+) -> list[str]:
+  """Every two rows that differ in one leading cell, the lower loss first,
+  column by column ('warmup steps 60 < 0 (LN post, peak lr 0.003)')."""
+  lines = []
+  for column, title in enumerate(titles):
+    for key_a, key_b in itertools.combinations(rows, 2):
+      if [i for i, (a, b) in enumerate(zip(key_a, key_b)) if a != b] != [column]:
+        continue
+      (a, first), (b, second) = sorted([(rows[key_a], key_a), (rows[key_b], key_b)])
+      rest = ", ".join(f"{titles[i]} {first[i]}" for i in range(len(titles)) if i != column)
+      lines.append(_line(f"{title} {first[column]} < {second[column]} ({rest})", a, b, seeds))
+  return lines
+
+
 def significance_table(
   titles: list[str], rows: dict[tuple[str, ...], tuple[float, float]], seeds: int
 ) -> list[str]:
@@ -102,12 +121,15 @@ def significance_table(
   `titles`: for (encoding, placement) rows adjacent encodings in each
   placement's ranking, then Pre-LN against Post-LN per encoding; for other
   two-cell rows, adjacent first cells at each second cell; for rows of one
-  leading cell, adjacent points."""
+  leading cell, adjacent points; for rows of three or more, every two rows
+  that differ in one cell."""
   lines = list(HEADER)
   if all(len(key) == 1 for key in rows):
     return lines + _ranked_pairs({key[0]: stat for key, stat in rows.items()}, seeds, "")
+  if all(len(key) >= 3 for key in rows):
+    return lines + _one_cell_pairs(titles, rows, seeds)
   if not all(len(key) == 2 for key in rows):
-    raise ValueError(f"rows must be of one or two leading cells, got {list(rows)}")
+    raise ValueError(f"rows must be of one, two or more leading cells, got {list(rows)}")
   if not all(key[1] in PLACEMENTS for key in rows):
     for second in dict.fromkeys(key[1] for key in rows):
       at = {first: stat for (first, other), stat in rows.items() if other == second}

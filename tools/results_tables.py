@@ -53,6 +53,8 @@ GRID_COLUMNS = {
   "model.family": ("model", VALUE_WORDS["model.family"].__getitem__),  # the figures' words
   "model.attention": ("attention", VALUE_WORDS["model.attention"].__getitem__),
   "model.d_model": ("width", str),
+  "train.warmup_steps": ("warmup steps", str),
+  "train.learning_rate": ("peak lr", str),
 }
 RESULT_COLUMNS = (
   "val @128",

@@ -519,6 +519,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("mqar_scale", 6),
     ("mqar_steps", 3),
     ("mqar_linear", 6),
+    ("mqar_linear_steps", 1),
   ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
@@ -535,10 +536,11 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     "mqar_scale": 3,
     "mqar_steps": 3,
     "mqar_linear": 3,
+    "mqar_linear_steps": 3,
   }
   assert config.base.replicas == replicas[name]  # seeds
   # The sweeps made for the findings page's seed rule vary the data order too.
-  own = name not in ("pe_ln", "pe_ln_gpu", "ln_warmup")
+  own = name not in ("pe_ln", "pe_ln_gpu")
   assert config.base.data.seed_per_replica == own
   if config.sweep.get("extrapolate_tokens"):  # one window at 16x (checked before training)
     check_num_tokens(config.sweep.extrapolate_tokens, config.base.data.seq_len)
@@ -746,3 +748,14 @@ def test_mqar_linear_varies_only_the_attention_of_mqar_scales_decoders(setting):
     widths = [p["model.d_model"] for p in points if p["model.attention"] == attention]
     assert widths == [p["model.d_model"] for p in decoders]
   grid.validate(grid.expand(linear), runner.check_point_config)
+
+
+def test_the_linear_attention_control_has_the_softmax_controls_schedule():
+  """sweeps/mqar_linear_steps is mqar_linear's widest linear point with
+  mqar_steps' base config (its steps, warmup, evaluations)."""
+  control, linear = load_config("sweeps.mqar_linear_steps"), load_config("sweeps.mqar_linear")
+  (point,) = [p.overrides for p in grid.expand(control)]
+  assert point == {"model.attention": "linear", "model.d_model": 128}
+  assert point in [p.overrides for p in grid.expand(linear)]
+  softmax_control = load_config("sweeps.mqar_steps")
+  assert flatten(control.base.to_dict()) == flatten(softmax_control.base.to_dict())

@@ -6,23 +6,18 @@ Xiong et al. 2020 ("On Layer Normalization in the Transformer Architecture")
 find that Post-LN needs warmup to train at a high learning rate and Pre-LN
 does not. 8 points: norm placement x warmup (none, 10% of the steps) x peak
 learning rate (3e-3, 1e-2), on a deeper, narrower decoder than configs/base.py
-(6 layers, d_model=64, 300 steps) so the effect has depth to act on. Gradient
-clipping is off: clipping would hide the early large updates that warmup
-exists to tame.
+(6 layers, d_model=64, 600 steps) so the effect has depth to act on, 3 seed
+replicas that differ in initialisation and data order. Gradient clipping is
+off: clipping would hide the early large updates that warmup exists to tame.
 
-Measured (2026-11-23, single points on the shared 2-core CPU box; about 210 s
-of CPU time per point, 5-9 minutes of wall time there under heavy sharing,
-i.e. about 2-3 minutes per point and 20-30 minutes for the 8 points on two
-idle cores), final validation loss in nats/token:
-  Pre-LN,  no warmup, lr 1e-2:  1.76   (trains without warmup)
-  Post-LN, no warmup, lr 1e-2:  3.26   (stuck near the unigram loss; no NaN)
-  Post-LN, warmup 30, lr 1e-2:  3.16   (warmup does not rescue it at this rate)
-  Post-LN, no warmup, lr 3e-3:  2.57   (trails ...)
-  Post-LN, warmup 30, lr 3e-3:  2.06   (... the same run with warmup)
-So at this scale the effect shows as trailing, not divergence: Post-LN needs
-warmup at 3e-3 and fails at 1e-2 even with it, while Pre-LN trains at 1e-2
-without warmup. (The lr 3e-3 points were run with txf-run and the
-same fields, before the grid's rates were set to these.)
+Expected (2026-11-28, 2-core CPU, jax 0.10.2; about 7.5 minutes a point on
+idle cores, 106 minutes in all shared with other sweeps; docs/data/ln_warmup,
+docs/results.md section 3), final validation loss in nats/token at step 600:
+  Pre-LN,  lr 3e-3: 1.671 (no warmup), 1.669 (warmup)
+  Pre-LN,  lr 1e-2: 1.583 (no warmup), 1.527 (warmup)
+  Post-LN, lr 3e-3: 1.832 +- 0.093 (no warmup), 1.699 (warmup): not resolved
+  Post-LN, lr 1e-2: 3.254 (no warmup: all seeds stall), 2.155 +- 0.955
+                    (warmup: two seeds train, one stalls)
 """
 
 import ml_collections
@@ -31,15 +26,19 @@ from txf.configs import base
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "base"  # the run config txf ships by that name, from any directory
-STEPS = 300
+STEPS = 600
 
 
 def get_config() -> ml_collections.ConfigDict:
   run = base.get_config()
   run.model.update(dict(d_model=64, num_heads=4, num_layers=6))
   run.replicas = 3
-  run.train.update(dict(steps=STEPS, grad_clip_norm=0.0, log_every=25, checkpoint_every=100))
-  run.eval.update(dict(every=100))
+  # Replica r is the single run of seed r with data seed r: the stds hold
+  # data-order noise too, not only initialisation noise.
+  run.data.seed_per_replica = True
+  run.train.update(dict(steps=STEPS, grad_clip_norm=0.0, log_every=50, checkpoint_every=STEPS // 2))
+  # Ten evaluations, three in the last fifth: enough for the flattening verdict.
+  run.eval.update(dict(every=STEPS // 10))
   config = ml_collections.ConfigDict()
   config.base = run
   config.grid = make_grid(
