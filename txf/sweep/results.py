@@ -149,19 +149,24 @@ def evaluations_in_window(
   return int(np.sum(steps_N >= (1.0 - fraction) * steps_N[-1]))
 
 
+def late_fall(improvement: float, final_loss: float) -> float:
+  """The fall in nats, L_start - L_end, of a curve ending at `final_loss`
+  (L_end) whose `late_improvement` is (L_start - L_end) / L_start (< 1)."""
+  return final_loss * improvement / (1.0 - improvement)
+
+
 def is_flat(improvement: float | None, final_loss: float) -> bool | None:
   """Whether a late_improvement meets the flattening criterion (None: unknown).
 
   Args:
-    improvement: `late_improvement` of the curve, (L_start - L_end) / L_start.
-    final_loss: L_end, its last loss: the fall in nats is
-      L_end * improvement / (1 - improvement).
+    improvement: `late_improvement` of the curve.
+    final_loss: its last loss, for the fall in nats (`late_fall`).
   """
   if improvement is None:
     return None
   if improvement < FLAT_TOLERANCE:
     return True
-  return improvement < 1.0 and final_loss * improvement / (1.0 - improvement) < FLAT_ABSOLUTE
+  return improvement < 1.0 and late_fall(improvement, final_loss) < FLAT_ABSOLUTE
 
 
 def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
@@ -176,8 +181,9 @@ def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
     return f"not flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
   if improvement < FLAT_TOLERANCE:
     return f"flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
-  fall = float(loss_N[-1]) * improvement / (1.0 - improvement)
-  return f"flat: {-fall:+.4f} nats in the last {fraction_name()}"
+  return (
+    f"flat: {-late_fall(improvement, float(loss_N[-1])):+.4f} nats in the last {fraction_name()}"
+  )
 
 
 def fraction_name() -> str:
