@@ -83,6 +83,7 @@ INAPPLICABLE = dict(
   num_classes=3,
   pooling="mean",
   attention_impl="xla",
+  attention="linear",
   remat=True,
   scan_layers=True,
   gelu_approximate=False,

@@ -52,6 +52,7 @@ ADDED_FIELDS = {
   "model.num_token_types": 0,
   "model.scale_attention": True,
   "model.init": "txf",
+  "model.attention": "softmax",
   "model.options": {},
   "train.loss_chunk_len": 0,
   "train.trackers": "",
