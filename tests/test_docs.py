@@ -269,6 +269,12 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   assert changed != page and findings_significance.rewrite(changed) != changed
 
 
+def significance_rows(page: list[str]) -> list[list[str]]:
+  """The cells of each pair row the marker at the end of `page` writes."""
+  table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
+  return [[cell.strip() for cell in row.split("|")[1:-1]] for row in table[2:]]
+
+
 def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
   """A table whose points differ in one field ranks all its rows; column=
   picks the tested column by its title. Welch's t from the table's numbers,
@@ -313,12 +319,12 @@ def test_a_significance_marker_compares_the_first_field_at_each_value_of_the_sec
     "",
     '<!-- findings_significance: seeds=3 column="val accuracy" -->',
   ]
-  table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
-  assert [row.split("|")[1].strip() for row in table[2:]] == [
+  rows = significance_rows(page)
+  assert [row[0] for row in rows] == [
     "LSTM < decoder (width 32)",
     "LSTM < decoder (width 64)",
   ]
-  assert [row.split("|")[-2].strip() for row in table[2:]] == ["no", "yes"]
+  assert [row[-1] for row in rows] == ["no", "yes"]
 
 
 def test_a_significance_marker_on_three_fields_compares_rows_that_differ_in_one():
@@ -334,12 +340,12 @@ def test_a_significance_marker_on_three_fields_compares_rows_that_differ_in_one(
     "",
     "<!-- findings_significance: seeds=3 -->",
   ]
-  table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
-  assert [row.split("|")[1].strip() for row in table[2:]] == [
+  rows = significance_rows(page)
+  assert [row[0] for row in rows] == [
     "LN pre < post (warmup steps 0, peak lr 0.01)",
     "warmup steps 60 < 0 (LN post, peak lr 0.01)",
   ]
-  assert [row.split("|")[-2].strip() for row in table[2:]] == ["yes", "no"]
+  assert [row[-1] for row in rows] == ["yes", "no"]
 
 
 def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):
