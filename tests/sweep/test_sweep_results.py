@@ -185,6 +185,64 @@ def test_accuracy_vs_width_draws_one_line_per_family_at_its_widths(tmp_path):
     figures.accuracy_vs_width_figure(rows, width_field="model.num_layers")
 
 
+# (family, width, learning rate) -> replicas' final accuracies: the best rate
+# differs by width, and the decoder's best at 32 is not its best at 128.
+TUNED_ACCURACIES = {
+  ("decoder", 32, 0.001): [0.2, 0.4],
+  ("decoder", 32, 0.01): [0.5, 0.7],
+  ("decoder", 128, 0.001): [0.9, 1.0],
+  ("decoder", 128, 0.01): [0.1, 0.1],
+  ("lstm", 32, 0.001): [],
+  ("lstm", 32, 0.01): [0.3, 0.5],
+  ("lstm", 128, 0.001): [0.25, 0.35],
+  ("lstm", 128, 0.01): [0.2, 0.2],
+}
+
+
+def test_accuracy_vs_width_shows_each_width_at_its_best_learning_rate(tmp_path):
+  base = ml_collections.ConfigDict(
+    dict(
+      replicas=2,
+      model=dict(family="decoder", d_model=32),
+      train=dict(steps=STEPS, learning_rate=0.003),
+    )
+  )
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid(
+    {
+      "model.family": ["decoder", "lstm"],
+      "model.d_model": [32, 128],
+      "train.learning_rate": [0.001, 0.01],
+    }
+  )
+  rows = []
+  for point in grid.expand(config):
+    accuracies = TUNED_ACCURACIES[tuple(point.overrides.values())]
+    row = replica_row(STEPS, "eval_loss", [2.0, 2.2])
+    if accuracies:
+      row.update(replica_row(STEPS, "eval_accuracy", accuracies))
+    write_run(tmp_path / point.name, [row])
+    rows.append(results.summarize_point(point, tmp_path / point.name))
+  figure = figures.accuracy_vs_width_figure(rows)
+  (axes,) = figure.axes
+  lines = {bars.get_label(): bars.lines[0] for bars in axes.containers}
+  assert sorted(lines) == ["LSTM", "Transformer decoder"]  # one line per family, not per rate
+  data = {label: np.asarray(line.get_xydata(), float) for label, line in lines.items()}
+  np.testing.assert_allclose(data["Transformer decoder"], [[32, 0.6], [128, 0.95]])
+  np.testing.assert_allclose(data["LSTM"], [[32, 0.4], [128, 0.3]])
+  marks = sorted((text.xy, text.get_text()) for text in axes.texts)
+  assert marks == [
+    ((32, 0.4), "0.01"),
+    ((32, 0.6), "0.01"),
+    ((128, 0.3), "0.001"),
+    ((128, 0.95), "0.001"),
+  ]
+  assert "best learning rate" in " ".join(figure._suptitle.get_text().split())
+  # Without the tuned field in the grid, no marks and the plain title.
+  untuned = figures.accuracy_vs_width_figure(rows, tuned_field="model.num_layers")
+  assert len(untuned.axes[0].containers) == 4 and not untuned.axes[0].texts
+
+
 def test_summary_of_a_single_run_has_no_std(tmp_path, points):
   write_run(
     tmp_path / "single",

@@ -520,6 +520,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("mqar_steps", 3),
     ("mqar_linear", 6),
     ("mqar_linear_steps", 1),
+    ("mqar_lr", 18),
   ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
@@ -537,6 +538,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     "mqar_steps": 3,
     "mqar_linear": 3,
     "mqar_linear_steps": 3,
+    "mqar_lr": 3,
   }
   assert config.base.replicas == replicas[name]  # seeds
   # The sweeps made for the findings page's seed rule vary the data order too.
@@ -713,6 +715,23 @@ def test_the_mqar_scale_sweep_has_a_cpu_and_a_gpu_setting():
     module.get_config("tpu")
 
 
+def test_the_long_ln_warmup_differs_in_its_length_alone():
+  """sweeps/ln_warmup:long trains twice the steps with the same warmup share,
+  evaluation share and grid otherwise; an unknown setting is refused."""
+  module = importlib.import_module("txf.configs.sweeps.ln_warmup")
+  short, long = module.get_config(), module.get_config("long")
+  scaled = {"train.steps", "train.checkpoint_every", "eval.every"}
+  flat_short, flat_long = flatten(short.base.to_dict()), flatten(long.base.to_dict())
+  assert {k for k in flat_short if flat_short[k] != flat_long[k]} == scaled
+  assert all(flat_long[k] == 2 * flat_short[k] for k in scaled)
+  for config in (short, long):
+    points = [p.overrides for p in grid.expand(config)]
+    steps = config.base.train.steps
+    assert sorted({p["train.warmup_steps"] for p in points}) == [0, steps // 10]
+  with pytest.raises(ValueError, match="setting 'tpu' is not one of"):
+    module.get_config("tpu")
+
+
 def test_the_mqar_control_is_mqar_scales_points_trained_three_times_as_long():
   """sweeps/mqar_steps reruns points of sweeps/mqar_scale, of both families;
   its base config differs in the training length only (steps, and the
@@ -748,6 +767,24 @@ def test_mqar_linear_varies_only_the_attention_of_mqar_scales_decoders(setting):
     widths = [p["model.d_model"] for p in points if p["model.attention"] == attention]
     assert widths == [p["model.d_model"] for p in decoders]
   grid.validate(grid.expand(linear), runner.check_point_config)
+
+
+def test_the_learning_rate_sweep_is_mqar_linear_at_three_rates():
+  """sweeps/mqar_lr's points at configs/mqar.py's rate are mqar_linear's
+  points (same base config and overrides), so those runs are shared; its
+  rates bracket that rate on both sides."""
+  tuned, linear = load_config("sweeps.mqar_lr"), load_config("sweeps.mqar_linear")
+  assert flatten(tuned.base.to_dict()) == flatten(linear.base.to_dict())
+  rate = linear.base.train.learning_rate
+  points = [p.overrides for p in grid.expand(tuned)]
+  at_rate = [
+    {k: v for k, v in p.items() if k != "train.learning_rate"}
+    for p in points
+    if p["train.learning_rate"] == rate
+  ]
+  assert at_rate == [p.overrides for p in grid.expand(linear)]
+  rates = sorted({p["train.learning_rate"] for p in points})
+  assert rates[0] < rate < rates[-1]
 
 
 def test_the_linear_attention_control_has_the_softmax_controls_schedule():

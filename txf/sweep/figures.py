@@ -41,6 +41,8 @@ CURVES = {metric: _CURVE_FIGURES[metric] for metric in CURVE_METRICS}
 PRE_VS_POST_PNG = "pre_vs_post.png"
 ACCURACY_VS_WIDTH_PNG = "accuracy_vs_width.png"
 WIDTH_FIELD = "model.d_model"
+# A grid field tuned per point rather than compared (accuracy_vs_width_figure).
+TUNED_FIELD = "train.learning_rate"
 
 LinePlot = Callable[..., Any]
 
@@ -345,7 +347,16 @@ def plot_pre_vs_post(
   return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)
 
 
-def accuracy_vs_width_figure(rows: Sequence[PointSummary], *, width_field: str = WIDTH_FIELD):
+def _mean_accuracy(row: PointSummary) -> float:
+  return -math.inf if row.eval_accuracy is None else row.eval_accuracy.mean
+
+
+def accuracy_vs_width_figure(
+  rows: Sequence[PointSummary],
+  *,
+  width_field: str = WIDTH_FIELD,
+  tuned_field: str = TUNED_FIELD,
+):
   """plot_accuracy_vs_width's matplotlib Figure, unwritten.
 
   Raises:
@@ -358,32 +369,54 @@ def accuracy_vs_width_figure(rows: Sequence[PointSummary], *, width_field: str =
 
   if not any(width_field in row.point.overrides for row in rows):
     raise ValueError(f"{width_field}: not a grid field of these points")
-  # One line per setting of the other grid fields (e.g. per model family).
-  lines: dict[tuple, list[PointSummary]] = {}
+  tuned = any(tuned_field in row.point.overrides for row in rows)
+  # One line per setting of the other grid fields (e.g. per model family);
+  # with a tuned field, each width's marker is its best setting (Zoology's
+  # practice: an architecture at a width is judged at its best learning rate).
+  lines: dict[tuple, dict[Any, PointSummary]] = {}
   for row in rows:
-    others = tuple((k, v) for k, v in row.point.overrides.items() if k != width_field)
-    lines.setdefault(others, []).append(row)
+    overrides = row.point.overrides
+    others = tuple((k, v) for k, v in overrides.items() if k not in (width_field, tuned_field))
+    at_width = lines.setdefault(others, {})
+    held = at_width.get(overrides[width_field])
+    if held is None or _mean_accuracy(row) > _mean_accuracy(held):
+      at_width[overrides[width_field]] = row
   figure = Figure(figsize=(6.4, 4.8), layout="constrained")
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
-  for others, members in lines.items():
-    members = sorted(members, key=lambda row: row.point.overrides[width_field])
+  for others, at_width in lines.items():
+    members = [at_width[width] for width in sorted(at_width)]
     stats = [row.eval_accuracy for row in members]
-    axes.errorbar(
+    means = [math.nan if stat is None else stat.mean for stat in stats]
+    bars = axes.errorbar(
       [row.point.overrides[width_field] for row in members],
-      [math.nan if stat is None else stat.mean for stat in stats],
+      means,
       yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
       fmt="o-",
       capsize=4,
       label=", ".join(value_words(k, v) for k, v in others) or "all points",
     )
+    if tuned:
+      for row, mean in zip(members, means, strict=True):
+        if not math.isnan(mean):
+          axes.annotate(
+            f"{row.point.overrides[tuned_field]:g}",
+            (row.point.overrides[width_field], mean),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize="small",
+            color=bars.lines[0].get_color(),
+          )
   axes.set_xscale("log", base=2)
   widths = sorted({row.point.overrides[width_field] for row in rows})
   axes.set_xticks(widths, [str(width) for width in widths])
   axes.set_ylim(-0.02, 1.02)
   axes.set_xlabel(f"{width_field.rsplit('.', 1)[-1].replace('_', ' ')} (units per layer)")
   axes.set_ylabel("final validation accuracy (fraction of predictions)")
-  fit_title(figure, "Final validation accuracy by model width")
+  title = "Final validation accuracy by model width"
+  if tuned:
+    title += f", each at its best {tuned_field.rsplit('.', 1)[-1].replace('_', ' ')} (marked)"
+  fit_title(figure, title)
   axes.grid(alpha=0.3)
   axes.legend(loc="lower right")
   return figure
@@ -394,10 +427,14 @@ def plot_accuracy_vs_width(
   sweep_workdir: str | epath.PathLike,
   *,
   width_field: str = WIDTH_FIELD,
+  tuned_field: str = TUNED_FIELD,
 ) -> epath.Path:
   """Final validation accuracy against the model width (`width_field`, log2
   x), one line per setting of the other grid fields (e.g. per model family,
   as Zoology's MQAR figures), error bars ±1 std over replicas; a point
-  without a final accuracy is left out of its line. Returns the PNG."""
-  figure = accuracy_vs_width_figure(rows, width_field=width_field)
+  without a final accuracy is left out of its line. Where the grid varies
+  `tuned_field` (the learning rate), each width shows its setting of the
+  highest mean accuracy, that value written beside the marker, as Zoology
+  reports each architecture at its best learning rate. Returns the PNG."""
+  figure = accuracy_vs_width_figure(rows, width_field=width_field, tuned_field=tuned_field)
   return write_figure(figure, epath.Path(sweep_workdir) / ACCURACY_VS_WIDTH_PNG)

@@ -1,6 +1,7 @@
 """Pre-LN vs Post-LN x learning-rate warmup x peak learning rate (Xiong et al. 2020).
 
   txf-sweep --config=sweeps/ln_warmup --workdir=runs/ln_warmup
+  txf-sweep --config=sweeps/ln_warmup:long --workdir=runs/ln_warmup_long   # 1200 steps
 
 Xiong et al. 2020 ("On Layer Normalization in the Transformer Architecture")
 find that Post-LN needs warmup to train at a high learning rate and Pre-LN
@@ -26,25 +27,31 @@ from txf.configs import base
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "base"  # the run config txf ships by that name, from any directory
-STEPS = 600
+# Setting -> training steps; `long` trains twice as long, to see whether the
+# step-600 conclusions hold where the curves have flattened.
+SETTINGS = {"cpu": 600, "long": 1200}
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
+  setting = setting or "cpu"
+  if setting not in SETTINGS:
+    raise ValueError(f"sweeps/ln_warmup: setting {setting!r} is not one of {tuple(SETTINGS)}")
+  steps = SETTINGS[setting]
   run = base.get_config()
   run.model.update(dict(d_model=64, num_heads=4, num_layers=6))
   run.replicas = 3
   # Replica r is the single run of seed r with data seed r: the stds hold
   # data-order noise too, not only initialisation noise.
   run.data.seed_per_replica = True
-  run.train.update(dict(steps=STEPS, grad_clip_norm=0.0, log_every=50, checkpoint_every=STEPS // 2))
+  run.train.update(dict(steps=steps, grad_clip_norm=0.0, log_every=50, checkpoint_every=steps // 2))
   # Ten evaluations, three in the last fifth: enough for the flattening verdict.
-  run.eval.update(dict(every=STEPS // 10))
+  run.eval.update(dict(every=steps // 10))
   config = ml_collections.ConfigDict()
   config.base = run
   config.grid = make_grid(
     {
       "model.norm_placement": ["pre", "post"],
-      "train.warmup_steps": [0, STEPS // 10],
+      "train.warmup_steps": [0, steps // 10],
       "train.learning_rate": [3e-3, 1e-2],
     }
   )
