@@ -348,6 +348,41 @@ def test_a_significance_marker_on_three_fields_compares_rows_that_differ_in_one(
   assert [row[-1] for row in rows] == ["yes", "no"]
 
 
+def test_a_tuned_column_compares_each_setting_at_its_best_value():
+  """tuned="learning rate": each (attention, width) keeps the rate of its
+  best accuracy (the highest; the lowest loss where a loss is tested), then
+  the attentions are ranked at each width; a tuned column that is not a
+  leading one is refused."""
+  page = [
+    "| attention | width | learning rate | val loss | val accuracy |",
+    "|---|---|---|---|---|",
+    "| softmax | 32 | 0.001 | 2.000 ± 0.010 | 0.300 ± 0.010 |",
+    "| softmax | 32 | 0.01 | 2.100 ± 0.010 | 0.500 ± 0.010 |",
+    "| linear | 32 | 0.001 | 2.200 ± 0.010 | 0.400 ± 0.010 |",
+    "| linear | 32 | 0.01 | 2.500 ± 0.010 | 0.100 ± 0.010 |",
+    "| softmax | 64 | 0.001 | 0.100 ± 0.010 | 0.990 ± 0.010 |",
+    "| softmax | 64 | 0.01 | 3.000 ± 0.010 | 0.050 ± 0.010 |",
+    "| linear | 64 | 0.001 | 2.300 ± 0.010 | 0.200 ± 0.010 |",
+    "| linear | 64 | 0.01 | 2.400 ± 0.010 | 0.250 ± 0.010 |",
+    "",
+    '<!-- findings_significance: seeds=3 column="val accuracy" tuned="learning rate" -->',
+  ]
+  rows = significance_rows(page)
+  assert [row[:2] for row in rows] == [
+    ["linear (learning rate 0.001) < softmax (learning rate 0.01) (width 32)", "-0.100"],
+    ["linear (learning rate 0.01) < softmax (learning rate 0.001) (width 64)", "-0.740"],
+  ]
+  by_loss = significance_rows(
+    page[:-1] + ['<!-- findings_significance: seeds=3 tuned="learning rate" -->']
+  )
+  assert [row[0] for row in by_loss] == [
+    "softmax (learning rate 0.001) < linear (learning rate 0.001) (width 32)",
+    "softmax (learning rate 0.001) < linear (learning rate 0.001) (width 64)",
+  ]
+  with pytest.raises(ValueError, match="tuned='peak lr' is not a leading column"):
+    significance_rows(page[:-1] + ['<!-- findings_significance: seeds=3 tuned="peak lr" -->'])
+
+
 def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):
   """No extrapolation.json: the table holds the grid's fields, the validation
   loss and accuracy (mean ± std from results.csv) and the flatness."""

@@ -18,7 +18,14 @@ points are ranked at each value of the second ("LSTM < decoder (width
 32)"): the comparison at a width is the question, not one width against
 another. For a table of three or more leading columns (a grid of three
 fields, e.g. LN x warmup x learning rate), every two rows that differ in one
-field.
+field. `tuned="TITLE"` names a leading column that was tuned rather than
+compared (the learning rate): each setting of the other columns keeps its
+row of the best mean in it (the highest where the tested column is an
+accuracy, the lowest loss otherwise; the first of equals), named in the first
+cell ('linear attention (learning rate 0.01)'), and the rule above applies
+to the rows left. The best of several settings is itself chosen on these
+seeds, so such a comparison favours the side with more settings that
+differ; the page says so beside it.
 
 --check writes nothing and exits 1 if a table differs from what the page's
 results tables give (tests/test_docs.py checks the same).
@@ -36,7 +43,9 @@ from tools.page_tables import check_or_write, rewrite_tables
 from txf.sweep.significance import welch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MARKER = re.compile(r'^<!-- findings_significance: seeds=(\d+)(?: column="([^"]+)")? -->$')
+MARKER = re.compile(
+  r'^<!-- findings_significance: seeds=(\d+)(?: column="([^"]+)")?(?: tuned="([^"]+)")? -->$'
+)
 _STAT = re.compile(r"^(?:\*\*)?([\d.]+) ± ([\d.]+)(?:\*\*)?$")
 HEADER = [
   "| pair | difference | t | df | p | resolved |",
@@ -114,6 +123,34 @@ def _one_cell_pairs(
   return lines
 
 
+def at_best(
+  titles: list[str],
+  rows: dict[tuple[str, ...], tuple[float, float]],
+  tuned: str,
+  higher_is_better: bool,
+) -> tuple[list[str], dict[tuple[str, ...], tuple[float, float]]]:
+  """`titles` and `rows` without the leading column `tuned`: each setting of
+  the others keeps its row of the best mean, the tuned value named in its
+  first cell ('softmax attention (learning rate 0.003)').
+
+  Raises:
+    ValueError: `tuned` is not a leading column, or is the only one.
+  """
+  if tuned not in titles:
+    raise ValueError(f"tuned={tuned!r} is not a leading column of {titles}")
+  if len(titles) < 2:
+    raise ValueError(f"tuned={tuned!r} is the only leading column: nothing left to compare")
+  at = titles.index(tuned)
+  best: dict[tuple[str, ...], tuple[str, tuple[float, float]]] = {}
+  for key, stat in rows.items():
+    rest = key[:at] + key[at + 1 :]
+    held = best.get(rest)
+    if held is None or (stat[0] > held[1][0] if higher_is_better else stat[0] < held[1][0]):
+      best[rest] = (key[at], stat)
+  kept = {(f"{rest[0]} ({tuned} {value})", *rest[1:]): stat for rest, (value, stat) in best.items()}
+  return titles[:at] + titles[at + 1 :], kept
+
+
 def significance_table(
   titles: list[str], rows: dict[tuple[str, ...], tuple[float, float]], seeds: int
 ) -> list[str]:
@@ -149,11 +186,15 @@ def significance_table(
 
 def rewrite(text: str) -> str:
   """The page with every marker's table written from the results table above it."""
-  return rewrite_tables(
-    text,
-    MARKER,
-    lambda found, above: significance_table(*_results_rows(above, found[2]), int(found[1])),
-  )
+
+  def table_for(found: re.Match[str], above: list[str]) -> list[str]:
+    seeds, column, tuned = int(found[1]), found[2], found[3]
+    titles, rows = _results_rows(above, column)
+    if tuned is not None:
+      titles, rows = at_best(titles, rows, tuned, "accuracy" in (column or ""))
+    return significance_table(titles, rows, seeds)
+
+  return rewrite_tables(text, MARKER, table_for)
 
 
 def main() -> int:

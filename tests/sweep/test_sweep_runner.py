@@ -521,6 +521,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("mqar_linear", 6),
     ("mqar_linear_steps", 1),
     ("mqar_lr", 18),
+    ("mqar_lstm_lr", 9),
   ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
@@ -539,6 +540,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     "mqar_linear": 3,
     "mqar_linear_steps": 3,
     "mqar_lr": 3,
+    "mqar_lstm_lr": 3,
   }
   assert config.base.replicas == replicas[name]  # seeds
   # The sweeps made for the findings page's seed rule vary the data order too.
@@ -769,20 +771,29 @@ def test_mqar_linear_varies_only_the_attention_of_mqar_scales_decoders(setting):
   grid.validate(grid.expand(linear), runner.check_point_config)
 
 
-def test_the_learning_rate_sweep_is_mqar_linear_at_three_rates():
-  """sweeps/mqar_lr's points at configs/mqar.py's rate are mqar_linear's
-  points (same base config and overrides), so those runs are shared; its
-  rates bracket that rate on both sides."""
-  tuned, linear = load_config("sweeps.mqar_lr"), load_config("sweeps.mqar_linear")
-  assert flatten(tuned.base.to_dict()) == flatten(linear.base.to_dict())
-  rate = linear.base.train.learning_rate
+@pytest.mark.parametrize(
+  ("name", "source", "family"),
+  [("mqar_lr", "mqar_linear", "decoder"), ("mqar_lstm_lr", "mqar_scale", "lstm")],
+)
+def test_the_learning_rate_sweeps_are_their_sources_points_at_three_rates(name, source, family):
+  """sweeps/mqar_lr (mqar_linear's decoders) and sweeps/mqar_lstm_lr
+  (mqar_scale's LSTMs): their points at configs/mqar.py's rate are the
+  source's points of that family (same base config and overrides), so those
+  runs are shared; the rates bracket that rate on both sides."""
+  tuned, original = load_config(f"sweeps.{name}"), load_config(f"sweeps.{source}")
+  assert flatten(tuned.base.to_dict()) == flatten(original.base.to_dict())
+  rate = original.base.train.learning_rate
   points = [p.overrides for p in grid.expand(tuned)]
+  configs = {p.name: p.config for p in grid.expand(tuned)}
+  assert {c.model.family for c in configs.values()} == {family}
   at_rate = [
     {k: v for k, v in p.items() if k != "train.learning_rate"}
     for p in points
     if p["train.learning_rate"] == rate
   ]
-  assert at_rate == [p.overrides for p in grid.expand(linear)]
+  sources = [p.overrides for p in grid.expand(original)]
+  sources = [p for p in sources if p.get("model.family", "decoder") == family]
+  assert at_rate == sources
   rates = sorted({p["train.learning_rate"] for p in points})
   assert rates[0] < rate < rates[-1]
 
