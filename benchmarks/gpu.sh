@@ -11,6 +11,7 @@
 #                                   # (LONG_LENGTHS="32768 65536" runs some of them)
 #   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
 #   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
+#                                   # (SWEEP_CONFIG=configs/sweeps/t5_distance.py:gpu another)
 #   bash benchmarks/gpu.sh change   # a change's A/B: the step before (txf in $BASE) and after,  (~9 min)
 #                                   # the PyTorch recipe beside the after, cuBLAS GEMMs
 #   bash benchmarks/gpu.sh all      # ab, loop, long, decode in turn, where no time limit applies
@@ -130,32 +131,38 @@ case $part in
       | tee -a "$dir/log.txt"
     ;;
   sweep)
-    # SWEEP_WORKERS workers (6) take every sixth point (--index runs one point;
-    # points lock their own directories): compiles run on the CPU while other
-    # points train.
+    # SWEEP_CONFIG (configs/sweeps/pe_ln_gpu.py; a setting after a colon, e.g.
+    # configs/sweeps/t5_distance.py:gpu) with SWEEP_WORKERS workers (6), each
+    # taking every sixth point (--index runs one point; points lock their own
+    # directories): compiles run on the CPU while other points train.
     # At SWEEP_LIMIT seconds each worker gets a SIGTERM, which saves the point
     # training then; --summarize tabulates the points that finished.
-    sweep_dir=$dir/pe_ln_gpu
+    sweep_config=${SWEEP_CONFIG:-configs/sweeps/pe_ln_gpu.py}
+    sweep_name=$(basename "${sweep_config%%:*}" .py)${sweep_config##*.py}
+    sweep_dir=$dir/${sweep_name/:/_}
+    points=$(python3 -m experiments.sweep --config="$sweep_config" --workdir="$sweep_dir" \
+      --dry_run 2>/dev/null | grep -c '^point ')
+    [ "$points" -gt 0 ] || { echo "sweep: $sweep_config has no points"; exit 2; }
     workers=${SWEEP_WORKERS:-6}
     export XLA_PYTHON_CLIENT_MEM_FRACTION=0.12
     deadline=$(( $(date +%s) + ${SWEEP_LIMIT:-560} ))
     sweep_worker() {  # sweep_worker FIRST: points FIRST, FIRST + workers, ... until the deadline
-      for index in $(seq "$1" "$workers" 11); do
+      for index in $(seq "$1" "$workers" $(( points - 1 ))); do
         local left=$(( deadline - $(date +%s) ))
         [ "$left" -gt 0 ] || return
-        timeout -k 60 "$left" python3 -m experiments.sweep --config=configs/sweeps/pe_ln_gpu.py \
+        timeout -k 60 "$left" python3 -m experiments.sweep --config="$sweep_config" \
           --workdir="$sweep_dir" --index="$index" ${SWEEP_EXTRA:-}
       done
     }
     pids=()
-    for (( worker = 0; worker < workers; worker++ )); do
+    for (( worker = 0; worker < workers && worker < points; worker++ )); do
       sweep_worker $worker > "$dir/worker_$worker.log" 2>&1 &
       pids+=($!)
     done
     start=$SECONDS
     wait "${pids[@]}"
-    echo "sweep: $(( SECONDS - start )) s" | tee -a "$dir/log.txt"
-    python3 -m experiments.sweep --config=configs/sweeps/pe_ln_gpu.py --workdir="$sweep_dir" \
+    echo "sweep: $sweep_config, $points points, $(( SECONDS - start )) s" | tee -a "$dir/log.txt"
+    python3 -m experiments.sweep --config="$sweep_config" --workdir="$sweep_dir" \
       --summarize ${SWEEP_EXTRA:-} 2>&1 | tee -a "$dir/log.txt"
     kill "$smi" 2>/dev/null
     tar -czf "$OUT/$part.tar.gz" --exclude=checkpoints -C gpu_results "$part"

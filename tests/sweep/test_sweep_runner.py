@@ -658,27 +658,38 @@ def test_a_sentencepiece_point_is_checked_without_training_its_tokenizer(monkeyp
     runner.check_point_config(config)
 
 
-def test_the_t5_distance_sweep_tabulates_where_each_max_distance_puts_the_last_bucket():
-  import importlib
-
+@pytest.mark.parametrize("setting", ["cpu", "gpu"])
+def test_the_t5_distance_sweep_tabulates_where_each_max_distance_puts_the_last_bucket(setting):
+  """Each setting's docstring table, recomputed from the bucketing; its
+  distances hold the training length and 4x it; the gpu setting is
+  pe_ln_gpu's T5 Pre-LN point, with 3 seeds of both kinds."""
   from txf.ops.positional import relative_position_bucket
 
-  config = load_config("sweeps.t5_distance")
-  assert config.base.model.position == "t5_bias" and config.base.data.seq_len == 128
-  doc = importlib.import_module("txf.configs.sweeps.t5_distance").__doc__
-  rows = re.findall(r"^  (\d+) +(\d+) +(\d+) +([\d,]+)$", doc, re.M)
-  distance = np.arange(2048)
+  module = importlib.import_module("txf.configs.sweeps.t5_distance")
+  config = module.get_config(setting)
+  seq_len = config.base.data.seq_len
+  assert config.base.model.position == "t5_bias" and config.base.model.norm_placement == "pre"
+  assert config.base.replicas == 3 and config.base.data.seed_per_replica
+  source = load_config("sweeps.pe_ln" if setting == "cpu" else "sweeps.pe_ln_gpu")
+  assert seq_len == source.base.data.seq_len == {"cpu": 128, "gpu": 256}[setting]
+  assert config.base.train.steps == source.base.train.steps
+  table = module.__doc__.split(f"{setting}, training length {seq_len}")[1].split("\n\n")[0]
+  rows = re.findall(r"^  (\d+) +(\d+) +(\d+) +([\d,]+)$", table, re.M)
+  distance = np.arange(16 * seq_len)
   for max_distance, last, trained, untrained in rows:
     bucket = np.asarray(
       relative_position_bucket(-distance, bidirectional=False, max_distance=int(max_distance))
     )
-    seen = np.unique(bucket[: config.base.data.seq_len])
+    seen = np.unique(bucket[:seq_len])
     assert distance[bucket == bucket.max()].min() == int(last)
     assert len(seen) == int(trained)
     assert np.sum(~np.isin(bucket, seen)) == int(untrained.replace(",", ""))
-  assert [int(row[0]) for row in rows] == [
-    p.overrides["model.t5_max_distance"] for p in grid.expand(config)
-  ]
+  distances = [p.overrides["model.t5_max_distance"] for p in grid.expand(config)]
+  assert [int(row[0]) for row in rows] == distances
+  assert seq_len in distances and 4 * seq_len in distances
+  grid.validate(grid.expand(config), runner.check_point_config)
+  with pytest.raises(ValueError, match="setting 'tpu' is not one of"):
+    module.get_config("tpu")
 
 
 def test_the_seeds_rerun_is_pe_lns_points_with_three_seeds_of_both_kinds():
