@@ -214,6 +214,8 @@ SWEEP_DATA = [
   "docs/data/mqar_steps",
   "docs/data/mqar_linear",
   "docs/data/mqar_linear_steps",
+  "docs/data/mqar_lr",
+  "docs/data/mqar_lstm_lr",
 ]
 
 
@@ -263,7 +265,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   writes them from the results tables above them (a table cannot drift from
   the numbers it tests); and the tool would notice a changed number."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 8
+  assert page.count("<!-- findings_significance:") == 9
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed

@@ -520,8 +520,8 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("mqar_steps", 3),
     ("mqar_linear", 6),
     ("mqar_linear_steps", 1),
-    ("mqar_lr", 18),
-    ("mqar_lstm_lr", 9),
+    ("mqar_lr", 24),
+    ("mqar_lstm_lr", 12),
   ],
 )
 def test_each_shipped_sweep_config_expands_and_validates(name, count):
