@@ -237,7 +237,7 @@ def test_accuracy_vs_width_shows_each_width_at_its_best_learning_rate(tmp_path):
     ((128, 0.3), "0.001"),
     ((128, 0.95), "0.001"),
   ]
-  assert "best learning rate" in " ".join(figure._suptitle.get_text().split())
+  assert "best learning rate" in " ".join(figure.get_suptitle().split())
   # Without the tuned field in the grid, no marks and the plain title.
   untuned = figures.accuracy_vs_width_figure(rows, tuned_field="model.num_layers")
   assert len(untuned.axes[0].containers) == 4 and not untuned.axes[0].texts
