@@ -24,8 +24,8 @@ row of the best mean in it (the highest where the tested column is an
 accuracy, the lowest loss otherwise; the first of equals), named in the first
 cell ('linear attention (learning rate 0.01)'), and the rule above applies
 to the rows left. The best of several settings is itself chosen on these
-seeds, so such a comparison favours the side with more settings that
-differ; the page says so beside it.
+seeds, which flatters each side's best by about a standard error of its
+mean; the page says so beside it.
 
 --check writes nothing and exits 1 if a table differs from what the page's
 results tables give (tests/test_docs.py checks the same).

@@ -71,12 +71,17 @@ VALUE_WORDS: dict[str, dict[Any, str]] = {
 }
 
 
+def field_words(path: str) -> str:
+  """A grid field's last name in words: 'model.t5_max_distance' -> 't5 max distance'."""
+  return path.rsplit(".", 1)[-1].replace("_", " ")
+
+
 def value_words(path: str, value: Any) -> str:
   """A grid value in a legend's words: 'RoPE', 'Pre-LN', 'warmup steps 30'."""
   words = VALUE_WORDS.get(path, {})
   if isinstance(value, str | int | float) and not isinstance(value, bool) and value in words:
     return words[value]
-  name = path.rsplit(".", 1)[-1].replace("_", " ")
+  name = field_words(path)
   if isinstance(value, bool):
     return f"{name} {'on' if value else 'off'}"
   return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
@@ -324,8 +329,9 @@ def pre_vs_post_figure(
   axes.set_xticks(np.arange(len(groups)), [value_words(group_field, group) for group in groups])
   axes.set_xlabel(group_field)
   axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
-  short = lambda field: field.rsplit(".", 1)[-1].replace("_", " ")
-  fit_title(figure, f"Final validation loss by {short(group_field)} and {short(split_field)}")
+  fit_title(
+    figure, f"Final validation loss by {field_words(group_field)} and {field_words(split_field)}"
+  )
   axes.grid(axis="y", alpha=0.3)
   # Beside the axes, never over a marker.
   axes.legend(title=split_field, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -411,11 +417,11 @@ def accuracy_vs_width_figure(
   widths = sorted({row.point.overrides[width_field] for row in rows})
   axes.set_xticks(widths, [str(width) for width in widths])
   axes.set_ylim(-0.02, 1.02)
-  axes.set_xlabel(f"{width_field.rsplit('.', 1)[-1].replace('_', ' ')} (units per layer)")
+  axes.set_xlabel(f"{field_words(width_field)} (units per layer)")
   axes.set_ylabel("final validation accuracy (fraction of predictions)")
   title = "Final validation accuracy by model width"
   if tuned:
-    title += f", each at its best {tuned_field.rsplit('.', 1)[-1].replace('_', ' ')} (marked)"
+    title += f", each at its best {field_words(tuned_field)} (marked)"
   fit_title(figure, title)
   axes.grid(alpha=0.3)
   axes.legend(loc="lower right")

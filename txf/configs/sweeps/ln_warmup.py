@@ -24,6 +24,7 @@ docs/results.md section 3), final validation loss in nats/token at step 600:
 import ml_collections
 
 from txf.configs import base
+from txf.configs.sweeps import pick_setting
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "base"  # the run config txf ships by that name, from any directory
@@ -33,10 +34,7 @@ SETTINGS = {"cpu": 600, "long": 1200}
 
 
 def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
-  setting = setting or "cpu"
-  if setting not in SETTINGS:
-    raise ValueError(f"sweeps/ln_warmup: setting {setting!r} is not one of {tuple(SETTINGS)}")
-  steps = SETTINGS[setting]
+  steps = pick_setting("ln_warmup", SETTINGS, setting)
   run = base.get_config()
   run.model.update(dict(d_model=64, num_heads=4, num_layers=6))
   run.replicas = 3

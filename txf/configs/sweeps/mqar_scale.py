@@ -40,6 +40,7 @@ from typing import NamedTuple
 import ml_collections
 
 from txf.configs import mqar
+from txf.configs.sweeps import pick_setting
 from txf.sweep.grid import make_grid
 
 RUN_CONFIG = "mqar"
@@ -75,10 +76,7 @@ def train_for(run: ml_collections.ConfigDict, steps: int) -> None:
 
 
 def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
-  setting = setting or "cpu"
-  if setting not in SETTINGS:
-    raise ValueError(f"sweeps/mqar_scale: setting {setting!r} is not one of {tuple(SETTINGS)}")
-  chosen = SETTINGS[setting]
+  chosen = pick_setting("mqar_scale", SETTINGS, setting)
   run = mqar.get_config()
   run.replicas = 3
   run.data.update(

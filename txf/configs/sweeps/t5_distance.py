@@ -56,7 +56,7 @@ used max distance 128 and still lost 1.9-2.1 nats at 16x: max distance 64,
 
 import ml_collections
 
-from txf.configs.sweeps import pe_ln, pe_ln_gpu
+from txf.configs.sweeps import pe_ln, pe_ln_gpu, pick_setting
 from txf.sweep.grid import make_grid
 
 # Setting -> (its sweep of the 12 encoding x placement points, the max
@@ -65,10 +65,7 @@ SETTINGS = {"cpu": (pe_ln, [32, 64, 128, 512]), "gpu": (pe_ln_gpu, [64, 128, 256
 
 
 def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
-  setting = setting or "cpu"
-  if setting not in SETTINGS:
-    raise ValueError(f"sweeps/t5_distance: setting {setting!r} is not one of {tuple(SETTINGS)}")
-  sweep, distances = SETTINGS[setting]
+  sweep, distances = pick_setting("t5_distance", SETTINGS, setting)
   config = sweep.get_config()
   config.base.replicas = 3
   config.base.data.seed_per_replica = True
