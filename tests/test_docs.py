@@ -204,24 +204,25 @@ def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
         assert a == b
 
 
-# docs/data/<sweep>: the raw outputs of configs/sweeps/<sweep>.py a results table is written from.
-SWEEP_DATA = [
-  "docs/data/pe_ln",
-  "docs/data/pe_ln_seeds",
-  "docs/data/t5_distance",
-  "docs/data/ln_warmup",
-  "docs/data/mqar_scale",
-  "docs/data/mqar_steps",
-  "docs/data/mqar_linear",
-  "docs/data/mqar_linear_steps",
-  "docs/data/mqar_lr",
-  "docs/data/mqar_lstm_lr",
-]
+# docs/data/<dir> -> the sweep config (configs/sweeps/<sweep>.py[:setting]) whose raw outputs it holds.
+SWEEP_DATA = {
+  "docs/data/pe_ln": "pe_ln",
+  "docs/data/pe_ln_seeds": "pe_ln_seeds",
+  "docs/data/t5_distance": "t5_distance",
+  "docs/data/ln_warmup_long": "ln_warmup:long",
+  "docs/data/ln_warmup": "ln_warmup",
+  "docs/data/mqar_scale": "mqar_scale",
+  "docs/data/mqar_steps": "mqar_steps",
+  "docs/data/mqar_linear": "mqar_linear",
+  "docs/data/mqar_linear_steps": "mqar_linear_steps",
+  "docs/data/mqar_lr": "mqar_lr",
+  "docs/data/mqar_lstm_lr": "mqar_lstm_lr",
+}
 
 
 def test_every_results_table_is_written_from_committed_raw_outputs():
   page = (ROOT / "docs" / "results.md").read_text()
-  assert re.findall(r"^<!-- results_table: (\S+) -->$", page, re.M) == SWEEP_DATA
+  assert re.findall(r"^<!-- results_table: (\S+) -->$", page, re.M) == list(SWEEP_DATA)
   assert results_tables.rewrite(page) == page
 
 
@@ -232,7 +233,9 @@ def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path, data_dir
   sweep's own summary of the points' metrics.jsonl and extrapolation.json
   beside them; and the tool would notice a changed replica's loss."""
   data = ROOT / data_dir
-  points = grid.expand(configs.load(ROOT / "txf" / "configs" / "sweeps" / f"{data.name}.py"))
+  sweep, _, setting = SWEEP_DATA[data_dir].partition(":")
+  config_file = ROOT / "txf" / "configs" / "sweeps" / f"{sweep}.py"
+  points = grid.expand(configs.load(config_file, *[setting] if setting else []))
   rows = [results.summarize_point(point, data / point.name) for point in points]
   assert [row.status for row in rows] == ["done"] * len(points)
   for written in results.write_results(rows, tmp_path):
@@ -265,7 +268,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_results_tables()
   writes them from the results tables above them (a table cannot drift from
   the numbers it tests); and the tool would notice a changed number."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 9
+  assert page.count("<!-- findings_significance:") == 10
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   assert changed != page and findings_significance.rewrite(changed) != changed

@@ -7,13 +7,21 @@ Xiong et al. 2020 ("On Layer Normalization in the Transformer Architecture")
 find that Post-LN needs warmup to train at a high learning rate and Pre-LN
 does not. 8 points: norm placement x warmup (none, 10% of the steps) x peak
 learning rate (3e-3, 1e-2), on a deeper, narrower decoder than configs/base.py
-(6 layers, d_model=64, 600 steps) so the effect has depth to act on, 3 seed
-replicas that differ in initialisation and data order. Gradient clipping is
-off: clipping would hide the early large updates that warmup exists to tame.
+(6 layers, d_model=64; 600 steps, 1200 in `:long`) so the effect has depth
+to act on, 3 seed replicas that differ in initialisation and data order.
+Gradient clipping is off: clipping would hide the early large updates that
+warmup exists to tame.
 
-Expected (2026-11-28, 2-core CPU, jax 0.10.2; about 7.5 minutes a point on
-idle cores, 106 minutes in all shared with other sweeps; docs/data/ln_warmup,
-docs/results.md section 3), final validation loss in nats/token at step 600:
+Expected (2026-11-28, 2-core CPU, jax 0.10.2; docs/results.md section 3),
+final validation loss in nats/token, mean +- std over the 3 seeds.
+`:long` (about 15.5 minutes a point on idle cores; docs/data/ln_warmup_long),
+every point flat at step 1200:
+  Pre-LN,  lr 3e-3: 1.522 (no warmup), 1.519 (warmup): not resolved
+  Pre-LN,  lr 1e-2: 1.462 (no warmup), 1.433 (warmup)
+  Post-LN, lr 3e-3: 1.584 +- 0.046 (no warmup), 1.533 (warmup): not resolved
+  Post-LN, lr 1e-2: 3.252 (no warmup: all seeds stall), 1.477 (warmup: all train)
+The default, 600 steps (about 7.5 minutes a point; docs/data/ln_warmup), not
+yet flat at step 600:
   Pre-LN,  lr 3e-3: 1.671 (no warmup), 1.669 (warmup)
   Pre-LN,  lr 1e-2: 1.583 (no warmup), 1.527 (warmup)
   Post-LN, lr 3e-3: 1.832 +- 0.093 (no warmup), 1.699 (warmup): not resolved
