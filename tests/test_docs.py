@@ -204,7 +204,7 @@ def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
         assert a == b
 
 
-# docs/data/<dir> -> the sweep config (configs/sweeps/<sweep>.py[:setting]) whose raw outputs it holds.
+# docs/data/<dir> -> the sweep whose raw outputs it holds: configs/sweeps/<sweep>.py[:setting].
 SWEEP_DATA = {
   "docs/data/pe_ln": "pe_ln",
   "docs/data/pe_ln_seeds": "pe_ln_seeds",
