@@ -11,7 +11,11 @@ points are skipped, an interrupted one continues from its checkpoint.
 `--index=N` (or SLURM_ARRAY_TASK_ID) runs one point; `--dry_run` prints each
 point's `txf-run` command; `--summarize` only rebuilds results.csv,
 results.md and the plots from what is on disk (a directory where no point has
-run, a mistyped --workdir, exits 2 with one line, creating nothing). A sweep
+run, a mistyped --workdir, exits 2 with one line, creating nothing);
+`--publish=DIR` copies every point's raw outputs, without checkpoints, into
+the new directory DIR and writes results.csv and results.md there
+(txf.sweep.publish: what a findings page commits; an unfinished point or a
+DIR that holds anything exits 2 with one line, copying nothing). A sweep
 directory that cannot be written (read-only) exits 2 with one line before
 anything runs. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
@@ -81,6 +85,12 @@ _DRY_RUN = flags.DEFINE_bool(
 _SUMMARIZE = flags.DEFINE_bool(
   "summarize", False, "Only rebuild the results and plots from what is on disk."
 )
+_PUBLISH = flags.DEFINE_string(
+  "publish",
+  None,
+  "Copy every finished point's raw outputs (no checkpoints) from --workdir into this new "
+  "directory and write results.csv and results.md there; trains nothing.",
+)
 _EXTRAPOLATE = flags.DEFINE_bool(
   "extrapolate",
   True,
@@ -89,14 +99,21 @@ _EXTRAPOLATE = flags.DEFINE_bool(
   "tokens); --noextrapolate skips it.",
 )
 
+# Each does one thing instead of training: at most one of them.
+MODE_FLAGS = (("--dry_run", _DRY_RUN), ("--summarize", _SUMMARIZE), ("--publish", _PUBLISH))
+
 
 def main(argv) -> None:
   require_config_kind("sweep")
-  if _DRY_RUN.value and _SUMMARIZE.value:
-    fail("flag", "--dry_run and --summarize: choose one")
+  modes = [name for name, flag in MODE_FLAGS if flag.value not in (None, False)]
+  if len(modes) > 1:
+    fail("flag", f"{' and '.join(modes)}: choose one")
+  if _PUBLISH.value is not None and _INDEX.value is not None:
+    fail("flag", "--publish copies every point of the sweep: no --index")
   # After flag parsing: fast --help.
   from txf.evaluate.extrapolate import extrapolate_run
-  from txf.sweep.grid import GridError, override_grid
+  from txf.sweep.grid import GridError, expand, override_grid
+  from txf.sweep.publish import publish
   from txf.sweep.runner import run_sweep
 
   sweep_config = _CONFIG.value
@@ -113,6 +130,9 @@ def main(argv) -> None:
   print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
     try:
+      if _PUBLISH.value is not None:
+        publish(expand(sweep_config), workdir, _PUBLISH.value)
+        return
       run_sweep(
         sweep_config,
         workdir,

@@ -1,0 +1,87 @@
+"""Tests for txf.sweep.publish, on a committed sweep's raw outputs
+(docs/data/t5_distance: 4 points, 3 replicas, each with its extrapolation)."""
+
+import json
+import os
+import pathlib
+import shutil
+
+import pytest
+
+from txf import configs
+from txf.sweep import grid, results
+from txf.sweep.publish import RAW_FILES, publish
+from txf.train.workdir import WorkdirError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "data" / "t5_distance"
+# What a run directory holds besides its raw outputs; none of it is published.
+NOT_RAW = ("checkpoints/600/state", "samples.txt", "tb/events.out.tfevents.1", "loss_curves.png")
+
+
+@pytest.fixture(scope="module")
+def points():
+  return grid.expand(configs.load(ROOT / "txf" / "configs" / "sweeps" / "t5_distance.py"))
+
+
+def sweep_workdir(tmp_path, points) -> pathlib.Path:
+  """The committed points as a sweep's run directories hold them: raw outputs
+  beside checkpoints, samples, event files and plots."""
+  workdir = tmp_path / "runs"
+  for point in points:
+    shutil.copytree(DATA / point.name, workdir / point.name)
+    for name in NOT_RAW:
+      (workdir / point.name / name).parent.mkdir(parents=True, exist_ok=True)
+      (workdir / point.name / name).write_text("not a raw output")
+  return workdir
+
+
+def test_publish_copies_only_the_raw_outputs_and_tabulates_them_as_committed(tmp_path, points):
+  lines = []
+  rows = publish(points, sweep_workdir(tmp_path, points), tmp_path / "data", log=lines.append)
+  published = tmp_path / "data"
+  assert sorted(os.listdir(published)) == sorted(
+    [point.name for point in points] + [results.RESULTS_CSV, results.RESULTS_MD]
+  )
+  for point in points:
+    committed = sorted(os.listdir(DATA / point.name))
+    assert sorted(os.listdir(published / point.name)) == committed
+    assert set(committed) <= set(RAW_FILES)
+    for name in committed:
+      assert (published / point.name / name).read_bytes() == (DATA / point.name / name).read_bytes()
+  # The table is the sweep's own summary of the copies: the committed one.
+  assert (published / results.RESULTS_MD).read_text() == (DATA / results.RESULTS_MD).read_text()
+  assert [row.status for row in rows] == ["done"] * len(points)
+  assert lines[-1].startswith(f"published {len(points)} points into {published}: ")
+
+
+def test_a_diverged_point_is_published_with_its_divergence_record(tmp_path, points):
+  workdir = sweep_workdir(tmp_path, points)
+  results.mark_diverged(workdir / points[1].name, "loss is nan at step 40")
+  rows = publish(points, workdir, tmp_path / "data", log=lambda line: None)
+  assert [row.status for row in rows] == ["done", "diverged", "done", "done"]
+  record = json.loads((tmp_path / "data" / points[1].name / results.DIVERGED_FILE).read_text())
+  assert record == {"error": "loss is nan at step 40"}
+
+
+def test_an_unfinished_point_is_named_and_nothing_is_published(tmp_path, points):
+  workdir = sweep_workdir(tmp_path, points)
+  metrics = workdir / points[3].name / "metrics.jsonl"
+  rows = metrics.read_text().splitlines()
+  metrics.write_text("\n".join(rows[: len(rows) // 2]) + "\n")  # stopped half way
+  with pytest.raises(
+    WorkdirError,
+    match=rf"^{workdir}: point 3 \({points[3].name}\) is partial, not finished: nothing published$",
+  ):
+    publish(points, workdir, tmp_path / "data")
+  assert not (tmp_path / "data").exists()
+
+
+def test_a_destination_that_holds_anything_is_refused_and_kept(tmp_path, points):
+  destination = tmp_path / "data"
+  destination.mkdir()
+  (destination / "notes.txt").write_text("mine")
+  with pytest.raises(WorkdirError, match=rf"^{destination}: not empty: publish into a new"):
+    publish(points, sweep_workdir(tmp_path, points), destination)
+  assert os.listdir(destination) == ["notes.txt"]
+  assert (destination / "notes.txt").read_text() == "mine"
