@@ -85,3 +85,19 @@ def test_a_destination_that_holds_anything_is_refused_and_kept(tmp_path, points)
     publish(points, sweep_workdir(tmp_path, points), destination)
   assert os.listdir(destination) == ["notes.txt"]
   assert (destination / "notes.txt").read_text() == "mine"
+
+
+def test_a_point_trained_for_other_steps_than_the_sweeps_is_named(tmp_path, points):
+  """A longer run evaluated at the sweep's step count too, so it read as done."""
+  workdir = sweep_workdir(tmp_path, points)
+  config = json.loads((workdir / points[2].name / "config.json").read_text())
+  steps = config["train"]["steps"]
+  config["train"]["steps"] = 2 * steps
+  (workdir / points[2].name / "config.json").write_text(json.dumps(config))
+  with pytest.raises(
+    WorkdirError,
+    match=rf"^{workdir}: point 2 \({points[2].name}\) was trained for {2 * steps} steps, "
+    rf"this sweep's point for {steps}: nothing published$",
+  ):
+    publish(points, workdir, tmp_path / "data")
+  assert not (tmp_path / "data").exists()
