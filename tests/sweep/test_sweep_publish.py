@@ -1,4 +1,5 @@
-"""Tests for txf.sweep.publish, on a committed sweep's raw outputs
+"""Tests for txf.sweep.publish, and the sweep's refusal of a run trained
+longer than its point, on a committed sweep's raw outputs
 (docs/data/t5_distance: 4 points, 3 replicas, each with its extrapolation)."""
 
 import json
@@ -9,7 +10,8 @@ import shutil
 import pytest
 
 from txf import configs
-from txf.sweep import grid, results
+from txf.sweep import grid, results, runner
+from txf.sweep.grid import GridError
 from txf.sweep.publish import RAW_FILES, publish
 from txf.train.workdir import WorkdirError
 
@@ -87,13 +89,20 @@ def test_a_destination_that_holds_anything_is_refused_and_kept(tmp_path, points)
   assert (destination / "notes.txt").read_text() == "mine"
 
 
-def test_a_point_trained_for_other_steps_than_the_sweeps_is_named(tmp_path, points):
-  """A longer run evaluated at the sweep's step count too, so it read as done."""
-  workdir = sweep_workdir(tmp_path, points)
-  config = json.loads((workdir / points[2].name / "config.json").read_text())
+def trained_longer(workdir, point) -> int:
+  """Makes `point`'s run in `workdir` one configured for twice the sweep's
+  steps (still evaluated at the sweep's step count); returns the sweep's."""
+  config = json.loads((workdir / point.name / "config.json").read_text())
   steps = config["train"]["steps"]
   config["train"]["steps"] = 2 * steps
-  (workdir / points[2].name / "config.json").write_text(json.dumps(config))
+  (workdir / point.name / "config.json").write_text(json.dumps(config))
+  return steps
+
+
+def test_a_point_trained_longer_than_the_sweeps_is_named_and_nothing_published(tmp_path, points):
+  """A longer run evaluated at the sweep's step count too, so it read as done."""
+  workdir = sweep_workdir(tmp_path, points)
+  steps = trained_longer(workdir, points[2])
   with pytest.raises(
     WorkdirError,
     match=rf"^{workdir}: point 2 \({points[2].name}\) was trained for {2 * steps} steps, "
@@ -101,3 +110,17 @@ def test_a_point_trained_for_other_steps_than_the_sweeps_is_named(tmp_path, poin
   ):
     publish(points, workdir, tmp_path / "data")
   assert not (tmp_path / "data").exists()
+
+
+def test_the_sweep_refuses_to_summarise_a_point_trained_longer(tmp_path, points):
+  """It skipped the point as done and tabulated the longer run's last values."""
+  workdir = sweep_workdir(tmp_path, points)
+  steps = trained_longer(workdir, points[2])
+  sweep = configs.load(ROOT / "txf" / "configs" / "sweeps" / "t5_distance.py")
+  with pytest.raises(
+    GridError,
+    match=rf"^point 2 \({points[2].name}\) was trained for {2 * steps} steps, this sweep's "
+    rf"point for {steps} \({workdir / points[2].name}\): use a new --workdir$",
+  ):
+    runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
+  assert not (workdir / results.RESULTS_CSV).exists()

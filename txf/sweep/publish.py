@@ -24,7 +24,7 @@ from txf.sweep import results
 from txf.sweep.grid import Point
 from txf.train.metrics import METRICS_FILE
 from txf.train.record import RECORD_FILE
-from txf.train.resume import CONFIG_FILE, read_run_config
+from txf.train.resume import CONFIG_FILE
 from txf.train.workdir import WorkdirError, check_writable, run_path
 
 RAW_FILES = (
@@ -50,27 +50,22 @@ def publish(
   Raises (before anything is copied):
     WorkdirError: a point of the sweep that has not finished in `workdir`
       (naming it: a table of some points would pass for the sweep's) or was
-      trained for another number of steps than the sweep's, a
+      trained for more steps than the sweep's (results.check_trained_steps), a
       `destination` that holds anything already (nothing is replaced) or
       cannot be written.
   """
   workdir, destination = run_path(workdir), run_path(destination)
   for point in points:
-    steps = point.config.train.steps
-    status = results.point_status(workdir / point.name, steps=steps)
+    status = results.point_status(workdir / point.name, steps=point.config.train.steps)
     if status not in FINISHED:
       raise WorkdirError(
         f"{workdir}: point {point.index} ({point.name}) is {status}, not finished: "
         "nothing published"
       )
-    # A longer run of the point has an evaluation at `steps` too, so it reads
-    # as done; its table would be that run's, labelled as this sweep's.
-    trained = (read_run_config(workdir / point.name) or {}).get("train", {}).get("steps")
-    if status == "done" and trained != steps:
-      raise WorkdirError(
-        f"{workdir}: point {point.index} ({point.name}) was trained for {trained} steps, "
-        f"this sweep's point for {steps}: nothing published"
-      )
+    try:
+      results.check_trained_steps(point, workdir / point.name)
+    except ValueError as error:
+      raise WorkdirError(f"{workdir}: {error}: nothing published") from None
   if destination.exists() and any(destination.iterdir()):
     raise WorkdirError(f"{destination}: not empty: publish into a new directory")
   check_writable(destination)

@@ -270,6 +270,23 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   return "done" if done else "partial"
 
 
+def check_trained_steps(point: Point, workdir: str | epath.PathLike) -> None:
+  """Refuses a run in `workdir` configured for more steps than `point` asks:
+  it was evaluated at the point's step count on its way, so point_status
+  calls it done, and its last values would be tabulated as the point's.
+
+  Raises:
+    ValueError: naming the point and both step counts.
+  """
+  steps = point.config.train.steps
+  trained = (read_run_config(epath.Path(workdir)) or {}).get("train", {}).get("steps")
+  if isinstance(trained, int) and trained > steps:
+    raise ValueError(
+      f"point {point.index} ({point.name}) was trained for {trained} steps, "
+      f"this sweep's point for {steps}"
+    )
+
+
 def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -> list[float]:
   keys = metric_names(name, replicas)
   missing = [key for key in keys if key not in row]

@@ -346,7 +346,8 @@ def run_sweep(
   Raises:
     GridError: a bad grid, sweep setting or point (naming the point and the
       field) before anything trains, or a point's workdir that its config
-      cannot resume.
+      cannot resume (one trained for more steps than the point asks: before
+      anything trains or is summarised).
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra), that cannot be reached or written (a
       read-only file system), or where no point has been run (summarize_only),
@@ -374,6 +375,11 @@ def run_sweep(
   # A mistyped --workdir: say so rather than write a table of missing points.
   if summarize_only and all(results.point_status(workdir / p.name) == "missing" for p in points):
     raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
+  for point in points:
+    try:
+      results.check_trained_steps(point, workdir / point.name)
+    except ValueError as error:
+      raise GridError(f"{error} ({workdir / point.name}): use a new --workdir") from None
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     began, point_seconds = time.perf_counter(), list[float]()
