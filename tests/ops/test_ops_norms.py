@@ -145,11 +145,13 @@ def numerical_gradients(f, args, dy, step=1e-6):
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("spread", [3.0, 1e-3])
-def test_gradients_match_float64_central_differences(norm, spread):
+@pytest.mark.parametrize("with_params", [True, False])
+def test_gradients_match_float64_central_differences(norm, spread, with_params):
   """The hand-written backward (x, scale and bias) against numerical derivatives
   of the numpy float64 reference, on rows offset by three standard deviations
   (spread 3) and rows whose statistic is comparable to eps (spread 1e-3, eps
-  1e-6), where a dropped eps in the backward shows."""
+  1e-6), where a dropped eps in the backward shows; without parameters, x's
+  gradient alone (the backward then stands in ones and zeros for them)."""
   rng = np.random.default_rng(2)
   x = (rng.normal(size=(2, 3, 8)) + 3.0) * spread
   scale, bias, dy = rng.normal(size=8), rng.normal(size=8), rng.normal(size=(2, 3, 8))
@@ -157,6 +159,11 @@ def test_gradients_match_float64_central_differences(norm, spread):
     fn, ref, args = layer_norm, np_layer_norm, (x, scale, bias)
   else:
     fn, ref, args = rms_norm, np_rms_norm, (x, scale)
+  if not with_params:
+    fixed = (1.0, 0.0)[: len(args) - 1]
+    fn = lambda x, fn=fn, **kw: fn(x, **kw)
+    ref = lambda x, ref=ref, fixed=fixed, **kw: ref(x, *fixed, **kw)
+    args = (x,)
   f32_args = [jnp.asarray(a, jnp.float32) for a in args]
   _, vjp = jax.vjp(lambda *a: fn(*a, eps=1e-6), *f32_args)
   got = vjp(jnp.asarray(dy, jnp.float32))
