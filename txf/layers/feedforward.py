@@ -45,6 +45,38 @@ ACTIVATIONS.register("swiglu", Activation(lambda x, cfg: jax.nn.silu(x), gated=T
 ACTIVATIONS.register("geglu", Activation(_gelu, gated=True, gelu=True))
 
 
+class _Projection(nn.Module):
+  """`nn.Dense` without adding its bias: x W and the bias [F] (or None).
+
+  The same parameters (`kernel` [D, F], `bias` [F]) and the same product as
+  `nn.Dense`; the caller adds the bias inside the activation's recomputed
+  region.
+
+  Attributes:
+    features: F.
+    use_bias: whether there is a bias.
+    dtype: the compute dtype.
+  """
+
+  features: int
+  use_bias: bool
+  dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """[B, T, D] -> ([B, T, F], [F] or None), both in the compute dtype."""
+    inits = projection_inits(("embed",), ("mlp",))
+    kernel = self.param("kernel", inits["kernel_init"], (x_BxTxD.shape[-1], self.features))
+    bias = self.param("bias", inits["bias_init"], (self.features,)) if self.use_bias else None
+    y_BxTxF = jnp.dot(x_BxTxD.astype(self.dtype), kernel.astype(self.dtype))
+    return y_BxTxF, None if bias is None else bias.astype(self.dtype)
+
+
+def _biased(y_BxTxF: jax.Array, bias_F: jax.Array | None) -> jax.Array:
+  """y + bias (as `nn.Dense` adds it, in the compute dtype)."""
+  return y_BxTxF if bias_F is None else y_BxTxF + bias_F
+
+
 class FeedForward(nn.Module):
   """`out(act(x W_in))`, or `out(act(x W_gate) * (x W_in))` when gated.
 
@@ -60,24 +92,31 @@ class FeedForward(nn.Module):
     """[B, T, D] -> [B, T, D]."""
     cfg = self.cfg
     activation = ACTIVATIONS[cfg.activation]
-    dense = lambda features, axes, name: nn.Dense(
-      features,
-      use_bias=cfg.use_bias,
-      dtype=jnp.dtype(cfg.dtype),
-      **projection_inits(*axes),
-      name=name,
-    )
-    # Recomputed in the backward pass from its input (saved anyway) instead
-    # of saving its output and intermediates: elementwise, so the recompute
-    # costs a read, where keeping it costs [B, T, F] per layer of memory.
-    act = jax.checkpoint(lambda h: activation.fn(h, cfg))
+    dtype = jnp.dtype(cfg.dtype)
     d_ff = derived(cfg.d_ff)
-    into_hidden = (("embed",), ("mlp",))
-    h_BxTxF = dense(d_ff, into_hidden, "wi")(x_BxTxD)
-    if activation.gated:
-      h_BxTxF = act(dense(d_ff, into_hidden, "gate")(x_BxTxD)) * h_BxTxF
-    else:
-      h_BxTxF = act(h_BxTxF)
+    into_hidden = lambda name: _Projection(d_ff, cfg.use_bias, dtype, name=name)(x_BxTxD)
+
+    # The hidden layer from the projections' products (bias included) is
+    # recomputed in the backward pass instead of saving its output and
+    # intermediates: elementwise, so the recompute costs a read, where keeping
+    # it costs [B, T, F] per layer of memory. The biases are added inside, so
+    # that only the GEMMs' outputs are kept: a biased copy kept for the
+    # backward was one more [B, T, F] write per layer.
+    def hidden(wi, gate):
+      h_BxTxF = _biased(*wi)
+      if gate is None:
+        return activation.fn(h_BxTxF, cfg)
+      return activation.fn(_biased(*gate), cfg) * h_BxTxF
+
+    wi = into_hidden("wi")
+    gate = into_hidden("gate") if activation.gated else None
+    h_BxTxF = jax.checkpoint(hidden)(wi, gate)
     # Dropout on the hidden layer as in T5; the block adds residual dropout.
     h_BxTxF = nn.Dropout(cfg.dropout_rate)(h_BxTxF, deterministic=deterministic)
-    return dense(x_BxTxD.shape[-1], (("mlp",), ("embed",)), "wo")(h_BxTxF)
+    return nn.Dense(
+      x_BxTxD.shape[-1],
+      use_bias=cfg.use_bias,
+      dtype=dtype,
+      **projection_inits(("mlp",), ("embed",)),
+      name="wo",
+    )(h_BxTxF)
