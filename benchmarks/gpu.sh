@@ -13,7 +13,7 @@
 #   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
 #                                   # (SWEEP_CONFIG=configs/sweeps/t5_distance.py:gpu another)
 #   bash benchmarks/gpu.sh change   # a change's A/B: the step before (txf in $BASE) and after,  (~9 min)
-#                                   # the PyTorch recipe beside the after, cuBLAS GEMMs
+#                                   # the PyTorch recipe beside the after; both again with cuBLAS GEMMs
 #   bash benchmarks/gpu.sh all      # ab, loop, long, decode in turn, where no time limit applies
 #
 # `change` needs the txf before the change beside the working tree, with the
@@ -96,6 +96,10 @@ case $part in
       bench step_after 300 step $GPT2 $STEPS --torch --compiled_text="$dir/step_after.hlo.txt"
     XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" bench step_after_no_triton_gemm 100 step \
       $GPT2 $STEPS --compiled_text="$dir/step_after_no_triton_gemm.hlo.txt"
+    # cuBLAS GEMMs take bias and GELU epilogues that XLA's Triton GEMM fusions
+    # do not: a change may move bytes between the two programs.
+    (cd "$base" && XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" \
+      bench step_before_no_triton_gemm 100 step $GPT2 $STEPS)
     ;;
   loop)
     # LOOP_STEPS and LOOP_VARIANTS (benchmarks/loop.py's names) size it to the call's time.
