@@ -290,6 +290,22 @@ def test_fsdp_divides_the_state_each_gpu_holds(h100x4_runs):
 
 
 @pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_the_gradient_norm_concatenates_the_leaves_only_where_each_gpu_holds_them_whole(
+  h100x4_runs,
+):
+  """A concatenation of FSDP-sharded leaves is gathered whole onto each
+  device (a 1.3B model's step stopped fitting a v5e chip, 17.7 GiB of
+  temporaries for 10.7): under FSDP the norm is reduced leaf by leaf."""
+  params = sum(
+    math.prod(x.shape) for x in jax.tree.leaves(h100x4_runs["data"].setup.abstract_state.params)
+  )
+  whole_gradient = f"f32[{params}]"
+  assert whole_gradient in h100x4_runs["data"].train_step.as_text()
+  assert whole_gradient not in h100x4_runs["fsdp"].train_step.as_text()
+
+
+@pytest.mark.slow  # compiles
 @needs_libtpu
 def test_a_tpu_slice_gathers_and_scatters_under_fsdp_and_all_reduces_without():
   config = tiny_config("rope", model__d_model=128)

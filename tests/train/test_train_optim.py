@@ -1,5 +1,6 @@
 """Tests for txf.train.optim: schedule shapes, masked weight decay, clipping."""
 
+import functools
 import math
 
 import jax
@@ -198,10 +199,12 @@ def test_missing_field_is_named():
     optim.make_optimizer(config)
 
 
-def test_global_norm_over_mixed_leaves_matches_float64():
-  """optim.global_norm (leaves concatenated) against numpy's float64 norm, with
-  bf16 and f32 leaves of several ranks and an empty one; rtol 1e-6 (the sum
-  of 2,000 squares in float32)."""
+@pytest.mark.parametrize("concatenated", [True, False])
+def test_global_norm_over_mixed_leaves_matches_float64(concatenated):
+  """optim.global_norm (leaves concatenated, or reduced one by one as for
+  sharded leaves) against numpy's float64 norm, with bf16 and f32 leaves of
+  several ranks and an empty one; rtol 1e-6 (the sum of 2,000 squares in
+  float32)."""
   rng = np.random.default_rng(1)
   tree = {
     "kernel": jnp.asarray(rng.normal(size=(30, 40)), jnp.float32),
@@ -212,4 +215,5 @@ def test_global_norm_over_mixed_leaves_matches_float64():
   want = math.sqrt(
     sum(float(np.sum(np.square(np.asarray(leaf, np.float64)))) for leaf in jax.tree.leaves(tree))
   )
-  np.testing.assert_allclose(float(jax.jit(optim.global_norm)(tree)), want, rtol=1e-6)
+  norm = jax.jit(functools.partial(optim.global_norm, concatenated=concatenated))(tree)
+  np.testing.assert_allclose(float(norm), want, rtol=1e-6)

@@ -155,9 +155,11 @@ def train_step_for_seed(
   model: nn.Module,
   optimizer: optax.GradientTransformation,
   task: str,
+  sharded_params: bool,
   seed: int,
 ) -> Callable:
-  """The (unjitted) train step of one replica's `seed`, as `train_config` sets it up."""
+  """The (unjitted) train step of one replica's `seed`, as `train_config` sets
+  it up; sharded_params: the parameters are split over the mesh's devices."""
   return make_train_step(
     model,
     optimizer,
@@ -167,6 +169,7 @@ def train_step_for_seed(
     label_smoothing=train_config.label_smoothing,
     z_loss=train_config.z_loss,
     loss_chunk_len=train_config.loss_chunk_len,
+    sharded_params=sharded_params,
   )
 
 
@@ -299,10 +302,13 @@ def setup_run(
     if pretrained is not None
     else (lambda rng, params: init_fn(rng))
   )
+  sharded_params = not all(s.is_fully_replicated for s in jax.tree.leaves(state_sharding.params))
   programs = replicas.for_seeds(
     run.seeds,
     start=start,
-    step_for_seed=functools.partial(train_step_for_seed, run.train, model, run.optimizer, task),
+    step_for_seed=functools.partial(
+      train_step_for_seed, run.train, model, run.optimizer, task, sharded_params
+    ),
     eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
     state_sharding=state_sharding,
     backend=platform,

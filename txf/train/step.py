@@ -188,11 +188,14 @@ def make_train_step(
   label_smoothing: float = 0.0,
   z_loss: float = 0.0,
   loss_chunk_len: int = 0,
+  sharded_params: bool = False,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """Returns `train_step(state, batch) -> (state, metrics)` (not yet jitted).
 
   loss_chunk_len > 0 computes the loss fused with the LM head, that many
-  positions at a time (module docstring).
+  positions at a time (module docstring). sharded_params: the parameters
+  (and so the gradients) are split over devices, so the gradient norm is
+  reduced leaf by leaf (`optim.global_norm`).
 
   An update whose loss or gradient is not finite is skipped (the state is
   returned unchanged) and reported through `metrics['finite'] == 0`, so a
@@ -241,7 +244,7 @@ def make_train_step(
         accumulate, init, (jnp.arange(grad_accum_steps), micro)
       )
     loss = total / denom
-    grad_norm = optim.global_norm(grads)
+    grad_norm = optim.global_norm(grads, concatenated=not sharded_params)
 
     def update(state: TrainState) -> TrainState:
       updates, opt_state = optimizer.update(
