@@ -33,12 +33,12 @@ def _normalize(x, scale, bias, eps, center):
 
   scale and bias are float `[D]` (ones and zeros stand for absent ones);
   without `center` the mean is 0 (RMSNorm). Differentiated by the backward
-  below, which keeps only the float32 row sums `[..., 1]` beside x.
+  below, which keeps only the float32 row statistics `[..., 1]` beside x.
   """
-  return _scaled(x, _moments(_row_sums(x, center), x.shape[-1], eps), scale, bias)
+  return _scaled(x, _moments(_row_statistics(x, center), eps), scale, bias)
 
 
-def _row_sums(x, center):
+def _row_statistics(x, center):
   """(mean or None, mean of squared deviations from it): float32 `[..., 1]`.
 
   Each a sum of terms already divided by D, so that it is one reduction
@@ -53,9 +53,9 @@ def _row_sums(x, center):
   return mean, jnp.sum(jnp.square(x32 - mean) * inverse_d, axis=-1, keepdims=True)
 
 
-def _moments(sums, d, eps):
-  """(mean or None, rstd = 1 / sqrt(var + eps))."""
-  mean, var = sums
+def _moments(statistics, eps):
+  """(mean or None, rstd = 1 / sqrt(var + eps)) from `_row_statistics`."""
+  mean, var = statistics
   return mean, jax.lax.rsqrt(var + eps)
 
 
@@ -73,10 +73,10 @@ def _scaled(x, moments, scale, bias):
 
 
 def _normalize_forward(x, scale, bias, eps, center):
-  # The barrier makes the row sums buffers of their own, which the backward
+  # The barrier makes the statistics buffers of their own, which the backward
   # reads; without it XLA recomputes them inside the backward's kernels.
-  sums = jax.lax.optimization_barrier(_row_sums(x, center))
-  return _scaled(x, _moments(sums, x.shape[-1], eps), scale, bias), (x, sums, scale, bias)
+  statistics = jax.lax.optimization_barrier(_row_statistics(x, center))
+  return _scaled(x, _moments(statistics, eps), scale, bias), (x, statistics, scale, bias)
 
 
 def _normalize_backward(eps, center, residuals, dy):
@@ -84,16 +84,15 @@ def _normalize_backward(eps, center, residuals, dy):
   # sums of dy * x_hat and dy) into reductions that read x and dy: autodiff of
   # the forward keeps x alone, and on a GPU its backward wrote dy * x_hat in
   # float32 per norm to sum it after, about 0.2 GB a norm at gpt2_small's size.
-  x, sums, scale, bias = residuals
-  d = x.shape[-1]
-  moments = _moments(sums, d, eps)
+  x, statistics, scale, bias = residuals
+  moments = _moments(statistics, eps)
   x_hat = _normalized(x, moments)
   dy32 = dy.astype(jnp.float32)
   leading = tuple(range(x.ndim - 1))
   dscale = jnp.sum(dy32 * x_hat, axis=leading)
   dbias = jnp.sum(dy32, axis=leading)
   g = dy32 * scale.astype(jnp.float32)
-  inverse_d = 1.0 / d
+  inverse_d = 1.0 / x.shape[-1]
   dx = g - x_hat * jnp.sum(g * x_hat * inverse_d, axis=-1, keepdims=True)
   if center:
     dx = dx - jnp.sum(g * inverse_d, axis=-1, keepdims=True)
