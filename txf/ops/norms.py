@@ -103,7 +103,7 @@ _normalize.defvjp(_normalize_forward, _normalize_backward)
 
 
 def _parameter(param, d, fill):
-  """param as a float32 array, or `fill` `[d]` where it is None."""
+  """param as an array, or a float32 `[d]` of `fill` where it is None."""
   if param is None:
     return jnp.full((d,), fill, jnp.float32)
   return jnp.asarray(param)

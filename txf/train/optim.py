@@ -118,19 +118,21 @@ def decay_mask(params: Any) -> Any:
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
-def global_norm(tree: Any, *, concatenated: bool = True) -> jax.Array:
+def global_norm(tree: Any, *, concatenated: bool = False) -> jax.Array:
   """sqrt of the sum of squares of every element of `tree` (optax.global_norm's
-  value).
+  value), in float32.
 
-  concatenated: reduced over the leaves concatenated, which XLA fuses into a
-  few reductions instead of one (or two) per leaf; for leaves that are whole
-  on each device. Leaves sharded over devices (FSDP, tensor parallelism) are
-  reduced one by one: their concatenation would gather every leaf whole onto
-  each device (5 GB more per chip for a 1.3B model's float32 gradient).
+  Each leaf is reduced on its own, which works wherever the leaves live.
+  concatenated: reduced over the leaves concatenated instead, which XLA
+  fuses into a few reductions instead of one (or two) per leaf; only for
+  leaves that are whole on each device. Leaves sharded over devices (FSDP,
+  tensor parallelism) must not be: their concatenation would gather every
+  leaf whole onto each device (5 GB more per chip for a 1.3B model's float32
+  gradient).
   """
-  leaves = [jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree.leaves(tree)]
+  leaves = [leaf.astype(jnp.float32) for leaf in jax.tree.leaves(tree)]
   if concatenated:
-    flat = jnp.concatenate(leaves)
+    flat = jnp.concatenate([jnp.ravel(leaf) for leaf in leaves])
     return jnp.sqrt(jnp.sum(flat * flat))
   return jnp.sqrt(sum(jnp.sum(leaf * leaf) for leaf in leaves))
 
