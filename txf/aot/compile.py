@@ -36,7 +36,7 @@ import jax
 
 from txf.aot.targets import CUDNN_VERSION, Target
 from txf.decode import generation
-from txf.ops import attention
+from txf.ops import platform
 from txf.train import sharding
 from txf.train.loop import sampler_arguments
 from txf.train.run_config import ConfigError
@@ -123,7 +123,7 @@ def _cudnn_answered_for(target: Target) -> Iterator[bool]:
   checks.check_compute_capability = lambda cc: capability >= parse(cc)
   checks.is_cuda_compute_capability_equal = lambda cc: capability == parse(cc)
   try:
-    with attention.compiling_for("gpu", capability[0]):
+    with platform.compiling_for("gpu", capability[0]):
       yield True
   finally:
     for name, function in saved.items():

@@ -48,16 +48,13 @@ numbers as 'xla' up to float32 rounding.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.ops import masks as _masks
+from txf.ops import masks as _masks, platform
 
 __all__ = ["apply_attention_weights", "attention_weights", "dot_product_attention"]
 
@@ -379,49 +376,17 @@ def _chunked_attention(q, k, v, bias, mask, is_causal, scale, window, kv_lengths
 # cuDNN path (jax.nn.dot_product_attention(implementation='cudnn')).
 
 
-# (platform, compute capability major) of the device attention is traced
-# for, where that is not this process's default backend: see `compiling_for`.
-_TARGET: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
-  "txf_attention_target", default=None
-)
-
-
-@contextlib.contextmanager
-def compiling_for(platform: str, compute_capability_major: int = 9) -> Iterator[None]:
-  """Trace attention for another platform than this process's devices:
-  inside, the implementation is chosen as on `platform` ('gpu', 'tpu',
-  'cpu'; a GPU of `compute_capability_major`), e.g. cuDNN's flash kernel
-  for a GPU program compiled ahead of time on a machine without one
-  (txf.aot)."""
-  token = _TARGET.set((platform, compute_capability_major))
-  try:
-    yield
-  finally:
-    _TARGET.reset(token)
-
-
-def _backend() -> str:
-  target = _TARGET.get()
-  return jax.default_backend() if target is None else target[0]
-
-
 def _gpu_max_head_dim():
-  """256 on Hopper or later, 128 before (cuDNN flash attention limits)."""
-  target = _TARGET.get()
-  if target is not None:
-    return 256 if target[1] >= 9 else 128
-  try:
-    cc = jax.devices()[0].compute_capability
-    major = int(str(cc).split(".")[0])
-  except Exception:
-    return 256
-  return 256 if major >= 9 else 128
+  """256 on Hopper or later (or where the GPU is unknown), 128 before (cuDNN
+  flash attention limits)."""
+  major = platform.gpu_compute_capability_major()
+  return 128 if major is not None and major < 9 else 256
 
 
 def _cudnn_problems(q, k, v, bias, mask, is_causal, window, *, auto):
   """Reasons cuDNN cannot take these inputs (empty list: it can)."""
   problems = []
-  backend = _backend()
+  backend = platform.backend()
   if backend != "gpu":
     problems.append(f"it needs a GPU, but jax.default_backend() is '{backend}'")
   if q.dtype not in _CUDNN_DTYPES:
