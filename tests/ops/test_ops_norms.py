@@ -1,10 +1,13 @@
 """Tests for txf.ops.norms against numpy float64 references."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from txf.ops import platform
 from txf.ops.norms import layer_norm, rms_norm
 
 
@@ -146,12 +149,14 @@ def numerical_gradients(f, args, dy, step=1e-6):
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("spread", [3.0, 1e-3])
 @pytest.mark.parametrize("with_params", [True, False])
-def test_gradients_match_float64_central_differences(norm, spread, with_params):
+@pytest.mark.parametrize("traced_for", [None, "gpu"])
+def test_gradients_match_float64_central_differences(norm, spread, with_params, traced_for):
   """The hand-written backward (x, scale and bias) against numerical derivatives
   of the numpy float64 reference, on rows offset by three standard deviations
   (spread 3) and rows whose statistic is comparable to eps (spread 1e-3, eps
   1e-6), where a dropped eps in the backward shows; without parameters, x's
-  gradient alone (the backward then stands in ones and zeros for them)."""
+  gradient alone (the backward then stands in ones and zeros for them). As
+  traced for a GPU too, where the parameters' gradients are one complex sum."""
   rng = np.random.default_rng(2)
   x = (rng.normal(size=(2, 3, 8)) + 3.0) * spread
   scale, bias, dy = rng.normal(size=8), rng.normal(size=8), rng.normal(size=(2, 3, 8))
@@ -165,8 +170,9 @@ def test_gradients_match_float64_central_differences(norm, spread, with_params):
     ref = lambda x, ref=ref, fixed=fixed, **kw: ref(x, *fixed, **kw)
     args = (x,)
   f32_args = [jnp.asarray(a, jnp.float32) for a in args]
-  _, vjp = jax.vjp(lambda *a: fn(*a, eps=1e-6), *f32_args)
-  got = vjp(jnp.asarray(dy, jnp.float32))
+  with platform.compiling_for(traced_for) if traced_for else contextlib.nullcontext():
+    _, vjp = jax.vjp(lambda *a: fn(*a, eps=1e-6), *f32_args)
+    got = vjp(jnp.asarray(dy, jnp.float32))
   want = numerical_gradients(lambda *a: ref(*a, eps=1e-6), args, dy, step=1e-6 * spread)
   for g, w in zip(got, want):
     assert g.dtype == jnp.float32

@@ -201,12 +201,13 @@ def test_missing_field_is_named():
 
 @pytest.mark.parametrize("concatenated", [True, False])
 def test_global_norm_over_mixed_leaves_matches_float64(concatenated):
-  """optim.global_norm (leaves concatenated, or reduced one by one as for
-  sharded leaves) against numpy's float64 norm, with bf16 and f32 leaves of
-  several ranks and an empty one; rtol 1e-6 (the sum of 2,000 squares in
-  float32)."""
+  """optim.global_norm (the small leaves concatenated, or every leaf reduced
+  on its own as for sharded leaves) against numpy's float64 norm, with bf16
+  and f32 leaves of several ranks, one over `CONCATENATED_BELOW` and an
+  empty one; rtol 1e-6 (sums of up to 66,000 squares in float32)."""
   rng = np.random.default_rng(1)
   tree = {
+    "large": jnp.asarray(rng.normal(size=(optim.CONCATENATED_BELOW + 7,)), jnp.float32),
     "kernel": jnp.asarray(rng.normal(size=(30, 40)), jnp.float32),
     "bias": jnp.asarray(rng.normal(size=(40,)), jnp.bfloat16),
     "nested": {"table": jnp.asarray(rng.normal(size=(2, 3, 133)), jnp.float32)},
