@@ -238,6 +238,7 @@ def test_loop_kernels_counts_one_iteration_of_the_busiest_loop():
     ("jit(train_step)/transpose(jvp())/reduce_sum", "loss"),
     ("jit(train_step)/jvp(Decoder)/Decoder._forward/head/dot_general", "loss"),
     ("jit(train_step)/transpose(jvp(jit(take_along_axis)))/scatter-add", "loss"),
+    ("jit(train_step)/jvp(vmap(cross_entropy_statistics_and_gradient))/pallas_call", "loss"),
     ("jit(train_step)/jvp(Decoder)/Decoder._forward/stack/block_3/self_attention/x", "attention"),
     ("jit(train_step)/jvp(Decoder)/Decoder._forward/stack/block_0/cross_attention/x", "attention"),
     ("jit(train_step)/jvp(Decoder)/Decoder._forward/stack/block_0/self_attention_norm/x", "model"),
@@ -304,6 +305,33 @@ def test_the_gradient_norm_concatenates_the_leaves_only_where_each_gpu_holds_the
   concatenated = f"f32[{sum(n for n in sizes if n < optim.CONCATENATED_BELOW)}]"
   assert concatenated in h100x4_runs["data"].train_step.as_text()
   assert concatenated not in h100x4_runs["fsdp"].train_step.as_text()
+
+
+@pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_one_gpu_writes_the_loss_gradient_once_from_the_bf16_logits(h100x4_runs):
+  """On one GPU the loss is one Pallas kernel over the head's bf16 logits,
+  and no other kernel outside GEMMs produces a [B*T, V] array: no float32
+  copy of the logits forward, no scaling of their gradient by the loss's
+  cotangent backward (the step's weights carry 1 / tokens, so the
+  cotangent is jax.grad's 1.0, which XLA drops). On several GPUs (the
+  h100x4 programs) the XLA path runs instead."""
+  config = tiny_config(
+    "rope", model__d_model=128, model__num_layers=LAYERS, model__dtype="bfloat16"
+  )
+  run = compile_run(config, parse_target("h100"))
+  text = run.train_step.as_text()
+  vocab = run.setup.model.cfg.vocab_size
+  batch, length = abstract_batch(run.setup)["targets"].shape
+  (kernel,) = [line for line in text.splitlines() if '"__gpu$xla.gpu.triton"' in line]
+  assert f"bf16[{batch * length},{vocab}]" in kernel
+  assert hlo.region(re.search(r'op_name="([^"]+)"', kernel)[1]) == "loss"
+  assert "__gpu$xla.gpu.triton" not in h100x4_runs["data"].train_step.as_text()
+  logits_shape = rf"\[(?:{batch * length}|{batch},{length}),{vocab}\]"
+  wide = re.compile(rf"= \w+{logits_shape}\S* fusion\(.*kind=k(?:Loop|Input)")
+  # A split-K GEMM's own reduction (tiny shapes get one) is the GEMM's work.
+  passes = [line for line in text.splitlines() if wide.search(line) and "dot_general" not in line]
+  assert not passes
 
 
 @pytest.mark.slow  # compiles

@@ -280,12 +280,13 @@ def collectives(text: str) -> dict[str, dict[str, float]]:
 def region(op_name: str) -> str:
   """Which part of a txf train step an instruction belongs to, by its JAX
   source path: 'optimizer' (outside the gradient: the update, clipping, the
-  non-finite check), 'loss' (the loss function and the output head),
+  non-finite check), 'loss' (the loss function, its GPU kernel and the
+  output head),
   'attention' (inside a self- or cross-attention layer) or 'model' (the rest
   of the forward and backward pass)."""
   if "jvp(" not in op_name:
     return "optimizer"
-  if "jvp()" in op_name or "/head/" in op_name or "take_along_axis" in op_name:
+  if any(word in op_name for word in ("jvp()", "/head/", "take_along_axis", "cross_entropy")):
     return "loss"
   if re.search(r"(self|cross)_attention/", op_name):
     return "attention"

@@ -10,6 +10,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from txf.ops import cross_entropy_gpu, platform
+
 __all__ = [
   "cross_entropy",
   "cross_entropy_sums",
@@ -116,9 +118,9 @@ def _combine_statistics(a, b):
 
 
 def _logit_statistics(logits_xV, labels, with_sum):
-  """(log-sum-exp, the label's logit, whether the label is the argmax[, sum
-  of the logits]) of each row, float32, from two passes over the logits: the
-  maxima and sums, then the sum of exp(x - max).
+  """(log-sum-exp, the label's logit, whether the label is the argmax, sum
+  of the logits or None without `with_sum`) of each row, float32, from two
+  passes over the logits: the maxima and sums, then the sum of exp(x - max).
 
   Two passes, not one online log-sum-exp: as an XLA reduction the online
   form rescales its sum at every element (two exps and a guard each), and
@@ -147,7 +149,7 @@ def _logit_statistics(logits_xV, labels, with_sum):
   shift = jnp.where(jnp.isfinite(top), top, 0.0)
   log_z = shift + jnp.log(jnp.sum(jnp.exp(x_xV - shift[..., None]), axis=-1))
   correct = (label_logit == top) & (before < top)
-  return (log_z, label_logit, correct, *total)
+  return log_z, label_logit, correct, total[0] if total else None
 
 
 def _token_losses(log_z, label_logit, logits_sum, vocab_size, label_smoothing, z_loss):
@@ -158,35 +160,68 @@ def _token_losses(log_z, label_logit, logits_sum, vocab_size, label_smoothing, z
   return nll + z_loss * jnp.square(log_z)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _sums(logits_xV, labels, weights, label_smoothing, z_loss):
-  return _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss)[0]
-
-
-def _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss):
-  log_z, label_logit, correct, *total = _logit_statistics(
-    logits_xV, labels, with_sum=bool(label_smoothing)
-  )
-  per_token = _token_losses(
-    log_z, label_logit, total[0] if total else None, logits_xV.shape[-1], label_smoothing, z_loss
-  )
-  sums = (jnp.sum(weights * per_token), jnp.sum(weights * correct))
-  return sums, (logits_xV, labels, weights, log_z)
-
-
-def _sums_backward(label_smoothing, z_loss, residuals, cotangents):
-  """d loss_sum / d logits = w * (softmax * (1 + 2 z log_z) - (1 - ls) onehot
-  - ls / V): one elementwise pass, written in the logits' dtype."""
-  logits_xV, labels, weights, log_z = residuals
-  scale = weights * cotangents[0]  # the correct count is not differentiable
+def _logit_gradient(logits_xV, labels, weights, log_z, label_smoothing, z_loss):
+  """d sum(w * loss) / d logits = w * (softmax * (1 + 2 z log_z) - (1 - ls)
+  onehot - ls / V): one elementwise pass, written in the logits' dtype."""
   x_xV = logits_xV.astype(jnp.float32)
   index_xV = jax.lax.broadcasted_iota(jnp.int32, x_xV.shape, x_xV.ndim - 1)
   softmax_xV = jnp.exp(x_xV - log_z[..., None]) * (1.0 + 2.0 * z_loss * log_z)[..., None]
   target_xV = jnp.where(index_xV == labels[..., None], 1.0 - label_smoothing, 0.0)
   if label_smoothing:
     target_xV = target_xV + label_smoothing / x_xV.shape[-1]
-  grad_xV = scale[..., None] * (softmax_xV - target_xV)
-  return grad_xV.astype(logits_xV.dtype), None, None
+  return (weights[..., None] * (softmax_xV - target_xV)).astype(logits_xV.dtype)
+
+
+def uses_gpu_kernel():
+  """Whether the forward pass under jax.grad runs `cross_entropy_gpu`'s
+  kernel: on a GPU, with the program on one device (a Pallas call is not
+  split over a mesh by XLA; on more devices the XLA path runs)."""
+  return platform.backend() == "gpu" and jax.sharding.get_abstract_mesh().size <= 1
+
+
+def _statistics_and_gradient(logits_xV, labels, weights, label_smoothing, z_loss):
+  """(log-sum-exp, label's logit, correct, logits' sum or None, gradient of
+  the weighted loss sum in the logits' dtype), each row's."""
+  if not uses_gpu_kernel():
+    statistics = _logit_statistics(logits_xV, labels, with_sum=bool(label_smoothing))
+    grad_xV = _logit_gradient(logits_xV, labels, weights, statistics[0], label_smoothing, z_loss)
+    return (*statistics, grad_xV)
+  rows = labels.shape
+  flat = cross_entropy_gpu.statistics_and_gradient(
+    logits_xV.reshape(-1, logits_xV.shape[-1]),
+    labels.reshape(-1),
+    weights.reshape(-1),
+    label_smoothing=label_smoothing,
+    z_loss=z_loss,
+  )
+  return tuple(x.reshape(rows + x.shape[1:]) for x in flat)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _sums(logits_xV, labels, weights, label_smoothing, z_loss):
+  log_z, label_logit, correct, total = _logit_statistics(
+    logits_xV, labels, with_sum=bool(label_smoothing)
+  )
+  per_token = _token_losses(log_z, label_logit, total, logits_xV.shape[-1], label_smoothing, z_loss)
+  return jnp.sum(weights * per_token), jnp.sum(weights * correct)
+
+
+def _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss):
+  # The gradient is computed here, where the statistics are, and kept in
+  # place of the logits: the backward pass only scales it by the loss's
+  # cotangent, which XLA drops where that is the 1.0 jax.grad starts from
+  # (the train step passes weights already divided by the batch's weight).
+  log_z, label_logit, correct, total, grad_xV = _statistics_and_gradient(
+    logits_xV, labels, weights, label_smoothing, z_loss
+  )
+  per_token = _token_losses(log_z, label_logit, total, logits_xV.shape[-1], label_smoothing, z_loss)
+  return (jnp.sum(weights * per_token), jnp.sum(weights * correct)), grad_xV
+
+
+def _sums_backward(label_smoothing, z_loss, grad_xV, cotangents):
+  del label_smoothing, z_loss
+  # The correct count is not differentiable; labels and weights are constants.
+  return grad_xV * cotangents[0].astype(grad_xV.dtype), None, None
 
 
 _sums.defvjp(_sums_forward, _sums_backward)
@@ -234,30 +269,21 @@ def _chunk_sums(
     kernel_DxV.astype(dtype),
     preferred_element_type=jnp.float32,
   )
-  log_z_BxC, label_logit_BxC, correct_BxC, *total = _logit_statistics(
-    logits_BxCxV, labels_BxC, with_sum=bool(label_smoothing)
-  )
+  if with_grads:
+    log_z_BxC, label_logit_BxC, correct_BxC, total_BxC, grad_logits_BxCxV = (
+      _statistics_and_gradient(logits_BxCxV, labels_BxC, weights_BxC, label_smoothing, z_loss)
+    )
+  else:
+    log_z_BxC, label_logit_BxC, correct_BxC, total_BxC = _logit_statistics(
+      logits_BxCxV, labels_BxC, with_sum=bool(label_smoothing)
+    )
   per_token_BxC = _token_losses(
-    log_z_BxC,
-    label_logit_BxC,
-    total[0] if total else None,
-    logits_BxCxV.shape[-1],
-    label_smoothing,
-    z_loss,
+    log_z_BxC, label_logit_BxC, total_BxC, logits_BxCxV.shape[-1], label_smoothing, z_loss
   )
   loss = jnp.sum(weights_BxC * per_token_BxC)
   correct = jnp.sum(correct_BxC * weights_BxC)
   if not with_grads:
     return loss, correct
-  # d per_token / d logits = softmax * (1 + 2 z log_z) - (1 - ls) onehot - ls / V.
-  vocab_size = logits_BxCxV.shape[-1]
-  probs_BxCxV = jnp.exp(logits_BxCxV - log_z_BxC[..., None])
-  onehot_BxCxV = jax.nn.one_hot(labels_BxC, vocab_size, dtype=jnp.float32)
-  grad_logits_BxCxV = weights_BxC[..., None] * (
-    probs_BxCxV * (1.0 + 2.0 * z_loss * log_z_BxC)[..., None]
-    - (1.0 - label_smoothing) * onehot_BxCxV
-    - label_smoothing / vocab_size
-  )
   grad_logits_BxCxV = grad_logits_BxCxV.astype(dtype)
   grad_x_BxCxD = jnp.einsum(
     "bcv,dv->bcd", grad_logits_BxCxV, kernel_DxV.astype(dtype), preferred_element_type=jnp.float32

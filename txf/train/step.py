@@ -6,9 +6,9 @@ A task decides which batch fields feed the model and which are labels:
   seq2seq     model(encoder_inputs, decoder_inputs)    vs targets, weights
   classify    model(inputs) -> [B, C]                  vs labels
 
-Losses are summed over real tokens within a step and divided once by the
-step's token count, so gradient accumulation over micro-batches gives exactly
-the gradient of the full batch.
+Each token's loss is weighted by its weight over the step's token count, so
+the loss summed over micro-batches is the step's mean, and gradient
+accumulation gives the gradient of the full batch.
 
 With `loss_chunk_len` > 0 (lm and seq2seq, whose LM head is linear) the
 model runs without its head and the loss is `ops.linear_cross_entropy_sums`
@@ -131,15 +131,31 @@ def _loss_sums(
   z_loss: float,
   dropout_rng: jax.Array | None,
   loss_chunk_len: int = 0,
+  weight_scale: jax.Array | float = 1.0,
 ):
-  """(weighted loss sum, weight sum, correct-prediction count) for one batch."""
+  """(weighted loss sum, weight sum, correct-prediction count) for one batch,
+  each token weighted by its weight times `weight_scale`."""
   deterministic = dropout_rng is None
   rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
   labels, weights = labels_and_weights(batch, task)
-  if loss_chunk_len:
-    hidden_BxTxD, kernel_DxV = _apply_without_head(
-      model, params, model_inputs(batch, task), deterministic=deterministic, rngs=rngs
+  weights = weights * weight_scale
+  inputs = model_inputs(batch, task)
+  # On a GPU, the loss's kernel (`ops.cross_entropy_sums`) reads the logits
+  # as the head's GEMM writes them, in the compute dtype: the float32 copy
+  # the head returns would be one more pass over [B, T, V] each way, which
+  # XLA cannot fuse into a kernel of Pallas's.
+  cfg = getattr(model, "cfg", None)  # wrappers (the analyses' HeadMasked) have none
+  logits_from_kernel = ops.losses.uses_gpu_kernel() and getattr(cfg, "head", None) == "lm"
+  if not (loss_chunk_len or logits_from_kernel):
+    logits: Any = model.apply({"params": params}, *inputs, deterministic=deterministic, rngs=rngs)
+    return ops.cross_entropy_sums(
+      logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
     )
+  hidden_BxTxD, kernel_DxV = _apply_without_head(
+    model, params, inputs, deterministic=deterministic, rngs=rngs
+  )
+  dtype = model.cfg.dtype
+  if loss_chunk_len:
     return ops.linear_cross_entropy_sums(
       hidden_BxTxD,
       kernel_DxV,
@@ -148,16 +164,11 @@ def _loss_sums(
       chunk_len=loss_chunk_len,
       label_smoothing=label_smoothing,
       z_loss=z_loss,
-      dtype=model.cfg.dtype,
+      dtype=dtype,
     )
-  logits: Any = model.apply(
-    {"params": params},
-    *model_inputs(batch, task),  # Any: as above
-    deterministic=deterministic,
-    rngs=rngs,
-  )
+  logits_BxTxV = jnp.einsum("btd,dv->btv", hidden_BxTxD.astype(dtype), kernel_DxV.astype(dtype))
   return ops.cross_entropy_sums(
-    logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+    logits_BxTxV, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
   )
 
 
@@ -205,8 +216,12 @@ def make_train_step(
   # Any optax transformation; one of make_optimizer's takes the norm computed here.
   optimizer = optax.with_extra_args_support(optimizer)
 
-  def sums(params, micro_batch, rng, denom):
-    total, count, correct = _loss_sums(
+  def mean_loss(params, micro_batch, rng, inverse_weight):
+    # Each token weighted by its weight over the step's, so the loss is
+    # already the step's mean (and its accuracy), and the cotangent its
+    # gradient starts from is jax.grad's 1.0: XLA drops the scaling by it, so
+    # the loss's gradient (`ops.cross_entropy_sums`) is written once.
+    loss, _, accuracy = _loss_sums(
       model,
       params,
       micro_batch,
@@ -215,35 +230,33 @@ def make_train_step(
       z_loss=z_loss,
       dropout_rng=rng,
       loss_chunk_len=loss_chunk_len,
+      weight_scale=inverse_weight,
     )
-    # The mean's gradient, not the sum's: dividing the loss's cotangent by
-    # the batch's weight once saves a division pass over every gradient leaf.
-    return total / denom, (total, count, correct)
+    return loss, accuracy
 
-  value_and_grad_fn = jax.value_and_grad(sums, has_aux=True)
+  value_and_grad_fn = jax.value_and_grad(mean_loss, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch):
     rng = jax.random.fold_in(jax.random.key(seed), state.step)
-    denom = jnp.maximum(labels_and_weights(batch, task)[1].sum(), 1.0)
+    tokens = labels_and_weights(batch, task)[1].sum()
+    inverse_weight = 1.0 / jnp.maximum(tokens, 1.0)
     if grad_accum_steps == 1:
-      (_, (total, count, correct)), grads = value_and_grad_fn(state.params, batch, rng, denom)
+      (loss, accuracy), grads = value_and_grad_fn(state.params, batch, rng, inverse_weight)
     else:
       micro = _split_micro_batches(batch, grad_accum_steps)
 
       def accumulate(carry, xs):
         i, micro_batch = xs
-        (_, (m_total, m_count, m_correct)), m_grads = value_and_grad_fn(
-          state.params, micro_batch, jax.random.fold_in(rng, i), denom
+        (m_loss, m_accuracy), m_grads = value_and_grad_fn(
+          state.params, micro_batch, jax.random.fold_in(rng, i), inverse_weight
         )
-        g, t, c, k = carry
-        return (jax.tree.map(jnp.add, g, m_grads), t + m_total, c + m_count, k + m_correct), None
+        g, loss, accuracy = carry
+        return (jax.tree.map(jnp.add, g, m_grads), loss + m_loss, accuracy + m_accuracy), None
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
-      init = (zeros, jnp.zeros(()), jnp.zeros(()), jnp.zeros(()))
-      (grads, total, count, correct), _ = jax.lax.scan(
-        accumulate, init, (jnp.arange(grad_accum_steps), micro)
+      (grads, loss, accuracy), _ = jax.lax.scan(
+        accumulate, (zeros, jnp.zeros(()), jnp.zeros(())), (jnp.arange(grad_accum_steps), micro)
       )
-    loss = total / denom
     grad_norm = optim.global_norm(grads, concatenated=not sharded_params)
 
     def update(state: TrainState) -> TrainState:
@@ -263,9 +276,9 @@ def make_train_step(
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), update(state), state)
     metrics = {
       "loss": loss,
-      "accuracy": correct / denom,
+      "accuracy": accuracy,
       "grad_norm": grad_norm,
-      "tokens": count,
+      "tokens": tokens,
       "finite": finite.astype(jnp.int32),
     }
     return new_state, metrics
