@@ -312,22 +312,26 @@ def test_the_gradient_norm_concatenates_the_leaves_only_where_each_gpu_holds_the
 def test_one_gpu_writes_the_loss_gradient_once_from_the_bf16_logits(h100x4_runs):
   """On one GPU the loss is one Pallas kernel over the head's bf16 logits,
   and no other kernel outside GEMMs produces a [B*T, V] array: no float32
-  copy of the logits forward, no scaling of their gradient by the loss's
-  cotangent backward (the step's weights carry 1 / tokens, so the
-  cotangent is jax.grad's 1.0, which XLA drops). On several GPUs (the
-  h100x4 programs) the XLA path runs instead."""
+  copy of the logits and no rescaling of them (`scale_logits`, on in this
+  config) forward, no scaling of their gradient by the loss's cotangent
+  backward (the step's weights carry 1 / tokens, so the cotangent is
+  jax.grad's 1.0, which XLA drops). With seed replicas, so under vmap. On
+  several GPUs (the h100x4 programs) the XLA path runs instead."""
   config = tiny_config(
     "rope", model__d_model=128, model__num_layers=LAYERS, model__dtype="bfloat16"
   )
+  config.replicas = 2
   run = compile_run(config, parse_target("h100"))
+  assert run.setup.model.cfg.scale_logits
   text = run.train_step.as_text()
   vocab = run.setup.model.cfg.vocab_size
+  replicas = config.replicas  # sharing one batch, [B, T]
   batch, length = abstract_batch(run.setup)["targets"].shape
   (kernel,) = [line for line in text.splitlines() if '"__gpu$xla.gpu.triton"' in line]
-  assert f"bf16[{batch * length},{vocab}]" in kernel
+  assert f"bf16[{replicas},{batch * length},{vocab}]" in kernel
   assert hlo.region(re.search(r'op_name="([^"]+)"', kernel)[1]) == "loss"
   assert "__gpu$xla.gpu.triton" not in h100x4_runs["data"].train_step.as_text()
-  logits_shape = rf"\[(?:{batch * length}|{batch},{length}),{vocab}\]"
+  logits_shape = rf"\[{replicas},(?:{batch * length}|{batch},{length}),{vocab}\]"
   wide = re.compile(rf"= \w+{logits_shape}\S* fusion\(.*kind=k(?:Loop|Input)")
   # A split-K GEMM's own reduction (tiny shapes get one) is the GEMM's work.
   passes = [line for line in text.splitlines() if wide.search(line) and "dot_general" not in line]

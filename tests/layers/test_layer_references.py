@@ -39,6 +39,7 @@ from numpy_references import (
 )
 from txf.layers import Embedder, MultiHeadAttention, TransformerBlock, TransformerStack
 from txf.models import ModelConfig, build
+from txf.train.step import _apply_with_logits_in
 
 TOL = dict(atol=1e-5, rtol=1e-4)
 KEY = jax.random.PRNGKey(0)
@@ -406,6 +407,31 @@ def test_decoder_matches_numpy(position, tied, attention):
   else:
     expected = x @ p["head"]["logits"]["kernel"]
   np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("scale_logits", [True, False])
+def test_lm_head_gives_logits_in_the_compute_dtype_when_asked(tied, scale_logits):
+  """The logits the train step's GPU loss kernel reads (the LM head's dtype,
+  set by the step's interceptor): bf16, and without scale_logits the float32
+  logits' own bf16 values (the head's GEMM output before its upcast); with
+  it, within bf16 rounding (x / sqrt(D) is rounded to bf16 before the
+  projection instead of the float32 logits divided; exact here, where
+  sqrt(D) = 4): 2^-7 of the largest."""
+  cfg = ModelConfig(
+    **TINY, family="decoder", tie_embeddings=tied, scale_logits=scale_logits, dtype="bfloat16"
+  )
+  model = build(cfg)
+  tokens = tokens_with_padding(11, [6, 4], 6)
+  params = own_params(model, tokens)
+  logits = model.apply({"params": params}, tokens)
+  compute = _apply_with_logits_in(jnp.bfloat16, model.apply, {"params": params}, tokens)
+  assert logits.dtype == jnp.float32 and compute.dtype == jnp.bfloat16
+  got, want = np.asarray(compute, np.float64), np.asarray(logits, np.float64)
+  if scale_logits:
+    np.testing.assert_allclose(got, want, atol=2.0**-7 * np.abs(want).max())
+  else:
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("style", ["tied", "t5_v1_1"])

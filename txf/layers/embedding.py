@@ -135,13 +135,25 @@ class Embedder(nn.Module):
       x_BxTxD = self.embed_norm(x_BxTxD)
     return x_BxTxD
 
-  def attend(self, x_BxTxD: jax.Array) -> jax.Array:
-    """Tied output projection: [B, T, D] -> float32 logits [B, T, V]
-    (divided by sqrt(D) when scale_logits)."""
-    logits = self.token.attend(x_BxTxD.astype(self.dtype)).astype(jnp.float32)
-    if self.cfg.scale_logits:
-      logits = logits / jnp.sqrt(self.cfg.d_model).astype(jnp.float32)
-    return logits
+  def attend(self, x_BxTxD: jax.Array, dtype: jnp.dtype = jnp.float32) -> jax.Array:
+    """Tied output projection: [B, T, D] -> logits [B, T, V] in `dtype`
+    (`scaled_logits`)."""
+    return scaled_logits(
+      lambda x_BxTxD: self.token.attend(x_BxTxD.astype(self.dtype)), x_BxTxD, self.cfg, dtype
+    )
+
+
+def scaled_logits(project, x_BxTxD: jax.Array, cfg: ModelConfig, dtype: jnp.dtype) -> jax.Array:
+  """`project(x)`: logits [B, T, V] in `dtype`, divided by sqrt(D) when
+  cfg.scale_logits: float32 logits after the projection; logits in another
+  dtype (the compute dtype a GPU loss kernel reads) through x before it, so
+  that no pass over [B, T, V] rescales them."""
+  if not cfg.scale_logits:
+    return project(x_BxTxD).astype(dtype)
+  root_d = jnp.sqrt(cfg.d_model)
+  if jnp.dtype(dtype) != jnp.float32:
+    return project(x_BxTxD / root_d.astype(x_BxTxD.dtype)).astype(dtype)
+  return project(x_BxTxD).astype(jnp.float32) / root_d.astype(jnp.float32)
 
 
 def _checked_ids(

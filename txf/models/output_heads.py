@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
+from txf.layers.embedding import scaled_logits
 from txf.layers.model_config import HEADS, ModelConfig, OutputHead
 from txf.layers.partitioning import projection_inits
 
@@ -32,28 +33,34 @@ class LMHead(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD: jax.Array, tokens_BxT: jax.Array, embedder: Embedder) -> jax.Array:
-    """[B, T, D] -> [B, T, V] float32.
+  def __call__(
+    self,
+    x_BxTxD: jax.Array,
+    tokens_BxT: jax.Array,
+    embedder: Embedder,
+    dtype: jnp.dtype = jnp.float32,
+  ) -> jax.Array:
+    """[B, T, D] -> [B, T, V] in `dtype`.
 
     Args:
       x_BxTxD: final hidden states.
       tokens_BxT: the model's input ids (unused).
       embedder: the model's token embedder (its table is the projection when
         `model.tie_embeddings`).
+      dtype: the logits' dtype: float32, or the compute dtype for a loss that
+        reads the projection's output as it is (the train step's on a GPU).
     """
     cfg = self.cfg
     if cfg.tie_embeddings:
-      return embedder.attend(x_BxTxD)  # the embedder applies cfg.scale_logits
-    logits_BxTxV = nn.Dense(
+      return embedder.attend(x_BxTxD, dtype)
+    project = nn.Dense(
       cfg.vocab_size,
       use_bias=False,
       dtype=compute_dtype(cfg),
       **projection_inits(("embed",), ("vocab",)),
       name="logits",
-    )(x_BxTxD).astype(jnp.float32)
-    if cfg.scale_logits:
-      logits_BxTxV = logits_BxTxV / jnp.sqrt(cfg.d_model).astype(jnp.float32)
-    return logits_BxTxV
+    )
+    return scaled_logits(project, x_BxTxD, cfg, dtype)
 
 
 class MaskedLMHead(nn.Module):

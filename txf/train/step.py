@@ -18,6 +18,7 @@ logits never held at once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -140,22 +141,10 @@ def _loss_sums(
   labels, weights = labels_and_weights(batch, task)
   weights = weights * weight_scale
   inputs = model_inputs(batch, task)
-  # On a GPU, the loss's kernel (`ops.cross_entropy_sums`) reads the logits
-  # as the head's GEMM writes them, in the compute dtype: the float32 copy
-  # the head returns would be one more pass over [B, T, V] each way, which
-  # XLA cannot fuse into a kernel of Pallas's.
-  cfg = getattr(model, "cfg", None)  # wrappers (the analyses' HeadMasked) have none
-  logits_from_kernel = ops.losses.uses_gpu_kernel() and getattr(cfg, "head", None) == "lm"
-  if not (loss_chunk_len or logits_from_kernel):
-    logits: Any = model.apply({"params": params}, *inputs, deterministic=deterministic, rngs=rngs)
-    return ops.cross_entropy_sums(
-      logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
-    )
-  hidden_BxTxD, kernel_DxV = _apply_without_head(
-    model, params, inputs, deterministic=deterministic, rngs=rngs
-  )
-  dtype = model.cfg.dtype
   if loss_chunk_len:
+    hidden_BxTxD, kernel_DxV = _apply_without_head(
+      model, params, inputs, deterministic=deterministic, rngs=rngs
+    )
     return ops.linear_cross_entropy_sums(
       hidden_BxTxD,
       kernel_DxV,
@@ -164,12 +153,32 @@ def _loss_sums(
       chunk_len=loss_chunk_len,
       label_smoothing=label_smoothing,
       z_loss=z_loss,
-      dtype=dtype,
+      dtype=model.cfg.dtype,
     )
-  logits_BxTxV = jnp.einsum("btd,dv->btv", hidden_BxTxD.astype(dtype), kernel_DxV.astype(dtype))
+  apply = functools.partial(model.apply, deterministic=deterministic, rngs=rngs)
+  cfg: Any = getattr(model, "cfg", None)  # wrappers (the analyses' HeadMasked) have none
+  if ops.losses.uses_gpu_kernel() and getattr(cfg, "head", None) == "lm":
+    # The loss's GPU kernel reads the logits as the head's GEMM writes them,
+    # in the compute dtype: the float32 copy the head returns by default
+    # would be one more pass over [B, T, V] each way, which XLA cannot fuse
+    # into a Pallas kernel.
+    apply = functools.partial(_apply_with_logits_in, jnp.dtype(cfg.dtype), apply)
+  logits: Any = apply({"params": params}, *inputs)
   return ops.cross_entropy_sums(
-    logits_BxTxV, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+    logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
   )
+
+
+def _apply_with_logits_in(dtype: jnp.dtype, apply: Callable, *args: Any) -> Any:
+  """`apply(*args)` with the LM head's logits in `dtype`, not float32."""
+
+  def logits_in_dtype(next_fun, args, kwargs, context):
+    if context.method_name == "__call__" and isinstance(context.module, LMHead):
+      kwargs = {**kwargs, "dtype": dtype}
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(logits_in_dtype):
+    return apply(*args)
 
 
 def _split_micro_batches(batch: Batch, num: int) -> Batch:
