@@ -15,7 +15,9 @@ names the two code generators give their kernels:
   XLA:GPU     fusions are named after their root and kind (`loop_add_fusion`,
               `input_reduce_fusion`, `input_scatter_fusion`, `gemm_fusion_dot`
               for Triton GEMMs), library calls after the library's kernel
-              (cuBLAS `sm90_xmma_gemm_*` / `nvjet_*`, cuDNN `cudnn_*sdpa*`)
+              (cuBLAS `sm90_xmma_gemm_*` / `nvjet_*`, cuDNN `cudnn_*sdpa*`),
+              Pallas kernels after their name (txf's loss on one GPU:
+              `cross_entropy_statistics_and_gradient`, a reduction)
   Inductor    `triton_poi_*` (pointwise), `triton_red_*` / `triton_per_*`
               (reductions); eager ops by their ATen kernel names
 """
@@ -31,7 +33,10 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = (
   ("attention", re.compile(r"fmha|sdpa|flash|cudnn|attention", re.I)),
   ("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|cublas|matmul|wgmma|(^|_)dot(_|$)", re.I)),
   ("scatter/gather", re.compile(r"scatter|gather|index_put|embedding|dynamic_update", re.I)),
-  ("reduction", re.compile(r"reduc|triton_red|triton_per|softmax|norm|(^|_)sum(_|$)", re.I)),
+  (
+    "reduction",
+    re.compile(r"reduc|triton_red|triton_per|softmax|norm|cross_entropy|(^|_)sum(_|$)", re.I),
+  ),
   ("copy", re.compile(r"memcpy|memset|copy|transpose|concatenate|pad", re.I)),
   (
     "elementwise",

@@ -342,6 +342,7 @@ def test_gpt2_small_8k_lowers_with_causal_attention_and_no_mask(monkeypatch):
     ("triton_poi_fused_embedding_dense_backward_2", "scatter/gather"),
     ("input_reduce_fusion_7", "reduction"),
     ("triton_red_fused__log_softmax_0", "reduction"),
+    ("cross_entropy_statistics_and_gradient", "reduction"),
     ("triton_per_fused_native_layer_norm_1", "reduction"),
     ("loop_add_fusion_2", "elementwise"),
     ("triton_poi_fused_add_gelu_3", "elementwise"),
