@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
 #   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
 #                                   # (SWEEP_CONFIG=configs/sweeps/t5_distance.py:gpu another)
+#   bash benchmarks/gpu.sh loss     # the loss alone: XLA's passes vs the Pallas kernel's    (~2 min)
+#                                   # block sizes and warps (benchmarks/loss_kernel.py)
 #   bash benchmarks/gpu.sh change   # a change's A/B: the step before (txf in $BASE) and after,  (~9 min)
 #                                   # the PyTorch recipe beside the after; both again with cuBLAS GEMMs
 #   bash benchmarks/gpu.sh all      # ab, loop, long, decode in turn, where no time limit applies
@@ -32,7 +34,7 @@
 # prints a summary (benchmarks/summarize.py) last. EXTRA="--config.model.d_model=32 ..."
 # appends flags to every step, loop and decode call (a smoke test on a CPU at toy size).
 set -uo pipefail
-part=${1:?usage: bash benchmarks/gpu.sh ab|loop|long|decode|sweep|all}
+part=${1:?usage: bash benchmarks/gpu.sh ab|loss|change|loop|long|decode|sweep|all}
 OUT=${OUT:-gpu_results}
 deadline=$(( $(date +%s) + ${PART_SECONDS:-540} ))
 if [ "$part" = all ]; then
@@ -83,6 +85,9 @@ case $part in
     bench step_fused_loss 100 step $GPT2 $AB --config.train.loss_chunk_len=256
     bench step_vocab512 130 step $GPT2 $AB --config.model.vocab_size=512 --torch
     bench step_1layer 100 step $GPT2 $AB --config.model.num_layers=1 --torch
+    ;;
+  loss)
+    bench loss_kernel 240 loss_kernel $GPT2
     ;;
   change)
     # The step before the change (txf in $BASE) and after it, the PyTorch

@@ -7,6 +7,7 @@
   python -m benchmarks.run data --config=configs/gpt2_small.py --steps=100
   python -m benchmarks.run replicas --config=configs/base.py --replicas=3 --steps=20
   python -m benchmarks.run seq2seq_decode --source_len=512 --new_tokens=128
+  python -m benchmarks.run loss_kernel --config=configs/gpt2_small.py
   python -m benchmarks.run MODE --help     # the mode's own flags
 
 A mode is a module of this package, benchmarks/<mode>.py, with its flags
@@ -32,7 +33,16 @@ from txf.commands import cli
 from txf.commands.cli import fail, run_command
 from txf.train import hardware
 
-MODES = ("step", "loop", "decode", "data", "replicas", "seq2seq_decode", "embedding_grad")
+MODES = (
+  "step",
+  "loop",
+  "decode",
+  "data",
+  "replicas",
+  "seq2seq_decode",
+  "embedding_grad",
+  "loss_kernel",
+)
 
 
 def mode_module(argv: list[str]) -> tuple[str, ModuleType]:

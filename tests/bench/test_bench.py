@@ -30,6 +30,7 @@ from benchmarks import (
   embedding_grad as bench_embedding_grad,
   kernels as bench_kernels,
   loop as bench_loop,
+  loss_kernel as bench_loss_kernel,
   seq2seq_decode as bench_seq2seq,
   step as bench_step,
 )
@@ -217,6 +218,21 @@ def test_linear_cross_entropy_rejects_bad_inputs():
     ops.linear_cross_entropy_sums(x, kernel, weights, chunk_len=4)
   with pytest.raises(ValueError, match="weights must have the shape"):
     ops.linear_cross_entropy_sums(x, kernel, labels, weights_BxT=weights[:, :4], chunk_len=4)
+
+
+def test_loss_kernel_bench_times_xla_and_every_kernel_variant():
+  """Without a GPU the kernel variants run in Pallas's interpreter on a few
+  rows: the harness, checked by their agreement with the XLA path (within
+  one bf16 ulp of the largest gradient entry; the loss to float32's rounding)."""
+  config = gpt2_tiny(vocab_size=512, dtype="bfloat16")
+  figures = bench_loss_kernel.compare(config, repeats=1, blocks=[128, 512], warps=[4], cpu_rows=3)
+  assert (figures["rows"], figures["vocab"], figures["dtype"]) == (3, 512, "bfloat16")
+  variants = figures["variants"]
+  assert list(variants) == ["xla", "block128_warps4", "block512_warps4"]
+  assert variants["xla"]["max_grad_difference"] == 0
+  for row in variants.values():
+    assert row["ms"] > 0 and row["loss_difference"] < 1e-5
+    assert row["max_grad_difference"] <= 2.0**-7 / 3  # the weights are 1 / rows
 
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores

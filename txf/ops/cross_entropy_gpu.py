@@ -111,6 +111,7 @@ def statistics_and_gradient(
   label_smoothing: float,
   z_loss: float,
   block: int | None = None,
+  num_warps: int = _NUM_WARPS,
   interpret: bool = False,
 ):
   """Each row's cross-entropy statistics and the gradient of the weighted
@@ -123,6 +124,8 @@ def statistics_and_gradient(
     label_smoothing, z_loss: as `losses.token_cross_entropy`'s.
     block: logits per block of the walks, a power of 2 (None: the row's
       width rounded up to one, at most 8,192).
+    num_warps: Triton warps per row (benchmarks/loss_kernel.py times the
+      choices on a GPU).
     interpret: run the kernel in Pallas's interpreter (on any backend; the
       tests' way to check it without a GPU).
 
@@ -143,7 +146,7 @@ def statistics_and_gradient(
     kernel,
     out_shape=(jax.ShapeDtypeStruct((vocab,), logits_NxV.dtype),)
     + (jax.ShapeDtypeStruct((), jnp.float32),) * 4,
-    compiler_params=plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
     # The gradient overwrites the logits (each block is read before its
     # gradient is stored, by the one instance that owns the row): without
     # it the step holds both [N, V] arrays at once, 3 GiB more at gpt2_small's size.
