@@ -1,8 +1,8 @@
 """Token-level cross-entropy with weights, label smoothing and z-loss: as a
 function of the logits (`cross_entropy`), as sums with their own gradient
-that read the logits once each way (`cross_entropy_sums`, what training
-uses), and fused with the output projection, chunked over positions
-(`linear_cross_entropy_sums`)."""
+computed beside the statistics (`cross_entropy_sums`, what training uses; on
+one GPU a kernel of its own, `cross_entropy_gpu`), and fused with the output
+projection, chunked over positions (`linear_cross_entropy_sums`)."""
 
 import functools
 import numbers
@@ -231,12 +231,16 @@ def cross_entropy_sums(logits, labels, *, weights=None, label_smoothing=0.0, z_l
   """`token_cross_entropy` summed with weights, with its own gradient.
 
   The same loss as `cross_entropy` (times the token count), computed as
-  training needs it from [B, T, V] logits: the forward pass is one reduction
-  over the vocabulary giving each row's log-sum-exp, the label's logit and
-  whether the label is the argmax (no separate max, mean or argmax passes),
-  the backward pass one elementwise kernel writing the gradient in the
-  logits' dtype (no scatter of the label's gradient into a zero array).
-  Only the loss sum is differentiable; labels and weights are constants.
+  training needs it from [B, T, V] logits: each row's log-sum-exp, the
+  label's logit and whether the label is the argmax come from two passes
+  over the vocabulary (no separate mean or argmax passes). Under jax.grad the
+  forward pass also writes the gradient, in the logits' dtype (no scatter of
+  the label's gradient into a zero array): on one GPU statistics and
+  gradient are one kernel (`cross_entropy_gpu`, the logits read once),
+  elsewhere a third, elementwise pass. The backward pass scales it by the
+  loss's cotangent, which XLA drops where that is 1.0 (the train step's
+  weights are divided by the step's tokens so that it is). Only the loss sum
+  is differentiable; labels and weights are constants.
 
   Args:
     logits: float `[..., V]`.
