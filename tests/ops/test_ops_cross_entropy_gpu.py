@@ -105,9 +105,10 @@ def _grad_jaxpr(logits, labels):
   return str(jax.make_jaxpr(jax.grad(loss))(logits))
 
 
-def test_cross_entropy_sums_uses_the_kernel_on_one_gpu_only():
+def test_cross_entropy_sums_uses_the_kernel_on_one_gpu_only(monkeypatch):
   """The kernel under jax.grad on a GPU (here: traced for one), the XLA
-  path on the CPU, on a mesh of several devices, and without jax.grad."""
+  path on the CPU, on a mesh of several devices, without jax.grad, and
+  where jax cannot lower the kernel (no Triton bindings in jaxlib)."""
   logits, labels = jnp.zeros((2, 4, 64), jnp.bfloat16), jnp.zeros((2, 4), jnp.int32)
   assert "pallas_call" not in _grad_jaxpr(logits, labels)
   with platform.compiling_for("gpu"):
@@ -117,6 +118,8 @@ def test_cross_entropy_sums_uses_the_kernel_on_one_gpu_only():
     mesh = jax.sharding.AbstractMesh((2,), ("data",))
     with jax.sharding.use_abstract_mesh(mesh):
       assert "pallas_call" not in _grad_jaxpr(logits, labels)
+    monkeypatch.setattr(cross_entropy_gpu, "AVAILABLE", False)
+    assert "pallas_call" not in _grad_jaxpr(logits, labels)
 
 
 def test_the_gradient_is_scaled_by_the_loss_cotangent(rows):

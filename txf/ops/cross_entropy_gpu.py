@@ -25,9 +25,17 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["statistics_and_gradient"]
+# Whether this jax can lower the kernel (`ops.losses` uses XLA's passes where
+# not): it needs jaxlib's Triton bindings, and txf imports without them.
+try:
+  from jax.experimental.pallas import triton as plgpu
+
+  AVAILABLE = True
+except ImportError:
+  AVAILABLE = False
+
+__all__ = ["AVAILABLE", "statistics_and_gradient"]
 
 _MAX_BLOCK = 8192
 _NUM_WARPS = 16

@@ -175,8 +175,13 @@ def _logit_gradient(logits_xV, labels, weights, log_z, label_smoothing, z_loss):
 def uses_gpu_kernel():
   """Whether the forward pass under jax.grad runs `cross_entropy_gpu`'s
   kernel: on a GPU, with the program on one device (a Pallas call is not
-  split over a mesh by XLA; on more devices the XLA path runs)."""
-  return platform.backend() == "gpu" and jax.sharding.get_abstract_mesh().size <= 1
+  split over a mesh by XLA; on more devices the XLA path runs), where this
+  jax can lower it."""
+  return (
+    cross_entropy_gpu.AVAILABLE
+    and platform.backend() == "gpu"
+    and jax.sharding.get_abstract_mesh().size <= 1
+  )
 
 
 def _statistics_and_gradient(logits_xV, labels, weights, label_smoothing, z_loss):
