@@ -61,7 +61,7 @@ def _kernel(block, num_warps, interpret, logits_NxV, labels_N, weights_N):
 def define_flags() -> None:
   define_config_flag("Config file (model.vocab_size, model.dtype, data.batch_size and seq_len).")
   flags.DEFINE_integer("repeats", 20, "Timed calls per variant.")
-  flags.DEFINE_list("blocks", ["4096", "8192", "16384", "32768"], "Kernel block sizes.")
+  flags.DEFINE_list("blocks", ["4096", "8192", "16384", "32768", "65536"], "Kernel block sizes.")
   flags.DEFINE_list("warps", ["8", "16", "32"], "Kernel warp counts.")
   flags.DEFINE_integer("cpu_rows", 4, "Rows of logits without a GPU (the interpreter is slow).")
 
