@@ -101,6 +101,15 @@ def embedding_grad_rows(name: str, report: dict) -> list[str]:
   ]
 
 
+def loss_kernel_rows(name: str, report: dict) -> list[str]:
+  shape = f"[{report['rows']}, {report['vocab']}] {report['dtype']}"
+  return [
+    f"| {name} | {shape} | {variant} | {row['ms']:.3f} ms | "
+    f"gradient off XLA's by {row['max_grad_difference']:.3g} |"
+    for variant, row in report["variants"].items()
+  ]
+
+
 def main(paths: list[str]) -> None:
   files = [
     f for p in map(pathlib.Path, paths) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])
@@ -112,6 +121,7 @@ def main(paths: list[str]) -> None:
       "loop": loop_rows,
       "decode": decode_rows,
       "embedding_grad": embedding_grad_rows,
+      "loss_kernel": loss_kernel_rows,
     }[report["mode"]](file.stem, report)
     print(
       f"{file}: {report['device_kind']}, {report['date']}, jax "

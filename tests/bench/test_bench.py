@@ -33,6 +33,7 @@ from benchmarks import (
   loss_kernel as bench_loss_kernel,
   seq2seq_decode as bench_seq2seq,
   step as bench_step,
+  summarize as bench_summarize,
 )
 from conftest import REPO, load_config
 from txf import ops
@@ -220,7 +221,7 @@ def test_linear_cross_entropy_rejects_bad_inputs():
     ops.linear_cross_entropy_sums(x, kernel, labels, weights_BxT=weights[:, :4], chunk_len=4)
 
 
-def test_loss_kernel_bench_times_xla_and_every_kernel_variant():
+def test_loss_kernel_bench_times_xla_and_every_kernel_variant(tmp_path, capsys):
   """Without a GPU the kernel variants run in Pallas's interpreter on a few
   rows: the harness, checked by their agreement with the XLA path (within
   one bf16 ulp of the largest gradient entry; the loss to float32's rounding)."""
@@ -233,6 +234,12 @@ def test_loss_kernel_bench_times_xla_and_every_kernel_variant():
   for row in variants.values():
     assert row["ms"] > 0 and row["loss_difference"] < 1e-5
     assert row["max_grad_difference"] <= 2.0**-7 / 3  # the weights are 1 / rows
+  # gpu.sh prints every report of a part with benchmarks/summarize.py: a row each.
+  report = dict(mode="loss_kernel", **hardware.environment(), **figures)
+  (tmp_path / "loss_kernel.json").write_text(json.dumps(report))
+  bench_summarize.main([str(tmp_path)])
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| loss_kernel")]
+  assert [row.split(" | ")[2] for row in rows] == list(variants)
 
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
