@@ -184,13 +184,27 @@ def uses_gpu_kernel():
   )
 
 
+def _weighted_sums(statistics, weights, vocab_size, label_smoothing, z_loss):
+  """(sum of w * token loss, sum of w * correct) from `_logit_statistics`'s
+  (log-sum-exp, label's logit, correct, logits' sum or None)."""
+  log_z, label_logit, correct, logits_sum = statistics
+  per_token = _token_losses(log_z, label_logit, logits_sum, vocab_size, label_smoothing, z_loss)
+  return jnp.sum(weights * per_token), jnp.sum(weights * correct)
+
+
+def _statistics_and_gradient_by_xla(logits_xV, labels, weights, label_smoothing, z_loss):
+  """`_statistics_and_gradient` as XLA's passes: the two statistics passes,
+  then the gradient's elementwise pass."""
+  statistics = _logit_statistics(logits_xV, labels, with_sum=bool(label_smoothing))
+  grad_xV = _logit_gradient(logits_xV, labels, weights, statistics[0], label_smoothing, z_loss)
+  return (*statistics, grad_xV)
+
+
 def _statistics_and_gradient(logits_xV, labels, weights, label_smoothing, z_loss):
   """(log-sum-exp, label's logit, correct, logits' sum or None, gradient of
   the weighted loss sum in the logits' dtype), each row's."""
   if not uses_gpu_kernel():
-    statistics = _logit_statistics(logits_xV, labels, with_sum=bool(label_smoothing))
-    grad_xV = _logit_gradient(logits_xV, labels, weights, statistics[0], label_smoothing, z_loss)
-    return (*statistics, grad_xV)
+    return _statistics_and_gradient_by_xla(logits_xV, labels, weights, label_smoothing, z_loss)
   rows = labels.shape
   flat = cross_entropy_gpu.statistics_and_gradient(
     logits_xV.reshape(-1, logits_xV.shape[-1]),
@@ -204,11 +218,8 @@ def _statistics_and_gradient(logits_xV, labels, weights, label_smoothing, z_loss
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _sums(logits_xV, labels, weights, label_smoothing, z_loss):
-  log_z, label_logit, correct, total = _logit_statistics(
-    logits_xV, labels, with_sum=bool(label_smoothing)
-  )
-  per_token = _token_losses(log_z, label_logit, total, logits_xV.shape[-1], label_smoothing, z_loss)
-  return jnp.sum(weights * per_token), jnp.sum(weights * correct)
+  statistics = _logit_statistics(logits_xV, labels, with_sum=bool(label_smoothing))
+  return _weighted_sums(statistics, weights, logits_xV.shape[-1], label_smoothing, z_loss)
 
 
 def _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss):
@@ -216,11 +227,11 @@ def _sums_forward(logits_xV, labels, weights, label_smoothing, z_loss):
   # place of the logits: the backward pass only scales it by the loss's
   # cotangent, which XLA drops where that is the 1.0 jax.grad starts from
   # (the train step passes weights already divided by the batch's weight).
-  log_z, label_logit, correct, total, grad_xV = _statistics_and_gradient(
+  *statistics, grad_xV = _statistics_and_gradient(
     logits_xV, labels, weights, label_smoothing, z_loss
   )
-  per_token = _token_losses(log_z, label_logit, total, logits_xV.shape[-1], label_smoothing, z_loss)
-  return (jnp.sum(weights * per_token), jnp.sum(weights * correct)), grad_xV
+  sums = _weighted_sums(statistics, weights, logits_xV.shape[-1], label_smoothing, z_loss)
+  return sums, grad_xV
 
 
 def _sums_backward(label_smoothing, z_loss, grad_xV, cotangents):
@@ -279,18 +290,14 @@ def _chunk_sums(
     preferred_element_type=jnp.float32,
   )
   if with_grads:
-    log_z_BxC, label_logit_BxC, correct_BxC, total_BxC, grad_logits_BxCxV = (
-      _statistics_and_gradient(logits_BxCxV, labels_BxC, weights_BxC, label_smoothing, z_loss)
+    *statistics, grad_logits_BxCxV = _statistics_and_gradient(
+      logits_BxCxV, labels_BxC, weights_BxC, label_smoothing, z_loss
     )
   else:
-    log_z_BxC, label_logit_BxC, correct_BxC, total_BxC = _logit_statistics(
-      logits_BxCxV, labels_BxC, with_sum=bool(label_smoothing)
-    )
-  per_token_BxC = _token_losses(
-    log_z_BxC, label_logit_BxC, total_BxC, logits_BxCxV.shape[-1], label_smoothing, z_loss
+    statistics = _logit_statistics(logits_BxCxV, labels_BxC, with_sum=bool(label_smoothing))
+  loss, correct = _weighted_sums(
+    statistics, weights_BxC, logits_BxCxV.shape[-1], label_smoothing, z_loss
   )
-  loss = jnp.sum(weights_BxC * per_token_BxC)
-  correct = jnp.sum(correct_BxC * weights_BxC)
   if not with_grads:
     return loss, correct
   grad_logits_BxCxV = grad_logits_BxCxV.astype(dtype)

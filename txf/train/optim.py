@@ -139,11 +139,10 @@ def global_norm(tree: Any, *, concatenated: bool = False) -> jax.Array:
   device (5 GB more per chip for a 1.3B model's float32 gradient).
   """
   leaves = [leaf.astype(jnp.float32) for leaf in jax.tree.leaves(tree)]
-  small = [leaf for leaf in leaves if concatenated and leaf.size < CONCATENATED_BELOW]
-  large = [leaf for leaf in leaves if not (concatenated and leaf.size < CONCATENATED_BELOW)]
-  squares = [jnp.sum(leaf * leaf) for leaf in large]
-  if small:
-    flat = jnp.concatenate([jnp.ravel(leaf) for leaf in small])
+  small = [concatenated and leaf.size < CONCATENATED_BELOW for leaf in leaves]
+  squares = [jnp.sum(leaf * leaf) for leaf, is_small in zip(leaves, small) if not is_small]
+  if any(small):
+    flat = jnp.concatenate([jnp.ravel(leaf) for leaf, is_small in zip(leaves, small) if is_small])
     squares.append(jnp.sum(flat * flat))
   return jnp.sqrt(sum(squares))
 
