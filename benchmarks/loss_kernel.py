@@ -62,12 +62,25 @@ def _kernel(block, num_warps, interpret, logits_NxV, labels_N, weights_N):
   )
 
 
+def _powers_of_two(values: list[str], most: int | None = None) -> bool:
+  """Whether every value is a power of 2 (at most `most`), as Triton's block
+  sizes and warp counts must be."""
+  numbers = [int(v) if v.isdigit() else 0 for v in values]
+  return all(n >= 1 and not n & (n - 1) and (most is None or n <= most) for n in numbers)
+
+
 def define_flags() -> None:
   define_config_flag("Config file (model.vocab_size, model.dtype, data.batch_size and seq_len).")
-  flags.DEFINE_integer("repeats", 20, "Timed calls per variant.")
+  flags.DEFINE_integer("repeats", 20, "Timed calls per variant.", lower_bound=1)
   flags.DEFINE_list("blocks", ["4096", "8192", "16384", "32768", "65536"], "Kernel block sizes.")
   flags.DEFINE_list("warps", ["8", "16", "32"], "Kernel warp counts.")
-  flags.DEFINE_integer("cpu_rows", 4, "Rows of logits without a GPU (the interpreter is slow).")
+  flags.DEFINE_integer(
+    "cpu_rows", 4, "Rows of logits without a GPU (the interpreter is slow).", lower_bound=1
+  )
+  flags.register_validator("blocks", _powers_of_two, "--blocks: each must be a power of 2")
+  flags.register_validator(
+    "warps", lambda values: _powers_of_two(values, 32), "--warps: each must be 1, 2, 4, ... 32"
+  )
 
 
 def compare(config, *, repeats: int, blocks: list[int], warps: list[int], cpu_rows: int) -> dict:

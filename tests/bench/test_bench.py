@@ -242,6 +242,22 @@ def test_loss_kernel_bench_times_xla_and_every_kernel_variant(tmp_path, capsys):
   assert [row.split(" | ")[2] for row in rows] == list(variants)
 
 
+@pytest.mark.parametrize(
+  "values,most,valid",
+  [
+    (["1", "4096", "65536"], None, True),
+    (["1", "32"], 32, True),
+    (["64"], 32, False),
+    (["0"], None, False),
+    (["100"], None, False),
+    (["-4"], None, False),
+    (["abc"], None, False),
+  ],
+)
+def test_loss_kernel_flags_take_powers_of_two(values, most, valid):
+  assert bench_loss_kernel._powers_of_two(values, most) is valid
+
+
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_the_fused_loss_gives_the_plain_loss_and_gradients():
   setup = setup_run(parse_run(gpt2_tiny()))
@@ -615,6 +631,11 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
     (
       ["loop", "--config=configs/rope.py", "--torch"],
       "flag error: Unknown command line flag 'torch'",
+    ),
+    # Triton takes block sizes and warp counts in powers of 2.
+    (
+      ["loss_kernel", "--config=configs/rope.py", "--blocks=4096,100"],
+      "flag error: flag --blocks=['4096', '100']: --blocks: each must be a power of 2",
     ),
     # A config the run rejects, found before the PyTorch reference trains.
     (
