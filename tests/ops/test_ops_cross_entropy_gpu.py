@@ -134,3 +134,12 @@ def test_the_gradient_is_scaled_by_the_loss_cotangent(rows):
     return np.asarray(jax.grad(loss)(logits), np.float64)
 
   np.testing.assert_allclose(grad(3.0), 3.0 * grad(1.0), rtol=2.0**-7)
+
+
+@pytest.mark.parametrize("name,value", [("block", 100), ("block", 0), ("num_warps", 3)])
+def test_block_and_warps_must_be_powers_of_two(rows, name, value):
+  logits, labels, weights = rows
+  with pytest.raises(ValueError, match=rf"^{name} must be a power of 2 \(Triton's\), got {value}$"):
+    cross_entropy_gpu.statistics_and_gradient(
+      logits, labels, weights, label_smoothing=0.0, z_loss=0.0, interpret=True, **{name: value}
+    )

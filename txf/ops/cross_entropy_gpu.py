@@ -144,6 +144,9 @@ def statistics_and_gradient(
     (bool), the sum of the row's logits (float32 each) and d(sum_n w_n
     loss_n) / d logits in the logits' dtype.
   """
+  for name, value in (("block", block), ("num_warps", num_warps)):
+    if value is not None and (value < 1 or value & (value - 1)):
+      raise ValueError(f"{name} must be a power of 2 (Triton's), got {value}")
   vocab = logits_NxV.shape[-1]
   kernel = functools.partial(
     _row_kernel,
