@@ -339,6 +339,24 @@ def test_one_gpu_writes_the_loss_gradient_once_from_the_bf16_logits(h100x4_runs)
 
 
 @pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_the_chunked_loss_compiles_for_one_gpu_under_seed_replicas():
+  """The fused chunked loss takes the LM head as its matrix
+  (`LMHead.scaled_kernel`). It used to take the head's product with a
+  [D, D] identity, whose gradient under 3 replicas of the byte vocabulary
+  XLA could not tile for a GPU GEMM (bf16[780, 128]): the compile failed."""
+  config = tiny_config(
+    "rope", model__d_model=128, model__num_layers=LAYERS, model__dtype="bfloat16"
+  )
+  config.replicas = 3
+  config.train.loss_chunk_len = 16
+  run = compile_run(config, parse_target("h100"))
+  assert run.setup.model.cfg.vocab_size == 260
+  # The loss is the fused chunked one: a loop over the 2 chunks of 16 positions.
+  assert "while(" in run.train_step.as_text()
+
+
+@pytest.mark.slow  # compiles
 @needs_libtpu
 def test_a_tpu_slice_gathers_and_scatters_under_fsdp_and_all_reduces_without():
   config = tiny_config("rope", model__d_model=128)

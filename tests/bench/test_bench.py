@@ -302,7 +302,7 @@ def test_the_fused_loss_sees_the_models_own_head(tied):
   (hidden, kernel), logits = jax.jit(
     lambda p: (_apply_without_head(model, p, (tokens,)), model.apply({"params": p}, tokens))
   )(params)
-  if tied:  # the embedding, transposed, times 1/sqrt(D) (txf.layers.Embedder.attend)
+  if tied:  # the embedding, transposed, times 1/sqrt(D) (txf.models.LMHead.scaled_kernel)
     expected = params["embedder"]["token"]["embedding"].T / 4.0
   else:
     expected = params["head"]["logits"]["kernel"]

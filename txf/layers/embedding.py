@@ -135,19 +135,25 @@ class Embedder(nn.Module):
       x_BxTxD = self.embed_norm(x_BxTxD)
     return x_BxTxD
 
+  def output_kernel(self) -> jax.Array:
+    """The tied output projection [D, V] in the compute dtype: the token
+    table transposed."""
+    return self.token.embedding.T.astype(self.dtype)
+
   def attend(self, x_BxTxD: jax.Array, dtype: jnp.dtype = jnp.float32) -> jax.Array:
     """Tied output projection: [B, T, D] -> logits [B, T, V] in `dtype`
-    (`scaled_logits`)."""
-    return scaled_logits(
-      lambda x_BxTxD: self.token.attend(x_BxTxD.astype(self.dtype)), x_BxTxD, self.cfg, dtype
-    )
+    (`linear_logits`)."""
+    return linear_logits(x_BxTxD, self.output_kernel(), self.cfg, dtype)
 
 
-def scaled_logits(project, x_BxTxD: jax.Array, cfg: ModelConfig, dtype: jnp.dtype) -> jax.Array:
-  """`project(x)`: logits [B, T, V] in `dtype`, divided by sqrt(D) when
-  cfg.scale_logits: float32 logits after the projection; logits in another
-  dtype (the compute dtype a GPU loss kernel reads) through x before it, so
-  that no pass over [B, T, V] rescales them."""
+def linear_logits(
+  x_BxTxD: jax.Array, kernel_DxV: jax.Array, cfg: ModelConfig, dtype: jnp.dtype
+) -> jax.Array:
+  """x @ kernel, computed in the kernel's dtype: logits [B, T, V] in `dtype`,
+  divided by sqrt(D) when cfg.scale_logits: float32 logits after the
+  projection; logits in another dtype (the compute dtype a GPU loss kernel
+  reads) through x before it, so that no pass over [B, T, V] rescales them."""
+  project = lambda x_BxTxD: jnp.dot(x_BxTxD.astype(kernel_DxV.dtype), kernel_DxV)
   if not cfg.scale_logits:
     return project(x_BxTxD).astype(dtype)
   root_d = jnp.sqrt(cfg.d_model)

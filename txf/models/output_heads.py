@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from txf.layers import Embedder, Norm
 from txf.layers.block import compute_dtype
-from txf.layers.embedding import scaled_logits
+from txf.layers.embedding import linear_logits
 from txf.layers.model_config import HEADS, ModelConfig, OutputHead
 from txf.layers.partitioning import projection_inits
 
@@ -27,12 +27,11 @@ def _lecun_kernel_init(*axes):
 
 
 class LMHead(nn.Module):
-  """Hidden states -> float32 vocabulary logits, tied to the embedding or not
-  (either way times d_model^-0.5 when cfg.scale_logits)."""
+  """Hidden states -> vocabulary logits, tied to the embedding or not (either
+  way times d_model^-0.5 when cfg.scale_logits)."""
 
   cfg: ModelConfig
 
-  @nn.compact
   def __call__(
     self,
     x_BxTxD: jax.Array,
@@ -50,17 +49,40 @@ class LMHead(nn.Module):
       dtype: the logits' dtype: float32, or the compute dtype for a loss that
         reads the projection's output as it is (the train step's on a GPU).
     """
+    return linear_logits(x_BxTxD, self.kernel(embedder), self.cfg, dtype)
+
+  @nn.compact
+  def kernel(self, embedder: Embedder) -> jax.Array:
+    """The projection [D, V] in the compute dtype, before any logit scaling:
+    the embedder's table transposed when tied, else this head's own
+    `logits/kernel` (stored where `nn.Dense` stores it)."""
     cfg = self.cfg
     if cfg.tie_embeddings:
-      return embedder.attend(x_BxTxD, dtype)
-    project = nn.Dense(
-      cfg.vocab_size,
-      use_bias=False,
-      dtype=compute_dtype(cfg),
-      **projection_inits(("embed",), ("vocab",)),
-      name="logits",
-    )
-    return scaled_logits(project, x_BxTxD, cfg, dtype)
+      return embedder.output_kernel()
+    kernel_DxV = _Kernel((cfg.d_model, cfg.vocab_size), name="logits")()
+    return kernel_DxV.astype(compute_dtype(cfg))
+
+  def scaled_kernel(self, embedder: Embedder) -> jax.Array:
+    """The float32 [D, V] that x is multiplied by for float32 logits: the
+    kernel with d_model^-0.5 folded in when cfg.scale_logits (the fused
+    chunked loss takes the head as this matrix, `txf.train.step`)."""
+    kernel_DxV = self.kernel(embedder).astype(jnp.float32)
+    if self.cfg.scale_logits:
+      return kernel_DxV / jnp.sqrt(jnp.float32(self.cfg.d_model))
+    return kernel_DxV
+
+
+class _Kernel(nn.Module):
+  """A bias-free projection's kernel, Glorot-initialised with logical axes
+  (embed, vocab), as `nn.Dense` would hold it."""
+
+  shape: tuple[int, int]
+
+  @nn.compact
+  def __call__(self) -> jax.Array:
+    kernel_init = projection_inits(("embed",), ("vocab",))["kernel_init"]
+    # cast: flax types a boxed initializer's parameter as the box; param returns it unboxed.
+    return cast(jax.Array, self.param("kernel", kernel_init, self.shape, jnp.float32))
 
 
 class MaskedLMHead(nn.Module):
