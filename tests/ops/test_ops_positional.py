@@ -12,6 +12,7 @@ from txf.ops.positional import (
   alibi_slopes,
   apply_ntk_rope,
   apply_rope,
+  last_bucket_start,
   relative_position_bias,
   relative_position_bucket,
   sinusoidal_embedding,
@@ -219,6 +220,30 @@ def test_t5_buckets_match_reference(bidirectional, num_buckets, max_distance):
   ref = np_t5_bucket(offsets, bidirectional, num_buckets, max_distance)
   np.testing.assert_array_equal(got, ref)
   assert got.min() >= 0 and got.max() == num_buckets - 1
+
+
+# The t5_distance sweep's points: where its docstring's table says each
+# max distance (32 buckets) starts the last bucket.
+SWEEP_LAST_BUCKETS = {32: 31, 64: 59, 128: 113, 512: 413}
+
+
+@pytest.mark.parametrize(
+  # 3: the smallest max distance 4 buckets take (2 exact ones).
+  "num_buckets,max_distance",
+  [(4, 3), (8, 10_000)] + [(32, distance) for distance in SWEEP_LAST_BUCKETS],
+)
+def test_last_bucket_start_is_the_first_distance_in_the_last_causal_bucket(
+  num_buckets, max_distance
+):
+  start = last_bucket_start(num_buckets=num_buckets, max_distance=max_distance)
+  ref = np_t5_bucket(-np.arange(max_distance + 2), False, num_buckets, max_distance)
+  assert ref[start] == ref[max_distance + 1] == num_buckets - 1 > ref[start - 1]
+  assert start == SWEEP_LAST_BUCKETS.get(max_distance, start)
+  # Concrete under jit too, where a registered bias asks for it.
+  traced = jax.jit(
+    lambda: jnp.int32(last_bucket_start(num_buckets=num_buckets, max_distance=max_distance))
+  )
+  assert traced() == start
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

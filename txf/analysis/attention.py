@@ -8,6 +8,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import numpy as np
 from flax import traverse_util
 
 # TransformerStack names its blocks `block_{i}`, or `blocks` when run under
@@ -59,6 +60,21 @@ def attention_maps(
       parts = (f"block_{layer}" if part == _SCANNED_BLOCKS else part for part in path[:-1])
       maps["/".join(parts)] = weights_BxHxTxS
   return maps
+
+
+def mass_beyond(weights_BxHxTxS: Any, min_distance: int) -> np.ndarray:
+  """float64 [B, H, T]: the attention mass each query puts on keys at least
+  `min_distance` positions before it (query t, key s: t - s >= min_distance)
+  in a self-attention map whose queries and keys are the same T positions
+  (an `attention_maps` entry of a decoder)."""
+  weights_BxHxTxS = np.asarray(weights_BxHxTxS, np.float64)
+  T, S = weights_BxHxTxS.shape[-2:]
+  if weights_BxHxTxS.ndim != 4 or T != S:
+    raise ValueError(
+      f"weights must be a self-attention map [B, H, T, T], got shape {weights_BxHxTxS.shape}"
+    )
+  far_TxS = np.arange(T)[:, None] - np.arange(S)[None, :] >= min_distance
+  return np.einsum("bhts,ts->bht", weights_BxHxTxS, far_TxS)
 
 
 def attention_kind(module_path: Sequence[str]) -> str:

@@ -133,7 +133,7 @@ def extrapolate_run(
     )
   workdir = run_path(workdir)
   check_reachable(workdir)
-  run, tokens_N = _load(workdir, num_tokens)
+  run, tokens_N = load_with_stream(workdir, num_tokens)
   train_length = run.setup.run.data.seq_len
   lengths = [factor * train_length for factor in factors]
   if stride is not None and stride > lengths[0]:
@@ -175,7 +175,7 @@ def extrapolate_run(
   return record
 
 
-def _load(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.ndarray]:
+def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.ndarray]:
   """The trained run and its first `num_tokens` validation tokens (None: its
   evaluator's), with eval.num_batches raised to hold them."""
   overrides = {}

@@ -25,6 +25,7 @@ from txf.ops.positional import (
   alibi_bias,
   alibi_slopes,
   apply_rope,
+  last_bucket_start,
   relative_position_bias,
   relative_position_bucket,
   sinusoidal_embedding,
@@ -48,6 +49,7 @@ __all__ = [
   "alibi_slopes",
   "alibi_bias",
   "relative_position_bucket",
+  "last_bucket_start",
   "relative_position_bias",
   # norms
   "layer_norm",

@@ -11,6 +11,7 @@ H heads, D head dim.
 import math
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -249,6 +250,27 @@ def relative_position_bucket(
   ).astype(jnp.int32)
   log_bucket = jnp.minimum(log_bucket, buckets_per_side - 1)
   return (side_offset + jnp.where(n < max_exact, n, log_bucket)).astype(jnp.int32)
+
+
+def last_bucket_start(*, num_buckets=32, max_distance=128):
+  """The smallest distance a causal query puts in its last bucket: every key
+  that far back or further shares that bucket's bias
+  (`relative_position_bucket` with bidirectional=False), e.g. 113 for 32
+  buckets and max distance 128, 31 for max distance 32.
+
+  Returns:
+    a python int in [1, max_distance].
+  """
+  _check_positive_int("max_distance", max_distance)
+  distance_D = np.arange(max_distance + 1)  # max_distance itself is in the last bucket
+  # Concrete even where a traced function asks (a bias computed under jit).
+  with jax.ensure_compile_time_eval():
+    bucket_D = np.asarray(
+      relative_position_bucket(
+        -distance_D, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance
+      )
+    )
+  return int(distance_D[bucket_D == num_buckets - 1].min())
 
 
 def relative_position_bias(

@@ -46,6 +46,10 @@ raw outputs in docs/data/t5_distance): every point flat; validation loss at
 tokens 2.48 / 2.44 / 2.68 / 3.12 for max distance 32 / 64 / 128 / 512. So
 the last bucket explains about a fifth of the loss at 16x, untrained
 buckets (512) make it much worse, and +0.9 nats remain at 32 and 64.
+Those are the count of keys sharing the last bucket: lowering each one's
+bias by log(n / n_train) at inference brings the loss at 2048 tokens to
+within 0.003-0.016 nats of the loss at 128 (`python -m tools.t5_dilution`,
+docs/results.md).
 
 The gpu setting asks the same of sweeps/pe_ln_gpu's T5-bias Pre-LN point
 (training length 256, d_model 256, 4 layers, 2000 steps), where section 1
