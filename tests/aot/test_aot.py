@@ -500,6 +500,39 @@ def test_bad_input_is_one_line_exit_2(flags, message):
   assert line.startswith(message), line
 
 
+COMPILER_FAILS = """
+import sys
+import jax.stages
+from txf.commands.compile import cli
+
+def compile(self, *args, **kwargs):
+  raise RuntimeError("INTERNAL: Couldn't find output tile sizes\\n  %dot.69 = bf16[780,128] dot")
+
+jax.stages.Lowered.compile = compile
+sys.argv[0] = "txf-compile"
+cli()
+"""
+
+
+@pytest.mark.slow  # a subprocess
+@needs_cuda_plugin
+def test_a_program_the_compiler_refuses_is_one_line_exit_1(tmp_path):
+  """Not a traceback: the program, the target and XLA's first line (how a
+  fused loss that had no GPU tiling under seed replicas used to end)."""
+  done = subprocess.run(
+    [sys.executable, "-c", COMPILER_FAILS, "--config=rope", *TINY, "--target=h100",
+     f"--json={tmp_path / 'r.json'}"],
+    cwd=REPO, env=dict(os.environ, XLA_FLAGS=""), capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 1, done.stderr[-2000:]
+  (line,) = done.stderr.strip().splitlines()
+  assert line == (
+    "compile error: the train step does not compile for h100: "
+    "INTERNAL: Couldn't find output tile sizes"
+  )
+  assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.slow  # subprocesses
 @needs_libtpu
 def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):

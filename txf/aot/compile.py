@@ -157,6 +157,12 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   return functools.partial(generate, **options), arguments
 
 
+class CompileError(RuntimeError):
+  """The target's compiler refused one of the run's programs (for a reason
+  other than memory): names the program, the target and the compiler's
+  first line."""
+
+
 def compile_run(
   config: Any, target: Target, devices: list | None = None, *, decode_tokens: int = 0
 ) -> CompiledRun:
@@ -173,6 +179,8 @@ def compile_run(
     ConfigError: a config that cannot run there (a mesh that does not
       divide the target's devices, a batch that does not split), naming it;
       decoding asked of a run that is no language model's.
+    CompileError: the compiler failed on a program for a reason other than
+      memory (a program that does not fit is reported, not raised).
   """
   devices = devices if devices is not None else target.devices()
   with _cudnn_answered_for(target) as cudnn:
@@ -194,9 +202,13 @@ def compile_run(
         try:
           compiled[name] = lower(*arguments).compile()
         except Exception as error:  # jax's JaxRuntimeError, which XlaRuntimeError was
-          if "RESOURCE_EXHAUSTED" not in str(error):
-            raise
-          compiled[name], out_of_memory[name] = None, str(error).strip()
+          message = str(error).strip()
+          if "RESOURCE_EXHAUSTED" not in message:
+            first_line = message.splitlines()[0] if message else type(error).__name__
+            raise CompileError(
+              f"the {name.replace('_', ' ')} does not compile for {target.name}: {first_line}"
+            ) from error
+          compiled[name], out_of_memory[name] = None, message
         seconds[name] = time.perf_counter() - start
   return CompiledRun(
     target,

@@ -33,7 +33,9 @@ tpu extra); for GPUs jax's CUDA plugin and ptxas, `pip install
 'jax[cuda13-local]' 'nvidia-cuda-nvcc>=13'` (txf's gpu-compile extra).
 
 Exit status: 0 when every program fits; 1 when one does not (the report says by
-how much); 2 with one line for a bad target, a missing compiler, a config
+how much) or the target's compiler fails on one (one line, `compile error:
+the train step does not compile for h100: ...`, XLA's first line; no
+report); 2 with one line for a bad target, a missing compiler, a config
 error (including a mesh that does not divide the target's devices or a batch
 that does not split over it).
 """
@@ -88,7 +90,7 @@ def _write(path: str, text: str) -> None:
 
 def main(argv) -> None:
   # After flag parsing: fast --help; before jax starts a backend.
-  from txf.aot.compile import compile_run, prepare_environment
+  from txf.aot.compile import CompileError, compile_run, prepare_environment
 
   prepare_environment()
   from txf.aot.report import format_report, report
@@ -109,7 +111,10 @@ def main(argv) -> None:
     fail("target", error)
   print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
-    compiled = compile_run(_CONFIG.value, target, devices, decode_tokens=_DECODE_TOKENS.value)
+    try:
+      compiled = compile_run(_CONFIG.value, target, devices, decode_tokens=_DECODE_TOKENS.value)
+    except CompileError as error:  # the answer "it does not run there", as DOES NOT FIT
+      fail("compile", error, status=1)
   figures = report(compiled, _STEP_SECONDS.value)
   if _HLO.value:
     _write(_HLO.value, compiled.train_step.as_text())
