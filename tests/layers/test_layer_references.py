@@ -183,12 +183,17 @@ ATTENTION_CASES = [
   attention_case("window-causal", position="rope", window=3, causal=True, bidirectional_bias=False),
   attention_case("cross", kv_len=6),
   attention_case("cross-mqa-no-bias", kv_len=3, num_kv_heads=1, use_bias=False),
+  # As many key/value heads as query heads: the keys and values come from
+  # kv, not from x, even where kv has x's shape (T = S = 5).
+  attention_case("cross-mha", kv_len=6, num_kv_heads=4),
+  attention_case("cross-mha-same-shape", kv_len=5, num_kv_heads=4),
   # T5: no 1/sqrt(Dh) on the scores.
   attention_case("t5-unscaled", position="t5_bias", use_bias=False, scale=1.0),
   # Linear attention: causal GQA with RoPE, a bidirectional window, cross.
   attention_case("linear-rope-causal", attention="linear", causal=True, bidirectional_bias=False),
   attention_case("linear-window-bidirectional", attention="linear", position="none", window=2),
   attention_case("linear-cross-mqa", attention="linear", kv_len=6, num_kv_heads=1),
+  attention_case("linear-cross-mha", attention="linear", kv_len=5, num_kv_heads=4),
 ]
 
 
@@ -233,6 +238,49 @@ def test_attention_matches_numpy(spec, kv_len):
     None if table is None else table.astype(np.float64),
   )
   np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_cross_attention_to_an_input_of_another_width_and_length_matches_numpy(num_kv_heads):
+  """Keys and values projected from kv [B, 7, 12], queries from x [B, 5, 16]:
+  each projection's kernel takes its own input's width."""
+  spec = {**ATTENTION_ATTRIBUTES, "num_kv_heads": num_kv_heads}
+  layer = attention_layer(spec, cross=True)
+  x, kv = rand(2, B, 5, D), rand(3, B, 7, 12)
+  key_valid = valid_keys([7, 4], 7)
+  call = dict(q_positions_BxT=jnp.arange(5)[None], key_mask=jnp.asarray(key_valid)[:, None, None])
+  params = own_params(layer, x, kv, **call)
+  assert params["query"]["kernel"].shape == (D, 4, 4)
+  assert params["key"]["kernel"].shape == params["value"]["kernel"].shape == (12, num_kv_heads, 4)
+  expected = np_attention(f64(params), x.astype(np.float64), kv.astype(np.float64), key_valid, spec)
+  np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_projections_of_different_inputs_are_each_their_own_inputs(num_kv_heads):
+  """`project` of three different arrays (path patching feeds it so) with
+  as many heads or fewer: each of q, k, v is its own input's projection,
+  whichever projections share a head count (float32 against float64, TOL)."""
+  layer = attention_layer({**ATTENTION_ATTRIBUTES, "num_kv_heads": num_kv_heads}, cross=False)
+  x = rand(2, B, 5, D)
+  call = dict(q_positions_BxT=jnp.arange(5)[None])
+  params = own_params(layer, x, **call)
+  inputs = [rand(seed, B, 5, D) for seed in (4, 5, 6)]  # same shapes: only the values differ
+  projected = []
+
+  def feed_inputs(next_fun, args, kwargs, context):
+    """Self-attention's project(x, x, x) made project(*inputs), as path patching does."""
+    if context.method_name != "project":
+      return next_fun(*args, **kwargs)
+    projected.extend(next_fun(*inputs))
+    return tuple(projected)
+
+  with nn.intercept_methods(feed_inputs):
+    layer.apply({"params": params}, x, **call)
+  assert len(projected) == 3
+  for name, x_BxTxD, y_BxTxNxDh in zip(("query", "key", "value"), inputs, projected):
+    expected = np_dense(x_BxTxD.astype(np.float64), f64(params)[name])
+    np.testing.assert_allclose(y_BxTxNxDh, expected, **TOL, err_msg=name)
 
 
 # ---------------------------------------------------------------------------
