@@ -263,15 +263,42 @@ def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path, data_dir
   assert results_tables.table(tmp_path) != results_tables.table(data)
 
 
-def test_the_findings_significance_tables_are_the_rule_on_their_results_tables():
+def test_the_findings_significance_tables_are_the_rule_on_their_raw_outputs():
   """docs/results.md's significance tables, as tools/findings_significance.py
-  writes them from the results tables above them (a table cannot drift from
-  the numbers it tests); and the tool would notice a changed number."""
+  writes them from the per-replica values in docs/data (section 1 alone, whose
+  raw outputs were not kept, from its table's cells); a results table that is
+  not its data's is refused."""
   page = (ROOT / "docs" / "results.md").read_text()
-  assert page.count("<!-- findings_significance:") == 10
+  markers = re.findall(r"^<!-- findings_significance: (\w+)=", page, re.M)
+  assert markers == ["seeds"] + ["data"] * 9
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
-  assert changed != page and findings_significance.rewrite(changed) != changed
+  with pytest.raises(ValueError, match="does not round to the table's"):
+    findings_significance.rewrite(changed)
+
+
+def test_a_significance_row_is_scipys_test_on_the_committed_replicas():
+  """pe_ln_seeds' "T5 bias < sinusoidal (pre-LN)": the paired t-test (same
+  seeds, same data seeds) on each replica's final validation loss read here
+  from metrics.jsonl, scipy's ttest_rel; its Holm p is 6 x p (the smallest
+  of the table's 6). Welch's would differ: the row says which test it is."""
+  from scipy import stats
+
+  def final(point):
+    rows = [json.loads(line) for line in (point / METRICS_FILE).read_text().splitlines()]
+    last = [row for row in rows if "eval_loss/0" in row][-1]
+    return [last[f"eval_loss/{r}"] for r in range(3)]
+
+  data = RAW_OUTPUTS / "pe_ln_seeds"
+  t5 = final(data / "position=t5_bias,norm_placement=pre")
+  sinusoidal = final(data / "position=sinusoidal,norm_placement=pre")
+  want = stats.ttest_rel(t5, sinusoidal)
+  page = (ROOT / "docs" / "results.md").read_text().splitlines()
+  (row,) = [line for line in page if line.startswith("| T5 bias < sinusoidal (pre-LN) | -0.121")]
+  cells = [cell.strip() for cell in row.split("|")[1:-1]]
+  assert cells[2] == "paired" and float(cells[3]) == pytest.approx(want.statistic, abs=0.005)
+  assert float(cells[5]) == pytest.approx(want.pvalue, abs=5e-4)
+  assert float(cells[6]) == pytest.approx(6 * want.pvalue, abs=5e-4)
 
 
 def significance_rows(page: list[str]) -> list[list[str]]:
@@ -282,8 +309,9 @@ def significance_rows(page: list[str]) -> list[list[str]]:
 
 def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
   """A table whose points differ in one field ranks all its rows; column=
-  picks the tested column by its title. Welch's t from the table's numbers,
-  against scipy's on the same means and stds."""
+  picks the tested column by its title. With seeds=N (no raw outputs), Welch's
+  t from the table's numbers, against scipy's on the same means and stds, and
+  Holm over the table's 2 comparisons."""
   from scipy import stats
 
   page = [
@@ -298,10 +326,12 @@ def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
   table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
   assert [row.split("|")[1].strip() for row in table[2:]] == ["32 < 512", "512 < 128"]
   t, p = stats.ttest_ind_from_stats(2.400, 0.020, 3, 2.500, 0.030, 3, equal_var=False)
-  assert (
-    table[2]
-    == f"| 32 < 512 | -0.100 | {t:.2f} | {table[2].split('|')[4].strip()} | {p:.3f} | yes |"
+  df = table[2].split("|")[5].strip()
+  holm_p = 2 * p  # the smaller of 2 p-values
+  assert table[2] == (
+    f"| 32 < 512 | -0.100 | Welch, table | {t:.2f} | {df} | {p:.3f} | {holm_p:.3f} | yes |"
   )
+  assert table[0].endswith("| Holm p (of 2) | resolved |")
   # Without column=, the first m ± s column (validation) is ranked.
   by_validation = findings_significance.rewrite(
     "\n".join(page[:-1] + [page[-1].split(" column")[0] + " -->"])

@@ -32,6 +32,8 @@ import sys
 from tools.page_tables import check_or_write, rewrite_tables
 from txf.sweep.figures import VALUE_WORDS
 from txf.sweep.results import EXTRAPOLATION_FILE, RESULTS_CSV, Stat
+from txf.train.metrics import METRICS_FILE
+from txf.train.resume import CONFIG_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"^<!-- results_table: (\S+) -->$")
@@ -101,17 +103,57 @@ def _extrapolation_cells(record: dict) -> list[str]:
   return [*(_stat_text(stat) if stat else "n/a" for stat in stats), delta]
 
 
-def table(data: pathlib.Path) -> list[str]:
-  """The results table of the sweep whose raw outputs are in `data`."""
+def _results_csv(data: pathlib.Path) -> tuple[list[str], list[dict[str, str]]]:
+  """The grid's fields and the rows of the sweep's results.csv in `data`."""
   with open(data / RESULTS_CSV, newline="") as file:
     reader = csv.DictReader(file)
     columns = list(reader.fieldnames or [])
     rows = list(reader)
-  fields = columns[columns.index("point") + 1 : columns.index("status")]  # the grid's
+  return columns[columns.index("point") + 1 : columns.index("status")], rows
+
+
+def _grid_cells(fields: list[str], row: dict[str, str]) -> list[str]:
+  return [GRID_COLUMNS.get(field, ("", str))[1](row[field]) for field in fields]
+
+
+def point_cells(data: pathlib.Path) -> dict[tuple[str, ...], str]:
+  """{a row's grid cells, as the table shows them: its point's name} of the
+  sweep whose raw outputs are in `data`."""
+  fields, rows = _results_csv(data)
+  return {tuple(_grid_cells(fields, row)): row["point"] for row in rows}
+
+
+def _final_evaluation(point: pathlib.Path, name: str, replicas: int) -> list[float]:
+  """Each replica's `name` (eval_loss, eval_accuracy) in the last metrics.jsonl
+  row that logs it."""
+  lines = (point / METRICS_FILE).read_text().splitlines()
+  last = [row for row in map(json.loads, lines) if f"{name}/0" in row][-1]
+  return [float(last[f"{name}/{r}"]) for r in range(replicas)]
+
+
+def replica_values(point: pathlib.Path, title: str) -> list[float]:
+  """Each replica's value, in replica order, of the point whose raw outputs
+  are in `point`, in the table's column titled `title` (a loss or accuracy
+  column: val @128, val loss, val accuracy, sliding @2048, ...)."""
+  replicas = json.loads((point / CONFIG_FILE).read_text())["replicas"]
+  if title in ("val @128", "val loss", "val accuracy"):
+    name = "eval_accuracy" if title == "val accuracy" else "eval_loss"
+    return _final_evaluation(point, name, replicas)
+  columns = {f"{protocol.replace('_', '-')} @{n}": (protocol, n) for protocol, n in COLUMNS}
+  if title not in columns:
+    raise ValueError(f"column {title!r} holds no per-replica values")
+  protocol, length = columns[title]
+  record = json.loads((point / EXTRAPOLATION_FILE).read_text())
+  return [float(v) for v in record["replica_loss"][protocol][record["lengths"].index(length)]]
+
+
+def table(data: pathlib.Path) -> list[str]:
+  """The results table of the sweep whose raw outputs are in `data`."""
+  fields, rows = _results_csv(data)
   extrapolated = (data / rows[0]["point"] / EXTRAPOLATION_FILE).exists()
   lines = _header(fields, RESULT_COLUMNS if extrapolated else RECALL_COLUMNS)
   for row in rows:
-    cells = [GRID_COLUMNS.get(field, ("", str))[1](row[field]) for field in fields]
+    cells = _grid_cells(fields, row)
     cells.append(_csv_stat(row, "eval_loss"))
     if not extrapolated:
       cells.append(_csv_stat(row, "eval_accuracy"))

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tools.page_tables import check_or_write, rewrite_tables
-from txf.sweep.significance import welch
+from txf.sweep import significance
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "t5_distance" / "dilution.json"
@@ -174,24 +174,38 @@ def _stat(values: list[float]) -> tuple[float, float, int]:
   return float(np.mean(values)), float(np.std(values, ddof=1)), len(values)
 
 
-def _p(a: list[float], b: list[float]) -> str:
-  found = welch(*_stat(a), *_stat(b))
-  return "n/a" if found.p is None else f"{found.p:.3g}"
+def _paired_ps(data: dict[str, Any]) -> list[float | None]:
+  """Per point, the paired t-test's p of corrected against as trained, then
+  of corrected against the window: the three versions score the same
+  replicas on the same tokens, so replica r's losses pair up."""
+  ps = []
+  for point in data["points"]:
+    sliding = {name: point["versions"][name]["sliding"][str(data["length"])] for name in VERSIONS}
+    for other in ("as trained", "window 128"):
+      ps.append(significance.compare(sliding["corrected"], sliding[other], paired=True).p)
+  return ps
+
+
+def _p_text(p: float | None, holm_p: float | None) -> str:
+  return "n/a" if p is None or holm_p is None else f"{p:.3g} (Holm {holm_p:.3g})"
 
 
 def table(data: dict[str, Any]) -> list[str]:
   """The page's table: per max distance, the last-bucket attention mass at
   the training length's last 16 positions and at 2048's, as trained and
   corrected; the sliding-window loss at 2048 per version (mean ± std over
-  replicas) and at the training length; Welch's p of corrected against as
-  trained and against the window."""
+  replicas) and at the training length; the paired t-test's p of corrected
+  against as trained and against the window, with its p Holm-adjusted over
+  the table's tests (one family, txf.sweep.significance's rule)."""
+  ps = _paired_ps(data)
+  adjusted = significance.holm(ps)
   lines = [
     "| T5 max distance | last bucket from | last-bucket mass @112-127 | @2032-2047 as trained "
     "| @2032-2047 corrected | sliding @128 | sliding @2048 as trained | corrected | window 128 "
-    "| p: corrected vs as trained | p: corrected vs window |",
+    f"| paired p (Holm over {len(ps)}): corrected vs as trained | paired p (Holm): corrected vs window |",
     "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for point in data["points"]:
+  for i, point in enumerate(data["points"]):
     versions, train = point["versions"], str(point["train_length"])
     mass = {name: versions[name]["last_bucket_mass_by_position"] for name in VERSIONS}
     at_train = point["train_length"] // data["bin"] - 1
@@ -204,8 +218,8 @@ def table(data: dict[str, Any]) -> list[str]:
       f"{mass['corrected'][-1]:.3f}",
       "{:.3f} ± {:.3f}".format(*_stat(versions["as trained"]["sliding"][train])[:2]),
       *("{:.3f} ± {:.3f}".format(*_stat(sliding[name])[:2]) for name in VERSIONS),
-      _p(sliding["corrected"], sliding["as trained"]),
-      _p(sliding["corrected"], sliding["window 128"]),
+      _p_text(ps[2 * i], adjusted[2 * i]),
+      _p_text(ps[2 * i + 1], adjusted[2 * i + 1]),
     ]
     lines.append("| " + " | ".join(cells) + " |")
   return lines

@@ -1,5 +1,7 @@
-"""txf.sweep.significance: Welch's test against scipy's on the raw samples, the
-pairs a grid gives, and results.md's comparison section."""
+"""txf.sweep.significance: Welch's and the paired test against scipy's on the
+raw samples, Holm's adjustment against a direct transcription of its
+definition, the pairing rule, the pairs a grid gives, and results.md's
+comparison section."""
 
 import types
 
@@ -11,6 +13,12 @@ from test_sweep_results import points, summaries, sweep_dir  # noqa: F401 (fixtu
 from txf.sweep import results, significance
 from txf.sweep.results import Stat
 
+SAMPLES = [
+  ([1.0, 1.2, 0.9], [1.5, 1.4, 1.7]),
+  ([2.0, 2.5], [2.3, 2.7]),  # two seeds each, as pe_ln
+  ([0.90, 0.91, 0.93], [0.5, 1.5, 1.2]),  # spreads 50x apart
+]
+
 
 @pytest.mark.parametrize(
   "a, b",
@@ -20,28 +28,110 @@ from txf.sweep.results import Stat
     ([0.90, 0.91], [0.5, 1.5, 1.2]),  # spreads 50x apart: Welch's df near n - 1 of the wide one
   ],
 )
-def test_welch_from_summaries_equals_scipy_on_the_raw_samples(a, b):
-  """From mean, std and n alone, the t, df and p scipy's ttest_ind(equal_var=False)
-  computes from the samples; rtol 1e-9."""
+def test_welch_from_summaries_and_from_samples_equals_scipy(a, b):
+  """From mean, std and n alone, and from the samples unpaired, the t, df and
+  p scipy's ttest_ind(equal_var=False) computes; rtol 1e-9."""
   sa, sb = Stat.of(a), Stat.of(b)
-  got = significance.welch(sa.mean, sa.std, len(a), sb.mean, sb.std, len(b))
   want = stats.ttest_ind(a, b, equal_var=False)
+  for got in (
+    significance.welch(sa.mean, sa.std, len(a), sb.mean, sb.std, len(b)),
+    significance.compare(a, b, paired=False),
+  ):
+    assert got.difference == pytest.approx(np.mean(a) - np.mean(b), rel=1e-12)
+    assert got.t == pytest.approx(want.statistic, rel=1e-9)
+    assert got.df == pytest.approx(want.df, rel=1e-9)
+    assert got.p == pytest.approx(want.pvalue, rel=1e-9)
+    assert not got.paired
+
+
+@pytest.mark.parametrize("a, b", SAMPLES)
+def test_the_paired_test_equals_scipys_ttest_rel(a, b):
+  """t, df (R - 1) and p of scipy's ttest_rel on the same replicas; rtol 1e-9."""
+  got = significance.compare(a, b, paired=True)
+  want = stats.ttest_rel(a, b)
+  assert got.paired and got.df == len(a) - 1
   assert got.difference == pytest.approx(np.mean(a) - np.mean(b), rel=1e-12)
   assert got.t == pytest.approx(want.statistic, rel=1e-9)
-  assert got.df == pytest.approx(want.df, rel=1e-9)
   assert got.p == pytest.approx(want.pvalue, rel=1e-9)
-  assert got.resolved == (want.pvalue < 0.05)
 
 
-def test_the_rule_decides_at_alpha_and_needs_two_replicas_a_side():
-  far = significance.welch(1.0, 0.01, 3, 2.0, 0.01, 3)
-  near = significance.welch(1.0, 0.5, 2, 1.1, 0.5, 2)
-  assert far.resolved and far.p < significance.ALPHA and not near.resolved
-  single = significance.welch(1.0, None, 1, 2.0, 0.1, 3)
-  assert (single.t, single.p, single.resolved) == (None, None, False)
-  exact = significance.welch(1.0, 0.0, 2, 2.0, 0.0, 2)  # no noise at all, different means
-  assert exact.p == 0.0 and exact.resolved
+def test_pairing_removes_a_shared_offset_that_welch_counts_as_noise():
+  """Replica r of b is replica r of a plus 0.01 and a seed effect both share:
+  unpaired the seed effect swamps the gap, paired it cancels."""
+  seed_effect = np.array([0.0, 0.3, -0.2])
+  a, b = 1.0 + seed_effect, 1.01 + seed_effect + np.array([0.001, -0.001, 0.0])
+  assert significance.compare(a, b, paired=False).p > 0.9
+  assert significance.compare(a, b, paired=True).p < 0.01
+
+
+def test_zero_spread_and_single_replicas():
+  """No spread: p 0 for different means, no p for equal ones (both tests);
+  one replica a side: no p."""
+  assert significance.welch(1.0, 0.0, 2, 2.0, 0.0, 2).p == 0.0
   assert significance.welch(1.0, 0.0, 2, 1.0, 0.0, 2).p is None
+  assert significance.compare([1.0, 2.0], [1.5, 2.5], paired=True).p == 0.0  # constant gap
+  assert significance.compare([1.0, 2.0], [1.0, 2.0], paired=True).p is None
+  assert significance.welch(1.0, None, 1, 2.0, 0.1, 3).p is None
+  assert significance.compare([1.0], [2.0], paired=True).p is None
+  with pytest.raises(ValueError, match="one length"):
+    significance.compare([1.0, 2.0], [1.0, 2.0, 3.0], paired=True)
+
+
+def holm_by_definition(ps):
+  """Holm (1979) as statsmodels' multipletests(method='holm') writes it: sort
+  ascending, multiply the j-th (0-based) by m - j, take the running maximum,
+  cap at 1, and put the values back in the input order."""
+  m = len(ps)
+  order = np.argsort(ps, kind="stable")
+  scaled = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * np.asarray(ps)[order]))
+  out = np.empty(m)
+  out[order] = scaled
+  return list(out)
+
+
+@pytest.mark.parametrize(
+  "ps",
+  [
+    [0.03],  # one comparison: Holm is the raw p
+    [0.01, 0.04, 0.03, 0.005],
+    [0.02, 0.02, 0.02],  # all equal: each becomes 3 x 0.02
+    [0.9, 0.001, 0.5, 0.04, 0.2],
+    [0.5, 0.6, 0.7],  # capped at 1
+  ],
+)
+def test_holm_equals_its_definition(ps):
+  assert significance.holm(ps) == pytest.approx(holm_by_definition(ps), rel=1e-12)
+
+
+def test_holm_edges_and_the_rule_at_alpha():
+  assert significance.holm([0.03]) == [0.03]
+  assert significance.holm([0.02, 0.02, 0.02]) == pytest.approx([0.06] * 3)
+  # A comparison without p keeps none and does not count in the family.
+  assert significance.holm([0.01, None, 0.04]) == pytest.approx([0.02, None, 0.04])
+  assert significance.holm([]) == []
+  assert not significance.passes(significance.ALPHA)  # p < alpha, strictly
+  assert significance.passes(np.nextafter(significance.ALPHA, 0))
+  assert not significance.passes(None)
+
+
+def test_holm_never_rejects_less_than_bonferroni_nor_more_than_raw():
+  rng = np.random.default_rng(0)
+  for ps in rng.uniform(0, 0.2, size=(50, 6)):
+    adjusted = np.array(significance.holm(list(ps)))
+    assert np.all(adjusted >= ps) and np.all(adjusted <= np.minimum(1, 6 * ps) + 1e-15)
+
+
+def test_replicas_pair_when_seed_replicas_and_data_agree():
+  base = {"seed": 0, "replicas": 3, "data": {"seed": None, "seed_per_replica": True}}
+  other_model = {**base, "model": {"position": "rope"}, "train": {"learning_rate": 0.01}}
+  assert significance.paired_design(base, other_model)
+  for change in (
+    {"seed": 1},
+    {"replicas": 2},
+    {"data": {"seed": None, "seed_per_replica": False}},
+    {"data": {"seed": 7, "seed_per_replica": True}},
+  ):
+    assert not significance.paired_design(base, {**base, **change}), change
 
 
 def row(name, status="done", mean=1.0, std=0.1, replicas=2, **overrides):
@@ -66,6 +156,8 @@ def test_pairs_differ_in_one_field_alone_lower_loss_first_finished_points_only()
   assert ("rope_pre", "rope_post") in by_name and ("rope_post", "rope_pre") not in by_name
   assert by_name[("rope_pre", "rope_post")].test.difference == pytest.approx(-0.3)
   assert all(c.test.difference <= 0 for c in pairs)
+  # One family: each comparison's holm_p is Holm's over all 9 raw p.
+  assert [c.holm_p for c in pairs] == significance.holm([c.test.p for c in pairs])
   rows[0] = row("rope_pre", status="partial", **{fields[0]: "pre", fields[1]: "rope"})
   assert not any("rope_pre" in (c.lower, c.higher) for c in significance.comparisons(rows, fields))
 
@@ -75,11 +167,12 @@ def test_results_md_states_the_rule_and_each_pairs_test(sweep_dir, points):  # n
   diverged or are partial): one comparison, scipy's on their replicas."""
   _, md_path = results.write_results(summaries(sweep_dir, points), sweep_dir)
   text = md_path.read_text()
-  assert significance.RULE in text
+  assert f"Holm-adjusted p < {significance.ALPHA} over its 1 comparisons" in text
   (line,) = [line for line in text.splitlines() if line.startswith("| model.position |")]
   cells = [cell.strip() for cell in line.strip("|").split("|")]
   want = stats.ttest_ind([2.0, 2.5], [2.3, 2.7], equal_var=False)
   assert cells[1].endswith("(rope)") and cells[2].endswith("(learned)")
   assert float(cells[3]) == pytest.approx(2.25 - 2.5, abs=5e-5)
   assert float(cells[6]) == pytest.approx(want.pvalue, rel=1e-3)
-  assert cells[7] == "no"
+  assert float(cells[7]) == pytest.approx(want.pvalue, rel=1e-3)  # a family of one
+  assert cells[8] == "no"

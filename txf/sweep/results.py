@@ -563,7 +563,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
 
 
 def _comparison_lines(rows: Sequence[PointSummary], fields: Sequence[str]) -> list[str]:
-  """results.md's section of txf.sweep.significance's comparisons ([] if none)."""
+  """results.md's section of txf.sweep.significance's comparisons ([] if none):
+  raw and Holm-adjusted p, the family being this section's pairs."""
   found = significance.comparisons(rows, fields)
   if not found:
     return []
@@ -571,17 +572,19 @@ def _comparison_lines(rows: Sequence[PointSummary], fields: Sequence[str]) -> li
   lines = [
     "",
     f"Pairs of points that differ in one field, the lower validation loss first; "
-    f"resolved: {significance.RULE} (not corrected for the {len(found)} comparisons).",
+    f"resolved: Welch's t-test from each point's mean and std (this table holds no "
+    f"per-replica values), Holm-adjusted p < {significance.ALPHA} over its "
+    f"{len(found)} comparisons.",
     "",
-    "| field | lower | higher | difference | t | df | p | resolved |",
-    "|---|---|---|---|---|---|---|---|",
+    "| field | lower | higher | difference | t | df | p | Holm p | resolved |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for c in found:
     test = c.test
     cells = [
       c.field, f"{c.lower} ({c.lower_value})", f"{c.higher} ({c.higher_value})",
       f"{test.difference:+.4f}", number(test.t, ".2f"), number(test.df, ".1f"),
-      number(test.p, ".3g"), "yes" if test.resolved else "no",
+      number(test.p, ".3g"), number(c.holm_p, ".3g"), "yes" if c.resolved else "no",
     ]  # fmt: skip
     lines.append("| " + " | ".join(cells) + " |")
   return lines

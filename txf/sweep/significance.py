@@ -1,20 +1,35 @@
 """The one significance rule the findings use, applied to a sweep's points.
 
-RULE: two points' final validation losses differ when Welch's two-sided
-t-test over their seed replicas gives p < ALPHA (0.05). Welch's test, not
-Student's, because the replicas' spreads differ between points (a Post-LN
-point's can be 30 times a Pre-LN one's); it takes each point's mean, sample
-std (ddof=1) and replica count, so a summary row is enough. A point with one
-replica has no std: its comparisons have no p and are never "resolved".
+RULE: two points' final validation losses differ when the t-test of their
+seed replicas gives p < ALPHA (0.05) after Holm's adjustment over the family
+of comparisons it belongs to (a page's table, a sweep's results.md).
 
-Which pairs: for each field the grid varies, the points that differ in that
-field alone (every other grid field equal), the lower loss first. A 2 x 6
-grid (norm placement x encoding) gives 6 norm-placement pairs and 15
-encoding pairs per placement.
+Which test. Each point has R seed replicas; replica r of a run is the single
+run of seed + r (txf.train.run_config). Two points' replicas are *paired* when
+their runs have the same `seed`, the same `replicas` and the same `data`
+section (`paired_design`): then replica r of each starts from the same seed
+and reads the same batches (data seed, or with data.seed_per_replica data
+seed + r), so a shared good or bad draw moves both. Paired replicas get the
+paired t-test on the per-replica differences (df R - 1); unpaired ones
+Welch's two-sided t-test, not Student's, because the replicas' spreads differ
+between points (a Post-LN point's can be 30 times a Pre-LN one's). Both are
+computed from the per-replica values (`compare`); `welch` from a mean, sample
+std and count is kept for results whose replicas were not kept. A side with
+one replica has no p and is never "resolved".
+
+Why Holm. A table of 16 comparisons at 0.05 each would pass about one
+unresolved-by-truth pair in 1.25 by chance; Holm's step-down adjustment
+(`holm`) keeps the chance of any false pass in the family at or below ALPHA
+without assuming the tests independent, and rejects at least what Bonferroni
+does.
+
+Which pairs (`comparisons`): for each field the grid varies, the points that
+differ in that field alone (every other grid field equal), the lower loss
+first. A 2 x 6 grid (norm placement x encoding) gives 6 norm-placement pairs
+and 15 encoding pairs per placement.
 
 The p-value says how surprising the difference is under seed noise alone
-(init, and data order where the seeds vary it); it does not correct for the
-number of comparisons a page makes, which the page states beside the rule.
+(init, and data order where the seeds vary it).
 """
 
 from __future__ import annotations
@@ -22,58 +37,114 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 ALPHA = 0.05
-RULE = f"two-sided Welch's t-test over seed replicas on the final validation loss, p < {ALPHA}"
+RULE = (
+  f"t-test over seed replicas on the final validation loss (paired where the points share "
+  f"seeds and batches, else Welch's; two-sided), Holm-adjusted p < {ALPHA} within each table"
+)
 
 
 @dataclasses.dataclass(frozen=True)
-class Welch:
-  """Welch's t-test of mean_a - mean_b.
+class Test:
+  """A two-sided t-test of a - b.
 
   Attributes:
-    difference: mean_a - mean_b.
-    t: the statistic; None without two replicas on each side or with both
-      stds 0 and the means equal.
-    df: the Welch-Satterthwaite degrees of freedom (None as t).
+    difference: mean(a) - mean(b).
+    t: the statistic; None without two replicas on each side, or with no
+      spread at all and equal means.
+    df: its degrees of freedom (R - 1 paired, Welch-Satterthwaite unpaired;
+      None as t).
     p: two-sided p-value (None as t).
+    paired: whether it is the paired test.
   """
 
   difference: float
   t: float | None
   df: float | None
   p: float | None
-
-  @property
-  def resolved(self) -> bool:
-    """Whether the difference passes RULE."""
-    return self.p is not None and self.p < ALPHA
+  paired: bool = False
 
 
-def welch(
-  mean_a: float, std_a: float | None, n_a: int, mean_b: float, std_b: float | None, n_b: int
-) -> Welch:
-  """Welch's two-sided t-test from two samples' means, sample stds (ddof=1)
-  and sizes."""
-  difference = mean_a - mean_b
-  if std_a is None or std_b is None or n_a < 2 or n_b < 2:
-    return Welch(difference, None, None, None)
-  var_a, var_b = std_a**2 / n_a, std_b**2 / n_b
-  if var_a + var_b == 0:
-    return (
-      Welch(difference, None, None, None)
-      if difference == 0
-      else Welch(difference, math.copysign(math.inf, difference), math.inf, 0.0)
-    )
-  t = difference / math.sqrt(var_a + var_b)
-  df = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
+def _t_test(difference: float, variance: float, df: float, paired: bool) -> Test:
+  """The test of `difference` with standard error sqrt(`variance`): with no
+  spread, no p for equal means and p = 0 for different ones."""
+  if variance == 0:
+    if difference == 0:
+      return Test(difference, None, None, None, paired)
+    return Test(difference, math.copysign(math.inf, difference), df, 0.0, paired)
+  t = difference / math.sqrt(variance)
   # Here, not at the top: scipy.stats takes seconds to import, and every
   # process that reads a sweep's results (txf-sweep, txf-extrapolate) loads this module.
   from scipy import stats
 
-  return Welch(difference, t, df, float(2 * stats.t.sf(abs(t), df)))
+  return Test(difference, t, df, float(2 * stats.t.sf(abs(t), df)), paired)
+
+
+def welch(
+  mean_a: float, std_a: float | None, n_a: int, mean_b: float, std_b: float | None, n_b: int
+) -> Test:
+  """Welch's two-sided t-test from two samples' means, sample stds (ddof=1)
+  and sizes."""
+  difference = mean_a - mean_b
+  if std_a is None or std_b is None or n_a < 2 or n_b < 2:
+    return Test(difference, None, None, None)
+  var_a, var_b = std_a**2 / n_a, std_b**2 / n_b
+  if var_a + var_b == 0:
+    return _t_test(difference, 0.0, math.inf, False)
+  df = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
+  return _t_test(difference, var_a + var_b, df, False)
+
+
+def paired_t(a: Sequence[float], b: Sequence[float]) -> Test:
+  """The paired two-sided t-test of a - b: a one-sample t-test of the
+  per-replica differences a[r] - b[r], df R - 1."""
+  if len(a) != len(b):
+    raise ValueError(f"paired samples must be of one length, got {len(a)} and {len(b)}")
+  d_R = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+  difference = float(d_R.mean())
+  if len(d_R) < 2:
+    return Test(difference, None, None, None, True)
+  return _t_test(difference, float(d_R.var(ddof=1)) / len(d_R), len(d_R) - 1, True)
+
+
+def compare(a: Sequence[float], b: Sequence[float], *, paired: bool) -> Test:
+  """The rule's test of a - b from per-replica values: paired_t where the
+  replicas are paired (`paired_design`), else welch."""
+  if paired:
+    return paired_t(a, b)
+  a_R, b_R = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+  std = lambda x: float(x.std(ddof=1)) if len(x) > 1 else None
+  return welch(float(a_R.mean()), std(a_R), len(a_R), float(b_R.mean()), std(b_R), len(b_R))
+
+
+def paired_design(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> bool:
+  """Whether two runs' replicas pair up (module docstring): the same `seed`,
+  `replicas` and `data` section (run configs as config.json holds them)."""
+  return all(config_a.get(key) == config_b.get(key) for key in ("seed", "replicas", "data"))
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+  """Holm's step-down adjusted p-values of one family, in the given order:
+  the k-th smallest of m p-values becomes max over j <= k of
+  min(1, (m - j + 1) p_(j)). A comparison without p (None) stays None and
+  does not count in m."""
+  order = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+  adjusted: list[float | None] = [None] * len(p_values)
+  running = 0.0
+  for rank, (p, i) in enumerate(order):
+    running = max(running, min(1.0, (len(order) - rank) * p))
+    adjusted[i] = running
+  return adjusted
+
+
+def passes(adjusted_p: float | None) -> bool:
+  """Whether a Holm-adjusted p passes RULE."""
+  return adjusted_p is not None and adjusted_p < ALPHA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +156,7 @@ class Comparison:
     lower, higher: their point names.
     lower_value, higher_value: their values of `field`.
     test: Welch's test of lower's loss minus higher's (difference <= 0).
+    holm_p: its p Holm-adjusted over the comparisons found with it.
   """
 
   field: str
@@ -92,13 +164,21 @@ class Comparison:
   higher: str
   lower_value: Any
   higher_value: Any
-  test: Welch
+  test: Test
+  holm_p: float | None
+
+  @property
+  def resolved(self) -> bool:
+    """Whether the difference passes RULE."""
+    return passes(self.holm_p)
 
 
 def comparisons(rows: Sequence[Any], fields: Sequence[str]) -> list[Comparison]:
   """Every pair of `rows` (txf.sweep.results.PointSummary) that differ in one
-  of `fields` alone, in grid order; only finished points (status 'done')
-  take part: a partial run's last loss is not its final one."""
+  of `fields` alone, in grid order, Holm-adjusted as one family; only
+  finished points (status 'done') take part: a partial run's last loss is
+  not its final one. Welch's test from each row's mean and std: a summary
+  row holds no per-replica values."""
   found = []
   scored = [row for row in rows if row.status == "done" and row.eval_loss is not None]
   for field in fields:
@@ -108,18 +188,21 @@ def comparisons(rows: Sequence[Any], fields: Sequence[str]) -> list[Comparison]:
       if va.get(field) == vb.get(field) or any(va.get(o) != vb.get(o) for o in others):
         continue
       low, high = (a, b) if a.eval_loss.mean <= b.eval_loss.mean else (b, a)
-      test = welch(
+      pair_test = welch(
         low.eval_loss.mean, low.eval_loss.std, low.replicas,
         high.eval_loss.mean, high.eval_loss.std, high.replicas,
       )  # fmt: skip
-      found.append(
-        Comparison(
-          field,
-          low.point.name,
-          high.point.name,
-          low.point.overrides.get(field),
-          high.point.overrides.get(field),
-          test,
-        )  # fmt: skip
-      )
-  return found
+      found.append((field, low, high, pair_test))
+  adjusted = holm([pair_test.p for *_, pair_test in found])
+  return [
+    Comparison(
+      field,
+      low.point.name,
+      high.point.name,
+      low.point.overrides.get(field),
+      high.point.overrides.get(field),
+      pair_test,
+      holm_p,
+    )  # fmt: skip
+    for (field, low, high, pair_test), holm_p in zip(found, adjusted)
+  ]
