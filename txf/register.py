@@ -99,7 +99,7 @@ def position(
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     entry = PositionEncoding(contributes, **{_KINDS[contributes]: fn}, table=table, even=even)
-    ENCODINGS.register(name, entry, options=options, replace=replace)
+    ENCODINGS.register(name, entry, options=options, replace=replace, provider=fn)
     return fn
 
   return add
@@ -132,7 +132,9 @@ def activation(
   the FFN multiplies act(x W_gate) by x W_in (d_ff derived as 8/3 D)."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
-    ACTIVATIONS.register(name, Activation(fn, gated=gated), options=options, replace=replace)
+    ACTIVATIONS.register(
+      name, Activation(fn, gated=gated), options=options, replace=replace, provider=fn
+    )
     return fn
 
   return add
@@ -146,7 +148,7 @@ def lm_task(name: str, *, replace: bool = False) -> Decorator:
   entry in txf.data.spec.GENERATED)."""
 
   def add(row: Callable[..., Any]) -> Callable[..., Any]:
-    GENERATED.register(name, RowTask(name, row), replace=replace)
+    GENERATED.register(name, RowTask(name, row), replace=replace, provider=row)
     return row
 
   return add
@@ -174,7 +176,7 @@ def text_source(
   def add(load: Callable[..., Any]) -> Callable[..., Any]:
     described = describe or (lambda arg: f"{name}:{arg} (registered)" if arg else name)
     entry = DocumentSource(load, described, argument=argument)
-    TEXT.register(name, entry, replace=replace)
+    TEXT.register(name, entry, replace=replace, provider=load)
     return load
 
   return add
@@ -206,7 +208,7 @@ def family(
 
   def add(module: Any) -> Any:
     entry = ModelFamily(module, tuple(tasks), generative=generative, heads=tuple(heads))
-    FAMILIES.register(name, entry, options=options, replace=replace)
+    FAMILIES.register(name, entry, options=options, replace=replace, provider=module)
     return module
 
   return add
@@ -235,7 +237,7 @@ def head(
 
   def add(module: Any) -> Any:
     entry = OutputHead(module, tuple(tasks), tuple(families))
-    HEADS.register(name, entry, options=options, replace=replace)
+    HEADS.register(name, entry, options=options, replace=replace, provider=module)
     return module
 
   return add

@@ -13,7 +13,9 @@ so a new choice is one function or class in a file of one's own:
     ...
 
 and a config file that imports it (`--config=my_config.py`) can name it;
-`--print_config` lists it beside the built-in choices.
+`--print_config` lists it beside the built-in choices. Each entry keeps
+where it came from (`provenance`): a run records it, and a later command on
+the run imports the module that provided it (txf.train.record.check_choices).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Registry(Generic[T]):
     self.builtins = builtins
     self._entries_: dict[str, T] = {}
     self._options: dict[str, dict[str, Any]] = {}
+    self._providers: dict[str, Any] = {}  # what user code registered, for `provenance`
     self._sharing: list[Registry[Any]] = []  # other registries of the same field
 
   def share_names(self, other: Registry[Any]) -> None:
@@ -60,7 +63,13 @@ class Registry(Generic[T]):
     return self._entries_
 
   def register(
-    self, name: str, entry: T, *, options: Mapping[str, Any] | None = None, replace: bool = False
+    self,
+    name: str,
+    entry: T,
+    *,
+    options: Mapping[str, Any] | None = None,
+    replace: bool = False,
+    provider: Any = None,
   ) -> T:
     """Adds `entry` as `name`; a name taken already is an error unless
     `replace` (a module imported twice registers the same entry again: allowed).
@@ -72,6 +81,9 @@ class Registry(Generic[T]):
         `options` section when chosen (`cfg.option(setting)`): hyper-parameters
         of an entry that the built-in config fields do not have.
       replace: replace an entry registered as `name` before.
+      provider: the function or class that `entry` wraps (txf.register's
+        decorators pass the decorated one), whose module and name
+        `provenance` gives; None: `entry` itself.
 
     Raises:
       ValueError: naming the field, for a name that is not a non-empty str,
@@ -89,6 +101,7 @@ class Registry(Generic[T]):
       )
     self._entries[name] = entry
     self._options[name] = dict(options or {})
+    self._providers[name] = entry if provider is None else provider
     return entry
 
   def decorator(
@@ -101,16 +114,28 @@ class Registry(Generic[T]):
   def scoped(self) -> Iterator[Registry[T]]:
     """Registrations made inside the block are undone at its end: the
     registries are global, and a test or notebook may register for a while."""
-    entries, options = dict(self._entries), dict(self._options)
+    entries, options, providers = dict(self._entries), dict(self._options), dict(self._providers)
     try:
       yield self
     finally:
-      self._entries_, self._options = entries, options
+      self._entries_, self._options, self._providers = entries, options, providers
 
   def options(self, name: str) -> dict[str, Any]:
     """The {setting: default} `name` was registered with ({} if none)."""
     self[name]  # an unknown name: the registry's one-line error
     return dict(self._options[name])
+
+  def provenance(self, name: str) -> dict[str, Any]:
+    """Where the entry of `name` comes from: {'name', 'module', 'function',
+    'builtin'}: the module and qualified name of the function or class that
+    provided it (for an entry registered as an object, its class), and
+    whether that module is txf's own."""
+    self[name]  # an unknown name: the registry's one-line error
+    provider = self._providers[name]
+    module = getattr(provider, "__module__", None) or type(provider).__module__
+    function = getattr(provider, "__qualname__", None) or type(provider).__qualname__
+    builtin = module == "txf" or module.startswith("txf.")
+    return dict(name=name, module=module, function=function, builtin=builtin)
 
   def __getitem__(self, name: str) -> T:
     """The entry of `name`.

@@ -20,6 +20,13 @@ run appends one), rewritten atomically:
                  hash of those) and a hash of that description
   config         the fully resolved config: the checked RunConfig's fields,
                  derived ones filled in (model.vocab_size, head_dim, d_ff, ...)
+  choices        {field: {'name', 'module', 'function', 'builtin', 'path'}}
+                 for every registered choice the run uses (model.family,
+                 head, position, norm, activation, init; data.name): the
+                 function or class that provided it (txf.registry) and, for
+                 user code, the directory its package was imported from.
+                 A later command on the run (load_run, a resume) imports
+                 that module or refuses naming it (`check_choices`)
 
 config.json stays the config as given (resuming checks it); this file is only
 written. Runs written before it have none and load and resume as before.
@@ -33,15 +40,21 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import importlib
 import json
 import pathlib
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from typing import Any
 
 from etils import epath
 
+from txf.data.spec import GENERATED, TEXT
+from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
+from txf.layers.positions import ENCODINGS
+from txf.registry import Registry
 from txf.train import hardware
 from txf.train.run_config import RunConfig
 from txf.train.workdir import parse_json, read_text, replace_text, write_error
@@ -106,6 +119,142 @@ def resolved_config(run: RunConfig) -> dict[str, Any]:
   for section in ("model", "data", "train", "eval", "parallel"):
     config[section] = dataclasses.asdict(getattr(run, section))
   return json.loads(json.dumps(config, default=repr))
+
+
+# The config fields whose choices user code registers (txf.register).
+_MODEL_REGISTRIES: dict[str, Registry[Any]] = {
+  "model.family": FAMILIES,
+  "model.head": HEADS,
+  "model.position": ENCODINGS,
+  "model.norm": NORMS,
+  "model.activation": ACTIVATIONS,
+  "model.init": INITS,
+}
+CHOICE_FIELDS = (*_MODEL_REGISTRIES, "data.name")
+
+
+def _registry_entry(field: str, name: Any) -> tuple[Registry[Any], str] | None:
+  """(the registry, the entry's name) that `field` = `name` reads
+  ('files:GLOB' is TEXT's 'files'); None for a name none holds."""
+  if not isinstance(name, str):
+    return None
+  if field == "data.name":
+    registry, name = (GENERATED, name) if name in GENERATED else (TEXT, name.partition(":")[0])
+  else:
+    registry = _MODEL_REGISTRIES[field]
+  return (registry, name) if name in registry else None
+
+
+def _choice(field: str, name: Any) -> dict[str, Any] | None:
+  """The provenance (txf.registry.Registry.provenance) of `field` = `name`
+  in this process; None where no registry holds the name."""
+  found = _registry_entry(field, name)
+  return None if found is None else found[0].provenance(found[1])
+
+
+def _import_root(module: str) -> str | None:
+  """The directory that imported module `module`'s top-level package was
+  found in (what must be on the import path to import it again); None for
+  a module not imported from a file."""
+  file = getattr(sys.modules.get(module), "__file__", None)
+  if not file:
+    return None
+  path = pathlib.Path(file).resolve()
+  levels = module.count(".") + (path.name == "__init__.py")
+  return str(path.parents[levels])
+
+
+def registered_choices(run: RunConfig) -> dict[str, dict[str, Any]]:
+  """{field: provenance, with 'path' (`_import_root`, null for txf's own)}
+  of every registered choice `run` makes (CHOICE_FIELDS)."""
+  choices = {}
+  for field in CHOICE_FIELDS:
+    section, _, key = field.partition(".")
+    choice = _choice(field, getattr(getattr(run, section), key))
+    if choice is not None:
+      choice["path"] = None if choice["builtin"] else _import_root(choice["module"])
+      choices[field] = choice
+  return choices
+
+
+def _recorded_choices(workdir: str | epath.PathLike) -> dict[str, Any]:
+  """The `choices` of the run's last record entry ({} for a run recorded
+  before they were, or without a readable record: a start sets such a
+  record aside, RunRecord)."""
+  try:
+    entries = read_record(workdir)
+  except ValueError:
+    return {}
+  last = entries[-1] if entries and isinstance(entries[-1], dict) else {}
+  choices = last.get("choices")
+  return choices if isinstance(choices, dict) else {}
+
+
+def _described(choice: Mapping[str, Any]) -> str:
+  """'module.function' of a provenance, or "txf's built-in (module)"."""
+  if choice.get("builtin"):
+    return f"txf's built-in ({choice.get('module')})"
+  return f"{choice.get('module')}.{choice.get('function')}"
+
+
+def _same(choice: Mapping[str, Any] | None, recorded: Mapping[str, Any]) -> bool:
+  return choice is not None and all(
+    choice[key] == recorded.get(key) for key in ("module", "function")
+  )
+
+
+def _import_choice(field: str, recorded: Mapping[str, Any], workdir: str | epath.PathLike) -> None:
+  """Imports the module that provided `recorded`, its recorded directory
+  first on the import path (as the config file that first imported it had,
+  txf.configs.load; nor writing bytecode beside it, for the same reason).
+
+  Raises:
+    ValueError: one line naming `field` and the module, when it does not import.
+  """
+  module, path = str(recorded.get("module")), recorded.get("path")
+  if isinstance(path, str) and path not in sys.path:
+    sys.path.insert(0, path)
+  writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+  try:
+    importlib.import_module(module)
+  except Exception as error:  # the user's module, or its absence
+    first_line = (str(error).splitlines() or [""])[0]
+    where = f" from {path}" if path else ""
+    raise ValueError(
+      f"{field}: the run in {workdir} trained with {_described(recorded)} as "
+      f"{recorded.get('name')!r} (see {RECORD_FILE}), which does not import{where}: "
+      f"{type(error).__name__}: {first_line}"
+    ) from None
+  finally:
+    sys.dont_write_bytecode = writes_bytecode
+
+
+def check_choices(config: Any, workdir: str | epath.PathLike) -> None:
+  """Makes each registered choice of `config` (a ConfigDict, or config.json
+  as read) the one the run in `workdir` trained with, as its record names it
+  (`registered_choices`): a choice this process holds from another module
+  (a built-in where the run had user code, or the reverse) has the recorded
+  module imported; a run recorded without choices is read as before.
+
+  Raises:
+    ValueError: one line naming the field and the module, when that module
+      does not import or still leaves the choice another's.
+  """
+  for field, recorded in _recorded_choices(workdir).items():
+    section, _, key = field.partition(".")
+    name = (config.get(section) or {}).get(key)
+    if not isinstance(recorded, dict) or name != recorded.get("name"):
+      continue  # a changed field: check_resumable names it
+    if _same(_choice(field, name), recorded):
+      continue
+    _import_choice(field, recorded, workdir)
+    now = _choice(field, name)
+    if not _same(now, recorded):
+      here = "not registered" if now is None else _described(now)
+      raise ValueError(
+        f"{field}: {name!r} is {here} here, not {_described(recorded)} that the run in "
+        f"{workdir} trained with (see {RECORD_FILE})"
+      )
 
 
 def read_record(workdir: str | epath.PathLike) -> list[dict[str, Any]]:
@@ -211,6 +360,7 @@ class RunRecord:
       environment=environment(),
       data=data_description(run),
       config=resolved_config(run),
+      choices=registered_choices(run),
     )
     self._write()
 

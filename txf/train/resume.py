@@ -31,6 +31,7 @@ import ml_collections
 from etils import epath
 
 from txf.train.optim import make_optimizer
+from txf.train.record import check_choices
 from txf.train.workdir import read_json, replace_text
 
 CONFIG_FILE = "config.json"
@@ -164,7 +165,10 @@ def check_resumable(
 ) -> None:
   """Refuses `config` for the run in `workdir`, whose config.json read as
   `saved`, if it changes a field the run's checkpoints depend on (nothing to
-  check in a new work directory, `saved` None).
+  check in a new work directory, `saved` None), or if a registered choice
+  (model.position, ...) would be another function than the one the run
+  trained with: the module its record names is imported first
+  (txf.train.record.check_choices).
 
   Raises:
     ValueError: naming the first such field.
@@ -180,6 +184,7 @@ def check_resumable(
       raise ValueError(
         f"{field}: differs from the run already in {workdir} (see {path}); use a new --workdir"
       )
+  check_choices(config, workdir)
 
 
 def check_optimizer_state(

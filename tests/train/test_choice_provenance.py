@@ -1,0 +1,172 @@
+"""A registered choice is known by where it came from, not by name only.
+
+A run whose config imports a module replacing txf's `rope` records that
+module in run_record.json; a later command on the run (load_run: txf-generate,
+txf-analyze, txf-extrapolate, txf-export, init_from; a resume) imports it, or
+refuses in one line naming it, and never reads the replaced built-in as the
+built-in, nor the reverse.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, tiny_config
+from txf.layers.positions import ENCODINGS
+from txf.train import loop, record
+from txf.train.run_config import ConfigError, check_run_config
+from txf.train.setup import load_run
+
+# A rotation that leaves queries and keys as they are (no position at all),
+# noting each call: what the model calls is visible.
+USER_ROPE = """
+from txf import register
+
+CALLS = []
+
+
+@register.position("rope", contributes="rotation", even="head_dim", replace=True)
+def unrotated(cfg, x_BxTxHxDh, positions_BxT):
+  CALLS.append(x_BxTxHxDh.shape)
+  return x_BxTxHxDh
+"""
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+  """This process as a new one would be: txf's own `rope`, no user_rope
+  module imported, the import path restored afterwards."""
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  sys.modules.pop("user_rope", None)
+  try:
+    with ENCODINGS.scoped():
+      yield
+  finally:
+    sys.modules.pop("user_rope", None)
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory, compilation_cache_dir):
+  """(the run's directory, the module's directory): 2 steps of a tiny rope
+  config trained with user_rope.py's `rope`."""
+  modules = tmp_path_factory.mktemp("modules")
+  (modules / "user_rope.py").write_text(USER_ROPE)
+  workdir = tmp_path_factory.mktemp("run")
+  path = list(sys.path)
+  sys.path.insert(0, str(modules))  # as txf.configs.load puts a config file's directory
+  try:
+    with ENCODINGS.scoped():
+      import user_rope  # noqa: F401 (registers `rope`)
+
+      loop.run(tiny_config(steps=2), workdir, log=lambda line: None)
+  finally:
+    sys.path[:] = path
+    sys.modules.pop("user_rope", None)
+  return workdir, modules
+
+
+@pytest.mark.slow  # trains a tiny run (~5 s)
+def test_the_record_names_the_module_that_provided_each_choice(user_run):
+  workdir, modules = user_run
+  choices = record.read_record(workdir)[-1]["choices"]
+  assert choices["model.position"] == dict(
+    name="rope", module="user_rope", function="unrotated", builtin=False, path=str(modules)
+  )
+  assert choices["model.norm"]["builtin"] and choices["model.norm"]["path"] is None
+  assert choices["model.norm"]["module"] == "txf.layers.norm"
+  assert set(choices) == set(record.CHOICE_FIELDS)
+
+
+@pytest.mark.slow  # trains a tiny run (~5 s)
+def test_loading_the_run_imports_the_module_it_trained_with(user_run, fresh_process):
+  workdir, modules = user_run
+  assert ENCODINGS.provenance("rope")["builtin"]
+  trained = load_run(workdir)
+  user_rope = sys.modules["user_rope"]
+  assert user_rope.__file__ == str(modules / "user_rope.py")
+  assert ENCODINGS.provenance("rope")["module"] == "user_rope"
+  assert user_rope.CALLS  # the model built for the checkpoint calls the user's function
+  assert trained.step == 2
+
+
+@pytest.mark.slow  # trains a tiny run (~5 s)
+def test_a_module_that_no_longer_imports_is_refused_naming_it(user_run, fresh_process):
+  workdir, modules = user_run
+  os.rename(modules / "user_rope.py", modules / "user_rope.moved")
+  try:
+    with pytest.raises(ConfigError) as error:
+      load_run(workdir)
+    with pytest.raises(ConfigError, match=r"^model\.position: the run in .* trained with user_"):
+      loop.run(tiny_config(steps=3), workdir, log=lambda line: None)  # a resume
+  finally:
+    os.rename(modules / "user_rope.moved", modules / "user_rope.py")
+  (line,) = str(error.value).splitlines()
+  assert line == (
+    f"model.position: the run in {workdir} trained with user_rope.unrotated as 'rope' "
+    f"(see run_record.json), which does not import from {modules}: "
+    "ModuleNotFoundError: No module named 'user_rope'"
+  )
+  assert ENCODINGS.provenance("rope")["builtin"]  # nothing registered
+
+
+@pytest.mark.slow  # a subprocess (~5 s of imports) on a tiny run
+def test_txf_export_refuses_in_one_line_when_the_module_is_gone(user_run, tmp_path):
+  workdir, modules = user_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  entries = record.read_record(run)
+  entries[-1]["choices"]["model.position"]["path"] = str(tmp_path / "gone")
+  (run / record.RECORD_FILE).write_text(json.dumps(entries))
+  result = subprocess.run(
+    [sys.executable, "-m", "experiments.export", f"--workdir={run}", f"--out={tmp_path / 'hf'}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
+  assert result.returncode == 2, result.stderr
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith("config error: model.position: ") and "user_rope.unrotated" in line
+  assert not (tmp_path / "hf").exists()
+
+
+def builtin_run(workdir):
+  """A work directory whose record says the run trained with txf's own
+  choices: the entry `record.RunRecord` writes, cut to its choices."""
+  run = check_run_config(tiny_config(), vocab_size=260, num_classes=None)
+  entry = dict(choices=record.registered_choices(run))
+  (workdir / record.RECORD_FILE).write_text(json.dumps([entry]))
+  return run
+
+
+def test_a_builtin_replaced_by_user_code_is_not_read_as_the_builtin(tmp_path, fresh_process):
+  builtin_run(tmp_path)
+  config = tiny_config()
+  record.check_choices(config, tmp_path)  # txf's own rope, as recorded
+  sys.path.insert(0, str(tmp_path))
+  (tmp_path / "user_rope.py").write_text(USER_ROPE)
+  import user_rope  # noqa: F401 (replaces `rope`)
+
+  with pytest.raises(ValueError) as error:
+    record.check_choices(config, tmp_path)
+  assert str(error.value) == (
+    "model.position: 'rope' is user_rope.unrotated here, not txf's built-in "
+    f"(txf.layers.positions) that the run in {tmp_path} trained with (see run_record.json)"
+  )
+
+
+def test_a_run_recorded_without_choices_is_read_as_before(tmp_path, fresh_process):
+  """Runs recorded before choices were (or with a record that does not
+  read) check nothing, whatever this process registered."""
+  sys.path.insert(0, str(tmp_path))
+  (tmp_path / "user_rope.py").write_text(USER_ROPE)
+  import user_rope  # noqa: F401
+
+  for text in ("[{}]", "[]", "not json"):
+    (tmp_path / record.RECORD_FILE).write_text(text)
+    record.check_choices(tiny_config(), tmp_path)
