@@ -466,6 +466,61 @@ def test_bad_generate_arguments_are_rejected(kwargs, message):
     decode.generate(model, params, max_new_tokens=2, **kwargs)
 
 
+# Each was accepted by the library (only txf-generate's flags were checked):
+# top_p=0 returned only pad_id, top_p NaN or past 1 and temperature NaN / inf
+# sampled unfiltered or went greedy without a word, a negative temperature
+# sampled from the inverted distribution.
+BAD_SAMPLING = {
+  "temperature=nan": (dict(temperature=float("nan")), "temperature: must be a finite number >= 0"),
+  "temperature=inf": (dict(temperature=float("inf")), "temperature: must be a finite number >= 0"),
+  "temperature=-1": (dict(temperature=-1.0), "temperature: must be a finite number >= 0"),
+  "temperature=[1,2]": (dict(temperature=jnp.array([1.0, 2.0])), "temperature: must be a scalar"),
+  "top_p=nan": (dict(top_p=float("nan")), r"top_p: must be in \(0, 1\], got nan"),
+  "top_p=0": (dict(top_p=0.0), r"top_p: must be in \(0, 1\], got 0.0"),
+  "top_p=1.5": (dict(top_p=1.5), r"top_p: must be in \(0, 1\], got 1.5"),
+  "top_k=-1": (dict(top_k=-1), "top_k: must be an integer >= 0, got -1"),
+}
+
+
+@pytest.mark.parametrize("kwargs, message", list(BAD_SAMPLING.values()), ids=list(BAD_SAMPLING))
+def test_sampling_arguments_out_of_range_are_rejected_by_generate_and_sample(kwargs, message):
+  """Also with rng=None (greedy), where they would be ignored: an argument
+  out of range is a caller's mistake either way."""
+  model, params = model_and_params()
+  for rng in (None, jax.random.key(0)):
+    with pytest.raises(ValueError, match=message):
+      decode.generate(model, params, PROMPT, max_new_tokens=2, rng=rng, **kwargs)
+  calls = []
+  with pytest.raises(ValueError, match=message):
+    decode.sample(
+      counting_stub(calls),
+      {"index": jnp.int32(0)},
+      jnp.array([[5, 6]]),
+      max_new_tokens=2,
+      rng=jax.random.key(0),
+      **kwargs,
+    )
+  jax.effects_barrier()
+  assert not calls
+
+
+def test_a_traced_temperature_is_left_to_the_caller():
+  """One compiled program serves every temperature: under jit its value is
+  not known, and sample still runs (temperature 0: greedy)."""
+  calls = []
+  run = jax.jit(
+    lambda temperature: decode.sample(
+      counting_stub(calls),
+      {"index": jnp.int32(0)},
+      jnp.array([[5, 6]]),
+      max_new_tokens=2,
+      rng=jax.random.key(0),
+      temperature=temperature,
+    )
+  )
+  np.testing.assert_array_equal(run(0.0), [[5, 6, 7, 8]])
+
+
 @pytest.mark.parametrize("overrides", [dict(), dict(scan_layers=True)], ids=str)
 def test_a_cache_too_short_for_prompt_and_new_tokens_is_an_error(overrides):
   # A caller-built cache: PROMPT (5 columns) and NEW = 6 tokens need 10 positions.

@@ -27,7 +27,7 @@ from txf.decode.cache import (
   make_tokens_to_logits,
 )
 from txf.decode.prompts import check_search, concrete
-from txf.decode.sampling import sample
+from txf.decode.sampling import check_sampling, sample
 
 Array = jax.Array
 
@@ -229,10 +229,13 @@ def build_generate(
     Raises:
       ValueError: naming the argument or field, before anything runs: a
         family or head that cannot generate, missing or extra encoder inputs,
-        sampling options with beam search, a negative length_penalty, bad
+        sampling arguments out of range (`sampling.check_sampling`: a
+        temperature NaN, infinite or negative, top_p outside (0, 1], top_k
+        negative), sampling options with beam search, a negative length_penalty, bad
         prompts (see `sample`).
     """
     prompt_BxP = _checked_prompts(model, prompt_BxP, encoder_tokens_BxS, bos_id)
+    check_sampling(temperature, top_k, top_p)
     _check_search_choice(num_beams, return_beams, rng, top_k, top_p, length_penalty)
     # The searches' checks of the prompts (generate sizes the cache itself),
     # here while they are concrete: inside the jitted program they are traced.

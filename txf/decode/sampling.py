@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
+from txf import checks
 from txf.decode.cache import Cache, TokensToLogits
-from txf.decode.prompts import check_search, prompt_lengths, restore_padding_side, right_aligned
+from txf.decode.prompts import (
+  check_search,
+  concrete,
+  prompt_lengths,
+  restore_padding_side,
+  right_aligned,
+)
 
 Array = jax.Array
+
+
+def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> None:
+  """The sampling arguments' check, which every caller shares (`sample`,
+  `generate`, txf-generate's flags): a finite temperature >= 0 (one that is
+  traced is not known here and not checked), an integer top_k >= 0 and a
+  top_p in (0, 1] (0 would keep no token; NaN passes every comparison).
+
+  Raises:
+    ValueError: naming the first argument out of range.
+  """
+  value = concrete(temperature)
+  if value is not None:
+    if value.shape != ():
+      raise ValueError(f"temperature: must be a scalar, got shape {value.shape}")
+    checks.finite_at_least(value.item(), "temperature", 0)
+  checks.int_at_least(top_k, "top_k", 0)
+  checks.fraction(top_p, "top_p", low_open=True, high_open=False)
 
 
 def _filter_top_k(logits_BxV: Array, top_k: int) -> Array:
@@ -91,9 +118,11 @@ def sample(
     int32 [B, P + N]: prompts followed by the generated tokens.
 
   Raises:
-    ValueError: for a txf cache too short, bad shapes, or (concrete
-      prompts) rows without a token or not padded on padding_side.
+    ValueError: for sampling arguments out of range (`check_sampling`), a
+      txf cache too short, bad shapes, or (concrete prompts) rows without a
+      token or not padded on padding_side.
   """
+  check_sampling(temperature, top_k, top_p)
   check_search("sample", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side)
   prompt_len = prompt_BxP.shape[1]
   lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
