@@ -6,21 +6,33 @@ directory; train.init_from a run directory; the fields that do not map.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
 from conftest import FIXTURES, REPO, tiny_config
+from full_disk import full_disk, read_only
 from txf.data import HFTokenizer
 from txf.interop import CheckpointError, load_pretrained
 from txf.interop.rules import flatten
 from txf.train import loop
-from txf.train.export import export_run, is_run_directory, load_trained
+from txf.train.export import (
+  EXPORT_MARKER,
+  export_run,
+  is_run_directory,
+  load_trained,
+  reachable_directory,
+  write_directory,
+)
 from txf.train.run_config import ConfigError
 from txf.train.setup import parse_run, setup_run
+from txf.train.workdir import WorkdirError, WriteError
 
 OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
 HF_GPT2 = FIXTURES / "hf" / "gpt2"
@@ -153,6 +165,95 @@ def test_an_export_that_does_not_map_names_every_field_and_writes_nothing(tmp_pa
   assert (tmp_path / "run" / "config.json").read_bytes() == (OLD_RUN / "config.json").read_bytes()
 
 
+@pytest.mark.slow  # trains two tiny runs (shared with the tests above)
+def test_a_second_export_replaces_the_first_whole(runs, tmp_path):
+  """A run without a tokenizer (the reverse task's symbols) exported where a
+  run with one was: the first's tokenizer.json is gone with the rest."""
+  out = tmp_path / "hf"
+  first = export_run(runs("gpt2"), out)
+  assert not first.replaced and (out / "tokenizer.json").exists()
+  second = export_run(runs("t5"), out)
+  assert second.replaced and second.no_tokenizer
+  assert sorted(os.listdir(out)) == sorted([*second.files, EXPORT_MARKER])
+  assert "tokenizer.json" not in second.files
+  assert load_pretrained(out).architecture == "T5ForConditionalGeneration"
+  assert os.listdir(tmp_path) == ["hf"]
+
+
+def test_a_hugging_face_directory_is_not_taken_for_a_run(tmp_path):
+  """Was three chained tracebacks (KeyError 'data' from the run config's reader)."""
+  with pytest.raises(ConfigError) as raised:
+    export_run(HF_GPT2, tmp_path / "hf")
+  assert str(raised.value) == (
+    f"workdir: {HF_GPT2} holds no txf run: it is a Hugging Face model directory "
+    "(GPT2LMHeadModel); txf-export takes the work directory of a txf run (txf-run's "
+    "--workdir) and writes a Hugging Face model directory"
+  )
+  assert not (tmp_path / "hf").exists()
+
+
+def test_an_out_holding_other_files_is_refused_before_the_run_is_read(tmp_path):
+  """OLD_RUN does not map: the out's error comes first, before any compute.
+  A file of the user's is kept, not mixed with an export's."""
+  out = tmp_path / "hf"
+  out.mkdir()
+  (out / "notes.txt").write_text("mine")
+  with pytest.raises(ConfigError, match=rf"^out: {out} holds files txf-export did not write "):
+    export_run(OLD_RUN, out)
+  assert os.listdir(out) == ["notes.txt"]
+
+
+def test_a_read_only_or_remote_out_is_refused_before_the_run_is_read(tmp_path):
+  """Were a SafetensorError / OSError traceback, after the run was restored."""
+  with read_only(tmp_path), pytest.raises(ConfigError) as raised:
+    export_run(OLD_RUN, tmp_path / "hf")
+  assert str(raised.value) == (f"out: {tmp_path}: not a writable directory (Read-only file system)")
+  with pytest.raises(ConfigError, match="^out: gs://bucket/hf: txf-export writes a local dir"):
+    export_run(OLD_RUN, "gs://bucket/hf")
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_directory_is_written_whole_and_replaces_an_earlier_one(tmp_path):
+  """The second export of a run without a tokenizer leaves no tokenizer.json
+  of the first (txf-generate decoded garbage with it)."""
+  out = tmp_path / "hf"
+  write_directory(out, {"config.json": b"1", "tokenizer.json": b"t", EXPORT_MARKER: b"m"})
+  write_directory(out, {"config.json": b"2", EXPORT_MARKER: b"m"})
+  assert sorted(os.listdir(out)) == [EXPORT_MARKER, "config.json"]
+  assert (out / "config.json").read_bytes() == b"2"
+  assert os.listdir(tmp_path) == ["hf"]  # no temporary left
+
+
+@pytest.mark.parametrize("fails_at", [1, 3])
+def test_a_full_disk_leaves_the_directory_as_it_was(tmp_path, fails_at):
+  """Was config.json, model.safetensors and a 0-byte generation_config.json,
+  no tokenizer, and a traceback."""
+  out = tmp_path / "hf"
+  earlier = {"config.json": b"old", "tokenizer.json": b"t", EXPORT_MARKER: b"m"}
+  write_directory(out, earlier)
+  files = {"config.json": b"new", "model.safetensors": b"w" * 64, "generation_config.json": b"g"}
+  with full_disk(re.escape(str(tmp_path)), fails_at), pytest.raises(WriteError) as raised:
+    write_directory(out, files)
+  assert "No space left on device" in str(raised.value) and "\n" not in str(raised.value)
+  assert {name: (out / name).read_bytes() for name in os.listdir(out)} == earlier
+  assert os.listdir(tmp_path) == ["hf"]  # no temporary left
+
+
+@pytest.mark.usefixtures("no_dns")
+def test_an_unreachable_bucket_is_one_error_in_time(tmp_path):
+  """txf-export's run, and txf-generate's / txf-embed's --model
+  (reachable_directory): were 4 tracebacks after ~50 s."""
+  for start in (
+    lambda: export_run("gs://bucket/run", tmp_path / "hf"),
+    lambda: reachable_directory("gs://bucket/run", "model"),
+  ):
+    began = time.monotonic()
+    with pytest.raises(WorkdirError, match=UNREACHABLE):
+      start()
+    assert time.monotonic() - began < REACH_S + 3
+  assert os.listdir(tmp_path) == []
+
+
 def run_command(module, *args):
   return subprocess.run(
     [sys.executable, "-m", module, *args],
@@ -173,6 +274,9 @@ def test_commands_take_a_run_directory(runs, tmp_path):
   result = run_command("experiments.export", f"--workdir={workdir}", f"--out={tmp_path / 'hf'}")
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith(f"wrote {tmp_path / 'hf'}: GPT2LMHeadModel of step 2 (")
+  again = run_command("experiments.export", f"--workdir={workdir}", f"--out={tmp_path / 'hf'}")
+  assert again.returncode == 0, again.stderr
+  assert again.stdout == f"replaced the earlier export in {tmp_path / 'hf'}\n" + result.stdout
   outputs = []
   for model in (workdir, tmp_path / "hf"):
     result = run_command(

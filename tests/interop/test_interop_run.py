@@ -137,7 +137,7 @@ BAD_SAMPLING_FLAGS = {
 }
 
 
-@pytest.mark.slow  # a subprocess each (~2 s: they stop before jax is imported)
+@pytest.mark.slow  # a subprocess each (~3 s: they stop before the model loads)
 @pytest.mark.parametrize("flag", list(BAD_SAMPLING_FLAGS))
 def test_generate_refuses_a_sampling_flag_out_of_range_before_loading(tmp_path, flag):
   """An empty --model directory: the flag is what is reported, not the model."""

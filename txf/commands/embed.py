@@ -12,7 +12,8 @@ per text: {"text": ..., "embedding": [...]}.
 Pooling and normalisation default to what a sentence-transformers directory
 declares (modules.json; all-MiniLM-L6-v2: mean, L2-normalised), otherwise to
 mean pooling over the real tokens, not normalised. An unusable directory or
-argument exits 2 with one line naming it.
+argument exits 2 with one line naming it; a URL (gs://) is looked at once,
+and one that cannot be reached is that line within half a minute.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def main(argv) -> None:
     sentence_embeddings,
     sentence_transformers_pooling,
   )
-  from txf.train.export import is_run_directory, load_trained, without_head
+  from txf.train.export import is_run_directory, load_trained, reachable_directory, without_head
+  from txf.train.workdir import WorkdirError
 
   logging.set_verbosity(logging.WARNING)
   try:
+    reachable_directory(_MODEL.value, "model")  # a URL: one look, in bounded time
     if is_run_directory(_MODEL.value):
       with run_errors():  # a run without a checkpoint, one that does not restore
         trained = load_trained(_MODEL.value)
@@ -72,7 +75,7 @@ def main(argv) -> None:
     embeddings_BxD = sentence_embeddings(
       pretrained.model(), pretrained.params, tokens_BxT, pooling=pooling, normalize=normalize
     )
-  except ValueError as error:  # CheckpointError too
+  except (ValueError, WorkdirError) as error:  # CheckpointError too
     fail("model", error)
   for text, embedding in zip(texts, embeddings_BxD.tolist()):
     print(json.dumps({"text": text, "embedding": [round(value, 7) for value in embedding]}))

@@ -10,11 +10,21 @@ T5), tokenizer.json and tokenizer_config.json (the run's bytes,
 sentencepiece or Hugging Face tokenizer; the generated tasks' symbols have
 none, which it says), and generation_config.json. DIR then loads with
 txf-generate --model=DIR, txf.interop.load_pretrained, and transformers'
-from_pretrained. Prints what it wrote. A run whose model is not of its
+from_pretrained. Prints what it wrote. RUN may be local or a URL (gs://),
+looked at once before anything is read: one that cannot be reached exits 2
+with one line within half a minute.
+
+DIR is the export's own: it is written whole or not at all (into a
+temporary sibling, then renamed into place), so a full disk leaves it as it
+was (one line `write error: ...`, exit 1). A DIR that holds an earlier
+export (its .txf-export file) is replaced whole, which the command says; a
+DIR holding any other file is refused. A run whose model is not of its
 family's Hugging Face shape (GPT-2: learned positions, LayerNorm, Pre-LN,
 biases, unscaled logits, ...) exits 2 with one line naming every field that
-does not map, writing nothing; so does a RUN without a trained run, or a DIR
-that is a run's directory.
+does not map, writing nothing; so does a RUN without a trained run (a
+Hugging Face directory, say), and a DIR that is not the export's to write:
+a run's directory, one holding other files, a read-only one, a URL
+(export locally, then copy it).
 """
 
 from __future__ import annotations
@@ -27,7 +37,11 @@ _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory of a trained txf run.", required=True
 )
 _OUT = flags.DEFINE_string(
-  "out", None, "Directory to write the Hugging Face model into (created).", required=True
+  "out",
+  None,
+  "Local directory to write the Hugging Face model into: a new or empty one, or an earlier "
+  "export (replaced).",
+  required=True,
 )
 
 
@@ -42,6 +56,8 @@ def main(argv) -> None:
       written = export_run(_WORKDIR.value, _OUT.value)
     except CheckpointError as error:
       fail("export", error)
+  if written.replaced:
+    print(f"replaced the earlier export in {written.directory}")
   print(
     f"wrote {written.directory}: {written.architecture} of step {written.step} "
     f"({', '.join(written.files)})"

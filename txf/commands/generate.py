@@ -12,9 +12,10 @@ answer. Generation runs with
 the KV cache (txf.decode), greedy at temperature 0 (the default), and stops at
 the checkpoint's end-of-sequence token. Prints the prompt and the generated
 text. An unusable directory or argument exits 2 with one line naming it;
-the sampling flags are checked before the model loads (max_new_tokens >= 1,
-a finite temperature >= 0, top_k >= 0, top_p in (0, 1], a seed in
-[0, 2**31 - 1]).
+a URL (gs://) is looked at once, and one that cannot be reached is that
+line within half a minute. The sampling flags are checked before the model
+loads (max_new_tokens >= 1, a seed in [0, 2**31 - 1], and txf.decode's
+own check: a finite temperature >= 0, top_k >= 0, top_p in (0, 1]).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 def check_flags() -> None:
   """Exits 2 with one line naming the first sampling flag out of its range
   (NaN, an infinity, a seed jax cannot take), before the model loads."""
+  from txf.decode.sampling import check_sampling  # loads jax: after flag parsing
+
   try:
     checks.int_at_least(_MAX_NEW_TOKENS.value, "max_new_tokens", 1)
-    checks.finite_at_least(_TEMPERATURE.value, "temperature", 0)
-    checks.int_at_least(_TOP_K.value, "top_k", 0)
-    checks.fraction(_TOP_P.value, "top_p", low_open=True, high_open=False)
+    check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value)
     checks.seed(_SEED.value, "seed")
   except ValueError as error:
     fail("flag", error)
@@ -59,10 +60,12 @@ def main(argv) -> None:
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
   from txf.interop.text import encode_batch, generate_text
-  from txf.train.export import is_run_directory, load_trained
+  from txf.train.export import is_run_directory, load_trained, reachable_directory
+  from txf.train.workdir import WorkdirError
 
   logging.set_verbosity(logging.WARNING)
   try:
+    reachable_directory(_MODEL.value, "model")  # a URL: one look, in bounded time
     if is_run_directory(_MODEL.value):
       with run_errors():  # a run without a checkpoint, one that does not restore
         trained = load_trained(_MODEL.value)
@@ -88,7 +91,7 @@ def main(argv) -> None:
       top_k=_TOP_K.value,
       top_p=_TOP_P.value,
     )
-  except ValueError as error:  # CheckpointError too
+  except (ValueError, WorkdirError) as error:  # CheckpointError too
     fail("model", error)
   print(f"prompt: {_PROMPT.value}")
   print(f"generated: {tokenizer.decode(np.asarray(generated_1xN[0]))}")

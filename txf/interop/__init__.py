@@ -6,13 +6,20 @@ decoders and T5-style encoder-decoders as txf models (safetensors, no torch).
   save_pretrained(cfg, params, "out/dir")
 """
 
-from txf.interop.checkpoint import Pretrained, load_pretrained, read_model_config, save_pretrained
+from txf.interop.checkpoint import (
+  Pretrained,
+  load_pretrained,
+  pretrained_files,
+  read_model_config,
+  save_pretrained,
+)
 from txf.interop.rules import CheckpointError
 
 __all__ = [
   "CheckpointError",
   "Pretrained",
   "load_pretrained",
+  "pretrained_files",
   "read_model_config",
   "save_pretrained",
 ]

@@ -41,7 +41,7 @@ from txf import models
 from txf.interop import bert, gpt2, rules, t5
 from txf.interop.hf_config import get
 from txf.interop.rules import CheckpointError
-from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, write_tensors
+from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, safetensors_bytes
 from txf.layers.model_config import ModelConfig
 
 FAMILIES = (bert, gpt2, t5)
@@ -211,14 +211,34 @@ def save_pretrained(
   architecture: str | None = None,
   token_ids: Mapping[str, int | None] | None = None,
 ) -> None:
-  """Writes a txf model as a HF model directory: config.json + model.safetensors.
+  """Writes a txf model as a HF model directory: config.json + model.safetensors
+  (`pretrained_files`, same arguments; `directory` is created if needed and
+  those two files replaced).
+
+  Raises:
+    CheckpointError: as `pretrained_files`, before anything is written.
+  """
+  files = pretrained_files(cfg, params, architecture=architecture, token_ids=token_ids)
+  directory = epath.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  for name, data in files.items():
+    (directory / name).write_bytes(data)
+
+
+def pretrained_files(
+  cfg: ModelConfig | Mapping[str, Any],
+  params: Mapping[str, Any],
+  *,
+  architecture: str | None = None,
+  token_ids: Mapping[str, int | None] | None = None,
+) -> dict[str, bytes]:
+  """A txf model as the files of a HF model directory: {'config.json': ...,
+  'model.safetensors': ...}, for the caller to write.
 
   Args:
     cfg: the model's config; its family picks the HF family (encoder: BERT,
       decoder: GPT-2, encoder_decoder: T5).
     params: the model's params (boxed or not).
-    directory: created if needed; config.json and model.safetensors are
-      replaced.
     architecture: e.g. 'RobertaForMaskedLM'; None: the family's for cfg.head.
     token_ids: pad/bos/eos/decoder_start token ids to record (None values
       are left out; pad_token_id defaults to cfg.pad_id).
@@ -265,7 +285,7 @@ def save_pretrained(
     # Head-less architectures name their tensors without the body prefix.
     prefix = family.prefix(architecture)
     tensors = {name.removeprefix(prefix): value for name, value in tensors.items()}
-  directory = epath.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  write_tensors(directory / SAFETENSORS, tensors)
-  (directory / CONFIG).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+  return {
+    CONFIG: (json.dumps(hf, indent=2, sort_keys=True) + "\n").encode("utf-8"),
+    SAFETENSORS: safetensors_bytes(tensors),
+  }

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save
 
 from txf.interop.rules import CheckpointError
 
@@ -118,10 +118,10 @@ def read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
   )
 
 
-def write_tensors(path: epath.Path, tensors: Mapping[str, np.ndarray]) -> None:
-  """Writes a safetensors file that `transformers` loads (format 'pt')."""
-  save_file(
+def safetensors_bytes(tensors: Mapping[str, np.ndarray]) -> bytes:
+  """A safetensors file that `transformers` loads (format 'pt'), as bytes for
+  the caller to write whole."""
+  return save(
     {name: np.ascontiguousarray(value) for name, value in tensors.items()},
-    os.fspath(path),
     metadata={"format": "pt"},
   )

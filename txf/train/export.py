@@ -14,6 +14,11 @@ encoder-decoder as T5 -- when the run's model is of that shape (GPT-2:
 learned positions, LayerNorm, Pre-LN, biases, logits not scaled, ...);
 otherwise it names every field that does not map (CheckpointError) before
 anything is written.
+
+The export owns its output directory: it is written whole or not at all (a
+temporary sibling, renamed into place), and it replaces only an empty
+directory or an earlier export (recognised by the EXPORT_MARKER file each
+export writes), never a directory holding files it did not write.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -29,12 +37,32 @@ from etils import epath
 
 from txf import interop
 from txf.data.tokenizers import Tokenizer, hf_tokenizer_files
-from txf.interop.tensors import CONFIG, SAFETENSORS
-from txf.train.resume import read_run_config
+from txf.interop.tensors import CONFIG
 from txf.train.run_config import ConfigError
-from txf.train.setup import load_run
+from txf.train.setup import check_holds_run, load_run
+from txf.train.workdir import (
+  WorkdirError,
+  check_reachable,
+  check_writable,
+  is_local,
+  run_path,
+  write_error,
+)
 
 GENERATION_CONFIG = "generation_config.json"
+# Written into every export: an output directory holding it is an earlier
+# export, which the next one may replace (its JSON names the run and step).
+EXPORT_MARKER = ".txf-export"
+
+
+def _saved_config(path: epath.Path) -> dict[str, Any] | None:
+  """The JSON object in `path`/config.json; None when there is none or it is
+  broken (the reader it is given to says so)."""
+  try:
+    saved = json.loads((path / CONFIG).read_text())
+  except (ValueError, OSError):
+    return None
+  return saved if isinstance(saved, dict) else None
 
 
 def is_run_directory(path: str | os.PathLike) -> bool:
@@ -44,12 +72,42 @@ def is_run_directory(path: str | os.PathLike) -> bool:
   path = epath.Path(path)
   if not (path / CONFIG).exists():
     return False
-  try:
-    saved = json.loads((path / CONFIG).read_text())
-  except (ValueError, OSError):  # a broken file: the reader it is given to says so
-    return False
-  return isinstance(saved, dict) and all(
-    isinstance(saved.get(section), dict) for section in ("model", "train")
+  saved = _saved_config(path) or {}
+  return all(isinstance(saved.get(section), dict) for section in ("model", "train"))
+
+
+def reachable_directory(path: str | os.PathLike, name: str) -> epath.Path:
+  """`path` (a local directory or a URL, argument `name`) as a path
+  (txf.train.workdir.run_path), a URL looked at once (check_reachable), so
+  that a bucket that cannot be reached is one line within REACH_TIMEOUT_S
+  seconds rather than a minute of a client's retries.
+
+  Raises:
+    WorkdirError: a URL txf cannot use or reach.
+  """
+  directory = run_path(path, name)
+  check_reachable(directory)
+  return directory
+
+
+def check_is_run(workdir: epath.Path) -> None:
+  """Refuses a `workdir` that holds no txf run, saying what it holds instead
+  (a Hugging Face model directory is what txf-export writes, not what it reads).
+
+  Raises:
+    ConfigError: naming `workdir`.
+  """
+  check_holds_run(workdir)
+  if is_run_directory(workdir):
+    return
+  saved = _saved_config(workdir) or {}
+  what = "its config.json is not a txf run's (no model and train sections)"
+  if "architectures" in saved or "model_type" in saved:
+    found = (saved.get("architectures") or [saved.get("model_type")])[0]
+    what = f"it is a Hugging Face model directory ({found})"
+  raise ConfigError(
+    f"workdir: {workdir} holds no txf run: {what}; txf-export takes the work directory "
+    "of a txf run (txf-run's --workdir) and writes a Hugging Face model directory"
   )
 
 
@@ -120,23 +178,35 @@ def without_head(pretrained: interop.Pretrained) -> interop.Pretrained:
 @dataclasses.dataclass(frozen=True)
 class Export:
   """What `export_run` wrote: the directory, the architecture, the
-  checkpoint's step, the files, and why no tokenizer was written (None when
-  one was)."""
+  checkpoint's step, the files, why no tokenizer was written (None when
+  one was), and whether it replaced an earlier export there."""
 
   directory: epath.Path
   architecture: str
   step: int
   files: tuple[str, ...]
   no_tokenizer: str | None
+  replaced: bool = False
 
 
-def check_out(workdir: epath.Path, out: epath.Path) -> None:
-  """Refuses an output directory that would overwrite a run (the run's own
-  directory, or another run's: its config.json would be replaced).
+def check_out(workdir: epath.Path, out: epath.Path) -> bool:
+  """Refuses an output directory the export does not own: a URL (an object
+  store has no directory to rename into place), a file, a run's directory
+  (its config.json would be replaced), a directory holding files no export
+  wrote, or one that cannot be written (its parent, where the export is
+  staged, included). Creates `out`'s parent if needed.
+
+  Returns:
+    Whether `out` holds an earlier export (which the export replaces).
 
   Raises:
-    ConfigError: naming `out`.
+    ConfigError: naming `out` and the reason.
   """
+  if not is_local(out):
+    raise ConfigError(
+      f"out: {out}: txf-export writes a local directory; export to one, then copy it "
+      "(gcloud storage cp -r)"
+    )
   if out.exists() and not out.is_dir():
     raise ConfigError(f"out: {out} exists and is not a directory")
   if is_run_directory(out):
@@ -146,28 +216,27 @@ def check_out(workdir: epath.Path, out: epath.Path) -> None:
     raise ConfigError(
       f"out: {out} {which} (its config.json would be replaced); export to a directory of its own"
     )
+  found = sorted(path.name for path in out.iterdir()) if out.exists() else []
+  if found and EXPORT_MARKER not in found:
+    shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    raise ConfigError(
+      f"out: {out} holds files txf-export did not write ({shown}); export to a new or "
+      "empty directory"
+    )
+  try:
+    check_writable(out.parent)
+  except WorkdirError as error:
+    raise ConfigError(f"out: {error}") from None
+  return bool(found)
 
 
-def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
-  """Writes the latest checkpoint of the txf run in `workdir` as a Hugging
-  Face model directory `out`: config.json and model.safetensors
-  (txf.interop.save_pretrained: GPT-2 for a decoder, BERT for an encoder, T5
-  for an encoder-decoder), the run's tokenizer as tokenizer.json with
-  tokenizer_config.json where it has that form
-  (txf.data.tokenizers.hf_tokenizer_files), and generation_config.json with
-  its special ids. Nothing is written when the model does not map.
+def export_files(trained: TrainedModel) -> tuple[dict[str, bytes], str | None]:
+  """The files of `trained`'s export (name -> contents: see `export_run`)
+  and why it has no tokenizer (None when it has one).
 
   Raises:
-    ConfigError: `workdir` holds no run or checkpoint, or `out` is a run's
-      directory (see `check_out`).
-    CheckpointError: the model fields its architecture cannot hold, all of
-      them in one line (see txf.interop.hf_config.require).
+    CheckpointError: the model fields its architecture cannot hold.
   """
-  workdir, out = epath.Path(workdir), epath.Path(out)
-  if read_run_config(workdir) is None:
-    raise ConfigError(f"workdir: {workdir} holds no run ({workdir / CONFIG} does not exist)")
-  check_out(workdir, out)
-  trained = load_trained(workdir)
   pretrained = trained.pretrained
   try:
     tokenizer_files: dict[str, str] = hf_tokenizer_files(trained.tokenizer)
@@ -175,17 +244,90 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
   except ValueError as error:
     tokenizer_files, no_tokenizer = {}, str(error)
   token_ids = {key: value for key, value in pretrained.token_ids.items() if value is not None}
-  interop.save_pretrained(pretrained.config, pretrained.params, out, token_ids=token_ids)
-  architecture = json.loads((out / CONFIG).read_text())["architectures"][0]
+  files = interop.pretrained_files(pretrained.config, pretrained.params, token_ids=token_ids)
   generation: dict[str, Any] = {k: v for k, v in token_ids.items() if k != "pad_token_id"}
-  files = {GENERATION_CONFIG: json.dumps(generation, indent=2, sort_keys=True) + "\n"}
-  files.update(tokenizer_files)
-  for name, text in files.items():
-    (out / name).write_text(text)
+  texts = {GENERATION_CONFIG: json.dumps(generation, indent=2, sort_keys=True) + "\n"}
+  texts.update(tokenizer_files)
+  files.update({name: text.encode("utf-8") for name, text in texts.items()})
+  return files, no_tokenizer
+
+
+def write_directory(out: str | os.PathLike, files: Mapping[str, bytes]) -> None:
+  """Writes `files` (name -> contents) as the local directory `out`, whole or
+  not at all: into a temporary sibling (.NAME.<hex>.tmp), which then takes
+  the place of `out` (an existing `out` is moved aside, then removed), so
+  `out` ends up holding exactly `files`. A failure leaves `out` as it was
+  and no temporary behind.
+
+  Raises:
+    WriteError: '<path>: <reason>' (a full disk, ...).
+  """
+  out = epath.Path(out)
+  staging = out.with_name(f".{out.name}.{uuid.uuid4().hex[:12]}.tmp")
+  try:
+    writing = out  # named in the error as the file it becomes
+    try:
+      staging.mkdir(parents=True)
+      # The directory is the temporary: its files need none of their own.
+      for name, data in files.items():
+        writing = out / name
+        (staging / name).write_bytes(data)
+    except OSError as error:
+      raise write_error(writing, error) from error
+    _move_into_place(staging, out)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into_place(directory: epath.Path, out: epath.Path) -> None:
+  """Renames `directory` to `out`, replacing an `out` there (put back if the
+  rename fails)."""
+  aside = out.with_name(f".{out.name}.{uuid.uuid4().hex[:12]}.old")
+  try:
+    if out.exists():
+      out.rename(aside)
+    directory.rename(out)
+  except OSError as error:
+    if aside.exists() and not out.exists():
+      aside.rename(out)
+    raise write_error(out, error) from error
+  shutil.rmtree(aside, ignore_errors=True)
+
+
+def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
+  """Writes the latest checkpoint of the txf run in `workdir` (local or a
+  URL) as a Hugging Face model directory `out` (local): config.json and
+  model.safetensors (txf.interop.pretrained_files: GPT-2 for a decoder,
+  BERT for an encoder, T5 for an encoder-decoder), the run's tokenizer as
+  tokenizer.json with tokenizer_config.json where it has that form
+  (txf.data.tokenizers.hf_tokenizer_files), generation_config.json with its
+  special ids, and EXPORT_MARKER. `out` is written whole or not at all
+  (`write_directory`); an earlier export there is replaced. Nothing is
+  written when the model does not map.
+
+  Raises:
+    WorkdirError: `workdir` is a URL txf cannot use or reach.
+    ConfigError: `workdir` holds no run or checkpoint, or `out` is not the
+      export's to write (see `check_out`) -- before any compute.
+    CheckpointError: the model fields its architecture cannot hold, all of
+      them in one line (see txf.interop.hf_config.require).
+    WriteError: a file could not be written (a full disk); `out` is as it was.
+  """
+  workdir = reachable_directory(workdir, "workdir")
+  out = run_path(out, "out")
+  check_is_run(workdir)
+  replaced = check_out(workdir, out)
+  trained = load_trained(workdir)
+  files, no_tokenizer = export_files(trained)
+  marker = {"workdir": os.fspath(workdir), "step": trained.step}
+  files[EXPORT_MARKER] = (json.dumps(marker) + "\n").encode("utf-8")
+  write_directory(out, files)
+  architecture = json.loads(files[CONFIG])["architectures"][0]
   return Export(
     directory=out,
     architecture=architecture,
     step=trained.step,
-    files=(CONFIG, SAFETENSORS, *files),
+    files=tuple(name for name in files if name != EXPORT_MARKER),
     no_tokenizer=no_tokenizer,
+    replaced=replaced,
   )
