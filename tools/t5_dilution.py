@@ -202,7 +202,8 @@ def table(data: dict[str, Any]) -> list[str]:
   lines = [
     "| T5 max distance | last bucket from | last-bucket mass @112-127 | @2032-2047 as trained "
     "| @2032-2047 corrected | sliding @128 | sliding @2048 as trained | corrected | window 128 "
-    f"| paired p (Holm over {len(ps)}): corrected vs as trained | paired p (Holm): corrected vs window |",
+    f"| paired p (Holm over {len(ps)}): corrected vs as trained "
+    "| paired p (Holm): corrected vs window |",
     "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for i, point in enumerate(data["points"]):
