@@ -5,15 +5,17 @@ longer than its point, on a committed sweep's raw outputs
 import json
 import os
 import pathlib
+import re
 import shutil
 
 import pytest
 
+from full_disk import full_disk
 from txf import configs
 from txf.sweep import grid, results, runner
 from txf.sweep.grid import GridError
 from txf.sweep.publish import RAW_FILES, publish
-from txf.train.workdir import WorkdirError
+from txf.train.workdir import WorkdirError, WriteError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "data" / "t5_distance"
@@ -87,6 +89,47 @@ def test_a_destination_that_holds_anything_is_refused_and_kept(tmp_path, points)
     publish(points, sweep_workdir(tmp_path, points), destination)
   assert os.listdir(destination) == ["notes.txt"]
   assert (destination / "notes.txt").read_text() == "mine"
+
+
+def test_a_full_disk_publishes_nothing_in_one_line_and_a_rerun_works(tmp_path, points):
+  """Before, a traceback, one point's files and a cut table were left, and the
+  rerun was refused as 'not empty'."""
+  workdir, destination = sweep_workdir(tmp_path, points), tmp_path / "data"
+  # The last file of the publication, results.md, meets the full disk.
+  tables = re.escape(str(tmp_path)) + r"/\.data\.[0-9a-f]+\.tmp/\.results\.md\."
+  with (
+    full_disk(tables, 1) as disk,
+    pytest.raises(WriteError, match=f"^{destination}: No space left on device$"),
+  ):
+    publish(points, workdir, destination, log=lambda line: None)
+  assert disk.failed and sorted(os.listdir(tmp_path)) == ["runs"]  # no data, no temporary
+  publish(points, workdir, destination, log=lambda line: None)
+  assert (destination / results.RESULTS_MD).read_text() == (DATA / results.RESULTS_MD).read_text()
+
+
+def test_a_destination_that_is_a_file_is_refused_in_one_line_and_kept(tmp_path, points):
+  """Before, a NotADirectoryError traceback."""
+  destination = tmp_path / "data"
+  destination.write_text("mine")
+  with pytest.raises(WorkdirError, match=rf"^{destination}: exists and is not a directory$"):
+    publish(points, sweep_workdir(tmp_path, points), destination)
+  assert destination.read_text() == "mine"
+
+
+def test_a_point_without_its_extrapolation_is_not_finished_and_nothing_published(tmp_path, points):
+  """Before, it was published with empty extrapolation columns."""
+  workdir = sweep_workdir(tmp_path, points)
+  (workdir / points[1].name / results.EXTRAPOLATION_FILE).unlink()
+  with pytest.raises(
+    WorkdirError,
+    match=rf"^{workdir}: point 1 \({points[1].name}\) has no extrapolation.json of its final "
+    r"step, so it is not finished \(rerun the sweep to extrapolate it\): nothing published$",
+  ):
+    publish(points, workdir, tmp_path / "data")
+  assert not (tmp_path / "data").exists()
+  # A sweep that does not extrapolate publishes it.
+  rows = publish(points, workdir, tmp_path / "data", extrapolated=False, log=lambda line: None)
+  assert rows[1].extrapolation is None and rows[0].extrapolation is not None
 
 
 def trained_longer(workdir, point) -> int:

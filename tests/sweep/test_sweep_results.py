@@ -8,14 +8,17 @@ the sample standard deviation (ddof=1), which for two values a, b is
 import csv
 import json
 import math
+import os
+import signal
 
 import ml_collections
 import numpy as np
 import pytest
 
 from full_disk import files_in, full_disk
-from txf.sweep import figures, grid, results
-from txf.train.workdir import WriteError
+from txf.sweep import figures, grid, results, runner
+from txf.train.checkpoint import PreemptionGuard
+from txf.train.workdir import WriteError, write_files
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 4
@@ -48,7 +51,8 @@ def write_extrapolation(workdir, applicable, **extra):
 
 
 @pytest.fixture
-def points():
+def sweep_config():
+  """Four points whose configs hold only what a summary reads."""
   base = ml_collections.ConfigDict(
     dict(replicas=2, model=dict(position="rope", norm_placement="pre"), train=dict(steps=STEPS))
   )
@@ -56,7 +60,12 @@ def points():
   config.grid = grid.make_grid(
     {"model.position": ["rope", "learned"], "model.norm_placement": ["pre", "post"]}
   )
-  return grid.expand(config)
+  return config
+
+
+@pytest.fixture
+def points(sweep_config):
+  return grid.expand(sweep_config)
 
 
 @pytest.fixture
@@ -406,12 +415,12 @@ def test_write_results_rejects_no_rows(tmp_path):
 
 
 class FakeLinePlot:
-  """Stands in for txf.analysis.plots.line_plot: records the call, writes a PNG."""
+  """Stands in for txf.analysis.plots.line_plot_figure: records the call, returns a Figure."""
 
   def __init__(self):
     self.calls = []
 
-  def __call__(self, series, path, title, xlabel, ylabel, logx=False, styles=None):
+  def __call__(self, series, title, xlabel, ylabel, logx=False, styles=None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -422,7 +431,7 @@ class FakeLinePlot:
     FigureCanvasAgg(figure)
     for label, (x, y, _) in series.items():
       figure.add_subplot().plot(x, y, label=label)
-    figure.savefig(str(path), format="png")
+    return figure
 
 
 def assert_png(path):
@@ -648,7 +657,9 @@ def test_a_full_disk_while_writing_results_is_one_line_and_keeps_the_old_file(
   with full_disk(files_in(sweep_dir), nth_write), pytest.raises(WriteError) as error:
     results.write_results(summaries(sweep_dir, points), sweep_dir)
   assert str(error.value) == f"{sweep_dir / failing}: No space left on device"
-  assert (sweep_dir / failing).read_bytes() == before[failing]
+  # Both as they were: the tables are replaced as one set (before, a full
+  # disk on results.md left a new results.csv beside the old results.md).
+  assert {path.name: path.read_bytes() for path in written} == before
   assert not [p for p in sweep_dir.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -666,3 +677,61 @@ def test_a_full_disk_while_writing_a_plot_keeps_the_old_png(sweep_dir, points):
       split_field="model.position",
     )
   assert path.read_bytes() == before
+
+
+def contents(directory):
+  """{name: bytes} of the files directly in `directory`."""
+  return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+
+
+@pytest.fixture
+def summarized(sweep_dir, points):
+  """sweep_dir with a summary written, then an input changed (point 0's
+  extrapolation cut: it reads as missing, with a log line), so that a new
+  summary would differ in its tables and figures. Returns the old files."""
+  runner.summarize(points, sweep_dir, log=lambda line: None)
+  before = contents(sweep_dir)
+  path = sweep_dir / points[0].name / results.EXTRAPOLATION_FILE
+  path.write_text(path.read_text()[:30])
+  return before
+
+
+def test_a_sigterm_as_the_summary_is_made_writes_none_of_it(
+  sweep_dir, points, summarized, sigterm_is_caught
+):
+  lines = []
+
+  def log(line):  # the scheduler's SIGTERM, as the summary reads point 0
+    lines.append(line)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  with PreemptionGuard() as preemption:
+    assert runner.summarize(points, sweep_dir, log=log, preemption=preemption) is None
+  assert sigterm_is_caught == [] and preemption.requested  # the guard took it
+  assert lines[-1] == (
+    "sweep preempted before its results were written (results.csv, results.md and the "
+    "plots are as they were); rerun the same command to write them"
+  )
+  assert contents(sweep_dir) == summarized  # tables and figures: the previous set
+
+
+def test_a_sigterm_while_the_summary_is_written_leaves_the_whole_new_set(
+  sweep_config, sweep_dir, summarized, sigterm_is_caught, monkeypatch
+):
+  """Before, results.csv and results.md were rewritten and the figures not."""
+
+  def preempted_then_written(files):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return write_files(files)
+
+  monkeypatch.setattr(runner, "write_files", preempted_then_written)
+  # These points' configs hold only what a summary reads: not a run to check.
+  monkeypatch.setattr(runner, "check_point_config", lambda config: None)
+  rows = runner.run_sweep(sweep_config, sweep_dir, summarize_only=True, log=lambda line: None)
+  assert rows is not None and sigterm_is_caught == []
+  written = contents(sweep_dir)
+  assert set(written) == set(summarized)
+  changed = {name for name in written if written[name] != summarized[name]}
+  # Point 0 lost its extrapolation: both tables and every figure drawn from
+  # extrapolations change.
+  assert {results.RESULTS_CSV, results.RESULTS_MD, "extrapolation_sliding.png"} <= changed

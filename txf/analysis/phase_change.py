@@ -19,6 +19,7 @@ import numpy as np
 from etils import epath
 
 from txf.analysis.ablation import head_name
+from txf.train.workdir import write_file
 
 # Per-head scores of the CSV, [N, L, H] each, in its column order.
 HEAD_SCORES = ("previous_token", "induction")
@@ -84,10 +85,7 @@ def write_training_csv(training: Mapping[str, Any], path: str | os.PathLike) -> 
   rows = [",".join(training_columns(num_layers, num_heads))]
   for step, values_C in zip(np.asarray(training["steps"]), values_NxC):
     rows.append(",".join([str(int(step)), *(repr(float(value)) for value in values_C)]))
-  path = epath.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text("\n".join(rows) + "\n")
-  return path
+  return write_file(path, "\n".join(rows) + "\n")  # atomic: a full disk leaves no cut file
 
 
 def read_training_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:

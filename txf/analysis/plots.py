@@ -24,6 +24,8 @@ import numpy as np
 from etils import epath
 from matplotlib.figure import Figure
 
+from txf.train.workdir import write_file
+
 # Tokens are written on the axes only up to this length; longer sequences get
 # numeric positions, since one label per row would be unreadable.
 MAX_TOKEN_TICKS = 32
@@ -68,22 +70,25 @@ def fit_title(figure: Figure, title: str, *, fontsize: str | float = "large") ->
 
 
 def png_bytes(figure: Figure) -> bytes:
-  """`figure` rendered as a PNG file's bytes (for writers that write them their own way)."""
+  """`figure` rendered as a PNG file's bytes, in memory (for writers that
+  write several files as one set: txf.train.workdir.write_files)."""
   buffer = io.BytesIO()
   figure.savefig(buffer, format="png", dpi=_DPI)
   return buffer.getvalue()
 
 
 def save_figure(figure: Figure, path: str | os.PathLike) -> epath.Path:
-  """Writes `figure` as a PNG to `path` (local or `gs://`), creating parent directories.
+  """Writes `figure` as a PNG to `path` (local or `gs://`), creating parent
+  directories: rendered in memory, then written atomically
+  (txf.train.workdir.write_file), so a failed write leaves no cut PNG.
 
   Returns:
     The path written.
+
+  Raises:
+    WriteError: naming `path` and the reason (a full disk); `path` is as it was.
   """
-  path = epath.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_bytes(png_bytes(figure))
-  return path
+  return write_file(path, png_bytes(figure))
 
 
 def _check_grid(weights_by_layer: Sequence[Any]) -> np.ndarray:

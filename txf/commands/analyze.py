@@ -24,7 +24,9 @@ A progress line per head's ablation goes to stderr as it is done. An
 invalid argument, a directory without a trained run, one that cannot be
 written (a read-only file system) or one held by another process (a run
 still training there) exits 2 with one line naming it, before anything is
-computed.
+computed. A file that cannot be written (a full disk) exits 1 with one line
+(`write error: PATH: ...`); every file is written atomically, so none is
+left cut.
 """
 
 from __future__ import annotations

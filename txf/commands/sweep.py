@@ -14,20 +14,28 @@ results.md and the plots from what is on disk (a directory where no point has
 run, a mistyped --workdir, exits 2 with one line, creating nothing);
 `--publish=DIR` copies every point's raw outputs, without checkpoints, into
 the new directory DIR and writes results.csv and results.md there
-(txf.sweep.publish: what a findings page commits; an unfinished point or a
-DIR that holds anything exits 2 with one line, copying nothing). A sweep
+(txf.sweep.publish: what a findings page commits). An unfinished point (one
+without the extrapolation.json of its final step, too, unless the sweep does
+not extrapolate), a DIR that is a file or holds anything exits 2 with one
+line, copying nothing; a write that fails (a full disk) exits 1 with one
+line (`write error: DIR: ...`) and leaves no DIR (it is made in a temporary
+sibling and renamed into place when complete), so a rerun works. A sweep
 directory that cannot be written (read-only) exits 2 with one line before
 anything runs. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
 A SIGTERM (preemption) while a point trains saves it and stops the sweep
 ("sweep preempted in point N ...", exit status 0, as txf-run); the
-rerun resumes there. One during a point's length extrapolation stops it
-too, with a line saying so (exit status 0; the rerun extrapolates the point
-again). A results file, plot or extrapolation record that cannot
-be written (a full disk) stops it with one line naming the file (`write
-error: ...`, exit status 1); every such file is replaced atomically, so its
-previous version is intact.
+rerun resumes there. A SIGTERM anywhere else stops it too, with a line
+saying so and to rerun the same command (exit status 0): during a point's
+length extrapolation (the rerun extrapolates the point again), between
+points, or before the results are written (results.csv, results.md and the
+plots are then left as they were: they are written as one set, so tables
+and plots always describe the same runs). A results file, plot or
+extrapolation record that cannot be written (a full disk) stops it with one
+line naming the file (`write error: ...`, exit status 1); every such file is
+replaced atomically, so its previous version is intact, and a summary's
+files are replaced all or none.
 
 A sweep config has sections base (the run config every point starts from),
 grid (the fields swept, txf.sweep.grid) and sweep (its settings). Override a
@@ -114,7 +122,7 @@ def main(argv) -> None:
   from txf.evaluate.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError, expand, override_grid
   from txf.sweep.publish import publish
-  from txf.sweep.runner import run_sweep
+  from txf.sweep.runner import read_sweep_settings, run_sweep
 
   sweep_config = _CONFIG.value
   if _GRID.value:
@@ -131,7 +139,12 @@ def main(argv) -> None:
   with run_errors():
     try:
       if _PUBLISH.value is not None:
-        publish(expand(sweep_config), workdir, _PUBLISH.value)
+        publish(
+          expand(sweep_config),
+          workdir,
+          _PUBLISH.value,
+          extrapolated=_EXTRAPOLATE.value and read_sweep_settings(sweep_config).extrapolate,
+        )
         return
       run_sweep(
         sweep_config,

@@ -90,7 +90,7 @@ from txf.train.checkpoint import make_checkpointer
 from txf.train.console import format_duration
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
-from txf.train.workdir import check_reachable, run_path
+from txf.train.workdir import check_reachable, run_path, write_file
 
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"
@@ -484,10 +484,10 @@ def analyze_run(
           f"({len(training['steps'])} checkpoints, steps {training['steps'][0]}.."
           f"{training['steps'][-1]}):\n\n{phase_change_table({label: training})}"
         )
-      files.append(_write(out / CIRCUITS_MD, "\n".join(md_parts)))
+      files.append(write_file(out / CIRCUITS_MD, "\n".join(md_parts)))
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
-  files += [_write(out / SCORES_MD, table), _write(out / SCORES_CSV, _csv(scores))]
+  files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
   return {
     "step": run.step,
     "baseline_loss": baseline,
@@ -527,9 +527,7 @@ def _write_circuits(
   out: epath.Path, record: dict[str, Any], label: str, step: int
 ) -> list[epath.Path]:
   """circuits.json and the figures of layer 0 -> 1."""
-  json_path = out / CIRCUITS_JSON
-  json_path.parent.mkdir(parents=True, exist_ok=True)
-  json_path.write_text(json.dumps(record, indent=1) + "\n")
+  json_path = write_file(out / CIRCUITS_JSON, json.dumps(record, indent=1) + "\n")
   periods = ", ".join(str(period) for period in record["periods"])
   figures = {
     COMPOSITION_PNG: composition_figure(
@@ -618,12 +616,6 @@ def _training_xlim(training: dict[str, Any]) -> int:
   steps = training["steps"]
   _, after, _ = steepest_fall(steps, -np.asarray(training["accuracy"]))
   return int(min(steps[-1], 4 * after))
-
-
-def _write(path: epath.Path, text: str) -> epath.Path:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(text)
-  return path
 
 
 def _markdown(

@@ -16,7 +16,7 @@ replica: "loss" and the per-position losses are the replicas' means,
 "replica_loss" holds each replica's. The run directory gains
 extrapolation.json (format: txf.sweep.results), extrapolation.png and
 per_position_loss.png; nothing else in it changes. Each is written
-atomically (txf.sweep.writes), the plots first: extrapolation.json, which
+atomically (txf.train.workdir.write_file), the plots first: extrapolation.json, which
 tells a sweep that the point is extrapolated, is never cut and comes last.
 """
 
@@ -44,12 +44,11 @@ from txf.analysis.extrapolation import (
 )
 from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
-from txf.sweep.writes import write_file, write_line_plot
 from txf.train.console import format_duration
 from txf.train.resume import read_run_config
 from txf.train.run_config import check_run_config
 from txf.train.setup import RunSetup, TrainedRun, load_run
-from txf.train.workdir import check_reachable, run_path
+from txf.train.workdir import check_reachable, run_path, write_file
 
 EXTRAPOLATION_PNG = "extrapolation.png"
 
@@ -284,11 +283,13 @@ def _losses(
 def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
   """extrapolation.png (loss vs length per protocol, log x) and
   per_position_loss.png (loss vs window position at the longest applicable length)."""
+  from txf.analysis.plots import line_plot  # loads matplotlib: only when the plots are written
+
   kept = [at for at, applicable in enumerate(record["applicable"]) if applicable]
   lengths = np.array([record["lengths"][at] for at in kept])
   ylabel = f"validation loss ({LOSS_UNITS})"
   train_length = record["train_length"]
-  write_line_plot(
+  line_plot(
     {
       protocol.replace("_", "-") + " windows": (
         lengths,
@@ -304,7 +305,7 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
   )
   per_position = record["per_position"]
   length = per_position["length"]
-  write_line_plot(
+  line_plot(
     {
       f"non-overlapping windows of {length} tokens": (
         np.arange(length),

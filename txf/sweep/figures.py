@@ -1,9 +1,10 @@
 """A sweep's figures, from the summaries of txf.sweep.results: loss curves,
 length extrapolation, loss by position, final loss by Pre-/Post-LN, final
-accuracy by model width. Each is
-written atomically into the sweep's work directory (txf.sweep.writes) and
-labelled in words (`point_labels`: 'RoPE, Pre-LN'); the plots themselves are
-txf.analysis.plots' line plots and matplotlib's object API.
+accuracy by model width. Each is labelled in words (`point_labels`: 'RoPE,
+Pre-LN'), rendered in memory and handed as PNG bytes to a writer: by default
+txf.train.workdir.write_file (atomic); a sweep's summary collects them all
+first and writes them as one set (txf.sweep.runner.summarize). The plots
+themselves are txf.analysis.plots' line plots and matplotlib's object API.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from txf.sweep.results import (
   flatness_text,
   fraction_name,
 )
-from txf.sweep.writes import write_figure, write_line_plot
+from txf.train.workdir import write_file
 
 LOSS_CURVES_PNG = "loss_curves.png"
 TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
@@ -44,7 +45,11 @@ WIDTH_FIELD = "model.d_model"
 # A grid field tuned per point rather than compared (accuracy_vs_width_figure).
 TUNED_FIELD = "train.learning_rate"
 
+# (series, *, title, xlabel, ylabel, logx, styles) -> a matplotlib Figure
+# (txf.analysis.plots.line_plot_figure's arguments).
 LinePlot = Callable[..., Any]
+# (path, PNG bytes) -> anything: puts a figure's file down.
+Write = Callable[[epath.Path, bytes], Any]
 
 LINESTYLES = ("-", "--", ":", "-.")
 # Legends' words for the values of the fields sweeps vary most; other fields
@@ -69,6 +74,23 @@ VALUE_WORDS: dict[str, dict[Any, str]] = {
     "lstm": "LSTM",
   },
 }
+
+
+def _line_plot(line_plot: LinePlot | None, series: dict[str, Any], **options: Any) -> Any:
+  """`line_plot(series, **options)`'s Figure (default: txf.analysis.plots.line_plot_figure)."""
+  if line_plot is None:
+    from txf.analysis.plots import line_plot_figure  # loads matplotlib: only when a figure is made
+
+    line_plot = line_plot_figure
+  return line_plot(series, **options)
+
+
+def _write_png(figure: Any, path: epath.Path, write: Write) -> epath.Path:
+  """Renders `figure` as PNG bytes in memory and hands them to `write`; returns `path`."""
+  from txf.analysis.plots import png_bytes  # as in _line_plot
+
+  write(path, png_bytes(figure))
+  return path
 
 
 def field_words(path: str) -> str:
@@ -128,6 +150,7 @@ def plot_loss_curves(
   *,
   metric: str = "eval_loss",
   line_plot: LinePlot | None = None,
+  write: Write = write_file,
 ) -> epath.Path:
   """Validation ('eval_loss', loss_curves.png) or training ('loss',
   train_loss_curves.png) loss vs training step, one line per point (its
@@ -138,8 +161,8 @@ def plot_loss_curves(
   e.g. 'RoPE, Pre-LN (not flat: -3.1% in the last fifth)'.
   Returns the PNG.
 
-  `line_plot` defaults to txf.analysis.plots.line_plot, written atomically
-  (txf.sweep.writes.write_line_plot).
+  `line_plot` builds the Figure (default txf.analysis.plots.line_plot_figure);
+  `write` puts its PNG down (default: atomically, txf.train.workdir.write_file).
   """
   if metric not in CURVES:
     raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")
@@ -167,9 +190,9 @@ def plot_loss_curves(
     if metric == "eval_loss"
     else ""
   )
-  (line_plot or write_line_plot)(
+  figure = _line_plot(
+    line_plot,
     series,
-    path,
     title=f"{what.capitalize()} per point"
     + (f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
     + criterion,
@@ -177,7 +200,7 @@ def plot_loss_curves(
     ylabel=f"{what} ({LOSS_UNITS})",
     styles=styles,
   )
-  return path
+  return _write_png(figure, path, write)
 
 
 def plot_extrapolation(
@@ -186,6 +209,7 @@ def plot_extrapolation(
   *,
   protocol: str,
   line_plot: LinePlot | None = None,
+  write: Write = write_file,
 ) -> epath.Path:
   """Validation loss vs evaluation length (log x), one line per point that has
   extrapolation results for `protocol`, applicable lengths only. Returns the
@@ -206,16 +230,16 @@ def plot_extrapolation(
       None,
     )
   path = epath.Path(sweep_workdir) / f"extrapolation_{protocol}.png"
-  (line_plot or write_line_plot)(
+  figure = _line_plot(
+    line_plot,
     series,
-    path,
     title=f"Length extrapolation ({protocol.replace('_', '-')} windows)",
     xlabel="evaluation length (tokens)",
     ylabel=f"validation loss ({LOSS_UNITS})",
     logx=True,
     styles=styles,
   )
-  return path
+  return _write_png(figure, path, write)
 
 
 def plot_per_position(
@@ -224,6 +248,7 @@ def plot_per_position(
   *,
   bins: int = 16,
   line_plot: LinePlot | None = None,
+  write: Write = write_file,
 ) -> epath.Path:
   """Validation loss vs token position in the non-overlapping windows of each
   point's longest applicable evaluation length, one line per point that has
@@ -252,15 +277,15 @@ def plot_per_position(
       None,
     )
   path = epath.Path(sweep_workdir) / PER_POSITION_PNG
-  (line_plot or write_line_plot)(
+  figure = _line_plot(
+    line_plot,
     series,
-    path,
     title=f"Loss by position at the longest length ({bins}-span means)",
     xlabel="position in the window (tokens from its start)",
     ylabel=f"validation loss ({LOSS_UNITS})",
     styles=styles,
   )
-  return path
+  return _write_png(figure, path, write)
 
 
 def pre_vs_post_figure(
@@ -344,13 +369,14 @@ def plot_pre_vs_post(
   *,
   group_field: str = "model.position",
   split_field: str = "model.norm_placement",
+  write: Write = write_file,
 ) -> epath.Path:
   """Final validation loss, one column per value of `group_field` (the
   encodings) holding one marker per value of `split_field` (Pre- and
   Post-LN), error bars ±1 std over replicas. A point without a final eval
   loss has no marker (a diverged one is labelled so). Returns the PNG."""
   figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
-  return write_figure(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG)
+  return _write_png(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG, write)
 
 
 def _mean_accuracy(row: PointSummary) -> float:
@@ -434,6 +460,7 @@ def plot_accuracy_vs_width(
   *,
   width_field: str = WIDTH_FIELD,
   tuned_field: str = TUNED_FIELD,
+  write: Write = write_file,
 ) -> epath.Path:
   """Final validation accuracy against the model width (`width_field`, log2
   x), one line per setting of the other grid fields (e.g. per model family,
@@ -443,4 +470,4 @@ def plot_accuracy_vs_width(
   highest mean accuracy, that value written beside the marker, as Zoology
   reports each architecture at its best learning rate. Returns the PNG."""
   figure = accuracy_vs_width_figure(rows, width_field=width_field, tuned_field=tuned_field)
-  return write_figure(figure, epath.Path(sweep_workdir) / ACCURACY_VS_WIDTH_PNG)
+  return _write_png(figure, epath.Path(sweep_workdir) / ACCURACY_VS_WIDTH_PNG, write)

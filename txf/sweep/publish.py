@@ -11,10 +11,19 @@ software versions; the divergence record where the point diverged) go to
 <destination>/<point name>; checkpoints, samples, event files and plots stay
 behind. Then results.csv and results.md are written there from the copies,
 as `--summarize` would write them.
+
+A publication appears whole or not at all: on a local disk it is made in a
+temporary sibling of the destination (.NAME.<hex>.tmp) and renamed into
+place once complete, so a failed write (a full disk) leaves no destination
+behind and a rerun starts afresh. (An object store's destination, gs://,
+has no rename: its objects are uploaded one by one.)
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +34,14 @@ from txf.sweep.grid import Point
 from txf.train.metrics import METRICS_FILE
 from txf.train.record import RECORD_FILE
 from txf.train.resume import CONFIG_FILE
-from txf.train.workdir import WorkdirError, check_writable, run_path
+from txf.train.workdir import (
+  WorkdirError,
+  WriteError,
+  check_writable,
+  is_local,
+  run_path,
+  write_error,
+)
 
 RAW_FILES = (
   METRICS_FILE,
@@ -42,39 +58,87 @@ def publish(
   workdir: str | epath.PathLike,
   destination: str | epath.PathLike,
   *,
+  extrapolated: bool = True,
   log: Callable[[str], Any] = print,
 ) -> list[results.PointSummary]:
   """Copies each point's RAW_FILES from `workdir` to `destination` and writes
   the results there; returns their rows.
 
+  Args:
+    extrapolated: whether the sweep extrapolates its points (sweep.extrapolate):
+      then a point trained to the end is finished only with the
+      extrapolation.json of its final step.
+
   Raises (before anything is copied):
     WorkdirError: a point of the sweep that has not finished in `workdir`
       (naming it: a table of some points would pass for the sweep's) or was
       trained for more steps than the sweep's (results.check_trained_steps), a
-      `destination` that holds anything already (nothing is replaced) or
-      cannot be written.
+      `destination` that is a file, holds anything already (nothing is
+      replaced) or cannot be written.
+  Raises (while copying):
+    WriteError: '<destination>: <reason>' (a full disk); nothing is published.
   """
   workdir, destination = run_path(workdir), run_path(destination)
   for point in points:
-    status = results.point_status(workdir / point.name, steps=point.config.train.steps)
-    if status not in FINISHED:
-      raise WorkdirError(
-        f"{workdir}: point {point.index} ({point.name}) is {status}, not finished: "
-        "nothing published"
-      )
+    _check_finished(point, workdir, extrapolated=extrapolated, log=log)
+  if destination.exists():
+    if not destination.is_dir():
+      raise WorkdirError(f"{destination}: exists and is not a directory")
+    if any(destination.iterdir()):
+      raise WorkdirError(f"{destination}: not empty: publish into a new directory")
+  if not is_local(destination):
+    check_writable(destination)
+    rows = _fill(points, workdir, destination, log)
+  else:
+    staging = destination.with_name(f".{destination.name}.{uuid.uuid4().hex[:12]}.tmp")
+    check_writable(staging)  # creates it
     try:
-      results.check_trained_steps(point, workdir / point.name)
-    except ValueError as error:
-      raise WorkdirError(f"{workdir}: {error}: nothing published") from None
-  if destination.exists() and any(destination.iterdir()):
-    raise WorkdirError(f"{destination}: not empty: publish into a new directory")
-  check_writable(destination)
+      rows = _fill(points, workdir, staging, log)
+      os.replace(staging, destination)  # over an empty directory too (epath's refuses)
+    except BaseException as error:
+      shutil.rmtree(staging, ignore_errors=True)
+      if isinstance(error, (OSError, WriteError)):
+        # A WriteError names the staging file: the OS's reason is its cause.
+        raise write_error(destination, error.__cause__ or error) from error
+      raise
+  tables = ", ".join(str(destination / name) for name in (results.RESULTS_CSV, results.RESULTS_MD))
+  log(f"published {len(points)} points into {destination}: {tables}")
+  return rows
+
+
+def _check_finished(
+  point: Point, workdir: epath.Path, *, extrapolated: bool, log: Callable[[str], Any]
+) -> None:
+  """WorkdirError naming `point` unless it finished in `workdir`: done (with
+  its final extrapolation where the sweep extrapolates) or diverged, and not
+  trained for more steps than the sweep's."""
+  status = results.point_status(workdir / point.name, steps=point.config.train.steps)
+  if status not in FINISHED:
+    raise WorkdirError(
+      f"{workdir}: point {point.index} ({point.name}) is {status}, not finished: nothing published"
+    )
+  try:
+    results.check_trained_steps(point, workdir / point.name)
+  except ValueError as error:
+    raise WorkdirError(f"{workdir}: {error}: nothing published") from None
+  if extrapolated and results.needs_extrapolation(point, workdir / point.name, log):
+    raise WorkdirError(
+      f"{workdir}: point {point.index} ({point.name}) has no {results.EXTRAPOLATION_FILE} "
+      "of its final step, so it is not finished (rerun the sweep to extrapolate it): "
+      "nothing published"
+    )
+
+
+def _fill(
+  points: Sequence[Point], workdir: epath.Path, target: epath.Path, log: Callable[[str], Any]
+) -> list[results.PointSummary]:
+  """Copies the points' raw files into the directory `target` and writes the
+  results there; returns their rows."""
   for point in points:
-    (destination / point.name).mkdir(parents=True)
+    (target / point.name).mkdir(parents=True)
     for name in RAW_FILES:
       if (workdir / point.name / name).exists():
-        (workdir / point.name / name).copy(destination / point.name / name)
-  rows = [results.summarize_point(point, destination / point.name, log=log) for point in points]
-  written = results.write_results(rows, destination)
-  log(f"published {len(points)} points into {destination}: " + ", ".join(map(str, written)))
+        (workdir / point.name / name).copy(target / point.name / name)
+  rows = [results.summarize_point(point, target / point.name, log=log) for point in points]
+  results.write_results(rows, target)
   return rows

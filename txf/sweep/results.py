@@ -27,7 +27,7 @@ metrics.jsonl; the sweep adds
       each seed replica's loss, whose mean "loss" holds); null where not
       applicable.
   Every file here (and the sweep's tables and figures) is written atomically
-  (txf.sweep.writes): a cut or unreadable extrapolation.json is a writer
+  (txf.train.workdir.write_files): a cut or unreadable extrapolation.json is a writer
   killed by something else; it reads as missing (one line says so) and the
   sweep recomputes it.
 
@@ -53,10 +53,10 @@ from etils import epath
 
 from txf.sweep import significance
 from txf.sweep.grid import Point
-from txf.sweep.writes import write_file
 from txf.train.metrics import read_metrics
 from txf.train.replicas import metric_names
 from txf.train.resume import CONFIG_FILE, read_run_config
+from txf.train.workdir import write_file, write_files
 
 DIVERGED_FILE = "diverged.json"
 EXTRAPOLATION_FILE = "extrapolation.json"
@@ -377,6 +377,23 @@ def readable_extrapolation(workdir: str | epath.PathLike, log: Log) -> Extrapola
     return None
 
 
+def needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
+  """Whether a finished point (trained to its train.steps) lacks a readable
+  extrapolation.json of its final step (an unreadable one, or one of fewer
+  steps, is to be recomputed; each logs one line)."""
+  steps = point.config.train.steps
+  if point_status(workdir, steps=steps) != "done":
+    return False
+  found = readable_extrapolation(workdir, log)
+  if found is not None and found.step not in (None, steps):
+    log(
+      f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, "
+      f"the point is trained to {steps}: out of date"
+    )
+    return True
+  return found is None
+
+
 def point_replicas(point: Point) -> int:
   """R, the seed replicas the point trains (its config's `replicas`; 1 if unset)."""
   return point.config.get("replicas", 1)
@@ -591,22 +608,31 @@ def _comparison_lines(rows: Sequence[PointSummary], fields: Sequence[str]) -> li
 
 
 def write_results(
-  rows: Sequence[PointSummary], sweep_workdir: str | epath.PathLike
+  rows: Sequence[PointSummary],
+  sweep_workdir: str | epath.PathLike,
+  *,
+  write: Callable[[epath.Path, str], Any] | None = None,
 ) -> tuple[epath.Path, epath.Path]:
   """Writes results.csv and results.md (one row per point) into the sweep
   workdir and returns their paths.
 
-  Each file is replaced atomically (WriteError, the old one intact,
-  when that fails). CSV: numbers at full precision, '' where there is no value, 'n/a' for an
+  By default both are replaced as one set, atomically (WriteError, the old
+  ones intact, when that fails); `write(path, text)` puts each down instead
+  (a summary collecting its files: txf.sweep.runner.summarize). CSV:
+  numbers at full precision, '' where there is no value, 'n/a' for an
   extrapolation length that does not apply, std columns '' with one replica.
   """
   if not rows:
     raise ValueError("rows: no points to write")
   directory = epath.Path(sweep_workdir)
-  return (
-    write_file(directory / RESULTS_CSV, _csv_text(rows)),
-    write_file(directory / RESULTS_MD, _markdown_text(rows)),
-  )
+  tables = {directory / RESULTS_CSV: _csv_text(rows), directory / RESULTS_MD: _markdown_text(rows)}
+  if write is None:
+    write_files(tables)
+  else:
+    for path, text in tables.items():
+      write(path, text)
+  csv_path, md_path = tables
+  return csv_path, md_path
 
 
 def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss") -> Curve:

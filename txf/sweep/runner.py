@@ -56,7 +56,13 @@ from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.console import format_duration
 from txf.train.setup import adding_to_run, precheck_run
-from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
+from txf.train.workdir import (
+  WorkdirError,
+  check_reachable,
+  check_writable,
+  run_path,
+  write_files,
+)
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -189,22 +195,6 @@ def _train_point(point: Point, workdir: epath.Path, log: Log, config_file: str |
   return preemption.requested or results.point_status(workdir, steps=steps) == "partial"
 
 
-def _needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
-  """Whether a finished point lacks a readable extrapolation.json of its
-  final step (an unreadable one, or one of fewer steps, is recomputed)."""
-  steps = point.config.train.steps
-  if results.point_status(workdir, steps=steps) != "done":
-    return False
-  found = results.readable_extrapolation(workdir, log)
-  if found is not None and found.step not in (None, steps):
-    log(
-      f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, "
-      f"the point is trained to {steps}; recomputing it"
-    )
-    return True
-  return found is None
-
-
 class _Preempted(Exception):
   """A SIGTERM stopped a point's extrapolation (_extrapolate_point)."""
 
@@ -227,7 +217,7 @@ def _extrapolate_point(
   if extrapolate is None:
     return False
   with adding_to_run(workdir):
-    if not _needs_extrapolation(point, workdir, log):
+    if not results.needs_extrapolation(point, workdir, log):
       return False
     log(f"point {point.index} ({point.name}): length extrapolation")
     with PreemptionGuard() as preemption:
@@ -246,11 +236,11 @@ def _extrapolate_point(
     return preemption.requested
 
 
-def summarize(
-  points: Sequence[Point], workdir: str | epath.PathLike, *, log: Log = print
-) -> list[results.PointSummary]:
-  """Writes results.csv, results.md and the plots into the sweep workdir from
-  what the points' run directories hold; returns the rows.
+def summary_files(
+  points: Sequence[Point], rows: Sequence[results.PointSummary], workdir: epath.Path
+) -> dict[epath.Path, str | bytes]:
+  """results.csv, results.md and the plots of `rows` (one per point),
+  rendered in memory: {path in `workdir`: its contents}.
 
   Plots: validation and training loss curves and, when the grid sweeps both
   model.position and model.norm_placement, Pre- vs Post-LN (both once any
@@ -259,28 +249,63 @@ def summarize(
   extrapolated length; when the grid sweeps model.d_model, the final
   validation accuracy by width.
   """
-  workdir = epath.Path(workdir)
-  rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
-  written = list(results.write_results(rows, workdir))
+  files: dict[epath.Path, str | bytes] = {}
+  put = files.__setitem__
+  results.write_results(rows, workdir, write=put)
   evaluated = any(row.eval_loss is not None for row in rows)
   if evaluated:
-    written += [figures.plot_loss_curves(rows, workdir, metric=metric) for metric in figures.CURVES]
+    for metric in figures.CURVES:
+      figures.plot_loss_curves(rows, workdir, metric=metric, write=put)
   protocols = dict.fromkeys(
     protocol for row in rows if row.extrapolation is not None for protocol in row.extrapolation.loss
   )
-  written += [
-    figures.plot_extrapolation(rows, workdir, protocol=protocol) for protocol in protocols
-  ]
+  for protocol in protocols:
+    figures.plot_extrapolation(rows, workdir, protocol=protocol, write=put)
   if any(
     row.extrapolation is not None and row.extrapolation.per_position_loss is not None
     for row in rows
   ):
-    written.append(figures.plot_per_position(rows, workdir))
+    figures.plot_per_position(rows, workdir, write=put)
   if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
-    written.append(figures.plot_pre_vs_post(rows, workdir))
+    figures.plot_pre_vs_post(rows, workdir, write=put)
   if evaluated and figures.WIDTH_FIELD in points[0].overrides:
-    written.append(figures.plot_accuracy_vs_width(rows, workdir))
-  log("wrote " + ", ".join(str(path) for path in written))
+    figures.plot_accuracy_vs_width(rows, workdir, write=put)
+  return files
+
+
+def summarize(
+  points: Sequence[Point],
+  workdir: str | epath.PathLike,
+  *,
+  log: Log = print,
+  preemption: PreemptionGuard | None = None,
+) -> list[results.PointSummary] | None:
+  """Writes results.csv, results.md and the plots (`summary_files`) into the
+  sweep workdir from what the points' run directories hold; returns the rows.
+
+  The summary is written whole or not at all, so tables and plots always
+  describe the same runs: every file is rendered in memory first, then all
+  are written as one set (txf.train.workdir.write_files: a full disk
+  replaces none). A SIGTERM that `preemption` (installed by the caller)
+  caught before the write is over stops it before anything is written:
+  one line says to rerun, and None is returned. One during the write
+  (short: renames, once the bytes are down) leaves the set whole.
+
+  Raises:
+    WriteError: a file could not be written (one line naming it); every
+      file of the summary is as it was.
+  """
+  workdir = epath.Path(workdir)
+  rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
+  files = summary_files(points, rows, workdir)
+  if preemption is not None and preemption.requested:
+    log(
+      "sweep preempted before its results were written (results.csv, results.md and the "
+      "plots are as they were); rerun the same command to write them"
+    )
+    return None
+  write_files(files)
+  log("wrote " + ", ".join(str(path) for path in files))
   return rows
 
 
@@ -324,8 +349,11 @@ def run_sweep(
   sweep goes on. A point preempted (SIGTERM) while it trains saves, and the
   sweep stops there: it logs so and returns None (a rerun resumes); a
   SIGTERM during a point's extrapolation stops it too, at the hook's next
-  progress line (a rerun computes again what it had not written). Only one
-  point's model is in memory at a time.
+  progress line (a rerun computes again what it had not written); one
+  between points stops it before the next, and one before the summary is
+  written stops it with the summary unwritten (`summarize`): each logs a
+  line saying to rerun the same command and returns None. Only one point's
+  model is in memory at a time.
 
   Args:
     sweep_config: base, grid and sweep sections (module docstring).
@@ -355,7 +383,8 @@ def run_sweep(
       directory that is not writable or in use (another sweep trains or
       extrapolates it).
     WriteError: a results file, plot or extrapolation record could not
-      be written (one line naming it; its previous version is intact).
+      be written (one line naming it; its previous version is intact, and
+      so is every other file of the summary).
   """
   if dry_run and summarize_only:
     raise ValueError("dry_run and summarize_only: choose one mode")
@@ -381,34 +410,62 @@ def run_sweep(
     except ValueError as error:
       raise GridError(f"{error} ({workdir / point.name}): use a new --workdir") from None
   check_writable(workdir)  # where the results go: a read-only sweep stops here
-  if not summarize_only:
-    began, point_seconds = time.perf_counter(), list[float]()
-    for position, point in enumerate(selected, 1):
-      point_dir = workdir / point.name
-      log(
-        format_sweep_progress(
-          position, len(selected), point, time.perf_counter() - began, point_seconds
-        )
-      )
-      point_began = time.perf_counter()
-      trains = results.point_status(point_dir, steps=point.config.train.steps) not in (
-        "done",
-        "diverged",
-      )
-      if _train_point(point, point_dir, log, config_file):
-        log(
-          f"sweep preempted in point {point.index} ({point.name}), which is saved; "
-          "rerun the same command to resume"
-        )
-        return None
-      if _extrapolate_point(point, point_dir, extrapolate, settings.extrapolate_tokens, log):
-        log(
-          f"sweep preempted in point {point.index} ({point.name})'s length extrapolation; "
-          "rerun the same command to resume (an extrapolation cut short is computed again)"
-        )
-        return None
-      if trains:
-        point_seconds.append(time.perf_counter() - point_began)
+  # From here on a SIGTERM (preemption) anywhere stops the sweep with a line
+  # and a clean return: training and extrapolation install their own guards
+  # (the point is saved; the extrapolation stops between lengths), and this
+  # one catches it between them and while the summary is made.
+  with PreemptionGuard() as preemption:
+    if not summarize_only and not _run_points(
+      selected, workdir, extrapolate, settings.extrapolate_tokens, log, config_file, preemption
+    ):
+      return None
     if len(selected) < len(points):
       return None
-  return summarize(points, workdir, log=log)
+    return summarize(points, workdir, log=log, preemption=preemption)
+
+
+def _run_points(
+  selected: Sequence[Point],
+  workdir: epath.Path,
+  extrapolate: Extrapolate | None,
+  num_tokens: int | None,
+  log: Log,
+  config_file: str | None,
+  preemption: PreemptionGuard,
+) -> bool:
+  """Trains and extrapolates each point of `selected` in turn; returns False
+  when a SIGTERM stopped the sweep (logging which point to rerun from)."""
+  began, point_seconds = time.perf_counter(), list[float]()
+  for position, point in enumerate(selected, 1):
+    if preemption.requested:
+      log(
+        f"sweep preempted before point {point.index} ({point.name}); "
+        "rerun the same command to resume"
+      )
+      return False
+    point_dir = workdir / point.name
+    log(
+      format_sweep_progress(
+        position, len(selected), point, time.perf_counter() - began, point_seconds
+      )
+    )
+    point_began = time.perf_counter()
+    trains = results.point_status(point_dir, steps=point.config.train.steps) not in (
+      "done",
+      "diverged",
+    )
+    if _train_point(point, point_dir, log, config_file):
+      log(
+        f"sweep preempted in point {point.index} ({point.name}), which is saved; "
+        "rerun the same command to resume"
+      )
+      return False
+    if _extrapolate_point(point, point_dir, extrapolate, num_tokens, log):
+      log(
+        f"sweep preempted in point {point.index} ({point.name})'s length extrapolation; "
+        "rerun the same command to resume (an extrapolation cut short is computed again)"
+      )
+      return False
+    if trains:
+      point_seconds.append(time.perf_counter() - point_began)
+  return True

@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import IO, Any
 
 from etils import epath
@@ -59,7 +60,7 @@ SCHEMES = {
   "az": (("adlfs",), "pip install adlfs"),
   "hf": (("huggingface_hub",), "pip install huggingface_hub"),
 }
-# replace_bytes' temporary of a file NAME: .NAME.<hex>.tmp
+# write_files' temporary of a file NAME: .NAME.<hex>.tmp
 _TEMPORARY_HEX = 12
 _STALE = re.compile(rf"\..+\.[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
 # 'gs:/bucket/run': a URL whose '//' a pathlib.Path has collapsed.
@@ -195,28 +196,19 @@ class _HeldLogs(logging.Handler):
       logger_.propagate = propagate
 
 
+def _temporary(path: epath.Path) -> epath.Path:
+  """A new temporary for `path` in its directory: .NAME.<hex>.tmp. A name per
+  writer: two processes replacing one file never share a temporary."""
+  return path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
+
+
 def replace_bytes(path: epath.Path, data: bytes) -> None:
-  """Replaces `path`'s contents atomically, for readers in other processes and
-  against a failed write: a local file through a temporary of its own name in
-  the same directory, renamed over it; an object by one upload (object writes
-  are atomic; a rename there is a copy and a delete). A write that fails (a
-  full disk) raises its OSError and leaves `path` as it was and no temporary
-  behind."""
-  if not is_local(path):
-    path.write_bytes(data)
-    return
-  # A name per writer: two processes replacing one file never share a temporary.
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
-  try:
-    tmp.write_bytes(data)
-    tmp.replace(path)
-  except BaseException:
-    tmp.unlink(missing_ok=True)
-    raise
+  """Replaces `path`'s contents atomically: `write_file`."""
+  write_file(path, data)
 
 
 def remove_stale_temporaries(directory: epath.Path) -> None:
-  """Removes the temporaries of `replace_bytes` left directly in the local
+  """Removes the temporaries of `write_files` left directly in the local
   `directory` by a process killed between writing one and renaming it.
   Only for the holder of the directory's lock (`WorkdirLock`), which no
   other writer of the run shares: every temporary there is stale."""
@@ -226,18 +218,59 @@ def remove_stale_temporaries(directory: epath.Path) -> None:
         path.unlink()
 
 
-def replace_text(path: epath.Path, text: str) -> None:
-  """Replaces `path`'s text (UTF-8) atomically: see `replace_bytes`.
+def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
+  """Replaces each file of `files` (a local path or URL -> its contents; a
+  str is written as UTF-8) atomically and the set as a whole, creating local parent
+  directories; returns the paths. The one writer of every file txf writes
+  (run outputs, tables, figures: `txf.analysis.plots.save_figure`).
+
+  Local files: every contents goes to a temporary beside its file first
+  (.NAME.<hex>.tmp), and only once all are down are they renamed
+  over the files, so a failed write (a full disk) leaves every file as it
+  was and no temporary behind, and readers never see a mix of old and new.
+  Objects (gs://) are uploaded one by one, each atomic.
 
   Raises:
-    WriteError: naming `path` and the reason (a full disk, ...); `path` is
-      left as it was and the temporary is removed.
+    WriteError: '<path>: <reason>' for the first file that failed.
   """
+  staged: list[tuple[epath.Path, epath.Path]] = []  # (temporary, file)
+  paths = [epath.Path(path) for path in files]
+  if not paths:
+    return paths
+  path = paths[0]
   try:
-    replace_bytes(path, text.encode("utf-8"))
-  # Remote file systems raise their own types (gcsfs's HttpError, ...).
-  except Exception as error:
-    raise write_error(path, error) from error
+    for path, data in zip(paths, files.values()):
+      data = data.encode("utf-8") if isinstance(data, str) else data
+      if not is_local(path):  # an object upload is atomic; a rename there is a copy
+        path.write_bytes(data)
+        continue
+      path.parent.mkdir(parents=True, exist_ok=True)
+      staged.append((_temporary(path), path))
+      staged[-1][0].write_bytes(data)
+    for temporary, path in staged:
+      temporary.replace(path)
+  except BaseException as error:  # also KeyboardInterrupt: no temporary stays
+    for temporary, _ in staged:
+      temporary.unlink(missing_ok=True)
+    # Remote file systems raise their own types (gcsfs's HttpError, ...).
+    if isinstance(error, Exception):
+      raise write_error(path, error) from error
+    raise
+  return paths
+
+
+def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
+  """Replaces one file atomically (`write_files`); returns its path.
+
+  Raises:
+    WriteError: naming `path` and the reason; `path` is as it was.
+  """
+  return write_files({epath.Path(path): data})[0]
+
+
+def replace_text(path: epath.Path, text: str) -> None:
+  """Replaces `path`'s text (UTF-8) atomically: `write_file`."""
+  write_file(path, text)
 
 
 def read_text(path: epath.Path) -> str | None:
