@@ -1,12 +1,17 @@
 """Tokenizers: round trips, special ids, sentencepiece training and caching."""
 
+import hashlib
+import json
+import shutil
 import types
 
 import numpy as np
 import pytest
 
+from conftest import FIXTURES
 from txf.data import (
   ByteTokenizer,
+  HFTokenizer,
   SentencePieceTokenizer,
   SymbolTokenizer,
   make_tokenizer,
@@ -166,3 +171,23 @@ def test_bytes_and_sentencepiece_as_hugging_face_tokenizers(sp_model_prefix, tmp
     }
   with pytest.raises(ValueError, match="SymbolTokenizer .* has no Hugging Face tokenizer.json"):
     tokenizers_module.hf_tokenizer_files(SymbolTokenizer(["a", "b"]))
+
+
+def test_tokenizer_hashes_are_of_the_files_that_define_the_ids(sp_model_prefix, tmp_path):
+  """sha256 changes with the files' contents (a run records it, and a run
+  started from it compares it), not with where they are."""
+  model = sp_model_prefix.with_name("tiny.model")
+  expected = hashlib.sha256(model.read_bytes()).hexdigest()
+  assert SentencePieceTokenizer(model).sha256 == expected
+  assert ByteTokenizer().sha256 is None
+
+  directory = shutil.copytree(FIXTURES / "hf" / "bert", tmp_path / "bert")
+  digest = hashlib.sha256()
+  for name in ("tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"):
+    if (directory / name).exists():
+      data = (directory / name).read_bytes()
+      digest.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+  assert HFTokenizer(directory).sha256 == digest.hexdigest()
+  config = directory / "tokenizer_config.json"
+  config.write_text(json.dumps(dict(json.loads(config.read_text()), model_max_length=7)))
+  assert HFTokenizer(directory).sha256 != digest.hexdigest()  # a special-token file counts

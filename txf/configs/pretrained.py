@@ -9,9 +9,10 @@ tokenizer.json (data.tokenizer='hf'). The task follows the model: a GPT-2
 decoder continues the built-in corpus (lm), a BERT encoder fills its masks
 (mlm), a T5 encoder-decoder needs a translation dataset
 (--config.data.name=tfds:...). A txf run directory gives its config.json's
-model and data sections (its tokenizer: a sentencepiece model is trained
-again on the same text, so it is the same) and its latest checkpoint's
-weights. Any field can still be overridden; a model field that no longer
+model and data sections (its tokenizer: its sentencepiece model is copied
+into the new run, not trained again; a tokenizer whose contents differ from
+the one the run recorded stops the run in one line) and its latest
+checkpoint's weights. Any field can still be overridden; a model field that no longer
 matches the checkpoint stops the run naming it.
 """
 

@@ -32,8 +32,8 @@ def _text_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokeni
       "workdir is required for data.tokenizer='sentencepiece' "
       "(the model is trained into it once, then reused)"
     )
-  prefix = epath.Path(workdir) / f"sentencepiece_{spec.sp_vocab_size}"
-  model = prefix.with_name(prefix.name + ".model")
+  model = epath.Path(workdir) / SentencePieceTokenizer.file_name(required(spec.sp_vocab_size))
+  prefix = model.with_suffix("")
   if model.exists():
     return SentencePieceTokenizer(model)
   max_bytes = min(spec.max_corpus_bytes or SENTENCEPIECE_TRAIN_BYTES, SENTENCEPIECE_TRAIN_BYTES)

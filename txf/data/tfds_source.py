@@ -106,6 +106,14 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
   return records
 
 
+def resolved_version(spec: DataSpec) -> str:
+  """The version of the prepared dataset data.name reads: the one it names
+  (':<version>') or the newest prepared in data.tfds_data_dir."""
+  import tensorflow_datasets as tfds  # imported here: only TFDS data needs it
+
+  return str(tfds.builder(dataset_name(spec), data_dir=spec.tfds_data_dir).version)
+
+
 def _utf8(value: str | bytes) -> bytes:
   """A text feature's bytes (data sources give bytes, some mocks str)."""
   return value if isinstance(value, bytes) else value.encode("utf-8")

@@ -8,6 +8,7 @@ its vocabulary's ids. `mask_id` is None where the vocabulary has no mask token
 """
 
 import abc
+import hashlib
 import io
 import json
 import os
@@ -35,6 +36,13 @@ class Tokenizer(abc.ABC):
   eos_id: int = EOS_ID
   mask_id: int | None = None
   vocab_size: int
+
+  @property
+  def sha256(self) -> str | None:
+    """SHA-256 of the file contents that define the ids (a sentencepiece
+    model, a tokenizer.json and its special-token files); None for a
+    tokenizer defined by txf's code alone."""
+    return None
 
   @abc.abstractmethod
   def encode(self, text: str) -> np.ndarray:
@@ -121,7 +129,9 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, model_path: str | os.PathLike):
     # Read through epath: the model may be in a gs:// work directory.
-    self._sp = spm.SentencePieceProcessor(model_proto=epath.Path(model_path).read_bytes())
+    proto = epath.Path(model_path).read_bytes()
+    self._sha256 = hashlib.sha256(proto).hexdigest()
+    self._sp = spm.SentencePieceProcessor(model_proto=proto)
     self.vocab_size = self._sp.get_piece_size()
     found = (
       self._sp.pad_id(),
@@ -141,6 +151,16 @@ class SentencePieceTokenizer(Tokenizer):
   @property
   def special_ids(self) -> frozenset[int]:
     return super().special_ids | {self.unk_id}
+
+  @property
+  def sha256(self) -> str:
+    """SHA-256 of the model file."""
+    return self._sha256
+
+  @staticmethod
+  def file_name(vocab_size: int) -> str:
+    """The model's file in a run's work directory (txf.data.make_tokenizer)."""
+    return f"sentencepiece_{vocab_size}.model"
 
   def encode(self, text: str) -> np.ndarray:
     return np.asarray(self._sp.encode(text), dtype=np.int32)
@@ -227,6 +247,8 @@ class HFTokenizer(Tokenizer):
   """
 
   _ROLES = ("pad", "bos", "eos", "mask", "unk", "cls", "sep")
+  # The files beside tokenizer.json that name the special tokens' roles.
+  _SPECIAL_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 
   def __init__(self, path: str | os.PathLike):
     path = epath.Path(path)
@@ -265,7 +287,7 @@ class HFTokenizer(Tokenizer):
   def _special_tokens(directory: epath.Path) -> dict[str, str]:
     """{role: token text} from special_tokens_map.json, then tokenizer_config.json."""
     roles = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+    for name in HFTokenizer._SPECIAL_FILES:
       if not (directory / name).exists():
         continue
       saved = json.loads((directory / name).read_text())
@@ -276,6 +298,17 @@ class HFTokenizer(Tokenizer):
         if isinstance(token, str):
           roles[role] = token
     return roles
+
+  @property
+  def sha256(self) -> str:
+    """SHA-256 over tokenizer.json and the special-token files beside it
+    (each file's name, length and bytes, those present, in that order)."""
+    digest = hashlib.sha256()
+    for file in (self.file, *(self.file.parent / name for name in self._SPECIAL_FILES)):
+      if file.exists():
+        data = file.read_bytes()
+        digest.update(f"{file.name}\0{len(data)}\0".encode() + data)
+    return digest.hexdigest()
 
   def _token_id(self, file: epath.Path, role: str, token: str) -> int:
     token_id = self._tokenizer.token_to_id(token)

@@ -2,23 +2,33 @@
 Hugging Face checkpoint or another txf run, checked against the run's model.
 
 setup_run (txf.train.setup) calls `pretrained_params` while it builds the
-run and starts the state from them with `starting_from`.
+run and starts the state from them with `starting_from`. The weights' rows
+are the source run's token ids: parse_run first copies a txf run's
+sentencepiece model into the new run (`adopt_tokenizer`) instead of training
+another, and setup_run refuses a tokenizer whose contents differ from the
+one the source run recorded (`check_tokenizer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import optax
+from etils import epath
 
 from txf import interop
+from txf.data.spec import DataSpec
+from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.layers.model_config import ModelConfig
+from txf.train.record import recorded_tokenizer
 from txf.train.run_config import ConfigError
 from txf.train.step import TrainState
+from txf.train.workdir import replace_bytes
 
 # ModelConfig fields a run may set apart from its train.init_from checkpoint: they
 # change how the model trains or runs, not the function its parameters compute.
@@ -77,6 +87,58 @@ def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any)
         f"model but {found[path].shape} in {directory} {hint}"
       )
   return pretrained.params
+
+
+def _is_run(directory: str) -> bool:
+  from txf.train.export import is_run_directory  # noqa: PLC0415 (export reads runs through setup)
+
+  return is_run_directory(directory)
+
+
+def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.PathLike) -> None:
+  """Puts the sentencepiece model of the txf run `init_from` into `workdir`
+  (atomically, where it has none yet) for a run that starts from that run's
+  weights: training another on the corpus as it is now would give other ids
+  to the same embedding rows. Nothing for another tokenizer or start.
+
+  Raises:
+    ValueError: one line naming train.init_from, when that run has no model
+      of data.sp_vocab_size, or `workdir` holds one with other contents.
+  """
+  if spec.tokenizer != "sentencepiece" or not init_from or not _is_run(init_from):
+    return
+  name = SentencePieceTokenizer.file_name(spec.sp_vocab_size or 0)
+  source, target = epath.Path(init_from) / name, epath.Path(workdir) / name
+  if not source.exists():
+    raise ValueError(
+      f"train.init_from: {init_from} holds no {name}: this run's sentencepiece ids would not "
+      "be the ones its weights were trained on (keep its data.tokenizer and data.sp_vocab_size)"
+    )
+  model = source.read_bytes()
+  if not target.exists():
+    replace_bytes(target, model)
+  elif target.read_bytes() != model:
+    raise ValueError(
+      f"train.init_from: {target} is not the sentencepiece model of {init_from}: its ids "
+      "would differ from the ones the weights were trained on; use a new --workdir"
+    )
+
+
+def check_tokenizer(init_from: str, tokenizer: Tokenizer) -> None:
+  """Refuses `tokenizer` for a run starting from the txf run `init_from`
+  when its contents (Tokenizer.sha256) differ from the tokenizer that run
+  recorded (txf.train.record; nothing to compare for a run recorded before).
+
+  Raises:
+    ValueError: one line naming both hashes.
+  """
+  recorded = recorded_tokenizer(init_from) if _is_run(init_from) else None
+  if recorded is None or recorded.get("sha256") == tokenizer.sha256:
+    return
+  raise ValueError(
+    f"train.init_from: the tokenizer's contents (sha256 {tokenizer.sha256}) differ from "
+    f"those {init_from} trained with ({recorded.get('sha256')}): its ids would differ"
+  )
 
 
 def starting_from(

@@ -17,9 +17,15 @@ run appends one), rewritten atomically:
   data           {'name', 'sha256', ...}: the data source described (for the
                  built-in corpus its Python version, files and bytes; for
                  text files their count, the bytes the splits read and a
-                 hash of those) and a hash of that description
+                 hash of those; for a TFDS dataset the prepared version it
+                 reads, 'tfds_version') and a hash of that description
   config         the fully resolved config: the checked RunConfig's fields,
                  derived ones filled in (model.vocab_size, head_dim, d_ff, ...)
+  tokenizer      {'kind', 'sha256'}: data.tokenizer (null for a generated
+                 task's own) and the SHA-256 of the files that define its ids
+                 (the sentencepiece model, the HF tokenizer files; null for
+                 txf's byte and symbol tokenizers); a run started from this
+                 one (train.init_from) is refused when its tokenizer differs
   choices        {field: {'name', 'module', 'function', 'builtin', 'path'}}
                  for every registered choice the run uses (model.family,
                  head, position, norm, activation, init; data.name): the
@@ -99,7 +105,9 @@ def environment() -> dict[str, Any]:
 
 def data_description(run: RunConfig) -> dict[str, Any]:
   """The run's data described as cheaply as is stable, with a SHA-256 of it."""
-  from txf.data.spec import text_source  # noqa: PLC0415 (imports the data pipeline's modules)
+  from txf.data import tfds_source  # noqa: PLC0415 (imports the data pipeline's modules)
+  from txf.data.spec import text_source  # noqa: PLC0415
+  from txf.data.text import TFDSSource  # noqa: PLC0415
 
   spec = dataclasses.asdict(run.data)
   description: dict[str, Any] = dict(name=run.data.name, fields=spec)
@@ -107,10 +115,27 @@ def data_description(run: RunConfig) -> dict[str, Any]:
   fingerprint = None if text is None else text.fingerprint(run.data)
   if fingerprint is not None:
     description["corpus"] = fingerprint
+  if isinstance(text, TFDSSource):
+    description["tfds_version"] = tfds_source.resolved_version(run.data)
   description["sha256"] = hashlib.sha256(
     json.dumps(description, sort_keys=True, default=repr).encode("utf-8")
   ).hexdigest()
   return description
+
+
+def tokenizer_description(run: RunConfig, workdir: str | epath.PathLike) -> dict[str, Any]:
+  """{'kind': data.tokenizer, 'sha256': the tokenizer's (Tokenizer.sha256)}
+  of the run in `workdir` (its sentencepiece model is there by now)."""
+  from txf.data import make_tokenizer  # noqa: PLC0415 (the data pipeline's modules)
+
+  return dict(kind=run.data.tokenizer, sha256=make_tokenizer(run.data, workdir).sha256)
+
+
+def recorded_tokenizer(workdir: str | epath.PathLike) -> dict[str, Any] | None:
+  """The `tokenizer` of the run's last record entry; None for a run
+  recorded before it was, or without a readable record."""
+  tokenizer = _last_entry(workdir).get("tokenizer")
+  return tokenizer if isinstance(tokenizer, dict) else None
 
 
 def resolved_config(run: RunConfig) -> dict[str, Any]:
@@ -177,16 +202,20 @@ def registered_choices(run: RunConfig) -> dict[str, dict[str, Any]]:
   return choices
 
 
-def _recorded_choices(workdir: str | epath.PathLike) -> dict[str, Any]:
-  """The `choices` of the run's last record entry ({} for a run recorded
-  before they were, or without a readable record: a start sets such a
-  record aside, RunRecord)."""
+def _last_entry(workdir: str | epath.PathLike) -> dict[str, Any]:
+  """The run's last record entry ({} for a run without a readable record:
+  a start sets such a record aside, RunRecord)."""
   try:
     entries = read_record(workdir)
   except ValueError:
     return {}
-  last = entries[-1] if entries and isinstance(entries[-1], dict) else {}
-  choices = last.get("choices")
+  return entries[-1] if entries and isinstance(entries[-1], dict) else {}
+
+
+def _recorded_choices(workdir: str | epath.PathLike) -> dict[str, Any]:
+  """The `choices` of the run's last record entry ({} for a run recorded
+  before they were)."""
+  choices = _last_entry(workdir).get("choices")
   return choices if isinstance(choices, dict) else {}
 
 
@@ -360,6 +389,7 @@ class RunRecord:
       environment=environment(),
       data=data_description(run),
       config=resolved_config(run),
+      tokenizer=tokenizer_description(run, self._path.parent),
       choices=registered_choices(run),
     )
     self._write()

@@ -48,7 +48,12 @@ from txf.data.stacked import StackedDatasets
 from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import make_checkpointer
-from txf.train.pretrained import pretrained_params, starting_from
+from txf.train.pretrained import (
+  adopt_tokenizer,
+  check_tokenizer,
+  pretrained_params,
+  starting_from,
+)
 from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig, check_run_config
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
@@ -227,6 +232,8 @@ def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfi
       run_path(spec.tfds_data_dir, "data.tfds_data_dir")
     if spec.tokenizer == "sentencepiece":
       precheck_run(config)  # before the tokenizer is trained (it reads the corpus)
+      if workdir is not None:  # the weights' own ids, not a model trained anew
+        adopt_tokenizer(spec, config.train.get("init_from"), workdir)
     tokenizer = make_tokenizer(spec, workdir)
     run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes(spec))
     if spec.task == "lm" and run.eval.sample_tokens:
@@ -289,6 +296,7 @@ def setup_run(
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained = None
     if run.train.init_from:
+      check_tokenizer(run.train.init_from, dataset_args["tokenizer"])
       pretrained = pretrained_params(run.train.init_from, run.model, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
