@@ -22,9 +22,14 @@ from jax.sharding import PartitionSpec
 
 from conftest import REPO, tiny_config
 from txf.aot import hlo
-from txf.aot.compile import abstract_batch, compile_run, prepare_environment
+from txf.aot.compile import (
+  abstract_batch,
+  compile_run,
+  prepare_environment,
+  untrained_tokenizer,
+)
 from txf.aot.report import report
-from txf.aot.targets import parse_target
+from txf.aot.targets import MAX_DEVICES, parse_target
 from txf.train import optim
 from txf.train.run_config import ConfigError
 from txf.train.setup import parse_run, setup_run
@@ -73,10 +78,22 @@ def test_two_slices_double_the_chips_not_the_slice():
   assert (two.chips, two.slices, two.topology) == (512, 2, one.topology)
 
 
+@pytest.mark.parametrize("name", ["v5e-256", "v6e-256", "v4-8192", "v5e-256x256", "h100x65536"])
+def test_the_largest_targets_are_accepted(name):
+  assert parse_target(name).chips <= MAX_DEVICES
+
+
 @pytest.mark.parametrize(
   "name,message",
   [
     ("v5e-3", "no v5e slice has 3 chips"),
+    ("v5e-512", "the largest v5e slice has 256 chips"),  # the smallest refused, each bound
+    ("v6e-512", "the largest v6e slice has 256 chips"),
+    ("v4-16384", "the largest v4 slice has 4096 chips"),
+    ("v5e-256x257", "65,792 devices; txf compiles for 65,536 at most"),
+    ("h100x65544", "65,544 devices"),
+    ("v5e-16x100000", "1,600,000 devices"),  # once a minute's wait and an AssertionError
+    ("h100x1000000", "1,000,000 devices"),
     ("v4-7", "two per chip"),
     ("v4-2", "no v4 slice has 1 chips"),
     ("h100x12", "whole hosts of 8"),
@@ -449,6 +466,49 @@ def test_replicas_with_their_own_batches_lower_with_a_replica_axis_on_the_train_
     setup.eval_step.lower(setup.abstract_state.params, evaluation)
 
 
+@needs_libtpu
+def test_several_slices_are_data_parallel_across_slices_and_the_rest_within_each():
+  """MaxText's layout: the data axis spans the slices (the data-center
+  network), fsdp and tensor stay within a slice (jax.make_mesh refused
+  several slices)."""
+  config = tiny_config("rope", parallel__fsdp=2)
+  setup = setup_run(parse_run(config), devices=parse_target("v5e-4x2").devices())
+  assert dict(setup.mesh.shape) == {"data": 4, "fsdp": 2, "tensor": 1}
+  slices = [[device.slice_index for device in row.flat] for row in setup.mesh.devices]
+  assert slices == [[0, 0], [0, 0], [1, 1], [1, 1]]
+
+
+@needs_libtpu
+def test_a_data_axis_that_does_not_span_the_slices_is_a_config_error():
+  config = tiny_config("rope", parallel__fsdp=8)
+  with pytest.raises(ConfigError, match=r"^parallel.data = 1 is not a multiple of the 2 slices"):
+    setup_run(parse_run(config), devices=parse_target("v5e-4x2").devices())
+
+
+@pytest.mark.slow  # compiles
+@needs_libtpu
+def test_two_slices_compile_with_the_gradients_reduced_across_them():
+  figures = report(compile_run(tiny_config("rope", model__d_model=128), parse_target("v5e-4x2")))
+  assert figures["devices"] == 8 and figures["mesh"]["data"] == 8 and figures["fits"]
+  assert "all-reduce" in figures["collectives"]
+
+
+@needs_libtpu
+def test_a_sentencepiece_run_compiles_at_its_vocabulary_size_training_nothing(tmp_path):
+  """txf-compile has no work directory to train the tokenizer into: the
+  programs see the vocabulary only through its size, data.sp_vocab_size."""
+  config = tiny_config("rope", data__tokenizer="sentencepiece", data__sp_vocab_size=1000)
+  compiled = untrained_tokenizer(config)
+  assert config.data.tokenizer == "sentencepiece"  # the caller's config is left as it was
+  setup = setup_run(parse_run(compiled), devices=parse_target("v5e-4").devices())
+  assert setup.model.cfg.vocab_size == 1000
+  shapes = {x.shape for x in jax.tree.leaves(setup.abstract_state.params)}
+  assert (1000, config.model.d_model) in shapes  # the embedding
+  # model.vocab_size, where set, is kept.
+  config.model.vocab_size = 1024
+  assert untrained_tokenizer(config).model.vocab_size == 1024
+
+
 @needs_cuda_plugin
 def test_decoding_is_compiled_for_language_models_only():
   with pytest.raises(ConfigError, match="decode_tokens: decoding compiles for a language model"):
@@ -491,6 +551,7 @@ TINY = [
     (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be > 0"),
     (["--target=h100", "--decode_tokens=-1"], "flag error: decode_tokens: must be >= 0"),
     (["--target=h100", "--json=/no/such/dir/r.json"], "flag error: json: /no/such/dir/r.json"),
+    (["--target=v5e-16x100000"], "target error: target 'v5e-16x100000': 1,600,000 devices"),
   ],
 )
 def test_bad_input_is_one_line_exit_2(flags, message):
@@ -531,6 +592,31 @@ def test_a_program_the_compiler_refuses_is_one_line_exit_1(tmp_path):
     "INTERNAL: Couldn't find output tile sizes"
   )
   assert not (tmp_path / "r.json").exists()
+
+
+IN_READ_ONLY = """
+import sys
+sys.path.insert(0, "tests")
+from full_disk import read_only
+from txf.commands.compile import cli
+
+sys.argv[0] = "txf-compile"
+with read_only(sys.argv.pop(1)):
+  cli()
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_json_path_in_a_read_only_directory_is_refused_before_the_compile(tmp_path):
+  done = subprocess.run(
+    [sys.executable, "-c", IN_READ_ONLY, str(tmp_path), "--config=rope", *TINY, "--target=h100",
+     f"--json={tmp_path / 'r.json'}"],
+    cwd=REPO, env=dict(os.environ, XLA_FLAGS=""), capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 2, done.stderr[-2000:]
+  (line,) = done.stderr.strip().splitlines()
+  assert line.startswith(f"flag error: json: {tmp_path / 'r.json'}: {tmp_path}: not a writable")
+  assert done.stdout == ""  # before the config line, which the compile follows
 
 
 @pytest.mark.slow  # subprocesses

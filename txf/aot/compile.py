@@ -6,8 +6,8 @@
 but on the target's devices, and compiles its train step and eval step on
 abstract arguments (and, asked, the sampler its evaluations run, for
 `decode_tokens` tokens): nothing is allocated and no accelerator is
-needed. The
-report (`report.py`) then reads memory, cost, collectives and, for GPUs,
+needed, and a sentencepiece tokenizer is not trained (`untrained_tokenizer`).
+The report (`report.py`) then reads memory, cost, collectives and, for GPUs,
 kernels from the compiled programs.
 
 What the compilers need on a machine without the hardware:
@@ -25,6 +25,7 @@ What the compilers need on a machine without the hardware:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import os
@@ -35,6 +36,7 @@ from typing import Any
 import jax
 
 from txf.aot.targets import CUDNN_VERSION, Target
+from txf.data.spec import read_data_config
 from txf.decode import generation
 from txf.ops import platform
 from txf.train import sharding
@@ -157,6 +159,31 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   return functools.partial(generate, **options), arguments
 
 
+def untrained_tokenizer(config: Any) -> Any:
+  """`config`, or for a sentencepiece run (whose tokenizer is trained into
+  its work directory, which a compile has none of) a copy that tokenizes
+  bytes with the model's vocabulary at the trained tokenizer's size: its
+  `data.sp_vocab_size`, the most ids it can have, where `model.vocab_size`
+  is unset. The programs see the vocabulary only through its size (the
+  batches are [B, T] ids either way); nothing is trained.
+
+  Raises:
+    ConfigError: a data section that does not read (naming the field).
+  """
+  try:
+    spec = read_data_config(config.data)
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
+  if spec.tokenizer != "sentencepiece":
+    return config
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.data.tokenizer = "bytes"
+    if config.model.get("vocab_size") is None:
+      config.model.vocab_size = spec.sp_vocab_size
+  return config
+
+
 class CompileError(RuntimeError):
   """The target's compiler refused one of the run's programs (for a reason
   other than memory): names the program, the target and the compiler's
@@ -184,7 +211,7 @@ def compile_run(
   """
   devices = devices if devices is not None else target.devices()
   with _cudnn_answered_for(target) as cudnn:
-    setup = setup_run(parse_run(config), devices=devices)
+    setup = setup_run(parse_run(untrained_tokenizer(config)), devices=devices)
     batch, eval_batch = abstract_batch(setup), abstract_batch(setup, train=False)
     # The steps are jitted (RunSetup types them as plain callables): they lower.
     train_step: Any = setup.train_step

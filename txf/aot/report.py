@@ -240,7 +240,8 @@ def format_report(figures: dict[str, Any]) -> str:
     f"{figures['target']}: {figures['devices']} x {figures['device_kind']}, mesh {mesh}",
     f"{verdict}: train step {_gib(train['total_bytes'])} of {_gib(train['capacity_bytes'])} "
     f"per device ({_gib(abs(train['headroom_bytes']))} "
-    f"{'free' if train['fits'] else 'over'}), eval step {_gib(evaluation['total_bytes'])}",
+    f"{'free' if train['fits'] else 'over'}), eval step {_gib(evaluation['total_bytes'])}"
+    + ("" if evaluation["fits"] else f" ({_gib(-evaluation['headroom_bytes'])} over)"),
     f"  arguments {_gib(train['arguments_bytes'])}, outputs {_gib(train['outputs_bytes'])} "
     f"({_gib(train['aliased_bytes'])} of them over donated arguments), temporaries "
     f"{_gib(train['temporaries_bytes'])}",

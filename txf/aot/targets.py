@@ -10,7 +10,10 @@ hardware behind them.
 
 Chip counts: a v5e / v6e name counts chips (one TensorCore each, a 2-D
 torus); a v4 / v5p name counts TensorCores, two per chip (megacore: a JAX
-device is one chip), so `v4-8` is 4 chips. Eight GPUs share a host.
+device is one chip), so `v4-8` is 4 chips. Eight GPUs share a host. A
+slice is at most its generation's largest, and a target at most MAX_DEVICES
+devices; several slices are laid out by txf.train.sharding.make_mesh (data
+parallel across them).
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ from txf.extras import install_hint
 
 # Per chip: HBM bytes (the datasheets', which is what XLA may fill).
 _TPU_MEMORY = {"v4": 32 * 2**30, "v5e": 16 * 2**30, "v5p": 95 * 2**30, "v6e": 32 * 2**30}
+# Per generation: the chips of its largest slice (Cloud TPU's documentation:
+# a v4 pod, v5p's largest schedulable job, a v5e / v6e pod of 256).
+_TPU_LARGEST_SLICE = {"v4": 4096, "v5e": 256, "v5p": 6144, "v6e": 256}
 # Names counting TensorCores, two per chip (megacore).
 _MEGACORE = ("v4", "v5p")
 _GPUS_PER_HOST = 8
+# Devices in all, over slices or hosts. jax's topology descriptions take any
+# count (a million devices in 25 s, then a mesh and a compile that take
+# longer); the largest runs published (50,944 v5e chips over 199 slices)
+# stay below this.
+MAX_DEVICES = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +214,14 @@ def _tpu_topology(generation: str, chips: int) -> str:
   return f"{generation}:" + "x".join(map(str, sides))
 
 
+def _check_device_count(name: str, devices: int) -> None:
+  """Raises ValueError, one line, for more devices than MAX_DEVICES."""
+  if devices > MAX_DEVICES:
+    raise ValueError(
+      f"target {name!r}: {devices:,} devices; txf compiles for {MAX_DEVICES:,} at most"
+    )
+
+
 _TPU_NAME = re.compile(r"(v4|v5e|v5litepod|v5p|v6e)-(\d+)(?:x(\d+))?")
 _GPU_NAME = re.compile(r"(" + "|".join(GPUS) + r")(?:x(\d+))?")
 
@@ -222,6 +241,12 @@ def parse_target(name: str) -> Target:
       raise ValueError(f"target {name!r}: {generation} names count TensorCores, two per chip")
     if slices < 1:
       raise ValueError(f"target {name!r}: at least one slice")
+    if chips > _TPU_LARGEST_SLICE[generation]:
+      raise ValueError(
+        f"target {name!r}: the largest {generation} slice has {_TPU_LARGEST_SLICE[generation]} "
+        "chips (more: several slices, x2)"
+      )
+    _check_device_count(name, chips * slices)
     try:
       topology = _tpu_topology(generation, chips)
     except ValueError as error:
@@ -233,6 +258,7 @@ def parse_target(name: str) -> Target:
       raise ValueError(
         f"target {name!r}: 1 to {_GPUS_PER_HOST} GPUs, or whole hosts of {_GPUS_PER_HOST}"
       )
+    _check_device_count(name, count)
     hosts = max(1, count // _GPUS_PER_HOST)
     spec = GPUS[match[1]]
     topology = f"1x{hosts}x{min(count, _GPUS_PER_HOST)}"

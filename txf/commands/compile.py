@@ -10,9 +10,12 @@ Prints the config file it loaded first, then builds the run exactly as txf-
 run would (the same config, overrides and checks), but on the devices of the
 target's topology description, and compiles its train step and eval step
 ahead of time on this CPU: no TPU or GPU needed. Targets: TPU slices by
-their cloud names (v4-8 ... v4-4096, v5e-1 ... v5e-256, v5p-8 ..., v6e-...;
-v5e-256x2 for two slices) and GPUs with a count (h100, h200, a100; h100x8,
-h100x16 for two hosts). It prints, per device: the memory the train step and
+their cloud names, each generation up to its largest slice (v4-8 ... v4-8192,
+v5e-1 ... v5e-256, v5p-8 ... v5p-8192, v6e-1 ... v6e-256; v5e-256x2 for two
+slices, data parallel across them) and GPUs with a count (h100, h200, a100;
+h100x8, h100x16 for two hosts), 65,536 devices at most. A sentencepiece run
+compiles at data.sp_vocab_size ids, training no tokenizer. It prints, per
+device: the memory the train step and
 the eval step need against the device's (FITS / DOES NOT FIT, by how much),
 the step's FLOPs (the model's; the compiler's where it counts them), a
 roofline bound on the step time and the MFU it allows (`--step_seconds`
@@ -26,7 +29,9 @@ kernels it launches per generated token (what bounds decoding's speed at
 batch 1, where each kernel is tiny).
 `--json=PATH` writes the same figures (keys `fits` and `per_device`:
 `arguments_bytes`, `temporaries_bytes`, `total_bytes`, `capacity_bytes`,
-...). `--hlo=PATH` writes the compiled train step's HLO text.
+...). `--hlo=PATH` writes the compiled train step's HLO text. Each is
+written whole or not at all; a directory that cannot take it is found
+before the compile.
 
 Needs the target's compiler: for TPUs libtpu, `pip install 'jax[tpu]'` (txf's
 tpu extra); for GPUs jax's CUDA plugin and ptxas, `pip install
@@ -35,9 +40,10 @@ tpu extra); for GPUs jax's CUDA plugin and ptxas, `pip install
 Exit status: 0 when every program fits; 1 when one does not (the report says by
 how much) or the target's compiler fails on one (one line, `compile error:
 the train step does not compile for h100: ...`, XLA's first line; no
-report); 2 with one line for a bad target, a missing compiler, a config
-error (including a mesh that does not divide the target's devices or a batch
-that does not split over it).
+report) or an output cannot be written (a full disk); 2 with one line for a
+bad target, a missing compiler, a config error (including a mesh that does
+not divide the target's devices or a batch that does not split over it), an
+output path whose directory is missing or not writable.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import json
 import pathlib
 
 from absl import flags, logging
+from etils import epath
 
 from txf.commands.cli import (
   define_config_flag,
@@ -72,18 +79,30 @@ _DECODE_TOKENS = flags.DEFINE_integer(
 
 
 def _check_output(flag: flags.FlagHolder) -> None:
-  """An output file's directory must exist, and the file must not be one."""
+  """An output file's directory must exist and take a file (found before the
+  compile, not after it), and the file must not be a directory."""
+  from txf.train.workdir import WorkdirError, check_writable
+
   if flag.value is None:
     return
   path = pathlib.Path(flag.value)
   if path.is_dir() or not path.parent.is_dir():
     reason = "is a directory" if path.is_dir() else f"no directory {path.parent}"
     fail("flag", f"{flag.name}: {path}: {reason}")
+  try:
+    check_writable(path.parent)
+  except WorkdirError as error:
+    fail("flag", f"{flag.name}: {path}: {error}")
 
 
 def _write(path: str, text: str) -> None:
+  """Writes `path` whole or not at all; a failure (a full disk) is one line, exit 1."""
+  from txf.train.workdir import WriteError, replace_text
+
   try:
-    pathlib.Path(path).write_text(text, encoding="utf-8")
+    replace_text(epath.Path(path), text)
+  except WriteError as error:
+    fail("write", error, status=1)
   except OSError as error:
     fail("write", f"{path}: {error.strerror or error}", status=1)
 

@@ -107,15 +107,32 @@ def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None)
       f"{' x '.join(str(sizes[n]) for n in MESH_AXES)} = {math.prod(sizes.values())} "
       f"does not match the {len(devices)} devices (parallel.data=-1 takes the rest)"
     )
+  # Auto axes: sharding is propagated by the compiler and linen's logical
+  # constraints stay constraints.
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  slices = len({getattr(device, "slice_index", 0) for device in devices})
+  if slices > 1:
+    return Mesh(_multislice_grid(sizes, slices, devices), MESH_AXES, axis_types=axis_types)
   # jax.make_mesh orders devices for the physical topology (ICI neighbours on
-  # the fastest-varying axis: 'tensor'). Auto axes: sharding is propagated
-  # by the compiler and linen's logical constraints stay constraints.
+  # the fastest-varying axis: 'tensor').
   return jax.make_mesh(
-    tuple(sizes[n] for n in MESH_AXES),
-    MESH_AXES,
-    axis_types=(AxisType.Auto,) * len(MESH_AXES),
-    devices=devices,
+    tuple(sizes[n] for n in MESH_AXES), MESH_AXES, axis_types=axis_types, devices=devices
   )
+
+
+def _multislice_grid(sizes: dict[str, int], slices: int, devices: list) -> np.ndarray:
+  """The [data, fsdp, tensor] array of the devices of several TPU slices
+  (jax.make_mesh lays out one): data parallel across the slices, over the
+  data-center network, and every axis within each slice (MaxText's layout)."""
+  if sizes["data"] % slices:
+    raise ValueError(
+      f"parallel.data = {sizes['data']} is not a multiple of the {slices} slices "
+      "(data parallelism spans the slices)"
+    )
+  from jax.experimental import mesh_utils
+
+  within = (sizes["data"] // slices, sizes["fsdp"], sizes["tensor"])
+  return mesh_utils.create_hybrid_device_mesh(within, (slices, 1, 1), devices=devices)
 
 
 # ---------------------------------------------------------------------------
