@@ -470,3 +470,39 @@ def test_the_mqar_sizing_table_is_its_committed_runs():
       f"| {last['step']} | {last['eval_accuracy']:.3f} | 1/{data['num_symbols'] // 2} |"
     )
     assert row in page.splitlines(), row
+
+
+SAMPLE_MARKER = re.compile(
+  r"<!-- (sample: .*?(?:at|as of) ([0-9a-f]{7,40})\b.*?|not a sample: .+?) -->"
+)
+
+
+def test_every_output_sample_in_the_documents_names_the_commit_it_was_taken_at():
+  """A command's output shown in a ```text block drifts from what the command
+  prints: each carries a marker naming the commit it was taken at (or says
+  it is no output), and that commit is in the repository's history."""
+  import subprocess
+
+  has_git = (ROOT / ".git").exists()
+  for path in PAGES:
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines):
+      if line.strip() != "```text":
+        continue
+      marker = SAMPLE_MARKER.fullmatch(lines[number - 1].strip())
+      assert marker, f"{path.name}:{number + 1}: a ```text block without a sample marker"
+      if marker[2] and has_git:
+        found = subprocess.run(
+          ["git", "cat-file", "-e", f"{marker[2]}^{{commit}}"], cwd=ROOT, capture_output=True
+        )
+        assert found.returncode == 0, f"{path.name}:{number + 1}: no commit {marker[2]}"
+
+
+def test_the_running_page_names_the_text_tag_tensorboard_files_hold():
+  from tensorboardX import summary
+
+  from txf.train.metrics import SAMPLE_TAG
+
+  (value,) = summary.text(SAMPLE_TAG, "a sample").value
+  page = (ROOT / "docs" / "running.md").read_text()
+  assert f"text summary (`{value.tag}`)" in page
