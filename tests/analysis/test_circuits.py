@@ -5,7 +5,9 @@ Cheap: tiny models with parameters drawn here (no training; the trained
 circuit is tests/evaluate/test_induction_circuit.py's, marked slow), float64 numpy
 references (tests/numpy_references.py's layers) for the numerics, and
 one compiled patching program per probe shape, shared by the tests through
-txf.analysis.patching's cache.
+txf.analysis.patching's cache. Each per-layer analysis is also run at three
+layers (random parameters and synthetic tables), where layer 1, the last
+layer and layer l + 1 differ, so an analysis reading the wrong one fails.
 """
 
 import json
@@ -17,12 +19,13 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from numpy_references import f64, np_embed, np_ffn, np_norm, np_rope
+from numpy_references import f64, np_block, np_embed, np_ffn, np_norm, np_rope
 from tools import induction_docs
 from txf import ops
 from txf.analysis import circuit_report, composition, patching, phase_change
+from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.circuits import analyze_circuits
-from txf.analysis.head_scores import repeated_random_tokens
+from txf.analysis.head_scores import induction_score, repeated_random_tokens
 from txf.analysis.plots import save_figure
 from txf.layers.model_config import ModelConfig
 from txf.models import build
@@ -74,16 +77,19 @@ def np_fold(norm_params, d_model):
   return (np.eye(d_model) - 1 / d_model) @ np.diag(norm_params["scale"])
 
 
-@pytest.mark.parametrize("num_kv_heads", [None, 2])
-def test_composition_scores_match_a_float64_reference(num_kv_heads):
-  """Per pair, the paper's three norms ratios from the folded kernels
-  (rtol 1e-9: the same float64 products in another order)."""
-  _, params = tiny(num_kv_heads=num_kv_heads)
+def np_composition(params, writer, reader, num_kv_heads=None):
+  """{'q', 'k', 'v': float64 [H, H]}: the paper's three norm ratios of every
+  head of layer `writer` into every head of layer `reader`, from the folded
+  kernels of a tiny() model."""
   p = f64(params)["stack"]
-  scores = composition.composition_scores(params)
-  H, group, norm = 4, 4 // (num_kv_heads or 4), np.linalg.norm
-  first, second = (p[f"block_{layer}"]["self_attention"] for layer in (0, 1))
-  fold1, fold2 = (np_fold(p[f"block_{layer}"]["self_attention_norm"], 32) for layer in (0, 1))
+  H, norm = TINY["num_heads"], np.linalg.norm
+  group = H // (num_kv_heads or H)
+  first, second = (p[f"block_{layer}"]["self_attention"] for layer in (writer, reader))
+  fold1, fold2 = (
+    np_fold(p[f"block_{layer}"]["self_attention_norm"], TINY["d_model"])
+    for layer in (writer, reader)
+  )
+  scores = {kind: np.empty((H, H)) for kind in composition.COMPOSITIONS}
   for h1 in range(H):
     ov1 = fold1 @ first["value"]["kernel"][:, h1 // group] @ first["out"]["kernel"][h1]
     for h2 in range(H):
@@ -91,13 +97,20 @@ def test_composition_scores_match_a_float64_reference(num_kv_heads):
       k2 = fold2 @ second["key"]["kernel"][:, h2 // group]
       v2 = fold2 @ second["value"]["kernel"][:, h2 // group]
       qk2, ov2 = q2 @ k2.T, v2 @ second["out"]["kernel"][h2]
-      expected = {
-        "q": norm(ov1 @ qk2) / (norm(ov1) * norm(qk2)),
-        "k": norm(qk2 @ ov1.T) / (norm(ov1) * norm(qk2)),
-        "v": norm(ov1 @ ov2) / (norm(ov1) * norm(ov2)),
-      }
-      for kind, value in expected.items():
-        np.testing.assert_allclose(scores[kind][0, h1, h2], value, rtol=1e-9, err_msg=kind)
+      scores["q"][h1, h2] = norm(ov1 @ qk2) / (norm(ov1) * norm(qk2))
+      scores["k"][h1, h2] = norm(qk2 @ ov1.T) / (norm(ov1) * norm(qk2))
+      scores["v"][h1, h2] = norm(ov1 @ ov2) / (norm(ov1) * norm(ov2))
+  return scores
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_composition_scores_match_a_float64_reference(num_kv_heads):
+  """Per pair, the paper's three norms ratios from the folded kernels
+  (rtol 1e-9: the same float64 products in another order)."""
+  _, params = tiny(num_kv_heads=num_kv_heads)
+  scores = composition.composition_scores(params)
+  for kind, values in np_composition(params, 0, 1, num_kv_heads).items():
+    np.testing.assert_allclose(scores[kind][0], values, rtol=1e-9, err_msg=kind)
   # No circuit: every pair composes like random matrices, near the baseline.
   baseline = composition.random_composition_baseline(32, 8)
   for kind in composition.COMPOSITIONS:
@@ -105,17 +118,29 @@ def test_composition_scores_match_a_float64_reference(num_kv_heads):
     assert np.all(np.abs(scores[kind] - baseline[kind]) < 0.08), (kind, scores[kind])
 
 
-def test_scanned_layers_compose_like_unscanned_ones():
-  _, scanned = tiny(scan_layers=True)
-  blocks = scanned["stack"]["blocks"]
-  unscanned = {
+def unscanned(params, num_layers):
+  """Scanned parameters (the stack's `blocks`, a leading layer axis) as
+  `block_0` .. `block_{num_layers - 1}`."""
+  blocks = params["stack"]["blocks"]
+  return {
+    **params,
     "stack": {
-      f"block_{layer}": jax.tree.map(lambda x, at=layer: x[at], blocks) for layer in range(2)
-    }
+      **{name: value for name, value in params["stack"].items() if name != "blocks"},
+      **{
+        f"block_{layer}": jax.tree.map(lambda x, at=layer: x[at], blocks)
+        for layer in range(num_layers)
+      },
+    },
   }
+
+
+def test_scanned_layers_compose_like_unscanned_ones():
+  """Three layers: the scanned blocks' layer axis is read layer by layer."""
+  _, scanned = tiny(scan_layers=True, num_layers=3)
+  by_layer = unscanned(scanned, 3)
   for kind, values in composition.composition_scores(scanned).items():
-    np.testing.assert_allclose(values, composition.composition_scores(unscanned)[kind], rtol=1e-12)
-  one_layer = {"stack": {"block_0": unscanned["stack"]["block_0"]}}
+    np.testing.assert_allclose(values, composition.composition_scores(by_layer)[kind], rtol=1e-12)
+  one_layer = {"stack": {"block_0": by_layer["stack"]["block_0"]}}
   assert composition.composition_scores(one_layer)["k"].shape == (0, 4, 4)
 
 
@@ -217,28 +242,38 @@ def np_head_output(p_attention, h_BxTxD, head, rope_base):
   return z_BxTxE @ p_attention["out"]["kernel"][head]
 
 
-def np_patched_layer1_weights(params, cfg, clean, corrupt, head, path):
-  """Layer 1's attention weights on `clean`, head `head` of layer 0 patched
-  from `corrupt` on `path` ('k': the keys' input only; 'all': everywhere):
-  the module docstring of txf.analysis.patching, written out in float64."""
+def np_residual_streams(params, cfg, tokens_BxT, num_layers):
+  """float64 [B, T, D]: the residual stream entering block `num_layers` of
+  a tiny() decoder (the embedding, then that many blocks)."""
+  p = f64(params)
+  x = np_embed(p["embedder"], tokens_BxT, np.arange(tokens_BxT.shape[1]), "rope")
+  valid = np.ones(np.shape(tokens_BxT), bool)
+  for layer in range(num_layers):
+    x = np_block(p["stack"][f"block_{layer}"], x, cfg, causal=True, self_valid=valid)
+  return x
+
+
+def np_patched_weights(params, cfg, clean, corrupt, head, path, source_layer=0):
+  """Layer source_layer + 1's attention weights on `clean`, head `head` of
+  `source_layer` patched from `corrupt` on `path` ('k': the keys' input
+  only; 'all': everywhere): the module docstring of txf.analysis.patching,
+  written out in float64."""
   p = f64(params)["stack"]
+  source, target = f"block_{source_layer}", f"block_{source_layer + 1}"
   norm = lambda block, name, x: np_norm(p[block][f"{name}_norm"], x, "layer", cfg.norm_eps)
-  attention0, attention1 = (p[f"block_{layer}"]["self_attention"] for layer in (0, 1))
-  embedded = [
-    np_embed(f64(params)["embedder"], tokens, np.arange(LENGTH), "rope")
-    for tokens in (clean, corrupt)
-  ]
-  normed0 = [norm("block_0", "self_attention", x) for x in embedded]
+  attention0, attention1 = (p[block]["self_attention"] for block in (source, target))
+  entering = [np_residual_streams(params, cfg, tokens, source_layer) for tokens in (clean, corrupt)]
+  normed0 = [norm(source, "self_attention", x) for x in entering]
   clean_out = sum(
     np_head_output(attention0, normed0[0], other, cfg.rope_base) for other in range(4)
   )
   delta = np_head_output(attention0, normed0[1], head, cfg.rope_base) - np_head_output(
     attention0, normed0[0], head, cfg.rope_base
   )
-  mid = embedded[0] + clean_out + (delta if path == "all" else 0)
-  x1 = mid + np_ffn(p["block_0"]["ffn"], norm("block_0", "ffn", mid), cfg.activation)
-  h_query = norm("block_1", "self_attention", x1)
-  h_key = norm("block_1", "self_attention", x1 + delta) if path == "k" else h_query
+  mid = entering[0] + clean_out + (delta if path == "all" else 0)
+  x1 = mid + np_ffn(p[source]["ffn"], norm(source, "ffn", mid), cfg.activation)
+  h_query = norm(target, "self_attention", x1)
+  h_key = norm(target, "self_attention", x1 + delta) if path == "k" else h_query
   return np_weights(attention1, h_query, h_key, cfg.rope_base)
 
 
@@ -256,9 +291,9 @@ def test_path_patching_matches_a_float64_reference(model_and_params, patched_fn,
   clean, corrupt = probe()
   selector = patching.path_selector(path)
   patched = patched_fn(params, clean, corrupt, np.eye(4, dtype=np.float32)[2], selector)
-  expected = np_patched_layer1_weights(params, model.cfg, clean, corrupt, 2, path)
+  expected = np_patched_weights(params, model.cfg, clean, corrupt, 2, path)
   np.testing.assert_allclose(patched, expected, atol=2e-5)
-  unpatched = np_patched_layer1_weights(params, model.cfg, clean, clean, 2, path)
+  unpatched = np_patched_weights(params, model.cfg, clean, clean, 2, path)
   assert np.abs(expected - unpatched).max() > 1e-3  # the patch changes something
   # Patching no head, or from a corrupted prompt equal to the clean one: the model's own weights.
   for corrupt_BxT, heads_H in ((clean, np.eye(4)[2]), (corrupt, np.zeros(4))):
@@ -378,6 +413,239 @@ def test_phase_change_and_the_training_csv_round_trip(tmp_path):
   path.write_text(path.read_text().replace("eval_loss", "loss", 1))
   with pytest.raises(ValueError, match="not a training scores file"):
     phase_change.read_training_csv(path)
+
+
+# ---------------------------------------------------------------------------
+# Three layers: layer 1, the last layer (-1) and layer l + 1 are no longer
+# the same layer, so an analysis that reads the wrong one gives another answer.
+
+
+@pytest.fixture(scope="module")
+def three_layers():
+  return tiny(num_layers=3)
+
+
+def test_composition_of_three_layers_pairs_each_layer_with_the_next(three_layers):
+  """Entry l is layer l into layer l + 1 (rtol 1e-9 against np_composition),
+  and the pairings a wrong index would make score otherwise."""
+  _, params = three_layers
+  scores = composition.composition_scores(params)
+  assert scores["k"].shape == (2, 4, 4)
+  reference = {pair: np_composition(params, *pair) for pair in ((0, 1), (1, 2), (0, 2))}
+  for layer in (0, 1):
+    for kind, values in reference[layer, layer + 1].items():
+      np.testing.assert_allclose(scores[kind][layer], values, rtol=1e-9, err_msg=(layer, kind))
+  for wrong, right in (((0, 2), (0, 1)), ((0, 2), (1, 2)), ((0, 1), (1, 2))):
+    assert np.abs(reference[wrong]["k"] - reference[right]["k"]).max() > 1e-3
+
+
+def test_attention_maps_of_three_layers_are_each_layers_own(three_layers):
+  """maps_by_kind's l-th map is block l's weights, scanned or not (atol 2e-5
+  against float64: three layers of float32 roundings)."""
+  model, params = three_layers
+  clean, _ = probe()
+  p = f64(params)["stack"]
+  expected = []
+  for layer in range(3):
+    x = np_residual_streams(params, model.cfg, clean, layer)
+    normed = np_norm(p[f"block_{layer}"]["self_attention_norm"], x, "layer", model.cfg.norm_eps)
+    expected.append(
+      np_weights(p[f"block_{layer}"]["self_attention"], normed, normed, model.cfg.rope_base)
+    )
+  assert np.abs(expected[1] - expected[2]).max() > 1e-2  # the layers attend differently
+  scanned = build(ModelConfig(**{**TINY, "num_layers": 3, "scan_layers": True}))
+  restacked = {
+    **params,
+    "stack": {
+      "blocks": jax.tree.map(
+        lambda *layers: jnp.stack(layers), *(params["stack"][f"block_{i}"] for i in range(3))
+      ),
+      "final_norm": params["stack"]["final_norm"],
+    },
+  }
+  for name, (kind_model, kind_params) in {
+    "unscanned": (model, params),
+    "scanned": (scanned, restacked),
+  }.items():
+    layers = maps_by_kind(attention_maps(kind_model, kind_params, clean))["self"]
+    assert len(layers) == 3, name
+    for layer, weights_BxHxTxT in enumerate(layers):
+      np.testing.assert_allclose(weights_BxHxTxT, expected[layer], atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("source_layer", [0, 1])
+def test_path_patching_of_three_layers_measures_the_next_layer(three_layers, source_layer):
+  """The heads of source_layer + 1 are measured, on the key path and every
+  path, against the float64 patched weights (atol 2e-5 on scores that
+  average attention weights); the clean scores of layers 1 and 2 differ."""
+  model, params = three_layers
+  clean, corrupt = probe()
+  effects = patching.path_patching(
+    model, params, clean, corrupt, PERIOD, source_layer=source_layer, paths=("k", "all")
+  )
+  score = lambda weights: induction_score(weights, PERIOD)
+  clean_by_target = {
+    target: score(np_patched_weights(params, model.cfg, clean, clean, 0, "all", target - 1))
+    for target in (1, 2)
+  }
+  assert np.abs(clean_by_target[1] - clean_by_target[2]).max() > 1e-3
+  np.testing.assert_allclose(effects["clean"], clean_by_target[source_layer + 1], atol=2e-5)
+  for path in ("k", "all"):
+    expected_HxH = np.stack(
+      [
+        clean_by_target[source_layer + 1]
+        - score(np_patched_weights(params, model.cfg, clean, corrupt, head, path, source_layer))
+        for head in range(4)
+      ]
+    )
+    np.testing.assert_allclose(effects[path], expected_HxH, atol=2e-5, err_msg=path)
+
+
+def test_analyze_circuits_of_three_layers_records_every_source_layer(three_layers):
+  """One patching entry per layer that has a next one, each path_patching's
+  of that layer; composition [L - 1, H, H]."""
+  model, params = three_layers
+  record = analyze_circuits(model, params, IDS, [PERIOD], batch=PROBE_ROWS)
+  np.testing.assert_array_equal(
+    record["composition"]["k"], composition.composition_scores(params)["k"]
+  )
+  assert [entry["source_layer"] for entry in record["patching"]] == [0, 1]
+  clean, corrupt = probe()  # analyze_circuits' draws
+  for entry in record["patching"]:
+    direct = patching.path_patching(
+      model, params, clean, corrupt, PERIOD, source_layer=entry["source_layer"], paths=("k",)
+    )
+    for name in ("clean", "k"):
+      np.testing.assert_allclose(entry[name], direct[name], rtol=0, atol=1e-12)
+
+
+def rising(num_steps, after):
+  """float64 [num_steps]: 0 up to index `after`, 1 from index after + 1."""
+  return (np.arange(num_steps) > after).astype(np.float64)
+
+
+def three_layer_training(num_steps=12):
+  """Scores over training of 3 layers x 3 heads (steps 10, 20, ...) whose
+  curves rise at different checkpoints in each layer: the accuracy after
+  index 6; the induction scores of layer 1 after 3, of the last layer
+  (2) after 7; the previous-token score of layer 0's top head (H1) after
+  5, of layer 1's (H2) after 2, of layer 2's (H0) after 8; the K-composition
+  of L0H1 into layer 1 after 4, of L1H1 into layer 2 after 9."""
+  steps = np.arange(1, num_steps + 1) * 10
+  rise = lambda after: rising(num_steps, after)
+  previous = np.full((num_steps, 3, 3), 0.05)
+  previous[:, 0, 1] = 0.1 + 0.8 * rise(5)
+  previous[:, 1, 2] = 0.2 + 0.75 * rise(2)
+  previous[:, 2, 0] = 0.3 + 0.65 * rise(8)
+  induction = np.full((num_steps, 3, 3), 0.02)
+  induction[:, 1] = 0.1 + 0.6 * rise(3)[:, None]
+  induction[:, 2] = 0.05 + 0.9 * rise(7)[:, None] * np.array([1.0, 0.9, 0.8])
+  k_composition = np.full((num_steps, 2, 3, 3), 0.12)
+  k_composition[:, 0, 1] += 0.1 * rise(4)[:, None]
+  k_composition[:, 1, 1] += 0.3 * rise(9)[:, None]
+  return {
+    "steps": steps,
+    "loss": 3.0 - 2.9 * rise(6) - 0.01 * np.arange(num_steps),
+    "accuracy": 0.1 + 0.85 * rise(6),
+    "previous_token": previous,
+    "induction": induction,
+    "k_composition": k_composition,
+  }
+
+
+def test_phase_change_of_three_layers_reads_the_first_and_last_layers(tmp_path):
+  """phase_change times the last layer's induction (not layer 1's), the
+  first layer's top previous-token head (not layer 1's or the last's) and
+  its K-composition into layer 1 (not layer 1's into layer 2), also after
+  a round trip through the CSV file."""
+  training = three_layer_training()
+  steps, induction = training["steps"], training["induction"]
+  span = lambda after: [int(steps[after]), int(steps[after + 1])]
+  path = phase_change.write_training_csv(training, tmp_path / "scores.csv")
+  read = phase_change.read_training_csv(path)
+  assert read["k_composition"].shape == (12, 2, 3, 3)
+  for name, values in training.items():
+    np.testing.assert_array_equal(read[name], values, err_msg=name)
+  change = phase_change.phase_change(read)
+  assert change["previous_token_head"] == "L0H1"
+  expected = {
+    "accuracy": span(6),
+    "induction": span(7),
+    "previous_token": span(5),
+    "k_composition": span(4),
+  }
+  assert {name: change[name]["steps"] for name in expected} == expected
+  assert change["induction"]["values"] == pytest.approx(induction[[7, 8], 2].mean(axis=1))
+  assert change["k_composition"]["values"] == pytest.approx([0.12, 0.22])
+
+
+def test_training_figure_tells_every_layers_heads_apart():
+  """Each (layer, head) curve has a style (colour, line style) of its own,
+  in the previous-token and induction rows, at three layers."""
+  figure = circuit_report.training_figure({"a": three_layer_training()}, title="Training")
+  head_rows = [
+    lines
+    for axes in figure.axes
+    if (lines := [line for line in axes.get_lines() if line.get_label().startswith("layer ")])
+  ]
+  assert len(head_rows) == 2
+  for lines in head_rows:
+    assert len(lines) == 9
+    styles = {(line.get_color(), line.get_linestyle()) for line in lines}
+    assert len(styles) == 9, sorted(styles)
+
+
+def three_layer_record():
+  """A circuits record of 3 layers x 3 heads: random scores and
+  compositions, a patching entry per source layer whose effects differ."""
+  rng = np.random.default_rng(3)
+  return {
+    "scores": {"previous_token": rng.random((3, 3)).tolist()},
+    "composition": {kind: rng.random((2, 3, 3)).tolist() for kind in "qkv"},
+    "baseline": {kind: 0.125 for kind in "qkv"},
+    "patching": [
+      {"source_layer": layer, **{path: rng.random((3, 3)).tolist() for path in ("k", "q", "all")}}
+      for layer in (0, 1)
+    ],
+  }
+
+
+def test_circuit_table_and_figures_of_a_layer_read_that_layer():
+  """Layer 1 of three in the table: its own scores, its composition into
+  layer 2 and its patching entry (each row against the record's values in
+  numpy); layers 0 and 1 in the figures (values to 3 decimals)."""
+  record = three_layer_record()
+  lines = circuit_report.circuit_table({"r": record}, source_layer=1).splitlines()[2:]
+  previous_H = np.asarray(record["scores"]["previous_token"])[1]
+  assert [line.split(" | ")[1] for line in lines] == [
+    f"L1H{head}" for head in np.argsort(-previous_H, kind="stable")
+  ]
+  for line in lines:
+    head = int(line.split(" | ")[1][-1])
+    composition_H = [np.asarray(record["composition"][kind])[1, head].mean() for kind in "qk"]
+    effects_H = [np.asarray(record["patching"][1][path])[head].mean() for path in ("k", "q", "all")]
+    assert line == (
+      f"| r | L1H{head} | {previous_H[head]:.2f} | "
+      + " | ".join(f"{value:.3f}" for value in [*composition_H, *effects_H])
+      + " |"
+    )
+  for layer in (0, 1):  # the figures of either layer: layer -1 is only one of them
+    figures = {
+      "composition": circuit_report.composition_figure(record, title="C", layer=layer),
+      "patching": circuit_report.patching_figure(record, title="P", source_layer=layer),
+    }
+    for name, expected in (
+      ("composition", record["composition"]["q"][layer]),
+      ("patching", record["patching"][layer]["k"]),
+    ):
+      axes = figures[name].axes[0]
+      assert f"layer {layer + 1}" in axes.get_xlabel(), name
+      assert f"layer {layer}" in axes.get_ylabel(), name
+      assert [label.get_text() for label in axes.get_yticklabels()] == [
+        f"L{layer}H{head}" for head in range(3)
+      ]
+      shown = sorted(float(text.get_text()) for text in axes.texts)
+      assert shown == pytest.approx(sorted(np.ravel(expected)), abs=5e-4), (name, layer)
 
 
 # ---------------------------------------------------------------------------

@@ -31,6 +31,10 @@ from txf.analysis.phase_change import phase_change, steepest_fall
 from txf.analysis.plots import fit_title, heatmaps_figure
 
 _PATH_NAMES = {"q": "query path", "k": "key path", "v": "value path", "all": "every path"}
+# A head's curves take its colour and its layer's line style: one style per
+# layer, so layers 1 and 2 of a deeper model are not drawn alike (layers four
+# apart share one).
+_LAYER_LINESTYLES = ("-", "--", ":", "-.")
 # (record key, what the score is) of the per-head scores a record holds.
 _HEAD_SCORES = (
   ("previous_token", "previous-token score"),
@@ -224,7 +228,8 @@ def training_figure(
   Returns:
     The Figure: row 1 the loss (log scale) and the accuracy, row 2 every
     head's previous-token score, row 3 every head's induction score; a
-    head's colour is the same in rows 2 and 3; the steepest rise of the
+    head's colour (one per head index) and line style (one per layer) are
+    the same in rows 2 and 3; the steepest rise of the
     accuracy (`phase_change`) is shaded in each.
   """
   if not runs:
@@ -266,7 +271,7 @@ def training_figure(
           steps_N,
           values_NxLxH[:, layer, head],
           color=f"C{head}",
-          linestyle="-" if layer == 0 else "--",
+          linestyle=_LAYER_LINESTYLES[layer % len(_LAYER_LINESTYLES)],
           label=f"layer {layer}, head {head}",
         )
       axes.axvspan(before, after, color="C3", alpha=0.25)
