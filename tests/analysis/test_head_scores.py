@@ -497,13 +497,14 @@ def test_group_mask_zeroes_exactly_the_named_heads():
 
 
 def test_head_roles_of_three_layers_are_each_heads_own():
-  """Roles of a 3-layer x 2-head table whose layers differ, against a
-  per-head loop over the thresholds: layer 1 holds the induction head,
-  the last layer a positional one, layer 0 the previous-token head."""
+  """Roles of a 3-layer x 2-head table whose layers differ (no two layers
+  alike, read forwards or backwards), against a per-head loop over the
+  thresholds: layer 0 holds a previous-token head, layer 1 an induction
+  head, the last layer a positional and a previous-token + induction one."""
   previous_LxH = np.array([[0.9, 0.1], [0.2, 0.3], [0.4, 0.6]])
   induction_by_period = {
-    8: np.array([[0.1, 0.0], [0.2, 0.8], [0.7, 0.1]]),
-    11: np.array([[0.0, 0.1], [0.1, 0.9], [0.2, 0.0]]),
+    8: np.array([[0.1, 0.0], [0.2, 0.8], [0.7, 0.6]]),
+    11: np.array([[0.0, 0.1], [0.1, 0.9], [0.2, 0.7]]),
   }
   roles = heads.head_roles(previous_LxH, induction_by_period)
   for layer, head in np.ndindex(3, 2):
@@ -519,4 +520,4 @@ def test_head_roles_of_three_layers_are_each_heads_own():
     ]
     assert roles[layer, head] == "+".join(expected), (layer, head)
   assert roles[1, 1] == "induction" and roles[2, 0] == "positional"
-  assert roles[0, 0] == "previous_token" and roles[2, 1] == "previous_token"
+  assert roles[0, 0] == "previous_token" and roles[2, 1] == "previous_token+induction"
