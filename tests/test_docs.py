@@ -12,7 +12,7 @@ import tomllib
 import flax.linen as nn
 import pytest
 
-from tools import findings_significance, results_tables
+from tools import findings_significance, results_tables, traced_numbers
 from txf import configs, models
 from txf.configs import base
 from txf.sweep import grid, results
@@ -275,6 +275,26 @@ def test_the_findings_significance_tables_are_the_rule_on_their_raw_outputs():
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   with pytest.raises(ValueError, match="does not round to the table's"):
     findings_significance.rewrite(changed)
+
+
+def test_every_measured_number_of_the_findings_is_traced_or_marked():
+  """tools/traced_numbers.py finds no number of docs/results.md that neither
+  committed data gives nor a not-recomputable region holds; it flags, with
+  its line, a prose number with one digit changed (the T5 distance 64
+  model's loss at 128 tokens, 1.535), and one the control's region held
+  once the region is gone; a region that does not say so is refused."""
+  page = (ROOT / "docs" / "results.md").read_text()
+  assert traced_numbers.untraced(page) == []
+  prose = "(1.536 / 1.535 / 1.548), where the sweep measured"
+  line = page[: page.index(prose)].count("\n") + 1
+  changed = page.replace(prose, prose.replace("1.535", "1.525"))
+  assert traced_numbers.untraced(changed) == [(line, "1.525")]
+  control = page.index("<!-- not recomputable -->\n| encoding (Pre-LN) |")
+  unmarked = page[:control] + page[control:].replace("<!-- not recomputable -->", "", 1)
+  assert "1.515" in [number for _, number in traced_numbers.untraced(unmarked)]
+  silent = page.replace("its table's included, is not recomputable", "its table's included, are")
+  with pytest.raises(ValueError, match="a not-recomputable region that does not say so"):
+    traced_numbers.untraced(silent)
 
 
 def test_a_significance_row_is_scipys_test_on_the_committed_replicas():

@@ -19,10 +19,12 @@ milliseconds on such a GPU, so compiling (train step, evaluation, five
 extrapolation lengths) weighs as much as training; gpu.sh runs six points at
 once to overlap the compiles. Measured on an H200 (2026-11-26,
 docs/results.md section 1): 571 s of wall time for the 12 points, six at a
-time, about 0.7M training tokens/s across the six processes. Expected
-result: every point trains without diverging; ALiBi, RoPE and sinusoidal
-(RoPE with Pre-LN) end within 0.02 nats of each other near 0.90-0.92 nats/token, NoPE about
-0.25 behind (the corpus is the host Python's standard library, so the
+time, about 0.7M training tokens/s across the six processes (that run's raw
+outputs were not kept, so its figures, these and the losses below, are not
+recomputable until a rerun commits them). Expected result: every point
+trains without diverging; ALiBi, RoPE and sinusoidal (RoPE with Pre-LN) end
+within 0.02 nats of each other near 0.90-0.92 nats/token, NoPE about 0.25
+behind (the corpus is the host Python's standard library, so the
 numbers move with the Python version); only ALiBi's loss falls from 1x to
 16x.
 """

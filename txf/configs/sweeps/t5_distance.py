@@ -53,7 +53,9 @@ docs/results.md).
 
 The gpu setting asks the same of sweeps/pe_ln_gpu's T5-bias Pre-LN point
 (training length 256, d_model 256, 4 layers, 2000 steps), where section 1
-used max distance 128 and still lost 1.9-2.1 nats at 16x: max distance 64,
+used max distance 128 and still lost 1.9-2.1 nats at 16x (its table's
+figures; that run's raw outputs were not kept, so they are not recomputable
+until its rerun commits them): max distance 64,
 128, 256 (the training length) and 1024, 3 seeds of both kinds. Not yet run
 (it waits for a GPU).
 """
