@@ -179,7 +179,6 @@ def run_errors():
   from txf.train.run_config import ConfigError
   from txf.train.workdir import WorkdirError, WriteError
 
-  sys.unraisablehook = _without_closed_loop_callbacks(sys.unraisablehook)
   try:
     yield
   except ConfigError as error:
@@ -201,33 +200,10 @@ def run_errors():
     exit_now(1, f"write error: {error}")
 
 
-def _without_closed_loop_callbacks(unraisablehook):
-  """`unraisablehook`, except that it drops 'Event loop is closed' raised
-  inside asyncio. After a checkpoint save fails (a full disk), tensorstore
-  still completes the save's other writes and calls back into orbax's event
-  loop, which the failure closed; each call reports a traceback from a C++
-  thread as unraisable, dozens before the run's one-line error, saying
-  nothing it does not."""
-
-  def hook(unraisable):
-    last = unraisable.exc_traceback
-    while last is not None and last.tb_next is not None:
-      last = last.tb_next
-    if (
-      unraisable.exc_type is RuntimeError
-      and str(unraisable.exc_value) == "Event loop is closed"
-      and last is not None
-      and "asyncio" in last.tb_frame.f_code.co_filename
-    ):
-      return
-    unraisablehook(unraisable)
-
-  return hook
-
-
-def exit_now(status: int, line: str) -> NoReturn:
-  """Prints `line` on stderr and exits without waiting for background threads."""
-  print(line, file=sys.stderr)
+def exit_now(status: int, line: str | None) -> NoReturn:
+  """Prints `line` (if any) on stderr and exits without waiting for background threads."""
+  if line is not None:
+    print(line, file=sys.stderr)
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(status)

@@ -5,10 +5,11 @@ Each step directory holds two items:
   extras  a JSON dict: data-iterator position, RNG info, anything small
 
 Restoring picks the newest checkpoint that restores cleanly. A newer one
-that fails (truncated or missing files, a missing item) is reported with a
-warning and, once an older step has restored, renamed to
-`<step>.corrupt` -- kept for inspection, never deleted, and out of the way
-of the resumed run's own save at that step. Unfinished saves
+that fails (truncated or missing files, a missing item) is, once an older
+step has restored, renamed to `<step>.corrupt` -- kept for inspection,
+never deleted, and out of the way of the resumed run's own save at that
+step -- and reported in one warning line naming the step, the reason and
+where it went. Unfinished saves
 (`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; they are
 reported and left in place.
 
@@ -28,7 +29,11 @@ committed and the older steps would be deleted).
 orbax logs each failure it meets with a traceback (from its own threads,
 tens to hundreds of lines); every one of them also reaches the caller as
 CheckpointWriteError or RestoreError, so those records are dropped
-(`OrbaxErrorFilter`, installed on the logger orbax writes to).
+(`OrbaxErrorFilter`, installed on the logger orbax writes to). What a
+failed save or restore leaves behind (the abandoned read of every other
+array, each failing as it is collected, which asyncio and Python report as
+never retrieved or unraisable; tensorstore calling back into orbax's closed
+event loop) goes to this module's debug log, not the terminal.
 
 Preemption: with `jax.distributed` initialised, JAX's preemption service
 turns SIGTERM into a step every process agrees on, which
@@ -45,6 +50,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -80,11 +86,88 @@ class OrbaxErrorFilter(logging.Filter):
     return not (from_orbax and record.levelno >= logging.ERROR)
 
 
+class AbandonedOrbaxTaskFilter(logging.Filter):
+  """Sends asyncio's '... exception was never retrieved' records for orbax's
+  tasks and tensorstore's futures (the reads a failed restore abandoned,
+  each failing as it is collected) to this module's debug log instead."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    never_retrieved = "exception was never retrieved" in record.getMessage()
+    if not (never_retrieved and _from_orbax(error)):
+      return True
+    logger.debug("Left behind by a failed checkpoint restore:", exc_info=record.exc_info)
+    return False
+
+
+def _from_orbax(error: BaseException | None) -> bool:
+  """Whether `error` was raised in orbax's code (a frame of its traceback is)
+  or by tensorstore (its message carries the spec tensorstore appends)."""
+  if error is None:
+    return False
+  if SPEC_MARKERS[0] in str(error):
+    return True
+  frame = error.__traceback__
+  while frame is not None:
+    if f"{os.sep}orbax{os.sep}" in frame.tb_frame.f_code.co_filename:
+      return True
+    frame = frame.tb_next
+  return False
+
+
+def _install_filter(logger_name: str, kind: type[logging.Filter]) -> None:
+  """Adds a `kind` filter to the logger `logger_name` unless it has one."""
+  target = logging.getLogger(logger_name)
+  if not any(isinstance(f, kind) for f in target.filters):
+    target.addFilter(kind())
+
+
 def _quiet_orbax_errors() -> None:
-  """Installs OrbaxErrorFilter on the logger orbax writes to (absl's), once."""
-  absl_logger = logging.getLogger("absl")
-  if not any(isinstance(f, OrbaxErrorFilter) for f in absl_logger.filters):
-    absl_logger.addFilter(OrbaxErrorFilter())
+  """Installs OrbaxErrorFilter on the logger orbax writes to (absl's),
+  AbandonedOrbaxTaskFilter on asyncio's, and `_logging_orbax_leftovers` as
+  sys.unraisablehook, once."""
+  _install_filter("absl", OrbaxErrorFilter)
+  _install_filter("asyncio", AbandonedOrbaxTaskFilter)
+  if not getattr(sys.unraisablehook, "logs_orbax_leftovers", False):
+    sys.unraisablehook = _logging_orbax_leftovers(sys.unraisablehook)
+
+
+def _is_orbax_leftover(unraisable: Any) -> bool:
+  """Whether an unraisable error (sys.unraisablehook's argument) is one a
+  failed checkpoint save or restore leaves behind: an error raised in
+  orbax's code or by tensorstore that nobody took (when one array fails to
+  read, orbax raises its error and abandons the reads of the others, which
+  fail too), or tensorstore completing a write or read on orbax's event
+  loop after the failure closed it ('Event loop is closed', from a C++
+  thread)."""
+  if _from_orbax(unraisable.exc_value):
+    return True
+  last = unraisable.exc_traceback
+  while last is not None and last.tb_next is not None:
+    last = last.tb_next
+  return (
+    unraisable.exc_type is RuntimeError
+    and str(unraisable.exc_value) == "Event loop is closed"
+    and last is not None
+    and "asyncio" in last.tb_frame.f_code.co_filename
+  )
+
+
+def _logging_orbax_leftovers(unraisablehook):
+  """`unraisablehook`, except that orbax's leftovers (`_is_orbax_leftover`)
+  go to this module's debug log, not to stderr: dozens of tracebacks, each
+  with kilobytes of TensorStore spec, after the failure's own report
+  (RestoreError, CheckpointWriteError, a step set aside) has said it all."""
+
+  def hook(unraisable):
+    if not _is_orbax_leftover(unraisable):
+      unraisablehook(unraisable)
+      return
+    error = (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
+    logger.debug("Left behind by a failed checkpoint save or restore:", exc_info=error)
+
+  hook.logs_orbax_leftovers = True
+  return hook
 
 
 class CheckpointWriteError(WriteError):
@@ -377,16 +460,11 @@ class Checkpointer:
             self.directory,
           )
           return step
-        logger.warning(
-          "Checkpoint step %d in %s does not restore (%s); trying an earlier step.",
-          step,
-          self.directory,
-          _describe(error),
-        )
-        logger.debug("Full error for step %d:", step, exc_info=error)
+        # Said once it is known what becomes of it (_set_aside, or RestoreError).
+        logger.debug("Checkpoint step %d does not restore:", step, exc_info=error)
         failures.append((step, error))
         continue
-      self._quarantine([s for s, _ in failures], restored_step=step)
+      self._set_aside(failures, restored_step=step)
       return step, restored[STATE_ITEM], restored[EXTRAS_ITEM]
     if failures:
       details = "\n".join(f"  step {s}: {_describe(e)}" for s, e in failures)
@@ -415,23 +493,36 @@ class Checkpointer:
         tmp.get(),
       )
 
-  def _quarantine(self, steps: list[int], *, restored_step: int) -> None:
-    """Renames unrestorable steps newer than `restored_step` out of the way.
+  def _set_aside(self, failures: list[tuple[int, Exception]], *, restored_step: int) -> None:
+    """Says, in one line per step, that each of `failures`' steps (newer than
+    `restored_step`) does not restore and why, and renames it out of the way
+    (unless read-only).
 
-    Without this the manager would still report them as the latest step and
-    refuse the resumed run's saves up to that step.
+    Without the rename the manager would still report them as the latest
+    step and refuse the resumed run's saves up to that step.
     """
-    if not steps or self._read_only:
+    if not failures:
+      return
+    if self._read_only:
+      for step, error in failures:
+        logger.warning(
+          "Checkpoint step %d in %s does not restore (%s); restored step %d, the newest that does.",
+          step,
+          self.directory,
+          _describe(error),
+          restored_step,
+        )
       return
     if ocp.multihost.process_index() == 0:
-      for step in steps:
+      for step, error in failures:
         source = self.directory / str(step)
         target = _free_path(source.parent / f"{source.name}{CORRUPT_SUFFIX}")
         source.rename(target)
         logger.warning(
-          "Moved unrestorable checkpoint step %d to %s (kept for "
-          "inspection); resuming from step %d.",
+          "Checkpoint step %d does not restore (%s): moved to %s (kept for inspection); "
+          "resuming from step %d.",
           step,
+          _describe(error),
           target,
           restored_step,
         )
@@ -459,10 +550,22 @@ def _restore_args(abstract_state: Any) -> ocp.args.Composite:
   )
 
 
-def _describe(error: Exception, limit: int = 400) -> str:
-  """Type and message, without the kilobytes of spec tensorstore appends; a
-  long message keeps its start and its end (where the OS's reason is)."""
-  text = f"{type(error).__name__}: {str(error).split(' [tensorstore_spec=')[0]}"
+# Where tensorstore's and orbax's messages go on with kilobytes of spec.
+SPEC_MARKERS = (" [tensorstore_spec=", " See full TensorStore details:")
+
+
+def _describe(error: BaseException, limit: int = 400) -> str:
+  """One line: the type and message of the error `error` was raised from (at
+  the root of its `raise ... from` chain: orbax wraps tensorstore's error,
+  which names the file and the OS's reason), without the spec tensorstore
+  or orbax append; a long message keeps its start and its end (where the
+  OS's reason is)."""
+  while error.__cause__ is not None:
+    error = error.__cause__
+  message = str(error)
+  for marker in SPEC_MARKERS:
+    message = message.split(marker)[0]
+  text = " ".join(f"{type(error).__name__}: {message}".split())
   if len(text) <= limit:
     return text
   return f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
