@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli_overrides, flatten, load_config, tiny_config
+from conftest import REPO, cli_env, cli_overrides, flatten, load_config, tiny_config
 from txf.commands import cli
 from txf.commands.run import field_docs, leaves
 from txf.layers.model_config import POSITIONS
@@ -386,3 +386,77 @@ def test_the_config_file_loaded_is_printed_first_and_recorded(tmp_path, compilat
   shipped = run_in(tmp_path, "--config=rope", "--print_config")
   assert shipped.returncode == 0, shipped.stderr[-2000:]
   assert shipped.stderr.splitlines()[0] == f"config: {REPO / 'txf' / 'configs' / 'rope.py'}"
+
+
+# --- help, a closed output, jax's platform plugins ------------------------------
+
+EVERY_COMMAND = (*COMMANDS, "export")
+
+
+@pytest.mark.parametrize("command", EVERY_COMMAND)
+def test_help_exits_0(command):
+  # absl's help flags exit 1.
+  for flag in ("--help", "--helpfull"):
+    result = run_cli(flag, command=command)
+    assert result.returncode == 0 and result.stderr == "", (flag, result.stderr)
+    assert f"txf-{command}" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["compile", "export"])
+def test_a_closed_output_ends_quietly_with_141(command):
+  # `txf-compile --help | head -5` printed a BrokenPipeError traceback.
+  read, write = os.pipe()
+  os.close(read)  # the reader has gone before the first line
+  try:
+    result = subprocess.run(
+      [sys.executable, "-m", f"experiments.{command}", "--help"],
+      cwd=REPO,
+      stdout=write,
+      stderr=subprocess.PIPE,
+      text=True,
+      timeout=TIMEOUT_S,
+    )
+  finally:
+    os.close(write)
+  assert result.returncode == cli.CLOSED_OUTPUT_STATUS and result.stderr == ""
+
+
+def test_what_starting_jax_prints_is_held_back_unless_it_fails(capfd):
+  # File descriptor 2, where native code writes (and Python's sys.stderr,
+  # outside pytest's capture).
+  def noisy(result):
+    os.write(2, b"libtpu: no TPU\n")
+    return result()
+
+  value, text = cli._holding_back_stderr(lambda: noisy(lambda: 42))
+  assert (value, text) == (42, "libtpu: no TPU\n")
+  assert capfd.readouterr().err == ""
+  with pytest.raises(ZeroDivisionError):
+    cli._holding_back_stderr(lambda: noisy(lambda: 1 / 0))
+  assert capfd.readouterr().err == "libtpu: no TPU\n"
+
+
+def test_the_platform_plugins_print_nothing_and_the_platform_is_one_line(
+  tmp_path, compilation_cache_dir
+):
+  # With the compile extras (libtpu, jax's CUDA plugin) installed, every
+  # command on a CPU machine printed ~20 lines of their tracebacks.
+  env = {k: v for k, v in cli_env(compilation_cache_dir).items() if k != "JAX_PLATFORMS"}
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.run",
+      "--config=configs/rope.py",
+      f"--workdir={tmp_path / 'run'}",
+      *cli_overrides(tiny_config(steps=1), "rope"),
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+  )
+  assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+  platforms = [line for line in result.stdout.splitlines() if line.startswith("platform: ")]
+  assert platforms == ["platform: cpu (1 device)"] == result.stdout.splitlines()[1:2]

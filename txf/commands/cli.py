@@ -2,7 +2,11 @@
 the console scripts `txf-<command>`; `python -m experiments.<command>` in a checkout):
 every error a user can cause on the command line is one line on stderr and
 exit status 2; a failure while running (a full disk, a diverged run) is one
-line and exit status 1."""
+line and exit status 1. `--help` (and --helpfull) exits 0; Ctrl-C (SIGINT)
+where the command cannot save is one line, `interrupted`, and exit status
+130; a reader that closes the command's output (`txf-compile --help | head
+-5`) ends it quietly with exit status 141 (128 + SIGPIPE, as a shell reports
+a command a closed pipe stops)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import functools
 import os
 import pathlib
 import re
+import select
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -229,12 +235,23 @@ def unknown_field(error: Exception, argv: list[str]) -> str | None:
   return f"{field}: unknown field" + (f" ({hint})" if hint else "")
 
 
+INTERRUPTED_STATUS = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
+CLOSED_OUTPUT_STATUS = 141  # 128 + SIGPIPE: what it reports for one a closed pipe stopped
+
+
 def run_command(
-  main: Callable[[list[str]], None], *, arguments: str | None = None, required: bool = True
+  main: Callable[[list[str]], None],
+  *,
+  arguments: str | None = None,
+  required: bool = True,
+  starts_jax: bool = True,
 ) -> None:
   """absl's `app.run(main)` for a command of experiments/: its flags parsed by
   `parse_flags`, so every command reports a bad flag, a missing required one
-  and a stray or missing positional argument alike (one line, exit 2).
+  and a stray or missing positional argument alike (one line, exit 2); a
+  Ctrl-C that reaches it (while a config loads, at startup, a second one
+  in a run) is one line, `interrupted`, and exit 130; a closed stdout ends
+  it quietly (exit 141).
 
   Args:
     main: the command; it receives argv (the program name, then the
@@ -242,6 +259,11 @@ def run_command(
     arguments: what the positional arguments are (e.g. 'the texts to embed');
       None: the command takes none.
     required: at least one positional argument must be given.
+    starts_jax: jax's backends are started (`start_jax`, without their
+      plugins' noise) after the flags are parsed and before `main`; False
+      for a command that must set jax up first and then calls `start_jax`
+      itself (txf-run: jax.distributed) or that chooses its own platforms
+      (txf-compile).
   """
   # absl's --help prints the main module's docstring and key flags: the
   # command's, also when a thin entry point (experiments/<command>.py, a
@@ -250,7 +272,111 @@ def run_command(
   sys.modules["__main__"].__doc__ = command.__doc__
   for flag in flags.FLAGS.get_key_flags_for_module(command):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(main, flags_parser=functools.partial(parse_flags, arguments=arguments, required=required))
+  parse = functools.partial(parse_flags, arguments=arguments, required=required)
+  try:
+    app.run(_after_start_jax(main) if starts_jax else main, flags_parser=parse)
+  except KeyboardInterrupt:
+    # Background threads (a checkpoint's writers) must not hold the exit.
+    exit_now(INTERRUPTED_STATUS, "interrupted")
+  except BrokenPipeError:
+    if not _stdout_closed():  # a pipe or socket of the command's own
+      raise
+    # What is still buffered for stdout would report the closed pipe again.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    exit_now(CLOSED_OUTPUT_STATUS, None)
+
+
+def _after_start_jax(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
+  """`main`, run after `start_jax`."""
+
+  @functools.wraps(main)
+  def started(argv: list[str]) -> None:
+    start_jax()
+    main(argv)
+
+  return started
+
+
+def _stdout_closed() -> bool:
+  """Whether the reader of stdout has gone (a pipe's read end closed)."""
+  poller = select.poll()
+  poller.register(sys.stdout.fileno(), select.POLLOUT)
+  return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def start_jax() -> str:
+  """Starts jax's backends (the devices the command computes on) and returns
+  the line that says which: `platform: gpu (8 devices: NVIDIA H100 80GB
+  HBM3)`, `platform: cpu (1 device)`.
+
+  What jax's platform plugins print meanwhile is held back: one installed
+  for hardware this machine does not have (txf's tpu and gpu-compile
+  extras: libtpu, jax's CUDA plugin) prints tracebacks and warnings as it
+  looks for its device, and jax goes on without it. That text is printed
+  after all, on stderr as it was, where it may say something: when jax
+  fails to start (JAX_PLATFORMS names a platform that does not start) or
+  when it falls back to the CPU on a machine that has a GPU or TPU. A
+  plugin that finds its device is used, as jax would anyway. Call it
+  before anything else starts the backends (after jax.distributed's
+  initialisation, which must come first).
+  """
+  import jax
+
+  devices, held_back = _holding_back_stderr(jax.devices)
+  backend = jax.default_backend()
+  if backend == "cpu" and _accelerator_present():
+    print(held_back, end="", file=sys.stderr, flush=True)
+  count = f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+  kind = "" if backend == "cpu" else f": {devices[0].device_kind}"
+  processes = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  return f"platform: {backend} ({count}{kind}{processes})"
+
+
+def _holding_back_stderr(action: Callable[[], Any]) -> tuple[Any, str]:
+  """`action()` and what it wrote to stderr meanwhile (file descriptor 2:
+  Python's writes and native code's); if it raises, that text is written to
+  stderr before the exception goes on."""
+  with tempfile.TemporaryFile() as held:
+    try:
+      with _stderr_to(held.fileno()):
+        result = action()
+    except BaseException:
+      print(_text(held), end="", file=sys.stderr, flush=True)
+      raise
+    return result, _text(held)
+
+
+@contextlib.contextmanager
+def _stderr_to(descriptor: int):
+  """Points file descriptor 2 at `descriptor` meanwhile."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  os.dup2(descriptor, 2)
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def _text(file) -> str:
+  file.seek(0)
+  return file.read().decode(errors="replace")
+
+
+def _accelerator_present() -> bool:
+  """Whether this machine has an NVIDIA GPU or a Google TPU, as jax judges
+  (from the PCI devices) when it suggests a missing plugin."""
+  try:
+    from jax._src import hardware_utils
+
+    return (
+      hardware_utils.has_visible_nvidia_gpu()
+      or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+    )
+  except Exception:  # a jax without them: say what the plugins said
+    return True
 
 
 def parse_flags(
@@ -283,6 +409,10 @@ def _parse(argv: list[str]) -> list[str]:
   """flags.FLAGS(argv), its errors as `fail` lines."""
   try:
     return flags.FLAGS(argv)
+  except SystemExit as done:
+    # absl's help flags (--help, --helpfull, ...), the only ones that exit
+    # here, print the usage and exit 1: help asked for is a success.
+    sys.exit(0 if done.code == 1 else done.code)
   except ConfigFileError as error:
     fail("config", error)
   except ValueError as error:  # ml_collections: an override path it cannot parse ('a.b\\.c')

@@ -146,7 +146,7 @@ def main(argv) -> None:
 
 def cli() -> None:
   """The `txf-compile` console script and `python -m experiments.compile`."""
-  run_command(main)
+  run_command(main, starts_jax=False)  # prepare_environment picks the platforms
 
 
 if __name__ == "__main__":

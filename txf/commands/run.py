@@ -19,7 +19,13 @@ Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 default where it differs, the value the run derives where the config leaves
 it None, e.g. model.d_ff, and its doc) and exits 0 without training.
 
+Its second line says the platform it trains on (`platform: cpu (1 device)`).
+
 Exit status: 0 when training finishes, or a preempted run (SIGTERM) has saved;
+130 after Ctrl-C (SIGINT): the run finishes its step (the first, during
+startup), saves a checkpoint, says `interrupted: saved step N; rerun the
+same command to resume` and exits (a second Ctrl-C stops at once, without
+saving: one line, `interrupted`; as does a Ctrl-C while the config loads);
 1 when the run diverged (its last good checkpoint is kept), a checkpoint
 could not be written (`checkpoint error: ...`; the checkpoints already
 written stay intact) or another output could not be (`write error: PATH:
@@ -36,11 +42,14 @@ on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
 
 from __future__ import annotations
 
+import sys
+
 from absl import flags, logging
 from ml_collections import config_flags
 
 from txf.commands.cli import (
   CONFIG_DIRECTORY,
+  INTERRUPTED_STATUS,
   ConfigFileParser,
   config_files_help,
   default_workdir,
@@ -51,6 +60,7 @@ from txf.commands.cli import (
   require_config_kind,
   run_command,
   run_errors,
+  start_jax,
 )
 
 CONFIGS = CONFIG_DIRECTORY
@@ -185,6 +195,7 @@ def main(argv) -> None:
     return
   # Imported after flag parsing: --help need not wait for jax.
   from txf.train import distributed
+  from txf.train.checkpoint import PreemptionGuard
   from txf.train.loop import run
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
@@ -196,13 +207,16 @@ def main(argv) -> None:
   except ValueError as error:
     fail("flag", error)
   print(f"config: {config_file}", flush=True)
-  with run_errors():
-    run(_CONFIG.value, workdir, config_file=config_file)
+  print(start_jax(), flush=True)  # after jax.distributed, which must start first
+  with run_errors(), PreemptionGuard() as guard:
+    run(_CONFIG.value, workdir, config_file=config_file, preemption=guard)
+  if guard.interrupted:
+    sys.exit(INTERRUPTED_STATUS)
 
 
 def cli() -> None:
   """The `txf-run` console script (`python -m experiments.run` in a checkout)."""
-  run_command(main)
+  run_command(main, starts_jax=False)
 
 
 if __name__ == "__main__":

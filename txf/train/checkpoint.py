@@ -38,8 +38,8 @@ event loop) goes to this module's debug log, not the terminal.
 Preemption: with `jax.distributed` initialised, JAX's preemption service
 turns SIGTERM into a step every process agrees on, which
 `Checkpointer.reached_preemption(step)` reports. A single-process run has
-no such service: wrap the loop in `PreemptionGuard` so SIGTERM sets a flag
-and the loop can save and exit 0. Check both:
+no such service: wrap the loop in `PreemptionGuard` so SIGTERM (and Ctrl-C,
+SIGINT) sets a flag and the loop can save and return. Check both:
 `if guard.requested or ckpt.reached_preemption(step): save(force=True); exit`.
 """
 
@@ -581,41 +581,61 @@ def _free_path(path: epath.Path) -> epath.Path:
 
 
 class PreemptionGuard:
-  """Context manager: SIGTERM sets `requested` instead of killing the process.
+  """Context manager: SIGTERM (a preemption) and SIGINT (Ctrl-C) set
+  `requested` instead of stopping the process, so the loop can save and
+  return; `interrupted` tells the two apart (txf-run exits 0 after a
+  preemption, 130 after a Ctrl-C). After the first Ctrl-C, a second one
+  stops at once (KeyboardInterrupt, Python's default), for a user who will
+  not wait for the step and the save to finish.
 
-  For single-process runs, so the loop can save and exit 0. In a
-  multi-process run (`jax.process_count() > 1`) it installs nothing: JAX's
-  preemption service owns SIGTERM there and `Checkpointer.reached_preemption`
-  reports it. The previous handler is restored on exit. Enter it from the
-  main thread (Python only delivers signals there).
+  For single-process runs. In a multi-process run (`jax.process_count() >
+  1`) it installs nothing: JAX's preemption service owns SIGTERM there and
+  `Checkpointer.reached_preemption` reports it. The previous handlers are
+  restored on exit. Enter it from the main thread (Python only delivers
+  signals there).
   """
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self._requested = threading.Event()
-    self._previous = None
+    self._previous: dict[int, Any] = {}
+    self.interrupted = False  # a SIGINT, not only a SIGTERM, arrived
     self.installed = False
 
   @property
   def requested(self) -> bool:
-    """Whether SIGTERM arrived while the guard was installed."""
+    """Whether SIGTERM or SIGINT arrived while the guard was installed."""
     return self._requested.is_set()
 
+  @property
+  def reason(self) -> str:
+    """What stopped the run, for its last line: 'interrupted' (Ctrl-C) or 'preempted'."""
+    return "interrupted" if self.interrupted else "preempted"
+
   def _handle(self, signum, frame) -> None:
-    del signum, frame
+    del frame
+    if signum == signal.SIGINT:
+      self.interrupted = True
+      signal.signal(signal.SIGINT, self._restorable(signal.SIGINT))
     self._requested.set()
+
+  def _restorable(self, signum: int) -> Any:
+    """The handler `signum` had before; None (not set from Python) as the
+    default, the closest Python can restore."""
+    previous = self._previous[signum]
+    return signal.SIG_DFL if previous is None else previous
 
   def __enter__(self) -> PreemptionGuard:
     if jax.process_count() == 1:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
       self.installed = True
     return self
 
   def __exit__(self, *exc_info) -> None:
     if self.installed:
-      # None means the old handler was not set from Python; the default is
-      # the closest Python can restore.
-      previous = signal.SIG_DFL if self._previous is None else self._previous
-      signal.signal(signal.SIGTERM, previous)
+      for signum in self.SIGNALS:
+        signal.signal(signum, self._restorable(signum))
       self.installed = False
 
 

@@ -352,7 +352,7 @@ def _checkpoint(
   log,
 ) -> bool:
   """Saves at checkpoint steps and at the last; returns True (after saving)
-  when the run is preempted."""
+  when the run is preempted or interrupted (Ctrl-C)."""
   save = lambda: checkpointer.save(
     done, state, {"data": gather_data_states(data_state)}, force=True
   )
@@ -368,7 +368,7 @@ def _checkpoint(
     if not saved:  # a second save of the same step raises StepAlreadyExistsError
       save()
     checkpointer.wait_until_finished()
-    log(f"preempted: saved step {done}; rerun the same command to resume")
+    log(f"{guard.reason}: saved step {done}; rerun the same command to resume")
   return preempted
 
 
@@ -458,8 +458,9 @@ def run(
   setup_run; benchmarks pass one with pieces swapped, see benchmarks.run
   loop). `prefetch` batches are read and sent to the devices ahead in a
   thread (0: no thread, each batch read when its step is dispatched).
-  `preemption` is the entered SIGTERM guard to train under (None: one of its
-  own); a sweep passes its own to learn that a run stopped for a preemption.
+  `preemption` is the entered SIGTERM / SIGINT guard to train under (None:
+  one of its own); a sweep, or txf-run, passes its own to learn that a run
+  stopped for a preemption or a Ctrl-C (`PreemptionGuard.interrupted`).
   `hparams` (dotted field -> value, e.g. a sweep point's fields) are
   recorded for TensorBoard's HParams dashboard beside the resolved config's fields.
   `config_file` is the file `config` was loaded from, for run_record.json.
