@@ -82,12 +82,26 @@ def get_config():
 """
 
 
-def test_ctrl_c_while_the_config_loads_is_one_line_exit_130(tmp_path):
+@pytest.mark.parametrize(
+  "command, flags",
+  [
+    ("run", ["--workdir={tmp}/run"]),
+    ("compile", ["--target=v4-8"]),
+    ("sweep", ["--workdir={tmp}/run"]),
+  ],
+)
+def test_ctrl_c_while_the_config_loads_is_one_line_exit_130(tmp_path, command, flags):
   marker = tmp_path / "loading"
   config = tmp_path / "slow.py"
   config.write_text(SLOW_CONFIG.format(marker=str(marker)))
   process = subprocess.Popen(
-    [sys.executable, "-m", "experiments.run", f"--config={config}", f"--workdir={tmp_path}/run"],
+    [
+      sys.executable,
+      "-m",
+      f"experiments.{command}",
+      f"--config={config}",
+      *(flag.format(tmp=tmp_path) for flag in flags),
+    ],
     cwd=REPO,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
