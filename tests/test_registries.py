@@ -21,16 +21,21 @@ share the parameters they have in common and none is zero (a zero-initialised
 bias or relative-position table would make two options agree at init).
 
 Registries not covered here, and where they are: data.tokenizer (each
-checked against its library in test_data_tokenizers.py; sentencepiece
-trains for seconds), train replica strategies and decode padding sides
-(implementations, held equal in test_replicas.py and test_decode.py), and
-entry-point tables (textbook EXPERIMENTS, benchmark MODES, trackers,
-Hugging Face ARCHITECTURES, each tested where it is run).
+checked against its library, and the entries against each other, in
+test_data_tokenizers.py; sentencepiece trains for seconds), train replica
+strategies and decode padding sides (implementations, held equal in
+test_replicas.py and test_decode.py), and entry-point tables (textbook
+EXPERIMENTS, benchmark MODES, train.trackers, Hugging Face ARCHITECTURES,
+each tested where it is run). The registries user code extends through
+txf.register beyond the model's and data.name (data.tokenizer, train.decay,
+train.trackers) each take a registered name and refuse an unknown one in one
+line that lists it (`test_a_registered_name_is_read_and_an_unknown_one_lists_it`).
 """
 
 import dataclasses
 import functools
 import itertools
+import re
 import types
 import zlib
 
@@ -41,13 +46,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from txf import models
+from txf import models, register
 from txf.analysis import extrapolation
-from txf.data import make_dataset, spec as data_config
+from txf.data import ByteTokenizer, make_dataset, make_tokenizer, spec as data_config
 from txf.interop import text
 from txf.layers import model_config as layer_config
 from txf.layers.model_config import CHOICES, LSTM_FIELDS, ModelConfig
-from txf.train import optim
+from txf.train import optim, trackers
 
 # --- model options ----------------------------------------------------------------
 
@@ -332,6 +337,55 @@ def test_every_decay_has_its_own_schedule_and_reads_its_settings():
       assert differ(rates[decay], learning_rates(decay, **{field: value})), (
         f"train.decay={decay!r} ignores train.{field}"
       )
+
+
+# --- names user code registers: data.tokenizer, train.decay, train.trackers ---------
+
+
+def tokenizer_of(name):
+  return make_tokenizer(data_fields("pystdlib", "lm", tokenizer=name))
+
+
+def schedule_of(name):
+  return optim.make_schedule(types.SimpleNamespace(**TRAIN, decay=name))
+
+
+# field -> (its registry, its txf.register function, an entry, what reads the field)
+USER_REGISTRIES = {
+  "data.tokenizer": (
+    data_config.TOKENIZERS,
+    register.tokenizer,
+    lambda spec, workdir: ByteTokenizer(),
+    tokenizer_of,
+  ),
+  "train.decay": (
+    optim.DECAYS,
+    register.decay,
+    lambda phase: lambda s: phase.peak,
+    schedule_of,
+  ),
+  "train.trackers": (
+    trackers.TRACKERS,
+    register.tracker,
+    lambda workdir: None,
+    trackers.tracker_names,
+  ),
+}
+
+
+@pytest.mark.parametrize("field", USER_REGISTRIES)
+def test_a_registered_name_is_read_and_an_unknown_one_lists_it(field):
+  registry, register_as, entry, read = USER_REGISTRIES[field]
+  with registry.scoped():
+    assert register_as("mine")(entry) is entry
+    read("mine")
+    assert registry.provenance("mine")["module"] == __name__  # recorded as the user's
+    with pytest.raises(ValueError) as raised:
+      read("nope")
+    assert str(raised.value) == f"{field}: 'nope' is not one of {registry.names()}"
+    assert registry.names()[-1] == "mine"
+  with pytest.raises(ValueError, match=f"^{re.escape(field)}: 'mine' is not one of"):
+    read("mine")  # undone with the scope
 
 
 def test_every_extrapolation_protocol_has_its_own_windows_and_reads_its_settings():

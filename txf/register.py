@@ -37,16 +37,31 @@
   class ParallelDecoder(txf.models.Decoder):  # built as ParallelDecoder(cfg)
     ...
 
+  @register.tokenizer("lower_bytes")
+  def lower_bytes(spec, workdir):
+    ...  # a txf.data.Tokenizer for the DataSpec (workdir: None outside a run)
+
+  @register.decay("rsqrt_cooldown")
+  def rsqrt_cooldown(phase):
+    ...  # the schedule after warmup, a jax function of s = t - W (txf.train.optim.DecayPhase)
+
+  @register.tracker("jsonl_copy")
+  class JsonlCopy:  # built as JsonlCopy(workdir), on process 0
+    ...  # log_config, log_metrics, log_sample, log_summary, close
+
 A config file that imports the module holding these (`import my_norm`
 beside it: txf puts a config file's directory on the import path) sets
-`config.model.norm = "scale"` and trains with `txf-run --config=my_config.py`;
+`config.model.norm = "scale"` (`config.data.tokenizer`, `config.train.decay`,
+`config.train.trackers` alike) and trains with `txf-run --config=my_config.py`;
 `--print_config` lists the new choices, and `model.options` holds the
 settings an entry registered with. Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
 txf.layers.inits (INITS), txf.data.generated (GENERATED), txf.data.text (TEXT),
-txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead);
-docs/extending.md has a worked example of each (examples/extending/).
+txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead),
+txf.data.spec (TOKENIZERS), txf.train.optim (DECAYS: DecayPhase),
+txf.train.trackers (TRACKERS: TrackerKind); docs/extending.md has a worked
+example of each (most in examples/extending/).
 """
 
 from __future__ import annotations
@@ -55,7 +70,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from txf.data.generated import RowTask
-from txf.data.spec import GENERATED, TEXT
+from txf.data.spec import GENERATED, TEXT, TOKENIZERS
 from txf.data.text import DocumentSource
 from txf.layers.feedforward import Activation
 from txf.layers.model_config import (
@@ -68,6 +83,8 @@ from txf.layers.model_config import (
   OutputHead,
 )
 from txf.layers.positions import ENCODINGS, PositionEncoding
+from txf.train.optim import DECAYS
+from txf.train.trackers import TRACKERS, TrackerKind
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
@@ -239,5 +256,53 @@ def head(
     entry = OutputHead(module, tuple(tasks), tuple(families))
     HEADS.register(name, entry, options=options, replace=replace, provider=module)
     return module
+
+  return add
+
+
+def tokenizer(name: str, *, replace: bool = False) -> Decorator:
+  """Registers fn(spec, workdir) -> a txf.data.Tokenizer as `data.tokenizer =
+  name`, the tokenizer of the text datasets (spec: the checked
+  txf.data.DataSpec; workdir: the run's work directory, where a tokenizer
+  trained on the data is kept, or None outside a run). Built once a run, by
+  txf.data.make_tokenizer; txf's bytes, sentencepiece and hf are its entries too."""
+  return TOKENIZERS.decorator(name, replace=replace)
+
+
+def decay(name: str, *, replace: bool = False) -> Decorator:
+  """Registers fn(phase) -> the learning rate after warmup as `train.decay =
+  name`: phase, a txf.train.optim.DecayPhase (peak, end_fraction, warmup W,
+  steps D), the result a jax function of s = t - W, s >= 0 (an optax schedule;
+  warmup before it is txf's). It raises ValueError naming a train field whose
+  value it cannot take (rsqrt: train.warmup_steps = 0)."""
+  return DECAYS.decorator(name, replace=replace)
+
+
+def tracker(
+  name: str,
+  *,
+  check: Callable[[Any], None] | None = None,
+  package: str | None = None,
+  install: str | None = None,
+  replace: bool = False,
+) -> Decorator:
+  """Registers a class or function (workdir) -> a tracker as a
+  `train.trackers` name: an object with txf.train.tracking.Tracker's methods
+  (log_config, log_metrics, log_sample, log_summary, close), started on
+  process 0 with the run's work directory (an etils.epath.Path).
+
+  Args:
+    check: fn(workdir) raising ValueError naming what is missing, where the
+      tracker could not start there (a login): run before anything is written.
+    package: the module it imports that txf does not install; a run naming
+      the tracker without it is a config error saying how to install it.
+    install: that command (None: 'pip install <package>').
+    replace: replace an entry of that name.
+  """
+
+  def add(start: Callable[..., Any]) -> Callable[..., Any]:
+    entry = TrackerKind(start, check=check, package=package, install=install)
+    TRACKERS.register(name, entry, replace=replace, provider=start)
+    return start
 
   return add

@@ -1,5 +1,7 @@
-"""Tokenizers: round trips, special ids, sentencepiece training and caching."""
+"""Tokenizers: round trips, special ids, sentencepiece training and caching;
+data.tokenizer's registry (each entry its own ids, one registered from user code)."""
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -8,15 +10,19 @@ import types
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, tiny_config
+from txf import register
 from txf.data import (
   ByteTokenizer,
   HFTokenizer,
   SentencePieceTokenizer,
   SymbolTokenizer,
+  make_dataset,
   make_tokenizer,
   tokenizers as tokenizers_module,
 )
+from txf.data.spec import TOKENIZERS
+from txf.train.setup import parse_run
 
 TEXTS = [
   "def add(a, b):\n    return a + b\n",
@@ -191,3 +197,61 @@ def test_tokenizer_hashes_are_of_the_files_that_define_the_ids(sp_model_prefix, 
   config = directory / "tokenizer_config.json"
   config.write_text(json.dumps(dict(json.loads(config.read_text()), model_max_length=7)))
   assert HFTokenizer(directory).sha256 != digest.hexdigest()  # a special-token file counts
+
+
+# --- data.tokenizer: txf.data.spec.TOKENIZERS ----------------------------------------
+
+# The fields each entry of TOKENIZERS reads, for the corpus.
+TOKENIZER_FIELDS = {
+  "bytes": dict(tokenizer="bytes"),
+  "sentencepiece": dict(tokenizer="sentencepiece", sp_vocab_size=512),
+  "hf": dict(tokenizer="hf", tokenizer_path=str(FIXTURES / "hf" / "gpt2")),
+}
+
+
+def test_each_tokenizer_gives_its_own_ids(tmp_path):
+  assert set(TOKENIZER_FIELDS) == set(TOKENIZERS.names())
+  text = "def add(a, b):\n    return a + b\n"
+  ids = {
+    name: tuple(make_tokenizer(_corpus_config(**fields), tmp_path).encode(text))
+    for name, fields in TOKENIZER_FIELDS.items()
+  }
+  assert len(set(ids.values())) == len(ids), ids
+
+
+class LowerBytes(ByteTokenizer):
+  """docs/extending.md's tokenizer: the UTF-8 bytes of the lower-cased text."""
+
+  def encode(self, text):
+    return super().encode(text.lower())
+
+
+def test_a_registered_tokenizer_is_a_runs_tokenizer(tmp_path):
+  built = []
+
+  def lower_bytes(spec, workdir):
+    built.append((spec.tokenizer, workdir))
+    return LowerBytes()
+
+  capitals = np.arange(ord("A"), ord("Z") + 1) + 4  # ByteTokenizer's ids of A..Z
+  with TOKENIZERS.scoped():
+    register.tokenizer("lower_bytes")(lower_bytes)
+    run = parse_run(tiny_config(data__tokenizer="lower_bytes"), tmp_path)
+    assert built == [("lower_bytes", tmp_path)]
+    assert run.model.vocab_size == ByteTokenizer.vocab_size
+    tokenizer = make_tokenizer(run.data, tmp_path)
+    batch = next(make_dataset(run.data, "train", seed=0, tokenizer=tokenizer))
+  assert "lower_bytes" not in TOKENIZERS  # scoped: undone
+  plain = next(make_dataset(dataclasses.replace(run.data, tokenizer="bytes"), "train", seed=0))
+  assert np.isin(plain["inputs"], capitals).any()
+  assert not np.isin(batch["inputs"], capitals).any()
+
+
+def test_an_unknown_tokenizer_lists_the_registered_ones():
+  with TOKENIZERS.scoped():
+    register.tokenizer("lower_bytes")(lambda spec, workdir: LowerBytes())
+    with pytest.raises(ValueError) as raised:
+      make_tokenizer(_corpus_config(tokenizer="nope"))
+  assert str(raised.value) == (
+    "data.tokenizer: 'nope' is not one of ('bytes', 'sentencepiece', 'hf', 'lower_bytes')"
+  )

@@ -16,8 +16,10 @@ import sys
 import pytest
 
 from conftest import REPO, tiny_config
+from txf.data.spec import TOKENIZERS
 from txf.layers.positions import ENCODINGS
 from txf.train import loop, record
+from txf.train.optim import DECAYS
 from txf.train.run_config import ConfigError, check_run_config
 from txf.train.setup import load_run
 
@@ -170,3 +172,47 @@ def test_a_run_recorded_without_choices_is_read_as_before(tmp_path, fresh_proces
   for text in ("[{}]", "[]", "not json"):
     (tmp_path / record.RECORD_FILE).write_text(text)
     record.check_choices(tiny_config(), tmp_path)
+
+
+# A decay and a tokenizer of user code: entries of train.decay and data.tokenizer.
+USER_SCHEDULE = """
+import optax
+
+from txf import register
+from txf.data import ByteTokenizer
+
+
+@register.decay("flat")
+def flat(phase):
+  return optax.constant_schedule(phase.peak)
+
+
+@register.tokenizer("user_bytes")
+def user_bytes(spec, workdir):
+  return ByteTokenizer()
+"""
+
+
+def test_a_registered_decay_and_tokenizer_are_recorded_and_imported_again(tmp_path, monkeypatch):
+  monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+  (tmp_path / "user_schedule.py").write_text(USER_SCHEDULE)
+  config = tiny_config(train__decay="flat", data__tokenizer="user_bytes")
+  try:
+    with DECAYS.scoped(), TOKENIZERS.scoped():
+      import user_schedule  # noqa: F401 (registers both)
+
+      run = check_run_config(config, vocab_size=260, num_classes=None)
+      choices = record.registered_choices(run)
+      (tmp_path / record.RECORD_FILE).write_text(json.dumps([dict(choices=choices)]))
+    sys.modules.pop("user_schedule")
+    assert choices["train.decay"] == dict(
+      name="flat", module="user_schedule", function="flat", builtin=False, path=str(tmp_path)
+    )
+    assert choices["data.tokenizer"]["function"] == "user_bytes"
+    with DECAYS.scoped(), TOKENIZERS.scoped():  # a later command on the run, in a new process
+      assert "flat" not in DECAYS and "user_bytes" not in TOKENIZERS
+      record.check_choices(config, tmp_path)
+      assert DECAYS.provenance("flat")["module"] == "user_schedule"
+      assert TOKENIZERS.provenance("user_bytes")["module"] == "user_schedule"
+  finally:
+    sys.modules.pop("user_schedule", None)

@@ -1,7 +1,9 @@
 """Tests of the experiment trackers (txf.train.trackers): the check of
-train.trackers' names, and a Weights & Biases run logged offline (no network)
-from a tiny training run, then resumed into the same wandb run."""
+train.trackers' names, a tracker registered from user code (txf.register)
+and fed by a tiny training run, and a Weights & Biases run logged offline
+(no network) from a tiny training run, then resumed into the same wandb run."""
 
+import json
 import os
 import pathlib
 import struct
@@ -11,6 +13,7 @@ import sys
 import pytest
 
 from conftest import REPO, tiny_config as tiny
+from txf import register
 from txf.train import loop, metrics, trackers
 from txf.train.metrics import read_metrics
 
@@ -38,6 +41,86 @@ def test_tracker_names(value, names):
 def test_bad_tracker_names_name_the_field(value):
   with pytest.raises(ValueError, match=r"^train\.trackers: "):
     trackers.tracker_names(value)
+
+
+class JsonlCopy:
+  """docs/extending.md's tracker: each metrics row, sample and the final
+  metrics appended to tracked.jsonl in the run's work directory."""
+
+  def __init__(self, workdir):
+    self.file = (workdir / "tracked.jsonl").open("a")
+
+  def log_config(self, config):
+    self._write(config=config)
+
+  def log_metrics(self, step, scalars):
+    self._write(step=step, **scalars)
+
+  def log_sample(self, step, text):
+    self._write(step=step, sample=text)
+
+  def log_summary(self, metrics):
+    self._write(summary=metrics)
+
+  def close(self):
+    self.file.close()
+
+  def _write(self, **record):
+    self.file.write(json.dumps(record) + "\n")
+
+
+def test_a_registered_tracker_gets_the_runs_config_metrics_samples_and_summary(tmp_path):
+  checked = []
+
+  def check(workdir):  # before anything is written
+    checked.append(sorted(p.name for p in workdir.iterdir()) if workdir.exists() else None)
+
+  with trackers.TRACKERS.scoped():
+    register.tracker("jsonl_copy", check=check)(JsonlCopy)
+    assert trackers.tracker_names("jsonl_copy, wandb") == ("jsonl_copy", "wandb")
+    config = tiny(steps=4, train__trackers="jsonl_copy", eval__every=2, eval__sample_tokens=4)
+    loop.run(config, tmp_path / "run", log=lambda line: None)
+  assert "jsonl_copy" not in trackers.TRACKERS  # scoped: undone
+  assert checked == [None]
+  records = [json.loads(line) for line in (tmp_path / "run" / "tracked.jsonl").open()]
+  assert records[0]["config"]["train"]["trackers"] == ["jsonl_copy"]
+  rows = [{k: v for k, v in row.items() if k != "time"} for row in read_metrics(tmp_path / "run")]
+  samples = [dict(step=step, sample=text) for step, text in metrics.read_samples(tmp_path / "run")]
+  assert [r for r in records[1:-1] if "sample" not in r] == rows
+  assert [r for r in records if "sample" in r] == samples and len(samples) == 2
+  assert records[-1]["summary"]["eval_loss"] == rows[-1]["eval_loss"]
+
+
+def test_a_registered_trackers_check_stops_the_run_before_anything_is_written(tmp_path):
+  def check(workdir):
+    raise ValueError("train.trackers: jsonl_copy: no server")
+
+  with trackers.TRACKERS.scoped():
+    register.tracker("jsonl_copy", check=check)(JsonlCopy)
+    with pytest.raises(ValueError, match=r"^train\.trackers: jsonl_copy: no server$"):
+      loop.run(tiny(steps=2, train__trackers="jsonl_copy"), tmp_path / "run", log=print)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_registered_trackers_missing_package_is_named_before_it_starts(tmp_path):
+  with trackers.TRACKERS.scoped():
+    register.tracker("mlflow_copy", package="txf_no_such_package")(JsonlCopy)
+    message = r"^train\.trackers: 'mlflow_copy' needs the txf_no_such_package package: "
+    with pytest.raises(ValueError, match=message + r"pip install txf_no_such_package$"):
+      trackers.tracker_names("mlflow_copy")
+    register.tracker("mlflow_copy", package="txf_no_such_package", install="ask IT", replace=True)(
+      JsonlCopy
+    )
+    with pytest.raises(ValueError, match=message + "ask IT$"):
+      trackers.tracker_names(["mlflow_copy"])
+
+
+def test_an_unknown_tracker_lists_the_registered_ones():
+  with trackers.TRACKERS.scoped():
+    register.tracker("jsonl_copy")(JsonlCopy)
+    with pytest.raises(ValueError) as raised:
+      trackers.tracker_names("wandb,nope")
+  assert str(raised.value) == "train.trackers: 'nope' is not one of ('wandb', 'jsonl_copy')"
 
 
 def read_wandb_records(path):

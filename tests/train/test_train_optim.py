@@ -1,4 +1,5 @@
-"""Tests for txf.train.optim: schedule shapes, masked weight decay, clipping."""
+"""Tests for txf.train.optim: schedule shapes (train.decay's registry, a
+decay registered from user code), masked weight decay, clipping."""
 
 import functools
 import math
@@ -7,9 +8,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
+from conftest import tiny_config
+from txf import register
 from txf.train import optim
+from txf.train.setup import parse_run
 
 PEAK = 3e-3
 WARMUP = 10
@@ -51,7 +56,7 @@ def expected_lr(step, decay):
   return PEAK * math.sqrt(WARMUP / step)
 
 
-@pytest.mark.parametrize("decay", optim.DECAYS)
+@pytest.mark.parametrize("decay", optim.DECAYS.names())
 def test_schedule_matches_formula(decay):
   schedule = optim.make_schedule(train_config(decay=decay))
   # Warmup start and middle, peak, early/mid/late decay, end, past the end.
@@ -61,13 +66,135 @@ def test_schedule_matches_formula(decay):
     )
 
 
+def chained_schedule(config):
+  """make_schedule as it was before train.decay became a registry: the if-chain
+  the registry's entries must reproduce bit for bit."""
+  peak, warmup, end_fraction = config.learning_rate, config.warmup_steps, config.end_lr_fraction
+  warmup = min(warmup, config.steps)
+  decay_steps = max(config.steps - warmup, 1)
+  if config.decay == "cosine":
+    after_warmup = optax.cosine_decay_schedule(peak, decay_steps, alpha=end_fraction)
+  elif config.decay == "linear":
+    after_warmup = optax.linear_schedule(peak, peak * end_fraction, decay_steps)
+  elif config.decay == "constant":
+    after_warmup = optax.constant_schedule(peak)
+  else:
+
+    def after_warmup(s):
+      return peak * jax.lax.rsqrt(jnp.maximum(s, 0) / warmup + 1.0)
+
+  if warmup == 0:
+    return after_warmup
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
+
+
+DEFAULT_DECAYS = ("cosine", "linear", "constant", "rsqrt")
+# Schedules around train_config's: other peak and end, no warmup (rsqrt needs
+# one), a warmup longer than the run.
+SCHEDULE_CHANGES = {
+  "default": {},
+  "peak_1_end_0": dict(learning_rate=1.0, end_lr_fraction=0.0),
+  "no_warmup": dict(warmup_steps=0),
+  "long_warmup": dict(warmup_steps=200),
+}
+
+
+@pytest.mark.parametrize(
+  "decay, changes",
+  [
+    (decay, name)
+    for decay in DEFAULT_DECAYS
+    for name in SCHEDULE_CHANGES
+    if (decay, name) != ("rsqrt", "no_warmup")
+  ],
+)
+def test_the_default_decays_give_bitwise_the_learning_rates_they_gave(decay, changes):
+  config = train_config(decay=decay, **SCHEDULE_CHANGES[changes])
+  steps = jnp.arange(STEPS + 20)
+  got = np.asarray(optim.make_schedule(config)(steps))
+  np.testing.assert_array_equal(got, np.asarray(chained_schedule(config)(steps)), strict=True)
+  # One step at a time, as a resume reads the rate of its next update (a Python int).
+  for step in (0, WARMUP, STEPS):
+    assert float(optim.make_schedule(config)(step)) == float(chained_schedule(config)(step))
+
+
+@pytest.mark.parametrize("decay", DEFAULT_DECAYS)
+def test_the_default_decays_at_their_ends_against_float64(decay):
+  """Step 0 (the first update: lr 0), the end of warmup (the peak) and the
+  last step (cosine, linear: end_lr_fraction of the peak; rsqrt: P sqrt(W / T))."""
+  schedule = optim.make_schedule(train_config(decay=decay))
+  peak, end = np.float64(PEAK), np.float64(PEAK) * END_FRACTION
+  last = {
+    "cosine": end,
+    "linear": end,
+    "constant": peak,
+    "rsqrt": peak * np.sqrt(np.float64(WARMUP) / STEPS),
+  }
+  for step, want in ((0, 0.0), (WARMUP, peak), (STEPS, last[decay])):
+    np.testing.assert_allclose(float(schedule(step)), want, rtol=2e-7, err_msg=f"step {step}")
+
+
+def rsqrt_cooldown(phase):
+  """docs/extending.md's decay: P sqrt(W / t), then a straight line to 0 over
+  the last tenth of the decay."""
+  if phase.warmup == 0:
+    raise ValueError("train.warmup_steps: 'rsqrt_cooldown' needs a warmup")
+  cooldown = max(phase.steps // 10, 1)
+
+  def schedule(s):
+    s = jnp.maximum(s, 0)
+    rsqrt = jnp.sqrt(phase.warmup / (phase.warmup + s))
+    return phase.peak * rsqrt * jnp.clip((phase.steps - s) / cooldown, 0.0, 1.0)
+
+  return schedule
+
+
+def rsqrt_cooldown_float64(step, peak, warmup, steps):
+  """rsqrt_cooldown's rates at `step` (warmup before it), written out in float64."""
+  t = np.asarray(step, np.float64)
+  cooldown = max((steps - warmup) // 10, 1)
+  after = peak * np.sqrt(warmup / np.maximum(t, warmup)) * np.clip((steps - t) / cooldown, 0, 1)
+  return np.where(t < warmup, peak * t / warmup, after)
+
+
+def test_a_registered_decay_is_a_runs_schedule():
+  with optim.DECAYS.scoped():
+    register.decay("rsqrt_cooldown")(rsqrt_cooldown)
+    schedule = optim.make_schedule(train_config(decay="rsqrt_cooldown"))
+    run = parse_run(tiny_config(steps=40, train__decay="rsqrt_cooldown"))
+    with pytest.raises(ValueError, match=r"^train\.warmup_steps: 'rsqrt_cooldown' needs"):
+      optim.make_schedule(train_config(decay="rsqrt_cooldown", warmup_steps=0))
+  assert "rsqrt_cooldown" not in optim.DECAYS  # scoped: undone
+  steps = np.arange(STEPS + 5)
+  want = rsqrt_cooldown_float64(steps, PEAK, WARMUP, STEPS)
+  np.testing.assert_allclose(np.asarray(schedule(jnp.asarray(steps))), want, rtol=1e-6, atol=0)
+  assert float(schedule(STEPS - 10)) > 0 and float(schedule(STEPS)) == 0.0  # its cooldown
+  peak, warmup = run.train.learning_rate, run.train.warmup_steps
+  np.testing.assert_allclose(
+    np.asarray(run.schedule(jnp.arange(45))),
+    rsqrt_cooldown_float64(np.arange(45), peak, warmup, 40),
+    rtol=1e-6,
+  )
+
+
+def test_an_unknown_decay_lists_the_registered_ones():
+  with optim.DECAYS.scoped():
+    register.decay("rsqrt_cooldown")(rsqrt_cooldown)
+    with pytest.raises(ValueError) as raised:
+      optim.make_optimizer(train_config(decay="exponential"))
+  assert str(raised.value) == (
+    "train.decay: 'exponential' is not one of "
+    "('cosine', 'linear', 'constant', 'rsqrt', 'rsqrt_cooldown')"
+  )
+
+
 def test_schedule_without_warmup_starts_at_peak():
   schedule = optim.make_schedule(train_config(warmup_steps=0, decay="linear"))
   np.testing.assert_allclose(float(schedule(0)), PEAK, rtol=1e-6)
   np.testing.assert_allclose(float(schedule(STEPS)), PEAK * END_FRACTION, rtol=1e-5)
 
 
-@pytest.mark.parametrize("decay", optim.DECAYS)
+@pytest.mark.parametrize("decay", optim.DECAYS.names())
 def test_a_warmup_longer_than_the_run_is_clamped_to_it(decay):
   steps = 30
   clamped = optim.make_schedule(train_config(decay=decay, steps=steps, warmup_steps=60))

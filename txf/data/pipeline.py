@@ -1,4 +1,5 @@
-"""make_dataset and make_tokenizer: the data package's entry points."""
+"""make_dataset and make_tokenizer: the data package's entry points; txf's
+data.tokenizer entries (TOKENIZERS)."""
 
 import os
 from typing import Any
@@ -10,6 +11,7 @@ from txf.data import corpus
 from txf.data.dataset import Dataset
 from txf.data.spec import (
   GENERATED,
+  TOKENIZERS,
   DataSpec,
   TextSource,
   read_data_config,
@@ -22,11 +24,16 @@ from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokeniz
 SENTENCEPIECE_TRAIN_BYTES = 2_000_000
 
 
-def _text_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
-  if spec.tokenizer == "bytes":
-    return ByteTokenizer()
-  if spec.tokenizer == "hf":
-    return HFTokenizer(required(spec.tokenizer_path))
+@TOKENIZERS.decorator("bytes")
+def bytes_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+  """UTF-8 bytes (ByteTokenizer)."""
+  return ByteTokenizer()
+
+
+@TOKENIZERS.decorator("sentencepiece")
+def sentencepiece_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+  """The sentencepiece model of data.sp_vocab_size pieces in `workdir`,
+  trained there on the train split the first time (see make_tokenizer)."""
   if workdir is None:
     raise ValueError(
       "workdir is required for data.tokenizer='sentencepiece' "
@@ -41,14 +48,24 @@ def _text_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokeni
   return SentencePieceTokenizer.train(texts, required(spec.sp_vocab_size), prefix)
 
 
+@TOKENIZERS.decorator("hf")
+def hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+  """The Hugging Face tokenizer.json at data.tokenizer_path (HFTokenizer)."""
+  return HFTokenizer(required(spec.tokenizer_path))
+
+
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+  """A text dataset's data.tokenizer (TOKENIZERS), a generated one's own."""
   if text_source(spec.name) is not None:
-    return _text_tokenizer(spec, workdir)
+    return TOKENIZERS[required(spec.tokenizer)](spec, workdir)
   return GENERATED[spec.name].tokenizer(spec)
 
 
 def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -> Tokenizer:
-  """The tokenizer of the dataset `data_config` describes.
+  """The tokenizer of the dataset `data_config` describes: a text dataset's
+  data.tokenizer (an entry of txf.data.spec.TOKENIZERS: txf's bytes,
+  sentencepiece and hf, above, or one registered with
+  txf.register.tokenizer), a generated dataset's own.
 
   For data.tokenizer='sentencepiece' the model is
   `<workdir>/sentencepiece_<sp_vocab_size>.model`, trained on the train split

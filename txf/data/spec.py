@@ -7,6 +7,8 @@ the table in txf/data/__init__.py.
 """
 
 import dataclasses
+import os
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from txf import checks
@@ -15,7 +17,6 @@ from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.fields import documented, section
 from txf.registry import Registry
 
-TOKENIZERS = ("bytes", "sentencepiece", "hf")
 # data.read_threads of a config that has none (written before the field).
 DEFAULT_READ_THREADS = 4
 
@@ -36,7 +37,7 @@ class DataSpec:
   seq_len: int = documented("tokens per example (seq2seq: per source and target)")
   batch_size: int = documented("global, across all devices and hosts")
   tokenizer: str | None = documented(
-    "bytes | sentencepiece (trained in the run dir) | hf", default=None
+    "bytes | sentencepiece (trained in the run dir) | hf, or a registered one", default=None
   )
   sp_vocab_size: int | None = documented(
     'tokenizer="sentencepiece": its largest vocabulary', default=None
@@ -181,6 +182,13 @@ class TextSource(Protocol):
 GENERATED: Registry[GeneratedTask] = Registry("data.name", builtins="txf.data.generated")
 TEXT: Registry[TextSource] = Registry("data.name", builtins="txf.data.text")
 GENERATED.share_names(TEXT)
+
+# What a text dataset's data.tokenizer names: (its DataSpec, the run's work
+# directory; None outside a run) -> the Tokenizer. txf's are in
+# txf.data.pipeline, imported when the registry is first read; user code
+# registers others (txf.register.tokenizer).
+TokenizerBuilder = Callable[[DataSpec, str | os.PathLike | None], Tokenizer]
+TOKENIZERS: Registry[TokenizerBuilder] = Registry("data.tokenizer", builtins="txf.data.pipeline")
 
 
 def text_source(name: Any) -> TextSource | None:

@@ -6,7 +6,7 @@ A run's work directory holds
                  "loss": 2.3, ...} (`time`: wall time, seconds since the epoch)
   tb/            TensorBoard event files (written here with tensorboardX's
                  protocol buffers; no TensorFlow needed): the scalars, grouped
-                 by txf.train.trackers.metric_tag (train/loss, eval/loss,
+                 by txf.train.tracking.metric_tag (train/loss, eval/loss,
                  perf/tokens_per_sec, ...), each sample as preformatted text
                  ('eval/sample'), and the run's hyperparameters with its
                  final metrics for the HParams dashboard (`write_hparams`)
@@ -68,7 +68,7 @@ from txf.train.sinks import (
   terminate_partial_last_line,
   writing,
 )
-from txf.train.trackers import Tracker, metric_tag
+from txf.train.tracking import Tracker, metric_tag
 from txf.train.workdir import is_local, replace_bytes
 
 METRICS_FILE = "metrics.jsonl"

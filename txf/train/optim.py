@@ -4,7 +4,8 @@ Fields read (all under `train`):
   learning_rate    peak learning rate, reached at the end of warmup
   warmup_steps     linear warmup from 0 to the peak over this many steps (at
                    most `steps`: a longer warmup is clamped to it, see fitted_warmup)
-  decay            shape after warmup: 'cosine' | 'linear' | 'constant' | 'rsqrt'
+  decay            shape after warmup: 'cosine' | 'linear' | 'constant' | 'rsqrt',
+                   or one registered with txf.register.decay (DECAYS)
   steps            total training steps (the decay ends here)
   end_lr_fraction  final lr / peak, for 'cosine' and 'linear'
   weight_decay     decoupled weight decay, applied to matrices only
@@ -17,7 +18,9 @@ micro-batch gradients before calling the optimizer.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,8 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from txf import checks
-
-DECAYS = ("cosine", "linear", "constant", "rsqrt")
+from txf.registry import Registry
 
 _MISSING = object()
 
@@ -61,8 +63,64 @@ def fitted_warmup(warmup_steps: int, steps: int) -> int:
   return min(warmup_steps, steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecayPhase:
+  """The learning rate after warmup, as a train.decay entry is asked to shape it.
+
+  Attributes:
+    peak: P, train.learning_rate: the rate warmup ends at.
+    end_fraction: train.end_lr_fraction: the final rate over P, for a
+      decay that ends somewhere.
+    warmup: W, the steps of warmup (fitted_warmup; 0: none).
+    steps: D, the steps from the end of warmup to train.steps (at least 1).
+  """
+
+  peak: float
+  end_fraction: float
+  warmup: int
+  steps: int
+
+
+# The decays by train.decay: txf's (below) and those user code registers
+# (txf.register.decay). An entry is fn(DecayPhase) -> the schedule after
+# warmup, a jax function of s = t - W (s >= 0; join_schedules also evaluates
+# it, and discards it, for s < 0); it raises ValueError naming the train field
+# whose value it cannot take.
+DECAYS: Registry[Callable[[DecayPhase], optax.Schedule]] = Registry("train.decay")
+
+
+@DECAYS.decorator("cosine")
+def cosine(phase: DecayPhase) -> optax.Schedule:
+  """P down to end_fraction * P along half a cosine over D steps."""
+  return optax.cosine_decay_schedule(phase.peak, phase.steps, alpha=phase.end_fraction)
+
+
+@DECAYS.decorator("linear")
+def linear(phase: DecayPhase) -> optax.Schedule:
+  """P down to end_fraction * P in a straight line over D steps."""
+  return optax.linear_schedule(phase.peak, phase.peak * phase.end_fraction, phase.steps)
+
+
+@DECAYS.decorator("constant")
+def constant(phase: DecayPhase) -> optax.Schedule:
+  """P throughout."""
+  return optax.constant_schedule(phase.peak)
+
+
+@DECAYS.decorator("rsqrt")
+def rsqrt(phase: DecayPhase) -> optax.Schedule:
+  """P * sqrt(W / t) at step t = s + W: the inverse square root of the step,
+  continuous with warmup (so it needs one); ignores end_fraction."""
+  _check(phase.warmup > 0, "warmup_steps", "positive when train.decay is 'rsqrt'", phase.warmup)
+
+  def after_warmup(s):
+    return phase.peak * jax.lax.rsqrt(jnp.maximum(s, 0) / phase.warmup + 1.0)
+
+  return after_warmup
+
+
 def make_schedule(train_config: Any) -> optax.Schedule:
-  """Linear warmup from 0 to `learning_rate`, then the `decay` shape.
+  """Linear warmup from 0 to `learning_rate`, then the `decay` shape (DECAYS).
 
   With t the step and W = fitted_warmup(warmup_steps, steps), D = steps - W,
   P = learning_rate, E = end_lr_fraction * P:
@@ -81,29 +139,12 @@ def make_schedule(train_config: Any) -> optax.Schedule:
   warmup = checks.int_at_least(_field(train_config, "warmup_steps"), "train.warmup_steps", 0)
   total = checks.positive_int(_field(train_config, "steps"), "train.steps")
   end_fraction = _number(train_config, "end_lr_fraction")
-  decay = _field(train_config, "decay")
   _check(0 < peak < float("inf"), "learning_rate", "positive and finite", peak)
   _check(0 <= end_fraction <= 1, "end_lr_fraction", "in [0, 1]", end_fraction)
-  _check(decay in DECAYS, "decay", f"one of {DECAYS}", decay)
-  _check(
-    decay != "rsqrt" or warmup > 0, "warmup_steps", "positive when train.decay is 'rsqrt'", warmup
-  )
+  decay = DECAYS[_field(train_config, "decay")]
 
   warmup = fitted_warmup(warmup, total)
-  decay_steps = max(total - warmup, 1)
-  end_value = peak * end_fraction
-  if decay == "cosine":
-    after_warmup = optax.cosine_decay_schedule(peak, decay_steps, alpha=end_fraction)
-  elif decay == "linear":
-    after_warmup = optax.linear_schedule(peak, end_value, decay_steps)
-  elif decay == "constant":
-    after_warmup = optax.constant_schedule(peak)
-  else:
-    # join_schedules counts from the boundary, so the global step is s + W;
-    # it also evaluates this branch (and discards it) for s < 0.
-    def after_warmup(s):
-      return peak * jax.lax.rsqrt(jnp.maximum(s, 0) / warmup + 1.0)
-
+  after_warmup = decay(DecayPhase(peak, end_fraction, warmup, max(total - warmup, 1)))
   if warmup == 0:
     return after_warmup
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])

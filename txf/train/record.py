@@ -28,7 +28,8 @@ run appends one), rewritten atomically:
                  one (train.init_from) is refused when its tokenizer differs
   choices        {field: {'name', 'module', 'function', 'builtin', 'path'}}
                  for every registered choice the run uses (model.family,
-                 head, position, norm, activation, init; data.name): the
+                 head, position, norm, activation, init; data.name,
+                 data.tokenizer; train.decay): the
                  function or class that provided it (txf.registry) and, for
                  user code, the directory its package was imported from.
                  A later command on the run (load_run, a resume) imports
@@ -57,11 +58,12 @@ from typing import Any
 
 from etils import epath
 
-from txf.data.spec import GENERATED, TEXT
+from txf.data.spec import GENERATED, TEXT, TOKENIZERS
 from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
 from txf.registry import Registry
 from txf.train import hardware
+from txf.train.optim import DECAYS
 from txf.train.run_config import RunConfig
 from txf.train.workdir import parse_json, read_text, replace_text, write_error
 
@@ -146,16 +148,19 @@ def resolved_config(run: RunConfig) -> dict[str, Any]:
   return json.loads(json.dumps(config, default=repr))
 
 
-# The config fields whose choices user code registers (txf.register).
-_MODEL_REGISTRIES: dict[str, Registry[Any]] = {
+# The config fields of one name whose choices user code registers
+# (txf.register), besides data.name's two registries.
+_REGISTRIES: dict[str, Registry[Any]] = {
   "model.family": FAMILIES,
   "model.head": HEADS,
   "model.position": ENCODINGS,
   "model.norm": NORMS,
   "model.activation": ACTIVATIONS,
   "model.init": INITS,
+  "data.tokenizer": TOKENIZERS,
+  "train.decay": DECAYS,
 }
-CHOICE_FIELDS = (*_MODEL_REGISTRIES, "data.name")
+CHOICE_FIELDS = (*_REGISTRIES, "data.name")
 
 
 def _registry_entry(field: str, name: Any) -> tuple[Registry[Any], str] | None:
@@ -166,7 +171,7 @@ def _registry_entry(field: str, name: Any) -> tuple[Registry[Any], str] | None:
   if field == "data.name":
     registry, name = (GENERATED, name) if name in GENERATED else (TEXT, name.partition(":")[0])
   else:
-    registry = _MODEL_REGISTRIES[field]
+    registry = _REGISTRIES[field]
   return (registry, name) if name in registry else None
 
 

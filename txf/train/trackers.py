@@ -19,64 +19,34 @@ names separated by commas, or a list of names; empty: none):
          eval/loss, perf/tokens_per_sec, ...); the samples are one table,
          eval/samples, of (step, sample) rows, logged again at each sample.
 
-Only process 0 tracks. Another tracker is one class with the `Tracker`
-methods, a name in `TRACKERS` and its start-up check in `CHECKS`.
+Only process 0 tracks. Each name is an entry of `TRACKERS` (a
+`TrackerKind`: how to start the tracker, its start-up check, the package it
+needs); another tracker is one class with the `Tracker` methods
+(txf.train.tracking), registered from user code with `txf.register.tracker`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from etils import epath
 
 from txf.extras import install_hint
+from txf.registry import Registry
+from txf.train.metrics import read_samples
+from txf.train.tracking import Tracker, metric_tag
 from txf.train.workdir import is_local, read_text, replace_text
 
 WANDB_ID_FILE = "wandb_run_id.txt"
 WANDB_SAMPLES = "eval/samples"  # the wandb table of the samples
-# Metrics of the hardware's speed, not of the model: grouped under perf/.
-PERF_METRICS = frozenset({"tokens_per_sec", "steps_per_sec", "step_time", "mfu"})
-METRIC_GROUPS = ("train", "eval", "perf")
 # What wandb takes as a run id: none of / \ # ? % : nor whitespace.
 _WANDB_RUN_ID = re.compile(r"[^/\\#?%:\s]{1,128}")
-
-
-def metric_tag(name: str) -> str:
-  """The name a dashboard (TensorBoard, wandb) shows a metrics.jsonl field
-  under, grouped by what it measures: 'eval_<x>' -> 'eval/<x>' (eval_loss ->
-  eval/loss, eval_loss/0 -> eval/loss/0), throughput -> 'perf/<name>'
-  (tokens_per_sec, steps_per_sec, step_time, mfu), any other -> 'train/<name>'
-  (loss, loss_std, accuracy, grad_norm, learning_rate). A name already in a
-  group ('eval/...') is kept."""
-  if name.split("/", 1)[0] in METRIC_GROUPS:
-    return name
-  if name.startswith("eval_"):
-    return "eval/" + name.removeprefix("eval_")
-  return ("perf/" if name in PERF_METRICS else "train/") + name
-
-
-class Tracker(Protocol):
-  """What MetricsWriter and the loop call on a tracker."""
-
-  def log_config(self, config: Mapping[str, Any]) -> None:
-    """The run's resolved config (nested dicts of JSON values)."""
-
-  def log_metrics(self, step: int, scalars: Mapping[str, int | float]) -> None:
-    """One metrics row (as metrics.jsonl holds it, without step and time)."""
-
-  def log_sample(self, step: int, text: str) -> None:
-    """Text sampled at an evaluation."""
-
-  def log_summary(self, metrics: Mapping[str, int | float]) -> None:
-    """The run's final metrics."""
-
-  def close(self) -> None:
-    """Finishes the tracker's run (uploads what is pending)."""
 
 
 class WandbTracker:
@@ -112,8 +82,6 @@ class WandbTracker:
 
   def log_sample(self, step: int, text: str) -> None:
     if self._samples is None:  # a resumed run's table starts with the samples kept before
-      from txf.train.metrics import read_samples  # noqa: PLC0415 (metrics imports this module)
-
       self._samples = [(s, t) for s, t in read_samples(self._workdir) if s < step]
     self._samples.append((step, text))
     # A wandb Table is immutable once logged: each sample logs the whole table again.
@@ -185,27 +153,60 @@ def _check_wandb(workdir: epath.Path) -> None:
     )
 
 
-# name -> a tracker for a run's work directory.
-TRACKERS: dict[str, Callable[[epath.Path], Tracker]] = {"wandb": WandbTracker}
-# name -> its check that it can start in a work directory (before anything is written).
-CHECKS: dict[str, Callable[[epath.Path], None]] = {"wandb": _check_wandb}
-# name -> the package it needs (checked with the config, before anything is written).
-PACKAGES = {"wandb": "wandb"}
+@dataclasses.dataclass(frozen=True)
+class TrackerKind:
+  """A `train.trackers` name's entry in TRACKERS.
+
+  Attributes:
+    start: (the run's work directory) -> its Tracker; called on process 0
+      only, once the config and `check` have passed.
+    check: (the work directory) -> None, raising ValueError naming what is
+      missing where the tracker could not start there (a login, a readable
+      run id); called before anything is written. None: nothing to check.
+    package: the module `start` imports that txf does not install, looked
+      for with the config's check, before anything is written; None: none.
+    install: how to install `package`, for the error that asks for it;
+      None: 'pip install <package>'.
+  """
+
+  start: Callable[[epath.Path], Tracker]
+  check: Callable[[epath.Path], None] | None = None
+  package: str | None = None
+  install: str | None = None
+
+  def needs(self, name: str) -> str:
+    """What a run naming the tracker `name` says where `package` is missing."""
+    install = self.install or f"pip install {self.package}"
+    return f"{name!r} needs the {self.package} package: {install}"
+
+  def installed(self) -> bool:
+    """Whether `package` (if any) can be imported."""
+    if self.package is None:
+      return True
+    try:
+      return importlib.util.find_spec(self.package) is not None
+    except (ImportError, ValueError, AttributeError):  # e.g. sys.modules[package] is None
+      return False
 
 
-def _installed(package: str) -> bool:
-  try:
-    return importlib.util.find_spec(package) is not None
-  except (ImportError, ValueError, AttributeError):  # e.g. sys.modules[package] is None
-    return False
+# The trackers by train.trackers name: txf's (here) and those user code
+# registers (txf.register.tracker).
+TRACKERS: Registry[TrackerKind] = Registry("train.trackers")
+TRACKERS.register(
+  "wandb",
+  TrackerKind(WandbTracker, check=_check_wandb, package="wandb", install=install_hint("wandb")),
+  provider=WandbTracker,
+)
 
 
-def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
+def tracker_names(value: Any) -> tuple[str, ...]:
   """The tracker names of a config's `train.trackers` ('wandb', 'a,b', a list
-  of names; '' or None: none).
+  of names; '' or None: none), each once.
 
   Raises:
-    ValueError: naming `field`, for an unknown name or a value of another type.
+    ValueError: naming train.trackers, for a value of another type, a name
+      not in TRACKERS (listing those that are) or a tracker whose package is
+      not installed.
   """
   if value is None:
     return ()
@@ -214,14 +215,13 @@ def tracker_names(value: Any, field: str = "train.trackers") -> tuple[str, ...]:
   elif isinstance(value, list | tuple) and all(isinstance(name, str) for name in value):
     names = [name.strip() for name in value]
   else:
-    raise ValueError(f"{field}: expected tracker names (a string or a list), got {value!r}")
-  for name in names:
-    if name not in TRACKERS:
-      raise ValueError(f"{field}: unknown tracker {name!r} (known: {', '.join(sorted(TRACKERS))})")
-  for name in names:
-    package = PACKAGES.get(name)
-    if package and not _installed(package):
-      raise ValueError(f"{field}: {name!r} needs the {package} package: {install_hint(name)}")
+    raise ValueError(
+      f"{TRACKERS.field}: expected tracker names (a string or a list), got {value!r}"
+    )
+  kinds = [TRACKERS[name] for name in names]  # every name known before any package is looked for
+  for name, kind in zip(names, kinds):
+    if not kind.installed():
+      raise ValueError(f"{TRACKERS.field}: {kind.needs(name)}")
   return tuple(dict.fromkeys(names))
 
 
@@ -233,7 +233,24 @@ def check_trackers(names: tuple[str, ...], workdir: epath.Path) -> None:
     ValueError: naming what is missing.
   """
   for name in names:
-    CHECKS[name](workdir)
+    check = TRACKERS[name].check
+    if check is not None:
+      check(workdir)
+
+
+def _start(name: str, workdir: epath.Path) -> Tracker:
+  """The tracker `name` started for the run in `workdir`.
+
+  Raises:
+    ImportError: naming the package to install, where its package is missing.
+  """
+  kind = TRACKERS[name]
+  try:
+    return kind.start(workdir)
+  except ImportError as error:
+    if kind.package is None:  # not the package it declares: the error as it is
+      raise
+    raise ImportError(f"{TRACKERS.field}: {kind.needs(name)}") from error
 
 
 def make_trackers(names: tuple[str, ...], workdir: epath.Path) -> tuple[Tracker, ...]:
@@ -242,12 +259,7 @@ def make_trackers(names: tuple[str, ...], workdir: epath.Path) -> tuple[Tracker,
   trackers: list[Tracker] = []
   try:
     for name in names:
-      try:
-        trackers.append(TRACKERS[name](workdir))
-      except ImportError as error:
-        raise ImportError(
-          f"train.trackers: {name!r} needs the {name} package: {install_hint(name)}"
-        ) from error
+      trackers.append(_start(name, workdir))
   except BaseException:
     for tracker in trackers:
       tracker.close()
