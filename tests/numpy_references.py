@@ -162,9 +162,8 @@ def attention_spec(cfg, causal, cross):
     causal=causal and not cross,
     bidirectional_bias=not causal,
     window=None if cross else cfg.window,
-    rope_base=cfg.rope_base,
-    rope_scale=cfg.rope_scale,
-    t5_max_distance=cfg.t5_max_distance,
+    # The position's settings (None where it has no such setting).
+    **{name: cfg.options.get(name) for name in ("rope_base", "rope_scale", "t5_max_distance")},
     scale=None if cfg.scale_attention else 1.0,
     attention=cfg.attention,
   )

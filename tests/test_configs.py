@@ -50,7 +50,7 @@ EXPECTED_CHANGES = {
   "alibi": {"model.position"},
   "nope": {"model.position"},
   "t5_bias": {"model.position"},
-  "rope_ntk": {"model.position", "model.rope_scale"},
+  "rope_ntk": {"model.position", "model.options.rope_scale"},
   "post_ln": {"model.norm_placement"},
   "lstm": {"model.family", "model.d_model"},  # base.py's 2 layers stay
   "encoder_mlm": {

@@ -7,6 +7,7 @@ A config value that would fail only once training starts (NaN, an infinity,
 label_smoothing >= 1, a seed past int32): a ValueError naming the field.
 """
 
+import functools
 import json
 import re
 
@@ -78,24 +79,27 @@ LATE_FAILURES = {
   "train.eps": [float("inf")],
   "train.grad_clip_norm": [float("inf")],
   "model.norm_eps": [float("nan"), -1.0, 0.0, float("inf")],
-  "model.rope_base": [float("nan"), -10.0],
-  "model.rope_scale": [float("nan"), float("inf")],
+  "model.options.rope_base": [float("nan"), -10.0],
+  "model.options.rope_scale": [float("nan"), float("inf")],
   "model.pad_id": [1.5],
   "model.use_bias": ["false"],
-  "model.t5_max_distance": [0],
+  "model.options.t5_max_distance": [0],
   "seed": [99999999999999999999, 2**31, -1],
   "model.vocab_size": ["big"],
   "data.seed_per_replica": ["yes", 1, None],
 }
+# The config whose model reads the field, where rope's does not.
+FIELD_CONFIGS = {"model.options.t5_max_distance": "t5_bias"}
 
 
 @pytest.mark.parametrize(
   "field,value", [(field, value) for field, values in LATE_FAILURES.items() for value in values]
 )
 def test_values_that_used_to_fail_after_setup_are_config_errors(field, value):
-  fields = load_config("rope").to_dict()  # a dict: a config.json may hold any type
-  section, _, name = field.rpartition(".")
-  (fields[section] if section else fields)[name] = value
+  # A dict: a config.json may hold any type.
+  fields = load_config(FIELD_CONFIGS.get(field, "rope")).to_dict()
+  *sections, name = field.split(".")
+  functools.reduce(dict.__getitem__, sections, fields)[name] = value
   config = ml_collections.ConfigDict(fields)
   with pytest.raises(ValueError, match=rf"^{re.escape(field)}: "):
     check_run_config(config, vocab_size=260, num_classes=None)

@@ -51,7 +51,7 @@ from txf.analysis import extrapolation
 from txf.data import ByteTokenizer, make_dataset, make_tokenizer, spec as data_config
 from txf.interop import text
 from txf.layers import model_config as layer_config
-from txf.layers.model_config import CHOICES, LSTM_FIELDS, ModelConfig
+from txf.layers.model_config import CHOICES, LSTM_FIELDS, REGISTRY_FIELDS, ModelConfig
 from txf.train import optim, trackers
 
 # --- model options ----------------------------------------------------------------
@@ -63,12 +63,11 @@ BASE = dict(
   num_heads=2,
   num_layers=1,
   max_len=16,
-  # > 1: rope and rope_ntk rotate differently (at 1 both are plain RoPE).
-  rope_scale=2.0,
-  # 8 buckets, so that distances 4..7 of 8 tokens fall in the log-spaced
-  # buckets that t5_max_distance shapes.
-  t5_num_buckets=8,
-  t5_max_distance=16,
+  # The settings of the positions (each model keeps its own position's):
+  # rope_scale > 1: rope and rope_ntk rotate differently (at 1 both are
+  # plain RoPE); 8 buckets, so that distances 4..7 of 8 tokens fall in the
+  # log-spaced buckets that t5_max_distance shapes.
+  options=dict(rope_scale=2.0, t5_num_buckets=8, t5_max_distance=16),
 )
 # The model an option is tried in where the decoder with an lm head cannot
 # carry it.
@@ -89,7 +88,8 @@ IMPLEMENTATIONS = {
 # so their options are held apart on the parameters init draws instead.
 INIT_REGISTRIES = ("init",)
 # The settings each option reads, with a value other than BASE's: changing
-# each must change the option's output.
+# each must change the option's output. ModelConfig fields, or settings the
+# entry declares (model.options; every one of them is listed).
 SETTINGS = {
   ("family", "decoder"): {},
   ("family", "encoder"): dict(num_token_types=2),
@@ -139,17 +139,29 @@ GENERAL_FIELDS = {
   "pad_id",
   "remat",
   "scan_layers",
-  # The settings of registered entries (read through cfg.option; an entry
-  # registered with settings is tested where it is, e.g. examples/extending).
+  # The chosen entries' settings: SETTINGS names those of txf's entries (a
+  # user's entry is tested where it is registered, e.g. examples/extending).
   "options",
 }
 
 
+FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+
+
 def model_config(registry, option, **changes):
-  fields = {**BASE, **CONTEXT.get((registry, option), {}), registry: option, **changes}
-  if fields.get("family") == "lstm":
-    fields = {k: v for k, v in fields.items() if k in LSTM_FIELDS}
+  """The model of `option` in BASE, with `changes` to fields or to its settings."""
+  settings = {name: value for name, value in changes.items() if name not in FIELDS}
+  fields = {**BASE, **CONTEXT.get((registry, option), {}), registry: option}
+  fields.update({name: value for name, value in changes.items() if name in FIELDS})
+  fields["options"] = {**BASE["options"], **settings}
+  if fields.get("family") == "lstm":  # its position keeps rope's default settings
+    fields = {k: v for k, v in fields.items() if k in LSTM_FIELDS and k != "options"}
   return ModelConfig(**fields)
+
+
+def setting_value(cfg, setting):
+  """A ModelConfig field's value, or a setting's in model.options."""
+  return getattr(cfg, setting) if setting in FIELDS else cfg.option(setting)
 
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
@@ -223,7 +235,7 @@ def test_every_option_changes_the_model_output(registry):
 )
 def test_every_option_setting_changes_the_model_output(registry, option, setting):
   value = SETTINGS[registry, option][setting]
-  assert getattr(model_config(registry, option), setting) != value
+  assert setting_value(model_config(registry, option), setting) != value
   assert differ(output(registry, option), output(registry, option, **{setting: value})), (
     f"model.{registry}={option!r} ignores model.{setting} (= {value!r})"
   )
@@ -234,13 +246,17 @@ def test_every_option_declares_its_settings():
   assert not options - set(SETTINGS), "options without a SETTINGS entry (add one, {} for none)"
   assert not set(SETTINGS) - options
   settings = {s for entry in SETTINGS.values() for s in entry}
-  fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  unsorted = fields - set(CHOICES) - settings - GENERAL_FIELDS
+  unsorted = FIELDS - set(CHOICES) - settings - GENERAL_FIELDS
   assert not unsorted, (
     f"ModelConfig fields {sorted(unsorted)}: name each in the SETTINGS of the "
     "options that read it, or in GENERAL_FIELDS"
   )
-  assert not (settings | GENERAL_FIELDS) - fields
+  for (registry, option), listed in SETTINGS.items():
+    declared = REGISTRY_FIELDS[registry].options(option) if registry in REGISTRY_FIELDS else {}
+    assert set(declared) == set(listed) - FIELDS, (
+      f"model.{registry}={option!r}: SETTINGS lists {sorted(set(listed) - FIELDS)} of its "
+      f"settings, it declares {sorted(declared)}"
+    )
 
 
 # --- data names (txf.data.spec.data_names()) ------------------------------------

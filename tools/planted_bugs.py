@@ -381,14 +381,14 @@ BUGS = (
   Bug(
     "rope_ignores_base",
     "txf/layers/positions.py",
-    "return positional.apply_rope(\n    x_BxTxHxDh, positions_BxT, base=layer.rope_base,",
+    "return positional.apply_rope(\n    x_BxTxHxDh, positions_BxT, base=rope.rope_base,",
     "return positional.apply_rope(\n    x_BxTxHxDh, positions_BxT, base=10000.0,",
     (f"{REGISTRIES}::{SETTING_TEST}[position-rope-rope_base]",),
   ),
   Bug(
     "t5_bias_ignores_max_distance",
     "txf/layers/positions.py",
-    "max_distance=layer.t5_max_distance,",
+    'max_distance=cfg.settings("position").t5_max_distance,',
     "max_distance=128,",
     (f"{REGISTRIES}::{SETTING_TEST}[position-t5_bias-t5_max_distance]",),
   ),

@@ -74,22 +74,33 @@ def _register_corrected_encoding() -> None:
   """model.position = CORRECTED: the T5 bias with each last-bucket key
   lowered by log(n / n_train) where its query has n > n_train of them."""
   from txf import register
+  from txf.fields import documented, section
+  from txf.layers.positions import T5BiasSettings
   from txf.ops import last_bucket_start, relative_position_bias
 
+  @section()
+  class CorrectedSettings(T5BiasSettings):
+    """T5's settings, and the training length n_train counts from."""
+
+    train_length: int = documented("the training length (n_train = it - s)", default=128)
+
   @register.position(
-    CORRECTED, contributes="bias", table="relative", options={"train_length": 128}, replace=True
+    CORRECTED, contributes="bias", table="relative", settings=CorrectedSettings, replace=True
   )
   def count_corrected(cfg, q_positions, k_positions, table_NxH, *, bidirectional):
+    settings = cfg.settings("position")
     bias_BxHxTxS = relative_position_bias(
       table_NxH, q_positions, k_positions, bidirectional=bidirectional,
-      max_distance=cfg.t5_max_distance,
+      max_distance=settings.t5_max_distance,
     )  # fmt: skip
-    start = last_bucket_start(num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance)
+    start = last_bucket_start(
+      num_buckets=settings.t5_num_buckets, max_distance=settings.t5_max_distance
+    )
     q_BxT, k_BxS = jnp.atleast_2d(q_positions), jnp.atleast_2d(k_positions)
     distance_BxTxS = q_BxT[..., :, None] - k_BxS[..., None, :]
     far_BxTxS = distance_BxTxS >= start
     n_far_BxT = jnp.sum(far_BxTxS, axis=-1)
-    n_train = cfg.option("train_length") - start
+    n_train = settings.train_length - start
     shift_BxT = -jnp.log(jnp.maximum(n_far_BxT / n_train, 1.0))
     return bias_BxHxTxS + jnp.where(far_BxTxS, shift_BxT[..., None], 0.0)[:, None]
 
@@ -98,10 +109,11 @@ def _versions(model: Any, train_length: int) -> dict[str, Any]:
   from txf.models import build
 
   cfg = model.cfg
+  # The corrected encoding keeps the model's T5 settings (ModelConfig.replace).
   options = {"train_length": train_length}
   return {
     "as trained": model,
-    "corrected": build(dataclasses.replace(cfg, position=CORRECTED, options=options)),
+    "corrected": build(cfg.replace(position=CORRECTED, options=options)),
     "window 128": build(dataclasses.replace(cfg, window=train_length)),
   }
 
@@ -122,8 +134,8 @@ def measure_point(workdir: pathlib.Path) -> dict[str, Any]:
   record = json.loads((workdir / "extrapolation.json").read_text())
   run, tokens_N = load_with_stream(epath.Path(workdir), record["num_tokens"])
   train_length = run.setup.run.data.seq_len
-  cfg = run.setup.model.cfg
-  start = last_bucket_start(num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance)
+  t5 = run.setup.model.cfg.settings("position")
+  start = last_bucket_start(num_buckets=t5.t5_num_buckets, max_distance=t5.t5_max_distance)
   replicas = [run.setup.replica_params(run.params, r) for r in range(run.setup.run.replicas)]
   batch_tokens = run.setup.run.data.batch_size * train_length  # as txf-extrapolate's batches
   windows_WxT = tokens_N[: (len(tokens_N) - 1) // LENGTH * LENGTH].reshape(-1, LENGTH)
@@ -152,7 +164,7 @@ def measure_point(workdir: pathlib.Path) -> dict[str, Any]:
       "last_bucket_mass_by_position": _binned(mass_T),
     }
   return {
-    "t5_max_distance": cfg.t5_max_distance,
+    "t5_max_distance": t5.t5_max_distance,
     "last_bucket_start": start,
     "train_length": train_length,
     "tokens": len(tokens_N),

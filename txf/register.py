@@ -2,9 +2,13 @@
 
   from txf import register
 
-  @register.position("log_distance", contributes="bias", options={"log_bias_scale": 1.0})
+  @section()
+  class LogDistanceSettings:
+    log_bias_scale: float = documented("multiplies the bias", default=1.0)
+
+  @register.position("log_distance", contributes="bias", settings=LogDistanceSettings)
   def log_distance(cfg, q_positions_BxT, k_positions_BxS, table, *, bidirectional):
-    ...  # float32 [B|1, H, T, S]; cfg.option("log_bias_scale") reads its setting
+    ...  # float32 [B|1, H, T, S]; cfg.settings("position").log_bias_scale
 
   @register.norm("scale")
   def scale_norm(layer, x_BxTxD, cfg):
@@ -54,7 +58,12 @@ beside it: txf puts a config file's directory on the import path) sets
 `config.model.norm = "scale"` (`config.data.tokenizer`, `config.train.decay`,
 `config.train.trackers` alike) and trains with `txf-run --config=my_config.py`;
 `--print_config` lists the new choices, and `model.options` holds the
-settings an entry registered with. Nothing in txf is edited. What each entry
+values of the chosen entry's settings (`--config.model.options.log_bias_scale=2`),
+as it does those of txf's own (rope's rope_base). An entry declares its
+settings as a small dataclass (`settings=`; txf.fields.section and
+documented give each field its default and doc, and a check() method may
+refuse values), or as `options={"log_bias_scale": 1.0}` ({setting:
+default}, the same without docs). Nothing in txf is edited. What each entry
 receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
 txf.layers.inits (INITS), txf.data.generated (GENERATED), txf.data.text (TEXT),
@@ -83,6 +92,7 @@ from txf.layers.model_config import (
   OutputHead,
 )
 from txf.layers.positions import ENCODINGS, PositionEncoding
+from txf.registry import setting_defaults, settings_class
 from txf.train.optim import DECAYS
 from txf.train.trackers import TRACKERS, TrackerKind
 
@@ -96,6 +106,7 @@ def position(
   contributes: str,
   table: str | None = None,
   even: str | None = None,
+  settings: type | None = None,
   options: Mapping[str, Any] | None = None,
   replace: bool = False,
 ) -> Decorator:
@@ -106,51 +117,74 @@ def position(
       'rotation' (fn(cfg, x [B, T, H, Dh], positions) -> x) or 'bias'
       (fn(cfg, q positions, k positions, table, *, bidirectional) -> float32
       [B|1, H, T, S]); txf.layers.positions.
-    table: 'absolute' or 'relative' where it owns a learned table.
+    table: 'absolute' or 'relative' where it owns a learned table (a
+      relative one holds t5_num_buckets rows: its settings declare that
+      setting, e.g. a subclass of txf.layers.positions.T5BiasSettings).
     even: 'd_model' or 'head_dim' where that dimension must be even.
-    options: {setting: default} it reads through cfg.option(setting).
+    settings: its settings dataclass, read through cfg.settings("position").
+    options: or {setting: default}, read through cfg.option(setting).
     replace: replace an entry of that name.
   """
   if contributes not in _KINDS:
     raise ValueError(f"contributes: {contributes!r} is not one of {tuple(_KINDS)}")
+  declared = setting_defaults(settings_class(ENCODINGS.field, name, settings, options))
+  if table == "relative" and "t5_num_buckets" not in declared:
+    raise ValueError(
+      f"model.position: {name!r}: a 'relative' table holds t5_num_buckets rows; declare that "
+      "setting (settings=a txf.layers.positions.T5BiasSettings subclass)"
+    )
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     entry = PositionEncoding(contributes, **{_KINDS[contributes]: fn}, table=table, even=even)
-    ENCODINGS.register(name, entry, options=options, replace=replace, provider=fn)
+    ENCODINGS.register(
+      name, entry, settings=settings, options=options, replace=replace, provider=fn
+    )
     return fn
 
   return add
 
 
 def norm(
-  name: str, *, options: Mapping[str, Any] | None = None, replace: bool = False
+  name: str,
+  *,
+  settings: type | None = None,
+  options: Mapping[str, Any] | None = None,
+  replace: bool = False,
 ) -> Decorator:
-  """Registers fn(layer, x [..., D], cfg) -> [..., D] as `model.norm = name`."""
-  return NORMS.decorator(name, options=options, replace=replace)
+  """Registers fn(layer, x [..., D], cfg) -> [..., D] as `model.norm = name`
+  (settings / options: as `position`'s, read through cfg.settings("norm"))."""
+  return NORMS.decorator(name, settings=settings, options=options, replace=replace)
 
 
 def init(
-  name: str, *, options: Mapping[str, Any] | None = None, replace: bool = False
+  name: str,
+  *,
+  settings: type | None = None,
+  options: Mapping[str, Any] | None = None,
+  replace: bool = False,
 ) -> Decorator:
   """Registers fn(params, cfg, key) -> params as `model.init = name`: an
   initialisation scheme, applied to the boxed parameters flax's init drew
-  (txf.layers.inits.gpt2 is one)."""
-  return INITS.decorator(name, options=options, replace=replace)
+  (txf.layers.inits.gpt2 is one); settings / options: as `position`'s."""
+  return INITS.decorator(name, settings=settings, options=options, replace=replace)
 
 
 def activation(
   name: str,
   *,
   gated: bool = False,
+  settings: type | None = None,
   options: Mapping[str, Any] | None = None,
   replace: bool = False,
 ) -> Decorator:
   """Registers fn(x, cfg) -> act(x) as `model.activation = name`; `gated`:
-  the FFN multiplies act(x W_gate) by x W_in (d_ff derived as 8/3 D)."""
+  the FFN multiplies act(x W_gate) by x W_in (d_ff derived as 8/3 D);
+  settings / options: as `position`'s."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    entry = Activation(fn, gated=gated)
     ACTIVATIONS.register(
-      name, Activation(fn, gated=gated), options=options, replace=replace, provider=fn
+      name, entry, settings=settings, options=options, replace=replace, provider=fn
     )
     return fn
 
@@ -205,6 +239,7 @@ def family(
   tasks: tuple[str, ...],
   generative: bool = False,
   heads: tuple[str, ...] = (),
+  settings: type | None = None,
   options: Mapping[str, Any] | None = None,
   replace: bool = False,
 ) -> Decorator:
@@ -219,13 +254,16 @@ def family(
       (txf.decode generates with it).
     heads: the model.head values it carries (e.g. txf's 'lm'; it builds
       HEADS[cfg.head].module(cfg)), besides the heads registered naming it.
-    options: {setting: default} it reads through cfg.option(setting).
+    settings: its settings dataclass, read through cfg.settings("family").
+    options: or {setting: default}, read through cfg.option(setting).
     replace: replace an entry of that name.
   """
 
   def add(module: Any) -> Any:
     entry = ModelFamily(module, tuple(tasks), generative=generative, heads=tuple(heads))
-    FAMILIES.register(name, entry, options=options, replace=replace, provider=module)
+    FAMILIES.register(
+      name, entry, settings=settings, options=options, replace=replace, provider=module
+    )
     return module
 
   return add
@@ -236,6 +274,7 @@ def head(
   *,
   tasks: tuple[str, ...],
   families: tuple[str, ...],
+  settings: type | None = None,
   options: Mapping[str, Any] | None = None,
   replace: bool = False,
 ) -> Decorator:
@@ -248,13 +287,16 @@ def head(
       [B, T, V] for 'lm', 'mlm' and 'seq2seq', [B, num_classes] for
       'classify'.
     families: the model.family values that carry it.
-    options: {setting: default} it reads through cfg.option(setting).
+    settings: its settings dataclass, read through cfg.settings("head").
+    options: or {setting: default}, read through cfg.option(setting).
     replace: replace an entry of that name.
   """
 
   def add(module: Any) -> Any:
     entry = OutputHead(module, tuple(tasks), tuple(families))
-    HEADS.register(name, entry, options=options, replace=replace, provider=module)
+    HEADS.register(
+      name, entry, settings=settings, options=options, replace=replace, provider=module
+    )
     return module
 
   return add

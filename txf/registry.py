@@ -13,7 +13,11 @@ so a new choice is one function or class in a file of one's own:
     ...
 
 and a config file that imports it (`--config=my_config.py`) can name it;
-`--print_config` lists it beside the built-in choices. Each entry keeps
+`--print_config` lists it beside the built-in choices. An entry's settings
+(hyper-parameters its config field does not have: RoPE's base, T5's
+buckets) are a small frozen dataclass registered with it, each field with
+its default and doc; their values live in the config's `options` section
+(txf.layers.model_config.ModelConfig.settings). Each entry keeps
 where it came from (`provenance`): a run records it, and a later command on
 the run imports the module that provided it (txf.train.record.check_choices).
 """
@@ -21,11 +25,50 @@ the run imports the module that provided it (txf.train.record.check_choices).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def settings_class(
+  field: str, name: str, settings: type | None, options: Mapping[str, Any] | None
+) -> type | None:
+  """The settings dataclass of entry `name`: `settings` itself, checked, or
+  one made from `options` ({setting: default}, a frozen dataclass of those
+  fields); None for an entry without settings.
+
+  Raises:
+    ValueError: naming the entry, for both given, `options` that make no
+      dataclass (a list default, a setting name that is not an identifier), a
+      `settings` that is not a dataclass, or one of its fields without a
+      default (a setting the config does not give must still have a value).
+  """
+  if settings is not None and options is not None:
+    raise ValueError(f"{field}: {name!r}: pass settings or options, not both")
+  if options is not None:
+    fields = [
+      (key, type(value), dataclasses.field(default=value)) for key, value in options.items()
+    ]
+    try:
+      return dataclasses.make_dataclass(f"{name}_settings", fields, frozen=True) if fields else None
+    except (TypeError, ValueError) as error:  # a mutable default, a name that is not one
+      raise ValueError(f"{field}: {name!r}: options: {error}") from None
+  if settings is None:
+    return None
+  if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):
+    raise ValueError(f"{field}: {name!r}: settings must be a dataclass type, got {settings!r}")
+  for setting in dataclasses.fields(settings):
+    if setting.default is dataclasses.MISSING:  # a default_factory too: a setting is a value
+      raise ValueError(f"{field}: {name!r}: setting {setting.name!r} has no default")
+  return settings
+
+
+def setting_defaults(settings: type | None) -> dict[str, Any]:
+  """{setting: default} of a settings dataclass ({} for None)."""
+  return {f.name: f.default for f in dataclasses.fields(settings)} if settings else {}
 
 
 class Registry(Generic[T]):
@@ -43,7 +86,7 @@ class Registry(Generic[T]):
     self.field = field
     self.builtins = builtins
     self._entries_: dict[str, T] = {}
-    self._options: dict[str, dict[str, Any]] = {}
+    self._settings: dict[str, type | None] = {}
     self._providers: dict[str, Any] = {}  # what user code registered, for `provenance`
     self._sharing: list[Registry[Any]] = []  # other registries of the same field
 
@@ -67,6 +110,7 @@ class Registry(Generic[T]):
     name: str,
     entry: T,
     *,
+    settings: type | None = None,
     options: Mapping[str, Any] | None = None,
     replace: bool = False,
     provider: Any = None,
@@ -77,9 +121,14 @@ class Registry(Generic[T]):
     Args:
       name: the value of the config field that chooses it.
       entry: what the field's readers call (each registry's docstring).
-      options: {setting: default} the entry reads from the config's
-        `options` section when chosen (`cfg.option(setting)`): hyper-parameters
-        of an entry that the built-in config fields do not have.
+      settings: the entry's settings, a dataclass whose fields each have a
+        default (and a doc: txf.fields.documented), and may define check()
+        raising a ValueError naming the field; their values live in the
+        config's `options` section when the entry is chosen
+        (`cfg.settings(field)` returns an instance, `cfg.option(setting)` one
+        value): hyper-parameters of an entry that the config fields do not have.
+      options: {setting: default}, the same as a settings dataclass of those
+        fields (without docs or checks); not with `settings`.
       replace: replace an entry registered as `name` before.
       provider: the function or class that `entry` wraps (txf.register's
         decorators pass the decorated one), whose module and name
@@ -88,7 +137,8 @@ class Registry(Generic[T]):
     Raises:
       ValueError: naming the field, for a name that is not a non-empty str,
         is registered to another entry, or is held by a registry sharing the
-        field's names (`share_names`), replace or not.
+        field's names (`share_names`), replace or not; settings as
+        `settings_class` refuses them.
     """
     if not isinstance(name, str) or not name:
       raise ValueError(f"{self.field}: a registered name must be a non-empty string, got {name!r}")
@@ -99,31 +149,43 @@ class Registry(Generic[T]):
       raise ValueError(
         f"{self.field}: {name!r} is registered already (pass replace=True to replace it)"
       )
+    declared = settings_class(self.field, name, settings, options)
     self._entries[name] = entry
-    self._options[name] = dict(options or {})
+    self._settings[name] = declared
     self._providers[name] = entry if provider is None else provider
     return entry
 
   def decorator(
-    self, name: str, *, options: Mapping[str, Any] | None = None, replace: bool = False
+    self,
+    name: str,
+    *,
+    settings: type | None = None,
+    options: Mapping[str, Any] | None = None,
+    replace: bool = False,
   ) -> Callable[[T], T]:
     """`@registry.decorator(name)`: registers the decorated object, returns it."""
-    return lambda entry: self.register(name, entry, options=options, replace=replace)
+    return lambda entry: self.register(
+      name, entry, settings=settings, options=options, replace=replace
+    )
 
   @contextlib.contextmanager
   def scoped(self) -> Iterator[Registry[T]]:
     """Registrations made inside the block are undone at its end: the
     registries are global, and a test or notebook may register for a while."""
-    entries, options, providers = dict(self._entries), dict(self._options), dict(self._providers)
+    entries, settings, providers = dict(self._entries), dict(self._settings), dict(self._providers)
     try:
       yield self
     finally:
-      self._entries_, self._options, self._providers = entries, options, providers
+      self._entries_, self._settings, self._providers = entries, settings, providers
+
+  def settings(self, name: str) -> type | None:
+    """The settings dataclass `name` was registered with (None if none)."""
+    self[name]  # an unknown name: the registry's one-line error
+    return self._settings[name]
 
   def options(self, name: str) -> dict[str, Any]:
-    """The {setting: default} `name` was registered with ({} if none)."""
-    self[name]  # an unknown name: the registry's one-line error
-    return dict(self._options[name])
+    """{setting: default} of `name`'s settings ({} if none)."""
+    return setting_defaults(self.settings(name))
 
   def provenance(self, name: str) -> dict[str, Any]:
     """Where the entry of `name` comes from: {'name', 'module', 'function',

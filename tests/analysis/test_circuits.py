@@ -265,16 +265,16 @@ def np_patched_weights(params, cfg, clean, corrupt, head, path, source_layer=0):
   entering = [np_residual_streams(params, cfg, tokens, source_layer) for tokens in (clean, corrupt)]
   normed0 = [norm(source, "self_attention", x) for x in entering]
   clean_out = sum(
-    np_head_output(attention0, normed0[0], other, cfg.rope_base) for other in range(4)
+    np_head_output(attention0, normed0[0], other, cfg.option("rope_base")) for other in range(4)
   )
-  delta = np_head_output(attention0, normed0[1], head, cfg.rope_base) - np_head_output(
-    attention0, normed0[0], head, cfg.rope_base
+  delta = np_head_output(attention0, normed0[1], head, cfg.option("rope_base")) - np_head_output(
+    attention0, normed0[0], head, cfg.option("rope_base")
   )
   mid = entering[0] + clean_out + (delta if path == "all" else 0)
   x1 = mid + np_ffn(p[source]["ffn"], norm(source, "ffn", mid), cfg.activation)
   h_query = norm(target, "self_attention", x1)
   h_key = norm(target, "self_attention", x1 + delta) if path == "k" else h_query
-  return np_weights(attention1, h_query, h_key, cfg.rope_base)
+  return np_weights(attention1, h_query, h_key, cfg.option("rope_base"))
 
 
 @pytest.fixture(scope="module")
@@ -450,7 +450,9 @@ def test_attention_maps_of_three_layers_are_each_layers_own(three_layers):
     x = np_residual_streams(params, model.cfg, clean, layer)
     normed = np_norm(p[f"block_{layer}"]["self_attention_norm"], x, "layer", model.cfg.norm_eps)
     expected.append(
-      np_weights(p[f"block_{layer}"]["self_attention"], normed, normed, model.cfg.rope_base)
+      np_weights(
+        p[f"block_{layer}"]["self_attention"], normed, normed, model.cfg.option("rope_base")
+      )
     )
   assert np.abs(expected[1] - expected[2]).max() > 1e-2  # the layers attend differently
   scanned = build(ModelConfig(**{**TINY, "num_layers": 3, "scan_layers": True}))

@@ -56,7 +56,7 @@ def expected_counts(cfg: ModelConfig) -> dict[str, int]:
   }[cfg.head]
   counts = {
     "embedding": embedding,
-    "position": len(stacks) * cfg.t5_num_buckets * H if cfg.position == "t5_bias" else 0,
+    "position": len(stacks) * cfg.option("t5_num_buckets") * H if cfg.position == "t5_bias" else 0,
     "attention": sum(n for n, _ in stacks) * attention,
     "cross_attention": sum(n for n, cross in stacks if cross) * attention,
     "ffn": sum(n for n, _ in stacks) * ffn,

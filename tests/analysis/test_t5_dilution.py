@@ -4,7 +4,6 @@ against the sweep's committed outputs and itself, and the page's table
 written from it."""
 
 import copy
-import dataclasses
 import json
 
 import jax
@@ -43,15 +42,16 @@ def test_the_count_corrected_bias_lowers_each_last_bucket_key_by_log_n_over_n_tr
   moves. So at the training length the model is the T5 model itself."""
   cfg = ModelConfig(
     vocab_size=16, d_model=8, num_heads=2, num_layers=1, position="t5_bias",
-    t5_num_buckets=8, t5_max_distance=10, max_len=64,
+    options=dict(t5_num_buckets=8, t5_max_distance=10), max_len=64,
   )  # fmt: skip
   start = last_bucket_start(num_buckets=8, max_distance=10)
   train_length, length = start + 3, 24  # n_train = 3
   with positions.ENCODINGS.scoped():
     t5_dilution._register_corrected_encoding()
-    corrected_cfg = dataclasses.replace(
-      cfg, position=t5_dilution.CORRECTED, options={"train_length": train_length}
+    corrected_cfg = cfg.replace(
+      position=t5_dilution.CORRECTED, options={"train_length": train_length}
     )
+    assert corrected_cfg.options == {**cfg.options, "train_length": train_length}
     table = np.random.default_rng(1).normal(size=(8, 2)).astype(np.float32)
     at = np.arange(length)[None]
     bias = {

@@ -35,8 +35,7 @@ def t5_table(num_buckets, num_heads, seed=0):
     num_layers=1,
     max_len=16,
     position="t5_bias",
-    t5_num_buckets=num_buckets,
-    t5_max_distance=4 * num_buckets,
+    options=dict(t5_num_buckets=num_buckets, t5_max_distance=4 * num_buckets),
   )
   tokens = np.zeros((1, 4), np.int32)
   params = flatten_dict(

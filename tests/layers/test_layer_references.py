@@ -61,10 +61,8 @@ TINY = dict(
   d_ff=24,
   num_layers=1,
   max_len=8,
-  rope_base=100.0,
-  rope_scale=1.0,
-  t5_num_buckets=8,
-  t5_max_distance=10,
+  # rope's and t5_bias' settings (each model reads its position's).
+  options=dict(rope_base=100.0, rope_scale=1.0, t5_num_buckets=8, t5_max_distance=10),
   norm_eps=1e-6,
   use_bias=True,
   pad_id=PAD,
@@ -199,11 +197,13 @@ ATTENTION_CASES = [
 
 def attention_layer(spec, cross):
   """The MultiHeadAttention the reference's `spec` describes."""
-  fields = ("num_heads", "num_kv_heads", "head_dim", "position", "window", "rope_base")
-  fields += ("rope_scale", "t5_max_distance", "use_bias", "attention_dropout_rate", "attention")
+  fields = ("num_heads", "num_kv_heads", "head_dim", "position", "window", "use_bias")
+  fields += ("attention_dropout_rate", "attention")
+  settings = ("rope_base", "rope_scale", "t5_max_distance")  # model.options
   cfg = ModelConfig(
     d_model=D,
     **{name: spec[name] for name in fields},
+    options={name: spec[name] for name in settings},
     attention_impl=spec["implementation"],
     scale_attention=spec["scale"] is None,
   )

@@ -62,7 +62,7 @@ def test_a_layer_alone_holds_and_uses_the_models_parameters(name, cases):
 
 
 def test_t5_table_has_the_configs_buckets_and_heads():
-  cfg = CFG.replace(position="t5_bias", t5_num_buckets=12)
+  cfg = CFG.replace(position="t5_bias", options=dict(t5_num_buckets=12))
   params = nn.meta.unbox(RelativePositionTable(cfg).init(jax.random.key(0))["params"])
   assert params["table"].shape == (12, cfg.num_heads)
 

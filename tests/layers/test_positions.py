@@ -18,7 +18,9 @@ from txf.layers.model_config import POSITIONS, ModelConfig
 
 B, T = 2, 7
 # rope_scale > 1 so that the encodings reading it (rope, rope_ntk) scale.
-TINY = dict(vocab_size=50, d_model=32, num_heads=4, num_layers=2, max_len=16, rope_scale=2.0)
+TINY = dict(
+  vocab_size=50, d_model=32, num_heads=4, num_layers=2, max_len=16, options=dict(rope_scale=2.0)
+)
 
 
 def decoder_and_params(position):

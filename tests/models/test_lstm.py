@@ -71,10 +71,6 @@ INAPPLICABLE = dict(
   activation="relu",
   position="alibi",
   max_len=1024,
-  rope_base=500.0,
-  rope_scale=2.0,
-  t5_num_buckets=16,
-  t5_max_distance=64,
   norm_placement="post",
   use_bias=True,
   attention_dropout_rate=0.1,
@@ -118,6 +114,15 @@ def test_inapplicable_field_is_refused_naming_it(field):
     r"model\.family='lstm'",
   ):
     ModelConfig(**TINY, **{field: INAPPLICABLE[field]})
+
+
+@pytest.mark.parametrize("setting, value", [("rope_base", 500.0), ("rope_scale", 2.0)])
+def test_a_setting_of_the_default_position_is_refused_naming_it(setting, value):
+  """model.position keeps its default 'rope' on an LSTM, and so do rope's settings."""
+  with pytest.raises(
+    ValueError, match=rf"^model\.options\.{setting}: does not apply to model\.family='lstm'"
+  ):
+    ModelConfig(**TINY, options={setting: value})
 
 
 def test_every_field_is_either_read_or_refused():

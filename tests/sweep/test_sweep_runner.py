@@ -684,7 +684,7 @@ def test_the_t5_distance_sweep_tabulates_where_each_max_distance_puts_the_last_b
     assert distance[bucket == bucket.max()].min() == int(last)
     assert len(seen) == int(trained)
     assert np.sum(~np.isin(bucket, seen)) == int(untrained.replace(",", ""))
-  distances = [p.overrides["model.t5_max_distance"] for p in grid.expand(config)]
+  distances = [p.overrides["model.options.t5_max_distance"] for p in grid.expand(config)]
   assert [int(row[0]) for row in rows] == distances
   assert seq_len in distances and 4 * seq_len in distances
   grid.validate(grid.expand(config), runner.check_point_config)

@@ -70,12 +70,13 @@ def analyze_circuits(
   composition = composition_scores(params, fold_norm=fold_norm)
   composition_rope = None
   if cfg.position == "rope":
+    settings = cfg.settings("position")
     rope = composition_scores(
       params,
       fold_norm=fold_norm,
       rope_distances=range(2 * max(periods)),
-      rope_base=cfg.rope_base,
-      rope_scale=cfg.rope_scale,
+      rope_base=settings.rope_base,
+      rope_scale=settings.rope_scale,
     )
     composition_rope = {kind: rope[kind].tolist() for kind in ("q", "k")}
   rng = np.random.default_rng(seed)

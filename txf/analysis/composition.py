@@ -188,7 +188,8 @@ def composition_scores(
     rope_distances: the scores are averaged over W_QK at these query-key
       distances (`head_circuits`' rope_distance); (0,): the paper's W_Q W_K^T,
       which ignores RoPE. V-composition does not involve W_QK.
-    rope_base, rope_scale: the model's RoPE (`model.rope_base`, `model.rope_scale`).
+    rope_base, rope_scale: the model's RoPE (`model.options.rope_base` and
+      `rope_scale`: `cfg.settings("position")` of a rope model).
 
   Returns:
     {'q', 'k', 'v': float64 `[L - 1, H, H]`}: entry [l, h1, h2] is how much

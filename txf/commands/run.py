@@ -99,8 +99,9 @@ __doc__ += "\n" + configs_help()
 
 def field_docs() -> dict[str, str]:
   """`section.field` -> doc: each field's own (txf.fields), as its section's
-  dataclass declares it; a field with a set of values (a model registry,
-  data.name) lists them, those user code registered included."""
+  dataclass declares it, a model.options setting's as its entry's settings
+  do; a field with a set of values (a model registry, data.name) lists
+  them, those user code registered included."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   from txf.data.spec import DataSpec, data_name_forms, data_names
   from txf.fields import docs
@@ -117,6 +118,7 @@ def field_docs() -> dict[str, str]:
   found = docs(run_config.RunConfig)  # seed, replicas
   for section, cls in sections.items():
     found.update({f"{section}.{name}": doc for name, doc in docs(cls).items()})
+  found.update({f"model.options.{name}": doc for name, doc in model_config.setting_docs().items()})
   # The fields whose choices grow as user code registers entries (txf.register).
   choices = {f"model.{name}": values for name, values in model_config.CHOICES.items()}
   choices["data.name"] = (*data_names(), *data_name_forms())
@@ -161,7 +163,8 @@ def print_config(config, base, run=None) -> None:
   configs/base.py where the value differs, the value the run uses where it
   differs from the config's (a model field None that `run`, the resolved
   RunConfig, derives, or a train field it fits: `(resolved: 512)`), and the
-  field's doc."""
+  field's doc; a model.options setting (its doc names the entries declaring
+  it) that no chosen entry reads says so."""
   docs = field_docs()
   defaults = dict(leaves(base))
   for name, value in leaves(config):
@@ -175,6 +178,9 @@ def print_config(config, base, run=None) -> None:
       # A train field the check only typed (trackers 'a,b' -> ('a', 'b')) is not news.
       if used != value and (section == "model" or isinstance(used, type(value))):
         line += f"  (resolved: {used!r})"
+    setting = name.removeprefix("model.options.")
+    if run is not None and setting != name and setting not in run.model.options:
+      line += "  (not read: no chosen entry declares it)"
     if name in docs:
       line += f"  # {docs[name]}"
     print(line)

@@ -45,8 +45,10 @@ def get_config(directory: str = ""):
     config.train.update(fine_tuning)
     return config
   model = read_model_config(directory)
-  for field in dataclasses.fields(model):
-    config.model[field.name] = getattr(model, field.name)
+  # update: model.options keeps every setting's key (the command line sets them).
+  config.model.update(
+    {field.name: getattr(model, field.name) for field in dataclasses.fields(model)}
+  )
   config.data.update(
     dict(
       tokenizer="hf",

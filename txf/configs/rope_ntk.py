@@ -13,5 +13,5 @@ from txf.configs import base
 def get_config():
   config = base.get_config()
   config.model.position = "rope_ntk"
-  config.model.rope_scale = 4.0
+  config.model.options.rope_scale = 4.0
   return config

@@ -2,8 +2,9 @@
 
   txf-run --config=t5_bias
 
-Offsets are bucketed (exact when small, log-spaced up to t5_max_distance); one
-table per stack is shared by all layers.
+Offsets are bucketed (exact when small, log-spaced up to
+model.options.t5_max_distance, into model.options.t5_num_buckets buckets);
+one table per stack is shared by all layers.
 """
 
 from txf.configs import base

@@ -104,8 +104,10 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
     d_ff=get(hf, "d_ff"),
     **_ffn_fields(get(hf, "feed_forward_proj", "relu")),
     position="t5_bias",
-    t5_num_buckets=get(hf, "relative_attention_num_buckets", 32),
-    t5_max_distance=get(hf, "relative_attention_max_distance", 128),
+    options=dict(
+      t5_num_buckets=get(hf, "relative_attention_num_buckets", 32),
+      t5_max_distance=get(hf, "relative_attention_max_distance", 128),
+    ),
     norm="rms",
     norm_eps=get(hf, "layer_norm_epsilon", 1e-6),
     norm_placement="pre",
@@ -145,7 +147,7 @@ def _stack(stack: str, cfg: ModelConfig, num_layers: int, decoder: bool) -> list
     same(
       f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
       f"{stack}/relative_position/table",
-      (cfg.t5_num_buckets, cfg.num_heads),
+      (cfg.settings("position").t5_num_buckets, cfg.num_heads),
     )
   ]
   for i in range(num_layers):
@@ -221,8 +223,8 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     "num_layers": cfg.num_layers,
     "num_decoder_layers": cfg.num_decoder_layers,
     "num_heads": cfg.num_heads,
-    "relative_attention_num_buckets": cfg.t5_num_buckets,
-    "relative_attention_max_distance": cfg.t5_max_distance,
+    "relative_attention_num_buckets": cfg.settings("position").t5_num_buckets,
+    "relative_attention_max_distance": cfg.settings("position").t5_max_distance,
     "feed_forward_proj": f"gated-{name}" if gated else name,
     "layer_norm_epsilon": cfg.norm_eps,
     "dropout_rate": cfg.dropout_rate,

@@ -193,7 +193,7 @@ class RelativePositionTable(nn.Module):
   to that random start for hundreds of steps.
   """
 
-  cfg: ModelConfig  # its num_heads H and t5_num_buckets
+  cfg: ModelConfig  # its num_heads H and its position's setting t5_num_buckets
 
   @nn.compact
   def __call__(self) -> jax.Array:
@@ -205,7 +205,7 @@ class RelativePositionTable(nn.Module):
         nn.with_logical_partitioning(
           nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), (None, "heads")
         ),
-        (self.cfg.t5_num_buckets, self.cfg.num_heads),
+        (self.cfg.settings("position").t5_num_buckets, self.cfg.num_heads),
         jnp.float32,
       ),
     )

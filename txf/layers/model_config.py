@@ -1,10 +1,13 @@
 """`ModelConfig`: the validated, immutable form of a config's `model` section.
 
 Every model option is one field here (x-transformers style: one field per
-feature, conflicting options rejected). `ModelConfig.from_config` turns an
-`ml_collections.ConfigDict` (or a plain dict) into this dataclass, rejecting
-unknown fields and impossible combinations with a `ValueError` that names the
-field, before any parameter is created.
+feature, conflicting options rejected); the settings of a chosen registry
+entry (RoPE's base, T5's buckets, a registered encoding's own) live in
+`model.options`, and `cfg.settings("position")` reads them typed.
+`ModelConfig.from_config` turns an `ml_collections.ConfigDict` (or a plain
+dict) into this dataclass, rejecting unknown fields and impossible
+combinations with a `ValueError` that names the field, before any parameter
+is created.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from txf import checks
 from txf.fields import documented, section
 from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
-from txf.registry import Registry
+from txf.registry import Registry, setting_defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +81,8 @@ ATTENTION_WEIGHTINGS = ("softmax", "linear")
 # Initialisation schemes: (params, cfg, key) -> params, registered by
 # txf.layers.inits (and user code: txf.register.init).
 INITS: Registry[Any] = Registry("model.init", builtins="txf.layers.inits")
-# The fields whose entries user code registers (and whose settings
-# model.options holds).
+# The fields whose entries user code registers (and whose chosen entries'
+# settings model.options holds).
 REGISTRY_FIELDS: dict[str, Registry[Any]] = {
   "family": FAMILIES,
   "head": HEADS,
@@ -121,6 +124,73 @@ def family_heads(family: str) -> tuple[str, ...]:
   entry names the family, and those the family's entry names."""
   named = FAMILIES[family].heads
   return tuple(name for name, head in HEADS.items() if family in head.families or name in named)
+
+
+def declared_settings(choices: Mapping[str, str]) -> dict[str, Any]:
+  """{setting: default} of the settings the chosen entries ({registry field:
+  name}) declare."""
+  declared: dict[str, Any] = {}
+  for field, name in choices.items():
+    declared.update(REGISTRY_FIELDS[field].options(name))
+  return declared
+
+
+def entry_settings(choices: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+  """{registry field: its chosen entry's settings instance, from `values`},
+  each checked (its check(), where it has one), for the entries that have
+  settings."""
+  built = {}
+  for field, name in choices.items():
+    settings = REGISTRY_FIELDS[field].settings(name)
+    if settings is not None:
+      built[field] = settings(**{f.name: values[f.name] for f in dataclasses.fields(settings)})
+      if hasattr(built[field], "check"):
+        built[field].check()
+  return built
+
+
+def default_options() -> dict[str, Any]:
+  """{setting: default} of every setting txf's own entries declare (rope's
+  rope_base, ..., t5_bias' t5_max_distance): the model.options a config
+  starts from (configs/base.py), so the command line can set each one."""
+  return {
+    setting: default
+    for registry in REGISTRY_FIELDS.values()
+    for name in registry
+    if registry.provenance(name)["builtin"]
+    for setting, default in setting_defaults(registry.settings(name)).items()
+  }
+
+
+def setting_owners(setting: str) -> str:
+  """The registered entries declaring `setting`, e.g. "model.position 'rope',
+  'rope_ntk'" ('' for none)."""
+  owners = {
+    registry.field: [repr(name) for name in registry if setting in registry.options(name)]
+    for registry in REGISTRY_FIELDS.values()
+  }
+  return "; ".join(f"{field} {', '.join(names)}" for field, names in owners.items() if names)
+
+
+def setting_docs() -> dict[str, str]:
+  """{setting: the entries declaring it, then its doc} of every registered
+  entry's settings ("model.position 'rope', 'rope_ntk': wavelength base ..."),
+  for --print_config."""
+  docs: dict[str, str] = {}
+  for registry in REGISTRY_FIELDS.values():
+    for name in registry:
+      settings = registry.settings(name)
+      for field in dataclasses.fields(settings) if settings is not None else ():
+        doc = field.metadata.get("doc")
+        docs[field.name] = setting_owners(field.name) + (f": {doc}" if doc else "")
+  return docs
+
+
+# Former ModelConfig fields that are now settings of their entries, under
+# the same names: model.X -> model.options.X (rope's and rope_ntk's, t5_bias').
+# A run's config.json written before is read with them moved
+# (txf.train.resume); a config given today naming one is refused.
+MOVED_TO_OPTIONS = ("rope_base", "rope_scale", "t5_num_buckets", "t5_max_distance")
 
 
 # Fields that None derives from others (ModelConfig._resolve); replace()
@@ -189,14 +259,6 @@ class ModelConfig:
   )
   position: str = documented("a txf.layers.positions.ENCODINGS name", default="rope")
   max_len: int = documented("learned table size and longest KV cache", default=512)
-  rope_base: float = documented(
-    "rope: wavelength base of the rotation frequencies", default=10000.0
-  )
-  rope_scale: float = documented("> 1: context extension (rope: linear interpolation)", default=1.0)
-  t5_num_buckets: int = documented("t5_bias: relative-position buckets", default=32)
-  t5_max_distance: int = documented(
-    "t5_bias: distances from here on share the last bucket", default=128
-  )
   norm: str = documented("layer | rms", default="layer")
   norm_eps: float = documented("added to the variance in every norm", default=1e-6)
   norm_placement: str = documented("pre: x + f(norm(x)); post: norm(x + f(x))", default="pre")
@@ -232,8 +294,9 @@ class ModelConfig:
     "None (best available) | xla | cudnn | chunked (O(T) memory)", default=None
   )
   options: Mapping[str, Any] = documented(
-    "{setting: value} of a registered position / norm / activation / init the fields above lack",
-    default_factory=dict,
+    "{setting: value} of the chosen family, head, position, norm, activation and init "
+    "(e.g. rope_base); each entry declares its own (cfg.settings)",
+    default_factory=default_options,
   )
   remat: bool = documented("recompute block activations in backward", default=False)
   scan_layers: bool = documented("nn.scan over layers: compile time O(1) in depth", default=False)
@@ -242,6 +305,9 @@ class ModelConfig:
   def from_config(cls, config: Mapping[str, Any] | Any) -> ModelConfig:
     """Builds and validates from a ConfigDict / dict; unknown fields fail."""
     items = dict(config.items()) if hasattr(config, "items") else dict(vars(config))
+    moved = [name for name in MOVED_TO_OPTIONS if name in items]
+    if moved:
+      raise ValueError(f"model.{moved[0]}: moved to model.options.{moved[0]}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(items) - known)
     if unknown:
@@ -249,9 +315,11 @@ class ModelConfig:
     return cls(**items)
 
   def __post_init__(self) -> None:
-    # The derived fields given explicitly. frozen: only __post_init__ may set;
-    # not a field, so equality ignores it (declared here, not in the class body).
+    # The derived fields given explicitly, and the chosen entries' settings
+    # (field -> instance). frozen: only __post_init__ may set; not fields, so
+    # equality ignores them (declared here, not in the class body).
     self._explicit: frozenset[str]
+    self._settings: dict[str, Any]
     object.__setattr__(
       self,
       "_explicit",
@@ -270,8 +338,6 @@ class ModelConfig:
       checks.boolean(self.scale_logits, "model.scale_logits")
     # NaN or a negative eps passes everything until the first step diverges.
     checks.finite_at_least(self.norm_eps, "model.norm_eps", 0.0, open_=True)
-    checks.finite_at_least(self.rope_base, "model.rope_base", 0.0, open_=True)
-    checks.finite_at_least(self.rope_scale, "model.rope_scale", 1.0)  # > 1: interpolation
     checks.int_at_least(self.pad_id, "model.pad_id", 0)
     if self.family == "lstm":
       self._check_lstm()  # none of the Transformer checks below apply
@@ -312,36 +378,47 @@ class ModelConfig:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
     self._resolve()
 
-  def _declared_options(self) -> dict[str, Any]:
-    """{setting: default} of the options the chosen registered entries read."""
-    declared: dict[str, Any] = {}
-    for name, registry in REGISTRY_FIELDS.items():
-      declared.update(registry.options(getattr(self, name)))
-    return declared
+  def _choices(self) -> dict[str, str]:
+    """{registry field: the chosen entry} (family, head, position, ...)."""
+    return {field: getattr(self, field) for field in REGISTRY_FIELDS}
 
   def _check_options(self) -> None:
-    """model.options holds only settings of the chosen entries; their
-    defaults fill the rest. Stored as `Options` (a dict that hashes)."""
+    """model.options keeps the settings of the chosen entries, their
+    defaults filling the rest, as `Options` (a dict that hashes); each
+    entry's settings are built and checked. A setting only an entry not
+    chosen declares is dropped (a config section holds every built-in one:
+    default_options; a sweep over model.position keeps t5_bias' settings
+    for its rope points); one no registered entry declares is an error."""
     given = dict(self.options.items()) if hasattr(self.options, "items") else dict(self.options)
-    declared = self._declared_options()
-    unknown = sorted(set(given) - set(declared))
-    if unknown:
-      raise ValueError(
-        f"model.options.{unknown[0]}: not a setting of the chosen family, head, position, "
-        f"norm, activation or init (theirs: {sorted(declared) or 'none'})"
-      )
-    object.__setattr__(self, "options", Options(sorted({**declared, **given}.items())))
+    declared = declared_settings(self._choices())
+    for name in given:
+      if name not in declared and not setting_owners(name):
+        raise ValueError(
+          f"model.options.{name}: not a setting of any registered family, head, position, norm, "
+          f"activation or init (the chosen ones': {sorted(declared) or 'none'})"
+        )
+    values = {name: given.get(name, default) for name, default in declared.items()}
+    object.__setattr__(self, "options", Options(sorted(values.items())))
+    object.__setattr__(self, "_settings", entry_settings(self._choices(), values))
+
+  def settings(self, field: str) -> Any:
+    """The settings of the chosen entry of registry field `field` (e.g.
+    'position': a txf.layers.positions.RopeSettings for rope), or None for an
+    entry registered without any."""
+    if field not in REGISTRY_FIELDS:
+      raise ValueError(f"settings: {field!r} is not one of {tuple(REGISTRY_FIELDS)}")
+    return self._settings.get(field)
 
   def option(self, name: str) -> Any:
-    """The value of a registered entry's setting `name` (model.options)."""
+    """The value of the chosen entries' setting `name` (model.options)."""
     values = dict(self.options)
     if name not in values:
       raise ValueError(f"model.options.{name}: not a setting of this model (has {sorted(values)})")
     return values[name]
 
   def _check_position(self) -> None:
-    """What the registry entry of model.position needs: an even dimension, a
-    relative table of at least 4 buckets (two exact ones per direction)."""
+    """What the registry entry of model.position needs: an even dimension
+    (its settings check themselves: _check_options)."""
     encoding = positions.encoding(self.position)
     dims = dict(
       d_model=self.d_model,
@@ -351,9 +428,6 @@ class ModelConfig:
       raise ValueError(
         f"model.position: {self.position} needs an even {encoding.even}, got {dims[encoding.even]}"
       )
-    checks.positive_int(self.t5_max_distance, "model.t5_max_distance")
-    if encoding.table == "relative":
-      checks.int_at_least(self.t5_num_buckets, "model.t5_num_buckets", 4)
 
   def _check_linear_attention(self) -> None:
     """attention='linear' weighs keys by positive features, so an additive
@@ -390,6 +464,12 @@ class ModelConfig:
           f"model.{field.name}: does not apply to model.family='lstm' (keep its default "
           f"{field.default!r}; an LSTM reads only {', '.join(LSTM_FIELDS)})"
         )
+    for name, default in POSITIONS.options(self.position).items():
+      if self.options[name] != default:
+        raise ValueError(
+          f"model.options.{name}: does not apply to model.family='lstm', which has no "
+          f"model.position (keep its default {default!r})"
+        )
     self._check_head()
     checks.fraction(self.dropout_rate, "model.dropout_rate")
     if not 0 <= self.pad_id < self.vocab_size:
@@ -421,9 +501,13 @@ class ModelConfig:
   def replace(self, **changes) -> ModelConfig:
     """A copy with `changes`. Derived fields (DERIVED_FIELDS) given explicitly
     to this config or in `changes` keep their values; the others derive again
-    from the new fields (replace(d_model=256) doubles a derived d_ff)."""
+    from the new fields (replace(d_model=256) doubles a derived d_ff).
+    `options` in `changes` sets the settings it names; the others keep their
+    values where the new choices still read them (replace(options={'rope_base':
+    500.0}) keeps rope_scale; replace(position='alibi') drops rope's settings)."""
     rederived = {name: None for name in DERIVED_FIELDS if name not in self._explicit}
-    return dataclasses.replace(self, **{**rederived, **changes})
+    options = {**self.options, **changes.pop("options", {})}
+    return dataclasses.replace(self, **{**rederived, **changes, "options": options})
 
 
 T = TypeVar("T")

@@ -11,15 +11,18 @@ instead of branching on its name:
 `table` names the parameters it owns: 'absolute' is a learned [max_len, D]
 `position_table` in the Embedder (sequences longer than max_len are refused);
 'relative' is T5's learned [t5_num_buckets, H] table, one per stack
-(`RelativePositionTable`), passed to `bias` as `table`.
+(`RelativePositionTable`), passed to `bias` as `table`; an encoding owning
+one declares the setting t5_num_buckets (its settings a `T5BiasSettings`).
 
-The callables receive the model's config (`cfg`, a ModelConfig) first and
-read their settings from it: `cfg.d_model`, `cfg.num_heads`,
-`cfg.rope_base`, `cfg.rope_scale`, `cfg.t5_max_distance`, or an option
-the encoding was registered with (`cfg.option("name")`). `bias` also
-receives `bidirectional`: the layer is not causal (T5 buckets split by sign).
-The math itself lives in `txf.ops.positional`. rope_ntk reads rope_scale as
-its NTK factor (the base is scaled, positions are not).
+An encoding's own settings are a small dataclass registered with it
+(`RopeSettings` of rope and rope_ntk, `T5BiasSettings` of t5_bias), whose
+values the config's `model.options` holds. The callables receive the
+model's config (`cfg`, a ModelConfig) first and read from it: `cfg.d_model`,
+`cfg.num_heads`, and the chosen encoding's settings
+(`cfg.settings("position").rope_base`). `bias` also receives
+`bidirectional`: the layer is not causal (T5 buckets split by sign). The
+math itself lives in `txf.ops.positional`. rope_ntk reads rope_scale as its
+NTK factor (the base is scaled, positions are not).
 
 A new encoding is one function and one `txf.register.position` call, in txf
 or in a file of one's own (docs/extending.md).
@@ -34,6 +37,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from txf import checks
+from txf.fields import documented, section
 from txf.ops import positional
 from txf.registry import Registry
 
@@ -81,6 +86,33 @@ class PositionEncoding:
       raise ValueError(f"table: {self.table!r} not in {TABLES}")
 
 
+@section()
+class RopeSettings:
+  """The settings of rope and rope_ntk (model.options)."""
+
+  rope_base: float = documented("wavelength base of the rotation frequencies", default=10000.0)
+  rope_scale: float = documented(
+    "> 1: context extension (rope: positions / rope_scale; rope_ntk: the NTK factor)", default=1.0
+  )
+
+  def check(self) -> None:
+    checks.finite_at_least(self.rope_base, "model.options.rope_base", 0.0, open_=True)
+    checks.finite_at_least(self.rope_scale, "model.options.rope_scale", 1.0)  # > 1: interpolation
+
+
+@section()
+class T5BiasSettings:
+  """The settings of t5_bias (model.options): its relative table's size and bucketing."""
+
+  t5_num_buckets: int = documented("relative-position buckets", default=32)
+  t5_max_distance: int = documented("distances from here on share the last bucket", default=128)
+
+  def check(self) -> None:
+    # Two exact buckets per direction at least (txf.ops.positional).
+    checks.int_at_least(self.t5_num_buckets, "model.options.t5_num_buckets", 4)
+    checks.positive_int(self.t5_max_distance, "model.options.t5_max_distance")
+
+
 def _learned_embedding(cfg, positions_BxT: Array, table_LxD: Array) -> Array:
   return jnp.take(table_LxD, positions_BxT, axis=0)
 
@@ -90,12 +122,16 @@ def _sinusoidal_embedding(cfg, positions_BxT: Array, table: None) -> Array:
 
 
 def _rope(cfg, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
-  return positional.apply_rope(x_BxTxHxDh, positions_BxT, base=cfg.rope_base, scale=cfg.rope_scale)
+  rope: RopeSettings = cfg.settings("position")
+  return positional.apply_rope(
+    x_BxTxHxDh, positions_BxT, base=rope.rope_base, scale=rope.rope_scale
+  )
 
 
 def _ntk_rope(cfg, x_BxTxHxDh: Array, positions_BxT: Array) -> Array:
+  rope: RopeSettings = cfg.settings("position")
   return positional.apply_ntk_rope(
-    x_BxTxHxDh, positions_BxT, base=cfg.rope_base, scale=cfg.rope_scale
+    x_BxTxHxDh, positions_BxT, base=rope.rope_base, scale=rope.rope_scale
   )
 
 
@@ -111,21 +147,21 @@ def _t5_bias(
     q_positions,
     k_positions,
     bidirectional=bidirectional,
-    max_distance=cfg.t5_max_distance,
+    max_distance=cfg.settings("position").t5_max_distance,
   )
 
 
 ENCODINGS: Registry[PositionEncoding] = Registry("model.position")
-for _name, _entry in (
-  ("sinusoidal", PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model")),
-  ("learned", PositionEncoding("embedding", embed=_learned_embedding, table="absolute")),
-  ("rope", PositionEncoding("rotation", rotate=_rope, even="head_dim")),
-  ("rope_ntk", PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim")),
-  ("alibi", PositionEncoding("bias", bias=_alibi)),
-  ("t5_bias", PositionEncoding("bias", bias=_t5_bias, table="relative")),
-  ("none", PositionEncoding("nothing")),
+for _name, _entry, _settings in (
+  ("sinusoidal", PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model"), None),
+  ("learned", PositionEncoding("embedding", embed=_learned_embedding, table="absolute"), None),
+  ("rope", PositionEncoding("rotation", rotate=_rope, even="head_dim"), RopeSettings),
+  ("rope_ntk", PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"), RopeSettings),
+  ("alibi", PositionEncoding("bias", bias=_alibi), None),
+  ("t5_bias", PositionEncoding("bias", bias=_t5_bias, table="relative"), T5BiasSettings),
+  ("none", PositionEncoding("nothing"), None),
 ):
-  ENCODINGS.register(_name, _entry)
+  ENCODINGS.register(_name, _entry, settings=_settings)
 
 
 def encoding(name: str) -> PositionEncoding:

@@ -94,7 +94,7 @@ def _write_png(figure: Any, path: epath.Path, write: Write) -> epath.Path:
 
 
 def field_words(path: str) -> str:
-  """A grid field's last name in words: 'model.t5_max_distance' -> 't5 max distance'."""
+  """A grid field's last name in words: 'model.options.t5_max_distance' -> 't5 max distance'."""
   return path.rsplit(".", 1)[-1].replace("_", " ")
 
 

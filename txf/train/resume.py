@@ -30,6 +30,7 @@ import jax
 import ml_collections
 from etils import epath
 
+from txf.layers.model_config import MOVED_TO_OPTIONS
 from txf.train.optim import make_optimizer
 from txf.train.record import check_choices
 from txf.train.workdir import read_json, replace_text
@@ -91,6 +92,11 @@ def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
     fields = saved.get(section)
     if isinstance(fields, dict) and old in fields and new not in fields:
       fields[new] = fields.pop(old)
+  model = saved.get("model")
+  if isinstance(model, dict):  # model.rope_base -> model.options.rope_base, ...
+    for name in MOVED_TO_OPTIONS:
+      if name in model:
+        model["options"].setdefault(name, model.pop(name))
   return saved
 
 

@@ -5,7 +5,7 @@
 
 docs/results.md section 2 finds the T5 bias (32 buckets, max distance 128)
 losing +1.0 nats at 2x the training length (128 tokens) and puts it on
-`model.t5_max_distance` being the training length: in this causal model
+`model.options.t5_max_distance` being the training length: in this causal model
 the last bucket starts at distance 113, so in training it held at most 15
 keys of a query, against about 1,935 at 16x. This sweep tests that cause.
 The cpu setting (default): 4 points, sweeps/pe_ln's T5-bias Pre-LN point (d_model 64, seq_len 128,
@@ -76,5 +76,5 @@ def get_config(setting: str | None = None) -> ml_collections.ConfigDict:
   config.base.replicas = 3
   config.base.data.seed_per_replica = True
   config.base.model.update(dict(position="t5_bias", norm_placement="pre"))
-  config.grid = make_grid({"model.t5_max_distance": distances})
+  config.grid = make_grid({"model.options.t5_max_distance": distances})
   return config
