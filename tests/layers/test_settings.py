@@ -244,3 +244,20 @@ def test_the_command_line_sets_a_setting_and_print_config_shows_each_with_its_en
     assert printed[f"model.options.{setting}"].startswith(
       f"{BUILTIN[setting]!r}  (not read: no chosen entry declares it)  # model.position 'rope', "
     )
+
+
+@pytest.mark.slow  # a subprocess: ~5 s
+def test_a_flat_field_on_the_command_line_names_its_new_place():
+  result = subprocess.run(
+    [sys.executable, "-m", "experiments.run", "--config=rope", "--print_config"]
+    + ["--config.model.rope_base=500000"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
+  assert result.returncode == 2 and not result.stdout
+  assert result.stderr.splitlines() == [
+    "config error: model.rope_base: moved to model.options.rope_base"
+  ]

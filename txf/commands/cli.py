@@ -231,6 +231,12 @@ def unknown_field(error: Exception, argv: list[str]) -> str | None:
   )
   if field is None:
     return None
+  # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  from txf.layers.model_config import MOVED_TO_OPTIONS
+
+  section, _, name = field.partition(".")
+  if section == "model" and name in MOVED_TO_OPTIONS:
+    return f"{field}: moved to model.options.{name}"
   hint = message.partition("\n")[2]
   return f"{field}: unknown field" + (f" ({hint})" if hint else "")
 
