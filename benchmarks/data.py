@@ -25,15 +25,16 @@ from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.data.throughput import format_throughput, loader_throughput
 from txf.train import sharding
+from txf.train.run_config import RunConfig, parse
 
 FLAGS = flags.FLAGS
 
 
-def device_throughput(config, *, batches: int, workdir: str) -> dict[str, Any]:
-  """Times `batches` training batches read and sharded onto the config's mesh:
+def device_throughput(run: RunConfig, *, batches: int, workdir: str) -> dict[str, Any]:
+  """Times `batches` training batches read and sharded onto the run's mesh:
   {'tokens_per_sec', 'ms_per_batch', 'seconds', 'batches', 'devices'}."""
-  mesh = sharding.make_mesh(config.parallel)
-  dataset = make_dataset(config.data, "train", seed=config.seed, workdir=workdir)
+  mesh = sharding.make_mesh(run.parallel)
+  dataset = make_dataset(run.data, "train", seed=run.data_seed, workdir=workdir)
   with contextlib.closing(dataset):
     tokens_per_batch = next(dataset)["inputs"].size
     start = time.perf_counter()
@@ -55,11 +56,11 @@ def define_flags() -> None:
 
 
 def main() -> dict:
-  config = FLAGS.config
+  run = parse(FLAGS.config)
   with tempfile.TemporaryDirectory() as workdir:
-    figures = loader_throughput(config.data, batches=FLAGS.steps, seed=config.seed, workdir=workdir)
+    figures = loader_throughput(run.data, batches=FLAGS.steps, seed=run.data_seed, workdir=workdir)
     print(format_throughput(figures))
-    figures["to_device"] = device_throughput(config, batches=FLAGS.steps, workdir=workdir)
+    figures["to_device"] = device_throughput(run, batches=FLAGS.steps, workdir=workdir)
   to_device = figures["to_device"]
   print(
     f"read and sent to {to_device['devices']} device(s): "

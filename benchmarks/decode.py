@@ -26,10 +26,10 @@ from absl import flags
 from benchmarks.references import run_reference
 from txf import decode
 from txf.commands.cli import define_config_flag
-from txf.data import make_tokenizer
 from txf.textbook.report import median_seconds
 from txf.train import hardware
-from txf.train.setup import parse_run, setup_run
+from txf.train.run_config import parse
+from txf.train.setup import fit_vocabulary, setup_run
 
 FLAGS = flags.FLAGS
 
@@ -60,7 +60,7 @@ def is_gpt2(model) -> bool:
 def hf_arguments(config, batch_sizes, prompt_len: int, new_tokens: int, repeats: int) -> list[str]:
   """benchmarks/references/hf_gpt2_decode.py's arguments for the config's model shape."""
   model = config.model
-  vocab = model.vocab_size or make_tokenizer(config.data).vocab_size
+  vocab = fit_vocabulary(parse(config), None)[0].model.vocab_size
   return [
     f"--layers={model.num_layers}",
     f"--d_model={model.d_model}",
@@ -81,7 +81,7 @@ def compare(
   if hf is not None and not is_gpt2(config.model):
     print(f"transformers reference dropped: the config's model is not GPT-2 ({GPT2_SHAPE})")
     hf = None
-  setup = setup_run(parse_run(config))
+  setup = setup_run(parse(config))
   dtype = jnp.dtype(setup.run.model.dtype)
   with setup.activation_sharding():
     params = jax.tree.map(lambda p: p.astype(dtype), setup.replica_params(setup.init().params, 0))

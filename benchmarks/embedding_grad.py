@@ -29,6 +29,7 @@ from absl import flags
 
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
+from txf.train.run_config import parse
 
 FLAGS = flags.FLAGS
 
@@ -74,9 +75,10 @@ def define_flags() -> None:
 
 def compare(config, *, repeats: int) -> dict:
   """Every method's median milliseconds and largest error on the config's ids."""
-  data = make_dataset(config.data, "train", seed=config.seed)
+  run = parse(config)
+  data = make_dataset(run.data, "train", seed=run.data_seed)
   ids_N = np.asarray(next(data)["inputs"]).reshape(-1)
-  vocab, d_model = config.model.vocab_size or data.vocab_size, config.model.d_model
+  vocab, d_model = run.model.vocab_size or data.vocab_size, run.model.d_model
   rng = np.random.default_rng(0)
   table_VxD = jnp.asarray(rng.normal(size=(vocab, d_model)), jnp.float32)
   cotangents = [jnp.asarray(rng.normal(size=(ids_N.size, d_model)), jnp.bfloat16) for _ in range(2)]

@@ -15,6 +15,7 @@ import time
 
 from txf.configs import gpt2_small
 from txf.train import loop
+from txf.train.run_config import parse
 
 
 def main() -> None:
@@ -26,7 +27,7 @@ def main() -> None:
   marks = []
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    loop.run(config, workdir, log=lambda line: marks.append((time.perf_counter(), line)))
+    loop.run(parse(config), workdir, log=lambda line: marks.append((time.perf_counter(), line)))
     wall = time.perf_counter() - start
   progress = {}
   for seconds, line in marks:

@@ -45,7 +45,8 @@ from benchmarks.step import benchmark, define_steps_and_window
 from txf.aot.compile import abstract_batch
 from txf.train import loop, sharding
 from txf.train.metrics import read_metrics
-from txf.train.setup import RunSetup, parse_run, setup_run
+from txf.train.run_config import parse
+from txf.train.setup import RunSetup, setup_run
 
 FLAGS = flags.FLAGS
 
@@ -145,20 +146,15 @@ class _GcPauses:
 
 def variant_setup(setup: RunSetup, variant: str, profile) -> tuple[RunSetup, int]:
   """The setup `variant` trains with and its prefetch depth."""
-  config = setup.run.source.copy_and_resolve_references()
   train, eval_config = setup.run.train, setup.run.eval
   # The last step always evaluates and saves, after its log.
   if variant != "full":
-    config.eval.every = train.steps
     eval_config = dataclasses.replace(eval_config, every=train.steps)
   if variant not in ("full", "checkpoint_only"):
-    config.train.checkpoint_every = train.steps
     train = dataclasses.replace(train, checkpoint_every=train.steps)
   if variant == "log_every_step":
-    config.train.log_every = 1
     train = dataclasses.replace(train, log_every=1)
-  # config.json records `source`; the loop reads the typed sections.
-  run = dataclasses.replace(setup.run, source=config, train=train, eval=eval_config)
+  run = dataclasses.replace(setup.run, train=train, eval=eval_config)
   changes: dict[str, Any] = dict(run=run)
   if variant == "random_ids":
     changes["train_data"] = RandomIds(setup.train_data, setup.run.model.vocab_size)
@@ -181,7 +177,7 @@ def time_loop(setup: RunSetup, variant: str, step_tokens_per_sec: float, profile
 
   with tempfile.TemporaryDirectory() as workdir, _GcPauses() as pauses:
     start = time.perf_counter()
-    loop.run(run_setup.run.source, workdir, log=log, setup=run_setup, prefetch=prefetch)
+    loop.run(run_setup.run, workdir, log=log, setup=run_setup, prefetch=prefetch)
     wall = time.perf_counter() - start
     rows = read_metrics(workdir)
   windows = [
@@ -230,7 +226,7 @@ def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
   # A shorter run than configured: warmup must still fit (a schedule change
   # that does not change the speed of a step).
   config.train.warmup_steps = min(config.train.warmup_steps, steps)
-  setup = setup_run(parse_run(config))
+  setup = setup_run(parse(config))
   print(
     f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
     f"{setup.tokens_per_step} tokens/step; bare step:"

@@ -32,8 +32,9 @@ import numpy as np
 from absl import flags
 
 from txf.commands.cli import define_config_flag
-from txf.data import make_dataset
 from txf.ops import cross_entropy_gpu, losses
+from txf.train.run_config import parse
+from txf.train.setup import fit_vocabulary
 
 FLAGS = flags.FLAGS
 
@@ -87,7 +88,7 @@ def compare(config, *, repeats: int, blocks: list[int], warps: list[int], cpu_ro
   """Every variant's median milliseconds and its largest differences from xla's."""
   on_gpu = jax.default_backend() == "gpu"
   rows = config.data.batch_size * config.data.seq_len if on_gpu else cpu_rows
-  vocab = config.model.vocab_size or make_dataset(config.data, "train", seed=0).vocab_size
+  vocab = fit_vocabulary(parse(config), None)[0].model.vocab_size
   dtype = jnp.dtype(config.model.dtype)
   labels_N = jax.random.randint(jax.random.key(1), (rows,), 0, vocab)
   weights_N = jnp.full((rows,), 1.0 / rows, jnp.float32)

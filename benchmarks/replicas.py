@@ -37,7 +37,8 @@ from txf.train.replicas import (
   make_replicated_train_step,
   replica_seeds,
 )
-from txf.train.setup import parse_run, setup_run, train_step_for_seed
+from txf.train.run_config import parse
+from txf.train.setup import setup_run, train_step_for_seed
 from txf.train.step import init_state
 
 FLAGS = flags.FLAGS
@@ -70,7 +71,7 @@ def run_seconds(config, replicas: int, seed: int) -> float:
   config.seed, config.replicas, config.data.seed = seed, replicas, config.seed
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()
-    loop.run(config, workdir, log=lambda line: None)
+    loop.run(parse(config), workdir, log=lambda line: None)
     return time.perf_counter() - start
 
 
@@ -96,7 +97,7 @@ def time_runs(config, replicas: int) -> dict[str, float]:
 def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
   """Median ms per training step of each way to train `replicas` seeds
   (module docstring)."""
-  run = parse_run(config)
+  run = parse(config)
   setup = setup_run(run)
   batch = next(iter(setup.train_data))
   init_fn = lambda key: init_state(setup.model, run.optimizer, batch, setup.task, key)

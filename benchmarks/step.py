@@ -37,8 +37,8 @@ from benchmarks.references import run_reference
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.train import hardware
-from txf.train.run_config import RunConfig
-from txf.train.setup import RunSetup, parse_run, setup_run
+from txf.train.run_config import RunConfig, parse
+from txf.train.setup import RunSetup, fit_vocabulary, setup_run
 
 FLAGS = flags.FLAGS
 
@@ -239,7 +239,8 @@ def profile_or_error(summarize) -> dict:
 
 
 def main() -> dict:
-  run = parse_run(FLAGS.config)  # a config the step rejects fails before the PyTorch run
+  # A config the step rejects fails before the PyTorch run, its vocabulary's checks too.
+  run, _ = fit_vocabulary(parse(FLAGS.config), None)
   torch = (
     torch_reference(
       run,

@@ -22,10 +22,10 @@ from ml_collections import config_flags
 
 from conftest import REPO, flatten, load_config
 from txf import models
-from txf.data import listops, make_tokenizer
+from txf.data import ByteTokenizer, make_tokenizer, num_classes
 from txf.layers.model_config import ModelConfig
 from txf.train import loop
-from txf.train.run_config import ConfigError, check_run_config
+from txf.train.run_config import ConfigError, parse
 from txf.train.step import model_inputs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -171,10 +171,10 @@ EXPECTED_CHANGES["decoder_1b"] = {
 
 
 def validate(config):
-  """What the runner checks before compute (txf.train.loop.run, minus data loading)."""
-  tokenizer = make_tokenizer(config.data)
-  num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
-  return check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes).model
+  """What a run checks before compute (the parse, then the vocabulary:
+  txf.train.setup.fit_vocabulary, minus a sentencepiece tokenizer's training)."""
+  run = parse(config)
+  return run.with_vocabulary(make_tokenizer(run.data).vocab_size, num_classes(run.data))
 
 
 def tiny():
@@ -212,8 +212,9 @@ def test_docstring_has_the_command(name):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_config_validates_and_builds(name):
   config = load(name)
-  model_cfg = validate(config)
-  assert model_cfg.vocab_size >= make_tokenizer(config.data).vocab_size
+  run = validate(config)
+  model_cfg = run.model
+  assert model_cfg.vocab_size >= make_tokenizer(run.data).vocab_size
   model = models.build(model_cfg)
   length = config.data.seq_len
   batch = {
@@ -238,11 +239,9 @@ def test_every_config_runs_any_number_of_steps_its_warmup_clamped(name, steps):
   config = load(name)
   given = config.train.warmup_steps
   config.train.steps = steps
-  tokenizer = make_tokenizer(config.data)
-  num_classes = listops.NUM_CLASSES if config.data.task == "classify" else None
-  run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes)
-  assert run.train.warmup_steps == min(given, steps)
-  assert config.train.warmup_steps == given  # the ConfigDict (config.json) keeps what was given
+  run = validate(config)
+  assert run.train.warmup_steps == min(given, steps)  # as config.json records it
+  assert config.train.warmup_steps == given  # the ConfigDict keeps what was given
   if given > steps:
     (note,) = run.notes
     assert note.startswith(f"train.warmup_steps: {given} is more than train.steps={steps}; ")
@@ -322,7 +321,7 @@ def test_heads_must_divide_d_model():
 
 def test_vocab_smaller_than_the_tokenizer():
   config = tiny()
-  config.model.vocab_size = make_tokenizer(config.data).vocab_size - 1
+  config.model.vocab_size = ByteTokenizer().vocab_size - 1
   assert "model.vocab_size" in error_message(config)
   config.model.vocab_size += 1
   validate(config)
@@ -347,7 +346,7 @@ def test_runner_stops_before_compute(tmp_path, section, field, value, named):
   config = tiny()
   config[section][field] = value
   with pytest.raises(ConfigError, match=re.escape(named)):
-    loop.run(config, tmp_path / "run", log=lambda line: None)
+    loop.run(parse(config), tmp_path / "run", log=lambda line: None)
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 

@@ -17,15 +17,16 @@ import sys
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from conftest import REPO, tiny_config
 from txf import models
 from txf.data import make_dataset, spec as data_config
+from txf.data.spec import parse_data
 from txf.layers import Norm, model_config as layer_config, positions
 from txf.registry import Registry
+from txf.train.run_config import parse
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
@@ -182,7 +183,7 @@ def test_a_registered_family_trains_from_a_run_config_and_carries_txfs_lm_head(t
     config = tiny_config("rope", steps=30, model__family="unigram", model__position="none")
     config.train.learning_rate = 3e-2
     rows = []
-    loop.run(config, str(tmp_path), log=lambda line: None)
+    loop.run(parse(config), str(tmp_path), log=lambda line: None)
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
       row = json.loads(line)
       if "loss" in row:
@@ -195,9 +196,7 @@ def test_a_registered_family_trains_from_a_run_config_and_carries_txfs_lm_head(t
 
 def test_successor_task_rows_count_upwards_through_the_symbols():
   with registered("successor_task"):
-    data = ml_collections.ConfigDict(
-      dict(name="successor", task="lm", seq_len=12, batch_size=4, num_symbols=5)
-    )
+    data = parse_data(dict(name="successor", task="lm", seq_len=12, batch_size=4, num_symbols=5))
     dataset = make_dataset(data, "train", seed=0)
     batch = next(dataset)
     first = int(dataset.tokenizer.encode("s0")[0])
@@ -212,7 +211,7 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
 
   def data(name, task="lm"):
     fields = dict(name=name, task=task, seq_len=40, batch_size=2, tokenizer="bytes")
-    return ml_collections.ConfigDict(dict(fields, max_corpus_bytes=10_000, mlm_probability=0.5))
+    return dict(fields, max_corpus_bytes=10_000, mlm_probability=0.5)
 
   with registered():
 
@@ -222,17 +221,17 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
 
     assert "repeat:WORD" in data_config.data_name_forms()
     for split in ("train", "validation"):
-      dataset = make_dataset(data("repeat:hello"), split, seed=0, num_batches=1)
+      dataset = make_dataset(parse_data(data("repeat:hello")), split, seed=0, num_batches=1)
       text = dataset.tokenizer.decode(np.asarray(next(dataset)["inputs"][0]).tolist())
       assert f"hello {split}. hello" in text and "hello" in dataset.description
-    masked = next(make_dataset(data("repeat:hello", "mlm"), "train", seed=0))
+    masked = next(make_dataset(parse_data(data("repeat:hello", "mlm")), "train", seed=0))
     assert np.any(masked["weights"]) and not np.all(masked["weights"])
     with pytest.raises(ValueError, match=r"data\.name='repeat:' names no WORD"):
-      make_dataset(data("repeat:"), "train", seed=0)
+      parse_data(data("repeat:"))
   with pytest.raises(
     ValueError, match=r"data\.name='repeat:hello' is not one of .* or of the forms"
   ):
-    make_dataset(data("repeat:hello"), "train", seed=0)
+    parse_data(data("repeat:hello"))
 
 
 def test_a_name_registered_twice_needs_replace():

@@ -42,7 +42,6 @@ import zlib
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -271,7 +270,7 @@ DATA_BASE = {
   "induction": dict(seq_len=16, min_example_len=2, max_example_len=7, num_symbols=9),
   "mqar": dict(seq_len=20, num_kv_pairs=3, num_symbols=12),
 }
-# The data fields each name reads (those read_data_config sets for it), with
+# The data fields each name reads (those parse_data sets for it), with
 # another value.
 DATA_SETTINGS = {
   "pystdlib": dict(max_corpus_bytes=3000, mlm_probability=0.2),
@@ -290,7 +289,7 @@ DATA_OPTIONS = [(name, task) for name, tasks in data_config.data_names().items()
 
 
 def data_fields(name, task, **changes):
-  return ml_collections.ConfigDict(
+  return data_config.parse_data(
     dict(DATA_BASE[name], name=name, task=task, batch_size=8, **changes)
   )
 
@@ -316,7 +315,7 @@ def test_every_data_name_and_task_gives_its_own_batches():
 @pytest.mark.parametrize("name, task", DATA_OPTIONS, ids=lambda value: str(value))
 def test_every_data_field_a_name_reads_changes_its_batches(name, task):
   assert name in DATA_BASE and name in DATA_SETTINGS, f"data.name={name!r}: add its entries"
-  spec = data_config.read_data_config(data_fields(name, task))
+  spec = data_fields(name, task)
   read = {k for k, v in dataclasses.asdict(spec).items() if v is not None} - DATA_COMMON
   assert read <= set(DATA_SETTINGS[name]), (
     f"{name}: no other value for {read - set(DATA_SETTINGS[name])}"

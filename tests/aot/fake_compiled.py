@@ -76,9 +76,10 @@ def setup():
 
   prepare_environment()
   from txf.aot.targets import parse_target
-  from txf.train.setup import parse_run, setup_run
+  from txf.train.run_config import parse
+  from txf.train.setup import setup_run
 
-  return setup_run(parse_run(tiny_config("rope")), devices=parse_target("h100").devices())
+  return setup_run(parse(tiny_config("rope")), devices=parse_target("h100").devices())
 
 
 def fake_run(run_setup: Any, train: Buffers, evaluation: Buffers, decode: Buffers | None = None):

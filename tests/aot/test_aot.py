@@ -31,8 +31,8 @@ from txf.aot.compile import (
 from txf.aot.report import report
 from txf.aot.targets import MAX_DEVICES, parse_target
 from txf.train import optim
-from txf.train.run_config import ConfigError
-from txf.train.setup import parse_run, setup_run
+from txf.train.run_config import ConfigError, parse
+from txf.train.setup import setup_run
 
 prepare_environment()
 
@@ -290,9 +290,9 @@ def h100x4_runs():
   config = tiny_config(
     "rope", model__d_model=128, model__num_layers=LAYERS, model__dtype="bfloat16"
   )
-  runs = {"data": compile_run(config, parse_target("h100x4"), decode_tokens=DECODE_TOKENS)}
+  runs = {"data": compile_run(parse(config), parse_target("h100x4"), decode_tokens=DECODE_TOKENS)}
   config.parallel.fsdp = 4
-  runs["fsdp"] = compile_run(config, parse_target("h100x4"))
+  runs["fsdp"] = compile_run(parse(config), parse_target("h100x4"))
   return runs
 
 
@@ -338,7 +338,7 @@ def test_one_gpu_writes_the_loss_gradient_once_from_the_bf16_logits(h100x4_runs)
     "rope", model__d_model=128, model__num_layers=LAYERS, model__dtype="bfloat16"
   )
   config.replicas = 2
-  run = compile_run(config, parse_target("h100"))
+  run = compile_run(parse(config), parse_target("h100"))
   assert run.setup.model.cfg.scale_logits
   text = run.train_step.as_text()
   vocab = run.setup.model.cfg.vocab_size
@@ -367,7 +367,7 @@ def test_the_chunked_loss_compiles_for_one_gpu_under_seed_replicas():
   )
   config.replicas = 3
   config.train.loss_chunk_len = 16
-  run = compile_run(config, parse_target("h100"))
+  run = compile_run(parse(config), parse_target("h100"))
   assert run.setup.model.cfg.vocab_size == 260
   # The loss is the fused chunked one: a loop over the 2 chunks of 16 positions.
   assert "while(" in run.train_step.as_text()
@@ -377,9 +377,9 @@ def test_the_chunked_loss_compiles_for_one_gpu_under_seed_replicas():
 @needs_libtpu
 def test_a_tpu_slice_gathers_and_scatters_under_fsdp_and_all_reduces_without():
   config = tiny_config("rope", model__d_model=128)
-  data = report(compile_run(config, parse_target("v5e-4")))
+  data = report(compile_run(parse(config), parse_target("v5e-4")))
   config.parallel.fsdp = 4
-  fsdp_run = compile_run(config, parse_target("v5e-4"))
+  fsdp_run = compile_run(parse(config), parse_target("v5e-4"))
   fsdp = report(fsdp_run)
   assert data["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
   assert fsdp["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
@@ -445,7 +445,7 @@ def test_decoding_compiles_with_its_memory_and_kernels_per_token(h100x4_runs):
 @needs_libtpu
 def test_a_batch_that_does_not_split_over_the_slice_is_a_config_error():
   with pytest.raises(ConfigError, match=r"^data\.batch_size: 6 is not divisible by .* = 4$"):
-    compile_run(tiny_config("rope", data__batch_size=6), parse_target("v5e-4"))
+    compile_run(parse(tiny_config("rope", data__batch_size=6)), parse_target("v5e-4"))
 
 
 @needs_libtpu
@@ -455,7 +455,7 @@ def test_replicas_with_their_own_batches_lower_with_a_replica_axis_on_the_train_
   the slice, not compiled)."""
   config = tiny_config("rope", data__seed_per_replica=True)
   config.replicas = 2
-  setup = setup_run(parse_run(config), devices=parse_target("v5e-4").devices())
+  setup = setup_run(parse(config), devices=parse_target("v5e-4").devices())
   train, evaluation = abstract_batch(setup), abstract_batch(setup, train=False)
   rows, length = config.data.batch_size, config.data.seq_len
   assert {x.shape for x in train.values()} == {(2, rows, length)}
@@ -472,7 +472,7 @@ def test_several_slices_are_data_parallel_across_slices_and_the_rest_within_each
   network), fsdp and tensor stay within a slice (jax.make_mesh refused
   several slices)."""
   config = tiny_config("rope", parallel__fsdp=2)
-  setup = setup_run(parse_run(config), devices=parse_target("v5e-4x2").devices())
+  setup = setup_run(parse(config), devices=parse_target("v5e-4x2").devices())
   assert dict(setup.mesh.shape) == {"data": 4, "fsdp": 2, "tensor": 1}
   slices = [[device.slice_index for device in row.flat] for row in setup.mesh.devices]
   assert slices == [[0, 0], [0, 0], [1, 1], [1, 1]]
@@ -482,13 +482,15 @@ def test_several_slices_are_data_parallel_across_slices_and_the_rest_within_each
 def test_a_data_axis_that_does_not_span_the_slices_is_a_config_error():
   config = tiny_config("rope", parallel__fsdp=8)
   with pytest.raises(ConfigError, match=r"^parallel.data = 1 is not a multiple of the 2 slices"):
-    setup_run(parse_run(config), devices=parse_target("v5e-4x2").devices())
+    setup_run(parse(config), devices=parse_target("v5e-4x2").devices())
 
 
 @pytest.mark.slow  # compiles
 @needs_libtpu
 def test_two_slices_compile_with_the_gradients_reduced_across_them():
-  figures = report(compile_run(tiny_config("rope", model__d_model=128), parse_target("v5e-4x2")))
+  figures = report(
+    compile_run(parse(tiny_config("rope", model__d_model=128)), parse_target("v5e-4x2"))
+  )
   assert figures["devices"] == 8 and figures["mesh"]["data"] == 8 and figures["fits"]
   assert "all-reduce" in figures["collectives"]
 
@@ -498,21 +500,21 @@ def test_a_sentencepiece_run_compiles_at_its_vocabulary_size_training_nothing(tm
   """txf-compile has no work directory to train the tokenizer into: the
   programs see the vocabulary only through its size, data.sp_vocab_size."""
   config = tiny_config("rope", data__tokenizer="sentencepiece", data__sp_vocab_size=1000)
-  compiled = untrained_tokenizer(config)
+  compiled = untrained_tokenizer(parse(config))
   assert config.data.tokenizer == "sentencepiece"  # the caller's config is left as it was
-  setup = setup_run(parse_run(compiled), devices=parse_target("v5e-4").devices())
+  setup = setup_run(compiled, devices=parse_target("v5e-4").devices())
   assert setup.model.cfg.vocab_size == 1000
   shapes = {x.shape for x in jax.tree.leaves(setup.abstract_state.params)}
   assert (1000, config.model.d_model) in shapes  # the embedding
   # model.vocab_size, where set, is kept.
   config.model.vocab_size = 1024
-  assert untrained_tokenizer(config).model.vocab_size == 1024
+  assert untrained_tokenizer(parse(config)).model.vocab_size == 1024
 
 
 @needs_cuda_plugin
 def test_decoding_is_compiled_for_language_models_only():
   with pytest.raises(ConfigError, match="decode_tokens: decoding compiles for a language model"):
-    compile_run(tiny_config("encoder_mlm"), parse_target("h100"), decode_tokens=4)
+    compile_run(parse(tiny_config("encoder_mlm")), parse_target("h100"), decode_tokens=4)
 
 
 # ---------------------------------------------------------------------------

@@ -41,9 +41,9 @@ from txf.analysis import flops_per_token, matmul_params
 from txf.layers.model_config import ModelConfig
 from txf.models import build
 from txf.train import hardware, loop
-from txf.train.resume import ADDED_FIELDS, read_run_config
-from txf.train.run_config import check_run_config
-from txf.train.setup import parse_run, setup_run
+from txf.train.resume import MIGRATIONS, read_run_config
+from txf.train.run_config import parse, to_json
+from txf.train.setup import setup_run
 from txf.train.step import _apply_without_head, make_train_step
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -51,7 +51,7 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 def _param_count(config) -> int:
   """Parameters of the model txf builds for run config `config`."""
-  params = setup_run(parse_run(config)).abstract_state.params
+  params = setup_run(parse(config)).abstract_state.params
   return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
 
 
@@ -260,7 +260,7 @@ def test_loss_kernel_flags_take_powers_of_two(values, most, valid):
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_the_fused_loss_gives_the_plain_loss_and_gradients():
-  setup = setup_run(parse_run(gpt2_tiny()))
+  setup = setup_run(parse(gpt2_tiny()))
   batch = next(iter(setup.train_data))
   sgd = optax.sgd(1.0)  # new params = params - gradient: the update is the gradient
   state = setup.init()
@@ -320,20 +320,20 @@ def test_loss_chunk_len_is_checked_against_the_head_and_length():
     match=r"^train.loss_chunk_len: 5 does not divide "
     r"data.seq_len=32",
   ):
-    check_run_config(config, vocab_size=260, num_classes=None)
+    parse(config)
   mlm = load_config("encoder_mlm")
   mlm.train.loss_chunk_len = 8
   with pytest.raises(ValueError, match=r"^train.loss_chunk_len: the fused loss needs an 'lm'"):
-    check_run_config(mlm, vocab_size=262, num_classes=None)
+    parse(mlm)
 
 
 def test_runs_written_before_loss_chunk_len_read_it_as_0(tmp_path):
   saved = json.loads(load_config("base").to_json_best_effort())
   del saved["train"]["loss_chunk_len"], saved["replicas"]
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  config = read_run_config(tmp_path)
-  assert config["train"]["loss_chunk_len"] == 0 and config["replicas"] == 1
-  assert ADDED_FIELDS["train.loss_chunk_len"] == 0
+  run = read_run_config(tmp_path)
+  assert run.train.loss_chunk_len == 0 and run.replicas == 1
+  assert ("added", "train.loss_chunk_len", 0) in MIGRATIONS
 
 
 # ---------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def test_gpt2_small_8k_lowers_with_causal_attention_and_no_mask(monkeypatch):
   assert config.data.batch_size * config.data.seq_len == 32 * 1024  # as gpt2_small
   config.model.update(dict(d_model=16, num_heads=2, num_layers=1, dtype="float32"))
   config.data.update(dict(batch_size=1, max_corpus_bytes=300_000))
-  setup = setup_run(parse_run(config))
+  setup = setup_run(parse(config))
   calls = []
   attend = ops.dot_product_attention
   monkeypatch.setattr(
@@ -476,18 +476,21 @@ def test_each_loop_variant_evaluates_and_checkpoints_where_it_says():
   config = gpt2_tiny()
   config.train.update(dict(steps=40, checkpoint_every=10))
   config.eval.every = 20
-  setup = setup_run(parse_run(config))
+  setup = setup_run(parse(config))
   expected = {"full": (20, 10), "checkpoint_only": (40, 10), "no_eval": (40, 40)}
   expected |= {name: (40, 40) for name in bench_loop.VARIANTS if name not in expected}
   for variant, (every, checkpoint_every) in expected.items():
     run = bench_loop.variant_setup(setup, variant, profile=None)[0].run
     assert (run.eval.every, run.train.checkpoint_every) == (every, checkpoint_every), variant
-    recorded = run.source
-    assert (recorded.eval.every, recorded.train.checkpoint_every) == (every, checkpoint_every)
+    recorded = to_json(run)  # config.json
+    assert (recorded["eval"]["every"], recorded["train"]["checkpoint_every"]) == (
+      every,
+      checkpoint_every,
+    )
 
 
 def test_random_ids_keep_the_batches_shape_and_weights():
-  setup = setup_run(parse_run(gpt2_tiny()))
+  setup = setup_run(parse(gpt2_tiny()))
   text = next(iter(setup.eval_data))
   batches = bench_loop.RandomIds(iter([text]), vocab_size=50)
   batch = next(batches)
@@ -554,7 +557,7 @@ def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
 def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   config = gpt2_tiny(max_len=32)  # torch's position table has T rows
   reference = dict(steps=3, window=2, profile_steps=0, compile_model=False)
-  report = bench_step.torch_reference(parse_run(config), **reference)
+  report = bench_step.torch_reference(parse(config), **reference)
   if HAS_TORCH:
     assert (report["batch_size"], report["seq_len"], report["steps"]) == (4, 32, 3)
     assert report["tokens_per_sec"] == pytest.approx(4 * 32 / report["step_time"])
@@ -572,13 +575,13 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   else:
     assert report is None and "torch is not installed" in capsys.readouterr().out
   # A model that is not GPT-2 has no reference.
-  rope = parse_run(load_config("rope"))
+  rope = parse(load_config("rope"))
   assert bench_step.torch_reference(rope, **reference) is None
 
 
 def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
   config = gpt2_tiny()
-  figures = bench_data.device_throughput(config, batches=3, workdir=str(tmp_path))
+  figures = bench_data.device_throughput(parse(config), batches=3, workdir=str(tmp_path))
   assert (figures["batches"], figures["devices"]) == (3, jax.device_count())
   assert figures["tokens_per_sec"] == pytest.approx(3 * 4 * 32 / figures["seconds"])
   assert figures["ms_per_batch"] == pytest.approx(1e3 * figures["seconds"] / 3)
@@ -587,7 +590,7 @@ def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
 def test_embedding_grad_bench_checks_every_method_against_float64():
   config = gpt2_tiny(vocab_size=512)
   figures = bench_embedding_grad.compare(config, repeats=1)
-  batch = next(iter(setup_run(parse_run(config)).train_data))["inputs"]
+  batch = next(iter(setup_run(parse(config)).train_data))["inputs"]
   assert figures["ids"] == batch.size and figures["distinct_ids"] == len(np.unique(batch))
   methods = figures["methods"]
   assert list(methods) == list(bench_embedding_grad.METHODS)

@@ -19,6 +19,7 @@ from conftest import (
   tiny_config,
 )
 from txf.train import loop
+from txf.train.run_config import parse
 
 pytestmark = pytest.mark.slow  # subprocesses that train
 
@@ -65,9 +66,9 @@ def test_ctrl_c_saves_exits_130_and_resumes_bit_for_bit(tmp_path, compilation_ca
   # Resumed (as the same command rerun would) to saved + 2, and run straight there.
   resumed, straight = saved + 2, tmp_path / "straight"
   lines = []
-  loop.run(tiny_config(steps=resumed, train__log_every=10), workdir, log=lines.append)
+  loop.run(parse(tiny_config(steps=resumed, train__log_every=10)), workdir, log=lines.append)
   assert f"resumed from step {saved}" in "\n".join(lines)
-  loop.run(tiny_config(steps=resumed, train__log_every=10), straight, log=lambda line: None)
+  loop.run(parse(tiny_config(steps=resumed, train__log_every=10)), straight, log=lambda line: None)
   assert_same_states(restore_state(workdir, resumed), restore_state(straight, resumed))
 
 

@@ -1,13 +1,14 @@
 """make_dataset input checks: each bad field or argument is named, early."""
 
-import types
+import dataclasses
 
 import ml_collections
 import numpy as np
 import pytest
 
 from txf.configs.base import get_config
-from txf.data import DataSpec, corpus, make_dataset, read_data_config
+from txf.data import DataSpec, corpus, make_dataset
+from txf.data.spec import parse_data
 
 
 @pytest.fixture(autouse=True)
@@ -21,8 +22,8 @@ def no_corpus_reads(monkeypatch):
 
 
 def _data(**overrides):
-  """The base config's data fields; a plain object takes ill-typed values."""
-  return types.SimpleNamespace(**{**get_config().data.to_dict(), **overrides})
+  """The base config's data fields with `overrides`, parsed."""
+  return parse_data({**get_config().data.to_dict(), **overrides})
 
 
 SEQ2SEQ = dict(name="copy", task="seq2seq")
@@ -59,22 +60,24 @@ def test_bad_field_is_named(overrides, field):
     make_dataset(_data(**overrides), "train", seed=0)
 
 
-def test_missing_field_is_named():
-  data = types.SimpleNamespace(
-    name="copy", task="seq2seq", seq_len=16, batch_size=4, max_example_len=8
-  )
+def test_a_field_left_out_takes_its_default_and_a_read_none_is_named():
+  data = dict(name="copy", task="seq2seq", seq_len=32, batch_size=4, max_example_len=8)
+  assert parse_data(data).min_example_len == DataSpec().min_example_len == 4
   with pytest.raises(ValueError, match="data.min_example_len"):
-    read_data_config(data)
+    parse_data({**data, "min_example_len": None})
+  with pytest.raises(ValueError, match=r"^data\.bogus: unknown field"):
+    parse_data({**data, "bogus": 1})
 
 
-def test_plain_object_reads_only_the_fields_it_uses():
-  data = types.SimpleNamespace(
+def test_the_spec_keeps_only_the_fields_its_dataset_reads():
+  data = dict(
     name="sort", task="seq2seq", seq_len=16, batch_size=4, min_example_len=2, max_example_len=8
   )
-  assert read_data_config(data) == DataSpec(
-    name="sort", task="seq2seq", seq_len=16, batch_size=4, min_example_len=2, max_example_len=8
+  unread = {field.name: None for field in dataclasses.fields(DataSpec)}
+  assert parse_data({**get_config().data.to_dict(), **data}) == DataSpec(
+    **{**unread, **data, "seed_per_replica": False}
   )
-  assert read_data_config(ml_collections.ConfigDict(vars(data))) == (read_data_config(data))
+  assert parse_data(ml_collections.ConfigDict(data)) == parse_data(data)
 
 
 @pytest.mark.parametrize(
@@ -111,7 +114,7 @@ def test_base_config_builds_every_task(monkeypatch):
   for overrides in cases:
     data = get_config().data
     data.update(max_corpus_bytes=50_000, **overrides)
-    ds = make_dataset(data, "train", seed=0)
+    ds = make_dataset(parse_data(data), "train", seed=0)
     batch = next(ds)
     assert all(isinstance(v, np.ndarray) for v in batch.values())
     assert ds.task == data.task

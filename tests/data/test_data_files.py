@@ -5,16 +5,16 @@ import hashlib
 import os
 import re
 import shutil
-import types
 
 import numpy as np
 import pytest
 
-from txf.data import ByteTokenizer, make_dataset, read_data_config
+from txf.data import ByteTokenizer, make_dataset
 from txf.data.files import POSITION_CUTS, TextFiles
 from txf.data.lm import token_stream
+from txf.data.spec import parse_data
 from txf.train import loop
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 
 SPLITS = ("train", "validation", "test")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
@@ -47,7 +47,7 @@ def _config(source, **overrides):
     batch_size=4,
     max_corpus_bytes=1_000_000,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 @pytest.fixture
@@ -153,7 +153,7 @@ def test_max_bytes_caps_each_split_without_splitting_a_character(tmp_path):
 @pytest.mark.parametrize("name", ["files:", "files:   "])
 def test_empty_path_is_refused_by_the_config(name):
   with pytest.raises(ValueError, match=r"^data\.name='files:\s*' names no PATH_OR_GLOB"):
-    read_data_config(_config("", name=name))
+    _config("", name=name)
 
 
 def test_path_or_glob_matching_nothing_is_named(tmp_path):
@@ -212,7 +212,7 @@ def test_runner_stops_before_writing_anything(tmp_path):
   config.data.name = f"files:{tmp_path / 'nothing' / '*.txt'}"
   workdir = tmp_path / "run"
   with pytest.raises(ConfigError, match=r"^data\.name: files:.*nothing/\*\.txt: no such dir"):
-    loop.run(config, workdir, log=lambda line: None)
+    loop.run(parse(config), workdir, log=lambda line: None)
   assert not workdir.exists() or not any(workdir.iterdir())
 
 

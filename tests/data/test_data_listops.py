@@ -1,12 +1,12 @@
 """ListOps: the evaluator, generated expressions and their batches."""
 
 import statistics
-import types
 
 import numpy as np
 import pytest
 
 from txf.data import listops, make_dataset
+from txf.data.spec import parse_data
 
 
 def _parse(tokens, start=0):
@@ -93,7 +93,7 @@ def _config(**overrides):
     max_example_len=64,
     listops_max_depth=4,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 def test_listops_batches():

@@ -2,7 +2,6 @@
 
 import collections
 import json
-import types
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from conftest import assert_same_batches, take_batches
 from txf.data import ByteTokenizer, load_corpus, make_dataset
 from txf.data.lm import token_stream
+from txf.data.spec import parse_data
 
 SEQ_LEN = 31
 BATCH = 16
@@ -25,7 +25,7 @@ def _config(**overrides):
     batch_size=BATCH,
     max_corpus_bytes=CORPUS_BYTES,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 def _windows(split="train"):

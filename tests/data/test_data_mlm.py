@@ -1,12 +1,11 @@
 """BERT masking: rates, the 80/10/10 split, specials, dataset integration."""
 
-import types
-
 import numpy as np
 import pytest
 
 from txf.data import make_dataset
 from txf.data.masking import BertMasker, bert_mask
+from txf.data.spec import parse_data
 
 VOCAB = 260
 SPECIALS = (0, 1, 2, 3)
@@ -92,14 +91,16 @@ def test_masks_depend_on_step_and_seed(masked):
 
 
 def test_mlm_dataset_batches():
-  config = types.SimpleNamespace(
-    name="pystdlib",
-    task="mlm",
-    tokenizer="bytes",
-    seq_len=64,
-    batch_size=8,
-    max_corpus_bytes=20_000,
-    mlm_probability=0.3,
+  config = parse_data(
+    dict(
+      name="pystdlib",
+      task="mlm",
+      tokenizer="bytes",
+      seq_len=64,
+      batch_size=8,
+      max_corpus_bytes=20_000,
+      mlm_probability=0.3,
+    )
   )
   ds = make_dataset(config, "train", seed=0)
   assert ds.task == "mlm"

@@ -17,13 +17,13 @@ passes keeps passing).
 
 from collections.abc import Callable
 
-import ml_collections
 import numpy as np
 import pytest
 
 from txf.analysis import head_scores as heads
 from txf.data import listops, make_dataset, spec as config, synthetic
 from txf.data.masking import BertMasker
+from txf.data.spec import parse_data
 
 # label -> (values drawn, the documented range)
 Ranges = dict[str, tuple[set, set]]
@@ -31,7 +31,7 @@ Ranges = dict[str, tuple[set, set]]
 
 def first_batch(rows, **fields):
   """Batch 0 of the training split: `rows` examples of data config `fields`."""
-  ds = make_dataset(ml_collections.ConfigDict(dict(fields, batch_size=rows)), "train", seed=0)
+  ds = make_dataset(parse_data(dict(fields, batch_size=rows)), "train", seed=0)
   return next(ds), ds.tokenizer
 
 

@@ -1,11 +1,10 @@
 """Generated seq2seq tasks: correct targets, layout, determinism, resume."""
 
-import types
-
 import numpy as np
 import pytest
 
 from txf.data import make_dataset
+from txf.data.spec import parse_data
 from txf.data.stacked import StackedDatasets
 
 SEQ_LEN = 20
@@ -21,7 +20,7 @@ def _config(name, **overrides):
     min_example_len=3,
     max_example_len=12,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 def _pairs(ds, batch):

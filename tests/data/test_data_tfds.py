@@ -9,7 +9,6 @@ into a temporary folder, which also covers the unmocked read path.
 """
 
 import json
-import types
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import tensorflow_datasets as tfds
 from conftest import assert_same_batches, take_batches
 from tfds_builders import TranslationBuilder
 from txf.data import SentencePieceTokenizer, make_dataset
+from txf.data.spec import parse_data
 from txf.data.tfds_source import read_texts
 
 SEQ_LEN = 15
@@ -94,7 +94,7 @@ def _config(**overrides):
     max_corpus_bytes=100_000,
     mlm_probability=0.15,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 def _translation_config(data_dir, **overrides):

@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import types
 
 import numpy as np
 import pytest
@@ -35,6 +34,7 @@ import tensorflow_datasets as tfds
 from conftest import REPO, assert_same_batches, take_batches
 from tfds_builders import DocumentsBuilder
 from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset
+from txf.data.spec import parse_data
 
 SEQ_LEN = 15  # windows of 16 tokens: many documents are cut across windows
 BATCH = 6  # global rows: 6, 3 or 2 per process for 1, 2 or 3 processes
@@ -73,7 +73,7 @@ def config(data_dir, **overrides):
     read_threads=0,
     mlm_probability=0.15,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 def windows_of(batches):
@@ -253,7 +253,7 @@ def test_eval_is_one_padded_pass_in_storage_order(data_dir):
 _PEAK_RSS = textwrap.dedent("""
     import resource, sys, types
     from txf.data import ByteTokenizer, PackedDataset
-    from txf.data.spec import read_data_config
+    from txf.data.spec import parse_data
 
     class Records:  # lm1b-like records (440 bytes) made on demand: only the loader holds memory
       def __init__(self, n):
@@ -264,7 +264,7 @@ _PEAK_RSS = textwrap.dedent("""
         return {'text': (f'record {i} ' * 40).encode()}
 
     n, seq_len = int(sys.argv[1]), 255  # records
-    spec = read_data_config(types.SimpleNamespace(
+    spec = parse_data(dict(
         name='tfds:lm_like', task='lm', tokenizer='bytes', seq_len=seq_len, batch_size=16,
         read_threads=2))
     ds = PackedDataset(Records(n), spec=spec, split='train', tokenizer=ByteTokenizer(),

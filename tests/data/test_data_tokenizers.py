@@ -5,7 +5,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import types
 
 import numpy as np
 import pytest
@@ -21,8 +20,9 @@ from txf.data import (
   make_tokenizer,
   tokenizers as tokenizers_module,
 )
-from txf.data.spec import TOKENIZERS
-from txf.train.setup import parse_run
+from txf.data.spec import TOKENIZERS, parse_data
+from txf.train.run_config import parse
+from txf.train.setup import fit_vocabulary
 
 TEXTS = [
   "def add(a, b):\n    return a + b\n",
@@ -115,7 +115,7 @@ def _corpus_config(**overrides):
     batch_size=2,
     max_corpus_bytes=20_000,
   )
-  return types.SimpleNamespace(**{**fields, **overrides})
+  return parse_data({**fields, **overrides})
 
 
 def test_make_tokenizer_trains_once_then_reuses(tmp_path, monkeypatch):
@@ -236,7 +236,7 @@ def test_a_registered_tokenizer_is_a_runs_tokenizer(tmp_path):
   capitals = np.arange(ord("A"), ord("Z") + 1) + 4  # ByteTokenizer's ids of A..Z
   with TOKENIZERS.scoped():
     register.tokenizer("lower_bytes")(lower_bytes)
-    run = parse_run(tiny_config(data__tokenizer="lower_bytes"), tmp_path)
+    run, _ = fit_vocabulary(parse(tiny_config(data__tokenizer="lower_bytes")), tmp_path)
     assert built == [("lower_bytes", tmp_path)]
     assert run.model.vocab_size == ByteTokenizer.vocab_size
     tokenizer = make_tokenizer(run.data, tmp_path)

@@ -34,7 +34,7 @@ from txf.evaluate.analyze import (
 )
 from txf.models import ModelConfig, build
 from txf.train import loop
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 from txf.train.setup import load_run
 from txf.train.workdir import WorkdirLock
 
@@ -163,8 +163,10 @@ def decoder_run(tmp_path_factory):
   """A 2-layer, 2-head RoPE decoder trained 2 steps, its layers under nn.scan."""
   workdir = tmp_path_factory.mktemp("decoder")
   loop.run(
-    tiny_config(
-      "rope", steps=2, train__warmup_steps=1, model__num_layers=2, model__scan_layers=True
+    parse(
+      tiny_config(
+        "rope", steps=2, train__warmup_steps=1, model__num_layers=2, model__scan_layers=True
+      )
     ),
     workdir,
     log=lambda line: None,
@@ -177,7 +179,7 @@ def seq2seq_run(tmp_path_factory):
   """A 1 + 1-layer, 2-head encoder-decoder trained 2 steps."""
   workdir = tmp_path_factory.mktemp("seq2seq")
   loop.run(
-    tiny_config("seq2seq", steps=2, train__warmup_steps=1, model__num_decoder_layers=1),
+    parse(tiny_config("seq2seq", steps=2, train__warmup_steps=1, model__num_decoder_layers=1)),
     workdir,
     log=lambda line: None,
   )

@@ -24,7 +24,7 @@ from txf.analysis.extrapolation import PROTOCOLS
 from txf.evaluate.extrapolate import extrapolate_run, format_table
 from txf.sweep import results
 from txf.train import loop
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 from txf.train.setup import adding_to_run
 from txf.train.workdir import WorkdirError, WorkdirLock, WriteError
 
@@ -44,7 +44,9 @@ def trained(tmp_path_factory):
   """A tiny learned-position run (table of 64 rows) trained at seq_len 32."""
   workdir = tmp_path_factory.mktemp("learned")
   loop.run(
-    tiny_config("learned", steps=STEPS, model__max_len=2 * SEQ_LEN), workdir, log=lambda line: None
+    parse(tiny_config("learned", steps=STEPS, model__max_len=2 * SEQ_LEN)),
+    workdir,
+    log=lambda line: None,
   )
   return workdir
 

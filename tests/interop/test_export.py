@@ -30,8 +30,9 @@ from txf.train.export import (
   reachable_directory,
   write_directory,
 )
-from txf.train.run_config import ConfigError
-from txf.train.setup import parse_run, setup_run
+from txf.train.resume import read_run_config
+from txf.train.run_config import ConfigError, parse
+from txf.train.setup import setup_run
 from txf.train.workdir import WorkdirError, WriteError
 
 OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
@@ -64,7 +65,7 @@ def train_tiny(name, workdir):
   config_name, model = SHAPES[name]
   fields = {f"model__{field}": value for field, value in model.items()}
   config = tiny_config(config_name, steps=2, train__warmup_steps=1, **fields)
-  loop.run(config, workdir, log=lambda line: None)
+  loop.run(parse(config), workdir, log=lambda line: None)
   return workdir
 
 
@@ -304,11 +305,11 @@ def test_a_run_starts_from_a_txf_run(runs, tmp_path):
 
   workdir = runs("gpt2")
   config = pretrained_config.get_config(str(workdir))
-  saved = json.loads((workdir / "config.json").read_text())
-  assert config.model.to_dict() == saved["model"] and config.data.seq_len == 32
+  saved = read_run_config(workdir)
+  assert parse(config).model == saved.model and parse(config).data == saved.data
   assert config.train.init_from == str(workdir)
   config.train.update(dict(steps=2, warmup_steps=1))
-  state = setup_run(parse_run(config), tmp_path / "fine_tuned").init()
+  state = setup_run(parse(config), tmp_path / "fine_tuned").init()
   expected = flatten(load_trained(workdir).pretrained.params)
   found = flatten(state.params)
   assert found.keys() == expected.keys() and int(state.step) == 0
@@ -316,4 +317,4 @@ def test_a_run_starts_from_a_txf_run(runs, tmp_path):
     np.testing.assert_array_equal(np.asarray(found[path]), value, err_msg=path)
   config.model.d_ff = 64
   with pytest.raises(ConfigError, match=r"model.d_ff: 64 differs .* train.init_from="):
-    setup_run(parse_run(config), tmp_path / "other")
+    setup_run(parse(config), tmp_path / "other")

@@ -19,7 +19,6 @@ import json
 import pathlib
 import re
 import shutil
-import types
 
 import jax
 import numpy as np
@@ -27,7 +26,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import FIXTURES
-from txf.data import HFTokenizer, read_data_config
+from txf.data import HFTokenizer, parse_data
 from txf.interop import CheckpointError, load_pretrained, save_pretrained
 from txf.interop.checkpoint import param_shapes
 from txf.interop.rules import flatten, unflatten
@@ -230,8 +229,8 @@ def test_hf_tokenizer_needs_its_path():
     name="pystdlib", task="lm", seq_len=8, batch_size=2, tokenizer="hf", max_corpus_bytes=100
   )
   with pytest.raises(ValueError, match="data.tokenizer_path is required for data.tokenizer='hf'"):
-    read_data_config(types.SimpleNamespace(**data))
-  spec = read_data_config(types.SimpleNamespace(**data, tokenizer_path=str(HF_FIXTURES / "bert")))
+    parse_data(data)
+  spec = parse_data(dict(data, tokenizer_path=str(HF_FIXTURES / "bert")))
   assert spec.tokenizer_path == str(HF_FIXTURES / "bert")
 
 

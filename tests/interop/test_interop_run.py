@@ -17,8 +17,8 @@ from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
 from txf.interop.rules import flatten
-from txf.train.run_config import ConfigError
-from txf.train.setup import parse_run, setup_run
+from txf.train.run_config import ConfigError, parse
+from txf.train.setup import setup_run
 
 HF_FIXTURES = FIXTURES / "hf"
 TIMEOUT_S = 120
@@ -38,7 +38,7 @@ def small_run(name, **model_changes):
 def test_run_starts_from_the_checkpoint(tmp_path):
   """The run's initial state holds the checkpoint's weights (and reads the
   corpus with its tokenizer); training it is the runner's ordinary step."""
-  setup = setup_run(parse_run(small_run("gpt2")), tmp_path)
+  setup = setup_run(parse(small_run("gpt2")), tmp_path)
   assert setup.task == "lm" and isinstance(setup.train_data.tokenizer, HFTokenizer)
   state = setup.init()
   expected = flatten(load_pretrained(HF_FIXTURES / "gpt2").params)
@@ -59,7 +59,7 @@ def test_run_starts_from_the_checkpoint(tmp_path):
 )
 def test_run_refuses_a_model_that_is_not_the_checkpoint(name, changes, message, tmp_path):
   with pytest.raises(ConfigError, match=message):
-    setup_run(parse_run(small_run(name, **changes)), tmp_path)
+    setup_run(parse(small_run(name, **changes)), tmp_path)
 
 
 def test_pretrained_config_needs_a_directory():

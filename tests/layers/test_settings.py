@@ -32,7 +32,8 @@ from txf.layers.model_config import (
 )
 from txf.layers.positions import RopeSettings, T5BiasSettings
 from txf.sweep import grid
-from txf.train.resume import changed_fields, read_run_config
+from txf.train.resume import config_changes, read_run_config
+from txf.train.run_config import parse, to_json
 
 TINY = dict(vocab_size=50, d_model=32, num_heads=4, num_layers=1, max_len=64)
 # The built-in settings and their defaults (RopeSettings, T5BiasSettings).
@@ -196,13 +197,13 @@ def test_a_committed_t5_run_reads_its_max_distance_as_an_option_and_resumes():
   run = REPO / "docs" / "data" / "t5_distance" / "t5_max_distance=32"
   assert json.loads((run / "config.json").read_text())["model"]["t5_max_distance"] == 32
   saved = read_run_config(run)
-  assert not set(MOVED_TO_OPTIONS) & set(saved["model"])
-  assert saved["model"]["options"] == dict(BUILTIN, t5_max_distance=32)
+  assert not set(MOVED_TO_OPTIONS) & set(to_json(saved)["model"])
+  assert saved.model.options == dict(t5_num_buckets=BUILTIN["t5_num_buckets"], t5_max_distance=32)
   (point,) = [p for p in grid.expand(load_config("sweeps.t5_distance")) if p.name == run.name]
-  assert changed_fields(point.config, saved, ("model",)) == []
-  cfg = ModelConfig.from_config({**saved["model"], "vocab_size": 260})
-  today = ModelConfig.from_config({**point.config.model.to_dict(), "vocab_size": 260})
-  assert cfg == today and cfg.settings("position") == T5BiasSettings(t5_max_distance=32)
+  today = parse(point.config)
+  assert [name for name, _, _ in config_changes(today, saved) if name.startswith("model.")] == []
+  cfg, today_cfg = saved.model.with_vocabulary(260), today.model.with_vocabulary(260)
+  assert cfg == today_cfg and cfg.settings("position") == T5BiasSettings(t5_max_distance=32)
 
 
 def test_an_old_rope_run_with_other_settings_gives_the_same_model(tmp_path):
@@ -211,8 +212,7 @@ def test_an_old_rope_run_with_other_settings_gives_the_same_model(tmp_path):
   saved = json.loads((FIXTURES / "run_822e561" / "config.json").read_text())
   saved["model"].update(rope_base=500.0, rope_scale=2.0)
   (tmp_path / "config.json").write_text(json.dumps(saved))
-  model = read_run_config(tmp_path)["model"]
-  cfg = ModelConfig.from_config({**model, "vocab_size": 260})
+  cfg = read_run_config(tmp_path).model.with_vocabulary(260)
   fields = {k: v for k, v in saved["model"].items() if k not in MOVED_TO_OPTIONS}
   expected = ModelConfig(**{**fields, "vocab_size": 260, "options": {}}).replace(
     options=dict(rope_base=500.0, rope_scale=2.0)

@@ -19,11 +19,10 @@ import pytest
 from conftest import load_config
 from txf import decode
 from txf.analysis import count_params, extrapolation, flops_per_token, matmul_params
-from txf.data import make_tokenizer
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.models import build
 from txf.train import sharding
-from txf.train.run_config import check_run_config
+from txf.train.run_config import parse
 
 TINY = dict(family="lstm", vocab_size=50, d_model=12, num_layers=2, dropout_rate=0.3)
 B, T = 2, 9
@@ -162,11 +161,10 @@ def test_bad_lstm_values_are_refused(fields, named):
 
 def test_run_config_trains_lstm_on_lm_only():
   config = load_config("lstm")
-  vocab = make_tokenizer(config.data).vocab_size
-  assert check_run_config(config, vocab_size=vocab, num_classes=None).model.family == "lstm"
+  assert parse(config).model.family == "lstm"
   config.data.task = "mlm"
   with pytest.raises(ValueError, match=r"^model\.family: 'lstm' cannot train data\.task='mlm'"):
-    check_run_config(config, vocab_size=vocab, num_classes=None)
+    parse(config)
 
 
 # ---------------------------------------------------------------------------

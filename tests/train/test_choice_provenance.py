@@ -20,7 +20,7 @@ from txf.data.spec import TOKENIZERS
 from txf.layers.positions import ENCODINGS
 from txf.train import loop, record
 from txf.train.optim import DECAYS
-from txf.train.run_config import ConfigError, check_run_config
+from txf.train.run_config import ConfigError, parse
 from txf.train.setup import load_run
 
 # A rotation that leaves queries and keys as they are (no position at all),
@@ -64,7 +64,7 @@ def user_run(tmp_path_factory, compilation_cache_dir):
     with ENCODINGS.scoped():
       import user_rope  # noqa: F401 (registers `rope`)
 
-      loop.run(tiny_config(steps=2), workdir, log=lambda line: None)
+      loop.run(parse(tiny_config(steps=2)), workdir, log=lambda line: None)
   finally:
     sys.path[:] = path
     sys.modules.pop("user_rope", None)
@@ -103,7 +103,7 @@ def test_a_module_that_no_longer_imports_is_refused_naming_it(user_run, fresh_pr
     with pytest.raises(ConfigError) as error:
       load_run(workdir)
     with pytest.raises(ConfigError, match=r"^model\.position: the run in .* trained with user_"):
-      loop.run(tiny_config(steps=3), workdir, log=lambda line: None)  # a resume
+      loop.run(parse(tiny_config(steps=3)), workdir, log=lambda line: None)  # a resume
   finally:
     os.rename(modules / "user_rope.moved", modules / "user_rope.py")
   (line,) = str(error.value).splitlines()
@@ -140,7 +140,7 @@ def test_txf_export_refuses_in_one_line_when_the_module_is_gone(user_run, tmp_pa
 def builtin_run(workdir):
   """A work directory whose record says the run trained with txf's own
   choices: the entry `record.RunRecord` writes, cut to its choices."""
-  run = check_run_config(tiny_config(), vocab_size=260, num_classes=None)
+  run = parse(tiny_config())
   entry = dict(choices=record.registered_choices(run))
   (workdir / record.RECORD_FILE).write_text(json.dumps([entry]))
   return run
@@ -148,14 +148,13 @@ def builtin_run(workdir):
 
 def test_a_builtin_replaced_by_user_code_is_not_read_as_the_builtin(tmp_path, fresh_process):
   builtin_run(tmp_path)
-  config = tiny_config()
-  record.check_choices(config, tmp_path)  # txf's own rope, as recorded
+  record.check_choices(tmp_path)  # txf's own rope, as recorded
   sys.path.insert(0, str(tmp_path))
   (tmp_path / "user_rope.py").write_text(USER_ROPE)
   import user_rope  # noqa: F401 (replaces `rope`)
 
   with pytest.raises(ValueError) as error:
-    record.check_choices(config, tmp_path)
+    record.check_choices(tmp_path)
   assert str(error.value) == (
     "model.position: 'rope' is user_rope.unrotated here, not txf's built-in "
     f"(txf.layers.positions) that the run in {tmp_path} trained with (see run_record.json)"
@@ -171,7 +170,7 @@ def test_a_run_recorded_without_choices_is_read_as_before(tmp_path, fresh_proces
 
   for text in ("[{}]", "[]", "not json"):
     (tmp_path / record.RECORD_FILE).write_text(text)
-    record.check_choices(tiny_config(), tmp_path)
+    record.check_choices(tmp_path)
 
 
 # A decay and a tokenizer of user code: entries of train.decay and data.tokenizer.
@@ -201,7 +200,7 @@ def test_a_registered_decay_and_tokenizer_are_recorded_and_imported_again(tmp_pa
     with DECAYS.scoped(), TOKENIZERS.scoped():
       import user_schedule  # noqa: F401 (registers both)
 
-      run = check_run_config(config, vocab_size=260, num_classes=None)
+      run = parse(config)
       choices = record.registered_choices(run)
       (tmp_path / record.RECORD_FILE).write_text(json.dumps([dict(choices=choices)]))
     sys.modules.pop("user_schedule")
@@ -211,7 +210,7 @@ def test_a_registered_decay_and_tokenizer_are_recorded_and_imported_again(tmp_pa
     assert choices["data.tokenizer"]["function"] == "user_bytes"
     with DECAYS.scoped(), TOKENIZERS.scoped():  # a later command on the run, in a new process
       assert "flat" not in DECAYS and "user_bytes" not in TOKENIZERS
-      record.check_choices(config, tmp_path)
+      record.check_choices(tmp_path)
       assert DECAYS.provenance("flat")["module"] == "user_schedule"
       assert TOKENIZERS.provenance("user_bytes")["module"] == "user_schedule"
   finally:

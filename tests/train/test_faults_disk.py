@@ -30,7 +30,7 @@ from tensorboard_files import read_tensorboard_scalars
 from txf.train import checkpoint, loop, resume, setup
 from txf.train.checkpoint import CheckpointWriteError
 from txf.train.metrics import read_metrics
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 from txf.train.workdir import WriteError
 
 # A restore that failed (a checkpoint replaced while read) leaves orbax's read
@@ -89,7 +89,7 @@ def rows(workdir):
 
 def train(workdir, steps=8):
   with deadline():
-    return loop.run(config(steps), workdir, log=lambda line: None)
+    return loop.run(parse(config(steps)), workdir, log=lambda line: None)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def uninterrupted(tmp_path_factory):
 def assert_resumes_exactly(workdir, uninterrupted, resumed_from):
   lines = []
   with deadline():
-    result = loop.run(config(), workdir, log=lines.append)
+    result = loop.run(parse(config()), workdir, log=lines.append)
   assert f"resumed from step {resumed_from} in" in "\n".join(lines), lines
   assert (result, rows(workdir)) == uninterrupted
 
@@ -211,7 +211,7 @@ def test_reading_creates_nothing(tmp_path):
   error, and no checkpoints/ directory made there."""
   workdir = tmp_path / "config_only"
   workdir.mkdir()
-  resume.write_config(tiny_config(), workdir)
+  resume.write_config(parse(tiny_config()), workdir)
   with pytest.raises(ConfigError, match="holds no checkpoint"):
     setup.load_run(workdir)
   assert [p.name for p in workdir.iterdir()] == ["config.json"]

@@ -24,7 +24,7 @@ from conftest import (
 )
 from txf.train import loop
 from txf.train.metrics import read_metrics
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 
 pytestmark = pytest.mark.slow  # subprocess runs: ~1-2 minutes in all
 
@@ -118,13 +118,13 @@ def test_second_run_on_a_workdir_is_refused_and_a_killed_ones_lock_is_not_stale(
   assert steps == list(range(1, len(steps) + 1))  # one writer: no interleaved rows
   # SIGKILL leaves the lock file behind; the lock itself died with the process.
   assert (workdir / ".lock").exists()
-  result = loop.run(tiny(steps=4), workdir, log=lambda line: None)
+  result = loop.run(parse(tiny(steps=4)), workdir, log=lambda line: None)
   assert result["eval_loss"] > 0
 
 
 def test_resume_with_a_changed_optimizer_names_the_field_and_writes_nothing(tmp_path):
   workdir = tmp_path / "run"
-  loop.run(tiny(steps=4, train__checkpoint_every=4), workdir, log=lambda line: None)
+  loop.run(parse(tiny(steps=4, train__checkpoint_every=4)), workdir, log=lambda line: None)
   before = digests(workdir)
   with pytest.raises(
     ConfigError,
@@ -132,7 +132,7 @@ def test_resume_with_a_changed_optimizer_names_the_field_and_writes_nothing(tmp_
     r"optimizer state",
   ):
     loop.run(
-      tiny(steps=8, train__checkpoint_every=4, train__grad_clip_norm=0.0),
+      parse(tiny(steps=8, train__checkpoint_every=4, train__grad_clip_norm=0.0)),
       workdir,
       log=lambda line: None,
     )
@@ -141,14 +141,14 @@ def test_resume_with_a_changed_optimizer_names_the_field_and_writes_nothing(tmp_
 
 def test_restart_without_checkpoints_moves_the_old_history_aside(tmp_path):
   workdir = tmp_path / "run"
-  loop.run(tiny(steps=4, train__checkpoint_every=4), workdir, log=lambda line: None)
+  loop.run(parse(tiny(steps=4, train__checkpoint_every=4)), workdir, log=lambda line: None)
   old_rows = (workdir / "metrics.jsonl").read_text()
   for path in (workdir / "checkpoints").iterdir():
     for file in sorted(path.rglob("*"), reverse=True):
       file.unlink() if file.is_file() else file.rmdir()
     path.rmdir()
   lines = []
-  loop.run(tiny(steps=4, train__checkpoint_every=4), workdir, log=lines.append)
+  loop.run(parse(tiny(steps=4, train__checkpoint_every=4)), workdir, log=lines.append)
   assert any("moved 5 records of metrics.jsonl logged after step 0" in line for line in lines)
   assert [row["step"] for row in read_metrics(workdir) if "loss" in row] == [1, 2, 3, 4]
   assert [row["step"] for row in read_metrics(workdir) if "eval_loss" in row] == [4]
@@ -172,7 +172,7 @@ def test_sigkill_between_a_log_and_a_checkpoint_keeps_one_row_per_step(
   resumed_from = max(checkpoint_steps(workdir))
   assert logged > resumed_from  # the fault: steps logged after the last checkpoint
   lines = []
-  loop.run(tiny(steps=logged + 2, train__checkpoint_every=20), workdir, log=lines.append)
+  loop.run(parse(tiny(steps=logged + 2, train__checkpoint_every=20)), workdir, log=lines.append)
   assert f"resumed from step {resumed_from}" in "\n".join(lines)
   train_steps = [row["step"] for row in read_metrics(workdir) if "loss" in row]
   assert train_steps == list(range(1, logged + 3))
@@ -187,7 +187,7 @@ def test_sigkill_between_a_log_and_a_checkpoint_keeps_one_row_per_step(
 def test_all_checkpoints_corrupt_is_one_line_exit_2(tmp_path, compilation_cache_dir):
   workdir = tmp_path / "run"
   config = tiny(steps=8, train__checkpoint_every=4)
-  loop.run(config, workdir, log=lambda line: None)
+  loop.run(parse(config), workdir, log=lambda line: None)
   for step in checkpoint_steps(workdir):
     truncate_state_files(workdir / "checkpoints" / str(step))
   before = digests(workdir)
@@ -212,7 +212,9 @@ def test_all_checkpoints_corrupt_is_one_line_exit_2(tmp_path, compilation_cache_
 
 def test_divergence_before_any_checkpoint_says_so(tmp_path):
   with pytest.raises(loop.TrainingDiverged, match="no checkpoint had been written yet"):
-    loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "run", log=lambda line: None)
+    loop.run(
+      parse(tiny(steps=8, train__learning_rate=1e6)), tmp_path / "run", log=lambda line: None
+    )
 
 
 def prefetch_threads_after(seconds=5.0):
@@ -229,8 +231,10 @@ def test_no_prefetch_thread_outlives_its_run(tmp_path):
   """A sweep trains many runs in one process: neither a finished run (its
   producer blocked on a full queue) nor one that raised may leave its data
   thread behind."""
-  loop.run(tiny(steps=4), tmp_path / "done", log=lambda line: None)
+  loop.run(parse(tiny(steps=4)), tmp_path / "done", log=lambda line: None)
   assert prefetch_threads_after() == []
   with pytest.raises(loop.TrainingDiverged):
-    loop.run(tiny(steps=8, train__learning_rate=1e6), tmp_path / "diverged", log=lambda line: None)
+    loop.run(
+      parse(tiny(steps=8, train__learning_rate=1e6)), tmp_path / "diverged", log=lambda line: None
+    )
   assert prefetch_threads_after() == []

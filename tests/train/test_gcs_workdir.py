@@ -57,6 +57,7 @@ from txf.train import (  # noqa: E402
   metrics,
   workdir as workdir_module,
 )
+from txf.train.run_config import parse  # noqa: E402
 from txf.train.workdir import (  # noqa: E402
   WorkdirError,
   WorkdirLock,
@@ -179,7 +180,7 @@ def restore_saved(workdir, step):
 
 def run_quietly(config, workdir, log=None):
   lines = []
-  result = loop.run(config, workdir, log=log or lines.append)
+  result = loop.run(parse(config), workdir, log=log or lines.append)
   return result, "\n".join(lines)
 
 
@@ -380,7 +381,7 @@ def test_without_the_gcs_extra_every_entry_point_fails_naming_it(scratch_cwd, mo
     {"base": tiny_config(), "grid": grid.make_grid({"model.position": ["rope"]})}
   )
   for start in (
-    lambda: loop.run(tiny_config(), "gs://bucket/run"),
+    lambda: loop.run(parse(tiny_config()), "gs://bucket/run"),
     lambda: runner.run_sweep(sweep, "gs://bucket/run"),
     lambda: extrapolate_run("gs://bucket/run", [1]),
     lambda: analyze_run("gs://bucket/run"),
@@ -422,7 +423,7 @@ def test_cli_without_the_gcs_extra_exits_2_with_one_line(scratch_cwd):
 )
 def test_a_url_that_is_not_one_stops_the_run_before_anything_is_written(scratch_cwd, url, message):
   with pytest.raises(WorkdirError, match=f"^workdir: {message}"):
-    loop.run(tiny_config(), url)
+    loop.run(parse(tiny_config()), url)
   assert os.listdir(scratch_cwd) == []
 
 
@@ -470,7 +471,7 @@ def test_an_unreachable_bucket_stops_every_entry_point_in_one_line_in_time(no_dn
     {"base": tiny_config(), "grid": grid.make_grid({"model.position": ["rope"]})}
   )
   for start in (
-    lambda: loop.run(tiny_config(), "gs://bucket/run"),
+    lambda: loop.run(parse(tiny_config()), "gs://bucket/run"),
     lambda: runner.run_sweep(sweep, "gs://bucket/run", summarize_only=True),
     lambda: extrapolate_run("gs://bucket/run", [1]),
     lambda: analyze_run("gs://bucket/run"),

@@ -23,6 +23,7 @@ from txf.layers.model_config import ModelConfig
 from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop
 from txf.train.metrics import read_metrics
+from txf.train.run_config import parse
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +53,11 @@ def test_lstm_resumes_exactly_with_samples(quick, tmp_path, sigterm_is_caught):
   config.model.d_model = result["lstm"]["d_model"]
   interrupted = tmp_path / "interrupted"
   lines = []
-  loop.run(config, interrupted, log=sigterm_at(10, lines))
+  loop.run(parse(config), interrupted, log=sigterm_at(10, lines))
   assert any(line.startswith("preempted: saved step 10") for line in lines), lines
   assert sigterm_is_caught == []
   lines = []
-  loop.run(config, interrupted, log=lines.append)
+  loop.run(parse(config), interrupted, log=lines.append)
   assert any("resumed from step 10" in line for line in lines)
 
   straight = out_dir / "runs" / comparison.NAME / "lstm"

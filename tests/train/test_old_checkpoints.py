@@ -20,6 +20,7 @@ import pytest
 from conftest import FIXTURES, load_config
 from txf.train import loop
 from txf.train.metrics import read_metrics
+from txf.train.run_config import parse
 from txf.train.setup import load_run
 
 OLD_RUN = FIXTURES / "run_822e561"
@@ -43,6 +44,6 @@ def test_old_run_evaluates_to_its_logged_loss_and_resumes(tmp_path):
   config.train.update(dict(steps=4, warmup_steps=1, log_every=1, checkpoint_every=2))
   config.eval.update(dict(every=2, num_batches=1, sample_tokens=0))
   lines = []
-  loop.run(config, workdir, log=lines.append)
+  loop.run(parse(config), workdir, log=lines.append)
   assert "resumed from step 2" in "\n".join(lines)
   assert [row["step"] for row in read_metrics(workdir) if "loss" in row] == [1, 2, 3, 4]

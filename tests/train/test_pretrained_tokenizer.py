@@ -16,11 +16,11 @@ import tensorflow_datasets as tfds
 from conftest import tiny_config
 from tfds_builders import DocumentsBuilder
 from txf.data import SentencePieceTokenizer
-from txf.data.spec import read_data_config
+from txf.data.spec import parse_data
 from txf.train import record
 from txf.train.pretrained import adopt_tokenizer, check_tokenizer
-from txf.train.run_config import ConfigError
-from txf.train.setup import parse_run
+from txf.train.run_config import ConfigError, parse
+from txf.train.setup import fit_vocabulary
 
 VOCAB = 512
 MODEL = SentencePieceTokenizer.file_name(VOCAB)
@@ -52,17 +52,17 @@ def source_run(tmp_path_factory):
 
 def test_a_run_from_a_sentencepiece_run_uses_its_model_not_a_new_one(source_run, tmp_path):
   config = sentencepiece_config(train__init_from=str(source_run))
-  run = parse_run(config, tmp_path)
+  run, _ = fit_vocabulary(parse(config), tmp_path)
   assert (tmp_path / MODEL).read_bytes() == (source_run / MODEL).read_bytes()
   assert run.model.vocab_size == SentencePieceTokenizer(source_run / MODEL).vocab_size
 
 
 def test_a_model_in_the_workdir_that_differs_from_the_source_runs_is_refused(source_run, tmp_path):
-  parse_run(sentencepiece_config(), tmp_path)  # trained on the corpus: other ids
+  fit_vocabulary(parse(sentencepiece_config()), tmp_path)  # trained on the corpus: other ids
   trained = (tmp_path / MODEL).read_bytes()
   assert trained != (source_run / MODEL).read_bytes()
   with pytest.raises(ConfigError) as error:
-    parse_run(sentencepiece_config(train__init_from=str(source_run)), tmp_path)
+    fit_vocabulary(parse(sentencepiece_config(train__init_from=str(source_run))), tmp_path)
   assert str(error.value) == (
     f"train.init_from: {tmp_path / MODEL} is not the sentencepiece model of {source_run}: "
     "its ids would differ from the ones the weights were trained on; use a new --workdir"
@@ -71,7 +71,7 @@ def test_a_model_in_the_workdir_that_differs_from_the_source_runs_is_refused(sou
 
 
 def test_a_source_run_without_that_model_is_refused(source_run, tmp_path):
-  spec = read_data_config(sentencepiece_config(vocab_size=600).data)
+  spec = parse_data(sentencepiece_config(vocab_size=600).data)
   with pytest.raises(ValueError, match=r"^train.init_from: .* holds no sentencepiece_600.model: "):
     adopt_tokenizer(spec, str(source_run), tmp_path)
   assert not (tmp_path / "sentencepiece_600.model").exists()
@@ -99,7 +99,7 @@ def test_a_tokenizer_whose_contents_differ_from_the_recorded_one_is_refused(sour
 
 
 def test_the_record_holds_the_tokenizers_hash(tmp_path):
-  run = parse_run(sentencepiece_config(), tmp_path)
+  run, _ = fit_vocabulary(parse(sentencepiece_config()), tmp_path)
   expected = hashlib.sha256((tmp_path / MODEL).read_bytes()).hexdigest()
   assert record.tokenizer_description(run, tmp_path) == dict(kind="sentencepiece", sha256=expected)
 
@@ -111,5 +111,5 @@ def test_a_tfds_run_records_the_version_it_reads(tmp_path):
   ).download_and_prepare()
   config = tiny_config(data__name="tfds:txf_versioned_documents", data__tfds_data_dir=str(tmp_path))
   config.data.tfds_text_key = "text"
-  run = types.SimpleNamespace(data=read_data_config(config.data))
+  run = types.SimpleNamespace(data=parse_data(config.data))
   assert record.data_description(run)["tfds_version"] == "1.2.0"

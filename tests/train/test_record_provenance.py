@@ -25,7 +25,7 @@ import pytest
 from conftest import tiny_config
 from txf.data import corpus
 from txf.train import record
-from txf.train.run_config import check_run_config
+from txf.train.run_config import parse, to_json
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -83,7 +83,7 @@ def test_git_state_follows_a_checkout_made_clean_then_dirty(checkout):
 def run_config(**data):
   config = tiny_config("rope")
   config.data.update(data)
-  return check_run_config(config, vocab_size=260, num_classes=None)
+  return parse(config).with_vocabulary(260, None)
 
 
 def write_corpus(directory, files):
@@ -206,7 +206,7 @@ def test_a_start_and_its_end_record_the_run_they_describe(tmp_path):
   assert entry["environment"] == record.environment()
   assert entry["data"] == record.data_description(run)
   config = entry["config"]
-  assert config == record.resolved_config(run)
+  assert config == to_json(run)
   assert config["seed"] == run.seed and config["replicas"] == run.replicas
   assert config["data"]["name"] == "induction" and config["data"]["seq_len"] == 32
   assert config["model"]["head_dim"] == run.model.d_model // run.model.num_heads

@@ -20,7 +20,7 @@ from conftest import TIMING_KEYS, tiny_config
 from txf.evaluate.extrapolate import extrapolate_run
 from txf.train import loop
 from txf.train.metrics import read_metrics
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 from txf.train.setup import load_run
 
 REPLICAS = 2
@@ -61,14 +61,14 @@ def single_runs(tmp_path_factory):
   workdirs = {}
   for seed in range(REPLICAS):
     workdirs[seed] = tmp_path_factory.mktemp(f"single{seed}")
-    loop.run(config_for(seed=seed), workdirs[seed], log=lambda line: None)
+    loop.run(parse(config_for(seed=seed)), workdirs[seed], log=lambda line: None)
   return workdirs
 
 
 @pytest.fixture(scope="module")
 def replicated_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("replicated")
-  loop.run(config_for(replicas=REPLICAS), workdir, log=lambda line: None)
+  loop.run(parse(config_for(replicas=REPLICAS)), workdir, log=lambda line: None)
   return workdir
 
 
@@ -95,7 +95,7 @@ def test_each_replica_is_the_single_run_of_its_seed(single_runs, replicated_run)
 @pytest.fixture(scope="module")
 def own_batches_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("own_batches")
-  loop.run(config_for(replicas=REPLICAS, own_batches=True), workdir, log=lambda line: None)
+  loop.run(parse(config_for(replicas=REPLICAS, own_batches=True)), workdir, log=lambda line: None)
   return workdir
 
 
@@ -107,7 +107,7 @@ def test_with_own_batches_each_replica_is_the_single_run_of_its_seed_and_data_se
   # Replica 0 reads data seed 0 + 0: the single run of seed 0 (data.seed 0).
   np.testing.assert_allclose([own[s]["loss/0"] for s in own], single_losses(single_runs[0]), **TOL)
   # Replica 1 reads data seed 0 + 1: the single run of seed 1 with data.seed 1 ...
-  loop.run(config_for(seed=1, data_seed=1), tmp_path, log=lambda line: None)
+  loop.run(parse(config_for(seed=1, data_seed=1)), tmp_path, log=lambda line: None)
   np.testing.assert_allclose([own[s]["loss/1"] for s in own], single_losses(tmp_path), **TOL)
   # ... not the shared-batch replica of seed 1, which read data seed 0.
   shared = rows(replicated_run, "loss")
@@ -121,14 +121,16 @@ def test_resume_with_own_batches_continues_each_replicas_data(own_batches_run, t
   """The checkpoint holds every replica's data position: training to step 3,
   then on to 6, gives the uninterrupted run's rows."""
   config = lambda steps: config_for(replicas=REPLICAS, steps=steps, own_batches=True)
-  loop.run(config(3), tmp_path, log=lambda line: None)
-  loop.run(config(STEPS), tmp_path, log=lambda line: None)
+  loop.run(parse(config(3)), tmp_path, log=lambda line: None)
+  loop.run(parse(config(STEPS)), tmp_path, log=lambda line: None)
   strip = lambda table: {
     step: {k: v for k, v in row.items() if k not in TIMING_KEYS} for step, row in table.items()
   }
   assert strip(rows(tmp_path, "loss")) == strip(rows(own_batches_run, "loss"))
   with pytest.raises(ConfigError, match="data.seed_per_replica"):
-    loop.run(config_for(replicas=REPLICAS, own_batches=False), tmp_path, log=lambda line: None)
+    loop.run(
+      parse(config_for(replicas=REPLICAS, own_batches=False)), tmp_path, log=lambda line: None
+    )
 
 
 def test_rows_hold_the_mean_and_sample_std_of_the_replicas(replicated_run):
@@ -154,8 +156,8 @@ def test_load_run_holds_every_replica_and_each_is_the_single_runs(single_runs, r
 
 def test_resume_of_a_replicated_run_is_exact(tmp_path, replicated_run):
   """Training to step 3, then on to 6, gives the uninterrupted run's rows."""
-  loop.run(config_for(replicas=REPLICAS, steps=3), tmp_path, log=lambda line: None)
-  loop.run(config_for(replicas=REPLICAS), tmp_path, log=lambda line: None)
+  loop.run(parse(config_for(replicas=REPLICAS, steps=3)), tmp_path, log=lambda line: None)
+  loop.run(parse(config_for(replicas=REPLICAS)), tmp_path, log=lambda line: None)
   strip = lambda table: {
     step: {k: v for k, v in row.items() if k not in TIMING_KEYS} for step, row in table.items()
   }
@@ -167,9 +169,9 @@ def test_resume_of_a_replicated_run_is_exact(tmp_path, replicated_run):
 
 def test_replicas_is_a_field_the_checkpoints_depend_on(replicated_run, tmp_path):
   with pytest.raises(ConfigError, match="replicas: differs"):
-    loop.run(config_for(replicas=3), replicated_run, log=lambda line: None)
+    loop.run(parse(config_for(replicas=3)), replicated_run, log=lambda line: None)
   with pytest.raises(ConfigError, match="replicas"):
-    loop.run(config_for(replicas=0), tmp_path / "zero", log=lambda line: None)
+    loop.run(parse(config_for(replicas=0)), tmp_path / "zero", log=lambda line: None)
   saved = json.loads((replicated_run / "config.json").read_text())
   assert saved["replicas"] == REPLICAS
 

@@ -16,7 +16,7 @@ from txf.data import corpus
 from txf.train import loop, record
 from txf.train.metrics import TENSORBOARD_DIR, read_metrics
 from txf.train.resume import CONFIG_FILE
-from txf.train.run_config import ConfigError
+from txf.train.run_config import ConfigError, parse
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,7 +31,9 @@ def _time(text):
 @pytest.mark.slow
 def test_record_holds_each_start_of_a_run_and_hparams_its_end(tmp_path):
   workdir = tmp_path / "run"
-  loop.run(tiny(steps=4), workdir, log=lambda line: None, hparams={"train.learning_rate": 0.01})
+  loop.run(
+    parse(tiny(steps=4)), workdir, log=lambda line: None, hparams={"train.learning_rate": 0.01}
+  )
   config_json = (workdir / CONFIG_FILE).read_text()
   (first,) = record.read_record(workdir)
   assert first["start_step"] == 0 and first["end_step"] == 4 and first["ended"] == "finished"
@@ -51,7 +53,7 @@ def test_record_holds_each_start_of_a_run_and_hparams_its_end(tmp_path):
   assert data["name"] == "pystdlib" and data["corpus"] == corpus.corpus_fingerprint()
   assert data["corpus"]["python"] == platform.python_version() and data["corpus"]["files"] > 100
   assert data["fields"]["max_corpus_bytes"] == 200_000 and len(data["sha256"]) == 64
-  # The resolved config: derived fields filled in.
+  # The run's config (config.json's): derived fields filled in.
   model = first["config"]["model"]
   assert model["vocab_size"] == 260 and model["head_dim"] == 16 and model["d_ff"] == 128
   assert first["config"]["train"]["steps"] == 4 and first["config"]["train"]["trackers"] == []
@@ -74,14 +76,14 @@ def test_record_holds_each_start_of_a_run_and_hparams_its_end(tmp_path):
   assert "eval/loss" in metric_tags
 
   # Resumed with more steps: a second entry, the first kept as it was.
-  loop.run(tiny(steps=6), workdir, log=lambda line: None)
+  loop.run(parse(tiny(steps=6)), workdir, log=lambda line: None)
   first_again, second = record.read_record(workdir)
   assert first_again == first
   assert second["start_step"] == 4 and second["end_step"] == 6 and second["ended"] == "finished"
   assert second["config"]["train"]["steps"] == 6
-  # config.json is still the config as given, as resuming reads it.
-  assert json.loads((workdir / CONFIG_FILE).read_text())["train"]["steps"] == 6
-  assert json.loads(config_json)["model"]["head_dim"] is None
+  # config.json is the run's RunConfig serialised: the record's config.
+  assert json.loads((workdir / CONFIG_FILE).read_text()) == second["config"]
+  assert json.loads(config_json) == first["config"]
 
 
 @pytest.mark.slow
@@ -93,7 +95,7 @@ def test_a_failed_start_records_how_it_ended(tmp_path, monkeypatch):
 
   monkeypatch.setattr(loop, "_train", fail)
   with pytest.raises(KeyboardInterrupt):
-    loop.run(tiny(steps=4), workdir, log=lambda line: None)
+    loop.run(parse(tiny(steps=4)), workdir, log=lambda line: None)
   (entry,) = record.read_record(workdir)
   assert entry["ended"] == "KeyboardInterrupt" and entry["end"] is not None
   assert not [e for e in read_tensorboard_events(workdir / TENSORBOARD_DIR) if e.summary.value]
@@ -127,5 +129,5 @@ def test_unknown_tracker_is_a_config_error_before_anything_is_written(tmp_path, 
     config.train.trackers = trackers
   workdir = tmp_path / "run"
   with pytest.raises(ConfigError, match=r"train\.trackers"):
-    loop.run(config, workdir, log=lambda line: None)
+    loop.run(parse(config), workdir, log=lambda line: None)
   assert not workdir.exists() or not any(workdir.iterdir())

@@ -31,6 +31,7 @@ from txf.layers.partitioning import projection_inits
 from txf.models import ModelConfig, build
 from txf.train import sharding
 from txf.train.optim import make_optimizer
+from txf.train.run_config import ParallelConfig
 from txf.train.step import TrainState, init_params, init_state, make_train_step
 
 TINY = dict(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=16)
@@ -90,7 +91,7 @@ def abstract_params(overrides):
 
 
 def parallel(data=-1, fsdp=1, tensor=1):
-  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, tensor=tensor))
+  return ParallelConfig(data=data, fsdp=fsdp, tensor=tensor)
 
 
 def logical_axes(params):

@@ -32,6 +32,7 @@ from conftest import (
 from tfds_builders import TranslationBuilder
 from txf.train import loop
 from txf.train.metrics import read_metrics
+from txf.train.run_config import parse
 
 # The mocked tiny_shakespeare: records of known text (bytes, as TFDS gives
 # them). About 1.9 kB of training text: 7 batches of 8 packed windows of 33
@@ -132,7 +133,7 @@ def test_tfds_lm_trains_and_resumes_exactly(tmp_path, shakespeare, sigterm_is_ca
   straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
 
   lines = []
-  expected = loop.run(config, straight, log=lines.append)
+  expected = loop.run(parse(config), straight, log=lines.append)
   assert any(line.startswith("data: TFDS tiny_shakespeare") for line in lines), lines[:3]
   assert {"train", "validation"} <= set(shakespeare)  # the mock was read, nothing else
   assert checkpoint_steps(straight) == [4, 8, 10]
@@ -143,14 +144,14 @@ def test_tfds_lm_trains_and_resumes_exactly(tmp_path, shakespeare, sigterm_is_ca
   assert 0 < expected["eval_loss"] < math.log(260)  # better than uniform over the bytes
 
   lines = []
-  loop.run(config, interrupted, log=sigterm_at(cut, lines))
+  loop.run(parse(config), interrupted, log=sigterm_at(cut, lines))
   assert any(line.startswith(f"preempted: saved step {cut}") for line in lines), lines
   assert sigterm_is_caught == []  # the loop's guard took it
   assert checkpoint_steps(interrupted) == [4, 8]
   assert max(row["step"] for row in read_metrics(interrupted)) == cut
 
   lines = []
-  result = loop.run(config, interrupted, log=lines.append)
+  result = loop.run(parse(config), interrupted, log=lines.append)
   assert f"resumed from step {cut}" in "\n".join(lines)
   assert result == expected
   assert without_timings(read_metrics(interrupted)) == without_timings(read_metrics(straight))
@@ -171,7 +172,7 @@ def test_tfds_translation_trains_an_encoder_decoder(tmp_path, translation_dir):
   assert config.model.family == "encoder_decoder"
   workdir = tmp_path / "run"
   lines = []
-  result = loop.run(config, workdir, log=lines.append)
+  result = loop.run(parse(config), workdir, log=lines.append)
   assert any(
     "TFDS txf_tiny_translate" in line and "'de'" in line and "'en'" in line for line in lines
   ), lines[:3]

@@ -16,6 +16,7 @@ from conftest import REPO, tiny_config as tiny
 from txf import register
 from txf.train import loop, metrics, trackers
 from txf.train.metrics import read_metrics
+from txf.train.run_config import parse
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,7 +80,7 @@ def test_a_registered_tracker_gets_the_runs_config_metrics_samples_and_summary(t
     register.tracker("jsonl_copy", check=check)(JsonlCopy)
     assert trackers.tracker_names("jsonl_copy, wandb") == ("jsonl_copy", "wandb")
     config = tiny(steps=4, train__trackers="jsonl_copy", eval__every=2, eval__sample_tokens=4)
-    loop.run(config, tmp_path / "run", log=lambda line: None)
+    loop.run(parse(config), tmp_path / "run", log=lambda line: None)
   assert "jsonl_copy" not in trackers.TRACKERS  # scoped: undone
   assert checked == [None]
   records = [json.loads(line) for line in (tmp_path / "run" / "tracked.jsonl").open()]
@@ -98,7 +99,7 @@ def test_a_registered_trackers_check_stops_the_run_before_anything_is_written(tm
   with trackers.TRACKERS.scoped():
     register.tracker("jsonl_copy", check=check)(JsonlCopy)
     with pytest.raises(ValueError, match=r"^train\.trackers: jsonl_copy: no server$"):
-      loop.run(tiny(steps=2, train__trackers="jsonl_copy"), tmp_path / "run", log=print)
+      loop.run(parse(tiny(steps=2, train__trackers="jsonl_copy")), tmp_path / "run", log=print)
   assert not (tmp_path / "run").exists()
 
 
@@ -196,7 +197,7 @@ def test_wandb_logs_config_metrics_samples_and_resumes_the_same_run(tmp_path, mo
   monkeypatch.chdir(tmp_path)
   workdir = tmp_path / "run"
   config = tiny(steps=4, train__trackers="wandb", eval__every=2, eval__sample_tokens=8)
-  loop.run(config, workdir, log=lambda line: None)
+  loop.run(parse(config), workdir, log=lambda line: None)
   # wandb's files are the run's: in its work directory, not the current one's.
   assert not (tmp_path / "wandb").exists()
   run_id = (workdir / trackers.WANDB_ID_FILE).read_text().strip()
@@ -224,7 +225,7 @@ def test_wandb_logs_config_metrics_samples_and_resumes_the_same_run(tmp_path, mo
 
   # Restarted with more steps: the same wandb run goes on, its table from the start.
   config = tiny(steps=6, train__trackers="wandb", eval__every=2, eval__sample_tokens=8)
-  loop.run(config, workdir, log=lambda line: None)
+  loop.run(parse(config), workdir, log=lambda line: None)
   assert (workdir / trackers.WANDB_ID_FILE).read_text().strip() == run_id
   ids, history, summary, _ = offline_run(workdir, run_id)
   assert ids == [run_id, run_id]

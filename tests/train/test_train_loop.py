@@ -37,6 +37,7 @@ from conftest import (
 from txf.train import loop
 from txf.train.metrics import read_metrics
 from txf.train.record import read_record
+from txf.train.run_config import parse
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,7 +47,7 @@ def _compilation_cache(compilation_cache_dir):
 
 def run_quietly(config, workdir):
   lines = []
-  result = loop.run(config, workdir, log=lines.append)
+  result = loop.run(parse(config), workdir, log=lines.append)
   return result, "\n".join(lines)
 
 
@@ -183,7 +184,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
   expected, _ = run_quietly(config, straight)
 
   lines = []
-  partial = loop.run(config, interrupted, log=sigterm_at(3, lines))
+  partial = loop.run(parse(config), interrupted, log=sigterm_at(3, lines))
   assert any(line.startswith("preempted: saved step 3") for line in lines), lines
   assert sigterm_is_caught == []  # the runner's guard took it, not the fallback
   evals = without_timings([r for r in read_metrics(interrupted) if "eval_loss" in r])

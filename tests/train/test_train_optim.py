@@ -14,7 +14,7 @@ import pytest
 from conftest import tiny_config
 from txf import register
 from txf.train import optim
-from txf.train.setup import parse_run
+from txf.train.run_config import parse
 
 PEAK = 3e-3
 WARMUP = 10
@@ -161,7 +161,7 @@ def test_a_registered_decay_is_a_runs_schedule():
   with optim.DECAYS.scoped():
     register.decay("rsqrt_cooldown")(rsqrt_cooldown)
     schedule = optim.make_schedule(train_config(decay="rsqrt_cooldown"))
-    run = parse_run(tiny_config(steps=40, train__decay="rsqrt_cooldown"))
+    run = parse(tiny_config(steps=40, train__decay="rsqrt_cooldown"))
     with pytest.raises(ValueError, match=r"^train\.warmup_steps: 'rsqrt_cooldown' needs"):
       optim.make_schedule(train_config(decay="rsqrt_cooldown", warmup_steps=0))
   assert "rsqrt_cooldown" not in optim.DECAYS  # scoped: undone

@@ -22,8 +22,8 @@ from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.train import loop
 from txf.train.resume import config_changes, read_run_config, write_config
-from txf.train.run_config import ConfigError, check_run_config
-from txf.train.setup import load_run, parse_run, setup_run
+from txf.train.run_config import ConfigError, parse
+from txf.train.setup import fit_vocabulary, load_run, setup_run
 from txf.train.step import model_inputs
 
 STEPS = 4
@@ -38,7 +38,7 @@ def _compilation_cache(compilation_cache_dir):
 def trained(tmp_path_factory):
   """Work directory of a tiny RoPE run trained STEPS steps at seq_len 32."""
   workdir = tmp_path_factory.mktemp("run")
-  loop.run(tiny_config("rope", steps=STEPS), workdir, log=lambda line: None)
+  loop.run(parse(tiny_config("rope", steps=STEPS)), workdir, log=lambda line: None)
   return workdir
 
 
@@ -114,28 +114,31 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   # its learning rate drops from the peak to half of it, said in one line.
   config = load_config("rope")
   config.train.steps = 30
-  write_config(config, tmp_path)
+  write_config(parse(config), tmp_path)
   saved = read_run_config(tmp_path)
-  assert config_changes(config, saved) == [] and loop._changes_line(config, saved) is None
+  run = parse(config)
+  assert config_changes(run, saved) == [] and loop._changes_line(run, saved) is None
   config.train.steps = 600
   config.train.decay = "linear"
   config.eval.sample_prompt = "class "
-  assert config_changes(config, saved) == [
+  run = parse(config)
+  assert config_changes(run, saved) == [
     ("train.steps", 30, 600),
+    ("train.warmup_steps", 30, 60),  # clamped to the 30 steps it ran, no longer
     ("train.decay", "cosine", "linear"),
     ("eval.sample_prompt", "def ", "class "),
   ]
-  setup = types.SimpleNamespace(run=check_run_config(config, vocab_size=260, num_classes=None))
-  line = loop._changes_line(config, saved) + loop._learning_rate_change(setup, saved, 30)
+  setup = types.SimpleNamespace(run=run)
+  line = loop._changes_line(run, saved) + loop._learning_rate_change(setup, saved, 30)
   assert line == (
-    "changed from the run's config.json: train.steps 30 -> 600, train.decay 'cosine' -> "
-    "'linear', eval.sample_prompt 'def ' -> 'class '; learning rate at step 30: "
-    "3.000e-03 -> 1.500e-03"
+    "changed from the run's config.json: train.steps 30 -> 600, train.warmup_steps 30 -> 60, "
+    "train.decay 'cosine' -> 'linear', eval.sample_prompt 'def ' -> 'class '; learning rate "
+    "at step 30: 3.000e-03 -> 1.500e-03"
   )
   config.train.steps = 30  # the same schedule: no learning rate in the line
-  setup.run = check_run_config(config, vocab_size=260, num_classes=None)
+  setup.run = parse(config)
   assert loop._learning_rate_change(setup, saved, 20) == ""
-  assert config_changes(load_config("rope"), read_run_config(tmp_path / "new")) == []
+  assert config_changes(parse(load_config("rope")), read_run_config(tmp_path / "new")) == []
 
 
 def test_load_run_needs_a_run(tmp_path):
@@ -151,7 +154,7 @@ def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
   config_json = (trained / "config.json").read_bytes()
   lines = []
   result = loop.run(
-    tiny_config("rope", steps=STEPS, data__seq_len=64, data__batch_size=24),
+    parse(tiny_config("rope", steps=STEPS, data__seq_len=64, data__batch_size=24)),
     trained,
     log=lines.append,
   )
@@ -169,7 +172,9 @@ def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(tra
   config_json = (trained / "config.json").read_bytes()
   with pytest.raises(ConfigError, match=r"^data\.batch_size: .*does not continue"):
     loop.run(
-      tiny_config("rope", steps=2 * STEPS, data__batch_size=24), trained, log=lambda line: None
+      parse(tiny_config("rope", steps=2 * STEPS, data__batch_size=24)),
+      trained,
+      log=lambda line: None,
     )
   assert (trained / "config.json").read_bytes() == config_json
 
@@ -177,7 +182,7 @@ def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(tra
 @pytest.mark.slow  # trains runs (and its fixture one)
 def test_resume_with_another_model_is_refused(trained):
   with pytest.raises(ConfigError, match=r"^model\.d_model: differs from the run"):
-    loop.run(tiny_config("rope", steps=2 * STEPS, model__d_model=64), trained)
+    loop.run(parse(tiny_config("rope", steps=2 * STEPS, model__d_model=64)), trained)
 
 
 @pytest.mark.slow  # a subprocess
@@ -232,9 +237,8 @@ def test_bench_times_the_training_step_and_writes_json(tmp_path):
 def test_a_config_is_parsed_without_loading_data_and_set_up_from_the_parse_alone(
   name, vocab_size, num_classes, monkeypatch
 ):
-  """parse_run takes the vocabulary from the tokenizer and the classes from
-  the task, loading no data; setup_run then builds from the RunConfig alone
-  (the ConfigDict it records is not read again: here it is gone)."""
+  """fit_vocabulary takes the vocabulary from the tokenizer and the classes
+  from the task, loading no data; setup_run then builds from the RunConfig."""
   from txf.data import pipeline
   from txf.train import setup as setup_module
 
@@ -242,14 +246,12 @@ def test_a_config_is_parsed_without_loading_data_and_set_up_from_the_parse_alone
   with monkeypatch.context() as patched:  # any data loaded fails
     patched.setattr(setup_module, "make_dataset", None)
     patched.setattr(pipeline.corpus, "load_corpus", None)
-    run = parse_run(config)
-  tokenizer = pipeline.make_tokenizer(config.data)
+    run, tokenizer = fit_vocabulary(parse(config), None)
   assert run.model.vocab_size == (vocab_size or tokenizer.vocab_size)
   assert run.model.vocab_size == tokenizer.vocab_size
   if num_classes is not None:
     assert run.model.num_classes == num_classes
-  assert run.source is config
-  setup = setup_run(dataclasses.replace(run, source=None))
+  setup = setup_run(run)
   batch = next(iter(setup.train_data))
   assert batch["inputs"].shape[0] == run.data.batch_size
   assert setup.train_data.vocab_size == run.model.vocab_size
@@ -260,7 +262,7 @@ def test_a_bad_field_is_refused_before_a_sentencepiece_tokenizer_is_trained(tmp_
   config.data.update(dict(tokenizer="sentencepiece", sp_vocab_size=400))
   config.train.b1 = 1.5
   with pytest.raises(ConfigError, match=r"^train\.b1"):
-    parse_run(config, tmp_path)
+    fit_vocabulary(parse(config), tmp_path)
   assert list(tmp_path.iterdir()) == []  # no tokenizer trained into the run's directory
 
 
@@ -270,7 +272,7 @@ def test_abstract_state_carries_the_state_shardings(replicas):
   every leaf (orbax otherwise falls back to the saved topology and refuses)."""
   config = tiny_config("rope", steps=STEPS)
   config.replicas = replicas
-  setup = setup_run(parse_run(config))
+  setup = setup_run(parse(config))
   leaves = jax.tree.leaves(setup.abstract_state)
   shardings = jax.tree.leaves(setup.state_sharding)
   assert len(leaves) == len(shardings)
@@ -283,7 +285,7 @@ def test_evaluate_weights_every_token_alike_across_batches():
   means of per-batch means: batches of unequal weight, and a weight-0 batch
   (the streamed evaluator pads up to eval.num_batches with them), count by
   their tokens. Compared with the token-weighted mean in float64."""
-  setup = setup_run(parse_run(tiny_config("rope")))
+  setup = setup_run(parse(tiny_config("rope")))
   params = setup.init().params
   batch = jax.tree.map(np.asarray, next(iter(setup.eval_data)))
   weights_BxT = batch["weights"].astype(np.float32)

@@ -18,14 +18,14 @@ from conftest import tiny_config
 from txf.sweep import figures, grid, runner
 from txf.train import loop, metrics, record, trackers
 from txf.train.resume import read_run_config
-from txf.train.run_config import ConfigError, check_run_config
+from txf.train.run_config import ConfigError, parse
 
 NOT_UTF8 = b'[{"a": "\xff"}]'  # the reporter's printf '[{"a": "\xff"}]'
 
 
 @pytest.fixture(scope="module")
 def run_config():
-  return check_run_config(tiny_config(), vocab_size=260, num_classes=None)
+  return parse(tiny_config()).with_vocabulary(260, None)
 
 
 def json_loads_counter(monkeypatch, counted):
@@ -120,19 +120,19 @@ def test_a_corrupt_wandb_run_id_is_an_error_naming_the_file(tmp_path, content, m
 @pytest.mark.slow  # two tiny runs
 def test_a_run_resumes_past_a_corrupt_record_and_metrics_line(tmp_path, compilation_cache_dir):
   workdir = tmp_path / "run"
-  loop.run(tiny_config(steps=4), workdir, log=lambda line: None)
+  loop.run(parse(tiny_config(steps=4)), workdir, log=lambda line: None)
   (workdir / record.RECORD_FILE).write_bytes(NOT_UTF8)
   with open(workdir / metrics.METRICS_FILE, "ab") as f:
     f.write(b"\xff\xfe\x00garbage")
   lines = []
-  loop.run(tiny_config(steps=6), workdir, log=lines.append)
+  loop.run(parse(tiny_config(steps=6)), workdir, log=lines.append)
   assert any("run_record.json: not UTF-8 text" in line for line in lines)
   assert (workdir / f"{record.RECORD_FILE}.corrupt").read_bytes() == NOT_UTF8
   (entry,) = record.read_record(workdir)
   assert entry["start_step"] == 4 and entry["ended"] == "finished"
   assert any(row["step"] == 6 and "eval_loss" in row for row in metrics.read_metrics(workdir))
   # Run again, finished: the rerun reads past the line too.
-  loop.run(tiny_config(steps=6), workdir, log=lines.append)
+  loop.run(parse(tiny_config(steps=6)), workdir, log=lines.append)
   assert lines[-1].startswith("eval @ 6 (") and "the run is finished" in lines[-1]
 
 
@@ -142,7 +142,7 @@ def test_a_config_error_is_what_a_corrupt_wandb_id_stops_a_run_with(tmp_path):
   workdir.mkdir()
   (workdir / trackers.WANDB_ID_FILE).write_text("../x\n")
   with pytest.raises(ConfigError, match=r"wandb_run_id\.txt: not a wandb run id"):
-    loop.run(config, workdir, log=lambda line: None)
+    loop.run(parse(config), workdir, log=lambda line: None)
   assert sorted(p.name for p in workdir.iterdir()) == [trackers.WANDB_ID_FILE]
 
 

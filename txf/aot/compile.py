@@ -1,6 +1,6 @@
 """Compile a run's exact programs for a target it does not run on.
 
-  report = compile_run(config, parse_target("v5e-256"))
+  report = compile_run(parse(config), parse_target("v5e-256"))   # txf.train.run_config.parse
 
 `compile_run` builds the run as `txf-run` would (txf.train.setup.setup_run),
 but on the target's devices, and compiles its train step and eval step on
@@ -25,7 +25,6 @@ What the compilers need on a machine without the hardware:
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import os
@@ -36,13 +35,13 @@ from typing import Any
 import jax
 
 from txf.aot.targets import CUDNN_VERSION, Target
-from txf.data.spec import read_data_config
+from txf.data.spec import num_classes, required
 from txf.decode import generation
 from txf.ops import platform
 from txf.train import sharding
 from txf.train.loop import sampler_arguments
-from txf.train.run_config import ConfigError
-from txf.train.setup import RunSetup, parse_run, setup_run
+from txf.train.run_config import ConfigError, RunConfig
+from txf.train.setup import RunSetup, setup_run
 
 # Before jax starts a backend: compile for TPUs and GPUs on this CPU.
 ENVIRONMENT = {
@@ -159,29 +158,19 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   return functools.partial(generate, **options), arguments
 
 
-def untrained_tokenizer(config: Any) -> Any:
-  """`config`, or for a sentencepiece run (whose tokenizer is trained into
-  its work directory, which a compile has none of) a copy that tokenizes
-  bytes with the model's vocabulary at the trained tokenizer's size: its
+def untrained_tokenizer(run: RunConfig) -> RunConfig:
+  """`run`, or for a sentencepiece run (whose tokenizer is trained into its
+  work directory, which a compile has none of) one that tokenizes bytes with
+  the model's vocabulary at the trained tokenizer's size: its
   `data.sp_vocab_size`, the most ids it can have, where `model.vocab_size`
   is unset. The programs see the vocabulary only through its size (the
   batches are [B, T] ids either way); nothing is trained.
-
-  Raises:
-    ConfigError: a data section that does not read (naming the field).
   """
-  try:
-    spec = read_data_config(config.data)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  if spec.tokenizer != "sentencepiece":
-    return config
-  config = copy.deepcopy(config)
-  with config.unlocked():
-    config.data.tokenizer = "bytes"
-    if config.model.get("vocab_size") is None:
-      config.model.vocab_size = spec.sp_vocab_size
-  return config
+  if run.data.tokenizer != "sentencepiece":
+    return run
+  data = dataclasses.replace(run.data, tokenizer="bytes", sp_vocab_size=None)
+  vocab_size = run.model.vocab_size or required(run.data.sp_vocab_size)
+  return dataclasses.replace(run, data=data).with_vocabulary(vocab_size, num_classes(data))
 
 
 class CompileError(RuntimeError):
@@ -191,12 +180,12 @@ class CompileError(RuntimeError):
 
 
 def compile_run(
-  config: Any, target: Target, devices: list | None = None, *, decode_tokens: int = 0
+  run: RunConfig, target: Target, devices: list | None = None, *, decode_tokens: int = 0
 ) -> CompiledRun:
-  """Compiles the run of `config` for `target` (see the module docstring).
+  """Compiles `run` for `target` (see the module docstring).
 
   Args:
-    config: a run config, as txf-run takes it.
+    run: a run config, parsed as txf-run parses it (txf.train.run_config.parse).
     target: the hardware (txf.aot.targets.parse_target).
     devices: the target's devices if already made (`target.devices()`).
     decode_tokens: > 0: also compile decoding that many tokens.
@@ -211,7 +200,7 @@ def compile_run(
   """
   devices = devices if devices is not None else target.devices()
   with _cudnn_answered_for(target) as cudnn:
-    setup = setup_run(parse_run(untrained_tokenizer(config)), devices=devices)
+    setup = setup_run(untrained_tokenizer(run), devices=devices)
     batch, eval_batch = abstract_batch(setup), abstract_batch(setup, train=False)
     # The steps are jitted (RunSetup types them as plain callables): they lower.
     train_step: Any = setup.train_step

@@ -114,6 +114,7 @@ def main(argv) -> None:
   prepare_environment()
   from txf.aot.report import format_report, report
   from txf.aot.targets import parse_target
+  from txf.train.run_config import parse
 
   logging.set_verbosity(logging.WARNING)
   require_config_kind("run")
@@ -131,7 +132,8 @@ def main(argv) -> None:
   print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
     try:
-      compiled = compile_run(_CONFIG.value, target, devices, decode_tokens=_DECODE_TOKENS.value)
+      run = parse(_CONFIG.value)
+      compiled = compile_run(run, target, devices, decode_tokens=_DECODE_TOKENS.value)
     except CompileError as error:  # the answer "it does not run there", as DOES NOT FIT
       fail("compile", error, status=1)
   figures = report(compiled, _STEP_SECONDS.value)

@@ -143,7 +143,7 @@ def resolved_run(config):
   """The checked RunConfig the run of `config` would train with (model.vocab_size
   from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
   train.steps clamped), after checking the whole config as the run does
-  (txf.train.run_config.check_run_config).
+  (txf.train.run_config.parse, txf.train.setup.fit_vocabulary).
 
   Raises:
     ValueError: naming the field, for a config the run would reject.
@@ -151,11 +151,12 @@ def resolved_run(config):
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   import tempfile
 
-  from txf.train.setup import parse_run
+  from txf.train.run_config import parse
+  from txf.train.setup import fit_vocabulary
 
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
-    return parse_run(config, workdir)
+    return fit_vocabulary(parse(config), workdir)[0]
 
 
 def print_config(config, base, run=None) -> None:
@@ -203,6 +204,7 @@ def main(argv) -> None:
   from txf.train import distributed
   from txf.train.checkpoint import PreemptionGuard
   from txf.train.loop import run
+  from txf.train.run_config import parse
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir(
@@ -215,7 +217,7 @@ def main(argv) -> None:
   print(f"config: {config_file}", flush=True)
   print(start_jax(), flush=True)  # after jax.distributed, which must start first
   with run_errors(), PreemptionGuard() as guard:
-    run(_CONFIG.value, workdir, config_file=config_file, preemption=guard)
+    run(parse(_CONFIG.value), workdir, config_file=config_file, preemption=guard)
   if guard.interrupted:
     sys.exit(INTERRUPTED_STATUS)
 

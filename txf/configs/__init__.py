@@ -14,6 +14,7 @@ show the installed command (`txf-run --config=rope`); in a checkout
   find("rope.py")            # None: a name has no suffix
   resolve("my_config.py")    # a file that exists; else find(...)
   load(path, *args)          # its get_config(*args): the one way a config file is run
+  set_field(config, "model.d_model", 64)   # a dotted field of a loaded config, type-checked
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import importlib.util
 import pathlib
 import sys
 from typing import Any
+
+import ml_collections
 
 DIRECTORY = pathlib.Path(__file__).resolve().parent
 
@@ -74,3 +77,26 @@ def load(path: str | pathlib.Path, *args: str) -> Any:
   finally:
     sys.dont_write_bytecode = writes_bytecode
   return module.get_config(*args)
+
+
+def set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets `config.<path>` (a dotted field of an ml_collections ConfigDict)
+  through ConfigDict's own setter, which keeps each field's type.
+
+  Raises:
+    ValueError: naming the path, for a field that does not exist, a section,
+      or a value of the wrong type.
+  """
+  holder = config
+  parts = path.split(".")
+  for depth, part in enumerate(parts):
+    if not isinstance(holder, ml_collections.ConfigDict) or part not in holder:
+      raise ValueError(f"{'.'.join(parts[: depth + 1])}: unknown field")
+    if depth < len(parts) - 1:
+      holder = holder[part]
+  if isinstance(holder[parts[-1]], ml_collections.ConfigDict):
+    raise ValueError(f"{path}: is a section, not a field")
+  try:
+    holder[parts[-1]] = value
+  except TypeError as error:
+    raise ValueError(f"{path}: {value!r} has the wrong type ({error})") from error

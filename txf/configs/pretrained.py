@@ -37,11 +37,13 @@ def get_config(directory: str = ""):
 
   if is_run_directory(directory):
     from txf.train.resume import read_run_config  # noqa: PLC0415
+    from txf.train.run_config import to_json  # noqa: PLC0415
 
-    saved = read_run_config(directory) or {}
-    for section in ("model", "data"):
-      fields = {k: v for k, v in saved.get(section, {}).items() if k in config[section]}
-      config[section].update(fields)
+    saved = read_run_config(directory)
+    assert saved is not None  # a run directory holds its config.json
+    for section, fields in to_json(saved).items():
+      if section in ("model", "data"):
+        config[section].update(fields)
     config.train.update(fine_tuning)
     return config
   model = read_model_config(directory)

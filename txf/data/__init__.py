@@ -3,10 +3,11 @@
 Numpy only (no jax): batches are dicts of numpy arrays holding this
 process's rows of a global batch. Entry points:
 
-  ds = make_dataset(config.data, 'train', seed=0, process_index=p,
+  spec = parse_data(config.data)     # the `data` section, checked (a DataSpec)
+  ds = make_dataset(spec, 'train', seed=0, process_index=p,
                     process_count=P, workdir=workdir)
   batch = next(ds); state = ds.get_state(); ds.set_state(state)
-  tokenizer = make_tokenizer(config.data, workdir)
+  tokenizer = make_tokenizer(spec, workdir)
 
 Batch formats by data.task (B = data.batch_size / process_count,
 T = data.seq_len, padding id 0):
@@ -22,8 +23,8 @@ T = data.seq_len, padding id 0):
             weights float32 [B, T]
   classify  inputs int32 [B, T] (BOS + expression), labels int32 [B]
 
-Fields of the `data` config section (read by attribute; only the fields the
-chosen dataset uses must exist, and the tfds_* fields may be absent = None):
+Fields of the `data` config section (txf.data.spec.DataSpec declares each
+with its default; a dataset reads those below and ignores the others):
 
   field              type   used by        meaning
   -----------------  -----  -------------  ------------------------------------
@@ -72,14 +73,13 @@ chosen dataset uses must exist, and the tfds_* fields may be absent = None):
                                            '<source>-<target>' ('de-en' of
                                            wmt14_translate/de-en: 'de', 'en')
   read_threads       int    tfds lm/mlm    threads reading records ahead
-                                           (0: none); absent: 4
+                                           (0: none)
   read_workers       int    tfds lm/mlm    processes reading and tokenizing
                                            the training split (0: none, this
                                            process does); None: 0
   attend_across_     bool   tfds lm/mlm    False: a token attends only to its
   documents                                own document in a packed window;
-                                           True: to the whole window (GPT-2);
-                                           absent: False
+                                           True: to the whole window (GPT-2)
 
   (*) text: pystdlib, tfds and files.
 """
@@ -88,7 +88,7 @@ from txf.data.corpus import corpus_description, corpus_files, load_corpus
 from txf.data.dataset import Dataset
 from txf.data.packed import PackedDataset, ProcessCountError
 from txf.data.pipeline import make_dataset, make_tokenizer
-from txf.data.spec import DataSpec, num_classes, read_data_config
+from txf.data.spec import DataSpec, num_classes, parse_data
 from txf.data.tokenizers import (
   ByteTokenizer,
   HFTokenizer,
@@ -113,5 +113,5 @@ __all__ = [
   "make_dataset",
   "make_tokenizer",
   "num_classes",
-  "read_data_config",
+  "parse_data",
 ]

@@ -16,7 +16,7 @@ user code registers an `lm` task from a row function with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from txf.data import incontext, listops, synthetic
@@ -24,17 +24,17 @@ from txf.data.spec import GENERATED, DataSpec, int_field, required
 from txf.data.tokenizers import Tokenizer
 
 
-def _example_lengths(spec: DataSpec, min_len: int, max_len: int) -> DataSpec:
-  """min_example_len <= max_example_len, and the longest example fits seq_len
-  with one token more (BOS before a listops expression, EOS after a target)."""
+def _example_lengths(seq_len: int, min_len: int, max_len: int) -> dict[str, Any]:
+  """The example-length fields, checked: min_example_len <= max_example_len,
+  and the longest example fits seq_len with one token more (BOS before a
+  listops expression, EOS after a target)."""
   if min_len > max_len:
     raise ValueError(f"data.min_example_len={min_len} exceeds data.max_example_len={max_len}")
-  if max_len + 1 > spec.seq_len:
+  if max_len + 1 > seq_len:
     raise ValueError(
-      f"data.seq_len={spec.seq_len} is too small for "
-      f"data.max_example_len={max_len}: it needs one more"
+      f"data.seq_len={seq_len} is too small for data.max_example_len={max_len}: it needs one more"
     )
-  return dataclasses.replace(spec, min_example_len=min_len, max_example_len=max_len)
+  return dict(min_example_len=min_len, max_example_len=max_len)
 
 
 def _lengths_line(spec: DataSpec) -> str:
@@ -65,10 +65,10 @@ class Seq2SeqTask:
   tasks: ClassVar[tuple[str, ...]] = ("seq2seq",)
   num_classes: ClassVar[int | None] = None
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
     max_len = int_field(data, "max_example_len", 1)
     min_len = int_field(data, "min_example_len", self.min_source_len)
-    return _example_lengths(spec, min_len, max_len)
+    return _example_lengths(data["seq_len"], min_len, max_len)
 
   def tokenizer(self, spec: DataSpec) -> Tokenizer:
     return synthetic.seq2seq_tokenizer(self.name)
@@ -95,7 +95,7 @@ class ListOpsTask:
   tasks: ClassVar[tuple[str, ...]] = ("classify",)
   num_classes: ClassVar[int | None] = listops.NUM_CLASSES
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
     max_len = int_field(data, "max_example_len", 1)
     depth = int_field(data, "listops_max_depth", 1)
     min_len = int_field(data, "min_example_len", 1)
@@ -112,8 +112,7 @@ class ListOpsTask:
         f"{listops.SHORTEST_EXPRESSION} tokens, the shortest "
         "expression"
       )
-    spec = _example_lengths(spec, min_len, max_len)
-    return dataclasses.replace(spec, listops_max_depth=depth)
+    return {**_example_lengths(data["seq_len"], min_len, max_len), "listops_max_depth": depth}
 
   def tokenizer(self, spec: DataSpec) -> Tokenizer:
     return listops.listops_tokenizer()
@@ -138,7 +137,7 @@ class InductionTask(_SymbolLMTask):
   max_example_len] of distinct symbols, each row holding at least two copies
   of its block."""
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
     min_len = int_field(data, "min_example_len", 1)
     max_len = int_field(data, "max_example_len", 1)
     num_symbols = int_field(data, "num_symbols", 1)
@@ -149,14 +148,12 @@ class InductionTask(_SymbolLMTask):
         f"data.max_example_len={max_len} exceeds data.num_symbols={num_symbols}: "
         "a block holds distinct symbols"
       )
-    if 2 * max_len > spec.seq_len:
+    if 2 * max_len > data["seq_len"]:
       raise ValueError(
-        f"data.seq_len={spec.seq_len} is too small for "
+        f"data.seq_len={data['seq_len']} is too small for "
         f"data.max_example_len={max_len}: it needs two copies of a block"
       )
-    return dataclasses.replace(
-      spec, num_symbols=num_symbols, min_example_len=min_len, max_example_len=max_len
-    )
+    return dict(num_symbols=num_symbols, min_example_len=min_len, max_example_len=max_len)
 
   def source(self, spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
     return incontext.InductionSource(
@@ -181,7 +178,7 @@ class MQARTask(_SymbolLMTask):
   as many queries fit the row; keys and values from separate halves of the
   symbols, noise from the symbols that are not keys."""
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
     pairs = int_field(data, "num_kv_pairs", 1)
     num_symbols = int_field(data, "num_symbols", 2)
     if pairs > num_symbols // 2:
@@ -190,13 +187,13 @@ class MQARTask(_SymbolLMTask):
         f"{num_symbols // 2}: keys and values are distinct symbols of "
         "separate halves"
       )
-    if 4 * pairs > spec.seq_len + 1:
+    if 4 * pairs > data["seq_len"] + 1:
       raise ValueError(
-        f"data.seq_len={spec.seq_len} is too small for "
+        f"data.seq_len={data['seq_len']} is too small for "
         f"data.num_kv_pairs={pairs}: pairs and queries need "
         f"{4 * pairs - 1} positions"
       )
-    return dataclasses.replace(spec, num_symbols=num_symbols, num_kv_pairs=pairs)
+    return dict(num_symbols=num_symbols, num_kv_pairs=pairs)
 
   def source(self, spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
     return incontext.MQARSource(
@@ -224,8 +221,8 @@ class RowTask(_SymbolLMTask):
   name: str
   row: Callable[..., Any]
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
-    return dataclasses.replace(spec, num_symbols=int_field(data, "num_symbols", 1))
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(num_symbols=int_field(data, "num_symbols", 1))
 
   def source(self, spec: DataSpec, split: str, seed: int) -> synthetic.GeneratedSource:
     return incontext.RowSource(

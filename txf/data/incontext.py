@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from txf.data.spec import read_data_config, required
+from txf.data.spec import DataSpec, required
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SymbolTokenizer
 
@@ -152,11 +152,10 @@ class MQARSource(GeneratedSource):
     return lm_arrays(*zip(*examples))
 
 
-def repeat_periods(data_config) -> range:
-  """The periods the data of `data_config` (a `data` section) repeats with:
-  data.min_example_len .. data.max_example_len for 'induction', none for any
-  other dataset. An induction probe must avoid them."""
-  spec = read_data_config(data_config)
+def repeat_periods(spec: DataSpec) -> range:
+  """The periods the data of `spec` repeats with: data.min_example_len ..
+  data.max_example_len for 'induction', none for any other dataset. An
+  induction probe must avoid them."""
   if spec.name != "induction":
     return range(0)
   return range(required(spec.min_example_len), required(spec.max_example_len) + 1)

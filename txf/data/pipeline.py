@@ -14,7 +14,6 @@ from txf.data.spec import (
   TOKENIZERS,
   DataSpec,
   TextSource,
-  read_data_config,
   required,
   text_source,
 )
@@ -61,8 +60,8 @@ def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   return GENERATED[spec.name].tokenizer(spec)
 
 
-def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -> Tokenizer:
-  """The tokenizer of the dataset `data_config` describes: a text dataset's
+def make_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None = None) -> Tokenizer:
+  """The tokenizer of the dataset `spec` describes: a text dataset's
   data.tokenizer (an entry of txf.data.spec.TOKENIZERS: txf's bytes,
   sentencepiece and hf, above, or one registered with
   txf.register.tokenizer), a generated dataset's own.
@@ -72,7 +71,7 @@ def make_tokenizer(data_config: Any, workdir: str | os.PathLike | None = None) -
   (at most SENTENCEPIECE_TRAIN_BYTES) the first time and reused afterwards,
   so a resumed run keeps its vocabulary.
   """
-  return _tokenizer(read_data_config(data_config), workdir)
+  return _tokenizer(spec, workdir)
 
 
 def _description(spec: DataSpec, text: TextSource | None, tokenizer: Tokenizer) -> str:
@@ -85,7 +84,7 @@ def _description(spec: DataSpec, text: TextSource | None, tokenizer: Tokenizer) 
 
 
 def make_dataset(
-  data_config: Any,
+  spec: DataSpec,
   split: str,
   *,
   seed: int,
@@ -98,7 +97,8 @@ def make_dataset(
   """Builds the batches of `split` for this process.
 
   Args:
-    data_config: the `data` config section (fields: txf/data/__init__.py).
+    spec: the `data` section, parsed (txf.data.spec.parse_data; fields:
+      txf/data/__init__.py).
     split: 'train', 'validation' or 'test'.
     seed: int >= 0; fixes shuffling, masking and generated examples.
     process_index, process_count: this host's index and the host count;
@@ -109,13 +109,12 @@ def make_dataset(
       tasks never stop). Required for evaluating generated tasks. A TFDS
       lm/mlm evaluation split gives exactly this many, padded after its pass
       (packed.PackedDataset).
-    tokenizer: make_tokenizer(data_config, workdir), where the caller has
+    tokenizer: make_tokenizer(spec, workdir), where the caller has
       made it already (a run's datasets share one); None: made here.
 
   Raises:
     ValueError naming the bad field or argument, before loading any data.
   """
-  spec = read_data_config(data_config)
   if split not in corpus.SPLITS:
     raise ValueError(f"split={split!r} is not one of {corpus.SPLITS}")
   seed = checks.int_at_least(seed, "seed", 0)

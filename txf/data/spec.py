@@ -1,64 +1,64 @@
-"""Reads and checks the `data` config section; its fields are read only here.
-
-Fields are read by attribute, so an ml_collections ConfigDict and any plain
-object (types.SimpleNamespace, a dataclass) both work. Only the fields the
-dataset uses are required, and the tfds_* fields may be absent (= None); see
-the table in txf/data/__init__.py.
+"""The `data` config section: DataSpec declares its fields (type, default,
+doc), `parse_data` reads and checks a section into one, once per run
+(txf.train.run_config.parse calls it), and the datasets by data.name
+(GENERATED, TEXT) and tokenizers by data.tokenizer (TOKENIZERS) are
+registries. Below the parse the data pipeline takes the DataSpec; which
+dataset reads which field is tabulated in txf/data/__init__.py.
 """
 
-import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from txf import checks
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
-from txf.fields import documented, section
+from txf.fields import ConfigSection, documented, section, section_values
 from txf.registry import Registry
-
-# data.read_threads of a config that has none (written before the field).
-DEFAULT_READ_THREADS = 4
 
 
 @section()
 class DataSpec:
-  """Checked fields of a `data` section; None where the dataset needs none
-  (configs/base.py holds the defaults; txf/data/__init__.py tabulates which
-  dataset reads which field)."""
+  """A `data` section as `parse_data` checks it: the fields its dataset
+  reads (txf/data/__init__.py tabulates which dataset reads which field),
+  those derived from others resolved (a TFDS translation's keys); None
+  where the dataset reads none. The defaults are a config's, for the fields
+  it leaves out (configs/base.py is built from them)."""
 
   name: str = documented(
     "the dataset: text (txf.data.text; pystdlib: the Python standard library's sources, "
-    "built in) or generated (txf.data.generated), or a registered one"
+    "built in) or generated (txf.data.generated), or a registered one",
+    default="pystdlib",
   )
   task: str = documented(
-    "lm | mlm | seq2seq | classify (which a data.name gives: txf.data.spec.data_names)"
+    "lm | mlm | seq2seq | classify (which a data.name gives: txf.data.spec.data_names)",
+    default="lm",
   )
-  seq_len: int = documented("tokens per example (seq2seq: per source and target)")
-  batch_size: int = documented("global, across all devices and hosts")
+  seq_len: int = documented("tokens per example (seq2seq: per source and target)", default=128)
+  batch_size: int = documented("global, across all devices and hosts", default=32)
   tokenizer: str | None = documented(
-    "bytes | sentencepiece (trained in the run dir) | hf, or a registered one", default=None
+    "bytes | sentencepiece (trained in the run dir) | hf, or a registered one", default="bytes"
   )
   sp_vocab_size: int | None = documented(
-    'tokenizer="sentencepiece": its largest vocabulary', default=None
+    'tokenizer="sentencepiece": its largest vocabulary', default=1024
   )
   tokenizer_path: str | None = documented(
     'tokenizer="hf": a tokenizer.json or its dir', default=None
   )
-  max_corpus_bytes: int | None = documented("pystdlib, files: bytes read per split", default=None)
-  mlm_probability: float | None = documented('task="mlm": fraction of tokens masked', default=None)
+  max_corpus_bytes: int | None = documented(
+    "pystdlib, files: bytes read per split", default=4_000_000
+  )
+  mlm_probability: float | None = documented('task="mlm": fraction of tokens masked', default=0.15)
   min_example_len: int | None = documented(
-    "generated tasks: shortest example (induction: span)", default=None
+    "generated tasks: shortest example (induction: span)", default=4
   )
   max_example_len: int | None = documented(
-    "generated tasks: longest example (induction: span)", default=None
+    "generated tasks: longest example (induction: span)", default=16
   )
-  listops_max_depth: int | None = documented(
-    "listops: most nested operators (root = 1)", default=None
-  )
+  listops_max_depth: int | None = documented("listops: most nested operators (root = 1)", default=4)
   # In-context tasks (incontext.py).
-  num_symbols: int | None = documented("induction, mqar: content ids", default=None)
-  num_kv_pairs: int | None = documented("mqar: key-value pairs per row", default=None)
+  num_symbols: int | None = documented("induction, mqar: content ids", default=32)
+  num_kv_pairs: int | None = documented("mqar: key-value pairs per row", default=8)
   tfds_data_dir: str | None = documented(
     "tfds: the prepared dataset's folder; None: $TFDS_DATA_DIR or ~/tensorflow_datasets",
     default=None,
@@ -74,13 +74,13 @@ class DataSpec:
   )
   # TFDS lm/mlm streams (packed.py).
   read_threads: int | None = documented(
-    "tfds lm/mlm: threads reading records ahead (I/O)", default=None
+    "tfds lm/mlm: threads reading records ahead (I/O)", default=4
   )
   read_workers: int | None = documented(
     "tfds lm/mlm: processes reading and tokenizing train (CPU); None: 0", default=None
   )
   attend_across_documents: bool | None = documented(
-    "tfds lm/mlm: True: attention crosses the documents packed in a window (GPT-2)", default=None
+    "tfds lm/mlm: True: attention crosses the documents packed in a window (GPT-2)", default=False
   )
   seed: int | None = documented(
     "the data order's (shuffling, masking, generated examples); None: the run's seed "
@@ -100,8 +100,8 @@ T = TypeVar("T")
 
 
 def required(value: T | None) -> T:
-  """A DataSpec field the dataset uses, which read_data_config has set (it
-  leaves None only the fields a dataset does not use), typed without the None."""
+  """A DataSpec field the dataset uses, which parse_data has set (it leaves
+  None only the fields a dataset does not use), typed without the None."""
   assert value is not None, "a DataSpec field read for a dataset that does not use it"
   return value
 
@@ -120,9 +120,10 @@ class GeneratedTask(Protocol):
     """A classification task's label count; None for the others."""
     ...
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
-    """`spec` with the task's fields read from the data section (int_field)
-    and checked; ValueError names a bad one."""
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    """{field: value} of the task's own fields of the data section's values
+    (`data`: every DataSpec field, those every dataset reads checked), each
+    checked (int_field); ValueError names a bad one."""
     ...
 
   def tokenizer(self, spec: DataSpec) -> Tokenizer:
@@ -153,9 +154,10 @@ class TextSource(Protocol):
     the name alone."""
     ...
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
-    """`spec` with its fields read from the data section and checked
-    (corpus_fields, tfds_fields); ValueError names a bad one."""
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    """{field: value} of its own fields of the data section's values
+    (`data`: every DataSpec field, those every dataset reads checked), each
+    checked (corpus_fields, tfds_fields); ValueError names a bad one."""
     ...
 
   def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
@@ -226,95 +228,88 @@ def num_classes(spec: DataSpec) -> int | None:
   return GENERATED[spec.name].num_classes if spec.name in GENERATED else None
 
 
-def _get(data: Any, field: str) -> Any:
-  try:
-    return getattr(data, field)
-  except AttributeError:
-    raise ValueError(
-      f"data.{field} is required for data.name={getattr(data, 'name', None)!r}"
-    ) from None
+def int_field(data: Mapping[str, Any], field: str, minimum: int) -> int:
+  """data.<field>, an int >= `minimum`; ValueError names it."""
+  return checks.int_at_least(data[field], f"data.{field}", minimum)
 
 
-def int_field(data: Any, field: str, minimum: int) -> int:
-  """data.<field>, an int >= `minimum`; ValueError names it (or its absence)."""
-  return checks.int_at_least(_get(data, field), f"data.{field}", minimum)
+def parse_data(section: ConfigSection) -> DataSpec:
+  """The `data` section (a ConfigDict or a dict; a field it leaves out takes
+  its default) as a DataSpec: the fields every dataset reads, then those its
+  data.name's entry reads (`fields`), each checked; the others None. The
+  one place a `data` section is read (txf.train.run_config.parse calls it).
 
-
-def read_data_config(data: Any) -> DataSpec:
-  """Returns the checked DataSpec of `data`; ValueError names a bad field."""
-  name = _get(data, "name")
+  Raises:
+    ValueError: naming the field.
+  """
+  data = section_values(DataSpec, section, "data")
+  name = data["name"]
+  entry: GeneratedTask | TextSource
   text = text_source(name)
   if text is not None:
-    tasks = text.tasks
+    entry = text
   elif name in GENERATED:
-    tasks = GENERATED[name].tasks
+    entry = GENERATED[name]
   else:
     raise ValueError(
       f"data.name={name!r} is not one of {tuple(data_names())} "
       f"or of the forms {', '.join(map(repr, data_name_forms()))}"
     )
-  task = _get(data, "task")
-  if task not in tasks:
-    raise ValueError(f"data.task={task!r} does not fit data.name={name!r}; expected one of {tasks}")
-  seed = getattr(data, "seed", None)
-  spec = DataSpec(
+  task = data["task"]
+  if task not in entry.tasks:
+    raise ValueError(
+      f"data.task={task!r} does not fit data.name={name!r}; expected one of {entry.tasks}"
+    )
+  seed = data["seed"]
+  common = dict(
     name=name,
     task=task,
     seq_len=int_field(data, "seq_len", 2),
     batch_size=int_field(data, "batch_size", 1),
     seed=None if seed is None else checks.seed(seed, "data.seed"),
-    seed_per_replica=checks.boolean(
-      getattr(data, "seed_per_replica", False), "data.seed_per_replica"
-    ),
+    seed_per_replica=checks.boolean(data["seed_per_replica"], "data.seed_per_replica"),
   )
-  if text is not None:
-    return text.fields(data, spec)
-  return GENERATED[name].fields(data, spec)
+  read = {**common, **entry.fields({**data, **common})}
+  return DataSpec(**{**dict.fromkeys(data), **read})
 
 
-def corpus_fields(data: Any, spec: DataSpec) -> DataSpec:
+def corpus_fields(data: Mapping[str, Any]) -> dict[str, Any]:
   """The fields of documents read per split: the text fields and data.max_corpus_bytes."""
-  return dataclasses.replace(
-    _text_fields(data, spec), max_corpus_bytes=int_field(data, "max_corpus_bytes", 1)
-  )
+  return {**_text_fields(data), "max_corpus_bytes": int_field(data, "max_corpus_bytes", 1)}
 
 
-def _text_fields(data: Any, spec: DataSpec) -> DataSpec:
+def _text_fields(data: Mapping[str, Any]) -> dict[str, Any]:
   """The fields of text read from splits: tokenizer and masking."""
-  tokenizer = checks.choice(_get(data, "tokenizer"), "data.tokenizer", TOKENIZERS)
-  sp_vocab_size = tokenizer_path = None
-  if tokenizer == "sentencepiece":
-    sp_vocab_size = int_field(data, "sp_vocab_size", SentencePieceTokenizer.RESERVED_IDS + 1)
-  if tokenizer == "hf":
-    tokenizer_path = _optional_str(data, "tokenizer_path")
-    if tokenizer_path is None:
+  fields: dict[str, Any] = {
+    "tokenizer": checks.choice(data["tokenizer"], "data.tokenizer", TOKENIZERS)
+  }
+  if fields["tokenizer"] == "sentencepiece":
+    fields["sp_vocab_size"] = int_field(
+      data, "sp_vocab_size", SentencePieceTokenizer.RESERVED_IDS + 1
+    )
+  if fields["tokenizer"] == "hf":
+    fields["tokenizer_path"] = _optional_str(data, "tokenizer_path")
+    if fields["tokenizer_path"] is None:
       raise ValueError(
         "data.tokenizer_path is required for data.tokenizer='hf' (a "
         "tokenizer.json or the model directory holding it)"
       )
-  mlm_probability = None
-  if spec.task == "mlm":
-    mlm_probability = checks.fraction(
-      _get(data, "mlm_probability"), "data.mlm_probability", low_open=True
+  if data["task"] == "mlm":
+    fields["mlm_probability"] = checks.fraction(
+      data["mlm_probability"], "data.mlm_probability", low_open=True
     )
-  return dataclasses.replace(
-    spec,
-    tokenizer=tokenizer,
-    sp_vocab_size=sp_vocab_size,
-    tokenizer_path=tokenizer_path,
-    mlm_probability=mlm_probability,
-  )
+  return fields
 
 
-def _optional_str(data: Any, field: str) -> str | None:
-  """data.<field>, a non-empty str or None; an absent field reads as None."""
-  value = getattr(data, field, None)
+def _optional_str(data: Mapping[str, Any], field: str) -> str | None:
+  """data.<field>, a non-empty str or None."""
+  value = data[field]
   if value is not None and (not isinstance(value, str) or not value):
     raise ValueError(f"data.{field} must be a non-empty str or None, got {value!r}")
   return value
 
 
-def _translation_keys(data: Any, dataset: str) -> tuple[str, str]:
+def _translation_keys(data: Mapping[str, Any], dataset: str) -> tuple[str, str]:
   """(source, target) feature keys; by default the config's 'src-tgt'.
 
   'wmt14_translate/de-en:1.0.0' -> ('de', 'en'), WMT's naming.
@@ -336,33 +331,28 @@ def _translation_keys(data: Any, dataset: str) -> tuple[str, str]:
   return keys[0], keys[1]
 
 
-def tfds_fields(data: Any, spec: DataSpec) -> DataSpec:
-  """The fields of a TFDS dataset (data.name `tfds:<builder>[/<config>][:<version>]`)."""
-  dataset = name_argument(spec.name)
+def tfds_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+  """The fields of a TFDS dataset (data.name `tfds:<builder>[/<config>][:<version>]`),
+  those derived from others resolved (the translation keys, the text key,
+  read_workers)."""
+  dataset = name_argument(data["name"])
   if not dataset.split(":")[0].split("/")[0]:
     raise ValueError(
-      f"data.name={spec.name!r} names no TFDS builder; expected "
+      f"data.name={data['name']!r} names no TFDS builder; expected "
       f"'tfds:<builder>[/<config>][:<version>]'"
     )
-  spec = dataclasses.replace(
-    _text_fields(data, spec), tfds_data_dir=_optional_str(data, "tfds_data_dir")
-  )
-  if spec.task == "seq2seq":
+  fields = {**_text_fields(data), "tfds_data_dir": _optional_str(data, "tfds_data_dir")}
+  if data["task"] == "seq2seq":
     source_key, target_key = _translation_keys(data, dataset)
-    return dataclasses.replace(spec, tfds_source_key=source_key, tfds_target_key=target_key)
-  # lm / mlm stream the split (packed.py); fields absent from a config
-  # written before they existed take their defaults.
-  threads = getattr(data, "read_threads", None)
-  workers = getattr(data, "read_workers", None)
-  across = getattr(data, "attend_across_documents", None)
-  if across is not None and not isinstance(across, bool):
-    raise ValueError(f"data.attend_across_documents must be a bool, got {across!r}")
-  return dataclasses.replace(
-    spec,
-    tfds_text_key=_optional_str(data, "tfds_text_key") or "text",
-    read_threads=DEFAULT_READ_THREADS
-    if threads is None
-    else checks.int_at_least(threads, "data.read_threads", 0),
-    read_workers=0 if workers is None else checks.int_at_least(workers, "data.read_workers", 0),
-    attend_across_documents=bool(across),
-  )
+    return {**fields, "tfds_source_key": source_key, "tfds_target_key": target_key}
+  # lm / mlm stream the split (packed.py).
+  workers = data["read_workers"]
+  return {
+    **fields,
+    "tfds_text_key": _optional_str(data, "tfds_text_key") or "text",
+    "read_threads": int_field(data, "read_threads", 0),
+    "read_workers": 0 if workers is None else int_field(data, "read_workers", 0),
+    "attend_across_documents": checks.boolean(
+      data["attend_across_documents"], "data.attend_across_documents"
+    ),
+  }

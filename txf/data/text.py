@@ -17,7 +17,7 @@ An entry with an `argument` is named `<name>:<argument>`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from txf.data import corpus, files, packed, tfds_source
@@ -71,13 +71,14 @@ class DocumentSource:
   argument: str | None = None
   tasks: tuple[str, ...] = ("lm", "mlm")
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
-    if self.argument is not None and not name_argument(spec.name).strip():
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    name = data["name"]
+    if self.argument is not None and not name_argument(name).strip():
       raise ValueError(
-        f"data.name={spec.name!r} names no {self.argument}; "
-        f"expected '{spec.name.partition(':')[0]}:{self.argument}'"
+        f"data.name={name!r} names no {self.argument}; "
+        f"expected '{name.partition(':')[0]}:{self.argument}'"
       )
-    return corpus_fields(data, spec)
+    return corpus_fields(data)
 
   def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
     return self.load(name_argument(spec.name), "train", max_bytes)
@@ -112,8 +113,8 @@ class TFDSSource:
   tasks = ("lm", "mlm", "seq2seq")
   argument = "<builder>[/<config>][:<version>]"
 
-  def fields(self, data: Any, spec: DataSpec) -> DataSpec:
-    return tfds_fields(data, spec)
+  def fields(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    return tfds_fields(data)
 
   def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
     return tfds_source.training_texts(spec, max_bytes)

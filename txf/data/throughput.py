@@ -1,6 +1,6 @@
 """How fast a data config's training batches arrive on one host.
 
-`loader_throughput` times `make_dataset(data_config, 'train', ...)` alone (no
+`loader_throughput` times `make_dataset(spec, 'train', ...)` alone (no
 model, no device): what `python -m benchmarks.run data` reports, to
 compare with how fast a device trains (tokens/s per host, at the config's
 data.read_workers and data.read_threads).
@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from txf.data.pipeline import make_dataset
-from txf.data.spec import read_data_config
+from txf.data.spec import DataSpec
 
 # GPT-2 small (configs/gpt2_small.py) trains at about 600k tokens/s on one
 # H100: a host feeding one such GPU must deliver at least that.
@@ -22,7 +22,7 @@ GPT2_SMALL_H100_TOKENS_PER_SEC = 600_000
 
 
 def loader_throughput(
-  data_config: Any, *, batches: int, seed: int = 0, workdir: str | os.PathLike | None = None
+  spec: DataSpec, *, batches: int, seed: int = 0, workdir: str | os.PathLike | None = None
 ) -> dict[str, Any]:
   """Times `batches` training batches after a first, untimed one (which opens
   the split and starts the read threads and worker processes).
@@ -36,8 +36,7 @@ def loader_throughput(
      'batches', 'seconds', 'cpu_seconds', 'tokens_per_batch', 'read_threads',
      'read_workers' (None where the data has none), 'description'}.
   """
-  spec = read_data_config(data_config)
-  dataset = make_dataset(data_config, "train", seed=seed, workdir=workdir)
+  dataset = make_dataset(spec, "train", seed=seed, workdir=workdir)
   with contextlib.closing(dataset):
     tokens_per_batch = next(dataset)["inputs"].size
     start, start_cpu = time.perf_counter(), time.process_time()

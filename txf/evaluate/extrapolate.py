@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 
@@ -46,7 +45,7 @@ from txf.checks import int_at_least
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.train.console import format_duration
 from txf.train.resume import read_run_config
-from txf.train.run_config import check_run_config
+from txf.train.run_config import ConfigError
 from txf.train.setup import RunSetup, TrainedRun, load_run
 from txf.train.workdir import check_reachable, run_path, write_file
 
@@ -67,11 +66,9 @@ def _validation_stream(setup: RunSetup) -> np.ndarray:
 
 def _not_applicable(setup: RunSetup, length: int) -> str | None:
   """Why the run's config refuses `length` as data.seq_len; None if it accepts it."""
-  config = ml_collections.ConfigDict(setup.run.source.to_dict())
-  config.data.seq_len = length
   try:
-    check_run_config(config, vocab_size=setup.run.model.vocab_size, num_classes=None)
-  except ValueError as error:
+    setup.run.override({"data.seq_len": length})
+  except ConfigError as error:
     return str(error)
   return None
 
@@ -177,14 +174,13 @@ def extrapolate_run(
 def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[TrainedRun, np.ndarray]:
   """The trained run and its first `num_tokens` validation tokens (None: its
   evaluator's), with eval.num_batches raised to hold them."""
-  overrides = {}
-  saved = read_run_config(workdir) if num_tokens is not None else None
-  if saved is not None:  # else load_run says why there is no run
-    data = saved["data"]
-    overrides["eval.num_batches"] = math.ceil(
-      num_tokens / (data["batch_size"] * (data["seq_len"] + 1))
-    )
-  run = load_run(workdir, overrides)
+  saved, overrides = None, {}
+  if num_tokens is not None:
+    saved = read_run_config(workdir)
+    if saved is not None:  # else load_run says why there is no run
+      data = saved.data
+      overrides["eval.num_batches"] = math.ceil(num_tokens / (data.batch_size * (data.seq_len + 1)))
+  run = load_run(workdir, overrides, saved=saved)
   if run.setup.task != "lm":
     raise ValueError(
       f"data.task: length extrapolation needs a decoder language model "

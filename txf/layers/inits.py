@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf.layers.model_config import INITS
+from txf.layers.model_config import INITS, ModelConfig
 
 # Modules whose output is added to the residual stream: GPT-2's c_proj.
 RESIDUAL_OUTPUTS = ("out", "wo")
@@ -49,7 +49,7 @@ def _gpt2_stddev(names: tuple[str, ...], num_layers: int) -> float | None:
   return None
 
 
-def gpt2(params: Any, cfg: Any, key: jax.Array) -> Any:
+def gpt2(params: Any, cfg: ModelConfig, key: jax.Array) -> Any:
   """GPT-2's initialisation of `params` (module docstring)."""
 
   def redraw(path, leaf):
@@ -68,7 +68,7 @@ def gpt2(params: Any, cfg: Any, key: jax.Array) -> Any:
   )
 
 
-def as_drawn(params: Any, cfg: Any, key: jax.Array) -> Any:
+def as_drawn(params: Any, cfg: ModelConfig, key: jax.Array) -> Any:
   """txf's own initialisation: each layer's initialisers, `params` as drawn."""
   return params
 
@@ -77,7 +77,7 @@ INITS.register("txf", as_drawn)
 INITS.register("gpt2", gpt2)
 
 
-def apply_init(variables: Any, cfg: Any, rngs: Any) -> Any:
+def apply_init(variables: Any, cfg: ModelConfig, rngs: Any) -> Any:
   """`variables` (what flax's init returns) with `cfg.init`'s scheme applied
   to their params; the scheme's key is derived from init's params key."""
   key = rngs["params"] if isinstance(rngs, dict) else rngs

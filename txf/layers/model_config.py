@@ -12,6 +12,7 @@ is created.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -328,7 +329,7 @@ class ModelConfig:
     for name, choices in CHOICES.items():
       checks.choice(getattr(self, name), f"model.{name}", choices)
     self._check_options()
-    for name in ("vocab_size", "d_model", "num_heads", "num_layers", "max_len", "num_classes"):
+    for name in ("d_model", "num_heads", "num_layers", "max_len", "num_classes"):
       checks.positive_int(getattr(self, name), f"model.{name}")
     for name in ("num_kv_heads", "head_dim", "d_ff", "window", "num_decoder_layers"):
       checks.optional_positive_int(getattr(self, name), f"model.{name}")
@@ -374,8 +375,7 @@ class ModelConfig:
       raise ValueError("model.num_decoder_layers: only applies to family='encoder_decoder'")
     checks.fraction(self.dropout_rate, "model.dropout_rate")
     checks.fraction(self.attention_dropout_rate, "model.attention_dropout_rate")
-    if not 0 <= self.pad_id < self.vocab_size:
-      raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
+    self._check_vocabulary()
     self._resolve()
 
   def _choices(self) -> dict[str, str]:
@@ -472,8 +472,37 @@ class ModelConfig:
         )
     self._check_head()
     checks.fraction(self.dropout_rate, "model.dropout_rate")
+    self._check_vocabulary()
+
+  def _check_vocabulary(self) -> None:
+    """model.vocab_size, and model.pad_id within it; nothing while the
+    vocabulary is not known yet (a run config's None: `with_vocabulary`)."""
+    if self.vocab_size is None:
+      return
+    checks.positive_int(self.vocab_size, "model.vocab_size")
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
+
+  def with_vocabulary(self, vocab_size: int, num_classes: int | None = None) -> ModelConfig:
+    """This config for a tokenizer of `vocab_size` ids: a model.vocab_size of
+    None becomes it, a given one must hold it; `num_classes` (a
+    classification dataset's labels; None: kept) becomes model.num_classes.
+    Only these fields are checked again: the others are as checked already.
+
+    Raises:
+      ValueError: naming model.vocab_size or model.pad_id.
+    """
+    if self.vocab_size is not None and self.vocab_size < vocab_size:
+      raise ValueError(
+        f"model.vocab_size: {self.vocab_size} is smaller than the tokenizer's {vocab_size} ids"
+      )
+    fitted = copy.copy(self)
+    # frozen: set on the new copy, as __post_init__ sets the derived fields.
+    object.__setattr__(fitted, "vocab_size", self.vocab_size or vocab_size)
+    if num_classes is not None:
+      object.__setattr__(fitted, "num_classes", num_classes)
+    fitted._check_vocabulary()
+    return fitted
 
   def _resolve(self):
     """Fills the None fields with their derived values, once: each quantity

@@ -40,9 +40,11 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import ml_collections
+
+from txf.configs import set_field
 
 SLURM_TASK_ENV = "SLURM_ARRAY_TASK_ID"
 # Longest file name most filesystems (ext4, GCS objects' path parts) accept.
@@ -51,6 +53,7 @@ _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._+-]")
 _SCALAR_TYPES = (str, int, float, bool, type(None))
 # Joins the paths of a zipped grid entry (see `zip_fields`).
 ZIP_SEPARATOR = ","
+T = TypeVar("T")
 
 
 class GridError(ValueError):
@@ -142,7 +145,9 @@ def point_name(overrides: Mapping[str, Any]) -> str:
   )
 
 
-def _read_grid(sweep_config: Any) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
+def _read_grid(
+  sweep_config: ml_collections.ConfigDict,
+) -> list[tuple[list[str], list[tuple[Any, ...]]]]:
   """The grid's axes: (paths, rows), one path and 1-tuples for a multiplied
   field, the group's paths and its rows for a zipped one."""
   for section in ("base", "grid"):
@@ -205,7 +210,9 @@ def _parse_grid_value(text: str, path: str, field_type: type, flag: str) -> Any:
   raise GridError(f"{flag}: {path}: {text!r} is not {kind}")
 
 
-def override_grid(sweep_config: Any, specs: Sequence[str]) -> ml_collections.ConfigDict:
+def override_grid(
+  sweep_config: ml_collections.ConfigDict, specs: Sequence[str]
+) -> ml_collections.ConfigDict:
   """The sweep's grid with the command line's `--grid=PATH=V1,V2,...` flags
   (`specs`: 'PATH=V1,V2,...' each) applied; returns it without changing
   `sweep_config`.
@@ -268,25 +275,7 @@ def override_grid(sweep_config: Any, specs: Sequence[str]) -> ml_collections.Con
   return ml_collections.ConfigDict(entries, sort_keys=False, allow_dotted_keys=True)
 
 
-def _set_field(config: ml_collections.ConfigDict, path: str, value: Any) -> None:
-  """Sets `config.<path>` through ConfigDict's own setter (which checks the
-  type); raises ValueError naming the path for a field that does not exist."""
-  holder = config
-  parts = path.split(".")
-  for depth, part in enumerate(parts):
-    if not isinstance(holder, ml_collections.ConfigDict) or part not in holder:
-      raise ValueError(f"{'.'.join(parts[: depth + 1])}: unknown field")
-    if depth < len(parts) - 1:
-      holder = holder[part]
-  if isinstance(holder[parts[-1]], ml_collections.ConfigDict):
-    raise ValueError(f"{path}: is a section, not a field")
-  try:
-    holder[parts[-1]] = value
-  except TypeError as error:
-    raise ValueError(f"{path}: {value!r} has the wrong type ({error})") from error
-
-
-def expand(sweep_config: Any) -> list[Point]:
+def expand(sweep_config: ml_collections.ConfigDict) -> list[Point]:
   """All points of `sweep_config`'s grid, first grid field varying slowest
   (a zipped group is one axis; its fields vary together).
 
@@ -314,27 +303,31 @@ def expand(sweep_config: Any) -> list[Point]:
     config = copy.deepcopy(sweep_config.base)
     for path, value in overrides.items():
       try:
-        _set_field(config, path, value)
+        set_field(config, path, value)
       except ValueError as error:
         raise GridError(f"point {index} ({name}): {error}") from error
     points.append(Point(index=index, name=name, overrides=overrides, config=config))
   return points
 
 
-def validate(points: Sequence[Point], check: Callable[[ml_collections.ConfigDict], Any]) -> None:
-  """Runs the run-config validator `check` on every point before any trains.
+def validate(points: Sequence[Point], check: Callable[[ml_collections.ConfigDict], T]) -> list[T]:
+  """Runs the run-config validator `check` on every point before any trains
+  and returns what it returns for each (txf.sweep.runner.check_point_config:
+  the point's parsed RunConfig).
 
   `check(config)` raises a ValueError whose message starts with the field,
-  as `txf.train.run_config.check_run_config` does (bind its other arguments).
+  as `txf.train.run_config.parse` does.
 
   Raises:
     GridError: the first point `check` rejects: 'point N (name): <field>: ...'.
   """
+  checked = []
   for point in points:
     try:
-      check(point.config)
+      checked.append(check(point.config))
     except ValueError as error:
       raise GridError(f"point {point.index} ({point.name}): {error}") from error
+  return checked
 
 
 def select(points: Sequence[Point], index: int | None = None) -> list[Point]:

@@ -259,8 +259,8 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   if not config_path.exists():  # a run writes it before its first step
     return "partial" if read_metrics(workdir) else "missing"
   if steps is None:
-    saved = read_run_config(workdir) or {}  # None only if deleted since the check above
-    steps = saved.get("train", {}).get("steps")
+    saved = read_run_config(workdir)  # None only if deleted since the check above
+    steps = None if saved is None else saved.train.steps
   if not isinstance(steps, int):
     return "partial"
   # Only the rows from `steps` on: read from the end of the file.
@@ -279,8 +279,9 @@ def check_trained_steps(point: Point, workdir: str | epath.PathLike) -> None:
     ValueError: naming the point and both step counts.
   """
   steps = point.config.train.steps
-  trained = (read_run_config(epath.Path(workdir)) or {}).get("train", {}).get("steps")
-  if isinstance(trained, int) and trained > steps:
+  saved = read_run_config(epath.Path(workdir))
+  trained = None if saved is None else saved.train.steps
+  if trained is not None and trained > steps:
     raise ValueError(
       f"point {point.index} ({point.name}) was trained for {trained} steps, "
       f"this sweep's point for {steps}"

@@ -55,6 +55,7 @@ from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
 from txf.train.checkpoint import PreemptionGuard
 from txf.train.console import format_duration
+from txf.train.run_config import RunConfig, parse
 from txf.train.setup import adding_to_run, precheck_run
 from txf.train.workdir import (
   WorkdirError,
@@ -95,7 +96,7 @@ def format_sweep_progress(
   return line
 
 
-def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
+def read_sweep_settings(sweep_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The `sweep` section with its defaults (run_config=None,
   extrapolate=True, extrapolate_tokens=None).
 
@@ -120,17 +121,19 @@ def read_sweep_settings(sweep_config: Any) -> ml_collections.ConfigDict:
   return settings
 
 
-def check_point_config(config: ml_collections.ConfigDict) -> None:
-  """Checks one point's run config without touching data or devices' memory:
-  every field, the optimizer and schedule among them
-  (txf.train.setup.precheck_run: no sentencepiece tokenizer is trained), and
-  that the batch divides the device mesh.
+def check_point_config(config: ml_collections.ConfigDict) -> RunConfig:
+  """One point's run config parsed (txf.train.run_config.parse: every field,
+  the optimizer and schedule among them), checked without touching data or
+  devices' memory: its vocabulary where known without training a tokenizer
+  (txf.train.setup.precheck_run) and that the batch divides the device mesh.
 
   Raises:
     ValueError: naming the field.
   """
-  precheck_run(config)
-  sharding.check_batch(config.data.batch_size, sharding.make_mesh(config.parallel))
+  run = parse(config)
+  precheck_run(run)
+  sharding.check_batch(run.data.batch_size, sharding.make_mesh(run.parallel))
+  return run
 
 
 def load_run_config(path: str) -> ml_collections.ConfigDict:
@@ -160,11 +163,14 @@ def _dry_run(
   log(f"(in a checkout, python -m experiments.run takes the place of {grid.RUN_COMMAND})")
 
 
-def _train_point(point: Point, workdir: epath.Path, log: Log, config_file: str | None) -> bool:
-  """Trains one point unless it is done (to its train.steps) or diverged;
-  records a divergence. Returns whether training stopped for a preemption
-  (SIGTERM) -- the point saved, not done -- so the sweep must stop too."""
-  steps = point.config.train.steps
+def _train_point(
+  point: Point, run: RunConfig, workdir: epath.Path, log: Log, config_file: str | None
+) -> bool:
+  """Trains one point (`run`, its config parsed) unless it is done (to its
+  train.steps) or diverged; records a divergence. Returns whether training
+  stopped for a preemption (SIGTERM) -- the point saved, not done -- so the
+  sweep must stop too."""
+  steps = run.train.steps
   status = results.point_status(workdir, steps=steps)
   if status in ("done", "diverged"):
     log(f"point {point.index} ({point.name}): {status}, skipped")
@@ -175,7 +181,7 @@ def _train_point(point: Point, workdir: epath.Path, log: Log, config_file: str |
   with PreemptionGuard() as preemption:
     try:
       loop.run(
-        point.config,
+        run,
         workdir,
         log=log,
         preemption=preemption,
@@ -322,7 +328,7 @@ def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int) -> None:
 
 
 def run_sweep(
-  sweep_config: Any,
+  sweep_config: ml_collections.ConfigDict,
   workdir: str | epath.PathLike,
   *,
   index: int | None = None,
@@ -393,7 +399,7 @@ def run_sweep(
   if not settings.extrapolate:
     extrapolate = None
   points = grid.expand(sweep_config)
-  grid.validate(points, check_point_config)
+  runs = grid.validate(points, check_point_config)
   if extrapolate is not None and settings.extrapolate_tokens is not None:
     _check_extrapolate_tokens(points, settings.extrapolate_tokens)
   selected = grid.select(points, index)
@@ -416,7 +422,13 @@ def run_sweep(
   # one catches it between them and while the summary is made.
   with PreemptionGuard() as preemption:
     if not summarize_only and not _run_points(
-      selected, workdir, extrapolate, settings.extrapolate_tokens, log, config_file, preemption
+      [(point, runs[point.index]) for point in selected],
+      workdir,
+      extrapolate,
+      settings.extrapolate_tokens,
+      log,
+      config_file,
+      preemption,
     ):
       return None
     if len(selected) < len(points):
@@ -425,7 +437,7 @@ def run_sweep(
 
 
 def _run_points(
-  selected: Sequence[Point],
+  selected: Sequence[tuple[Point, RunConfig]],
   workdir: epath.Path,
   extrapolate: Extrapolate | None,
   num_tokens: int | None,
@@ -433,10 +445,11 @@ def _run_points(
   config_file: str | None,
   preemption: PreemptionGuard,
 ) -> bool:
-  """Trains and extrapolates each point of `selected` in turn; returns False
-  when a SIGTERM stopped the sweep (logging which point to rerun from)."""
+  """Trains and extrapolates each point of `selected` (with its parsed
+  config) in turn; returns False when a SIGTERM stopped the sweep (logging
+  which point to rerun from)."""
   began, point_seconds = time.perf_counter(), list[float]()
-  for position, point in enumerate(selected, 1):
+  for position, (point, run) in enumerate(selected, 1):
     if preemption.requested:
       log(
         f"sweep preempted before point {point.index} ({point.name}); "
@@ -450,11 +463,8 @@ def _run_points(
       )
     )
     point_began = time.perf_counter()
-    trains = results.point_status(point_dir, steps=point.config.train.steps) not in (
-      "done",
-      "diverged",
-    )
-    if _train_point(point, point_dir, log, config_file):
+    trains = results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged")
+    if _train_point(point, run, point_dir, log, config_file):
       log(
         f"sweep preempted in point {point.index} ({point.name}), which is saved; "
         "rerun the same command to resume"

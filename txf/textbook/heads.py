@@ -156,7 +156,7 @@ def compute(
   text_BxT = next(iter(setup.eval_data))["inputs"]
   batch, length = text_BxT.shape
   ids = in_distribution_ids(text_BxT, setup.train_data.tokenizer.special_ids)
-  periods = probe_periods(length, len(ids), repeat_periods(config.data))
+  periods = probe_periods(length, len(ids), repeat_periods(setup.run.data))
   rng = np.random.default_rng(seed)
   text_layers = maps_by_kind(maps_fn(params, text_BxT))["self"]
   repeated_BxT = {

@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from etils import epath
 
@@ -54,6 +55,7 @@ from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.textbook.training import derive_config
 from txf.train import loop
 from txf.train.metrics import SAMPLES_FILE, read_metrics
+from txf.train.run_config import RunConfig, parse
 
 TRANSFORMER_MODEL = dict(family="decoder", num_layers=4, d_model=128, num_heads=4)
 LSTM_LAYERS = 2
@@ -111,8 +113,8 @@ def matched_lstm_width(target_params: int, lstm_cfg: ModelConfig) -> int:
 
 
 def comparison_configs(
-  base_config: Any, *, steps: int | None = None, quick: bool = False
-) -> dict[str, Any]:
+  base_config: ml_collections.ConfigDict, *, steps: int | None = None, quick: bool = False
+) -> dict[str, ml_collections.ConfigDict]:
   """{'transformer': run config, 'lstm': run config}, both from `base_config`.
 
   Args:
@@ -156,30 +158,22 @@ def comparison_configs(
   return {"transformer": transformer, "lstm": lstm}
 
 
-def _model_config(config: Any, vocab_size: int) -> ModelConfig:
-  fields = dict(config.model.items())
-  if fields["vocab_size"] is None:
-    fields["vocab_size"] = vocab_size
-  return ModelConfig.from_config(fields)
+def _match_width(runs: dict[str, RunConfig], runs_dir: epath.Path) -> dict[str, RunConfig]:
+  """The runs with the LSTM's d_model set to match the Transformer's
+  parameter count, each model's vocabulary the tokenizer's (which a
+  sentencepiece tokenizer is trained for, once, in the Transformer's run
+  directory)."""
+  vocab_size = make_tokenizer(runs["transformer"].data, runs_dir / "transformer").vocab_size
+  fitted = {name: run.with_vocabulary(vocab_size, None) for name, run in runs.items()}
+  width = matched_lstm_width(num_params(fitted["transformer"].model), fitted["lstm"].model)
+  return {**fitted, "lstm": fitted["lstm"].override({"model.d_model": width})}
 
 
-def _match_width(configs: dict[str, Any], runs_dir: epath.Path) -> dict[str, ModelConfig]:
-  """Sets the LSTM's d_model to match the Transformer's parameter count;
-  returns both ModelConfigs (the vocabulary filled in from the tokenizer,
-  which a sentencepiece tokenizer is trained for, once, in its run directory)."""
-  vocab_size = make_tokenizer(configs["transformer"].data, runs_dir / "transformer").vocab_size
-  transformer_cfg = _model_config(configs["transformer"], vocab_size)
-  lstm_template = _model_config(configs["lstm"], vocab_size)
-  width = matched_lstm_width(num_params(transformer_cfg), lstm_template)
-  configs["lstm"].model.d_model = width
-  return {"transformer": transformer_cfg, "lstm": lstm_template.replace(d_model=width)}
-
-
-def _train(config: Any, workdir: epath.Path, log: Callable[[str], None]) -> dict[str, float]:
+def _train(run: RunConfig, workdir: epath.Path, log: Callable[[str], None]) -> dict[str, float]:
   """loop.run, timed when it trains the run from scratch (module docstring)."""
   fresh = not (workdir / "config.json").exists()
   start = time.perf_counter()
-  final = loop.run(config, workdir, log=log)
+  final = loop.run(run, workdir, log=log)
   if fresh:
     (workdir / _WALL_TIME_FILE).write_text(
       json.dumps({"seconds": time.perf_counter() - start}) + "\n"
@@ -220,8 +214,9 @@ def _describe(cfg: ModelConfig) -> str:
 
 
 def _summary(
-  name: str, config: Any, cfg: ModelConfig, final: dict[str, float], workdir: epath.Path
+  name: str, run: RunConfig, final: dict[str, float], workdir: epath.Path
 ) -> dict[str, Any]:
+  cfg = run.model
   rows = read_metrics(workdir)
   speeds = [row["tokens_per_sec"] for row in rows if "tokens_per_sec" in row]
   curves = _curves(workdir)
@@ -230,8 +225,8 @@ def _summary(
     "d_model": cfg.d_model,
     "num_layers": cfg.num_layers,
     "params": num_params(cfg),
-    "flops_per_token": flops_per_token(cfg, config.data.seq_len),
-    "steps": config.train.steps,
+    "flops_per_token": flops_per_token(cfg, run.data.seq_len),
+    "steps": run.train.steps,
     "eval_loss": final["eval_loss"],
     "eval_perplexity": final["eval_perplexity"],
     "final_train_loss": curves["train"][1][-1] if curves["train"][1] else None,
@@ -248,7 +243,7 @@ def _number(value: float | None, spec: str) -> str:
   return "n/a" if value is None else format(value, spec)
 
 
-def _markdown(runs: dict[str, dict[str, Any]], config: Any, data: str) -> str:
+def _markdown(runs: dict[str, dict[str, Any]], run: RunConfig, data: str) -> str:
   """The side-by-side table, then each model's last sample."""
   rows = [
     ("model", "model", "{}"),
@@ -265,8 +260,8 @@ def _markdown(runs: dict[str, dict[str, Any]], config: Any, data: str) -> str:
   lines = [
     "# Transformer vs LSTM language model",
     "",
-    f"Data: {data}. Both trained {config.train.steps} steps on the same batches "
-    f"({config.data.batch_size} x {config.data.seq_len} tokens), same optimizer and "
+    f"Data: {data}. Both trained {run.train.steps} steps on the same batches "
+    f"({run.data.batch_size} x {run.data.seq_len} tokens), same optimizer and "
     "schedule.",
     "",
     header,
@@ -279,7 +274,7 @@ def _markdown(runs: dict[str, dict[str, Any]], config: Any, data: str) -> str:
   for name in RUNS:
     lines += [
       "",
-      f"{runs[name]['label']} sample (last evaluation, prompt {config.eval.sample_prompt!r}):",
+      f"{runs[name]['label']} sample (last evaluation, prompt {run.eval.sample_prompt!r}):",
       "",
       "```",
       runs[name]["sample"],
@@ -309,7 +304,7 @@ def _plot(runs: dict[str, dict[str, Any]], path: epath.Path) -> epath.Path:
 def run(
   out_dir: str | os.PathLike,
   *,
-  base_config: Any,
+  base_config: ml_collections.ConfigDict,
   steps: int | None = None,
   quick: bool = False,
   log: Callable[[str], None] = print,
@@ -345,7 +340,7 @@ def run(
   out_dir = epath.Path(out_dir)
   runs_dir = out_dir / "runs" / NAME  # as the other textbook runs
   configs = comparison_configs(base_config, steps=steps, quick=quick)
-  model_cfgs = _match_width(configs, runs_dir)
+  trained = _match_width({name: parse(config) for name, config in configs.items()}, runs_dir)
   data_lines = []
 
   def run_log(line: str) -> None:
@@ -355,10 +350,10 @@ def run(
 
   runs = {}
   for name in RUNS:
-    log(f"== {LABELS[name]}: {_describe(model_cfgs[name])}")
-    final = _train(configs[name], runs_dir / name, run_log)
-    runs[name] = _summary(name, configs[name], model_cfgs[name], final, runs_dir / name)
-  text = _markdown(runs, configs["transformer"], data_lines[0])
+    log(f"== {LABELS[name]}: {_describe(trained[name].model)}")
+    final = _train(trained[name], runs_dir / name, run_log)
+    runs[name] = _summary(name, trained[name], final, runs_dir / name)
+  text = _markdown(runs, trained["transformer"], data_lines[0])
   table = out_dir / f"textbook_{NAME}.md"
   table.write_text(text)
   plot = _plot(runs, out_dir / f"textbook_{NAME}_loss.png")

@@ -19,8 +19,10 @@ from typing import Any
 import ml_collections
 from etils import epath
 
+from txf.configs import set_field
 from txf.train.loop import run as train_run
-from txf.train.setup import TrainedRun, apply_overrides, load_run
+from txf.train.run_config import parse
+from txf.train.setup import TrainedRun, load_run
 
 RUNS_DIR = "runs"
 
@@ -28,11 +30,12 @@ RUNS_DIR = "runs"
 def derive_config(
   base_config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
 ) -> ml_collections.ConfigDict:
-  """A copy of `base_config` with dotted fields set ({"model.d_model": 64, ...},
-  as txf.train.setup.apply_overrides: ValueError naming an unknown field or a
-  value of the wrong type)."""
+  """A copy of `base_config` with dotted fields set ({"model.d_model": 64, ...};
+  txf.configs.set_field: ValueError naming an unknown field or a value of the
+  wrong type)."""
   config = copy.deepcopy(base_config)
-  apply_overrides(config, overrides)
+  for name, value in overrides.items():
+    set_field(config, name, value)
   return config
 
 
@@ -43,10 +46,10 @@ def train(
   *,
   log: Callable[[str], None] = print,
 ) -> tuple[TrainedRun, dict[str, float]]:
-  """Trains `config` in out_dir/runs/<run_name> (resuming, or only evaluating a
-  finished run) and restores it; returns (the trained run, its final eval
-  metrics)."""
+  """Trains `config` (parsed here, txf.train.run_config.parse) in
+  out_dir/runs/<run_name> (resuming, or only evaluating a finished run) and
+  restores it; returns (the trained run, its final eval metrics)."""
   workdir = epath.Path(out_dir) / RUNS_DIR / run_name
   workdir.mkdir(parents=True, exist_ok=True)
-  metrics = train_run(config, workdir, log=log)
+  metrics = train_run(parse(config), workdir, log=log)
   return load_run(workdir), metrics

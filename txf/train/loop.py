@@ -1,9 +1,10 @@
 """The training loop: steps, throughput, metrics, evals, samples, checkpoints.
 
-`run(config, workdir)` trains and evaluates a config in a work directory
-(everything it trains with is built by txf.train.setup.setup_run):
+`run(run_config, workdir)` trains and evaluates a run config (a RunConfig:
+txf.train.run_config.parse of a ConfigDict) in a work directory (everything
+it trains with is built by txf.train.setup.setup_run):
 
-  workdir/config.json      the resolved config the run trains with
+  workdir/config.json      the config the run trains with (txf.train.resume)
   workdir/checkpoints/     orbax checkpoints (state + data position)
   workdir/metrics.jsonl    one JSON record per logged step or eval
   workdir/tb/              TensorBoard event files
@@ -60,7 +61,6 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 
@@ -78,8 +78,7 @@ from txf.train.checkpoint import (
 from txf.train.console import format_progress
 from txf.train.distributed import gather_data_states
 from txf.train.metrics import MetricsWriter, read_metrics
-from txf.train.optim import make_schedule
-from txf.train.record import RunRecord, resolved_config
+from txf.train.record import RunRecord
 from txf.train.resume import (
   CONFIG_FILE,
   check_optimizer_state,
@@ -88,8 +87,8 @@ from txf.train.resume import (
   read_run_config,
   write_config,
 )
-from txf.train.run_config import ConfigError, TrainConfig
-from txf.train.setup import RunSetup, parse_run, setup_run
+from txf.train.run_config import ConfigError, RunConfig, TrainConfig, to_json
+from txf.train.setup import RunSetup, setup_run
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 
@@ -442,7 +441,7 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
 
 
 def run(
-  config,
+  run_config: RunConfig,
   workdir: str | os.PathLike,
   *,
   log=print,
@@ -452,22 +451,22 @@ def run(
   hparams: Mapping[str, Any] | None = None,
   config_file: str | None = None,
 ) -> dict[str, float]:
-  """Trains `config` in `workdir` (resuming if it holds checkpoints).
+  """Trains `run_config` in `workdir` (resuming if it holds checkpoints).
 
-  `setup` is the config's RunSetup to train with (None: built here by
-  setup_run; benchmarks pass one with pieces swapped, see benchmarks.run
-  loop). `prefetch` batches are read and sent to the devices ahead in a
-  thread (0: no thread, each batch read when its step is dispatched).
+  `setup` is its RunSetup to train with (None: built here by setup_run;
+  benchmarks pass one with pieces swapped, see benchmarks.run loop).
+  `prefetch` batches are read and sent to the devices ahead in a thread (0:
+  no thread, each batch read when its step is dispatched).
   `preemption` is the entered SIGTERM / SIGINT guard to train under (None:
   one of its own); a sweep, or txf-run, passes its own to learn that a run
   stopped for a preemption or a Ctrl-C (`PreemptionGuard.interrupted`).
   `hparams` (dotted field -> value, e.g. a sweep point's fields) are
   recorded for TensorBoard's HParams dashboard beside the resolved config's fields.
-  `config_file` is the file `config` was loaded from, for run_record.json.
+  `config_file` is the file the config was loaded from, for run_record.json.
 
   Returns the final evaluation metrics. Before anything is written it checks
-  the config (ConfigError, a ValueError, naming the field -- including one
-  that changes what the run's checkpoints depend on, see
+  the config against the run in `workdir` (ConfigError, a ValueError,
+  naming the field -- one that changes what the run's checkpoints depend on, see
   txf.train.resume.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
   installed (a gs:// one needs the `gcs` extra) and answers within
@@ -495,11 +494,11 @@ def run(
     # The run's config.json, read once: everything below that compares with
     # it (the resume checks, the changes line) runs before write_config.
     saved = read_run_config(workdir)
-    check_resumable(config, saved, workdir)
+    check_resumable(run_config, saved, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
   if setup is None:
-    setup = setup_run(parse_run(config, workdir), workdir)
+    setup = setup_run(run_config, workdir)
   is_chief = jax.process_index() == 0
   try:
     if is_chief:
@@ -515,7 +514,7 @@ def run(
       start, state, data_state = _restore(setup, checkpointer, saved, workdir, log)
       # A resume that changes settings says which, before training (config.json,
       # which they are read from, is written below).
-      changes = _changes_line(config, saved) if start else None
+      changes = _changes_line(run_config, saved) if start else None
       if changes:
         log(changes + _learning_rate_change(setup, saved, start))
       for note in setup.run.notes:
@@ -549,12 +548,12 @@ def run(
             f"moved {count} records of {name} logged after step {start} (the step "
             f"training continues from) to its .dropped file"
           )
-        write_config(config, workdir)
+        write_config(setup.run, workdir)
         record = RunRecord(workdir, enabled=is_chief, log=log)
         try:
           record.start(setup.run, start, config_file)
           for tracker in trackers:
-            tracker.log_config(resolved_config(setup.run))
+            tracker.log_config(to_json(setup.run))
           if start >= steps:  # trained, but its end's writes were lost
             log(f"trained to step {start}: completing its final evaluation")
             result, done = _eval_and_sample(setup, state.params, start, writer, log), start
@@ -574,9 +573,9 @@ def run(
 
 def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]:
   """The hyperparameters TensorBoard compares runs by: every field of the
-  resolved config's model, data, train and eval sections (dotted names,
-  derived ones filled in), seed and replicas, and `extra` (e.g. a sweep's)."""
-  config = resolved_config(setup.run)
+  run's model, data, train and eval sections (dotted names, derived ones
+  filled in), seed and replicas, and `extra` (e.g. a sweep's)."""
+  config = to_json(setup.run)
   values: dict[str, Any] = dict(seed=config["seed"], replicas=config["replicas"])
   for section in ("model", "data", "train", "eval"):
     values.update({f"{section}.{name}": value for name, value in config[section].items()})
@@ -584,9 +583,7 @@ def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]
   return values
 
 
-def _end_written(
-  steps: int, saved: Mapping[str, Any] | None, workdir: epath.Path, step: int
-) -> bool:
+def _end_written(steps: int, saved: RunConfig | None, workdir: epath.Path, step: int) -> bool:
   """Whether a run trained to `step` >= train.steps has what its end writes:
   config.json (`saved`, as read) and, when `step` is train.steps, an eval row
   at `step`."""
@@ -597,10 +594,10 @@ def _end_written(
   )
 
 
-def _changes_line(config, saved: Mapping[str, Any] | None) -> str | None:
-  """One line naming every field `config` changes from the run's config.json
-  as read (`old -> new`), or None when it changes none."""
-  changes = config_changes(config, saved)
+def _changes_line(run_config: RunConfig, saved: RunConfig | None) -> str | None:
+  """One line naming every field `run_config` changes from the run's
+  config.json as read (`old -> new`), or None when it changes none."""
+  changes = config_changes(run_config, saved)
   if not changes:
     return None
   return f"changed from the run's {CONFIG_FILE}: " + ", ".join(
@@ -608,14 +605,12 @@ def _changes_line(config, saved: Mapping[str, Any] | None) -> str | None:
   )
 
 
-def _learning_rate_change(setup: RunSetup, saved: Mapping[str, Any] | None, start: int) -> str:
+def _learning_rate_change(setup: RunSetup, saved: RunConfig | None, start: int) -> str:
   """'; learning rate at step N: old -> new' where the changed schedule moves
   the next update's learning rate from the run's config.json's (`saved`), else ''."""
-  try:
-    old = float(make_schedule(ml_collections.ConfigDict((saved or {}).get("train") or {}))(start))
-  except (ValueError, TypeError, AttributeError, KeyError):  # an old run's fields, unusable
+  if saved is None:
     return ""
-  new = float(setup.run.schedule(start))
+  old, new = float(saved.schedule(start)), float(setup.run.schedule(start))
   if start >= setup.run.train.steps or np.isclose(old, new, rtol=1e-6, atol=0):
     return ""
   return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
@@ -624,7 +619,7 @@ def _learning_rate_change(setup: RunSetup, saved: Mapping[str, Any] | None, star
 def _restore(
   setup: RunSetup,
   checkpointer: Checkpointer,
-  saved: Mapping[str, Any] | None,
+  saved: RunConfig | None,
   workdir: epath.Path,
   log,
 ):
@@ -632,7 +627,7 @@ def _restore(
   that restores, or a fresh state at step 0; `saved` is the run's config.json."""
   if checkpointer.latest_step() is not None:
     try:
-      check_optimizer_state(setup.run.source, saved, workdir, setup.abstract_state.params)
+      check_optimizer_state(setup.run, saved, workdir, setup.abstract_state.params)
     except ValueError as error:
       raise ConfigError(str(error)) from error
   restored = checkpointer.restore(setup.abstract_state)

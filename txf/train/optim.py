@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +30,13 @@ import optax
 from txf import checks
 from txf.registry import Registry
 
+if TYPE_CHECKING:  # run_config's TrainConfig builds its optimizer here
+  from txf.train.run_config import TrainConfig
+
 _MISSING = object()
 
 
-def _field(train_config: Any, name: str) -> Any:
+def _field(train_config: TrainConfig, name: str) -> Any:
   """Returns `train_config.<name>`, or a ValueError naming `train.<name>`."""
   value = getattr(train_config, name, _MISSING)
   if value is _MISSING:
@@ -41,7 +44,7 @@ def _field(train_config: Any, name: str) -> Any:
   return value
 
 
-def _number(train_config: Any, name: str) -> Any:
+def _number(train_config: TrainConfig, name: str) -> Any:
   """Reads a real field; bools are rejected (they are ints in Python)."""
   value = _field(train_config, name)
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -58,7 +61,7 @@ def fitted_warmup(warmup_steps: int, steps: int) -> int:
   """The warmup a run of `steps` steps uses: `warmup_steps`, clamped to
   `steps`. A warmup longer than the run (a shipped config's 60 steps with
   --config.train.steps=30) warms up over the whole run, so the learning rate
-  rises for all of it and never decays; txf.train.run_config.check_run_config
+  rises for all of it and never decays; txf.train.run_config.parse
   says so in one line (RunConfig.notes)."""
   return min(warmup_steps, steps)
 
@@ -119,7 +122,7 @@ def rsqrt(phase: DecayPhase) -> optax.Schedule:
   return after_warmup
 
 
-def make_schedule(train_config: Any) -> optax.Schedule:
+def make_schedule(train_config: TrainConfig) -> optax.Schedule:
   """Linear warmup from 0 to `learning_rate`, then the `decay` shape (DECAYS).
 
   With t the step and W = fitted_warmup(warmup_steps, steps), D = steps - W,
@@ -209,7 +212,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
   return optax.GradientTransformationExtraArgs(init, update)
 
 
-def make_optimizer(train_config: Any) -> optax.GradientTransformationExtraArgs:
+def make_optimizer(train_config: TrainConfig) -> optax.GradientTransformationExtraArgs:
   """Global-norm clipping (if `grad_clip_norm` > 0), then AdamW.
 
   Weight decay is decoupled from the Adam statistics and scaled by the

@@ -3,7 +3,7 @@ Hugging Face checkpoint or another txf run, checked against the run's model.
 
 setup_run (txf.train.setup) calls `pretrained_params` while it builds the
 run and starts the state from them with `starting_from`. The weights' rows
-are the source run's token ids: parse_run first copies a txf run's
+are the source run's token ids: setup's fit_vocabulary first copies a txf run's
 sentencepiece model into the new run (`adopt_tokenizer`) instead of training
 another, and setup_run refuses a tokenizer whose contents differ from the
 one the source run recorded (`check_tokenizer`).

@@ -35,8 +35,9 @@ run appends one), rewritten atomically:
                  A later command on the run (load_run, a resume) imports
                  that module or refuses naming it (`check_choices`)
 
-config.json stays the config as given (resuming checks it); this file is only
-written. Runs written before it have none and load and resume as before.
+config.json is the run's config as it trains (txf.train.resume; the same
+`config` as here); this file is only written. Runs written before it have
+none and load and resume as before.
 A start reads only the record's last entry and encodes only its own, so a
 long record costs a copy of its text, not a parse (RunRecord).
 """
@@ -64,7 +65,7 @@ from txf.layers.positions import ENCODINGS
 from txf.registry import Registry
 from txf.train import hardware
 from txf.train.optim import DECAYS
-from txf.train.run_config import RunConfig
+from txf.train.run_config import RunConfig, to_json
 from txf.train.workdir import parse_json, read_text, replace_text, write_error
 
 RECORD_FILE = "run_record.json"
@@ -138,14 +139,6 @@ def recorded_tokenizer(workdir: str | epath.PathLike) -> dict[str, Any] | None:
   recorded before it was, or without a readable record."""
   tokenizer = _last_entry(workdir).get("tokenizer")
   return tokenizer if isinstance(tokenizer, dict) else None
-
-
-def resolved_config(run: RunConfig) -> dict[str, Any]:
-  """The checked config as JSON values, derived fields filled in."""
-  config: dict[str, Any] = dict(seed=run.seed, replicas=run.replicas)
-  for section in ("model", "data", "train", "eval", "parallel"):
-    config[section] = dataclasses.asdict(getattr(run, section))
-  return json.loads(json.dumps(config, default=repr))
 
 
 # The config fields of one name whose choices user code registers
@@ -263,22 +256,22 @@ def _import_choice(field: str, recorded: Mapping[str, Any], workdir: str | epath
     sys.dont_write_bytecode = writes_bytecode
 
 
-def check_choices(config: Any, workdir: str | epath.PathLike) -> None:
-  """Makes each registered choice of `config` (a ConfigDict, or config.json
-  as read) the one the run in `workdir` trained with, as its record names it
-  (`registered_choices`): a choice this process holds from another module
-  (a built-in where the run had user code, or the reverse) has the recorded
-  module imported; a run recorded without choices is read as before.
+def check_choices(workdir: str | epath.PathLike) -> None:
+  """Makes each registered choice the run in `workdir` trained with, as its
+  record names it (`registered_choices`), the one this process holds: a
+  choice held from another module (a built-in where the run had user code,
+  or the reverse) or not at all has the recorded module imported; a run
+  recorded without choices is read as before. Called before its config.json
+  is parsed (txf.train.resume.read_run_config), which reads the choices.
 
   Raises:
     ValueError: one line naming the field and the module, when that module
       does not import or still leaves the choice another's.
   """
   for field, recorded in _recorded_choices(workdir).items():
-    section, _, key = field.partition(".")
-    name = (config.get(section) or {}).get(key)
-    if not isinstance(recorded, dict) or name != recorded.get("name"):
-      continue  # a changed field: check_resumable names it
+    if not isinstance(recorded, dict):
+      continue
+    name = recorded.get("name")
     if _same(_choice(field, name), recorded):
       continue
     _import_choice(field, recorded, workdir)
@@ -393,7 +386,7 @@ class RunRecord:
       git=git_state(),
       environment=environment(),
       data=data_description(run),
-      config=resolved_config(run),
+      config=to_json(run),
       tokenizer=tokenizer_description(run, self._path.parent),
       choices=registered_choices(run),
     )

@@ -1,10 +1,17 @@
-"""A run's config.json, read once under today's field names, and the resume
-policy: which changes a later run (a resumed training, an evaluation) may
-make to the run it records.
+"""A run's config.json -- its RunConfig serialised (txf.train.run_config.to_json)
+-- read back through one migration table, and the resume policy: which
+changes a later run (a resumed training, an evaluation) may make to the
+run it records.
 
-  saved = read_run_config(workdir)           # None: a new work directory
-  check_resumable(config, saved, workdir)    # ValueError naming the field
-  config_changes(config, saved)              # what a resume changes
+  write_config(run, workdir)                 # config.json = to_json(run)
+  saved = read_run_config(workdir)           # a RunConfig; None: a new work directory
+  check_resumable(run, saved, workdir)       # ValueError naming the field
+  config_changes(run, saved)                 # what a resume changes
+
+A config.json of any format written since runs were first written reads:
+`from_json` renames and adds the fields MIGRATIONS lists, then parses it as
+any config (txf.train.run_config.parse), so a saved run and a new one are
+compared as typed RunConfigs, field by field.
 
 None to what the checkpoint depends on, i.e. `seed`, `replicas`, the
 `model` section, and every `data` field except those in `FREE_DATA_FIELDS`
@@ -21,18 +28,17 @@ as it is.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import jax
-import ml_collections
 from etils import epath
 
 from txf.layers.model_config import MOVED_TO_OPTIONS
-from txf.train.optim import make_optimizer
 from txf.train.record import check_choices
+from txf.train.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.train.workdir import read_json, replace_text
 
 CONFIG_FILE = "config.json"
@@ -41,108 +47,127 @@ CONFIG_FILE = "config.json"
 RESUME_SECTIONS = ("seed", "replicas", "model", "data")
 FREE_DATA_FIELDS = ("seq_len", "batch_size", "read_threads", "attend_across_documents")
 
+# Every change to config.json since runs were first written, applied in this
+# order to a run's config.json before it is parsed (`migrate`):
+#   ("renamed", old, new)   a field renamed or moved (dotted names)
+#   ("added", name, value)  a field added since, with the value every run
+#                           written before it had (not necessarily today's
+#                           default)
+MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
+  ("renamed", "init_from", "train.init_from"),
+  ("renamed", "data.min_len", "data.min_example_len"),
+  ("renamed", "data.max_len", "data.max_example_len"),
+  *(("renamed", f"model.{name}", f"model.options.{name}") for name in MOVED_TO_OPTIONS),
+  ("added", "replicas", 1),
+  ("added", "model.gelu_approximate", True),
+  ("added", "model.embed_norm", False),
+  ("added", "model.num_token_types", 0),
+  ("added", "model.scale_attention", True),
+  ("added", "model.init", "txf"),
+  ("added", "model.attention", "softmax"),
+  ("added", "model.options", {}),
+  ("added", "train.loss_chunk_len", 0),
+  ("added", "train.trackers", ""),
+  ("added", "data.num_symbols", 32),
+  ("added", "data.num_kv_pairs", 8),
+  ("added", "data.read_threads", 4),
+  ("added", "data.attend_across_documents", False),
+  ("added", "data.seed_per_replica", False),
+)
+_ABSENT = object()
 
-# Fields renamed since runs were first written: (section, old name, new name).
-# A run's config.json is read under today's names, so older runs resume.
-RENAMED_FIELDS = (("data", "min_len", "min_example_len"), ("data", "max_len", "max_example_len"))
-# Fields added since (dotted for a section's): the value every run written
-# before had. Fields added with a None default need no entry (absent reads as None).
-ADDED_FIELDS = {
-  "replicas": 1,
-  "model.gelu_approximate": True,
-  "model.embed_norm": False,
-  "model.num_token_types": 0,
-  "model.scale_attention": True,
-  "model.init": "txf",
-  "model.attention": "softmax",
-  "model.options": {},
-  "train.loss_chunk_len": 0,
-  "train.trackers": "",
-  "data.num_symbols": 32,
-  "data.num_kv_pairs": 8,
-  "data.seed_per_replica": False,
-}
+
+def migrate(saved: dict[str, Any]) -> dict[str, Any]:
+  """A config.json's object (changed in place and returned) under today's
+  field names, with the fields added since at the values its run had."""
+  for kind, name, change in MIGRATIONS:
+    if kind == "renamed":
+      *sections, field = name.split(".")
+      holder = _holder(saved, sections, create=False)
+      value = holder.pop(field, _ABSENT) if holder is not None else _ABSENT
+      if value is not _ABSENT:
+        _set_default(saved, change, value)
+    else:
+      _set_default(saved, name, change)
+  return saved
 
 
-def read_run_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
-  """The run's config.json as a dict under today's field names, or None.
+def _holder(tree: dict[str, Any], sections: list[str], *, create: bool) -> dict[str, Any] | None:
+  """The dict at path `sections` of `tree` (made where `create`), or None."""
+  for name in sections:
+    if create:
+      tree.setdefault(name, {})
+    tree = tree.get(name)
+    if not isinstance(tree, dict):
+      return None
+  return tree
+
+
+def _set_default(tree: dict[str, Any], name: str, value: Any) -> None:
+  *sections, field = name.split(".")
+  holder = _holder(tree, sections, create=True)
+  if holder is not None:
+    holder.setdefault(field, value)
+
+
+def from_json(saved: Any) -> RunConfig:
+  """The RunConfig of a config.json's contents, of any format since the
+  first (`migrate`, then txf.train.run_config.parse).
 
   Raises:
-    ValueError: naming the file, when it is not UTF-8 JSON or cannot be read
-      (txf.train.workdir.read_json), not an object, or one of its sections is
-      not an object.
+    ConfigError: naming the field, for contents that are not a run's config.
+  """
+  if not isinstance(saved, dict):
+    raise ConfigError(f"expected a JSON object, got {type(saved).__name__}")
+  for section in ("model", "data", "train", "eval", "parallel"):
+    if section in saved and not isinstance(saved[section], dict):
+      raise ConfigError(f"{section}: expected a JSON object, got {type(saved[section]).__name__}")
+  return parse(migrate(saved))
+
+
+def read_run_config(workdir: str | os.PathLike) -> RunConfig | None:
+  """The RunConfig the run in `workdir` recorded (config.json), or None
+  where there is none. The modules its registered choices came from are
+  imported first (txf.train.record.check_choices), so a choice of user code
+  reads as the run trained with it.
+
+  Raises:
+    ValueError: naming the file, when it cannot be read or is not UTF-8
+      JSON (txf.train.workdir.read_json); ConfigError naming the file and
+      the field, when it is not a run's config; naming a registered choice
+      whose module does not import.
   """
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
   saved = read_json(path)
-  if not isinstance(saved, dict):
-    raise ValueError(f"{path}: expected a JSON object, got {type(saved).__name__}")
-  for section in ("model", "data", "train", "eval", "parallel"):
-    if section in saved and not isinstance(saved[section], dict):
-      raise ValueError(
-        f"{path}: {section}: expected a JSON object, got {type(saved[section]).__name__}"
-      )
-  for name, value in ADDED_FIELDS.items():
-    section, _, field = name.rpartition(".")
-    fields = saved.get(section) if section else saved
-    if isinstance(fields, dict):
-      fields.setdefault(field, value)
-  for section, old, new in RENAMED_FIELDS:
-    fields = saved.get(section)
-    if isinstance(fields, dict) and old in fields and new not in fields:
-      fields[new] = fields.pop(old)
-  model = saved.get("model")
-  if isinstance(model, dict):  # model.rope_base -> model.options.rope_base, ...
-    for name in MOVED_TO_OPTIONS:
-      if name in model:
-        model["options"].setdefault(name, model.pop(name))
-  return saved
+  check_choices(workdir)
+  try:
+    return from_json(saved)
+  except ConfigError as error:
+    raise ConfigError(f"{path}: {error}") from error
 
 
-def _first_difference(old: Any, new: Any, name: str) -> str | None:
-  """Dotted name of the first field that differs between two JSON trees."""
-  if isinstance(old, dict) and isinstance(new, dict):
-    for key in sorted(set(old) | set(new)):
-      found = _first_difference(old.get(key), new.get(key), f"{name}.{key}")
-      if found:
-        return found
-    return None
-  return None if old == new else name
+def write_config(run: RunConfig, workdir: str | os.PathLike) -> None:
+  """Records `run` as the config the run in `workdir` trains with (process
+  0 writes, atomically: other processes of the run may be reading it)."""
+  if jax.process_index() == 0:
+    replace_text(epath.Path(workdir) / CONFIG_FILE, json.dumps(to_json(run), indent=2) + "\n")
 
 
-def _checkpoint_fields(config_json: Mapping[str, Any]) -> dict[str, Any]:
-  """The part of a config (as JSON) that its checkpoints depend on."""
-  fields = {section: config_json.get(section) for section in RESUME_SECTIONS}
-  if isinstance(fields["data"], dict):
-    fields["data"] = {
-      key: value for key, value in fields["data"].items() if key not in FREE_DATA_FIELDS
-    }
+def _compared(run: RunConfig) -> dict[str, Any]:
+  """`run` as JSON values, for comparing with a run's config.json; a
+  model.vocab_size not known yet (None: the tokenizer's, made from the data
+  fields compared) left out."""
+  fields = to_json(run)
+  if run.model.vocab_size is None:
+    del fields["model"]["vocab_size"]
   return fields
-
-
-def changed_fields(
-  config: Any, saved: Mapping[str, Any] | None, sections: tuple[str, ...]
-) -> list[str]:
-  """Dotted names of the fields in `sections` where `config` differs from the
-  run's config.json as read (`saved`; [] when there is none)."""
-  if saved is None:
-    return []
-  current = json.loads(config.to_json_best_effort())
-  changed = []
-  for section in sections:
-    old, new = saved.get(section) or {}, current.get(section) or {}
-    changed += [
-      f"{section}.{key}"
-      for key in sorted(set(old) | set(new))
-      if _first_difference(old.get(key), new.get(key), key)
-    ]
-  return changed
 
 
 def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
   """Dotted name -> value for every leaf of a JSON tree."""
-  if not isinstance(tree, dict):
+  if not isinstance(tree, dict) or not tree:
     return {prefix: tree}
   leaves: dict[str, Any] = {}
   for key, value in tree.items():
@@ -150,51 +175,37 @@ def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
   return leaves
 
 
-def config_changes(config: Any, saved: Mapping[str, Any] | None) -> list[tuple[str, Any, Any]]:
-  """(dotted field, the run's config.json value, `config`'s value) for every
-  field of `config` that differs from the run's config.json as read
-  (`saved`), in config order ([] for a new work directory, `saved` None; a
-  field config.json lacks: None). What a resumed run changes: the fields
-  `check_resumable` allows (and, before it, those it refuses)."""
+def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, Any, Any]]:
+  """(dotted field, the saved run's value, `run`'s value) for every field
+  where `run` differs from the run's config.json as read (`saved`; [] for a
+  new work directory), in config order. What a resumed run changes: the
+  fields `check_resumable` allows (and, before it, those it refuses)."""
   if saved is None:
     return []
-  old, new = _leaves(saved), _leaves(json.loads(config.to_json_best_effort()))
-  return [
-    (name, old.get(name), value)
-    for name, value in new.items()
-    if name not in old or old[name] != value
-  ]
+  new = _leaves(_compared(run))
+  old = _leaves({name: value for name, value in to_json(saved).items()})
+  return [(name, old.get(name), value) for name, value in new.items() if old.get(name) != value]
 
 
-def check_resumable(
-  config: Any, saved: Mapping[str, Any] | None, workdir: str | os.PathLike
-) -> None:
-  """Refuses `config` for the run in `workdir`, whose config.json read as
+def check_resumable(run: RunConfig, saved: RunConfig | None, workdir: str | os.PathLike) -> None:
+  """Refuses `run` for the run in `workdir`, whose config.json read as
   `saved`, if it changes a field the run's checkpoints depend on (nothing to
-  check in a new work directory, `saved` None), or if a registered choice
-  (model.position, ...) would be another function than the one the run
-  trained with: the module its record names is imported first
-  (txf.train.record.check_choices).
+  check in a new work directory, `saved` None).
 
   Raises:
     ValueError: naming the first such field.
   """
-  if saved is None:
-    return
-  saved = _checkpoint_fields(saved)
-  path = epath.Path(workdir) / CONFIG_FILE
-  current = _checkpoint_fields(json.loads(config.to_json_best_effort()))
-  for section in RESUME_SECTIONS:
-    field = _first_difference(saved[section], current[section], section)
-    if field:
+  for name, _, _ in config_changes(run, saved):
+    section, _, field = name.partition(".")
+    if section in RESUME_SECTIONS and not (section == "data" and field in FREE_DATA_FIELDS):
       raise ValueError(
-        f"{field}: differs from the run already in {workdir} (see {path}); use a new --workdir"
+        f"{name}: differs from the run already in {workdir} (see "
+        f"{epath.Path(workdir) / CONFIG_FILE}); use a new --workdir"
       )
-  check_choices(config, workdir)
 
 
 def check_optimizer_state(
-  config: Any, saved: Mapping[str, Any] | None, workdir: str | os.PathLike, abstract_params: Any
+  run: RunConfig, saved: RunConfig | None, workdir: str | os.PathLike, abstract_params: Any
 ) -> None:
   """Refuses a `train` change that reshapes the optimizer state the run's
   checkpoints hold (e.g. train.grad_clip_norm=0 drops the clipping's state),
@@ -205,43 +216,24 @@ def check_optimizer_state(
     ValueError: naming the first changed train field that changes the state's
       structure on its own.
   """
-  if saved is None or not isinstance(saved.get("train"), dict):
+  if saved is None:
     return
 
-  def structure(train: Any) -> jax.tree_util.PyTreeDef:
-    return jax.tree.structure(jax.eval_shape(make_optimizer(train).init, abstract_params))
+  def structure(train: TrainConfig) -> jax.tree_util.PyTreeDef:
+    return jax.tree.structure(jax.eval_shape(train.optimizer.init, abstract_params))
 
-  current = structure(config.train)
-  for name in changed_fields(config, saved, sections=("train",)):
-    field = name.partition(".")[2]
-    if field not in saved["train"]:
+  current = structure(run.train)
+  for field in dataclasses.fields(TrainConfig):
+    old, new = getattr(saved.train, field.name), getattr(run.train, field.name)
+    if old == new:
       continue
-    reverted = ml_collections.ConfigDict(config.train.to_dict())
-    old_value = saved["train"][field]
     try:
-      reverted[field] = old_value
-    except TypeError:  # ml_collections keeps each field's type
-      raise ValueError(
-        f"{epath.Path(workdir) / CONFIG_FILE}: {name}: {old_value!r} is not of "
-        f"type {type(config.train[field]).__name__}"
-      ) from None
-    try:
-      changes_structure = structure(reverted) != current
-    except ValueError:  # the saved value no longer validates: not this field's doing
+      reverted = dataclasses.replace(run.train, **{field.name: old})
+    except ValueError:  # the saved value does not go with the others: not this field's doing
       continue
-    if changes_structure:
+    if structure(reverted) != current:
       raise ValueError(
-        f"{name}: {old_value!r} -> {config.train[field]!r} changes the optimizer "
+        f"train.{field.name}: {old!r} -> {new!r} changes the optimizer "
         f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
         "--workdir"
       )
-
-
-def write_config(config: Any, workdir: str | os.PathLike) -> None:
-  """Records `config` as the one the run in `workdir` trains with (process 0
-  writes, atomically: other processes of the run may be reading it)."""
-  if jax.process_index() == 0:
-    replace_text(
-      epath.Path(workdir) / CONFIG_FILE,
-      json.dumps(json.loads(config.to_json_best_effort()), indent=2) + "\n",
-    )

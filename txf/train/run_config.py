@@ -1,32 +1,43 @@
-"""Checks a whole run config before any compute and returns it typed.
+"""The run config, typed: its sections and `parse`, the one place a config
+(an ml_collections ConfigDict, or a dict: config.json) becomes one.
 
-  run = check_run_config(config, vocab_size=260, num_classes=None)
+  run = parse(config)                    # ConfigError naming the field, before any compute
   run.model.d_model, run.data.seq_len, run.train.steps, run.eval.every
-  run.optimizer, run.schedule          # built once, here
-  run.seeds                            # (seed, ..., seed + replicas - 1)
-  run.notes                            # what the check changed, one line each
+  run.optimizer, run.schedule            # built once, from run.train
+  run.seeds                              # (seed, ..., seed + replicas - 1)
+  run.notes                              # what the parse fitted, one line each
+  run = run.with_vocabulary(260, None)   # the tokenizer's ids (txf.train.setup does this)
+  to_json(run)                           # config.json: parse(to_json(run)) == run
 
-Unknown fields and impossible combinations across sections are each a
-`ValueError` naming the field. One setting that does not fit is fitted
-instead, by a rule the run states in a line of `notes`: a
+Each section is a frozen dataclass that declares its fields, their
+defaults and docs (txf.fields): configs/base.py is built from them, and
+`--print_config` prints their docs. A field a config leaves out takes its
+default; an unknown field and an impossible combination across sections
+are each a `ConfigError` naming the field. One setting that does not fit is
+fitted instead, by a rule the run states in a line of `notes`: a
 `train.warmup_steps` above `train.steps` is clamped to `train.steps`
 (txf.train.optim.fitted_warmup), so every config runs with
-`--config.train.steps=N` for any N >= 1. `RunConfig` is what setup_run, the
-loop and the commands read; its `source`, the ConfigDict as given, is what
-config.json records and what a resumed run is compared with
-(txf.train.resume), never read for a setting.
+`--config.train.steps=N` for any N >= 1.
+
+The vocabulary is the tokenizer's, which for sentencepiece is trained in
+the run's directory: `parse` needs no tokenizer and leaves a
+`model.vocab_size` of None as it is; `with_vocabulary` fills it (and a
+classification dataset's `model.num_classes`), checking only those.
+Below the parse only the typed RunConfig travels: the data pipeline takes
+its DataSpec, setup its sections, config.json is `to_json(run)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import optax
 
 from txf import checks
-from txf.data.spec import DataSpec, read_data_config
-from txf.fields import documented, section
+from txf.data.spec import DataSpec, parse_data
+from txf.fields import ConfigSection, check_known, documented, section, section_values
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import FAMILIES, HEADS, ModelConfig
 from txf.train import replicas as replicas_lib
@@ -34,82 +45,145 @@ from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
 from txf.train.trackers import tracker_names
 
 
+class ConfigError(ValueError):
+  """The run config is invalid; raised before any compute."""
+
+
 @section()
 class TrainConfig:
-  """The `train` section (configs/base.py holds the defaults)."""
+  """The `train` section; its optimizer and schedule are built (and so its
+  optimizer fields checked) when it is made."""
 
-  steps: int = documented("training steps (the schedule decays until here)")
-  learning_rate: float = documented("peak, after warmup")
+  steps: int = documented("training steps (the schedule decays until here)", default=600)
+  learning_rate: float = documented("peak, after warmup", default=3e-3)
   warmup_steps: int = documented(
-    "linear warmup from 0 to learning_rate (at most train.steps: clamped)"
+    "linear warmup from 0 to learning_rate (at most train.steps: clamped)", default=60
   )
-  decay: str = documented("after warmup: cosine | linear | constant | rsqrt")
-  end_lr_fraction: float = documented("final lr / peak (cosine, linear)")
-  weight_decay: float = documented("decoupled (AdamW), on matrices only")
-  b1: float = documented("Adam first-moment decay rate")
-  b2: float = documented("Adam second-moment decay rate")
-  eps: float = documented("Adam denominator epsilon")
-  grad_clip_norm: float = documented("global gradient norm clip (0: none)")
-  grad_accum_steps: int = documented("micro-batches per step (batch_size must divide evenly)")
-  label_smoothing: float = documented("fraction of target mass spread over the vocabulary")
-  z_loss: float = documented("weight of log(Z)^2 (PaLM), keeps logits from drifting")
+  decay: str = documented("after warmup: cosine | linear | constant | rsqrt", default="cosine")
+  end_lr_fraction: float = documented("final lr / peak (cosine, linear)", default=0.1)
+  weight_decay: float = documented("decoupled (AdamW), on matrices only", default=0.1)
+  b1: float = documented("Adam first-moment decay rate", default=0.9)
+  b2: float = documented("Adam second-moment decay rate", default=0.95)
+  eps: float = documented("Adam denominator epsilon", default=1e-8)
+  grad_clip_norm: float = documented("global gradient norm clip (0: none)", default=1.0)
+  grad_accum_steps: int = documented(
+    "micro-batches per step (batch_size must divide evenly)", default=1
+  )
+  label_smoothing: float = documented(
+    "fraction of target mass spread over the vocabulary", default=0.0
+  )
+  z_loss: float = documented("weight of log(Z)^2 (PaLM), keeps logits from drifting", default=0.0)
   loss_chunk_len: int = documented(
     "> 0: loss fused with the LM head, this many positions at a time (the [B, T, V] "
-    "logits are then never held at once; lm heads only)"
+    "logits are then never held at once; lm heads only)",
+    default=0,
   )
-  log_every: int = documented("steps between progress lines and training metrics")
-  checkpoint_every: int = documented("steps between checkpoints (and one at the end)")
-  max_to_keep: int = documented("newest checkpoints kept")
-  init_from: str | None = documented("a Hugging Face dir or a txf run dir to start from")
+  log_every: int = documented("steps between progress lines and training metrics", default=50)
+  checkpoint_every: int = documented("steps between checkpoints (and one at the end)", default=200)
+  max_to_keep: int = documented("newest checkpoints kept", default=2)
+  init_from: str | None = documented(
+    "a Hugging Face dir or a txf run dir to start from", default=None
+  )
   trackers: tuple[str, ...] = documented(
-    "experiment trackers, comma-separated: wandb (txf.train.trackers)"
+    "experiment trackers, comma-separated: wandb (txf.train.trackers)", default=()
   )
+
+  def __post_init__(self) -> None:
+    # frozen: only __post_init__ may set. The optimizer and schedule are not
+    # fields, so equality ignores them; making them checks the fields they
+    # read (train.steps among them) ...
+    object.__setattr__(self, "trackers", tracker_names(self.trackers))
+    self._schedule: optax.Schedule
+    self._optimizer: optax.GradientTransformation
+    object.__setattr__(self, "_schedule", make_schedule(self))
+    object.__setattr__(self, "_optimizer", make_optimizer(self))
+    # ... but lets infinities through where they pass its comparisons.
+    checks.finite_at_least(self.weight_decay, "train.weight_decay", 0.0)
+    checks.finite_at_least(self.eps, "train.eps", 0.0, open_=True)
+    checks.finite_at_least(self.grad_clip_norm, "train.grad_clip_norm", 0.0)
+    checks.fraction(self.label_smoothing, "train.label_smoothing")
+    checks.finite_at_least(self.z_loss, "train.z_loss", 0.0)
+    for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
+      checks.positive_int(getattr(self, field), f"train.{field}")
+    checks.int_at_least(self.loss_chunk_len, "train.loss_chunk_len", 0)
+
+  @property
+  def schedule(self) -> optax.Schedule:
+    """The learning rate by step (txf.train.optim.make_schedule)."""
+    return self._schedule
+
+  @property
+  def optimizer(self) -> optax.GradientTransformation:
+    """Clipping and AdamW on the schedule (txf.train.optim.make_optimizer)."""
+    return self._optimizer
 
 
 @section()
 class EvalConfig:
   """The `eval` section."""
 
-  every: int = documented("steps between evaluations (and one at the end)")
-  num_batches: int = documented("validation batches per evaluation")
-  sample_tokens: int = documented("LMs: tokens sampled at each eval (0: none)")
-  sample_prompt: str = documented("LMs: the sample's prompt")
-  temperature: float = documented("LMs: the sample's temperature (0: greedy)")
+  every: int = documented("steps between evaluations (and one at the end)", default=200)
+  num_batches: int = documented("validation batches per evaluation", default=8)
+  sample_tokens: int = documented("LMs: tokens sampled at each eval (0: none)", default=96)
+  sample_prompt: str = documented("LMs: the sample's prompt", default="def ")
+  temperature: float = documented("LMs: the sample's temperature (0: greedy)", default=0.8)
+
+  def __post_init__(self) -> None:
+    checks.positive_int(self.every, "eval.every")
+    checks.positive_int(self.num_batches, "eval.num_batches")
+    checks.int_at_least(self.sample_tokens, "eval.sample_tokens", 0)
+    # NaN would pass `temperature < 0` and sample garbage.
+    checks.finite_at_least(self.temperature, "eval.temperature", 0.0)
 
 
 @section()
 class ParallelConfig:
-  """The `parallel` section: mesh axis sizes (-1: the devices left)."""
+  """The `parallel` section: mesh axis sizes (-1: the devices left;
+  txf.train.sharding.make_mesh checks them against the devices)."""
 
-  data: int = documented("devices splitting the batch (-1: all not used by the other axes)")
-  fsdp: int = documented("devices splitting the batch and the parameters / optimizer state")
-  tensor: int = documented("devices splitting heads, MLP and vocabulary (Megatron-style)")
+  data: int = documented(
+    "devices splitting the batch (-1: all not used by the other axes)", default=-1
+  )
+  fsdp: int = documented(
+    "devices splitting the batch and the parameters / optimizer state", default=1
+  )
+  tensor: int = documented(
+    "devices splitting heads, MLP and vocabulary (Megatron-style)", default=1
+  )
 
 
-@section(eq=False)
+@section()
 class RunConfig:
-  """A checked run config: each section typed, the optimizer and its
-  schedule built once from `train`; `notes`: a line for each setting the
-  check fitted (train.warmup_steps clamped to train.steps), which the run
-  prints before training; `source`: the config as given (what config.json
-  records and txf.train.resume compares; settings are read from the typed
-  sections, never from it)."""
+  """A checked run config (`parse`): each section typed; `notes`: a line
+  for each setting the parse fitted (train.warmup_steps clamped to
+  train.steps), which the run prints before training (not a setting:
+  neither compared nor written to config.json)."""
 
-  source: Any
-  seed: int = documented("parameter init, dropout and (data.seed None) data order")
+  seed: int = documented("parameter init, dropout and (data.seed None) data order", default=0)
   replicas: int = documented(
     "seed replicas: R copies of the run, seeds seed .. seed + R - 1, trained side by side "
     "in one program on the same batches, or each on its own with data.seed_per_replica "
-    "(txf.train.replicas)"
+    "(txf.train.replicas)",
+    default=1,
   )
-  model: ModelConfig
-  data: DataSpec
-  train: TrainConfig
-  eval: EvalConfig
-  parallel: ParallelConfig
-  optimizer: optax.GradientTransformation
-  schedule: optax.Schedule
-  notes: tuple[str, ...] = ()
+  model: ModelConfig = documented(
+    "the model (txf.layers.model_config.ModelConfig)", default_factory=ModelConfig
+  )
+  data: DataSpec = documented("the data (txf.data.spec.DataSpec)", default_factory=DataSpec)
+  train: TrainConfig = documented("training and its optimizer", default_factory=TrainConfig)
+  eval: EvalConfig = documented("evaluations and samples", default_factory=EvalConfig)
+  parallel: ParallelConfig = documented("the device mesh", default_factory=ParallelConfig)
+  notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+
+  @property
+  def optimizer(self) -> optax.GradientTransformation:
+    """train's optimizer, built once (TrainConfig.optimizer)."""
+    return self.train.optimizer
+
+  @property
+  def schedule(self) -> optax.Schedule:
+    """train's learning-rate schedule, built once (TrainConfig.schedule)."""
+    return self.train.schedule
 
   @property
   def seeds(self) -> tuple[int, ...]:
@@ -132,6 +206,48 @@ class RunConfig:
     """The seeds of the training data streams: replica r's data_seed + r with
     own_batches, else the one stream every replica reads."""
     return replicas_lib.replica_seeds(self.data_seed, self.replicas if self.own_batches else 1)
+
+  def with_vocabulary(self, vocab_size: int, num_classes: int | None) -> RunConfig:
+    """This run for a tokenizer of `vocab_size` ids and a dataset of
+    `num_classes` labels (None: not a classification dataset):
+    model.vocab_size None becomes the tokenizer's, a given one must hold its
+    ids; model.num_classes becomes the dataset's (ModelConfig.with_vocabulary).
+
+    Raises:
+      ConfigError: naming model.vocab_size or model.pad_id.
+    """
+    try:
+      model = self.model.with_vocabulary(vocab_size, num_classes)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    return dataclasses.replace(self, model=model)
+
+  def override(self, changes: Mapping[str, Any]) -> RunConfig:
+    """This run with the dotted fields of `changes` set ({"data.seq_len":
+    256}), parsed again as a whole (`parse`: the changed fields are checked
+    as any config's).
+
+    Raises:
+      ConfigError: naming an unknown field or one the change makes invalid.
+    """
+    config = to_json(self)
+    for name, value in changes.items():
+      *path, field = name.split(".")
+      node = config
+      for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+      if not isinstance(node, dict) or field not in node:
+        raise ConfigError(f"{name}: unknown field")
+      node[field] = value
+    # A data field this run's dataset does not read is None: left out, it
+    # takes its default where a change makes the dataset read it
+    # (data.tokenizer='sentencepiece' reads data.sp_vocab_size).
+    config["data"] = {
+      field: value
+      for field, value in config["data"].items()
+      if value is not None or f"data.{field}" in changes
+    }
+    return parse(config)
 
 
 def data_order_seed(seed: int, data: DataSpec) -> int:
@@ -158,127 +274,112 @@ def task_models(task: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
   return families, heads
 
 
-def _typed(cls: type, section: Any) -> Any:
-  """`cls` from a checked section; a field the section lacks reads as None
-  (and fails the check of its value)."""
-  return cls(**{name: section.get(name) for name in _field_names(cls)})
+def to_json(run: RunConfig) -> dict[str, Any]:
+  """`run` as JSON values (config.json; run_record.json's `config`): every
+  field of every section, derived ones filled in; `parse` reads it back to
+  an equal RunConfig."""
+  sections = {field.name: getattr(run, field.name) for field in dataclasses.fields(run)}
+  del sections["notes"]
+  return _json(sections)
 
 
-class ConfigError(ValueError):
-  """The run config is invalid; raised before any compute."""
+def _json(value: Any) -> Any:
+  """A section's values as JSON values: dataclasses and mappings as objects, tuples as lists."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  if isinstance(value, Mapping):
+    return {str(key): _json(item) for key, item in value.items()}
+  if isinstance(value, list | tuple):
+    return [_json(item) for item in value]
+  return value
 
 
-def _check_known(section: str, config: Any, known: tuple[str, ...]) -> None:
-  unknown = sorted(set(config.keys()) - set(known))
-  if unknown:
-    raise ValueError(f"{section}.{unknown[0]}: unknown field (known: {', '.join(known)})")
+def parse(config: ConfigSection) -> RunConfig:
+  """`config` (a ConfigDict or a dict: sections seed, replicas, model, data,
+  train, eval, parallel; what it leaves out takes the declared default)
+  checked and typed: each section read once, then the checks across
+  sections. No tokenizer is needed: a model.vocab_size of None stays None
+  until `RunConfig.with_vocabulary`.
 
-
-def check_run_config(config: Any, *, vocab_size: int, num_classes: int | None) -> RunConfig:
-  """Validates `config` and returns it typed, its optimizer built.
-
-  Args:
-    config: the run's ConfigDict (sections: seed, replicas, model, data, train, eval,
-      parallel).
-    vocab_size: the tokenizer's vocabulary size (fills model.vocab_size=None).
-    num_classes: the dataset's label count for classification, else None.
+  Raises:
+    ConfigError: naming the field.
   """
-  _check_known("config", config, SECTIONS)
-  for name in SECTIONS:
-    if name not in config:
-      raise ValueError(f"config.{name}: missing section")
-  _check_known("data", config.data, DATA_FIELDS)
-  _check_known("train", config.train, TRAIN_FIELDS)
-  _check_known("eval", config.eval, EVAL_FIELDS)
-  _check_known("parallel", config.parallel, PARALLEL_FIELDS)
-  checks.seed(config.seed, "seed")
-  replicas = checks.positive_int(config.replicas, "replicas")
-  if config.seed + replicas - 1 > checks.SEED_MAX:  # replica r trains with seed + r
-    raise ValueError(
-      f"seed: {config.seed} + replicas={replicas} - 1 is above the largest seed {checks.SEED_MAX}"
-    )
-  spec = read_data_config(config.data)
-  data_seed = data_order_seed(config.seed, spec)
-  if spec.seed_per_replica and data_seed + replicas - 1 > checks.SEED_MAX:
-    raise ValueError(
-      f"data.seed_per_replica: replica r reads data seed {data_seed} + r, above the largest "
-      f"seed {checks.SEED_MAX} for replicas={replicas}"
-    )
+  try:
+    return _parse(config)
+  except ConfigError:
+    raise
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
 
-  model_fields = dict(config.model.items())
-  if model_fields.get("vocab_size") is None:
-    model_fields["vocab_size"] = vocab_size
-  elif checks.positive_int(model_fields["vocab_size"], "model.vocab_size") < vocab_size:
-    raise ValueError(
-      f"model.vocab_size: {model_fields['vocab_size']} is smaller than the "
-      f"tokenizer's {vocab_size} ids"
-    )
-  if num_classes is not None:
-    model_fields["num_classes"] = num_classes
-  model_cfg = ModelConfig.from_config(model_fields)
 
+def _parse(config: ConfigSection) -> RunConfig:
+  check_known(RunConfig, config, "config")
+  given = lambda name, default: config[name] if name in config else default  # noqa: E731
+  seed = checks.seed(given("seed", RunConfig.seed), "seed")
+  replicas = checks.positive_int(given("replicas", RunConfig.replicas), "replicas")
+  if seed + replicas - 1 > checks.SEED_MAX:  # replica r trains with seed + r
+    raise ValueError(
+      f"seed: {seed} + replicas={replicas} - 1 is above the largest seed {checks.SEED_MAX}"
+    )
+  train, notes = _parse_train(given("train", {}))
+  run = RunConfig(
+    seed=seed,
+    replicas=replicas,
+    model=ModelConfig.from_config(given("model", {})),
+    data=parse_data(given("data", {})),
+    train=train,
+    eval=EvalConfig(**section_values(EvalConfig, given("eval", {}), "eval")),
+    parallel=ParallelConfig(**section_values(ParallelConfig, given("parallel", {}), "parallel")),
+    notes=notes,
+  )
+  _check_across(run)
+  return run
+
+
+def _parse_train(section: ConfigSection) -> tuple[TrainConfig, tuple[str, ...]]:
+  """The train section, its warmup fitted to its steps, and the note saying so."""
+  values = section_values(TrainConfig, section, "train")
+  steps = checks.positive_int(values["steps"], "train.steps")
+  warmup = checks.int_at_least(values["warmup_steps"], "train.warmup_steps", 0)
+  if fitted_warmup(warmup, steps) == warmup:
+    return TrainConfig(**values), ()
+  note = (
+    f"train.warmup_steps: {warmup} is more than train.steps={steps}; "
+    f"clamped to {steps} (the learning rate rises for the whole run)"
+  )
+  return TrainConfig(**{**values, "warmup_steps": steps}), (note,)
+
+
+def _check_across(run: RunConfig) -> None:
+  """The checks of fields of different sections."""
+  spec, model, train = run.data, run.model, run.train
+  if spec.seed_per_replica and run.data_seed + run.replicas - 1 > checks.SEED_MAX:
+    raise ValueError(
+      f"data.seed_per_replica: replica r reads data seed {run.data_seed} + r, above the largest "
+      f"seed {checks.SEED_MAX} for replicas={run.replicas}"
+    )
   families, heads = task_models(spec.task)
-  if model_cfg.family not in families:
+  if model.family not in families:
     raise ValueError(
-      f"model.family: {model_cfg.family!r} cannot train data.task="
+      f"model.family: {model.family!r} cannot train data.task="
       f"{spec.task!r} (needs one of {families})"
     )
-  if model_cfg.head not in heads:
+  if model.head not in heads:
     raise ValueError(
-      f"model.head: {model_cfg.head!r} cannot train data.task={spec.task!r} (needs one of {heads})"
+      f"model.head: {model.head!r} cannot train data.task={spec.task!r} (needs one of {heads})"
     )
-  check_position_table(model_cfg.position, model_cfg.max_len, spec.seq_len, "data.seq_len")
-
-  train = _typed(TrainConfig, config.train)
-  train = dataclasses.replace(train, trackers=tracker_names(train.trackers))
-  # Checks the optimizer and schedule fields (train.steps among them) ...
-  optimizer, schedule = make_optimizer(train), make_schedule(train)
-  notes = []
-  warmup = fitted_warmup(train.warmup_steps, train.steps)
-  if warmup != train.warmup_steps:  # the schedule above warms up over these steps too
-    notes.append(
-      f"train.warmup_steps: {train.warmup_steps} is more than train.steps={train.steps}; "
-      f"clamped to {warmup} (the learning rate rises for the whole run)"
-    )
-    train = dataclasses.replace(train, warmup_steps=warmup)
-  # ... but lets infinities through where they pass its comparisons.
-  checks.finite_at_least(train.weight_decay, "train.weight_decay", 0.0)
-  checks.finite_at_least(train.eps, "train.eps", 0.0, open_=True)
-  checks.finite_at_least(train.grad_clip_norm, "train.grad_clip_norm", 0.0)
-  checks.fraction(train.label_smoothing, "train.label_smoothing")
-  checks.finite_at_least(train.z_loss, "train.z_loss", 0.0)
-  for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
-    checks.positive_int(getattr(train, field), f"train.{field}")
+  check_position_table(model.position, model.max_len, spec.seq_len, "data.seq_len")
   if spec.batch_size % train.grad_accum_steps:
     raise ValueError(
       f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
       f"data.batch_size={spec.batch_size}"
     )
-  chunk_len = checks.int_at_least(train.loss_chunk_len, "train.loss_chunk_len", 0)
-  if chunk_len and model_cfg.head != "lm":
+  if train.loss_chunk_len and model.head != "lm":
     raise ValueError(
       f"train.loss_chunk_len: the fused loss needs an 'lm' head (a linear "
-      f"one), not model.head={model_cfg.head!r}; set it to 0"
+      f"one), not model.head={model.head!r}; set it to 0"
     )
-  if chunk_len and spec.seq_len % chunk_len:
+  if train.loss_chunk_len and spec.seq_len % train.loss_chunk_len:
     raise ValueError(
-      f"train.loss_chunk_len: {chunk_len} does not divide data.seq_len={spec.seq_len}"
+      f"train.loss_chunk_len: {train.loss_chunk_len} does not divide data.seq_len={spec.seq_len}"
     )
-  checks.positive_int(config.eval.every, "eval.every")
-  checks.positive_int(config.eval.num_batches, "eval.num_batches")
-  checks.int_at_least(config.eval.sample_tokens, "eval.sample_tokens", 0)
-  # NaN would pass `temperature < 0` and sample garbage.
-  checks.finite_at_least(config.eval.temperature, "eval.temperature", 0.0)
-  return RunConfig(
-    source=config,
-    seed=config.seed,
-    replicas=replicas,
-    model=model_cfg,
-    data=spec,
-    train=train,
-    eval=_typed(EvalConfig, config.eval),
-    parallel=_typed(ParallelConfig, config.parallel),
-    optimizer=optimizer,
-    schedule=schedule,
-    notes=tuple(notes),
-  )

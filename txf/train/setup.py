@@ -1,7 +1,7 @@
 """One run setup: everything that trains or evaluates a config is built here.
 
-  run = parse_run(config, workdir)         # the ConfigDict checked and typed, once
-  setup = setup_run(run, workdir)          # data, model, mesh, jitted steps
+  run = parse(config)                      # txf.train.run_config: the ConfigDict checked and typed
+  setup = setup_run(run, workdir)          # tokenizer, data, model, mesh, jitted steps
   state = setup.init()                     # created already sharded
   with setup.activation_sharding():
     state, metrics = setup.train_step(state, setup.to_device(batch))
@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 import optax
 from etils import epath
@@ -42,8 +41,14 @@ from jax.sharding import Mesh
 
 from txf import decode, models
 from txf.analysis import flops_per_token
-from txf.data import Dataset, SentencePieceTokenizer, make_dataset, make_tokenizer, num_classes
-from txf.data.spec import read_data_config
+from txf.data import (
+  Dataset,
+  SentencePieceTokenizer,
+  Tokenizer,
+  make_dataset,
+  make_tokenizer,
+  num_classes,
+)
 from txf.data.stacked import StackedDatasets
 from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
@@ -55,7 +60,7 @@ from txf.train.pretrained import (
   starting_from,
 )
 from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
-from txf.train.run_config import ConfigError, RunConfig, TrainConfig, check_run_config
+from txf.train.run_config import ConfigError, RunConfig, TrainConfig
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.workdir import (
   WorkdirLock,
@@ -70,9 +75,9 @@ class RunSetup:
   """What a run trains and evaluates with, built from its config by `setup_run`.
 
   Attributes:
-    run: the checked, typed config (txf.train.run_config.RunConfig, from
-      parse_run): its model, data, train and eval sections, its optimizer and
-      schedule, its seeds; `run.source` is the config as given.
+    run: the checked, typed config (txf.train.run_config.RunConfig) with
+      its vocabulary (fit_vocabulary): its model, data, train and eval
+      sections, its optimizer and schedule, its seeds.
     model: the linen module.
     task: 'lm', 'mlm', 'seq2seq' or 'classify'.
     train_data, eval_data: this process's rows of the train and validation
@@ -197,48 +202,28 @@ def _train_data(
   return StackedDatasets(streams, run.data_seeds) if run.own_batches else streams[0]
 
 
-def precheck_run(config: Any) -> RunConfig:
-  """check_run_config of `config` without training a tokenizer (a sweep
-  checks its points so before it runs any; parse_run before it trains a
-  sentencepiece one): a sentencepiece vocabulary counts as the fewest ids a
-  trained one has, so no vocabulary is refused early; the other tokenizers
-  are made as parse_run makes them. (parse_run then checks the sample's
-  length with the tokenizer.)
-
-  Raises:
-    ValueError: naming the field.
-  """
-  spec = read_data_config(config.data)
-  if spec.tokenizer == "sentencepiece":
-    vocab_size = SentencePieceTokenizer.RESERVED_IDS + 1
-  else:
-    vocab_size = make_tokenizer(spec).vocab_size
-  return check_run_config(config, vocab_size=vocab_size, num_classes=num_classes(spec))
-
-
-def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfig:
-  """The run config `config` (a ConfigDict) checked and typed, as the run of
-  it trains: the one place a run's settings are read from its ConfigDict. The vocabulary comes
-  from the data's tokenizer (a sentencepiece one is trained into `workdir`
-  the first time, see txf.data.make_tokenizer), the classes from the task;
-  no data is loaded.
+def fit_vocabulary(
+  run: RunConfig, workdir: str | os.PathLike | None
+) -> tuple[RunConfig, Tokenizer]:
+  """The run's tokenizer, and `run` with its vocabulary (RunConfig.with_vocabulary:
+  model.vocab_size None becomes the tokenizer's, model.num_classes the
+  dataset's labels). A sentencepiece tokenizer is trained into `workdir` the
+  first time (txf.data.make_tokenizer), or copied from the txf run its
+  weights come from (train.init_from; txf.train.pretrained.adopt_tokenizer).
+  The evaluations' sample must fit a learned position table: found here, not
+  at the first evaluation.
 
   Raises:
     ConfigError: naming the field, for a config the run would reject.
   """
   try:
-    spec = read_data_config(config.data)
-    if spec.tfds_data_dir:  # a gs:// one needs the gcs extra
-      run_path(spec.tfds_data_dir, "data.tfds_data_dir")
-    if spec.tokenizer == "sentencepiece":
-      precheck_run(config)  # before the tokenizer is trained (it reads the corpus)
-      if workdir is not None:  # the weights' own ids, not a model trained anew
-        adopt_tokenizer(spec, config.train.get("init_from"), workdir)
-    tokenizer = make_tokenizer(spec, workdir)
-    run = check_run_config(config, vocab_size=tokenizer.vocab_size, num_classes=num_classes(spec))
-    if spec.task == "lm" and run.eval.sample_tokens:
-      # The evaluations' sample must fit a learned position table too: found
-      # here, not at the first evaluation.
+    if run.data.tfds_data_dir:  # a gs:// one needs the gcs extra
+      run_path(run.data.tfds_data_dir, "data.tfds_data_dir")
+    if workdir is not None:  # the weights' own ids, not a model trained anew
+      adopt_tokenizer(run.data, run.train.init_from, workdir)
+    tokenizer = make_tokenizer(run.data, workdir)
+    run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
+    if run.data.task == "lm" and run.eval.sample_tokens:
       sample_len = decode.cache_length(
         len(tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
       )
@@ -250,22 +235,44 @@ def parse_run(config: Any, workdir: str | os.PathLike | None = None) -> RunConfi
       )
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  return run
+  return run, tokenizer
+
+
+def precheck_run(run: RunConfig) -> RunConfig:
+  """`run` with the vocabulary it will have, where that is known without
+  training a tokenizer (a sweep checks its points so before it runs any): a
+  sentencepiece vocabulary counts as the fewest ids a trained one has, so no
+  vocabulary is refused early; the other tokenizers are made as
+  fit_vocabulary makes them.
+
+  Raises:
+    ConfigError: naming the field.
+  """
+  if run.data.tokenizer == "sentencepiece":
+    vocab_size = SentencePieceTokenizer.RESERVED_IDS + 1
+  else:
+    try:
+      vocab_size = make_tokenizer(run.data).vocab_size
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+  return run.with_vocabulary(vocab_size, num_classes(run.data))
 
 
 def setup_run(
   run: RunConfig, workdir: str | os.PathLike | None = None, devices: Sequence[Any] | None = None
 ) -> RunSetup:
-  """Builds everything a run of `run` (parse_run's) trains and evaluates with.
+  """Builds everything a run of `run` trains and evaluates with: its
+  tokenizer and vocabulary first (`fit_vocabulary`), then its data, model,
+  mesh and programs; `RunSetup.run` is `run` with its vocabulary.
 
   Nothing is computed on the devices: parameters exist once `init` is called.
   The data are this process's share (jax.process_index() of
   jax.process_count()).
 
   Args:
-    run: the checked run config (parse_run).
-    workdir: the run's directory, where parse_run trained a sentencepiece
-      tokenizer; None where no tokenizer needs one.
+    run: the checked run config (txf.train.run_config.parse).
+    workdir: the run's directory, where a sentencepiece tokenizer is
+      trained; None where no tokenizer needs one.
     devices: the devices of the mesh (default: all of them); those of a
       topology description compile the run's programs for hardware this
       process does not have (txf.aot), which then only lower and compile.
@@ -274,10 +281,10 @@ def setup_run(
     ConfigError: naming the field, for a config that cannot run (including a
       dimension that does not divide its mesh axis), before any compute.
   """
-  dataset_args = _dataset_args(run)
+  run, tokenizer = fit_vocabulary(run, workdir)
+  # One tokenizer for both splits (a sentencepiece or HF one is a file read).
+  dataset_args = dict(_dataset_args(run), tokenizer=tokenizer)
   try:
-    # One tokenizer for both splits (a sentencepiece or HF one is a file read).
-    dataset_args["tokenizer"] = make_tokenizer(run.data, workdir)
     train_data = _train_data(run, workdir, dataset_args)
     eval_data = make_dataset(
       run.data, "validation", workdir=workdir, num_batches=run.eval.num_batches, **dataset_args
@@ -296,7 +303,7 @@ def setup_run(
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained = None
     if run.train.init_from:
-      check_tokenizer(run.train.init_from, dataset_args["tokenizer"])
+      check_tokenizer(run.train.init_from, tokenizer)
       pretrained = pretrained_params(run.train.init_from, run.model, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
@@ -348,23 +355,6 @@ def setup_run(
   )
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> None:
-  """Sets each dotted field ('data.seq_len') of `overrides` in `config`."""
-  for name, value in overrides.items():
-    *sections, field = name.split(".")
-    node = config
-    for section in sections:
-      if not isinstance(node, ml_collections.ConfigDict) or section not in node:
-        raise ValueError(f"{name}: unknown field")
-      node = node[section]
-    if field not in node:
-      raise ValueError(f"{name}: unknown field")
-    try:
-      node[field] = value
-    except TypeError as error:  # ml_collections keeps each field's type
-      raise ValueError(f"{name}: {error}") from None
-
-
 # ---------------------------------------------------------------------------
 # A trained run, for evaluation.
 
@@ -406,12 +396,19 @@ def adding_to_run(workdir: str | os.PathLike) -> Iterator[epath.Path]:
     yield workdir
 
 
-def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> TrainedRun:
+def load_run(
+  workdir: str | os.PathLike,
+  overrides: Mapping[str, Any] | None = None,
+  *,
+  saved: RunConfig | None = None,
+) -> TrainedRun:
   """Restores the latest checkpoint of the run in `workdir` for evaluation.
 
-  The setup is built from the run's config.json with `overrides` applied,
-  e.g. {"data.seq_len": 256, "eval.num_batches": 4}: any field the checkpoint
-  does not depend on (see txf.train.resume.check_resumable). Nothing in `workdir` is
+  The setup is built from the run's config.json (`saved`, where the caller
+  has read it: txf.train.resume.read_run_config) with `overrides` applied
+  (RunConfig.override), e.g. {"data.seq_len": 256, "eval.num_batches": 4}:
+  any field the checkpoint does not depend on (see
+  txf.train.resume.check_resumable). Nothing in `workdir` is
   written (nor created: a directory without checkpoints stays without a
   checkpoints/ directory); config.json keeps describing how the run was
   trained. The run may be training still: a checkpoint replaced while it is
@@ -428,13 +425,12 @@ def load_run(workdir: str | os.PathLike, overrides: Mapping[str, Any] | None = N
   workdir = epath.Path(workdir)
   check_holds_run(workdir)
   try:
-    saved = read_run_config(workdir)
-    config = ml_collections.ConfigDict(saved)
-    apply_overrides(config, overrides or {})
-    check_resumable(config, saved, workdir)
+    saved = saved or read_run_config(workdir)
+    assert saved is not None  # check_holds_run found its config.json
+    run = saved.override(overrides) if overrides else saved
+    check_resumable(run, saved, workdir)
   except ValueError as error:
     raise ConfigError(str(error)) from error
-  run = parse_run(config, workdir)
   with make_checkpointer(run.train, workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")

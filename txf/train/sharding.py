@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
@@ -39,6 +39,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from txf import checks
+
+if TYPE_CHECKING:  # run_config imports the training modules that import this one
+  from txf.train.run_config import ParallelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes a batch's leading dimension is split over.
@@ -74,12 +77,12 @@ _AXIS_FIELDS: dict[str | None, str] = {
 # Mesh.
 
 
-def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(parallel: ParallelConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh sized by `parallel.{data, fsdp, tensor}`.
 
   Args:
-    parallel_config: the config's `parallel` section; `data=-1` takes all
-      devices the other two axes leave.
+    parallel: the run's `parallel` section; `data=-1` takes all devices the
+      other two axes leave.
     devices: the devices to use (default: all of them, across processes).
 
   Raises:
@@ -91,7 +94,7 @@ def make_mesh(parallel_config: Any, devices: Sequence[jax.Device] | None = None)
   for name in MESH_AXES:
     sentinel = (-1, "all remaining devices") if name == "data" else None
     sizes[name] = checks.positive_int(
-      getattr(parallel_config, name, None), f"parallel.{name}", sentinel=sentinel
+      getattr(parallel, name), f"parallel.{name}", sentinel=sentinel
     )
   model_parallel = sizes["fsdp"] * sizes["tensor"]
   if sizes["data"] == -1:
