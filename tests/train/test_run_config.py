@@ -1,0 +1,257 @@
+"""The typed run config all the way down (issue 56): one parse of each
+section per run, config.json as the serialised RunConfig (read back equal),
+and every config.json format written since runs were first written still
+read, resumed, evaluated, extrapolated, analysed and exported.
+
+tests/fixtures/run_1c066fd was made at commit 1c066fd (a worktree of it, its
+own txf on PYTHONPATH) with
+  python -m experiments.run --config=configs/learned.py --workdir=DIR \
+    --config.model.d_model=16 --config.model.num_heads=2 --config.model.num_layers=1 \
+    --config.model.use_bias=True --config.model.scale_logits=False \
+    --config.data.batch_size=4 --config.data.seq_len=16 --config.data.max_corpus_bytes=100000 \
+    --config.train.steps=2 --config.train.warmup_steps=1 --config.train.log_every=1 \
+    --config.train.checkpoint_every=2 --config.eval.every=2 --config.eval.num_batches=1 \
+    --config.eval.sample_tokens=0
+(its tb/ left out): a GPT-2-shaped decoder, so that it exports, and the
+config.json format of its day (model.rope_base and the other fields since
+moved into model.options, no model.attention).
+"""
+
+import collections
+import dataclasses
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, REPO, load_config, tiny_config
+from txf import configs
+from txf.data.spec import DataSpec
+from txf.evaluate.analyze import analyze_run
+from txf.evaluate.extrapolate import extrapolate_run
+from txf.layers.model_config import ModelConfig
+from txf.sweep import grid
+from txf.train import loop, resume
+from txf.train.export import export_run, is_run_directory, load_trained
+from txf.train.metrics import read_metrics
+from txf.train.run_config import (
+  ConfigError,
+  EvalConfig,
+  ParallelConfig,
+  RunConfig,
+  TrainConfig,
+  parse,
+  to_json,
+)
+from txf.train.setup import load_run
+
+RUN_CONFIGS = [name for name in configs.names() if not name.startswith("sweeps/")]
+SWEEP_CONFIGS = [name for name in configs.names() if name.startswith("sweeps/")]
+# Runs written by earlier txf (the first format, 1c066fd's), committed as fixtures.
+OLD_RUNS = ["run_822e561", "run_1c066fd"]
+
+
+def committed_runs():
+  """Every committed directory holding a txf run's config.json."""
+  files = subprocess.run(
+    ["git", "ls-files", "*config.json"], cwd=REPO, capture_output=True, text=True, check=True
+  ).stdout.split()
+  directories = sorted({(REPO / file).parent for file in files})
+  return [directory for directory in directories if is_run_directory(directory)]
+
+
+def shipped(name):
+  """A shipped run config, loaded as --config=NAME loads it."""
+  if name == "pretrained":
+    return configs.load(configs.find(name), str(FIXTURES / "hf" / "gpt2"))
+  return configs.load(configs.find(name))
+
+
+# ---------------------------------------------------------------------------
+# config.json: the serialised RunConfig, read back equal.
+
+
+@pytest.mark.parametrize("name", RUN_CONFIGS)
+def test_every_shipped_config_round_trips_through_json(name):
+  run = parse(shipped(name))
+  text = json.dumps(to_json(run))
+  assert parse(json.loads(text)) == run
+  assert resume.from_json(json.loads(text)) == run  # the migration leaves today's format alone
+
+
+@pytest.mark.parametrize("name", SWEEP_CONFIGS)
+def test_every_shipped_sweep_point_round_trips_through_json(name):
+  for point in grid.expand(configs.load(configs.find(name))):
+    run = parse(point.config)
+    assert parse(json.loads(json.dumps(to_json(run)))) == run, point.name
+
+
+def test_with_vocabulary_round_trips_and_equality_compares_every_section():
+  run = parse(tiny_config()).with_vocabulary(260, None)
+  assert parse(to_json(run)) == run and run.model.vocab_size == 260
+  for changed in (
+    dataclasses.replace(run, seed=1),
+    dataclasses.replace(run, train=dataclasses.replace(run.train, steps=13)),
+    dataclasses.replace(run, data=dataclasses.replace(run.data, seq_len=16)),
+    run.override({"model.vocab_size": 300}),
+  ):
+    assert changed != run and parse(to_json(changed)) == changed
+
+
+def test_an_override_is_parsed_as_any_config_and_reads_what_it_makes_read():
+  run = parse(tiny_config())
+  assert run.data.sp_vocab_size is None  # the byte tokenizer reads none
+  assert run.override({"data.seq_len": 64}) == parse(tiny_config(data__seq_len=64))
+  sentencepiece = run.override({"data.tokenizer": "sentencepiece"})
+  assert sentencepiece.data.sp_vocab_size == DataSpec().sp_vocab_size == 1024
+  assert run.override({"data.seed": 5}).data.seed == 5
+  with pytest.raises(ConfigError, match=r"^data\.bogus: unknown field$"):
+    run.override({"data.bogus": 1})
+  with pytest.raises(ConfigError, match=r"^model\.max_len: "):
+    parse(tiny_config("learned", model__max_len=32)).override({"data.seq_len": 64})
+
+
+def test_the_base_config_is_built_from_the_sections_defaults():
+  base = load_config("base")
+  for name, cls in [
+    ("data", DataSpec),
+    ("train", TrainConfig),
+    ("eval", EvalConfig),
+    ("parallel", ParallelConfig),
+  ]:
+    for field in dataclasses.fields(cls):
+      default = field.default
+      given = base[name][field.name]
+      assert given == (",".join(default) if isinstance(default, tuple) else default), field.name
+  model = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name != "options"}
+  assert {**model, "vocab_size": None} == {k: base.model[k] for k in model}
+  assert (base.seed, base.replicas) == (RunConfig.seed, RunConfig.replicas)
+  # What a config leaves out is the declared default: an empty config is base.py's.
+  assert parse({}) == parse(base).with_vocabulary(260, None)
+
+
+# ---------------------------------------------------------------------------
+# One parse of each section per run.
+
+
+@pytest.fixture
+def constructions(monkeypatch):
+  """Counts each section's dataclass constructions (a parse of the section,
+  and its checks)."""
+  counts = collections.Counter()
+  for cls in (ModelConfig, DataSpec, TrainConfig, EvalConfig, ParallelConfig):
+    init = cls.__init__
+
+    def counting(self, *args, _init=init, _name=cls.__name__, **kwargs):
+      counts[_name] += 1
+      _init(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counting)
+  return counts
+
+
+SECTIONS = ("ModelConfig", "DataSpec", "TrainConfig", "EvalConfig", "ParallelConfig")
+
+
+def test_a_run_parses_each_section_once_and_a_resume_once_more_for_config_json(
+  tmp_path, constructions
+):
+  config = tiny_config(steps=2)
+  loop.run(parse(config), tmp_path, log=lambda line: None)
+  assert constructions == dict.fromkeys(SECTIONS, 1)  # the command line's parse, and no other
+  constructions.clear()
+  config.train.steps = 3
+  loop.run(parse(config), tmp_path, log=lambda line: None)
+  # And config.json's, read once; the optimizer-state check builds a train
+  # section with each changed train field reverted (train.steps, and the
+  # warmup fitted to it), to compare the optimizer states they make.
+  assert constructions == {**dict.fromkeys(SECTIONS, 2), "TrainConfig": 2 + 2}
+
+
+# ---------------------------------------------------------------------------
+# Every format since the first.
+
+
+@pytest.mark.parametrize(
+  "directory", committed_runs(), ids=lambda path: str(path.relative_to(REPO))
+)
+def test_every_committed_config_json_reads_and_round_trips(directory):
+  saved = resume.read_run_config(directory)
+  assert saved is not None
+  assert resume.from_json(json.loads(json.dumps(to_json(saved)))) == saved
+  assert resume.config_changes(saved, saved) == []
+  recorded = json.loads((directory / resume.CONFIG_FILE).read_text())
+  assert saved.seed == recorded["seed"] and saved.train.steps == recorded["train"]["steps"]
+  assert saved.model.d_model == recorded["model"]["d_model"]
+  assert saved.data.seq_len == recorded["data"]["seq_len"]
+
+
+def test_the_committed_formats_include_the_first_and_1c066fds():
+  directories = {path.name for path in committed_runs()}
+  assert set(OLD_RUNS) <= directories
+
+
+def test_the_migration_renames_moves_and_adds_as_its_table_says():
+  old = json.loads((FIXTURES / "run_822e561" / resume.CONFIG_FILE).read_text())
+  assert {"min_len", "max_len"} <= set(old["data"]) and "replicas" not in old
+  migrated = resume.migrate(json.loads(json.dumps(old)))
+  assert migrated["data"]["min_example_len"] == old["data"]["min_len"]
+  assert "min_len" not in migrated["data"] and migrated["replicas"] == 1
+  assert migrated["model"]["options"]["rope_base"] == old["model"]["rope_base"]
+  assert "rope_base" not in migrated["model"]
+  assert migrated["train"]["trackers"] == "" and migrated["model"]["attention"] == "softmax"
+  top = resume.migrate({"init_from": "runs/a", "train": {}})  # before train.init_from
+  assert top["train"]["init_from"] == "runs/a" and "init_from" not in top
+  today = to_json(parse(load_config("rope")))
+  assert resume.migrate(json.loads(json.dumps(today))) == today  # today's format: unchanged
+
+
+def test_a_run_of_the_old_format_resumes_without_a_change(tmp_path):
+  """The command that made run_1c066fd, under today's field names: the same
+  run (nothing its checkpoints depend on changed), and no field changed."""
+  saved = resume.read_run_config(FIXTURES / "run_1c066fd")
+  config = old_run_config(steps=2)
+  resume.check_resumable(parse(config), saved, FIXTURES / "run_1c066fd")
+  assert resume.config_changes(parse(config), saved) == []
+
+
+def old_run_config(steps):
+  config = load_config("learned")
+  config.model.update(dict(d_model=16, num_heads=2, num_layers=1, use_bias=True))
+  config.model.scale_logits = False
+  config.data.update(dict(batch_size=4, seq_len=16, max_corpus_bytes=100_000))
+  config.train.update(dict(steps=steps, warmup_steps=1, log_every=1, checkpoint_every=2))
+  config.eval.update(dict(every=2, num_batches=1, sample_tokens=0))
+  return config
+
+
+@pytest.mark.slow  # restores, evaluates, trains, extrapolates, analyses and exports
+def test_a_run_written_by_1c066fd_evaluates_resumes_extrapolates_analyses_and_exports(tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(FIXTURES / "run_1c066fd", workdir)
+  logged = [row for row in read_metrics(workdir) if "eval_loss" in row][-1]
+
+  trained = load_run(workdir)
+  assert trained.step == 2 and trained.setup.run.model.vocab_size == 260
+  result = trained.setup.evaluate(trained.params)
+  np.testing.assert_allclose(result["eval_loss"], logged["eval_loss"], rtol=1e-5)
+
+  record = extrapolate_run(workdir, factors=(1, 2), num_tokens=200)
+  assert record["applicable"] == [True, True] and record["train_length"] == 16
+  assert analyze_run(workdir, num_batches=1)["step"] == 2
+  exported = export_run(workdir, tmp_path / "hf")
+  assert "model.safetensors" in exported.files
+  assert load_trained(workdir).step == 2
+
+  lines = []
+  loop.run(parse(old_run_config(steps=4)), workdir, log=lines.append)
+  assert "resumed from step 2" in "\n".join(lines)
+  (changes,) = [line for line in lines if line.startswith("changed from the run's config.json")]
+  assert changes.startswith("changed from the run's config.json: train.steps 2 -> 4; learning")
+  assert [row["step"] for row in read_metrics(workdir) if "loss" in row] == [1, 2, 3, 4]
+  # config.json is today's format now, and reads back as the run that wrote it.
+  rewritten = resume.read_run_config(workdir)
+  assert to_json(rewritten) == json.loads((workdir / resume.CONFIG_FILE).read_text())
+  assert rewritten.train.steps == 4 and rewritten.model.vocab_size == 260
