@@ -136,18 +136,23 @@ class TransformerStack(nn.Module):
     cross_mask: Array | None = None,
     deterministic: bool = True,
     use_cache: bool = False,
+    causal: bool | None = None,
   ) -> Array:
     """[B, T, D] embedded inputs -> [B, T, D] final hidden states.
 
     Args:
       q_positions_BxT: absolute positions of the inputs ([1, T] broadcasts).
-      self_mask: bool key-padding mask for self-attention, [B, 1, 1, T].
+      self_mask: bool mask for self-attention, broadcastable to [B, 1, T, T]
+        (key padding [B, 1, 1, T], packed documents, a prefix LM's).
       cache_index: first free KV-cache slot (use_cache only).
       cross_x_BxSxD, cross_mask: encoder output and its padding mask [B, 1, 1, S]
         (under use_cache, None reads the cross-attention keys/values from the cache).
       deterministic: no dropout.
       use_cache: self-attention reads and writes the KV cache; cross-attention
         stores or reads its keys/values there.
+      causal: this call's self-attention is causal; None: the stack's. False
+        on a causal stack lets `self_mask` alone decide (a prefix LM's mask,
+        causal after the prefix), with the same parameters.
     """
     cfg = self.cfg
     num_layers = cfg.num_layers if self.num_layers is None else self.num_layers
@@ -170,7 +175,7 @@ class TransformerStack(nn.Module):
     )
     block_attrs: dict[str, Any] = dict(
       cfg=cfg,
-      causal=self.causal,
+      causal=self.causal if causal is None else causal,
       has_cross=self.has_cross,
       deterministic=deterministic,
       use_cache=use_cache,

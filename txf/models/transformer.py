@@ -70,6 +70,7 @@ class _OneStackModel(nn.Module):
     deterministic: bool,
     use_cache: bool,
     token_types_BxT: Array | None = None,
+    causal: bool | None = None,
   ) -> Array:
     positions_1xT, cache_index = self.positions(tokens_BxT.shape[1], use_cache)
     # Packed documents restart the absolute encodings (learned, sinusoidal);
@@ -86,6 +87,7 @@ class _OneStackModel(nn.Module):
       cache_index=cache_index,
       deterministic=deterministic,
       use_cache=use_cache,
+      causal=causal,
     )
     if self.head is None:
       return x_BxTxD
@@ -111,6 +113,7 @@ class Decoder(_OneStackModel):
     tokens_BxT: Array,
     segment_ids_BxT: Array | None = None,
     positions_BxT: Array | None = None,
+    prefix_len_B: Array | None = None,
     *,
     deterministic: bool = True,
     use_cache: bool = False,
@@ -124,6 +127,10 @@ class Decoder(_OneStackModel):
         only to earlier tokens of its own document. None: one document a row.
       positions_BxT: int [B, T], each token's position (each document's from
         0) for the position encoding; None: 0..T-1.
+      prefix_len_B: int [B]: a prefix LM (T5, UL2): row b's first
+        prefix_len_B[b] tokens attend to each other both ways, the later ones
+        causally (`ops.prefix_lm_mask`); None: causal throughout. Not with
+        segment ids or use_cache.
       deterministic: False applies dropout (needs a 'dropout' rng).
       use_cache: continue from the KV cache in the 'cache' collection (see
         `txf.decode`); not with segment ids.
@@ -138,8 +145,19 @@ class Decoder(_OneStackModel):
       if use_cache:
         raise ValueError("Decoder: segment_ids (packed documents) do not go with use_cache")
       mask = ops.segment_mask(segment_ids_BxT)
+    if prefix_len_B is not None:
+      if use_cache or segment_ids_BxT is not None:
+        raise ValueError("Decoder: prefix_len_B goes with neither segment_ids nor use_cache")
+      # The mask is causal after the prefix, so the stack's own causal mask,
+      # which it would be ANDed with, is off for this call.
+      mask = ops.prefix_lm_mask(prefix_len_B, tokens_BxT.shape[1])
     return self._forward(
-      tokens_BxT, mask, positions_BxT, deterministic=deterministic, use_cache=use_cache
+      tokens_BxT,
+      mask,
+      positions_BxT,
+      deterministic=deterministic,
+      use_cache=use_cache,
+      causal=False if prefix_len_B is not None else None,
     )
 
 

@@ -17,6 +17,7 @@ from txf.ops.masks import (
   causal_mask,
   combine_masks,
   padding_mask,
+  prefix_lm_mask,
   segment_mask,
   sliding_window_mask,
 )
@@ -40,6 +41,7 @@ __all__ = [
   # masks
   "causal_mask",
   "padding_mask",
+  "prefix_lm_mask",
   "segment_mask",
   "sliding_window_mask",
   "combine_masks",

@@ -88,6 +88,29 @@ def causal_mask(q_len: int, k_len: int | None = None, *, q_offset: Any = 0):
   return k_pos <= q_pos
 
 
+def prefix_lm_mask(prefix_len_B: Any, length: int):
+  """Prefix-LM mask (T5, UL2): a row's first ``prefix_len_B[b]`` positions
+  attend to each other both ways, the rest causally (to the whole prefix too).
+
+  Query ``i`` of row ``b`` may attend key ``j`` iff ``j <= i`` or
+  ``j < prefix_len_B[b]``; a prefix of 0 is the causal mask.
+
+  Args:
+    prefix_len_B: int ``[B]``, each row's prefix length.
+    length: ``T``, the queries and keys (self-attention).
+
+  Returns:
+    bool ``[B, 1, T, T]``.
+  """
+  prefix_len_B = jnp.asarray(prefix_len_B)
+  if prefix_len_B.ndim != 1 or not jnp.issubdtype(prefix_len_B.dtype, jnp.integer):
+    raise ValueError(f"prefix_len_B must be int [B], got {prefix_len_B.dtype} {prefix_len_B.shape}")
+  in_prefix_Bx1x1xT = (jnp.arange(_check_len(length, "length")) < prefix_len_B[:, None])[
+    :, None, None, :
+  ]
+  return causal_mask(length) | in_prefix_Bx1x1xT
+
+
 def sliding_window_mask(q_len: int, k_len: int | None = None, *, window: int, q_offset: Any = 0):
   """Symmetric local-attention band.
 
