@@ -1,6 +1,7 @@
 """Extending txf from outside the package (txf.register, docs/extending.md):
 the worked examples in examples/extending/ register a position encoding
-with its own setting, a normalisation, a data task and an output head
+with its own setting, a normalisation, a data task, a task kind (the
+prefix LM) and an output head
 (a model family is registered here); each computes what
 its docstring says (float64 numpy references), changes the model it is
 chosen in, and its config trains with txf-run from any directory that has
@@ -21,17 +22,19 @@ import numpy as np
 import pytest
 
 from conftest import REPO, tiny_config
-from txf import models
+from txf import models, ops
 from txf.data import make_dataset, spec as data_config
 from txf.data.spec import parse_data
 from txf.layers import Norm, model_config as layer_config, positions
 from txf.registry import Registry
+from txf.train import record
 from txf.train.run_config import parse
+from txf.train.step import labels_and_weights, model_inputs
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
 REGISTRIES += (layer_config.INITS, data_config.GENERATED, data_config.TEXT)
-REGISTRIES += (layer_config.HEADS, layer_config.FAMILIES)
+REGISTRIES += (layer_config.HEADS, layer_config.FAMILIES, data_config.TASKS)
 
 
 @contextlib.contextmanager
@@ -267,8 +270,67 @@ def test_a_data_name_is_either_a_generated_dataset_or_a_text_source():
     private[1].register("a", len)
 
 
+def prefix_lm_mask_reference(prefix_B, T):
+  """float64 [B, T, T]: 1 where query i may attend key j (j <= i or j < prefix)."""
+  i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+  return np.stack([((j <= i) | (j < p)).astype(np.float64) for p in prefix_B])
+
+
+def test_prefix_lm_mask_is_bidirectional_within_the_prefix_and_causal_after():
+  prefix_B = np.array([0, 1, 3, 6])
+  mask = np.asarray(ops.prefix_lm_mask(jnp.asarray(prefix_B), 6), np.float64)
+  np.testing.assert_array_equal(mask[:, 0], prefix_lm_mask_reference(prefix_B, 6))
+
+
+def test_a_decoder_with_a_prefix_attends_both_ways_within_it_only():
+  cfg = layer_config.ModelConfig(**TINY)
+  model = models.build(cfg)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, (2, 8)))
+  params = model.init(jax.random.key(0), tokens)
+  prefix = jnp.array([4, 4])
+  run = lambda t, p=prefix: np.asarray(model.apply(params, t, None, None, p), np.float64)  # noqa: E731
+  # A prefix of 0 is the causal decoder, to the bit.
+  np.testing.assert_array_equal(run(tokens, jnp.array([0, 0])), logits(cfg, tokens))
+  changed = run(tokens.at[:, 3].set(tokens[:, 3] % 31 + 1)) - run(tokens)
+  # Token 3 lies in the prefix: every position sees it (positions 0-2 only through the prefix).
+  assert np.all(np.abs(changed).max(axis=-1) > 1e-6)
+  changed = run(tokens.at[:, 5].set(tokens[:, 5] % 31 + 1)) - run(tokens)
+  # Token 5 lies after it: positions before 5 do not see it (exactly), those from 5 do.
+  np.testing.assert_array_equal(changed[:, :5], 0.0)
+  assert np.all(np.abs(changed[:, 5:]).max(axis=-1) > 1e-6)
+
+
+def test_prefix_lm_trains_on_the_suffix_only_and_feeds_the_decoder_its_prefix():
+  rng = np.random.default_rng(0)
+  B, T = 64, 10
+  ids = rng.integers(1, 32, (B, T + 1))
+  weights = rng.random((B, T)) > 0.2
+  batch = dict(inputs=ids[:, :-1], targets=ids[:, 1:], weights=weights)
+  with registered("prefix_lm"):
+    parse_data(dict(name="pystdlib", task="prefix_lm"))  # a data.name giving lm batches fits
+    inputs, segment_ids, positions_, prefix_B = model_inputs(batch, "prefix_lm")
+    labels, loss_weights = labels_and_weights(batch, "prefix_lm")
+  prefix_B = np.asarray(prefix_B)
+  assert segment_ids is None and positions_ is None and np.all(inputs == batch["inputs"])
+  assert prefix_B.min() >= 1 and prefix_B.max() <= T - 1 and len(set(prefix_B)) > T // 2
+  # float64 reference: target t (token t + 1) is trained iff it lies in the suffix (t + 1 >= P).
+  expected = np.stack([weights[b] * (np.arange(T) + 1 >= p) for b, p in enumerate(prefix_B)])
+  np.testing.assert_array_equal(np.asarray(loss_weights, np.float64), expected.astype(np.float64))
+  np.testing.assert_array_equal(labels, batch["targets"])
+
+
+def test_a_task_kind_is_checked_against_the_data_and_its_registry():
+  with registered("prefix_lm"):
+    with pytest.raises(
+      ValueError, match="data.task='prefix_lm' .it reads 'lm' batches. does not fit"
+    ):
+      parse_data(dict(name="listops", task="prefix_lm"))
+  with pytest.raises(ValueError, match="data.task: 'prefix_lm' is not one of"):
+    parse_data(dict(name="pystdlib", task="prefix_lm"))
+
+
 @pytest.mark.slow  # trains three tiny runs in subprocesses
-@pytest.mark.parametrize("name", ["log_distance", "scale_norm", "successor"])
+@pytest.mark.parametrize("name", ["log_distance", "scale_norm", "successor", "prefix_lm"])
 def test_each_example_config_trains_with_txf_run_from_another_directory(tmp_path, name):
   shutil.copytree(REPO / "examples", tmp_path / "examples")
   command = [
@@ -297,3 +359,10 @@ def test_each_example_config_trains_with_txf_run_from_another_directory(tmp_path
   (eval_line,) = [line for line in done.stdout.splitlines() if line.startswith("eval @ 3")]
   loss = float(eval_line.split("eval_loss=")[1].split(",")[0])
   assert math.isfinite(loss) and loss < 10
+  if name == "prefix_lm":  # later commands import the task's module, as the record names it
+    choice = record.read_record(tmp_path / "run")[-1]["choices"]["data.task"]
+    assert (choice["module"], choice["function"], choice["builtin"]) == (
+      "prefix_lm",
+      "PrefixLM",
+      False,
+    )

@@ -41,6 +41,11 @@
   class ParallelDecoder(txf.models.Decoder):  # built as ParallelDecoder(cfg)
     ...
 
+  @register.task("prefix_lm", batches="lm")
+  class PrefixLM:  # its two functions, of a batch of `batches`' fields
+    def model_inputs(batch): ...  # the model's positional inputs
+    def labels_and_weights(batch): ...  # (labels, float32 loss weights)
+
   @register.tokenizer("lower_bytes")
   def lower_bytes(spec, workdir):
     ...  # a txf.data.Tokenizer for the DataSpec (workdir: None outside a run)
@@ -55,7 +60,7 @@
 
 A config file that imports the module holding these (`import my_norm`
 beside it: txf puts a config file's directory on the import path) sets
-`config.model.norm = "scale"` (`config.data.tokenizer`, `config.train.decay`,
+`config.model.norm = "scale"` (`config.data.task`, `config.data.tokenizer`, `config.train.decay`,
 `config.train.trackers` alike) and trains with `txf-run --config=my_config.py`;
 `--print_config` lists the new choices, and `model.options` holds the
 values of the chosen entry's settings (`--config.model.options.log_bias_scale=2`),
@@ -68,7 +73,7 @@ receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
 txf.layers.inits (INITS), txf.data.generated (GENERATED), txf.data.text (TEXT),
 txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead),
-txf.data.spec (TOKENIZERS), txf.train.optim (DECAYS: DecayPhase),
+txf.data.spec (TOKENIZERS), txf.train.tasks (TASKS: TaskKind), txf.train.optim (DECAYS: DecayPhase),
 txf.train.trackers (TRACKERS: TrackerKind); docs/extending.md has a worked
 example of each (most in examples/extending/).
 """
@@ -79,7 +84,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from txf.data.generated import RowTask
-from txf.data.spec import GENERATED, TEXT, TOKENIZERS
+from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.data.text import DocumentSource
 from txf.layers.feedforward import Activation
 from txf.layers.model_config import (
@@ -94,6 +99,7 @@ from txf.layers.model_config import (
 from txf.layers.positions import ENCODINGS, PositionEncoding
 from txf.registry import setting_defaults, settings_class
 from txf.train.optim import DECAYS
+from txf.train.tasks import TaskKind
 from txf.train.trackers import TRACKERS, TrackerKind
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -346,5 +352,46 @@ def tracker(
     entry = TrackerKind(start, check=check, package=package, install=install)
     TRACKERS.register(name, entry, replace=replace, provider=start)
     return start
+
+  return add
+
+
+def task(
+  name: str,
+  *,
+  batches: str,
+  causal_lm: bool = False,
+  perplexity: bool = False,
+  per_example: bool = False,
+  replace: bool = False,
+) -> Decorator:
+  """Registers a class (or any object) with model_inputs(batch) -> the
+  model's positional inputs and labels_and_weights(batch) -> (labels,
+  float32 loss weights) as `data.task = name`: a task kind
+  (txf.train.tasks.TaskKind), trained with the weighted cross-entropy of
+  the model's logits against its labels.
+
+  Args:
+    batches: the batch format it reads, 'lm', 'mlm', 'seq2seq' or
+      'classify' (txf/data/__init__.py): the datasets giving it and the
+      model families and heads training that task serve it.
+    causal_lm: its model predicts each token from those before it only:
+      evaluations sample, length extrapolation and decode compilation apply.
+    perplexity: evaluations report eval_perplexity.
+    per_example: one label per example (throughput counts examples).
+    replace: replace an entry of that name.
+  """
+
+  def add(kind: Any) -> Any:
+    entry = TaskKind(
+      batches,
+      kind.model_inputs,
+      kind.labels_and_weights,
+      causal_lm=causal_lm,
+      perplexity=perplexity,
+      per_example=per_example,
+    )
+    TASKS.register(name, entry, replace=replace, provider=kind)
+    return kind
 
   return add

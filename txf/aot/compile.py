@@ -42,6 +42,7 @@ from txf.train import sharding
 from txf.train.loop import sampler_arguments
 from txf.train.run_config import ConfigError, RunConfig
 from txf.train.setup import RunSetup, setup_run
+from txf.train.tasks import task_kind
 
 # Before jax starts a backend: compile for TPUs and GPUs on this CPU.
 ENVIRONMENT = {
@@ -147,7 +148,7 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   """The evaluations' sampler (txf.train.loop.sampler_arguments: generate
   after eval.sample_prompt, one row, at eval.temperature) for `decode_tokens`
   tokens, lowering, and its arguments."""
-  if setup.task != "lm" or setup.run.replicas > 1:
+  if not task_kind(setup.task).causal_lm or setup.run.replicas > 1:
     raise ConfigError(
       "decode_tokens: decoding compiles for a language model's run (data.task 'lm', one "
       f"replica); this is a {setup.task!r} run of {setup.run.replicas} replica(s)"

@@ -31,7 +31,8 @@ class DataSpec:
     default="pystdlib",
   )
   task: str = documented(
-    "lm | mlm | seq2seq | classify (which a data.name gives: txf.data.spec.data_names)",
+    "lm | mlm | seq2seq | classify, or a registered task kind (txf.train.tasks): its batches "
+    "are of a kind a data.name gives (txf.data.spec.data_names)",
     default="lm",
   )
   seq_len: int = documented("tokens per example (seq2seq: per source and target)", default=128)
@@ -94,6 +95,12 @@ class DataSpec:
     "initialisation and dropout only (txf.data.stacked)",
     default=False,
   )
+
+  @property
+  def batches(self) -> str:
+    """The batch format data.task reads ('lm', 'mlm', 'seq2seq', 'classify'):
+    what the dataset gives (a prefix LM reads lm batches)."""
+    return TASKS[self.task].batches
 
 
 T = TypeVar("T")
@@ -178,6 +185,23 @@ class TextSource(Protocol):
     ...
 
 
+class TaskBatches(Protocol):
+  """What the data reads of a data.task entry (txf.train.tasks.TaskKind, the
+  whole entry: its inputs, labels, loss weights)."""
+
+  @property
+  def batches(self) -> str:
+    """The batch format it reads: 'lm', 'mlm', 'seq2seq' or 'classify'
+    (txf/data/__init__.py), which a dataset's `tasks` name."""
+    ...
+
+
+# The task kinds by data.task: txf's (txf.train.tasks, imported when the
+# registry is first read: the step, evaluation and export read the rest of
+# an entry) and those user code registers (txf.register.task). The data
+# section's parse checks data.task here, and a dataset gives the entry's batches.
+TASKS: Registry[TaskBatches] = Registry("data.task", builtins="txf.train.tasks")
+
 # The datasets by data.name: txf's (txf.data.generated, txf.data.text,
 # imported when a registry is first read) and those user code registers
 # (txf.register.lm_task, txf.register.text_source).
@@ -256,9 +280,11 @@ def parse_data(section: ConfigSection) -> DataSpec:
       f"or of the forms {', '.join(map(repr, data_name_forms()))}"
     )
   task = data["task"]
-  if task not in entry.tasks:
+  batches = TASKS[task].batches
+  if batches not in entry.tasks:
+    reads = "" if batches == task else f" (it reads {batches!r} batches)"
     raise ValueError(
-      f"data.task={task!r} does not fit data.name={name!r}; expected one of {entry.tasks}"
+      f"data.task={task!r}{reads} does not fit data.name={name!r}; expected one of {entry.tasks}"
     )
   seed = data["seed"]
   common = dict(
@@ -294,7 +320,7 @@ def _text_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         "data.tokenizer_path is required for data.tokenizer='hf' (a "
         "tokenizer.json or the model directory holding it)"
       )
-  if data["task"] == "mlm":
+  if TASKS[data["task"]].batches == "mlm":
     fields["mlm_probability"] = checks.fraction(
       data["mlm_probability"], "data.mlm_probability", low_open=True
     )
@@ -342,7 +368,7 @@ def tfds_fields(data: Mapping[str, Any]) -> dict[str, Any]:
       f"'tfds:<builder>[/<config>][:<version>]'"
     )
   fields = {**_text_fields(data), "tfds_data_dir": _optional_str(data, "tfds_data_dir")}
-  if data["task"] == "seq2seq":
+  if TASKS[data["task"]].batches == "seq2seq":
     source_key, target_key = _translation_keys(data, dataset)
     return {**fields, "tfds_source_key": source_key, "tfds_target_key": target_key}
   # lm / mlm stream the split (packed.py).

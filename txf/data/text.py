@@ -30,7 +30,7 @@ from txf.data.tokenizers import Tokenizer
 
 def masker(spec: DataSpec, seed: int, tokenizer: Tokenizer) -> BertMasker | None:
   """The BERT masking of data.task 'mlm' (None for the other tasks)."""
-  if spec.task != "mlm":
+  if spec.batches != "mlm":
     return None
   if tokenizer.mask_id is None:  # an HF tokenizer.json without one
     raise ValueError(
@@ -120,7 +120,7 @@ class TFDSSource:
     return tfds_source.training_texts(spec, max_bytes)
 
   def dataset(self, spec: DataSpec, split: str, seed: int, common: dict[str, Any]) -> Dataset:
-    if spec.task != "seq2seq":
+    if spec.batches != "seq2seq":
       return packed.PackedDataset(
         tfds_source.open_split(spec, split),
         seed=seed,

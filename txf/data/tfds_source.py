@@ -40,8 +40,8 @@ def dataset_name(spec: DataSpec) -> str:
 
 
 def feature_keys(spec: DataSpec) -> dict[str, str]:
-  """Config field -> the feature key it names, for the keys spec.task reads."""
-  if spec.task == "seq2seq":
+  """Config field -> the feature key it names, for the keys spec.batches reads."""
+  if spec.batches == "seq2seq":
     return {
       "tfds_source_key": required(spec.tfds_source_key),
       "tfds_target_key": required(spec.tfds_target_key),

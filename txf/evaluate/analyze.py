@@ -90,6 +90,7 @@ from txf.train.checkpoint import make_checkpointer
 from txf.train.console import format_duration
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
+from txf.train.tasks import task_kind
 from txf.train.workdir import check_reachable, run_path, write_file
 
 ANALYSIS_DIR = "analysis"
@@ -124,7 +125,7 @@ def _key_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
 
 
 def _is_causal(setup: RunSetup, kind: str) -> bool:
-  return kind == "decoder_self" or (kind == "self" and setup.task == "lm")
+  return kind == "decoder_self" or (kind == "self" and task_kind(setup.task).causal_lm)
 
 
 def _unpadded_length(tokens_T: np.ndarray, pad_id: int) -> int:
@@ -212,7 +213,9 @@ def _induction(
   tokens_BxT = repeated_random_tokens(
     np.random.default_rng(seed), B, period, setup.run.model.vocab_size, ids=ids
   )
-  inputs = (batch["encoder_inputs"], tokens_BxT) if setup.task == "seq2seq" else (tokens_BxT,)
+  # An encoder-decoder's analysed tokens are its decoder inputs, beside its source.
+  seq2seq = task_kind(setup.task).batches == "seq2seq"
+  inputs = (batch["encoder_inputs"], tokens_BxT) if seq2seq else (tokens_BxT,)
   layers = maps_by_kind(maps_fn(params, *inputs))[kind]
   return np.stack([induction_score(weights, period) for weights in layers])
 
@@ -510,7 +513,7 @@ def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
   more layers (and, for `circuits`' patching, Pre-LN and unscanned)."""
   cfg = setup.run.model
   flag = "circuits" if circuits else "checkpoints"
-  if cfg.family != "decoder" or setup.task != "lm":
+  if cfg.family != "decoder" or not task_kind(setup.task).causal_lm:
     raise ValueError(
       f"{flag}: needs a decoder language model; the run's model.family is "
       f"{cfg.family!r} (task {setup.task!r})"

@@ -47,6 +47,7 @@ from txf.train.console import format_duration
 from txf.train.resume import read_run_config
 from txf.train.run_config import ConfigError
 from txf.train.setup import RunSetup, TrainedRun, load_run
+from txf.train.tasks import task_kind
 from txf.train.workdir import check_reachable, run_path, write_file
 
 EXTRAPOLATION_PNG = "extrapolation.png"
@@ -181,7 +182,7 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
       data = saved.data
       overrides["eval.num_batches"] = math.ceil(num_tokens / (data.batch_size * (data.seq_len + 1)))
   run = load_run(workdir, overrides, saved=saved)
-  if run.setup.task != "lm":
+  if not task_kind(run.setup.task).causal_lm:
     raise ValueError(
       f"data.task: length extrapolation needs a decoder language model "
       f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}"

@@ -89,6 +89,7 @@ from txf.train.resume import (
 )
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig, to_json
 from txf.train.setup import RunSetup, setup_run
+from txf.train.tasks import task_kind
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
 
@@ -162,7 +163,7 @@ def _prefetch(dataset, to_device, size: int = 2) -> Generator[tuple[dict, dict],
 def _samples(setup: RunSetup) -> bool:
   """Whether the run's evaluations sample text."""
   # Every lm-task model generates: a decoder, or an LSTM (its carry is its cache).
-  return setup.task == "lm" and bool(setup.run.eval.sample_tokens)
+  return task_kind(setup.task).causal_lm and bool(setup.run.eval.sample_tokens)
 
 
 def sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:

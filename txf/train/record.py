@@ -59,7 +59,7 @@ from typing import Any
 
 from etils import epath
 
-from txf.data.spec import GENERATED, TEXT, TOKENIZERS
+from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
 from txf.registry import Registry
@@ -151,6 +151,7 @@ _REGISTRIES: dict[str, Registry[Any]] = {
   "model.activation": ACTIVATIONS,
   "model.init": INITS,
   "data.tokenizer": TOKENIZERS,
+  "data.task": TASKS,
   "train.decay": DECAYS,
 }
 CHOICE_FIELDS = (*_REGISTRIES, "data.name")

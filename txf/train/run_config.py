@@ -36,7 +36,7 @@ from typing import Any
 import optax
 
 from txf import checks
-from txf.data.spec import DataSpec, parse_data
+from txf.data.spec import TASKS, DataSpec, parse_data
 from txf.fields import ConfigSection, check_known, documented, section, section_values
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import FAMILIES, HEADS, ModelConfig
@@ -268,9 +268,10 @@ DATA_FIELDS = _field_names(DataSpec)
 
 def task_models(task: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(the model.family values, the model.head values) that train data.task
-  `task`: as each family and head declares in its registry entry."""
-  families = tuple(name for name, family in FAMILIES.items() if task in family.tasks)
-  heads = tuple(name for name, head in HEADS.items() if task in head.tasks)
+  `task`: those whose registry entry names the batch format the task reads."""
+  batches = TASKS[task].batches
+  families = tuple(name for name, family in FAMILIES.items() if batches in family.tasks)
+  heads = tuple(name for name, head in HEADS.items() if batches in head.tasks)
   return families, heads
 
 

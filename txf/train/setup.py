@@ -62,6 +62,7 @@ from txf.train.pretrained import (
 from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
+from txf.train.tasks import task_kind
 from txf.train.workdir import (
   WorkdirLock,
   check_reachable,
@@ -155,7 +156,7 @@ class RunSetup:
       raise ValueError("eval: the validation split produced no tokens")
     loss = totals["loss_sum"] / totals["count"]
     result = {"eval_loss": loss, "eval_accuracy": totals["correct"] / totals["count"]}
-    if self.task in ("lm", "mlm"):
+    if task_kind(self.task).perplexity:
       result["eval_perplexity"] = np.exp(np.minimum(loss, 50.0))
     return replicas.scalars(result, self.run.replicas)
 
@@ -223,7 +224,7 @@ def fit_vocabulary(
       adopt_tokenizer(run.data, run.train.init_from, workdir)
     tokenizer = make_tokenizer(run.data, workdir)
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
-    if run.data.task == "lm" and run.eval.sample_tokens:
+    if task_kind(run.data.task).causal_lm and run.eval.sample_tokens:
       sample_len = decode.cache_length(
         len(tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
       )
@@ -349,7 +350,7 @@ def setup_run(
       programs.train_step, out_shardings=(programs.state_sharding, replicated), donate_argnums=0
     ),
     eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
-    tokens_per_step=batches * run.data.batch_size * (1 if task == "classify" else seq_len),
+    tokens_per_step=batches * run.data.batch_size * (1 if task_kind(task).per_example else seq_len),
     flops_per_token=run.replicas // batches * flops_per_token(run.model, seq_len),
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
   )

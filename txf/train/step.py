@@ -1,10 +1,7 @@
 """Train and eval steps: one jitted function each, the same for every task.
 
-A task decides which batch fields feed the model and which are labels:
-
-  lm, mlm     model(inputs[, segment_ids, positions])  vs targets, weights
-  seq2seq     model(encoder_inputs, decoder_inputs)    vs targets, weights
-  classify    model(inputs) -> [B, C]                  vs labels
+The task's entry (txf.train.tasks: data.task) decides which batch fields
+feed the model and which are labels and loss weights.
 
 Each token's loss is weighted by its weight over the step's token count, so
 the loss summed over micro-batches is the step's mean, and gradient
@@ -32,13 +29,13 @@ import optax
 from txf import ops
 from txf.models.output_heads import LMHead
 from txf.train import optim
+from txf.train.tasks import task_kind
 
 Batch = dict[str, jax.Array]
 # A batch as the data pipeline gives it (numpy) or on the device: init and
 # model_inputs take either.
 AnyBatch = Mapping[str, jax.Array | np.ndarray]
 ArrayT = TypeVar("ArrayT", bound=jax.Array | np.ndarray)
-TASKS = ("lm", "mlm", "seq2seq", "classify")
 
 
 @flax.struct.dataclass
@@ -77,23 +74,14 @@ def init_state(
 
 
 def model_inputs(batch: Mapping[str, ArrayT], task: str) -> tuple[ArrayT, ...]:
-  """The model's positional inputs; packed lm/mlm batches add their segment
-  ids and positions (txf.data's packed TFDS streams)."""
-  if task == "seq2seq":
-    return batch["encoder_inputs"], batch["decoder_inputs"]
-  if task in ("lm", "mlm") and "segment_ids" in batch:
-    return batch["inputs"], batch["segment_ids"], batch["positions"]
-  if task in ("lm", "mlm", "classify"):
-    return (batch["inputs"],)
-  raise ValueError(f"data.task: {task!r} is not one of {TASKS}")
+  """The model's positional inputs, as data.task `task`'s entry feeds them."""
+  return task_kind(task).model_inputs(batch)
 
 
 def labels_and_weights(batch: Batch, task: str) -> tuple[jax.Array, jax.Array]:
-  """Labels [B, T] (or [B]) and float32 weights of the same shape."""
-  if task == "classify":
-    labels = batch["labels"]
-    return labels, jnp.ones(labels.shape, jnp.float32)
-  return batch["targets"], batch["weights"].astype(jnp.float32)
+  """Labels [B, T] (or [B]) and float32 weights of the same shape, as data.task
+  `task`'s entry reads them."""
+  return task_kind(task).labels_and_weights(batch)
 
 
 def _apply_without_head(
