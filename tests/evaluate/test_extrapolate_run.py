@@ -22,11 +22,12 @@ from conftest import REPO, tiny_config
 from full_disk import files_in, full_disk, read_only
 from txf.analysis.extrapolation import PROTOCOLS
 from txf.evaluate.extrapolate import extrapolate_run, format_table
+from txf.storage import WriteError
 from txf.sweep import results
 from txf.train import loop
 from txf.train.run_config import ConfigError, parse
 from txf.train.setup import adding_to_run
-from txf.train.workdir import WorkdirError, WorkdirLock, WriteError
+from txf.train.workdir import WorkdirError, WorkdirLock
 
 STEPS = 4
 SEQ_LEN = 32

@@ -21,19 +21,13 @@ from full_disk import full_disk, read_only
 from txf.data import HFTokenizer
 from txf.interop import CheckpointError, load_pretrained
 from txf.interop.rules import flatten
+from txf.storage import WriteError
 from txf.train import loop
-from txf.train.export import (
-  EXPORT_MARKER,
-  export_run,
-  is_run_directory,
-  load_trained,
-  reachable_directory,
-  write_directory,
-)
-from txf.train.resume import read_run_config
+from txf.train.export import EXPORT_MARKER, export_run, reachable_directory, write_directory
+from txf.train.resume import is_run_directory, read_run_config
 from txf.train.run_config import ConfigError, parse
-from txf.train.setup import setup_run
-from txf.train.workdir import WorkdirError, WriteError
+from txf.train.setup import load_trained, setup_run
+from txf.train.workdir import WorkdirError
 
 OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
 HF_GPT2 = FIXTURES / "hf" / "gpt2"

@@ -1,5 +1,5 @@
 """Files written whole or not at all: the one atomic writer
-(txf.train.workdir.write_files) on a full disk, txf-analyze's figures and
+(txf.storage.write_files) on a full disk, txf-analyze's figures and
 tables through it, and a sweep's summary, whose SIGTERM as it starts exits 0
 (its in-process tests: test_sweep_results)."""
 
@@ -14,7 +14,7 @@ from conftest import REPO
 from full_disk import files_in, full_disk
 from txf.analysis.phase_change import write_training_csv
 from txf.analysis.plots import line_plot_figure, save_figure
-from txf.train.workdir import WriteError, write_files
+from txf.storage import WriteError, write_files
 
 # runner.summarize's line when a SIGTERM comes before its files are written.
 PREEMPTED = (

@@ -27,11 +27,11 @@ from conftest import (
 )
 from full_disk import full_disk
 from tensorboard_files import read_tensorboard_scalars
+from txf.storage import WriteError
 from txf.train import checkpoint, loop, resume, setup
 from txf.train.checkpoint import CheckpointWriteError
 from txf.train.metrics import read_metrics
 from txf.train.run_config import ConfigError, parse
-from txf.train.workdir import WriteError
 
 # A restore that failed (a checkpoint replaced while read) leaves orbax's read
 # coroutines to the garbage collector, which reports them in whichever test

@@ -34,8 +34,9 @@ from txf.evaluate.extrapolate import extrapolate_run
 from txf.layers.model_config import ModelConfig
 from txf.sweep import grid
 from txf.train import loop, resume
-from txf.train.export import export_run, is_run_directory, load_trained
+from txf.train.export import export_run
 from txf.train.metrics import read_metrics
+from txf.train.resume import is_run_directory
 from txf.train.run_config import (
   ConfigError,
   EvalConfig,
@@ -45,7 +46,7 @@ from txf.train.run_config import (
   parse,
   to_json,
 )
-from txf.train.setup import load_run
+from txf.train.setup import load_run, load_trained
 
 RUN_CONFIGS = [name for name in configs.names() if not name.startswith("sweeps/")]
 SWEEP_CONFIGS = [name for name in configs.names() if name.startswith("sweeps/")]

@@ -19,7 +19,7 @@ import numpy as np
 from etils import epath
 
 from txf.analysis.ablation import head_name
-from txf.train.workdir import write_file
+from txf.storage import write_file
 
 # Per-head scores of the CSV, [N, L, H] each, in its column order.
 HEAD_SCORES = ("previous_token", "induction")

@@ -24,7 +24,7 @@ import numpy as np
 from etils import epath
 from matplotlib.figure import Figure
 
-from txf.train.workdir import write_file
+from txf.storage import write_file
 
 # Tokens are written on the axes only up to this length; longer sequences get
 # numeric positions, since one label per row would be unreadable.
@@ -71,7 +71,7 @@ def fit_title(figure: Figure, title: str, *, fontsize: str | float = "large") ->
 
 def png_bytes(figure: Figure) -> bytes:
   """`figure` rendered as a PNG file's bytes, in memory (for writers that
-  write several files as one set: txf.train.workdir.write_files)."""
+  write several files as one set: txf.storage.write_files)."""
   buffer = io.BytesIO()
   figure.savefig(buffer, format="png", dpi=_DPI)
   return buffer.getvalue()
@@ -80,7 +80,7 @@ def png_bytes(figure: Figure) -> bytes:
 def save_figure(figure: Figure, path: str | os.PathLike) -> epath.Path:
   """Writes `figure` as a PNG to `path` (local or `gs://`), creating parent
   directories: rendered in memory, then written atomically
-  (txf.train.workdir.write_file), so a failed write leaves no cut PNG.
+  (txf.storage.write_file), so a failed write leaves no cut PNG.
 
   Returns:
     The path written.

@@ -39,9 +39,8 @@ from txf.data.spec import num_classes, required
 from txf.decode import generation
 from txf.ops import platform
 from txf.train import sharding
-from txf.train.loop import sampler_arguments
 from txf.train.run_config import ConfigError, RunConfig
-from txf.train.setup import RunSetup, setup_run
+from txf.train.setup import RunSetup, sampler_arguments, setup_run
 from txf.train.tasks import task_kind
 
 # Before jax starts a backend: compile for TPUs and GPUs on this CPU.
@@ -145,7 +144,7 @@ def abstract_batch(setup: RunSetup, *, train: bool = True) -> dict[str, jax.Shap
 
 
 def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
-  """The evaluations' sampler (txf.train.loop.sampler_arguments: generate
+  """The evaluations' sampler (txf.train.setup.sampler_arguments: generate
   after eval.sample_prompt, one row, at eval.temperature) for `decode_tokens`
   tokens, lowering, and its arguments."""
   if not task_kind(setup.task).causal_lm or setup.run.replicas > 1:

@@ -97,7 +97,7 @@ def _check_output(flag: flags.FlagHolder) -> None:
 
 def _write(path: str, text: str) -> None:
   """Writes `path` whole or not at all; a failure (a full disk) is one line, exit 1."""
-  from txf.train.workdir import WriteError, replace_text
+  from txf.storage import WriteError, replace_text
 
   try:
     replace_text(epath.Path(path), text)

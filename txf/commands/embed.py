@@ -49,7 +49,9 @@ def main(argv) -> None:
     sentence_embeddings,
     sentence_transformers_pooling,
   )
-  from txf.train.export import is_run_directory, load_trained, reachable_directory, without_head
+  from txf.train.export import reachable_directory, without_head
+  from txf.train.resume import is_run_directory
+  from txf.train.setup import load_trained
   from txf.train.workdir import WorkdirError
 
   logging.set_verbosity(logging.WARNING)

@@ -60,7 +60,9 @@ def main(argv) -> None:
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained
   from txf.interop.text import encode_batch, generate_text
-  from txf.train.export import is_run_directory, load_trained, reachable_directory
+  from txf.train.export import reachable_directory
+  from txf.train.resume import is_run_directory
+  from txf.train.setup import load_trained
   from txf.train.workdir import WorkdirError
 
   logging.set_verbosity(logging.WARNING)

@@ -33,7 +33,7 @@ def get_config(directory: str = ""):
   config = base.get_config()
   # Fine-tuning: a small learning rate, short warmup, light weight decay.
   fine_tuning = dict(init_from=directory, learning_rate=1e-4, warmup_steps=20, weight_decay=0.01)
-  from txf.train.export import is_run_directory  # noqa: PLC0415 (jax, only for this config)
+  from txf.train.resume import is_run_directory  # noqa: PLC0415 (jax, only for this config)
 
   if is_run_directory(directory):
     from txf.train.resume import read_run_config  # noqa: PLC0415

@@ -86,12 +86,13 @@ from txf.analysis.phase_change import steepest_fall, write_training_csv
 from txf.analysis.plots import attention_grid, save_figure
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
+from txf.storage import write_file
 from txf.train.checkpoint import make_checkpointer
 from txf.train.console import format_duration
 from txf.train.setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 from txf.train.tasks import task_kind
-from txf.train.workdir import check_reachable, run_path, write_file
+from txf.train.workdir import check_reachable, run_path
 
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"

@@ -16,7 +16,7 @@ replica: "loss" and the per-position losses are the replicas' means,
 "replica_loss" holds each replica's. The run directory gains
 extrapolation.json (format: txf.sweep.results), extrapolation.png and
 per_position_loss.png; nothing else in it changes. Each is written
-atomically (txf.train.workdir.write_file), the plots first: extrapolation.json, which
+atomically (txf.storage.write_file), the plots first: extrapolation.json, which
 tells a sweep that the point is extrapolated, is never cut and comes last.
 """
 
@@ -42,13 +42,14 @@ from txf.analysis.extrapolation import (
   window_losses,
 )
 from txf.checks import int_at_least
+from txf.storage import write_file
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.train.console import format_duration
 from txf.train.resume import read_run_config
 from txf.train.run_config import ConfigError
 from txf.train.setup import RunSetup, TrainedRun, load_run
 from txf.train.tasks import task_kind
-from txf.train.workdir import check_reachable, run_path, write_file
+from txf.train.workdir import check_reachable, run_path
 
 EXTRAPOLATION_PNG = "extrapolation.png"
 

@@ -2,7 +2,7 @@
 length extrapolation, loss by position, final loss by Pre-/Post-LN, final
 accuracy by model width. Each is labelled in words (`point_labels`: 'RoPE,
 Pre-LN'), rendered in memory and handed as PNG bytes to a writer: by default
-txf.train.workdir.write_file (atomic); a sweep's summary collects them all
+txf.storage.write_file (atomic); a sweep's summary collects them all
 first and writes them as one set (txf.sweep.runner.summarize). The plots
 themselves are txf.analysis.plots' line plots and matplotlib's object API.
 """
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.storage import write_file
 from txf.sweep.grid import Point
 from txf.sweep.results import (
   CURVE_METRICS,
@@ -28,7 +29,6 @@ from txf.sweep.results import (
   flatness_text,
   fraction_name,
 )
-from txf.train.workdir import write_file
 
 LOSS_CURVES_PNG = "loss_curves.png"
 TRAIN_LOSS_CURVES_PNG = "train_loss_curves.png"
@@ -162,7 +162,7 @@ def plot_loss_curves(
   Returns the PNG.
 
   `line_plot` builds the Figure (default txf.analysis.plots.line_plot_figure);
-  `write` puts its PNG down (default: atomically, txf.train.workdir.write_file).
+  `write` puts its PNG down (default: atomically, txf.storage.write_file).
   """
   if metric not in CURVES:
     raise ValueError(f"metric: {metric!r} is not one of {tuple(CURVES)}")

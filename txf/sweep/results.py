@@ -27,7 +27,7 @@ metrics.jsonl; the sweep adds
       each seed replica's loss, whose mean "loss" holds); null where not
       applicable.
   Every file here (and the sweep's tables and figures) is written atomically
-  (txf.train.workdir.write_files): a cut or unreadable extrapolation.json is a writer
+  (txf.storage.write_files): a cut or unreadable extrapolation.json is a writer
   killed by something else; it reads as missing (one line says so) and the
   sweep recomputes it.
 
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.storage import write_file, write_files
 from txf.sweep import significance
 from txf.sweep.grid import Point
 from txf.train.metrics import read_metrics
 from txf.train.replicas import metric_names
 from txf.train.resume import CONFIG_FILE, read_run_config
-from txf.train.workdir import write_file, write_files
 
 DIVERGED_FILE = "diverged.json"
 EXTRAPOLATION_FILE = "extrapolation.json"

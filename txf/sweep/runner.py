@@ -50,6 +50,7 @@ from etils import epath
 from txf.analysis.extrapolation import check_num_tokens
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
+from txf.storage import write_files
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
@@ -57,13 +58,7 @@ from txf.train.checkpoint import PreemptionGuard
 from txf.train.console import format_duration
 from txf.train.run_config import RunConfig, parse
 from txf.train.setup import adding_to_run, precheck_run
-from txf.train.workdir import (
-  WorkdirError,
-  check_reachable,
-  check_writable,
-  run_path,
-  write_files,
-)
+from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -291,7 +286,7 @@ def summarize(
 
   The summary is written whole or not at all, so tables and plots always
   describe the same runs: every file is rendered in memory first, then all
-  are written as one set (txf.train.workdir.write_files: a full disk
+  are written as one set (txf.storage.write_files: a full disk
   replaces none). A SIGTERM that `preemption` (installed by the caller)
   caught before the write is over stops it before anything is written:
   one line says to rerun, and None is returned. One during the write

@@ -1,12 +1,11 @@
-"""A trained txf run as a Hugging Face model: its latest checkpoint read the
-way txf.interop reads a Hugging Face directory (txf-generate, txf-embed and
-train.init_from take either), and written as one (txf-export).
+"""A trained txf run written as a Hugging Face model (txf-export); its
+latest checkpoint is read the way txf.interop reads a Hugging Face directory
+by txf.train.setup.load_trained (txf-generate, txf-embed and train.init_from
+take either).
 
-  trained = load_trained("runs/rope")       # Pretrained, tokenizer, step
-  logits = trained.pretrained.model().apply({"params": trained.pretrained.params}, tokens_BxT)
   export_run("runs/gpt2_tiny", "out/hf")    # config.json, model.safetensors, tokenizer.json
 
-A run is read through txf.train.setup.load_run (its config.json, the latest
+A run is read through txf.train.setup.load_trained (its config.json, the latest
 checkpoint, its tokenizer; nothing in the run is written); a run of R > 1
 seed replicas gives its first replica (seed `seed`). The export writes the
 families txf.interop writes: a decoder as GPT-2, an encoder as BERT, an
@@ -31,49 +30,21 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import flax.linen as nn
-import jax
 from etils import epath
 
 from txf import interop
-from txf.data.tokenizers import Tokenizer, hf_tokenizer_files
+from txf.data.tokenizers import hf_tokenizer_files
 from txf.interop.tensors import CONFIG
+from txf.storage import is_local, write_error
+from txf.train.resume import is_run_directory, saved_config
 from txf.train.run_config import ConfigError
-from txf.train.setup import check_holds_run, load_run
-from txf.train.workdir import (
-  WorkdirError,
-  check_reachable,
-  check_writable,
-  is_local,
-  run_path,
-  write_error,
-)
+from txf.train.setup import TrainedModel, check_holds_run, load_trained
+from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
 
 GENERATION_CONFIG = "generation_config.json"
 # Written into every export: an output directory holding it is an earlier
 # export, which the next one may replace (its JSON names the run and step).
 EXPORT_MARKER = ".txf-export"
-
-
-def _saved_config(path: epath.Path) -> dict[str, Any] | None:
-  """The JSON object in `path`/config.json; None when there is none or it is
-  broken (the reader it is given to says so)."""
-  try:
-    saved = json.loads((path / CONFIG).read_text())
-  except (ValueError, OSError):
-    return None
-  return saved if isinstance(saved, dict) else None
-
-
-def is_run_directory(path: str | os.PathLike) -> bool:
-  """Whether `path` holds a txf run (a config.json with `model` and `train`
-  sections) rather than a Hugging Face model directory (whose config.json
-  has neither)."""
-  path = epath.Path(path)
-  if not (path / CONFIG).exists():
-    return False
-  saved = _saved_config(path) or {}
-  return all(isinstance(saved.get(section), dict) for section in ("model", "train"))
 
 
 def reachable_directory(path: str | os.PathLike, name: str) -> epath.Path:
@@ -100,7 +71,7 @@ def check_is_run(workdir: epath.Path) -> None:
   check_holds_run(workdir)
   if is_run_directory(workdir):
     return
-  saved = _saved_config(workdir) or {}
+  saved = saved_config(workdir) or {}
   what = "its config.json is not a txf run's (no model and train sections)"
   if "architectures" in saved or "model_type" in saved:
     found = (saved.get("architectures") or [saved.get("model_type")])[0]
@@ -108,59 +79,6 @@ def check_is_run(workdir: epath.Path) -> None:
   raise ConfigError(
     f"workdir: {workdir} holds no txf run: {what}; txf-export takes the work directory "
     "of a txf run (txf-run's --workdir) and writes a Hugging Face model directory"
-  )
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainedModel:
-  """A txf run's latest checkpoint, as txf.interop reads a checkpoint.
-
-  Attributes:
-    pretrained: the model config (resolved: derived fields filled in) and
-      parameters (float32 numpy; replica 0 of a run of several), with the
-      tokenizer's pad/bos/eos ids (and the decoder's start, BOS, for an
-      encoder-decoder) as `token_ids`.
-    tokenizer: the run's tokenizer (its sentencepiece model read from the run).
-    step: the checkpoint's step.
-    task: the run's data.task ('lm', 'mlm', 'seq2seq', 'classify').
-  """
-
-  pretrained: interop.Pretrained
-  tokenizer: Tokenizer
-  step: int
-  task: str
-
-
-def load_trained(workdir: str | os.PathLike) -> TrainedModel:
-  """The latest checkpoint of the txf run in `workdir` (see the module docstring).
-
-  Raises:
-    ConfigError: `workdir` holds no run or no checkpoint, or its config no
-      longer checks.
-    RestoreError: no checkpoint restores.
-  """
-  trained = load_run(workdir)
-  setup = trained.setup
-  try:
-    params = jax.device_get(nn.meta.unbox(setup.replica_params(trained.params, 0)))
-  finally:
-    setup.train_data.close()
-  tokenizer = setup.train_data.tokenizer
-  cfg = setup.run.model
-  token_ids: dict[str, int | None] = dict(
-    pad_token_id=tokenizer.pad_id,
-    bos_token_id=tokenizer.bos_id,
-    eos_token_id=tokenizer.eos_id,
-    decoder_start_token_id=tokenizer.bos_id if cfg.family == "encoder_decoder" else None,
-  )
-  pretrained = interop.Pretrained(
-    config=cfg,
-    params=params,
-    architecture=f"the txf run in {workdir}",
-    token_ids=token_ids,
-  )
-  return TrainedModel(
-    pretrained=pretrained, tokenizer=tokenizer, step=trained.step, task=setup.task
   )
 
 

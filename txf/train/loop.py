@@ -88,7 +88,7 @@ from txf.train.resume import (
   write_config,
 )
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig, to_json
-from txf.train.setup import RunSetup, setup_run
+from txf.train.setup import RunSetup, sampler_arguments, setup_run
 from txf.train.tasks import task_kind
 from txf.train.trackers import check_trackers, make_trackers
 from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
@@ -164,22 +164,6 @@ def _samples(setup: RunSetup) -> bool:
   """Whether the run's evaluations sample text."""
   # Every lm-task model generates: a decoder, or an LSTM (its carry is its cache).
   return task_kind(setup.task).causal_lm and bool(setup.run.eval.sample_tokens)
-
-
-def sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:
-  """decode.generate's arguments for the evaluations' sample of
-  eval.sample_prompt at `step`, the prompt a host array [1, P] (txf.aot
-  compiles the same program for hardware it does not have)."""
-  eval_config, tokenizer = setup.run.eval, setup.train_data.tokenizer
-  return (
-    (setup.model, params, tokenizer.encode(eval_config.sample_prompt)[None]),
-    dict(
-      max_new_tokens=eval_config.sample_tokens,
-      rng=jax.random.fold_in(setup.init_key, step),
-      temperature=eval_config.temperature,
-      eos_id=tokenizer.eos_id,
-    ),
-  )
 
 
 def _sampler_arguments(setup: RunSetup, params, step: int) -> tuple[tuple, dict]:

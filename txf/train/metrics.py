@@ -56,6 +56,7 @@ from etils import epath
 from tensorboardX import summary as tb_summary
 from tensorboardX.proto.summary_pb2 import Summary
 
+from txf.storage import is_local, replace_bytes
 from txf.train.sinks import (
   EventFile,
   LocalLines,
@@ -69,7 +70,6 @@ from txf.train.sinks import (
   writing,
 )
 from txf.train.tracking import Tracker, metric_tag
-from txf.train.workdir import is_local, replace_bytes
 
 METRICS_FILE = "metrics.jsonl"
 DROPPED_METRICS_FILE = "metrics.dropped.jsonl"

@@ -1,8 +1,9 @@
 """Starting a run from trained parameters (config.train.init_from): a
 Hugging Face checkpoint or another txf run, checked against the run's model.
 
-setup_run (txf.train.setup) calls `pretrained_params` while it builds the
-run and starts the state from them with `starting_from`. The weights' rows
+setup_run (txf.train.setup) reads that model (its init_from_model, which
+sets up a txf run as setup_run does), checks it with `pretrained_params`
+while it builds the run, and starts the state from them with `starting_from`. The weights' rows
 are the source run's token ids: setup's fit_vocabulary first copies a txf run's
 sentencepiece model into the new run (`adopt_tokenizer`) instead of training
 another, and setup_run refuses a tokenizer whose contents differ from the
@@ -25,10 +26,10 @@ from txf import interop
 from txf.data.spec import DataSpec
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.layers.model_config import ModelConfig
+from txf.storage import replace_bytes
 from txf.train.record import recorded_tokenizer
-from txf.train.run_config import ConfigError
+from txf.train.resume import is_run_directory
 from txf.train.step import TrainState
-from txf.train.workdir import replace_bytes
 
 # ModelConfig fields a run may set apart from its train.init_from checkpoint: they
 # change how the model trains or runs, not the function its parameters compute.
@@ -46,26 +47,18 @@ FREE_PRETRAINED_FIELDS = (
 )
 
 
-def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any) -> Any:
-  """The parameters of the Hugging Face checkpoint in `directory`
-  (config.train.init_from), or of the latest checkpoint of the txf run there
-  (its first replica; txf.train.export.load_trained), which must be the
-  run's model: the same ModelConfig up to FREE_PRETRAINED_FIELDS and exactly
-  the same parameters.
+def pretrained_params(
+  pretrained: interop.Pretrained, directory: str, model_cfg: ModelConfig, boxed_params: Any
+) -> Any:
+  """The parameters of `pretrained`, the model in `directory`
+  (config.train.init_from: a Hugging Face checkpoint, or the latest
+  checkpoint of a txf run, its first replica; txf.train.setup.init_from_model),
+  which must be the run's model: the same ModelConfig up to
+  FREE_PRETRAINED_FIELDS and exactly the same parameters.
 
   Raises:
     ValueError: naming the first model field or parameter that differs.
   """
-  # txf.train.export reads a run through load_run, below.
-  from txf.train.export import is_run_directory, load_trained  # noqa: PLC0415
-
-  try:
-    if is_run_directory(directory):
-      pretrained = load_trained(directory).pretrained
-    else:
-      pretrained = interop.load_pretrained(directory)
-  except (interop.CheckpointError, ConfigError) as error:
-    raise ValueError(f"train.init_from: {error}") from None
   hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
   for field in dataclasses.fields(ModelConfig):
     ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
@@ -89,12 +82,6 @@ def pretrained_params(directory: str, model_cfg: ModelConfig, boxed_params: Any)
   return pretrained.params
 
 
-def _is_run(directory: str) -> bool:
-  from txf.train.export import is_run_directory  # noqa: PLC0415 (export reads runs through setup)
-
-  return is_run_directory(directory)
-
-
 def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.PathLike) -> None:
   """Puts the sentencepiece model of the txf run `init_from` into `workdir`
   (atomically, where it has none yet) for a run that starts from that run's
@@ -105,7 +92,7 @@ def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.Pat
     ValueError: one line naming train.init_from, when that run has no model
       of data.sp_vocab_size, or `workdir` holds one with other contents.
   """
-  if spec.tokenizer != "sentencepiece" or not init_from or not _is_run(init_from):
+  if spec.tokenizer != "sentencepiece" or not init_from or not is_run_directory(init_from):
     return
   name = SentencePieceTokenizer.file_name(spec.sp_vocab_size or 0)
   source, target = epath.Path(init_from) / name, epath.Path(workdir) / name
@@ -132,7 +119,7 @@ def check_tokenizer(init_from: str, tokenizer: Tokenizer) -> None:
   Raises:
     ValueError: one line naming both hashes.
   """
-  recorded = recorded_tokenizer(init_from) if _is_run(init_from) else None
+  recorded = recorded_tokenizer(init_from) if is_run_directory(init_from) else None
   if recorded is None or recorded.get("sha256") == tokenizer.sha256:
     return
   raise ValueError(

@@ -63,10 +63,10 @@ from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
 from txf.registry import Registry
+from txf.storage import parse_json, read_text, replace_text, write_error
 from txf.train import hardware
 from txf.train.optim import DECAYS
 from txf.train.run_config import RunConfig, to_json
-from txf.train.workdir import parse_json, read_text, replace_text, write_error
 
 RECORD_FILE = "run_record.json"
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "txf")

@@ -37,9 +37,9 @@ import jax
 from etils import epath
 
 from txf.layers.model_config import MOVED_TO_OPTIONS
+from txf.storage import read_json, replace_text
 from txf.train.record import check_choices
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
-from txf.train.workdir import read_json, replace_text
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -133,7 +133,7 @@ def read_run_config(workdir: str | os.PathLike) -> RunConfig | None:
 
   Raises:
     ValueError: naming the file, when it cannot be read or is not UTF-8
-      JSON (txf.train.workdir.read_json); ConfigError naming the file and
+      JSON (txf.storage.read_json); ConfigError naming the file and
       the field, when it is not a run's config; naming a registered choice
       whose module does not import.
   """
@@ -237,3 +237,24 @@ def check_optimizer_state(
         f"state that the checkpoints in {workdir} hold; keep the run's value or use a new "
         "--workdir"
       )
+
+
+def saved_config(path: epath.Path) -> dict[str, Any] | None:
+  """The JSON object in `path`/config.json; None when there is none or it is
+  broken (the reader it is given to says so)."""
+  try:
+    saved = json.loads((path / CONFIG_FILE).read_text())
+  except (ValueError, OSError):
+    return None
+  return saved if isinstance(saved, dict) else None
+
+
+def is_run_directory(path: str | os.PathLike) -> bool:
+  """Whether `path` holds a txf run (a config.json with `model` and `train`
+  sections) rather than a Hugging Face model directory (whose config.json
+  has neither)."""
+  path = epath.Path(path)
+  if not (path / CONFIG_FILE).exists():
+    return False
+  saved = saved_config(path) or {}
+  return all(isinstance(saved.get(section), dict) for section in ("model", "train"))

@@ -39,7 +39,7 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
-from txf import decode, models
+from txf import decode, interop, models
 from txf.analysis import flops_per_token
 from txf.data import (
   Dataset,
@@ -53,13 +53,8 @@ from txf.data.stacked import StackedDatasets
 from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import make_checkpointer
-from txf.train.pretrained import (
-  adopt_tokenizer,
-  check_tokenizer,
-  pretrained_params,
-  starting_from,
-)
-from txf.train.resume import CONFIG_FILE, check_resumable, read_run_config
+from txf.train.pretrained import adopt_tokenizer, check_tokenizer, pretrained_params, starting_from
+from txf.train.resume import CONFIG_FILE, check_resumable, is_run_directory, read_run_config
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.tasks import task_kind
@@ -305,7 +300,8 @@ def setup_run(
     pretrained = None
     if run.train.init_from:
       check_tokenizer(run.train.init_from, tokenizer)
-      pretrained = pretrained_params(run.train.init_from, run.model, boxed_params)
+      source = init_from_model(run.train.init_from)
+      pretrained = pretrained_params(source, run.train.init_from, run.model, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
 
@@ -353,6 +349,22 @@ def setup_run(
     tokens_per_step=batches * run.data.batch_size * (1 if task_kind(task).per_example else seq_len),
     flops_per_token=run.replicas // batches * flops_per_token(run.model, seq_len),
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
+  )
+
+
+def sampler_arguments(setup: RunSetup, params: Any, step: int) -> tuple[tuple, dict]:
+  """decode.generate's arguments for the evaluations' sample of
+  eval.sample_prompt at `step`, the prompt a host array [1, P] (txf.aot
+  compiles the same program for hardware it does not have)."""
+  eval_config, tokenizer = setup.run.eval, setup.train_data.tokenizer
+  return (
+    (setup.model, params, tokenizer.encode(eval_config.sample_prompt)[None]),
+    dict(
+      max_new_tokens=eval_config.sample_tokens,
+      rng=jax.random.fold_in(setup.init_key, step),
+      temperature=eval_config.temperature,
+      eos_id=tokenizer.eos_id,
+    ),
   )
 
 
@@ -441,3 +453,72 @@ def load_run(
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
     step, state, _ = restored
   return TrainedRun(setup=setup, params=state.params, step=step)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+  """A txf run's latest checkpoint, as txf.interop reads a checkpoint.
+
+  Attributes:
+    pretrained: the model config (resolved: derived fields filled in) and
+      parameters (float32 numpy; replica 0 of a run of several), with the
+      tokenizer's pad/bos/eos ids (and the decoder's start, BOS, for an
+      encoder-decoder) as `token_ids`.
+    tokenizer: the run's tokenizer (its sentencepiece model read from the run).
+    step: the checkpoint's step.
+    task: the run's data.task ('lm', 'mlm', 'seq2seq', 'classify').
+  """
+
+  pretrained: interop.Pretrained
+  tokenizer: Tokenizer
+  step: int
+  task: str
+
+
+def load_trained(workdir: str | os.PathLike) -> TrainedModel:
+  """The latest checkpoint of the txf run in `workdir` (see the module docstring).
+
+  Raises:
+    ConfigError: `workdir` holds no run or no checkpoint, or its config no
+      longer checks.
+    RestoreError: no checkpoint restores.
+  """
+  trained = load_run(workdir)
+  setup = trained.setup
+  try:
+    params = jax.device_get(nn.meta.unbox(setup.replica_params(trained.params, 0)))
+  finally:
+    setup.train_data.close()
+  tokenizer = setup.train_data.tokenizer
+  cfg = setup.run.model
+  token_ids: dict[str, int | None] = dict(
+    pad_token_id=tokenizer.pad_id,
+    bos_token_id=tokenizer.bos_id,
+    eos_token_id=tokenizer.eos_id,
+    decoder_start_token_id=tokenizer.bos_id if cfg.family == "encoder_decoder" else None,
+  )
+  pretrained = interop.Pretrained(
+    config=cfg,
+    params=params,
+    architecture=f"the txf run in {workdir}",
+    token_ids=token_ids,
+  )
+  return TrainedModel(
+    pretrained=pretrained, tokenizer=tokenizer, step=trained.step, task=setup.task
+  )
+
+
+def init_from_model(directory: str) -> interop.Pretrained:
+  """The model a run starts from (config.train.init_from): the latest
+  checkpoint of the txf run in `directory` (`load_trained`, which sets that
+  run up as `setup_run` sets up this one) or a Hugging Face checkpoint.
+
+  Raises:
+    ValueError: naming train.init_from, for a directory that holds neither.
+  """
+  try:
+    if is_run_directory(directory):
+      return load_trained(directory).pretrained
+    return interop.load_pretrained(directory)
+  except (interop.CheckpointError, ConfigError) as error:
+    raise ValueError(f"train.init_from: {error}") from None

@@ -28,7 +28,7 @@ from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
-from txf.train.workdir import WriteError, is_local, write_error
+from txf.storage import WriteError, is_local, write_error
 
 
 class LocalFile:

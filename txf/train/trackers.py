@@ -39,9 +39,9 @@ from etils import epath
 
 from txf.extras import install_hint
 from txf.registry import Registry
+from txf.storage import is_local, read_text, replace_text
 from txf.train.metrics import read_samples
 from txf.train.tracking import Tracker, metric_tag
-from txf.train.workdir import is_local, read_text, replace_text
 
 WANDB_ID_FILE = "wandb_run_id.txt"
 WANDB_SAMPLES = "eval/samples"  # the wandb table of the samples

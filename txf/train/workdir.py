@@ -1,6 +1,5 @@
 """A run's work directory: its path type, an exclusive lock, an early
-writability check, the error every writer of a run raises, and the readers
-of its text and JSON files that name a file they cannot read.
+writability check (its files are written and read by txf.storage).
 
 Everything a run reads and writes goes through one path type, `etils.epath`
 (the one orbax uses), so a work directory may be local or a URL such as
@@ -25,8 +24,8 @@ across processes).
 
 A run's outputs (metrics, TensorBoard events, samples, config.json) are
 written in the training thread, and a failed write (a full or read-only
-disk, a lost mount) raises `WriteError`, naming the file and the OS's
-reason in one line (`write_error`), so the run stops there instead of
+disk, a lost mount) raises `WriteError` (txf.storage), naming the file and
+the OS's reason in one line, so the run stops there instead of
 training on without its outputs or hanging in a writer thread.
 """
 
@@ -42,13 +41,12 @@ import re
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO
 
 from etils import epath
 
 from txf.extras import install_hint
+from txf.storage import is_local, os_reason, remove_stale_temporaries
 
 LOCK_FILE = ".lock"
 # How long the first look at a URL work directory may take (check_reachable).
@@ -60,9 +58,6 @@ SCHEMES = {
   "az": (("adlfs",), "pip install adlfs"),
   "hf": (("huggingface_hub",), "pip install huggingface_hub"),
 }
-# write_files' temporary of a file NAME: .NAME.<hex>.tmp
-_TEMPORARY_HEX = 12
-_STALE = re.compile(rf"\..+\.[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
 # 'gs:/bucket/run': a URL whose '//' a pathlib.Path has collapsed.
 _COLLAPSED_URL = re.compile(rf"^({'|'.join(SCHEMES)}):/(?!/)")
 
@@ -72,28 +67,6 @@ logger = logging.getLogger(__name__)
 class WorkdirError(RuntimeError):
   """The work directory cannot be used: not writable, held by another run, or
   on a file system that is not installed."""
-
-
-class WriteError(RuntimeError):
-  """An output of a run (a file of its work directory) could not be written:
-  the message is one line, '<path>: <reason>'. What was written before it is
-  intact, so a rerun (once the cause is gone) resumes from the last checkpoint."""
-
-
-def _reason(error: BaseException) -> str:
-  """The OS's reason for `error` ('No space left on device'), else its text
-  on one line."""
-  return getattr(error, "strerror", None) or " ".join(str(error).split()) or repr(error)
-
-
-def write_error(path: str | os.PathLike, error: BaseException) -> WriteError:
-  """WriteError('<path>: <reason>') for `error` met writing `path`."""
-  return WriteError(f"{os.fspath(path)}: {_reason(error)}")
-
-
-def is_local(path: str | os.PathLike) -> bool:
-  """Whether `path` is on a local (POSIX) file system rather than a URL."""
-  return "://" not in os.fspath(path)
 
 
 def run_path(path: str | os.PathLike, name: str = "workdir") -> epath.Path:
@@ -165,7 +138,7 @@ def check_reachable(directory: epath.Path) -> None:
     last = f"; last logged: {logs.last}" if logs.last else ""
     raise WorkdirError(f"{directory}: no answer within {REACH_TIMEOUT_S:g} s{last}")
   if outcome[0] is not None:
-    raise WorkdirError(f"{directory}: cannot be reached ({_reason(outcome[0])})") from outcome[0]
+    raise WorkdirError(f"{directory}: cannot be reached ({os_reason(outcome[0])})") from outcome[0]
 
 
 class _HeldLogs(logging.Handler):
@@ -196,125 +169,9 @@ class _HeldLogs(logging.Handler):
       logger_.propagate = propagate
 
 
-def _temporary(path: epath.Path) -> epath.Path:
-  """A new temporary for `path` in its directory: .NAME.<hex>.tmp. A name per
-  writer: two processes replacing one file never share a temporary."""
-  return path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
-
-
-def replace_bytes(path: epath.Path, data: bytes) -> None:
-  """Replaces `path`'s contents atomically: `write_file`."""
-  write_file(path, data)
-
-
-def remove_stale_temporaries(directory: epath.Path) -> None:
-  """Removes the temporaries of `write_files` left directly in the local
-  `directory` by a process killed between writing one and renaming it.
-  Only for the holder of the directory's lock (`WorkdirLock`), which no
-  other writer of the run shares: every temporary there is stale."""
-  for path in directory.glob(".*.tmp"):
-    if _STALE.fullmatch(path.name):
-      with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
-        path.unlink()
-
-
-def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
-  """Replaces each file of `files` (a local path or URL -> its contents; a
-  str is written as UTF-8) atomically and the set as a whole, creating local parent
-  directories; returns the paths. The one writer of every file txf writes
-  (run outputs, tables, figures: `txf.analysis.plots.save_figure`).
-
-  Local files: every contents goes to a temporary beside its file first
-  (.NAME.<hex>.tmp), and only once all are down are they renamed
-  over the files, so a failed write (a full disk) leaves every file as it
-  was and no temporary behind, and readers never see a mix of old and new.
-  Objects (gs://) are uploaded one by one, each atomic.
-
-  Raises:
-    WriteError: '<path>: <reason>' for the first file that failed.
-  """
-  staged: list[tuple[epath.Path, epath.Path]] = []  # (temporary, file)
-  paths = [epath.Path(path) for path in files]
-  if not paths:
-    return paths
-  path = paths[0]
-  try:
-    for path, data in zip(paths, files.values()):
-      data = data.encode("utf-8") if isinstance(data, str) else data
-      if not is_local(path):  # an object upload is atomic; a rename there is a copy
-        path.write_bytes(data)
-        continue
-      path.parent.mkdir(parents=True, exist_ok=True)
-      staged.append((_temporary(path), path))
-      staged[-1][0].write_bytes(data)
-    for temporary, path in staged:
-      temporary.replace(path)
-  except BaseException as error:  # also KeyboardInterrupt: no temporary stays
-    for temporary, _ in staged:
-      temporary.unlink(missing_ok=True)
-    # Remote file systems raise their own types (gcsfs's HttpError, ...).
-    if isinstance(error, Exception):
-      raise write_error(path, error) from error
-    raise
-  return paths
-
-
-def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
-  """Replaces one file atomically (`write_files`); returns its path.
-
-  Raises:
-    WriteError: naming `path` and the reason; `path` is as it was.
-  """
-  return write_files({epath.Path(path): data})[0]
-
-
-def replace_text(path: epath.Path, text: str) -> None:
-  """Replaces `path`'s text (UTF-8) atomically: `write_file`."""
-  write_file(path, text)
-
-
-def read_text(path: epath.Path) -> str | None:
-  """The text (UTF-8) of `path`, a file of a work directory; None if there is none.
-
-  Raises:
-    ValueError: one line naming `path`, when it is not UTF-8 text or cannot
-      be read (a directory, no permission).
-  """
-  try:
-    if not path.exists():
-      return None
-    return path.read_bytes().decode("utf-8")
-  except UnicodeDecodeError as error:
-    raise ValueError(f"{path}: not UTF-8 text (byte {error.start})") from None
-  except OSError as error:
-    raise ValueError(f"{path}: cannot be read ({_reason(error)})") from None
-
-
-def read_json(path: epath.Path) -> Any:
-  """The JSON value in `path` (`read_text`); None if there is no such file.
-
-  Raises:
-    ValueError: one line naming `path`, when it is not UTF-8 JSON or cannot be read.
-  """
-  text = read_text(path)
-  return None if text is None else parse_json(text, path)
-
-
-def parse_json(text: str, path: epath.Path) -> Any:
-  """The JSON value `text` (read from `path`) holds.
-
-  Raises:
-    ValueError: one line naming `path`, when `text` is not JSON.
-  """
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError as error:
-    raise ValueError(f"{path}: not valid JSON ({error})") from None
-
-
 def not_writable(directory: str | os.PathLike, error: BaseException) -> WorkdirError:
   """WorkdirError('<directory>: not a writable directory (<reason>)') for `error`."""
-  return WorkdirError(f"{os.fspath(directory)}: not a writable directory ({_reason(error)})")
+  return WorkdirError(f"{os.fspath(directory)}: not a writable directory ({os_reason(error)})")
 
 
 def check_writable(directory: str | os.PathLike) -> None:
@@ -412,7 +269,7 @@ class WorkdirLock:
     except OSError as error:  # e.g. a full disk: the lock is held, its note is not written
       with contextlib.suppress(OSError):  # closing flushes (and fails) again
         handle.close()
-      raise WorkdirError(f"cannot lock {self.path}: {_reason(error)}") from error
+      raise WorkdirError(f"cannot lock {self.path}: {os_reason(error)}") from error
     self._file = handle
     remove_stale_temporaries(self.path.parent)
 

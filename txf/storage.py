@@ -1,0 +1,167 @@
+"""Files written whole and read back naming the file: the file I/O every
+package may use (a run's outputs, sweep tables, figures), on a local disk or
+an object store (gs://) through one path type, `etils.epath`.
+
+  write_file(path, data)          # atomic: the old contents or the new, never a mix
+  write_files({path: data, ...})  # the set as a whole (local files)
+  read_json(path)                 # None for no file; ValueError naming `path`
+
+A failed write (a full or read-only disk, a lost mount) raises `WriteError`,
+naming the file and the OS's reason in one line (`write_error`). A run's work
+directory (its lock, reachability, writability) is txf.train.workdir's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from etils import epath
+
+# write_files' temporary of a file NAME: .NAME.<hex>.tmp
+_TEMPORARY_HEX = 12
+_STALE = re.compile(rf"\..+\.[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
+
+
+class WriteError(RuntimeError):
+  """A file (a run's output, a table, a figure) could not be written: the
+  message is one line, '<path>: <reason>'. What was written before it is
+  intact, so a rerun of a run (once the cause is gone) resumes from its last
+  checkpoint."""
+
+
+def os_reason(error: BaseException) -> str:
+  """The OS's reason for `error` ('No space left on device'), else its text
+  on one line."""
+  return getattr(error, "strerror", None) or " ".join(str(error).split()) or repr(error)
+
+
+def write_error(path: str | os.PathLike, error: BaseException) -> WriteError:
+  """WriteError('<path>: <reason>') for `error` met writing `path`."""
+  return WriteError(f"{os.fspath(path)}: {os_reason(error)}")
+
+
+def is_local(path: str | os.PathLike) -> bool:
+  """Whether `path` is on a local (POSIX) file system rather than a URL."""
+  return "://" not in os.fspath(path)
+
+
+def _temporary(path: epath.Path) -> epath.Path:
+  """A new temporary for `path` in its directory: .NAME.<hex>.tmp. A name per
+  writer: two processes replacing one file never share a temporary."""
+  return path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
+
+
+def replace_bytes(path: epath.Path, data: bytes) -> None:
+  """Replaces `path`'s contents atomically: `write_file`."""
+  write_file(path, data)
+
+
+def remove_stale_temporaries(directory: epath.Path) -> None:
+  """Removes the temporaries of `write_files` left directly in the local
+  `directory` by a process killed between writing one and renaming it.
+  Only for the holder of the directory's lock (txf.train.workdir.WorkdirLock),
+  which no other writer shares: every temporary there is stale."""
+  for path in directory.glob(".*.tmp"):
+    if _STALE.fullmatch(path.name):
+      with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
+        path.unlink()
+
+
+def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
+  """Replaces each file of `files` (a local path or URL -> its contents; a
+  str is written as UTF-8) atomically and the set as a whole, creating local parent
+  directories; returns the paths. The one writer of every file txf writes
+  (run outputs, tables, figures: `txf.analysis.plots.save_figure`).
+
+  Local files: every contents goes to a temporary beside its file first
+  (.NAME.<hex>.tmp), and only once all are down are they renamed
+  over the files, so a failed write (a full disk) leaves every file as it
+  was and no temporary behind, and readers never see a mix of old and new.
+  Objects (gs://) are uploaded one by one, each atomic.
+
+  Raises:
+    WriteError: '<path>: <reason>' for the first file that failed.
+  """
+  staged: list[tuple[epath.Path, epath.Path]] = []  # (temporary, file)
+  paths = [epath.Path(path) for path in files]
+  if not paths:
+    return paths
+  path = paths[0]
+  try:
+    for path, data in zip(paths, files.values()):
+      data = data.encode("utf-8") if isinstance(data, str) else data
+      if not is_local(path):  # an object upload is atomic; a rename there is a copy
+        path.write_bytes(data)
+        continue
+      path.parent.mkdir(parents=True, exist_ok=True)
+      staged.append((_temporary(path), path))
+      staged[-1][0].write_bytes(data)
+    for temporary, path in staged:
+      temporary.replace(path)
+  except BaseException as error:  # also KeyboardInterrupt: no temporary stays
+    for temporary, _ in staged:
+      temporary.unlink(missing_ok=True)
+    # Remote file systems raise their own types (gcsfs's HttpError, ...).
+    if isinstance(error, Exception):
+      raise write_error(path, error) from error
+    raise
+  return paths
+
+
+def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
+  """Replaces one file atomically (`write_files`); returns its path.
+
+  Raises:
+    WriteError: naming `path` and the reason; `path` is as it was.
+  """
+  return write_files({epath.Path(path): data})[0]
+
+
+def replace_text(path: epath.Path, text: str) -> None:
+  """Replaces `path`'s text (UTF-8) atomically: `write_file`."""
+  write_file(path, text)
+
+
+def read_text(path: epath.Path) -> str | None:
+  """The text (UTF-8) of `path`; None if there is no such file.
+
+  Raises:
+    ValueError: one line naming `path`, when it is not UTF-8 text or cannot
+      be read (a directory, no permission).
+  """
+  try:
+    if not path.exists():
+      return None
+    return path.read_bytes().decode("utf-8")
+  except UnicodeDecodeError as error:
+    raise ValueError(f"{path}: not UTF-8 text (byte {error.start})") from None
+  except OSError as error:
+    raise ValueError(f"{path}: cannot be read ({os_reason(error)})") from None
+
+
+def read_json(path: epath.Path) -> Any:
+  """The JSON value in `path` (`read_text`); None if there is no such file.
+
+  Raises:
+    ValueError: one line naming `path`, when it is not UTF-8 JSON or cannot be read.
+  """
+  text = read_text(path)
+  return None if text is None else parse_json(text, path)
+
+
+def parse_json(text: str, path: epath.Path) -> Any:
+  """The JSON value `text` (read from `path`) holds.
+
+  Raises:
+    ValueError: one line naming `path`, when `text` is not JSON.
+  """
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as error:
+    raise ValueError(f"{path}: not valid JSON ({error})") from None
