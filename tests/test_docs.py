@@ -15,7 +15,6 @@ import pytest
 from tools import findings_significance, results_tables, traced_numbers
 from txf import configs, models
 from txf.configs import base
-from txf.layers.model_config import MOVED_TO_OPTIONS
 from txf.sweep import grid, results
 from txf.train.metrics import METRICS_FILE
 from txf.train.resume import CONFIG_FILE, FREE_DATA_FIELDS, RESUME_SECTIONS
@@ -192,19 +191,11 @@ def test_the_citation_and_changelog_give_the_version_and_licence_txf_has():
   assert "dist/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-def under_todays_names(text: str) -> str:
-  """A committed sweep summary's text with the grid fields since moved into
-  model.options named as today (sweeps/t5_distance ran on model.t5_max_distance)."""
-  for name in MOVED_TO_OPTIONS:
-    text = text.replace(f"model.{name}", f"model.options.{name}")
-  return text
-
-
 def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
-  """The two CSV files' cells equal (`expected` under today's field names):
+  """The two CSV files' cells equal:
   numbers within rtol 1e-12, text exactly."""
   read = lambda text: list(csv.reader(text.splitlines()))
-  got, want = read(actual.read_text()), read(under_todays_names(expected.read_text()))
+  got, want = read(actual.read_text()), read(expected.read_text())
   assert [len(row) for row in got] == [len(row) for row in want], actual.name
   for got_row, want_row in zip(got, want):
     for a, b in zip(got_row, want_row):
@@ -252,7 +243,7 @@ def test_the_sweep_results_table_is_its_committed_raw_outputs(tmp_path, data_dir
     if written.suffix == ".csv":  # full precision: numpy's last digit varies by release
       assert_same_csv(written, data / written.name)
     else:
-      committed = under_todays_names((data / written.name).read_text())
+      committed = (data / written.name).read_text()
       assert written.read_text() == committed, written.name
   point = points[0].name
   (tmp_path / point).mkdir()

@@ -52,8 +52,6 @@ GRID_COLUMNS = {
   "model.position": ("encoding", ENCODINGS.__getitem__),
   "model.norm_placement": ("LN", str),
   "model.options.t5_max_distance": ("T5 max distance", str),
-  # Its name in the sweeps run before it moved into model.options (docs/data/t5_distance).
-  "model.t5_max_distance": ("T5 max distance", str),
   "model.family": ("model", VALUE_WORDS["model.family"].__getitem__),  # the figures' words
   "model.attention": ("attention", VALUE_WORDS["model.attention"].__getitem__),
   "model.d_model": ("width", str),

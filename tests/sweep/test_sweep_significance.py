@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 from scipy import stats
-from test_sweep_results import points, summaries, sweep_dir  # noqa: F401 (fixtures)
+from test_sweep_results import points, summaries, sweep_config, sweep_dir  # noqa: F401 (fixtures)
 
 from txf.sweep import results, significance
 from txf.sweep.results import Stat
