@@ -369,7 +369,9 @@ def task(
   model's positional inputs and labels_and_weights(batch) -> (labels,
   float32 loss weights) as `data.task = name`: a task kind
   (txf.train.tasks.TaskKind), trained with the weighted cross-entropy of
-  the model's logits against its labels.
+  the model's logits against its labels unless it has its own
+  loss_sums(logits, labels, weights, *, label_smoothing, z_loss) and
+  metric_sums(logits, labels, weights) (TaskKind's hooks).
 
   Args:
     batches: the batch format it reads, 'lm', 'mlm', 'seq2seq' or
@@ -390,6 +392,7 @@ def task(
       causal_lm=causal_lm,
       perplexity=perplexity,
       per_example=per_example,
+      **{hook: getattr(kind, hook) for hook in ("loss_sums", "metric_sums") if hasattr(kind, hook)},
     )
     TASKS.register(name, entry, replace=replace, provider=kind)
     return kind

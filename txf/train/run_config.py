@@ -42,6 +42,7 @@ from txf.layers.embedding import check_position_table
 from txf.layers.model_config import FAMILIES, HEADS, ModelConfig
 from txf.train import replicas as replicas_lib
 from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
+from txf.train.tasks import task_kind
 from txf.train.trackers import tracker_names
 
 
@@ -379,6 +380,11 @@ def _check_across(run: RunConfig) -> None:
     raise ValueError(
       f"train.loss_chunk_len: the fused loss needs an 'lm' head (a linear "
       f"one), not model.head={model.head!r}; set it to 0"
+    )
+  if train.loss_chunk_len and not task_kind(spec.task).cross_entropy:
+    raise ValueError(
+      f"train.loss_chunk_len: data.task={spec.task!r} has its own loss or "
+      f"metrics, which the fused loss cannot compute; set it to 0"
     )
   if train.loss_chunk_len and spec.seq_len % train.loss_chunk_len:
     raise ValueError(

@@ -138,19 +138,25 @@ class RunSetup:
     return sharding.activation_sharding(self.mesh)
 
   def evaluate(self, params: Any) -> dict[str, float]:
-    """Loss, accuracy (and perplexity for language models) over eval_data;
-    with R > 1 replicas (stacked params) each replica's ('eval_loss/0', ...)
-    and their mean ('eval_loss') and std ('eval_loss_std')."""
-    totals: dict[str, float | np.ndarray] = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
+    """Loss, accuracy (and perplexity for language models) over eval_data,
+    and each further sum of the task's `TaskKind.metric_sums` over the count
+    (eval_<name>); with R > 1 replicas (stacked params) each replica's
+    ('eval_loss/0', ...) and their mean ('eval_loss') and std ('eval_loss_std')."""
+    totals: dict[str, float | np.ndarray] = {}
     with self.activation_sharding():
       for batch in self.eval_data:
         sums = jax.device_get(self.eval_step(params, self.to_device(batch)))
-        for key in totals:
-          totals[key] = totals[key] + np.asarray(sums[key], np.float64)
-    if not np.all(totals["count"]):
+        for key, value in sums.items():
+          totals[key] = totals.get(key, 0.0) + np.asarray(value, np.float64)
+    if not totals or not np.all(totals["count"]):
       raise ValueError("eval: the validation split produced no tokens")
-    loss = totals["loss_sum"] / totals["count"]
-    result = {"eval_loss": loss, "eval_accuracy": totals["correct"] / totals["count"]}
+    names = {"loss_sum": "eval_loss", "correct": "eval_accuracy"}
+    result = {
+      names.get(key, f"eval_{key}"): total / totals["count"]
+      for key, total in totals.items()
+      if key != "count"
+    }
+    loss = result["eval_loss"]
     if task_kind(self.task).perplexity:
       result["eval_perplexity"] = np.exp(np.minimum(loss, 50.0))
     return replicas.scalars(result, self.run.replicas)

@@ -29,7 +29,7 @@ import optax
 from txf import ops
 from txf.models.output_heads import LMHead
 from txf.train import optim
-from txf.train.tasks import task_kind
+from txf.train.tasks import loss_metrics, task_kind
 
 Batch = dict[str, jax.Array]
 # A batch as the data pipeline gives it (numpy) or on the device: init and
@@ -124,15 +124,14 @@ def _loss_sums(
   weight_scale: jax.Array | float = 1.0,
 ):
   """(weighted loss sum, weight sum, correct-prediction count) for one batch,
-  each token weighted by its weight times `weight_scale`."""
-  deterministic = dropout_rng is None
-  rngs = {} if dropout_rng is None else {"dropout": dropout_rng}
-  labels, weights = labels_and_weights(batch, task)
+  as data.task's entry computes them (`TaskKind.loss_sums`), each label
+  weighted by its weight times `weight_scale`."""
+  kind = task_kind(task)
+  labels, weights = kind.labels_and_weights(batch)
   weights = weights * weight_scale
-  inputs = model_inputs(batch, task)
-  if loss_chunk_len:
+  if loss_chunk_len:  # the built-in loss only (run_config's parse)
     hidden_BxTxD, kernel_DxV = _apply_without_head(
-      model, params, inputs, deterministic=deterministic, rngs=rngs
+      model, params, kind.model_inputs(batch), **_dropout(dropout_rng)
     )
     return ops.linear_cross_entropy_sums(
       hidden_BxTxD,
@@ -144,18 +143,52 @@ def _loss_sums(
       z_loss=z_loss,
       dtype=model.cfg.dtype,
     )
-  apply = functools.partial(model.apply, deterministic=deterministic, rngs=rngs)
+  logits = _logits(model, params, batch, task, dropout_rng)
+  return kind.loss_sums(logits, labels, weights, label_smoothing=label_smoothing, z_loss=z_loss)
+
+
+def _eval_sums(model: nn.Module, params: Any, batch: Batch, task: str, loss_chunk_len: int):
+  """One eval batch's sums, as data.task's entry computes them (`TaskKind.eval_sums`)."""
+  if loss_chunk_len:
+    sums = _loss_sums(
+      model,
+      params,
+      batch,
+      task,
+      label_smoothing=0.0,
+      z_loss=0.0,
+      dropout_rng=None,
+      loss_chunk_len=loss_chunk_len,
+    )
+    return loss_metrics(sums)
+  kind = task_kind(task)
+  labels, weights = kind.labels_and_weights(batch)
+  return kind.eval_sums(_logits(model, params, batch, task, None), labels, weights)
+
+
+def _logits(
+  model: nn.Module, params: Any, batch: Batch, task: str, dropout_rng: jax.Array | None
+) -> Any:
+  """The model's output for data.task `task`'s inputs: logits [B, T, V] or [B, C];
+  dropout on unless `dropout_rng` is None."""
+  kind = task_kind(task)
+  apply: Callable[..., Any] = functools.partial(model.apply, **_dropout(dropout_rng))
   cfg: Any = getattr(model, "cfg", None)  # wrappers (the analyses' HeadMasked) have none
-  if ops.losses.uses_gpu_kernel() and getattr(cfg, "head", None) == "lm":
+  if kind.cross_entropy and ops.losses.uses_gpu_kernel() and getattr(cfg, "head", None) == "lm":
     # The loss's GPU kernel reads the logits as the head's GEMM writes them,
     # in the compute dtype: the float32 copy the head returns by default
     # would be one more pass over [B, T, V] each way, which XLA cannot fuse
     # into a Pallas kernel.
     apply = functools.partial(_apply_with_logits_in, jnp.dtype(cfg.dtype), apply)
-  logits: Any = apply({"params": params}, *inputs)
-  return ops.cross_entropy_sums(
-    logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
-  )
+  return apply({"params": params}, *kind.model_inputs(batch))
+
+
+def _dropout(dropout_rng: jax.Array | None) -> dict[str, Any]:
+  """model.apply's dropout arguments: on with `dropout_rng`, off for None."""
+  return {
+    "deterministic": dropout_rng is None,
+    "rngs": {} if dropout_rng is None else {"dropout": dropout_rng},
+  }
 
 
 def _apply_with_logits_in(dtype: jnp.dtype, apply: Callable, *args: Any) -> Any:
@@ -287,21 +320,11 @@ def make_train_step(
 def make_eval_step(
   model: nn.Module, task: str, *, loss_chunk_len: int = 0
 ) -> Callable[[Any, Batch], dict]:
-  """Returns `eval_step(params, batch) -> sums` with loss_sum, count, correct
-  (sums, so results over many batches add up exactly); loss_chunk_len as in
-  `make_train_step`."""
+  """Returns `eval_step(params, batch) -> sums`: loss_sum, count, correct and
+  any more of data.task's `TaskKind.metric_sums` (sums, so results over many
+  batches add up exactly); loss_chunk_len as in `make_train_step`."""
 
   def eval_step(params, batch):
-    total, count, correct = _loss_sums(
-      model,
-      params,
-      batch,
-      task,
-      label_smoothing=0.0,
-      z_loss=0.0,
-      dropout_rng=None,
-      loss_chunk_len=loss_chunk_len,
-    )
-    return {"loss_sum": total, "count": count, "correct": correct}
+    return _eval_sums(model, params, batch, task, loss_chunk_len)
 
   return eval_step

@@ -6,8 +6,10 @@ analysis and export ask instead of naming tasks.
   seq2seq     model(encoder_inputs, decoder_inputs)    vs targets, weights
   classify    model(inputs) -> [B, C]                  vs labels (weight 1 each)
 
-The loss of every kind is `ops.cross_entropy_sums` of the model's logits
-against its labels, each weighted by its weight (txf.train.step). User code
+A kind's loss and evaluation metrics are hooks of its entry (`loss_sums`,
+`metric_sums`), by default the weighted cross-entropy of the model's logits
+against its labels (`ops.cross_entropy_sums`) and its loss, accuracy and
+count; txf.train.step calls them. User code
 registers a kind with `txf.register.task` (examples/extending/prefix_lm.py:
 a prefix LM reading lm batches); the registry is txf.data.spec.TASKS, where
 the data section's parse checks data.task and the data reads `batches`.
@@ -22,10 +24,25 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from txf import ops
 from txf.data.spec import TASKS
 
 Batch = Mapping[str, Any]  # numpy (init, shapes) or jax arrays, keyed as txf/data/__init__.py
+# (logits, labels, weights, *, label_smoothing, z_loss) -> (loss sum, weight sum, correct count)
+LossSums = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+# (logits, labels, weights) -> {name: float32 scalar sum}
+MetricSums = Callable[[jax.Array, jax.Array, jax.Array], dict[str, jax.Array]]
 BATCH_FORMATS = ("lm", "mlm", "seq2seq", "classify")
+
+
+def cross_entropy_sums(
+  logits: jax.Array, labels: jax.Array, weights: jax.Array, *, label_smoothing: float, z_loss: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The built-in loss: `ops.cross_entropy_sums` of logits [..., V] against
+  labels [...] weighted by weights [...] (loss sum, weight sum, correct count)."""
+  return ops.cross_entropy_sums(
+    logits, labels, weights=weights, label_smoothing=label_smoothing, z_loss=z_loss
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +63,16 @@ class TaskKind:
     perplexity: evaluations report eval_perplexity (the labels are tokens
       of a language model).
     per_example: one label per example: throughput counts examples, not tokens.
+    loss_sums: (logits_BxTxV or logits_BxC, labels, weights, *,
+      label_smoothing, z_loss) -> float32 scalars (weighted loss sum, weight
+      sum, weighted count of correct predictions); the train step's loss is
+      the first over the step's weight sum (weights come pre-scaled by its
+      inverse) and only it is differentiated. Default `cross_entropy_sums`.
+    metric_sums: (logits, labels, weights) -> {name: float32 scalar sum} for
+      an eval batch, with at least 'loss_sum', 'count' and 'correct';
+      evaluation adds them over its batches and reports each over the count
+      (eval_loss, eval_accuracy, eval_<name>). None: `loss_metrics` of
+      `loss_sums` without label smoothing or z-loss.
   """
 
   batches: str
@@ -54,10 +81,30 @@ class TaskKind:
   causal_lm: bool = False
   perplexity: bool = False
   per_example: bool = False
+  loss_sums: LossSums = cross_entropy_sums
+  metric_sums: MetricSums | None = None
 
   def __post_init__(self) -> None:
     if self.batches not in BATCH_FORMATS:
       raise ValueError(f"data.task: batches {self.batches!r} is not one of {BATCH_FORMATS}")
+
+  @property
+  def cross_entropy(self) -> bool:
+    """It trains and evaluates with the built-in hooks: the fused loss
+    (train.loss_chunk_len) computes the same sums without the logits."""
+    return self.loss_sums is cross_entropy_sums and self.metric_sums is None
+
+  def eval_sums(self, logits: jax.Array, labels: jax.Array, weights: jax.Array) -> dict:
+    """An eval batch's sums (`metric_sums`, by default `loss_metrics`)."""
+    if self.metric_sums is not None:
+      return self.metric_sums(logits, labels, weights)
+    return loss_metrics(self.loss_sums(logits, labels, weights, label_smoothing=0.0, z_loss=0.0))
+
+
+def loss_metrics(sums: tuple[jax.Array, jax.Array, jax.Array]) -> dict[str, jax.Array]:
+  """The built-in eval sums {loss_sum, count, correct} from `loss_sums`' triple."""
+  loss_sum, count, correct = sums
+  return {"loss_sum": loss_sum, "count": count, "correct": correct}
 
 
 def token_inputs(batch: Batch) -> tuple[Any, ...]:
