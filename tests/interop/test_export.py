@@ -26,7 +26,7 @@ from txf.train import loop
 from txf.train.export import EXPORT_MARKER, export_run, reachable_directory, write_directory
 from txf.train.resume import is_run_directory, read_run_config
 from txf.train.run_config import ConfigError, parse
-from txf.train.setup import load_trained, setup_run
+from txf.train.setup import adding_to_run, load_run, load_trained, setup_run
 from txf.train.workdir import WorkdirError
 
 OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
@@ -181,10 +181,19 @@ def test_a_hugging_face_directory_is_not_taken_for_a_run(tmp_path):
     export_run(HF_GPT2, tmp_path / "hf")
   assert str(raised.value) == (
     f"workdir: {HF_GPT2} holds no txf run: it is a Hugging Face model directory "
-    "(GPT2LMHeadModel); txf-export takes the work directory of a txf run (txf-run's "
-    "--workdir) and writes a Hugging Face model directory"
+    "(GPT2LMHeadModel); the command takes the work directory of a txf run (txf-run's "
+    "--workdir)"
   )
   assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("opens", [load_run, lambda path: adding_to_run(path).__enter__()])
+def test_every_command_that_opens_a_run_says_a_hugging_face_directory_is_none(opens):
+  """txf-analyze and txf-extrapolate (adding_to_run), txf-generate and txf-embed
+  on a run (load_run) refuse it as txf-export does; txf-analyze said
+  'config.add_cross_attention: unknown field' (the model's config read as a run's)."""
+  with pytest.raises(ConfigError, match=r"holds no txf run: it is a Hugging Face model directory "):
+    opens(HF_GPT2)
 
 
 def test_an_out_holding_other_files_is_refused_before_the_run_is_read(tmp_path):

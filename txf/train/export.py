@@ -36,7 +36,7 @@ from txf import interop
 from txf.data.tokenizers import hf_tokenizer_files
 from txf.interop.tensors import CONFIG
 from txf.storage import is_local, write_error
-from txf.train.resume import is_run_directory, saved_config
+from txf.train.resume import is_run_directory
 from txf.train.run_config import ConfigError
 from txf.train.setup import TrainedModel, check_holds_run, load_trained
 from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
@@ -59,27 +59,6 @@ def reachable_directory(path: str | os.PathLike, name: str) -> epath.Path:
   directory = run_path(path, name)
   check_reachable(directory)
   return directory
-
-
-def check_is_run(workdir: epath.Path) -> None:
-  """Refuses a `workdir` that holds no txf run, saying what it holds instead
-  (a Hugging Face model directory is what txf-export writes, not what it reads).
-
-  Raises:
-    ConfigError: naming `workdir`.
-  """
-  check_holds_run(workdir)
-  if is_run_directory(workdir):
-    return
-  saved = saved_config(workdir) or {}
-  what = "its config.json is not a txf run's (no model and train sections)"
-  if "architectures" in saved or "model_type" in saved:
-    found = (saved.get("architectures") or [saved.get("model_type")])[0]
-    what = f"it is a Hugging Face model directory ({found})"
-  raise ConfigError(
-    f"workdir: {workdir} holds no txf run: {what}; txf-export takes the work directory "
-    "of a txf run (txf-run's --workdir) and writes a Hugging Face model directory"
-  )
 
 
 def without_head(pretrained: interop.Pretrained) -> interop.Pretrained:
@@ -233,7 +212,7 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
   """
   workdir = reachable_directory(workdir, "workdir")
   out = run_path(out, "out")
-  check_is_run(workdir)
+  check_holds_run(workdir)
   replaced = check_out(workdir, out)
   trained = load_trained(workdir)
   files, no_tokenizer = export_files(trained)

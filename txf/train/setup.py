@@ -54,7 +54,13 @@ from txf.layers.embedding import check_position_table
 from txf.train import hardware, replicas, sharding
 from txf.train.checkpoint import make_checkpointer
 from txf.train.pretrained import adopt_tokenizer, check_tokenizer, pretrained_params, starting_from
-from txf.train.resume import CONFIG_FILE, check_resumable, is_run_directory, read_run_config
+from txf.train.resume import (
+  CONFIG_FILE,
+  check_resumable,
+  is_run_directory,
+  read_run_config,
+  saved_config,
+)
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 from txf.train.tasks import task_kind
@@ -387,10 +393,24 @@ class TrainedRun(NamedTuple):
 
 
 def check_holds_run(workdir: epath.Path) -> None:
-  """Raises ConfigError unless `workdir` holds a run (its config.json)."""
+  """Raises ConfigError unless `workdir` holds a txf run (its config.json),
+  saying what it holds instead: a Hugging Face model directory (what
+  txf-export writes) is no run that txf-export, txf-generate's and
+  txf-embed's run side, txf-analyze or txf-extrapolate read."""
   path = workdir / CONFIG_FILE
   if not path.exists():
     raise ConfigError(f"workdir: {workdir} holds no run ({path} does not exist)")
+  if is_run_directory(workdir):
+    return
+  saved = saved_config(workdir) or {}
+  what = "its config.json is not a txf run's (no model and train sections)"
+  if "architectures" in saved or "model_type" in saved:
+    found = (saved.get("architectures") or [saved.get("model_type")])[0]
+    what = f"it is a Hugging Face model directory ({found})"
+  raise ConfigError(
+    f"workdir: {workdir} holds no txf run: {what}; the command takes the work directory "
+    "of a txf run (txf-run's --workdir)"
+  )
 
 
 @contextlib.contextmanager
