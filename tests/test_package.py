@@ -1,6 +1,7 @@
 """The installed distribution: txf alone, its commands as console scripts that
 find the shipped configs by name, run from outside the checkout."""
 
+import email
 import os
 import pathlib
 import site
@@ -75,6 +76,19 @@ def test_the_wheel_holds_txf_and_its_configs_only(wheel):
     .decode()
   )
   assert "txf-run = txf.commands.run:cli" in entry_points
+
+
+@pytest.mark.slow
+def test_the_wheel_is_typed_and_its_metadata_says_what_txf_is(wheel):
+  archive = zipfile.ZipFile(wheel)
+  assert "txf/py.typed" in archive.namelist()  # PEP 561: mypy reads txf's annotations
+  metadata = archive.read(next(n for n in archive.namelist() if n.endswith("/METADATA")))
+  headers = email.message_from_bytes(metadata)
+  assert headers["Author"] == "The txf maintainers"
+  assert headers["Keywords"].split(",")[:3] == ["transformers", "jax", "flax"]
+  classifiers = headers.get_all("Classifier")
+  assert "Typing :: Typed" in classifiers
+  assert "Intended Audience :: Science/Research" in classifiers
 
 
 @pytest.fixture(scope="module")
