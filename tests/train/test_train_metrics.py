@@ -266,6 +266,26 @@ def test_samples_are_tensorboard_text_preformatted(tmp_path):
   assert metrics.read_samples(tmp_path) == [(4, code), (8, "import os")]
 
 
+def test_samples_txt_escapes_control_characters_and_reads_them_back(tmp_path):
+  sampled = [
+    "a\x1b[2Jb\rc\x00d\x7f\te\nf",  # a terminal escape, a carriage return, a NUL, DEL
+    "back\\x41slash \\ and \\x",  # what looks like an escape stays itself
+    "=== step 3 ===\n=== step 3 ===x",  # a line that would read as a record header
+    "",
+  ]
+  with metrics.MetricsWriter(tmp_path) as writer:
+    for step, text in enumerate(sampled):
+      writer.write_sample(step, text)
+  raw = (tmp_path / metrics.SAMPLES_FILE).read_bytes()
+  assert not set(raw) & (set(range(0x20)) - {0x09, 0x0A} | {0x7F})
+  assert raw.count(b"=== step ") == len(sampled) + 1  # the headers, and the line ending in 'x'
+  assert b"a\\x1b[2Jb\\x0dc\\x00d\\x7f\te\nf\n" in raw
+  assert metrics.read_samples(tmp_path) == list(enumerate(sampled))
+  # A restart at step 1 moves the later records aside, the escaped header line with them.
+  assert metrics.drop_records_after(tmp_path, 1) == {metrics.SAMPLES_FILE: 2}
+  assert metrics.read_samples(tmp_path) == list(enumerate(sampled[:2]))
+
+
 def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(10, {"eval_loss": 2.5, "eval_accuracy": 0.25})

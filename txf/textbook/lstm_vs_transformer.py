@@ -54,7 +54,7 @@ from txf.data import make_tokenizer
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.textbook.training import derive_config
 from txf.train import loop
-from txf.train.metrics import SAMPLES_FILE, read_metrics
+from txf.train.metrics import read_metrics, read_samples
 from txf.train.run_config import RunConfig, parse
 
 TRANSFORMER_MODEL = dict(family="decoder", num_layers=4, d_model=128, num_heads=4)
@@ -188,10 +188,8 @@ def _wall_time(workdir: epath.Path) -> float | None:
 
 def _last_sample(workdir: epath.Path) -> str:
   """The text of the last '=== step N ===' record of samples.txt ('' if none)."""
-  path = workdir / SAMPLES_FILE
-  if not path.exists():
-    return ""
-  return path.read_text().rsplit("=== step ", 1)[-1].partition("===\n")[2].rstrip("\n")
+  samples = read_samples(workdir)
+  return samples[-1][1] if samples else ""
 
 
 def _curves(workdir: epath.Path) -> dict[str, tuple[list[int], list[float]]]:

@@ -11,6 +11,7 @@ A run's work directory holds
                  ('eval/sample'), and the run's hyperparameters with its
                  final metrics for the HParams dashboard (`write_hparams`)
   samples.txt    text sampled at each evaluation, one '=== step N ===' record each
+                 (control characters and backslashes as \\xNN: `read_samples`)
 
 Experiment trackers (txf.train.trackers, e.g. Weights & Biases) passed as
 `trackers` get every row, sample and the hyperparameters too (process 0 only).
@@ -79,6 +80,23 @@ SAMPLE_TAG = "eval/sample"  # TensorBoard's text summaries of the samples
 DROPPED_SAMPLES_FILE = "samples.dropped.txt"
 TENSORBOARD_DIR = "tb"
 _SAMPLE_HEADER = re.compile(rb"^=== step (\d+) ===$")
+# What samples.txt writes as \xNN: a backslash (so every escape reads back),
+# control characters but newline and tab (a sampled \r or ESC redrew the
+# terminal that showed the file, a NUL made tools call it binary), and the
+# '=' that starts a text line reading as a record header.
+_SAMPLE_ESCAPE = re.compile(r"[\\\x00-\x08\x0b-\x1f\x7f]|^=(?=== step \d+ ===$)", re.MULTILINE)
+_SAMPLE_UNESCAPE = re.compile(r"\\x([0-9a-f]{2})")
+
+
+def escape_sample(text: str) -> str:
+  """`text` as samples.txt holds it (`unescape_sample` reads it back)."""
+  return _SAMPLE_ESCAPE.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+def unescape_sample(text: str) -> str:
+  """The text `escape_sample` was given."""
+  return _SAMPLE_UNESCAPE.sub(lambda match: chr(int(match.group(1), 16)), text)
+
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +207,7 @@ class MetricsWriter:
       raise ValueError("MetricsWriter.write_sample called after close().")
     if self._samples is None:  # created with the first sample
       self._samples = lines_sink(self._workdir / SAMPLES_FILE)
-    self._samples.append(f"=== step {int(step)} ===\n{text}\n")
+    self._samples.append(f"=== step {int(step)} ===\n{escape_sample(text)}\n")
     if self._tensorboard is not None:
       self._tensorboard.add_summary(int(step), tb_summary.text(SAMPLE_TAG, preformatted(text)))
     for tracker in self._trackers:
@@ -371,11 +389,9 @@ def read_samples(workdir: str | os.PathLike) -> list[tuple[int, str]]:
       records.append((step, []))
     elif records:
       records[-1][1].append(line)
-  # Each record is its text and the newline write_sample ends it with.
-  return [
-    (step, b"".join(lines).decode("utf-8", errors="replace").removesuffix("\n"))
-    for step, lines in records
-  ]
+  # Each record is its escaped text and the newline write_sample ends it with.
+  text = lambda lines: b"".join(lines).decode("utf-8", errors="replace").removesuffix("\n")
+  return [(step, unescape_sample(text(lines))) for step, lines in records]
 
 
 def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> list[dict[str, Any]]:
