@@ -106,6 +106,14 @@ def test_every_page_is_in_the_site_navigation():
     assert str(page.relative_to(docs)) in nav, page
 
 
+def test_every_shipped_sweep_is_on_the_sweeps_page():
+  page = (ROOT / "docs" / "sweeps.md").read_text()
+  sweeps = [name for name in configs.names() if name.startswith("sweeps/")]
+  assert "sweeps/pe_ln" in sweeps and "sweeps/mqar_linear_steps" in sweeps
+  missing = [name for name in sweeps if f"`{name.removeprefix('sweeps/')}.py`" not in page]
+  assert not missing, f"docs/sweeps.md does not list {missing}"
+
+
 def test_user_documents_link_only_inside_the_repository():
   for path in USER_DOCS:
     for target in re.findall(r"\]\(([^)#]+)", path.read_text()):
