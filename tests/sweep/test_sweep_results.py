@@ -621,6 +621,19 @@ def test_pre_vs_post_bar_chart_is_written(sweep_dir, points):
     figures.plot_pre_vs_post(summaries(sweep_dir, points), sweep_dir, split_field="model.window")
 
 
+def test_the_pre_vs_post_figure_is_drawn_only_when_the_grid_has_both_placements(sweep_dir, points):
+  rows = summaries(sweep_dir, points)
+  assert sweep_dir / figures.PRE_VS_POST_PNG in runner.summary_files(points, rows, sweep_dir)
+  # --grid=model.norm_placement=pre: the field is in the grid with one value.
+  pre = [
+    index for index, point in enumerate(points) if point.overrides["model.norm_placement"] == "pre"
+  ]
+  assert len(pre) == 2
+  files = runner.summary_files([points[i] for i in pre], [rows[i] for i in pre], sweep_dir)
+  assert sweep_dir / results.RESULTS_CSV in files
+  assert sweep_dir / figures.PRE_VS_POST_PNG not in files
+
+
 def test_pre_vs_post_axis_spans_the_losses_not_zero_and_its_legend_sits_beside_it(
   sweep_dir, points
 ):

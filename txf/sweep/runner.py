@@ -243,8 +243,9 @@ def summary_files(
   """results.csv, results.md and the plots of `rows` (one per point),
   rendered in memory: {path in `workdir`: its contents}.
 
-  Plots: validation and training loss curves and, when the grid sweeps both
-  model.position and model.norm_placement, Pre- vs Post-LN (both once any
+  Plots: validation and training loss curves and, when the grid sweeps
+  model.position and has both placements of model.norm_placement (not when
+  narrowed to one), Pre- vs Post-LN (both once any
   point has a final validation loss), and loss vs evaluation length per
   extrapolation protocol found, and loss per token position at the longest
   extrapolated length; when the grid sweeps model.d_model, the final
@@ -267,7 +268,8 @@ def summary_files(
     for row in rows
   ):
     figures.plot_per_position(rows, workdir, write=put)
-  if evaluated and {"model.position", "model.norm_placement"} <= set(points[0].overrides):
+  placements = {point.overrides.get("model.norm_placement") for point in points}
+  if evaluated and "model.position" in points[0].overrides and {"pre", "post"} <= placements:
     figures.plot_pre_vs_post(rows, workdir, write=put)
   if evaluated and figures.WIDTH_FIELD in points[0].overrides:
     figures.plot_accuracy_vs_width(rows, workdir, write=put)
