@@ -307,6 +307,21 @@ def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
   assert read_tensorboard_scalars(logdir)[("eval/loss", 10)] == 2.5
 
 
+def test_hparams_are_recorded_once_per_run_not_once_per_resumed_session(tmp_path):
+  hparams, final = {"model.d_model": 64, "train.steps": 10}, {"eval_loss": 2.5}
+  sessions = [(None, hparams), (10, hparams), (10, hparams), (10, {**hparams, "train.steps": 20})]
+  for start_step, values in sessions:  # a finished run's end completed again, then extended
+    with metrics.MetricsWriter(tmp_path, start_step=start_step) as writer:
+      writer.write_hparams(values["train.steps"], values, final)
+  records = [
+    event.step
+    for event in read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+    for value in event.summary.value
+    if value.tag == "_hparams_/session_start_info"
+  ]
+  assert records == [10, 20]  # the first record, and the extended run's new values
+
+
 class RecordingTracker:
   def __init__(self):
     self.calls = []

@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from tensorboardX import summary as tb_summary
+from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
 from tensorboardX.proto.summary_pb2 import Summary
 
 from txf.storage import is_local, replace_bytes
@@ -66,6 +67,7 @@ from txf.train.sinks import (
   append_bytes,
   lines_sink,
   read_bytes,
+  read_events,
   tensorboard,
   terminate_partial_last_line,
   writing,
@@ -220,7 +222,10 @@ class MetricsWriter:
     and other values are written as text) with its final `metrics` (name ->
     scalar) for TensorBoard's HParams dashboard, which shows each run's
     hyperparameters beside the last value of each metric's scalars. The
-    trackers get the metrics as their run's summary."""
+    trackers get the metrics as their run's summary.
+
+    Once per run: when the run's event files (a previous session's) hold
+    these hyperparameters already, TensorBoard gets no second record."""
     if not self._enabled:
       return
     if self._tensorboard is None:
@@ -229,8 +234,10 @@ class MetricsWriter:
     final = to_python_scalars(metrics)
     # The dashboard reads each metric's value from the scalars of its tag.
     tags = {metric_tag(name): value for name, value in final.items()}
-    for summary in tb_summary.hparams(values, tags):
-      self._tensorboard.add_summary(int(step), summary)
+    summaries = tb_summary.hparams(values, tags)
+    if _session_hparams(summaries[1]) not in _held_hparams(self._workdir / TENSORBOARD_DIR):
+      for summary in summaries:
+        self._tensorboard.add_summary(int(step), summary)
     for tracker in self._trackers:
       tracker.log_summary(final)
 
@@ -289,6 +296,22 @@ def preformatted(text: str) -> str:
   of a sample and drop their indentation (and read its '#', '*' and '<' as
   markup); a code block shows the text as it is."""
   return "\n".join("    " + line for line in text.split("\n"))
+
+
+def _session_hparams(summary: Summary) -> dict[str, Any] | None:
+  """{name: Value} of an hparams session_start_info summary (None: not one)."""
+  for value in summary.value:
+    if value.metadata.plugin_data.plugin_name == "hparams":
+      data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+      if data.HasField("session_start_info"):
+        return dict(data.session_start_info.hparams)
+  return None
+
+
+def _held_hparams(directory: epath.Path) -> list[dict[str, Any]]:
+  """The hyperparameters each hparams record in `directory`'s event files holds."""
+  held = [_session_hparams(event.summary) for event in read_events(directory)]
+  return [hparams for hparams in held if hparams is not None]
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:

@@ -229,6 +229,26 @@ def tensorboard(directory: epath.Path, purge_step: int | None) -> EventFile | Mi
   return MirroredTensorBoard(directory, purge_step)
 
 
+def read_events(directory: epath.Path) -> list[Event]:
+  """Every Event of the event files in `directory` (none if it does not
+  exist), file by file; a file's records end at the first one that is cut
+  off or fails its checksum (a crash mid-write)."""
+  events = []
+  paths = sorted(directory.glob("events.out.tfevents.*")) if directory.exists() else []
+  for path in paths:
+    data, pos = path.read_bytes(), 0
+    while pos + 12 <= len(data):
+      header = data[pos : pos + 8]
+      (length,) = struct.unpack("<Q", header)
+      payload = data[pos + 12 : pos + 12 + length]
+      crc = data[pos + 12 + length : pos + 16 + length]
+      if len(crc) < 4 or struct.unpack("<I", crc)[0] != masked_crc32c(payload):
+        break
+      events.append(Event.FromString(payload))
+      pos += 16 + length
+  return events
+
+
 def read_bytes(path: epath.Path) -> bytes:
   """The bytes of `path` (b'' if there is none): read as bytes, so that a
   line that is not UTF-8 is one unreadable row, not an unreadable file."""
