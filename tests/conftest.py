@@ -13,6 +13,9 @@ import tempfile
 # jax's CUDA plugin), jax would otherwise start those backends in every test
 # process; txf.aot compiles for them without starting them.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# No test reaches the Hugging Face Hub: a model name not in the cache is an
+# error (txf.interop.hub), in the tests and in the commands they start.
+os.environ["HF_HUB_OFFLINE"] = "1"
 # The tests' programs are tiny, so XLA's compile time is most of the suite;
 # LLVM's optimisations cost more of it than they save at run time (a third
 # of tests/train/test_training_behaviour.py's time on 2 cores), and XLA:CPU's

@@ -5,7 +5,9 @@
   python -m experiments.embed --model=DIR "some text" [flags]   # in a checkout
 
 DIR is a Hugging Face model directory (config.json, model.safetensors,
-tokenizer.json) of a BERT, RoBERTa or MiniLM sentence encoder, converted by
+tokenizer.json) of a BERT, RoBERTa or MiniLM sentence encoder, or its
+Hugging Face Hub name (bert-base-uncased, sentence-transformers/all-MiniLM-L6-v2:
+read from the Hub's cache, or downloaded; txf.interop.hub), converted by
 txf.interop, or the directory of a txf encoder run (its latest checkpoint's
 final hidden states, its tokenizer; txf.train.export). Prints one JSON line
 per text: {"text": ..., "embedding": [...]}.
@@ -25,7 +27,10 @@ from absl import flags, logging
 from txf.commands.cli import fail, run_command, run_errors
 
 _MODEL = flags.DEFINE_string(
-  "model", None, "Hugging Face model directory of an encoder, or a txf encoder run.", required=True
+  "model",
+  None,
+  "Hugging Face encoder: a directory or Hub name, or a txf encoder run.",
+  required=True,
 )
 _POOLING = flags.DEFINE_enum(
   "pooling",
@@ -42,7 +47,7 @@ def main(argv) -> None:
   texts = argv[1:]
   # After flag parsing: fast --help.
   from txf.data import HFTokenizer
-  from txf.interop import load_pretrained
+  from txf.interop import load_pretrained, resolve_model
   from txf.interop.text import (
     encode_batch,
     pad_batch,
@@ -56,20 +61,21 @@ def main(argv) -> None:
 
   logging.set_verbosity(logging.WARNING)
   try:
-    reachable_directory(_MODEL.value, "model")  # a URL: one look, in bounded time
-    if is_run_directory(_MODEL.value):
+    model = resolve_model(_MODEL.value)  # a Hub name: its cached (or downloaded) directory
+    reachable_directory(model, "model")  # a URL: one look, in bounded time
+    if is_run_directory(model):
       with run_errors():  # a run without a checkpoint, one that does not restore
-        trained = load_trained(_MODEL.value)
+        trained = load_trained(model)
       pretrained = without_head(trained.pretrained)
       # The texts as the run's own batches read them: their tokens, no special ones.
       encoded = [trained.tokenizer.encode(text) for text in texts]
       tokens_BxT = pad_batch(texts, encoded, pad_id=pretrained.config.pad_id)
       pooling, normalize = "mean", False
     else:
-      pretrained = load_pretrained(_MODEL.value, head="none")
-      tokenizer = HFTokenizer(_MODEL.value)
+      pretrained = load_pretrained(model, head="none")
+      tokenizer = HFTokenizer(model)
       tokens_BxT = encode_batch(tokenizer, texts, pad_id=pretrained.config.pad_id)
-      pooling, normalize = sentence_transformers_pooling(_MODEL.value) or ("mean", False)
+      pooling, normalize = sentence_transformers_pooling(model) or ("mean", False)
     if pretrained.config.family != "encoder":
       raise ValueError(f"{_MODEL.value}: {pretrained.architecture} is not an encoder")
     pooling = _POOLING.value or pooling

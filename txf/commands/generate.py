@@ -5,7 +5,9 @@
   python -m experiments.generate --model=DIR --prompt="..." [flags]   # in a checkout
 
 DIR is a Hugging Face model directory (config.json, model.safetensors,
-tokenizer.json) converted by txf.interop, or a txf run directory (its latest
+tokenizer.json), or a Hugging Face Hub name
+(gpt2, openai-community/gpt2: read from the Hub's cache, or downloaded;
+txf.interop.hub), converted by txf.interop, or a txf run directory (its latest
 checkpoint and its tokenizer; txf.train.export). A decoder (or a txf LSTM)
 continues the prompt; an encoder-decoder reads the prompt and writes its
 answer. Generation runs with
@@ -26,7 +28,10 @@ from txf import checks
 from txf.commands.cli import fail, run_command, run_errors
 
 _MODEL = flags.DEFINE_string(
-  "model", None, "Hugging Face model directory, or a txf run directory.", required=True
+  "model",
+  None,
+  "Hugging Face model directory or Hub name (gpt2), or a txf run directory.",
+  required=True,
 )
 _PROMPT = flags.DEFINE_string(
   "prompt", None, "Text to continue (decoder) or answer (T5).", required=True
@@ -58,7 +63,7 @@ def main(argv) -> None:
   import numpy as np
 
   from txf.data import HFTokenizer
-  from txf.interop import load_pretrained
+  from txf.interop import load_pretrained, resolve_model
   from txf.interop.text import encode_batch, generate_text
   from txf.train.export import reachable_directory
   from txf.train.resume import is_run_directory
@@ -67,18 +72,19 @@ def main(argv) -> None:
 
   logging.set_verbosity(logging.WARNING)
   try:
-    reachable_directory(_MODEL.value, "model")  # a URL: one look, in bounded time
-    if is_run_directory(_MODEL.value):
+    model = resolve_model(_MODEL.value)  # a Hub name: its cached (or downloaded) directory
+    reachable_directory(model, "model")  # a URL: one look, in bounded time
+    if is_run_directory(model):
       with run_errors():  # a run without a checkpoint, one that does not restore
-        trained = load_trained(_MODEL.value)
+        trained = load_trained(model)
       pretrained, tokenizer = trained.pretrained, trained.tokenizer
       # The prompt as the run's own samples read it: its tokens, no special ones.
       prompt_1xP = tokenizer.encode(_PROMPT.value)[None]
       if not prompt_1xP.size:
         raise ValueError("prompt: encodes to no tokens")
     else:
-      pretrained = load_pretrained(_MODEL.value)
-      tokenizer = HFTokenizer(_MODEL.value)
+      pretrained = load_pretrained(model)
+      tokenizer = HFTokenizer(model)
       prompt_1xP = encode_batch(tokenizer, [_PROMPT.value], pad_id=pretrained.config.pad_id)
     rng = jax.random.key(_SEED.value) if _TEMPERATURE.value > 0 else None
     # One unpadded prompt: its length is given, so a token equal to pad_id

@@ -2,6 +2,10 @@
 
   txf-run --config=pretrained:models/gpt2 --workdir=runs/gpt2_ft
   txf-run --config=pretrained:runs/rope --workdir=runs/rope_ft
+  txf-run --config=pretrained:gpt2 --workdir=runs/gpt2_ft   # a Hugging Face Hub name
+
+A Hub name is read from the Hub's cache (or downloaded; txf.interop.hub), and
+the run records the snapshot's directory.
 
 The model section is the checkpoint's (txf.interop.read_model_config), the
 run starts from its weights (config.train.init_from) and reads text with its
@@ -19,7 +23,7 @@ matches the checkpoint stops the run naming it.
 import dataclasses
 
 from txf.configs import base
-from txf.interop import read_model_config
+from txf.interop import read_model_config, resolve_model
 
 TASKS = {"decoder": "lm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
 
@@ -30,6 +34,7 @@ def get_config(directory: str = ""):
       "no checkpoint directory: use --config=pretrained:DIR (configs/pretrained.py:DIR in a "
       "checkout)"
     )
+  directory = resolve_model(directory)  # a Hub name: its snapshot in the cache
   config = base.get_config()
   # Fine-tuning: a small learning rate, short warmup, light weight decay.
   fine_tuning = dict(init_from=directory, learning_rate=1e-4, warmup_steps=20, weight_decay=0.01)

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in and out: BERT-style encoders, GPT-2-style
 decoders and T5-style encoder-decoders as txf models (safetensors, no torch).
 
-  pretrained = load_pretrained("models/all-MiniLM-L6-v2")
+  pretrained = load_pretrained("models/all-MiniLM-L6-v2")   # or a Hub name: "gpt2"
   model, params = pretrained.model(), pretrained.params
   save_pretrained(cfg, params, "out/dir")
 """
@@ -13,6 +13,7 @@ from txf.interop.checkpoint import (
   read_model_config,
   save_pretrained,
 )
+from txf.interop.hub import resolve_model
 from txf.interop.rules import CheckpointError
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
   "load_pretrained",
   "pretrained_files",
   "read_model_config",
+  "resolve_model",
   "save_pretrained",
 ]

@@ -40,6 +40,7 @@ from etils import epath
 from txf import models
 from txf.interop import bert, gpt2, rules, t5
 from txf.interop.hf_config import get
+from txf.interop.hub import resolve_model
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, safetensors_bytes
 from txf.layers.model_config import ModelConfig
@@ -151,7 +152,9 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded
-      model.safetensors.index.json, or pytorch_model.bin with torch installed).
+      model.safetensors.index.json, or pytorch_model.bin with torch installed);
+      or a Hugging Face Hub name ('gpt2', 'openai-community/gpt2'), read from
+      the Hub's cache or downloaded (txf.interop.hub.resolve_model).
     head: None: the architecture's own ('mlm' for BertForMaskedLM, 'lm' for
       GPT2LMHeadModel and T5, 'none' for BertModel / GPT2Model); 'none': the
       final hidden states instead (the head's weights are dropped, named).
@@ -159,7 +162,7 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   Raises:
     CheckpointError: naming what does not fit (see the module docstring).
   """
-  directory = epath.Path(directory)
+  directory = epath.Path(resolve_model(directory) if isinstance(directory, str) else directory)
   hf = read_json(directory / CONFIG)
   family, architecture = _family(hf)
   head = _head(family, architecture, head)
