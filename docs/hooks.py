@@ -5,14 +5,25 @@ there the rules for resuming a run, written from the lists
 `txf.train.resume.check_resumable` checks (`RESUME_SECTIONS`,
 `FREE_DATA_FIELDS`) and from the sections and fields of configs/base.py, so
 the page cannot drift from the code. tests/test_docs.py checks the text.
+
+A link to a file exclude_docs leaves out of the site (docs/data/...) is dead
+on the built site; MkDocs says so at INFO only, so this says it as a warning,
+which fails `mkdocs build --strict`.
 """
 
 from __future__ import annotations
 
+import logging
 import pathlib
+import posixpath
+import re
 import sys
+from collections.abc import Callable
 
 RESUME_RULES_MARKER = "<!-- txf:resume-rules -->"
+# A Markdown link's or image's relative target: ](path), up to a '#' or title.
+_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s#]+)")
+log = logging.getLogger("mkdocs.hooks.txf")  # under `mkdocs`: --strict counts its warnings
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -65,8 +76,27 @@ def resume_rules() -> str:
   return text + "."
 
 
+def excluded_links(markdown: str, page: str, excluded: Callable[[str], bool]) -> list[str]:
+  """The relative link targets of `markdown` (the page at docs/`page`) whose
+  file, a path under docs/, is `excluded` from the site."""
+  where = posixpath.dirname(page)
+  return [
+    target
+    for target in _LINK.findall(markdown)
+    if excluded(posixpath.normpath(posixpath.join(where, target)))
+  ]
+
+
 def on_page_markdown(markdown: str, **kwargs) -> str:
-  """MkDocs event: replaces the resume-rules marker with the rules."""
+  """MkDocs event: replaces the resume-rules marker with the rules, and
+  warns of each link to a file excluded from the site."""
   if RESUME_RULES_MARKER in markdown:
     markdown = markdown.replace(RESUME_RULES_MARKER, resume_rules())
+  page, files = kwargs.get("page"), kwargs.get("files")
+  if page is not None and files is not None:
+    excluded = lambda path: (
+      (file := files.get_file_from_path(path)) is not None and (file.inclusion.is_excluded())
+    )
+    for target in excluded_links(markdown, page.file.src_uri, excluded):
+      log.warning(f"{page.file.src_uri} links to {target}, which is not on the built site")
   return markdown

@@ -114,6 +114,21 @@ def test_every_shipped_sweep_is_on_the_sweeps_page():
   assert not missing, f"docs/sweeps.md does not list {missing}"
 
 
+def test_no_page_links_to_a_file_left_out_of_the_site():
+  # mkdocs.yml's exclude_docs: docs/data/ (raw outputs) and *.py. `mkdocs build
+  # --strict` fails on such a link through the hook; this checks the pages without a build.
+  hooks = load_hooks()
+  excluded = lambda path: path.startswith("data/") or path.endswith(".py")
+  page = "See [a](data/x/circuits.json), [b](../README.md), [c](results.md#data), ![f](data/f.png)"
+  assert hooks.excluded_links(page, "sub/p.md", excluded) == []
+  assert hooks.excluded_links(page, "p.md", excluded) == ["data/x/circuits.json", "data/f.png"]
+  docs = ROOT / "docs"
+  for path in sorted(docs.rglob("*.md")):
+    page = path.relative_to(docs).as_posix()
+    if not excluded(page):
+      assert hooks.excluded_links(path.read_text(), page, excluded) == [], page
+
+
 def test_user_documents_link_only_inside_the_repository():
   for path in USER_DOCS:
     for target in re.findall(r"\]\(([^)#]+)", path.read_text()):
