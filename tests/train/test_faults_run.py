@@ -7,6 +7,7 @@ that nothing already written changed."""
 import hashlib
 import json
 import pathlib
+import shutil
 import signal
 import subprocess
 import threading
@@ -76,6 +77,21 @@ def endless(**fields):
   return tiny(steps=100_000, **fields)
 
 
+def put_in_the_way(directory: pathlib.Path, scratch: pathlib.Path) -> None:
+  """Puts a file where `directory` was. The run may make the directory again
+  (its next checkpoint) between the test's rename and this: a file renamed
+  over it fails then, so the new directory goes and the rename is tried again
+  (bounded)."""
+  scratch.write_text("in the way")
+  for _ in range(100):
+    try:
+      scratch.rename(directory)
+      return
+    except IsADirectoryError:
+      shutil.rmtree(directory, ignore_errors=True)
+  pytest.fail(f"{directory} kept coming back")
+
+
 def test_failed_checkpoint_write_stops_the_run_promptly(tmp_path, compilation_cache_dir):
   """The checkpoint directory becomes unusable mid-run (as when a mount goes
   read-only): the run ends with exit 1 and one line naming the path and cause,
@@ -86,7 +102,7 @@ def test_failed_checkpoint_write_stops_the_run_promptly(tmp_path, compilation_ca
     wait_for(lambda: has_checkpoint(workdir, 2), process, log_path)
     before = digests(workdir / "checkpoints" / "2")
     (workdir / "checkpoints").rename(tmp_path / "kept")
-    (workdir / "checkpoints").write_text("in the way")
+    put_in_the_way(workdir / "checkpoints", tmp_path / "in_the_way")
     returncode = process.wait(timeout=60)
   finally:
     process.kill()
