@@ -57,11 +57,6 @@ def _temporary(path: epath.Path) -> epath.Path:
   return path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
 
 
-def replace_bytes(path: epath.Path, data: bytes) -> None:
-  """Replaces `path`'s contents atomically: `write_file`."""
-  write_file(path, data)
-
-
 def remove_stale_temporaries(directory: epath.Path) -> None:
   """Removes the temporaries of `write_files` left directly in the local
   `directory` by a process killed between writing one and renaming it.
@@ -121,11 +116,6 @@ def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:
     WriteError: naming `path` and the reason; `path` is as it was.
   """
   return write_files({epath.Path(path): data})[0]
-
-
-def replace_text(path: epath.Path, text: str) -> None:
-  """Replaces `path`'s text (UTF-8) atomically: `write_file`."""
-  write_file(path, text)
 
 
 def read_text(path: epath.Path) -> str | None:

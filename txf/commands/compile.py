@@ -52,7 +52,6 @@ import json
 import pathlib
 
 from absl import flags, logging
-from etils import epath
 
 from txf.commands.cli import (
   define_config_flag,
@@ -97,14 +96,12 @@ def _check_output(flag: flags.FlagHolder) -> None:
 
 def _write(path: str, text: str) -> None:
   """Writes `path` whole or not at all; a failure (a full disk) is one line, exit 1."""
-  from txf.storage import WriteError, replace_text
+  from txf.storage import WriteError, write_file
 
   try:
-    replace_text(epath.Path(path), text)
+    write_file(path, text)
   except WriteError as error:
     fail("write", error, status=1)
-  except OSError as error:
-    fail("write", f"{path}: {error.strerror or error}", status=1)
 
 
 def main(argv) -> None:

@@ -29,7 +29,7 @@ from absl import flags, logging
 from etils import epath
 
 from txf.commands.cli import fail, run_command, run_errors
-from txf.storage import replace_text, write_error
+from txf.storage import write_error, write_file
 from txf.train.workdir import WorkdirError, check_writable
 
 _OUT_DIR = flags.DEFINE_string(
@@ -93,10 +93,10 @@ def _run(experiment, out_dir: epath.Path) -> None:
   seconds = time.perf_counter() - start
   result = {**result, "seconds": seconds, "quick": _QUICK.value}
   numbers = json.dumps(result, indent=1, default=_json_default)
-  replace_text(out_dir / f"{experiment.name}.json", numbers + "\n")
+  write_file(out_dir / f"{experiment.name}.json", numbers + "\n")
   # Every experiment here reports markdown; one without prints its numbers.
   text = result.get("text", numbers)
-  replace_text(out_dir / f"{experiment.name}.md", text)
+  write_file(out_dir / f"{experiment.name}.md", text)
   print(text)
   print(
     "figures:\n"

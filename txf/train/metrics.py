@@ -58,7 +58,7 @@ from tensorboardX import summary as tb_summary
 from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
 from tensorboardX.proto.summary_pb2 import Summary
 
-from txf.storage import is_local, replace_bytes
+from txf.storage import is_local, write_file
 from txf.train.sinks import (
   EventFile,
   LocalLines,
@@ -334,7 +334,7 @@ def _move_lines(
   `dropped_path` first so nothing is lost if the rewrite is interrupted."""
   append_bytes(dropped_path, b"".join(line for line, keep in zip(lines, keep_flags) if not keep))
   kept = b"".join(line for line, keep in zip(lines, keep_flags) if keep)
-  writing(path, lambda: replace_bytes(path, kept))
+  writing(path, lambda: write_file(path, kept))
 
 
 def _read_lines(path: epath.Path) -> list[bytes]:

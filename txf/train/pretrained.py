@@ -26,7 +26,7 @@ from txf import interop
 from txf.data.spec import DataSpec
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.layers.model_config import ModelConfig
-from txf.storage import replace_bytes
+from txf.storage import write_file
 from txf.train.record import recorded_tokenizer
 from txf.train.resume import is_run_directory
 from txf.train.step import TrainState
@@ -103,7 +103,7 @@ def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.Pat
     )
   model = source.read_bytes()
   if not target.exists():
-    replace_bytes(target, model)
+    write_file(target, model)
   elif target.read_bytes() != model:
     raise ValueError(
       f"train.init_from: {target} is not the sentencepiece model of {init_from}: its ids "

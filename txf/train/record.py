@@ -63,7 +63,7 @@ from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
 from txf.registry import Registry
-from txf.storage import parse_json, read_text, replace_text, write_error
+from txf.storage import parse_json, read_text, write_error, write_file
 from txf.train import hardware
 from txf.train.optim import DECAYS
 from txf.train.run_config import RunConfig, to_json
@@ -402,4 +402,4 @@ class RunRecord:
 
   def _write(self) -> None:
     assert self._entry is not None
-    replace_text(self._path, self._before + _entry_text(self._entry) + "\n]\n")
+    write_file(self._path, self._before + _entry_text(self._entry) + "\n]\n")

@@ -37,7 +37,7 @@ import jax
 from etils import epath
 
 from txf.layers.model_config import MOVED_TO_OPTIONS
-from txf.storage import read_json, replace_text
+from txf.storage import read_json, write_file
 from txf.train.record import check_choices
 from txf.train.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 
@@ -152,7 +152,7 @@ def write_config(run: RunConfig, workdir: str | os.PathLike) -> None:
   """Records `run` as the config the run in `workdir` trains with (process
   0 writes, atomically: other processes of the run may be reading it)."""
   if jax.process_index() == 0:
-    replace_text(epath.Path(workdir) / CONFIG_FILE, json.dumps(to_json(run), indent=2) + "\n")
+    write_file(epath.Path(workdir) / CONFIG_FILE, json.dumps(to_json(run), indent=2) + "\n")
 
 
 def _compared(run: RunConfig) -> dict[str, Any]:

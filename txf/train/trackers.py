@@ -39,7 +39,7 @@ from etils import epath
 
 from txf.extras import install_hint
 from txf.registry import Registry
-from txf.storage import is_local, read_text, replace_text
+from txf.storage import is_local, read_text, write_file
 from txf.train.metrics import read_samples
 from txf.train.tracking import Tracker, metric_tag
 
@@ -60,7 +60,7 @@ class WandbTracker:
     run_id = _wandb_run_id(workdir)
     if not run_id:
       run_id = uuid.uuid4().hex[:12]  # wandb ids: letters and digits
-      replace_text(workdir / WANDB_ID_FILE, run_id + "\n")  # before init: a crash keeps the id
+      write_file(workdir / WANDB_ID_FILE, run_id + "\n")  # before init: a crash keeps the id
     self.run_id = run_id
     # (step, text) of the samples table; read from samples.txt at the first sample.
     self._samples: list[tuple[int, str]] | None = None
