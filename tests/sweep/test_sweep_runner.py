@@ -22,6 +22,7 @@ from tensorboard_files import read_hparams
 from txf.analysis.extrapolation import check_num_tokens
 from txf.sweep import figures, grid, results, runner
 from txf.sweep.grid import GridError
+from txf.train import run_config
 from txf.train.metrics import read_metrics
 from txf.train.workdir import WorkdirError, WorkdirLock
 
@@ -517,6 +518,7 @@ def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilati
     ("ln_warmup", 8),
     ("t5_distance", 4),
     ("pe_ln_seeds", 6),
+    ("pe_ln_confirm", 6),
     ("mqar_scale", 6),
     ("mqar_steps", 3),
     ("mqar_linear", 6),
@@ -536,6 +538,7 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     "ln_warmup": 3,
     "t5_distance": 3,
     "pe_ln_seeds": 3,
+    "pe_ln_confirm": 3,
     "mqar_scale": 3,
     "mqar_steps": 3,
     "mqar_linear": 3,
@@ -704,6 +707,28 @@ def test_the_seeds_rerun_is_pe_lns_points_with_three_seeds_of_both_kinds():
     "replicas": 2,
     "data.seed_per_replica": False,
   }
+
+
+def test_the_confirmation_reruns_the_seeds_rerun_on_seeds_neither_sweep_used():
+  """sweeps/pe_ln_confirm is sweeps/pe_ln_seeds (same points) but for its first
+  seed, and its replicas' seeds (init and data order) are disjoint from those
+  of pe_ln and pe_ln_seeds."""
+  confirm, seeds = load_config("sweeps.pe_ln_confirm"), load_config("sweeps.pe_ln_seeds")
+  original = load_config("sweeps.pe_ln")
+  assert [p.overrides for p in grid.expand(confirm)] == [p.overrides for p in grid.expand(seeds)]
+  rerun = flatten(confirm.base.to_dict())
+  assert {k: v for k, v in flatten(seeds.base.to_dict()).items() if rerun[k] != v} == {"seed": 0}
+
+  def used(config):
+    run = run_config.parse(runner.load_run_config(config.sweep.run_config))
+    base = config.base
+    run = run.override(
+      {"seed": base.seed, "replicas": base.replicas, "data.seed_per_replica": base.data.seed_per_replica}
+    )
+    return set(run.seeds) | set(run.data_seeds)
+
+  assert used(confirm) == {3, 4, 5}
+  assert used(confirm).isdisjoint(used(seeds) | used(original))
 
 
 def test_the_mqar_scale_sweep_has_a_cpu_and_a_gpu_setting():
