@@ -24,8 +24,8 @@ from absl import flags
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
 from txf.data.throughput import format_throughput, loader_throughput
+from txf.runconfig.run_config import RunConfig, parse
 from txf.train import sharding
-from txf.train.run_config import RunConfig, parse
 
 FLAGS = flags.FLAGS
 

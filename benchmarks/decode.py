@@ -9,7 +9,7 @@ tokens/s (all rows), microseconds per new token (end to end: txf's loop
 also feeds the prompt one position at a time, P + N - 1 iterations in all),
 and the fraction of the physical floor reached: reading the weights once
 per generated position (weight bytes / the device's memory bandwidth,
-txf.train.hardware) over the time per new token. The transformers figures
+txf.hardware) over the time per new token. The transformers figures
 (benchmarks/references/hf_gpt2_decode.py, a subprocess run before JAX starts, the same
 shape and batch sizes, bf16 on a GPU) come in `hf`; each txf row gets its
 ratio to them.
@@ -24,12 +24,11 @@ import jax.numpy as jnp
 from absl import flags
 
 from benchmarks.references import run_reference
-from txf import decode
+from txf import decode, hardware
 from txf.commands.cli import define_config_flag
+from txf.runconfig.run_config import parse
 from txf.textbook.report import median_seconds
-from txf.train import hardware
-from txf.train.run_config import parse
-from txf.train.setup import fit_vocabulary, setup_run
+from txf.train.run_setup import fit_vocabulary, setup_run
 
 FLAGS = flags.FLAGS
 

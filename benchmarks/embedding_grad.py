@@ -29,7 +29,7 @@ from absl import flags
 
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
-from txf.train.run_config import parse
+from txf.runconfig.run_config import parse
 
 FLAGS = flags.FLAGS
 

@@ -14,8 +14,8 @@ import tempfile
 import time
 
 from txf.configs import gpt2_small
+from txf.runconfig.run_config import parse
 from txf.train import loop
-from txf.train.run_config import parse
 
 
 def main() -> None:

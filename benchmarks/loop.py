@@ -43,10 +43,10 @@ from absl import flags
 
 from benchmarks.step import benchmark, define_steps_and_window
 from txf.aot.compile import abstract_batch
+from txf.runconfig.run_config import parse
+from txf.rundir.metrics import read_metrics
 from txf.train import loop, sharding
-from txf.train.metrics import read_metrics
-from txf.train.run_config import parse
-from txf.train.setup import RunSetup, setup_run
+from txf.train.run_setup import RunSetup, setup_run
 
 FLAGS = flags.FLAGS
 

@@ -33,8 +33,8 @@ from absl import flags
 
 from txf.commands.cli import define_config_flag
 from txf.ops import cross_entropy_gpu, losses
-from txf.train.run_config import parse
-from txf.train.setup import fit_vocabulary
+from txf.runconfig.run_config import parse
+from txf.train.run_setup import fit_vocabulary
 
 FLAGS = flags.FLAGS
 

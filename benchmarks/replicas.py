@@ -29,6 +29,7 @@ import jax
 from absl import flags
 
 from txf.commands.cli import define_config_flag
+from txf.runconfig.run_config import parse
 from txf.train import loop
 from txf.train.replicas import (
   STRATEGIES,
@@ -37,8 +38,7 @@ from txf.train.replicas import (
   make_replicated_train_step,
   replica_seeds,
 )
-from txf.train.run_config import parse
-from txf.train.setup import setup_run, train_step_for_seed
+from txf.train.run_setup import setup_run, train_step_for_seed
 from txf.train.step import init_state
 
 FLAGS = flags.FLAGS

@@ -15,7 +15,7 @@ A mode is a module of this package, benchmarks/<mode>.py, with its flags
 returns them); modes share flag names with different meanings and defaults
 (--steps, --new_tokens, ...), so only the chosen mode's flags are defined.
 --json=PATH writes the figures with the mode, the config file, the date,
-device and software versions (txf.train.hardware.environment).
+device and software versions (txf.hardware.environment).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from types import ModuleType
 from absl import flags, logging
 from etils import epath
 
+from txf import hardware
 from txf.commands import cli
 from txf.commands.cli import fail, run_command
-from txf.train import hardware
 
 MODES = (
   "step",

@@ -34,11 +34,11 @@ from absl import flags
 from benchmarks import kernels
 from benchmarks.decode import GPT2_SHAPE, is_gpt2
 from benchmarks.references import run_reference
+from txf import hardware
 from txf.commands.cli import define_config_flag
 from txf.data import make_dataset
-from txf.train import hardware
-from txf.train.run_config import RunConfig, parse
-from txf.train.setup import RunSetup, fit_vocabulary, setup_run
+from txf.runconfig.run_config import RunConfig, parse
+from txf.train.run_setup import RunSetup, fit_vocabulary, setup_run
 
 FLAGS = flags.FLAGS
 

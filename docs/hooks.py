@@ -2,7 +2,7 @@
 
 A page holding the marker `<!-- txf:resume-rules -->` (docs/running.md) gets
 there the rules for resuming a run, written from the lists
-`txf.train.resume.check_resumable` checks (`RESUME_SECTIONS`,
+`txf.rundir.resume.check_resumable` checks (`RESUME_SECTIONS`,
 `FREE_DATA_FIELDS`) and from the sections and fields of configs/base.py, so
 the page cannot drift from the code. tests/test_docs.py checks the text.
 
@@ -41,7 +41,7 @@ def resume_rules() -> str:
   import ml_collections
 
   from txf.configs import base
-  from txf.train.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
+  from txf.rundir.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
 
   config = base.get_config()
   sections = [name for name in config if isinstance(config[name], ml_collections.ConfigDict)]
@@ -62,7 +62,7 @@ def resume_rules() -> str:
   text = (
     f"A resumed run must keep what its checkpoints depend on: {', '.join(kept[:-1])} "
     f"and {kept[-1]}; changing one stops the run before any compute, naming the field "
-    f"(`txf.train.resume.check_resumable`). The `data` fields "
+    f"(`txf.rundir.resume.check_resumable`). The `data` fields "
     f"{_names(FREE_DATA_FIELDS)} may change"
   )
   if plain:
@@ -71,7 +71,7 @@ def resume_rules() -> str:
     text += (
       ", and `train`, except a change that reshapes the optimizer state the "
       "checkpoints hold (e.g. `train.grad_clip_norm=0` drops the clipping's state), "
-      "which is refused naming the field (`txf.train.setup.check_optimizer_state`)"
+      "which is refused naming the field (`txf.rundir.resume.check_optimizer_state`)"
     )
   return text + "."
 

@@ -24,8 +24,8 @@ from conftest import REPO, flatten, load_config
 from txf import models
 from txf.data import ByteTokenizer, make_tokenizer, num_classes
 from txf.layers.model_config import ModelConfig
+from txf.runconfig.run_config import ConfigError, parse
 from txf.train import loop
-from txf.train.run_config import ConfigError, parse
 from txf.train.step import model_inputs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -172,7 +172,7 @@ EXPECTED_CHANGES["decoder_1b"] = {
 
 def validate(config):
   """What a run checks before compute (the parse, then the vocabulary:
-  txf.train.setup.fit_vocabulary, minus a sentencepiece tokenizer's training)."""
+  txf.train.run_setup.fit_vocabulary, minus a sentencepiece tokenizer's training)."""
   run = parse(config)
   return run.with_vocabulary(make_tokenizer(run.data).vocab_size, num_classes(run.data))
 

@@ -15,9 +15,9 @@ import pytest
 from tools import findings_significance, results_tables, traced_numbers
 from txf import configs, models
 from txf.configs import base
+from txf.rundir.metrics import METRICS_FILE
+from txf.rundir.resume import CONFIG_FILE, FREE_DATA_FIELDS, RESUME_SECTIONS
 from txf.sweep import grid, results
-from txf.train.metrics import METRICS_FILE
-from txf.train.resume import CONFIG_FILE, FREE_DATA_FIELDS, RESUME_SECTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # docs/data holds findings' raw outputs (a sweep's own results.md among them), not pages.
@@ -546,7 +546,7 @@ def test_every_output_sample_in_the_documents_names_the_commit_it_was_taken_at()
 def test_the_running_page_names_the_text_tag_tensorboard_files_hold():
   from tensorboardX import summary
 
-  from txf.train.metrics import SAMPLE_TAG
+  from txf.rundir.metrics import SAMPLE_TAG
 
   (value,) = summary.text(SAMPLE_TAG, "a sample").value
   page = (ROOT / "docs" / "running.md").read_text()

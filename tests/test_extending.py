@@ -23,12 +23,12 @@ import pytest
 
 from conftest import REPO, tiny_config
 from txf import models, ops
+from txf.choices import Registry
 from txf.data import make_dataset, spec as data_config
 from txf.data.spec import parse_data
 from txf.layers import Norm, model_config as layer_config, positions
-from txf.registry import Registry
-from txf.train import record
-from txf.train.run_config import parse
+from txf.runconfig.run_config import parse
+from txf.rundir import record
 from txf.train.step import labels_and_weights, model_inputs
 
 EXAMPLES = REPO / "examples" / "extending"

@@ -23,10 +23,10 @@ from txf import models
 from txf.decode import generation
 from txf.layers import Embedder
 from txf.layers.model_config import ModelConfig
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.resume import read_run_config
 from txf.sweep.runner import check_point_config
-from txf.train.resume import read_run_config
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import setup_run
+from txf.train.run_setup import setup_run
 
 V, D = 6, 4
 

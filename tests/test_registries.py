@@ -9,7 +9,7 @@ parameters, and changing each setting an option reads must change its output.
 
 The option lists come from the registries themselves (ModelConfig's CHOICES,
 txf.layers.positions.ENCODINGS through them, txf.data.spec.data_names(),
-txf.train.optim.DECAYS, ...), so a new option is compared with every other
+txf.runconfig.optim.DECAYS, ...), so a new option is compared with every other
 without a new test; SETTINGS must name its settings (an empty dict if it has
 none), or `test_every_option_declares_its_settings` fails. Registries whose
 options are implementations of the same math (model.attention_impl) are
@@ -51,7 +51,7 @@ from txf.data import ByteTokenizer, make_dataset, make_tokenizer, spec as data_c
 from txf.interop import text
 from txf.layers import model_config as layer_config
 from txf.layers.model_config import CHOICES, LSTM_FIELDS, REGISTRY_FIELDS, ModelConfig
-from txf.train import optim, trackers
+from txf.runconfig import optim, tracker_kinds
 
 # --- model options ----------------------------------------------------------------
 
@@ -380,10 +380,10 @@ USER_REGISTRIES = {
     schedule_of,
   ),
   "train.trackers": (
-    trackers.TRACKERS,
+    tracker_kinds.TRACKERS,
     register.tracker,
     lambda workdir: None,
-    trackers.tracker_names,
+    tracker_kinds.tracker_names,
   ),
 }
 

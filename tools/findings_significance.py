@@ -56,9 +56,9 @@ from typing import Any
 
 from tools.page_tables import check_or_write, rewrite_tables
 from tools.results_tables import point_cells, replica_values
+from txf.rundir.resume import CONFIG_FILE
 from txf.sweep import significance
 from txf.sweep.results import Stat
-from txf.train.resume import CONFIG_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(

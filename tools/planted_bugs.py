@@ -269,7 +269,7 @@ BUGS = (
   ),
   Bug(
     "eval_mean_of_batch_means",
-    "txf/train/setup.py",
+    "txf/train/run_setup.py",
     "          totals[key] = totals[key] + np.asarray(sums[key], np.float64)",
     # Each batch counts 1, whatever its weight (a weight-0 padding batch too).
     "          totals[key] = totals[key] + (1.0 if key == 'count' else np.asarray(\n"
@@ -402,14 +402,14 @@ BUGS = (
   # --- a provenance field of the run record recorded wrong ---------------------
   Bug(
     "git_dirty_only_when_staged",
-    "txf/train/record.py",
+    "txf/rundir/record.py",
     'dirty = bool(_git(directory, "status", "--porcelain", "--untracked-files=no"))',
     'dirty = bool(_git(directory, "diff", "--cached", "--name-only"))',
     (f"{PROVENANCE}::test_git_state_follows_a_checkout_made_clean_then_dirty",),
   ),
   Bug(
     "git_commit_is_the_tree",
-    "txf/train/record.py",
+    "txf/rundir/record.py",
     'commit = _git(directory, "rev-parse", "HEAD")',
     'commit = _git(directory, "rev-parse", "HEAD^{tree}")',
     (f"{PROVENANCE}::test_git_state_follows_a_checkout_made_clean_then_dirty",),
@@ -430,7 +430,7 @@ BUGS = (
   ),
   Bug(
     "data_sha256_of_the_fields_alone",
-    "txf/train/record.py",
+    "txf/rundir/record.py",
     "json.dumps(description, sort_keys=True, default=repr)",
     "json.dumps(spec, sort_keys=True, default=repr)",
     (f"{PROVENANCE}::test_pystdlib_fingerprint_follows_the_corpus_contents_and_names",),

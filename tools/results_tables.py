@@ -30,10 +30,10 @@ import re
 import sys
 
 from tools.page_tables import check_or_write, rewrite_tables
+from txf.rundir.metrics import METRICS_FILE
+from txf.rundir.resume import CONFIG_FILE
 from txf.sweep.figures import VALUE_WORDS
 from txf.sweep.results import EXTRAPOLATION_FILE, RESULTS_CSV, Stat
-from txf.train.metrics import METRICS_FILE
-from txf.train.resume import CONFIG_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"^<!-- results_table: (\S+) -->$")

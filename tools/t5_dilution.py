@@ -128,8 +128,8 @@ def measure_point(workdir: pathlib.Path) -> dict[str, Any]:
 
   from txf.analysis.attention import attention_maps, mass_beyond
   from txf.analysis.extrapolation import window_losses
-  from txf.evaluate.extrapolate import load_with_stream
   from txf.ops import last_bucket_start
+  from txf.trained.extrapolate import load_with_stream
 
   record = json.loads((workdir / "extrapolation.json").read_text())
   run, tokens_N = load_with_stream(epath.Path(workdir), record["num_tokens"])

@@ -3,7 +3,7 @@
 Each config section is a `@section` dataclass (frozen) that declares every
 field's type, default and one-line doc together
 (txf.layers.model_config.ModelConfig, txf.data.spec.DataSpec,
-txf.train.run_config's TrainConfig, EvalConfig, ParallelConfig and RunConfig):
+txf.runconfig.run_config's TrainConfig, EvalConfig, ParallelConfig and RunConfig):
 
   @section()
   class TrainConfig:

@@ -52,7 +52,7 @@
 
   @register.decay("rsqrt_cooldown")
   def rsqrt_cooldown(phase):
-    ...  # the schedule after warmup, a jax function of s = t - W (txf.train.optim.DecayPhase)
+    ...  # the schedule after warmup, a jax function of s = t - W (txf.runconfig.optim.DecayPhase)
 
   @register.tracker("jsonl_copy")
   class JsonlCopy:  # built as JsonlCopy(workdir), on process 0
@@ -73,8 +73,9 @@ receives is documented at its registry: txf.layers.positions.ENCODINGS,
 txf.layers.norm (NORMS), txf.layers.feedforward (ACTIVATIONS),
 txf.layers.inits (INITS), txf.data.generated (GENERATED), txf.data.text (TEXT),
 txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead),
-txf.data.spec (TOKENIZERS), txf.train.tasks (TASKS: TaskKind), txf.train.optim (DECAYS: DecayPhase),
-txf.train.trackers (TRACKERS: TrackerKind); docs/extending.md has a worked
+txf.data.spec (TOKENIZERS), txf.runconfig.tasks (TASKS: TaskKind),
+txf.runconfig.optim (DECAYS: DecayPhase), txf.runconfig.tracker_kinds
+(TRACKERS: TrackerKind); docs/extending.md has a worked
 example of each (most in examples/extending/).
 """
 
@@ -83,6 +84,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from txf.choices import setting_defaults, settings_class
 from txf.data.generated import RowTask
 from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.data.text import DocumentSource
@@ -97,10 +99,9 @@ from txf.layers.model_config import (
   OutputHead,
 )
 from txf.layers.positions import ENCODINGS, PositionEncoding
-from txf.registry import setting_defaults, settings_class
-from txf.train.optim import DECAYS
-from txf.train.tasks import TaskKind
-from txf.train.trackers import TRACKERS, TrackerKind
+from txf.runconfig.optim import DECAYS
+from txf.runconfig.tasks import TaskKind
+from txf.runconfig.tracker_kinds import TRACKERS, TrackerKind
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
@@ -319,7 +320,7 @@ def tokenizer(name: str, *, replace: bool = False) -> Decorator:
 
 def decay(name: str, *, replace: bool = False) -> Decorator:
   """Registers fn(phase) -> the learning rate after warmup as `train.decay =
-  name`: phase, a txf.train.optim.DecayPhase (peak, end_fraction, warmup W,
+  name`: phase, a txf.runconfig.optim.DecayPhase (peak, end_fraction, warmup W,
   steps D), the result a jax function of s = t - W, s >= 0 (an optax schedule;
   warmup before it is txf's). It raises ValueError naming a train field whose
   value it cannot take (rsqrt: train.warmup_steps = 0)."""
@@ -335,7 +336,7 @@ def tracker(
   replace: bool = False,
 ) -> Decorator:
   """Registers a class or function (workdir) -> a tracker as a
-  `train.trackers` name: an object with txf.train.tracking.Tracker's methods
+  `train.trackers` name: an object with txf.runconfig.tracking.Tracker's methods
   (log_config, log_metrics, log_sample, log_summary, close), started on
   process 0 with the run's work directory (an etils.epath.Path).
 
@@ -368,7 +369,7 @@ def task(
   """Registers a class (or any object) with model_inputs(batch) -> the
   model's positional inputs and labels_and_weights(batch) -> (labels,
   float32 loss weights) as `data.task = name`: a task kind
-  (txf.train.tasks.TaskKind), trained with the weighted cross-entropy of
+  (txf.runconfig.tasks.TaskKind), trained with the weighted cross-entropy of
   the model's logits against its labels unless it has its own
   loss_sums(logits, labels, weights, *, label_smoothing, z_loss) and
   metric_sums(logits, labels, weights) (TaskKind's hooks).

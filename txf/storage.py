@@ -8,7 +8,7 @@ an object store (gs://) through one path type, `etils.epath`.
 
 A failed write (a full or read-only disk, a lost mount) raises `WriteError`,
 naming the file and the OS's reason in one line (`write_error`). A run's work
-directory (its lock, reachability, writability) is txf.train.workdir's.
+directory (its lock, reachability, writability) is txf.rundir.workdir's.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _temporary(path: epath.Path) -> epath.Path:
 def remove_stale_temporaries(directory: epath.Path) -> None:
   """Removes the temporaries of `write_files` left directly in the local
   `directory` by a process killed between writing one and renaming it.
-  Only for the holder of the directory's lock (txf.train.workdir.WorkdirLock),
+  Only for the holder of the directory's lock (txf.rundir.workdir.WorkdirLock),
   which no other writer shares: every temporary there is stale."""
   for path in directory.glob(".*.tmp"):
     if _STALE.fullmatch(path.name):

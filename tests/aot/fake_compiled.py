@@ -76,8 +76,8 @@ def setup():
 
   prepare_environment()
   from txf.aot.targets import parse_target
-  from txf.train.run_config import parse
-  from txf.train.setup import setup_run
+  from txf.runconfig.run_config import parse
+  from txf.train.run_setup import setup_run
 
   return setup_run(parse(tiny_config("rope")), devices=parse_target("h100").devices())
 

@@ -30,9 +30,9 @@ from txf.aot.compile import (
 )
 from txf.aot.report import report
 from txf.aot.targets import MAX_DEVICES, parse_target
-from txf.train import optim
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import setup_run
+from txf.runconfig import optim
+from txf.runconfig.run_config import ConfigError, parse
+from txf.train.run_setup import setup_run
 
 prepare_environment()
 

@@ -36,14 +36,14 @@ from benchmarks import (
   summarize as bench_summarize,
 )
 from conftest import REPO, load_config
-from txf import ops
+from txf import hardware, ops
 from txf.analysis import flops_per_token, matmul_params
 from txf.layers.model_config import ModelConfig
 from txf.models import build
-from txf.train import hardware, loop
-from txf.train.resume import MIGRATIONS, read_run_config
-from txf.train.run_config import parse, to_json
-from txf.train.setup import setup_run
+from txf.runconfig.run_config import parse, to_json
+from txf.rundir.resume import MIGRATIONS, read_run_config
+from txf.train import loop
+from txf.train.run_setup import setup_run
 from txf.train.step import _apply_without_head, make_train_step
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None

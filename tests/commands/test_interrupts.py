@@ -18,8 +18,8 @@ from conftest import (
   restore_state,
   tiny_config,
 )
+from txf.runconfig.run_config import parse
 from txf.train import loop
-from txf.train.run_config import parse
 
 pytestmark = pytest.mark.slow  # subprocesses that train
 

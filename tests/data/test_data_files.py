@@ -13,8 +13,8 @@ from txf.data import ByteTokenizer, make_dataset
 from txf.data.files import POSITION_CUTS, TextFiles
 from txf.data.lm import token_stream
 from txf.data.spec import parse_data
+from txf.runconfig.run_config import ConfigError, parse
 from txf.train import loop
-from txf.train.run_config import ConfigError, parse
 
 SPLITS = ("train", "validation", "test")
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")

@@ -21,8 +21,8 @@ from txf.data import (
   tokenizers as tokenizers_module,
 )
 from txf.data.spec import TOKENIZERS, parse_data
-from txf.train.run_config import parse
-from txf.train.setup import fit_vocabulary
+from txf.runconfig.run_config import parse
+from txf.train.run_setup import fit_vocabulary
 
 TEXTS = [
   "def add(a, b):\n    return a + b\n",

@@ -1,4 +1,4 @@
-"""A trained txf run as a Hugging Face model (txf.train.export): train tiny ->
+"""A trained txf run as a Hugging Face model (txf.trained.export): train tiny ->
 export -> load with txf's Hugging Face reader (and with transformers where it
 is installed) -> the same logits; txf-generate / txf-embed on a run
 directory; train.init_from a run directory; the fields that do not map.
@@ -21,13 +21,13 @@ from full_disk import full_disk, read_only
 from txf.data import HFTokenizer
 from txf.interop import CheckpointError, load_pretrained
 from txf.interop.rules import flatten
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.resume import is_run_directory, read_run_config
+from txf.rundir.workdir import WorkdirError
 from txf.storage import WriteError
 from txf.train import loop
-from txf.train.export import EXPORT_MARKER, export_run, reachable_directory, write_directory
-from txf.train.resume import is_run_directory, read_run_config
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import adding_to_run, load_run, load_trained, setup_run
-from txf.train.workdir import WorkdirError
+from txf.train.run_setup import adding_to_run, load_run, load_trained, setup_run
+from txf.trained.export import EXPORT_MARKER, export_run, reachable_directory, write_directory
 
 OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
 HF_GPT2 = FIXTURES / "hf" / "gpt2"

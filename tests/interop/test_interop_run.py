@@ -1,5 +1,5 @@
 """Converted checkpoints in the runner and the commands: fine-tuning from a
-Hugging Face directory (config.train.init_from through txf.train.setup, started by
+Hugging Face directory (config.train.init_from through txf.train.run_setup, started by
 configs/pretrained.py:DIR), and `experiments.embed` / `experiments.generate`
 on the tiny fixtures of tests/fixtures/hf against transformers' outputs.
 """
@@ -17,8 +17,8 @@ from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
 from txf.interop.rules import flatten
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import setup_run
+from txf.runconfig.run_config import ConfigError, parse
+from txf.train.run_setup import setup_run
 
 HF_FIXTURES = FIXTURES / "hf"
 TIMEOUT_S = 120

@@ -31,9 +31,9 @@ from txf.layers.model_config import (
   setting_docs,
 )
 from txf.layers.positions import RopeSettings, T5BiasSettings
+from txf.runconfig.run_config import parse, to_json
+from txf.rundir.resume import config_changes, read_run_config
 from txf.sweep import grid
-from txf.train.resume import config_changes, read_run_config
-from txf.train.run_config import parse, to_json
 
 TINY = dict(vocab_size=50, d_model=32, num_heads=4, num_layers=1, max_len=64)
 # The built-in settings and their defaults (RopeSettings, T5BiasSettings).

@@ -21,8 +21,8 @@ from txf import decode
 from txf.analysis import count_params, extrapolation, flops_per_token, matmul_params
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.models import build
+from txf.runconfig.run_config import parse
 from txf.train import sharding
-from txf.train.run_config import parse
 
 TINY = dict(family="lstm", vocab_size=50, d_model=12, num_layers=2, dropout_rate=0.3)
 B, T = 2, 9

@@ -12,11 +12,11 @@ import pytest
 
 from full_disk import full_disk
 from txf import configs
+from txf.rundir.workdir import WorkdirError
 from txf.storage import WriteError
 from txf.sweep import grid, results, runner
 from txf.sweep.grid import GridError
 from txf.sweep.publish import RAW_FILES, publish
-from txf.train.workdir import WorkdirError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "data" / "t5_distance"

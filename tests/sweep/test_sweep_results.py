@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from full_disk import files_in, full_disk
+from txf.rundir.checkpoint import PreemptionGuard
 from txf.storage import WriteError, write_files
 from txf.sweep import figures, grid, results, runner
-from txf.train.checkpoint import PreemptionGuard
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 4

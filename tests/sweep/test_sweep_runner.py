@@ -20,11 +20,11 @@ from conftest import REPO, checkpoint_steps, flatten, load_config, tiny_config
 from full_disk import read_only
 from tensorboard_files import read_hparams
 from txf.analysis.extrapolation import check_num_tokens
+from txf.runconfig import run_config
+from txf.rundir.metrics import read_metrics
+from txf.rundir.workdir import WorkdirError, WorkdirLock
 from txf.sweep import figures, grid, results, runner
 from txf.sweep.grid import GridError
-from txf.train import run_config
-from txf.train.metrics import read_metrics
-from txf.train.workdir import WorkdirError, WorkdirLock
 
 ROOT = REPO
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -723,7 +723,11 @@ def test_the_confirmation_reruns_the_seeds_rerun_on_seeds_neither_sweep_used():
     run = run_config.parse(runner.load_run_config(config.sweep.run_config))
     base = config.base
     run = run.override(
-      {"seed": base.seed, "replicas": base.replicas, "data.seed_per_replica": base.data.seed_per_replica}
+      {
+        "seed": base.seed,
+        "replicas": base.replicas,
+        "data.seed_per_replica": base.data.seed_per_replica,
+      }
     )
     return set(run.seeds) | set(run.data_seeds)
 

@@ -26,7 +26,7 @@ from txf.textbook import (
   scaling,
   training,
 )
-from txf.train.setup import load_run
+from txf.train.run_setup import load_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -18,10 +18,11 @@ import pytest
 from conftest import REPO, tiny_config
 from txf.data.spec import TOKENIZERS
 from txf.layers.positions import ENCODINGS
-from txf.train import loop, record
-from txf.train.optim import DECAYS
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import load_run
+from txf.runconfig.optim import DECAYS
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir import record
+from txf.train import loop
+from txf.train.run_setup import load_run
 
 # A rotation that leaves queries and keys as they are (no position at all),
 # noting each call: what the model calls is visible.
@@ -159,6 +160,24 @@ def test_a_builtin_replaced_by_user_code_is_not_read_as_the_builtin(tmp_path, fr
     "model.position: 'rope' is user_rope.unrotated here, not txf's built-in "
     f"(txf.layers.positions) that the run in {tmp_path} trained with (see run_record.json)"
   )
+
+
+def test_a_builtin_recorded_under_its_old_module_is_still_the_builtin(tmp_path, fresh_process):
+  """Before txf.train was split, the built-in task kinds, decays and trackers
+  lived in txf.train.tasks, txf.train.optim and txf.train.trackers: a run
+  recorded then reads as trained with the built-in, and a user entry
+  recorded under a module that is gone is still refused."""
+  builtin_run(tmp_path)
+  entries = json.loads((tmp_path / record.RECORD_FILE).read_text())
+  choices = entries[0]["choices"]
+  assert choices["data.task"]["module"] == "txf.runconfig.tasks"
+  choices["data.task"]["module"] = "txf.train.tasks"
+  (tmp_path / record.RECORD_FILE).write_text(json.dumps(entries))
+  record.check_choices(tmp_path)  # no import of txf.train.tasks is tried
+  choices["data.task"]["builtin"] = False
+  (tmp_path / record.RECORD_FILE).write_text(json.dumps(entries))
+  with pytest.raises(ValueError, match="data.task: .* txf.train.tasks.TaskKind .* does not import"):
+    record.check_choices(tmp_path)
 
 
 def test_a_run_recorded_without_choices_is_read_as_before(tmp_path, fresh_process):

@@ -27,11 +27,12 @@ from conftest import (
 )
 from full_disk import full_disk
 from tensorboard_files import read_tensorboard_scalars
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir import checkpoint, resume
+from txf.rundir.checkpoint import CheckpointWriteError
+from txf.rundir.metrics import read_metrics
 from txf.storage import WriteError
-from txf.train import checkpoint, loop, resume, setup
-from txf.train.checkpoint import CheckpointWriteError
-from txf.train.metrics import read_metrics
-from txf.train.run_config import ConfigError, parse
+from txf.train import loop, run_setup
 
 # A restore that failed (a checkpoint replaced while read) leaves orbax's read
 # coroutines to the garbage collector, which reports them in whichever test
@@ -213,7 +214,7 @@ def test_reading_creates_nothing(tmp_path):
   workdir.mkdir()
   resume.write_config(parse(tiny_config()), workdir)
   with pytest.raises(ConfigError, match="holds no checkpoint"):
-    setup.load_run(workdir)
+    run_setup.load_run(workdir)
   assert [p.name for p in workdir.iterdir()] == ["config.json"]
   with checkpoint.Checkpointer(tmp_path / "none", read_only=True) as ckpt:
     assert ckpt.restore(abstract(state(0))) is None

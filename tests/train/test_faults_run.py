@@ -23,9 +23,9 @@ from conftest import (
   tiny_config as tiny,
   truncate_state_files,
 )
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.metrics import read_metrics
 from txf.train import loop
-from txf.train.metrics import read_metrics
-from txf.train.run_config import ConfigError, parse
 
 pytestmark = pytest.mark.slow  # subprocess runs: ~1-2 minutes in all
 

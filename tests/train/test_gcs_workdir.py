@@ -51,19 +51,19 @@ from conftest import (  # noqa: E402
   tiny_config,
   without_timings,
 )
-from txf.sweep import figures, grid, results, runner  # noqa: E402
-from txf.train import (  # noqa: E402
-  loop,
-  metrics,
-  workdir as workdir_module,
+from txf.runconfig.run_config import parse  # noqa: E402
+from txf.rundir import (
+  metrics,  # noqa: E402
+  workdir as workdir_module,  # noqa: E402
 )
-from txf.train.run_config import parse  # noqa: E402
-from txf.train.workdir import (  # noqa: E402
+from txf.rundir.workdir import (  # noqa: E402
   WorkdirError,
   WorkdirLock,
   check_reachable,
   check_writable,
 )
+from txf.sweep import figures, grid, results, runner  # noqa: E402
+from txf.train import loop  # noqa: E402
 
 BUCKET = "bucket"
 
@@ -373,8 +373,8 @@ NO_EXTRA = (
 
 
 def test_without_the_gcs_extra_every_entry_point_fails_naming_it(scratch_cwd, monkeypatch):
-  from txf.evaluate.analyze import analyze_run
-  from txf.evaluate.extrapolate import extrapolate_run
+  from txf.trained.extrapolate import extrapolate_run
+  from txf.trained.head_analysis import analyze_run
 
   monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` raises ImportError
   sweep = ml_collections.ConfigDict(
@@ -464,8 +464,8 @@ UNREACHABLE = (
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_an_unreachable_bucket_stops_every_entry_point_in_one_line_in_time(no_dns, scratch_cwd):
-  from txf.evaluate.analyze import analyze_run
-  from txf.evaluate.extrapolate import extrapolate_run
+  from txf.trained.extrapolate import extrapolate_run
+  from txf.trained.head_analysis import analyze_run
 
   sweep = ml_collections.ConfigDict(
     {"base": tiny_config(), "grid": grid.make_grid({"model.position": ["rope"]})}
@@ -510,7 +510,7 @@ def test_cli_on_an_unreachable_bucket_exits_2_with_one_line_in_time(scratch_cwd)
   )
   for command, config in (("run", "rope"), ("sweep", sweep)):
     code = (
-      "import runpy, socket, sys, aiohttp.resolver, txf.train.workdir as w\n"
+      "import runpy, socket, sys, aiohttp.resolver, txf.rundir.workdir as w\n"
       "async def resolve(self, host, port=0, family=0):\n"
       "  raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')\n"
       "aiohttp.resolver.DefaultResolver.resolve = resolve\n"

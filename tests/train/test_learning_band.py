@@ -22,7 +22,7 @@ from conftest import optimised
 from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.head_scores import head_roles, induction_score, repeated_random_tokens
 from txf.models import ModelConfig, build
-from txf.train.optim import make_optimizer
+from txf.runconfig.optim import make_optimizer
 from txf.train.step import init_state, make_eval_step, make_train_step
 
 VOCAB = 16  # tokens 1..15 (0 is the pad id, never drawn)

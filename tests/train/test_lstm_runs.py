@@ -20,10 +20,10 @@ from conftest import (
   without_timings,
 )
 from txf.layers.model_config import ModelConfig
+from txf.runconfig.run_config import parse
+from txf.rundir.metrics import read_metrics
 from txf.textbook import lstm_vs_transformer as comparison
 from txf.train import loop
-from txf.train.metrics import read_metrics
-from txf.train.run_config import parse
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from txf.train.metrics import read_metrics
+from txf.rundir.metrics import read_metrics
 
 N = 4  # steps of the two-process run (and its checkpoint)
 TOTAL = 2 * N  # steps after resuming

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, load_config
+from txf.runconfig.run_config import parse
+from txf.rundir.metrics import read_metrics
 from txf.train import loop
-from txf.train.metrics import read_metrics
-from txf.train.run_config import parse
-from txf.train.setup import load_run
+from txf.train.run_setup import load_run
 
 OLD_RUN = FIXTURES / "run_822e561"
 

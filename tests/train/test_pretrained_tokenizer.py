@@ -17,10 +17,10 @@ from conftest import tiny_config
 from tfds_builders import DocumentsBuilder
 from txf.data import SentencePieceTokenizer
 from txf.data.spec import parse_data
-from txf.train import record
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir import record
 from txf.train.pretrained import adopt_tokenizer, check_tokenizer
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import fit_vocabulary
+from txf.train.run_setup import fit_vocabulary
 
 VOCAB = 512
 MODEL = SentencePieceTokenizer.file_name(VOCAB)

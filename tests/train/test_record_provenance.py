@@ -24,8 +24,8 @@ import pytest
 
 from conftest import tiny_config
 from txf.data import corpus
-from txf.train import record
-from txf.train.run_config import parse, to_json
+from txf.runconfig.run_config import parse, to_json
+from txf.rundir import record
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

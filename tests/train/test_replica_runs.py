@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from conftest import TIMING_KEYS, tiny_config
-from txf.evaluate.extrapolate import extrapolate_run
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.metrics import read_metrics
 from txf.train import loop
-from txf.train.metrics import read_metrics
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import load_run
+from txf.train.run_setup import load_run
+from txf.trained.extrapolate import extrapolate_run
 
 REPLICAS = 2
 STEPS = 6

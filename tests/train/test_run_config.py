@@ -29,15 +29,8 @@ import pytest
 from conftest import FIXTURES, REPO, load_config, tiny_config
 from txf import configs
 from txf.data.spec import DataSpec
-from txf.evaluate.analyze import analyze_run
-from txf.evaluate.extrapolate import extrapolate_run
 from txf.layers.model_config import ModelConfig
-from txf.sweep import grid
-from txf.train import loop, resume
-from txf.train.export import export_run
-from txf.train.metrics import read_metrics
-from txf.train.resume import is_run_directory
-from txf.train.run_config import (
+from txf.runconfig.run_config import (
   ConfigError,
   EvalConfig,
   ParallelConfig,
@@ -46,7 +39,15 @@ from txf.train.run_config import (
   parse,
   to_json,
 )
-from txf.train.setup import load_run, load_trained
+from txf.rundir import resume
+from txf.rundir.metrics import read_metrics
+from txf.rundir.resume import is_run_directory
+from txf.sweep import grid
+from txf.train import loop
+from txf.train.run_setup import load_run, load_trained
+from txf.trained.export import export_run
+from txf.trained.extrapolate import extrapolate_run
+from txf.trained.head_analysis import analyze_run
 
 RUN_CONFIGS = [name for name in configs.names() if not name.startswith("sweeps/")]
 SWEEP_CONFIGS = [name for name in configs.names() if name.startswith("sweeps/")]

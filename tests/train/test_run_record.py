@@ -1,4 +1,4 @@
-"""Tests of a run's record (txf.train.record, run_record.json), the wall time
+"""Tests of a run's record (txf.rundir.record, run_record.json), the wall time
 of metrics rows, the hyperparameters TensorBoard gets at a run's end, and the
 check of train.trackers."""
 
@@ -13,10 +13,11 @@ import pytest
 from conftest import tiny_config as tiny
 from tensorboard_files import read_hparams, read_tensorboard_events
 from txf.data import corpus
-from txf.train import loop, record
-from txf.train.metrics import TENSORBOARD_DIR, read_metrics
-from txf.train.resume import CONFIG_FILE
-from txf.train.run_config import ConfigError, parse
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir import record
+from txf.rundir.metrics import TENSORBOARD_DIR, read_metrics
+from txf.rundir.resume import CONFIG_FILE
+from txf.train import loop
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -29,9 +29,9 @@ from jax.sharding import AxisType, PartitionSpec as P
 from conftest import REPO
 from txf.layers.partitioning import projection_inits
 from txf.models import ModelConfig, build
+from txf.runconfig.optim import make_optimizer
+from txf.runconfig.run_config import ParallelConfig
 from txf.train import sharding
-from txf.train.optim import make_optimizer
-from txf.train.run_config import ParallelConfig
 from txf.train.step import TrainState, init_params, init_state, make_train_step
 
 TINY = dict(vocab_size=64, d_model=32, num_heads=4, num_layers=2, max_len=16)

@@ -16,10 +16,10 @@ from conftest import tiny_config
 from txf import ops, register
 from txf.data.spec import TASKS
 from txf.models import ModelConfig, build
-from txf.train.run_config import parse
-from txf.train.setup import RunSetup
+from txf.runconfig.run_config import parse
+from txf.runconfig.tasks import token_inputs, token_labels
+from txf.train.run_setup import RunSetup
 from txf.train.step import init_state, make_eval_step, make_train_step
-from txf.train.tasks import token_inputs, token_labels
 
 TINY = dict(vocab_size=32, d_model=16, num_heads=2, num_layers=1, max_len=16)
 B, T = 4, 8

@@ -30,9 +30,9 @@ from conftest import (
   without_timings,
 )
 from tfds_builders import TranslationBuilder
+from txf.runconfig.run_config import parse
+from txf.rundir.metrics import read_metrics
 from txf.train import loop
-from txf.train.metrics import read_metrics
-from txf.train.run_config import parse
 
 # The mocked tiny_shakespeare: records of known text (bytes, as TFDS gives
 # them). About 1.9 kB of training text: 7 batches of 8 packed windows of 33

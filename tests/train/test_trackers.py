@@ -1,4 +1,4 @@
-"""Tests of the experiment trackers (txf.train.trackers): the check of
+"""Tests of the experiment trackers (txf.rundir.trackers): the check of
 train.trackers' names, a tracker registered from user code (txf.register)
 and fed by a tiny training run, and a Weights & Biases run logged offline
 (no network) from a tiny training run, then resumed into the same wandb run."""
@@ -14,9 +14,11 @@ import pytest
 
 from conftest import REPO, tiny_config as tiny
 from txf import register
-from txf.train import loop, metrics, trackers
-from txf.train.metrics import read_metrics
-from txf.train.run_config import parse
+from txf.runconfig import tracker_kinds
+from txf.runconfig.run_config import parse
+from txf.rundir import metrics, trackers
+from txf.rundir.metrics import read_metrics
+from txf.train import loop
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,13 +37,13 @@ def _compilation_cache(compilation_cache_dir):
   ],
 )
 def test_tracker_names(value, names):
-  assert trackers.tracker_names(value) == names
+  assert tracker_kinds.tracker_names(value) == names
 
 
 @pytest.mark.parametrize("value", ["tensorboard", "wandb,x", 3, ["wandb", 1]])
 def test_bad_tracker_names_name_the_field(value):
   with pytest.raises(ValueError, match=r"^train\.trackers: "):
-    trackers.tracker_names(value)
+    tracker_kinds.tracker_names(value)
 
 
 class JsonlCopy:
@@ -76,12 +78,12 @@ def test_a_registered_tracker_gets_the_runs_config_metrics_samples_and_summary(t
   def check(workdir):  # before anything is written
     checked.append(sorted(p.name for p in workdir.iterdir()) if workdir.exists() else None)
 
-  with trackers.TRACKERS.scoped():
+  with tracker_kinds.TRACKERS.scoped():
     register.tracker("jsonl_copy", check=check)(JsonlCopy)
-    assert trackers.tracker_names("jsonl_copy, wandb") == ("jsonl_copy", "wandb")
+    assert tracker_kinds.tracker_names("jsonl_copy, wandb") == ("jsonl_copy", "wandb")
     config = tiny(steps=4, train__trackers="jsonl_copy", eval__every=2, eval__sample_tokens=4)
     loop.run(parse(config), tmp_path / "run", log=lambda line: None)
-  assert "jsonl_copy" not in trackers.TRACKERS  # scoped: undone
+  assert "jsonl_copy" not in tracker_kinds.TRACKERS  # scoped: undone
   assert checked == [None]
   records = [json.loads(line) for line in (tmp_path / "run" / "tracked.jsonl").open()]
   assert records[0]["config"]["train"]["trackers"] == ["jsonl_copy"]
@@ -96,7 +98,7 @@ def test_a_registered_trackers_check_stops_the_run_before_anything_is_written(tm
   def check(workdir):
     raise ValueError("train.trackers: jsonl_copy: no server")
 
-  with trackers.TRACKERS.scoped():
+  with tracker_kinds.TRACKERS.scoped():
     register.tracker("jsonl_copy", check=check)(JsonlCopy)
     with pytest.raises(ValueError, match=r"^train\.trackers: jsonl_copy: no server$"):
       loop.run(parse(tiny(steps=2, train__trackers="jsonl_copy")), tmp_path / "run", log=print)
@@ -104,23 +106,23 @@ def test_a_registered_trackers_check_stops_the_run_before_anything_is_written(tm
 
 
 def test_a_registered_trackers_missing_package_is_named_before_it_starts(tmp_path):
-  with trackers.TRACKERS.scoped():
+  with tracker_kinds.TRACKERS.scoped():
     register.tracker("mlflow_copy", package="txf_no_such_package")(JsonlCopy)
     message = r"^train\.trackers: 'mlflow_copy' needs the txf_no_such_package package: "
     with pytest.raises(ValueError, match=message + r"pip install txf_no_such_package$"):
-      trackers.tracker_names("mlflow_copy")
+      tracker_kinds.tracker_names("mlflow_copy")
     register.tracker("mlflow_copy", package="txf_no_such_package", install="ask IT", replace=True)(
       JsonlCopy
     )
     with pytest.raises(ValueError, match=message + "ask IT$"):
-      trackers.tracker_names(["mlflow_copy"])
+      tracker_kinds.tracker_names(["mlflow_copy"])
 
 
 def test_an_unknown_tracker_lists_the_registered_ones():
-  with trackers.TRACKERS.scoped():
+  with tracker_kinds.TRACKERS.scoped():
     register.tracker("jsonl_copy")(JsonlCopy)
     with pytest.raises(ValueError) as raised:
-      trackers.tracker_names("wandb,nope")
+      tracker_kinds.tracker_names("wandb,nope")
   assert str(raised.value) == "train.trackers: 'nope' is not one of ('wandb', 'jsonl_copy')"
 
 
@@ -277,7 +279,7 @@ def test_without_wandb_installed_naming_it_says_what_to_install(tmp_path, monkey
   with pytest.raises(
     ValueError, match=r"^train\.trackers: 'wandb' needs the wandb package: " + hint
   ):
-    trackers.tracker_names("wandb")
+    tracker_kinds.tracker_names("wandb")
   # ... and so would starting it.
   with pytest.raises(ImportError, match=hint):
     trackers.make_trackers(("wandb",), tmp_path)

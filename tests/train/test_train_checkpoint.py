@@ -1,4 +1,4 @@
-"""Tests for txf.train.checkpoint: round trip, retention, corrupt fallback."""
+"""Tests for txf.rundir.checkpoint: round trip, retention, corrupt fallback."""
 
 import asyncio
 import logging
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.train import checkpoint
+from txf.rundir import checkpoint
 
 
 def make_state(offset):
@@ -200,7 +200,7 @@ RESTORE_LARGE_STATE = """
 import jax, logging, sys
 sys.path.insert(0, {tests!r})
 from test_train_checkpoint import abstract, make_large_state
-from txf.train import checkpoint
+from txf.rundir import checkpoint
 logging.basicConfig(format="%(message)s", force=True)
 with checkpoint.Checkpointer({directory!r}) as ckpt:
   print(ckpt.restore(abstract(make_large_state(0)))[0])

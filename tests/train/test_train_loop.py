@@ -34,10 +34,10 @@ from conftest import (
   truncate_state_files,
   without_timings,
 )
+from txf.runconfig.run_config import parse
+from txf.rundir.metrics import read_metrics
+from txf.rundir.record import read_record
 from txf.train import loop
-from txf.train.metrics import read_metrics
-from txf.train.record import read_record
-from txf.train.run_config import parse
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,4 +1,4 @@
-"""Tests for txf.train.metrics (JSONL + TensorBoard) and txf.train.hardware."""
+"""Tests for txf.rundir.metrics (JSONL + TensorBoard) and txf.hardware."""
 
 import json
 import time
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tensorboard_files import read_hparams, read_tensorboard_events, read_tensorboard_scalars
-from txf.train import console, hardware, metrics
+from txf import hardware
+from txf.rundir import console, metrics
 
 
 def without_time(rows):

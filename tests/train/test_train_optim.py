@@ -1,4 +1,4 @@
-"""Tests for txf.train.optim: schedule shapes (train.decay's registry, a
+"""Tests for txf.runconfig.optim: schedule shapes (train.decay's registry, a
 decay registered from user code), masked weight decay, clipping."""
 
 import functools
@@ -13,8 +13,8 @@ import pytest
 
 from conftest import tiny_config
 from txf import register
-from txf.train import optim
-from txf.train.run_config import parse
+from txf.runconfig import optim
+from txf.runconfig.run_config import parse
 
 PEAK = 3e-3
 WARMUP = 10

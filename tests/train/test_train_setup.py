@@ -1,4 +1,4 @@
-"""The run setup (txf.train.setup): a trained run evaluated at a new length
+"""The run setup (txf.train.run_setup): a trained run evaluated at a new length
 through load_run, the resume guard, and the benchmark built on the setup.
 
 One tiny RoPE run is trained once for the module (compilation dominates;
@@ -20,10 +20,10 @@ import pytest
 
 from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.resume import config_changes, read_run_config, write_config
 from txf.train import loop
-from txf.train.resume import config_changes, read_run_config, write_config
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import fit_vocabulary, load_run, setup_run
+from txf.train.run_setup import fit_vocabulary, load_run, setup_run
 from txf.train.step import model_inputs
 
 STEPS = 4
@@ -240,7 +240,7 @@ def test_a_config_is_parsed_without_loading_data_and_set_up_from_the_parse_alone
   """fit_vocabulary takes the vocabulary from the tokenizer and the classes
   from the task, loading no data; setup_run then builds from the RunConfig."""
   from txf.data import pipeline
-  from txf.train import setup as setup_module
+  from txf.train import run_setup as setup_module
 
   config = tiny_config(name, steps=STEPS)
   with monkeypatch.context() as patched:  # any data loaded fails

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from full_disk import files_in, full_disk, read_only
-from txf.train import metrics
-from txf.train.workdir import WorkdirError, WorkdirLock, check_writable
+from txf.rundir import metrics
+from txf.rundir.workdir import WorkdirError, WorkdirLock, check_writable
 
 
 def test_second_lock_is_refused_naming_the_holder(tmp_path):
@@ -30,7 +30,7 @@ def test_lock_of_a_killed_process_does_not_block(tmp_path):
       "-c",
       textwrap.dedent(f"""
           import sys, time
-          from txf.train.workdir import WorkdirLock
+          from txf.rundir.workdir import WorkdirLock
           lock = WorkdirLock({str(tmp_path)!r})
           lock.acquire()
           print("locked", flush=True)

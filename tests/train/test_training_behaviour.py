@@ -18,7 +18,7 @@ import pytest
 from conftest import load_config
 from txf.layers import FeedForward, MultiHeadAttention, TransformerBlock
 from txf.models import ModelConfig, build
-from txf.train.optim import make_optimizer
+from txf.runconfig.optim import make_optimizer
 from txf.train.step import init_state, make_train_step
 
 TOL = dict(atol=1e-6, rtol=1e-5)

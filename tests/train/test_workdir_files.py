@@ -1,4 +1,4 @@
-"""Files of a work directory that are corrupt or long (txf.train.workdir's
+"""Files of a work directory that are corrupt or long (txf.rundir.workdir's
 readers, run_record.json, metrics.jsonl, wandb_run_id.txt, config.json).
 
 A corrupt file is either one line naming it (config.json, wandb_run_id.txt)
@@ -15,10 +15,11 @@ import ml_collections
 import pytest
 
 from conftest import tiny_config
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir import metrics, record, trackers
+from txf.rundir.resume import read_run_config
 from txf.sweep import figures, grid, runner
-from txf.train import loop, metrics, record, trackers
-from txf.train.resume import read_run_config
-from txf.train.run_config import ConfigError, parse
+from txf.train import loop
 
 NOT_UTF8 = b'[{"a": "\xff"}]'  # the reporter's printf '[{"a": "\xff"}]'
 

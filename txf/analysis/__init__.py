@@ -2,7 +2,7 @@
 attention maps, head scores and ablation, circuits, length extrapolation.
 
 Pure functions of a model, its parameters and arrays; a trained run's
-directory is read for them by txf.evaluate."""
+directory is read for them by txf.trained."""
 
 from txf.analysis.ablation import ablation_loss_fns, attention_shapes, head_mask
 from txf.analysis.attention import attention_maps

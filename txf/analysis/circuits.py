@@ -15,7 +15,7 @@ decoder:
 
 `txf.analysis.phase_change` times the circuit's forming over a run's
 checkpoints, and `txf.analysis.circuit_report` turns the record and the
-scores over training into tables and figures. `txf.evaluate.analyze.analyze_run`
+scores over training into tables and figures. `txf.trained.head_analysis.analyze_run`
 runs them on a trained run (`txf-analyze --circuits --checkpoints`).
 """
 

@@ -1,6 +1,6 @@
 """Scores over training: a run's checkpoints as a CSV file, and when its circuit forms.
 
-`txf.evaluate.analyze.analyze_run(checkpoints=True)` scores every checkpoint a
+`txf.trained.head_analysis.analyze_run(checkpoints=True)` scores every checkpoint a
 run kept (validation loss and accuracy, each head's previous-token and
 induction score, the K-composition of consecutive layers' heads) and writes
 them with `write_training_csv`; `read_training_csv` reads them back as

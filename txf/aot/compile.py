@@ -1,8 +1,8 @@
 """Compile a run's exact programs for a target it does not run on.
 
-  report = compile_run(parse(config), parse_target("v5e-256"))   # txf.train.run_config.parse
+  report = compile_run(parse(config), parse_target("v5e-256"))   # txf.runconfig.run_config.parse
 
-`compile_run` builds the run as `txf-run` would (txf.train.setup.setup_run),
+`compile_run` builds the run as `txf-run` would (txf.train.run_setup.setup_run),
 but on the target's devices, and compiles its train step and eval step on
 abstract arguments (and, asked, the sampler its evaluations run, for
 `decode_tokens` tokens): nothing is allocated and no accelerator is
@@ -38,10 +38,10 @@ from txf.aot.targets import CUDNN_VERSION, Target
 from txf.data.spec import num_classes, required
 from txf.decode import generation
 from txf.ops import platform
+from txf.runconfig.run_config import ConfigError, RunConfig
+from txf.runconfig.tasks import task_kind
 from txf.train import sharding
-from txf.train.run_config import ConfigError, RunConfig
-from txf.train.setup import RunSetup, sampler_arguments, setup_run
-from txf.train.tasks import task_kind
+from txf.train.run_setup import RunSetup, sampler_arguments, setup_run
 
 # Before jax starts a backend: compile for TPUs and GPUs on this CPU.
 ENVIRONMENT = {
@@ -144,7 +144,7 @@ def abstract_batch(setup: RunSetup, *, train: bool = True) -> dict[str, jax.Shap
 
 
 def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
-  """The evaluations' sampler (txf.train.setup.sampler_arguments: generate
+  """The evaluations' sampler (txf.train.run_setup.sampler_arguments: generate
   after eval.sample_prompt, one row, at eval.temperature) for `decode_tokens`
   tokens, lowering, and its arguments."""
   if not task_kind(setup.task).causal_lm or setup.run.replicas > 1:
@@ -185,7 +185,7 @@ def compile_run(
   """Compiles `run` for `target` (see the module docstring).
 
   Args:
-    run: a run config, parsed as txf-run parses it (txf.train.run_config.parse).
+    run: a run config, parsed as txf-run parses it (txf.runconfig.run_config.parse).
     target: the hardware (txf.aot.targets.parse_target).
     devices: the target's devices if already made (`target.devices()`).
     decode_tokens: > 0: also compile decoding that many tokens.

@@ -33,9 +33,9 @@ from typing import Any
 
 import jax
 
+from txf import hardware
 from txf.aot import compile as compile_module, hlo
 from txf.aot.compile import CompiledRun
-from txf.train import hardware
 
 MEMORY_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
 

@@ -5,7 +5,7 @@
   python -m experiments.analyze --workdir=RUN [flags]   # in a checkout: the same command
 
 Writes attention_<kind>.png (per layer and head, validation sample 0),
-head_scores.csv and head_scores.md into RUN/analysis/ (txf.evaluate.analyze;
+head_scores.csv and head_scores.md into RUN/analysis/ (txf.trained.head_analysis;
 nothing else in RUN changes but its .lock, held meanwhile) and prints the
 markdown table: previous-token, induction (at two or more probe periods the
 training data does not repeat with, on tokens from the run's validation
@@ -76,8 +76,8 @@ def _periods(values: list[str] | None) -> list[int] | None:
 
 def main(argv) -> None:
   # After flag parsing: fast --help.
-  from txf.evaluate.analyze import analyze_run
-  from txf.train.setup import adding_to_run
+  from txf.train.run_setup import adding_to_run
+  from txf.trained.head_analysis import analyze_run
 
   logging.set_verbosity(logging.WARNING)
   with run_errors():

@@ -180,11 +180,11 @@ def run_errors():
   checkpoint that does not restore) 2; a diverged run or an output that
   cannot be written (a full disk) 1."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
+  from txf.runconfig.run_config import ConfigError
+  from txf.rundir.checkpoint import CheckpointWriteError, RestoreError
+  from txf.rundir.workdir import WorkdirError
   from txf.storage import WriteError
-  from txf.train.checkpoint import CheckpointWriteError, RestoreError
   from txf.train.loop import TrainingDiverged
-  from txf.train.run_config import ConfigError
-  from txf.train.workdir import WorkdirError
 
   try:
     yield

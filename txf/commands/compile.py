@@ -80,7 +80,7 @@ _DECODE_TOKENS = flags.DEFINE_integer(
 def _check_output(flag: flags.FlagHolder) -> None:
   """An output file's directory must exist and take a file (found before the
   compile, not after it), and the file must not be a directory."""
-  from txf.train.workdir import WorkdirError, check_writable
+  from txf.rundir.workdir import WorkdirError, check_writable
 
   if flag.value is None:
     return
@@ -111,7 +111,7 @@ def main(argv) -> None:
   prepare_environment()
   from txf.aot.report import format_report, report
   from txf.aot.targets import parse_target
-  from txf.train.run_config import parse
+  from txf.runconfig.run_config import parse
 
   logging.set_verbosity(logging.WARNING)
   require_config_kind("run")

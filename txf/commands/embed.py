@@ -9,7 +9,7 @@ tokenizer.json) of a BERT, RoBERTa or MiniLM sentence encoder, or its
 Hugging Face Hub name (bert-base-uncased, sentence-transformers/all-MiniLM-L6-v2:
 read from the Hub's cache, or downloaded; txf.interop.hub), converted by
 txf.interop, or the directory of a txf encoder run (its latest checkpoint's
-final hidden states, its tokenizer; txf.train.export). Prints one JSON line
+final hidden states, its tokenizer; txf.trained.export). Prints one JSON line
 per text: {"text": ..., "embedding": [...]}.
 Pooling and normalisation default to what a sentence-transformers directory
 declares (modules.json; all-MiniLM-L6-v2: mean, L2-normalised), otherwise to
@@ -54,10 +54,10 @@ def main(argv) -> None:
     sentence_embeddings,
     sentence_transformers_pooling,
   )
-  from txf.train.export import reachable_directory, without_head
-  from txf.train.resume import is_run_directory
-  from txf.train.setup import load_trained
-  from txf.train.workdir import WorkdirError
+  from txf.rundir.resume import is_run_directory
+  from txf.rundir.workdir import WorkdirError
+  from txf.train.run_setup import load_trained
+  from txf.trained.export import reachable_directory, without_head
 
   logging.set_verbosity(logging.WARNING)
   try:

@@ -48,7 +48,7 @@ _OUT = flags.DEFINE_string(
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.interop import CheckpointError
-  from txf.train.export import export_run
+  from txf.trained.export import export_run
 
   logging.set_verbosity(logging.WARNING)
   with run_errors():

@@ -39,8 +39,8 @@ _NUM_TOKENS = flags.DEFINE_integer(
 
 def main(argv) -> None:
   # After flag parsing: fast --help.
-  from txf.evaluate.extrapolate import extrapolate_run, format_table
-  from txf.train.setup import adding_to_run
+  from txf.train.run_setup import adding_to_run
+  from txf.trained.extrapolate import extrapolate_run, format_table
 
   logging.set_verbosity(logging.WARNING)
   try:

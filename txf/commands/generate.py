@@ -8,7 +8,7 @@ DIR is a Hugging Face model directory (config.json, model.safetensors,
 tokenizer.json), or a Hugging Face Hub name
 (gpt2, openai-community/gpt2: read from the Hub's cache, or downloaded;
 txf.interop.hub), converted by txf.interop, or a txf run directory (its latest
-checkpoint and its tokenizer; txf.train.export). A decoder (or a txf LSTM)
+checkpoint and its tokenizer; txf.trained.export). A decoder (or a txf LSTM)
 continues the prompt; an encoder-decoder reads the prompt and writes its
 answer. Generation runs with
 the KV cache (txf.decode), greedy at temperature 0 (the default), and stops at
@@ -65,10 +65,10 @@ def main(argv) -> None:
   from txf.data import HFTokenizer
   from txf.interop import load_pretrained, resolve_model
   from txf.interop.text import encode_batch, generate_text
-  from txf.train.export import reachable_directory
-  from txf.train.resume import is_run_directory
-  from txf.train.setup import load_trained
-  from txf.train.workdir import WorkdirError
+  from txf.rundir.resume import is_run_directory
+  from txf.rundir.workdir import WorkdirError
+  from txf.train.run_setup import load_trained
+  from txf.trained.export import reachable_directory
 
   logging.set_verbosity(logging.WARNING)
   try:

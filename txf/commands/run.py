@@ -106,7 +106,7 @@ def field_docs() -> dict[str, str]:
   from txf.data.spec import DataSpec, data_name_forms, data_names
   from txf.fields import docs
   from txf.layers import model_config
-  from txf.train import run_config
+  from txf.runconfig import run_config
 
   sections = {
     "model": model_config.ModelConfig,
@@ -143,7 +143,7 @@ def resolved_run(config):
   """The checked RunConfig the run of `config` would train with (model.vocab_size
   from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
   train.steps clamped), after checking the whole config as the run does
-  (txf.train.run_config.parse, txf.train.setup.fit_vocabulary).
+  (txf.runconfig.run_config.parse, txf.train.run_setup.fit_vocabulary).
 
   Raises:
     ValueError: naming the field, for a config the run would reject.
@@ -151,8 +151,8 @@ def resolved_run(config):
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   import tempfile
 
-  from txf.train.run_config import parse
-  from txf.train.setup import fit_vocabulary
+  from txf.runconfig.run_config import parse
+  from txf.train.run_setup import fit_vocabulary
 
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
@@ -201,10 +201,10 @@ def main(argv) -> None:
     print_config(_CONFIG.value, ConfigFileParser().parse(str(CONFIGS / "base.py")), run)
     return
   # Imported after flag parsing: --help need not wait for jax.
+  from txf.runconfig.run_config import parse
+  from txf.rundir.checkpoint import PreemptionGuard
   from txf.train import distributed
-  from txf.train.checkpoint import PreemptionGuard
   from txf.train.loop import run
-  from txf.train.run_config import parse
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   workdir = _WORKDIR.value or default_workdir(

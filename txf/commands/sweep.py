@@ -119,10 +119,10 @@ def main(argv) -> None:
   if _PUBLISH.value is not None and _INDEX.value is not None:
     fail("flag", "--publish copies every point of the sweep: no --index")
   # After flag parsing: fast --help.
-  from txf.evaluate.extrapolate import extrapolate_run
   from txf.sweep.grid import GridError, expand, override_grid
   from txf.sweep.publish import publish
   from txf.sweep.runner import read_sweep_settings, run_sweep
+  from txf.trained.extrapolate import extrapolate_run
 
   sweep_config = _CONFIG.value
   if _GRID.value:

@@ -29,8 +29,8 @@ from absl import flags, logging
 from etils import epath
 
 from txf.commands.cli import fail, run_command, run_errors
+from txf.rundir.workdir import WorkdirError, check_writable
 from txf.storage import write_error, write_file
-from txf.train.workdir import WorkdirError, check_writable
 
 _OUT_DIR = flags.DEFINE_string(
   "out_dir", "workdirs/textbook", "Directory for the figures, numbers and training runs."

@@ -10,7 +10,7 @@ Sized so the default run finishes on a 2-core CPU in a few minutes and shows
 clear learning (see README for measured numbers).
 
 The fields, their defaults and docs are the run config's dataclasses'
-(txf.train.run_config.RunConfig and its sections: ModelConfig, DataSpec,
+(txf.runconfig.run_config.RunConfig and its sections: ModelConfig, DataSpec,
 TrainConfig, EvalConfig, ParallelConfig); this file only lays them out as a
 ConfigDict the command line can set (`config_section`).
 """
@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from txf.train.run_config import RunConfig
+from txf.runconfig.run_config import RunConfig
 
 
 def config_section(cls: type) -> ml_collections.ConfigDict:
@@ -58,6 +58,6 @@ def get_config() -> ml_collections.ConfigDict:
   config = config_section(RunConfig)
   # The one field where a run differs from its dataclass's default (260, the
   # byte tokenizer's ids): the vocabulary is the run's tokenizer's, filled in
-  # by txf.train.setup (RunConfig.with_vocabulary).
+  # by txf.train.run_setup (RunConfig.with_vocabulary).
   config.model.vocab_size = config_dict.placeholder(int)
   return config

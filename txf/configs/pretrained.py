@@ -38,11 +38,11 @@ def get_config(directory: str = ""):
   config = base.get_config()
   # Fine-tuning: a small learning rate, short warmup, light weight decay.
   fine_tuning = dict(init_from=directory, learning_rate=1e-4, warmup_steps=20, weight_decay=0.01)
-  from txf.train.resume import is_run_directory  # noqa: PLC0415 (jax, only for this config)
+  from txf.rundir.resume import is_run_directory  # noqa: PLC0415 (jax, only for this config)
 
   if is_run_directory(directory):
-    from txf.train.resume import read_run_config  # noqa: PLC0415
-    from txf.train.run_config import to_json  # noqa: PLC0415
+    from txf.runconfig.run_config import to_json  # noqa: PLC0415
+    from txf.rundir.resume import read_run_config  # noqa: PLC0415
 
     saved = read_run_config(directory)
     assert saved is not None  # a run directory holds its config.json

@@ -1,6 +1,6 @@
 """The `data` config section: DataSpec declares its fields (type, default,
 doc), `parse_data` reads and checks a section into one, once per run
-(txf.train.run_config.parse calls it), and the datasets by data.name
+(txf.runconfig.run_config.parse calls it), and the datasets by data.name
 (GENERATED, TEXT) and tokenizers by data.tokenizer (TOKENIZERS) are
 registries. Below the parse the data pipeline takes the DataSpec; which
 dataset reads which field is tabulated in txf/data/__init__.py.
@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from txf import checks
+from txf.choices import Registry
 from txf.data.synthetic import GeneratedSource
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.fields import ConfigSection, documented, section, section_values
-from txf.registry import Registry
 
 
 @section()
@@ -31,7 +31,7 @@ class DataSpec:
     default="pystdlib",
   )
   task: str = documented(
-    "lm | mlm | seq2seq | classify, or a registered task kind (txf.train.tasks): its batches "
+    "lm | mlm | seq2seq | classify, or a registered task kind (txf.runconfig.tasks): its batches "
     "are of a kind a data.name gives (txf.data.spec.data_names)",
     default="lm",
   )
@@ -186,7 +186,7 @@ class TextSource(Protocol):
 
 
 class TaskBatches(Protocol):
-  """What the data reads of a data.task entry (txf.train.tasks.TaskKind, the
+  """What the data reads of a data.task entry (txf.runconfig.tasks.TaskKind, the
   whole entry: its inputs, labels, loss weights)."""
 
   @property
@@ -196,11 +196,11 @@ class TaskBatches(Protocol):
     ...
 
 
-# The task kinds by data.task: txf's (txf.train.tasks, imported when the
+# The task kinds by data.task: txf's (txf.runconfig.tasks, imported when the
 # registry is first read: the step, evaluation and export read the rest of
 # an entry) and those user code registers (txf.register.task). The data
 # section's parse checks data.task here, and a dataset gives the entry's batches.
-TASKS: Registry[TaskBatches] = Registry("data.task", builtins="txf.train.tasks")
+TASKS: Registry[TaskBatches] = Registry("data.task", builtins="txf.runconfig.tasks")
 
 # The datasets by data.name: txf's (txf.data.generated, txf.data.text,
 # imported when a registry is first read) and those user code registers
@@ -261,7 +261,7 @@ def parse_data(section: ConfigSection) -> DataSpec:
   """The `data` section (a ConfigDict or a dict; a field it leaves out takes
   its default) as a DataSpec: the fields every dataset reads, then those its
   data.name's entry reads (`fields`), each checked; the others None. The
-  one place a `data` section is read (txf.train.run_config.parse calls it).
+  one place a `data` section is read (txf.runconfig.run_config.parse calls it).
 
   Raises:
     ValueError: naming the field.

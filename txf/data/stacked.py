@@ -5,7 +5,7 @@
   state = data.get_state()    # {'replicas': [each dataset's state]}, what a checkpoint saves
 
 A run with `replicas` = R > 1 and `data.seed_per_replica` trains replica r on
-the batches of data seed + r (txf.train.setup), so its replicas differ in
+the batches of data seed + r (txf.train.run_setup), so its replicas differ in
 data order as well as in initialisation and dropout, as R separate runs
 would.
 """

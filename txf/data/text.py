@@ -60,7 +60,7 @@ class DocumentSource:
     load: (argument, split, max_bytes) -> the split's documents.
     describe_data: (argument) -> what the documents are, for the log line.
     fingerprint_data: (argument, max_bytes) -> what a run reads, for its
-      record (txf.train.record); None: the record names the source only.
+      record (txf.rundir.record); None: the record names the source only.
     argument: what follows '<name>:' in data.name (files: 'PATH_OR_GLOB');
       None: named alone (its load gets '').
   """

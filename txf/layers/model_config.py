@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from txf import checks
+from txf.choices import Registry, setting_defaults
 from txf.fields import documented, section
 from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
-from txf.registry import Registry, setting_defaults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +190,7 @@ def setting_docs() -> dict[str, str]:
 # Former ModelConfig fields that are now settings of their entries, under
 # the same names: model.X -> model.options.X (rope's and rope_ntk's, t5_bias').
 # A run's config.json written before is read with them moved
-# (txf.train.resume); a config given today naming one is refused.
+# (txf.rundir.resume); a config given today naming one is refused.
 MOVED_TO_OPTIONS = ("rope_base", "rope_scale", "t5_num_buckets", "t5_max_distance")
 
 

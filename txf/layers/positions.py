@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from txf import checks
+from txf.choices import Registry
 from txf.fields import documented, section
 from txf.ops import positional
-from txf.registry import Registry
 
 Array = jax.Array
 CONTRIBUTIONS = ("embedding", "rotation", "bias", "nothing")

@@ -1,7 +1,7 @@
 """Sweeps over run configs: grids of points, their status, results tables
 (results.py) and figures (figures.py). Importable building blocks; the command
 is txf-sweep (txf.commands.sweep). A trained point is evaluated (length
-extrapolation, attention analysis) by txf.evaluate, as any trained run is."""
+extrapolation, attention analysis) by txf.trained, as any trained run is."""
 
 from txf.sweep.figures import (
   plot_extrapolation,

@@ -316,7 +316,7 @@ def validate(points: Sequence[Point], check: Callable[[ml_collections.ConfigDict
   the point's parsed RunConfig).
 
   `check(config)` raises a ValueError whose message starts with the field,
-  as `txf.train.run_config.parse` does.
+  as `txf.runconfig.run_config.parse` does.
 
   Raises:
     GridError: the first point `check` rejects: 'point N (name): <field>: ...'.

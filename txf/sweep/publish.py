@@ -29,13 +29,13 @@ from typing import Any
 
 from etils import epath
 
+from txf.rundir.metrics import METRICS_FILE
+from txf.rundir.record import RECORD_FILE
+from txf.rundir.resume import CONFIG_FILE
+from txf.rundir.workdir import WorkdirError, check_writable, run_path
 from txf.storage import WriteError, is_local, write_error
 from txf.sweep import results
 from txf.sweep.grid import Point
-from txf.train.metrics import METRICS_FILE
-from txf.train.record import RECORD_FILE
-from txf.train.resume import CONFIG_FILE
-from txf.train.workdir import WorkdirError, check_writable, run_path
 
 RAW_FILES = (
   METRICS_FILE,

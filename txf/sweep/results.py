@@ -7,7 +7,7 @@ metrics.jsonl; the sweep adds
                       point's training diverged, {"error": "<message>"}
   extrapolation.json  `EXTRAPOLATION_FILE`: length-extrapolation losses,
                       written by the extrapolation evaluator
-                      (txf.evaluate.extrapolate; protocols: txf.analysis.extrapolation):
+                      (txf.trained.extrapolate; protocols: txf.analysis.extrapolation):
       {"lengths": [128, 256, ...],             evaluation lengths in tokens
        "loss": {"non_overlapping": [...],      protocol -> loss (nats/token)
                 "sliding": [...]},             per length; null where not applicable
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.rundir.metrics import read_metrics
+from txf.rundir.resume import CONFIG_FILE, read_run_config
 from txf.storage import write_file, write_files
 from txf.sweep import significance
 from txf.sweep.grid import Point
-from txf.train.metrics import read_metrics
 from txf.train.replicas import metric_names
-from txf.train.resume import CONFIG_FILE, read_run_config
 
 DIVERGED_FILE = "diverged.json"
 EXTRAPOLATION_FILE = "extrapolation.json"

@@ -50,15 +50,15 @@ from etils import epath
 from txf.analysis.extrapolation import check_num_tokens
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
+from txf.runconfig.run_config import RunConfig, parse
+from txf.rundir.checkpoint import PreemptionGuard
+from txf.rundir.console import format_duration
+from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
 from txf.storage import write_files
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
-from txf.train.checkpoint import PreemptionGuard
-from txf.train.console import format_duration
-from txf.train.run_config import RunConfig, parse
-from txf.train.setup import adding_to_run, precheck_run
-from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
+from txf.train.run_setup import adding_to_run, precheck_run
 
 SWEEP_FIELDS = ("run_config", "extrapolate", "extrapolate_tokens")
 
@@ -117,10 +117,10 @@ def read_sweep_settings(sweep_config: ml_collections.ConfigDict) -> ml_collectio
 
 
 def check_point_config(config: ml_collections.ConfigDict) -> RunConfig:
-  """One point's run config parsed (txf.train.run_config.parse: every field,
+  """One point's run config parsed (txf.runconfig.run_config.parse: every field,
   the optimizer and schedule among them), checked without touching data or
   devices' memory: its vocabulary where known without training a tokenizer
-  (txf.train.setup.precheck_run) and that the batch divides the device mesh.
+  (txf.train.run_setup.precheck_run) and that the batch divides the device mesh.
 
   Raises:
     ValueError: naming the field.
@@ -208,7 +208,7 @@ def _extrapolate_point(
   log: Log,
 ) -> bool:
   """Runs the extrapolation hook once for a finished point, holding the
-  point's work directory (txf.train.setup.adding_to_run: its lock, as its
+  point's work directory (txf.train.run_setup.adding_to_run: its lock, as its
   training does): another sweep on the directory is refused instead of
   extrapolating the point at the same time, and so is a directory that
   cannot be written. Returns whether a SIGTERM (preemption) arrived
@@ -366,7 +366,7 @@ def run_sweep(
     log: called with each progress line (the loop's included).
     extrapolate: called as `extrapolate(run_dir, num_tokens=sweep.extrapolate_tokens, log=log)`
       for a finished point whose run directory has no extrapolation.json
-      yet, to write one (e.g. txf.evaluate.extrapolate.extrapolate_run); None
+      yet, to write one (e.g. txf.trained.extrapolate.extrapolate_run); None
       (or sweep.extrapolate False): no extrapolation.
     config_file: the sweep config file loaded, for each point's run_record.json.
 

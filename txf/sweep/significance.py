@@ -5,7 +5,7 @@ seed replicas gives p < ALPHA (0.05) after Holm's adjustment over the family
 of comparisons it belongs to (a page's table, a sweep's results.md).
 
 Which test. Each point has R seed replicas; replica r of a run is the single
-run of seed + r (txf.train.run_config). Two points' replicas are *paired* when
+run of seed + r (txf.runconfig.run_config). Two points' replicas are *paired* when
 their runs have the same `seed`, the same `replicas` and the same `data`
 section (`paired_design`): then replica r of each starts from the same seed
 and reads the same batches (data seed, or with data.seed_per_replica data

@@ -52,10 +52,10 @@ from txf.analysis import count_params, flops_per_token
 from txf.analysis.plots import line_plot
 from txf.data import make_tokenizer
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
+from txf.runconfig.run_config import RunConfig, parse
+from txf.rundir.metrics import read_metrics, read_samples
 from txf.textbook.training import derive_config
 from txf.train import loop
-from txf.train.metrics import read_metrics, read_samples
-from txf.train.run_config import RunConfig, parse
 
 TRANSFORMER_MODEL = dict(family="decoder", num_layers=4, d_model=128, num_heads=4)
 LSTM_LAYERS = 2

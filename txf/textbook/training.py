@@ -3,7 +3,7 @@
 An experiment derives its run config from the `base_config` it is given
 (configs/<name>.py's, passed by the command) with dotted overrides, trains it
 with txf.train.loop.run in a work directory under the experiment's output
-directory, and restores it with txf.train.setup.load_run. Running the
+directory, and restores it with txf.train.run_setup.load_run. Running the
 experiment again on the same directory finds the run trained and only
 evaluates it; a run directory trained with other settings (e.g. the other
 size) is refused by the runner, naming the field.
@@ -20,9 +20,9 @@ import ml_collections
 from etils import epath
 
 from txf.configs import set_field
+from txf.runconfig.run_config import parse
 from txf.train.loop import run as train_run
-from txf.train.run_config import parse
-from txf.train.setup import TrainedRun, load_run
+from txf.train.run_setup import TrainedRun, load_run
 
 RUNS_DIR = "runs"
 
@@ -46,7 +46,7 @@ def train(
   *,
   log: Callable[[str], None] = print,
 ) -> tuple[TrainedRun, dict[str, float]]:
-  """Trains `config` (parsed here, txf.train.run_config.parse) in
+  """Trains `config` (parsed here, txf.runconfig.run_config.parse) in
   out_dir/runs/<run_name> (resuming, or only evaluating a finished run) and
   restores it; returns (the trained run, its final eval metrics)."""
   workdir = epath.Path(out_dir) / RUNS_DIR / run_name

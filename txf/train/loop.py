@@ -1,23 +1,23 @@
 """The training loop: steps, throughput, metrics, evals, samples, checkpoints.
 
 `run(run_config, workdir)` trains and evaluates a run config (a RunConfig:
-txf.train.run_config.parse of a ConfigDict) in a work directory (everything
-it trains with is built by txf.train.setup.setup_run):
+txf.runconfig.run_config.parse of a ConfigDict) in a work directory (everything
+it trains with is built by txf.train.run_setup.setup_run):
 
-  workdir/config.json      the config the run trains with (txf.train.resume)
+  workdir/config.json      the config the run trains with (txf.rundir.resume)
   workdir/checkpoints/     orbax checkpoints (state + data position)
   workdir/metrics.jsonl    one JSON record per logged step or eval
   workdir/tb/              TensorBoard event files
   workdir/samples.txt      text sampled at each eval (language models)
   workdir/run_record.json  each start of the run: environment, git commit,
                            command line, data, resolved config, start/end
-                           (txf.train.record)
+                           (txf.rundir.record)
 
 TensorBoard also gets the samples (text) and, when the run finishes, its
 hyperparameters (every field of the resolved model, data, train and eval
 sections, seed, replicas, and `hparams`, e.g. a sweep point's fields) with
 its final eval metrics for the HParams dashboard. The trackers
-`train.trackers` names (txf.train.trackers, e.g. wandb) get the resolved
+`train.trackers` names (txf.rundir.trackers, e.g. wandb) get the resolved
 config, every metrics row, the samples and the final metrics (process 0).
 
 The work directory may be local or on Cloud Storage (gs://bucket/run, with
@@ -32,7 +32,7 @@ output is written in the training thread and raises WriteError (metrics,
 TensorBoard events, samples, config.json) or CheckpointWriteError (a
 checkpoint; an asynchronous save's failure is seen at the next log step),
 each naming the file and the reason. Checkpoints written before it are kept:
-a failed save never deletes an older one (txf.train.checkpoint). Free the
+a failed save never deletes an older one (txf.rundir.checkpoint). Free the
 space and rerun: it resumes from the last checkpoint exactly.
 
 The loop adds little to the compiled step: no device sync between log
@@ -44,8 +44,8 @@ loop measures what the loop costs, piece by piece).
 
 A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
 side on the same batches, or each on its own with data.seed_per_replica
-(txf.train.setup); every metric is logged per
-replica with the replicas' mean and std (txf.train.metrics.replica_scalars),
+(txf.train.run_setup); every metric is logged per
+replica with the replicas' mean and std (txf.rundir.metrics.replica_scalars),
 a replica's non-finite update stops the run as for a single run, and the
 samples come from the first replica.
 """
@@ -64,22 +64,22 @@ import jax
 import numpy as np
 from etils import epath
 
-from txf import decode
+from txf import decode, hardware
 from txf.analysis import summarize
 from txf.data import ProcessCountError
 from txf.decode import generation
-from txf.train import hardware, replicas, sharding
-from txf.train.checkpoint import (
+from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, to_json
+from txf.runconfig.tasks import task_kind
+from txf.rundir.checkpoint import (
   Checkpointer,
   CheckpointWriteError,
   PreemptionGuard,
   make_checkpointer,
 )
-from txf.train.console import format_progress
-from txf.train.distributed import gather_data_states
-from txf.train.metrics import MetricsWriter, read_metrics
-from txf.train.record import RunRecord
-from txf.train.resume import (
+from txf.rundir.console import format_progress
+from txf.rundir.metrics import MetricsWriter, read_metrics
+from txf.rundir.record import RunRecord
+from txf.rundir.resume import (
   CONFIG_FILE,
   check_optimizer_state,
   check_resumable,
@@ -87,11 +87,11 @@ from txf.train.resume import (
   read_run_config,
   write_config,
 )
-from txf.train.run_config import ConfigError, RunConfig, TrainConfig, to_json
-from txf.train.setup import RunSetup, sampler_arguments, setup_run
-from txf.train.tasks import task_kind
-from txf.train.trackers import check_trackers, make_trackers
-from txf.train.workdir import WorkdirLock, check_reachable, check_writable, run_path
+from txf.rundir.trackers import check_trackers, make_trackers
+from txf.rundir.workdir import WorkdirLock, check_reachable, check_writable, run_path
+from txf.train import replicas, sharding
+from txf.train.distributed import gather_data_states
+from txf.train.run_setup import RunSetup, sampler_arguments, setup_run
 
 
 class TrainingDiverged(RuntimeError):
@@ -452,10 +452,10 @@ def run(
   Returns the final evaluation metrics. Before anything is written it checks
   the config against the run in `workdir` (ConfigError, a ValueError,
   naming the field -- one that changes what the run's checkpoints depend on, see
-  txf.train.resume.check_resumable, or the optimizer state they hold), that
+  txf.rundir.resume.check_resumable, or the optimizer state they hold), that
   the work directory (and data.tfds_data_dir) is on a file system that is
   installed (a gs:// one needs the `gcs` extra) and answers within
-  txf.train.workdir.REACH_TIMEOUT_S, writable and held by no other run
+  txf.rundir.workdir.REACH_TIMEOUT_S, writable and held by no other run
   (WorkdirError), that the trackers can start (ConfigError: e.g. wandb
   without a login), and that a checkpoint restores (RestoreError). Training raises
   TrainingDiverged on a non-finite loss, CheckpointWriteError when a save

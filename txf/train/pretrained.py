@@ -1,7 +1,7 @@
 """Starting a run from trained parameters (config.train.init_from): a
 Hugging Face checkpoint or another txf run, checked against the run's model.
 
-setup_run (txf.train.setup) reads that model (its init_from_model, which
+setup_run (txf.train.run_setup) reads that model (its init_from_model, which
 sets up a txf run as setup_run does), checks it with `pretrained_params`
 while it builds the run, and starts the state from them with `starting_from`. The weights' rows
 are the source run's token ids: setup's fit_vocabulary first copies a txf run's
@@ -26,9 +26,9 @@ from txf import interop
 from txf.data.spec import DataSpec
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.layers.model_config import ModelConfig
+from txf.rundir.record import recorded_tokenizer
+from txf.rundir.resume import is_run_directory
 from txf.storage import write_file
-from txf.train.record import recorded_tokenizer
-from txf.train.resume import is_run_directory
 from txf.train.step import TrainState
 
 # ModelConfig fields a run may set apart from its train.init_from checkpoint: they
@@ -52,7 +52,7 @@ def pretrained_params(
 ) -> Any:
   """The parameters of `pretrained`, the model in `directory`
   (config.train.init_from: a Hugging Face checkpoint, or the latest
-  checkpoint of a txf run, its first replica; txf.train.setup.init_from_model),
+  checkpoint of a txf run, its first replica; txf.train.run_setup.init_from_model),
   which must be the run's model: the same ModelConfig up to
   FREE_PRETRAINED_FIELDS and exactly the same parameters.
 
@@ -114,7 +114,7 @@ def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.Pat
 def check_tokenizer(init_from: str, tokenizer: Tokenizer) -> None:
   """Refuses `tokenizer` for a run starting from the txf run `init_from`
   when its contents (Tokenizer.sha256) differ from the tokenizer that run
-  recorded (txf.train.record; nothing to compare for a run recorded before).
+  recorded (txf.rundir.record; nothing to compare for a run recorded before).
 
   Raises:
     ValueError: one line naming both hashes.

@@ -57,17 +57,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from txf.train.metrics import replica_scalars
+from txf.rundir.metrics import replica_scalars
 from txf.train.step import Batch, TrainState
 
 STRATEGIES = ("vmap", "map")
 TrainStep = Callable[[TrainState, Batch], tuple[TrainState, dict]]
-
-
-def replica_seeds(seed: int, replicas: int) -> tuple[int, ...]:
-  """The seeds of a run of `replicas` replicas from `seed`: replica r is the
-  single run of seed + r (config fields `seed` and `replicas`)."""
-  return tuple(range(seed, seed + replicas))
 
 
 def _seed_array(seeds: Sequence[int]) -> jax.Array:
@@ -192,7 +186,7 @@ def for_seeds(
   over_replicas with the backend's default_strategy, stacked_shardings).
 
   Args:
-    seeds: the replicas' seeds (`replica_seeds`).
+    seeds: the replicas' seeds (`txf.runconfig.run_config.replica_seeds`).
     start: (key, pretrained params or None) -> one run's initial state.
     step_for_seed: seed -> one run's train step.
     eval_step: one run's (params, batch) -> sums.
@@ -230,7 +224,7 @@ def replica_of(tree: Any, r: int, count: int) -> Any:
 def scalars(values: Mapping[str, Any], count: int) -> dict[str, float]:
   """A step's or an evaluation's values as metrics rows hold them: floats for
   a single run; for `count` > 1 each [R] value as its replicas' 'name/r',
-  their mean 'name' and std 'name_std' (txf.train.metrics.replica_scalars)."""
+  their mean 'name' and std 'name_std' (txf.rundir.metrics.replica_scalars)."""
   if count == 1:
     return {name: float(value) for name, value in values.items()}
   return replica_scalars(values)

@@ -41,7 +41,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from txf import checks
 
 if TYPE_CHECKING:  # run_config imports the training modules that import this one
-  from txf.train.run_config import ParallelConfig
+  from txf.runconfig.run_config import ParallelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes a batch's leading dimension is split over.

@@ -1,6 +1,6 @@
 """Train and eval steps: one jitted function each, the same for every task.
 
-The task's entry (txf.train.tasks: data.task) decides which batch fields
+The task's entry (txf.runconfig.tasks: data.task) decides which batch fields
 feed the model and which are labels and loss weights.
 
 Each token's loss is weighted by its weight over the step's token count, so
@@ -28,8 +28,8 @@ import optax
 
 from txf import ops
 from txf.models.output_heads import LMHead
-from txf.train import optim
-from txf.train.tasks import loss_metrics, task_kind
+from txf.runconfig import optim
+from txf.runconfig.tasks import loss_metrics, task_kind
 
 Batch = dict[str, jax.Array]
 # A batch as the data pipeline gives it (numpy) or on the device: init and

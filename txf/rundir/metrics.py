@@ -1,19 +1,19 @@
 """Training metrics: JSON lines + TensorBoard event files (the files
-themselves: txf.train.sinks; the console line: txf.train.console).
+themselves: txf.rundir.sinks; the console line: txf.rundir.console).
 
 A run's work directory holds
   metrics.jsonl  one JSON object per `write`: {"step": 100, "time": 1.7e9,
                  "loss": 2.3, ...} (`time`: wall time, seconds since the epoch)
   tb/            TensorBoard event files (written here with tensorboardX's
                  protocol buffers; no TensorFlow needed): the scalars, grouped
-                 by txf.train.tracking.metric_tag (train/loss, eval/loss,
+                 by txf.runconfig.tracking.metric_tag (train/loss, eval/loss,
                  perf/tokens_per_sec, ...), each sample as preformatted text
                  ('eval/sample'), and the run's hyperparameters with its
                  final metrics for the HParams dashboard (`write_hparams`)
   samples.txt    text sampled at each evaluation, one '=== step N ===' record each
                  (control characters and backslashes as \\xNN: `read_samples`)
 
-Experiment trackers (txf.train.trackers, e.g. Weights & Biases) passed as
+Experiment trackers (txf.rundir.trackers, e.g. Weights & Biases) passed as
 `trackers` get every row, sample and the hyperparameters too (process 0 only).
 
 Every file is written in the caller's thread, each record with one write to
@@ -58,8 +58,8 @@ from tensorboardX import summary as tb_summary
 from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
 from tensorboardX.proto.summary_pb2 import Summary
 
-from txf.storage import is_local, write_file
-from txf.train.sinks import (
+from txf.runconfig.tracking import Tracker, metric_tag
+from txf.rundir.sinks import (
   EventFile,
   LocalLines,
   MirroredTensorBoard,
@@ -72,7 +72,7 @@ from txf.train.sinks import (
   terminate_partial_last_line,
   writing,
 )
-from txf.train.tracking import Tracker, metric_tag
+from txf.storage import is_local, write_file
 
 METRICS_FILE = "metrics.jsonl"
 DROPPED_METRICS_FILE = "metrics.dropped.jsonl"
@@ -143,7 +143,7 @@ class MetricsWriter:
     start_step: the step training continues from; rows and samples logged
       after it are moved aside first (see the module docstring). None keeps
       everything (for writers that only append, e.g. evaluations).
-    trackers: experiment trackers (txf.train.trackers) that get every row,
+    trackers: experiment trackers (txf.rundir.trackers) that get every row,
       sample and the hyperparameters too; closed by `close` (only used
       when `enabled`).
   """

@@ -1,5 +1,5 @@
 """Where a run's records go: files appended in the caller's thread, each
-append one write to the OS, for the metrics writer (txf.train.metrics).
+append one write to the OS, for the metrics writer (txf.rundir.metrics).
 
   LocalLines / ObjectLines  text lines on a local disk / on object storage
                             (gs://: no append, so rewritten whole, at most

@@ -1,5 +1,5 @@
 """Head masks and ablation through the model (txf.analysis.ablation) and the
-attention analysis of a trained run (txf.evaluate.analyze, python -m
+attention analysis of a trained run (txf.trained.head_analysis, python -m
 experiments.analyze).
 
 The independent way to silence head h of a layer: zero that head's rows
@@ -24,7 +24,12 @@ import pytest
 
 from conftest import REPO, cli_env, tiny_config
 from txf.analysis import ablation
-from txf.evaluate.analyze import (
+from txf.models import ModelConfig, build
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.workdir import WorkdirLock
+from txf.train import loop
+from txf.train.run_setup import load_run
+from txf.trained.head_analysis import (
   ANALYSIS_DIR,
   SCORES_CSV,
   SCORES_MD,
@@ -32,11 +37,6 @@ from txf.evaluate.analyze import (
   attention_png,
   format_head_progress,
 )
-from txf.models import ModelConfig, build
-from txf.train import loop
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import load_run
-from txf.train.workdir import WorkdirLock
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = dict(vocab_size=32, d_model=18, num_heads=3, num_layers=2, max_len=12)

@@ -6,7 +6,7 @@
   run.optimizer, run.schedule            # built once, from run.train
   run.seeds                              # (seed, ..., seed + replicas - 1)
   run.notes                              # what the parse fitted, one line each
-  run = run.with_vocabulary(260, None)   # the tokenizer's ids (txf.train.setup does this)
+  run = run.with_vocabulary(260, None)   # the tokenizer's ids (txf.train.run_setup does this)
   to_json(run)                           # config.json: parse(to_json(run)) == run
 
 Each section is a frozen dataclass that declares its fields, their
@@ -16,7 +16,7 @@ default; an unknown field and an impossible combination across sections
 are each a `ConfigError` naming the field. One setting that does not fit is
 fitted instead, by a rule the run states in a line of `notes`: a
 `train.warmup_steps` above `train.steps` is clamped to `train.steps`
-(txf.train.optim.fitted_warmup), so every config runs with
+(txf.runconfig.optim.fitted_warmup), so every config runs with
 `--config.train.steps=N` for any N >= 1.
 
 The vocabulary is the tokenizer's, which for sentencepiece is trained in
@@ -40,10 +40,9 @@ from txf.data.spec import TASKS, DataSpec, parse_data
 from txf.fields import ConfigSection, check_known, documented, section, section_values
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import FAMILIES, HEADS, ModelConfig
-from txf.train import replicas as replicas_lib
-from txf.train.optim import fitted_warmup, make_optimizer, make_schedule
-from txf.train.tasks import task_kind
-from txf.train.trackers import tracker_names
+from txf.runconfig.optim import fitted_warmup, make_optimizer, make_schedule
+from txf.runconfig.tasks import task_kind
+from txf.runconfig.tracker_kinds import tracker_names
 
 
 class ConfigError(ValueError):
@@ -86,7 +85,7 @@ class TrainConfig:
     "a Hugging Face dir or a txf run dir to start from", default=None
   )
   trackers: tuple[str, ...] = documented(
-    "experiment trackers, comma-separated: wandb (txf.train.trackers)", default=()
+    "experiment trackers, comma-separated: wandb (txf.rundir.trackers)", default=()
   )
 
   def __post_init__(self) -> None:
@@ -110,12 +109,12 @@ class TrainConfig:
 
   @property
   def schedule(self) -> optax.Schedule:
-    """The learning rate by step (txf.train.optim.make_schedule)."""
+    """The learning rate by step (txf.runconfig.optim.make_schedule)."""
     return self._schedule
 
   @property
   def optimizer(self) -> optax.GradientTransformation:
-    """Clipping and AdamW on the schedule (txf.train.optim.make_optimizer)."""
+    """Clipping and AdamW on the schedule (txf.runconfig.optim.make_optimizer)."""
     return self._optimizer
 
 
@@ -189,7 +188,7 @@ class RunConfig:
   @property
   def seeds(self) -> tuple[int, ...]:
     """The replicas' seeds: replica r is the single run of seed + r."""
-    return replicas_lib.replica_seeds(self.seed, self.replicas)
+    return replica_seeds(self.seed, self.replicas)
 
   @property
   def data_seed(self) -> int:
@@ -206,7 +205,7 @@ class RunConfig:
   def data_seeds(self) -> tuple[int, ...]:
     """The seeds of the training data streams: replica r's data_seed + r with
     own_batches, else the one stream every replica reads."""
-    return replicas_lib.replica_seeds(self.data_seed, self.replicas if self.own_batches else 1)
+    return replica_seeds(self.data_seed, self.replicas if self.own_batches else 1)
 
   def with_vocabulary(self, vocab_size: int, num_classes: int | None) -> RunConfig:
     """This run for a tokenizer of `vocab_size` ids and a dataset of
@@ -249,6 +248,12 @@ class RunConfig:
       if value is not None or f"data.{field}" in changes
     }
     return parse(config)
+
+
+def replica_seeds(seed: int, replicas: int) -> tuple[int, ...]:
+  """The seeds of a run of `replicas` replicas from `seed`: replica r is the
+  single run of seed + r (config fields `seed` and `replicas`)."""
+  return tuple(range(seed, seed + replicas))
 
 
 def data_order_seed(seed: int, data: DataSpec) -> int:

@@ -13,7 +13,7 @@ run appends one), rewritten atomically:
   git            {'commit', 'dirty'} of the txf checkout it ran from; null
                  outside a git checkout (or without git)
   environment    Python, jax/jaxlib/flax/optax/orbax versions, devices and
-                 their kind, process count (txf.train.hardware.environment)
+                 their kind, process count (txf.hardware.environment)
   data           {'name', 'sha256', ...}: the data source described (for the
                  built-in corpus its Python version, files and bytes; for
                  text files their count, the bytes the splits read and a
@@ -30,12 +30,12 @@ run appends one), rewritten atomically:
                  for every registered choice the run uses (model.family,
                  head, position, norm, activation, init; data.name,
                  data.tokenizer; train.decay): the
-                 function or class that provided it (txf.registry) and, for
+                 function or class that provided it (txf.choices) and, for
                  user code, the directory its package was imported from.
                  A later command on the run (load_run, a resume) imports
                  that module or refuses naming it (`check_choices`)
 
-config.json is the run's config as it trains (txf.train.resume; the same
+config.json is the run's config as it trains (txf.rundir.resume; the same
 `config` as here); this file is only written. Runs written before it have
 none and load and resume as before.
 A start reads only the record's last entry and encodes only its own, so a
@@ -59,14 +59,14 @@ from typing import Any
 
 from etils import epath
 
+from txf import hardware
+from txf.choices import Registry
 from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
-from txf.registry import Registry
+from txf.runconfig.optim import DECAYS
+from txf.runconfig.run_config import RunConfig, to_json
 from txf.storage import parse_json, read_text, write_error, write_file
-from txf.train import hardware
-from txf.train.optim import DECAYS
-from txf.train.run_config import RunConfig, to_json
 
 RECORD_FILE = "run_record.json"
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "txf")
@@ -170,7 +170,7 @@ def _registry_entry(field: str, name: Any) -> tuple[Registry[Any], str] | None:
 
 
 def _choice(field: str, name: Any) -> dict[str, Any] | None:
-  """The provenance (txf.registry.Registry.provenance) of `field` = `name`
+  """The provenance (txf.choices.Registry.provenance) of `field` = `name`
   in this process; None where no registry holds the name."""
   found = _registry_entry(field, name)
   return None if found is None else found[0].provenance(found[1])
@@ -226,9 +226,14 @@ def _described(choice: Mapping[str, Any]) -> str:
 
 
 def _same(choice: Mapping[str, Any] | None, recorded: Mapping[str, Any]) -> bool:
-  return choice is not None and all(
-    choice[key] == recorded.get(key) for key in ("module", "function")
-  )
+  """Whether `choice` is the one `recorded`: the same function of the same
+  module, or txf's built-in both times (a built-in may move within txf: a run
+  recorded before txf.train was split names txf.train.tasks for `lm`)."""
+  if choice is None:
+    return False
+  if choice["builtin"] and recorded.get("builtin") is True:
+    return True
+  return all(choice[key] == recorded.get(key) for key in ("module", "function"))
 
 
 def _import_choice(field: str, recorded: Mapping[str, Any], workdir: str | epath.PathLike) -> None:
@@ -263,7 +268,7 @@ def check_choices(workdir: str | epath.PathLike) -> None:
   choice held from another module (a built-in where the run had user code,
   or the reverse) or not at all has the recorded module imported; a run
   recorded without choices is read as before. Called before its config.json
-  is parsed (txf.train.resume.read_run_config), which reads the choices.
+  is parsed (txf.rundir.resume.read_run_config), which reads the choices.
 
   Raises:
     ValueError: one line naming the field and the module, when that module
@@ -346,7 +351,7 @@ def _set_aside(path: epath.Path) -> epath.Path:
 class RunRecord:
   """Appends this start of a run to the record (`start`) and fills its end
   (`end`); with `enabled=False` (other processes) nothing. Writes raise
-  WriteError naming the file (txf.train.workdir).
+  WriteError naming the file (txf.rundir.workdir).
 
   Only the new entry is encoded, and only the record's last entry parsed:
   the earlier entries are copied as they are. A record that does not read as

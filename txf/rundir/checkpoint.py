@@ -59,9 +59,9 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from txf.runconfig.run_config import TrainConfig
+from txf.rundir.workdir import WorkdirError, check_writable
 from txf.storage import WriteError, is_local
-from txf.train.run_config import TrainConfig
-from txf.train.workdir import WorkdirError, check_writable
 
 logger = logging.getLogger(__name__)
 

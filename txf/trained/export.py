@@ -1,11 +1,11 @@
 """A trained txf run written as a Hugging Face model (txf-export); its
 latest checkpoint is read the way txf.interop reads a Hugging Face directory
-by txf.train.setup.load_trained (txf-generate, txf-embed and train.init_from
+by txf.train.run_setup.load_trained (txf-generate, txf-embed and train.init_from
 take either).
 
   export_run("runs/gpt2_tiny", "out/hf")    # config.json, model.safetensors, tokenizer.json
 
-A run is read through txf.train.setup.load_trained (its config.json, the latest
+A run is read through txf.train.run_setup.load_trained (its config.json, the latest
 checkpoint, its tokenizer; nothing in the run is written); a run of R > 1
 seed replicas gives its first replica (seed `seed`). The export writes the
 families txf.interop writes: a decoder as GPT-2, an encoder as BERT, an
@@ -35,11 +35,11 @@ from etils import epath
 from txf import interop
 from txf.data.tokenizers import hf_tokenizer_files
 from txf.interop.tensors import CONFIG
+from txf.runconfig.run_config import ConfigError
+from txf.rundir.resume import is_run_directory
+from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
 from txf.storage import is_local, write_error
-from txf.train.resume import is_run_directory
-from txf.train.run_config import ConfigError
-from txf.train.setup import TrainedModel, check_holds_run, load_trained
-from txf.train.workdir import WorkdirError, check_reachable, check_writable, run_path
+from txf.train.run_setup import TrainedModel, check_holds_run, load_trained
 
 GENERATION_CONFIG = "generation_config.json"
 # Written into every export: an output directory holding it is an earlier
@@ -49,7 +49,7 @@ EXPORT_MARKER = ".txf-export"
 
 def reachable_directory(path: str | os.PathLike, name: str) -> epath.Path:
   """`path` (a local directory or a URL, argument `name`) as a path
-  (txf.train.workdir.run_path), a URL looked at once (check_reachable), so
+  (txf.rundir.workdir.run_path), a URL looked at once (check_reachable), so
   that a bucket that cannot be reached is one line within REACH_TIMEOUT_S
   seconds rather than a minute of a client's retries.
 

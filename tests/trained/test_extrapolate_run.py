@@ -1,4 +1,4 @@
-"""Length extrapolation of a trained run (txf.evaluate.extrapolate and
+"""Length extrapolation of a trained run (txf.trained.extrapolate and
 python -m experiments.extrapolate).
 
 One tiny run with a learned position table of 2x its training length (32 ->
@@ -21,13 +21,13 @@ import pytest
 from conftest import REPO, tiny_config
 from full_disk import files_in, full_disk, read_only
 from txf.analysis.extrapolation import PROTOCOLS
-from txf.evaluate.extrapolate import extrapolate_run, format_table
+from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir.workdir import WorkdirError, WorkdirLock
 from txf.storage import WriteError
 from txf.sweep import results
 from txf.train import loop
-from txf.train.run_config import ConfigError, parse
-from txf.train.setup import adding_to_run
-from txf.train.workdir import WorkdirError, WorkdirLock
+from txf.train.run_setup import adding_to_run
+from txf.trained.extrapolate import extrapolate_run, format_table
 
 STEPS = 4
 SEQ_LEN = 32

@@ -1,8 +1,8 @@
 """What the metrics writer and the experiment trackers share: the `Tracker`
 interface and the names dashboards show metrics under (`metric_tag`).
 
-Its own module, below both txf.train.metrics (which hands every row to the
-trackers) and txf.train.trackers (the trackers, which read the samples back
+Its own module, below both txf.rundir.metrics (which hands every row to the
+trackers) and txf.rundir.trackers (the trackers, which read the samples back
 from the metrics files), so that neither imports the other at call time.
 """
 

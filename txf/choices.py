@@ -19,7 +19,7 @@ buckets) are a small frozen dataclass registered with it, each field with
 its default and doc; their values live in the config's `options` section
 (txf.layers.model_config.ModelConfig.settings). Each entry keeps
 where it came from (`provenance`): a run records it, and a later command on
-the run imports the module that provided it (txf.train.record.check_choices).
+the run imports the module that provided it (txf.rundir.record.check_choices).
 """
 
 from __future__ import annotations

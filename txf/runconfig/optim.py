@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import optax
 
 from txf import checks
-from txf.registry import Registry
+from txf.choices import Registry
 
 if TYPE_CHECKING:  # run_config's TrainConfig builds its optimizer here
-  from txf.train.run_config import TrainConfig
+  from txf.runconfig.run_config import TrainConfig
 
 _MISSING = object()
 
@@ -61,7 +61,7 @@ def fitted_warmup(warmup_steps: int, steps: int) -> int:
   """The warmup a run of `steps` steps uses: `warmup_steps`, clamped to
   `steps`. A warmup longer than the run (a shipped config's 60 steps with
   --config.train.steps=30) warms up over the whole run, so the learning rate
-  rises for all of it and never decays; txf.train.run_config.parse
+  rises for all of it and never decays; txf.runconfig.run_config.parse
   says so in one line (RunConfig.notes)."""
   return min(warmup_steps, steps)
 

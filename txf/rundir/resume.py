@@ -1,4 +1,4 @@
-"""A run's config.json -- its RunConfig serialised (txf.train.run_config.to_json)
+"""A run's config.json -- its RunConfig serialised (txf.runconfig.run_config.to_json)
 -- read back through one migration table, and the resume policy: which
 changes a later run (a resumed training, an evaluation) may make to the
 run it records.
@@ -10,7 +10,7 @@ run it records.
 
 A config.json of any format written since runs were first written reads:
 `from_json` renames and adds the fields MIGRATIONS lists, then parses it as
-any config (txf.train.run_config.parse), so a saved run and a new one are
+any config (txf.runconfig.run_config.parse), so a saved run and a new one are
 compared as typed RunConfigs, field by field.
 
 None to what the checkpoint depends on, i.e. `seed`, `replicas`, the
@@ -37,9 +37,9 @@ import jax
 from etils import epath
 
 from txf.layers.model_config import MOVED_TO_OPTIONS
+from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
+from txf.rundir.record import check_choices
 from txf.storage import read_json, write_file
-from txf.train.record import check_choices
-from txf.train.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -112,7 +112,7 @@ def _set_default(tree: dict[str, Any], name: str, value: Any) -> None:
 
 def from_json(saved: Any) -> RunConfig:
   """The RunConfig of a config.json's contents, of any format since the
-  first (`migrate`, then txf.train.run_config.parse).
+  first (`migrate`, then txf.runconfig.run_config.parse).
 
   Raises:
     ConfigError: naming the field, for contents that are not a run's config.
@@ -128,7 +128,7 @@ def from_json(saved: Any) -> RunConfig:
 def read_run_config(workdir: str | os.PathLike) -> RunConfig | None:
   """The RunConfig the run in `workdir` recorded (config.json), or None
   where there is none. The modules its registered choices came from are
-  imported first (txf.train.record.check_choices), so a choice of user code
+  imported first (txf.rundir.record.check_choices), so a choice of user code
   reads as the run trained with it.
 
   Raises:

@@ -4,7 +4,7 @@ its training length, with both protocols of txf.analysis.extrapolation.
   result = extrapolate_run("runs/pe_ln/rope_pre", factors=(1, 2, 4, 8, 16))
   print(format_table(result))
 
-The run is restored once through txf.train.setup.load_run; its validation
+The run is restored once through txf.train.run_setup.load_run; its validation
 split gives one token stream (the windows the run's evaluator reads,
 concatenated in stream order), which every length and protocol scores. By
 default the stream is exactly the evaluator's eval.num_batches x
@@ -42,14 +42,14 @@ from txf.analysis.extrapolation import (
   window_losses,
 )
 from txf.checks import int_at_least
+from txf.runconfig.run_config import ConfigError
+from txf.runconfig.tasks import task_kind
+from txf.rundir.console import format_duration
+from txf.rundir.resume import read_run_config
+from txf.rundir.workdir import check_reachable, run_path
 from txf.storage import write_file
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
-from txf.train.console import format_duration
-from txf.train.resume import read_run_config
-from txf.train.run_config import ConfigError
-from txf.train.setup import RunSetup, TrainedRun, load_run
-from txf.train.tasks import task_kind
-from txf.train.workdir import check_reachable, run_path
+from txf.train.run_setup import RunSetup, TrainedRun, load_run
 
 EXTRAPOLATION_PNG = "extrapolation.png"
 

@@ -40,7 +40,7 @@ from conftest import REPO, cli_command, load_config
 from txf.analysis.ablation import parse_heads
 from txf.analysis.phase_change import phase_change
 from txf.data.incontext import repeat_periods
-from txf.evaluate.analyze import analyze_run
+from txf.trained.head_analysis import analyze_run
 
 STEPS = 600
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from txf.train.metrics import to_python_scalars
+from txf.rundir.metrics import to_python_scalars
 
 
 def format_duration(seconds: float) -> str:

@@ -3,7 +3,7 @@
   record = analyze_run("runs/pe_ln/rope_pre")
   print(record["table"])
 
-The run is restored once through txf.train.setup.load_run. Its attention is
+The run is restored once through txf.train.run_setup.load_run. Its attention is
 read through the model's own layers (txf.analysis.attention_maps) and its
 heads are ablated through the model's own 'head_mask' collection
 (txf.analysis.ablation), evaluated with the run's eval step. Each attention
@@ -86,13 +86,13 @@ from txf.analysis.phase_change import steepest_fall, write_training_csv
 from txf.analysis.plots import attention_grid, save_figure
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
+from txf.runconfig.tasks import task_kind
+from txf.rundir.checkpoint import make_checkpointer
+from txf.rundir.console import format_duration
+from txf.rundir.workdir import check_reachable, run_path
 from txf.storage import write_file
-from txf.train.checkpoint import make_checkpointer
-from txf.train.console import format_duration
-from txf.train.setup import RunSetup, load_run
+from txf.train.run_setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
-from txf.train.tasks import task_kind
-from txf.train.workdir import check_reachable, run_path
 
 ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"

@@ -1,6 +1,6 @@
 """One run setup: everything that trains or evaluates a config is built here.
 
-  run = parse(config)                      # txf.train.run_config: the ConfigDict checked and typed
+  run = parse(config)                      # the ConfigDict checked and typed (txf.runconfig)
   setup = setup_run(run, workdir)          # tokenizer, data, model, mesh, jitted steps
   state = setup.init()                     # created already sharded
   with setup.activation_sharding():
@@ -20,7 +20,7 @@ by `train_to_device`.
 `replica_params(params, r)` is replica r's parameters, a single run's.
 
 A run's config.json, and which changes a later run may make to it, are
-txf.train.resume's.
+txf.rundir.resume's.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
-from txf import decode, interop, models
+from txf import decode, hardware, interop, models
 from txf.analysis import flops_per_token
 from txf.data import (
   Dataset,
@@ -51,25 +51,25 @@ from txf.data import (
 )
 from txf.data.stacked import StackedDatasets
 from txf.layers.embedding import check_position_table
-from txf.train import hardware, replicas, sharding
-from txf.train.checkpoint import make_checkpointer
-from txf.train.pretrained import adopt_tokenizer, check_tokenizer, pretrained_params, starting_from
-from txf.train.resume import (
+from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig
+from txf.runconfig.tasks import task_kind
+from txf.rundir.checkpoint import make_checkpointer
+from txf.rundir.resume import (
   CONFIG_FILE,
   check_resumable,
   is_run_directory,
   read_run_config,
   saved_config,
 )
-from txf.train.run_config import ConfigError, RunConfig, TrainConfig
-from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
-from txf.train.tasks import task_kind
-from txf.train.workdir import (
+from txf.rundir.workdir import (
   WorkdirLock,
   check_reachable,
   check_writable,
   run_path,
 )
+from txf.train import replicas, sharding
+from txf.train.pretrained import adopt_tokenizer, check_tokenizer, pretrained_params, starting_from
+from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ class RunSetup:
   """What a run trains and evaluates with, built from its config by `setup_run`.
 
   Attributes:
-    run: the checked, typed config (txf.train.run_config.RunConfig) with
+    run: the checked, typed config (txf.runconfig.run_config.RunConfig) with
       its vocabulary (fit_vocabulary): its model, data, train and eval
       sections, its optimizer and schedule, its seeds.
     model: the linen module.
@@ -278,7 +278,7 @@ def setup_run(
   jax.process_count()).
 
   Args:
-    run: the checked run config (txf.train.run_config.parse).
+    run: the checked run config (txf.runconfig.run_config.parse).
     workdir: the run's directory, where a sentencepiece tokenizer is
       trained; None where no tokenizer needs one.
     devices: the devices of the mesh (default: all of them); those of a
@@ -444,15 +444,15 @@ def load_run(
   """Restores the latest checkpoint of the run in `workdir` for evaluation.
 
   The setup is built from the run's config.json (`saved`, where the caller
-  has read it: txf.train.resume.read_run_config) with `overrides` applied
+  has read it: txf.rundir.resume.read_run_config) with `overrides` applied
   (RunConfig.override), e.g. {"data.seq_len": 256, "eval.num_batches": 4}:
   any field the checkpoint does not depend on (see
-  txf.train.resume.check_resumable). Nothing in `workdir` is
+  txf.rundir.resume.check_resumable). Nothing in `workdir` is
   written (nor created: a directory without checkpoints stays without a
   checkpoints/ directory); config.json keeps describing how the run was
   trained. The run may be training still: a checkpoint replaced while it is
   read (the run saved a newer one and deleted it) is read again from the
-  newest step (see txf.train.checkpoint.Checkpointer.restore).
+  newest step (see txf.rundir.checkpoint.Checkpointer.restore).
 
   Raises:
     ConfigError: `workdir` holds no run (no config.json or no checkpoint), or
