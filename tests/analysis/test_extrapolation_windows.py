@@ -88,10 +88,21 @@ def test_sliding_scores_each_token_once_with_its_windows_context(
   model_and_params, tokens_BxN, stride
 ):
   model, params = model_and_params
+  calls = []
   result = window_losses(
-    model, params, tokens_BxN, seq_len=T, protocol="sliding", stride=stride, batch_size=3
+    model,
+    params,
+    tokens_BxN,
+    seq_len=T,
+    protocol="sliding",
+    stride=stride,
+    batch_size=3,
+    on_windows=calls.append,
   )
   assert_matches_reference(result, model, params, tokens_BxN, sliding_context_starts(N, T, stride))
+  # Each model call reports its windows (the last may be short): all B x W in all.
+  total = len(tokens_BxN) * len(windows(N, seq_len=T, protocol="sliding", stride=stride)[0])
+  assert sum(calls) == total and calls[:-1] == [3] * (len(calls) - 1) and 0 < calls[-1] <= 3
 
 
 def test_sliding_with_stride_one_gives_every_later_token_t_tokens_of_context(tokens_BxN):

@@ -534,6 +534,8 @@ def compile_command(*flags):
   )
 
 
+# The time txf.progress stamps its lines with.
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 TINY = [
   "--config.model.d_model=32",
   "--config.model.num_heads=2",
@@ -588,7 +590,9 @@ def test_a_program_the_compiler_refuses_is_one_line_exit_1(tmp_path):
     cwd=REPO, env=dict(os.environ, XLA_FLAGS=""), capture_output=True, text=True, timeout=600,
   )  # fmt: skip
   assert done.returncode == 1, done.stderr[-2000:]
-  (line,) = done.stderr.strip().splitlines()
+  # The compile it was in says so as it starts (txf.progress; no "done" line).
+  started, line = done.stderr.strip().splitlines()
+  assert re.fullmatch(STAMP + r"compile: the train step for h100 \.\.\.", started)
   assert line == (
     "compile error: the train step does not compile for h100: "
     "INTERNAL: Couldn't find output tile sizes"
@@ -626,6 +630,14 @@ def test_a_json_path_in_a_read_only_directory_is_refused_before_the_compile(tmp_
 def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):
   fits = compile_command(*TINY, "--target=v5e-4", f"--json={tmp_path / 'fits.json'}")
   assert fits.returncode == 0, fits.stderr[-2000:]
+  # Each program's compile says when it starts and how long it took (stderr).
+  stages = [line for line in fits.stderr.splitlines() if re.match(STAMP + "compile: ", line)]
+  assert [re.sub(STAMP, "", line).split(": done")[0] for line in stages] == [
+    "compile: the train step for v5e-4 ...",
+    "compile: the train step for v5e-4",
+    "compile: the eval step for v5e-4 ...",
+    "compile: the eval step for v5e-4",
+  ]
   lines = fits.stdout.splitlines()
   assert lines[0] == f"config: {REPO / 'txf' / 'configs' / 'rope.py'}"
   assert lines[2].startswith("FITS: train step")

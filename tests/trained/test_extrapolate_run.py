@@ -166,11 +166,25 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "n/a" in done.stdout and "128" in done.stdout
-  assert [line.split(" (")[0] for line in done.stderr.splitlines() if "extrapolate:" in line] == [
+  stamped = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (.*)")
+  lines = [line for line in done.stderr.splitlines() if "extrapolate:" in line]
+  results_lines = [line for line in lines if not stamped.match(line)]
+  assert [line.split(" (")[0] for line in results_lines] == [
     "extrapolate: length 32",
     "extrapolate: length 64",
     "extrapolate: length 128",
   ]
+  # Each applicable length's windows counted as they are scored (txf.progress,
+  # timestamped off a terminal): from 0 to all of them; none for 128 (n/a).
+  counted = [stamped.match(line)[1] for line in lines if stamped.match(line)]
+  for length in (32, 64):
+    ends = [
+      re.fullmatch(rf"extrapolate: length {length}: (\d+)/(\d+) windows.*", line)
+      for line in counted
+    ]
+    counts = [(int(m[1]), int(m[2])) for m in ends if m]
+    assert counts[0][0] == 0 and counts[-1][0] == counts[-1][1] == counts[0][1] > 0, counts
+  assert not any("length 128:" in line for line in counted)
   assert "extrapolate:" not in done.stdout  # the table alone
   assert json.loads((trained / results.EXTRAPOLATION_FILE).read_text())["applicable"] == [
     True,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -175,6 +175,7 @@ def window_losses(
   protocol: str = "non_overlapping",
   stride: int | None = None,
   batch_size: int = 8,
+  on_windows: Callable[[int], Any] | None = None,
 ) -> WindowLosses:
   """Scores each row of `tokens_BxN` as a token stream in windows of `seq_len`.
 
@@ -188,6 +189,9 @@ def window_losses(
       `default_stride(T)`.
     batch_size: windows per model call (memory: the model's activations at
       batch_size x T tokens).
+    on_windows: called with the number of windows each model call scored
+      (B x the protocol's windows in all), e.g. a txf.progress.Progress's
+      `advance`.
 
   Returns:
     The WindowLosses.
@@ -230,4 +234,6 @@ def window_losses(
     columns_S = (starts_I[items_b, None] + 1 + offsets_T)[scored_bxT]
     loss_BxN[rows_S, columns_S] = losses_bxT[scored_bxT]
     position_BxN[rows_S, columns_S] = np.broadcast_to(offsets_T, scored_bxT.shape)[scored_bxT]
+    if on_windows is not None:
+      on_windows(len(items_b))
   return WindowLosses(loss_BxN=loss_BxN, position_BxN=position_BxN, seq_len=seq_len)

@@ -38,6 +38,7 @@ from txf.aot.targets import CUDNN_VERSION, Target
 from txf.data.spec import num_classes, required
 from txf.decode import generation
 from txf.ops import platform
+from txf.progress import stage
 from txf.runconfig.run_config import ConfigError, RunConfig
 from txf.runconfig.tasks import task_kind
 from txf.train import sharding
@@ -216,7 +217,8 @@ def compile_run(
       for name, (lower, arguments) in programs.items():
         start = time.perf_counter()
         try:
-          compiled[name] = lower(*arguments).compile()
+          with stage(f"compile: the {name.replace('_', ' ')} for {target.name}"):
+            compiled[name] = lower(*arguments).compile()
         except Exception as error:  # jax's JaxRuntimeError, which XlaRuntimeError was
           message = str(error).strip()
           if "RESOURCE_EXHAUSTED" not in message:

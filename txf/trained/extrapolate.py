@@ -37,11 +37,14 @@ from etils import epath
 from txf.analysis.extrapolation import (
   DEFAULT_FACTORS,
   PROTOCOLS,
+  WindowLosses,
   check_factors,
   default_stride,
   window_losses,
+  windows,
 )
 from txf.checks import int_at_least
+from txf.progress import Progress
 from txf.runconfig.run_config import ConfigError
 from txf.runconfig.tasks import task_kind
 from txf.rundir.console import format_duration
@@ -216,6 +219,40 @@ def format_length_progress(
   return " | ".join(parts)
 
 
+def _window_losses(
+  model: Any,
+  replica_params: list[Any],
+  tokens_N: np.ndarray,
+  length: int,
+  stride: int,
+  batch_tokens: int,
+) -> dict[str, list[WindowLosses]]:
+  """{protocol: each replica's WindowLosses} of `tokens_N` at `length`
+  (`stride`: the sliding protocol's), its windows counted as they are
+  scored (txf.progress)."""
+  strides = {protocol: stride if protocol == "sliding" else None for protocol in PROTOCOLS}
+  count = len(replica_params) * sum(
+    len(windows(len(tokens_N), seq_len=length, protocol=p, stride=strides[p])[0]) for p in PROTOCOLS
+  )
+  with Progress(f"extrapolate: length {length}", count, unit="windows") as scored:
+    return {
+      protocol: [
+        window_losses(
+          model,
+          params,
+          tokens_N[None],
+          seq_len=length,
+          protocol=protocol,
+          stride=strides[protocol],
+          batch_size=max(batch_tokens // length, 1),
+          on_windows=scored.advance,
+        )
+        for params in replica_params
+      ]
+      for protocol in PROTOCOLS
+    }
+
+
 def _losses(
   run: TrainedRun,
   tokens_N: np.ndarray,
@@ -234,23 +271,13 @@ def _losses(
   for at, (length, stride, applicable) in enumerate(
     zip(record["lengths"], record["stride"], record["applicable"])
   ):
+    by_protocol = (
+      _window_losses(run.setup.model, replica_params, tokens_N, length, stride, batch_tokens)
+      if applicable
+      else dict.fromkeys(PROTOCOLS)
+    )
     for protocol in PROTOCOLS:
-      results = (
-        [
-          window_losses(
-            run.setup.model,
-            params,
-            tokens_N[None],
-            seq_len=length,
-            protocol=protocol,
-            stride=stride if protocol == "sliding" else None,
-            batch_size=max(batch_tokens // length, 1),
-          )
-          for params in replica_params
-        ]
-        if applicable
-        else None
-      )
+      results = by_protocol[protocol]
       replica_loss[protocol].append(
         None if results is None else [result.mean_loss for result in results]
       )

@@ -1,0 +1,172 @@
+"""Where long work stands: a bar in a terminal, timestamped lines otherwise.
+
+Every piece of work that can take more than a few seconds (a length's
+windows, a compile, a sweep's points, the heads an analysis ablates) says
+where it is while it runs:
+
+  with Progress("extrapolate: length 256", total=48, unit="windows") as progress:
+    for batch in batches:
+      ...
+      progress.advance(len(batch))
+
+  with stage("compile train step (h100)"):
+    compiled = lowered.compile()
+
+On a terminal (stderr is one, and no `log` is given) a Progress is a rich bar
+with the count, rate, elapsed time and ETA, and a stage a spinner with its
+elapsed time. Otherwise (CI, a log file, a caller's `log`) each is plain lines,
+each stamped with the wall-clock time: one when the work starts, one at most
+every `every_s` seconds while it runs, and one when it ends, e.g.
+
+  2026-11-29 06:20:01 extrapolate: length 256: 0/48 windows
+  2026-11-29 06:20:11 extrapolate: length 256: 20/48 windows (42%) | 2 windows/s | elapsed 10s |
+    eta 14s (one line)
+  2026-11-29 06:20:25 extrapolate: length 256: 48/48 windows (100%) | 2 windows/s | elapsed 24s
+
+rich is installed with flax, which txf depends on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# How often a line is written while work runs, when stderr is no terminal.
+EVERY_S = 10.0
+
+Log = Callable[[str], Any]
+
+
+def _stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
+def timestamped(line: str, now: datetime.datetime | None = None) -> str:
+  """`line` after the local wall-clock time, '2026-11-29 06:20:01 <line>'."""
+  now = now or datetime.datetime.now()
+  return f"{now:%Y-%m-%d %H:%M:%S} {line}"
+
+
+def _duration(seconds: float) -> str:
+  """'45s', '7m05s', '1h02m'."""
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  if hours:
+    return f"{hours}h{minutes:02d}m"
+  return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _on_terminal(log: Log | None) -> bool:
+  return log is None and sys.stderr.isatty()
+
+
+class Progress:
+  """Counts `total` units of work named `what` (see the module docstring).
+
+  Args:
+    what: what the work is, e.g. 'extrapolate: length 256'.
+    total: how many units it has (> 0).
+    unit: their name, e.g. 'windows'.
+    log: where lines go (default: stderr, a bar there when it is a terminal).
+    every_s: seconds between lines while the work runs (lines only).
+    clock: the monotonic clock (seconds), for tests.
+  """
+
+  def __init__(
+    self,
+    what: str,
+    total: int,
+    *,
+    unit: str = "",
+    log: Log | None = None,
+    every_s: float = EVERY_S,
+    clock: Callable[[], float] = time.monotonic,
+  ):
+    if total <= 0:
+      raise ValueError(f"total must be positive, got {total}")
+    self.what, self.total, self.unit = what, total, unit
+    self.done = 0
+    self._log = log or _stderr
+    self._every_s, self._clock = every_s, clock
+    self._bar: Any = None
+    if _on_terminal(log):
+      import rich.console  # noqa: PLC0415 (rich loads only where a bar is drawn)
+      import rich.progress  # noqa: PLC0415
+
+      self._bar = rich.progress.Progress(
+        rich.progress.TextColumn("{task.description}"),
+        rich.progress.BarColumn(),
+        rich.progress.MofNCompleteColumn(),
+        rich.progress.TextColumn(unit),
+        rich.progress.TimeElapsedColumn(),
+        rich.progress.TextColumn("eta"),
+        rich.progress.TimeRemainingColumn(),
+        console=rich.console.Console(stderr=True),
+      )
+
+  def __enter__(self) -> Progress:
+    self._began = self._last = self._clock()
+    if self._bar is not None:
+      self._bar.start()
+      self._task = self._bar.add_task(self.what, total=self.total)
+    else:
+      self._log(timestamped(self.line()))
+    return self
+
+  def advance(self, units: int = 1) -> None:
+    """`units` more are done; a line is written if `every_s` have passed."""
+    self.done = min(self.done + units, self.total)
+    if self._bar is not None:
+      self._bar.update(self._task, completed=self.done)
+    elif self._clock() - self._last >= self._every_s and self.done < self.total:
+      self._last = self._clock()
+      self._log(timestamped(self.line()))
+
+  def __exit__(self, *exc: object) -> None:
+    if self._bar is not None:
+      self._bar.stop()
+    elif exc[0] is None:  # an error says so itself; its line would only repeat the last
+      self._log(timestamped(self.line()))
+
+  def line(self) -> str:
+    """Where the work stands: '<what>: 20/48 windows (42%) | 2.0 windows/s |
+    elapsed 10s | eta 14s' (no rate before a unit is done, no ETA at the end)."""
+    unit = f" {self.unit}" if self.unit else ""
+    line = f"{self.what}: {self.done}/{self.total}{unit}"
+    elapsed = self._clock() - self._began
+    if self.done == 0:
+      return line
+    line += f" ({100 * self.done / self.total:.0f}%)"
+    if elapsed > 0:
+      rate = self.done / elapsed
+      line += f" | {rate:.3g} {self.unit or 'units'}/s"
+    line += f" | elapsed {_duration(elapsed)}"
+    if self.done < self.total and elapsed > 0:
+      line += f" | eta {_duration((self.total - self.done) * elapsed / self.done)}"
+    return line
+
+
+@contextlib.contextmanager
+def stage(
+  what: str, *, log: Log | None = None, clock: Callable[[], float] = time.monotonic
+) -> Iterator[None]:
+  """A piece of work of unknown length (a compile): '<what> ...' as it starts
+  and '<what>: done in 44.7s' as it ends, timestamped (a spinner with the
+  elapsed time on a terminal)."""
+  began = clock()
+  if _on_terminal(log):
+    import rich.console  # noqa: PLC0415 (rich loads only where a spinner is drawn)
+
+    console = rich.console.Console(stderr=True)
+    with console.status(f"{what} ..."):
+      yield
+    console.print(f"{what}: done in {clock() - began:.1f}s")
+    return
+  write = log or _stderr
+  write(timestamped(f"{what} ..."))
+  yield
+  write(timestamped(f"{what}: done in {clock() - began:.1f}s"))
