@@ -29,7 +29,7 @@ from txf.train import loop
 from txf.train.run_setup import adding_to_run, load_run, load_trained, setup_run
 from txf.trained.export import EXPORT_MARKER, export_run, reachable_directory, write_directory
 
-OLD_RUN = FIXTURES / "run_822e561"  # RoPE, no biases
+OLD_RUN = FIXTURES / "run_822e561"  # txf's default decoder: RoPE, LayerNorm, no biases
 HF_GPT2 = FIXTURES / "hf" / "gpt2"
 TEXT = "def f(x):\n  return x  # é"
 ATOL = 1e-4
@@ -144,15 +144,53 @@ def test_what_is_a_run_directory(tmp_path):
   assert not is_run_directory(tmp_path)
 
 
+def unmappable_run(tmp_path):
+  """OLD_RUN with sliding-window attention (no parameter changes, so its
+  checkpoint still restores): a decoder no Hugging Face architecture here
+  represents."""
+  workdir = tmp_path / "windowed_run"
+  shutil.copytree(OLD_RUN, workdir)
+  config = json.loads((workdir / "config.json").read_text())
+  config["model"]["window"] = 8
+  (workdir / "config.json").write_text(json.dumps(config))
+  return workdir
+
+
+@pytest.mark.slow  # restores the run
+def test_the_default_decoder_exports_as_gpt_neox(tmp_path):
+  """OLD_RUN's model is txf's default (configs/rope.py): RoPE, LayerNorm, no
+  biases, tied logits scaled by d_model^-0.5. GPT-NeoX holds it: attention
+  without biases, zeros for its feed-forward biases, the output written
+  untied as the embedding times d_model^-0.5."""
+  written = export_run(OLD_RUN, tmp_path / "hf")
+  assert written.architecture == "GPTNeoXForCausalLM" and written.step == 2
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert (config["attention_bias"], config["tie_word_embeddings"]) == (False, False)
+  assert config["rope_parameters"]["partial_rotary_factor"] == 1.0
+  assert config["use_parallel_residual"] is False
+  trained = load_trained(OLD_RUN)
+  exported = load_pretrained(tmp_path / "hf")
+  assert exported.config == trained.pretrained.config.replace(
+    tie_embeddings=False, scale_logits=False
+  )
+  inputs = inputs_of("gpt_neox", trained.tokenizer)
+  logits = trained.pretrained.model().apply({"params": trained.pretrained.params}, *inputs)
+  again = exported.model().apply({"params": exported.params}, *inputs)
+  np.testing.assert_allclose(np.asarray(again), np.asarray(logits), rtol=0, atol=1e-5)
+  assert not np.allclose(logits, logits.mean())  # a model, not a constant
+  reference = transformers_logits(tmp_path / "hf", "gpt_neox", inputs)
+  if reference is not None:  # transformers reads the directory as the same model
+    np.testing.assert_allclose(reference, np.asarray(logits), atol=ATOL)
+
+
 @pytest.mark.slow  # restores the run
 def test_an_export_that_does_not_map_names_every_field_and_writes_nothing(tmp_path):
+  workdir = unmappable_run(tmp_path)
   with pytest.raises(CheckpointError) as raised:
-    export_run(OLD_RUN, tmp_path / "hf")
-  message = str(raised.value)
-  assert "\n" not in message
-  assert message.startswith("model.position: 'rope' cannot be written as GPT2LMHeadModel")
-  for field in ("model.use_bias: False", "model.scale_logits: True"):
-    assert field in message
+    export_run(workdir, tmp_path / "hf")
+  assert str(raised.value) == (
+    "model.window: 8 cannot be written as GPTNeoXForCausalLM (needs None)"
+  )
   assert not (tmp_path / "hf").exists()
   shutil.copytree(OLD_RUN, tmp_path / "run")
   with pytest.raises(ConfigError, match="is the run's work directory"):
@@ -197,7 +235,7 @@ def test_every_command_that_opens_a_run_says_a_hugging_face_directory_is_none(op
 
 
 def test_an_out_holding_other_files_is_refused_before_the_run_is_read(tmp_path):
-  """OLD_RUN does not map: the out's error comes first, before any compute.
+  """The out's error comes first, before any compute.
   A file of the user's is kept, not mixed with an export's."""
   out = tmp_path / "hf"
   out.mkdir()
@@ -295,8 +333,9 @@ def test_commands_take_a_run_directory(runs, tmp_path):
   rows = [json.loads(line) for line in result.stdout.splitlines()]
   assert [row["text"] for row in rows] == ["a", "bc"]
   assert [len(row["embedding"]) for row in rows] == [32, 32]  # d_model
-  result = run_command("experiments.export", f"--workdir={OLD_RUN}", f"--out={tmp_path / 'x'}")
-  assert result.returncode == 2 and result.stderr.startswith("export error: model.position:")
+  windowed = unmappable_run(tmp_path)
+  result = run_command("experiments.export", f"--workdir={windowed}", f"--out={tmp_path / 'x'}")
+  assert result.returncode == 2 and result.stderr.startswith("export error: model.window: 8 ")
   assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
 

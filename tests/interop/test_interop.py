@@ -37,7 +37,7 @@ from txf.interop.text import (
   sentence_transformers_pooling,
 )
 from txf.layers import Embedder
-from txf.models import ModelConfig
+from txf.models import ModelConfig, build
 
 HF_FIXTURES = FIXTURES / "hf"
 ATOL = 1e-4
@@ -93,11 +93,21 @@ def forward(name, batch, head=None):
 
 
 @pytest.mark.parametrize(
-  "name,batch", [("bert", "full"), ("bert", "padded"), ("roberta", "padded"), ("gpt2", "padded")]
+  "name,batch",
+  [
+    ("bert", "full"),
+    ("bert", "padded"),
+    ("roberta", "padded"),
+    ("gpt2", "padded"),
+    ("llama", "padded"),
+    ("gpt_neox", "padded"),
+  ],
 )
 def test_logits_match_transformers(name, batch):
-  """MLM logits (BERT with a second segment in row 0) and GPT-2's LM logits.
-  Right padding: BERT masks it, and a causal model's real tokens never see it."""
+  """MLM logits (BERT with a second segment in row 0) and the decoders' LM
+  logits (Llama: grouped-query attention, SwiGLU, RoPE of base 1000 scaled
+  linearly; GPT-NeoX: txf's default decoder's shape). Right padding: BERT
+  masks it, and a causal model's real tokens never see it."""
   assert pretrained(name).config.head in ("mlm", "lm") and pretrained(name).unused == ()
   assert_close_on(valid(name, batch), forward(name, batch), reference(name)[f"{batch}_logits"])
 
@@ -144,10 +154,11 @@ def test_t5_encoder_and_logits_match_transformers(name, batch):
 # KV-cache generation.
 
 
-def test_gpt2_greedy_generation_matches_transformers():
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoder_greedy_generation_matches_transformers(name):
   """Prompts of 3, 5 and 2 tokens in one right-padded batch; transformers
-  generated each alone."""
-  loaded, ref = pretrained("gpt2"), reference("gpt2")
+  generated each alone (Llama: the rotary positions of the KV cache)."""
+  loaded, ref = pretrained(name), reference(name)
   generated = generate_text(
     loaded, ref["greedy_prompts"], max_new_tokens=ref["greedy_tokens"].shape[1]
   )
@@ -243,7 +254,9 @@ def test_sentence_transformers_directory_declares_its_pooling():
 # Export.
 
 
-@pytest.mark.parametrize("name", ["bert", "minilm", "roberta", "gpt2", "t5", "t5_v1_1"])
+@pytest.mark.parametrize(
+  "name", ["bert", "minilm", "roberta", "gpt2", "llama", "gpt_neox", "t5", "t5_v1_1"]
+)
 def test_export_then_import_gives_identical_params(name, tmp_path):
   loaded = pretrained(name)
   loaded.save(tmp_path)
@@ -296,32 +309,158 @@ def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
     np.testing.assert_array_equal(flatten(again.params)[path], value, err_msg=path)
 
 
+def o1_params(cfg, seed=0):
+  """Parameters of cfg's model with O(1) activations (matrices N(0, 1/fan_in),
+  norm scales 1 + N(0, 0.5^2), biases N(0, 0.5^2)), without running its init."""
+  rng = np.random.default_rng(seed)
+  params = {}
+  for path, shape in param_shapes(cfg).items():
+    value = rng.normal(size=shape) * (0.5 if len(shape) == 1 else shape[0] ** -0.5)
+    params[path] = (value + path.endswith("/scale")).astype(np.float32)
+  return unflatten(params)
+
+
+def decoder_config(**fields):
+  """A tiny txf decoder: txf's defaults (configs/rope.py's model) but the
+  sizes; d_model 24, so d_model^-0.5 is not a power of two."""
+  sizes = dict(vocab_size=40, d_model=24, num_heads=2, num_layers=2, max_len=16)
+  return ModelConfig(family="decoder", **{**sizes, **fields})
+
+
+# A txf decoder of each shape the export maps -> the architecture it is written as.
+DECODERS = {
+  # txf's default decoder (configs/rope.py): LayerNorm, no biases, tanh GELU,
+  # tied logits scaled by d_model^-0.5 (written untied: the output times it).
+  "default": ("GPTNeoXForCausalLM", dict()),
+  "relu_biases_linear_rope": (
+    "GPTNeoXForCausalLM",
+    dict(
+      activation="relu", use_bias=True, norm_eps=1e-5, options=dict(rope_base=500.0, rope_scale=2.0)
+    ),
+  ),
+  "swiglu_gqa": (
+    "LlamaForCausalLM",
+    dict(norm="rms", activation="swiglu", num_heads=4, num_kv_heads=2),
+  ),
+  "geglu_biases_ntk": (
+    "LlamaForCausalLM",
+    dict(
+      norm="rms",
+      activation="geglu",
+      gelu_approximate=False,
+      use_bias=True,
+      position="rope_ntk",
+      options=dict(rope_scale=3.0),
+      head_dim=8,
+      num_kv_heads=1,
+      tie_embeddings=False,
+    ),
+  ),
+  "learned": ("GPT2LMHeadModel", dict(position="learned", use_bias=True)),
+}
+# float32: the scaled output is rounded once more than txf's logits are.
+DECODER_ATOL = 1e-5
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_txf_decoder_is_written_as_the_architecture_that_represents_it(name, tmp_path):
+  """Read back, it gives txf's logits (and txf's default decoder the same
+  final hidden states, bit for bit); scaled logits are written untied, the
+  output holding the scale."""
+  architecture, fields = DECODERS[name]
+  cfg = decoder_config(**fields)
+  params = o1_params(cfg)
+  save_pretrained(cfg, params, tmp_path)
+  written = json.loads((tmp_path / "config.json").read_text())
+  assert written["architectures"] == [architecture]
+  assert written["tie_word_embeddings"] == (cfg.tie_embeddings and not cfg.scale_logits)
+  again = load_pretrained(tmp_path)
+  assert again.architecture == architecture and again.config.scale_logits is False
+  tokens = np.array([[3, 9, 27, 4, 11, 5, 7, 8, 1, 2, 3, 39, 0, 6, 5, 4]])
+  run = lambda model, params: np.asarray(jax.jit(model.apply)({"params": params}, tokens))
+  logits = run(build(cfg), params)
+  np.testing.assert_allclose(run(again.model(), again.params), logits, rtol=0, atol=DECODER_ATOL)
+  assert np.abs(logits).mean() > 0.1  # O(1) logits: the tolerance means something
+  if name != "default":  # one model shows it (two more compiles each)
+    return
+  body = load_pretrained(tmp_path, head="none")
+  hidden = run(build(cfg.replace(head="none")), params)
+  np.testing.assert_array_equal(run(body.model(), body.params), hidden)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_neox"])
+def test_an_export_writes_the_config_transformers_writes(name, tmp_path):
+  """Every key transformers wrote for the fixture, as it wrote it (but its
+  bookkeeping); beside them only transformers 4's rotary keys, which say the
+  same (the tensors: test_export_then_import_gives_identical_params)."""
+  pretrained(name).save(tmp_path)
+  theirs = json.loads((HF_FIXTURES / name / "config.json").read_text())
+  ours = json.loads((tmp_path / "config.json").read_text())
+  bookkeeping = {"dtype", "transformers_version", "use_cache", "is_decoder", "classifier_dropout"}
+  assert {key: ours.get(key) for key in theirs.keys() - bookkeeping} == {
+    key: theirs[key] for key in theirs.keys() - bookkeeping
+  }
+  rope = theirs["rope_parameters"]
+  legacy = {key: ours[key] for key in ours.keys() - theirs.keys()}
+  if name == "llama":  # factor 2: linear
+    assert legacy == {"rope_theta": 1000.0, "rope_scaling": {"type": "linear", **rope}}
+  else:
+    assert legacy == {"rotary_emb_base": 10000.0, "rotary_pct": 1.0}
+
+
 @pytest.mark.parametrize(
-  "change,field",
+  "change,message",
   [
-    (dict(position="rope"), "model.position: 'rope' cannot be written as GPT2LMHeadModel"),
-    (dict(use_bias=False), "model.use_bias: False cannot be written"),
-    (dict(scale_logits=True), "model.scale_logits: True cannot be written"),
-    (dict(num_kv_heads=1), "model.num_kv_heads: 1 cannot be written"),
-    (dict(attention="linear"), "model.attention: 'linear' cannot be written"),
+    (
+      dict(norm="rms"),
+      "model.activation: 'gelu' cannot be written as LlamaForCausalLM (needs 'swiglu' or 'geglu')",
+    ),
+    (
+      dict(activation="swiglu"),
+      "model.activation: 'swiglu' cannot be written as GPTNeoXForCausalLM (needs 'gelu' or 'relu')",
+    ),
+    (
+      dict(num_kv_heads=1),
+      "model.num_kv_heads: 1 cannot be written as GPTNeoXForCausalLM (needs 2)",
+    ),
+    (dict(head_dim=8), "model.head_dim: 8 cannot be written as GPTNeoXForCausalLM (needs 12)"),
+    (
+      dict(position="alibi"),
+      "model.position: 'alibi' cannot be written as GPTNeoXForCausalLM "
+      "(needs 'rope' or 'rope_ntk')",
+    ),
+    (
+      dict(norm_placement="post"),
+      "model.norm_placement: 'post' cannot be written as GPTNeoXForCausalLM (needs 'pre')",
+    ),
+    (dict(window=4), "model.window: 4 cannot be written as GPTNeoXForCausalLM (needs None)"),
+    (
+      dict(scale_attention=False),
+      "model.scale_attention: False cannot be written as GPTNeoXForCausalLM (needs True)",
+    ),
+    (
+      dict(attention="linear"),
+      "model.attention: 'linear' cannot be written as GPTNeoXForCausalLM (needs 'softmax')",
+    ),
+    (
+      dict(position="learned"),
+      "model.use_bias: False cannot be written as GPT2LMHeadModel (needs True)",
+    ),
+    (
+      dict(position="learned", use_bias=True, num_kv_heads=1),
+      "model.num_kv_heads: 1 cannot be written as GPT2LMHeadModel (needs 2)",
+    ),
   ],
 )
-def test_export_refuses_what_the_architecture_cannot_hold(change, field, tmp_path):
-  base = dict(
-    family="decoder",
-    vocab_size=50,
-    d_model=16,
-    num_heads=2,
-    num_layers=1,
-    position="learned",
-    max_len=12,
-    use_bias=True,
-    scale_logits=False,
-  )
-  cfg = ModelConfig(**{**base, **change})
-  with pytest.raises(CheckpointError, match=field):
-    save_pretrained(cfg, random_params(cfg), tmp_path)
-  assert not (tmp_path / "model.safetensors").exists()
+def test_export_refuses_what_no_architecture_represents(change, message, tmp_path):
+  """One line naming the field, before anything is written. The architecture
+  named is the one the model's fields choose (learned positions: GPT-2;
+  RMSNorm: Llama; else GPT-NeoX)."""
+  cfg = decoder_config(**change)
+  with pytest.raises(CheckpointError) as raised:
+    save_pretrained(cfg, random_params(cfg), tmp_path / "hf")
+  assert str(raised.value) == message
+  assert not list(tmp_path.iterdir())
 
 
 def test_export_refuses_a_registered_head(tmp_path):
@@ -340,12 +479,13 @@ def test_export_refuses_a_registered_head(tmp_path):
 
 def test_export_names_every_field_the_architecture_cannot_hold(tmp_path):
   """In one line: a txf model of another shape learns every change it needs."""
-  cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1)
+  cfg = decoder_config(position="alibi", activation="swiglu", num_kv_heads=1)
   with pytest.raises(CheckpointError) as raised:
     save_pretrained(cfg, random_params(cfg), tmp_path)
   assert str(raised.value) == (
-    "model.position: 'rope' cannot be written as GPT2LMHeadModel (needs 'learned'); "
-    "model.use_bias: False (needs True); model.scale_logits: True (needs False)"
+    "model.position: 'alibi' cannot be written as GPTNeoXForCausalLM (needs 'rope' or "
+    "'rope_ntk'); model.activation: 'swiglu' (needs 'gelu' or 'relu'); "
+    "model.num_kv_heads: 1 (needs 2)"
   )
   cfg = ModelConfig(family="lstm", vocab_size=50, d_model=16, num_layers=1)
   with pytest.raises(CheckpointError, match="^model.family: 'lstm' has no Hugging Face"):
@@ -377,10 +517,10 @@ def edit_tensors(directory, edit):
 
 def test_unsupported_architecture_is_named(tmp_path):
   directory = copy_fixture("gpt2", tmp_path)
-  edit_json(directory / "config.json", architectures=["LlamaForCausalLM"])
+  edit_json(directory / "config.json", architectures=["MistralForCausalLM"])
   with pytest.raises(
     CheckpointError,
-    match=r"architecture \['LlamaForCausalLM'\] is not "
+    match=r"architecture \['MistralForCausalLM'\] is not "
     r"supported \(supported: BertForMaskedLM",
   ):
     load_pretrained(directory)
@@ -391,6 +531,47 @@ def test_unsupported_config_value_is_named(tmp_path):
   edit_json(directory / "config.json", scale_attn_by_inverse_layer_idx=True)
   with pytest.raises(CheckpointError, match="scale_attn_by_inverse_layer_idx=True"):
     load_pretrained(directory)
+
+
+@pytest.mark.parametrize(
+  "name,changes,match",
+  [
+    # Pythia's block: x + attn(ln1 x) + mlp(ln2 x).
+    ("gpt_neox", dict(use_parallel_residual=True), r"use_parallel_residual=True is not supported"),
+    (
+      "gpt_neox",
+      dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+      # transformers' default: a quarter of each head
+      r"partial_rotary_factor=0.25 is not supported by txf \(supported: 1\.0",
+    ),
+    (
+      "llama",
+      dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0}),
+      r"rope_type='llama3' is not supported by txf \(supported: 'default', 'linear'\)",
+    ),
+    ("llama", dict(mlp_bias=True), r"attention_bias=False with mlp_bias=True is not supported"),
+    ("llama", dict(hidden_act="relu"), r"hidden_act='relu' is not supported by txf"),
+  ],
+)
+def test_a_decoder_txf_cannot_run_is_named(name, changes, match, tmp_path):
+  directory = copy_fixture(name, tmp_path)
+  edit_json(directory / "config.json", **changes)
+  with pytest.raises(CheckpointError, match=rf"^{directory / 'config.json'}: {match}"):
+    load_pretrained(directory)
+
+
+def test_gpt_neox_feed_forward_biases_must_be_zero_without_attention_biases(tmp_path):
+  """txf's model.use_bias is one switch: with attention_bias false, the
+  feed-forward biases GPT-NeoX always has are read only as zeros."""
+  directory = copy_fixture("gpt_neox", tmp_path)
+  bias = "gpt_neox.layers.1.mlp.dense_4h_to_h.bias"
+  edit_tensors(directory, lambda t: t.update({bias: t[bias] + 0.5}))
+  with pytest.raises(CheckpointError) as raised:
+    load_pretrained(directory)
+  assert str(raised.value) == (
+    f"{directory}: tensor {bias} is not all zeros, and txf has no parameter for it "
+    "(txf's model.use_bias puts biases on attention and the feed-forward alike)"
+  )
 
 
 def test_missing_tensor_is_named(tmp_path):

@@ -24,8 +24,9 @@ from txf.interop import load_pretrained, save_pretrained  # noqa: E402
 from txf.interop.checkpoint import param_shapes  # noqa: E402
 from txf.interop.rules import flatten, unflatten  # noqa: E402
 from txf.models import ModelConfig, build  # noqa: E402
+from txf.trained.export import export_run  # noqa: E402
 
-NAMES = ["bert", "minilm", "roberta", "gpt2", "t5", "t5_v1_1"]
+NAMES = ["bert", "minilm", "roberta", "gpt2", "llama", "gpt_neox", "t5", "t5_v1_1"]
 ATOL = 1e-4
 
 
@@ -144,6 +145,75 @@ def test_a_model_made_in_txf_loads_in_transformers(family, fields, tmp_path):
       ours = model.apply({"params": params}, tokens)
       theirs = hf(input_ids=torch.tensor(tokens)).logits
   np.testing.assert_allclose(np.asarray(jax.device_get(ours)), theirs.numpy(), atol=ATOL)
+
+
+# txf decoders of each shape the export maps (test_interop.py's DECODERS).
+DECODERS = {
+  "default": ("GPTNeoXForCausalLM", dict()),
+  "relu_biases_linear_rope": (
+    "GPTNeoXForCausalLM",
+    dict(activation="relu", use_bias=True, options=dict(rope_base=500.0, rope_scale=2.0)),
+  ),
+  "swiglu_gqa": ("LlamaForCausalLM", dict(norm="rms", activation="swiglu", num_kv_heads=2)),
+  "geglu_biases_ntk_mqa": (
+    "LlamaForCausalLM",
+    dict(
+      norm="rms",
+      activation="geglu",
+      gelu_approximate=False,
+      use_bias=True,
+      position="rope_ntk",
+      options=dict(rope_scale=3.0),
+      head_dim=8,
+      num_kv_heads=1,
+      tie_embeddings=False,
+    ),
+  ),
+  "learned": ("GPT2LMHeadModel", dict(position="learned", use_bias=True)),
+}
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_txf_decoder_loads_with_auto_model_for_causal_lm(name, tmp_path):
+  """The architecture the export chose, loaded as transformers loads any
+  causal LM, gives txf's logits (d_model 24: the scale d_model^-0.5 the
+  output holds is not a power of two)."""
+  architecture, fields = DECODERS[name]
+  cfg = ModelConfig(
+    family="decoder", vocab_size=40, d_model=24, num_heads=4, num_layers=2, max_len=24, **fields
+  )
+  rng = np.random.default_rng(0)
+  params = {}
+  for path, shape in param_shapes(cfg).items():
+    value = rng.normal(size=shape) * (0.5 if len(shape) == 1 else shape[0] ** -0.5)
+    params[path] = (value + path.endswith("/scale")).astype(np.float32)
+  save_pretrained(cfg, unflatten(params), tmp_path)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+  assert type(hf).__name__ == architecture
+  tokens = np.array([[3, 9, 27, 4, 11, 5, 7, 8, 1, 2, 3, 39, 0, 6, 5, 4, 21, 22, 23]])
+  ours = np.asarray(build(cfg).apply({"params": unflatten(params)}, tokens))
+  with torch.no_grad():
+    theirs = hf.eval()(input_ids=torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(theirs, ours, atol=ATOL)
+  assert np.abs(ours).mean() > 0.1  # O(1) logits: the tolerance means something
+
+
+@pytest.mark.slow  # restores the run
+def test_the_default_decoders_run_loads_with_auto_model_for_causal_lm(tmp_path):
+  """txf-export of a run of txf's default decoder (configs/rope.py's model):
+  transformers' AutoModelForCausalLM gives the run's logits."""
+  from txf.train.run_setup import load_trained
+
+  workdir = FIXTURES / "run_822e561"
+  export_run(workdir, tmp_path / "hf")
+  trained = load_trained(workdir)
+  tokens = trained.tokenizer.encode("def f(x):\n  return x  # é")[None]
+  ours = trained.pretrained.model().apply({"params": trained.pretrained.params}, tokens)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+  assert type(hf).__name__ == "GPTNeoXForCausalLM"
+  with torch.no_grad():
+    theirs = hf.eval()(input_ids=torch.tensor(np.asarray(tokens), dtype=torch.long)).logits
+  np.testing.assert_allclose(theirs.numpy(), np.asarray(ours), atol=ATOL)
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])

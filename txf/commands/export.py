@@ -5,26 +5,27 @@
 
 Writes the latest checkpoint of the run in RUN (its first seed replica) into
 DIR as Hugging Face writes a model: config.json and model.safetensors
-(txf.interop: a decoder as GPT-2, an encoder as BERT, an encoder-decoder as
-T5), tokenizer.json and tokenizer_config.json (the run's bytes,
-sentencepiece or Hugging Face tokenizer; the generated tasks' symbols have
-none, which it says), and generation_config.json. DIR then loads with
-txf-generate --model=DIR, txf.interop.load_pretrained, and transformers'
-from_pretrained. Prints what it wrote. RUN may be local or a URL (gs://),
-looked at once before anything is read: one that cannot be reached exits 2
-with one line within half a minute.
+(txf.interop: a decoder as GPT-2, Llama or GPT-NeoX by its fields, an
+encoder as BERT, an encoder-decoder as T5), tokenizer.json and
+tokenizer_config.json (the run's bytes, sentencepiece or Hugging Face
+tokenizer; the generated tasks' symbols have none, which it says), and
+generation_config.json. DIR then loads with txf-generate --model=DIR,
+txf.interop.load_pretrained, and transformers' from_pretrained. Prints what
+it wrote. RUN may be local or a URL (gs://), looked at once before anything
+is read: one that cannot be reached exits 2 with one line within half a
+minute.
 
 DIR is the export's own: it is written whole or not at all (into a
 temporary sibling, then renamed into place), so a full disk leaves it as it
 was (one line `write error: ...`, exit 1). A DIR that holds an earlier
 export (its .txf-export file) is replaced whole, which the command says; a
-DIR holding any other file is refused. A run whose model is not of its
-family's Hugging Face shape (GPT-2: learned positions, LayerNorm, Pre-LN,
-biases, unscaled logits, ...) exits 2 with one line naming every field that
-does not map, writing nothing; so does a RUN without a trained run (a
-Hugging Face directory, say), and a DIR that is not the export's to write:
-a run's directory, one holding other files, a read-only one, a URL
-(export locally, then copy it).
+DIR holding any other file is refused. A run whose model no Hugging Face
+architecture txf writes represents (a decoder: GPT-2 for learned positions,
+else Llama for RMSNorm, else GPT-NeoX; an alibi decoder, a window, Post-LN,
+...) exits 2 with one line naming every field that does not map, writing
+nothing; so does a RUN without a trained run (a Hugging Face directory,
+say), and a DIR that is not the export's to write: a run's directory, one
+holding other files, a read-only one, a URL (export locally, then copy it).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints in and out: BERT-style encoders, GPT-2-style
-decoders and T5-style encoder-decoders as txf models (safetensors, no torch).
+"""Hugging Face checkpoints in and out: BERT-style encoders, GPT-2-, Llama-
+and GPT-NeoX-style decoders and T5-style encoder-decoders as txf models
+(safetensors, no torch).
 
   pretrained = load_pretrained("models/all-MiniLM-L6-v2")   # or a Hub name: "gpt2"
   model, params = pretrained.model(), pretrained.params

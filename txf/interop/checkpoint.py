@@ -5,10 +5,12 @@
   pretrained.save("out/gpt2")                   # config.json + model.safetensors again
   save_pretrained(cfg, params, "out/mine")      # a txf model of a matching shape
 
-Families: BERT-style encoders (bert.py), GPT-2-style decoders (gpt2.py) and
-T5-style encoder-decoders (t5.py), picked by config.json's `architectures`.
-Each family module has the same functions (`model_config`, `rules`,
-`hf_config_of`, ...); this module does the rest the same way for all.
+Families: BERT-style encoders (bert.py), decoders as GPT-2 (gpt2.py), Llama
+(llama.py) or GPT-NeoX (gpt_neox.py), and T5-style encoder-decoders (t5.py),
+picked by config.json's `architectures` when reading; when writing, by the
+model's family and, for a decoder, its fields (`decoder_family`). Each family
+module has the same functions (`model_config`, `rules`, `hf_config_of`,
+...); this module does the rest the same way for all.
 
 Nothing is guessed: an unsupported architecture or config value, a missing
 tensor, a tensor no rule reads, or a shape that differs stops the load with a
@@ -38,22 +40,29 @@ import numpy as np
 from etils import epath
 
 from txf import models
-from txf.interop import bert, gpt2, rules, t5
+from txf.interop import bert, decoder, gpt2, gpt_neox, llama, rules, t5
 from txf.interop.hf_config import get
 from txf.interop.hub import resolve_model
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, safetensors_bytes
 from txf.layers.model_config import ModelConfig
 
-FAMILIES = (bert, gpt2, t5)
+FAMILIES = (bert, gpt2, llama, gpt_neox, t5)
 # config.json's model_type -> the architecture assumed when `architectures` is absent.
 DEFAULT_ARCHITECTURES = {
   "bert": "BertModel",
   "roberta": "RobertaModel",
   "gpt2": "GPT2LMHeadModel",
+  "llama": "LlamaForCausalLM",
+  "gpt_neox": "GPTNeoXForCausalLM",
   "t5": "T5ForConditionalGeneration",
 }
-_EXPORT_FAMILIES = {"encoder": bert, "decoder": gpt2, "encoder_decoder": t5}
+# model.family -> the families that write it (a decoder's: `decoder_family`).
+_EXPORT_FAMILIES = {
+  "encoder": (bert,),
+  "decoder": (gpt2, llama, gpt_neox),
+  "encoder_decoder": (t5,),
+}
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
 
@@ -156,7 +165,8 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
       or a Hugging Face Hub name ('gpt2', 'openai-community/gpt2'), read from
       the Hub's cache or downloaded (txf.interop.hub.resolve_model).
     head: None: the architecture's own ('mlm' for BertForMaskedLM, 'lm' for
-      GPT2LMHeadModel and T5, 'none' for BertModel / GPT2Model); 'none': the
+      GPT2LMHeadModel, LlamaForCausalLM, GPTNeoXForCausalLM and T5, 'none'
+      for BertModel / GPT2Model / LlamaModel / GPTNeoXModel); 'none': the
       final hidden states instead (the head's weights are dropped, named).
 
   Raises:
@@ -228,6 +238,43 @@ def save_pretrained(
     (directory / name).write_bytes(data)
 
 
+def decoder_family(cfg: ModelConfig) -> ModuleType:
+  """The family a decoder is written as, by its fields: GPT-2 for learned
+  positions; otherwise Llama for RMSNorm and GPT-NeoX for the rest (LayerNorm).
+  Each represents exactly the decoders its `hf_config_of` does not refuse
+  (and names every field of one it cannot hold)."""
+  if cfg.position == "learned":
+    return gpt2
+  return llama if cfg.norm == "rms" else gpt_neox
+
+
+def _export_family(cfg: ModelConfig, architecture: str | None) -> tuple[ModuleType, str]:
+  """The family module and architecture `cfg` is written as (`architecture`:
+  the caller's choice, or None)."""
+  if cfg.family not in _EXPORT_FAMILIES:
+    raise CheckpointError(
+      f"model.family: {cfg.family!r} has no Hugging Face architecture txf writes (encoder: "
+      "BERT, decoder: GPT-2, Llama or GPT-NeoX, encoder_decoder: T5)"
+    )
+  families = _EXPORT_FAMILIES[cfg.family]
+  heads = sorted({head for family in families for head in family.ARCHITECTURES.values()})
+  if cfg.head not in heads:  # a registered head (txf.register.head) has no HF counterpart
+    raise CheckpointError(
+      f"model.head: {cfg.head!r} has no Hugging Face architecture txf writes "
+      f"(model.family={cfg.family!r}: {', '.join(heads)})"
+    )
+  if architecture is None:
+    family = decoder_family(cfg) if cfg.family == "decoder" else families[0]
+    return family, family.default_architecture(cfg)
+  for family in families:
+    if architecture in family.ARCHITECTURES:
+      return family, architecture
+  raise CheckpointError(
+    f"architecture: {architecture!r} is not a model.family={cfg.family!r} architecture "
+    f"(choose from {', '.join(a for family in families for a in family.ARCHITECTURES)})"
+  )
+
+
 def pretrained_files(
   cfg: ModelConfig | Mapping[str, Any],
   params: Mapping[str, Any],
@@ -240,36 +287,19 @@ def pretrained_files(
 
   Args:
     cfg: the model's config; its family picks the HF family (encoder: BERT,
-      decoder: GPT-2, encoder_decoder: T5).
+      decoder: GPT-2, Llama or GPT-NeoX by its fields (`decoder_family`),
+      encoder_decoder: T5).
     params: the model's params (boxed or not).
     architecture: e.g. 'RobertaForMaskedLM'; None: the family's for cfg.head.
     token_ids: pad/bos/eos/decoder_start token ids to record (None values
       are left out; pad_token_id defaults to cfg.pad_id).
 
   Raises:
-    CheckpointError: naming a config field the architecture cannot hold, or
-      parameters that do not fit cfg.
+    CheckpointError: naming a config field the architecture cannot hold
+      (every one, in one line), or parameters that do not fit cfg.
   """
   cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_config(cfg)
-  if cfg.family not in _EXPORT_FAMILIES:
-    raise CheckpointError(
-      f"model.family: {cfg.family!r} has no Hugging Face architecture txf writes (encoder: "
-      "BERT, decoder: GPT-2, encoder_decoder: T5)"
-    )
-  family = _EXPORT_FAMILIES[cfg.family]
-  heads = sorted(set(family.ARCHITECTURES.values()))
-  if cfg.head not in heads:  # a registered head (txf.register.head) has no HF counterpart
-    raise CheckpointError(
-      f"model.head: {cfg.head!r} has no Hugging Face architecture txf writes "
-      f"(model.family={cfg.family!r}: {', '.join(heads)})"
-    )
-  architecture = architecture or family.default_architecture(cfg)
-  if architecture not in family.ARCHITECTURES:
-    raise CheckpointError(
-      f"architecture: {architecture!r} is not a model.family="
-      f"{cfg.family!r} architecture (choose from "
-      f"{', '.join(family.ARCHITECTURES)})"
-    )
+  family, architecture = _export_family(cfg, architecture)
   hf = {"pad_token_id": cfg.pad_id, **family.hf_config_of(cfg, architecture)}
   hf.update(
     {
@@ -284,6 +314,9 @@ def pretrained_files(
   output = family.untied_output(architecture)
   if cfg.tie_embeddings and not hf["tie_word_embeddings"] and cfg.head != "none":
     tensors[output] = tensors[family.tied_copies(architecture)[output]]
+  if cfg.family == "decoder" and decoder.logit_scale(cfg) is not None:
+    # No decoder architecture scales its logits: its output matrix holds the scale.
+    tensors[output] = decoder.scaled_output(tensors[output], cfg)
   if family.ARCHITECTURES[architecture] == "none":
     # Head-less architectures name their tensors without the body prefix.
     prefix = family.prefix(architecture)

@@ -2,8 +2,9 @@
 
 GPT-2 is txf's decoder with learned positions, Pre-LN LayerNorm blocks with
 biases and a final norm, GELU in its tanh form (gelu_new), and tied,
-unscaled logits. Its projections are Conv1D ([in, out] weights, no
-transpose) and its attention's query, key and value are one fused `c_attn`.
+unscaled logits (scaled ones are written untied: txf.interop.decoder). Its
+projections are Conv1D ([in, out] weights, no transpose) and its attention's
+query, key and value are one fused `c_attn`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from txf.interop import hf_config
+from txf.interop import decoder, hf_config
 from txf.interop.hf_config import get
 from txf.interop.rules import Rule, linear, norm, same
 from txf.layers.model_config import ModelConfig, derived
@@ -152,8 +153,6 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     activation=("gelu", "relu"),
     **hf_config.plain_attention(cfg),
   )
-  if cfg.head == "lm":
-    required.update(scale_logits=False)
   if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
     required.update(head_dim=cfg.d_model // cfg.num_heads)
   hf_config.require(cfg, architecture, **required)
@@ -171,7 +170,7 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     "resid_pdrop": cfg.dropout_rate,
     "embd_pdrop": cfg.dropout_rate,
     "attn_pdrop": cfg.attention_dropout_rate,
-    "tie_word_embeddings": cfg.tie_embeddings,
+    "tie_word_embeddings": decoder.tie_word_embeddings(cfg),
     "scale_attn_weights": True,
     "initializer_range": 0.02,
   }

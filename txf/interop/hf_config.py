@@ -1,9 +1,9 @@
 """Reading a Hugging Face `config.json` into ModelConfig fields, and back.
 
-Shared by the families (bert.py, gpt2.py, t5.py): a value txf cannot
-represent stops the conversion with a CheckpointError naming the key, and an
-export refuses a ModelConfig field the architecture cannot represent, naming
-the field.
+Shared by the families (bert.py, gpt2.py, llama.py, gpt_neox.py, t5.py;
+the decoders' rotary keys: decoder.py): a value txf cannot represent stops
+the conversion with a CheckpointError naming the key, and an export refuses
+a ModelConfig field the architecture cannot represent, naming the field.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 A `Rule` ties one or more HF tensors to one or more txf parameters (a fused
 GPT-2 `c_attn` is one tensor for three projections) with the transform each
 way and the shapes both sides must have. A family's rules are built by
-walking its txf module tree (`txf.interop.bert`, `gpt2`, `t5`), with the
-constructors below for the layer kinds txf has: a projection (`linear`), a
-norm (`norm`) and a table copied as it is (`same`).
+walking its txf module tree (`txf.interop.bert`, `gpt2`, `llama`,
+`gpt_neox`, `t5`), with the constructors below for the layer kinds txf has:
+a projection (`linear`), a norm (`norm`), a table copied as it is (`same`),
+and a tensor the architecture always has where txf's model has none
+(`zeros`: all zeros).
 
 `to_txf` applies a list of rules to a checkpoint's tensors and `to_hf` goes
 back. Both check everything: a tensor the rules need that is missing, one
@@ -50,6 +52,22 @@ class Rule:
 def same(hf: str, txf: str, shape: Shape) -> Rule:
   """A tensor copied unchanged (embedding tables, T5's bias table, an output bias)."""
   return Rule((hf,), (tuple(shape),), (txf,), (tuple(shape),), lambda x: (x,), lambda x: (x,))
+
+
+def zeros(hf: str, shape: Shape, why: str) -> Rule:
+  """A tensor the architecture always has and txf does not (GPT-NeoX's
+  feed-forward biases of a txf model without biases): written as zeros, and
+  read only when it is all zeros (`why` says why txf has no parameter for
+  it), so that the model is the same."""
+
+  def to_txf(value: np.ndarray) -> Arrays:
+    if np.any(value != 0):
+      raise CheckpointError(
+        f"tensor {hf} is not all zeros, and txf has no parameter for it ({why})"
+      )
+    return ()
+
+  return Rule((hf,), (tuple(shape),), (), (), to_txf, lambda: (np.zeros(shape, np.float32),))
 
 
 def norm(
@@ -184,7 +202,11 @@ def to_txf(
   for rule in rules:
     arrays = [tensors[name] for name in rule.hf]
     _check_shapes(rule.hf, arrays, rule.hf_shapes, where)
-    for path, value in zip(rule.txf, rule.to_txf(*arrays)):
+    try:
+      converted = rule.to_txf(*arrays)
+    except CheckpointError as error:
+      raise CheckpointError(f"{where}: {error}") from None
+    for path, value in zip(rule.txf, converted):
       flat[path] = np.ascontiguousarray(value)
   return flat
 

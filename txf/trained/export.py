@@ -8,11 +8,16 @@ take either).
 A run is read through txf.train.run_setup.load_trained (its config.json, the latest
 checkpoint, its tokenizer; nothing in the run is written); a run of R > 1
 seed replicas gives its first replica (seed `seed`). The export writes the
-families txf.interop writes: a decoder as GPT-2, an encoder as BERT, an
-encoder-decoder as T5 -- when the run's model is of that shape (GPT-2:
-learned positions, LayerNorm, Pre-LN, biases, logits not scaled, ...);
-otherwise it names every field that does not map (CheckpointError) before
-anything is written.
+families txf.interop writes, chosen by the model's fields
+(txf.interop.checkpoint.decoder_family): a decoder as GPT-2 (learned
+positions), Llama (RoPE and RMSNorm: a gated feed-forward, any key/value
+heads) or GPT-NeoX (RoPE and LayerNorm: an ungated one), an encoder as
+BERT, an encoder-decoder as T5 -- when the architecture represents the model
+exactly; otherwise it names every field that does not map
+(CheckpointError) before anything is written. txf's default decoder
+(configs/rope.py) is written as GPT-NeoX, its tied logits scaled by
+d_model^-0.5 as an untied output matrix holding the scale
+(txf.interop.decoder).
 
 The export owns its output directory: it is written whole or not at all (a
 temporary sibling, renamed into place), and it replaces only an empty
@@ -194,8 +199,9 @@ def _move_into_place(directory: epath.Path, out: epath.Path) -> None:
 def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
   """Writes the latest checkpoint of the txf run in `workdir` (local or a
   URL) as a Hugging Face model directory `out` (local): config.json and
-  model.safetensors (txf.interop.pretrained_files: GPT-2 for a decoder,
-  BERT for an encoder, T5 for an encoder-decoder), the run's tokenizer as
+  model.safetensors (txf.interop.pretrained_files: GPT-2, Llama or GPT-NeoX
+  for a decoder, by its fields; BERT for an encoder, T5 for an
+  encoder-decoder), the run's tokenizer as
   tokenizer.json with tokenizer_config.json where it has that form
   (txf.data.tokenizers.hf_tokenizer_files), generation_config.json with its
   special ids, and EXPORT_MARKER. `out` is written whole or not at all
