@@ -16,6 +16,7 @@ from txf import ops
 from txf.layers import positions
 from txf.layers.model_config import ModelConfig, derived
 from txf.layers.partitioning import projection_inits
+from txf.ops import cache_attention_gpu, platform
 
 Array = jax.Array
 # The variable collection a caller passes to `apply` to scale heads' outputs.
@@ -143,15 +144,18 @@ class MultiHeadAttention(nn.Module):
         self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
       )
     masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
-    if use_cache and is_self:
-      k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
-        k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
+    if use_cache and is_self and self._one_kernel_step(q_BxTxHxDh, key_mask, deterministic):
+      out_BxTxHxDh = self._update_cache_and_attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, cache_index)
+    else:
+      if use_cache and is_self:
+        k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
+          k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
+        )
+        k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
+      bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
+      out_BxTxHxDh = self._attend(
+        q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
       )
-      k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
-    bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
-    out_BxTxHxDh = self._attend(
-      q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
-    )
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H: Array = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
@@ -264,6 +268,57 @@ class MultiHeadAttention(nn.Module):
         ops.sliding_window_mask(q_len, cache_len, window=masking["window"], q_offset=cache_index),
       )
     return k_BxLxKxDh, v_BxLxKxDh, dict(mask=mask, is_causal=False, window=None)
+
+  def _one_kernel_step(
+    self, q_BxTxHxDh: Array, key_mask: Array | None, deterministic: bool
+  ) -> bool:
+    """Whether a decoding step's self-attention runs as one GPU kernel
+    (`ops.cache_attention_gpu`: the cache's update and the attention over
+    it) instead of XLA's passes: on one GPU (the program on one device, as
+    for the cross-entropy kernel), for one new token, softmax attention
+    without a key mask or a position bias, the config's attention_impl
+    left to choose (None), nothing that needs the weights (dropout, the
+    'intermediates' collection), and shapes the kernel takes."""
+    if self.is_initializing() or not self.has_variable("cache", "cached_key"):
+      return False
+    return (
+      cache_attention_gpu.AVAILABLE
+      and platform.backend() == "gpu"
+      and jax.sharding.get_abstract_mesh().size <= 1
+      and self.cfg.attention == "softmax"
+      and self.cfg.attention_impl is None
+      and positions.encoding(self.position).bias is None
+      and key_mask is None
+      and (deterministic or self.cfg.attention_dropout_rate == 0.0)
+      and not self.is_mutable_collection("intermediates")
+      and cache_attention_gpu.applies(
+        q_BxTxHxDh,
+        self.get_variable("cache", "cached_key"),
+        self.get_variable("cache", "cached_value"),
+      )
+    )
+
+  def _update_cache_and_attend(
+    self, q_BxTxHxDh: Array, k_BxTxKxDh: Array, v_BxTxKxDh: Array, cache_index: Array | None
+  ) -> Array:
+    """`_attend_over_cache` then `_attend`, as one GPU kernel (where
+    `_one_kernel_step`): writes the new key and value at cache_index and
+    returns the heads' outputs [B, 1, H, Dh]."""
+    if cache_index is None:
+      raise ValueError("MultiHeadAttention: use_cache=True needs cache_index")
+    out_BxTxHxDh, cached_key, cached_value = cache_attention_gpu.update_and_attend(
+      q_BxTxHxDh,
+      k_BxTxKxDh,
+      v_BxTxKxDh,
+      self.get_variable("cache", "cached_key"),
+      self.get_variable("cache", "cached_value"),
+      cache_index,
+      scale=self.scale,
+      window=self.window,
+    )
+    self.put_variable("cache", "cached_key", cached_key)
+    self.put_variable("cache", "cached_value", cached_value)
+    return out_BxTxHxDh
 
   def _attend(
     self, q_BxTxHxDh: Array, k_BxSxKxDh: Array, v_BxSxKxDh: Array, *, deterministic: bool, **attend

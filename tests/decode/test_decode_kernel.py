@@ -1,0 +1,123 @@
+"""Decoding with each self-attention step as one GPU kernel
+(txf.ops.cache_attention_gpu: the KV cache's update and the attention over
+it), traced for a GPU (`platform.compiling_for`) and run by Pallas's
+interpreter on the CPU: the cached logits equal the full pass's (atol 1e-5,
+as in test_decode.py) and greedy decoding gives the XLA path's tokens; and
+which steps the layer gives the kernel.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf import decode, models
+from txf.layers.model_config import ModelConfig
+from txf.ops import cache_attention_gpu, platform
+
+# Unlike test_decode.py's TINY (vocab 50), so that no program traced there
+# for the CPU path is found in jax's caches here.
+TINY = dict(vocab_size=53, d_model=32, num_heads=4, num_layers=2, max_len=16)
+B, T = 2, 12
+
+
+@functools.cache
+def model_and_params(**overrides):
+  cfg = ModelConfig(**{**TINY, **overrides})
+  model = models.build(cfg)
+  return model, jax.jit(model.init)(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+
+
+def random_tokens(seed, shape):
+  return jax.random.randint(jax.random.key(seed), shape, 1, TINY["vocab_size"])
+
+
+def stepwise_logits(model, params, tokens_BxT):
+  """Logits [B, T, V] from feeding tokens through the cache one per step."""
+  tokens_to_logits = decode.make_tokens_to_logits(model, params)
+
+  def step(cache, token_B):
+    logits_BxV, cache = tokens_to_logits(token_B[:, None], cache)
+    return cache, logits_BxV
+
+  cache = decode.init_cache(model, tokens_BxT.shape[0], tokens_BxT.shape[1])
+  return jax.lax.scan(step, cache, tokens_BxT.T)[1].transpose(1, 0, 2)
+
+
+@pytest.fixture
+def for_a_gpu(monkeypatch):
+  """Traces for a GPU, with the kernel run by Pallas's interpreter; jax's
+  caches cleared on both sides, so that no program traced for one path is
+  reused for the other."""
+  monkeypatch.setattr(
+    cache_attention_gpu,
+    "update_and_attend",
+    functools.partial(cache_attention_gpu.update_and_attend, interpret=True),
+  )
+  jax.clear_caches()
+  with platform.compiling_for("gpu"):
+    yield
+  jax.clear_caches()
+
+
+def uses_kernel(model, params, **apply_kwargs) -> bool:
+  """Whether one cached decoding step of `model` calls the kernel."""
+  cache = decode.init_cache(model, B, T)
+  step = functools.partial(
+    model.apply, use_cache=True, mutable=apply_kwargs.pop("mutable", ["cache"]), **apply_kwargs
+  )
+  jaxpr = jax.make_jaxpr(step)({"params": params, "cache": cache}, jnp.ones((B, 1), jnp.int32))
+  return "cache_update_and_attention" in str(jaxpr)
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [{}, dict(num_kv_heads=2), dict(num_kv_heads=1), dict(window=3), dict(position="rope")],
+  ids=str,
+)
+def test_cached_decoding_with_the_kernel_matches_full_pass(for_a_gpu, overrides):
+  model, params = model_and_params(**overrides)
+  assert uses_kernel(model, params)
+  tokens = random_tokens(1, (B, T))
+  full = model.apply({"params": params}, tokens)
+  got = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
+  np.testing.assert_allclose(got, full, atol=1e-5)
+
+
+@pytest.mark.slow  # several compiles, one of each path
+def test_greedy_tokens_with_the_kernel_equal_the_xla_paths(monkeypatch):
+  """generate's program (prompts of different lengths, scanned layers,
+  whose cache has a leading layer axis) with the kernel gives the CPU
+  path's tokens."""
+  model, params = model_and_params(scan_layers=True)
+  prompt = jnp.asarray([[5, 7, 9, 0], [3, 0, 0, 0]], jnp.int32)
+  xla = decode.generate(model, params, prompt, max_new_tokens=8)
+  monkeypatch.setattr(
+    cache_attention_gpu,
+    "update_and_attend",
+    functools.partial(cache_attention_gpu.update_and_attend, interpret=True),
+  )
+  jax.clear_caches()
+  try:
+    with platform.compiling_for("gpu"):
+      assert uses_kernel(model, params)
+      kernel = decode.generate(model, params, prompt, max_new_tokens=8)
+  finally:
+    jax.clear_caches()
+  np.testing.assert_array_equal(kernel, xla)
+
+
+def test_the_layer_chooses_the_kernel_only_where_it_can_take_the_step(for_a_gpu):
+  """Not for an encoding that adds a bias, an attention_impl the config
+  names, linear attention, or a step that records the weights."""
+  assert uses_kernel(*model_and_params())
+  assert not uses_kernel(*model_and_params(position="t5_bias"))
+  assert not uses_kernel(*model_and_params(attention_impl="xla"))
+  assert not uses_kernel(*model_and_params(attention="linear"))
+  assert not uses_kernel(*model_and_params(), mutable=["cache", "intermediates"])
+
+
+def test_the_cpu_path_keeps_xla():
+  assert not uses_kernel(*model_and_params())

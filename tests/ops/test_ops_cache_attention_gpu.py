@@ -1,0 +1,143 @@
+"""The decoding step's GPU kernel (txf.ops.cache_attention_gpu: the KV
+cache's update and the attention over it), run by Pallas's interpreter on
+the CPU against the XLA path it stands in for: `dynamic_update_slice` of
+the caches, then `ops.dot_product_attention` ('xla') with the causal (and
+window) masks offset to the new token's position.
+
+Tolerances: float32, 2e-6 (the same float32 math, another summation order:
+an online softmax over blocks). bfloat16: the kernel computes in float32
+and rounds once, so it is within half a unit in the last place (at most
+2^-8 relative, plus float32's 2e-6) of the float32 XLA path on the same
+bfloat16 inputs; against the bfloat16 XLA path, which also rounds the
+weights to bfloat16 before the product, atol 3e-2 as in test_ops_attention.
+The updated caches are exact.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from txf import ops
+from txf.ops import cache_attention_gpu
+
+
+def xla_step(q, k_new, v_new, k_cache, v_cache, index, window=None, scale=None):
+  """The XLA path: update, then masked attention over every slot."""
+  start = (0, index, 0, 0)
+  k_cache = jax.lax.dynamic_update_slice(k_cache, k_new.astype(k_cache.dtype), start)
+  v_cache = jax.lax.dynamic_update_slice(v_cache, v_new.astype(v_cache.dtype), start)
+  cache_len = k_cache.shape[1]
+  mask = ops.causal_mask(1, cache_len, q_offset=index)
+  if window is not None:
+    mask = ops.combine_masks(
+      mask, ops.sliding_window_mask(1, cache_len, window=window, q_offset=index)
+    )
+  out = ops.dot_product_attention(q, k_cache, v_cache, mask=mask, scale=scale, implementation="xla")
+  return out, k_cache, v_cache
+
+
+def inputs(seed, batch, cache_len, heads, kv_heads, head_dim, dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+
+  def normal(*shape):
+    return jnp.asarray(rng.normal(size=shape), dtype)
+
+  return (
+    normal(batch, 1, heads, head_dim),
+    normal(batch, 1, kv_heads, head_dim),
+    normal(batch, 1, kv_heads, head_dim),
+    normal(batch, cache_len, kv_heads, head_dim),
+    normal(batch, cache_len, kv_heads, head_dim),
+  )
+
+
+def kernel_step(*args, **kwargs):
+  return cache_attention_gpu.update_and_attend(*args, interpret=True, **kwargs)
+
+
+def assert_step_matches(got, want, dtype):
+  out, k_cache, v_cache = got
+  want_out, want_k, want_v = want
+  np.testing.assert_array_equal(np.asarray(k_cache), np.asarray(want_k))
+  np.testing.assert_array_equal(np.asarray(v_cache), np.asarray(want_v))
+  assert out.dtype == want_out.dtype == dtype
+  out, want_out = np.asarray(out, np.float32), np.asarray(want_out, np.float32)
+  if dtype == jnp.float32:
+    np.testing.assert_allclose(out, want_out, atol=2e-6, rtol=2e-6)
+  else:
+    np.testing.assert_allclose(out, want_out, atol=3e-2)
+
+
+@pytest.mark.parametrize(
+  "heads,kv_heads,head_dim",
+  [(4, 4, 16), (8, 2, 32), (4, 1, 8)],  # multi-head, grouped-query, multi-query
+)
+@pytest.mark.parametrize("index", [0, 21, 36])  # the first slot, one in between, the last
+def test_kernel_equals_the_xla_path(heads, kv_heads, head_dim, index):
+  """Over several blocks of 16 slots (the last one partial)."""
+  args = inputs(index, 2, 37, heads, kv_heads, head_dim)
+  assert_step_matches(
+    kernel_step(*args, jnp.int32(index), block=16),
+    xla_step(*args, index),
+    jnp.float32,
+  )
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+def test_a_window_attends_the_same_slots_as_the_xla_path(window):
+  """Windows inside one block, across blocks, and wider than the cache."""
+  args = inputs(window, 2, 37, 4, 2, 16)
+  for index in (3, 30):
+    assert_step_matches(
+      kernel_step(*args, jnp.int32(index), window=window, block=16),
+      xla_step(*args, index, window=window),
+      jnp.float32,
+    )
+
+
+def test_bfloat16_and_a_scale():
+  args = inputs(7, 3, 50, 4, 4, 64, jnp.bfloat16)
+  got = kernel_step(*args, jnp.int32(33), scale=0.1)
+  assert_step_matches(got, xla_step(*args, 33, scale=0.1), jnp.bfloat16)
+  exact = xla_step(*(x.astype(jnp.float32) for x in args), 33, scale=0.1)[0]
+  exact = np.asarray(exact)
+  assert np.all(np.abs(np.asarray(got[0], np.float32) - exact) <= 2.0**-8 * np.abs(exact) + 2e-6)
+
+
+def test_non_finite_slots_count_only_where_attended():
+  """NaN and inf in the slots after the new token and before the window
+  change nothing; an attended NaN key, or an inf value given weight, makes
+  the rows that attend it NaN, as on the XLA path."""
+  q, k_new, v_new, k_cache, v_cache = inputs(1, 2, 40, 4, 2, 16)
+  index, window = 20, 8
+  k_cache = k_cache.at[:, index + 1 :].set(jnp.nan).at[:, : index - window + 1].set(jnp.inf)
+  v_cache = v_cache.at[:, index + 1 :].set(jnp.inf).at[:, : index - window + 1].set(jnp.nan)
+  got = kernel_step(q, k_new, v_new, k_cache, v_cache, jnp.int32(index), window=window)
+  want = xla_step(q, k_new, v_new, k_cache, v_cache, index, window=window)
+  assert np.all(np.isfinite(np.asarray(got[0])))
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), atol=2e-6, rtol=2e-6)
+
+  poisoned_k = k_cache.at[0, 15, 1, 3].set(jnp.nan)  # row 0, kv head 1: query heads 2, 3
+  poisoned_v = v_cache.at[1, index - 1, 0, 5].set(jnp.inf)  # row 1, kv head 0: heads 0, 1
+  for k, v in ((poisoned_k, v_cache), (k_cache, poisoned_v)):
+    got = np.asarray(kernel_step(q, k_new, v_new, k, v, jnp.int32(index), window=window)[0])
+    want = np.asarray(xla_step(q, k_new, v_new, k, v, index, window=window)[0])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got).any(axis=-1).sum() == 2  # the two query heads of one kv head
+    np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], atol=2e-6, rtol=2e-6)
+
+
+def test_applies_only_to_one_token_and_powers_of_two():
+  q, _, _, k_cache, v_cache = inputs(0, 1, 8, 6, 2, 16)  # G = 3
+  assert not cache_attention_gpu.applies(q, k_cache, v_cache)
+  q, _, _, k_cache, v_cache = inputs(0, 1, 8, 4, 2, 12)  # D = 12
+  assert not cache_attention_gpu.applies(q, k_cache, v_cache)
+  q, k_new, v_new, k_cache, v_cache = inputs(0, 1, 8, 4, 2, 16)
+  assert cache_attention_gpu.applies(q, k_cache, v_cache)
+  two_tokens = jnp.concatenate([q, q], axis=1)
+  assert not cache_attention_gpu.applies(two_tokens, k_cache, v_cache)
+  with pytest.raises(ValueError, match="^update_and_attend takes one new token"):
+    kernel_step(two_tokens, k_new, v_new, k_cache, v_cache, jnp.int32(0))
+  with pytest.raises(ValueError, match=r"^block must be a power of 2 \(Triton's\), got 24$"):
+    kernel_step(q, k_new, v_new, k_cache, v_cache, jnp.int32(0), block=24)

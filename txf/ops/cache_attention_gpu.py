@@ -1,0 +1,269 @@
+"""A decoding step's self-attention over its KV cache, and the cache's
+update, in one GPU kernel (Pallas, lowered to Triton): what each
+self-attention layer runs per generated token on one GPU
+(`txf.layers.attention` under use_cache, where `applies` says so).
+
+One kernel instance per batch row and key/value head writes the new key
+and value into the cache at `index` (in place: the caches are the kernel's
+outputs, aliased to its inputs) and attends the G query heads that share
+them (G = H // K) over the slots before `index` (within the window) and
+the new one: an online softmax over blocks of cache slots (the running
+maximum, normaliser and weighted sum of Milakov & Gimelshein 2018, as in
+`ops.attention`'s chunked path), ending at `index`. So a step reads the
+slots it attends and no more, and the new key and value come from the
+inputs, never read back from the cache they are written to.
+
+XLA compiles the same step as seven kernels a layer: the cache's two
+updates (one per array), the scores, their maximum, their sum, the
+weighted values' product and its sum over the slots (reading every slot of
+the cache, masked or not), and two more passes for the non-finite checks of
+`ops.attention` (docs/benchmarks.md, "Decoding").
+
+Numerics, as `ops.dot_product_attention`'s 'xla' path up to float32
+rounding: scores q.k in float32 times the scale, a float32 softmax, float32
+sums of the weighted values, the output in q's dtype; a key or value that
+is non-finite contributes only where attended (a NaN or inf key a query
+attends, or a value it gives nonzero weight, makes its output row NaN; as
+on the chunked path the weight is the one before the final normalisation).
+The weights are not rounded to the values' dtype before the product (the
+'xla' path rounds them), so a bfloat16 output can differ from the 'xla'
+path's by a unit in its last place.
+
+The block size (slots per step of the walk) is chosen so that a block's
+G x block x D products fit the registers of the default 4 warps; neither it
+nor the warp count is tuned on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+# Whether this jax can lower the kernel (the layer uses XLA's passes where
+# not): it needs jaxlib's Triton bindings, and txf imports without them.
+try:
+  from jax.experimental.pallas import triton as plgpu
+
+  AVAILABLE = True
+except ImportError:
+  AVAILABLE = False
+
+__all__ = ["AVAILABLE", "applies", "update_and_attend"]
+
+_NUM_WARPS = 4
+# Products q * k of one block held at once: G * block * D of them.
+_BLOCK_ELEMENTS = 8192
+_MIN_BLOCK, _MAX_BLOCK = 16, 256
+
+
+def _is_power_of_2(n: int) -> bool:
+  return n >= 1 and not n & (n - 1)
+
+
+def applies(q_BxTxHxD, k_cache_BxLxKxD, v_cache_BxLxKxDv) -> bool:
+  """Whether the kernel can take these shapes: one new token (T = 1), and
+  the head dims and the query heads per key/value head (G) powers of 2
+  (Triton's blocks are)."""
+  _, q_len, heads, head_dim = q_BxTxHxD.shape
+  kv_heads = k_cache_BxLxKxD.shape[2]
+  return (
+    q_len == 1
+    and heads % kv_heads == 0
+    and _is_power_of_2(heads // kv_heads)
+    and _is_power_of_2(head_dim)
+    and _is_power_of_2(v_cache_BxLxKxDv.shape[-1])
+  )
+
+
+def _block_size(groups: int, head_dim: int) -> int:
+  block = _BLOCK_ELEMENTS // (groups * head_dim)
+  block = 1 << (max(block, 1).bit_length() - 1)  # the power of 2 at most that
+  return min(max(block, _MIN_BLOCK), _MAX_BLOCK)
+
+
+def _any(x, axis=None):
+  """jnp.any as Triton lowers it (a max over int32: Pallas lowers no
+  reduce_or / reduce_and)."""
+  return jnp.max(x.astype(jnp.int32), axis=axis) > 0
+
+
+def _kernel(
+  index_ref,
+  q_ref,
+  k_new_ref,
+  v_new_ref,
+  k_cache_in_ref,
+  v_cache_in_ref,
+  out_ref,
+  k_cache_ref,
+  v_cache_ref,
+  *,
+  groups: int,
+  block: int,
+  scale: float,
+  window: int | None,
+):
+  """Batch row pl.program_id(0), key/value head pl.program_id(1): refs are
+  the whole arrays (q, out [B, 1, H, D|Dv], new keys/values [B, 1, K, D|Dv],
+  caches [B, L, K, D|Dv], index a scalar)."""
+  del k_cache_in_ref, v_cache_in_ref  # the same buffers as k_cache_ref, v_cache_ref
+  row, head = pl.program_id(0), pl.program_id(1)
+  cache_len = k_cache_ref.shape[1]
+  head_dim, value_dim = k_cache_ref.shape[3], v_cache_ref.shape[3]
+  position = index_ref[...]
+  # dynamic_update_slice's clamp, which the XLA path's update applies.
+  slot = jnp.clip(position, 0, cache_len - 1)
+  heads = pl.ds(head * groups, groups)
+  q_GxD = q_ref[row, 0, heads, :].astype(jnp.float32)
+  minus_inf = jnp.float32(-jnp.inf)
+
+  def attend(carry, k_NxD, v_NxDv, valid_N):
+    """The online softmax's step over N slots (valid_N: attended)."""
+    top_G, total_G, acc_GxDv, poisoned_G = carry
+    k_NxD, v_NxDv = k_NxD.astype(jnp.float32), v_NxDv.astype(jnp.float32)
+    finite_k_NxD, finite_v_NxDv = jnp.isfinite(k_NxD), jnp.isfinite(v_NxDv)
+    # As the 'xla' path: non-finite keys and values enter as 0, and an
+    # attended one makes its rows NaN at the end.
+    k_NxD = jnp.where(finite_k_NxD, k_NxD, 0.0)
+    v_NxDv = jnp.where(finite_v_NxDv, v_NxDv, 0.0)
+    bad_k_N = valid_N & _any(~finite_k_NxD, axis=-1)
+    bad_v_N = _any(~finite_v_NxDv, axis=-1)
+    scores_GxN = jnp.sum(q_GxD[:, None, :] * k_NxD[None, :, :], axis=-1) * scale
+    scores_GxN = jnp.where(valid_N[None, :], scores_GxN, minus_inf)
+    new_top_G = jnp.maximum(top_G, jnp.max(scores_GxN, axis=-1))
+    reference_G = jnp.where(new_top_G > minus_inf, new_top_G, 0.0)
+    rescale_G = jnp.exp(top_G - reference_G)
+    p_GxN = jnp.exp(scores_GxN - reference_G[:, None])
+    total_G = rescale_G * total_G + jnp.sum(p_GxN, axis=-1)
+    acc_GxDv = rescale_G[:, None] * acc_GxDv + jnp.sum(
+      p_GxN[:, :, None] * v_NxDv[None, :, :], axis=1
+    )
+    poisoned_G = poisoned_G | _any(bad_k_N) | _any(bad_v_N[None, :] & (p_GxN != 0.0), axis=-1)
+    return new_top_G, total_G, acc_GxDv, poisoned_G
+
+  first = 0 if window is None else jnp.maximum(position + 1 - window, 0)
+  first_block = first // block
+
+  def cached_block(i, carry):
+    start = (first_block + i) * block
+    slots_N = start + jnp.arange(block)
+    valid_N = (slots_N >= first) & (slots_N < slot)
+    k_NxD = plgpu.load(
+      k_cache_ref.at[row, pl.ds(start, block), head, :],
+      mask=jnp.broadcast_to(valid_N[:, None], (block, head_dim)),
+      other=0.0,
+    )
+    v_NxDv = plgpu.load(
+      v_cache_ref.at[row, pl.ds(start, block), head, :],
+      mask=jnp.broadcast_to(valid_N[:, None], (block, value_dim)),
+      other=0.0,
+    )
+    return attend(carry, k_NxD, v_NxDv, valid_N)
+
+  carry = (
+    jnp.full((groups,), minus_inf, jnp.float32),
+    jnp.zeros((groups,), jnp.float32),
+    jnp.zeros((groups, value_dim), jnp.float32),
+    jnp.zeros((groups,), jnp.bool_),
+  )
+  carry = jax.lax.fori_loop(0, pl.cdiv(slot, block) - first_block, cached_block, carry)
+  k_new_1xD = k_new_ref[row, pl.ds(0, 1), head, :]
+  v_new_1xDv = v_new_ref[row, pl.ds(0, 1), head, :]
+  # The new key is attended unless the window is 0 wide (it is >= 1).
+  _, total_G, acc_GxDv, poisoned_G = attend(carry, k_new_1xD, v_new_1xDv, jnp.ones((1,), jnp.bool_))
+  out_GxDv = acc_GxDv / jnp.where(total_G > 0, total_G, 1.0)[:, None]
+  out_GxDv = jnp.where(poisoned_G[:, None], jnp.nan, out_GxDv)
+  out_ref[row, 0, heads, :] = out_GxDv.astype(out_ref.dtype)
+  k_cache_ref[row, pl.ds(slot, 1), head, :] = k_new_1xD.astype(k_cache_ref.dtype)
+  v_cache_ref[row, pl.ds(slot, 1), head, :] = v_new_1xDv.astype(v_cache_ref.dtype)
+
+
+def update_and_attend(
+  q_BxTxHxD,
+  k_new_BxTxKxD,
+  v_new_BxTxKxDv,
+  k_cache_BxLxKxD,
+  v_cache_BxLxKxDv,
+  index,
+  *,
+  scale: float | None = None,
+  window: int | None = None,
+  block: int | None = None,
+  num_warps: int = _NUM_WARPS,
+  interpret: bool = False,
+):
+  """Writes one new key and value per row at slot `index` of the caches and
+  attends each query (at position `index`) over the slots up to it.
+
+  The same as `jax.lax.dynamic_update_slice` of the caches at (0, index,
+  0, 0) followed by `ops.dot_product_attention(q, k_cache, v_cache,
+  mask=causal_mask(1, L, q_offset=index) [& sliding_window_mask(...)])`,
+  up to float32 rounding (module docstring).
+
+  Args:
+    q_BxTxHxD: queries, T = 1.
+    k_new_BxTxKxD, v_new_BxTxKxDv: the new token's keys and values.
+    k_cache_BxLxKxD, v_cache_BxLxKxDv: the caches; H % K == 0 (G = H // K,
+      a power of 2, as D and Dv: `applies`).
+    index: int scalar in [0, L), the new token's slot (and position).
+    scale: multiplier of q.k; None: 1 / sqrt(D).
+    window: keys at most `window - 1` positions before the query (>= 1);
+      None: all.
+    block: cache slots per step of the walk, a power of 2 (None: as many
+      as G x block x D <= 8,192 products allow, 16 to 256).
+    num_warps: Triton warps per instance.
+    interpret: run in Pallas's interpreter (any backend: the tests' way to
+      check the kernel without a GPU).
+
+  Returns:
+    (out [B, 1, H, Dv] in q's dtype, k_cache, v_cache updated).
+
+  Raises:
+    ValueError: shapes the kernel cannot take (`applies`), or a block or
+      warp count that is no power of 2.
+  """
+  for name, value in (("block", block), ("num_warps", num_warps)):
+    if value is not None and not _is_power_of_2(value):
+      raise ValueError(f"{name} must be a power of 2 (Triton's), got {value}")
+  if not applies(q_BxTxHxD, k_cache_BxLxKxD, v_cache_BxLxKxDv):
+    raise ValueError(
+      "update_and_attend takes one new token (T = 1) and powers of 2 for the head "
+      f"dims and the query heads per key/value head, got q {q_BxTxHxD.shape}, "
+      f"k_cache {k_cache_BxLxKxD.shape}, v_cache {v_cache_BxLxKxDv.shape}"
+    )
+  batch, _, heads, head_dim = q_BxTxHxD.shape
+  kv_heads = k_cache_BxLxKxD.shape[2]
+  groups = heads // kv_heads
+  kernel = functools.partial(
+    _kernel,
+    groups=groups,
+    block=block or _block_size(groups, max(head_dim, v_cache_BxLxKxDv.shape[-1])),
+    scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
+    window=window,
+  )
+  out_shape = (
+    jax.ShapeDtypeStruct((batch, 1, heads, v_cache_BxLxKxDv.shape[-1]), q_BxTxHxD.dtype),
+    jax.ShapeDtypeStruct(k_cache_BxLxKxD.shape, k_cache_BxLxKxD.dtype),
+    jax.ShapeDtypeStruct(v_cache_BxLxKxDv.shape, v_cache_BxLxKxDv.dtype),
+  )
+  return pl.pallas_call(
+    kernel,
+    out_shape=out_shape,
+    grid=(batch, kv_heads),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+    # The caches are updated where they lie: no copy of them per token.
+    input_output_aliases={4: 1, 5: 2},
+    interpret=interpret,
+    name="cache_update_and_attention",
+  )(
+    jnp.asarray(index, jnp.int32),
+    q_BxTxHxD,
+    k_new_BxTxKxD.astype(k_cache_BxLxKxD.dtype),
+    v_new_BxTxKxDv.astype(v_cache_BxLxKxDv.dtype),
+    k_cache_BxLxKxD,
+    v_cache_BxLxKxDv,
+  )
