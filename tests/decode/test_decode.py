@@ -569,6 +569,24 @@ def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
   assert set(np.asarray(out[:, 1]).tolist()) == set(kept.tolist())
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 2.5])
+def test_one_argmax_samples_the_token_jax_random_categorical_samples(temperature):
+  """The sampler's single pass over the vocabulary (Gumbel noise chosen
+  before the argmax) draws what jax.random.categorical draws from the same
+  key, and the argmax at temperature 0."""
+  from txf.decode.sampling import _next_token
+
+  logits = jax.random.normal(jax.random.key(1), (16, 300)) * 3
+  for seed in range(4):
+    rng = jax.random.key(seed)
+    want = (
+      jax.random.categorical(rng, logits / temperature, axis=-1)
+      if temperature
+      else jnp.argmax(logits, axis=-1)
+    )
+    np.testing.assert_array_equal(_next_token(rng, logits, temperature, 0, 1.0), want)
+
+
 def test_prefill_longer_than_the_cache_is_rejected():
   """Writing more new tokens than the cache has slots is a clear error at
   trace time, not a silently clamped write."""

@@ -74,8 +74,12 @@ def _next_token(
     scaled_BxV = _filter_top_k(scaled_BxV, top_k)
   if top_p < 1.0:
     scaled_BxV = _filter_top_p(scaled_BxV, top_p)
-  sampled_B = jax.random.categorical(rng, scaled_BxV, axis=-1)
-  return jnp.where(temperature > 0, sampled_B, jnp.argmax(logits_BxV, axis=-1))
+  # jax.random.categorical(rng, scaled) is the argmax of the scaled logits
+  # plus Gumbel noise (the Gumbel-max trick, as jax draws it); choosing
+  # between those and the plain logits before one argmax, not between two
+  # argmaxes after, gives the same token from one pass over the vocabulary.
+  noisy_BxV = jax.random.gumbel(rng, scaled_BxV.shape, scaled_BxV.dtype) + scaled_BxV
+  return jnp.argmax(jnp.where(temperature > 0, noisy_BxV, logits_BxV), axis=-1)
 
 
 def sample(
