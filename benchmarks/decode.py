@@ -13,18 +13,32 @@ txf.hardware) over the time per new token. The transformers figures
 (benchmarks/references/hf_gpt2_decode.py, a subprocess run before JAX starts, the same
 shape and batch sizes, bf16 on a GPU) come in `hf`; each txf row gets its
 ratio to them.
+
+  python -m benchmarks.run decode --config=configs/gpt2_small.py --deviceless=h100 \
+      [--source_len=512]
+
+compiles the benchmark's programs for a GPU this machine does not have
+(txf.aot) instead of running them: per batch size, generate's program with
+the weights in the compute dtype, and per generated token its kernels, the
+bytes they move and a predicted time against the weight-read floor
+(txf.aot.report.decode_figures); how XLA launches the token loop with its
+default command buffers and with the loop among them (a CUDA driver of
+13.0 declared, txf.aot.compile.with_driver); with --source_len, the same
+for an encoder-decoder of the config's sizes decoding sources that long.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
 from absl import flags
 
 from benchmarks.references import run_reference
-from txf import decode, hardware
+from txf import decode, hardware, models
 from txf.commands.cli import define_config_flag
 from txf.runconfig.run_config import parse
 from txf.textbook.report import median_seconds
@@ -129,6 +143,79 @@ def compare(
   )
 
 
+def _abstract_model(model_config, dtype):
+  """A model and its parameters' shapes, held in the compute dtype."""
+  model = models.build(model_config)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  inputs = (tokens, tokens) if model_config.family == "encoder_decoder" else (tokens,)
+  params = jax.eval_shape(model.init, jax.random.key(0), *inputs)["params"]
+  return model, jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, dtype), params)
+
+
+def _loop_launches(model, params, target, shapes: dict) -> dict[str, str]:
+  """How XLA launches the program's token loop (txf.aot.compile.loop_launch)
+  with its default command buffers and with loops among them, for a GPU
+  whose CUDA driver can run loops in a graph."""
+  from txf.aot import compile as aot  # noqa: PLC0415 (after prepare_environment)
+
+  devices = aot.with_driver(target)
+
+  def launch(options: dict) -> str:
+    return aot.command_buffer_launch(
+      lambda extra: aot.compile_generate(
+        model, params, target, devices, **shapes, compiler_options={**options, **extra}
+      )
+    )
+
+  return {"default": launch({}), "with_loops": launch(aot.COMMAND_BUFFERS_WITH_LOOPS)}
+
+
+def deviceless(
+  config, target_name: str, *, batch_sizes, prompt_len: int, new_tokens: int, source_len: int
+) -> dict:
+  """The benchmark's programs compiled for `target_name` (module docstring)."""
+  from txf.aot import compile as aot  # noqa: PLC0415 (after prepare_environment)
+  from txf.aot.report import decode_figures, decode_line  # noqa: PLC0415
+  from txf.aot.targets import parse_target  # noqa: PLC0415
+
+  target = parse_target(target_name)
+  devices = target.devices()
+  run = fit_vocabulary(parse(config), None)[0]
+  dtype = jnp.dtype(run.model.dtype)
+  programs = [("decoder", run.model, dict(prompt_len=prompt_len))]
+  if source_len:
+    seq2seq = dataclasses.replace(
+      run.model, family="encoder_decoder", max_len=max(run.model.max_len, source_len)
+    )
+    programs.append(("encoder_decoder", seq2seq, dict(prompt_len=1, source_len=source_len)))
+  bandwidth = hardware.memory_bandwidth_per_device(devices[0])
+  rows = []
+  for family, model_config, lengths in programs:
+    model, params = _abstract_model(model_config, dtype)
+    # The weights the token loop reads: an encoder's run once, before it.
+    read = {name: tree for name, tree in params.items() if name != "encoder"}
+    weight_bytes = sum(p.size * p.dtype.itemsize for p in jax.tree.leaves(read))
+    # The token loop runs the decoder's layers (an encoder's run once before it).
+    layers = model_config.num_layers
+    if family == "encoder_decoder":
+      layers = model_config.num_decoder_layers or layers
+    for batch_size in batch_sizes:
+      shapes = dict(batch_size=batch_size, new_tokens=new_tokens, **lengths)
+      compiled, seconds = aot.compile_generate(model, params, target, devices, **shapes)
+      figures = decode_figures(compiled.as_text(), bandwidth, weight_bytes)
+      launch = _loop_launches(model, params, target, shapes)
+      rows.append(
+        dict(family=family, **shapes, compile_seconds=seconds, **figures, loop_launch=launch)
+      )
+      print(
+        f"deviceless {target.name}, {family} batch {batch_size}: {decode_line(figures)}; "
+        f"{(figures['layer_kernels_per_token'] or 0) / layers:.1f} kernels a layer; the token loop "
+        f"{launch['default']} (XLA's default command buffers), {launch['with_loops']} (with "
+        f"loops, CUDA driver {aot.DRIVER_VERSION}); compiled in {seconds:.1f} s"
+      )
+  return dict(target=target.name, dtype=dtype.name, deviceless=rows)
+
+
 def define_flags() -> None:
   define_config_flag("Config file.")
   flags.DEFINE_list("decode_batch_sizes", ["1", "32"], "Batch sizes.")
@@ -136,11 +223,32 @@ def define_flags() -> None:
   flags.DEFINE_integer("new_tokens", 512, "Tokens generated per row.")
   flags.DEFINE_integer("repeats", 3, "Timed calls (median).")
   flags.DEFINE_bool("hf", False, "Also time transformers' GPT-2 generate().")
+  flags.DEFINE_string(
+    "deviceless", None, "Compile for this GPU (h100, ...) instead of running (no GPU needed)."
+  )
+  flags.DEFINE_integer(
+    "source_len", 0, "--deviceless: also an encoder-decoder decoding sources this long."
+  )
+  if any(arg.startswith("--deviceless") for arg in sys.argv):
+    # Compiling for a GPU this machine lacks: jax's backends start as
+    # txf-compile starts them, and the command starts them before main.
+    from txf.aot.compile import prepare_environment  # noqa: PLC0415
+
+    prepare_environment()
 
 
 def main() -> dict:
   config = FLAGS.config
   batch_sizes = [int(b) for b in FLAGS.decode_batch_sizes]
+  if FLAGS.deviceless:
+    return deviceless(
+      config,
+      FLAGS.deviceless,
+      batch_sizes=batch_sizes,
+      prompt_len=FLAGS.prompt_len,
+      new_tokens=FLAGS.new_tokens,
+      source_len=FLAGS.source_len,
+    )
   hf = None
   if FLAGS.hf:
     hf = run_reference(

@@ -12,7 +12,8 @@ import pytest
 from fake_compiled import FITTING, H100_CAPACITY, MIXES, OVER, Buffers, fake_run, setup
 
 from conftest import REPO
-from txf.aot.report import format_report, report
+from txf.aot.compile import loop_launch
+from txf.aot.report import LAUNCH_SECONDS, decode_figures, format_report, loop_traffic, report
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +93,153 @@ def test_the_command_exits_1_prints_does_not_fit_and_writes_fits_false_together(
     assert row["status"] == (0 if fits else 1), row
     assert row["verdict"].startswith("FITS:" if fits else "DOES NOT FIT:"), row
     assert row["fits"] is fits, row
+
+
+# A decoding program's shape in small: a token loop whose body updates a
+# cache in place, reads one row of a table, calls a kernel that updates its
+# second operand in place, and runs a nested loop of 3 known iterations.
+# STATE / TYPES stand for the loop state's type (with and without layouts).
+LOOP_HLO = """\
+HloModule decoding
+
+%fused_update (param_0: bf16[1,8,4], param_1: s32[], param_2: bf16[1,1,4]) -> bf16[1,8,4] {
+  %param_0 = bf16[1,8,4]{2,1,0} parameter(0)
+  %param_2 = bf16[1,1,4]{2,1,0} parameter(2)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %update = bf16[1,8,4]{2,1,0} dynamic-update-slice(%param_0, %param_2, %zero, %param_1, %zero)
+}
+
+%fused_row (param_0: f32[100,16], param_1: s32[]) -> f32[1,16] {
+  %param_0 = f32[100,16]{1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %bitcast = f32[100,16]{1,0} bitcast(%param_0)
+  ROOT %row = f32[1,16]{1,0} dynamic-slice(%bitcast, %param_1, %zero), dynamic_slice_sizes={1,16}
+}
+
+%fused_add (param_0: f32[16], param_1: f32[16]) -> f32[16] {
+  %param_0 = f32[16]{0} parameter(0)
+  %param_1 = f32[16]{0} parameter(1)
+  ROOT %add = f32[16]{0} add(%param_0, %param_1)
+}
+
+%fused_less (param_0: s32[]) -> pred[] {
+  %param_0 = s32[] parameter(0)
+  %ten = s32[] constant(10)
+  ROOT %less = pred[] compare(%param_0, %ten), direction=LT
+}
+
+%inner_body (p: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %p = (s32[], f32[16]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%p), index=0
+  %x = f32[16]{0} get-tuple-element(%p), index=1
+  %y = f32[16]{0} fusion(%x, %x), kind=kLoop, calls=%fused_add
+  ROOT %out = (s32[], f32[16]{0}) tuple(%j, %y)
+}
+
+%inner_condition (p: (s32[], f32[16])) -> pred[] {
+  %p = (s32[], f32[16]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%p), index=0
+  ROOT %less = pred[] fusion(%j), kind=kLoop, calls=%fused_less
+}
+
+%body (state: TYPES) -> TYPES {
+  %state = STATE parameter(0)
+  %i = s32[] get-tuple-element(%state), index=0
+  %cache = bf16[1,8,4]{2,1,0} get-tuple-element(%state), index=1
+  %table = f32[100,16]{1,0} get-tuple-element(%state), index=2
+  %new = bf16[1,1,4]{2,1,0} get-tuple-element(%state), index=3
+  %q = f32[1,4]{1,0} get-tuple-element(%state), index=4
+  %x = f32[16]{0} get-tuple-element(%state), index=5
+  %i.copy = s32[] copy(%i)
+  %updated = bf16[1,8,4]{2,1,0} fusion(%cache, %i.copy, %new), kind=kLoop, calls=%fused_update, \
+metadata={op_name="while/body/stack/block_0/update"}
+  %row = f32[1,16]{1,0} fusion(%table, %i.copy), kind=kLoop, calls=%fused_row
+  %kernel = (f32[1,4]{1,0}, bf16[1,8,4]{2,1,0}) custom-call(%q, %updated), \
+custom_call_target="__gpu$xla.gpu.triton", output_to_operand_aliasing={{1}: (1, {})}
+  %inner = (s32[], f32[16]{0}) tuple(%i.copy, %x)
+  %loop = (s32[], f32[16]{0}) while(%inner), condition=%inner_condition, body=%inner_body, \
+backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %next = STATE tuple(%i, %updated, %table, %new, %q, %x)
+}
+
+%condition (state: TYPES) -> pred[] {
+  %state = STATE parameter(0)
+  %i = s32[] get-tuple-element(%state), index=0
+  ROOT %less = pred[] fusion(%i), kind=kLoop, calls=%fused_less
+}
+
+ENTRY %main (start: TYPES) -> TYPES {
+  %start = STATE parameter(0)
+  ROOT %tokens = STATE while(%start), condition=%condition, body=%body
+}
+""".replace(
+  "STATE",
+  "(s32[], bf16[1,8,4]{2,1,0}, f32[100,16]{1,0}, bf16[1,1,4]{2,1,0}, f32[1,4]{1,0}, f32[16]{0})",
+).replace("TYPES", "(s32[], bf16[1,8,4], f32[100,16], bf16[1,1,4], f32[1,4], f32[16])")
+
+
+def test_a_tokens_kernels_and_bytes_count_what_moves():
+  """Per iteration: the copy (4 + 4 bytes); the cache's update in place
+  (the 8-byte update read and written and the 4-byte index, not the 64-byte
+  cache); one 64-byte row of the 6,400-byte table (with the index and the
+  row out); the kernel's two operands (16 + 64: the cache it reads) and its
+  one output not written in place (16); the nested loop's add and condition
+  3 times (192 and 5 bytes each); the loop's condition (5). The update is a
+  layer's."""
+  traffic = loop_traffic(LOOP_HLO)
+  assert traffic == dict(
+    kernels=11,
+    bytes=8 + 20 + (64 + 4 + 64) + (80 + 16) + 3 * (192 + 5) + 5,
+    layer_kernels=1,
+    layer_bytes=20,
+  )
+  figures = decode_figures(LOOP_HLO, bandwidth=1e9, weight_bytes=500.0)
+  assert figures["floor_seconds"] == 5e-7
+  assert figures["predicted_seconds"] == pytest.approx(11 * LAUNCH_SECONDS + traffic["bytes"] / 1e9)
+  assert decode_figures(LOOP_HLO, bandwidth=None, weight_bytes=500.0)["predicted_seconds"] is None
+  assert loop_traffic("")["kernels"] == 0
+
+
+# XLA's thunk sequences (thunk_sequence_after_thunk_passes.txt) of a token
+# loop: in a command buffer whole, its body one, or neither.
+LOOP_IN_A_GRAPH = """\
+000: kCommandBuffer [source | sink]
+    001: kCustomKernel [source       | next=002 (1)] loop_pad_fusion
+    043: kWhile        [prev=042 (1) | sink         ]
+    condition:
+        044: kCustomKernel [source | sink] wrapped_not
+      body:
+        045: kCopy         [source       | next=046 (1)  ] kCopy
+"""
+GRAPH_PER_ITERATION = """\
+000: kCommandBuffer [source       | next=043 (1)]
+    001: kCustomKernel [source       | next=002 (1)] loop_pad_fusion
+043: kWhile         [prev=000 (1) | sink        ]
+condition:
+    044: kCustomKernel [source | sink] wrapped_not
+  body:
+    000: kCommandBuffer [source | sink]
+        045: kCopy         [source       | next=046 (1)  ] kCopy
+"""
+KERNEL_BY_KERNEL = """\
+001: kCustomKernel [source       | next=002 (1)] loop_pad_fusion
+043: kWhile         [prev=000 (1) | sink        ]
+condition:
+    044: kCustomKernel [source | sink] wrapped_not
+  body:
+    045: kCopy         [source       | next=046 (1)  ] kCopy
+"""
+
+
+@pytest.mark.parametrize(
+  "thunks,launch",
+  [
+    (LOOP_IN_A_GRAPH, "one graph"),
+    (GRAPH_PER_ITERATION, "a graph per iteration"),
+    (KERNEL_BY_KERNEL, "kernel by kernel"),
+  ],
+)
+def test_how_the_token_loop_is_launched(thunks, launch):
+  assert loop_launch(thunks) == launch

@@ -28,13 +28,17 @@ import contextlib
 import dataclasses
 import functools
 import os
+import pathlib
+import re
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
-from txf.aot.targets import CUDNN_VERSION, Target
+from txf.aot.targets import CUDNN_VERSION, Target, gpu_target_config
 from txf.data.spec import num_classes, required
 from txf.decode import generation
 from txf.ops import platform
@@ -157,6 +161,121 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   options["max_new_tokens"] = decode_tokens
   generate = generation.build_generate(lower=True)
   return functools.partial(generate, **options), arguments
+
+
+def compile_generate(
+  model: Any,
+  params: Any,
+  target: Target,
+  devices: list | None = None,
+  *,
+  batch_size: int,
+  prompt_len: int,
+  new_tokens: int,
+  source_len: int = 0,
+  compiler_options: dict[str, Any] | None = None,
+) -> tuple[Any, float]:
+  """`decode.generate` (greedy, without EOS: every row generates all its
+  tokens) compiled for one device of `target`, as a benchmark calls it.
+
+  Args:
+    model: a decoder or encoder-decoder (`txf.models.build`).
+    params: its parameters, arrays or jax.ShapeDtypeStructs (their dtypes
+      are the program's: the benchmarks hold them in the compute dtype).
+    target, devices: the hardware and, if already made, its devices.
+    batch_size, prompt_len, new_tokens: B prompts of P tokens (an
+      encoder-decoder's: its default BOS column, P = 1), N new tokens each.
+    source_len: an encoder-decoder's encoder inputs per row.
+    compiler_options: XLA options for this compile (e.g. command buffers).
+
+  Returns:
+    (the compiled program, the seconds its compile took).
+  """
+  devices = devices if devices is not None else target.devices()
+  on_device = jax.sharding.SingleDeviceSharding(devices[0])
+  params = jax.tree.map(
+    lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on_device), params
+  )
+  # Concrete prompts, as a caller's: generate checks them before tracing.
+  arguments: dict[str, Any] = dict(max_new_tokens=new_tokens)
+  if model.cfg.family == "encoder_decoder":
+    arguments["encoder_tokens_BxS"] = np.full((batch_size, source_len), 5, np.int32)
+  else:
+    arguments["prompt_BxP"] = np.full((batch_size, prompt_len), 5, np.int32)
+  generate = generation.build_generate(lower=True)
+  with _cudnn_answered_for(target):
+    start = time.perf_counter()
+    lowered = generate(model, params, **arguments)
+    compiled = lowered.compile(compiler_options) if compiler_options else lowered.compile()
+  return compiled, time.perf_counter() - start
+
+
+# XLA's command buffers (CUDA graphs) with the while loop and conditionals
+# among the commands: a loop whose body and condition are all commands runs
+# as one graph with conditional nodes, launched once, not once per iteration.
+COMMAND_BUFFERS_WITH_LOOPS = {
+  "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+}
+# The CUDA driver XLA is told a deviceless GPU has, to decide which commands
+# it may capture: conditional nodes (loops, branches) need 12.3 or later, and
+# a topology description that declares none gets none.
+DRIVER_VERSION = "13.0.0"
+
+
+def with_driver(target: Target, driver_version: str = DRIVER_VERSION) -> list:
+  """A GPU target's devices, their description declaring a CUDA driver (which
+  `Target.devices` leaves out; XLA then captures no loop in a command buffer)."""
+  from jax.experimental import topologies  # noqa: PLC0415 (as Target.devices)
+
+  if target.gpu is None:
+    raise ValueError(f"with_driver: {target.name} is no GPU")
+  config = gpu_target_config(target.gpu).replace(
+    "gpu_device_info {", f'gpu_device_info {{\n  driver_version: "{driver_version}"', 1
+  )
+  description = topologies.get_topology_desc(
+    platform="cuda", topology=target.topology, target_config=config
+  )
+  return list(description.devices)
+
+
+def loop_launch(thunk_sequence: str) -> str:
+  """How XLA launches a program's token loop, from its thunk sequence
+  (`thunk_sequence_after_thunk_passes.txt` of an XLA dump): 'one graph'
+  where the loop (condition and body) lies inside a command buffer, 'a
+  graph per iteration' where its body is one, else 'kernel by kernel'."""
+  lines = thunk_sequence.splitlines()
+  depth = lambda line: len(line) - len(line.lstrip())
+  for i, line in enumerate(lines):
+    if ": kWhile" not in line:
+      continue
+    enclosing = [
+      other
+      for other in lines[:i]
+      if depth(other) < depth(line) and re.search(r"^\s*\d+: \w", other)
+    ]
+    if enclosing and ": kCommandBuffer" in enclosing[-1]:
+      return "one graph"
+    body = next((j for j in range(i, len(lines)) if lines[j].strip() == "body:"), None)
+    thunks = (
+      [other for other in lines[body + 1 :] if re.search(r"^\s*\d+: \w", other)] if body else []
+    )
+    return (
+      "a graph per iteration" if thunks and ": kCommandBuffer" in thunks[0] else "kernel by kernel"
+    )
+  return "kernel by kernel"
+
+
+def command_buffer_launch(compile_once: Any) -> str:
+  """`loop_launch` of the program `compile_once(compiler_options)` compiles,
+  from the thunk sequence XLA dumps while compiling it (into a temporary
+  directory)."""
+  with tempfile.TemporaryDirectory() as directory:
+    compile_once({"xla_dump_to": directory})
+    found = sorted(pathlib.Path(directory).glob("*thunk_sequence_after_thunk_passes.txt"))
+    # The largest program dumped is the decoding one (jax compiles small
+    # helpers, a key's split, on the way).
+    largest = max(found, key=lambda path: path.stat().st_size, default=None)
+    return loop_launch(largest.read_text()) if largest else "unknown (XLA dumped no thunks)"
 
 
 def untrained_tokenizer(run: RunConfig) -> RunConfig:

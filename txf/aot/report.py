@@ -26,12 +26,14 @@ Every figure is per device and per step unless its name says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from txf import hardware
 from txf.aot import compile as compile_module, hlo
@@ -145,22 +147,214 @@ def roofline(
   }
 
 
+# What a kernel launch costs a decoding step on a GPU, whatever the kernel
+# does: the one GPU measurement, gpt2_small's generate on an H100
+# (2026-11-27, jax 0.11.2, docs/benchmarks.md): 861 us a token, 74 us of
+# them the weights' read, over the ~290 kernels a token its program launched.
+LAUNCH_SECONDS = 2.7e-6
+# Ops that read their result's bytes of an operand, not the whole operand.
+_PARTIAL_READS = {"dynamic-slice", "slice", "gather"}
+# Ops that only rename a buffer.
+_PASS_THROUGH = {"bitcast", "reshape"}
+_LAYER = re.compile(r"/(block_\d+|layers)/")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+  """An instruction: its result's bytes, opcode, operands' names,
+  attributes, and whether it is its computation's root."""
+
+  result_bytes: float
+  opcode: str
+  operands: list[str]
+  attributes: str
+  root: bool
+
+
+def _ops(lines: list[str]) -> dict[str, _Op]:
+  """A computation's instructions by name."""
+  found = {}
+  for line in lines:
+    parsed = hlo._parse(line)
+    if parsed is None:
+      continue
+    name, result, opcode, operands, attributes = parsed
+    found[name] = _Op(
+      hlo.shape_bytes(result),
+      opcode,
+      re.findall(r"%([\w.\-]+)", operands),
+      attributes,
+      line.lstrip().startswith("ROOT "),
+    )
+  return found
+
+
+def _fusion_bytes(computation: list[str]) -> float:
+  """The bytes a fusion moves: each operand whole, except one it reads only
+  through slices (their results' bytes) or updates in place (not read);
+  its results whole, except an operand's update in place (the update's
+  bytes)."""
+  ops = _ops(computation)
+  users: dict[str, list[str]] = {}
+  for name, op in ops.items():
+    for operand in op.operands:
+      users.setdefault(operand, []).append(name)
+
+  def source(name: str) -> str:
+    while name in ops and ops[name].opcode in _PASS_THROUGH:
+      name = ops[name].operands[0]
+    return name
+
+  root = next(name for name, op in ops.items() if op.root)
+  outputs = ops[root].operands if ops[root].opcode == "tuple" else [root]
+  in_place, moved = set(), 0.0
+  for output in outputs:
+    op = ops[source(output)]
+    if op.opcode == "dynamic-update-slice":
+      in_place.add(source(op.operands[0]))
+      moved += ops[op.operands[1]].result_bytes
+    else:
+      moved += ops[output].result_bytes
+  for name, op in ops.items():
+    if op.opcode != "parameter" or name in in_place:
+      continue
+    readers: list[str] = []
+    frontier = [name]
+    while frontier:
+      for user in users.get(frontier.pop(), []):
+        (frontier if ops[user].opcode in _PASS_THROUGH else readers).append(user)
+    if readers and all(ops[reader].opcode in _PARTIAL_READS for reader in readers):
+      moved += min(op.result_bytes, sum(ops[reader].result_bytes for reader in readers))
+    else:
+      moved += op.result_bytes
+  return moved
+
+
+def _aliased_outputs_bytes(result: str, attributes: str) -> float:
+  """The bytes of a custom call's outputs that are updated inputs (written
+  in place, where it writes only what changes)."""
+  aliased = re.search(r"output_to_operand_aliasing=\{(.*?)\}\s*(,|$)", attributes)
+  if not aliased:
+    return 0.0
+  indices = {int(i) for i in re.findall(r"\{(\d+)\}:", aliased[1])}
+  shapes = [hlo.shape_bytes(f"{d}[{s}]") for d, s in hlo._SHAPE.findall(result)]
+  return sum(size for i, size in enumerate(shapes) if i in indices)
+
+
+def loop_traffic(text: str) -> dict[str, float]:
+  """One iteration of an optimised HLO module's busiest while loop (for a
+  decoding program, one generated token): the instructions that launch
+  device work and the bytes they move, in the model's layers and outside
+  them (the embedding, the head, the sampler and the loop's bookkeeping).
+
+  Bytes of a kernel are its operands' and results' (`hlo`'s docstring),
+  except what it is known not to move: an operand read only through
+  slices counts their bytes, one updated in place (a fusion rooted in a
+  dynamic-update-slice, a custom call's aliased output) counts the update
+  and not the buffer. An aliased input (a KV cache a kernel attends over
+  and updates) counts whole, the most it reads. A nested loop with a known
+  trip count (scanned layers) counts that many times; 0s without a loop.
+
+  Returns:
+    {"kernels", "bytes", "layer_kernels", "layer_bytes"}.
+  """
+  computations = hlo._split_computations(text)
+  totals = {"kernels": 0.0, "bytes": 0.0, "layer_kernels": 0.0, "layer_bytes": 0.0}
+
+  def walk(name: str, times: float, into: dict[str, float], seen: frozenset[str]) -> None:
+    if name in seen or name not in computations:
+      return
+    ops = _ops(computations[name][1])
+    for line in computations[name][1]:
+      parsed = hlo._parse(line)
+      if parsed is None:
+        continue
+      instruction, result, opcode, _, attributes = parsed
+      op = ops[instruction]
+      if opcode == "while":
+        trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', attributes)
+        for called in hlo._called(line):
+          walk(called, times * (int(trips[1]) if trips else 1), into, seen | {name})
+        continue
+      if opcode not in hlo.LAUNCHING:
+        for called in hlo._called(line):
+          walk(called, times, into, seen | {name})
+        continue
+      operands = sum(ops[o].result_bytes for o in op.operands if o in ops)
+      if opcode == "fusion":
+        fused = re.search(r"calls=%?([\w.\-]+)", attributes)
+        moved = _fusion_bytes(computations[fused[1]][1]) if fused else operands + op.result_bytes
+      elif opcode == "dynamic-update-slice":
+        moved = 2 * ops[op.operands[1]].result_bytes
+      else:
+        moved = operands + op.result_bytes - _aliased_outputs_bytes(result, attributes)
+      op_name = re.search(r'op_name="([^"]*)"', attributes)
+      layer = _LAYER.search(op_name[1]) if op_name else None
+      into["kernels"] += times
+      into["bytes"] += times * moved
+      if layer:
+        into["layer_kernels"] += times
+        into["layer_bytes"] += times * moved
+
+  loops = [
+    hlo._called(line)
+    for _, lines in computations.values()
+    for line in lines
+    if (parsed := hlo._parse(line)) and parsed[2] == "while"
+  ]
+  for loop in loops:
+    found = dict.fromkeys(totals, 0.0)
+    for name in loop:
+      walk(name, 1.0, found, frozenset())
+    if found["kernels"] > totals["kernels"]:
+      totals = found
+  return totals
+
+
+def decode_figures(
+  text: str, bandwidth: float | None, weight_bytes: float
+) -> dict[str, float | None]:
+  """Per generated token of a decoding program's optimised HLO text (a GPU
+  program's): `loop_traffic`'s kernels and bytes, the weights' read (the
+  floor: `hardware.decode_floor_seconds`) and a predicted time, each
+  kernel's launch (LAUNCH_SECONDS) plus its bytes at the device's
+  bandwidth (None where that is unknown)."""
+  traffic = loop_traffic(text)
+  floor = hardware.decode_floor_seconds(weight_bytes, bandwidth)
+  return {
+    "kernels_per_token": traffic["kernels"],
+    "bytes_per_token": traffic["bytes"],
+    "layer_kernels_per_token": traffic["layer_kernels"],
+    "layer_bytes_per_token": traffic["layer_bytes"],
+    "weight_bytes": weight_bytes,
+    "floor_seconds": floor,
+    "predicted_seconds": (
+      traffic["kernels"] * LAUNCH_SECONDS + traffic["bytes"] / bandwidth if bandwidth else None
+    ),
+  }
+
+
 def _decode_figures(run: CompiledRun) -> dict[str, Any]:
-  """The decoding program's memory per device and, on a GPU, the kernels it
-  launches per generated token (one iteration of its token loop)."""
+  """The decoding program's memory per device and, on a GPU, what it does
+  per generated token (one iteration of its token loop, `decode_figures`)."""
   refused = run.out_of_memory.get("decode")
+  params = run.setup.abstract_state.params
   figures = memory(
     run.decode,
     run.target.memory_bytes,
-    refused_memory(refused, shard_bytes(run.setup.abstract_state.params)) if refused else None,
+    refused_memory(refused, shard_bytes(params)) if refused else None,
   )
   figures["new_tokens"] = run.decode_tokens
-  figures["kernels_per_token"] = (
-    hlo.loop_kernels(run.decode.as_text())
-    if run.target.platform == "gpu" and run.decode is not None
-    else None
+  per_token = dict.fromkeys(
+    ("kernels_per_token", "bytes_per_token", "floor_seconds", "predicted_seconds")
   )
-  return figures
+  if run.target.platform == "gpu" and run.decode is not None:
+    # The floor reads the weights in the compute dtype, as the benchmark holds them.
+    itemsize = jnp.dtype(run.setup.run.model.dtype).itemsize
+    weight_bytes = sum(x.size for x in jax.tree.leaves(params)) * itemsize
+    bandwidth = hardware.memory_bandwidth_per_device(run.setup.mesh.devices.flat[0])
+    per_token = decode_figures(run.decode.as_text(), bandwidth, weight_bytes)
+  return {**figures, **per_token}
 
 
 def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any]:
@@ -229,6 +423,22 @@ def _gib(size: float) -> str:
     if abs(size) >= scale:
       return f"{size / scale:,.2f} {unit}"
   return f"{size / 2**10:,.1f} KiB"
+
+
+def decode_line(per_token: dict[str, Any]) -> str:
+  """`decode_figures` in words: kernels, bytes and the predicted time per
+  generated token against the floor."""
+  text = (
+    f"per generated token {per_token['kernels_per_token']:.0f} kernels, "
+    f"{per_token['bytes_per_token'] / 1e6:,.1f} MB"
+  )
+  if per_token["predicted_seconds"] is not None:
+    text += (
+      f", predicted {1e6 * per_token['predicted_seconds']:,.0f} us (launches at "
+      f"{1e6 * LAUNCH_SECONDS:.1f} us + bytes at the datasheet bandwidth) against the "
+      f"{1e6 * per_token['floor_seconds']:.1f} us floor"
+    )
+  return text
 
 
 def format_report(figures: dict[str, Any]) -> str:
@@ -300,11 +510,10 @@ def format_report(figures: dict[str, Any]) -> str:
     )
   decode = figures["decode"]
   if decode:
-    kernels = decode["kernels_per_token"]
     lines.append(
       f"decode ({decode['new_tokens']} new tokens, 1 row): {_gib(decode['total_bytes'])} per "
       f"device ({'fits' if decode['fits'] else 'DOES NOT FIT'})"
-      + (f"; {kernels} kernels per generated token" if kernels is not None else "")
+      + (f"; {decode_line(decode)}" if decode["kernels_per_token"] is not None else "")
     )
   seconds = figures["compile_seconds"]
   lines.append(
