@@ -1,9 +1,10 @@
-"""Decoding with each self-attention step as one GPU kernel
-(txf.ops.cache_attention_gpu: the KV cache's update and the attention over
-it), traced for a GPU (`platform.compiling_for`) and run by Pallas's
-interpreter on the CPU: the cached logits equal the full pass's (atol 1e-5,
-as in test_decode.py) and greedy decoding gives the XLA path's tokens; and
-which steps the layer gives the kernel.
+"""Decoding with each attention step as one GPU kernel
+(txf.ops.cache_attention_gpu: self-attention's KV cache update and the
+attention over it; cross-attention over the cached encoding), traced for a
+GPU (`platform.compiling_for`) and run by Pallas's interpreter on the CPU:
+the cached logits equal the full pass's (atol 1e-5, as in test_decode.py)
+and greedy decoding gives the XLA path's tokens; and which steps the layer
+gives the kernels.
 """
 
 import functools
@@ -27,7 +28,9 @@ B, T = 2, 12
 def model_and_params(**overrides):
   cfg = ModelConfig(**{**TINY, **overrides})
   model = models.build(cfg)
-  return model, jax.jit(model.init)(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+  tokens = jnp.ones((1, 4), jnp.int32)
+  inputs = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+  return model, jax.jit(model.init)(jax.random.key(0), *inputs)["params"]
 
 
 def random_tokens(seed, shape):
@@ -46,16 +49,19 @@ def stepwise_logits(model, params, tokens_BxT):
   return jax.lax.scan(step, cache, tokens_BxT.T)[1].transpose(1, 0, 2)
 
 
+def interpreted(monkeypatch):
+  """The kernels run by Pallas's interpreter (on the CPU)."""
+  for name in ("update_and_attend", "attend"):
+    kernel = getattr(cache_attention_gpu, name)
+    monkeypatch.setattr(cache_attention_gpu, name, functools.partial(kernel, interpret=True))
+
+
 @pytest.fixture
 def for_a_gpu(monkeypatch):
-  """Traces for a GPU, with the kernel run by Pallas's interpreter; jax's
+  """Traces for a GPU, with the kernels run by Pallas's interpreter; jax's
   caches cleared on both sides, so that no program traced for one path is
   reused for the other."""
-  monkeypatch.setattr(
-    cache_attention_gpu,
-    "update_and_attend",
-    functools.partial(cache_attention_gpu.update_and_attend, interpret=True),
-  )
+  interpreted(monkeypatch)
   jax.clear_caches()
   with platform.compiling_for("gpu"):
     yield
@@ -86,6 +92,25 @@ def test_cached_decoding_with_the_kernel_matches_full_pass(for_a_gpu, overrides)
   np.testing.assert_allclose(got, full, atol=1e-5)
 
 
+def test_encoder_decoder_decoding_with_the_kernels_matches_full_pass(for_a_gpu):
+  """Both attentions of each decoder layer as kernels: self-attention over
+  its cache, cross-attention over the cached encoding (row 1's padded)."""
+  model, params = model_and_params(family="encoder_decoder", position="sinusoidal")
+  encoder_tokens = random_tokens(3, (B, 7)).at[1, 4:].set(0)
+  decoder_tokens = random_tokens(4, (B, T))
+
+  def stepwise(params, encoder_tokens, decoder_tokens):
+    tokens_to_logits, cache = decode.encode_for_decoding(model, params, encoder_tokens, T)
+    step = lambda cache, token_B: tokens_to_logits(token_B[:, None], cache)[::-1]
+    return jax.lax.scan(step, cache, decoder_tokens.T)[1].transpose(1, 0, 2)
+
+  jaxpr = str(jax.make_jaxpr(stepwise)(params, encoder_tokens, decoder_tokens))
+  assert "cache_update_and_attention" in jaxpr and "cross_attention_step" in jaxpr
+  full = model.apply({"params": params}, encoder_tokens, decoder_tokens)
+  got = jax.jit(stepwise)(params, encoder_tokens, decoder_tokens)
+  np.testing.assert_allclose(got, full, atol=1e-5)
+
+
 @pytest.mark.slow  # several compiles, one of each path
 def test_greedy_tokens_with_the_kernel_equal_the_xla_paths(monkeypatch):
   """generate's program (prompts of different lengths, scanned layers,
@@ -94,11 +119,7 @@ def test_greedy_tokens_with_the_kernel_equal_the_xla_paths(monkeypatch):
   model, params = model_and_params(scan_layers=True)
   prompt = jnp.asarray([[5, 7, 9, 0], [3, 0, 0, 0]], jnp.int32)
   xla = decode.generate(model, params, prompt, max_new_tokens=8)
-  monkeypatch.setattr(
-    cache_attention_gpu,
-    "update_and_attend",
-    functools.partial(cache_attention_gpu.update_and_attend, interpret=True),
-  )
+  interpreted(monkeypatch)
   jax.clear_caches()
   try:
     with platform.compiling_for("gpu"):

@@ -141,3 +141,36 @@ def test_applies_only_to_one_token_and_powers_of_two():
     kernel_step(two_tokens, k_new, v_new, k_cache, v_cache, jnp.int32(0))
   with pytest.raises(ValueError, match=r"^block must be a power of 2 \(Triton's\), got 24$"):
     kernel_step(q, k_new, v_new, k_cache, v_cache, jnp.int32(0), block=24)
+
+
+def xla_cross(q, k, v, mask, scale=None):
+  """The XLA path of a cached cross-attention step: query rows in groups
+  sharing a key row, as MultiHeadAttention._attend regroups them."""
+  rows, kv_rows = q.shape[0], k.shape[0]
+  grouped = q.reshape((kv_rows, -1) + q.shape[2:])
+  out = ops.dot_product_attention(grouped, k, v, mask=mask, scale=scale, implementation="xla")
+  return out.reshape((rows, 1) + out.shape[2:])
+
+
+@pytest.mark.parametrize("rows_per_kv_row", [1, 2])  # greedy; two beams sharing an encoding
+def test_cross_attention_equals_the_xla_path(rows_per_kv_row):
+  """Padding in the keys, a row whose every key is padding (output 0), and
+  NaN and inf at the padded keys, over several blocks."""
+  q, k, v, _, _ = (x for x in inputs(3, 3 * rows_per_kv_row, 1, 4, 2, 16))
+  _, _, _, k, v = inputs(4, 3, 45, 4, 2, 16)
+  lengths = np.array([45, 30, 0])
+  mask = jnp.asarray(np.arange(45)[None] < lengths[:, None])[:, None, None, :]
+  k = jnp.where(mask[:, 0, 0, :, None, None], k, jnp.nan)
+  v = jnp.where(mask[:, 0, 0, :, None, None], v, jnp.inf)
+  got = cache_attention_gpu.attend(q, k, v, mask, block=16, interpret=True)
+  want = xla_cross(q, k, v, mask)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=2e-6)
+  assert not np.any(np.asarray(got[-rows_per_kv_row:]))  # the row with no key
+
+
+def test_cross_attention_needs_whole_groups_of_rows():
+  q, k, v, _, _ = inputs(0, 3, 1, 4, 2, 16)
+  _, _, _, k, v = inputs(0, 2, 8, 4, 2, 16)
+  assert not cache_attention_gpu.applies_to_cross(q, k, v)
+  with pytest.raises(ValueError, match="^attend takes one query token"):
+    cache_attention_gpu.attend(q, k, v, jnp.ones((2, 1, 1, 8), bool), interpret=True)

@@ -89,7 +89,8 @@ class MultiHeadAttention(nn.Module):
     cache_index: Array | None = None,
     deterministic: bool = True,
     use_cache: bool = False,
-  ) -> Array:
+    add_bias: bool = True,
+  ) -> Any:
     """Attends from x to kv (x itself when kv is None).
 
     Args:
@@ -103,6 +104,8 @@ class MultiHeadAttention(nn.Module):
       cache_index: scalar int32, the first free cache slot (use_cache only).
       deterministic: disables dropout.
       use_cache: self-attention reads and writes the KV cache (see below).
+      add_bias: add the output projection's bias; False: return it apart,
+        for the caller to add (a Pre-LN block adds it in its next norm).
 
     With use_cache the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
     L is fixed when the cache is created by `model.init(..., use_cache=True)` on
@@ -130,7 +133,8 @@ class MultiHeadAttention(nn.Module):
     Without it nothing changes: no variable, no extra op.
 
     Returns:
-      [B, T, D] in the compute dtype.
+      [B, T, D] in the compute dtype; with add_bias False, (that without the
+      output projection's bias, the bias [D] as stored (float32) or None).
     """
     q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
       x_BxTxD, kv_BxSxD, key_mask, use_cache
@@ -144,8 +148,17 @@ class MultiHeadAttention(nn.Module):
         self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
       )
     masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
-    if use_cache and is_self and self._one_kernel_step(q_BxTxHxDh, key_mask, deterministic):
+    kernel = use_cache and self._decoding_kernel(deterministic)
+    if kernel and is_self and key_mask is None and self._cache_fits_kernel(q_BxTxHxDh):
       out_BxTxHxDh = self._update_cache_and_attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, cache_index)
+    elif (
+      kernel
+      and self.cross
+      and self._encoding_fits_kernel(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask)
+    ):
+      out_BxTxHxDh = cache_attention_gpu.attend(
+        q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask, scale=self.scale
+      )
     else:
       if use_cache and is_self:
         k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
@@ -159,17 +172,16 @@ class MultiHeadAttention(nn.Module):
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H: Array = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
-    d_model = x_BxTxD.shape[-1]
-    return nn.DenseGeneral(
-      d_model,
-      axis=(-2, -1),
-      use_bias=self.cfg.use_bias,
-      dtype=self.dtype,
-      **projection_inits(
-        ("heads", "head_dim"), ("embed",), (self.num_heads, self.head_dim, d_model)
-      ),
+    out = OutputProjection(
+      (self.num_heads, self.head_dim, x_BxTxD.shape[-1]),
+      self.cfg.use_bias,
+      self.dtype,
       name="out",
-    )(out_BxTxHxDh)
+    )
+    y_BxTxD = out(out_BxTxHxDh)
+    if not add_bias:
+      return y_BxTxD, out.bias
+    return y_BxTxD if out.bias is None else y_BxTxD + out.bias.astype(self.dtype)
 
   def _project(
     self, x_BxTxD: Array, kv_BxSxD: Array | None, key_mask: Array | None, use_cache: bool
@@ -269,41 +281,50 @@ class MultiHeadAttention(nn.Module):
       )
     return k_BxLxKxDh, v_BxLxKxDh, dict(mask=mask, is_causal=False, window=None)
 
-  def _one_kernel_step(
-    self, q_BxTxHxDh: Array, key_mask: Array | None, deterministic: bool
-  ) -> bool:
-    """Whether a decoding step's self-attention runs as one GPU kernel
-    (`ops.cache_attention_gpu`: the cache's update and the attention over
-    it) instead of XLA's passes: on one GPU (the program on one device, as
-    for the cross-entropy kernel), for one new token, softmax attention
-    without a key mask or a position bias, the config's attention_impl
-    left to choose (None), nothing that needs the weights (dropout, the
-    'intermediates' collection), and shapes the kernel takes."""
-    if self.is_initializing() or not self.has_variable("cache", "cached_key"):
-      return False
+  def _decoding_kernel(self, deterministic: bool) -> bool:
+    """Whether a decoding step's attention may run as one GPU kernel
+    (`ops.cache_attention_gpu`) instead of XLA's passes: on one GPU (the
+    program on one device, as for the cross-entropy kernel), softmax
+    attention without a position bias, the config's attention_impl left to
+    choose (None), and nothing that needs the weights (dropout, the
+    'intermediates' collection). The shapes are checked apart."""
     return (
-      cache_attention_gpu.AVAILABLE
+      not self.is_initializing()
+      and cache_attention_gpu.AVAILABLE
       and platform.backend() == "gpu"
       and jax.sharding.get_abstract_mesh().size <= 1
       and self.cfg.attention == "softmax"
       and self.cfg.attention_impl is None
       and positions.encoding(self.position).bias is None
-      and key_mask is None
       and (deterministic or self.cfg.attention_dropout_rate == 0.0)
       and not self.is_mutable_collection("intermediates")
-      and cache_attention_gpu.applies(
-        q_BxTxHxDh,
-        self.get_variable("cache", "cached_key"),
-        self.get_variable("cache", "cached_value"),
-      )
+    )
+
+  def _cache_fits_kernel(self, q_BxTxHxDh: Array) -> bool:
+    """Self-attention: one new token, and a cache the kernel takes."""
+    return self.has_variable("cache", "cached_key") and cache_attention_gpu.applies(
+      q_BxTxHxDh,
+      self.get_variable("cache", "cached_key"),
+      self.get_variable("cache", "cached_value"),
+    )
+
+  def _encoding_fits_kernel(
+    self, q_BxTxHxDh: Array, k_BxSxKxDh: Array, v_BxSxKxDh: Array, mask: Array | None
+  ) -> bool:
+    """Cross-attention from the cache: one new token, keys the kernel takes,
+    and a key mask [B_kv, 1, 1, S] (the cached one)."""
+    return (
+      mask is not None
+      and mask.shape == (k_BxSxKxDh.shape[0], 1, 1, k_BxSxKxDh.shape[1])
+      and cache_attention_gpu.applies_to_cross(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh)
     )
 
   def _update_cache_and_attend(
     self, q_BxTxHxDh: Array, k_BxTxKxDh: Array, v_BxTxKxDh: Array, cache_index: Array | None
   ) -> Array:
     """`_attend_over_cache` then `_attend`, as one GPU kernel (where
-    `_one_kernel_step`): writes the new key and value at cache_index and
-    returns the heads' outputs [B, 1, H, Dh]."""
+    `_decoding_kernel` and `_cache_fits_kernel`): writes the new key and
+    value at cache_index and returns the heads' outputs [B, 1, H, Dh]."""
     if cache_index is None:
       raise ValueError("MultiHeadAttention: use_cache=True needs cache_index")
     out_BxTxHxDh, cached_key, cached_value = cache_attention_gpu.update_and_attend(
@@ -451,3 +472,38 @@ class ProjectionWeights(nn.Module):
     kernel = self.param("kernel", inits["kernel_init"], (d_model, heads * head_dim))
     bias = self.param("bias", inits["bias_init"], (heads * head_dim,)) if self.use_bias else None
     return kernel, bias
+
+
+class OutputProjection(nn.Module):
+  """The heads' outputs [B, T, H, Dh] -> [B, T, D], the bias not added:
+  `nn.DenseGeneral`'s parameters (`kernel` [H, Dh, D], `bias` [D], the same
+  values) and product; `bias` (float32 as stored, or None) is the caller's
+  to add.
+
+  Attributes:
+    shape: the kernel's (H, Dh, D).
+    use_bias: whether there is a bias.
+    dtype: the compute dtype.
+  """
+
+  shape: tuple[int, int, int]
+  use_bias: bool
+  dtype: Any
+
+  def setup(self):
+    heads, head_dim, d_model = self.shape
+    inits = projection_inits(("heads", "head_dim"), ("embed",), self.shape)
+    # Asked flat, as nn.DenseGeneral asks: the same values for the same key.
+    flat = (heads * head_dim, d_model)
+    self.kernel = self.param("kernel", inits["kernel_init"], flat, jnp.float32)
+    self.bias = (
+      self.param("bias", inits["bias_init"], (d_model,), jnp.float32) if self.use_bias else None
+    )
+
+  def __call__(self, heads_BxTxHxDh: Array) -> Array:
+    """[B, T, H, Dh] -> [B, T, D] in the compute dtype, without the bias."""
+    return jax.lax.dot_general(
+      heads_BxTxHxDh.astype(self.dtype),
+      self.kernel.astype(self.dtype),
+      (((2, 3), (0, 1)), ((), ())),
+    )

@@ -52,7 +52,7 @@ try:
 except ImportError:
   AVAILABLE = False
 
-__all__ = ["AVAILABLE", "applies", "update_and_attend"]
+__all__ = ["AVAILABLE", "applies", "applies_to_cross", "attend", "update_and_attend"]
 
 _NUM_WARPS = 4
 # Products q * k of one block held at once: G * block * D of them.
@@ -91,7 +91,84 @@ def _any(x, axis=None):
   return jnp.max(x.astype(jnp.int32), axis=axis) > 0
 
 
-def _kernel(
+def _online_softmax(q_GxD, scale):
+  """The online softmax's initial state and its step over N slots: each
+  query row's (running max, normaliser, weighted sum of values, poisoned)."""
+  groups = q_GxD.shape[0]
+  minus_inf = jnp.float32(-jnp.inf)
+
+  def start(value_dim):
+    return (
+      jnp.full((groups,), minus_inf, jnp.float32),
+      jnp.zeros((groups,), jnp.float32),
+      jnp.zeros((groups, value_dim), jnp.float32),
+      jnp.zeros((groups,), jnp.bool_),
+    )
+
+  def step(carry, k_NxD, v_NxDv, valid_N):
+    top_G, total_G, acc_GxDv, poisoned_G = carry
+    k_NxD, v_NxDv = k_NxD.astype(jnp.float32), v_NxDv.astype(jnp.float32)
+    finite_k_NxD, finite_v_NxDv = jnp.isfinite(k_NxD), jnp.isfinite(v_NxDv)
+    # As the 'xla' path: non-finite keys and values enter as 0, and an
+    # attended one makes its rows NaN at the end.
+    k_NxD = jnp.where(finite_k_NxD, k_NxD, 0.0)
+    v_NxDv = jnp.where(finite_v_NxDv, v_NxDv, 0.0)
+    bad_k_N = valid_N & _any(~finite_k_NxD, axis=-1)
+    bad_v_N = _any(~finite_v_NxDv, axis=-1)
+    scores_GxN = jnp.sum(q_GxD[:, None, :] * k_NxD[None, :, :], axis=-1) * scale
+    scores_GxN = jnp.where(valid_N[None, :], scores_GxN, minus_inf)
+    new_top_G = jnp.maximum(top_G, jnp.max(scores_GxN, axis=-1))
+    # A row with no valid slot yet keeps -inf and is referenced to 0.
+    reference_G = jnp.where(new_top_G > minus_inf, new_top_G, 0.0)
+    rescale_G = jnp.exp(top_G - reference_G)
+    p_GxN = jnp.exp(scores_GxN - reference_G[:, None])
+    total_G = rescale_G * total_G + jnp.sum(p_GxN, axis=-1)
+    acc_GxDv = rescale_G[:, None] * acc_GxDv + jnp.sum(
+      p_GxN[:, :, None] * v_NxDv[None, :, :], axis=1
+    )
+    poisoned_G = poisoned_G | _any(bad_k_N) | _any(bad_v_N[None, :] & (p_GxN != 0.0), axis=-1)
+    return new_top_G, total_G, acc_GxDv, poisoned_G
+
+  return start, step
+
+
+def _walk(step, carry, k_ref, v_ref, row, head, first, end, block, valid=None):
+  """`step` over slots [first, end) of row `row`, head `head` of the caches
+  [B, L, K, D|Dv], a block at a time; valid(slots) further masks slots."""
+  head_dim, value_dim = k_ref.shape[3], v_ref.shape[3]
+  first_block = first // block
+
+  def one_block(i, carry):
+    start = (first_block + i) * block
+    slots_N = start + jnp.arange(block)
+    valid_N = (slots_N >= first) & (slots_N < end)
+    if valid is not None:
+      valid_N = valid_N & valid(slots_N, valid_N)
+    k_NxD = plgpu.load(
+      k_ref.at[row, pl.ds(start, block), head, :],
+      mask=jnp.broadcast_to(valid_N[:, None], (block, head_dim)),
+      other=0.0,
+    )
+    v_NxDv = plgpu.load(
+      v_ref.at[row, pl.ds(start, block), head, :],
+      mask=jnp.broadcast_to(valid_N[:, None], (block, value_dim)),
+      other=0.0,
+    )
+    return step(carry, k_NxD, v_NxDv, valid_N)
+
+  return jax.lax.fori_loop(0, pl.cdiv(end, block) - first_block, one_block, carry)
+
+
+def _output(carry, out_ref, row, heads):
+  """The rows' outputs, normalised (0 where no slot was valid, NaN where
+  poisoned), into out_ref[row, 0, heads]."""
+  _, total_G, acc_GxDv, poisoned_G = carry
+  out_GxDv = acc_GxDv / jnp.where(total_G > 0, total_G, 1.0)[:, None]
+  out_GxDv = jnp.where(poisoned_G[:, None], jnp.nan, out_GxDv)
+  out_ref[row, 0, heads, :] = out_GxDv.astype(out_ref.dtype)
+
+
+def _update_kernel(
   index_ref,
   q_ref,
   k_new_ref,
@@ -112,74 +189,39 @@ def _kernel(
   caches [B, L, K, D|Dv], index a scalar)."""
   del k_cache_in_ref, v_cache_in_ref  # the same buffers as k_cache_ref, v_cache_ref
   row, head = pl.program_id(0), pl.program_id(1)
-  cache_len = k_cache_ref.shape[1]
-  head_dim, value_dim = k_cache_ref.shape[3], v_cache_ref.shape[3]
   position = index_ref[...]
   # dynamic_update_slice's clamp, which the XLA path's update applies.
-  slot = jnp.clip(position, 0, cache_len - 1)
+  slot = jnp.clip(position, 0, k_cache_ref.shape[1] - 1)
   heads = pl.ds(head * groups, groups)
-  q_GxD = q_ref[row, 0, heads, :].astype(jnp.float32)
-  minus_inf = jnp.float32(-jnp.inf)
-
-  def attend(carry, k_NxD, v_NxDv, valid_N):
-    """The online softmax's step over N slots (valid_N: attended)."""
-    top_G, total_G, acc_GxDv, poisoned_G = carry
-    k_NxD, v_NxDv = k_NxD.astype(jnp.float32), v_NxDv.astype(jnp.float32)
-    finite_k_NxD, finite_v_NxDv = jnp.isfinite(k_NxD), jnp.isfinite(v_NxDv)
-    # As the 'xla' path: non-finite keys and values enter as 0, and an
-    # attended one makes its rows NaN at the end.
-    k_NxD = jnp.where(finite_k_NxD, k_NxD, 0.0)
-    v_NxDv = jnp.where(finite_v_NxDv, v_NxDv, 0.0)
-    bad_k_N = valid_N & _any(~finite_k_NxD, axis=-1)
-    bad_v_N = _any(~finite_v_NxDv, axis=-1)
-    scores_GxN = jnp.sum(q_GxD[:, None, :] * k_NxD[None, :, :], axis=-1) * scale
-    scores_GxN = jnp.where(valid_N[None, :], scores_GxN, minus_inf)
-    new_top_G = jnp.maximum(top_G, jnp.max(scores_GxN, axis=-1))
-    reference_G = jnp.where(new_top_G > minus_inf, new_top_G, 0.0)
-    rescale_G = jnp.exp(top_G - reference_G)
-    p_GxN = jnp.exp(scores_GxN - reference_G[:, None])
-    total_G = rescale_G * total_G + jnp.sum(p_GxN, axis=-1)
-    acc_GxDv = rescale_G[:, None] * acc_GxDv + jnp.sum(
-      p_GxN[:, :, None] * v_NxDv[None, :, :], axis=1
-    )
-    poisoned_G = poisoned_G | _any(bad_k_N) | _any(bad_v_N[None, :] & (p_GxN != 0.0), axis=-1)
-    return new_top_G, total_G, acc_GxDv, poisoned_G
-
+  start, step = _online_softmax(q_ref[row, 0, heads, :].astype(jnp.float32), scale)
   first = 0 if window is None else jnp.maximum(position + 1 - window, 0)
-  first_block = first // block
-
-  def cached_block(i, carry):
-    start = (first_block + i) * block
-    slots_N = start + jnp.arange(block)
-    valid_N = (slots_N >= first) & (slots_N < slot)
-    k_NxD = plgpu.load(
-      k_cache_ref.at[row, pl.ds(start, block), head, :],
-      mask=jnp.broadcast_to(valid_N[:, None], (block, head_dim)),
-      other=0.0,
-    )
-    v_NxDv = plgpu.load(
-      v_cache_ref.at[row, pl.ds(start, block), head, :],
-      mask=jnp.broadcast_to(valid_N[:, None], (block, value_dim)),
-      other=0.0,
-    )
-    return attend(carry, k_NxD, v_NxDv, valid_N)
-
-  carry = (
-    jnp.full((groups,), minus_inf, jnp.float32),
-    jnp.zeros((groups,), jnp.float32),
-    jnp.zeros((groups, value_dim), jnp.float32),
-    jnp.zeros((groups,), jnp.bool_),
+  carry = _walk(
+    step, start(v_cache_ref.shape[3]), k_cache_ref, v_cache_ref, row, head, first, slot, block
   )
-  carry = jax.lax.fori_loop(0, pl.cdiv(slot, block) - first_block, cached_block, carry)
+  # The new key and value, from the inputs (always attended: window >= 1).
   k_new_1xD = k_new_ref[row, pl.ds(0, 1), head, :]
   v_new_1xDv = v_new_ref[row, pl.ds(0, 1), head, :]
-  # The new key is attended unless the window is 0 wide (it is >= 1).
-  _, total_G, acc_GxDv, poisoned_G = attend(carry, k_new_1xD, v_new_1xDv, jnp.ones((1,), jnp.bool_))
-  out_GxDv = acc_GxDv / jnp.where(total_G > 0, total_G, 1.0)[:, None]
-  out_GxDv = jnp.where(poisoned_G[:, None], jnp.nan, out_GxDv)
-  out_ref[row, 0, heads, :] = out_GxDv.astype(out_ref.dtype)
+  _output(step(carry, k_new_1xD, v_new_1xDv, jnp.ones((1,), jnp.bool_)), out_ref, row, heads)
   k_cache_ref[row, pl.ds(slot, 1), head, :] = k_new_1xD.astype(k_cache_ref.dtype)
   v_cache_ref[row, pl.ds(slot, 1), head, :] = v_new_1xDv.astype(v_cache_ref.dtype)
+
+
+def _cross_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, *, groups, block, scale, rows_per_kv_row):
+  """Batch row pl.program_id(0), key/value head pl.program_id(1): q, out
+  [B, 1, H, D|Dv]; keys, values [B_kv, S, K, D|Dv] and their mask [B_kv, S]
+  (True: attended), B = rows_per_kv_row * B_kv."""
+  row, head = pl.program_id(0), pl.program_id(1)
+  kv_row = row // rows_per_kv_row
+  heads = pl.ds(head * groups, groups)
+  start, step = _online_softmax(q_ref[row, 0, heads, :].astype(jnp.float32), scale)
+
+  def valid(slots_N, in_range_N):
+    return plgpu.load(mask_ref.at[kv_row, slots_N], mask=in_range_N, other=False)
+
+  carry = _walk(
+    step, start(v_ref.shape[3]), k_ref, v_ref, kv_row, head, 0, k_ref.shape[1], block, valid
+  )
+  _output(carry, out_ref, row, heads)
 
 
 def update_and_attend(
@@ -239,7 +281,7 @@ def update_and_attend(
   kv_heads = k_cache_BxLxKxD.shape[2]
   groups = heads // kv_heads
   kernel = functools.partial(
-    _kernel,
+    _update_kernel,
     groups=groups,
     block=block or _block_size(groups, max(head_dim, v_cache_BxLxKxDv.shape[-1])),
     scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
@@ -266,4 +308,75 @@ def update_and_attend(
     v_new_BxTxKxDv.astype(v_cache_BxLxKxDv.dtype),
     k_cache_BxLxKxD,
     v_cache_BxLxKxDv,
+  )
+
+
+def applies_to_cross(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv) -> bool:
+  """Whether `attend` can take these shapes: `applies`' conditions, and the
+  query rows a multiple of the key/value rows."""
+  return applies(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv) and q_BxTxHxD.shape[0] % k_BxSxKxD.shape[0] == 0
+
+
+def attend(
+  q_BxTxHxD,
+  k_BxSxKxD,
+  v_BxSxKxDv,
+  mask_Bx1x1xS,
+  *,
+  scale: float | None = None,
+  block: int | None = None,
+  num_warps: int = _NUM_WARPS,
+  interpret: bool = False,
+):
+  """A decoding step's cross-attention over keys and values computed once
+  (an encoder-decoder's, kept in its cache): each query attends the keys its
+  mask allows, as `ops.dot_product_attention(q, k, v, mask=mask)` up to
+  float32 rounding (module docstring; a query no key is allowed gets 0).
+
+  Args:
+    q_BxTxHxD: queries, T = 1.
+    k_BxSxKxD, v_BxSxKxDv: keys and values; B_kv rows, of which query rows
+      b * G_r .. b * G_r + G_r - 1 share row b (B = G_r * B_kv: beam search's
+      beams of one example).
+    mask_Bx1x1xS: bool, True where a key may be attended (B_kv rows).
+    scale, block, num_warps, interpret: as `update_and_attend`'s.
+
+  Returns:
+    [B, 1, H, Dv] in q's dtype.
+
+  Raises:
+    ValueError: shapes the kernel cannot take (`applies_to_cross`), or a
+      block or warp count that is no power of 2.
+  """
+  for name, value in (("block", block), ("num_warps", num_warps)):
+    if value is not None and not _is_power_of_2(value):
+      raise ValueError(f"{name} must be a power of 2 (Triton's), got {value}")
+  if not applies_to_cross(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv):
+    raise ValueError(
+      "attend takes one query token (T = 1), powers of 2 for the head dims and the query "
+      "heads per key/value head, and query rows a multiple of the key rows, got q "
+      f"{q_BxTxHxD.shape}, k {k_BxSxKxD.shape}, v {v_BxSxKxDv.shape}"
+    )
+  batch, _, heads, head_dim = q_BxTxHxD.shape
+  kv_batch, keys, kv_heads, _ = k_BxSxKxD.shape
+  groups = heads // kv_heads
+  kernel = functools.partial(
+    _cross_kernel,
+    groups=groups,
+    block=block or _block_size(groups, max(head_dim, v_BxSxKxDv.shape[-1])),
+    scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
+    rows_per_kv_row=batch // kv_batch,
+  )
+  return pl.pallas_call(
+    kernel,
+    out_shape=jax.ShapeDtypeStruct((batch, 1, heads, v_BxSxKxDv.shape[-1]), q_BxTxHxD.dtype),
+    grid=(batch, kv_heads),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+    interpret=interpret,
+    name="cross_attention_step",
+  )(
+    q_BxTxHxD,
+    k_BxSxKxD,
+    v_BxSxKxDv,
+    jnp.broadcast_to(mask_Bx1x1xS, (kv_batch, 1, 1, keys)).reshape(kv_batch, keys),
   )
