@@ -12,7 +12,11 @@ per generated position (weight bytes / the device's memory bandwidth,
 txf.hardware) over the time per new token. The transformers figures
 (benchmarks/references/hf_gpt2_decode.py, a subprocess run before JAX starts, the same
 shape and batch sizes, bf16 on a GPU) come in `hf`; each txf row gets its
-ratio to them.
+ratio to them. The reference saves its random-weight model with its prompts
+and tokens (`--hf_python` runs it with another Python, one with torch and
+transformers), and txf then decodes that model (txf.interop) from the same
+prompts and says whether its greedy tokens are the reference's: a check of
+the harness, that both decode the same model.
 
   python -m benchmarks.run decode --config=configs/gpt2_small.py --deviceless=h100 \
       [--source_len=512]
@@ -32,9 +36,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import flags
 
 from benchmarks.references import run_reference
@@ -87,31 +93,64 @@ def hf_arguments(config, batch_sizes, prompt_len: int, new_tokens: int, repeats:
   ]
 
 
+def _reference_model(model_dir: str, dtype, mesh):
+  """The transformers reference's saved model as txf's (txf.interop), its
+  weights in `dtype`, whole on each device of `mesh`."""
+  from txf.interop import load_pretrained  # noqa: PLC0415 (only with --hf)
+
+  pretrained = load_pretrained(model_dir)
+  model = models.build(dataclasses.replace(pretrained.config, dtype=dtype.name))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return model, jax.device_put(
+    jax.tree.map(lambda p: jnp.asarray(p, dtype), pretrained.params), whole
+  )
+
+
+def _first_difference(got, want) -> str | None:
+  """Where two token arrays [B, T] first differ ('row r, column c'), or None."""
+  got, want = np.asarray(got), np.asarray(want)
+  if got.shape != want.shape:
+    return f"shapes {got.shape} and {want.shape}"
+  rows, columns = np.nonzero(got != want)
+  return f"row {rows[0]}, column {columns[0]}" if len(rows) else None
+
+
 def compare(
   config, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: int, hf: dict | None
 ) -> dict:
-  """txf's decoding figures per batch size (module docstring), with `hf`'s."""
+  """txf's decoding figures per batch size (module docstring), with `hf`'s;
+  where the reference saved its model, txf decodes that model from its
+  prompts and each row says whether the tokens are the reference's."""
   if hf is not None and not is_gpt2(config.model):
     print(f"transformers reference dropped: the config's model is not GPT-2 ({GPT2_SHAPE})")
     hf = None
   setup = setup_run(parse(config))
   dtype = jnp.dtype(setup.run.model.dtype)
+  hf_rows = {row["batch_size"]: row for row in (hf or {}).get("results", [])}
+  # Read before the activations' sharding rules apply: interop traces the
+  # model's shapes without them.
+  reference = None
+  if hf and hf.get("model_dir"):
+    reference = _reference_model(hf["model_dir"], dtype, setup.mesh)
   with setup.activation_sharding():
-    params = jax.tree.map(lambda p: p.astype(dtype), setup.replica_params(setup.init().params, 0))
+    if reference is not None:
+      model, params = reference
+    else:
+      model = setup.model
+      params = jax.tree.map(lambda p: p.astype(dtype), setup.replica_params(setup.init().params, 0))
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     floor = hardware.decode_floor_seconds(weight_bytes, hardware.memory_bandwidth_per_device())
-    hf_rows = {row["batch_size"]: row for row in (hf or {}).get("results", [])}
     rows = []
     for batch_size in batch_sizes:
-      prompt_BxP = jax.random.randint(
-        jax.random.key(batch_size), (batch_size, prompt_len), 1, setup.run.model.vocab_size
-      )
-      seconds = median_seconds(
-        functools.partial(
-          decode.generate, setup.model, params, prompt_BxP, max_new_tokens=new_tokens
-        ),
-        repeats=repeats,
-      )
+      hf_row = hf_rows.get(batch_size, {})
+      if "tokens" in hf_row:
+        prompt_BxP = jnp.asarray(np.asarray(hf_row["tokens"])[:, :prompt_len], jnp.int32)
+      else:
+        prompt_BxP = jax.random.randint(
+          jax.random.key(batch_size), (batch_size, prompt_len), 1, setup.run.model.vocab_size
+        )
+      run = functools.partial(decode.generate, model, params, prompt_BxP, max_new_tokens=new_tokens)
+      seconds = median_seconds(run, repeats=repeats)
       per_token = seconds / new_tokens
       row = dict(
         batch_size=batch_size,
@@ -121,12 +160,21 @@ def compare(
         us_per_iteration=1e6 * seconds / (prompt_len + new_tokens - 1),
         floor_fraction=None if floor is None else floor / per_token,
       )
-      if batch_size in hf_rows:
-        row["hf_tokens_per_sec"] = hf_rows[batch_size]["tokens_per_sec"]
+      hf_text = ""
+      if hf_row:
+        row["hf_tokens_per_sec"] = hf_row["tokens_per_sec"]
         row["ratio_to_hf"] = row["tokens_per_sec"] / row["hf_tokens_per_sec"]
+        hf_text = f", {row['ratio_to_hf']:.1f}x transformers"
+      if "tokens" in hf_row:
+        row["first_difference_from_hf"] = _first_difference(run(), hf_row["tokens"])
+        row["same_tokens_as_hf"] = row["first_difference_from_hf"] is None
+        hf_text += (
+          ", the same greedy tokens"
+          if row["same_tokens_as_hf"]
+          else f", tokens differ from transformers' first at {row['first_difference_from_hf']}"
+        )
       rows.append(row)
       floor_text = "" if floor is None else f", {100 * row['floor_fraction']:.1f}% of the floor"
-      hf_text = f", {row['ratio_to_hf']:.1f}x transformers" if "ratio_to_hf" in row else ""
       print(
         f"txf decode batch {batch_size}: {row['tokens_per_sec']:,.0f} new tokens/s, "
         f"{row['us_per_token']:,.0f} us/token{floor_text}{hf_text}"
@@ -224,6 +272,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("repeats", 3, "Timed calls (median).")
   flags.DEFINE_bool("hf", False, "Also time transformers' GPT-2 generate().")
   flags.DEFINE_string(
+    "hf_python", None, "--hf: the Python that runs transformers (default: this one)."
+  )
+  flags.DEFINE_string(
     "deviceless", None, "Compile for this GPU (h100, ...) instead of running (no GPU needed)."
   )
   flags.DEFINE_integer(
@@ -249,18 +300,21 @@ def main() -> dict:
       new_tokens=FLAGS.new_tokens,
       source_len=FLAGS.source_len,
     )
-  hf = None
-  if FLAGS.hf:
-    hf = run_reference(
-      "hf_gpt2_decode.py",
-      hf_arguments(config, batch_sizes, FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats),
-      needs="transformers",
+  with tempfile.TemporaryDirectory() as model_dir:
+    hf = None
+    if FLAGS.hf:
+      hf = run_reference(
+        "hf_gpt2_decode.py",
+        hf_arguments(config, batch_sizes, FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats)
+        + [f"--save_dir={model_dir}"],
+        needs="transformers",
+        python=FLAGS.hf_python,
+      )
+    return compare(
+      config,
+      batch_sizes=batch_sizes,
+      prompt_len=FLAGS.prompt_len,
+      new_tokens=FLAGS.new_tokens,
+      repeats=FLAGS.repeats,
+      hf=hf,
     )
-  return compare(
-    config,
-    batch_sizes=batch_sizes,
-    prompt_len=FLAGS.prompt_len,
-    new_tokens=FLAGS.new_tokens,
-    repeats=FLAGS.repeats,
-    hf=hf,
-  )

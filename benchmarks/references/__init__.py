@@ -14,17 +14,21 @@ import tempfile
 REFERENCES = pathlib.Path(__file__).resolve().parent
 
 
-def run_reference(script: str, args: list[str], needs: str) -> dict | None:
+def run_reference(
+  script: str, args: list[str], needs: str, python: str | None = None
+) -> dict | None:
   """Runs benchmarks/references/<script> in a subprocess with --json; its
   figures, or None (with the reason printed) when `needs` is not installed
-  or it fails."""
-  if importlib.util.find_spec(needs) is None:
+  or it fails. `python`: the interpreter to run it with (one whose
+  environment has `needs`, e.g. a virtual environment of its own); None:
+  this one."""
+  if python is None and importlib.util.find_spec(needs) is None:
     print(f"{script}: skipped ({needs} is not installed)")
     return None
   with tempfile.TemporaryDirectory() as directory:
     report = pathlib.Path(directory) / "report.json"
     done = subprocess.run(
-      [sys.executable, str(REFERENCES / script), *args, f"--json={report}"],
+      [python or sys.executable, str(REFERENCES / script), *args, f"--json={report}"],
       capture_output=True,
       text=True,
       check=False,

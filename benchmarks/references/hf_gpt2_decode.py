@@ -9,7 +9,10 @@ The model is GPT2LMHeadModel with random weights built from a GPT2Config of
 the given shape, in bfloat16 on a GPU (float32 on the CPU), greedy, with
 min_new_tokens = max_new_tokens so every call generates exactly
 --new_tokens per row. One untimed call per batch size warms up; the median
-of --repeats timed calls (device synchronised) is reported.
+of --repeats timed calls (device synchronised) is reported. With
+--save_dir the model is saved there (save_pretrained, float32) and the
+report holds each batch's prompts and generated tokens, for txf to decode
+the same model from the same prompts and compare (benchmarks/decode.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def benchmark(
   prompt_len: int,
   new_tokens: int,
   repeats: int,
+  save_dir: str | None = None,
 ) -> dict:
   device = "cuda" if torch.cuda.is_available() else "cpu"
   dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -42,7 +46,10 @@ def benchmark(
   config = transformers.GPT2Config(
     n_layer=layers, n_embd=d_model, n_head=heads, vocab_size=vocab, n_positions=max_len
   )
-  model = transformers.GPT2LMHeadModel(config).to(device=device, dtype=dtype).eval()
+  model = transformers.GPT2LMHeadModel(config)
+  if save_dir:
+    model.save_pretrained(save_dir)
+  model = model.to(device=device, dtype=dtype).eval()
   sync = torch.cuda.synchronize if device == "cuda" else lambda: None
   results = []
   for batch_size in batch_sizes:
@@ -68,15 +75,17 @@ def benchmark(
         sync()
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    results.append(
-      dict(
-        batch_size=batch_size,
-        seconds=seconds,
-        tokens_per_sec=batch_size * new_tokens / seconds,
-        us_per_token=1e6 * seconds / new_tokens,
-      )
+    row = dict(
+      batch_size=batch_size,
+      seconds=seconds,
+      tokens_per_sec=batch_size * new_tokens / seconds,
+      us_per_token=1e6 * seconds / new_tokens,
     )
+    if save_dir:
+      row["tokens"] = out.tolist()  # the prompts, then the generated tokens
+    results.append(row)
   return dict(
+    model_dir=save_dir,
     framework="transformers",
     transformers_version=transformers.__version__,
     torch_version=torch.__version__,
@@ -107,6 +116,7 @@ def main() -> None:
     parser.add_argument(f"--{name}", type=int, default=default)
   parser.add_argument("--batch_sizes", default="1,32")
   parser.add_argument("--json", help="write the figures here")
+  parser.add_argument("--save_dir", help="save the model here, and report the tokens")
   args = parser.parse_args()
   figures = benchmark(
     layers=args.layers,
@@ -118,6 +128,7 @@ def main() -> None:
     prompt_len=args.prompt_len,
     new_tokens=args.new_tokens,
     repeats=args.repeats,
+    save_dir=args.save_dir,
   )
   for row in figures["results"]:
     print(
