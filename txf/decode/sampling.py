@@ -136,7 +136,7 @@ def sample(
   finished_B = jnp.zeros(prompt_BxP.shape[:1], bool)
 
   def step(state):
-    i, tokens_BxT, finished_B, cache = state
+    i, tokens_BxT, finished_B, _, cache = state
     logits_BxV, cache = tokens_to_logits(
       jax.lax.dynamic_slice_in_dim(tokens_BxT, i, 1, axis=1), cache
     )
@@ -146,15 +146,19 @@ def sample(
     token_B = jnp.where(
       in_prompt_B, tokens_BxT[:, position], jnp.where(finished_B, pad_id, sampled_B)
     )
-    tokens_BxT = tokens_BxT.at[:, position].set(token_B)
+    tokens_BxT = jax.lax.dynamic_update_slice_in_dim(tokens_BxT, token_B[:, None], position, 1)
     finished_B |= position == last_position_B
     if eos_id is not None:
       finished_B |= ~in_prompt_B & (token_B == eos_id)
-    return i + 1, tokens_BxT, finished_B, cache
+    # Whether to go on, computed here with the rows' states: the loop's
+    # condition only reads it (no kernel of its own on a GPU).
+    return i + 1, tokens_BxT, finished_B, ~jnp.all(finished_B), cache
 
   # Every row finishes at its last_position (<= P + N - 1), so this ends
   # before `position` runs off the buffer.
-  _, tokens_BxT, _, _ = jax.lax.while_loop(
-    lambda state: ~jnp.all(state[2]), step, (jnp.int32(0), tokens_BxT, finished_B, cache)
+  _, tokens_BxT, _, _, _ = jax.lax.while_loop(
+    lambda state: state[3],
+    step,
+    (jnp.int32(0), tokens_BxT, finished_B, ~jnp.all(finished_B), cache),
   )
   return restore_padding_side(tokens_BxT, lengths_B, prompt_len, padding_side)
