@@ -116,6 +116,8 @@ case $part in
       --profile_steps=$(( steps / 2 + 1 )),$(( steps / 2 + 5 )) \
       --loop_variants=${LOOP_VARIANTS:-full,checkpoint_only,no_eval,random_ids,no_prefetch,log_every_step,host_only}
     bench step_b32_reused_batch 110 step $GPT2 --steps=200 --window=50  # as the 430k
+    # A step dispatched during a save of gpt2_small's 1.49 GB state in its 591 arrays.
+    bench checkpoint_stall 90 checkpoint_stall --leaves=591
     ;;
   long)
     for len in ${LONG_LENGTHS:-8192 16384 32768 65536}; do

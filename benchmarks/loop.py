@@ -119,7 +119,7 @@ def traced(train_step, directory: str, first: int, last: int):
   return step
 
 
-class _GcPauses:
+class GcPauses:
   """Counts the collector's pauses while entered (Python's threads stop then),
   in all and of full (generation 2) collections, whose cost grows with the
   number of live objects."""
@@ -175,7 +175,7 @@ def time_loop(setup: RunSetup, variant: str, step_tokens_per_sec: float, profile
     if match := _PROGRESS.match(line):
       progress.append((time.perf_counter(), int(match.group(1))))
 
-  with tempfile.TemporaryDirectory() as workdir, _GcPauses() as pauses:
+  with tempfile.TemporaryDirectory() as workdir, GcPauses() as pauses:
     start = time.perf_counter()
     loop.run(run_setup.run, workdir, log=log, setup=run_setup, prefetch=prefetch)
     wall = time.perf_counter() - start

@@ -8,6 +8,7 @@
   python -m benchmarks.run replicas --config=configs/base.py --replicas=3 --steps=20
   python -m benchmarks.run seq2seq_decode --source_len=512 --new_tokens=128
   python -m benchmarks.run loss_kernel --config=configs/gpt2_small.py
+  python -m benchmarks.run checkpoint_stall --state_mb=1490 --leaves=64
   python -m benchmarks.run MODE --help     # the mode's own flags
 
 A mode is a module of this package, benchmarks/<mode>.py, with its flags
@@ -42,6 +43,7 @@ MODES = (
   "seq2seq_decode",
   "embedding_grad",
   "loss_kernel",
+  "checkpoint_stall",
 )
 
 

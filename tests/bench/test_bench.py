@@ -25,6 +25,7 @@ import optax
 import pytest
 
 from benchmarks import (
+  checkpoint_stall as bench_checkpoint_stall,
   data as bench_data,
   decode as bench_decode,
   embedding_grad as bench_embedding_grad,
@@ -467,6 +468,52 @@ def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeyp
   for name in ("jit(eval_step)", "jit(_generate)"):
     assert [thread for fun, thread in compiled if fun == name] == [loop.COMPILE_THREAD]
   assert not any(t.name == loop.COMPILE_THREAD for t in threading.enumerate())
+
+
+def test_checkpoint_stall_bench_computes_each_figure_from_its_samples():
+  """A tiny state saved twice: each distribution is its samples' (dispatches
+  during a save, then as many without one), the blocked time adds the save
+  calls and error checks to the dispatches, and every save is a round."""
+  figures = bench_checkpoint_stall.measure(
+    state_mb=0.2, leaves=4, interval_ms=1.0, saves=2, log_every=3, warmup=2
+  )
+  assert figures["state_bytes"] == 4 * (4 * int(0.2e6 / 4 / 4) + 1)  # and the step counter
+  rounds, samples = figures["saves"], figures["samples_ms"]
+  assert len(rounds) == 2 and all(r["dispatches"] >= 1 for r in rounds)
+  assert (
+    len(samples["during_save"])
+    == len(samples["without_save"])
+    == sum(r["dispatches"] for r in rounds)
+  )
+  for name in ("during_save", "without_save"):
+    row, values = figures[name], samples[name]
+    assert row["dispatches"] == len(values)
+    assert row["median_ms"] <= row["p90_ms"] <= row["p99_ms"] <= row["max_ms"] == max(values)
+    assert row["p99_ms"] == pytest.approx(np.percentile(values, 99))
+    assert row["dispatch_ms"] == pytest.approx(sum(values))
+  calls = sum(r["save_call_ms"] + r["check_ms"] for r in rounds)
+  assert figures["during_save"]["blocked_ms"] == pytest.approx(
+    figures["during_save"]["dispatch_ms"] + calls
+  )
+  assert figures["without_save"]["blocked_ms"] == pytest.approx(
+    figures["without_save"]["dispatch_ms"] + sum(r["quiet_check_ms"] for r in rounds)
+  )
+  # Each save starts where the previous round's dispatches ended.
+  assert rounds[1]["step"] == rounds[0]["step"] + 2 * rounds[0]["dispatches"]
+  for r in rounds:
+    assert r["longest_block_ms"] >= r["save_call_ms"] > 0
+    assert r["save_seconds"] >= r["save_call_ms"] / 1e3
+    assert (
+      set(r["gc"])
+      == set(r["quiet_gc"])
+      == {
+        "pauses",
+        "seconds",
+        "longest_ms",
+        "full",
+        "full_seconds",
+      }
+    )
 
 
 def test_each_loop_variant_evaluates_and_checkpoints_where_it_says():

@@ -1,6 +1,7 @@
 """Tests for txf.rundir.checkpoint: round trip, retention, corrupt fallback."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import pathlib
@@ -8,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -108,6 +110,100 @@ def test_save_interval_and_force(tmp_path):
     ckpt.wait_until_finished()
     assert saved == [False, True, False] and forced
     assert ckpt.latest_step() == 5
+
+
+def test_a_step_off_the_save_interval_copies_nothing(tmp_path, monkeypatch):
+  copied = []
+  monkeypatch.setattr(checkpoint, "_unaliased", lambda state: copied.append(state) or state)
+  with checkpoint.Checkpointer(tmp_path, save_interval_steps=2) as ckpt:
+    assert not ckpt.save(1, make_state(1), extras_for(1))
+    assert copied == []
+    assert ckpt.save(2, make_state(2), extras_for(2))
+    assert len(copied) == 1
+
+
+def test_the_state_is_donated_in_place_right_after_a_save_and_saved_as_it_was(tmp_path):
+  """The train step donates the state it was saved from at once. On a CPU,
+  orbax's host copy of an array is a view of its buffer, which XLA would
+  first copy in the step's dispatch (seconds, for a large state, in the
+  training thread) if the save held it: the save holds a copy of its own,
+  so each donated array is consumed in place and the step changes nothing
+  the save writes."""
+  step = jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state), donate_argnums=0)
+  state = make_state(1)
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(1, state, extras_for(1))
+    stepped = step(state)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    ckpt.wait_until_finished()
+    _, restored, _ = ckpt.restore(abstract(make_state(0)))
+  assert_trees_equal(restored, make_state(1))
+  assert_trees_equal(stepped, jax.tree.map(lambda x: x + 1, make_state(1)))
+
+
+@contextlib.contextmanager
+def held_save(ckpt):
+  """Keeps each save `ckpt` starts in progress (its finalisation, which
+  commits it, waits) until the block ends."""
+  release, manager = threading.Event(), ckpt._manager
+  finalize = manager._finalize
+
+  def finalize_when_released(*args):
+    release.wait(30)
+    finalize(*args)
+
+  manager._finalize = finalize_when_released
+  try:
+    yield
+  finally:
+    release.set()
+    manager._finalize = finalize
+
+
+def test_saving_is_true_from_a_save_until_it_is_committed(tmp_path):
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    assert not ckpt.saving
+    with held_save(ckpt):
+      assert ckpt.save(1, make_state(1), extras_for(1))
+      assert ckpt.saving
+      ckpt.check_for_errors()  # leaves the save in progress alone
+      assert ckpt.saving and not (tmp_path / "1").exists()
+    ckpt.wait_until_finished()
+    assert not ckpt.saving and (tmp_path / "1").is_dir()
+
+
+def nice(tid):
+  return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def tensorstore_threads():
+  """The ids of tensorstore's worker threads (named ts_...)."""
+  ids = []
+  for task in pathlib.Path("/proc/self/task").iterdir():
+    with contextlib.suppress(OSError):
+      if (task / "comm").read_text().startswith("ts_"):
+        ids.append(int(task.name))
+  return ids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread")
+def test_the_threads_compressing_and_writing_a_checkpoint_yield_to_the_caller(tmp_path):
+  """tensorstore's workers, which compress and write the arrays, at
+  WRITER_NICE, those started for a save in progress too; the caller's
+  priority is its own."""
+  caller = threading.get_native_id()
+  own = nice(caller)
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(1, make_state(1), extras_for(1))
+    ckpt.wait_until_finished()
+    assert tensorstore_threads()  # started for the save's writes; they stay
+    with held_save(ckpt):
+      assert ckpt.save(2, make_state(2), extras_for(2))
+      ckpt.check_for_errors()  # and lowers workers tensorstore started since
+      for tid in tensorstore_threads():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+          assert nice(tid) == checkpoint.WRITER_NICE
+    assert nice(caller) == own
 
 
 def test_restore_empty_returns_none(tmp_path):

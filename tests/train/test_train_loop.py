@@ -10,12 +10,14 @@ the same program -- a resumed run, a rerun, a CLI run of an in-process config
 step does not depend on train.steps, so reruns with more steps share it too.
 """
 
+import dataclasses
 import hashlib
 import json
 import pathlib
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import jax
@@ -38,6 +40,7 @@ from txf.runconfig.run_config import parse
 from txf.rundir.metrics import read_metrics
 from txf.rundir.record import read_record
 from txf.train import loop
+from txf.train.run_setup import setup_run
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -322,3 +325,38 @@ def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same_eval(tmp_p
   assert f"eval @ 4 (data.seq_len={config.data.seq_len}" in log_text
   assert f"eval_loss={again['eval_loss']:.4f}" in log_text.split("already trained")[1]
   assert checkpoint_steps(tmp_path) == [4]
+
+
+class _SlowToLower:
+  """A jitted function whose `lower` (what the loop's background compilation
+  calls) takes `seconds` longer."""
+
+  def __init__(self, jitted, seconds):
+    self._jitted, self._seconds = jitted, seconds
+
+  def __call__(self, *args, **kwargs):
+    return self._jitted(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    time.sleep(self._seconds)
+    return self._jitted.lower(*args, **kwargs)
+
+
+@pytest.mark.slow  # trains a run
+def test_the_evaluation_compiles_beside_the_first_step_and_is_done_by_the_second(tmp_path):
+  """Compiling beside the timed steps cost them on a GPU (1.4 s of steps
+  51-250 on an H200): however long the evaluation takes to compile, no step
+  after the first is dispatched while it does."""
+  setup = setup_run(parse(tiny(steps=4)))
+  compiling, train_step = [], setup.train_step
+
+  def step(state, batch):
+    compiling.append(any(t.name == loop.COMPILE_THREAD for t in threading.enumerate()))
+    return train_step(state, batch)
+
+  slow = dataclasses.replace(
+    setup, train_step=step, eval_step=_SlowToLower(setup.eval_step, seconds=2.0)
+  )
+  result = loop.run(slow.run, tmp_path, log=lambda line: None, setup=slow)
+  assert compiling[0] and compiling[1:] == [False] * 3
+  assert "eval_loss" in result

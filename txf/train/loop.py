@@ -37,10 +37,13 @@ space and rerun: it resumes from the last checkpoint exactly.
 
 The loop adds little to the compiled step: no device sync between log
 steps (non-finite updates are flagged on device and checked at each log
-step), batches read and sent ahead in a thread, and the eval step and the
-sampler compiled in another thread as training starts, so the first
-evaluation does not stop the accelerator to compile (benchmarks.run
-loop measures what the loop costs, piece by piece).
+step), batches read and sent ahead in a thread, the eval step and the
+sampler compiled in another thread while the first step compiles and
+finished before the second, so neither the first evaluation nor a window of
+steps pays for their compilation, and checkpoints compressed and written
+in the background at a lower priority (txf.rundir.checkpoint;
+benchmarks.run loop measures what the loop costs, piece by piece, and
+benchmarks.run checkpoint_stall a step dispatched during a save).
 
 A config with `replicas` = R > 1 trains seeds seed .. seed + R - 1 side by
 side on the same batches, or each on its own with data.seed_per_replica
@@ -194,10 +197,13 @@ def _compile_evaluation(setup: RunSetup, params) -> threading.Thread:
 
   XLA compilation of the evaluation would otherwise stall training at the
   first eval (for gpt2_small, seconds to a minute of an idle accelerator);
-  in a thread it overlaps training on otherwise idle host cores. JAX keeps
-  the executables, so the first eval only retraces. Only shapes of `params`
-  are used: the thread never touches arrays the train step donates. Join
-  the thread before evaluating (a second compilation would start otherwise).
+  in a thread it overlaps the train step's own compilation, and the loop
+  joins it after the first step, before the timed steps (compiled beside
+  them, on an H200 it cost 1.4 s of steps 51-250: host cores and the
+  autotuner's time on the device). JAX keeps the executables, so the first
+  eval only retraces. Only shapes of `params` are used: the thread never
+  touches arrays the train step donates. Join the thread before evaluating
+  (a second compilation would start otherwise).
   """
   eval_batch = _abstract(setup.to_device(next(iter(setup.eval_data))))
   sampler = None
@@ -381,6 +387,11 @@ def _train(
     for step in range(start, train.steps):
       batch, data_state = next(batches)
       state, metrics = setup.train_step(state, batch)
+      if step == start:
+        # The evaluation compiled beside the step's own compilation; done
+        # before the second step, no window of steps shares the host (or,
+        # autotuning, the accelerator) with it.
+        compiling.join()
       # Kept on device (no sync, no dispatch per step), checked at every log step.
       finite_flags.append(metrics["finite"])
       window.add(metrics, compiling=step == start)
