@@ -223,6 +223,17 @@ condition:
     000: kCommandBuffer [source | sink]
         045: kCopy         [source       | next=046 (1)  ] kCopy
 """
+# A condition without a kernel of its own: XLA writes "No thunks." and the
+# body's heading on one line.
+GRAPH_PER_ITERATION_NO_CONDITION = """\
+000: kCommandBuffer [source       | next=044 (1)]
+    001: kCustomKernel [source       | next=002 (1)] loop_pad_fusion
+044: kWhile         [prev=000 (1) | sink        ]
+condition:
+    No thunks.  body:
+    000: kCommandBuffer [source | sink]
+        045: kCopy         [source       | next=046 (1)] kCopy
+"""
 KERNEL_BY_KERNEL = """\
 001: kCustomKernel [source       | next=002 (1)] loop_pad_fusion
 043: kWhile         [prev=000 (1) | sink        ]
@@ -238,6 +249,7 @@ condition:
   [
     (LOOP_IN_A_GRAPH, "one graph"),
     (GRAPH_PER_ITERATION, "a graph per iteration"),
+    (GRAPH_PER_ITERATION_NO_CONDITION, "a graph per iteration"),
     (KERNEL_BY_KERNEL, "kernel by kernel"),
   ],
 )

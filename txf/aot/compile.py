@@ -255,7 +255,7 @@ def loop_launch(thunk_sequence: str) -> str:
     ]
     if enclosing and ": kCommandBuffer" in enclosing[-1]:
       return "one graph"
-    body = next((j for j in range(i, len(lines)) if lines[j].strip() == "body:"), None)
+    body = next((j for j in range(i, len(lines)) if lines[j].strip().endswith("body:")), None)
     thunks = (
       [other for other in lines[body + 1 :] if re.search(r"^\s*\d+: \w", other)] if body else []
     )
