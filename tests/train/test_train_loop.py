@@ -85,6 +85,15 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "step 12/12" in done.stdout
+  # The first step says it compiles, then that it ran, before the first
+  # step of the log cadence (3).
+  steps = [line.split(" (")[0] for line in done.stdout.splitlines() if line.startswith("step ")]
+  assert steps[:3] == [
+    "step 1/12: compiling the train step",
+    steps[1],
+    "step 3/12",
+  ]
+  assert re.fullmatch(r"step 1/12: compiled and ran in \d+s", steps[1])
 
   assert checkpoint_steps(workdir) == [6, 12]
   saved = json.loads((workdir / "config.json").read_text())
@@ -199,6 +208,9 @@ def test_interrupted_run_resumes_exactly(tmp_path, sigterm_is_caught):
 
   result, text = run_quietly(config, interrupted)
   assert "resumed from step 3" in text
+  # The first step after the resume compiles; logged every step, the
+  # cadence's line says it ran.
+  assert "step 4/12: compiling the train step" in text and "compiled and ran" not in text
   assert "changed from the run's config.json" not in text  # the same config
   assert result == expected
   assert [e["ended"] for e in read_record(interrupted)] == ["preempted", "finished"]

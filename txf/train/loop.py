@@ -79,7 +79,7 @@ from txf.rundir.checkpoint import (
   PreemptionGuard,
   make_checkpointer,
 )
-from txf.rundir.console import format_progress
+from txf.rundir.console import format_duration, format_progress
 from txf.rundir.metrics import MetricsWriter, read_metrics
 from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
@@ -378,6 +378,9 @@ def _train(
   window, finite_flags, last_eval, done = _Throughput(), [], {}, start
   # The last step always evaluates, so this compilation is never wasted.
   compiling = _compile_evaluation(setup, state.params)
+  # The first step's line comes once it has compiled (up to minutes for a
+  # large model): say what the silence until then is.
+  log(f"step {start + 1}/{train.steps}: compiling the train step (the evaluation beside it)")
   # Closing stops the prefetch thread also when training raises; the
   # compilation is waited for too (a thread inside XLA at exit aborts Python).
   with (
@@ -396,6 +399,9 @@ def _train(
       finite_flags.append(metrics["finite"])
       window.add(metrics, compiling=step == start)
       done = step + 1
+      if step == start and done % train.log_every and done != train.steps:
+        compiled = format_duration(time.perf_counter() - window.began)
+        log(f"step {done}/{train.steps}: compiled and ran in {compiled}")
       if done % train.log_every == 0 or done == train.steps:
         metrics = jax.device_get(metrics)
         _check_finite(finite_flags, done, checkpointer)
