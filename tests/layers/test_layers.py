@@ -287,3 +287,44 @@ def test_post_ln_block_output_is_normalised_pre_ln_is_not(placement):
     # x + f(norm(x)) keeps x's statistics: nowhere near mean 0, variance 1.
     assert np.min(np.abs(var - 1.0)) > 1.0
     assert np.mean(np.abs(mean)) > 0.5
+
+
+# ---------------------------------------------------------------------------
+# The residual stream's adds in the norms (traced for one GPU).
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_a_pre_ln_block_traced_for_a_gpu_computes_what_the_cpu_trace_does(norm):
+  """Traced for one GPU, a Pre-LN block's norms after the first add the
+  previous sub-layer's output and bias to the stream in their own op (the
+  GPU kernels there, for 1,024 rows or more); lowered for this CPU the
+  same trace runs XLA's passes through that op, and gives the CPU trace's
+  output and gradients (of the input and of every parameter, the output
+  projections' biases included) to float32 rounding."""
+  from txf.ops import platform
+
+  cfg = ModelConfig(
+    d_model=D, num_heads=2, norm=norm, use_bias=True, position="none", attention_impl="xla"
+  )
+  block = TransformerBlock(cfg, causal=True)
+  x = randn(7, 2, 512, D)
+  rest = (jnp.arange(512)[None], None, None, None, None, None)
+  params = block.init(jax.random.key(0), x, *rest)["params"]
+
+  def value_and_grads():
+    # A function of its own for each trace: jax caches traces by function,
+    # and the platform traced for is not part of the key.
+    def loss(params, x):
+      out, _ = block.apply({"params": params}, x, *rest)
+      return jnp.sum(jnp.sin(out))
+
+    value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+    return value, grads, str(jax.make_jaxpr(loss)(params, x))
+
+  cpu_value, cpu_grads, cpu_jaxpr = value_and_grads()
+  with platform.compiling_for("gpu"):
+    gpu_value, gpu_grads, gpu_jaxpr = value_and_grads()
+  assert "pallas_call" not in cpu_jaxpr and "norm_forward" in gpu_jaxpr
+  np.testing.assert_allclose(gpu_value, cpu_value, rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(gpu_grads), jax.tree.leaves(cpu_grads), strict=True):
+    np.testing.assert_allclose(got, want, **TOL)

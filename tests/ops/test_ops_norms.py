@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops import platform
+from txf.ops import norms, platform
 from txf.ops.norms import layer_norm, rms_norm
 
 
@@ -193,3 +193,233 @@ def test_gradients_match_float64_central_differences(norm, spread, with_params, 
 def test_bad_input_raises(call, name):
   with pytest.raises(ValueError, match=name):
     call()
+
+
+# ---------------------------------------------------------------------------
+# The residual stream (add, add_bias, residual) and the GPU kernels.
+
+
+def np_residual(x, add, add_bias):
+  s = x.astype(np.float64)
+  if add is not None:
+    s = s + add + (0.0 if add_bias is None else add_bias)
+  return s
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("add,add_bias", [(False, False), (True, False), (True, True)])
+def test_residual_returns_the_sum_and_its_norm(norm, add, add_bias):
+  """With residual, (x + add + add_bias, the norm of that), against float64;
+  without residual the norm alone."""
+  rng = np.random.default_rng(4)
+  x, f = (rng.normal(size=(2, 3, 16)) * 3 + 2).astype(np.float32), None
+  f = rng.normal(size=(2, 3, 16)).astype(np.float32) if add else None
+  b = rng.normal(size=16).astype(np.float32) if add_bias else None
+  scale, bias = rng.normal(size=16).astype(np.float32), rng.normal(size=16).astype(np.float32)
+  s = np_residual(x, f, b)
+  if norm == "layer":
+    fn, want, params = layer_norm, np_layer_norm(s, scale, bias, 1e-5), (scale, bias)
+  else:
+    fn, want, params = rms_norm, np_rms_norm(s, scale, 1e-5), (scale,)
+  got_s, got_y = fn(x, *params, eps=1e-5, add=f, add_bias=b, residual=True)
+  np.testing.assert_allclose(got_s, s, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(got_y, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(fn(x, *params, eps=1e-5, add=f, add_bias=b), got_y)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_residual_gradients_match_float64_central_differences(norm):
+  """Of a loss of both outputs (the stream's cotangent joins the norm's
+  backward), with respect to x, add, add_bias and the parameters."""
+  rng = np.random.default_rng(5)
+  x, f = rng.normal(size=(2, 3, 8)) + 3.0, rng.normal(size=(2, 3, 8))
+  b, scale, bias = rng.normal(size=8), rng.normal(size=8), rng.normal(size=8)
+  ds, dy = rng.normal(size=(2, 3, 8)), rng.normal(size=(2, 3, 8))
+  if norm == "layer":
+    fn, ref, params = layer_norm, np_layer_norm, (scale, bias)
+  else:
+    fn, ref, params = rms_norm, np_rms_norm, (scale,)
+  args = (x, f, b) + params
+
+  def np_loss_terms(x, f, b, *params):
+    s = np_residual(x, f, b)
+    return np.concatenate([s, ref(s, *params, eps=1e-6)])
+
+  def loss(x, f, b, *params):
+    s, y = fn(x, *params, eps=1e-6, add=f, add_bias=b, residual=True)
+    return jnp.sum(s * ds) + jnp.sum(y * dy)
+
+  got = jax.grad(loss, argnums=tuple(range(len(args))))(
+    *(jnp.asarray(a, jnp.float32) for a in args)
+  )
+  want = numerical_gradients(np_loss_terms, args, np.concatenate([ds, dy]))
+  for g, w in zip(got, want):
+    assert g.dtype == jnp.float32 and g.shape == w.shape
+    np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+
+
+@pytest.mark.parametrize(
+  "kwargs,name",
+  [
+    (dict(add=np.zeros((2, 3), np.float32)), "add"),
+    (dict(add=np.zeros((2, 4), np.float16)), "add"),
+    (dict(add_bias=np.zeros(4, np.float32)), "add_bias"),
+    (dict(add=np.zeros((2, 4), np.float32), add_bias=np.zeros(3, np.float32)), "add_bias"),
+  ],
+)
+def test_bad_add_raises(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    layer_norm(np.zeros((2, 4), np.float32), **kwargs)
+
+
+def _kernel_cases():
+  """(center, add, add_bias, stream's cotangent) over both norms."""
+  return [
+    (True, False, False, False),
+    (True, True, True, True),
+    (False, True, False, True),
+    (False, False, False, False),
+  ]
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+  """Tiles of 4 rows of 64 features and 3 backward instances, so that 37
+  rows of 48 features make a partial last tile, masked columns and several
+  tiles an instance."""
+  monkeypatch.setattr(norms, "_TILE_ELEMENTS", 256)
+  monkeypatch.setattr(norms, "_BACKWARD_INSTANCES", 3)
+
+
+@pytest.mark.parametrize("center,add,add_bias,stream", _kernel_cases())
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_kernels_stand_in_for_the_xla_passes(small_tiles, center, add, add_bias, stream, dtype):
+  """The forward and backward kernels, run by Pallas's interpreter, return
+  what XLA's passes return (their types too: one program holds both), to
+  float32 rounding; in bfloat16 within about one ulp of the operands (the
+  kernel rounds x + add + add_bias once, XLA twice: where x and add cancel,
+  the sum keeps add + add_bias's rounding, 2^-8 of |add| ~ 3)."""
+  rng = np.random.default_rng(6)
+  shape = (37, 48)
+  x = jnp.asarray(rng.normal(size=shape) * 2 + 1, dtype)
+  f = jnp.asarray(rng.normal(size=shape), dtype) if add else None
+  b = jnp.asarray(rng.normal(size=48), jnp.float32) if add_bias else None
+  scale, bias = (jnp.asarray(rng.normal(size=48), jnp.float32) for _ in range(2))
+  dy, ds = (jnp.asarray(rng.normal(size=shape), dtype) for _ in range(2))
+  ds = ds if stream else None
+  tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2**-7, atol=2**-5)
+
+  def compare(got, want, **tolerance):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      assert g.dtype == w.dtype and g.shape == w.shape
+      np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), **tolerance)
+
+  forward = dict(eps=1e-5, center=center)
+  kernel_s, kernel_y, kernel_moments = norms._kernel_forward(
+    x, f, b, scale, bias, **forward, interpret=True
+  )
+  xla_s, xla_y, xla_moments = norms._xla_forward(x, f, b, scale, bias, **forward, keep=True)
+  compare(kernel_s, xla_s, **tol)
+  compare(kernel_y, xla_y, **tol)
+  compare(kernel_moments, xla_moments, **tol)  # of the sums, which may differ in bfloat16
+  backward = dict(center=center, biased=add_bias)
+  kernel_grads = norms._kernel_backward(
+    xla_s, xla_moments, scale, dy, ds, **backward, interpret=True
+  )
+  xla_grads = norms._xla_backward(xla_s, xla_moments, scale, dy, ds, **backward)
+  # The column sums add 37 rows in another order.
+  compare(kernel_grads, xla_grads, **(tol if dtype == jnp.float32 else dict(rtol=2**-6, atol=0.1)))
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_gpu_kernels_match_float64(small_tiles, center):
+  """The kernels' float32 outputs against numpy float64: the forward's sum,
+  norm and moments; the backward's input gradient with the stream's added,
+  the parameters' and the added bias's gradients."""
+  rng = np.random.default_rng(7)
+  x, f = rng.normal(size=(37, 48)) * 3 + 5, rng.normal(size=(37, 48))
+  b, scale, bias = rng.normal(size=48), rng.normal(size=48), rng.normal(size=48)
+  dy, ds = rng.normal(size=(37, 48)), rng.normal(size=(37, 48))
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  s, y, (mean, rstd) = norms._kernel_forward(
+    f32(x), f32(f), f32(b), f32(scale), f32(bias), eps=1e-5, center=center, interpret=True
+  )
+  s64 = x + f + b
+  centred = s64 - s64.mean(-1, keepdims=True) if center else s64
+  rstd64 = 1 / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(s, s64, rtol=1e-6, atol=1e-5)
+  np.testing.assert_allclose(y, centred * rstd64 * scale + bias, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(rstd, rstd64, rtol=1e-5)
+  if center:
+    np.testing.assert_allclose(mean, s64.mean(-1, keepdims=True), rtol=1e-5, atol=1e-5)
+  else:
+    assert mean is None
+  dx, dscale, dbias, dadd_bias = norms._kernel_backward(
+    s, (mean, rstd), f32(scale), f32(dy), f32(ds), center=center, biased=True, interpret=True
+  )
+  x_hat, g = centred * rstd64, dy * scale
+  want_dx = g - x_hat * (g * x_hat).mean(-1, keepdims=True)
+  if center:
+    want_dx = want_dx - g.mean(-1, keepdims=True)
+  want_dx = want_dx * rstd64 + ds
+  for got, want in (
+    (dx, want_dx),
+    (dscale, (dy * x_hat).sum(0)),
+    (dbias, dy.sum(0)),
+    (dadd_bias, want_dx.sum(0)),
+  ):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_gpu_kernels_under_vmap(small_tiles):
+  """Seed replicas vmap the train step: the kernels' instances then span
+  the replicas too."""
+  rng = np.random.default_rng(8)
+  x = jnp.asarray(rng.normal(size=(2, 37, 48)), jnp.float32)
+  scale, bias = jnp.ones(48), jnp.zeros(48)
+  forward = lambda x: norms._kernel_forward(
+    x, None, None, scale, bias, eps=1e-5, center=True, interpret=True
+  )[1]
+  np.testing.assert_allclose(jax.vmap(forward)(x), layer_norm(x, eps=1e-5), rtol=1e-5, atol=1e-5)
+  dy = jnp.asarray(rng.normal(size=(2, 37, 48)), jnp.float32)
+  backward = lambda x, dy: norms._kernel_backward(
+    x,
+    norms._xla_forward(x, None, None, scale, bias, eps=1e-5, center=True, keep=True)[2],
+    scale,
+    dy,
+    None,
+    center=True,
+    biased=False,
+    interpret=True,
+  )[0]
+  _, vjp = jax.vjp(lambda x: layer_norm(x, eps=1e-5), x)
+  np.testing.assert_allclose(jax.vmap(backward)(x, dy), vjp(dy)[0], rtol=1e-5, atol=1e-5)
+
+
+def _jaxpr_of_grad(x):
+  def loss(x, f):
+    s, y = layer_norm(x, add=f, residual=True)
+    return jnp.sum(s) + jnp.sum(y)
+
+  return str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, x))
+
+
+def test_the_kernels_are_traced_for_one_gpu_only(monkeypatch):
+  """Traced for a GPU, the norms of 1,024 rows or more hold the kernels
+  (behind the GPU branch of `jax.lax.platform_dependent`: a CPU lowering of
+  the same trace runs XLA's passes, see
+  test_gradients_match_float64_central_differences); not on the CPU, not
+  for fewer rows (decoding's), not on a mesh of several devices, not where
+  jax cannot lower them."""
+  x = jnp.zeros((2, 512, 64), jnp.bfloat16)
+  assert "pallas_call" not in _jaxpr_of_grad(x)
+  with platform.compiling_for("gpu"):
+    text = _jaxpr_of_grad(x)
+    assert "norm_forward" in text and "norm_backward" in text
+    assert "pallas_call" not in _jaxpr_of_grad(x[:, :511])
+    mesh = jax.sharding.AbstractMesh((2,), ("data",))
+    with jax.sharding.use_abstract_mesh(mesh):
+      assert "pallas_call" not in _jaxpr_of_grad(x)
+    monkeypatch.setattr(norms, "KERNEL_AVAILABLE", False)
+    assert "pallas_call" not in _jaxpr_of_grad(x)

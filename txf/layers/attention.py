@@ -90,7 +90,7 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True,
     use_cache: bool = False,
     add_bias: bool = True,
-  ) -> Any:
+  ) -> Array:
     """Attends from x to kv (x itself when kv is None).
 
     Args:
@@ -104,8 +104,8 @@ class MultiHeadAttention(nn.Module):
       cache_index: scalar int32, the first free cache slot (use_cache only).
       deterministic: disables dropout.
       use_cache: self-attention reads and writes the KV cache (see below).
-      add_bias: add the output projection's bias; False: return it apart,
-        for the caller to add (a Pre-LN block adds it in its next norm).
+      add_bias: add the output projection's bias; False: leave it to the
+        caller (`output_bias`; a Pre-LN block adds it in its next norm).
 
     With use_cache the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
     L is fixed when the cache is created by `model.init(..., use_cache=True)` on
@@ -133,8 +133,8 @@ class MultiHeadAttention(nn.Module):
     Without it nothing changes: no variable, no extra op.
 
     Returns:
-      [B, T, D] in the compute dtype; with add_bias False, (that without the
-      output projection's bias, the bias [D] as stored (float32) or None).
+      [B, T, D] in the compute dtype (without the output projection's bias
+      where add_bias is False).
     """
     q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
       x_BxTxD, kv_BxSxD, key_mask, use_cache
@@ -179,9 +179,17 @@ class MultiHeadAttention(nn.Module):
       name="out",
     )
     y_BxTxD = out(out_BxTxHxDh)
-    if not add_bias:
-      return y_BxTxD, out.bias
-    return y_BxTxD if out.bias is None else y_BxTxD + out.bias.astype(self.dtype)
+    if not add_bias or out.bias is None:
+      return y_BxTxD
+    return y_BxTxD + out.bias.astype(self.dtype)
+
+  def output_bias(self) -> Array | None:
+    """The output projection's bias [D] as stored (float32), None without
+    one: what a call with add_bias=False leaves out. Read after that call
+    (which creates it at init)."""
+    if not self.cfg.use_bias:
+      return None
+    return nn.meta.unbox(self.variables["params"]["out"]["bias"])
 
   def _project(
     self, x_BxTxD: Array, kv_BxSxD: Array | None, key_mask: Array | None, use_cache: bool

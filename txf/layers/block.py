@@ -28,6 +28,9 @@ Array = jax.Array
 # (txf.train.sharding.activation_sharding) these become sharding constraints,
 # so the compiler keeps activations split like the batch; elsewhere no-ops.
 ACTIVATION_AXES = ("batch", "length", "embed")
+# A sub-layer: its input h [B, T, D] -> (its output [B, T, D], the bias [D]
+# of its output projection not yet added (float32, as stored), or None).
+Sublayer = Callable[[Array], tuple[Array, Array | None]]
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -68,45 +71,97 @@ class TransformerBlock(nn.Module):
       cfg, causal=causal, cross=name == "cross_attention", name=name
     )
 
+    # Each sub-layer as h -> (its output, the bias of its output projection
+    # not yet added, or None): a Pre-LN block adds the two in the next norm.
     self_attention = attention("self_attention", self.causal)
-    x_BxTxD = self._residual(
-      "self_attention",
-      x_BxTxD,
-      lambda h: self_attention(
-        h,
-        q_positions_BxT=q_positions_BxT,
-        key_mask=self_mask,
-        relative_table=relative_table,
-        cache_index=cache_index,
-        deterministic=self.deterministic,
-        use_cache=self.use_cache,
-      ),
-    )
-    if self.has_cross:
-      cross_attention = attention("cross_attention", False)
-      x_BxTxD = self._residual(
-        "cross_attention",
-        x_BxTxD,
-        lambda h: cross_attention(
+    sublayers: list[tuple[str, Sublayer]] = [
+      (
+        "self_attention",
+        lambda h: _bias_apart(
+          self_attention,
           h,
-          cross_x_BxSxD,
           q_positions_BxT=q_positions_BxT,
-          key_mask=cross_mask,
+          key_mask=self_mask,
+          relative_table=relative_table,
+          cache_index=cache_index,
           deterministic=self.deterministic,
           use_cache=self.use_cache,
         ),
       )
+    ]
+    if self.has_cross:
+      cross_attention = attention("cross_attention", False)
+      sublayers.append(
+        (
+          "cross_attention",
+          lambda h: _bias_apart(
+            cross_attention,
+            h,
+            cross_x_BxSxD,
+            q_positions_BxT=q_positions_BxT,
+            key_mask=cross_mask,
+            deterministic=self.deterministic,
+            use_cache=self.use_cache,
+          ),
+        )
+      )
     ffn = FeedForward(cfg, name="ffn")
-    x_BxTxD = self._residual("ffn", x_BxTxD, lambda h: ffn(h, deterministic=self.deterministic))
+    sublayers.append(("ffn", lambda h: (ffn(h, deterministic=self.deterministic), None)))
+    if cfg.norm_placement == "pre":
+      x_BxTxD = self._pre_ln(x_BxTxD, sublayers)
+    else:
+      for name, sublayer in sublayers:
+        x_BxTxD = self._post_ln(name, x_BxTxD, sublayer)
     return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES), None
 
-  def _residual(self, name: str, x_BxTxD: Array, sublayer: Callable[[Array], Array]) -> Array:
-    """Pre-LN: x + f(norm(x)). Post-LN: norm(x + f(x))."""
+  def _dropout(self, output: tuple[Array, Array | None]) -> tuple[Array, Array | None]:
+    """Residual dropout on a sub-layer's (output, bias): the bias added first
+    where the dropout drops anything."""
+    f_BxTxD, bias_D = output
+    rate = self.cfg.dropout_rate
+    dropout = nn.Dropout(rate)
+    if rate == 0.0 or self.deterministic:
+      return f_BxTxD, bias_D
+    return dropout(_biased(f_BxTxD, bias_D), deterministic=False), None
+
+  def _pre_ln(self, x_BxTxD: Array, sublayers: list[tuple[str, Sublayer]]) -> Array:
+    """x + f(norm(x)) for each sub-layer f in turn.
+
+    Each sub-layer's output and bias are added to the stream by the next
+    sub-layer's norm, which returns the sum with its norm (`Norm`'s add: on
+    a GPU one kernel forward, and one backward that adds the stream's
+    gradient too and sums the bias's); the block adds the last ones. The
+    first norm normalises the block's input as it is (path patching,
+    txf.analysis.patching, intercepts that call).
+    """
+    output = None
+    for name, sublayer in sublayers:
+      norm = Norm(self.cfg, name=f"{name}_norm")
+      if output is None:
+        h_BxTxD = norm(x_BxTxD)
+      else:
+        f_BxTxD, bias_D = output
+        x_BxTxD, h_BxTxD = norm(x_BxTxD, add=f_BxTxD, add_bias=bias_D, residual=True)
+      output = self._dropout(sublayer(h_BxTxD))
+    assert output is not None
+    return x_BxTxD + _biased(*output)
+
+  def _post_ln(self, name: str, x_BxTxD: Array, sublayer: Sublayer) -> Array:
+    """norm(x + f(x))."""
     norm = Norm(self.cfg, name=f"{name}_norm")
-    dropout = nn.Dropout(self.cfg.dropout_rate)
-    if self.cfg.norm_placement == "pre":
-      return x_BxTxD + dropout(sublayer(norm(x_BxTxD)), deterministic=self.deterministic)
-    return norm(x_BxTxD + dropout(sublayer(x_BxTxD), deterministic=self.deterministic))
+    return norm(x_BxTxD + _biased(*self._dropout(sublayer(x_BxTxD))))
+
+
+def _bias_apart(attention: MultiHeadAttention, *args, **kwargs) -> tuple[Array, Array | None]:
+  """An attention sub-layer's (output without its output projection's bias,
+  that bias or None)."""
+  return attention(*args, **kwargs, add_bias=False), attention.output_bias()
+
+
+def _biased(f_BxTxD: Array, bias_D: Array | None) -> Array:
+  """A sub-layer's output with its bias added, in the output's dtype (as its
+  projection adds it)."""
+  return f_BxTxD if bias_D is None else f_BxTxD + bias_D.astype(f_BxTxD.dtype)
 
 
 class TransformerStack(nn.Module):

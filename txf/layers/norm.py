@@ -6,11 +6,19 @@ through which the entry creates its parameters (`layer.param(...)`, float32,
 logical axis 'embed'), and `cfg` the model's ModelConfig (`cfg.norm_eps`, an
 option it registered). The statistics are the ops' float32 ones. A new norm
 is one such function and one `txf.register.norm` call (docs/extending.md).
+
+A Pre-LN block hands its norms the residual stream and the previous
+sub-layer's output (and its bias) to add to it, and takes the sum back with
+the normalised sum (`Norm(...)(x, add=f, add_bias=b, residual=True)`): the
+built-in entries do that in the op (`ops.layer_norm(..., add=f, ...)`: one
+GPU kernel forward, one backward that adds the stream's gradient too and
+sums the bias's); for another entry the layer adds them and normalises the
+sum with the entry.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -27,16 +35,19 @@ def scale_param(layer: nn.Module, name: str, d: int, init=nn.initializers.ones) 
   return cast(jax.Array, layer.param(name, boxed, (d,), jnp.float32))
 
 
-def layer_norm(layer: nn.Module, x_BxTxD: jax.Array, cfg: ModelConfig) -> jax.Array:
-  """LayerNorm: scale and bias (Ba et al. 2016)."""
+def layer_norm(layer: nn.Module, x_BxTxD: jax.Array, cfg: ModelConfig, **stream) -> Any:
+  """LayerNorm: scale and bias (Ba et al. 2016). `stream`: ops.layer_norm's
+  add, add_bias and residual."""
   d = x_BxTxD.shape[-1]
   scale, bias = scale_param(layer, "scale", d), scale_param(layer, "bias", d, nn.initializers.zeros)
-  return ops.layer_norm(x_BxTxD, scale, bias, eps=cfg.norm_eps)
+  return ops.layer_norm(x_BxTxD, scale, bias, eps=cfg.norm_eps, **stream)
 
 
-def rms_norm(layer: nn.Module, x_BxTxD: jax.Array, cfg: ModelConfig) -> jax.Array:
-  """RMSNorm: scale only (Zhang and Sennrich 2019)."""
-  return ops.rms_norm(x_BxTxD, scale_param(layer, "scale", x_BxTxD.shape[-1]), eps=cfg.norm_eps)
+def rms_norm(layer: nn.Module, x_BxTxD: jax.Array, cfg: ModelConfig, **stream) -> Any:
+  """RMSNorm: scale only (Zhang and Sennrich 2019). `stream`: ops.rms_norm's
+  add, add_bias and residual."""
+  scale = scale_param(layer, "scale", x_BxTxD.shape[-1])
+  return ops.rms_norm(x_BxTxD, scale, eps=cfg.norm_eps, **stream)
 
 
 NORMS.register("layer", layer_norm)
@@ -53,6 +64,30 @@ class Norm(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-    """[..., D] -> [..., D] in the compute dtype."""
-    return NORMS[self.cfg.norm](self, x_BxTxD.astype(jnp.dtype(self.cfg.dtype)), self.cfg)
+  def __call__(
+    self,
+    x_BxTxD: jax.Array,
+    *,
+    add: jax.Array | None = None,
+    add_bias: jax.Array | None = None,
+    residual: bool = False,
+  ) -> Any:
+    """[..., D] -> the norm of x (+ add + add_bias) [..., D] in the compute
+    dtype; with residual, (the sum, that).
+
+    Args:
+      x_BxTxD: the input, or with residual the residual stream.
+      add: None, or a sub-layer's output [..., D] to add to x first.
+      add_bias: None, or add's bias [D] as stored (the sub-layer left it to
+        the norm), added in add's dtype as its projection adds it.
+      residual: return the sum too (see the module docstring).
+    """
+    entry, dtype = NORMS[self.cfg.norm], jnp.dtype(self.cfg.dtype)
+    if entry in (layer_norm, rms_norm) and all(
+      a is None or a.dtype == dtype for a in (x_BxTxD, add)
+    ):
+      return entry(self, x_BxTxD, self.cfg, add=add, add_bias=add_bias, residual=residual)
+    if add is not None:
+      x_BxTxD = x_BxTxD + (add if add_bias is None else add + add_bias.astype(add.dtype))
+    y_BxTxD = entry(self, x_BxTxD.astype(dtype), self.cfg)
+    return (x_BxTxD, y_BxTxD) if residual else y_BxTxD
