@@ -59,7 +59,9 @@ VARIANTS = (
   "log_every_step",
   "host_only",
 )
-_PROGRESS = re.compile(r"^step (\d+)/")
+# The cadence's progress lines ('step 2/4 (50.0%) | ...'), not the first
+# step's 'step 1/4: compiling ...' / ': compiled and ran in ...' lines.
+_PROGRESS = re.compile(r"^step (\d+)/\d+ \(")
 
 
 class RandomIds:
