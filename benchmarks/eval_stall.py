@@ -13,6 +13,7 @@ checkout of an older commit to compare).
 import tempfile
 import time
 
+from benchmarks.loop import PROGRESS
 from txf.configs import gpt2_small
 from txf.runconfig.run_config import parse
 from txf.train import loop
@@ -31,8 +32,8 @@ def main() -> None:
     wall = time.perf_counter() - start
   progress = {}
   for seconds, line in marks:
-    if line.startswith("step "):
-      progress[int(line.split()[1].split("/")[0])] = seconds
+    if match := PROGRESS.match(line):
+      progress[int(match.group(1))] = seconds
       print(line)
     elif line.startswith("eval @ "):
       step = int(line.split()[2].rstrip(":"))

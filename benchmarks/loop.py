@@ -61,7 +61,7 @@ VARIANTS = (
 )
 # The cadence's progress lines ('step 2/4 (50.0%) | ...'), not the first
 # step's 'step 1/4: compiling ...' / ': compiled and ran in ...' lines.
-_PROGRESS = re.compile(r"^step (\d+)/\d+ \(")
+PROGRESS = re.compile(r"^step (\d+)/\d+ \(")
 
 
 class RandomIds:
@@ -174,7 +174,7 @@ def time_loop(setup: RunSetup, variant: str, step_tokens_per_sec: float, profile
   progress = []  # (seconds, step) at each progress line
 
   def log(line: str) -> None:
-    if match := _PROGRESS.match(line):
+    if match := PROGRESS.match(line):
       progress.append((time.perf_counter(), int(match.group(1))))
 
   with tempfile.TemporaryDirectory() as workdir, GcPauses() as pauses:
