@@ -3,6 +3,8 @@ a fake clock), and the bar on one."""
 
 import re
 import sys
+import threading
+import time
 
 import pytest
 
@@ -67,6 +69,110 @@ def test_a_stage_says_when_it_starts_and_how_long_it_took():
   with pytest.raises(KeyError), stage("compile", log=lines.append, clock=clock):
     raise KeyError("x")
   assert len(lines) == 1
+
+
+# The still-running lines come every EVERY (wall-clock) seconds in these tests;
+# each line they write moves the fake clock on a minute, so beat k says k
+# minutes whenever it comes.
+EVERY = 0.02
+
+
+def minutes_per_line(clock, beats_wanted=0):
+  """A log that moves `clock` on 60 s a line, and an event set once
+  `beats_wanted` still-running lines are in it."""
+  lines, enough = [], threading.Event()
+
+  def log(line):
+    lines.append(line)
+    clock.now += 60
+    if sum("still running" in line for line in lines) >= beats_wanted:
+      enough.set()
+
+  return lines, log, enough
+
+
+def new_thread(before):
+  """The one thread started since `before` (the stage's)."""
+  (thread,) = set(threading.enumerate()) - before
+  return thread
+
+
+def test_a_stage_off_a_terminal_says_it_is_still_running_until_it_ends():
+  clock = Clock()
+  lines, log, two_beats = minutes_per_line(clock, beats_wanted=2)
+  before = set(threading.enumerate())
+  with stage("compile", log=log, every_s=EVERY, clock=clock):
+    thread = new_thread(before)
+    assert thread.daemon and thread.is_alive()
+    assert two_beats.wait(timeout=5), lines
+  assert not thread.is_alive()
+  # The start, the beats in order (two, or a third that came as the body ended), the end.
+  beats = lines[1:-1]
+  assert len(beats) >= 2
+  for k, line in enumerate(beats, 1):
+    assert re.fullmatch(STAMP + f"compile: still running, {k}m00s", line), line
+  assert re.fullmatch(STAMP + r"compile \.\.\.", lines[0])
+  assert re.fullmatch(STAMP + rf"compile: done in {60 * (len(beats) + 1)}\.0s", lines[-1])
+  written = list(lines)
+  time.sleep(3 * EVERY)
+  assert lines == written  # nothing after the end line
+
+
+def test_the_beats_keep_the_cadence_in_wall_clock_time():
+  stamps, ready = [], threading.Event()
+
+  def log(line):
+    stamps.append(time.monotonic())
+    if len(stamps) == 3:  # the start and two beats
+      ready.set()
+
+  with stage("compile", log=log, every_s=EVERY):
+    assert ready.wait(timeout=5)
+  gaps = [b - a for a, b in zip(stamps[:2], stamps[1:3], strict=True)]
+  assert all(gap >= 0.9 * EVERY for gap in gaps), gaps
+
+
+def test_a_stage_that_ends_before_the_first_beat_writes_none():
+  clock = Clock()
+  lines, log, _ = minutes_per_line(clock)
+  before = set(threading.enumerate())
+  with stage("compile", log=log, every_s=1.0, clock=clock):
+    thread = new_thread(before)
+    time.sleep(EVERY)
+    ending = time.monotonic()
+  assert time.monotonic() - ending < 0.5  # left at once, not at the next beat
+  assert not thread.is_alive()
+  assert len(lines) == 2 and re.fullmatch(STAMP + r"compile: done in 60\.0s", lines[1])
+
+
+def test_a_stage_that_raises_stops_its_thread():
+  clock = Clock()
+  lines, log, one_beat = minutes_per_line(clock, beats_wanted=1)
+  before = set(threading.enumerate())
+  with pytest.raises(KeyError), stage("compile", log=log, every_s=EVERY, clock=clock):
+    thread = new_thread(before)
+    assert one_beat.wait(timeout=5), lines
+    raise KeyError("x")
+  assert not thread.is_alive()
+  assert all("still running" in line for line in lines[1:])  # no end line
+  written = list(lines)
+  time.sleep(3 * EVERY)
+  assert lines == written
+
+
+def test_on_a_terminal_a_stage_writes_no_beats(capsys, monkeypatch):
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+  with stage("compile", every_s=EVERY):
+    time.sleep(3 * EVERY)
+  err = capsys.readouterr().err
+  assert "compile: done in" in err
+  assert "still running" not in err and not re.search(STAMP, err)
+
+
+@pytest.mark.parametrize("every_s", [0, -1.0])
+def test_a_cadence_that_is_not_positive_is_refused(every_s):
+  with pytest.raises(ValueError, match="every_s must be positive"), stage("x", every_s=every_s):
+    pass
 
 
 def test_off_a_terminal_lines_go_to_stderr(capsys):

@@ -23,6 +23,13 @@ every `every_s` seconds while it runs, and one when it ends, e.g.
     eta 14s (one line)
   2026-11-29 06:20:25 extrapolate: length 256: 48/48 windows (100%) | 2 windows/s | elapsed 24s
 
+A stage has no count to write as it goes, and its work (a compile) does not
+call back, so a thread writes that it is still running, e.g.
+
+  2026-11-29 06:20:01 compile train step (h100) ...
+  2026-11-29 06:21:01 compile train step (h100): still running, 1m00s
+  2026-11-29 06:21:45 compile train step (h100): done in 104.2s
+
 rich is installed with flax, which txf depends on.
 """
 
@@ -31,18 +38,26 @@ from __future__ import annotations
 import contextlib
 import datetime
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 # How often a line is written while work runs, when stderr is no terminal.
 EVERY_S = 10.0
+# How often a stage says it is still running there. Its lines carry no count,
+# only that the process is alive: one a minute keeps a log of a 6-minute
+# compile from reading as a hang without filling it.
+STAGE_EVERY_S = 60.0
 
 Log = Callable[[str], Any]
 
 
 def _stderr(line: str) -> None:
-  print(line, file=sys.stderr, flush=True)
+  # One write, not print's two (the line, then its newline): a stage's thread
+  # writes while other code may, and two lines must not share one.
+  sys.stderr.write(line + "\n")
+  sys.stderr.flush()
 
 
 def timestamped(line: str, now: datetime.datetime | None = None) -> str:
@@ -152,11 +167,23 @@ class Progress:
 
 @contextlib.contextmanager
 def stage(
-  what: str, *, log: Log | None = None, clock: Callable[[], float] = time.monotonic
+  what: str,
+  *,
+  log: Log | None = None,
+  every_s: float = STAGE_EVERY_S,
+  clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[None]:
-  """A piece of work of unknown length (a compile): '<what> ...' as it starts
-  and '<what>: done in 44.7s' as it ends, timestamped (a spinner with the
-  elapsed time on a terminal)."""
+  """A piece of work of unknown length (a compile): '<what> ...' as it starts,
+  '<what>: still running, 1m00s' every `every_s` seconds while it runs and
+  '<what>: done in 44.7s' as it ends, timestamped (a spinner with the elapsed
+  time on a terminal). An error writes no end line; it says so itself.
+
+  The still-running lines come from a daemon thread (a `log` is called from
+  it), which the stage stops and waits for as it ends or raises: none follows
+  the end line. `clock` times the lines; the cadence is wall-clock seconds.
+  """
+  if every_s <= 0:  # the thread would write without pause
+    raise ValueError(f"every_s must be positive, got {every_s}")
   began = clock()
   if _on_terminal(log):
     import rich.console  # noqa: PLC0415 (rich loads only where a spinner is drawn)
@@ -168,5 +195,20 @@ def stage(
     return
   write = log or _stderr
   write(timestamped(f"{what} ..."))
-  yield
+  ended = threading.Event()
+
+  def still_running() -> None:
+    # wait() returns True at once when the stage ends, False after every_s.
+    while not ended.wait(every_s):
+      write(timestamped(f"{what}: still running, {_duration(clock() - began)}"))
+
+  # A daemon: a stage that is never left (its own thread a daemon the process
+  # exits under) must not keep the process alive with its lines.
+  thread = threading.Thread(target=still_running, name=f"txf.progress: {what}", daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    ended.set()
+    thread.join()  # a line being written now comes before the end line
   write(timestamped(f"{what}: done in {clock() - began:.1f}s"))
