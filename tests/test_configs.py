@@ -313,6 +313,32 @@ def test_grad_accum_must_divide_the_batch():
   validate(config)
 
 
+@pytest.mark.parametrize(
+  "fields, message",
+  [
+    (dict(keep_every=-1), "train.keep_every: must be an integer >= 0, got -1"),
+    (dict(keep_best=-1), "train.keep_best: must be an integer >= 0, got -1"),
+    (
+      dict(checkpoint_every=4, keep_every=6),
+      "train.keep_every: 6 is not a multiple of train.checkpoint_every=4 (no checkpoint is "
+      "saved at its steps)",
+    ),
+    (
+      dict(checkpoint_every=6, keep_best=1),
+      "train.keep_best: ranks checkpoints by the evaluation at their step, but "
+      "train.checkpoint_every=6 is not a multiple of eval.every=4",
+    ),
+  ],
+)
+def test_keep_policies_keep_steps_that_are_saved_and_evaluated(fields, message):
+  config = tiny()
+  config.eval.every = 4
+  config.train.update(fields)
+  assert error_message(config) == message
+  config.train.update(checkpoint_every=8, keep_every=16, keep_best=2)  # the ends that fit
+  validate(config)
+
+
 def test_heads_must_divide_d_model():
   config = tiny()
   config.model.num_heads = 3

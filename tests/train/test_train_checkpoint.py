@@ -103,6 +103,71 @@ def test_max_to_keep(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["4", "5"]
 
 
+def kept_steps(directory):
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+@pytest.mark.parametrize("keep_every, want", [(0, [9, 10]), (4, [4, 8, 9, 10]), (10, [9, 10])])
+def test_keep_every_keeps_its_multiples_beside_the_newest(tmp_path, keep_every, want):
+  save_steps(tmp_path, range(1, 11), max_to_keep=2, keep_every=keep_every)
+  assert kept_steps(tmp_path) == want
+
+
+def save_with_losses(directory, losses, **kwargs):
+  """Saves step s with eval_loss losses[s - 1] (None: saved without metrics)."""
+  with checkpoint.Checkpointer(directory, **kwargs) as ckpt:
+    for step, loss in enumerate(losses, start=1):
+      metrics = None if loss is None else {"eval_loss": loss, "eval_accuracy": -loss}
+      assert ckpt.save(step, make_state(step), extras_for(step), metrics=metrics)
+    ckpt.wait_until_finished()
+
+
+def test_keep_best_keeps_the_lowest_eval_losses_beside_the_newest(tmp_path):
+  # Lowest: steps 2 (0.5) and 5 (0.7); the newest two are 7 and 8; step 3,
+  # saved without an evaluation (a preemption's), is ranked by nothing.
+  losses = [3.0, 0.5, None, 2.0, 0.7, 0.9, 4.0, 5.0]
+  save_with_losses(tmp_path, losses, max_to_keep=2, keep_best=2)
+  assert kept_steps(tmp_path) == [2, 5, 7, 8]
+  # Ranked on disk: a later Checkpointer (a resumed run) keeps ranking them.
+  with checkpoint.Checkpointer(tmp_path, max_to_keep=1, keep_best=2) as ckpt:
+    assert ckpt.save(9, make_state(9), extras_for(9), metrics={"eval_loss": 0.6})
+    ckpt.wait_until_finished()
+  assert kept_steps(tmp_path) == [2, 9]
+
+
+def test_without_keep_best_no_metrics_are_written(tmp_path):
+  save_with_losses(tmp_path, [1.0, 2.0, 3.0], max_to_keep=3)
+  assert kept_steps(tmp_path) == [1, 2, 3]
+  assert not any(p.name == "metrics" for p in (tmp_path / "3").iterdir())
+
+
+def test_drop_after_moves_the_later_steps_aside_and_keeps_them(tmp_path):
+  save_steps(tmp_path, [1, 2, 3, 4], max_to_keep=5)
+  (tmp_path / "4.dropped").mkdir()  # left by an earlier resume: not overwritten
+  with checkpoint.Checkpointer(tmp_path, max_to_keep=5) as ckpt:
+    state, extras = ckpt.restore_step(2, abstract(make_state(0)))
+    moved = ckpt.drop_after(2)
+    assert [p.name for p in moved] == ["3.dropped", "4.dropped-2"]
+    assert ckpt.latest_step() == 2
+    assert ckpt.save(3, make_state(30), extras_for(3))
+    ckpt.wait_until_finished()
+  assert_trees_equal(state, make_state(2))
+  assert extras == extras_for(2)
+  names = sorted(p.name for p in tmp_path.iterdir())
+  assert names == ["1", "2", "3", "3.dropped", "4.dropped", "4.dropped-2"]
+  target = abstract(make_state(0))
+  with checkpoint.Checkpointer(tmp_path, read_only=True) as ckpt:
+    assert_trees_equal(ckpt.restore_step(3, target)[0], make_state(30))
+
+
+def test_saved_steps_lists_a_work_directorys_checkpoints_and_writes_nothing(tmp_path):
+  assert checkpoint.saved_steps(tmp_path) == []
+  assert list(tmp_path.iterdir()) == []
+  save_steps(checkpoint.checkpoint_directory(tmp_path), [1, 2, 3], max_to_keep=5)
+  (tmp_path / "checkpoints" / "2.dropped").mkdir()
+  assert checkpoint.saved_steps(tmp_path) == [1, 2, 3]
+
+
 def test_save_interval_and_force(tmp_path):
   with checkpoint.Checkpointer(tmp_path, save_interval_steps=2) as ckpt:
     saved = [ckpt.save(s, make_state(s), extras_for(s)) for s in (1, 2, 3)]

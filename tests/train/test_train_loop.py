@@ -115,6 +115,24 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   assert "=== step 6 ===" in samples and "=== step 12 ===" in samples
   assert len(samples.split("=== step 12 ===\n")[1].strip()) > 0
 
+  # --resume_step reaches the run: a step with no checkpoint is refused in
+  # one line, exit 2, before anything is written.
+  before = file_digests(workdir)
+  refused = subprocess.run(
+    cli_command("rope", workdir, config, "--resume_step=7"),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=cli_env(compilation_cache_dir),
+  )
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  assert refused.stderr.strip().splitlines()[-1] == (
+    f"config error: resume_step: no checkpoint at step 7 in {workdir / 'checkpoints'} "
+    "(steps: 6, 12)"
+  )
+  assert file_digests(workdir) == before
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -250,6 +268,44 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   assert [r["step"] for r in dropped if "loss" in r] == [5, 6, 7, 8]
   # Retrained from step 4's state and data position: the same losses.
   assert [r["loss"] for r in rows[4:8]] == [r["loss"] for r in first_rows[4:8]]
+
+
+@pytest.mark.slow  # trains a run
+def test_resume_step_retrains_from_it_and_keeps_the_best_and_every_nth(tmp_path):
+  """Trained to 8 (saves every 2, evals every 2; keeps the newest, every 4th
+  and the best eval_loss), then resumed from step 4: steps 5-8 retrained from
+  step 4's state and data position give the same losses, and what the resume
+  replaces (checkpoints, metrics rows) is moved aside, not deleted."""
+  workdir = tmp_path / "run"
+  keep = dict(eval__every=2, train__checkpoint_every=2, train__max_to_keep=1, train__keep_every=4)
+  run_quietly(tiny(steps=8, train__keep_best=1, **keep), workdir)
+  evals = {r["step"]: r for r in read_metrics(workdir) if "eval_loss" in r}
+  best = min(evals, key=lambda step: evals[step]["eval_loss"])
+  assert checkpoint_steps(workdir) == sorted({4, 8, best})
+  for step in checkpoint_steps(workdir):  # ranked by the eval at their step
+    saved = json.loads((workdir / "checkpoints" / str(step) / "metrics" / "metrics").read_text())
+    assert saved["eval_loss"] == evals[step]["eval_loss"]
+  first_rows = train_rows(workdir)
+
+  with pytest.raises(
+    loop.ConfigError, match=r"^resume_step: no checkpoint at step 3 in .*\(steps: "
+  ):
+    loop.run(parse(tiny(steps=8, **keep)), workdir, log=lambda line: None, resume_step=3)
+  lines = []
+  loop.run(parse(tiny(steps=8, **keep)), workdir, log=lines.append, resume_step=4)
+  moved = ", ".join(f"{step}.dropped" for step in sorted({8, best}) if step > 4)
+  assert (
+    f"resumed from step 4 in {workdir / 'checkpoints'}; the later steps moved to {moved}" in lines
+  )
+  rows = train_rows(workdir)
+  assert [r["step"] for r in rows] == list(range(1, 9))
+  assert [r["loss"] for r in rows] == [r["loss"] for r in first_rows]
+  dropped = [
+    json.loads(line) for line in (workdir / "metrics.dropped.jsonl").read_text().splitlines()
+  ]
+  assert [r["step"] for r in dropped if "loss" in r] == [5, 6, 7, 8]
+  assert (workdir / "checkpoints" / "8.dropped" / "state").is_dir()
+  assert checkpoint_steps(workdir) == [4, 8]  # without keep_best now: 4 (every 4th), 8
 
 
 @pytest.mark.slow  # trains a run

@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.runconfig.run_config import ConfigError, parse
-from txf.rundir.resume import config_changes, read_run_config, write_config
+from txf.rundir.resume import config_changes, keep_run_warmup, read_run_config, write_config
 from txf.train import loop
 from txf.train.run_setup import fit_vocabulary, load_run, setup_run
 from txf.train.step import model_inputs
@@ -110,34 +110,61 @@ def test_load_run_refuses_what_the_checkpoint_depends_on(trained, overrides, fie
 
 
 def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tmp_path):
-  # A finished 30-step run (warmup 60, clamped to 30) continued to 600 steps:
-  # its learning rate drops from the peak to half of it, said in one line.
+  # A finished 30-step run (warmup 60, clamped to 30) continued to 600 steps
+  # keeps the warmup it finished (a longer one would halve the learning rate
+  # at step 30), said in one line; what else it changes, in another.
   config = load_config("rope")
   config.train.steps = 30
   write_config(parse(config), tmp_path)
   saved = read_run_config(tmp_path)
   run = parse(config)
   assert config_changes(run, saved) == [] and loop._changes_line(run, saved) is None
+  assert keep_run_warmup(run, saved) is run
   config.train.steps = 600
   config.train.decay = "linear"
+  config.train.learning_rate = 1e-3
   config.eval.sample_prompt = "class "
-  run = parse(config)
+  extended = parse(config)
+  assert extended.train.warmup_steps == 60 and extended.notes == ()
+  run = keep_run_warmup(extended, saved)
+  assert run.train == dataclasses.replace(extended.train, warmup_steps=30)
+  assert run.notes == (
+    "train.warmup_steps: 60 -> 30, the warmup this run finished in its train.steps=30 (a "
+    "longer one would lower the learning rate at step 30 from 1.000e-03 to 5.000e-04); to "
+    "warm up again, train in a new --workdir with train.init_from=<this run>",
+  )
   assert config_changes(run, saved) == [
     ("train.steps", 30, 600),
-    ("train.warmup_steps", 30, 60),  # clamped to the 30 steps it ran, no longer
+    ("train.learning_rate", 3e-3, 1e-3),
     ("train.decay", "cosine", "linear"),
     ("eval.sample_prompt", "def ", "class "),
   ]
   setup = types.SimpleNamespace(run=run)
   line = loop._changes_line(run, saved) + loop._learning_rate_change(setup, saved, 30)
   assert line == (
-    "changed from the run's config.json: train.steps 30 -> 600, train.warmup_steps 30 -> 60, "
-    "train.decay 'cosine' -> 'linear', eval.sample_prompt 'def ' -> 'class '; learning rate "
-    "at step 30: 3.000e-03 -> 1.500e-03"
+    "changed from the run's config.json: train.steps 30 -> 600, train.learning_rate 0.003 -> "
+    "0.001, train.decay 'cosine' -> 'linear', eval.sample_prompt 'def ' -> 'class '; learning "
+    "rate at step 30: 3.000e-03 -> 1.000e-03"
   )
-  config.train.steps = 30  # the same schedule: no learning rate in the line
-  setup.run = parse(config)
-  assert loop._learning_rate_change(setup, saved, 20) == ""
+  config.train.learning_rate = 3e-3  # the same learning rate at step 30: not in the line
+  setup.run = keep_run_warmup(parse(config), saved)
+  assert loop._learning_rate_change(setup, saved, 30) == ""
+  # Any longer warmup keeps the run's (a config file's cannot be told from
+  # one asked for); a shorter one, a run not made longer, or a run whose
+  # warmup ended before its last step is the config's.
+  config.train.warmup_steps = 90
+  assert keep_run_warmup(parse(config), saved).train.warmup_steps == 30
+  for changes, against in [
+    (dict(warmup_steps=20), saved),
+    (dict(steps=25, warmup_steps=60), saved),
+    (
+      dict(steps=600, warmup_steps=60),
+      dataclasses.replace(saved, train=dataclasses.replace(saved.train, steps=40)),
+    ),
+  ]:
+    config.train.update(changes)
+    run = parse(config)
+    assert keep_run_warmup(run, against) is run
   assert config_changes(parse(load_config("rope")), read_run_config(tmp_path / "new")) == []
 
 

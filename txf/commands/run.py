@@ -9,10 +9,12 @@ taken by its bare name (rope, sweeps/pe_ln; listed below); anything else is a
 path (./my_config.py; configs/rope.py in a checkout), loaded only where that
 file exists. The first line the run prints is the config file it loaded
 (`config: /.../rope.py`), which run_record.json records too. Rerunning the
-same command on the same work directory resumes from its latest checkpoint,
-first saying which settings it changes (`changed from the run's config.json:
-train.steps 30 -> 600; ...`). A train.warmup_steps above train.steps is
-clamped to it, in one line, so --config.train.steps=N runs any config.
+same command on the same work directory resumes from its latest checkpoint
+(--resume_step=N: from step N's, the later ones moved aside), first saying
+which settings it changes (`changed from the run's config.json: train.steps
+30 -> 600; ...`). A train.warmup_steps above train.steps is clamped to it,
+in one line, so --config.train.steps=N runs any config; such a run, extended
+later, keeps the warmup it finished (one line says so).
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 --print_config checks the config as the run would (an invalid one exits 2,
 `config error: ...`), lists every field (its value, the base config's
@@ -72,6 +74,12 @@ _CONFIG = define_config_flag(
 )
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory (default: workdirs/<config file stem>)."
+)
+_RESUME_STEP = flags.DEFINE_integer(
+  "resume_step",
+  None,
+  "Resume from the checkpoint at this step instead of the newest; the later steps are "
+  "moved to checkpoints/<step>.dropped (kept), their metrics rows to metrics.dropped.jsonl.",
 )
 _PRINT_CONFIG = flags.DEFINE_bool(
   "print_config",
@@ -217,7 +225,13 @@ def main(argv) -> None:
   print(f"config: {config_file}", flush=True)
   print(start_jax(), flush=True)  # after jax.distributed, which must start first
   with run_errors(), PreemptionGuard() as guard:
-    run(parse(_CONFIG.value), workdir, config_file=config_file, preemption=guard)
+    run(
+      parse(_CONFIG.value),
+      workdir,
+      config_file=config_file,
+      preemption=guard,
+      resume_step=_RESUME_STEP.value,
+    )
   if guard.interrupted:
     sys.exit(INTERRUPTED_STATUS)
 

@@ -81,6 +81,16 @@ class TrainConfig:
   log_every: int = documented("steps between progress lines and training metrics", default=50)
   checkpoint_every: int = documented("steps between checkpoints (and one at the end)", default=200)
   max_to_keep: int = documented("newest checkpoints kept", default=2)
+  keep_every: int = documented(
+    "also keep every checkpoint at a multiple of this step (0: none; a multiple of "
+    "train.checkpoint_every)",
+    default=0,
+  )
+  keep_best: int = documented(
+    "also keep this many checkpoints of lowest eval_loss (0: none; train.checkpoint_every "
+    "a multiple of eval.every)",
+    default=0,
+  )
   init_from: str | None = documented(
     "a Hugging Face dir or a txf run dir to start from", default=None
   )
@@ -106,6 +116,14 @@ class TrainConfig:
     for field in ("grad_accum_steps", "log_every", "checkpoint_every", "max_to_keep"):
       checks.positive_int(getattr(self, field), f"train.{field}")
     checks.int_at_least(self.loss_chunk_len, "train.loss_chunk_len", 0)
+    checks.int_at_least(self.keep_best, "train.keep_best", 0)
+    # A kept step must be a saved one: orbax keeps the multiples of keep_every
+    # among the steps saved.
+    if checks.int_at_least(self.keep_every, "train.keep_every", 0) % self.checkpoint_every:
+      raise ValueError(
+        f"train.keep_every: {self.keep_every} is not a multiple of "
+        f"train.checkpoint_every={self.checkpoint_every} (no checkpoint is saved at its steps)"
+      )
 
   @property
   def schedule(self) -> optax.Schedule:
@@ -380,6 +398,12 @@ def _check_across(run: RunConfig) -> None:
     raise ValueError(
       f"train.grad_accum_steps: {train.grad_accum_steps} does not divide "
       f"data.batch_size={spec.batch_size}"
+    )
+  if train.keep_best and train.checkpoint_every % run.eval.every:
+    raise ValueError(
+      f"train.keep_best: ranks checkpoints by the evaluation at their step, but "
+      f"train.checkpoint_every={train.checkpoint_every} is not a multiple of "
+      f"eval.every={run.eval.every}"
     )
   if train.loss_chunk_len and model.head != "lm":
     raise ValueError(

@@ -13,6 +13,13 @@ where it went. Unfinished saves
 (`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; they are
 reported and left in place.
 
+Which steps are kept: the `max_to_keep` newest, and any that a keep
+policy names -- each at a multiple of `keep_every`, the `keep_best` of
+lowest eval_loss (a save's `metrics`; orbax's EveryNSteps and BestN
+preservation policies). A run resumed from an earlier step than the newest
+(`restore_step`, then `drop_after`) moves the later steps to
+`<step>.dropped`, kept as the corrupt ones are.
+
 A Checkpointer opened with `read_only=True` (to evaluate a run, perhaps one
 that is still training) creates, renames and writes nothing. A step that
 vanishes while it is read (the training run saved a newer one and, keeping
@@ -76,6 +83,8 @@ logger = logging.getLogger(__name__)
 STATE_ITEM = "state"
 EXTRAS_ITEM = "extras"
 CORRUPT_SUFFIX = ".corrupt"
+# Where a resume from an earlier step (loop.run's resume_step) moves the later ones.
+DROPPED_SUFFIX = ".dropped"
 # Reading a run that is training: how often a restore starts over when the
 # steps changed while it read, and how long it waits before each new try.
 REPLACED_RETRIES = 5
@@ -204,6 +213,36 @@ def _as_directory(directory: str | os.PathLike) -> epath.Path:
   return directory.absolute() if is_local(directory) else directory
 
 
+# The evaluation metric `keep_best` ranks checkpoints by (lowest kept).
+BEST_METRIC = "eval_loss"
+
+
+def _best_metric(metrics: dict[str, float]) -> float:
+  """A checkpoint's rank for keep_best (lower is better); one saved without
+  an evaluation (a preemption's) ranks last."""
+  return float(metrics.get(BEST_METRIC, float("inf")))
+
+
+def _preservation_policy(max_to_keep: int, keep_every: int, keep_best: int):
+  """Keep a checkpoint that any of these keeps: the `max_to_keep` newest,
+  each at a multiple of `keep_every` (0: none), the `keep_best` of lowest
+  BEST_METRIC (0: none)."""
+  policies = ocp.checkpoint_managers
+  keep = [policies.LatestN(n=max_to_keep)]
+  if keep_every:
+    keep.append(policies.EveryNSteps(interval_steps=keep_every))
+  if keep_best:
+    keep.append(
+      policies.BestN(
+        get_metric_fn=_best_metric,
+        reverse=True,  # sorted highest first, the last n kept: the lowest
+        n=keep_best,
+        keep_checkpoints_without_metrics=False,
+      )
+    )
+  return policies.AnyPreservationPolicy(keep)
+
+
 def _check_abstract_state(abstract_state: Any) -> None:
   leaves = jax.tree.leaves(abstract_state)
   if not leaves:
@@ -238,6 +277,9 @@ class Checkpointer:
     max_to_keep: how many of the newest checkpoints to keep.
     save_interval_steps: `save` writes only at multiples of this, at a
       preemption step, or when forced.
+    keep_every: also keep every checkpoint at a multiple of this step (0: none).
+    keep_best: also keep this many checkpoints of lowest `BEST_METRIC`, among
+      those saved with it (`save`'s `metrics`; 0: none).
     read_only: only restore: nothing under `directory` (nor the directory
       itself) is created, renamed or written, and `save` raises.
   """
@@ -248,6 +290,8 @@ class Checkpointer:
     *,
     max_to_keep: int = 3,
     save_interval_steps: int = 1,
+    keep_every: int = 0,
+    keep_best: int = 0,
     read_only: bool = False,
   ):
     _positive_int("max_to_keep", max_to_keep)
@@ -261,13 +305,17 @@ class Checkpointer:
           policies.PreemptionCheckpointingPolicy(),
         ]
       ),
-      preservation_policy=policies.LatestN(n=max_to_keep),
+      preservation_policy=_preservation_policy(max_to_keep, keep_every, keep_best),
+      # orbax writes a save's metrics only where it ranks by them.
+      best_fn=_best_metric if keep_best else None,
+      best_mode="min",
       # orbax's own read_only option warns at every opening; without
       # `create` and without saves it writes nothing either.
       create=not read_only,
     )
     directory = _as_directory(directory)
     self._read_only = read_only
+    self._ranks_by_metrics = bool(keep_best)
     self._unchecked_save = False  # a save started whose outcome check_for_errors has not seen
     # Fail before training, not at the first save steps later.
     if not read_only:
@@ -298,8 +346,18 @@ class Checkpointer:
   def directory(self) -> epath.Path:
     return self._manager.directory
 
-  def save(self, step: int, state: Any, extras: dict[str, Any], *, force: bool = False) -> bool:
-    """Starts an asynchronous save of `state` and `extras` at `step`.
+  def save(
+    self,
+    step: int,
+    state: Any,
+    extras: dict[str, Any],
+    *,
+    force: bool = False,
+    metrics: dict[str, float] | None = None,
+  ) -> bool:
+    """Starts an asynchronous save of `state` and `extras` at `step`, with
+    the evaluation `metrics` at `step` (None: none ran there) that `keep_best`
+    ranks it by.
 
     Returns once the arrays are copied off the devices (arrays in host
     memory, a CPU device's: copied there, see `_unaliased`), so the caller
@@ -330,7 +388,15 @@ class Checkpointer:
         EXTRAS_ITEM: ocp.args.JsonSave(extras),
       }
     )
-    started = self._writing(lambda: self._manager.save(step, args=args, force=True))
+    if not self._ranks_by_metrics:
+      metrics = None
+    elif metrics is None:
+      # orbax warns of every save without them when it ranks: the steps saved
+      # off an evaluation (a preemption's) are left unranked on purpose.
+      metrics = {}
+    started = self._writing(
+      lambda: self._manager.save(step, args=args, force=True, metrics=metrics)
+    )
     if started:
       _lower_priority()
     return started
@@ -535,11 +601,9 @@ class Checkpointer:
           restored_step,
         )
       return
-    if ocp.multihost.process_index() == 0:
-      for step, error in failures:
-        source = self.directory / str(step)
-        target = _free_path(source.parent / f"{source.name}{CORRUPT_SUFFIX}")
-        source.rename(target)
+    moved = self._move_aside([step for step, _ in failures], CORRUPT_SUFFIX)
+    for (step, error), target in zip(failures, moved, strict=True):
+      if target is not None:
         logger.warning(
           "Checkpoint step %d does not restore (%s): moved to %s (kept for inspection); "
           "resuming from step %d.",
@@ -548,8 +612,29 @@ class Checkpointer:
           target,
           restored_step,
         )
-    ocp.multihost.sync_global_processes("txf_checkpoint_quarantine")
+
+  def drop_after(self, step: int) -> list[epath.Path]:
+    """Moves every finalised step after `step` to `<step>.dropped` (kept,
+    never deleted; out of the way of the saves of a run resumed from
+    `step`), returning where each went (empty on processes other than 0)."""
+    if self._read_only:
+      raise CheckpointWriteError(f"{self.directory} was opened read-only (for restoring)")
+    later = [saved for saved in self.steps() if saved > step]
+    return [target for target in self._move_aside(later, DROPPED_SUFFIX) if target is not None]
+
+  def _move_aside(self, steps: list[int], suffix: str) -> list[epath.Path | None]:
+    """Renames each of `steps` to `<step><suffix>` (or `-2`, `-3`, ... where
+    that exists) on process 0, the others waiting for it; where each went
+    (None on the other processes)."""
+    moved: list[epath.Path | None] = [None] * len(steps)
+    if ocp.multihost.process_index() == 0:
+      for i, step in enumerate(steps):
+        source = self.directory / str(step)
+        moved[i] = _free_path(source.parent / f"{source.name}{suffix}")
+        source.rename(moved[i])
+    ocp.multihost.sync_global_processes(f"txf_checkpoint_move_aside{suffix}")
     self._manager.reload()
+    return moved
 
   def close(self) -> None:
     """Waits for pending saves and releases the manager's resources."""
@@ -746,8 +831,25 @@ def make_checkpointer(
   `train` section says; `read_only` to restore one without creating or
   writing anything."""
   return Checkpointer(
-    epath.Path(workdir) / "checkpoints",
+    checkpoint_directory(workdir),
     max_to_keep=train.max_to_keep,
     save_interval_steps=train.checkpoint_every,
+    keep_every=train.keep_every,
+    keep_best=train.keep_best,
     read_only=read_only,
   )
+
+
+def checkpoint_directory(workdir: str | os.PathLike) -> epath.Path:
+  """Where a run in `workdir` keeps its checkpoints."""
+  return epath.Path(workdir) / "checkpoints"
+
+
+def saved_steps(workdir: str | os.PathLike) -> list[int]:
+  """The finalised checkpoint steps of the run in `workdir`, oldest first
+  ([] for none), read without writing anything."""
+  directory = checkpoint_directory(workdir)
+  if not directory.exists():
+    return []
+  with Checkpointer(directory, read_only=True) as checkpointer:
+    return checkpointer.steps()

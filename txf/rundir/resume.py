@@ -7,6 +7,7 @@ run it records.
   saved = read_run_config(workdir)           # a RunConfig; None: a new work directory
   check_resumable(run, saved, workdir)       # ValueError naming the field
   config_changes(run, saved)                 # what a resume changes
+  run = keep_run_warmup(run, saved)          # a clamped warmup stays as trained
 
 A config.json of any format written since runs were first written reads:
 `from_json` renames and adds the fields MIGRATIONS lists, then parses it as
@@ -21,7 +22,9 @@ trained on and the sentencepiece model in the work directory).
 `data.seq_len`, `data.batch_size`, how a TFDS stream is read and attended
 (`data.read_threads`, `data.attend_across_documents`), and the `train`,
 `eval` and `parallel` sections may change; a `train` change that reshapes
-the optimizer state the checkpoints hold may not (`check_optimizer_state`).
+the optimizer state the checkpoints hold may not (`check_optimizer_state`),
+and a warmup the run finished within its train.steps stays as it was when
+the run is extended (`keep_run_warmup`).
 Only training writes config.json (`write_config`); an evaluation leaves it
 as it is.
 """
@@ -73,6 +76,8 @@ MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
   ("added", "data.read_threads", 4),
   ("added", "data.attend_across_documents", False),
   ("added", "data.seed_per_replica", False),
+  ("added", "train.keep_every", 0),
+  ("added", "train.keep_best", 0),
 )
 _ABSENT = object()
 
@@ -202,6 +207,30 @@ def check_resumable(run: RunConfig, saved: RunConfig | None, workdir: str | os.P
         f"{name}: differs from the run already in {workdir} (see "
         f"{epath.Path(workdir) / CONFIG_FILE}); use a new --workdir"
       )
+
+
+def keep_run_warmup(run: RunConfig, saved: RunConfig) -> RunConfig:
+  """`run`, resuming the run whose config.json read as `saved` from one of
+  its checkpoints, with that run's warmup where it covered the whole run
+  (a smoke run's warmup clamped to its train.steps, see
+  txf.runconfig.run_config.parse) and `run` trains longer with a longer
+  one: the warmup is part of the schedule the checkpoints were trained on,
+  and lengthening it would drop the learning rate at the resumed step (a
+  30-step run of a 60-step warmup resumed for 600 steps: to half its peak).
+  The note in the returned run's `notes` says so; any other `run` is
+  returned as it is."""
+  old, new = saved.train, run.train
+  if not (old.warmup_steps == old.steps < new.steps and new.warmup_steps > old.warmup_steps):
+    return run
+  kept = dataclasses.replace(new, warmup_steps=old.warmup_steps)
+  note = (
+    f"train.warmup_steps: {new.warmup_steps} -> {old.warmup_steps}, the warmup this run "
+    f"finished in its train.steps={old.steps} (a longer one would lower the learning rate "
+    f"at step {old.steps} from {float(kept.schedule(old.steps)):.3e} to "
+    f"{float(new.schedule(old.steps)):.3e}); to warm up again, train in a new --workdir "
+    "with train.init_from=<this run>"
+  )
+  return dataclasses.replace(run, train=kept, notes=(*run.notes, note))
 
 
 def check_optimizer_state(

@@ -78,6 +78,7 @@ from txf.rundir.checkpoint import (
   CheckpointWriteError,
   PreemptionGuard,
   make_checkpointer,
+  saved_steps,
 )
 from txf.rundir.console import format_duration, format_progress
 from txf.rundir.metrics import MetricsWriter, read_metrics
@@ -87,6 +88,7 @@ from txf.rundir.resume import (
   check_optimizer_state,
   check_resumable,
   config_changes,
+  keep_run_warmup,
   read_run_config,
   write_config,
 )
@@ -338,13 +340,15 @@ def _checkpoint(
   data_state: dict,
   done: int,
   train: TrainConfig,
+  evaluated: dict[str, float] | None,
   writer: MetricsWriter,
   log,
 ) -> bool:
-  """Saves at checkpoint steps and at the last; returns True (after saving)
-  when the run is preempted or interrupted (Ctrl-C)."""
+  """Saves at checkpoint steps and at the last, with the evaluation at
+  `done` (None: none ran) for train.keep_best to rank it by; returns True
+  (after saving) when the run is preempted or interrupted (Ctrl-C)."""
   save = lambda: checkpointer.save(
-    done, state, {"data": gather_data_states(data_state)}, force=True
+    done, state, {"data": gather_data_states(data_state)}, force=True, metrics=evaluated
   )
   saved = (done % train.checkpoint_every == 0 or done == train.steps) and save()
   if saved:
@@ -410,11 +414,12 @@ def _train(
         checkpointer.check_for_errors()
         _log_train(setup, metrics, done, window, writer, log)
         window.restart()
+      evaluated = None
       if done % eval_config.every == 0 or done == train.steps:
         compiling.join()
-        last_eval = _eval_and_sample(setup, state.params, done, writer, log)
+        last_eval = evaluated = _eval_and_sample(setup, state.params, done, writer, log)
         window.restart()
-      if _checkpoint(checkpointer, guard, state, data_state, done, train, writer, log):
+      if _checkpoint(checkpointer, guard, state, data_state, done, train, evaluated, writer, log):
         break
   return last_eval, done
 
@@ -452,8 +457,11 @@ def run(
   preemption: PreemptionGuard | None = None,
   hparams: Mapping[str, Any] | None = None,
   config_file: str | None = None,
+  resume_step: int | None = None,
 ) -> dict[str, float]:
-  """Trains `run_config` in `workdir` (resuming if it holds checkpoints).
+  """Trains `run_config` in `workdir` (resuming if it holds checkpoints:
+  from its newest that restores, or from `resume_step`'s, after moving the
+  steps after it to `<step>.dropped`).
 
   `setup` is its RunSetup to train with (None: built here by setup_run;
   benchmarks pass one with pieces swapped, see benchmarks.run loop).
@@ -497,6 +505,10 @@ def run(
     # it (the resume checks, the changes line) runs before write_config.
     saved = read_run_config(workdir)
     check_resumable(run_config, saved, workdir)
+    steps_saved = saved_steps(workdir)
+    _check_resume_step(resume_step, steps_saved, workdir)
+    if saved is not None and steps_saved:
+      run_config = keep_run_warmup(run_config, saved)
   except ValueError as error:
     raise ConfigError(str(error)) from error
   if setup is None:
@@ -513,7 +525,7 @@ def run(
     checkpointer = make_checkpointer(setup.run.train, workdir)
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
     with guarding as guard, _closing(checkpointer), setup.activation_sharding():
-      start, state, data_state = _restore(setup, checkpointer, saved, workdir, log)
+      start, state, data_state = _restore(setup, checkpointer, saved, workdir, log, resume_step)
       # A resume that changes settings says which, before training (config.json,
       # which they are read from, is written below).
       changes = _changes_line(run_config, saved) if start else None
@@ -618,20 +630,39 @@ def _learning_rate_change(setup: RunSetup, saved: RunConfig | None, start: int) 
   return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
 
 
+def _check_resume_step(step: int | None, steps_saved: list[int], workdir: epath.Path) -> None:
+  """Refuses a `step` to resume from (None: the newest) that is not among
+  the run's checkpoints, `steps_saved` (ValueError naming it)."""
+  if step is None or step in steps_saved:
+    return
+  held = ", ".join(map(str, steps_saved)) or "none"
+  raise ValueError(
+    f"resume_step: no checkpoint at step {step!r} in {workdir / 'checkpoints'} (steps: {held})"
+  )
+
+
 def _restore(
   setup: RunSetup,
   checkpointer: Checkpointer,
   saved: RunConfig | None,
   workdir: epath.Path,
   log,
+  resume_step: int | None,
 ):
-  """(start step, state, data position or None) from the latest checkpoint
-  that restores, or a fresh state at step 0; `saved` is the run's config.json."""
+  """(start step, state, data position or None) from `resume_step`'s
+  checkpoint (the later ones moved aside), or else the latest that
+  restores, or a fresh state at step 0; `saved` is the run's config.json."""
   if checkpointer.latest_step() is not None:
     try:
       check_optimizer_state(setup.run, saved, workdir, setup.abstract_state.params)
     except ValueError as error:
       raise ConfigError(str(error)) from error
+  if resume_step is not None:
+    state, extras = checkpointer.restore_step(resume_step, setup.abstract_state)
+    dropped = checkpointer.drop_after(resume_step)
+    moved = f"; the later steps moved to {', '.join(p.name for p in dropped)}" if dropped else ""
+    log(f"resumed from step {resume_step} in {checkpointer.directory}{moved}")
+    return resume_step, state, extras["data"]
   restored = checkpointer.restore(setup.abstract_state)
   if restored is None:
     return 0, setup.init(), None
