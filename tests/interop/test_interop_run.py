@@ -40,6 +40,8 @@ def test_run_starts_from_the_checkpoint(tmp_path):
   corpus with its tokenizer); training it is the runner's ordinary step."""
   setup = setup_run(parse(small_run("gpt2")), tmp_path)
   assert setup.task == "lm" and isinstance(setup.train_data.tokenizer, HFTokenizer)
+  # What the run's first lines say it starts from (txf.train.loop.run).
+  assert setup.started_from == f"the Hugging Face GPT2LMHeadModel in {HF_FIXTURES / 'gpt2'}"
   state = setup.init()
   expected = flatten(load_pretrained(HF_FIXTURES / "gpt2").params)
   found = flatten(state.params)

@@ -195,6 +195,21 @@ def test_rerun_at_a_new_length_evaluates_and_keeps_config_json(trained):
 
 
 @pytest.mark.slow  # trains runs (and its fixture one)
+def test_a_run_from_a_txf_run_says_which_run_and_step_it_starts_from(trained, tmp_path):
+  config = tiny_config("rope", steps=1, train__init_from=str(trained))
+  lines = []
+  loop.run(parse(config), tmp_path, log=lines.append)
+  assert lines.count(f"initialised from the txf run in {trained}, step {STEPS}") == 1
+  lines.clear()  # finished: its parameters are its checkpoint's now
+  loop.run(parse(config), tmp_path, log=lines.append)
+  assert "already trained to step 1 of 1" in lines
+  assert not any(line.startswith("initialised from") for line in lines)
+  lines.clear()  # a run drawn from its seed says nothing of the kind
+  loop.run(parse(tiny_config("rope", steps=1)), tmp_path / "fresh", log=lines.append)
+  assert not any(line.startswith("initialised from") for line in lines)
+
+
+@pytest.mark.slow  # trains runs (and its fixture one)
 def test_training_on_in_batches_the_data_position_cannot_continue_is_refused(trained):
   config_json = (trained / "config.json").read_bytes()
   with pytest.raises(ConfigError, match=r"^data\.batch_size: .*does not continue"):

@@ -531,6 +531,8 @@ def run(
       changes = _changes_line(run_config, saved) if start else None
       if changes:
         log(changes + _learning_rate_change(setup, saved, start))
+      if start == 0 and setup.started_from:
+        log(f"initialised from {setup.started_from}")
       for note in setup.run.notes:
         log(note)
       first_params = setup.replica_params(state.params, 0)

@@ -103,6 +103,9 @@ class RunSetup:
     flops_per_token: training FLOPs per data token (6N + attention), of all
       R replicas where they share the batch.
     peak_flops: the device's peak FLOP/s in the compute dtype; None if unknown.
+    started_from: what `init` takes its parameters from (train.init_from:
+      'the txf run in DIR, step N' or 'the Hugging Face ARCHITECTURE in
+      DIR'); None where they are drawn from the seed.
   """
 
   run: RunConfig
@@ -119,6 +122,7 @@ class RunSetup:
   tokens_per_step: int
   flops_per_token: float
   peak_flops: float | None
+  started_from: str | None = None
 
   @property
   def init_key(self) -> jax.Array:
@@ -309,10 +313,10 @@ def setup_run(
     key = jax.random.key(run.seed)
     boxed_params = jax.eval_shape(functools.partial(init_params, model, first_batch, task), key)
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
-    pretrained = None
+    pretrained, started_from = None, None
     if run.train.init_from:
       check_tokenizer(run.train.init_from, tokenizer)
-      source = init_from_model(run.train.init_from)
+      source, started_from = init_from_model(run.train.init_from)
       pretrained = pretrained_params(source, run.train.init_from, run.model, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
@@ -361,6 +365,7 @@ def setup_run(
     tokens_per_step=batches * run.data.batch_size * (1 if task_kind(task).per_example else seq_len),
     flops_per_token=run.replicas // batches * flops_per_token(run.model, seq_len),
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
+    started_from=started_from,
   )
 
 
@@ -534,17 +539,20 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
   )
 
 
-def init_from_model(directory: str) -> interop.Pretrained:
-  """The model a run starts from (config.train.init_from): the latest
-  checkpoint of the txf run in `directory` (`load_trained`, which sets that
-  run up as `setup_run` sets up this one) or a Hugging Face checkpoint.
+def init_from_model(directory: str) -> tuple[interop.Pretrained, str]:
+  """The model a run starts from (config.train.init_from), and what it is
+  (RunSetup.started_from): the latest checkpoint of the txf run in
+  `directory` (`load_trained`, which sets that run up as `setup_run` sets
+  up this one) or a Hugging Face checkpoint.
 
   Raises:
     ValueError: naming train.init_from, for a directory that holds neither.
   """
   try:
     if is_run_directory(directory):
-      return load_trained(directory).pretrained
-    return interop.load_pretrained(directory)
+      trained = load_trained(directory)
+      return trained.pretrained, f"the txf run in {directory}, step {trained.step}"
+    pretrained = interop.load_pretrained(directory)
+    return pretrained, f"the Hugging Face {pretrained.architecture} in {directory}"
   except (interop.CheckpointError, ConfigError) as error:
     raise ValueError(f"train.init_from: {error}") from None
