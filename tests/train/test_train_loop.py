@@ -69,20 +69,26 @@ def file_digests(directory):
 # --- the command line --------------------------------------------------------
 
 
+def txf_run(workdir, config, cache, *flags):
+  """`python -m experiments.run` of `config` (rope's, changed) in `workdir`,
+  with the module's compilation cache; its CompletedProcess."""
+  return subprocess.run(
+    cli_command("rope", workdir, config, *flags),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=cli_env(cache),
+  )
+
+
 @pytest.mark.slow
 def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   workdir = tmp_path / "run"
   config = tiny(
     steps=12, train__log_every=3, train__checkpoint_every=6, eval__every=6, eval__sample_tokens=8
   )
-  done = subprocess.run(
-    cli_command("rope", workdir, config),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=cli_env(compilation_cache_dir),
-  )
+  done = txf_run(workdir, config, compilation_cache_dir)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "step 12/12" in done.stdout
   # The first step says it compiles, then that it ran, before the first
@@ -118,14 +124,7 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   # --resume_step reaches the run: a step with no checkpoint is refused in
   # one line, exit 2, before anything is written.
   before = file_digests(workdir)
-  refused = subprocess.run(
-    cli_command("rope", workdir, config, "--resume_step=7"),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=cli_env(compilation_cache_dir),
-  )
+  refused = txf_run(workdir, config, compilation_cache_dir, "--resume_step=7")
   assert refused.returncode == 2, refused.stderr[-3000:]
   assert refused.stderr.strip().splitlines()[-1] == (
     f"config error: resume_step: no checkpoint at step 7 in {workdir / 'checkpoints'} "
@@ -144,14 +143,7 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
 )
 def test_cli_config_error(tmp_path, compilation_cache_dir, fields, extra, field):
   workdir = tmp_path / "run"
-  done = subprocess.run(
-    cli_command("rope", workdir, tiny(**fields), *extra),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=cli_env(compilation_cache_dir),
-  )
+  done = txf_run(workdir, tiny(**fields), compilation_cache_dir, *extra)
   assert done.returncode == 2, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]
   assert last_line.startswith("config error: ") and field in last_line, done.stderr[-3000:]
