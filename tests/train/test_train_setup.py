@@ -21,7 +21,14 @@ import pytest
 from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.runconfig.run_config import ConfigError, parse
-from txf.rundir.resume import config_changes, keep_run_warmup, read_run_config, write_config
+from txf.rundir.checkpoint import Checkpointer, checkpoint_directory
+from txf.rundir.resume import (
+  config_changes,
+  keep_run_warmup,
+  prepare_resume,
+  read_run_config,
+  write_config,
+)
 from txf.train import loop
 from txf.train.run_setup import fit_vocabulary, load_run, setup_run
 from txf.train.step import model_inputs
@@ -166,6 +173,24 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
     run = parse(config)
     assert keep_run_warmup(run, against) is run
   assert config_changes(parse(load_config("rope")), read_run_config(tmp_path / "new")) == []
+
+
+def test_prepare_resume_keeps_a_finished_warmup_only_where_there_are_checkpoints(tmp_path):
+  config = load_config("rope")
+  config.train.steps = 30
+  write_config(parse(config), tmp_path)
+  config.train.steps = 600
+  run, saved = prepare_resume(parse(config), tmp_path)
+  assert saved.train.warmup_steps == 30 and run.train.warmup_steps == 60  # nothing trained
+  with pytest.raises(
+    ValueError, match=r"^resume_step: no checkpoint at step 30 in .* \(steps: none\)$"
+  ):
+    prepare_resume(parse(config), tmp_path, resume_step=30)
+  with Checkpointer(checkpoint_directory(tmp_path)) as checkpointer:
+    checkpointer.save(30, {"step": np.int32(30)}, {"data": {}})
+  run, _ = prepare_resume(parse(config), tmp_path, resume_step=30)
+  assert run.train.warmup_steps == 30 and len(run.notes) == 1
+  assert prepare_resume(parse(config), tmp_path / "new") == (parse(config), None)
 
 
 def test_load_run_needs_a_run(tmp_path):

@@ -8,6 +8,7 @@ run it records.
   check_resumable(run, saved, workdir)       # ValueError naming the field
   config_changes(run, saved)                 # what a resume changes
   run = keep_run_warmup(run, saved)          # a clamped warmup stays as trained
+  run, saved = prepare_resume(run, workdir, resume_step)   # all three, before training
 
 A config.json of any format written since runs were first written reads:
 `from_json` renames and adds the fields MIGRATIONS lists, then parses it as
@@ -41,6 +42,7 @@ from etils import epath
 
 from txf.layers.model_config import MOVED_TO_OPTIONS
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
+from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.record import check_choices
 from txf.storage import read_json, write_file
 
@@ -207,6 +209,32 @@ def check_resumable(run: RunConfig, saved: RunConfig | None, workdir: str | os.P
         f"{name}: differs from the run already in {workdir} (see "
         f"{epath.Path(workdir) / CONFIG_FILE}); use a new --workdir"
       )
+
+
+def prepare_resume(
+  run: RunConfig, workdir: str | os.PathLike, resume_step: int | None = None
+) -> tuple[RunConfig, RunConfig | None]:
+  """(the run to train in `workdir`, its config.json as read or None for a
+  new work directory), checked before anything is written: `run` may
+  resume the run there (`check_resumable`), `resume_step` (None: the
+  newest) is one of its checkpoints, and a warmup it finished stays
+  (`keep_run_warmup`, where it has checkpoints).
+
+  Raises:
+    ValueError: naming the field (or resume_step) refused.
+  """
+  saved = read_run_config(workdir)
+  check_resumable(run, saved, workdir)
+  steps_saved = saved_steps(workdir)
+  if resume_step is not None and resume_step not in steps_saved:
+    held = ", ".join(map(str, steps_saved)) or "none"
+    raise ValueError(
+      f"resume_step: no checkpoint at step {resume_step!r} in "
+      f"{checkpoint_directory(workdir)} (steps: {held})"
+    )
+  if saved is not None and steps_saved:
+    run = keep_run_warmup(run, saved)
+  return run, saved
 
 
 def keep_run_warmup(run: RunConfig, saved: RunConfig) -> RunConfig:

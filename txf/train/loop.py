@@ -78,7 +78,6 @@ from txf.rundir.checkpoint import (
   CheckpointWriteError,
   PreemptionGuard,
   make_checkpointer,
-  saved_steps,
 )
 from txf.rundir.console import format_duration, format_progress
 from txf.rundir.metrics import MetricsWriter, read_metrics
@@ -86,10 +85,8 @@ from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
   CONFIG_FILE,
   check_optimizer_state,
-  check_resumable,
   config_changes,
-  keep_run_warmup,
-  read_run_config,
+  prepare_resume,
   write_config,
 )
 from txf.rundir.trackers import check_trackers, make_trackers
@@ -502,13 +499,8 @@ def run(
   check_reachable(workdir)
   try:
     # The run's config.json, read once: everything below that compares with
-    # it (the resume checks, the changes line) runs before write_config.
-    saved = read_run_config(workdir)
-    check_resumable(run_config, saved, workdir)
-    steps_saved = saved_steps(workdir)
-    _check_resume_step(resume_step, steps_saved, workdir)
-    if saved is not None and steps_saved:
-      run_config = keep_run_warmup(run_config, saved)
+    # it (the changes line, the optimizer state's check) runs before write_config.
+    run_config, saved = prepare_resume(run_config, workdir, resume_step)
   except ValueError as error:
     raise ConfigError(str(error)) from error
   if setup is None:
@@ -630,17 +622,6 @@ def _learning_rate_change(setup: RunSetup, saved: RunConfig | None, start: int) 
   if start >= setup.run.train.steps or np.isclose(old, new, rtol=1e-6, atol=0):
     return ""
   return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
-
-
-def _check_resume_step(step: int | None, steps_saved: list[int], workdir: epath.Path) -> None:
-  """Refuses a `step` to resume from (None: the newest) that is not among
-  the run's checkpoints, `steps_saved` (ValueError naming it)."""
-  if step is None or step in steps_saved:
-    return
-  held = ", ".join(map(str, steps_saved)) or "none"
-  raise ValueError(
-    f"resume_step: no checkpoint at step {step!r} in {workdir / 'checkpoints'} (steps: {held})"
-  )
 
 
 def _restore(
