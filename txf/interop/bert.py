@@ -17,6 +17,7 @@ import numpy as np
 
 from txf.interop import hf_config
 from txf.interop.hf_config import get
+from txf.interop.layout import Layout
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
 from txf.layers.model_config import ModelConfig, derived
 
@@ -27,60 +28,51 @@ ARCHITECTURES = {
   "RobertaModel": "none",
   "RobertaForMaskedLM": "mlm",
 }
-HEAD_ROOTS = ("cls", "lm_head")
 
 
 def _roberta(architecture: str) -> bool:
   return architecture.startswith("Roberta")
 
 
-def prefix(architecture: str) -> str:
-  """Where the encoder's tensors live when the file has a head."""
-  return "roberta." if _roberta(architecture) else "bert."
-
-
-def tied_copies(architecture: str) -> dict[str, str]:
-  """{tensor: the tensor it repeats when the output is tied}."""
-  p = prefix(architecture)
-  if _roberta(architecture):
-    return {
-      "lm_head.decoder.weight": f"{p}embeddings.word_embeddings.weight",
-      "lm_head.decoder.bias": "lm_head.bias",
-    }
-  return {
-    "cls.predictions.decoder.weight": f"{p}embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-  }
-
-
-def untied_output(architecture: str) -> str:
-  """The output projection's tensor, present only when it is untied."""
-  return "lm_head.decoder.weight" if _roberta(architecture) else "cls.predictions.decoder.weight"
-
-
-def unused(architecture: str, head: str) -> tuple[str, ...]:
-  """Regexes of weights txf has no place for: BERT's pooler (tanh(dense(CLS)),
-  used by next-sentence prediction) and NSP head; the MLM head when it is
-  not asked for."""
-  p = prefix(architecture).replace(".", r"\.")
-  names = (rf"{p}pooler\..*", r"cls\.seq_relationship\..*")
-  return names + (("(cls|lm_head)\\..*",) if head == "none" else ())
-
-
-BUFFERS = (r"(bert|roberta)\.embeddings\.(position_ids|token_type_ids)",)
-
-
-def _position_offset(architecture: str, pad_id: int) -> int:
-  return pad_id + 1 if _roberta(architecture) else 0
-
-
-def rename_legacy(name: str) -> str:
+def _rename_legacy(name: str) -> str:
   """Old TF-converted BERT checkpoints call LayerNorm's weight/bias gamma/beta."""
   if name.endswith(".gamma"):
     return name[: -len("gamma")] + "weight"
   if name.endswith(".beta"):
     return name[: -len("beta")] + "bias"
   return name
+
+
+def _layout(body: str, head: str) -> Layout:
+  """The tensors of an encoder under `body` ('bert') with its MLM head under
+  `head` ('cls.predictions')."""
+  return Layout(
+    prefix=f"{body}.",
+    head_roots=("cls", "lm_head"),
+    tied_copies={
+      f"{head}.decoder.weight": f"{body}.embeddings.word_embeddings.weight",
+      f"{head}.decoder.bias": f"{head}.bias",
+    },
+    untied_output=f"{head}.decoder.weight",
+    head_weights=(r"(cls|lm_head)\..*",),
+    # BERT's pooler (tanh(dense(CLS)), used by next-sentence prediction) and
+    # its next-sentence head: txf has no place for them.
+    unused_always=(rf"{body}\.pooler\..*", r"cls\.seq_relationship\..*"),
+    buffers=(rf"{body}\.embeddings\.(position_ids|token_type_ids)",),
+    rename_legacy=_rename_legacy,
+  )
+
+
+LAYOUTS = {
+  architecture: _layout("roberta", "lm_head")
+  if _roberta(architecture)
+  else _layout("bert", "cls.predictions")
+  for architecture in ARCHITECTURES
+}
+
+
+def _position_offset(architecture: str, pad_id: int) -> int:
+  return pad_id + 1 if _roberta(architecture) else 0
 
 
 def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool) -> ModelConfig:
@@ -145,7 +137,7 @@ def _position_rule(hf: str, txf: str, max_len: int, offset: int, d_model: int) -
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Encoder module tree."""
-  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  p, D, H = LAYOUTS[architecture].prefix, cfg.d_model, cfg.num_heads
   Dh, F = derived(cfg.head_dim), derived(cfg.d_ff)
   offset = _position_offset(architecture, cfg.pad_id)
   found = [

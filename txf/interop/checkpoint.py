@@ -10,7 +10,8 @@ Families: BERT-style encoders (bert.py), decoders as GPT-2 (gpt2.py), Llama
 picked by config.json's `architectures` when reading; when writing, by the
 model's family and, for a decoder, its fields (`decoder_family`). Each family
 module has the same functions (`model_config`, `rules`, `hf_config_of`,
-...); this module does the rest the same way for all.
+...) and its architectures' tensor names (`LAYOUTS`, txf.interop.layout);
+this module does the rest the same way for all.
 
 Nothing is guessed: an unsupported architecture or config value, a missing
 tensor, a tensor no rule reads, or a shape that differs stops the load with a
@@ -125,12 +126,12 @@ def _canonical_names(
   """Names as the family's rules spell them: legacy names renamed, the body
   under its prefix ('bert.', 'transformer.'), whether or not the file was
   saved with a head (the original GPT-2 files have none)."""
-  prefix = family.prefix(architecture)
+  layout = family.LAYOUTS[architecture]
   canonical = {}
   for name, tensor in tensors.items():
-    name = family.rename_legacy(name)
-    if not name.startswith(prefix) and name.split(".")[0] not in family.HEAD_ROOTS:
-      name = prefix + name
+    name = layout.rename_legacy(name)
+    if not name.startswith(layout.prefix) and name.split(".")[0] not in layout.head_roots:
+      name = layout.prefix + name
     if name in canonical:
       raise CheckpointError(f"tensor {name} appears twice in the checkpoint")
     canonical[name] = tensor
@@ -176,11 +177,12 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   hf = read_json(directory / CONFIG)
   family, architecture = _family(hf)
   head = _head(family, architecture, head)
+  layout = family.LAYOUTS[architecture]
   tensors = _canonical_names(read_tensors(directory), family, architecture)
-  for name in _matching(tensors, family.BUFFERS):
+  for name in _matching(tensors, layout.buffers):
     del tensors[name]
-  _drop_tied_copies(tensors, family.tied_copies(architecture))
-  unused = _matching(tensors, family.unused(architecture, head))
+  _drop_tied_copies(tensors, layout.tied_copies)
+  unused = _matching(tensors, layout.unused(head))
   if unused:
     logging.warning(
       "%s: txf does not use %d weights of %s: %s",
@@ -191,7 +193,7 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
     )
     for name in unused:
       del tensors[name]
-  tied = family.untied_output(architecture) not in tensors
+  tied = layout.untied_output not in tensors
   try:
     cfg = family.model_config(hf, architecture, head, tied)
     token_ids = {key: None if hf.get(key) is None else get(hf, key) for key in TOKEN_ID_KEYS}
@@ -311,16 +313,16 @@ def pretrained_files(
   conversion = family.rules(cfg, architecture)
   rules.check_rules_cover(conversion, param_shapes(cfg), "export")
   tensors = rules.to_hf(conversion, rules.flatten(nn.meta.unbox(params)), where="export")
-  output = family.untied_output(architecture)
+  layout = family.LAYOUTS[architecture]
+  output = layout.untied_output
   if cfg.tie_embeddings and not hf["tie_word_embeddings"] and cfg.head != "none":
-    tensors[output] = tensors[family.tied_copies(architecture)[output]]
+    tensors[output] = tensors[layout.tied_copies[output]]
   if cfg.family == "decoder" and decoder.logit_scale(cfg) is not None:
     # No decoder architecture scales its logits: its output matrix holds the scale.
     tensors[output] = decoder.scaled_output(tensors[output], cfg)
   if family.ARCHITECTURES[architecture] == "none":
     # Head-less architectures name their tensors without the body prefix.
-    prefix = family.prefix(architecture)
-    tensors = {name.removeprefix(prefix): value for name, value in tensors.items()}
+    tensors = {name.removeprefix(layout.prefix): value for name, value in tensors.items()}
   return {
     CONFIG: (json.dumps(hf, indent=2, sort_keys=True) + "\n").encode("utf-8"),
     SAFETENSORS: safetensors_bytes(tensors),

@@ -16,37 +16,23 @@ import numpy as np
 
 from txf.interop import decoder, hf_config
 from txf.interop.hf_config import get
+from txf.interop.layout import Layout
 from txf.interop.rules import Rule, linear, norm, same
 from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"GPT2Model": "none", "GPT2LMHeadModel": "lm"}
-HEAD_ROOTS = ("lm_head",)
-# The causal-mask buffers older checkpoints saved with the weights.
-BUFFERS = (r"transformer\.h\.\d+\.attn\.(bias|masked_bias)",)
-
-
-def prefix(architecture: str) -> str:
-  del architecture
-  return "transformer."
-
-
-def tied_copies(architecture: str) -> dict[str, str]:
-  del architecture
-  return {"lm_head.weight": "transformer.wte.weight"}
-
-
-def untied_output(architecture: str) -> str:
-  del architecture
-  return "lm_head.weight"
-
-
-def unused(architecture: str, head: str) -> tuple[str, ...]:
-  del architecture
-  return (r"lm_head\..*",) if head == "none" else ()
-
-
-def rename_legacy(name: str) -> str:
-  return name
+LAYOUTS = dict.fromkeys(
+  ARCHITECTURES,
+  Layout(
+    prefix="transformer.",
+    head_roots=("lm_head",),
+    tied_copies={"lm_head.weight": "transformer.wte.weight"},
+    untied_output="lm_head.weight",
+    head_weights=(r"lm_head\..*",),
+    # The causal-mask buffers older checkpoints saved with the weights.
+    buffers=(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)",),
+  ),
+)
 
 
 def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool) -> ModelConfig:
@@ -113,7 +99,7 @@ def _fused_qkv(hf: str, txf: str, d_model: int, num_heads: int, head_dim: int) -
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Decoder module tree."""
-  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  p, D, H = LAYOUTS[architecture].prefix, cfg.d_model, cfg.num_heads
   Dh, F = derived(cfg.head_dim), derived(cfg.d_ff)
   found = [
     same(f"{p}wte.weight", "embedder/token/embedding", (cfg.vocab_size, D)),

@@ -26,40 +26,33 @@ import numpy as np
 
 from txf.interop import decoder, hf_config
 from txf.interop.hf_config import get
+from txf.interop.layout import Layout
 from txf.interop.rules import Rule, linear, norm, same, zeros
 from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"GPTNeoXModel": "none", "GPTNeoXForCausalLM": "lm"}
-HEAD_ROOTS = ("embed_out",)
-# The causal-mask and rotary buffers older checkpoints saved with the weights.
-BUFFERS = (r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",)
 # A model without attention biases: GPT-NeoX's feed-forward biases stay zeros.
 _NO_BIAS = "txf's model.use_bias puts biases on attention and the feed-forward alike"
 
 
-def prefix(architecture: str) -> str:
-  del architecture
-  return "gpt_neox."
-
-
-def tied_copies(architecture: str) -> dict[str, str]:
-  del architecture
-  return {"embed_out.weight": "gpt_neox.embed_in.weight"}
-
-
-def untied_output(architecture: str) -> str:
-  del architecture
-  return "embed_out.weight"
-
-
-def unused(architecture: str, head: str) -> tuple[str, ...]:
-  del architecture
-  return (r"embed_out\..*",) if head == "none" else ()
-
-
-def rename_legacy(name: str) -> str:
+def _rename_legacy(name: str) -> str:
   """transformers 5's module name of the output (it saves it as embed_out)."""
   return "embed_out." + name.removeprefix("lm_head.") if name.startswith("lm_head.") else name
+
+
+LAYOUTS = dict.fromkeys(
+  ARCHITECTURES,
+  Layout(
+    prefix="gpt_neox.",
+    head_roots=("embed_out",),
+    tied_copies={"embed_out.weight": "gpt_neox.embed_in.weight"},
+    untied_output="embed_out.weight",
+    head_weights=(r"embed_out\..*",),
+    # The causal-mask and rotary buffers older checkpoints saved with the weights.
+    buffers=(r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",),
+    rename_legacy=_rename_legacy,
+  ),
+)
 
 
 def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool) -> ModelConfig:
@@ -132,7 +125,7 @@ def _ffn_projection(hf: str, txf: str, in_dim: int, out_dim: int, bias: bool) ->
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Decoder module tree."""
-  p, D, H = prefix(architecture), cfg.d_model, cfg.num_heads
+  p, D, H = LAYOUTS[architecture].prefix, cfg.d_model, cfg.num_heads
   Dh, F, bias = derived(cfg.head_dim), derived(cfg.d_ff), cfg.use_bias
   found = [same(f"{p}embed_in.weight", "embedder/token/embedding", (cfg.vocab_size, D))]
   for i in range(cfg.num_layers):

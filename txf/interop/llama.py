@@ -19,13 +19,23 @@ from typing import Any
 
 from txf.interop import decoder, hf_config
 from txf.interop.hf_config import get
+from txf.interop.layout import Layout
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
 from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"LlamaModel": "none", "LlamaForCausalLM": "lm"}
-HEAD_ROOTS = ("lm_head",)
-# The rotary frequencies older checkpoints saved with the weights.
-BUFFERS = (r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq",)
+LAYOUTS = dict.fromkeys(
+  ARCHITECTURES,
+  Layout(
+    prefix="model.",
+    head_roots=("lm_head",),
+    tied_copies={"lm_head.weight": "model.embed_tokens.weight"},
+    untied_output="lm_head.weight",
+    head_weights=(r"lm_head\..*",),
+    # The rotary frequencies older checkpoints saved with the weights.
+    buffers=(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq",),
+  ),
+)
 # hidden_act -> (txf's gated activation, gelu_approximate).
 _ACTIVATIONS = {
   "silu": ("swiglu", True),
@@ -33,30 +43,6 @@ _ACTIVATIONS = {
   "gelu": ("geglu", False),
   **{name: ("geglu", True) for name in hf_config.GELU_TANH},
 }
-
-
-def prefix(architecture: str) -> str:
-  del architecture
-  return "model."
-
-
-def tied_copies(architecture: str) -> dict[str, str]:
-  del architecture
-  return {"lm_head.weight": "model.embed_tokens.weight"}
-
-
-def untied_output(architecture: str) -> str:
-  del architecture
-  return "lm_head.weight"
-
-
-def unused(architecture: str, head: str) -> tuple[str, ...]:
-  del architecture
-  return (r"lm_head\..*",) if head == "none" else ()
-
-
-def rename_legacy(name: str) -> str:
-  return name
 
 
 def _use_bias(hf: Mapping[str, Any]) -> bool:
@@ -116,7 +102,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
 
 def rules(cfg: ModelConfig, architecture: str) -> list[Rule]:
   """The rules of every tensor, following txf's Decoder module tree."""
-  p, D, H, K = prefix(architecture), cfg.d_model, cfg.num_heads, derived(cfg.num_kv_heads)
+  p, D, H, K = LAYOUTS[architecture].prefix, cfg.d_model, cfg.num_heads, derived(cfg.num_kv_heads)
   Dh, F, bias = derived(cfg.head_dim), derived(cfg.d_ff), cfg.use_bias
   found = [same(f"{p}embed_tokens.weight", "embedder/token/embedding", (cfg.vocab_size, D))]
   for i in range(cfg.num_layers):

@@ -22,12 +22,11 @@ from typing import Any
 
 from txf.interop import hf_config
 from txf.interop.hf_config import get
+from txf.interop.layout import Layout
 from txf.interop.rules import CheckpointError, Rule, linear, norm, same
 from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "lm"}
-HEAD_ROOTS = ("lm_head",)
-BUFFERS = ()
 # feed_forward_proj activation -> (txf activation ungated, gated, gelu_approximate).
 _FFN_ACTIVATIONS = {
   "relu": ("relu", None, True),
@@ -38,34 +37,24 @@ _FFN_ACTIVATIONS = {
 }
 
 
-def prefix(architecture: str) -> str:
-  del architecture
-  return ""
-
-
-def tied_copies(architecture: str) -> dict[str, str]:
-  del architecture
-  return {
-    "encoder.embed_tokens.weight": "shared.weight",
-    "decoder.embed_tokens.weight": "shared.weight",
-    "lm_head.weight": "shared.weight",
-  }
-
-
-def untied_output(architecture: str) -> str:
-  del architecture
-  return "lm_head.weight"
-
-
-def unused(architecture: str, head: str) -> tuple[str, ...]:
-  """Old checkpoints hold a relative bias for the first cross-attention that
-  T5 never uses (cross-attention has no position bias)."""
-  del architecture, head
-  return (r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight",)
-
-
-def rename_legacy(name: str) -> str:
-  return name
+LAYOUTS = dict.fromkeys(
+  ARCHITECTURES,
+  Layout(
+    prefix="",
+    head_roots=("lm_head",),
+    tied_copies={
+      "encoder.embed_tokens.weight": "shared.weight",
+      "decoder.embed_tokens.weight": "shared.weight",
+      "lm_head.weight": "shared.weight",
+    },
+    untied_output="lm_head.weight",
+    # Old checkpoints hold a relative bias for the first cross-attention that
+    # T5 never uses (cross-attention has no position bias).
+    unused_always=(
+      r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight",
+    ),
+  ),
+)
 
 
 def _ffn_fields(feed_forward_proj: str) -> dict[str, Any]:
