@@ -2,7 +2,8 @@
 every error the user can cause is one line on stderr with exit status 2 and no
 traceback, before any compute; --help lists the config files; --print_config prints every field.
 
-Each case is one subprocess (~2-5 s, mostly imports); none trains.
+Each case is one process (forked from tests/command_server.py's server, which
+has imported jax once: a fresh interpreter spent ~2-5 s on imports); none trains.
 """
 
 import ast
@@ -12,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from command_server import CommandServer
 
 from conftest import REPO, cli_env, cli_overrides, flatten, load_config, tiny_config
 from txf.commands import cli
@@ -21,18 +23,23 @@ from txf.layers.model_config import POSITIONS
 COMMANDS = ("run", "sweep", "extrapolate", "analyze", "embed", "generate", "textbook", "compile")
 TIMEOUT_S = 120  # an error path that hangs fails here instead of hanging CI
 
-pytestmark = pytest.mark.slow  # subprocesses: ~20 s in all
+pytestmark = pytest.mark.slow  # subprocesses
+_SERVER: CommandServer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def command_server():
+  """One server for the module's commands: each still runs in a process of
+  its own, forked from one that has imported jax once (tests/command_server.py)."""
+  global _SERVER
+  _SERVER = CommandServer(dict(os.environ, JAX_PLATFORMS="cpu"), REPO)
+  yield _SERVER
+  _SERVER.close()
 
 
 def run_cli(*args, command="run"):
-  return subprocess.run(
-    [sys.executable, "-m", f"experiments.{command}", *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT_S,
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
-  )
+  """`python -m experiments.<command> ARGS` in the repository, as a user runs it."""
+  return _SERVER.run(f"experiments.{command}", *args, timeout=TIMEOUT_S)
 
 
 def assert_one_line_error(result, prefix, *fragments):
