@@ -4,16 +4,17 @@ is installed) -> the same logits; txf-generate / txf-embed on a run
 directory; train.init_from a run directory; the fields that do not map.
 """
 
+import functools
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 
+import jax
 import numpy as np
 import pytest
+from command_server import CommandServer
 from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
 from conftest import FIXTURES, REPO, tiny_config
@@ -120,8 +121,8 @@ def test_a_run_exported_loads_as_the_same_model(name, runs, tmp_path):
   found, expected = flatten(exported.params), flatten(trained.pretrained.params)
   assert found.keys() == expected.keys()
   inputs = inputs_of(name, trained.tokenizer)
-  logits = trained.pretrained.model().apply({"params": trained.pretrained.params}, *inputs)
-  again = exported.model().apply({"params": exported.params}, *inputs)
+  logits = jax.jit(trained.pretrained.model().apply)({"params": trained.pretrained.params}, *inputs)
+  again = jax.jit(exported.model().apply)({"params": exported.params}, *inputs)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(logits))
   assert not np.allclose(logits, logits.mean())  # a model, not a constant
   if name == "t5":  # the reverse task's symbols have no tokenizer.json
@@ -174,8 +175,8 @@ def test_the_default_decoder_exports_as_gpt_neox(tmp_path):
     tie_embeddings=False, scale_logits=False
   )
   inputs = inputs_of("gpt_neox", trained.tokenizer)
-  logits = trained.pretrained.model().apply({"params": trained.pretrained.params}, *inputs)
-  again = exported.model().apply({"params": exported.params}, *inputs)
+  logits = jax.jit(trained.pretrained.model().apply)({"params": trained.pretrained.params}, *inputs)
+  again = jax.jit(exported.model().apply)({"params": exported.params}, *inputs)
   np.testing.assert_allclose(np.asarray(again), np.asarray(logits), rtol=0, atol=1e-5)
   assert not np.allclose(logits, logits.mean())  # a model, not a constant
   reference = transformers_logits(tmp_path / "hf", "gpt_neox", inputs)
@@ -296,22 +297,21 @@ def test_an_unreachable_bucket_is_one_error_in_time(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-def run_command(module, *args):
-  return subprocess.run(
-    [sys.executable, "-m", module, *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
-  )
-
-
-@pytest.mark.slow  # subprocesses (~5 s each) and a tiny run
+@pytest.mark.slow  # commands (each in a process of its own) and a tiny run
 def test_commands_take_a_run_directory(runs, tmp_path):
   """txf-export writes the directory; txf-generate continues a prompt the
   same from the run and from its export; txf-embed embeds with an encoder
-  run's hidden states."""
+  run's hidden states. Each command runs as `python -m` runs it, in a
+  process forked from one that imported jax once (tests/command_server.py)."""
+  server = CommandServer(dict(os.environ, JAX_PLATFORMS="cpu"), REPO)
+  run_command = functools.partial(server.run, timeout=120)
+  try:
+    check_commands(runs, tmp_path, run_command)
+  finally:
+    server.close()
+
+
+def check_commands(runs, tmp_path, run_command):
   workdir = runs("gpt2")
   result = run_command("experiments.export", f"--workdir={workdir}", f"--out={tmp_path / 'hf'}")
   assert result.returncode == 0, result.stderr
