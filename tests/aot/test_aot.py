@@ -18,6 +18,7 @@ import sys
 
 import jax
 import pytest
+from command_server import CommandServer
 from jax.sharding import PartitionSpec
 
 from conftest import REPO, tiny_config
@@ -526,16 +527,20 @@ def test_decoding_is_compiled_for_language_models_only():
 # The command.
 
 
-def compile_command(*flags):
+@pytest.fixture(scope="module")
+def commands():
+  """Each command in a process of its own, forked from one that imported jax
+  once (tests/command_server.py), as `python -m` in the repository runs it."""
+  server = CommandServer(dict(os.environ), REPO)
+  yield server
+  server.close()
+
+
+def compile_command(commands, *flags):
   # XLA's own optimisation level: the suite's level 0 (conftest) makes the
   # TPU compiler take twice as long over the large program below.
-  return subprocess.run(
-    [sys.executable, "-m", "experiments.compile", "--config=rope", *flags],
-    cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS=""),
-    capture_output=True,
-    text=True,
-    timeout=600,
+  return commands.run(
+    "experiments.compile", "--config=rope", *flags, env=dict(XLA_FLAGS=""), timeout=600
   )
 
 
@@ -563,8 +568,8 @@ TINY = [
     (["--target=v5e-16x100000"], "target error: target 'v5e-16x100000': 1,600,000 devices"),
   ],
 )
-def test_bad_input_is_one_line_exit_2(flags, message):
-  done = compile_command(*TINY, *flags)
+def test_bad_input_is_one_line_exit_2(flags, message, commands):
+  done = compile_command(commands, *TINY, *flags)
   assert done.returncode == 2, done.stderr[-2000:]
   (line,) = done.stderr.strip().splitlines()
   assert line.startswith(message), line
@@ -632,8 +637,8 @@ def test_a_json_path_in_a_read_only_directory_is_refused_before_the_compile(tmp_
 
 @pytest.mark.slow  # subprocesses
 @needs_libtpu
-def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):
-  fits = compile_command(*TINY, "--target=v5e-4", f"--json={tmp_path / 'fits.json'}")
+def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path, commands):
+  fits = compile_command(commands, *TINY, "--target=v5e-4", f"--json={tmp_path / 'fits.json'}")
   assert fits.returncode == 0, fits.stderr[-2000:]
   # Each program's compile says when it starts and how long it took (stderr).
   stages = [line for line in fits.stderr.splitlines() if re.match(STAMP + "compile: ", line)]
@@ -657,7 +662,9 @@ def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path):
   big = ["--config.model.num_heads=32", "--config.model.head_dim=8"]
   big += ["--config.data.seq_len=1024", "--config.model.max_len=1024"]
   big += ["--config.data.batch_size=192"]
-  over = compile_command(*TINY, *big, "--target=v5e-1", f"--json={tmp_path / 'over.json'}")
+  over = compile_command(
+    commands, *TINY, *big, "--target=v5e-1", f"--json={tmp_path / 'over.json'}"
+  )
   assert over.returncode == 1, over.stderr[-2000:]
   assert over.stdout.splitlines()[2].startswith("DOES NOT FIT")
   figures = json.loads((tmp_path / "over.json").read_text())

@@ -12,6 +12,7 @@ Speed itself is never asserted here: benchmarks print figures
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from command_server import CommandServer
 
 from benchmarks import (
   checkpoint_stall as bench_checkpoint_stall,
@@ -671,6 +673,15 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
   assert table[1].startswith("generate") and table[1].endswith(f"{speedup:.2f}x")
 
 
+@pytest.fixture(scope="module")
+def commands():
+  """Each command in a process of its own, forked from one that imported jax
+  once (tests/command_server.py), as `python -m` in the repository runs it."""
+  server = CommandServer(dict(os.environ), REPO)
+  yield server
+  server.close()
+
+
 @pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize(
   "args,message",
@@ -700,14 +711,8 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
     ),
   ],
 )
-def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message):
-  done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.run", *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message, commands):
+  done = commands.run("benchmarks.run", *args, timeout=120)
   assert done.returncode == 2
   (line,) = done.stderr.strip().splitlines()
   assert line.startswith(message), line
