@@ -18,9 +18,9 @@ import sys
 
 import jax
 import pytest
-from command_server import CommandServer
 from jax.sharding import PartitionSpec
 
+from command_server import CommandServer
 from conftest import REPO, tiny_config
 from txf.aot import hlo
 from txf.aot.compile import (

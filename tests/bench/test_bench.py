@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from command_server import CommandServer
 
 from benchmarks import (
   checkpoint_stall as bench_checkpoint_stall,
@@ -38,6 +37,7 @@ from benchmarks import (
   step as bench_step,
   summarize as bench_summarize,
 )
+from command_server import CommandServer
 from conftest import REPO, load_config
 from txf import hardware, ops
 from txf.analysis import flops_per_token, matmul_params

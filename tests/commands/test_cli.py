@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from command_server import CommandServer
 
+from command_server import CommandServer
 from conftest import REPO, cli_env, cli_overrides, flatten, load_config, tiny_config
 from txf.commands import cli
 from txf.commands.run import field_docs, leaves

@@ -14,9 +14,9 @@ import time
 import jax
 import numpy as np
 import pytest
-from command_server import CommandServer
 from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
+from command_server import CommandServer
 from conftest import FIXTURES, REPO, tiny_config
 from full_disk import full_disk, read_only
 from txf.data import HFTokenizer
