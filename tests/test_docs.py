@@ -232,6 +232,7 @@ def assert_same_csv(actual: pathlib.Path, expected: pathlib.Path) -> None:
 SWEEP_DATA = {
   "docs/data/pe_ln": "pe_ln",
   "docs/data/pe_ln_seeds": "pe_ln_seeds",
+  "docs/data/pe_ln_confirm": "pe_ln_confirm",
   "docs/data/t5_distance": "t5_distance",
   "docs/data/ln_warmup_long": "ln_warmup:long",
   "docs/data/ln_warmup": "ln_warmup",
@@ -295,7 +296,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_raw_outputs():
   not its data's is refused."""
   page = (ROOT / "docs" / "results.md").read_text()
   markers = re.findall(r"^<!-- findings_significance: (\w+)=", page, re.M)
-  assert markers == ["seeds"] + ["data"] * 9
+  assert markers == ["seeds"] + ["data"] * 10
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   with pytest.raises(ValueError, match="does not round to the table's"):
