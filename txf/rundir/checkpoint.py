@@ -388,9 +388,7 @@ class Checkpointer:
         EXTRAS_ITEM: ocp.args.JsonSave(extras),
       }
     )
-    if not self._ranks_by_metrics:
-      metrics = None
-    elif metrics is None:
+    if self._ranks_by_metrics and metrics is None:
       # orbax warns of every save without them when it ranks: the steps saved
       # off an evaluation (a preemption's) are left unranked on purpose.
       metrics = {}

@@ -8,7 +8,7 @@ run it records.
   check_resumable(run, saved, workdir)       # ValueError naming the field
   config_changes(run, saved)                 # what a resume changes
   run = keep_run_warmup(run, saved)          # a clamped warmup stays as trained
-  run, saved = prepare_resume(run, workdir, resume_step)   # all three, before training
+  run, saved = prepare_resume(run, workdir, resume_step)   # the read, the checks, the warmup
 
 A config.json of any format written since runs were first written reads:
 `from_json` renames and adds the fields MIGRATIONS lists, then parses it as

@@ -640,17 +640,19 @@ def _restore(
       check_optimizer_state(setup.run, saved, workdir, setup.abstract_state.params)
     except ValueError as error:
       raise ConfigError(str(error)) from error
+  moved = ""
   if resume_step is not None:
-    state, extras = checkpointer.restore_step(resume_step, setup.abstract_state)
-    dropped = checkpointer.drop_after(resume_step)
-    moved = f"; the later steps moved to {', '.join(p.name for p in dropped)}" if dropped else ""
-    log(f"resumed from step {resume_step} in {checkpointer.directory}{moved}")
-    return resume_step, state, extras["data"]
-  restored = checkpointer.restore(setup.abstract_state)
-  if restored is None:
-    return 0, setup.init(), None
-  start, state, extras = restored
-  log(f"resumed from step {start} in {checkpointer.directory}")
+    start = resume_step
+    state, extras = checkpointer.restore_step(start, setup.abstract_state)
+    dropped = checkpointer.drop_after(start)
+    if dropped:
+      moved = f"; the later steps moved to {', '.join(p.name for p in dropped)}"
+  else:
+    restored = checkpointer.restore(setup.abstract_state)
+    if restored is None:
+      return 0, setup.init(), None
+    start, state, extras = restored
+  log(f"resumed from step {start} in {checkpointer.directory}{moved}")
   return start, state, extras["data"]
 
 
