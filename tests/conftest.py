@@ -1,6 +1,7 @@
 """Helpers and fixtures shared by the config and end-to-end tests."""
 
 import atexit
+import contextlib
 import importlib
 import os
 import pathlib
@@ -46,6 +47,8 @@ import jax  # noqa: E402
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+
+from command_server import CommandServer
 
 # The tests write Python bytecode even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE=1 on CI's machines): otherwise each of the ~150
@@ -206,6 +209,25 @@ def cli_env(cache):
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.update({_CACHE_OPTIONS[name]: str(value) for name, value in cache.items()})
   return env
+
+
+@contextlib.contextmanager
+def repo_commands(**env):
+  """A CommandServer (tests/command_server.py) that runs commands in the
+  repository, each in a process of its own forked from one that imported jax
+  once, under this process's environment with `env` set; closed after."""
+  server = CommandServer(dict(os.environ, **env), REPO)
+  try:
+    yield server
+  finally:
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def commands():
+  """The module's `repo_commands()`: commands as `python -m` in the repository runs them."""
+  with repo_commands() as server:
+    yield server
 
 
 def cli_command(name, workdir, config, *extra):

@@ -20,7 +20,6 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec
 
-from command_server import CommandServer
 from conftest import REPO, tiny_config
 from txf.aot import hlo
 from txf.aot.compile import (
@@ -525,15 +524,6 @@ def test_decoding_is_compiled_for_language_models_only():
 
 # ---------------------------------------------------------------------------
 # The command.
-
-
-@pytest.fixture(scope="module")
-def commands():
-  """Each command in a process of its own, forked from one that imported jax
-  once (tests/command_server.py), as `python -m` in the repository runs it."""
-  server = CommandServer(dict(os.environ), REPO)
-  yield server
-  server.close()
 
 
 def compile_command(commands, *flags):

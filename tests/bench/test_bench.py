@@ -12,7 +12,6 @@ Speed itself is never asserted here: benchmarks print figures
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import threading
@@ -37,7 +36,6 @@ from benchmarks import (
   step as bench_step,
   summarize as bench_summarize,
 )
-from command_server import CommandServer
 from conftest import REPO, load_config
 from txf import hardware, ops
 from txf.analysis import flops_per_token, matmul_params
@@ -671,15 +669,6 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
   generate = figures["generate"]
   speedup = generate["recomputed"]["ms_per_token"] / generate["cached"]["ms_per_token"]
   assert table[1].startswith("generate") and table[1].endswith(f"{speedup:.2f}x")
-
-
-@pytest.fixture(scope="module")
-def commands():
-  """Each command in a process of its own, forked from one that imported jax
-  once (tests/command_server.py), as `python -m` in the repository runs it."""
-  server = CommandServer(dict(os.environ), REPO)
-  yield server
-  server.close()
 
 
 @pytest.mark.slow  # subprocesses

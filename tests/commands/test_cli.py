@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from command_server import CommandServer
-from conftest import REPO, cli_env, cli_overrides, flatten, load_config, tiny_config
+from conftest import REPO, cli_env, cli_overrides, flatten, load_config, repo_commands, tiny_config
 from txf.commands import cli
 from txf.commands.run import field_docs, leaves
 from txf.layers.model_config import POSITIONS
@@ -32,9 +32,8 @@ def command_server():
   """One server for the module's commands: each still runs in a process of
   its own, forked from one that has imported jax once (tests/command_server.py)."""
   global _SERVER
-  _SERVER = CommandServer(dict(os.environ, JAX_PLATFORMS="cpu"), REPO)
-  yield _SERVER
-  _SERVER.close()
+  with repo_commands(JAX_PLATFORMS="cpu") as _SERVER:
+    yield _SERVER
 
 
 def run_cli(*args, command="run"):

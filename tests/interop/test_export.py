@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
-from command_server import CommandServer
-from conftest import FIXTURES, REPO, tiny_config
+from conftest import FIXTURES, repo_commands, tiny_config
 from full_disk import full_disk, read_only
 from txf.data import HFTokenizer
 from txf.interop import CheckpointError, load_pretrained
@@ -303,12 +302,8 @@ def test_commands_take_a_run_directory(runs, tmp_path):
   same from the run and from its export; txf-embed embeds with an encoder
   run's hidden states. Each command runs as `python -m` runs it, in a
   process forked from one that imported jax once (tests/command_server.py)."""
-  server = CommandServer(dict(os.environ, JAX_PLATFORMS="cpu"), REPO)
-  run_command = functools.partial(server.run, timeout=120)
-  try:
-    check_commands(runs, tmp_path, run_command)
-  finally:
-    server.close()
+  with repo_commands(JAX_PLATFORMS="cpu") as server:
+    check_commands(runs, tmp_path, functools.partial(server.run, timeout=120))
 
 
 def check_commands(runs, tmp_path, run_command):
