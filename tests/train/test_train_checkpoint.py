@@ -254,10 +254,12 @@ def tensorstore_threads():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread")
 def test_the_threads_compressing_and_writing_a_checkpoint_yield_to_the_caller(tmp_path):
   """tensorstore's workers, which compress and write the arrays, at
-  WRITER_NICE, those started for a save in progress too; the caller's
-  priority is its own."""
+  WRITER_NICE and off the lowest of the caller's cores (where it has two or
+  more), those started for a save in progress too; the caller's priority
+  and cores are its own."""
   caller = threading.get_native_id()
-  own = nice(caller)
+  own, own_cores = nice(caller), os.sched_getaffinity(caller)
+  writer_cores = own_cores - {min(own_cores)} if len(own_cores) > 1 else own_cores
   with checkpoint.Checkpointer(tmp_path) as ckpt:
     assert ckpt.save(1, make_state(1), extras_for(1))
     ckpt.wait_until_finished()
@@ -268,7 +270,8 @@ def test_the_threads_compressing_and_writing_a_checkpoint_yield_to_the_caller(tm
       for tid in tensorstore_threads():
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
           assert nice(tid) == checkpoint.WRITER_NICE
-    assert nice(caller) == own
+          assert os.sched_getaffinity(tid) == writer_cores
+    assert nice(caller) == own and os.sched_getaffinity(caller) == own_cores
 
 
 def test_restore_empty_returns_none(tmp_path):

@@ -37,9 +37,10 @@ A save keeps out of the training thread's way: it returns once the state
 is copied off the devices (or, in a CPU device's memory, copied there: the
 step that donates the state next would otherwise copy it itself, in its
 dispatch), and tensorstore's threads that then compress and write it run
-at a lower CPU priority (nice 10), so a training thread waking to dispatch
-a step takes a core from them (`_unaliased`, `_lower_priority`;
-benchmarks.run checkpoint_stall times a step dispatched during a save).
+at a lower CPU priority (nice 10) and off one of the process's cores, so a
+training thread waking to dispatch a step finds a core free (`_unaliased`,
+`_yield_to_training`; benchmarks.run checkpoint_stall times a step
+dispatched during a save).
 
 orbax logs each failure it meets with a traceback (from its own threads,
 tens to hundreds of lines); every one of them also reaches the caller as
@@ -396,7 +397,7 @@ class Checkpointer:
       lambda: self._manager.save(step, args=args, force=True, metrics=metrics)
     )
     if started:
-      _lower_priority()
+      _yield_to_training()
     return started
 
   @property
@@ -427,8 +428,8 @@ class Checkpointer:
     """
     if not self._unchecked_save:
       return
-    # Workers tensorstore started for the save since (see _lower_priority).
-    _lower_priority()
+    # Workers tensorstore started for the save since (see _yield_to_training).
+    _yield_to_training()
     if self._manager.is_saving_in_progress():
       return
     # Returns at once: the save has finished; raises its error. (Called only
@@ -672,38 +673,58 @@ def _unaliased(state: Any) -> Any:
 # The nice value of tensorstore's worker threads, which compress and write a
 # checkpoint's arrays (Linux): low enough that a thread of the training run
 # waking to dispatch a step takes a core from them at once (see
-# _lower_priority).
+# _yield_to_training).
 WRITER_NICE = 10
 
 
-def _lower_priority() -> None:
-  """Sets the nice value of tensorstore's worker threads to WRITER_NICE.
-  Linux only (where a thread has its own nice value), and best effort: a
-  thread that has ended, or a nice value that may not be set, is left.
+def _yield_to_training() -> None:
+  """Lowers tensorstore's worker threads to WRITER_NICE and keeps them off
+  one of the cores the process may use (`_writer_cores`). Linux only (where
+  a thread has its own nice value and affinity), and best effort: a thread
+  that has ended, or a value that may not be set, is left.
 
   At the training thread's priority, the workers (zstd over every array, as
   many as there are cores) held the cores it woke to: on 2 CPU cores a
   step's dispatch waited in the run queue for up to a few ms, p99 10.2 and
   10.6 ms during a save against 5.7 and 7.4 ms with the workers at nice 10
-  (benchmarks.run checkpoint_stall, the same machine and load). Only they
-  are lowered: orbax's own threads hold the interpreter lock now and then,
-  which a thread of low priority would keep while it waits for a core, and
-  on a loaded machine a 1.5 MB save took 2.0-5.6 s with them at nice 19
-  too, 0.6-1.3 s with the workers alone at 19, 0.3 s at 10 (0.1-0.2 s at
-  the training's priority). tensorstore starts workers as a save needs them, from a thread of
-  its own, so `save` and `check_for_errors` lower those started since. A
-  nice value cannot be raised back without privileges, so they keep it,
-  for restores too; on cores the training leaves idle, a save runs as fast
-  as before.
+  (benchmarks.run checkpoint_stall, the same machine and load). A lower
+  priority alone still leaves the waking thread queued behind a worker now
+  and then (p99 3.0-4.2 ms on the idle 2-core machine); with one core kept
+  free of workers the scheduler moves it there at once (p99 1.6-1.7 ms, the
+  save 5 -> 7 s: half the cores write there, 15 of 16 on a GPU host). Only
+  the workers are lowered: orbax's own threads hold the interpreter lock now
+  and then, which a thread of low priority would keep while it waits for a
+  core, and on a loaded machine a 1.5 MB save took 2.0-5.6 s with them at
+  nice 19 too, 0.6-1.3 s with the workers alone at 19, 0.3 s at 10 (0.1-0.2
+  s at the training's priority). tensorstore starts workers as a save needs
+  them, from a thread of its own, so `save` and `check_for_errors` lower
+  those started since. A nice value cannot be raised back without
+  privileges, so they keep it, for restores too; on cores the training
+  leaves idle, a save runs as fast as before, less the one core.
   """
   if not sys.platform.startswith("linux"):
     return
+  cores = _writer_cores()
   for tid in _tensorstore_threads():
     try:
       if os.getpriority(os.PRIO_PROCESS, tid) < WRITER_NICE:
         os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
+      if cores is not None and os.sched_getaffinity(tid) != cores:
+        os.sched_setaffinity(tid, cores)
     except OSError:
       continue
+
+
+def _writer_cores() -> set[int] | None:
+  """The cores tensorstore's workers may use: the process's, less its lowest,
+  which is kept for the training thread; None with a single core."""
+  try:
+    allowed = os.sched_getaffinity(0)
+  except OSError:
+    return None
+  if len(allowed) < 2:
+    return None
+  return allowed - {min(allowed)}
 
 
 def _tensorstore_threads() -> set[int]:
