@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import pathlib
+import shutil
 import subprocess
 import sys
 import types
@@ -21,6 +22,7 @@ import pytest
 from conftest import REPO, load_config, restore_state, tiny_config
 from txf.analysis import flops_per_token
 from txf.runconfig.run_config import ConfigError, parse
+from txf.rundir import record
 from txf.rundir.checkpoint import Checkpointer, checkpoint_directory
 from txf.rundir.resume import (
   config_changes,
@@ -29,7 +31,7 @@ from txf.rundir.resume import (
   read_run_config,
   write_config,
 )
-from txf.train import loop
+from txf.train import loop, run_setup
 from txf.train.run_setup import fit_vocabulary, load_run, setup_run
 from txf.train.step import model_inputs
 
@@ -232,6 +234,30 @@ def test_a_run_from_a_txf_run_says_which_run_and_step_it_starts_from(trained, tm
   lines.clear()  # a run drawn from its seed says nothing of the kind
   loop.run(parse(tiny_config("rope", steps=1)), tmp_path / "fresh", log=lines.append)
   assert not any(line.startswith("initialised from") for line in lines)
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_run_from_a_txf_run_of_another_tokenizer_is_refused_before_loading_it(
+  trained, tmp_path, monkeypatch
+):
+  """The tokenizer is checked against the one the source run recorded
+  (check_tokenizer, from init_from_model) before its checkpoint is read."""
+  source = tmp_path / "source"
+  shutil.copytree(trained, source)
+  entries = json.loads((source / record.RECORD_FILE).read_text())
+  recorded = {entry["tokenizer"]["sha256"] for entry in entries if "tokenizer" in entry}
+  assert len(recorded) == 1  # the record holds the run's tokenizer
+  for entry in entries:
+    entry.get("tokenizer", {})["sha256"] = "0" * 64
+  (source / record.RECORD_FILE).write_text(json.dumps(entries))
+  monkeypatch.setattr(run_setup, "load_trained", lambda directory: pytest.fail("loaded"))
+  config = tiny_config("rope", steps=1, train__init_from=str(source))
+  with pytest.raises(ConfigError) as error:
+    setup_run(parse(config), tmp_path / "new")
+  assert str(error.value) == (
+    f"train.init_from: the tokenizer's contents (sha256 {recorded.pop()}) differ from those "
+    f"{source} trained with ({'0' * 64}): its ids would differ"
+  )
 
 
 @pytest.mark.slow  # trains runs (and its fixture one)

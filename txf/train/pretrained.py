@@ -7,7 +7,7 @@ while it builds the run, and starts the state from them with `starting_from`. Th
 are the source run's token ids: setup's fit_vocabulary first copies a txf run's
 sentencepiece model into the new run (`adopt_tokenizer`) instead of training
 another, and setup_run refuses a tokenizer whose contents differ from the
-one the source run recorded (`check_tokenizer`).
+one the source run recorded (`check_tokenizer`, from init_from_model).
 """
 
 from __future__ import annotations
@@ -112,14 +112,15 @@ def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.Pat
 
 
 def check_tokenizer(init_from: str, tokenizer: Tokenizer) -> None:
-  """Refuses `tokenizer` for a run starting from the txf run `init_from`
-  when its contents (Tokenizer.sha256) differ from the tokenizer that run
-  recorded (txf.rundir.record; nothing to compare for a run recorded before).
+  """Refuses `tokenizer` for a run starting from the txf run in `init_from`
+  (txf.train.run_setup.init_from_model, which has found it is one) when its
+  contents (Tokenizer.sha256) differ from the tokenizer that run recorded
+  (txf.rundir.record; nothing to compare for a run recorded before).
 
   Raises:
     ValueError: one line naming both hashes.
   """
-  recorded = recorded_tokenizer(init_from) if is_run_directory(init_from) else None
+  recorded = recorded_tokenizer(init_from)
   if recorded is None or recorded.get("sha256") == tokenizer.sha256:
     return
   raise ValueError(

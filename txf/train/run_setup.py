@@ -315,8 +315,7 @@ def setup_run(
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained, started_from = None, None
     if run.train.init_from:
-      check_tokenizer(run.train.init_from, tokenizer)
-      source, started_from = init_from_model(run.train.init_from)
+      source, started_from = init_from_model(run.train.init_from, tokenizer)
       pretrained = pretrained_params(source, run.train.init_from, run.model, boxed_params)
   except ValueError as error:
     raise ConfigError(str(error)) from error
@@ -539,17 +538,20 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
   )
 
 
-def init_from_model(directory: str) -> tuple[interop.Pretrained, str]:
-  """The model a run starts from (config.train.init_from), and what it is
-  (RunSetup.started_from): the latest checkpoint of the txf run in
-  `directory` (`load_trained`, which sets that run up as `setup_run` sets
-  up this one) or a Hugging Face checkpoint.
+def init_from_model(directory: str, tokenizer: Tokenizer) -> tuple[interop.Pretrained, str]:
+  """The model a run of `tokenizer` starts from (config.train.init_from),
+  and what it is (RunSetup.started_from): the latest checkpoint of the txf
+  run in `directory` (`load_trained`, which sets that run up as `setup_run`
+  sets up this one), once `tokenizer` is found to be the one that run
+  recorded (`check_tokenizer`), or a Hugging Face checkpoint.
 
   Raises:
-    ValueError: naming train.init_from, for a directory that holds neither.
+    ValueError: naming train.init_from, for a directory that holds neither,
+      or another tokenizer than the txf run's.
   """
   try:
     if is_run_directory(directory):
+      check_tokenizer(directory, tokenizer)
       trained = load_trained(directory)
       return trained.pretrained, f"the txf run in {directory}, step {trained.step}"
     pretrained = interop.load_pretrained(directory)
