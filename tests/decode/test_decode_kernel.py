@@ -1,6 +1,7 @@
 """Decoding with each attention step as one GPU kernel
 (txf.ops.cache_attention_gpu: self-attention's KV cache update and the
-attention over it; cross-attention over the cached encoding), traced for a
+attention over it; cross-attention over the cached encoding), and at batch
+1 the output projections as matvec kernels (txf.ops.matvec_gpu), traced for a
 GPU (`platform.compiling_for`) and run by Pallas's interpreter on the CPU:
 the cached logits equal the full pass's (atol 1e-5, as in test_decode.py)
 and greedy decoding gives the XLA path's tokens; and which steps the layer
@@ -16,7 +17,7 @@ import pytest
 
 from txf import decode, models
 from txf.layers.model_config import ModelConfig
-from txf.ops import cache_attention_gpu, platform
+from txf.ops import cache_attention_gpu, matvec_gpu, platform
 
 # Unlike test_decode.py's TINY (vocab 50), so that no program traced there
 # for the CPU path is found in jax's caches here.
@@ -51,9 +52,13 @@ def stepwise_logits(model, params, tokens_BxT):
 
 def interpreted(monkeypatch):
   """The kernels run by Pallas's interpreter (on the CPU)."""
-  for name in ("update_and_attend", "attend"):
-    kernel = getattr(cache_attention_gpu, name)
-    monkeypatch.setattr(cache_attention_gpu, name, functools.partial(kernel, interpret=True))
+  for module, name in (
+    (cache_attention_gpu, "update_and_attend"),
+    (cache_attention_gpu, "attend"),
+    (matvec_gpu, "matvec"),
+  ):
+    kernel = getattr(module, name)
+    monkeypatch.setattr(module, name, functools.partial(kernel, interpret=True))
 
 
 @pytest.fixture
@@ -92,6 +97,24 @@ def test_cached_decoding_with_the_kernel_matches_full_pass(for_a_gpu, overrides)
   np.testing.assert_allclose(got, full, atol=1e-5)
 
 
+def test_at_batch_1_the_output_projections_are_kernels_too(for_a_gpu):
+  """One row a step: the attention's and the feed-forward's output
+  projections as matvec kernels (ops.matvec_gpu), two a layer; the cached
+  logits still the full pass's. At batch 2 XLA's products stay."""
+  model, params = model_and_params()
+  tokens = random_tokens(5, (1, T))
+  cache = decode.init_cache(model, 1, T)
+  step = functools.partial(model.apply, use_cache=True, mutable=["cache"])
+  jaxpr = str(jax.make_jaxpr(step)({"params": params, "cache": cache}, tokens[:, :1]))
+  assert jaxpr.count("name=matvec") == 2 * TINY["num_layers"]
+  full = model.apply({"params": params}, tokens)
+  got = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
+  np.testing.assert_allclose(got, full, atol=1e-5)
+  cache = decode.init_cache(model, B, T)
+  jaxpr = str(jax.make_jaxpr(step)({"params": params, "cache": cache}, jnp.ones((B, 1), jnp.int32)))
+  assert "matvec" not in jaxpr
+
+
 def test_encoder_decoder_decoding_with_the_kernels_matches_full_pass(for_a_gpu):
   """Both attentions of each decoder layer as kernels: self-attention over
   its cache, cross-attention over the cached encoding (row 1's padded)."""
@@ -117,17 +140,19 @@ def test_greedy_tokens_with_the_kernel_equal_the_xla_paths(monkeypatch):
   whose cache has a leading layer axis) with the kernel gives the CPU
   path's tokens."""
   model, params = model_and_params(scan_layers=True)
-  prompt = jnp.asarray([[5, 7, 9, 0], [3, 0, 0, 0]], jnp.int32)
-  xla = decode.generate(model, params, prompt, max_new_tokens=8)
+  prompts = [jnp.asarray([[5, 7, 9, 0], [3, 0, 0, 0]], jnp.int32), jnp.asarray([[4, 8, 0, 0]])]
+  xla = [decode.generate(model, params, prompt, max_new_tokens=8) for prompt in prompts]
   interpreted(monkeypatch)
   jax.clear_caches()
   try:
     with platform.compiling_for("gpu"):
       assert uses_kernel(model, params)
-      kernel = decode.generate(model, params, prompt, max_new_tokens=8)
+      # batch 1: the output projections' kernels too
+      kernel = [decode.generate(model, params, prompt, max_new_tokens=8) for prompt in prompts]
   finally:
     jax.clear_caches()
-  np.testing.assert_array_equal(kernel, xla)
+  for got, expected in zip(kernel, xla, strict=True):
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_the_layer_chooses_the_kernel_only_where_it_can_take_the_step(for_a_gpu):

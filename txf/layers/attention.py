@@ -16,6 +16,7 @@ from txf import ops
 from txf.layers import positions
 from txf.layers.model_config import ModelConfig, derived
 from txf.layers.partitioning import projection_inits
+from txf.layers.projection import OutputProjection
 from txf.ops import cache_attention_gpu, platform
 
 Array = jax.Array
@@ -174,6 +175,7 @@ class MultiHeadAttention(nn.Module):
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
     out = OutputProjection(
       (self.num_heads, self.head_dim, x_BxTxD.shape[-1]),
+      ("heads", "head_dim"),
       self.cfg.use_bias,
       self.dtype,
       name="out",
@@ -480,38 +482,3 @@ class ProjectionWeights(nn.Module):
     kernel = self.param("kernel", inits["kernel_init"], (d_model, heads * head_dim))
     bias = self.param("bias", inits["bias_init"], (heads * head_dim,)) if self.use_bias else None
     return kernel, bias
-
-
-class OutputProjection(nn.Module):
-  """The heads' outputs [B, T, H, Dh] -> [B, T, D], the bias not added:
-  `nn.DenseGeneral`'s parameters (`kernel` [H, Dh, D], `bias` [D], the same
-  values) and product; `bias` (float32 as stored, or None) is the caller's
-  to add.
-
-  Attributes:
-    shape: the kernel's (H, Dh, D).
-    use_bias: whether there is a bias.
-    dtype: the compute dtype.
-  """
-
-  shape: tuple[int, int, int]
-  use_bias: bool
-  dtype: Any
-
-  def setup(self):
-    heads, head_dim, d_model = self.shape
-    inits = projection_inits(("heads", "head_dim"), ("embed",), self.shape)
-    # Asked flat, as nn.DenseGeneral asks: the same values for the same key.
-    flat = (heads * head_dim, d_model)
-    self.kernel = self.param("kernel", inits["kernel_init"], flat, jnp.float32)
-    self.bias = (
-      self.param("bias", inits["bias_init"], (d_model,), jnp.float32) if self.use_bias else None
-    )
-
-  def __call__(self, heads_BxTxHxDh: Array) -> Array:
-    """[B, T, H, Dh] -> [B, T, D] in the compute dtype, without the bias."""
-    return jax.lax.dot_general(
-      heads_BxTxHxDh.astype(self.dtype),
-      self.kernel.astype(self.dtype),
-      (((2, 3), (0, 1)), ((), ())),
-    )

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from txf.layers.model_config import ACTIVATIONS, ModelConfig, derived
 from txf.layers.partitioning import projection_inits
+from txf.layers.projection import OutputProjection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +114,7 @@ class FeedForward(nn.Module):
     h_BxTxF = jax.checkpoint(hidden)(wi, gate)
     # Dropout on the hidden layer as in T5; the block adds residual dropout.
     h_BxTxF = nn.Dropout(cfg.dropout_rate)(h_BxTxF, deterministic=deterministic)
-    return nn.Dense(
-      x_BxTxD.shape[-1],
-      use_bias=cfg.use_bias,
-      dtype=dtype,
-      **projection_inits(("mlp",), ("embed",)),
-      name="wo",
-    )(h_BxTxF)
+    # nn.Dense's parameters and sum, its product one kernel at batch 1 on a GPU.
+    wo_shape = (h_BxTxF.shape[-1], x_BxTxD.shape[-1])
+    wo = OutputProjection(wo_shape, ("mlp",), cfg.use_bias, dtype, name="wo")
+    return _biased(wo(h_BxTxF), None if wo.bias is None else wo.bias.astype(dtype))
