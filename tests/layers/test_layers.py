@@ -251,6 +251,47 @@ def test_projections_of_one_input_are_one_product(num_kv_heads, causal, kv_len):
   assert sorted(stacked_projection_widths(jaxpr.jaxpr, D)) == expected
 
 
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_a_decoding_step_on_a_gpu_projects_by_the_kernels_concatenated(num_kv_heads):
+  """One position traced for one GPU: the product of one input is by its
+  kernels concatenated along their features ([D, P * N * Dh]), with the
+  same output as the stacked product the CPU trace (and any longer input)
+  takes."""
+  from txf.ops import platform
+
+  cfg = ModelConfig(
+    d_model=D,
+    num_heads=4,
+    num_kv_heads=num_kv_heads,
+    head_dim=4,
+    position="none",
+    use_bias=True,
+    attention_impl="xla",
+  )
+  layer = MultiHeadAttention(cfg, causal=True)
+  x = randn(9, B, 1, D)
+  call = dict(q_positions_BxT=jnp.zeros((1, 1), jnp.int32))
+  params = perturbed(layer.init(jax.random.PRNGKey(0), x, **call)["params"])
+
+  def attend():
+    # A function of its own for each trace (jax caches traces by function).
+    fn = lambda p, x: layer.apply({"params": p}, x, **call)
+    return fn(params, x), jax.make_jaxpr(fn)(params, x).jaxpr
+
+  cpu, cpu_jaxpr = attend()
+  with platform.compiling_for("gpu"):
+    gpu, gpu_jaxpr = attend()
+  stacked = [3] if num_kv_heads == 4 else [1, 2]
+  assert sorted(stacked_projection_widths(cpu_jaxpr, D)) == stacked
+  assert stacked_projection_widths(gpu_jaxpr, D) == []
+  concatenated = [
+    eqn.outvars[0].aval.shape for eqn in gpu_jaxpr.eqns if eqn.primitive.name == "concatenate"
+  ]
+  # q, k, v of 4 heads of 4 (MHA); k and v of 2 heads (GQA: q is a product of its own).
+  assert concatenated == ([(D, 3 * 4 * 4)] if num_kv_heads == 4 else [(D, 2 * 2 * 4)])
+  np.testing.assert_allclose(gpu, cpu, **TOL)
+
+
 # ---------------------------------------------------------------------------
 # Embedder.
 
