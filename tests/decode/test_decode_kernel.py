@@ -54,6 +54,7 @@ def interpreted(monkeypatch):
   """The kernels run by Pallas's interpreter (on the CPU)."""
   for module, name in (
     (cache_attention_gpu, "update_and_attend"),
+    (cache_attention_gpu, "update_and_attend_packed"),
     (cache_attention_gpu, "attend"),
     (matvec_gpu, "matvec"),
   ):
@@ -85,7 +86,14 @@ def uses_kernel(model, params, **apply_kwargs) -> bool:
 
 @pytest.mark.parametrize(
   "overrides",
-  [{}, dict(num_kv_heads=2), dict(num_kv_heads=1), dict(window=3), dict(position="rope")],
+  [
+    {},
+    dict(num_kv_heads=2),
+    dict(num_kv_heads=1),
+    dict(window=3),
+    dict(position="rope"),
+    dict(position="learned", use_bias=True),  # q, k and v packed, with biases
+  ],
   ids=str,
 )
 def test_cached_decoding_with_the_kernel_matches_full_pass(for_a_gpu, overrides):
@@ -153,6 +161,26 @@ def test_greedy_tokens_with_the_kernel_equal_the_xla_paths(monkeypatch):
     jax.clear_caches()
   for got, expected in zip(kernel, xla, strict=True):
     np.testing.assert_array_equal(got, expected)
+
+
+def test_query_key_and_value_reach_the_kernel_packed_where_nothing_rotates_them(for_a_gpu):
+  """Multi-head self-attention without RoPE hands the kernel its one q/k/v
+  product (and the biases, added in the kernel); RoPE, which rotates q and k
+  first, and grouped-query attention (k and v a product of their own) give
+  it q, k and v apart."""
+
+  def packed(**overrides):
+    model, params = model_and_params(**overrides)
+    variables = {"params": params, "cache": decode.init_cache(model, B, T)}
+    step = functools.partial(model.apply, use_cache=True, mutable=["cache"])
+    jaxpr = str(jax.make_jaxpr(step)(variables, jnp.ones((B, 1), jnp.int32)))
+    assert "cache_update_and_attention" in jaxpr
+    return "cache_update_and_attention_packed" in jaxpr
+
+  assert packed(position="learned", use_bias=True)
+  assert packed(position="none")
+  assert not packed(position="rope")
+  assert not packed(position="learned", num_kv_heads=2)
 
 
 def test_the_layer_chooses_the_kernel_only_where_it_can_take_the_step(for_a_gpu):

@@ -143,6 +143,64 @@ def test_applies_only_to_one_token_and_powers_of_two():
     kernel_step(q, k_new, v_new, k_cache, v_cache, jnp.int32(0), block=24)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_packed_query_key_and_value_give_the_same_step(dtype, window):
+  """update_and_attend_packed of one [B, 1, 3, H, D] array: the output and
+  caches of update_and_attend of its three parts, bit for bit (the same
+  kernel reading them where they lie)."""
+  q, k_new, v_new, k_cache, v_cache = inputs(11, 2, 37, 4, 4, 16, dtype)
+  qkv = jnp.stack([q, k_new, v_new], axis=2)
+  assert cache_attention_gpu.packs(qkv, k_cache, v_cache)
+  for index in (0, 30):
+    got = cache_attention_gpu.update_and_attend_packed(
+      qkv, k_cache, v_cache, jnp.int32(index), window=window, block=16, interpret=True
+    )
+    want = kernel_step(q, k_new, v_new, k_cache, v_cache, jnp.int32(index), window=window, block=16)
+    for got_array, want_array in zip(got, want, strict=True):
+      np.testing.assert_array_equal(np.asarray(got_array), np.asarray(want_array))
+    assert_step_matches(got, xla_step(q, k_new, v_new, k_cache, v_cache, index, window), dtype)
+
+
+def test_the_packed_step_adds_the_biases_as_xla_adds_them():
+  """Float32 biases as stored, a bfloat16 product: each rounded to bfloat16
+  and added, rounded again, as `project` adds them (`y + bias.astype(dtype)`);
+  the same step bit for bit as update_and_attend of the biased parts."""
+  q, k_new, v_new, k_cache, v_cache = inputs(12, 2, 37, 4, 4, 16, jnp.bfloat16)
+  rng = np.random.default_rng(13)
+  biases = [jnp.asarray(rng.normal(size=(4, 16)), jnp.float32) for _ in range(3)]
+  qkv = jnp.stack([q, k_new, v_new], axis=2)
+  got = cache_attention_gpu.update_and_attend_packed(
+    qkv, k_cache, v_cache, jnp.int32(20), biases=biases, block=16, interpret=True
+  )
+  biased = [x + b.astype(jnp.bfloat16) for x, b in zip((q, k_new, v_new), biases, strict=True)]
+  want = kernel_step(*biased, k_cache, v_cache, jnp.int32(20), block=16)
+  for got_array, want_array in zip(got, want, strict=True):
+    np.testing.assert_array_equal(np.asarray(got_array), np.asarray(want_array))
+  unbiased = cache_attention_gpu.update_and_attend_packed(
+    qkv, k_cache, v_cache, jnp.int32(20), block=16, interpret=True
+  )
+  assert not np.array_equal(np.asarray(unbiased[0]), np.asarray(got[0]))
+  with pytest.raises(ValueError, match=r"biases \[\(4, 16\), \(4, 16\)\]$"):
+    cache_attention_gpu.update_and_attend_packed(
+      qkv, k_cache, v_cache, jnp.int32(0), biases=biases[:2], interpret=True
+    )
+
+
+def test_packing_takes_multi_head_query_key_value_in_the_caches_dtype_only():
+  q, k_new, v_new, k_cache, v_cache = inputs(0, 1, 8, 4, 4, 16)
+  qkv = jnp.stack([q, k_new, v_new], axis=2)
+  assert cache_attention_gpu.packs(qkv, k_cache, v_cache)
+  assert not cache_attention_gpu.packs(qkv[:, :, :2], k_cache, v_cache)  # k and v alone
+  assert not cache_attention_gpu.packs(qkv.astype(jnp.bfloat16), k_cache, v_cache)
+  _, _, _, gqa_k, gqa_v = inputs(0, 1, 8, 4, 2, 16)  # 2 key/value heads
+  assert not cache_attention_gpu.packs(qkv, gqa_k, gqa_v)
+  with pytest.raises(ValueError, match=r"^update_and_attend_packed takes one new token's"):
+    cache_attention_gpu.update_and_attend_packed(
+      qkv[:, :, :2], k_cache, v_cache, jnp.int32(0), interpret=True
+    )
+
+
 def xla_cross(q, k, v, mask, scale=None):
   """The XLA path of a cached cross-attention step: query rows in groups
   sharing a key row, as MultiHeadAttention._attend regroups them."""

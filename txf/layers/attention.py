@@ -6,6 +6,7 @@ module holds the projection parameters and the decoding cache.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -137,39 +138,54 @@ class MultiHeadAttention(nn.Module):
       [B, T, D] in the compute dtype (without the output projection's bias
       where add_bias is False).
     """
-    q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
-      x_BxTxD, kv_BxSxD, key_mask, use_cache
-    )
-    is_self = kv_BxSxD is None and not self.cross
-    k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
-    encoding = positions.encoding(self.position)
-    if encoding.rotate is not None:
-      q_BxTxHxDh = encoding.rotate(self.cfg, q_BxTxHxDh, q_positions_BxT)
-      k_BxSxKxDh = encoding.rotate(
-        self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
-      )
-    masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
-    kernel = use_cache and self._decoding_kernel(deterministic)
-    if kernel and is_self and key_mask is None and self._cache_fits_kernel(q_BxTxHxDh):
-      out_BxTxHxDh = self._update_cache_and_attend(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, cache_index)
-    elif (
-      kernel
-      and self.cross
-      and self._encoding_fits_kernel(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask)
-    ):
-      out_BxTxHxDh = cache_attention_gpu.attend(
-        q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask, scale=self.scale
+    packed = self._packed_product(x_BxTxD, kv_BxSxD, key_mask, use_cache, deterministic)
+    if packed is not None:
+      qkv_BxTx3xHxDh, biases = packed
+      out_BxTxHxDh = self._update_cache_and_attend(
+        functools.partial(
+          cache_attention_gpu.update_and_attend_packed, qkv_BxTx3xHxDh, biases=biases
+        ),
+        cache_index,
       )
     else:
-      if use_cache and is_self:
-        k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
-          k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
-        )
-        k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
-      bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
-      out_BxTxHxDh = self._attend(
-        q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
+      q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
+        x_BxTxD, kv_BxSxD, key_mask, use_cache
       )
+      is_self = kv_BxSxD is None and not self.cross
+      k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
+      encoding = positions.encoding(self.position)
+      if encoding.rotate is not None:
+        q_BxTxHxDh = encoding.rotate(self.cfg, q_BxTxHxDh, q_positions_BxT)
+        k_BxSxKxDh = encoding.rotate(
+          self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
+        )
+      masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
+      kernel = use_cache and self._decoding_kernel(deterministic)
+      if kernel and is_self and key_mask is None and self._cache_fits_kernel(q_BxTxHxDh):
+        out_BxTxHxDh = self._update_cache_and_attend(
+          functools.partial(
+            cache_attention_gpu.update_and_attend, q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh
+          ),
+          cache_index,
+        )
+      elif (
+        kernel
+        and self.cross
+        and self._encoding_fits_kernel(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask)
+      ):
+        out_BxTxHxDh = cache_attention_gpu.attend(
+          q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask, scale=self.scale
+        )
+      else:
+        if use_cache and is_self:
+          k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
+            k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
+          )
+          k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
+        bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
+        out_BxTxHxDh = self._attend(
+          q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
+        )
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H: Array = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
@@ -226,11 +242,24 @@ class MultiHeadAttention(nn.Module):
     input (path patching) intercepts this method and gets them apart.
     """
     names = ("query", "key", "value")[: len(inputs)]
+    projected: dict[str, Array] = {}
+    for group, y_BxTxPxNxDh, biases in self._products(names, inputs):
+      if biases:
+        y_BxTxPxNxDh = y_BxTxPxNxDh + jnp.stack(biases).astype(self.dtype)
+      projected.update((name, y_BxTxPxNxDh[:, :, p]) for p, name in enumerate(group))
+    return tuple(projected.get(name) for name in names)
+
+  def _products(
+    self, names: tuple[str, ...], inputs: tuple[Array | None, ...]
+  ) -> list[tuple[tuple[str, ...], Array, list[Array]]]:
+    """`project`'s products: (the names, [B, T, P, N, Dh] in the compute
+    dtype without the biases, the biases [N, Dh] as stored or none) for each
+    group of projections of one input with as many heads."""
     groups: dict[tuple[int, int], list[tuple[str, Array]]] = {}
     for name, x in zip(names, inputs):
       if x is not None:
         groups.setdefault((id(x), self._heads(name)[0]), []).append((name, x))
-    projected: dict[str, Array] = {}
+    products = []
     for group in groups.values():
       x_BxTxD = group[0][1]
       weights = [self._weights(name, x_BxTxD.shape[-1]) for name, _ in group]
@@ -245,10 +274,44 @@ class MultiHeadAttention(nn.Module):
       ]
       y_BxTxPxNxDh = _stacked_product(x_BxTxD.astype(self.dtype), kernels)
       biases = [bias for _, bias in weights if bias is not None]
-      if biases:
-        y_BxTxPxNxDh = y_BxTxPxNxDh + jnp.stack(biases).astype(self.dtype)
-      projected.update((name, y_BxTxPxNxDh[:, :, p]) for p, (name, _) in enumerate(group))
-    return tuple(projected.get(name) for name in names)
+      products.append((tuple(name for name, _ in group), y_BxTxPxNxDh, biases))
+    return products
+
+  def _packed_product(
+    self,
+    x_BxTxD: Array,
+    kv_BxSxD: Array | None,
+    key_mask: Array | None,
+    use_cache: bool,
+    deterministic: bool,
+  ) -> tuple[Array, list[Array]] | None:
+    """A decoding step's query, key and value of multi-head self-attention
+    as their one product [B, 1, 3, H, Dh] and their biases ([H, Dh] each,
+    as stored, or none), which the GPU kernel adds as it reads them, where
+    it takes them so (`cache_attention_gpu.packs`: their biases and split
+    are otherwise a kernel of their own): `_decoding_kernel`, no key mask,
+    and no position encoding that rotates them. None otherwise (`_project`
+    gives them apart)."""
+    if not (
+      use_cache
+      and kv_BxSxD is None
+      and not self.cross
+      and key_mask is None
+      and self.num_kv_heads == self.num_heads
+      and positions.encoding(self.position).rotate is None
+      and self._decoding_kernel(deterministic)
+      and self.has_variable("cache", "cached_key")
+    ):
+      return None
+    shape = (*x_BxTxD.shape[:2], 3, self.num_heads, self.head_dim)
+    if not cache_attention_gpu.packs(
+      jax.ShapeDtypeStruct(shape, self.dtype),
+      self.get_variable("cache", "cached_key"),
+      self.get_variable("cache", "cached_value"),
+    ):
+      return None
+    ((_, qkv_BxTx3xHxDh, biases),) = self._products(("query", "key", "value"), (x_BxTxD,) * 3)
+    return qkv_BxTx3xHxDh, biases
 
   def _heads(self, name: str) -> tuple[int, str]:
     """(N, the logical axis) of projection `name`'s heads: the queries' H, or
@@ -328,18 +391,15 @@ class MultiHeadAttention(nn.Module):
       and cache_attention_gpu.applies_to_cross(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh)
     )
 
-  def _update_cache_and_attend(
-    self, q_BxTxHxDh: Array, k_BxTxKxDh: Array, v_BxTxKxDh: Array, cache_index: Array | None
-  ) -> Array:
+  def _update_cache_and_attend(self, step: Any, cache_index: Array | None) -> Array:
     """`_attend_over_cache` then `_attend`, as one GPU kernel (where
-    `_decoding_kernel` and `_cache_fits_kernel`): writes the new key and
-    value at cache_index and returns the heads' outputs [B, 1, H, Dh]."""
+    `_decoding_kernel` and `_cache_fits_kernel`, or `_packed_product`):
+    `step` is `cache_attention_gpu.update_and_attend` or its packed form
+    given the new query, key and value; it writes them at cache_index and
+    returns the heads' outputs [B, 1, H, Dh]."""
     if cache_index is None:
       raise ValueError("MultiHeadAttention: use_cache=True needs cache_index")
-    out_BxTxHxDh, cached_key, cached_value = cache_attention_gpu.update_and_attend(
-      q_BxTxHxDh,
-      k_BxTxKxDh,
-      v_BxTxKxDh,
+    out_BxTxHxDh, cached_key, cached_value = step(
       self.get_variable("cache", "cached_key"),
       self.get_variable("cache", "cached_value"),
       cache_index,

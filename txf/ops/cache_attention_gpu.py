@@ -11,7 +11,10 @@ the new one: an online softmax over blocks of cache slots (the running
 maximum, normaliser and weighted sum of Milakov & Gimelshein 2018, as in
 `ops.attention`'s chunked path), ending at `index`. So a step reads the
 slots it attends and no more, and the new key and value come from the
-inputs, never read back from the cache they are written to.
+inputs, never read back from the cache they are written to. Multi-head
+self-attention may give them as one product with their biases
+(`update_and_attend_packed`): the kernel reads q, k and v where they lie
+and adds the biases, which XLA would do in a kernel of its own.
 
 XLA compiles the same step as 8 to 10 kernels a layer (gpt2_small for an
 H100): the cache's two updates (one per array), the scores, their maximum,
@@ -52,7 +55,15 @@ try:
 except ImportError:
   AVAILABLE = False
 
-__all__ = ["AVAILABLE", "applies", "applies_to_cross", "attend", "update_and_attend"]
+__all__ = [
+  "AVAILABLE",
+  "applies",
+  "applies_to_cross",
+  "attend",
+  "packs",
+  "update_and_attend",
+  "update_and_attend_packed",
+]
 
 _NUM_WARPS = 4
 # Products q * k of one block held at once: G * block * D of them.
@@ -173,34 +184,46 @@ def _update_kernel(
   q_ref,
   k_new_ref,
   v_new_ref,
-  k_cache_in_ref,
-  v_cache_in_ref,
-  out_ref,
-  k_cache_ref,
-  v_cache_ref,
-  *,
+  *refs,
   groups: int,
   block: int,
   scale: float,
   window: int | None,
+  packed: bool,
+  biased: bool,
 ):
   """Batch row pl.program_id(0), key/value head pl.program_id(1): refs are
   the whole arrays (q, out [B, 1, H, D|Dv], new keys/values [B, 1, K, D|Dv],
-  caches [B, L, K, D|Dv], index a scalar)."""
-  del k_cache_in_ref, v_cache_in_ref  # the same buffers as k_cache_ref, v_cache_ref
+  caches [B, L, K, D|Dv], index a scalar); `packed`: q, k_new and v_new
+  are one array [B, 3, H, D], the query, key and value at 0, 1 and 2, and
+  `biased`: their biases ([H, D] each, any float dtype) are rounded to
+  their dtype and added as they are read, rounded again (as XLA's add of
+  the two in that dtype)."""
+  bias_refs = refs[:3] if biased else None
+  # The caches' inputs are the same buffers as their outputs.
+  out_ref, k_cache_ref, v_cache_ref = refs[-3:]
   row, head = pl.program_id(0), pl.program_id(1)
+  k_at, v_at = (1, 2) if packed else (0, 0)
+
+  def biased_by(x, part, heads):
+    if bias_refs is None:
+      return x
+    bias = bias_refs[part][heads, :].astype(x.dtype).astype(jnp.float32)
+    return (x.astype(jnp.float32) + bias).astype(x.dtype)
+
   position = index_ref[...]
   # dynamic_update_slice's clamp, which the XLA path's update applies.
   slot = jnp.clip(position, 0, k_cache_ref.shape[1] - 1)
   heads = pl.ds(head * groups, groups)
-  start, step = _online_softmax(q_ref[row, 0, heads, :].astype(jnp.float32), scale)
+  q_GxD = biased_by(q_ref[row, 0, heads, :], 0, heads)
+  start, step = _online_softmax(q_GxD.astype(jnp.float32), scale)
   first = 0 if window is None else jnp.maximum(position + 1 - window, 0)
   carry = _walk(
     step, start(v_cache_ref.shape[3]), k_cache_ref, v_cache_ref, row, head, first, slot, block
   )
   # The new key and value, from the inputs (always attended: window >= 1).
-  k_new_1xD = k_new_ref[row, pl.ds(0, 1), head, :]
-  v_new_1xDv = v_new_ref[row, pl.ds(0, 1), head, :]
+  k_new_1xD = biased_by(k_new_ref[row, pl.ds(k_at, 1), head, :], 1, pl.ds(head, 1))
+  v_new_1xDv = biased_by(v_new_ref[row, pl.ds(v_at, 1), head, :], 2, pl.ds(head, 1))
   _output(step(carry, k_new_1xD, v_new_1xDv, jnp.ones((1,), jnp.bool_)), out_ref, row, heads)
   k_cache_ref[row, pl.ds(slot, 1), head, :] = k_new_1xD.astype(k_cache_ref.dtype)
   v_cache_ref[row, pl.ds(slot, 1), head, :] = v_new_1xDv.astype(v_cache_ref.dtype)
@@ -268,16 +291,122 @@ def update_and_attend(
     ValueError: shapes the kernel cannot take (`applies`), or a block or
       warp count that is no power of 2.
   """
-  for name, value in (("block", block), ("num_warps", num_warps)):
-    if value is not None and not _is_power_of_2(value):
-      raise ValueError(f"{name} must be a power of 2 (Triton's), got {value}")
+  _check_launch(block, num_warps)
   if not applies(q_BxTxHxD, k_cache_BxLxKxD, v_cache_BxLxKxDv):
     raise ValueError(
       "update_and_attend takes one new token (T = 1) and powers of 2 for the head "
       f"dims and the query heads per key/value head, got q {q_BxTxHxD.shape}, "
       f"k_cache {k_cache_BxLxKxD.shape}, v_cache {v_cache_BxLxKxDv.shape}"
     )
-  batch, _, heads, head_dim = q_BxTxHxD.shape
+  return _update_call(
+    (
+      q_BxTxHxD,
+      k_new_BxTxKxD.astype(k_cache_BxLxKxD.dtype),
+      v_new_BxTxKxDv.astype(v_cache_BxLxKxDv.dtype),
+    ),
+    k_cache_BxLxKxD,
+    v_cache_BxLxKxDv,
+    index,
+    packed=False,
+    scale=scale,
+    window=window,
+    block=block,
+    num_warps=num_warps,
+    interpret=interpret,
+  )
+
+
+def packs(qkv_BxTxPxNxD, k_cache_BxLxKxD, v_cache_BxLxKxDv) -> bool:
+  """Whether `update_and_attend_packed` can take a product of queries, keys
+  and values stacked (P = 3) with as many query as key/value heads, in the
+  caches' dtype, and the shapes `applies` takes."""
+  _, _, parts, heads, _ = qkv_BxTxPxNxD.shape
+  return (
+    parts == 3
+    and heads == k_cache_BxLxKxD.shape[2]
+    and qkv_BxTxPxNxD.dtype == k_cache_BxLxKxD.dtype == v_cache_BxLxKxDv.dtype
+    and qkv_BxTxPxNxD.shape[-1] == v_cache_BxLxKxDv.shape[-1]
+    and applies(
+      jax.ShapeDtypeStruct(qkv_BxTxPxNxD.shape[:2] + qkv_BxTxPxNxD.shape[3:], jnp.float32),
+      k_cache_BxLxKxD,
+      v_cache_BxLxKxDv,
+    )
+  )
+
+
+def update_and_attend_packed(
+  qkv_BxTx3xHxD,
+  k_cache_BxLxHxD,
+  v_cache_BxLxHxD,
+  index,
+  *,
+  biases=(),
+  scale: float | None = None,
+  window: int | None = None,
+  block: int | None = None,
+  num_warps: int = _NUM_WARPS,
+  interpret: bool = False,
+):
+  """`update_and_attend` of the query, key and value stacked in one array
+  (one product of multi-head self-attention: `qkv[:, :, 0]`, `[:, :, 1]`,
+  `[:, :, 2]`), which the kernel reads where they are, adding `biases`
+  (the three [H, D] biases, as stored: rounded to qkv's dtype in the
+  kernel; none: no bias). Added and split by XLA, they would be a kernel
+  of their own (and the biases' stack another, every token).
+
+  Raises:
+    ValueError: shapes `packs` refuses, or `update_and_attend`'s errors.
+  """
+  _check_launch(block, num_warps)
+  if not packs(qkv_BxTx3xHxD, k_cache_BxLxHxD, v_cache_BxLxHxD) or (
+    len(biases) not in (0, 3) or any(b.shape != qkv_BxTx3xHxD.shape[3:] for b in biases)
+  ):
+    raise ValueError(
+      "update_and_attend_packed takes one new token's query, key and value [B, 1, 3, H, D] "
+      "as update_and_attend takes them apart, in the caches' dtype, got qkv "
+      f"{qkv_BxTx3xHxD.shape} {qkv_BxTx3xHxD.dtype}, k_cache {k_cache_BxLxHxD.shape} "
+      f"{k_cache_BxLxHxD.dtype}, biases {[b.shape for b in biases]}"
+    )
+  batch, _, _, heads, head_dim = qkv_BxTx3xHxD.shape
+  # [B, 3, H, D]: T = 1 folded away, so that the query sits at [b, 0] as
+  # update_and_attend's [b, 0] of q and the key and value at [b, 1], [b, 2].
+  qkv_Bx3xHxD = qkv_BxTx3xHxD.reshape(batch, 3, heads, head_dim)
+  return _update_call(
+    (qkv_Bx3xHxD,) * 3 + tuple(biases),
+    k_cache_BxLxHxD,
+    v_cache_BxLxHxD,
+    index,
+    packed=True,
+    scale=scale,
+    window=window,
+    block=block,
+    num_warps=num_warps,
+    interpret=interpret,
+  )
+
+
+def _check_launch(block: int | None, num_warps: int) -> None:
+  for name, value in (("block", block), ("num_warps", num_warps)):
+    if value is not None and not _is_power_of_2(value):
+      raise ValueError(f"{name} must be a power of 2 (Triton's), got {value}")
+
+
+def _update_call(
+  q_k_v,
+  k_cache_BxLxKxD,
+  v_cache_BxLxKxDv,
+  index,
+  *,
+  packed,
+  scale,
+  window,
+  block,
+  num_warps,
+  interpret,
+):
+  """The kernel's call on (q, k_new, v_new[, their 3 biases]) (`_update_kernel`'s refs)."""
+  q = q_k_v[0]
+  batch, heads, head_dim = q.shape[0], q.shape[2], q.shape[3]
   kv_heads = k_cache_BxLxKxD.shape[2]
   groups = heads // kv_heads
   kernel = functools.partial(
@@ -286,9 +415,11 @@ def update_and_attend(
     block=block or _block_size(groups, max(head_dim, v_cache_BxLxKxDv.shape[-1])),
     scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
     window=window,
+    packed=packed,
+    biased=len(q_k_v) == 6,
   )
   out_shape = (
-    jax.ShapeDtypeStruct((batch, 1, heads, v_cache_BxLxKxDv.shape[-1]), q_BxTxHxD.dtype),
+    jax.ShapeDtypeStruct((batch, 1, heads, v_cache_BxLxKxDv.shape[-1]), q.dtype),
     jax.ShapeDtypeStruct(k_cache_BxLxKxD.shape, k_cache_BxLxKxD.dtype),
     jax.ShapeDtypeStruct(v_cache_BxLxKxDv.shape, v_cache_BxLxKxDv.dtype),
   )
@@ -298,17 +429,10 @@ def update_and_attend(
     grid=(batch, kv_heads),
     compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
     # The caches are updated where they lie: no copy of them per token.
-    input_output_aliases={4: 1, 5: 2},
+    input_output_aliases={1 + len(q_k_v): 1, 2 + len(q_k_v): 2},
     interpret=interpret,
-    name="cache_update_and_attention",
-  )(
-    jnp.asarray(index, jnp.int32),
-    q_BxTxHxD,
-    k_new_BxTxKxD.astype(k_cache_BxLxKxD.dtype),
-    v_new_BxTxKxDv.astype(v_cache_BxLxKxDv.dtype),
-    k_cache_BxLxKxD,
-    v_cache_BxLxKxDv,
-  )
+    name="cache_update_and_attention" + ("_packed" if packed else ""),
+  )(jnp.asarray(index, jnp.int32), *q_k_v, k_cache_BxLxKxD, v_cache_BxLxKxDv)
 
 
 def applies_to_cross(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv) -> bool:
@@ -348,9 +472,7 @@ def attend(
     ValueError: shapes the kernel cannot take (`applies_to_cross`), or a
       block or warp count that is no power of 2.
   """
-  for name, value in (("block", block), ("num_warps", num_warps)):
-    if value is not None and not _is_power_of_2(value):
-      raise ValueError(f"{name} must be a power of 2 (Triton's), got {value}")
+  _check_launch(block, num_warps)
   if not applies_to_cross(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv):
     raise ValueError(
       "attend takes one query token (T = 1), powers of 2 for the head dims and the query "
