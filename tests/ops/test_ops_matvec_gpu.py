@@ -74,7 +74,7 @@ def test_contract_takes_the_kernel_for_one_row_only(for_a_gpu, dims):
   """nn.DenseGeneral's product over the last `dims` axes: the kernel's for
   one row ([1, 1, ...], a decoding step at batch 1), XLA's for two."""
   rng = np.random.default_rng(2)
-  kernel = jnp.asarray(rng.standard_normal((4, 8, 24)[3 - dims - 1 :]), jnp.float32)
+  kernel = jnp.asarray(rng.standard_normal((8, 24) if dims == 1 else (4, 8, 24)), jnp.float32)
   contracted = kernel.shape[:dims]
   contract = functools.partial(matvec_gpu.contract, dims=dims)
   for rows, kernel_taken in (((1, 1), True), ((2, 1), False), ((1, 3), False)):

@@ -7,6 +7,7 @@ module holds the projection parameters and the decoding cache.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -139,7 +140,18 @@ class MultiHeadAttention(nn.Module):
       where add_bias is False).
     """
     packed = self._packed_product(x_BxTxD, kv_BxSxD, key_mask, use_cache, deterministic)
-    if packed is not None:
+    if packed is None:
+      out_BxTxHxDh = self._attend_projections(
+        x_BxTxD,
+        kv_BxSxD,
+        q_positions_BxT,
+        key_mask,
+        relative_table,
+        cache_index,
+        deterministic,
+        use_cache,
+      )
+    else:
       qkv_BxTx3xHxDh, biases = packed
       out_BxTxHxDh = self._update_cache_and_attend(
         functools.partial(
@@ -147,45 +159,6 @@ class MultiHeadAttention(nn.Module):
         ),
         cache_index,
       )
-    else:
-      q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
-        x_BxTxD, kv_BxSxD, key_mask, use_cache
-      )
-      is_self = kv_BxSxD is None and not self.cross
-      k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
-      encoding = positions.encoding(self.position)
-      if encoding.rotate is not None:
-        q_BxTxHxDh = encoding.rotate(self.cfg, q_BxTxHxDh, q_positions_BxT)
-        k_BxSxKxDh = encoding.rotate(
-          self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
-        )
-      masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
-      kernel = use_cache and self._decoding_kernel(deterministic)
-      if kernel and is_self and key_mask is None and self._cache_fits_kernel(q_BxTxHxDh):
-        out_BxTxHxDh = self._update_cache_and_attend(
-          functools.partial(
-            cache_attention_gpu.update_and_attend, q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh
-          ),
-          cache_index,
-        )
-      elif (
-        kernel
-        and self.cross
-        and self._encoding_fits_kernel(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask)
-      ):
-        out_BxTxHxDh = cache_attention_gpu.attend(
-          q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask, scale=self.scale
-        )
-      else:
-        if use_cache and is_self:
-          k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
-            k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
-          )
-          k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
-        bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
-        out_BxTxHxDh = self._attend(
-          q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
-        )
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H: Array = self.get_variable(HEAD_MASK, "mask")
       out_BxTxHxDh = out_BxTxHxDh * mask_H.astype(out_BxTxHxDh.dtype)[:, None]
@@ -200,6 +173,61 @@ class MultiHeadAttention(nn.Module):
     if not add_bias or out.bias is None:
       return y_BxTxD
     return y_BxTxD + out.bias.astype(self.dtype)
+
+  def _attend_projections(
+    self,
+    x_BxTxD: Array,
+    kv_BxSxD: Array | None,
+    q_positions_BxT: Array,
+    key_mask: Array | None,
+    relative_table: Array | None,
+    cache_index: Array | None,
+    deterministic: bool,
+    use_cache: bool,
+  ) -> Array:
+    """The heads' outputs [B, T, H, Dh] from q, k and v projected apart
+    (`_project`), rotated by the position encoding where it rotates them:
+    by a GPU kernel where one takes the step (`_decoding_kernel`), by
+    `_attend` otherwise (arguments as `__call__`'s)."""
+    q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask = self._project(
+      x_BxTxD, kv_BxSxD, key_mask, use_cache
+    )
+    is_self = kv_BxSxD is None and not self.cross
+    k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
+    encoding = positions.encoding(self.position)
+    if encoding.rotate is not None:
+      q_BxTxHxDh = encoding.rotate(self.cfg, q_BxTxHxDh, q_positions_BxT)
+      k_BxSxKxDh = encoding.rotate(
+        self.cfg, k_BxSxKxDh, q_positions_BxT if is_self else k_positions_BxS
+      )
+    masking = dict(mask=key_mask, is_causal=self.causal, window=self.window)
+    kernel = use_cache and self._decoding_kernel(deterministic)
+    if kernel and is_self and key_mask is None and self._cache_fits_kernel(q_BxTxHxDh):
+      out_BxTxHxDh = self._update_cache_and_attend(
+        functools.partial(
+          cache_attention_gpu.update_and_attend, q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh
+        ),
+        cache_index,
+      )
+    elif (
+      kernel
+      and self.cross
+      and self._encoding_fits_kernel(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask)
+    ):
+      out_BxTxHxDh = cache_attention_gpu.attend(
+        q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, key_mask, scale=self.scale
+      )
+    else:
+      if use_cache and is_self:
+        k_BxSxKxDh, v_BxSxKxDh, masking = self._attend_over_cache(
+          k_BxSxKxDh, v_BxSxKxDh, cache_index, masking
+        )
+        k_positions_BxS = jnp.arange(k_BxSxKxDh.shape[1])[None]
+      bias = self._position_bias(encoding, q_positions_BxT, k_positions_BxS, relative_table)
+      out_BxTxHxDh = self._attend(
+        q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh, bias=bias, deterministic=deterministic, **masking
+      )
+    return out_BxTxHxDh
 
   def output_bias(self) -> Array | None:
     """The output projection's bias [D] as stored (float32), None without
@@ -391,7 +419,9 @@ class MultiHeadAttention(nn.Module):
       and cache_attention_gpu.applies_to_cross(q_BxTxHxDh, k_BxSxKxDh, v_BxSxKxDh)
     )
 
-  def _update_cache_and_attend(self, step: Any, cache_index: Array | None) -> Array:
+  def _update_cache_and_attend(
+    self, step: Callable[..., tuple[Array, Array, Array]], cache_index: Array | None
+  ) -> Array:
     """`_attend_over_cache` then `_attend`, as one GPU kernel (where
     `_decoding_kernel` and `_cache_fits_kernel`, or `_packed_product`):
     `step` is `cache_attention_gpu.update_and_attend` or its packed form
@@ -531,12 +561,12 @@ def _stacked_product(x_BxTxD: Array, kernels: list[Array]) -> Array:
   the stack: with the concatenation its backward takes 3 kernels a layer
   more (734 -> 770). The CPU's program is the stacked one everywhere.
   """
-  if x_BxTxD.shape[1] == 1 and platform.backend() == "gpu":
-    if jax.sharding.get_abstract_mesh().size <= 1:
-      d_model, heads, head_dim = kernels[0].shape
-      kernel_DxF = jnp.concatenate([k.reshape(d_model, heads * head_dim) for k in kernels], axis=1)
-      y_BxTxF = jnp.dot(x_BxTxD, kernel_DxF)
-      return y_BxTxF.reshape(y_BxTxF.shape[:2] + (len(kernels), heads, head_dim))
+  one_gpu = platform.backend() == "gpu" and jax.sharding.get_abstract_mesh().size <= 1
+  if x_BxTxD.shape[1] == 1 and one_gpu:
+    d_model, heads, head_dim = kernels[0].shape
+    kernel_DxF = jnp.concatenate([k.reshape(d_model, heads * head_dim) for k in kernels], axis=1)
+    y_BxTxF = jnp.dot(x_BxTxD, kernel_DxF)
+    return y_BxTxF.reshape(y_BxTxF.shape[:2] + (len(kernels), heads, head_dim))
   return jnp.einsum("btd,dpnh->btpnh", x_BxTxD, jnp.stack(kernels, axis=1))
 
 

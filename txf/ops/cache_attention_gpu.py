@@ -304,6 +304,7 @@ def update_and_attend(
       k_new_BxTxKxD.astype(k_cache_BxLxKxD.dtype),
       v_new_BxTxKxDv.astype(v_cache_BxLxKxDv.dtype),
     ),
+    (),
     k_cache_BxLxKxD,
     v_cache_BxLxKxDv,
     index,
@@ -327,7 +328,7 @@ def packs(qkv_BxTxPxNxD, k_cache_BxLxKxD, v_cache_BxLxKxDv) -> bool:
     and qkv_BxTxPxNxD.dtype == k_cache_BxLxKxD.dtype == v_cache_BxLxKxDv.dtype
     and qkv_BxTxPxNxD.shape[-1] == v_cache_BxLxKxDv.shape[-1]
     and applies(
-      jax.ShapeDtypeStruct(qkv_BxTxPxNxD.shape[:2] + qkv_BxTxPxNxD.shape[3:], jnp.float32),
+      jax.ShapeDtypeStruct(qkv_BxTxPxNxD.shape[:2] + qkv_BxTxPxNxD.shape[3:], qkv_BxTxPxNxD.dtype),
       k_cache_BxLxKxD,
       v_cache_BxLxKxDv,
     )
@@ -372,7 +373,8 @@ def update_and_attend_packed(
   # update_and_attend's [b, 0] of q and the key and value at [b, 1], [b, 2].
   qkv_Bx3xHxD = qkv_BxTx3xHxD.reshape(batch, 3, heads, head_dim)
   return _update_call(
-    (qkv_Bx3xHxD,) * 3 + tuple(biases),
+    (qkv_Bx3xHxD,) * 3,
+    tuple(biases),
     k_cache_BxLxHxD,
     v_cache_BxLxHxD,
     index,
@@ -393,6 +395,7 @@ def _check_launch(block: int | None, num_warps: int) -> None:
 
 def _update_call(
   q_k_v,
+  biases,
   k_cache_BxLxKxD,
   v_cache_BxLxKxDv,
   index,
@@ -404,7 +407,8 @@ def _update_call(
   num_warps,
   interpret,
 ):
-  """The kernel's call on (q, k_new, v_new[, their 3 biases]) (`_update_kernel`'s refs)."""
+  """The kernel's call on (q, k_new, v_new) and their 3 biases or none
+  (`_update_kernel`'s refs)."""
   q = q_k_v[0]
   batch, heads, head_dim = q.shape[0], q.shape[2], q.shape[3]
   kv_heads = k_cache_BxLxKxD.shape[2]
@@ -416,7 +420,7 @@ def _update_call(
     scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
     window=window,
     packed=packed,
-    biased=len(q_k_v) == 6,
+    biased=bool(biases),
   )
   out_shape = (
     jax.ShapeDtypeStruct((batch, 1, heads, v_cache_BxLxKxDv.shape[-1]), q.dtype),
@@ -429,10 +433,10 @@ def _update_call(
     grid=(batch, kv_heads),
     compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
     # The caches are updated where they lie: no copy of them per token.
-    input_output_aliases={1 + len(q_k_v): 1, 2 + len(q_k_v): 2},
+    input_output_aliases={4 + len(biases): 1, 5 + len(biases): 2},
     interpret=interpret,
     name="cache_update_and_attention" + ("_packed" if packed else ""),
-  )(jnp.asarray(index, jnp.int32), *q_k_v, k_cache_BxLxKxD, v_cache_BxLxKxDv)
+  )(jnp.asarray(index, jnp.int32), *q_k_v, *biases, k_cache_BxLxKxD, v_cache_BxLxKxDv)
 
 
 def applies_to_cross(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv) -> bool:
