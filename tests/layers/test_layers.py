@@ -80,6 +80,27 @@ def test_feedforward_matches_numpy(activation):
   np.testing.assert_allclose(layer.apply({"params": params}, x), expected, **TOL)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_feedforward_leaves_its_output_bias_to_the_caller_when_asked(use_bias):
+  """add_bias=False: the output without wo's bias, and output_bias() that bias
+  as stored (None without one); added back in the compute dtype, exactly the
+  default call's output."""
+  layer = FeedForward(ModelConfig(d_model=D, d_ff=24, use_bias=use_bias))
+  x = randn(0, B, T, D)
+  params = perturbed(layer.init(jax.random.PRNGKey(0), x)["params"])
+  whole = layer.apply({"params": params}, x)
+  apart, bias = layer.apply(
+    {"params": params}, x, method=lambda m, x: (m(x, add_bias=False), m.output_bias())
+  )
+  if not use_bias:
+    assert bias is None
+    np.testing.assert_array_equal(apart, whole)
+    return
+  np.testing.assert_array_equal(bias, params["wo"]["bias"])
+  assert np.max(np.abs(apart - whole)) > 0.01  # the perturbed bias is not ~0
+  np.testing.assert_array_equal(apart + bias.astype(apart.dtype), whole)
+
+
 @pytest.mark.parametrize("activation", ["gelu", "geglu"])
 def test_feedforward_bias_and_input_gradients_match_central_differences(activation):
   """The hidden layer is recomputed in the backward pass with the projections'
@@ -332,6 +353,43 @@ def test_post_ln_block_output_is_normalised_pre_ln_is_not(placement):
 
 # ---------------------------------------------------------------------------
 # The residual stream's adds in the norms (traced for one GPU).
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_pre_ln_blocks_hand_their_last_output_to_the_next_norm(use_bias):
+  """An unscanned Pre-LN stack: each block after the first adds the previous
+  block's FFN output and wo bias in its first norm, the final norm the last
+  block's; the same output, bit for bit, as blocks that add it themselves."""
+  from txf.layers import TransformerStack
+
+  cfg = ModelConfig(d_model=D, num_heads=2, use_bias=use_bias, position="none")
+  stack = TransformerStack(cfg, num_layers=3, causal=True)
+  x = randn(3, B, T, D)
+  positions = jnp.arange(T)[None]
+  params = perturbed(stack.init(jax.random.key(0), x, q_positions_BxT=positions)["params"])
+  adds = {}
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, Norm) and context.method_name == "__call__":
+      adds[context.module.path] = (kwargs.get("add"), kwargs.get("add_bias"))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    got = stack.apply({"params": params}, x, q_positions_BxT=positions)
+  for i in range(3):
+    handed = adds[(f"block_{i}", "self_attention_norm")]
+    assert (handed[0] is None) == (i == 0)
+    wo_bias = params[f"block_{i - 1}"]["ffn"]["wo"]["bias"] if use_bias and i else None
+    assert (handed[1] is None) == (wo_bias is None)
+  final_add, final_bias = adds[("final_norm",)]
+  assert final_add is not None and (final_bias is None) == (not use_bias)
+
+  block = TransformerBlock(cfg, causal=True)
+  want = x
+  for i in range(3):
+    want, _ = block.apply({"params": params[f"block_{i}"]}, want, positions, *(None,) * 5)
+  want = Norm(cfg).apply({"params": params["final_norm"]}, want)
+  np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])

@@ -40,6 +40,7 @@ import numpy as np
 from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.head_scores import induction_score
 from txf.checks import int_at_least
+from txf.layers.norm import stream_sum
 
 PATHS = ("q", "k", "v", "all")
 # The paths that can move an attention pattern: the value path cannot
@@ -146,10 +147,17 @@ def patched_attention_fn(model: nn.Module, source_layer: int = 0) -> Callable[..
         captured["delta"] = patched_out - clean_out
         return jnp.where(path_P[everywhere], patched_out, clean_out)
       if where == target_norm:
-        x = args[0]  # under 'all' it holds the patch already, and no projection adds it
-        both = next_fun(jnp.concatenate([x, x + captured["delta"]]), *args[1:], **kwargs)
+        # The stream entering the target layer: the norm's input with the
+        # source layer's handed-over output added (txf.layers.block.Pending).
+        # Under 'all' it holds the patch already, and no projection adds it.
+        x = (
+          args[0]
+          if kwargs.get("add") is None
+          else stream_sum(args[0], kwargs["add"], kwargs.get("add_bias"))
+        )
+        both = next_fun(jnp.concatenate([x, x + captured["delta"]]))
         captured["normed"], captured["patched"] = jnp.split(both, 2)
-        return captured["normed"]
+        return (x, captured["normed"]) if kwargs.get("residual") else captured["normed"]
       return next_fun(*args, **kwargs)
 
     with nn.intercept_methods(patch):

@@ -31,6 +31,11 @@ ACTIVATION_AXES = ("batch", "length", "embed")
 # A sub-layer: its input h [B, T, D] -> (its output [B, T, D], the bias [D]
 # of its output projection not yet added (float32, as stored), or None).
 Sublayer = Callable[[Array], tuple[Array, Array | None]]
+# A Pre-LN sub-layer's (output, bias) not yet added to the residual stream.
+# Between unscanned blocks the last one is handed to the next block's first
+# norm: the add is then part of that norm's kernel (forward and backward on
+# a GPU) instead of an elementwise pass and a bias reduction of its own.
+Pending = tuple[Array, Array | None]
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -38,7 +43,8 @@ def compute_dtype(cfg: ModelConfig):
 
 
 class TransformerBlock(nn.Module):
-  """One layer. Returns `(x, None)` so the same module runs under `nn.scan`.
+  """One layer. Returns `(x, None)` so the same module runs under `nn.scan`;
+  with `hand_over`, `(x, pending)` (see `Pending`).
 
   Attributes:
     cfg: model hyperparameters.
@@ -47,6 +53,9 @@ class TransformerBlock(nn.Module):
     deterministic: no dropout.
     use_cache: self-attention uses the KV cache; cross-attention keeps the
       encoder output's keys/values there (read back when `cross_x` is None).
+    hand_over: Pre-LN only: return the last sub-layer's output not yet added
+      to the stream, for the next block's first norm (or the stack's final
+      norm) to add (`pending`).
   """
 
   cfg: ModelConfig
@@ -54,6 +63,7 @@ class TransformerBlock(nn.Module):
   has_cross: bool = False
   deterministic: bool = True
   use_cache: bool = False
+  hand_over: bool = False
 
   @nn.compact
   def __call__(
@@ -65,7 +75,10 @@ class TransformerBlock(nn.Module):
     cache_index: Array | None,
     cross_x_BxSxD: Array | None,
     cross_mask: Array | None,
+    pending: Pending | None = None,
   ):
+    """`pending`: the previous block's handed-over output (Pre-LN), added to
+    x by this block's first norm."""
     cfg = self.cfg
     attention = lambda name, causal: MultiHeadAttention(
       cfg, causal=causal, cross=name == "cross_attention", name=name
@@ -106,13 +119,17 @@ class TransformerBlock(nn.Module):
         )
       )
     ffn = FeedForward(cfg, name="ffn")
-    sublayers.append(("ffn", lambda h: (ffn(h, deterministic=self.deterministic), None)))
+    sublayers.append(("ffn", lambda h: _bias_apart(ffn, h, deterministic=self.deterministic)))
     if cfg.norm_placement == "pre":
-      x_BxTxD = self._pre_ln(x_BxTxD, sublayers)
+      x_BxTxD, pending = self._pre_ln(x_BxTxD, pending, sublayers)
+      if self.hand_over:
+        f_BxTxD, bias_D = pending
+        return _constrained(x_BxTxD), (_constrained(f_BxTxD), bias_D)
+      x_BxTxD = x_BxTxD + _biased(*pending)
     else:
       for name, sublayer in sublayers:
         x_BxTxD = self._post_ln(name, x_BxTxD, sublayer)
-    return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES), None
+    return _constrained(x_BxTxD), None
 
   def _dropout(self, output: tuple[Array, Array | None]) -> tuple[Array, Array | None]:
     """Residual dropout on a sub-layer's (output, bias): the bias added first
@@ -124,27 +141,28 @@ class TransformerBlock(nn.Module):
       return f_BxTxD, bias_D
     return dropout(_biased(f_BxTxD, bias_D), deterministic=False), None
 
-  def _pre_ln(self, x_BxTxD: Array, sublayers: list[tuple[str, Sublayer]]) -> Array:
-    """x + f(norm(x)) for each sub-layer f in turn.
+  def _pre_ln(
+    self, x_BxTxD: Array, pending: Pending | None, sublayers: list[tuple[str, Sublayer]]
+  ) -> tuple[Array, Pending]:
+    """x + f(norm(x)) for each sub-layer f in turn: (x, the last f's output
+    and bias, not yet added).
 
-    Each sub-layer's output and bias are added to the stream by the next
-    sub-layer's norm, which returns the sum with its norm (`Norm`'s add: on
-    a GPU one kernel forward, and one backward that adds the stream's
-    gradient too and sums the bias's); the block adds the last ones. The
-    first norm normalises the block's input as it is (path patching,
-    txf.analysis.patching, intercepts that call).
+    Each output (the previous block's too, `pending`) is added to the stream
+    by the next norm, which returns the sum with its norm (`Norm`'s add: on a
+    GPU one kernel forward, and one backward that adds the stream's gradient
+    too and sums the bias's). Path patching (txf.analysis.patching)
+    intercepts the first norm's call.
     """
-    output = None
     for name, sublayer in sublayers:
       norm = Norm(self.cfg, name=f"{name}_norm")
-      if output is None:
+      if pending is None:
         h_BxTxD = norm(x_BxTxD)
       else:
-        f_BxTxD, bias_D = output
+        f_BxTxD, bias_D = pending
         x_BxTxD, h_BxTxD = norm(x_BxTxD, add=f_BxTxD, add_bias=bias_D, residual=True)
-      output = self._dropout(sublayer(h_BxTxD))
-    assert output is not None
-    return x_BxTxD + _biased(*output)
+      pending = self._dropout(sublayer(h_BxTxD))
+    assert pending is not None
+    return x_BxTxD, pending
 
   def _post_ln(self, name: str, x_BxTxD: Array, sublayer: Sublayer) -> Array:
     """norm(x + f(x))."""
@@ -152,10 +170,16 @@ class TransformerBlock(nn.Module):
     return norm(x_BxTxD + _biased(*self._dropout(sublayer(x_BxTxD))))
 
 
-def _bias_apart(attention: MultiHeadAttention, *args, **kwargs) -> tuple[Array, Array | None]:
-  """An attention sub-layer's (output without its output projection's bias,
-  that bias or None)."""
-  return attention(*args, **kwargs, add_bias=False), attention.output_bias()
+def _bias_apart(
+  sublayer: MultiHeadAttention | FeedForward, *args, **kwargs
+) -> tuple[Array, Array | None]:
+  """A sub-layer's (output without its output projection's bias, that bias
+  or None)."""
+  return sublayer(*args, **kwargs, add_bias=False), sublayer.output_bias()
+
+
+def _constrained(x_BxTxD: Array) -> Array:
+  return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
 
 
 def _biased(f_BxTxD: Array, bias_D: Array | None) -> Array:
@@ -235,6 +259,7 @@ class TransformerStack(nn.Module):
       deterministic=deterministic,
       use_cache=use_cache,
     )
+    pending: Pending | None = None
     if cfg.scan_layers:
       scanned = nn.scan(
         block,
@@ -246,9 +271,14 @@ class TransformerStack(nn.Module):
       )
       x_BxTxD, _ = scanned(**block_attrs, name="blocks")(*block_args)
     else:
+      # Pre-LN blocks hand their last output over (`Pending`).
+      hand_over = cfg.norm_placement == "pre"
       for i in range(num_layers):
-        x_BxTxD, _ = block(**block_attrs, name=f"block_{i}")(x_BxTxD, *block_args[1:])
+        x_BxTxD, pending = block(**block_attrs, hand_over=hand_over, name=f"block_{i}")(
+          x_BxTxD, *block_args[1:], pending
+        )
     if cfg.norm_placement == "pre":
       # Pre-LN leaves the residual stream unnormalised; Post-LN already ends in a norm.
-      x_BxTxD = Norm(cfg, name="final_norm")(x_BxTxD)
+      f_BxTxD, bias_D = pending or (None, None)
+      x_BxTxD = Norm(cfg, name="final_norm")(x_BxTxD, add=f_BxTxD, add_bias=bias_D)
     return x_BxTxD

@@ -89,8 +89,14 @@ class FeedForward(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BxTxD: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    """[B, T, D] -> [B, T, D]."""
+  def __call__(
+    self, x_BxTxD: jax.Array, *, deterministic: bool = True, add_bias: bool = True
+  ) -> jax.Array:
+    """[B, T, D] -> [B, T, D].
+
+    add_bias: add the output projection's bias; False: leave it to the
+    caller (`output_bias`; a Pre-LN block adds it in its next norm).
+    """
     cfg = self.cfg
     activation = ACTIVATIONS[cfg.activation]
     dtype = jnp.dtype(cfg.dtype)
@@ -117,4 +123,15 @@ class FeedForward(nn.Module):
     # nn.Dense's parameters and sum, its product one kernel at batch 1 on a GPU.
     wo_shape = (h_BxTxF.shape[-1], x_BxTxD.shape[-1])
     wo = OutputProjection(wo_shape, ("mlp",), cfg.use_bias, dtype, name="wo")
-    return _biased(wo(h_BxTxF), None if wo.bias is None else wo.bias.astype(dtype))
+    y_BxTxD = wo(h_BxTxF)
+    if not add_bias or wo.bias is None:
+      return y_BxTxD
+    return _biased(y_BxTxD, wo.bias.astype(dtype))
+
+  def output_bias(self) -> jax.Array | None:
+    """The output projection's bias [D] as stored (float32), None without
+    one: what a call with add_bias=False leaves out. Read after that call
+    (which creates it at init)."""
+    if not self.cfg.use_bias:
+      return None
+    return nn.meta.unbox(self.variables["params"]["wo"]["bias"])

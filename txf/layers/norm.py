@@ -54,6 +54,11 @@ NORMS.register("layer", layer_norm)
 NORMS.register("rms", rms_norm)
 
 
+def stream_sum(x_BxTxD: jax.Array, add: jax.Array, add_bias: jax.Array | None) -> jax.Array:
+  """x + (add + add_bias): the sum `Norm`'s add normalises, by XLA's adds."""
+  return x_BxTxD + (add if add_bias is None else add + add_bias.astype(add.dtype))
+
+
 class Norm(nn.Module):
   """The `cfg.norm` normalisation over the last axis; output in the compute dtype.
 
@@ -88,6 +93,6 @@ class Norm(nn.Module):
     ):
       return entry(self, x_BxTxD, self.cfg, add=add, add_bias=add_bias, residual=residual)
     if add is not None:
-      x_BxTxD = x_BxTxD + (add if add_bias is None else add + add_bias.astype(add.dtype))
+      x_BxTxD = stream_sum(x_BxTxD, add, add_bias)
     y_BxTxD = entry(self, x_BxTxD.astype(dtype), self.cfg)
     return (x_BxTxD, y_BxTxD) if residual else y_BxTxD
