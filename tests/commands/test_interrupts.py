@@ -95,19 +95,27 @@ def test_ctrl_c_while_the_config_loads_is_one_line_exit_130(tmp_path, command, f
   marker = tmp_path / "loading"
   config = tmp_path / "slow.py"
   config.write_text(SLOW_CONFIG.format(marker=str(marker)))
-  process = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      f"experiments.{command}",
-      f"--config={config}",
-      *(flag.format(tmp=tmp_path) for flag in flags),
-    ],
-    cwd=REPO,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
+  # A Ctrl-C as from a terminal: the child starts with SIGINT's default
+  # whatever this test process has (a handler set here does not survive the
+  # child's exec; an ignored SIGINT would: a pytest-xdist worker has been
+  # found ignoring it after earlier tests, and the child never stopped).
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    process = subprocess.Popen(
+      [
+        sys.executable,
+        "-m",
+        f"experiments.{command}",
+        f"--config={config}",
+        *(flag.format(tmp=tmp_path) for flag in flags),
+      ],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+  finally:
+    signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
   try:
     deadline = time.monotonic() + 60
     while not marker.exists():
