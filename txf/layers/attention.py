@@ -18,7 +18,7 @@ from txf import ops
 from txf.layers import positions
 from txf.layers.model_config import ModelConfig, derived
 from txf.layers.partitioning import projection_inits
-from txf.layers.projection import OutputProjection
+from txf.layers.projection import OutputProjection, stored_bias
 from txf.ops import cache_attention_gpu, platform
 
 Array = jax.Array
@@ -233,9 +233,7 @@ class MultiHeadAttention(nn.Module):
     """The output projection's bias [D] as stored (float32), None without
     one: what a call with add_bias=False leaves out. Read after that call
     (which creates it at init)."""
-    if not self.cfg.use_bias:
-      return None
-    return nn.meta.unbox(self.variables["params"]["out"]["bias"])
+    return stored_bias(self, "out")
 
   def _project(
     self, x_BxTxD: Array, kv_BxSxD: Array | None, key_mask: Array | None, use_cache: bool

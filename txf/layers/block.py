@@ -20,7 +20,7 @@ from txf.layers.attention import HEAD_MASK, MultiHeadAttention
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.model_config import ModelConfig
-from txf.layers.norm import Norm
+from txf.layers.norm import Norm, stream_sum
 
 Array = jax.Array
 
@@ -125,7 +125,7 @@ class TransformerBlock(nn.Module):
       if self.hand_over:
         f_BxTxD, bias_D = pending
         return _constrained(x_BxTxD), (_constrained(f_BxTxD), bias_D)
-      x_BxTxD = x_BxTxD + _biased(*pending)
+      x_BxTxD = stream_sum(x_BxTxD, *pending)
     else:
       for name, sublayer in sublayers:
         x_BxTxD = self._post_ln(name, x_BxTxD, sublayer)
@@ -179,6 +179,7 @@ def _bias_apart(
 
 
 def _constrained(x_BxTxD: Array) -> Array:
+  """x sharded as the residual stream (ACTIVATION_AXES) where a mesh is set."""
   return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
 
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from txf.layers.model_config import ACTIVATIONS, ModelConfig, derived
 from txf.layers.partitioning import projection_inits
-from txf.layers.projection import OutputProjection
+from txf.layers.projection import OutputProjection, stored_bias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +132,4 @@ class FeedForward(nn.Module):
     """The output projection's bias [D] as stored (float32), None without
     one: what a call with add_bias=False leaves out. Read after that call
     (which creates it at init)."""
-    if not self.cfg.use_bias:
-      return None
-    return nn.meta.unbox(self.variables["params"]["wo"]["bias"])
+    return stored_bias(self, "wo")

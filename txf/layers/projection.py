@@ -53,3 +53,11 @@ class OutputProjection(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., *C] -> [..., D] in the compute dtype, without the bias."""
     return matvec_gpu.contract(x.astype(self.dtype), self.kernel, dims=len(self.shape) - 1)
+
+
+def stored_bias(module: nn.Module, name: str) -> jax.Array | None:
+  """The bias [D] of `module`'s OutputProjection `name`, as stored (float32),
+  None without one: what a sub-layer called with add_bias=False leaves to its
+  caller. Read after that call (which creates it at init)."""
+  projection = module.variables["params"][name]
+  return nn.meta.unbox(projection["bias"]) if "bias" in projection else None
