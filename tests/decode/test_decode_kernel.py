@@ -100,7 +100,7 @@ def test_cached_decoding_with_the_kernel_matches_full_pass(for_a_gpu, overrides)
   model, params = model_and_params(**overrides)
   assert uses_kernel(model, params)
   tokens = random_tokens(1, (B, T))
-  full = model.apply({"params": params}, tokens)
+  full = jax.jit(model.apply)({"params": params}, tokens)
   got = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
   np.testing.assert_allclose(got, full, atol=1e-5)
 
@@ -115,7 +115,7 @@ def test_at_batch_1_the_output_projections_are_kernels_too(for_a_gpu):
   step = functools.partial(model.apply, use_cache=True, mutable=["cache"])
   jaxpr = str(jax.make_jaxpr(step)({"params": params, "cache": cache}, tokens[:, :1]))
   assert jaxpr.count("name=matvec") == 2 * TINY["num_layers"]
-  full = model.apply({"params": params}, tokens)
+  full = jax.jit(model.apply)({"params": params}, tokens)
   got = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
   np.testing.assert_allclose(got, full, atol=1e-5)
   cache = decode.init_cache(model, B, T)
@@ -123,6 +123,7 @@ def test_at_batch_1_the_output_projections_are_kernels_too(for_a_gpu):
   assert "matvec" not in jaxpr
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_encoder_decoder_decoding_with_the_kernels_matches_full_pass(for_a_gpu):
   """Both attentions of each decoder layer as kernels: self-attention over
   its cache, cross-attention over the cached encoding (row 1's padded)."""
@@ -137,7 +138,7 @@ def test_encoder_decoder_decoding_with_the_kernels_matches_full_pass(for_a_gpu):
 
   jaxpr = str(jax.make_jaxpr(stepwise)(params, encoder_tokens, decoder_tokens))
   assert "cache_update_and_attention" in jaxpr and "cross_attention_step" in jaxpr
-  full = model.apply({"params": params}, encoder_tokens, decoder_tokens)
+  full = jax.jit(model.apply)({"params": params}, encoder_tokens, decoder_tokens)
   got = jax.jit(stepwise)(params, encoder_tokens, decoder_tokens)
   np.testing.assert_allclose(got, full, atol=1e-5)
 

@@ -278,6 +278,7 @@ def test_attention_cost_exponents_from_compiled_memory_and_flops(tmp_path):
 # ------------------------------------------------------------- 5: KV cache
 
 
+@pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_kv_cache_decodes_the_same_tokens_with_far_less_work(tmp_path):
   result = kv_cache.run(tmp_path, quick=True)
   assert result["same_tokens"]

@@ -157,6 +157,7 @@ def constructions(monkeypatch):
 SECTIONS = ("ModelConfig", "DataSpec", "TrainConfig", "EvalConfig", "ParallelConfig")
 
 
+@pytest.mark.slow  # trains runs
 def test_a_run_parses_each_section_once_and_a_resume_once_more_for_config_json(
   tmp_path, constructions
 ):
