@@ -105,22 +105,53 @@ def test_cached_decoding_with_the_kernel_matches_full_pass(for_a_gpu, overrides)
   np.testing.assert_allclose(got, full, atol=1e-5)
 
 
-def test_at_batch_1_the_output_projections_are_kernels_too(for_a_gpu):
+def matvec_operands(fn, *args, **kwargs) -> list[int]:
+  """The operand count of each matvec kernel call in fn's program: 2 for
+  the product alone, 4 with the bias and the residual stream added."""
+  counts = []
+
+  def visit(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "pallas_call" and eqn.params["name"] == "matvec":
+        counts.append(len(eqn.invars))
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, tuple | list) else (param,):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            visit(sub.jaxpr)
+          elif isinstance(sub, jax.extend.core.Jaxpr):
+            visit(sub)
+
+  visit(jax.make_jaxpr(functools.partial(fn, **kwargs))(*args).jaxpr)
+  return counts
+
+
+def test_at_batch_1_the_output_projections_are_kernels_that_add_the_stream(for_a_gpu):
   """One row a step: the attention's and the feed-forward's output
-  projections as matvec kernels (ops.matvec_gpu), two a layer; the cached
-  logits still the full pass's. At batch 2 XLA's products stay."""
-  model, params = model_and_params()
+  projections as matvec kernels (ops.matvec_gpu), two a layer, each adding
+  its bias and the residual stream (a Pre-LN block hands nothing to its
+  next norm); the cached logits still the full pass's. At batch 2 XLA's
+  products stay; with dropout applied the kernels add nothing."""
+  model, params = model_and_params(position="learned", use_bias=True)
   tokens = random_tokens(5, (1, T))
   cache = decode.init_cache(model, 1, T)
+  variables = {"params": params, "cache": cache}
   step = functools.partial(model.apply, use_cache=True, mutable=["cache"])
-  jaxpr = str(jax.make_jaxpr(step)({"params": params, "cache": cache}, tokens[:, :1]))
-  assert jaxpr.count("name=matvec") == 2 * TINY["num_layers"]
+  assert matvec_operands(step, variables, tokens[:, :1]) == [4] * (2 * TINY["num_layers"])
   full = jax.jit(model.apply)({"params": params}, tokens)
   got = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
   np.testing.assert_allclose(got, full, atol=1e-5)
   cache = decode.init_cache(model, B, T)
-  jaxpr = str(jax.make_jaxpr(step)({"params": params, "cache": cache}, jnp.ones((B, 1), jnp.int32)))
-  assert "matvec" not in jaxpr
+  batch_2 = ({"params": params, "cache": cache}, jnp.ones((B, 1), jnp.int32))
+  assert matvec_operands(step, *batch_2) == []
+  dropout_model, _ = model_and_params(position="learned", use_bias=True, dropout_rate=0.1)
+  dropped = matvec_operands(
+    dropout_model.apply,
+    {"params": params},
+    tokens[:, :1],
+    deterministic=False,
+    rngs={"dropout": jax.random.key(1)},
+  )
+  assert dropped == [2] * (2 * TINY["num_layers"])
 
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores

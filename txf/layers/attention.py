@@ -93,6 +93,7 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True,
     use_cache: bool = False,
     add_bias: bool = True,
+    residual_BxTxD: Array | None = None,
   ) -> Array:
     """Attends from x to kv (x itself when kv is None).
 
@@ -109,6 +110,9 @@ class MultiHeadAttention(nn.Module):
       use_cache: self-attention reads and writes the KV cache (see below).
       add_bias: add the output projection's bias; False: leave it to the
         caller (`output_bias`; a Pre-LN block adds it in its next norm).
+      residual_BxTxD: None, or the residual stream to add the output to (the
+        output projection's kernel adds it at batch 1 on a GPU:
+        `projection.adds_in_kernel`).
 
     With use_cache the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
     L is fixed when the cache is created by `model.init(..., use_cache=True)` on
@@ -137,7 +141,7 @@ class MultiHeadAttention(nn.Module):
 
     Returns:
       [B, T, D] in the compute dtype (without the output projection's bias
-      where add_bias is False).
+      where add_bias is False), added to residual_BxTxD where given.
     """
     packed = self._packed_product(x_BxTxD, kv_BxSxD, key_mask, use_cache, deterministic)
     if packed is None:
@@ -169,10 +173,7 @@ class MultiHeadAttention(nn.Module):
       self.dtype,
       name="out",
     )
-    y_BxTxD = out(out_BxTxHxDh)
-    if not add_bias or out.bias is None:
-      return y_BxTxD
-    return y_BxTxD + out.bias.astype(self.dtype)
+    return out(out_BxTxHxDh, add_bias=add_bias, residual=residual_BxTxD)
 
   def _attend_projections(
     self,

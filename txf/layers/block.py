@@ -8,6 +8,7 @@ stack-wide T5 relative-bias table and, for Pre-LN, a final norm.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.model_config import ModelConfig
 from txf.layers.norm import Norm, stream_sum
+from txf.layers.projection import adds_in_kernel
 
 Array = jax.Array
 
@@ -29,8 +31,9 @@ Array = jax.Array
 # so the compiler keeps activations split like the batch; elsewhere no-ops.
 ACTIVATION_AXES = ("batch", "length", "embed")
 # A sub-layer: its input h [B, T, D] -> (its output [B, T, D], the bias [D]
-# of its output projection not yet added (float32, as stored), or None).
-Sublayer = Callable[[Array], tuple[Array, Array | None]]
+# of its output projection not yet added (float32, as stored), or None);
+# called with residual_BxTxD=x -> (x + the output with its bias, None).
+Sublayer = Callable[..., tuple[Array, Array | None]]
 # A Pre-LN sub-layer's (output, bias) not yet added to the residual stream.
 # Between unscanned blocks the last one is handed to the next block's first
 # norm: the add is then part of that norm's kernel (forward and backward on
@@ -90,7 +93,7 @@ class TransformerBlock(nn.Module):
     sublayers: list[tuple[str, Sublayer]] = [
       (
         "self_attention",
-        lambda h: _bias_apart(
+        lambda h, **stream: _bias_apart(
           self_attention,
           h,
           q_positions_BxT=q_positions_BxT,
@@ -99,6 +102,7 @@ class TransformerBlock(nn.Module):
           cache_index=cache_index,
           deterministic=self.deterministic,
           use_cache=self.use_cache,
+          **stream,
         ),
       )
     ]
@@ -107,7 +111,7 @@ class TransformerBlock(nn.Module):
       sublayers.append(
         (
           "cross_attention",
-          lambda h: _bias_apart(
+          lambda h, **stream: _bias_apart(
             cross_attention,
             h,
             cross_x_BxSxD,
@@ -115,17 +119,21 @@ class TransformerBlock(nn.Module):
             key_mask=cross_mask,
             deterministic=self.deterministic,
             use_cache=self.use_cache,
+            **stream,
           ),
         )
       )
     ffn = FeedForward(cfg, name="ffn")
-    sublayers.append(("ffn", lambda h: _bias_apart(ffn, h, deterministic=self.deterministic)))
+    sublayers.append(
+      ("ffn", lambda h, **stream: _bias_apart(ffn, h, deterministic=self.deterministic, **stream))
+    )
     if cfg.norm_placement == "pre":
       x_BxTxD, pending = self._pre_ln(x_BxTxD, pending, sublayers)
-      if self.hand_over:
+      if pending is not None and self.hand_over:
         f_BxTxD, bias_D = pending
         return _constrained(x_BxTxD), (_constrained(f_BxTxD), bias_D)
-      x_BxTxD = stream_sum(x_BxTxD, *pending)
+      if pending is not None:
+        x_BxTxD = stream_sum(x_BxTxD, *pending)
     else:
       for name, sublayer in sublayers:
         x_BxTxD = self._post_ln(name, x_BxTxD, sublayer)
@@ -143,16 +151,22 @@ class TransformerBlock(nn.Module):
 
   def _pre_ln(
     self, x_BxTxD: Array, pending: Pending | None, sublayers: list[tuple[str, Sublayer]]
-  ) -> tuple[Array, Pending]:
+  ) -> tuple[Array, Pending | None]:
     """x + f(norm(x)) for each sub-layer f in turn: (x, the last f's output
-    and bias, not yet added).
+    and bias, not yet added), or (x with it added, None).
 
     Each output (the previous block's too, `pending`) is added to the stream
     by the next norm, which returns the sum with its norm (`Norm`'s add: on a
     GPU one kernel forward, and one backward that adds the stream's gradient
-    too and sums the bias's). Path patching (txf.analysis.patching)
+    too and sums the bias's). Where the output projections add a residual
+    in their own kernel (`projection.adds_in_kernel`: a decoding step at
+    batch 1 on a GPU) and no dropout applies, each sub-layer adds its output
+    to the stream there instead, and the block hands nothing over: the same
+    additions in the same order. Path patching (txf.analysis.patching)
     intercepts the first norm's call.
     """
+    rows = math.prod(x_BxTxD.shape[:-1])
+    in_projection = adds_in_kernel(rows) and (self.deterministic or self.cfg.dropout_rate == 0.0)
     for name, sublayer in sublayers:
       norm = Norm(self.cfg, name=f"{name}_norm")
       if pending is None:
@@ -160,8 +174,10 @@ class TransformerBlock(nn.Module):
       else:
         f_BxTxD, bias_D = pending
         x_BxTxD, h_BxTxD = norm(x_BxTxD, add=f_BxTxD, add_bias=bias_D, residual=True)
-      pending = self._dropout(sublayer(h_BxTxD))
-    assert pending is not None
+      if in_projection:
+        x_BxTxD, pending = sublayer(h_BxTxD, residual_BxTxD=x_BxTxD)[0], None
+      else:
+        pending = self._dropout(sublayer(h_BxTxD))
     return x_BxTxD, pending
 
   def _post_ln(self, name: str, x_BxTxD: Array, sublayer: Sublayer) -> Array:
@@ -171,10 +187,16 @@ class TransformerBlock(nn.Module):
 
 
 def _bias_apart(
-  sublayer: MultiHeadAttention | FeedForward, *args, **kwargs
+  sublayer: MultiHeadAttention | FeedForward,
+  *args,
+  residual_BxTxD: Array | None = None,
+  **kwargs,
 ) -> tuple[Array, Array | None]:
   """A sub-layer's (output without its output projection's bias, that bias
-  or None)."""
+  or None); with `residual_BxTxD`, (that stream + the output with its bias,
+  None)."""
+  if residual_BxTxD is not None:
+    return sublayer(*args, **kwargs, residual_BxTxD=residual_BxTxD), None
   return sublayer(*args, **kwargs, add_bias=False), sublayer.output_bias()
 
 

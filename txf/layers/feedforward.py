@@ -90,12 +90,20 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x_BxTxD: jax.Array, *, deterministic: bool = True, add_bias: bool = True
+    self,
+    x_BxTxD: jax.Array,
+    *,
+    deterministic: bool = True,
+    add_bias: bool = True,
+    residual_BxTxD: jax.Array | None = None,
   ) -> jax.Array:
     """[B, T, D] -> [B, T, D].
 
     add_bias: add the output projection's bias; False: leave it to the
     caller (`output_bias`; a Pre-LN block adds it in its next norm).
+    residual_BxTxD: None, or the residual stream to add the output to (the
+    output projection's kernel adds it at batch 1 on a GPU:
+    `projection.adds_in_kernel`).
     """
     cfg = self.cfg
     activation = ACTIVATIONS[cfg.activation]
@@ -120,13 +128,10 @@ class FeedForward(nn.Module):
     h_BxTxF = jax.checkpoint(hidden)(wi, gate)
     # Dropout on the hidden layer as in T5; the block adds residual dropout.
     h_BxTxF = nn.Dropout(cfg.dropout_rate)(h_BxTxF, deterministic=deterministic)
-    # nn.Dense's parameters and sum, its product one kernel at batch 1 on a GPU.
+    # nn.Dense's parameters and sum; at batch 1 on a GPU one kernel, additions included.
     wo_shape = (h_BxTxF.shape[-1], x_BxTxD.shape[-1])
     wo = OutputProjection(wo_shape, ("mlp",), cfg.use_bias, dtype, name="wo")
-    y_BxTxD = wo(h_BxTxF)
-    if not add_bias or wo.bias is None:
-      return y_BxTxD
-    return _biased(y_BxTxD, wo.bias.astype(dtype))
+    return wo(h_BxTxF, add_bias=add_bias, residual=residual_BxTxD)
 
   def output_bias(self) -> jax.Array | None:
     """The output projection's bias [D] as stored (float32), None without

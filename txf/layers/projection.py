@@ -1,6 +1,7 @@
 """The output projection of attention and of the feed-forward network:
-`nn.DenseGeneral`'s parameters and product, the bias left to the caller,
-and a decoding step's single row on one GPU as one kernel.
+`nn.DenseGeneral`'s parameters and product, its bias and the residual
+stream added where the caller asks, and a decoding step's single row on one
+GPU as one kernel (the additions in it).
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from txf.ops import matvec_gpu
 
 
 class OutputProjection(nn.Module):
-  """[..., *C] -> [..., D], the bias not added: `nn.DenseGeneral`'s
-  parameters (`kernel` [*C, D], `bias` [D], the same values; with one
-  contracted dimension `nn.Dense`'s) and product, in the compute dtype.
-  `bias` (float32 as stored, or None) is the caller's to add.
+  """[..., *C] -> [..., D]: `nn.DenseGeneral`'s parameters (`kernel` [*C, D],
+  `bias` [D], the same values; with one contracted dimension `nn.Dense`'s)
+  and product, in the compute dtype; the bias added where the call asks
+  (`bias`, float32 as stored, or None, is otherwise the caller's to add),
+  and a residual stream.
 
   One row (a decoding step at batch 1) on one GPU is one kernel
-  (`ops.matvec_gpu`), which reads the weights as stored and rounds them to
-  the compute dtype as it goes; everywhere else XLA's dot_general of the
-  weights cast to it.
+  (`ops.matvec_gpu`, where `adds_in_kernel`), which reads the weights as
+  stored and rounds them to the compute dtype as it goes, and adds the bias
+  and the residual; everywhere else XLA's dot_general of the weights cast
+  to it and XLA's additions.
 
   Attributes:
     shape: the kernel's (*C, D): (H, Dh, D) for attention's heads, (F, D)
@@ -50,9 +53,27 @@ class OutputProjection(nn.Module):
       self.param("bias", inits["bias_init"], (d_model,), jnp.float32) if self.use_bias else None
     )
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """[..., *C] -> [..., D] in the compute dtype, without the bias."""
-    return matvec_gpu.contract(x.astype(self.dtype), self.kernel, dims=len(self.shape) - 1)
+  def __call__(
+    self, x: jax.Array, *, add_bias: bool = False, residual: jax.Array | None = None
+  ) -> jax.Array:
+    """[..., *C] -> [..., D]: the product in the compute dtype, plus the bias
+    where `add_bias` (in that dtype), then added to `residual` [..., D]
+    where given (the sum's dtype as jnp's addition promotes)."""
+    return matvec_gpu.contract(
+      x.astype(self.dtype),
+      self.kernel,
+      dims=len(self.shape) - 1,
+      bias=self.bias if add_bias else None,
+      residual=residual,
+    )
+
+
+def adds_in_kernel(rows: int) -> bool:
+  """Whether an OutputProjection of `rows` rows (the product of its input's
+  leading axes) is one kernel that adds the bias and a residual itself
+  (`ops.matvec_gpu`: one row on one GPU), so that a Pre-LN block has it add
+  the stream (`txf.layers.block`) instead of XLA."""
+  return matvec_gpu.applies(rows)
 
 
 def stored_bias(module: nn.Module, name: str) -> jax.Array | None:

@@ -1,5 +1,6 @@
 """One row times a weight matrix, x [K] @ W [K, N], as one GPU kernel
-(Pallas, lowered to Triton): the attention's output projection and the
+(Pallas, lowered to Triton), with the projection's bias and the residual
+stream added in the same kernel: the attention's output projection and the
 feed-forward's second projection of a decoding step at batch 1
 (`txf.layers.projection.OutputProjection`, where `applies` says so).
 
@@ -14,9 +15,19 @@ instance reads the whole row and a block of `_BLOCK_N` columns of W, a
 block of rows at a time, and sums the products in float32 registers: the
 weights are read once, in one launch.
 
+Why the bias and the stream in it too: XLA cannot fuse an addition into a
+custom call, so a Pre-LN block left them to the next norm, whose GEMM
+prologue XLA then made recompute the stream's whole chain of additions
+from the embedding on, until a fusion grew too large and it wrote the
+stream out in a kernel of its own (gpt2_small, deviceless H100: three a
+token). Added here, the stream leaves each projection summed, and each
+norm reads one array (`txf.layers.block`).
+
 Numerics: the products and their sum in float32, the result rounded to x's
 dtype once, as XLA's reduction does; the order of the sum differs, so a
-bfloat16 result can differ from XLA's by a unit in its last place.
+bfloat16 result can differ from XLA's by a unit in its last place. The
+bias (rounded to x's dtype) and then the residual are added to that
+rounded result, each sum rounded, as XLA's additions of the same dtypes.
 
 The block sizes are Triton's usual choices for a row-wise kernel (16 columns
 are a 32-byte sector of bfloat16 per row of W), not tuned on a GPU.
@@ -63,9 +74,11 @@ def applies(rows: int) -> bool:
   )
 
 
-def _kernel(x_ref, w_ref, y_ref, *, block_k, weight_dtype):
-  """Columns [n0, n0 + _BLOCK_N) of y = x @ W, n0 this instance's block, W
-  rounded to `weight_dtype` as loaded."""
+def _kernel(x_ref, w_ref, *refs, block_k, weight_dtype, has_bias, has_residual):
+  """Columns [n0, n0 + _BLOCK_N) of y = residual + (x @ W + bias), n0 this
+  instance's block, W rounded to `weight_dtype` as loaded. `refs`: the bias
+  where has_bias, the residual where has_residual, then y."""
+  *added, y_ref = refs
   k_total, n_total = w_ref.shape
   cols_N = pl.program_id(0) * _BLOCK_N + jnp.arange(_BLOCK_N)
   col_ok_N = cols_N < n_total
@@ -87,45 +100,94 @@ def _kernel(x_ref, w_ref, y_ref, *, block_k, weight_dtype):
   acc_KxN = jax.lax.fori_loop(
     0, pl.cdiv(k_total, block_k), step, jnp.zeros((block_k, _BLOCK_N), jnp.float32)
   )
-  plgpu.store(y_ref.at[cols_N], jnp.sum(acc_KxN, axis=0).astype(y_ref.dtype), mask=col_ok_N)
+  y_N = jnp.sum(acc_KxN, axis=0).astype(x_ref.dtype)
+  load = lambda ref: plgpu.load(ref.at[cols_N], mask=col_ok_N, other=0.0)
+  if has_bias:
+    y_N = y_N + load(added.pop(0)).astype(y_N.dtype)
+  if has_residual:
+    y_N = load(added.pop(0)).astype(y_ref.dtype) + y_N.astype(y_ref.dtype)
+  plgpu.store(y_ref.at[cols_N], y_N.astype(y_ref.dtype), mask=col_ok_N)
 
 
 def matvec(
-  x_K: jax.Array, w_KxN: jax.Array, *, weight_dtype=None, interpret: bool = False
+  x_K: jax.Array,
+  w_KxN: jax.Array,
+  *,
+  weight_dtype=None,
+  bias_N: jax.Array | None = None,
+  residual_N: jax.Array | None = None,
+  interpret: bool = False,
 ) -> jax.Array:
-  """x [K] @ W [K, N] -> [N] in x's dtype, the sum in float32 (module
-  docstring). `weight_dtype`: W is rounded to it as it is read (float32
-  weights for a bfloat16 computation: the weights' conversion, which XLA
-  would otherwise write out, in the kernel); W's own by default.
-  `interpret`: Pallas's interpreter (any platform; tests).
+  """residual + (x [K] @ W [K, N] + bias) -> [N], the sum of products in
+  float32 (module docstring). In x's dtype, or with a residual the dtype
+  of residual + (that), as jnp's addition promotes.
+
+  Args:
+    weight_dtype: W is rounded to it as it is read (float32 weights for a
+      bfloat16 computation: the weights' conversion, which XLA would
+      otherwise write out, in the kernel); W's own by default.
+    bias_N: None, or [N] added to the product in x's dtype (a projection's
+      bias as stored, rounded to it).
+    residual_N: None, or [N]: the residual stream the result is added to.
+    interpret: Pallas's interpreter (any platform; tests).
 
   Raises:
-    ValueError: x not a vector, or its length not W's rows.
+    ValueError: x not a vector, its length not W's rows, or a bias or
+      residual not of W's columns.
   """
   if x_K.ndim != 1 or w_KxN.ndim != 2 or x_K.shape[0] != w_KxN.shape[0]:
     raise ValueError(f"matvec takes x [K] and W [K, N], got {x_K.shape} and {w_KxN.shape}")
   k_total, n_total = w_KxN.shape
+  added = {"bias_N": bias_N, "residual_N": residual_N}
+  for name, value in added.items():
+    if value is not None and value.shape != (n_total,):
+      raise ValueError(f"matvec's {name} must be [N] = ({n_total},), got {value.shape}")
   block_k = min(_BLOCK_ELEMENTS // _BLOCK_N, pl.next_power_of_2(k_total))
   weight_dtype = jnp.dtype(weight_dtype or w_KxN.dtype)
+  out_dtype = x_K.dtype if residual_N is None else jnp.result_type(residual_N, x_K)
   return pl.pallas_call(
-    functools.partial(_kernel, block_k=block_k, weight_dtype=weight_dtype),
-    out_shape=jax.ShapeDtypeStruct((n_total,), x_K.dtype),
+    functools.partial(
+      _kernel,
+      block_k=block_k,
+      weight_dtype=weight_dtype,
+      has_bias=bias_N is not None,
+      has_residual=residual_N is not None,
+    ),
+    out_shape=jax.ShapeDtypeStruct((n_total,), out_dtype),
     grid=(pl.cdiv(n_total, _BLOCK_N),),
     compiler_params=plgpu.CompilerParams(num_warps=_NUM_WARPS, num_stages=1),
     interpret=interpret,
     name="matvec",
-  )(x_K, w_KxN)
+  )(x_K, w_KxN, *(value for value in added.values() if value is not None))
 
 
-def contract(x: jax.Array, kernel: jax.Array, dims: int) -> jax.Array:
-  """The last `dims` axes of x against the first `dims` of `kernel` cast to
-  x's dtype (`nn.DenseGeneral`'s product, [..., *C] x [*C, *F] ->
-  [..., *F]): the kernel where `applies` (one row; the cast in it), XLA's
-  dot_general otherwise."""
+def contract(
+  x: jax.Array,
+  kernel: jax.Array,
+  dims: int,
+  *,
+  bias: jax.Array | None = None,
+  residual: jax.Array | None = None,
+) -> jax.Array:
+  """residual + (the last `dims` axes of x against the first `dims` of
+  `kernel` cast to x's dtype + bias): `nn.DenseGeneral`'s product, [..., *C]
+  x [*C, *F] -> [..., *F], its bias [*F] (None: none) added in x's dtype and
+  then `residual` [..., *F] (None: none). One kernel where `applies` (one
+  row; the cast and the additions in it), XLA's dot_general and additions
+  otherwise."""
   rows = x.shape[: x.ndim - dims]
   features = kernel.shape[dims:]
   if applies(math.prod(rows)):
-    y_N = matvec(x.reshape(-1), kernel.reshape(-1, math.prod(features)), weight_dtype=x.dtype)
+    y_N = matvec(
+      x.reshape(-1),
+      kernel.reshape(-1, math.prod(features)),
+      weight_dtype=x.dtype,
+      bias_N=None if bias is None else bias.reshape(-1),
+      residual_N=None if residual is None else residual.reshape(-1),
+    )
     return y_N.reshape(rows + features)
   contracting = (tuple(range(x.ndim - dims, x.ndim)), tuple(range(dims)))
-  return jax.lax.dot_general(x, kernel.astype(x.dtype), (contracting, ((), ())))
+  y = jax.lax.dot_general(x, kernel.astype(x.dtype), (contracting, ((), ())))
+  if bias is not None:
+    y = y + bias.astype(x.dtype)
+  return y if residual is None else residual + y
