@@ -143,7 +143,9 @@ def test_at_batch_1_the_output_projections_are_kernels_that_add_the_stream(for_a
   cache = decode.init_cache(model, B, T)
   batch_2 = ({"params": params, "cache": cache}, jnp.ones((B, 1), jnp.int32))
   assert matvec_operands(step, *batch_2) == []
-  dropout_model, _ = model_and_params(position="learned", use_bias=True, dropout_rate=0.1)
+  # The same parameters under dropout (traced only: no init to compile).
+  dropout_cfg = ModelConfig(**TINY, position="learned", use_bias=True, dropout_rate=0.1)
+  dropout_model = models.build(dropout_cfg)
   dropped = matvec_operands(
     dropout_model.apply,
     {"params": params},
