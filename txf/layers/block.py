@@ -22,7 +22,7 @@ from txf.layers.embedding import RelativePositionTable
 from txf.layers.feedforward import FeedForward
 from txf.layers.model_config import ModelConfig
 from txf.layers.norm import Norm, stream_sum
-from txf.layers.projection import adds_in_kernel
+from txf.layers.projection import adds_in_kernel, with_bias
 
 Array = jax.Array
 
@@ -147,7 +147,7 @@ class TransformerBlock(nn.Module):
     dropout = nn.Dropout(rate)
     if rate == 0.0 or self.deterministic:
       return f_BxTxD, bias_D
-    return dropout(_biased(f_BxTxD, bias_D), deterministic=False), None
+    return dropout(with_bias(f_BxTxD, bias_D), deterministic=False), None
 
   def _pre_ln(
     self, x_BxTxD: Array, pending: Pending | None, sublayers: list[tuple[str, Sublayer]]
@@ -183,7 +183,7 @@ class TransformerBlock(nn.Module):
   def _post_ln(self, name: str, x_BxTxD: Array, sublayer: Sublayer) -> Array:
     """norm(x + f(x))."""
     norm = Norm(self.cfg, name=f"{name}_norm")
-    return norm(x_BxTxD + _biased(*self._dropout(sublayer(x_BxTxD))))
+    return norm(x_BxTxD + with_bias(*self._dropout(sublayer(x_BxTxD))))
 
 
 def _bias_apart(
@@ -203,12 +203,6 @@ def _bias_apart(
 def _constrained(x_BxTxD: Array) -> Array:
   """x sharded as the residual stream (ACTIVATION_AXES) where a mesh is set."""
   return nn.with_logical_constraint(x_BxTxD, ACTIVATION_AXES)
-
-
-def _biased(f_BxTxD: Array, bias_D: Array | None) -> Array:
-  """A sub-layer's output with its bias added, in the output's dtype (as its
-  projection adds it)."""
-  return f_BxTxD if bias_D is None else f_BxTxD + bias_D.astype(f_BxTxD.dtype)
 
 
 class TransformerStack(nn.Module):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from txf.layers.model_config import ACTIVATIONS, ModelConfig, derived
 from txf.layers.partitioning import projection_inits
-from txf.layers.projection import OutputProjection, stored_bias
+from txf.layers.projection import OutputProjection, stored_bias, with_bias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +73,6 @@ class _Projection(nn.Module):
     return y_BxTxF, None if bias is None else bias.astype(self.dtype)
 
 
-def _biased(y_BxTxF: jax.Array, bias_F: jax.Array | None) -> jax.Array:
-  """y + bias (as `nn.Dense` adds it, in the compute dtype)."""
-  return y_BxTxF if bias_F is None else y_BxTxF + bias_F
-
-
 class FeedForward(nn.Module):
   """`out(act(x W_in))`, or `out(act(x W_gate) * (x W_in))` when gated.
 
@@ -118,10 +113,10 @@ class FeedForward(nn.Module):
     # that only the GEMMs' outputs are kept: a biased copy kept for the
     # backward was one more [B, T, F] write per layer.
     def hidden(wi, gate):
-      h_BxTxF = _biased(*wi)
+      h_BxTxF = with_bias(*wi)
       if gate is None:
         return activation.fn(h_BxTxF, cfg)
-      return activation.fn(_biased(*gate), cfg) * h_BxTxF
+      return activation.fn(with_bias(*gate), cfg) * h_BxTxF
 
     wi = into_hidden("wi")
     gate = into_hidden("gate") if activation.gated else None

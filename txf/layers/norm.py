@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from txf import ops
 from txf.layers.model_config import NORMS, ModelConfig
+from txf.layers.projection import with_bias
 
 
 def scale_param(layer: nn.Module, name: str, d: int, init=nn.initializers.ones) -> jax.Array:
@@ -56,7 +57,7 @@ NORMS.register("rms", rms_norm)
 
 def stream_sum(x_BxTxD: jax.Array, add: jax.Array, add_bias: jax.Array | None) -> jax.Array:
   """x + (add + add_bias): the sum `Norm`'s add normalises, by XLA's adds."""
-  return x_BxTxD + (add if add_bias is None else add + add_bias.astype(add.dtype))
+  return x_BxTxD + with_bias(add, add_bias)
 
 
 class Norm(nn.Module):

@@ -76,6 +76,12 @@ def adds_in_kernel(rows: int) -> bool:
   return matvec_gpu.applies(rows)
 
 
+def with_bias(y: jax.Array, bias: jax.Array | None) -> jax.Array:
+  """y + bias in y's dtype (a projection's output and its bias, as stored or
+  cast); y where bias is None."""
+  return y if bias is None else y + bias.astype(y.dtype)
+
+
 def stored_bias(module: nn.Module, name: str) -> jax.Array | None:
   """The bias [D] of `module`'s OutputProjection `name`, as stored (float32),
   None without one: what a sub-layer called with add_bias=False leaves to its
