@@ -139,14 +139,18 @@ class TransformerBlock(nn.Module):
         x_BxTxD = self._post_ln(name, x_BxTxD, sublayer)
     return _constrained(x_BxTxD), None
 
+  @property
+  def _drops_residual(self) -> bool:
+    """Whether residual dropout drops anything in this call."""
+    return self.cfg.dropout_rate != 0.0 and not self.deterministic
+
   def _dropout(self, output: tuple[Array, Array | None]) -> tuple[Array, Array | None]:
     """Residual dropout on a sub-layer's (output, bias): the bias added first
     where the dropout drops anything."""
     f_BxTxD, bias_D = output
-    rate = self.cfg.dropout_rate
-    dropout = nn.Dropout(rate)
-    if rate == 0.0 or self.deterministic:
+    if not self._drops_residual:
       return f_BxTxD, bias_D
+    dropout = nn.Dropout(self.cfg.dropout_rate)
     return dropout(with_bias(f_BxTxD, bias_D), deterministic=False), None
 
   def _pre_ln(
@@ -166,7 +170,7 @@ class TransformerBlock(nn.Module):
     intercepts the first norm's call.
     """
     rows = math.prod(x_BxTxD.shape[:-1])
-    in_projection = adds_in_kernel(rows) and (self.deterministic or self.cfg.dropout_rate == 0.0)
+    in_projection = adds_in_kernel(rows) and not self._drops_residual
     for name, sublayer in sublayers:
       norm = Norm(self.cfg, name=f"{name}_norm")
       if pending is None:

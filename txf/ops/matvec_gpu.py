@@ -106,7 +106,7 @@ def _kernel(x_ref, w_ref, *refs, block_k, weight_dtype, has_bias, has_residual):
     y_N = y_N + load(added.pop(0)).astype(y_N.dtype)
   if has_residual:
     y_N = load(added.pop(0)).astype(y_ref.dtype) + y_N.astype(y_ref.dtype)
-  plgpu.store(y_ref.at[cols_N], y_N.astype(y_ref.dtype), mask=col_ok_N)
+  plgpu.store(y_ref.at[cols_N], y_N, mask=col_ok_N)
 
 
 def matvec(
