@@ -6,6 +6,7 @@
   init_cache, cache_batch_axes, cache_length, make_tokens_to_logits,
   encode_for_decoding
                  txf models' caches and the callables that thread them (cache.py)
+  casting.py     a loop's weights cast to the compute dtype once, before it
   prompts.py     ragged prompts and the checks the searches share
 
 The search functions (`sample`, `beam_search`) know nothing about models (t5x
@@ -53,6 +54,14 @@ and benchmark against (benchmarks/seq2seq_decode.py): inside one
 jitted loop, as in `generate`, XLA hoists that loop-invariant work out of the
 loop by itself, so the cache saves time mainly when decoding runs step by
 step.
+
+Weights. XLA does not hoist the conversion of float32 parameters to a
+bfloat16 compute dtype out of a loop, so `generate`'s sampling casts the
+weights its steps read only in the compute dtype once, before the loop
+(`make_tokens_to_logits(..., cast_for=cache)`, `casting.cast_once`; the
+norms' parameters and anything else read in float32 stay as they are, and
+the steps' results are bit for bit the same). Beam search, whose steps take
+a second batch after the prompt's, takes the weights as given.
 """
 
 from txf.decode.beam_search import BeamState, beam_search, length_penalty_factor

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf.decode import casting
 from txf.layers.attention import CROSS_CACHE_NAMES
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import FAMILIES, HEADS
@@ -130,16 +131,25 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 def cache_positions(cache: Cache) -> int | None:
   """Positions a txf cache holds: the length axis of its self-attention
   `cached_key` leaves ([..., B, L, K, Dh]); None for a cache without them."""
-  lengths = {
-    leaf.shape[-3]
-    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-    if path and getattr(path[-1], "key", None) == "cached_key"
-  }
+  lengths = {key.shape[-3] for key in _cached_keys(cache)}
   return min(lengths) if lengths else None
 
 
+def _cached_keys(cache: Cache) -> list[Array]:
+  """A txf cache's self-attention `cached_key` leaves, [..., B, L, K, Dh] each."""
+  return [
+    leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+    if path and getattr(path[-1], "key", None) == "cached_key"
+  ]
+
+
 def make_tokens_to_logits(
-  model: nn.Module, params: Any, *context: Array | None, method: str | None = None
+  model: nn.Module,
+  params: Any,
+  *context: Array | None,
+  method: str | None = None,
+  cast_for: Cache | None = None,
 ) -> TokensToLogits:
   """Wraps a txf model as the `tokens_to_logits` of `sample` / `beam_search`.
 
@@ -152,13 +162,17 @@ def make_tokens_to_logits(
       the cache (see `encode_for_decoding`). An encoding may have fewer
       rows than the tokens, one per example when its beams share it.
     method: the model method to apply; None: `__call__`.
+    cast_for: None, or a cache of the batch every call will take, one token
+      a row: the parameters such a step reads only in the model's compute
+      dtype are then cast to it here, once (`txf.decode.casting`), instead
+      of by every step of a loop; the steps' results are the same.
 
   Returns:
     tokens_to_logits(tokens [B, T], cache) -> (logits of the last position
     [B, V] float32, updated cache).
   """
 
-  def tokens_to_logits(tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
+  def tokens_to_logits(params: Any, tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
     logits_BxTxV, variables = model.apply(
       {"params": params, "cache": cache},
       *context,
@@ -169,7 +183,18 @@ def make_tokens_to_logits(
     )
     return logits_BxTxV[:, -1], variables["cache"]
 
-  return tokens_to_logits
+  if cast_for is not None:
+    tokens_Bx1 = jnp.zeros((_cache_batch(cast_for), 1), jnp.int32)
+    params = casting.cast_once(
+      tokens_to_logits, params, tokens_Bx1, cast_for, dtype=jnp.dtype(model.cfg.dtype)
+    )
+  return functools.partial(tokens_to_logits, params)
+
+
+def _cache_batch(cache: Cache) -> int:
+  """The batch B of a txf cache (`_cached_keys`)."""
+  (batch,) = {key.shape[-4] for key in _cached_keys(cache)}
+  return batch
 
 
 def encode_for_decoding(
@@ -179,6 +204,7 @@ def encode_for_decoding(
   cache_len: int,
   *,
   cache_cross_attention: bool = True,
+  cast_for_steps: bool = False,
 ) -> tuple[TokensToLogits, Cache]:
   """Runs an encoder-decoder's encoder once and adapts its decoder to the searches.
 
@@ -195,6 +221,8 @@ def encode_for_decoding(
       inside one jitted loop, as in `generate`, XLA hoists that
       loop-invariant projection out of the loop itself, so the two cost
       about the same there; decoding step by step, the cache saves it).
+    cast_for_steps: every step will take this batch, one token a row: the
+      parameters cast once (`make_tokens_to_logits`'s cast_for).
 
   Returns:
     (tokens_to_logits, cache) for batch B; beam search copies the
@@ -208,17 +236,23 @@ def encode_for_decoding(
   if not cache_cross_attention:
     # Each step projects the encoding again (and stores the result over the
     # stored copy, which it does not read).
-    return make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask, method="decode"), cache
-  # Decoding zero tokens with the encoding only stores its keys and values:
-  # the self-attention slots and the index stay empty.
-  no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)
-  _, variables = model.apply(
-    {"params": params, "cache": cache},
-    encoded_BxSxD,
-    encoder_mask,
-    no_tokens_Bx0,
-    use_cache=True,
-    mutable=["cache"],
-    method="decode",
+    context = (encoded_BxSxD, encoder_mask)
+  else:
+    # Decoding zero tokens with the encoding only stores its keys and values:
+    # the self-attention slots and the index stay empty.
+    no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)
+    _, variables = model.apply(
+      {"params": params, "cache": cache},
+      encoded_BxSxD,
+      encoder_mask,
+      no_tokens_Bx0,
+      use_cache=True,
+      mutable=["cache"],
+      method="decode",
+    )
+    context, cache = (None, None), variables["cache"]
+  cast_for = cache if cast_for_steps else None
+  tokens_to_logits = make_tokens_to_logits(
+    model, params, *context, method="decode", cast_for=cast_for
   )
-  return make_tokens_to_logits(model, params, None, None, method="decode"), variables["cache"]
+  return tokens_to_logits, cache

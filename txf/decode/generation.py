@@ -116,13 +116,22 @@ def _generate(
   """`generate` after its checks: one jitted program per shape and option."""
   batch_size, prompt_len = prompt_BxP.shape
   cache_len = cache_length(prompt_len, max_new_tokens)
+  searches = num_beams > 1 or return_beams
+  # Sampling's steps all take this batch, so the weights they read only in
+  # the compute dtype are cast once, before its loop (beam search's steps
+  # take another batch after the prompt's: its weights stay as given).
   if encoder_tokens_BxS is not None:
     tokens_to_logits, cache = encode_for_decoding(
-      model, params, encoder_tokens_BxS, cache_len, cache_cross_attention=cache_cross_attention
+      model,
+      params,
+      encoder_tokens_BxS,
+      cache_len,
+      cache_cross_attention=cache_cross_attention,
+      cast_for_steps=not searches,
     )
   else:
-    tokens_to_logits = make_tokens_to_logits(model, params)
     cache = init_cache(model, batch_size, cache_len)
+    tokens_to_logits = make_tokens_to_logits(model, params, cast_for=None if searches else cache)
   search = dict(
     max_new_tokens=max_new_tokens,
     eos_id=eos_id,
@@ -130,7 +139,7 @@ def _generate(
     prompt_lengths_B=prompt_lengths_B,
     padding_side=padding_side,
   )
-  if not (num_beams > 1 or return_beams):
+  if not searches:
     if rng is None:
       rng, temperature = jax.random.key(0), 0.0  # the key is unused by argmax
     return sample(

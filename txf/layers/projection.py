@@ -25,10 +25,10 @@ class OutputProjection(nn.Module):
   and a residual stream.
 
   One row (a decoding step at batch 1) on one GPU is one kernel
-  (`ops.matvec_gpu`, where `adds_in_kernel`), which reads the weights as
-  stored and rounds them to the compute dtype as it goes, and adds the bias
-  and the residual; everywhere else XLA's dot_general of the weights cast
-  to it and XLA's additions.
+  (`ops.matvec_gpu`, where `adds_in_kernel`) over the weights cast to the
+  compute dtype, which adds the bias and the residual; everywhere else
+  XLA's dot_general of the weights cast to it and XLA's additions. (A
+  decoding loop casts float32 weights once, before it: `txf.decode.casting`.)
 
   Attributes:
     shape: the kernel's (*C, D): (H, Dh, D) for attention's heads, (F, D)

@@ -74,10 +74,10 @@ def applies(rows: int) -> bool:
   )
 
 
-def _kernel(x_ref, w_ref, *refs, block_k, weight_dtype, has_bias, has_residual):
+def _kernel(x_ref, w_ref, *refs, block_k, has_bias, has_residual):
   """Columns [n0, n0 + _BLOCK_N) of y = residual + (x @ W + bias), n0 this
-  instance's block, W rounded to `weight_dtype` as loaded. `refs`: the bias
-  where has_bias, the residual where has_residual, then y."""
+  instance's block. `refs`: the bias where has_bias, the residual where
+  has_residual, then y."""
   *added, y_ref = refs
   k_total, n_total = w_ref.shape
   cols_N = pl.program_id(0) * _BLOCK_N + jnp.arange(_BLOCK_N)
@@ -92,7 +92,7 @@ def _kernel(x_ref, w_ref, *refs, block_k, weight_dtype, has_bias, has_residual):
       mask=row_ok_K[:, None] & col_ok_N[None, :],
       other=0.0,
     )
-    w_KxN = w_KxN.astype(weight_dtype).astype(jnp.float32)
+    w_KxN = w_KxN.astype(jnp.float32)
     return acc_KxN + x_K[:, None] * w_KxN
 
   # Summed over the rows once, at the end: a sum across threads every step
@@ -113,7 +113,6 @@ def matvec(
   x_K: jax.Array,
   w_KxN: jax.Array,
   *,
-  weight_dtype=None,
   bias_N: jax.Array | None = None,
   residual_N: jax.Array | None = None,
   interpret: bool = False,
@@ -123,9 +122,6 @@ def matvec(
   of residual + (that), as jnp's addition promotes.
 
   Args:
-    weight_dtype: W is rounded to it as it is read (float32 weights for a
-      bfloat16 computation: the weights' conversion, which XLA would
-      otherwise write out, in the kernel); W's own by default.
     bias_N: None, or [N] added to the product in x's dtype (a projection's
       bias as stored, rounded to it).
     residual_N: None, or [N]: the residual stream the result is added to.
@@ -143,13 +139,11 @@ def matvec(
     if value is not None and value.shape != (n_total,):
       raise ValueError(f"matvec's {name} must be [N] = ({n_total},), got {value.shape}")
   block_k = min(_BLOCK_ELEMENTS // _BLOCK_N, pl.next_power_of_2(k_total))
-  weight_dtype = jnp.dtype(weight_dtype or w_KxN.dtype)
   out_dtype = x_K.dtype if residual_N is None else jnp.result_type(residual_N, x_K)
   return pl.pallas_call(
     functools.partial(
       _kernel,
       block_k=block_k,
-      weight_dtype=weight_dtype,
       has_bias=bias_N is not None,
       has_residual=residual_N is not None,
     ),
@@ -173,21 +167,24 @@ def contract(
   `kernel` cast to x's dtype + bias): `nn.DenseGeneral`'s product, [..., *C]
   x [*C, *F] -> [..., *F], its bias [*F] (None: none) added in x's dtype and
   then `residual` [..., *F] (None: none). One kernel where `applies` (one
-  row; the cast and the additions in it), XLA's dot_general and additions
-  otherwise."""
+  row; the additions in it), XLA's dot_general and additions otherwise. The
+  kernel and the bias are cast to x's dtype by XLA, outside the kernel, on
+  both paths: where they are a decoding loop's float32 weights, the loop
+  casts them once instead (`txf.decode.casting`)."""
+  kernel = kernel.astype(x.dtype)
+  bias = None if bias is None else bias.astype(x.dtype)
   rows = x.shape[: x.ndim - dims]
   features = kernel.shape[dims:]
   if applies(math.prod(rows)):
     y_N = matvec(
       x.reshape(-1),
       kernel.reshape(-1, math.prod(features)),
-      weight_dtype=x.dtype,
       bias_N=None if bias is None else bias.reshape(-1),
       residual_N=None if residual is None else residual.reshape(-1),
     )
     return y_N.reshape(rows + features)
   contracting = (tuple(range(x.ndim - dims, x.ndim)), tuple(range(dims)))
-  y = jax.lax.dot_general(x, kernel.astype(x.dtype), (contracting, ((), ())))
+  y = jax.lax.dot_general(x, kernel, (contracting, ((), ())))
   if bias is not None:
-    y = y + bias.astype(x.dtype)
+    y = y + bias
   return y if residual is None else residual + y
