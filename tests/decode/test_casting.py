@@ -100,19 +100,19 @@ def assert_same_steps(cast_step, step, tokens, cache):
 
 
 def test_a_sampling_loop_casts_the_weights_and_keeps_the_norms():
-  """make_tokens_to_logits(cast_for=cache): every projection's kernel and
+  """make_tokens_to_logits(cast_for=(tokens, cache)): every projection's kernel and
   bias and the embedding tables in bfloat16, the norms' scales and biases
   float32 (read in float32); each step's logits and cache bit for bit the
   uncast step's; and generate's loop takes the cast ones."""
   model, params = bf16_model_and_params(position="learned", use_bias=True)
-  cache = decode.init_cache(model, 2, 8)
-  cast_step = decode.make_tokens_to_logits(model, params, cast_for=cache)
+  tokens, cache = jnp.asarray([[3], [5]]), decode.init_cache(model, 2, 8)
+  cast_step = decode.make_tokens_to_logits(model, params, cast_for=(tokens, cache))
   dtypes = cast_dtypes(cast_step.args[0])
   for name, dtype in dtypes.items():
     assert dtype == (jnp.float32 if "norm" in name else BF16), name
   assert sum("norm" not in name for name in dtypes) > len(dtypes) / 2
   step = decode.make_tokens_to_logits(model, params)
-  assert_same_steps(cast_step, step, jnp.asarray([[3], [5]]), cache)
+  assert_same_steps(cast_step, step, tokens, cache)
   # generate's loop takes the tables cast: the token embedding [V, D] in bfloat16 only.
   prompt = jnp.asarray([[3, 4, 5], [6, 7, 0]], jnp.int32)
   generate = lambda params: decode.generate(model, params, prompt, max_new_tokens=5)
@@ -169,11 +169,12 @@ def test_at_batch_1_on_a_gpu_the_kernels_take_the_cast_weights(monkeypatch):
     (matvec_gpu, "matvec"),
   ):
     monkeypatch.setattr(module, name, functools.partial(getattr(module, name), interpret=True))
-  cache = decode.init_cache(model, 1, 8)
+  tokens, cache = jnp.asarray([[3]]), decode.init_cache(model, 1, 8)
   jax.clear_caches()
   try:
     with platform.compiling_for("gpu"):
-      dtypes = cast_dtypes(decode.make_tokens_to_logits(model, params, cast_for=cache).args[0])
+      step = decode.make_tokens_to_logits(model, params, cast_for=(tokens, cache))
+      dtypes = cast_dtypes(step.args[0])
   finally:
     jax.clear_caches()
   for name, dtype in dtypes.items():

@@ -58,7 +58,7 @@ step.
 Weights. XLA does not hoist the conversion of float32 parameters to a
 bfloat16 compute dtype out of a loop, so `generate`'s sampling casts the
 weights its steps read only in the compute dtype once, before the loop
-(`make_tokens_to_logits(..., cast_for=cache)`, `casting.cast_once`; the
+(`make_tokens_to_logits(..., cast_for=(tokens, cache))`, `casting.cast_once`; the
 norms' parameters and anything else read in float32 stay as they are, and
 the steps' results are bit for bit the same). Beam search, whose steps take
 a second batch after the prompt's, takes the weights as given.

@@ -131,17 +131,12 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
 def cache_positions(cache: Cache) -> int | None:
   """Positions a txf cache holds: the length axis of its self-attention
   `cached_key` leaves ([..., B, L, K, Dh]); None for a cache without them."""
-  lengths = {key.shape[-3] for key in _cached_keys(cache)}
-  return min(lengths) if lengths else None
-
-
-def _cached_keys(cache: Cache) -> list[Array]:
-  """A txf cache's self-attention `cached_key` leaves, [..., B, L, K, Dh] each."""
-  return [
-    leaf
+  lengths = {
+    leaf.shape[-3]
     for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
     if path and getattr(path[-1], "key", None) == "cached_key"
-  ]
+  }
+  return min(lengths) if lengths else None
 
 
 def make_tokens_to_logits(
@@ -149,7 +144,7 @@ def make_tokens_to_logits(
   params: Any,
   *context: Array | None,
   method: str | None = None,
-  cast_for: Cache | None = None,
+  cast_for: tuple[Array, Cache] | None = None,
 ) -> TokensToLogits:
   """Wraps a txf model as the `tokens_to_logits` of `sample` / `beam_search`.
 
@@ -162,10 +157,11 @@ def make_tokens_to_logits(
       the cache (see `encode_for_decoding`). An encoding may have fewer
       rows than the tokens, one per example when its beams share it.
     method: the model method to apply; None: `__call__`.
-    cast_for: None, or a cache of the batch every call will take, one token
-      a row: the parameters such a step reads only in the model's compute
-      dtype are then cast to it here, once (`txf.decode.casting`), instead
-      of by every step of a loop; the steps' results are the same.
+    cast_for: None, or (tokens [B, 1], cache): the arguments of every call,
+      as shapes (a loop's steps over one batch): the parameters such a
+      step reads only in the model's compute dtype are then cast to it here,
+      once (`txf.decode.casting`), instead of by every step of the loop; the
+      steps' results are the same.
 
   Returns:
     tokens_to_logits(tokens [B, T], cache) -> (logits of the last position
@@ -184,17 +180,10 @@ def make_tokens_to_logits(
     return logits_BxTxV[:, -1], variables["cache"]
 
   if cast_for is not None:
-    tokens_Bx1 = jnp.zeros((_cache_batch(cast_for), 1), jnp.int32)
     params = casting.cast_once(
-      tokens_to_logits, params, tokens_Bx1, cast_for, dtype=jnp.dtype(model.cfg.dtype)
+      tokens_to_logits, params, *cast_for, dtype=jnp.dtype(model.cfg.dtype)
     )
   return functools.partial(tokens_to_logits, params)
-
-
-def _cache_batch(cache: Cache) -> int:
-  """The batch B of a txf cache (`_cached_keys`)."""
-  (batch,) = {key.shape[-4] for key in _cached_keys(cache)}
-  return batch
 
 
 def encode_for_decoding(
@@ -251,7 +240,7 @@ def encode_for_decoding(
       method="decode",
     )
     context, cache = (None, None), variables["cache"]
-  cast_for = cache if cast_for_steps else None
+  cast_for = (jnp.zeros((batch_size, 1), jnp.int32), cache) if cast_for_steps else None
   tokens_to_logits = make_tokens_to_logits(
     model, params, *context, method="decode", cast_for=cast_for
   )

@@ -131,7 +131,8 @@ def _generate(
     )
   else:
     cache = init_cache(model, batch_size, cache_len)
-    tokens_to_logits = make_tokens_to_logits(model, params, cast_for=None if searches else cache)
+    steps = None if searches else (prompt_BxP[:, :1], cache)
+    tokens_to_logits = make_tokens_to_logits(model, params, cast_for=steps)
   search = dict(
     max_new_tokens=max_new_tokens,
     eos_id=eos_id,
