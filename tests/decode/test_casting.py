@@ -61,13 +61,32 @@ def test_only_the_leaves_read_only_in_the_compute_dtype_are_cast():
   params["indices"] = jnp.arange(4)  # not floating: left as it is
   params["unused"] = jnp.ones(4)  # read by nothing: left as it is
   x = jnp.asarray(rng.standard_normal((3, 4)), BF16)
-  cast = casting.cast_once(every_kind_of_use, params, x, dtype=BF16)
+  cast = casting.cast_once(every_kind_of_use, params, (x,), dtype=BF16)
   expected = {name: BF16 if name in ONLY_CONVERTED else params[name].dtype for name in params}
   assert {name: leaf.dtype for name, leaf in cast.items()} == expected
   for got, want in zip(every_kind_of_use(cast, x), every_kind_of_use(params, x), strict=True):
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
   # Already in the compute dtype: nothing to do.
-  assert casting.cast_once(every_kind_of_use, params, x, dtype=jnp.float32) == params
+  assert casting.cast_once(every_kind_of_use, params, (x,), dtype=jnp.float32) == params
+
+
+def test_a_leaf_read_in_float32_by_any_kind_of_call_is_kept():
+  """A step whose one-row calls convert w and whose two-row calls read it
+  (as a layer's GPU kernel may at one row only): w is cast for the first
+  kind of call alone, kept for both; no call at all is an error."""
+
+  def step(p, x):
+    return x @ (p["w"].astype(BF16) if x.shape[0] == 1 else p["w"]).astype(x.dtype)
+
+  params, one_row, two_rows = (
+    {"w": jnp.ones((4, 4))},
+    (jnp.ones((1, 4), BF16),),
+    (jnp.ones((2, 4)),),
+  )
+  assert casting.cast_once(step, params, one_row, dtype=BF16)["w"].dtype == BF16
+  assert casting.cast_once(step, params, one_row, two_rows, dtype=BF16)["w"].dtype == jnp.float32
+  with pytest.raises(ValueError, match="at least one call"):
+    casting.cast_once(step, params, dtype=BF16)
 
 
 TINY = dict(vocab_size=53, d_model=32, num_heads=4, num_layers=2, max_len=16, dtype="bfloat16")
@@ -100,43 +119,51 @@ def assert_same_steps(cast_step, step, tokens, cache):
 
 
 def test_a_sampling_loop_casts_the_weights_and_keeps_the_norms():
-  """make_tokens_to_logits(cast_for=(tokens, cache)): every projection's kernel and
+  """make_tokens_to_logits(...).cast_for((tokens, cache)): every projection's kernel and
   bias and the embedding tables in bfloat16, the norms' scales and biases
   float32 (read in float32); each step's logits and cache bit for bit the
-  uncast step's; and generate's loop takes the cast ones."""
+  uncast step's; and generate's loops take the cast ones, sampling's and
+  beam search's."""
   model, params = bf16_model_and_params(position="learned", use_bias=True)
   tokens, cache = jnp.asarray([[3], [5]]), decode.init_cache(model, 2, 8)
-  cast_step = decode.make_tokens_to_logits(model, params, cast_for=(tokens, cache))
-  dtypes = cast_dtypes(cast_step.args[0])
+  step = decode.make_tokens_to_logits(model, params)
+  cast_step = step.cast_for((tokens, cache))
+  dtypes = cast_dtypes(cast_step.params)
   for name, dtype in dtypes.items():
     assert dtype == (jnp.float32 if "norm" in name else BF16), name
   assert sum("norm" not in name for name in dtypes) > len(dtypes) / 2
-  step = decode.make_tokens_to_logits(model, params)
   assert_same_steps(cast_step, step, tokens, cache)
   # generate's loop takes the tables cast: the token embedding [V, D] in bfloat16 only.
   prompt = jnp.asarray([[3, 4, 5], [6, 7, 0]], jnp.int32)
-  generate = lambda params: decode.generate(model, params, prompt, max_new_tokens=5)
+  generate = lambda params, num_beams: decode.generate(
+    model, params, prompt, max_new_tokens=5, num_beams=num_beams
+  )
   table = params["embedder"]["token"]["embedding"].value.shape
-  loop_inputs = [
-    (var.aval.shape, var.aval.dtype)
-    for eqn in equations(jax.make_jaxpr(generate)(params).jaxpr)
-    if eqn.primitive.name == "while"
-    for var in eqn.invars
-  ]
-  assert (table, BF16) in loop_inputs and (table, jnp.float32) not in loop_inputs
+  for num_beams in (1, 2):  # sampling's loop; beam search's prompt loop and search loop
+    search = functools.partial(generate, num_beams=num_beams)
+    loops = [
+      eqn
+      for eqn in equations(jax.make_jaxpr(search)(params).jaxpr)
+      if eqn.primitive.name == "while"
+    ]
+    assert len(loops) == num_beams
+    for loop in loops:
+      loop_inputs = [(var.aval.shape, var.aval.dtype) for var in loop.invars]
+      assert (table, BF16) in loop_inputs and (table, jnp.float32) not in loop_inputs
 
 
 @pytest.mark.slow  # four compiles of an encoder-decoder: about 8 s on 2 cores
 def test_an_encoder_decoders_steps_cast_alike():
-  """encode_for_decoding(cast_for_steps=True): the decoder's steps over the
+  """encode_for_decoding's steps cast for their batch: the decoder's steps over the
   cached encoding take the decoder's weights cast (its norms kept; what no
   step reads left as it is) and give the uncast
   steps' logits and cache bit for bit."""
   model, params = bf16_model_and_params(family="encoder_decoder", position="sinusoidal")
   source = jnp.asarray([[4, 5, 6, 0], [7, 8, 9, 10]], jnp.int32)
-  cast_step, cache = decode.encode_for_decoding(model, params, source, 6, cast_for_steps=True)
-  step, _ = decode.encode_for_decoding(model, params, source, 6)
-  for name, dtype in cast_dtypes(cast_step.args[0]).items():
+  step, cache = decode.encode_for_decoding(model, params, source, 6)
+  tokens = jnp.asarray([[1], [1]])
+  cast_step = step.cast_for((tokens, cache))
+  for name, dtype in cast_dtypes(cast_step.params).items():
     # The encoder's and the cross-attention's keys and values: read once,
     # before the steps, which read the cached encoding.
     unread = (
@@ -146,7 +173,7 @@ def test_an_encoder_decoders_steps_cast_alike():
     )
     kept = "norm" in name or unread
     assert dtype == (jnp.float32 if kept else BF16), name
-  assert_same_steps(cast_step, step, jnp.asarray([[1], [1]]), cache)
+  assert_same_steps(cast_step, step, tokens, cache)
 
 
 def equations(jaxpr):
@@ -173,8 +200,9 @@ def test_at_batch_1_on_a_gpu_the_kernels_take_the_cast_weights(monkeypatch):
   jax.clear_caches()
   try:
     with platform.compiling_for("gpu"):
-      step = decode.make_tokens_to_logits(model, params, cast_for=(tokens, cache))
-      dtypes = cast_dtypes(step.args[0])
+      dtypes = cast_dtypes(
+        decode.make_tokens_to_logits(model, params).cast_for((tokens, cache)).params
+      )
   finally:
     jax.clear_caches()
   for name, dtype in dtypes.items():

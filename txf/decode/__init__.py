@@ -3,8 +3,8 @@
   generate       the one entry point for txf models (generation.py)
   sample         temperature / top-k / top-p sampling, greedy at 0 (sampling.py)
   beam_search    beam search over a named `BeamState` (beam_search.py)
-  init_cache, cache_batch_axes, cache_length, make_tokens_to_logits,
-  encode_for_decoding
+  init_cache, cache_batch_axes, cache_length, make_tokens_to_logits
+  (a ModelSteps), encode_for_decoding
                  txf models' caches and the callables that thread them (cache.py)
   casting.py     a loop's weights cast to the compute dtype once, before it
   prompts.py     ragged prompts and the checks the searches share
@@ -56,17 +56,18 @@ loop by itself, so the cache saves time mainly when decoding runs step by
 step.
 
 Weights. XLA does not hoist the conversion of float32 parameters to a
-bfloat16 compute dtype out of a loop, so `generate`'s sampling casts the
-weights its steps read only in the compute dtype once, before the loop
-(`make_tokens_to_logits(..., cast_for=(tokens, cache))`, `casting.cast_once`; the
-norms' parameters and anything else read in float32 stay as they are, and
-the steps' results are bit for bit the same). Beam search, whose steps take
-a second batch after the prompt's, takes the weights as given.
+bfloat16 compute dtype out of a loop, so `generate` casts the weights its
+steps read only in the compute dtype once, before its loops
+(`make_tokens_to_logits(...).cast_for(calls)`, `casting.cast_once`: for
+each kind of step, sampling's one batch or beam search's prompt batch and
+B * K rows; the norms' parameters and anything else a step reads in float32
+stay as they are, and the steps' results are bit for bit the same).
 """
 
 from txf.decode.beam_search import BeamState, beam_search, length_penalty_factor
 from txf.decode.cache import (
   Cache,
+  ModelSteps,
   TokensToLogits,
   cache_batch_axes,
   cache_length,
@@ -82,6 +83,7 @@ __all__ = [
   "PADDING_SIDES",
   "BeamState",
   "Cache",
+  "ModelSteps",
   "TokensToLogits",
   "beam_search",
   "cache_batch_axes",

@@ -68,6 +68,13 @@ def _map_batch_leaves(
   return jax.tree.map(lambda x, axis: x if axis is None else fn(x, axis), cache, batch_axes)
 
 
+def per_beam(cache: Cache, num_beams: int, batch_axes: Cache | None) -> Cache:
+  """`cache` with each row repeated num_beams times along its batch axis (as
+  `_map_batch_leaves` finds it): the cache of beam search's steps after the
+  prompt's, B * K rows."""
+  return _map_batch_leaves(lambda x, axis: jnp.repeat(x, num_beams, axis=axis), cache, batch_axes)
+
+
 def _gather_beams(x: Array, beam_indices_BxK: Array, axis: int) -> Array:
   """Reorders beams along x's flat batch * beam axis: new beam k of row b is
   old beam beam_indices[b, k]."""
@@ -307,7 +314,7 @@ def beam_search(
   prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)
   shared_len = jnp.min(lengths_B) - 1
   cache = _prefill(tokens_to_logits, cache, prompt_BxP, shared_len)
-  cache = _map_batch_leaves(lambda x, axis: jnp.repeat(x, num_beams, axis=axis), cache, batch_axes)
+  cache = per_beam(cache, num_beams, batch_axes)
   tokens_BxT = jnp.pad(prompt_BxP, ((0, 0), (0, max_new_tokens)), constant_values=pad_id)
   continues = functools.partial(
     _search_continues,

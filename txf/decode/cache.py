@@ -8,6 +8,7 @@ a search writes, and `cache_positions` how many a txf cache holds.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -140,12 +141,8 @@ def cache_positions(cache: Cache) -> int | None:
 
 
 def make_tokens_to_logits(
-  model: nn.Module,
-  params: Any,
-  *context: Array | None,
-  method: str | None = None,
-  cast_for: tuple[Array, Cache] | None = None,
-) -> TokensToLogits:
+  model: nn.Module, params: Any, *context: Array | None, method: str | None = None
+) -> ModelSteps:
   """Wraps a txf model as the `tokens_to_logits` of `sample` / `beam_search`.
 
   Args:
@@ -157,33 +154,55 @@ def make_tokens_to_logits(
       the cache (see `encode_for_decoding`). An encoding may have fewer
       rows than the tokens, one per example when its beams share it.
     method: the model method to apply; None: `__call__`.
-    cast_for: None, or (tokens [B, 1], cache): the arguments of every call,
-      as shapes (a loop's steps over one batch): the parameters such a
-      step reads only in the model's compute dtype are then cast to it here,
-      once (`txf.decode.casting`), instead of by every step of the loop; the
-      steps' results are the same.
 
   Returns:
     tokens_to_logits(tokens [B, T], cache) -> (logits of the last position
-    [B, V] float32, updated cache).
+    [B, V] float32, updated cache): a `ModelSteps`, whose `cast_for` casts
+    the weights for a loop once.
   """
+  return ModelSteps(model, params, context, method)
 
-  def tokens_to_logits(params: Any, tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
-    logits_BxTxV, variables = model.apply(
+
+# eq=False: hashed by identity, as a function is (jax.jit takes it as one).
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelSteps:
+  """A txf model's decoding step as a search's `tokens_to_logits`
+  (`make_tokens_to_logits`'s arguments)."""
+
+  model: nn.Module
+  params: Any
+  context: tuple[Array | None, ...]
+  method: str | None
+
+  def __call__(self, tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
+    """(logits of the last position [B, V], the updated cache)."""
+    return self._step(self.params, tokens_BxT, cache)
+
+  def _step(self, params: Any, tokens_BxT: Array, cache: Cache) -> tuple[Array, Cache]:
+    logits_BxTxV, variables = self.model.apply(
       {"params": params, "cache": cache},
-      *context,
+      *self.context,
       tokens_BxT,
       use_cache=True,
       mutable=["cache"],
-      method=method,
+      method=self.method,
     )
     return logits_BxTxV[:, -1], variables["cache"]
 
-  if cast_for is not None:
-    params = casting.cast_once(
-      tokens_to_logits, params, *cast_for, dtype=jnp.dtype(model.cfg.dtype)
+  def cast_for(self, *calls: tuple[Any, Cache]) -> ModelSteps:
+    """These steps with each parameter that every kind of call a loop makes
+    reads only in the model's compute dtype cast to it, once
+    (`txf.decode.casting`), so that the loop's steps convert nothing; their
+    results are the same bit for bit.
+
+    Args:
+      *calls: (tokens [B, 1], cache) of each kind of call, as arrays or
+        jax.ShapeDtypeStructs (beam search: the prompt's batch, then B * K).
+    """
+    dtype = jnp.dtype(self.model.cfg.dtype)
+    return dataclasses.replace(
+      self, params=casting.cast_once(self._step, self.params, *calls, dtype=dtype)
     )
-  return functools.partial(tokens_to_logits, params)
 
 
 def encode_for_decoding(
@@ -193,8 +212,7 @@ def encode_for_decoding(
   cache_len: int,
   *,
   cache_cross_attention: bool = True,
-  cast_for_steps: bool = False,
-) -> tuple[TokensToLogits, Cache]:
+) -> tuple[ModelSteps, Cache]:
   """Runs an encoder-decoder's encoder once and adapts its decoder to the searches.
 
   Args:
@@ -210,8 +228,6 @@ def encode_for_decoding(
       inside one jitted loop, as in `generate`, XLA hoists that
       loop-invariant projection out of the loop itself, so the two cost
       about the same there; decoding step by step, the cache saves it).
-    cast_for_steps: every step will take this batch, one token a row: the
-      parameters cast once (`make_tokens_to_logits`'s cast_for).
 
   Returns:
     (tokens_to_logits, cache) for batch B; beam search copies the
@@ -240,8 +256,4 @@ def encode_for_decoding(
       method="decode",
     )
     context, cache = (None, None), variables["cache"]
-  cast_for = (jnp.zeros((batch_size, 1), jnp.int32), cache) if cast_for_steps else None
-  tokens_to_logits = make_tokens_to_logits(
-    model, params, *context, method="decode", cast_for=cast_for
-  )
-  return tokens_to_logits, cache
+  return make_tokens_to_logits(model, params, *context, method="decode"), cache

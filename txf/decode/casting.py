@@ -52,31 +52,40 @@ _MOVES = frozenset(
 )
 
 
-def cast_once(step: Callable[..., Any], params: Any, *args: Any, dtype: Any) -> Any:
+def cast_once(step: Callable[..., Any], params: Any, *calls: tuple[Any, ...], dtype: Any) -> Any:
   """`params` with each floating leaf that `step(params, *args)` reads, and
-  only converted to `dtype`, cast to it (the others as they are), so that
-  `step(cast_once(step, params, *args, dtype=dtype), *args)` equals
-  `step(params, *args)` bit for bit.
+  only converted to `dtype`, in every one of `calls` (each an `args`) cast
+  to it (the others as they are), so that `step(cast params, *args)` equals
+  `step(params, *args)` bit for bit for each.
 
   Args:
     step: the loop's body as a function of the parameters first.
     params: a pytree of arrays (tracers, inside a jitted function).
-    *args: the other arguments of one call (`step` is traced, not run).
+    *calls: the other arguments of each kind of call the loop makes, as
+      arrays or jax.ShapeDtypeStructs (`step` is traced, not run): a
+      parameter a step of one shape reads in its own dtype is kept.
     dtype: the compute dtype.
   """
+  if not calls:
+    raise ValueError("cast_once needs the arguments of at least one call of the step")
   dtype = np.dtype(dtype)
   leaves, treedef = jax.tree.flatten(params)
-  jaxpr = jax.make_jaxpr(step)(params, *args).jaxpr
+  jaxprs = [jax.make_jaxpr(step)(params, *args).jaxpr for args in calls]
   casts = [
     jnp.issubdtype(leaf.dtype, jnp.floating)
     and np.dtype(leaf.dtype) != dtype
-    and _used(jaxpr, var)
-    and _escapes(jaxpr, var, dtype) == set()
-    for leaf, var in zip(leaves, jaxpr.invars[: len(leaves)], strict=True)
+    and all(_only_converted(jaxpr, jaxpr.invars[i], dtype) for jaxpr in jaxprs)
+    for i, leaf in enumerate(leaves)
   ]
   return treedef.unflatten(
     [leaf.astype(dtype) if cast else leaf for leaf, cast in zip(leaves, casts, strict=True)]
   )
+
+
+def _only_converted(jaxpr: jex.Jaxpr, var: Any, dtype: np.dtype) -> bool:
+  """Whether `jaxpr` reads `var`, and only converted to `dtype` (a leaf no
+  step reads is left as it is)."""
+  return _used(jaxpr, var) and _escapes(jaxpr, var, dtype) == set()
 
 
 def _used(jaxpr: jex.Jaxpr, var: Any) -> bool:

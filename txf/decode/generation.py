@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf.decode.beam_search import beam_search
+from txf.decode.beam_search import beam_search, per_beam
 from txf.decode.cache import (
   cache_batch_axes,
   cache_length,
@@ -116,23 +116,23 @@ def _generate(
   """`generate` after its checks: one jitted program per shape and option."""
   batch_size, prompt_len = prompt_BxP.shape
   cache_len = cache_length(prompt_len, max_new_tokens)
-  searches = num_beams > 1 or return_beams
-  # Sampling's steps all take this batch, so the weights they read only in
-  # the compute dtype are cast once, before its loop (beam search's steps
-  # take another batch after the prompt's: its weights stay as given).
   if encoder_tokens_BxS is not None:
     tokens_to_logits, cache = encode_for_decoding(
-      model,
-      params,
-      encoder_tokens_BxS,
-      cache_len,
-      cache_cross_attention=cache_cross_attention,
-      cast_for_steps=not searches,
+      model, params, encoder_tokens_BxS, cache_len, cache_cross_attention=cache_cross_attention
     )
   else:
+    tokens_to_logits = make_tokens_to_logits(model, params)
     cache = init_cache(model, batch_size, cache_len)
-    steps = None if searches else (prompt_BxP[:, :1], cache)
-    tokens_to_logits = make_tokens_to_logits(model, params, cast_for=steps)
+  searches = num_beams > 1 or return_beams
+  # The weights the steps read only in the compute dtype, cast once before
+  # the loop (XLA would convert them in every step): for each kind of step,
+  # the prompt's batch and, under beam search, B * K rows after it.
+  steps = [(prompt_BxP[:, :1], cache)]
+  if searches:
+    batch_axes = cache_batch_axes(model, cache_len)
+    beams = jax.eval_shape(lambda cache: per_beam(cache, num_beams, batch_axes), cache)
+    steps.append((jax.ShapeDtypeStruct((batch_size * num_beams, 1), jnp.int32), beams))
+  tokens_to_logits = tokens_to_logits.cast_for(*steps)
   search = dict(
     max_new_tokens=max_new_tokens,
     eos_id=eos_id,
@@ -159,7 +159,7 @@ def _generate(
     prompt_BxP,
     num_beams=num_beams,
     length_penalty=length_penalty,
-    batch_axes=cache_batch_axes(model, cache_len),
+    batch_axes=batch_axes,
     **search,
   )
   return (tokens_BxKxT, scores_BxK) if return_beams else tokens_BxKxT[:, 0]
