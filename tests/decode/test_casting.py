@@ -89,7 +89,7 @@ def test_a_leaf_read_in_float32_by_any_kind_of_call_is_kept():
     casting.cast_once(step, params, dtype=BF16)
 
 
-TINY = dict(vocab_size=53, d_model=32, num_heads=4, num_layers=2, max_len=16, dtype="bfloat16")
+TINY = dict(vocab_size=53, d_model=32, num_heads=4, num_layers=1, max_len=16, dtype="bfloat16")
 
 
 @functools.cache
