@@ -241,19 +241,17 @@ def encode_for_decoding(
   if not cache_cross_attention:
     # Each step projects the encoding again (and stores the result over the
     # stored copy, which it does not read).
-    context = (encoded_BxSxD, encoder_mask)
-  else:
-    # Decoding zero tokens with the encoding only stores its keys and values:
-    # the self-attention slots and the index stay empty.
-    no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)
-    _, variables = model.apply(
-      {"params": params, "cache": cache},
-      encoded_BxSxD,
-      encoder_mask,
-      no_tokens_Bx0,
-      use_cache=True,
-      mutable=["cache"],
-      method="decode",
-    )
-    context, cache = (None, None), variables["cache"]
-  return make_tokens_to_logits(model, params, *context, method="decode"), cache
+    return make_tokens_to_logits(model, params, encoded_BxSxD, encoder_mask, method="decode"), cache
+  # Decoding zero tokens with the encoding only stores its keys and values:
+  # the self-attention slots and the index stay empty.
+  no_tokens_Bx0 = jnp.zeros((batch_size, 0), jnp.int32)
+  _, variables = model.apply(
+    {"params": params, "cache": cache},
+    encoded_BxSxD,
+    encoder_mask,
+    no_tokens_Bx0,
+    use_cache=True,
+    mutable=["cache"],
+    method="decode",
+  )
+  return make_tokens_to_logits(model, params, None, None, method="decode"), variables["cache"]

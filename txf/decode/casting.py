@@ -5,8 +5,9 @@ loop, at every iteration: its loop-invariant code motion does not hoist a
 conversion (too cheap to be worth it alone), so a decoding step of a model
 trained with float32 parameters and bfloat16 compute reads every weight in
 float32 and writes a bfloat16 copy of the tied output table, per generated
-token (gpt2_small on an H100, deviceless: 657 MB a token against 255 MB with
-the weights held in bfloat16; docs/benchmarks.md, "Decoding").
+token (gpt2_small's evaluation sampler for an H100, deviceless: 653 MB a
+token against 251 MB with the weights cast once; docs/benchmarks.md,
+"Trained weights cast once, before the loop").
 
 `cast_once` finds, in the jaxpr of one step, the parameters whose every use
 is a conversion to the compute dtype (after operations that only move
@@ -77,8 +78,9 @@ def cast_once(step: Callable[..., Any], params: Any, *calls: tuple[Any, ...], dt
     and all(_only_converted(jaxpr, jaxpr.invars[i], dtype) for jaxpr in jaxprs)
     for i, leaf in enumerate(leaves)
   ]
-  return treedef.unflatten(
-    [leaf.astype(dtype) if cast else leaf for leaf, cast in zip(leaves, casts, strict=True)]
+  return jax.tree.unflatten(
+    treedef,
+    [leaf.astype(dtype) if cast else leaf for leaf, cast in zip(leaves, casts, strict=True)],
   )
 
 
@@ -89,7 +91,7 @@ def _only_converted(jaxpr: jex.Jaxpr, var: Any, dtype: np.dtype) -> bool:
 
 
 def _used(jaxpr: jex.Jaxpr, var: Any) -> bool:
-  """Whether `jaxpr` reads `var` (a leaf no step reads is left as it is)."""
+  """Whether an equation or an output of `jaxpr` reads `var`."""
   return any(out is var for out in jaxpr.outvars) or any(
     operand is var for eqn in jaxpr.eqns for operand in eqn.invars
   )

@@ -130,7 +130,7 @@ def _generate(
   steps = [(prompt_BxP[:, :1], cache)]
   if searches:
     batch_axes = cache_batch_axes(model, cache_len)
-    beams = jax.eval_shape(lambda cache: per_beam(cache, num_beams, batch_axes), cache)
+    beams = jax.eval_shape(lambda prompts: per_beam(prompts, num_beams, batch_axes), cache)
     steps.append((jax.ShapeDtypeStruct((batch_size * num_beams, 1), jnp.int32), beams))
   tokens_to_logits = tokens_to_logits.cast_for(*steps)
   search = dict(
