@@ -569,6 +569,43 @@ def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
   assert set(np.asarray(out[:, 1]).tolist()) == set(kept.tolist())
 
 
+def nucleus_reference(logits, top_k, top_p):
+  """The tokens top-k then top-p keep, by their definitions in float64: the
+  k largest and every tie with the k-th; then, over the whole row sorted,
+  each token whose more likely tokens hold less than top_p (a tie with the
+  last such token kept with it)."""
+  logits = np.asarray(logits, np.float64)
+  kept = logits >= np.sort(logits)[::-1][top_k - 1] if top_k else np.ones(len(logits), bool)
+  probs = np.where(kept, np.exp(logits - logits.max()), 0.0)
+  probs /= probs.sum()
+  order = np.argsort(-logits, kind="stable")
+  mass_before = np.cumsum(probs[order]) - probs[order]
+  cutoff = logits[order][(mass_before < top_p) & kept[order]].min()
+  return set(np.flatnonzero(kept & (logits >= cutoff)).tolist())
+
+
+@pytest.mark.parametrize("top_p", [0.4, 0.5, 0.95])
+def test_top_p_after_top_k_keeps_the_ties_with_the_kth_logit(top_p):
+  """Three logits tied with the 2nd largest: top_k=2 keeps all four, and
+  top-p, which reads only the k largest logits, keeps what the definition
+  over the whole sorted row keeps (1 token at top_p=0.4, all 4 at 0.5 and
+  0.95)."""
+  logits = jnp.array([2.0, 1.0, 1.0, 1.0, 0.0, -1.0, -2.0, -3.0])
+  stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
+  out = decode.sample(
+    stub,
+    {},
+    jnp.ones((512, 1), jnp.int32),
+    max_new_tokens=1,
+    rng=jax.random.key(5),
+    top_k=2,
+    top_p=top_p,
+  )
+  expected = nucleus_reference(logits, 2, top_p)
+  assert len(expected) == (1 if top_p == 0.4 else 4)
+  assert set(np.asarray(out[:, 1]).tolist()) == expected
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 2.5])
 def test_one_argmax_samples_the_token_jax_random_categorical_samples(temperature):
   """The sampler's single pass over the vocabulary (Gumbel noise chosen

@@ -38,23 +38,33 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> None:
   checks.fraction(top_p, "top_p", low_open=True, high_open=False)
 
 
-def _filter_top_k(logits_BxV: Array, top_k: int) -> Array:
-  """Keeps the k largest logits per row (ties at the k-th may keep more)."""
-  kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
-  return jnp.where(logits_BxV >= kth_Bx1, logits_BxV, -jnp.inf)
+def _filter_top_k(logits_BxV: Array, top_k: int) -> tuple[Array, Array]:
+  """Keeps the k largest logits per row (ties at the k-th may keep more):
+  (the filtered logits, the k largest [B, k], descending)."""
+  top_BxK = jax.lax.top_k(logits_BxV, top_k)[0]
+  return jnp.where(logits_BxV >= top_BxK[:, -1:], logits_BxV, -jnp.inf), top_BxK
 
 
-def _filter_top_p(logits_BxV: Array, top_p: float) -> Array:
+def _filter_top_p(logits_BxV: Array, top_p: float, descending_BxN: Array | None) -> Array:
   """Nucleus filter: keeps the most likely tokens whose probabilities reach top_p.
 
   A token is kept when the probability of all more likely tokens is still
-  below top_p, so the most likely token always survives.
+  below top_p, so the most likely token always survives. `descending_BxN`:
+  the N largest logits in descending order where they hold every token the
+  filter can keep (the top-k filter's: the others are -inf), or None: the
+  filter sorts the whole row. The probabilities are normalised over the
+  whole row either way; a logit tied with the N-th is kept with it.
   """
-  sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
-  probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
-  mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+  if descending_BxN is None:
+    descending_BxN = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
+  # logsumexp over the row, its maximum read from the sorted logits rather
+  # than found again (a reduction over the vocabulary fewer).
+  top_Bx1 = descending_BxN[:, :1]
+  log_total_Bx1 = jnp.log(jnp.sum(jnp.exp(logits_BxV - top_Bx1), axis=-1, keepdims=True)) + top_Bx1
+  probs_BxN = jnp.exp(descending_BxN - log_total_Bx1)
+  mass_before_BxN = jnp.cumsum(probs_BxN, axis=-1) - probs_BxN
   cutoff_Bx1 = jnp.min(
-    jnp.where(mass_before_BxV < top_p, sorted_BxV, jnp.inf), axis=-1, keepdims=True
+    jnp.where(mass_before_BxN < top_p, descending_BxN, jnp.inf), axis=-1, keepdims=True
   )
   return jnp.where(logits_BxV >= cutoff_Bx1, logits_BxV, -jnp.inf)
 
@@ -70,10 +80,13 @@ def _next_token(
   logits_BxV = logits_BxV.astype(jnp.float32)
   # The sampled branch must stay finite when temperature is 0; it is discarded then.
   scaled_BxV = logits_BxV / jnp.where(temperature > 0, temperature, 1.0)
+  # After the top-k filter, top-p reads its k logits, already sorted,
+  # instead of sorting the row (a dozen kernels a token on a GPU).
+  descending_BxK = None
   if top_k:
-    scaled_BxV = _filter_top_k(scaled_BxV, top_k)
+    scaled_BxV, descending_BxK = _filter_top_k(scaled_BxV, top_k)
   if top_p < 1.0:
-    scaled_BxV = _filter_top_p(scaled_BxV, top_p)
+    scaled_BxV = _filter_top_p(scaled_BxV, top_p, descending_BxK)
   # jax.random.categorical(rng, scaled) is the argmax of the scaled logits
   # plus Gumbel noise (the Gumbel-max trick, as jax draws it); choosing
   # between those and the plain logits before one argmax, not between two
