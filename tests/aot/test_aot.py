@@ -662,3 +662,36 @@ def test_the_command_reports_fits_in_json_and_exits_0_or_1(tmp_path, commands):
   assert figures["fits"] is False
   assert train["total_bytes"] > train["capacity_bytes"] == 16 * 2**30
   assert train["headroom_bytes"] == train["capacity_bytes"] - train["total_bytes"] < 0
+
+
+@pytest.mark.slow  # three decoding compiles for an H100: about 15 s on 2 cores
+@needs_cuda_plugin
+def test_sampling_options_change_the_token_loop_and_top_p_after_top_k_sorts_nothing():
+  """compile_generate's sampling arguments reach generate's program: top_k
+  and top_p each add kernels to every token's loop, top_p alone sorts the
+  vocabulary (GPT-2's) every token, and top_p after top_k reads the top-k's
+  logits, already sorted, so fewer kernels a token than top_p alone."""
+  from txf import models
+  from txf.aot.compile import compile_generate
+  from txf.layers.model_config import ModelConfig
+
+  cfg = ModelConfig(
+    vocab_size=50304, d_model=128, num_heads=2, num_layers=1, max_len=64, dtype="bfloat16"
+  )
+  model = models.build(cfg)
+  params = jax.eval_shape(model.init, jax.random.key(0), jax.numpy.ones((1, 4), "int32"))
+  target = parse_target("h100")
+
+  def token_loop(**options):
+    """(kernels a token, sorts in the program)."""
+    sampling = dict(rng=jax.random.key(0), temperature=0.8, **options)
+    compiled, _ = compile_generate(
+      model, params["params"], target, batch_size=1, prompt_len=4, new_tokens=4, sampling=sampling
+    )
+    text = compiled.as_text()
+    sorts = [i for i in hlo.instructions(text) if i.op_name.split("/")[-1] == "sort"]
+    return hlo.loop_kernels(text), len(sorts)
+
+  temperature, top_p, both = token_loop(), token_loop(top_p=0.9), token_loop(top_k=50, top_p=0.9)
+  assert temperature[0] < both[0] < top_p[0]
+  assert temperature[1] == 0 and top_p[1] > 0 and both[1] == 0

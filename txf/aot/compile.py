@@ -174,9 +174,11 @@ def compile_generate(
   new_tokens: int,
   source_len: int = 0,
   compiler_options: dict[str, Any] | None = None,
+  sampling: dict[str, Any] | None = None,
 ) -> tuple[Any, float]:
-  """`decode.generate` (greedy, without EOS: every row generates all its
-  tokens) compiled for one device of `target`, as a benchmark calls it.
+  """`decode.generate` (greedy unless `sampling` says otherwise, without
+  EOS: every row generates all its tokens) compiled for one device of
+  `target`, as a benchmark calls it.
 
   Args:
     model: a decoder or encoder-decoder (`txf.models.build`).
@@ -187,6 +189,8 @@ def compile_generate(
       encoder-decoder's: its default BOS column, P = 1), N new tokens each.
     source_len: an encoder-decoder's encoder inputs per row.
     compiler_options: XLA options for this compile (e.g. command buffers).
+    sampling: generate's sampling arguments (rng, temperature, top_k,
+      top_p); None: greedy.
 
   Returns:
     (the compiled program, the seconds its compile took).
@@ -197,7 +201,7 @@ def compile_generate(
     lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on_device), params
   )
   # Concrete prompts, as a caller's: generate checks them before tracing.
-  arguments: dict[str, Any] = dict(max_new_tokens=new_tokens)
+  arguments: dict[str, Any] = dict(max_new_tokens=new_tokens, **(sampling or {}))
   if model.cfg.family == "encoder_decoder":
     arguments["encoder_tokens_BxS"] = np.full((batch_size, source_len), 5, np.int32)
   else:
