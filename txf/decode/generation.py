@@ -124,13 +124,13 @@ def _generate(
     tokens_to_logits = make_tokens_to_logits(model, params)
     cache = init_cache(model, batch_size, cache_len)
   searches = num_beams > 1 or return_beams
+  batch_axes = cache_batch_axes(model, cache_len) if searches else None
   # The weights the steps read only in the compute dtype, cast once before
   # the loop (XLA would convert them in every step): for each kind of step,
   # the prompt's batch and, under beam search, B * K rows after it.
   steps = [(prompt_BxP[:, :1], cache)]
   if searches:
-    batch_axes = cache_batch_axes(model, cache_len)
-    beams = jax.eval_shape(lambda prompts: per_beam(prompts, num_beams, batch_axes), cache)
+    beams = jax.eval_shape(lambda batch: per_beam(batch, num_beams, batch_axes), cache)
     steps.append((jax.ShapeDtypeStruct((batch_size * num_beams, 1), jnp.int32), beams))
   tokens_to_logits = tokens_to_logits.cast_for(*steps)
   search = dict(
