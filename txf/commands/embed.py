@@ -24,7 +24,7 @@ import json
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, run_command, run_errors
+from txf.commands.cli import fail, run_command
 
 _MODEL = flags.DEFINE_string(
   "model",
@@ -46,36 +46,17 @@ _NORMALIZE = flags.DEFINE_bool(
 def main(argv) -> None:
   texts = argv[1:]
   # After flag parsing: fast --help.
-  from txf.data import HFTokenizer
-  from txf.interop import load_pretrained, resolve_model
-  from txf.interop.text import (
-    encode_batch,
-    pad_batch,
-    sentence_embeddings,
-    sentence_transformers_pooling,
-  )
-  from txf.rundir.resume import is_run_directory
+  from txf.commands.named_model import load_named_model
+  from txf.interop.text import sentence_embeddings, sentence_transformers_pooling
   from txf.rundir.workdir import WorkdirError
-  from txf.train.run_setup import load_trained
-  from txf.trained.export import reachable_directory, without_head
 
   logging.set_verbosity(logging.WARNING)
   try:
-    model = resolve_model(_MODEL.value)  # a Hub name: its cached (or downloaded) directory
-    reachable_directory(model, "model")  # a URL: one look, in bounded time
-    if is_run_directory(model):
-      with run_errors():  # a run without a checkpoint, one that does not restore
-        trained = load_trained(model)
-      pretrained = without_head(trained.pretrained)
-      # The texts as the run's own batches read them: their tokens, no special ones.
-      encoded = [trained.tokenizer.encode(text) for text in texts]
-      tokens_BxT = pad_batch(texts, encoded, pad_id=pretrained.config.pad_id)
-      pooling, normalize = "mean", False
-    else:
-      pretrained = load_pretrained(model, head="none")
-      tokenizer = HFTokenizer(model)
-      tokens_BxT = encode_batch(tokenizer, texts, pad_id=pretrained.config.pad_id)
-      pooling, normalize = sentence_transformers_pooling(model) or ("mean", False)
+    named = load_named_model(_MODEL.value, hidden_states=True)
+    pretrained = named.pretrained
+    tokens_BxT = named.encode(texts)
+    # A sentence-transformers directory's (modules.json); a run declares none.
+    pooling, normalize = sentence_transformers_pooling(named.directory) or ("mean", False)
     if pretrained.config.family != "encoder":
       raise ValueError(f"{_MODEL.value}: {pretrained.architecture} is not an encoder")
     pooling = _POOLING.value or pooling

@@ -25,7 +25,7 @@ from __future__ import annotations
 from absl import flags, logging
 
 from txf import checks
-from txf.commands.cli import fail, run_command, run_errors
+from txf.commands.cli import fail, run_command
 
 _MODEL = flags.DEFINE_string(
   "model",
@@ -62,35 +62,19 @@ def main(argv) -> None:
   import jax
   import numpy as np
 
-  from txf.data import HFTokenizer
-  from txf.interop import load_pretrained, resolve_model
-  from txf.interop.text import encode_batch, generate_text
-  from txf.rundir.resume import is_run_directory
+  from txf.commands.named_model import load_named_model
+  from txf.interop.text import generate_text
   from txf.rundir.workdir import WorkdirError
-  from txf.train.run_setup import load_trained
-  from txf.trained.export import reachable_directory
 
   logging.set_verbosity(logging.WARNING)
   try:
-    model = resolve_model(_MODEL.value)  # a Hub name: its cached (or downloaded) directory
-    reachable_directory(model, "model")  # a URL: one look, in bounded time
-    if is_run_directory(model):
-      with run_errors():  # a run without a checkpoint, one that does not restore
-        trained = load_trained(model)
-      pretrained, tokenizer = trained.pretrained, trained.tokenizer
-      # The prompt as the run's own samples read it: its tokens, no special ones.
-      prompt_1xP = tokenizer.encode(_PROMPT.value)[None]
-      if not prompt_1xP.size:
-        raise ValueError("prompt: encodes to no tokens")
-    else:
-      pretrained = load_pretrained(model)
-      tokenizer = HFTokenizer(model)
-      prompt_1xP = encode_batch(tokenizer, [_PROMPT.value], pad_id=pretrained.config.pad_id)
+    named = load_named_model(_MODEL.value)
+    prompt_1xP = named.encode([_PROMPT.value])
     rng = jax.random.key(_SEED.value) if _TEMPERATURE.value > 0 else None
     # One unpadded prompt: its length is given, so a token equal to pad_id
     # (GPT-2 pads with <|endoftext|>) is read as a token.
     generated_1xN = generate_text(
-      pretrained,
+      named.pretrained,
       prompt_1xP,
       max_new_tokens=_MAX_NEW_TOKENS.value,
       prompt_lengths_B=np.array([prompt_1xP.shape[1]]),
@@ -102,7 +86,7 @@ def main(argv) -> None:
   except (ValueError, WorkdirError) as error:  # CheckpointError too
     fail("model", error)
   print(f"prompt: {_PROMPT.value}")
-  print(f"generated: {tokenizer.decode(np.asarray(generated_1xN[0]))}")
+  print(f"generated: {named.tokenizer.decode(np.asarray(generated_1xN[0]))}")
 
 
 def cli() -> None:
