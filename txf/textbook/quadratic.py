@@ -38,7 +38,7 @@ import numpy as np
 from txf import ops
 from txf.analysis.counts import flops_per_token
 from txf.analysis.plots import line_plot
-from txf.layers.model_config import ModelConfig
+from txf.textbook.param_counts import ARCHITECTURES
 from txf.textbook.report import figure_path, loglog_slope, markdown_table, median_seconds
 
 NAME = "quadratic"
@@ -56,17 +56,8 @@ QUICK: dict[str, Any] = dict(
   lengths=(256, 512, 1024), num_heads=1, head_dim=16, chunk_size=64, repeats=2, fit_from=128
 )
 FLOP_LENGTHS = (2048, 32768)
-# GPT-2 small's shape, for the model-level FLOP ratio.
-GPT2_SMALL = ModelConfig(
-  family="decoder",
-  vocab_size=50257,
-  d_model=768,
-  num_heads=12,
-  num_layers=12,
-  max_len=1024,
-  position="learned",
-  use_bias=True,
-)
+# GPT-2 small as item 6 counts it, for the model-level FLOP ratio.
+GPT2_SMALL = ARCHITECTURES["gpt2"][1]
 
 
 def attention_flops(length: int, num_heads: int, head_dim: int) -> int:
