@@ -132,6 +132,21 @@ def seq2seq_stepwise(model, params, encoder_tokens_BxS, decoder_tokens_BxT):
   return cached, uncached, cache
 
 
+def test_an_encoder_decoder_starts_from_bos_even_where_it_is_the_pad_id():
+  """T5's decoder starts from its pad token: generate's default start
+  column of bos_id == pad_id is a token of each prompt, and greedy decoding
+  continues it with the full model's argmax at every position."""
+  model, params = seq2seq_model()
+  source_BxS = jnp.array([[3, 4, 5, 6], [7, 8, 0, 0]])
+  out_BxT = decode.generate(
+    model, params, encoder_tokens_BxS=source_BxS, max_new_tokens=3, bos_id=model.cfg.pad_id
+  )
+  assert out_BxT.shape == (2, 4)
+  np.testing.assert_array_equal(out_BxT[:, 0], model.cfg.pad_id)
+  full_BxTxV = apply(model, {"params": params}, source_BxS, out_BxT[:, :-1])
+  np.testing.assert_array_equal(out_BxT[:, 1:], jnp.argmax(full_BxTxV, axis=-1))
+
+
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_cached_cross_attention_matches_uncached_and_full_pass():
   model, params = seq2seq_model()
@@ -555,16 +570,20 @@ def test_a_caller_built_cache_of_the_right_size_decodes_as_generate(lm):
 
 
 @pytest.mark.parametrize(
-  "kwargs", [dict(top_k=3), dict(top_p=0.8), dict(top_k=4, top_p=0.9)], ids=str
+  "kwargs",
+  [dict(top_k=3), dict(top_p=0.8), dict(top_k=4, top_p=0.9), dict(top_k=8), dict(top_k=9)],
+  ids=str,
 )
 def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
+  """The tokens drawn are those the filters keep; a k of the vocabulary's
+  size (8) or above keeps every token."""
   logits = jnp.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
   stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
   out = decode.sample(
     stub, {}, jnp.ones((512, 1), jnp.int32), max_new_tokens=1, rng=jax.random.key(3), **kwargs
   )
   probs = np.asarray(jax.nn.softmax(logits))  # sorted descending already
-  kept = np.arange(kwargs.get("top_k", 8))
+  kept = np.arange(min(kwargs.get("top_k", 8), 8))
   kept = kept[(np.cumsum(probs) - probs)[kept] < kwargs.get("top_p", 1.0)]
   assert set(np.asarray(out[:, 1]).tolist()) == set(kept.tolist())
 

@@ -33,10 +33,16 @@ Array = jax.Array
 
 
 def _checked_prompts(
-  model: nn.Module, prompt_BxP: Array | None, encoder_tokens_BxS: Array | None, bos_id: int
-) -> Array:
-  """The decoder's prompts [B, P]: those given, or an encoder-decoder's
-  default BOS column; raises a ValueError for missing or extra inputs."""
+  model: nn.Module,
+  prompt_BxP: Array | None,
+  encoder_tokens_BxS: Array | None,
+  prompt_lengths_B: Array | None,
+  bos_id: int,
+) -> tuple[Array, Array | None]:
+  """The decoder's prompts [B, P] and their lengths: those given, or an
+  encoder-decoder's default BOS column, one token each (bos_id may be the
+  pad_id: T5 starts from its pad token); raises a ValueError for missing or
+  extra inputs."""
   check_generative(model)
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens_BxS is None:
@@ -48,12 +54,14 @@ def _checked_prompts(
     if encoder_tokens_BxS is None:
       raise ValueError("generate: prompt_BxP: a decoder needs prompts")
     prompt_BxP = jnp.full((encoder_tokens_BxS.shape[0], 1), bos_id, jnp.int32)
+    if prompt_lengths_B is None:
+      prompt_lengths_B = jnp.ones(prompt_BxP.shape[:1], jnp.int32)
   if encoder_tokens_BxS is not None and encoder_tokens_BxS.shape[0] != prompt_BxP.shape[0]:
     raise ValueError(
       f"generate: encoder_tokens_BxS has {encoder_tokens_BxS.shape[0]} rows, "
       f"prompt_BxP {prompt_BxP.shape[0]}"
     )
-  return prompt_BxP
+  return prompt_BxP, prompt_lengths_B
 
 
 def _check_search_choice(
@@ -229,7 +237,8 @@ def build_generate(
       return_beams: return every beam and its score (beam search; with
         num_beams=1 it scores the greedy sequence).
       prompt_lengths_B, padding_side: as in `sample`.
-      bos_id: start token of an encoder-decoder's default prompts.
+      bos_id: start token of an encoder-decoder's default prompts (a token
+        even where it equals cfg.pad_id, as T5's decoder start token does).
 
     Returns:
       int32 [B, P + N], prompts followed by their new tokens (the best beam
@@ -244,7 +253,9 @@ def build_generate(
         negative), sampling options with beam search, a negative length_penalty, bad
         prompts (see `sample`).
     """
-    prompt_BxP = _checked_prompts(model, prompt_BxP, encoder_tokens_BxS, bos_id)
+    prompt_BxP, prompt_lengths_B = _checked_prompts(
+      model, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, bos_id
+    )
     check_sampling(temperature, top_k, top_p)
     _check_search_choice(num_beams, return_beams, rng, top_k, top_p, length_penalty)
     # The searches' checks of the prompts (generate sizes the cache itself),

@@ -39,9 +39,10 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> None:
 
 
 def _filter_top_k(logits_BxV: Array, top_k: int) -> tuple[Array, Array]:
-  """Keeps the k largest logits per row (ties at the k-th may keep more):
-  (the filtered logits, the k largest [B, k], descending)."""
-  top_BxK = jax.lax.top_k(logits_BxV, top_k)[0]
+  """Keeps the k largest logits per row (ties at the k-th may keep more; k
+  above the vocabulary keeps all of it): (the filtered logits, the k largest
+  [B, min(k, V)], descending)."""
+  top_BxK = jax.lax.top_k(logits_BxV, min(top_k, logits_BxV.shape[-1]))[0]
   return jnp.where(logits_BxV >= top_BxK[:, -1:], logits_BxV, -jnp.inf), top_BxK
 
 
@@ -122,7 +123,8 @@ def sample(
     max_new_tokens: N >= 1.
     rng: PRNG key; step i uses fold_in(rng, i).
     temperature: logits are divided by it; 0: argmax.
-    top_k: sample among the k most likely tokens; 0: all.
+    top_k: sample among the k most likely tokens; 0 (or k at least the
+      vocabulary size): all.
     top_p: sample among the most likely tokens holding probability top_p
       (nucleus sampling); 1: all.
     eos_id: token that ends a row (only when generated, not in a prompt);
