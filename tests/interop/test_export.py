@@ -27,7 +27,13 @@ from txf.rundir.workdir import WorkdirError
 from txf.storage import WriteError
 from txf.train import loop
 from txf.train.run_setup import adding_to_run, load_run, load_trained, setup_run
-from txf.trained.export import EXPORT_MARKER, export_run, reachable_directory, write_directory
+from txf.trained.export import (
+  EXPORT_MARKER,
+  EXPORT_NAMES,
+  export_run,
+  reachable_directory,
+  write_directory,
+)
 
 OLD_RUN = FIXTURES / "run_822e561"  # txf's default decoder: RoPE, LayerNorm, no biases
 HF_GPT2 = FIXTURES / "hf" / "gpt2"
@@ -208,6 +214,7 @@ def test_a_second_export_replaces_the_first_whole(runs, tmp_path):
   second = export_run(runs("t5"), out)
   assert second.replaced and second.no_tokenizer
   assert sorted(os.listdir(out)) == sorted([*second.files, EXPORT_MARKER])
+  assert set(os.listdir(out)) | set(first.files) <= EXPORT_NAMES
   assert "tokenizer.json" not in second.files
   assert load_pretrained(out).architecture == "T5ForConditionalGeneration"
   assert os.listdir(tmp_path) == ["hf"]
@@ -243,6 +250,20 @@ def test_an_out_holding_other_files_is_refused_before_the_run_is_read(tmp_path):
   with pytest.raises(ConfigError, match=rf"^out: {out} holds files txf-export did not write "):
     export_run(OLD_RUN, out)
   assert os.listdir(out) == ["notes.txt"]
+
+
+def test_an_earlier_export_holding_a_file_of_the_users_is_not_replaced(tmp_path):
+  """Was replaced whole, the user's notes and folder beside it removed."""
+  out = tmp_path / "hf"
+  write_directory(out, {"config.json": b"1", "model.safetensors": b"w", EXPORT_MARKER: b"m"})
+  (out / "NOTES.md").write_text("mine")
+  (out / "sub").mkdir()
+  with pytest.raises(ConfigError, match=rf"^out: {out} holds files txf-export did not write "):
+    export_run(OLD_RUN, out)
+  assert sorted(os.listdir(out)) == sorted(
+    [EXPORT_MARKER, "NOTES.md", "config.json", "model.safetensors", "sub"]
+  )
+  assert (out / "NOTES.md").read_text() == "mine"
 
 
 def test_a_read_only_or_remote_out_is_refused_before_the_run_is_read(tmp_path):

@@ -39,7 +39,7 @@ from etils import epath
 
 from txf import interop
 from txf.data.tokenizers import hf_tokenizer_files
-from txf.interop.tensors import CONFIG
+from txf.interop.tensors import CONFIG, SAFETENSORS
 from txf.runconfig.run_config import ConfigError
 from txf.rundir.resume import is_run_directory
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
@@ -50,6 +50,11 @@ GENERATION_CONFIG = "generation_config.json"
 # Written into every export: an output directory holding it is an earlier
 # export, which the next one may replace (its JSON names the run and step).
 EXPORT_MARKER = ".txf-export"
+# Every name an export may write (`export_files` and the marker): an earlier
+# export is replaced whole only where it holds nothing else.
+EXPORT_NAMES = frozenset(
+  {CONFIG, SAFETENSORS, GENERATION_CONFIG, "tokenizer.json", "tokenizer_config.json", EXPORT_MARKER}
+)
 
 
 def reachable_directory(path: str | os.PathLike, name: str) -> epath.Path:
@@ -119,8 +124,11 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
       f"out: {out} {which} (its config.json would be replaced); export to a directory of its own"
     )
   found = sorted(path.name for path in out.iterdir()) if out.exists() else []
-  if found and EXPORT_MARKER not in found:
-    shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+  # Replacing an earlier export removes what it holds: a file of the user's
+  # put beside one is as much not the export's as a directory of their own.
+  foreign = found if EXPORT_MARKER not in found else sorted(set(found) - EXPORT_NAMES)
+  if foreign:
+    shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
     raise ConfigError(
       f"out: {out} holds files txf-export did not write ({shown}); export to a new or "
       "empty directory"
