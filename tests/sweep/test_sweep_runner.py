@@ -185,6 +185,24 @@ def test_a_rerun_skips_finished_points(finished_sweep):
   assert [path.stat().st_mtime_ns for path in metrics] == before
 
 
+@pytest.mark.slow  # its fixture trains a sweep
+@pytest.mark.parametrize("summarize_only", [False, True])
+def test_a_rerun_changing_a_finished_points_model_is_refused(finished_sweep, summarize_only):
+  """As txf-run refuses it, before anything runs or is written; it was
+  skipped as done, and the results rewritten from the old runs."""
+  workdir = finished_sweep["workdir"]
+  written = {path: path.stat().st_mtime_ns for path in workdir.rglob("*") if path.is_file()}
+  sweep = toy_sweep()
+  sweep.base.model.d_model *= 2
+  with pytest.raises(GridError) as raised:
+    runner.run_sweep(sweep, workdir, log=lambda line: None, summarize_only=summarize_only)
+  assert str(raised.value).startswith(
+    f"point 0 ({TOY_NAMES[0]}): model.d_model: differs from the run already in "
+    f"{workdir / TOY_NAMES[0]} "
+  )
+  assert {path: path.stat().st_mtime_ns for path in workdir.rglob("*") if path.is_file()} == written
+
+
 @pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tmp_path):
   workdir = tmp_path / "copy"

@@ -53,6 +53,7 @@ from txf.configs import load as load_config, resolve as resolve_config
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.console import format_duration
+from txf.rundir.resume import check_resumable, read_run_config
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
 from txf.storage import write_files
 from txf.sweep import figures, grid, results
@@ -408,10 +409,17 @@ def run_sweep(
   if summarize_only and all(results.point_status(workdir / p.name) == "missing" for p in points):
     raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
   for point in points:
+    point_dir = workdir / point.name
     try:
-      results.check_trained_steps(point, workdir / point.name)
+      results.check_trained_steps(point, point_dir)
     except ValueError as error:
-      raise GridError(f"{error} ({workdir / point.name}): use a new --workdir") from None
+      raise GridError(f"{error} ({point_dir}): use a new --workdir") from None
+    # As txf-run refuses it: a finished point is skipped, so its run alone
+    # would never compare its config.json with the point's changed one.
+    try:
+      check_resumable(runs[point.index], read_run_config(point_dir), point_dir)
+    except ValueError as error:
+      raise GridError(f"point {point.index} ({point.name}): {error}") from None
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   # From here on a SIGTERM (preemption) anywhere stops the sweep with a line
   # and a clean return: training and extrapolation install their own guards
