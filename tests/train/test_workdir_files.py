@@ -18,6 +18,7 @@ from conftest import tiny_config
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir import metrics, record, trackers
 from txf.rundir.resume import read_run_config
+from txf.rundir.workdir import WorkdirError
 from txf.sweep import figures, grid, runner
 from txf.train import loop
 
@@ -145,6 +146,28 @@ def test_a_config_error_is_what_a_corrupt_wandb_id_stops_a_run_with(tmp_path):
   with pytest.raises(ConfigError, match=r"wandb_run_id\.txt: not a wandb run id"):
     loop.run(parse(config), workdir, log=lambda line: None)
   assert sorted(p.name for p in workdir.iterdir()) == [trackers.WANDB_ID_FILE]
+
+
+@pytest.mark.parametrize(
+  "name, kind",
+  [
+    (metrics.METRICS_FILE, "file"),
+    (metrics.SAMPLES_FILE, "file"),
+    (metrics.DROPPED_METRICS_FILE, "file"),
+    (metrics.DROPPED_SAMPLES_FILE, "file"),
+    (metrics.TENSORBOARD_DIR, "directory"),
+  ],
+)
+def test_an_output_of_the_wrong_kind_is_one_error_before_the_run_starts(tmp_path, name, kind):
+  """metrics.jsonl or samples.txt a directory was an IsADirectoryError
+  traceback at the writer's start, tb/ a file a write error (exit 1); now a
+  WorkdirError naming it (exit 2), nothing else written."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / name).mkdir() if kind == "file" else (workdir / name).write_text("x")
+  with pytest.raises(WorkdirError, match=rf"^{workdir / name}: exists and is not a {kind}$"):
+    loop.run(parse(tiny_config(steps=4)), workdir, log=lambda line: None)
+  assert [p.name for p in workdir.iterdir()] == [name]
 
 
 # --- long files: what a read costs -------------------------------------------------

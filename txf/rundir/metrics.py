@@ -72,6 +72,7 @@ from txf.rundir.sinks import (
   terminate_partial_last_line,
   writing,
 )
+from txf.rundir.workdir import WorkdirError
 from txf.storage import is_local, write_file
 
 METRICS_FILE = "metrics.jsonl"
@@ -88,6 +89,24 @@ _SAMPLE_HEADER = re.compile(rb"^=== step (\d+) ===$")
 # '=' that starts a text line reading as a record header.
 _SAMPLE_ESCAPE = re.compile(r"[\\\x00-\x08\x0b-\x1f\x7f]|^=(?=== step \d+ ===$)", re.MULTILINE)
 _SAMPLE_UNESCAPE = re.compile(r"\\x([0-9a-f]{2})")
+
+
+def check_outputs(workdir: epath.Path) -> None:
+  """Refuses a run directory where a file the writer appends to (or moves
+  rows aside into) is not a file, or tb/ is not a directory: one line,
+  before the run restores or trains, rather than a traceback at its first
+  write.
+
+  Raises:
+    WorkdirError: naming the path.
+  """
+  for name in (METRICS_FILE, DROPPED_METRICS_FILE, SAMPLES_FILE, DROPPED_SAMPLES_FILE):
+    path = workdir / name
+    if path.exists() and not path.is_file():
+      raise WorkdirError(f"{path}: exists and is not a file")
+  path = workdir / TENSORBOARD_DIR
+  if path.exists() and not path.is_dir():
+    raise WorkdirError(f"{path}: exists and is not a directory")
 
 
 def escape_sample(text: str) -> str:

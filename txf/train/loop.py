@@ -80,7 +80,7 @@ from txf.rundir.checkpoint import (
   make_checkpointer,
 )
 from txf.rundir.console import format_duration, format_progress
-from txf.rundir.metrics import MetricsWriter, read_metrics
+from txf.rundir.metrics import MetricsWriter, check_outputs, read_metrics
 from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
   CONFIG_FILE,
@@ -512,6 +512,7 @@ def run(
   except ValueError as error:
     raise ConfigError(str(error)) from error
   check_writable(workdir)
+  check_outputs(workdir)
   # Only process 0 locks: the others write nothing that must be exclusive.
   with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
     checkpointer = make_checkpointer(setup.run.train, workdir)
