@@ -415,11 +415,13 @@ def run_sweep(
     except ValueError as error:
       raise GridError(f"{error} ({point_dir}): use a new --workdir") from None
     # As txf-run refuses it: a finished point is skipped, so its run alone
-    # would never compare its config.json with the point's changed one.
-    try:
-      check_resumable(runs[point.index], read_run_config(point_dir), point_dir)
-    except ValueError as error:
-      raise GridError(f"point {point.index} ({point.name}): {error}") from None
+    # would never compare its config.json with the point's changed one. A
+    # summary reads what is on disk, whatever trained it.
+    if not summarize_only:
+      try:
+        check_resumable(runs[point.index], read_run_config(point_dir), point_dir)
+      except ValueError as error:
+        raise GridError(f"point {point.index} ({point.name}): {error}") from None
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   # From here on a SIGTERM (preemption) anywhere stops the sweep with a line
   # and a clean return: training and extrapolation install their own guards
