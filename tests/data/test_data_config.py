@@ -53,6 +53,11 @@ LISTOPS = dict(name="listops", task="classify", seq_len=64, max_example_len=60)
     (dict(**LISTOPS, listops_max_depth=1, min_example_len=13), "data.min_example_len"),
     (dict(name="listops", task="classify", max_example_len=3), "data.max_example_len"),
     (dict(name="listops", task="classify", seq_len=32, max_example_len=40), "data.seq_len"),
+    # Possible lengths, but too rare to draw (listops.MIN_ACCEPTANCE).
+    (
+      dict(**LISTOPS, min_example_len=55, listops_max_depth=2),
+      r"data.min_example_len=55\.\.data.max_example_len=60: .*data.listops_max_depth=2",
+    ),
   ],
 )
 def test_bad_field_is_named(overrides, field):

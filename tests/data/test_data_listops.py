@@ -78,6 +78,35 @@ def test_generated_expressions_match_independent_evaluator():
   assert len(set(labels)) == 10
 
 
+def test_length_distribution_matches_the_generator():
+  # Depth 1: an operator and 2..10 digits, 4..12 tokens alike.
+  np.testing.assert_allclose(
+    listops.length_distribution(1, 14), [0] * 4 + [1 / 9] * 9 + [0] * 2, atol=1e-15
+  )
+  # Deeper: the exact distribution against the lengths of 20k draws (5 sigma).
+  max_depth, max_len, draws = 3, 60, 20_000
+  uniform, lengths = listops._Uniforms(np.random.default_rng(0)), []
+  for _ in range(draws):
+    try:
+      lengths.append(len(listops._draw(uniform, max_depth, max_len)))
+    except listops._TooLong:
+      pass
+  counts = np.bincount(lengths, minlength=max_len + 1)
+  expected = listops.length_distribution(max_depth, max_len)
+  sigma = np.sqrt(expected * (1 - expected) / draws)
+  assert np.all(np.abs(counts / draws - expected) <= 5 * sigma + 1e-12)
+  kept = sum(length >= 10 for length in lengths) / draws  # of 10..60 tokens
+  assert listops.acceptance(min_len=10, max_len=60, max_depth=3) == pytest.approx(kept, abs=0.01)
+
+
+def test_too_rare_a_length_range_is_refused_before_drawing():
+  # 72..122 tokens at depth 2: 5e-5 of the draws; the generator gave up
+  # mid-run (100,000 draws) before the config check refused it.
+  with pytest.raises(ValueError, match="data.min_example_len=72.*data.listops_max_depth=2"):
+    _config(seq_len=128, min_example_len=72, max_example_len=122, listops_max_depth=2)
+  assert listops.acceptance(min_len=72, max_len=122, max_depth=2) < listops.MIN_ACCEPTANCE
+
+
 def test_longest_expression_bound():
   assert listops.longest_expression(1) == 12  # [OP + 10 digits + ]
   assert listops.longest_expression(2) == 2 + 10 * 12

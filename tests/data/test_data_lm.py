@@ -147,6 +147,16 @@ def test_set_state_rejects_bad_states(state, message):
     ds.set_state(state)
 
 
-def test_corpus_smaller_than_a_batch_raises():
-  with pytest.raises(ValueError, match="data.batch_size"):
+def test_split_too_short_names_itself_and_what_helps():
+  with pytest.raises(
+    ValueError, match=r"the train split .* one batch of 16 \(lower data.batch_size"
+  ):
     make_dataset(_config(max_corpus_bytes=200), "train", seed=0)
+  # An evaluation split needs one window, not a batch: the batch size does not matter.
+  assert len(list(make_dataset(_config(max_corpus_bytes=200), "validation", seed=0))) == 1
+  with pytest.raises(
+    ValueError,
+    match=r"the validation split .* fewer than one example of 301 tokens \(lower data.seq_len",
+  ) as error:
+    make_dataset(_config(max_corpus_bytes=200, seq_len=300), "validation", seed=0)
+  assert "batch_size" not in str(error.value)

@@ -3,13 +3,20 @@
 import numpy as np
 import pytest
 
+from tfds_builders import zero_is_a_word_tokenizer
 from txf.data import make_dataset
+from txf.data.lm import LanguageModelSource, token_stream
 from txf.data.masking import BertMasker, bert_mask
 from txf.data.spec import parse_data
 
 VOCAB = 260
 SPECIALS = (0, 1, 2, 3)
 MASK_ID = 3
+
+
+def all_real(tokens):
+  """Every position real (no padding)."""
+  return np.ones(tokens.shape, bool)
 
 
 def _five_sigma(p, n):
@@ -26,7 +33,7 @@ def masked():
   masker = BertMasker(
     probability=0.15, mask_id=MASK_ID, vocab_size=VOCAB, special_ids=SPECIALS, seed=0
   )
-  return tokens, masker(tokens, step=7, rows=range(400), batch_size=400)
+  return tokens, masker(tokens, all_real(tokens), step=7, rows=range(400), batch_size=400)
 
 
 def test_masking_rate_and_specials(masked):
@@ -70,7 +77,13 @@ def test_bert_mask_follows_its_draws():
   )  # mask, random, keep
   random_tokens = np.full_like(tokens, 42)
   out = bert_mask(
-    tokens, uniforms, random_tokens, probability=0.15, mask_id=MASK_ID, special_ids=SPECIALS
+    tokens,
+    all_real(tokens),
+    uniforms,
+    random_tokens,
+    probability=0.15,
+    mask_id=MASK_ID,
+    special_ids=SPECIALS,
   )
   np.testing.assert_array_equal(out["inputs"], [[MASK_ID, 42, 7, 8, 2]])
   np.testing.assert_array_equal(out["weights"], [[1, 1, 1, 0, 0]])
@@ -81,11 +94,11 @@ def test_masks_depend_on_step_and_seed(masked):
   make = lambda seed: BertMasker(
     probability=0.15, mask_id=MASK_ID, vocab_size=VOCAB, special_ids=SPECIALS, seed=seed
   )
-  again = make(0)(tokens, step=7, rows=range(400), batch_size=400)
+  again = make(0)(tokens, all_real(tokens), step=7, rows=range(400), batch_size=400)
   np.testing.assert_array_equal(again["inputs"], batch["inputs"])
   for other in (
-    make(0)(tokens, step=8, rows=range(400), batch_size=400),
-    make(1)(tokens, step=7, rows=range(400), batch_size=400),
+    make(0)(tokens, all_real(tokens), step=8, rows=range(400), batch_size=400),
+    make(1)(tokens, all_real(tokens), step=7, rows=range(400), batch_size=400),
   ):
     assert not np.array_equal(other["weights"], batch["weights"])
 
@@ -115,3 +128,24 @@ def test_mlm_dataset_batches():
   eos = targets == ds.tokenizer.eos_id
   assert eos.any() and not weights[eos].any()
   assert abs(weights[~eos].mean() - 0.3) < _five_sigma(0.3, (~eos).sum())
+
+
+def test_evaluation_never_masks_padding_rows(tmp_path):
+  # A Hugging Face vocabulary's id 0 is a real token (GPT-2's '!'), not a
+  # special one, and padding rows are written as 0: only the real ones are masked.
+  tokenizer = zero_is_a_word_tokenizer(tmp_path)
+  tokens = token_stream(["a ! b ! !", "c ! a"] * 3, tokenizer)  # 3 windows of 8 (6 + 4 tokens)
+  masker = BertMasker(
+    probability=0.9,
+    mask_id=tokenizer.mask_id,
+    vocab_size=tokenizer.vocab_size,
+    special_ids=tokenizer.special_ids,
+    seed=0,
+  )
+  source = LanguageModelSource(
+    tokens, example_len=8, batch_size=4, seed=0, split="validation", masker=masker
+  )
+  batch = source.batch(0, range(4))  # the 3 windows and a padding row
+  np.testing.assert_array_equal(batch["targets"][:3].ravel(), tokens[:24])
+  np.testing.assert_array_equal(batch["weights"][3], 0)
+  assert batch["weights"][:3][batch["targets"][:3] == 0].any()  # real 0s are masked

@@ -184,7 +184,7 @@ def bert_masking() -> Ranges:
     probability=0.9, mask_id=mask_id, vocab_size=vocab, special_ids=specials, seed=0
   )
   tokens = np.random.default_rng(0).integers(len(specials), vocab, (64, 64)).astype(np.int32)
-  masked = masker(tokens, 0, range(64), 64)
+  masked = masker(tokens, np.ones(tokens.shape, bool), 0, range(64), 64)
   replaced = (masked["inputs"] != tokens) & (masked["inputs"] != mask_id)
   return {
     "random replacement ids": (

@@ -15,10 +15,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import assert_same_batches, take_batches
-from tfds_builders import TranslationBuilder
+from tfds_builders import TranslationBuilder, zero_is_a_word_tokenizer
 from txf.data import SentencePieceTokenizer, make_dataset
 from txf.data.spec import parse_data
-from txf.data.tfds_source import read_texts
+from txf.data.tfds_source import TranslationSource, read_texts
 
 SEQ_LEN = 15
 BATCH = 4
@@ -171,6 +171,47 @@ def test_seq2seq_rows_are_the_split_pairs_in_a_new_order_each_epoch(translation_
     assert sorted(pairs) == sorted(expected)
   assert epochs[0] != epochs[1]
   assert ds.get_state() == {"step": 6}
+
+
+def test_adjacent_seeds_never_share_an_epoch_order(translation_dir):
+  # Grain shuffles epoch e with its seed + e: unhashed, seed s + 1's first
+  # epoch would be seed s's second.
+  orders = []
+  for seed in range(4):
+    ds = make_dataset(_translation_config(translation_dir), "train", seed=seed)
+    for _ in range(2):  # 12 pairs: 3 batches of 4 per epoch
+      batches = take_batches(ds, 3)
+      orders.append(tuple(p for b in batches for p in _decoded_pairs(b, ds.tokenizer)))
+  assert len(set(orders)) == len(orders)
+
+
+def test_seq2seq_weights_follow_the_lengths_not_the_ids(tmp_path):
+  # A Hugging Face vocabulary's id 0 is a real token (GPT-2's '!'), and its
+  # pad_id is its EOS: rows are padded with 0, weights count the tokens.
+  tokenizer = zero_is_a_word_tokenizer(tmp_path)
+  pairs = [("a ! b", "! c"), ("c", "! ! a b"), ("b b", "")]
+  source = TranslationSource(
+    [{"de": de.encode(), "en": en.encode()} for de, en in pairs],
+    keys=("de", "en"),
+    tokenizer=tokenizer,
+    seq_len=6,
+    batch_size=4,
+    seed=0,
+    shuffle=False,
+  )
+  batch = source.batch(0, range(4))  # the 3 pairs and a padding row
+  lengths = np.array([len(en.split()) + 1 for _, en in pairs] + [0])  # target + EOS
+  real = np.arange(6) < lengths[:, None]
+  np.testing.assert_array_equal(batch["weights"], real)
+  eos = tokenizer.eos_id
+  for row, (de, en) in enumerate(pairs):
+    target = np.append(tokenizer.encode(en), eos)
+    np.testing.assert_array_equal(batch["targets"][row, real[row]], target)
+    np.testing.assert_array_equal(
+      batch["encoder_inputs"][row, : len(de.split())], tokenizer.encode(de)
+    )
+  for key in ("targets", "decoder_inputs"):
+    np.testing.assert_array_equal(batch[key][~real], 0, err_msg=key)
 
 
 def test_seq2seq_eval_is_one_padded_pass(translation_dir):

@@ -15,6 +15,9 @@ test checks the tokens themselves:
   thread count; worker processes give the same stream; a state of another
   process or worker count is refused;
 * the evaluation split is one pass in storage order, padded (weight 0);
+  with a Hugging Face tokenizer whose id 0 is a real token, weights, segment
+  ids and positions follow the documents' lengths, not the ids;
+* adjacent data seeds never read the same order of records in an epoch;
 * memory stays bounded as the split grows (peak RSS in a subprocess);
 * two JAX processes put both their states into the one data position a
   checkpoint saves (txf.train.distributed.gather_data_states).
@@ -32,9 +35,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import REPO, assert_same_batches, take_batches
-from tfds_builders import DocumentsBuilder
+from tfds_builders import DocumentsBuilder, zero_is_a_word_tokenizer
 from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset
 from txf.data.spec import parse_data
+from txf.data.text import masker
 
 SEQ_LEN = 15  # windows of 16 tokens: many documents are cut across windows
 BATCH = 6  # global rows: 6, 3 or 2 per process for 1, 2 or 3 processes
@@ -248,6 +252,112 @@ def test_eval_is_one_padded_pass_in_storage_order(data_dir):
   for batch in padded[len(first) :]:
     for key, value in batch.items():
       np.testing.assert_array_equal(value, 0, err_msg=key)
+
+
+def test_evaluations_read_the_split_data_tfds_eval_split_names(data_dir):
+  """lm1b has no validation split: evaluations read the one the field names
+  (here a slice of train, which stores other documents); a split the
+  dataset lacks is one error naming the field and the splits it has."""
+  train_docs = [
+    r["text"].decode()
+    for r in tfds.data_source("txf_test_documents", split="train[:3]", data_dir=data_dir)
+  ]
+  evaluated = make_dataset(config(data_dir, tfds_eval_split="train[:3]"), "validation", seed=0)
+  assert documents_of(windows_of(list(evaluated))) == train_docs
+  assert set(train_docs).isdisjoint(VALIDATION_DOCS)  # the default split's documents
+  with pytest.raises(
+    ValueError,
+    match=r"^data.name='tfds:txf_test_documents' \(data.tfds_eval_split='test'\): "
+    r"Unknown split 'test'",
+  ):
+    make_dataset(config(data_dir, tfds_eval_split="test"), "validation", seed=0)
+
+
+def test_adjacent_seeds_never_share_an_epoch_order(data_dir):
+  # Grain shuffles epoch e with its seed + e: unhashed, seed s + 1's first
+  # epoch would be seed s's second.
+  orders = []
+  for seed in range(4):
+    ds = make_dataset(config(data_dir), "train", seed=seed)
+    documents = documents_of(windows_of(take_batches(ds, batches_for(2 * EPOCH_TOKENS, BATCH))))
+    n = len(TRAIN_DOCS)
+    orders += [tuple(documents[:n]), tuple(documents[n : 2 * n])]
+  assert len(set(orders)) == len(orders)
+
+
+def packed_reference(documents, eos_id, window_len, rows):
+  """The stream of `documents` (id arrays, each closed by eos_id) cut into
+  `rows` windows of window_len, padded with 0, from the documents' lengths:
+  tokens, real (bool), segment ids and positions, [rows, window_len]."""
+  lengths = [len(document) + 1 for document in documents]
+
+  def windows(values):
+    return np.pad(values, (0, rows * window_len - len(values))).reshape(rows, window_len)
+
+  tokens = windows(np.concatenate([np.append(document, eos_id) for document in documents]))
+  real = windows(np.ones(sum(lengths), bool))
+  index = windows(np.repeat(np.arange(len(lengths)), lengths))  # the document of each token
+  place = windows(np.concatenate([np.arange(length) for length in lengths]))
+  segments = np.where(real, index - index[:, :1] + 1, 0)
+  # A row's first segment may continue a document: its positions restart at 0.
+  positions = np.where(segments == 1, place - place[:, :1], place) * real
+  return tokens, real, segments, positions
+
+
+HF_TEXTS = ["a ! b", "! !", "c", "b a ! ! c a", "!", "a b c ! a b"]  # 25 tokens with EOS
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_real_token_zero_is_not_padding(task, tmp_path):
+  # A Hugging Face vocabulary's id 0 is a real token (GPT-2's '!'); padding,
+  # written as 0 too, is told apart by the stream's lengths.
+  tokenizer = zero_is_a_word_tokenizer(tmp_path)
+  rows, seq_len = 2, 7
+  spec = parse_data(
+    dict(
+      name="tfds:hf_like",
+      task=task,
+      tokenizer="hf",
+      tokenizer_path=str(tmp_path),
+      seq_len=seq_len,
+      batch_size=rows,
+      read_threads=0,
+      mlm_probability=0.9,
+    )
+  )
+  ds = PackedDataset(
+    [{"text": text.encode()} for text in HF_TEXTS],
+    spec=spec,
+    split="validation",
+    tokenizer=tokenizer,
+    seed=0,
+    process_index=0,
+    process_count=1,
+    num_batches=3,  # 2 batches of windows, the last one part padding, then padding
+    description="",
+    masker=masker(spec, 0, tokenizer),
+  )
+  batches = list(ds)
+  batch = {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+  window_len = seq_len + (task == "lm")
+  documents = [tokenizer.encode(text) for text in HF_TEXTS]
+  tokens, real, segments, positions = packed_reference(
+    documents, tokenizer.eos_id, window_len, 3 * rows
+  )
+  filled = real.sum(axis=1)
+  # What is tested: real 0s, a window part padding, a batch all padding.
+  assert (tokens[real] == 0).any() and (filled % window_len).any() and not filled[-rows:].any()
+  if task == "lm":
+    np.testing.assert_array_equal(batch["inputs"], tokens[:, :-1])
+    np.testing.assert_array_equal(batch["targets"], tokens[:, 1:])
+    np.testing.assert_array_equal(batch["weights"], real[:, 1:])
+    tokens, real, segments, positions = (x[:, :-1] for x in (tokens, real, segments, positions))
+  else:
+    np.testing.assert_array_equal(batch["targets"], tokens)
+    chosen = batch["weights"] > 0
+    assert not chosen[~real].any() and chosen[real & (tokens == 0)].any()
+  np.testing.assert_array_equal(batch["segment_ids"], segments)
+  np.testing.assert_array_equal(batch["positions"], positions)
 
 
 _PEAK_RSS = textwrap.dedent("""

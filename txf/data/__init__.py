@@ -67,6 +67,9 @@ with its default; a dataset reads those below and ignores the others):
   tfds_data_dir      str    tfds           folder holding the prepared dataset;
                                            None: TFDS's default
                                            ($TFDS_DATA_DIR, ~/tensorflow_datasets)
+  tfds_eval_split    str    tfds           the split evaluations read ('test'
+                                           for lm1b, a slice 'validation[:9]');
+                                           None: 'validation'
   tfds_text_key      str    tfds lm/mlm    text feature; None: 'text'
   tfds_source_key,   str    tfds seq2seq   source and target text features;
   tfds_target_key                          None: from a config named

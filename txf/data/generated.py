@@ -87,6 +87,20 @@ class Seq2SeqTask:
     return _lengths_line(spec)
 
 
+def _check_listops_acceptance(min_len: int, max_len: int, depth: int) -> None:
+  """Refuses a length range too few expressions fall in (listops.MIN_ACCEPTANCE):
+  the generator redraws the others, so it would crawl, or give up mid-run."""
+  share = listops.acceptance(min_len=min_len, max_len=max_len, max_depth=depth)
+  if share < listops.MIN_ACCEPTANCE:
+    raise ValueError(
+      f"data.min_example_len={min_len}..data.max_example_len={max_len}: only "
+      f"{share:.2g} of ListOps expressions at data.listops_max_depth={depth} have "
+      f"that many tokens, below the {listops.MIN_ACCEPTANCE:g} the generator needs "
+      "(it redraws the others); lower data.min_example_len, or raise "
+      "data.max_example_len or data.listops_max_depth"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ListOpsTask:
   """ListOps classification (listops.py): expressions of min_example_len ..
@@ -112,7 +126,9 @@ class ListOpsTask:
         f"{listops.SHORTEST_EXPRESSION} tokens, the shortest "
         "expression"
       )
-    return {**_example_lengths(data["seq_len"], min_len, max_len), "listops_max_depth": depth}
+    lengths = _example_lengths(data["seq_len"], min_len, max_len)
+    _check_listops_acceptance(min_len, max_len, depth)
+    return {**lengths, "listops_max_depth": depth}
 
   def tokenizer(self, spec: DataSpec) -> Tokenizer:
     return listops.listops_tokenizer()

@@ -8,8 +8,11 @@ mod 10). The label is the value, 0..9.
 Generation follows LRA's recursion (an argument is an operator with
 probability 0.25, a digit otherwise; 2..10 arguments) with two changes: the
 root is always an operator, and `max_depth` counts nested operators (the
-root is depth 1). Expressions outside [min_len, max_len] tokens are redrawn.
-The classifier input is BOS (a CLS position) followed by the expression.
+root is depth 1). Expressions outside [min_len, max_len] tokens are redrawn,
+so a range holding few of them is slow or fails: the config check refuses a
+range below MIN_ACCEPTANCE (`acceptance`, computed exactly from the
+recursion). The classifier input is BOS (a CLS position) followed by the
+expression.
 """
 
 from collections.abc import Callable, Sequence
@@ -27,6 +30,10 @@ MAX_ARGS = 10
 OPERATOR_PROBABILITY = 0.25
 SHORTEST_EXPRESSION = 4  # '[OP d d ]'
 _MAX_ATTEMPTS = 100_000
+# Least share of draws a length range must accept: at most 100 draws per
+# example on average (about as slow as LRA's 500..2000 tokens at depth 10,
+# whose share is 32%), and _MAX_ATTEMPTS draws never run out (0.99**100_000).
+MIN_ACCEPTANCE = 0.01
 _UNIFORM_BLOCK = 4096
 
 
@@ -57,6 +64,42 @@ def longest_expression(max_depth: int) -> int:
   for _ in range(max_depth):
     length = 2 + MAX_ARGS * length
   return length
+
+
+def _operator_lengths(child_N: np.ndarray) -> np.ndarray:
+  """P(an operator has n tokens), n = 0..N-1, given its children's, float [N].
+
+  2..MAX_ARGS children (uniform) plus '[OP' and ']': the children's length
+  distribution is a convolution power, taken in Fourier space with room for
+  MAX_ARGS children of N - 1 tokens so that none wraps around.
+  """
+  size = MAX_ARGS * len(child_N)
+  child_F = np.fft.rfft(child_N, size)
+  children_F = sum(child_F**count for count in range(2, MAX_ARGS + 1)) / (MAX_ARGS - 1)
+  operator_N = np.zeros(len(child_N))
+  operator_N[2:] = np.fft.irfft(children_F, size)[: len(child_N) - 2]
+  return operator_N
+
+
+def length_distribution(max_depth: int, max_len: int) -> np.ndarray:
+  """P(a drawn expression has n tokens) for n = 0..max_len, float [max_len + 1]
+  (the rest of the mass: longer ones), from `_draw`'s recursion: below the
+  root a subtree is an operator with OPERATOR_PROBABILITY above max_depth,
+  else a digit (1 token)."""
+  digit_N = np.zeros(max_len + 1)
+  digit_N[1] = 1.0
+  subtree_N = digit_N  # at max_depth + 1: always a digit
+  for _ in range(max_depth - 1):  # depths max_depth .. 2
+    operator_N = _operator_lengths(subtree_N)
+    subtree_N = OPERATOR_PROBABILITY * operator_N + (1 - OPERATOR_PROBABILITY) * digit_N
+  # The root is always an operator. Rounding leaves +-1e-16 where 0 is exact.
+  return np.maximum(_operator_lengths(subtree_N), 0.0)
+
+
+def acceptance(*, min_len: int, max_len: int, max_depth: int) -> float:
+  """The share of `_draw`'s expressions that `generate` keeps: those of
+  min_len..max_len tokens."""
+  return float(length_distribution(max_depth, max_len)[min_len:].sum())
 
 
 def evaluate(tokens: Sequence[str]) -> int:

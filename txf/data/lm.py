@@ -16,21 +16,42 @@ def token_stream(documents: Sequence[str], tokenizer: Tokenizer) -> np.ndarray:
   return np.concatenate([part for doc in documents for part in (tokenizer.encode(doc), eos)])
 
 
+def _check_size(num_tokens: int, example_len: int, batch_size: int, split: str) -> None:
+  """Raises ValueError unless `split` of num_tokens tokens gives a batch: the
+  train split needs batch_size windows of example_len tokens, an evaluation
+  split one (its last batch is padded)."""
+  num_examples = num_tokens // example_len
+  if split == "train" and num_examples < batch_size:
+    raise ValueError(
+      f"the train split has {num_tokens} tokens: {num_examples} examples of "
+      f"{example_len} tokens, fewer than one batch of {batch_size} (lower "
+      "data.batch_size or data.seq_len, or raise data.max_corpus_bytes)"
+    )
+  if not num_examples:
+    raise ValueError(
+      f"the {split} split has {num_tokens} tokens, "
+      f"fewer than one example of {example_len} tokens (lower data.seq_len, "
+      "or give that split more text: a larger corpus, or a higher "
+      "data.max_corpus_bytes where it caps the split)"
+    )
+
+
 class LanguageModelSource:
   """Non-overlapping windows of `example_len` tokens of `tokens`.
 
-  Training (shuffle=True): each epoch visits the windows in an order drawn
+  Training (split 'train'): each epoch visits the windows in an order drawn
   from (seed, epoch); the windows left over after the last full batch are
   skipped that epoch. The source never ends. State: {'epoch', 'position'},
   position = global examples already taken in the epoch.
 
-  Evaluation (shuffle=False): one pass in stream order, the last batch
+  Evaluation (any other split): one pass in stream order, the last batch
   padded with all-zero rows of weight 0, so every window counts once.
 
   Batch (R = rows): with no masker, windows of T + 1 tokens give
     inputs: int32 [R, T], targets: int32 [R, T] (inputs shifted by one),
     weights: float32 [R, T] (0 on padding rows);
-  with a masker, windows of T tokens give the masker's dict (masking.py).
+  with a masker, windows of T tokens give the masker's dict (masking.py),
+  padding rows never masked.
   """
 
   def __init__(
@@ -40,23 +61,17 @@ class LanguageModelSource:
     example_len: int,
     batch_size: int,
     seed: int,
-    shuffle: bool,
+    split: str,
     masker: BertMasker | None = None,
   ):
     num_examples = len(tokens) // example_len
-    if num_examples < (batch_size if shuffle else 1):
-      raise ValueError(
-        f"the split has {len(tokens)} tokens: {num_examples} examples of "
-        f"{example_len} tokens, fewer than one batch of {batch_size} "
-        "(lower data.batch_size or data.seq_len, or raise "
-        "data.max_corpus_bytes)"
-      )
+    _check_size(len(tokens), example_len, batch_size, split)
     self._windows = tokens[: num_examples * example_len].reshape(num_examples, example_len)
     self._batch_size = batch_size
     self._seed = seed
-    self._shuffle = shuffle
+    self._shuffle = split == "train"
     self._masker = masker
-    if shuffle:
+    if self._shuffle:
       self._batches_per_epoch = num_examples // batch_size
       self.num_batches = None
     else:
@@ -83,15 +98,14 @@ class LanguageModelSource:
     epoch, index = divmod(step, self._batches_per_epoch)
     start = index * self._batch_size
     ids = self._order(epoch)[start + rows.start : start + rows.stop]
-    real = ids >= 0
-    windows = np.where(real[:, None], self._windows[ids], 0).astype(np.int32)
+    real_RxW = np.broadcast_to((ids >= 0)[:, None], (len(ids), self._windows.shape[1]))
+    windows_RxW = np.where(real_RxW, self._windows[ids], 0).astype(np.int32)
     if self._masker is not None:
-      return self._masker(windows, step, rows, self._batch_size)
-    weights = np.broadcast_to(real[:, None], (len(ids), windows.shape[1] - 1))
+      return self._masker(windows_RxW, real_RxW, step, rows, self._batch_size)
     return {
-      "inputs": windows[:, :-1],
-      "targets": windows[:, 1:],
-      "weights": weights.astype(np.float32),
+      "inputs": windows_RxW[:, :-1],
+      "targets": windows_RxW[:, 1:],
+      "weights": real_RxW[:, 1:].astype(np.float32),
     }
 
   def state_at(self, step: int) -> dict[str, int]:

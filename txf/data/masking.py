@@ -14,6 +14,7 @@ RANDOM_FRACTION = 0.1
 
 def bert_mask(
   tokens: np.ndarray,
+  real: np.ndarray,
   uniforms: np.ndarray,
   random_tokens: np.ndarray,
   *,
@@ -25,6 +26,8 @@ def bert_mask(
 
   Args:
     tokens: int32 [B, T].
+    real: bool [B, T], False on padding: never selected (padding's id may be
+      a real token's, 0 of a Hugging Face vocabulary).
     uniforms: float [2, B, T] in [0, 1): [0] selects positions (below
       `probability`), [1] picks mask / random / unchanged.
     random_tokens: int32 [B, T], replacements for the 'random' positions.
@@ -36,7 +39,7 @@ def bert_mask(
     {'inputs': int32 [B, T] masked tokens, 'targets': int32 [B, T] the
      original tokens, 'weights': float32 [B, T], 1 at selected positions}.
   """
-  selected = (uniforms[0] < probability) & ~np.isin(tokens, list(special_ids))
+  selected = (uniforms[0] < probability) & real & ~np.isin(tokens, list(special_ids))
   action = uniforms[1]
   inputs = np.where(selected & (action < MASK_FRACTION), mask_id, tokens)
   use_random = selected & (action >= MASK_FRACTION) & (action < MASK_FRACTION + RANDOM_FRACTION)
@@ -71,9 +74,10 @@ class BertMasker:
     self._seed = seed
 
   def __call__(
-    self, tokens: np.ndarray, step: int, rows: range, batch_size: int
+    self, tokens: np.ndarray, real: np.ndarray, step: int, rows: range, batch_size: int
   ) -> dict[str, np.ndarray]:
-    """Masks `tokens` int32 [len(rows), T]: rows `rows` of global batch `step`.
+    """Masks `tokens` int32 [len(rows), T] (real: bool, False on padding):
+    rows `rows` of global batch `step`.
 
     batch_size is the global batch size, the shape of the draws.
     """
@@ -83,6 +87,7 @@ class BertMasker:
     choices = rng.integers(len(self._replacements), size=shape)
     return bert_mask(
       tokens,
+      real,
       uniforms,
       self._replacements[choices[rows.start : rows.stop]],
       probability=self._probability,

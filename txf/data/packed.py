@@ -5,7 +5,7 @@ access sequence of records) becomes batches of packed windows, holding only a
 bounded buffer in memory. The stages are Grain's:
 
   MapDataset.range(N)                 record ids
-    .shuffle(seed).repeat()           training: a new order each epoch
+    .shuffle(grain_seed).repeat()     training: a new order each epoch
     [process_index::process_count]    this process's shard of the ids
     .batch(group).map(read)           one batched read per group of up to
                                       READ_GROUP records; each text
@@ -26,6 +26,9 @@ once per group, would otherwise dominate for sentence-sized documents
 (lm1b). Documents inside a window are told apart by their EOS tokens:
 `document_segments` gives segment ids (1, 2, ... per document piece, 0 on
 padding) and positions (from 0 in each piece), as Grain's packing would.
+Which tokens are real comes from Grain's segment ids of the groups (0 only
+on padding), never from the ids: a Hugging Face tokenizer's id 0 is a real
+token (GPT-2's '!').
 
 The windows depend on neither the thread nor the worker count; the position
 (the iterator's state) has a shape of its own for each worker count. Every record of an epoch goes
@@ -46,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from txf.data import seeding
 from txf.data.dataset import Dataset
 from txf.data.masking import BertMasker
 from txf.data.spec import DataSpec
@@ -61,6 +65,9 @@ READ_GROUP = 256
 # Groups each read thread, and each worker's output queue, keeps ready.
 GROUPS_PER_THREAD = 2
 TOKENS = "tokens"
+# Grain's segment ids of the groups packed into a window: 1, 2, ... on their
+# tokens, 0 on padding.
+GROUPS = f"{TOKENS}_segment_ids"
 
 
 class ProcessCountError(ValueError):
@@ -107,13 +114,14 @@ def packed_windows(
   """This process's batches of packed windows, a grain.IterDataset.
 
   Each element: {'tokens': int32 [rows, window_len]} ([<= rows, window_len]
-  for the last batch of a pass), plus Grain's segment features of the groups
-  (unused: see `document_segments`).
+  for the last batch of a pass), plus Grain's segment features of the groups:
+  GROUPS (> 0 on real tokens) and their positions (unused: see
+  `document_segments`).
 
   Args:
     records: random-access records with a text feature `text_key`.
-    shuffle: training: shuffled by (seed, epoch) and repeated forever;
-      otherwise one pass in storage order.
+    shuffle: training: shuffled by (seeding.grain_seed(seed), epoch) and
+      repeated forever; otherwise one pass in storage order.
     read_threads: threads reading groups ahead (0: read when the next
       window needs them).
     read_workers: processes reading and tokenizing the groups (0: this
@@ -125,8 +133,7 @@ def packed_windows(
 
   ids = grain.MapDataset.range(len(records))
   if shuffle:
-    # Grain's shuffle seeds are 32-bit; repeat() reseeds it every epoch.
-    ids = ids.shuffle(seed=seed % 2**32).repeat()
+    ids = ids.shuffle(seed=seeding.grain_seed(seed)).repeat()
   # A group holds no more than a process's share of an epoch: a split of a
   # few long records (tiny_shakespeare is one) must not read many copies at once.
   group = min(READ_GROUP, -(-len(records) // process_count))
@@ -156,25 +163,30 @@ def _default_absl_flags() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
-def document_segments(tokens_RxL: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+def document_segments(
+  tokens_RxL: np.ndarray, real_RxL: np.ndarray, eos_id: int
+) -> tuple[np.ndarray, np.ndarray]:
   """Segment ids and positions, int32 [R, L], of rows of packed documents.
 
   A document (or the piece of one a row starts with) ends at its EOS; the
   next token starts the next one. Segment ids count the documents of a row
-  from 1, positions count each one's tokens from 0; padding (id 0) gets 0.
+  from 1, positions count each one's tokens from 0; padding (real_RxL False,
+  after a row's real tokens) gets 0.
   """
   starts_RxL = np.ones(tokens_RxL.shape, bool)
   starts_RxL[:, 1:] = tokens_RxL[:, :-1] == eos_id
   index_L = np.arange(tokens_RxL.shape[1], dtype=np.int32)
   first_RxL = np.maximum.accumulate(np.where(starts_RxL, index_L, 0), axis=1)
-  real_RxL = tokens_RxL != 0
   segment_ids = np.where(real_RxL, np.cumsum(starts_RxL, axis=1, dtype=np.int32), 0)
   positions = np.where(real_RxL, index_L - first_RxL, 0)
   return segment_ids.astype(np.int32), positions.astype(np.int32)
 
 
-def lm_batch(windows_RxW: np.ndarray, *, eos_id: int, segmented: bool) -> dict[str, np.ndarray]:
-  """Next-token batch of packed windows of W = T + 1 tokens.
+def lm_batch(
+  windows_RxW: np.ndarray, real_RxW: np.ndarray, *, eos_id: int, segmented: bool
+) -> dict[str, np.ndarray]:
+  """Next-token batch of packed windows of W = T + 1 tokens, real_RxW True on
+  their real tokens (False on padding).
 
   Returns inputs, targets int32 [R, T] (targets = inputs shifted by one),
   weights float32 [R, T] (0 where the target is padding) and, if segmented,
@@ -182,14 +194,15 @@ def lm_batch(windows_RxW: np.ndarray, *, eos_id: int, segmented: bool) -> dict[s
   document's first token is the target of the previous document's EOS,
   whose query attends only its own document.
   """
-  inputs_RxT, targets_RxT = windows_RxW[:, :-1], windows_RxW[:, 1:]
   batch = {
-    "inputs": inputs_RxT,
-    "targets": targets_RxT,
-    "weights": (targets_RxT != 0).astype(np.float32),
+    "inputs": windows_RxW[:, :-1],
+    "targets": windows_RxW[:, 1:],
+    "weights": real_RxW[:, 1:].astype(np.float32),
   }
   if segmented:
-    batch["segment_ids"], batch["positions"] = document_segments(inputs_RxT, eos_id)
+    batch["segment_ids"], batch["positions"] = document_segments(
+      batch["inputs"], real_RxW[:, :-1], eos_id
+    )
   return batch
 
 
@@ -336,23 +349,26 @@ class PackedDataset(Dataset):
         self._exhausted = True
     if not windows and self.num_batches is None:
       raise StopIteration
-    batch = self._batch(self._padded(windows))
+    batch = self._batch(*self._padded(windows))
     self._step += 1
     return batch
 
-  def _padded(self, windows: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The windows' tokens ({} after the pass: none) with all-padding rows
-    (0) up to the batch size, int32 [B, window_len]."""
-    tokens = windows.get(TOKENS, np.zeros((0, self._stream.window_len), np.int32))
-    return np.pad(tokens, ((0, self.batch_size - len(tokens)), (0, 0)))
+  def _padded(self, windows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The windows' tokens int32 [B, W] and which are real, bool [B, W]
+    (windows: {} after the pass, none), with all-padding rows (id 0, not
+    real) up to the batch size."""
+    none = np.zeros((0, self._stream.window_len), np.int32)
+    tokens, groups = windows.get(TOKENS, none), windows.get(GROUPS, none)
+    rows = ((0, self.batch_size - len(tokens)), (0, 0))
+    return np.pad(tokens, rows), np.pad(groups > 0, rows)
 
-  def _batch(self, windows_BxW: np.ndarray) -> dict[str, np.ndarray]:
+  def _batch(self, windows_BxW: np.ndarray, real_BxW: np.ndarray) -> dict[str, np.ndarray]:
     eos_id = self.tokenizer.eos_id
     if self._masker is None:
-      return lm_batch(windows_BxW, eos_id=eos_id, segmented=self._segmented)
-    batch = self._masker(windows_BxW, self._step, self._rows, self.global_batch_size)
+      return lm_batch(windows_BxW, real_BxW, eos_id=eos_id, segmented=self._segmented)
+    batch = self._masker(windows_BxW, real_BxW, self._step, self._rows, self.global_batch_size)
     if self._segmented:
-      batch["segment_ids"], batch["positions"] = document_segments(windows_BxW, eos_id)
+      batch["segment_ids"], batch["positions"] = document_segments(windows_BxW, real_BxW, eos_id)
     return batch
 
   def get_state(self) -> dict[str, Any]:

@@ -64,6 +64,11 @@ class DataSpec:
     "tfds: the prepared dataset's folder; None: $TFDS_DATA_DIR or ~/tensorflow_datasets",
     default=None,
   )
+  tfds_eval_split: str | None = documented(
+    "tfds: the split evaluations read, e.g. test (lm1b has no validation split) or a TFDS "
+    "slice such as validation[:1000]",
+    default="validation",
+  )
   tfds_text_key: str | None = documented(
     'tfds lm/mlm: the text feature; None: "text"', default=None
   )
@@ -367,7 +372,11 @@ def tfds_fields(data: Mapping[str, Any]) -> dict[str, Any]:
       f"data.name={data['name']!r} names no TFDS builder; expected "
       f"'tfds:<builder>[/<config>][:<version>]'"
     )
-  fields = {**_text_fields(data), "tfds_data_dir": _optional_str(data, "tfds_data_dir")}
+  fields = {
+    **_text_fields(data),
+    "tfds_data_dir": _optional_str(data, "tfds_data_dir"),
+    "tfds_eval_split": _optional_str(data, "tfds_eval_split") or "validation",
+  }
   if TASKS[data["task"]].batches == "seq2seq":
     source_key, target_key = _translation_keys(data, dataset)
     return {**fields, "tfds_source_key": source_key, "tfds_target_key": target_key}

@@ -76,16 +76,17 @@ def seq2seq_arrays(
     encoder_inputs: int32 [R, S], the source.
     decoder_inputs: int32 [R, T], BOS + target (teacher forcing).
     targets: int32 [R, T], target + EOS.
-    weights: float32 [R, T], 1 on the len(target) + 1 real target tokens.
+    weights: float32 [R, T], 1 on the len(target) + 1 real target tokens
+      (counted, not read off the ids: a tokenizer's id 0 may be a real token).
   """
   targets = [np.append(target, tokenizer.eos_id) for _, target in pairs]
   starts = [np.insert(t[:-1], 0, tokenizer.bos_id) for t in targets]
-  targets = pad_rows(targets, seq_len)
+  lengths_R = np.array([len(t) for t in targets], dtype=np.int32)
   return {
     "encoder_inputs": pad_rows([source for source, _ in pairs], seq_len),
     "decoder_inputs": pad_rows(starts, seq_len),
-    "targets": targets,
-    "weights": (targets != tokenizer.pad_id).astype(np.float32),
+    "targets": pad_rows(targets, seq_len),
+    "weights": (np.arange(seq_len) < lengths_R[:, None]).astype(np.float32),
   }
 
 

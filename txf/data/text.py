@@ -92,7 +92,7 @@ class DocumentSource:
       example_len=spec.seq_len + (mask is None),
       batch_size=spec.batch_size,
       seed=seed,
-      shuffle=split == "train",
+      split=split,
       masker=mask,
     )
     return Dataset(source, **common)
@@ -120,15 +120,20 @@ class TFDSSource:
     return tfds_source.training_texts(spec, max_bytes)
 
   def dataset(self, spec: DataSpec, split: str, seed: int, common: dict[str, Any]) -> Dataset:
+    # An evaluation ('validation') reads the split the config names: not
+    # every dataset has one called so (lm1b: train and test).
+    records = tfds_source.open_split(
+      spec, split if split == "train" else required(spec.tfds_eval_split)
+    )
     if spec.batches != "seq2seq":
       return packed.PackedDataset(
-        tfds_source.open_split(spec, split),
+        records,
         seed=seed,
         masker=masker(spec, seed, common["tokenizer"]),
         **common,
       )
     source = tfds_source.TranslationSource(
-      tfds_source.open_split(spec, split),
+      records,
       keys=(required(spec.tfds_source_key), required(spec.tfds_target_key)),
       tokenizer=common["tokenizer"],
       seq_len=spec.seq_len,

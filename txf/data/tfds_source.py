@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from txf.data import seeding
 from txf.data.spec import DataSpec, name_argument, required
 from txf.data.synthetic import seq2seq_arrays
 from txf.data.tokenizers import Tokenizer
@@ -94,6 +95,9 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
       f"--dataset_version_dir={builder.data_dir} "
       f"--out_file_format=array_record`. {hint}."
     ) from error
+  except ValueError as error:  # a split it has not: TFDS lists those it has
+    field = "" if split == "train" else f" (data.tfds_eval_split={split!r})"
+    raise ValueError(f"data.name={spec.name!r}{field}: {error}") from None
   if len(records) == 0:
     raise ValueError(f"split={split!r} of data.name={spec.name!r} is empty")
   first = records[0]
@@ -159,12 +163,13 @@ class TranslationSource:
   """Seq2seq batches of a TFDS split's (source, target) text records.
 
   Row r of global batch `step` is record `step * batch_size + r` of a Grain
-  MapDataset: for training `shuffle(seed).repeat()`, a fresh permutation each
-  epoch computed per index (O(1) memory, any split size), so batches run on
-  across epoch ends and the state is {'step': n}; for evaluation the split
-  in storage order, one pass, the last batch padded with all-zero rows of
-  weight 0. Only the rows asked for are read and tokenized. Sources longer
-  than seq_len and targets longer than seq_len - 1 tokens are cut.
+  MapDataset: for training `shuffle(seeding.grain_seed(seed)).repeat()`, a
+  fresh permutation each epoch computed per index (O(1) memory, any split
+  size), so batches run on across epoch ends and the state is {'step': n};
+  for evaluation the split in storage order, one pass, the last batch padded
+  with all-zero rows of weight 0. Only the rows asked for are read and
+  tokenized. Sources longer than seq_len and targets longer than seq_len - 1
+  tokens are cut.
 
   Batch: `seq2seq_arrays` of the rows.
   """
@@ -189,8 +194,7 @@ class TranslationSource:
           f"the split has {len(records)} records, fewer than one batch of "
           f"{batch_size} (lower data.batch_size)"
         )
-      # Grain's shuffle seeds are 32-bit.
-      dataset = dataset.shuffle(seed=seed % 2**32).repeat()
+      dataset = dataset.shuffle(seed=seeding.grain_seed(seed)).repeat()
       self.num_batches = None
     else:
       self.num_batches = math.ceil(len(records) / batch_size)

@@ -21,7 +21,8 @@ None to what the checkpoint depends on, i.e. `seed`, `replicas`, the
 and generated-example fields define the data stream the checkpoint was
 trained on and the sentencepiece model in the work directory).
 `data.seq_len`, `data.batch_size`, how a TFDS stream is read and attended
-(`data.read_threads`, `data.attend_across_documents`), and the `train`,
+(`data.read_threads`, `data.attend_across_documents`) and evaluated
+(`data.tfds_eval_split`), and the `train`,
 `eval` and `parallel` sections may change; a `train` change that reshapes
 the optimizer state the checkpoints hold may not (`check_optimizer_state`),
 and a warmup the run finished within its train.steps stays as it was when
@@ -50,7 +51,13 @@ CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
 # must match the run's config.json, `data` except for FREE_DATA_FIELDS.
 RESUME_SECTIONS = ("seed", "replicas", "model", "data")
-FREE_DATA_FIELDS = ("seq_len", "batch_size", "read_threads", "attend_across_documents")
+FREE_DATA_FIELDS = (
+  "seq_len",
+  "batch_size",
+  "read_threads",
+  "attend_across_documents",
+  "tfds_eval_split",
+)
 
 # Every change to config.json since runs were first written, applied in this
 # order to a run's config.json before it is parsed (`migrate`):
@@ -80,6 +87,7 @@ MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
   ("added", "data.seed_per_replica", False),
   ("added", "train.keep_every", 0),
   ("added", "train.keep_best", 0),
+  ("added", "data.tfds_eval_split", "validation"),
 )
 _ABSENT = object()
 
