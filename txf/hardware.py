@@ -6,13 +6,15 @@ Peaks are the vendors' dense tensor-core / MXU numbers (datasheets quote
 (megacore) and v5e/v6e (one TensorCore) a JAX device is one chip. Memory
 bandwidths are the datasheets' HBM/GDDR figures: reading a model's weights
 once takes at least weight bytes / bandwidth, the floor of a decoding step
-at small batch (`decode_floor_seconds`).
+at small batch (`decode_floor_seconds`). What a device can hold
+(`memory_bytes`) bounds what a run may ask of it (`check_fits`).
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import math
 import os
 import platform
 import re
@@ -144,6 +146,46 @@ def decode_floor_seconds(weight_bytes: float, bandwidth: float | None) -> float 
   if bandwidth <= 0:
     raise ValueError(f"bandwidth must be positive or None, got {bandwidth}.")
   return weight_bytes / bandwidth
+
+
+def memory_bytes(device: Any) -> int | None:
+  """Bytes of arrays `device` can hold: an accelerator's allocator limit,
+  the host's physical memory for a CPU device; None where neither is known."""
+  stats = device.memory_stats() if device.platform != "cpu" else None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  if device.platform == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
+
+
+def bytes_per_device(tree: Any) -> int:
+  """Bytes the most loaded device holds of a tree of arrays or
+  jax.ShapeDtypeStructs: a leaf with a sharding counts its shard, one
+  without it whole."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+    total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+  return total
+
+
+def check_fits(field: str, what: str, nbytes: int, device: Any) -> None:
+  """Refuses a run that needs more of `device`'s memory than it has
+  (`memory_bytes`), before any compute: `nbytes` is a lower bound of what it
+  needs (e.g. its parameters, without activations), so only a size far past
+  the device is refused here and a run that fits is never.
+
+  Raises:
+    ValueError: starting with `field`, naming `what` and both sizes.
+  """
+  limit = memory_bytes(device)
+  if limit is not None and nbytes > limit:
+    raise ValueError(
+      f"{field}: {what} need {nbytes / 2**30:,.1f} GiB on one device, more than "
+      f"the {limit / 2**30:,.1f} GiB its {device.device_kind} holds"
+    )
 
 
 BENCHMARK_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")

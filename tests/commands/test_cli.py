@@ -9,6 +9,7 @@ has imported jax once: a fresh interpreter spent ~2-5 s on imports); none trains
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -425,6 +426,25 @@ def test_a_closed_output_ends_quietly_with_141(command):
   finally:
     os.close(write)
   assert result.returncode == cli.CLOSED_OUTPUT_STATUS and result.stderr == ""
+
+
+def test_running_out_of_memory_is_one_line_exit_1():
+  """XLA's RESOURCE_EXHAUSTED (a run's activations past the device's memory,
+  which no check before compute bounds) was a traceback."""
+  program = (
+    "import jax.numpy as jnp\n"
+    "from txf.commands.cli import run_command\n"
+    "def main(argv):\n"
+    "  jnp.zeros(2**40).block_until_ready()\n"  # 4 TiB
+    "run_command(main)\n"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", program], capture_output=True, text=True, timeout=TIMEOUT_S
+  )
+  assert result.returncode == 1, result.stderr
+  assert re.fullmatch(
+    r"out of memory: RESOURCE_EXHAUSTED: .*4398046511104 bytes\.\n", result.stderr
+  )
 
 
 def test_what_starting_jax_prints_is_held_back_unless_it_fails(capfd):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf import decode, models
+from txf import decode, hardware, models
 from txf.layers import MultiHeadAttention
 from txf.layers.model_config import ModelConfig
 
@@ -663,3 +663,33 @@ def test_generate_leaves_the_benchmark_switches_to_build_generate():
   switches = {"cache_cross_attention", "lower"}
   assert not switches & set(inspect.signature(decode.generate).parameters)
   assert switches == set(inspect.signature(decode.generation.build_generate).parameters)
+
+
+def test_generate_refuses_parameters_and_a_cache_past_the_devices_memory(lm, monkeypatch):
+  """The bound is the parameters and the cache generate makes (counted here
+  from init_cache's arrays; beams multiply its rows): one byte short is
+  refused naming max_new_tokens, before anything runs; exactly it decodes."""
+  model, params, greedy = lm
+
+  def need(rows):
+    cache = decode.init_cache(model, rows, decode.cache_length(PROMPT.shape[1], NEW))
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves((params, cache)))
+
+  monkeypatch.setattr(hardware, "memory_bytes", lambda device: need(B) - 1)
+  with pytest.raises(ValueError, match=r"^max_new_tokens: 2 x 5 \+ 6 tokens' decoding cache"):
+    decode.generate(model, params, PROMPT, max_new_tokens=NEW)
+  monkeypatch.setattr(hardware, "memory_bytes", lambda device: need(B))
+  np.testing.assert_array_equal(decode.generate(model, params, PROMPT, max_new_tokens=NEW), greedy)
+  with pytest.raises(ValueError, match=r"^max_new_tokens: 6 x 5 \+ 6 tokens' decoding cache"):
+    decode.generate(model, params, PROMPT, max_new_tokens=NEW, num_beams=3)
+
+
+def test_a_cache_is_at_most_what_int32_positions_index():
+  top = decode.cache.MAX_CACHE_LEN
+  assert top == np.iinfo(np.int32).max
+  assert decode.cache.check_cache_length("n", 1, top) == top
+  with pytest.raises(ValueError, match=r"^n: prompts of 1 tokens and 2147483648 new ones"):
+    decode.cache.check_cache_length("n", 1, top + 1)
+  model, params = model_and_params()
+  with pytest.raises(ValueError, match=r"^generate: max_new_tokens: prompts of 5 tokens"):
+    decode.generate(model, params, PROMPT, max_new_tokens=top)

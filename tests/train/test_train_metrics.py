@@ -5,6 +5,7 @@ import time
 import types
 from html import escape as html_escape
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -238,6 +239,46 @@ def test_mfu_arithmetic():
   ]:
     with pytest.raises(ValueError, match=name):
       hardware.mfu(*args)
+
+
+def test_memory_bytes_is_the_allocators_limit_or_the_hosts_memory():
+  gpu = types.SimpleNamespace(platform="gpu", memory_stats=lambda: {"bytes_limit": 80 << 30})
+  assert hardware.memory_bytes(gpu) == 80 << 30
+  assert hardware.memory_bytes(types.SimpleNamespace(platform="tpu", memory_stats=dict)) is None
+  meminfo = dict(line.split(":") for line in open("/proc/meminfo").read().splitlines())
+  mem_total = int(meminfo["MemTotal"].split()[0]) * 1024  # kB
+  assert hardware.memory_bytes(jax.devices("cpu")[0]) == mem_total
+
+
+class HalvesTheFirstAxis:
+  """A sharding that leaves each device half of the leading axis."""
+
+  def shard_shape(self, shape):
+    return (shape[0] // 2, *shape[1:])
+
+
+def test_bytes_per_device_counts_a_sharded_leaf_by_its_shard():
+  # The sharded leaf: a stand-in for an array, as jax.tree.leaves sees one.
+  tree = {
+    "whole": np.zeros((3, 5), np.float32),
+    "abstract": jax.ShapeDtypeStruct((7,), jnp.bfloat16),
+    "sharded": types.SimpleNamespace(shape=(8, 3), dtype=jnp.int8, sharding=HalvesTheFirstAxis()),
+    "scalar": jnp.zeros((), jnp.int32),
+  }
+  assert hardware.bytes_per_device(tree) == 3 * 5 * 4 + 7 * 2 + 4 * 3 + 4
+
+
+def test_check_fits_refuses_a_byte_past_the_device():
+  device = types.SimpleNamespace(
+    platform="gpu", device_kind="NVIDIA H100", memory_stats=lambda: {"bytes_limit": 3 << 30}
+  )
+  hardware.check_fits("model", "the parameters", 3 << 30, device)
+  with pytest.raises(
+    ValueError, match=r"^model: the parameters need 3.0 GiB on one device, more than the 3.0 GiB "
+  ):
+    hardware.check_fits("model", "the parameters", (3 << 30) + 1, device)
+  unknown = types.SimpleNamespace(platform="tpu", memory_stats=dict)
+  hardware.check_fits("model", "the parameters", 1 << 60, unknown)  # nothing to refuse by
 
 
 def test_samples_are_tensorboard_text_preformatted(tmp_path):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, load_config, restore_state, tiny_config
+from txf import decode, hardware
 from txf.analysis import flops_per_token
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir import record
@@ -401,3 +403,28 @@ def test_evaluate_weights_every_token_alike_across_batches():
   np.testing.assert_allclose(result["eval_loss"], loss, rtol=1e-5)
   np.testing.assert_allclose(result["eval_accuracy"], accuracy, rtol=1e-5)
   np.testing.assert_allclose(result["eval_perplexity"], np.exp(loss), rtol=1e-5)
+
+
+def test_a_run_past_the_devices_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+  """check_memory's bound is the train state (counted here from the arrays
+  init makes), then that state with the evaluations' sample cache beside
+  it: a byte short of either is refused naming its field; both, not."""
+  config = tiny_config("rope", steps=STEPS)
+  config.eval.sample_tokens = 40
+  setup = setup_run(parse(config))
+  state = sum(np.asarray(x).nbytes for x in jax.tree.leaves(setup.init()))
+  prompt_len = len(setup.train_data.tokenizer.encode(config.eval.sample_prompt))
+  cache = decode.init_cache(setup.model, 1, decode.cache_length(prompt_len, 40))
+  sample = sum(np.asarray(x).nbytes for x in jax.tree.leaves(cache))
+  for limit, field in [(state - 1, "model"), (state + sample - 1, "eval.sample_tokens")]:
+    monkeypatch.setattr(hardware, "memory_bytes", lambda device, limit=limit: limit)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: .* need "):
+      run_setup.check_memory(setup, samples=True)
+  run_setup.check_memory(setup, samples=False)  # the state alone fits
+  monkeypatch.setattr(hardware, "memory_bytes", lambda device: state + sample)
+  run_setup.check_memory(setup, samples=True)
+
+  monkeypatch.setattr(hardware, "memory_bytes", lambda device: state - 1)
+  with pytest.raises(ConfigError, match="^model: "):
+    loop.run(setup.run, tmp_path / "run", setup=setup)
+  assert not (tmp_path / "run").exists()

@@ -207,6 +207,14 @@ def run_errors():
     exit_now(1, f"write error: {error}")
 
 
+def _out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA's out-of-memory error (a jax.errors.JaxRuntimeError,
+  matched by name: --help does not load jax)."""
+  return type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and str(error).startswith(
+    "RESOURCE_EXHAUSTED"
+  )
+
+
 def exit_now(status: int, line: str | None) -> NoReturn:
   """Prints `line` (if any) on stderr and exits without waiting for background threads."""
   if line is not None:
@@ -257,8 +265,10 @@ def run_command(
   `parse_flags`, so every command reports a bad flag, a missing required one
   and a stray or missing positional argument alike (one line, exit 2); a
   Ctrl-C that reaches it (while a config loads, at startup, a second one
-  in a run) is one line, `interrupted`, and exit 130; a closed stdout ends
-  it quietly (exit 141).
+  in a run) is one line, `interrupted`, and exit 130; XLA's out-of-memory
+  error is one line, `out of memory: ...`, and exit 1 (txf-run refuses a
+  model or sample far past the device's memory before any compute, exit 2:
+  txf.train.run_setup.check_memory); a closed stdout ends it quietly (exit 141).
 
   Args:
     main: the command; it receives argv (the program name, then the
@@ -285,6 +295,12 @@ def run_command(
   except KeyboardInterrupt:
     # Background threads (a checkpoint's writers) must not hold the exit.
     exit_now(INTERRUPTED_STATUS, "interrupted")
+  except RuntimeError as error:
+    if not _out_of_memory(error):
+      raise
+    # What did not fit is named by XLA; the run's outputs are closed by now
+    # (a run's checkpointer waits for its saves as the error passes it).
+    exit_now(1, f"out of memory: {str(error).strip().splitlines()[0]}")
   except BrokenPipeError:
     if not _stdout_closed():  # a pipe or socket of the command's own
       raise

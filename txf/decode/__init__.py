@@ -3,8 +3,8 @@
   generate       the one entry point for txf models (generation.py)
   sample         temperature / top-k / top-p sampling, greedy at 0 (sampling.py)
   beam_search    beam search over a named `BeamState` (beam_search.py)
-  init_cache, cache_batch_axes, cache_length, make_tokens_to_logits
-  (a ModelSteps), encode_for_decoding
+  init_cache, cache_batch_axes, cache_length, cache_bytes,
+  make_tokens_to_logits (a ModelSteps), encode_for_decoding
                  txf models' caches and the callables that thread them (cache.py)
   casting.py     a loop's weights cast to the compute dtype once, before it
   prompts.py     ragged prompts and the checks the searches share
@@ -40,7 +40,9 @@ end.
 Cache size. The cache needs room for P + N - 1 positions. Both searches check
 this for a txf cache (one with self-attention `cached_key` leaves, as
 `init_cache` builds) before tracing their loop, and raise a ValueError naming
-the sizes; for another cache it is the caller's to ensure.
+the sizes; for another cache it is the caller's to ensure. `generate` also
+refuses a cache and parameters larger than the device's memory
+(`generation.check_decoding_fits`), before anything is allocated.
 
 Encoder-decoders. `encode_for_decoding` runs the encoder once and stores each
 decoder layer's cross-attention keys and values of the encoding (with its
@@ -70,6 +72,7 @@ from txf.decode.cache import (
   ModelSteps,
   TokensToLogits,
   cache_batch_axes,
+  cache_bytes,
   cache_length,
   encode_for_decoding,
   init_cache,
@@ -87,6 +90,7 @@ __all__ = [
   "TokensToLogits",
   "beam_search",
   "cache_batch_axes",
+  "cache_bytes",
   "cache_length",
   "encode_for_decoding",
   "generate",

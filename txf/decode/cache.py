@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf import hardware
 from txf.decode import casting
 from txf.layers.attention import CROSS_CACHE_NAMES
 from txf.layers.embedding import check_position_table
@@ -28,6 +29,10 @@ TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
 
 # The tasks whose head gives next-token logits [B, T, V].
 _NEXT_TOKEN_TASKS = {"lm", "seq2seq"}
+
+
+# Positions and the cache's index are int32.
+MAX_CACHE_LEN = 2**31 - 1
 
 
 def check_generative(model: nn.Module) -> None:
@@ -57,6 +62,13 @@ def _cache_shapes(model: nn.Module, batch_size: int, cache_len: int, encoder_len
     functools.partial(model.init, use_cache=True), jax.random.key(0), *inputs
   )
   return variables["cache"]
+
+
+def cache_bytes(model: nn.Module, batch_size: int, cache_len: int, encoder_len: int = 0) -> int:
+  """Bytes of `init_cache`'s cache for `batch_size` rows of `cache_len`
+  positions (and an encoder-decoder's `encoder_len` source tokens),
+  computed from shapes alone."""
+  return hardware.bytes_per_device(_cache_shapes(model, batch_size, cache_len, encoder_len))
 
 
 def init_cache(
@@ -127,6 +139,21 @@ def cache_length(prompt_len: int, max_new_tokens: int) -> int:
   """Positions a search writes into the cache: every prompt column and every
   new token but the last, which is never fed back."""
   return prompt_len + max_new_tokens - 1
+
+
+def check_cache_length(field: str, prompt_len: int, max_new_tokens: int) -> int:
+  """`cache_length`, refused past what int32 positions index.
+
+  Raises:
+    ValueError: starting with `field` (the caller's name for max_new_tokens).
+  """
+  length = cache_length(prompt_len, max_new_tokens)
+  if length > MAX_CACHE_LEN:
+    raise ValueError(
+      f"{field}: prompts of {prompt_len} tokens and {max_new_tokens} new ones need a "
+      f"cache of {length:,} positions, more than int32 positions index ({MAX_CACHE_LEN:,})"
+    )
+  return length
 
 
 def cache_positions(cache: Cache) -> int | None:

@@ -17,9 +17,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from txf import hardware
 from txf.decode.beam_search import beam_search, per_beam
 from txf.decode.cache import (
   cache_batch_axes,
+  cache_bytes,
   cache_length,
   check_generative,
   encode_for_decoding,
@@ -173,6 +175,35 @@ def _generate(
   return (tokens_BxKxT, scores_BxK) if return_beams else tokens_BxKxT[:, 0]
 
 
+def check_decoding_fits(
+  model: nn.Module,
+  params: Any,
+  rows: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  encoder_len: int = 0,
+) -> None:
+  """Refuses a search whose parameters and cache (`rows` rows, beams
+  included, of `prompt_len` + `max_new_tokens` positions) cannot fit the
+  memory of the device holding `params` (txf.hardware.check_fits).
+
+  Raises:
+    ValueError: naming max_new_tokens and the sizes.
+  """
+  leaves = jax.tree.leaves(params)
+  if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+    return  # traced by the caller's jit: its program's memory is the caller's
+  held = leaves[0].devices() if leaves and isinstance(leaves[0], jax.Array) else ()
+  device = min(held, key=lambda d: d.id) if held else jax.local_devices()[0]
+  cache = cache_bytes(model, rows, cache_length(prompt_len, max_new_tokens), encoder_len)
+  hardware.check_fits(
+    "max_new_tokens",
+    f"{rows} x {prompt_len} + {max_new_tokens} tokens' decoding cache and the parameters",
+    hardware.bytes_per_device(params) + cache,
+    device,
+  )
+
+
 def build_generate(
   *, cache_cross_attention: bool = True, lower: bool = False
 ) -> Callable[..., Any]:
@@ -251,7 +282,8 @@ def build_generate(
         sampling arguments out of range (`sampling.check_sampling`: a
         temperature NaN, infinite or negative, top_p outside (0, 1], top_k
         negative), sampling options with beam search, a negative length_penalty, bad
-        prompts (see `sample`).
+        prompts (see `sample`), a cache and parameters that cannot fit the
+        device's memory (`check_decoding_fits`).
     """
     prompt_BxP, prompt_lengths_B = _checked_prompts(
       model, prompt_BxP, encoder_tokens_BxS, prompt_lengths_B, bos_id
@@ -263,6 +295,10 @@ def build_generate(
     check_search(
       "generate", None, prompt_BxP, prompt_lengths_B, max_new_tokens, model.cfg.pad_id, padding_side
     )
+    if not lower:  # lowered, it may be for another device (txf.aot)
+      rows = prompt_BxP.shape[0] * num_beams
+      encoder_len = 0 if encoder_tokens_BxS is None else encoder_tokens_BxS.shape[1]
+      check_decoding_fits(model, params, rows, prompt_BxP.shape[1], max_new_tokens, encoder_len)
     return run(
       model,
       params,

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf.decode.cache import Cache, cache_length, cache_positions
+from txf.decode.cache import Cache, cache_length, cache_positions, check_cache_length
 
 Array = jax.Array
 
@@ -115,6 +115,7 @@ def check_search(
       f"{caller}: prompts must be int [B, P] with P >= 1, got {prompt_BxP.dtype} {prompt_BxP.shape}"
     )
   batch_size, prompt_len = prompt_BxP.shape
+  check_cache_length(f"{caller}: max_new_tokens", prompt_len, max_new_tokens)
   _check_cache_size(caller, cache, prompt_len, max_new_tokens)
   if prompt_lengths_B is not None:
     _check_given_lengths(caller, prompt_lengths_B, batch_size, prompt_len)

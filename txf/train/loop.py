@@ -93,7 +93,7 @@ from txf.rundir.trackers import check_trackers, make_trackers
 from txf.rundir.workdir import WorkdirLock, check_reachable, check_writable, run_path
 from txf.train import replicas, sharding
 from txf.train.distributed import gather_data_states
-from txf.train.run_setup import RunSetup, sampler_arguments, setup_run
+from txf.train.run_setup import RunSetup, check_memory, sampler_arguments, setup_run
 
 
 class TrainingDiverged(RuntimeError):
@@ -474,7 +474,9 @@ def run(
   Returns the final evaluation metrics. Before anything is written it checks
   the config against the run in `workdir` (ConfigError, a ValueError,
   naming the field -- one that changes what the run's checkpoints depend on, see
-  txf.rundir.resume.check_resumable, or the optimizer state they hold), that
+  txf.rundir.resume.check_resumable, or the optimizer state they hold; a
+  model, or a sample, far too large for the device's memory:
+  txf.train.run_setup.check_memory), that
   the work directory (and data.tfds_data_dir) is on a file system that is
   installed (a gs:// one needs the `gcs` extra) and answers within
   txf.rundir.workdir.REACH_TIMEOUT_S, writable and held by no other run
@@ -505,6 +507,7 @@ def run(
     raise ConfigError(str(error)) from error
   if setup is None:
     setup = setup_run(run_config, workdir)
+  check_memory(setup, _samples(setup))
   is_chief = jax.process_index() == 0
   try:
     if is_chief:

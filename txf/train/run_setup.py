@@ -50,6 +50,7 @@ from txf.data import (
   num_classes,
 )
 from txf.data.stacked import StackedDatasets
+from txf.decode.cache import check_cache_length
 from txf.layers.embedding import check_position_table
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig
 from txf.runconfig.tasks import task_kind
@@ -366,6 +367,32 @@ def setup_run(
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
     started_from=started_from,
   )
+
+
+def check_memory(setup: RunSetup, samples: bool) -> None:
+  """Refuses a run whose train state, or that state with the cache of the
+  evaluations' sample (where it `samples`), cannot fit one device's memory
+  (txf.hardware.check_fits: a lower bound, activations not counted).
+
+  Raises:
+    ConfigError: naming the field (model or eval.sample_tokens) and the sizes.
+  """
+  device = setup.mesh.devices.flat[0]
+  state = hardware.bytes_per_device(setup.abstract_state)
+  eval_config = setup.run.eval
+  try:
+    hardware.check_fits("model", "the parameters and optimizer state", state, device)
+    if samples:
+      prompt_len = len(setup.train_data.tokenizer.encode(eval_config.sample_prompt))
+      cache_len = check_cache_length("eval.sample_tokens", prompt_len, eval_config.sample_tokens)
+      hardware.check_fits(
+        "eval.sample_tokens",
+        f"a sample of {eval_config.sample_tokens} tokens' decoding cache and the train state",
+        state + decode.cache_bytes(setup.model, 1, cache_len),
+        device,
+      )
+  except ValueError as error:
+    raise ConfigError(str(error)) from error
 
 
 def sampler_arguments(setup: RunSetup, params: Any, step: int) -> tuple[tuple, dict]:
