@@ -73,7 +73,11 @@ def resume_rules() -> str:
       "checkpoints hold (e.g. `train.grad_clip_norm=0` drops the clipping's state), "
       "which is refused naming the field (`txf.rundir.resume.check_optimizer_state`)"
     )
-  return text + "."
+  held = [name for name in RESUME_SECTIONS if name != "data"]
+  return text + (
+    f". A run that stopped before its first checkpoint (a model too large for the "
+    f"device, say) holds only its `data` fields: {_names(held)} may change there."
+  )
 
 
 def excluded_links(markdown: str, page: str, excluded: Callable[[str], bool]) -> list[str]:

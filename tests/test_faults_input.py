@@ -176,6 +176,18 @@ def test_a_corrupt_run_config_json_is_an_error_naming_the_file(tmp_path, text):
     read_run_config(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["seed", "train", "parallel"])
+def test_a_run_config_json_missing_a_section_is_an_error_naming_it(tmp_path, name):
+  """Read as the defaults, it would resume the run with another config."""
+  saved = json.loads(load_config("rope").to_json_best_effort())
+  del saved[name]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(
+    ConfigError, match=rf"^{re.escape(str(tmp_path / 'config.json'))}: {name}: missing"
+  ):
+    read_run_config(tmp_path)
+
+
 def test_a_run_config_json_value_of_the_wrong_type_is_an_error_naming_the_file(tmp_path):
   config = load_config("rope")
   saved = json.loads(config.to_json_best_effort())

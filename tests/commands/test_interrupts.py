@@ -19,6 +19,7 @@ from conftest import (
   tiny_config,
 )
 from txf.runconfig.run_config import parse
+from txf.rundir.record import read_record
 from txf.train import loop
 
 pytestmark = pytest.mark.slow  # subprocesses that train
@@ -62,6 +63,8 @@ def test_ctrl_c_saves_exits_130_and_resumes_bit_for_bit(tmp_path, compilation_ca
   assert last.endswith("; rerun the same command to resume"), last
   saved = int(last.split("saved step ")[1].split(";")[0])
   assert 10 <= saved < total and checkpoint_steps(workdir) == [saved]
+  (entry,) = read_record(workdir)  # the record says how it stopped: not a preemption
+  assert entry["ended"] == "interrupted" and entry["end_step"] == saved
 
   # Resumed (as the same command rerun would) to saved + 2, and run straight there.
   resumed, straight = saved + 2, tmp_path / "straight"

@@ -15,7 +15,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import load_config
 from full_disk import files_in, full_disk
+from txf.runconfig.run_config import parse, to_json
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.storage import WriteError, write_files
 from txf.sweep import figures, grid, results, runner
@@ -25,10 +27,13 @@ STEPS = 4
 
 
 def write_run(workdir, rows, *, steps=STEPS):
-  """A run directory: config.json (train.steps) and metrics.jsonl `rows`."""
+  """A run directory: config.json (configs/rope.py's, trained `steps`) and
+  metrics.jsonl `rows`."""
   workdir.mkdir(parents=True)
   if steps is not None:
-    (workdir / "config.json").write_text(json.dumps({"train": {"steps": steps}}))
+    config = load_config("rope")
+    config.train.steps = steps
+    (workdir / "config.json").write_text(json.dumps(to_json(parse(config))))
   (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 

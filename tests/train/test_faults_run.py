@@ -7,6 +7,7 @@ that nothing already written changed."""
 import hashlib
 import json
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -231,6 +232,20 @@ def test_divergence_before_any_checkpoint_says_so(tmp_path):
     loop.run(
       parse(tiny(steps=8, train__learning_rate=1e6)), tmp_path / "run", log=lambda line: None
     )
+
+
+def test_a_skipped_update_is_reported_before_a_checkpoint_holds_it(tmp_path):
+  """Checked only at log steps (every 1000 here), the skipped non-finite
+  updates were saved into the checkpoints every 2 steps unreported: a run
+  preempted after such a save and resumed never reported them."""
+  workdir = tmp_path / "run"
+  config = tiny(steps=8, train__learning_rate=1e6, train__log_every=1000, train__checkpoint_every=2)
+  with pytest.raises(loop.TrainingDiverged) as info:
+    loop.run(parse(config), workdir, log=lambda line: None)
+  found = re.search(r"by step (\d+);.* checkpoint \(step (\d+)\) is kept", str(info.value))
+  diverged, kept = int(found.group(1)), int(found.group(2))
+  assert diverged < 8 and diverged % 2 == 0  # at the save it would have reached, not the log
+  assert max(checkpoint_steps(workdir)) == kept < diverged
 
 
 def prefetch_threads_after(seconds=5.0):

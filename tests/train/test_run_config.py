@@ -220,6 +220,21 @@ def test_a_run_of_the_old_format_resumes_without_a_change(tmp_path):
   assert resume.config_changes(parse(config), saved) == []
 
 
+def test_a_run_without_a_checkpoint_may_change_all_but_its_data(tmp_path):
+  """A run that stopped before its first save (a model too large for the
+  device) is corrected in place; its tokenizer's data fields stay held, and
+  a run with checkpoints (run_1c066fd's) holds its model too."""
+  run = parse(old_run_config(steps=2))
+  resume.write_config(run, tmp_path)
+  corrected = run.override({"model.d_model": 32, "seed": run.seed + 1})
+  resumed, saved = resume.prepare_resume(corrected, tmp_path)
+  assert resumed == corrected and saved is not None and saved.model.d_model == 16
+  with pytest.raises(ValueError, match=r"^data\.max_corpus_bytes: differs from the run"):
+    resume.prepare_resume(run.override({"data.max_corpus_bytes": 50_000}), tmp_path)
+  with pytest.raises(ValueError, match=r"^model\.d_model: differs from the run"):
+    resume.prepare_resume(run.override({"model.d_model": 32}), FIXTURES / "run_1c066fd")
+
+
 def old_run_config(steps):
   config = load_config("learned")
   config.model.update(dict(d_model=16, num_heads=2, num_layers=1, use_bias=True))

@@ -13,6 +13,7 @@ step does not depend on train.steps, so reruns with more steps share it too.
 import dataclasses
 import hashlib
 import json
+import os
 import pathlib
 import re
 import signal
@@ -37,6 +38,7 @@ from conftest import (
   without_timings,
 )
 from txf.runconfig.run_config import parse
+from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.metrics import read_metrics
 from txf.rundir.record import read_record
 from txf.train import loop
@@ -192,6 +194,42 @@ def test_sigterm_saves_exits_0_and_resumes(tmp_path, compilation_cache_dir):
   assert train_rows(workdir)[-1]["step"] == saved + 5
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_run_sets_up_stops_it_at_once_writing_nothing(
+  tmp_path, monkeypatch, signum
+):
+  """A preemption's grace period is shorter than a large model's setup: a
+  signal while it sets up stops it there (the setup is not finished), with
+  nothing to save and nothing written; the guard says which it was."""
+  finished = []
+
+  def setup_receiving_a_signal(run, workdir):
+    os.kill(os.getpid(), signum)
+    finished.append(setup_run(run, workdir))  # not reached: the handler raises first
+
+  monkeypatch.setattr(loop, "setup_run", setup_receiving_a_signal)
+  lines, workdir = [], tmp_path / "run"
+  with PreemptionGuard() as guard:
+    result = loop.run(parse(tiny()), workdir, log=lines.append, preemption=guard)
+  assert result == {} and finished == [] and guard.requested
+  assert guard.interrupted == (signum == signal.SIGINT)
+  reason = "interrupted" if signum == signal.SIGINT else "preempted"
+  assert lines == [
+    f"{reason} while the run set up: nothing trained or saved; rerun the same command"
+  ]
+  assert not workdir.exists() or list(workdir.iterdir()) == []
+
+
+def test_a_sigterm_at_the_last_step_says_the_run_is_finished(tmp_path, sigterm_is_caught):
+  """It said `rerun the same command to resume`, with nothing left to resume."""
+  lines, workdir = [], tmp_path / "run"
+  loop.run(parse(tiny(steps=2)), workdir, log=sigterm_at(2, lines))
+  assert "preempted at the last step: saved step 2, the run is finished" in lines
+  assert not any("rerun" in line for line in lines) and sigterm_is_caught == []
+  (entry,) = read_record(workdir)
+  assert entry["ended"] == "finished" and checkpoint_steps(workdir) == [2]
+
+
 # --- resume and checkpoints (in-process) --------------------------------------
 
 
@@ -283,6 +321,16 @@ def test_resume_step_retrains_from_it_and_keeps_the_best_and_every_nth(tmp_path)
     loop.ConfigError, match=r"^resume_step: no checkpoint at step 3 in .*\(steps: "
   ):
     loop.run(parse(tiny(steps=8, **keep)), workdir, log=lambda line: None, resume_step=3)
+  # Refused before a checkpoint moves: nothing left to train from step 4, or
+  # step 4's data position in batches of 12 (it read 4 batches of 8).
+  kept = checkpoint_steps(workdir)
+  for config, refusal in [
+    (tiny(steps=4, **keep), r"^resume_step: 4 is not before train\.steps=4"),
+    (tiny(steps=8, data__batch_size=12, **keep), r"^data\.batch_size: the data position of"),
+  ]:
+    with pytest.raises(loop.ConfigError, match=refusal):
+      loop.run(parse(config), workdir, log=lambda line: None, resume_step=4)
+    assert checkpoint_steps(workdir) == kept
   lines = []
   loop.run(parse(tiny(steps=8, **keep)), workdir, log=lines.append, resume_step=4)
   moved = ", ".join(f"{step}.dropped" for step in sorted({8, best}) if step > 4)

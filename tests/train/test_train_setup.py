@@ -130,17 +130,17 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   saved = read_run_config(tmp_path)
   run = parse(config)
   assert config_changes(run, saved) == [] and loop._changes_line(run, saved) is None
-  assert keep_run_warmup(run, saved) is run
+  assert keep_run_warmup(run, saved, 30) is run
   config.train.steps = 600
   config.train.decay = "linear"
   config.train.learning_rate = 1e-3
   config.eval.sample_prompt = "class "
   extended = parse(config)
   assert extended.train.warmup_steps == 60 and extended.notes == ()
-  run = keep_run_warmup(extended, saved)
+  run = keep_run_warmup(extended, saved, 30)
   assert run.train == dataclasses.replace(extended.train, warmup_steps=30)
   assert run.notes == (
-    "train.warmup_steps: 60 -> 30, the warmup this run finished in its train.steps=30 (a "
+    "train.warmup_steps: 60 -> 30, the warmup this run finished by step 30 (a "
     "longer one would lower the learning rate at step 30 from 1.000e-03 to 5.000e-04); to "
     "warm up again, train in a new --workdir with train.init_from=<this run>",
   )
@@ -158,24 +158,23 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
     "rate at step 30: 3.000e-03 -> 1.000e-03"
   )
   config.train.learning_rate = 3e-3  # the same learning rate at step 30: not in the line
-  setup.run = keep_run_warmup(parse(config), saved)
+  setup.run = keep_run_warmup(parse(config), saved, 30)
   assert loop._learning_rate_change(setup, saved, 30) == ""
-  # Any longer warmup keeps the run's (a config file's cannot be told from
-  # one asked for); a shorter one, a run not made longer, or a run whose
-  # warmup ended before its last step is the config's.
+  # Any longer warmup keeps the run's finished one (a config file's cannot
+  # be told from one asked for); so does the extended run, which records
+  # the kept warmup, when it resumes again (preempted at step 300);
+  # a shorter one, or a resume inside the run's warmup, is the config's.
   config.train.warmup_steps = 90
-  assert keep_run_warmup(parse(config), saved).train.warmup_steps == 30
-  for changes, against in [
-    (dict(warmup_steps=20), saved),
-    (dict(steps=25, warmup_steps=60), saved),
-    (
-      dict(steps=600, warmup_steps=60),
-      dataclasses.replace(saved, train=dataclasses.replace(saved.train, steps=40)),
-    ),
-  ]:
+  assert keep_run_warmup(parse(config), saved, 30).train.warmup_steps == 30
+  config.train.warmup_steps = 60
+  extended = keep_run_warmup(parse(config), saved, 30)
+  write_config(extended, tmp_path / "extended")
+  again = keep_run_warmup(parse(config), read_run_config(tmp_path / "extended"), 300)
+  assert again.train == extended.train and len(again.notes) == 1
+  for changes, start in [(dict(warmup_steps=20), 30), (dict(warmup_steps=60), 29)]:
     config.train.update(changes)
     run = parse(config)
-    assert keep_run_warmup(run, against) is run
+    assert keep_run_warmup(run, saved, start) is run
   assert config_changes(parse(load_config("rope")), read_run_config(tmp_path / "new")) == []
 
 

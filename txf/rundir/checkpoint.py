@@ -784,13 +784,23 @@ def _free_path(path: epath.Path) -> epath.Path:
   return candidate
 
 
+class StoppedBeforeTraining(BaseException):
+  """A SIGTERM or Ctrl-C arrived while a PreemptionGuard stopped at once
+  (`PreemptionGuard.stop_at_once`): the work it interrupted had nothing to
+  save. A BaseException, as KeyboardInterrupt, so that no `except Exception`
+  of the interrupted work takes it for a failure of its own."""
+
+
 class PreemptionGuard:
   """Context manager: SIGTERM (a preemption) and SIGINT (Ctrl-C) set
   `requested` instead of stopping the process, so the loop can save and
   return; `interrupted` tells the two apart (txf-run exits 0 after a
   preemption, 130 after a Ctrl-C). After the first Ctrl-C, a second one
   stops at once (KeyboardInterrupt, Python's default), for a user who will
-  not wait for the step and the save to finish.
+  not wait for the step and the save to finish. Between `stop_at_once` and
+  `defer` (a run setting up: nothing to save yet) the first one stops at
+  once too, raising StoppedBeforeTraining: a preemption's grace period is
+  shorter than a large model's setup.
 
   For single-process runs. In a multi-process run (`jax.process_count() >
   1`) it installs nothing: JAX's preemption service owns SIGTERM there and
@@ -806,6 +816,7 @@ class PreemptionGuard:
     self._previous: dict[int, Any] = {}
     self.interrupted = False  # a SIGINT, not only a SIGTERM, arrived
     self.installed = False
+    self._at_once = False
 
   @property
   def requested(self) -> bool:
@@ -823,6 +834,21 @@ class PreemptionGuard:
       self.interrupted = True
       signal.signal(signal.SIGINT, self._restorable(signal.SIGINT))
     self._requested.set()
+    if self._at_once:
+      self._at_once = False
+      raise StoppedBeforeTraining(self.reason)
+
+  def stop_at_once(self) -> None:
+    """Until `defer`, a signal raises StoppedBeforeTraining where the main
+    thread is (for work with nothing to save, that writes nothing it could
+    leave half-written); one that arrived already raises it here."""
+    if self.requested:
+      raise StoppedBeforeTraining(self.reason)
+    self._at_once = True
+
+  def defer(self) -> None:
+    """From here on a signal waits for the loop (sets `requested`)."""
+    self._at_once = False
 
   def _restorable(self, signum: int) -> Any:
     """The handler `signum` had before; None (not set from Python) as the

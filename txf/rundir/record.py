@@ -4,7 +4,8 @@ run appends one), rewritten atomically:
 
   start, end     UTC timestamps (ISO 8601); end is null until that start
                  ends (stays null when it crashed) and `ended` says how:
-                 'finished', 'preempted' or the error's type
+                 'finished', 'preempted' (SIGTERM), 'interrupted' (Ctrl-C)
+                 or the error's type
   start_step     the step it continued from (0: a fresh start)
   argv           the command line (sys.argv)
   config_file    the config file the run was loaded from, resolved

@@ -7,7 +7,7 @@ run it records.
   saved = read_run_config(workdir)           # a RunConfig; None: a new work directory
   check_resumable(run, saved, workdir)       # ValueError naming the field
   config_changes(run, saved)                 # what a resume changes
-  run = keep_run_warmup(run, saved)          # a clamped warmup stays as trained
+  run = keep_run_warmup(run, saved, start)   # a finished warmup stays as trained
   run, saved = prepare_resume(run, workdir, resume_step)   # the read, the checks, the warmup
 
 A config.json of any format written since runs were first written reads:
@@ -25,8 +25,8 @@ trained on and the sentencepiece model in the work directory).
 (`data.tfds_eval_split`), and the `train`,
 `eval` and `parallel` sections may change; a `train` change that reshapes
 the optimizer state the checkpoints hold may not (`check_optimizer_state`),
-and a warmup the run finished within its train.steps stays as it was when
-the run is extended (`keep_run_warmup`).
+and a warmup the run finished by the step it resumes from stays as it was
+(`keep_run_warmup`).
 Only training writes config.json (`write_config`); an evaluation leaves it
 as it is.
 """
@@ -90,6 +90,8 @@ MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
   ("added", "data.tfds_eval_split", "validation"),
 )
 _ABSENT = object()
+# The sections every config.json has held since the first release.
+SECTIONS = ("model", "data", "train", "eval", "parallel")
 
 
 def migrate(saved: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +136,13 @@ def from_json(saved: Any) -> RunConfig:
   """
   if not isinstance(saved, dict):
     raise ConfigError(f"expected a JSON object, got {type(saved).__name__}")
-  for section in ("model", "data", "train", "eval", "parallel"):
-    if section in saved and not isinstance(saved[section], dict):
+  if "seed" not in saved:
+    raise ConfigError("seed: missing (every run's config.json has it)")
+  for section in SECTIONS:
+    # Missing, it would parse as the defaults: a run resumed with another config.
+    if section not in saved:
+      raise ConfigError(f"{section}: missing (every run's config.json has this section)")
+    if not isinstance(saved[section], dict):
       raise ConfigError(f"{section}: expected a JSON object, got {type(saved[section]).__name__}")
   return parse(migrate(saved))
 
@@ -202,17 +209,24 @@ def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, A
   return [(name, old.get(name), value) for name, value in new.items() if old.get(name) != value]
 
 
-def check_resumable(run: RunConfig, saved: RunConfig | None, workdir: str | os.PathLike) -> None:
+def check_resumable(
+  run: RunConfig, saved: RunConfig | None, workdir: str | os.PathLike, *, trained: bool = True
+) -> None:
   """Refuses `run` for the run in `workdir`, whose config.json read as
   `saved`, if it changes a field the run's checkpoints depend on (nothing to
-  check in a new work directory, `saved` None).
+  check in a new work directory, `saved` None). Where the run saved no
+  checkpoint yet (`trained` False: it stopped before its first save, e.g. a
+  model too large for the device), only its `data` fields are held: the
+  tokenizer it made in `workdir` depends on them, and nothing depends on
+  the rest.
 
   Raises:
     ValueError: naming the first such field.
   """
+  held = RESUME_SECTIONS if trained else ("data",)
   for name, _, _ in config_changes(run, saved):
     section, _, field = name.partition(".")
-    if section in RESUME_SECTIONS and not (section == "data" and field in FREE_DATA_FIELDS):
+    if section in held and not (section == "data" and field in FREE_DATA_FIELDS):
       raise ValueError(
         f"{name}: differs from the run already in {workdir} (see "
         f"{epath.Path(workdir) / CONFIG_FILE}); use a new --workdir"
@@ -224,7 +238,8 @@ def prepare_resume(
 ) -> tuple[RunConfig, RunConfig | None]:
   """(the run to train in `workdir`, its config.json as read or None for a
   new work directory), checked before anything is written: `run` may
-  resume the run there (`check_resumable`), `resume_step` (None: the
+  resume the run there (`check_resumable`: a run without checkpoints may
+  change all but its data fields), `resume_step` (None: the
   newest) is one of its checkpoints, and a warmup it finished stays
   (`keep_run_warmup`, where it has checkpoints).
 
@@ -232,38 +247,45 @@ def prepare_resume(
     ValueError: naming the field (or resume_step) refused.
   """
   saved = read_run_config(workdir)
-  check_resumable(run, saved, workdir)
   steps_saved = saved_steps(workdir)
+  check_resumable(run, saved, workdir, trained=bool(steps_saved))
   if resume_step is not None and resume_step not in steps_saved:
     held = ", ".join(map(str, steps_saved)) or "none"
     raise ValueError(
       f"resume_step: no checkpoint at step {resume_step!r} in "
       f"{checkpoint_directory(workdir)} (steps: {held})"
     )
+  if resume_step is not None and resume_step >= run.train.steps:
+    # It would move the later checkpoints aside and train nothing from it.
+    raise ValueError(
+      f"resume_step: {resume_step} is not before train.steps={run.train.steps}: there is "
+      "nothing to train from it (raise train.steps)"
+    )
   if saved is not None and steps_saved:
-    run = keep_run_warmup(run, saved)
+    start = steps_saved[-1] if resume_step is None else resume_step
+    run = keep_run_warmup(run, saved, start)
   return run, saved
 
 
-def keep_run_warmup(run: RunConfig, saved: RunConfig) -> RunConfig:
-  """`run`, resuming the run whose config.json read as `saved` from one of
-  its checkpoints, with that run's warmup where it covered the whole run
-  (a smoke run's warmup clamped to its train.steps, see
-  txf.runconfig.run_config.parse) and `run` trains longer with a longer
-  one: the warmup is part of the schedule the checkpoints were trained on,
-  and lengthening it would drop the learning rate at the resumed step (a
-  30-step run of a 60-step warmup resumed for 600 steps: to half its peak).
-  The note in the returned run's `notes` says so; any other `run` is
-  returned as it is."""
+def keep_run_warmup(run: RunConfig, saved: RunConfig, start: int) -> RunConfig:
+  """`run`, resuming from step `start` the run whose config.json read as
+  `saved`, with that run's warmup where it had finished it by `start` and
+  `run` asks for a longer one: the warmup is part of the schedule the
+  checkpoints were trained on, and lengthening it would drop the learning
+  rate at the resumed step (a 30-step smoke run, its warmup of 60 clamped to
+  30, resumed for 600 steps: to half its peak). The kept warmup is what
+  config.json then records, so a later resume of the extended run (after a
+  preemption, or to extend it again) keeps it too. The note in the returned
+  run's `notes` says so; any other `run` is returned as it is."""
   old, new = saved.train, run.train
-  if not (old.warmup_steps == old.steps < new.steps and new.warmup_steps > old.warmup_steps):
+  if not (old.warmup_steps <= start and old.warmup_steps < new.warmup_steps):
     return run
   kept = dataclasses.replace(new, warmup_steps=old.warmup_steps)
   note = (
     f"train.warmup_steps: {new.warmup_steps} -> {old.warmup_steps}, the warmup this run "
-    f"finished in its train.steps={old.steps} (a longer one would lower the learning rate "
-    f"at step {old.steps} from {float(kept.schedule(old.steps)):.3e} to "
-    f"{float(new.schedule(old.steps)):.3e}); to warm up again, train in a new --workdir "
+    f"finished by step {start} (a longer one would lower the learning rate "
+    f"at step {start} from {float(kept.schedule(start)):.3e} to "
+    f"{float(new.schedule(start)):.3e}); to warm up again, train in a new --workdir "
     "with train.init_from=<this run>"
   )
   return dataclasses.replace(run, train=kept, notes=(*run.notes, note))

@@ -77,6 +77,8 @@ from txf.rundir.checkpoint import (
   Checkpointer,
   CheckpointWriteError,
   PreemptionGuard,
+  RestoreError,
+  StoppedBeforeTraining,
   make_checkpointer,
 )
 from txf.rundir.console import format_duration, format_progress
@@ -338,15 +340,24 @@ def _checkpoint(
   done: int,
   train: TrainConfig,
   evaluated: dict[str, float] | None,
+  unchecked_flags: list,
   writer: MetricsWriter,
   log,
 ) -> bool:
   """Saves at checkpoint steps and at the last, with the evaluation at
   `done` (None: none ran) for train.keep_best to rank it by; returns True
-  (after saving) when the run is preempted or interrupted (Ctrl-C)."""
-  save = lambda: checkpointer.save(
-    done, state, {"data": gather_data_states(data_state)}, force=True, metrics=evaluated
-  )
+  (after saving) when the run is preempted or interrupted (Ctrl-C). The
+  finite flags of the steps since the last check (`unchecked_flags`,
+  emptied) are checked before a save: a skipped update must not reach a
+  checkpoint unreported, or a run resumed from it would never report it."""
+
+  def save() -> bool:
+    _check_finite(unchecked_flags, done, checkpointer)
+    unchecked_flags.clear()
+    return checkpointer.save(
+      done, state, {"data": gather_data_states(data_state)}, force=True, metrics=evaluated
+    )
+
   saved = (done % train.checkpoint_every == 0 or done == train.steps) and save()
   if saved:
     # On object storage rows are uploaded at most once a second: a run killed
@@ -359,7 +370,10 @@ def _checkpoint(
     if not saved:  # a second save of the same step raises StepAlreadyExistsError
       save()
     checkpointer.wait_until_finished()
-    log(f"{guard.reason}: saved step {done}; rerun the same command to resume")
+    if done < train.steps:
+      log(f"{guard.reason}: saved step {done}; rerun the same command to resume")
+    else:
+      log(f"{guard.reason} at the last step: saved step {done}, the run is finished")
   return preempted
 
 
@@ -406,7 +420,7 @@ def _train(
       if done % train.log_every == 0 or done == train.steps:
         metrics = jax.device_get(metrics)
         _check_finite(finite_flags, done, checkpointer)
-        finite_flags = []
+        finite_flags.clear()
         # A failed asynchronous save stops the run here, not at the next save.
         checkpointer.check_for_errors()
         _log_train(setup, metrics, done, window, writer, log)
@@ -416,7 +430,9 @@ def _train(
         compiling.join()
         last_eval = evaluated = _eval_and_sample(setup, state.params, done, writer, log)
         window.restart()
-      if _checkpoint(checkpointer, guard, state, data_state, done, train, evaluated, writer, log):
+      if _checkpoint(
+        checkpointer, guard, state, data_state, done, train, evaluated, finite_flags, writer, log
+      ):
         break
   return last_eval, done
 
@@ -429,8 +445,8 @@ def _joining(thread: threading.Thread):
     thread.join()
 
 
-def _continue_data(setup: RunSetup, data_state: dict) -> None:
-  """Makes the next training batch the one after the checkpoint's."""
+def _continue_data(setup: RunSetup, data_state: dict, step: int) -> None:
+  """Makes the next training batch the one after checkpoint `step`'s."""
   try:
     setup.train_data.set_state(data_state)
   except ProcessCountError as error:
@@ -438,9 +454,10 @@ def _continue_data(setup: RunSetup, data_state: dict) -> None:
   except ValueError as error:  # e.g. a position between batches of a new size
     data = setup.run.data
     raise ConfigError(
-      f"data.batch_size: the checkpoint's data position {data_state} does not continue "
-      f"in batches of data.batch_size={data.batch_size}, data.seq_len={data.seq_len}; "
-      f"continue training with the run's own (config.json) ({error})"
+      f"data.batch_size: the data position of checkpoint step {step}, {data_state}, does not "
+      f"continue in batches of data.batch_size={data.batch_size}, data.seq_len="
+      f"{data.seq_len}; continue training with the run's own (config.json), or, where "
+      f"those are the run's, the checkpoint's position is damaged ({error})"
     ) from error
 
 
@@ -493,10 +510,52 @@ def run(
   completed as training would have (final eval and sample logged,
   config.json written).
 
+  A SIGTERM or Ctrl-C caught by `preemption` while the run sets up (reads
+  its data, trains its tokenizer, builds and restores the model) stops it
+  at once, before it writes anything: it says so and returns {} (the guard's
+  `requested` set); one from then on is acted on at the end of a step,
+  after saving.
+
   Metrics rows and samples logged after the step training continues from
   (0 without a checkpoint) are moved to metrics.dropped.jsonl /
   samples.dropped.txt, so every step has one row.
   """
+  try:
+    if preemption is not None:
+      preemption.stop_at_once()
+    return _run(
+      run_config,
+      workdir,
+      log=log,
+      setup=setup,
+      prefetch=prefetch,
+      preemption=preemption,
+      hparams=hparams,
+      config_file=config_file,
+      resume_step=resume_step,
+    )
+  except StoppedBeforeTraining as stopped:
+    log(f"{stopped} while the run set up: nothing trained or saved; rerun the same command")
+    return {}
+  finally:
+    if preemption is not None:
+      preemption.defer()
+
+
+def _run(
+  run_config: RunConfig,
+  workdir: str | os.PathLike,
+  *,
+  log=print,
+  setup: RunSetup | None = None,
+  prefetch: int = 2,
+  preemption: PreemptionGuard | None = None,
+  hparams: Mapping[str, Any] | None = None,
+  config_file: str | None = None,
+  resume_step: int | None = None,
+) -> dict[str, float]:
+  """`run` after its guard stops at once (`PreemptionGuard.stop_at_once`),
+  until `guard.defer()` below, before the first write."""
   workdir = run_path(workdir)
   check_reachable(workdir)
   try:
@@ -521,7 +580,7 @@ def run(
     checkpointer = make_checkpointer(setup.run.train, workdir)
     guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
     with guarding as guard, _closing(checkpointer), setup.activation_sharding():
-      start, state, data_state = _restore(setup, checkpointer, saved, workdir, log, resume_step)
+      start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
       # A resume that changes settings says which, before training (config.json,
       # which they are read from, is written below).
       changes = _changes_line(run_config, saved) if start else None
@@ -551,8 +610,7 @@ def run(
           )
         )
         return result
-      if data_state is not None:
-        _continue_data(setup, data_state)
+      guard.defer()  # from here on the run writes, and saves before it stops
       trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
       with MetricsWriter(workdir, enabled=is_chief, start_step=start, trackers=trackers) as writer:
         for name, count in writer.dropped.items():
@@ -579,7 +637,7 @@ def run(
           raise
         finally:
           setup.train_data.close()  # stops the loader's worker processes
-        record.end("finished" if done >= steps else "preempted", done)
+        record.end("finished" if done >= steps else guard.reason, done)
         return result
 
 
@@ -633,31 +691,44 @@ def _restore(
   checkpointer: Checkpointer,
   saved: RunConfig | None,
   workdir: epath.Path,
+  guard: PreemptionGuard,
   log,
   resume_step: int | None,
 ):
-  """(start step, state, data position or None) from `resume_step`'s
-  checkpoint (the later ones moved aside), or else the latest that
-  restores, or a fresh state at step 0; `saved` is the run's config.json."""
+  """(start step, state) from `resume_step`'s checkpoint (the later ones
+  moved aside), or else the latest that restores, or a fresh state at step
+  0; `saved` is the run's config.json. A run that trains on from the
+  checkpoint continues its data position, checked before anything moves;
+  `guard` defers a signal from the first move on."""
   if checkpointer.latest_step() is not None:
     try:
       check_optimizer_state(setup.run, saved, workdir, setup.abstract_state.params)
     except ValueError as error:
       raise ConfigError(str(error)) from error
-  moved = ""
   if resume_step is not None:
     start = resume_step
     state, extras = checkpointer.restore_step(start, setup.abstract_state)
-    dropped = checkpointer.drop_after(start)
-    if dropped:
-      moved = f"; the later steps moved to {', '.join(p.name for p in dropped)}"
   else:
     restored = checkpointer.restore(setup.abstract_state)
     if restored is None:
-      return 0, setup.init(), None
+      return 0, setup.init()
     start, state, extras = restored
+  if "data" not in extras:
+    raise RestoreError(
+      f"checkpoint step {start} in {checkpointer.directory} holds no data position "
+      "(its extras lack 'data')"
+    )
+  # A finished run only evaluates, at any batch size: its position is not read.
+  if start < setup.run.train.steps:
+    _continue_data(setup, extras["data"], start)
+  moved = ""
+  if resume_step is not None:
+    guard.defer()  # the moves are the run's first writes
+    dropped = checkpointer.drop_after(start)
+    if dropped:
+      moved = f"; the later steps moved to {', '.join(p.name for p in dropped)}"
   log(f"resumed from step {start} in {checkpointer.directory}{moved}")
-  return start, state, extras["data"]
+  return start, state
 
 
 @contextlib.contextmanager
