@@ -520,125 +520,109 @@ def run(
   (0 without a checkpoint) are moved to metrics.dropped.jsonl /
   samples.dropped.txt, so every step has one row.
   """
+  with _stopping_at_once(preemption, log):
+    workdir = run_path(workdir)
+    check_reachable(workdir)
+    try:
+      # The run's config.json, read once: everything below that compares with
+      # it (the changes line, the optimizer state's check) runs before write_config.
+      run_config, saved = prepare_resume(run_config, workdir, resume_step)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    if setup is None:
+      setup = setup_run(run_config, workdir)
+    check_memory(setup, _samples(setup))
+    is_chief = jax.process_index() == 0
+    try:
+      if is_chief:
+        check_trackers(setup.run.train.trackers, workdir)
+    except ValueError as error:
+      raise ConfigError(str(error)) from error
+    check_writable(workdir)
+    check_outputs(workdir)
+    # Only process 0 locks: the others write nothing that must be exclusive.
+    with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
+      checkpointer = make_checkpointer(setup.run.train, workdir)
+      guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
+      with guarding as guard, _closing(checkpointer), setup.activation_sharding():
+        start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
+        # A resume that changes settings says which, before training (config.json,
+        # which they are read from, is written below).
+        changes = _changes_line(run_config, saved) if start else None
+        if changes:
+          log(changes + _learning_rate_change(setup, saved, start))
+        if start == 0 and setup.started_from:
+          log(f"initialised from {setup.started_from}")
+        for note in setup.run.notes:
+          log(note)
+        first_params = setup.replica_params(state.params, 0)
+        log(
+          f"data: {setup.train_data.description}\n"
+          f"{summarize(first_params, setup.run.model, setup.run.data.seq_len)}"
+          + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
+        )
+        steps = setup.run.train.steps
+        if start >= steps and _end_written(steps, saved, workdir, start):
+          log(f"already trained to step {start} of {steps}")
+          result = setup.evaluate(state.params)
+          data = setup.run.data
+          log(
+            _eval_line(
+              start,
+              result,
+              f" (data.seq_len={data.seq_len}, data.batch_size="
+              f"{data.batch_size}; not written: the run is finished)",
+            )
+          )
+          return result
+        guard.defer()  # from here on the run writes, and saves before it stops
+        trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
+        with MetricsWriter(
+          workdir, enabled=is_chief, start_step=start, trackers=trackers
+        ) as writer:
+          for name, count in writer.dropped.items():
+            log(
+              f"moved {count} records of {name} logged after step {start} (the step "
+              f"training continues from) to its .dropped file"
+            )
+          write_config(setup.run, workdir)
+          record = RunRecord(workdir, enabled=is_chief, log=log)
+          try:
+            record.start(setup.run, start, config_file)
+            for tracker in trackers:
+              tracker.log_config(to_json(setup.run))
+            if start >= steps:  # trained, but its end's writes were lost
+              log(f"trained to step {start}: completing its final evaluation")
+              result, done = _eval_and_sample(setup, state.params, start, writer, log), start
+            else:
+              result, done = _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
+            if done >= steps:
+              writer.write_hparams(done, _hparams(setup, hparams), result)
+          except BaseException as error:
+            with contextlib.suppress(Exception):  # the error that stopped the run is the one
+              record.end(type(error).__name__)
+            raise
+          finally:
+            setup.train_data.close()  # stops the loader's worker processes
+          record.end("finished" if done >= steps else guard.reason, done)
+          return result
+  return {}  # stopped while the run set up (said by _stopping_at_once)
+
+
+@contextlib.contextmanager
+def _stopping_at_once(preemption: PreemptionGuard | None, log):
+  """While the run sets up, `preemption` (where given) stops it at once
+  (PreemptionGuard.stop_at_once, until the loop's `guard.defer()` before its
+  first write); the stop is said and swallowed here."""
   try:
     if preemption is not None:
       preemption.stop_at_once()
-    return _run(
-      run_config,
-      workdir,
-      log=log,
-      setup=setup,
-      prefetch=prefetch,
-      preemption=preemption,
-      hparams=hparams,
-      config_file=config_file,
-      resume_step=resume_step,
-    )
+    yield
   except StoppedBeforeTraining as stopped:
     log(f"{stopped} while the run set up: nothing trained or saved; rerun the same command")
-    return {}
   finally:
     if preemption is not None:
       preemption.defer()
-
-
-def _run(
-  run_config: RunConfig,
-  workdir: str | os.PathLike,
-  *,
-  log=print,
-  setup: RunSetup | None = None,
-  prefetch: int = 2,
-  preemption: PreemptionGuard | None = None,
-  hparams: Mapping[str, Any] | None = None,
-  config_file: str | None = None,
-  resume_step: int | None = None,
-) -> dict[str, float]:
-  """`run` after its guard stops at once (`PreemptionGuard.stop_at_once`),
-  until `guard.defer()` below, before the first write."""
-  workdir = run_path(workdir)
-  check_reachable(workdir)
-  try:
-    # The run's config.json, read once: everything below that compares with
-    # it (the changes line, the optimizer state's check) runs before write_config.
-    run_config, saved = prepare_resume(run_config, workdir, resume_step)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  if setup is None:
-    setup = setup_run(run_config, workdir)
-  check_memory(setup, _samples(setup))
-  is_chief = jax.process_index() == 0
-  try:
-    if is_chief:
-      check_trackers(setup.run.train.trackers, workdir)
-  except ValueError as error:
-    raise ConfigError(str(error)) from error
-  check_writable(workdir)
-  check_outputs(workdir)
-  # Only process 0 locks: the others write nothing that must be exclusive.
-  with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
-    checkpointer = make_checkpointer(setup.run.train, workdir)
-    guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
-    with guarding as guard, _closing(checkpointer), setup.activation_sharding():
-      start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
-      # A resume that changes settings says which, before training (config.json,
-      # which they are read from, is written below).
-      changes = _changes_line(run_config, saved) if start else None
-      if changes:
-        log(changes + _learning_rate_change(setup, saved, start))
-      if start == 0 and setup.started_from:
-        log(f"initialised from {setup.started_from}")
-      for note in setup.run.notes:
-        log(note)
-      first_params = setup.replica_params(state.params, 0)
-      log(
-        f"data: {setup.train_data.description}\n"
-        f"{summarize(first_params, setup.run.model, setup.run.data.seq_len)}"
-        + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
-      )
-      steps = setup.run.train.steps
-      if start >= steps and _end_written(steps, saved, workdir, start):
-        log(f"already trained to step {start} of {steps}")
-        result = setup.evaluate(state.params)
-        data = setup.run.data
-        log(
-          _eval_line(
-            start,
-            result,
-            f" (data.seq_len={data.seq_len}, data.batch_size="
-            f"{data.batch_size}; not written: the run is finished)",
-          )
-        )
-        return result
-      guard.defer()  # from here on the run writes, and saves before it stops
-      trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
-      with MetricsWriter(workdir, enabled=is_chief, start_step=start, trackers=trackers) as writer:
-        for name, count in writer.dropped.items():
-          log(
-            f"moved {count} records of {name} logged after step {start} (the step "
-            f"training continues from) to its .dropped file"
-          )
-        write_config(setup.run, workdir)
-        record = RunRecord(workdir, enabled=is_chief, log=log)
-        try:
-          record.start(setup.run, start, config_file)
-          for tracker in trackers:
-            tracker.log_config(to_json(setup.run))
-          if start >= steps:  # trained, but its end's writes were lost
-            log(f"trained to step {start}: completing its final evaluation")
-            result, done = _eval_and_sample(setup, state.params, start, writer, log), start
-          else:
-            result, done = _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
-          if done >= steps:
-            writer.write_hparams(done, _hparams(setup, hparams), result)
-        except BaseException as error:
-          with contextlib.suppress(Exception):  # the error that stopped the run is the one
-            record.end(type(error).__name__)
-          raise
-        finally:
-          setup.train_data.close()  # stops the loader's worker processes
-        record.end("finished" if done >= steps else guard.reason, done)
-        return result
 
 
 def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]:
