@@ -86,8 +86,7 @@ def test_a_name_not_cached_says_how_to_fetch_it(cache):
     resolve_model("openai-community/gpt2")
   assert str(error.value) == (
     f"model openai-community/gpt2: not a directory, and not in the Hugging Face cache {cache} "
-    "(HF_HUB_OFFLINE is set): fetch it with `huggingface-cli download openai-community/gpt2` "
-    "(pip install huggingface_hub)"
+    "(HF_HUB_OFFLINE is set): fetch it with `hf download openai-community/gpt2`"
   )
 
 
@@ -100,7 +99,7 @@ def test_refs_main_naming_a_missing_snapshot_is_one_line(cache):
   assert "\n" not in message
   assert message.startswith(f"model gpt2: {snapshot.parent.parent / 'refs' / 'main'} names ")
   assert f"snapshot {COMMIT!r}, which is not in" in message
-  assert message.endswith("`huggingface-cli download gpt2` (pip install huggingface_hub)")
+  assert message.endswith("`hf download gpt2`")
 
 
 def test_directories_urls_and_other_strings_are_left_as_they_are(cache, tmp_path, monkeypatch):
@@ -135,4 +134,4 @@ def test_generate_takes_a_name(cache):
   missing = generate("openai-community/no-such-model")
   assert missing.returncode == 2
   assert missing.stderr.strip().startswith("model error: model openai-community/no-such-model: ")
-  assert "`huggingface-cli download openai-community/no-such-model`" in missing.stderr
+  assert "`hf download openai-community/no-such-model`" in missing.stderr

@@ -520,8 +520,31 @@ def test_unsupported_architecture_is_named(tmp_path):
   edit_json(directory / "config.json", architectures=["MistralForCausalLM"])
   with pytest.raises(
     CheckpointError,
-    match=r"architecture \['MistralForCausalLM'\] is not "
-    r"supported \(supported: BertForMaskedLM",
+    match=rf"^{re.escape(str(directory / 'config.json'))}: architecture \['MistralForCausalLM'\] "
+    r"is not supported \(supported: BertForMaskedLM",
+  ):
+    load_pretrained(directory)
+
+
+def test_token_ids_of_a_list_or_a_negative_id_read_as_transformers_means_them(tmp_path, caplog):
+  """Llama 3 ends at any of several eos ids (txf stops at the first, and
+  says so); older configs write -1 for no pad token. Both were refused."""
+  directory = copy_fixture("gpt2", tmp_path)
+  edit_json(directory / "config.json", eos_token_id=[7, 9], pad_token_id=-1)
+  loaded = load_pretrained(directory)
+  assert loaded.token_ids["eos_token_id"] == 7 and loaded.token_ids["pad_token_id"] is None
+  assert loaded.config.pad_id == 7  # GPT-2 pads with its eos where it names no pad
+  assert "eos_token_id lists [7, 9]: txf stops at the first" in caplog.text
+
+
+def test_a_corrupt_pytorch_model_bin_is_one_error_naming_it(tmp_path):
+  pytest.importorskip("torch")
+  directory = copy_fixture("gpt2", tmp_path)
+  (directory / "model.safetensors").unlink()
+  (directory / "pytorch_model.bin").write_bytes(b"not a pickle of tensors" * 3)
+  with pytest.raises(
+    CheckpointError,
+    match=rf"^{re.escape(str(directory / 'pytorch_model.bin'))}: not a readable pytorch_model",
   ):
     load_pretrained(directory)
 
@@ -799,3 +822,36 @@ def test_a_broken_sentence_transformers_declaration_names_the_file(tmp_path, fil
   (directory / file).write_text(text)
   with pytest.raises(CheckpointError, match=rf"^{re.escape(str(directory))}/{match}"):
     sentence_transformers_pooling(directory)
+
+
+def test_an_untied_bert_head_reads_and_writes_its_bias_as_decoder_bias(tmp_path):
+  """transformers 5 reads an untied BERT MLM head's bias from
+  `cls.predictions.decoder.bias` (a tied head's from `cls.predictions.bias`):
+  an export wrote only the latter, so transformers used a zero bias; a file
+  whose decoder.bias differs (fine-tuned in transformers 5) was refused."""
+  cfg = ModelConfig(
+    family="encoder",
+    head="mlm",
+    vocab_size=40,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    max_len=16,
+    position="learned",
+    use_bias=True,
+    scale_logits=False,
+    tie_embeddings=False,
+    norm_placement="post",
+    embed_norm=True,
+    num_token_types=2,
+    gelu_approximate=False,
+  )
+  params = o1_params(cfg)
+  save_pretrained(cfg, params, tmp_path)
+  written = load_file(tmp_path / "model.safetensors")
+  bias = np.asarray(flatten(params)["head/bias"])
+  for name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
+    np.testing.assert_array_equal(written[name], bias, err_msg=name)
+  tuned = bias + 1.0
+  save_file({**written, "cls.predictions.decoder.bias": tuned}, tmp_path / "model.safetensors")
+  np.testing.assert_array_equal(flatten(load_pretrained(tmp_path).params)["head/bias"], tuned)

@@ -104,6 +104,21 @@ def test_converted_checkpoints_written_by_txf_load_in_transformers(name, tmp_pat
         gelu_approximate=False,
       ),
     ),
+    # Untied: transformers 5 reads the head's bias from decoder.bias then.
+    (
+      "encoder",
+      dict(
+        head="mlm",
+        position="learned",
+        use_bias=True,
+        scale_logits=False,
+        tie_embeddings=False,
+        norm_placement="post",
+        embed_norm=True,
+        num_token_types=2,
+        gelu_approximate=False,
+      ),
+    ),
     # Tied but unscaled (transformers 5's fresh T5 v1.1): written untied.
     (
       "encoder_decoder",

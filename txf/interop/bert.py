@@ -54,6 +54,7 @@ def _layout(body: str, head: str) -> Layout:
       f"{head}.decoder.bias": f"{head}.bias",
     },
     untied_output=f"{head}.decoder.weight",
+    untied_copies={f"{head}.decoder.bias": f"{head}.bias"},
     head_weights=(r"(cls|lm_head)\..*",),
     # BERT's pooler (tanh(dense(CLS)), used by next-sentence prediction) and
     # its next-sentence head: txf has no place for them.
@@ -95,7 +96,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
       f"config.json: hidden_act={hidden_act!r} with {architecture}'s MLM "
       "head is not supported by txf (its MLM head applies GELU)"
     )
-  pad_id = get(hf, "pad_token_id", 0)
+  pad_id = hf_config.token_id(hf, "pad_token_id") or 0
   offset = _position_offset(architecture, pad_id)
   return ModelConfig(
     family="encoder",

@@ -41,8 +41,7 @@ import numpy as np
 from etils import epath
 
 from txf import models
-from txf.interop import bert, decoder, gpt2, gpt_neox, llama, rules, t5
-from txf.interop.hf_config import get
+from txf.interop import bert, decoder, gpt2, gpt_neox, hf_config, llama, rules, t5
 from txf.interop.hub import resolve_model
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, safetensors_bytes
@@ -175,13 +174,20 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   """
   directory = epath.Path(resolve_model(directory) if isinstance(directory, str) else directory)
   hf = read_json(directory / CONFIG)
-  family, architecture = _family(hf)
+  try:
+    family, architecture = _family(hf)
+  except CheckpointError as error:
+    raise CheckpointError(f"{directory}/{error}") from None
   head = _head(family, architecture, head)
   layout = family.LAYOUTS[architecture]
   tensors = _canonical_names(read_tensors(directory), family, architecture)
   for name in _matching(tensors, layout.buffers):
     del tensors[name]
   _drop_tied_copies(tensors, layout.tied_copies)
+  if layout.untied_output in tensors:  # what an untied output reads replaces the tied one's
+    for copy, source in layout.untied_copies.items():
+      if copy in tensors:
+        tensors[source] = tensors.pop(copy)
   unused = _matching(tensors, layout.unused(head))
   if unused:
     logging.warning(
@@ -196,7 +202,7 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   tied = layout.untied_output not in tensors
   try:
     cfg = family.model_config(hf, architecture, head, tied)
-    token_ids = {key: None if hf.get(key) is None else get(hf, key) for key in TOKEN_ID_KEYS}
+    token_ids = {key: hf_config.token_id(hf, key) for key in TOKEN_ID_KEYS}
   except ValueError as error:  # a key (CheckpointError) or a ModelConfig field it sets
     message = str(error).removeprefix(f"{CONFIG}: ")
     raise CheckpointError(f"{directory / CONFIG}: {message}") from None
@@ -317,6 +323,10 @@ def pretrained_files(
   output = layout.untied_output
   if cfg.tie_embeddings and not hf["tie_word_embeddings"] and cfg.head != "none":
     tensors[output] = tensors[layout.tied_copies[output]]
+  if not hf["tie_word_embeddings"]:
+    for copy, source in layout.untied_copies.items():
+      if source in tensors:
+        tensors[copy] = tensors[source]
   if cfg.family == "decoder" and decoder.logit_scale(cfg) is not None:
     # No decoder architecture scales its logits: its output matrix holds the scale.
     tensors[output] = decoder.scaled_output(tensors[output], cfg)

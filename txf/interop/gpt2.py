@@ -42,7 +42,9 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
   hf_config.expect(hf, "add_cross_attention", (False,), False)
   d_model, vocab_size = get(hf, "n_embd"), get(hf, "vocab_size")
   # GPT-2 has no padding token; its <|endoftext|> pads by convention.
-  pad_id = get(hf, "pad_token_id", get(hf, "eos_token_id", 0))
+  pad_id = hf_config.token_id(hf, "pad_token_id")
+  if pad_id is None:
+    pad_id = hf_config.token_id(hf, "eos_token_id") or 0
   return ModelConfig(
     family="decoder",
     head=head,

@@ -59,7 +59,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
   del architecture
   hf_config.expect(hf, "use_parallel_residual", (False,), True)
   vocab_size = get(hf, "vocab_size")
-  pad_id = get(hf, "pad_token_id", 0)
+  pad_id = hf_config.token_id(hf, "pad_token_id") or 0
   dropout = get(hf, "hidden_dropout", 0.0)
   return ModelConfig(
     family="decoder",

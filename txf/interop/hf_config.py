@@ -8,6 +8,7 @@ a ModelConfig field the architecture cannot represent, naming the field.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,24 @@ def get(hf: Mapping[str, Any], key: str, default: Any = _MISSING) -> Any:
   if not isinstance(value, kind):
     raise CheckpointError(f"config.json: {key}: must be a {kind.__name__}, got {value!r}")
   return value
+
+
+def token_id(hf: Mapping[str, Any], key: str) -> int | None:
+  """A special token's id (`pad_token_id`, `eos_token_id`, ...): None where
+  the config names none (missing, null, or a negative id: older configs'
+  -1); of a list (Llama 3 ends at any of several), the first, said in a
+  warning: txf's decoding stops at one.
+
+  Raises:
+    CheckpointError: naming the key, for a value that is no token id.
+  """
+  value = hf.get(key)
+  if isinstance(value, list) and value:
+    logging.warning("config.json: %s lists %s: txf stops at the first", key, value)
+    value = value[0]
+  if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+    return None
+  return None if value is None else get({key: value}, key)
 
 
 def expect(hf: Mapping[str, Any], key: str, supported: tuple, default: Any) -> Any:

@@ -13,7 +13,7 @@ unqualified names (gpt2, bert-base-uncased, t5-small) under their organisations
 installed and HF_HUB_OFFLINE is not set; otherwise the error says how to
 fetch it. The layout is read here, not through huggingface_hub, because
 huggingface_hub is optional: a cache filled by another machine or by
-`huggingface-cli download` is read without it.
+`hf download` is read without it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ def hub_cache() -> pathlib.Path:
 
 
 def _fetch_hint(name: str) -> str:
-  return f"fetch it with `huggingface-cli download {name}` (pip install huggingface_hub)"
+  """How to fetch `name` (huggingface_hub's command is `hf` since its 1.0)."""
+  hint = f"fetch it with `hf download {name}`"
+  if importlib.util.find_spec("huggingface_hub") is None:
+    hint += " (pip install huggingface_hub)"
+  return hint
 
 
 def _cached_repos(name: str) -> list[pathlib.Path]:

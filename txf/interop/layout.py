@@ -33,6 +33,11 @@ class Layout:
     tied_copies: {tensor: the tensor it repeats when the output is tied}.
     untied_output: the output projection's tensor, present only when it is
       not tied to the embedding.
+    untied_copies: {tensor: the tensor it repeats}, for tensors an untied
+      output reads in place of another (BERT's head bias: transformers 5
+      reads `decoder.bias` when the output is untied, `bias` when tied):
+      written twice by an untied export, and read in place of the other
+      from an untied file.
     head_weights: regexes of the head's weights, dropped (named) with head='none'.
     unused_always: regexes of weights txf has no layer for, dropped (named)
       whatever the head.
@@ -45,6 +50,7 @@ class Layout:
   head_roots: tuple[str, ...]
   tied_copies: Mapping[str, str]
   untied_output: str
+  untied_copies: Mapping[str, str] = dataclasses.field(default_factory=dict)
   head_weights: tuple[str, ...] = ()
   unused_always: tuple[str, ...] = ()
   buffers: tuple[str, ...] = ()

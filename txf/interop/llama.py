@@ -68,7 +68,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
   activation, approximate = _ACTIVATIONS[name]
   d_model, num_heads = get(hf, "hidden_size"), get(hf, "num_attention_heads")
   vocab_size = get(hf, "vocab_size")
-  pad_id = get(hf, "pad_token_id", 0)
+  pad_id = hf_config.token_id(hf, "pad_token_id") or 0
   fields: dict[str, Any] = dict(
     family="decoder",
     head=head,

@@ -106,7 +106,7 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
     tie_embeddings=tied,
     share_embeddings=True,
     scale_logits=bool(scaled),
-    pad_id=get(hf, "pad_token_id", 0),
+    pad_id=hf_config.token_id(hf, "pad_token_id") or 0,
   )
 
 

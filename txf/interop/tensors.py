@@ -87,7 +87,10 @@ def _read_pytorch_bin(path: epath.Path) -> dict[str, np.ndarray]:
       f"{path}: reading pytorch_model.bin needs torch; convert the "
       "checkpoint to model.safetensors or install torch"
     ) from None
-  state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+  try:
+    state = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+  except Exception as error:  # torch's error depends on where the bytes broke
+    raise CheckpointError(f"{path}: not a readable pytorch_model.bin ({error})") from None
   return {
     name: _as_float32(tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy())
     for name, tensor in state.items()
