@@ -6,6 +6,8 @@ the row (induction: the block is repeated; MQAR: the input is a key seen in
 the pairs) and the token that followed that occurrence is the target.
 """
 
+import itertools
+
 import ml_collections
 import numpy as np
 import pytest
@@ -98,6 +100,15 @@ def test_bad_fields_are_refused_naming_them(fields, message):
     make_dataset(parse_data(fields), "train", seed=0)
 
 
-def test_repeat_periods_are_the_induction_block_lengths():
-  assert repeat_periods(ml_collections.ConfigDict(INDUCTION)) == range(3, 10)
-  assert len(repeat_periods(ml_collections.ConfigDict(MQAR))) == 0
+def test_repeat_periods_are_every_period_a_row_repeats_with():
+  """Read off the rows themselves (40 batches of 8): a block tiled to fill
+  a row repeats with every multiple of its length the row holds, not only
+  with the block lengths 3..9 (a probe at 18 met rows of blocks 3, 6, 9)."""
+  seen = set()
+  for rows in itertools.islice(make_dataset(parse_data(INDUCTION), "train", seed=0), 40):
+    tokens_RxL = np.concatenate([rows["inputs"], rows["targets"][:, -1:]], axis=1)
+    for row in tokens_RxL:
+      seen |= {q for q in range(1, len(row)) if np.array_equal(row[q:], row[:-q])}
+  assert repeat_periods(ml_collections.ConfigDict(INDUCTION)) == tuple(sorted(seen))
+  assert {18, 36, 27} <= seen and not {11, 13, 17, 19, 23} & seen
+  assert repeat_periods(ml_collections.ConfigDict(MQAR)) == ()

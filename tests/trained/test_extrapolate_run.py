@@ -147,6 +147,18 @@ def test_bad_arguments_are_refused_naming_them(trained, kwargs, message):
   assert digests(trained) == before
 
 
+def test_a_run_on_generated_rows_is_refused(tmp_path):
+  """Induction's rows are independent examples whose first block is weighted
+  0: joined into one stream and scored whole, its 1x loss was not its
+  eval_loss (2.17 against 1.28 for a 500-step run) and exited 0."""
+  workdir = tmp_path / "run"
+  loop.run(parse(tiny_config("induction", steps=2)), workdir, log=lambda line: None)
+  with pytest.raises(
+    ValueError, match=r"^data.name: length extrapolation scores a text stream, .* 'induction'"
+  ):
+    extrapolate_run(workdir)
+
+
 def test_a_directory_without_a_run_is_refused(tmp_path):
   with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
     extrapolate_run(tmp_path)

@@ -204,7 +204,7 @@ def patching_figure(record: Mapping[str, Any], *, title: str, source_layer: int 
     title=title,
     xlabel=f"measured head (layer {source_layer + 1})",
     ylabel=f"patched head (layer {source_layer})",
-    colorbar_label="fall in induction score (attention weight, clean - patched)",
+    colorbar_label="fall in induction score\n(attention weight, clean - patched)",
     xticklabels=_head_labels(source_layer + 1, num_heads),
     yticklabels=_head_labels(source_layer, num_heads),
     annotate=True,

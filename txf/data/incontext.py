@@ -152,13 +152,17 @@ class MQARSource(GeneratedSource):
     return lm_arrays(*zip(*examples))
 
 
-def repeat_periods(spec: DataSpec) -> range:
-  """The periods the data of `spec` repeats with: data.min_example_len ..
-  data.max_example_len for 'induction', none for any other dataset. An
-  induction probe must avoid them."""
+def repeat_periods(spec: DataSpec) -> tuple[int, ...]:
+  """The periods the data of `spec` repeats with, ascending: for 'induction'
+  each block length P in data.min_example_len .. data.max_example_len and
+  every multiple of one that a row holds (a block tiled to fill the row
+  repeats with 2 P, 3 P, ... too: 24 for blocks of 4, 6, 8 and 12 in 48
+  tokens); none for any other dataset. An induction probe must avoid them."""
   if spec.name != "induction":
-    return range(0)
-  return range(required(spec.min_example_len), required(spec.max_example_len) + 1)
+    return ()
+  # A row of seq_len + 1 tokens (inputs and targets) repeats with q <= seq_len.
+  blocks = range(required(spec.min_example_len), required(spec.max_example_len) + 1)
+  return tuple(sorted({q for p in blocks for q in range(p, spec.seq_len + 1, p)}))
 
 
 class RowSource(GeneratedSource):

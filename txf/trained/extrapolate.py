@@ -44,6 +44,7 @@ from txf.analysis.extrapolation import (
   windows,
 )
 from txf.checks import int_at_least
+from txf.data.spec import text_source
 from txf.progress import Progress
 from txf.runconfig.run_config import ConfigError
 from txf.runconfig.tasks import task_kind
@@ -190,6 +191,14 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
     raise ValueError(
       f"data.task: length extrapolation needs a decoder language model "
       f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}"
+    )
+  name = run.setup.run.data.name
+  if text_source(name) is None:
+    # Its rows are independent examples whose eval weights leave out what no
+    # model can predict: joined into one stream, they would be scored whole.
+    raise ValueError(
+      f"data.name: length extrapolation scores a text stream, the run in {workdir} trains on "
+      f"{name!r}, whose rows are generated one by one"
     )
   tokens_N = _validation_stream(run.setup)
   if num_tokens is None:
