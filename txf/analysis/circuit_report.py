@@ -247,7 +247,8 @@ def training_figure(
     )
     axes.set_yscale("log")
     axes.set(
-      title=f"{label}: accuracy rises fastest at steps {before}-{after}",
+      # Two lines: one column's axes are narrower than the label and the steps.
+      title=f"{label}:\naccuracy rises fastest at steps {before}-{after}",
       ylabel="validation loss (nats/token)",
     )
     right = axes.twinx()
