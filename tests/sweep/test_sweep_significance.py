@@ -134,10 +134,19 @@ def test_replicas_pair_when_seed_replicas_and_data_agree():
     assert not significance.paired_design(base, {**base, **change}), change
 
 
-def row(name, status="done", mean=1.0, std=0.1, replicas=2, **overrides):
-  point = types.SimpleNamespace(name=name, overrides=overrides)
-  loss = None if mean is None else Stat(mean, std)
-  return types.SimpleNamespace(point=point, status=status, eval_loss=loss, replicas=replicas)
+def row(name, status="done", mean=1.0, replicas=2, seed=0, **overrides):
+  """A summary row whose replicas' final losses are mean -/+ 0.05 (paired
+  with another row's where they have the same seed)."""
+  config = {"seed": seed, "replicas": replicas, "data": {"seed": None}}
+  point = types.SimpleNamespace(name=name, overrides=overrides, config=config)
+  losses = None if mean is None else (mean - 0.05, mean + 0.05)
+  return types.SimpleNamespace(
+    point=point,
+    status=status,
+    eval_loss=None if losses is None else Stat.of(losses),
+    eval_losses=losses,
+    replicas=replicas,
+  )
 
 
 def test_pairs_differ_in_one_field_alone_lower_loss_first_finished_points_only():
@@ -162,6 +171,22 @@ def test_pairs_differ_in_one_field_alone_lower_loss_first_finished_points_only()
   assert not any("rope_pre" in (c.lower, c.higher) for c in significance.comparisons(rows, fields))
 
 
+def test_a_pair_of_paired_replicas_gets_the_paired_test():
+  """The replicas of points with one seed, replica count and data section
+  pair up (RULE): their comparison is the paired t-test of the per-replica
+  losses; with another seed, Welch's. Both against scipy."""
+  field = "model.position"
+  rope, alibi = row("rope", mean=1.0, **{field: "rope"}), row("alibi", mean=1.2, **{field: "alibi"})
+  alibi.eval_losses = (1.12, 1.31)  # differences -0.07, -0.26 from rope's
+  (paired,) = significance.comparisons([rope, alibi], [field])
+  want = stats.ttest_rel(rope.eval_losses, alibi.eval_losses)
+  assert paired.test.paired and paired.test.p == pytest.approx(want.pvalue, rel=1e-9)
+  rope.point.config = {**rope.point.config, "seed": 1}
+  (unpaired,) = significance.comparisons([rope, alibi], [field])
+  want = stats.ttest_ind(rope.eval_losses, alibi.eval_losses, equal_var=False)
+  assert not unpaired.test.paired and unpaired.test.p == pytest.approx(want.pvalue, rel=1e-9)
+
+
 def test_results_md_states_the_rule_and_each_pairs_test(sweep_dir, points):  # noqa: F811
   """The fixture's finished points: RoPE and learned, both Pre-LN (the others
   diverged or are partial): one comparison, scipy's on their replicas."""
@@ -170,9 +195,10 @@ def test_results_md_states_the_rule_and_each_pairs_test(sweep_dir, points):  # n
   assert f"Holm-adjusted p < {significance.ALPHA} over its 1 comparisons" in text
   (line,) = [line for line in text.splitlines() if line.startswith("| model.position |")]
   cells = [cell.strip() for cell in line.strip("|").split("|")]
-  want = stats.ttest_ind([2.0, 2.5], [2.3, 2.7], equal_var=False)
+  want = stats.ttest_rel([2.0, 2.5], [2.3, 2.7])  # one sweep's points: paired replicas
   assert cells[1].endswith("(rope)") and cells[2].endswith("(learned)")
-  assert float(cells[3]) == pytest.approx(2.25 - 2.5, abs=5e-5)
-  assert float(cells[6]) == pytest.approx(want.pvalue, rel=1e-3)
-  assert float(cells[7]) == pytest.approx(want.pvalue, rel=1e-3)  # a family of one
-  assert cells[8] == "no"
+  assert float(cells[3]) == pytest.approx(2.25 - 2.5, abs=5e-5) and cells[4] == "yes"
+  # Printed to 3 significant figures: within half a unit of the last.
+  assert float(cells[7]) == pytest.approx(want.pvalue, rel=5e-3)
+  assert float(cells[8]) == pytest.approx(want.pvalue, rel=5e-3)  # a family of one
+  assert cells[9] == "no"

@@ -227,6 +227,7 @@ class PointSummary:
   diverged: bool
   extrapolation: Extrapolation | None
   late_improvement: float | None = None
+  eval_losses: tuple[float, ...] | None = None  # each replica's final, for the paired test
   curves: Mapping[str, Curve] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
@@ -422,6 +423,7 @@ def summarize_point(
   rows = _merged_by_step(workdir)
   diverged = status == "diverged"
   train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
+  eval_losses = None if diverged else _final_values(rows, "eval_loss", replicas, workdir)
   eval_loss, eval_ppl = (None, None) if diverged else _final(rows, "eval_loss", replicas, workdir)
   accuracies = None if diverged else _final_values(rows, "eval_accuracy", replicas, workdir)
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
@@ -440,6 +442,7 @@ def summarize_point(
     diverged=diverged,
     extrapolation=readable_extrapolation(workdir, log),
     late_improvement=improvement,
+    eval_losses=None if eval_losses is None else tuple(eval_losses),
     curves=curves,
   )
 
@@ -590,18 +593,19 @@ def _comparison_lines(rows: Sequence[PointSummary], fields: Sequence[str]) -> li
   lines = [
     "",
     f"Pairs of points that differ in one field, the lower validation loss first; "
-    f"resolved: Welch's t-test from each point's mean and std (this table holds no "
-    f"per-replica values), Holm-adjusted p < {significance.ALPHA} over its "
-    f"{len(found)} comparisons.",
+    f"resolved: the t-test over seed replicas on the final validation loss (paired "
+    f"where the points share seeds and batches, else Welch's; `paired`), "
+    f"Holm-adjusted p < {significance.ALPHA} over its {len(found)} comparisons.",
     "",
-    "| field | lower | higher | difference | t | df | p | Holm p | resolved |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| field | lower | higher | difference | paired | t | df | p | Holm p | resolved |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for c in found:
     test = c.test
     cells = [
       c.field, f"{c.lower} ({c.lower_value})", f"{c.higher} ({c.higher_value})",
-      f"{test.difference:+.4f}", number(test.t, ".2f"), number(test.df, ".1f"),
+      f"{test.difference:+.4f}", "yes" if test.paired else "no", number(test.t, ".2f"),
+      number(test.df, ".1f"),
       number(test.p, ".3g"), number(c.holm_p, ".3g"), "yes" if c.resolved else "no",
     ]  # fmt: skip
     lines.append("| " + " | ".join(cells) + " |")

@@ -155,7 +155,8 @@ class Comparison:
     field: the grid field they differ in.
     lower, higher: their point names.
     lower_value, higher_value: their values of `field`.
-    test: Welch's test of lower's loss minus higher's (difference <= 0).
+    test: the rule's test (`compare`) of lower's loss minus higher's
+      (difference <= 0).
     holm_p: its p Holm-adjusted over the comparisons found with it.
   """
 
@@ -177,8 +178,8 @@ def comparisons(rows: Sequence[Any], fields: Sequence[str]) -> list[Comparison]:
   """Every pair of `rows` (txf.sweep.results.PointSummary) that differ in one
   of `fields` alone, in grid order, Holm-adjusted as one family; only
   finished points (status 'done') take part: a partial run's last loss is
-  not its final one. Welch's test from each row's mean and std: a summary
-  row holds no per-replica values."""
+  not its final one. The rule's test (`compare`) of the rows' per-replica
+  final losses, paired where the points' configs pair up (`paired_design`)."""
   found = []
   scored = [row for row in rows if row.status == "done" and row.eval_loss is not None]
   for field in fields:
@@ -188,10 +189,8 @@ def comparisons(rows: Sequence[Any], fields: Sequence[str]) -> list[Comparison]:
       if va.get(field) == vb.get(field) or any(va.get(o) != vb.get(o) for o in others):
         continue
       low, high = (a, b) if a.eval_loss.mean <= b.eval_loss.mean else (b, a)
-      pair_test = welch(
-        low.eval_loss.mean, low.eval_loss.std, low.replicas,
-        high.eval_loss.mean, high.eval_loss.std, high.replicas,
-      )  # fmt: skip
+      paired = paired_design(low.point.config, high.point.config)
+      pair_test = compare(low.eval_losses, high.eval_losses, paired=paired)
       found.append((field, low, high, pair_test))
   adjusted = holm([pair_test.p for *_, pair_test in found])
   return [
