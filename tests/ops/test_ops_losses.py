@@ -209,6 +209,11 @@ def test_masked_vocabulary_entries_and_zero_weights_stay_finite(batch):
   nll = lse - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
   np.testing.assert_allclose(loss_sum, (weights * nll).sum(), rtol=1e-5)
   assert np.all(np.isfinite(grad)) and np.all(grad[..., -3:] == 0) and np.all(grad[0] == 0)
+  # The per-token and mean paths too (they were NaN: 0 * the infinite
+  # uniform part of label smoothing, which is off).
+  np.testing.assert_allclose(token_cross_entropy(logits, labels), nll, rtol=1e-5)
+  mean, _ = cross_entropy(logits, labels, weights=weights)
+  np.testing.assert_allclose(mean, (weights * nll).sum() / weights.sum(), rtol=1e-5)
 
 
 def test_bfloat16_logits_give_a_bfloat16_gradient_of_float32_statistics(batch):

@@ -39,8 +39,10 @@ class MultiHeadAttention(nn.Module):
 
   Attributes:
     cfg: the model's config.
-    causal: queries attend only to keys at positions <= their own (and T5's
-      buckets do not split by sign).
+    causal: queries attend only to keys at positions <= their own.
+    causal_positions: T5's buckets are a causal model's, not split by sign
+      (None: `causal`). A decoder's prefix-LM call attends bidirectionally
+      (causal False) with the buckets it was trained with.
     cross: cross-attention: keys and values come from `kv_BxSxD` (an encoder
       output), which decoding may keep in the cache (see `__call__`); it
       carries no positional signal and no window (as in T5 and Vaswani et al.).
@@ -48,6 +50,7 @@ class MultiHeadAttention(nn.Module):
 
   cfg: ModelConfig
   causal: bool = False
+  causal_positions: bool | None = None
   cross: bool = False
 
   # What the layer reads of its config, named once.
@@ -496,8 +499,9 @@ class MultiHeadAttention(nn.Module):
       return None
     if encoding.table == "relative" and relative_table is None:
       raise ValueError(f"MultiHeadAttention: position={self.position!r} needs relative_table")
+    causal = self.causal if self.causal_positions is None else self.causal_positions
     return encoding.bias(
-      self.cfg, q_positions_BxT, k_positions_BxS, relative_table, bidirectional=not self.causal
+      self.cfg, q_positions_BxT, k_positions_BxS, relative_table, bidirectional=not causal
     )
 
   def _cross_cache(self, kv_BxSxD, key_mask):

@@ -52,6 +52,8 @@ class TransformerBlock(nn.Module):
   Attributes:
     cfg: model hyperparameters.
     causal: self-attention is causal (decoder side).
+    causal_positions: relative positions are a causal model's (None:
+      `causal`; see MultiHeadAttention).
     has_cross: add a cross-attention sub-layer over `cross_x`.
     deterministic: no dropout.
     use_cache: self-attention uses the KV cache; cross-attention keeps the
@@ -63,6 +65,7 @@ class TransformerBlock(nn.Module):
 
   cfg: ModelConfig
   causal: bool = False
+  causal_positions: bool | None = None
   has_cross: bool = False
   deterministic: bool = True
   use_cache: bool = False
@@ -84,7 +87,11 @@ class TransformerBlock(nn.Module):
     x by this block's first norm."""
     cfg = self.cfg
     attention = lambda name, causal: MultiHeadAttention(
-      cfg, causal=causal, cross=name == "cross_attention", name=name
+      cfg,
+      causal=causal,
+      causal_positions=self.causal_positions,
+      cross=name == "cross_attention",
+      name=name,
     )
 
     # Each sub-layer as h -> (its output, the bias of its output projection
@@ -276,6 +283,7 @@ class TransformerStack(nn.Module):
     block_attrs: dict[str, Any] = dict(
       cfg=cfg,
       causal=self.causal if causal is None else causal,
+      causal_positions=self.causal,  # the parameters' kind, whatever this call's mask
       has_cross=self.has_cross,
       deterministic=deterministic,
       use_cache=use_cache,

@@ -75,9 +75,12 @@ def _per_token_and_log_z(logits_xV, labels, label_smoothing, z_loss):
   # -sum(target * log_softmax) split into its one-hot and uniform parts, so
   # no [..., V] target array is built.
   label_logit = jnp.take_along_axis(logits_xV, labels[..., None], axis=-1)[..., 0]
-  nll = log_z - label_logit
-  uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
-  per_token = (1.0 - label_smoothing) * nll + label_smoothing * uniform_nll
+  per_token = log_z - label_logit
+  # Without smoothing the uniform part is left out, not multiplied by 0: it
+  # is infinite where a logit is -inf (a masked vocabulary), and 0 * inf is NaN.
+  if not (isinstance(label_smoothing, (int, float)) and label_smoothing == 0):
+    uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
+    per_token = (1.0 - label_smoothing) * per_token + label_smoothing * uniform_nll
   return per_token + z_loss * jnp.square(log_z), log_z
 
 
