@@ -116,6 +116,11 @@ def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
       ["--config=configs/sweeps/pe_ln.py", "--publish=W", "--index=0"],
       ["--publish copies every point of the sweep: no --index"],
     ),
+    (
+      "sweep",
+      ["--config=configs/sweeps/pe_ln.py", "--summarize", "--index=0"],
+      ["--summarize reads every point of the sweep: no --index"],
+    ),
     ("embed", ["--model=D"], ["missing the texts to embed"]),
     ("extrapolate", ["--workdir=W", "--stride=abc"], ["--stride=abc", "invalid literal"]),
     ("extrapolate", [], ["--workdir is required (Run directory"]),

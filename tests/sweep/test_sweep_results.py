@@ -6,9 +6,11 @@ the sample standard deviation (ddof=1), which for two values a, b is
 """
 
 import csv
+import dataclasses
 import json
 import math
 import os
+import re
 import signal
 
 import ml_collections
@@ -19,6 +21,7 @@ from conftest import load_config
 from full_disk import files_in, full_disk
 from txf.runconfig.run_config import parse, to_json
 from txf.rundir.checkpoint import PreemptionGuard
+from txf.rundir.workdir import WorkdirError
 from txf.storage import WriteError, write_files
 from txf.sweep import figures, grid, results, runner
 
@@ -27,12 +30,14 @@ STEPS = 4
 
 
 def write_run(workdir, rows, *, steps=STEPS):
-  """A run directory: config.json (configs/rope.py's, trained `steps`) and
-  metrics.jsonl `rows`."""
+  """A run directory: config.json (configs/rope.py's, trained `steps`, of
+  as many replicas as the rows hold: `name/r` keys) and metrics.jsonl `rows`."""
   workdir.mkdir(parents=True)
   if steps is not None:
     config = load_config("rope")
     config.train.steps = steps
+    indices = [int(key.rpartition("/")[2]) for row in rows for key in row if "/" in key]
+    config.replicas = max(indices, default=0) + 1
     (workdir / "config.json").write_text(json.dumps(to_json(parse(config))))
   (workdir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -753,3 +758,35 @@ def test_a_sigterm_while_the_summary_is_written_leaves_the_whole_new_set(
   # Point 0 lost its extrapolation: both tables and every figure drawn from
   # extrapolations change.
   assert {results.RESULTS_CSV, results.RESULTS_MD, "extrapolation_sliding.png"} <= changed
+
+
+def test_a_summary_reads_the_replicas_config_json_records(sweep_dir, points):
+  """Summarized with a sweep config asking for 3 replicas, points trained
+  with 2 were read as 2 of 3 (the sweep config's count); now as on disk."""
+  rows = runner.summarize(points, sweep_dir, log=lambda line: None)
+  asked = [dataclasses.replace(p, config=p.config.copy_and_resolve_references()) for p in points]
+  for point in asked:
+    point.config.replicas = 3
+  again = runner.summarize(asked, sweep_dir, log=lambda line: None)
+  assert [r.replicas for r in again] == [r.replicas for r in rows] == [2, 2, 2, 2]
+  assert [r.eval_loss for r in again] == [r.eval_loss for r in rows]
+
+
+def test_a_summary_in_an_array_job_reads_every_point(sweep_config, sweep_dir, points, monkeypatch):
+  """An array job's index (SLURM_ARRAY_TASK_ID) is the training's: with it
+  set, --summarize returned after selecting one point and wrote nothing."""
+  monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+  # These points' configs hold only what a summary reads: not a run to check.
+  monkeypatch.setattr(runner, "check_point_config", lambda config: None)
+  rows = runner.run_sweep(sweep_config, sweep_dir, summarize_only=True, log=lambda line: None)
+  assert [row.point.name for row in rows] == [point.name for point in points]
+  assert (sweep_dir / results.RESULTS_MD).exists()
+
+
+def test_a_point_whose_rows_lack_a_replica_is_one_error_naming_the_file(sweep_dir, points):
+  metrics = sweep_dir / points[0].name / "metrics.jsonl"
+  *earlier, last = metrics.read_text().splitlines()
+  row = {key: value for key, value in json.loads(last).items() if not key.endswith("/1")}
+  metrics.write_text("\n".join([*earlier, json.dumps(row)]) + "\n")
+  with pytest.raises(WorkdirError, match=rf"^{re.escape(str(metrics.parent))}: metrics row .*"):
+    runner.summarize(points, sweep_dir, log=lambda line: None)

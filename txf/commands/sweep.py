@@ -118,6 +118,8 @@ def main(argv) -> None:
     fail("flag", f"{' and '.join(modes)}: choose one")
   if _PUBLISH.value is not None and _INDEX.value is not None:
     fail("flag", "--publish copies every point of the sweep: no --index")
+  if _SUMMARIZE.value and _INDEX.value is not None:
+    fail("flag", "--summarize reads every point of the sweep: no --index")
   # After flag parsing: fast --help.
   from txf.sweep.grid import GridError, expand, override_grid
   from txf.sweep.publish import publish

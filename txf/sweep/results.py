@@ -411,11 +411,14 @@ def summarize_point(
     point: the grid point.
     workdir: the point's own run directory.
     replicas: R, the seed replicas the point trained (1: a single run);
-      None: `point_replicas(point)`.
+      None: those its config.json records (what is on disk, whatever the
+      sweep config now says), or `point_replicas(point)` without one.
     log: called with the one line saying that an unreadable
       extrapolation.json is left out.
   """
-  replicas = point_replicas(point) if replicas is None else replicas
+  if replicas is None:
+    saved = read_run_config(workdir) if (epath.Path(workdir) / CONFIG_FILE).exists() else None
+    replicas = point_replicas(point) if saved is None else saved.replicas
   if replicas < 1:
     raise ValueError(f"replicas must be >= 1, got {replicas}")
   workdir = epath.Path(workdir)

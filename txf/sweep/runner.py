@@ -300,7 +300,10 @@ def summarize(
       file of the summary is as it was.
   """
   workdir = epath.Path(workdir)
-  rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
+  try:
+    rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
+  except ValueError as error:  # a point's files not as a run writes them, named
+    raise WorkdirError(str(error)) from None
   files = summary_files(points, rows, workdir)
   if preemption is not None and preemption.requested:
     log(
@@ -400,7 +403,8 @@ def run_sweep(
   runs = grid.validate(points, check_point_config)
   if extrapolate is not None and settings.extrapolate_tokens is not None:
     _check_extrapolate_tokens(points, settings.extrapolate_tokens)
-  selected = grid.select(points, index)
+  # A summary reads every point (an array job's index is the training's).
+  selected = points if summarize_only else grid.select(points, index)
   if dry_run:
     _dry_run(selected, workdir, settings, log)
     return None
