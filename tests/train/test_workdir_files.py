@@ -15,7 +15,7 @@ import ml_collections
 import pytest
 
 from conftest import tiny_config
-from txf.runconfig.run_config import ConfigError, parse
+from txf.runconfig.run_config import ConfigError, parse, to_json
 from txf.rundir import metrics, record, trackers
 from txf.rundir.resume import read_run_config
 from txf.rundir.workdir import WorkdirError
@@ -228,7 +228,7 @@ def test_a_sweep_summary_parses_each_metrics_row_once(tmp_path, monkeypatch):
   for point in points:
     point_dir = tmp_path / point.name
     point_dir.mkdir()
-    (point_dir / "config.json").write_text(json.dumps({"train": {"steps": 40}}))
+    (point_dir / "config.json").write_text(json.dumps(to_json(parse(tiny_config(steps=40)))))
     lines = [{"step": s, "loss": 3.0 - s / 100, "tokens_per_sec": 1e3} for s in range(1, 41)]
     lines += [{"step": s, "eval_loss": 3.0 - s / 90} for s in range(10, 41, 10)]
     lines.sort(key=lambda row: row["step"])
