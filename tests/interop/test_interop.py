@@ -824,28 +824,26 @@ def test_a_broken_sentence_transformers_declaration_names_the_file(tmp_path, fil
     sentence_transformers_pooling(directory)
 
 
+# An encoder's fields of a BERT masked LM (BertForMaskedLM holds any sizes of it).
+BERT_MLM = dict(
+  head="mlm",
+  position="learned",
+  use_bias=True,
+  scale_logits=False,
+  norm_placement="post",
+  embed_norm=True,
+  num_token_types=2,
+  gelu_approximate=False,
+)
+
+
 def test_an_untied_bert_head_reads_and_writes_its_bias_as_decoder_bias(tmp_path):
   """transformers 5 reads an untied BERT MLM head's bias from
   `cls.predictions.decoder.bias` (a tied head's from `cls.predictions.bias`):
   an export wrote only the latter, so transformers used a zero bias; a file
   whose decoder.bias differs (fine-tuned in transformers 5) was refused."""
-  cfg = ModelConfig(
-    family="encoder",
-    head="mlm",
-    vocab_size=40,
-    d_model=16,
-    num_heads=2,
-    num_layers=1,
-    max_len=16,
-    position="learned",
-    use_bias=True,
-    scale_logits=False,
-    tie_embeddings=False,
-    norm_placement="post",
-    embed_norm=True,
-    num_token_types=2,
-    gelu_approximate=False,
-  )
+  sizes = dict(vocab_size=40, d_model=16, num_heads=2, num_layers=1, max_len=16)
+  cfg = ModelConfig(family="encoder", **sizes, **BERT_MLM, tie_embeddings=False)
   params = o1_params(cfg)
   save_pretrained(cfg, params, tmp_path)
   written = load_file(tmp_path / "model.safetensors")

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 import jax  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
+from test_interop import BERT_MLM  # noqa: E402
 
 from conftest import FIXTURES  # noqa: E402
 from txf.interop import load_pretrained, save_pretrained  # noqa: E402
@@ -91,34 +92,9 @@ def test_converted_checkpoints_written_by_txf_load_in_transformers(name, tmp_pat
   "family,fields",
   [
     ("decoder", dict(position="learned", use_bias=True, scale_logits=False, norm_eps=1e-5)),
-    (
-      "encoder",
-      dict(
-        head="mlm",
-        position="learned",
-        use_bias=True,
-        scale_logits=False,
-        norm_placement="post",
-        embed_norm=True,
-        num_token_types=2,
-        gelu_approximate=False,
-      ),
-    ),
+    ("encoder", BERT_MLM),
     # Untied: transformers 5 reads the head's bias from decoder.bias then.
-    (
-      "encoder",
-      dict(
-        head="mlm",
-        position="learned",
-        use_bias=True,
-        scale_logits=False,
-        tie_embeddings=False,
-        norm_placement="post",
-        embed_norm=True,
-        num_token_types=2,
-        gelu_approximate=False,
-      ),
-    ),
+    ("encoder", {**BERT_MLM, "tie_embeddings": False}),
     # Tied but unscaled (transformers 5's fresh T5 v1.1): written untied.
     (
       "encoder_decoder",
