@@ -138,6 +138,8 @@ def test_transformations(batch, dtype):
   [
     (dict(labels=np.zeros((3, 6), np.int32)), "labels"),
     (dict(labels=np.zeros((3, 7), np.float32)), "labels"),
+    (dict(labels=np.full((3, 7), V, np.int32)), rf"labels must be in \[0, {V}\), got ids from {V}"),
+    (dict(labels=np.full((3, 7), -1, np.int32)), rf"labels must be in \[0, {V}\), got ids from -1"),
     (dict(weights=np.ones((3, 6))), "weights"),
     (dict(label_smoothing=1.0), "label_smoothing"),
     (dict(label_smoothing=-0.1), "label_smoothing"),

@@ -352,3 +352,5 @@ def test_rope_ntk_scales_the_base_not_the_positions():
 def test_rope_ntk_without_scaling_is_rope():
   x = jax.random.normal(jax.random.key(0), (2, 5, 3, 8))
   np.testing.assert_allclose(apply_ntk_rope(x, jnp.arange(5)), apply_rope(x, jnp.arange(5)))
+  with pytest.raises(ValueError, match=r"^scale must be a number >= 1, got 0.5"):
+    apply_ntk_rope(x, jnp.arange(5), scale=0.5)  # documented >= 1, as model.options.rope_scale

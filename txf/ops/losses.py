@@ -9,6 +9,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from txf.ops import cross_entropy_gpu, platform
 
@@ -31,6 +32,16 @@ def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
     raise ValueError(
       f"labels must have shape logits.shape[:-1] = {logits.shape[:-1]}, got shape {labels.shape}"
     )
+  # Checked when concrete (traced ones pass): an id outside the vocabulary
+  # gives each loss path another wrong value, never an error.
+  concrete = not isinstance(labels, jax.core.Tracer) and getattr(
+    labels, "is_fully_addressable", True
+  )
+  if labels.size and concrete:
+    ids = np.asarray(labels)  # numpy's reduction: jax's would be staged inside a trace
+    low, high, vocab = int(ids.min()), int(ids.max()), logits.shape[-1]
+    if low < 0 or high >= vocab:
+      raise ValueError(f"labels must be in [0, {vocab}), got ids from {low} to {high}")
   if weights is not None and weights.shape != labels.shape:
     raise ValueError(
       f"weights must have the shape of labels {labels.shape}, got shape {weights.shape}"

@@ -135,7 +135,8 @@ def apply_ntk_rope(x, positions, *, base=10000.0, scale=1.0):
   head_dim = jnp.shape(x)[-1]
   if head_dim < 4:
     raise ValueError(f"x head dim must be at least 4 for NTK scaling, got shape {jnp.shape(x)}")
-  _check_positive("scale", scale)
+  if not isinstance(scale, numbers.Real) or not scale >= 1:
+    raise ValueError(f"scale must be a number >= 1, got {scale!r}")
   return apply_rope(x, positions, base=base * scale ** (head_dim / (head_dim - 2)))
 
 
