@@ -5,7 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.ops.losses import cross_entropy, cross_entropy_sums, token_cross_entropy
+from txf.ops.losses import (
+  cross_entropy,
+  cross_entropy_sums,
+  linear_cross_entropy_sums,
+  token_cross_entropy,
+)
 
 V = 11
 
@@ -152,6 +157,23 @@ def test_bad_input_raises(batch, kwargs, name):
   args = dict(logits=logits, labels=labels) | kwargs
   with pytest.raises(ValueError, match=name):
     cross_entropy(**args)
+
+
+@pytest.mark.parametrize("label", [-1, 5])
+def test_every_loss_path_refuses_a_label_outside_the_vocabulary(label):
+  """Each path gave another wrong value: NaN, a wrapped id, or log_z."""
+  x_BxTxD, kernel_DxV = np.ones((1, 2, 3), np.float32), np.ones((3, 5), np.float32)
+  labels_BxT = np.array([[0, label]])
+  logits = x_BxTxD @ kernel_DxV
+  paths = [
+    lambda: cross_entropy(logits, labels_BxT),
+    lambda: token_cross_entropy(logits, labels_BxT),
+    lambda: cross_entropy_sums(logits, labels_BxT),
+    lambda: linear_cross_entropy_sums(x_BxTxD, kernel_DxV, labels_BxT, chunk_len=1),
+  ]
+  for path in paths:
+    with pytest.raises(ValueError, match=r"^labels must be in \[0, 5\), got ids from "):
+      path()
 
 
 # ---------------------------------------------------------------------------

@@ -32,21 +32,26 @@ def _check_inputs(logits, labels, weights, label_smoothing, z_loss):
     raise ValueError(
       f"labels must have shape logits.shape[:-1] = {logits.shape[:-1]}, got shape {labels.shape}"
     )
-  # Checked when concrete (traced ones pass): an id outside the vocabulary
-  # gives each loss path another wrong value, never an error.
-  concrete = not isinstance(labels, jax.core.Tracer) and getattr(
-    labels, "is_fully_addressable", True
-  )
-  if labels.size and concrete:
-    ids = np.asarray(labels)  # numpy's reduction: jax's would be staged inside a trace
-    low, high, vocab = int(ids.min()), int(ids.max()), logits.shape[-1]
-    if low < 0 or high >= vocab:
-      raise ValueError(f"labels must be in [0, {vocab}), got ids from {low} to {high}")
+  _check_label_ids(labels, logits.shape[-1])
   if weights is not None and weights.shape != labels.shape:
     raise ValueError(
       f"weights must have the shape of labels {labels.shape}, got shape {weights.shape}"
     )
   _check_hyperparameters(label_smoothing, z_loss)
+
+
+def _check_label_ids(labels, vocab):
+  """Labels in [0, vocab), checked when concrete (traced ones pass): an id
+  outside the vocabulary gives each loss path another wrong value, never an
+  error."""
+  concrete = not isinstance(labels, jax.core.Tracer) and getattr(
+    labels, "is_fully_addressable", True
+  )
+  if labels.size and concrete:
+    ids = np.asarray(labels)  # numpy's reduction: jax's would be staged inside a trace
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+      raise ValueError(f"labels must be in [0, {vocab}), got ids from {low} to {high}")
 
 
 def _check_hyperparameters(label_smoothing, z_loss):
@@ -453,6 +458,7 @@ def linear_cross_entropy_sums(
     raise ValueError(
       f"labels must have shape x.shape[:2] = {x_BxTxD.shape[:2]}, got {labels_BxT.shape}"
     )
+  _check_label_ids(labels_BxT, kernel_DxV.shape[1])
   weights_BxT = (
     jnp.ones(labels_BxT.shape, jnp.float32)
     if weights_BxT is None
