@@ -308,11 +308,8 @@ def _final_values(
   return _replica_values(logged[-1], name, replicas, workdir) if logged else None
 
 
-def _final(
-  rows: Mapping[int, Mapping[str, Any]], name: str, replicas: int, workdir
-) -> tuple[Stat, Stat] | tuple[None, None]:
-  """(loss, perplexity) of the last row logging `name`."""
-  losses = _final_values(rows, name, replicas, workdir)
+def _loss_stats(losses: list[float] | None) -> tuple[Stat, Stat] | tuple[None, None]:
+  """(loss, perplexity) over the replicas' final `losses` (None: none logged)."""
   if losses is None:
     return None, None
   return Stat.of(losses), Stat.of(np.exp(losses))
@@ -416,19 +413,20 @@ def summarize_point(
     log: called with the one line saying that an unreadable
       extrapolation.json is left out.
   """
+  workdir = epath.Path(workdir)
   if replicas is None:
-    saved = read_run_config(workdir) if (epath.Path(workdir) / CONFIG_FILE).exists() else None
+    saved = read_run_config(workdir)  # None without a config.json
     replicas = point_replicas(point) if saved is None else saved.replicas
   if replicas < 1:
     raise ValueError(f"replicas must be >= 1, got {replicas}")
-  workdir = epath.Path(workdir)
   status = point_status(workdir, steps=point.config.train.steps)
   rows = _merged_by_step(workdir)
   diverged = status == "diverged"
-  train_loss, train_ppl = (None, None) if diverged else _final(rows, "loss", replicas, workdir)
-  eval_losses = None if diverged else _final_values(rows, "eval_loss", replicas, workdir)
-  eval_loss, eval_ppl = (None, None) if diverged else _final(rows, "eval_loss", replicas, workdir)
-  accuracies = None if diverged else _final_values(rows, "eval_accuracy", replicas, workdir)
+  final = lambda name: None if diverged else _final_values(rows, name, replicas, workdir)
+  train_loss, train_ppl = _loss_stats(final("loss"))
+  eval_losses = final("eval_loss")
+  eval_loss, eval_ppl = _loss_stats(eval_losses)
+  accuracies = final("eval_accuracy")
   throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
   curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
   improvement = None if diverged else late_improvement(*curves["eval_loss"][:2])
