@@ -406,6 +406,12 @@ BAD_CALLS = [
   ("window", dict(window=2.5)),
   ("kv_lengths", dict(kv_lengths=jnp.array([1, 2, 3]))),
   ("kv_lengths", dict(kv_lengths=jnp.array([1.0, 2.0]))),
+  # A per-head scale broadcast against the grouped scores' last axis; a traced
+  # or array is_causal passed through `if` untested.
+  ("scale must be a number", dict(scale=jnp.ones((H,)))),
+  ("scale must be a number", dict(scale="0.5")),
+  ("is_causal must be a python bool", dict(is_causal=jnp.array(True))),
+  ("is_causal must be a python bool", dict(is_causal=1)),
 ]
 
 
@@ -429,6 +435,26 @@ def test_validation_errors(message, override):
     return  # attention_weights takes no v / implementation
   with pytest.raises(ValueError, match=message):
     attention_weights(q, k, **args)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "chunked"])
+def test_no_keys_is_the_zero_output_of_rows_with_none_allowed(implementation):
+  # S = 0: every query is a row with no allowed key (zero output, zero
+  # weights), as a fully masked row is; it was a reduction error (xla) and a
+  # division by zero (chunked).
+  k0, v0 = _arr(B, 0, 2, D), _arr(B, 0, 2, 6)
+  out = dot_product_attention(Q, k0, v0, implementation=implementation)
+  assert out.shape == (B, T, H, 6) and out.dtype == Q.dtype
+  np.testing.assert_array_equal(np.asarray(out), 0.0)
+  weights = attention_weights(Q, k0)
+  assert weights.shape == (B, H, T, 0) and weights.dtype == jnp.float32
+
+
+def test_scalar_scales_are_taken_alike():
+  # A python float and a 0-d array (a learned temperature) are one scale.
+  by_float = dot_product_attention(Q, K4, V4, scale=0.3)
+  by_array = dot_product_attention(Q, K4, V4, scale=jnp.asarray(0.3))
+  np.testing.assert_array_equal(np.asarray(by_float), np.asarray(by_array))
 
 
 def test_error_messages_name_shapes():

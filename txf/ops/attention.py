@@ -93,8 +93,28 @@ def _check_broadcastable(name, x, target):
     )
 
 
-def _validate(q, k, v, bias, mask, kv_lengths, window):
+def _check_flags(is_causal, scale):
+  """ValueError naming is_causal unless a python bool, or scale unless a scalar.
+
+  is_causal picks the mask's program at trace time (a traced flag cannot), and
+  scale multiplies every score alike (a per-head scale would broadcast against
+  the wrong axis of the grouped scores).
+  """
+  if not isinstance(is_causal, (bool, np.bool_)):
+    raise ValueError(f"is_causal must be a python bool, got {is_causal!r}")
+  if scale is None:
+    return
+  shape = np.shape(scale)
+  dtype = getattr(scale, "dtype", None)
+  numeric = dtype is not None or isinstance(scale, (int, float, np.number))
+  if isinstance(scale, bool) or not numeric or shape != ():
+    given = f"an array of shape {shape}" if dtype is not None else repr(scale)
+    raise ValueError(f"scale must be a number or a 0-d array, got {given}")
+
+
+def _validate(q, k, v, bias, mask, kv_lengths, window, is_causal=False, scale=None):
   """Checks shapes/dtypes; returns (bias, mask, kv_lengths, window) as arrays/ints."""
+  _check_flags(is_causal, scale)
   for name, x, layout in (
     ("q", q, "[B, T, H, D]"),
     ("k", k, "[B, S, K, D]"),
@@ -497,7 +517,11 @@ def attention_weights(
     float32 ``[B, H, T, S]``.
   """
   q, k = jnp.asarray(q), jnp.asarray(k)
-  bias, mask, kv_lengths, window = _validate(q, k, None, bias, mask, kv_lengths, window)
+  bias, mask, kv_lengths, window = _validate(
+    q, k, None, bias, mask, kv_lengths, window, is_causal, scale
+  )
+  if k.shape[1] == 0:  # no key to attend: every row is a row with no allowed key
+    return jnp.zeros((q.shape[0], q.shape[2], q.shape[1], 0), jnp.float32)
   return _weights(q, k, bias, mask, is_causal, scale, window, kv_lengths)
 
 
@@ -600,7 +624,11 @@ def dot_product_attention(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
       raise ValueError(f"chunk_size must be a python int >= 1, got {chunk_size!r}")
   q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-  bias, mask, kv_lengths, window = _validate(q, k, v, bias, mask, kv_lengths, window)
+  bias, mask, kv_lengths, window = _validate(
+    q, k, v, bias, mask, kv_lengths, window, is_causal, scale
+  )
+  if k.shape[1] == 0:  # no key to attend: the zero output of a row with none allowed
+    return jnp.zeros(q.shape[:3] + v.shape[3:], q.dtype)
   if implementation == "chunked":
     return _chunked_attention(
       q,
