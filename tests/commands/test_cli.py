@@ -88,6 +88,15 @@ def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize("command,config", [("run", "rope"), ("sweep", "sweeps/pe_ln")])
+def test_a_setting_for_a_config_that_takes_none_is_one_line_exit_2(tmp_path, command, config):
+  """`--config=rope:gpu` was get_config's own TypeError ("takes 0 positional
+  arguments but 1 was given")."""
+  result = run_cli(f"--config={config}:gpu", f"--workdir={tmp_path / 'run'}", command=command)
+  assert_one_line_error(result, "config error: ", f"{config}.py", "takes no setting, got ':gpu'")
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
   "flag,fragments",
   [

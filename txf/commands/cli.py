@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 from txf.configs import (
   DIRECTORY as CONFIG_DIRECTORY,
+  SettingError,
   load as load_config,
   names as config_names,
   resolve as resolve_config,
@@ -63,6 +64,8 @@ class ConfigFileParser(flags.ArgumentParser):
       config = load_config(file, *arg)
     except SyntaxError as error:
       raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
+    except SettingError as error:
+      raise ConfigFileError(f"{file}: {error}") from None
     except SystemExit as error:  # sys.exit() in the user's code: nothing would run
       raise ConfigFileError(f"{file}: exited (sys.exit({error.code!r})) while loading") from None
     except Exception as error:  # the user's code

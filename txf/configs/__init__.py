@@ -20,6 +20,7 @@ show the installed command (`txf-run --config=rope`); in a checkout
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import pathlib
 import sys
 from typing import Any
@@ -51,6 +52,10 @@ def find(name: str) -> pathlib.Path | None:
   return DIRECTORY / f"{name}.py" if name in names() else None
 
 
+class SettingError(Exception):
+  """A `file.py:setting` whose get_config() takes no setting."""
+
+
 def load(path: str | pathlib.Path, *args: str) -> Any:
   """`get_config(*args)` of the config file at `path`, run as a script is:
   its own directory first on the import path, so a config file can import
@@ -58,7 +63,8 @@ def load(path: str | pathlib.Path, *args: str) -> Any:
   txf.register, docs/extending.md).
 
   Raises:
-    FileNotFoundError, SyntaxError, or whatever the file itself raises.
+    FileNotFoundError, SyntaxError, SettingError, or whatever the file
+    itself raises.
   """
   path = pathlib.Path(path).resolve()
   directory = str(path.parent)
@@ -76,6 +82,9 @@ def load(path: str | pathlib.Path, *args: str) -> Any:
     spec.loader.exec_module(module)
   finally:
     sys.dont_write_bytecode = writes_bytecode
+  takes = inspect.signature(module.get_config).parameters
+  if args and not takes:
+    raise SettingError(f"takes no setting, got ':{args[0]}' (get_config() has no parameter)")
   return module.get_config(*args)
 
 
