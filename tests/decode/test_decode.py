@@ -693,3 +693,22 @@ def test_a_cache_is_at_most_what_int32_positions_index():
   model, params = model_and_params()
   with pytest.raises(ValueError, match=r"^generate: max_new_tokens: prompts of 5 tokens"):
     decode.generate(model, params, PROMPT, max_new_tokens=top)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+def test_decoding_under_jax_enable_x64_gives_the_tokens_of_32_bit_ints(family):
+  # Research code sets jax_enable_x64 for float64 references; python ints and
+  # argmax are then int64 and met the int32 cache index and token buffer
+  # (dynamic_update_slice takes one index type): a TypeError at the first
+  # cache write, in greedy decoding, sampling and beam search.
+  model, params = model_and_params(family=family)
+  prompt_BxP = random_tokens(3, (B, 4))
+  kwargs = dict(max_new_tokens=4)
+  if family == "encoder_decoder":
+    prompt_BxP, kwargs["encoder_tokens_BxS"] = None, random_tokens(4, (B, 6))
+  for options in (dict(), dict(num_beams=2), dict(rng=jax.random.key(5), temperature=0.0)):
+    expected = decode.generate(model, params, prompt_BxP, **kwargs, **options)
+    with jax.enable_x64(True):
+      tokens = decode.generate(model, params, prompt_BxP, **kwargs, **options)
+    assert tokens.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(expected))

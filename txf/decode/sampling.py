@@ -169,7 +169,12 @@ def sample(
     token_B = jnp.where(
       in_prompt_B, prompts_BxT[:, position], jnp.where(finished_B, pad_id, sampled_B)
     )
-    tokens_BxT = jax.lax.dynamic_update_slice_in_dim(tokens_BxT, token_B[:, None], position, 1)
+    # (0, position) in one integer type, as dynamic_update_slice takes (a
+    # python 0 is int64 where jax_enable_x64 is set).
+    start = (jnp.zeros_like(position), position)
+    # argmax's int64 under jax_enable_x64 written into the int32 buffer.
+    token_Bx1 = token_B[:, None].astype(tokens_BxT.dtype)
+    tokens_BxT = jax.lax.dynamic_update_slice(tokens_BxT, token_Bx1, start)
     if eos_id is not None:
       ended_B |= ~in_prompt_B & (token_B == eos_id)
     # Whether to go on, computed here with the rows' states: the loop's

@@ -544,7 +544,10 @@ class MultiHeadAttention(nn.Module):
         f"decode: {new_len} new tokens do not fit a KV cache of {cache_len} "
         "slots (init the cache with a longer input, at most model.max_len)"
       )
-    start = (0, cache_index, 0, 0)
+    # The other indices in cache_index's own integer type: dynamic_update_slice
+    # takes one type, and a python 0 is int64 where jax_enable_x64 is set.
+    zero = jnp.zeros_like(cache_index)
+    start = (zero, cache_index, zero, zero)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_BxTxKxDh, start)
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_BxTxKxDh, start)
     return cached_key.value, cached_value.value
