@@ -13,7 +13,10 @@ so losses agree to rtol 1e-5 and parameters after 3 AdamW steps to
 rtol 1e-4 / atol 1e-5 (measured differences: ~1e-6 absolute).
 """
 
+import collections
+import dataclasses
 import functools
+import math
 import os
 import re
 import subprocess
@@ -24,7 +27,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, PartitionSpec as P
 
 from conftest import REPO
 from txf.layers.partitioning import projection_inits
@@ -377,7 +380,8 @@ class TestEightDevices:
         dict(),
         dict(data=1, tensor=8),
         r"stack/block_0/self_attention/key/kernel: dimension 1 \('kv_heads', size 4\) is not "
-        r"divisible by mesh axis tensor \(size 8\); change model.num_kv_heads or parallel.tensor",
+        r"divisible by mesh axis tensor \(size 8\); change model.num_kv_heads \(model.num_heads "
+        r"where unset\) or parallel.tensor",
       ),
       (
         dict(vocab_size=65),
@@ -426,6 +430,55 @@ class TestEightDevices:
     with sharding.activation_sharding(mesh):
       # 'embed' -> 'fsdp' is skipped: 'batch' already uses that mesh axis.
       assert double()(x).sharding.spec == P(("data", "fsdp"))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostDevice:
+  """A device of another process, for a mesh that is only read (check_batch)."""
+
+  id: int
+  process_index: int
+  platform: str = "cpu"
+
+
+def host_mesh(sizes, devices_per_process):
+  """A (data, fsdp, tensor) mesh of stand-in devices in jax.make_mesh's order
+  (tensor fastest), process p holding devices p * n .. (p + 1) * n - 1."""
+  count = math.prod(sizes)
+  devices = [HostDevice(i, i // devices_per_process) for i in range(count)]
+  return Mesh(np.array(devices, dtype=object).reshape(sizes), sharding.MESH_AXES)
+
+
+@pytest.mark.parametrize(
+  "sizes,per_process,shared",
+  [
+    ((4, 1, 1), 2, 0),  # data over 2 processes x 2 devices
+    ((2, 1, 2), 2, 0),  # tensor within a process
+    ((1, 2, 2), 2, 0),  # fsdp over processes, tensor within
+    ((2, 2, 4), 8, 0),  # a process per data row
+    ((1, 1, 4), 2, 1),  # tensor spans both processes: the one block is shared
+    ((2, 2, 4), 2, 4),  # every block's 4 tensor devices on 2 processes
+    ((1, 1, 2), 1, 1),  # one device a process (one process per GPU)
+  ],
+)
+def test_batch_rows_shared_by_processes_are_refused(sizes, per_process, shared):
+  """A tensor axis spanning processes gave each process's rows to a block the
+  other process's devices also held: the global batch came out half as long,
+  and both processes claimed it (a review ran it: other losses, exit 0)."""
+  mesh = host_mesh(sizes, per_process)
+  # Brute force: the set of processes holding each (data, fsdp) block.
+  holders = collections.defaultdict(set)
+  for (d, f, _), device in np.ndenumerate(mesh.devices):
+    holders[d, f].add(device.process_index)
+  assert sum(len(h) > 1 for h in holders.values()) == shared
+  assert sharding.shared_batch_blocks(
+    np.vectorize(lambda device: device.process_index)(mesh.devices)
+  ) == shared
+  if shared:
+    with pytest.raises(ValueError, match=r"^parallel.tensor: \d+ spans processes"):
+      sharding.check_batch(16, mesh)
+  else:
+    sharding.check_batch(16, mesh)
 
 
 @pytest.mark.slow  # a subprocess

@@ -151,7 +151,8 @@ def resolved_run(config):
   """The checked RunConfig the run of `config` would train with (model.vocab_size
   from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
   train.steps clamped), after checking the whole config as the run does
-  (txf.runconfig.run_config.parse, txf.train.run_setup.fit_vocabulary).
+  (txf.runconfig.run_config.parse, txf.train.run_setup.fit_vocabulary, and
+  the device mesh and the batch it splits, as a sweep checks each point).
 
   Raises:
     ValueError: naming the field, for a config the run would reject.
@@ -160,11 +161,14 @@ def resolved_run(config):
   import tempfile
 
   from txf.runconfig.run_config import parse
+  from txf.train import sharding
   from txf.train.run_setup import fit_vocabulary
 
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
-    return fit_vocabulary(parse(config), workdir)[0]
+    run = fit_vocabulary(parse(config), workdir)[0]
+  sharding.check_batch(run.data.batch_size, sharding.make_mesh(run.parallel))
+  return run
 
 
 def print_config(config, base, run=None) -> None:

@@ -66,10 +66,11 @@ DEFAULT_RULES: Rules = (
 _AXIS_FIELDS: dict[str | None, str] = {
   "embed": "model.d_model",
   "heads": "model.num_heads",
-  "kv_heads": "model.num_kv_heads",
-  "mlp": "model.d_ff",
+  # A derived field names what it comes from where the config leaves it unset.
+  "kv_heads": "model.num_kv_heads (model.num_heads where unset)",
+  "mlp": "model.d_ff (from model.d_model where unset)",
   "vocab": "model.vocab_size",
-  "head_dim": "model.head_dim",
+  "head_dim": "model.head_dim (model.d_model / model.num_heads where unset)",
 }
 
 
@@ -288,13 +289,39 @@ def batch_sharding(mesh: Mesh, *, replica_axis: bool = False) -> NamedSharding:
 
 
 def check_batch(global_batch_size: int, mesh: Mesh) -> None:
-  """Raises a ValueError naming data.batch_size unless data x fsdp divides it."""
+  """Raises a ValueError naming data.batch_size unless data x fsdp divides it,
+  or naming parallel.tensor where processes would share batch rows
+  (`shared_batch_blocks`)."""
   ways = math.prod(mesh.shape[a] for a in BATCH_AXES)
   if global_batch_size % ways:
     raise ValueError(
       f"data.batch_size: {global_batch_size} is not divisible by parallel.data x "
       f"parallel.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}"
     )
+  processes_DxFxT = np.vectorize(lambda device: device.process_index, otypes=[int])(mesh.devices)
+  shared = shared_batch_blocks(processes_DxFxT)
+  if shared:
+    per_process = int(np.sum(processes_DxFxT == processes_DxFxT.flat[0]))
+    raise ValueError(
+      f"parallel.tensor: {mesh.shape['tensor']} spans processes, so {shared} of the batch's "
+      f"{ways} blocks of rows would sit on devices of several processes, each feeding rows "
+      f"of its own: keep the tensor axis within one process's {per_process} devices"
+    )
+
+
+def shared_batch_blocks(processes_DxFxT: np.ndarray) -> int:
+  """How many of the batch's data x fsdp blocks of rows sit on devices of more
+  than one process.
+
+  `processes_DxFxT[d, f, t]`: the process of the mesh's device (d, f, t). Block
+  d * F + f of the batch is on devices (d, f, :); txf's data pipeline gives
+  every process rows of its own and `shard_batch` assembles the global batch
+  from them, which holds only where no block is shared (a 'tensor' axis
+  spanning processes shares every block it spans).
+  """
+  D, F, T = processes_DxFxT.shape
+  holders_BLOCKSxT = processes_DxFxT.reshape(D * F, T)
+  return int(np.sum(np.any(holders_BLOCKSxT != holders_BLOCKSxT[:, :1], axis=1)))
 
 
 def shard_batch(
