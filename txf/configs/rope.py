@@ -6,7 +6,7 @@ The README's main job. Rotates queries and keys by their absolute positions so
 attention scores depend only on relative offsets. Identical to base.py (whose
 default position is RoPE); its own file so sweeps name it.
 
-Expected on 2 CPU cores: about 2.5 minutes; eval_loss 1.95 / 1.72 / 1.66 at
+Expected on 2 CPU cores: 2.5 to 4.5 minutes, machine to machine; eval_loss 1.95 / 1.72 / 1.66 at
 steps 200 / 400 / 600 (bytes tokenizer, Python 3.11 stdlib corpus).
 """
 
