@@ -659,6 +659,14 @@ def test_unused_weights_are_named(caplog):
   )
 
 
+def test_a_head_dropped_on_request_is_not_warned_about(caplog):
+  """head='none' (txf-embed's hidden states) drops the head's weights as
+  asked: a warning listing them came before txf-embed's own error line."""
+  loaded = load_pretrained(HF_FIXTURES / "llama", head="none")
+  assert loaded.unused == ("lm_head.weight",)
+  assert "txf does not use" not in caplog.text
+
+
 @pytest.mark.parametrize(
   "problem,match",
   [

@@ -189,16 +189,18 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
       if copy in tensors:
         tensors[source] = tensors.pop(copy)
   unused = _matching(tensors, layout.unused(head))
-  if unused:
+  # The head's weights that head='none' drops were asked to go: no warning.
+  unexpected = _matching(tensors, layout.unused_always)
+  if unexpected:
     logging.warning(
       "%s: txf does not use %d weights of %s: %s",
       directory,
-      len(unused),
+      len(unexpected),
       architecture,
-      ", ".join(unused),
+      ", ".join(unexpected),
     )
-    for name in unused:
-      del tensors[name]
+  for name in unused:
+    del tensors[name]
   tied = layout.untied_output not in tensors
   try:
     cfg = family.model_config(hf, architecture, head, tied)
