@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from tensorboardX import summary as tb_summary
+from tensorboardX.proto.event_pb2 import SessionLog
 from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
 from tensorboardX.proto.summary_pb2 import Summary
 
@@ -244,7 +245,8 @@ class MetricsWriter:
     trackers get the metrics as their run's summary.
 
     Once per run: when the run's event files (a previous session's) hold
-    these hyperparameters already, TensorBoard gets no second record."""
+    these hyperparameters already, in a record TensorBoard keeps
+    (`_held_hparams`), TensorBoard gets no second record."""
     if not self._enabled:
       return
     if self._tensorboard is None:
@@ -254,6 +256,7 @@ class MetricsWriter:
     # The dashboard reads each metric's value from the scalars of its tag.
     tags = {metric_tag(name): value for name, value in final.items()}
     summaries = tb_summary.hparams(values, tags)
+    self._tensorboard.flush()  # this session's file too (its purge), where it is a copy
     if _session_hparams(summaries[1]) not in _held_hparams(self._workdir / TENSORBOARD_DIR):
       for summary in summaries:
         self._tensorboard.add_summary(int(step), summary)
@@ -328,9 +331,20 @@ def _session_hparams(summary: Summary) -> dict[str, Any] | None:
 
 
 def _held_hparams(directory: epath.Path) -> list[dict[str, Any]]:
-  """The hyperparameters each hparams record in `directory`'s event files holds."""
-  held = [_session_hparams(event.summary) for event in read_events(directory)]
-  return [hparams for hparams in held if hparams is not None]
+  """The hyperparameters each hparams record that TensorBoard keeps of
+  `directory`'s event files holds: read as TensorBoard reads them, file by
+  file, a SessionLog START at step s (a resumed session's purge_step) hides
+  the records written before it at steps >= s (EventAccumulator's
+  _CheckForRestartAndMaybePurge), so a session that trains those steps again
+  must write its record again."""
+  held: list[tuple[int, dict[str, Any]]] = []
+  for event in read_events(directory):
+    if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+      held = [(step, hparams) for step, hparams in held if step < event.step]
+    hparams = _session_hparams(event.summary)
+    if hparams is not None:
+      held.append((event.step, hparams))
+  return [hparams for _, hparams in held]
 
 
 def _hparam_value(value: Any) -> bool | int | float | str:
