@@ -27,10 +27,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+import inspect
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+# What a registered name may be: the config field's value names it alone, so
+# none holds what a field's parse splits on (train.trackers' commas and
+# spaces, data.name's 'files:GLOB' colon).
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def require_methods(field: str, name: str, entry: Any, methods: Iterable[str]) -> None:
+  """Checks at registration that `entry` has the callables its field's
+  readers call (a task kind's model_inputs, a tracker's log_metrics, ...),
+  rather than failing at their first call, mid-run.
+
+  Raises:
+    ValueError: naming the field, the entry and each missing method.
+  """
+  missing = [method for method in methods if not callable(getattr(entry, method, None))]
+  if missing:
+    raise ValueError(f"{field}: {name!r}: {entry!r} lacks the method(s) {', '.join(missing)}")
 
 
 def settings_class(
@@ -71,6 +90,38 @@ def setting_defaults(settings: type | None) -> dict[str, Any]:
   return {f.name: f.default for f in dataclasses.fields(settings)} if settings else {}
 
 
+def _settings_form(settings: type | None) -> Any:
+  """What two registrations of one entry must agree on: each setting's name,
+  type, default and doc, and the check() (`options=` makes a new class each
+  time, so the classes themselves are not compared)."""
+  if settings is None:
+    return None
+  fields = [(f.name, f.type, f.default, dict(f.metadata)) for f in dataclasses.fields(settings)]
+  return fields, getattr(settings, "check", None)
+
+
+def _provided_by(entry: Any) -> Any:
+  """The function or class an entry registered without a `provider` comes
+  from: for an entry object that wraps one (txf's own ModelFamily,
+  Activation, TaskKind, ... registered directly), the first of its
+  dataclass fields that is one (the family's module, the activation's
+  function); else the entry itself."""
+  if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
+    for field in dataclasses.fields(entry):
+      value = getattr(entry, field.name)
+      if inspect.isfunction(value) or inspect.isclass(value):
+        return value
+  return entry
+
+
+def share_settings(*registries: Registry[Any]) -> None:
+  """Makes the settings of `registries`' entries one namespace (model.options:
+  one value per setting name, whichever entries are chosen), so that
+  `Registry.register` refuses a setting name one of them declares already."""
+  for registry in registries:
+    registry._namespace = registries
+
+
 class Registry(Generic[T]):
   """The entries of one config field, by name, in registration order.
 
@@ -89,6 +140,9 @@ class Registry(Generic[T]):
     self._settings: dict[str, type | None] = {}
     self._providers: dict[str, Any] = {}  # what user code registered, for `provenance`
     self._sharing: list[Registry[Any]] = []  # other registries of the same field
+    # The registries whose entries' settings share one namespace with these
+    # (`share_settings`).
+    self._namespace: tuple[Registry[Any], ...] = (self,)
 
   def share_names(self, other: Registry[Any]) -> None:
     """Makes this registry and `other`, two kinds of entry for one config
@@ -132,28 +186,59 @@ class Registry(Generic[T]):
       replace: replace an entry registered as `name` before.
       provider: the function or class that `entry` wraps (txf.register's
         decorators pass the decorated one), whose module and name
-        `provenance` gives; None: `entry` itself.
+        `provenance` gives; None: the one it wraps (`_provided_by`), or
+        `entry` itself.
 
     Raises:
-      ValueError: naming the field, for a name that is not a non-empty str,
-        is registered to another entry, or is held by a registry sharing the
-        field's names (`share_names`), replace or not; settings as
-        `settings_class` refuses them.
+      ValueError: naming the field, for a name that is not a str of letters,
+        digits, '_', '.' and '-' (`NAME`), is registered to another entry or
+        with other settings, or is held by a registry sharing the field's
+        names (`share_names`), replace or not; settings as `settings_class`
+        refuses them, and a setting that `_check_setting_names` refuses.
     """
-    if not isinstance(name, str) or not name:
-      raise ValueError(f"{self.field}: a registered name must be a non-empty string, got {name!r}")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+      raise ValueError(
+        f"{self.field}: a registered name is letters, digits, '_', '.' and '-' (starting with "
+        f"a letter, digit or '_'), got {name!r}"
+      )
     for other in self._sharing:
       if name in other._entries:
         raise ValueError(f"{self.field}: {name!r} is registered already, as another kind of entry")
-    if name in self._entries and not replace and self._entries[name] != entry:
-      raise ValueError(
-        f"{self.field}: {name!r} is registered already (pass replace=True to replace it)"
-      )
     declared = settings_class(self.field, name, settings, options)
+    if name in self._entries and not replace:
+      if self._entries[name] != entry:
+        raise ValueError(
+          f"{self.field}: {name!r} is registered already (pass replace=True to replace it)"
+        )
+      if _settings_form(self._settings[name]) != _settings_form(declared):
+        raise ValueError(
+          f"{self.field}: {name!r} is registered already with other settings "
+          f"({setting_defaults(self._settings[name])}; pass replace=True to replace them)"
+        )
+    self._check_setting_names(name, declared)
     self._entries[name] = entry
     self._settings[name] = declared
-    self._providers[name] = entry if provider is None else provider
+    self._providers[name] = _provided_by(entry) if provider is None else provider
     return entry
+
+  def _check_setting_names(self, name: str, declared: type | None) -> None:
+    """Refuses a setting of entry `name` that an entry of another registry of
+    the namespace (`share_settings`) declares, or one of this registry with
+    another default: model.options holds one value per name, so one of the
+    two entries would silently get the other's value (a config starts with
+    the built-in entries' defaults: configs/base.py)."""
+    for setting, default in setting_defaults(declared).items():
+      for registry in self._namespace:
+        for owner in registry:
+          theirs = registry.options(owner)
+          if setting not in theirs or (registry is self and owner == name):
+            continue
+          if registry is not self or theirs[setting] != default:
+            raise ValueError(
+              f"{self.field}: {name!r}: setting {setting!r} (default {default!r}) is declared "
+              f"by {registry.field} {owner!r} too (default {theirs[setting]!r}); "
+              "model.options holds one value for both: name it otherwise"
+            )
 
   def decorator(
     self,

@@ -30,7 +30,7 @@
   def jsonl_documents(path, split, max_bytes):
     ...  # the split's documents (str), at most max_bytes of text
 
-  @register.head("mlp_lm", tasks=("lm",), families=("decoder",))
+  @register.head("mlp_lm", tasks=("lm",), families=("decoder",), matmul_params=...)
   class MLPHead(nn.Module):  # built as MLPHead(cfg)
     cfg: ModelConfig
     @nn.compact
@@ -84,7 +84,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from txf.choices import setting_defaults, settings_class
+from txf.choices import require_methods, setting_defaults, settings_class
 from txf.data.generated import RowTask
 from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.data.text import DocumentSource
@@ -95,13 +95,15 @@ from txf.layers.model_config import (
   HEADS,
   INITS,
   NORMS,
+  ModelConfig,
   ModelFamily,
   OutputHead,
 )
 from txf.layers.positions import ENCODINGS, PositionEncoding
 from txf.runconfig.optim import DECAYS
-from txf.runconfig.tasks import TaskKind
+from txf.runconfig.tasks import TASK_FUNCTIONS, TaskKind
 from txf.runconfig.tracker_kinds import TRACKERS, TrackerKind
+from txf.runconfig.tracking import TRACKER_METHODS
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
@@ -281,6 +283,7 @@ def head(
   *,
   tasks: tuple[str, ...],
   families: tuple[str, ...],
+  matmul_params: Callable[[ModelConfig], int] | None = None,
   settings: type | None = None,
   options: Mapping[str, Any] | None = None,
   replace: bool = False,
@@ -294,13 +297,17 @@ def head(
       [B, T, V] for 'lm', 'mlm' and 'seq2seq', [B, num_classes] for
       'classify'.
     families: the model.family values that carry it.
+    matmul_params: fn(cfg) -> the matmul weights it multiplies each token
+      by (its kernels, and the vocabulary projection through
+      embedder.attend: D * V), which the FLOP count of a run's throughput
+      (MFU) needs; a run with a head that declares none stops, naming it.
     settings: its settings dataclass, read through cfg.settings("head").
     options: or {setting: default}, read through cfg.option(setting).
     replace: replace an entry of that name.
   """
 
   def add(module: Any) -> Any:
-    entry = OutputHead(module, tuple(tasks), tuple(families))
+    entry = OutputHead(module, tuple(tasks), tuple(families), matmul_params)
     HEADS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=module
     )
@@ -350,6 +357,8 @@ def tracker(
   """
 
   def add(start: Callable[..., Any]) -> Callable[..., Any]:
+    if isinstance(start, type):  # a function's tracker is checked when it starts
+      require_methods(TRACKERS.field, name, start, TRACKER_METHODS)
     entry = TrackerKind(start, check=check, package=package, install=install)
     TRACKERS.register(name, entry, replace=replace, provider=start)
     return start
@@ -386,6 +395,7 @@ def task(
   """
 
   def add(kind: Any) -> Any:
+    require_methods(TASKS.field, name, kind, TASK_FUNCTIONS)
     entry = TaskKind(
       batches,
       kind.model_inputs,

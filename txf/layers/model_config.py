@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from txf import checks
-from txf.choices import Registry, setting_defaults
+from txf.choices import Registry, setting_defaults, share_settings
 from txf.fields import documented, section
 from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
@@ -59,11 +59,15 @@ class OutputHead:
       its final hidden states [B, T, D].
     tasks: the data.task values whose loss reads its output.
     families: the model.family values that carry it.
+    matmul_params: fn(cfg) -> the matmul weights it multiplies each token by
+      (txf.analysis.counts.matmul_params, for a run's FLOPs per token and
+      MFU); None: not declared, and a run with it stops naming model.head.
   """
 
   module: Any
   tasks: tuple[str, ...]
   families: tuple[str, ...]
+  matmul_params: Callable[[Any], int] | None = None
 
 
 # The registries user code extends (txf.register). txf's own entries are
@@ -92,6 +96,8 @@ REGISTRY_FIELDS: dict[str, Registry[Any]] = {
   "activation": ACTIVATIONS,
   "init": INITS,
 }
+# model.options holds one value per setting name, whichever entries are chosen.
+share_settings(*REGISTRY_FIELDS.values())
 # The string fields with a set of values (--print_config lists them); a
 # Registry's grows as user code registers entries (txf.register).
 CHOICES: dict[str, Iterable[str | None]] = {

@@ -33,6 +33,9 @@ LossSums = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
 # (logits, labels, weights) -> {name: float32 scalar sum}
 MetricSums = Callable[[jax.Array, jax.Array, jax.Array], dict[str, jax.Array]]
 BATCH_FORMATS = ("lm", "mlm", "seq2seq", "classify")
+# What a registered task kind must have (txf.register.task); loss_sums and
+# metric_sums are optional hooks.
+TASK_FUNCTIONS = ("model_inputs", "labels_and_weights")
 
 
 def cross_entropy_sums(

@@ -30,6 +30,10 @@ def metric_tag(name: str) -> str:
   return ("perf/" if name in PERF_METRICS else "train/") + name
 
 
+# What MetricsWriter and the loop call on a tracker (`Tracker`'s methods).
+TRACKER_METHODS = ("log_config", "log_metrics", "log_sample", "log_summary", "close")
+
+
 class Tracker(Protocol):
   """What MetricsWriter and the loop call on a tracker."""
 

@@ -12,7 +12,10 @@ names separated by commas, or a list of names; empty: none):
          wandb/ (WANDB_DIR's, where it is set or the work directory is not
          local). The wandb run id is kept in the
          work directory (wandb_run_id.txt), so a run restarted after a
-         preemption continues the same wandb run. Before anything is
+         preemption continues the same wandb run; wandb ignores rows at
+         steps at or below its run's last, so the steps trained again after
+         a resume from an earlier checkpoint keep the first session's
+         values there. Before anything is
          written, the run checks that wandb will not stop for a login
          (offline, or an API key found) and that the kept id is one.
          Metrics are logged under `metric_tag`'s names (train/loss,
@@ -35,9 +38,10 @@ from typing import Any
 
 from etils import epath
 
+from txf.choices import require_methods
 from txf.extras import install_hint
 from txf.runconfig.tracker_kinds import TRACKERS, TrackerKind
-from txf.runconfig.tracking import Tracker, metric_tag
+from txf.runconfig.tracking import TRACKER_METHODS, Tracker, metric_tag
 from txf.rundir.metrics import read_samples
 from txf.storage import is_local, read_text, write_file
 
@@ -178,14 +182,19 @@ def _start(name: str, workdir: epath.Path) -> Tracker:
 
   Raises:
     ImportError: naming the package to install, where its package is missing.
+    ValueError: naming the methods the started tracker lacks (a registered
+      function's: a class's are checked at registration), before the run
+      writes anything through it.
   """
   kind = TRACKERS[name]
   try:
-    return kind.start(workdir)
+    tracker = kind.start(workdir)
   except ImportError as error:
     if kind.package is None:  # not the package it declares: the error as it is
       raise
     raise ImportError(f"{TRACKERS.field}: {kind.needs(name)}") from error
+  require_methods(TRACKERS.field, name, tracker, TRACKER_METHODS)
+  return tracker
 
 
 def make_trackers(names: tuple[str, ...], workdir: epath.Path) -> tuple[Tracker, ...]:

@@ -1,0 +1,183 @@
+"""What txf.register refuses at registration, each with one ValueError
+naming the problem, rather than an entry that misbehaves later: a name the
+config field cannot select, the same entry again with other settings, a
+setting whose value model.options would take from another entry, a task
+kind or tracker without the methods txf calls; and where txf's own entries
+come from (run_record.json's provenance)."""
+
+import contextlib
+
+import pytest
+
+from txf import models, register
+from txf.configs import base
+from txf.data.spec import TASKS
+from txf.layers import feedforward, norm
+from txf.layers.model_config import (
+  ACTIVATIONS,
+  FAMILIES,
+  HEADS,
+  NORMS,
+  POSITIONS,
+  ModelConfig,
+)
+from txf.models import output_heads
+from txf.runconfig import tasks
+from txf.runconfig.tracker_kinds import TRACKERS, tracker_names
+from txf.rundir.trackers import make_trackers
+
+
+@contextlib.contextmanager
+def scoped(*registries):
+  with contextlib.ExitStack() as stack:
+    for registry in registries:
+      stack.enter_context(registry.scoped())
+    yield
+
+
+def identity_norm(layer, x, cfg):
+  return x
+
+
+def other_norm(layer, x, cfg):
+  return x
+
+
+class Recorder:
+  """A tracker with every method txf calls."""
+
+  def __init__(self, workdir):
+    pass
+
+  def log_config(self, config):
+    pass
+
+  def log_metrics(self, step, scalars):
+    pass
+
+  def log_sample(self, step, text):
+    pass
+
+  def log_summary(self, metrics):
+    pass
+
+  def close(self):
+    pass
+
+
+@pytest.mark.parametrize("name", ["a,b", " sp ", "sp ", "", "files:x", "-a", ".a", 3, None])
+def test_a_name_the_field_cannot_select_is_refused(name):
+  with scoped(TRACKERS, NORMS):
+    with pytest.raises(ValueError, match=r"^train\.trackers: a registered name is letters"):
+      register.tracker(name)(Recorder)
+    with pytest.raises(ValueError, match=r"^model\.norm: a registered name is letters"):
+      register.norm(name)(identity_norm)
+    assert TRACKERS.names() == ("wandb",)
+    assert NORMS.names() == ("layer", "rms")
+
+
+def test_a_registered_tracker_name_is_one_train_trackers_selects():
+  with scoped(TRACKERS):
+    for name in ("my_tracker", "mlflow-v2.1", "2nd"):
+      register.tracker(name)(Recorder)
+    assert tracker_names("my_tracker, mlflow-v2.1,2nd") == ("my_tracker", "mlflow-v2.1", "2nd")
+
+
+def test_the_same_entry_again_with_other_settings_is_refused():
+  with scoped(NORMS):
+    register.norm("mine", options={"k": 3})(identity_norm)
+    register.norm("mine", options={"k": 3})(identity_norm)  # a module imported twice
+    for changed in ({"k": 4}, {"k": 3, "j": 1}, None):
+      with pytest.raises(
+        ValueError, match=r"^model\.norm: 'mine' is registered already with other settings"
+      ):
+        register.norm("mine", options=changed)(identity_norm)
+    assert NORMS.options("mine") == {"k": 3}
+    with pytest.raises(ValueError, match=r"^model\.norm: 'mine' is registered already \(pass"):
+      register.norm("mine", options={"k": 3})(other_norm)
+    register.norm("mine", options={"k": 4}, replace=True)(identity_norm)
+    assert NORMS.options("mine") == {"k": 4}
+
+
+def test_a_setting_another_entrys_value_would_replace_is_refused():
+  """model.options holds one value per name, and a config starts with the
+  built-in entries' defaults: a norm declaring rope_base would get rope's
+  10000.0 instead of its own default."""
+  with scoped(NORMS, POSITIONS, ACTIVATIONS):
+    with pytest.raises(
+      ValueError,
+      match=r"^model\.norm: 'rb_norm': setting 'rope_base' \(default 5\.0\) is declared by "
+      r"model\.position 'rope' too \(default 10000\.0\)",
+    ):
+      register.norm("rb_norm", options={"rope_base": 5.0})(identity_norm)
+    assert "rb_norm" not in NORMS
+    # The same registry: only one entry is chosen, but the config holds rope's default.
+    with pytest.raises(ValueError, match=r"^model\.position: 'fast_rope': setting 'rope_base'"):
+      register.position("fast_rope", contributes="rotation", options={"rope_base": 500.0})(
+        lambda cfg, x, positions: x
+      )
+    register.position("same_rope", contributes="rotation", options={"rope_base": 10000.0})(
+      lambda cfg, x, positions: x
+    )  # rope_ntk's way: one setting of two positions, one default
+    # Between two registered entries of different fields too.
+    register.norm("scaled", options={"gain": 2.0})(identity_norm)
+    with pytest.raises(ValueError, match=r"setting 'gain' .* by model\.norm 'scaled' too"):
+      register.activation("gained", options={"gain": 2.0})(lambda x, cfg: x)
+    # A setting of its own keeps its default in a config made from configs/base.py.
+    register.norm("own", options={"norm_gain": 5.0})(identity_norm)
+    section = base.get_config().model
+    section.norm = "own"
+    assert ModelConfig.from_config(section).settings("norm").norm_gain == 5.0
+
+
+def test_a_task_kind_without_its_functions_is_refused():
+  class NoInputs:
+    @staticmethod
+    def labels_and_weights(batch):
+      return batch
+
+  with scoped(TASKS):
+    with pytest.raises(
+      ValueError,
+      match=r"^data\.task: 'empty': .* lacks the method\(s\) model_inputs, "
+      r"labels_and_weights$",
+    ):
+      register.task("empty", batches="lm")(type("Empty", (), {}))
+    with pytest.raises(ValueError, match=r"lacks the method\(s\) model_inputs$"):
+      register.task("no_inputs", batches="lm")(NoInputs)
+    assert "empty" not in TASKS and "no_inputs" not in TASKS
+
+
+def test_a_tracker_without_the_tracker_methods_is_refused(tmp_path):
+  class NoClose(Recorder):
+    close = None
+
+  with scoped(TRACKERS):
+    with pytest.raises(
+      ValueError,
+      match=r"^train\.trackers: 'bare': .* lacks the method\(s\) log_config, log_metrics, "
+      r"log_sample, log_summary, close$",
+    ):
+      register.tracker("bare")(object)
+    with pytest.raises(ValueError, match=r"'no_close': .* lacks the method\(s\) close$"):
+      register.tracker("no_close")(NoClose)
+    # A function's tracker is checked when it starts, before the run writes a row.
+    register.tracker("by_function")(lambda workdir: object())
+    with pytest.raises(ValueError, match=r"^train\.trackers: 'by_function': .* lacks"):
+      make_trackers(("by_function",), tmp_path)
+    register.tracker("good")(lambda workdir: Recorder(workdir))
+    (tracker,) = make_trackers(("good",), tmp_path)
+    assert isinstance(tracker, Recorder)
+
+
+def test_a_builtin_entry_records_the_function_or_class_it_is():
+  def where(registry, name):
+    found = registry.provenance(name)
+    return found["module"], found["function"], found["builtin"]
+
+  assert where(FAMILIES, "decoder") == (models.Decoder.__module__, "Decoder", True)
+  assert where(HEADS, "lm") == (output_heads.__name__, "LMHead", True)
+  assert where(ACTIVATIONS, "gelu") == (feedforward.__name__, "_gelu", True)
+  assert where(TASKS, "lm") == (tasks.__name__, "token_inputs", True)
+  assert where(NORMS, "rms") == (norm.__name__, "rms_norm", True)
+  assert where(TRACKERS, "wandb") == ("txf.rundir.trackers", "WandbTracker", True)
