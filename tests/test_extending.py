@@ -329,8 +329,10 @@ def test_a_task_kind_is_checked_against_the_data_and_its_registry():
     parse_data(dict(name="pystdlib", task="prefix_lm"))
 
 
-@pytest.mark.slow  # trains three tiny runs in subprocesses
-@pytest.mark.parametrize("name", ["log_distance", "scale_norm", "successor", "prefix_lm"])
+@pytest.mark.slow  # trains five tiny runs in subprocesses
+@pytest.mark.parametrize(
+  "name", ["log_distance", "scale_norm", "successor", "prefix_lm", "mlp_head"]
+)
 def test_each_example_config_trains_with_txf_run_from_another_directory(tmp_path, name):
   shutil.copytree(REPO / "examples", tmp_path / "examples")
   command = [

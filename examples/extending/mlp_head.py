@@ -13,7 +13,13 @@ from txf import register
 from txf.layers.model_config import ModelConfig
 
 
-@register.head("mlp_lm", tasks=("lm",), families=("decoder",))
+def matmul_params(cfg):
+  """The weights each token is multiplied by: the hidden layer's D x D and
+  the vocabulary projection's D x V (txf's FLOP count, MFU)."""
+  return cfg.d_model * cfg.d_model + cfg.d_model * cfg.vocab_size
+
+
+@register.head("mlp_lm", tasks=("lm",), families=("decoder",), matmul_params=matmul_params)
 class MLPHead(nn.Module):
   cfg: ModelConfig
 

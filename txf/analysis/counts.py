@@ -166,13 +166,23 @@ def matmul_params(cfg: ModelConfig | Mapping[str, Any]) -> int:
   stacks = cfg.num_layers * layer
   if cfg.family == "encoder_decoder":
     stacks += derived(cfg.num_decoder_layers) * (layer + _attention_matmul_params(cfg))
-  vocab_projection = cfg.d_model * cfg.vocab_size
-  head = {
-    "lm": vocab_projection,
-    "mlm": cfg.d_model * cfg.d_model + vocab_projection,  # transform, projection
-    "classify": 0,
-  }[cfg.head]
-  return stacks + head
+  return stacks + _head_matmul_params(cfg)
+
+
+def _head_matmul_params(cfg: ModelConfig) -> int:
+  """The head's part of `matmul_params`, as its entry declares it
+  (txf.register.head's matmul_params).
+
+  Raises:
+    ValueError: naming model.head, for a registered head that declares none.
+  """
+  count = HEADS[cfg.head].matmul_params
+  if count is None:
+    raise ValueError(
+      f"model.head: {cfg.head!r} declares no matmul_params (txf.register.head), so the "
+      "FLOPs per token of a model with it are not known"
+    )
+  return count(cfg)
 
 
 def flops_per_token(cfg: ModelConfig | Mapping[str, Any], seq_len: int) -> float:

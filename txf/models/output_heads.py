@@ -171,7 +171,26 @@ class ClassificationHead(nn.Module):
     )(pooled_BxD).astype(jnp.float32)
 
 
-HEADS.register("lm", OutputHead(LMHead, ("lm", "seq2seq"), ("decoder", "encoder_decoder", "lstm")))
-HEADS.register("mlm", OutputHead(MaskedLMHead, ("mlm",), ("encoder",)))
-HEADS.register("classify", OutputHead(ClassificationHead, ("classify",), ("decoder", "encoder")))
-HEADS.register("none", OutputHead(None, (), ("decoder", "encoder")))
+def _vocabulary_projection(cfg: ModelConfig) -> int:
+  return cfg.d_model * cfg.vocab_size
+
+
+def _transform_and_projection(cfg: ModelConfig) -> int:
+  return cfg.d_model * cfg.d_model + _vocabulary_projection(cfg)
+
+
+def _per_sequence(cfg: ModelConfig) -> int:
+  return 0  # a classifier's matmul is once a sequence: flops_per_token adds it
+
+
+HEADS.register(
+  "lm",
+  OutputHead(
+    LMHead, ("lm", "seq2seq"), ("decoder", "encoder_decoder", "lstm"), _vocabulary_projection
+  ),
+)
+HEADS.register("mlm", OutputHead(MaskedLMHead, ("mlm",), ("encoder",), _transform_and_projection))
+HEADS.register(
+  "classify", OutputHead(ClassificationHead, ("classify",), ("decoder", "encoder"), _per_sequence)
+)
+HEADS.register("none", OutputHead(None, (), ("decoder", "encoder"), _per_sequence))
