@@ -471,9 +471,10 @@ def test_batch_rows_shared_by_processes_are_refused(sizes, per_process, shared):
   for (d, f, _), device in np.ndenumerate(mesh.devices):
     holders[d, f].add(device.process_index)
   assert sum(len(h) > 1 for h in holders.values()) == shared
-  assert sharding.shared_batch_blocks(
-    np.vectorize(lambda device: device.process_index)(mesh.devices)
-  ) == shared
+  assert (
+    sharding.shared_batch_blocks(np.vectorize(lambda device: device.process_index)(mesh.devices))
+    == shared
+  )
   if shared:
     with pytest.raises(ValueError, match=r"^parallel.tensor: \d+ spans processes"):
       sharding.check_batch(16, mesh)
