@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from etils import epath
 
 from conftest import REPO, cli_env, tiny_config
 from txf.analysis import ablation
@@ -29,6 +30,7 @@ from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir.workdir import WorkdirLock
 from txf.train import loop
 from txf.train.run_setup import load_run
+from txf.trained import head_analysis
 from txf.trained.head_analysis import (
   ANALYSIS_DIR,
   SCORES_CSV,
@@ -390,3 +392,23 @@ def test_head_progress_line_has_the_head_its_place_and_an_eta():
   line = format_head_progress("self", 1, 0, 2, 4, 0.01234, 10.0)
   # Head 5 of 8 after 10 s: 3 more at 2 s each.
   assert line == "analyze: self head L1H0 (5 of 8) | loss_delta +0.0123 | elapsed 10s | eta 6s"
+
+
+def test_a_rerun_removes_the_earlier_analysis_it_does_not_write_again(tmp_path):
+  """A plain rerun after --circuits --checkpoints at an earlier step left
+  that step's circuits.json, figures and training_scores.csv beside a
+  head_scores.md of the new step, unsaid."""
+  out = epath.Path(tmp_path)
+  for name in ("circuits.json", "composition.png", "training_scores.csv", "head_scores.md"):
+    (out / name).write_text("step 40")
+  (out / "notes.md").write_text("mine")  # not an analysis file: kept
+  written = [out / "head_scores.md"]
+  lines = []
+  removed = head_analysis._remove_earlier(out, written, lines.append)
+  assert sorted(removed) == ["circuits.json", "composition.png", "training_scores.csv"]
+  assert sorted(path.name for path in out.iterdir()) == ["head_scores.md", "notes.md"]
+  assert lines == [
+    "removed an earlier analysis's circuits.json, composition.png, training_scores.csv "
+    "(not computed by this one)"
+  ]
+  assert set(head_analysis.OUTPUTS) >= {"attention_self.png", "attention_cross.png", "circuits.md"}

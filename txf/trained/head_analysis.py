@@ -31,7 +31,9 @@ and distance on the first validation batch; induction score on repeated
 random token sequences, for causal self-attention only (n/a elsewhere: a
 bidirectional encoder sees the answer, cross-attention keys are the source);
 and the validation-loss change when the head's output is zeroed, over the
-run's evaluator's batches. Nothing else in the run directory changes.
+run's evaluator's batches. A rerun removes the files of an earlier analysis
+that it does not write again (its flags' or another checkpoint's), saying
+so. Nothing else in the run directory changes.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from txf.analysis.ablation import (
   head_name,
   parse_heads,
 )
-from txf.analysis.attention import attention_maps, maps_by_kind
+from txf.analysis.attention import KINDS, attention_maps, maps_by_kind
 from txf.analysis.circuit_report import (
   circuit_table,
   composition_figure,
@@ -109,6 +111,37 @@ TRAINING_PNG = "training_scores.png"
 def attention_png(kind: str) -> str:
   """The heatmap file of one attention kind."""
   return f"attention_{kind}.png"
+
+
+# Every file an analysis can write: those a rerun does not write again are an
+# earlier analysis's (another checkpoint's, or flags this one was not given).
+OUTPUTS = (
+  *(attention_png(kind) for kind in KINDS),
+  SCORES_CSV,
+  SCORES_MD,
+  CIRCUITS_JSON,
+  CIRCUITS_MD,
+  COMPOSITION_PNG,
+  PATCHING_PNG,
+  SORTED_PNG,
+  TRAINING_CSV,
+  TRAINING_PNG,
+)
+
+
+def _remove_earlier(
+  out: epath.Path, written: list[epath.Path], log: Callable[[str], Any] | None
+) -> list[str]:
+  """Removes the analysis files in `out` that this analysis did not write, so
+  the directory holds one analysis (head_scores.md says its step), and says
+  so through `log`; returns their names."""
+  kept = {path.name for path in written}
+  earlier = [name for name in OUTPUTS if name not in kept and (out / name).exists()]
+  for name in earlier:
+    (out / name).unlink()
+  if earlier and log is not None:
+    log(f"removed an earlier analysis's {', '.join(earlier)} (not computed by this one)")
+  return earlier
 
 
 def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
@@ -492,6 +525,7 @@ def analyze_run(
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
+  _remove_earlier(out, files, log)
   return {
     "step": run.step,
     "baseline_loss": baseline,
