@@ -141,7 +141,7 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   assert run.train == dataclasses.replace(extended.train, warmup_steps=30)
   assert run.notes == (
     "train.warmup_steps: 60 -> 30, the warmup this run finished by step 30 (a "
-    "longer one would lower the learning rate at step 30 from 1.000e-03 to 5.000e-04); to "
+    "longer one would lower the learning rate at step 31 from 1.000e-03 to 5.000e-04); to "
     "warm up again, train in a new --workdir with train.init_from=<this run>",
   )
   assert config_changes(run, saved) == [
@@ -155,8 +155,13 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   assert line == (
     "changed from the run's config.json: train.steps 30 -> 600, train.learning_rate 0.003 -> "
     "0.001, train.decay 'cosine' -> 'linear', eval.sample_prompt 'def ' -> 'class '; learning "
-    "rate at step 30: 3.000e-03 -> 1.000e-03"
+    "rate at step 31: 3.000e-03 -> 1.000e-03"
   )
+  # Step 31 as metrics.jsonl numbers it: its row logs the rate of the update
+  # that made step 31, schedule(30) (the message said step 30, whose row
+  # holds schedule(29)).
+  assert float(saved.schedule(30)) == pytest.approx(3e-3)
+  assert float(run.schedule(30)) == pytest.approx(1e-3)
   config.train.learning_rate = 3e-3  # the same learning rate at step 30: not in the line
   setup.run = keep_run_warmup(parse(config), saved, 30)
   assert loop._learning_rate_change(setup, saved, 30) == ""

@@ -284,7 +284,7 @@ def keep_run_warmup(run: RunConfig, saved: RunConfig, start: int) -> RunConfig:
   note = (
     f"train.warmup_steps: {new.warmup_steps} -> {old.warmup_steps}, the warmup this run "
     f"finished by step {start} (a longer one would lower the learning rate "
-    f"at step {start} from {float(kept.schedule(start)):.3e} to "
+    f"at step {start + 1} from {float(kept.schedule(start)):.3e} to "
     f"{float(new.schedule(start)):.3e}); to warm up again, train in a new --workdir "
     "with train.init_from=<this run>"
   )

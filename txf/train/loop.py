@@ -661,13 +661,15 @@ def _changes_line(run_config: RunConfig, saved: RunConfig | None) -> str | None:
 
 def _learning_rate_change(setup: RunSetup, saved: RunConfig | None, start: int) -> str:
   """'; learning rate at step N: old -> new' where the changed schedule moves
-  the next update's learning rate from the run's config.json's (`saved`), else ''."""
+  the next update's learning rate from the run's config.json's (`saved`), else ''.
+  N = start + 1: the step that update makes, under which metrics.jsonl logs
+  its rate (schedule(N - 1))."""
   if saved is None:
     return ""
   old, new = float(saved.schedule(start)), float(setup.run.schedule(start))
   if start >= setup.run.train.steps or np.isclose(old, new, rtol=1e-6, atol=0):
     return ""
-  return f"; learning rate at step {start}: {old:.3e} -> {new:.3e}"
+  return f"; learning rate at step {start + 1}: {old:.3e} -> {new:.3e}"
 
 
 def _restore(
