@@ -252,6 +252,9 @@ def test_print_config_lists_the_choices_user_code_registers():
   for field, name in (("norm", "unit"), ("head", "other_lm"), ("family", "other_decoder")):
     assert name in after[f"model.{field}"] and name not in before[f"model.{field}"]
   assert "other_lm" not in field_docs()["model.head"]  # unregistered at the block's end
+  # Each choice once: the doc's own list, then the registered ones (it read
+  # 'layer | rms | unit: layer | rms').
+  assert after["model.norm"] == f"{before['model.norm']} (registered: unit)"
 
 
 def test_unusable_workdir_is_one_line_exit_2(tmp_path):
