@@ -83,6 +83,19 @@ def test_the_largest_targets_are_accepted(name):
   assert parse_target(name).chips <= MAX_DEVICES
 
 
+@pytest.mark.parametrize("name", ["v5e-2", "v4-12", "v5p-12288", "v6e-96"])
+def test_a_slice_the_layout_cannot_make_names_the_range_taken(name):
+  """The range the message states is what parse_target takes: its ends
+  parse, a doubling past the end does not."""
+  with pytest.raises(ValueError) as error:
+    parse_target(name)
+  first, *_, last = re.search(r"txf takes (.*), doubling\)$", str(error.value))[1].split()
+  generation, count = last.rsplit("-", 1)
+  assert parse_target(first) and parse_target(last)
+  with pytest.raises(ValueError):
+    parse_target(f"{generation}-{2 * int(count)}")
+
+
 @pytest.mark.parametrize(
   "name,message",
   [
@@ -156,6 +169,10 @@ metadata={op_name="jit(step)/transpose(jvp())/reduce_sum"}
   %update = f32[4,8]{1,0} fusion(%ard, %a), kind=kLoop, calls=%fused_add, \
 metadata={op_name="jit(step)/mul"}
   %rs = f32[1,8]{1,0} fusion(%ard), kind=kCustom, calls=%all-reduce-scatter.3
+  %rss = ((f32[4,8]{1,0}), f32[1,8]{1,0}) reduce-scatter-start(%ard), dimensions={0}
+  %rsd = f32[1,8]{1,0} reduce-scatter-done(%rss)
+  %a2as = ((f32[4,8]{1,0}), f32[4,8]{1,0}) all-to-all-start(%a), dimensions={0}
+  %a2ad = f32[4,8]{1,0} all-to-all-done(%a2as)
   %loop = (s32[], bf16[8,16]{1,0}) while(%t0), condition=%cond, body=%body
   ROOT %out = f32[4,8]{1,0} copy(%update)
 }
@@ -166,7 +183,8 @@ def test_hlo_reader_counts_the_device_work_and_its_bytes():
   program = {i.name: i for i in hlo.instructions(MODULE)}
   # The fusion's own add, parameters, tuples, the -done half: no device work.
   assert list(program) == [
-    "ag", "loop_add_fusion", "gemm", "fmha", "loss_fusion", "ars", "update", "rs", "out"
+    "ag", "loop_add_fusion", "gemm", "fmha", "loss_fusion", "ars", "update", "rs", "rss", "a2as",
+    "out",
   ]  # fmt: skip
   assert program["loop_add_fusion"].bytes == 4 * 8 * 4 * 3  # two operands and the result
   assert program["gemm"].result_bytes == 4 * 16 * 2 + 1024
@@ -178,7 +196,10 @@ def test_hlo_reader_counts_the_device_work_and_its_bytes():
   assert hlo.collectives(MODULE) == {
     "all-gather": {"count": 1, "bytes": 32 * 16 * 2},
     "all-reduce": {"count": 1, "bytes": 4 * 8 * 4},
-    "reduce-scatter": {"count": 1, "bytes": 4 * 8 * 4},  # TPU's: a fusion
+    # TPU's (a fusion) and a GPU's (a start whose result holds its operand):
+    # each counts the buffer it reduces.
+    "reduce-scatter": {"count": 2, "bytes": 2 * 4 * 8 * 4},
+    "all-to-all": {"count": 1, "bytes": 4 * 8 * 4},
   }
 
 
@@ -306,6 +327,26 @@ def test_fsdp_divides_the_state_each_gpu_holds(h100x4_runs):
   )
   assert argument_bytes(h100x4_runs["data"]) == pytest.approx(state, rel=0.01)
   assert argument_bytes(h100x4_runs["fsdp"]) == pytest.approx(state / 4, rel=0.01)
+
+
+@pytest.mark.slow  # compiles
+@needs_cuda_plugin
+def test_every_collective_of_a_gpu_fsdp_step_is_counted_and_launches(h100x4_runs):
+  """A GPU runs its collectives as -start/-done pairs: each start is one
+  collective of its kind and one launch (the report once missed FSDP's
+  reduce-scatters and all-to-alls). Counted here from the text's opcodes."""
+  run = h100x4_runs["fsdp"]
+  text = run.train_step.as_text()
+  kinds = "all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute"
+  found = re.findall(rf"^\s*(?:ROOT )?%([\w.\-]+) = .*? ({kinds})(?:-start)?\(", text, re.M)
+  expected: dict[str, int] = {}
+  for _, kind in found:
+    expected[kind] = expected.get(kind, 0) + 1
+  assert "reduce-scatter" in expected  # FSDP's gradients
+  figures = report(run)
+  assert {kind: row["count"] for kind, row in figures["collectives"].items()} == expected
+  launched = {instruction.name for instruction in hlo.instructions(text)}
+  assert {name for name, _ in found} <= launched
 
 
 @pytest.mark.slow  # compiles
@@ -520,6 +561,30 @@ def test_a_sentencepiece_run_compiles_at_its_vocabulary_size_training_nothing(tm
 def test_decoding_is_compiled_for_language_models_only():
   with pytest.raises(ConfigError, match="decode_tokens: decoding compiles for a language model"):
     compile_run(parse(tiny_config("encoder_mlm")), parse_target("h100"), decode_tokens=4)
+
+
+@needs_cuda_plugin
+def test_decode_tokens_beyond_the_position_table_are_a_config_error_before_any_compile(
+  monkeypatch,
+):
+  """generate's own check of its cache against the learned table, found by
+  lowering the sampler before the train step compiles."""
+  import txf.aot.compile
+  from txf.decode import cache_length
+
+  def stage(name):  # each program's compile starts one
+    raise AssertionError(name)
+
+  monkeypatch.setattr(txf.aot.compile, "stage", stage)
+  run = parse(tiny_config("learned", model__max_len=32))
+  setup = setup_run(run, devices=parse_target("h100").devices())
+  prompt = len(setup.train_data.tokenizer.encode(run.eval.sample_prompt))
+  assert cache_length(prompt, 40) > 32 >= cache_length(prompt, 4)
+  with pytest.raises(ConfigError, match=r"^decode_tokens: model\.max_len: .* longer than"):
+    compile_run(run, parse_target("h100"), decode_tokens=40)
+  # Within the table: on to the train step's compile, which `stage` stops.
+  with pytest.raises(txf.aot.compile.CompileError, match="compile: the train step for h100$"):
+    compile_run(run, parse_target("h100"), decode_tokens=4)
 
 
 # ---------------------------------------------------------------------------

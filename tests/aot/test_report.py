@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 from fake_compiled import FITTING, H100_CAPACITY, MIXES, OVER, Buffers, fake_run, setup
 
@@ -19,6 +20,14 @@ from txf.aot.report import LAUNCH_SECONDS, decode_figures, format_report, loop_t
 @pytest.fixture(scope="module")
 def run_setup():
   return setup()
+
+
+def optimizer_bytes(run_setup) -> int:
+  """The train state's bytes besides its parameters, on the one device."""
+  state = run_setup.abstract_state
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) - sum(
+    x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)
+  )
 
 
 def test_memory_counts_each_buffer_once_against_the_device(run_setup):
@@ -39,12 +48,16 @@ def test_memory_counts_each_buffer_once_against_the_device(run_setup):
   assert memory["generated_code_bytes"] == 13 * 2**20
   assert memory["capacity_bytes"] == H100_CAPACITY
   assert memory["headroom_bytes"] == H100_CAPACITY - expected_total
-  assert figures["eval_step"]["total_bytes"] == 2**30 + 2**10 + 2**29 + 2**20
+  # The eval step's buffers and the train state's beyond its parameters.
+  assert figures["eval_step"]["total_bytes"] == evaluation.live_bytes() + optimizer_bytes(run_setup)
   assert figures["fits"] is True
   lines = format_report(figures).splitlines()
   # 14 GiB + 25 MiB = 14.02 GiB of 79.14 GiB (84,978,434,048 bytes), 65.12 free.
   assert lines[1].startswith("FITS: train step 14.02 GiB of 79.14 GiB per device (65.12 GiB free)")
-  assert lines[1].endswith("eval step 1.50 GiB")
+  assert lines[1].endswith(
+    f"eval step 1.50 GiB (with the rest of the train state, "
+    f"{optimizer_bytes(run_setup) / 2**10:.1f} KiB, resident)"
+  )
   assert lines[2] == (
     "  arguments 3.00 GiB, outputs 3.01 GiB (3.00 GiB of them over donated arguments), "
     "temporaries 11.00 GiB"
@@ -70,6 +83,69 @@ def test_the_verdict_says_fits_only_where_every_program_fits(run_setup, mix):
   assert ("eval step" in lines[1] and "over)" in lines[1].split("eval step")[1]) is not mix[1]
   (decode_line,) = [line for line in lines if line.startswith("decode")]
   assert ("DOES NOT FIT" in decode_line) is not mix[2]
+
+
+def test_evaluating_and_decoding_fit_only_beside_the_train_state(run_setup):
+  """The loop evaluates and samples with the whole train state on the
+  device: a program that fits alone by less than the optimizer's state
+  does not fit."""
+  fits_alone = Buffers(temporaries=H100_CAPACITY - optimizer_bytes(run_setup) + 1)
+  figures = report(fake_run(run_setup, FITTING, fits_alone, fits_alone))
+  assert optimizer_bytes(run_setup) > 1
+  for program in ("eval_step", "decode"):
+    assert figures[program]["resident_bytes"] == optimizer_bytes(run_setup)
+    assert figures[program]["headroom_bytes"] == -1 and not figures[program]["fits"]
+  assert figures["fits"] is False
+
+
+def test_an_assumed_step_time_without_a_peak_says_why_there_is_no_mfu(run_setup):
+  from txf import hardware
+
+  figures = report(fake_run(run_setup, FITTING, FITTING), step_seconds=0.01)
+  device = run_setup.mesh.devices.flat[0]
+  assert run_setup.run.model.dtype == "float32"
+  assert hardware.peak_flops_per_device(device, "float32") is None
+  assert (
+    f"at an assumed 10.0 ms a step: no MFU (no peak FLOP/s for float32 on a {device.device_kind})"
+    in format_report(figures).splitlines()
+  )
+
+
+TRAIN_STEP_REFUSED = """
+import dataclasses, sys
+sys.path[:0] = ["tests", "tests/aot"]
+import txf.aot.compile
+from fake_compiled import FITTING, fake_run, setup
+from txf.commands.compile import cli
+
+refused = "RESOURCE_EXHAUSTED: Ran out of memory: 40.95G of HLO temporaries (40.95G) exceeds 16G"
+run = dataclasses.replace(
+  fake_run(setup(), FITTING, FITTING), train_step=None, out_of_memory={"train_step": refused}
+)
+txf.aot.compile.compile_run = lambda *args, **kwargs: run
+sys.argv[0] = "txf-compile"
+cli()
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_train_step_refused_for_memory_is_reported_with_hlo_asked_for(tmp_path):
+  """--hlo with no train step to write: the DOES NOT FIT report, its JSON,
+  exit 1, and what only the compiled step tells said to be unknown."""
+  done = subprocess.run(
+    [sys.executable, "-c", TRAIN_STEP_REFUSED, "--config=rope", "--target=h100",
+     f"--json={tmp_path / 'r.json'}", f"--hlo={tmp_path / 'step.hlo'}"],
+    cwd=REPO, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 1, done.stderr[-2000:]
+  lines = done.stdout.splitlines()
+  assert lines[2].startswith("DOES NOT FIT: train step 40.95 GiB")
+  assert json.loads((tmp_path / "r.json").read_text())["fits"] is False
+  assert not (tmp_path / "step.hlo").exists()
+  assert f"hlo: {tmp_path / 'step.hlo'} not written: the compiler refused the train step" in lines
+  assert "collectives per step: unknown: the train step was not compiled" in lines
+  (flops,) = [line for line in lines if line.startswith("FLOPs")]
+  assert flops.endswith("(compiler's unknown: the train step was not compiled)")
 
 
 @pytest.mark.slow  # a subprocess

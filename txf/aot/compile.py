@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import pathlib
 import re
@@ -151,7 +150,11 @@ def abstract_batch(setup: RunSetup, *, train: bool = True) -> dict[str, jax.Shap
 def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   """The evaluations' sampler (txf.train.run_setup.sampler_arguments: generate
   after eval.sample_prompt, one row, at eval.temperature) for `decode_tokens`
-  tokens, lowering, and its arguments."""
+  tokens, lowered (a function returning it, and no arguments).
+
+  Raises:
+    ConfigError: decode_tokens the model cannot decode (a cache longer than
+      its learned position table, ...: generate's checks, found by lowering)."""
   if not task_kind(setup.task).causal_lm or setup.run.replicas > 1:
     raise ConfigError(
       "decode_tokens: decoding compiles for a language model's run (data.task 'lm', one "
@@ -160,7 +163,12 @@ def _decode_program(setup: RunSetup, decode_tokens: int) -> tuple[Any, tuple]:
   arguments, options = sampler_arguments(setup, setup.abstract_state.params, step=0)
   options["max_new_tokens"] = decode_tokens
   generate = generation.build_generate(lower=True)
-  return functools.partial(generate, **options), arguments
+  try:
+    with setup.activation_sharding():  # as compile_run lowers the steps
+      lowered = generate(*arguments, **options)
+  except ValueError as error:
+    raise ConfigError(f"decode_tokens: {error}") from error
+  return lambda: lowered, ()
 
 
 def compile_generate(
@@ -333,7 +341,7 @@ def compile_run(
       "train_step": (train_step.lower, (setup.abstract_state, batch)),
       "eval_step": (eval_step.lower, (setup.abstract_state.params, eval_batch)),
     }
-    if decode_tokens:
+    if decode_tokens:  # lowered first: a bad decode_tokens is found before any compile
       programs["decode"] = _decode_program(setup, decode_tokens)
     compiled, out_of_memory, seconds = {}, {}, {}
     with setup.activation_sharding():

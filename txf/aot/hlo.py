@@ -26,25 +26,24 @@ DTYPE_BYTES = {
   "s4": 0.5, "u4": 0.5, "s2": 0.25, "u2": 0.25, "token": 0,
 }  # fmt: skip
 
+# The collectives by kind: each has a synchronous opcode and an asynchronous
+# -start one (GPUs run them as start/done pairs; the -done half waits).
+COLLECTIVES = {
+  opcode: kind
+  for kind in (
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
+    "collective-permute", "collective-broadcast",
+  )
+  for opcode in (kind, f"{kind}-start")
+}  # fmt: skip
 # Opcodes that launch device work; bookkeeping ops (parameter, tuple,
 # get-tuple-element, bitcast, constant, the -done halves of async pairs) do not.
 LAUNCHING = {
   "fusion", "custom-call", "copy", "copy-start", "sort", "scatter", "gather", "reduce",
   "transpose", "dot", "convolution", "reduce-window", "select-and-scatter", "dynamic-slice",
-  "dynamic-update-slice", "all-reduce", "all-reduce-start", "all-gather", "all-gather-start",
-  "reduce-scatter", "all-to-all", "collective-permute", "collective-permute-start",
-  "rng-bit-generator", "cholesky", "triangular-solve", "fft",
+  "dynamic-update-slice", "rng-bit-generator", "cholesky", "triangular-solve", "fft",
+  *COLLECTIVES,
 }  # fmt: skip
-COLLECTIVES = {
-  "all-reduce": "all-reduce",
-  "all-reduce-start": "all-reduce",
-  "all-gather": "all-gather",
-  "all-gather-start": "all-gather",
-  "reduce-scatter": "reduce-scatter",
-  "all-to-all": "all-to-all",
-  "collective-permute": "collective-permute",
-  "collective-permute-start": "collective-permute",
-}
 _SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
 _CONTROL = re.compile(
   r"\b(?:body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"

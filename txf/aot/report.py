@@ -13,7 +13,11 @@ Every figure is per device and per step unless its name says otherwise.
            still fail on the device by what XLA does not see: the
            allocator's fragmentation, cuDNN / cuBLAS workspaces, the
            runtime's own reservation (JAX takes 75% of a GPU by default;
-           XLA_PYTHON_CLIENT_MEM_FRACTION).
+           XLA_PYTHON_CLIENT_MEM_FRACTION). The eval step and the decoding
+           program run while the train state stays on the device: each
+           counts its own buffers plus the state's bytes beyond the
+           parameters it takes (the optimizer's moments, the step:
+           `resident_bytes`).
   FLOPs    the model's count (txf.analysis.flops_per_token, 6N + 12LHQT per
            token, over the devices) and, where the compiler gives one, its
            cost analysis of the program (on GPUs it gives none: library calls
@@ -59,9 +63,12 @@ def refused_memory(message: str, arguments: int) -> dict[str, int]:
   return {"argument": arguments, "output": 0, "alias": 0, "temp": temporaries, "generated_code": 0}
 
 
-def memory(compiled: Any, capacity: int, refused: dict[str, int] | None = None) -> dict[str, Any]:
+def memory(
+  compiled: Any, capacity: int, refused: dict[str, int] | None = None, resident: int = 0
+) -> dict[str, Any]:
   """Per-device memory of a compiled program against `capacity` bytes (or of
-  one the compiler refused, from `refused_memory`)."""
+  one the compiler refused, from `refused_memory`), counting `resident`
+  bytes more that other buffers hold on the device while it runs."""
   if refused is not None:
     sizes = refused
   else:
@@ -69,15 +76,15 @@ def memory(compiled: Any, capacity: int, refused: dict[str, int] | None = None) 
     sizes = {
       name: int(getattr(analysis, f"{name}_size_in_bytes", 0) or 0) for name in MEMORY_FIELDS
     }
-  total = (
-    sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"] + sizes["generated_code"]
-  )
+  own = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
+  total = own + sizes["generated_code"] + resident
   return {
     "arguments_bytes": sizes["argument"],
     "outputs_bytes": sizes["output"],
     "aliased_bytes": sizes["alias"],
     "temporaries_bytes": sizes["temp"],
     "generated_code_bytes": sizes["generated_code"],
+    "resident_bytes": resident,
     "total_bytes": total,
     "capacity_bytes": capacity,
     "headroom_bytes": capacity - total,
@@ -127,9 +134,10 @@ def gpu_kernels(program: list[hlo.Instruction]) -> dict[str, Any]:
 
 def roofline(
   model_flops: float, bytes_moved: float | None, device: Any, dtype: Any, step_seconds: float | None
-) -> dict[str, float | None]:
+) -> dict[str, Any]:
   """The least step time on `device` and the MFU it allows; MFU at an
-  assumed `step_seconds` too, where given."""
+  assumed `step_seconds` too, where given (seconds, FLOP/s, bytes/s: floats
+  or None where unknown; `dtype` its name)."""
   peak = hardware.peak_flops_per_device(device, dtype)
   bandwidth = hardware.memory_bandwidth_per_device(device)
   compute = model_flops / peak if peak else None
@@ -140,6 +148,7 @@ def roofline(
     "memory_bandwidth": bandwidth,
     "compute_seconds": compute,
     "memory_seconds": memory_time,
+    "dtype": str(dtype),
     "step_seconds_bound": bound,
     "mfu_bound": (compute / bound) if compute and bound else None,
     "assumed_step_seconds": step_seconds,
@@ -334,15 +343,17 @@ def decode_figures(
   }
 
 
-def _decode_figures(run: CompiledRun) -> dict[str, Any]:
-  """The decoding program's memory per device and, on a GPU, what it does
-  per generated token (one iteration of its token loop, `decode_figures`)."""
+def _decode_figures(run: CompiledRun, resident: int) -> dict[str, Any]:
+  """The decoding program's memory per device, with `resident` bytes of the
+  train state beside it, and, on a GPU, what it does per generated token
+  (one iteration of its token loop, `decode_figures`)."""
   refused = run.out_of_memory.get("decode")
   params = run.setup.abstract_state.params
   figures = memory(
     run.decode,
     run.target.memory_bytes,
     refused_memory(refused, shard_bytes(params)) if refused else None,
+    resident,
   )
   figures["new_tokens"] = run.decode_tokens
   per_token = dict.fromkeys(
@@ -366,6 +377,9 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
     "train_step": shard_bytes((setup.abstract_state, batch)),
     "eval_step": shard_bytes((setup.abstract_state.params, eval_batch)),
   }
+  # The loop evaluates and samples with the train state on the device; those
+  # programs take its parameters, the rest of it stays beside them.
+  resident = shard_bytes(setup.abstract_state) - shard_bytes(setup.abstract_state.params)
   train, evaluation = (
     memory(
       getattr(run, name),
@@ -373,6 +387,7 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
       refused_memory(run.out_of_memory[name], arguments[name])
       if name in run.out_of_memory
       else None,
+      resident if name == "eval_step" else 0,
     )
     for name in ("train_step", "eval_step")
   )
@@ -387,7 +402,7 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
   else:
     bytes_moved = kernels["non_gemm_bytes"] + kernels["gemm_bytes"] if kernels else None
   device = setup.mesh.devices.flat[0]
-  decode = _decode_figures(run) if run.decode_tokens else None
+  decode = _decode_figures(run, resident) if run.decode_tokens else None
   return {
     "target": target.name,
     "platform": target.platform,
@@ -408,7 +423,7 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
     "roofline": roofline(
       model_flops / devices, bytes_moved, device, setup.run.model.dtype, step_seconds
     ),
-    "collectives": hlo.collectives(text),
+    "collectives": hlo.collectives(text) if run.train_step is not None else None,
     "gpu": kernels,
     "cudnn_attention": run.cudnn,
     "out_of_memory": run.out_of_memory,
@@ -441,17 +456,26 @@ def decode_line(per_token: dict[str, Any]) -> str:
   return text
 
 
+def _with_state(program: dict[str, Any]) -> str:
+  """What a program's total counts beside its own buffers."""
+  return f"with the rest of the train state, {_gib(program['resident_bytes'])}, resident"
+
+
 def format_report(figures: dict[str, Any]) -> str:
   """The report as the lines txf-compile prints."""
   train, evaluation = figures["per_device"], figures["eval_step"]
+  # A train step refused for memory has no program to read collectives or cost from.
+  unknown = "unknown: the train step was not compiled"
   mesh = " x ".join(f"{name} {size}" for name, size in figures["mesh"].items())
   verdict = "FITS" if figures["fits"] else "DOES NOT FIT"
   lines = [
     f"{figures['target']}: {figures['devices']} x {figures['device_kind']}, mesh {mesh}",
     f"{verdict}: train step {_gib(train['total_bytes'])} of {_gib(train['capacity_bytes'])} "
     f"per device ({_gib(abs(train['headroom_bytes']))} "
-    f"{'free' if train['fits'] else 'over'}), eval step {_gib(evaluation['total_bytes'])}"
-    + ("" if evaluation["fits"] else f" ({_gib(-evaluation['headroom_bytes'])} over)"),
+    f"{'free' if train['fits'] else 'over'}), eval step {_gib(evaluation['total_bytes'])} "
+    f"({_with_state(evaluation)}"
+    + ("" if evaluation["fits"] else f"; {_gib(-evaluation['headroom_bytes'])} over")
+    + ")",
     f"  arguments {_gib(train['arguments_bytes'])}, outputs {_gib(train['outputs_bytes'])} "
     f"({_gib(train['aliased_bytes'])} of them over donated arguments), temporaries "
     f"{_gib(train['temporaries_bytes'])}",
@@ -462,10 +486,13 @@ def format_report(figures: dict[str, Any]) -> str:
   ]
   flops, line = figures["flops"], figures["roofline"]
   compiler = flops["compiler_per_device"]
-  lines.append(
-    f"FLOPs per step per device: model {flops['model_per_device']:.3e}"
-    + (f", compiler {compiler:.3e}" if compiler else " (no compiler cost model for this target)")
-  )
+  if compiler:
+    compiler_text = f", compiler {compiler:.3e}"
+  elif figures["collectives"] is None:
+    compiler_text = f" (compiler's {unknown})"
+  else:
+    compiler_text = " (no compiler cost model for this target)"
+  lines.append(f"FLOPs per step per device: model {flops['model_per_device']:.3e}{compiler_text}")
   if line["step_seconds_bound"]:
     parts = [
       f"{name} {1e3 * line[f'{name}_seconds']:.1f} ms"
@@ -477,16 +504,22 @@ def format_report(figures: dict[str, Any]) -> str:
       f"roofline: step >= {1e3 * line['step_seconds_bound']:.1f} ms ({', '.join(parts)})"
       + (f", so MFU <= {100 * mfu:.1f}%" if mfu else " (no peak FLOP/s for this dtype: no MFU)")
     )
-  if line["mfu_at_assumed"] is not None:
+  if line["assumed_step_seconds"] is not None:
     lines.append(
       f"at an assumed {1e3 * line['assumed_step_seconds']:.1f} ms a step: "
-      f"MFU {100 * line['mfu_at_assumed']:.1f}%"
+      + (
+        f"MFU {100 * line['mfu_at_assumed']:.1f}%"
+        if line["mfu_at_assumed"] is not None
+        else f"no MFU (no peak FLOP/s for {line['dtype']} on a {figures['device_kind']})"
+      )
     )
   collectives = figures["collectives"]
   lines.append(
     "collectives per step: "
     + (
-      ", ".join(
+      unknown
+      if collectives is None
+      else ", ".join(
         f"{kind} {row['count']} ({_gib(row['bytes'])})" for kind, row in sorted(collectives.items())
       )
       or "none"
@@ -512,7 +545,7 @@ def format_report(figures: dict[str, Any]) -> str:
   if decode:
     lines.append(
       f"decode ({decode['new_tokens']} new tokens, 1 row): {_gib(decode['total_bytes'])} per "
-      f"device ({'fits' if decode['fits'] else 'DOES NOT FIT'})"
+      f"device ({_with_state(decode)}; {'fits' if decode['fits'] else 'DOES NOT FIT'})"
       + (f"; {decode_line(decode)}" if decode["kernels_per_token"] is not None else "")
     )
   seconds = figures["compile_seconds"]

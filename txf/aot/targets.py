@@ -210,8 +210,19 @@ def _tpu_topology(generation: str, chips: int) -> str:
     last = len(sides) - 1 - sides[::-1].index(shortest)
     sides[last] *= 2
   if math.prod(sides) != chips:
-    raise ValueError(f"no {generation} slice has {chips} chips")
+    raise ValueError(f"no {generation} slice has {chips} chips ({_accepted(generation)})")
   return f"{generation}:" + "x".join(map(str, sides))
+
+
+def _accepted(generation: str) -> str:
+  """The slice names parse_target takes for a generation: from a 2x2(x1)
+  torus, doubling, to the largest power of two within its largest slice (a
+  v5e also takes one chip)."""
+  per_chip = 2 if generation in _MEGACORE else 1
+  largest = 2 ** int(math.log2(_TPU_LARGEST_SLICE[generation]))
+  one = "" if generation in _MEGACORE else f"{generation}-1 or "
+  first, last = 4 * per_chip, largest * per_chip
+  return f"txf takes {one}{generation}-{first} to {generation}-{last}, doubling"
 
 
 def _check_device_count(name: str, devices: int) -> None:

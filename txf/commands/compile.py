@@ -29,7 +29,8 @@ kernels it launches per generated token (what bounds decoding's speed at
 batch 1, where each kernel is tiny).
 `--json=PATH` writes the same figures (keys `fits` and `per_device`:
 `arguments_bytes`, `temporaries_bytes`, `total_bytes`, `capacity_bytes`,
-...). `--hlo=PATH` writes the compiled train step's HLO text. Each is
+...). `--hlo=PATH` writes the compiled train step's HLO text (nothing, and
+a line saying so, where the compiler refused the step for memory). Each is
 written whole or not at all; a directory that cannot take it is found
 before the compile.
 
@@ -134,11 +135,13 @@ def main(argv) -> None:
     except CompileError as error:  # the answer "it does not run there", as DOES NOT FIT
       fail("compile", error, status=1)
   figures = report(compiled, _STEP_SECONDS.value)
-  if _HLO.value:
+  if _HLO.value and compiled.train_step is not None:
     _write(_HLO.value, compiled.train_step.as_text())
   if _JSON.value:
     _write(_JSON.value, json.dumps(figures, indent=2) + "\n")
   print(format_report(figures))
+  if _HLO.value and compiled.train_step is None:  # refused for memory: there is no program
+    print(f"hlo: {_HLO.value} not written: the compiler refused the train step")
   if not figures["fits"]:
     raise SystemExit(1)
 

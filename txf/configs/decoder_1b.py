@@ -14,13 +14,14 @@ tokens are bytes (ids < 260): a real run sets data.name to a TFDS dataset
 and data.tokenizer to sentencepiece or a Hugging Face tokenizer.
 
 Expected `txf-compile --config=decoder_1b --target=v5e-256` (jax 0.10.2,
-libtpu 0.0.42.1; it compiled in 13 minutes on a busy 2-core CPU;
-docs/scaling.md): FITS, the train step 11.66 GiB of the chip's 16 GiB
-(arguments 1.0 GiB: the state split 16 ways; temporaries 10.17 GiB), 1.86e13
-model FLOPs per chip per step (9.08e9 per token; the compiler counts 1.87e13),
-a roofline bound of 180 ms a step (the compiler's bytes at 819 GB/s), so
-MFU <= 52.5%; per step 1,366 all-gathers (16.6 GiB: FSDP's parameters),
-72 reduce-scatters and 95 all-reduces.
+libtpu 0.0.42.1; it compiled in 5 minutes on a busy 2-core CPU; the sample
+in docs/scaling.md): FITS, the train step 11.46 GiB of the chip's 16 GiB
+(arguments 1,011.75 MiB: the state split 16 ways; temporaries 10.07 GiB),
+the eval step 1.63 GiB beside the rest of the train state, 1.859e13 model
+FLOPs per chip per step (9.08e9 per token; the compiler counts 1.873e13), a
+roofline bound of 199.6 ms a step (the compiler's bytes at 819 GB/s), so
+MFU <= 47.3%; per step 951 all-gathers (15.51 GiB: FSDP's parameters), 27
+all-reduces and 1 all-to-all.
 """
 
 from txf.configs import base
