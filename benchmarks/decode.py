@@ -175,9 +175,11 @@ def compare(
         )
       rows.append(row)
       floor_text = "" if floor is None else f", {100 * row['floor_fraction']:.1f}% of the floor"
+      # A step generates a token for each row: per token of one row, per step.
+      unit = "us/token" if batch_size == 1 else f"us/step of {batch_size} tokens"
       print(
         f"txf decode batch {batch_size}: {row['tokens_per_sec']:,.0f} new tokens/s, "
-        f"{row['us_per_token']:,.0f} us/token{floor_text}{hf_text}"
+        f"{row['us_per_token']:,.0f} {unit}{floor_text}{hf_text}"
       )
   return dict(
     prompt_len=prompt_len,

@@ -15,8 +15,8 @@ A mode is a module of this package, benchmarks/<mode>.py, with its flags
 (`define_flags`) and its measurement (`main`, which prints its figures and
 returns them); modes share flag names with different meanings and defaults
 (--steps, --new_tokens, ...), so only the chosen mode's flags are defined.
---json=PATH writes the figures with the mode, the config file, the date,
-device and software versions (txf.hardware.environment).
+--json=PATH writes the figures with the mode, the command line, the config
+file, the date, device and software versions (txf.hardware.environment).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import shlex
 import sys
 from types import ModuleType
 
@@ -59,22 +60,26 @@ def mode_module(argv: list[str]) -> tuple[str, ModuleType]:
   return argv[1], importlib.import_module(f"benchmarks.{argv[1]}")
 
 
-def report(mode: str, figures: dict) -> dict:
-  """The figures of `mode` with what they were measured on."""
+def report(mode: str, command: str, figures: dict) -> dict:
+  """The figures of `mode` with the command that measured them and what
+  they were measured on."""
   config = {"config": flags.FLAGS["config"].config_filename} if "config" in flags.FLAGS else {}
-  return dict(**config, mode=mode, **hardware.environment(), **figures)
+  return dict(command=command, **config, mode=mode, **hardware.environment(), **figures)
 
 
-def run_mode(mode: str, module: ModuleType, argv: list[str]) -> None:
+def run_mode(mode: str, module: ModuleType, command: str, argv: list[str]) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   with cli.run_errors():  # a config the run rejects: one line, exit 2, as txf-run
     figures = module.main()
   if flags.FLAGS.json:
-    epath.Path(flags.FLAGS.json).write_text(json.dumps(report(mode, figures), indent=2) + "\n")
+    text = json.dumps(report(mode, command, figures), indent=2) + "\n"
+    epath.Path(flags.FLAGS.json).write_text(text)
 
 
 def main() -> None:
+  # The command line as typed (absl consumes sys.argv below).
+  command = shlex.join(["python", "-m", "benchmarks.run", *sys.argv[1:]])
   mode, module = mode_module(sys.argv)
   module.define_flags()
   flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
@@ -83,7 +88,7 @@ def main() -> None:
   flags.adopt_module_key_flags(module)
   flags.adopt_module_key_flags(cli)
   del sys.argv[1]  # the mode: absl parses the flags after it
-  run_command(functools.partial(run_mode, mode, module))
+  run_command(functools.partial(run_mode, mode, module, command))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ taking the median. Each window records its start and end (Unix time), so
 clock and power samples taken beside it line up. --torch also times the
 PyTorch GPT-2 recipe (benchmarks/references/torch_gpt2.py) on the same token
 batches for the same number of steps and windows, in a subprocess started
-before JAX takes the device. --profile_steps profiles that many further
-steps of each (jax.profiler, torch.profiler) and reports device time by
+before JAX takes the device; the recipe runs on one GPU, so txf's step then
+runs on one device too (the first), whatever the host has. --profile_steps
+profiles that many further steps of each (jax.profiler, torch.profiler) and reports device time by
 kernel category (benchmarks/kernels.py).
 """
 
@@ -252,9 +253,10 @@ def main() -> dict:
     if FLAGS.torch
     else None
   )
-  setup = setup_run(run)
+  # The PyTorch recipe trains on one GPU: compared with it, txf's step does too.
+  setup = setup_run(run, devices=jax.devices()[:1] if torch is not None else None)
   print(
-    f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
+    f"device: {jax.devices()[0].device_kind} x{setup.mesh.size}, "
     f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token"
   )
   report = dict(
@@ -299,10 +301,11 @@ def main() -> dict:
       torch["profile"] = profile_or_error(
         lambda: kernels.profile_summary(raw["kernels"], raw["intervals"], raw["steps"])
       )
-    torch["mfu"] = hardware.mfu(
-      setup.flops_per_token, torch["tokens_per_sec"], jax.device_count(), setup.peak_flops
-    )
+    torch["mfu"] = hardware.mfu(setup.flops_per_token, torch["tokens_per_sec"], 1, setup.peak_flops)
     median_tokens = setup.tokens_per_step / report["median_step_time"]
-    print(f"txf / torch tokens/s: {median_tokens / torch['tokens_per_sec']:.2f}x")
+    print(
+      f"txf / torch tokens/s, one {jax.devices()[0].device_kind} each: "
+      f"{median_tokens / torch['tokens_per_sec']:.2f}x"
+    )
     report["torch"] = torch
   return report

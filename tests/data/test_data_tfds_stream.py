@@ -36,7 +36,7 @@ import tensorflow_datasets as tfds
 
 from conftest import REPO, assert_same_batches, take_batches
 from tfds_builders import DocumentsBuilder, zero_is_a_word_tokenizer
-from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset
+from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset, throughput
 from txf.data.spec import parse_data
 from txf.data.text import masker
 
@@ -448,3 +448,15 @@ def test_two_processes_save_both_states():
       "processes": [{"step": 3, "process_index": 0}, {"step": 3, "process_index": 1}]
     }
     assert shared == {"epoch": 1, "position": 8}
+
+
+def test_the_loader_benchmark_names_readers_only_where_a_stream_has_them(data_dir):
+  """benchmarks.run data printed 'None worker processes and None read
+  threads' for data made in its own process, and read_threads' default (4)
+  for data that reads no records."""
+  streamed = throughput.loader_throughput(config(data_dir, read_threads=2), batches=2)
+  assert (streamed["read_workers"], streamed["read_threads"]) == (0, 2)
+  assert "with 0 worker processes and 2 read threads" in throughput.format_throughput(streamed)
+  made = throughput.loader_throughput(parse_data(dict(name="induction", batch_size=2)), batches=2)
+  assert (made["read_workers"], made["read_threads"]) == (None, None)
+  assert "tokens/s per host made in this process (2 batches" in throughput.format_throughput(made)

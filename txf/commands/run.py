@@ -132,8 +132,9 @@ def field_docs() -> dict[str, str]:
   choices["data.name"] = (*data_names(), *data_name_forms())
   for name, values in choices.items():
     doc = found.get(name, "")
-    missing = [str(choice) for choice in values if str(choice) not in doc]
-    if len(missing) == len(values):  # a doc that lists none: the choices before it
+    names = [str(choice) for choice in values]
+    missing = [name for name in names if name not in doc]
+    if len(missing) == len(names):  # a doc that lists none: the choices before it
       listed = " | ".join(missing)
       found[name] = f"{listed}: {doc}" if doc else listed
     elif missing:  # a doc listing txf's own: the ones user code registered after it

@@ -14,11 +14,14 @@ import time
 from typing import Any
 
 from txf.data.pipeline import make_dataset
-from txf.data.spec import DataSpec
+from txf.data.spec import DataSpec, text_source
+from txf.data.text import TFDSSource
 
-# GPT-2 small (configs/gpt2_small.py) trains at about 600k tokens/s on one
-# H100: a host feeding one such GPU must deliver at least that.
-GPT2_SMALL_H100_TOKENS_PER_SEC = 600_000
+# GPT-2 small (configs/gpt2_small.py) trained at 474.8k tokens/s on one H100
+# (docs/benchmarks.md, its last 50-step window at 841d1d9; raw output in
+# docs/gpu_runs/2026-11-27-h100/): a host feeding one such GPU must deliver
+# at least that.
+GPT2_SMALL_H100_TOKENS_PER_SEC = 474_800
 
 
 def loader_throughput(
@@ -34,8 +37,11 @@ def loader_throughput(
      machine, what it would deliver with a core of its own when it reads
      itself (read_workers=0), and its packing's limit when workers read;
      'batches', 'seconds', 'cpu_seconds', 'tokens_per_batch', 'read_threads',
-     'read_workers' (None where the data has none), 'description'}.
+     'read_workers' (a TFDS stream's, the fields' values; None for data this
+     process makes or reads itself), 'description'}.
   """
+  # data.read_threads and data.read_workers read a TFDS stream only.
+  streamed = isinstance(text_source(spec.name), TFDSSource)
   dataset = make_dataset(spec, "train", seed=seed, workdir=workdir)
   with contextlib.closing(dataset):
     tokens_per_batch = next(dataset)["inputs"].size
@@ -51,8 +57,8 @@ def loader_throughput(
     seconds=seconds,
     cpu_seconds=cpu_seconds,
     tokens_per_batch=tokens_per_batch,
-    read_threads=spec.read_threads,
-    read_workers=spec.read_workers,
+    read_threads=spec.read_threads if streamed else None,
+    read_workers=(spec.read_workers or 0) if streamed else None,
     description=dataset.description,
   )
 
@@ -60,13 +66,19 @@ def loader_throughput(
 def format_throughput(figures: dict[str, Any]) -> str:
   """Tokens/s with the loader's threads and workers, and how many GPT-2-small
   H100s that feeds."""
+  readers = (
+    "made in this process"
+    if figures["read_workers"] is None
+    else f"with {figures['read_workers']} worker processes and {figures['read_threads']} "
+    "read threads"
+  )
   return (
     f"data: {figures['description']}\n"
-    f"{figures['tokens_per_sec']:,.0f} tokens/s per host with "
-    f"{figures['read_workers']} worker processes and {figures['read_threads']} read "
-    f"threads ({figures['batches']} batches of {figures['tokens_per_batch']} tokens in "
+    f"{figures['tokens_per_sec']:,.0f} tokens/s per host {readers} "
+    f"({figures['batches']} batches of {figures['tokens_per_batch']} tokens in "
     f"{figures['seconds']:.2f} s); {figures['tokens_per_cpu_sec']:,.0f} tokens per "
     f"CPU-second of this process (workers not counted)\n"
     f"{figures['tokens_per_sec'] / GPT2_SMALL_H100_TOKENS_PER_SEC:.2f}x the "
-    f"~{GPT2_SMALL_H100_TOKENS_PER_SEC:,} tokens/s GPT-2 small trains at on one H100"
+    f"{GPT2_SMALL_H100_TOKENS_PER_SEC:,} tokens/s GPT-2 small trained at on one H100 "
+    "(docs/benchmarks.md)"
   )
