@@ -5,7 +5,10 @@
 
 Tasks: copy, reverse, sort, addition; sources of data.min_example_len..data.max_example_len
 symbols. The decoder is teacher-forced on BOS + target; eval reports token
-loss and accuracy. Shared embeddings, sinusoidal positions as in Vaswani et al.
+loss and accuracy (teacher-forced, per token: an addition run at 0.57 got
+16% of whole answers right decoding greedily; a whole answer is right when
+every one of its tokens is). Shared embeddings, sinusoidal positions as in
+Vaswani et al.
 """
 
 from txf.configs import base
