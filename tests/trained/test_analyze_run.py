@@ -11,6 +11,7 @@ JAX's persistent compilation cache is on, as in test_train_setup.py.
 import csv
 import hashlib
 import io
+import json
 import math
 import pathlib
 import subprocess
@@ -244,6 +245,10 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
 
   # Deltas against the run's own evaluator on kernel-zeroed params.
   run = load_run(decoder_run)
+  assert json.loads((out / head_analysis.RECORD_JSON).read_text()) == {
+    "step": run.step,
+    "files": [attention_png("self"), SCORES_CSV, SCORES_MD],
+  }
   baseline = run.setup.evaluate(plain(run.params))["eval_loss"]
   for row in rows:
     layer, head = int(row["layer"]), int(row["head"])
@@ -394,21 +399,66 @@ def test_head_progress_line_has_the_head_its_place_and_an_eta():
   assert line == "analyze: self head L1H0 (5 of 8) | loss_delta +0.0123 | elapsed 10s | eta 6s"
 
 
-def test_a_rerun_removes_the_earlier_analysis_it_does_not_write_again(tmp_path):
-  """A plain rerun after --circuits --checkpoints at an earlier step left
-  that step's circuits.json, figures and training_scores.csv beside a
-  head_scores.md of the new step, unsaid."""
+def _analysis_dir(tmp_path, step, names):
+  """An analysis directory holding `names` (text 'step N') and its record."""
   out = epath.Path(tmp_path)
-  for name in ("circuits.json", "composition.png", "training_scores.csv", "head_scores.md"):
-    (out / name).write_text("step 40")
+  for name in names:
+    (out / name).write_text(f"step {step}")
+  (out / head_analysis.RECORD_JSON).write_text(json.dumps({"step": step, "files": names}))
+  return out
+
+
+def _record(out):
+  return json.loads((out / head_analysis.RECORD_JSON).read_text())
+
+
+def test_a_rerun_at_another_checkpoint_removes_what_it_does_not_write_again(tmp_path):
+  """A plain rerun at step 60 after --circuits --checkpoints at step 40 left
+  step 40's circuits.json, figures and training_scores.csv beside a
+  head_scores.md of step 60, unsaid."""
+  out = _analysis_dir(
+    tmp_path, 40, ["head_scores.md", "circuits.json", "composition.png", "training_scores.csv"]
+  )
   (out / "notes.md").write_text("mine")  # not an analysis file: kept
-  written = [out / "head_scores.md"]
+  (out / "head_scores.md").write_text("step 60")  # this analysis's
   lines = []
-  removed = head_analysis._remove_earlier(out, written, lines.append)
-  assert sorted(removed) == ["circuits.json", "composition.png", "training_scores.csv"]
-  assert sorted(path.name for path in out.iterdir()) == ["head_scores.md", "notes.md"]
-  assert lines == [
-    "removed an earlier analysis's circuits.json, composition.png, training_scores.csv "
-    "(not computed by this one)"
+  head_analysis._settle(out, 60, [out / "head_scores.md"], _record(out), lines.append)
+  assert sorted(path.name for path in out.iterdir()) == [
+    "analysis.json",
+    "head_scores.md",
+    "notes.md",
   ]
-  assert set(head_analysis.OUTPUTS) >= {"attention_self.png", "attention_cross.png", "circuits.md"}
+  assert lines == [
+    "removed step 40's circuits.json, composition.png, training_scores.csv "
+    "(not computed at step 60)"
+  ]
+  assert _record(out) == {"step": 60, "files": ["head_scores.md"]}
+
+
+def test_a_rerun_at_the_same_checkpoint_adds_to_its_analysis(tmp_path):
+  """docs/induction.md's recipe: --circuits --checkpoints, then --ablate, at
+  one checkpoint: the second keeps the first's files."""
+  first = ["head_scores.md", "circuits.json", "training_scores.csv"]
+  out = _analysis_dir(tmp_path, 600, first)
+  lines = []
+  head_analysis._settle(out, 600, [out / "head_scores.md"], _record(out), lines.append)
+  assert lines == []
+  assert {path.name for path in out.iterdir()} == {*first, "analysis.json"}
+  # The record lists them in OUTPUTS' order.
+  assert _record(out)["files"] == ["head_scores.md", "circuits.json", "training_scores.csv"]
+
+
+def test_files_of_an_analysis_without_a_record_are_kept_and_said(tmp_path):
+  out = epath.Path(tmp_path)
+  (out / "circuits.json").write_text("step ?")
+  lines = []
+  head_analysis._settle(out, 60, [], None, lines.append)
+  assert (out / "circuits.json").exists()
+  assert lines == ["kept circuits.json of an earlier analysis (its step is not recorded)"]
+
+
+@pytest.mark.parametrize("text", ["[]", '{"step": 4}', '{"step": 4, "files": ["x.png"]}', "{"])
+def test_a_damaged_analysis_record_is_refused_naming_it(tmp_path, text):
+  (tmp_path / head_analysis.RECORD_JSON).write_text(text)
+  with pytest.raises(ValueError, match=r"analysis\.json: not"):
+    head_analysis._read_record(epath.Path(tmp_path))

@@ -31,9 +31,10 @@ and distance on the first validation batch; induction score on repeated
 random token sequences, for causal self-attention only (n/a elsewhere: a
 bidirectional encoder sees the answer, cross-attention keys are the source);
 and the validation-loss change when the head's output is zeroed, over the
-run's evaluator's batches. A rerun removes the files of an earlier analysis
-that it does not write again (its flags' or another checkpoint's), saying
-so. Nothing else in the run directory changes.
+run's evaluator's batches. analysis.json records the checkpoint analysed
+and the files of its analyses: a rerun at that checkpoint adds to them (the
+circuits, then an ablation), one at another checkpoint removes those it does
+not write again, saying so. Nothing else in the run directory changes.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer
 from txf.rundir.console import format_duration
 from txf.rundir.workdir import check_reachable, run_path
-from txf.storage import write_file
+from txf.storage import read_json, write_file
 from txf.train.run_setup import RunSetup, load_run
 from txf.train.step import make_eval_step, model_inputs
 
@@ -113,8 +114,10 @@ def attention_png(kind: str) -> str:
   return f"attention_{kind}.png"
 
 
-# Every file an analysis can write: those a rerun does not write again are an
-# earlier analysis's (another checkpoint's, or flags this one was not given).
+# What the analysis files in <workdir>/analysis/ hold: {"step": the
+# checkpoint analysed, "files": their names}.
+RECORD_JSON = "analysis.json"
+# Every file an analysis can write.
 OUTPUTS = (
   *(attention_png(kind) for kind in KINDS),
   SCORES_CSV,
@@ -129,19 +132,50 @@ OUTPUTS = (
 )
 
 
-def _remove_earlier(
-  out: epath.Path, written: list[epath.Path], log: Callable[[str], Any] | None
-) -> list[str]:
-  """Removes the analysis files in `out` that this analysis did not write, so
-  the directory holds one analysis (head_scores.md says its step), and says
-  so through `log`; returns their names."""
-  kept = {path.name for path in written}
-  earlier = [name for name in OUTPUTS if name not in kept and (out / name).exists()]
-  for name in earlier:
-    (out / name).unlink()
-  if earlier and log is not None:
-    log(f"removed an earlier analysis's {', '.join(earlier)} (not computed by this one)")
-  return earlier
+def _read_record(out: epath.Path) -> dict[str, Any] | None:
+  """analysis.json of an earlier analysis in `out`; None where there is none.
+
+  Raises:
+    ValueError: naming the file, where it is not such a record.
+  """
+  path = out / RECORD_JSON
+  record = read_json(path)
+  if record is None:
+    return None
+  files = record.get("files") if isinstance(record, dict) else None
+  step = record.get("step") if isinstance(record, dict) else None
+  if not (isinstance(step, int) and isinstance(files, list) and set(files) <= set(OUTPUTS)):
+    raise ValueError(f"{path}: not an analysis record ({{'step': int, 'files': [names]}})")
+  return record
+
+
+def _settle(
+  out: epath.Path,
+  step: int,
+  written: list[epath.Path],
+  earlier: dict[str, Any] | None,
+  log: Callable[[str], Any] | None,
+) -> epath.Path:
+  """Leaves `out` holding analyses of checkpoint `step` only and records them.
+
+  An earlier analysis of the same checkpoint adds to this one (txf-analyze
+  --circuits --checkpoints, then --ablate: both kept); the files of one of
+  another checkpoint that this one did not write again are removed. Files
+  from before the record existed (no analysis.json) are kept. `log` says
+  what was removed or kept. Returns the record's path."""
+  names = [path.name for path in written]
+  others = [name for name in OUTPUTS if name not in names and (out / name).exists()]
+  if earlier is not None and earlier["step"] != step:
+    stale = [name for name in others if name in earlier["files"]]
+    for name in stale:
+      (out / name).unlink()
+    if stale and log is not None:
+      log(f"removed step {earlier['step']}'s {', '.join(stale)} (not computed at step {step})")
+    others = [name for name in others if name not in stale]
+  elif earlier is None and others and log is not None:
+    log(f"kept {', '.join(others)} of an earlier analysis (its step is not recorded)")
+  record = {"step": step, "files": [name for name in OUTPUTS if name in names or name in others]}
+  return write_file(out / RECORD_JSON, json.dumps(record, indent=1) + "\n")
 
 
 def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
@@ -441,6 +475,7 @@ def analyze_run(
         "large train.max_to_keep)"
       )
   out = workdir / ANALYSIS_DIR
+  earlier = _read_record(out)  # a damaged one stops here, before the model runs
   scores: dict[str, dict[str, np.ndarray]] = {}
   files = []
   with setup.activation_sharding():
@@ -525,7 +560,7 @@ def analyze_run(
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
-  _remove_earlier(out, files, log)
+  files.append(_settle(out, run.step, files, earlier, log))
   return {
     "step": run.step,
     "baseline_loss": baseline,
