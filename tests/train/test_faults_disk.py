@@ -108,11 +108,11 @@ def assert_resumes_exactly(workdir, uninterrupted, resumed_from):
   assert (result, rows(workdir)) == uninterrupted
 
 
-def fails_writing(pattern, workdir, after, error_type=WriteError, slow_finalize=0.0):
-  """Trains with the disk full from the `after`-th write to `pattern`'s
-  files; the error the run stopped with (and the paths that failed)."""
+def fails_writing(pattern, workdir, after, error_type=WriteError, slow_finalize=0.0, steps=8):
+  """Trains `steps` with the disk full from the `after`-th write to
+  `pattern`'s files; the error the run stopped with (and the paths that failed)."""
   with full_disk(pattern, after, slow_finalize) as disk, pytest.raises(error_type) as error:
-    train(workdir)
+    train(workdir, steps)
   assert disk.failed, "the fault was never met"
   return str(error.value), disk.failed
 
@@ -174,6 +174,17 @@ def test_a_failed_checkpoint_save_keeps_the_last_good_one(tmp_path, uninterrupte
   assert "\n" not in message
   assert checkpoint_steps(workdir) == [2]
   assert_resumes_exactly(workdir, uninterrupted, resumed_from=2)
+
+
+@pytest.mark.slow  # trains a run
+def test_a_failed_last_save_is_what_ended_the_run_in_its_record(tmp_path):
+  """The save of the last step (4) fails: the record said 'finished' at step
+  4, which no checkpoint holds."""
+  workdir = tmp_path / "run"
+  fails_writing(CHECKPOINT, workdir, after=2, error_type=CheckpointWriteError, steps=4)
+  assert checkpoint_steps(workdir) == [2]
+  last = json.loads((workdir / "run_record.json").read_text())[-1]
+  assert last["ended"] == "CheckpointWriteError"
 
 
 # --- the Checkpointer on its own --------------------------------------------------

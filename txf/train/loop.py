@@ -598,6 +598,9 @@ def run(
               result, done = _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
             if done >= steps:
               writer.write_hparams(done, _hparams(setup, hparams), result)
+            # The last save is the run's too: one that fails ends the record
+            # with its error, not "finished" (_closing then has none to wait for).
+            checkpointer.wait_until_finished()
           except BaseException as error:
             with contextlib.suppress(Exception):  # the error that stopped the run is the one
               record.end(type(error).__name__)
