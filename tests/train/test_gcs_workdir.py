@@ -357,7 +357,8 @@ def test_the_lock_on_gcs_is_not_enforced_and_says_so(emulator, scratch_cwd, capl
 def test_check_writable_on_gcs_probes_and_never_creates_a_bucket(emulator, scratch_cwd):
   check_writable(f"gs://{BUCKET}/probe/run")
   assert bucket_files("probe") == set()  # the probe is removed
-  with pytest.raises(WorkdirError, match=r"^gs://no-such-bucket/run: not a writable directory"):
+  # It was the failed request's URL in parentheses.
+  with pytest.raises(WorkdirError, match=r"^gs://no-such-bucket/run: no such bucket$"):
     check_writable("gs://no-such-bucket/run")
   fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True, use_listings_cache=False)
   assert not fs.exists("no-such-bucket")

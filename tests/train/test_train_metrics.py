@@ -76,6 +76,19 @@ def test_row_cut_off_by_crash_is_skipped_and_not_glued(tmp_path, caplog):
   assert "line 2" in caplog.text
 
 
+def test_a_sample_cut_off_by_a_crash_does_not_swallow_the_next(tmp_path):
+  """A kill mid-append left '=== st'; the next session's header was glued
+  to it, and that sample read as text of the one before."""
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write_sample(3, "def f")
+  with open(tmp_path / metrics.SAMPLES_FILE, "a") as f:
+    f.write("=== st")
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write_sample(6, "def g")
+  assert [step for step, _ in metrics.read_samples(tmp_path)] == [3, 6]
+  assert metrics.read_samples(tmp_path)[1] == (6, "def g")
+
+
 def test_tensorboard_event_files_hold_the_scalars_in_groups(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(5, {"loss": 1.5, "loss/1": 1.75, "eval_accuracy": jnp.float32(0.25)})

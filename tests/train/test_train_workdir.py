@@ -89,6 +89,13 @@ def test_the_lock_of_a_read_only_directory_is_a_one_line_workdir_error(tmp_path)
     WorkdirLock(tmp_path).acquire()
 
 
+def test_a_lock_file_that_cannot_be_opened_is_named_not_its_directory(tmp_path):
+  """It was 'not a writable directory' for a directory that is one."""
+  (tmp_path / ".lock").mkdir()
+  with pytest.raises(WorkdirError, match=rf"^cannot lock {tmp_path}/\.lock: Is a directory$"):
+    WorkdirLock(tmp_path).acquire()
+
+
 def test_taking_the_lock_removes_the_temporaries_a_killed_holder_left(tmp_path):
   """A run killed between writing run_record.json's temporary and renaming
   it left the temporary; whoever holds the lock next removes it (and only

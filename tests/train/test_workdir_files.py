@@ -10,6 +10,8 @@ sweep's summary parses each metrics row once.
 """
 
 import json
+import os
+import re
 
 import ml_collections
 import pytest
@@ -168,6 +170,30 @@ def test_an_output_of_the_wrong_kind_is_one_error_before_the_run_starts(tmp_path
   with pytest.raises(WorkdirError, match=rf"^{workdir / name}: exists and is not a {kind}$"):
     loop.run(parse(tiny_config(steps=4)), workdir, log=lambda line: None)
   assert [p.name for p in workdir.iterdir()] == [name]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
+@pytest.mark.parametrize(
+  "name, message",
+  [
+    (metrics.METRICS_FILE, "not writable (Permission denied)"),
+    (metrics.TENSORBOARD_DIR, "not a writable directory (Permission denied)"),
+    ("checkpoints", "not a writable directory (Permission denied)"),
+  ],
+)
+def test_a_read_only_output_is_one_workdir_error_before_the_run_starts(tmp_path, name, message):
+  """A finished run's metrics.jsonl read-only: a write error (exit 1) after
+  the run set up; a read-only checkpoints/ a checkpoint error (exit 1)."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  path = workdir / name
+  path.mkdir() if name != metrics.METRICS_FILE else path.write_text("")
+  path.chmod(0o500 if path.is_dir() else 0o400)
+  try:
+    with pytest.raises(WorkdirError, match=rf"^{path}: {re.escape(message)}$"):
+      loop.run(parse(tiny_config(steps=4)), workdir, log=lambda line: None)
+  finally:
+    path.chmod(0o700)
 
 
 # --- long files: what a read costs -------------------------------------------------

@@ -76,7 +76,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from txf.runconfig.run_config import TrainConfig
-from txf.rundir.workdir import WorkdirError, check_writable
+from txf.rundir.workdir import check_writable
 from txf.storage import WriteError, is_local
 
 logger = logging.getLogger(__name__)
@@ -318,12 +318,10 @@ class Checkpointer:
     self._read_only = read_only
     self._ranks_by_metrics = bool(keep_best)
     self._unchecked_save = False  # a save started whose outcome check_for_errors has not seen
-    # Fail before training, not at the first save steps later.
+    # Fail before training, not at the first save steps later: a WorkdirError,
+    # as for the work directory itself (one line, exit 2).
     if not read_only:
-      try:
-        check_writable(directory)
-      except WorkdirError as error:
-        raise CheckpointWriteError(f"checkpoint directory {error}") from error
+      check_writable(directory)
     self._manager = ocp.CheckpointManager(
       directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM)
     )

@@ -42,6 +42,7 @@ A run of R > 1 seed replicas logs each replica's value of a metric as
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import logging
@@ -94,20 +95,26 @@ _SAMPLE_UNESCAPE = re.compile(r"\\x([0-9a-f]{2})")
 
 def check_outputs(workdir: epath.Path) -> None:
   """Refuses a run directory where a file the writer appends to (or moves
-  rows aside into) is not a file, or tb/ is not a directory: one line,
+  rows aside into) is not a writable file, or tb/ is not a writable
+  directory: one line,
   before the run restores or trains, rather than a traceback at its first
   write.
 
   Raises:
     WorkdirError: naming the path.
   """
+  local = is_local(workdir)
   for name in (METRICS_FILE, DROPPED_METRICS_FILE, SAMPLES_FILE, DROPPED_SAMPLES_FILE):
     path = workdir / name
     if path.exists() and not path.is_file():
       raise WorkdirError(f"{path}: exists and is not a file")
+    if local and path.exists() and not os.access(path, os.W_OK):
+      raise WorkdirError(f"{path}: not writable ({os.strerror(errno.EACCES)})")
   path = workdir / TENSORBOARD_DIR
   if path.exists() and not path.is_dir():
     raise WorkdirError(f"{path}: exists and is not a directory")
+  if local and path.exists() and not os.access(path, os.W_OK | os.X_OK):
+    raise WorkdirError(f"{path}: not a writable directory ({os.strerror(errno.EACCES)})")
 
 
 def escape_sample(text: str) -> str:
@@ -188,7 +195,8 @@ class MetricsWriter:
     try:
       if is_local(self._workdir):  # object stores have no directories, nor cut-off rows
         writing(self._workdir, lambda: self._workdir.mkdir(parents=True, exist_ok=True))
-        terminate_partial_last_line(self._workdir / METRICS_FILE)
+        for name in (METRICS_FILE, SAMPLES_FILE):
+          terminate_partial_last_line(self._workdir / name)
       if start_step is not None:
         self.dropped = drop_records_after(self._workdir, start_step)
       self._jsonl = lines_sink(self._workdir / METRICS_FILE)

@@ -32,6 +32,7 @@ training on without its outputs or hanging in a writer thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import importlib
 import json
@@ -169,6 +170,12 @@ class _HeldLogs(logging.Handler):
       logger_.propagate = propagate
 
 
+def _lock_file_at_fault(path: epath.Path, error: OSError) -> bool:
+  """Whether opening the lock file `path` failed for the file itself (a
+  read-only file, a directory there) in a writable directory."""
+  return path.exists() and error.errno != errno.EROFS and os.access(path.parent, os.W_OK | os.X_OK)
+
+
 def not_writable(directory: str | os.PathLike, error: BaseException) -> WorkdirError:
   """WorkdirError('<directory>: not a writable directory (<reason>)') for `error`."""
   return WorkdirError(f"{os.fspath(directory)}: not a writable directory ({os_reason(error)})")
@@ -199,6 +206,11 @@ def check_writable(directory: str | os.PathLike) -> None:
         with contextlib.suppress(Exception):  # the write's error is the one to report
           probe.unlink(missing_ok=True)
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
+  except FileNotFoundError as error:
+    if is_local(directory):
+      raise not_writable(directory, error) from error
+    # gcsfs's text is the request's URL; a missing object's parent is the bucket.
+    raise WorkdirError(f"{directory}: no such bucket") from error
   except Exception as error:
     raise not_writable(directory, error) from error
   if is_file:
@@ -238,6 +250,8 @@ class WorkdirLock:
     try:
       handle = open(self.path, "a+", encoding="utf-8")
     except OSError as error:  # a read-only file system, no permission, no such directory
+      if _lock_file_at_fault(self.path, error):
+        raise WorkdirError(f"cannot lock {self.path}: {os_reason(error)}") from error
       raise not_writable(self.path.parent, error) from error
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
