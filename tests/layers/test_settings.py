@@ -25,6 +25,7 @@ from txf.layers import positions
 from txf.layers.embedding import RelativePositionTable
 from txf.layers.model_config import (
   MOVED_TO_OPTIONS,
+  NORMS,
   POSITIONS,
   ModelConfig,
   default_options,
@@ -55,6 +56,23 @@ def test_the_builtin_settings_are_their_entries_and_the_base_configs_options():
     "model.position 'rope', 'rope_ntk': wavelength base of the rotation frequencies"
   )
   assert setting_docs()["t5_num_buckets"] == "model.position 't5_bias': relative-position buckets"
+
+
+def test_a_registered_entrys_settings_start_in_the_base_config_as_txfs_own_do():
+  """A config file that imported a registered encoding and chose it could not
+  set its setting on the command line: base.py held txf's own only
+  ('model.options.scale: unknown field'), though config.json recorded it."""
+  with NORMS.scoped():
+    register.norm("gained", options={"norm_gain": 2.0})(lambda layer, x, cfg: x)
+    assert default_options() == {**BUILTIN, "norm_gain": 2.0}
+    config = load_config("base")
+    config.model.options.norm_gain = 3.0  # what --config.model.options.norm_gain=3 does
+    config.model.norm = "gained"
+    assert parse(config).model.options["norm_gain"] == 3.0
+    # Not chosen, the setting is left out of the run's config.
+    config.model.norm = "rms"
+    assert "norm_gain" not in parse(config).model.options
+  assert default_options() == BUILTIN
 
 
 @pytest.mark.parametrize(

@@ -157,14 +157,15 @@ def entry_settings(choices: Mapping[str, str], values: Mapping[str, Any]) -> dic
 
 
 def default_options() -> dict[str, Any]:
-  """{setting: default} of every setting txf's own entries declare (rope's
-  rope_base, ..., t5_bias' t5_max_distance): the model.options a config
-  starts from (configs/base.py), so the command line can set each one."""
+  """{setting: default} of every setting the registered entries declare
+  (rope's rope_base, ..., t5_bias' t5_max_distance, and those of entries
+  user code registered before: a config file's imports): the model.options
+  a config starts from (configs/base.py), so the command line can set each
+  one. ModelConfig keeps the chosen entries' only (_check_options)."""
   return {
     setting: default
     for registry in REGISTRY_FIELDS.values()
     for name in registry
-    if registry.provenance(name)["builtin"]
     for setting, default in setting_defaults(registry.settings(name)).items()
   }
 
