@@ -164,7 +164,24 @@ def test_the_sweep_refuses_to_summarise_a_point_trained_longer(tmp_path, points)
   with pytest.raises(
     GridError,
     match=rf"^point 2 \({points[2].name}\) was trained for {2 * steps} steps, this sweep's "
-    rf"point for {steps} \({workdir / points[2].name}\): use a new --workdir$",
+    rf"point for {steps} \({workdir / points[2].name}\): summarize with the overrides it "
+    "trained with, or train it on without --summarize$",
+  ):
+    runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
+  assert not (workdir / results.RESULTS_CSV).exists()
+
+
+def test_the_sweep_refuses_to_summarise_a_point_trained_shorter(tmp_path, points):
+  """A sweep trained with --config.base.train.steps=N, summarised without it:
+  every finished point read as partial and the results written over."""
+  workdir = sweep_workdir(tmp_path, points)
+  config = json.loads((workdir / points[1].name / "config.json").read_text())
+  steps = config["train"]["steps"]
+  config["train"]["steps"] = steps // 2
+  (workdir / points[1].name / "config.json").write_text(json.dumps(config))
+  sweep = configs.load(ROOT / "txf" / "configs" / "sweeps" / "t5_distance.py")
+  with pytest.raises(
+    GridError, match=rf"^point 1 \({points[1].name}\) was trained for {steps // 2} steps, "
   ):
     runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
   assert not (workdir / results.RESULTS_CSV).exists()

@@ -271,10 +271,15 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   return "done" if done else "partial"
 
 
-def check_trained_steps(point: Point, workdir: str | epath.PathLike) -> None:
+def check_trained_steps(
+  point: Point, workdir: str | epath.PathLike, *, summary: bool = False
+) -> None:
   """Refuses a run in `workdir` configured for more steps than `point` asks:
   it was evaluated at the point's step count on its way, so point_status
-  calls it done, and its last values would be tabulated as the point's.
+  calls it done, and its last values would be tabulated as the point's. For
+  a `summary` (txf-sweep --summarize), fewer too: its finished run would be
+  tabulated as partial, replacing the results it was summarised to (a
+  sweep shrunk with --config.base.train.steps, then summarised without it).
 
   Raises:
     ValueError: naming the point and both step counts.
@@ -282,7 +287,7 @@ def check_trained_steps(point: Point, workdir: str | epath.PathLike) -> None:
   steps = point.config.train.steps
   saved = read_run_config(epath.Path(workdir))
   trained = None if saved is None else saved.train.steps
-  if trained is not None and trained > steps:
+  if trained is not None and (trained > steps or (summary and trained < steps)):
     raise ValueError(
       f"point {point.index} ({point.name}) was trained for {trained} steps, "
       f"this sweep's point for {steps}"

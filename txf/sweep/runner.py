@@ -381,8 +381,9 @@ def run_sweep(
   Raises:
     GridError: a bad grid, sweep setting or point (naming the point and the
       field) before anything trains, or a point's workdir that its config
-      cannot resume (one trained for more steps than the point asks: before
-      anything trains or is summarised).
+      cannot resume (one trained for more steps than the point asks, or,
+      to summarize, for other steps: before anything trains or is
+      summarised).
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra), that cannot be reached or written (a
       read-only file system), or where no point has been run (summarize_only),
@@ -415,9 +416,14 @@ def run_sweep(
   for point in points:
     point_dir = workdir / point.name
     try:
-      results.check_trained_steps(point, point_dir)
+      results.check_trained_steps(point, point_dir, summary=summarize_only)
     except ValueError as error:
-      raise GridError(f"{error} ({point_dir}): use a new --workdir") from None
+      remedy = (
+        "summarize with the overrides it trained with, or train it on without --summarize"
+        if summarize_only
+        else "use a new --workdir"
+      )
+      raise GridError(f"{error} ({point_dir}): {remedy}") from None
     # As txf-run refuses it: a finished point is skipped, so its run alone
     # would never compare its config.json with the point's changed one. A
     # summary reads what is on disk, whatever trained it.
