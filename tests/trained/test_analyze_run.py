@@ -14,6 +14,7 @@ import io
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -222,7 +223,9 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert done.stdout == (out / SCORES_MD).read_text()
   # A progress line per head's ablation, on stderr: stdout is the table alone.
   L, H = 2, 2  # decoder_run's layers and heads
-  progress = [line for line in done.stderr.splitlines() if line.startswith("analyze: ")]
+  # Each stamped with the wall-clock time: 'YYYY-MM-DD HH:MM:SS analyze: ...'.
+  stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (analyze: .*)$")
+  progress = [stamp.match(line)[1] for line in done.stderr.splitlines() if "analyze: " in line]
   assert [line.split(" | ")[0] for line in progress] == [
     f"analyze: self head L{layer}H{head} ({1 + layer * H + head} of {L * H})"
     for layer in range(L)

@@ -50,6 +50,7 @@ from etils import epath
 from txf.analysis.extrapolation import check_num_tokens
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
+from txf.progress import timestamped
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.console import format_duration
@@ -475,8 +476,10 @@ def _run_points(
       return False
     point_dir = workdir / point.name
     log(
-      format_sweep_progress(
-        position, len(selected), point, time.perf_counter() - began, point_seconds
+      timestamped(
+        format_sweep_progress(
+          position, len(selected), point, time.perf_counter() - began, point_seconds
+        )
       )
     )
     point_began = time.perf_counter()

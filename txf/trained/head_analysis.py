@@ -89,6 +89,7 @@ from txf.analysis.phase_change import steepest_fall, write_training_csv
 from txf.analysis.plots import attention_grid, save_figure
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
+from txf.progress import timestamped
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer
 from txf.rundir.console import format_duration
@@ -411,8 +412,9 @@ def analyze_run(
     checkpoints: also the validation loss, previous-token and induction
       scores and K-composition at every checkpoint the run kept (keep many:
       train.checkpoint_every small, train.max_to_keep large).
-    log: called with a progress line as each head's ablation (and each
-      checkpoint) is done (`format_head_progress`); None: quiet.
+    log: called with a progress line, stamped with the wall-clock time, as
+      each head's ablation (and each checkpoint) is done
+      (`format_head_progress`); None: quiet.
 
   Returns:
     {"step": checkpoint step, "baseline_loss": validation loss with every
@@ -503,7 +505,7 @@ def analyze_run(
       def progress(layer, head, delta, kind=kind, shape=(num_layers, num_heads), began=began):
         if log is not None:
           elapsed = time.perf_counter() - began
-          log(format_head_progress(kind, layer, head, *shape, delta, elapsed))
+          log(timestamped(format_head_progress(kind, layer, head, *shape, delta, elapsed)))
 
       scores[kind] = {
         **_attention_scores(setup, kind, layers, first, induction),
@@ -676,9 +678,11 @@ def _training_scores(
       if log is not None:
         elapsed = time.perf_counter() - began
         log(
-          f"analyze: checkpoint step {step} ({done} of {len(steps)}) | eval_loss "
-          f"{rows['loss'][-1]:.4f} | elapsed {format_duration(elapsed)} | eta "
-          f"{format_duration(elapsed / done * (len(steps) - done))}"
+          timestamped(
+            f"analyze: checkpoint step {step} ({done} of {len(steps)}) | eval_loss "
+            f"{rows['loss'][-1]:.4f} | elapsed {format_duration(elapsed)} | eta "
+            f"{format_duration(elapsed / done * (len(steps) - done))}"
+          )
         )
   return {name: np.asarray(values) for name, values in rows.items()}
 
