@@ -360,6 +360,24 @@ def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
   assert (cells[1]["diverged"], cells[1]["val loss"]) == ("yes", "")
 
 
+def test_results_md_says_what_its_extrapolation_and_difference_columns_hold(sweep_dir, points):
+  """A review read an extrapolation column at 1x against val loss and found
+  them apart, unexplained, and a 'difference' without units or direction."""
+  for point in points[:3:2]:  # the two with extrapolation.json: 4,096 tokens each
+    path = sweep_dir / point.name / results.EXTRAPOLATION_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_tokens": 4096}))
+  _, md_path = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  note = md_path.read_text().splitlines()[0]
+  assert "Extrapolation columns: loss at that evaluation length over the first 4,096 " in note
+  assert "a stalled run is flat too" in note
+  assert "(difference: the lower mean minus the higher, nats)" in md_path.read_text()
+  # Without extrapolation there are no such columns to explain.
+  for point in points:
+    (sweep_dir / point.name / results.EXTRAPOLATION_FILE).unlink(missing_ok=True)
+  _, md_path = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  assert "Extrapolation columns" not in md_path.read_text()
+
+
 def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   steps = list(range(100, 1001, 100))
   loss = [3.0, 2.8, 2.6, 2.5, 2.4, 2.2, 2.1, 2.02, 2.01, 2.0]

@@ -202,6 +202,7 @@ class Extrapolation:
   per_position_length: int | None = None
   per_position_loss: tuple[float, ...] | None = None
   step: int | None = None
+  num_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,6 +369,7 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
     if per_position is None
     else tuple(math.nan if v is None else float(v) for v in per_position["loss"]),
     step=None if data.get("step") is None else int(data["step"]),
+    num_tokens=None if data.get("num_tokens") is None else int(data["num_tokens"]),
   )
 
 
@@ -544,6 +546,23 @@ def _format_loss(value: float | str | None) -> str:
   return value if isinstance(value, str) else "" if value is None else f"{value:.4f}"
 
 
+def _extrapolation_note(rows: Sequence[PointSummary]) -> str:
+  """What the extrapolation columns hold ('' for a table without them)."""
+  counts = {row.extrapolation.num_tokens for row in rows if row.extrapolation is not None}
+  if not counts:
+    return ""
+  scored = (
+    f"the first {counts.pop():,} validation tokens"
+    if len(counts) == 1 and None not in counts
+    else "each point's validation tokens (extrapolation.json's num_tokens)"
+  )
+  return (
+    "Extrapolation columns: loss at that evaluation length over "
+    f"{scored}, by the protocol named (n/a: not applicable); at 1x it need not equal "
+    "val loss, which is over eval.num_batches batches. "
+  )
+
+
 def _markdown_text(rows: Sequence[PointSummary]) -> str:
   fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
   header = [
@@ -565,12 +584,13 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas; "
     "val accuracy: of the predictions the loss counts (a language model's next token). "
     "tokens/s: training tokens per second, each batch counted once however many "
-    "replicas train on it. Extrapolation columns: validation loss at that "
-    "evaluation length (n/a: not applicable). Val change: relative change of the "
-    f"mean validation loss over the last {fraction_name()} of training; flat: it "
+    f"replicas train on it. {_extrapolation_note(rows)}Val change: relative change of "
+    f"the mean validation loss over the last {fraction_name()} of training; flat: it "
     f"improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, "
     "judged only with at least "
-    f"{FLAT_MIN_EVALUATIONS} evaluations in that {fraction_name()} (else unknown)."
+    f"{FLAT_MIN_EVALUATIONS} evaluations in that {fraction_name()} (else unknown); flat "
+    "says the curve stopped falling, not that the run trained well (a stalled run is "
+    "flat too)."
   )
   lines = [note, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
@@ -598,10 +618,11 @@ def _comparison_lines(rows: Sequence[PointSummary], fields: Sequence[str]) -> li
   number = lambda value, spec: "" if value is None else format(value, spec)
   lines = [
     "",
-    f"Pairs of points that differ in one field, the lower validation loss first; "
-    f"resolved: the t-test over seed replicas on the final validation loss (paired "
-    f"where the points share seeds and batches, else Welch's; `paired`), "
-    f"Holm-adjusted p < {significance.ALPHA} over its {len(found)} comparisons.",
+    "Pairs of points that differ in one field, the lower validation loss first "
+    "(difference: the lower mean minus the higher, nats); resolved: the t-test over "
+    "seed replicas on the final validation loss (paired where the points share seeds "
+    "and batches, else Welch's; `paired`), Holm-adjusted p < "
+    f"{significance.ALPHA} over its {len(found)} comparisons.",
     "",
     "| field | lower | higher | difference | paired | t | df | p | Holm p | resolved |",
     "|---|---|---|---|---|---|---|---|---|---|",
