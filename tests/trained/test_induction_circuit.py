@@ -31,6 +31,7 @@ and 200 (to 0.87).
 """
 
 import os
+import pathlib
 import subprocess
 
 import numpy as np
@@ -90,6 +91,10 @@ def test_induction_config_forms_a_circuit_that_survives_a_new_period(toy_analysi
   assert len(periods) == 2 and not set(periods) & set(repeat_periods(config.data))
   assert any(head.startswith("L0") for head in roles["previous_token"]), roles
   assert any(head.startswith("L1") for head in roles["induction"]), roles
+  # Six checkpoints place the phase change without a warning that they are too few.
+  circuits_md = next(path for path in analysis["files"] if path.endswith("circuits.md"))
+  text = pathlib.Path(circuits_md).read_text()
+  assert f"({STEPS // CHECKPOINT_EVERY} checkpoints, steps" in text and "too few" not in text
 
 
 def layer_heads(heads: list[str], layer: int) -> list[int]:

@@ -332,7 +332,7 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
       for protocol in PROTOCOLS
     },
     workdir / EXTRAPOLATION_PNG,
-    title=f"Length extrapolation (trained on {train_length} tokens, step {record['step']})",
+    title=f"Length extrapolation (training length {train_length}, step {record['step']})",
     xlabel="evaluation length (tokens)",
     ylabel=ylabel,
     logx=True,
@@ -357,7 +357,7 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
 def format_table(record: dict[str, Any]) -> str:
   """The extrapolation record as a text table, one row per length."""
   lines = [
-    f"step {record['step']}, trained on {record['train_length']} tokens, "
+    f"step {record['step']}, training length {record['train_length']} tokens, "
     f"{record['num_tokens']} validation tokens; loss in {LOSS_UNITS}",
     f"{'length':>7} {'factor':>6} {'non-overlapping':>15} {'sliding':>9} {'stride':>6}",
   ]

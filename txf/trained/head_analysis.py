@@ -115,6 +115,9 @@ def attention_png(kind: str) -> str:
   return f"attention_{kind}.png"
 
 
+# Fewer kept checkpoints than this place the phase change too coarsely to
+# report without saying so (the induction page's runs keep 300).
+MIN_PHASE_CHECKPOINTS = 5
 # What the analysis files in <workdir>/analysis/ hold: {"step": the
 # checkpoint analysed, "files": their names}.
 RECORD_JSON = "analysis.json"
@@ -553,10 +556,17 @@ def analyze_run(
             out / TRAINING_PNG,
           )
         )
+        kept = len(training["steps"])
+        coarse = (
+          f" Only {kept} checkpoints: too few to place a change (train with a smaller "
+          "train.checkpoint_every and a larger train.max_to_keep)."
+          if kept < MIN_PHASE_CHECKPOINTS
+          else ""
+        )
         md_parts.append(
           "## When the circuit forms\n\nSteepest change between consecutive checkpoints "
-          f"({len(training['steps'])} checkpoints, steps {training['steps'][0]}.."
-          f"{training['steps'][-1]}):\n\n{phase_change_table({label: training})}"
+          f"({kept} checkpoints, steps {training['steps'][0]}.."
+          f"{training['steps'][-1]}).{coarse}\n\n{phase_change_table({label: training})}"
         )
       files.append(write_file(out / CIRCUITS_MD, "\n".join(md_parts)))
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
