@@ -219,11 +219,11 @@ def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path):
   assert not result.stdout
 
 
-def test_print_config_checks_the_mesh_as_the_run_does(tmp_path):
-  """A mesh that does not match the devices printed the config, exit 0."""
-  result = run_cli("--config=configs/rope.py", "--print_config", "--config.parallel.fsdp=3")
-  assert_one_line_error(result, "config error: parallel.fsdp x parallel.tensor = 3 x 1 ")
-  assert not result.stdout
+def test_print_config_reads_a_pods_config_on_a_machine_without_its_devices():
+  """decoder_1b's mesh (16-way FSDP) is checked where it runs, not here."""
+  result = run_cli("--config=configs/decoder_1b.py", "--print_config")
+  assert result.returncode == 0, result.stderr
+  assert "parallel.fsdp = 16" in result.stdout
 
 
 def test_every_config_field_has_a_doc():

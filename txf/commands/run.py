@@ -17,7 +17,8 @@ in one line, so --config.train.steps=N runs any config; such a run, extended
 later, keeps the warmup it finished (one line says so).
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 --print_config checks the config as the run would (an invalid one exits 2,
-`config error: ...`), lists every field (its value, the base config's
+`config error: ...`; the mesh against the devices is checked where the run
+starts, so a pod's config prints on a laptop), lists every field (its value, the base config's
 default where it differs, the value the run derives where the config leaves
 it None, e.g. model.d_ff, and its doc) and exits 0 without training.
 
@@ -155,8 +156,9 @@ def resolved_run(config):
   """The checked RunConfig the run of `config` would train with (model.vocab_size
   from the tokenizer, head_dim, d_ff, ... derived, a train.warmup_steps above
   train.steps clamped), after checking the whole config as the run does
-  (txf.runconfig.run_config.parse, txf.train.run_setup.fit_vocabulary, and
-  the device mesh and the batch it splits, as a sweep checks each point).
+  (txf.runconfig.run_config.parse, txf.train.run_setup.fit_vocabulary). The
+  mesh is not checked against this machine's devices: a pod's config
+  (decoder_1b) is read on a laptop; the run checks it where it starts.
 
   Raises:
     ValueError: naming the field, for a config the run would reject.
@@ -165,14 +167,11 @@ def resolved_run(config):
   import tempfile
 
   from txf.runconfig.run_config import parse
-  from txf.train import sharding
   from txf.train.run_setup import fit_vocabulary
 
   # A sentencepiece tokenizer is trained into the run's directory: here, a throwaway one.
   with tempfile.TemporaryDirectory() as workdir:
-    run = fit_vocabulary(parse(config), workdir)[0]
-  sharding.check_batch(run.data.batch_size, sharding.make_mesh(run.parallel))
-  return run
+    return fit_vocabulary(parse(config), workdir)[0]
 
 
 def print_config(config, base, run=None) -> None:
