@@ -164,8 +164,7 @@ def test_the_sweep_refuses_to_summarise_a_point_trained_longer(tmp_path, points)
   with pytest.raises(
     GridError,
     match=rf"^point 2 \({points[2].name}\) was trained for {2 * steps} steps, this sweep's "
-    rf"point for {steps} \({workdir / points[2].name}\): summarize with the overrides it "
-    "trained with, or train it on without --summarize$",
+    rf"point for {steps} \({workdir / points[2].name}\): use a new --workdir$",
   ):
     runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
   assert not (workdir / results.RESULTS_CSV).exists()
@@ -181,7 +180,9 @@ def test_the_sweep_refuses_to_summarise_a_point_trained_shorter(tmp_path, points
   (workdir / points[1].name / "config.json").write_text(json.dumps(config))
   sweep = configs.load(ROOT / "txf" / "configs" / "sweeps" / "t5_distance.py")
   with pytest.raises(
-    GridError, match=rf"^point 1 \({points[1].name}\) was trained for {steps // 2} steps, "
+    GridError,
+    match=rf"^point 1 \({points[1].name}\) was trained for {steps // 2} steps, .*: summarize "
+    "with the overrides it trained with, or train it on without --summarize$",
   ):
     runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
   assert not (workdir / results.RESULTS_CSV).exists()

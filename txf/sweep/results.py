@@ -283,16 +283,24 @@ def check_trained_steps(
   sweep shrunk with --config.base.train.steps, then summarised without it).
 
   Raises:
-    ValueError: naming the point and both step counts.
+    ValueError: naming the point and both step counts (TrainedShorter for
+      fewer).
   """
   steps = point.config.train.steps
   saved = read_run_config(epath.Path(workdir))
   trained = None if saved is None else saved.train.steps
-  if trained is not None and (trained > steps or (summary and trained < steps)):
-    raise ValueError(
-      f"point {point.index} ({point.name}) was trained for {trained} steps, "
-      f"this sweep's point for {steps}"
-    )
+  if trained is None or trained == steps or (trained < steps and not summary):
+    return
+  error = TrainedShorter if trained < steps else ValueError
+  raise error(
+    f"point {point.index} ({point.name}) was trained for {trained} steps, "
+    f"this sweep's point for {steps}"
+  )
+
+
+class TrainedShorter(ValueError):
+  """`check_trained_steps`' refusal of a point trained for fewer steps (a
+  summary's: training it again would continue it)."""
 
 
 def _replica_values(row: Mapping[str, Any], name: str, replicas: int, workdir) -> list[float]:

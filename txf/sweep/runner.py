@@ -418,13 +418,13 @@ def run_sweep(
     point_dir = workdir / point.name
     try:
       results.check_trained_steps(point, point_dir, summary=summarize_only)
+    except results.TrainedShorter as error:  # --summarize only: training would go on
+      raise GridError(
+        f"{error} ({point_dir}): summarize with the overrides it trained with, or train "
+        "it on without --summarize"
+      ) from None
     except ValueError as error:
-      remedy = (
-        "summarize with the overrides it trained with, or train it on without --summarize"
-        if summarize_only
-        else "use a new --workdir"
-      )
-      raise GridError(f"{error} ({point_dir}): {remedy}") from None
+      raise GridError(f"{error} ({point_dir}): use a new --workdir") from None
     # As txf-run refuses it: a finished point is skipped, so its run alone
     # would never compare its config.json with the point's changed one. A
     # summary reads what is on disk, whatever trained it.
