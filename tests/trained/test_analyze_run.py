@@ -458,6 +458,8 @@ def test_files_of_an_analysis_without_a_record_are_kept_and_said(tmp_path):
   head_analysis._settle(out, 60, [], None, lines.append)
   assert (out / "circuits.json").exists()
   assert lines == ["kept circuits.json of an earlier analysis (its step is not recorded)"]
+  # Not recorded as this step's: a later rerun at step 60 must not take it for one.
+  assert _record(out) == {"step": 60, "files": []}
 
 
 @pytest.mark.parametrize("text", ["[]", '{"step": 4}', '{"step": 4, "files": ["x.png"]}', "{"])

@@ -176,8 +176,10 @@ def _settle(
     if stale and log is not None:
       log(f"removed step {earlier['step']}'s {', '.join(stale)} (not computed at step {step})")
     others = [name for name in others if name not in stale]
-  elif earlier is None and others and log is not None:
-    log(f"kept {', '.join(others)} of an earlier analysis (its step is not recorded)")
+  elif earlier is None:  # files of an analysis before the record: kept, not this one's
+    if others and log is not None:
+      log(f"kept {', '.join(others)} of an earlier analysis (its step is not recorded)")
+    others = []
   record = {"step": step, "files": [name for name in OUTPUTS if name in names or name in others]}
   return write_file(out / RECORD_JSON, json.dumps(record, indent=1) + "\n")
 
