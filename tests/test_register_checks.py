@@ -178,6 +178,9 @@ def test_a_builtin_entry_records_the_function_or_class_it_is():
   assert where(FAMILIES, "decoder") == (models.Decoder.__module__, "Decoder", True)
   assert where(HEADS, "lm") == (output_heads.__name__, "LMHead", True)
   assert where(ACTIVATIONS, "gelu") == (feedforward.__name__, "_gelu", True)
-  assert where(TASKS, "lm") == (tasks.__name__, "token_inputs", True)
+  # A task kind wraps no one function (its first field is the batch format):
+  # the entry's class, as the head 'none' (no module) is.
+  assert where(TASKS, "lm") == (tasks.__name__, "TaskKind", True)
+  assert where(HEADS, "none")[1] == "OutputHead"
   assert where(NORMS, "rms") == (norm.__name__, "rms_norm", True)
   assert where(TRACKERS, "wandb") == ("txf.rundir.trackers", "WandbTracker", True)

@@ -102,15 +102,15 @@ def _settings_form(settings: type | None) -> Any:
 
 def _provided_by(entry: Any) -> Any:
   """The function or class an entry registered without a `provider` comes
-  from: for an entry object that wraps one (txf's own ModelFamily,
-  Activation, TaskKind, ... registered directly), the first of its
-  dataclass fields that is one (the family's module, the activation's
-  function); else the entry itself."""
-  if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
-    for field in dataclasses.fields(entry):
-      value = getattr(entry, field.name)
-      if inspect.isfunction(value) or inspect.isclass(value):
-        return value
+  from: for an entry object that wraps one in its first field (txf's own
+  ModelFamily's module, OutputHead's, Activation's function, registered
+  directly), that one; else the entry itself (a TaskKind, whose first field
+  is its batch format; the head 'none', which has no module)."""
+  fields = dataclasses.fields(entry) if dataclasses.is_dataclass(entry) else ()
+  if fields and not isinstance(entry, type):
+    value = getattr(entry, fields[0].name)
+    if inspect.isfunction(value) or inspect.isclass(value):
+      return value
   return entry
 
 

@@ -183,6 +183,10 @@ def _per_sequence(cfg: ModelConfig) -> int:
   return 0  # a classifier's matmul is once a sequence: flops_per_token adds it
 
 
+def _no_head(cfg: ModelConfig) -> int:
+  return 0  # the hidden states are the output
+
+
 HEADS.register(
   "lm",
   OutputHead(
@@ -193,4 +197,4 @@ HEADS.register("mlm", OutputHead(MaskedLMHead, ("mlm",), ("encoder",), _transfor
 HEADS.register(
   "classify", OutputHead(ClassificationHead, ("classify",), ("decoder", "encoder"), _per_sequence)
 )
-HEADS.register("none", OutputHead(None, (), ("decoder", "encoder"), _per_sequence))
+HEADS.register("none", OutputHead(None, (), ("decoder", "encoder"), _no_head))
