@@ -97,6 +97,9 @@ def test_the_same_entry_again_with_other_settings_is_refused():
       register.norm("mine", options={"k": 3})(other_norm)
     register.norm("mine", options={"k": 4}, replace=True)(identity_norm)
     assert NORMS.options("mine") == {"k": 4}
+    # A NaN default is the same default again (NaN != NaN).
+    register.norm("nan_default", options={"eps": float("nan")})(identity_norm)
+    register.norm("nan_default", options={"eps": float("nan")})(identity_norm)
 
 
 def test_a_setting_another_entrys_value_would_replace_is_refused():

@@ -96,7 +96,10 @@ def _settings_form(settings: type | None) -> Any:
   time, so the classes themselves are not compared)."""
   if settings is None:
     return None
-  fields = [(f.name, f.type, f.default, dict(f.metadata)) for f in dataclasses.fields(settings)]
+  # Defaults by repr: a NaN default is the same default again.
+  fields = [
+    (f.name, f.type, repr(f.default), dict(f.metadata)) for f in dataclasses.fields(settings)
+  ]
   return fields, getattr(settings, "check", None)
 
 

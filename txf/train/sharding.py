@@ -29,6 +29,7 @@ raises a ValueError naming the parameter or config field before any compute.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -298,15 +299,22 @@ def check_batch(global_batch_size: int, mesh: Mesh) -> None:
       f"data.batch_size: {global_batch_size} is not divisible by parallel.data x "
       f"parallel.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {ways}"
     )
-  processes_DxFxT = np.vectorize(lambda device: device.process_index, otypes=[int])(mesh.devices)
-  shared = shared_batch_blocks(processes_DxFxT)
+  shared, per_process = _shared_blocks(mesh)
   if shared:
-    per_process = int(np.sum(processes_DxFxT == processes_DxFxT.flat[0]))
     raise ValueError(
       f"parallel.tensor: {mesh.shape['tensor']} spans processes, so {shared} of the batch's "
       f"{ways} blocks of rows would sit on devices of several processes, each feeding rows "
       f"of its own: keep the tensor axis within one process's {per_process} devices"
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_blocks(mesh: Mesh) -> tuple[int, int]:
+  """(`shared_batch_blocks` of `mesh`, devices of its first device's process),
+  once per mesh: shard_batch checks every step's batch."""
+  processes_DxFxT = np.vectorize(lambda device: device.process_index, otypes=[int])(mesh.devices)
+  per_process = int(np.sum(processes_DxFxT == processes_DxFxT.flat[0]))
+  return shared_batch_blocks(processes_DxFxT), per_process
 
 
 def shared_batch_blocks(processes_DxFxT: np.ndarray) -> int:
