@@ -572,7 +572,9 @@ def analyze_run(
         )
       files.append(write_file(out / CIRCUITS_MD, "\n".join(md_parts)))
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
-  table = _markdown(scores, run.step, baseline, periods, len(batches), roles, group)
+  seeds = setup.run.seeds
+  which = f" (replica {replica} of {len(seeds)}, seed {seeds[replica]})" if len(seeds) > 1 else ""
+  table = _markdown(scores, f"{run.step}{which}", baseline, periods, len(batches), roles, group)
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
   files.append(_settle(out, run.step, files, earlier, log))
   return {
@@ -709,7 +711,7 @@ def _training_xlim(training: dict[str, Any]) -> int:
 
 def _markdown(
   scores: dict[str, dict[str, np.ndarray]],
-  step: int,
+  step: str,
   baseline: float,
   periods: list[int] | None,
   num_batches: int,
@@ -717,7 +719,8 @@ def _markdown(
   group: dict[str, Any] | None,
 ) -> str:
   """head_scores.md: a header saying what the columns mean, one table per kind,
-  the heads' roles and the group ablation."""
+  the heads' roles and the group ablation; `step` says the checkpoint (and,
+  in a run of several seeds, the replica) analysed."""
   induction = (
     f"attention to the token after the previous occurrence, on random blocks of "
     f"in-distribution tokens repeated twice; the lowest over the probe periods "
