@@ -248,6 +248,10 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
 
   # Deltas against the run's own evaluator on kernel-zeroed params.
   run = load_run(decoder_run)
+  # The last line on stderr names the files written.
+  assert done.stderr.splitlines()[-1] == "wrote " + ", ".join(
+    str(out / name) for name in (attention_png("self"), SCORES_MD, SCORES_CSV, "analysis.json")
+  )
   assert json.loads((out / head_analysis.RECORD_JSON).read_text()) == {
     "step": run.step,
     "files": [attention_png("self"), SCORES_CSV, SCORES_MD],

@@ -74,6 +74,9 @@ def test_extrapolation_of_a_learned_table_run(trained):
   assert digests(trained) == before  # config.json and checkpoints untouched
   for name in OUTPUTS[1:]:
     assert (trained / name).read_bytes().startswith(PNG_MAGIC)
+  assert lines[-1] == "wrote " + ", ".join(
+    str(trained / name) for name in [*OUTPUTS[1:], OUTPUTS[0]]
+  )
 
   assert record["lengths"] == [32, 64, 128] and record["applicable"] == [True, True, False]
   # Default budget: the evaluator's eval.num_batches x batch_size windows of 33 tokens.
@@ -104,8 +107,8 @@ def test_extrapolation_of_a_learned_table_run(trained):
   assert read.per_position_length == 64 and len(read.per_position_loss) == 64
 
   # One progress line per length, as each is done.
-  assert len(lines) == 3
-  for at, line in enumerate(lines):
+  assert len(lines) == 4  # a line per length, then the files written
+  for at, line in enumerate(lines[:3]):
     assert line.startswith(f"extrapolate: length {record['lengths'][at]} ({at + 1} of 3, ")
     assert re.search(r"\| elapsed \d+s$", line), line
   assert f"non_overlapping {record['loss']['non_overlapping'][0]:.4f}" in lines[0]
@@ -205,6 +208,10 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   ]
   for name in OUTPUTS[1:]:
     assert (trained / name).read_bytes().startswith(PNG_MAGIC)
+  # Its last line on stderr names the files written (the sweep's summary does too).
+  assert done.stderr.splitlines()[-1] == "wrote " + ", ".join(
+    str(trained / name) for name in [*OUTPUTS[1:], OUTPUTS[0]]
+  )
   assert (trained / "config.json").read_bytes() == config_json
 
   done = subprocess.run(

@@ -105,8 +105,8 @@ def extrapolate_run(
     batch_tokens: tokens per model call (windows per call = batch_tokens //
       length, at least 1); None: a training batch's (data.batch_size x
       data.seq_len).
-    log: called with a progress line as each length is done (`format_length_progress`);
-      None: quiet.
+    log: called with a progress line as each length is done (`format_length_progress`),
+      and with the files written at the end; None: quiet.
 
   Returns:
     The contents of extrapolation.json (format: txf.sweep.results).
@@ -171,9 +171,12 @@ def extrapolate_run(
       log,
     )
   )
-  if record["per_position"] is not None:
+  figures = [EXTRAPOLATION_PNG, PER_POSITION_PNG] if record["per_position"] is not None else []
+  if figures:
     _plot(record, workdir)
   write_file(workdir / EXTRAPOLATION_FILE, json.dumps(record, indent=2) + "\n")
+  if log is not None:
+    log("wrote " + ", ".join(str(workdir / name) for name in [*figures, EXTRAPOLATION_FILE]))
   return record
 
 

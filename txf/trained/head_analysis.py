@@ -419,7 +419,8 @@ def analyze_run(
       train.checkpoint_every small, train.max_to_keep large).
     log: called with a progress line, stamped with the wall-clock time, as
       each head's ablation (and each checkpoint) is done
-      (`format_head_progress`); None: quiet.
+      (`format_head_progress`), and with the files written at the end;
+      None: quiet.
 
   Returns:
     {"step": checkpoint step, "baseline_loss": validation loss with every
@@ -577,6 +578,8 @@ def analyze_run(
   table = _markdown(scores, f"{run.step}{which}", baseline, periods, len(batches), roles, group)
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
   files.append(_settle(out, run.step, files, earlier, log))
+  if log is not None:
+    log("wrote " + ", ".join(str(path) for path in files))
   return {
     "step": run.step,
     "baseline_loss": baseline,
