@@ -452,6 +452,24 @@ def test_a_closed_output_ends_quietly_with_141(command):
   assert result.returncode == cli.CLOSED_OUTPUT_STATUS and result.stderr == ""
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", ["compile", "textbook"])
+def test_an_output_that_cannot_be_written_is_one_line_exit_1(command):
+  """stdout on a full device (/dev/full) was an OSError traceback."""
+  args = ["--help"] if command == "compile" else ["--list"]
+  with open("/dev/full", "w") as full:
+    result = subprocess.run(
+      [sys.executable, "-m", f"experiments.{command}", *args],
+      cwd=REPO,
+      stdout=full,
+      stderr=subprocess.PIPE,
+      text=True,
+      timeout=TIMEOUT_S,
+    )
+  assert result.returncode == 1, result.stderr
+  assert result.stderr.splitlines() == ["write error: stdout: No space left on device"]
+
+
 def test_running_out_of_memory_is_one_line_exit_1():
   """XLA's RESOURCE_EXHAUSTED (a run's activations past the device's memory,
   which no check before compute bounds) was a traceback."""

@@ -35,6 +35,7 @@ from txf.configs import (
   names as config_names,
   resolve as resolve_config,
 )
+from txf.storage import os_reason
 
 
 class ConfigFileError(Exception):
@@ -271,7 +272,9 @@ def run_command(
   in a run) is one line, `interrupted`, and exit 130; XLA's out-of-memory
   error is one line, `out of memory: ...`, and exit 1 (txf-run refuses a
   model or sample far past the device's memory before any compute, exit 2:
-  txf.train.run_setup.check_memory); a closed stdout ends it quietly (exit 141).
+  txf.train.run_setup.check_memory); a closed stdout ends it quietly (exit 141),
+  one that cannot be written (a full disk) in one line, `write error: stdout:
+  ...`, exit 1.
 
   Args:
     main: the command; it receives argv (the program name, then the
@@ -310,6 +313,12 @@ def run_command(
     # What is still buffered for stdout would report the closed pipe again.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     exit_now(CLOSED_OUTPUT_STATUS, None)
+  except OSError:
+    reason = _stdout_unwritable()
+    if reason is None:  # not stdout's: a write the command's own files report
+      raise
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    exit_now(1, f"write error: stdout: {reason}")
 
 
 def _after_start_jax(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
@@ -321,6 +330,18 @@ def _after_start_jax(main: Callable[[list[str]], None]) -> Callable[[list[str]],
     main(argv)
 
   return started
+
+
+def _stdout_unwritable() -> str | None:
+  """The OS's reason stdout cannot be written (a full disk, /dev/full), or
+  None where it can: what is buffered for it is flushed, and an empty write
+  tried (a write that failed may have dropped what it held)."""
+  try:
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), b"")
+  except OSError as error:
+    return os_reason(error)
+  return None
 
 
 def _stdout_closed() -> bool:
