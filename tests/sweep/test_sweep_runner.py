@@ -283,6 +283,28 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
 
 
 @pytest.mark.slow  # its fixture trains a sweep
+def test_a_ctrl_c_saves_the_point_and_stops_the_sweep_as_an_interrupt(finished_sweep, tmp_path):
+  """It said 'sweep preempted' and txf-sweep exited 0, as after a SIGTERM:
+  a shell or a scheduler took the Ctrl-C'd sweep for one that succeeded."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  shutil.rmtree(workdir / TOY_NAMES[0])
+  lines = []
+
+  def log(line):  # Ctrl-C as point 0 logs step 3
+    lines.append(line)
+    if line.startswith(f"step 3/{TOY_STEPS} "):
+      os.kill(os.getpid(), signal.SIGINT)
+
+  with pytest.raises(KeyboardInterrupt):  # txf-sweep: 'interrupted', exit 130
+    runner.run_sweep(toy_sweep(), workdir, log=log, extrapolate=fake_extrapolate([]))
+  assert point_lines(lines)[-1] == (
+    f"sweep interrupted in point 0 ({TOY_NAMES[0]}), which is saved; rerun the same command "
+    "to resume"
+  )
+  assert checkpoint_steps(workdir / TOY_NAMES[0]) == [3]
+
+
+@pytest.mark.slow  # its fixture trains a sweep
 def test_a_sigterm_during_an_extrapolation_stops_the_sweep_and_a_rerun_redoes_it(
   finished_sweep, tmp_path, sigterm_is_caught
 ):

@@ -25,7 +25,8 @@ anything runs. Every point is checked before
 the first trains: a bad one stops the sweep with one line naming the point and
 the field (exit status 2). A diverged point is recorded and the sweep goes on.
 A SIGTERM (preemption) while a point trains saves it and stops the sweep
-("sweep preempted in point N ...", exit status 0, as txf-run); the
+("sweep preempted in point N ...", exit status 0, as txf-run; a Ctrl-C
+the same, "sweep interrupted in point N ...", then `interrupted`, exit 130); the
 rerun resumes there. A SIGTERM anywhere else stops it too, with a line
 saying so and to rerun the same command (exit status 0): during a point's
 length extrapolation (the rerun extrapolates the point again), between

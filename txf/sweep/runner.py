@@ -162,16 +162,17 @@ def _dry_run(
 
 def _train_point(
   point: Point, run: RunConfig, workdir: epath.Path, log: Log, config_file: str | None
-) -> bool:
+) -> str | None:
   """Trains one point (`run`, its config parsed) unless it is done (to its
-  train.steps) or diverged; records a divergence. Returns whether training
-  stopped for a preemption (SIGTERM) -- the point saved, not done -- so the
-  sweep must stop too."""
+  train.steps) or diverged; records a divergence. Returns why training
+  stopped where a signal stopped it ('preempted': SIGTERM, 'interrupted':
+  Ctrl-C) -- the point saved, not done -- so the sweep must stop too; else
+  None."""
   steps = run.train.steps
   status = results.point_status(workdir, steps=steps)
   if status in ("done", "diverged"):
     log(f"point {point.index} ({point.name}): {status}, skipped")
-    return False
+    return None
   log(f"point {point.index} ({point.name}): training")
   # The sweep's own guard: a SIGTERM in the run's last moments (after its
   # final save's check) is still seen here.
@@ -193,9 +194,11 @@ def _train_point(
     finally:
       # Each point compiles its own programs; drop them before the next one.
       jax.clear_caches()
+  if preemption.requested:
+    return preemption.reason
   # Multi-process runs learn of a preemption from JAX, not the guard: the
   # point is then saved but not done.
-  return preemption.requested or results.point_status(workdir, steps=steps) == "partial"
+  return "preempted" if results.point_status(workdir, steps=steps) == "partial" else None
 
 
 class _Preempted(Exception):
@@ -208,20 +211,21 @@ def _extrapolate_point(
   extrapolate: Extrapolate | None,
   num_tokens: int | None,
   log: Log,
-) -> bool:
+) -> str | None:
   """Runs the extrapolation hook once for a finished point, holding the
   point's work directory (txf.train.run_setup.adding_to_run: its lock, as its
   training does): another sweep on the directory is refused instead of
   extrapolating the point at the same time, and so is a directory that
-  cannot be written. Returns whether a SIGTERM (preemption) arrived
-  meanwhile: the hook is then stopped at its next progress line (between
-  two lengths, with nothing in flight), before extrapolation.json, which it
-  writes last, so a rerun extrapolates the point again."""
+  cannot be written. Returns why, where a signal arrived meanwhile
+  ('preempted', 'interrupted'; else None): the hook is then stopped at its
+  next progress line (between two lengths, with nothing in flight), before
+  extrapolation.json, which it writes last, so a rerun extrapolates the
+  point again."""
   if extrapolate is None:
-    return False
+    return None
   with adding_to_run(workdir):
     if not results.needs_extrapolation(point, workdir, log):
-      return False
+      return None
     log(f"point {point.index} ({point.name}): length extrapolation")
     with PreemptionGuard() as preemption:
 
@@ -236,7 +240,7 @@ def _extrapolate_point(
         pass
       finally:
         jax.clear_caches()
-    return preemption.requested
+    return preemption.reason if preemption.requested else None
 
 
 def summary_files(
@@ -307,9 +311,11 @@ def summarize(
     raise WorkdirError(str(error)) from None
   files = summary_files(points, rows, workdir)
   if preemption is not None and preemption.requested:
-    log(
-      "sweep preempted before its results were written (results.csv, results.md and the "
-      "plots are as they were); rerun the same command to write them"
+    _stopped(
+      preemption.reason,
+      "before its results were written (results.csv, results.md and the plots are as "
+      "they were); rerun the same command to write them",
+      log,
     )
     return None
   write_files(files)
@@ -454,6 +460,17 @@ def run_sweep(
     return summarize(points, workdir, log=log, preemption=preemption)
 
 
+def _stopped(reason: str, where: str, log: Log) -> bool:
+  """Logs 'sweep <reason> <where>' for a sweep a signal stopped and returns
+  False; after a Ctrl-C ('interrupted') raises KeyboardInterrupt instead,
+  the point saved, so that txf-sweep exits 130 as txf-run does (a SIGTERM,
+  a preemption, exits 0)."""
+  log(f"sweep {reason} {where}")
+  if reason == "interrupted":
+    raise KeyboardInterrupt
+  return False
+
+
 def _run_points(
   selected: Sequence[tuple[Point, RunConfig]],
   workdir: epath.Path,
@@ -465,15 +482,15 @@ def _run_points(
 ) -> bool:
   """Trains and extrapolates each point of `selected` (with its parsed
   config) in turn; returns False when a SIGTERM stopped the sweep (logging
-  which point to rerun from)."""
+  which point to rerun from; a Ctrl-C raises KeyboardInterrupt, `_stopped`)."""
   began, point_seconds = time.perf_counter(), list[float]()
   for position, (point, run) in enumerate(selected, 1):
     if preemption.requested:
-      log(
-        f"sweep preempted before point {point.index} ({point.name}); "
-        "rerun the same command to resume"
+      return _stopped(
+        preemption.reason,
+        f"before point {point.index} ({point.name}); rerun the same command to resume",
+        log,
       )
-      return False
     point_dir = workdir / point.name
     log(
       timestamped(
@@ -484,18 +501,21 @@ def _run_points(
     )
     point_began = time.perf_counter()
     trains = results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged")
-    if _train_point(point, run, point_dir, log, config_file):
-      log(
-        f"sweep preempted in point {point.index} ({point.name}), which is saved; "
-        "rerun the same command to resume"
+    reason = _train_point(point, run, point_dir, log, config_file)
+    if reason is not None:
+      return _stopped(
+        reason,
+        f"in point {point.index} ({point.name}), which is saved; rerun the same command to resume",
+        log,
       )
-      return False
-    if _extrapolate_point(point, point_dir, extrapolate, num_tokens, log):
-      log(
-        f"sweep preempted in point {point.index} ({point.name})'s length extrapolation; "
-        "rerun the same command to resume (an extrapolation cut short is computed again)"
+    reason = _extrapolate_point(point, point_dir, extrapolate, num_tokens, log)
+    if reason is not None:
+      return _stopped(
+        reason,
+        f"in point {point.index} ({point.name})'s length extrapolation; rerun the same "
+        "command to resume (an extrapolation cut short is computed again)",
+        log,
       )
-      return False
     if trains:
       point_seconds.append(time.perf_counter() - point_began)
   return True
