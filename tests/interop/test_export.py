@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from etils import epath
 from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
 from conftest import FIXTURES, repo_commands, tiny_config
@@ -300,6 +301,29 @@ def test_a_full_disk_leaves_the_directory_as_it_was(tmp_path, fails_at):
   assert "No space left on device" in str(raised.value) and "\n" not in str(raised.value)
   assert {name: (out / name).read_bytes() for name in os.listdir(out)} == earlier
   assert os.listdir(tmp_path) == ["hf"]  # no temporary left
+
+
+def test_a_ctrl_c_between_the_renames_puts_the_earlier_export_back(tmp_path, monkeypatch):
+  """The earlier export, moved aside, was lost when a KeyboardInterrupt came
+  before the new one was renamed into place (only an OSError put it back)."""
+  out = tmp_path / "hf"
+  earlier = {"config.json": b"old", EXPORT_MARKER: b"m"}
+  write_directory(out, earlier)
+  rename = type(epath.Path(out)).rename
+  renames = []
+
+  def interrupted_second(self, target):
+    renames.append(self)
+    if len(renames) == 2:  # out is aside; the new one not yet in place
+      raise KeyboardInterrupt
+    return rename(self, target)
+
+  monkeypatch.setattr(type(epath.Path(out)), "rename", interrupted_second)
+  with pytest.raises(KeyboardInterrupt):
+    write_directory(out, {"config.json": b"new", EXPORT_MARKER: b"m"})
+  monkeypatch.undo()
+  assert {name: (out / name).read_bytes() for name in os.listdir(out)} == earlier
+  assert os.listdir(tmp_path) == ["hf"]  # nothing left aside
 
 
 @pytest.mark.usefixtures("no_dns")

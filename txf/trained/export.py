@@ -197,10 +197,12 @@ def _move_into_place(directory: epath.Path, out: epath.Path) -> None:
     if out.exists():
       out.rename(aside)
     directory.rename(out)
-  except OSError as error:
+  except BaseException as error:  # a failed rename, or a Ctrl-C between the two
     if aside.exists() and not out.exists():
       aside.rename(out)
-    raise write_error(out, error) from error
+    if isinstance(error, OSError):
+      raise write_error(out, error) from error
+    raise
   shutil.rmtree(aside, ignore_errors=True)
 
 
