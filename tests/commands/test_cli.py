@@ -76,6 +76,19 @@ CONFIG_ERRORS = {
 }
 
 
+def test_a_ctrl_c_while_the_config_loads_is_an_interrupt_not_a_config_error(tmp_path):
+  """A Ctrl-C while jax's extension imported came back as its ImportError,
+  which the loader reported as 'config error: ...: ImportError: ...', exit 2."""
+  config = write(
+    tmp_path / "config.py",
+    "def get_config():\n  try:\n    raise KeyboardInterrupt\n  except KeyboardInterrupt:\n"
+    "    raise ImportError('Encountered an error while initializing the extension.')\n",
+  )
+  result = run_cli(f"--config={config}", f"--workdir={tmp_path / 'run'}")
+  assert result.returncode == cli.INTERRUPTED_STATUS, result.stderr
+  assert result.stderr.strip().splitlines() == ["interrupted"]
+
+
 @pytest.mark.parametrize("case", list(CONFIG_ERRORS))
 def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
   text, fragments = CONFIG_ERRORS[case]

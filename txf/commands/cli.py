@@ -70,6 +70,8 @@ class ConfigFileParser(flags.ArgumentParser):
     except SystemExit as error:  # sys.exit() in the user's code: nothing would run
       raise ConfigFileError(f"{file}: exited (sys.exit({error.code!r})) while loading") from None
     except Exception as error:  # the user's code
+      if _interrupted(error):  # a Ctrl-C in an extension's import comes back as ImportError
+        raise KeyboardInterrupt from error
       first_line = (str(error).splitlines() or [""])[0]
       raise ConfigFileError(f"{file}: {type(error).__name__}: {first_line}") from error
     if not isinstance(config, ml_collections.ConfigDict):
@@ -82,6 +84,17 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def flag_type(self):
     return "config object"
+
+
+def _interrupted(error: BaseException) -> bool:
+  """Whether a KeyboardInterrupt is among `error`'s causes or contexts."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, KeyboardInterrupt):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
 
 
 def loaded_config_file() -> str | None:
