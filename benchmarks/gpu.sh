@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu.sh long     # gpt2_small at 8k, 16k, 32k, 64k context            (~9 min)
 #                                   # (LONG_LENGTHS="32768 65536" runs some of them)
 #   bash benchmarks/gpu.sh decode   # decoding vs transformers; seed replicas            (~8 min)
+#                                   # (DECODE_BASE=DIR also times batch 1 of the txf in DIR)
 #   bash benchmarks/gpu.sh sweep    # configs/sweeps/pe_ln_gpu.py, 6 points at a time   (~10 min)
 #                                   # (SWEEP_CONFIG=configs/sweeps/t5_distance.py:gpu another)
 #   bash benchmarks/gpu.sh loss     # the loss alone: XLA's passes vs the Pallas kernel's    (~2 min)
@@ -130,6 +131,12 @@ case $part in
   decode)
     bench decode 200 decode $GPT2 --hf --decode_batch_sizes=1,32 --prompt_len=128 \
       --new_tokens=512
+    # DECODE_BASE: txf before a decoding change (made as .ab_base is, above),
+    # its batch-1 decoding timed in the same call as the change's.
+    if [ -n "${DECODE_BASE:-}" ]; then
+      (cd "$DECODE_BASE" && bench decode_before 120 decode $GPT2 --decode_batch_sizes=1 \
+        --prompt_len=128 --new_tokens=512)
+    fi
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
       bench decode_command_buffers 120 decode $GPT2 --decode_batch_sizes=1,32 \
       --prompt_len=128 --new_tokens=512

@@ -9,14 +9,18 @@ gives the kernels.
 """
 
 import functools
+import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf import decode, models
-from txf.layers.model_config import ModelConfig
+from txf import decode, models, register
+from txf.layers import norm
+from txf.layers.model_config import NORMS, ModelConfig
+from txf.layers.norm import Norm
 from txf.ops import cache_attention_gpu, matvec_gpu, platform
 
 # Unlike test_decode.py's TINY (vocab 50), so that no program traced there
@@ -55,6 +59,7 @@ def interpreted(monkeypatch):
   for module, name in (
     (cache_attention_gpu, "update_and_attend"),
     (cache_attention_gpu, "update_and_attend_packed"),
+    (cache_attention_gpu, "normalize_project_and_attend"),
     (cache_attention_gpu, "attend"),
     (matvec_gpu, "matvec"),
   ):
@@ -217,6 +222,51 @@ def test_query_key_and_value_reach_the_kernel_packed_where_nothing_rotates_them(
   assert not packed(position="learned", num_kv_heads=2)
 
 
+def kernel_names(model, params, batch, **overrides) -> list[str]:
+  """The attention kernels one cached decoding step of `batch` rows calls,
+  in order."""
+  variables = {"params": params, "cache": decode.init_cache(model, batch, T)}
+  step = functools.partial(model.apply, use_cache=True, mutable=["cache"])
+  jaxpr = str(jax.make_jaxpr(step)(variables, jnp.ones((batch, 1), jnp.int32)))
+  return re.findall(r"name=(cache_update_and_attention\w*)", jaxpr)
+
+
+@pytest.mark.parametrize(
+  "overrides", [dict(position="learned", use_bias=True), dict(norm="rms", position="none")], ids=str
+)
+def test_at_batch_1_the_attention_kernel_computes_the_norm_and_the_products(for_a_gpu, overrides):
+  """One row: each layer's self-attention kernel takes the residual
+  stream and computes the Pre-LN norm and the q/k/v products itself
+  (ops.cache_attention_gpu.normalize_project_and_attend), LayerNorm and
+  RMSNorm; the cached logits still the full pass's. At batch 2 XLA's norm
+  and product stay before the packed kernel."""
+  model, params = model_and_params(**overrides)
+  layers = TINY["num_layers"]
+  assert kernel_names(model, params, 1) == ["cache_update_and_attention_normalized"] * layers
+  assert kernel_names(model, params, 2) == ["cache_update_and_attention_packed"] * layers
+  tokens = random_tokens(6, (1, T))
+  full = jax.jit(model.apply)({"params": params}, tokens)
+  got = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
+  np.testing.assert_allclose(got, full, atol=1e-5)
+
+
+def test_a_norm_of_ones_own_is_applied_before_the_kernel(for_a_gpu):
+  """A registered norm (here LayerNorm's entry under another name) is not
+  one the kernel computes: the layer applies it and hands the kernel the
+  product, with the same logits as the built-in entry's kernel."""
+  model, params = model_and_params(position="learned", use_bias=True)
+  tokens = random_tokens(7, (1, 6))
+  built_in = jax.jit(stepwise_logits, static_argnums=0)(model, params, tokens)
+  with NORMS.scoped():
+    register.norm("layer_of_ones_own")(lambda layer, x, cfg: norm.layer_norm(layer, x, cfg))
+    own = models.build(
+      ModelConfig(**TINY, position="learned", use_bias=True, norm="layer_of_ones_own")
+    )
+    assert kernel_names(own, params, 1) == ["cache_update_and_attention_packed"] * 2
+    got = jax.jit(stepwise_logits, static_argnums=0)(own, params, tokens)
+  np.testing.assert_allclose(got, built_in, atol=1e-5)
+
+
 def test_the_layer_chooses_the_kernel_only_where_it_can_take_the_step(for_a_gpu):
   """Not for an encoding that adds a bias, an attention_impl the config
   names, linear attention, or a step that records the weights."""
@@ -229,3 +279,31 @@ def test_the_layer_chooses_the_kernel_only_where_it_can_take_the_step(for_a_gpu)
 
 def test_the_cpu_path_keeps_xla():
   assert not uses_kernel(*model_and_params())
+
+
+def test_a_norm_hands_a_kernel_its_parameters_only_where_the_ops_compute_it():
+  """Norm.in_kernel: the stored scale and bias (none for RMSNorm) and eps
+  for x in the compute dtype; None for x in another dtype (the norm then
+  rounds x first) and before the parameters exist."""
+
+  class Normalized(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+      layer = Norm(self.cfg)
+      before = layer.in_kernel(x)
+      return before, layer(x), layer.in_kernel(x), layer.in_kernel(x.astype(jnp.bfloat16))
+
+  x = jax.random.normal(jax.random.key(2), (1, 1, TINY["d_model"]))
+  for kind in ("layer", "rms"):
+    module = Normalized(ModelConfig(**TINY, norm=kind, norm_eps=1e-3))
+    (at_init, *_), variables = module.init_with_output(jax.random.key(0), x)
+    assert at_init is None
+    params = nn.meta.unbox(variables["params"]["Norm_0"])
+    _, _, (scale, bias, eps), other_dtype = module.apply(variables, x)
+    assert other_dtype is None and eps == 1e-3
+    np.testing.assert_array_equal(scale, params["scale"])
+    assert (bias is None) == (kind == "rms")
+    if bias is not None:
+      np.testing.assert_array_equal(bias, params["bias"])

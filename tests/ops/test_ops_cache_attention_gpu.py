@@ -232,3 +232,123 @@ def test_cross_attention_needs_whole_groups_of_rows():
   assert not cache_attention_gpu.applies_to_cross(q, k, v)
   with pytest.raises(ValueError, match="^attend takes one query token"):
     cache_attention_gpu.attend(q, k, v, jnp.ones((2, 1, 1, 8), bool), interpret=True)
+
+
+# --- the norm and the query, key and value products in the kernel --------
+
+
+def normalized_operands(seed, dtype, *, center, biased, features=600, heads=4, head_dim=16):
+  """A stream x [1, D] (D = 600: two blocks of the kernel's 512 rows at
+  Dh = 16, the second part-masked), the norm's float32 scale and bias (None: RMSNorm),
+  the query, key and value kernels [D, H * Dh] in x's dtype, float32
+  biases [H, Dh] (or none) and caches of 37 slots."""
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape, scale=1.0: jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+  x = (normal(1, features, scale=2.0) + 0.5).astype(dtype)  # a mean far from 0
+  norm_scale = 1.0 + normal(features, scale=0.2)
+  norm_bias = normal(features, scale=0.2) if center else None
+  kernels = [normal(features, heads * head_dim, scale=features**-0.5).astype(dtype) for _ in "qkv"]
+  biases = [normal(heads, head_dim, scale=0.2) for _ in "qkv"] if biased else []
+  caches = [normal(1, 37, heads, head_dim).astype(dtype) for _ in "kv"]
+  return x, norm_scale, norm_bias, kernels, biases, caches
+
+
+def normalized_reference(x, norm_scale, norm_bias, kernels, biases, caches, index, window, eps):
+  """The step in float64 numpy: the norm of x, its products with the
+  kernels plus the biases, the new key and value written at `index`, the
+  query's softmax attention over slots max(0, index + 1 - window)..index."""
+  x = np.asarray(x, np.float64)[0]
+  centred = x - x.mean() if norm_bias is not None else x
+  y = centred / np.sqrt(np.mean(np.square(centred)) + eps) * np.asarray(norm_scale, np.float64)
+  if norm_bias is not None:
+    y = y + np.asarray(norm_bias, np.float64)
+  heads, head_dim = caches[0].shape[2:]
+  q, k, v = (
+    (y @ np.asarray(w, np.float64)).reshape(heads, head_dim)
+    + (np.asarray(b, np.float64) if biases else 0.0)
+    for w, b in zip(kernels, biases or [None] * 3, strict=True)
+  )
+  k_cache, v_cache = (np.array(c, np.float64) for c in caches)
+  k_cache[0, index], v_cache[0, index] = k, v
+  first = 0 if window is None else max(index + 1 - window, 0)
+  scores = np.einsum("hd,shd->hs", q, k_cache[0, first : index + 1]) / np.sqrt(head_dim)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  out = np.einsum("hs,shd->hd", weights, v_cache[0, first : index + 1])
+  return out[None, None], k_cache, v_cache
+
+
+def normalized_step(x, norm_scale, norm_bias, kernels, biases, caches, index, window=None):
+  return cache_attention_gpu.normalize_project_and_attend(
+    x, norm_scale, norm_bias, kernels, *caches, jnp.int32(index),
+    eps=1e-5, biases=biases, window=window, block=16, interpret=True,
+  )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  "center, biased, index, window",
+  [
+    (True, True, 0, None),  # LayerNorm, the first slot
+    (True, False, 36, 5),  # no biases, the last slot, a window
+    (False, True, 21, None),  # RMSNorm
+  ],
+)
+def test_the_normalized_step_equals_a_float64_reference(center, biased, index, window):
+  """float32: the norm, the products and the attention within 2e-5 of
+  float64 (float32 sums over D = 600 and 37 slots, in another order); the
+  caches' other slots untouched."""
+  operands = normalized_operands(21, jnp.float32, center=center, biased=biased)
+  out, k_cache, v_cache = normalized_step(*operands, index, window)
+  want_out, want_k, want_v = normalized_reference(*operands, index, window, eps=1e-5)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want_out, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(np.asarray(k_cache, np.float64), want_k, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(np.asarray(v_cache, np.float64), want_v, atol=2e-5, rtol=2e-5)
+  others = np.arange(37) != index
+  for got, given in zip((k_cache, v_cache), operands[-1], strict=True):
+    np.testing.assert_array_equal(np.asarray(got)[:, others], np.asarray(given)[:, others])
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_the_normalized_step_rounds_as_the_layers_do_in_bfloat16(center):
+  """bfloat16: the step of the norm (ops.layer_norm / ops.rms_norm),
+  XLA's product and update_and_attend_packed, which the layer runs without
+  it: the new key and value within a unit in the last place (the float32
+  sums' order differs before one rounding), the output within 3e-2 as the
+  other bfloat16 checks."""
+  x, norm_scale, norm_bias, kernels, biases, caches = normalized_operands(
+    22, jnp.bfloat16, center=center, biased=True
+  )
+  got = normalized_step(x, norm_scale, norm_bias, kernels, biases, caches, 20)
+  if center:
+    h = ops.layer_norm(x, norm_scale, norm_bias, eps=1e-5)
+  else:
+    h = ops.rms_norm(x, norm_scale, eps=1e-5)
+  qkv = jnp.stack([jnp.dot(h, w) for w in kernels], axis=1).reshape(1, 1, 3, 4, 16)
+  want = cache_attention_gpu.update_and_attend_packed(
+    qkv, *caches, jnp.int32(20), biases=biases, block=16, interpret=True
+  )
+  for got_cache, want_cache in zip(got[1:], want[1:], strict=True):
+    np.testing.assert_allclose(
+      np.asarray(got_cache, np.float32), np.asarray(want_cache, np.float32), rtol=2**-7, atol=0
+    )
+  np.testing.assert_allclose(
+    np.asarray(got[0], np.float32), np.asarray(want[0], np.float32), atol=3e-2
+  )
+
+
+def test_the_normalized_step_refuses_operands_of_other_shapes():
+  x, norm_scale, norm_bias, kernels, biases, caches = normalized_operands(
+    23, jnp.float32, center=True, biased=True
+  )
+  for bad in (
+    dict(kernels=kernels[:2]),
+    dict(kernels=[w[:, :32] for w in kernels]),
+    dict(kernels=[w.astype(jnp.bfloat16) for w in kernels]),
+    dict(norm_scale=norm_scale[:8]),
+    dict(biases=biases[:2]),
+    dict(x=x[0]),
+  ):
+    args = dict(x=x, norm_scale=norm_scale, norm_bias=norm_bias, kernels=kernels, biases=biases)
+    args.update(bad)
+    with pytest.raises(ValueError, match=r"^normalize_project_and_attend takes one new token's"):
+      normalized_step(*args.values(), caches, 0)

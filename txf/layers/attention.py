@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from txf import ops
 from txf.layers import positions
 from txf.layers.model_config import ModelConfig, derived
+from txf.layers.norm import Norm
 from txf.layers.partitioning import projection_inits
 from txf.layers.projection import OutputProjection, stored_bias
 from txf.ops import cache_attention_gpu, platform
@@ -97,6 +98,7 @@ class MultiHeadAttention(nn.Module):
     use_cache: bool = False,
     add_bias: bool = True,
     residual_BxTxD: Array | None = None,
+    norm: Norm | None = None,
   ) -> Array:
     """Attends from x to kv (x itself when kv is None).
 
@@ -116,6 +118,11 @@ class MultiHeadAttention(nn.Module):
       residual_BxTxD: None, or the residual stream to add the output to (the
         output projection's kernel adds it at batch 1 on a GPU:
         `projection.adds_in_kernel`).
+      norm: None, or the Pre-LN block's norm (a `Norm`) of x to attend from:
+        a decoding step of one row whose query, key and value reach the GPU
+        kernel as one product (`_packs`) has the kernel compute the norm and
+        the product too (`Norm.in_kernel`); otherwise the norm is applied
+        to x first.
 
     With use_cache the cache holds `cached_key`/`cached_value` [B, L, K, Dh];
     L is fixed when the cache is created by `model.init(..., use_cache=True)` on
@@ -146,8 +153,28 @@ class MultiHeadAttention(nn.Module):
       [B, T, D] in the compute dtype (without the output projection's bias
       where add_bias is False), added to residual_BxTxD where given.
     """
-    packed = self._packed_product(x_BxTxD, kv_BxSxD, key_mask, use_cache, deterministic)
-    if packed is None:
+    packs = self._packs(x_BxTxD, kv_BxSxD, key_mask, use_cache, deterministic)
+    in_kernel = None
+    if norm is not None:
+      # One row: at more, XLA's product reads the weights once for all rows,
+      # where each row's instances of the kernel would read them again.
+      one_row = x_BxTxD.shape[0] * x_BxTxD.shape[1] == 1
+      in_kernel = norm.in_kernel(x_BxTxD) if packs and one_row else None
+      if in_kernel is None:
+        x_BxTxD = norm(x_BxTxD)
+    if in_kernel is not None:
+      out_BxTxHxDh = self._update_cache_and_attend(
+        self._normalized_step(x_BxTxD, *in_kernel), cache_index
+      )
+    elif packs:
+      qkv_BxTx3xHxDh, biases = self._packed_product(x_BxTxD)
+      out_BxTxHxDh = self._update_cache_and_attend(
+        functools.partial(
+          cache_attention_gpu.update_and_attend_packed, qkv_BxTx3xHxDh, biases=biases
+        ),
+        cache_index,
+      )
+    else:
       out_BxTxHxDh = self._attend_projections(
         x_BxTxD,
         kv_BxSxD,
@@ -157,14 +184,6 @@ class MultiHeadAttention(nn.Module):
         cache_index,
         deterministic,
         use_cache,
-      )
-    else:
-      qkv_BxTx3xHxDh, biases = packed
-      out_BxTxHxDh = self._update_cache_and_attend(
-        functools.partial(
-          cache_attention_gpu.update_and_attend_packed, qkv_BxTx3xHxDh, biases=biases
-        ),
-        cache_index,
       )
     if self.has_variable(HEAD_MASK, "mask"):
       mask_H: Array = self.get_variable(HEAD_MASK, "mask")
@@ -307,21 +326,21 @@ class MultiHeadAttention(nn.Module):
       products.append((tuple(name for name, _ in group), y_BxTxPxNxDh, biases))
     return products
 
-  def _packed_product(
+  def _packs(
     self,
     x_BxTxD: Array,
     kv_BxSxD: Array | None,
     key_mask: Array | None,
     use_cache: bool,
     deterministic: bool,
-  ) -> tuple[Array, list[Array]] | None:
-    """A decoding step's query, key and value of multi-head self-attention
-    as their one product [B, 1, 3, H, Dh] and their biases ([H, Dh] each,
-    as stored, or none), which the GPU kernel adds as it reads them, where
-    it takes them so (`cache_attention_gpu.packs`: their biases and split
-    are otherwise a kernel of their own): `_decoding_kernel`, no key mask,
-    and no position encoding that rotates them. None otherwise (`_project`
-    gives them apart)."""
+  ) -> bool:
+    """Whether a decoding step's query, key and value of multi-head
+    self-attention reach the GPU kernel as their one product [B, 1, 3, H,
+    Dh] with their biases ([H, Dh] each, as stored, or none), which the
+    kernel adds as it reads them, where it takes them so
+    (`cache_attention_gpu.packs`: their biases and split are otherwise a
+    kernel of their own): `_decoding_kernel`, no key mask, and no position
+    encoding that rotates them. Otherwise `_project` gives them apart."""
     if not (
       use_cache
       and kv_BxSxD is None
@@ -332,16 +351,38 @@ class MultiHeadAttention(nn.Module):
       and self._decoding_kernel(deterministic)
       and self.has_variable("cache", "cached_key")
     ):
-      return None
+      return False
     shape = (*x_BxTxD.shape[:2], 3, self.num_heads, self.head_dim)
-    if not cache_attention_gpu.packs(
+    return cache_attention_gpu.packs(
       jax.ShapeDtypeStruct(shape, self.dtype),
       self.get_variable("cache", "cached_key"),
       self.get_variable("cache", "cached_value"),
-    ):
-      return None
+    )
+
+  def _packed_product(self, x_BxTxD: Array) -> tuple[Array, list[Array]]:
+    """Where `_packs`: (the query, key and value product [B, 1, 3, H, Dh],
+    their biases [H, Dh] as stored, or none)."""
     ((_, qkv_BxTx3xHxDh, biases),) = self._products(("query", "key", "value"), (x_BxTxD,) * 3)
     return qkv_BxTx3xHxDh, biases
+
+  def _normalized_step(
+    self, x_BxTxD: Array, norm_scale_D: Array, norm_bias_D: Array | None, eps: float
+  ) -> Callable[..., tuple[Array, Array, Array]]:
+    """Where `_packs` at one row, with the block's norm: the kernel's step
+    from the residual stream x [1, 1, D], the norm's parameters
+    (`Norm.in_kernel`) and the query, key and value kernels [D, H * Dh]
+    cast to the compute dtype (by XLA, before the kernel: a decoding loop
+    casts them once) with their biases as stored."""
+    weights = [self._weights(name, x_BxTxD.shape[-1]) for name in ("query", "key", "value")]
+    return functools.partial(
+      cache_attention_gpu.normalize_project_and_attend,
+      x_BxTxD.reshape(1, -1),
+      norm_scale_D,
+      norm_bias_D,
+      [kernel.astype(self.dtype).reshape(x_BxTxD.shape[-1], -1) for kernel, _ in weights],
+      biases=[bias for _, bias in weights if bias is not None],
+      eps=eps,
+    )
 
   def _heads(self, name: str) -> tuple[int, str]:
     """(N, the logical axis) of projection `name`'s heads: the queries' H, or

@@ -173,13 +173,18 @@ class TransformerBlock(nn.Module):
     in their own kernel (`projection.adds_in_kernel`: a decoding step at
     batch 1 on a GPU) and no dropout applies, each sub-layer adds its output
     to the stream there instead, and the block hands nothing over: the same
-    additions in the same order. Path patching (txf.analysis.patching)
+    additions in the same order; the self-attention then takes its norm
+    with the stream, for its kernel to compute where it can. Path patching (txf.analysis.patching)
     intercepts the first norm's call.
     """
     rows = math.prod(x_BxTxD.shape[:-1])
     in_projection = adds_in_kernel(rows) and not self._drops_residual
     for name, sublayer in sublayers:
       norm = Norm(self.cfg, name=f"{name}_norm")
+      if in_projection and pending is None and name == "self_attention":
+        # Its GPU kernel may compute the norm too (MultiHeadAttention's `norm`).
+        x_BxTxD = sublayer(x_BxTxD, norm=norm, residual_BxTxD=x_BxTxD)[0]
+        continue
       if pending is None:
         h_BxTxD = norm(x_BxTxD)
       else:

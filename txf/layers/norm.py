@@ -53,6 +53,8 @@ def rms_norm(layer: nn.Module, x_BxTxD: jax.Array, cfg: ModelConfig, **stream) -
 
 NORMS.register("layer", layer_norm)
 NORMS.register("rms", rms_norm)
+# The entries the ops compute (with a stream's add, or inside a kernel).
+_BUILT_IN = (layer_norm, rms_norm)
 
 
 def stream_sum(x_BxTxD: jax.Array, add: jax.Array, add_bias: jax.Array | None) -> jax.Array:
@@ -89,11 +91,26 @@ class Norm(nn.Module):
       residual: return the sum too (see the module docstring).
     """
     entry, dtype = NORMS[self.cfg.norm], jnp.dtype(self.cfg.dtype)
-    if entry in (layer_norm, rms_norm) and all(
-      a is None or a.dtype == dtype for a in (x_BxTxD, add)
-    ):
+    if entry in _BUILT_IN and all(a is None or a.dtype == dtype for a in (x_BxTxD, add)):
       return entry(self, x_BxTxD, self.cfg, add=add, add_bias=add_bias, residual=residual)
     if add is not None:
       x_BxTxD = stream_sum(x_BxTxD, add, add_bias)
     y_BxTxD = entry(self, x_BxTxD.astype(dtype), self.cfg)
     return (x_BxTxD, y_BxTxD) if residual else y_BxTxD
+
+  def in_kernel(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array | None, float] | None:
+    """(scale [D], bias [D] or None for RMSNorm, eps): what a kernel needs to
+    compute this norm of x as `ops.layer_norm` / `ops.rms_norm` compute it
+    (`ops.cache_attention_gpu.normalize_project_and_attend`), the parameters
+    float32 as stored. None where the ops do not compute it: an entry of
+    one's own, x in another dtype than the compute dtype, or parameters not
+    created yet (at init)."""
+    entry = NORMS[self.cfg.norm]
+    if (
+      entry not in _BUILT_IN
+      or x_BxTxD.dtype != jnp.dtype(self.cfg.dtype)
+      or not self.has_variable("params", "scale")
+    ):
+      return None
+    params = nn.meta.unbox(self.variables["params"])
+    return params["scale"], params.get("bias"), self.cfg.norm_eps

@@ -14,7 +14,11 @@ slots it attends and no more, and the new key and value come from the
 inputs, never read back from the cache they are written to. Multi-head
 self-attention may give them as one product with their biases
 (`update_and_attend_packed`): the kernel reads q, k and v where they lie
-and adds the biases, which XLA would do in a kernel of its own.
+and adds the biases, which XLA would do in a kernel of its own. At one row
+(batch 1), a Pre-LN block's self-attention hands the kernel its residual
+stream instead (`normalize_project_and_attend`): each instance computes the
+norm and its head's query, key and value too, which XLA's norm and product
+before the kernel would launch a kernel for.
 
 XLA compiles the same step as 8 to 10 kernels a layer (gpt2_small for an
 H100): the cache's two updates (one per array), the scores, their maximum,
@@ -60,6 +64,7 @@ __all__ = [
   "applies",
   "applies_to_cross",
   "attend",
+  "normalize_project_and_attend",
   "packs",
   "update_and_attend",
   "update_and_attend_packed",
@@ -69,6 +74,11 @@ _NUM_WARPS = 4
 # Products q * k of one block held at once: G * block * D of them.
 _BLOCK_ELEMENTS = 8192
 _MIN_BLOCK, _MAX_BLOCK = 16, 256
+# normalize_project_and_attend: the elements of each kernel's block of rows
+# one instance loads at once (3 x 16 KiB of bfloat16 in flight), and its
+# warps (the attention's block sizes fit 4 warps' registers, so 8 do too).
+_PRODUCT_ELEMENTS = 8192
+_NORMALIZED_NUM_WARPS = 8
 
 
 def _is_power_of_2(n: int) -> bool:
@@ -200,33 +210,142 @@ def _update_kernel(
   their dtype and added as they are read, rounded again (as XLA's add of
   the two in that dtype)."""
   bias_refs = refs[:3] if biased else None
-  # The caches' inputs are the same buffers as their outputs.
-  out_ref, k_cache_ref, v_cache_ref = refs[-3:]
   row, head = pl.program_id(0), pl.program_id(1)
   k_at, v_at = (1, 2) if packed else (0, 0)
 
   def biased_by(x, part, heads):
-    if bias_refs is None:
-      return x
-    bias = bias_refs[part][heads, :].astype(x.dtype).astype(jnp.float32)
-    return (x.astype(jnp.float32) + bias).astype(x.dtype)
+    return x if bias_refs is None else _plus_bias(x, bias_refs[part], heads)
 
+  heads = pl.ds(head * groups, groups)
+  _attend_and_write(
+    index_ref,
+    biased_by(q_ref[row, 0, heads, :], 0, heads),
+    # The new key and value, from the inputs (always attended: window >= 1).
+    biased_by(k_new_ref[row, pl.ds(k_at, 1), head, :], 1, pl.ds(head, 1)),
+    biased_by(v_new_ref[row, pl.ds(v_at, 1), head, :], 2, pl.ds(head, 1)),
+    *refs[-3:],
+    block=block,
+    scale=scale,
+    window=window,
+  )
+
+
+def _plus_bias(x, bias_ref, heads):
+  """x + bias_ref[heads] in x's dtype: the bias rounded to it, the sum
+  rounded (XLA's add of the two in that dtype)."""
+  bias = bias_ref[heads, :].astype(x.dtype).astype(jnp.float32)
+  return (x.astype(jnp.float32) + bias).astype(x.dtype)
+
+
+def _attend_and_write(
+  index_ref,
+  q_GxD,
+  k_new_1xD,
+  v_new_1xDv,
+  out_ref,
+  k_cache_ref,
+  v_cache_ref,
+  *,
+  block,
+  scale,
+  window,
+):
+  """This instance's G queries (batch row pl.program_id(0), key/value head
+  pl.program_id(1)) attended over the cache's slots before `index` (within
+  the window) and the new key and value, into out_ref [B, 1, H, Dv]; the
+  new key and value written at slot `index` of the caches [B, L, K, D|Dv]
+  (whose inputs are the same buffers)."""
+  row, head = pl.program_id(0), pl.program_id(1)
+  groups = q_GxD.shape[0]
   position = index_ref[...]
   # dynamic_update_slice's clamp, which the XLA path's update applies.
   slot = jnp.clip(position, 0, k_cache_ref.shape[1] - 1)
-  heads = pl.ds(head * groups, groups)
-  q_GxD = biased_by(q_ref[row, 0, heads, :], 0, heads)
   start, step = _online_softmax(q_GxD.astype(jnp.float32), scale)
   first = 0 if window is None else jnp.maximum(position + 1 - window, 0)
   carry = _walk(
     step, start(v_cache_ref.shape[3]), k_cache_ref, v_cache_ref, row, head, first, slot, block
   )
-  # The new key and value, from the inputs (always attended: window >= 1).
-  k_new_1xD = biased_by(k_new_ref[row, pl.ds(k_at, 1), head, :], 1, pl.ds(head, 1))
-  v_new_1xDv = biased_by(v_new_ref[row, pl.ds(v_at, 1), head, :], 2, pl.ds(head, 1))
-  _output(step(carry, k_new_1xD, v_new_1xDv, jnp.ones((1,), jnp.bool_)), out_ref, row, heads)
+  carry = step(carry, k_new_1xD, v_new_1xDv, jnp.ones((1,), jnp.bool_))
+  _output(carry, out_ref, row, pl.ds(head * groups, groups))
   k_cache_ref[row, pl.ds(slot, 1), head, :] = k_new_1xD.astype(k_cache_ref.dtype)
   v_cache_ref[row, pl.ds(slot, 1), head, :] = v_new_1xDv.astype(v_cache_ref.dtype)
+
+
+def _normalize_project_kernel(
+  index_ref,
+  x_ref,
+  norm_scale_ref,
+  *refs,
+  eps: float,
+  center: bool,
+  biased: bool,
+  block_d: int,
+  block: int,
+  scale: float,
+  window: int | None,
+):
+  """Batch row pl.program_id(0), head pl.program_id(1) of multi-head
+  self-attention: the row's norm of x [B, D] (LayerNorm where `center`,
+  with its bias [D] the first of refs; RMSNorm otherwise; scale [D]),
+  rounded to x's dtype, times this head's columns of the query, key and
+  value kernels [D, H * Dh] (float32 sums rounded to x's dtype, then the
+  biases [H, Dh] where `biased`, as `_update_kernel` adds them), attended
+  and written as `_update_kernel` does."""
+  norm_bias_ref, refs = (refs[0], refs[1:]) if center else (None, refs)
+  kernel_refs, refs = refs[:3], refs[3:]
+  bias_refs, refs = (refs[:3], refs[3:]) if biased else (None, refs)
+  out_ref = refs[-3]
+  row, head = pl.program_id(0), pl.program_id(1)
+  features = x_ref.shape[1]
+  head_dim = out_ref.shape[3]
+  blocks = pl.cdiv(features, block_d)
+
+  def load(ref, i, *index):
+    cols_N = i * block_d + jnp.arange(block_d)
+    ok_N = cols_N < features
+    return plgpu.load(ref.at[(*index, cols_N)], mask=ok_N, other=0.0).astype(jnp.float32), ok_N
+
+  # ops.norms' statistics: sums of terms already divided by D, the variance
+  # two-pass (its mean-square for RMSNorm); in float32.
+  inverse_d = 1.0 / features
+  mean = None
+  if center:
+    mean = jax.lax.fori_loop(
+      0, blocks, lambda i, total: total + jnp.sum(load(x_ref, i, row)[0] * inverse_d), 0.0
+    )
+
+  def squares(i, total):
+    x_N, ok_N = load(x_ref, i, row)
+    deviation_N = jnp.where(ok_N, x_N if mean is None else x_N - mean, 0.0)
+    return total + jnp.sum(jnp.square(deviation_N) * inverse_d)
+
+  rstd = jax.lax.rsqrt(jax.lax.fori_loop(0, blocks, squares, 0.0) + eps)
+  cols_H = head * head_dim + jnp.arange(head_dim)
+
+  def products(i, sums):
+    x_N, ok_N = load(x_ref, i, row)
+    y_N = (x_N if mean is None else x_N - mean) * rstd * load(norm_scale_ref, i)[0]
+    if norm_bias_ref is not None:
+      y_N = y_N + load(norm_bias_ref, i)[0]
+    # The norm's output in x's dtype, as the norm returns it to the product.
+    y_N = jnp.where(ok_N, y_N.astype(x_ref.dtype).astype(jnp.float32), 0.0)
+    rows_N = i * block_d + jnp.arange(block_d)
+    w = lambda ref: plgpu.load(
+      ref.at[rows_N[:, None], cols_H[None, :]], mask=ok_N[:, None], other=0.0
+    ).astype(jnp.float32)
+    # Summed over the block's rows at once: the registers then hold one
+    # block of the three kernels, as large as they allow (the bytes one
+    # instance has in flight set how fast it reads the weights).
+    return tuple(
+      sum_H + jnp.sum(y_N[:, None] * w(ref), axis=0) for sum_H, ref in zip(sums, kernel_refs)
+    )
+
+  zeros = jnp.zeros((head_dim,), jnp.float32)
+  sums = jax.lax.fori_loop(0, blocks, products, (zeros,) * 3)
+  q_k_v = [sum_H[None, :].astype(x_ref.dtype) for sum_H in sums]
+  if bias_refs is not None:
+    q_k_v = [_plus_bias(x, ref, pl.ds(head, 1)) for x, ref in zip(q_k_v, bias_refs)]
+  _attend_and_write(index_ref, *q_k_v, *refs[-3:], block=block, scale=scale, window=window)
 
 
 def _cross_kernel(q_ref, k_ref, v_ref, mask_ref, out_ref, *, groups, block, scale, rows_per_kv_row):
@@ -385,6 +504,102 @@ def update_and_attend_packed(
     num_warps=num_warps,
     interpret=interpret,
   )
+
+
+def normalize_project_and_attend(
+  x_BxD,
+  norm_scale_D,
+  norm_bias_D,
+  kernels,
+  k_cache_BxLxHxD,
+  v_cache_BxLxHxD,
+  index,
+  *,
+  eps: float,
+  biases=(),
+  scale: float | None = None,
+  window: int | None = None,
+  block: int | None = None,
+  num_warps: int = _NORMALIZED_NUM_WARPS,
+  interpret: bool = False,
+):
+  """`update_and_attend_packed` of the query, key and value a Pre-LN block's
+  multi-head self-attention makes of its residual stream x, made in the
+  kernel: each instance (a row, a head) normalises its row of x as
+  `ops.layer_norm` (or `ops.rms_norm`: no norm bias) does, rounds the norm
+  to x's dtype and multiplies it by its head's columns of the three kernels
+  (float32 sums, rounded to x's dtype), then adds the biases and attends as
+  `update_and_attend_packed` does. XLA's norm and product before the
+  kernel are a kernel of their own. Each instance reads its head's columns
+  of the kernels, so the weights are read by B * H instances, H at batch 1,
+  where XLA's product spreads them over the whole GPU: whether that is
+  faster only a GPU can tell (docs/benchmarks.md, "Decoding").
+
+  Args:
+    x_BxD: one new token's residual stream, in the caches' dtype.
+    norm_scale_D, norm_bias_D: the norm's scale and bias (float32 as
+      stored); norm_bias_D None: RMSNorm.
+    kernels: the query, key and value kernels [D, H * Dh], in x's dtype.
+    k_cache_BxLxHxD, v_cache_BxLxHxD: the caches, as `update_and_attend`'s.
+    index: as `update_and_attend`'s.
+    eps: the norm's epsilon.
+    biases: the query, key and value biases [H, Dh] as stored, or none.
+    scale, window, block, num_warps, interpret: as `update_and_attend`'s.
+
+  Returns:
+    (out [B, 1, H, Dh] in x's dtype, k_cache, v_cache updated).
+
+  Raises:
+    ValueError: operands of other shapes or dtypes, or the shapes
+      `packs` refuses.
+  """
+  _check_launch(block, num_warps)
+  batch, features = x_BxD.shape if x_BxD.ndim == 2 else (0, 0)
+  _, _, heads, head_dim = k_cache_BxLxHxD.shape
+  stacked = jax.ShapeDtypeStruct((batch, 1, 3, heads, head_dim), x_BxD.dtype)
+  norm_params = (norm_scale_D,) + (() if norm_bias_D is None else (norm_bias_D,))
+  if (
+    x_BxD.ndim != 2
+    or not packs(stacked, k_cache_BxLxHxD, v_cache_BxLxHxD)
+    or any(p.shape != (features,) for p in norm_params)
+    or len(kernels) != 3
+    or any(k.shape != (features, heads * head_dim) or k.dtype != x_BxD.dtype for k in kernels)
+    or len(biases) not in (0, 3)
+    or any(b.shape != (heads, head_dim) for b in biases)
+  ):
+    raise ValueError(
+      "normalize_project_and_attend takes one new token's stream [B, D], the norm's "
+      "parameters [D], the query, key and value kernels [D, H * Dh] in its dtype and "
+      f"their biases [H, Dh], got x {x_BxD.shape} {x_BxD.dtype}, norm "
+      f"{[p.shape for p in norm_params]}, kernels {[(k.shape, str(k.dtype)) for k in kernels]}, "
+      f"biases {[b.shape for b in biases]}, k_cache {k_cache_BxLxHxD.shape} "
+      f"{k_cache_BxLxHxD.dtype}"
+    )
+  kernel = functools.partial(
+    _normalize_project_kernel,
+    eps=float(eps),
+    center=norm_bias_D is not None,
+    biased=bool(biases),
+    block_d=min(max(_PRODUCT_ELEMENTS // head_dim, 1), pl.next_power_of_2(features)),
+    block=block or _block_size(1, head_dim),
+    scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
+    window=window,
+  )
+  operands = (*norm_params, *kernels, *biases)
+  return pl.pallas_call(
+    kernel,
+    out_shape=(
+      jax.ShapeDtypeStruct((batch, 1, heads, head_dim), x_BxD.dtype),
+      jax.ShapeDtypeStruct(k_cache_BxLxHxD.shape, k_cache_BxLxHxD.dtype),
+      jax.ShapeDtypeStruct(v_cache_BxLxHxD.shape, v_cache_BxLxHxD.dtype),
+    ),
+    grid=(batch, heads),
+    compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+    # The caches are updated where they lie: no copy of them per token.
+    input_output_aliases={2 + len(operands): 1, 3 + len(operands): 2},
+    interpret=interpret,
+    name="cache_update_and_attention_normalized",
+  )(jnp.asarray(index, jnp.int32), x_BxD, *operands, k_cache_BxLxHxD, v_cache_BxLxHxD)
 
 
 def _check_launch(block: int | None, num_warps: int) -> None:
