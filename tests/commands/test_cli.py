@@ -89,6 +89,67 @@ def test_a_ctrl_c_while_the_config_loads_is_an_interrupt_not_a_config_error(tmp_
   assert result.stderr.strip().splitlines() == ["interrupted"]
 
 
+@pytest.mark.parametrize(
+  "signal_name, status, line",
+  [
+    ("SIGINT", cli.INTERRUPTED_STATUS, "interrupted"),
+    ("SIGTERM", cli.TERMINATED_STATUS, "terminated"),
+  ],
+)
+def test_a_signal_while_the_command_starts_ends_it_at_once(tmp_path, signal_name, status, line):
+  """While the config loads (its imports: jax's extension), a Ctrl-C was a
+  KeyboardInterrupt that an import could swallow (the run then trained) or
+  crash on, and a SIGTERM killed the command without a line. The config
+  here swallows the KeyboardInterrupt, as such an import can."""
+  config = write(
+    tmp_path / "config.py",
+    "import os, signal, time\n"
+    "from txf.configs import rope\n"
+    "def get_config():\n"
+    "  try:\n"
+    f"    os.kill(os.getpid(), signal.{signal_name})\n"
+    "    time.sleep(5)\n"
+    "  except KeyboardInterrupt:\n"
+    "    pass\n"
+    "  return rope.get_config()\n",
+  )
+  result = run_cli(f"--config={config}", f"--workdir={tmp_path / 'run'}")
+  assert result.returncode == status, result.stderr
+  assert result.stderr.strip().splitlines() == [line]
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_sigterm_while_a_command_writes_removes_its_temporary_and_exits_143(tmp_path):
+  """A command without a SIGTERM handler of its own (all but txf-run and
+  txf-sweep) was killed, leaving `.NAME.<hex>.tmp` beside the file it was
+  writing and no line. The SIGTERM lands inside txf.storage.write_files,
+  between the first file's temporary and the second's."""
+  code = (
+    "import os, signal, sys\n"
+    "from txf.commands.cli import run_command\n"
+    "from txf.storage import write_files\n"
+    "class Terminating(str):\n"
+    "  def encode(self, *args):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    return b'second'\n"
+    "def main(argv):\n"
+    "  write_files({sys.argv[1] + '/a.txt': 'first', sys.argv[1] + '/b.txt': Terminating('b')})\n"
+    "  print('not reached')\n"
+    "sys.argv[1:] = [sys.argv[1]]\n"
+    "run_command(main, arguments='the directory', starts_jax=False)\n"
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", code, str(tmp_path)],
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+    cwd=REPO,
+  )
+  assert result.returncode == cli.TERMINATED_STATUS, result.stderr
+  assert result.stderr.strip().splitlines() == ["terminated"] and not result.stdout
+  assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("case", list(CONFIG_ERRORS))
 def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
   text, fragments = CONFIG_ERRORS[case]

@@ -4,9 +4,12 @@ every error a user can cause on the command line is one line on stderr and
 exit status 2; a failure while running (a full disk, a diverged run) is one
 line and exit status 1. `--help` (and --helpfull) exits 0; Ctrl-C (SIGINT)
 where the command cannot save is one line, `interrupted`, and exit status
-130; a reader that closes the command's output (`txf-compile --help | head
--5`) ends it quietly with exit status 141 (128 + SIGPIPE, as a shell reports
-a command a closed pipe stops)."""
+130, and a SIGTERM one line, `terminated`, and exit status 143 (txf-run and
+txf-sweep save first and exit 0), each at once while the command starts and
+otherwise once the file being written is removed; a reader that closes the
+command's output (`txf-compile --help | head -5`) ends it quietly with exit
+status 141 (128 + SIGPIPE, as a shell reports a command a closed pipe
+stops)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import os
 import pathlib
 import re
 import select
+import signal
 import sys
 import tempfile
 import textwrap
@@ -269,6 +273,54 @@ def unknown_field(error: Exception, argv: list[str]) -> str | None:
 
 INTERRUPTED_STATUS = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C stopped
 CLOSED_OUTPUT_STATUS = 141  # 128 + SIGPIPE: what it reports for one a closed pipe stopped
+TERMINATED_STATUS = 143  # 128 + SIGTERM: what it reports for one a SIGTERM stopped
+_STARTUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(BaseException):
+  """A SIGTERM that reached a command with no handler of its own for it
+  (txf-run and txf-sweep save first): raised in the main thread, so that a
+  file being written is cleaned up as after a Ctrl-C (`txf.storage`), then
+  reported as `terminated`, exit 143. Not an Exception: nothing that
+  handles errors takes it for one."""
+
+
+def _raise_terminated(signum, frame) -> NoReturn:
+  raise Terminated
+
+
+def _exit_at_once(stderr: int, signum: int, frame) -> NoReturn:
+  """The handler of SIGINT and SIGTERM while a command starts (its flags,
+  its config's imports, jax's start): `interrupted` or `terminated` on the
+  process's stderr (`stderr`, a copy of descriptor 2: `start_jax` points 2
+  elsewhere meanwhile) and the exit status at once. Nothing is written yet,
+  and a KeyboardInterrupt raised inside an extension's import (jaxlib's) can
+  crash the interpreter or come back as an ImportError."""
+  os.write(stderr, b"interrupted\n" if signum == signal.SIGINT else b"terminated\n")
+  os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def _exits_at_once_while_starting():
+  """SIGINT and SIGTERM end the command at once (`_exit_at_once`) until the
+  yielded `started()` is called, as `main` begins; then a Ctrl-C is a
+  KeyboardInterrupt again and a SIGTERM `Terminated` (a command may install
+  handlers of its own after that: txf-run's and txf-sweep's save)."""
+  stderr = os.dup(2)
+  handler = functools.partial(_exit_at_once, stderr)
+  previous = {signum: signal.signal(signum, handler) for signum in _STARTUP_SIGNALS}
+
+  def started() -> None:
+    signal.signal(signal.SIGINT, previous[signal.SIGINT])
+    sigterm = previous[signal.SIGTERM]
+    signal.signal(signal.SIGTERM, _raise_terminated if sigterm == signal.SIG_DFL else sigterm)
+
+  try:
+    yield started
+  finally:
+    if signal.getsignal(signal.SIGINT) is handler:  # main never began (--help, a flag error)
+      started()
+    os.close(stderr)
 
 
 def run_command(
@@ -282,7 +334,9 @@ def run_command(
   `parse_flags`, so every command reports a bad flag, a missing required one
   and a stray or missing positional argument alike (one line, exit 2); a
   Ctrl-C that reaches it (while a config loads, at startup, a second one
-  in a run) is one line, `interrupted`, and exit 130; XLA's out-of-memory
+  in a run) is one line, `interrupted`, and exit 130, a SIGTERM the command
+  does not handle itself `terminated` and exit 143 (each at once until
+  `main` begins: `_exits_at_once_while_starting`); XLA's out-of-memory
   error is one line, `out of memory: ...`, and exit 1 (txf-run refuses a
   model or sample far past the device's memory before any compute, exit 2:
   txf.train.run_setup.check_memory); a closed stdout ends it quietly (exit 141),
@@ -310,10 +364,13 @@ def run_command(
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   parse = functools.partial(parse_flags, arguments=arguments, required=required)
   try:
-    app.run(_after_start_jax(main) if starts_jax else main, flags_parser=parse)
+    with _exits_at_once_while_starting() as started:
+      app.run(_once_started(main, started, starts_jax), flags_parser=parse)
   except KeyboardInterrupt:
     # Background threads (a checkpoint's writers) must not hold the exit.
     exit_now(INTERRUPTED_STATUS, "interrupted")
+  except Terminated:
+    exit_now(TERMINATED_STATUS, "terminated")
   except RuntimeError as error:
     if not _out_of_memory(error):
       raise
@@ -334,15 +391,20 @@ def run_command(
     exit_now(1, f"write error: stdout: {reason}")
 
 
-def _after_start_jax(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
-  """`main`, run after `start_jax`."""
+def _once_started(
+  main: Callable[[list[str]], None], started: Callable[[], None], starts_jax: bool
+) -> Callable[[list[str]], None]:
+  """`main`, run after `start_jax` where `starts_jax`, and after `started()`
+  (`_exits_at_once_while_starting`)."""
 
   @functools.wraps(main)
-  def started(argv: list[str]) -> None:
-    start_jax()
+  def run_main(argv: list[str]) -> None:
+    if starts_jax:
+      start_jax()
+    started()
     main(argv)
 
-  return started
+  return run_main
 
 
 def _stdout_unwritable() -> str | None:
