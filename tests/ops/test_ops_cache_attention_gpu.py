@@ -137,6 +137,8 @@ def test_applies_only_to_one_token_and_powers_of_two():
   assert cache_attention_gpu.applies(q, k_cache, v_cache)
   two_tokens = jnp.concatenate([q, q], axis=1)
   assert not cache_attention_gpu.applies(two_tokens, k_cache, v_cache)
+  # A row more than the caches hold: the kernel would write past them.
+  assert not cache_attention_gpu.applies(jnp.concatenate([q, q]), k_cache, v_cache)
   with pytest.raises(ValueError, match="^update_and_attend takes one new token"):
     kernel_step(two_tokens, k_new, v_new, k_cache, v_cache, jnp.int32(0))
   with pytest.raises(ValueError, match=r"^block must be a power of 2 \(Triton's\), got 24$"):
@@ -347,6 +349,7 @@ def test_the_normalized_step_refuses_operands_of_other_shapes():
     dict(norm_scale=norm_scale[:8]),
     dict(biases=biases[:2]),
     dict(x=x[0]),
+    dict(x=jnp.concatenate([x, x])),  # two rows for caches of one
   ):
     args = dict(x=x, norm_scale=norm_scale, norm_bias=norm_bias, kernels=kernels, biases=biases)
     args.update(bad)

@@ -334,13 +334,14 @@ class MultiHeadAttention(nn.Module):
     use_cache: bool,
     deterministic: bool,
   ) -> bool:
-    """Whether a decoding step's query, key and value of multi-head
-    self-attention reach the GPU kernel as their one product [B, 1, 3, H,
-    Dh] with their biases ([H, Dh] each, as stored, or none), which the
-    kernel adds as it reads them, where it takes them so
-    (`cache_attention_gpu.packs`: their biases and split are otherwise a
-    kernel of their own): `_decoding_kernel`, no key mask, and no position
-    encoding that rotates them. Otherwise `_project` gives them apart."""
+    """Whether the GPU kernel takes a decoding step's query, key and value
+    of multi-head self-attention together: as their one product [B, 1, 3,
+    H, Dh] with their biases ([H, Dh] each, as stored, or none), which it
+    adds as it reads them (`cache_attention_gpu.packs`: their biases and
+    split are otherwise a kernel of their own), or at one row made by the
+    kernel from the stream (`__call__`'s `norm`). Where `_decoding_kernel`,
+    no key mask, and no position encoding that rotates them; otherwise
+    `_project` gives them apart."""
     if not (
       use_cache
       and kv_BxSxD is None
@@ -466,10 +467,12 @@ class MultiHeadAttention(nn.Module):
     self, step: Callable[..., tuple[Array, Array, Array]], cache_index: Array | None
   ) -> Array:
     """`_attend_over_cache` then `_attend`, as one GPU kernel (where
-    `_decoding_kernel` and `_cache_fits_kernel`, or `_packed_product`):
-    `step` is `cache_attention_gpu.update_and_attend` or its packed form
-    given the new query, key and value; it writes them at cache_index and
-    returns the heads' outputs [B, 1, H, Dh]."""
+    `_decoding_kernel` and `_cache_fits_kernel`, or `_packs`): `step` is
+    `cache_attention_gpu.update_and_attend` given the new query, key and
+    value, `update_and_attend_packed` given their product, or
+    `normalize_project_and_attend` given the stream, the norm and the
+    kernels (`_normalized_step`); it writes the new key and value at
+    cache_index and returns the heads' outputs [B, 1, H, Dh]."""
     if cache_index is None:
       raise ValueError("MultiHeadAttention: use_cache=True needs cache_index")
     out_BxTxHxDh, cached_key, cached_value = step(

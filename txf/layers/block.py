@@ -174,8 +174,9 @@ class TransformerBlock(nn.Module):
     batch 1 on a GPU) and no dropout applies, each sub-layer adds its output
     to the stream there instead, and the block hands nothing over: the same
     additions in the same order; the self-attention then takes its norm
-    with the stream, for its kernel to compute where it can. Path patching (txf.analysis.patching)
-    intercepts the first norm's call.
+    with the stream, for its kernel to compute where it can. Path patching
+    (txf.analysis.patching) intercepts the first norm's call (never in such
+    a decoding step, where the kernel may compute that norm instead).
     """
     rows = math.prod(x_BxTxD.shape[:-1])
     in_projection = adds_in_kernel(rows) and not self._drops_residual

@@ -75,9 +75,10 @@ _NUM_WARPS = 4
 _BLOCK_ELEMENTS = 8192
 _MIN_BLOCK, _MAX_BLOCK = 16, 256
 # normalize_project_and_attend: the elements of each kernel's block of rows
-# one instance loads at once (3 x 16 KiB of bfloat16 in flight), and its
-# warps (the attention's block sizes fit 4 warps' registers, so 8 do too).
-_PRODUCT_ELEMENTS = 8192
+# one instance loads at once (3 x 8 KiB of bfloat16 in flight: 48 values a
+# thread, which leaves registers for the products), and its warps (the
+# attention's block sizes fit 4 warps' registers, so 8 do too). Untuned.
+_PRODUCT_ELEMENTS = 4096
 _NORMALIZED_NUM_WARPS = 8
 
 
@@ -86,17 +87,25 @@ def _is_power_of_2(n: int) -> bool:
 
 
 def applies(q_BxTxHxD, k_cache_BxLxKxD, v_cache_BxLxKxDv) -> bool:
-  """Whether the kernel can take these shapes: one new token (T = 1), and
-  the head dims and the query heads per key/value head (G) powers of 2
-  (Triton's blocks are)."""
+  """Whether the kernel can take these shapes: one new token (T = 1) a row
+  of the caches, and the head dims and the query heads per key/value head
+  (G) powers of 2 (Triton's blocks are)."""
+  return _heads_fit(q_BxTxHxD, k_cache_BxLxKxD, v_cache_BxLxKxDv) and (
+    q_BxTxHxD.shape[0] == k_cache_BxLxKxD.shape[0] == v_cache_BxLxKxDv.shape[0]
+  )
+
+
+def _heads_fit(q_BxTxHxD, k_BxLxKxD, v_BxLxKxDv) -> bool:
+  """One new token (T = 1), and the head dims and the query heads per
+  key/value head (G) powers of 2 (Triton's blocks are)."""
   _, q_len, heads, head_dim = q_BxTxHxD.shape
-  kv_heads = k_cache_BxLxKxD.shape[2]
+  kv_heads = k_BxLxKxD.shape[2]
   return (
     q_len == 1
     and heads % kv_heads == 0
     and _is_power_of_2(heads // kv_heads)
     and _is_power_of_2(head_dim)
-    and _is_power_of_2(v_cache_BxLxKxDv.shape[-1])
+    and _is_power_of_2(v_BxLxKxDv.shape[-1])
   )
 
 
@@ -413,8 +422,8 @@ def update_and_attend(
   _check_launch(block, num_warps)
   if not applies(q_BxTxHxD, k_cache_BxLxKxD, v_cache_BxLxKxDv):
     raise ValueError(
-      "update_and_attend takes one new token (T = 1) and powers of 2 for the head "
-      f"dims and the query heads per key/value head, got q {q_BxTxHxD.shape}, "
+      "update_and_attend takes one new token (T = 1) a row of the caches and powers of 2 "
+      f"for the head dims and the query heads per key/value head, got q {q_BxTxHxD.shape}, "
       f"k_cache {k_cache_BxLxKxD.shape}, v_cache {v_cache_BxLxKxDv.shape}"
     )
   return _update_call(
@@ -655,9 +664,14 @@ def _update_call(
 
 
 def applies_to_cross(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv) -> bool:
-  """Whether `attend` can take these shapes: `applies`' conditions, and the
+  """Whether `attend` can take these shapes: `applies`' conditions, but the
   query rows a multiple of the key/value rows."""
-  return applies(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv) and q_BxTxHxD.shape[0] % k_BxSxKxD.shape[0] == 0
+  kv_rows = k_BxSxKxD.shape[0]
+  return (
+    _heads_fit(q_BxTxHxD, k_BxSxKxD, v_BxSxKxDv)
+    and kv_rows == v_BxSxKxDv.shape[0]
+    and q_BxTxHxD.shape[0] % kv_rows == 0
+  )
 
 
 def attend(
