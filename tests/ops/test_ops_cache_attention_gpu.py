@@ -240,8 +240,8 @@ def test_cross_attention_needs_whole_groups_of_rows():
 
 
 def normalized_operands(seed, dtype, *, center, biased, features=600, heads=4, head_dim=16):
-  """A stream x [1, D] (D = 600: two blocks of the kernel's 512 rows at
-  Dh = 16, the second part-masked), the norm's float32 scale and bias (None: RMSNorm),
+  """A stream x [1, D] (D = 600: three blocks of the kernel's 256 rows at
+  Dh = 16, the last part-masked), the norm's float32 scale and bias (None: RMSNorm),
   the query, key and value kernels [D, H * Dh] in x's dtype, float32
   biases [H, Dh] (or none) and caches of 37 slots."""
   rng = np.random.default_rng(seed)
