@@ -29,14 +29,13 @@ import jax
 from absl import flags
 
 from txf.commands.cli import define_config_flag
-from txf.runconfig.run_config import parse
+from txf.runconfig.run_config import parse, replica_seeds
 from txf.train import loop
 from txf.train.replicas import (
   STRATEGIES,
   default_strategy,
   init_replicas,
   make_replicated_train_step,
-  replica_seeds,
 )
 from txf.train.run_setup import setup_run, train_step_for_seed
 from txf.train.step import init_state
@@ -101,8 +100,9 @@ def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
   setup = setup_run(run)
   batch = next(iter(setup.train_data))
   init_fn = lambda key: init_state(setup.model, run.optimizer, batch, setup.task, key)
+  # jax.jit without shardings: every step here runs on one device, unsharded.
   step_for_seed = functools.partial(
-    train_step_for_seed, run.train, setup.model, run.optimizer, setup.task
+    train_step_for_seed, run.train, setup.model, run.optimizer, setup.task, False
   )
   seeds = replica_seeds(run.seed, replicas)
   single = jax.jit(step_for_seed(run.seed))

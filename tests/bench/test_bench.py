@@ -34,6 +34,7 @@ from benchmarks import (
   kernels as bench_kernels,
   loop as bench_loop,
   loss_kernel as bench_loss_kernel,
+  replicas as bench_replicas,
   run as run_module,
   seq2seq_decode as bench_seq2seq,
   step as bench_step,
@@ -471,6 +472,16 @@ def test_loop_bench_times_each_variant_and_the_loop_compiles_evals_aside(monkeyp
   for name in ("jit(eval_step)", "jit(_generate)"):
     assert [thread for fun, thread in compiled if fun == name] == [loop.COMPILE_THREAD]
   assert not any(t.name == loop.COMPILE_THREAD for t in threading.enumerate())
+
+
+@pytest.mark.slow  # five compiles of a step
+def test_replicas_bench_times_each_way_to_train_the_seeds():
+  """One replica, R replicas by each strategy, R sequential runs: the
+  mode's import and its call of the run setup's step broke unnoticed when
+  train/ was split and the step took a sharding argument."""
+  figures = bench_replicas.time_steps(gpt2_tiny(), replicas=2, steps=2)
+  assert list(figures) == ["1 replica", "2 replicas vmap", "2 replicas map", "2 sequential"]
+  assert all(ms > 0 for ms in figures.values())
 
 
 def test_checkpoint_stall_bench_computes_each_figure_from_its_samples():
