@@ -190,6 +190,18 @@ def seq2seq_run(tmp_path_factory):
   return workdir
 
 
+@pytest.fixture(scope="module")
+def encoder_run(tmp_path_factory):
+  """A 1-layer, 2-head masked-LM encoder trained 2 steps."""
+  workdir = tmp_path_factory.mktemp("encoder")
+  loop.run(
+    parse(tiny_config("encoder_mlm", steps=2, train__warmup_steps=1)),
+    workdir,
+    log=lambda line: None,
+  )
+  return workdir
+
+
 def digests(directory):
   """{relative path: sha256} of the run's files outside analysis/ (but the
   lock's note of its holder, which the command rewrites as it holds it)."""
@@ -252,10 +264,15 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert done.stderr.splitlines()[-1] == "wrote " + ", ".join(
     str(out / name) for name in (attention_png("self"), SCORES_MD, SCORES_CSV, "analysis.json")
   )
-  assert json.loads((out / head_analysis.RECORD_JSON).read_text()) == {
+  record = json.loads((out / head_analysis.RECORD_JSON).read_text())
+  assert record == {
     "step": run.step,
+    "replica": 0,
+    "probe_seed": 0,
+    "periods": record["periods"],  # the probe's defaults (test_probe_periods)
     "files": [attention_png("self"), SCORES_CSV, SCORES_MD],
   }
+  assert len(record["periods"]) == 2
   baseline = run.setup.evaluate(plain(run.params))["eval_loss"]
   for row in rows:
     layer, head = int(row["layer"]), int(row["head"])
@@ -264,6 +281,25 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
     )["eval_loss"]
     assert float(row["ablation_delta_loss"]) == pytest.approx(ablated - baseline, abs=1e-5)
   assert any(abs(float(row["ablation_delta_loss"])) > 1e-4 for row in rows)
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_analysis_of_an_encoder_run_has_no_induction_score(encoder_run):
+  """No causal attention, so no probe periods: the induction column is n/a
+  (it was `analyze error: need at least one array to stack`, exit 2, after
+  the heatmap was written); the other scores are the batch's."""
+  record = analyze_run(encoder_run)
+  assert record["periods"] is None
+  rows = read_csv(encoder_run)
+  assert [(row["attention"], int(row["layer"]), int(row["head"])) for row in rows] == [
+    ("self", 0, 0),
+    ("self", 0, 1),
+  ]
+  for row in rows:
+    assert math.isnan(float(row["induction"]))
+    assert 0.0 <= float(row["previous_token"]) <= 1.0
+    assert math.isfinite(float(row["ablation_delta_loss"]))
+  assert "- induction: n/a (the model has no causal self-attention)" in record["table"]
 
 
 @pytest.mark.slow  # its fixture trains a run
@@ -347,7 +383,7 @@ def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
     assert group[name]["loss"] == pytest.approx(metrics["eval_loss"], abs=1e-5)
     assert group[name]["accuracy"] == pytest.approx(metrics["eval_accuracy"], abs=1e-6)
   assert group["ablated"]["loss"] != pytest.approx(group["baseline"]["loss"], abs=1e-4)
-  assert "## Group ablation of L0H1, L1H0" in record["table"]
+  assert "## Group ablation of L0H1, L1H0 (self attention)" in record["table"]
 
 
 @pytest.mark.slow  # its fixture trains a run
@@ -406,12 +442,16 @@ def test_head_progress_line_has_the_head_its_place_and_an_eta():
   assert line == "analyze: self head L1H0 (5 of 8) | loss_delta +0.0123 | elapsed 10s | eta 6s"
 
 
-def _analysis_dir(tmp_path, step, names):
+def _settings(step, replica=0, probe_seed=0, periods=(23, 19)):
+  return dict(step=step, replica=replica, probe_seed=probe_seed, periods=list(periods))
+
+
+def _analysis_dir(tmp_path, settings, names):
   """An analysis directory holding `names` (text 'step N') and its record."""
   out = epath.Path(tmp_path)
   for name in names:
-    (out / name).write_text(f"step {step}")
-  (out / head_analysis.RECORD_JSON).write_text(json.dumps({"step": step, "files": names}))
+    (out / name).write_text(f"step {settings['step']}")
+  (out / head_analysis.RECORD_JSON).write_text(json.dumps({**settings, "files": names}))
   return out
 
 
@@ -424,31 +464,69 @@ def test_a_rerun_at_another_checkpoint_removes_what_it_does_not_write_again(tmp_
   step 40's circuits.json, figures and training_scores.csv beside a
   head_scores.md of step 60, unsaid."""
   out = _analysis_dir(
-    tmp_path, 40, ["head_scores.md", "circuits.json", "composition.png", "training_scores.csv"]
+    tmp_path,
+    _settings(40),
+    ["head_scores.md", "circuits.json", "composition.png", "training_scores.csv"],
   )
   (out / "notes.md").write_text("mine")  # not an analysis file: kept
   (out / "head_scores.md").write_text("step 60")  # this analysis's
   lines = []
-  head_analysis._settle(out, 60, [out / "head_scores.md"], _record(out), lines.append)
+  head_analysis._settle(out, _settings(60), [out / "head_scores.md"], _record(out), lines.append)
   assert sorted(path.name for path in out.iterdir()) == [
     "analysis.json",
     "head_scores.md",
     "notes.md",
   ]
   assert lines == [
-    "removed step 40's circuits.json, composition.png, training_scores.csv "
-    "(not computed at step 60)"
+    "removed circuits.json, composition.png, training_scores.csv of the analysis of "
+    "step 40, replica 0, probe_seed 0, periods [23, 19] (not computed for step 60, "
+    "replica 0, probe_seed 0, periods [23, 19])"
   ]
-  assert _record(out) == {"step": 60, "files": ["head_scores.md"]}
+  assert _record(out) == {**_settings(60), "files": ["head_scores.md"]}
+
+
+@pytest.mark.parametrize(
+  "changed",
+  [dict(replica=1), dict(probe_seed=3), dict(periods=(20, 17))],
+  ids=["replica", "probe_seed", "periods"],
+)
+def test_a_rerun_of_another_replica_or_probe_at_the_checkpoint_removes_the_others(
+  tmp_path, changed
+):
+  """They were kept and listed as one analysis of the step: replica 1's
+  circuits beside replica 0's head_scores.md, another probe's induction
+  scores beside these."""
+  out = _analysis_dir(tmp_path, _settings(40), ["head_scores.md", "circuits.json"])
+  lines = []
+  now = _settings(40, **changed)
+  head_analysis._settle(out, now, [out / "head_scores.md"], _record(out), lines.append)
+  assert not (out / "circuits.json").exists() and len(lines) == 1
+  assert lines[0].startswith("removed circuits.json of the analysis of step 40")
+  assert _record(out) == {**now, "files": ["head_scores.md"]}
+
+
+def test_a_record_without_what_it_analysed_is_taken_for_another_analysis(tmp_path):
+  """A record of session 27 ({step, files}) cannot say its replica or probe."""
+  out = epath.Path(tmp_path)
+  (out / "circuits.json").write_text("step 40")
+  (out / head_analysis.RECORD_JSON).write_text(json.dumps({"step": 40, "files": ["circuits.json"]}))
+  lines = []
+  head_analysis._settle(out, _settings(40), [], _record(out), lines.append)
+  assert not (out / "circuits.json").exists()
+  assert lines == [
+    "removed circuits.json of the analysis of step 40, replica not recorded, probe_seed "
+    "not recorded, periods not recorded (not computed for step 40, replica 0, probe_seed 0, "
+    "periods [23, 19])"
+  ]
 
 
 def test_a_rerun_at_the_same_checkpoint_adds_to_its_analysis(tmp_path):
   """docs/induction.md's recipe: --circuits --checkpoints, then --ablate, at
   one checkpoint: the second keeps the first's files."""
   first = ["head_scores.md", "circuits.json", "training_scores.csv"]
-  out = _analysis_dir(tmp_path, 600, first)
+  out = _analysis_dir(tmp_path, _settings(600), first)
   lines = []
-  head_analysis._settle(out, 600, [out / "head_scores.md"], _record(out), lines.append)
+  head_analysis._settle(out, _settings(600), [out / "head_scores.md"], _record(out), lines.append)
   assert lines == []
   assert {path.name for path in out.iterdir()} == {*first, "analysis.json"}
   # The record lists them in OUTPUTS' order.
@@ -459,11 +537,11 @@ def test_files_of_an_analysis_without_a_record_are_kept_and_said(tmp_path):
   out = epath.Path(tmp_path)
   (out / "circuits.json").write_text("step ?")
   lines = []
-  head_analysis._settle(out, 60, [], None, lines.append)
+  head_analysis._settle(out, _settings(60), [], None, lines.append)
   assert (out / "circuits.json").exists()
-  assert lines == ["kept circuits.json of an earlier analysis (its step is not recorded)"]
+  assert lines == ["kept circuits.json of an earlier analysis (what it analysed is not recorded)"]
   # Not recorded as this step's: a later rerun at step 60 must not take it for one.
-  assert _record(out) == {"step": 60, "files": []}
+  assert _record(out) == {**_settings(60), "files": []}
 
 
 @pytest.mark.parametrize("text", ["[]", '{"step": 4}', '{"step": 4, "files": ["x.png"]}', "{"])

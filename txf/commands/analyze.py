@@ -1,7 +1,7 @@
 """Attention analysis of a trained run: heatmaps, per-head scores, head ablation.
 
   txf-analyze --workdir=RUN [--num_batches=N] [--periods=P1,P2] [--seed=S] [--ablate=L1H0,L1H2]
-      [--circuits] [--checkpoints]
+      [--replica=R] [--circuits] [--checkpoints]
   python -m experiments.analyze --workdir=RUN [flags]   # in a checkout: the same command
 
 Writes attention_<kind>.png (per layer and head, validation sample 0),

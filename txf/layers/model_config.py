@@ -260,7 +260,9 @@ class ModelConfig:
   num_decoder_layers: int | None = documented(
     "encoder_decoder only; None: num_layers", default=None
   )
-  d_ff: int | None = documented("None: 4*d_model, or 8/3*d_model if gated", default=None)
+  d_ff: int | None = documented(
+    "None: 4*d_model, or 8/3*d_model rounded up to a multiple of 8 if gated", default=None
+  )
   activation: str = documented("relu | gelu | swiglu | geglu", default="gelu")
   gelu_approximate: bool = documented(
     "GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)", default=True

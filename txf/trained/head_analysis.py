@@ -31,10 +31,12 @@ and distance on the first validation batch; induction score on repeated
 random token sequences, for causal self-attention only (n/a elsewhere: a
 bidirectional encoder sees the answer, cross-attention keys are the source);
 and the validation-loss change when the head's output is zeroed, over the
-run's evaluator's batches. analysis.json records the checkpoint analysed
-and the files of its analyses: a rerun at that checkpoint adds to them (the
-circuits, then an ablation), one at another checkpoint removes those it does
-not write again, saying so. Nothing else in the run directory changes.
+run's evaluator's batches. analysis.json records what was analysed (the
+checkpoint, the seed replica, the induction probe's periods and seed) and
+the files of its analyses: a rerun of the same adds to them (the circuits,
+then an ablation), one of another checkpoint, replica, periods or probe seed
+removes those it does not write again, saying so. Nothing else in the run
+directory changes.
 """
 
 from __future__ import annotations
@@ -119,8 +121,12 @@ def attention_png(kind: str) -> str:
 # report without saying so (the induction page's runs keep 300).
 MIN_PHASE_CHECKPOINTS = 5
 # What the analysis files in <workdir>/analysis/ hold: {"step": the
-# checkpoint analysed, "files": their names}.
+# checkpoint analysed, "replica": the seed replica, "probe_seed" and
+# "periods": the induction probe's (periods None: no causal attention),
+# "files": their names}.
 RECORD_JSON = "analysis.json"
+# The record's fields saying what was analysed: files of another's are stale.
+SETTINGS = ("step", "replica", "probe_seed", "periods")
 # Every file an analysis can write.
 OUTPUTS = (
   *(attention_png(kind) for kind in KINDS),
@@ -153,35 +159,47 @@ def _read_record(out: epath.Path) -> dict[str, Any] | None:
   return record
 
 
+def _described(settings: dict[str, Any]) -> str:
+  """'step 40, replica 0, probe_seed 0, periods [23, 19]' (an older
+  record's missing fields: 'not recorded')."""
+  return ", ".join(f"{name} {settings.get(name, 'not recorded')}" for name in SETTINGS)
+
+
 def _settle(
   out: epath.Path,
-  step: int,
+  settings: dict[str, Any],
   written: list[epath.Path],
   earlier: dict[str, Any] | None,
   log: Callable[[str], Any] | None,
 ) -> epath.Path:
-  """Leaves `out` holding analyses of checkpoint `step` only and records them.
+  """Leaves `out` holding analyses of `settings` ({name: value} of each of
+  SETTINGS) only and records them.
 
-  An earlier analysis of the same checkpoint adds to this one (txf-analyze
+  An earlier analysis of the same settings adds to this one (txf-analyze
   --circuits --checkpoints, then --ablate: both kept); the files of one of
-  another checkpoint that this one did not write again are removed. Files
-  from before the record existed (no analysis.json) are kept. `log` says
-  what was removed or kept. Returns the record's path."""
+  other settings (another checkpoint, replica, probe periods or seed; a
+  record from before the settings were recorded) that this one did not
+  write again are removed. Files from before the record existed (no
+  analysis.json) are kept. `log` says what was removed or kept. Returns the
+  record's path."""
   names = [path.name for path in written]
   others = [name for name in OUTPUTS if name not in names and (out / name).exists()]
-  if earlier is not None and earlier["step"] != step:
+  if earlier is not None and any(earlier.get(name) != settings[name] for name in SETTINGS):
     stale = [name for name in others if name in earlier["files"]]
     for name in stale:
       (out / name).unlink()
     if stale and log is not None:
-      log(f"removed step {earlier['step']}'s {', '.join(stale)} (not computed at step {step})")
+      log(
+        f"removed {', '.join(stale)} of the analysis of {_described(earlier)} "
+        f"(not computed for {_described(settings)})"
+      )
     others = [name for name in others if name not in stale]
   elif earlier is None:  # files of an analysis before the record: kept, not this one's
     if others and log is not None:
-      log(f"kept {', '.join(others)} of an earlier analysis (its step is not recorded)")
+      log(f"kept {', '.join(others)} of an earlier analysis (what it analysed is not recorded)")
     others = []
-  record = {"step": step, "files": [name for name in OUTPUTS if name in names or name in others]}
-  return write_file(out / RECORD_JSON, json.dumps(record, indent=1) + "\n")
+  files = [name for name in OUTPUTS if name in names or name in others]
+  return write_file(out / RECORD_JSON, json.dumps({**settings, "files": files}, indent=1) + "\n")
 
 
 def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
@@ -303,7 +321,7 @@ def _attention_scores(
 ) -> dict[str, np.ndarray]:
   """The [L, H] scores of one kind in table order: previous-token
   (self-attention only; NaN for cross), induction (the lowest over the probe
-  periods: a content match scores at every period), the induction score at
+  periods: a content match scores at every period; NaN without periods), the induction score at
   each probe period, entropy and distance on the batch, padded queries left
   out."""
   query_mask_BxT = _query_tokens(batch, kind) != setup.run.model.pad_id
@@ -317,9 +335,15 @@ def _attention_scores(
   by_period = {
     f"induction_p{period}": scores_LxH for period, scores_LxH in induction_by_period.items()
   }
+  # No probe periods (no causal attention in the run: an encoder): NaN.
+  induction_LxH = (
+    np.min(np.stack(list(by_period.values())), axis=0)
+    if by_period
+    else np.full_like(entropy_LxH, np.nan)
+  )
   return {
     "previous_token": previous_LxH,
-    "induction": np.min(np.stack(list(by_period.values())), axis=0),
+    "induction": induction_LxH,
     **by_period,
     "entropy_nats": entropy_LxH,
     "distance_tokens": per_layer(mean_attended_distance),
@@ -359,11 +383,16 @@ def _roles(scores: dict[str, dict[str, np.ndarray]], periods: list[int]) -> dict
 
 
 def _group_ablation(
-  metric_fn: Callable[[np.ndarray], dict[str, float]], spec: str, shape: tuple[int, int]
+  metric_fn: Callable[[np.ndarray], dict[str, float]],
+  spec: str,
+  shape: tuple[int, int],
+  kind: str,
 ) -> dict[str, Any]:
-  """Loss and accuracy with every head on and with the heads of `spec` zeroed together."""
+  """Loss and accuracy with every head on and with the heads of `spec` of
+  attention `kind` zeroed together."""
   heads = parse_heads(spec, *shape)
   return {
+    "attention": kind,
     "heads": [head_name(layer, head) for layer, head in heads],
     "baseline": metric_fn(np.ones(shape, np.float32)),
     "ablated": metric_fn(group_mask(heads, *shape)),
@@ -427,7 +456,7 @@ def analyze_run(
      head, "periods": induction probe periods (None without a causal kind),
      "scores": {kind: {score name: [L, H] list}}, "roles": {kind:
      {"previous_token" | "induction" | "positional": ["L<l>H<h>", ...]}}
-     (causal kinds), "group_ablation": {"heads", "baseline", "ablated"} with
+     (causal kinds), "group_ablation": {"attention", "heads", "baseline", "ablated"} with
      {"loss", "accuracy"} each (None without `ablate`), "circuits": the
      record of circuits.json (None without `circuits`), "training": the
      scores over checkpoints as `read_training_csv` returns them (None
@@ -522,7 +551,7 @@ def analyze_run(
     group = None
     if ablate is not None:
       metric_fns = ablation_metric_fns(setup.model, params, device_batches, _eval_sums(setup.task))
-      group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]])
+      group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]], causal[0])
     circuit_record = training = None
     if circuits or checkpoints:
       assert periods is not None and ids is not None  # a causal decoder (_check_circuits)
@@ -532,6 +561,9 @@ def analyze_run(
       if circuits:
         circuit_record = {
           "step": run.step,
+          "replica": replica,
+          "replica_seed": setup.run.seeds[replica],
+          "probe_seed": seed,
           "scores": {name: values.tolist() for name, values in head_scores.items()},
           **analyze_circuits(
             setup.model,
@@ -577,7 +609,8 @@ def analyze_run(
   which = f" (replica {replica} of {len(seeds)}, seed {seeds[replica]})" if len(seeds) > 1 else ""
   table = _markdown(scores, f"{run.step}{which}", baseline, periods, len(batches), roles, group)
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
-  files.append(_settle(out, run.step, files, earlier, log))
+  settings = dict(step=run.step, replica=replica, probe_seed=seed, periods=periods)
+  files.append(_settle(out, settings, files, earlier, log))
   if log is not None:
     log("wrote " + ", ".join(str(path) for path in files))
   return {
@@ -754,7 +787,7 @@ def _markdown(
   if group is not None:
     before, after = group["baseline"], group["ablated"]
     parts.append(
-      f"\n## Group ablation of {', '.join(group['heads'])}\n\n"
+      f"\n## Group ablation of {', '.join(group['heads'])} ({group['attention']} attention)\n\n"
       f"| | loss (nats) | accuracy |\n|---|---|---|\n"
       f"| every head | {before['loss']:.4f} | {before['accuracy']:.4f} |\n"
       f"| heads zeroed | {after['loss']:.4f} | {after['accuracy']:.4f} |\n"
