@@ -26,10 +26,14 @@ from txf import models, ops
 from txf.choices import Registry
 from txf.data import make_dataset, spec as data_config
 from txf.data.spec import parse_data
+from txf.interop import CheckpointError
+from txf.interop.text import generate_text
 from txf.layers import Norm, model_config as layer_config, positions
 from txf.runconfig.run_config import parse
 from txf.rundir import record
+from txf.train.run_setup import load_trained
 from txf.train.step import labels_and_weights, model_inputs
+from txf.trained.export import export_files
 
 EXAMPLES = REPO / "examples" / "extending"
 REGISTRIES = (positions.ENCODINGS, layer_config.NORMS, layer_config.ACTIVATIONS)
@@ -368,3 +372,30 @@ def test_each_example_config_trains_with_txf_run_from_another_directory(tmp_path
       "PrefixLM",
       False,
     )
+  if name in ("prefix_lm", "mlp_head"):
+    check_runs_as_a_causal_lm_or_not(tmp_path / "run", name)
+
+
+def check_runs_as_a_causal_lm_or_not(workdir, name):
+  """A prefix LM, trained attending both ways within its prefix, is neither
+  generated from nor exported as a causal LM (txf-export wrote a
+  GPTNeoXForCausalLM, txf-generate decoded causally); a registered LM head
+  generates (txf-generate refused every head but 'lm'): its greedy tokens
+  are the full pass's argmax, token by token."""
+  with registered():  # loading the run imports the module its record names
+    trained = load_trained(workdir)
+    if name == "prefix_lm":
+      message = r"^data\.task: .* trained for 'prefix_lm', not a causal language model"
+      with pytest.raises(ValueError, match=message):
+        trained.check_runs_causally()
+      with pytest.raises(CheckpointError, match=message):
+        export_files(trained)
+      return
+    prompt_1xP = np.array([[5, 9, 3]], np.int32)
+    got = generate_text(trained.pretrained, prompt_1xP, max_new_tokens=3)
+    model = models.build(trained.pretrained.config)
+    tokens = prompt_1xP
+    for _ in range(3):
+      logits_BxTxV = model.apply({"params": trained.pretrained.params}, tokens)
+      tokens = np.concatenate([tokens, np.argmax(logits_BxTxV[:, -1:], axis=-1)], axis=1)
+    np.testing.assert_array_equal(np.asarray(got), tokens[:, 3:])

@@ -38,6 +38,7 @@ import numpy as np
 
 from txf import ops
 from txf.checks import int_at_least
+from txf.layers.model_config import HEADS
 
 PROTOCOLS = ("non_overlapping", "sliding")
 # Evaluation lengths, as multiples of the training length, unless a caller names others.
@@ -159,10 +160,11 @@ def _token_losses(
 
 def _check_model(model: nn.Module) -> None:
   cfg = getattr(model, "cfg", None)
-  if cfg is None or cfg.family not in ("decoder", "lstm") or cfg.head != "lm":
+  if cfg is None or cfg.family not in ("decoder", "lstm") or "lm" not in HEADS[cfg.head].tasks:
+    got = type(model).__name__ if cfg is None else f"family {cfg.family!r}, head {cfg.head!r}"
     raise ValueError(
-      "model must be a txf decoder language model (model.family='decoder' or "
-      f"'lstm', model.head='lm'), got {type(model).__name__}"
+      "model must be a txf decoder language model (model.family 'decoder' or "
+      f"'lstm', a model.head of data.task 'lm'), got {got}"
     )
 
 

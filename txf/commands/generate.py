@@ -68,7 +68,7 @@ def main(argv) -> None:
 
   logging.set_verbosity(logging.WARNING)
   try:
-    named = load_named_model(_MODEL.value)
+    named = load_named_model(_MODEL.value, generates=True)
     prompt_1xP = named.encode([_PROMPT.value])
     rng = jax.random.key(_SEED.value) if _TEMPERATURE.value > 0 else None
     # One unpadded prompt: its length is given, so a token equal to pad_id

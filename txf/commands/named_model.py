@@ -36,7 +36,9 @@ class NamedModel:
   encode: Callable[[Sequence[str]], np.ndarray]
 
 
-def load_named_model(name: str, *, hidden_states: bool = False) -> NamedModel:
+def load_named_model(
+  name: str, *, hidden_states: bool = False, generates: bool = False
+) -> NamedModel:
   """The model `name` names: a txf run directory's trained model (its latest
   checkpoint) with the run's tokenizer, or a Hugging Face model directory or
   Hub name (read from the Hub's cache, or downloaded) converted by
@@ -44,7 +46,8 @@ def load_named_model(name: str, *, hidden_states: bool = False) -> NamedModel:
 
   A URL (gs://) is looked at once, in bounded time. hidden_states: the
   model returns its final hidden states (the head's weights dropped), as
-  txf.interop's head 'none'; otherwise its own head's output.
+  txf.interop's head 'none'; otherwise its own head's output. generates: a
+  run's model must run as a causal LM (`TrainedModel.check_runs_causally`).
 
   Raises:
     ValueError, WorkdirError: naming what the directory lacks (a
@@ -64,6 +67,8 @@ def load_named_model(name: str, *, hidden_states: bool = False) -> NamedModel:
   if is_run_directory(directory):
     with run_errors():  # a run without a checkpoint, one that does not restore
       trained = load_trained(directory)
+    if generates:
+      trained.check_runs_causally()
     pretrained = without_head(trained.pretrained) if hidden_states else trained.pretrained
     tokenizer = trained.tokenizer
 

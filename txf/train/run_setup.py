@@ -531,6 +531,22 @@ class TrainedModel:
   step: int
   task: str
 
+  def check_runs_causally(self) -> None:
+    """Refuses a decoder (or LSTM) trained for a task kind that is not a
+    causal language model (a prefix LM attends bidirectionally within its
+    prefix): generation, and a Hugging Face causal LM, run it causally.
+
+    Raises:
+      ValueError: naming data.task.
+    """
+    family = self.pretrained.config.family
+    if family in ("decoder", "lstm") and not task_kind(self.task).causal_lm:
+      raise ValueError(
+        f"data.task: {self.pretrained.architecture} trained for {self.task!r}, not a causal "
+        f"language model (its task kind's causal_lm is False), so it cannot run as one "
+        "(generated from, or exported as a causal LM)"
+      )
+
 
 def load_trained(workdir: str | os.PathLike) -> TrainedModel:
   """The latest checkpoint of the txf run in `workdir` (see the module docstring).

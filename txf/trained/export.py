@@ -145,8 +145,14 @@ def export_files(trained: TrainedModel) -> tuple[dict[str, bytes], str | None]:
   and why it has no tokenizer (None when it has one).
 
   Raises:
-    CheckpointError: the model fields its architecture cannot hold.
+    CheckpointError: the model fields its architecture cannot hold, or a
+      decoder trained for a task that is not a causal LM
+      (`TrainedModel.check_runs_causally`).
   """
+  try:
+    trained.check_runs_causally()
+  except ValueError as error:
+    raise interop.CheckpointError(str(error)) from None
   pretrained = trained.pretrained
   try:
     tokenizer_files: dict[str, str] = hf_tokenizer_files(trained.tokenizer)
