@@ -329,6 +329,53 @@ def test_print_config_lists_the_choices_user_code_registers():
   # Each choice once: the doc's own list, then the registered ones (it read
   # 'layer | rms | unit: layer | rms').
   assert after["model.norm"] == f"{before['model.norm']} (registered: unit)"
+  # txf's own choices are never labelled registered (data.name's generated
+  # datasets and model.dtype's bfloat16 were).
+  assert not any("(registered" in doc for doc in before.values())
+
+
+class Recorder:
+  """A tracker with every method txf calls."""
+
+  def __init__(self, workdir): ...
+  def log_config(self, config): ...
+  def log_metrics(self, step, scalars): ...
+  def log_sample(self, step, text): ...
+  def log_summary(self, summary): ...
+  def close(self): ...
+
+
+class Suffix:
+  """A task kind of lm batches."""
+
+  @staticmethod
+  def model_inputs(batch): ...
+
+  @staticmethod
+  def labels_and_weights(batch): ...
+
+
+def test_print_config_lists_the_registered_tasks_tokenizers_decays_and_trackers():
+  """They were not listed at all (only model.* and data.name were)."""
+  from txf import register
+  from txf.data.spec import TASKS, TOKENIZERS
+  from txf.runconfig.optim import DECAYS
+  from txf.runconfig.tracker_kinds import TRACKERS
+
+  with TASKS.scoped(), TOKENIZERS.scoped(), DECAYS.scoped(), TRACKERS.scoped():
+    before = field_docs()
+    register.task("suffix", batches="lm")(Suffix)
+    register.tokenizer("lower_bytes")(lambda spec, workdir: None)
+    register.decay("halving")(lambda phase: None)
+    register.tracker("recorder")(Recorder)
+    after = field_docs()
+  for field, name in (
+    ("data.task", "suffix"),
+    ("data.tokenizer", "lower_bytes"),
+    ("train.decay", "halving"),
+    ("train.trackers", "recorder"),
+  ):
+    assert after[field] == f"{before[field]} (registered: {name})", after[field]
 
 
 def test_unusable_workdir_is_one_line_exit_2(tmp_path):

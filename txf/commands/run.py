@@ -46,6 +46,7 @@ on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -109,13 +110,17 @@ __doc__ += "\n" + configs_help()
 def field_docs() -> dict[str, str]:
   """`section.field` -> doc: each field's own (txf.fields), as its section's
   dataclass declares it, a model.options setting's as its entry's settings
-  do; a field with a set of values (a model registry, data.name) lists
-  them, those user code registered included."""
+  do; a field with a set of values (a registry: model.*, data.name,
+  data.task, data.tokenizer, train.decay, train.trackers) lists txf's own
+  where its doc does not, and then those user code registered, labelled so."""
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
-  from txf.data.spec import DataSpec, data_name_forms, data_names
+  from txf.choices import Registry
+  from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS, DataSpec
   from txf.fields import docs
   from txf.layers import model_config
   from txf.runconfig import run_config
+  from txf.runconfig.optim import DECAYS
+  from txf.runconfig.tracker_kinds import TRACKERS
 
   sections = {
     "model": model_config.ModelConfig,
@@ -128,18 +133,31 @@ def field_docs() -> dict[str, str]:
   for section, cls in sections.items():
     found.update({f"{section}.{name}": doc for name, doc in docs(cls).items()})
   found.update({f"model.options.{name}": doc for name, doc in model_config.setting_docs().items()})
-  # The fields whose choices grow as user code registers entries (txf.register).
-  choices = {f"model.{name}": values for name, values in model_config.CHOICES.items()}
-  choices["data.name"] = (*data_names(), *data_name_forms())
-  for name, values in choices.items():
-    doc = found.get(name, "")
-    names = [str(choice) for choice in values]
-    missing = [name for name in names if name not in doc]
-    if len(missing) == len(names):  # a doc that lists none: the choices before it
-      listed = " | ".join(missing)
-      found[name] = f"{listed}: {doc}" if doc else listed
-    elif missing:  # a doc listing txf's own: the ones user code registered after it
-      found[name] = f"{doc} (registered: {' | '.join(missing)})"
+
+  # The fields whose choices grow as user code registers entries (txf.register):
+  # {field: [(choice, whether it is txf's own)]}.
+  def own(values: Any) -> list[tuple[str, bool]]:
+    if not isinstance(values, Registry):
+      return [(str(value), True) for value in values]
+    return [(name, values.provenance(name)["builtin"]) for name in values.names()]
+
+  choices = {f"model.{name}": own(values) for name, values in model_config.CHOICES.items()}
+  choices["data.name"] = own(GENERATED) + [
+    (name if entry.argument is None else f"{name}:{entry.argument}", builtin)
+    for (name, entry), (_, builtin) in zip(TEXT.items(), own(TEXT), strict=True)
+  ]
+  registries = {"data.task": TASKS, "data.tokenizer": TOKENIZERS, "train.decay": DECAYS}
+  choices.update({field: own(registry) for field, registry in registries.items()})
+  choices["train.trackers"] = own(TRACKERS)
+  for field, found_choices in choices.items():
+    doc = found.get(field, "")
+    txfs = [name for name, builtin in found_choices if builtin]
+    registered = [name for name, builtin in found_choices if not builtin]
+    if any(name not in doc for name in txfs):  # a doc not listing txf's own: them before it
+      doc = f"{' | '.join(txfs)}: {doc}" if doc else " | ".join(txfs)
+    if registered:
+      doc = f"{doc} (registered: {' | '.join(registered)})"
+    found[field] = doc
   return found
 
 
