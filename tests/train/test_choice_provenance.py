@@ -234,3 +234,30 @@ def test_a_registered_decay_and_tokenizer_are_recorded_and_imported_again(tmp_pa
       assert TOKENIZERS.provenance("user_bytes")["module"] == "user_schedule"
   finally:
     sys.modules.pop("user_schedule", None)
+
+
+def test_a_choice_from_a_module_that_cannot_be_imported_again_is_warned_of(tmp_path):
+  """A norm registered inside the config file itself (its module,
+  txf_config_<stem>, is no file later commands can import) trained without
+  a word; every later command then refused the run."""
+  from txf import register
+  from txf.layers.model_config import NORMS
+  from txf.layers.norm import layer_norm
+
+  def inline(layer, x, cfg):
+    return layer_norm(layer, x, cfg)
+
+  inline.__module__ = "txf_config_inline_cfg"  # as txf.configs.load names a config's module
+  lines = []
+  with NORMS.scoped():
+    register.norm("inline")(inline)
+    run = parse(tiny_config(model__norm="inline"))
+    record.RunRecord(tmp_path, log=lines.append).start(run, 0)
+    quiet = []
+    record.RunRecord(tmp_path / "builtin", log=quiet.append).start(parse(tiny_config()), 0)
+  assert lines == [
+    "warning: model.norm 'inline' comes from txf_config_inline_cfg, which later commands "
+    "(txf-generate, txf-analyze, txf-export, txf-extrapolate, a resume) cannot import: "
+    "register it in a module beside the config file and import that"
+  ]
+  assert quiet == []

@@ -398,6 +398,14 @@ class RunRecord:
       choices=registered_choices(run),
     )
     self._write()
+    for field, choice in self._entry["choices"].items():
+      # No file it came from: a config file's own module, a notebook's __main__.
+      if not choice["builtin"] and choice["path"] is None:
+        self._log(
+          f"warning: {field} {choice['name']!r} comes from {choice['module']}, which later "
+          "commands (txf-generate, txf-analyze, txf-export, txf-extrapolate, a resume) "
+          "cannot import: register it in a module beside the config file and import that"
+        )
 
   def end(self, how: str, end_step: int | None = None) -> None:
     """Fills this start's end: `how` it ended, at `end_step`."""
