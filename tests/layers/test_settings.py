@@ -111,6 +111,21 @@ def test_a_model_keeps_its_chosen_entries_settings_and_drops_the_others():
     ModelConfig(**TINY, options=dict(rope_bse=500.0))
 
 
+def test_a_run_notes_a_setting_given_that_no_chosen_entry_reads():
+  """--config.model.options.rope_base=500 with ALiBi trained without a word
+  (only --print_config said it is not read); its default, or an encoding
+  that reads it, gives no note."""
+  config = load_config("alibi")
+  assert parse(config).notes == ()
+  config.model.options.rope_base = 500.0
+  assert parse(config).notes == (
+    "model.options.rope_base=500.0 changes nothing: no chosen entry reads it "
+    "(only model.position 'rope', 'rope_ntk' read it)",
+  )
+  config.model.position = "rope"
+  assert parse(config).notes == ()
+
+
 def test_replace_sets_the_settings_named_and_keeps_those_still_read():
   cfg = ModelConfig(**TINY, options=dict(rope_base=500.0, rope_scale=2.0))
   assert cfg.replace(options=dict(rope_scale=3.0)).options == dict(rope_base=500.0, rope_scale=3.0)

@@ -494,6 +494,12 @@ def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plot
     ({"model.num_heads": [2, 3]}, r"^point 1 \(num_heads=3\): model.num_heads"),
     # (A warmup longer than the run is clamped, not refused: a negative one is.)
     ({"train.warmup_steps": [2, -1]}, r"^point 1 \(warmup_steps=-1\): train.warmup_steps"),
+    # ALiBi reads no rope_base: its two points were trained, and compared, as two.
+    (
+      {"model.position": ["alibi", "rope"], "model.options.rope_base": [10_000.0, 500.0]},
+      r"^point 1 \(position=alibi,rope_base=500.0\) trains the same run as point 0 "
+      r"\(position=alibi,rope_base=10000.0\): model.options.rope_base is read by no entry",
+    ),
   ],
 )
 def test_an_invalid_point_stops_the_sweep_before_anything_trains(

@@ -39,7 +39,13 @@ from txf import checks
 from txf.data.spec import TASKS, DataSpec, parse_data
 from txf.fields import ConfigSection, check_known, documented, section, section_values
 from txf.layers.embedding import check_position_table
-from txf.layers.model_config import FAMILIES, HEADS, ModelConfig
+from txf.layers.model_config import (
+  FAMILIES,
+  HEADS,
+  ModelConfig,
+  default_options,
+  setting_owners,
+)
 from txf.runconfig.optim import fitted_warmup, make_optimizer, make_schedule
 from txf.runconfig.tasks import task_kind
 from txf.runconfig.tracker_kinds import tracker_names
@@ -347,10 +353,12 @@ def _parse(config: ConfigSection) -> RunConfig:
       f"seed: {seed} + replicas={replicas} - 1 is above the largest seed {checks.SEED_MAX}"
     )
   train, notes = _parse_train(given("train", {}))
+  model = ModelConfig.from_config(given("model", {}))
+  notes += _unread_options(given("model", {}), model)
   run = RunConfig(
     seed=seed,
     replicas=replicas,
-    model=ModelConfig.from_config(given("model", {})),
+    model=model,
     data=parse_data(given("data", {})),
     train=train,
     eval=EvalConfig(**section_values(EvalConfig, given("eval", {}), "eval")),
@@ -359,6 +367,20 @@ def _parse(config: ConfigSection) -> RunConfig:
   )
   _check_across(run)
   return run
+
+
+def _unread_options(section: ConfigSection, model: ModelConfig) -> tuple[str, ...]:
+  """A note for each model.options setting given a value other than its
+  default that no chosen entry reads (ModelConfig keeps the chosen entries'
+  settings only): it changes nothing, which a run would not say otherwise."""
+  options = section["options"] if "options" in section else {}
+  defaults = default_options()
+  return tuple(
+    f"model.options.{name}={value!r} changes nothing: no chosen entry reads it "
+    f"(only {setting_owners(name)} read it)"
+    for name, value in options.items()
+    if name not in model.options and name in defaults and value != defaults[name]
+  )
 
 
 def _parse_train(section: ConfigSection) -> tuple[TrainConfig, tuple[str, ...]]:

@@ -133,6 +133,29 @@ def check_point_config(config: ml_collections.ConfigDict) -> RunConfig:
   return run
 
 
+def _check_distinct(points: Sequence[Point], runs: Sequence[RunConfig]) -> None:
+  """Refuses two points that train the same run: their grid settings differ
+  only where no entry they choose reads them (a model.options setting of
+  an encoding only some points choose), so results.md would compare a run
+  with itself.
+
+  Raises:
+    GridError: naming both points and the settings that change nothing.
+  """
+  first_of: dict[RunConfig, Point] = {}
+  for point, run in zip(points, runs, strict=True):
+    earlier = first_of.setdefault(run, point)
+    if earlier is not point:
+      unread = [
+        path for path in point.overrides if point.overrides[path] != earlier.overrides.get(path)
+      ]
+      raise GridError(
+        f"point {point.index} ({point.name}) trains the same run as point {earlier.index} "
+        f"({earlier.name}): {', '.join(unread)} is read by no entry they choose; "
+        "zip such a setting with the choice that reads it (docs/sweeps.md)"
+      )
+
+
 def load_run_config(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of a config file, as config_flags loads it: a path, or the
   bare name of a config txf ships ('base', txf.configs.resolve)."""
@@ -409,6 +432,7 @@ def run_sweep(
     extrapolate = None
   points = grid.expand(sweep_config)
   runs = grid.validate(points, check_point_config)
+  _check_distinct(points, runs)
   if extrapolate is not None and settings.extrapolate_tokens is not None:
     _check_extrapolate_tokens(points, settings.extrapolate_tokens)
   # A summary reads every point (an array job's index is the training's).
