@@ -118,7 +118,7 @@ case $part in
       --loop_variants=${LOOP_VARIANTS:-full,checkpoint_only,no_eval,random_ids,no_prefetch,log_every_step,host_only}
     bench step_b32_reused_batch 110 step $GPT2 --steps=200 --window=50  # as the 430k
     # A step dispatched during a save of gpt2_small's 1.49 GB state in its 591 arrays.
-    bench checkpoint_stall 90 checkpoint_stall --leaves=591
+    EXTRA= bench checkpoint_stall 90 checkpoint_stall --leaves=591  # no config: EXTRA's flags are not its
     ;;
   long)
     for len in ${LONG_LENGTHS:-8192 16384 32768 65536}; do
