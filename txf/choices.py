@@ -52,6 +52,52 @@ def require_methods(field: str, name: str, entry: Any, methods: Iterable[str]) -
     raise ValueError(f"{field}: {name!r}: {entry!r} lacks the method(s) {', '.join(missing)}")
 
 
+def can_call(fn: Any, *args: Any, **kwargs: Any) -> bool:
+  """Whether `fn` takes `args` and `kwargs` (its signature binds them), without
+  calling it; True for a callable whose signature inspect cannot read (a
+  builtin's: nothing to check), False for one that is not callable."""
+  if not callable(fn):
+    return False
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return True
+  try:
+    signature.bind(*args, **kwargs)
+  except TypeError:
+    return False
+  return True
+
+
+def require_signature(
+  registry: str,
+  name: str,
+  fn: Any,
+  positional: tuple[str, ...],
+  keywords: tuple[str, ...] = (),
+  *,
+  declared: str = "",
+) -> None:
+  """Checks at registration that `fn` can be called as the readers of
+  `registry` (e.g. 'register.norm') call it, with the arguments `positional`
+  names by position and `keywords` by keyword, rather than failing with a
+  TypeError deep in the first step (*args and **kwargs take what they can);
+  `declared`: what else the registration said that chose those arguments
+  (", contributes='bias'"), for the message.
+
+  Raises:
+    ValueError: one line naming the registry, the entry, the arguments it is
+      called with and `fn`'s own, for a `fn` not callable or not taking them.
+  """
+  expected = ", ".join([*positional, *(["*", *keywords] if keywords else [])])
+  where = f"{registry}({name!r}{declared}): takes ({expected})"
+  if not callable(fn):
+    raise ValueError(f"{where}, but {fn!r} is not callable")
+  if not can_call(fn, *positional, **dict.fromkeys(keywords)):
+    label = getattr(fn, "__name__", None) or repr(fn)
+    raise ValueError(f"{where}, but {label}{inspect.signature(fn)} cannot be called so")
+
+
 def settings_class(
   field: str, name: str, settings: type | None, options: Mapping[str, Any] | None
 ) -> type | None:
@@ -125,6 +171,15 @@ def share_settings(*registries: Registry[Any]) -> None:
     registry._namespace = registries
 
 
+def reserve_setting_names(reserved: Mapping[str, str], *registries: Registry[Any]) -> None:
+  """Makes `registries` refuse an entry's setting named as a key of
+  `reserved` ({name: what holds it already}: ModelConfig's fields), which a
+  setting would sit beside under the same name (model.d_model and
+  model.options.d_model: two values, one name)."""
+  for registry in registries:
+    registry._reserved.update(reserved)
+
+
 class Registry(Generic[T]):
   """The entries of one config field, by name, in registration order.
 
@@ -146,6 +201,8 @@ class Registry(Generic[T]):
     # The registries whose entries' settings share one namespace with these
     # (`share_settings`).
     self._namespace: tuple[Registry[Any], ...] = (self,)
+    # Setting names held by something else: name -> what (`reserve_setting_names`).
+    self._reserved: dict[str, str] = {}
 
   def share_names(self, other: Registry[Any]) -> None:
     """Makes this registry and `other`, two kinds of entry for one config
@@ -197,7 +254,8 @@ class Registry(Generic[T]):
         digits, '_', '.' and '-' (`NAME`), is registered to another entry or
         with other settings, or is held by a registry sharing the field's
         names (`share_names`), replace or not; settings as `settings_class`
-        refuses them, and a setting that `_check_setting_names` refuses.
+        refuses them, and a setting that `_check_setting_names` refuses (one
+        another entry declares, or a reserved name).
     """
     if not isinstance(name, str) or not NAME.fullmatch(name):
       raise ValueError(
@@ -229,8 +287,14 @@ class Registry(Generic[T]):
     the namespace (`share_settings`) declares, or one of this registry with
     another default: model.options holds one value per name, so one of the
     two entries would silently get the other's value (a config starts with
-    the built-in entries' defaults: configs/base.py)."""
+    the built-in entries' defaults: configs/base.py); and one whose name is
+    reserved (`reserve_setting_names`: a ModelConfig field's)."""
     for setting, default in setting_defaults(declared).items():
+      if setting in self._reserved:
+        raise ValueError(
+          f"{self.field}: {name!r}: setting {setting!r} is {self._reserved[setting]}; "
+          "name it otherwise"
+        )
       for registry in self._namespace:
         for owner in registry:
           theirs = registry.options(owner)

@@ -76,7 +76,10 @@ txf.layers.model_config (FAMILIES: ModelFamily, HEADS: OutputHead),
 txf.data.spec (TOKENIZERS), txf.runconfig.tasks (TASKS: TaskKind),
 txf.runconfig.optim (DECAYS: DecayPhase), txf.runconfig.tracker_kinds
 (TRACKERS: TrackerKind); docs/extending.md has a worked
-example of each (most in examples/extending/).
+example of each (most in examples/extending/). Each decorator refuses, in
+one ValueError line, what would fail at the entry's first use: a function
+that cannot be called as its readers call it (txf.choices.require_signature),
+a class without the methods they call, a setting named as a ModelConfig field.
 """
 
 from __future__ import annotations
@@ -84,9 +87,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from txf.choices import require_methods, setting_defaults, settings_class
+from txf.choices import require_methods, require_signature, setting_defaults, settings_class
 from txf.data.generated import RowTask
-from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
+from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS, CheckedTokenizer
 from txf.data.text import DocumentSource
 from txf.layers.feedforward import Activation
 from txf.layers.model_config import (
@@ -107,6 +110,13 @@ from txf.runconfig.tracking import TRACKER_METHODS
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
+# What each kind of position encoding is called with: (positional, keyword)
+# arguments (txf.layers.embedding, txf.layers.attention).
+_POSITION_ARGUMENTS = {
+  "embedding": (("cfg", "positions", "table"), ()),
+  "rotation": (("cfg", "x", "positions"), ()),
+  "bias": (("cfg", "q_positions", "k_positions", "table"), ("bidirectional",)),
+}
 
 
 def position(
@@ -144,6 +154,13 @@ def position(
     )
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature(
+      "register.position",
+      name,
+      fn,
+      *_POSITION_ARGUMENTS[contributes],
+      declared=f", contributes={contributes!r}",
+    )
     entry = PositionEncoding(contributes, **{_KINDS[contributes]: fn}, table=table, even=even)
     ENCODINGS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=fn
@@ -162,7 +179,12 @@ def norm(
 ) -> Decorator:
   """Registers fn(layer, x [..., D], cfg) -> [..., D] as `model.norm = name`
   (settings / options: as `position`'s, read through cfg.settings("norm"))."""
-  return NORMS.decorator(name, settings=settings, options=options, replace=replace)
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.norm", name, fn, ("layer", "x", "cfg"))
+    return NORMS.register(name, fn, settings=settings, options=options, replace=replace)
+
+  return add
 
 
 def init(
@@ -175,7 +197,12 @@ def init(
   """Registers fn(params, cfg, key) -> params as `model.init = name`: an
   initialisation scheme, applied to the boxed parameters flax's init drew
   (txf.layers.inits.gpt2 is one); settings / options: as `position`'s."""
-  return INITS.decorator(name, settings=settings, options=options, replace=replace)
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.init", name, fn, ("params", "cfg", "key"))
+    return INITS.register(name, fn, settings=settings, options=options, replace=replace)
+
+  return add
 
 
 def activation(
@@ -191,6 +218,7 @@ def activation(
   settings / options: as `position`'s."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.activation", name, fn, ("x", "cfg"))
     entry = Activation(fn, gated=gated)
     ACTIVATIONS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=fn
@@ -208,6 +236,7 @@ def lm_task(name: str, *, replace: bool = False) -> Decorator:
   entry in txf.data.spec.GENERATED)."""
 
   def add(row: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.lm_task", name, row, ("rng", "seq_len", "num_symbols", "first_id"))
     GENERATED.register(name, RowTask(name, row), replace=replace, provider=row)
     return row
 
@@ -234,6 +263,9 @@ def text_source(
   """
 
   def add(load: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.text_source", name, load, ("argument", "split", "max_bytes"))
+    if describe is not None:
+      require_signature("register.text_source", name, describe, ("argument",))
     described = describe or (lambda arg: f"{name}:{arg} (registered)" if arg else name)
     entry = DocumentSource(load, described, argument=argument)
     TEXT.register(name, entry, replace=replace, provider=load)
@@ -300,13 +332,16 @@ def head(
     matmul_params: fn(cfg) -> the matmul weights it multiplies each token
       by (its kernels, and the vocabulary projection through
       embedder.attend: D * V), which the FLOP count of a run's throughput
-      (MFU) needs; a run with a head that declares none stops, naming it.
+      (MFU) needs; a model config choosing a head that declares none is
+      refused, naming it.
     settings: its settings dataclass, read through cfg.settings("head").
     options: or {setting: default}, read through cfg.option(setting).
     replace: replace an entry of that name.
   """
 
   def add(module: Any) -> Any:
+    if matmul_params is not None:
+      require_signature("register.head", name, matmul_params, ("cfg",))
     entry = OutputHead(module, tuple(tasks), tuple(families), matmul_params)
     HEADS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=module
@@ -321,17 +356,30 @@ def tokenizer(name: str, *, replace: bool = False) -> Decorator:
   name`, the tokenizer of the text datasets (spec: the checked
   txf.data.DataSpec; workdir: the run's work directory, where a tokenizer
   trained on the data is kept, or None outside a run). Built once a run, by
-  txf.data.make_tokenizer; txf's bytes, sentencepiece and hf are its entries too."""
-  return TOKENIZERS.decorator(name, replace=replace)
+  txf.data.make_tokenizer, which refuses a result that is not a Tokenizer;
+  txf's bytes, sentencepiece and hf are its entries too."""
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.tokenizer", name, fn, ("spec", "workdir"))
+    TOKENIZERS.register(name, CheckedTokenizer(name, fn), replace=replace, provider=fn)
+    return fn
+
+  return add
 
 
 def decay(name: str, *, replace: bool = False) -> Decorator:
   """Registers fn(phase) -> the learning rate after warmup as `train.decay =
   name`: phase, a txf.runconfig.optim.DecayPhase (peak, end_fraction, warmup W,
   steps D), the result a jax function of s = t - W, s >= 0 (an optax schedule;
-  warmup before it is txf's). It raises ValueError naming a train field whose
-  value it cannot take (rsqrt: train.warmup_steps = 0)."""
-  return DECAYS.decorator(name, replace=replace)
+  warmup before it is txf's; the run config's check refuses a result that is
+  not a function of one argument). It raises ValueError naming a train field
+  whose value it cannot take (rsqrt: train.warmup_steps = 0)."""
+
+  def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+    require_signature("register.decay", name, fn, ("phase",))
+    return DECAYS.register(name, fn, replace=replace)
+
+  return add
 
 
 def tracker(
@@ -359,6 +407,9 @@ def tracker(
   def add(start: Callable[..., Any]) -> Callable[..., Any]:
     if isinstance(start, type):  # a function's tracker is checked when it starts
       require_methods(TRACKERS.field, name, start, TRACKER_METHODS)
+    require_signature("register.tracker", name, start, ("workdir",))
+    if check is not None:
+      require_signature("register.tracker", name, check, ("workdir",))
     entry = TrackerKind(start, check=check, package=package, install=install)
     TRACKERS.register(name, entry, replace=replace, provider=start)
     return start
@@ -396,6 +447,18 @@ def task(
 
   def add(kind: Any) -> Any:
     require_methods(TASKS.field, name, kind, TASK_FUNCTIONS)
+    for function in TASK_FUNCTIONS:
+      require_signature("register.task", name, getattr(kind, function), ("batch",))
+    if hasattr(kind, "loss_sums"):
+      require_signature(
+        "register.task",
+        name,
+        kind.loss_sums,
+        ("logits", "labels", "weights"),
+        ("label_smoothing", "z_loss"),
+      )
+    if hasattr(kind, "metric_sums"):
+      require_signature("register.task", name, kind.metric_sums, ("logits", "labels", "weights"))
     entry = TaskKind(
       batches,
       kind.model_inputs,

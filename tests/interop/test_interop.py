@@ -469,7 +469,9 @@ def test_export_refuses_a_registered_head(tmp_path):
   from txf.models import LMHead
 
   with HEADS.scoped():
-    register.head("other_lm", tasks=("lm",), families=("decoder",))(LMHead)
+    register.head(
+      "other_lm", tasks=("lm",), families=("decoder",), matmul_params=HEADS["lm"].matmul_params
+    )(LMHead)
     cfg = ModelConfig(family="decoder", vocab_size=50, d_model=16, num_heads=2, num_layers=1)
     cfg = cfg.replace(head="other_lm", position="learned", scale_logits=False)
     with pytest.raises(CheckpointError, match=r"^model\.head: 'other_lm' has no Hugging Face"):

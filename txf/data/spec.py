@@ -6,7 +6,9 @@ registries. Below the parse the data pipeline takes the DataSpec; which
 dataset reads which field is tabulated in txf/data/__init__.py.
 """
 
+import dataclasses
 import os
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -220,6 +222,27 @@ GENERATED.share_names(TEXT)
 # registers others (txf.register.tokenizer).
 TokenizerBuilder = Callable[[DataSpec, str | os.PathLike | None], Tokenizer]
 TOKENIZERS: Registry[TokenizerBuilder] = Registry("data.tokenizer", builtins="txf.data.pipeline")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedTokenizer:
+  """A data.tokenizer entry user code registered (txf.register.tokenizer):
+  its builder, called as a TokenizerBuilder, whose result must be a
+  Tokenizer. A run builds it before it writes anything (txf.train.run_setup
+  fit_vocabulary), so a builder giving something else is a config error
+  there, not an AttributeError later. Equal for the same builder: a module
+  imported twice registers the same entry again."""
+
+  name: str
+  build: TokenizerBuilder
+
+  def __call__(self, spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
+    tokenizer = self.build(spec, workdir)
+    if not isinstance(tokenizer, Tokenizer):
+      raise ValueError(
+        f"data.tokenizer {self.name!r}: gave {reprlib.repr(tokenizer)}, not a txf.data.Tokenizer"
+      )
+    return tokenizer
 
 
 def text_source(name: Any) -> TextSource | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from txf import checks
-from txf.choices import Registry, setting_defaults, share_settings
+from txf.choices import Registry, reserve_setting_names, setting_defaults, share_settings
 from txf.fields import documented, section
 from txf.layers import positions
 from txf.ops.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
@@ -61,7 +61,8 @@ class OutputHead:
     families: the model.family values that carry it.
     matmul_params: fn(cfg) -> the matmul weights it multiplies each token by
       (txf.analysis.counts.matmul_params, for a run's FLOPs per token and
-      MFU); None: not declared, and a run with it stops naming model.head.
+      MFU); None: not declared, and a ModelConfig choosing it is refused,
+      naming model.head.
   """
 
   module: Any
@@ -456,7 +457,14 @@ class ModelConfig:
       )
 
   def _check_head(self) -> None:
-    HEADS[self.head]  # an unknown head: the registry's one-line error
+    """model.head: a registered head that fits model.family and declares its
+    matmul_params, which the run's FLOPs per token need (found here, in one
+    line, not at the run's start)."""
+    if HEADS[self.head].matmul_params is None:  # an unknown head: the registry's error
+      raise ValueError(
+        f"model.head: {self.head!r} declares no matmul_params (txf.register.head), so the "
+        "FLOPs per token of a model with it are not known"
+      )
     if self.head not in family_heads(self.family):
       raise ValueError(
         f"model.head: {self.head!r} does not fit model.family={self.family!r} "
@@ -547,6 +555,16 @@ class ModelConfig:
     options = {**self.options, **changes.pop("options", {})}
     return dataclasses.replace(self, **{**rederived, **changes, "options": options})
 
+
+# A setting named as a field would sit beside it (model.d_model and
+# model.options.d_model): refused at registration.
+reserve_setting_names(
+  {
+    field.name: f"a ModelConfig field (model.{field.name})"
+    for field in dataclasses.fields(ModelConfig)
+  },
+  *REGISTRY_FIELDS.values(),
+)
 
 T = TypeVar("T")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import reprlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from txf import checks
-from txf.choices import Registry
+from txf.choices import Registry, can_call
 
 if TYPE_CHECKING:  # run_config's TrainConfig builds its optimizer here
   from txf.runconfig.run_config import TrainConfig
@@ -87,8 +88,8 @@ class DecayPhase:
 # The decays by train.decay: txf's (below) and those user code registers
 # (txf.register.decay). An entry is fn(DecayPhase) -> the schedule after
 # warmup, a jax function of s = t - W (s >= 0; join_schedules also evaluates
-# it, and discards it, for s < 0); it raises ValueError naming the train field
-# whose value it cannot take.
+# it, and discards it, for s < 0; make_schedule refuses anything else); it
+# raises ValueError naming the train field whose value it cannot take.
 DECAYS: Registry[Callable[[DecayPhase], optax.Schedule]] = Registry("train.decay")
 
 
@@ -136,7 +137,8 @@ def make_schedule(train_config: TrainConfig) -> optax.Schedule:
   phase is empty and D is taken as 1.
 
   Raises:
-    ValueError: naming the offending `train.<field>`.
+    ValueError: naming the offending `train.<field>`, or `train.decay
+      'name'` for a decay that gives no schedule.
   """
   peak = _number(train_config, "learning_rate")
   warmup = checks.int_at_least(_field(train_config, "warmup_steps"), "train.warmup_steps", 0)
@@ -144,10 +146,18 @@ def make_schedule(train_config: TrainConfig) -> optax.Schedule:
   end_fraction = _number(train_config, "end_lr_fraction")
   _check(0 < peak < float("inf"), "learning_rate", "positive and finite", peak)
   _check(0 <= end_fraction <= 1, "end_lr_fraction", "in [0, 1]", end_fraction)
-  decay = DECAYS[_field(train_config, "decay")]
+  name = _field(train_config, "decay")
+  decay = DECAYS[name]
 
   warmup = fitted_warmup(warmup, total)
   after_warmup = decay(DecayPhase(peak, end_fraction, warmup, max(total - warmup, 1)))
+  # A registered decay's result is called only in the compiled step, after
+  # the run directory is written: checked here, with the config.
+  if not can_call(after_warmup, 0):
+    raise ValueError(
+      f"train.decay {name!r}: gave {reprlib.repr(after_warmup)}, not a schedule "
+      "(a function of the step s after warmup)"
+    )
   if warmup == 0:
     return after_warmup
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
