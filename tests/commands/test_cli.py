@@ -126,13 +126,14 @@ def test_a_sigterm_while_a_command_writes_removes_its_temporary_and_exits_143(tm
   between the first file's temporary and the second's."""
   code = (
     "import os, signal, sys\n"
-    "from txf.commands.cli import run_command\n"
+    "from txf.commands.cli import command_started, run_command\n"
     "from txf.storage import write_files\n"
     "class Terminating(str):\n"
     "  def encode(self, *args):\n"
     "    os.kill(os.getpid(), signal.SIGTERM)\n"
     "    return b'second'\n"
     "def main(argv):\n"
+    "  command_started()  # as a command that starts jax itself does\n"
     "  write_files({sys.argv[1] + '/a.txt': 'first', sys.argv[1] + '/b.txt': Terminating('b')})\n"
     "  print('not reached')\n"
     "sys.argv[1:] = [sys.argv[1]]\n"
@@ -148,6 +149,73 @@ def test_a_sigterm_while_a_command_writes_removes_its_temporary_and_exits_143(tm
   assert result.returncode == cli.TERMINATED_STATUS, result.stderr
   assert result.stderr.strip().splitlines() == ["terminated"] and not result.stdout
   assert os.listdir(tmp_path) == []
+
+
+def run_python(code, *args):
+  return subprocess.run(
+    [sys.executable, "-c", code, *map(str, args)],
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+    cwd=REPO,
+  )
+
+
+def test_a_ctrl_c_while_txf_run_starts_jax_ends_it_before_it_trains(tmp_path):
+  """txf-run starts jax itself (jax.distributed first): a Ctrl-C there,
+  which an import can swallow as this patched start does, let the run train
+  to its end, exit 0."""
+  code = (
+    "import os, signal, sys, time\n"
+    "import txf.commands.run as command\n"
+    "started = command.start_jax\n"
+    "def swallowing():\n"
+    "  try:\n"
+    "    os.kill(os.getpid(), signal.SIGINT)\n"
+    "    time.sleep(2)\n"
+    "  except KeyboardInterrupt:\n"
+    "    pass\n"
+    "  return started()\n"
+    "command.start_jax = swallowing\n"
+    "sys.argv = ['txf-run', '--config=rope', '--workdir=' + sys.argv[1],\n"
+    "            '--config.train.steps=2', '--config.model.num_layers=1']\n"
+    "command.cli()\n"
+  )
+  result = run_python(code, tmp_path / "run")
+  assert result.returncode == cli.INTERRUPTED_STATUS, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == "interrupted"
+  assert not (tmp_path / "run").exists()
+
+
+def test_run_command_puts_the_signal_handlers_back_and_keeps_an_ignored_one(tmp_path):
+  """From Python: after run_command (its main run, or a flag error) the
+  handlers are those before it (SIGTERM raised Terminated ever after); a
+  SIGINT the process ignores (a background job's) stays ignored while the
+  command starts (it exited 130)."""
+  code = (
+    "import os, signal, sys, time\n"
+    "from txf.commands.cli import run_command\n"
+    "def main(argv):\n"
+    "  print('main', flush=True)\n"
+    "for argv in (['cmd'], ['cmd', '--no_such_flag']):\n"
+    "  sys.argv = argv\n"
+    "  try:\n"
+    "    run_command(main, starts_jax=False)\n"
+    "  except SystemExit:\n"
+    "    pass\n"
+    "  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\n"
+    "  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "def ignoring(argv):\n"
+    "  os.kill(os.getpid(), signal.SIGINT)\n"
+    "  time.sleep(0.2)\n"
+    "  print('ignored', flush=True)\n"
+    "sys.argv = ['cmd']\n"
+    "run_command(ignoring, starts_jax=False)\n"
+  )
+  result = run_python(code)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ["main", "ignored"]
 
 
 @pytest.mark.parametrize("case", list(CONFIG_ERRORS))

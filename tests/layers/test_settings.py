@@ -120,7 +120,7 @@ def test_a_run_notes_a_setting_given_that_no_chosen_entry_reads():
   config.model.options.rope_base = 500.0
   assert parse(config).notes == (
     "model.options.rope_base=500.0 changes nothing: no chosen entry reads it "
-    "(only model.position 'rope', 'rope_ntk' read it)",
+    "(read by model.position 'rope', 'rope_ntk' only)",
   )
   config.model.position = "rope"
   assert parse(config).notes == ()

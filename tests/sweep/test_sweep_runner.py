@@ -500,6 +500,12 @@ def test_summarize_only_before_any_point_evaluated_writes_the_tables_and_no_plot
       r"^point 1 \(position=alibi,rope_base=500.0\) trains the same run as point 0 "
       r"\(position=alibi,rope_base=10000.0\): model.options.rope_base is read by no entry",
     ),
+    # Both warmups are longer than the run: clamped to the same one.
+    (
+      {"train.warmup_steps": [2000, 3000]},
+      r"^point 1 \(warmup_steps=3000\) trains the same run as point 0 \(warmup_steps=2000\): "
+      r"their train.warmup_steps resolve to the same run config$",
+    ),
   ],
 )
 def test_an_invalid_point_stops_the_sweep_before_anything_trains(

@@ -257,7 +257,7 @@ def test_a_choice_from_a_module_that_cannot_be_imported_again_is_warned_of(tmp_p
     record.RunRecord(tmp_path / "builtin", log=quiet.append).start(parse(tiny_config()), 0)
   assert lines == [
     "warning: model.norm 'inline' comes from txf_config_inline_cfg, which later commands "
-    "(txf-generate, txf-analyze, txf-export, txf-extrapolate, a resume) cannot import: "
+    "(txf-generate, txf-analyze, txf-export, txf-extrapolate) cannot import: "
     "register it in a module beside the config file and import that"
   ]
   assert quiet == []

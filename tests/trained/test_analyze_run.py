@@ -290,6 +290,10 @@ def test_analysis_of_an_encoder_run_has_no_induction_score(encoder_run):
   the heatmap was written); the other scores are the batch's."""
   record = analyze_run(encoder_run)
   assert record["periods"] is None
+  saved = json.loads((encoder_run / ANALYSIS_DIR / head_analysis.RECORD_JSON).read_text())
+  assert (saved["periods"], saved["probe_seed"]) == (None, None)  # no probe was drawn
+  with pytest.raises(ValueError, match="^periods: the model has no causal self-attention"):
+    analyze_run(encoder_run, periods=[3, 5])
   rows = read_csv(encoder_run)
   assert [(row["attention"], int(row["layer"]), int(row["head"])) for row in rows] == [
     ("self", 0, 0),

@@ -24,6 +24,7 @@ import signal
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -300,26 +301,54 @@ def _exit_at_once(stderr: int, signum: int, frame) -> NoReturn:
   os._exit(128 + signum)
 
 
+# While a command starts: the `started()` of `_exits_at_once_while_starting`.
+_STARTING: list[Callable[[], None]] = []
+
+
+def command_started() -> None:
+  """Ends the command's start: from here on a Ctrl-C is a KeyboardInterrupt
+  and a SIGTERM `Terminated` (until the command installs handlers of its
+  own: txf-run's and txf-sweep's save). `run_command` calls it as `main`
+  begins, after `start_jax` where it starts jax; a command that starts jax
+  itself (starts_jax=False) calls it once it has, before anything it could
+  leave half-written (txf-run: before its PreemptionGuard)."""
+  while _STARTING:
+    _STARTING.pop()()
+
+
 @contextlib.contextmanager
 def _exits_at_once_while_starting():
-  """SIGINT and SIGTERM end the command at once (`_exit_at_once`) until the
-  yielded `started()` is called, as `main` begins; then a Ctrl-C is a
-  KeyboardInterrupt again and a SIGTERM `Terminated` (a command may install
-  handlers of its own after that: txf-run's and txf-sweep's save)."""
+  """SIGINT and SIGTERM end the command at once (`_exit_at_once`) until
+  `command_started()`; the handlers before it are put back on leaving. A
+  signal the command was started ignoring (a background job's SIGINT) stays
+  ignored; off the main thread (run_command from Python) nothing changes."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
   stderr = os.dup(2)
   handler = functools.partial(_exit_at_once, stderr)
-  previous = {signum: signal.signal(signum, handler) for signum in _STARTUP_SIGNALS}
+  # None: a handler not set from Python, which signal.signal cannot put back.
+  previous = {
+    signum: signal.SIG_DFL if signal.getsignal(signum) is None else signal.getsignal(signum)
+    for signum in _STARTUP_SIGNALS
+  }
+  for signum, before in previous.items():
+    if before != signal.SIG_IGN:
+      signal.signal(signum, handler)
 
   def started() -> None:
-    signal.signal(signal.SIGINT, previous[signal.SIGINT])
-    sigterm = previous[signal.SIGTERM]
-    signal.signal(signal.SIGTERM, _raise_terminated if sigterm == signal.SIG_DFL else sigterm)
+    if previous[signal.SIGINT] != signal.SIG_IGN:
+      signal.signal(signal.SIGINT, previous[signal.SIGINT])
+    if previous[signal.SIGTERM] == signal.SIG_DFL:
+      signal.signal(signal.SIGTERM, _raise_terminated)
 
+  _STARTING.append(started)
   try:
-    yield started
+    yield
   finally:
-    if signal.getsignal(signal.SIGINT) is handler:  # main never began (--help, a flag error)
-      started()
+    _STARTING.clear()
+    for signum, before in previous.items():
+      signal.signal(signum, before)
     os.close(stderr)
 
 
@@ -336,7 +365,7 @@ def run_command(
   Ctrl-C that reaches it (while a config loads, at startup, a second one
   in a run) is one line, `interrupted`, and exit 130, a SIGTERM the command
   does not handle itself `terminated` and exit 143 (each at once until
-  `main` begins: `_exits_at_once_while_starting`); XLA's out-of-memory
+  `command_started`: `_exits_at_once_while_starting`); XLA's out-of-memory
   error is one line, `out of memory: ...`, and exit 1 (txf-run refuses a
   model or sample far past the device's memory before any compute, exit 2:
   txf.train.run_setup.check_memory); a closed stdout ends it quietly (exit 141),
@@ -353,7 +382,7 @@ def run_command(
       plugins' noise) after the flags are parsed and before `main`; False
       for a command that must set jax up first and then calls `start_jax`
       itself (txf-run: jax.distributed) or that chooses its own platforms
-      (txf-compile).
+      (txf-compile), and then `command_started`.
   """
   # absl's --help prints the main module's docstring and key flags: the
   # command's, also when a thin entry point (experiments/<command>.py, a
@@ -364,8 +393,8 @@ def run_command(
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   parse = functools.partial(parse_flags, arguments=arguments, required=required)
   try:
-    with _exits_at_once_while_starting() as started:
-      app.run(_once_started(main, started, starts_jax), flags_parser=parse)
+    with _exits_at_once_while_starting():
+      app.run(_once_started(main) if starts_jax else main, flags_parser=parse)
   except KeyboardInterrupt:
     # Background threads (a checkpoint's writers) must not hold the exit.
     exit_now(INTERRUPTED_STATUS, "interrupted")
@@ -391,17 +420,13 @@ def run_command(
     exit_now(1, f"write error: stdout: {reason}")
 
 
-def _once_started(
-  main: Callable[[list[str]], None], started: Callable[[], None], starts_jax: bool
-) -> Callable[[list[str]], None]:
-  """`main`, run after `start_jax` where `starts_jax`, and after `started()`
-  (`_exits_at_once_while_starting`)."""
+def _once_started(main: Callable[[list[str]], None]) -> Callable[[list[str]], None]:
+  """`main`, run after `start_jax` and `command_started`."""
 
   @functools.wraps(main)
   def run_main(argv: list[str]) -> None:
-    if starts_jax:
-      start_jax()
-    started()
+    start_jax()
+    command_started()
     main(argv)
 
   return run_main

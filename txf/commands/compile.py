@@ -55,6 +55,7 @@ import pathlib
 from absl import flags, logging
 
 from txf.commands.cli import (
+  command_started,
   define_config_flag,
   fail,
   loaded_config_file,
@@ -127,6 +128,7 @@ def main(argv) -> None:
     devices = target.devices()
   except (ValueError, ImportError) as error:
     fail("target", error)
+  command_started()  # a Ctrl-C in the compiles is KeyboardInterrupt: --json/--hlo stay whole
   print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
     try:

@@ -55,6 +55,7 @@ from txf.commands.cli import (
   CONFIG_DIRECTORY,
   INTERRUPTED_STATUS,
   ConfigFileParser,
+  command_started,
   config_files_help,
   default_workdir,
   define_config_flag,
@@ -224,6 +225,7 @@ def main(argv) -> None:
   require_config_kind("run")
   config_file = loaded_config_file()
   if _PRINT_CONFIG.value:
+    command_started()  # its tokenizer is trained in a temporary directory, removed on Ctrl-C
     try:
       run = resolved_run(_CONFIG.value)
     except ValueError as error:  # ConfigError too
@@ -249,6 +251,7 @@ def main(argv) -> None:
     fail("flag", error)
   print(f"config: {config_file}", flush=True)
   print(start_jax(), flush=True)  # after jax.distributed, which must start first
+  command_started()  # until here a signal ends the run at once; now the guard takes them
   with run_errors(), PreemptionGuard() as guard:
     run(
       parse(_CONFIG.value),

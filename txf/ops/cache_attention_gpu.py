@@ -75,9 +75,9 @@ _NUM_WARPS = 4
 _BLOCK_ELEMENTS = 8192
 _MIN_BLOCK, _MAX_BLOCK = 16, 256
 # normalize_project_and_attend: the elements of each kernel's block of rows
-# one instance loads at once (3 x 8 KiB of bfloat16 in flight: 48 values a
-# thread, which leaves registers for the products), and its warps (the
-# attention's block sizes fit 4 warps' registers, so 8 do too). Untuned.
+# one instance loads at once (3 x 8 KiB of bfloat16 in flight), and its
+# warps: at 8 warps Triton's code for an H100 spills no register (ptxas;
+# at 4 it spills: docs/benchmarks.md). The block size is untuned.
 _PRODUCT_ELEMENTS = 4096
 _NORMALIZED_NUM_WARPS = 8
 

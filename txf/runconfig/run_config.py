@@ -377,7 +377,7 @@ def _unread_options(section: ConfigSection, model: ModelConfig) -> tuple[str, ..
   defaults = default_options()
   return tuple(
     f"model.options.{name}={value!r} changes nothing: no chosen entry reads it "
-    f"(only {setting_owners(name)} read it)"
+    f"(read by {setting_owners(name)} only)"
     for name, value in options.items()
     if name not in model.options and name in defaults and value != defaults[name]
   )

@@ -403,8 +403,8 @@ class RunRecord:
       if not choice["builtin"] and choice["path"] is None:
         self._log(
           f"warning: {field} {choice['name']!r} comes from {choice['module']}, which later "
-          "commands (txf-generate, txf-analyze, txf-export, txf-extrapolate, a resume) "
-          "cannot import: register it in a module beside the config file and import that"
+          "commands (txf-generate, txf-analyze, txf-export, txf-extrapolate) cannot "
+          "import: register it in a module beside the config file and import that"
         )
 
   def end(self, how: str, end_step: int | None = None) -> None:

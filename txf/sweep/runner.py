@@ -134,10 +134,10 @@ def check_point_config(config: ml_collections.ConfigDict) -> RunConfig:
 
 
 def _check_distinct(points: Sequence[Point], runs: Sequence[RunConfig]) -> None:
-  """Refuses two points that train the same run: their grid settings differ
-  only where no entry they choose reads them (a model.options setting of
-  an encoding only some points choose), so results.md would compare a run
-  with itself.
+  """Refuses two points that train the same run: their grid settings resolve
+  to one run config (a model.options setting no entry they choose reads, a
+  warmup clamped to the run's steps, a derived field given its derived
+  value), so results.md would compare a run with itself.
 
   Raises:
     GridError: naming both points and the settings that change nothing.
@@ -146,13 +146,18 @@ def _check_distinct(points: Sequence[Point], runs: Sequence[RunConfig]) -> None:
   for point, run in zip(points, runs, strict=True):
     earlier = first_of.setdefault(run, point)
     if earlier is not point:
-      unread = [
+      differing = [
         path for path in point.overrides if point.overrides[path] != earlier.overrides.get(path)
       ]
+      why = (
+        f"{', '.join(differing)} is read by no entry they choose; zip such a setting with "
+        "the choice that reads it (docs/sweeps.md)"
+        if all(path.startswith("model.options.") for path in differing)
+        else f"their {', '.join(differing)} resolve to the same run config"
+      )
       raise GridError(
         f"point {point.index} ({point.name}) trains the same run as point {earlier.index} "
-        f"({earlier.name}): {', '.join(unread)} is read by no entry they choose; "
-        "zip such a setting with the choice that reads it (docs/sweeps.md)"
+        f"({earlier.name}): {why}"
       )
 
 
@@ -432,7 +437,8 @@ def run_sweep(
     extrapolate = None
   points = grid.expand(sweep_config)
   runs = grid.validate(points, check_point_config)
-  _check_distinct(points, runs)
+  if not summarize_only:  # what such a sweep trained before can still be summarised
+    _check_distinct(points, runs)
   if extrapolate is not None and settings.extrapolate_tokens is not None:
     _check_extrapolate_tokens(points, settings.extrapolate_tokens)
   # A summary reads every point (an array job's index is the training's).

@@ -494,6 +494,8 @@ def analyze_run(
   causal = [kind for kind in shapes if _is_causal(setup, kind)]
   if ablate is not None and not causal:
     raise ValueError("ablate: the model has no causal self-attention to ablate")
+  if periods is not None and not causal:
+    raise ValueError("periods: the model has no causal self-attention to probe for induction")
   ids = None
   if causal:
     ids = _probe_ids(setup, causal[0], batches)
@@ -609,7 +611,10 @@ def analyze_run(
   which = f" (replica {replica} of {len(seeds)}, seed {seeds[replica]})" if len(seeds) > 1 else ""
   table = _markdown(scores, f"{run.step}{which}", baseline, periods, len(batches), roles, group)
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
-  settings = dict(step=run.step, replica=replica, probe_seed=seed, periods=periods)
+  # Without causal attention there is no probe: its seed was not used.
+  settings = dict(
+    step=run.step, replica=replica, probe_seed=seed if causal else None, periods=periods
+  )
   files.append(_settle(out, settings, files, earlier, log))
   if log is not None:
     log("wrote " + ", ".join(str(path) for path in files))
