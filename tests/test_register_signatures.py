@@ -6,13 +6,13 @@ is checked, before the run directory is written), a head without
 matmul_params (when a model config chooses it), and a setting named as a
 ModelConfig field."""
 
-import contextlib
 import dataclasses
 import re
 import types
 
 import optax
 import pytest
+from test_register_checks import Recorder, scoped
 
 from conftest import repo_commands, tiny_config
 from txf import register
@@ -31,38 +31,6 @@ from txf.runconfig import optim
 from txf.runconfig.run_config import ConfigError, parse
 from txf.runconfig.tracker_kinds import TRACKERS
 from txf.train.run_setup import fit_vocabulary
-
-
-@contextlib.contextmanager
-def scoped(*registries):
-  """The registrations made in the block, undone at its end."""
-  with contextlib.ExitStack() as stack:
-    for registry in registries:
-      stack.enter_context(registry.scoped())
-    yield
-
-
-class Recorder:
-  """A tracker with every method txf calls."""
-
-  def __init__(self, workdir):
-    pass
-
-  def log_config(self, config):
-    pass
-
-  def log_metrics(self, step, scalars):
-    pass
-
-  def log_sample(self, step, text):
-    pass
-
-  def log_summary(self, metrics):
-    pass
-
-  def close(self):
-    pass
-
 
 ALL = (NORMS, ACTIVATIONS, INITS, POSITIONS, GENERATED, TEXT, TOKENIZERS, optim.DECAYS)
 ALL += (TRACKERS, TASKS, HEADS)

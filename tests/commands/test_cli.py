@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from test_register_checks import Recorder
 
 from command_server import CommandServer
 from conftest import REPO, cli_env, cli_overrides, flatten, load_config, repo_commands, tiny_config
@@ -400,17 +401,6 @@ def test_print_config_lists_the_choices_user_code_registers():
   # txf's own choices are never labelled registered (data.name's generated
   # datasets and model.dtype's bfloat16 were).
   assert not any("(registered" in doc for doc in before.values())
-
-
-class Recorder:
-  """A tracker with every method txf calls."""
-
-  def __init__(self, workdir): ...
-  def log_config(self, config): ...
-  def log_metrics(self, step, scalars): ...
-  def log_sample(self, step, text): ...
-  def log_summary(self, summary): ...
-  def close(self): ...
 
 
 class Suffix:
