@@ -195,7 +195,7 @@ def test_run_command_puts_the_signal_handlers_back_and_keeps_an_ignored_one(tmp_
   command starts (it exited 130)."""
   code = (
     "import os, signal, sys, time\n"
-    "from txf.commands.cli import run_command\n"
+    "from txf.commands.cli import command_started, run_command\n"
     "def main(argv):\n"
     "  print('main', flush=True)\n"
     "for argv in (['cmd'], ['cmd', '--no_such_flag']):\n"
@@ -207,16 +207,22 @@ def test_run_command_puts_the_signal_handlers_back_and_keeps_an_ignored_one(tmp_
     "  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL\n"
     "  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
     "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "def own(signum, frame):\n"
+    "  print('own handler', flush=True)\n"
+    "signal.signal(signal.SIGTERM, own)\n"
     "def ignoring(argv):\n"
     "  os.kill(os.getpid(), signal.SIGINT)\n"
     "  time.sleep(0.2)\n"
     "  print('ignored', flush=True)\n"
+    "  command_started()  # a SIGTERM handler of the process's own: its again\n"
+    "  os.kill(os.getpid(), signal.SIGTERM)\n"
+    "  time.sleep(0.2)\n"
     "sys.argv = ['cmd']\n"
     "run_command(ignoring, starts_jax=False)\n"
   )
   result = run_python(code)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.split() == ["main", "ignored"]
+  assert result.stdout.splitlines() == ["main", "ignored", "own handler"]
 
 
 @pytest.mark.parametrize("case", list(CONFIG_ERRORS))

@@ -337,10 +337,11 @@ def _exits_at_once_while_starting():
       signal.signal(signum, handler)
 
   def started() -> None:
-    if previous[signal.SIGINT] != signal.SIG_IGN:
-      signal.signal(signal.SIGINT, previous[signal.SIGINT])
-    if previous[signal.SIGTERM] == signal.SIG_DFL:
-      signal.signal(signal.SIGTERM, _raise_terminated)
+    for signum, before in previous.items():
+      if before == signal.SIG_IGN:
+        continue
+      default_term = signum == signal.SIGTERM and before == signal.SIG_DFL
+      signal.signal(signum, _raise_terminated if default_term else before)
 
   _STARTING.append(started)
   try:
