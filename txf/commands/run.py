@@ -143,9 +143,13 @@ def field_docs() -> dict[str, str]:
     return [(name, values.provenance(name)["builtin"]) for name in values.names()]
 
   choices = {f"model.{name}": own(values) for name, values in model_config.CHOICES.items()}
+  # A text source that takes an argument is listed by its form ('files:PATH_OR_GLOB').
   choices["data.name"] = own(GENERATED) + [
-    (name if entry.argument is None else f"{name}:{entry.argument}", builtin)
-    for (name, entry), (_, builtin) in zip(TEXT.items(), own(TEXT), strict=True)
+    (
+      name if entry.argument is None else f"{name}:{entry.argument}",
+      TEXT.provenance(name)["builtin"],
+    )
+    for name, entry in TEXT.items()
   ]
   registries = {"data.task": TASKS, "data.tokenizer": TOKENIZERS, "train.decay": DECAYS}
   choices.update({field: own(registry) for field, registry in registries.items()})

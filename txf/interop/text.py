@@ -25,7 +25,6 @@ from txf.data.tokenizers import HFTokenizer
 from txf.interop.checkpoint import Pretrained
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, file_inside, read_json
-from txf.layers.model_config import HEADS
 from txf.models import pool
 
 MODULES = "modules.json"  # a sentence-transformers directory's list of modules
@@ -182,10 +181,11 @@ def generate_text(
       **sampling,
     )
     return np.asarray(generated_BxT)[:, 1:]
-  if cfg.family not in ("decoder", "lstm") or "lm" not in HEADS[cfg.head].tasks:
+  # A head without next-token logits: decode.generate's check_generative says so.
+  if cfg.family not in ("decoder", "lstm"):
     raise ValueError(
       f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
-      f"LM head or an encoder-decoder; model.head {cfg.head!r} is not one of data.task 'lm')"
+      "LM head or an encoder-decoder)"
     )
   if prompt_lengths_B is None:
     real_BxP = prompt_BxP != cfg.pad_id
