@@ -306,6 +306,46 @@ def test_analysis_of_an_encoder_run_has_no_induction_score(encoder_run):
   assert "- induction: n/a (the model has no causal self-attention)" in record["table"]
 
 
+def analysis_files(workdir):
+  """{name: bytes} of the run's analysis/ directory."""
+  out = pathlib.Path(workdir) / ANALYSIS_DIR
+  return {p.name: p.read_bytes() for p in sorted(out.iterdir())} if out.exists() else {}
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_failure_while_computing_leaves_the_previous_analysis(encoder_run, monkeypatch):
+  """Every file is written after every score is computed: a failure in the
+  ablation (after the heatmaps were drawn) leaves analysis/ as it was (the
+  heatmap was written first, beside the old scores)."""
+  analyze_run(encoder_run)
+  # Marked, as this analysis's heatmap would be drawn the same again.
+  (encoder_run / ANALYSIS_DIR / attention_png("self")).write_bytes(b"the earlier heatmap")
+  before = analysis_files(encoder_run)
+
+  def failing(*args, **kwargs):
+    raise RuntimeError("the ablation failed")
+
+  monkeypatch.setattr(head_analysis, "head_ablation", failing)
+  with pytest.raises(RuntimeError, match="the ablation failed"):
+    analyze_run(encoder_run, seed=1)
+  assert analysis_files(encoder_run) == before
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_only_what_its_checks_refuse(encoder_run, commands):
+  """A ValueError from the checks is one line and exit 2; one raised after
+  them is a fault of txf's: its traceback and exit 1 (it was `analyze error:
+  ...`, exit 2, reading as a refused flag)."""
+  fault = ("tests.faulty_command", "txf.commands.analyze", "txf.trained.head_analysis", "analyze")
+  done = commands.run(*fault, f"--workdir={encoder_run}", timeout=300)
+  assert done.returncode == 1, done.stderr[-3000:]
+  assert done.stderr.rstrip().endswith("ValueError: a fault while computing")
+  assert "Traceback" in done.stderr
+  done = commands.run(*fault, f"--workdir={encoder_run}", "--periods=3,5", timeout=300)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.startswith("analyze error: ")
+
+
 @pytest.mark.slow  # its fixture trains a run
 def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
   before = digests(seq2seq_run)

@@ -168,6 +168,26 @@ def test_a_directory_without_a_run_is_refused(tmp_path):
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_refuses_only_what_its_checks_refuse(trained, commands):
+  """A ValueError from the checks is one line and exit 2; one raised after
+  them is a fault of txf's: its traceback and exit 1 (it was `extrapolate error:
+  ...`, exit 2, reading as a refused flag)."""
+  fault = (
+    "tests.faulty_command",
+    "txf.commands.extrapolate",
+    "txf.trained.extrapolate",
+    "extrapolate",
+  )
+  done = commands.run(*fault, f"--workdir={trained}", timeout=300)
+  assert done.returncode == 1, done.stderr[-3000:]
+  assert done.stderr.rstrip().endswith("ValueError: a fault while computing")
+  assert "Traceback" in done.stderr
+  done = commands.run(*fault, f"--workdir={trained}", "--stride=33", timeout=300)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.startswith("extrapolate error: ")
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
 def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   config_json = (trained / "config.json").read_bytes()
   for name in OUTPUTS:

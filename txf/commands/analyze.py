@@ -24,12 +24,15 @@ A progress line per head's ablation goes to stderr as it is done. An
 invalid argument, a directory without a trained run, one that cannot be
 written (a read-only file system) or one held by another process (a run
 still training there) exits 2 with one line naming it, before anything is
-computed. A file that cannot be written (a full disk) exits 1 with one line
-(`write error: PATH: ...`); every file is written atomically, so none is
-left cut.
+computed. Nothing is written until everything is computed: a failure
+leaves the previous analysis as it was. A file that cannot be written (a
+full disk) exits 1 with one line (`write error: PATH: ...`); every file is
+written atomically, so none is left cut.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from absl import flags, logging
 
@@ -77,25 +80,25 @@ def _periods(values: list[str] | None) -> list[int] | None:
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.train.run_setup import adding_to_run
-  from txf.trained.head_analysis import analyze_run
+  from txf.trained.head_analysis import analyze, check_analysis
 
   logging.set_verbosity(logging.WARNING)
-  with run_errors():
+  with run_errors(), contextlib.ExitStack() as held:
     try:
-      with adding_to_run(_WORKDIR.value) as workdir:
-        record = analyze_run(
-          workdir,
-          num_batches=_NUM_BATCHES.value,
-          periods=_periods(_PERIODS.value),
-          seed=_SEED.value,
-          replica=_REPLICA.value,
-          ablate=_ABLATE.value,
-          circuits=_CIRCUITS.value,
-          checkpoints=_CHECKPOINTS.value,
-          log=progress,
-        )
-    except ValueError as error:  # ConfigError too
+      workdir = held.enter_context(adding_to_run(_WORKDIR.value))
+      request = check_analysis(
+        workdir,
+        num_batches=_NUM_BATCHES.value,
+        periods=_periods(_PERIODS.value),
+        seed=_SEED.value,
+        replica=_REPLICA.value,
+        ablate=_ABLATE.value,
+        circuits=_CIRCUITS.value,
+        checkpoints=_CHECKPOINTS.value,
+      )
+    except ValueError as error:  # ConfigError too; after the checks a ValueError is a fault
       fail("analyze", error)
+    record = analyze(request, log=progress)
   print(record["table"], end="")
 
 

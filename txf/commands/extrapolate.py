@@ -19,6 +19,8 @@ extrapolation.json intact.
 
 from __future__ import annotations
 
+import contextlib
+
 from absl import flags, logging
 
 from txf.commands.cli import fail, progress, run_command, run_errors
@@ -40,21 +42,22 @@ _NUM_TOKENS = flags.DEFINE_integer(
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.train.run_setup import adding_to_run
-  from txf.trained.extrapolate import extrapolate_run, format_table
+  from txf.trained.extrapolate import check_extrapolation, extrapolate, format_table
 
   logging.set_verbosity(logging.WARNING)
   try:
     factors = [int(factor) for factor in _FACTORS.value]
   except ValueError:
     fail("flag", f"factors: not a list of integers: {','.join(_FACTORS.value)}")
-  with run_errors():
+  with run_errors(), contextlib.ExitStack() as held:
     try:
-      with adding_to_run(_WORKDIR.value) as workdir:
-        record = extrapolate_run(
-          workdir, factors, stride=_STRIDE.value, num_tokens=_NUM_TOKENS.value, log=progress
-        )
-    except ValueError as error:  # ConfigError too
+      workdir = held.enter_context(adding_to_run(_WORKDIR.value))
+      request = check_extrapolation(
+        workdir, factors, stride=_STRIDE.value, num_tokens=_NUM_TOKENS.value
+      )
+    except ValueError as error:  # ConfigError too; after the checks a ValueError is a fault
       fail("extrapolate", error)
+    record = extrapolate(request, log=progress)
   print(format_table(record))
 
 

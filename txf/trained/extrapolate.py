@@ -22,6 +22,7 @@ tells a sweep that the point is extrapolated, is never cut and comes last.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -83,42 +84,35 @@ def _none_if_nan(values: Any) -> list[float | None]:
   return [None if math.isnan(v) else float(v) for v in values]
 
 
-def extrapolate_run(
+@dataclasses.dataclass(frozen=True)
+class ExtrapolationRequest:
+  """An evaluation checked against its run (`check_extrapolation`): the run,
+  the validation tokens it scores and extrapolation.json's settings."""
+
+  workdir: epath.Path
+  run: TrainedRun
+  tokens_N: np.ndarray
+  batch_tokens: int
+  settings: dict[str, Any]  # step, train_length, factors, lengths, num_tokens, stride, ...
+
+
+def check_extrapolation(
   workdir: str | os.PathLike,
   factors: Sequence[int] = DEFAULT_FACTORS,
   *,
   stride: int | None = None,
   num_tokens: int | None = None,
   batch_tokens: int | None = None,
-  log: Callable[[str], Any] | None = None,
-) -> dict[str, Any]:
-  """Evaluates the run in `workdir` at `factors` x its training length and
-  writes extrapolation.json, extrapolation.png and per_position_loss.png there.
-
-  Args:
-    workdir: a trained decoder LM run (config.json and a checkpoint).
-    factors: evaluation lengths as multiples of data.seq_len, increasing.
-    stride: tokens a sliding window advances, at most the shortest length;
-      None: half of each length.
-    num_tokens: validation tokens to score, from the split's start; None:
-      the run's evaluator's (eval.num_batches x data.batch_size windows).
-    batch_tokens: tokens per model call (windows per call = batch_tokens //
-      length, at least 1); None: a training batch's (data.batch_size x
-      data.seq_len).
-    log: called with a progress line as each length is done (`format_length_progress`),
-      and with the files written at the end; None: quiet.
-
-  Returns:
-    The contents of extrapolation.json (format: txf.sweep.results).
+) -> ExtrapolationRequest:
+  """Restores the run in `workdir`, reads its validation tokens and checks
+  the evaluation `extrapolate_run`'s arguments ask for, before any model runs.
 
   Raises:
     ConfigError: `workdir` holds no run or checkpoint.
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra) or that cannot be reached.
     ValueError: naming the argument (or data.task for a run that is not a
-      decoder language model), before any model is run.
-    WriteError: a file could not be written (one line naming it; the
-      previous extrapolation.json is intact).
+      decoder language model).
   """
   factors = check_factors(factors)
   for name, value, minimum in (
@@ -148,8 +142,7 @@ def extrapolate_run(
         f"{length + 1} tokens (length {length}); evaluate more tokens or "
         "lower the largest factor"
       )
-
-  record = {
+  settings = {
     "step": run.step,
     "train_length": train_length,
     "factors": list(factors),
@@ -162,15 +155,64 @@ def extrapolate_run(
     "applicable": [reason is None for reason in reasons],
     "reason": reasons,
   }
-  record.update(
-    _losses(
-      run,
-      tokens_N,
-      record,
-      batch_tokens or (run.setup.run.data.batch_size * train_length),
-      log,
-    )
+  return ExtrapolationRequest(
+    workdir=workdir,
+    run=run,
+    tokens_N=tokens_N,
+    batch_tokens=batch_tokens or (run.setup.run.data.batch_size * train_length),
+    settings=settings,
   )
+
+
+def extrapolate_run(
+  workdir: str | os.PathLike,
+  factors: Sequence[int] = DEFAULT_FACTORS,
+  *,
+  stride: int | None = None,
+  num_tokens: int | None = None,
+  batch_tokens: int | None = None,
+  log: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+  """Evaluates the run in `workdir` at `factors` x its training length and
+  writes extrapolation.json, extrapolation.png and per_position_loss.png there:
+  `extrapolate(check_extrapolation(...), log)`.
+
+  Args:
+    workdir: a trained decoder LM run (config.json and a checkpoint).
+    factors: evaluation lengths as multiples of data.seq_len, increasing.
+    stride: tokens a sliding window advances, at most the shortest length;
+      None: half of each length.
+    num_tokens: validation tokens to score, from the split's start; None:
+      the run's evaluator's (eval.num_batches x data.batch_size windows).
+    batch_tokens: tokens per model call (windows per call = batch_tokens //
+      length, at least 1); None: a training batch's (data.batch_size x
+      data.seq_len).
+    log: called with a progress line as each length is done (`format_length_progress`),
+      and with the files written at the end; None: quiet.
+
+  Returns:
+    The contents of extrapolation.json (format: txf.sweep.results).
+
+  Raises:
+    ConfigError, WorkdirError, ValueError: as `check_extrapolation`, before
+      any model is run.
+    WriteError: a file could not be written (one line naming it; the
+      previous extrapolation.json is intact).
+  """
+  request = check_extrapolation(
+    workdir, factors, stride=stride, num_tokens=num_tokens, batch_tokens=batch_tokens
+  )
+  return extrapolate(request, log)
+
+
+def extrapolate(
+  request: ExtrapolationRequest, log: Callable[[str], Any] | None = None
+) -> dict[str, Any]:
+  """Evaluates what `request` checked, then writes its files; returns
+  extrapolation.json's contents (as `extrapolate_run`)."""
+  record = dict(request.settings)
+  record.update(_losses(request.run, request.tokens_N, record, request.batch_tokens, log))
+  workdir = request.workdir
   figures = [EXTRAPOLATION_PNG, PER_POSITION_PNG] if record["per_position"] is not None else []
   if figures:
     _plot(record, workdir)

@@ -42,6 +42,7 @@ directory changes.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import io
 import json
@@ -53,6 +54,7 @@ from typing import Any
 import jax
 import numpy as np
 from etils import epath
+from matplotlib.figure import Figure
 
 from txf.analysis.ablation import (
   ablation_loss_fns,
@@ -88,7 +90,7 @@ from txf.analysis.head_scores import (
   repeated_random_tokens,
 )
 from txf.analysis.phase_change import steepest_fall, write_training_csv
-from txf.analysis.plots import attention_grid, save_figure
+from txf.analysis.plots import attention_grid_figure, save_figure
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
 from txf.progress import timestamped
@@ -97,7 +99,7 @@ from txf.rundir.checkpoint import make_checkpointer
 from txf.rundir.console import format_duration
 from txf.rundir.workdir import check_reachable, run_path
 from txf.storage import read_json, write_file
-from txf.train.run_setup import RunSetup, load_run
+from txf.train.run_setup import RunSetup, TrainedRun, load_run
 from txf.train.step import make_eval_step, model_inputs
 
 ANALYSIS_DIR = "analysis"
@@ -237,23 +239,17 @@ def _labels(setup: RunSetup, tokens_T: np.ndarray) -> list[str]:
   return labels
 
 
-def _plot_sample(
-  setup: RunSetup,
-  kind: str,
-  layers: list[Any],
-  batch: dict[str, np.ndarray],
-  path: epath.Path,
-  step: int,
-) -> None:
+def _sample_figure(
+  setup: RunSetup, kind: str, layers: list[Any], batch: dict[str, np.ndarray], step: int
+) -> Figure:
   """Heatmaps of validation sample 0 for one kind, padding cut off."""
   pad_id = setup.run.model.pad_id
   queries_T, keys_S = _query_tokens(batch, kind)[0], _key_tokens(batch, kind)[0]
   T, S = _unpadded_length(queries_T, pad_id), _unpadded_length(keys_S, pad_id)
-  attention_grid(
+  return attention_grid_figure(
     [np.asarray(weights_BxHxTxS[0, :, :T, :S]) for weights_BxHxTxS in layers],
     _labels(setup, queries_T[:T]),
-    path,
-    f"{kind} attention, validation sample 0 (step {step})",
+    title=f"{kind} attention, validation sample 0 (step {step})",
     key_tokens=_labels(setup, keys_S[:S]),
   )
 
@@ -412,6 +408,109 @@ def format_head_progress(
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class AnalysisRequest:
+  """An analysis checked against its run (`check_analysis`): what `analyze`
+  computes, with the run restored and its validation batches read."""
+
+  workdir: epath.Path
+  run: TrainedRun
+  params: Any  # the replica's parameters
+  batches: list[dict[str, np.ndarray]]
+  shapes: dict[str, tuple[int, int]]  # {kind: (layers, heads)}
+  causal: list[str]  # the kinds of causal self-attention
+  ids: np.ndarray | None  # the induction probe's ids (None: no causal kind)
+  periods: list[int] | None  # the probe's periods (None: no causal kind)
+  seed: int
+  replica: int
+  ablate: str | None
+  circuits: bool
+  checkpoints: bool
+  earlier: dict[str, Any] | None  # the record of an earlier analysis
+
+
+def check_analysis(
+  workdir: str | os.PathLike,
+  *,
+  num_batches: int | None = None,
+  periods: list[int] | None = None,
+  seed: int = 0,
+  replica: int = 0,
+  ablate: str | None = None,
+  circuits: bool = False,
+  checkpoints: bool = False,
+) -> AnalysisRequest:
+  """Restores the run in `workdir` and checks the analysis `analyze_run`'s
+  arguments ask for, before any model runs.
+
+  Raises:
+    ConfigError: `workdir` holds no run or checkpoint.
+    WorkdirError: `workdir` on a file system that is not installed (a gs://
+      one needs the `gcs` extra) or that cannot be reached.
+    ValueError: naming the argument.
+  """
+  if num_batches is not None:
+    int_at_least(num_batches, "num_batches", 1)
+  if periods is not None:
+    periods = [int_at_least(period, "periods", 1) for period in periods]
+  int_at_least(seed, "seed", 0)
+  if jax.process_count() > 1:
+    raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
+  workdir = run_path(workdir)
+  check_reachable(workdir)
+  run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
+  setup = run.setup
+  if setup.run.model.family == "lstm":
+    raise ValueError(
+      f"model.family: the run in {workdir} is an LSTM; it has no attention to analyse"
+    )
+  try:
+    params = setup.replica_params(run.params, replica)
+  except ValueError as error:
+    raise ValueError(f"{error} (in {workdir})") from None
+  batches = list(setup.eval_data)
+  shapes = attention_shapes(params)
+  causal = [kind for kind in shapes if _is_causal(setup, kind)]
+  if ablate is not None and not causal:
+    raise ValueError("ablate: the model has no causal self-attention to ablate")
+  if periods is not None and not causal:
+    raise ValueError("periods: the model has no causal self-attention to probe for induction")
+  ids = None
+  if causal:
+    ids = _probe_ids(setup, causal[0], batches)
+    length = _query_tokens(batches[0], causal[0]).shape[1]
+    periods = _probe_periods(setup, length, len(ids), periods)
+  if ablate is not None:
+    parse_heads(ablate, *shapes[causal[0]])
+  if circuits or checkpoints:
+    _check_circuits(setup, circuits=circuits)
+  if checkpoints:
+    with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
+      kept = checkpointer.steps()
+    if len(kept) < 2:
+      raise ValueError(
+        f"checkpoints: the run in {workdir} kept {len(kept)} checkpoint(s); scores over "
+        "training need two or more (train with a small train.checkpoint_every and a "
+        "large train.max_to_keep)"
+      )
+  return AnalysisRequest(
+    workdir=workdir,
+    run=run,
+    params=params,
+    batches=batches,
+    shapes=shapes,
+    causal=causal,
+    ids=ids,
+    periods=periods,
+    seed=seed,
+    replica=replica,
+    ablate=ablate,
+    circuits=circuits,
+    checkpoints=checkpoints,
+    earlier=_read_record(workdir / ANALYSIS_DIR),  # a damaged one stops here
+  )
+
+
 def analyze_run(
   workdir: str | os.PathLike,
   *,
@@ -425,7 +524,8 @@ def analyze_run(
   log: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
   """Writes the attention analysis of the run in `workdir` into
-  <workdir>/analysis/ (see the module docstring) and returns it.
+  <workdir>/analysis/ (see the module docstring) and returns it:
+  `analyze(check_analysis(...), log)`.
 
   Args:
     workdir: a trained run (config.json and a checkpoint): decoder, encoder
@@ -464,74 +564,45 @@ def analyze_run(
      of head_scores.md}.
 
   Raises:
-    ConfigError: `workdir` holds no run or checkpoint.
-    WorkdirError: `workdir` on a file system that is not installed (a gs://
-      one needs the `gcs` extra) or that cannot be reached.
-    ValueError: naming the argument, before the model runs.
+    ConfigError, WorkdirError, ValueError: as `check_analysis`, before the
+      model runs.
   """
-  if num_batches is not None:
-    int_at_least(num_batches, "num_batches", 1)
-  if periods is not None:
-    periods = [int_at_least(period, "periods", 1) for period in periods]
-  int_at_least(seed, "seed", 0)
-  if jax.process_count() > 1:
-    raise ValueError(f"analyze_run: runs in one process, got {jax.process_count()}")
-  workdir = run_path(workdir)
-  check_reachable(workdir)
-  run = load_run(workdir, {} if num_batches is None else {"eval.num_batches": num_batches})
-  setup = run.setup
-  if setup.run.model.family == "lstm":
-    raise ValueError(
-      f"model.family: the run in {workdir} is an LSTM; it has no attention to analyse"
-    )
-  try:
-    params = setup.replica_params(run.params, replica)
-  except ValueError as error:
-    raise ValueError(f"{error} (in {workdir})") from None
-  batches = list(setup.eval_data)
-  first = batches[0]
-  shapes = attention_shapes(params)
-  causal = [kind for kind in shapes if _is_causal(setup, kind)]
-  if ablate is not None and not causal:
-    raise ValueError("ablate: the model has no causal self-attention to ablate")
-  if periods is not None and not causal:
-    raise ValueError("periods: the model has no causal self-attention to probe for induction")
-  ids = None
-  if causal:
-    ids = _probe_ids(setup, causal[0], batches)
-    periods = _probe_periods(setup, _query_tokens(first, causal[0]).shape[1], len(ids), periods)
-  if ablate is not None:
-    parse_heads(ablate, *shapes[causal[0]])  # a bad spec fails before the model runs
-  if circuits or checkpoints:
-    _check_circuits(setup, circuits=circuits)
-  if checkpoints:
-    with make_checkpointer(setup.run.train, workdir, read_only=True) as checkpointer:
-      kept = checkpointer.steps()
-    if len(kept) < 2:
-      raise ValueError(
-        f"checkpoints: the run in {workdir} kept {len(kept)} checkpoint(s); scores over "
-        "training need two or more (train with a small train.checkpoint_every and a "
-        "large train.max_to_keep)"
-      )
-  out = workdir / ANALYSIS_DIR
-  earlier = _read_record(out)  # a damaged one stops here, before the model runs
+  request = check_analysis(
+    workdir,
+    num_batches=num_batches,
+    periods=periods,
+    seed=seed,
+    replica=replica,
+    ablate=ablate,
+    circuits=circuits,
+    checkpoints=checkpoints,
+  )
+  return analyze(request, log)
+
+
+def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -> dict[str, Any]:
+  """Computes the analysis `request` checked, then writes its files (none is
+  written before everything is computed: a failure leaves the previous
+  analysis as it was) and returns its record (as `analyze_run`)."""
+  run, params, first = request.run, request.params, request.batches[0]
+  setup, causal, periods, ids = run.setup, request.causal, request.periods, request.ids
+  out = request.workdir / ANALYSIS_DIR
+  writes: list[Callable[[], epath.Path | list[epath.Path]]] = []  # run once all is computed
   scores: dict[str, dict[str, np.ndarray]] = {}
-  files = []
   with setup.activation_sharding():
     maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
     layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
-    device_batches = [setup.to_device(batch) for batch in batches]
+    device_batches = [setup.to_device(batch) for batch in request.batches]
     loss_fns = ablation_loss_fns(setup.model, params, device_batches, _eval_loss_sums(setup.task))
-    any_kind, any_shape = next(iter(shapes.items()))
+    any_kind, any_shape = next(iter(request.shapes.items()))
     baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
-    for kind, (num_layers, num_heads) in shapes.items():
+    for kind, (num_layers, num_heads) in request.shapes.items():
       layers = layers_by_kind[kind]
-      path = out / attention_png(kind)
-      _plot_sample(setup, kind, layers, first, path, run.step)
-      files.append(path)
+      figure = _sample_figure(setup, kind, layers, first, run.step)
+      writes.append(functools.partial(save_figure, figure, out / attention_png(kind)))
       induction = {
         period: (
-          _induction(setup, maps_fn, params, first, kind, period, seed, ids)
+          _induction(setup, maps_fn, params, first, kind, period, request.seed, ids)
           if kind in causal and ids is not None  # ids: None <=> no causal kind
           else np.full((num_layers, num_heads), np.nan)
         )
@@ -551,71 +622,31 @@ def analyze_run(
         ),
       }
     group = None
-    if ablate is not None:
+    if request.ablate is not None:
       metric_fns = ablation_metric_fns(setup.model, params, device_batches, _eval_sums(setup.task))
-      group = _group_ablation(metric_fns[causal[0]], ablate, shapes[causal[0]], causal[0])
+      group = _group_ablation(
+        metric_fns[causal[0]], request.ablate, request.shapes[causal[0]], causal[0]
+      )
     circuit_record = training = None
-    if circuits or checkpoints:
-      assert periods is not None and ids is not None  # a causal decoder (_check_circuits)
-      label = f"{workdir.name} (seed {setup.run.seeds[replica]})"
-      head_scores = {name: scores["self"][name] for name in ("previous_token", "induction")}
-      md_parts = []
-      if circuits:
-        circuit_record = {
-          "step": run.step,
-          "replica": replica,
-          "replica_seed": setup.run.seeds[replica],
-          "probe_seed": seed,
-          "scores": {name: values.tolist() for name, values in head_scores.items()},
-          **analyze_circuits(
-            setup.model,
-            params,
-            ids,
-            periods,
-            batch=_query_tokens(first, "self").shape[0],
-            seed=seed,
-          ),
-        }
-        files += _write_circuits(out, circuit_record, label, run.step)
-        md_parts.append(_circuits_markdown(circuit_record, label))
-      if checkpoints:
-        training = _training_scores(
-          workdir, setup, replica, first, periods, ids, seed, maps_fn, log
-        )
-        files.append(write_training_csv(training, out / TRAINING_CSV))
-        files.append(
-          save_figure(
-            training_figure(
-              {label: training},
-              title="Loss and head scores over training, at every kept checkpoint",
-              max_step=_training_xlim(training),
-            ),
-            out / TRAINING_PNG,
-          )
-        )
-        kept = len(training["steps"])
-        coarse = (
-          f" Only {kept} checkpoints: too few to place a change (train with a smaller "
-          "train.checkpoint_every and a larger train.max_to_keep)."
-          if kept < MIN_PHASE_CHECKPOINTS
-          else ""
-        )
-        md_parts.append(
-          "## When the circuit forms\n\nSteepest change between consecutive checkpoints "
-          f"({kept} checkpoints, steps {training['steps'][0]}.."
-          f"{training['steps'][-1]}).{coarse}\n\n{phase_change_table({label: training})}"
-        )
-      files.append(write_file(out / CIRCUITS_MD, "\n".join(md_parts)))
+    if request.circuits or request.checkpoints:
+      circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, writes)
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   seeds = setup.run.seeds
+  replica = request.replica
   which = f" (replica {replica} of {len(seeds)}, seed {seeds[replica]})" if len(seeds) > 1 else ""
-  table = _markdown(scores, f"{run.step}{which}", baseline, periods, len(batches), roles, group)
+  table = _markdown(
+    scores, f"{run.step}{which}", baseline, periods, len(request.batches), roles, group
+  )
+  files: list[epath.Path] = []
+  for write in writes:
+    written = write()
+    files += written if isinstance(written, list) else [written]
   files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
   # Without causal attention there is no probe: its seed was not used.
   settings = dict(
-    step=run.step, replica=replica, probe_seed=seed if causal else None, periods=periods
+    step=run.step, replica=replica, probe_seed=request.seed if causal else None, periods=periods
   )
-  files.append(_settle(out, settings, files, earlier, log))
+  files.append(_settle(out, settings, files, request.earlier, log))
   if log is not None:
     log("wrote " + ", ".join(str(path) for path in files))
   return {
@@ -633,6 +664,68 @@ def analyze_run(
     "files": [str(path) for path in files],
     "table": table,
   }
+
+
+def _circuits_and_training(
+  request: AnalysisRequest,
+  scores: dict[str, dict[str, np.ndarray]],
+  maps_fn: Callable,
+  log: Callable[[str], Any] | None,
+  writes: list[Callable[[], Any]],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+  """(circuits.json's record or None, the scores over checkpoints or None)
+  of a causal decoder (`_check_circuits`), as `request` asks; appends the
+  writing of their files (and circuits.md) to `writes`."""
+  run, periods, ids, seed = request.run, request.periods, request.ids, request.seed
+  setup, out, first = run.setup, request.workdir / ANALYSIS_DIR, request.batches[0]
+  assert periods is not None and ids is not None  # a causal decoder
+  label = f"{request.workdir.name} (seed {setup.run.seeds[request.replica]})"
+  head_scores = {name: scores["self"][name] for name in ("previous_token", "induction")}
+  md_parts = []
+  circuit_record = training = None
+  if request.circuits:
+    circuit_record = {
+      "step": run.step,
+      "replica": request.replica,
+      "replica_seed": setup.run.seeds[request.replica],
+      "probe_seed": seed,
+      "scores": {name: values.tolist() for name, values in head_scores.items()},
+      **analyze_circuits(
+        setup.model,
+        request.params,
+        ids,
+        periods,
+        batch=_query_tokens(first, "self").shape[0],
+        seed=seed,
+      ),
+    }
+    writes.append(functools.partial(_write_circuits, out, circuit_record, label, run.step))
+    md_parts.append(_circuits_markdown(circuit_record, label))
+  if request.checkpoints:
+    training = _training_scores(
+      request.workdir, setup, request.replica, first, periods, ids, seed, maps_fn, log
+    )
+    figure = training_figure(
+      {label: training},
+      title="Loss and head scores over training, at every kept checkpoint",
+      max_step=_training_xlim(training),
+    )
+    writes.append(functools.partial(write_training_csv, training, out / TRAINING_CSV))
+    writes.append(functools.partial(save_figure, figure, out / TRAINING_PNG))
+    kept = len(training["steps"])
+    coarse = (
+      f" Only {kept} checkpoints: too few to place a change (train with a smaller "
+      "train.checkpoint_every and a larger train.max_to_keep)."
+      if kept < MIN_PHASE_CHECKPOINTS
+      else ""
+    )
+    md_parts.append(
+      "## When the circuit forms\n\nSteepest change between consecutive checkpoints "
+      f"({kept} checkpoints, steps {training['steps'][0]}.."
+      f"{training['steps'][-1]}).{coarse}\n\n{phase_change_table({label: training})}"
+    )
+  writes.append(functools.partial(write_file, out / CIRCUITS_MD, "\n".join(md_parts)))
+  return circuit_record, training
 
 
 def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
