@@ -326,8 +326,9 @@ def test_attention_grid_figure_and_png(tmp_path):
   assert [axes.get_title() for axes in panels] == [
     f"layer {layer}, head {h}" for layer in range(L) for h in range(H)
   ]
-  assert [axes.get_xlabel() for axes in panels[-H:]] == ["key position"] * H
-  assert [panels[layer * H].get_ylabel() for layer in range(L)] == ["query position"] * L
+  # The axes tick the tokens, and say so.
+  assert [axes.get_xlabel() for axes in panels[-H:]] == ["key token"] * H
+  assert [panels[layer * H].get_ylabel() for layer in range(L)] == ["query token"] * L
   assert [label.get_text() for label in panels[0].get_xticklabels()] == tokens
   np.testing.assert_array_equal(panels[4].images[0].get_array(), weights[1, 1])
   assert len(figure.axes) == L * H + 1  # one shared colour bar
@@ -349,6 +350,15 @@ def test_attention_grid_cross_attention_and_long_sequences():
     [uniform_causal(T)[None]], [str(i) for i in range(T)], title="long"
   )
   assert len(figure.axes[0].get_xticks()) < T  # numeric positions, not tokens
+  assert (figure.axes[0].get_xlabel(), figure.axes[0].get_ylabel()) == (
+    "key position",
+    "query position",
+  )
+  figure = plots.attention_grid_figure([uniform_causal(3)[None]], title="no tokens")
+  assert (figure.axes[0].get_xlabel(), figure.axes[0].get_ylabel()) == (
+    "key position",
+    "query position",
+  )
 
 
 @pytest.mark.parametrize(

@@ -119,12 +119,20 @@ def _check_tokens(tokens: Sequence[str] | None, length: int, name: str) -> list[
   return [str(token) for token in tokens]
 
 
-def _token_ticks(axes: Any, query_tokens: list[str] | None, key_tokens: list[str] | None) -> None:
-  """Labels the positions of a heatmap with their tokens when the sequences are short."""
-  if key_tokens is not None and len(key_tokens) <= MAX_TOKEN_TICKS:
-    axes.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=6)
-  if query_tokens is not None and len(query_tokens) <= MAX_TOKEN_TICKS:
-    axes.set_yticks(range(len(query_tokens)), query_tokens, fontsize=6)
+def _token_ticks(
+  axes: Any, query_tokens: list[str] | None, key_tokens: list[str] | None
+) -> tuple[str, str]:
+  """Labels the positions of a heatmap with their tokens when the sequences
+  are short; returns the (x, y) axis labels that say which it shows."""
+  labels = []
+  for axis, tokens in (("key", key_tokens), ("query", query_tokens)):
+    ticked = tokens is not None and len(tokens) <= MAX_TOKEN_TICKS
+    if ticked and axis == "key":
+      axes.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+    elif ticked:
+      axes.set_yticks(range(len(tokens)), tokens, fontsize=6)
+    labels.append(f"{axis} token" if ticked else f"{axis} position")
+  return labels[0], labels[1]
 
 
 def attention_grid_figure(
@@ -174,11 +182,11 @@ def attention_grid_figure(
         interpolation="nearest",
       )
       axes.set_title(f"layer {layer}, head {head}", fontsize=9)
-      _token_ticks(axes, query_tokens, key_tokens)
+      xlabel, ylabel = _token_ticks(axes, query_tokens, key_tokens)
       if layer == L - 1:
-        axes.set_xlabel("key position")
+        axes.set_xlabel(xlabel)
       if head == 0:
-        axes.set_ylabel("query position")
+        axes.set_ylabel(ylabel)
   figure.colorbar(image, ax=axes_LxH, label="attention weight", shrink=0.8)
   figure.suptitle(title)
   return figure
