@@ -6,7 +6,11 @@ kind or tracker without the methods txf calls; and where txf's own entries
 come from (run_record.json's provenance)."""
 
 import contextlib
+import dataclasses
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from txf import models, register
@@ -187,3 +191,100 @@ def test_a_builtin_entry_records_the_function_or_class_it_is():
   assert where(HEADS, "none")[1] == "OutputHead"
   assert where(NORMS, "rms") == (norm.__name__, "rms_norm", True)
   assert where(TRACKERS, "wandb") == ("txf.rundir.trackers", "WandbTracker", True)
+
+
+def _wrong_bias(cfg, q_positions, k_positions, table, *, bidirectional):
+  return jnp.zeros((3,))
+
+
+def _wrong_rotation(cfg, x, positions):
+  return x[..., :2]
+
+
+def _wrong_embedding(cfg, positions, table):
+  return jnp.zeros((1, 5, 7))
+
+
+def _wrong_norm(layer, x, cfg):
+  return x.sum(-1)
+
+
+def _wrong_activation(x, cfg):
+  return x[..., :3]
+
+
+def _head_independent_bias(cfg, q_positions, k_positions, table, *, bidirectional):
+  return -jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :]).astype(jnp.float32)
+
+
+def _model_output(field, name):
+  """The logits of a tiny decoder with `field` = `name`, and of the same
+  model with the built-in choice (rope, layer, gelu) in its place."""
+  cfg = ModelConfig(vocab_size=16, d_model=8, num_heads=2, num_layers=1, max_len=8, **{field: name})
+  tokens = jnp.arange(6, dtype=jnp.int32)[None] % 16
+  model = models.build(cfg)
+  return model.apply(model.init(jax.random.key(0), tokens), tokens)
+
+
+@pytest.mark.parametrize(
+  "register_entry, field, message",
+  [
+    (
+      lambda: register.position("wrong", contributes="bias")(_wrong_bias),
+      "position",
+      r"model.position 'wrong' returned shape \(3,\), expected \[B\|1, H, T, S\] = \[1, 2, 6, 6\]"
+      r" \(or 1 where it broadcasts\)",
+    ),
+    (
+      lambda: register.position("wrong", contributes="rotation")(_wrong_rotation),
+      "position",
+      r"model.position 'wrong' returned shape \(1, 6, 2, 2\), expected x's \[B, T, H, Dh\] = "
+      r"\[1, 6, 2, 4\]",
+    ),
+    (
+      lambda: register.position("wrong", contributes="embedding", table="absolute")(
+        _wrong_embedding
+      ),
+      "position",
+      r"model.position 'wrong' returned shape \(1, 5, 7\), expected \[B\|1, T, D\] = \[1, 6, 8\]",
+    ),
+    (
+      lambda: register.norm("wrong")(_wrong_norm),
+      "norm",
+      r"model.norm 'wrong' returned shape \(1, 6\), expected x's shape = \[1, 6, 8\]",
+    ),
+    (
+      lambda: register.activation("wrong")(_wrong_activation),
+      "activation",
+      r"model.activation 'wrong' returned shape \(1, 6, 3\), expected x's shape = \[1, 6, 32\]",
+    ),
+  ],
+)
+def test_a_registered_function_returning_another_shape_is_named(register_entry, field, message):
+  """Each failed later naming txf's own arguments (an einsum's subscripts, a
+  bias's broadcast, the norm's add) or, for the activation and the rotation,
+  trained a model of other shapes without a word (flax's Dense takes the
+  width it is given)."""
+  with scoped(POSITIONS, NORMS, ACTIVATIONS):
+    register_entry()
+    register_entry()  # a module imported twice registers the same entry again
+    with pytest.raises(ValueError, match=f"^{message}"):
+      _model_output(field, "wrong")
+
+
+def test_a_registered_function_of_the_right_shape_is_called_as_it_is():
+  """The check passes what the function returns through: a bias broadcast
+  over heads (a dimension of 1) gives the logits of the same function
+  without the check, and the registered norm's provenance is the function."""
+  with scoped(POSITIONS, NORMS):
+    register.position("distance", contributes="bias")(_head_independent_bias)
+    register.norm("identity")(identity_norm)
+    checked = _model_output("position", "distance")
+    POSITIONS.register(
+      "distance_unchecked",
+      dataclasses.replace(POSITIONS["distance"], bias=_head_independent_bias),
+      provider=_head_independent_bias,
+    )
+    np.testing.assert_array_equal(checked, _model_output("position", "distance_unchecked"))
+    assert NORMS.provenance("identity")["function"] == "identity_norm"
+    assert np.isfinite(np.asarray(_model_output("norm", "identity"))).all()

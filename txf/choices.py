@@ -98,6 +98,40 @@ def require_signature(
     raise ValueError(f"{where}, but {label}{inspect.signature(fn)} cannot be called so")
 
 
+@dataclasses.dataclass(frozen=True)
+class ShapeChecked:
+  """A registered function whose result's shape is checked on every call
+  (while jax traces it: shapes are static, so the compiled program is
+  unchanged) against `expected(*args, **kwargs)` -> (shape, its letters,
+  e.g. '[B, T, D]'); `broadcast`: a dimension of 1 stands for any. One that
+  returned another shape failed later, in a message naming txf's own
+  arguments (an einsum's subscripts, a bias's broadcast), or trained on.
+  Equal for the same function (a module imported twice registers it again).
+
+  Raises (from the call):
+    ValueError: naming `entry` (e.g. "model.norm 'scale'"), the shape it
+      returned and the one expected.
+  """
+
+  fn: Callable[..., Any]  # first: `_provided_by` finds the registered function here
+  entry: str
+  expected: Callable[..., tuple[tuple[int, ...], str]]
+  broadcast: bool = False
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    out = self.fn(*args, **kwargs)
+    shape, letters = self.expected(*args, **kwargs)
+    got = tuple(getattr(out, "shape", ()))
+    if len(got) != len(shape) or any(
+      g != want and not (self.broadcast and g == 1) for g, want in zip(got, shape)
+    ):
+      ones = " (or 1 where it broadcasts)" if self.broadcast else ""
+      raise ValueError(
+        f"{self.entry} returned shape {got}, expected {letters} = {list(shape)}{ones}"
+      )
+    return out
+
+
 def settings_class(
   field: str, name: str, settings: type | None, options: Mapping[str, Any] | None
 ) -> type | None:

@@ -79,7 +79,10 @@ txf.runconfig.optim (DECAYS: DecayPhase), txf.runconfig.tracker_kinds
 example of each (most in examples/extending/). Each decorator refuses, in
 one ValueError line, what would fail at the entry's first use: a function
 that cannot be called as its readers call it (txf.choices.require_signature),
-a class without the methods they call, a setting named as a ModelConfig field.
+a class without the methods they call, a setting named as a ModelConfig field;
+and a position encoding, norm or activation is wrapped in a check of its
+result's shape (txf.choices.ShapeChecked), one line naming the entry when
+the config's check first traces the model.
 """
 
 from __future__ import annotations
@@ -87,7 +90,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from txf.choices import require_methods, require_signature, setting_defaults, settings_class
+from txf.choices import (
+  ShapeChecked,
+  require_methods,
+  require_signature,
+  setting_defaults,
+  settings_class,
+)
 from txf.data.generated import RowTask
 from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS, CheckedTokenizer
 from txf.data.text import DocumentSource
@@ -117,6 +126,34 @@ _POSITION_ARGUMENTS = {
   "rotation": (("cfg", "x", "positions"), ()),
   "bias": (("cfg", "q_positions", "k_positions", "table"), ("bidirectional",)),
 }
+
+
+# What each registered function must return, from the arguments it is
+# called with: (shape, its letters) for txf.choices.ShapeChecked.
+def _embedding_shape(cfg: Any, positions: Any, table: Any) -> tuple[tuple[int, ...], str]:
+  return (positions.shape[0], positions.shape[-1], cfg.d_model), "[B|1, T, D]"
+
+
+def _rotation_shape(cfg: Any, x: Any, positions: Any) -> tuple[tuple[int, ...], str]:
+  return tuple(x.shape), "x's [B, T, H, Dh]"
+
+
+def _bias_shape(
+  cfg: Any, q_positions: Any, k_positions: Any, table: Any, **keywords: Any
+) -> tuple[tuple[int, ...], str]:
+  batch = max(q_positions.shape[0], k_positions.shape[0])
+  return (batch, cfg.num_heads, q_positions.shape[-1], k_positions.shape[-1]), "[B|1, H, T, S]"
+
+
+def _norm_shape(layer: Any, x: Any, cfg: Any) -> tuple[tuple[int, ...], str]:
+  return tuple(x.shape), "x's shape"
+
+
+def _activation_shape(x: Any, cfg: Any) -> tuple[tuple[int, ...], str]:
+  return tuple(x.shape), "x's shape"
+
+
+_POSITION_SHAPES = {"embedding": _embedding_shape, "rotation": _rotation_shape, "bias": _bias_shape}
 
 
 def position(
@@ -161,7 +198,13 @@ def position(
       *_POSITION_ARGUMENTS[contributes],
       declared=f", contributes={contributes!r}",
     )
-    entry = PositionEncoding(contributes, **{_KINDS[contributes]: fn}, table=table, even=even)
+    checked = ShapeChecked(
+      fn,
+      f"model.position {name!r}",
+      _POSITION_SHAPES[contributes],
+      broadcast=contributes != "rotation",
+    )
+    entry = PositionEncoding(contributes, **{_KINDS[contributes]: checked}, table=table, even=even)
     ENCODINGS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=fn
     )
@@ -182,7 +225,9 @@ def norm(
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     require_signature("register.norm", name, fn, ("layer", "x", "cfg"))
-    return NORMS.register(name, fn, settings=settings, options=options, replace=replace)
+    checked = ShapeChecked(fn, f"model.norm {name!r}", _norm_shape)
+    NORMS.register(name, checked, settings=settings, options=options, replace=replace)
+    return fn
 
   return add
 
@@ -219,7 +264,9 @@ def activation(
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:
     require_signature("register.activation", name, fn, ("x", "cfg"))
-    entry = Activation(fn, gated=gated)
+    entry = Activation(
+      ShapeChecked(fn, f"model.activation {name!r}", _activation_shape), gated=gated
+    )
     ACTIVATIONS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=fn
     )
