@@ -365,6 +365,20 @@ def test_a_bad_field_is_refused_before_a_sentencepiece_tokenizer_is_trained(tmp_
   assert list(tmp_path.iterdir()) == []  # no tokenizer trained into the run's directory
 
 
+def test_a_sample_prompt_of_no_tokens_or_foreign_symbols_is_refused_naming_it():
+  """Both passed the config's check: the empty prompt trained, then failed at
+  the first evaluation's sample, before any checkpoint; the symbols a
+  generated task's vocabulary lacks were refused without naming the field."""
+  config = tiny_config("rope", steps=STEPS, eval__sample_tokens=8, eval__sample_prompt="")
+  with pytest.raises(ConfigError, match=r"^eval\.sample_prompt: '' encodes to no tokens"):
+    fit_vocabulary(parse(config), None)
+  config.eval.sample_tokens = 0  # no sample: no prompt to continue
+  assert fit_vocabulary(parse(config), None)[0].eval.sample_prompt == ""
+  config = tiny_config("induction", steps=STEPS, eval__sample_tokens=8, eval__sample_prompt="def ")
+  with pytest.raises(ConfigError, match=r"^eval\.sample_prompt: .*outside the vocabulary"):
+    fit_vocabulary(parse(config), None)
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_abstract_state_carries_the_state_shardings(replicas):
   """Restoring onto another mesh or process count needs a target sharding on

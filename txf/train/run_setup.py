@@ -238,7 +238,7 @@ def fit_vocabulary(
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
     if task_kind(run.data.task).causal_lm and run.eval.sample_tokens:
       sample_len = decode.cache_length(
-        len(tokenizer.encode(run.eval.sample_prompt)), run.eval.sample_tokens
+        _prompt_length(tokenizer, run.eval.sample_prompt), run.eval.sample_tokens
       )
       check_position_table(
         run.model.position,
@@ -249,6 +249,22 @@ def fit_vocabulary(
   except ValueError as error:
     raise ConfigError(str(error)) from error
   return run, tokenizer
+
+
+def _prompt_length(tokenizer: Tokenizer, prompt: str) -> int:
+  """The tokens eval.sample_prompt encodes to; ValueError naming the field
+  for a prompt the tokenizer refuses or encodes to none (sampling it failed
+  at the first evaluation, before any checkpoint was saved)."""
+  try:
+    length = len(tokenizer.encode(prompt))
+  except ValueError as error:
+    raise ValueError(f"eval.sample_prompt: {error}") from None
+  if not length:
+    raise ValueError(
+      f"eval.sample_prompt: {prompt!r} encodes to no tokens; the sample continues a prompt "
+      "of one or more (eval.sample_tokens=0 samples nothing)"
+    )
+  return length
 
 
 def precheck_run(run: RunConfig) -> RunConfig:
