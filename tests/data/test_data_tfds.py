@@ -120,6 +120,35 @@ def test_resume_yields_the_same_batches(any_config):
   assert resumed.get_state() == original.get_state()
 
 
+def test_seq2seq_resumes_at_another_batch_size_with_the_next_record(translation_dir):
+  """The position is the records taken: resumed at a batch size that divides
+  it, the rows are the uninterrupted run's next records; one that does not
+  is refused naming data.batch_size. A state saved as {'step': n} (by runs
+  before positions) resumes after n batches of the current size."""
+
+  def dataset(batch_size):
+    return make_dataset(
+      _translation_config(translation_dir, batch_size=batch_size), "train", seed=1
+    )
+
+  def rows(batches):
+    return np.concatenate([batch["encoder_inputs"] for batch in batches])
+
+  original = dataset(BATCH)
+  take_batches(original, 4)  # past the end of the first epoch (11 + 1 records)
+  state = json.loads(json.dumps(original.get_state()))
+  uninterrupted = rows(take_batches(original, 2))
+  resumed = dataset(2 * BATCH)
+  resumed.set_state(state)
+  np.testing.assert_array_equal(rows(take_batches(resumed, 1)), uninterrupted)
+  refused = rf"\['position'\]={4 * BATCH} is not the start of a batch of {3 * BATCH} records"
+  with pytest.raises(ValueError, match=refused + r" \(data.batch_size\)"):
+    dataset(3 * BATCH).set_state(state)
+  old = dataset(BATCH)
+  old.set_state({"step": 4})
+  np.testing.assert_array_equal(rows(take_batches(old, 2)), uninterrupted)
+
+
 def test_process_rows_concatenate_to_the_global_batch(translation_dir):
   # Seq2seq batches are functions of the step; lm/mlm streams are sharded by
   # record instead (test_data_tfds_stream.py).
@@ -170,7 +199,7 @@ def test_seq2seq_rows_are_the_split_pairs_in_a_new_order_each_epoch(translation_
   for pairs in epochs:
     assert sorted(pairs) == sorted(expected)
   assert epochs[0] != epochs[1]
-  assert ds.get_state() == {"step": 6}
+  assert ds.get_state() == {"position": 6 * BATCH}
 
 
 def test_adjacent_seeds_never_share_an_epoch_order(translation_dir):

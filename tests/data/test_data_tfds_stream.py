@@ -38,6 +38,7 @@ from conftest import REPO, assert_same_batches, take_batches
 from tfds_builders import DocumentsBuilder, zero_is_a_word_tokenizer
 from txf.data import ByteTokenizer, PackedDataset, ProcessCountError, make_dataset, throughput
 from txf.data.spec import parse_data
+from txf.data.stacked import StackedDatasets
 from txf.data.text import masker
 
 SEQ_LEN = 15  # windows of 16 tokens: many documents are cut across windows
@@ -196,6 +197,30 @@ def test_resume_mid_epoch_yields_the_same_batches(data_dir, task):
   assert resumed.get_state() == original.get_state()
 
 
+@pytest.mark.parametrize(
+  "overrides, shift",
+  [
+    (dict(batch_size=BATCH // 2), 0),
+    (dict(seq_len=SEQ_LEN + 4), 4),
+    (dict(seq_len=SEQ_LEN - 4), -4),
+  ],
+)
+def test_resume_at_another_size_continues_the_token_stream(data_dir, overrides, shift):
+  """docs/data.md: resumed with another data.batch_size the stream continues
+  at its next token; with data.seq_len changed by d, Grain re-cuts the last
+  window trained at the new length, so it continues d tokens later (d > 0
+  skipped, d < 0 repeated)."""
+  original = make_dataset(config(data_dir), "train", seed=1)
+  trained = take_batches(original, 3)
+  state = json.loads(json.dumps(original.get_state()))
+  stream = windows_of(trained + take_batches(original, 3)).ravel()  # uninterrupted
+  resumed = make_dataset(config(data_dir, **overrides), "train", seed=1)
+  resumed.set_state(state)
+  tokens = windows_of(take_batches(resumed, 2)).ravel()
+  start = windows_of(trained).size + shift
+  np.testing.assert_array_equal(tokens, stream[start : start + tokens.size])
+
+
 @pytest.mark.slow
 def test_worker_processes_give_the_same_stream_and_resume_it(data_dir):
   plain = make_dataset(config(data_dir), "train", seed=5)
@@ -230,6 +255,35 @@ def test_resume_needs_the_process_count_that_saved(data_dir):
     shard(1, 2).set_state(single)
   with pytest.raises(ValueError, match="state"):
     shard(0, 1).set_state({"step": 3})
+
+
+def test_seed_replicas_resume_from_a_checkpoint_of_two_processes(data_dir):
+  """replicas > 1 with data.seed_per_replica on two processes: the processes'
+  stacked states differ, so the checkpoint holds {'processes': [each
+  process's {'replicas': [...]}]}; each process's replicas continue from it."""
+  seeds = (0, 1)
+
+  def stacked(p):
+    return StackedDatasets(
+      [
+        make_dataset(config(data_dir), "train", seed=s, process_index=p, process_count=2)
+        for s in seeds
+      ],
+      seeds,
+    )
+
+  pair = [stacked(p) for p in range(2)]
+  for ds in pair:
+    take_batches(ds, 3)
+  states = [ds.get_state() for ds in pair]
+  assert states[0] != states[1]  # so gather_data_states saves both
+  saved = json.loads(json.dumps({"processes": states}))
+  for p, ds in enumerate(pair):
+    resumed = stacked(p)
+    resumed.set_state(saved)
+    assert_same_batches(take_batches(resumed, 3), take_batches(ds, 3))
+  with pytest.raises(ValueError, match=r"^state must be \{'replicas': .* or \{'processes'"):
+    stacked(0).set_state({"processes": [states[0], {"replicas": states[1]["replicas"][:1]}]})
 
 
 def test_eval_is_one_padded_pass_in_storage_order(data_dir):

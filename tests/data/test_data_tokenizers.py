@@ -105,6 +105,18 @@ def test_sentencepiece_train_rejects_bad_input(tmp_path):
     SentencePieceTokenizer.train(["", "\n"], 300, tmp_path / "m")
 
 
+def test_a_damaged_sentencepiece_model_is_one_line_naming_the_file(sp_model_prefix, tmp_path):
+  """A cut model file (a copy interrupted, a full disk) is a ValueError
+  naming it, not sentencepiece's RuntimeError (a traceback from txf-run's
+  resume and txf-generate)."""
+  damaged = tmp_path / "sentencepiece_300.model"
+  damaged.write_bytes(sp_model_prefix.with_name("tiny.model").read_bytes()[:100])
+  with pytest.raises(ValueError, match="is not a sentencepiece model") as error:
+    SentencePieceTokenizer(damaged)
+  assert str(error.value).startswith(f"model_path {damaged} ")
+  assert "\n" not in str(error.value)
+
+
 def _corpus_config(**overrides):
   fields = dict(
     name="pystdlib",

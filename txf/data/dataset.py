@@ -12,7 +12,10 @@ from txf.data.tokenizers import Tokenizer
 
 
 class Source(Protocol):
-  """What Dataset needs: global batches as a pure function of the step."""
+  """What Dataset needs: global batches as a pure function of the step. A
+  source whose state changed form lists the keys of the form it had in
+  `older_state_keys` (a class attribute): set_state accepts those too, and
+  its step_of reads both (checkpoints of earlier runs resume)."""
 
   @property
   def num_batches(self) -> int | None: ...  # batches available; None: unbounded
@@ -90,7 +93,8 @@ class Dataset:
   def set_state(self, state: dict[str, int]) -> None:
     """Makes the next batch the one that followed `state` when it was saved."""
     expected = set(self._source.state_at(0))
-    if not isinstance(state, dict) or set(state) != expected:
+    accepted = (expected, set(getattr(self._source, "older_state_keys", expected)))
+    if not isinstance(state, dict) or set(state) not in accepted:
       raise ValueError(f"state must be a dict with keys {sorted(expected)}, got {state!r}")
     for key, value in state.items():
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -38,7 +38,10 @@ is one pass in storage order.
 `PackedDataset` turns the windows into the batches of txf.data's Dataset; its
 position is the Grain iterator's state (a few integers: which group of
 records, where in it, how many windows since), so a resumed run continues
-with the very next window after re-reading at most one group.
+with the very next window after re-reading at most one group. Resumed with
+another window length, Grain cuts the windows since that position at the
+new length: the stream continues new - old tokens after the next one
+(skipping them; repeating old - new where the new is shorter).
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@
   batch = next(data)          # every field [R, B, ...]: replica r's rows from seed 5 + r
   state = data.get_state()    # {'replicas': [each dataset's state]}, what a checkpoint saves
 
+A checkpoint of P > 1 processes whose states differ (packed TFDS streams:
+each process reads its own shard) holds {'processes': [each process's
+{'replicas': [...]}]} (txf.train.distributed.gather_data_states); set_state
+takes either.
+
 A run with `replicas` = R > 1 and `data.seed_per_replica` trains replica r on
 the batches of data seed + r (txf.train.run_setup), so its replicas differ in
 data order as well as in initialisation and dropout, as R separate runs
@@ -18,6 +23,8 @@ from typing import Any
 import numpy as np
 
 STATE_KEY = "replicas"
+# A multi-process checkpoint's states, one per process (txf.train.distributed).
+PROCESSES_KEY = "processes"
 
 
 class StackedDatasets:
@@ -60,7 +67,23 @@ class StackedDatasets:
     return {STATE_KEY: [dataset.get_state() for dataset in self._datasets]}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    """Continues each replica's data after its position in `state` (get_state's)."""
+    """Continues each replica's data after its position in `state`: get_state's,
+    or {'processes': [each process's get_state()]}, where replica r gets
+    {'processes': [its position on each process]} (a PackedDataset's form)."""
+    processes = state.get(PROCESSES_KEY) if isinstance(state, dict) and len(state) == 1 else None
+    if isinstance(processes, list) and processes:
+      positions_PxR = [self._positions(process_state) for process_state in processes]
+      positions = [
+        {PROCESSES_KEY: [replicas[r] for replicas in positions_PxR]}
+        for r in range(len(self._datasets))
+      ]
+    else:
+      positions = self._positions(state)
+    for dataset, position in zip(self._datasets, positions):
+      dataset.set_state(position)
+
+  def _positions(self, state: Any) -> list:
+    """The replicas' positions in one process's `state` (get_state's)."""
     if (
       not isinstance(state, dict)
       or set(state) != {STATE_KEY}
@@ -68,10 +91,10 @@ class StackedDatasets:
     ):
       raise ValueError(
         f"state must be {{'{STATE_KEY}': [one data position per replica, "
-        f"{len(self._datasets)} of them]}}, got {state!r}"
+        f"{len(self._datasets)} of them]}}, or {{'{PROCESSES_KEY}': [one such per process]}}, "
+        f"got {state!r}"
       )
-    for dataset, position in zip(self._datasets, state[STATE_KEY]):
-      dataset.set_state(position)
+    return state[STATE_KEY]
 
   def close(self) -> None:
     for dataset in self._datasets:

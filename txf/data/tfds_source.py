@@ -165,7 +165,8 @@ class TranslationSource:
   Row r of global batch `step` is record `step * batch_size + r` of a Grain
   MapDataset: for training `shuffle(seeding.grain_seed(seed)).repeat()`, a
   fresh permutation each epoch computed per index (O(1) memory, any split
-  size), so batches run on across epoch ends and the state is {'step': n};
+  size), so batches run on across epoch ends and the state is {'position':
+  records already taken}, which any batch size dividing it continues;
   for evaluation the split in storage order, one pass, the last batch padded
   with all-zero rows of weight 0. Only the rows asked for are read and
   tokenized. Sources longer than seq_len and targets longer than seq_len - 1
@@ -218,11 +219,23 @@ class TranslationSource:
     padding = ((0, len(rows) - len(pairs)), (0, 0))
     return {key: np.pad(value, padding) for key, value in arrays.items()}
 
+  # What runs saved before the state was a position: {'step': batches taken},
+  # of the batch size they ran with (resumed as before, at that size).
+  older_state_keys = ("step",)
+
   def state_at(self, step: int) -> dict[str, int]:
-    return {"step": step}
+    return {"position": step * self._batch_size}
 
   def step_of(self, state: dict[str, int]) -> int:
-    return state["step"]
+    if "step" in state:
+      return state["step"]
+    step, remainder = divmod(state["position"], self._batch_size)
+    if remainder:
+      raise ValueError(
+        f"state['position']={state['position']} is not the start of a batch "
+        f"of {self._batch_size} records (data.batch_size)"
+      )
+    return step
 
 
 def description(spec: DataSpec) -> str:

@@ -117,8 +117,10 @@ class SentencePieceTokenizer(Tokenizer):
 
   Ids: pad 0, bos 1, eos 2, unk 3, mask 4 ('<mask>'), '\\n' 5, then pieces.
   Models come from `SentencePieceTokenizer.train`: identity normalisation,
-  no dummy prefix and byte fallback make decode(encode(text)) == text for any
-  text (source code keeps its whitespace).
+  no dummy prefix and byte fallback make decode(encode(text)) == text (source
+  code keeps its whitespace) for any text without '<mask>' or U+2581 ('▁'):
+  a literal '<mask>' is encoded as the mask id, which decode drops, and '▁'
+  is sentencepiece's mark for a space, decoded as ' '.
   """
 
   unk_id = 3
@@ -131,7 +133,11 @@ class SentencePieceTokenizer(Tokenizer):
     # Read through epath: the model may be in a gs:// work directory.
     proto = epath.Path(model_path).read_bytes()
     self._sha256 = hashlib.sha256(proto).hexdigest()
-    self._sp = spm.SentencePieceProcessor(model_proto=proto)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=proto)
+    except RuntimeError as error:  # a damaged or foreign file
+      reason = str(error).strip().split("\n")[0]
+      raise ValueError(f"model_path {model_path} is not a sentencepiece model: {reason}") from None
     self.vocab_size = self._sp.get_piece_size()
     found = (
       self._sp.pad_id(),
