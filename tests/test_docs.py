@@ -296,7 +296,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_raw_outputs():
   not its data's is refused."""
   page = (ROOT / "docs" / "results.md").read_text()
   markers = re.findall(r"^<!-- findings_significance: (\w+)=", page, re.M)
-  assert markers == ["seeds"] + ["data"] * 10
+  assert markers == ["seeds"] + ["data"] * 3 + ["noise"] + ["data"] * 9
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   with pytest.raises(ValueError, match="does not round to the table's"):
@@ -342,9 +342,13 @@ def test_a_significance_row_is_scipys_test_on_the_committed_replicas():
   page = (ROOT / "docs" / "results.md").read_text().splitlines()
   (row,) = [line for line in page if line.startswith("| T5 bias < sinusoidal (pre-LN) | -0.121")]
   cells = [cell.strip() for cell in row.split("|")[1:-1]]
-  assert cells[2] == "paired" and float(cells[3]) == pytest.approx(want.statistic, abs=0.005)
-  assert float(cells[5]) == pytest.approx(want.pvalue, abs=5e-4)
-  assert float(cells[6]) == pytest.approx(6 * want.pvalue, abs=5e-4)
+  assert cells[3] == "paired" and float(cells[4]) == pytest.approx(want.statistic, abs=0.005)
+  assert float(cells[6]) == pytest.approx(want.pvalue, abs=5e-4)
+  assert float(cells[7]) == pytest.approx(6 * want.pvalue, abs=5e-4)
+  # Its 95% interval: scipy's for the mean paired difference, printed to 3 decimals.
+  interval = want.confidence_interval(0.95)
+  low, high = (float(x) for x in cells[2].strip("[]").split(","))
+  assert (low, high) == pytest.approx((interval.low, interval.high), abs=5e-4)
 
 
 def significance_rows(page: list[str]) -> list[list[str]]:
@@ -354,10 +358,12 @@ def significance_rows(page: list[str]) -> list[list[str]]:
 
 
 def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
-  """A table whose points differ in one field ranks all its rows; column=
-  picks the tested column by its title. With seeds=N (no raw outputs), Welch's
-  t from the table's numbers, against scipy's on the same means and stds, and
-  Holm over the table's 2 comparisons."""
+  """A table whose one field is an ordered setting (its cells are numbers)
+  compares each setting with its neighbour in the setting's order, whatever
+  the ranking; column= picks the tested column by its title. With seeds=N
+  (no raw outputs), Welch's t and interval from the table's numbers, against
+  scipy's on the same means and stds, and Holm over the table's 2
+  comparisons."""
   from scipy import stats
 
   page = [
@@ -370,21 +376,96 @@ def test_a_significance_marker_tests_the_column_it_names_over_one_field_rows():
     '<!-- findings_significance: seeds=3 column="sliding @2048" -->',
   ]
   table = findings_significance.rewrite("\n".join(page)).splitlines()[len(page) :]
-  assert [row.split("|")[1].strip() for row in table[2:]] == ["32 < 512", "512 < 128"]
-  t, p = stats.ttest_ind_from_stats(2.400, 0.020, 3, 2.500, 0.030, 3, equal_var=False)
-  df = table[2].split("|")[5].strip()
-  holm_p = 2 * p  # the smaller of 2 p-values
+  # Neighbours 32-128 and 128-512, not the ranking's 32-512 and 512-128.
+  assert [row.split("|")[1].strip() for row in table[2:]] == ["32 < 128", "512 < 128"]
+  want = stats.ttest_ind_from_stats(2.400, 0.020, 3, 2.600, 0.010, 3, equal_var=False)
+  other = stats.ttest_ind_from_stats(2.500, 0.030, 3, 2.600, 0.010, 3, equal_var=False)
+  assert want.pvalue < other.pvalue
+  df = table[2].split("|")[6].strip()
+  holm_p = 2 * want.pvalue  # the smaller of 2 p-values
+  # The Welch-Satterthwaite interval of the difference, by hand (float64).
+  var = 0.020**2 / 3 + 0.010**2 / 3
+  nu = var**2 / ((0.020**2 / 3) ** 2 / 2 + (0.010**2 / 3) ** 2 / 2)
+  half = stats.t.ppf(0.975, nu) * var**0.5
+  ci = f"[{-0.2 - half:+.3f}, {-0.2 + half:+.3f}]"
   assert table[2] == (
-    f"| 32 < 512 | -0.100 | Welch, table | {t:.2f} | {df} | {p:.3f} | {holm_p:.3f} | yes |"
+    f"| 32 < 128 | -0.200 | {ci} | Welch, table | {want.statistic:.2f} | {df} "
+    f"| {want.pvalue:.1e} | {holm_p:.3f} | yes |"
   )
   assert table[0].endswith("| Holm p (of 2) | resolved |")
-  # Without column=, the first m ± s column (validation) is ranked.
+  # Without column=, the first m ± s column (validation) is tested.
   by_validation = findings_significance.rewrite(
     "\n".join(page[:-1] + [page[-1].split(" column")[0] + " -->"])
   )
-  assert "| 512 < 32 |" in by_validation and "| 32 < 128 |" in by_validation
+  assert "| 32 < 128 |" in by_validation and "| 512 < 128 |" in by_validation
+  # Categories (cells that are not numbers): each against the next in the ranking.
+  named = [line.replace("| 32 |", "| a |").replace("| 128 |", "| b |") for line in page]
+  named = [line.replace("| 512 |", "| c |") for line in named]
+  table = findings_significance.rewrite("\n".join(named)).splitlines()[len(page) :]
+  assert [row.split("|")[1].strip() for row in table[2:]] == ["a < c", "c < b"]
   with pytest.raises(ValueError, match="column='sliding @4096' is not a title"):
     findings_significance.rewrite("\n".join(page).replace('@2048" -->', '@4096" -->'))
+
+
+def test_a_step_marker_tests_an_earlier_evaluation_of_the_committed_replicas():
+  """step=960 on ln_warmup_long: Pre-LN with warmup against without at 1e-2,
+  scipy's ttest_rel on each replica's validation loss logged at step 960 in
+  metrics.jsonl; a step with no evaluation is refused."""
+  from scipy import stats
+
+  def at(point, step):
+    rows = [json.loads(line) for line in (point / METRICS_FILE).read_text().splitlines()]
+    row = [row for row in rows if row.get("step") == step and "eval_loss/0" in row][-1]
+    return [row[f"eval_loss/{r}"] for r in range(3)]
+
+  data = RAW_OUTPUTS / "ln_warmup_long"
+  with_warmup = at(data / "norm_placement=pre,warmup_steps=120,learning_rate=0.01", 960)
+  without = at(data / "norm_placement=pre,warmup_steps=0,learning_rate=0.01", 960)
+  want = stats.ttest_rel(with_warmup, without)
+  page = (ROOT / "docs" / "results.md").read_text().splitlines()
+  start = page.index("<!-- findings_significance: data=docs/data/ln_warmup_long step=960 -->")
+  (row,) = [
+    line
+    for line in page[start : start + 15]
+    if line.startswith("| warmup steps 120 < 0 (LN pre, peak lr 0.01) |")
+  ]
+  cells = [cell.strip() for cell in row.split("|")[1:-1]]
+  assert float(cells[4]) == pytest.approx(want.statistic, abs=0.005)
+  assert float(cells[6]) == pytest.approx(want.pvalue, abs=5e-4) and cells[-1] == "no"
+  bad = "\n".join(page[: start + 1]).replace("step=960", "step=961")
+  with pytest.raises(ValueError, match="no evaluation at step 961"):
+    findings_significance.rewrite(bad)
+
+
+def test_a_noise_marker_pools_the_seed_variance_of_the_points_every_sweep_holds():
+  """noise=pe_ln_confirm,pe_ln_seeds,pe_ln: the six common points' final
+  losses, pooled variance by hand (float64) and scipy's two-sided F p."""
+  from scipy import stats
+
+  def final(point):
+    rows = [json.loads(line) for line in (point / METRICS_FILE).read_text().splitlines()]
+    last = [row for row in rows if "eval_loss/0" in row][-1]
+    return [v for k, v in last.items() if re.fullmatch(r"eval_loss/\d+", k)]
+
+  names = sorted(
+    p.name for p in (RAW_OUTPUTS / "pe_ln_seeds").glob("*/metrics.jsonl") for p in [p.parent]
+  )
+  pooled = {}
+  for sweep in ("pe_ln_seeds", "pe_ln_confirm"):
+    samples = [final(RAW_OUTPUTS / sweep / name) for name in names]
+    squares = sum(sum((x - sum(s) / len(s)) ** 2 for x in s) for s in samples)
+    df = sum(len(s) - 1 for s in samples)
+    pooled[sweep] = (squares / df, df)
+  ratio = pooled["pe_ln_confirm"][0] / pooled["pe_ln_seeds"][0]
+  p = 2 * min(stats.f.sf(ratio, 12, 12), stats.f.cdf(ratio, 12, 12))
+  page = (ROOT / "docs" / "results.md").read_text().splitlines()
+  (row,) = [line for line in page if line.startswith("| pe_ln_confirm / pe_ln_seeds |")]
+  cells = [cell.strip() for cell in row.split("|")[1:-1]]
+  assert len(names) == 6 and pooled["pe_ln_seeds"][1] == 12
+  assert cells[1] == f"{pooled['pe_ln_confirm'][0] ** 0.5:.4f} (12)"
+  assert cells[2] == f"{pooled['pe_ln_seeds'][0] ** 0.5:.4f} (12)"
+  assert float(cells[3]) == pytest.approx(ratio, abs=0.005)
+  assert float(cells[5]) == pytest.approx(p, abs=5e-4)
 
 
 def test_a_significance_marker_compares_the_first_field_at_each_value_of_the_second():

@@ -15,28 +15,67 @@ that the values round to the cell).
 After the marker this writes, by txf.sweep.significance's rule (the paired
 t-test where two points' replicas share seeds and batches, as the config.json
 of every sweep committed here says they do, else Welch's; Holm-adjusted p <
-0.05 over the table's comparisons, one family): for a table of (encoding,
-pre/post) rows, each placement's encodings against the next in the ranking
-and each encoding's Pre-LN against its Post-LN; for a table of one leading
-column, each point against the next in the ranking. For a table of two
-leading columns that are not (encoding, pre/post), e.g. (model, width), the
-first field's points are ranked at each value of the second ("LSTM <
-decoder (width 32)"): the comparison at a width is the question, not one
-width against another. For a table of three or more leading columns (a grid
-of three fields, e.g. LN x warmup x learning rate), every two rows that
-differ in one field. `tuned="TITLE"` names a leading column that was tuned
-rather than compared (the learning rate): each setting of the other columns
-keeps its row of the best mean in it (the highest where the tested column
-is an accuracy, the lowest loss otherwise; the first of equals), named in
-the first cell ('linear attention (learning rate 0.01)'), and the rule above
-applies to the rows left. The best of several settings is itself chosen on
-these seeds, which flatters each side's best by about a standard error of
-its mean; the page says so beside it.
+0.05 over the table's comparisons, one family), each comparison's
+difference, its 95% confidence interval (paired: the t interval of the mean
+paired difference, df R - 1; Welch: Welch-Satterthwaite's), t, df, p and
+Holm p. Which pairs:
+
+- one leading column whose cells all parse as numbers (an ordered setting:
+  a distance, a width, a length): each setting against its neighbour in the
+  setting's order (32-64, 64-128, 128-512), the lower mean named first. The
+  family follows from the setting alone, before any result is seen.
+- one leading column of unordered categories: each point against the next
+  in the ranking of the observed means. This family is chosen *after*
+  seeing the ranking: which pairs are tested depends on the data, and a
+  pair that is not adjacent in the observed ranking is never tested. Holm's
+  bound on the chance of any false pass holds for a family fixed in
+  advance; for this one it is not proven (the bound that holds for sure is
+  Holm over every pair, k(k-1)/2 of them for k points, which this does not
+  apply), so read its passes as weaker than the stated 0.05. What it buys:
+  k - 1 comparisons instead of k(k-1)/2, so a smaller Holm factor.
+- (encoding, pre/post) rows: each placement's encodings against the next in
+  the ranking (chosen after seeing it, as above) and each encoding's Pre-LN
+  against its Post-LN.
+- two leading columns that are not (encoding, pre/post), e.g. (model,
+  width): the first field's points are ranked at each value of the second
+  ("LSTM < decoder (width 32)"), adjacent in the ranking (with two points at
+  a value, their one pair, chosen by nothing); the comparison at a width is
+  the question, not one width against another.
+- three or more leading columns (a grid of three fields, e.g. LN x warmup
+  x learning rate): every two rows that differ in one field.
+
+`tuned="TITLE"` names a leading column that was tuned rather than compared
+(the learning rate): each setting of the other columns keeps its row of the
+best mean in it (the highest where the tested column is an accuracy, the
+lowest loss otherwise; the first of equals), named in the first cell
+('linear attention (learning rate 0.01)'), and the rule above applies to the
+rows left. The best of several settings is itself chosen on these seeds,
+which flatters each side's best by about a standard error of its mean; the
+page says so beside it.
+
+`data=DIR+DIR2` tests the rows of the last two results tables above the
+marker (in page order, DIR's then DIR2's; the same leading columns), as one
+family: points of two sweeps that share seeds and batches (e.g. the LSTM
+of one sweep against the decoders of another) are paired like points of
+one.
+
+`step=N` tests each point's per-replica values at the evaluation of step N
+(a validation loss or accuracy column) instead of the final ones: the same
+family at an earlier evaluation, to show whether a resolved ordering holds
+before the last one. The final values must still round to the table's cells.
+A marker's results table is the last table above it that this tool did not
+write, so a step= marker may follow another marker's table.
 
 `<!-- findings_significance: seeds=N -->` instead tests the table's own
 rounded `m ± s` cells over N seeds by Welch's test: for a run whose raw
 outputs were not kept (section 1), the only test its table allows; its rows
 say so ("Welch, table").
+
+`<!-- findings_significance: noise=DIR,DIR2,... -->` writes no pair table
+but the sweeps' seed noise: for the points every one of them holds, the
+within-point SD of the final validation loss pooled over those points (df
+the sum of R - 1), and the two-sided F test of each two sweeps' pooled
+variances, with the ratio's 95% interval, Holm over the table's tests.
 
 --check writes nothing and exits 1 if a table differs from what the raw
 outputs give (tests/test_docs.py checks the same).
@@ -51,19 +90,22 @@ import json
 import pathlib
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from tools.page_tables import check_or_write, rewrite_tables
 from tools.results_tables import point_cells, replica_values
+from txf.rundir.metrics import METRICS_FILE
 from txf.rundir.resume import CONFIG_FILE
 from txf.sweep import significance
 from txf.sweep.results import Stat
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(
-  r"^<!-- findings_significance: (?:seeds=(\d+)|data=(\S+))"
-  r'(?: column="([^"]+)")?(?: tuned="([^"]+)")? -->$'
+  r"^<!-- findings_significance: (?:seeds=(?P<seeds>\d+)|data=(?P<data>\S+)|noise=(?P<noise>\S+))"
+  r'(?: column="(?P<column>[^"]+)")?(?: tuned="(?P<tuned>[^"]+)")?(?: step=(?P<step>\d+))? -->$'
 )
 _STAT = re.compile(r"^(?:\*\*)?([\d.]+) ± ([\d.]+)(?:\*\*)?$")
 PLACEMENTS = ("pre", "post")
@@ -95,66 +137,115 @@ def _cells(line: str) -> list[str]:
   return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
-def _results_rows(
-  lines: list[str], column: str | None = None
-) -> tuple[list[str], str, dict[tuple[str, ...], tuple[float, float]]]:
-  """The titles of the leading columns (those that name a point), the tested
-  column's title and {the point's leading cells: (mean, std)} of the last
-  results table in `lines`, from its first `m ± s` column or the one titled
-  `column`."""
+def _results_blocks(lines: list[str]) -> Iterator[tuple[int, int]]:
+  """(start, end) line indices of the tables in `lines`, the last first,
+  leaving out the tables this tool writes (those after a marker)."""
   end = len(lines)
-  while end and not lines[end - 1].startswith("|"):
-    end -= 1
-  start = end
-  while start and lines[start - 1].startswith("|"):
-    start -= 1
-  if end - start < 3:
-    raise ValueError(f"no results table before line {end + 1}")
-  titles, body = _cells(lines[start]), [_cells(line) for line in lines[start + 2 : end]]
-  stat_columns = [i for i in range(len(titles)) if all(_STAT.match(row[i]) for row in body)]
-  if not stat_columns:
-    raise ValueError(f"no column of 'm ± s' losses in the table before line {end + 1}")
-  if column is not None and column not in titles:
-    raise ValueError(f"column={column!r} is not a title of the table before line {end + 1}")
-  at = titles.index(column) if column is not None else stat_columns[0]
-  rows = {}
-  for row in body:
-    stat = _STAT.match(row[at])
-    if stat is None:
-      raise ValueError(f"{row[at]!r} in column {titles[at]!r} is not 'm ± s'")
-    rows[tuple(row[: stat_columns[0]])] = (float(stat[1]), float(stat[2]))
-  return titles[: stat_columns[0]], titles[at], rows
+  while True:
+    while end and not lines[end - 1].startswith("|"):
+      end -= 1
+    if not end:
+      return
+    start = end
+    while start and lines[start - 1].startswith("|"):
+      start -= 1
+    if not (start and MARKER.match(lines[start - 1])):
+      yield start, end
+    end = start
 
 
-def table_sides(
-  rows: dict[tuple[str, ...], tuple[float, float]], seeds: int
-) -> dict[tuple[str, ...], Side]:
+Rows = dict[tuple[str, ...], tuple[float, float]]
+
+
+def _results_rows(
+  lines: list[str], column: str | None = None, tables: int = 1
+) -> tuple[list[str], str, list[Rows]]:
+  """The titles of the leading columns (those that name a point), the tested
+  column's title and, for each of the last `tables` results tables in
+  `lines` (in page order), {the point's leading cells: (mean, std)}, from
+  its first `m ± s` column or the one titled `column`. The tables must have
+  as many leading columns and the same tested title; the titles are the
+  first one's."""
+  blocks = list(itertools.islice(_results_blocks(lines), tables))[::-1]
+  if len(blocks) < tables or any(end - start < 3 for start, end in blocks):
+    raise ValueError(f"no results table before line {len(lines) + 1}")
+  found = []
+  for start, end in blocks:
+    titles, body = _cells(lines[start]), [_cells(line) for line in lines[start + 2 : end]]
+    stat_columns = [i for i in range(len(titles)) if all(_STAT.match(row[i]) for row in body)]
+    if not stat_columns:
+      raise ValueError(f"no column of 'm ± s' losses in the table before line {end + 1}")
+    if column is not None and column not in titles:
+      raise ValueError(f"column={column!r} is not a title of the table before line {end + 1}")
+    at = titles.index(column) if column is not None else stat_columns[0]
+    rows = {}
+    for row in body:
+      stat = _STAT.match(row[at])
+      if stat is None:
+        raise ValueError(f"{row[at]!r} in column {titles[at]!r} is not 'm ± s'")
+      rows[tuple(row[: stat_columns[0]])] = (float(stat[1]), float(stat[2]))
+    found.append((titles[: stat_columns[0]], titles[at], rows))
+  if len({(len(leading), title) for leading, title, _ in found}) != 1:
+    raise ValueError(f"the tables before line {len(lines) + 1} differ in their columns")
+  return found[0][0], found[0][1], [rows for *_, rows in found]
+
+
+def table_sides(rows: Rows, seeds: int) -> dict[tuple[str, ...], Side]:
   """The table's rows as Sides of their rounded mean and std over `seeds`."""
   return {key: Side(mean, std=std, seeds=seeds) for key, (mean, std) in rows.items()}
 
 
-def data_sides(
-  rows: dict[tuple[str, ...], tuple[float, float]], data: pathlib.Path, title: str
-) -> dict[tuple[str, ...], Side]:
-  """The table's rows as Sides of their points' per-replica values in
-  column `title`, read from the sweep's raw outputs in `data`.
+def values_at(point: pathlib.Path, title: str, step: int) -> list[float]:
+  """Each replica's value in column `title` (a validation loss or accuracy)
+  at the evaluation of step `step`, from the point's metrics.jsonl (the last
+  row of that step that logs it, as a resumed run may log one twice).
 
   Raises:
-    ValueError: a row names no point of `data`, or its values do not round
-      to its cell (the table is not this data's).
+    ValueError: the column is not a validation loss or accuracy, or no
+      evaluation was logged at `step`.
   """
-  points = point_cells(data)
+  if title not in ("val @128", "val loss", "val accuracy"):
+    raise ValueError(f"step= tests a validation loss or accuracy column, not {title!r}")
+  name = "eval_accuracy" if title == "val accuracy" else "eval_loss"
+  replicas = json.loads((point / CONFIG_FILE).read_text())["replicas"]
+  rows = map(json.loads, (point / METRICS_FILE).read_text().splitlines())
+  at = [row for row in rows if row.get("step") == step and f"{name}/0" in row]
+  if not at:
+    raise ValueError(f"{point}: no evaluation at step {step}")
+  return [float(at[-1][f"{name}/{r}"]) for r in range(replicas)]
+
+
+def data_sides(
+  tables: list[Rows], data: list[pathlib.Path], title: str, step: int | None = None
+) -> dict[tuple[str, ...], Side]:
+  """The rows of `tables` as Sides of their points' per-replica values in
+  column `title`, read from the sweep's raw outputs in the directory of
+  `data` at the table's place: the final ones, or with `step` those of the
+  evaluation at that step (the final ones must still round to the cells).
+
+  Raises:
+    ValueError: a row names no point of its directory, or its final values
+      do not round to its cell (the table is not this data's).
+  """
+  if len(tables) != len(data):
+    raise ValueError(f"{len(data)} directories for {len(tables)} results tables")
   sides = {}
-  for key, cell in rows.items():
-    if key not in points:
-      raise ValueError(f"row {key} names no point of {data}")
-    point = data / points[key]
-    values = replica_values(point, title)
-    stat = Stat.of(values)
-    if (round(stat.mean, 3), round(stat.std or 0.0, 3)) != cell:
-      raise ValueError(f"{point}: {title} {stat} does not round to the table's {cell}")
-    config = json.loads((point / CONFIG_FILE).read_text())
-    sides[key] = Side(stat.mean, tuple(values), config)
+  for rows, directory in zip(tables, data):
+    points = point_cells(directory)
+    for key, cell in rows.items():
+      if key not in points:
+        raise ValueError(f"row {key} names no point of {directory}")
+      if key in sides:
+        raise ValueError(f"row {key} is in two of the tables")
+      point = directory / points[key]
+      values = replica_values(point, title)
+      stat = Stat.of(values)
+      if (round(stat.mean, 3), round(stat.std or 0.0, 3)) != cell:
+        raise ValueError(f"{point}: {title} {stat} does not round to the table's {cell}")
+      if step is not None:
+        values = values_at(point, title, step)
+      config = json.loads((point / CONFIG_FILE).read_text())
+      sides[key] = Side(float(np.mean(values)), tuple(values), config)
   return sides
 
 
@@ -165,14 +256,21 @@ def _p_text(p: float | None) -> str:
   return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
+def _ci_text(test: significance.Test) -> str:
+  """The difference's 95% interval, '[low, high]' to 3 decimals."""
+  return "" if test.ci is None else f"[{test.ci[0]:+.3f}, {test.ci[1]:+.3f}]"
+
+
 def lines_of(pairs: list[tuple[str, Side, Side]]) -> list[str]:
-  """The table of `pairs` (name, lower side, higher side): each test, its raw
-  p and its p Holm-adjusted over `pairs`, one family."""
+  """The table of `pairs` (name, lower side, higher side): each test, the
+  95% interval of its difference, its raw p and its p Holm-adjusted over
+  `pairs`, one family."""
   tests = [_test(a, b) for _, a, b in pairs]
   adjusted = significance.holm([test.p for test in tests])
+  level = f"{100 * significance.CONFIDENCE:.0f}%"
   lines = [
-    f"| pair | difference | test | t | df | p | Holm p (of {len(pairs)}) | resolved |",
-    "|---|---|---|---|---|---|---|---|",
+    f"| pair | difference | {level} CI | test | t | df | p | Holm p (of {len(pairs)}) | resolved |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for (name, a, _), test, holm_p in zip(pairs, tests, adjusted):
     kind = "paired" if test.paired else ("Welch" if a.values is not None else "Welch, table")
@@ -182,7 +280,9 @@ def lines_of(pairs: list[tuple[str, Side, Side]]) -> list[str]:
       else " | | | "
     )
     resolved = "yes" if significance.passes(holm_p) else "no"
-    lines.append(f"| {name} | {test.difference:+.3f} | {kind} | {numbers} | {resolved} |")
+    lines.append(
+      f"| {name} | {test.difference:+.3f} | {_ci_text(test)} | {kind} | {numbers} | {resolved} |"
+    )
   return lines
 
 
@@ -190,12 +290,32 @@ Pair = tuple[str, Side, Side]
 
 
 def _ranked_pairs(rows: dict[str, Side], note: str) -> list[Pair]:
-  """Each point of `rows` against the next in the ranking (lower mean first)."""
+  """Each point of `rows` against the next in the ranking (lower mean first):
+  a family chosen after seeing the ranking (module docstring)."""
   ranked = sorted(rows, key=lambda name: rows[name].mean)
   return [
     (f"{first} < {second}{note}", rows[first], rows[second])
     for first, second in zip(ranked, ranked[1:])
   ]
+
+
+def _number(cell: str) -> float | None:
+  try:
+    return float(cell)
+  except ValueError:
+    return None
+
+
+def _neighbour_pairs(rows: dict[str, Side]) -> list[Pair]:
+  """Each setting of `rows` (cells that parse as numbers) against the next
+  in the setting's own order, the lower mean named first: a family fixed
+  before the results."""
+  ordered = sorted(rows, key=lambda name: float(name))
+  pairs = []
+  for a, b in zip(ordered, ordered[1:]):
+    first, second = sorted([a, b], key=lambda name: rows[name].mean)
+    pairs.append((f"{first} < {second}", rows[first], rows[second]))
+  return pairs
 
 
 def _one_cell_pairs(titles: list[str], rows: dict[tuple[str, ...], Side]) -> list[Pair]:
@@ -243,10 +363,14 @@ def significance_pairs(titles: list[str], rows: dict[tuple[str, ...], Side]) -> 
   `titles`: for (encoding, placement) rows adjacent encodings in each
   placement's ranking, then Pre-LN against Post-LN per encoding; for other
   two-cell rows, adjacent first cells at each second cell; for rows of one
-  leading cell, adjacent points; for rows of three or more, every two rows
+  leading cell, neighbouring settings where every cell is a number, else
+  adjacent points in the ranking; for rows of three or more, every two rows
   that differ in one cell."""
   if all(len(key) == 1 for key in rows):
-    return _ranked_pairs({key[0]: side for key, side in rows.items()}, "")
+    single = {key[0]: side for key, side in rows.items()}
+    if all(_number(name) is not None for name in single):
+      return _neighbour_pairs(single)
+    return _ranked_pairs(single, "")
   if all(len(key) >= 3 for key in rows):
     return _one_cell_pairs(titles, rows)
   if not all(len(key) == 2 for key in rows):
@@ -268,16 +392,59 @@ def significance_pairs(titles: list[str], rows: dict[tuple[str, ...], Side]) -> 
   return pairs
 
 
+def noise_lines(data: list[pathlib.Path]) -> list[str]:
+  """The table of a noise=DIR,DIR,... marker: the within-point variance of
+  the final validation loss pooled over the points every sweep of `data`
+  holds, and the F test of each two sweeps' variances, Holm-adjusted over
+  the table's tests."""
+  names = [set(point_cells(directory).values()) for directory in data]
+  common = sorted(set.intersection(*names))
+  if not common:
+    raise ValueError(f"no point is in every one of {[str(d) for d in data]}")
+  pooled = [
+    significance.pooled_variance([replica_values(directory / name, "val loss") for name in common])
+    for directory in data
+  ]
+  tests = [
+    (a, b, significance.variance_ratio(*pooled[a], *pooled[b]))
+    for a, b in itertools.combinations(range(len(data)), 2)
+  ]
+  adjusted = significance.holm([test.p for *_, test in tests])
+  level = f"{100 * significance.CONFIDENCE:.0f}%"
+  lines = [
+    f"| sweeps (a / b), {len(common)} points | pooled SD a (df) | pooled SD b (df) "
+    f"| variance ratio a / b | {level} CI | F p | Holm p (of {len(tests)}) | resolved |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for (a, b, test), holm_p in zip(tests, adjusted):
+    sd = lambda i: f"{pooled[i][0] ** 0.5:.4f} ({pooled[i][1]})"
+    resolved = "yes" if significance.passes(holm_p) else "no"
+    lines.append(
+      f"| {data[a].name} / {data[b].name} | {sd(a)} | {sd(b)} | {test.ratio:.2f} "
+      f"| [{test.ci[0]:.2f}, {test.ci[1]:.2f}] | {_p_text(test.p)} | {_p_text(holm_p)} "
+      f"| {resolved} |"
+    )
+  return lines
+
+
 def rewrite(text: str, root: pathlib.Path = ROOT) -> str:
   """The page with every marker's table written from its data (or from the
   results table above it, for a seeds=N marker)."""
 
   def table_for(found: re.Match[str], above: list[str]) -> list[str]:
-    seeds, data, column, tuned = found[1], found[2], found[3], found[4]
-    titles, title, stats = _results_rows(above, column)
-    rows = data_sides(stats, root / data, title) if data else table_sides(stats, int(seeds))
-    if tuned is not None:
-      titles, rows = at_best(titles, rows, tuned, "accuracy" in title)
+    if found["noise"]:
+      return noise_lines([root / name for name in found["noise"].split(",")])
+    data = [root / name for name in found["data"].split("+")] if found["data"] else []
+    titles, title, tables = _results_rows(above, found["column"], max(1, len(data)))
+    step = int(found["step"]) if found["step"] else None
+    if data:
+      rows = data_sides(tables, data, title, step)
+    elif step is not None:
+      raise ValueError("step= needs the raw outputs (data=), not seeds=")
+    else:
+      rows = table_sides(tables[0], int(found["seeds"]))
+    if found["tuned"] is not None:
+      titles, rows = at_best(titles, rows, found["tuned"], "accuracy" in title)
     return lines_of(significance_pairs(titles, rows))
 
   return rewrite_tables(text, MARKER, table_for)

@@ -1,5 +1,6 @@
 """txf.sweep.significance: Welch's and the paired test against scipy's on the
-raw samples, Holm's adjustment against a direct transcription of its
+raw samples, their 95% intervals, the pooled variance and F test, Holm's
+adjustment against a direct transcription of its
 definition, the pairing rule, the pairs a grid gives, and results.md's
 comparison section."""
 
@@ -53,6 +54,90 @@ def test_the_paired_test_equals_scipys_ttest_rel(a, b):
   assert got.difference == pytest.approx(np.mean(a) - np.mean(b), rel=1e-12)
   assert got.t == pytest.approx(want.statistic, rel=1e-9)
   assert got.p == pytest.approx(want.pvalue, rel=1e-9)
+
+
+@pytest.mark.parametrize("a, b", SAMPLES)
+def test_the_paired_interval_equals_scipys_and_the_t_interval_by_hand(a, b):
+  """The 95% interval of the mean paired difference: scipy's
+  ttest_rel(...).confidence_interval(0.95), and a float64 transcription of
+  mean(d) -+ t_(0.975, R - 1) x std(d, ddof=1) / sqrt(R); rtol 1e-9."""
+  got = significance.compare(a, b, paired=True).ci
+  want = stats.ttest_rel(a, b).confidence_interval(significance.CONFIDENCE)
+  assert got == pytest.approx((want.low, want.high), rel=1e-9)
+  d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+  half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+  assert got == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-9)
+  assert got[0] < got[1] and (got[0] < 0 < got[1]) == (
+    significance.compare(a, b, paired=True).p > 0.05
+  )
+
+
+@pytest.mark.parametrize(
+  "a, b",
+  [
+    ([1.0, 1.2, 0.9], [1.5, 1.4, 1.7, 1.6]),
+    ([2.0, 2.5], [2.3, 2.7]),
+    ([0.90, 0.91], [0.5, 1.5, 1.2]),
+  ],
+)
+def test_the_welch_interval_equals_scipys(a, b):
+  """Welch-Satterthwaite's 95% interval of mean(a) - mean(b), from the
+  samples and from mean, std and n: scipy's ttest_ind(equal_var=False)
+  .confidence_interval(0.95); rtol 1e-9."""
+  want = stats.ttest_ind(a, b, equal_var=False).confidence_interval(significance.CONFIDENCE)
+  sa, sb = Stat.of(a), Stat.of(b)
+  for got in (
+    significance.compare(a, b, paired=False),
+    significance.welch(sa.mean, sa.std, len(a), sb.mean, sb.std, len(b)),
+  ):
+    assert got.ci == pytest.approx((want.low, want.high), rel=1e-9)
+
+
+def test_an_interval_without_spread_is_the_difference_and_none_without_a_test():
+  assert significance.compare([1.0, 2.0], [1.5, 2.5], paired=True).ci == (-0.5, -0.5)
+  assert significance.compare([1.0, 2.0], [1.0, 2.0], paired=True).ci is None
+  assert significance.compare([1.0], [2.0], paired=True).ci is None
+  assert significance.welch(1.0, None, 1, 2.0, 0.1, 3).ci is None
+
+
+def test_the_pooled_variance_and_the_f_test_of_two_against_references():
+  """pooled_variance: a float64 transcription (sum of squared deviations from
+  each point's mean over the sum of R - 1; rtol 1e-12). variance_ratio: the
+  two-sided p and 95% interval from F's cdf written as the regularised
+  incomplete beta, I_(d1 x / (d1 x + d2))(d1 / 2, d2 / 2) (scipy.special.betainc,
+  not scipy.stats.f), the interval's ends solved by bisection on it; rtol 1e-6."""
+  from scipy import special
+
+  groups = [[1.61, 1.63, 1.60], [1.70, 1.72], [1.55, 1.59, 1.58, 1.52]]
+  var, df = significance.pooled_variance(groups)
+  squares = sum(((np.asarray(g) - np.mean(g)) ** 2).sum() for g in groups)
+  assert df == 2 + 1 + 3 and var == pytest.approx(squares / 6, rel=1e-12)
+  assert significance.pooled_variance([[1.0, 2.0], [3.0]]) == (0.5, 1)  # one value adds nothing
+  with pytest.raises(ValueError, match="two values"):
+    significance.pooled_variance([[1.0], [2.0]])
+
+  def cdf(x, d1, d2):
+    return special.betainc(d1 / 2, d2 / 2, d1 * x / (d1 * x + d2))
+
+  def quantile(q, d1, d2):
+    low, high = 0.0, 1e6
+    for _ in range(200):
+      mid = (low + high) / 2
+      low, high = (mid, high) if cdf(mid, d1, d2) < q else (low, mid)
+    return (low + high) / 2
+
+  for var_a, df_a, var_b, df_b in [
+    (0.0147**2, 12, 0.0080**2, 12),
+    (1.0, 6, 2.5, 12),
+    (3.0, 2, 1.0, 30),
+  ]:
+    got = significance.variance_ratio(var_a, df_a, var_b, df_b)
+    f = var_a / var_b
+    want_p = min(1.0, 2 * min(cdf(f, df_a, df_b), 1 - cdf(f, df_a, df_b)))
+    assert got.ratio == pytest.approx(f, rel=1e-12) and (got.df_a, got.df_b) == (df_a, df_b)
+    assert got.p == pytest.approx(want_p, rel=1e-6)
+    want_ci = (f / quantile(0.975, df_a, df_b), f / quantile(0.025, df_a, df_b))
+    assert got.ci == pytest.approx(want_ci, rel=1e-6)
 
 
 def test_pairing_removes_a_shared_offset_that_welch_counts_as_noise():

@@ -29,7 +29,17 @@ first. A 2 x 6 grid (norm placement x encoding) gives 6 norm-placement pairs
 and 15 encoding pairs per placement.
 
 The p-value says how surprising the difference is under seed noise alone
-(init, and data order where the seeds vary it).
+(init, and data order where the seeds vary it). Beside it each test gives
+the CONFIDENCE (95%) interval of the difference, from the same t
+distribution: mean paired difference +- t_(0.975, R - 1) x its standard
+error where paired, Welch-Satterthwaite's df and standard error otherwise.
+A difference the rule does not resolve is not shown to be zero: its
+interval says how large an effect the seeds still allow, either way.
+
+Noise of two sweeps (`pooled_variance`, `variance_ratio`): the within-point
+variance of the final loss pooled over a sweep's points (each point's sum
+of squared deviations from its own mean, over the sum of R - 1), and the
+two-sided F test of two such variances, with the ratio's interval.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from typing import Any
 import numpy as np
 
 ALPHA = 0.05
+CONFIDENCE = 1 - ALPHA
 RULE = (
   f"t-test over seed replicas on the final validation loss (paired where the points share "
   f"seeds and batches, else Welch's; two-sided), Holm-adjusted p < {ALPHA} within each table"
@@ -61,6 +72,9 @@ class Test:
       None as t).
     p: two-sided p-value (None as t).
     paired: whether it is the paired test.
+    ci: the CONFIDENCE interval (low, high) of the difference, from the t
+      distribution of df degrees of freedom (module docstring); (difference,
+      difference) with no spread; None as t.
   """
 
   difference: float
@@ -68,6 +82,7 @@ class Test:
   df: float | None
   p: float | None
   paired: bool = False
+  ci: tuple[float, float] | None = None
 
 
 def _t_test(difference: float, variance: float, df: float, paired: bool) -> Test:
@@ -76,13 +91,17 @@ def _t_test(difference: float, variance: float, df: float, paired: bool) -> Test
   if variance == 0:
     if difference == 0:
       return Test(difference, None, None, None, paired)
-    return Test(difference, math.copysign(math.inf, difference), df, 0.0, paired)
-  t = difference / math.sqrt(variance)
+    t = math.copysign(math.inf, difference)
+    return Test(difference, t, df, 0.0, paired, (difference, difference))
+  se = math.sqrt(variance)
+  t = difference / se
   # Here, not at the top: scipy.stats takes seconds to import, and every
   # process that reads a sweep's results (txf-sweep, txf-extrapolate) loads this module.
   from scipy import stats
 
-  return Test(difference, t, df, float(2 * stats.t.sf(abs(t), df)), paired)
+  half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * se
+  ci = (difference - half, difference + half)
+  return Test(difference, t, df, float(2 * stats.t.sf(abs(t), df)), paired, ci)
 
 
 def welch(
@@ -120,6 +139,53 @@ def compare(a: Sequence[float], b: Sequence[float], *, paired: bool) -> Test:
   a_R, b_R = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
   std = lambda x: float(x.std(ddof=1)) if len(x) > 1 else None
   return welch(float(a_R.mean()), std(a_R), len(a_R), float(b_R.mean()), std(b_R), len(b_R))
+
+
+@dataclasses.dataclass(frozen=True)
+class VarianceRatio:
+  """The two-sided F test of two pooled variances, a over b.
+
+  Attributes:
+    ratio: var_a / var_b.
+    df_a, df_b: their degrees of freedom.
+    p: two-sided p-value (twice the smaller tail of F(df_a, df_b)).
+    ci: the CONFIDENCE interval of the ratio of the true variances.
+  """
+
+  ratio: float
+  df_a: int
+  df_b: int
+  p: float
+  ci: tuple[float, float]
+
+
+def pooled_variance(samples: Sequence[Sequence[float]]) -> tuple[float, int]:
+  """The within-point variance pooled over `samples` (each a point's
+  per-replica values): the sum of each one's squared deviations from its own
+  mean over the sum of its len - 1, and that df. Points of one value add
+  nothing."""
+  squares, df = 0.0, 0
+  for sample in samples:
+    x = np.asarray(sample, dtype=np.float64)
+    squares += float(((x - x.mean()) ** 2).sum())
+    df += len(x) - 1
+  if df < 1:
+    raise ValueError("a pooled variance needs a point of two values")
+  return squares / df, df
+
+
+def variance_ratio(var_a: float, df_a: int, var_b: float, df_b: int) -> VarianceRatio:
+  """The two-sided F test of var_a = var_b (module docstring)."""
+  from scipy import stats
+
+  ratio = var_a / var_b
+  p = 2 * min(float(stats.f.sf(ratio, df_a, df_b)), float(stats.f.cdf(ratio, df_a, df_b)))
+  tail = (1 - CONFIDENCE) / 2
+  ci = (
+    ratio / float(stats.f.isf(tail, df_a, df_b)),
+    ratio / float(stats.f.ppf(tail, df_a, df_b)),
+  )
+  return VarianceRatio(ratio, df_a, df_b, min(1.0, p), ci)
 
 
 def paired_design(config_a: Mapping[str, Any], config_b: Mapping[str, Any]) -> bool:
