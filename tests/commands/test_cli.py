@@ -237,6 +237,16 @@ def test_broken_config_file_is_one_line_exit_2(tmp_path, case):
   assert not workdir.exists()
 
 
+def test_a_syntax_error_in_a_module_the_config_imports_names_that_module(tmp_path):
+  """It named the config file at the module's line number (cfg.py:2 of a
+  one-line config)."""
+  write(tmp_path / "broken_entry.py", "x = 1\ny = (\n")
+  config = write(tmp_path / "config.py", "import broken_entry\n")
+  result = run_cli(f"--config={config}", f"--workdir={tmp_path / 'run'}")
+  assert_one_line_error(result, f"config error: {tmp_path / 'broken_entry.py'}:2: ")
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("command,config", [("run", "rope"), ("sweep", "sweeps/pe_ln")])
 def test_a_setting_for_a_config_that_takes_none_is_one_line_exit_2(tmp_path, command, config):
   """`--config=rope:gpu` was get_config's own TypeError ("takes 0 positional

@@ -90,6 +90,25 @@ def test_a_name_not_cached_says_how_to_fetch_it(cache):
   )
 
 
+def test_a_name_the_hub_does_not_give_says_how_to_fetch_it(cache, monkeypatch):
+  """Online but unreachable (no network, a typo of a local path): the line
+  said only what the Hub answered."""
+  huggingface_hub = pytest.importorskip("huggingface_hub")
+
+  def unreachable(**kwargs):
+    raise OSError("ConnectError: [Errno -2] Name or service not known")
+
+  monkeypatch.delenv("HF_HUB_OFFLINE")
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+  with pytest.raises(CheckpointError) as error:
+    resolve_model("openai-community/gpt2")
+  assert str(error.value) == (
+    f"model openai-community/gpt2: not a directory, not in {cache}, and the Hugging Face Hub "
+    "did not give it (ConnectError: [Errno -2] Name or service not known): fetch it with "
+    "`hf download openai-community/gpt2` where the Hub can be reached"
+  )
+
+
 def test_refs_main_naming_a_missing_snapshot_is_one_line(cache):
   snapshot = cache_model(cache, "openai-community/gpt2", "gpt2")
   shutil.rmtree(snapshot)

@@ -176,6 +176,14 @@ def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tm
   write_config(extended, tmp_path / "extended")
   again = keep_run_warmup(parse(config), read_run_config(tmp_path / "extended"), 300)
   assert again.train == extended.train and len(again.notes) == 1
+  # The step the warmup ended, not the resumed one (it said 'finished by step 300').
+  assert again.notes[0].startswith(
+    "train.warmup_steps: 60 -> 30, the warmup this run finished by step 30 ("
+  )
+  # Rerun at its end (600 of 600): kept for the record, no note of a rate at
+  # step 601 that is never trained (it read 'would lower ... from 3.000e-04 to 3.000e-03').
+  finished = keep_run_warmup(parse(config), read_run_config(tmp_path / "extended"), 600)
+  assert finished.train == extended.train and finished.notes == ()
   for changes, start in [(dict(warmup_steps=20), 30), (dict(warmup_steps=60), 29)]:
     config.train.update(changes)
     run = parse(config)

@@ -68,8 +68,8 @@ class ConfigFileParser(flags.ArgumentParser):
     file = str(resolved.resolve())
     try:
       config = load_config(file, *arg)
-    except SyntaxError as error:
-      raise ConfigFileError(f"{file}:{error.lineno}: {error.msg}") from error
+    except SyntaxError as error:  # in the config, or in a module it imports
+      raise ConfigFileError(f"{error.filename or file}:{error.lineno}: {error.msg}") from error
     except SettingError as error:
       raise ConfigFileError(f"{file}: {error}") from None
     except SystemExit as error:  # sys.exit() in the user's code: nothing would run

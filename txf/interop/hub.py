@@ -88,7 +88,7 @@ def _download(name: str) -> str:
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     raise CheckpointError(
       f"model {name}: not a directory, not in {hub_cache()}, and the Hugging Face Hub did not "
-      f"give it ({reason})"
+      f"give it ({reason}): {_fetch_hint(name)} where the Hub can be reached"
     ) from None
 
 

@@ -269,7 +269,11 @@ class ModelConfig:
     "GELUs' tanh form (GPT-2, T5 v1.1); False: exact erf (BERT)", default=True
   )
   position: str = documented("a txf.layers.positions.ENCODINGS name", default="rope")
-  max_len: int = documented("learned table size and longest KV cache", default=512)
+  max_len: int = documented(
+    "a learned position table's size, so the longest sequence and KV cache it takes (other "
+    "encodings: no limit of their own)",
+    default=512,
+  )
   norm: str = documented("layer | rms", default="layer")
   norm_eps: float = documented("added to the variance in every norm", default=1e-6)
   norm_placement: str = documented("pre: x + f(norm(x)); post: norm(x + f(x))", default="pre")

@@ -49,13 +49,13 @@ def _number(train_config: TrainConfig, name: str) -> Any:
   """Reads a real field; bools are rejected (they are ints in Python)."""
   value = _field(train_config, name)
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f"train.{name} must be a number, got {value!r}.")
+    raise ValueError(f"train.{name}: must be a number, got {value!r}")
   return value
 
 
 def _check(condition: bool, name: str, requirement: str, value: Any) -> None:
   if not condition:
-    raise ValueError(f"train.{name} must be {requirement}, got {value!r}.")
+    raise ValueError(f"train.{name}: must be {requirement}, got {value!r}")
 
 
 def fitted_warmup(warmup_steps: int, steps: int) -> int:

@@ -388,6 +388,7 @@ class RunRecord:
       end=None,
       ended=None,
       start_step=start_step,
+      end_step=None,  # every key from the start: a killed run's entry has them all
       argv=list(sys.argv),
       config_file=config_file,
       git=git_state(),

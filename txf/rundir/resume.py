@@ -281,12 +281,15 @@ def keep_run_warmup(run: RunConfig, saved: RunConfig, start: int) -> RunConfig:
   if not (old.warmup_steps <= start and old.warmup_steps < new.warmup_steps):
     return run
   kept = dataclasses.replace(new, warmup_steps=old.warmup_steps)
+  if start >= new.steps:  # nothing left to train: kept for the record, no rate moves
+    return dataclasses.replace(run, train=kept)
+  kept_rate, asked_rate = float(kept.schedule(start)), float(new.schedule(start))
   note = (
     f"train.warmup_steps: {new.warmup_steps} -> {old.warmup_steps}, the warmup this run "
-    f"finished by step {start} (a longer one would lower the learning rate "
-    f"at step {start + 1} from {float(kept.schedule(start)):.3e} to "
-    f"{float(new.schedule(start)):.3e}); to warm up again, train in a new --workdir "
-    "with train.init_from=<this run>"
+    f"finished by step {old.warmup_steps} (a longer one would "
+    f"{'lower' if asked_rate < kept_rate else 'raise'} the learning rate at step {start + 1} "
+    f"from {kept_rate:.3e} to {asked_rate:.3e}); to warm up again, train in a new "
+    "--workdir with train.init_from=<this run>"
   )
   return dataclasses.replace(run, train=kept, notes=(*run.notes, note))
 
