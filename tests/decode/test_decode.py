@@ -473,6 +473,13 @@ def test_bad_prompts_are_rejected_before_decoding(prompt, kwargs, message):
     (dict(), "prompt_BxP: a decoder needs prompts"),
     (dict(prompt_BxP=PROMPT, encoder_tokens_BxS=PROMPT), "encoder_tokens_BxS only apply"),
     (dict(prompt_BxP=PROMPT[:, ::-1]), r"rows \[0\] are not right-padded"),
+    # Both ends of the vocabulary [0, 50): the embedding clamped them (50 read
+    # as 49) and generation continued another prompt, without a word.
+    (
+      dict(prompt_BxP=PROMPT.at[1, 0].set(50)),
+      r"^generate: prompt_BxP: id 50 outside the vocabulary \[0, 50\) \(model.vocab_size\)$",
+    ),
+    (dict(prompt_BxP=PROMPT.at[0, 1].set(-1)), r"^generate: prompt_BxP: id -1 outside"),
   ],
 )
 def test_bad_generate_arguments_are_rejected(kwargs, message):

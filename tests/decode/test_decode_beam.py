@@ -289,6 +289,10 @@ def test_bad_beam_arguments_are_rejected(kwargs, message):
   [
     (dict(), "encoder_tokens_BxS: an encoder_decoder needs encoder inputs"),
     (dict(encoder_tokens_BxS=PROMPT, prompt_BxP=PROMPT[:1]), "has 2 rows, prompt_BxP 1"),
+    (
+      dict(encoder_tokens_BxS=PROMPT.at[0, 0].set(TINY["vocab_size"])),
+      rf"^generate: encoder_tokens_BxS: id {TINY['vocab_size']} outside the vocabulary",
+    ),
   ],
 )
 def test_bad_seq2seq_arguments_are_rejected(kwargs, message):

@@ -16,6 +16,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from txf import hardware
 from txf.decode.beam_search import beam_search, per_beam
@@ -63,7 +64,24 @@ def _checked_prompts(
       f"generate: encoder_tokens_BxS has {encoder_tokens_BxS.shape[0]} rows, "
       f"prompt_BxP {prompt_BxP.shape[0]}"
     )
+  for name, ids in (("prompt_BxP", prompt_BxP), ("encoder_tokens_BxS", encoder_tokens_BxS)):
+    _check_vocabulary(name, ids, model.cfg.vocab_size)
   return prompt_BxP, prompt_lengths_B
+
+
+def _check_vocabulary(name: str, ids: Array | None, vocab_size: int) -> None:
+  """ValueError for concrete ids outside [0, vocab_size): inside the jitted
+  program the embedding clamps them (an id past the table read as the last
+  one), so generation would continue another prompt than the one given."""
+  values = None if ids is None else concrete(ids)
+  if values is None or not values.size or not np.issubdtype(values.dtype, np.integer):
+    return  # traced (checked where they were made) or malformed (check_search says so)
+  low, high = int(values.min()), int(values.max())
+  if low < 0 or high >= vocab_size:
+    bad = low if low < 0 else high
+    raise ValueError(
+      f"generate: {name}: id {bad} outside the vocabulary [0, {vocab_size}) (model.vocab_size)"
+    )
 
 
 def _check_search_choice(
