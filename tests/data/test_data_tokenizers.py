@@ -183,12 +183,37 @@ def test_bytes_and_sentencepiece_as_hugging_face_tokenizers(sp_model_prefix, tmp
       ids = tokenizer.encode(text)
       np.testing.assert_array_equal(read.encode(text), ids, err_msg=f"{name}: {text!r}")
       assert read.decode(ids) == tokenizer.decode(ids), (name, text)
-    # A Hugging Face tokenizer's own files are copied.
+    # A Hugging Face tokenizer's own files are copied (nothing in them adds tokens).
     assert tokenizers_module.hf_tokenizer_files(read) == {
       file.name: file.read_text() for file in directory.iterdir()
     }
   with pytest.raises(ValueError, match="SymbolTokenizer .* has no Hugging Face tokenizer.json"):
     tokenizers_module.hf_tokenizer_files(SymbolTokenizer(["a", "b"]))
+
+
+@pytest.mark.parametrize("fixture", ["bert", "t5"])
+def test_a_hugging_face_tokenizer_is_exported_encoding_as_the_run(fixture, tmp_path):
+  """A run encodes without special tokens; its export's tokenizer.json kept
+  the post-processor that adds them (BERT's [CLS] ... [SEP], T5's </s>),
+  so txf-embed and txf-generate on the export (which add what a Hugging Face
+  directory's tokenizer adds) fed the model other ids than the run did."""
+  from txf.data import HFTokenizer
+
+  run = HFTokenizer(FIXTURES / "hf" / fixture)
+  text = "hello world, a run's text"
+  assert len(run.encode(text, add_special_tokens=True)) > len(run.encode(text))  # it adds some
+  for file, contents in tokenizers_module.hf_tokenizer_files(run).items():
+    (tmp_path / file).write_text(contents)
+  exported = HFTokenizer(tmp_path)
+  np.testing.assert_array_equal(exported.encode(text, add_special_tokens=True), run.encode(text))
+  assert (exported.pad_id, exported.bos_id, exported.eos_id, exported.vocab_size) == (
+    run.pad_id,
+    run.bos_id,
+    run.eos_id,
+    run.vocab_size,
+  )
+  config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+  assert not config.get("add_bos_token") and not config.get("add_eos_token")
 
 
 def test_tokenizer_hashes_are_of_the_files_that_define_the_ids(sp_model_prefix, tmp_path):

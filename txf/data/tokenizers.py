@@ -401,22 +401,40 @@ def _sentencepiece_tokenizer_json(tokenizer: SentencePieceTokenizer) -> tokenize
   return converted
 
 
+def _as_the_run_encodes(text: str, *keys: str) -> str:
+  """A Hugging Face tokenizer file's JSON `text` with `keys` that adds special
+  tokens to every encoding turned off (null or false), where it has them."""
+  saved = json.loads(text)
+  found = [key for key in keys if saved.get(key)]
+  if not found:
+    return text
+  for key in found:
+    saved[key] = None if key == "post_processor" else False
+  return json.dumps(saved, indent=2, ensure_ascii=False) + "\n"
+
+
 def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
   """The files of a Hugging Face tokenizer that encodes and decodes as
   `tokenizer` does: file name -> text (tokenizer.json, and
   tokenizer_config.json naming its special tokens, which HFTokenizer and
   transformers read). bytes and sentencepiece tokenizers are converted; an
-  HFTokenizer's own files are copied.
+  HFTokenizer's own files are copied without what adds special tokens to
+  every encoding (tokenizer.json's post_processor, tokenizer_config.json's
+  add_bos_token / add_eos_token): a run encodes its text without them, so a
+  copy with them (BERT's [CLS] ... [SEP]) gave the export other ids, and
+  other outputs, than the run.
 
   Raises:
     ValueError: a tokenizer with no such form (the generated tasks' symbols).
   """
   if isinstance(tokenizer, HFTokenizer):
     directory = tokenizer.file.parent
-    files = {"tokenizer.json": tokenizer.file.read_text()}
+    files = {"tokenizer.json": _as_the_run_encodes(tokenizer.file.read_text(), "post_processor")}
     for name in HF_SPECIAL_FILES:
       if (directory / name).exists():
-        files[name] = (directory / name).read_text()
+        files[name] = _as_the_run_encodes(
+          (directory / name).read_text(), "add_bos_token", "add_eos_token"
+        )
     return files
   special = dict(_SPECIAL_TOKENS, mask_token="<mask>")
   if isinstance(tokenizer, ByteTokenizer):
