@@ -277,6 +277,32 @@ def test_a_read_only_or_remote_out_is_refused_before_the_run_is_read(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+def test_an_out_that_names_no_directory_of_its_own_is_refused_before_the_run_is_read(
+  tmp_path, monkeypatch
+):
+  """'.' and '' were a traceback (an empty name to stage beside) after the
+  run was restored; 'X/..' a write error leaving X created; a link to an
+  earlier export was replaced by a directory, leaving the export it named
+  and a '.NAME.<hex>.old' link behind. 'X/..' is X."""
+  here = tmp_path / "here"
+  here.mkdir()
+  monkeypatch.chdir(here)
+  for out in (".", "..", str(here)):
+    with pytest.raises(ConfigError, match=r"^out: .* holds the current directory"):
+      export_run(OLD_RUN, out)
+  with pytest.raises(ConfigError, match="^out: empty; name the directory"):
+    export_run(OLD_RUN, "")
+  earlier = tmp_path / "earlier"
+  write_directory(earlier, {"config.json": b"1", EXPORT_MARKER: b"m"})
+  (tmp_path / "link").symlink_to(earlier)
+  with pytest.raises(ConfigError, match=rf"^out: {tmp_path / 'link'} is a symbolic link \(to "):
+    export_run(OLD_RUN, tmp_path / "link")
+  assert sorted(os.listdir(tmp_path)) == ["earlier", "here", "link"]
+  written = export_run(OLD_RUN, tmp_path / "new" / "sub" / "..")
+  assert os.fspath(written.directory) == str(tmp_path / "new")
+  assert EXPORT_MARKER in os.listdir(tmp_path / "new") and "sub" not in os.listdir(tmp_path / "new")
+
+
 def test_a_directory_is_written_whole_and_replaces_an_earlier_one(tmp_path):
   """The second export of a run without a tokenizer leaves no tokenizer.json
   of the first (txf-generate decoded garbage with it)."""

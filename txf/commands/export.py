@@ -25,7 +25,9 @@ else Llama for RMSNorm, else GPT-NeoX; an alibi decoder, a window, Post-LN,
 ...) exits 2 with one line naming every field that does not map, writing
 nothing; so does a RUN without a trained run (a Hugging Face directory,
 say), and a DIR that is not the export's to write: a run's directory, one
-holding other files, a read-only one, a URL (export locally, then copy it).
+holding other files, a read-only one, a symbolic link (name the directory
+it links to), the current directory or one above it, a URL (export
+locally, then copy it).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -98,8 +99,9 @@ class Export:
 
 def check_out(workdir: epath.Path, out: epath.Path) -> bool:
   """Refuses an output directory the export does not own: a URL (an object
-  store has no directory to rename into place), a file, a run's directory
-  (its config.json would be replaced), a directory holding files no export
+  store has no directory to rename into place), a symbolic link, the
+  current directory or one above it, a file, a run's directory (its
+  config.json would be replaced), a directory holding files no export
   wrote, or one that cannot be written (its parent, where the export is
   staged, included). Creates `out`'s parent if needed.
 
@@ -113,6 +115,18 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
     raise ConfigError(
       f"out: {out}: txf-export writes a local directory; export to one, then copy it "
       "(gcloud storage cp -r)"
+    )
+  local = pathlib.Path(out)
+  if local.is_symlink():
+    # Replacing it would replace the link, leaving the export it names as it was.
+    raise ConfigError(
+      f"out: {out} is a symbolic link (to {local.resolve()}); export to that directory itself"
+    )
+  here = pathlib.Path.cwd()
+  if local == here or local in here.parents:  # `out` is absolute and normal (export_run)
+    raise ConfigError(
+      f"out: {out} holds the current directory, which the export would replace; "
+      "export to a directory of its own (--out=export)"
     )
   if out.exists() and not out.is_dir():
     raise ConfigError(f"out: {out} exists and is not a directory")
@@ -226,14 +240,20 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
 
   Raises:
     WorkdirError: `workdir` is a URL txf cannot use or reach.
-    ConfigError: `workdir` holds no run or checkpoint, or `out` is not the
-      export's to write (see `check_out`) -- before any compute.
+    ConfigError: `workdir` holds no run or checkpoint, or `out` is empty or
+      not the export's to write (see `check_out`) -- before any compute.
     CheckpointError: the model fields its architecture cannot hold, all of
       them in one line (see txf.interop.hf_config.require).
     WriteError: a file could not be written (a full disk); `out` is as it was.
   """
   workdir = reachable_directory(workdir, "workdir")
+  if not os.fspath(out):
+    raise ConfigError("out: empty; name the directory to export into")
   out = run_path(out, "out")
+  if is_local(out):
+    # '.' and 'X/..' name no directory to stage beside (the export is
+    # written into a sibling of its name, then renamed into place).
+    out = epath.Path(os.path.abspath(out))
   check_holds_run(workdir)
   replaced = check_out(workdir, out)
   trained = load_trained(workdir)
