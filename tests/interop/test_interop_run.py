@@ -119,11 +119,21 @@ def test_generate_prints_the_greedy_continuation():
   ]
 
 
-@pytest.mark.slow  # a subprocess (~3 s)
+@pytest.mark.slow  # subprocesses (~3 s each)
 def test_commands_name_an_unusable_directory(tmp_path):
   result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi")
   assert result.returncode == 2
   assert result.stderr.strip() == f"model error: {tmp_path / 'config.json'}: no such file"
+  # A file, a missing path and an empty flag each named what they are (they
+  # read '<path>/config.json: no such file', and '' the current directory's).
+  (tmp_path / "weights.bin").write_bytes(b"")
+  for model, line in [
+    (tmp_path / "weights.bin", f"{tmp_path / 'weights.bin'} is a file, not a model directory"),
+    (tmp_path / "missing", f"{tmp_path / 'missing'} is no directory"),
+    ("", "empty; name a txf run, a Hugging Face model directory or a Hub name"),
+  ]:
+    result = run_command("experiments.embed", f"--model={model}", "a")
+    assert (result.returncode, result.stderr.strip()) == (2, f"model error: model: {line}")
 
 
 # Each was accepted: 32 garbage tokens (top_p=nan), a top_p past 1, uniform

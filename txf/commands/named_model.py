@@ -59,11 +59,17 @@ def load_named_model(
   from txf.interop import load_pretrained, resolve_model
   from txf.interop.text import encode_batch, pad_batch
   from txf.rundir.resume import is_run_directory
+  from txf.storage import is_local
   from txf.train.run_setup import load_trained
   from txf.trained.export import reachable_directory, without_head
 
+  if not name:
+    raise ValueError("model: empty; name a txf run, a Hugging Face model directory or a Hub name")
   directory = resolve_model(name)
-  reachable_directory(directory, "model")
+  path = reachable_directory(directory, "model")
+  if is_local(path) and not path.is_dir():  # else '<path>/config.json: no such file'
+    what = "is a file, not a model directory" if path.exists() else "is no directory"
+    raise ValueError(f"model: {directory} {what}")
   if is_run_directory(directory):
     with run_errors():  # a run without a checkpoint, one that does not restore
       trained = load_trained(directory)
