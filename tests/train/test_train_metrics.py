@@ -254,6 +254,40 @@ def test_mfu_arithmetic():
       hardware.mfu(*args)
 
 
+def test_mfu_counts_the_meshs_devices_not_the_hosts(monkeypatch):
+  """A run set up on 4 of 8 devices (setup_run(devices=...)) divided by all
+  8: its MFU was half what its devices did."""
+  from txf.train import loop
+
+  setup = types.SimpleNamespace(
+    tokens_per_step=1000, flops_per_token=6e6, mesh=types.SimpleNamespace(size=4), peak_flops=1e12
+  )
+  monkeypatch.setattr(jax, "device_count", lambda *args: 8)
+  window = loop._Throughput()
+  window.add({}, compiling=False)
+  figures = window.figures(setup)
+  assert figures["mfu"] == pytest.approx(6e6 * figures["tokens_per_sec"] / (4 * 1e12), rel=1e-12)
+
+
+@pytest.mark.parametrize("config", ["encoder_classify", "encoder_mlm"])
+def test_a_steps_flops_are_its_tokens_flops_whatever_its_throughput_counts(config):
+  """A classifier's throughput counts examples; its FLOPs were still counted
+  per token, so its MFU (and txf-compile's FLOPs and roofline) came out
+  seq_len times too low. By hand: B rows of T tokens, each token 6N +
+  attention, the classifier's head 6 D C a row."""
+  from conftest import tiny_config
+  from txf.analysis import flops_per_token
+  from txf.runconfig.run_config import parse
+  from txf.train.run_setup import fit_vocabulary, setup_run
+
+  run, _ = fit_vocabulary(parse(tiny_config(config)), None)
+  setup = setup_run(run)
+  B, T = run.data.batch_size, run.data.seq_len
+  assert setup.tokens_per_step == (B if config == "encoder_classify" else B * T)
+  by_hand = B * T * flops_per_token(run.model, T)  # the head's term is per row / T
+  assert setup.flops_per_token * setup.tokens_per_step == pytest.approx(by_hand, rel=1e-12)
+
+
 def test_memory_bytes_is_the_allocators_limit_or_the_hosts_memory():
   gpu = types.SimpleNamespace(platform="gpu", memory_stats=lambda: {"bytes_limit": 80 << 30})
   assert hardware.memory_bytes(gpu) == 80 << 30

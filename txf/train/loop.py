@@ -268,7 +268,7 @@ class _Throughput:
       step_time=elapsed / self._steps,
     )
     utilisation = hardware.mfu(
-      setup.flops_per_token, tokens_per_sec, jax.device_count(), setup.peak_flops
+      setup.flops_per_token, tokens_per_sec, setup.mesh.size, setup.peak_flops
     )
     if utilisation is not None:
       figures["mfu"] = utilisation

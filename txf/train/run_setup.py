@@ -101,8 +101,10 @@ class RunSetup:
       when R > 1).
     tokens_per_step: tokens (examples, for classification) a step trains on:
       one global batch's, R of them with own batches per replica.
-    flops_per_token: training FLOPs per data token (6N + attention), of all
-      R replicas where they share the batch.
+    flops_per_token: training FLOPs per unit `tokens_per_step` counts (a
+      token, 6N + attention; an example, seq_len tokens' worth, for
+      classification), of all R replicas where they share the batch: their
+      product is a step's FLOPs.
     peak_flops: the device's peak FLOP/s in the compute dtype; None if unknown.
     started_from: what `init` takes its parameters from (train.init_from:
       'the txf run in DIR, step N' or 'the Hugging Face ARCHITECTURE in
@@ -362,6 +364,10 @@ def setup_run(
   replicated = sharding.replicated(mesh)
   seq_len = run.data.seq_len
   batches = len(run.data_seeds)  # global batches a step trains on
+  # A classifier's throughput counts examples: its FLOPs are counted per
+  # example too (they were per token, so its MFU was seq_len times too low).
+  per_example = task_kind(task).per_example
+  tokens_counted = seq_len if per_example else 1
   return RunSetup(
     run=run,
     model=model,
@@ -378,8 +384,8 @@ def setup_run(
       programs.train_step, out_shardings=(programs.state_sharding, replicated), donate_argnums=0
     ),
     eval_step=jax.jit(programs.eval_step, out_shardings=replicated),
-    tokens_per_step=batches * run.data.batch_size * (1 if task_kind(task).per_example else seq_len),
-    flops_per_token=run.replicas // batches * flops_per_token(run.model, seq_len),
+    tokens_per_step=batches * run.data.batch_size * (1 if per_example else seq_len),
+    flops_per_token=run.replicas // batches * flops_per_token(run.model, seq_len) * tokens_counted,
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
     started_from=started_from,
   )
