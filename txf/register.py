@@ -153,7 +153,11 @@ def _activation_shape(x: Any, cfg: Any) -> tuple[tuple[int, ...], str]:
   return tuple(x.shape), "x's shape"
 
 
-_POSITION_SHAPES = {"embedding": _embedding_shape, "rotation": _rotation_shape, "bias": _bias_shape}
+_POSITION_SHAPES: dict[str, Callable[..., tuple[tuple[int, ...], str]]] = {
+  "embedding": _embedding_shape,
+  "rotation": _rotation_shape,
+  "bias": _bias_shape,
+}
 
 
 def position(

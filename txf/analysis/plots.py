@@ -126,12 +126,14 @@ def _token_ticks(
   are short; returns the (x, y) axis labels that say which it shows."""
   labels = []
   for axis, tokens in (("key", key_tokens), ("query", query_tokens)):
-    ticked = tokens is not None and len(tokens) <= MAX_TOKEN_TICKS
-    if ticked and axis == "key":
+    if tokens is None or len(tokens) > MAX_TOKEN_TICKS:
+      labels.append(f"{axis} position")
+      continue
+    if axis == "key":
       axes.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
-    elif ticked:
+    else:
       axes.set_yticks(range(len(tokens)), tokens, fontsize=6)
-    labels.append(f"{axis} token" if ticked else f"{axis} position")
+    labels.append(f"{axis} token")
   return labels[0], labels[1]
 
 
