@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -49,6 +50,28 @@ def write_error(path: str | os.PathLike, error: BaseException) -> WriteError:
 def is_local(path: str | os.PathLike) -> bool:
   """Whether `path` is on a local (POSIX) file system rather than a URL."""
   return "://" not in os.fspath(path)
+
+
+def is_replaceable(path: str | os.PathLike) -> bool:
+  """Whether an atomic write may rename a new file over the local `path`: it
+  does not exist, or is a regular file. A device, a pipe or a socket is not
+  (renaming over /dev/full made the device a JSON file)."""
+  try:
+    return stat.S_ISREG(os.stat(path).st_mode)
+  except FileNotFoundError:
+    return True
+
+
+def _kind(path: str | os.PathLike) -> str:
+  mode = os.stat(path).st_mode
+  for test, name in (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a pipe"),
+    (stat.S_ISSOCK, "a socket"),
+  ):
+    if test(mode):
+      return name
+  return "a device"
 
 
 def _temporary(path: epath.Path) -> epath.Path:
@@ -95,6 +118,8 @@ def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
         path.write_bytes(data)
         continue
       path.parent.mkdir(parents=True, exist_ok=True)
+      if not is_replaceable(path):
+        raise OSError(f"not a regular file ({_kind(path)}), which a write would replace")
       staged.append((_temporary(path), path))
       staged[-1][0].write_bytes(data)
     for temporary, path in staged:

@@ -620,10 +620,17 @@ TINY = [
     (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be > 0"),
     (["--target=h100", "--decode_tokens=-1"], "flag error: decode_tokens: must be >= 0"),
     (["--target=h100", "--json=/no/such/dir/r.json"], "flag error: json: /no/such/dir/r.json"),
+    # A pipe (or a device: --json=/dev/full was renamed over, the device
+    # became a JSON file and the command exited 0).
+    (["--target=h100", "--hlo=FIFO"], "flag error: hlo: FIFO: not a regular file"),
     (["--target=v5e-16x100000"], "target error: target 'v5e-16x100000': 1,600,000 devices"),
   ],
 )
-def test_bad_input_is_one_line_exit_2(flags, message, commands):
+def test_bad_input_is_one_line_exit_2(flags, message, commands, tmp_path):
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  flags = [flag.replace("FIFO", str(fifo)) for flag in flags]
+  message = message.replace("FIFO", str(fifo))
   done = compile_command(commands, *TINY, *flags)
   assert done.returncode == 2, done.stderr[-2000:]
   (line,) = done.stderr.strip().splitlines()

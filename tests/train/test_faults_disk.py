@@ -10,7 +10,9 @@ replaced by a run training there."""
 
 import contextlib
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 
@@ -27,6 +29,7 @@ from conftest import (
 )
 from full_disk import full_disk
 from tensorboard_files import read_tensorboard_scalars
+from txf import storage
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir import checkpoint, resume
 from txf.rundir.checkpoint import CheckpointWriteError
@@ -216,6 +219,21 @@ def test_polling_for_errors_never_lets_a_failed_save_delete_the_last_good_one(tm
     step, restored, extras = ckpt.restore(abstract(state(0)))
   assert (step, extras) == (1, {"step": 1})
   assert float(restored["w"][0]) == 1.0
+
+
+def test_a_write_never_replaces_what_is_not_a_regular_file(tmp_path):
+  """Every file txf writes is a new file renamed over its path: over a
+  device or a pipe that replaced it (txf-compile --json=/dev/full made the
+  device a JSON file, exit 0). A pipe stands for both here (a device node
+  needs root); a regular file and a new path are written as before."""
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  with pytest.raises(WriteError, match=rf"^{fifo}: not a regular file \(a pipe\)"):
+    storage.write_files({tmp_path / "new.json": "1", fifo: "2"})
+  assert stat.S_ISFIFO(os.stat(fifo).st_mode) and sorted(os.listdir(tmp_path)) == ["fifo"]
+  storage.write_file(tmp_path / "new.json", "1")
+  storage.write_file(tmp_path / "new.json", "2")
+  assert (tmp_path / "new.json").read_text() == "2"
 
 
 def test_reading_creates_nothing(tmp_path):

@@ -81,8 +81,9 @@ _DECODE_TOKENS = flags.DEFINE_integer(
 
 def _check_output(flag: flags.FlagHolder) -> None:
   """An output file's directory must exist and take a file (found before the
-  compile, not after it), and the file must not be a directory."""
+  compile, not after it), and the file must be a regular one or none."""
   from txf.rundir.workdir import WorkdirError, check_writable
+  from txf.storage import is_replaceable
 
   if flag.value is None:
     return
@@ -90,6 +91,8 @@ def _check_output(flag: flags.FlagHolder) -> None:
   if path.is_dir() or not path.parent.is_dir():
     reason = "is a directory" if path.is_dir() else f"no directory {path.parent}"
     fail("flag", f"{flag.name}: {path}: {reason}")
+  if not is_replaceable(path):  # a device or a pipe, which the write would replace
+    fail("flag", f"{flag.name}: {path}: not a regular file; name a file to write")
   try:
     check_writable(path.parent)
   except WorkdirError as error:
