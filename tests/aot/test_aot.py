@@ -28,7 +28,7 @@ from txf.aot.compile import (
   prepare_environment,
   untrained_tokenizer,
 )
-from txf.aot.report import report
+from txf.aot.report import gpu_kernels, report
 from txf.aot.targets import MAX_DEVICES, parse_target
 from txf.runconfig import optim
 from txf.runconfig.run_config import ConfigError, parse
@@ -259,6 +259,58 @@ ENTRY %main (a: f32[4]) -> f32[4] {
   ROOT %out = f32[4]{0} copy(%prefill)
 }
 """
+
+
+# A scanned stack's shape: a layer loop of known trip count 3 whose body
+# runs a fusion and writes one layer's slice of a stacked buffer in place.
+SCANNED = """\
+HloModule jit_step
+
+%fused (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %neg = f32[4]{0} negate(%p0)
+}
+
+%write (stack: f32[3,4], row: f32[1,4], i: s32[]) -> f32[3,4] {
+  %stack = f32[3,4]{1,0} parameter(0)
+  %row = f32[1,4]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[3,4]{1,0} dynamic-update-slice(%stack, %row, %i, %z)
+}
+
+%layer_body (t: (s32[], f32[3,4])) -> (s32[], f32[3,4]) {
+  %t = (s32[], f32[3,4]{1,0}) parameter(0)
+  %x = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused, metadata={op_name="jit(step)/jvp(M)/mul"}
+  %saved = f32[3,4]{1,0} fusion(%s, %r, %i), kind=kLoop, calls=%write
+  %ag = f32[8]{0} all-gather(%x), dimensions={0}
+  ROOT %o = (s32[], f32[3,4]{1,0}) tuple(%i, %saved)
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %layers = (s32[], f32[3,4]{1,0}) while(%t0), condition=%layer_cond, body=%layer_body, \
+backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[4]{0} copy(%a)
+}
+"""
+
+
+def test_a_known_loops_instructions_count_once_per_iteration():
+  """A scanned stack's kernels counted once, not once per layer (gpt2_small
+  scanned: 188 kernels a step of its 1,321), and a layer's write into the
+  stacked buffer counted the whole buffer each time."""
+  program = {i.name: i for i in hlo.instructions(SCANNED)}
+  assert {name: i.times for name, i in program.items()} == {"x": 3, "saved": 3, "ag": 3, "out": 1}
+  assert program["x"].bytes == 2 * 4 * 4  # its operand and result whole
+  # The row read and written and the index read, not the stack (48 bytes).
+  assert program["saved"].bytes == 2 * 1 * 4 * 4 + 4
+  kernels = gpu_kernels(list(program.values()))
+  assert kernels["kernels"] == 3 + 3 + 3 + 1
+  assert kernels["non_gemm_bytes"] == 3 * (32 + 36 + program["ag"].bytes) + 2 * 4 * 4
+  assert hlo.collectives(SCANNED) == {"all-gather": {"count": 3, "bytes": 3 * 8 * 4}}
+  unknown = SCANNED.replace('backend_config={"known_trip_count":{"n":"3"}}', "")
+  assert {i.name: i.times for i in hlo.instructions(unknown)}["x"] == 1  # counted once
 
 
 def test_loop_kernels_counts_one_iteration_of_the_busiest_loop():

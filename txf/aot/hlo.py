@@ -5,13 +5,18 @@
 Only the computations the device runs instruction by instruction are read:
 the entry computation and the bodies of control flow (while, conditional,
 call). A fusion's own computation runs as one kernel, so its instructions
-are not counted. An instruction inside a loop body is counted once, not
-once per iteration.
+are not counted. An instruction inside a loop body runs once per iteration
+where XLA knows the trip count (scanned layers: once per layer): its
+`times` says how often, and every figure of a program weighs it so; a
+loop whose trip count is unknown (a token loop that stops early) counts
+once. A conditional counts every branch.
 
 Bytes of an instruction are its operands' plus its result's, each buffer
-counted whole: the traffic an unfused kernel must move at least once (a
-kernel that reads an operand twice moves more; one that reads part of it
-less).
+counted whole (the traffic an unfused kernel must move at least once; a
+kernel that reads an operand twice moves more), except what it is known
+not to move (`Instruction.moved`): an operand a fusion reads only through
+slices counts their bytes, a buffer updated in place (a fusion rooted in a
+dynamic-update-slice, a dynamic-update-slice) counts the update.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ class Instruction:
     operand_bytes: its operands' bytes.
     op_name: the JAX source path of the operation (its metadata), e.g.
       `jit(train_step)/transpose(jvp(Decoder))/.../self_attention/...`.
+    times: how often it runs in one run of the program: the product of the
+      known trip counts of the loops around it (module docstring).
+    moved: the bytes it moves each time (module docstring); `bytes`.
   """
 
   name: str
@@ -73,10 +81,12 @@ class Instruction:
   result_bytes: float
   operand_bytes: float
   op_name: str
+  times: int = 1
+  moved: float | None = None  # None: operands and result whole
 
   @property
   def bytes(self) -> float:
-    return self.result_bytes + self.operand_bytes
+    return self.result_bytes + self.operand_bytes if self.moved is None else self.moved
 
   @property
   def is_gemm(self) -> bool:
@@ -173,16 +183,160 @@ def _operand_bytes(operands: str, shapes: dict[str, float]) -> float:
   return total
 
 
+# Ops that read their result's bytes of an operand, not the whole operand.
+_PARTIAL_READS = {"dynamic-slice", "slice", "gather"}
+# Ops that only rename a buffer.
+_PASS_THROUGH = {"bitcast", "reshape"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+  """An instruction: its result's bytes, opcode, operands' names,
+  attributes, and whether it is its computation's root."""
+
+  result_bytes: float
+  opcode: str
+  operands: list[str]
+  attributes: str
+  root: bool
+
+
+def computation_ops(lines: list[str]) -> dict[str, _Op]:
+  """A computation's instructions by name."""
+  found = {}
+  for line in lines:
+    parsed = _parse(line)
+    if parsed is None:
+      continue
+    name, result, opcode, operands, attributes = parsed
+    found[name] = _Op(
+      shape_bytes(result),
+      opcode,
+      re.findall(r"%([\w.\-]+)", operands),
+      attributes,
+      line.lstrip().startswith("ROOT "),
+    )
+  return found
+
+
+def fusion_bytes(computation: list[str]) -> float:
+  """The bytes a fusion moves: each operand whole, except one it reads only
+  through slices (their results' bytes) or updates in place (not read);
+  its results whole, except an operand's update in place (the update's
+  bytes)."""
+  ops = computation_ops(computation)
+  users: dict[str, list[str]] = {}
+  for name, op in ops.items():
+    for operand in op.operands:
+      users.setdefault(operand, []).append(name)
+
+  def source(name: str) -> str:
+    while name in ops and ops[name].opcode in _PASS_THROUGH:
+      name = ops[name].operands[0]
+    return name
+
+  root = next(name for name, op in ops.items() if op.root)
+  outputs = ops[root].operands if ops[root].opcode == "tuple" else [root]
+  in_place, moved = set(), 0.0
+  for output in outputs:
+    op = ops[source(output)]
+    if op.opcode == "dynamic-update-slice":
+      in_place.add(source(op.operands[0]))
+      moved += ops[op.operands[1]].result_bytes
+    else:
+      moved += ops[output].result_bytes
+  for name, op in ops.items():
+    if op.opcode != "parameter" or name in in_place:
+      continue
+    readers: list[str] = []
+    frontier = [name]
+    while frontier:
+      for user in users.get(frontier.pop(), []):
+        (frontier if ops[user].opcode in _PASS_THROUGH else readers).append(user)
+    if readers and all(ops[reader].opcode in _PARTIAL_READS for reader in readers):
+      moved += min(op.result_bytes, sum(ops[reader].result_bytes for reader in readers))
+    else:
+      moved += op.result_bytes
+  return moved
+
+
+def aliased_outputs_bytes(result: str, attributes: str) -> float:
+  """The bytes of a custom call's outputs that are updated inputs (written
+  in place, where it writes only what changes)."""
+  aliased = re.search(r"output_to_operand_aliasing=\{(.*?)\}\s*(,|$)", attributes)
+  if not aliased:
+    return 0.0
+  indices = {int(i) for i in re.findall(r"\{(\d+)\}:", aliased[1])}
+  shapes = [shape_bytes(f"{d}[{s}]") for d, s in _SHAPE.findall(result)]
+  return sum(size for i, size in enumerate(shapes) if i in indices)
+
+
+def _trip_count(attributes: str) -> int:
+  """A while loop's known trip count (its backend config), else 1."""
+  found = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', attributes)
+  return int(found[1]) if found else 1
+
+
+def _runs(
+  computations: dict[str, tuple[bool, list[str]]], *, into_fusions: bool = False
+) -> dict[str, int]:
+  """{computation: how often it runs in one run of the program}, from the
+  entry through control flow (a while loop's body and condition as many
+  times as its known trip count) and, `into_fusions`, into the computations
+  fusions call (where TPU programs keep their collectives)."""
+  runs: dict[str, int] = {}
+
+  def walk(name: str, times: int, seen: frozenset[str]) -> None:
+    if name in seen or name not in computations:
+      return
+    runs[name] = runs.get(name, 0) + times
+    for line in computations[name][1]:
+      parsed = _parse(line)
+      if parsed is None:
+        continue
+      opcode, attributes = parsed[2], parsed[4]
+      called = _called(line)
+      if into_fusions and opcode == "fusion":
+        called |= set(re.findall(r"\bcalls=%?([\w.\-]+)", attributes))
+      trips = _trip_count(attributes) if opcode == "while" else 1
+      for inner in called:
+        walk(inner, times * trips, seen | {name})
+
+  for name, (entry, _) in computations.items():
+    if entry:
+      walk(name, 1, frozenset())
+  return runs
+
+
+def _moved(
+  computations: dict[str, tuple[bool, list[str]]],
+  opcode: str,
+  result: str,
+  operands: str,
+  attributes: str,
+  shapes: dict[str, float],
+) -> float | None:
+  """The bytes an instruction moves where less than its buffers whole
+  (module docstring); None where it moves them whole."""
+  if opcode == "fusion":
+    fused = re.search(r"calls=%?([\w.\-]+)", attributes)
+    return fusion_bytes(computations[fused[1]][1]) if fused and fused[1] in computations else None
+  if opcode == "dynamic-update-slice":  # reads and writes the update, in place
+    update = [part.strip().lstrip("%") for part in operands.split(",")][1]
+    return 2 * (shape_bytes(update) or shapes.get(update.split()[-1], 0.0))
+  # A custom call's aliased output counts whole here: a train step's kernels
+  # (the fused loss) rewrite theirs whole, unlike a decoding step's cache.
+  return None
+
+
 def instructions(text: str) -> list[Instruction]:
-  """The device-work instructions of an optimised HLO module's text, in order."""
+  """The device-work instructions of an optimised HLO module's text, in
+  order, each once with how often it runs (`Instruction.times`)."""
   computations = _split_computations(text)
-  run = {name for name, (entry, _) in computations.items() if entry}
-  for _, lines in computations.values():
-    for line in lines:
-      run |= _called(line)
+  runs = _runs(computations)
   found = []
   for name in computations:
-    if name not in run:
+    if name not in runs:
       continue
     shapes: dict[str, float] = {}
     for line in computations[name][1]:
@@ -195,6 +349,7 @@ def instructions(text: str) -> list[Instruction]:
         continue
       operand_bytes = _operand_bytes(operands, shapes)
       op_name = re.search(r'op_name="([^"]*)"', attributes)
+      moved = _moved(computations, opcode, result, operands, attributes, shapes)
       found.append(
         Instruction(
           instruction,
@@ -203,6 +358,8 @@ def instructions(text: str) -> list[Instruction]:
           shapes[instruction],
           operand_bytes,
           op_name[1] if op_name else "",
+          runs[name],
+          moved,
         )
       )
   return found
@@ -220,8 +377,8 @@ def loop_kernels(text: str) -> int:
   """Device-work instructions one iteration of the program's busiest while
   loop launches, its body's and its condition's (0 without a loop): for a
   decoding program, the kernels per generated token. Control flow inside the
-  body (a nested loop, a branch) counts its instructions once, as
-  `instructions` does."""
+  body (a nested loop, a branch) counts its instructions once
+  (txf.aot.report.loop_traffic weighs a nested loop by its trip count)."""
   computations = _split_computations(text)
 
   def launches(name: str, seen: frozenset[str]) -> int:
@@ -254,7 +411,10 @@ def collectives(text: str) -> dict[str, dict[str, float]]:
   and result (the whole buffer it gathers, reduces or scatters on each
   device)."""
   totals: dict[str, dict[str, float]] = {}
-  for _, lines in _split_computations(text).values():
+  computations = _split_computations(text)
+  runs = _runs(computations, into_fusions=True)
+  for computation, (_, lines) in computations.items():
+    times = runs.get(computation, 0)
     shapes: dict[str, float] = {}
     for line in lines:
       parsed = _parse(line)
@@ -270,9 +430,11 @@ def collectives(text: str) -> dict[str, dict[str, float]]:
       operand_bytes = _operand_bytes(operands, shapes)
       if opcode.endswith("-start"):  # its result holds the operand too
         result_bytes -= operand_bytes
+      if not times:  # in no computation the program runs
+        continue
       row = totals.setdefault(kind, {"count": 0, "bytes": 0.0})
-      row["count"] += 1
-      row["bytes"] += max(operand_bytes, result_bytes)
+      row["count"] += times
+      row["bytes"] += times * max(operand_bytes, result_bytes)
   return totals
 
 

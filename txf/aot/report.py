@@ -30,7 +30,6 @@ Every figure is per device and per step unless its name says otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections import Counter
@@ -107,25 +106,29 @@ def compiler_cost(compiled: Any) -> dict[str, float] | None:
 
 def gpu_kernels(program: list[hlo.Instruction]) -> dict[str, Any]:
   """A GPU program's kernels: count, GEMMs by backend, cuDNN attention calls,
-  and the bytes each region of the step moves outside GEMMs (hlo.region)."""
+  and the bytes each region of the step moves outside GEMMs (hlo.region),
+  each instruction as often as it runs (a scanned layer's once a layer)."""
   gemms: Counter = Counter()
   regions: dict[str, dict[str, float]] = {
     name: {"kernels": 0, "bytes": 0.0} for name in ("loss", "optimizer", "attention", "model")
   }
   gemm_bytes = 0.0
   for instruction in program:
+    times = instruction.times  # a scanned layer's kernels run once a layer
     if instruction.is_gemm:
       target = instruction.target
-      gemms["cublas" if "cublas" in target else "triton" if "triton" in target else "xla"] += 1
-      gemm_bytes += instruction.bytes
+      gemms["cublas" if "cublas" in target else "triton" if "triton" in target else "xla"] += times
+      gemm_bytes += times * instruction.bytes
       continue
     row = regions[hlo.region(instruction.op_name)]
-    row["kernels"] += 1
-    row["bytes"] += instruction.bytes
+    row["kernels"] += times
+    row["bytes"] += times * instruction.bytes
   return {
-    "kernels": len(program),
+    "kernels": sum(instruction.times for instruction in program),
     "gemms": dict(gemms),
-    "cudnn_attention_calls": sum(instruction.is_cudnn_attention for instruction in program),
+    "cudnn_attention_calls": sum(
+      instruction.times for instruction in program if instruction.is_cudnn_attention
+    ),
     "gemm_bytes": gemm_bytes,
     "non_gemm_bytes": sum(row["bytes"] for row in regions.values()),
     "regions": regions,
@@ -161,93 +164,7 @@ def roofline(
 # (2026-11-27, jax 0.11.2, docs/benchmarks.md): 861 us a token, 74 us of
 # them the weights' read, over the ~290 kernels a token its program launched.
 LAUNCH_SECONDS = 2.7e-6
-# Ops that read their result's bytes of an operand, not the whole operand.
-_PARTIAL_READS = {"dynamic-slice", "slice", "gather"}
-# Ops that only rename a buffer.
-_PASS_THROUGH = {"bitcast", "reshape"}
 _LAYER = re.compile(r"/(block_\d+|layers)/")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Op:
-  """An instruction: its result's bytes, opcode, operands' names,
-  attributes, and whether it is its computation's root."""
-
-  result_bytes: float
-  opcode: str
-  operands: list[str]
-  attributes: str
-  root: bool
-
-
-def _ops(lines: list[str]) -> dict[str, _Op]:
-  """A computation's instructions by name."""
-  found = {}
-  for line in lines:
-    parsed = hlo._parse(line)
-    if parsed is None:
-      continue
-    name, result, opcode, operands, attributes = parsed
-    found[name] = _Op(
-      hlo.shape_bytes(result),
-      opcode,
-      re.findall(r"%([\w.\-]+)", operands),
-      attributes,
-      line.lstrip().startswith("ROOT "),
-    )
-  return found
-
-
-def _fusion_bytes(computation: list[str]) -> float:
-  """The bytes a fusion moves: each operand whole, except one it reads only
-  through slices (their results' bytes) or updates in place (not read);
-  its results whole, except an operand's update in place (the update's
-  bytes)."""
-  ops = _ops(computation)
-  users: dict[str, list[str]] = {}
-  for name, op in ops.items():
-    for operand in op.operands:
-      users.setdefault(operand, []).append(name)
-
-  def source(name: str) -> str:
-    while name in ops and ops[name].opcode in _PASS_THROUGH:
-      name = ops[name].operands[0]
-    return name
-
-  root = next(name for name, op in ops.items() if op.root)
-  outputs = ops[root].operands if ops[root].opcode == "tuple" else [root]
-  in_place, moved = set(), 0.0
-  for output in outputs:
-    op = ops[source(output)]
-    if op.opcode == "dynamic-update-slice":
-      in_place.add(source(op.operands[0]))
-      moved += ops[op.operands[1]].result_bytes
-    else:
-      moved += ops[output].result_bytes
-  for name, op in ops.items():
-    if op.opcode != "parameter" or name in in_place:
-      continue
-    readers: list[str] = []
-    frontier = [name]
-    while frontier:
-      for user in users.get(frontier.pop(), []):
-        (frontier if ops[user].opcode in _PASS_THROUGH else readers).append(user)
-    if readers and all(ops[reader].opcode in _PARTIAL_READS for reader in readers):
-      moved += min(op.result_bytes, sum(ops[reader].result_bytes for reader in readers))
-    else:
-      moved += op.result_bytes
-  return moved
-
-
-def _aliased_outputs_bytes(result: str, attributes: str) -> float:
-  """The bytes of a custom call's outputs that are updated inputs (written
-  in place, where it writes only what changes)."""
-  aliased = re.search(r"output_to_operand_aliasing=\{(.*?)\}\s*(,|$)", attributes)
-  if not aliased:
-    return 0.0
-  indices = {int(i) for i in re.findall(r"\{(\d+)\}:", aliased[1])}
-  shapes = [hlo.shape_bytes(f"{d}[{s}]") for d, s in hlo._SHAPE.findall(result)]
-  return sum(size for i, size in enumerate(shapes) if i in indices)
 
 
 def loop_traffic(text: str) -> dict[str, float]:
@@ -273,7 +190,7 @@ def loop_traffic(text: str) -> dict[str, float]:
   def walk(name: str, times: float, into: dict[str, float], seen: frozenset[str]) -> None:
     if name in seen or name not in computations:
       return
-    ops = _ops(computations[name][1])
+    ops = hlo.computation_ops(computations[name][1])
     for line in computations[name][1]:
       parsed = hlo._parse(line)
       if parsed is None:
@@ -292,11 +209,11 @@ def loop_traffic(text: str) -> dict[str, float]:
       operands = sum(ops[o].result_bytes for o in op.operands if o in ops)
       if opcode == "fusion":
         fused = re.search(r"calls=%?([\w.\-]+)", attributes)
-        moved = _fusion_bytes(computations[fused[1]][1]) if fused else operands + op.result_bytes
+        moved = hlo.fusion_bytes(computations[fused[1]][1]) if fused else operands + op.result_bytes
       elif opcode == "dynamic-update-slice":
         moved = 2 * ops[op.operands[1]].result_bytes
       else:
-        moved = operands + op.result_bytes - _aliased_outputs_bytes(result, attributes)
+        moved = operands + op.result_bytes - hlo.aliased_outputs_bytes(result, attributes)
       op_name = re.search(r'op_name="([^"]*)"', attributes)
       layer = _LAYER.search(op_name[1]) if op_name else None
       into["kernels"] += times
