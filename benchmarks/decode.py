@@ -45,7 +45,7 @@ from absl import flags
 
 from benchmarks.references import run_reference
 from txf import decode, hardware, models
-from txf.commands.cli import define_config_flag
+from txf.commands.cli import define_config_flag, fail
 from txf.runconfig.run_config import parse
 from txf.textbook.report import median_seconds
 from txf.train.run_setup import fit_vocabulary, setup_run
@@ -220,16 +220,35 @@ def _loop_launches(model, params, target, shapes: dict) -> dict[str, str]:
   return {"default": launch({}), "with_loops": launch(aot.COMMAND_BUFFERS_WITH_LOOPS)}
 
 
+def gpu_target(name: str):
+  """The GPU `name` names (txf.aot.targets.parse_target): the token loop's
+  launches are CUDA command buffers (`_loop_launches`), so a TPU is refused.
+
+  Raises:
+    ValueError: one line naming the target and why it is refused.
+  """
+  from txf.aot.targets import GPUS, parse_target  # noqa: PLC0415 (after prepare_environment)
+
+  gpus = f"{', '.join(GPUS)}, times a count: h100x8"
+  try:
+    target = parse_target(name)
+  except ValueError:
+    if name.strip().lower().startswith(tuple(GPUS)):
+      raise  # a GPU's name with a count it refuses says why itself
+    raise ValueError(f"target {name!r}: not a GPU ({gpus})") from None
+  if target.platform != "gpu":
+    raise ValueError(f"target {name!r}: a TPU; the decode benchmark compiles for GPUs ({gpus})")
+  return target
+
+
 def deviceless(
-  config, target_name: str, *, batch_sizes, prompt_len: int, new_tokens: int, source_len: int
+  config, target, devices, *, batch_sizes, prompt_len: int, new_tokens: int, source_len: int
 ) -> dict:
-  """The benchmark's programs compiled for `target_name` (module docstring)."""
+  """The benchmark's programs compiled for `target`, a GPU, and its
+  `devices` (module docstring)."""
   from txf.aot import compile as aot  # noqa: PLC0415 (after prepare_environment)
   from txf.aot.report import decode_figures, decode_line  # noqa: PLC0415
-  from txf.aot.targets import parse_target  # noqa: PLC0415
 
-  target = parse_target(target_name)
-  devices = target.devices()
   run = fit_vocabulary(parse(config), None)[0]
   dtype = jnp.dtype(run.model.dtype)
   programs = [("decoder", run.model, dict(prompt_len=prompt_len))]
@@ -294,9 +313,15 @@ def main() -> dict:
   config = FLAGS.config
   batch_sizes = [int(b) for b in FLAGS.decode_batch_sizes]
   if FLAGS.deviceless:
+    try:  # before any compile, as txf-compile
+      target = gpu_target(FLAGS.deviceless)
+      devices = target.devices()  # ImportError: the GPU compiler is not installed
+    except (ValueError, ImportError) as error:
+      fail("target", error)
     return deviceless(
       config,
-      FLAGS.deviceless,
+      target,
+      devices,
       batch_sizes=batch_sizes,
       prompt_len=FLAGS.prompt_len,
       new_tokens=FLAGS.new_tokens,

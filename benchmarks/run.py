@@ -29,11 +29,11 @@ import sys
 from types import ModuleType
 
 from absl import flags, logging
-from etils import epath
 
 from txf import hardware
 from txf.commands import cli
 from txf.commands.cli import fail, run_command
+from txf.storage import write_file
 
 MODES = (
   "step",
@@ -70,11 +70,16 @@ def report(mode: str, command: str, figures: dict) -> dict:
 def run_mode(mode: str, module: ModuleType, command: str, argv: list[str]) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
-  with cli.run_errors():  # a config the run rejects: one line, exit 2, as txf-run
+  # Before the mode measures anything: a run of minutes was lost to a
+  # missing directory at its end.
+  cli.check_output_file("json", flags.FLAGS.json)
+  # A config the run rejects: one line, exit 2, as txf-run; a report that
+  # cannot be written (a full disk): one line, exit 1, the file as it was.
+  with cli.run_errors():
     figures = module.main()
-  if flags.FLAGS.json:
-    text = json.dumps(report(mode, command, figures), indent=2) + "\n"
-    epath.Path(flags.FLAGS.json).write_text(text)
+    if flags.FLAGS.json:
+      text = json.dumps(report(mode, command, figures), indent=2) + "\n"
+      write_file(flags.FLAGS.json, text)
 
 
 def main() -> None:

@@ -61,7 +61,8 @@ def window_figures(
     step_time=step_time,
     tokens_per_sec=tokens_per_sec,
     loss=float(loss),
-    mfu=hardware.mfu(setup.flops_per_token, tokens_per_sec, jax.device_count(), setup.peak_flops),
+    # The devices the step ran on (one under --torch, as the recipe), not the host's.
+    mfu=hardware.mfu(setup.flops_per_token, tokens_per_sec, setup.mesh.size, setup.peak_flops),
   )
 
 

@@ -13,7 +13,9 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
+import stat
 import subprocess
 import sys
 import threading
@@ -43,6 +45,7 @@ from benchmarks import (
 from conftest import REPO, load_config
 from txf import hardware, ops
 from txf.analysis import flops_per_token, matmul_params
+from txf.data import throughput
 from txf.layers.model_config import ModelConfig
 from txf.models import build
 from txf.runconfig.run_config import parse, to_json
@@ -561,6 +564,20 @@ def test_random_ids_keep_the_batches_shape_and_weights():
   assert not np.array_equal(batch["inputs"], text["inputs"])
 
 
+def test_the_deviceless_decode_compiles_for_a_gpu_and_refuses_any_other_name():
+  """Its token loop's launches are CUDA command buffers: a TPU, or a name
+  that is no target, is refused before any compile, saying why."""
+  target = bench_decode.gpu_target("h100x2")
+  assert (target.platform, target.chips) == ("gpu", 2)
+  refused = "target 'h300': not a GPU (h100, h200, a100, times a count: h100x8)"
+  with pytest.raises(ValueError, match=f"^{re.escape(refused)}$"):
+    bench_decode.gpu_target("h300")
+  with pytest.raises(ValueError, match=r"^target 'v5e-8': a TPU; the decode benchmark compiles"):
+    bench_decode.gpu_target("v5e-8")
+  with pytest.raises(ValueError, match=r"^target 'h100x9': 1 to 8 GPUs"):  # its count, named
+    bench_decode.gpu_target("h100x9")
+
+
 def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
   monkeypatch.setattr(hardware, "memory_bandwidth_per_device", lambda device=None: 1e9)
   hf = dict(results=[dict(batch_size=2, tokens_per_sec=20.0)])
@@ -640,6 +657,51 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   assert bench_step.torch_reference(rope, **reference) is None
 
 
+def test_a_windows_mfu_divides_by_the_devices_the_step_ran_on():
+  """Under --torch the step runs on the first device only (the recipe's one
+  GPU): its MFU is over the mesh's devices, not every device of the host
+  (on 8 GPUs it read 1/8 of the torch row's, computed over 1)."""
+  devices = jax.device_count() + 3  # a mesh unlike the host
+  mesh = types.SimpleNamespace(size=devices)
+  setup = types.SimpleNamespace(
+    tokens_per_step=1000, flops_per_token=6e6, peak_flops=1e12, mesh=mesh
+  )
+  figures = bench_step.window_figures(setup, 1, 10, 0.5, 2.0, (0.0, 5.0))
+  # 1000 tokens in 0.5 s at 6e6 FLOPs each, over `devices` peaks of 1e12.
+  assert figures["mfu"] == pytest.approx(2000 * 6e6 / (devices * 1e12))
+
+
+def test_the_data_modes_reference_is_a_past_gpu_run_of_gpt2_small_data_only():
+  """The loader's speed is set against a fixed figure, GPT-2 small training
+  on one H100, said to be a past run's, and only for gpt2_small's data."""
+  reference = throughput.reference_for(parse(load_config("gpt2_small")).data)
+  # The figure is that run's last window, as its raw report has it.
+  raw = json.loads((REPO / reference["source"]).read_text())
+  assert (raw["config"], raw["mode"], raw["device_count"]) == (reference["config"], "step", 1)
+  assert "H100" in raw["device_kind"] and raw["date"].startswith(reference["date"])
+  assert raw["tokens_per_step"] == 32 * 1024
+  assert reference["tokens_per_sec"] == round(raw["windows"][-1]["tokens_per_sec"], -2)
+  # A corpus cap does not change the batches the GPU trained on.
+  capped = load_config("gpt2_small")
+  capped.data.max_corpus_bytes = 200_000
+  assert throughput.reference_for(parse(capped).data) == reference
+  figures = dict(
+    description="d", tokens_per_sec=2 * reference["tokens_per_sec"], batches=1, seconds=1.0,
+    tokens_per_batch=32 * 1024, tokens_per_cpu_sec=1.0, read_workers=None, read_threads=None,
+  )  # fmt: skip
+  line = throughput.format_throughput(dict(figures, reference=reference)).splitlines()[-1]
+  assert line == (
+    "2.00x a fixed reference from a past GPU run, not measured in this run: "
+    "configs/gpt2_small.py trained at 474,800 tokens/s on one H100 on 2026-11-27 "
+    f"(commit 841d1d9, {reference['source']})"
+  )
+  # Any other data (other lengths, batch sizes, datasets) has none.
+  for config in (gpt2_tiny(), load_config("base"), load_config("rope")):
+    assert throughput.reference_for(parse(config).data) is None
+  line = throughput.format_throughput(dict(figures, reference=None)).splitlines()[-1]
+  assert line.startswith("no reference training speed for this data") and "x " not in line
+
+
 def test_data_bench_times_the_batches_sent_to_the_devices(tmp_path):
   config = gpt2_tiny()
   figures = bench_data.device_throughput(parse(config), batches=3, workdir=str(tmp_path))
@@ -715,6 +777,15 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
       ],
       "config error: model.max_len: eval.sample_prompt plus eval.sample_tokens",
     ),
+    # Compiling for a target the decode benchmark cannot study, refused before compiling.
+    (
+      ["decode", "--config=configs/gpt2_small.py", "--deviceless=h300"],
+      "target error: target 'h300': not a GPU (h100, h200, a100, times a count: h100x8)",
+    ),
+    (
+      ["decode", "--config=configs/gpt2_small.py", "--deviceless=v5e-8"],
+      "target error: target 'v5e-8': a TPU; the decode benchmark compiles for GPUs",
+    ),
   ],
 )
 def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message, commands):
@@ -765,6 +836,33 @@ def test_benchmark_reports_record_their_command_line(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   report = json.loads((tmp_path / "r.json").read_text())
   assert shlex.split(report["command"]) == ["python", "-m", "benchmarks.run", *args]
+
+
+@pytest.mark.slow  # subprocesses
+def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path, commands):
+  """A --json file the report cannot replace is one line, exit 2, before the
+  mode measures (it was a traceback after it); a good one is replaced whole."""
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  data = ["data", "--config=configs/base.py", "--config.data.max_corpus_bytes=200000", "--steps=1"]
+  for path, reason in [
+    (tmp_path / "no" / "r.json", f"no directory {tmp_path / 'no'}"),
+    (tmp_path, "is a directory"),
+    (fifo, "not a regular file; name a file to write"),  # the old write waited for a reader
+    ("/dev/null", "not a regular file; name a file to write"),  # a rename would replace it
+  ]:
+    done = commands.run("benchmarks.run", *data, f"--json={path}", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [f"flag error: json: {path}: {reason}"]
+    assert not done.stdout  # nothing measured
+  assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+  assert not (tmp_path / "no").exists()
+  report = tmp_path / "r.json"
+  report.write_text("an earlier report")
+  done = commands.run("benchmarks.run", *data, f"--json={report}", timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert json.loads(report.read_text())["mode"] == "data"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "r.json"]  # no temporary left
 
 
 def test_a_difference_within_noise_is_said_so_not_given_as_a_speedup():

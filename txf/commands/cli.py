@@ -195,6 +195,34 @@ def fail(kind: str, message: Any, status: int = 2) -> NoReturn:
   sys.exit(status)
 
 
+def check_output_file(name: str, path: str | None) -> None:
+  """An output file flag's value (`--json`, `--hlo`), checked before the
+  work that writes it, not after: its directory exists and takes a file,
+  and the path is a regular file or none (a device or a pipe, which the
+  atomic write would replace, is not). One line naming flag `name`, exit 2."""
+  from txf.rundir.workdir import WorkdirError, check_writable
+  from txf.storage import is_replaceable
+
+  if path is None:
+    return
+  local = pathlib.Path(path)
+  if not path or local.is_dir() or not local.parent.is_dir():
+    reason = (
+      "an empty path"
+      if not path
+      else "is a directory"
+      if local.is_dir()
+      else f"no directory {local.parent}"
+    )
+    fail("flag", f"{name}: {path}: {reason}")
+  if not is_replaceable(local):
+    fail("flag", f"{name}: {path}: not a regular file; name a file to write")
+  try:
+    check_writable(local.parent)
+  except WorkdirError as error:
+    fail("flag", f"{name}: {path}: {error}")
+
+
 @contextlib.contextmanager
 def run_errors():
   """Reports the errors of training, evaluating or reading a run as one line

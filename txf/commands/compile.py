@@ -50,11 +50,11 @@ output path whose directory is missing or not writable.
 from __future__ import annotations
 
 import json
-import pathlib
 
 from absl import flags, logging
 
 from txf.commands.cli import (
+  check_output_file,
   command_started,
   define_config_flag,
   fail,
@@ -77,26 +77,6 @@ _STEP_SECONDS = flags.DEFINE_float(
 _DECODE_TOKENS = flags.DEFINE_integer(
   "decode_tokens", 0, "> 0: also compile decoding this many tokens (language models)."
 )
-
-
-def _check_output(flag: flags.FlagHolder) -> None:
-  """An output file's directory must exist and take a file (found before the
-  compile, not after it), and the file must be a regular one or none."""
-  from txf.rundir.workdir import WorkdirError, check_writable
-  from txf.storage import is_replaceable
-
-  if flag.value is None:
-    return
-  path = pathlib.Path(flag.value)
-  if path.is_dir() or not path.parent.is_dir():
-    reason = "is a directory" if path.is_dir() else f"no directory {path.parent}"
-    fail("flag", f"{flag.name}: {path}: {reason}")
-  if not is_replaceable(path):  # a device or a pipe, which the write would replace
-    fail("flag", f"{flag.name}: {path}: not a regular file; name a file to write")
-  try:
-    check_writable(path.parent)
-  except WorkdirError as error:
-    fail("flag", f"{flag.name}: {path}: {error}")
 
 
 def _write(path: str, text: str) -> None:
@@ -124,8 +104,8 @@ def main(argv) -> None:
     fail("flag", f"step_seconds: must be > 0, got {_STEP_SECONDS.value}")
   if _DECODE_TOKENS.value < 0:
     fail("flag", f"decode_tokens: must be >= 0, got {_DECODE_TOKENS.value}")
-  _check_output(_JSON)
-  _check_output(_HLO)
+  check_output_file(_JSON.name, _JSON.value)
+  check_output_file(_HLO.name, _HLO.value)
   try:
     target = parse_target(_TARGET.value)
     devices = target.devices()
