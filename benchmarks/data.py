@@ -4,8 +4,9 @@
 
 Two figures of --steps training batches each, after an untimed first batch:
 the loader on this host (txf.data.throughput: tokens/s at the config's
-data.read_workers and data.read_threads, and how many GPT-2-small H100s
-that feeds), then the same batches also sent to the devices
+data.read_workers and data.read_threads; for gpt2_small's data, against
+the fixed speed a past H100 run trained at, not measured here), then the
+same batches also sent to the devices
 (txf.train.sharding.shard_batch over the config's mesh, each transfer
 waited for), as the training loop feeds its step. A sentencepiece tokenizer
 is trained in a temporary directory.
