@@ -16,7 +16,9 @@ import itertools
 import types
 from typing import Any
 
-H100_CAPACITY = 84_978_434_048  # txf.aot.targets.GPUS['h100'].memory_bytes, the datasheet's
+H100_MEMORY = 84_978_434_048  # txf.aot.targets.GPUS['h100'].memory_bytes, the datasheet's
+# What a run may use of it: JAX's pool, 75% by default (targets.gpu_memory_pool).
+H100_CAPACITY = int(H100_MEMORY * 0.75)
 
 
 @dataclasses.dataclass(frozen=True)

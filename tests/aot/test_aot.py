@@ -29,7 +29,7 @@ from txf.aot.compile import (
   untrained_tokenizer,
 )
 from txf.aot.report import gpu_kernels, report
-from txf.aot.targets import MAX_DEVICES, parse_target
+from txf.aot.targets import GPUS, MAX_DEVICES, gpu_memory_pool, parse_target
 from txf.runconfig import optim
 from txf.runconfig.run_config import ConfigError, parse
 from txf.train.run_setup import setup_run
@@ -118,6 +118,34 @@ def test_a_bad_target_is_one_line_naming_it(name, message):
   with pytest.raises(ValueError, match=message) as error:
     parse_target(name)
   assert name in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+  "environment, expected",
+  [
+    ({}, 3 * 2**30),  # JAX's default, 75%
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1"}, 4 * 2**30),  # the range's top
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}, 2 * 2**30),
+    ({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, 4 * 2**30),  # no pool
+  ],
+)
+def test_a_gpus_capacity_is_the_pool_jax_takes_of_it(monkeypatch, environment, expected):
+  """A run of 61.7 GiB 'fit' an H100's 79.14 GiB while JAX lets a process
+  allocate 75% of it, 59.36 GiB: txf-run on that GPU would run out."""
+  for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  assert gpu_memory_pool(4 * 2**30) == expected
+  assert parse_target("h100").memory_bytes == gpu_memory_pool(GPUS["h100"].memory_bytes)
+  assert parse_target("v5e-8").memory_bytes == 16 * 2**30  # a TPU's is its own
+
+
+@pytest.mark.parametrize("fraction", ["0", "1.5", "nan", "most"])
+def test_a_memory_fraction_outside_the_range_is_one_line(monkeypatch, fraction):
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", fraction)
+  with pytest.raises(ValueError, match=r"^XLA_PYTHON_CLIENT_MEM_FRACTION: must be in \(0, 1\]"):
+    parse_target("h100")
 
 
 @pytest.mark.parametrize("name,extra", [("v5e-4", "tpu"), ("h100", "gpu-compile")])

@@ -9,11 +9,11 @@ Every figure is per device and per step unless its name says otherwise.
            outputs, aliased (outputs written over donated arguments, counted
            once), temporaries and generated code; total = arguments +
            outputs - aliased + temporaries + generated code, against the
-           device's memory (`capacity_bytes`). A program that fits here can
-           still fail on the device by what XLA does not see: the
-           allocator's fragmentation, cuDNN / cuBLAS workspaces, the
-           runtime's own reservation (JAX takes 75% of a GPU by default;
-           XLA_PYTHON_CLIENT_MEM_FRACTION). The eval step and the decoding
+           memory a run may use (`capacity_bytes`: a GPU's, the pool JAX
+           takes of it, 75% by default, XLA_PYTHON_CLIENT_MEM_FRACTION;
+           targets.gpu_memory_pool). A program that fits here can still
+           fail on the device by what XLA does not see: the allocator's
+           fragmentation, cuDNN / cuBLAS workspaces. The eval step and the decoding
            program run while the train state stays on the device: each
            counts its own buffers plus the state's bytes beyond the
            parameters it takes (the optimizer's moments, the step:
@@ -324,6 +324,8 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
     "target": target.name,
     "platform": target.platform,
     "device_kind": device.device_kind,
+    # A GPU's own memory, of which the capacity is JAX's pool.
+    "device_memory_bytes": target.gpu.memory_bytes if target.gpu else None,
     "devices": devices,
     "mesh": dict(setup.mesh.shape),
     "fits": train["fits"] and evaluation["fits"] and (decode is None or decode["fits"]),
@@ -378,6 +380,16 @@ def _with_state(program: dict[str, Any]) -> str:
   return f"with the rest of the train state, {_gib(program['resident_bytes'])}, resident"
 
 
+def _pool(capacity: int, device: int | None) -> str:
+  """What a GPU's capacity is: JAX's pool, a fraction of its memory."""
+  if device is None:
+    return ""
+  return (
+    f"; a run may use {_gib(capacity)} of each GPU's {_gib(device)} "
+    f"({capacity / device:.0%}: JAX's memory pool, XLA_PYTHON_CLIENT_MEM_FRACTION)"
+  )
+
+
 def format_report(figures: dict[str, Any]) -> str:
   """The report as the lines txf-compile prints."""
   train, evaluation = figures["per_device"], figures["eval_step"]
@@ -386,7 +398,8 @@ def format_report(figures: dict[str, Any]) -> str:
   mesh = " x ".join(f"{name} {size}" for name, size in figures["mesh"].items())
   verdict = "FITS" if figures["fits"] else "DOES NOT FIT"
   lines = [
-    f"{figures['target']}: {figures['devices']} x {figures['device_kind']}, mesh {mesh}",
+    f"{figures['target']}: {figures['devices']} x {figures['device_kind']}, mesh {mesh}"
+    + _pool(train["capacity_bytes"], figures.get("device_memory_bytes")),
     f"{verdict}: train step {_gib(train['total_bytes'])} of {_gib(train['capacity_bytes'])} "
     f"per device ({_gib(abs(train['headroom_bytes']))} "
     f"{'free' if train['fits'] else 'over'}), eval step {_gib(evaluation['total_bytes'])} "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 from txf.extras import install_hint
@@ -128,6 +129,32 @@ def gpu_target_config(spec: GpuSpec) -> str:
   )
 
 
+# JAX's GPU memory pool, a fraction of the device (its default; the
+# variable sets another, XLA_PYTHON_CLIENT_ALLOCATOR=platform none at all).
+DEFAULT_GPU_MEMORY_FRACTION = 0.75
+
+
+def gpu_memory_pool(device_bytes: int) -> int:
+  """The bytes of a GPU of `device_bytes` a JAX process can allocate, as this
+  environment would size its pool: XLA_PYTHON_CLIENT_MEM_FRACTION of it
+  (0.75 by default), the whole with XLA_PYTHON_CLIENT_ALLOCATOR=platform.
+  What txf-run's own check reads on a GPU (the allocator's bytes_limit).
+
+  Raises:
+    ValueError: naming the variable, for a fraction not in (0, 1].
+  """
+  if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
+    return device_bytes
+  text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip()
+  try:
+    fraction = float(text) if text else DEFAULT_GPU_MEMORY_FRACTION
+  except ValueError:
+    fraction = math.nan
+  if not 0 < fraction <= 1:
+    raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION: must be in (0, 1], got {text!r}")
+  return int(device_bytes * fraction)
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
   """Hardware to compile for.
@@ -136,7 +163,8 @@ class Target:
     name: as given (`v5e-256`, `h100x8`).
     platform: 'tpu' or 'gpu'.
     chips: JAX devices in all (chips; GPUs).
-    memory_bytes: each device's memory.
+    memory_bytes: each device's memory a run may use: a TPU's, a GPU's pool
+      as JAX sizes it (`gpu_memory_pool`).
     slices: TPU slices (1 for GPUs).
     topology: the topology's name for jax: `v5e:16x16` (TPU), `1x1x8`
       (GPU: slices x hosts x GPUs per host).
@@ -273,7 +301,7 @@ def parse_target(name: str) -> Target:
     hosts = max(1, count // _GPUS_PER_HOST)
     spec = GPUS[match[1]]
     topology = f"1x{hosts}x{min(count, _GPUS_PER_HOST)}"
-    return Target(name, "gpu", count, spec.memory_bytes, 1, topology, spec)
+    return Target(name, "gpu", count, gpu_memory_pool(spec.memory_bytes), 1, topology, spec)
   raise ValueError(
     f"target {name!r}: not a TPU slice (v4-8, v5e-256, v5p-128, v6e-64, ...; x2 for two "
     f"slices) or a GPU ({', '.join(GPUS)}, times a count: h100x8)"
