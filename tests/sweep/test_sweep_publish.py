@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from full_disk import full_disk
+from full_disk import full_disk, read_only
 from txf import configs
 from txf.rundir.workdir import WorkdirError
 from txf.storage import WriteError
@@ -21,7 +21,8 @@ from txf.sweep.publish import RAW_FILES, publish
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "data" / "t5_distance"
 # What a run directory holds besides its raw outputs; none of it is published.
-NOT_RAW = ("checkpoints/600/state", "samples.txt", "tb/events.out.tfevents.1", "loss_curves.png")
+# Its final checkpoint (the points trained 1800 steps) makes a point done.
+NOT_RAW = ("checkpoints/1800/state", "samples.txt", "tb/events.out.tfevents.1", "loss_curves.png")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,21 @@ def test_a_full_disk_publishes_nothing_in_one_line_and_a_rerun_works(tmp_path, p
   assert disk.failed and sorted(os.listdir(tmp_path)) == ["runs"]  # no data, no temporary
   publish(points, workdir, destination, log=lambda line: None)
   assert (destination / results.RESULTS_MD).read_text() == (DATA / results.RESULTS_MD).read_text()
+
+
+def test_a_destination_in_a_read_only_directory_is_refused_naming_it(tmp_path, points):
+  """Before, the line named the hidden staging directory (.data.<hex>.tmp)."""
+  workdir, parent = sweep_workdir(tmp_path, points), tmp_path / "read_only"
+  parent.mkdir()
+  destination = parent / "data"
+  with (
+    read_only(parent),
+    pytest.raises(
+      WorkdirError, match=rf"^{destination}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    publish(points, workdir, destination, log=lambda line: None)
+  assert os.listdir(parent) == []
 
 
 def test_a_destination_that_is_a_file_is_refused_in_one_line_and_kept(tmp_path, points):

@@ -481,6 +481,7 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch)
   ]
   assert "flat: < 2% or 0.01 nats better over the last fifth" in call["title"]
   assert "unknown with < 3 evaluations there" in call["title"]
+  assert "; diverged, not drawn: RoPE, Post-LN" in call["title"]
   steps, mean, std = next(iter(call["series"].values()))
   np.testing.assert_array_equal(steps, [2, 4])
   np.testing.assert_allclose(mean, [3.2, 2.25], rtol=1e-12)
@@ -503,10 +504,11 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch)
   )
   assert path.name == figures.TRAIN_LOSS_CURVES_PNG
   train = line_plot.calls[-1]
-  assert "training loss" in train["ylabel"] and len(train["series"]) == 4  # diverged too
-  assert list(train["series"]) == ["RoPE, Pre-LN", "RoPE, Post-LN", "learned, Pre-LN"] + [
-    "learned, Post-LN"
-  ]
+  # The diverged point is not drawn (before, its blow-up set the axis: to
+  # 5e11 in a reviewer's sweep), and the title says so.
+  assert "training loss" in train["ylabel"]
+  assert list(train["series"]) == ["RoPE, Pre-LN", "learned, Pre-LN", "learned, Post-LN"]
+  assert "; diverged, not drawn: RoPE, Post-LN" in train["title"]
   assert "flat" not in train["title"]
   steps, mean, std = train["series"]["RoPE, Pre-LN"]
   np.testing.assert_array_equal(steps, [2, 4])
@@ -675,6 +677,47 @@ def test_pre_vs_post_axis_spans_the_losses_not_zero_and_its_legend_sits_beside_i
   assert axes.get_legend().get_window_extent(renderer).x0 >= axes.get_window_extent(renderer).x1
 
 
+def test_pre_vs_post_draws_every_setting_of_the_other_grid_fields(tmp_path):
+  """Before, each (encoding, placement) column showed its first point only:
+  with a learning-rate axis, half the points were silently not drawn."""
+  base = ml_collections.ConfigDict(
+    dict(
+      replicas=2,
+      model=dict(position="rope", norm_placement="pre"),
+      train=dict(steps=STEPS, learning_rate=0.003),
+    )
+  )
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid(
+    {
+      "model.position": ["rope", "alibi"],
+      "model.norm_placement": ["pre", "post"],
+      "train.learning_rate": [0.001, 0.01],
+    }
+  )
+  rows, means = [], {}
+  for index, point in enumerate(grid.expand(config)):
+    means[tuple(point.overrides.values())] = mean = 2.0 + 0.1 * index
+    write_run(tmp_path / point.name, [replica_row(STEPS, "eval_loss", [mean - 0.1, mean + 0.1])])
+    rows.append(results.summarize_point(point, tmp_path / point.name))
+  (axes,) = figures.pre_vs_post_figure(rows).axes
+  drawn = {
+    bars.get_label(): np.asarray(bars.lines[0].get_ydata(), float) for bars in axes.containers
+  }
+  words = {"pre": "Pre-LN", "post": "Post-LN"}
+  expected = {
+    f"{words[placement]}, learning rate {rate:g}": [
+      means[(position, placement, rate)] for position in ("rope", "alibi")
+    ]
+    for placement in ("pre", "post")
+    for rate in (0.001, 0.01)
+  }
+  assert drawn.keys() == expected.keys()
+  for label, losses in expected.items():
+    np.testing.assert_allclose(drawn[label], losses, rtol=1e-12)
+  assert_png(figures.plot_pre_vs_post(rows, tmp_path))
+
+
 def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep_dir, points):
   path = sweep_dir / points[0].name / results.EXTRAPOLATION_FILE
   path.write_text(path.read_text()[:40])  # a writer killed mid-file
@@ -684,6 +727,27 @@ def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep
   assert row.eval_loss.mean == pytest.approx(2.25, rel=1e-12)  # the rest of the row stands
   (line,) = lines
   assert line.startswith(f"{path}: not JSON") and "\n" not in line
+
+
+def test_an_extrapolation_of_an_earlier_step_is_left_out_of_the_summary_in_one_line(
+  sweep_dir, points
+):
+  """Before, the table put the extrapolation of an older checkpoint beside
+  the final evaluation (a point killed before its final checkpoint)."""
+  rope_pre, learned_pre = sweep_dir / points[0].name, sweep_dir / points[2].name
+  write_extrapolation(rope_pre, [True, True, True], step=STEPS - 2)
+  write_extrapolation(learned_pre, [True, False, False], step=STEPS)
+  lines = []
+  rows = [results.summarize_point(p, sweep_dir / p.name, log=lines.append) for p in points]
+  assert rows[0].extrapolation is None and rows[0].eval_loss.mean == pytest.approx(2.25)
+  assert rows[2].extrapolation.step == STEPS
+  assert lines == [
+    f"point 0 ({points[0].name}): extrapolation.json is of step {STEPS - 2}, the point's "
+    f"train.steps is {STEPS}: left out of the summary (a sweep rerun recomputes it)"
+  ]
+  csv_text = runner.summary_files(points, rows, sweep_dir)[sweep_dir / results.RESULTS_CSV]
+  table = {row["point"]: row for row in csv.DictReader(csv_text.splitlines())}
+  assert table[points[0].name]["sliding@8"] == "" and table[points[2].name]["sliding@8"] == "1.9"
 
 
 @pytest.mark.parametrize("failing", [results.RESULTS_CSV, results.RESULTS_MD])
@@ -735,6 +799,36 @@ def summarized(sweep_dir, points):
   path = sweep_dir / points[0].name / results.EXTRAPOLATION_FILE
   path.write_text(path.read_text()[:30])
   return before
+
+
+def test_a_summary_removes_the_plots_of_an_earlier_one_it_does_not_draw(sweep_dir, points):
+  """Before, the plots of extrapolations since removed (and the Pre- vs
+  Post-LN plot of a grid since narrowed) stayed beside the new tables."""
+  runner.summarize(points, sweep_dir, log=lambda line: None)
+  drawn = {"extrapolation_sliding.png", figures.PRE_VS_POST_PNG, figures.LOSS_CURVES_PNG}
+  assert drawn <= contents(sweep_dir).keys()
+  for point in points:
+    (sweep_dir / point.name / results.EXTRAPOLATION_FILE).unlink(missing_ok=True)
+  pre = [point for point in points if point.overrides["model.norm_placement"] == "pre"]
+  (sweep_dir / "notes.png").write_bytes(b"the user's")  # not a summary's: stays
+  lines = []
+  runner.summarize(pre, sweep_dir, log=lines.append)
+  assert sorted(contents(sweep_dir)) == sorted(
+    [results.RESULTS_CSV, results.RESULTS_MD, figures.LOSS_CURVES_PNG]
+    + [figures.TRAIN_LOSS_CURVES_PNG, "notes.png"]
+  )
+  stale = [
+    sweep_dir / name
+    for name in (
+      figures.PRE_VS_POST_PNG,
+      "extrapolation_non_overlapping.png",
+      "extrapolation_sliding.png",
+    )
+  ]
+  assert lines[-1] == (
+    f"removed {', '.join(sorted(map(str, stale)))} (an earlier summary's: this one has "
+    "no such plot)"
+  )
 
 
 def test_a_sigterm_as_the_summary_is_made_writes_none_of_it(

@@ -379,6 +379,30 @@ def test_lost_end_of_run_writes_are_completed_on_rerun(finished_sweep, tmp_path)
 
 
 @pytest.mark.slow  # trains a sweep (and its fixture one)
+def test_a_point_killed_before_its_final_checkpoint_is_trained_again(finished_sweep, tmp_path):
+  """Killed after its final eval row, while orbax wrote its final checkpoint:
+  before, the point was 'done' for good (skipped, its extrapolation taken
+  from an older checkpoint, refused by --publish)."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  cut = workdir / TOY_NAMES[0]
+  expected = final_eval_loss(cut)
+  final = cut / "checkpoints" / str(TOY_STEPS)
+  final.rename(final.with_name(f"{TOY_STEPS}.orbax-checkpoint-tmp"))  # the save cut short
+  (cut / results.EXTRAPOLATION_FILE).unlink()
+  assert results.point_status(cut, steps=TOY_STEPS) == "partial"
+  lines, calls = [], []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  assert [line for line in lines if line.startswith("point ")] == [
+    f"point 0 ({TOY_NAMES[0]}): training",
+    f"point 0 ({TOY_NAMES[0]}): length extrapolation",
+    f"point 1 ({TOY_NAMES[1]}): done, skipped",
+  ]
+  assert TOY_STEPS in checkpoint_steps(cut) and [str(call) for call in calls] == [str(cut)]
+  assert final_eval_loss(cut) == pytest.approx(expected, rel=1e-6)  # the same run, retrained
+  assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
+@pytest.mark.slow  # trains a sweep (and its fixture one)
 def test_raising_train_steps_continues_every_finished_point(finished_sweep, tmp_path):
   workdir = copy_of(finished_sweep, tmp_path)
   for name in TOY_NAMES:  # extrapolated at the old final step
@@ -456,6 +480,24 @@ def test_a_read_only_point_is_refused_in_one_line_before_it_is_extrapolated(
       toy_sweep(), workdir, log=lambda line: None, extrapolate=fake_extrapolate(calls)
     )
   assert calls == []
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_read_only_later_point_is_refused_before_an_earlier_one_trains(finished_sweep, tmp_path):
+  """Before, point 0 trained first and the sweep stopped at point 1."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  shutil.rmtree(workdir / TOY_NAMES[0])  # to train
+  point = workdir / TOY_NAMES[1]
+  (point / results.EXTRAPOLATION_FILE).unlink()  # to extrapolate
+  lines, calls = [], []
+  with (
+    read_only(point),
+    pytest.raises(
+      WorkdirError, match=rf"^{point}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate(calls))
+  assert calls == [] and point_lines(lines) == [] and not (workdir / TOY_NAMES[0]).exists()
 
 
 def started(point_dir):

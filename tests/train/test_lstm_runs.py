@@ -60,10 +60,22 @@ def test_lstm_resumes_exactly_with_samples(quick, tmp_path, sigterm_is_caught):
   loop.run(parse(config), interrupted, log=lines.append)
   assert any("resumed from step 10" in line for line in lines)
 
-  straight = out_dir / "runs" / comparison.NAME / "lstm"
+  straight = out_dir / "runs" / f"{comparison.NAME}_quick" / "lstm"
   assert without_timings(read_metrics(interrupted)) == without_timings(read_metrics(straight))
   assert (interrupted / "samples.txt").read_text() == (straight / "samples.txt").read_text()
   assert_same_states(restore_state(straight, 30), restore_state(interrupted, 30))
+
+
+@pytest.mark.slow
+def test_quick_runs_train_apart_from_the_full_ones(quick):
+  """Before, the quick runs took runs/lstm_vs_transformer, and the full
+  comparison in the same out_dir then refused its Transformer: 'model.d_model:
+  differs from the run already in ...' (as masks and heads, '_quick')."""
+  out_dir, result, _ = quick
+  runs_dir = out_dir / "runs" / f"{comparison.NAME}_quick"
+  assert [path.name for path in (out_dir / "runs").iterdir()] == [runs_dir.name]
+  for name in comparison.RUNS:
+    assert result[name]["workdir"] == str(runs_dir / name)
 
 
 @pytest.mark.slow

@@ -52,6 +52,8 @@ LinePlot = Callable[..., Any]
 Write = Callable[[epath.Path, bytes], Any]
 
 LINESTYLES = ("-", "--", ":", "-.")
+# pre_vs_post's marker per value of its split field (Pre-LN round, Post-LN square).
+MARKERS = ("o", "s", "^", "D")
 # Legends' words for the values of the fields sweeps vary most; other fields
 # are written '<field> <value>' ('learning rate 0.003').
 VALUE_WORDS: dict[str, dict[Any, str]] = {
@@ -155,7 +157,8 @@ def plot_loss_curves(
   """Validation ('eval_loss', loss_curves.png) or training ('loss',
   train_loss_curves.png) loss vs training step, one line per point (its
   summary's curve) with a ±1 std band over its replicas; points with no such
-  row yet are left out.
+  row yet are left out, and so are diverged ones (their blown-up losses
+  would squash every other curve), which the title names.
   Curves are labelled in words (`point_labels`: 'RoPE, Pre-LN'), validation
   curves with the flattening criterion's verdict too (`late_improvement`),
   e.g. 'RoPE, Pre-LN (not flat: -3.1% in the last fifth)'.
@@ -172,9 +175,12 @@ def plot_loss_curves(
   series, styles, replica_counts = {}, {}, set()
   all_styles = point_styles(row.point for row in rows)
   labels = point_labels(row.point for row in rows)
+  diverged = []
   for row in rows:
     steps_N, mean_N, std_N = row.curves[metric]
-    if len(steps_N):
+    if row.diverged:  # its blow-up would set the axis (to 1e11): the table blanks it too
+      diverged.append(labels[row.point.name])
+    elif len(steps_N):
       label = labels[row.point.name]
       if metric == "eval_loss":
         label += f" ({flatness_text(steps_N, mean_N)})"
@@ -195,6 +201,7 @@ def plot_loss_curves(
     series,
     title=f"{what.capitalize()} per point"
     + (f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
+    + (f"; diverged, not drawn: {'; '.join(diverged)}" if diverged else "")
     + criterion,
     xlabel="training step",
     ylabel=f"{what} ({LOSS_UNITS})",
@@ -310,35 +317,45 @@ def pre_vs_post_figure(
       raise ValueError(f"{field}: not a grid field of these points")
   groups = list(dict.fromkeys(row.point.overrides.get(group_field) for row in rows))
   splits = list(dict.fromkeys(row.point.overrides.get(split_field) for row in rows))
-  width = 0.6 / len(splits)
-  figure = Figure(figsize=(max(6.4, 1.2 * len(groups)), 4.8), layout="constrained")
+  # The other grid fields' settings (e.g. a learning-rate axis): each gets
+  # its own marker beside the others, or one of them would hide the rest.
+  others = lambda row: tuple(
+    (k, v) for k, v in row.point.overrides.items() if k not in (group_field, split_field)
+  )
+  settings = list(dict.fromkeys(others(row) for row in rows))
+  series = [(split, setting) for split in splits for setting in settings]
+  width = 0.6 / len(series)
+  figure = Figure(
+    # Room for each column's markers, and for the longer legend of settings.
+    figsize=(max(6.4, 0.6 * len(groups) * max(2, len(series))) + 2.4 * (len(settings) > 1), 4.8),
+    layout="constrained",
+  )
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
-  for offset, split in enumerate(splits):
-    positions = np.arange(len(groups)) + (offset - (len(splits) - 1) / 2) * width
-    found = [
-      next(
-        (
-          row
-          for row in rows
-          if row.point.overrides.get(group_field) == group
-          and row.point.overrides.get(split_field) == split
-        ),
-        None,
-      )
-      for group in groups
-    ]
+  for offset, (split, setting) in enumerate(series):
+    positions = np.arange(len(groups)) + (offset - (len(series) - 1) / 2) * width
+    # At most one point per column: the points differ in some grid field.
+    held = {
+      row.point.overrides.get(group_field): row
+      for row in rows
+      if row.point.overrides.get(split_field) == split and others(row) == setting
+    }
+    found = [held.get(group) for group in groups]
     stats = [None if row is None else row.eval_loss for row in found]
+    label = ", ".join(
+      [value_words(split_field, split)]
+      + ([value_words(k, v) for k, v in setting] if len(settings) > 1 else [])
+    )
     # Markers, not bars: the axis then spans the losses rather than starting
     # at 0, where gaps of a few hundredths of a nat would not show.
     axes.errorbar(
       positions,
       [math.nan if stat is None else stat.mean for stat in stats],
       yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
-      fmt="o",
+      fmt=MARKERS[splits.index(split) % len(MARKERS)],
       markersize=7,
       capsize=4,
-      label=value_words(split_field, split),
+      label=label,
     )
     for position, row in zip(positions, found):
       if row is not None and row.diverged:  # no marker: say why, at the axis' foot
@@ -352,6 +369,7 @@ def pre_vs_post_figure(
           transform=axes.get_xaxis_transform(),
         )
   axes.set_xticks(np.arange(len(groups)), [value_words(group_field, group) for group in groups])
+  axes.set_xlim(-0.5, len(groups) - 0.5)  # each column its full share, its edge markers too
   axes.set_xlabel(group_field)
   axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
   fit_title(
@@ -359,7 +377,10 @@ def pre_vs_post_figure(
   )
   axes.grid(axis="y", alpha=0.3)
   # Beside the axes, never over a marker.
-  axes.legend(title=split_field, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  legend_title = ", ".join(
+    [split_field, *(k for k, _ in settings[0])] if len(settings) > 1 else [split_field]
+  )
+  axes.legend(title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   return figure
 
 
@@ -373,8 +394,10 @@ def plot_pre_vs_post(
 ) -> epath.Path:
   """Final validation loss, one column per value of `group_field` (the
   encodings) holding one marker per value of `split_field` (Pre- and
-  Post-LN), error bars ±1 std over replicas. A point without a final eval
-  loss has no marker (a diverged one is labelled so). Returns the PNG."""
+  Post-LN), error bars ±1 std over replicas; where the grid varies other
+  fields too (a learning rate), one marker per their setting, each labelled
+  with it. A point without a final eval loss has no marker (a diverged one
+  is labelled so). Returns the PNG."""
   figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
   return _write_png(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG, write)
 

@@ -32,7 +32,7 @@ from etils import epath
 from txf.rundir.metrics import METRICS_FILE
 from txf.rundir.record import RECORD_FILE
 from txf.rundir.resume import CONFIG_FILE
-from txf.rundir.workdir import WorkdirError, check_writable, run_path
+from txf.rundir.workdir import WorkdirError, check_writable, not_writable, run_path
 from txf.storage import WriteError, is_local, write_error
 from txf.sweep import results
 from txf.sweep.grid import Point
@@ -85,7 +85,12 @@ def publish(
     rows = _fill(points, workdir, destination, log)
   else:
     staging = destination.with_name(f".{destination.name}.{uuid.uuid4().hex[:12]}.tmp")
-    check_writable(staging)  # creates it
+    try:
+      check_writable(staging)  # creates it
+    except WorkdirError as error:
+      # Named as the directory given: the hidden staging one is ours, not the user's.
+      shutil.rmtree(staging, ignore_errors=True)
+      raise not_writable(destination, error.__cause__ or error) from error
     try:
       rows = _fill(points, workdir, staging, log)
       os.replace(staging, destination)  # over an empty directory too (epath's refuses)

@@ -18,8 +18,10 @@ metrics.jsonl; the sweep adds
                                                0..length-1 of the non-overlapping
                                                windows at the longest applicable
                                                length (null: no token scored there)
-      The evaluator also records, for readers of the file (not read here):
-      "step" (the checkpoint's), "train_length" (data.seq_len), "factors"
+      The evaluator also records "step" (the checkpoint's: one of another
+      step than the point's train.steps is out of date, recomputed and left
+      out of a summary) and, for readers of the file (not read here):
+      "train_length" (data.seq_len), "factors"
       (lengths / train_length), "num_tokens" (validation tokens evaluated),
       "stride" (the sliding stride per length), "scored_tokens" (protocol ->
       tokens scored per length), "reason" (per length: why it does not
@@ -51,6 +53,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.metrics import read_metrics
 from txf.rundir.resume import CONFIG_FILE, read_run_config
 from txf.storage import write_file, write_files
@@ -246,9 +249,10 @@ def _merged_by_step(workdir: epath.Path) -> dict[int, dict[str, Any]]:
 
 
 def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str:
-  """'diverged' (the sweep marked it), 'done' (config.json is there and
-  metrics.jsonl has an eval row at step `steps`; None: config.json's
-  train.steps), 'partial' (started, not done) or 'missing'.
+  """'diverged' (the sweep marked it), 'done' (config.json is there,
+  metrics.jsonl has an eval row at step `steps` -- None: config.json's
+  train.steps -- and the run's final checkpoint is: `_saved_at`), 'partial'
+  (started, not done) or 'missing'.
   A config.json that is not a JSON object raises ValueError naming it.
 
   A sweep passes its point's train.steps: a point trained to fewer steps
@@ -269,7 +273,24 @@ def point_status(workdir: str | epath.PathLike, steps: int | None = None) -> str
   done = any(
     row["step"] == steps and "eval_loss" in row for row in read_metrics(workdir, since=steps)
   )
-  return "done" if done else "partial"
+  return "done" if done and _saved_at(workdir, steps) else "partial"
+
+
+def _saved_at(workdir: epath.Path, step: int) -> bool:
+  """Whether the run in `workdir` holds a finalised checkpoint at `step`.
+
+  The final eval row is logged before the final checkpoint is written: a run
+  killed between the two has the row, and a rerun must train it to the end
+  (resuming from its older checkpoint) rather than skip it and extrapolate
+  that older one. An unfinished save (`<step>.orbax-checkpoint-tmp...`) is
+  not a checkpoint (saved_steps leaves it out). A directory without a
+  checkpoints folder is a copy of the run's files (txf.sweep.publish leaves
+  checkpoints behind; a training run creates the folder before its first
+  step): its metrics alone say whether it finished.
+  """
+  if not checkpoint_directory(workdir).exists():
+    return True
+  return step in saved_steps(workdir)
 
 
 def check_trained_steps(
@@ -408,6 +429,21 @@ def needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
   return found is None
 
 
+def _final_extrapolation(point: Point, workdir: epath.Path, log: Log) -> Extrapolation | None:
+  """`readable_extrapolation`, left out (one `log` line) where it is of
+  another step than the point's train.steps: its columns and plots would
+  pass for those of the model whose final losses share its row."""
+  found = readable_extrapolation(workdir, log)
+  steps = point.config.train.steps
+  if found is None or found.step in (None, steps):
+    return found
+  log(
+    f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, the "
+    f"point's train.steps is {steps}: left out of the summary (a sweep rerun recomputes it)"
+  )
+  return None
+
+
 def point_replicas(point: Point) -> int:
   """R, the seed replicas the point trains (its config's `replicas`; 1 if unset)."""
   return point.config.get("replicas", 1)
@@ -425,8 +461,9 @@ def summarize_point(
     replicas: R, the seed replicas the point trained (1: a single run);
       None: those its config.json records (what is on disk, whatever the
       sweep config now says), or `point_replicas(point)` without one.
-    log: called with the one line saying that an unreadable
-      extrapolation.json is left out.
+    log: called with the one line saying that an extrapolation.json is
+      left out: unreadable, or of another step than the point's train.steps
+      (its final step: the row's final losses are of that step).
   """
   workdir = epath.Path(workdir)
   if replicas is None:
@@ -456,7 +493,7 @@ def summarize_point(
     eval_accuracy=None if accuracies is None else Stat.of(accuracies),
     tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
     diverged=diverged,
-    extrapolation=readable_extrapolation(workdir, log),
+    extrapolation=_final_extrapolation(point, workdir, log),
     late_improvement=improvement,
     eval_losses=None if eval_losses is None else tuple(eval_losses),
     curves=curves,

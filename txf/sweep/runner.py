@@ -40,7 +40,7 @@ the tables and plots give mean ± std over them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -56,7 +56,7 @@ from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.console import format_duration
 from txf.rundir.resume import check_resumable, read_run_config
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
-from txf.storage import write_files
+from txf.storage import write_error, write_files
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
@@ -310,6 +310,30 @@ def summary_files(
   return files
 
 
+# Every file a summary may write into the sweep directory, besides one
+# extrapolation_<protocol>.png per protocol (EXTRAPOLATION_PNGS).
+SUMMARY_FILES = (
+  results.RESULTS_CSV,
+  results.RESULTS_MD,
+  *(png for png, _ in figures.CURVES.values()),
+  results.PER_POSITION_PNG,
+  figures.PRE_VS_POST_PNG,
+  figures.ACCURACY_VS_WIDTH_PNG,
+)
+EXTRAPOLATION_PNGS = "extrapolation_*.png"
+
+
+def stale_summary_files(
+  workdir: epath.Path, files: Mapping[epath.Path, str | bytes]
+) -> list[epath.Path]:
+  """The files an earlier summary left in `workdir` that this one (`files`,
+  `summary_files`') does not write: a plot it no longer draws (no point
+  extrapolated now, a grid narrowed to one placement) would otherwise sit
+  beside tables of other runs."""
+  known = [workdir / name for name in SUMMARY_FILES] + list(workdir.glob(EXTRAPOLATION_PNGS))
+  return sorted(path for path in known if path not in files and path.is_file())
+
+
 def summarize(
   points: Sequence[Point],
   workdir: str | epath.PathLike,
@@ -323,14 +347,17 @@ def summarize(
   The summary is written whole or not at all, so tables and plots always
   describe the same runs: every file is rendered in memory first, then all
   are written as one set (txf.storage.write_files: a full disk
-  replaces none). A SIGTERM that `preemption` (installed by the caller)
+  replaces none), and then the files of an earlier summary that this one
+  does not write (`stale_summary_files`: a plot it no longer draws) are
+  removed, one line naming them. A SIGTERM that `preemption` (installed by the caller)
   caught before the write is over stops it before anything is written:
   one line says to rerun, and None is returned. One during the write
   (short: renames, once the bytes are down) leaves the set whole.
 
   Raises:
     WriteError: a file could not be written (one line naming it); every
-      file of the summary is as it was.
+      file of the summary is as it was. Or a stale file could not be
+      removed (naming it; the new summary is written).
   """
   workdir = epath.Path(workdir)
   try:
@@ -348,6 +375,19 @@ def summarize(
     return None
   write_files(files)
   log("wrote " + ", ".join(str(path) for path in files))
+  # Right after the set: until then the old files are the last whole summary.
+  stale = stale_summary_files(workdir, files)
+  for path in stale:
+    try:
+      path.unlink()
+    except OSError as error:
+      raise write_error(path, error) from error
+  if stale:
+    log(
+      "removed "
+      + ", ".join(str(path) for path in stale)
+      + " (an earlier summary's: this one has no such plot)"
+    )
   return rows
 
 
@@ -422,8 +462,9 @@ def run_sweep(
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra), that cannot be reached or written (a
       read-only file system), or where no point has been run (summarize_only),
-      before anything trains or is written; a point's work
-      directory that is not writable or in use (another sweep trains or
+      or a point's existing work directory that the sweep would train or
+      extrapolate in and cannot write, before anything trains or is
+      written; a point's work directory in use (another sweep trains or
       extrapolates it).
     WriteError: a results file, plot or extrapolation record could not
       be written (one line naming it; its previous version is intact, and
@@ -470,6 +511,9 @@ def run_sweep(
       except ValueError as error:
         raise GridError(f"point {point.index} ({point.name}): {error}") from None
   check_writable(workdir)  # where the results go: a read-only sweep stops here
+  if not summarize_only:
+    for point in selected:
+      _check_point_writable(point, runs[point.index], workdir / point.name, extrapolate)
   # From here on a SIGTERM (preemption) anywhere stops the sweep with a line
   # and a clean return: training and extrapolation install their own guards
   # (the point is saved; the extrapolation stops between lengths), and this
@@ -488,6 +532,23 @@ def run_sweep(
     if len(selected) < len(points):
       return None
     return summarize(points, workdir, log=log, preemption=preemption)
+
+
+def _check_point_writable(
+  point: Point, run: RunConfig, point_dir: epath.Path, extrapolate: Extrapolate | None
+) -> None:
+  """Refuses (WorkdirError, one line naming it) an existing point directory
+  that the sweep would train or extrapolate in but cannot write, before any
+  point runs: found when its turn came, it stopped the sweep after the
+  points before it had trained. (A new one is made in the sweep directory,
+  checked already.)"""
+  if not point_dir.exists():
+    return
+  trains = results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged")
+  # Quiet: the point's turn logs why its extrapolation is recomputed.
+  quiet = lambda line: None
+  if trains or (extrapolate is not None and results.needs_extrapolation(point, point_dir, quiet)):
+    check_writable(point_dir)
 
 
 def _stopped(reason: str, where: str, log: Log) -> bool:

@@ -5,7 +5,8 @@
 trains two language models from one base run config (its data, optimizer,
 schedule, evaluation and seed), each through the same runner as
 `txf-run` (`txf.train.loop.run`), into the run directories
-`out_dir/runs/lstm_vs_transformer/transformer` and `.../lstm`:
+`out_dir/runs/lstm_vs_transformer/transformer` and `.../lstm` (quick:
+`runs/lstm_vs_transformer_quick/`):
 
   transformer  a decoder of TRANSFORMER_MODEL (4 layers, d_model 128, 4 heads;
                every other model field from the base config)
@@ -310,8 +311,8 @@ def run(
   """Trains both models (see the module docstring) and writes the table and plot.
 
   Args:
-    out_dir: directory of the outputs and (under runs/lstm_vs_transformer/) the
-      two runs; local or gs://.
+    out_dir: directory of the outputs and (under runs/lstm_vs_transformer/,
+      quick: runs/lstm_vs_transformer_quick/) the two runs; local or gs://.
     base_config: the run config both derive from (configs/base.py's
       `get_config()`; txf does not import configs/); not modified.
     steps: training steps of each model; None: base_config.train.steps
@@ -336,7 +337,9 @@ def run(
       before any training.
   """
   out_dir = epath.Path(out_dir)
-  runs_dir = out_dir / "runs" / NAME  # as the other textbook runs
+  # As the other textbook runs: quick ones their own directory, which the
+  # full run (another config) could not resume.
+  runs_dir = out_dir / "runs" / (f"{NAME}_quick" if quick else NAME)
   configs = comparison_configs(base_config, steps=steps, quick=quick)
   trained = _match_width({name: parse(config) for name, config in configs.items()}, runs_dir)
   data_lines = []
