@@ -200,7 +200,14 @@ def test_a_start_and_its_end_record_the_run_they_describe(tmp_path):
   (entry,) = record.read_record(tmp_path)
   start = datetime.datetime.fromisoformat(entry["start"])
   assert earliest <= start <= datetime.datetime.now(datetime.UTC)
-  assert entry["end"] is None and entry["ended"] is None and entry["start_step"] == 7
+  # Every key from the start, null until it ends: a killed run's entry had
+  # no end_step (a KeyError for a reader of the documented keys).
+  assert (entry["end"], entry["ended"], entry["end_step"], entry["start_step"]) == (
+    None,
+    None,
+    None,
+    7,
+  )
   assert entry["argv"] == sys.argv
   assert entry["git"] == record.git_state()
   assert entry["environment"] == record.environment()
@@ -217,5 +224,5 @@ def test_a_start_and_its_end_record_the_run_they_describe(tmp_path):
   assert ended["ended"] == "preempted" and ended["end_step"] == 9
   assert start <= datetime.datetime.fromisoformat(ended["end"])
   assert {k: v for k, v in ended.items() if k not in ("end", "ended", "end_step")} == {
-    k: v for k, v in entry.items() if k not in ("end", "ended")
+    k: v for k, v in entry.items() if k not in ("end", "ended", "end_step")
   }

@@ -132,17 +132,3 @@ def test_unknown_tracker_is_a_config_error_before_anything_is_written(tmp_path, 
   with pytest.raises(ConfigError, match=r"train\.trackers"):
     loop.run(parse(config), workdir, log=lambda line: None)
   assert not workdir.exists() or not any(workdir.iterdir())
-
-
-def test_a_start_that_never_ends_has_every_key_null_where_unknown(tmp_path):
-  """A process killed after its start leaves the entry as start wrote it: it
-  had no end_step key (a KeyError for a reader of the documented keys)."""
-  started = record.RunRecord(tmp_path, log=lambda line: None)
-  started.start(parse(tiny(steps=4)), 2)
-  (entry,) = record.read_record(tmp_path)
-  assert (entry["start_step"], entry["end"], entry["ended"], entry["end_step"]) == (
-    2,
-    None,
-    None,
-    None,
-  )
