@@ -152,6 +152,12 @@ def test_a_train_step_refused_for_memory_is_reported_with_hlo_asked_for(tmp_path
   assert "collectives per step: unknown: the train step was not compiled" in lines
   (flops,) = [line for line in lines if line.startswith("FLOPs")]
   assert flops.endswith("(compiler's unknown: the train step was not compiled)")
+  # They read 'outputs 0.0 KiB' and 'so MFU <= 100.0%': figures it does not have.
+  assert lines[3].endswith(
+    ", outputs unknown (the compiler refused the train step), temporaries asked for 40.95 GiB"
+  )
+  (bound,) = [line for line in lines if line.startswith("roofline")]
+  assert bound.endswith("(memory unknown: the train step was not compiled: no MFU bound)")
 
 
 @pytest.mark.slow  # a subprocess

@@ -153,7 +153,9 @@ def roofline(
     "memory_seconds": memory_time,
     "dtype": str(dtype),
     "step_seconds_bound": bound,
-    "mfu_bound": (compute / bound) if compute and bound else None,
+    # Without the bytes (a program the compiler refused) the compute time
+    # alone bounds nothing useful: MFU <= 100% says nothing.
+    "mfu_bound": (compute / bound) if compute and bound and memory_time is not None else None,
     "assumed_step_seconds": step_seconds,
     "mfu_at_assumed": (compute / step_seconds) if compute and step_seconds else None,
   }
@@ -406,9 +408,14 @@ def format_report(figures: dict[str, Any]) -> str:
     f"({_with_state(evaluation)}"
     + ("" if evaluation["fits"] else f"; {_gib(-evaluation['headroom_bytes'])} over")
     + ")",
-    f"  arguments {_gib(train['arguments_bytes'])}, outputs {_gib(train['outputs_bytes'])} "
-    f"({_gib(train['aliased_bytes'])} of them over donated arguments), temporaries "
-    f"{_gib(train['temporaries_bytes'])}",
+    f"  arguments {_gib(train['arguments_bytes'])}, "
+    + (
+      "outputs unknown (the compiler refused the train step), temporaries asked for "
+      if "train_step" in figures["out_of_memory"]
+      else f"outputs {_gib(train['outputs_bytes'])} ({_gib(train['aliased_bytes'])} of them "
+      "over donated arguments), temporaries "
+    )
+    + _gib(train["temporaries_bytes"]),
     *(
       f"  the compiler refused the {name.replace('_', ' ')}: {message.splitlines()[0]}"
       for name, message in figures["out_of_memory"].items()
@@ -430,9 +437,14 @@ def format_report(figures: dict[str, Any]) -> str:
       if line[f"{name}_seconds"] is not None
     ]
     mfu = line["mfu_bound"]
+    if line["memory_seconds"] is None:
+      bound = f" (memory {unknown}: no MFU bound)"
+    elif mfu:
+      bound = f", so MFU <= {100 * mfu:.1f}%"
+    else:
+      bound = " (no peak FLOP/s for this dtype: no MFU)"
     lines.append(
-      f"roofline: step >= {1e3 * line['step_seconds_bound']:.1f} ms ({', '.join(parts)})"
-      + (f", so MFU <= {100 * mfu:.1f}%" if mfu else " (no peak FLOP/s for this dtype: no MFU)")
+      f"roofline: step >= {1e3 * line['step_seconds_bound']:.1f} ms ({', '.join(parts)}){bound}"
     )
   if line["assumed_step_seconds"] is not None:
     lines.append(
