@@ -233,7 +233,7 @@ def _model_output(field, name):
       lambda: register.position("wrong", contributes="bias")(_wrong_bias),
       "position",
       r"model.position 'wrong' returned shape \(3,\), expected \[B\|1, H, T, S\] = \[1, 2, 6, 6\]"
-      r" \(or 1 where it broadcasts\)",
+      r" \(or one that broadcasts to it\)",
     ),
     (
       lambda: register.position("wrong", contributes="rotation")(_wrong_rotation),
@@ -270,6 +270,24 @@ def test_a_registered_function_returning_another_shape_is_named(register_entry, 
     register_entry()  # a module imported twice registers the same entry again
     with pytest.raises(ValueError, match=f"^{message}"):
       _model_output(field, "wrong")
+
+
+def _bias_without_batch_and_heads(cfg, q_positions, k_positions, table, *, bidirectional):
+  return _head_independent_bias(cfg, q_positions, k_positions, table, bidirectional=bidirectional)[
+    0, 0
+  ]
+
+
+def test_a_result_that_broadcasts_is_taken_as_the_reader_takes_it():
+  """A bias of [T, S] (no batch or head dimension) broadcasts in the
+  attention's addition as one of [1, 1, T, S] does, and gives its logits;
+  the check's first form refused it (it asked for four dimensions)."""
+  with scoped(POSITIONS):
+    register.position("distance", contributes="bias")(_head_independent_bias)
+    register.position("distance_2d", contributes="bias")(_bias_without_batch_and_heads)
+    np.testing.assert_array_equal(
+      _model_output("position", "distance_2d"), _model_output("position", "distance")
+    )
 
 
 def test_a_registered_function_of_the_right_shape_is_called_as_it_is():

@@ -32,6 +32,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 # What a registered name may be: the config field's value names it alone, so
 # none holds what a field's parse splits on (train.trackers' commas and
@@ -103,7 +105,8 @@ class ShapeChecked:
   """A registered function whose result's shape is checked on every call
   (while jax traces it: shapes are static, so the compiled program is
   unchanged) against `expected(*args, **kwargs)` -> (shape, its letters,
-  e.g. '[B, T, D]'); `broadcast`: a dimension of 1 stands for any. One that
+  e.g. '[B, T, D]'); `broadcast`: any shape that broadcasts to it (fewer
+  leading dimensions, or 1s), as the reader's addition takes. One that
   returned another shape failed later, in a message naming txf's own
   arguments (an einsum's subscripts, a bias's broadcast), or trained on.
   Equal for the same function (a module imported twice registers it again).
@@ -121,15 +124,23 @@ class ShapeChecked:
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     out = self.fn(*args, **kwargs)
     shape, letters = self.expected(*args, **kwargs)
-    got = tuple(getattr(out, "shape", ()))
-    if len(got) != len(shape) or any(
-      g != want and not (self.broadcast and g == 1) for g, want in zip(got, shape)
-    ):
-      ones = " (or 1 where it broadcasts)" if self.broadcast else ""
+    got, shape = tuple(getattr(out, "shape", ())), tuple(shape)
+    if not (_broadcasts(got, shape) if self.broadcast else got == shape):
+      ones = " (or one that broadcasts to it)" if self.broadcast else ""
       raise ValueError(
         f"{self.entry} returned shape {got}, expected {letters} = {list(shape)}{ones}"
       )
     return out
+
+
+def _broadcasts(got: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+  """Whether an array of shape `got` broadcasts to `shape` without changing
+  it (a bias [T, S] or [1, 1, T, S] to [B, H, T, S]): what the reader's
+  addition takes."""
+  try:
+    return np.broadcast_shapes(got, shape) == shape
+  except ValueError:
+    return False
 
 
 def settings_class(

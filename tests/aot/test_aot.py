@@ -28,7 +28,7 @@ from txf.aot.compile import (
   prepare_environment,
   untrained_tokenizer,
 )
-from txf.aot.report import gpu_kernels, report
+from txf.aot.report import _pool, gpu_kernels, report
 from txf.aot.targets import GPUS, MAX_DEVICES, gpu_memory_pool, parse_target
 from txf.runconfig import optim
 from txf.runconfig.run_config import ConfigError, parse
@@ -137,6 +137,8 @@ def test_a_gpus_capacity_is_the_pool_jax_takes_of_it(monkeypatch, environment, e
   for name, value in environment.items():
     monkeypatch.setenv(name, value)
   assert gpu_memory_pool(4 * 2**30) == expected
+  pool = _pool(expected, 4 * 2**30)  # the report's first line says which
+  assert pool.startswith("; a run may use all 4.00 GiB") == (expected == 4 * 2**30), pool
   assert parse_target("h100").memory_bytes == gpu_memory_pool(GPUS["h100"].memory_bytes)
   assert parse_target("v5e-8").memory_bytes == 16 * 2**30  # a TPU's is its own
 

@@ -373,13 +373,18 @@ def test_a_bad_field_is_refused_before_a_sentencepiece_tokenizer_is_trained(tmp_
   assert list(tmp_path.iterdir()) == []  # no tokenizer trained into the run's directory
 
 
-def test_a_sample_prompt_of_no_tokens_or_foreign_symbols_is_refused_naming_it():
+def test_a_sample_prompt_of_no_tokens_or_foreign_symbols_is_refused_naming_it(tmp_path):
   """Both passed the config's check: the empty prompt trained, then failed at
   the first evaluation's sample, before any checkpoint; the symbols a
-  generated task's vocabulary lacks were refused without naming the field."""
+  generated task's vocabulary lacks were refused without naming the field.
+  Training refuses the empty prompt; loading a run that has one does not
+  (a run killed at its first sample, with checkpoints, is still read)."""
   config = tiny_config("rope", steps=STEPS, eval__sample_tokens=8, eval__sample_prompt="")
+  workdir = tmp_path / "run"
   with pytest.raises(ConfigError, match=r"^eval\.sample_prompt: '' encodes to no tokens"):
-    fit_vocabulary(parse(config), None)
+    loop.run(parse(config), workdir, log=lambda line: None)
+  assert not workdir.exists() or not any(workdir.iterdir())  # nothing trained or written
+  assert fit_vocabulary(parse(config), None)[0].eval.sample_prompt == ""  # as load_run sets up
   config.eval.sample_tokens = 0  # no sample: no prompt to continue
   assert fit_vocabulary(parse(config), None)[0].eval.sample_prompt == ""
   config = tiny_config("induction", steps=STEPS, eval__sample_tokens=8, eval__sample_prompt="def ")

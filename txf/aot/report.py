@@ -386,6 +386,11 @@ def _pool(capacity: int, device: int | None) -> str:
   """What a GPU's capacity is: JAX's pool, a fraction of its memory."""
   if device is None:
     return ""
+  if capacity == device:
+    return (
+      f"; a run may use all {_gib(device)} of each GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=1 or "
+      "XLA_PYTHON_CLIENT_ALLOCATOR=platform)"
+    )
   return (
     f"; a run may use {_gib(capacity)} of each GPU's {_gib(device)} "
     f"({capacity / device:.0%}: JAX's memory pool, XLA_PYTHON_CLIENT_MEM_FRACTION)"

@@ -215,7 +215,11 @@ def check_output_file(name: str, path: str | None) -> None:
       else f"no directory {local.parent}"
     )
     fail("flag", f"{name}: {path}: {reason}")
-  if not is_replaceable(local):
+  try:
+    replaceable = is_replaceable(local)
+  except OSError as error:  # a link loop, no permission to look
+    fail("flag", f"{name}: {path}: {error.strerror or error}")
+  if not replaceable:
     fail("flag", f"{name}: {path}: not a regular file; name a file to write")
   try:
     check_writable(local.parent)

@@ -95,7 +95,13 @@ from txf.rundir.trackers import check_trackers, make_trackers
 from txf.rundir.workdir import WorkdirLock, check_reachable, check_writable, run_path
 from txf.train import replicas, sharding
 from txf.train.distributed import gather_data_states
-from txf.train.run_setup import RunSetup, check_memory, sampler_arguments, setup_run
+from txf.train.run_setup import (
+  RunSetup,
+  check_memory,
+  check_sample_prompt,
+  sampler_arguments,
+  setup_run,
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -532,6 +538,8 @@ def run(
     if setup is None:
       setup = setup_run(run_config, workdir)
     check_memory(setup, _samples(setup))
+    if _samples(setup):
+      check_sample_prompt(setup)
     is_chief = jax.process_index() == 0
     try:
       if is_chief:

@@ -255,18 +255,28 @@ def fit_vocabulary(
 
 def _prompt_length(tokenizer: Tokenizer, prompt: str) -> int:
   """The tokens eval.sample_prompt encodes to; ValueError naming the field
-  for a prompt the tokenizer refuses or encodes to none (sampling it failed
-  at the first evaluation, before any checkpoint was saved)."""
+  for a prompt the tokenizer refuses (symbols outside its vocabulary)."""
   try:
-    length = len(tokenizer.encode(prompt))
+    return len(tokenizer.encode(prompt))
   except ValueError as error:
     raise ValueError(f"eval.sample_prompt: {error}") from None
-  if not length:
-    raise ValueError(
+
+
+def check_sample_prompt(setup: RunSetup) -> None:
+  """Refuses, before a run trains, an eval.sample_prompt that encodes to no
+  tokens where its evaluations sample (it trained, then failed sampling at
+  the first evaluation, before any checkpoint was saved). Only training
+  asks: a trained run is loaded (evaluated, exported) whatever its prompt.
+
+  Raises:
+    ConfigError: naming eval.sample_prompt.
+  """
+  prompt = setup.run.eval.sample_prompt
+  if not len(setup.train_data.tokenizer.encode(prompt)):
+    raise ConfigError(
       f"eval.sample_prompt: {prompt!r} encodes to no tokens; the sample continues a prompt "
       "of one or more (eval.sample_tokens=0 samples nothing)"
     )
-  return length
 
 
 def precheck_run(run: RunConfig) -> RunConfig:
