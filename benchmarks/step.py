@@ -36,9 +36,10 @@ from benchmarks import kernels
 from benchmarks.decode import GPT2_SHAPE, is_gpt2
 from benchmarks.references import run_reference
 from txf import hardware
-from txf.commands.cli import define_config_flag
+from txf.commands.cli import check_output_file, define_config_flag
 from txf.data import make_dataset
 from txf.runconfig.run_config import RunConfig, parse
+from txf.storage import write_file
 from txf.train.run_setup import RunSetup, fit_vocabulary, setup_run
 
 FLAGS = flags.FLAGS
@@ -148,7 +149,7 @@ def compiled_memory(
     state = setup.abstract_state if state is None else state
     compiled = setup.train_step.lower(state, batch).compile()
   if text_path:
-    pathlib.Path(text_path).write_text(compiled.as_text())
+    write_file(text_path, compiled.as_text())
   analysis = compiled.memory_analysis()
   if analysis is None:
     return None
@@ -241,6 +242,8 @@ def profile_or_error(summarize) -> dict:
 
 
 def main() -> dict:
+  # Before anything is measured: the text is written after the timed steps.
+  check_output_file("compiled_text", FLAGS.compiled_text)
   # A config the step rejects fails before the PyTorch run, its vocabulary's checks too.
   run, _ = fit_vocabulary(parse(FLAGS.config), None)
   torch = (

@@ -777,6 +777,12 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
       ],
       "config error: model.max_len: eval.sample_prompt plus eval.sample_tokens",
     ),
+    # The compiled text is written after the timed steps: its path is looked
+    # at before them (a missing directory crashed at the end).
+    (
+      ["step", "--config=configs/rope.py", "--compiled_text=/no/such/dir/step.hlo"],
+      "flag error: compiled_text: /no/such/dir/step.hlo: no directory /no/such/dir",
+    ),
     # Compiling for a target the decode benchmark cannot study, refused before compiling.
     (
       ["decode", "--config=configs/gpt2_small.py", "--deviceless=h300"],
