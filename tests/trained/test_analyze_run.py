@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from etils import epath
+from faulty_command import assert_only_its_checks_refuse
 
 from conftest import REPO, cli_env, tiny_config
 from txf.analysis import ablation
@@ -336,14 +337,15 @@ def test_the_command_refuses_only_what_its_checks_refuse(encoder_run, commands):
   """A ValueError from the checks is one line and exit 2; one raised after
   them is a fault of txf's: its traceback and exit 1 (it was `analyze error:
   ...`, exit 2, reading as a refused flag)."""
-  fault = ("tests.faulty_command", "txf.commands.analyze", "txf.trained.head_analysis", "analyze")
-  done = commands.run(*fault, f"--workdir={encoder_run}", timeout=300)
-  assert done.returncode == 1, done.stderr[-3000:]
-  assert done.stderr.rstrip().endswith("ValueError: a fault while computing")
-  assert "Traceback" in done.stderr
-  done = commands.run(*fault, f"--workdir={encoder_run}", "--periods=3,5", timeout=300)
-  assert done.returncode == 2, done.stderr[-3000:]
-  assert done.stderr.startswith("analyze error: ")
+  assert_only_its_checks_refuse(
+    commands,
+    "txf.commands.analyze",
+    "txf.trained.head_analysis",
+    "analyze",
+    encoder_run,
+    "--periods=3,5",
+    "analyze",
+  )
 
 
 @pytest.mark.slow  # its fixture trains a run

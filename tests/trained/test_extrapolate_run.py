@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from faulty_command import assert_only_its_checks_refuse
 
 from conftest import REPO, tiny_config
 from full_disk import files_in, full_disk, read_only
@@ -172,19 +173,15 @@ def test_the_command_refuses_only_what_its_checks_refuse(trained, commands):
   """A ValueError from the checks is one line and exit 2; one raised after
   them is a fault of txf's: its traceback and exit 1 (it was `extrapolate error:
   ...`, exit 2, reading as a refused flag)."""
-  fault = (
-    "tests.faulty_command",
+  assert_only_its_checks_refuse(
+    commands,
     "txf.commands.extrapolate",
     "txf.trained.extrapolate",
     "extrapolate",
+    trained,
+    "--stride=33",
+    "extrapolate",
   )
-  done = commands.run(*fault, f"--workdir={trained}", timeout=300)
-  assert done.returncode == 1, done.stderr[-3000:]
-  assert done.stderr.rstrip().endswith("ValueError: a fault while computing")
-  assert "Traceback" in done.stderr
-  done = commands.run(*fault, f"--workdir={trained}", "--stride=33", timeout=300)
-  assert done.returncode == 2, done.stderr[-3000:]
-  assert done.stderr.startswith("extrapolate error: ")
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess
