@@ -27,10 +27,12 @@ from etils import epath
 from faulty_command import assert_only_its_checks_refuse
 
 from conftest import REPO, cli_env, tiny_config
+from full_disk import full_disk
 from txf.analysis import ablation
 from txf.models import ModelConfig, build
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir.workdir import WorkdirLock
+from txf.storage import WriteError
 from txf.train import loop
 from txf.train.run_setup import load_run
 from txf.trained import head_analysis
@@ -328,6 +330,18 @@ def test_a_failure_while_computing_leaves_the_previous_analysis(encoder_run, mon
 
   monkeypatch.setattr(head_analysis, "head_ablation", failing)
   with pytest.raises(RuntimeError, match="the ablation failed"):
+    analyze_run(encoder_run, seed=1)
+  assert analysis_files(encoder_run) == before
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_full_disk_while_writing_leaves_the_previous_analysis(encoder_run):
+  """The files are written as one set: a write failing at the second file
+  (a full disk) left the first one new beside the others old."""
+  analyze_run(encoder_run)
+  (encoder_run / ANALYSIS_DIR / attention_png("self")).write_bytes(b"the earlier heatmap")
+  before = analysis_files(encoder_run)
+  with full_disk(re.escape(str(encoder_run / ANALYSIS_DIR)), 2), pytest.raises(WriteError):
     analyze_run(encoder_run, seed=1)
   assert analysis_files(encoder_run) == before
 

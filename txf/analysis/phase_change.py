@@ -69,7 +69,12 @@ def training_columns(num_layers: int, num_heads: int) -> list[str]:
 
 def write_training_csv(training: Mapping[str, Any], path: str | os.PathLike) -> epath.Path:
   """Writes scores over training (as `read_training_csv` returns them) as a
-  CSV file, full precision; returns its path."""
+  CSV file, full precision (`training_csv`); returns its path."""
+  return write_file(path, training_csv(training))  # atomic: a full disk leaves no cut file
+
+
+def training_csv(training: Mapping[str, Any]) -> str:
+  """The text of `write_training_csv`'s file."""
   previous_NxLxH = np.asarray(training["previous_token"], np.float64)
   _, num_layers, num_heads = previous_NxLxH.shape
   values_NxC = np.concatenate(
@@ -85,7 +90,7 @@ def write_training_csv(training: Mapping[str, Any], path: str | os.PathLike) -> 
   rows = [",".join(training_columns(num_layers, num_heads))]
   for step, values_C in zip(np.asarray(training["steps"]), values_NxC):
     rows.append(",".join([str(int(step)), *(repr(float(value)) for value in values_C)]))
-  return write_file(path, "\n".join(rows) + "\n")  # atomic: a full disk leaves no cut file
+  return "\n".join(rows) + "\n"
 
 
 def read_training_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:

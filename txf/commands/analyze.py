@@ -24,10 +24,10 @@ A progress line per head's ablation goes to stderr as it is done. An
 invalid argument, a directory without a trained run, one that cannot be
 written (a read-only file system) or one held by another process (a run
 still training there) exits 2 with one line naming it, before anything is
-computed. Nothing is written until everything is computed: a failure
-leaves the previous analysis as it was. A file that cannot be written (a
-full disk) exits 1 with one line (`write error: PATH: ...`); every file is
-written atomically, so none is left cut.
+computed. Nothing is written until everything is computed, and then the
+files are written as one set: a failure, or a file that cannot be written
+(a full disk: exit 1, one line `write error: PATH: ...`), leaves the
+previous analysis as it was.
 """
 
 from __future__ import annotations

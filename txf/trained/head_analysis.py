@@ -89,8 +89,8 @@ from txf.analysis.head_scores import (
   probe_periods,
   repeated_random_tokens,
 )
-from txf.analysis.phase_change import steepest_fall, write_training_csv
-from txf.analysis.plots import attention_grid_figure, save_figure
+from txf.analysis.phase_change import steepest_fall, training_csv
+from txf.analysis.plots import attention_grid_figure, png_bytes
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
 from txf.progress import timestamped
@@ -98,7 +98,7 @@ from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer
 from txf.rundir.console import format_duration
 from txf.rundir.workdir import check_reachable, run_path
-from txf.storage import read_json, write_file
+from txf.storage import read_json, write_file, write_files
 from txf.train.run_setup import RunSetup, TrainedRun, load_run
 from txf.train.step import make_eval_step, model_inputs
 
@@ -581,13 +581,14 @@ def analyze_run(
 
 
 def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -> dict[str, Any]:
-  """Computes the analysis `request` checked, then writes its files (none is
-  written before everything is computed: a failure leaves the previous
-  analysis as it was) and returns its record (as `analyze_run`)."""
+  """Computes the analysis `request` checked, then writes its files as one
+  set (none before everything is computed, and all or none of them: a
+  failure or a full disk leaves the previous analysis as it was) and returns
+  its record (as `analyze_run`)."""
   run, params, first = request.run, request.params, request.batches[0]
   setup, causal, periods, ids = run.setup, request.causal, request.periods, request.ids
   out = request.workdir / ANALYSIS_DIR
-  writes: list[Callable[[], epath.Path | list[epath.Path]]] = []  # run once all is computed
+  contents: dict[epath.Path, str | bytes] = {}  # written once all is computed
   scores: dict[str, dict[str, np.ndarray]] = {}
   with setup.activation_sharding():
     maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
@@ -599,7 +600,7 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
     for kind, (num_layers, num_heads) in request.shapes.items():
       layers = layers_by_kind[kind]
       figure = _sample_figure(setup, kind, layers, first, run.step)
-      writes.append(functools.partial(save_figure, figure, out / attention_png(kind)))
+      contents[out / attention_png(kind)] = png_bytes(figure)
       induction = {
         period: (
           _induction(setup, maps_fn, params, first, kind, period, request.seed, ids)
@@ -629,7 +630,7 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
       )
     circuit_record = training = None
     if request.circuits or request.checkpoints:
-      circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, writes)
+      circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, contents)
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   seeds = setup.run.seeds
   replica = request.replica
@@ -637,11 +638,8 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
   table = _markdown(
     scores, f"{run.step}{which}", baseline, periods, len(request.batches), roles, group
   )
-  files: list[epath.Path] = []
-  for write in writes:
-    written = write()
-    files += written if isinstance(written, list) else [written]
-  files += [write_file(out / SCORES_MD, table), write_file(out / SCORES_CSV, _csv(scores))]
+  contents.update({out / SCORES_MD: table, out / SCORES_CSV: _csv(scores)})
+  files = write_files(contents)
   # Without causal attention there is no probe: its seed was not used.
   settings = dict(
     step=run.step, replica=replica, probe_seed=request.seed if causal else None, periods=periods
@@ -671,11 +669,11 @@ def _circuits_and_training(
   scores: dict[str, dict[str, np.ndarray]],
   maps_fn: Callable,
   log: Callable[[str], Any] | None,
-  writes: list[Callable[[], Any]],
+  contents: dict[epath.Path, str | bytes],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
   """(circuits.json's record or None, the scores over checkpoints or None)
-  of a causal decoder (`_check_circuits`), as `request` asks; appends the
-  writing of their files (and circuits.md) to `writes`."""
+  of a causal decoder (`_check_circuits`), as `request` asks; adds their
+  files' contents (and circuits.md's) to `contents`."""
   run, periods, ids, seed = request.run, request.periods, request.ids, request.seed
   setup, out, first = run.setup, request.workdir / ANALYSIS_DIR, request.batches[0]
   assert periods is not None and ids is not None  # a causal decoder
@@ -699,7 +697,7 @@ def _circuits_and_training(
         seed=seed,
       ),
     }
-    writes.append(functools.partial(_write_circuits, out, circuit_record, label, run.step))
+    contents.update(_circuit_files(out, circuit_record, label, run.step))
     md_parts.append(_circuits_markdown(circuit_record, label))
   if request.checkpoints:
     training = _training_scores(
@@ -710,8 +708,8 @@ def _circuits_and_training(
       title="Loss and head scores over training, at every kept checkpoint",
       max_step=_training_xlim(training),
     )
-    writes.append(functools.partial(write_training_csv, training, out / TRAINING_CSV))
-    writes.append(functools.partial(save_figure, figure, out / TRAINING_PNG))
+    contents[out / TRAINING_CSV] = training_csv(training)
+    contents[out / TRAINING_PNG] = png_bytes(figure)
     kept = len(training["steps"])
     coarse = (
       f" Only {kept} checkpoints: too few to place a change (train with a smaller "
@@ -724,7 +722,7 @@ def _circuits_and_training(
       f"({kept} checkpoints, steps {training['steps'][0]}.."
       f"{training['steps'][-1]}).{coarse}\n\n{phase_change_table({label: training})}"
     )
-  writes.append(functools.partial(write_file, out / CIRCUITS_MD, "\n".join(md_parts)))
+  contents[out / CIRCUITS_MD] = "\n".join(md_parts)
   return circuit_record, training
 
 
@@ -746,11 +744,10 @@ def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
     raise ValueError("circuits: path patching needs unscanned layers (model.scan_layers=False)")
 
 
-def _write_circuits(
+def _circuit_files(
   out: epath.Path, record: dict[str, Any], label: str, step: int
-) -> list[epath.Path]:
-  """circuits.json and the figures of layer 0 -> 1."""
-  json_path = write_file(out / CIRCUITS_JSON, json.dumps(record, indent=1) + "\n")
+) -> dict[epath.Path, str | bytes]:
+  """The contents of circuits.json and of the figures of layer 0 -> 1."""
   periods = ", ".join(str(period) for period in record["periods"])
   figures = {
     COMPOSITION_PNG: composition_figure(
@@ -764,7 +761,10 @@ def _write_circuits(
       {label: record["scores"]}, title=f"Every head's scores, sorted ({label}, step {step})"
     ),
   }
-  return [json_path] + [save_figure(figure, out / name) for name, figure in figures.items()]
+  return {
+    out / CIRCUITS_JSON: json.dumps(record, indent=1) + "\n",
+    **{out / name: png_bytes(figure) for name, figure in figures.items()},
+  }
 
 
 def _circuits_markdown(record: dict[str, Any], label: str) -> str:
