@@ -13,8 +13,8 @@ argument, a directory without a trained run, one that cannot be written (a
 read-only file system) or one held by another process (a run still training
 there, another extrapolation) exits 2 with one line naming it, before
 anything is computed; a file that cannot be written (a full disk) exits 1
-with one line naming it (`write error: ...`), the previous
-extrapolation.json intact.
+with one line naming it (`write error: ...`), the previous files intact
+(the figures and extrapolation.json are written as one set).
 """
 
 from __future__ import annotations

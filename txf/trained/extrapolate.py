@@ -52,7 +52,7 @@ from txf.runconfig.tasks import task_kind
 from txf.rundir.console import format_duration
 from txf.rundir.resume import read_run_config
 from txf.rundir.workdir import check_reachable, run_path
-from txf.storage import write_file
+from txf.storage import write_files
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
 from txf.train.run_setup import RunSetup, TrainedRun, load_run
 
@@ -197,7 +197,7 @@ def extrapolate_run(
     ConfigError, WorkdirError, ValueError: as `check_extrapolation`, before
       any model is run.
     WriteError: a file could not be written (one line naming it; the
-      previous extrapolation.json is intact).
+      previous figures and extrapolation.json are intact: one set).
   """
   request = check_extrapolation(
     workdir, factors, stride=stride, num_tokens=num_tokens, batch_tokens=batch_tokens
@@ -213,12 +213,15 @@ def extrapolate(
   record = dict(request.settings)
   record.update(_losses(request.run, request.tokens_N, record, request.batch_tokens, log))
   workdir = request.workdir
-  figures = [EXTRAPOLATION_PNG, PER_POSITION_PNG] if record["per_position"] is not None else []
-  if figures:
-    _plot(record, workdir)
-  write_file(workdir / EXTRAPOLATION_FILE, json.dumps(record, indent=2) + "\n")
+  figures = _figures(record) if record["per_position"] is not None else {}
+  # One set: a full disk leaves the previous figures and record as they were.
+  contents: dict[str, str | bytes] = {
+    **figures,
+    EXTRAPOLATION_FILE: json.dumps(record, indent=2) + "\n",
+  }
+  written = write_files({workdir / name: text for name, text in contents.items()})
   if log is not None:
-    log("wrote " + ", ".join(str(workdir / name) for name in [*figures, EXTRAPOLATION_FILE]))
+    log("wrote " + ", ".join(str(path) for path in written))
   return record
 
 
@@ -359,16 +362,17 @@ def _losses(
   }
 
 
-def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
-  """extrapolation.png (loss vs length per protocol, log x) and
+def _figures(record: dict[str, Any]) -> dict[str, bytes]:
+  """{name: PNG}: extrapolation.png (loss vs length per protocol, log x) and
   per_position_loss.png (loss vs window position at the longest applicable length)."""
-  from txf.analysis.plots import line_plot  # loads matplotlib: only when the plots are written
+  # Loads matplotlib: only when the plots are drawn.
+  from txf.analysis.plots import line_plot_figure, png_bytes
 
   kept = [at for at, applicable in enumerate(record["applicable"]) if applicable]
   lengths = np.array([record["lengths"][at] for at in kept])
   ylabel = f"validation loss ({LOSS_UNITS})"
   train_length = record["train_length"]
-  line_plot(
+  by_length = line_plot_figure(
     {
       protocol.replace("_", "-") + " windows": (
         lengths,
@@ -376,7 +380,6 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
       )
       for protocol in PROTOCOLS
     },
-    workdir / EXTRAPOLATION_PNG,
     title=f"Length extrapolation (training length {train_length}, step {record['step']})",
     xlabel="evaluation length (tokens)",
     ylabel=ylabel,
@@ -384,19 +387,19 @@ def _plot(record: dict[str, Any], workdir: epath.Path) -> None:
   )
   per_position = record["per_position"]
   length = per_position["length"]
-  line_plot(
+  by_position = line_plot_figure(
     {
       f"non-overlapping windows of {length} tokens": (
         np.arange(length),
         np.array(per_position["loss"], np.float64),
       )
     },
-    workdir / PER_POSITION_PNG,
     title=f"Loss by token position at {length} tokens "
     f"({length // train_length}x the training length {train_length})",
     xlabel="position in the window (tokens from its start)",
     ylabel=ylabel,
   )
+  return {EXTRAPOLATION_PNG: png_bytes(by_length), PER_POSITION_PNG: png_bytes(by_position)}
 
 
 def format_table(record: dict[str, Any]) -> str:
