@@ -206,15 +206,12 @@ def check_output_file(name: str, path: str | None) -> None:
   if path is None:
     return
   local = pathlib.Path(path)
-  if not path or local.is_dir() or not local.parent.is_dir():
-    reason = (
-      "an empty path"
-      if not path
-      else "is a directory"
-      if local.is_dir()
-      else f"no directory {local.parent}"
-    )
-    fail("flag", f"{name}: {path}: {reason}")
+  if not path:
+    fail("flag", f"{name}: {path}: an empty path")
+  if local.is_dir():
+    fail("flag", f"{name}: {path}: is a directory")
+  if not local.parent.is_dir():
+    fail("flag", f"{name}: {path}: no directory {local.parent}")
   try:
     replaceable = is_replaceable(local)
   except OSError as error:  # a link loop, no permission to look

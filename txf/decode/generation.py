@@ -31,6 +31,7 @@ from txf.decode.cache import (
 )
 from txf.decode.prompts import check_search, concrete
 from txf.decode.sampling import check_sampling, sample
+from txf.layers.embedding import check_id_range
 
 Array = jax.Array
 
@@ -74,14 +75,9 @@ def _check_vocabulary(name: str, ids: Array | None, vocab_size: int) -> None:
   program the embedding clamps them (an id past the table read as the last
   one), so generation would continue another prompt than the one given."""
   values = None if ids is None else concrete(ids)
-  if values is None or not values.size or not np.issubdtype(values.dtype, np.integer):
+  if values is None or not np.issubdtype(values.dtype, np.integer):
     return  # traced (checked where they were made) or malformed (check_search says so)
-  low, high = int(values.min()), int(values.max())
-  if low < 0 or high >= vocab_size:
-    bad = low if low < 0 else high
-    raise ValueError(
-      f"generate: {name}: id {bad} outside the vocabulary [0, {vocab_size}) (model.vocab_size)"
-    )
+  check_id_range(values, vocab_size, f"generate: {name}", "the vocabulary", "model.vocab_size")
 
 
 def _check_search_choice(

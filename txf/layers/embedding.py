@@ -169,16 +169,25 @@ def _checked_ids(
   ids_BxT = jnp.asarray(ids_BxT)
   if not jnp.issubdtype(ids_BxT.dtype, jnp.integer):
     raise ValueError(f"{what} must be integer ids, got dtype {ids_BxT.dtype}")
-  if not isinstance(ids_BxT, jax.core.Tracer) and ids_BxT.size:
+  if not isinstance(ids_BxT, jax.core.Tracer):
     # numpy, not jnp: concrete ids closed over by a jitted function would
     # otherwise become tracers again.
-    ids = np.asarray(ids_BxT)
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= size:
-      bad = low if low < 0 else high
-      raise ValueError(f"{what}: id {bad} outside {range_name} [0, {size}) ({field})")
+    check_id_range(np.asarray(ids_BxT), size, what, range_name, field)
   # jnp.take would wrap negative ids and give NaN rows past the table.
   return jnp.clip(ids_BxT, 0, size - 1)
+
+
+def check_id_range(ids: np.ndarray, size: int, what: str, range_name: str, field: str) -> None:
+  """ValueError naming `what`, the first id out of range and `field`, for
+  integer `ids` outside [0, size): inside a jitted program the embedding
+  clamps them (txf.decode.generate checks its prompts with it while they are
+  concrete)."""
+  if not ids.size:
+    return
+  low, high = int(ids.min()), int(ids.max())
+  if low < 0 or high >= size:
+    bad = low if low < 0 else high
+    raise ValueError(f"{what}: id {bad} outside {range_name} [0, {size}) ({field})")
 
 
 class RelativePositionTable(nn.Module):
