@@ -650,6 +650,45 @@ def test_one_argmax_samples_the_token_jax_random_categorical_samples(temperature
     np.testing.assert_array_equal(_next_token(rng, logits, temperature, 0, 1.0), want)
 
 
+# Below MIN_TEMPERATURE (1e-6): logits / temperature overflowed to inf from
+# about 1e-37 (inf - inf, NaN, in top-p's softmax) and the first token at
+# inf, not the argmax, was drawn; 1e-38 and 1e-45 are float32 subnormals.
+TINY_TEMPERATURES = [0.0, 1e-45, 1e-38, 2e-38, 1e-30, 1e-12, 9e-7]
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.9), (5, 0.9)])
+def test_a_tiny_temperature_samples_the_argmax(top_k, top_p):
+  from txf.decode.sampling import MIN_TEMPERATURE, _next_token
+
+  # Logits of order 1e3 with a gap of 1e-3 between the two largest of row 0:
+  # at MIN_TEMPERATURE, still sampled, the noise (about 1e-6 of them) keeps
+  # the argmax; at a thousandth of their gap it draws either.
+  logits = jax.random.normal(jax.random.key(1), (16, 300)) * 1e3
+  logits = logits.at[0, 7].set(jnp.max(logits[0]) + 1e-3)
+  for temperature in TINY_TEMPERATURES + [MIN_TEMPERATURE]:
+    for seed in range(3):
+      token = _next_token(jax.random.key(seed), logits, temperature, top_k, top_p)
+      np.testing.assert_array_equal(token, jnp.argmax(logits, axis=-1), err_msg=str(temperature))
+  tokens = [_next_token(jax.random.key(seed), logits, 1e-3, top_k, top_p)[0] for seed in range(40)]
+  assert len(set(np.asarray(tokens).tolist())) == 2  # sampled, not the argmax
+
+
+@pytest.mark.parametrize("temperature", [1e30, 1e38, 3.4e38])
+def test_a_huge_temperature_samples_the_top_k_alike(temperature):
+  """Every logit scales to about 0 (past 1e38 a subnormal, flushed to 0): the
+  top-k filter, which read the scaled logits, kept every token tied there."""
+  from txf.decode.sampling import _next_token
+
+  logits = jax.random.normal(jax.random.key(1), (8, 300)) * 3
+  top_5 = jax.lax.top_k(logits, 5)[1]
+  tokens = np.stack(
+    [_next_token(jax.random.key(seed), logits, temperature, 5, 0.9) for seed in range(20)], 1
+  )
+  for row, drawn in enumerate(tokens):
+    assert set(drawn.tolist()) <= set(top_5[row].tolist()), row
+  assert len(set(tokens[0].tolist())) > 1  # not the argmax: the 5 alike
+
+
 def test_prefill_longer_than_the_cache_is_rejected():
   """Writing more new tokens than the cache has slots is a clear error at
   trace time, not a silently clamped write."""

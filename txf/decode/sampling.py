@@ -1,4 +1,5 @@
-"""Temperature, top-k and top-p sampling; temperature 0 is greedy decoding."""
+"""Temperature, top-k and top-p sampling; temperature 0 (below MIN_TEMPERATURE)
+is greedy decoding."""
 
 from __future__ import annotations
 
@@ -70,22 +71,42 @@ def _filter_top_p(logits_BxV: Array, top_p: float, descending_BxN: Array | None)
   return jnp.where(logits_BxV >= cutoff_Bx1, logits_BxV, -jnp.inf)
 
 
+# Below this temperature (0 included) sampling is the argmax. Gumbel noise
+# scaled by it (what sampling at it amounts to: argmax(l / t + g) is
+# argmax(l + t g)) is below float32's resolution of logits of order 10,
+# about 1e-6, so it is the argmax already; and the scaled logits l / t of a
+# smaller one overflow to inf (the first such token drawn, not the largest).
+MIN_TEMPERATURE = 1e-6
+# A larger temperature samples as this one does (every kept token alike, to
+# float32's precision): XLA divides by multiplying with the reciprocal,
+# which past about 8.5e37 is subnormal, flushed to 0, and a filtered
+# logit's -inf times 0 is NaN.
+MAX_TEMPERATURE = 1e30
+
+
 def _next_token(
   rng: Array, logits_BxV: Array, temperature: float | Array, top_k: int, top_p: float
 ) -> Array:
   """Samples [B] tokens from temperature-scaled, top-k then top-p filtered logits.
 
-  temperature 0 means argmax. temperature may be traced (no recompile per
-  value); top_k and top_p are Python numbers (top_k sets a shape).
+  temperature below MIN_TEMPERATURE (0 included) means argmax; one above
+  MAX_TEMPERATURE samples as MAX_TEMPERATURE. temperature may be traced (no
+  recompile per value); top_k and top_p are Python numbers (top_k sets a
+  shape).
   """
   logits_BxV = logits_BxV.astype(jnp.float32)
-  # The sampled branch must stay finite when temperature is 0; it is discarded then.
-  scaled_BxV = logits_BxV / jnp.where(temperature > 0, temperature, 1.0)
-  # After the top-k filter, top-p reads its k logits, already sorted,
-  # instead of sorting the row (a dozen kernels a token on a GPU).
-  descending_BxK = None
+  sampled = temperature >= MIN_TEMPERATURE
+  # The sampled branch must stay finite where it is not sampled; it is discarded then.
+  divisor = jnp.where(sampled, jnp.minimum(temperature, MAX_TEMPERATURE), 1.0)
+  # The top-k filter reads the logits before they are divided (which keeps
+  # their order): a huge temperature scales them all to about 0, where it
+  # kept every token, tied. After it, top-p reads its k logits, already
+  # sorted, instead of sorting the row (a dozen kernels a token on a GPU).
+  scaled_BxV, descending_BxK = logits_BxV, None
   if top_k:
-    scaled_BxV, descending_BxK = _filter_top_k(scaled_BxV, top_k)
+    scaled_BxV, descending_BxK = _filter_top_k(logits_BxV, top_k)
+    descending_BxK = descending_BxK / divisor
+  scaled_BxV = scaled_BxV / divisor
   if top_p < 1.0:
     scaled_BxV = _filter_top_p(scaled_BxV, top_p, descending_BxK)
   # jax.random.categorical(rng, scaled) is the argmax of the scaled logits
@@ -93,7 +114,7 @@ def _next_token(
   # between those and the plain logits before one argmax, not between two
   # argmaxes after, gives the same token from one pass over the vocabulary.
   noisy_BxV = jax.random.gumbel(rng, scaled_BxV.shape, scaled_BxV.dtype) + scaled_BxV
-  return jnp.argmax(jnp.where(temperature > 0, noisy_BxV, logits_BxV), axis=-1)
+  return jnp.argmax(jnp.where(sampled, noisy_BxV, logits_BxV), axis=-1)
 
 
 def sample(
@@ -122,7 +143,10 @@ def sample(
     prompt_BxP: int prompts.
     max_new_tokens: N >= 1.
     rng: PRNG key; step i uses fold_in(rng, i).
-    temperature: logits are divided by it; 0: argmax.
+    temperature: logits are divided by it; below MIN_TEMPERATURE (1e-6; 0
+      included): argmax, which sampling at it is to float32's precision
+      (and dividing by a smaller one may overflow); above MAX_TEMPERATURE
+      (1e30): as at it, every kept token alike.
     top_k: sample among the k most likely tokens; 0 (or k at least the
       vocabulary size): all.
     top_p: sample among the most likely tokens holding probability top_p
