@@ -464,6 +464,24 @@ def test_unusable_workdir_is_one_line_exit_2(tmp_path):
   assert a_file.read_text() == "keep me"
 
 
+def test_export_reports_a_bad_out_as_a_flag_error(tmp_path):
+  """They read `config error: out: ...` or `workdir error: out: ...`, though
+  --out is a flag. A config.json with the model and train sections is a
+  run to the checks, which refuse --out before anything is read."""
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text('{"model": {}, "train": {}}')
+  (tmp_path / "file").touch()
+  for out, fragment in (
+    ("", "out: empty"),
+    ("gs:/bucket/hf", "out: gs:/bucket/hf is a URL that lost a slash"),
+    (tmp_path / "file", "exists and is not a directory"),
+    (run, "is the run's work directory"),
+  ):
+    result = run_cli(f"--workdir={run}", f"--out={out}", command="export")
+    assert_one_line_error(result, "flag error: out: ", fragment)
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through read-only permissions")
 def test_read_only_workdir_is_one_line_exit_2(tmp_path):
   workdir = tmp_path / "run"

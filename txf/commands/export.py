@@ -51,6 +51,8 @@ _OUT = flags.DEFINE_string(
 def main(argv) -> None:
   # After flag parsing: fast --help.
   from txf.interop import CheckpointError
+  from txf.runconfig.run_config import ConfigError
+  from txf.rundir.workdir import WorkdirError
   from txf.trained.export import export_run
 
   logging.set_verbosity(logging.WARNING)
@@ -59,6 +61,12 @@ def main(argv) -> None:
       written = export_run(_WORKDIR.value, _OUT.value)
     except CheckpointError as error:
       fail("export", error)
+    except (ConfigError, WorkdirError) as error:
+      # export_run names the argument it refuses first; --out is a flag, no
+      # config field or work directory (run_errors' labels for the others).
+      if str(error).startswith(f"{_OUT.name}: "):
+        fail("flag", error)
+      raise
   if written.replaced:
     print(f"replaced the earlier export in {written.directory}")
   print(
