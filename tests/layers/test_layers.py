@@ -214,7 +214,8 @@ def attention_case(num_kv_heads, causal, kv_len):
   # Row 0 sees every key, row 1 only the first 3 (keeps causal rows non-empty).
   key_valid = np.arange(S)[None, :] < np.array([[S], [3]])
   call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=key_valid[:, None, None, :])
-  params = perturbed(layer.init(jax.random.PRNGKey(0), x, kv, **call)["params"])
+  # Jitted: eager, each of init's operations compiled on its own (seconds a case).
+  params = perturbed(jax.jit(layer.init)(jax.random.PRNGKey(0), x, kv, **call)["params"])
   reference = dict(
     p=f64(params),
     x=x.astype(np.float64),
@@ -276,8 +277,7 @@ def test_projections_of_one_input_are_one_product(num_kv_heads, causal, kv_len):
 def test_a_decoding_step_on_a_gpu_projects_by_the_kernels_concatenated(num_kv_heads):
   """One position traced for one GPU: the product of one input is by its
   kernels concatenated along their features ([D, P * N * Dh]), with the
-  same output as the stacked product the CPU trace (and any longer input)
-  takes."""
+  same output as the stacked product the CPU trace takes."""
   from txf.ops import platform
 
   cfg = ModelConfig(
@@ -311,6 +311,77 @@ def test_a_decoding_step_on_a_gpu_projects_by_the_kernels_concatenated(num_kv_he
   # q, k, v of 4 heads of 4 (MHA); k and v of 2 heads (GQA: q is a product of its own).
   assert concatenated == ([(D, 3 * 4 * 4)] if num_kv_heads == 4 else [(D, 2 * 2 * 4)])
   np.testing.assert_allclose(gpu, cpu, **TOL)
+
+
+def central_differences(f, arrays, h=1e-6):
+  """The gradient of the float64 function f() with respect to each array it
+  reads (changed in place, restored), by central differences: [each array's
+  shape]."""
+  grads = []
+  for array in arrays:
+    grad = np.zeros(array.shape)
+    for index in np.ndindex(*array.shape):
+      value = array[index]
+      array[index] = value + h
+      above = f()
+      array[index] = value - h
+      grad[index] = (above - f()) / (2 * h)
+      array[index] = value
+    grads.append(grad)
+  return grads
+
+
+@pytest.mark.parametrize(
+  "num_kv_heads,causal,kv_len,use_bias",
+  [(4, False, None, True), (4, False, None, False), (2, True, None, True), (1, False, 7, True)],
+)
+def test_a_gpu_program_of_many_positions_projects_apart(num_kv_heads, causal, kv_len, use_bias):
+  """More than one position traced for a GPU: one product per projection
+  forward (no stacked kernel; a custom backward stacks the cotangents). Its
+  output is the float64 reference's, and its gradients (parameters and
+  inputs) are as close to float64 central differences as the CPU trace's
+  (the stacked product and its own backward): float32 through a softmax,
+  within 2e-5 of each array's largest entry, or of 1 where that is smaller
+  (the keys' bias: its gradient is zero, softmax ignoring a shift common to
+  all keys)."""
+  from txf.ops import platform
+
+  layer, params, inputs, call, reference = attention_case(num_kv_heads, causal, kv_len)
+  layer = layer.clone(cfg=layer.cfg.replace(attention_impl="xla", use_bias=use_bias))
+  if not use_bias:
+    params = {name: {"kernel": p["kernel"]} for name, p in params.items()}
+    reference["p"] = f64(params)
+  x, kv = inputs
+  argnums = (0, 1) if kv is None else (0, 1, 2)
+
+  def traced():
+    # A function of its own for each trace (jax caches traces by function).
+    def attend(params, x, kv):
+      return layer.apply({"params": params}, x, kv, **call)
+
+    loss = lambda *args: jnp.sum(jnp.sin(attend(*args)))
+    grads = jax.jit(jax.grad(loss, argnums=argnums))(params, x, kv)
+    return jax.jit(attend)(params, x, kv), grads, jax.make_jaxpr(attend)(params, x, kv).jaxpr
+
+  cpu_out, cpu_grads, cpu_jaxpr = traced()
+  with platform.compiling_for("gpu"):
+    gpu_out, gpu_grads, gpu_jaxpr = traced()
+  assert stacked_projection_widths(cpu_jaxpr, D) != []
+  assert stacked_projection_widths(gpu_jaxpr, D) == []
+  np.testing.assert_allclose(gpu_out, np_attention(**reference), **TOL)
+
+  leaves, treedef = jax.tree.flatten(reference["p"])
+  sources = [reference["x"]] if kv is None else [reference["x"], reference["kv"]]
+  if kv is None:
+    reference["kv"] = reference["x"]  # one array, as the layer reads it
+  want = central_differences(lambda: np.sum(np.sin(np_attention(**reference))), leaves + sources)
+  want = (jax.tree.unflatten(treedef, want[: len(leaves)]), *want[len(leaves) :])
+  for got_cpu, got_gpu, grad in zip(
+    jax.tree.leaves(cpu_grads), jax.tree.leaves(gpu_grads), jax.tree.leaves(want), strict=True
+  ):
+    tolerance = 2e-5 * max(1.0, np.abs(grad).max())
+    np.testing.assert_allclose(got_cpu, grad, atol=tolerance, rtol=0)
+    np.testing.assert_allclose(got_gpu, grad, atol=tolerance, rtol=0)
 
 
 # ---------------------------------------------------------------------------

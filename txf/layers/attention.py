@@ -285,30 +285,30 @@ class MultiHeadAttention(nn.Module):
     Projections of the same input array with as many heads are one GEMM over
     their kernels stacked (q, k and v of MHA self-attention; k and v of
     grouped-query and cross-attention): one read of the input and one wider
-    product instead of three, as PyTorch's packed in-projection. Each keeps
+    product instead of three, as PyTorch's packed in-projection; on one GPU,
+    forward, one GEMM each, their backward one over the stack
+    (`_projections`). Each keeps
     its own parameters ('query', 'key', 'value'), so checkpoints and
     interop do not see the fusion. A caller that feeds a projection another
     input (path patching) intercepts this method and gets them apart.
     """
     names = ("query", "key", "value")[: len(inputs)]
     projected: dict[str, Array] = {}
-    for group, y_BxTxPxNxDh, biases in self._products(names, inputs):
-      if biases:
-        y_BxTxPxNxDh = y_BxTxPxNxDh + jnp.stack(biases).astype(self.dtype)
-      projected.update((name, y_BxTxPxNxDh[:, :, p]) for p, name in enumerate(group))
+    for group, x_BxTxD, kernels, biases in self._groups(names, inputs):
+      projected.update(zip(group, _projections(x_BxTxD, kernels, biases)))
     return tuple(projected.get(name) for name in names)
 
-  def _products(
+  def _groups(
     self, names: tuple[str, ...], inputs: tuple[Array | None, ...]
-  ) -> list[tuple[tuple[str, ...], Array, list[Array]]]:
-    """`project`'s products: (the names, [B, T, P, N, Dh] in the compute
-    dtype without the biases, the biases [N, Dh] as stored or none) for each
-    group of projections of one input with as many heads."""
+  ) -> list[tuple[tuple[str, ...], Array, list[Array], list[Array]]]:
+    """`project`'s groups of projections of one input with as many heads:
+    (the names, the input [B, T, D] and the kernels [D, N, Dh] in the
+    compute dtype, the biases [N, Dh] as stored or none)."""
     groups: dict[tuple[int, int], list[tuple[str, Array]]] = {}
     for name, x in zip(names, inputs):
       if x is not None:
         groups.setdefault((id(x), self._heads(name)[0]), []).append((name, x))
-    products = []
+    result = []
     for group in groups.values():
       x_BxTxD = group[0][1]
       weights = [self._weights(name, x_BxTxD.shape[-1]) for name, _ in group]
@@ -321,10 +321,19 @@ class MultiHeadAttention(nn.Module):
         )
         for (name, _), (kernel, _) in zip(group, weights)
       ]
-      y_BxTxPxNxDh = _stacked_product(x_BxTxD.astype(self.dtype), kernels)
       biases = [bias for _, bias in weights if bias is not None]
-      products.append((tuple(name for name, _ in group), y_BxTxPxNxDh, biases))
-    return products
+      result.append((tuple(name for name, _ in group), x_BxTxD.astype(self.dtype), kernels, biases))
+    return result
+
+  def _products(
+    self, names: tuple[str, ...], inputs: tuple[Array | None, ...]
+  ) -> list[tuple[tuple[str, ...], Array, list[Array]]]:
+    """(the names, their product [B, T, P, N, Dh] in the compute dtype without
+    the biases, the biases [N, Dh] as stored or none) for each of `_groups`."""
+    return [
+      (group, _stacked_product(x_BxTxD, kernels), biases)
+      for group, x_BxTxD, kernels, biases in self._groups(names, inputs)
+    ]
 
   def _packs(
     self,
@@ -597,6 +606,95 @@ class MultiHeadAttention(nn.Module):
     return cached_key.value, cached_value.value
 
 
+def _projections(x_BxTxD: Array, kernels: list[Array], biases: list[Array]) -> list[Array]:
+  """x [B, T, D] times each kernel [D, N, Dh] (P kernels), plus its bias [N, Dh]
+  (`biases`: one each, or none), in x's dtype: [B, T, N, Dh] each.
+
+  On one GPU, more than one position (a train step, an evaluation, a
+  prompt's prefill) takes the products apart (`_apart_products`); everywhere
+  else (the CPU, a mesh of GPUs, where the three products cost more
+  launches than the split they save: decoder_1b on 16 H100s, 1,863 -> 2,007
+  kernels for 1% of the bytes) one product of the kernels stacked
+  (`_stacked_product`), its biases added, sliced apart.
+  """
+  if _one_gpu() and x_BxTxD.shape[1] > 1:
+    return list(_apart_products(x_BxTxD, tuple(kernels), tuple(biases)))
+  y_BxTxPxNxDh = _stacked_product(x_BxTxD, kernels)
+  if biases:
+    y_BxTxPxNxDh = y_BxTxPxNxDh + jnp.stack(biases).astype(y_BxTxPxNxDh.dtype)
+  return [y_BxTxPxNxDh[:, :, p] for p in range(len(kernels))]
+
+
+@jax.custom_vjp
+def _apart_products(
+  x_BxTxD: Array, kernels: tuple[Array, ...], biases: tuple[Array, ...]
+) -> tuple[Array, ...]:
+  """`_projections` as one product per kernel forward, one of the kernels
+  stacked backward: x [B, T, D] in the compute dtype, the kernels [D, N, Dh]
+  in it, the biases [N, Dh] as stored (float32) or none.
+
+  Forward, each product writes its own [B, T, N, Dh], its bias added to the
+  float32 product in the GEMM (in x's dtype, as the stacked product adds it
+  after rounding, XLA leaves the addition a kernel of its own). The stacked
+  product writes [B, T, P, N, Dh], which a kernel of its own then read
+  whole to add the biases and write q, k and v apart for cuDNN's attention:
+  gpt2_small, deviceless H100, 302 MB a layer, 3.6 of the step's 49.4 GB
+  outside GEMMs. Backward, the cotangents stacked make one product for x's
+  gradient and one for the kernels' (as the stacked product's own
+  backward): apart, x's gradient was three products and a sum of them.
+  """
+  return _apart_forward(x_BxTxD, kernels, biases)[0]
+
+
+def _kernel_stack(kernels: tuple[Array, ...]) -> Array:
+  """The kernels [D, N, Dh] stacked, [P, D, N, Dh]: one array, which both
+  directions read, behind a barrier (XLA otherwise cast each kernel apart
+  for the forward's products and all of them again for the backward's)."""
+  return jax.lax.optimization_barrier(jnp.stack(kernels))
+
+
+def _apart_forward(x_BxTxD, kernels, biases):
+  kernels_PxDxNxDh = _kernel_stack(kernels)
+  y_P = [
+    jnp.einsum("btd,dnh->btnh", x_BxTxD, kernel_DxNxDh, preferred_element_type=jnp.float32)
+    for kernel_DxNxDh in kernels_PxDxNxDh
+  ]
+  if biases:
+    y_P = [y_BxTxNxDh + bias for y_BxTxNxDh, bias in zip(y_P, biases)]
+  y_P = tuple(y_BxTxNxDh.astype(x_BxTxD.dtype) for y_BxTxNxDh in y_P)
+  return y_P, (x_BxTxD, kernels_PxDxNxDh, biases)
+
+
+def _apart_backward(residuals, dy_P):
+  x_BxTxD, kernels_PxDxNxDh, biases = residuals
+  count = len(kernels_PxDxNxDh)
+  # Stacked as the stacked product's slicing transposes (pads summed): XLA
+  # then sums the biases' gradients in the kernel that stacks them, where
+  # a concatenation left that sum a kernel of its own.
+  shape = (*dy_P[0].shape[:2], count, *dy_P[0].shape[2:])
+  unslice = jax.linear_transpose(
+    lambda y: tuple(y[:, :, p] for p in range(count)), jax.ShapeDtypeStruct(shape, dy_P[0].dtype)
+  )
+  (dy_BxTxPxNxDh,) = unslice(tuple(dy_P))
+  dx_BxTxD = jnp.einsum("btpnh,pdnh->btd", dy_BxTxPxNxDh, kernels_PxDxNxDh)
+  dkernels_PxDxNxDh = jnp.einsum("btd,btpnh->pdnh", x_BxTxD, dy_BxTxPxNxDh)
+  dkernels = tuple(dkernels_PxDxNxDh)
+  if not biases:
+    return dx_BxTxD, dkernels, ()
+  # Summed in the cotangents' dtype, as the stacked product's backward sums them.
+  zero = jnp.zeros((), dy_BxTxPxNxDh.dtype)
+  dbias_PxNxDh = jax.lax.reduce(dy_BxTxPxNxDh, zero, jax.lax.add, (0, 1))
+  return dx_BxTxD, dkernels, tuple(dbias_PxNxDh[p].astype(b.dtype) for p, b in enumerate(biases))
+
+
+_apart_products.defvjp(_apart_forward, _apart_backward)
+
+
+def _one_gpu() -> bool:
+  """Whether the program is traced for one GPU (its mesh of one device)."""
+  return platform.backend() == "gpu" and jax.sharding.get_abstract_mesh().size <= 1
+
+
 def _stacked_product(x_BxTxD: Array, kernels: list[Array]) -> Array:
   """x [B, T, D] times each kernel [D, N, Dh], as one product: [B, T, P, N, Dh]
   (P kernels).
@@ -607,12 +705,10 @@ def _stacked_product(x_BxTxD: Array, kernels: list[Array]) -> Array:
   they are, and at batch 1 the norm before it too. The kernels stacked (the
   einsum below) left that norm a kernel of its own at batch 1 and, at batch
   32, copied the stack every token (gpt2_small, deviceless H100: 97 -> 85
-  kernels a token at batch 1, 141 -> 129 at batch 32). The train step keeps
-  the stack: with the concatenation its backward takes 3 kernels a layer
-  more (734 -> 770). The CPU's program is the stacked one everywhere.
+  kernels a token at batch 1, 141 -> 129 at batch 32). The CPU's program,
+  and a mesh's, is the stacked one everywhere.
   """
-  one_gpu = platform.backend() == "gpu" and jax.sharding.get_abstract_mesh().size <= 1
-  if x_BxTxD.shape[1] == 1 and one_gpu:
+  if x_BxTxD.shape[1] == 1 and _one_gpu():
     d_model, heads, head_dim = kernels[0].shape
     kernel_DxF = jnp.concatenate([k.reshape(d_model, heads * head_dim) for k in kernels], axis=1)
     y_BxTxF = jnp.dot(x_BxTxD, kernel_DxF)
