@@ -99,6 +99,21 @@ def test_commands_in_the_documents_are_the_installed_ones():
   assert "python -m experiments." not in (ROOT / "docs" / "quickstart.ipynb").read_text()
 
 
+def test_the_run_commands_of_a_block_train_in_their_own_work_directories():
+  """Two txf-run lines of one block in one work directory (named by
+  --workdir, else by the config: txf-run's default) make the second a
+  resume of the first, refused where it changes a setting: extending.md's
+  log_distance pair, the second with another log_bias_scale, did."""
+  for path in USER_DOCS:
+    for block in bash_blocks(path.read_text()):
+      runs = [line for line in block.splitlines() if line.startswith("txf-run ")]
+      workdirs = [
+        (re.search(r"--workdir=\S+", line) or re.search(r"--config=\S+", line)).group(0)
+        for line in runs
+      ]
+      assert len(set(workdirs)) == len(workdirs), (path.name, runs)
+
+
 def test_every_page_is_in_the_site_navigation():
   nav = (ROOT / "mkdocs.yml").read_text()
   docs = ROOT / "docs"

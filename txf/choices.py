@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import re
@@ -131,6 +132,23 @@ class ShapeChecked:
         f"{self.entry} returned shape {got}, expected {letters} = {list(shape)}{ones}"
       )
     return out
+
+
+@functools.cache  # one class per module: a module imported twice registers an equal entry
+def shape_checked_module(
+  module: type, entry: str, expected: Callable[..., tuple[tuple[int, ...], str]]
+) -> type:
+  """A subclass of the linen module class `module` whose __call__'s result
+  is checked as ShapeChecked checks a function's (`expected` gets the module
+  and the call's arguments). It keeps `module`'s name: flax names an
+  unnamed submodule after its class, and a parameter path must not change."""
+  checked = ShapeChecked(module.__call__, entry, expected)
+
+  def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return checked(self, *args, **kwargs)
+
+  names = {"__module__": module.__module__, "__qualname__": module.__qualname__}
+  return type(module.__name__, (module,), {"__call__": __call__, **names})
 
 
 def _broadcasts(got: tuple[int, ...], shape: tuple[int, ...]) -> bool:

@@ -80,9 +80,9 @@ example of each (most in examples/extending/). Each decorator refuses, in
 one ValueError line, what would fail at the entry's first use: a function
 that cannot be called as its readers call it (txf.choices.require_signature),
 a class without the methods they call, a setting named as a ModelConfig field;
-and a position encoding, norm or activation is wrapped in a check of its
-result's shape (txf.choices.ShapeChecked), one line naming the entry when
-the config's check first traces the model.
+and a position encoding, norm, activation or head is wrapped in a check of
+its result's shape (txf.choices.ShapeChecked), one line naming the entry
+when the config's check first traces the model.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ from txf.choices import (
   require_signature,
   setting_defaults,
   settings_class,
+  shape_checked_module,
 )
 from txf.data.generated import RowTask
 from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS, CheckedTokenizer
@@ -119,6 +120,9 @@ from txf.runconfig.tracking import TRACKER_METHODS
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
+# The ModelConfig dimensions a position encoding may need even
+# (txf.layers.model_config.ModelConfig._check_position reads these).
+_EVEN = ("d_model", "head_dim")
 # What each kind of position encoding is called with: (positional, keyword)
 # arguments (txf.layers.embedding, txf.layers.attention).
 _POSITION_ARGUMENTS = {
@@ -143,6 +147,14 @@ def _bias_shape(
 ) -> tuple[tuple[int, ...], str]:
   batch = max(q_positions.shape[0], k_positions.shape[0])
   return (batch, cfg.num_heads, q_positions.shape[-1], k_positions.shape[-1]), "[B|1, H, T, S]"
+
+
+def _logits_shape(head: Any, x: Any, tokens: Any, embedder: Any) -> tuple[tuple[int, ...], str]:
+  return (*x.shape[:2], head.cfg.vocab_size), "[B, T, V]"
+
+
+def _classes_shape(head: Any, x: Any, tokens: Any, embedder: Any) -> tuple[tuple[int, ...], str]:
+  return (x.shape[0], head.cfg.num_classes), "[B, num_classes]"
 
 
 def _norm_shape(layer: Any, x: Any, cfg: Any) -> tuple[tuple[int, ...], str]:
@@ -187,6 +199,8 @@ def position(
   """
   if contributes not in _KINDS:
     raise ValueError(f"contributes: {contributes!r} is not one of {tuple(_KINDS)}")
+  if even not in (None, *_EVEN):
+    raise ValueError(f"even: {even!r} is not one of {_EVEN}")
   declared = setting_defaults(settings_class(ENCODINGS.field, name, settings, options))
   if table == "relative" and "t5_num_buckets" not in declared:
     raise ValueError(
@@ -378,7 +392,8 @@ def head(
   Args:
     tasks: the data.task values whose loss reads its output: float32 logits
       [B, T, V] for 'lm', 'mlm' and 'seq2seq', [B, num_classes] for
-      'classify'.
+      'classify' (the shape checked when the model is traced, for a head of
+      one of the two).
     families: the model.family values that carry it.
     matmul_params: fn(cfg) -> the matmul weights it multiplies each token
       by (its kernels, and the vocabulary projection through
@@ -393,7 +408,12 @@ def head(
   def add(module: Any) -> Any:
     if matmul_params is not None:
       require_signature("register.head", name, matmul_params, ("cfg",))
-    entry = OutputHead(module, tuple(tasks), tuple(families), matmul_params)
+    # The output's shape follows its tasks: one of both kinds is not checked.
+    shapes = {_classes_shape if task == "classify" else _logits_shape for task in tasks}
+    built = module
+    if len(shapes) == 1:
+      built = shape_checked_module(module, f"model.head {name!r}", shapes.pop())
+    entry = OutputHead(built, tuple(tasks), tuple(families), matmul_params)
     HEADS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=module
     )
@@ -422,8 +442,9 @@ def decay(name: str, *, replace: bool = False) -> Decorator:
   """Registers fn(phase) -> the learning rate after warmup as `train.decay =
   name`: phase, a txf.runconfig.optim.DecayPhase (peak, end_fraction, warmup W,
   steps D), the result a jax function of s = t - W, s >= 0 (an optax schedule;
-  warmup before it is txf's; the run config's check refuses a result that is
-  not a function of one argument). It raises ValueError naming a train field
+  warmup before it is txf's; the run config's check traces it once at an
+  int32 scalar s and refuses a result that does not trace to a float
+  scalar: txf.runconfig.optim.make_schedule). It raises ValueError naming a train field
   whose value it cannot take (rsqrt: train.warmup_steps = 0)."""
 
   def add(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -7,13 +7,15 @@ import numpy as np
 
 from txf.data import seeding
 from txf.data.masking import BertMasker
-from txf.data.tokenizers import Tokenizer
+from txf.data.tokenizers import Tokenizer, encode_checked
 
 
 def token_stream(documents: Sequence[str], tokenizer: Tokenizer) -> np.ndarray:
   """Documents' ids, each followed by EOS, as one int32 [N] array."""
   eos = np.array([tokenizer.eos_id], dtype=np.int32)
-  return np.concatenate([part for doc in documents for part in (tokenizer.encode(doc), eos)])
+  return np.concatenate(
+    [part for doc in documents for part in (encode_checked(tokenizer, doc), eos)]
+  )
 
 
 def _check_size(num_tokens: int, example_len: int, batch_size: int, split: str) -> None:

@@ -57,7 +57,7 @@ from txf.data.dataset import Dataset
 from txf.data.masking import BertMasker
 from txf.data.spec import DataSpec
 from txf.data.tfds_source import decode_text
-from txf.data.tokenizers import Tokenizer
+from txf.data.tokenizers import Tokenizer, encode_checked
 
 # Records per read (at most): one batched read of many records costs about as
 # much as a single one (ArrayRecord and TFDS decoding have a large per-call
@@ -94,7 +94,7 @@ class ReadDocuments:
     records = read_many(ids) if read_many else [self._records[i] for i in ids]
     parts = []
     for record in records:
-      tokens = self._tokenizer.encode(decode_text(record[self._text_key]))
+      tokens = encode_checked(self._tokenizer, decode_text(record[self._text_key]))
       if len(tokens):
         parts += [tokens.astype(np.int32), self._eos]
     return {TOKENS: np.concatenate(parts)} if parts else None

@@ -32,7 +32,7 @@ import numpy as np
 from txf.data import seeding
 from txf.data.spec import DataSpec, name_argument, required
 from txf.data.synthetic import seq2seq_arrays
-from txf.data.tokenizers import Tokenizer
+from txf.data.tokenizers import Tokenizer, encode_checked
 
 
 def dataset_name(spec: DataSpec) -> str:
@@ -207,7 +207,9 @@ class TranslationSource:
     self._batch_size = batch_size
 
   def _encode(self, record: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    source, target = (self._tokenizer.encode(decode_text(record[key])) for key in self._keys)
+    source, target = (
+      encode_checked(self._tokenizer, decode_text(record[key])) for key in self._keys
+    )
     return source[: self._seq_len], target[: self._seq_len - 1]
 
   def batch(self, step: int, rows: range) -> dict[str, np.ndarray]:

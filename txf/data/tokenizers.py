@@ -59,6 +59,25 @@ class Tokenizer(abc.ABC):
     return frozenset(i for i in ids if i is not None)
 
 
+def encode_checked(tokenizer: Tokenizer, text: str) -> np.ndarray:
+  """tokenizer.encode(text), where the data first sees a tokenizer's ids
+  (a registered one's too), refused if one lies outside [0, vocab_size):
+  the model's embedding clamps a traced id, so such ids trained on without
+  a word.
+
+  Raises:
+    ValueError: naming data.tokenizer, the tokenizer's class and the id.
+  """
+  ids = np.asarray(tokenizer.encode(text))
+  if ids.size and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
+    bad = ids.min() if ids.min() < 0 else ids.max()
+    raise ValueError(
+      f"data.tokenizer: {type(tokenizer).__name__}.encode gave id {bad}, outside its "
+      f"vocabulary [0, {tokenizer.vocab_size}) (its vocab_size)"
+    )
+  return ids
+
+
 class ByteTokenizer(Tokenizer):
   """UTF-8 bytes: pad 0, bos 1, eos 2, mask 3, byte b -> id b + 4 (260 ids)."""
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -145,13 +147,20 @@ def declared_settings(choices: Mapping[str, str]) -> dict[str, Any]:
 
 def entry_settings(choices: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
   """{registry field: its chosen entry's settings instance, from `values`},
-  each checked (its check(), where it has one), for the entries that have
-  settings."""
+  each checked (a number finite, then its check(), where it has one), for
+  the entries that have settings."""
   built = {}
   for field, name in choices.items():
     settings = REGISTRY_FIELDS[field].settings(name)
     if settings is not None:
-      built[field] = settings(**{f.name: values[f.name] for f in dataclasses.fields(settings)})
+      given = {f.name: values[f.name] for f in dataclasses.fields(settings)}
+      for setting, value in given.items():
+        # NaN passes every bound a check() compares it with (each comparison
+        # is False), and few checks think of infinity: refused for every
+        # entry, as a float field of the config is.
+        if isinstance(value, numbers.Real) and not math.isfinite(value):
+          raise ValueError(f"model.options.{setting}: must be a finite number, got {value!r}")
+      built[field] = settings(**given)
       if hasattr(built[field], "check"):
         built[field].check()
   return built

@@ -123,6 +123,41 @@ def rsqrt(phase: DecayPhase) -> optax.Schedule:
   return after_warmup
 
 
+def _check_schedule(name: str, after_warmup: Any) -> None:
+  """Refuses what decay `name` gave unless it is a schedule: a function of
+  one argument that traces, at an int32 scalar step s (what optax calls it
+  with), to a float scalar. A registered decay's schedule is otherwise
+  first called in the compiled step, after the run directory is written (a
+  Python branch on s, a rate of another shape: a traceback mid-run).
+
+  Raises:
+    ValueError: naming train.decay 'name' and what is wrong, in one line.
+  """
+  if not can_call(after_warmup, 0):
+    raise ValueError(
+      f"train.decay {name!r}: gave {reprlib.repr(after_warmup)}, not a schedule "
+      "(a function of the step s after warmup)"
+    )
+  try:
+    rate = jax.eval_shape(after_warmup, jax.ShapeDtypeStruct((), jnp.int32))
+  except Exception as error:  # whatever the user's function raises, traced
+    first_line = next(iter(str(error).splitlines()), "")
+    raise ValueError(
+      f"train.decay {name!r}: its schedule does not trace at a step s (an int32 scalar, "
+      f"a jax value: no Python branch on it): {type(error).__name__}: {first_line}"
+    ) from None
+  if not (
+    isinstance(rate, jax.ShapeDtypeStruct)
+    and rate.shape == ()
+    and jnp.issubdtype(rate.dtype, jnp.floating)
+  ):
+    got = f"{rate.dtype}{list(rate.shape)}" if hasattr(rate, "shape") else reprlib.repr(rate)
+    raise ValueError(
+      f"train.decay {name!r}: its schedule gave {got} at a step, not a float scalar "
+      "(the learning rate)"
+    )
+
+
 def make_schedule(train_config: TrainConfig) -> optax.Schedule:
   """Linear warmup from 0 to `learning_rate`, then the `decay` shape (DECAYS).
 
@@ -151,13 +186,7 @@ def make_schedule(train_config: TrainConfig) -> optax.Schedule:
 
   warmup = fitted_warmup(warmup, total)
   after_warmup = decay(DecayPhase(peak, end_fraction, warmup, max(total - warmup, 1)))
-  # A registered decay's result is called only in the compiled step, after
-  # the run directory is written: checked here, with the config.
-  if not can_call(after_warmup, 0):
-    raise ValueError(
-      f"train.decay {name!r}: gave {reprlib.repr(after_warmup)}, not a schedule "
-      "(a function of the step s after warmup)"
-    )
+  _check_schedule(name, after_warmup)
   if warmup == 0:
     return after_warmup
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])

@@ -40,6 +40,7 @@ from etils import epath
 
 from txf.choices import require_methods
 from txf.extras import install_hint
+from txf.runconfig.run_config import ConfigError
 from txf.runconfig.tracker_kinds import TRACKERS, TrackerKind
 from txf.runconfig.tracking import TRACKER_METHODS, Tracker, metric_tag
 from txf.rundir.metrics import read_samples
@@ -182,7 +183,7 @@ def _start(name: str, workdir: epath.Path) -> Tracker:
 
   Raises:
     ImportError: naming the package to install, where its package is missing.
-    ValueError: naming the methods the started tracker lacks (a registered
+    ConfigError: naming the methods the started tracker lacks (a registered
       function's: a class's are checked at registration), before the run
       writes anything through it.
   """
@@ -193,7 +194,13 @@ def _start(name: str, workdir: epath.Path) -> Tracker:
     if kind.package is None:  # not the package it declares: the error as it is
       raise
     raise ImportError(f"{TRACKERS.field}: {kind.needs(name)}") from error
-  require_methods(TRACKERS.field, name, tracker, TRACKER_METHODS)
+  try:
+    require_methods(TRACKERS.field, name, tracker, TRACKER_METHODS)
+  except ValueError as error:
+    # Known only once a registered function has made it, after the run
+    # opened its checkpoint directory: still the config's error (one line,
+    # exit 2), before anything is written through it.
+    raise ConfigError(str(error)) from None
   return tracker
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -41,6 +42,7 @@ from jax.sharding import Mesh
 
 from txf import decode, hardware, interop, models
 from txf.analysis import flops_per_token
+from txf.choices import can_call
 from txf.data import (
   Dataset,
   SentencePieceTokenizer,
@@ -335,12 +337,22 @@ def setup_run(
     task = train_data.task
     model = models.build(run.model)
     first_batch = next(iter(eval_data))  # shapes only: train and eval batches match
+    _check_model_inputs(model, run.model.family, task, first_batch)
     init_fn = functools.partial(init_state, model, run.optimizer, first_batch, task)
     # Abstract evaluation only: a dimension that does not divide its mesh
     # axis fails here, before any parameter exists.
     # The boxed parameters carry each one's logical axes.
     key = jax.random.key(run.seed)
     boxed_params = jax.eval_shape(functools.partial(init_params, model, first_batch, task), key)
+    eval_step = make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len)
+    # Traced once here: labels or weights of a registered task kind that do
+    # not fit the model's output are refused by the loss's check (naming the
+    # shapes), which otherwise ran inside the first step, after the run
+    # directory was written.
+    try:
+      jax.eval_shape(eval_step, boxed_params, first_batch)
+    except ValueError as error:
+      raise ValueError(f"data.task {task!r}: {error}") from None
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained, started_from = None, None
     if run.train.init_from:
@@ -365,7 +377,7 @@ def setup_run(
     step_for_seed=functools.partial(
       train_step_for_seed, run.train, model, run.optimizer, task, sharded_params
     ),
-    eval_step=make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len),
+    eval_step=eval_step,
     state_sharding=state_sharding,
     backend=platform,
     own_batches=run.own_batches,
@@ -399,6 +411,25 @@ def setup_run(
     peak_flops=hardware.peak_flops_per_device(device, dtype=run.model.dtype),
     started_from=started_from,
   )
+
+
+def _check_model_inputs(model: nn.Module, family: str, task: str, batch: Mapping) -> None:
+  """Refuses a data.task whose inputs (its model_inputs, traced on `batch`'s
+  shapes) `model` cannot be called with: a task kind reading lm batches
+  fits every family that trains lm by its batches, but the prefix LM feeds
+  a decoder four inputs, where the LSTM takes one (a TypeError inside
+  model.init, a traceback).
+
+  Raises:
+    ValueError: naming data.task, model.family and the inputs' count.
+  """
+  inputs = jax.eval_shape(task_kind(task).model_inputs, batch)
+  if not can_call(model, *inputs):
+    raise ValueError(
+      f"data.task {task!r}: feeds the model {len(inputs)} inputs, which model.family "
+      f"{family!r} does not take (it is called as {type(model).__name__}"
+      f"{inspect.signature(model.__call__)})"
+    )
 
 
 def check_memory(setup: RunSetup, samples: bool) -> None:
