@@ -307,6 +307,11 @@ def test_export_of_a_txf_model_writes_the_family_config(tmp_path):
   assert again.config == cfg
   for path, value in flatten(params).items():
     np.testing.assert_array_equal(flatten(again.params)[path], value, err_msg=path)
+  # Without the run's ids, none: left out, transformers' GPT2Config took its
+  # own 50256, outside this vocabulary, as the id generate() stops at.
+  save_pretrained(cfg, params, tmp_path / "no_ids")
+  written = json.loads((tmp_path / "no_ids" / "config.json").read_text())
+  assert written["bos_token_id"] is None and written["eos_token_id"] is None
 
 
 def o1_params(cfg, seed=0):

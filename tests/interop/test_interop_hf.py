@@ -207,6 +207,25 @@ def test_the_default_decoders_run_loads_with_auto_model_for_causal_lm(tmp_path):
   np.testing.assert_allclose(theirs.numpy(), np.asarray(ours), atol=ATOL)
 
 
+def test_an_exported_byte_tokenizer_reads_special_token_text_as_its_bytes(tmp_path):
+  """transformers adds the tokens tokenizer_config.json names as special ones
+  and read '<s>' in a text as id 1; txf reads its bytes (split_special_tokens)."""
+  from txf.data import ByteTokenizer
+  from txf.data.tokenizers import hf_tokenizer_files
+
+  tokenizer = ByteTokenizer()
+  for name, text in hf_tokenizer_files(tokenizer).items():
+    (tmp_path / name).write_text(text)
+  hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  text = "a <s> b </s> <pad> <mask> c"
+  assert hf(text)["input_ids"] == tokenizer.encode(text).tolist()
+  assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (
+    tokenizer.pad_id,
+    tokenizer.bos_id,
+    tokenizer.eos_id,
+  )
+
+
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5"])
 def test_pytorch_model_bin_loads_as_the_safetensors(rebuilt, name, tmp_path):
   """torch's format holds every tied copy (lm_head.weight = the embedding,

@@ -455,9 +455,12 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
           (directory / name).read_text(), "add_bos_token", "add_eos_token"
         )
     return files
-  special = dict(_SPECIAL_TOKENS, mask_token="<mask>")
+  special: dict[str, object] = dict(_SPECIAL_TOKENS, mask_token="<mask>")
   if isinstance(tokenizer, ByteTokenizer):
     converted = _byte_tokenizer_json()
+    # transformers adds the tokens this file names as special and reads them
+    # as those ids where a text holds them; txf reads such a text's bytes.
+    special["split_special_tokens"] = True
   elif isinstance(tokenizer, SentencePieceTokenizer):
     converted = _sentencepiece_tokenizer_json(tokenizer)
     special["unk_token"] = "<unk>"

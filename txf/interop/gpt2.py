@@ -160,5 +160,10 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     "attn_pdrop": cfg.attention_dropout_rate,
     "tie_word_embeddings": decoder.tie_word_embeddings(cfg),
     "scale_attn_weights": True,
+    # Unset, GPT2Config's own 50256 (GPT-2's <|endoftext|>), an id outside a
+    # smaller vocabulary, where generate() would stop: None unless the run's
+    # ids are given (save_pretrained's token_ids).
+    "bos_token_id": None,
+    "eos_token_id": None,
     "initializer_range": 0.02,
   }
