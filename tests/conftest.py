@@ -240,3 +240,12 @@ def cli_command(name, workdir, config, *extra):
     *cli_overrides(config, name),
     *extra,
   ]
+
+
+@contextlib.contextmanager
+def scoped(*registries):
+  """Entries registered inside are gone after (each registry's `scoped()`)."""
+  with contextlib.ExitStack() as stack:
+    for registry in registries:
+      stack.enter_context(registry.scoped())
+    yield

@@ -5,7 +5,6 @@ setting whose value model.options would take from another entry, a task
 kind or tracker without the methods txf calls; and where txf's own entries
 come from (run_record.json's provenance)."""
 
-import contextlib
 import dataclasses
 
 import jax
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import scoped
 from txf import models, register
 from txf.configs import base
 from txf.data.spec import TASKS
@@ -29,14 +29,6 @@ from txf.models import output_heads
 from txf.runconfig import tasks
 from txf.runconfig.tracker_kinds import TRACKERS, tracker_names
 from txf.rundir.trackers import make_trackers
-
-
-@contextlib.contextmanager
-def scoped(*registries):
-  with contextlib.ExitStack() as stack:
-    for registry in registries:
-      stack.enter_context(registry.scoped())
-    yield
 
 
 def identity_norm(layer, x, cfg):

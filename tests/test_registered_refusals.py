@@ -7,14 +7,12 @@ logits, a decay whose schedule does not trace to a scalar, a tracker
 function's result without the tracker methods, a position's `even` that
 names no dimension, a NaN setting."""
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import scoped, tiny_config
 from txf import models, register
 from txf.data import ByteTokenizer
 from txf.data.lm import token_stream
@@ -28,14 +26,6 @@ from txf.runconfig.tasks import token_inputs, token_labels
 from txf.runconfig.tracker_kinds import TRACKERS
 from txf.rundir.trackers import make_trackers
 from txf.train.run_setup import setup_run
-
-
-@contextlib.contextmanager
-def scoped(*registries):
-  with contextlib.ExitStack() as stack:
-    for registry in registries:
-      stack.enter_context(registry.scoped())
-    yield
 
 
 class ShiftedIds(ByteTokenizer):
