@@ -28,7 +28,7 @@ from txf.aot.compile import (
   prepare_environment,
   untrained_tokenizer,
 )
-from txf.aot.report import _pool, gpu_kernels, report
+from txf.aot.report import _pool, format_report, gpu_kernels, report
 from txf.aot.targets import GPUS, MAX_DEVICES, gpu_memory_pool, parse_target
 from txf.runconfig import optim
 from txf.runconfig.run_config import ConfigError, parse
@@ -481,6 +481,51 @@ def test_one_gpu_writes_the_loss_gradient_once_from_the_bf16_logits(h100x4_runs)
   # A split-K GEMM's own reduction (tiny shapes get one) is the GEMM's work.
   passes = [line for line in text.splitlines() if wide.search(line) and "dot_general" not in line]
   assert not passes
+
+
+def _heads_to_rows(length):
+  """[B, H, D, T] heads (T = length) to [B * T, H * D] rows, times a [H * D, 128]
+  kernel, lowered on one H100: the shape of attention's out projection."""
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  on_device = jax.sharding.SingleDeviceSharding(parse_target("h100").devices()[0])
+  x = jax.ShapeDtypeStruct((32, 4, 32, length), jnp.float32, sharding=on_device)
+  w = jax.ShapeDtypeStruct((128, 128), jnp.float32, sharding=on_device)
+  rows = lambda x, w: jnp.transpose(x, (0, 3, 1, 2)).reshape(32 * length, 128) @ w
+  return jax.jit(rows).lower(x, w)
+
+
+@needs_cuda_plugin
+def test_a_gemm_xlas_untuned_triton_config_cannot_tile_compiles_on_cublas_and_names_it():
+  """Deviceless, XLA gives a Triton GEMM its search space's first config (16
+  rows a block) uncompiled; rows folding T = 24 positions cannot be tiled by
+  it, and the compile failed (seq2seq's out projection). The program compiles
+  again with every GEMM on cuBLAS, naming the dot; T = 32 tiles and stays on
+  Triton."""
+  from txf.aot.compile import compile_lowered  # noqa: PLC0415
+
+  target = parse_target("h100")
+  compiled, dot = compile_lowered(_heads_to_rows(24), target)
+  assert dot is not None and dot.endswith("dot_general")
+  gemms = lambda compiled: gpu_kernels(hlo.instructions(compiled.as_text()))["gemms"]
+  assert gemms(compiled) == {"cublas": 1}
+  compiled, dot = compile_lowered(_heads_to_rows(32), target)
+  assert dot is None and gemms(compiled) == {"triton": 1}
+
+
+@pytest.mark.slow  # compiles (about 25 s)
+@needs_cuda_plugin
+def test_a_seq2seq_run_compiles_for_one_gpu_and_says_its_gemms_are_on_cublas():
+  """seq2seq's 24 positions: both steps fall back to cuBLAS GEMMs, and the
+  report says so in one line."""
+  run = compile_run(parse(tiny_config("seq2seq")), parse_target("h100"))
+  assert set(run.cublas_gemms) == {"train_step", "eval_step"}
+  assert all(dot.endswith("out/dot_general") for dot in run.cublas_gemms.values())
+  figures = report(run)
+  assert figures["cublas_gemms"] == run.cublas_gemms
+  assert set(figures["gpu"]["gemms"]) == {"cublas"}
+  (line,) = [line for line in format_report(figures).splitlines() if "GEMMs all on cuBLAS" in line]
+  assert "train step: " in line and "eval step: " in line
 
 
 @pytest.mark.slow  # compiles

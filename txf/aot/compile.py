@@ -19,7 +19,9 @@ What the compilers need on a machine without the hardware:
        cuDNN, are answered for the target (`_cudnn_answered_for`). Without a
        GPU to time candidates on, XLA does not autotune: it keeps its default
        GEMM backend (Triton) where a real GPU may choose cuBLAS, so kernel
-       counts differ slightly; memory does not (docs/benchmarks.md).
+       counts differ slightly; memory does not (docs/benchmarks.md). Where
+       its first Triton config does not tile a GEMM, the program compiles
+       with every GEMM on cuBLAS, and says so (`compile_lowered`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class CompiledRun:
     compile_seconds: {'train_step': s, 'eval_step': s[, 'decode': s]}.
     cudnn: whether GPU attention could go to cuDNN (False where this jax
       has no cuDNN checks to answer: attention then compiles as XLA's).
+    cublas_gemms: {'train_step' / 'eval_step' / 'decode': the op of the
+      dot XLA's Triton GEMM could not tile} for each GPU program compiled
+      again with every GEMM on cuBLAS (`_compile`: CUBLAS_GEMMS).
   """
 
   target: Target
@@ -99,6 +104,7 @@ class CompiledRun:
   cudnn: bool
   decode: Any = None
   decode_tokens: int = 0
+  cublas_gemms: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -305,6 +311,40 @@ def untrained_tokenizer(run: RunConfig) -> RunConfig:
   return dataclasses.replace(run, data=data).with_vocabulary(vocab_size, num_classes(data))
 
 
+# Without a GPU to time candidates on, XLA (jaxlib 0.10.2's autotuner pass)
+# gives each Triton GEMM fusion its search space's first config without
+# compiling it, and the fusion's tiling may refuse that config: a dot whose
+# operand is a transpose folding a dimension that no power-of-two block
+# divides (seq2seq's out projection reads [B, T=24, ...] rows, 16 rows a
+# block) fails with this message. A GPU's autotuner compiles every candidate,
+# drops those that do not tile and takes cuBLAS where none does (Triton's
+# blocks are 16 rows or more). No option reaches one fusion, so the program
+# compiles again with every GEMM on cuBLAS, and the report says so.
+UNTILED_TRITON_GEMM = "Couldn't find output tile sizes that satisfy"
+CUBLAS_GEMMS = {"xla_gpu_enable_triton_gemm": False}
+
+
+def _untiled_dot(message: str) -> str:
+  """The op (its metadata's op_name, else the HLO) of the dot named by an
+  UNTILED_TRITON_GEMM error."""
+  line = message[message.index(UNTILED_TRITON_GEMM) :].splitlines()[0]
+  found = re.search(r'op_name="([^"]*)"', line)
+  return found[1] if found else line[len(UNTILED_TRITON_GEMM) :].strip()
+
+
+def compile_lowered(lowered: Any, target: Target) -> tuple[Any, str | None]:
+  """`lowered` compiled for `target`, and None; or, for a GPU whose Triton GEMM
+  default does not tile a dot (UNTILED_TRITON_GEMM), the program compiled
+  with every GEMM on cuBLAS (CUBLAS_GEMMS) and that dot's op."""
+  try:
+    return lowered.compile(), None
+  except Exception as error:  # jax's JaxRuntimeError
+    if target.gpu is None or UNTILED_TRITON_GEMM not in str(error):
+      raise
+    dot = _untiled_dot(str(error))
+  return lowered.compile(CUBLAS_GEMMS), dot
+
+
 class CompileError(RuntimeError):
   """The target's compiler refused one of the run's programs (for a reason
   other than memory): names the program, the target and the compiler's
@@ -343,13 +383,15 @@ def compile_run(
     }
     if decode_tokens:  # lowered first: a bad decode_tokens is found before any compile
       programs["decode"] = _decode_program(setup, decode_tokens)
-    compiled, out_of_memory, seconds = {}, {}, {}
+    compiled, out_of_memory, seconds, cublas_gemms = {}, {}, {}, {}
     with setup.activation_sharding():
       for name, (lower, arguments) in programs.items():
         start = time.perf_counter()
         try:
           with stage(f"compile: the {name.replace('_', ' ')} for {target.name}"):
-            compiled[name] = lower(*arguments).compile()
+            compiled[name], dot = compile_lowered(lower(*arguments), target)
+          if dot is not None:
+            cublas_gemms[name] = dot
         except Exception as error:  # jax's JaxRuntimeError, which XlaRuntimeError was
           message = str(error).strip()
           if "RESOURCE_EXHAUSTED" not in message:
@@ -369,4 +411,5 @@ def compile_run(
     cudnn,
     decode=compiled.get("decode"),
     decode_tokens=decode_tokens,
+    cublas_gemms=cublas_gemms,
   )

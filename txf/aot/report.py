@@ -347,6 +347,9 @@ def report(run: CompiledRun, step_seconds: float | None = None) -> dict[str, Any
     "collectives": hlo.collectives(text) if run.train_step is not None else None,
     "gpu": kernels,
     "cudnn_attention": run.cudnn,
+    # {program: the dot}: compiled again with every GEMM on cuBLAS, XLA's
+    # untuned Triton config not tiling that dot (compile.compile_lowered).
+    "cublas_gemms": run.cublas_gemms,
     "out_of_memory": run.out_of_memory,
     "compile_seconds": run.compile_seconds,
     "versions": {"jax": jax.__version__},
@@ -394,6 +397,19 @@ def _pool(capacity: int, device: int | None) -> str:
   return (
     f"; a run may use {_gib(capacity)} of each GPU's {_gib(device)} "
     f"({capacity / device:.0%}: JAX's memory pool, XLA_PYTHON_CLIENT_MEM_FRACTION)"
+  )
+
+
+def cublas_gemms_line(fallbacks: dict[str, str]) -> str:
+  """The report's line for programs compiled with every GEMM on cuBLAS."""
+  dots = "; ".join(
+    f"{name.replace('_', ' ')}: {re.sub(r'^jit[(][^)]*[)]/', '', dot)}"
+    for name, dot in fallbacks.items()
+  )
+  return (
+    f"GEMMs all on cuBLAS: XLA's untuned Triton config does not tile a dot ({dots}); a GPU's "
+    "autotuner takes cuBLAS for such a GEMM alone, so these programs' kernels and bytes are "
+    "the all-cuBLAS ones'"
   )
 
 
@@ -488,6 +504,8 @@ def format_report(figures: dict[str, Any]) -> str:
       f"bytes moved outside GEMMs: {gpu['non_gemm_bytes'] / 1e9:.1f} GB ({regions}); "
       f"GEMMs {gpu['gemm_bytes'] / 1e9:.1f} GB"
     )
+  if figures.get("cublas_gemms"):
+    lines.append(cublas_gemms_line(figures["cublas_gemms"]))
   decode = figures["decode"]
   if decode:
     lines.append(
