@@ -130,6 +130,14 @@ def _corpus_config(**overrides):
   return parse_data({**fields, **overrides})
 
 
+def test_too_few_pieces_for_the_corpus_name_data_sp_vocab_size(tmp_path):
+  """The refusal named the training function's argument (vocab_size=300) and
+  quoted sentencepiece's internal check; a run's config field is what to change."""
+  with pytest.raises(ValueError, match=r"^data\.sp_vocab_size: 300 pieces leave too few ids"):
+    make_tokenizer(_corpus_config(sp_vocab_size=300), tmp_path)
+  assert not list(tmp_path.iterdir())  # nothing written
+
+
 def test_make_tokenizer_trains_once_then_reuses(tmp_path, monkeypatch):
   assert isinstance(make_tokenizer(_corpus_config(tokenizer="bytes")), ByteTokenizer)
   first = make_tokenizer(_corpus_config(), tmp_path)
@@ -151,7 +159,7 @@ def test_make_tokenizer_sentencepiece_needs_workdir():
 
 def test_sentencepiece_vocab_too_small_for_characters(tmp_path):
   texts = ["".join(map(chr, range(0x4E00, 0x4E00 + 200)))] * 3
-  with pytest.raises(ValueError, match="vocab_size=300"):
+  with pytest.raises(ValueError, match=r"^300 pieces leave too few ids .* \(they need \d+\)$"):
     SentencePieceTokenizer.train(texts, 300, tmp_path / "m")
 
 

@@ -44,7 +44,10 @@ def sentencepiece_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -
     return SentencePieceTokenizer(model)
   max_bytes = min(spec.max_corpus_bytes or SENTENCEPIECE_TRAIN_BYTES, SENTENCEPIECE_TRAIN_BYTES)
   texts = required(text_source(spec.name)).training_texts(spec, max_bytes)
-  return SentencePieceTokenizer.train(texts, required(spec.sp_vocab_size), prefix)
+  try:
+    return SentencePieceTokenizer.train(texts, required(spec.sp_vocab_size), prefix)
+  except ValueError as error:  # too few pieces for the text's characters
+    raise ValueError(f"data.sp_vocab_size: {error}") from None
 
 
 @TOKENIZERS.decorator("hf")

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -243,8 +244,10 @@ class SentencePieceTokenizer(Tokenizer):
       # Every common character of the text needs an id of its own.
       if "required_chars" not in str(error):
         raise
+      needed = re.search(r"required_chars\. \d+ vs (\d+)", str(error))
       raise ValueError(
-        f"vocab_size={vocab_size} leaves too few ids for the characters of texts: {error}"
+        f"{vocab_size} pieces leave too few ids for the characters of texts"
+        + (f" (they need {needed[1]})" if needed else f": {error}")
       ) from None
     path = epath.Path(f"{os.fspath(model_prefix_path)}.model")
     if "://" not in os.fspath(path):  # object stores have no directories to make
