@@ -28,7 +28,10 @@ opened at `start_step` (the step a run resumes from, 0 for a fresh start)
 first moves every metrics row and sample logged after that step to
 `metrics.dropped.jsonl` / `samples.dropped.txt`, and tells TensorBoard to
 hide events after it (`purge_step`): those steps are about to be trained
-again, so each step keeps exactly one row.
+again, so each step keeps exactly one row. One opened to evaluate
+`start_step` again (`evaluating_again`: a run completing its lost final
+evaluation) moves that evaluation's records aside too, so the new one
+replaces them.
 
 The work directory may be local or on object storage (gs://...), through
 `etils.epath`; object stores have no append, so there the files are
@@ -170,6 +173,11 @@ class MetricsWriter:
     start_step: the step training continues from; rows and samples logged
       after it are moved aside first (see the module docstring). None keeps
       everything (for writers that only append, e.g. evaluations).
+    evaluating_again: the run evaluates `start_step` again (its final
+      evaluation, lost in part, is completed): that evaluation's rows and
+      samples are moved aside too (`drop_records_after`), and TensorBoard
+      hides every event at `start_step`, the step's other rows (its train
+      row) written to it again.
     trackers: experiment trackers (txf.rundir.trackers) that get every row,
       sample and the hyperparameters too; closed by `close` (only used
       when `enabled`).
@@ -182,6 +190,7 @@ class MetricsWriter:
     enabled: bool = True,
     start_step: int | None = None,
     trackers: tuple[Tracker, ...] = (),
+    evaluating_again: bool = False,
   ):
     self._enabled = enabled
     self._trackers = tuple(trackers) if enabled else ()
@@ -197,12 +206,17 @@ class MetricsWriter:
         writing(self._workdir, lambda: self._workdir.mkdir(parents=True, exist_ok=True))
         for name in (METRICS_FILE, SAMPLES_FILE):
           terminate_partial_last_line(self._workdir / name)
+      purge_step = None
       if start_step is not None:
-        self.dropped = drop_records_after(self._workdir, start_step)
+        self.dropped = drop_records_after(self._workdir, start_step, evaluation=evaluating_again)
+        purge_step = start_step if evaluating_again else start_step + 1
       self._jsonl = lines_sink(self._workdir / METRICS_FILE)
-      self._tensorboard = tensorboard(
-        self._workdir / TENSORBOARD_DIR, purge_step=None if start_step is None else start_step + 1
-      )
+      self._tensorboard = tensorboard(self._workdir / TENSORBOARD_DIR, purge_step=purge_step)
+      if evaluating_again:
+        # TensorBoard's purge cannot spare the train row at the step: written again.
+        for row in read_metrics(self._workdir, since=start_step):
+          scalars = {name: value for name, value in row.items() if name not in ("step", TIME_KEY)}
+          self._tensorboard.add_summary(int(row["step"]), _scalars_summary(scalars))
     except BaseException:
       self._close_quietly()
       raise
@@ -410,30 +424,54 @@ def _tail_start(lines: list[bytes], step_of: Callable[[bytes], int | None], step
   return 0
 
 
-def drop_records_after(workdir: str | os.PathLike, step: int) -> dict[str, int]:
-  """Moves metrics rows and samples logged after `step` aside.
+def is_eval_row(row: Mapping[str, Any]) -> bool:
+  """Whether a metrics row is an evaluation's (a train row has no eval_loss)."""
+  return "eval_loss" in row
+
+
+def _kept_row(line: bytes, step: int, evaluation: bool) -> bool:
+  """Whether `drop_records_after` keeps a metrics line of its tail (rows
+  after the last one before `step`, or at `step` without `evaluation`)."""
+  if not evaluation:
+    return _row_step(line) is None  # unreadable: kept where it is
+  try:
+    row = json.loads(line)
+  except ValueError:  # the lost evaluation's row, cut off as it was written
+    return False
+  return row.get("step") == step and not is_eval_row(row)
+
+
+def drop_records_after(
+  workdir: str | os.PathLike, step: int, *, evaluation: bool = False
+) -> dict[str, int]:
+  """Moves metrics rows and samples logged after `step` aside; with
+  `evaluation` (`step` is evaluated again), also the evaluation's at `step`:
+  its eval rows (`is_eval_row`) and samples, and any unreadable row after
+  the last row before it (its row, cut off as it was written).
 
   Rows go from metrics.jsonl to metrics.dropped.jsonl, samples from
   samples.txt to samples.dropped.txt (appended, so repeated restarts keep
-  every history). Unreadable metrics rows are kept where they are. Only the
-  records after the last one at `step` or before are parsed (`_tail_start`).
+  every history). Other unreadable metrics rows are kept where they are. Only the
+  records after the last one at `step` (before it, with `evaluation`) or
+  before are parsed (`_tail_start`).
 
   Returns:
     {file name: number of records moved}, only for files that lost any.
   """
   workdir = epath.Path(workdir)
   moved = {}
+  kept_step = step - 1 if evaluation else step  # the last step whose records all stay
   lines = _read_lines(workdir / METRICS_FILE)
-  start = _tail_start(lines, _row_step, step)
-  keep = [True] * start + [_row_step(line) is None for line in lines[start:]]
+  start = _tail_start(lines, _row_step, kept_step)
+  keep = [True] * start + [_kept_row(line, step, evaluation) for line in lines[start:]]
   if not all(keep):
     _move_lines(workdir / METRICS_FILE, workdir / DROPPED_METRICS_FILE, keep, lines)
     moved[METRICS_FILE] = keep.count(False)
   lines = _read_lines(workdir / SAMPLES_FILE)
-  start = _tail_start(lines, _sample_step, step)
+  start = _tail_start(lines, _sample_step, kept_step)
   keep, current, records = [True] * start, True, 0
   for line in lines[start:]:
-    if _sample_step(line) is not None:  # every header here is after `step`
+    if _sample_step(line) is not None:  # every header here is after `kept_step`
       current = False
       records += 1
     keep.append(current)

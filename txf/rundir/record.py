@@ -212,6 +212,14 @@ def _last_entry(workdir: str | epath.PathLike) -> dict[str, Any]:
   return entries[-1] if entries and isinstance(entries[-1], dict) else {}
 
 
+def recorded_config(workdir: str | epath.PathLike) -> dict[str, Any] | None:
+  """The `config` of the run's last record entry (None: no readable record,
+  or an entry without one): the config that start trained with, as
+  config.json held it."""
+  config = _last_entry(workdir).get("config")
+  return config if isinstance(config, dict) else None
+
+
 def _recorded_choices(workdir: str | epath.PathLike) -> dict[str, Any]:
   """The `choices` of the run's last record entry ({} for a run recorded
   before they were)."""

@@ -5,6 +5,7 @@ run it records.
 
   write_config(run, workdir)                 # config.json = to_json(run)
   saved = read_run_config(workdir)           # a RunConfig; None: a new work directory
+  saved, source = read_held_config(workdir, trained=True)  # config.json, or lost, the record's
   check_resumable(run, saved, workdir)       # ValueError naming the field
   config_changes(run, saved)                 # what a resume changes
   run = keep_run_warmup(run, saved, start)   # a finished warmup stays as trained
@@ -41,10 +42,11 @@ from typing import Any
 import jax
 from etils import epath
 
+from txf.data import num_classes
 from txf.layers.model_config import MOVED_TO_OPTIONS
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
-from txf.rundir.record import check_choices
+from txf.rundir.record import RECORD_FILE, check_choices, recorded_config
 from txf.storage import read_json, write_file
 
 CONFIG_FILE = "config.json"
@@ -170,6 +172,36 @@ def read_run_config(workdir: str | os.PathLike) -> RunConfig | None:
     raise ConfigError(f"{path}: {error}") from error
 
 
+def read_held_config(workdir: str | os.PathLike, *, trained: bool) -> tuple[RunConfig | None, str]:
+  """(the config a later run in `workdir` is held to, the file it was read
+  from): config.json (`read_run_config`), or where that was lost the config
+  of the last start run_record.json records (the same contents, written
+  with it); (None, config.json) for a new work directory.
+
+  Raises:
+    ValueError: as read_run_config, naming the file; and for a run that
+      `trained` (holds checkpoints) that has neither file, whose checkpoints
+      no config describes.
+  """
+  saved = read_run_config(workdir)
+  if saved is not None:
+    return saved, CONFIG_FILE
+  recorded = recorded_config(workdir)
+  if recorded is None:
+    if trained:
+      raise ValueError(
+        f"workdir: {workdir} holds checkpoints but no {CONFIG_FILE} or {RECORD_FILE} saying "
+        f"what config they were trained with; put the run's {CONFIG_FILE} back, or use a new "
+        "--workdir"
+      )
+    return None, CONFIG_FILE
+  check_choices(workdir)
+  try:
+    return from_json(recorded), RECORD_FILE
+  except ConfigError as error:
+    raise ConfigError(f"{epath.Path(workdir) / RECORD_FILE}: config: {error}") from error
+
+
 def write_config(run: RunConfig, workdir: str | os.PathLike) -> None:
   """Records `run` as the config the run in `workdir` trains with (process
   0 writes, atomically: other processes of the run may be reading it)."""
@@ -178,12 +210,18 @@ def write_config(run: RunConfig, workdir: str | os.PathLike) -> None:
 
 
 def _compared(run: RunConfig) -> dict[str, Any]:
-  """`run` as JSON values, for comparing with a run's config.json; a
-  model.vocab_size not known yet (None: the tokenizer's, made from the data
-  fields compared) left out."""
+  """`run` as JSON values, for comparing with a run's config.json, its
+  model fields that fit_vocabulary derives from the data fields (compared
+  themselves) as derived: config.json records them derived, and a command
+  line leaves them unset or at their default. A model.vocab_size not known
+  yet (None: the tokenizer's) is left out; a classification dataset's
+  labels are model.num_classes (ListOps' 10, whatever the command says)."""
   fields = to_json(run)
   if run.model.vocab_size is None:
     del fields["model"]["vocab_size"]
+  labels = num_classes(run.data)
+  if labels is not None:
+    fields["model"]["num_classes"] = labels
   return fields
 
 
@@ -210,11 +248,17 @@ def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, A
 
 
 def check_resumable(
-  run: RunConfig, saved: RunConfig | None, workdir: str | os.PathLike, *, trained: bool = True
+  run: RunConfig,
+  saved: RunConfig | None,
+  workdir: str | os.PathLike,
+  *,
+  trained: bool = True,
+  source: str = CONFIG_FILE,
 ) -> None:
-  """Refuses `run` for the run in `workdir`, whose config.json read as
-  `saved`, if it changes a field the run's checkpoints depend on (nothing to
-  check in a new work directory, `saved` None). Where the run saved no
+  """Refuses `run` for the run in `workdir`, whose config.json (or `source`,
+  the file it was read from) read as `saved`, if it changes a field the
+  run's checkpoints depend on (nothing to check in a new work directory,
+  `saved` None). Where the run saved no
   checkpoint yet (`trained` False: it stopped before its first save, e.g. a
   model too large for the device), only its `data` fields are held: the
   tokenizer it made in `workdir` depends on them, and nothing depends on
@@ -229,15 +273,17 @@ def check_resumable(
     if section in held and not (section == "data" and field in FREE_DATA_FIELDS):
       raise ValueError(
         f"{name}: differs from the run already in {workdir} (see "
-        f"{epath.Path(workdir) / CONFIG_FILE}); use a new --workdir"
+        f"{epath.Path(workdir) / source}); use a new --workdir"
       )
 
 
 def prepare_resume(
   run: RunConfig, workdir: str | os.PathLike, resume_step: int | None = None
 ) -> tuple[RunConfig, RunConfig | None]:
-  """(the run to train in `workdir`, its config.json as read or None for a
-  new work directory), checked before anything is written: `run` may
+  """(the run to train in `workdir`, the config it is held to as read --
+  its config.json, or where that was lost its run_record.json's
+  (`read_held_config`) -- or None for a new work directory), checked before
+  anything is written: `run` may
   resume the run there (`check_resumable`: a run without checkpoints may
   change all but its data fields), `resume_step` (None: the
   newest) is one of its checkpoints, and a warmup it finished stays
@@ -246,9 +292,9 @@ def prepare_resume(
   Raises:
     ValueError: naming the field (or resume_step) refused.
   """
-  saved = read_run_config(workdir)
   steps_saved = saved_steps(workdir)
-  check_resumable(run, saved, workdir, trained=bool(steps_saved))
+  saved, source = read_held_config(workdir, trained=bool(steps_saved))
+  check_resumable(run, saved, workdir, trained=bool(steps_saved), source=source)
   if resume_step is not None and resume_step not in steps_saved:
     held = ", ".join(map(str, steps_saved)) or "none"
     raise ValueError(

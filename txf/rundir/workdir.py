@@ -42,6 +42,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO
 
 from etils import epath
@@ -231,6 +232,8 @@ class WorkdirLock:
   def __init__(self, directory: str | os.PathLike):
     self.path = run_path(directory) / LOCK_FILE
     self._file: IO[str] | None = None
+    # The lock file's note as `acquire` found it (None: no file), for `release(as_found=True)`.
+    self._found: str | None = None
 
   def acquire(self) -> None:
     """Takes the lock and records this process as its holder.
@@ -247,6 +250,7 @@ class WorkdirLock:
       )
       return
     # flock needs an OS file descriptor: a local file, opened by the OS.
+    existed = self.path.exists()
     try:
       handle = open(self.path, "a+", encoding="utf-8")
     except OSError as error:  # a read-only file system, no permission, no such directory
@@ -266,7 +270,16 @@ class WorkdirLock:
     except OSError as error:  # e.g. a file system without flock
       handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {error.strerror or error}") from error
+    if not _still_at(handle, self.path):
+      # Its holder, a run refused while it set up, removed the directory it
+      # had made (`holding`) between this open and the flock: this locks nothing.
+      handle.close()
+      raise WorkdirError(
+        f"{self.path.parent}: in use by another run, which was just refused; try again"
+      )
     try:
+      handle.seek(0)
+      self._found = handle.read() if existed else None
       handle.seek(0)
       handle.truncate()
       handle.write(
@@ -287,9 +300,20 @@ class WorkdirLock:
     self._file = handle
     remove_stale_temporaries(self.path.parent)
 
-  def release(self) -> None:
-    """Releases the lock (the file stays: the lock is the flock, not the file)."""
+  def release(self, *, as_found: bool = False) -> None:
+    """Releases the lock (the file stays: the lock is the flock, not the
+    file); `as_found`: the lock file put back as `acquire` found it first (the
+    previous holder's note, or no file), for a run that wrote nothing."""
     if self._file is not None:
+      if as_found:
+        with contextlib.suppress(OSError):  # the error that stopped the run is the one
+          if self._found is None:
+            self.path.unlink()
+          else:
+            self._file.seek(0)
+            self._file.truncate()
+            self._file.write(self._found)
+            self._file.flush()
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None
@@ -300,3 +324,56 @@ class WorkdirLock:
 
   def __exit__(self, *exc_info) -> None:
     self.release()
+
+
+def _still_at(handle: IO[str], path: epath.Path) -> bool:
+  """Whether the open file `handle` is still the file at `path`."""
+  try:
+    return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+  except FileNotFoundError:
+    return False
+
+
+@contextlib.contextmanager
+def holding(directory: epath.Path, *, lock: bool = True) -> Iterator[None]:
+  """Makes `directory` if needed (`check_writable`) and holds its lock
+  (`lock` False: a process other than 0 of a run, which takes none) while a
+  run uses it. A run takes it before it reads anything there (config.json,
+  the checkpoints) or writes anything (a tokenizer): a second run started on
+  the directory meanwhile is refused before it reads or writes, never
+  checked against a directory the first is still filling. A run stopped by
+  an error before it made any file there (refused while it set up: a config
+  error, a signal) leaves the directory as it found it: the lock file as it
+  was (`WorkdirLock.release(as_found=True)`), the directories it made gone."""
+  undoes = lock and is_local(directory)  # an object store has neither lock file nor directories
+  made = _outermost_missing(directory) if undoes else None
+  check_writable(directory)
+  with WorkdirLock(directory) if lock else contextlib.nullcontext() as held:
+    found = _names(directory) if undoes else set()
+    try:
+      yield
+    except BaseException:
+      if held is not None and undoes and _names(directory) == found:
+        held.release(as_found=True)
+        with contextlib.suppress(OSError):  # where another process wrote meanwhile: kept
+          for path in (directory, *directory.parents) if made is not None else ():
+            os.rmdir(path)
+            if path == made:
+              break
+      raise
+
+
+def _names(directory: epath.Path) -> set[str]:
+  """The names in `directory` but its lock file's."""
+  return {path.name for path in directory.iterdir()} - {LOCK_FILE}
+
+
+def _outermost_missing(directory: epath.Path) -> epath.Path | None:
+  """The outermost of `directory` and its parents that does not exist (None:
+  `directory` exists)."""
+  missing = None
+  for path in (directory, *directory.parents):
+    if path.exists():
+      break
+    missing = path
+  return missing

@@ -82,7 +82,7 @@ from txf.rundir.checkpoint import (
   make_checkpointer,
 )
 from txf.rundir.console import format_duration, format_progress
-from txf.rundir.metrics import MetricsWriter, check_outputs, read_metrics
+from txf.rundir.metrics import MetricsWriter, check_outputs, is_eval_row, read_metrics
 from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
   CONFIG_FILE,
@@ -92,7 +92,7 @@ from txf.rundir.resume import (
   write_config,
 )
 from txf.rundir.trackers import check_trackers, make_trackers
-from txf.rundir.workdir import WorkdirLock, check_reachable, check_writable, run_path
+from txf.rundir.workdir import check_reachable, holding, run_path
 from txf.train import replicas, sharding
 from txf.train.distributed import gather_data_states
 from txf.train.run_setup import (
@@ -392,9 +392,11 @@ def _train(
   writer: MetricsWriter,
   log,
   prefetch: int,
+  reached: list[int],
 ) -> tuple[dict[str, float], int]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's
-  metrics and the step training stopped at."""
+  metrics and the step training stopped at. `reached[0]` follows the steps
+  trained, for the record of a run an error stops."""
   train, eval_config = setup.run.train, setup.run.eval
   window, finite_flags, last_eval, done = _Throughput(), [], {}, start
   # The last step always evaluates, so this compilation is never wasted.
@@ -419,7 +421,7 @@ def _train(
       # Kept on device (no sync, no dispatch per step), checked at every log step.
       finite_flags.append(metrics["finite"])
       window.add(metrics, compiling=step == start)
-      done = step + 1
+      done = reached[0] = step + 1
       if step == start and done % train.log_every and done != train.steps:
         compiled = format_duration(time.perf_counter() - window.began)
         log(f"step {done}/{train.steps}: compiled and ran in {compiled}")
@@ -529,27 +531,30 @@ def run(
   with _stopping_at_once(preemption, log):
     workdir = run_path(workdir)
     check_reachable(workdir)
-    try:
-      # The run's config.json, read once: everything below that compares with
-      # it (the changes line, the optimizer state's check) runs before write_config.
-      run_config, saved = prepare_resume(run_config, workdir, resume_step)
-    except ValueError as error:
-      raise ConfigError(str(error)) from error
-    if setup is None:
-      setup = setup_run(run_config, workdir)
-    check_memory(setup, _samples(setup))
-    if _samples(setup):
-      check_sample_prompt(setup)
     is_chief = jax.process_index() == 0
     try:
       if is_chief:
-        check_trackers(setup.run.train.trackers, workdir)
+        check_trackers(run_config.train.trackers, workdir)
     except ValueError as error:
       raise ConfigError(str(error)) from error
-    check_writable(workdir)
-    check_outputs(workdir)
-    # Only process 0 locks: the others write nothing that must be exclusive.
-    with WorkdirLock(workdir) if is_chief else contextlib.nullcontext():
+    # Held before the run's files are read or written (config.json, the
+    # tokenizer): a run started beside it is refused, not checked against a
+    # directory this one is still filling. Only process 0 locks: the others
+    # write nothing that must be exclusive.
+    with holding(workdir, lock=is_chief):
+      try:
+        # The run's config.json (or, lost, its record's), read once: everything below
+        # that compares with it (the changes line, the optimizer state's check) runs
+        # before write_config.
+        run_config, saved = prepare_resume(run_config, workdir, resume_step)
+      except ValueError as error:
+        raise ConfigError(str(error)) from error
+      if setup is None:
+        setup = setup_run(run_config, workdir)
+      check_memory(setup, _samples(setup))
+      if _samples(setup):
+        check_sample_prompt(setup)
+      check_outputs(workdir)
       checkpointer = make_checkpointer(setup.run.train, workdir)
       guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
       with guarding as guard, _closing(checkpointer), setup.activation_sharding():
@@ -570,7 +575,7 @@ def run(
           + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
         )
         steps = setup.run.train.steps
-        if start >= steps and _end_written(steps, saved, workdir, start):
+        if start >= steps and _end_written(steps, workdir, start):
           log(f"already trained to step {start} of {steps}")
           result = setup.evaluate(state.params)
           data = setup.run.data
@@ -585,25 +590,37 @@ def run(
           return result
         guard.defer()  # from here on the run writes, and saves before it stops
         trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
+        # A finished run whose end's writes were lost evaluates its last
+        # step again: that evaluation's records are replaced, not duplicated.
+        completing = start >= steps
         with MetricsWriter(
-          workdir, enabled=is_chief, start_step=start, trackers=trackers
+          workdir,
+          enabled=is_chief,
+          start_step=start,
+          trackers=trackers,
+          evaluating_again=completing,
         ) as writer:
           for name, count in writer.dropped.items():
-            log(
-              f"moved {count} records of {name} logged after step {start} (the step "
-              f"training continues from) to its .dropped file"
+            what = (
+              f"of the evaluation at step {start} (completed again)"
+              if completing
+              else f"logged after step {start} (the step training continues from)"
             )
+            log(f"moved {count} records of {name} {what} to its .dropped file")
           write_config(setup.run, workdir)
           record = RunRecord(workdir, enabled=is_chief, log=log)
+          reached = [start]  # the step trained to, the record's end_step if an error stops it
           try:
             record.start(setup.run, start, config_file)
             for tracker in trackers:
               tracker.log_config(to_json(setup.run))
-            if start >= steps:  # trained, but its end's writes were lost
+            if completing:  # trained, but its end's writes were lost
               log(f"trained to step {start}: completing its final evaluation")
               result, done = _eval_and_sample(setup, state.params, start, writer, log), start
             else:
-              result, done = _train(setup, state, start, checkpointer, guard, writer, log, prefetch)
+              result, done = _train(
+                setup, state, start, checkpointer, guard, writer, log, prefetch, reached
+              )
             if done >= steps:
               writer.write_hparams(done, _hparams(setup, hparams), result)
             # The last save is the run's too: one that fails ends the record
@@ -611,7 +628,7 @@ def run(
             checkpointer.wait_until_finished()
           except BaseException as error:
             with contextlib.suppress(Exception):  # the error that stopped the run is the one
-              record.end(type(error).__name__)
+              record.end(type(error).__name__, reached[0])
             raise
           finally:
             setup.train_data.close()  # stops the loader's worker processes
@@ -648,14 +665,14 @@ def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]
   return values
 
 
-def _end_written(steps: int, saved: RunConfig | None, workdir: epath.Path, step: int) -> bool:
+def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   """Whether a run trained to `step` >= train.steps has what its end writes:
-  config.json (`saved`, as read) and, when `step` is train.steps, an eval row
-  at `step`."""
-  if saved is None:
+  config.json (the file: a run that lost it is held to its run_record.json's,
+  see prepare_resume) and, when `step` is train.steps, an eval row at `step`."""
+  if not (workdir / CONFIG_FILE).exists():
     return False
   return step != steps or any(
-    row["step"] == step and "eval_loss" in row for row in read_metrics(workdir, since=step)
+    row["step"] == step and is_eval_row(row) for row in read_metrics(workdir, since=step)
   )
 
 

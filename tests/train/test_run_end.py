@@ -1,0 +1,65 @@
+"""How a run's end is recorded and completed: run_record.json's end_step
+for a run an error stopped, and a lost final evaluation completed in place
+of the one it replaces (metrics.jsonl, samples.txt, TensorBoard)."""
+
+import json
+import re
+
+import pytest
+from tensorboardX.proto.event_pb2 import SessionLog
+
+from conftest import tiny_config, without_timings
+from tensorboard_files import read_tensorboard_events
+from txf.runconfig.run_config import parse
+from txf.rundir import metrics, resume
+from txf.train import loop
+
+
+def test_a_run_stopped_by_an_error_records_the_step_it_reached(tmp_path):
+  """end_step is null only where the process died (docs/running.md)."""
+  workdir = tmp_path / "run"
+  config = tiny_config(steps=8, train__learning_rate=1e6)
+  with pytest.raises(loop.TrainingDiverged) as info:
+    loop.run(parse(config), workdir, log=lambda line: None)
+  reached = int(re.search(r"by step (\d+);", str(info.value)).group(1))
+  entry = json.loads((workdir / "run_record.json").read_text())[-1]
+  assert entry["ended"] == "TrainingDiverged" and entry["end_step"] == reached
+
+
+def kept_points(workdir):
+  """[(tag, step)] of every summary value TensorBoard keeps of the run's event
+  files: file by file, a SessionLog START at step s hides the events written
+  before it at steps >= s (as tests/rundir/test_hparams_purge.py reads them)."""
+  kept = []
+  for event in read_tensorboard_events(workdir / metrics.TENSORBOARD_DIR):
+    if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+      kept = [(tag, step) for tag, step in kept if step < event.step]
+    kept += [(value.tag, event.step) for value in event.summary.value]
+  return kept
+
+
+@pytest.mark.parametrize("lost", ["cut_off_row", "config_json"])
+def test_a_completed_final_evaluation_replaces_the_lost_one(tmp_path, lost):
+  """The run's last eval row cut off (a kill as it was written), or its
+  config.json lost: the run completes its final evaluation at step 4, which
+  duplicated the sample at step 4 in samples.txt and TensorBoard's points at
+  step 4 (and the eval row, where only config.json was lost), and kept the
+  cut-off row in metrics.jsonl."""
+  workdir = tmp_path / "run"
+  config = tiny_config(steps=4, train__log_every=2, eval__every=2, eval__sample_tokens=4)
+  loop.run(parse(config), workdir, log=lambda line: None)
+  rows, points = metrics.read_metrics(workdir), sorted(kept_points(workdir))
+  if lost == "cut_off_row":
+    path = workdir / metrics.METRICS_FILE
+    text = path.read_text()
+    path.write_text(text[: text.rindex("\n", 0, -1) + 20])  # the eval row at 4, cut
+  else:
+    (workdir / resume.CONFIG_FILE).unlink()
+  lines = []
+  loop.run(parse(config), workdir, log=lines.append)
+  assert any("completing its final evaluation" in line for line in lines), lines
+  assert [step for step, _ in metrics.read_samples(workdir)] == [2, 4]
+  after = (workdir / metrics.METRICS_FILE).read_text().splitlines()
+  assert [json.loads(line)["step"] for line in after] == [row["step"] for row in rows]
+  assert without_timings(json.loads(line) for line in after)[:-1] == without_timings(rows)[:-1]
+  assert sorted(kept_points(workdir)) == points  # each point once, the hparams' too
