@@ -51,6 +51,7 @@ from txf.data import (
   make_tokenizer,
   num_classes,
 )
+from txf.data.spec import TASKS
 from txf.data.stacked import StackedDatasets
 from txf.decode.cache import check_cache_length
 from txf.layers.embedding import check_position_table
@@ -345,14 +346,15 @@ def setup_run(
     key = jax.random.key(run.seed)
     boxed_params = jax.eval_shape(functools.partial(init_params, model, first_batch, task), key)
     eval_step = make_eval_step(model, task, loss_chunk_len=run.train.loss_chunk_len)
-    # Traced once here: labels or weights of a registered task kind that do
-    # not fit the model's output are refused by the loss's check (naming the
-    # shapes), which otherwise ran inside the first step, after the run
-    # directory was written.
-    try:
-      jax.eval_shape(eval_step, boxed_params, first_batch)
-    except ValueError as error:
-      raise ValueError(f"data.task {task!r}: {error}") from None
+    # A registered task kind's step traced once here: labels or weights that
+    # do not fit the model's output are refused by the loss's check (naming
+    # the shapes), which otherwise ran inside the first step, after the run
+    # directory was written. txf's own fit by construction (a trace spared).
+    if not TASKS.provenance(task)["builtin"]:
+      try:
+        jax.eval_shape(eval_step, boxed_params, first_batch)
+      except ValueError as error:
+        raise ValueError(f"data.task {task!r}: {error}") from None
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained, started_from = None, None
     if run.train.init_from:
