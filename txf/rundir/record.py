@@ -375,10 +375,13 @@ class RunRecord:
     self._log = log
     self._before = ""  # the record's text before this start's entry
     self._entry: dict[str, Any] | None = None
+    # The step the run has trained to: its end_step where it ends on an error.
+    self.step: int | None = None
 
   def start(self, run: RunConfig, start_step: int, config_file: str | None = None) -> None:
     """Appends this start's entry; `config_file`: the config file the run
     was loaded from (None: not from a file)."""
+    self.step = start_step
     if not self._enabled:
       return
     try:
@@ -417,10 +420,11 @@ class RunRecord:
         )
 
   def end(self, how: str, end_step: int | None = None) -> None:
-    """Fills this start's end: `how` it ended, at `end_step`."""
+    """Fills this start's end: `how` it ended, at `end_step` (None: `step`,
+    the step it trained to)."""
     if self._entry is None:
       return
-    self._entry.update(end=_now(), ended=how, end_step=end_step)
+    self._entry.update(end=_now(), ended=how, end_step=self.step if end_step is None else end_step)
     self._write()
 
   def _write(self) -> None:

@@ -392,11 +392,11 @@ def _train(
   writer: MetricsWriter,
   log,
   prefetch: int,
-  reached: list[int],
+  record: RunRecord,
 ) -> tuple[dict[str, float], int]:
   """Steps start+1 .. train.steps (or to a preemption); the last eval's
-  metrics and the step training stopped at. `reached[0]` follows the steps
-  trained, for the record of a run an error stops."""
+  metrics and the step training stopped at. `record.step` follows the
+  steps trained, the end_step of a run an error stops."""
   train, eval_config = setup.run.train, setup.run.eval
   window, finite_flags, last_eval, done = _Throughput(), [], {}, start
   # The last step always evaluates, so this compilation is never wasted.
@@ -421,7 +421,7 @@ def _train(
       # Kept on device (no sync, no dispatch per step), checked at every log step.
       finite_flags.append(metrics["finite"])
       window.add(metrics, compiling=step == start)
-      done = reached[0] = step + 1
+      done = record.step = step + 1
       if step == start and done % train.log_every and done != train.steps:
         compiled = format_duration(time.perf_counter() - window.began)
         log(f"step {done}/{train.steps}: compiled and ran in {compiled}")
@@ -609,7 +609,6 @@ def run(
             log(f"moved {count} records of {name} {what} to its .dropped file")
           write_config(setup.run, workdir)
           record = RunRecord(workdir, enabled=is_chief, log=log)
-          reached = [start]  # the step trained to, the record's end_step if an error stops it
           try:
             record.start(setup.run, start, config_file)
             for tracker in trackers:
@@ -619,7 +618,7 @@ def run(
               result, done = _eval_and_sample(setup, state.params, start, writer, log), start
             else:
               result, done = _train(
-                setup, state, start, checkpointer, guard, writer, log, prefetch, reached
+                setup, state, start, checkpointer, guard, writer, log, prefetch, record
               )
             if done >= steps:
               writer.write_hparams(done, _hparams(setup, hparams), result)
@@ -628,7 +627,7 @@ def run(
             checkpointer.wait_until_finished()
           except BaseException as error:
             with contextlib.suppress(Exception):  # the error that stopped the run is the one
-              record.end(type(error).__name__, reached[0])
+              record.end(type(error).__name__)
             raise
           finally:
             setup.train_data.close()  # stops the loader's worker processes
