@@ -164,12 +164,17 @@ def read_run_config(workdir: str | os.PathLike) -> RunConfig | None:
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     return None
-  saved = read_json(path)
+  return _parsed(read_json(path), workdir, f"{path}")
+
+
+def _parsed(saved: Any, workdir: str | os.PathLike, where: str) -> RunConfig:
+  """A run's saved config (JSON values) as a RunConfig, the modules of its
+  registered choices imported first; a ConfigError names `where`."""
   check_choices(workdir)
   try:
     return from_json(saved)
   except ConfigError as error:
-    raise ConfigError(f"{path}: {error}") from error
+    raise ConfigError(f"{where}: {error}") from error
 
 
 def read_held_config(workdir: str | os.PathLike, *, trained: bool) -> tuple[RunConfig | None, str]:
@@ -195,11 +200,7 @@ def read_held_config(workdir: str | os.PathLike, *, trained: bool) -> tuple[RunC
         "--workdir"
       )
     return None, CONFIG_FILE
-  check_choices(workdir)
-  try:
-    return from_json(recorded), RECORD_FILE
-  except ConfigError as error:
-    raise ConfigError(f"{epath.Path(workdir) / RECORD_FILE}: config: {error}") from error
+  return _parsed(recorded, workdir, f"{epath.Path(workdir) / RECORD_FILE}: config"), RECORD_FILE
 
 
 def write_config(run: RunConfig, workdir: str | os.PathLike) -> None:
