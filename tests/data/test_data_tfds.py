@@ -216,7 +216,7 @@ def test_adjacent_seeds_never_share_an_epoch_order(translation_dir):
 
 def test_seq2seq_weights_follow_the_lengths_not_the_ids(tmp_path):
   # A Hugging Face vocabulary's id 0 is a real token (GPT-2's '!'), and its
-  # pad_id is its EOS: rows are padded with 0, weights count the tokens.
+  # pad_id is its EOS: rows are padded with it, weights count the tokens.
   tokenizer = zero_is_a_word_tokenizer(tmp_path)
   pairs = [("a ! b", "! c"), ("c", "! ! a b"), ("b b", "")]
   source = TranslationSource(
@@ -240,7 +240,10 @@ def test_seq2seq_weights_follow_the_lengths_not_the_ids(tmp_path):
       batch["encoder_inputs"][row, : len(de.split())], tokenizer.encode(de)
     )
   for key in ("targets", "decoder_inputs"):
-    np.testing.assert_array_equal(batch[key][~real], 0, err_msg=key)
+    np.testing.assert_array_equal(batch[key][~real], tokenizer.pad_id, err_msg=key)
+  source_lengths = np.array([len(de.split()) for de, _ in pairs] + [0])
+  source_padding = np.arange(6) >= source_lengths[:, None]
+  np.testing.assert_array_equal(batch["encoder_inputs"][source_padding], tokenizer.pad_id)
 
 
 def test_seq2seq_eval_is_one_padded_pass(translation_dir):

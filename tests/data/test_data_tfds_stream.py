@@ -401,6 +401,10 @@ def test_real_token_zero_is_not_padding(task, tmp_path):
   filled = real.sum(axis=1)
   # What is tested: real 0s, a window part padding, a batch all padding.
   assert (tokens[real] == 0).any() and (filled % window_len).any() and not filled[-rows:].any()
+  # Padding holds the tokenizer's pad id (this vocabulary's eos: it has no
+  # pad token), not Grain's 0.
+  assert tokenizer.pad_id != 0
+  tokens = np.where(real, tokens, tokenizer.pad_id)
   if task == "lm":
     np.testing.assert_array_equal(batch["inputs"], tokens[:, :-1])
     np.testing.assert_array_equal(batch["targets"], tokens[:, 1:])

@@ -10,7 +10,7 @@ process's rows of a global batch. Entry points:
   tokenizer = make_tokenizer(spec, workdir)
 
 Batch formats by data.task (B = data.batch_size / process_count,
-T = data.seq_len, padding id 0):
+T = data.seq_len; padding holds the tokenizer's pad_id, 0 for txf's own):
   lm        inputs int32 [B, T], targets int32 [B, T] (inputs shifted by one),
             weights float32 [B, T]
   mlm       inputs int32 [B, T] (BERT-masked), targets int32 [B, T] (original),

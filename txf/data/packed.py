@@ -18,7 +18,8 @@ bounded buffer in memory. The stages are Grain's:
                                       group, interleaved back in order
   ConcatThenSplitIterDataset          the groups' tokens concatenated and cut
                                       into windows of window_len; the last
-                                      window of a pass padded with 0
+                                      window of a pass padded (then
+                                      with the tokenizer's pad_id)
   .batch(rows)
 
 Grain packs whole groups, not single documents: its per-element cost, paid
@@ -358,12 +359,15 @@ class PackedDataset(Dataset):
 
   def _padded(self, windows: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The windows' tokens int32 [B, W] and which are real, bool [B, W]
-    (windows: {} after the pass, none), with all-padding rows (id 0, not
-    real) up to the batch size."""
+    (windows: {} after the pass, none), with all-padding rows up to the
+    batch size; padding holds the tokenizer's pad_id (the id an encoder
+    masks, model.pad_id; Grain pads with 0, a real token of some
+    vocabularies)."""
     none = np.zeros((0, self._stream.window_len), np.int32)
     tokens, groups = windows.get(TOKENS, none), windows.get(GROUPS, none)
     rows = ((0, self.batch_size - len(tokens)), (0, 0))
-    return np.pad(tokens, rows), np.pad(groups > 0, rows)
+    real = np.pad(groups > 0, rows)
+    return np.where(real, np.pad(tokens, rows), self.tokenizer.pad_id).astype(np.int32), real
 
   def _batch(self, windows_BxW: np.ndarray, real_BxW: np.ndarray) -> dict[str, np.ndarray]:
     eos_id = self.tokenizer.eos_id

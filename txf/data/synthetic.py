@@ -61,9 +61,9 @@ def make_example(
   return word, _TRANSFORMS[task](word)
 
 
-def pad_rows(rows: Sequence[np.ndarray], length: int) -> np.ndarray:
-  """Stacks int sequences into int32 [len(rows), length], padded with 0."""
-  out = np.zeros((len(rows), length), dtype=np.int32)
+def pad_rows(rows: Sequence[np.ndarray], length: int, pad_id: int = 0) -> np.ndarray:
+  """Stacks int sequences into int32 [len(rows), length], padded with pad_id."""
+  out = np.full((len(rows), length), pad_id, dtype=np.int32)
   for i, row in enumerate(rows):
     out[i, : len(row)] = row
   return out
@@ -72,7 +72,8 @@ def pad_rows(rows: Sequence[np.ndarray], length: int) -> np.ndarray:
 def seq2seq_arrays(
   pairs: Sequence[tuple[np.ndarray, np.ndarray]], *, tokenizer: Tokenizer, seq_len: int
 ) -> dict[str, np.ndarray]:
-  """The seq2seq batch of (source ids, target ids) pairs, padded with 0.
+  """The seq2seq batch of (source ids, target ids) pairs, padded with the
+  tokenizer's pad_id (the id an encoder-decoder masks, model.pad_id).
 
   Sources must have at most seq_len ids, targets at most seq_len - 1 (EOS is
   appended). Returns (R = len(pairs), S = T = seq_len):
@@ -85,10 +86,11 @@ def seq2seq_arrays(
   targets = [np.append(target, tokenizer.eos_id) for _, target in pairs]
   starts = [np.insert(t[:-1], 0, tokenizer.bos_id) for t in targets]
   lengths_R = np.array([len(t) for t in targets], dtype=np.int32)
+  pad_id = tokenizer.pad_id
   return {
-    "encoder_inputs": pad_rows([source for source, _ in pairs], seq_len),
-    "decoder_inputs": pad_rows(starts, seq_len),
-    "targets": pad_rows(targets, seq_len),
+    "encoder_inputs": pad_rows([source for source, _ in pairs], seq_len, pad_id),
+    "decoder_inputs": pad_rows(starts, seq_len, pad_id),
+    "targets": pad_rows(targets, seq_len, pad_id),
     "weights": (np.arange(seq_len) < lengths_R[:, None]).astype(np.float32),
   }
 
@@ -127,7 +129,7 @@ class GeneratedSource(abc.ABC):
 
 
 class Seq2SeqSource(GeneratedSource):
-  """Batches of a seq2seq task, every array padded with 0 to seq_len.
+  """Batches of a seq2seq task, every array padded to seq_len (`seq2seq_arrays`).
 
   Batch (R = rows, S = T = seq_len):
     encoder_inputs: int32 [R, S], the source.

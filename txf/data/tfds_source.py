@@ -217,9 +217,14 @@ class TranslationSource:
     first = step * self._batch_size
     pairs = [self._pairs[first + row] for row in rows if first + row < self._num_rows]
     arrays = seq2seq_arrays(pairs, tokenizer=self._tokenizer, seq_len=self._seq_len)
-    # Rows past the end of an evaluation split come last: pad with zeros.
+    # Rows past the end of an evaluation split come last: all padding, of
+    # weight 0.
     padding = ((0, len(rows) - len(pairs)), (0, 0))
-    return {key: np.pad(value, padding) for key, value in arrays.items()}
+    pad_id = self._tokenizer.pad_id
+    return {
+      key: np.pad(value, padding, constant_values=0 if key == "weights" else pad_id)
+      for key, value in arrays.items()
+    }
 
   # What runs saved before the state was a position: {'step': batches taken},
   # of the batch size they ran with (resumed as before, at that size).

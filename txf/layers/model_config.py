@@ -513,6 +513,38 @@ class ModelConfig:
     if not 0 <= self.pad_id < self.vocab_size:
       raise ValueError(f"model.pad_id: {self.pad_id} outside the vocabulary [0, {self.vocab_size})")
 
+  @property
+  def masks_padding(self) -> bool:
+    """Its forward pass treats every token equal to model.pad_id as padding:
+    an encoder's and an encoder-decoder's source keys, and the classify
+    head's pooling."""
+    return self.family in ("encoder", "encoder_decoder") or self.head == "classify"
+
+  def check_padding(self, pad_id: int, eos_id: int) -> None:
+    """For a model that `masks_padding`: model.pad_id must be the id the
+    data pad with (the tokenizer's `pad_id`), and that id must be a padding
+    token of its own, not its eos (a tokenizer.json without a pad token
+    pads with its eos, GPT-2's 50256); otherwise real tokens would be
+    masked, or padding attended, without a word.
+
+    Raises:
+      ValueError: naming model.pad_id or data.tokenizer.
+    """
+    if not self.masks_padding:
+      return
+    if self.pad_id != pad_id:
+      raise ValueError(
+        f"model.pad_id: {self.pad_id} is not the tokenizer's padding id {pad_id}, which the "
+        f"data pad with; this model masks every token equal to model.pad_id "
+        f"(set --config.model.pad_id={pad_id})"
+      )
+    if pad_id == eos_id:
+      raise ValueError(
+        f"data.tokenizer: its padding id {pad_id} is its eos token (it has no pad token of "
+        "its own); this model masks every token equal to model.pad_id, so it would mask the "
+        "documents' eos tokens: use a tokenizer with a pad token"
+      )
+
   def with_vocabulary(self, vocab_size: int, num_classes: int | None = None) -> ModelConfig:
     """This config for a tokenizer of `vocab_size` ids: a model.vocab_size of
     None becomes it, a given one must hold it; `num_classes` (a

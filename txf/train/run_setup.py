@@ -241,6 +241,7 @@ def fit_vocabulary(
       adopt_tokenizer(run.data, run.train.init_from, workdir)
     tokenizer = make_tokenizer(run.data, workdir)
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
+    run.model.check_padding(tokenizer.pad_id, tokenizer.eos_id)
     if task_kind(run.data.task).causal_lm and run.eval.sample_tokens:
       sample_len = decode.cache_length(
         _prompt_length(tokenizer, run.eval.sample_prompt), run.eval.sample_tokens
