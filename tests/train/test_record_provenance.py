@@ -135,6 +135,25 @@ def test_pystdlib_fingerprint_follows_the_corpus_contents_and_names(stdlib):
   assert moved["sha256"] != before["sha256"]
 
 
+def test_a_resume_over_a_changed_corpus_says_so(stdlib, tmp_path):
+  # A resume continues at the saved window count whatever the text is now;
+  # it used to say nothing of an edited corpus (the record held it).
+  def start(files, step):
+    write_corpus(stdlib, files)
+    corpus.corpus_fingerprint.cache_clear()
+    lines = []
+    record.RunRecord(tmp_path, log=lines.append).start(run_config(), step)
+    return [line for line in lines if "corpus differs" in line]
+
+  assert start(FILES, 0) == []
+  assert start(FILES, 5) == []  # the same corpus
+  (line,) = start(dict(FILES, **{"m3.py": "y = 1\n"}), 9)
+  assert line.startswith("warning: data.name 'pystdlib': the corpus differs")
+  assert "before step 9" in line
+  assert start(dict(FILES, **{"m3.py": "y = 1\n"}), 12) == []  # compared with the last start
+  assert len(record.read_record(tmp_path)) == 4
+
+
 @pytest.mark.parametrize("count", [2, 5])  # split by position / whole files
 def test_text_files_fingerprint_follows_their_contents_and_names(tmp_path, count):
   texts = tmp_path / "texts"

@@ -378,6 +378,23 @@ class RunRecord:
     # The step the run has trained to: its end_step where it ends on an error.
     self.step: int | None = None
 
+  def _warn_if_corpus_changed(self, start_step: int) -> None:
+    """A warning line when a resumed run's corpus (a `files:` file edited,
+    another Python's standard library) is not the one its last start read:
+    the run continues at the saved window count over the changed text."""
+    if not start_step or self._entry is None:
+      return
+    before = _last_entry(self._path.parent).get("data")
+    corpus = self._entry["data"].get("corpus")
+    if not isinstance(before, dict) or "corpus" not in before or corpus is None:
+      return
+    if before["corpus"] != corpus:
+      self._log(
+        f"warning: data.name {self._entry['data']['name']!r}: the corpus differs from the "
+        f"one the run read before step {start_step} ({RECORD_FILE}'s data.corpus); it "
+        "continues at the saved window count over the changed text"
+      )
+
   def start(self, run: RunConfig, start_step: int, config_file: str | None = None) -> None:
     """Appends this start's entry; `config_file`: the config file the run
     was loaded from (None: not from a file)."""
@@ -409,6 +426,7 @@ class RunRecord:
       tokenizer=tokenizer_description(run, self._path.parent),
       choices=registered_choices(run),
     )
+    self._warn_if_corpus_changed(start_step)
     self._write()
     for field, choice in self._entry["choices"].items():
       # No file it came from: a config file's own module, a notebook's __main__.
