@@ -121,7 +121,9 @@ def tiny_config(name="rope", *, steps=12, **fields):
 
 
 # A metrics row's fields that differ between two runs of the same config.
-TIMING_KEYS = frozenset({"tokens_per_sec", "steps_per_sec", "step_time", "mfu", "time"})
+TIMING_KEYS = frozenset(
+  {"tokens_per_sec", "examples_per_sec", "steps_per_sec", "step_time", "mfu", "time"}
+)
 
 
 def without_timings(rows):

@@ -221,6 +221,20 @@ def test_a_second_export_replaces_the_first_whole(runs, tmp_path):
   assert os.listdir(tmp_path) == ["hf"]
 
 
+@pytest.mark.slow  # trains two tiny runs (shared with the tests above)
+def test_a_run_of_the_wrong_family_is_named_before_its_text_is_read(runs):
+  """txf-embed on an encoder-decoder run said "model.head: 'none' does not
+  fit model.family='encoder_decoder'", a field nobody set; txf-generate on
+  an encoder refused the prompt's symbols before saying it cannot generate."""
+  from txf.commands.named_model import load_named_model
+
+  with pytest.raises(ValueError, match=r"model\.family='encoder_decoder'; embeddings need an"):
+    load_named_model(str(runs("t5")), hidden_states=True)
+  with pytest.raises(ValueError, match=r"^model\.family: 'encoder' cannot generate"):
+    load_named_model(str(runs("bert")), generates=True)
+  assert load_named_model(str(runs("bert")), hidden_states=True).pretrained.config.head == "none"
+
+
 def test_a_hugging_face_directory_is_not_taken_for_a_run(tmp_path):
   """Was three chained tracebacks (KeyError 'data' from the run config's reader)."""
   with pytest.raises(ConfigError) as raised:

@@ -24,6 +24,7 @@ from txf.analysis import attention_maps
 from txf.layers import Embedder
 from txf.layers.model_config import POSITIONS
 from txf.models import ModelConfig, build
+from txf.models.output_heads import pool
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
@@ -145,6 +146,23 @@ def test_classification_pooling_ignores_padding(pooling):
   assert np.max(np.abs(model.apply(variables, extended) - logits)) > 1e-4
 
 
+@pytest.mark.parametrize("pooling", ["mean", "max", "last"])
+def test_a_row_of_padding_alone_pools_to_finite_logits(pooling):
+  # max pooled finfo.min there: the classifier turned it into +-1e38 and NaN.
+  x_BxTxD = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4)), jnp.float32)
+  valid_BxT = jnp.array([[True, True, False], [False, False, False]])
+  pooled = np.asarray(pool(x_BxTxD, valid_BxT, pooling))
+  real = np.asarray(x_BxTxD[0, :2], np.float64)
+  reference = dict(mean=real.mean(0), max=real.max(0), last=real[-1])[pooling]
+  np.testing.assert_allclose(pooled[0], reference, rtol=1e-6)
+  expected_empty = np.asarray(x_BxTxD[1, 0]) if pooling == "last" else np.zeros(4)
+  np.testing.assert_array_equal(pooled[1], expected_empty)
+  cfg = ModelConfig(**TINY, family="encoder", head="classify", pooling=pooling, num_classes=3)
+  model = build(cfg)
+  tokens = jnp.concatenate([real_tokens(4, 1, 6), jnp.zeros((1, 6), jnp.int32)])
+  assert np.isfinite(model.apply(model.init(KEY, tokens), tokens)).all()
+
+
 # ---------------------------------------------------------------------------
 # Config errors.
 
@@ -160,6 +178,12 @@ def test_classification_pooling_ignores_padding(pooling):
     (dict(family="encoder_decoder", head="classify"), "head"),
     (dict(family="decoder", num_decoder_layers=2), "num_decoder_layers"),
     (dict(family="decoder", head="classify", pooling="cls"), "pooling"),  # sees 1 token
+    # Accepted and recorded, read by nothing: one line each, as above.
+    (dict(family="decoder", share_embeddings=False), "share_embeddings"),
+    (dict(family="encoder", share_embeddings=False, head="mlm"), "share_embeddings"),
+    (dict(family="decoder", pooling="max"), "pooling"),
+    (dict(family="encoder", head="mlm", pooling="mean"), "pooling"),
+    (dict(family="decoder", num_classes=7), "num_classes"),
   ],
 )
 def test_build_rejects_bad_config_naming_the_field(changes, field):

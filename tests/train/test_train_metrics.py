@@ -259,14 +259,39 @@ def test_mfu_counts_the_meshs_devices_not_the_hosts(monkeypatch):
   8: its MFU was half what its devices did."""
   from txf.train import loop
 
-  setup = types.SimpleNamespace(
-    tokens_per_step=1000, flops_per_token=6e6, mesh=types.SimpleNamespace(size=4), peak_flops=1e12
-  )
+  setup = fake_setup(per_example=False)
   monkeypatch.setattr(jax, "device_count", lambda *args: 8)
   window = loop._Throughput()
   window.add({}, compiling=False)
   figures = window.figures(setup)
   assert figures["mfu"] == pytest.approx(6e6 * figures["tokens_per_sec"] / (4 * 1e12), rel=1e-12)
+
+
+def fake_setup(per_example):
+  """A RunSetup's fields _Throughput reads: 1000 tokens (or examples) a step."""
+  return types.SimpleNamespace(
+    tokens_per_step=1000,
+    flops_per_token=6e6,
+    mesh=types.SimpleNamespace(size=4),
+    peak_flops=1e12,
+    task="classify" if per_example else "lm",
+  )
+
+
+@pytest.mark.parametrize("per_example", [False, True])
+def test_a_classifiers_throughput_is_named_examples_per_sec(per_example):
+  # A classifier's step counts examples: its rows and console said tok/s.
+  from txf.train import loop
+
+  window = loop._Throughput()
+  window.add({}, compiling=False)
+  figures = window.figures(fake_setup(per_example))
+  rate = "examples_per_sec" if per_example else "tokens_per_sec"
+  other = "tokens_per_sec" if per_example else "examples_per_sec"
+  assert other not in figures
+  assert figures[rate] == pytest.approx(1000 / figures["step_time"], rel=1e-12)
+  line = console.format_progress(1, 2, figures)
+  assert (" ex/s" in line) is per_example and (" tok/s" in line) is not per_example
 
 
 @pytest.mark.parametrize("config", ["encoder_classify", "encoder_mlm"])

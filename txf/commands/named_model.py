@@ -56,6 +56,7 @@ def load_named_model(
   """
   # Here, not at the top: importing txf loads jax, which --help need not wait for.
   from txf.data import HFTokenizer
+  from txf.decode.cache import check_generative
   from txf.interop import load_pretrained, resolve_model
   from txf.interop.text import encode_batch, pad_batch
   from txf.rundir.resume import is_run_directory
@@ -73,8 +74,17 @@ def load_named_model(
   if is_run_directory(directory):
     with run_errors():  # a run without a checkpoint, one that does not restore
       trained = load_trained(directory)
+    family = trained.pretrained.config.family
     if generates:
+      # Before a prompt is encoded: a classifier's vocabulary refused the
+      # prompt's symbols first, naming the prompt, not the model.
+      check_generative(trained.pretrained.model())
       trained.check_runs_causally()
+    if hidden_states and family != "encoder":
+      # Else without_head's head='none' was refused for a family without one.
+      raise ValueError(
+        f"model: {directory} is a txf run of model.family={family!r}; embeddings need an encoder"
+      )
     pretrained = without_head(trained.pretrained) if hidden_states else trained.pretrained
     tokenizer = trained.tokenizer
 

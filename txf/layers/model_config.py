@@ -396,6 +396,12 @@ class ModelConfig:
       )
     if self.num_decoder_layers is not None and self.family != "encoder_decoder":
       raise ValueError("model.num_decoder_layers: only applies to family='encoder_decoder'")
+    if not self.share_embeddings and self.family != "encoder_decoder":
+      raise ValueError(
+        "model.share_embeddings: False changes nothing: only family='encoder_decoder' has "
+        "two embedding tables to share"
+      )
+    self._check_classify_fields()
     checks.fraction(self.dropout_rate, "model.dropout_rate")
     checks.fraction(self.attention_dropout_rate, "model.attention_dropout_rate")
     self._check_vocabulary()
@@ -483,6 +489,21 @@ class ModelConfig:
         f"model.head: {self.head!r} does not fit model.family={self.family!r} "
         f"(choose from {family_heads(self.family)})"
       )
+
+  def _check_classify_fields(self) -> None:
+    """model.pooling and model.num_classes given to a language-model head
+    (lm, mlm), which reads neither: a config recording them would claim a
+    setting the run never used. ('none' keeps them: txf-embed reads a
+    classify run's hidden states through it.)"""
+    if self.head not in ("lm", "mlm"):
+      return
+    for name in ("pooling", "num_classes"):
+      default = type(self).__dataclass_fields__[name].default
+      if getattr(self, name) != default:
+        raise ValueError(
+          f"model.{name}: {getattr(self, name)!r} changes nothing: only the classify head "
+          f"reads it, not model.head={self.head!r} (keep its default {default!r})"
+        )
 
   def _check_lstm(self) -> None:
     """family='lstm': only LSTM_FIELDS may differ from their defaults. The

@@ -129,7 +129,8 @@ def pool(x_BxTxD: jax.Array, valid_BxT: jax.Array, pooling: str) -> jax.Array:
   """Pools hidden states over the real (valid) tokens: [B, T, D] -> [B, D].
 
   cls: the first token; last: the last real token; mean / max: over real
-  tokens only, so padding never changes the result.
+  tokens only, so padding never changes the result. A row without real
+  tokens pools to zeros (mean, max) or its first token (last).
   """
   if pooling == "cls":
     return x_BxTxD[:, 0]
@@ -141,7 +142,9 @@ def pool(x_BxTxD: jax.Array, valid_BxT: jax.Array, pooling: str) -> jax.Array:
     total_BxD = jnp.sum(jnp.where(valid_BxTx1, x_BxTxD, 0), axis=1, dtype=jnp.float32)
     return (total_BxD / jnp.maximum(jnp.sum(valid_BxTx1, axis=1), 1)).astype(x_BxTxD.dtype)
   if pooling == "max":
-    return jnp.max(jnp.where(valid_BxTx1, x_BxTxD, jnp.finfo(x_BxTxD.dtype).min), axis=1)
+    largest_BxD = jnp.max(jnp.where(valid_BxTx1, x_BxTxD, jnp.finfo(x_BxTxD.dtype).min), axis=1)
+    # finfo.min for a row of padding alone: the classifier made it +-1e38 and NaN.
+    return jnp.where(jnp.any(valid_BxTx1, axis=1), largest_BxD, 0)
   raise ValueError(f"model.pooling: {pooling!r} is not one of cls, mean, max, last")
 
 

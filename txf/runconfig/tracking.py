@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 # Metrics of the hardware's speed, not of the model: grouped under perf/.
-PERF_METRICS = frozenset({"tokens_per_sec", "steps_per_sec", "step_time", "mfu"})
+PERF_METRICS = frozenset(
+  {"tokens_per_sec", "examples_per_sec", "steps_per_sec", "step_time", "mfu"}
+)
 METRIC_GROUPS = ("train", "eval", "perf")
 
 

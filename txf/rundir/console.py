@@ -35,7 +35,8 @@ def format_progress(
   'step 120/1000 (12.0%) | loss 2.3456 | lr 3.000e-04 | 51,234 tok/s |
   mfu 41.2% | elapsed 1m05s | eta 7m20s'.
 
-  Reads the optional keys 'loss', 'learning_rate', 'tokens_per_sec', 'mfu'
+  Reads the optional keys 'loss', 'learning_rate', 'tokens_per_sec' (or
+  'examples_per_sec'), 'mfu'
   and 'steps_per_sec'; missing ones are left out, others ignored.
   `elapsed`: wall seconds this process has trained, evaluations and
   compilation included, over `steps_run` steps. With both, the ETA is the
@@ -47,7 +48,7 @@ def format_progress(
   """
   if total <= 0:
     raise ValueError(f"total must be positive, got {total}.")
-  known = ("loss", "learning_rate", "tokens_per_sec", "mfu", "steps_per_sec")
+  known = ("loss", "learning_rate", "tokens_per_sec", "examples_per_sec", "mfu", "steps_per_sec")
   values = to_python_scalars({k: scalars[k] for k in known if k in scalars})
   parts = [f"step {step}/{total} ({100 * step / total:.1f}%)"]
   if "loss" in values:
@@ -56,6 +57,8 @@ def format_progress(
     parts.append(f"lr {values['learning_rate']:.3e}")
   if "tokens_per_sec" in values:
     parts.append(f"{values['tokens_per_sec']:,.0f} tok/s")
+  if "examples_per_sec" in values:
+    parts.append(f"{values['examples_per_sec']:,.0f} ex/s")
   if "mfu" in values:
     parts.append(f"mfu {values['mfu']:.1%}")
   remaining = max(total - step, 0)

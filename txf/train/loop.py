@@ -262,19 +262,22 @@ class _Throughput:
     return time.perf_counter() - self.compiled, self.steps_compiled
 
   def figures(self, setup: RunSetup) -> dict[str, float]:
-    """tokens/s, steps/s, step time and MFU (where the peak is known); none
-    right after (re)starting, when the window holds only the compiling step."""
+    """tokens/s (examples/s for a task of one label an example:
+    examples_per_sec), steps/s, step time and MFU (where the peak is known);
+    none right after (re)starting, when the window holds only the compiling
+    step."""
     if not self._steps:
       return {}
     elapsed = time.perf_counter() - self._start
-    tokens_per_sec = setup.tokens_per_step * self._steps / elapsed
-    figures = dict(
-      tokens_per_sec=tokens_per_sec,
-      steps_per_sec=self._steps / elapsed,
-      step_time=elapsed / self._steps,
-    )
+    units_per_sec = setup.tokens_per_step * self._steps / elapsed
+    rate = "examples_per_sec" if task_kind(setup.task).per_example else "tokens_per_sec"
+    figures = {
+      rate: units_per_sec,
+      "steps_per_sec": self._steps / elapsed,
+      "step_time": elapsed / self._steps,
+    }
     utilisation = hardware.mfu(
-      setup.flops_per_token, tokens_per_sec, setup.mesh.size, setup.peak_flops
+      setup.flops_per_token, units_per_sec, setup.mesh.size, setup.peak_flops
     )
     if utilisation is not None:
       figures["mfu"] = utilisation
