@@ -7,6 +7,7 @@ import os
 import pathlib
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -251,3 +252,12 @@ def scoped(*registries):
     for registry in registries:
       stack.enter_context(registry.scoped())
     yield
+
+
+def gone_pid() -> int:
+  """The pid of a process that has exited (no process holds it, unless
+  reused since: a test then sees it alive)."""
+  exited = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+  )
+  return int(exited.stdout)

@@ -14,9 +14,12 @@ directory (its lock, reachability, writability) is txf.rundir.workdir's.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
+import shutil
+import socket
 import stat
 import uuid
 from collections.abc import Mapping
@@ -24,9 +27,13 @@ from typing import Any
 
 from etils import epath
 
-# write_files' temporary of a file NAME: .NAME.<hex>.tmp
+# write_files' temporary of a file NAME: .NAME.<host>-<pid>-<hex>.tmp, its
+# writer named (the host as 8 hex digits of its name's hash) so that a
+# temporary of a process that is gone can be told from one being written.
+# Older txf wrote .NAME.<hex>.tmp.
 _TEMPORARY_HEX = 12
-_STALE = re.compile(rf"\..+\.[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
+_STALE = re.compile(rf"\..+\.(?:([0-9a-f]{{8}})-(\d+)-)?[0-9a-f]{{{_TEMPORARY_HEX}}}\.tmp")
+_HOST = hashlib.sha256(socket.gethostname().encode("utf-8")).hexdigest()[:8]
 
 
 class WriteError(RuntimeError):
@@ -74,21 +81,44 @@ def _kind(path: str | os.PathLike) -> str:
   return "a device"
 
 
-def _temporary(path: epath.Path) -> epath.Path:
-  """A new temporary for `path` in its directory: .NAME.<hex>.tmp. A name per
+def temporary_sibling(path: epath.Path) -> epath.Path:
+  """A new temporary for `path` in its directory (a file, or the directory
+  txf-export stages a model in): .NAME.<host>-<pid>-<hex>.tmp. A name per
   writer: two processes replacing one file never share a temporary."""
-  return path.with_name(f".{path.name}.{uuid.uuid4().hex[:_TEMPORARY_HEX]}.tmp")
+  writer = f"{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:_TEMPORARY_HEX]}"
+  return path.with_name(f".{path.name}.{writer}.tmp")
 
 
-def remove_stale_temporaries(directory: epath.Path) -> None:
-  """Removes the temporaries of `write_files` left directly in the local
-  `directory` by a process killed between writing one and renaming it.
-  Only for the holder of the directory's lock (txf.rundir.workdir.WorkdirLock),
-  which no other writer shares: every temporary there is stale."""
+def remove_stale_temporaries(directory: epath.Path, *, held: bool = True) -> None:
+  """Removes the temporaries (`temporary_sibling`) left directly in the
+  local `directory` by a process killed between writing one and renaming
+  it: every one, for the holder of the directory's lock
+  (txf.rundir.workdir.WorkdirLock), which no other writer shares; `held`
+  False (a sweep's directory, txf-export's --out parent, which no lock
+  guards): only those of processes of this host that are gone."""
   for path in directory.glob(".*.tmp"):
-    if _STALE.fullmatch(path.name):
-      with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
+    name = _STALE.fullmatch(path.name)
+    if name is None or not (held or _writer_gone(*name.groups())):
+      continue
+    with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
+      if path.is_dir():
+        shutil.rmtree(path)
+      else:
         path.unlink()
+
+
+def _writer_gone(host: str | None, pid: str | None) -> bool:
+  """Whether the process that named a temporary is gone: of this host and
+  not running (an older temporary, without a writer, is never known gone)."""
+  if host != _HOST or pid is None:
+    return False
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return True
+  except OSError:  # another user's process: running
+    return False
+  return False
 
 
 def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
@@ -120,7 +150,7 @@ def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
       path.parent.mkdir(parents=True, exist_ok=True)
       if not is_replaceable(path):
         raise OSError(f"not a regular file ({_kind(path)}), which a write would replace")
-      staged.append((_temporary(path), path))
+      staged.append((temporary_sibling(path), path))
       staged[-1][0].write_bytes(data)
     for temporary, path in staged:
       temporary.replace(path)

@@ -17,8 +17,9 @@ import pytest
 from etils import epath
 from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
-from conftest import FIXTURES, repo_commands, tiny_config
+from conftest import FIXTURES, gone_pid, repo_commands, tiny_config
 from full_disk import full_disk, read_only
+from txf import storage
 from txf.data import HFTokenizer
 from txf.interop import CheckpointError, load_pretrained
 from txf.interop.rules import flatten
@@ -210,6 +211,8 @@ def test_a_second_export_replaces_the_first_whole(runs, tmp_path):
   """A run without a tokenizer (the reverse task's symbols) exported where a
   run with one was: the first's tokenizer.json is gone with the rest."""
   out = tmp_path / "hf"
+  # A killed export's staged model: the next export removes it.
+  (tmp_path / f".hf.{storage._HOST}-{gone_pid()}-0123456789ab.tmp").mkdir()
   first = export_run(runs("gpt2"), out)
   assert not first.replaced and (out / "tokenizer.json").exists()
   second = export_run(runs("t5"), out)

@@ -17,8 +17,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import load_config
+from conftest import gone_pid, load_config
 from full_disk import files_in, full_disk
+from txf import storage
 from txf.runconfig.run_config import parse, to_json
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.workdir import WorkdirError
@@ -799,6 +800,17 @@ def summarized(sweep_dir, points):
   path = sweep_dir / points[0].name / results.EXTRAPOLATION_FILE
   path.write_text(path.read_text()[:30])
   return before
+
+
+def test_a_summary_removes_a_killed_summarys_temporaries(sweep_dir, points):
+  """No lock guards a sweep's directory: a summary killed mid-write left
+  .results.csv.<hex>.tmp there for good; one a live process writes stays."""
+  killed = f".results.csv.{storage._HOST}-{gone_pid()}-0123456789ab.tmp"
+  writing = f".results.md.{storage._HOST}-{os.getpid()}-0123456789ab.tmp"
+  for name in (killed, writing):
+    (sweep_dir / name).write_text("a,b")
+  runner.summarize(points, sweep_dir, log=lambda line: None)
+  assert [p.name for p in sweep_dir.iterdir() if p.name.endswith(".tmp")] == [writing]
 
 
 def test_a_summary_removes_the_plots_of_an_earlier_one_it_does_not_draw(sweep_dir, points):

@@ -47,7 +47,7 @@ ENOSPC = "No space left on device"
 METRICS = r"/metrics\.jsonl$"
 EVENTS = r"/tb/events\.out\.tfevents\."
 SAMPLES = r"/samples\.txt$"
-CONFIG = r"/\.?config\.json(\.\w+\.tmp)?$"  # config.json, or its temporary
+CONFIG = r"/\.?config\.json(\.[\w-]+\.tmp)?$"  # config.json, or its temporary
 CHECKPOINT = r"checkpoint-tmp.*/extras[^/]*/metadata$"  # orbax's JSON item, in its commit
 DEADLINE_SECONDS = 120  # a tiny run takes seconds: past this, it hangs
 

@@ -220,6 +220,28 @@ def test_a_signal_while_the_run_sets_up_stops_it_at_once_writing_nothing(
   assert not workdir.exists() or list(workdir.iterdir()) == []
 
 
+def test_a_signal_after_the_setup_wrote_a_tokenizer_removes_it(tmp_path, monkeypatch):
+  """A sentencepiece model trained by a setup the signal stopped was left
+  behind, and a later run in the directory read it as its own whatever its
+  corpus; what was there before stays."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine\n")
+
+  def setup_training_a_tokenizer(run, workdir):
+    (workdir / "sentencepiece_512.model").write_bytes(b"trained here")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(loop, "setup_run", setup_training_a_tokenizer)
+  lines = []
+  with PreemptionGuard() as guard:
+    assert loop.run(parse(tiny()), workdir, log=lines.append, preemption=guard) == {}
+  assert lines == [
+    "preempted while the run set up: nothing trained or saved; rerun the same command"
+  ]
+  assert sorted(os.listdir(workdir)) == ["notes.txt"]
+
+
 def test_a_sigterm_at_the_last_step_says_the_run_is_finished(tmp_path, sigterm_is_caught):
   """It said `rerun the same command to resume`, with nothing left to resume."""
   lines, workdir = [], tmp_path / "run"

@@ -400,6 +400,34 @@ def test_samples_txt_escapes_control_characters_and_reads_them_back(tmp_path):
   assert metrics.read_samples(tmp_path) == list(enumerate(sampled[:2]))
 
 
+def test_a_move_aside_cut_off_before_its_rewrite_is_not_appended_twice(tmp_path, monkeypatch):
+  """The rows are appended to the .dropped file before metrics.jsonl is
+  rewritten; a start stopped between the two (a full disk, a kill) left the
+  rows in both, and the next start appended them again."""
+  with metrics.MetricsWriter(tmp_path) as writer:
+    for step in (1, 2, 3):
+      writer.write(step, {"loss": float(step)})
+  rows = metrics.read_metrics(tmp_path)
+
+  def rewrite_fails(path, data):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(metrics, "write_file", rewrite_fails)
+  with pytest.raises(Exception, match="No space left"):
+    metrics.drop_records_after(tmp_path, 1)
+  monkeypatch.undo()
+  assert metrics.read_metrics(tmp_path) == rows  # the rewrite did not happen
+  assert metrics.drop_records_after(tmp_path, 1) == {metrics.METRICS_FILE: 2}
+  dropped = [json.loads(line) for line in (tmp_path / metrics.DROPPED_METRICS_FILE).open()]
+  assert dropped == rows[1:] and metrics.read_metrics(tmp_path) == rows[:1]
+  # A later restart's own rows are appended after them.
+  with metrics.MetricsWriter(tmp_path, start_step=1) as writer:
+    writer.write(2, {"loss": 2.5})
+  metrics.drop_records_after(tmp_path, 1)
+  dropped = [json.loads(line) for line in (tmp_path / metrics.DROPPED_METRICS_FILE).open()]
+  assert [row["loss"] for row in dropped] == [2.0, 3.0, 2.5]
+
+
 def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(10, {"eval_loss": 2.5, "eval_accuracy": 0.25})

@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
+from conftest import gone_pid
 from full_disk import files_in, full_disk, read_only
+from txf import storage
 from txf.rundir import metrics
 from txf.rundir.workdir import WorkdirError, WorkdirLock, check_writable
 
@@ -100,12 +102,38 @@ def test_taking_the_lock_removes_the_temporaries_a_killed_holder_left(tmp_path):
   """A run killed between writing run_record.json's temporary and renaming
   it left the temporary; whoever holds the lock next removes it (and only
   such temporaries)."""
-  stale = [".run_record.json.0123456789ab.tmp", ".config.json.ba9876543210.tmp"]
+  # Older txf's form, and today's (naming its writer: this process, alive).
+  writer = f"{storage._HOST}-{os.getpid()}-0123456789ab"
+  stale = [".run_record.json.0123456789ab.tmp", f".config.json.{writer}.tmp"]
   kept = ["run_record.json", ".notes.tmp", ".run_record.json.tmp", "x.0123456789ab.tmp"]
   for name in stale + kept:
     (tmp_path / name).write_text("{")
+  # txf-analyze's files, and txf-export's staged directory, killed the same way.
+  (tmp_path / "analysis").mkdir()
+  (tmp_path / "analysis" / f".head_scores.md.{writer}.tmp").write_text("|")
+  (tmp_path / "analysis" / "head_scores.md").write_text("|")
+  (tmp_path / f".model.{writer}.tmp").mkdir()
   with WorkdirLock(tmp_path):
-    assert sorted(os.listdir(tmp_path)) == sorted([".lock", *kept])
+    assert sorted(os.listdir(tmp_path)) == sorted([".lock", "analysis", *kept])
+    assert os.listdir(tmp_path / "analysis") == ["head_scores.md"]
+
+
+def test_without_the_lock_only_the_temporaries_of_gone_writers_are_removed(tmp_path):
+  """A sweep's directory and txf-export's --out parent have no lock: a
+  killed summary's temporaries, or a killed export's staged model, stayed
+  for good; one being written by a live process must stay."""
+  dead_pid = gone_pid()
+  names = {
+    f".results.csv.{storage._HOST}-{dead_pid}-0123456789ab.tmp": False,
+    f".results.csv.{storage._HOST}-{os.getpid()}-0123456789ab.tmp": True,  # alive
+    f".results.csv.00000000-{dead_pid}-0123456789ab.tmp": True,  # another host's
+    ".results.csv.0123456789ab.tmp": True,  # older form: its writer unknown
+  }
+  for name in names:
+    (tmp_path / name).write_text("a,b")
+  (tmp_path / f".hf.{storage._HOST}-{dead_pid}-ba9876543210.tmp").mkdir()
+  storage.remove_stale_temporaries(tmp_path, held=False)
+  assert sorted(os.listdir(tmp_path)) == sorted(name for name, kept in names.items() if kept)
 
 
 def _write_history(workdir, steps, sample_steps):

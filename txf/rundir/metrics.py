@@ -386,8 +386,12 @@ def _move_lines(
   path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool], lines: list[bytes]
 ) -> None:
   """Rewrites `path` with the kept lines, appending the others to
-  `dropped_path` first so nothing is lost if the rewrite is interrupted."""
-  append_bytes(dropped_path, b"".join(line for line, keep in zip(lines, keep_flags) if not keep))
+  `dropped_path` first so nothing is lost if the rewrite is interrupted; a
+  move interrupted after its append is not appended again (those lines end
+  `dropped_path` already: a metrics row's time makes them its own)."""
+  moved = b"".join(line for line, keep in zip(lines, keep_flags) if not keep)
+  if not read_bytes(dropped_path).endswith(moved):
+    append_bytes(dropped_path, moved)
   kept = b"".join(line for line, keep in zip(lines, keep_flags) if keep)
   writing(path, lambda: write_file(path, kept))
 

@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import threading
 import time
@@ -298,7 +299,11 @@ class WorkdirLock:
         handle.close()
       raise WorkdirError(f"cannot lock {self.path}: {os_reason(error)}") from error
     self._file = handle
-    remove_stale_temporaries(self.path.parent)
+    # The directory's own files and its subdirectories' (txf-analyze's
+    # analysis/): every temporary there is this holder's to remove.
+    directory = self.path.parent
+    for place in (directory, *(path for path in directory.iterdir() if path.is_dir())):
+      remove_stale_temporaries(place)
 
   def release(self, *, as_found: bool = False) -> None:
     """Releases the lock (the file stays: the lock is the flock, not the
@@ -335,7 +340,9 @@ def _still_at(handle: IO[str], path: epath.Path) -> bool:
 
 
 @contextlib.contextmanager
-def holding(directory: epath.Path, *, lock: bool = True) -> Iterator[None]:
+def holding(
+  directory: epath.Path, *, lock: bool = True, undone_by: tuple[type[BaseException], ...] = ()
+) -> Iterator[None]:
   """Makes `directory` if needed (`check_writable`) and holds its lock
   (`lock` False: a process other than 0 of a run, which takes none) while a
   run uses it. A run takes it before it reads anything there (config.json,
@@ -344,7 +351,11 @@ def holding(directory: epath.Path, *, lock: bool = True) -> Iterator[None]:
   checked against a directory the first is still filling. A run stopped by
   an error before it made any file there (refused while it set up: a config
   error, a signal) leaves the directory as it found it: the lock file as it
-  was (`WorkdirLock.release(as_found=True)`), the directories it made gone."""
+  was (`WorkdirLock.release(as_found=True)`), the directories it made gone.
+  An error of a type in `undone_by` (one that can only stop the run before
+  it trains: a signal while it sets up) also removes what it made there
+  meanwhile (a tokenizer it trained: read by a later run as this
+  directory's, whatever that run's corpus)."""
   undoes = lock and is_local(directory)  # an object store has neither lock file nor directories
   made = _outermost_missing(directory) if undoes else None
   check_writable(directory)
@@ -352,7 +363,9 @@ def holding(directory: epath.Path, *, lock: bool = True) -> Iterator[None]:
     found = _names(directory) if undoes else set()
     try:
       yield
-    except BaseException:
+    except BaseException as error:
+      if held is not None and undoes and isinstance(error, undone_by):
+        _remove(directory, _names(directory) - found)
       if held is not None and undoes and _names(directory) == found:
         held.release(as_found=True)
         with contextlib.suppress(OSError):  # where another process wrote meanwhile: kept
@@ -361,6 +374,16 @@ def holding(directory: epath.Path, *, lock: bool = True) -> Iterator[None]:
             if path == made:
               break
       raise
+
+
+def _remove(directory: epath.Path, names: set[str]) -> None:
+  """Removes `names` (files or directories) from `directory`."""
+  for name in names:
+    path = os.path.join(directory, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+    else:
+      os.unlink(path)
 
 
 def _names(directory: epath.Path) -> set[str]:

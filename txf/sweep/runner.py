@@ -56,7 +56,7 @@ from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.console import format_duration
 from txf.rundir.resume import check_resumable, read_run_config
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
-from txf.storage import write_error, write_files
+from txf.storage import is_local, remove_stale_temporaries, write_error, write_files
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
 from txf.train import loop, sharding
@@ -373,6 +373,8 @@ def summarize(
       log,
     )
     return None
+  if is_local(workdir):  # a killed summary's temporaries (no lock guards the sweep's directory)
+    remove_stale_temporaries(workdir, held=False)
   write_files(files)
   log("wrote " + ", ".join(str(path) for path in files))
   # Right after the set: until then the old files are the last whole summary.

@@ -544,7 +544,7 @@ def run(
     # tokenizer): a run started beside it is refused, not checked against a
     # directory this one is still filling. Only process 0 locks: the others
     # write nothing that must be exclusive.
-    with holding(workdir, lock=is_chief):
+    with holding(workdir, lock=is_chief, undone_by=(StoppedBeforeTraining,)):
       try:
         # The run's config.json (or, lost, its record's), read once: everything below
         # that compares with it (the changes line, the optimizer state's check) runs

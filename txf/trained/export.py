@@ -44,7 +44,7 @@ from txf.interop.tensors import CONFIG, SAFETENSORS
 from txf.runconfig.run_config import ConfigError
 from txf.rundir.resume import is_run_directory
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
-from txf.storage import is_local, write_error
+from txf.storage import is_local, remove_stale_temporaries, temporary_sibling, write_error
 from txf.train.run_setup import TrainedModel, check_holds_run, load_trained
 
 GENERATION_CONFIG = "generation_config.json"
@@ -193,7 +193,9 @@ def write_directory(out: str | os.PathLike, files: Mapping[str, bytes]) -> None:
     WriteError: '<path>: <reason>' (a full disk, ...).
   """
   out = epath.Path(out)
-  staging = out.with_name(f".{out.name}.{uuid.uuid4().hex[:12]}.tmp")
+  # A killed export's staged model (as large as the model) is removed by the next.
+  remove_stale_temporaries(out.parent, held=False)
+  staging = temporary_sibling(out)
   try:
     writing = out  # named in the error as the file it becomes
     try:
