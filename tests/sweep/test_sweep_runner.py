@@ -25,6 +25,7 @@ from txf.rundir.metrics import read_metrics
 from txf.rundir.workdir import WorkdirError, WorkdirLock
 from txf.sweep import figures, grid, results, runner
 from txf.sweep.grid import GridError
+from txf.train import loop
 
 ROOT = REPO
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -280,6 +281,28 @@ def test_a_sigterm_stops_the_sweep_in_its_point_and_a_rerun_resumes(finished_swe
   assert f"resumed from step 3 in {workdir / TOY_NAMES[0] / 'checkpoints'}" in lines
   assert final_eval_loss(workdir / TOY_NAMES[0]) == pytest.approx(expected, rel=1e-6)
   assert [row["status"] for row in read_csv(workdir / results.RESULTS_CSV)] == ["done"] * 2
+
+
+@pytest.mark.slow  # its fixture trains a sweep
+def test_a_sigterm_while_a_point_sets_up_says_nothing_of_it_is_saved(
+  finished_sweep, tmp_path, monkeypatch
+):
+  """It said 'which is saved' of a point with no directory, right after the
+  run's own 'nothing trained or saved'."""
+  workdir = copy_of(finished_sweep, tmp_path)
+  shutil.rmtree(workdir / TOY_NAMES[0])
+
+  def setup_receiving_a_sigterm(run, point_dir):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(loop, "setup_run", setup_receiving_a_sigterm)
+  lines = []
+  runner.run_sweep(toy_sweep(), workdir, log=lines.append, extrapolate=fake_extrapolate([]))
+  assert point_lines(lines)[-1] == (
+    f"sweep preempted in point 0 ({TOY_NAMES[0]}), before it trained (nothing of it saved); "
+    "rerun the same command to resume"
+  )
+  assert not (workdir / TOY_NAMES[0]).exists()
 
 
 @pytest.mark.slow  # its fixture trains a sweep

@@ -426,14 +426,22 @@ def test_a_failed_saves_closed_event_loop_callbacks_are_dropped_and_nothing_else
   assert [u.exc_type for u in unraisables] == [ZeroDivisionError]
 
 
-def test_unfinished_save_is_reported_and_left(tmp_path, caplog):
+def test_an_unfinished_save_is_left_to_a_reader_and_removed_by_the_run(tmp_path, caplog):
+  """A read-only restore (an evaluation, perhaps of a run saving it now)
+  leaves it; the run that resumes holds the directory, so no save of it is
+  in flight: it was left forever (orbax removes one only when its step is
+  saved again) and every later command warned of it."""
   save_steps(tmp_path, [1])
   unfinished = tmp_path / "2.orbax-checkpoint-tmp-1700000000"
   (unfinished / "state").mkdir(parents=True)
+  with checkpoint.Checkpointer(tmp_path, read_only=True) as ckpt:
+    assert ckpt.restore(abstract(make_state(0)))[0] == 1
+  assert f"Ignoring unfinished checkpoint save {unfinished}" in caplog.text
+  assert unfinished.is_dir()
   with checkpoint.Checkpointer(tmp_path) as ckpt:
     assert ckpt.restore(abstract(make_state(0)))[0] == 1
-  assert str(unfinished) in caplog.text
-  assert unfinished.is_dir()
+  assert f"Removed unfinished checkpoint save {unfinished}" in caplog.text
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]
 
 
 def test_all_corrupt_raises_and_renames_nothing(tmp_path):

@@ -242,6 +242,23 @@ def test_a_signal_after_the_setup_wrote_a_tokenizer_removes_it(tmp_path, monkeyp
   assert sorted(os.listdir(workdir)) == ["notes.txt"]
 
 
+def test_a_ctrl_c_that_reaches_the_loop_is_recorded_as_interrupted(tmp_path):
+  """A second Ctrl-C (the first's save under way) raised KeyboardInterrupt
+  through the loop: its record said 'KeyboardInterrupt', where the docs
+  name a Ctrl-C 'interrupted'."""
+  lines, workdir = [], tmp_path / "run"
+
+  def log(line):
+    lines.append(line)
+    if line.startswith("step 2/"):
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    loop.run(parse(tiny(steps=4)), workdir, log=log)
+  (entry,) = read_record(workdir)
+  assert entry["ended"] == "interrupted" and entry["end_step"] == 2
+
+
 def test_a_sigterm_at_the_last_step_says_the_run_is_finished(tmp_path, sigterm_is_caught):
   """It said `rerun the same command to resume`, with nothing left to resume."""
   lines, workdir = [], tmp_path / "run"

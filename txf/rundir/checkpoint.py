@@ -65,6 +65,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -570,13 +571,27 @@ class Checkpointer:
       return True
 
   def _report_unfinished_saves(self) -> None:
+    """Says which saves were never finalised; the run that resumes (a
+    writable Checkpointer: process 0 holds the work directory's lock, so no
+    run is saving there) removes them: orbax would only when it saves that
+    step again, and every later command warned of one at a step never saved
+    again."""
+    removes = not self._read_only and is_local(self.directory) and jax.process_index() == 0
     for tmp in ocp.path.step.all_temporary_paths(self.directory):
-      logger.warning(
-        "Ignoring unfinished checkpoint save %s (not finalised: the job stopped "
-        "or failed mid-save, or a run training there is saving it); it is left "
-        "in place.",
-        tmp.get(),
-      )
+      if removes:
+        shutil.rmtree(tmp.get(), ignore_errors=True)
+        logger.warning(
+          "Removed unfinished checkpoint save %s (not finalised: the job stopped or "
+          "failed mid-save).",
+          tmp.get(),
+        )
+      else:
+        logger.warning(
+          "Ignoring unfinished checkpoint save %s (not finalised: the job stopped "
+          "or failed mid-save, or a run training there is saving it); it is left "
+          "in place.",
+          tmp.get(),
+        )
 
   def _set_aside(self, failures: list[tuple[int, Exception]], *, restored_step: int) -> None:
     """Says, in one line per step, that each of `failures`' steps (newer than

@@ -596,9 +596,12 @@ def _run_points(
     trains = results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged")
     reason = _train_point(point, run, point_dir, log, config_file)
     if reason is not None:
+      # A signal while the point set up stopped it before it wrote anything.
+      missing = results.point_status(point_dir) == "missing"
+      what = "before it trained (nothing of it saved)" if missing else "which is saved"
       return _stopped(
         reason,
-        f"in point {point.index} ({point.name}), which is saved; rerun the same command to resume",
+        f"in point {point.index} ({point.name}), {what}; rerun the same command to resume",
         log,
       )
     reason = _extrapolate_point(point, point_dir, extrapolate, num_tokens, log)

@@ -629,8 +629,10 @@ def run(
             # with its error, not "finished" (_closing then has none to wait for).
             checkpointer.wait_until_finished()
           except BaseException as error:
+            # A second Ctrl-C, while the first's save is under way, is Ctrl-C too.
+            ended = "interrupted" if isinstance(error, KeyboardInterrupt) else type(error).__name__
             with contextlib.suppress(Exception):  # the error that stopped the run is the one
-              record.end(type(error).__name__)
+              record.end(ended)
             raise
           finally:
             setup.train_data.close()  # stops the loader's worker processes
