@@ -45,7 +45,7 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
   define_config_flag("Config file.")
-  flags.DEFINE_integer("replicas", 3, "Seed replicas.")
+  flags.DEFINE_integer("replicas", 3, "Seed replicas.", lower_bound=1)
   flags.DEFINE_integer("steps", 20, "Timed steps per variant.")
   flags.DEFINE_bool(
     "runs", False, "Time whole runs (train.steps of the config) instead of single steps."

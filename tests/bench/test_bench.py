@@ -761,6 +761,11 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
       ["loop", "--config=configs/rope.py", "--torch"],
       "flag error: Unknown command line flag 'torch'",
     ),
+    # No seed replica to time (was a traceback from inside the timing).
+    (
+      ["replicas", "--config=configs/base.py", "--replicas=0"],
+      "flag error: flag --replicas=0: 0 is not a positive integer",
+    ),
     # Triton takes block sizes and warp counts in powers of 2.
     (
       ["loss_kernel", "--config=configs/rope.py", "--blocks=4096,100"],

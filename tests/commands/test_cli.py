@@ -308,6 +308,28 @@ def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
 
 
 @pytest.mark.parametrize(
+  "command,args,flag",
+  [
+    ("run", ["--config=configs/rope.py", "--workdir="], "--workdir="),
+    ("sweep", ["--config=configs/sweeps/pe_ln.py", "--workdir= "], "--workdir= "),
+    ("sweep", ["--config=configs/sweeps/pe_ln.py", "--workdir=W", "--publish="], "--publish="),
+    ("export", ["--workdir=", "--out=W"], "--workdir="),
+    ("extrapolate", ["--workdir="], "--workdir="),
+    ("analyze", ["--workdir="], "--workdir="),
+    ("textbook", ["--out_dir=", "positions"], "--out_dir="),
+  ],
+)
+def test_an_empty_path_flag_is_a_flag_error(tmp_path, command, args, flag):
+  """txf-run and txf-sweep took --workdir= ($UNSET) for their default
+  directory (resuming the run there), txf-sweep's --publish= was a
+  traceback, the others read '.' as the run."""
+  args = [arg.replace("=W", f"={tmp_path / 'run'}") for arg in args]
+  result = run_cli(*args, command=command)
+  assert_one_line_error(result, f"flag error: flag {flag}: empty; name a directory")
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
   "command,config,fragments",
   [
     ("run", "configs/sweeps/pe_ln.py", ["a sweep config", "txf-sweep --config="]),

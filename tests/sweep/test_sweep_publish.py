@@ -61,6 +61,17 @@ def test_publish_copies_only_the_raw_outputs_and_tabulates_them_as_committed(tmp
   assert lines[-1].startswith(f"published {len(points)} points into {published}: ")
 
 
+def test_publishing_into_the_current_directory_names_it(tmp_path, points, monkeypatch):
+  """--publish=. was a traceback ('PosixGPath('.') has an empty name')."""
+  workdir = sweep_workdir(tmp_path, points)
+  (tmp_path / "data").mkdir()
+  monkeypatch.chdir(tmp_path / "data")
+  lines = []
+  publish(points, workdir, ".", log=lines.append)
+  assert results.RESULTS_CSV in os.listdir(tmp_path / "data")
+  assert lines[-1].startswith(f"published {len(points)} points into {tmp_path / 'data'}: ")
+
+
 def test_a_diverged_point_is_published_with_its_divergence_record(tmp_path, points):
   workdir = sweep_workdir(tmp_path, points)
   results.mark_diverged(workdir / points[1].name, "loss is nan at step 40")

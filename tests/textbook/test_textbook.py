@@ -5,6 +5,8 @@ scaling laws are asserted on deterministic quantities (XLA's compiled
 memory and FLOP counts). The two experiments that train are marked slow.
 """
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -350,3 +352,38 @@ def test_a_trained_lm_has_a_previous_token_head(tmp_path):
     )
   assert "induction P=16" in result["text"] and "Heads by role:" in result["text"]
   assert_pngs(result, 4)
+
+
+class _Terminated(BaseException):
+  """What the command's SIGTERM handler raises (txf.commands.cli.Terminated)."""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_an_experiment_trains_saves_the_run_then_stops_it(tmp_path, signum):
+  """The run's guard took the signal, saved and returned its unfinished
+  metrics: the experiment went on with them (KeyError 'eval_loss', a
+  traceback, exit 1 instead of `terminated`, 143)."""
+  from conftest import checkpoint_steps, tiny_config
+  from txf.runconfig.run_config import parse
+  from txf.textbook.training import train_to_end
+
+  def command_handler(number, frame):
+    raise _Terminated
+
+  previous = signal.signal(signal.SIGTERM, command_handler)
+  lines = []
+
+  def log(line):
+    lines.append(line)
+    if line.startswith("step 2/"):
+      os.kill(os.getpid(), signum)
+
+  try:
+    stop = _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    with pytest.raises(stop):
+      train_to_end(parse(tiny_config(steps=6)), tmp_path / "run", log=log)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  reason = "preempted" if signum == signal.SIGTERM else "interrupted"
+  assert any(line.startswith(f"{reason}: saved step 2") for line in lines)
+  assert checkpoint_steps(tmp_path / "run") == [2]

@@ -36,9 +36,10 @@ import contextlib
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, progress, run_command, run_errors
+from txf.commands.cli import fail, progress, refuse_empty, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.", required=True)
+refuse_empty(_WORKDIR)
 _NUM_BATCHES = flags.DEFINE_integer(
   "num_batches", None, "Validation batches the ablation evaluates (default: the run's)."
 )

@@ -195,6 +195,19 @@ def fail(kind: str, message: Any, status: int = 2) -> NoReturn:
   sys.exit(status)
 
 
+def refuse_empty(*holders: flags.FlagHolder) -> None:
+  """Path flags given empty (`--workdir=`, `$UNSET_VARIABLE`) are a flag
+  error naming the flag: txf-run's and txf-sweep's took it for their
+  default directory (resuming whatever run was there), other commands for
+  the current directory."""
+  for holder in holders:
+    flags.register_validator(
+      holder.name,
+      lambda value: value is None or bool(value.strip()),
+      message="empty; name a directory",
+    )
+
+
 def check_output_file(name: str, path: str | None) -> None:
   """An output file flag's value (`--json`, `--hlo`), checked before the
   work that writes it, not after: its directory exists and takes a file,

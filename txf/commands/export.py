@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, run_command, run_errors
+from txf.commands.cli import fail, refuse_empty, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory of a trained txf run.", required=True
@@ -46,6 +46,7 @@ _OUT = flags.DEFINE_string(
   "export (replaced).",
   required=True,
 )
+refuse_empty(_WORKDIR)
 
 
 def main(argv) -> None:

@@ -23,11 +23,12 @@ import contextlib
 
 from absl import flags, logging
 
-from txf.commands.cli import fail, progress, run_command, run_errors
+from txf.commands.cli import fail, progress, refuse_empty, run_command, run_errors
 
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory of a trained decoder LM.", required=True
 )
+refuse_empty(_WORKDIR)
 _FACTORS = flags.DEFINE_list(
   "factors", ["1", "2", "4", "8", "16"], "Evaluation lengths as multiples of the training length."
 )

@@ -17,8 +17,9 @@ in one line, so --config.train.steps=N runs any config; such a run, extended
 later, keeps the warmup it finished (one line says so).
 Any field of the config can be overridden with --config.<section>.<field>=VALUE;
 --print_config checks the config as the run would (an invalid one exits 2,
-`config error: ...`; the mesh against the devices is checked where the run
-starts, so a pod's config prints on a laptop), lists every field (its value, the base config's
+`config error: ...`; the mesh against the devices, and the data named
+against what is there, are checked where the run starts, so a pod's config
+prints on a laptop), lists every field (its value, the base config's
 default where it differs, the value the run derives where the config leaves
 it None, e.g. model.d_ff, and its doc) and exits 0 without training.
 
@@ -62,6 +63,7 @@ from txf.commands.cli import (
   fail,
   loaded_config_file,
   progress,
+  refuse_empty,
   require_config_kind,
   run_command,
   run_errors,
@@ -78,6 +80,7 @@ _CONFIG = define_config_flag(
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Run directory (default: workdirs/<config file stem>)."
 )
+refuse_empty(_WORKDIR)
 _RESUME_STEP = flags.DEFINE_integer(
   "resume_step",
   None,

@@ -63,6 +63,7 @@ from txf.commands.cli import (
   define_config_flag,
   fail,
   loaded_config_file,
+  refuse_empty,
   require_config_kind,
   run_command,
   run_errors,
@@ -100,6 +101,7 @@ _PUBLISH = flags.DEFINE_string(
   "Copy every finished point's raw outputs (no checkpoints) from --workdir into this new "
   "directory and write results.csv and results.md there; trains nothing.",
 )
+refuse_empty(_WORKDIR, _PUBLISH)
 _EXTRAPOLATE = flags.DEFINE_bool(
   "extrapolate",
   True,

@@ -28,13 +28,14 @@ import numpy as np
 from absl import flags, logging
 from etils import epath
 
-from txf.commands.cli import fail, run_command, run_errors
+from txf.commands.cli import fail, refuse_empty, run_command, run_errors
 from txf.rundir.workdir import WorkdirError, check_writable
 from txf.storage import write_error, write_file
 
 _OUT_DIR = flags.DEFINE_string(
   "out_dir", "workdirs/textbook", "Directory for the figures, numbers and training runs."
 )
+refuse_empty(_OUT_DIR)
 _QUICK = flags.DEFINE_bool("quick", False, "Toy sizes (seconds; what the tests run).")
 _LIST = flags.DEFINE_bool("list", False, "List the experiments and exit.")
 

@@ -73,6 +73,8 @@ def publish(
     WriteError: '<destination>: <reason>' (a full disk); nothing is published.
   """
   workdir, destination = run_path(workdir), run_path(destination)
+  if is_local(destination):  # '.' and 'X/..' name no directory to stage beside
+    destination = epath.Path(os.path.abspath(destination))
   for point in points:
     _check_finished(point, workdir, extrapolated=extrapolated, log=log)
   if destination.exists():

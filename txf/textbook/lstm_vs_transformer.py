@@ -55,8 +55,7 @@ from txf.data import make_tokenizer
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.metrics import read_metrics, read_samples
-from txf.textbook.training import derive_config
-from txf.train import loop
+from txf.textbook.training import derive_config, train_to_end
 
 TRANSFORMER_MODEL = dict(family="decoder", num_layers=4, d_model=128, num_heads=4)
 LSTM_LAYERS = 2
@@ -174,7 +173,7 @@ def _train(run: RunConfig, workdir: epath.Path, log: Callable[[str], None]) -> d
   """loop.run, timed when it trains the run from scratch (module docstring)."""
   fresh = not (workdir / "config.json").exists()
   start = time.perf_counter()
-  final = loop.run(run, workdir, log=log)
+  final = train_to_end(run, workdir, log=log)
   if fresh:
     (workdir / _WALL_TIME_FILE).write_text(
       json.dumps({"seconds": time.perf_counter() - start}) + "\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,7 +21,8 @@ import ml_collections
 from etils import epath
 
 from txf.configs import set_field
-from txf.runconfig.run_config import parse
+from txf.runconfig.run_config import RunConfig, parse
+from txf.rundir.checkpoint import PreemptionGuard
 from txf.train.loop import run as train_run
 from txf.train.run_setup import TrainedRun, load_run
 
@@ -51,5 +53,22 @@ def train(
   restores it; returns (the trained run, its final eval metrics)."""
   workdir = epath.Path(out_dir) / RUNS_DIR / run_name
   workdir.mkdir(parents=True, exist_ok=True)
-  metrics = train_run(parse(config), workdir, log=log)
+  metrics = train_to_end(parse(config), workdir, log=log)
   return load_run(workdir), metrics
+
+
+def train_to_end(
+  run: RunConfig, workdir: str | os.PathLike, *, log: Callable[[str], None] = print
+) -> dict[str, float]:
+  """txf.train.loop.run of `run` in `workdir`; returns its final eval
+  metrics. A SIGTERM or Ctrl-C saves the run, as txf-run does, and then
+  stops the experiment as if the run had not caught it (the command says
+  `terminated` or `interrupted`; the same command resumes): an experiment
+  went on with the unfinished run's metrics (a KeyError, a traceback)."""
+  with PreemptionGuard() as guard:
+    metrics = train_run(run, workdir, log=log, preemption=guard)
+  if guard.requested:
+    if guard.interrupted:
+      raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGTERM)
+  return metrics
