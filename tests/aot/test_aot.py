@@ -744,7 +744,9 @@ TINY = [
   [
     (["--target=v9-8"], "target error: target 'v9-8': not a TPU slice"),
     (["--target=v5e-4", "--config.parallel.fsdp=3"], "config error: parallel.fsdp"),
-    (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be > 0"),
+    (["--target=h100", "--step_seconds=0"], "flag error: step_seconds: must be a finite number"),
+    # It printed 'at an assumed inf ms a step'.
+    (["--target=h100", "--step_seconds=inf"], "flag error: step_seconds: must be a finite number"),
     (["--target=h100", "--decode_tokens=-1"], "flag error: decode_tokens: must be >= 0"),
     (["--target=h100", "--json=/no/such/dir/r.json"], "flag error: json: /no/such/dir/r.json"),
     # A pipe (or a device: --json=/dev/full was renamed over, the device

@@ -290,6 +290,7 @@ def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
       ["--summarize reads every point of the sweep: no --index"],
     ),
     ("embed", ["--model=D"], ["missing the texts to embed"]),
+    ("generate", ["--model=W", "--prompt="], ["--prompt: empty"]),
     ("extrapolate", ["--workdir=W", "--stride=abc"], ["--stride=abc", "invalid literal"]),
     ("extrapolate", [], ["--workdir is required (Run directory"]),
     ("analyze", [], ["--workdir is required (Run directory"]),

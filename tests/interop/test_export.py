@@ -238,6 +238,16 @@ def test_a_run_of_the_wrong_family_is_named_before_its_text_is_read(runs):
   assert load_named_model(str(runs("bert")), hidden_states=True).pretrained.config.head == "none"
 
 
+def test_a_garbled_config_json_is_named_as_such(tmp_path):
+  """txf-export, txf-analyze and txf-extrapolate said it was 'not a txf
+  run's (no model and train sections)' of a file that is no JSON at all."""
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "config.json").write_text('{"model": {')
+  with pytest.raises(ConfigError, match=r"holds no readable run: .*config\.json: not"):
+    export_run(tmp_path / "run", tmp_path / "hf")
+  assert os.listdir(tmp_path) == ["run"]
+
+
 def test_a_hugging_face_directory_is_not_taken_for_a_run(tmp_path):
   """Was three chained tracebacks (KeyError 'data' from the run config's reader)."""
   with pytest.raises(ConfigError) as raised:

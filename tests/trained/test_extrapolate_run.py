@@ -135,7 +135,7 @@ def test_a_token_budget_and_stride_of_ones_own(trained):
   "kwargs, message",
   [
     (dict(factors=(2, 1)), "factors must be distinct positive ints in increasing order"),
-    (dict(factors=(0,)), r"factors\[\]: must be an integer >= 1"),
+    (dict(factors=(1, 0)), r"factors\[1\]: must be an integer >= 1"),  # was factors[]
     (dict(stride=33), "stride must be at most the shortest length 32, got 33"),
     (dict(num_tokens=10**7), "num_tokens: the validation split holds only"),
     (

@@ -85,7 +85,7 @@ class WindowLosses:
 
 def check_factors(factors: Sequence[int]) -> tuple[int, ...]:
   """`factors` as distinct positive ints in increasing order; ValueError otherwise."""
-  factors = tuple(int_at_least(f, "factors[]", 1) for f in factors)
+  factors = tuple(int_at_least(f, f"factors[{i}]", 1) for i, f in enumerate(factors))
   if not factors or list(factors) != sorted(set(factors)):
     raise ValueError(f"factors must be distinct positive ints in increasing order, got {factors}")
   return factors

@@ -75,7 +75,7 @@ def _periods(values: list[str] | None) -> list[int] | None:
   try:
     return [int(value) for value in values]
   except ValueError:
-    fail("analyze", f"--periods must be integers, got {','.join(values)!r}")
+    fail("flag", f"--periods must be integers, got {','.join(values)!r}")
 
 
 def main(argv) -> None:

@@ -50,6 +50,7 @@ output path whose directory is missing or not writable.
 from __future__ import annotations
 
 import json
+import math
 
 from absl import flags, logging
 
@@ -100,8 +101,8 @@ def main(argv) -> None:
 
   logging.set_verbosity(logging.WARNING)
   require_config_kind("run")
-  if _STEP_SECONDS.value is not None and not _STEP_SECONDS.value > 0:
-    fail("flag", f"step_seconds: must be > 0, got {_STEP_SECONDS.value}")
+  if _STEP_SECONDS.value is not None and not 0 < _STEP_SECONDS.value < math.inf:
+    fail("flag", f"step_seconds: must be a finite number > 0, got {_STEP_SECONDS.value}")
   if _DECODE_TOKENS.value < 0:
     fail("flag", f"decode_tokens: must be >= 0, got {_DECODE_TOKENS.value}")
   check_output_file(_JSON.name, _JSON.value)

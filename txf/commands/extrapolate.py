@@ -1,6 +1,6 @@
 """Length extrapolation of a trained run (Press et al. 2022, "Train Short, Test Long").
 
-  txf-extrapolate --workdir=RUN [--factors=1,2,4,8,16] [--stride=64] [--num_tokens=100000]
+  txf-extrapolate --workdir=RUN [--factors=1,2,4,8,16] [--stride=N] [--num_tokens=N]
   python -m experiments.extrapolate --workdir=RUN [flags]   # in a checkout: the same command
 
 Scores the run's validation split at each factor x its training length with

@@ -45,9 +45,12 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 def check_flags() -> None:
   """Exits 2 with one line naming the first sampling flag out of its range
-  (NaN, an infinity, a seed jax cannot take), before the model loads."""
+  (NaN, an infinity, a seed jax cannot take), or an empty --prompt, before
+  the model loads."""
   from txf.decode.sampling import check_sampling  # loads jax: after flag parsing
 
+  if not _PROMPT.value:  # was 'model error: texts: ...', after the model loaded
+    fail("flag", "--prompt: empty; give the text to continue or answer")
   try:
     checks.int_at_least(_MAX_NEW_TOKENS.value, "max_new_tokens", 1)
     check_sampling(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value)

@@ -71,6 +71,7 @@ from txf.rundir.workdir import (
   check_writable,
   run_path,
 )
+from txf.storage import read_json
 from txf.train import replicas, sharding
 from txf.train.pretrained import adopt_tokenizer, check_tokenizer, pretrained_params, starting_from
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
@@ -499,7 +500,13 @@ def check_holds_run(workdir: epath.Path) -> None:
     raise ConfigError(f"workdir: {workdir} holds no run ({path} does not exist)")
   if is_run_directory(workdir):
     return
-  saved = saved_config(workdir) or {}
+  saved = saved_config(workdir)
+  if saved is None:  # a cut or garbled file: say so, as txf-generate's reader does
+    try:
+      read_json(path)
+    except ValueError as error:
+      raise ConfigError(f"workdir: {workdir} holds no readable run: {error}") from None
+  saved = saved or {}
   what = "its config.json is not a txf run's (no model and train sections)"
   if "architectures" in saved or "model_type" in saved:
     found = (saved.get("architectures") or [saved.get("model_type")])[0]
