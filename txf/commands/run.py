@@ -46,7 +46,6 @@ on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from absl import flags, logging
@@ -60,6 +59,7 @@ from txf.commands.cli import (
   config_files_help,
   default_workdir,
   define_config_flag,
+  exit_now,
   fail,
   loaded_config_file,
   progress,
@@ -268,7 +268,9 @@ def main(argv) -> None:
       resume_step=_RESUME_STEP.value,
     )
   if guard.interrupted:
-    sys.exit(INTERRUPTED_STATUS)
+    # Saved and closed by now; not through the interpreter's exit, whose
+    # hooks (jax's backend clean-up) a second Ctrl-C interrupted with a traceback.
+    exit_now(INTERRUPTED_STATUS, None)
 
 
 def cli() -> None:
