@@ -75,7 +75,7 @@ class JsonlCopy:
 def test_a_registered_tracker_gets_the_runs_config_metrics_samples_and_summary(tmp_path):
   checked = []
 
-  def check(workdir):  # before anything is written
+  def check(workdir):  # under the directory's lock, before anything else is written
     checked.append(sorted(p.name for p in workdir.iterdir()) if workdir.exists() else None)
 
   with tracker_kinds.TRACKERS.scoped():
@@ -84,7 +84,7 @@ def test_a_registered_tracker_gets_the_runs_config_metrics_samples_and_summary(t
     config = tiny(steps=4, train__trackers="jsonl_copy", eval__every=2, eval__sample_tokens=4)
     loop.run(parse(config), tmp_path / "run", log=lambda line: None)
   assert "jsonl_copy" not in tracker_kinds.TRACKERS  # scoped: undone
-  assert checked == [None]
+  assert checked == [[".lock"]]
   records = [json.loads(line) for line in (tmp_path / "run" / "tracked.jsonl").open()]
   assert records[0]["config"]["train"]["trackers"] == ["jsonl_copy"]
   rows = [{k: v for k, v in row.items() if k != "time"} for row in read_metrics(tmp_path / "run")]

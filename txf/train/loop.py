@@ -535,16 +535,16 @@ def run(
     workdir = run_path(workdir)
     check_reachable(workdir)
     is_chief = jax.process_index() == 0
-    try:
-      if is_chief:
-        check_trackers(run_config.train.trackers, workdir)
-    except ValueError as error:
-      raise ConfigError(str(error)) from error
     # Held before the run's files are read or written (config.json, the
-    # tokenizer): a run started beside it is refused, not checked against a
-    # directory this one is still filling. Only process 0 locks: the others
-    # write nothing that must be exclusive.
+    # tokenizer, a tracker's run id): a run started beside it is refused, not
+    # checked against a directory this one is still filling. Only process 0
+    # locks: the others write nothing that must be exclusive.
     with holding(workdir, lock=is_chief, undone_by=(StoppedBeforeTraining,)):
+      try:
+        if is_chief:
+          check_trackers(run_config.train.trackers, workdir)
+      except ValueError as error:
+        raise ConfigError(str(error)) from error
       try:
         # The run's config.json (or, lost, its record's), read once: everything below
         # that compares with it (the changes line, the optimizer state's check) runs
