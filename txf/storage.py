@@ -92,13 +92,18 @@ def temporary_sibling(path: epath.Path) -> epath.Path:
 def remove_stale_temporaries(directory: epath.Path, *, held: bool = True) -> None:
   """Removes the temporaries (`temporary_sibling`) left directly in the
   local `directory` by a process killed between writing one and renaming
-  it: every one, for the holder of the directory's lock
-  (txf.rundir.workdir.WorkdirLock), which no other writer shares; `held`
-  False (a sweep's directory, txf-export's --out parent, which no lock
-  guards): only those of processes of this host that are gone."""
+  it. For the holder of the directory's lock (txf.rundir.workdir.WorkdirLock,
+  `held`), which the directory's writers share: all but those of a live
+  process of this host (a txf-export into a run's subdirectory takes no
+  lock); `held` False (a sweep's directory, txf-export's --out parent,
+  which no lock guards): only those of processes of this host that are gone."""
   for path in directory.glob(".*.tmp"):
     name = _STALE.fullmatch(path.name)
-    if name is None or not (held or _writer_gone(*name.groups())):
+    if name is None or os.path.islink(path):
+      continue
+    host, pid = name.groups()
+    alive = _running(pid) if host == _HOST else None  # None: not known here
+    if alive or (not held and alive is None):
       continue
     with contextlib.suppress(OSError):  # gone already, or kept: it only takes room
       if path.is_dir():
@@ -107,18 +112,18 @@ def remove_stale_temporaries(directory: epath.Path, *, held: bool = True) -> Non
         path.unlink()
 
 
-def _writer_gone(host: str | None, pid: str | None) -> bool:
-  """Whether the process that named a temporary is gone: of this host and
-  not running (an older temporary, without a writer, is never known gone)."""
-  if host != _HOST or pid is None:
-    return False
+def _running(pid: str | None) -> bool | None:
+  """Whether process `pid` of this host runs (None: a temporary of older
+  txf names no writer)."""
+  if pid is None:
+    return None
   try:
     os.kill(int(pid), 0)
   except ProcessLookupError:
-    return True
-  except OSError:  # another user's process: running
     return False
-  return False
+  except OSError:  # another user's process: running
+    return True
+  return True
 
 
 def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:

@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
+from conftest import gone_pid
 from full_disk import full_disk, read_only
-from txf import configs
+from txf import configs, storage
 from txf.rundir.workdir import WorkdirError
 from txf.storage import WriteError
 from txf.sweep import grid, results, runner
@@ -61,15 +62,21 @@ def test_publish_copies_only_the_raw_outputs_and_tabulates_them_as_committed(tmp
   assert lines[-1].startswith(f"published {len(points)} points into {published}: ")
 
 
-def test_publishing_into_the_current_directory_names_it(tmp_path, points, monkeypatch):
-  """--publish=. was a traceback ('PosixGPath('.') has an empty name')."""
+@pytest.mark.parametrize("destination", [".", "..", "data/.."])
+def test_publishing_over_the_current_directory_is_refused_naming_it(
+  tmp_path, points, monkeypatch, destination
+):
+  """--publish=. was a traceback ('PosixGPath('.') has an empty name'); the
+  staged copy would replace the directory the shell stands in."""
   workdir = sweep_workdir(tmp_path, points)
   (tmp_path / "data").mkdir()
   monkeypatch.chdir(tmp_path / "data")
-  lines = []
-  publish(points, workdir, ".", log=lines.append)
-  assert results.RESULTS_CSV in os.listdir(tmp_path / "data")
-  assert lines[-1].startswith(f"published {len(points)} points into {tmp_path / 'data'}: ")
+  named = os.path.abspath(destination)
+  with pytest.raises(WorkdirError, match=rf"^{re.escape(named)} holds the current directory"):
+    publish(points, workdir, destination)
+  assert os.listdir(tmp_path / "data") == []
+  publish(points, workdir, "published", log=lambda line: None)  # 'X/..'-free: as asked
+  assert results.RESULTS_CSV in os.listdir(tmp_path / "data" / "published")
 
 
 def test_a_diverged_point_is_published_with_its_divergence_record(tmp_path, points):
@@ -109,15 +116,18 @@ def test_a_full_disk_publishes_nothing_in_one_line_and_a_rerun_works(tmp_path, p
   rerun was refused as 'not empty'."""
   workdir, destination = sweep_workdir(tmp_path, points), tmp_path / "data"
   # The last file of the publication, results.md, meets the full disk.
-  tables = re.escape(str(tmp_path)) + r"/\.data\.[0-9a-f]+\.tmp/\.results\.md\."
+  tables = re.escape(str(tmp_path)) + r"/\.data\.[0-9a-f]+-\d+-[0-9a-f]+\.tmp/\.results\.md\."
   with (
     full_disk(tables, 1) as disk,
     pytest.raises(WriteError, match=f"^{destination}: No space left on device$"),
   ):
     publish(points, workdir, destination, log=lambda line: None)
   assert disk.failed and sorted(os.listdir(tmp_path)) == ["runs"]  # no data, no temporary
+  killed = tmp_path / f".data.{storage._HOST}-{gone_pid()}-0123456789ab.tmp"  # a killed publish's
+  killed.mkdir()
   publish(points, workdir, destination, log=lambda line: None)
   assert (destination / results.RESULTS_MD).read_text() == (DATA / results.RESULTS_MD).read_text()
+  assert sorted(os.listdir(tmp_path)) == ["data", "runs"]
 
 
 def test_a_destination_in_a_read_only_directory_is_refused_naming_it(tmp_path, points):

@@ -13,20 +13,21 @@ import pytest
 from conftest import tiny_config
 from tfds_builders import HF_VOCAB, zero_is_a_word_tokenizer
 from txf.layers.model_config import ModelConfig
-from txf.runconfig.run_config import ConfigError, parse
+from txf.runconfig.run_config import ConfigError, parse, to_json
 from txf.train.run_setup import fit_vocabulary
 
 EOS = HF_VOCAB["<eos>"]
 
 
-def hf_run(tmp_path, name, *, pad_token=None, **model_fields):
+def hf_run(directory, name, *, pad_token=None, **model_fields):
   """configs/<name>.py shrunk, reading text with a word-level tokenizer.json
   whose id 0 is the word '!' (and, given pad_token, a pad token of its own)."""
-  zero_is_a_word_tokenizer(tmp_path)
+  directory.mkdir(exist_ok=True)
+  zero_is_a_word_tokenizer(directory)
   if pad_token is not None:
-    roles = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**roles, "pad_token": pad_token}))
-  config = tiny_config(name, data__tokenizer="hf", data__tokenizer_path=str(tmp_path))
+    roles = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**roles, "pad_token": pad_token}))
+  config = tiny_config(name, data__tokenizer="hf", data__tokenizer_path=str(directory))
   config.model.update(model_fields)
   return parse(config)
 
@@ -43,6 +44,16 @@ def test_a_model_pad_id_other_than_the_tokenizers_is_refused_naming_it(tmp_path)
   run = hf_run(tmp_path, "encoder_mlm", pad_token="<unk>", pad_id=6)
   run, tokenizer = fit_vocabulary(run, None)
   assert run.model.pad_id == tokenizer.pad_id == 6
+
+
+def test_a_run_trained_before_the_check_is_read_as_it_was_trained(tmp_path):
+  # Its model.pad_id cannot change on resume: refusing it left no remedy.
+  run = hf_run(tmp_path / "tokenizer", "encoder_mlm", pad_token="<unk>")
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps(to_json(run)))
+  fitted, tokenizer = fit_vocabulary(run, workdir)
+  assert (fitted.model.pad_id, tokenizer.pad_id) == (0, 6)
 
 
 def test_a_decoder_language_model_takes_a_tokenizer_without_a_pad_token(tmp_path):
@@ -62,9 +73,9 @@ def test_a_decoder_language_model_takes_a_tokenizer_without_a_pad_token(tmp_path
   ],
 )
 def test_which_models_mask_padding(family, head, masks):
-  fields = dict(family=family, head=head, vocab_size=8, pad_id=0, num_classes=2, pooling="mean")
-  if family == "lstm":
-    fields = dict(family=family, head=head, vocab_size=8)
+  fields = dict(family=family, head=head, vocab_size=8, pad_id=0)
+  if head == "classify":
+    fields.update(num_classes=2, pooling="mean")
   cfg = ModelConfig(**fields)
   assert cfg.masks_padding is masks
   if masks:

@@ -209,6 +209,19 @@ def test_the_migration_renames_moves_and_adds_as_its_table_says():
   assert top["train"]["init_from"] == "runs/a" and "init_from" not in top
   today = to_json(parse(load_config("rope")))
   assert resume.migrate(json.loads(json.dumps(today))) == today  # today's format: unchanged
+  # Fields an older run set where its model never read them (refused since).
+  unread = json.loads(json.dumps(today))
+  unread["model"].update(pooling="mean", num_classes=7, share_embeddings=False)
+  migrated = resume.migrate(unread)["model"]
+  assert (migrated["pooling"], migrated["num_classes"], migrated["share_embeddings"]) == (
+    "cls",
+    2,
+    True,
+  )
+  assert resume.from_json(unread).model == parse(load_config("rope")).model
+  classify = json.loads(json.dumps(to_json(parse(load_config("encoder_classify")))))
+  classify["model"].update(pooling="mean", num_classes=7)
+  assert resume.migrate(classify)["model"]["pooling"] == "mean"  # read there: kept
 
 
 def test_a_run_of_the_old_format_resumes_without_a_change(tmp_path):

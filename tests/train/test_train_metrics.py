@@ -428,6 +428,17 @@ def test_a_move_aside_cut_off_before_its_rewrite_is_not_appended_twice(tmp_path,
   assert [row["loss"] for row in dropped] == [2.0, 3.0, 2.5]
 
 
+def test_the_same_sample_moved_aside_twice_is_kept_twice(tmp_path):
+  # A run resumed from step 1 twice samples step 2 the same both times:
+  # two moves of their own, not one interrupted (samples hold no time).
+  for _ in range(2):
+    with metrics.MetricsWriter(tmp_path, start_step=1) as writer:
+      writer.write_sample(2, "def f():")
+    metrics.drop_records_after(tmp_path, 1)
+  dropped = (tmp_path / metrics.DROPPED_SAMPLES_FILE).read_text()
+  assert dropped.count("def f():") == 2
+
+
 def test_hparams_hold_the_values_and_name_the_final_metrics(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(10, {"eval_loss": 2.5, "eval_accuracy": 0.25})

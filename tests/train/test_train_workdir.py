@@ -101,21 +101,30 @@ def test_a_lock_file_that_cannot_be_opened_is_named_not_its_directory(tmp_path):
 def test_taking_the_lock_removes_the_temporaries_a_killed_holder_left(tmp_path):
   """A run killed between writing run_record.json's temporary and renaming
   it left the temporary; whoever holds the lock next removes it (and only
-  such temporaries)."""
-  # Older txf's form, and today's (naming its writer: this process, alive).
-  writer = f"{storage._HOST}-{os.getpid()}-0123456789ab"
-  stale = [".run_record.json.0123456789ab.tmp", f".config.json.{writer}.tmp"]
+  such temporaries: not one a live process of this host writes, a
+  txf-export into the run's directory, which takes no lock; not one in a
+  directory a link leads to, outside the run's)."""
+  # Older txf's form, and today's (naming its writer: a gone process).
+  gone, live = (f"{storage._HOST}-{pid}-0123456789ab" for pid in (gone_pid(), os.getpid()))
+  stale = [".run_record.json.0123456789ab.tmp", f".config.json.{gone}.tmp"]
   kept = ["run_record.json", ".notes.tmp", ".run_record.json.tmp", "x.0123456789ab.tmp"]
-  for name in stale + kept:
+  kept += [f".hf.{live}.tmp", "elsewhere"]
+  for name in stale + kept[:-2]:
     (tmp_path / name).write_text("{")
+  (tmp_path / f".hf.{live}.tmp").mkdir()
   # txf-analyze's files, and txf-export's staged directory, killed the same way.
   (tmp_path / "analysis").mkdir()
-  (tmp_path / "analysis" / f".head_scores.md.{writer}.tmp").write_text("|")
+  (tmp_path / "analysis" / f".head_scores.md.{gone}.tmp").write_text("|")
   (tmp_path / "analysis" / "head_scores.md").write_text("|")
-  (tmp_path / f".model.{writer}.tmp").mkdir()
+  (tmp_path / f".model.{gone}.tmp").mkdir()
+  outside = tmp_path.parent / f"{tmp_path.name}_outside"
+  outside.mkdir()
+  (outside / f".config.json.{gone}.tmp").write_text("{")
+  (tmp_path / "elsewhere").symlink_to(outside)
   with WorkdirLock(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([".lock", "analysis", *kept])
     assert os.listdir(tmp_path / "analysis") == ["head_scores.md"]
+  assert os.listdir(outside) == [f".config.json.{gone}.tmp"]
 
 
 def test_without_the_lock_only_the_temporaries_of_gone_writers_are_removed(tmp_path):

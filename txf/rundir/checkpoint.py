@@ -10,8 +10,9 @@ step has restored, renamed to `<step>.corrupt` -- kept for inspection,
 never deleted, and out of the way of the resumed run's own save at that
 step -- and reported in one warning line naming the step, the reason and
 where it went. Unfinished saves
-(`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; they are
-reported and left in place.
+(`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; a reader
+reports and leaves them, the run that resumes (it holds the directory)
+removes them.
 
 Which steps are kept: the `max_to_keep` newest, and any that a keep
 policy names -- each at a multiple of `keep_every`, the `keep_best` of
@@ -505,6 +506,7 @@ class Checkpointer:
     _check_abstract_state(abstract_state)
     if not self.directory.exists() or step not in self._steps():
       raise ValueError(f"no checkpoint at step {step} in {self.directory}")
+    self._report_unfinished_saves()
     try:
       restored = self._manager.restore(step, args=_restore_args(abstract_state))
     except Exception as error:

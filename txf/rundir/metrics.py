@@ -383,14 +383,21 @@ def _hparam_value(value: Any) -> bool | int | float | str:
 
 
 def _move_lines(
-  path: epath.Path, dropped_path: epath.Path, keep_flags: list[bool], lines: list[bytes]
+  path: epath.Path,
+  dropped_path: epath.Path,
+  keep_flags: list[bool],
+  lines: list[bytes],
+  *,
+  timed: bool = False,
 ) -> None:
   """Rewrites `path` with the kept lines, appending the others to
-  `dropped_path` first so nothing is lost if the rewrite is interrupted; a
-  move interrupted after its append is not appended again (those lines end
-  `dropped_path` already: a metrics row's time makes them its own)."""
+  `dropped_path` first so nothing is lost if the rewrite is interrupted.
+  `timed` lines (metrics rows: each holds its time) that already end
+  `dropped_path` are a move interrupted after its append: not appended
+  again. (Samples hold no time: a resumed run samples the same text again,
+  so the same lines may be a second move of their own.)"""
   moved = b"".join(line for line, keep in zip(lines, keep_flags) if not keep)
-  if not read_bytes(dropped_path).endswith(moved):
+  if not (timed and read_bytes(dropped_path).endswith(moved)):
     append_bytes(dropped_path, moved)
   kept = b"".join(line for line, keep in zip(lines, keep_flags) if keep)
   writing(path, lambda: write_file(path, kept))
@@ -469,7 +476,7 @@ def drop_records_after(
   start = _tail_start(lines, _row_step, kept_step)
   keep = [True] * start + [_kept_row(line, step, evaluation) for line in lines[start:]]
   if not all(keep):
-    _move_lines(workdir / METRICS_FILE, workdir / DROPPED_METRICS_FILE, keep, lines)
+    _move_lines(workdir / METRICS_FILE, workdir / DROPPED_METRICS_FILE, keep, lines, timed=True)
     moved[METRICS_FILE] = keep.count(False)
   lines = _read_lines(workdir / SAMPLES_FILE)
   start = _tail_start(lines, _sample_step, kept_step)

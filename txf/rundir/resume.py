@@ -67,6 +67,9 @@ FREE_DATA_FIELDS = (
 #   ("added", name, value)  a field added since, with the value every run
 #                           written before it had (not necessarily today's
 #                           default)
+#   ("unread", name, (default, where))  a field refused since where its run
+#                           never read it: set to its default where
+#                           `where(saved)`, so such a run still reads
 MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
   ("renamed", "init_from", "train.init_from"),
   ("renamed", "data.min_len", "data.min_example_len"),
@@ -90,6 +93,9 @@ MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
   ("added", "train.keep_every", 0),
   ("added", "train.keep_best", 0),
   ("added", "data.tfds_eval_split", "validation"),
+  ("unread", "model.pooling", ("cls", lambda saved: _language_model_head(saved))),
+  ("unread", "model.num_classes", (2, lambda saved: _language_model_head(saved))),
+  ("unread", "model.share_embeddings", (True, lambda saved: not _encoder_decoder(saved))),
 )
 _ABSENT = object()
 # The sections every config.json has held since the first release.
@@ -100,15 +106,34 @@ def migrate(saved: dict[str, Any]) -> dict[str, Any]:
   """A config.json's object (changed in place and returned) under today's
   field names, with the fields added since at the values its run had."""
   for kind, name, change in MIGRATIONS:
+    *sections, field = name.split(".")
     if kind == "renamed":
-      *sections, field = name.split(".")
       holder = _holder(saved, sections, create=False)
       value = holder.pop(field, _ABSENT) if holder is not None else _ABSENT
       if value is not _ABSENT:
         _set_default(saved, change, value)
+    elif kind == "unread":
+      default, where = change
+      holder = _holder(saved, sections, create=False)
+      if holder is not None and field in holder and where(saved):
+        holder[field] = default
     else:
       _set_default(saved, name, change)
   return saved
+
+
+def _model(saved: dict[str, Any]) -> dict[str, Any]:
+  """A config.json's model section ({} where it has none)."""
+  model = saved.get("model")
+  return model if isinstance(model, dict) else {}
+
+
+def _language_model_head(saved: dict[str, Any]) -> bool:
+  return _model(saved).get("head", "lm") in ("lm", "mlm")
+
+
+def _encoder_decoder(saved: dict[str, Any]) -> bool:
+  return _model(saved).get("family", "decoder") == "encoder_decoder"
 
 
 def _holder(tree: dict[str, Any], sections: list[str], *, create: bool) -> dict[str, Any] | None:

@@ -302,7 +302,8 @@ class WorkdirLock:
     # The directory's own files and its subdirectories' (txf-analyze's
     # analysis/): every temporary there is this holder's to remove.
     directory = self.path.parent
-    for place in (directory, *(path for path in directory.iterdir() if path.is_dir())):
+    subdirectories = (p for p in directory.iterdir() if p.is_dir() and not os.path.islink(p))
+    for place in (directory, *subdirectories):  # a link leads out of the directory: not its own
       remove_stale_temporaries(place)
 
   def release(self, *, as_found: bool = False) -> None:
@@ -377,13 +378,15 @@ def holding(
 
 
 def _remove(directory: epath.Path, names: set[str]) -> None:
-  """Removes `names` (files or directories) from `directory`."""
+  """Removes `names` (files or directories) from `directory`, as far as it
+  can: the signal that stopped the run is what it reports."""
   for name in names:
     path = os.path.join(directory, name)
-    if os.path.isdir(path) and not os.path.islink(path):
-      shutil.rmtree(path)
-    else:
-      os.unlink(path)
+    with contextlib.suppress(OSError):
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.unlink(path)
 
 
 def _names(directory: epath.Path) -> set[str]:

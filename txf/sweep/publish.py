@@ -22,8 +22,8 @@ has no rename: its objects are uploaded one by one.)
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +33,13 @@ from txf.rundir.metrics import METRICS_FILE
 from txf.rundir.record import RECORD_FILE
 from txf.rundir.resume import CONFIG_FILE
 from txf.rundir.workdir import WorkdirError, check_writable, not_writable, run_path
-from txf.storage import WriteError, is_local, write_error
+from txf.storage import (
+  WriteError,
+  is_local,
+  remove_stale_temporaries,
+  temporary_sibling,
+  write_error,
+)
 from txf.sweep import results
 from txf.sweep.grid import Point
 
@@ -75,6 +81,14 @@ def publish(
   workdir, destination = run_path(workdir), run_path(destination)
   if is_local(destination):  # '.' and 'X/..' name no directory to stage beside
     destination = epath.Path(os.path.abspath(destination))
+    here = pathlib.Path.cwd()
+    if pathlib.Path(destination) in (here, *here.parents):
+      # The staged copy replaces the destination: the shell would be left
+      # in a directory that is gone.
+      raise WorkdirError(
+        f"{destination} holds the current directory, which publishing would replace; "
+        "publish into a directory of its own (--publish=data)"
+      )
   for point in points:
     _check_finished(point, workdir, extrapolated=extrapolated, log=log)
   if destination.exists():
@@ -86,7 +100,9 @@ def publish(
     check_writable(destination)
     rows = _fill(points, workdir, destination, log)
   else:
-    staging = destination.with_name(f".{destination.name}.{uuid.uuid4().hex[:12]}.tmp")
+    # A killed publish's staged copy is removed by the next (no lock guards it).
+    remove_stale_temporaries(destination.parent, held=False)
+    staging = temporary_sibling(destination)
     try:
       check_writable(staging)  # creates it
     except WorkdirError as error:

@@ -242,7 +242,10 @@ def fit_vocabulary(
       adopt_tokenizer(run.data, run.train.init_from, workdir)
     tokenizer = make_tokenizer(run.data, workdir)
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
-    run.model.check_padding(tokenizer.pad_id, tokenizer.eos_id)
+    if workdir is None or not is_run_directory(workdir):
+      # A new run only: one trained before this check is read, evaluated and
+      # resumed as it was trained (its model.pad_id cannot change on resume).
+      run.model.check_padding(tokenizer.pad_id, tokenizer.eos_id)
     if task_kind(run.data.task).causal_lm and run.eval.sample_tokens:
       sample_len = decode.cache_length(
         _prompt_length(tokenizer, run.eval.sample_prompt), run.eval.sample_tokens

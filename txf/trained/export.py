@@ -184,7 +184,8 @@ def export_files(trained: TrainedModel) -> tuple[dict[str, bytes], str | None]:
 
 def write_directory(out: str | os.PathLike, files: Mapping[str, bytes]) -> None:
   """Writes `files` (name -> contents) as the local directory `out`, whole or
-  not at all: into a temporary sibling (.NAME.<hex>.tmp), which then takes
+  not at all: into a temporary sibling (txf.storage.temporary_sibling:
+  .NAME.<host>-<pid>-<hex>.tmp; a killed export's is removed by the next), which then takes
   the place of `out` (an existing `out` is moved aside, then removed), so
   `out` ends up holding exactly `files`. A failure leaves `out` as it was
   and no temporary behind.
