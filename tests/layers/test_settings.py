@@ -83,8 +83,9 @@ def test_a_registered_entrys_settings_start_in_the_base_config_as_txfs_own_do():
     ("rope_ntk", "rope_scale", 1.0, 0.999),  # >= 1
     ("rope", "rope_scale", 1e6, math.nan),
     ("t5_bias", "t5_num_buckets", 4, 3),  # two exact buckets per direction
-    ("t5_bias", "t5_num_buckets", 4096, 4.5),
-    ("t5_bias", "t5_max_distance", 1, 0),
+    ("t5_bias", "t5_num_buckets", 6, 5),  # half on each side (failed at init, unnamed)
+    ("t5_bias", "t5_num_buckets", 254, 4.5),  # 127 exact buckets: under max_distance 128
+    ("t5_bias", "t5_max_distance", 17, 16),  # past the 16 exact buckets of 32
   ],
 )
 def test_each_setting_takes_the_ends_of_its_range_and_refuses_past_them(

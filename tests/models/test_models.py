@@ -19,7 +19,7 @@ import numpy as np
 import optax
 import pytest
 
-from txf import ops
+from txf import decode, ops
 from txf.analysis import attention_maps
 from txf.layers import Embedder
 from txf.layers.model_config import POSITIONS
@@ -161,6 +161,38 @@ def test_a_row_of_padding_alone_pools_to_finite_logits(pooling):
   model = build(cfg)
   tokens = jnp.concatenate([real_tokens(4, 1, 6), jnp.zeros((1, 6), jnp.int32)])
   assert np.isfinite(model.apply(model.init(KEY, tokens), tokens)).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4,), (1, 2, 3)])
+def test_tokens_that_are_no_batch_of_rows_are_refused_naming_them(shape):
+  # An empty batch divided by zero in attention; 1-D ids failed deep in the stack.
+  model = build(ModelConfig(**TINY, family="decoder"))
+  variables = model.init(KEY, real_tokens(4, 1, 4))
+  with pytest.raises(ValueError, match=r"^tokens: expected ids \[B, T\] with B >= 1"):
+    model.apply(variables, jnp.ones(shape, jnp.int32))
+
+
+def test_generate_takes_prompts_as_lists_as_the_ops_do():
+  model = build(ModelConfig(**TINY, family="decoder"))
+  params = model.init(KEY, real_tokens(4, 1, 4))["params"]
+  as_array = decode.generate(model, params, jnp.array([[5, 6, 7]]), max_new_tokens=2)
+  np.testing.assert_array_equal(
+    decode.generate(model, params, [[5, 6, 7]], max_new_tokens=2), as_array
+  )
+
+
+def test_positions_past_a_learned_table_are_refused_or_clamped_never_nan():
+  # jnp.take fills rows past the table with NaN: the logits were NaN.
+  cfg = ModelConfig(**{**TINY, "max_len": 8}, family="decoder", position="learned")
+  model = build(cfg)
+  tokens = real_tokens(4, 1, 4)
+  variables = model.init(KEY, tokens)
+  past = jnp.array([[0, 1, 8, 9]])
+  with pytest.raises(ValueError, match=r"^positions: id 9 outside the position table \[0, 8\)"):
+    model.apply(variables, tokens, positions_BxT=past)
+  traced = jax.jit(lambda p: model.apply(variables, tokens, positions_BxT=p))(past)
+  clamped = model.apply(variables, tokens, positions_BxT=jnp.array([[0, 1, 7, 7]]))
+  np.testing.assert_array_equal(traced, clamped)
 
 
 # ---------------------------------------------------------------------------

@@ -238,6 +238,10 @@ def test_masked_vocabulary_entries_and_zero_weights_stay_finite(batch):
   np.testing.assert_allclose(token_cross_entropy(logits, labels), nll, rtol=1e-5)
   mean, _ = cross_entropy(logits, labels, weights=weights)
   np.testing.assert_allclose(mean, (weights * nll).sum() / weights.sum(), rtol=1e-5)
+  # A zero smoothing of numpy's or jax's scalar types is off too (it was NaN).
+  for zero in (0, np.float32(0.0), jnp.float32(0.0)):
+    smoothed = token_cross_entropy(logits, labels, label_smoothing=zero)
+    np.testing.assert_allclose(smoothed, nll, rtol=1e-5)
 
 
 def test_bfloat16_logits_give_a_bfloat16_gradient_of_float32_statistics(batch):

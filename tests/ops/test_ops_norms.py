@@ -188,6 +188,11 @@ def test_gradients_match_float64_central_differences(norm, spread, with_params, 
     (lambda: rms_norm(np.zeros((2, 4), np.float32), np.ones(5)), "scale"),
     (lambda: rms_norm(np.zeros((2, 4), np.int32)), "x"),
     (lambda: layer_norm(np.float32(1.0)), "x"),
+    # No features to average (was a ZeroDivisionError).
+    (lambda: layer_norm(np.zeros((2, 0), np.float32)), "x: a norm needs a last axis"),
+    # eps is a static argument of the backward: traced, it escaped its trace.
+    (lambda: jax.jit(lambda e: layer_norm(jnp.ones((2, 4)), eps=e))(1e-5), "eps must be"),
+    (lambda: rms_norm(jnp.ones((2, 4)), eps=float("nan")), "eps must be"),
   ],
 )
 def test_bad_input_raises(call, name):

@@ -318,6 +318,7 @@ def test_transformations(qk, dtype):
     (lambda: apply_rope(np.zeros((1, 4, 2, 5)), np.arange(4)), "head dim"),
     (lambda: apply_rope(np.zeros((4, 2, 6)), np.arange(4)), "x"),
     (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(5)), "positions"),
+    (lambda: apply_rope(np.zeros((1, 4, 2, 6), np.int32), np.arange(4)), "x must be a float"),
     (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(4), scale=0.0), "scale"),
     (lambda: alibi_slopes(0), "num_heads"),
     (lambda: alibi_bias(4, np.zeros((2, 3)), np.zeros((3, 3))), "q_positions and k_positions"),

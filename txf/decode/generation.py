@@ -48,6 +48,9 @@ def _checked_prompts(
   pad_id: T5 starts from its pad token); raises a ValueError for missing or
   extra inputs."""
   check_generative(model)
+  # A list of lists, as the ops take: arrays from here on.
+  prompt_BxP = None if prompt_BxP is None else jnp.asarray(prompt_BxP)
+  encoder_tokens_BxS = None if encoder_tokens_BxS is None else jnp.asarray(encoder_tokens_BxS)
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens_BxS is None:
     raise ValueError("generate: encoder_tokens_BxS: an encoder_decoder needs encoder inputs")
@@ -280,7 +283,9 @@ def build_generate(
       num_beams: K; 1: no beam search.
       length_penalty: beam search's GNMT alpha, >= 0.
       return_beams: return every beam and its score (beam search; with
-        num_beams=1 it scores the greedy sequence).
+        num_beams=1 the greedy sequence where eos_id is None: with an
+        eos_id, a hypothesis ended by EOS where greedy continues can score
+        better, length-normalised, and is returned instead).
       prompt_lengths_B, padding_side: as in `sample`.
       bos_id: start token of an encoder-decoder's default prompts (a token
         even where it equals cfg.pad_id, as T5's decoder start token does).

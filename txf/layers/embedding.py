@@ -88,8 +88,9 @@ class Embedder(nn.Module):
 
     positions may be None where the encoding adds no embedding (rope, alibi, none, ...).
 
-    Token ids must lie in [0, vocab_size) and token types in
-    [0, num_token_types): concrete ids outside raise ValueError. Under jit the
+    Token ids must lie in [0, vocab_size), token types in
+    [0, num_token_types) and positions in a learned table's [0, max_len):
+    concrete ids outside raise ValueError. Under jit the
     ids cannot be inspected, so they are clamped into range (a wrong but
     finite embedding, never NaN logits). token_types None means type 0
     everywhere (BERT's default); they are refused without a token-type table.
@@ -108,6 +109,10 @@ class Embedder(nn.Module):
     if self.encoding.embed is not None:
       assert positions_BxT is not None, f"model.position={self.cfg.position!r} needs positions"
       table_LxD = self.position_table if self.encoding.table == "absolute" else None
+      if table_LxD is not None:  # a row past the table was NaN (jnp.take's fill)
+        positions_BxT = _checked_ids(
+          positions_BxT, table_LxD.shape[0], "positions", "the position table", "model.max_len"
+        )
       x_BxTxD = x_BxTxD + self.encoding.embed(self.cfg, positions_BxT, table_LxD).astype(self.dtype)
     if self.cfg.num_token_types:
       if token_types_BxT is None:

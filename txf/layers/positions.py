@@ -108,9 +108,24 @@ class T5BiasSettings:
   t5_max_distance: int = documented("distances from here on share the last bucket", default=128)
 
   def check(self) -> None:
-    # Two exact buckets per direction at least (txf.ops.positional).
+    """What txf.ops.positional.relative_position_bucket needs of every stack
+    (these settings serve an encoder's bidirectional stack and a decoder's
+    causal one alike): an even count (half for each direction), at least
+    two exact buckets per direction, and a max_distance past a causal
+    stack's num_buckets / 2 exact buckets. Found here, naming the field;
+    they failed at the first call, naming neither."""
     checks.int_at_least(self.t5_num_buckets, "model.options.t5_num_buckets", 4)
+    if self.t5_num_buckets % 2:
+      raise ValueError(
+        f"model.options.t5_num_buckets: must be even (half for keys on each side), "
+        f"got {self.t5_num_buckets}"
+      )
     checks.positive_int(self.t5_max_distance, "model.options.t5_max_distance")
+    if self.t5_max_distance <= self.t5_num_buckets // 2:
+      raise ValueError(
+        f"model.options.t5_max_distance: must exceed the {self.t5_num_buckets // 2} exact "
+        f"buckets of t5_num_buckets={self.t5_num_buckets}, got {self.t5_max_distance}"
+      )
 
 
 def _learned_embedding(cfg, positions_BxT: Array, table_LxD: Array) -> Array:

@@ -31,7 +31,12 @@ def _embedder(cfg: ModelConfig, name: str | None = None) -> Embedder:
 def _check_packing(
   tokens_BxT: Array, segment_ids_BxT: Array | None, positions_BxT: Array | None
 ) -> None:
-  """ValueError unless the packing inputs given are int arrays shaped like the tokens."""
+  """ValueError unless the tokens are [B, T] with a row at least (1-D ids
+  failed deep in the stack, an empty batch dividing by zero) and the
+  packing inputs given are int arrays shaped like them."""
+  shape = jnp.shape(tokens_BxT)
+  if len(shape) != 2 or not shape[0]:
+    raise ValueError(f"tokens: expected ids [B, T] with B >= 1, got shape {shape}")
   for name, array in (("segment_ids", segment_ids_BxT), ("positions", positions_BxT)):
     if array is not None and (
       array.shape != tokens_BxT.shape or not jnp.issubdtype(array.dtype, jnp.integer)

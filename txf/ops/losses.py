@@ -54,6 +54,13 @@ def _check_label_ids(labels, vocab):
       raise ValueError(f"labels must be in [0, {vocab}), got ids from {low} to {high}")
 
 
+def _concrete_zero(value) -> bool:
+  """`value` is a zero known outside a trace (a Python, numpy or jax scalar)."""
+  if isinstance(value, jax.core.Tracer) or jnp.ndim(value):
+    return False
+  return float(value) == 0.0
+
+
 def _check_hyperparameters(label_smoothing, z_loss):
   # Checked when concrete; traced values pass through.
   if isinstance(label_smoothing, numbers.Real) and not 0.0 <= label_smoothing < 1.0:
@@ -94,7 +101,7 @@ def _per_token_and_log_z(logits_xV, labels, label_smoothing, z_loss):
   per_token = log_z - label_logit
   # Without smoothing the uniform part is left out, not multiplied by 0: it
   # is infinite where a logit is -inf (a masked vocabulary), and 0 * inf is NaN.
-  if not (isinstance(label_smoothing, (int, float)) and label_smoothing == 0):
+  if not _concrete_zero(label_smoothing):
     uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
     per_token = (1.0 - label_smoothing) * per_token + label_smoothing * uniform_nll
   return per_token + z_loss * jnp.square(log_z), log_z

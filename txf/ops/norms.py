@@ -441,9 +441,14 @@ def _check_add(x, add, add_bias):
 
 
 def _options(x, add, add_bias, eps, center, residual):
-  """The `_Options` of a call (add and add_bias validated)."""
+  """The `_Options` of a call (x's width, eps, add and add_bias validated)."""
+  if not jnp.shape(x) or not jnp.shape(x)[-1]:
+    raise ValueError(f"x: a norm needs a last axis of one feature or more, got {jnp.shape(x)}")
+  # A static argument of the backward: a traced eps escaped its trace.
+  if isinstance(eps, jax.core.Tracer) or jnp.ndim(eps) or not 0 <= float(eps) < math.inf:
+    raise ValueError(f"eps must be a finite float >= 0 given outside jit, got {eps!r}")
   _check_add(x, add, add_bias)
-  return _Options(eps, center, residual, uses_gpu_kernel(x), add is not None)
+  return _Options(float(eps), center, residual, uses_gpu_kernel(x), add is not None)
 
 
 def _normalize_stream(x, add, add_bias, scale, bias, options):

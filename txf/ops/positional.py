@@ -88,6 +88,8 @@ def apply_rope(x, positions, *, base=10000.0, scale=1.0):
   positions = jnp.asarray(positions)
   if x.ndim != 4:
     raise ValueError(f"x must have shape [B, T, H, D], got shape {x.shape}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):  # an int x would truncate the rotation
+    raise ValueError(f"x must be a float array, got dtype {x.dtype}")
   batch, length, _, head_dim = x.shape
   if head_dim % 2:
     raise ValueError(f"x head dim (last axis) must be even, got shape {x.shape}")
@@ -206,7 +208,11 @@ def relative_position_bucket(
 ):
   """T5's bucketing of relative positions (Raffel et al., 2020).
 
-  Matches mesh_tensorflow / t5x `_relative_position_bucket`. With
+  Matches Hugging Face's T5 and, but for one rounding, mesh_tensorflow /
+  t5x `_relative_position_bucket`: t5x adds float32's epsilon inside the
+  log, so at an offset whose log ratio is exactly a bucket boundary it
+  takes the bucket above (num_buckets=6, max_distance=100: offset 10 is
+  bucket 2 there, 1 here; none at the default 32 / 128). With
   bidirectional=True half the buckets hold keys before the query and half keys
   after it; otherwise keys after the query all fall in bucket 0. Within a
   direction, the first half of the buckets are exact offsets 0 .. n/2 - 1 and
