@@ -6,7 +6,9 @@ kind or tracker without the methods txf calls; and where txf's own entries
 come from (run_record.json's provenance)."""
 
 import dataclasses
+import enum
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,6 +79,47 @@ def test_a_registered_tracker_name_is_one_train_trackers_selects():
     for name in ("my_tracker", "mlflow-v2.1", "2nd"):
       register.tracker(name)(Recorder)
     assert tracker_names("my_tracker, mlflow-v2.1,2nd") == ("my_tracker", "mlflow-v2.1", "2nd")
+
+
+class _Mode(enum.Enum):
+  A = 1
+
+
+@pytest.mark.parametrize("default", [(1, 2), None, _Mode.A])
+def test_a_setting_default_config_json_and_the_command_line_cannot_keep_is_refused(default):
+  # A tuple came back from config.json a list (an unhashable config: a
+  # traceback in txf-generate), an enum did not serialise (a traceback after
+  # the run directory was written), a None could not be overridden.
+  with scoped(NORMS):
+    with pytest.raises(ValueError, match=r"^model\.norm: 'mine': setting 'k': default "):
+      register.norm("mine", options={"k": default})(identity_norm)
+    assert "mine" not in NORMS
+  with pytest.raises(ValueError, match=r"^model\.options: expected a mapping"):
+    ModelConfig(options=None)
+
+
+@pytest.mark.parametrize(
+  "register_it,message",
+  [
+    # 'lm' was read as the tasks 'l' and 'm': "cannot train data.task='lm'".
+    (
+      lambda: register.family("f", tasks="lm")(nn.Module),
+      r"^register\.family: 'f': tasks must be a tuple of names, got 'lm' \(write \('lm',\)\)",
+    ),
+    (lambda: register.family("f", tasks=("lm",), heads="lm")(nn.Module), "heads must be a tuple"),
+    (lambda: register.family("f", tasks=("lm",))(lambda cfg: None), "expected a linen module"),
+    (
+      lambda: register.head("h", tasks=("lm",), families="decoder")(nn.Module),
+      r"^register\.head: 'h': families must be a tuple of names",
+    ),
+    (lambda: register.head("h", tasks=(1,), families=("decoder",))(nn.Module), "tasks must be"),
+  ],
+)
+def test_a_family_or_head_registered_with_a_lone_name_or_no_class_is_refused(register_it, message):
+  with scoped(FAMILIES, HEADS):
+    with pytest.raises(ValueError, match=message):
+      register_it()
+    assert "f" not in FAMILIES and "h" not in HEADS
 
 
 def test_the_same_entry_again_with_other_settings_is_refused():

@@ -181,9 +181,10 @@ def settings_class(
       (key, type(value), dataclasses.field(default=value)) for key, value in options.items()
     ]
     try:
-      return dataclasses.make_dataclass(f"{name}_settings", fields, frozen=True) if fields else None
+      made = dataclasses.make_dataclass(f"{name}_settings", fields, frozen=True) if fields else None
     except (TypeError, ValueError) as error:  # a mutable default, a name that is not one
       raise ValueError(f"{field}: {name!r}: options: {error}") from None
+    settings = made
   if settings is None:
     return None
   if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):
@@ -191,7 +192,20 @@ def settings_class(
   for setting in dataclasses.fields(settings):
     if setting.default is dataclasses.MISSING:  # a default_factory too: a setting is a value
       raise ValueError(f"{field}: {name!r}: setting {setting.name!r} has no default")
+    _check_setting_default(f"{field}: {name!r}: setting {setting.name!r}", setting.default)
   return settings
+
+
+def _check_setting_default(where: str, default: Any) -> None:
+  """A setting's default is a bool, int, float or str: what config.json and
+  `--config.model.options.NAME=VALUE` keep as it is (a tuple came back a
+  list, unhashable; an enum did not serialise; a None could not be
+  overridden from the command line)."""
+  if not isinstance(default, (bool, int, float, str)):
+    raise ValueError(
+      f"{where}: default {default!r} is a {type(default).__name__}; a setting's default is "
+      "a bool, int, float or str (what config.json and --config.model.options keep as it is)"
+    )
 
 
 def setting_defaults(settings: type | None) -> dict[str, Any]:

@@ -366,13 +366,40 @@ def family(
   """
 
   def add(module: Any) -> Any:
-    entry = ModelFamily(module, tuple(tasks), generative=generative, heads=tuple(heads))
+    _check_class("register.family", name, module)
+    tasks_ = _names("register.family", name, "tasks", tasks)
+    heads_ = _names("register.family", name, "heads", heads)
+    entry = ModelFamily(module, tasks_, generative=generative, heads=heads_)
     FAMILIES.register(
       name, entry, settings=settings, options=options, replace=replace, provider=module
     )
     return module
 
   return add
+
+
+def _names(where: str, name: str, argument: str, values: Any) -> tuple[str, ...]:
+  """`values` as a tuple of names; ValueError for a lone string ('lm' was
+  read as the tasks 'l' and 'm') or anything not a sequence of strings."""
+  if isinstance(values, str) or not all(isinstance(v, str) for v in _iterable(values)):
+    raise ValueError(
+      f"{where}: {name!r}: {argument} must be a tuple of names, got {values!r}"
+      + (f" (write ({values!r},))" if isinstance(values, str) else "")
+    )
+  return tuple(values)
+
+
+def _iterable(values: Any) -> tuple[Any, ...]:
+  try:
+    return tuple(values)
+  except TypeError:
+    return (None,)  # not iterable: no names
+
+
+def _check_class(where: str, name: str, module: Any) -> None:
+  """A family or head is a linen module class, built as module(cfg)."""
+  if not isinstance(module, type):
+    raise ValueError(f"{where}: {name!r}: expected a linen module class, got {module!r}")
 
 
 def head(
@@ -406,14 +433,17 @@ def head(
   """
 
   def add(module: Any) -> Any:
+    _check_class("register.head", name, module)
+    tasks_ = _names("register.head", name, "tasks", tasks)
+    families_ = _names("register.head", name, "families", families)
     if matmul_params is not None:
       require_signature("register.head", name, matmul_params, ("cfg",))
     # The output's shape follows its tasks: one of both kinds is not checked.
-    shapes = {_classes_shape if task == "classify" else _logits_shape for task in tasks}
+    shapes = {_classes_shape if task == "classify" else _logits_shape for task in tasks_}
     built = module
     if len(shapes) == 1:
       built = shape_checked_module(module, f"model.head {name!r}", shapes.pop())
-    entry = OutputHead(built, tuple(tasks), tuple(families), matmul_params)
+    entry = OutputHead(built, tasks_, families_, matmul_params)
     HEADS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=module
     )

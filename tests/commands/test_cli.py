@@ -390,14 +390,19 @@ def test_a_sweep_grid_is_narrowed_with_the_grid_flag_not_its_config_fields(tmp_p
   assert not (tmp_path / "sweep").exists()
 
 
-def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path):
+@pytest.mark.parametrize(
+  "override,error",
+  [
+    ("--config.model.position=rpoe", "config error: model.position: "),
+    # A mesh size is checked with the config, not only where the mesh is made.
+    ("--config.parallel.fsdp=0", "config error: parallel.fsdp: must be a positive integer"),
+  ],
+)
+def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path, override, error):
   result = run_cli(
-    "--config=configs/rope.py",
-    f"--workdir={tmp_path / 'run'}",
-    "--print_config",
-    "--config.model.position=rpoe",
+    "--config=configs/rope.py", f"--workdir={tmp_path / 'run'}", "--print_config", override
   )
-  assert_one_line_error(result, "config error: model.position: ", "'rpoe'")
+  assert_one_line_error(result, error)
   assert not result.stdout
 
 

@@ -127,6 +127,24 @@ def test_a_run_notes_a_setting_given_that_no_chosen_entry_reads():
   assert parse(config).notes == ()
 
 
+def test_a_run_notes_a_data_field_given_that_its_dataset_does_not_read():
+  """--config.data.mlm_probability=0.9 on a language model was printed as
+  set by --print_config, recorded as null in config.json and said nothing;
+  its default, or a task that reads it, gives no note."""
+  config = load_config("rope")
+  assert parse(config).notes == ()
+  config.data.mlm_probability = 0.9
+  config.data.num_symbols = 7
+  assert parse(config).notes == (
+    "data.mlm_probability=0.9 changes nothing: data.name 'pystdlib' (data.task 'lm') "
+    "does not read it",
+    "data.num_symbols=7 changes nothing: data.name 'pystdlib' (data.task 'lm') does not read it",
+  )
+  config.data.task, config.data.num_symbols = "mlm", 32
+  config.model.update(family="encoder", head="mlm")
+  assert parse(config).notes == ()
+
+
 def test_replace_sets_the_settings_named_and_keeps_those_still_read():
   cfg = ModelConfig(**TINY, options=dict(rope_base=500.0, rope_scale=2.0))
   assert cfg.replace(options=dict(rope_scale=3.0)).options == dict(rope_base=500.0, rope_scale=3.0)

@@ -162,6 +162,46 @@ def test_a_builtin_replaced_by_user_code_is_not_read_as_the_builtin(tmp_path, fr
   )
 
 
+USER_TRACKER = """
+from txf import register
+
+
+@register.tracker("user_jsonl")
+class UserTracker:
+  def __init__(self, workdir): pass
+  def log_config(self, config): pass
+  def log_metrics(self, step, metrics): pass
+  def log_sample(self, step, text): pass
+  def log_summary(self, metrics): pass
+  def close(self): pass
+"""
+
+
+def test_a_registered_tracker_is_imported_for_a_later_command(tmp_path, monkeypatch):
+  """A run trained with a registered tracker could not be read by
+  txf-generate, txf-export, ... ('train.trackers: ... is not one of
+  ('wandb',)'): its config.json names the tracker, whose module they never
+  imported. It is recorded, and imported, as the other choices are."""
+  from txf.runconfig.tracker_kinds import TRACKERS
+
+  monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+  (tmp_path / "user_tracker.py").write_text(USER_TRACKER)
+  with TRACKERS.scoped():
+    import user_tracker  # noqa: F401 (registers user_jsonl)
+
+    run = parse(tiny_config(train__trackers="user_jsonl"))
+    entry = dict(choices=record.registered_choices(run))
+  sys.modules.pop("user_tracker")
+  assert entry["choices"]["train.trackers[0]"]["module"] == "user_tracker"
+  (tmp_path / record.RECORD_FILE).write_text(json.dumps([entry]))
+  monkeypatch.setattr(sys, "path", sys.path[1:])  # a later command, elsewhere
+  with TRACKERS.scoped():
+    assert "user_jsonl" not in TRACKERS
+    record.check_choices(tmp_path)  # imports it from the recorded directory
+    assert parse(tiny_config(train__trackers="user_jsonl")).train.trackers == ("user_jsonl",)
+  sys.modules.pop("user_tracker", None)
+
+
 def test_a_builtin_recorded_under_its_old_module_is_still_the_builtin(tmp_path, fresh_process):
   """Before txf.train was split, the built-in task kinds, decays and trackers
   lived in txf.train.tasks, txf.train.optim and txf.train.trackers: a run

@@ -418,7 +418,11 @@ class ModelConfig:
     chosen declares is dropped (a config section holds every built-in one:
     default_options; a sweep over model.position keeps t5_bias' settings
     for its rope points); one no registered entry declares is an error."""
-    given = dict(self.options.items()) if hasattr(self.options, "items") else dict(self.options)
+    if not hasattr(self.options, "items"):
+      raise ValueError(
+        f"model.options: expected a mapping of settings, got {type(self.options).__name__}"
+      )
+    given = dict(self.options.items())
     declared = declared_settings(self._choices())
     for name in given:
       if name not in declared and not setting_owners(name):

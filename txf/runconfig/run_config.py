@@ -175,6 +175,13 @@ class ParallelConfig:
     "devices splitting heads, MLP and vocabulary (Megatron-style)", default=1
   )
 
+  def __post_init__(self) -> None:
+    # Here, with the config, not where the mesh is made: --print_config and a
+    # sweep's check see them (the sizes against the devices stay there).
+    checks.positive_int(self.data, "parallel.data", sentinel=(-1, "all remaining devices"))
+    checks.positive_int(self.fsdp, "parallel.fsdp")
+    checks.positive_int(self.tensor, "parallel.tensor")
+
 
 @section()
 class RunConfig:
@@ -355,11 +362,13 @@ def _parse(config: ConfigSection) -> RunConfig:
   train, notes = _parse_train(given("train", {}))
   model = ModelConfig.from_config(given("model", {}))
   notes += _unread_options(given("model", {}), model)
+  data = parse_data(given("data", {}))
+  notes += _unread_data(given("data", {}), data)
   run = RunConfig(
     seed=seed,
     replicas=replicas,
     model=model,
-    data=parse_data(given("data", {})),
+    data=data,
     train=train,
     eval=EvalConfig(**section_values(EvalConfig, given("eval", {}), "eval")),
     parallel=ParallelConfig(**section_values(ParallelConfig, given("parallel", {}), "parallel")),
@@ -380,6 +389,21 @@ def _unread_options(section: ConfigSection, model: ModelConfig) -> tuple[str, ..
     f"(read by {setting_owners(name)} only)"
     for name, value in options.items()
     if name not in model.options and name in defaults and value != defaults[name]
+  )
+
+
+def _unread_data(section: ConfigSection, data: DataSpec) -> tuple[str, ...]:
+  """A note for each data field given a value other than its default that
+  the dataset does not read (DataSpec holds it None, and so does
+  config.json): it changes nothing, which a run would not say otherwise."""
+  defaults = {f.name: f.default for f in dataclasses.fields(DataSpec)}
+  return tuple(
+    f"data.{name}={section[name]!r} changes nothing: data.name {data.name!r} (data.task "
+    f"{data.task!r}) does not read it"
+    for name in defaults
+    if name in section
+    and getattr(data, name) is None
+    and section[name] not in (None, defaults[name])
   )
 
 

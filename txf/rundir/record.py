@@ -67,6 +67,7 @@ from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
 from txf.runconfig.optim import DECAYS
 from txf.runconfig.run_config import RunConfig, to_json
+from txf.runconfig.tracker_kinds import TRACKERS
 from txf.storage import parse_json, read_text, write_error, write_file
 
 RECORD_FILE = "run_record.json"
@@ -156,6 +157,8 @@ _REGISTRIES: dict[str, Registry[Any]] = {
   "train.decay": DECAYS,
 }
 CHOICE_FIELDS = (*_REGISTRIES, "data.name")
+# train.trackers names several: each recorded as train.trackers[i].
+_TRACKERS_FIELD = "train.trackers"
 
 
 def _registry_entry(field: str, name: Any) -> tuple[Registry[Any], str] | None:
@@ -165,8 +168,12 @@ def _registry_entry(field: str, name: Any) -> tuple[Registry[Any], str] | None:
     return None
   if field == "data.name":
     registry, name = (GENERATED, name) if name in GENERATED else (TEXT, name.partition(":")[0])
-  else:
+  elif field.startswith(f"{_TRACKERS_FIELD}["):
+    registry = TRACKERS
+  elif field in _REGISTRIES:
     registry = _REGISTRIES[field]
+  else:  # a field a later txf records that this one does not know
+    return None
   return (registry, name) if name in registry else None
 
 
@@ -192,10 +199,16 @@ def _import_root(module: str) -> str | None:
 def registered_choices(run: RunConfig) -> dict[str, dict[str, Any]]:
   """{field: provenance, with 'path' (`_import_root`, null for txf's own)}
   of every registered choice `run` makes (CHOICE_FIELDS)."""
+  chosen = {
+    field: getattr(getattr(run, field.partition(".")[0]), field.partition(".")[2])
+    for field in CHOICE_FIELDS
+  }
+  # A registered tracker is read with the config (its name checked), by
+  # every later command too: its module is imported as the others'.
+  chosen.update({f"{_TRACKERS_FIELD}[{i}]": name for i, name in enumerate(run.train.trackers)})
   choices = {}
-  for field in CHOICE_FIELDS:
-    section, _, key = field.partition(".")
-    choice = _choice(field, getattr(getattr(run, section), key))
+  for field, name in chosen.items():
+    choice = _choice(field, name)
     if choice is not None:
       choice["path"] = None if choice["builtin"] else _import_root(choice["module"])
       choices[field] = choice

@@ -39,8 +39,6 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from txf import checks
-
 if TYPE_CHECKING:  # run_config imports the training modules that import this one
   from txf.runconfig.run_config import ParallelConfig
 
@@ -88,16 +86,11 @@ def make_mesh(parallel: ParallelConfig, devices: Sequence[jax.Device] | None = N
     devices: the devices to use (default: all of them, across processes).
 
   Raises:
-    ValueError: naming `parallel.<field>` for an invalid size or sizes whose
-      product is not the device count.
+    ValueError: naming `parallel.<field>` for sizes whose product is not the
+      device count (each size is checked by ParallelConfig).
   """
   devices = list(jax.devices() if devices is None else devices)
-  sizes = {}
-  for name in MESH_AXES:
-    sentinel = (-1, "all remaining devices") if name == "data" else None
-    sizes[name] = checks.positive_int(
-      getattr(parallel, name), f"parallel.{name}", sentinel=sentinel
-    )
+  sizes = {name: getattr(parallel, name) for name in MESH_AXES}  # checked by ParallelConfig
   model_parallel = sizes["fsdp"] * sizes["tensor"]
   if sizes["data"] == -1:
     if len(devices) % model_parallel:
