@@ -81,6 +81,14 @@ def test_a_legacy_name_of_several_organisations_is_refused_naming_them(cache):
   assert resolve_model("someone/gpt2").endswith(f"models--someone--gpt2/snapshots/{COMMIT}")
 
 
+def test_a_name_cached_as_its_own_repository_is_read_before_any_organisations(cache):
+  """huggingface_hub reads models--gpt2 for 'gpt2'; with an organisation's
+  gpt2 cached too, txf refused both as ambiguous, and no name chose it."""
+  own = cache_model(cache, "gpt2", "gpt2")
+  cache_model(cache, "openai-community/gpt2", "gpt2")
+  assert resolve_model("gpt2") == str(own)
+
+
 def test_a_name_not_cached_says_how_to_fetch_it(cache):
   with pytest.raises(CheckpointError) as error:
     resolve_model("openai-community/gpt2")
@@ -118,7 +126,8 @@ def test_refs_main_naming_a_missing_snapshot_is_one_line(cache):
   assert "\n" not in message
   assert message.startswith(f"model gpt2: {snapshot.parent.parent / 'refs' / 'main'} names ")
   assert f"snapshot {COMMIT!r}, which is not in" in message
-  assert message.endswith("`hf download gpt2`")
+  # The repository found, not the name typed ('gpt2' would fetch another).
+  assert message.endswith("`hf download openai-community/gpt2`")
 
 
 def test_directories_urls_and_other_strings_are_left_as_they_are(cache, tmp_path, monkeypatch):

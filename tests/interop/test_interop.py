@@ -666,6 +666,14 @@ def test_unused_weights_are_named(caplog):
   )
 
 
+def test_an_encoder_decoder_has_no_hidden_states_head():
+  """T5 with head='none' (txf-embed) blamed config.json: 'config.json:
+  model.head: 'none' does not fit model.family='encoder_decoder''."""
+  with pytest.raises(CheckpointError) as error:
+    load_pretrained(HF_FIXTURES / "t5", head="none")
+  assert str(error.value) == ("head: T5ForConditionalGeneration has no 'none' head (choose 'lm')")
+
+
 def test_a_head_dropped_on_request_is_not_warned_about(caplog):
   """head='none' (txf-embed's hidden states) drops the head's weights as
   asked: a warning listing them came before txf-embed's own error line."""

@@ -6,6 +6,7 @@ on the tiny fixtures of tests/fixtures/hf against transformers' outputs.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -55,6 +56,9 @@ def test_run_starts_from_the_checkpoint(tmp_path):
   [
     ("gpt2", dict(d_ff=64), "model.d_ff: 64 differs from the checkpoint's 128 in train.init_from="),
     ("gpt2", dict(gelu_approximate=False), "model.gelu_approximate: False differs"),
+    # The field overridden, not the derived one the config copied
+    # ('model.num_kv_heads: 4 does not divide model.num_heads=2').
+    ("gpt2", dict(num_heads=2), "model.num_heads: 2 differs from the checkpoint's 4"),
     # BertModel has no MLM head: its parameters would start at random.
     ("minilm", dict(head="mlm"), "train.init_from: parameter head/bias is only in the run's model"),
   ],
@@ -117,6 +121,34 @@ def test_generate_prints_the_greedy_continuation():
     "prompt: a single",
     f"generated: {tokenizer.decode(expected)}",
   ]
+
+
+@pytest.mark.slow  # a subprocess (~5 s)
+def test_generate_prints_nothing_after_the_eos(tmp_path):
+  """A Llama whose config.json names no pad id (as Llama 3's) pads rows
+  after EOS with id 0, a real token ('!' here): the command printed it."""
+  from safetensors.numpy import load_file, save_file
+
+  shutil.copytree(HF_FIXTURES / "llama", tmp_path / "llama")
+  model = tmp_path / "llama"
+  for name in ("config.json", "generation_config.json"):
+    if (model / name).exists():
+      config = json.loads((model / name).read_text())
+      config.pop("pad_token_id", None)
+      (model / name).write_text(json.dumps(config))
+  weights = load_file(model / "model.safetensors")
+  eos = json.loads((model / "config.json").read_text())["eos_token_id"]
+  # EOS as greedy's third token: its row of the head made the largest there.
+  weights["lm_head.weight"][eos] = 1.5 * weights["lm_head.weight"][177]
+  save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+  result = run_command(
+    "experiments.generate", f"--model={model}", "--prompt=the quick fox", "--max_new_tokens=8"
+  )
+  assert result.returncode == 0, result.stderr
+  tokenizer = HFTokenizer(model)
+  generated = result.stdout.splitlines()[1].removeprefix("generated: ")
+  # Two tokens and the EOS (the head rigged above); before, '!!!!!' followed.
+  assert tokenizer.decode([0]) == "!" and "!" not in generated and generated
 
 
 @pytest.mark.slow  # subprocesses (~3 s each)

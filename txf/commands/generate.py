@@ -88,8 +88,15 @@ def main(argv) -> None:
     )
   except (ValueError, WorkdirError) as error:  # CheckpointError too
     fail("model", error)
+  tokens = np.asarray(generated_1xN[0])
+  # The row holds pad_id after its EOS: a real token where the checkpoint
+  # names no pad (Llama's '!', id 0), which the text must not show.
+  eos_id = named.pretrained.token_ids.get("eos_token_id")
+  ended = np.flatnonzero(tokens == eos_id) if isinstance(eos_id, int) else np.zeros(0, int)
+  if ended.size:
+    tokens = tokens[: ended[0]]
   print(f"prompt: {_PROMPT.value}")
-  print(f"generated: {named.tokenizer.decode(np.asarray(generated_1xN[0]))}")
+  print(f"generated: {named.tokenizer.decode(tokens)}")
 
 
 def cli() -> None:

@@ -24,6 +24,7 @@ import dataclasses
 
 from txf.configs import base
 from txf.interop import read_model_config, resolve_model
+from txf.layers.model_config import DERIVED_FIELDS
 
 TASKS = {"decoder": "lm", "encoder": "mlm", "encoder_decoder": "seq2seq"}
 
@@ -52,10 +53,16 @@ def get_config(directory: str = ""):
     config.train.update(fine_tuning)
     return config
   model = read_model_config(directory)
+  fields = {field.name: getattr(model, field.name) for field in dataclasses.fields(model)}
+  # A derived field the checkpoint's other fields give anyway stays None, so
+  # that an override of those (model.num_heads) is checked and named as
+  # itself, not as the copied derived one (model.num_kv_heads).
+  derived = model.replace(**dict.fromkeys(DERIVED_FIELDS))
+  fields.update({name: None for name in DERIVED_FIELDS if getattr(derived, name) == fields[name]})
   # update: model.options keeps every setting's key (the command line sets them).
-  config.model.update(
-    {field.name: getattr(model, field.name) for field in dataclasses.fields(model)}
-  )
+  config.model.update(fields)
+  if model.position == "learned":  # the evaluations' sample fits the checkpoint's table
+    config.eval.sample_tokens = min(config.eval.sample_tokens, model.max_len // 2)
   config.data.update(
     dict(
       tokenizer="hf",

@@ -112,10 +112,12 @@ def _head(family: ModuleType, architecture: str, head: str | None) -> str:
   natural = family.ARCHITECTURES[architecture]
   if head is None:
     return natural
-  if head not in (natural, "none"):
-    raise CheckpointError(
-      f"head: {architecture} has no {head!r} head (choose {natural!r} or 'none')"
-    )
+  # A family whose txf model returns no hidden states (T5's encoder_decoder
+  # carries its LM head only: 'none' was refused as if config.json were wrong).
+  hidden = ("none",) if getattr(family, "HIDDEN_STATES", True) else ()
+  if head not in (natural, *hidden):
+    choices = " or ".join(repr(choice) for choice in (natural, *hidden))
+    raise CheckpointError(f"head: {architecture} has no {head!r} head (choose {choices})")
   return head
 
 

@@ -50,26 +50,32 @@ def _fetch_hint(name: str) -> str:
 
 
 def _cached_repos(name: str) -> list[pathlib.Path]:
-  """The cache's repository directories for `name`: its own, and for a name
-  without '/' those of any organisation with that repository name."""
+  """The cache's repository directories for `name`: its own (as
+  huggingface_hub, which reads only that one, the only one where it is
+  there), else for a name without '/' those of any organisation with that
+  repository name."""
   cache = hub_cache()
   own = cache / ("models--" + name.replace("/", "--"))
-  found = [own] if own.is_dir() else []
+  if own.is_dir():
+    return [own]
   if "/" not in name and cache.is_dir():
-    found += sorted(path for path in cache.glob(f"models--*--{name}") if path.is_dir())
-  return found
+    return sorted(path for path in cache.glob(f"models--*--{name}") if path.is_dir())
+  return []
 
 
 def _snapshot(repo: pathlib.Path, name: str) -> pathlib.Path:
-  """The snapshot directory refs/main names in the cached `repo`."""
+  """The snapshot directory refs/main names in the cached `repo` (found for
+  `name`; the hint to fetch it names the repository, an organisation's for
+  an unqualified name)."""
   ref = repo / "refs" / "main"
+  hint = _fetch_hint(_repo_id(repo))
   if not ref.is_file():
-    raise CheckpointError(f"model {name}: {repo} has no refs/main: {_fetch_hint(name)}")
+    raise CheckpointError(f"model {name}: {repo} has no refs/main: {hint}")
   snapshot = repo / "snapshots" / ref.read_text().strip()
   if not snapshot.is_dir():
     raise CheckpointError(
       f"model {name}: {ref} names snapshot {snapshot.name!r}, which is not in {repo}/snapshots: "
-      f"{_fetch_hint(name)}"
+      f"{hint}"
     )
   return snapshot
 

@@ -27,6 +27,7 @@ from txf.interop.rules import CheckpointError, Rule, linear, norm, same
 from txf.layers.model_config import ModelConfig, derived
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "lm"}
+HIDDEN_STATES = False  # txf's encoder_decoder carries its LM head only (head='none' refused)
 # feed_forward_proj activation -> (txf activation ungated, gated, gelu_approximate).
 _FFN_ACTIVATIONS = {
   "relu": ("relu", None, True),
