@@ -29,7 +29,7 @@ Measured (2026-11-26, idle 2-core CPU, Python 3.11.7; docs/results.md
 section 2): 82 minutes for the sweep, extrapolation included. Expected
 result: every point flat (-0.9% to -1.7% over the last fifth), none
 diverged; final validation loss (nats/token, Pre-LN) RoPE 1.61, T5 bias
-1.64, ALiBi 1.70, sinusoidal and learned 1.77, NoPE 2.16 (Post-LN within
+1.64, ALiBi 1.70, learned 1.76, sinusoidal 1.77, NoPE 2.16 (Post-LN within
 0.03 of each); only ALiBi's loss stays flat from 1x to 16x. The corpus is
 the host Python's standard library, so the numbers move with its version.
 """
