@@ -381,19 +381,21 @@ def family(
 def _names(where: str, name: str, argument: str, values: Any) -> tuple[str, ...]:
   """`values` as a tuple of names; ValueError for a lone string ('lm' was
   read as the tasks 'l' and 'm') or anything not a sequence of strings."""
-  if isinstance(values, str) or not all(isinstance(v, str) for v in _iterable(values)):
+  names = None if isinstance(values, str) else _as_tuple(values)
+  if names is None or not all(isinstance(v, str) for v in names):
     raise ValueError(
       f"{where}: {name!r}: {argument} must be a tuple of names, got {values!r}"
       + (f" (write ({values!r},))" if isinstance(values, str) else "")
     )
-  return tuple(values)
+  return names
 
 
-def _iterable(values: Any) -> tuple[Any, ...]:
+def _as_tuple(values: Any) -> tuple[Any, ...] | None:
+  """`values` as a tuple, read once (a generator too); None if not iterable."""
   try:
     return tuple(values)
   except TypeError:
-    return (None,)  # not iterable: no names
+    return None
 
 
 def _check_class(where: str, name: str, module: Any) -> None:

@@ -88,7 +88,7 @@ def main(argv) -> None:
     )
   except (ValueError, WorkdirError) as error:  # CheckpointError too
     fail("model", error)
-  tokens = np.asarray(generated_1xN[0])
+  tokens = np.asarray(generated_1xN[0])  # the new tokens alone (generate_text)
   # The row holds pad_id after its EOS: a real token where the checkpoint
   # names no pad (Llama's '!', id 0), which the text must not show.
   eos_id = named.pretrained.token_ids.get("eos_token_id")
