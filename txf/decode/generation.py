@@ -48,9 +48,9 @@ def _checked_prompts(
   pad_id: T5 starts from its pad token); raises a ValueError for missing or
   extra inputs."""
   check_generative(model)
-  # A list of lists, as the ops take: arrays from here on.
-  prompt_BxP = None if prompt_BxP is None else jnp.asarray(prompt_BxP)
-  encoder_tokens_BxS = None if encoder_tokens_BxS is None else jnp.asarray(encoder_tokens_BxS)
+  # A list of lists, as the ops take (arrays, tracers and abstract values,
+  # which txf.aot compiles for a device it does not have, stay as they are).
+  prompt_BxP, encoder_tokens_BxS = _as_array(prompt_BxP), _as_array(encoder_tokens_BxS)
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens_BxS is None:
     raise ValueError("generate: encoder_tokens_BxS: an encoder_decoder needs encoder inputs")
@@ -71,6 +71,11 @@ def _checked_prompts(
   for name, ids in (("prompt_BxP", prompt_BxP), ("encoder_tokens_BxS", encoder_tokens_BxS)):
     _check_vocabulary(name, ids, model.cfg.vocab_size)
   return prompt_BxP, prompt_lengths_B
+
+
+def _as_array(ids: Any) -> Any:
+  """Lists and tuples of ids as a numpy array; anything else as it is."""
+  return np.asarray(ids) if isinstance(ids, (list, tuple)) else ids
 
 
 def _check_vocabulary(name: str, ids: Array | None, vocab_size: int) -> None:

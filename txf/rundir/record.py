@@ -340,11 +340,12 @@ def _entry_text(entry: dict[str, Any]) -> str:
   return textwrap.indent(json.dumps(entry, indent=1), " ")
 
 
-def _entries_before(text: str, path: epath.Path) -> str:
-  """The text of a record up to a new entry: '[' and its entries, each
-  followed by ',' -- parsing only its last entry when the record is laid
-  out as RunRecord writes it (a long record costs a copy, not a parse);
-  else parsing it whole and writing it in that layout.
+def _entries_before(text: str, path: epath.Path) -> tuple[str, dict[str, Any]]:
+  """(the text of a record up to a new entry: '[' and its entries, each
+  followed by ',', and its last entry ({} for none)) -- parsing only its
+  last entry when the record is laid out as RunRecord writes it (a long
+  record costs a copy, not a parse); else parsing it whole and writing it
+  in that layout.
 
   Raises:
     ValueError: naming `path`, when it is not a record.
@@ -353,11 +354,14 @@ def _entries_before(text: str, path: epath.Path) -> str:
   last = body.rfind("\n {")
   if body.startswith("[\n {") and body.endswith("\n }\n]"):
     try:
-      if isinstance(json.loads(body[last:-2]), dict):
-        return body[:-2] + ",\n"
+      entry = json.loads(body[last:-2])
+      if isinstance(entry, dict):
+        return body[:-2] + ",\n", entry
     except json.JSONDecodeError:
       pass  # not as written here: parsed whole below
-  return "[\n" + "".join(_entry_text(entry) + ",\n" for entry in _entries(text, path))
+  entries = _entries(text, path)
+  last_entry = entries[-1] if entries and isinstance(entries[-1], dict) else {}
+  return "[\n" + "".join(_entry_text(entry) + ",\n" for entry in entries), last_entry
 
 
 def _set_aside(path: epath.Path) -> epath.Path:
@@ -391,13 +395,14 @@ class RunRecord:
     # The step the run has trained to: its end_step where it ends on an error.
     self.step: int | None = None
 
-  def _warn_if_corpus_changed(self, start_step: int) -> None:
+  def _warn_if_corpus_changed(self, start_step: int, previous: Mapping[str, Any]) -> None:
     """A warning line when a resumed run's corpus (a `files:` file edited,
-    another Python's standard library) is not the one its last start read:
-    the run continues at the saved window count over the changed text."""
+    another Python's standard library) is not the one its last start
+    (`previous`, its entry) read: the run continues at the saved window
+    count over the changed text."""
     if not start_step or self._entry is None:
       return
-    before = _last_entry(self._path.parent).get("data")
+    before = previous.get("data")
     corpus = self._entry["data"].get("corpus")
     if not isinstance(before, dict) or "corpus" not in before or corpus is None:
       return
@@ -414,9 +419,10 @@ class RunRecord:
     self.step = start_step
     if not self._enabled:
       return
+    previous: dict[str, Any] = {}  # the last start's entry
     try:
       text = read_text(self._path)
-      self._before = "[\n" if text is None else _entries_before(text, self._path)
+      self._before, previous = ("[\n", {}) if text is None else _entries_before(text, self._path)
     except ValueError as error:
       try:
         aside = _set_aside(self._path)
@@ -439,7 +445,7 @@ class RunRecord:
       tokenizer=tokenizer_description(run, self._path.parent),
       choices=registered_choices(run),
     )
-    self._warn_if_corpus_changed(start_step)
+    self._warn_if_corpus_changed(start_step, previous)
     self._write()
     for field, choice in self._entry["choices"].items():
       # No file it came from: a config file's own module, a notebook's __main__.
