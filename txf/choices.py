@@ -181,10 +181,11 @@ def settings_class(
       (key, type(value), dataclasses.field(default=value)) for key, value in options.items()
     ]
     try:
-      made = dataclasses.make_dataclass(f"{name}_settings", fields, frozen=True) if fields else None
+      settings = (
+        dataclasses.make_dataclass(f"{name}_settings", fields, frozen=True) if fields else None
+      )
     except (TypeError, ValueError) as error:  # a mutable default, a name that is not one
       raise ValueError(f"{field}: {name!r}: options: {error}") from None
-    settings = made
   if settings is None:
     return None
   if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):

@@ -81,6 +81,15 @@ def _kind(path: str | os.PathLike) -> str:
   return "a device"
 
 
+def holds_current_directory(path: str | os.PathLike) -> bool:
+  """Whether the local `path` (absolute, normal) is the current directory or
+  one above it: a directory replaced whole there (a staged copy renamed
+  over it) would leave the shell in one that is gone."""
+  here = os.getcwd()
+  path = os.fspath(path)
+  return here == path or here.startswith(path.rstrip(os.sep) + os.sep)
+
+
 def temporary_sibling(path: epath.Path) -> epath.Path:
   """A new temporary for `path` in its directory (a file, or the directory
   txf-export stages a model in): .NAME.<host>-<pid>-<hex>.tmp. A name per

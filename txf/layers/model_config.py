@@ -213,6 +213,9 @@ MOVED_TO_OPTIONS = ("rope_base", "rope_scale", "t5_num_buckets", "t5_max_distanc
 
 # Fields that None derives from others (ModelConfig._resolve); replace()
 # derives them again unless they were given explicitly.
+# The heads of a language model, which read neither model.pooling nor
+# model.num_classes (the classify head's).
+LANGUAGE_MODEL_HEADS = ("lm", "mlm")
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "scale_logits", "num_decoder_layers")
 
 # The fields an LSTM language model (family='lstm', txf/models/lstm.py) reads;
@@ -499,7 +502,7 @@ class ModelConfig:
     (lm, mlm), which reads neither: a config recording them would claim a
     setting the run never used. ('none' keeps them: txf-embed reads a
     classify run's hidden states through it.)"""
-    if self.head not in ("lm", "mlm"):
+    if self.head not in LANGUAGE_MODEL_HEADS:
       return
     for name in ("pooling", "num_classes"):
       default = type(self).__dataclass_fields__[name].default

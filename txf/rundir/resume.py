@@ -43,7 +43,7 @@ import jax
 from etils import epath
 
 from txf.data import num_classes
-from txf.layers.model_config import MOVED_TO_OPTIONS
+from txf.layers.model_config import LANGUAGE_MODEL_HEADS, MOVED_TO_OPTIONS
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.record import RECORD_FILE, check_choices, recorded_config
@@ -60,6 +60,21 @@ FREE_DATA_FIELDS = (
   "attend_across_documents",
   "tfds_eval_split",
 )
+
+
+def _model(saved: dict[str, Any]) -> dict[str, Any]:
+  """A config.json's model section ({} where it has none)."""
+  model = saved.get("model")
+  return model if isinstance(model, dict) else {}
+
+
+def _language_model_head(saved: dict[str, Any]) -> bool:
+  return _model(saved).get("head", "lm") in LANGUAGE_MODEL_HEADS
+
+
+def _one_embedding_table(saved: dict[str, Any]) -> bool:
+  return _model(saved).get("family", "decoder") != "encoder_decoder"
+
 
 # Every change to config.json since runs were first written, applied in this
 # order to a run's config.json before it is parsed (`migrate`):
@@ -93,9 +108,9 @@ MIGRATIONS: tuple[tuple[str, str, Any], ...] = (
   ("added", "train.keep_every", 0),
   ("added", "train.keep_best", 0),
   ("added", "data.tfds_eval_split", "validation"),
-  ("unread", "model.pooling", ("cls", lambda saved: _language_model_head(saved))),
-  ("unread", "model.num_classes", (2, lambda saved: _language_model_head(saved))),
-  ("unread", "model.share_embeddings", (True, lambda saved: not _encoder_decoder(saved))),
+  ("unread", "model.pooling", ("cls", _language_model_head)),
+  ("unread", "model.num_classes", (2, _language_model_head)),
+  ("unread", "model.share_embeddings", (True, _one_embedding_table)),
 )
 _ABSENT = object()
 # The sections every config.json has held since the first release.
@@ -120,20 +135,6 @@ def migrate(saved: dict[str, Any]) -> dict[str, Any]:
     else:
       _set_default(saved, name, change)
   return saved
-
-
-def _model(saved: dict[str, Any]) -> dict[str, Any]:
-  """A config.json's model section ({} where it has none)."""
-  model = saved.get("model")
-  return model if isinstance(model, dict) else {}
-
-
-def _language_model_head(saved: dict[str, Any]) -> bool:
-  return _model(saved).get("head", "lm") in ("lm", "mlm")
-
-
-def _encoder_decoder(saved: dict[str, Any]) -> bool:
-  return _model(saved).get("family", "decoder") == "encoder_decoder"
 
 
 def _holder(tree: dict[str, Any], sections: list[str], *, create: bool) -> dict[str, Any] | None:

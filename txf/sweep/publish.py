@@ -22,7 +22,6 @@ has no rename: its objects are uploaded one by one.)
 from __future__ import annotations
 
 import os
-import pathlib
 import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +34,7 @@ from txf.rundir.resume import CONFIG_FILE
 from txf.rundir.workdir import WorkdirError, check_writable, not_writable, run_path
 from txf.storage import (
   WriteError,
+  holds_current_directory,
   is_local,
   remove_stale_temporaries,
   temporary_sibling,
@@ -81,10 +81,7 @@ def publish(
   workdir, destination = run_path(workdir), run_path(destination)
   if is_local(destination):  # '.' and 'X/..' name no directory to stage beside
     destination = epath.Path(os.path.abspath(destination))
-    here = pathlib.Path.cwd()
-    if pathlib.Path(destination) in (here, *here.parents):
-      # The staged copy replaces the destination: the shell would be left
-      # in a directory that is gone.
+    if holds_current_directory(destination):
       raise WorkdirError(
         f"{destination} holds the current directory, which publishing would replace; "
         "publish into a directory of its own (--publish=data)"

@@ -44,7 +44,13 @@ from txf.interop.tensors import CONFIG, SAFETENSORS
 from txf.runconfig.run_config import ConfigError
 from txf.rundir.resume import is_run_directory
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
-from txf.storage import is_local, remove_stale_temporaries, temporary_sibling, write_error
+from txf.storage import (
+  holds_current_directory,
+  is_local,
+  remove_stale_temporaries,
+  temporary_sibling,
+  write_error,
+)
 from txf.train.run_setup import TrainedModel, check_holds_run, load_trained
 
 GENERATION_CONFIG = "generation_config.json"
@@ -122,8 +128,7 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
     raise ConfigError(
       f"out: {out} is a symbolic link (to {local.resolve()}); export to that directory itself"
     )
-  here = pathlib.Path.cwd()
-  if local == here or local in here.parents:  # `out` is absolute and normal (export_run)
+  if holds_current_directory(local):  # `out` is absolute and normal (export_run)
     raise ConfigError(
       f"out: {out} holds the current directory, which the export would replace; "
       "export to a directory of its own (--out=export)"
