@@ -5,6 +5,7 @@ txf's entries and registered ones alike; the former flat fields
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from txf.layers.model_config import (
   setting_docs,
 )
 from txf.layers.positions import RopeSettings, T5BiasSettings
+from txf.ops import positional
 from txf.runconfig.run_config import parse, to_json
 from txf.rundir.resume import config_changes, read_run_config
 from txf.sweep import grid
@@ -95,6 +97,27 @@ def test_each_setting_takes_the_ends_of_its_range_and_refuses_past_them(
   assert cfg.option(setting) == getattr(cfg.settings("position"), setting) == accepted
   with pytest.raises(ValueError, match=rf"^model\.options\.{setting}: [^\n]*$"):
     ModelConfig(**TINY, position=position, options={setting: refused})
+
+
+@pytest.mark.parametrize(
+  "family, exact", [("encoder", 8), ("decoder", 16), ("encoder_decoder", 16)]
+)
+def test_t5_max_distance_must_pass_the_exact_buckets_of_the_familys_stacks(family, exact):
+  """An encoder's stack is bidirectional alone (num_buckets / 4 exact buckets
+  a side): a max_distance of 9 over 32 buckets is T5's bucketing there (it
+  was refused for every family, as a causal stack's 16 exact buckets
+  would); the families with a causal stack refuse it."""
+  head = dict(encoder="mlm", decoder="lm", encoder_decoder="lm")[family]
+  make = functools.partial(ModelConfig, **TINY, family=family, head=head, position="t5_bias")
+  assert make(options=dict(t5_max_distance=exact + 1)).option("t5_max_distance") == exact + 1
+  with pytest.raises(ValueError, match=rf"^model\.options\.t5_max_distance: [^\n]* {exact} exact"):
+    make(options=dict(t5_max_distance=exact))
+  offsets = np.arange(-40, 41)
+  got = positional.relative_position_bucket(
+    jnp.asarray(offsets), bidirectional=True, num_buckets=32, max_distance=exact + 1
+  )
+  want = [np_t5_bucket(int(offset), True, 32, exact + 1) for offset in offsets]
+  np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_a_model_keeps_its_chosen_entries_settings_and_drops_the_others():

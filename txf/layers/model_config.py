@@ -454,7 +454,8 @@ class ModelConfig:
 
   def _check_position(self) -> None:
     """What the registry entry of model.position needs: an even dimension
-    (its settings check themselves: _check_options)."""
+    (its settings check themselves: _check_options), and t5_bias' of a
+    family that generates, what its causal stack needs."""
     encoding = positions.encoding(self.position)
     dims = dict(
       d_model=self.d_model,
@@ -464,6 +465,9 @@ class ModelConfig:
       raise ValueError(
         f"model.position: {self.position} needs an even {encoding.even}, got {dims[encoding.even]}"
       )
+    settings = self.settings("position")
+    if isinstance(settings, positions.T5BiasSettings) and FAMILIES[self.family].generative:
+      settings.check_causal()  # an encoder's stack is bidirectional alone: check() holds
 
   def _check_linear_attention(self) -> None:
     """attention='linear' weighs keys by positive features, so an additive

@@ -108,12 +108,11 @@ class T5BiasSettings:
   t5_max_distance: int = documented("distances from here on share the last bucket", default=128)
 
   def check(self) -> None:
-    """What txf.ops.positional.relative_position_bucket needs of every stack
-    (these settings serve an encoder's bidirectional stack and a decoder's
-    causal one alike): an even count (half for each direction), at least
-    two exact buckets per direction, and a max_distance past a causal
-    stack's num_buckets / 2 exact buckets. Found here, naming the field;
-    they failed at the first call, naming neither."""
+    """What txf.ops.positional.relative_position_bucket needs of a
+    bidirectional stack (an encoder's; a decoder's prefix): an even count
+    (half for each direction), at least two exact buckets per direction, and
+    a max_distance past its num_buckets / 4 exact buckets. Found here, naming
+    the field; they failed at the first call, naming neither."""
     checks.int_at_least(self.t5_num_buckets, "model.options.t5_num_buckets", 4)
     if self.t5_num_buckets % 2:
       raise ValueError(
@@ -121,10 +120,19 @@ class T5BiasSettings:
         f"got {self.t5_num_buckets}"
       )
     checks.positive_int(self.t5_max_distance, "model.options.t5_max_distance")
-    if self.t5_max_distance <= self.t5_num_buckets // 2:
+    self._check_past_exact(self.t5_num_buckets // 4, "a bidirectional")
+
+  def check_causal(self) -> None:
+    """What a causal stack (a decoder's) needs beyond check(): its one side
+    holds every bucket, so a max_distance past num_buckets / 2 exact ones
+    (ModelConfig asks it of the families that generate)."""
+    self._check_past_exact(self.t5_num_buckets // 2, "a causal")
+
+  def _check_past_exact(self, exact: int, stack: str) -> None:
+    if self.t5_max_distance <= exact:
       raise ValueError(
-        f"model.options.t5_max_distance: must exceed the {self.t5_num_buckets // 2} exact "
-        f"buckets of t5_num_buckets={self.t5_num_buckets}, got {self.t5_max_distance}"
+        f"model.options.t5_max_distance: must exceed the {exact} exact buckets of {stack} "
+        f"stack with t5_num_buckets={self.t5_num_buckets}, got {self.t5_max_distance}"
       )
 
 
