@@ -242,6 +242,11 @@ def test_masked_vocabulary_entries_and_zero_weights_stay_finite(batch):
   for zero in (0, np.float32(0.0), jnp.float32(0.0)):
     smoothed = token_cross_entropy(logits, labels, label_smoothing=zero)
     np.testing.assert_allclose(smoothed, nll, rtol=1e-5)
+  # And one traced (a smoothing swept under jit or vmap), with its gradient.
+  traced = jax.jit(lambda s: token_cross_entropy(logits, labels, label_smoothing=s))
+  np.testing.assert_allclose(traced(0.0), nll, rtol=1e-5)
+  grad = jax.grad(lambda z: token_cross_entropy(z, labels, label_smoothing=jnp.float32(0)).sum())
+  assert np.all(np.isfinite(jax.jit(grad)(logits)))
 
 
 def test_bfloat16_logits_give_a_bfloat16_gradient_of_float32_statistics(batch):

@@ -100,10 +100,12 @@ def _per_token_and_log_z(logits_xV, labels, label_smoothing, z_loss):
   label_logit = jnp.take_along_axis(logits_xV, labels[..., None], axis=-1)[..., 0]
   per_token = log_z - label_logit
   # Without smoothing the uniform part is left out, not multiplied by 0: it
-  # is infinite where a logit is -inf (a masked vocabulary), and 0 * inf is NaN.
+  # is infinite where a logit is -inf (a masked vocabulary), and 0 * inf is
+  # NaN (a traced smoothing may be 0 too: selected away, not multiplied).
   if not _concrete_zero(label_smoothing):
     uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
-    per_token = (1.0 - label_smoothing) * per_token + label_smoothing * uniform_nll
+    smoothed = (1.0 - label_smoothing) * per_token + label_smoothing * uniform_nll
+    per_token = jnp.where(jnp.asarray(label_smoothing) == 0, per_token, smoothed)
   return per_token + z_loss * jnp.square(log_z), log_z
 
 
