@@ -7,6 +7,7 @@ the sample standard deviation (ddof=1), which for two values a, b is
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -359,6 +360,34 @@ def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
   assert cells[0]["sliding @32"] == "3.0000"
   assert cells[2]["sliding @16"] == "n/a"
   assert (cells[1]["diverged"], cells[1]["val loss"]) == ("yes", "")
+
+
+def test_a_classifiers_throughput_is_its_own_column_in_examples_per_second(
+  tmp_path, sweep_dir, points
+):
+  """A classifier logs examples_per_sec, not tokens_per_sec: its throughput
+  was a blank tokens/s cell; LM sweeps keep their columns as they were."""
+  write_run(
+    tmp_path / "classify",
+    [
+      {"step": 2, "loss": 2.5, "examples_per_sec": 300.0},
+      {"step": 4, "loss": 2.0, "examples_per_sec": 500.0},
+      {"step": 4, "eval_loss": 2.25},
+    ],
+  )
+  row = results.summarize_point(points[0], tmp_path / "classify", replicas=1)
+  assert (row.examples_per_sec, row.tokens_per_sec) == (400.0, None)
+  (tmp_path / "classify_results").mkdir()
+  csv_path, md_path = results.write_results([row], tmp_path / "classify_results")
+  (table,) = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+  assert (table["examples_per_sec"], table["tokens_per_sec"]) == ("400.0", "")
+  lines = md_path.read_text().splitlines()
+  header = [cell.strip() for cell in lines[2].strip("|").split("|")]
+  cells = dict(zip(header, (c.strip() for c in lines[4].strip("|").split("|"))))
+  assert (cells["examples/s"], cells["tokens/s"]) == ("400", "")
+  assert "examples/s: a classifier's training examples per second" in lines[0]
+  lm_csv, lm_md = results.write_results(summaries(sweep_dir, points), sweep_dir)
+  assert "examples_per_sec" not in lm_csv.read_text() and "examples/s" not in lm_md.read_text()
 
 
 def test_results_md_says_what_its_extrapolation_and_difference_columns_hold(sweep_dir, points):

@@ -212,7 +212,8 @@ class Extrapolation:
 class PointSummary:
   """One row of the results table. Losses are final values (None when the
   point has not logged one, or diverged); perplexities are exp(loss) per
-  replica, then mean ± std; tokens_per_sec is the mean over logged rows.
+  replica, then mean ± std; tokens_per_sec (examples_per_sec, a
+  classifier's) is the mean over logged rows.
   late_improvement is `late_improvement` of the mean validation-loss curve
   (None: unknown, fewer than FLAT_MIN_EVALUATIONS evaluations in the last
   fifth, or diverged). curves holds the point's
@@ -232,6 +233,7 @@ class PointSummary:
   extrapolation: Extrapolation | None
   late_improvement: float | None = None
   eval_losses: tuple[float, ...] | None = None  # each replica's final, for the paired test
+  examples_per_sec: float | None = None  # a classifier's throughput (it logs no tokens/s)
   curves: Mapping[str, Curve] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
@@ -479,7 +481,7 @@ def summarize_point(
   eval_losses = final("eval_loss")
   eval_loss, eval_ppl = _loss_stats(eval_losses)
   accuracies = final("eval_accuracy")
-  throughputs = [row["tokens_per_sec"] for row in rows.values() if "tokens_per_sec" in row]
+  throughput = lambda name: _mean_logged(rows, name)
   curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
   improvement = None if diverged else late_improvement(*curves["eval_loss"][:2])
   return PointSummary(
@@ -491,13 +493,20 @@ def summarize_point(
     eval_loss=eval_loss,
     eval_perplexity=eval_ppl,
     eval_accuracy=None if accuracies is None else Stat.of(accuracies),
-    tokens_per_sec=float(np.mean(throughputs)) if throughputs else None,
+    tokens_per_sec=throughput("tokens_per_sec"),
     diverged=diverged,
     extrapolation=_final_extrapolation(point, workdir, log),
     late_improvement=improvement,
     eval_losses=None if eval_losses is None else tuple(eval_losses),
+    examples_per_sec=throughput("examples_per_sec"),
     curves=curves,
   )
+
+
+def _mean_logged(rows: Mapping[int, Mapping[str, Any]], name: str) -> float | None:
+  """The mean of `name` over the metrics rows that log it (None: none do)."""
+  values = [row[name] for row in rows.values() if name in row]
+  return float(np.mean(values)) if values else None
 
 
 def _extrapolation_columns(rows: Sequence[PointSummary]) -> list[tuple[str, int]]:
@@ -545,6 +554,7 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
     "late_improvement",
     "flat",
     "tokens_per_sec",
+    *(["examples_per_sec"] if _classifies(rows) else []),
     *(f"{p}@{n}" for p, n in extrapolation),
     "diverged",
   ]
@@ -566,11 +576,25 @@ def _csv_text(rows: Sequence[PointSummary]) -> str:
       blank(row.late_improvement),
       _flat_cell(row),
       blank(row.tokens_per_sec),
+      *([blank(row.examples_per_sec)] if _classifies(rows) else []),
       *(blank(_extrapolated(row, p, n)) for p, n in extrapolation),
       "yes" if row.diverged else "no",
     ]
     writer.writerow(line)
   return out.getvalue()
+
+
+def _classifies(rows: Sequence[PointSummary]) -> bool:
+  """Whether a point logged a classifier's throughput (an examples/s column)."""
+  return any(row.examples_per_sec is not None for row in rows)
+
+
+def _examples_note(rows: Sequence[PointSummary]) -> str:
+  return "; examples/s: a classifier's training examples per second" if _classifies(rows) else ""
+
+
+def _format_rate(value: float | None) -> str:
+  return "" if value is None else f"{value:,.0f}"
 
 
 def _flat_cell(row: PointSummary) -> str:
@@ -622,6 +646,7 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     f"val change, last {fraction_name()}",
     "flat",
     "tokens/s",
+    *(["examples/s"] if _classifies(rows) else []),
     *(f"{p} @{n}" for p, n in extrapolation),
     "diverged",
   ]
@@ -629,7 +654,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     f"Losses in {LOSS_UNITS}, final values; mean ± sample std (ddof=1) over replicas; "
     "val accuracy: of the predictions the loss counts (a language model's next token). "
     "tokens/s: training tokens per second, each batch counted once however many "
-    f"replicas train on it. {_extrapolation_note(rows)}Val change: relative change of "
+    f"replicas train on it{_examples_note(rows)}. {_extrapolation_note(rows)}"
+    "Val change: relative change of "
     f"the mean validation loss over the last {fraction_name()} of training; flat: it "
     f"improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, "
     "judged only with at least "
@@ -646,7 +672,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
       *(_format_stat(getattr(row, a)) for _, a in _STATS),
       "" if row.late_improvement is None else f"{-100 * row.late_improvement:+.1f}%",
       _flat_cell(row),
-      "" if row.tokens_per_sec is None else f"{row.tokens_per_sec:,.0f}",
+      _format_rate(row.tokens_per_sec),
+      *([_format_rate(row.examples_per_sec)] if _classifies(rows) else []),
       *(_format_loss(_extrapolated(row, p, n)) for p, n in extrapolation),
       "yes" if row.diverged else "no",
     ]
