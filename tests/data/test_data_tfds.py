@@ -9,6 +9,7 @@ into a temporary folder, which also covers the unmocked read path.
 """
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -304,7 +305,7 @@ def test_read_texts_stops_at_the_budget():
 @pytest.mark.parametrize(
   "name", ["tfds:tiny_shakespeare", "tfds:wmt14_translate/de-en", "tfds:no_such_dataset"]
 )
-def test_unprepared_dataset_names_itself_and_how_to_prepare(name, tmp_path):
+def test_unprepared_dataset_names_itself_and_how_to_prepare(name, tmp_path, caplog):
   data_dir = tmp_path / "empty"
   data_dir.mkdir()
   workdir = tmp_path / "run"
@@ -320,6 +321,9 @@ def test_unprepared_dataset_names_itself_and_how_to_prepare(name, tmp_path):
     f"tfds build {name[len('tfds:') :]} --data_dir={data_dir} --file_format=array_record"
   ) in message
   assert not workdir.exists()  # failed before training a tokenizer
+  # The error is the one line: TFDS's warning of the folder it found empty
+  # ("Variant folder ... has no dataset_info.json") came before it.
+  assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_tfrecord_copy_names_the_conversion(monkeypatch):

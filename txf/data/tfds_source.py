@@ -23,6 +23,7 @@ TFDS and Grain are imported on first use: they take seconds to import and
 only runs on TFDS data need them.
 """
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -75,14 +76,14 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
   where = f"{data_dir} (data.tfds_data_dir={spec.tfds_data_dir!r})"
   hint = _preparation_hint(spec, data_dir)
   try:
-    builder = tfds.builder(dataset_name(spec), data_dir=spec.tfds_data_dir)
+    builder = _builder(spec)
   except tfds.core.DatasetNotFoundError:
     # TFDS's own message lists every registered builder: too long to chain.
     raise ValueError(
       f"data.name={spec.name!r}: TFDS has no builder code for it and "
       f"{where} holds no prepared copy (check the name). {hint}."
     ) from None
-  if not builder.is_prepared():
+  if not _is_prepared(builder):
     raise ValueError(
       f"data.name={spec.name!r} is not prepared in {where} (looked in {builder.data_dir}). {hint}."
     )
@@ -113,9 +114,27 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
 def resolved_version(spec: DataSpec) -> str:
   """The version of the prepared dataset data.name reads: the one it names
   (':<version>') or the newest prepared in data.tfds_data_dir."""
+  return str(_builder(spec).version)
+
+
+def _builder(spec: DataSpec) -> Any:
+  """TFDS's builder of data.name in data.tfds_data_dir."""
   import tensorflow_datasets as tfds  # imported here: only TFDS data needs it
 
-  return str(tfds.builder(dataset_name(spec), data_dir=spec.tfds_data_dir).version)
+  return tfds.builder(dataset_name(spec), data_dir=spec.tfds_data_dir)
+
+
+def _is_prepared(builder: Any) -> bool:
+  """builder.is_prepared(), its warnings held back (a version folder without
+  dataset_info.json): open_split's error says what is missing and how to
+  prepare it in one line, which TFDS's warning line before it confused."""
+  absl = logging.getLogger("absl")
+  level = absl.level
+  absl.setLevel(max(level, logging.ERROR))
+  try:
+    return bool(builder.is_prepared())
+  finally:
+    absl.setLevel(level)
 
 
 def _utf8(value: str | bytes) -> bytes:
