@@ -235,6 +235,19 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
     assert np.any(masked["weights"]) and not np.all(masked["weights"])
     with pytest.raises(ValueError, match=r"data\.name='repeat:' names no WORD"):
       parse_data(data("repeat:"))
+
+    # A split of no documents, or of bytes, is a line naming the source (it
+    # was numpy's "need at least one array to concatenate", an AttributeError).
+    @register.text_source("sparse", argument="KIND")
+    def sparse(kind, split, max_bytes):
+      return {"none": [], "bytes": [b"abc"] * 3}[kind] if split == "validation" else ["a" * 99]
+
+    with pytest.raises(
+      ValueError, match=r"^data\.name='sparse:none': its validation split holds no"
+    ):
+      make_dataset(parse_data(data("sparse:none")), "validation", seed=0)
+    with pytest.raises(ValueError, match=r"^data\.name='sparse:bytes': .* must be str, got bytes$"):
+      make_dataset(parse_data(data("sparse:bytes")), "validation", seed=0)
   with pytest.raises(
     ValueError, match=r"data\.name='repeat:hello' is not one of .* or of the forms"
   ):

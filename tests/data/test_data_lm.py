@@ -8,7 +8,8 @@ import pytest
 
 from conftest import assert_same_batches, take_batches
 from txf.data import ByteTokenizer, load_corpus, make_dataset
-from txf.data.lm import token_stream
+from txf.data.lm import LanguageModelSource, token_stream
+from txf.data.masking import BertMasker
 from txf.data.spec import parse_data
 
 SEQ_LEN = 31
@@ -123,6 +124,24 @@ def test_eval_is_one_padded_pass_repeated_identically():
   np.testing.assert_array_equal(weights[: len(windows)], 1.0)
   np.testing.assert_array_equal(weights[len(windows) :], 0.0)
   np.testing.assert_array_equal(inputs[len(windows) :], 0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_eval_padding_rows_hold_the_pad_id(masked):
+  """docs/data.md: padding holds the tokenizer's pad id (a Hugging Face
+  tokenizer's is not 0: RoBERTa's 1); these rows were 0 whatever it was."""
+  tokens = np.arange(3, 3 + 5 * 8, dtype=np.int32)  # 5 windows of 8: one batch of 4 and 1
+  masker = (
+    BertMasker(probability=0.5, mask_id=99, vocab_size=100, special_ids=[0, 1, 2], seed=0)
+    if masked
+    else None
+  )
+  source = LanguageModelSource(
+    tokens, example_len=8, batch_size=4, seed=0, split="validation", masker=masker, pad_id=7
+  )
+  batch = source.batch(1, range(4))  # the pass's last batch: one window, three padding rows
+  assert np.all(batch["inputs"][1:] == 7) and np.any(batch["weights"][0])
+  assert not np.any(batch["weights"][1:])
 
 
 def test_num_batches_limits_eval():

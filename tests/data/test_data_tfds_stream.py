@@ -358,6 +358,27 @@ def packed_reference(documents, eos_id, window_len, rows):
   return tokens, real, segments, positions
 
 
+class TxfTestEmptyTexts(DocumentsBuilder):
+  """A train split whose texts are all empty (a text key naming an unused feature)."""
+
+  TRAIN_TEXTS = [""] * 5
+  VALIDATION_TEXTS = ["", "abc"]
+
+
+def test_a_train_split_of_empty_texts_is_an_error_naming_the_text_key(tmp_path):
+  """Packing skips empty texts, so the endless training stream waited for a
+  window without end (a run hung at its first step); an evaluation split of
+  empty texts is all padding, as before."""
+  tfds.builder(
+    "txf_test_empty_texts", data_dir=tmp_path, file_format="array_record"
+  ).download_and_prepare()
+  spec = config(str(tmp_path), name="tfds:txf_test_empty_texts")
+  with pytest.raises(ValueError, match=r"^data\.tfds_text_key='text': every text of the train"):
+    make_dataset(spec, "train", seed=0)
+  (batch,) = take_batches(make_dataset(spec, "validation", seed=0), 1)
+  assert documents_of(windows_of([batch])) == ["abc"]
+
+
 HF_TEXTS = ["a ! b", "! !", "c", "b a ! ! c a", "!", "a b c ! a b"]  # 25 tokens with EOS
 
 

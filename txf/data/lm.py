@@ -47,7 +47,8 @@ class LanguageModelSource:
   position = global examples already taken in the epoch.
 
   Evaluation (any other split): one pass in stream order, the last batch
-  padded with all-zero rows of weight 0, so every window counts once.
+  padded with rows of `pad_id` (the tokenizer's) of weight 0, so every
+  window counts once.
 
   Batch (R = rows): with no masker, windows of T + 1 tokens give
     inputs: int32 [R, T], targets: int32 [R, T] (inputs shifted by one),
@@ -65,6 +66,7 @@ class LanguageModelSource:
     seed: int,
     split: str,
     masker: BertMasker | None = None,
+    pad_id: int = 0,
   ):
     num_examples = len(tokens) // example_len
     _check_size(len(tokens), example_len, batch_size, split)
@@ -73,6 +75,7 @@ class LanguageModelSource:
     self._seed = seed
     self._shuffle = split == "train"
     self._masker = masker
+    self._pad_id = pad_id
     if self._shuffle:
       self._batches_per_epoch = num_examples // batch_size
       self.num_batches = None
@@ -101,7 +104,7 @@ class LanguageModelSource:
     start = index * self._batch_size
     ids = self._order(epoch)[start + rows.start : start + rows.stop]
     real_RxW = np.broadcast_to((ids >= 0)[:, None], (len(ids), self._windows.shape[1]))
-    windows_RxW = np.where(real_RxW, self._windows[ids], 0).astype(np.int32)
+    windows_RxW = np.where(real_RxW, self._windows[ids], self._pad_id).astype(np.int32)
     if self._masker is not None:
       return self._masker(windows_RxW, real_RxW, step, rows, self._batch_size)
     return {

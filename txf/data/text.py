@@ -81,10 +81,10 @@ class DocumentSource:
     return corpus_fields(data)
 
   def training_texts(self, spec: DataSpec, max_bytes: int) -> list[str]:
-    return self.load(name_argument(spec.name), "train", max_bytes)
+    return self._documents(spec, "train", max_bytes)
 
   def dataset(self, spec: DataSpec, split: str, seed: int, common: dict[str, Any]) -> Dataset:
-    documents = self.load(name_argument(spec.name), split, spec.max_corpus_bytes)
+    documents = self._documents(spec, split, spec.max_corpus_bytes)
     tokenizer = common["tokenizer"]
     mask = masker(spec, seed, tokenizer)
     source = LanguageModelSource(
@@ -94,8 +94,23 @@ class DocumentSource:
       seed=seed,
       split=split,
       masker=mask,
+      pad_id=tokenizer.pad_id,
     )
     return Dataset(source, **common)
+
+  def _documents(self, spec: DataSpec, split: str, max_bytes: int | None) -> list[str]:
+    """`load`'s documents of `split`, checked: a registered source's empty
+    split or bytes documents failed deep in the tokenizer, naming neither."""
+    documents = list(self.load(name_argument(spec.name), split, max_bytes))
+    if not documents:
+      raise ValueError(f"data.name={spec.name!r}: its {split} split holds no documents")
+    kinds = {type(document).__name__ for document in documents if not isinstance(document, str)}
+    if kinds:
+      raise ValueError(
+        f"data.name={spec.name!r}: its {split} split's documents must be str, "
+        f"got {', '.join(sorted(kinds))}"
+      )
+    return documents
 
   def describe(self, spec: DataSpec) -> str:
     return self.describe_data(name_argument(spec.name))

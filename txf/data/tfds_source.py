@@ -108,7 +108,22 @@ def open_split(spec: DataSpec, split: str) -> Sequence[Mapping[str, Any]]:
         f"data.{field}={key!r} is not a feature of "
         f"data.name={spec.name!r}; its features: {sorted(first)}"
       )
+  if split == "train" and spec.batches != "seq2seq":
+    _check_some_text(records, spec)
   return records
+
+
+def _check_some_text(records: Sequence[Mapping[str, Any]], spec: DataSpec) -> None:
+  """Raises ValueError naming data.tfds_text_key if every text of the train
+  split is empty: packing skips empty texts, and the training stream, which
+  repeats forever, would wait for a window without end. Reads up to the
+  first non-empty text (the first record, in a dataset to train on)."""
+  key = required(spec.tfds_text_key)
+  if not any(len(_utf8(records[i][key])) for i in range(len(records))):
+    raise ValueError(
+      f"data.tfds_text_key={key!r}: every text of the train split of "
+      f"data.name={spec.name!r} is empty (nothing to train on; another feature?)"
+    )
 
 
 def resolved_version(spec: DataSpec) -> str:
