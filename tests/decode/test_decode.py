@@ -437,7 +437,9 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
     ([[5, 6]], dict(prompt_lengths_B=jnp.array([3])), r"prompt_lengths_B must lie in \[1, 2\]"),
     ([[5, 6]], dict(prompt_lengths_B=jnp.array([1, 2])), r"must have shape \(1,\), got \(2,\)"),
     ([[5, 6]], dict(padding_side="middle"), "padding_side must be one of"),
-    ([[5, 6]], dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),
+    ([[5, 6]], dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+    ([[5, 6]], dict(max_new_tokens=2.0), "max_new_tokens must be an integer >= 1, got 2.0"),
+    ([[5, 6, 7]], dict(prompt_lengths_B=jnp.array([2.5])), "prompt_lengths_B must be integers"),
     ([5, 6], {}, r"prompts must be int \[B, P\]"),
   ],
   ids=[
@@ -449,6 +451,8 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
     "lengths shape",
     "side",
     "no new tokens",
+    "float count",
+    "float lengths",
     "1-D prompt",
   ],
 )
@@ -480,6 +484,13 @@ def test_bad_prompts_are_rejected_before_decoding(prompt, kwargs, message):
       r"^generate: prompt_BxP: id 50 outside the vocabulary \[0, 50\) \(model.vocab_size\)$",
     ),
     (dict(prompt_BxP=PROMPT.at[0, 1].set(-1)), r"^generate: prompt_BxP: id -1 outside"),
+    (dict(prompt_BxP=[[5, 6, 7], [4]]), r"^generate: prompt_BxP: rows of different lengths"),
+    # An EOS the model can never emit: rows ran to max_new_tokens, without a word.
+    (
+      dict(prompt_BxP=PROMPT, eos_id=50),
+      r"^generate: eos_id: must be an integer in \[0, 49\], got 50$",
+    ),
+    (dict(prompt_BxP=PROMPT, eos_id=-1), r"^generate: eos_id: must be an integer in \[0, 49\]"),
   ],
 )
 def test_bad_generate_arguments_are_rejected(kwargs, message):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from txf import hardware
+from txf import checks, hardware
 from txf.decode.beam_search import beam_search, per_beam
 from txf.decode.cache import (
   cache_batch_axes,
@@ -50,7 +50,8 @@ def _checked_prompts(
   check_generative(model)
   # A list of lists, as the ops take (arrays, tracers and abstract values,
   # which txf.aot compiles for a device it does not have, stay as they are).
-  prompt_BxP, encoder_tokens_BxS = _as_array(prompt_BxP), _as_array(encoder_tokens_BxS)
+  prompt_BxP = _as_array("prompt_BxP", prompt_BxP)
+  encoder_tokens_BxS = _as_array("encoder_tokens_BxS", encoder_tokens_BxS)
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens_BxS is None:
     raise ValueError("generate: encoder_tokens_BxS: an encoder_decoder needs encoder inputs")
@@ -73,9 +74,17 @@ def _checked_prompts(
   return prompt_BxP, prompt_lengths_B
 
 
-def _as_array(ids: Any) -> Any:
+def _as_array(name: str, ids: Any) -> Any:
   """Lists and tuples of ids as a numpy array; anything else as it is."""
-  return np.asarray(ids) if isinstance(ids, (list, tuple)) else ids
+  if not isinstance(ids, (list, tuple)):
+    return ids
+  try:
+    return np.asarray(ids)
+  except ValueError:  # numpy's "inhomogeneous shape"
+    raise ValueError(
+      f"generate: {name}: rows of different lengths; pad them to one length with "
+      "model.pad_id (prompts: right, or left with padding_side='left')"
+    ) from None
 
 
 def _check_vocabulary(name: str, ids: Array | None, vocab_size: int) -> None:
@@ -314,6 +323,8 @@ def build_generate(
     )
     check_sampling(temperature, top_k, top_p)
     _check_search_choice(num_beams, return_beams, rng, top_k, top_p, length_penalty)
+    if eos_id is not None:  # one past the vocabulary is never generated: rows never stop
+      checks.int_at_least(eos_id, "generate: eos_id", 0, model.cfg.vocab_size - 1)
     # The searches' checks of the prompts (generate sizes the cache itself),
     # here while they are concrete: inside the jitted program they are traced.
     check_search(

@@ -10,6 +10,7 @@ side (`restore_padding_side`).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import jax
@@ -32,10 +33,15 @@ def concrete(x: Any) -> np.ndarray | None:
 
 
 def _check_options(caller: str, max_new_tokens: int, padding_side: str) -> None:
-  if max_new_tokens < 1:
-    raise ValueError(f"{caller}: max_new_tokens must be >= 1, got {max_new_tokens}")
+  # A float count (2.0) failed in flax's tracing of the cache, a traceback.
+  if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    raise ValueError(f"{caller}: max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
   if padding_side not in PADDING_SIDES:
     raise ValueError(f"{caller}: padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_cache_size(caller: str, cache: Cache, prompt_len: int, max_new_tokens: int) -> None:
@@ -57,6 +63,9 @@ def _check_given_lengths(
       f"{caller}: prompt_lengths_B must have shape ({batch_size},), got "
       f"{jnp.shape(prompt_lengths_B)}"
     )
+  dtype = getattr(prompt_lengths_B, "dtype", None) or np.asarray(prompt_lengths_B).dtype
+  if not jnp.issubdtype(dtype, jnp.integer):  # 2.5 was read as 2: another prompt continued
+    raise ValueError(f"{caller}: prompt_lengths_B must be integers, got {dtype}")
   lengths_B = concrete(prompt_lengths_B)
   if lengths_B is not None and not np.all((lengths_B >= 1) & (lengths_B <= prompt_len)):
     raise ValueError(
