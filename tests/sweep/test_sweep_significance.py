@@ -4,6 +4,7 @@ adjustment against a direct transcription of its
 definition, the pairing rule, the pairs a grid gives, and results.md's
 comparison section."""
 
+import json
 import types
 
 import numpy as np
@@ -223,7 +224,7 @@ def row(name, status="done", mean=1.0, replicas=2, seed=0, **overrides):
   """A summary row whose replicas' final losses are mean -/+ 0.05 (paired
   with another row's where they have the same seed)."""
   config = {"seed": seed, "replicas": replicas, "data": {"seed": None}}
-  point = types.SimpleNamespace(name=name, overrides=overrides, config=config)
+  point = types.SimpleNamespace(name=name, overrides=overrides)
   losses = None if mean is None else (mean - 0.05, mean + 0.05)
   return types.SimpleNamespace(
     point=point,
@@ -231,6 +232,7 @@ def row(name, status="done", mean=1.0, replicas=2, seed=0, **overrides):
     eval_loss=None if losses is None else Stat.of(losses),
     eval_losses=losses,
     replicas=replicas,
+    trained_config=config,
   )
 
 
@@ -266,10 +268,38 @@ def test_a_pair_of_paired_replicas_gets_the_paired_test():
   (paired,) = significance.comparisons([rope, alibi], [field])
   want = stats.ttest_rel(rope.eval_losses, alibi.eval_losses)
   assert paired.test.paired and paired.test.p == pytest.approx(want.pvalue, rel=1e-9)
-  rope.point.config = {**rope.point.config, "seed": 1}
+  rope.trained_config = {**rope.trained_config, "seed": 1}
   (unpaired,) = significance.comparisons([rope, alibi], [field])
   want = stats.ttest_ind(rope.eval_losses, alibi.eval_losses, equal_var=False)
   assert not unpaired.test.paired and unpaired.test.p == pytest.approx(want.pvalue, rel=1e-9)
+
+
+def test_points_trained_apart_pair_by_the_configs_they_trained_with(sweep_dir, points):  # noqa: F811
+  """A narrowed sweep may train a point with another seed or replica count
+  (--config.base.seed=7): its config.json says so, the sweep's config does
+  not. Such points were compared as paired (another seed), or the summary
+  died on a paired test of 3 and 2 replicas (a traceback)."""
+  rope_pre, learned_pre = sweep_dir / points[0].name, sweep_dir / points[2].name
+  config = json.loads((learned_pre / "config.json").read_text())
+  (learned_pre / "config.json").write_text(json.dumps({**config, "seed": 7}))
+  rows = [results.summarize_point(p, sweep_dir / p.name) for p in points]
+  (seeded,) = significance.comparisons(rows, ["model.position", "model.norm_placement"])
+  want = stats.ttest_ind([2.0, 2.5], [2.3, 2.7], equal_var=False)
+  assert not seeded.test.paired and seeded.test.p == pytest.approx(want.pvalue, rel=1e-9)
+  # Three replicas where the other has two: Welch's, of 3 and 2 losses.
+  (learned_pre / "config.json").write_text(json.dumps({**config, "replicas": 3}))
+  metrics = [json.loads(line) for line in (learned_pre / "metrics.jsonl").read_text().splitlines()]
+  last = metrics[-1]
+  last.update({"eval_loss/2": 2.5, "eval_loss": (2.3 + 2.7 + 2.5) / 3})
+  for row in metrics:  # every replica's values at every logged step
+    for key in [k for k in row if k.endswith("/1")]:
+      row.setdefault(key[:-1] + "2", row[key])
+  (learned_pre / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+  rows = [results.summarize_point(p, sweep_dir / p.name) for p in points]
+  (counted,) = significance.comparisons(rows, ["model.position", "model.norm_placement"])
+  want = stats.ttest_ind([2.0, 2.5], [2.3, 2.7, 2.5], equal_var=False)
+  assert not counted.test.paired and counted.test.p == pytest.approx(want.pvalue, rel=1e-9)
+  assert rows[0].point.name == rope_pre.name and rows[0].replicas == 2 and rows[2].replicas == 3
 
 
 def test_results_md_states_the_rule_and_each_pairs_test(sweep_dir, points):  # noqa: F811

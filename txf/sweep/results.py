@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.runconfig.run_config import to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.metrics import read_metrics
 from txf.rundir.resume import CONFIG_FILE, read_run_config
@@ -234,6 +235,11 @@ class PointSummary:
   late_improvement: float | None = None
   eval_losses: tuple[float, ...] | None = None  # each replica's final, for the paired test
   examples_per_sec: float | None = None  # a classifier's throughput (it logs no tokens/s)
+  # config.json as the point's run holds it (None: none yet): whether two
+  # points' replicas pair up is what they trained with, not the sweep's config.
+  trained_config: Mapping[str, Any] | None = dataclasses.field(
+    default=None, repr=False, compare=False
+  )
   curves: Mapping[str, Curve] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
@@ -468,8 +474,8 @@ def summarize_point(
       (its final step: the row's final losses are of that step).
   """
   workdir = epath.Path(workdir)
+  saved = read_run_config(workdir)  # None without a config.json
   if replicas is None:
-    saved = read_run_config(workdir)  # None without a config.json
     replicas = point_replicas(point) if saved is None else saved.replicas
   if replicas < 1:
     raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -500,6 +506,7 @@ def summarize_point(
     eval_losses=None if eval_losses is None else tuple(eval_losses),
     examples_per_sec=throughput("examples_per_sec"),
     curves=curves,
+    trained_config=None if saved is None else to_json(saved),
   )
 
 

@@ -491,7 +491,10 @@ def run_sweep(
     return None
   check_reachable(workdir)
   # A mistyped --workdir: say so rather than write a table of missing points.
-  if summarize_only and all(results.point_status(workdir / p.name) == "missing" for p in points):
+  # (At the points' steps: a status needs no config.json read, which check_trained_steps does.)
+  if summarize_only and all(
+    results.point_status(workdir / p.name, steps=p.config.train.steps) == "missing" for p in points
+  ):
     raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
   for point in points:
     point_dir = workdir / point.name

@@ -245,7 +245,9 @@ def comparisons(rows: Sequence[Any], fields: Sequence[str]) -> list[Comparison]:
   of `fields` alone, in grid order, Holm-adjusted as one family; only
   finished points (status 'done') take part: a partial run's last loss is
   not its final one. The rule's test (`compare`) of the rows' per-replica
-  final losses, paired where the points' configs pair up (`paired_design`)."""
+  final losses, paired where the configs the points trained with pair up
+  (`paired_design` of their config.json: points a narrowed sweep trained
+  with another seed or replica count are not, whatever the sweep's config)."""
   found = []
   scored = [row for row in rows if row.status == "done" and row.eval_loss is not None]
   for field in fields:
@@ -255,7 +257,7 @@ def comparisons(rows: Sequence[Any], fields: Sequence[str]) -> list[Comparison]:
       if va.get(field) == vb.get(field) or any(va.get(o) != vb.get(o) for o in others):
         continue
       low, high = (a, b) if a.eval_loss.mean <= b.eval_loss.mean else (b, a)
-      paired = paired_design(low.point.config, high.point.config)
+      paired = paired_design(low.trained_config or {}, high.trained_config or {})
       pair_test = compare(low.eval_losses, high.eval_losses, paired=paired)
       found.append((field, low, high, pair_test))
   adjusted = holm([pair_test.p for *_, pair_test in found])
