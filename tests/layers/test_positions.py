@@ -71,3 +71,27 @@ def test_config_choices_are_the_registry():
 def test_entry_must_match_what_it_contributes(entry):
   with pytest.raises(ValueError):
     positions.PositionEncoding(**entry)
+
+
+@pytest.mark.parametrize(
+  "position, dims, refused",
+  [
+    ("sinusoidal", dict(d_model=30, num_heads=5), None),
+    ("sinusoidal", dict(d_model=33, num_heads=3), "needs an even d_model, got 33"),
+    ("rope", dict(d_model=8, num_heads=4), None),  # head_dim 2: one rotated pair
+    ("rope", dict(d_model=12, num_heads=4), "needs an even head_dim, got 3"),
+    ("rope_ntk", dict(d_model=16, num_heads=4), None),  # head_dim 4
+    # NTK's base is scaled by scale ** (D / (D - 2)): a head_dim of 2 failed
+    # at init, naming no field.
+    ("rope_ntk", dict(d_model=8, num_heads=4), "needs head_dim >= 4, got 2"),
+  ],
+)
+def test_an_encoding_refuses_the_dimensions_it_cannot_take(position, dims, refused):
+  config = dict(TINY, **dims, position=position)
+  if refused is None:
+    model = models.build(ModelConfig(**config))
+    logits = model.apply(model.init(jax.random.key(0), tokens(0)), tokens(1))
+    assert np.all(np.isfinite(logits))
+    return
+  with pytest.raises(ValueError, match=rf"^model\.position: {position} {refused}$"):
+    ModelConfig(**config)

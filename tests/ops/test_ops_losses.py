@@ -259,3 +259,29 @@ def test_bfloat16_logits_give_a_bfloat16_gradient_of_float32_statistics(batch):
   assert grad.dtype == jnp.bfloat16
   ref = np_grad(np.asarray(low, np.float64), labels, weights, 0.0, 0.0)
   np.testing.assert_allclose(np.asarray(grad, np.float64), ref, atol=1e-2)
+
+
+def test_a_zero_z_loss_leaves_out_its_term_where_log_z_squared_overflows():
+  """z_loss=0 (the default) added 0 * log_z^2: NaN once log_z^2 overflows
+  float32 (|log_z| past ~1.8e19), where the loss is finite (0 here: the
+  label holds the row's largest logit). Concrete, jax-scalar and traced zeros."""
+  logits = jnp.array([[2e19, 0.0, -1.0]], jnp.float32)
+  labels = jnp.array([0])
+  for zero in (0.0, jnp.float32(0.0)):
+    assert float(token_cross_entropy(logits, labels, z_loss=zero)[0]) == 0.0
+    assert float(cross_entropy(logits, labels, z_loss=zero)[0]) == 0.0
+    assert float(cross_entropy_sums(logits, labels, z_loss=zero)[0]) == 0.0
+  traced = jax.jit(lambda z: token_cross_entropy(logits, labels, z_loss=z))
+  assert float(traced(0.0)[0]) == 0.0
+  loss_sum = linear_cross_entropy_sums(logits[None], jnp.eye(3), labels[None], chunk_len=1)[0]
+  assert float(loss_sum) == 0.0
+
+
+@pytest.mark.parametrize("hyperparameter, value", [("label_smoothing", 1.5), ("z_loss", -1.0)])
+def test_out_of_range_hyperparameters_are_refused_as_jax_scalars_too(hyperparameter, value):
+  """Concrete values are checked: numpy's were, jax's passed silently."""
+  logits, labels = jnp.zeros((2, V)), jnp.array([0, 1])
+  for scalar in (value, np.float32(value), jnp.float32(value)):
+    for loss in (cross_entropy, cross_entropy_sums):
+      with pytest.raises(ValueError, match=rf"^{hyperparameter} must be"):
+        loss(logits, labels, **{hyperparameter: scalar})

@@ -453,8 +453,8 @@ class ModelConfig:
     return values[name]
 
   def _check_position(self) -> None:
-    """What the registry entry of model.position needs: an even dimension
-    (its settings check themselves: _check_options), and t5_bias' of a
+    """What the registry entry of model.position needs: an even dimension,
+    as large as it needs (its settings check themselves: _check_options), and t5_bias' of a
     family that generates, what its causal stack needs."""
     encoding = positions.encoding(self.position)
     dims = dict(
@@ -464,6 +464,11 @@ class ModelConfig:
     if encoding.even is not None and dims[encoding.even] % 2:
       raise ValueError(
         f"model.position: {self.position} needs an even {encoding.even}, got {dims[encoding.even]}"
+      )
+    if encoding.even is not None and dims[encoding.even] < encoding.at_least:
+      raise ValueError(
+        f"model.position: {self.position} needs {encoding.even} >= {encoding.at_least}, "
+        f"got {dims[encoding.even]}"
       )
     settings = self.settings("position")
     if isinstance(settings, positions.T5BiasSettings) and FAMILIES[self.family].generative:

@@ -59,6 +59,8 @@ class PositionEncoding:
       or None, *, bidirectional) -> float32 additive bias [B|1, H, T, S].
     table: None, or one of TABLES: the learned parameters it owns.
     even: None, or the ModelConfig dimension ('d_model' or 'head_dim') that must be even.
+    at_least: the smallest that dimension may be (rope_ntk's scaling
+      divides by head_dim - 2: 4).
   """
 
   contributes: str
@@ -69,6 +71,7 @@ class PositionEncoding:
   bias: Callable[..., Array] | None = None  # (cfg, q, k, table, *, bidirectional)
   table: str | None = None
   even: str | None = None
+  at_least: int = 0
 
   def __post_init__(self):
     if self.contributes not in CONTRIBUTIONS:
@@ -179,7 +182,11 @@ for _name, _entry, _settings in (
   ("sinusoidal", PositionEncoding("embedding", embed=_sinusoidal_embedding, even="d_model"), None),
   ("learned", PositionEncoding("embedding", embed=_learned_embedding, table="absolute"), None),
   ("rope", PositionEncoding("rotation", rotate=_rope, even="head_dim"), RopeSettings),
-  ("rope_ntk", PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim"), RopeSettings),
+  (
+    "rope_ntk",
+    PositionEncoding("rotation", rotate=_ntk_rope, even="head_dim", at_least=4),
+    RopeSettings,
+  ),
   ("alibi", PositionEncoding("bias", bias=_alibi), None),
   ("t5_bias", PositionEncoding("bias", bias=_t5_bias, table="relative"), T5BiasSettings),
   ("none", PositionEncoding("nothing"), None),

@@ -5,7 +5,6 @@ one GPU a kernel of its own, `cross_entropy_gpu`), and fused with the output
 projection, chunked over positions (`linear_cross_entropy_sums`)."""
 
 import functools
-import numbers
 
 import jax
 import jax.numpy as jnp
@@ -54,19 +53,35 @@ def _check_label_ids(labels, vocab):
       raise ValueError(f"labels must be in [0, {vocab}), got ids from {low} to {high}")
 
 
-def _concrete_zero(value) -> bool:
-  """`value` is a zero known outside a trace (a Python, numpy or jax scalar)."""
+def _concrete(value) -> float | None:
+  """`value` as a float where it is a scalar known outside a trace (a
+  Python, numpy or jax scalar), else None."""
   if isinstance(value, jax.core.Tracer) or jnp.ndim(value):
-    return False
-  return float(value) == 0.0
+    return None
+  return float(value)
+
+
+def _concrete_zero(value) -> bool:
+  """`value` is a zero known outside a trace."""
+  return _concrete(value) == 0.0
 
 
 def _check_hyperparameters(label_smoothing, z_loss):
-  # Checked when concrete; traced values pass through.
-  if isinstance(label_smoothing, numbers.Real) and not 0.0 <= label_smoothing < 1.0:
+  # Checked when concrete (a jax scalar too); traced values pass through.
+  smoothing, z = _concrete(label_smoothing), _concrete(z_loss)
+  if smoothing is not None and not 0.0 <= smoothing < 1.0:
     raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-  if isinstance(z_loss, numbers.Real) and z_loss < 0:
+  if z is not None and not z >= 0:
     raise ValueError(f"z_loss must be >= 0, got {z_loss}")
+
+
+def _plus_z_loss(nll, log_z, z_loss):
+  """nll + z_loss * log_z^2, the term left out where z_loss is 0 (selected
+  away where it is traced): log_z^2 overflows float32 past |log_z| ~ 1.8e19,
+  and 0 * inf is NaN, where the loss without it is finite."""
+  if _concrete_zero(z_loss):
+    return nll
+  return jnp.where(jnp.asarray(z_loss) == 0, nll, nll + z_loss * jnp.square(log_z))
 
 
 def token_cross_entropy(logits, labels, *, label_smoothing=0.0, z_loss=0.0):
@@ -106,7 +121,7 @@ def _per_token_and_log_z(logits_xV, labels, label_smoothing, z_loss):
     uniform_nll = log_z - jnp.mean(logits_xV, axis=-1)
     smoothed = (1.0 - label_smoothing) * per_token + label_smoothing * uniform_nll
     per_token = jnp.where(jnp.asarray(label_smoothing) == 0, per_token, smoothed)
-  return per_token + z_loss * jnp.square(log_z), log_z
+  return _plus_z_loss(per_token, log_z, z_loss), log_z
 
 
 def cross_entropy(logits, labels, *, weights=None, label_smoothing=0.0, z_loss=0.0):
@@ -185,7 +200,7 @@ def _token_losses(log_z, label_logit, logits_sum, vocab_size, label_smoothing, z
   nll = log_z - label_logit
   if label_smoothing:
     nll = (1.0 - label_smoothing) * nll + label_smoothing * (log_z - logits_sum / vocab_size)
-  return nll + z_loss * jnp.square(log_z)
+  return _plus_z_loss(nll, log_z, z_loss)
 
 
 def _logit_gradient(logits_xV, labels, weights, log_z, label_smoothing, z_loss):
