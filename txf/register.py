@@ -222,7 +222,8 @@ def position(
       _POSITION_SHAPES[contributes],
       broadcast=contributes != "rotation",
     )
-    entry = PositionEncoding(contributes, **{_KINDS[contributes]: checked}, table=table, even=even)
+    function: dict[str, Any] = {_KINDS[contributes]: checked}  # embed=, rotate= or bias=
+    entry = PositionEncoding(contributes, **function, table=table, even=even)
     ENCODINGS.register(
       name, entry, settings=settings, options=options, replace=replace, provider=fn
     )
