@@ -15,6 +15,7 @@ import json
 import math
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -609,3 +610,23 @@ def test_a_damaged_analysis_record_is_refused_naming_it(tmp_path, text):
   (tmp_path / head_analysis.RECORD_JSON).write_text(text)
   with pytest.raises(ValueError, match=r"analysis\.json: not"):
     head_analysis._read_record(epath.Path(tmp_path))
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_run_whose_mesh_this_machine_lacks_is_read_on_the_devices_it_has(decoder_run, tmp_path):
+  """A run trained with parallel.fsdp x tensor = 2 x 2 (4 devices) is read
+  here, on 1: the commands that read trained runs (txf-generate, -export,
+  -extrapolate, -analyze, -embed, train.init_from) refused it ('does not
+  divide the 1 devices'), though its parameters restore onto any mesh."""
+  copy = tmp_path / "trained_on_four"
+  shutil.copytree(decoder_run, copy)
+  config = json.loads((copy / "config.json").read_text())
+  config["parallel"] = {"data": 1, "fsdp": 2, "tensor": 2}
+  (copy / "config.json").write_text(json.dumps(config))
+  assert len(jax.devices()) == 1
+  read = load_run(copy, {"eval.num_batches": 1})
+  assert read.setup.mesh.devices.size == 1
+  own = load_run(decoder_run, {"eval.num_batches": 1})
+  assert read.setup.evaluate(read.params) == own.setup.evaluate(own.params)
+  # config.json still says how the run was trained.
+  assert json.loads((copy / "config.json").read_text())["parallel"]["fsdp"] == 2

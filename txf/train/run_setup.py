@@ -554,7 +554,8 @@ def load_run(
   has read it: txf.rundir.resume.read_run_config) with `overrides` applied
   (RunConfig.override), e.g. {"data.seq_len": 256, "eval.num_batches": 4}:
   any field the checkpoint does not depend on (see
-  txf.rundir.resume.check_resumable). Nothing in `workdir` is
+  txf.rundir.resume.check_resumable), laid out on a mesh of this machine's
+  devices (`_reading_layout`: the run's own where it fits). Nothing in `workdir` is
   written (nor created: a directory without checkpoints stays without a
   checkpoints/ directory); config.json keeps describing how the run was
   trained. The run may be training still: a checkpoint replaced while it is
@@ -575,17 +576,43 @@ def load_run(
     assert saved is not None  # check_holds_run found its config.json
     run = saved.override(overrides) if overrides else saved
     check_resumable(run, saved, workdir)
+    run, devices = _reading_layout(run)
   except ValueError as error:
     raise ConfigError(str(error)) from error
   with make_checkpointer(run.train, workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
-    setup = setup_run(run, workdir)
+    setup = setup_run(run, workdir, devices)
     restored = checkpointer.restore(setup.abstract_state)
     if restored is None:  # deleted since latest_step() saw it
       raise ConfigError(f"workdir: {workdir} holds no checkpoint to evaluate")
     step, state, _ = restored
   return TrainedRun(setup=setup, params=state.params, step=step)
+
+
+# What a run read on a machine its own mesh does not fit is laid out as.
+_DATA_PARALLEL = {"parallel.data": -1, "parallel.fsdp": 1, "parallel.tensor": 1}
+
+
+def _reading_layout(run: RunConfig) -> tuple[RunConfig, list[jax.Device] | None]:
+  """`run` and the devices to read it on here: its own mesh where that fits
+  this machine's devices and data.batch_size; else data parallel over all of
+  them where that divides the batch; else one device. A run trained with
+  parallel.fsdp=8 or on 8 devices is read on a laptop (the parameters
+  restore onto any mesh; evaluations give its numbers to float rounding).
+  With several processes, the run's own, checked as setup_run does."""
+  devices = jax.devices()
+  data_parallel = run.override(_DATA_PARALLEL)
+  if jax.process_count() > 1:
+    return run, None
+  for candidate in (run, data_parallel):
+    try:
+      mesh = sharding.make_mesh(candidate.parallel, devices)
+      sharding.check_batch(candidate.data.batch_size, mesh)
+    except ValueError:
+      continue
+    return candidate, None
+  return data_parallel, devices[:1]
 
 
 @dataclasses.dataclass(frozen=True)
