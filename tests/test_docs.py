@@ -648,3 +648,16 @@ def test_the_running_page_names_the_text_tag_tensorboard_files_hold():
   (value,) = summary.text(SAMPLE_TAG, "a sample").value
   page = (ROOT / "docs" / "running.md").read_text()
   assert f"text summary (`{value.tag}`)" in page
+
+
+def test_the_findings_tools_read_a_single_runs_unnumbered_metrics(tmp_path):
+  """A point of one replica logs eval_loss, not eval_loss/0: the tools gave
+  an IndexError and 'no evaluation at step' on such a sweep's outputs."""
+  point = tmp_path / "point"
+  point.mkdir()
+  (point / CONFIG_FILE).write_text(json.dumps({"replicas": 1}))
+  rows = [{"step": 5, "eval_loss": 2.5, "eval_accuracy": 0.25}, {"step": 9, "eval_loss": 2.0}]
+  (point / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
+  assert results_tables.replica_values(point, "val loss") == [2.0]
+  assert findings_significance.values_at(point, "val accuracy", 5) == [0.25]
+  assert findings_significance.values_at(point, "val loss", 9) == [2.0]

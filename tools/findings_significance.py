@@ -101,6 +101,7 @@ from txf.rundir.metrics import METRICS_FILE
 from txf.rundir.resume import CONFIG_FILE
 from txf.sweep import significance
 from txf.sweep.results import Stat
+from txf.train.replicas import metric_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(
@@ -207,12 +208,12 @@ def values_at(point: pathlib.Path, title: str, step: int) -> list[float]:
   if title not in ("val @128", "val loss", "val accuracy"):
     raise ValueError(f"step= tests a validation loss or accuracy column, not {title!r}")
   name = "eval_accuracy" if title == "val accuracy" else "eval_loss"
-  replicas = json.loads((point / CONFIG_FILE).read_text())["replicas"]
+  keys = metric_names(name, json.loads((point / CONFIG_FILE).read_text())["replicas"])
   rows = map(json.loads, (point / METRICS_FILE).read_text().splitlines())
-  at = [row for row in rows if row.get("step") == step and f"{name}/0" in row]
+  at = [row for row in rows if row.get("step") == step and keys[0] in row]
   if not at:
     raise ValueError(f"{point}: no evaluation at step {step}")
-  return [float(at[-1][f"{name}/{r}"]) for r in range(replicas)]
+  return [float(at[-1][key]) for key in keys]
 
 
 def data_sides(

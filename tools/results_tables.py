@@ -34,6 +34,7 @@ from txf.rundir.metrics import METRICS_FILE
 from txf.rundir.resume import CONFIG_FILE
 from txf.sweep.figures import VALUE_WORDS
 from txf.sweep.results import EXTRAPOLATION_FILE, RESULTS_CSV, Stat
+from txf.train.replicas import metric_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"^<!-- results_table: (\S+) -->$")
@@ -126,9 +127,10 @@ def point_cells(data: pathlib.Path) -> dict[tuple[str, ...], str]:
 def _final_evaluation(point: pathlib.Path, name: str, replicas: int) -> list[float]:
   """Each replica's `name` (eval_loss, eval_accuracy) in the last metrics.jsonl
   row that logs it."""
+  keys = metric_names(name, replicas)  # a single run logs `name` alone
   lines = (point / METRICS_FILE).read_text().splitlines()
-  last = [row for row in map(json.loads, lines) if f"{name}/0" in row][-1]
-  return [float(last[f"{name}/{r}"]) for r in range(replicas)]
+  last = [row for row in map(json.loads, lines) if keys[0] in row][-1]
+  return [float(last[key]) for key in keys]
 
 
 def replica_values(point: pathlib.Path, title: str) -> list[float]:

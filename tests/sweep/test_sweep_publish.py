@@ -191,6 +191,12 @@ def test_a_point_trained_longer_than_the_sweeps_is_named_and_nothing_published(t
   ):
     publish(points, workdir, tmp_path / "data")
   assert not (tmp_path / "data").exists()
+  # Its checkpoint of the sweep's last step rotated away, its last one kept:
+  # it read as 'partial, not finished', which is not why it is refused.
+  checkpoints = workdir / points[2].name / "checkpoints"
+  (checkpoints / str(steps)).rename(checkpoints / str(2 * steps))
+  with pytest.raises(WorkdirError, match=rf"was trained for {2 * steps} steps"):
+    publish(points, workdir, tmp_path / "data")
 
 
 def test_the_sweep_refuses_to_summarise_a_point_trained_longer(tmp_path, points):

@@ -126,15 +126,17 @@ def _check_finished(
   """WorkdirError naming `point` unless it finished in `workdir`: done (with
   its final extrapolation where the sweep extrapolates) or diverged, and not
   trained for more steps than the sweep's."""
+  # The steps first: a point trained past the sweep's has no checkpoint of
+  # the sweep's last step left, so its status reads 'partial', a wrong reason.
+  try:
+    results.check_trained_steps(point, workdir / point.name)
+  except ValueError as error:
+    raise WorkdirError(f"{workdir}: {error}: nothing published") from None
   status = results.point_status(workdir / point.name, steps=point.config.train.steps)
   if status not in FINISHED:
     raise WorkdirError(
       f"{workdir}: point {point.index} ({point.name}) is {status}, not finished: nothing published"
     )
-  try:
-    results.check_trained_steps(point, workdir / point.name)
-  except ValueError as error:
-    raise WorkdirError(f"{workdir}: {error}: nothing published") from None
   if extrapolated and results.needs_extrapolation(point, workdir / point.name, log):
     raise WorkdirError(
       f"{workdir}: point {point.index} ({point.name}) has no {results.EXTRAPOLATION_FILE} "
