@@ -406,6 +406,35 @@ def test_print_config_rejects_an_invalid_value_in_one_line_exit_2(tmp_path, over
   assert not result.stdout
 
 
+def test_none_on_the_command_line_unsets_a_field():
+  """--config.FIELD=None: a str field read the text 'None' (attention_impl:
+  "'None' is not one of (None, ...)"), an int field refused it as a flag
+  error, so a config's value could not be set back to None. The last
+  override of a field wins; a field that is not None-able names itself."""
+  result = run_cli(
+    "--config=configs/gpt2_small.py",
+    "--print_config",
+    "--config.model.attention_impl=None",
+    "--config.model.scale_logits=None",  # gpt2_small: False
+    "--config.model.d_ff=None",
+    "--config.model.window=64",
+    "--config.model.window=None",
+    "--config.model.head_dim=None",
+    "--config.model.head_dim=32",
+  )
+  assert result.returncode == 0, result.stderr
+  values = dict(line.split(" = ", 1) for line in result.stdout.splitlines() if " = " in line)
+  assert values["model.attention_impl"].startswith("None  #")
+  assert values["model.scale_logits"].startswith("None  (resolved: True)")
+  assert values["model.d_ff"].startswith("None  (resolved: 3072)")
+  assert values["model.window"].startswith("None  #")
+  assert values["model.head_dim"].startswith("32 ")
+  result = run_cli("--config=configs/rope.py", "--print_config", "--config.train.steps=None")
+  assert_one_line_error(result, "config error: train.steps: must be a positive integer, got None")
+  result = run_cli("--config=configs/rope.py", "--print_config", "--config.model.nosuch=None")
+  assert_one_line_error(result, "config error: model.nosuch: unknown field")
+
+
 def test_print_config_reads_a_pods_config_on_a_machine_without_its_devices():
   """decoder_1b's mesh (16-way FSDP) is checked where it runs, not here."""
   result = run_cli("--config=configs/decoder_1b.py", "--print_config")

@@ -595,10 +595,43 @@ def _given_config(argv: list[str]) -> Any:
   return None
 
 
+def _none_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+  """`argv` without its `--config.FIELD=None` overrides, and their fields
+  (those no later override of the same field replaces). ml_collections
+  parses an override by its field's type: None reached a str field as the
+  text 'None' (attention_impl: "'None' is not one of (None, ...)") and an
+  int field as a flag error, so a config's value could not be unset."""
+  kept, fields = [], []
+  for i, arg in enumerate(argv):
+    name, _, value = arg.partition("=")
+    if i and name.startswith("--config.") and value == "None":
+      if not any(later.startswith(f"{name}=") for later in argv[i + 1 :]):
+        fields.append(name.removeprefix("--config."))
+      continue
+    kept.append(arg)
+  return kept, fields
+
+
+def _set_none(config: Any, field: str) -> None:
+  """Sets the dotted `field` of `config` to None (a KeyError, as an
+  override's, where it has no such field)."""
+  *sections, name = field.split(".")
+  for section in sections:
+    config = config[section]
+  if name not in config:
+    raise KeyError(f"'{name}'")
+  config[name] = None
+
+
 def _parse(argv: list[str]) -> list[str]:
-  """flags.FLAGS(argv), its errors as `fail` lines."""
+  """flags.FLAGS(argv), `--config.FIELD=None` setting the field to None,
+  its errors as `fail` lines."""
   try:
-    return flags.FLAGS(argv)
+    kept, none_fields = _none_overrides(argv)
+    rest = flags.FLAGS(kept)
+    for field in none_fields:
+      _set_none(flags.FLAGS["config"].value, field)
+    return rest
   except SystemExit as done:
     # absl's help flags (--help, --helpfull, ...), the only ones that exit
     # here, print the usage and exit 1: help asked for is a success.
