@@ -338,6 +338,29 @@ def test_attention_grid_figure_and_png(tmp_path):
   assert path.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_a_long_title_over_few_panels_wraps_inside_the_figure():
+  """A two-head grid's title ran off both sides of its figure (the textbook's
+  'Every head on a random block of 16 in-distribution tokens repeated twice')."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+  title = "Every head on a random block of 16 in-distribution tokens repeated twice"
+  grid = plots.attention_grid_figure([random_weights(7, 1, 2, 5, 5)[0]], title=title)
+  heatmaps = plots.heatmaps_figure(
+    {"one": np.eye(3)},
+    title=title,
+    xlabel="x (tokens)",
+    ylabel="y (tokens)",
+    colorbar_label="weight",
+    columns=1,
+  )
+  for figure in (grid, heatmaps):
+    canvas = FigureCanvasAgg(figure)  # what save_figure renders with
+    canvas.draw()
+    box = figure._suptitle.get_window_extent(canvas.get_renderer())
+    assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1
+    assert " ".join(figure.get_suptitle().split()) == title
+
+
 def test_attention_grid_cross_attention_and_long_sequences():
   weights = random_weights(8, 1, 2, 3, 4, causal=False)[0]
   figure = plots.attention_grid_figure(

@@ -79,6 +79,13 @@ def test_command_lists_and_rejects_unknown_names():
   unknown = subprocess.run(command + ["nope"], cwd=REPO, capture_output=True, text=True)
   assert unknown.returncode == 2
   assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")
+  # --list with names listed everything and ignored them, exit 0.
+  named = subprocess.run(command + ["--list", "nope"], cwd=REPO, capture_output=True, text=True)
+  assert (named.returncode, named.stdout) == (2, "")
+  assert (
+    named.stderr.strip()
+    == "flag error: --list lists every experiment; it takes no names (got nope)"
+  )
 
 
 @pytest.mark.slow  # a subprocess

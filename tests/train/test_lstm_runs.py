@@ -105,8 +105,8 @@ def test_comparison_numbers_are_consistent(quick):
     assert run["tokens_per_sec"] == pytest.approx(np.mean(speeds)) and run["tokens_per_sec"] > 0
     assert run["wall_time_s"] > 0
     assert run["sample"].startswith("def ") and len(run["sample"]) > len("def ")
-  table = (out_dir / "textbook_lstm_vs_transformer.md").read_text()
-  assert result["text"] == table
+  table = result["text"]  # txf-textbook's lstm_vs_transformer.md; no other file holds it
+  assert not list(out_dir.glob("*.md"))
   for run in (transformer, lstm):
     assert f"{run['params']:,}" in table and f"{run['eval_perplexity']:.3f}" in table
     assert run["sample"] in table

@@ -65,7 +65,9 @@ def fit_title(figure: Figure, title: str, *, fontsize: str | float = "large") ->
     if width <= available:
       break
     chars = min(chars - 1, int(chars * available / width))
-    artist.set_text(textwrap.fill(text, max(chars, 16), break_long_words=False))
+    artist.set_text(
+      textwrap.fill(text, max(chars, 16), break_long_words=False, break_on_hyphens=False)
+    )
   return artist
 
 
@@ -190,7 +192,7 @@ def attention_grid_figure(
       if head == 0:
         axes.set_ylabel(ylabel)
   figure.colorbar(image, ax=axes_LxH, label="attention weight", shrink=0.8)
-  figure.suptitle(title)
+  fit_title(figure, title)
   return figure
 
 
@@ -425,7 +427,7 @@ def heatmaps_figure(
             color="white" if value < (vmin + vmax) / 2 else "black",
           )
   figure.colorbar(image, ax=axes_grid, label=colorbar_label, shrink=0.8)
-  figure.suptitle(title)
+  fit_title(figure, title)
   return figure
 
 

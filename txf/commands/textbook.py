@@ -54,6 +54,8 @@ def main(argv) -> None:
 
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   if _LIST.value:
+    if argv[1:]:  # it listed every experiment, the names ignored
+      fail("flag", f"--list lists every experiment; it takes no names (got {' '.join(argv[1:])})")
     width = max(map(len, textbook.EXPERIMENTS)) + 2
     for experiment in textbook.EXPERIMENTS.values():
       trains = f" (trains the {experiment.config} config)" if experiment.config else ""

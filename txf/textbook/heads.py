@@ -157,10 +157,14 @@ def compute(
   batch, length = text_BxT.shape
   ids = in_distribution_ids(text_BxT, setup.train_data.tokenizer.special_ids)
   periods = probe_periods(length, len(ids), repeat_periods(setup.run.data))
-  rng = np.random.default_rng(seed)
   text_layers = maps_by_kind(maps_fn(params, text_BxT))["self"]
+  # Each period's blocks from a generator of its own, as txf-analyze draws
+  # them: one generator for all gave the second period other blocks than
+  # txf-analyze scores on the same run.
   repeated_BxT = {
-    period: repeated_random_tokens(rng, batch, period, setup.run.model.vocab_size, ids=ids)
+    period: repeated_random_tokens(
+      np.random.default_rng(seed), batch, period, setup.run.model.vocab_size, ids=ids
+    )
     for period in periods
   }
   repeated_layers = {

@@ -15,10 +15,10 @@ schedule, evaluation and seed), each through the same runner as
                (`matched_lstm_width`); the base config's fields an LSTM reads
                (dropout, tied embeddings, pad id, dtype) carry over
 
-Both see the same batches for the same steps. It writes
-`out_dir/textbook_lstm_vs_transformer.md` (a side-by-side table: parameters,
-training FLOPs per token, training and validation loss, validation
-perplexity, wall time, tokens/s, and each model's last sample) and
+Both see the same batches for the same steps. It returns a side-by-side
+table (parameters, training FLOPs per token, training and validation loss,
+validation perplexity, wall time, tokens/s, and each model's last sample;
+txf-textbook writes it to `out_dir/lstm_vs_transformer.md`), writes
 `out_dir/textbook_lstm_vs_transformer_loss.png` (training and validation
 loss by step), and returns the numbers (the textbook experiments' protocol:
 a JSON-ready dict with 'text', the markdown, and 'figures'). `quick=True`
@@ -322,9 +322,8 @@ def run(
 
   Returns:
     {'transformer': {...}, 'lstm': {...}, 'param_ratio': LSTM / Transformer
-    parameters, 'text': the markdown table (also written to
-    textbook_lstm_vs_transformer.md), 'table': that file's path, 'figures':
-    [the loss-curve PNG's path]};
+    parameters, 'text': the markdown table, 'figures': [the loss-curve
+    PNG's path]};
     each run's dict holds model (a description), d_model, num_layers,
     params, flops_per_token, steps, eval_loss, eval_perplexity
     (= exp(eval_loss)), final_train_loss, wall_time_s, tokens_per_sec,
@@ -354,13 +353,10 @@ def run(
     final = _train(trained[name], runs_dir / name, run_log)
     runs[name] = _summary(name, trained[name], final, runs_dir / name)
   text = _markdown(runs, trained["transformer"], data_lines[0])
-  table = out_dir / f"textbook_{NAME}.md"
-  table.write_text(text)
   plot = _plot(runs, out_dir / f"textbook_{NAME}_loss.png")
   return {
     **runs,
     "param_ratio": runs["lstm"]["params"] / runs["transformer"]["params"],
     "text": text,
-    "table": os.fspath(table),
     "figures": [os.fspath(plot)],
   }
