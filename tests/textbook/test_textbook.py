@@ -359,6 +359,15 @@ def test_a_trained_lm_has_a_previous_token_head(tmp_path):
     )
   assert "induction P=16" in result["text"] and "Heads by role:" in result["text"]
   assert_pngs(result, 4)
+  # txf-analyze on the same run scores the same probe at every period (the
+  # second period's blocks were other ones: one generator drew both).
+  from txf.trained.head_analysis import analyze_run
+
+  record = analyze_run(tmp_path / "runs" / "heads_quick", periods=[16, 15], num_batches=1)
+  for p in (16, 15):
+    np.testing.assert_allclose(
+      record["scores"]["self"][f"induction_p{p}"], result["scores"][f"induction_p{p}"], rtol=1e-6
+    )
 
 
 class _Terminated(BaseException):
