@@ -4,6 +4,7 @@ decay registered from user code), masked weight decay, clipping."""
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -237,6 +238,29 @@ def test_weight_decay_only_touches_matrices():
       )
     else:
       np.testing.assert_array_equal(update, 0.0, err_msg=str(path))
+
+
+@pytest.mark.parametrize("layout", [dict(scan_layers=True), dict(use_bias=True)])
+def test_weight_decay_leaves_every_bias_and_norm_scale_of_a_model_alone(layout):
+  """A scanned stack's norm scales and biases are [L, D] and attention's
+  biases [H, Dh]: decayed when ndim >= 2 chose (gpt2_small has biases, and
+  scan_layers, documented as a compile-time option, changed what trained)."""
+  from flax.traverse_util import flatten_dict
+
+  from txf import models
+  from txf.models import ModelConfig
+
+  cfg = ModelConfig(vocab_size=50, d_model=32, num_heads=4, num_layers=2, max_len=16, **layout)
+  params = nn.meta.unbox(models.build(cfg).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32)))
+  params = jax.tree.map(jnp.ones_like, params["params"])  # biases start at 0: decay moves none
+  tx = optim.make_optimizer(train_config(warmup_steps=0, decay="constant"))
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  decayed = {path[-1] for path, u in flatten_dict(updates).items() if np.any(np.asarray(u))}
+  kept = {path[-1] for path, u in flatten_dict(updates).items() if not np.any(np.asarray(u))}
+  assert decayed == {"kernel", "embedding"}
+  assert kept == {"bias", "scale"} and any(
+    np.ndim(p) >= 2 for path, p in flatten_dict(params).items() if path[-1] in kept
+  )
 
 
 def reference_adamw(params, grads_per_step, config, clip):

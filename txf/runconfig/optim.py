@@ -193,13 +193,26 @@ def make_schedule(train_config: TrainConfig) -> optax.Schedule:
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after_warmup], [warmup])
 
 
-def decay_mask(params: Any) -> Any:
-  """True for leaves that get weight decay: matrices and embeddings (ndim >= 2).
+# Flax's names for a layer's bias and a norm's scale: vectors, whatever their
+# rank (attention's per-head bias is [H, Dh]; a scanned stack's are [L, ...]).
+NOT_DECAYED = ("bias", "scale")
 
-  Biases and norm scales (ndim <= 1) are left alone: decaying them only
-  pulls the model towards a degenerate solution without regularising it.
+
+def decay_mask(params: Any) -> Any:
+  """True for leaves that get weight decay: matrices, embeddings and
+  position tables (ndim >= 2, not named in NOT_DECAYED).
+
+  Biases and norm scales are left alone: decaying them only pulls the model
+  towards a degenerate solution without regularising it. Their rank does not
+  say so (ndim >= 2 decayed the norms of a scanned stack and attention's
+  biases): their names do.
   """
-  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+  def decays(path: tuple[Any, ...], leaf: Any) -> bool:
+    name = getattr(path[-1], "key", None) if path else None
+    return jnp.ndim(leaf) >= 2 and name not in NOT_DECAYED
+
+  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 # Leaves smaller than this many elements are concatenated by
