@@ -85,6 +85,7 @@ LATE_FAILURES = {
   "model.use_bias": ["false"],
   "model.options.t5_max_distance": [0],
   "seed": [99999999999999999999, 2**31, -1],
+  "train.steps": [2**31],  # the train state's int32 step count would wrap
   "model.vocab_size": ["big"],
   "data.seed_per_replica": ["yes", 1, None],
 }

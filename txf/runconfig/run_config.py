@@ -410,7 +410,8 @@ def _unread_data(section: ConfigSection, data: DataSpec) -> tuple[str, ...]:
 def _parse_train(section: ConfigSection) -> tuple[TrainConfig, tuple[str, ...]]:
   """The train section, its warmup fitted to its steps, and the note saying so."""
   values = section_values(TrainConfig, section, "train")
-  steps = checks.positive_int(values["steps"], "train.steps")
+  # The train state counts steps in int32: past it the count would wrap.
+  steps = checks.int_at_least(values["steps"], "train.steps", 1, checks.INT32_MAX)
   warmup = checks.int_at_least(values["warmup_steps"], "train.warmup_steps", 0)
   if fitted_warmup(warmup, steps) == warmup:
     return TrainConfig(**values), ()
