@@ -413,7 +413,12 @@ def collectives(text: str) -> dict[str, dict[str, float]]:
   totals: dict[str, dict[str, float]] = {}
   computations = _split_computations(text)
   runs = _runs(computations, into_fusions=True)
+  # The all-reduce inside a reduce-scatter fusion's computation is that
+  # reduce-scatter, counted at its fusion (it was counted as an all-reduce too).
+  scattering = set(re.findall(r"calls=%?(all-reduce-scatter[\w.\-]*)", text))
   for computation, (_, lines) in computations.items():
+    if computation.lstrip("%") in scattering:
+      continue
     times = runs.get(computation, 0)
     shapes: dict[str, float] = {}
     for line in lines:

@@ -25,8 +25,13 @@ import re
 
 from txf.extras import install_hint
 
-# Per chip: HBM bytes (the datasheets', which is what XLA may fill).
-_TPU_MEMORY = {"v4": 32 * 2**30, "v5e": 16 * 2**30, "v5p": 95 * 2**30, "v6e": 32 * 2**30}
+# Per chip: the HBM bytes XLA lets a program fill ("exceeds available HBM
+# (15.75G)" in its refusal, libtpu 0.0.42.1, to its 0.01 GiB); the
+# datasheets' 16 GiB of a v5e overstated what a step may use by 0.25 GiB.
+_TPU_MEMORY = {
+  generation: round(gib * 2**30)
+  for generation, gib in {"v4": 30.75, "v5e": 15.75, "v5p": 95.74, "v6e": 31.25}.items()
+}
 # Per generation: the chips of its largest slice (Cloud TPU's documentation:
 # a v4 pod, v5p's largest schedulable job, a v5e / v6e pod of 256).
 _TPU_LARGEST_SLICE = {"v4": 4096, "v5e": 256, "v5p": 6144, "v6e": 256}

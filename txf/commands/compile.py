@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 from absl import flags, logging
 
@@ -80,14 +81,16 @@ _DECODE_TOKENS = flags.DEFINE_integer(
 )
 
 
-def _write(path: str, text: str) -> None:
-  """Writes `path` whole or not at all; a failure (a full disk) is one line, exit 1."""
+def _write(path: str, text: str) -> str | None:
+  """Writes `path` whole or not at all; returns why it could not (a full
+  disk), or None."""
   from txf.storage import WriteError, write_file
 
   try:
     write_file(path, text)
   except WriteError as error:
-    fail("write", error, status=1)
+    return str(error)
+  return None
 
 
 def main(argv) -> None:
@@ -121,14 +124,18 @@ def main(argv) -> None:
     except CompileError as error:  # the answer "it does not run there", as DOES NOT FIT
       fail("compile", error, status=1)
   figures = report(compiled, _STEP_SECONDS.value)
+  # The report first, each file then on its own: a file that cannot be
+  # written (a full disk after a five-minute compile) loses no figure.
+  print(format_report(figures), flush=True)
+  outputs = [(_JSON.value, json.dumps(figures, indent=2) + "\n")] if _JSON.value else []
   if _HLO.value and compiled.train_step is not None:
-    _write(_HLO.value, compiled.train_step.as_text())
-  if _JSON.value:
-    _write(_JSON.value, json.dumps(figures, indent=2) + "\n")
-  print(format_report(figures))
+    outputs.append((_HLO.value, compiled.train_step.as_text()))
+  errors = [error for path, text in outputs if (error := _write(path, text)) is not None]
   if _HLO.value and compiled.train_step is None:  # refused for memory: there is no program
     print(f"hlo: {_HLO.value} not written: the compiler refused the train step")
-  if not figures["fits"]:
+  for error in errors:
+    print(f"write error: {error}", file=sys.stderr)
+  if errors or not figures["fits"]:
     raise SystemExit(1)
 
 
