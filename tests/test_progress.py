@@ -169,6 +169,27 @@ def test_on_a_terminal_a_stage_writes_no_beats(capsys, monkeypatch):
   assert "still running" not in err and not re.search(STAMP, err)
 
 
+def test_on_a_terminal_a_stages_spinner_shows_the_time_elapsed(monkeypatch):
+  """The docs' 'a spinner with the elapsed time': it showed its text alone,
+  so a five-minute compile looked the same at every second of it."""
+  import io
+
+  import rich.console
+
+  screen, terminal = io.StringIO(), rich.console.Console
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+  monkeypatch.setattr(
+    rich.console,
+    "Console",
+    lambda stderr: terminal(file=screen, force_terminal=True, width=80, stderr=stderr),
+  )
+  with stage("compile: the train step"):
+    time.sleep(1.2)
+  drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # colours, cursor moves
+  assert re.search(r"compile: the train step \.\.\. +0:00:01", drawn), drawn
+  assert re.search(r"compile: the train step: done in \d+\.\ds$", drawn.rstrip())
+
+
 @pytest.mark.parametrize("every_s", [0, -1.0])
 def test_a_cadence_that_is_not_positive_is_refused(every_s):
   with pytest.raises(ValueError, match="every_s must be positive"), stage("x", every_s=every_s):

@@ -187,9 +187,18 @@ def stage(
   began = clock()
   if _on_terminal(log):
     import rich.console  # noqa: PLC0415 (rich loads only where a spinner is drawn)
+    import rich.progress  # noqa: PLC0415
 
     console = rich.console.Console(stderr=True)
-    with console.status(f"{what} ..."):
+    spinner = rich.progress.Progress(
+      rich.progress.SpinnerColumn(),
+      rich.progress.TextColumn("{task.description}"),
+      rich.progress.TimeElapsedColumn(),  # a five-minute compile shows it moves
+      console=console,
+      transient=True,
+    )
+    with spinner:
+      spinner.add_task(f"{what} ...", total=None)
       yield
     console.print(f"{what}: done in {clock() - began:.1f}s")
     return
