@@ -103,6 +103,9 @@ def test_a_slice_the_layout_cannot_make_names_the_range_taken(name):
     ("v5e-512", "the largest v5e slice has 256 chips"),  # the smallest refused, each bound
     ("v6e-512", "the largest v6e slice has 256 chips"),
     ("v4-16384", "the largest v4 slice has 4096 chips"),
+    # v5p's largest (6,144 chips) is no doubling of 2x2x1: the range txf
+    # takes is said too, as v5p-12288's refusal says it (they disagreed).
+    ("v5p-16384", r"6144 chips \(txf takes v5p-8 to v5p-8192, doubling; more: several slices"),
     ("v5e-256x257", "65,792 devices; txf compiles for 65,536 at most"),
     ("h100x65544", "65,544 devices"),
     ("v5e-16x100000", "1,600,000 devices"),  # once a minute's wait and an AssertionError

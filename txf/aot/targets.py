@@ -288,7 +288,7 @@ def parse_target(name: str) -> Target:
     if chips > _TPU_LARGEST_SLICE[generation]:
       raise ValueError(
         f"target {name!r}: the largest {generation} slice has {_TPU_LARGEST_SLICE[generation]} "
-        "chips (more: several slices, x2)"
+        f"chips ({_accepted(generation)}; more: several slices, x2)"
       )
     _check_device_count(name, chips * slices)
     try:
