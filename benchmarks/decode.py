@@ -309,9 +309,39 @@ def define_flags() -> None:
     prepare_environment()
 
 
+def _checked_batch_sizes(config) -> list[int]:
+  """--decode_batch_sizes as ints, with every size and the config checked
+  before any compile or timed call: each is one line, exit 2 (they were
+  tracebacks from generate, some after other sizes had compiled)."""
+  from txf import checks  # noqa: PLC0415
+  from txf.decode.cache import check_cache_length  # noqa: PLC0415
+  from txf.layers.embedding import check_position_table  # noqa: PLC0415
+  from txf.layers.model_config import FAMILIES  # noqa: PLC0415
+
+  try:
+    sizes = [
+      checks.int_at_least(int(b) if b.strip().lstrip("-").isdigit() else b, "decode_batch_sizes", 1)
+      for b in FLAGS.decode_batch_sizes
+    ]
+    for name in ("prompt_len", "new_tokens", "repeats"):
+      checks.int_at_least(FLAGS[name].value, name, 1)
+    checks.int_at_least(FLAGS.source_len, "source_len", 0)
+  except ValueError as error:
+    fail("flag", error)
+  try:
+    model = parse(config).model
+    if not FAMILIES[model.family].generative:
+      raise ValueError(f"model.family: {model.family!r} cannot generate (the benchmark decodes)")
+    length = check_cache_length("new_tokens", FLAGS.prompt_len, FLAGS.new_tokens)
+    check_position_table(model.position, model.max_len, length, "a decoding cache")
+  except ValueError as error:
+    fail("config", error)
+  return sizes
+
+
 def main() -> dict:
   config = FLAGS.config
-  batch_sizes = [int(b) for b in FLAGS.decode_batch_sizes]
+  batch_sizes = _checked_batch_sizes(config)
   if FLAGS.deviceless:
     try:  # before any compile, as txf-compile
       target = gpu_target(FLAGS.deviceless)

@@ -578,6 +578,34 @@ def test_the_deviceless_decode_compiles_for_a_gpu_and_refuses_any_other_name():
     bench_decode.gpu_target("h100x9")
 
 
+@pytest.mark.slow  # a subprocess
+@pytest.mark.parametrize(
+  "extra, line",
+  [
+    (
+      ["--decode_batch_sizes=1,0"],
+      "flag error: decode_batch_sizes: must be an integer >= 1, got 0",
+    ),
+    (["--new_tokens=0"], "flag error: new_tokens: must be an integer >= 1, got 0"),
+    (
+      ["--config=configs/encoder_classify.py"],
+      "config error: model.family: 'encoder' cannot generate (the benchmark decodes)",
+    ),
+  ],
+)
+def test_decode_bench_refuses_bad_sizes_and_models_before_any_compile(extra, line):
+  """Each was a traceback from generate, exit 1 (batch sizes 1,0: after batch
+  1 had compiled three times)."""
+  done = subprocess.run(
+    [sys.executable, "-m", "benchmarks.run", "decode", "--config=configs/base.py",
+     "--deviceless=h100", "--decode_batch_sizes=1", "--prompt_len=4", *extra],
+    cwd=REPO, capture_output=True, text=True, timeout=300,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )  # fmt: skip
+  assert (done.returncode, done.stderr.strip().splitlines()[-1:]) == (2, [line]), done.stderr
+  assert "deviceless h100" not in done.stdout  # nothing compiled
+
+
 def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
   monkeypatch.setattr(hardware, "memory_bandwidth_per_device", lambda device=None: 1e9)
   hf = dict(results=[dict(batch_size=2, tokens_per_sec=20.0)])
