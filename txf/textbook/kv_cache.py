@@ -124,7 +124,10 @@ def cached_steps(model, params, length: int) -> tuple[list[int], list[float], fl
   cache = decode.init_cache(model, 1, length)
   step = _cached_step(model, params, cache)
   # Its first call untimed, on a cache of its own (the step donates it).
-  step(params, jnp.full((1, 1), _PROMPT_TOKEN, jnp.int32), decode.init_cache(model, 1, length))
+  warm = step(
+    params, jnp.full((1, 1), _PROMPT_TOKEN, jnp.int32), decode.init_cache(model, 1, length)
+  )
+  jax.block_until_ready(warm)  # not into the first timed step
   token, tokens, seconds = _PROMPT_TOKEN, [], []
   for _ in range(length):
     start = time.perf_counter()
