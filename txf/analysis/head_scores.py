@@ -241,9 +241,11 @@ def head_roles(
 
   'previous_token' if its previous-token score is >= threshold; 'induction'
   if its induction score is >= threshold at every probe period (it follows
-  content); 'positional' if it is >= threshold at some probe period but not
-  all (it attends a fixed offset, which only matches the induction target at
-  one period); '' if none. Several roles are joined with '+'.
+  content); 'positional' if it is >= threshold at some probe period and
+  below threshold / 2 at another (it attends a fixed offset, which matches
+  the induction target at one period and collapses at the others: a head
+  just under the threshold at one period still follows content, and is
+  neither); '' if none. Several roles are joined with '+'.
 
   Args:
     previous_LxH: previous-token scores `[L, H]`.
@@ -264,7 +266,8 @@ def head_roles(
     (previous_LxH >= threshold, "previous_token"),
     (np.all(induction_PxLxH >= threshold, axis=0), "induction"),
     (
-      np.any(induction_PxLxH >= threshold, axis=0) & ~np.all(induction_PxLxH >= threshold, axis=0),
+      np.any(induction_PxLxH >= threshold, axis=0)
+      & np.any(induction_PxLxH < threshold / 2, axis=0),
       "positional",
     ),
   ]

@@ -9,13 +9,14 @@ head_scores.csv and head_scores.md into RUN/analysis/ (txf.trained.head_analysis
 nothing else in RUN changes but its .lock, held meanwhile) and prints the
 markdown table: previous-token, induction (at two or more probe periods the
 training data does not repeat with, on tokens from the run's validation
-data; a head that scores at one period only is reported as positional),
+data; a head that scores at one period and collapses at another, under half
+the threshold, is reported as positional),
 entropy, attended distance and the validation-loss change when each head's
 output is zeroed. --ablate zeroes a set of heads together and reports the
 validation loss and accuracy with and without them (single-head ablation
 misses heads that back each other up). --circuits adds composition scores
 between consecutive layers' heads and path patching of each head's output
-into the next layer's queries, keys or values (circuits.json, circuits.md,
+into the next layer's queries or keys, or all its paths (circuits.json, circuits.md,
 composition.png, patching.png, head_scores_sorted.png); --checkpoints adds
 the validation loss, head scores and K-composition at every checkpoint the
 run kept (training_scores.csv, training_scores.png): when the circuit forms.

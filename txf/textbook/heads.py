@@ -18,7 +18,7 @@ longest periods P that fit the context (probe_periods). A head attending a
 fixed offset scores like an induction head at the one period whose target
 sits at that offset and collapses at the other, so head_roles calls a head
 induction only if it scores >= 0.5 at every probe period, and positional if
-it does at some but not all.
+it does at some and falls under 0.25 at another.
 
 The best head of each kind is shown on text and on repeated sequences: a
 previous-token head is a stripe just below the diagonal, an induction head a
@@ -299,7 +299,7 @@ def report(result: dict[str, Any]) -> str:
     f"P tokens repeated twice, P = {', '.join(map(str, periods))}, the tokens drawn from "
     f"the {len(result['probe_ids'])} ids in the validation batch. Uniform causal "
     f"attention scores {baselines}. A role needs a score >= 0.5 (induction: at every "
-    "period; positional: at some but not all).\n\n"
+    "period; positional: at some, and under half that at another).\n\n"
     + markdown_table(
       ["layer", "head", "previous-token", *(f"induction P={period}" for period in periods), "role"],
       rows,
