@@ -412,3 +412,35 @@ def check_runs_as_a_causal_lm_or_not(workdir, name):
       logits_BxTxV = model.apply({"params": trained.pretrained.params}, tokens)
       tokens = np.concatenate([tokens, np.argmax(logits_BxTxV[:, -1:], axis=-1)], axis=1)
     np.testing.assert_array_equal(np.asarray(got), tokens[:, 3:])
+
+
+def test_export_refuses_a_built_in_name_that_user_code_replaced():
+  """A norm registered as 'rms' with replace=True (here: centred first) was
+  written as Llama's RMSNorm, another function of the same weights, without
+  a word; a registered init scheme does not stop an export (a trained
+  model's function does not read it)."""
+  from txf import register
+  from txf.interop import pretrained_files
+
+  cfg = layer_config.ModelConfig(**TINY, norm="rms", position="rope", activation="swiglu")
+  tokens = jnp.ones((1, 4), jnp.int32)
+  with registered():
+
+    @register.init("as_drawn")
+    def as_drawn(params, cfg, key):
+      return params
+
+    plain = models.build(cfg).init(jax.random.key(0), tokens)["params"]
+    assert "config.json" in pretrained_files(cfg.replace(init="as_drawn"), plain)
+
+    @register.norm("rms", replace=True)
+    def centred_rms(layer, x, cfg):
+      scale = layer.param("scale", nn.initializers.ones, (x.shape[-1],))
+      x = x - x.mean(-1, keepdims=True)
+      return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps) * scale
+
+    params = models.build(cfg).init(jax.random.key(0), tokens)["params"]
+    with pytest.raises(
+      CheckpointError, match=r"^model\.norm: 'rms' is \S+centred_rms, not txf's own"
+    ):
+      pretrained_files(cfg, params)

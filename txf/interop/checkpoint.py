@@ -45,7 +45,7 @@ from txf.interop import bert, decoder, gpt2, gpt_neox, hf_config, llama, rules, 
 from txf.interop.hub import resolve_model
 from txf.interop.rules import CheckpointError
 from txf.interop.tensors import CONFIG, SAFETENSORS, read_json, read_tensors, safetensors_bytes
-from txf.layers.model_config import ModelConfig
+from txf.layers.model_config import REGISTRY_FIELDS, ModelConfig
 
 FAMILIES = (bert, gpt2, llama, gpt_neox, t5)
 # config.json's model_type -> the architecture assumed when `architectures` is absent.
@@ -260,9 +260,25 @@ def decoder_family(cfg: ModelConfig) -> ModuleType:
   return llama if cfg.norm == "rms" else gpt_neox
 
 
+def _check_builtin_entries(cfg: ModelConfig) -> None:
+  """Refuses a chosen entry that user code registered: a built-in's name
+  taken with replace=True (a centred 'rms') computes what the Hugging Face
+  architecture of that name does not, and was written as it without a word.
+  The init scheme is left out: a trained model's function does not read it."""
+  for field, registry in REGISTRY_FIELDS.items():
+    name = getattr(cfg, field)
+    provider = registry.provenance(name)
+    if field != "init" and not provider["builtin"]:
+      raise CheckpointError(
+        f"model.{field}: {name!r} is {provider['module']}.{provider['function']}, not txf's "
+        "own (registered by user code), so no Hugging Face architecture holds it"
+      )
+
+
 def _export_family(cfg: ModelConfig, architecture: str | None) -> tuple[ModuleType, str]:
   """The family module and architecture `cfg` is written as (`architecture`:
   the caller's choice, or None)."""
+  _check_builtin_entries(cfg)
   if cfg.family not in _EXPORT_FAMILIES:
     raise CheckpointError(
       f"model.family: {cfg.family!r} has no Hugging Face architecture txf writes (encoder: "
