@@ -240,7 +240,8 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
     # was numpy's "need at least one array to concatenate", an AttributeError).
     @register.text_source("sparse", argument="KIND")
     def sparse(kind, split, max_bytes):
-      return {"none": [], "bytes": [b"abc"] * 3}[kind] if split == "validation" else ["a" * 99]
+      kinds = {"none": [], "bytes": [b"abc"] * 3, "str": "one text, not a list of them " * 9}
+      return kinds[kind] if split == "validation" else ["a" * 99]
 
     with pytest.raises(
       ValueError, match=r"^data\.name='sparse:none': its validation split holds no"
@@ -248,6 +249,9 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
       make_dataset(parse_data(data("sparse:none")), "validation", seed=0)
     with pytest.raises(ValueError, match=r"^data\.name='sparse:bytes': .* must be str, got bytes$"):
       make_dataset(parse_data(data("sparse:bytes")), "validation", seed=0)
+    # A str: its characters were the documents, trained on without a word.
+    with pytest.raises(ValueError, match=r"^data\.name='sparse:str': .* is one str, not a list"):
+      make_dataset(parse_data(data("sparse:str")), "validation", seed=0)
   with pytest.raises(
     ValueError, match=r"data\.name='repeat:hello' is not one of .* or of the forms"
   ):

@@ -101,7 +101,13 @@ class DocumentSource:
   def _documents(self, spec: DataSpec, split: str, max_bytes: int | None) -> list[str]:
     """`load`'s documents of `split`, checked: a registered source's empty
     split or bytes documents failed deep in the tokenizer, naming neither."""
-    documents = list(self.load(name_argument(spec.name), split, max_bytes))
+    loaded = self.load(name_argument(spec.name), split, max_bytes)
+    if isinstance(loaded, (str, bytes)):  # list() made each character a document
+      raise ValueError(
+        f"data.name={spec.name!r}: its {split} split is one {type(loaded).__name__}, "
+        "not a list of str documents"
+      )
+    documents = list(loaded)
     if not documents:
       raise ValueError(f"data.name={spec.name!r}: its {split} split holds no documents")
     kinds = {type(document).__name__ for document in documents if not isinstance(document, str)}
