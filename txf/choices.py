@@ -194,7 +194,30 @@ def settings_class(
     if setting.default is dataclasses.MISSING:  # a default_factory too: a setting is a value
       raise ValueError(f"{field}: {name!r}: setting {setting.name!r} has no default")
     _check_setting_default(f"{field}: {name!r}: setting {setting.name!r}", setting.default)
+    _check_setting_type(f"{field}: {name!r}: setting {setting.name!r}", setting)
   return settings
+
+
+_SETTING_TYPES = {kind.__name__: kind for kind in (bool, int, float, str)}
+
+
+def _check_setting_type(where: str, setting: dataclasses.Field) -> None:
+  """A setting annotated bool, int, float or str has a default of that type:
+  model.options types it by its default (default_options), so a float
+  setting whose default is 1 took no 1.5, from the command line or a config."""
+  annotated = setting.type  # a class, or its name under `from __future__ import annotations`
+  kind = _SETTING_TYPES.get(annotated) if isinstance(annotated, str) else annotated
+  if not isinstance(kind, type) or kind not in _SETTING_TYPES.values():
+    return
+  if type(setting.default) is kind:
+    return
+  hint = (
+    f" (write {float(setting.default)!r})" if kind is float and type(setting.default) is int else ""
+  )
+  raise ValueError(
+    f"{where}: annotated {kind.__name__}, but its default {setting.default!r} is of type "
+    f"{type(setting.default).__name__}{hint}: the config types a setting by its default"
+  )
 
 
 def _check_setting_default(where: str, default: Any) -> None:

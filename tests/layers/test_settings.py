@@ -241,12 +241,25 @@ class NoDefault:
   scale: float = documented("a scale")
 
 
+@section()
+class IntDefault:
+  """A float setting whose default is an int: model.options typed it int, so
+  --config.model.options.scale=1.5 was a flag error and 1.5 in a config a
+  cast error."""
+
+  scale: float = documented("a scale", default=1)
+
+
 @pytest.mark.parametrize(
   "arguments, message",
   [
     (dict(options={"scale": 1.0}, settings=ScaleSettings), "pass settings or options, not both"),
     (dict(settings={"scale": 1.0}), "settings must be a dataclass type"),
     (dict(settings=NoDefault), "setting 'scale' has no default"),
+    (
+      dict(settings=IntDefault),
+      r"setting 'scale': annotated float, but its default 1 is of type int \(write 1\.0\)",
+    ),
     (dict(options={"scale": [1.0]}), "options: mutable default"),
     (dict(table="relative", options={"scale": 1.0}), "a 'relative' table holds t5_num_buckets"),
   ],
