@@ -212,6 +212,34 @@ def test_a_tracker_without_the_tracker_methods_is_refused(tmp_path):
     assert isinstance(tracker, Recorder)
 
 
+def test_a_tracker_method_that_cannot_be_called_as_the_run_calls_it_is_refused(tmp_path):
+  """log_config(self) was a TypeError traceback at the run's start, after the
+  run directory was written: refused at registration for a class, at the
+  start (before anything is written through it) for a function's tracker.
+  Static methods take no self."""
+
+  class NoConfig(Recorder):
+    def log_config(self):
+      pass
+
+  class Static(Recorder):
+    @staticmethod
+    def log_sample(step, text):
+      pass
+
+  with scoped(TRACKERS):
+    with pytest.raises(
+      ValueError,
+      match=r"^train\.trackers: 'no_config': log_config\(self\) cannot be called as "
+      r"log_config\(config\)$",
+    ):
+      register.tracker("no_config")(NoConfig)
+    register.tracker("static")(Static)
+    register.tracker("made")(lambda workdir: NoConfig(workdir))
+    with pytest.raises(ValueError, match=r"^train\.trackers: 'made': log_config\(\) cannot be"):
+      make_trackers(("made",), tmp_path)
+
+
 def test_a_builtin_entry_records_the_function_or_class_it_is():
   def where(registry, name):
     found = registry.provenance(name)

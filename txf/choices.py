@@ -55,6 +55,31 @@ def require_methods(field: str, name: str, entry: Any, methods: Iterable[str]) -
     raise ValueError(f"{field}: {name!r}: {entry!r} lacks the method(s) {', '.join(missing)}")
 
 
+def require_method_signatures(
+  field: str, name: str, entry: Any, methods: Mapping[str, tuple[str, ...]]
+) -> None:
+  """`require_methods`, and each method callable with the arguments
+  `methods` names (by position) as its readers call it on `entry`, an
+  instance, or on an instance of `entry`, a class: a tracker's
+  log_config(self) failed with a TypeError at the run's start, after the run
+  directory was written.
+
+  Raises:
+    ValueError: naming the field, the entry and the method.
+  """
+  require_methods(field, name, entry, methods)
+  for method, arguments in methods.items():
+    fn = getattr(entry, method)
+    unbound = isinstance(entry, type) and not isinstance(
+      inspect.getattr_static(entry, method), (staticmethod, classmethod)
+    )
+    if not can_call(fn, *(("self",) if unbound else ()), *arguments):
+      raise ValueError(
+        f"{field}: {name!r}: {method}{inspect.signature(fn)} cannot be called as "
+        f"{method}({', '.join(arguments)})"
+      )
+
+
 def can_call(fn: Any, *args: Any, **kwargs: Any) -> bool:
   """Whether `fn` takes `args` and `kwargs` (its signature binds them), without
   calling it; True for a callable whose signature inspect cannot read (a

@@ -92,6 +92,7 @@ from typing import Any
 
 from txf.choices import (
   ShapeChecked,
+  require_method_signatures,
   require_methods,
   require_signature,
   setting_defaults,
@@ -116,7 +117,7 @@ from txf.layers.positions import ENCODINGS, PositionEncoding
 from txf.runconfig.optim import DECAYS
 from txf.runconfig.tasks import TASK_FUNCTIONS, TaskKind
 from txf.runconfig.tracker_kinds import TRACKERS, TrackerKind
-from txf.runconfig.tracking import TRACKER_METHODS
+from txf.runconfig.tracking import TRACKER_ARGUMENTS
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _KINDS = {"embedding": "embed", "rotation": "rotate", "bias": "bias"}
@@ -511,7 +512,7 @@ def tracker(
 
   def add(start: Callable[..., Any]) -> Callable[..., Any]:
     if isinstance(start, type):  # a function's tracker is checked when it starts
-      require_methods(TRACKERS.field, name, start, TRACKER_METHODS)
+      require_method_signatures(TRACKERS.field, name, start, TRACKER_ARGUMENTS)
     require_signature("register.tracker", name, start, ("workdir",))
     if check is not None:
       require_signature("register.tracker", name, check, ("workdir",))

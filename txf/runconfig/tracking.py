@@ -33,7 +33,14 @@ def metric_tag(name: str) -> str:
 
 
 # What MetricsWriter and the loop call on a tracker (`Tracker`'s methods).
-TRACKER_METHODS = ("log_config", "log_metrics", "log_sample", "log_summary", "close")
+# Each method's arguments, as MetricsWriter and the loop pass them (by position).
+TRACKER_ARGUMENTS: dict[str, tuple[str, ...]] = {
+  "log_config": ("config",),
+  "log_metrics": ("step", "scalars"),
+  "log_sample": ("step", "text"),
+  "log_summary": ("metrics",),
+  "close": (),
+}
 
 
 class Tracker(Protocol):

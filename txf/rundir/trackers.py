@@ -38,11 +38,11 @@ from typing import Any
 
 from etils import epath
 
-from txf.choices import require_methods
+from txf.choices import require_method_signatures
 from txf.extras import install_hint
 from txf.runconfig.run_config import ConfigError
 from txf.runconfig.tracker_kinds import TRACKERS, TrackerKind
-from txf.runconfig.tracking import TRACKER_METHODS, Tracker, metric_tag
+from txf.runconfig.tracking import TRACKER_ARGUMENTS, Tracker, metric_tag
 from txf.rundir.metrics import read_samples
 from txf.storage import is_local, read_text, write_file
 
@@ -195,7 +195,7 @@ def _start(name: str, workdir: epath.Path) -> Tracker:
       raise
     raise ImportError(f"{TRACKERS.field}: {kind.needs(name)}") from error
   try:
-    require_methods(TRACKERS.field, name, tracker, TRACKER_METHODS)
+    require_method_signatures(TRACKERS.field, name, tracker, TRACKER_ARGUMENTS)
   except ValueError as error:
     # Known only once a registered function has made it, after the run
     # opened its checkpoint directory: still the config's error (one line,
