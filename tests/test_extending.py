@@ -132,6 +132,42 @@ def test_a_registered_init_scheme_redraws_the_parameters_with_its_setting():
     layer_config.ModelConfig(**TINY, init="constant")
 
 
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (
+      lambda leaf: jnp.zeros((leaf.shape[0] + 1, *leaf.shape[1:]), leaf.dtype),
+      r"made \S+ float32\[33, 16\], not the layer's float32\[32, 16\]",
+    ),
+    (
+      lambda leaf: leaf.astype(jnp.bfloat16),
+      r"made \S+ bfloat16\[32, 16\], not the layer's float32",
+    ),
+  ],
+)
+def test_an_init_scheme_that_reshapes_a_parameter_is_refused_naming_it(change, message):
+  """A widened (or recast) leaf failed in flax at the first step, naming no
+  field, after the run directory was written; the setup's abstract init
+  finds it now."""
+  from txf import register
+
+  with registered():
+
+    @register.init("widened")
+    def widened(params, cfg, key):
+      first = ["embedder", "token", "embedding"]
+      table = params[first[0]][first[1]][first[2]]
+      new = nn.meta.unbox(table)
+      boxed = (
+        table.replace_boxed(change(new)) if isinstance(table, nn.meta.AxisMetadata) else change(new)
+      )
+      return {**params, "embedder": {**params["embedder"], "token": {"embedding": boxed}}}
+
+    cfg = layer_config.ModelConfig(**TINY, init="widened")
+    with pytest.raises(ValueError, match=rf"^model\.init: 'widened' {message}"):
+      jax.eval_shape(models.build(cfg).init, jax.random.key(0), jnp.ones((1, 4), jnp.int32))
+
+
 def test_a_registered_head_is_chosen_by_the_config_and_matches_numpy():
   with registered("mlp_head"):
     cfg = layer_config.ModelConfig(**TINY, head="mlp_lm")

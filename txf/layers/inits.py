@@ -82,4 +82,28 @@ def apply_init(variables: Any, cfg: ModelConfig, rngs: Any) -> Any:
   to their params; the scheme's key is derived from init's params key."""
   key = rngs["params"] if isinstance(rngs, dict) else rngs
   params = INITS[cfg.init](variables["params"], cfg, jax.random.fold_in(key, 0x5EED))
+  _check_redrawn(cfg.init, variables["params"], params)
   return {**variables, "params": params}
+
+
+def _check_redrawn(name: str, drawn: Any, redrawn: Any) -> None:
+  """Raises ValueError naming model.init and the parameter, unless `redrawn`
+  holds `drawn`'s parameters with their shapes and dtypes (a scheme that
+  widened one failed in flax at the first step, after the run directory was
+  written; under setup's abstract init it fails here, before)."""
+  leaf = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  before = jax.tree_util.tree_flatten_with_path(drawn, is_leaf=leaf)[0]
+  after = dict(jax.tree_util.tree_flatten_with_path(redrawn, is_leaf=leaf)[0])
+  for path, value in before:
+    where = jax.tree_util.keystr(path)
+    if path not in after:
+      raise ValueError(f"model.init: {name!r} dropped the parameter {where}")
+    old, new = nn.meta.unbox(value), nn.meta.unbox(after.pop(path))
+    if (jnp.shape(new), jnp.result_type(new)) != (jnp.shape(old), jnp.result_type(old)):
+      raise ValueError(
+        f"model.init: {name!r} made {where} {jnp.result_type(new)}{list(jnp.shape(new))}, "
+        f"not the layer's {jnp.result_type(old)}{list(jnp.shape(old))}"
+      )
+  if after:
+    added = jax.tree_util.keystr(next(iter(after)))
+    raise ValueError(f"model.init: {name!r} added a parameter no layer has: {added}")
