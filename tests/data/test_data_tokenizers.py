@@ -178,6 +178,10 @@ def test_bytes_and_sentencepiece_as_hugging_face_tokenizers(sp_model_prefix, tmp
     directory.mkdir()
     for file, text in tokenizers_module.hf_tokenizer_files(tokenizer).items():
       (directory / file).write_text(text)
+    # transformers' AutoTokenizer reads this class, not the model_type's beside
+    # an export (whose tokenizer, rebuilt from the vocabulary, gave other ids).
+    roles = json.loads((directory / "tokenizer_config.json").read_text())
+    assert roles["tokenizer_class"] == "PreTrainedTokenizerFast", name
     read = HFTokenizer(directory)
     assert read.vocab_size == tokenizer.vocab_size, name
     assert (read.pad_id, read.bos_id, read.eos_id, read.mask_id) == (

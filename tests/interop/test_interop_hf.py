@@ -9,6 +9,7 @@ installed: pip install -e '.[hf-check]').
 """
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -207,15 +208,20 @@ def test_the_default_decoders_run_loads_with_auto_model_for_causal_lm(tmp_path):
   np.testing.assert_allclose(theirs.numpy(), np.asarray(ours), atol=ATOL)
 
 
-def test_an_exported_byte_tokenizer_reads_special_token_text_as_its_bytes(tmp_path):
+@pytest.mark.parametrize("model_type", [None, "bert", "gpt_neox"])
+def test_an_exported_byte_tokenizer_reads_special_token_text_as_its_bytes(tmp_path, model_type):
   """transformers adds the tokens tokenizer_config.json names as special ones
-  and read '<s>' in a text as id 1; txf reads its bytes (split_special_tokens)."""
+  and read '<s>' in a text as id 1; txf reads its bytes (split_special_tokens).
+  Beside an export's config.json, AutoTokenizer took its model_type's class,
+  rebuilt from the vocabulary alone (BERT's: 'Missing [UNK] token')."""
   from txf.data import ByteTokenizer
   from txf.data.tokenizers import hf_tokenizer_files
 
   tokenizer = ByteTokenizer()
   for name, text in hf_tokenizer_files(tokenizer).items():
     (tmp_path / name).write_text(text)
+  if model_type is not None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
   hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
   text = "a <s> b </s> <pad> <mask> c"
   assert hf(text)["input_ids"] == tokenizer.encode(text).tolist()

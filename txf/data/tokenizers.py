@@ -472,7 +472,15 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
       f"{type(tokenizer).__name__} (a generated task's symbols) has no Hugging Face "
       "tokenizer.json form"
     )
-  config = dict(special, model_max_length=int(1e30), clean_up_tokenization_spaces=False)
+  # The class named: AutoTokenizer otherwise takes config.json's model_type's
+  # (GPTNeoXTokenizer, BertTokenizer), rebuilt from the vocabulary alone,
+  # whose ids are not the run's (or which fails: BERT's lacks [UNK]).
+  config = dict(
+    special,
+    tokenizer_class="PreTrainedTokenizerFast",
+    model_max_length=int(1e30),
+    clean_up_tokenization_spaces=False,
+  )
   return {
     "tokenizer.json": converted.to_str(pretty=True),
     "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
