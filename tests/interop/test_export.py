@@ -200,6 +200,10 @@ def test_an_export_that_does_not_map_names_every_field_and_writes_nothing(tmp_pa
     "model.window: 8 cannot be written as GPTNeoXForCausalLM (needs None)"
   )
   assert not (tmp_path / "hf").exists()
+  # Nor the directories above it that the export would have made.
+  with pytest.raises(CheckpointError):
+    export_run(workdir, tmp_path / "new" / "parent" / "hf")
+  assert not (tmp_path / "new").exists()
   shutil.copytree(OLD_RUN, tmp_path / "run")
   with pytest.raises(ConfigError, match="is the run's work directory"):
     export_run(tmp_path / "run", tmp_path / "run")
@@ -302,6 +306,28 @@ def test_a_read_only_or_remote_out_is_refused_before_the_run_is_read(tmp_path):
   with pytest.raises(ConfigError, match="^out: gs://bucket/hf: txf-export writes a local dir"):
     export_run(OLD_RUN, "gs://bucket/hf")
   assert os.listdir(tmp_path) == []
+  # `out` itself read-only (a read-only volume) under a writable parent: it
+  # failed after the run was read, its rename refused.
+  (tmp_path / "volume").mkdir()
+  with read_only(tmp_path / "volume"), pytest.raises(ConfigError) as raised:
+    export_run(OLD_RUN, tmp_path / "volume")
+  assert str(raised.value).startswith(f"out: {tmp_path / 'volume'}: not a writable directory")
+
+
+def test_an_export_into_a_mount_point_writes_into_it(tmp_path, monkeypatch):
+  """A container's volume cannot be renamed over (EBUSY: exit 1 after the
+  run was read): the files are written into it, an earlier export's others
+  removed."""
+  volume = tmp_path / "volume"
+  volume.mkdir()
+  inode = os.stat(volume).st_ino
+  monkeypatch.setattr(os.path, "ismount", lambda path: os.fspath(path) == os.fspath(volume))
+  write_directory(volume, {"config.json": b"1", "tokenizer.json": b"t", EXPORT_MARKER: b"m"})
+  write_directory(volume, {"config.json": b"2", EXPORT_MARKER: b"m"})
+  assert os.stat(volume).st_ino == inode  # the mount point itself, never renamed
+  assert sorted(os.listdir(volume)) == [EXPORT_MARKER, "config.json"]
+  assert (volume / "config.json").read_bytes() == b"2"
+  assert sorted(os.listdir(tmp_path)) == ["volume"]  # no temporary left
 
 
 def test_an_out_that_names_no_directory_of_its_own_is_refused_before_the_run_is_read(

@@ -50,6 +50,7 @@ from txf.storage import (
   remove_stale_temporaries,
   temporary_sibling,
   write_error,
+  write_files,
 )
 from txf.train.run_setup import TrainedModel, check_holds_run, load_trained
 
@@ -108,8 +109,9 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
   store has no directory to rename into place), a symbolic link, the
   current directory or one above it, a file, a run's directory (its
   config.json would be replaced), a directory holding files no export
-  wrote, or one that cannot be written (its parent, where the export is
-  staged, included). Creates `out`'s parent if needed.
+  wrote, or one that cannot be written (`out` where it exists, a read-only
+  mount included, and the nearest directory above it that does). Creates
+  nothing: a refused export leaves no directory behind.
 
   Returns:
     Whether `out` holds an earlier export (which the export replaces).
@@ -152,8 +154,12 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
       f"out: {out} holds files txf-export did not write ({shown}); export to a new or "
       "empty directory"
     )
+  # Where the export is staged (out's parent, made by the write if missing)
+  # and `out` itself: each probed where it exists, so nothing is created.
+  existing = [path for path in (out, *out.parents) if path.exists()]
   try:
-    check_writable(out.parent)
+    for directory in existing[:2] if existing[0] == out else existing[:1]:
+      check_writable(directory)
   except WorkdirError as error:
     raise ConfigError(f"out: {error}") from None
   return bool(found)
@@ -199,6 +205,9 @@ def write_directory(out: str | os.PathLike, files: Mapping[str, bytes]) -> None:
     WriteError: '<path>: <reason>' (a full disk, ...).
   """
   out = epath.Path(out)
+  if os.path.ismount(out):  # a volume: it cannot be renamed over (EBUSY)
+    _write_into_mount(out, files)
+    return
   # A killed export's staged model (as large as the model) is removed by the next.
   remove_stale_temporaries(out.parent, held=False)
   staging = temporary_sibling(out)
@@ -215,6 +224,16 @@ def write_directory(out: str | os.PathLike, files: Mapping[str, bytes]) -> None:
     _move_into_place(staging, out)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_into_mount(out: epath.Path, files: Mapping[str, bytes]) -> None:
+  """`files` written into `out`, a mount point (a container's volume), as one
+  set (txf.storage.write_files: every file staged beside its place before
+  any is renamed) rather than as a directory renamed into place; an earlier
+  export's files that `files` do not hold are removed after."""
+  write_files({out / name: data for name, data in files.items()})
+  for name in EXPORT_NAMES - set(files):
+    (out / name).unlink(missing_ok=True)
 
 
 def _move_into_place(directory: epath.Path, out: epath.Path) -> None:
