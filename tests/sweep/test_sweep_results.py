@@ -831,6 +831,32 @@ def summarized(sweep_dir, points):
   return before
 
 
+def test_a_summary_names_its_unfinished_points_and_gives_them_no_verdict(sweep_dir, points):
+  """A summary taken while points train said only 'wrote ...', and judged an
+  unfinished curve's last fifth flat as a finished one's."""
+  # The partial point, to train 100 steps, at 60: falling, then level so far.
+  config = points[3].config.copy_and_resolve_references()
+  config.train.steps = 100
+  points = [*points[:3], dataclasses.replace(points[3], config=config)]
+  rows = [replica_row(step, "eval_loss", [2.0 + 1 / step] * 2) for step in range(1, 61)]
+  (sweep_dir / points[3].name / "metrics.jsonl").write_text(
+    "".join(json.dumps(row) + "\n" for row in rows)
+  )
+  lines = []
+  summary = runner.summarize(points, sweep_dir, log=lines.append)
+  assert lines[-1] == (
+    f"not finished: point 3 ({points[3].name}): their rows hold the last values they logged, "
+    "with no flat verdict, and they take part in no comparison"
+  )
+  row = summary[3]
+  assert (row.status, row.late_improvement) == ("partial", None)
+  assert results.late_improvement(*row.curves["eval_loss"][:2]) is not None  # there was one
+  table = {
+    r["point"]: r for r in csv.DictReader(io.StringIO((sweep_dir / "results.csv").read_text()))
+  }
+  assert table[points[3].name]["flat"] == "unknown"
+
+
 def test_a_summary_removes_a_killed_summarys_temporaries(sweep_dir, points):
   """No lock guards a sweep's directory: a summary killed mid-write left
   .results.csv.<hex>.tmp there for good; one a live process writes stays."""

@@ -489,7 +489,8 @@ def summarize_point(
   accuracies = final("eval_accuracy")
   throughput = lambda name: _mean_logged(rows, name)
   curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
-  improvement = None if diverged else late_improvement(*curves["eval_loss"][:2])
+  # An unfinished curve's last fifth is not the run's: no verdict on it.
+  improvement = None if status != "done" else late_improvement(*curves["eval_loss"][:2])
   return PointSummary(
     point=point,
     status=status,

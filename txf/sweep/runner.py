@@ -377,6 +377,12 @@ def summarize(
     remove_stale_temporaries(workdir, held=False)
   write_files(files)
   log("wrote " + ", ".join(str(path) for path in files))
+  unfinished = [f"{row.point.index} ({row.point.name})" for row in rows if row.status == "partial"]
+  if unfinished:  # a summary taken while points train, or of points stopped
+    log(
+      f"not finished: point {', '.join(unfinished)}: their rows hold the last values they "
+      "logged, with no flat verdict, and they take part in no comparison"
+    )
   # Right after the set: until then the old files are the last whole summary.
   stale = stale_summary_files(workdir, files)
   for path in stale:
