@@ -68,6 +68,16 @@ def test_check_writable_names_the_directory_and_cause(tmp_path):
     check_writable(blocker)
 
 
+def test_a_link_to_a_directory_not_made_yet_has_its_target_made(tmp_path):
+  """A workdir linked to scratch space before the run: it was refused as
+  'not a writable directory (File exists)', mkdir taking the link for a file."""
+  link = tmp_path / "run"
+  link.symlink_to(tmp_path / "scratch" / "run")
+  check_writable(link)
+  assert (tmp_path / "scratch" / "run").is_dir() and link.is_symlink()
+  assert os.listdir(tmp_path / "scratch" / "run") == []  # the probe removed
+
+
 def test_a_write_probe_that_fails_leaves_nothing_behind(tmp_path):
   """On a full disk the probe's file is created and its write fails: it is
   removed all the same."""

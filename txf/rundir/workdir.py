@@ -201,7 +201,10 @@ def check_writable(directory: str | os.PathLike) -> None:
     is_file = directory.exists() and not directory.is_dir()
     if not is_file:
       if is_local(directory):
-        directory.mkdir(parents=True, exist_ok=True)
+        # A link to a directory not made yet: its target is made (mkdir on
+        # the link itself was 'File exists', reported as not writable).
+        target = os.path.realpath(directory) if os.path.islink(directory) else directory
+        epath.Path(target).mkdir(parents=True, exist_ok=True)
       try:
         probe.write_text("ok")
       finally:  # also when the write failed (a full disk) after creating the file
