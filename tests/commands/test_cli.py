@@ -418,7 +418,8 @@ def test_none_on_the_command_line_unsets_a_field():
     "--config.model.scale_logits=None",  # gpt2_small: False
     "--config.model.d_ff=None",
     "--config.model.window=64",
-    "--config.model.window=None",
+    "--config.model.window",  # absl's spaced form
+    "None",
     "--config.model.head_dim=None",
     "--config.model.head_dim=32",
   )

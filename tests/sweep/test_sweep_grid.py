@@ -8,6 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from conftest import REPO, load_config
+from txf.commands import cli
 from txf.sweep import grid
 from txf.sweep.grid import GridError
 
@@ -306,14 +307,14 @@ def test_command_for_sets_derived_fields_and_rejects_what_the_command_line_canno
   assert "--config.model.window=16" in grid.command_for(
     points[1], "configs/base.py", "w", reference=reference
   )
-  # ...but cannot set a field back to None.
+  # ...and sets one back to None, as txf-run parses it (it could not).
   reference.model.window = 16
-  with pytest.raises(
-    GridError,
-    match=r"^point 0 \(window=None\): model\.window: cannot set "
-    r"None from the command line",
-  ):
-    grid.command_for(points[0], "configs/base.py", "w", reference=reference)
+  command = grid.command_for(points[0], "configs/base.py", "w", reference=reference)
+  assert "--config.model.window=None" in command
+  assert cli._none_overrides(["txf-run", "--config.model.window=None"]) == (
+    ["txf-run"],
+    ["model.window"],
+  )
   reference.model.bogus = 1
   with pytest.raises(GridError, match=r"^point 1 \(window=16\): model\.bogus: in only one"):
     grid.command_for(points[1], "configs/base.py", "w", reference=reference)

@@ -602,13 +602,18 @@ def _none_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
   text 'None' (attention_impl: "'None' is not one of (None, ...)") and an
   int field as a flag error, so a config's value could not be unset."""
   kept, fields = [], []
-  for i, arg in enumerate(argv):
-    name, _, value = arg.partition("=")
-    if i and name.startswith("--config.") and value == "None":
-      if not any(later.startswith(f"{name}=") for later in argv[i + 1 :]):
+  i = 0
+  while i < len(argv):
+    name, equals, value = argv[i].partition("=")
+    spaced = not equals and argv[i + 1 : i + 2] == ["None"]  # --config.FIELD None
+    if i and name.startswith("--config.") and (value == "None" or spaced):
+      later = argv[i + 1 + spaced :]
+      if not any(arg == name or arg.startswith(f"{name}=") for arg in later):
         fields.append(name.removeprefix("--config."))
+      i += 1 + spaced
       continue
-    kept.append(arg)
+    kept.append(argv[i])
+    i += 1
   return kept, fields
 
 

@@ -368,21 +368,23 @@ def _leaves(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, tu
 
 
 def _format_flag_value(path: str, value: Any, field_type: type) -> str:
-  """`value` as ml_collections' config_flags parses it back for a field
-  declared as `field_type` in the config file."""
-  if value is not None:
-    if field_type is bool and isinstance(value, bool):
-      return "true" if value else "false"
-    if field_type is int and isinstance(value, int) and not isinstance(value, bool):
-      return str(value)
-    if field_type is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-      return repr(float(value))
-    if field_type is str and isinstance(value, str):
-      return value
+  """`value` as txf's command line parses it back for a field declared as
+  `field_type` in the config file (None: 'None', which sets any field to
+  None: txf.commands.cli)."""
+  if value is None:
+    return "None"
+  if field_type is bool and isinstance(value, bool):
+    return "true" if value else "false"
+  if field_type is int and isinstance(value, int) and not isinstance(value, bool):
+    return str(value)
+  if field_type is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    return repr(float(value))
+  if field_type is str and isinstance(value, str):
+    return value
   raise GridError(
     f"{path}: cannot set {value!r} from the command line (the config file "
     f"declares it as {field_type.__name__}; config_flags parses only str, int, "
-    "float and bool fields, and none of them into None)"
+    "float and bool fields)"
   )
 
 
@@ -412,8 +414,8 @@ def command_for(
 
   Raises:
     GridError: a field the reference lacks (or has and the point lacks), or a
-      value config_flags cannot parse back (e.g. a field that is None in the
-      file), naming the point and the field.
+      value config_flags cannot parse back (a list, or a str for an int
+      field), naming the point and the field.
   """
   wanted, given = _leaves(point.config), _leaves(reference)
   flags = []
