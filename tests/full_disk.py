@@ -116,18 +116,20 @@ def full_disk(pattern: str, after: int, slow_finalize: float = 0.0):
 
 
 @contextlib.contextmanager
-def read_only(directory: str | os.PathLike):
+def read_only(directory: str | os.PathLike, *, except_under: str | os.PathLike | None = None):
   """Within it, `directory` is on a read-only file system, as far as Python's
   writers see it (root writes through permissions and tests cannot mount):
   opening a file below it for writing or making a directory there fails with
-  OSError(EROFS)."""
+  OSError(EROFS); below `except_under` (a writable volume mounted there) not."""
   root = os.path.abspath(directory)
+  mounted = None if except_under is None else os.path.abspath(except_under) + os.sep
   real_open, real_mkdir = builtins.open, os.mkdir
 
   def below(path) -> bool:
-    return isinstance(path, (str, os.PathLike)) and (os.path.abspath(path) + os.sep).startswith(
-      root + os.sep
-    )
+    if not isinstance(path, (str, os.PathLike)):
+      return False
+    inside = os.path.abspath(path) + os.sep
+    return inside.startswith(root + os.sep) and not (mounted and inside.startswith(mounted))
 
   def refuse(path):
     return OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))

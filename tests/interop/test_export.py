@@ -314,6 +314,19 @@ def test_a_read_only_or_remote_out_is_refused_before_the_run_is_read(tmp_path):
   assert str(raised.value).startswith(f"out: {tmp_path / 'volume'}: not a writable directory")
 
 
+def test_an_export_into_a_volume_under_a_read_only_parent_is_written(tmp_path, monkeypatch):
+  """The usual container layout: a writable volume (holding a fresh file
+  system's lost+found) under a read-only directory. The parent's probe
+  refused it; the volume alone is written."""
+  parent, volume = tmp_path / "mnt", tmp_path / "mnt" / "volume"
+  (volume / "lost+found").mkdir(parents=True)
+  monkeypatch.setattr(os.path, "ismount", lambda path: os.fspath(path) == os.fspath(volume))
+  with read_only(parent, except_under=volume):
+    written = export_run(OLD_RUN, volume)
+  assert os.fspath(written.directory) == str(volume)
+  assert {EXPORT_MARKER, "config.json", "lost+found"} <= set(os.listdir(volume))
+
+
 def test_an_export_into_a_mount_point_writes_into_it(tmp_path, monkeypatch):
   """A container's volume cannot be renamed over (EBUSY: exit 1 after the
   run was read): the files are written into it, an earlier export's others

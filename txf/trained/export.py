@@ -144,7 +144,10 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
     raise ConfigError(
       f"out: {out} {which} (its config.json would be replaced); export to a directory of its own"
     )
+  mount = os.path.ismount(out)  # a volume: written into (write_directory)
   found = sorted(path.name for path in out.iterdir()) if out.exists() else []
+  if mount:  # a freshly formatted volume's: not a file of the user's
+    found = [name for name in found if name != "lost+found"]
   # Replacing an earlier export removes what it holds: a file of the user's
   # put beside one is as much not the export's as a directory of their own.
   foreign = found if EXPORT_MARKER not in found else sorted(set(found) - EXPORT_NAMES)
@@ -155,10 +158,12 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
       "empty directory"
     )
   # Where the export is staged (out's parent, made by the write if missing)
-  # and `out` itself: each probed where it exists, so nothing is created.
+  # and `out` itself: each probed where it exists, so nothing is created. A
+  # mount point is written into: its parent (often read-only) is not used.
   existing = [path for path in (out, *out.parents) if path.exists()]
+  probed = existing[:1] if mount else existing[:2] if existing[0] == out else existing[:1]
   try:
-    for directory in existing[:2] if existing[0] == out else existing[:1]:
+    for directory in probed:
       check_writable(directory)
   except WorkdirError as error:
     raise ConfigError(f"out: {error}") from None
