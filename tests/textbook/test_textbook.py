@@ -293,6 +293,53 @@ def test_attention_cost_exponents_from_compiled_memory_and_flops(tmp_path):
 
 
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
+def test_kv_cache_times_no_programs_first_call(monkeypatch):
+  """Each compiled program is called, and its result waited for, before the
+  clock first starts: the first call of each no-cache length (22 ms against
+  1-2 ms) and of the cached step, dispatched but not waited for, were inside
+  the timed steps. Programs and clock stubbed: an order, not a time."""
+  import jax
+
+  events = []
+
+  class Waited:
+    def __init__(self, what):
+      self.what = what
+
+    def block_until_ready(self):
+      events.append(("waited", self.what))
+      return self
+
+    def __int__(self):
+      return 5
+
+  def uncached_step(model, params, length):
+    return lambda params, tokens, last: events.append(("call", length)) or Waited(length)
+
+  def cached_step(model, params, cache):
+    return lambda params, token, cache: (
+      events.append(("call", "cached"))
+      or (
+        Waited("cached"),
+        cache,
+      )
+    )
+
+  monkeypatch.setattr(kv_cache, "_uncached_step", uncached_step)
+  monkeypatch.setattr(kv_cache, "_cached_step", cached_step)
+  monkeypatch.setattr(kv_cache, "_flops", lambda compiled: 0.0)
+  monkeypatch.setattr(kv_cache.decode, "init_cache", lambda model, batch, length: {})
+  monkeypatch.setattr(
+    jax, "block_until_ready", lambda tree: [leaf.block_until_ready() for leaf in tree[:1]]
+  )
+  monkeypatch.setattr(kv_cache.time, "perf_counter", lambda: events.append(("clock",)) or 0.0)
+  kv_cache.uncached_steps(None, None, length=6, bucket=4)  # programs of 4 and 8 tokens
+  kv_cache.cached_steps(None, None, length=3)
+  for what in (4, 8, "cached"):
+    first_clock = events.index(("clock",), events.index(("call", what)))
+    assert ("waited", what) in events[:first_clock], (what, events)
+
+
 def test_kv_cache_decodes_the_same_tokens_with_far_less_work(tmp_path):
   result = kv_cache.run(tmp_path, quick=True)
   assert result["same_tokens"]
