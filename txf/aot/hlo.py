@@ -403,6 +403,10 @@ def loop_kernels(text: str) -> int:
   return max((sum(launches(name, frozenset()) for name in loop) for loop in loops), default=0)
 
 
+# A TPU reduce-scatter: a fusion calling an all-reduce-scatter computation.
+_REDUCE_SCATTER_CALL = r"calls=%?(all-reduce-scatter[\w.\-]*)"
+
+
 def collectives(text: str) -> dict[str, dict[str, float]]:
   """{kind: {"count", "bytes"}} of the collectives of an optimised HLO
   module's text, wherever they sit: TPU programs run them inside fusions
@@ -415,7 +419,7 @@ def collectives(text: str) -> dict[str, dict[str, float]]:
   runs = _runs(computations, into_fusions=True)
   # The all-reduce inside a reduce-scatter fusion's computation is that
   # reduce-scatter, counted at its fusion (it was counted as an all-reduce too).
-  scattering = set(re.findall(r"calls=%?(all-reduce-scatter[\w.\-]*)", text))
+  scattering = set(re.findall(_REDUCE_SCATTER_CALL, text))
   for computation, (_, lines) in computations.items():
     if computation.lstrip("%") in scattering:
       continue
@@ -428,7 +432,7 @@ def collectives(text: str) -> dict[str, dict[str, float]]:
       name, result, opcode, operands, attributes = parsed
       result_bytes = shapes[name] = shape_bytes(result)
       kind = COLLECTIVES.get(opcode)
-      if opcode == "fusion" and re.search(r"calls=%?all-reduce-scatter", attributes):
+      if opcode == "fusion" and re.search(_REDUCE_SCATTER_CALL, attributes):
         kind = "reduce-scatter"
       if kind is None:
         continue

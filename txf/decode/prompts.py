@@ -10,13 +10,13 @@ side (`restore_padding_side`).
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from txf import checks
 from txf.decode.cache import Cache, cache_length, cache_positions, check_cache_length
 
 Array = jax.Array
@@ -34,14 +34,9 @@ def concrete(x: Any) -> np.ndarray | None:
 
 def _check_options(caller: str, max_new_tokens: int, padding_side: str) -> None:
   # A float count (2.0) failed in flax's tracing of the cache, a traceback.
-  if not _is_int(max_new_tokens) or max_new_tokens < 1:
-    raise ValueError(f"{caller}: max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+  checks.int_at_least(max_new_tokens, f"{caller}: max_new_tokens", 1)
   if padding_side not in PADDING_SIDES:
     raise ValueError(f"{caller}: padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_cache_size(caller: str, cache: Cache, prompt_len: int, max_new_tokens: int) -> None:

@@ -217,7 +217,7 @@ class PointSummary:
   classifier's) is the mean over logged rows.
   late_improvement is `late_improvement` of the mean validation-loss curve
   (None: unknown, fewer than FLAT_MIN_EVALUATIONS evaluations in the last
-  fifth, or diverged). curves holds the point's
+  fifth, or the point not done: partial, diverged). curves holds the point's
   `loss_curve` of each metric of CURVE_METRICS, for its figures (read with
   the row: a summary reads each metrics.jsonl once)."""
 
@@ -487,7 +487,6 @@ def summarize_point(
   eval_losses = final("eval_loss")
   eval_loss, eval_ppl = _loss_stats(eval_losses)
   accuracies = final("eval_accuracy")
-  throughput = lambda name: _mean_logged(rows, name)
   curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
   # An unfinished curve's last fifth is not the run's: no verdict on it.
   improvement = None if status != "done" else late_improvement(*curves["eval_loss"][:2])
@@ -500,12 +499,12 @@ def summarize_point(
     eval_loss=eval_loss,
     eval_perplexity=eval_ppl,
     eval_accuracy=None if accuracies is None else Stat.of(accuracies),
-    tokens_per_sec=throughput("tokens_per_sec"),
+    tokens_per_sec=_mean_logged(rows, "tokens_per_sec"),
     diverged=diverged,
     extrapolation=_final_extrapolation(point, workdir, log),
     late_improvement=improvement,
     eval_losses=None if eval_losses is None else tuple(eval_losses),
-    examples_per_sec=throughput("examples_per_sec"),
+    examples_per_sec=_mean_logged(rows, "examples_per_sec"),
     curves=curves,
     trained_config=None if saved is None else to_json(saved),
   )
