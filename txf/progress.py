@@ -196,6 +196,7 @@ def stage(
       rich.progress.TimeElapsedColumn(),  # a five-minute compile shows it moves
       console=console,
       transient=True,
+      get_time=clock,  # the clock the end line reads
     )
     with spinner:
       spinner.add_task(f"{what} ...", total=None)
