@@ -199,6 +199,14 @@ def repeated_random_tokens(
   return np.tile(np.stack(blocks), (1, 2)).astype(np.int32)
 
 
+def induction_probe(seed: int, batch: int, period: int, vocab_size: int, ids: Any) -> np.ndarray:
+  """int [batch, 2 * period]: the induction probe at `period`, drawn by a
+  generator of its own seeded `seed` (`repeated_random_tokens` of `ids`):
+  each period's blocks are the same whichever other periods are probed, so
+  txf-analyze and the heads experiment score one run on the same inputs."""
+  return repeated_random_tokens(np.random.default_rng(seed), batch, period, vocab_size, ids=ids)
+
+
 def in_distribution_ids(tokens: Any, special_ids: Any) -> np.ndarray:
   """The distinct ids that occur in `tokens` (e.g. a run's validation inputs),
   minus `special_ids` (pad, bos, ...): the ids an induction probe may draw

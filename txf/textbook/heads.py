@@ -43,10 +43,10 @@ from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.head_scores import (
   head_roles,
   in_distribution_ids,
+  induction_probe,
   induction_score,
   previous_token_score,
   probe_periods,
-  repeated_random_tokens,
 )
 from txf.analysis.plots import attention_grid, heatmaps
 from txf.data.incontext import repeat_periods
@@ -158,13 +158,8 @@ def compute(
   ids = in_distribution_ids(text_BxT, setup.train_data.tokenizer.special_ids)
   periods = probe_periods(length, len(ids), repeat_periods(setup.run.data))
   text_layers = maps_by_kind(maps_fn(params, text_BxT))["self"]
-  # Each period's blocks from a generator of its own, as txf-analyze draws
-  # them: one generator for all gave the second period other blocks than
-  # txf-analyze scores on the same run.
   repeated_BxT = {
-    period: repeated_random_tokens(
-      np.random.default_rng(seed), batch, period, setup.run.model.vocab_size, ids=ids
-    )
+    period: induction_probe(seed, batch, period, setup.run.model.vocab_size, ids)
     for period in periods
   }
   repeated_layers = {

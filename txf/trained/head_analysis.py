@@ -83,11 +83,11 @@ from txf.analysis.head_scores import (
   head_score_rows,
   head_scores_table,
   in_distribution_ids,
+  induction_probe,
   induction_score,
   mean_attended_distance,
   previous_token_score,
   probe_periods,
-  repeated_random_tokens,
 )
 from txf.analysis.phase_change import steepest_fall, training_csv
 from txf.analysis.plots import attention_grid_figure, png_bytes
@@ -298,9 +298,7 @@ def _induction(
   encoder-decoder's source: the batch's encoder inputs), attention from
   `maps_fn(params, *inputs)`."""
   B = _query_tokens(batch, kind).shape[0]
-  tokens_BxT = repeated_random_tokens(
-    np.random.default_rng(seed), B, period, setup.run.model.vocab_size, ids=ids
-  )
+  tokens_BxT = induction_probe(seed, B, period, setup.run.model.vocab_size, ids)
   # An encoder-decoder's analysed tokens are its decoder inputs, beside its source.
   seq2seq = task_kind(setup.task).batches == "seq2seq"
   inputs = (batch["encoder_inputs"], tokens_BxT) if seq2seq else (tokens_BxT,)
