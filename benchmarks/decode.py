@@ -309,25 +309,40 @@ def define_flags() -> None:
     prepare_environment()
 
 
-def _checked_batch_sizes(config) -> list[int]:
-  """--decode_batch_sizes as ints, with every size and the config checked
-  before any compile or timed call: each is one line, exit 2 (they were
-  tracebacks from generate, some after other sizes had compiled)."""
+def _checked_sizes() -> list[int]:
+  """--decode_batch_sizes as ints, each of the size flags checked before any
+  compile or timed call: one line, exit 2 (they were tracebacks from
+  generate, some after other sizes had compiled)."""
   from txf import checks  # noqa: PLC0415
-  from txf.decode.cache import check_cache_length  # noqa: PLC0415
-  from txf.layers.embedding import check_position_table  # noqa: PLC0415
-  from txf.layers.model_config import FAMILIES  # noqa: PLC0415
 
   try:
-    sizes = [
-      checks.int_at_least(int(b) if b.strip().lstrip("-").isdigit() else b, "decode_batch_sizes", 1)
-      for b in FLAGS.decode_batch_sizes
-    ]
+    sizes = [_positive_int(text, "decode_batch_sizes") for text in FLAGS.decode_batch_sizes]
     for name in ("prompt_len", "new_tokens", "repeats"):
       checks.int_at_least(FLAGS[name].value, name, 1)
     checks.int_at_least(FLAGS.source_len, "source_len", 0)
   except ValueError as error:
     fail("flag", error)
+  return sizes
+
+
+def _positive_int(text: str, name: str) -> int:
+  """`text`, a list flag's item, as an int >= 1 (ValueError naming `name`)."""
+  from txf import checks  # noqa: PLC0415
+
+  try:
+    value: object = int(text)
+  except ValueError:
+    value = text  # int_at_least names it as given
+  return checks.int_at_least(value, name, 1)
+
+
+def _check_model(config) -> None:
+  """The config's model decodes --prompt_len + --new_tokens positions, before
+  any compile: one line, exit 2."""
+  from txf.decode.cache import check_cache_length  # noqa: PLC0415
+  from txf.layers.embedding import check_position_table  # noqa: PLC0415
+  from txf.layers.model_config import FAMILIES  # noqa: PLC0415
+
   try:
     model = parse(config).model
     if not FAMILIES[model.family].generative:
@@ -336,12 +351,12 @@ def _checked_batch_sizes(config) -> list[int]:
     check_position_table(model.position, model.max_len, length, "a decoding cache")
   except ValueError as error:
     fail("config", error)
-  return sizes
 
 
 def main() -> dict:
   config = FLAGS.config
-  batch_sizes = _checked_batch_sizes(config)
+  batch_sizes = _checked_sizes()
+  _check_model(config)
   if FLAGS.deviceless:
     try:  # before any compile, as txf-compile
       target = gpu_target(FLAGS.deviceless)

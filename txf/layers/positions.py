@@ -128,7 +128,8 @@ class T5BiasSettings:
   def check_causal(self) -> None:
     """What a causal stack (a decoder's) needs beyond check(): its one side
     holds every bucket, so a max_distance past num_buckets / 2 exact ones
-    (ModelConfig asks it of the families that generate)."""
+    (ModelConfig asks it of the families that generate: it takes a family
+    registered without generative=True for one without a causal stack)."""
     self._check_past_exact(self.t5_num_buckets // 2, "a causal")
 
   def _check_past_exact(self, exact: int, stack: str) -> None:

@@ -8,6 +8,7 @@ from the metrics files), so that neither imports the other at call time.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -32,17 +33,6 @@ def metric_tag(name: str) -> str:
   return ("perf/" if name in PERF_METRICS else "train/") + name
 
 
-# What MetricsWriter and the loop call on a tracker (`Tracker`'s methods).
-# Each method's arguments, as MetricsWriter and the loop pass them (by position).
-TRACKER_ARGUMENTS: dict[str, tuple[str, ...]] = {
-  "log_config": ("config",),
-  "log_metrics": ("step", "scalars"),
-  "log_sample": ("step", "text"),
-  "log_summary": ("metrics",),
-  "close": (),
-}
-
-
 class Tracker(Protocol):
   """What MetricsWriter and the loop call on a tracker."""
 
@@ -60,3 +50,11 @@ class Tracker(Protocol):
 
   def close(self) -> None:
     """Finishes the tracker's run (uploads what is pending)."""
+
+
+# What MetricsWriter and the loop call on a tracker, each method with the
+# arguments they pass it by position: `Tracker`'s own.
+TRACKER_ARGUMENTS: dict[str, tuple[str, ...]] = {
+  name: tuple(inspect.signature(getattr(Tracker, name)).parameters)[1:]
+  for name in ("log_config", "log_metrics", "log_sample", "log_summary", "close")
+}
