@@ -388,6 +388,19 @@ def test_resume_step_retrains_from_it_and_keeps_the_best_and_every_nth(tmp_path)
 
 
 @pytest.mark.slow  # trains a run
+def test_a_longer_seq_len_past_the_position_taken_is_refused_naming_it(tmp_path):
+  """Twice the seq_len halves the windows of an epoch: a run that took more
+  than the new epoch holds cannot continue. The refusal named
+  data.batch_size, which had not changed, beside a 'damaged' checkpoint."""
+  workdir = tmp_path / "run"
+  small = dict(data__max_corpus_bytes=2_800, train__checkpoint_every=8)  # ~10 batches an epoch
+  run_quietly(tiny(steps=8, **small), workdir)  # 64 windows of 33 tokens taken
+  with pytest.raises(loop.ConfigError, match=r"^data\.seq_len: the data position of checkpoint"):
+    run_quietly(tiny(steps=12, data__seq_len=64, **small), workdir)
+  assert checkpoint_steps(workdir) == [8]
+
+
+@pytest.mark.slow  # trains a run
 def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   run_quietly(tiny(steps=8, train__checkpoint_every=4), workdir)

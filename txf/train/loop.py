@@ -456,16 +456,25 @@ def _joining(thread: threading.Thread):
     thread.join()
 
 
-def _continue_data(setup: RunSetup, data_state: dict, step: int) -> None:
-  """Makes the next training batch the one after checkpoint `step`'s."""
+def _continue_data(setup: RunSetup, data_state: dict, step: int, saved: RunConfig | None) -> None:
+  """Makes the next training batch the one after checkpoint `step`'s; a
+  refusal names the fields changed from `saved` (config.json) that shape
+  the batches, where any did."""
   try:
     setup.train_data.set_state(data_state)
   except ProcessCountError as error:
     raise ConfigError(str(error)) from error
   except ValueError as error:  # e.g. a position between batches of a new size
     data = setup.run.data
+    # A longer seq_len makes fewer windows an epoch: the position taken may lie past them.
+    changed = [
+      f"data.{name}"
+      for name in ("batch_size", "seq_len")
+      if saved is not None and getattr(saved.data, name) != getattr(data, name)
+    ]
     raise ConfigError(
-      f"data.batch_size: the data position of checkpoint step {step}, {data_state}, does not "
+      f"{', '.join(changed) or 'data.batch_size'}: the data position of checkpoint step "
+      f"{step}, {data_state}, does not "
       f"continue in batches of data.batch_size={data.batch_size}, data.seq_len="
       f"{data.seq_len}; continue training with the run's own (config.json), or, where "
       f"those are the run's, the checkpoint's position is damaged ({error})"
@@ -738,7 +747,7 @@ def _restore(
     )
   # A finished run only evaluates, at any batch size: its position is not read.
   if start < setup.run.train.steps:
-    _continue_data(setup, extras["data"], start)
+    _continue_data(setup, extras["data"], start, saved)
   moved = ""
   if resume_step is not None:
     guard.defer()  # the moves are the run's first writes
