@@ -401,6 +401,28 @@ def test_a_longer_seq_len_past_the_position_taken_is_refused_naming_it(tmp_path)
 
 
 @pytest.mark.slow  # trains a run
+def test_resume_step_says_what_the_steps_it_retrains_were_first_trained_with(tmp_path):
+  """Steps 5-8 first trained with train.steps 8 (a cosine's end), then the
+  run went on to 12: --resume_step=4 retrains them on the 12-step schedule.
+  config.json says 12 already, so nothing said so."""
+  workdir, keep = (
+    tmp_path / "run",
+    dict(train__checkpoint_every=4, train__decay="cosine", train__max_to_keep=5),
+  )
+  run_quietly(tiny(steps=8, **keep), workdir)
+  run_quietly(tiny(steps=12, **keep), workdir)
+  lines = []
+  loop.run(parse(tiny(steps=12, **keep)), workdir, log=lines.append, resume_step=4)
+  assert (
+    "resume_step: steps 5 on were first trained with train.steps 8; they are trained again "
+    "with train.steps 12"
+  ) in lines
+  lines = []  # back to 8 again: steps 9 on were trained with this config (12) only
+  loop.run(parse(tiny(steps=12, **keep)), workdir, log=lines.append, resume_step=8)
+  assert not [line for line in lines if line.startswith("resume_step:")]
+
+
+@pytest.mark.slow  # trains a run
 def test_divergence_raises_and_keeps_the_last_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   run_quietly(tiny(steps=8, train__checkpoint_every=4), workdir)

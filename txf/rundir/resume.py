@@ -46,7 +46,7 @@ from txf.data import num_classes
 from txf.layers.model_config import LANGUAGE_MODEL_HEADS, MOVED_TO_OPTIONS
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
-from txf.rundir.record import RECORD_FILE, check_choices, recorded_config
+from txf.rundir.record import RECORD_FILE, check_choices, read_record, recorded_config
 from txf.storage import read_json, write_file
 
 CONFIG_FILE = "config.json"
@@ -272,6 +272,23 @@ def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, A
   new = _leaves(_compared(run))
   old = _leaves({name: value for name, value in to_json(saved).items()})
   return [(name, old.get(name), value) for name, value in new.items() if old.get(name) != value]
+
+
+def changes_since_step(run: RunConfig, workdir: str | os.PathLike, step: int) -> list[tuple]:
+  """`config_changes` of `run` from the config that first trained step
+  `step` + 1, as run_record.json's entry of those steps records it ([] where
+  no entry holds it, or its config does not read): what `--resume_step=step`
+  retrains under another config than the steps it moves aside had, which
+  config.json (the latest start's) does not say."""
+  for entry in reversed(read_record(workdir)):
+    start, end = entry.get("start_step"), entry.get("end_step")
+    if isinstance(start, int) and start <= step and (not isinstance(end, int) or end > step):
+      try:
+        trained = _parsed(entry.get("config"), workdir, f"{RECORD_FILE}: config")
+      except ValueError:
+        return []
+      return config_changes(run, trained)
+  return []
 
 
 def check_resumable(

@@ -86,6 +86,7 @@ from txf.rundir.metrics import MetricsWriter, check_outputs, is_eval_row, read_m
 from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
   CONFIG_FILE,
+  changes_since_step,
   check_optimizer_state,
   config_changes,
   prepare_resume,
@@ -576,6 +577,15 @@ def run(
         changes = _changes_line(run_config, saved) if start else None
         if changes:
           log(changes + _learning_rate_change(setup, saved, start))
+        if resume_step is not None and start < setup.run.train.steps:
+          retrained = changes_since_step(run_config, workdir, start)
+          if retrained:
+            log(
+              f"resume_step: steps {start + 1} on were first trained with "
+              + ", ".join(f"{name} {old!r}" for name, old, _ in retrained)
+              + "; they are trained again with "
+              + ", ".join(f"{name} {new!r}" for name, _, new in retrained)
+            )
         if start == 0 and setup.started_from:
           log(f"initialised from {setup.started_from}")
         for note in setup.run.notes:
