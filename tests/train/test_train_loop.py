@@ -507,6 +507,10 @@ def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same_eval(tmp_p
   assert f"eval @ 4 (data.seq_len={config.data.seq_len}" in log_text
   assert f"eval_loss={again['eval_loss']:.4f}" in log_text.split("already trained")[1]
   assert checkpoint_steps(tmp_path) == [4]
+  # train.steps lowered past the step trained to: 'the run is finished' was not why.
+  lowered, log_text = run_quietly(tiny("rope", steps=2), tmp_path)
+  assert "already trained to step 4 of 2" in log_text
+  assert "not written: train.steps=2 is past)" in log_text and lowered == first
 
 
 class _SlowToLower:

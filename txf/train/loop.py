@@ -572,20 +572,10 @@ def run(
       guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
       with guarding as guard, _closing(checkpointer), setup.activation_sharding():
         start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
-        # A resume that changes settings says which, before training (config.json,
-        # which they are read from, is written below).
-        changes = _changes_line(run_config, saved) if start else None
-        if changes:
-          log(changes + _learning_rate_change(setup, saved, start))
-        if resume_step is not None and start < setup.run.train.steps:
-          retrained = changes_since_step(run_config, workdir, start)
-          if retrained:
-            log(
-              f"resume_step: steps {start + 1} on were first trained with "
-              + ", ".join(f"{name} {old!r}" for name, old, _ in retrained)
-              + "; they are trained again with "
-              + ", ".join(f"{name} {new!r}" for name, _, new in retrained)
-            )
+        # A resume that changes settings says which, before training or the
+        # evaluation they shape (config.json, which they are read from, is written below).
+        for line in _resume_lines(setup, run_config, saved, workdir, start, resume_step):
+          log(line)
         if start == 0 and setup.started_from:
           log(f"initialised from {setup.started_from}")
         for note in setup.run.notes:
@@ -597,16 +587,18 @@ def run(
           + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
         )
         steps = setup.run.train.steps
+        # Trained to its steps or past them (train.steps lowered): it only evaluates.
         if start >= steps and _end_written(steps, workdir, start):
           log(f"already trained to step {start} of {steps}")
           result = setup.evaluate(state.params)
           data = setup.run.data
+          why = "the run is finished" if start == steps else f"train.steps={steps} is past"
           log(
             _eval_line(
               start,
               result,
               f" (data.seq_len={data.seq_len}, data.batch_size="
-              f"{data.batch_size}; not written: the run is finished)",
+              f"{data.batch_size}; not written: {why})",
             )
           )
           return result
@@ -697,6 +689,32 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   return step != steps or any(
     row["step"] == step and is_eval_row(row) for row in read_metrics(workdir, since=step)
   )
+
+
+def _resume_lines(
+  setup: RunSetup,
+  run_config: RunConfig,
+  saved: RunConfig | None,
+  workdir: epath.Path,
+  start: int,
+  resume_step: int | None,
+) -> list[str]:
+  """What a resume from `start` changes: the fields changed from config.json
+  (`saved`) with the learning rate's move, and under --resume_step what the
+  steps it trains again were first trained with (run_record.json's)."""
+  lines = []
+  changes = _changes_line(run_config, saved) if start else None
+  if changes:
+    lines.append(changes + _learning_rate_change(setup, saved, start))
+  retrained = changes_since_step(run_config, workdir, start) if resume_step is not None else []
+  if retrained:
+    lines.append(
+      f"resume_step: steps {start + 1} on were first trained with "
+      + ", ".join(f"{name} {old!r}" for name, old, _ in retrained)
+      + "; they are trained again with "
+      + ", ".join(f"{name} {new!r}" for name, _, new in retrained)
+    )
+  return lines
 
 
 def _changes_line(run_config: RunConfig, saved: RunConfig | None) -> str | None:
