@@ -211,11 +211,11 @@ def setting_docs() -> dict[str, str]:
 MOVED_TO_OPTIONS = ("rope_base", "rope_scale", "t5_num_buckets", "t5_max_distance")
 
 
-# Fields that None derives from others (ModelConfig._resolve); replace()
-# derives them again unless they were given explicitly.
 # The heads of a language model, which read neither model.pooling nor
 # model.num_classes (the classify head's).
 LANGUAGE_MODEL_HEADS = ("lm", "mlm")
+# Fields that None derives from others (ModelConfig._resolve); replace()
+# derives them again unless they were given explicitly.
 DERIVED_FIELDS = ("num_kv_heads", "head_dim", "d_ff", "scale_logits", "num_decoder_layers")
 
 # The fields an LSTM language model (family='lstm', txf/models/lstm.py) reads;
@@ -454,8 +454,8 @@ class ModelConfig:
 
   def _check_position(self) -> None:
     """What the registry entry of model.position needs: an even dimension,
-    as large as it needs (its settings check themselves: _check_options), and t5_bias' of a
-    family that generates, what its causal stack needs."""
+    as large as it needs (its settings check themselves: _check_options),
+    and of t5_bias in a family that generates, what its causal stack needs."""
     encoding = positions.encoding(self.position)
     dims = dict(
       d_model=self.d_model,

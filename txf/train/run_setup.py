@@ -602,17 +602,19 @@ def _reading_layout(run: RunConfig) -> tuple[RunConfig, list[jax.Device] | None]
   restore onto any mesh; evaluations give its numbers to float rounding).
   With several processes, the run's own, checked as setup_run does."""
   devices = jax.devices()
-  data_parallel = run.override(_DATA_PARALLEL)
-  if jax.process_count() > 1:
+  if jax.process_count() > 1 or _fits(run, devices):
     return run, None
-  for candidate in (run, data_parallel):
-    try:
-      mesh = sharding.make_mesh(candidate.parallel, devices)
-      sharding.check_batch(candidate.data.batch_size, mesh)
-    except ValueError:
-      continue
-    return candidate, None
-  return data_parallel, devices[:1]
+  data_parallel = run.override(_DATA_PARALLEL)  # parsed again: only where it is read
+  return data_parallel, None if _fits(data_parallel, devices) else devices[:1]
+
+
+def _fits(run: RunConfig, devices: list[jax.Device]) -> bool:
+  """Whether `run`'s mesh fits `devices` and splits its data.batch_size."""
+  try:
+    sharding.check_batch(run.data.batch_size, sharding.make_mesh(run.parallel, devices))
+  except ValueError:
+    return False
+  return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -161,7 +161,7 @@ def check_out(workdir: epath.Path, out: epath.Path) -> bool:
   # and `out` itself: each probed where it exists, so nothing is created. A
   # mount point is written into: its parent (often read-only) is not used.
   existing = [path for path in (out, *out.parents) if path.exists()]
-  probed = existing[:1] if mount else existing[:2] if existing[0] == out else existing[:1]
+  probed = existing[:2] if existing[0] == out and not mount else existing[:1]
   try:
     for directory in probed:
       check_writable(directory)
