@@ -3,7 +3,7 @@
 A page holding the marker `<!-- txf:resume-rules -->` (docs/running.md) gets
 there the rules for resuming a run, written from the lists
 `txf.rundir.resume.check_resumable` checks (`RESUME_SECTIONS`,
-`FREE_DATA_FIELDS`) and from the sections and fields of configs/base.py, so
+`FREE_MODEL_FIELDS`, `FREE_DATA_FIELDS`) and from the sections and fields of configs/base.py, so
 the page cannot drift from the code. tests/test_docs.py checks the text.
 
 A link to a file exclude_docs leaves out of the site (docs/data/...) is dead
@@ -41,7 +41,7 @@ def resume_rules() -> str:
   import ml_collections
 
   from txf.configs import base
-  from txf.rundir.resume import FREE_DATA_FIELDS, RESUME_SECTIONS
+  from txf.rundir.resume import FREE_DATA_FIELDS, FREE_MODEL_FIELDS, RESUME_SECTIONS
 
   config = base.get_config()
   sections = [name for name in config if isinstance(config[name], ml_collections.ConfigDict)]
@@ -52,6 +52,12 @@ def resume_rules() -> str:
       kept.append(
         f"the `data` fields that define the data stream and tokenizer (every `data` "
         f"field except {_names(FREE_DATA_FIELDS)}: {_names(defining)})"
+      )
+    elif name == "model":
+      kept.append(
+        f"the `model` section except how the model computes, not its parameters "
+        f"({_names(FREE_MODEL_FIELDS)}; `max_len` only where the position encoding owns "
+        f"no learned table of that many rows)"
       )
     elif name in sections:
       kept.append(f"the `{name}` section")

@@ -16,7 +16,7 @@ from tools import findings_significance, results_tables, traced_numbers
 from txf import configs, models
 from txf.configs import base
 from txf.rundir.metrics import METRICS_FILE
-from txf.rundir.resume import CONFIG_FILE, FREE_DATA_FIELDS, RESUME_SECTIONS
+from txf.rundir.resume import CONFIG_FILE, FREE_DATA_FIELDS, FREE_MODEL_FIELDS, RESUME_SECTIONS
 from txf.sweep import grid, results
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -39,6 +39,8 @@ def test_the_resume_rules_name_the_fields_the_code_checks():
   paragraph = hooks.resume_rules()
   for section in RESUME_SECTIONS:  # what a resumed run must keep
     assert f"`{section}`" in paragraph, section
+  model = paragraph[paragraph.index("the `model` section except") + len("the `model`") :]
+  assert set(re.findall(r"`(\w+)`", model[: model.index(")")])) == set(FREE_MODEL_FIELDS)
   listed = paragraph[paragraph.index("every `data` field except") + len("every `data`") :]
   kept_free, defining = listed[: listed.index(")")].split(":")
   assert set(re.findall(r"`(\w+)`", kept_free)) == set(FREE_DATA_FIELDS)

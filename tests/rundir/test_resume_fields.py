@@ -40,3 +40,35 @@ def test_a_run_that_lost_its_config_json_is_held_to_its_record(tmp_path):
   record.unlink()  # nothing says what the checkpoints were trained with
   with pytest.raises(ConfigError, match=r"^workdir: .* holds checkpoints but no config\.json or"):
     loop.run(parse(config), workdir, log=lambda line: None)
+
+
+# A value other than the default for each field a resume may change.
+CHANGED = {
+  "dropout_rate": 0.1,
+  "attention_dropout_rate": 0.1,
+  "dtype": "bfloat16",
+  "attention_impl": "chunked",
+  "remat": True,
+  "max_len": 64,
+}
+
+
+@pytest.mark.parametrize("field", resume.FREE_MODEL_FIELDS)
+def test_a_resume_may_change_how_the_model_computes_not_its_parameters(tmp_path, field):
+  """model.remat (to fit memory), the attention kernel, the compute dtype,
+  dropout and a RoPE model's max_len leave the checkpoint as it is: a resume
+  may change them (they were refused with the whole model section). A
+  learned position table's max_len is the checkpoint's shape: refused."""
+  assert set(CHANGED) == set(resume.FREE_MODEL_FIELDS)
+  saved = parse(tiny_config("rope"))
+  run = parse(tiny_config("rope", **{f"model__{field}": CHANGED[field]}))
+  assert [name for name, _, _ in resume.config_changes(run, saved)] == [f"model.{field}"]
+  resume.check_resumable(run, saved, tmp_path)
+  learned = dict(model__position="learned")
+  saved = parse(tiny_config("rope", **learned))
+  run = parse(tiny_config("rope", **learned, **{f"model__{field}": CHANGED[field]}))
+  if field == "max_len":
+    with pytest.raises(ValueError, match=r"^model\.max_len: differs from the run"):
+      resume.check_resumable(run, saved, tmp_path)
+  else:
+    resume.check_resumable(run, saved, tmp_path)

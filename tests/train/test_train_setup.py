@@ -292,6 +292,19 @@ def test_resume_with_another_model_is_refused(trained):
     loop.run(parse(tiny_config("rope", steps=2 * STEPS, model__d_model=64)), trained)
 
 
+@pytest.mark.slow  # trains runs (and its fixture one)
+def test_a_resume_restores_the_checkpoint_under_a_changed_dtype_kernel_and_remat(trained, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(trained, workdir)
+  lines = []
+  changed = dict(model__remat=True, model__attention_impl="chunked", model__dtype="bfloat16")
+  loop.run(parse(tiny_config("rope", steps=STEPS + 2, **changed)), workdir, log=lines.append)
+  assert f"resumed from step {STEPS} in {checkpoint_directory(workdir)}" in lines
+  assert Checkpointer(checkpoint_directory(workdir)).latest_step() == STEPS + 2
+  saved = json.loads((workdir / "config.json").read_text())["model"]
+  assert (saved["remat"], saved["attention_impl"], saved["dtype"]) == (True, "chunked", "bfloat16")
+
+
 @pytest.mark.slow  # a subprocess
 def test_bench_times_the_training_step_and_writes_json(tmp_path):
   report_path = tmp_path / "bench.json"

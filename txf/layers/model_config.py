@@ -211,6 +211,13 @@ def setting_docs() -> dict[str, str]:
 MOVED_TO_OPTIONS = ("rope_base", "rope_scale", "t5_num_buckets", "t5_max_distance")
 
 
+# Fields that change how the model computes -- its dropout, compute dtype,
+# attention kernel, recomputation -- not its parameters: a resumed run and a
+# train.init_from start may set them apart from the checkpoint they read
+# (txf.rundir.resume, txf.train.pretrained).
+COMPUTE_FIELDS = ("dropout_rate", "attention_dropout_rate", "dtype", "attention_impl", "remat")
+
+
 # The heads of a language model, which read neither model.pooling nor
 # model.num_classes (the classify head's).
 LANGUAGE_MODEL_HEADS = ("lm", "mlm")

@@ -17,10 +17,13 @@ any config (txf.runconfig.run_config.parse), so a saved run and a new one are
 compared as typed RunConfigs, field by field.
 
 None to what the checkpoint depends on, i.e. `seed`, `replicas`, the
-`model` section, and every `data` field except those in `FREE_DATA_FIELDS`
-(the corpus or dataset, task, tokenizer and vocabulary, corpus size, masking
-and generated-example fields define the data stream the checkpoint was
-trained on and the sentencepiece model in the work directory).
+`model` section except `FREE_MODEL_FIELDS` (how the model computes, not its
+parameters: e.g. model.remat to fit a device's memory; model.max_len only
+where the position encoding owns no learned table of that many rows), and
+every `data` field except those in `FREE_DATA_FIELDS` (the corpus or
+dataset, task, tokenizer and vocabulary, corpus size, masking and
+generated-example fields define the data stream the checkpoint was trained
+on and the sentencepiece model in the work directory).
 `data.seq_len`, `data.batch_size`, how a TFDS stream is read and attended
 (`data.read_threads`, `data.attend_across_documents`) and evaluated
 (`data.tfds_eval_split`), and the `train`,
@@ -43,7 +46,8 @@ import jax
 from etils import epath
 
 from txf.data import num_classes
-from txf.layers.model_config import LANGUAGE_MODEL_HEADS, MOVED_TO_OPTIONS
+from txf.layers import positions
+from txf.layers.model_config import COMPUTE_FIELDS, LANGUAGE_MODEL_HEADS, MOVED_TO_OPTIONS
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.record import RECORD_FILE, check_choices, read_record, recorded_config
@@ -51,8 +55,10 @@ from txf.storage import read_json, write_file
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
-# must match the run's config.json, `data` except for FREE_DATA_FIELDS.
+# must match the run's config.json, `model` except for FREE_MODEL_FIELDS and
+# `data` except for FREE_DATA_FIELDS.
 RESUME_SECTIONS = ("seed", "replicas", "model", "data")
+FREE_MODEL_FIELDS = (*COMPUTE_FIELDS, "max_len")
 FREE_DATA_FIELDS = (
   "seq_len",
   "batch_size",
@@ -311,14 +317,28 @@ def check_resumable(
   Raises:
     ValueError: naming the first such field.
   """
+  if saved is None:
+    return
   held = RESUME_SECTIONS if trained else ("data",)
   for name, _, _ in config_changes(run, saved):
     section, _, field = name.partition(".")
-    if section in held and not (section == "data" and field in FREE_DATA_FIELDS):
+    if section in held and not _free(section, field, saved):
       raise ValueError(
         f"{name}: differs from the run already in {workdir} (see "
         f"{epath.Path(workdir) / source}); use a new --workdir"
       )
+
+
+def _free(section: str, field: str, saved: RunConfig) -> bool:
+  """Whether a resume may change `section`.`field` of the run that saved
+  `saved` (FREE_MODEL_FIELDS, FREE_DATA_FIELDS): model.max_len only where
+  the run's position encoding owns no learned table of max_len rows, which
+  the checkpoints hold."""
+  if section == "data":
+    return field in FREE_DATA_FIELDS
+  if section != "model" or field not in FREE_MODEL_FIELDS:
+    return False
+  return field != "max_len" or positions.encoding(saved.model.position).table != "absolute"
 
 
 def prepare_resume(

@@ -25,7 +25,7 @@ from etils import epath
 from txf import interop
 from txf.data.spec import DataSpec
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
-from txf.layers.model_config import ModelConfig
+from txf.layers.model_config import COMPUTE_FIELDS, ModelConfig
 from txf.rundir.record import recorded_tokenizer
 from txf.rundir.resume import is_run_directory
 from txf.storage import write_file
@@ -33,18 +33,7 @@ from txf.train.step import TrainState
 
 # ModelConfig fields a run may set apart from its train.init_from checkpoint: they
 # change how the model trains or runs, not the function its parameters compute.
-FREE_PRETRAINED_FIELDS = (
-  "dropout_rate",
-  "attention_dropout_rate",
-  "dtype",
-  "init",
-  "attention_impl",
-  "remat",
-  "max_len",
-  "head",
-  "num_classes",
-  "pooling",
-)
+FREE_PRETRAINED_FIELDS = (*COMPUTE_FIELDS, "init", "max_len", "head", "num_classes", "pooling")
 
 
 def pretrained_params(
