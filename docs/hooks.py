@@ -41,7 +41,12 @@ def resume_rules() -> str:
   import ml_collections
 
   from txf.configs import base
-  from txf.rundir.resume import FREE_DATA_FIELDS, FREE_MODEL_FIELDS, RESUME_SECTIONS
+  from txf.rundir.resume import (
+    DATA_ORDER_FIELDS,
+    FREE_DATA_FIELDS,
+    FREE_MODEL_FIELDS,
+    RESUME_SECTIONS,
+  )
 
   config = base.get_config()
   sections = [name for name in config if isinstance(config[name], ml_collections.ConfigDict)]
@@ -82,7 +87,8 @@ def resume_rules() -> str:
   held = [name for name in RESUME_SECTIONS if name != "data"]
   return text + (
     f". A run that stopped before its first checkpoint (a model too large for the "
-    f"device, say) holds only its `data` fields: {_names(held)} may change there."
+    f"device, say) holds only its `data` fields but the data order's "
+    f"({_names(DATA_ORDER_FIELDS)}): {_names(held)} may change there."
   )
 
 

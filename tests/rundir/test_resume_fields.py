@@ -72,3 +72,25 @@ def test_a_resume_may_change_how_the_model_computes_not_its_parameters(tmp_path,
       resume.check_resumable(run, saved, tmp_path)
   else:
     resume.check_resumable(run, saved, tmp_path)
+
+
+def test_a_resume_compares_the_data_order_as_the_streams_it_draws(tmp_path):
+  """An explicit data.seed equal to the run's seed (what None resolves to)
+  and data.seed_per_replica with one replica read the same batches: not
+  changes (both were refused as differing from the run)."""
+  saved = parse(tiny_config("rope"))
+  assert saved.data.seed is None and saved.replicas == 1
+  for same in (dict(data__seed=saved.seed), dict(data__seed_per_replica=True)):
+    run = parse(tiny_config("rope", **same))
+    assert resume.config_changes(run, saved) == []
+    resume.check_resumable(run, saved, tmp_path)
+  other = parse(tiny_config("rope", data__seed=saved.seed + 1))
+  with pytest.raises(ValueError, match=r"^data\.seed: differs from the run"):
+    resume.check_resumable(other, saved, tmp_path)
+  config = tiny_config("rope")
+  config.replicas = 2
+  saved = parse(config)
+  config.data.seed_per_replica = True
+  own = parse(config)
+  with pytest.raises(ValueError, match=r"^data\.seed_per_replica: differs from the run"):
+    resume.check_resumable(own, saved, tmp_path)

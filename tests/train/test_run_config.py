@@ -244,6 +244,8 @@ def test_a_run_without_a_checkpoint_may_change_all_but_its_data(tmp_path):
   assert resumed == corrected and saved is not None and saved.model.d_model == 16
   with pytest.raises(ValueError, match=r"^data\.max_corpus_bytes: differs from the run"):
     resume.prepare_resume(run.override({"data.max_corpus_bytes": 50_000}), tmp_path)
+  reordered = run.override({"data.seed": run.seed + 7})  # the tokenizer does not depend on it
+  assert resume.prepare_resume(reordered, tmp_path)[0] == reordered
   with pytest.raises(ValueError, match=r"^model\.d_model: differs from the run"):
     resume.prepare_resume(run.override({"model.d_model": 32}), FIXTURES / "run_1c066fd")
 

@@ -59,6 +59,9 @@ CONFIG_FILE = "config.json"
 # `data` except for FREE_DATA_FIELDS.
 RESUME_SECTIONS = ("seed", "replicas", "model", "data")
 FREE_MODEL_FIELDS = (*COMPUTE_FIELDS, "max_len")
+# The data order (compared as the streams it draws, `_as_compared`): a run
+# without checkpoints may change it, its tokenizer does not depend on it.
+DATA_ORDER_FIELDS = ("seed", "seed_per_replica")
 FREE_DATA_FIELDS = (
   "seq_len",
   "batch_size",
@@ -243,18 +246,29 @@ def write_config(run: RunConfig, workdir: str | os.PathLike) -> None:
 
 
 def _compared(run: RunConfig) -> dict[str, Any]:
-  """`run` as JSON values, for comparing with a run's config.json, its
-  model fields that fit_vocabulary derives from the data fields (compared
-  themselves) as derived: config.json records them derived, and a command
-  line leaves them unset or at their default. A model.vocab_size not known
-  yet (None: the tokenizer's) is left out; a classification dataset's
-  labels are model.num_classes (ListOps' 10, whatever the command says)."""
-  fields = to_json(run)
+  """A command's `run` as JSON values, for comparing with a run's
+  config.json (`_as_compared`), its model fields that fit_vocabulary
+  derives from the data fields (compared themselves) as derived: config.json
+  records them derived, and a command line leaves them unset or at their
+  default. A model.vocab_size not known yet (None: the tokenizer's) is left
+  out; a classification dataset's labels are model.num_classes (ListOps'
+  10, whatever the command says)."""
+  fields = _as_compared(run)
   if run.model.vocab_size is None:
     del fields["model"]["vocab_size"]
   labels = num_classes(run.data)
   if labels is not None:
     fields["model"]["num_classes"] = labels
+  return fields
+
+
+def _as_compared(run: RunConfig) -> dict[str, Any]:
+  """`run` as JSON values with its data order as the streams it draws:
+  data.seed as the seed it resolves to (None: the run's), and
+  data.seed_per_replica as whether replicas read their own batches (it
+  reads nothing with one replica)."""
+  fields = to_json(run)
+  fields["data"].update(seed=run.data_seed, seed_per_replica=run.own_batches)
   return fields
 
 
@@ -275,8 +289,7 @@ def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, A
   fields `check_resumable` allows (and, before it, those it refuses)."""
   if saved is None:
     return []
-  new = _leaves(_compared(run))
-  old = _leaves({name: value for name, value in to_json(saved).items()})
+  new, old = _leaves(_compared(run)), _leaves(_as_compared(saved))
   return [(name, old.get(name), value) for name, value in new.items() if old.get(name) != value]
 
 
@@ -310,9 +323,9 @@ def check_resumable(
   run's checkpoints depend on (nothing to check in a new work directory,
   `saved` None). Where the run saved no
   checkpoint yet (`trained` False: it stopped before its first save, e.g. a
-  model too large for the device), only its `data` fields are held: the
-  tokenizer it made in `workdir` depends on them, and nothing depends on
-  the rest.
+  model too large for the device), only its `data` fields but the data
+  order's are held: the tokenizer it made in `workdir` depends on them, and
+  nothing depends on the rest.
 
   Raises:
     ValueError: naming the first such field.
@@ -322,20 +335,21 @@ def check_resumable(
   held = RESUME_SECTIONS if trained else ("data",)
   for name, _, _ in config_changes(run, saved):
     section, _, field = name.partition(".")
-    if section in held and not _free(section, field, saved):
+    if section in held and not _free(section, field, saved, trained):
       raise ValueError(
         f"{name}: differs from the run already in {workdir} (see "
         f"{epath.Path(workdir) / source}); use a new --workdir"
       )
 
 
-def _free(section: str, field: str, saved: RunConfig) -> bool:
+def _free(section: str, field: str, saved: RunConfig, trained: bool) -> bool:
   """Whether a resume may change `section`.`field` of the run that saved
-  `saved` (FREE_MODEL_FIELDS, FREE_DATA_FIELDS): model.max_len only where
-  the run's position encoding owns no learned table of max_len rows, which
-  the checkpoints hold."""
+  `saved` (FREE_MODEL_FIELDS, FREE_DATA_FIELDS; the data order's too where
+  the run saved no checkpoint, `trained` False: its tokenizer does not
+  depend on it): model.max_len only where the run's position encoding owns
+  no learned table of max_len rows, which the checkpoints hold."""
   if section == "data":
-    return field in FREE_DATA_FIELDS
+    return field in FREE_DATA_FIELDS or (not trained and field in DATA_ORDER_FIELDS)
   if section != "model" or field not in FREE_MODEL_FIELDS:
     return False
   return field != "max_len" or positions.encoding(saved.model.position).table != "absolute"
