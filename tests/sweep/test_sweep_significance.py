@@ -5,6 +5,7 @@ definition, the pairing rule, the pairs a grid gives, and results.md's
 comparison section."""
 
 import json
+import math
 import types
 
 import numpy as np
@@ -94,8 +95,8 @@ def test_the_welch_interval_equals_scipys(a, b):
     assert got.ci == pytest.approx((want.low, want.high), rel=1e-9)
 
 
-def test_an_interval_without_spread_is_the_difference_and_none_without_a_test():
-  assert significance.compare([1.0, 2.0], [1.5, 2.5], paired=True).ci == (-0.5, -0.5)
+def test_no_test_no_interval():
+  assert significance.compare([1.0, 2.0], [1.5, 2.5], paired=True).ci is None
   assert significance.compare([1.0, 2.0], [1.0, 2.0], paired=True).ci is None
   assert significance.compare([1.0], [2.0], paired=True).ci is None
   assert significance.welch(1.0, None, 1, 2.0, 0.1, 3).ci is None
@@ -116,6 +117,12 @@ def test_the_pooled_variance_and_the_f_test_of_two_against_references():
   assert significance.pooled_variance([[1.0, 2.0], [3.0]]) == (0.5, 1)  # one value adds nothing
   with pytest.raises(ValueError, match="two values"):
     significance.pooled_variance([[1.0], [2.0]])
+  # A diverged replica: refused, not a NaN variance whose F test read p = 1.
+  with pytest.raises(ValueError, match="finite values only"):
+    significance.pooled_variance([[1.0, math.nan], [2.0, 2.1]])
+  for var_a in (math.nan, math.inf, 0.0):
+    with pytest.raises(ValueError, match="positive finite variances"):
+      significance.variance_ratio(var_a, 6, 1e-4, 6)
 
   def cdf(x, d1, d2):
     return special.betainc(d1 / 2, d2 / 2, d1 * x / (d1 * x + d2))
@@ -150,13 +157,20 @@ def test_pairing_removes_a_shared_offset_that_welch_counts_as_noise():
   assert significance.compare(a, b, paired=True).p < 0.01
 
 
-def test_zero_spread_and_single_replicas():
-  """No spread: p 0 for different means, no p for equal ones (both tests);
-  one replica a side: no p."""
-  assert significance.welch(1.0, 0.0, 2, 2.0, 0.0, 2).p == 0.0
+def test_zero_spread_non_finite_values_and_single_replicas():
+  """No spread, whatever the means (t is undefined: two seeds whose
+  differences agree, as discrete accuracies can, are no evidence; it gave p
+  = 0 and 'resolved'), a non-finite value (a diverged replica; it gave p
+  NaN) and one replica a side: no p, in both tests."""
+  assert significance.welch(1.0, 0.0, 2, 2.0, 0.0, 2).p is None
   assert significance.welch(1.0, 0.0, 2, 1.0, 0.0, 2).p is None
-  assert significance.compare([1.0, 2.0], [1.5, 2.5], paired=True).p == 0.0  # constant gap
+  assert significance.compare([1.0, 2.0], [1.5, 2.5], paired=True).p is None  # constant gap
+  assert significance.compare([1.0, 1.0, 1.0], [0.25] * 3, paired=False).p is None
   assert significance.compare([1.0, 2.0], [1.0, 2.0], paired=True).p is None
+  for paired in (True, False):
+    test = significance.compare([1.0, math.nan, 1.2], [2.0, 2.1, 2.3], paired=paired)
+    assert (test.t, test.df, test.p, test.ci) == (None, None, None, None)
+  assert significance.welch(1.0, math.inf, 3, 2.0, 0.1, 3).p is None
   assert significance.welch(1.0, None, 1, 2.0, 0.1, 3).p is None
   assert significance.compare([1.0], [2.0], paired=True).p is None
   with pytest.raises(ValueError, match="one length"):
@@ -195,6 +209,10 @@ def test_holm_edges_and_the_rule_at_alpha():
   # A comparison without p keeps none and does not count in the family.
   assert significance.holm([0.01, None, 0.04]) == pytest.approx([0.02, None, 0.04])
   assert significance.holm([]) == []
+  # A NaN does not sort: it made every p after it 1, or none, by its place.
+  for wrong in ([math.nan, 0.001, 0.3], [0.001, 0.3, math.nan], [1.5]):
+    with pytest.raises(ValueError, match=r"^Holm's adjustment takes p-values in \[0, 1\]"):
+      significance.holm(wrong)
   assert not significance.passes(significance.ALPHA)  # p < alpha, strictly
   assert significance.passes(np.nextafter(significance.ALPHA, 0))
   assert not significance.passes(None)

@@ -66,15 +66,16 @@ class Test:
 
   Attributes:
     difference: mean(a) - mean(b).
-    t: the statistic; None without two replicas on each side, or with no
-      spread at all and equal means.
+    t: the statistic; None without two replicas on each side, with no
+      spread (every paired difference the same, or every replica of both
+      sides equal: t is undefined, and the seeds say nothing of the noise),
+      or with a non-finite value (a diverged replica).
     df: its degrees of freedom (R - 1 paired, Welch-Satterthwaite unpaired;
       None as t).
     p: two-sided p-value (None as t).
     paired: whether it is the paired test.
     ci: the CONFIDENCE interval (low, high) of the difference, from the t
-      distribution of df degrees of freedom (module docstring); (difference,
-      difference) with no spread; None as t.
+      distribution of df degrees of freedom (module docstring); None as t.
   """
 
   difference: float
@@ -86,13 +87,11 @@ class Test:
 
 
 def _t_test(difference: float, variance: float, df: float, paired: bool) -> Test:
-  """The test of `difference` with standard error sqrt(`variance`): with no
-  spread, no p for equal means and p = 0 for different ones."""
-  if variance == 0:
-    if difference == 0:
-      return Test(difference, None, None, None, paired)
-    t = math.copysign(math.inf, difference)
-    return Test(difference, t, df, 0.0, paired, (difference, difference))
+  """The test of `difference` with standard error sqrt(`variance`); no p
+  with no spread (t undefined: two seeds whose differences happen to agree,
+  e.g. discrete accuracies, are not p = 0) or a non-finite value."""
+  if not (variance > 0 and math.isfinite(variance) and math.isfinite(difference)):
+    return Test(difference, None, None, None, paired)
   se = math.sqrt(variance)
   t = difference / se
   # Here, not at the top: scipy.stats takes seconds to import, and every
@@ -113,8 +112,8 @@ def welch(
   if std_a is None or std_b is None or n_a < 2 or n_b < 2:
     return Test(difference, None, None, None)
   var_a, var_b = std_a**2 / n_a, std_b**2 / n_b
-  if var_a + var_b == 0:
-    return _t_test(difference, 0.0, math.inf, False)
+  if not var_a + var_b > 0:  # no spread, or a non-finite one: no test (_t_test)
+    return _t_test(difference, var_a + var_b, math.nan, False)
   df = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
   return _t_test(difference, var_a + var_b, df, False)
 
@@ -163,10 +162,16 @@ def pooled_variance(samples: Sequence[Sequence[float]]) -> tuple[float, int]:
   """The within-point variance pooled over `samples` (each a point's
   per-replica values): the sum of each one's squared deviations from its own
   mean over the sum of its len - 1, and that df. Points of one value add
-  nothing."""
+  nothing.
+
+  Raises:
+    ValueError: without a point of two values, or for a non-finite value.
+  """
   squares, df = 0.0, 0
   for sample in samples:
     x = np.asarray(sample, dtype=np.float64)
+    if not np.isfinite(x).all():
+      raise ValueError(f"a pooled variance of finite values only, got {list(sample)}")
     squares += float(((x - x.mean()) ** 2).sum())
     df += len(x) - 1
   if df < 1:
@@ -175,7 +180,13 @@ def pooled_variance(samples: Sequence[Sequence[float]]) -> tuple[float, int]:
 
 
 def variance_ratio(var_a: float, df_a: int, var_b: float, df_b: int) -> VarianceRatio:
-  """The two-sided F test of var_a = var_b (module docstring)."""
+  """The two-sided F test of var_a = var_b (module docstring).
+
+  Raises:
+    ValueError: for a variance that is not positive and finite.
+  """
+  if not all(0 < v < math.inf for v in (var_a, var_b)):
+    raise ValueError(f"an F test of positive finite variances, got {var_a!r} and {var_b!r}")
   from scipy import stats
 
   ratio = var_a / var_b
@@ -198,7 +209,15 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
   """Holm's step-down adjusted p-values of one family, in the given order:
   the k-th smallest of m p-values becomes max over j <= k of
   min(1, (m - j + 1) p_(j)). A comparison without p (None) stays None and
-  does not count in m."""
+  does not count in m.
+
+  Raises:
+    ValueError: for a p outside [0, 1] (a NaN would not sort, and would
+      silently raise every later rank's p to 1).
+  """
+  wrong = [p for p in p_values if p is not None and not 0 <= p <= 1]
+  if wrong:
+    raise ValueError(f"Holm's adjustment takes p-values in [0, 1], got {wrong[0]!r}")
   order = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
   adjusted: list[float | None] = [None] * len(p_values)
   running = 0.0
