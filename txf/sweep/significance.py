@@ -15,7 +15,10 @@ Welch's two-sided t-test, not Student's, because the replicas' spreads differ
 between points (a Post-LN point's can be 30 times a Pre-LN one's). Both are
 computed from the per-replica values (`compare`); `welch` from a mean, sample
 std and count is kept for results whose replicas were not kept. A side with
-one replica has no p and is never "resolved".
+one replica has no p and is never "resolved"; nor has a pair without spread
+(every paired difference the same, as discrete accuracies can be: t is
+undefined, and no test on two or three seeds gives evidence from it) or
+with a non-finite value (a diverged replica: say so, not a p).
 
 Why Holm. A table of 16 comparisons at 0.05 each would pass about one
 unresolved-by-truth pair in 1.25 by chance; Holm's step-down adjustment
