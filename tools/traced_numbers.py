@@ -25,7 +25,9 @@ A measured number is traced when one of these holds:
   or one column of its results tables; for each docs/data/DIR the section
   names, the p and Holm p of the sweep's own DIR/results.md and each run's
   final validation loss and accuracy, per replica, in DIR's metrics.jsonl
-  files; or the rule's level, txf.sweep.significance.ALPHA;
+  files, and each replica's change of validation loss over the last fifth
+  in percent (txf.sweep.results.late_improvement: the flat verdict's); or
+  the rule's level, txf.sweep.significance.ALPHA;
 - it lies inside a not-recomputable region: `<!-- not recomputable -->`
   ... `<!-- /not recomputable -->`, whose visible text must itself say "not
   recomputable" (or "not yet recomputable") so that the reader sees it.
@@ -48,6 +50,7 @@ from decimal import Decimal
 
 from tools import findings_significance, results_tables, t5_dilution
 from txf.sweep import significance
+from txf.sweep.results import late_improvement
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data"
@@ -157,6 +160,19 @@ def _final_values(metrics: pathlib.Path) -> Iterator[Decimal]:
   yield from (Decimal(repr(v)) for k, v in last.items() if FINAL_VALUE.match(k))
 
 
+def _late_changes(metrics: pathlib.Path) -> Iterator[Decimal]:
+  """Each replica's change of validation loss over the last fifth of
+  training, in percent (what the flat verdict judges), where it is known."""
+  rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+  evaluations = [row for row in rows if "eval_loss" in row]
+  names = [key for key in evaluations[-1] if re.fullmatch(r"eval_loss(/\d+)?", key)]
+  steps = [row["step"] for row in evaluations]
+  for name in names:
+    change = late_improvement(steps, [row[name] for row in evaluations])
+    if change is not None:
+      yield Decimal(repr(100 * change))
+
+
 def known_values(section: str, data: pathlib.Path = DATA) -> list[Decimal]:
   """Every value a measured number of `section` may round from, sorted, sign
   aside: from the section's generated tables and the docs/data directories it names."""
@@ -170,7 +186,7 @@ def known_values(section: str, data: pathlib.Path = DATA) -> list[Decimal]:
     if (data / name / "results.md").exists():
       values += _summary_ps(data / name / "results.md")
     for metrics in sorted((data / name).glob("**/metrics.jsonl")):
-      values += _final_values(metrics)
+      values += [*_final_values(metrics), *_late_changes(metrics)]
   return sorted(abs(value) for value in [*values, Decimal(str(significance.ALPHA))])
 
 

@@ -18,6 +18,7 @@ from txf.storage import WriteError
 from txf.sweep import grid, results, runner
 from txf.sweep.grid import GridError
 from txf.sweep.publish import RAW_FILES, publish
+from txf.sweep.results import is_flat, late_improvement
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "data" / "t5_distance"
@@ -229,3 +230,19 @@ def test_the_sweep_refuses_to_summarise_a_point_trained_shorter(tmp_path, points
   ):
     runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
   assert not (workdir / results.RESULTS_CSV).exists()
+
+
+def test_a_committed_point_is_flat_where_each_of_its_seeds_is(points):
+  """The flat verdict against each replica's curve read straight from
+  metrics.jsonl: t5_distance's four points have a flat mean (under 2% over
+  the last fifth) but a seed still falling 2.1-2.5%, so none is flat."""
+  for point in points:
+    rows = [json.loads(line) for line in (DATA / point.name / "metrics.jsonl").open()]
+    evaluations = {row["step"]: row for row in rows if "eval_loss" in row}
+    steps = sorted(evaluations)
+    seeds = [[evaluations[step][f"eval_loss/{r}"] for step in steps] for r in range(3)]
+    mean = [sum(values) / 3 for values in zip(*seeds)]
+    assert is_flat(late_improvement(steps, mean), mean[-1])
+    each = [is_flat(late_improvement(steps, loss), loss[-1]) for loss in seeds]
+    row = results.summarize_point(point, DATA / point.name, log=lambda line: None)
+    assert row.flat is all(each) is False, point.name

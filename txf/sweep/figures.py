@@ -183,14 +183,14 @@ def plot_loss_curves(
     elif len(steps_N):
       label = labels[row.point.name]
       if metric == "eval_loss":
-        label += f" ({flatness_text(steps_N, mean_N)})"
+        label += f" ({flatness_text(steps_N, mean_N, flat=row.flat)})"
       series[label] = (steps_N, mean_N, std_N)
       styles[label] = all_styles[row.point.name]
       replica_counts.add(row.replicas)
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   criterion = (
-    f"; flat: < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better "
+    f"; flat: every replica < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better "
     f"over the last {fraction_name()} "
     f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
     if metric == "eval_loss"

@@ -173,16 +173,35 @@ def is_flat(improvement: float | None, final_loss: float) -> bool | None:
   return improvement < 1.0 and late_fall(improvement, final_loss) < FLAT_ABSOLUTE
 
 
-def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray) -> str:
-  """'flat' / 'not flat' with the loss change, e.g. 'not flat: -3.1% in the
-  last fifth', 'flat: -0.0019 nats in the last fifth' (flat by the fall in
-  nats, near zero), or 'flat: unknown, 2 evaluations in the last fifth'."""
+def replicas_flat(steps_N: np.ndarray, loss_NxR: np.ndarray) -> bool | None:
+  """Whether every replica's curve (a column of `loss_NxR`, at `steps_N`)
+  meets the flattening criterion, each judged on its own final loss (None:
+  unknown). Not the mean curve's verdict: a stalled seed averaged with
+  seeds still falling 3-4% gives a flat mean."""
+  verdicts = [
+    is_flat(late_improvement(steps_N, loss_N), float(loss_N[-1])) for loss_N in loss_NxR.T
+  ]
+  return None if None in verdicts else all(verdicts)
+
+
+def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray, *, flat: bool | None = None) -> str:
+  """'flat' / 'not flat' with the mean loss `loss_N`'s change, e.g. 'not
+  flat: -3.1% in the last fifth', 'flat: -0.0019 nats in the last fifth'
+  (flat by the fall in nats, near zero), or 'flat: unknown, 2 evaluations
+  in the last fifth'; where the mean is flat but its replicas are not
+  (`flat` False: `replicas_flat`), 'not flat: a replica still falls (the
+  mean -1.8% in the last fifth)'."""
   improvement = late_improvement(steps_N, loss_N)
   if improvement is None:
     count = evaluations_in_window(steps_N)
     return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'} in the last fifth"
   if not is_flat(improvement, float(loss_N[-1])):
     return f"not flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
+  if flat is False:
+    return (
+      f"not flat: a replica still falls (the mean {-100 * improvement:+.1f}% in the last "
+      f"{fraction_name()})"
+    )
   if improvement < FLAT_TOLERANCE:
     return f"flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
   return (
@@ -217,7 +236,9 @@ class PointSummary:
   classifier's) is the mean over logged rows.
   late_improvement is `late_improvement` of the mean validation-loss curve
   (None: unknown, fewer than FLAT_MIN_EVALUATIONS evaluations in the last
-  fifth, or the point not done: partial, diverged). curves holds the point's
+  fifth, or the point not done: partial, diverged); flat whether every
+  replica's validation loss met the flattening criterion (`replicas_flat`;
+  None as late_improvement). curves holds the point's
   `loss_curve` of each metric of CURVE_METRICS, for its figures (read with
   the row: a summary reads each metrics.jsonl once)."""
 
@@ -233,6 +254,7 @@ class PointSummary:
   diverged: bool
   extrapolation: Extrapolation | None
   late_improvement: float | None = None
+  flat: bool | None = None
   eval_losses: tuple[float, ...] | None = None  # each replica's final, for the paired test
   examples_per_sec: float | None = None  # a classifier's throughput (it logs no tokens/s)
   # config.json as the point's run holds it (None: none yet): whether two
@@ -487,9 +509,13 @@ def summarize_point(
   eval_losses = final("eval_loss")
   eval_loss, eval_ppl = _loss_stats(eval_losses)
   accuracies = final("eval_accuracy")
-  curves = {metric: _curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS}
+  replica_curves = {
+    metric: _replica_curve(rows, metric, replicas, workdir) for metric in CURVE_METRICS
+  }
+  curves = {metric: _mean_curve(*curve) for metric, curve in replica_curves.items()}
   # An unfinished curve's last fifth is not the run's: no verdict on it.
-  improvement = None if status != "done" else late_improvement(*curves["eval_loss"][:2])
+  done = status == "done"
+  improvement = late_improvement(*curves["eval_loss"][:2]) if done else None
   return PointSummary(
     point=point,
     status=status,
@@ -503,6 +529,7 @@ def summarize_point(
     diverged=diverged,
     extrapolation=_final_extrapolation(point, workdir, log),
     late_improvement=improvement,
+    flat=replicas_flat(*replica_curves["eval_loss"]) if done else None,
     eval_losses=None if eval_losses is None else tuple(eval_losses),
     examples_per_sec=_mean_logged(rows, "examples_per_sec"),
     curves=curves,
@@ -606,10 +633,9 @@ def _format_rate(value: float | None) -> str:
 
 def _flat_cell(row: PointSummary) -> str:
   """yes / no / unknown ('' for a point with no validation loss, or diverged)."""
-  if row.late_improvement is None:
+  if row.flat is None:
     return "" if row.diverged or not len(row.curves["eval_loss"][0]) else "unknown"
-  assert row.eval_loss is not None  # a curve with a verdict has a final loss
-  return "yes" if is_flat(row.late_improvement, row.eval_loss.mean) else "no"
+  return "yes" if row.flat else "no"
 
 
 def _format_stat(stat: Stat | None) -> str:
@@ -663,8 +689,8 @@ def _markdown_text(rows: Sequence[PointSummary]) -> str:
     "tokens/s: training tokens per second, each batch counted once however many "
     f"replicas train on it{_examples_note(rows)}. {_extrapolation_note(rows)}"
     "Val change: relative change of "
-    f"the mean validation loss over the last {fraction_name()} of training; flat: it "
-    f"improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, "
+    f"the mean validation loss over the last {fraction_name()} of training; flat: every "
+    f"replica's improved by less than {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats there, "
     "judged only with at least "
     f"{FLAT_MIN_EVALUATIONS} evaluations in that {fraction_name()} (else unknown); flat "
     "says the curve stopped falling, not that the run trained well (a stalled run is "
@@ -750,15 +776,22 @@ def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "e
   """(steps, mean `metric`, std over replicas or None) of a run's rows
   holding it ('eval_loss': evaluations, 'loss': logged training steps)."""
   workdir = epath.Path(workdir)
-  return _curve(_merged_by_step(workdir), metric, replicas, workdir)
+  return _mean_curve(*_replica_curve(_merged_by_step(workdir), metric, replicas, workdir))
 
 
-def _curve(rows: Mapping[int, Mapping[str, Any]], metric: str, replicas: int, workdir) -> Curve:
-  """`loss_curve` of the merged rows of the run in `workdir`."""
+def _replica_curve(
+  rows: Mapping[int, Mapping[str, Any]], metric: str, replicas: int, workdir
+) -> tuple[np.ndarray, np.ndarray]:
+  """(steps [N], each replica's `metric` [N, R]) of the merged rows of the
+  run in `workdir` that hold it."""
   logged = [row for row in rows.values() if metric in row]
   values_NxR = np.array(
     [_replica_values(row, metric, replicas, workdir) for row in logged], np.float64
   ).reshape(len(logged), replicas)
-  steps_N = np.array([row["step"] for row in logged])
-  std_N = values_NxR.std(axis=1, ddof=1) if replicas > 1 else None
+  return np.array([row["step"] for row in logged]), values_NxR
+
+
+def _mean_curve(steps_N: np.ndarray, values_NxR: np.ndarray) -> Curve:
+  """The `loss_curve` of replica curves: their mean, and std (None for one)."""
+  std_N = values_NxR.std(axis=1, ddof=1) if values_NxR.shape[1] > 1 else None
   return steps_N, values_NxR.mean(axis=1), std_N
