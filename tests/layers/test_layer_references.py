@@ -534,7 +534,7 @@ def np_pool(h, valid, pooling):
   if pooling == "cls":
     return h[:, 0]
   if pooling == "last":
-    return h[np.arange(h.shape[0]), valid.sum(1) - 1]
+    return np.stack([h[b, np.flatnonzero(valid[b])[-1]] for b in range(h.shape[0])])
   rows = [h[b, valid[b]] for b in range(h.shape[0])]
   reduce = np.mean if pooling == "mean" else np.max
   return np.stack([reduce(row, axis=0) for row in rows])

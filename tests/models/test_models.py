@@ -147,6 +147,21 @@ def test_classification_pooling_ignores_padding(pooling):
 
 
 @pytest.mark.parametrize("pooling", ["mean", "max", "last"])
+def test_pooling_reads_the_real_tokens_wherever_the_padding_sits(pooling):
+  """Left-padded and gapped rows against a float64 reference over each
+  row's real tokens: 'last' took position (real tokens - 1), a pad there."""
+  x_BxTxD = jnp.asarray(np.random.default_rng(1).normal(size=(3, 5, 4)), jnp.float32)
+  valid_BxT = np.array(
+    [[False, False, True, True, True], [True, False, True, False, False], [True] * 5]
+  )
+  pooled = np.asarray(pool(x_BxTxD, jnp.asarray(valid_BxT), pooling))
+  for b in range(3):
+    real = np.asarray(x_BxTxD[b], np.float64)[valid_BxT[b]]
+    reference = dict(mean=real.mean(0), max=real.max(0), last=real[-1])[pooling]
+    np.testing.assert_allclose(pooled[b], reference, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max", "last"])
 def test_a_row_of_padding_alone_pools_to_finite_logits(pooling):
   # max pooled finfo.min there: the classifier turned it into +-1e38 and NaN.
   x_BxTxD = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4)), jnp.float32)

@@ -86,3 +86,6 @@ def test_bad_inputs_are_rejected_as_softmax_attention_rejects_them():
     linear_attention_weights(q, jnp.zeros((B, S, 3, D)))
   with pytest.raises(ValueError, match="mask must be boolean"):
     linear_attention_weights(q, k, mask=jnp.ones((B, 1, T, S)))
+  # A string flag read as True (it was not checked here).
+  with pytest.raises(ValueError, match="is_causal must be a python bool, got 'yes'"):
+    linear_attention_weights(q, k, is_causal="yes")

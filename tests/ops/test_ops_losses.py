@@ -176,6 +176,14 @@ def test_every_loss_path_refuses_a_label_outside_the_vocabulary(label):
       path()
 
 
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+def test_the_fused_loss_refuses_an_operand_dtype_that_is_not_floating(dtype):
+  """An int dtype truncated x and the kernel to integers: a wrong loss."""
+  x_BxTxD, kernel_DxV = np.ones((1, 2, 3), np.float32), np.ones((3, 5), np.float32)
+  with pytest.raises(ValueError, match="^dtype must be floating, got "):
+    linear_cross_entropy_sums(x_BxTxD, kernel_DxV, np.zeros((1, 2), int), chunk_len=1, dtype=dtype)
+
+
 # ---------------------------------------------------------------------------
 # cross_entropy_sums: the training loss, one pass over the logits each way.
 

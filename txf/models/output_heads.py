@@ -135,7 +135,10 @@ def pool(x_BxTxD: jax.Array, valid_BxT: jax.Array, pooling: str) -> jax.Array:
   if pooling == "cls":
     return x_BxTxD[:, 0]
   if pooling == "last":
-    last_B = jnp.maximum(jnp.sum(valid_BxT, axis=1) - 1, 0)
+    # The last True of each row, wherever the padding sits (left-padded,
+    # gapped): the count of real tokens less one was a pad's position there.
+    from_end_B = jnp.argmax(valid_BxT[:, ::-1], axis=1)
+    last_B = jnp.where(jnp.any(valid_BxT, axis=1), valid_BxT.shape[1] - 1 - from_end_B, 0)
     return jnp.take_along_axis(x_BxTxD, last_B[:, None, None], axis=1)[:, 0]
   valid_BxTx1 = valid_BxT[..., None]
   if pooling == "mean":

@@ -56,7 +56,7 @@ def linear_attention_weights(
     ValueError: as `txf.ops.attention_weights` for shapes, dtypes and masks.
   """
   q, k = jnp.asarray(q), jnp.asarray(k)
-  _, mask, kv_lengths, window = _validate(q, k, None, None, mask, kv_lengths, window)
+  _, mask, kv_lengths, window = _validate(q, k, None, None, mask, kv_lengths, window, is_causal)
   B, T, H, _ = q.shape
   _, S, K, _ = k.shape
   scores_BxKxGxTxS = jnp.einsum(

@@ -500,6 +500,8 @@ def linear_cross_entropy_sums(
   label_smoothing, z_loss = float(label_smoothing), float(z_loss)
   _check_hyperparameters(label_smoothing, z_loss)
   dtype = jnp.dtype(x_BxTxD.dtype if dtype is None else dtype)
+  if not jnp.issubdtype(dtype, jnp.floating):  # an int would truncate the GEMM's operands
+    raise ValueError(f"dtype must be floating, got {dtype}")
   loss_sum, num_correct = _linear_ce_sums(
     x_BxTxD, kernel_DxV, labels_BxT, weights_BxT, chunk_len, label_smoothing, z_loss, dtype
   )
