@@ -261,12 +261,42 @@ def test_seq2seq_cache_holds_the_encoding_once_per_example():
     (dict(head="classify", pooling="last"), dict(cache_len=8), "model.head"),
     (dict(), dict(cache_len=8, encoder_tokens=jnp.ones((B, 3), jnp.int32)), "encoder_tokens"),
     (dict(family="encoder_decoder"), dict(cache_len=8), "encoder_tokens: an encoder_decoder"),
+    # A negative length gave an empty cache, a float a flax traceback.
+    (dict(), dict(cache_len=-3), r"^init_cache: cache_len: must be an integer >= 1, got -3$"),
+    (dict(), dict(cache_len=4.0), r"^init_cache: cache_len: must be an integer >= 1, got 4\.0$"),
+    (
+      dict(family="encoder_decoder"),
+      dict(cache_len=8, encoder_tokens=jnp.ones(3, jnp.int32)),
+      r"^init_cache: encoder_tokens must be \[B, S\], got shape \(3,\)$",
+    ),
   ],
 )
 def test_init_cache_errors(overrides, kwargs, field):
   model = models.build(ModelConfig(**{**TINY, **overrides}))
   with pytest.raises(ValueError, match=field):
     decode.init_cache(model, B, **kwargs)
+
+
+def test_init_cache_refuses_a_batch_that_is_not_a_positive_int():
+  model = models.build(ModelConfig(**TINY))
+  for batch_size in (0, -1, 2.0):
+    with pytest.raises(ValueError, match=r"^init_cache: batch_size: must be an integer >= 1"):
+      decode.init_cache(model, batch_size, 8)
+
+
+def test_an_eager_step_past_the_cache_end_is_refused_not_written_onto_its_last_slot():
+  """Six tokens fed one by one into a cache of four: the fifth and sixth
+  overwrote slot 3 and gave wrong logits, without a word."""
+  model, params = model_and_params()
+  step = decode.make_tokens_to_logits(model, params)
+  cache = decode.init_cache(model, 1, 4)
+  tokens = jnp.array([[3, 4, 5, 6, 7, 8]])
+  full = model.apply({"params": params}, tokens)
+  for i in range(4):
+    logits, cache = step(tokens[:, i : i + 1], cache)
+    np.testing.assert_allclose(logits, full[:, i], atol=1e-5)
+  with pytest.raises(ValueError, match=r"^decode: 1 new tokens at position 4 pass the end of a"):
+    step(tokens[:, 4:5], cache)
 
 
 def test_init_cache_learned_positions_up_to_table_size():
@@ -497,6 +527,17 @@ def test_bad_generate_arguments_are_rejected(kwargs, message):
   model, params = model_and_params()
   with pytest.raises(ValueError, match=message):
     decode.generate(model, params, max_new_tokens=2, **kwargs)
+
+
+def test_generate_takes_lists_of_prompt_lengths_as_it_takes_lists_of_prompts():
+  """A list of lengths passed the checks and failed inside the program."""
+  model, params = model_and_params()
+  prompt = [[5, 6, 7], [4, 8, 0]]
+  as_arrays = decode.generate(
+    model, params, jnp.array(prompt), max_new_tokens=2, prompt_lengths_B=jnp.array([3, 2])
+  )
+  as_lists = decode.generate(model, params, prompt, max_new_tokens=2, prompt_lengths_B=[3, 2])
+  np.testing.assert_array_equal(as_lists, as_arrays)
 
 
 # Each was accepted by the library (only txf-generate's flags were checked):

@@ -275,7 +275,10 @@ def test_seq2seq_ragged_beam_search_caches_cross_attention_and_equals_each_examp
     (dict(rng=jax.random.key(0)), "rng, top_k and top_p sample, but num_beams=2"),
     (dict(top_k=5), "beam search, which is deterministic"),
     (dict(length_penalty=-0.5), "length_penalty must be >= 0"),
-    (dict(num_beams=0), "num_beams must be >= 1, got 0"),
+    (dict(num_beams=0), r"num_beams: must be an integer >= 1, got 0"),
+    # A float width failed inside the program (and jax cached the failure).
+    (dict(num_beams=2.0), r"num_beams: must be an integer >= 1, got 2\.0"),
+    (dict(num_beams=True), r"num_beams: must be an integer >= 1, got True"),
   ],
 )
 def test_bad_beam_arguments_are_rejected(kwargs, message):
@@ -293,6 +296,8 @@ def test_bad_beam_arguments_are_rejected(kwargs, message):
       dict(encoder_tokens_BxS=PROMPT.at[0, 0].set(TINY["vocab_size"])),
       rf"^generate: encoder_tokens_BxS: id {TINY['vocab_size']} outside the vocabulary",
     ),
+    # One row without its batch axis: an IndexError before any check.
+    (dict(encoder_tokens_BxS=PROMPT[0]), r"^generate: encoder_tokens_BxS must be \[B, L\], got"),
   ],
 )
 def test_bad_seq2seq_arguments_are_rejected(kwargs, message):

@@ -187,6 +187,19 @@ def test_tokens_that_are_no_batch_of_rows_are_refused_naming_them(shape):
     model.apply(variables, jnp.ones(shape, jnp.int32))
 
 
+def test_an_encoder_decoder_refuses_source_and_target_batches_that_do_not_pair():
+  """2 source rows and 4 target rows gave [4, T, V], decoder rows 0-1
+  reading source row 0 (decode's grouping for beams); a 1-D source raised
+  an IndexError, an empty one divided by zero."""
+  model = build(ModelConfig(**TINY, family="encoder_decoder"))
+  variables = model.init(KEY, real_tokens(4, 2, 5), real_tokens(5, 2, 4))
+  with pytest.raises(ValueError, match=r"^EncoderDecoder: 2 source rows and 4 target rows"):
+    model.apply(variables, real_tokens(4, 2, 5), real_tokens(5, 4, 4))
+  for shape in [(5,), (0, 5)]:
+    with pytest.raises(ValueError, match=r"^tokens: expected ids \[B, T\] with B >= 1"):
+      model.apply(variables, jnp.ones(shape, jnp.int32), real_tokens(5, 2, 4))
+
+
 def test_generate_takes_prompts_as_lists_as_the_ops_do():
   model = build(ModelConfig(**TINY, family="decoder"))
   params = model.init(KEY, real_tokens(4, 1, 4))["params"]

@@ -199,3 +199,20 @@ def test_masks_under_vmap():
   np.testing.assert_array_equal(
     np.asarray(per_ex), np.asarray(padding_mask(lengths=lengths, k_len=5))
   )
+
+
+def test_txf_ops_exports_each_ops_module_public_function_and_nothing_else():
+  """Each module's __all__ is what txf.ops exports from it (prefix_lm_mask
+  and last_bucket_start were exported but missing from their modules'
+  lists, apply_ntk_rope listed but not exported)."""
+  import importlib
+
+  import txf.ops
+
+  names = set()
+  for module in ("attention", "linear_attention", "losses", "masks", "norms", "positional"):
+    listed = importlib.import_module(f"txf.ops.{module}").__all__
+    names |= set(listed)
+    for name in listed:
+      assert getattr(txf.ops, name) is getattr(importlib.import_module(f"txf.ops.{module}"), name)
+  assert set(txf.ops.__all__) == names

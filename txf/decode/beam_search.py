@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from txf import checks
 from txf.decode.cache import Cache, TokensToLogits
 from txf.decode.prompts import check_search, prompt_lengths, restore_padding_side, right_aligned
 
@@ -307,8 +308,7 @@ def beam_search(
   check_search(
     "beam_search", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side
   )
-  if num_beams < 1:
-    raise ValueError(f"beam_search: num_beams must be >= 1, got {num_beams}")
+  num_beams = checks.int_at_least(num_beams, "beam_search: num_beams", 1)
   prompt_len = prompt_BxP.shape[1]
   lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
   prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)

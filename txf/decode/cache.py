@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from txf import hardware
+from txf import checks, hardware
 from txf.decode import casting
 from txf.layers.attention import CROSS_CACHE_NAMES
 from txf.layers.embedding import check_position_table
@@ -97,10 +97,14 @@ def init_cache(
 
   Raises:
     ValueError: naming the field, for a family or head that cannot generate,
-      cache_len longer than a learned position table, or encoder_tokens
-      missing (encoder_decoder) or given (decoder).
+      a batch_size or cache_len that is not a positive int, cache_len longer
+      than a learned position table, or encoder_tokens missing
+      (encoder_decoder), given (decoder) or not [B, S].
   """
   check_generative(model)
+  # Sizes first: a negative length gave an empty cache, a float a flax traceback.
+  batch_size = checks.int_at_least(batch_size, "init_cache: batch_size", 1)
+  cache_len = checks.int_at_least(cache_len, "init_cache: cache_len", 1)
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens is None:
     raise ValueError(
@@ -109,6 +113,8 @@ def init_cache(
     )
   if not is_seq2seq and encoder_tokens is not None:
     raise ValueError("init_cache: encoder_tokens only apply to family='encoder_decoder'")
+  if encoder_tokens is not None and len(encoder_tokens.shape) != 2:
+    raise ValueError(f"init_cache: encoder_tokens must be [B, S], got shape {encoder_tokens.shape}")
   encoder_len = 0 if encoder_tokens is None else encoder_tokens.shape[1]  # None <=> not seq2seq
   shapes = _cache_shapes(model, batch_size, cache_len, encoder_len)
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)

@@ -52,6 +52,10 @@ def _checked_prompts(
   # which txf.aot compiles for a device it does not have, stay as they are).
   prompt_BxP = _as_array("prompt_BxP", prompt_BxP)
   encoder_tokens_BxS = _as_array("encoder_tokens_BxS", encoder_tokens_BxS)
+  prompt_lengths_B = _as_array("prompt_lengths_B", prompt_lengths_B)
+  for name, ids in (("prompt_BxP", prompt_BxP), ("encoder_tokens_BxS", encoder_tokens_BxS)):
+    if ids is not None and len(ids.shape) != 2:
+      raise ValueError(f"generate: {name} must be [B, L], got shape {tuple(ids.shape)}")
   is_seq2seq = model.cfg.family == "encoder_decoder"
   if is_seq2seq and encoder_tokens_BxS is None:
     raise ValueError("generate: encoder_tokens_BxS: an encoder_decoder needs encoder inputs")
@@ -106,9 +110,10 @@ def _check_search_choice(
   length_penalty: float | Array,
 ) -> None:
   """Rejects beam widths below 1 and sampling options given to beam search."""
+  # An int, not only >= 1: a float width reached jnp.repeat inside the
+  # program (and jax cached the failure for later valid calls).
+  num_beams = checks.int_at_least(num_beams, "generate: num_beams", 1)
   beam = num_beams > 1 or return_beams
-  if num_beams < 1:
-    raise ValueError(f"generate: num_beams must be >= 1, got {num_beams}")
   if beam and (rng is not None or top_k or top_p < 1.0):
     raise ValueError(
       f"generate: rng, top_k and top_p sample, but num_beams={num_beams} / "
@@ -290,7 +295,8 @@ def build_generate(
       encoder_tokens_BxS: encoder_decoder only (required there): encoder
         inputs, padded with cfg.pad_id. Their cross-attention keys and values
         are computed once and cached.
-      rng: sampling key; None: greedy decoding (temperature ignored).
+      rng: sampling key; None: greedy decoding (temperature, top_k and top_p
+        ignored, as `sample` ignores them at temperature 0).
       temperature, top_k, top_p: as in `sample` (num_beams=1 only; beam search
         ignores temperature and rejects rng, top_k and top_p).
       eos_id: token that ends a row or hypothesis when generated; None: none.

@@ -597,6 +597,14 @@ class MultiHeadAttention(nn.Module):
         f"decode: {new_len} new tokens do not fit a KV cache of {cache_len} "
         "slots (init the cache with a longer input, at most model.max_len)"
       )
+    # Past the end, dynamic_update_slice would clamp the write onto the last
+    # slots without a word. Checked where the index is known (an eager step);
+    # the searches, whose index is traced, size their caches themselves.
+    if not isinstance(cache_index, jax.core.Tracer) and int(cache_index) + new_len > cache_len:
+      raise ValueError(
+        f"decode: {new_len} new tokens at position {int(cache_index)} pass the end of a KV "
+        f"cache of {cache_len} slots (init the cache with a longer input)"
+      )
     # The other indices in cache_index's own integer type: dynamic_update_slice
     # takes one type, and a python 0 is int64 where jax_enable_x64 is set.
     zero = jnp.zeros_like(cache_index)

@@ -131,7 +131,10 @@ class Decoder(_OneStackModel):
         int [B, T], 1, 2, ... per document and 0 for padding; a token attends
         only to earlier tokens of its own document. None: one document a row.
       positions_BxT: int [B, T], each token's position (each document's from
-        0) for the position encoding; None: 0..T-1.
+        0) for an absolute position encoding (learned, sinusoidal); None:
+        0..T-1. The relative ones (rope, alibi, t5_bias) act on the row's own
+        positions 0..T-1, whose distances within a packed document are the
+        same, so they do not read it: positions with gaps change nothing there.
       prefix_len_B: int [B]: a prefix LM (T5, UL2): row b's first
         prefix_len_B[b] tokens attend to each other both ways, the later ones
         causally (`ops.prefix_lm_mask`); None: causal throughout. Not with
@@ -241,6 +244,7 @@ class EncoderDecoder(nn.Module):
       encoder_tokens_BxS: int source token ids [B, S]; `model.pad_id` marks padding.
       deterministic: False applies dropout (needs a 'dropout' rng).
     """
+    _check_packing(encoder_tokens_BxS, None, None)
     positions_1xS, _ = self.positions(encoder_tokens_BxS.shape[1], False)
     key_mask = ops.padding_mask(tokens=encoder_tokens_BxS, pad_id=self.cfg.pad_id)
     x_BxSxD = self.embed_dropout(
@@ -315,8 +319,19 @@ class EncoderDecoder(nn.Module):
 
     Returns:
       float32 logits [B, T, V].
+
+    Raises:
+      ValueError: for source and target rows of different counts (`decode`
+        pairs an encoding with its beams, so there they would be paired off
+        silently).
     """
     encoded_BxSxD, encoder_mask = self.encode(encoder_tokens_BxS, deterministic=deterministic)
+    _check_packing(decoder_tokens_BxT, None, None)
+    if decoder_tokens_BxT.shape[0] != encoder_tokens_BxS.shape[0]:
+      raise ValueError(
+        f"EncoderDecoder: {encoder_tokens_BxS.shape[0]} source rows and "
+        f"{decoder_tokens_BxT.shape[0]} target rows: one target row a source row"
+      )
     return self.decode(
       encoded_BxSxD,
       encoder_mask,

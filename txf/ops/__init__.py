@@ -25,6 +25,7 @@ from txf.ops.norms import layer_norm, rms_norm
 from txf.ops.positional import (
   alibi_bias,
   alibi_slopes,
+  apply_ntk_rope,
   apply_rope,
   last_bucket_start,
   relative_position_bias,
@@ -48,6 +49,7 @@ __all__ = [
   # positional encodings
   "sinusoidal_embedding",
   "apply_rope",
+  "apply_ntk_rope",
   "alibi_slopes",
   "alibi_bias",
   "relative_position_bucket",

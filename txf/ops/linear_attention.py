@@ -28,6 +28,8 @@ import jax.numpy as jnp
 
 from txf.ops.attention import _combined_mask, _grouped_queries, _validate
 
+__all__ = ["linear_attention_weights"]
+
 
 def elu_feature_map(x: jax.Array) -> jax.Array:
   """phi(x) = elu(x) + 1 in float32: positive, so every allowed weight is > 0."""

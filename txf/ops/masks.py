@@ -19,7 +19,14 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["causal_mask", "sliding_window_mask", "padding_mask", "segment_mask", "combine_masks"]
+__all__ = [
+  "causal_mask",
+  "sliding_window_mask",
+  "padding_mask",
+  "prefix_lm_mask",
+  "segment_mask",
+  "combine_masks",
+]
 
 
 def _check_len(value: Any, name: str) -> int:

@@ -22,6 +22,7 @@ __all__ = [
   "alibi_slopes",
   "alibi_bias",
   "relative_position_bucket",
+  "last_bucket_start",
   "relative_position_bias",
 ]
 
