@@ -46,7 +46,7 @@ from absl import flags
 from benchmarks.references import run_reference
 from txf import decode, hardware, models
 from txf.commands.cli import define_config_flag, fail
-from txf.runconfig.run_config import parse
+from txf.runconfig.run_config import RunConfig, parse
 from txf.textbook.report import median_seconds
 from txf.train.run_setup import fit_vocabulary, setup_run
 
@@ -76,10 +76,12 @@ def is_gpt2(model) -> bool:
   )
 
 
-def hf_arguments(config, batch_sizes, prompt_len: int, new_tokens: int, repeats: int) -> list[str]:
-  """benchmarks/references/hf_gpt2_decode.py's arguments for the config's model shape."""
-  model = config.model
-  vocab = fit_vocabulary(parse(config), None)[0].model.vocab_size
+def hf_arguments(
+  run: RunConfig, batch_sizes, prompt_len: int, new_tokens: int, repeats: int
+) -> list[str]:
+  """benchmarks/references/hf_gpt2_decode.py's arguments for the run's model shape."""
+  model = run.model
+  vocab = fit_vocabulary(run, None)[0].model.vocab_size
   return [
     f"--layers={model.num_layers}",
     f"--d_model={model.d_model}",
@@ -116,15 +118,15 @@ def _first_difference(got, want) -> str | None:
 
 
 def compare(
-  config, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: int, hf: dict | None
+  run: RunConfig, *, batch_sizes, prompt_len: int, new_tokens: int, repeats: int, hf: dict | None
 ) -> dict:
   """txf's decoding figures per batch size (module docstring), with `hf`'s;
   where the reference saved its model, txf decodes that model from its
   prompts and each row says whether the tokens are the reference's."""
-  if hf is not None and not is_gpt2(config.model):
+  if hf is not None and not is_gpt2(run.model):
     print(f"transformers reference dropped: the config's model is not GPT-2 ({GPT2_SHAPE})")
     hf = None
-  setup = setup_run(parse(config))
+  setup = setup_run(run)
   dtype = jnp.dtype(setup.run.model.dtype)
   hf_rows = {row["batch_size"]: row for row in (hf or {}).get("results", [])}
   # Read before the activations' sharding rules apply: interop traces the
@@ -242,14 +244,14 @@ def gpu_target(name: str):
 
 
 def deviceless(
-  config, target, devices, *, batch_sizes, prompt_len: int, new_tokens: int, source_len: int
+  run: RunConfig, target, devices, *, batch_sizes, prompt_len: int, new_tokens: int, source_len: int
 ) -> dict:
   """The benchmark's programs compiled for `target`, a GPU, and its
   `devices` (module docstring)."""
   from txf.aot import compile as aot  # noqa: PLC0415 (after prepare_environment)
   from txf.aot.report import decode_figures, decode_line  # noqa: PLC0415
 
-  run = fit_vocabulary(parse(config), None)[0]
+  run = fit_vocabulary(run, None)[0]
   dtype = jnp.dtype(run.model.dtype)
   programs = [("decoder", run.model, dict(prompt_len=prompt_len))]
   if source_len:
@@ -336,27 +338,28 @@ def _positive_int(text: str, name: str) -> int:
   return checks.int_at_least(value, name, 1)
 
 
-def _check_model(config) -> None:
-  """The config's model decodes --prompt_len + --new_tokens positions, before
-  any compile: one line, exit 2."""
+def _checked_run(config) -> RunConfig:
+  """The config, parsed once, whose model decodes --prompt_len + --new_tokens
+  positions, before any compile: else one line, exit 2."""
   from txf.decode.cache import check_cache_length  # noqa: PLC0415
   from txf.layers.embedding import check_position_table  # noqa: PLC0415
   from txf.layers.model_config import FAMILIES  # noqa: PLC0415
 
   try:
-    model = parse(config).model
+    run = parse(config)
+    model = run.model
     if not FAMILIES[model.family].generative:
       raise ValueError(f"model.family: {model.family!r} cannot generate (the benchmark decodes)")
     length = check_cache_length("new_tokens", FLAGS.prompt_len, FLAGS.new_tokens)
     check_position_table(model.position, model.max_len, length, "a decoding cache")
   except ValueError as error:
     fail("config", error)
+  return run
 
 
 def main() -> dict:
-  config = FLAGS.config
   batch_sizes = _checked_sizes()
-  _check_model(config)
+  run = _checked_run(FLAGS.config)
   if FLAGS.deviceless:
     try:  # before any compile, as txf-compile
       target = gpu_target(FLAGS.deviceless)
@@ -364,7 +367,7 @@ def main() -> dict:
     except (ValueError, ImportError) as error:
       fail("target", error)
     return deviceless(
-      config,
+      run,
       target,
       devices,
       batch_sizes=batch_sizes,
@@ -377,13 +380,13 @@ def main() -> dict:
     if FLAGS.hf:
       hf = run_reference(
         "hf_gpt2_decode.py",
-        hf_arguments(config, batch_sizes, FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats)
+        hf_arguments(run, batch_sizes, FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats)
         + [f"--save_dir={model_dir}"],
         needs="transformers",
         python=FLAGS.hf_python,
       )
     return compare(
-      config,
+      run,
       batch_sizes=batch_sizes,
       prompt_len=FLAGS.prompt_len,
       new_tokens=FLAGS.new_tokens,

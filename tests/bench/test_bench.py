@@ -610,7 +610,7 @@ def test_decode_bench_reports_ratios_and_the_floor(monkeypatch):
   monkeypatch.setattr(hardware, "memory_bandwidth_per_device", lambda device=None: 1e9)
   hf = dict(results=[dict(batch_size=2, tokens_per_sec=20.0)])
   report = bench_decode.compare(
-    gpt2_tiny(), batch_sizes=[2], prompt_len=4, new_tokens=3, repeats=1, hf=hf
+    parse(gpt2_tiny()), batch_sizes=[2], prompt_len=4, new_tokens=3, repeats=1, hf=hf
   )
   # float32 weights: 4 bytes each, read once per generated position.
   params = _param_count(gpt2_tiny())
