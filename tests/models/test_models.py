@@ -244,6 +244,14 @@ def test_positions_past_a_learned_table_are_refused_or_clamped_never_nan():
     (dict(family="decoder", pooling="max"), "pooling"),
     (dict(family="encoder", head="mlm", pooling="mean"), "pooling"),
     (dict(family="decoder", num_classes=7), "num_classes"),
+    # cuDNN where no device runs it: every call failed naming neither field.
+    (dict(attention_impl="cudnn", dtype="float32", head_dim=8), "attention_impl"),
+    (dict(attention_impl="cudnn", dtype="bfloat16", head_dim=12), "attention_impl"),
+    (dict(attention_impl="cudnn", dtype="bfloat16", head_dim=264), "attention_impl"),
+    (
+      dict(attention_impl="cudnn", dtype="bfloat16", head_dim=8, family="encoder", window=4),
+      "attention_impl",
+    ),
   ],
 )
 def test_build_rejects_bad_config_naming_the_field(changes, field):
@@ -571,3 +579,10 @@ def test_init_schemes_are_deterministic_and_txf_is_flaxs_own():
   jax.tree.map(np.testing.assert_array_equal, first, again)
   plain = nn.Module.init(build(cfg), jax.random.key(3), tokens)  # flax's, no scheme
   jax.tree.map(np.testing.assert_array_equal, build(cfg).init(jax.random.key(3), tokens), plain)
+
+
+@pytest.mark.parametrize("changes", [dict(head_dim=8), dict(head_dim=256), dict(window=4)])
+def test_cudnn_is_accepted_where_a_gpu_would_run_it(changes):
+  """The ends of what cuDNN takes: head dims 8 and 256 in bfloat16, a causal window."""
+  config = {**TINY, "family": "decoder", "attention_impl": "cudnn", "dtype": "bfloat16"}
+  assert build(ml_collections.ConfigDict({**config, **changes})).cfg.attention_impl == "cudnn"

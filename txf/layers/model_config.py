@@ -388,6 +388,7 @@ class ModelConfig:
       )
     self._check_position()
     self._check_linear_attention()
+    self._check_cudnn()
     self._check_head()
     if self.family == "decoder" and self.head == "classify" and self.pooling == "cls":
       raise ValueError(
@@ -496,6 +497,29 @@ class ModelConfig:
       raise ValueError(
         f"model.attention_impl: {self.attention_impl!r} computes softmax attention; "
         "model.attention='linear' runs only as None or 'xla'"
+      )
+
+  def _check_cudnn(self) -> None:
+    """attention_impl='cudnn' where no device could run it: cuDNN takes
+    bfloat16 / float16 and head dims that are multiples of 8 up to 256, and
+    only a causal window (every call failed in txf.ops.attention, naming
+    neither field). Whether a GPU is there is the call's to say."""
+    if self.attention_impl != "cudnn":
+      return
+    if self.dtype not in ("bfloat16", "float16"):
+      raise ValueError(
+        f"model.attention_impl: 'cudnn' takes bfloat16 or float16, not model.dtype={self.dtype!r}"
+      )
+    head_dim = self.head_dim or self.d_model // self.num_heads
+    if head_dim % 8 or head_dim > 256:
+      raise ValueError(
+        f"model.attention_impl: 'cudnn' takes head dims that are multiples of 8 up to 256, "
+        f"not {head_dim} (model.head_dim, or d_model // num_heads)"
+      )
+    if self.window is not None and self.family != "decoder":
+      raise ValueError(
+        f"model.attention_impl: 'cudnn' takes only a causal window; family={self.family!r} "
+        f"attends both ways within model.window={self.window}"
       )
 
   def _check_head(self) -> None:
