@@ -20,7 +20,8 @@ from conftest import TIMING_KEYS, tiny_config
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir.metrics import read_metrics
 from txf.train import loop
-from txf.train.run_setup import load_run
+from txf.train.run_setup import load_run, load_trained
+from txf.trained.export import export_run
 from txf.trained.extrapolate import extrapolate_run
 
 REPLICAS = 2
@@ -152,6 +153,23 @@ def test_load_run_holds_every_replica_and_each_is_the_single_runs(single_runs, r
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match="replica: 2"):
     trained.setup.replica_params(trained.params, REPLICAS)
+
+
+def test_a_command_reading_a_replicated_run_says_it_reads_the_first_replica(
+  single_runs, replicated_run, tmp_path
+):
+  """txf-export, txf-generate and txf-embed take replica 0 (the single run
+  of seed 0); they did so without a word. The export's line and the
+  commands' stderr line come from replica_read; a single run has none."""
+  trained = load_trained(replicated_run)
+  assert trained.replica_read == f"its first of {REPLICAS} seed replicas (seed 0)"
+  single = load_trained(single_runs[0])
+  assert single.replica_read is None
+  for got, want in zip(
+    jax.tree.leaves(trained.pretrained.params), jax.tree.leaves(single.pretrained.params)
+  ):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  assert export_run(replicated_run, tmp_path / "export").replica == trained.replica_read
 
 
 def test_resume_of_a_replicated_run_is_exact(tmp_path, replicated_run):

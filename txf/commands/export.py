@@ -74,6 +74,8 @@ def main(argv) -> None:
     f"wrote {written.directory}: {written.architecture} of step {written.step} "
     f"({', '.join(written.files)})"
   )
+  if written.replica:
+    print(f"the model is {written.replica}")
   if written.no_tokenizer:
     print(f"no tokenizer.json: {written.no_tokenizer}")
 

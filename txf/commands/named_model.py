@@ -4,6 +4,7 @@ txf run directory, or a Hugging Face model directory or Hub name."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,8 @@ def load_named_model(
   if is_run_directory(directory):
     with run_errors():  # a run without a checkpoint, one that does not restore
       trained = load_trained(directory)
+    if trained.replica_read:  # on stderr: stdout holds the command's output
+      print(f"model: {directory}: {trained.replica_read}", file=sys.stderr)
     family = trained.pretrained.config.family
     if generates:
       # Before a prompt is encoded: a classifier's vocabulary refused the

@@ -629,12 +629,24 @@ class TrainedModel:
     tokenizer: the run's tokenizer (its sentencepiece model read from the run).
     step: the checkpoint's step.
     task: the run's data.task ('lm', 'mlm', 'seq2seq', 'classify').
+    seed: the run's seed, replica 0's.
+    replicas: how many seed replicas the run trained (1: a single run).
   """
 
   pretrained: interop.Pretrained
   tokenizer: Tokenizer
   step: int
   task: str
+  seed: int = 0
+  replicas: int = 1
+
+  @property
+  def replica_read(self) -> str | None:
+    """Which replica a command reads, in words, for a run of several (None
+    for a single run): a command takes replica 0 and should say so."""
+    if self.replicas == 1:
+      return None
+    return f"its first of {self.replicas} seed replicas (seed {self.seed})"
 
   def check_runs_causally(self) -> None:
     """Refuses a decoder (or LSTM) trained for a task kind that is not a
@@ -682,7 +694,12 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     token_ids=token_ids,
   )
   return TrainedModel(
-    pretrained=pretrained, tokenizer=tokenizer, step=trained.step, task=setup.task
+    pretrained=pretrained,
+    tokenizer=tokenizer,
+    step=trained.step,
+    task=setup.task,
+    seed=setup.run.seed,
+    replicas=setup.run.replicas,
   )
 
 

@@ -94,7 +94,8 @@ def without_head(pretrained: interop.Pretrained) -> interop.Pretrained:
 class Export:
   """What `export_run` wrote: the directory, the architecture, the
   checkpoint's step, the files, why no tokenizer was written (None when
-  one was), and whether it replaced an earlier export there."""
+  one was), whether it replaced an earlier export there, and which seed
+  replica of a run of several it wrote (TrainedModel.replica_read)."""
 
   directory: epath.Path
   architecture: str
@@ -102,6 +103,7 @@ class Export:
   files: tuple[str, ...]
   no_tokenizer: str | None
   replaced: bool = False
+  replica: str | None = None
 
 
 def check_out(workdir: epath.Path, out: epath.Path) -> bool:
@@ -301,4 +303,5 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike) -> Export:
     files=tuple(name for name in files if name != EXPORT_MARKER),
     no_tokenizer=no_tokenizer,
     replaced=replaced,
+    replica=trained.replica_read,
   )
