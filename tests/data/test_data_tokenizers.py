@@ -203,6 +203,29 @@ def test_bytes_and_sentencepiece_as_hugging_face_tokenizers(sp_model_prefix, tmp
     tokenizers_module.hf_tokenizer_files(SymbolTokenizer(["a", "b"]))
 
 
+def test_every_tokenizer_decodes_ids_outside_its_vocabulary_to_nothing(sp_model_prefix, tmp_path):
+  """A model's vocabulary may be larger than its tokenizer's, so a sample
+  can hold such ids: sentencepiece raised on one past its pieces (a run
+  stopped at its first sample), tokenizers on a negative one."""
+  from txf.data import HFTokenizer
+
+  sentencepiece = SentencePieceTokenizer(f"{sp_model_prefix}.model")
+  for file, text in tokenizers_module.hf_tokenizer_files(sentencepiece).items():
+    (tmp_path / file).write_text(text)
+  for tokenizer in (ByteTokenizer(), SymbolTokenizer("ab"), sentencepiece, HFTokenizer(tmp_path)):
+    ids = tokenizer.encode("ab")
+    outside = [-1, tokenizer.vocab_size, tokenizer.vocab_size + 1000]
+    assert tokenizer.decode([*outside[:1], *ids, *outside[1:]]) == "ab", type(tokenizer)
+
+
+def test_sentencepiece_refuses_texts_of_lines_too_long_to_train_on(tmp_path):
+  """Only lines over 4192 bytes: sentencepiece's internal error (a traceback
+  for a files: corpus of minified text). With one line short enough, it trains."""
+  with pytest.raises(ValueError, match=r"^texts hold no line of at most 4192 bytes"):
+    SentencePieceTokenizer.train(["x" * 4193, "y" * 5000], 300, tmp_path / "m")
+  SentencePieceTokenizer.train(["x" * 4192], 300, tmp_path / "m")
+
+
 @pytest.mark.parametrize("fixture", ["bert", "t5"])
 def test_a_hugging_face_tokenizer_is_exported_encoding_as_the_run(fixture, tmp_path):
   """A run encodes without special tokens; its export's tokenizer.json kept

@@ -51,13 +51,26 @@ class Tokenizer(abc.ABC):
 
   @abc.abstractmethod
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    """Returns the text of `ids` (any int sequence), skipping special ids."""
+    """Returns the text of `ids` (any int sequence), skipping special ids
+    and ids outside [0, vocab_size) (a model's vocabulary may be larger
+    than its tokenizer's: its samples can hold such ids)."""
 
   @property
   def special_ids(self) -> frozenset[int]:
     """Ids that carry no text: decode skips them and MLM never masks them."""
     ids = {self.pad_id, self.bos_id, self.eos_id, self.mask_id}
     return frozenset(i for i in ids if i is not None)
+
+
+def _text_ids(
+  ids: Sequence[int] | np.ndarray, special: Iterable[int], vocab_size: int
+) -> list[int]:
+  """The ids of `ids` that carry text: in [0, vocab_size) and not `special`
+  (sentencepiece raised on an id past its pieces, tokenizers on a negative one)."""
+  special = set(special)
+  return [
+    i for i in map(int, np.asarray(ids).reshape(-1)) if 0 <= i < vocab_size and i not in special
+  ]
 
 
 def encode_checked(tokenizer: Tokenizer, text: str) -> np.ndarray:
@@ -148,6 +161,8 @@ class SentencePieceTokenizer(Tokenizer):
   MASK_PIECE = "<mask>"
   # Ids every model holds before learned pieces: 5 specials, '\n', 256 bytes.
   RESERVED_IDS = 5 + 1 + 256
+  # sentencepiece's default max_sentence_length: longer lines are not trained on.
+  MAX_LINE_BYTES = 4192
 
   def __init__(self, model_path: str | os.PathLike):
     # Read through epath: the model may be in a gs:// work directory.
@@ -192,8 +207,7 @@ class SentencePieceTokenizer(Tokenizer):
     return np.asarray(self._sp.encode(text), dtype=np.int32)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    special = self.special_ids
-    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in special])
+    return self._sp.decode(_text_ids(ids, self.special_ids, self.vocab_size))
 
   @classmethod
   def train(
@@ -207,7 +221,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     Args:
       texts: documents; they are split into lines for training (sentencepiece
-        skips sentences over 4 KB) and '\\n' is a piece of its own.
+        skips lines over MAX_LINE_BYTES, and refuses texts of no other) and
+        '\\n' is a piece of its own.
       vocab_size: largest vocabulary (a small text may give fewer pieces);
         must exceed RESERVED_IDS plus the text's common characters (about
         100 for source code).
@@ -218,6 +233,12 @@ class SentencePieceTokenizer(Tokenizer):
     lines = [line for text in texts for line in text.split("\n") if line]
     if not lines:
       raise ValueError("texts hold no text to train on")
+    if all(len(line.encode("utf-8")) > cls.MAX_LINE_BYTES for line in lines):
+      # sentencepiece skips such lines, then fails with an internal error.
+      raise ValueError(
+        f"texts hold no line of at most {cls.MAX_LINE_BYTES} bytes, the longest sentencepiece "
+        "trains on (minified or long-line text: use data.tokenizer='bytes')"
+      )
     model = io.BytesIO()
     try:
       spm.SentencePieceTrainer.train(
@@ -238,6 +259,7 @@ class SentencePieceTokenizer(Tokenizer):
         byte_fallback=True,
         num_threads=1,
         shuffle_input_sentence=False,
+        max_sentence_length=cls.MAX_LINE_BYTES,
         minloglevel=2,
       )
     except RuntimeError as error:
@@ -353,9 +375,7 @@ class HFTokenizer(Tokenizer):
     return np.asarray(ids, dtype=np.int32)
 
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-    return self._tokenizer.decode(
-      [int(i) for i in np.asarray(ids).reshape(-1) if int(i) not in self._special]
-    )
+    return self._tokenizer.decode(_text_ids(ids, self._special, self.vocab_size))
 
 
 # ---------------------------------------------------------------------------
