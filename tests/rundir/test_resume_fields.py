@@ -2,6 +2,8 @@
 fields fit_vocabulary derives from the data fields compare as derived, and
 a run whose config.json was lost is held to its run_record.json."""
 
+import json
+
 import pytest
 
 from conftest import tiny_config
@@ -94,3 +96,38 @@ def test_a_resume_compares_the_data_order_as_the_streams_it_draws(tmp_path):
   own = parse(config)
   with pytest.raises(ValueError, match=r"^data\.seed_per_replica: differs from the run"):
     resume.check_resumable(own, saved, tmp_path)
+
+
+def test_a_run_is_resumed_and_read_only_with_the_tokenizer_it_trained_with(tmp_path):
+  """A tokenizer.json edited between starts (the ids of 'a' and 'b'
+  swapped) was used by the resume and by load_run without a word: the
+  weights read other ids than they were trained on. Refused naming
+  data.tokenizer, before anything is written; the same file again resumes."""
+  from txf.data import tokenizers
+  from txf.train.run_setup import load_run
+
+  tokenizer_dir = tmp_path / "tokenizer"
+  tokenizer_dir.mkdir()
+  for name, text in tokenizers.hf_tokenizer_files(tokenizers.ByteTokenizer()).items():
+    (tokenizer_dir / name).write_text(text)
+  config = tiny_config(steps=2, data__tokenizer="hf", data__tokenizer_path=str(tokenizer_dir))
+  workdir = tmp_path / "run"
+  loop.run(parse(config), workdir, log=lambda line: None)
+  original = (tokenizer_dir / "tokenizer.json").read_text()
+  edited = json.loads(original)
+  vocab = edited["model"]["vocab"]
+  vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+  (tokenizer_dir / "tokenizer.json").write_text(json.dumps(edited))
+  before = {path.name: path.read_bytes() for path in workdir.iterdir() if path.is_file()}
+  config.train.steps = 4
+  refused = (
+    r"^data\.tokenizer: the tokenizer's contents \(sha256 \w+\) differ from those .* trained"
+  )
+  with pytest.raises(ConfigError, match=refused):
+    loop.run(parse(config), workdir, log=lambda line: None)
+  assert {path.name: path.read_bytes() for path in workdir.iterdir() if path.is_file()} == before
+  with pytest.raises(ConfigError, match=refused):
+    load_run(workdir)
+  (tokenizer_dir / "tokenizer.json").write_text(original)
+  loop.run(parse(config), workdir, log=lambda line: None)
+  assert load_run(workdir).step == 4

@@ -143,6 +143,25 @@ def recorded_tokenizer(workdir: str | epath.PathLike) -> dict[str, Any] | None:
   return tokenizer if isinstance(tokenizer, dict) else None
 
 
+def check_recorded_tokenizer(workdir: str | epath.PathLike, sha256: str | None, field: str) -> None:
+  """Refuses a tokenizer whose contents (`sha256`, Tokenizer.sha256) differ
+  from those the run in `workdir` recorded (`recorded_tokenizer`; nothing to
+  compare for a run recorded before it was): the ids its weights were
+  trained on would differ (an edited tokenizer.json, a sentencepiece model
+  trained again on another corpus).
+
+  Raises:
+    ValueError: one line starting with `field`, naming both hashes.
+  """
+  recorded = recorded_tokenizer(workdir)
+  if recorded is None or recorded.get("sha256") == sha256:
+    return
+  raise ValueError(
+    f"{field}: the tokenizer's contents (sha256 {sha256}) differ from those {workdir} "
+    f"trained with ({recorded.get('sha256')}): its ids would differ"
+  )
+
+
 # The config fields of one name whose choices user code registers
 # (txf.register), besides data.name's two registries.
 _REGISTRIES: dict[str, Registry[Any]] = {

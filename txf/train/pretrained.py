@@ -26,7 +26,7 @@ from txf import interop
 from txf.data.spec import DataSpec
 from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.layers.model_config import COMPUTE_FIELDS, ModelConfig
-from txf.rundir.record import recorded_tokenizer
+from txf.rundir.record import check_recorded_tokenizer
 from txf.rundir.resume import is_run_directory
 from txf.storage import write_file
 from txf.train.step import TrainState
@@ -109,13 +109,7 @@ def check_tokenizer(init_from: str, tokenizer: Tokenizer) -> None:
   Raises:
     ValueError: one line naming both hashes.
   """
-  recorded = recorded_tokenizer(init_from)
-  if recorded is None or recorded.get("sha256") == tokenizer.sha256:
-    return
-  raise ValueError(
-    f"train.init_from: the tokenizer's contents (sha256 {tokenizer.sha256}) differ from "
-    f"those {init_from} trained with ({recorded.get('sha256')}): its ids would differ"
-  )
+  check_recorded_tokenizer(init_from, tokenizer.sha256, "train.init_from")
 
 
 def starting_from(

@@ -57,7 +57,8 @@ from txf.decode.cache import check_cache_length
 from txf.layers.embedding import check_position_table
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig
 from txf.runconfig.tasks import task_kind
-from txf.rundir.checkpoint import make_checkpointer
+from txf.rundir.checkpoint import make_checkpointer, saved_steps
+from txf.rundir.record import check_recorded_tokenizer
 from txf.rundir.resume import (
   CONFIG_FILE,
   check_resumable,
@@ -241,6 +242,8 @@ def fit_vocabulary(
     if workdir is not None:  # the weights' own ids, not a model trained anew
       adopt_tokenizer(run.data, run.train.init_from, workdir)
     tokenizer = make_tokenizer(run.data, workdir)
+    if workdir is not None and saved_steps(workdir):  # a resume, an evaluation
+      check_recorded_tokenizer(workdir, tokenizer.sha256, "data.tokenizer")
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
     if workdir is None or not is_run_directory(workdir):
       # A new run only: one trained before this check is read, evaluated and
