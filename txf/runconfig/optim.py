@@ -168,7 +168,8 @@ def make_schedule(train_config: TrainConfig) -> optax.Schedule:
     linear:    P + (E - P) * min(t - W, D) / D
     constant:  P
     rsqrt:     P * sqrt(W / t)   (needs W > 0; ignores end_lr_fraction)
-  Steps past `steps` stay at the final value. When W == steps the decay
+  Steps past `steps` stay at the final value (cosine, linear, constant;
+  rsqrt keeps decaying, as its formula says). When W == steps the decay
   phase is empty and D is taken as 1.
 
   Raises:
