@@ -472,3 +472,20 @@ def test_a_run_past_the_devices_memory_is_refused_before_anything_is_written(tmp
   with pytest.raises(ConfigError, match="^model: "):
     loop.run(setup.run, tmp_path / "run", setup=setup)
   assert not (tmp_path / "run").exists()
+
+
+def test_a_model_without_a_segment_mask_on_packed_rows_is_told_how_to_read_them():
+  """A packed TFDS lm row feeds tokens, segment ids and positions: the LSTM's
+  refusal now names the setting that feeds it the tokens alone."""
+  from txf import models
+
+  model = models.build(models.ModelConfig(family="lstm", vocab_size=20, d_model=8, num_layers=1))
+  shape = jax.ShapeDtypeStruct((2, 8), np.int32)
+  packed = dict(inputs=shape, targets=shape, weights=shape, segment_ids=shape, positions=shape)
+  with pytest.raises(
+    ValueError, match=r"feeds the model 3 inputs.*data\.attend_across_documents=True feeds"
+  ):
+    run_setup._check_model_inputs(model, "lstm", "lm", packed)
+  run_setup._check_model_inputs(
+    model, "lstm", "lm", dict(inputs=shape, targets=shape, weights=shape)
+  )

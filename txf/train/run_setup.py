@@ -435,10 +435,17 @@ def _check_model_inputs(model: nn.Module, family: str, task: str, batch: Mapping
   """
   inputs = jax.eval_shape(task_kind(task).model_inputs, batch)
   if not can_call(model, *inputs):
+    # Packed rows carry their documents' ids and positions: a model without
+    # a segment mask can read the row as one stream instead.
+    packed = (
+      "; its rows pack documents (data.attend_across_documents=True feeds the tokens alone)"
+      if "segment_ids" in batch
+      else ""
+    )
     raise ValueError(
       f"data.task {task!r}: feeds the model {len(inputs)} inputs, which model.family "
       f"{family!r} does not take (it is called as {type(model).__name__}"
-      f"{inspect.signature(model.__call__)})"
+      f"{inspect.signature(model.__call__)}){packed}"
     )
 
 
