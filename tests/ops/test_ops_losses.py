@@ -149,6 +149,8 @@ def test_transformations(batch, dtype):
     (dict(label_smoothing=1.0), "label_smoothing"),
     (dict(label_smoothing=-0.1), "label_smoothing"),
     (dict(z_loss=-1.0), "z_loss"),
+    (dict(label_smoothing=np.array([0.1, 0.2])), r"^label_smoothing must be a scalar, got shape"),
+    (dict(z_loss=np.zeros((3, 7))), r"^z_loss must be a scalar, got shape \(3, 7\)"),
     (dict(logits=np.zeros((3, 7, V), np.int32)), "logits"),
   ],
 )

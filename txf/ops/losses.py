@@ -68,6 +68,9 @@ def _concrete_zero(value) -> bool:
 
 def _check_hyperparameters(label_smoothing, z_loss):
   # Checked when concrete (a jax scalar too); traced values pass through.
+  for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
+    if jnp.ndim(value):  # an array failed in jax's core or broadcast over the tokens
+      raise ValueError(f"{name} must be a scalar, got shape {jnp.shape(value)}")
   smoothing, z = _concrete(label_smoothing), _concrete(z_loss)
   if smoothing is not None and not 0.0 <= smoothing < 1.0:
     raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
@@ -496,9 +499,9 @@ def linear_cross_entropy_sums(
     raise ValueError(f"chunk_len must be a positive int, got {chunk_len!r}")
   if x_BxTxD.shape[1] % chunk_len:
     raise ValueError(f"chunk_len {chunk_len} does not divide the length T = {x_BxTxD.shape[1]}")
+  _check_hyperparameters(label_smoothing, z_loss)
   # Static arguments of the custom VJP: concrete Python floats.
   label_smoothing, z_loss = float(label_smoothing), float(z_loss)
-  _check_hyperparameters(label_smoothing, z_loss)
   dtype = jnp.dtype(x_BxTxD.dtype if dtype is None else dtype)
   if not jnp.issubdtype(dtype, jnp.floating):  # an int would truncate the GEMM's operands
     raise ValueError(f"dtype must be floating, got {dtype}")
