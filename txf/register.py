@@ -298,7 +298,7 @@ def activation(
 def lm_task(name: str, *, replace: bool = False) -> Decorator:
   """Registers a row function (rng, seq_len, num_symbols, first_id) -> (ids
   int [seq_len + 1] in [first_id, first_id + num_symbols), target weights
-  bool [seq_len]) as `data.name = name` with data.task 'lm'
+  bool or 0/1 [seq_len]: others are refused) as `data.name = name` with data.task 'lm'
   (txf.data.generated.RowTask; a dataset of another kind registers its own
   entry in txf.data.spec.GENERATED)."""
 

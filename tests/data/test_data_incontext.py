@@ -112,3 +112,33 @@ def test_repeat_periods_are_every_period_a_row_repeats_with():
   assert repeat_periods(ml_collections.ConfigDict(INDUCTION)) == tuple(sorted(seen))
   assert {18, 36, 27} <= seen and not {11, 13, 17, 19, 23} & seen
   assert repeat_periods(ml_collections.ConfigDict(MQAR)) == ()
+
+
+@pytest.mark.parametrize(
+  "row_weights, ids_dtype, message",
+  [
+    (np.full(16, 0.25), int, "gave weights other than 0 and 1"),  # read as True: a loss weight of 1
+    (np.ones(16), float, "gave float64 ids, not ints"),
+  ],
+)
+def test_a_registered_row_task_refuses_weights_and_ids_it_would_read_otherwise(
+  row_weights, ids_dtype, message
+):
+  from conftest import scoped
+  from txf import register
+  from txf.data.spec import GENERATED
+
+  def row(rng, seq_len, num_symbols, first_id):
+    return (first_id + np.zeros(seq_len + 1)).astype(ids_dtype), row_weights
+
+  with scoped(GENERATED):
+    register.lm_task("constant")(row)
+    fields = dict(name="constant", task="lm", seq_len=16, batch_size=2, num_symbols=4)
+    with pytest.raises(ValueError, match=rf"^data.name='constant': its row function {message}"):
+      batch(fields)
+    register.lm_task("constant", replace=True)(
+      lambda rng, seq_len, num_symbols, first_id: (np.full(seq_len + 1, first_id), [0, 1] * 8)
+    )
+    got, _ = batch(fields)
+  assert got["inputs"].dtype == np.int32
+  np.testing.assert_array_equal(got["weights"], np.tile([0.0, 1.0], (2, 8)))

@@ -186,8 +186,16 @@ class RowSource(GeneratedSource):
 
   def example(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     low = first_symbol_id(self.tokenizer)
-    ids, weights = self._row(rng, self._seq_len, self._num_symbols, low)
-    ids, weights = np.asarray(ids), np.asarray(weights, bool)
+    ids, weights = map(np.asarray, self._row(rng, self._seq_len, self._num_symbols, low))
+    if not np.issubdtype(ids.dtype, np.integer):
+      raise ValueError(f"data.name={self._name!r}: its row function gave {ids.dtype} ids, not ints")
+    # Weights mark the targets the loss reads: a 0.25 read as True, silently.
+    if weights.dtype != bool and not np.isin(weights, (0, 1)).all():
+      raise ValueError(
+        f"data.name={self._name!r}: its row function gave weights other than 0 and 1 "
+        "(they mark which targets the loss reads)"
+      )
+    ids, weights = ids.astype(np.int32), weights.astype(bool)
     if ids.shape != (self._seq_len + 1,) or weights.shape != (self._seq_len,):
       raise ValueError(
         f"data.name={self._name!r}: its row function gave ids {ids.shape} and weights "
