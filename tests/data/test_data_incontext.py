@@ -86,7 +86,7 @@ def test_batches_are_deterministic_and_splits_differ(fields):
   "fields,message",
   [
     (dict(INDUCTION, max_example_len=13), r"^data.max_example_len=13 exceeds data.num_symbols"),
-    (dict(INDUCTION, seq_len=17), r"^data.seq_len=17 is too small .* two copies"),
+    (dict(INDUCTION, seq_len=16), r"^data.seq_len=16 is too small .* two copies"),
     (dict(INDUCTION, min_example_len=10), r"^data.min_example_len=10 exceeds"),
     (dict(INDUCTION, num_symbols=0), r"^data.num_symbols"),
     (dict(INDUCTION, task="mlm"), r"^data.task='mlm' does not fit"),
@@ -142,3 +142,15 @@ def test_a_registered_row_task_refuses_weights_and_ids_it_would_read_otherwise(
     got, _ = batch(fields)
   assert got["inputs"].dtype == np.int32
   np.testing.assert_array_equal(got["weights"], np.tile([0.0, 1.0], (2, 8)))
+
+
+def test_induction_takes_the_shortest_seq_len_whose_row_holds_two_blocks():
+  """A row is seq_len + 1 tokens: 2 * max_example_len - 1 fits two blocks of
+  the longest period (it was refused, one token stricter than its message)."""
+  fields = dict(INDUCTION, min_example_len=9, max_example_len=9, seq_len=17)
+  got, _ = batch(fields)
+  row = np.concatenate([got["inputs"], got["targets"][:, -1:]], axis=1)  # the 18 tokens
+  np.testing.assert_array_equal(row[:, 9:], row[:, :9])
+  assert (np.argmax(got["weights"] > 0, axis=1) == 9).all() and got["weights"][:, 9:].all()
+  with pytest.raises(ValueError, match=r"^data.seq_len=16 is too small for data.max_example_len=9"):
+    batch(dict(fields, seq_len=16))

@@ -164,10 +164,10 @@ class InductionTask(_SymbolLMTask):
         f"data.max_example_len={max_len} exceeds data.num_symbols={num_symbols}: "
         "a block holds distinct symbols"
       )
-    if 2 * max_len > data["seq_len"]:
+    if 2 * max_len > data["seq_len"] + 1:  # a row holds seq_len + 1 tokens
       raise ValueError(
         f"data.seq_len={data['seq_len']} is too small for "
-        f"data.max_example_len={max_len}: it needs two copies of a block"
+        f"data.max_example_len={max_len}: a row of seq_len + 1 tokens needs two copies of a block"
       )
     return dict(num_symbols=num_symbols, min_example_len=min_len, max_example_len=max_len)
 
