@@ -138,6 +138,18 @@ def test_per_position_loss_is_nan_where_nothing_was_scored():
   assert result.num_scored == 3 and result.mean_loss == pytest.approx(7 / 3, rel=1e-12)
 
 
+def test_a_scored_token_whose_loss_is_nan_makes_the_mean_nan():
+  """A model failing past some position: its NaN losses were left out of the
+  mean (a finite loss over the healthy positions) and counted as scored."""
+  result = WindowLosses(
+    loss_BxN=np.array([[np.nan, 1.0, np.nan, 4.0]]),
+    position_BxN=np.array([[-1, 0, 1, 1]], np.int32),
+    seq_len=3,
+  )
+  assert result.num_scored == 3 and np.isnan(result.mean_loss)
+  np.testing.assert_array_equal(result.per_position_loss(), [1.0, np.nan, np.nan])
+
+
 def test_windows_of_the_sliding_protocol_cover_the_stream():
   starts_W, first_W = windows(30, seq_len=8, protocol="sliding", stride=4)
   assert starts_W[-1] + 8 == 29  # the last window ends at the last token

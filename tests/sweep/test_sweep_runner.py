@@ -43,7 +43,10 @@ def toy_sweep(fields=None, **sweep):
   config.base = tiny_config(steps=TOY_STEPS)
   config.base.replicas = REPLICAS
   config.grid = grid.make_grid(fields or TOY_GRID)
-  config.sweep = ml_collections.ConfigDict(sweep)
+  # A window at 16 x seq_len: the toy evaluator's 264 tokens hold none, which
+  # the sweep refuses before training where it extrapolates (the hooks here
+  # only write a file).
+  config.sweep = ml_collections.ConfigDict({"extrapolate_tokens": 16 * 32 + 1, **sweep})
   return config
 
 
@@ -966,3 +969,38 @@ def test_the_linear_attention_control_has_the_softmax_controls_schedule():
   assert point in [p.overrides for p in grid.expand(linear)]
   softmax_control = load_config("sweeps.mqar_steps")
   assert flatten(control.base.to_dict()) == flatten(softmax_control.base.to_dict())
+
+
+def test_a_sweep_whose_evaluator_holds_no_window_at_16x_is_refused_before_training(tmp_path):
+  """Without sweep.extrapolate_tokens a point is extrapolated on its
+  evaluator's tokens (eval.num_batches x batch_size x (seq_len + 1): 264
+  here, where 16 x 32 needs 513): it trained, then stopped the sweep with a
+  traceback."""
+  with pytest.raises(grid.GridError, match=r"^eval.num_batches: point 0 \(.*\): 264 validation"):
+    runner.run_sweep(
+      toy_sweep(extrapolate_tokens=None),
+      tmp_path / "sweep",
+      log=lambda line: None,
+      extrapolate=fake_extrapolate([]),
+    )
+  assert not (tmp_path / "sweep").exists()
+
+
+def test_an_extrapolation_refused_after_training_is_one_line_naming_the_point(
+  finished_sweep, tmp_path
+):
+  """A validation split shorter than sweep.extrapolate_tokens is found only
+  when the point is extrapolated: a traceback, exit 1, before."""
+  workdir = tmp_path / "copy"
+  shutil.copytree(finished_sweep["workdir"], workdir)
+  (workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE).unlink()
+
+  def short_split(run_dir, *, num_tokens, log):
+    raise ValueError(
+      f"num_tokens: the validation split holds only 200 tokens, asked for {num_tokens}"
+    )
+
+  with pytest.raises(
+    grid.GridError, match=rf"^point 0 \({TOY_NAMES[0]}\): extrapolation: num_tokens"
+  ):
+    runner.run_sweep(toy_sweep(), workdir, log=lambda line: None, extrapolate=short_split)

@@ -12,6 +12,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -119,6 +120,19 @@ def test_extrapolation_of_a_learned_table_run(trained):
   table = format_table(record)
   assert "n/a" in table and "model.max_len" in table
   assert f"{record['loss']['non_overlapping'][0]:.4f}" in table
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_record_where_no_length_applies_leaves_no_earlier_figures_beside_it(trained, tmp_path):
+  """4x and 8x pass the learned table: the record holds n/a alone, and the
+  earlier record's figures (of 1x and 2x) stayed beside it as if its own."""
+  workdir = tmp_path / "run"
+  shutil.copytree(trained, workdir)
+  extrapolate_run(workdir, (1, 2))
+  assert all((workdir / name).exists() for name in OUTPUTS)
+  record = extrapolate_run(workdir, (4, 8))
+  assert record["applicable"] == [False, False] and record["per_position"] is None
+  assert [name for name in OUTPUTS if (workdir / name).exists()] == [results.EXTRAPOLATION_FILE]
 
 
 @pytest.mark.slow  # its fixture trains a run
@@ -304,3 +318,19 @@ def test_a_full_disk_while_writing_the_record_keeps_the_previous_one(trained):
     extrapolate_run(trained, (1, 2), stride=8)  # other sliding losses: other figures
   assert {name: (trained / name).read_bytes() for name in OUTPUTS} == before
   assert not [p for p in trained.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_stream_leaves_out_a_packed_rows_padding():
+  """A packed TFDS stream's last row is padded after its end: its pads were
+  concatenated into the stream and scored as text. Rows of padding alone are
+  left out as before, and full rows are kept whole."""
+  import types
+
+  from txf.data.packed import lm_batch
+  from txf.trained.extrapolate import _validation_stream
+
+  windows = np.array([[5, 6, 7, 8], [9, 10, 0, 0], [0, 0, 0, 0]])
+  real = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], bool)
+  batch = lm_batch(windows, real, eos_id=2, segmented=True)
+  stream = _validation_stream(types.SimpleNamespace(eval_data=[batch]))
+  np.testing.assert_array_equal(stream, [5, 6, 7, 8, 9, 10])

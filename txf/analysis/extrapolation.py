@@ -69,8 +69,9 @@ class WindowLosses:
 
   @property
   def mean_loss(self) -> float:
-    """Mean loss over the scored tokens (nats/token)."""
-    return float(np.nanmean(self.loss_BxN))
+    """Mean loss over the scored tokens (nats/token): NaN where one of them
+    is (a model failing at this length says so; it was left out of the mean)."""
+    return float(np.mean(self.loss_BxN[self.position_BxN >= 0]))
 
   def per_position_loss(self) -> np.ndarray:
     """float64 [T]: mean loss of the tokens predicted at each window

@@ -266,6 +266,8 @@ def _extrapolate_point(
         extrapolate(workdir, num_tokens=num_tokens, log=log_or_stop)
       except _Preempted:
         pass
+      except ValueError as error:  # e.g. a validation split shorter than asked: one line
+        raise GridError(f"point {point.index} ({point.name}): extrapolation: {error}") from None
       finally:
         jax.clear_caches()
     return preemption.reason if preemption.requested else None
@@ -399,16 +401,21 @@ def summarize(
   return rows
 
 
-def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int) -> None:
-  """sweep.extrapolate_tokens must hold a window at 16x every point's seq_len:
-  found after training, it would stop the sweep with each point trained."""
+def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int | None) -> None:
+  """sweep.extrapolate_tokens (None: each point's evaluation tokens,
+  eval.num_batches x data.batch_size x (data.seq_len + 1)) must hold a
+  window at 16x every point's seq_len: found after training, it would stop
+  the sweep with each point trained."""
   for point in points:
+    data = point.config.data
+    tokens = num_tokens
+    if tokens is None:
+      tokens = point.config.eval.num_batches * data.batch_size * (data.seq_len + 1)
     try:
-      check_num_tokens(num_tokens, point.config.data.seq_len)
+      check_num_tokens(tokens, data.seq_len)
     except ValueError as error:
-      raise GridError(
-        f"sweep.extrapolate_tokens: point {point.index} ({point.name}): {error}"
-      ) from None
+      field = "sweep.extrapolate_tokens" if num_tokens is not None else "eval.num_batches"
+      raise GridError(f"{field}: point {point.index} ({point.name}): {error}") from None
 
 
 def run_sweep(
@@ -488,7 +495,7 @@ def run_sweep(
   runs = grid.validate(points, check_point_config)
   if not summarize_only:  # what such a sweep trained before can still be summarised
     _check_distinct(points, runs)
-  if extrapolate is not None and settings.extrapolate_tokens is not None:
+  if extrapolate is not None:
     _check_extrapolate_tokens(points, settings.extrapolate_tokens)
   # A summary reads every point (an array job's index is the training's).
   selected = points if summarize_only else grid.select(points, index)

@@ -9,13 +9,16 @@ split gives one token stream (the windows the run's evaluator reads,
 concatenated in stream order), which every length and protocol scores. By
 default the stream is exactly the evaluator's eval.num_batches x
 data.batch_size windows, so at 1x the non-overlapping loss is the run's
-eval_loss. A length the run's config refuses as data.seq_len (a learned
-position table shorter than it) is not applicable: its losses are null and
-the reason is recorded. A run of R seed replicas is evaluated replica by
-replica: "loss" and the per-position losses are the replicas' means,
-"replica_loss" holds each replica's. The run directory gains
+eval_loss (but for a packed TFDS run evaluated document by document, whose
+documents the stream joins: the model reads no segment ids here). A length
+the run's config refuses as data.seq_len (a learned position table shorter
+than it) is not applicable: its losses are null and the reason is recorded.
+A run of R seed replicas is evaluated replica by replica: "loss" and the
+per-position losses are the replicas' means, "replica_loss" holds each
+replica's. The run directory gains
 extrapolation.json (format: txf.sweep.results), extrapolation.png and
-per_position_loss.png; nothing else in it changes. Each is written
+per_position_loss.png (where no length applies, the record alone, and the
+earlier figures are removed); nothing else in it changes. Each is written
 atomically (txf.storage.write_file), the plots first: extrapolation.json, which
 tells a sweep that the point is extrapolated, is never cut and comes last.
 """
@@ -27,7 +30,6 @@ import json
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,12 +64,16 @@ EXTRAPOLATION_PNG = "extrapolation.png"
 def _validation_stream(setup: RunSetup) -> np.ndarray:
   """int32 [N]: the validation tokens the run's eval batches hold, in stream
   order: their windows of seq_len + 1 tokens tile the split's token stream
-  (txf.data.lm), so concatenated they are its first N tokens (padding rows
-  left out)."""
+  (txf.data.lm, txf.data.packed), so concatenated they are its first N
+  tokens. Padding is left out: a window's tokens are real up to its last
+  weighted target (a packed stream's last row is padded after its end, and
+  its padding was scored as text)."""
   parts = []
   for batch in setup.eval_data:
     windows_RxT1 = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
-    parts.append(windows_RxT1[batch["weights"].any(axis=1)].ravel())
+    targets_RxT = batch["weights"] > 0
+    real_RxT1 = np.concatenate([targets_RxT.any(axis=1, keepdims=True), targets_RxT], axis=1)
+    parts.append(windows_RxT1[real_RxT1])
   return np.concatenate(parts)
 
 
@@ -78,10 +84,6 @@ def _not_applicable(setup: RunSetup, length: int) -> str | None:
   except ConfigError as error:
     return str(error)
   return None
-
-
-def _none_if_nan(values: Any) -> list[float | None]:
-  return [None if math.isnan(v) else float(v) for v in values]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +222,9 @@ def extrapolate(
     EXTRAPOLATION_FILE: json.dumps(record, indent=2) + "\n",
   }
   written = write_files({workdir / name: text for name, text in contents.items()})
+  for stale in {EXTRAPOLATION_PNG, PER_POSITION_PNG} - set(figures):
+    # No length applied: an earlier record's figures would pass for this one's.
+    (workdir / stale).unlink(missing_ok=True)
   if log is not None:
     log("wrote " + ", ".join(str(path) for path in written))
   return record
@@ -340,10 +345,16 @@ def _losses(
       )
       scored[protocol].append(None if results is None else results[0].num_scored)
       if results is not None and protocol == "non_overlapping":  # the longest length's last
-        with warnings.catch_warnings():  # a position no window scores stays NaN
-          warnings.simplefilter("ignore", RuntimeWarning)
-          mean_loss = np.nanmean([result.per_position_loss() for result in results], axis=0)
-        per_position = {"length": length, "loss": _none_if_nan(mean_loss)}
+        # Every replica scores the same positions: null where none is scored,
+        # NaN where a replica's loss is.
+        mean_loss = np.mean([result.per_position_loss() for result in results], axis=0)
+        scored_T = np.bincount(
+          results[0].position_BxN[results[0].position_BxN >= 0], minlength=length
+        )
+        per_position = {
+          "length": length,
+          "loss": [float(v) if n else None for v, n in zip(mean_loss, scored_T)],
+        }
     if log is not None:
       means = {
         protocol: None if by_length[at] is None else float(np.mean(by_length[at]))
