@@ -313,6 +313,31 @@ def test_corrupt_latest_falls_back_and_is_kept(tmp_path, caplog, corrupt):
     assert ckpt.restore(abstract(make_state(0)))[0] == 3
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_step_holding_a_non_finite_value_is_corrupt_as_one_that_does_not_read(
+  tmp_path, caplog, bad
+):
+  """A flipped byte in a step's data restores without an error: the readers
+  used the garbage (NaN embeddings, a NaN Adam nu whose resumed run saved NaN
+  weights and let max_to_keep delete the last good step). A state holding a
+  NaN or infinity is one no run saves: corrupt, as a step that does not read."""
+  save_steps(tmp_path, [1, 2])
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    state = make_state(3)
+    state["params"]["dense"]["kernel"] = state["params"]["dense"]["kernel"].at[1, 2].set(bad)
+    assert ckpt.save(3, state, extras_for(3))
+    ckpt.wait_until_finished()
+  with checkpoint.Checkpointer(tmp_path, read_only=True) as reader:
+    with pytest.raises(checkpoint.RestoreError, match=r"non-finite values in \['params'\]"):
+      reader.restore_step(3, abstract(make_state(0)))
+    assert reader.restore(abstract(make_state(0)))[0] == 2
+  assert "Checkpoint step 3" in caplog.text and "NonFiniteState: non-finite values" in caplog.text
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    step, restored, _ = ckpt.restore(abstract(make_state(0)))
+  assert step == 2 and (tmp_path / f"3{checkpoint.CORRUPT_SUFFIX}").is_dir()
+  assert_trees_equal(restored, make_state(2))
+
+
 def make_large_state(offset):
   """Arrays too large and too random for ocdbt to inline them in its index:
   each has its own range of a data file (ocdbt.process_0/d)."""

@@ -5,7 +5,9 @@ Each step directory holds two items:
   extras  a JSON dict: data-iterator position, RNG info, anything small
 
 Restoring picks the newest checkpoint that restores cleanly. A newer one
-that fails (truncated or missing files, a missing item) is, once an older
+that fails (truncated or missing files, a missing item, or a state holding
+a NaN or infinity: a flipped byte in its data restores without an error,
+and no run saves such a state) is, once an older
 step has restored, renamed to `<step>.corrupt` -- kept for inspection,
 never deleted, and out of the way of the resumed run's own save at that
 step -- and reported in one warning line naming the step, the reason and
@@ -74,6 +76,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -256,6 +259,27 @@ def _check_abstract_state(abstract_state: Any) -> None:
         "abstract_state leaves must be jax.ShapeDtypeStruct "
         f"(or arrays), got {type(leaf).__name__}."
       )
+
+
+class NonFiniteState(ValueError):
+  """A restored state holds a NaN or infinity: a corrupt file (a flipped
+  byte) restores without an error, and training never saves such a state
+  (a non-finite loss or gradient stops it first)."""
+
+
+def _check_finite(state: Any) -> None:
+  """Raises NonFiniteState naming the first floating leaf of `state` that
+  holds a non-finite value (one reduction on the devices; the leaf is
+  found only then)."""
+  floats = [
+    (path, leaf)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+    if jnp.issubdtype(leaf.dtype, jnp.inexact)
+  ]
+  finite = jax.jit(lambda leaves: [jnp.isfinite(leaf).all() for leaf in leaves])
+  for (path, _), ok in zip(floats, jax.device_get(finite([leaf for _, leaf in floats]))):
+    if not ok:
+      raise NonFiniteState(f"non-finite values in {jax.tree_util.keystr(path)}")
 
 
 def _check_extras(extras: Any) -> None:
@@ -509,6 +533,7 @@ class Checkpointer:
     self._report_unfinished_saves()
     try:
       restored = self._manager.restore(step, args=_restore_args(abstract_state))
+      _check_finite(restored[STATE_ITEM])
     except Exception as error:
       raise RestoreError(
         f"checkpoint step {step} in {self.directory} does not restore: {_describe(error)}"
@@ -536,6 +561,7 @@ class Checkpointer:
     for step in steps:
       try:
         restored = self._manager.restore(step, args=_restore_args(abstract_state))
+        _check_finite(restored[STATE_ITEM])
       except Exception as error:
         # Any failure (missing file, bad bytes, missing item) makes this
         # step unusable; which exception depends on the file that broke --
