@@ -115,6 +115,15 @@ def test_a_damaged_sentencepiece_model_is_one_line_naming_the_file(sp_model_pref
     SentencePieceTokenizer(damaged)
   assert str(error.value).startswith(f"model_path {damaged} ")
   assert "\n" not in str(error.value)
+  # Empty: sentencepiece loaded nothing and logged on every later call.
+  damaged.write_bytes(b"")
+  with pytest.raises(ValueError, match=r"is not a sentencepiece model: it is empty$"):
+    SentencePieceTokenizer(damaged)
+  # A directory in its place: IsADirectoryError's traceback.
+  damaged.unlink()
+  damaged.mkdir()
+  with pytest.raises(ValueError, match=r"^model_path .* cannot be read \(Is a directory\)$"):
+    SentencePieceTokenizer(damaged)
 
 
 def _corpus_config(**overrides):

@@ -687,6 +687,8 @@ def test_a_head_dropped_on_request_is_not_warned_about(caplog):
   [
     ("no_weights", "no weights"),
     ("no_config", r"config\.json: no such file"),
+    # A directory in config.json's place: IsADirectoryError's traceback before.
+    ("config_directory", r"config\.json: cannot be read \(Is a directory\)$"),
     ("corrupt_weights", "not a readable safetensors file"),
     ("wrong_head", r"BertModel has no 'mlm' head"),
   ],
@@ -698,6 +700,9 @@ def test_unreadable_directory_is_named(problem, match, tmp_path):
     (directory / "model.safetensors").unlink()
   elif problem == "no_config":
     (directory / "config.json").unlink()
+  elif problem == "config_directory":
+    (directory / "config.json").unlink()
+    (directory / "config.json").mkdir()
   elif problem == "corrupt_weights":
     (directory / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
   else:

@@ -20,6 +20,8 @@ import sentencepiece as spm
 import tokenizers
 from etils import epath
 
+from txf.storage import os_reason
+
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
@@ -166,7 +168,12 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, model_path: str | os.PathLike):
     # Read through epath: the model may be in a gs:// work directory.
-    proto = epath.Path(model_path).read_bytes()
+    try:
+      proto = epath.Path(model_path).read_bytes()
+    except OSError as error:  # a directory, no permission: a traceback before
+      raise ValueError(f"model_path {model_path} cannot be read ({os_reason(error)})") from None
+    if not proto:  # sentencepiece loads nothing and logs on every later call
+      raise ValueError(f"model_path {model_path} is not a sentencepiece model: it is empty")
     self._sha256 = hashlib.sha256(proto).hexdigest()
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=proto)

@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from txf.interop.rules import CheckpointError
+from txf.storage import os_reason
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -38,6 +39,8 @@ def read_json(path: epath.Path, kind: type = dict) -> Any:
     value = json.loads(path.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as error:
     raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+  except OSError as error:  # a directory, no permission: a traceback before
+    raise CheckpointError(f"{path}: cannot be read ({os_reason(error)})") from None
   if not isinstance(value, kind):
     expected = "a JSON object" if kind is dict else f"a JSON {kind.__name__}"
     raise CheckpointError(f"{path}: expected {expected}, got {type(value).__name__}")
