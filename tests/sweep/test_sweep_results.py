@@ -993,3 +993,20 @@ def test_a_point_whose_rows_lack_a_replica_is_one_error_naming_the_file(sweep_di
   metrics.write_text("\n".join([*earlier, json.dumps(row)]) + "\n")
   with pytest.raises(WorkdirError, match=rf"^{re.escape(str(metrics.parent))}: metrics row .*"):
     runner.summarize(points, sweep_dir, log=lambda line: None)
+
+
+def test_a_metrics_row_or_extrapolation_record_of_the_wrong_shape_is_skipped_or_one_line(
+  sweep_dir, points, caplog
+):
+  """A metrics.jsonl line holding [1], "x" or a step of "x", and an
+  extrapolation.json that is a directory: tracebacks in a summary before."""
+  point_dir = sweep_dir / points[0].name
+  before = results.summarize_point(points[0], point_dir, log=lambda line: None)
+  with open(point_dir / "metrics.jsonl", "a") as f:
+    f.write('[1]\n"x"\n{"step": "x", "eval_loss": 1.0}\n')
+  assert results.summarize_point(points[0], point_dir, log=lambda line: None) == before
+  assert "not a row with an int step" in caplog.text
+  (point_dir / results.EXTRAPOLATION_FILE).unlink()
+  (point_dir / results.EXTRAPOLATION_FILE).mkdir()
+  with pytest.raises(ValueError, match=r"extrapolation\.json: cannot be read \(Is a directory\)$"):
+    results.read_extrapolation(point_dir)

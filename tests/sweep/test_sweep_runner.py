@@ -370,7 +370,7 @@ def test_a_cut_extrapolation_file_is_recomputed_and_reported_in_one_line(finishe
   assert rows[0].extrapolation is None and rows[1].extrapolation is not None
   (line,) = [line for line in lines if str(path) in line]
   assert (
-    line.startswith(f"{path}: not JSON (")
+    line.startswith(f"{path}: not valid JSON (")
     and line.endswith("; read as missing (a sweep rerun recomputes it)")
     and "\n" not in line
   )

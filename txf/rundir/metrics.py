@@ -512,8 +512,9 @@ def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> lis
   with `since`, only the rows at step `since` and after, reading the file
   from its end (`_tail_start`).
 
-  A row that does not parse (cut off by a crash, not UTF-8) is skipped with
-  a warning.
+  A row that does not parse (cut off by a crash, not UTF-8), or is no
+  object with an int step (`[1]`, a step of "x": every reader indexed it
+  by step), is skipped with a warning.
   """
   path = epath.Path(workdir) / METRICS_FILE
   lines = _read_lines(path)
@@ -523,9 +524,15 @@ def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> lis
     if not line.strip():
       continue
     try:
-      rows.append(json.loads(line))
+      row = json.loads(line)
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
       logger.warning("Skipping unreadable line %d of %s: %s", line_number, path, error)
+      continue
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+      logger.warning("Skipping line %d of %s: not a row with an int step", line_number, path)
+      continue
+    rows.append(row)
   return rows
 
 

@@ -57,7 +57,7 @@ from txf.runconfig.run_config import to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.metrics import read_metrics
 from txf.rundir.resume import CONFIG_FILE, read_run_config
-from txf.storage import write_file, write_files
+from txf.storage import read_json, write_file, write_files
 from txf.sweep import significance
 from txf.sweep.grid import Point
 from txf.train.replicas import metric_names
@@ -389,10 +389,7 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
   path = epath.Path(workdir) / EXTRAPOLATION_FILE
   if not path.exists():
     return None
-  try:
-    data = json.loads(path.read_text())
-  except ValueError as error:  # cut off, or not text at all
-    raise ValueError(f"{path}: not JSON ({error})") from None
+  data = read_json(path)  # one line for a file that is no JSON or cannot be read (a directory)
   if not isinstance(data, dict) or not isinstance(data.get("loss", {}), dict):
     raise ValueError(f"{path}: not an extrapolation record (a JSON object whose 'loss' is one)")
   for key in ("lengths", "loss", "applicable"):
