@@ -780,7 +780,7 @@ def test_a_cut_extrapolation_file_reads_as_missing_with_one_line_naming_it(sweep
   assert row.extrapolation is None and row.status == "done"
   assert row.eval_loss.mean == pytest.approx(2.25, rel=1e-12)  # the rest of the row stands
   (line,) = lines
-  assert line.startswith(f"{path}: not JSON") and "\n" not in line
+  assert line.startswith(f"{path}: not valid JSON") and "\n" not in line
 
 
 def test_an_extrapolation_of_an_earlier_step_is_left_out_of_the_summary_in_one_line(
