@@ -489,3 +489,21 @@ def test_a_model_without_a_segment_mask_on_packed_rows_is_told_how_to_read_them(
   run_setup._check_model_inputs(
     model, "lstm", "lm", dict(inputs=shape, targets=shape, weights=shape)
   )
+
+
+def test_a_trained_run_whose_sentencepiece_model_is_gone_is_refused_not_trained_again(tmp_path):
+  """load_run (txf-generate, txf-export, ...) and a resume trained a new
+  model into the run and read the checkpoints with it: a reader writing into
+  the run, on a corpus that may have changed since."""
+  config = tiny_config("rope", steps=2)
+  config.data.update(dict(tokenizer="sentencepiece", sp_vocab_size=400))
+  workdir = tmp_path / "run"
+  loop.run(parse(config), workdir, log=lambda line: None)
+  model = workdir / "sentencepiece_400.model"
+  model.unlink()
+  for read in (lambda: load_run(workdir), lambda: loop.run(parse(config), workdir)):
+    with pytest.raises(
+      ConfigError, match=r"^data\.tokenizer: .* holds no sentencepiece_400\.model"
+    ):
+      read()
+    assert not model.exists()

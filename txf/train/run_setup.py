@@ -51,7 +51,7 @@ from txf.data import (
   make_tokenizer,
   num_classes,
 )
-from txf.data.spec import TASKS
+from txf.data.spec import TASKS, required
 from txf.data.stacked import StackedDatasets
 from txf.decode.cache import check_cache_length
 from txf.layers.embedding import check_position_table
@@ -241,9 +241,12 @@ def fit_vocabulary(
       run_path(run.data.tfds_data_dir, "data.tfds_data_dir")
     if workdir is not None:  # the weights' own ids, not a model trained anew
       adopt_tokenizer(run.data, run.train.init_from, workdir)
+    trained = workdir if workdir is not None and saved_steps(workdir) else None
+    if trained is not None:  # a resume, an evaluation
+      _check_sentencepiece_kept(run, trained)
     tokenizer = make_tokenizer(run.data, workdir)
-    if workdir is not None and saved_steps(workdir):  # a resume, an evaluation
-      check_recorded_tokenizer(workdir, tokenizer.sha256, "data.tokenizer")
+    if trained is not None:
+      check_recorded_tokenizer(trained, tokenizer.sha256, "data.tokenizer")
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
     if workdir is None or not is_run_directory(workdir):
       # A new run only: one trained before this check is read, evaluated and
@@ -262,6 +265,24 @@ def fit_vocabulary(
   except ValueError as error:
     raise ConfigError(str(error)) from error
   return run, tokenizer
+
+
+def _check_sentencepiece_kept(run: RunConfig, workdir: str | os.PathLike) -> None:
+  """Refuses a trained run whose sentencepiece model is gone: make_tokenizer
+  would train one into the run (a reader writing into it, on a corpus that
+  may have changed since).
+
+  Raises:
+    ValueError: naming data.tokenizer and the file.
+  """
+  if run.data.tokenizer != "sentencepiece":
+    return
+  name = SentencePieceTokenizer.file_name(required(run.data.sp_vocab_size))
+  if not (epath.Path(workdir) / name).exists():
+    raise ValueError(
+      f"data.tokenizer: {workdir} holds no {name}, the sentencepiece model its "
+      "checkpoints were trained with (restore it from a copy of the run)"
+    )
 
 
 def _prompt_length(tokenizer: Tokenizer, prompt: str) -> int:
