@@ -131,3 +131,21 @@ def test_a_run_is_resumed_and_read_only_with_the_tokenizer_it_trained_with(tmp_p
   (tokenizer_dir / "tokenizer.json").write_text(original)
   loop.run(parse(config), workdir, log=lambda line: None)
   assert load_run(workdir).step == 4
+
+
+def test_a_run_whose_checkpoints_link_to_nothing_is_refused_not_started_afresh(tmp_path):
+  """checkpoints/ a link to an unmounted disk: the resume trained from step
+  0, moving the run's metrics aside and creating the link's target."""
+  config = tiny_config(steps=2)
+  workdir = tmp_path / "run"
+  loop.run(parse(config), workdir, log=lambda line: None)
+  (workdir / "checkpoints").rename(tmp_path / "elsewhere")
+  (workdir / "checkpoints").symlink_to(tmp_path / "unmounted" / "checkpoints")
+  metrics = (workdir / "metrics.jsonl").read_bytes()
+  config.train.steps = 4
+  with pytest.raises(
+    ConfigError, match=r"checkpoints: a link to .*unmounted.*, which does not exist"
+  ):
+    loop.run(parse(config), workdir, log=lambda line: None)
+  assert (workdir / "metrics.jsonl").read_bytes() == metrics
+  assert not (tmp_path / "unmounted").exists()

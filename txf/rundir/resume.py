@@ -51,7 +51,7 @@ from txf.layers.model_config import COMPUTE_FIELDS, LANGUAGE_MODEL_HEADS, MOVED_
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.record import RECORD_FILE, check_choices, read_record, recorded_config
-from txf.storage import read_json, write_file
+from txf.storage import is_local, read_json, write_file
 
 CONFIG_FILE = "config.json"
 # What a checkpoint depends on (see the module docstring): these sections
@@ -372,6 +372,8 @@ def prepare_resume(
   """
   steps_saved = saved_steps(workdir)
   saved, source = read_held_config(workdir, trained=bool(steps_saved))
+  if saved is not None:
+    _check_checkpoints_reachable(workdir)
   check_resumable(run, saved, workdir, trained=bool(steps_saved), source=source)
   if resume_step is not None and resume_step not in steps_saved:
     held = ", ".join(map(str, steps_saved)) or "none"
@@ -389,6 +391,22 @@ def prepare_resume(
     start = steps_saved[-1] if resume_step is None else resume_step
     run = keep_run_warmup(run, saved, start)
   return run, saved
+
+
+def _check_checkpoints_reachable(workdir: str | os.PathLike) -> None:
+  """Refuses a run whose checkpoints directory is a link to nothing (an
+  unmounted disk): the run started afresh from step 0 there, moving its
+  metrics aside and creating the link's target.
+
+  Raises:
+    ValueError: naming the link and its target.
+  """
+  directory = checkpoint_directory(workdir)
+  if is_local(directory) and os.path.islink(directory) and not directory.exists():
+    raise ValueError(
+      f"{directory}: a link to {os.readlink(directory)}, which does not exist: the run's "
+      "checkpoints are not reachable (mount or restore them; remove the link to train afresh)"
+    )
 
 
 def keep_run_warmup(run: RunConfig, saved: RunConfig, start: int) -> RunConfig:
