@@ -47,3 +47,22 @@ def test_a_run_refused_under_the_lock_leaves_the_directory_as_it_found_it(tmp_pa
     raise ValueError("config error")
   # It wrote: what it wrote, its lock file with it, is kept.
   assert sorted(path.name for path in made.iterdir()) == [workdir.LOCK_FILE, "tokenizer.model"]
+
+
+def test_an_output_file_that_is_a_directory_or_a_link_to_nothing_is_refused_before_the_run(
+  tmp_path,
+):
+  """A metrics.jsonl linking to nothing failed the run's first write, after
+  the data was read and the model built; a directory in its place was refused."""
+  from txf.rundir.metrics import METRICS_FILE, check_outputs
+
+  check_outputs(tmp_path)
+  (tmp_path / METRICS_FILE).symlink_to(tmp_path / "gone" / METRICS_FILE)
+  with pytest.raises(
+    WorkdirError, match=r"metrics\.jsonl: a link to .*gone.*, which does not exist$"
+  ):
+    check_outputs(tmp_path)
+  (tmp_path / METRICS_FILE).unlink()
+  (tmp_path / METRICS_FILE).mkdir()
+  with pytest.raises(WorkdirError, match=r"metrics\.jsonl: exists and is not a file$"):
+    check_outputs(tmp_path)

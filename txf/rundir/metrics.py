@@ -111,6 +111,8 @@ def check_outputs(workdir: epath.Path) -> None:
     path = workdir / name
     if path.exists() and not path.is_file():
       raise WorkdirError(f"{path}: exists and is not a file")
+    if local and os.path.islink(path) and not path.exists():  # an append would fail mid-run
+      raise WorkdirError(f"{path}: a link to {os.readlink(path)}, which does not exist")
     if local and path.exists() and not os.access(path, os.W_OK):
       raise WorkdirError(f"{path}: not writable ({os.strerror(errno.EACCES)})")
   path = workdir / TENSORBOARD_DIR
