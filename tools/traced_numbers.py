@@ -49,8 +49,9 @@ from collections.abc import Iterator
 from decimal import Decimal
 
 from tools import findings_significance, results_tables, t5_dilution
+from txf.rundir.resume import read_run_config
 from txf.sweep import significance
-from txf.sweep.results import late_improvement
+from txf.sweep.results import late_improvement, replica_curves
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data"
@@ -162,13 +163,13 @@ def _final_values(metrics: pathlib.Path) -> Iterator[Decimal]:
 
 def _late_changes(metrics: pathlib.Path) -> Iterator[Decimal]:
   """Each replica's change of validation loss over the last fifth of
-  training, in percent (what the flat verdict judges), where it is known."""
-  rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-  evaluations = [row for row in rows if "eval_loss" in row]
-  names = [key for key in evaluations[-1] if re.fullmatch(r"eval_loss(/\d+)?", key)]
-  steps = [row["step"] for row in evaluations]
-  for name in names:
-    change = late_improvement(steps, [row[name] for row in evaluations])
+  training, and the mean's, in percent (what the flat verdict judges, read
+  as a summary reads the curves), where it is known."""
+  run = metrics.parent
+  saved = read_run_config(run)
+  steps_N, loss_NxR = replica_curves(run, replicas=1 if saved is None else saved.replicas)
+  for loss_N in (*loss_NxR.T, loss_NxR.mean(axis=1)):
+    change = late_improvement(steps_N, loss_N)
     if change is not None:
       yield Decimal(repr(100 * change))
 

@@ -136,3 +136,23 @@ def test_stacked_datasets_hold_each_seeds_batches_and_positions():
       resumed.set_state(state)
   with pytest.raises(ValueError, match="one dataset per seed, two or more"):
     StackedDatasets([make_dataset(config, "train", seed=5)], (5,))
+
+
+@pytest.mark.slow  # 600 training batches of three tasks (about 10 s)
+def test_the_validation_examples_the_default_lengths_repeat_from_training_are_the_docs_counts():
+  """docs/data.md and txf.data.synthetic state how many of 256 validation
+  examples 600 default steps of 32 rows train on (they said none)."""
+  from txf.data import make_dataset, parse_data
+
+  for name, task, documented in [
+    ("listops", "classify", 73),
+    ("addition", "seq2seq", 7),
+    ("copy", "seq2seq", 1),
+  ]:
+    spec = parse_data(dict(name=name, task=task))
+    key = "inputs" if task == "classify" else "encoder_inputs"
+    train = iter(make_dataset(spec, "train", seed=0))
+    seen = {row.tobytes() for _ in range(600) for row in next(train)[key]}
+    validation = make_dataset(spec, "validation", seed=0, num_batches=8)
+    rows = [row.tobytes() for batch in validation for row in batch[key]]
+    assert (len(rows), sum(row in seen for row in rows)) == (256, documented), name

@@ -121,7 +121,7 @@ def test_a_run_is_resumed_and_read_only_with_the_tokenizer_it_trained_with(tmp_p
   before = {path.name: path.read_bytes() for path in workdir.iterdir() if path.is_file()}
   config.train.steps = 4
   refused = (
-    r"^data\.tokenizer: the tokenizer's contents \(sha256 \w+\) differ from those .* trained"
+    r"^data\.tokenizer_path: the tokenizer's contents \(sha256 \w+\) differ from those .* trained"
   )
   with pytest.raises(ConfigError, match=refused):
     loop.run(parse(config), workdir, log=lambda line: None)

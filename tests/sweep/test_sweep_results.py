@@ -463,6 +463,16 @@ def test_a_point_is_flat_only_where_every_replica_is():
     f"not flat: a replica still falls (the mean {-improvement:+.1f}% in the last fifth)"
   )
   assert results.flatness_text(steps_N, mean_N, flat=True).startswith("flat: ")
+  # The other way: the mean still falls 2.3% (a seed flat by nats near zero
+  # beside one flat at 1.9%) while every seed is flat: the label says so.
+  seeds_NxR = np.stack([[3.058] * 8 + [3.03, 3.0], [0.0599] * 8 + [0.055, 0.05]], axis=1)
+  assert results.replicas_flat(steps_N, seeds_NxR) is True
+  mean_N = seeds_NxR.mean(axis=1)
+  assert not results.is_flat(results.late_improvement(steps_N, mean_N), mean_N[-1])
+  improvement = 100 * results.late_improvement(steps_N, mean_N)
+  assert results.flatness_text(steps_N, mean_N, flat=True) == (
+    f"flat: every replica is (the mean {-improvement:+.1f}% in the last fifth)"
+  )
 
 
 def test_results_tables_report_the_flattening_criterion(sweep_dir, points, monkeypatch):

@@ -976,7 +976,9 @@ def test_a_sweep_whose_evaluator_holds_no_window_at_16x_is_refused_before_traini
   evaluator's tokens (eval.num_batches x batch_size x (seq_len + 1): 264
   here, where 16 x 32 needs 513): it trained, then stopped the sweep with a
   traceback."""
-  with pytest.raises(grid.GridError, match=r"^eval.num_batches: point 0 \(.*\): 264 validation"):
+  # 513 tokens need 2 batches of 8 windows of 33 tokens.
+  refused = r"^eval.num_batches: point 0 \(.*\): its 264 evaluation tokens .* give 2 batches"
+  with pytest.raises(grid.GridError, match=refused):
     runner.run_sweep(
       toy_sweep(extrapolate_tokens=None),
       tmp_path / "sweep",
@@ -984,6 +986,15 @@ def test_a_sweep_whose_evaluator_holds_no_window_at_16x_is_refused_before_traini
       extrapolate=fake_extrapolate([]),
     )
   assert not (tmp_path / "sweep").exists()
+  # A summary extrapolates nothing: not refused (it found no point, here).
+  with pytest.raises(WorkdirError, match="no point of this sweep has run there"):
+    runner.run_sweep(
+      toy_sweep(extrapolate_tokens=None),
+      tmp_path,
+      summarize_only=True,
+      log=lambda line: None,
+      extrapolate=fake_extrapolate([]),
+    )
 
 
 def test_an_extrapolation_refused_after_training_is_one_line_naming_the_point(

@@ -19,7 +19,7 @@ from txf.data import SentencePieceTokenizer
 from txf.data.spec import parse_data
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir import record
-from txf.train.pretrained import adopt_tokenizer, check_tokenizer
+from txf.train.pretrained import adopt_tokenizer
 from txf.train.run_setup import fit_vocabulary
 
 VOCAB = 512
@@ -77,21 +77,26 @@ def test_a_source_run_without_that_model_is_refused(source_run, tmp_path):
   assert not (tmp_path / "sentencepiece_600.model").exists()
 
 
+def check(init_from, tokenizer):
+  """train.init_from's check of a txf run's tokenizer (setup_run's)."""
+  record.check_recorded_tokenizer(init_from, tokenizer.sha256, "train.init_from")
+
+
 def test_a_tokenizer_whose_contents_differ_from_the_recorded_one_is_refused(source_run, tmp_path):
   tokenizer = SentencePieceTokenizer(source_run / MODEL)
   run = tmp_path / "run"
   run.mkdir()
   (run / "config.json").write_text(json.dumps(dict(model={}, train={})))
-  check_tokenizer(str(run), tokenizer)  # a run recorded before tokenizers were: as before
+  check(str(run), tokenizer)  # a run recorded before tokenizers were: as before
   recorded = hashlib.sha256((source_run / MODEL).read_bytes()).hexdigest()
   entry = dict(tokenizer=dict(kind="sentencepiece", sha256=recorded))
   (run / record.RECORD_FILE).write_text(json.dumps([entry]))
-  check_tokenizer(str(run), tokenizer)  # the same contents
+  check(str(run), tokenizer)  # the same contents
 
   entry["tokenizer"]["sha256"] = "0" * 64
   (run / record.RECORD_FILE).write_text(json.dumps([entry]))
   with pytest.raises(ValueError) as error:
-    check_tokenizer(str(run), tokenizer)
+    check(str(run), tokenizer)
   assert str(error.value) == (
     f"train.init_from: the tokenizer's contents (sha256 {recorded}) differ from those "
     f"{run} trained with ({'0' * 64}): its ids would differ"

@@ -336,6 +336,12 @@ def test_a_step_holding_a_non_finite_value_is_corrupt_as_one_that_does_not_read(
     step, restored, _ = ckpt.restore(abstract(make_state(0)))
   assert step == 2 and (tmp_path / f"3{checkpoint.CORRUPT_SUFFIX}").is_dir()
   assert_trees_equal(restored, make_state(2))
+  # Every step non-finite: the refusal says so, not that the config differs.
+  with checkpoint.Checkpointer(tmp_path / "all_bad") as ckpt:
+    assert ckpt.save(1, state, extras_for(1))
+    ckpt.wait_until_finished()
+    with pytest.raises(checkpoint.RestoreError, match="non-finite values: their data is corrupt"):
+      ckpt.restore(abstract(make_state(0)))
 
 
 def make_large_state(offset):

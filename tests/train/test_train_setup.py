@@ -255,7 +255,7 @@ def test_a_run_from_a_txf_run_of_another_tokenizer_is_refused_before_loading_it(
   trained, tmp_path, monkeypatch
 ):
   """The tokenizer is checked against the one the source run recorded
-  (check_tokenizer, from init_from_model) before its checkpoint is read."""
+  (check_recorded_tokenizer, from init_from_model) before its checkpoint is read."""
   source = tmp_path / "source"
   shutil.copytree(trained, source)
   entries = json.loads((source / record.RECORD_FILE).read_text())

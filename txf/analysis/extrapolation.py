@@ -92,6 +92,12 @@ def check_factors(factors: Sequence[int]) -> tuple[int, ...]:
   return factors
 
 
+def tokens_per_batch(batch_size: int, seq_len: int) -> int:
+  """Validation tokens one evaluation batch of a text stream holds: its rows
+  are windows of seq_len + 1 tokens that tile the stream (txf.data.lm)."""
+  return batch_size * (seq_len + 1)
+
+
 def check_num_tokens(
   num_tokens: int, seq_len: int, factors: Sequence[int] = DEFAULT_FACTORS
 ) -> None:

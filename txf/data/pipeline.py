@@ -29,6 +29,12 @@ def bytes_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokeni
   return ByteTokenizer()
 
 
+def sentencepiece_model(spec: DataSpec, workdir: str | os.PathLike) -> epath.Path:
+  """Where a run in `workdir` keeps its sentencepiece model of
+  data.sp_vocab_size pieces."""
+  return epath.Path(workdir) / SentencePieceTokenizer.file_name(required(spec.sp_vocab_size))
+
+
 @TOKENIZERS.decorator("sentencepiece")
 def sentencepiece_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   """The sentencepiece model of data.sp_vocab_size pieces in `workdir`,
@@ -38,7 +44,7 @@ def sentencepiece_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -
       "workdir is required for data.tokenizer='sentencepiece' "
       "(the model is trained into it once, then reused)"
     )
-  model = epath.Path(workdir) / SentencePieceTokenizer.file_name(required(spec.sp_vocab_size))
+  model = sentencepiece_model(spec, workdir)
   prefix = model.with_suffix("")
   if model.exists():
     return SentencePieceTokenizer(model)

@@ -460,15 +460,17 @@ class ModelConfig:
       raise ValueError(f"model.options.{name}: not a setting of this model (has {sorted(values)})")
     return values[name]
 
+  @property
+  def _head_dim(self) -> int:
+    """head_dim as given or as _resolve will derive it (the checks run before)."""
+    return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
   def _check_position(self) -> None:
     """What the registry entry of model.position needs: an even dimension,
     as large as it needs (its settings check themselves: _check_options),
     and of t5_bias in a family that generates, what its causal stack needs."""
     encoding = positions.encoding(self.position)
-    dims = dict(
-      d_model=self.d_model,
-      head_dim=self.d_model // self.num_heads if self.head_dim is None else self.head_dim,
-    )
+    dims = dict(d_model=self.d_model, head_dim=self._head_dim)
     if encoding.even is not None and dims[encoding.even] % 2:
       raise ValueError(
         f"model.position: {self.position} needs an even {encoding.even}, got {dims[encoding.even]}"
@@ -510,11 +512,10 @@ class ModelConfig:
       raise ValueError(
         f"model.attention_impl: 'cudnn' takes bfloat16 or float16, not model.dtype={self.dtype!r}"
       )
-    head_dim = self.head_dim or self.d_model // self.num_heads
-    if head_dim % 8 or head_dim > 256:
+    if self._head_dim % 8 or self._head_dim > 256:
       raise ValueError(
         f"model.attention_impl: 'cudnn' takes head dims that are multiples of 8 up to 256, "
-        f"not {head_dim} (model.head_dim, or d_model // num_heads)"
+        f"not {self._head_dim} (model.head_dim, or d_model // num_heads)"
       )
     if self.window is not None and self.family != "decoder":
       raise ValueError(

@@ -582,12 +582,17 @@ class Checkpointer:
       return step, restored[STATE_ITEM], restored[EXTRAS_ITEM]
     if failures:
       details = "\n".join(f"  step {s}: {_describe(e)}" for s, e in failures)
+      cause = (
+        "every step holds non-finite values: their data is corrupt (restore the "
+        "directory from a copy, or move it away to start afresh)"
+        if all(isinstance(error, NonFiniteState) for _, error in failures)
+        else "if every step fails the same way, the config probably differs from the one "
+        "that wrote them (model or optimizer shapes); otherwise move the directory away to "
+        "start afresh"
+      )
       raise RestoreError(
         f"No checkpoint in {self.directory} restores onto the given state:\n"
-        f"{details}\nThey are left in place. If every step fails the same "
-        "way, the config probably differs from the one that wrote them "
-        "(model or optimizer shapes); otherwise move the directory away to "
-        "start afresh."
+        f"{details}\nThey are left in place; {cause}."
       ) from failures[0][1]
     return None
 

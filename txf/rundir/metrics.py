@@ -111,8 +111,11 @@ def check_outputs(workdir: epath.Path) -> None:
     path = workdir / name
     if path.exists() and not path.is_file():
       raise WorkdirError(f"{path}: exists and is not a file")
-    if local and os.path.islink(path) and not path.exists():  # an append would fail mid-run
-      raise WorkdirError(f"{path}: a link to {os.readlink(path)}, which does not exist")
+    # A link to a file not made yet is made by the first append, unless its
+    # directory is gone too: then that append fails mid-run.
+    target = os.path.realpath(path)
+    if local and os.path.islink(path) and not os.path.isdir(os.path.dirname(target)):
+      raise WorkdirError(f"{path}: a link into {os.path.dirname(target)}, which does not exist")
     if local and path.exists() and not os.access(path, os.W_OK):
       raise WorkdirError(f"{path}: not writable ({os.strerror(errno.EACCES)})")
   path = workdir / TENSORBOARD_DIR
@@ -413,9 +416,16 @@ def _read_lines(path: epath.Path) -> list[bytes]:
 def _row_step(line: bytes) -> int | None:
   """The step of a metrics.jsonl line (None: not a readable row)."""
   try:
-    return int(json.loads(line)["step"])
-  except (ValueError, KeyError, TypeError):  # UnicodeDecodeError and JSONDecodeError too
+    return _step_of(json.loads(line))
+  except ValueError:  # UnicodeDecodeError and JSONDecodeError too
     return None
+
+
+def _step_of(row: Any) -> int | None:
+  """A metrics row's step: an int (None for anything else, a row of `[1]`
+  or a step of "x", which every reader indexing rows by step failed on)."""
+  step = row.get("step") if isinstance(row, dict) else None
+  return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _sample_step(line: bytes) -> int | None:
@@ -530,8 +540,7 @@ def read_metrics(workdir: str | os.PathLike, *, since: int | None = None) -> lis
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
       logger.warning("Skipping unreadable line %d of %s: %s", line_number, path, error)
       continue
-    step = row.get("step") if isinstance(row, dict) else None
-    if not isinstance(step, int) or isinstance(step, bool):
+    if _step_of(row) is None:
       logger.warning("Skipping line %d of %s: not a row with an int step", line_number, path)
       continue
     rows.append(row)

@@ -18,6 +18,8 @@ metrics.jsonl; the sweep adds
                                                0..length-1 of the non-overlapping
                                                windows at the longest applicable
                                                length (null: no token scored there)
+      A loss is NaN (written `NaN`, as Python's json writes and reads it)
+      where a scored token's loss is: a model failing at that length.
       The evaluator also records "step" (the checkpoint's: one of another
       step than the point's train.steps is out of date, recomputed and left
       out of a summary) and, for readers of the file (not read here):
@@ -185,28 +187,28 @@ def replicas_flat(steps_N: np.ndarray, loss_NxR: np.ndarray) -> bool | None:
 
 
 def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray, *, flat: bool | None = None) -> str:
-  """'flat' / 'not flat' with the mean loss `loss_N`'s change, e.g. 'not
-  flat: -3.1% in the last fifth', 'flat: -0.0019 nats in the last fifth'
-  (flat by the fall in nats, near zero), or 'flat: unknown, 2 evaluations
-  in the last fifth'; where the mean is flat but its replicas are not
-  (`flat` False: `replicas_flat`), 'not flat: a replica still falls (the
-  mean -1.8% in the last fifth)'."""
+  """The verdict with the mean loss `loss_N`'s change, e.g. 'not flat: -3.1%
+  in the last fifth', 'flat: -0.0019 nats in the last fifth' (flat by the
+  fall in nats, near zero), or 'flat: unknown, 2 evaluations in the last
+  fifth'. `flat` (`replicas_flat`; None: the mean's verdict) decides the
+  verdict where it differs from the mean's: 'not flat: a replica still falls
+  (the mean -1.8% in the last fifth)', 'flat: every replica is (the mean
+  -2.2% in the last fifth)'."""
   improvement = late_improvement(steps_N, loss_N)
   if improvement is None:
     count = evaluations_in_window(steps_N)
     return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'} in the last fifth"
-  if not is_flat(improvement, float(loss_N[-1])):
-    return f"not flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
-  if flat is False:
-    return (
-      f"not flat: a replica still falls (the mean {-100 * improvement:+.1f}% in the last "
-      f"{fraction_name()})"
-    )
-  if improvement < FLAT_TOLERANCE:
-    return f"flat: {-100 * improvement:+.1f}% in the last {fraction_name()}"
-  return (
-    f"flat: {-late_fall(improvement, float(loss_N[-1])):+.4f} nats in the last {fraction_name()}"
-  )
+  final = float(loss_N[-1])
+  mean_flat = bool(is_flat(improvement, final))
+  by_nats = mean_flat and improvement >= FLAT_TOLERANCE
+  change = (
+    f"{-late_fall(improvement, final):+.4f} nats" if by_nats else f"{-100 * improvement:+.1f}%"
+  ) + f" in the last {fraction_name()}"
+  if flat is None or flat == mean_flat:
+    return f"{'flat' if mean_flat else 'not flat'}: {change}"
+  if flat:
+    return f"flat: every replica is (the mean {change})"
+  return f"not flat: a replica still falls (the mean {change})"
 
 
 def fraction_name() -> str:
@@ -772,8 +774,16 @@ def write_results(
 def loss_curve(workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss") -> Curve:
   """(steps, mean `metric`, std over replicas or None) of a run's rows
   holding it ('eval_loss': evaluations, 'loss': logged training steps)."""
+  return _mean_curve(*replica_curves(workdir, replicas=replicas, metric=metric))
+
+
+def replica_curves(
+  workdir: str | epath.PathLike, *, replicas: int, metric: str = "eval_loss"
+) -> tuple[np.ndarray, np.ndarray]:
+  """(steps [N], each replica's `metric` [N, R]) of a run's rows holding it,
+  merged by step as a summary reads them (`replicas_flat` judges these)."""
   workdir = epath.Path(workdir)
-  return _mean_curve(*_replica_curve(_merged_by_step(workdir), metric, replicas, workdir))
+  return _replica_curve(_merged_by_step(workdir), metric, replicas, workdir)
 
 
 def _replica_curve(

@@ -39,6 +39,7 @@ the tables and plots give mean ± std over them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,7 +48,7 @@ import jax
 import ml_collections
 from etils import epath
 
-from txf.analysis.extrapolation import check_num_tokens
+from txf.analysis.extrapolation import DEFAULT_FACTORS, check_num_tokens, tokens_per_batch
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
 from txf.progress import timestamped
@@ -408,14 +409,21 @@ def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int | None) -
   the sweep with each point trained."""
   for point in points:
     data = point.config.data
-    tokens = num_tokens
-    if tokens is None:
-      tokens = point.config.eval.num_batches * data.batch_size * (data.seq_len + 1)
+    per_batch = tokens_per_batch(data.batch_size, data.seq_len)
+    tokens = point.config.eval.num_batches * per_batch if num_tokens is None else num_tokens
     try:
       check_num_tokens(tokens, data.seq_len)
     except ValueError as error:
-      field = "sweep.extrapolate_tokens" if num_tokens is not None else "eval.num_batches"
-      raise GridError(f"{field}: point {point.index} ({point.name}): {error}") from None
+      if num_tokens is not None:
+        raise GridError(
+          f"sweep.extrapolate_tokens: point {point.index} ({point.name}): {error}"
+        ) from None
+      longest = max(DEFAULT_FACTORS) * data.seq_len + 1
+      raise GridError(
+        f"eval.num_batches: point {point.index} ({point.name}): its {tokens} evaluation "
+        f"tokens hold no window of {longest} to extrapolate on; give "
+        f"{math.ceil(longest / per_batch)} batches, or set sweep.extrapolate_tokens"
+      ) from None
 
 
 def run_sweep(
@@ -495,8 +503,8 @@ def run_sweep(
   runs = grid.validate(points, check_point_config)
   if not summarize_only:  # what such a sweep trained before can still be summarised
     _check_distinct(points, runs)
-  if extrapolate is not None:
-    _check_extrapolate_tokens(points, settings.extrapolate_tokens)
+    if extrapolate is not None:  # a summary extrapolates nothing
+      _check_extrapolate_tokens(points, settings.extrapolate_tokens)
   # A summary reads every point (an array job's index is the training's).
   selected = points if summarize_only else grid.select(points, index)
   if dry_run:

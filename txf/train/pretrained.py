@@ -7,7 +7,8 @@ while it builds the run, and starts the state from them with `starting_from`. Th
 are the source run's token ids: setup's fit_vocabulary first copies a txf run's
 sentencepiece model into the new run (`adopt_tokenizer`) instead of training
 another, and setup_run refuses a tokenizer whose contents differ from the
-one the source run recorded (`check_tokenizer`, from init_from_model).
+one the source run recorded (txf.rundir.record.check_recorded_tokenizer,
+from init_from_model).
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import optax
-from etils import epath
 
 from txf import interop
+from txf.data.pipeline import sentencepiece_model
 from txf.data.spec import DataSpec
-from txf.data.tokenizers import SentencePieceTokenizer, Tokenizer
 from txf.layers.model_config import COMPUTE_FIELDS, ModelConfig
-from txf.rundir.record import check_recorded_tokenizer
 from txf.rundir.resume import is_run_directory
 from txf.storage import write_file
 from txf.train.step import TrainState
@@ -83,8 +82,8 @@ def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.Pat
   """
   if spec.tokenizer != "sentencepiece" or not init_from or not is_run_directory(init_from):
     return
-  name = SentencePieceTokenizer.file_name(spec.sp_vocab_size or 0)
-  source, target = epath.Path(init_from) / name, epath.Path(workdir) / name
+  source, target = sentencepiece_model(spec, init_from), sentencepiece_model(spec, workdir)
+  name = source.name
   if not source.exists():
     raise ValueError(
       f"train.init_from: {init_from} holds no {name}: this run's sentencepiece ids would not "
@@ -98,18 +97,6 @@ def adopt_tokenizer(spec: DataSpec, init_from: str | None, workdir: str | os.Pat
       f"train.init_from: {target} is not the sentencepiece model of {init_from}: its ids "
       "would differ from the ones the weights were trained on; use a new --workdir"
     )
-
-
-def check_tokenizer(init_from: str, tokenizer: Tokenizer) -> None:
-  """Refuses `tokenizer` for a run starting from the txf run in `init_from`
-  (txf.train.run_setup.init_from_model, which has found it is one) when its
-  contents (Tokenizer.sha256) differ from the tokenizer that run recorded
-  (txf.rundir.record; nothing to compare for a run recorded before).
-
-  Raises:
-    ValueError: one line naming both hashes.
-  """
-  check_recorded_tokenizer(init_from, tokenizer.sha256, "train.init_from")
 
 
 def starting_from(

@@ -51,7 +51,8 @@ from txf.data import (
   make_tokenizer,
   num_classes,
 )
-from txf.data.spec import TASKS, required
+from txf.data.pipeline import sentencepiece_model
+from txf.data.spec import TASKS
 from txf.data.stacked import StackedDatasets
 from txf.decode.cache import check_cache_length
 from txf.layers.embedding import check_position_table
@@ -74,7 +75,7 @@ from txf.rundir.workdir import (
 )
 from txf.storage import read_json
 from txf.train import replicas, sharding
-from txf.train.pretrained import adopt_tokenizer, check_tokenizer, pretrained_params, starting_from
+from txf.train.pretrained import adopt_tokenizer, pretrained_params, starting_from
 from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
 
 
@@ -245,8 +246,9 @@ def fit_vocabulary(
     if trained is not None:  # a resume, an evaluation
       _check_sentencepiece_kept(run, trained)
     tokenizer = make_tokenizer(run.data, workdir)
-    if trained is not None:
-      check_recorded_tokenizer(trained, tokenizer.sha256, "data.tokenizer")
+    if trained is not None:  # an hf tokenizer's files are data.tokenizer_path's
+      field = "data.tokenizer_path" if run.data.tokenizer == "hf" else "data.tokenizer"
+      check_recorded_tokenizer(trained, tokenizer.sha256, field)
     run = run.with_vocabulary(tokenizer.vocab_size, num_classes(run.data))
     if workdir is None or not is_run_directory(workdir):
       # A new run only: one trained before this check is read, evaluated and
@@ -277,10 +279,10 @@ def _check_sentencepiece_kept(run: RunConfig, workdir: str | os.PathLike) -> Non
   """
   if run.data.tokenizer != "sentencepiece":
     return
-  name = SentencePieceTokenizer.file_name(required(run.data.sp_vocab_size))
-  if not (epath.Path(workdir) / name).exists():
+  model = sentencepiece_model(run.data, workdir)
+  if not model.exists():
     raise ValueError(
-      f"data.tokenizer: {workdir} holds no {name}, the sentencepiece model its "
+      f"data.tokenizer: {workdir} holds no {model.name}, the sentencepiece model its "
       "checkpoints were trained with (restore it from a copy of the run)"
     )
 
@@ -739,7 +741,7 @@ def init_from_model(directory: str, tokenizer: Tokenizer) -> tuple[interop.Pretr
   and what it is (RunSetup.started_from): the latest checkpoint of the txf
   run in `directory` (`load_trained`, which sets that run up as `setup_run`
   sets up this one), once `tokenizer` is found to be the one that run
-  recorded (`check_tokenizer`), or a Hugging Face checkpoint.
+  recorded (`check_recorded_tokenizer`), or a Hugging Face checkpoint.
 
   Raises:
     ValueError: naming train.init_from, for a directory that holds neither,
@@ -747,7 +749,7 @@ def init_from_model(directory: str, tokenizer: Tokenizer) -> tuple[interop.Pretr
   """
   try:
     if is_run_directory(directory):
-      check_tokenizer(directory, tokenizer)
+      check_recorded_tokenizer(directory, tokenizer.sha256, "train.init_from")
       trained = load_trained(directory)
       return trained.pretrained, f"the txf run in {directory}, step {trained.step}"
     pretrained = interop.load_pretrained(directory)

@@ -43,6 +43,7 @@ from txf.analysis.extrapolation import (
   WindowLosses,
   check_factors,
   default_stride,
+  tokens_per_batch,
   window_losses,
   windows,
 )
@@ -238,7 +239,8 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
     saved = read_run_config(workdir)
     if saved is not None:  # else load_run says why there is no run
       data = saved.data
-      overrides["eval.num_batches"] = math.ceil(num_tokens / (data.batch_size * (data.seq_len + 1)))
+      per_batch = tokens_per_batch(data.batch_size, data.seq_len)
+      overrides["eval.num_batches"] = math.ceil(num_tokens / per_batch)
   run = load_run(workdir, overrides, saved=saved)
   if not task_kind(run.setup.task).causal_lm:
     raise ValueError(

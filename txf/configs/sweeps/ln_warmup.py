@@ -15,7 +15,8 @@ warmup exists to tame.
 Expected (2026-11-28, 2-core CPU, jax 0.10.2; docs/results.md section 3),
 final validation loss in nats/token, mean +- std over the 3 seeds.
 `:long` (about 15.5 minutes a point on idle cores; docs/data/ln_warmup_long),
-every point flat at step 1200:
+every point flat at step 1200 but Post-LN at 3e-3 without warmup (seed 0
+still falling 2.3%):
   Pre-LN,  lr 3e-3: 1.522 (no warmup), 1.519 (warmup): not resolved
   Pre-LN,  lr 1e-2: 1.462 (no warmup), 1.433 (warmup)
   Post-LN, lr 3e-3: 1.584 +- 0.046 (no warmup), 1.533 (warmup): not resolved

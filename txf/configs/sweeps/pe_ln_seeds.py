@@ -18,7 +18,8 @@ rule (Welch's t, p < 0.05) here with 3 seeds of both kinds, or a gap that
 changes sign.
 
 Measured (2026-11-28, 2-core CPU, 61 minutes; docs/results.md section 2,
-raw outputs in docs/data/pe_ln_seeds): every point flat; validation loss
+raw outputs in docs/data/pe_ln_seeds): every point flat but Pre-LN T5 bias
+(one seed still falling 2.2%); validation loss
 Post-LN RoPE 1.613, T5 bias 1.656, ALiBi 1.718, Pre-LN RoPE 1.609, T5 bias
 1.640, sinusoidal 1.761 (stds 0.003-0.016); the three pairs pe_ln resolves
 hold (p <= 0.002), Pre-LN RoPE vs T5 bias stays unresolved (p = 0.071).

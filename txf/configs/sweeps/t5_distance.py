@@ -41,7 +41,8 @@ bias grows with distance).
 
 Measured (2026-11-28, 2-core CPU, 58 minutes of which the first point ran
 beside the test suite; about 11 minutes a point idle; docs/results.md,
-raw outputs in docs/data/t5_distance): every point flat; validation loss at
+raw outputs in docs/data/t5_distance): every point's mean flat, but in each
+one seed still falling 2.1-2.5% (not flat by the per-seed rule); validation loss at
 128 tokens 1.635-1.640 at every distance; sliding-window loss at 2048
 tokens 2.48 / 2.44 / 2.68 / 3.12 for max distance 32 / 64 / 128 / 512. So
 the last bucket explains about a fifth of the loss at 16x, untrained
