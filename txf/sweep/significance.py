@@ -115,8 +115,8 @@ def welch(
   if std_a is None or std_b is None or n_a < 2 or n_b < 2:
     return Test(difference, None, None, None)
   var_a, var_b = std_a**2 / n_a, std_b**2 / n_b
-  if not var_a + var_b > 0:  # no spread, or a non-finite one: no test (_t_test)
-    return _t_test(difference, var_a + var_b, math.nan, False)
+  if not var_a + var_b > 0:  # no spread, or a NaN one: t is undefined (as in _t_test)
+    return Test(difference, None, None, None)
   df = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
   return _t_test(difference, var_a + var_b, df, False)
 
