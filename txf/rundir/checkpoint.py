@@ -5,9 +5,9 @@ Each step directory holds two items:
   extras  a JSON dict: data-iterator position, RNG info, anything small
 
 Restoring picks the newest checkpoint that restores cleanly. A newer one
-that fails (truncated or missing files, a missing item, or a state holding
-a NaN or infinity: a flipped byte in its data restores without an error,
-and no run saves such a state) is, once an older
+that fails (truncated or missing files, a missing item, or a corrupt
+state: a flipped byte in its compressed data restores without an error, as
+other values) is, once an older
 step has restored, renamed to `<step>.corrupt` -- kept for inspection,
 never deleted, and out of the way of the resumed run's own save at that
 step -- and reported in one warning line naming the step, the reason and
@@ -15,6 +15,14 @@ where it went. Unfinished saves
 (`<step>.orbax-checkpoint-tmp-*` directories) are ignored by orbax; a reader
 reports and leaves them, the run that resumes (it holds the directory)
 removes them.
+
+A corrupt state is found by its checksums: each save records, in extras
+(under CHECKSUMS_KEY, taken out again on restore), the sum of each leaf's
+bits (wrapping at 2**32; one reduction on the devices) that a restore
+computes again. Any one flipped bit or byte changes it; other damage leaves
+it unchanged with a chance of about 2**-32. A state holding a NaN or
+infinity, which no run saves, is corrupt too (the only check of a step
+saved by txf before checksums).
 
 Which steps are kept: the `max_to_keep` newest, and any that a keep
 policy names -- each at a multiple of `keep_every`, the `keep_best` of
@@ -261,31 +269,75 @@ def _check_abstract_state(abstract_state: Any) -> None:
       )
 
 
-class NonFiniteState(ValueError):
-  """A restored state holds a NaN or infinity: a corrupt file (a flipped
-  byte) restores without an error, and training never saves such a state
-  (a non-finite loss or gradient stops it first)."""
+CHECKSUMS_KEY = "state_checksums"
 
 
-def _check_finite(state: Any) -> None:
-  """Raises NonFiniteState naming the first floating leaf of `state` that
-  holds a non-finite value (one reduction on the devices; the leaf is
-  found only then)."""
-  floats = [
-    (path, leaf)
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state)
-    if jnp.issubdtype(leaf.dtype, jnp.inexact)
+class CorruptState(ValueError):
+  """A restored state is not the one saved: it holds a NaN or infinity,
+  which no run saves (a non-finite loss or gradient stops it first), or its
+  bits differ from the checksums recorded at save time."""
+
+
+def _as_unsigned(leaf_X: jax.Array) -> jax.Array:
+  """`leaf_X`'s bits as unsigned integers of its width, widened to uint32."""
+  if jnp.issubdtype(leaf_X.dtype, jax.dtypes.prng_key):
+    leaf_X = jax.random.key_data(leaf_X)
+  if leaf_X.dtype == jnp.bool_:
+    return leaf_X.astype(jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[leaf_X.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(leaf_X, unsigned).astype(jnp.uint32)
+
+
+@jax.jit
+def _fingerprint(leaf_X: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Whether every value of `leaf_X` is finite, and the sum of its bits as
+  unsigned integers of its width (uint32, wrapping). Compiled once per
+  shape and dtype: a model's leaves share a few."""
+  finite = jnp.isfinite(leaf_X).all() if jnp.issubdtype(leaf_X.dtype, jnp.inexact) else True
+  return jnp.asarray(finite), _as_unsigned(leaf_X).sum(dtype=jnp.uint32)
+
+
+def _fingerprints(state: Any) -> list[tuple[str, bool, int]]:
+  """(path, finite, checksum) of each leaf of `state`: one reduction each
+  on the devices, read back together."""
+  paths, leaves = zip(*jax.tree_util.tree_leaves_with_path(state), strict=True)
+  fingerprints = jax.device_get([_fingerprint(leaf) for leaf in leaves])
+  return [
+    (jax.tree_util.keystr(path), bool(finite), int(checksum))
+    for path, (finite, checksum) in zip(paths, fingerprints)
   ]
-  finite = jax.jit(lambda leaves: [jnp.isfinite(leaf).all() for leaf in leaves])
-  for (path, _), ok in zip(floats, jax.device_get(finite([leaf for _, leaf in floats]))):
-    if not ok:
-      raise NonFiniteState(f"non-finite values in {jax.tree_util.keystr(path)}")
+
+
+def state_checksums(state: Any) -> dict[str, int]:
+  """{leaf path: the sum of its bits} of `state` (see `_fingerprint`)."""
+  return {path: checksum for path, _, checksum in _fingerprints(state)}
+
+
+def _check_state(state: Any, checksums: dict[str, int] | None) -> None:
+  """Raises CorruptState naming the first leaf of `state` that holds a
+  non-finite value or whose checksum differs from `checksums` (None: saved
+  without them, by txf before checksums)."""
+  for path, finite, checksum in _fingerprints(state):
+    if not finite:
+      raise CorruptState(f"non-finite values in {path}")
+    if checksums is not None and checksums.get(path, checksum) != checksum:
+      raise CorruptState(f"{path} differs from the checksum recorded when it was saved")
+
+
+def _checked(restored: Any) -> tuple[Any, dict]:
+  """(state, extras) of a restored step, its state checked against the
+  checksums its extras hold (taken out of them)."""
+  extras = dict(restored[EXTRAS_ITEM])
+  _check_state(restored[STATE_ITEM], extras.pop(CHECKSUMS_KEY, None))
+  return restored[STATE_ITEM], extras
 
 
 def _check_extras(extras: Any) -> None:
   """Fails now rather than in orbax's background writer."""
   if not isinstance(extras, dict):
     raise ValueError(f"extras must be a dict, got {type(extras).__name__}.")
+  if CHECKSUMS_KEY in extras:
+    raise ValueError(f"extras may not hold {CHECKSUMS_KEY!r}: the save records the state's there.")
   try:
     json.dumps(extras)
   except (TypeError, ValueError) as error:
@@ -394,7 +446,8 @@ class Checkpointer:
       `force`) and for steps not after the latest checkpoint.
 
     Raises:
-      ValueError: `extras` is not a JSON-serialisable dict, or `step` < 0.
+      ValueError: `extras` is not a JSON-serialisable dict (or holds
+        CHECKSUMS_KEY), or `step` < 0.
       CheckpointWriteError: this save, or an earlier asynchronous one, failed.
     """
     if step < 0:
@@ -410,7 +463,7 @@ class Checkpointer:
     args = ocp.args.Composite(
       **{
         STATE_ITEM: ocp.args.StandardSave(_unaliased(state)),
-        EXTRAS_ITEM: ocp.args.JsonSave(extras),
+        EXTRAS_ITEM: ocp.args.JsonSave({**extras, CHECKSUMS_KEY: state_checksums(state)}),
       }
     )
     if self._ranks_by_metrics and metrics is None:
@@ -532,13 +585,11 @@ class Checkpointer:
       raise ValueError(f"no checkpoint at step {step} in {self.directory}")
     self._report_unfinished_saves()
     try:
-      restored = self._manager.restore(step, args=_restore_args(abstract_state))
-      _check_finite(restored[STATE_ITEM])
+      return _checked(self._manager.restore(step, args=_restore_args(abstract_state)))
     except Exception as error:
       raise RestoreError(
         f"checkpoint step {step} in {self.directory} does not restore: {_describe(error)}"
       ) from error
-    return restored[STATE_ITEM], restored[EXTRAS_ITEM]
 
   def _steps(self) -> list[int]:
     """The finalised steps on disk now, newest first."""
@@ -560,8 +611,7 @@ class Checkpointer:
     failures: list[tuple[int, Exception]] = []
     for step in steps:
       try:
-        restored = self._manager.restore(step, args=_restore_args(abstract_state))
-        _check_finite(restored[STATE_ITEM])
+        state, extras = _checked(self._manager.restore(step, args=_restore_args(abstract_state)))
       except Exception as error:
         # Any failure (missing file, bad bytes, missing item) makes this
         # step unusable; which exception depends on the file that broke --
@@ -579,13 +629,13 @@ class Checkpointer:
         failures.append((step, error))
         continue
       self._set_aside(failures, restored_step=step)
-      return step, restored[STATE_ITEM], restored[EXTRAS_ITEM]
+      return step, state, extras
     if failures:
       details = "\n".join(f"  step {s}: {_describe(e)}" for s, e in failures)
       cause = (
-        "every step holds non-finite values: their data is corrupt (restore the "
+        "every step's data is corrupt (restore the "
         "directory from a copy, or move it away to start afresh)"
-        if all(isinstance(error, NonFiniteState) for _, error in failures)
+        if all(isinstance(error, CorruptState) for _, error in failures)
         else "if every step fails the same way, the config probably differs from the one "
         "that wrote them (model or optimizer shapes); otherwise move the directory away to "
         "start afresh"
