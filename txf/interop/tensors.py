@@ -10,7 +10,6 @@ parameters in float32). Nothing here needs torch or TensorFlow.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections.abc import Mapping
@@ -21,8 +20,8 @@ from etils import epath
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
+from txf import storage
 from txf.interop.rules import CheckpointError
-from txf.storage import os_reason
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -32,15 +31,13 @@ CONFIG = "config.json"
 
 def read_json(path: epath.Path, kind: type = dict) -> Any:
   """A JSON file holding a `kind` (an object, or a list); CheckpointError
-  names a missing or broken one."""
-  if not path.exists():
-    raise CheckpointError(f"{path}: no such file")
+  names a missing or broken one (`txf.storage.read_json`'s line)."""
   try:
-    value = json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as error:
-    raise CheckpointError(f"{path}: not valid JSON ({error})") from None
-  except OSError as error:  # a directory, no permission: a traceback before
-    raise CheckpointError(f"{path}: cannot be read ({os_reason(error)})") from None
+    value = storage.read_json(path)
+  except ValueError as error:
+    raise CheckpointError(str(error)) from None
+  if value is None:
+    raise CheckpointError(f"{path}: no such file")
   if not isinstance(value, kind):
     expected = "a JSON object" if kind is dict else f"a JSON {kind.__name__}"
     raise CheckpointError(f"{path}: expected {expected}, got {type(value).__name__}")
