@@ -22,7 +22,7 @@ from conftest import REPO
 from numpy_references import f64, np_block, np_embed, np_ffn, np_norm, np_rope
 from tools import induction_docs
 from txf import ops
-from txf.analysis import circuit_report, composition, patching, phase_change
+from txf.analysis import circuit_report, composition, patching, phase_change, plots
 from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.circuits import analyze_circuits
 from txf.analysis.head_scores import induction_score, repeated_random_tokens
@@ -713,8 +713,7 @@ def test_figures_have_titles_labels_and_legends(tmp_path):
     texts = [text.get_text() for text in figures[name].axes[0].texts]
     assert all(len(text.split(".")[1]) == 3 for text in texts), texts
   assert figures["training"].axes[0].get_xlim()[1] == 80
-  training_legends = [legend for axes in figures["training"].axes if (legend := axes.get_legend())]
-  labels = {text.get_text() for legend in training_legends for text in legend.texts}
+  labels = {text.get_text() for legend in figures["training"].legends for text in legend.texts}
   assert {"validation loss", "layer 0, head 1", "layer 1, head 2"} <= labels
   legend_texts = [text.get_text() for legend in figures["sorted"].legends for text in legend.texts]
   assert "previous-token score" in legend_texts
@@ -756,3 +755,56 @@ def test_update_page_replaces_the_table_after_each_marker():
   )
   with pytest.raises(ValueError, match="phase_change"):
     induction_docs.update_page(page, {"phase_change": "| new |\n"})
+
+
+def test_patching_colours_diverge_about_zero_and_noise_stays_pale():
+  """Before, the scale ran from the smallest to the largest effect: noise of
+  ±0.0008 took the full colour range, and cells read '-0.000'."""
+  record = synthetic_record()
+  noise = np.array([[0.0008, -0.0004, 0.0], [-0.0008, 0.0003, -0.0001], [0.0, 0.0002, 0.0005]])
+  record["patching"][0].update({path: noise.tolist() for path in ("k", "q", "all")})
+  figure = circuit_report.patching_figure(record, title="Patching")
+  image = figure.axes[0].images[0]
+  low, high = image.get_clim()
+  assert low == -high and high >= circuit_report.PATCHING_COLOUR_FLOOR
+  texts = [text.get_text() for axes in figure.axes for text in axes.texts]
+  assert texts and not any(text.startswith("-0.000") for text in texts), texts
+  # A large effect sets the scale, still symmetric.
+  record = synthetic_record()
+  low, high = circuit_report.patching_figure(record, title="P").axes[0].images[0].get_clim()
+  assert low == -high == -1.6
+
+
+def test_value_text_drops_the_sign_of_a_rounded_zero():
+  assert plots.value_text(-0.0004, ".3f") == "0.000"
+  assert plots.value_text(-0.0006, ".3f") == "-0.001"
+  assert plots.value_text(0.25, ".3g") == "0.25"
+
+
+def test_training_figure_with_few_checkpoints_shades_nothing_and_spans_its_steps():
+  """Before, with the two checkpoints a run keeps by default (steps 150,
+  200) the 'steepest rise' shading covered all the data, the x axis started
+  at 0, and the log loss axis read '2.74 x 10^0'."""
+  few = {
+    "steps": np.array([150, 200]),
+    "loss": np.array([2.74, 2.63]),
+    "accuracy": np.array([0.15, 0.17]),
+    "previous_token": np.full((2, 2, 3), 0.05),
+    "induction": np.full((2, 2, 3), 0.02),
+  }
+  figure = circuit_report.training_figure({"a": few}, title="Training")
+  labels = {text.get_text() for legend in figure.legends for text in legend.texts}
+  assert "validation loss" in labels and "the accuracy's steepest rise" not in labels
+  assert not [patch for axes in figure.axes for patch in axes.patches]
+  assert "too few" in figure.axes[0].get_title()
+  assert figure.axes[-1].get_xlim() == (150, 200)
+  figure.canvas.draw()
+  ticks = [label.get_text() for label in figure.axes[0].get_yticklabels(which="both")]
+  assert any(ticks) and not any("10^" in tick or "times" in tick for tick in ticks), ticks
+  # Enough checkpoints: the rise is shaded, a strict part of the steps.
+  figure = circuit_report.training_figure({"a": synthetic_training()}, title="Training")
+  labels = {text.get_text() for legend in figure.legends for text in legend.texts}
+  assert "the accuracy's steepest rise" in labels
+  renderer = figure.canvas.get_renderer()
+  (legend,) = figure.legends
+  assert legend.get_window_extent(renderer).x1 <= figure.bbox.x1  # not cut off

@@ -374,13 +374,13 @@ def test_attention_grid_cross_attention_and_long_sequences():
   )
   assert len(figure.axes[0].get_xticks()) < T  # numeric positions, not tokens
   assert (figure.axes[0].get_xlabel(), figure.axes[0].get_ylabel()) == (
-    "key position",
-    "query position",
+    "key position (tokens)",
+    "query position (tokens)",
   )
   figure = plots.attention_grid_figure([uniform_causal(3)[None]], title="no tokens")
   assert (figure.axes[0].get_xlabel(), figure.axes[0].get_ylabel()) == (
-    "key position",
-    "query position",
+    "key position (tokens)",
+    "query position (tokens)",
   )
 
 

@@ -28,7 +28,7 @@ from txf.analysis.ablation import head_name
 from txf.analysis.composition import COMPOSITIONS
 from txf.analysis.patching import PATTERN_PATHS
 from txf.analysis.phase_change import phase_change, steepest_fall
-from txf.analysis.plots import fit_title, heatmaps_figure
+from txf.analysis.plots import fit_title, heatmaps_figure, renderer_of
 
 _PATH_NAMES = {"q": "query path", "k": "key path", "v": "value path", "all": "every path"}
 # A head's curves take its colour and its layer's line style: one style per
@@ -36,6 +36,14 @@ _PATH_NAMES = {"q": "query path", "k": "key path", "v": "value path", "all": "ev
 # apart share one).
 _LAYER_LINESTYLES = ("-", "--", ":", "-.")
 # (record key, what the score is) of the per-head scores a record holds.
+# The patching figure's colour scale reaches at least this far either side
+# of 0 (in attention weight): noise of a few thousandths stays pale, and only
+# an effect this large takes the full colour.
+PATCHING_COLOUR_FLOOR = 0.05
+# The training figure shades the accuracy's steepest rise only with this many
+# checkpoints or more: with fewer, the rise spans most of the steps drawn and
+# the shading would say nothing.
+MIN_SHADED_CHECKPOINTS = 4
 _HEAD_SCORES = (
   ("previous_token", "previous-token score"),
   ("induction", "induction score (lowest over the probe periods)"),
@@ -195,10 +203,15 @@ def composition_figure(record: Mapping[str, Any], *, title: str, layer: int = 0)
 
 def patching_figure(record: Mapping[str, Any], *, title: str, source_layer: int = 0) -> Figure:
   """Heatmaps of a record's path-patching effects of `source_layer`'s heads,
-  one panel per path of `PATTERN_PATHS`, values written in."""
+  one panel per path of `PATTERN_PATHS`, values written in (a value that
+  rounds to 0 unsigned). The colours diverge about 0 (red: patching lowers
+  the score, blue: raises it), the scale symmetric and at least
+  ±PATCHING_COLOUR_FLOOR, so an effect of a few thousandths stays pale."""
   patching = _patching_entry(record, source_layer)
   panels = {_PATH_NAMES[path]: np.asarray(patching[path], np.float64) for path in PATTERN_PATHS}
   num_heads = next(iter(panels.values())).shape[0]
+  finite = np.concatenate([np.abs(values[np.isfinite(values)]) for values in panels.values()])
+  reach = max(PATCHING_COLOUR_FLOOR, float(finite.max()) if finite.size else 0.0)
   return heatmaps_figure(
     panels,
     title=title,
@@ -209,7 +222,9 @@ def patching_figure(record: Mapping[str, Any], *, title: str, source_layer: int 
     yticklabels=_head_labels(source_layer, num_heads),
     annotate=True,
     value_format=".3f",
-    cmap="magma",
+    cmap="RdBu_r",
+    vmin=-reach,
+    vmax=reach,
   )
 
 
@@ -230,25 +245,34 @@ def training_figure(
     head's previous-token score, row 3 every head's induction score; a
     head's colour (one per head index) and line style (one per layer) are
     the same in rows 2 and 3; the steepest rise of the
-    accuracy (`phase_change`) is shaded in each.
+    accuracy (`phase_change`) is shaded in each, given at least
+    MIN_SHADED_CHECKPOINTS checkpoints (with fewer the title says so). The
+    x axis spans the checkpoints drawn (to `max_step`); the loss axis is
+    labelled in plain numbers ('2.7', not '2.7 x 10^0'). One legend, below.
   """
   if not runs:
     raise ValueError("runs must hold at least one run")
   figure = Figure(figsize=(4.2 * len(runs) + 2.2, 8.4), layout="constrained")
   grid = figure.subplots(3, len(runs), squeeze=False, sharex="col")
+  handles: dict[str, Any] = {}  # legend label -> handle, each once
   for column, (label, run) in enumerate(runs.items()):
     steps_N = np.asarray(run["steps"])
     before, after, _ = steepest_fall(steps_N, -np.asarray(run["accuracy"], np.float64))
     shown_N = steps_N <= (steps_N[-1] if max_step is None else max_step)
     steps_N = steps_N[shown_N]  # the y axes autoscale to what is shown
+    shade = len(steps_N) >= MIN_SHADED_CHECKPOINTS and after <= steps_N[-1]
     axes = grid[0, column]
-    (loss_line,) = axes.plot(
-      steps_N, np.asarray(run["loss"])[shown_N], color="black", label="validation loss"
-    )
-    axes.set_yscale("log")
+    loss_N = np.asarray(run["loss"], np.float64)[shown_N]
+    (loss_line,) = axes.plot(steps_N, loss_N, color="black", label="validation loss")
+    _plain_log_axis(axes, loss_N)
     axes.set(
       # Two lines: one column's axes are narrower than the label and the steps.
-      title=f"{label}:\naccuracy rises fastest at steps {before}-{after}",
+      title=f"{label}:\n"
+      + (
+        f"accuracy rises fastest at steps {before}-{after}"
+        if shade
+        else f"{len(steps_N)} checkpoints: too few to place a rise"
+      ),
       ylabel="validation loss (nats/token)",
     )
     right = axes.twinx()
@@ -260,33 +284,62 @@ def training_figure(
       label="validation accuracy",
     )
     right.set(ylabel="validation accuracy (fraction)", ylim=(-0.02, 1.02))
-    span = axes.axvspan(before, after, color="C3", alpha=0.25, label="the accuracy's steepest rise")
-    handles = [loss_line, accuracy_line, span]
+    handles.setdefault(loss_line.get_label(), loss_line)
+    handles.setdefault(accuracy_line.get_label(), accuracy_line)
+    if shade:
+      span = axes.axvspan(
+        before, after, color="C3", alpha=0.25, label="the accuracy's steepest rise"
+      )
+      handles.setdefault(span.get_label(), span)
     for row, (name, what) in enumerate(
       (("previous_token", "previous-token score"), ("induction", "induction score")), 1
     ):
       axes = grid[row, column]
       values_NxLxH = np.asarray(run[name], np.float64)[shown_N]
       for (layer, head), _ in np.ndenumerate(values_NxLxH[0]):
-        axes.plot(
+        (line,) = axes.plot(
           steps_N,
           values_NxLxH[:, layer, head],
           color=f"C{head}",
           linestyle=_LAYER_LINESTYLES[layer % len(_LAYER_LINESTYLES)],
           label=f"layer {layer}, head {head}",
         )
-      axes.axvspan(before, after, color="C3", alpha=0.25)
+        handles.setdefault(line.get_label(), line)
+      if shade:
+        axes.axvspan(before, after, color="C3", alpha=0.25)
       axes.set(ylabel=f"{what} (0..1)", ylim=(-0.02, 1.02))
       axes.grid(True, alpha=0.3)
     grid[2, column].set_xlabel("training step")
-    if max_step is not None:
-      grid[2, column].set_xlim(0, max_step)
-  grid[0, -1].legend(
-    handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.18, 1.0)
-  )
-  grid[1, -1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="head")
-  fit_title(figure, title)
+    grid[2, column].set_xlim(steps_N[0], steps_N[-1] if max_step is None else max_step)
+  fit_title(figure, title)  # also gives the figure a renderer to measure the legend with
+  # Below the axes, in as many columns as fit the figure's width: beside
+  # them, a legend beyond the accuracy axis was cut off.
+  renderer = renderer_of(figure)
+  for columns in range(4, 0, -1):
+    legend = figure.legend(
+      handles=list(handles.values()), loc="outside lower center", ncols=columns, fontsize="small"
+    )
+    if columns == 1 or legend.get_window_extent(renderer).width <= 0.98 * figure.bbox.width:
+      break
+    legend.remove()
   return figure
+
+
+def _plain_log_axis(axes: Any, values: np.ndarray) -> None:
+  """A log y axis labelled in plain numbers ('2.7', '0.1'): matplotlib
+  labels a range within one decade '2.74 x 10^0'. There, 4 ticks spread
+  over the values' range."""
+  from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+  axes.set_yscale("log")
+  positive = values[np.isfinite(values) & (values > 0)]
+  if positive.size and positive.max() < 10 * positive.min():
+    spread = np.geomspace(positive.min(), positive.max(), 4)
+    ticks = sorted({float(f"{tick:.3g}") for tick in spread})
+    axes.yaxis.set_major_locator(FixedLocator(ticks))
+    axes.yaxis.set_minor_locator(NullLocator())
+  axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+  axes.yaxis.set_minor_formatter(NullFormatter())
 
 
 def sorted_scores_figure(

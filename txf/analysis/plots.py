@@ -45,17 +45,23 @@ def _check_text(value: Any, name: str) -> str:
   return value
 
 
+def renderer_of(figure: Figure) -> Any:
+  """The Agg renderer of `figure` (giving it an Agg canvas if it has none),
+  to measure text and legends with."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+  canvas = figure.canvas
+  if not isinstance(canvas, FigureCanvasAgg):
+    canvas = FigureCanvasAgg(figure)
+  return canvas.get_renderer()
+
+
 def fit_title(figure: Figure, title: str, *, fontsize: str | float = "large") -> Any:
   """Sets `title` as the figure's title (centred over the whole figure),
   wrapped onto as many lines as it needs to fit the figure's width; returns
   the title's Text. A title as wide as the axes and legend, or wider than the
   figure, ran off both sides."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-  canvas = figure.canvas
-  if not isinstance(canvas, FigureCanvasAgg):
-    canvas = FigureCanvasAgg(figure)  # a renderer to measure the text with
-  renderer = canvas.get_renderer()
+  renderer = renderer_of(figure)  # to measure the text with
   text = " ".join(title.split())
   artist = figure.suptitle(text, fontsize=fontsize)
   available = 0.94 * figure.bbox.width
@@ -129,7 +135,7 @@ def _token_ticks(
   labels = []
   for axis, tokens in (("key", key_tokens), ("query", query_tokens)):
     if tokens is None or len(tokens) > MAX_TOKEN_TICKS:
-      labels.append(f"{axis} position")
+      labels.append(f"{axis} position (tokens)")
       continue
     if axis == "key":
       axes.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
@@ -248,13 +254,16 @@ def line_plot_figure(
   logx: bool = False,
   logy: bool = False,
   styles: Mapping[str, Mapping[str, Any]] | None = None,
+  bounds: tuple[float | None, float | None] = (None, None),
+  legend_below: bool = False,
 ) -> Figure:
   """Curves with a legend, each with an optional +-std band.
 
   NaN values of y (e.g. a length where a run does not apply) leave a gap.
   Short series (<= 20 points) get a marker at each point. With more than
   LEGEND_INSIDE_MAX curves the legend goes right of the axes, so it hides
-  no data. The title is wrapped to fit the figure (`fit_title`).
+  no data; `legend_below` puts it below the axes, in columns, whatever the
+  number of curves. The title is wrapped to fit the figure (`fit_title`).
 
   Args:
     series: label -> (x, y) or (x, y, std), each a 1-D array of one length;
@@ -264,6 +273,11 @@ def line_plot_figure(
     logx, logy: logarithmic axes (logx needs x > 0).
     styles: label -> matplotlib line properties (e.g. {'color': 'C2',
       'linestyle': '--'}) for some curves; the others take the colour cycle.
+    bounds: (lowest, highest) value the quantity can take (None: no bound),
+      e.g. (0, None) for a loss: a band is clipped to them, so where the
+      replicas disagree (one solved the task, the others did not) mean -
+      std does not draw a negative loss.
+    legend_below: the legend below the axes, in as many columns as fit.
 
   Returns:
     The Figure.
@@ -277,8 +291,9 @@ def line_plot_figure(
   unknown = sorted(set(styles or {}) - set(curves))
   if unknown:
     raise ValueError(f"styles[{unknown[0]!r}]: no such series")
-  outside = len(curves) > LEGEND_INSIDE_MAX
-  figure = Figure(figsize=(10.0, 4.8) if outside else (6.4, 4.2), layout="constrained")
+  outside = len(curves) > LEGEND_INSIDE_MAX and not legend_below
+  size = (10.0, 4.8) if outside or (legend_below and len(curves) > 3) else (6.4, 4.2)
+  figure = Figure(figsize=size, layout="constrained")
   axes = figure.subplots()
   for label, (x, y, std) in curves.items():
     (line,) = axes.plot(
@@ -290,7 +305,15 @@ def line_plot_figure(
       **(styles or {}).get(label, {}),
     )
     if std is not None:
-      axes.fill_between(x, y - std, y + std, color=line.get_color(), alpha=0.2, linewidth=0)
+      low, high = bounds
+      axes.fill_between(
+        x,
+        y - std if low is None else np.maximum(y - std, low),
+        y + std if high is None else np.minimum(y + std, high),
+        color=line.get_color(),
+        alpha=0.2,
+        linewidth=0,
+      )
   if logx:
     axes.set_xscale("log")
     _label_data_ticks(axes, np.concatenate([x for x, _, _ in curves.values()]))
@@ -299,11 +322,33 @@ def line_plot_figure(
   axes.set(xlabel=xlabel, ylabel=ylabel)
   fit_title(figure, title)
   axes.grid(True, alpha=0.3)
-  if outside:
+  if legend_below:
+    _legend_below(figure, len(curves))
+  elif outside:
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
   else:
     axes.legend()
   return figure
+
+
+# The widest a figure grows to give its legend below the axes two or more columns.
+_LEGEND_BELOW_MAX_INCHES = 12.0
+
+
+def _legend_below(figure: Figure, entries: int) -> None:
+  """The figure's legend below its axes: in the most columns (up to 4;
+  one for 3 entries or fewer) that fit _LEGEND_BELOW_MAX_INCHES, the figure
+  widened to them if need be, and taller by the legend's rows."""
+  renderer = renderer_of(figure)
+  width, height = figure.get_size_inches()
+  for columns in range(min(4, entries) if entries > 3 else 1, 0, -1):
+    legend = figure.legend(loc="outside lower center", ncols=columns, fontsize="small")
+    needed = legend.get_window_extent(renderer).width / figure.dpi + 0.3
+    if columns == 1 or needed <= _LEGEND_BELOW_MAX_INCHES:
+      break
+    legend.remove()
+  rows = -(-entries // columns)
+  figure.set_size_inches(max(width, needed), height + 0.2 * rows)
 
 
 def line_plot(
@@ -315,14 +360,32 @@ def line_plot(
   logx: bool = False,
   logy: bool = False,
   styles: Mapping[str, Mapping[str, Any]] | None = None,
+  bounds: tuple[float | None, float | None] = (None, None),
+  legend_below: bool = False,
 ) -> epath.Path:
   """Writes `line_plot_figure(...)` as a PNG to `path`; returns the path."""
   return save_figure(
     line_plot_figure(
-      series, title=title, xlabel=xlabel, ylabel=ylabel, logx=logx, logy=logy, styles=styles
+      series,
+      title=title,
+      xlabel=xlabel,
+      ylabel=ylabel,
+      logx=logx,
+      logy=logy,
+      styles=styles,
+      bounds=bounds,
+      legend_below=legend_below,
     ),
     path,
   )
+
+
+def value_text(value: float, value_format: str = ".3g") -> str:
+  """`value` formatted by `value_format`, without the minus sign of a value
+  that rounds to zero: '0.000', not '-0.000' (noise of -0.0004)."""
+  text = f"{value:{value_format}}"
+  stripped = text.lstrip("-")
+  return stripped if text != stripped and float(stripped.rstrip("%")) == 0 else text
 
 
 def heatmaps_figure(
@@ -357,7 +420,9 @@ def heatmaps_figure(
     xticklabels, yticklabels: optional labels of the columns / rows (when
       at most MAX_TOKEN_TICKS of them).
     annotate: write each finite value in its cell, for small grids such as
-      per-head scores.
+      per-head scores; a value that rounds to zero is written without a
+      sign ('0.000', not '-0.000'), in black or white as reads best on its
+      cell's colour.
     value_format: the format spec of the values written (default 3
       significant digits; '.3f': 3 decimals, one width for every cell).
 
@@ -417,14 +482,15 @@ def heatmaps_figure(
     if annotate:
       for (row, column), value in np.ndenumerate(array):
         if np.isfinite(value):
+          red, green, blue, _ = image.cmap(image.norm(value))
           axes.text(
             column,
             row,
-            f"{value:{value_format}}",
+            value_text(value, value_format),
             ha="center",
             va="center",
             fontsize=8,
-            color="white" if value < (vmin + vmax) / 2 else "black",
+            color="white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.5 else "black",
           )
   figure.colorbar(image, ax=axes_grid, label=colorbar_label, shrink=0.8)
   fit_title(figure, title)
