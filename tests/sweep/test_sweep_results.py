@@ -253,10 +253,10 @@ def test_accuracy_vs_width_shows_each_width_at_its_best_learning_rate(tmp_path):
   np.testing.assert_allclose(data["LSTM"], [[32, 0.4], [128, 0.3]])
   marks = sorted((text.xy, text.get_text()) for text in axes.texts)
   assert marks == [
-    ((32, 0.4), "0.01"),
-    ((32, 0.6), "0.01"),
-    ((128, 0.3), "0.001"),
-    ((128, 0.95), "0.001"),
+    ((32, 0.4), "lr 0.01"),
+    ((32, 0.6), "lr 0.01"),
+    ((128, 0.3), "lr 0.001"),
+    ((128, 0.95), "lr 0.001"),
   ]
   assert "best learning rate" in " ".join(figure.get_suptitle().split())
   # Without the tuned field in the grid, no marks and the plain title.
@@ -512,12 +512,31 @@ class FakeLinePlot:
   def __init__(self):
     self.calls = []
 
-  def __call__(self, series, title, xlabel, ylabel, logx=False, styles=None):
+  def __call__(
+    self,
+    series,
+    title,
+    xlabel,
+    ylabel,
+    logx=False,
+    styles=None,
+    bounds=(None, None),
+    legend_below=False,
+  ):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     self.calls.append(
-      dict(series=series, title=title, xlabel=xlabel, ylabel=ylabel, logx=logx, styles=styles)
+      dict(
+        series=series,
+        title=title,
+        xlabel=xlabel,
+        ylabel=ylabel,
+        logx=logx,
+        styles=styles,
+        bounds=bounds,
+        legend_below=legend_below,
+      )
     )
     figure = Figure()
     FigureCanvasAgg(figure)
@@ -538,13 +557,18 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch)
   (call,) = line_plot.calls
   # Labelled in words, with the flattening verdict: unknown, one evaluation
   # (step 4) in the last fifth of each.
+  # The verdict short, the window and the rule once, in the title.
   assert list(call["series"]) == [
-    "RoPE, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
-    "learned, Pre-LN (flat: unknown, 1 evaluation in the last fifth)",
-    "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
+    "RoPE, Pre-LN (flat: unknown, 1 evaluation)",
+    "learned, Pre-LN (flat: unknown, 1 evaluation)",
+    "learned, Post-LN (flat: unknown, 1 evaluation)",
   ]
-  assert "flat: every replica < 2% or 0.01 nats better over the last fifth" in call["title"]
+  assert "the mean's change over the last fifth of training" in call["title"]
+  assert "flat: every replica < 2% or 0.01 nats better there" in call["title"]
   assert "unknown with < 3 evaluations there" in call["title"]
+  # A loss is >= 0: the band is clipped there; the legend below the axes.
+  assert call["bounds"] == (0.0, None) and call["legend_below"]
+  assert "clipped at 0" in call["title"]
   assert "; diverged, not drawn: RoPE, Post-LN" in call["title"]
   steps, mean, std = next(iter(call["series"].values()))
   np.testing.assert_array_equal(steps, [2, 4])
@@ -557,9 +581,9 @@ def test_loss_curves_plot_mean_and_std_per_point(sweep_dir, points, monkeypatch)
   monkeypatch.setattr(results, "FLAT_MIN_EVALUATIONS", 1)
   figures.plot_loss_curves(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
   assert list(line_plot.calls[-1]["series"]) == [
-    "RoPE, Pre-LN (not flat: -29.7% in the last fifth)",
-    "learned, Pre-LN (not flat: -16.7% in the last fifth)",
-    "learned, Post-LN (flat: unknown, 1 evaluation in the last fifth)",
+    "RoPE, Pre-LN (not flat, -29.7%)",
+    "learned, Pre-LN (not flat, -16.7%)",
+    "learned, Post-LN (flat: unknown, 1 evaluation)",
   ]
   monkeypatch.undo()
 
@@ -1020,3 +1044,125 @@ def test_a_metrics_row_or_extrapolation_record_of_the_wrong_shape_is_skipped_or_
   (point_dir / results.EXTRAPOLATION_FILE).mkdir()
   with pytest.raises(ValueError, match=r"extrapolation\.json: cannot be read \(Is a directory\)$"):
     results.read_extrapolation(point_dir)
+
+
+# ---------------------------------------------------------------------------
+# An outside review of the figures (2026-12-01): bands and bars inside the
+# quantity's range, legends off the data, axes and legends in words.
+
+
+def _overlaps(one, other):
+  return one.x0 < other.x1 and other.x0 < one.x1 and one.y0 < other.y1 and other.y0 < one.y1
+
+
+def _solved_by_one_replica(tmp_path):
+  """Rows of a width grid where one replica of three solved MQAR (accuracy
+  1, loss 0.0) and the others did not: mean - std < 0, mean + std > 1."""
+  base = ml_collections.ConfigDict(
+    dict(replicas=3, model=dict(family="decoder", d_model=32), train=dict(steps=STEPS))
+  )
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid({"model.family": ["decoder", "lstm"], "model.d_model": [32, 64]})
+  rows = []
+  for point in grid.expand(config):
+    solved = point.overrides["model.family"] == "decoder"
+    rows_written = [
+      replica_row(step, "eval_loss", [0.0, 2.0, 2.1] if solved else [2.5, 2.6, 2.7])
+      for step in (2, STEPS)
+    ]
+    rows_written[-1].update(
+      replica_row(STEPS, "eval_accuracy", [1.0, 0.1, 0.12] if solved else [0.95, 0.97, 0.99])
+    )
+    write_run(tmp_path / point.name, rows_written)
+    rows.append(results.summarize_point(point, tmp_path / point.name))
+  return rows
+
+
+def test_loss_bands_and_accuracy_bars_stay_inside_their_range(tmp_path):
+  """Before, mqar_steps' band reached -0.5 nats/token and the accuracy bars
+  ran below 0 and above 1, where one replica solved the task."""
+  from txf.analysis.plots import line_plot_figure
+
+  rows = _solved_by_one_replica(tmp_path)
+  drawn = []
+  figures.plot_loss_curves(
+    rows,
+    tmp_path,
+    line_plot=lambda series, **options: (
+      drawn.append(line_plot_figure(series, **options)) or drawn[-1]
+    ),
+  )
+  (axes,) = drawn[0].axes
+  bands = [vertices for band in axes.collections for vertices in band.get_paths()]
+  assert bands and min(path.vertices[:, 1].min() for path in bands) >= 0.0
+  figure = figures.accuracy_vs_width_figure(rows)
+  ends = np.concatenate(
+    [segments.get_segments() for bars in figure.axes[0].containers for segments in bars.lines[2]]
+  )[:, :, 1]
+  assert ends.min() >= 0.0 and ends.max() <= 1.0
+  assert "clipped to 0..1" in figure.get_suptitle()
+
+
+def test_sweep_legends_cover_no_data_and_say_fields_in_words(sweep_dir, points, tmp_path):
+  """Before, the loss curves' legend sat over the curves (mqar_steps' LSTM),
+  and the Pre-/Post-LN figure said 'model.position' and 'model.norm_placement'."""
+  from txf.analysis.plots import line_plot_figure
+
+  write_extrapolation(
+    sweep_dir / points[0].name,
+    [True, True, False],
+    per_position={"length": 32, "loss": list(np.linspace(3.0, 2.0, 32))},
+  )
+  drawn = []
+  record = lambda series, **options: drawn.append(line_plot_figure(series, **options)) or drawn[-1]
+  rows = summaries(sweep_dir, points)
+  figures.plot_loss_curves(rows, tmp_path, line_plot=record)
+  figures.plot_per_position(rows, tmp_path, line_plot=record)
+  assert "each point: the mean over 2 positions" in " ".join(drawn[1].get_suptitle().split())
+  for figure in drawn:
+    renderer = figure.canvas.get_renderer()
+    (axes,) = figure.axes
+    (legend,) = figure.legends + ([axes.get_legend()] if axes.get_legend() else [])
+    assert not _overlaps(legend.get_window_extent(renderer), axes.get_window_extent(renderer))
+  figure = figures.pre_vs_post_figure(rows)
+  (axes,) = figure.axes
+  assert axes.get_xlabel() == "position encoding"
+  assert axes.get_legend().get_title().get_text() == "norm placement"
+
+
+def test_tuned_values_are_named_and_written_inside_the_axes(tmp_path):
+  """Before, '0.001' beside the last width's marker ran past the axes, and
+  only the title's '(marked)' said it was a learning rate."""
+  base = ml_collections.ConfigDict(
+    dict(
+      replicas=2,
+      model=dict(family="decoder", d_model=32),
+      train=dict(steps=STEPS, learning_rate=0.003),
+    )
+  )
+  config = ml_collections.ConfigDict(dict(base=base))
+  config.grid = grid.make_grid(
+    {
+      "model.family": ["decoder", "lstm"],
+      "model.d_model": [32, 128],
+      "train.learning_rate": [0.001, 0.01],
+    }
+  )
+  rows = []
+  for point in grid.expand(config):
+    accuracies = TUNED_ACCURACIES[tuple(point.overrides.values())]
+    row = replica_row(STEPS, "eval_loss", [2.0, 2.2])
+    if accuracies:
+      row.update(replica_row(STEPS, "eval_accuracy", [min(a + 0.6, 1.0) for a in accuracies]))
+    write_run(tmp_path / point.name, [row])
+    rows.append(results.summarize_point(point, tmp_path / point.name))
+  figure = figures.accuracy_vs_width_figure(rows)
+  renderer = figure.canvas.get_renderer()
+  (axes, *_) = figure.axes
+  box = axes.get_window_extent(renderer)
+  assert axes.texts
+  for text in axes.texts:
+    assert text.get_text().startswith("lr ")
+    extent = text.get_window_extent(renderer)
+    assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0
+    assert extent.y1 <= box.y1, text.get_text()

@@ -26,8 +26,11 @@ from txf.sweep.results import (
   LOSS_UNITS,
   PER_POSITION_PNG,
   PointSummary,
-  flatness_text,
+  evaluations_in_window,
   fraction_name,
+  is_flat,
+  late_fall,
+  late_improvement,
 )
 
 LOSS_CURVES_PNG = "loss_curves.png"
@@ -44,6 +47,8 @@ ACCURACY_VS_WIDTH_PNG = "accuracy_vs_width.png"
 WIDTH_FIELD = "model.d_model"
 # A grid field tuned per point rather than compared (accuracy_vs_width_figure).
 TUNED_FIELD = "train.learning_rate"
+# The short name written beside each marker of a tuned field's value.
+TUNED_WORDS = {TUNED_FIELD: "lr"}
 
 # (series, *, title, xlabel, ylabel, logx, styles) -> a matplotlib Figure
 # (txf.analysis.plots.line_plot_figure's arguments).
@@ -54,6 +59,13 @@ Write = Callable[[epath.Path, bytes], Any]
 LINESTYLES = ("-", "--", ":", "-.")
 # pre_vs_post's marker per value of its split field (Pre-LN round, Post-LN square).
 MARKERS = ("o", "s", "^", "D")
+# Axis and legend words for the grid fields sweeps vary most; other fields
+# are called by their last name ('learning rate').
+FIELD_WORDS = {
+  "model.position": "position encoding",
+  "model.norm_placement": "norm placement",
+  "model.d_model": "model width",
+}
 # Legends' words for the values of the fields sweeps vary most; other fields
 # are written '<field> <value>' ('learning rate 0.003').
 VALUE_WORDS: dict[str, dict[Any, str]] = {
@@ -96,8 +108,10 @@ def _write_png(figure: Any, path: epath.Path, write: Write) -> epath.Path:
 
 
 def field_words(path: str) -> str:
-  """A grid field's last name in words: 'model.options.t5_max_distance' -> 't5 max distance'."""
-  return path.rsplit(".", 1)[-1].replace("_", " ")
+  """A grid field in words: FIELD_WORDS' ('model.position' -> 'position
+  encoding'), else its last name ('model.options.t5_max_distance' -> 't5 max
+  distance')."""
+  return FIELD_WORDS.get(path) or path.rsplit(".", 1)[-1].replace("_", " ")
 
 
 def value_words(path: str, value: Any) -> str:
@@ -146,6 +160,30 @@ def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
   return styles
 
 
+def flatness_mark(steps_N: np.ndarray, loss_N: np.ndarray, *, flat: bool | None = None) -> str:
+  """A legend's short form of txf.sweep.results.flatness_text (the window,
+  the last fifth, is said once in the figure's title): 'not flat, -3.1%',
+  'flat, -0.0019 nats' (flat by the fall in nats), 'flat: unknown, 2
+  evaluations'; where the replicas' verdict `flat` differs from the mean
+  curve's, 'not flat: a replica falls, mean -1.8%' or 'flat: every
+  replica, mean -2.2%'."""
+  improvement = late_improvement(steps_N, loss_N)
+  if improvement is None:
+    count = evaluations_in_window(steps_N)
+    return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'}"
+  final = float(loss_N[-1])
+  mean_flat = bool(is_flat(improvement, final))
+  by_nats = mean_flat and improvement >= FLAT_TOLERANCE
+  change = (
+    f"{-late_fall(improvement, final):+.4f} nats" if by_nats else f"{-100 * improvement:+.1f}%"
+  )
+  if flat is None or flat == mean_flat:
+    return f"{'flat' if mean_flat else 'not flat'}, {change}"
+  return (
+    f"flat: every replica, mean {change}" if flat else f"not flat: a replica falls, mean {change}"
+  )
+
+
 def plot_loss_curves(
   rows: Iterable[PointSummary],
   sweep_workdir: str | epath.PathLike,
@@ -156,12 +194,15 @@ def plot_loss_curves(
 ) -> epath.Path:
   """Validation ('eval_loss', loss_curves.png) or training ('loss',
   train_loss_curves.png) loss vs training step, one line per point (its
-  summary's curve) with a ±1 std band over its replicas; points with no such
-  row yet are left out, and so are diverged ones (their blown-up losses
-  would squash every other curve), which the title names.
+  summary's curve) with a ±1 std band over its replicas, clipped at 0 (a
+  loss is never negative; where one replica solved the task and the others
+  did not, mean - std is); points with no such row yet are left out, and so
+  are diverged ones (their blown-up losses would squash every other curve),
+  which the title names.
   Curves are labelled in words (`point_labels`: 'RoPE, Pre-LN'), validation
-  curves with the flattening criterion's verdict too (`late_improvement`),
-  e.g. 'RoPE, Pre-LN (not flat: -3.1% in the last fifth)'.
+  curves with the flattening criterion's verdict too, short
+  (`flatness_mark`: 'RoPE, Pre-LN (not flat, -3.1%)'), the criterion once
+  in the title. The legend is below the axes, in columns, over no curve.
   Returns the PNG.
 
   `line_plot` builds the Figure (default txf.analysis.plots.line_plot_figure);
@@ -183,15 +224,15 @@ def plot_loss_curves(
     elif len(steps_N):
       label = labels[row.point.name]
       if metric == "eval_loss":
-        label += f" ({flatness_text(steps_N, mean_N, flat=row.flat)})"
+        label += f" ({flatness_mark(steps_N, mean_N, flat=row.flat)})"
       series[label] = (steps_N, mean_N, std_N)
       styles[label] = all_styles[row.point.name]
       replica_counts.add(row.replicas)
   path = directory / png
   (replicas,) = replica_counts if len(replica_counts) == 1 else (None,)
   criterion = (
-    f"; flat: every replica < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better "
-    f"over the last {fraction_name()} "
+    f"; in brackets, the mean's change over the last {fraction_name()} of training; "
+    f"flat: every replica < {FLAT_TOLERANCE:.0%} or {FLAT_ABSOLUTE} nats better there "
     f"(unknown with < {FLAT_MIN_EVALUATIONS} evaluations there)"
     if metric == "eval_loss"
     else ""
@@ -200,12 +241,14 @@ def plot_loss_curves(
     line_plot,
     series,
     title=f"{what.capitalize()} per point"
-    + (f" (mean ± std over {replicas} replicas)" if replicas and replicas > 1 else "")
+    + (f" (mean ± std over {replicas} replicas, clipped at 0)" if replicas and replicas > 1 else "")
     + (f"; diverged, not drawn: {'; '.join(diverged)}" if diverged else "")
     + criterion,
     xlabel="training step",
     ylabel=f"{what} ({LOSS_UNITS})",
     styles=styles,
+    bounds=(0.0, None),
+    legend_below=True,
   )
   return _write_png(figure, path, write)
 
@@ -245,6 +288,7 @@ def plot_extrapolation(
     ylabel=f"validation loss ({LOSS_UNITS})",
     logx=True,
     styles=styles,
+    legend_below=True,
   )
   return _write_png(figure, path, write)
 
@@ -264,17 +308,21 @@ def plot_per_position(
 
   Each position's loss averages only a few windows, so the curve is the mean
   over `bins` equal spans of positions (x: the span's centre): the trend past
-  the training length is what the plot is for, not per-token noise.
+  the training length is what the plot is for, not per-token noise. The
+  title says how many positions each point averages. The legend is below
+  the axes, over no curve.
   """
   rows = list(rows)
   series, styles, all_styles = {}, {}, point_styles(row.point for row in rows)
   labels = point_labels(row.point for row in rows)
+  span_sizes: set[int] = set()
   for row in rows:
     found = row.extrapolation
     if found is None or found.per_position_loss is None:
       continue
     loss = np.array(found.per_position_loss, np.float64)
     spans = np.array_split(np.arange(len(loss)), min(bins, len(loss)))
+    span_sizes.update(span.size for span in spans)
     scored = [loss[span][~np.isnan(loss[span])] for span in spans]
     label = f"{labels[row.point.name]} ({found.per_position_length} tokens)"
     styles[label] = all_styles[row.point.name]
@@ -287,10 +335,17 @@ def plot_per_position(
   figure = _line_plot(
     line_plot,
     series,
-    title=f"Loss by position at the longest length ({bins}-span means)",
+    title="Loss by position at the longest length ("
+    + (
+      f"each point: the mean over {next(iter(span_sizes))} positions"
+      if len(span_sizes) == 1
+      else f"each point: the mean over 1/{bins} of the positions"
+    )
+    + ")",
     xlabel="position in the window (tokens from its start)",
     ylabel=f"validation loss ({LOSS_UNITS})",
     styles=styles,
+    legend_below=True,
   )
   return _write_png(figure, path, write)
 
@@ -348,10 +403,11 @@ def pre_vs_post_figure(
     )
     # Markers, not bars: the axis then spans the losses rather than starting
     # at 0, where gaps of a few hundredths of a nat would not show.
+    means = [math.nan if stat is None else stat.mean for stat in stats]
     axes.errorbar(
       positions,
-      [math.nan if stat is None else stat.mean for stat in stats],
-      yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+      means,
+      yerr=_bounded_errors(means, stats, 0.0, math.inf),
       fmt=MARKERS[splits.index(split) % len(MARKERS)],
       markersize=7,
       capsize=4,
@@ -370,7 +426,7 @@ def pre_vs_post_figure(
         )
   axes.set_xticks(np.arange(len(groups)), [value_words(group_field, group) for group in groups])
   axes.set_xlim(-0.5, len(groups) - 0.5)  # each column its full share, its edge markers too
-  axes.set_xlabel(group_field)
+  axes.set_xlabel(field_words(group_field))
   axes.set_ylabel(f"final validation loss ({LOSS_UNITS})")
   fit_title(
     figure, f"Final validation loss by {field_words(group_field)} and {field_words(split_field)}"
@@ -378,7 +434,10 @@ def pre_vs_post_figure(
   axes.grid(axis="y", alpha=0.3)
   # Beside the axes, never over a marker.
   legend_title = ", ".join(
-    [split_field, *(k for k, _ in settings[0])] if len(settings) > 1 else [split_field]
+    field_words(field)
+    for field in (
+      [split_field, *(k for k, _ in settings[0])] if len(settings) > 1 else [split_field]
+    )
   )
   axes.legend(title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   return figure
@@ -394,12 +453,26 @@ def plot_pre_vs_post(
 ) -> epath.Path:
   """Final validation loss, one column per value of `group_field` (the
   encodings) holding one marker per value of `split_field` (Pre- and
-  Post-LN), error bars ±1 std over replicas; where the grid varies other
+  Post-LN), error bars ±1 std over replicas (clipped at 0); where the grid varies other
   fields too (a learning rate), one marker per their setting, each labelled
   with it. A point without a final eval loss has no marker (a diverged one
   is labelled so). Returns the PNG."""
   figure = pre_vs_post_figure(rows, group_field=group_field, split_field=split_field)
   return _write_png(figure, epath.Path(sweep_workdir) / PRE_VS_POST_PNG, write)
+
+
+def _bounded_errors(
+  means: Sequence[float], stats: Sequence[Any], low: float, high: float
+) -> np.ndarray:
+  """Error bars' [2, N] (below, above) lengths: ±std, clipped so a bar ends
+  inside the quantity's range `low`..`high` (a loss >= 0, an accuracy in
+  0..1): where one replica solved the task and the others did not, mean ±
+  std passes it. 0 where a point has no mean or no std."""
+  errors = np.zeros((2, len(means)))
+  for at, (mean, stat) in enumerate(zip(means, stats, strict=True)):
+    if stat is not None and stat.std is not None and not math.isnan(mean):
+      errors[:, at] = (min(stat.std, mean - low), min(stat.std, high - mean))
+  return np.maximum(errors, 0.0)
 
 
 def _mean_accuracy(row: PointSummary) -> float:
@@ -436,7 +509,7 @@ def accuracy_vs_width_figure(
     held = at_width.get(overrides[width_field])
     if held is None or _mean_accuracy(row) > _mean_accuracy(held):
       at_width[overrides[width_field]] = row
-  figure = Figure(figsize=(6.4, 4.8), layout="constrained")
+  figure = Figure(figsize=(8.4, 4.8), layout="constrained")
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
   for others, at_width in lines.items():
@@ -446,21 +519,27 @@ def accuracy_vs_width_figure(
     bars = axes.errorbar(
       [row.point.overrides[width_field] for row in members],
       means,
-      yerr=[0.0 if stat is None or stat.std is None else stat.std for stat in stats],
+      yerr=_bounded_errors(means, stats, 0.0, 1.0),
       fmt="o-",
       capsize=4,
       label=", ".join(value_words(k, v) for k, v in others) or "all points",
     )
     if tuned:
-      for row, mean in zip(members, means, strict=True):
+      last = len(members) - 1
+      for at, (row, mean) in enumerate(zip(members, means, strict=True)):
         if not math.isnan(mean):
+          # Inside the axes: left of the last width's marker, below a marker
+          # near the top; on a white box, over any error bar it crosses.
           axes.annotate(
+            f"{TUNED_WORDS.get(tuned_field, field_words(tuned_field))} "
             f"{row.point.overrides[tuned_field]:g}",
             (row.point.overrides[width_field], mean),
             textcoords="offset points",
-            xytext=(6, 4),
+            xytext=(-8 if at == last else 8, -14 if mean > 0.85 else 6),
+            ha="right" if at == last else "left",
             fontsize="small",
             color=bars.lines[0].get_color(),
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
           )
   axes.set_xscale("log", base=2)
   widths = sorted({row.point.overrides[width_field] for row in rows})
@@ -469,11 +548,16 @@ def accuracy_vs_width_figure(
   axes.set_xlabel(f"{field_words(width_field)} (units per layer)")
   axes.set_ylabel("final validation accuracy (fraction of predictions)")
   title = "Final validation accuracy by model width"
+  replica_counts = {row.replicas for row in rows}
+  if len(replica_counts) == 1 and next(iter(replica_counts)) > 1:
+    title += f" (mean ± std over {next(iter(replica_counts))} replicas, clipped to 0..1)"
   if tuned:
-    title += f", each at its best {field_words(tuned_field)} (marked)"
+    short = TUNED_WORDS.get(tuned_field, field_words(tuned_field))
+    title += f", each at its best {field_words(tuned_field)} (beside each marker: {short} <value>)"
   fit_title(figure, title)
   axes.grid(alpha=0.3)
-  axes.legend(loc="lower right")
+  # Beside the axes, never over a marker.
+  axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
   return figure
 
 
@@ -487,10 +571,12 @@ def plot_accuracy_vs_width(
 ) -> epath.Path:
   """Final validation accuracy against the model width (`width_field`, log2
   x), one line per setting of the other grid fields (e.g. per model family,
-  as Zoology's MQAR figures), error bars ±1 std over replicas; a point
+  as Zoology's MQAR figures), error bars ±1 std over replicas, clipped to
+  0..1 (an accuracy's range: where one replica solved the task and the
+  others did not, mean ± std passes it); a point
   without a final accuracy is left out of its line. Where the grid varies
   `tuned_field` (the learning rate), each width shows its setting of the
-  highest mean accuracy, that value written beside the marker, as Zoology
+  highest mean accuracy, that value written beside the marker ('lr 0.001'), as Zoology
   reports each architecture at its best learning rate. Returns the PNG."""
   figure = accuracy_vs_width_figure(rows, width_field=width_field, tuned_field=tuned_field)
   return _write_png(figure, epath.Path(sweep_workdir) / ACCURACY_VS_WIDTH_PNG, write)
