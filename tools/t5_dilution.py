@@ -246,11 +246,14 @@ def figure(data: dict[str, Any], path: pathlib.Path) -> None:
   """Two panels over position in a 2048-token window: the attention mass on
   last-bucket keys (as trained, corrected) and the loss (all three versions,
   in spans of 128 positions: the 16-position bins of 5 windows are noisy),
-  one colour per max distance."""
+  one colour per max distance, one line style per version. The legend says
+  each once: the colours, then the styles (window 128 drawn in the right
+  panel only)."""
   import matplotlib
 
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
+  from matplotlib.lines import Line2D
 
   from txf.analysis.plots import save_figure
 
@@ -258,10 +261,10 @@ def figure(data: dict[str, Any], path: pathlib.Path) -> None:
   span = data["points"][0]["train_length"]
   styles = {"as trained": "-", "corrected": "--", "window 128": ":"}
   fig, (mass_axes, loss_axes) = plt.subplots(1, 2, figsize=(12, 5.5))
-  for colour, point in zip(("tab:blue", "tab:orange", "tab:green"), data["points"]):
+  colours = ("tab:blue", "tab:orange", "tab:green")
+  for colour, point in zip(colours, data["points"]):
     for name in VERSIONS:
       version = point["versions"][name]
-      label = f"max distance {point['t5_max_distance']}, {name}"
       if name != "window 128":  # its mass is the corrected version's up to 128, then none
         mass_axes.plot(
           np.arange(length // bin_) * bin_ + bin_ / 2,
@@ -270,7 +273,7 @@ def figure(data: dict[str, Any], path: pathlib.Path) -> None:
       loss_S = np.reshape(version["loss_by_position"], (-1, span // bin_)).mean(axis=1)
       loss_axes.plot(
         np.arange(length // span) * span + span / 2, loss_S, styles[name], marker=".",
-        color=colour, label=label,
+        color=colour,
       )  # fmt: skip
   for axes in (mass_axes, loss_axes):
     axes.axvline(span, color="grey", lw=0.8)
@@ -279,8 +282,16 @@ def figure(data: dict[str, Any], path: pathlib.Path) -> None:
   mass_axes.set_ylabel("attention on last-bucket keys (fraction of each query's)")
   mass_axes.set_title("Attention on keys that share the last bucket's bias")
   loss_axes.set_ylabel("validation loss (nats per byte-token)")
-  loss_axes.set_title(f"Loss by position, mean over spans of {span}")
-  fig.legend(loc="lower center", ncol=3, fontsize="small")
+  loss_axes.set_title(f"Loss by position (each point: the mean over {span} positions)")
+  handles = [
+    Line2D([], [], color=colour, label=f"max distance {point['t5_max_distance']}")
+    for colour, point in zip(colours, data["points"])
+  ] + [
+    Line2D([], [], color="grey", linestyle=styles[name],
+           label=f"{name} (right panel only)" if name == "window 128" else name)
+    for name in VERSIONS
+  ]  # fmt: skip
+  fig.legend(handles=handles, loc="lower center", ncol=2, fontsize="small")
   fig.suptitle(
     "T5 bias past its training length (grey line): "
     "the count correction against the model as trained"

@@ -117,3 +117,24 @@ def test_runs_without_a_point_are_refused_in_one_line(tmp_path, capsys):
   (tmp_path / "t5_max_distance=32").mkdir()
   assert t5_dilution.main(["--runs", str(tmp_path)]) == 2
   assert capsys.readouterr().err == f"--runs: {tmp_path} has no point t5_max_distance=64\n"
+
+
+def test_the_figures_legend_names_each_colour_and_style_once(tmp_path, monkeypatch):
+  """Before, a shared legend of 'max distance M, version' listed 'window 128'
+  three times, though only the right panel draws it, and the loss panel's
+  title said 'mean over spans of 128' for the mean over 128 positions."""
+  from txf.analysis import plots
+
+  drawn = []
+  monkeypatch.setattr(plots, "save_figure", lambda figure, path: drawn.append(figure))
+  t5_dilution.figure(json.loads(t5_dilution.DATA.read_text()), tmp_path / "dilution.png")
+  (figure,) = drawn
+  (legend,) = figure.legends
+  labels = [text.get_text() for text in legend.texts]
+  assert labels == [
+    *(f"max distance {m}" for m in t5_dilution.MAX_DISTANCES),
+    "as trained",
+    "corrected",
+    "window 128 (right panel only)",
+  ]
+  assert figure.axes[1].get_title() == "Loss by position (each point: the mean over 128 positions)"
