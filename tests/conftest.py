@@ -5,6 +5,7 @@ import contextlib
 import importlib
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -130,6 +131,12 @@ TIMING_KEYS = frozenset(
 def without_timings(rows):
   """Metrics rows without their TIMING_KEYS, to compare two runs' rows."""
   return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+
+
+def output_lines(text):
+  """The lines of a command's stdout, each without the wall-clock time that
+  progress.say puts before a line of long work off a terminal."""
+  return [re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", "", line) for line in text.splitlines()]
 
 
 def flatten(tree, prefix=""):

@@ -222,3 +222,12 @@ def test_timestamped_puts_the_time_first():
 
   at = datetime.datetime(2026, 11, 29, 6, 20, 1)
   assert progress.timestamped("x", at) == "2026-11-29 06:20:01 x"
+
+
+def test_say_stamps_a_line_off_a_terminal_and_not_on_one(capsys, monkeypatch):
+  # A training run's and a sweep's lines in a log file said nothing of when.
+  progress.say("step 10/20 | loss 2.0")
+  assert re.fullmatch(STAMP + r"step 10/20 \| loss 2\.0\n", capsys.readouterr().out)
+  monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+  progress.say("step 20/20 | loss 1.0")
+  assert capsys.readouterr().out == "step 20/20 | loss 1.0\n"

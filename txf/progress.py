@@ -66,6 +66,14 @@ def timestamped(line: str, now: datetime.datetime | None = None) -> str:
   return f"{now:%Y-%m-%d %H:%M:%S} {line}"
 
 
+def say(line: str) -> None:
+  """Writes one line of a command's account of long work (a training run's
+  steps, a sweep's points) to stdout: as it is on a terminal, timestamped
+  otherwise (a log file's lines say when each was written)."""
+  sys.stdout.write((line if sys.stdout.isatty() else timestamped(line)) + "\n")
+  sys.stdout.flush()
+
+
 def _duration(seconds: float) -> str:
   """'45s', '7m05s', '1h02m'."""
   minutes, secs = divmod(int(round(seconds)), 60)

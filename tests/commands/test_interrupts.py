@@ -15,6 +15,7 @@ from conftest import (
   checkpoint_steps,
   cli_command,
   cli_env,
+  output_lines,
   restore_state,
   tiny_config,
 )
@@ -58,7 +59,7 @@ def test_ctrl_c_saves_exits_130_and_resumes_bit_for_bit(tmp_path, compilation_ca
   text = out.read_text()
   assert returncode == 130, text[-3000:] + err.read_text()[-3000:]
   assert err.read_text() == ""
-  last = text.splitlines()[-1]
+  last = output_lines(text)[-1]
   assert last.startswith("interrupted: saved step "), text[-3000:]
   assert last.endswith("; rerun the same command to resume"), last
   saved = int(last.split("saved step ")[1].split(";")[0])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, output_lines
 from full_disk import files_in, full_disk
 from txf.analysis.phase_change import write_training_csv
 from txf.analysis.plots import line_plot_figure, save_figure
@@ -98,5 +98,5 @@ def test_cli_sigterm_as_the_summary_starts_exits_0_naming_the_rerun(tmp_path):
     check=False,
   )
   assert done.returncode == 0, done.stderr
-  assert done.stdout.splitlines()[-1] == PREEMPTED
+  assert output_lines(done.stdout)[-1] == PREEMPTED
   assert os.listdir(tmp_path) == [point.name]  # nothing written

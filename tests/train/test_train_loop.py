@@ -31,6 +31,7 @@ from conftest import (
   checkpoint_steps,
   cli_command,
   cli_env,
+  output_lines,
   restore_state,
   sigterm_at,
   tiny_config as tiny,
@@ -95,7 +96,7 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   assert "step 12/12" in done.stdout
   # The first step says it compiles, then that it ran, before the first
   # step of the log cadence (3).
-  steps = [line.split(" (")[0] for line in done.stdout.splitlines() if line.startswith("step ")]
+  steps = [line.split(" (")[0] for line in output_lines(done.stdout) if line.startswith("step ")]
   assert steps[:3] == [
     "step 1/12: compiling the train step",
     steps[1],

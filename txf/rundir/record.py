@@ -65,6 +65,7 @@ from txf.choices import Registry
 from txf.data.spec import GENERATED, TASKS, TEXT, TOKENIZERS
 from txf.layers.model_config import ACTIVATIONS, FAMILIES, HEADS, INITS, NORMS
 from txf.layers.positions import ENCODINGS
+from txf.progress import say
 from txf.runconfig.optim import DECAYS
 from txf.runconfig.run_config import RunConfig, to_json
 from txf.runconfig.tracker_kinds import TRACKERS
@@ -405,7 +406,7 @@ class RunRecord:
   empty.
   """
 
-  def __init__(self, workdir: str | epath.PathLike, *, enabled: bool = True, log=print):
+  def __init__(self, workdir: str | epath.PathLike, *, enabled: bool = True, log=say):
     self._path = epath.Path(workdir) / RECORD_FILE
     self._enabled = enabled  # only process 0 writes
     self._log = log

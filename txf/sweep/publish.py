@@ -28,6 +28,7 @@ from typing import Any
 
 from etils import epath
 
+from txf.progress import say
 from txf.rundir.metrics import METRICS_FILE
 from txf.rundir.record import RECORD_FILE
 from txf.rundir.resume import CONFIG_FILE
@@ -59,7 +60,7 @@ def publish(
   destination: str | epath.PathLike,
   *,
   extrapolated: bool = True,
-  log: Callable[[str], Any] = print,
+  log: Callable[[str], Any] = say,
 ) -> list[results.PointSummary]:
   """Copies each point's RAW_FILES from `workdir` to `destination` and writes
   the results there; returns their rows.

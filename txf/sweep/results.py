@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.progress import say
 from txf.runconfig.run_config import to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.metrics import read_metrics
@@ -479,7 +480,7 @@ def point_replicas(point: Point) -> int:
 
 
 def summarize_point(
-  point: Point, workdir: str | epath.PathLike, *, replicas: int | None = None, log: Log = print
+  point: Point, workdir: str | epath.PathLike, *, replicas: int | None = None, log: Log = say
 ) -> PointSummary:
   """The results row of `point`, whose run directory is `workdir`; its status
   is relative to the point's train.steps.

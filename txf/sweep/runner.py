@@ -51,7 +51,7 @@ from etils import epath
 from txf.analysis.extrapolation import DEFAULT_FACTORS, check_num_tokens, tokens_per_batch
 from txf.checks import optional_positive_int
 from txf.configs import load as load_config, resolve as resolve_config
-from txf.progress import timestamped
+from txf.progress import say
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.console import format_duration
@@ -173,8 +173,10 @@ def load_run_config(path: str) -> ml_collections.ConfigDict:
 
 
 def _dry_run(
-  points: Sequence[Point], workdir: epath.Path, settings: ml_collections.ConfigDict, log: Log
+  points: Sequence[Point], workdir: epath.Path, settings: ml_collections.ConfigDict
 ) -> None:
+  """Prints each point's txf-run command (stdout: a listing to copy, not an
+  account of work, so no line is timestamped)."""
   if settings.run_config is None:
     raise GridError(
       "sweep.run_config: needed for --dry_run (the run config file `base` "
@@ -182,11 +184,11 @@ def _dry_run(
     )
   reference = load_run_config(settings.run_config)
   for point in points:
-    log(
+    print(
       f"point {point.index} ({point.name}):\n  "
       + grid.command_for(point, settings.run_config, workdir / point.name, reference=reference)
     )
-  log(f"(in a checkout, python -m experiments.run takes the place of {grid.RUN_COMMAND})")
+  print(f"(in a checkout, python -m experiments.run takes the place of {grid.RUN_COMMAND})")
 
 
 def _train_point(
@@ -341,7 +343,7 @@ def summarize(
   points: Sequence[Point],
   workdir: str | epath.PathLike,
   *,
-  log: Log = print,
+  log: Log = say,
   preemption: PreemptionGuard | None = None,
 ) -> list[results.PointSummary] | None:
   """Writes results.csv, results.md and the plots (`summary_files`) into the
@@ -433,7 +435,7 @@ def run_sweep(
   index: int | None = None,
   dry_run: bool = False,
   summarize_only: bool = False,
-  log: Log = print,
+  log: Log = say,
   extrapolate: Extrapolate | None = None,
   config_file: str | None = None,
 ) -> list[results.PointSummary] | None:
@@ -446,7 +448,7 @@ def run_sweep(
     index=N          trains point N only (None: $SLURM_ARRAY_TASK_ID picks
                      it when set, else every point); no results are written,
                      since other points may still be training elsewhere
-    dry_run          logs each point and its exact txf-run command
+    dry_run          prints each point and its exact txf-run command
     summarize_only   writes the results and plots from what is on disk (at
                      least one point must have been run in `workdir`)
 
@@ -508,7 +510,7 @@ def run_sweep(
   # A summary reads every point (an array job's index is the training's).
   selected = points if summarize_only else grid.select(points, index)
   if dry_run:
-    _dry_run(selected, workdir, settings, log)
+    _dry_run(selected, workdir, settings)
     return None
   check_reachable(workdir)
   # A mistyped --workdir: say so rather than write a table of missing points.
@@ -610,10 +612,8 @@ def _run_points(
       )
     point_dir = workdir / point.name
     log(
-      timestamped(
-        format_sweep_progress(
-          position, len(selected), point, time.perf_counter() - began, point_seconds
-        )
+      format_sweep_progress(
+        position, len(selected), point, time.perf_counter() - began, point_seconds
       )
     )
     point_began = time.perf_counter()

@@ -50,6 +50,7 @@ from txf.analysis.head_scores import (
 )
 from txf.analysis.plots import attention_grid, heatmaps
 from txf.data.incontext import repeat_periods
+from txf.progress import say
 from txf.textbook.report import figure_path, markdown_table
 from txf.textbook.training import derive_config, train
 
@@ -109,7 +110,7 @@ def compute(
   overrides: dict[str, Any],
   run_name: str = NAME,
   seed: int = 0,
-  log: Callable[[str], None] = print,
+  log: Callable[[str], None] = say,
 ) -> dict[str, Any]:
   """Trains (or reuses) the LM and scores every head.
 
@@ -308,7 +309,7 @@ def run(
   *,
   quick: bool = False,
   base_config: ml_collections.ConfigDict,
-  log: Callable[[str], None] = print,
+  log: Callable[[str], None] = say,
 ) -> dict[str, Any]:
   """Trains (or reuses), scores, plots and reports item 8."""
   result = compute(

@@ -39,6 +39,7 @@ import numpy as np
 from txf import decode, models
 from txf.analysis.plots import line_plot
 from txf.layers.model_config import ModelConfig
+from txf.progress import Progress
 from txf.textbook.report import figure_path, loglog_slope, markdown_table, median_seconds
 
 NAME = "kv_cache"
@@ -104,17 +105,22 @@ def uncached_steps(model, params, length: int, bucket: int) -> tuple[list[int], 
   steps = {size: _uncached_step(model, params, size) for size in range(bucket, padded + 1, bucket)}
   tokens = np.zeros((1, padded), np.int32)
   tokens[0, 0] = _PROMPT_TOKEN
-  for size, step in steps.items():  # each program's first call is not its steady cost
-    step(params, tokens[:, :size], np.int32(0)).block_until_ready()
+  # Each program's first call (its compile) is not its steady cost.
+  with Progress("kv_cache: compile the uncached steps", total=len(steps), unit="programs") as done:
+    for size, step in steps.items():
+      step(params, tokens[:, :size], np.int32(0)).block_until_ready()
+      done.advance()
   generated, seconds = [], []
-  for t in range(1, length + 1):
-    size = -(-t // bucket) * bucket
-    start = time.perf_counter()
-    token = int(steps[size](params, tokens[:, :size], np.int32(t - 1)))
-    seconds.append(time.perf_counter() - start)
-    generated.append(token)
-    if t < padded:
-      tokens[0, t] = token
+  with Progress("kv_cache: uncached generation", total=length, unit="tokens") as progress:
+    for t in range(1, length + 1):
+      size = -(-t // bucket) * bucket
+      start = time.perf_counter()
+      token = int(steps[size](params, tokens[:, :size], np.int32(t - 1)))
+      seconds.append(time.perf_counter() - start)
+      generated.append(token)
+      if t < padded:
+        tokens[0, t] = token
+      progress.advance()
   return generated, seconds, _flops(steps[padded])
 
 
@@ -129,12 +135,14 @@ def cached_steps(model, params, length: int) -> tuple[list[int], list[float], fl
   )
   jax.block_until_ready(warm)  # not into the first timed step
   token, tokens, seconds = _PROMPT_TOKEN, [], []
-  for _ in range(length):
-    start = time.perf_counter()
-    token_device, cache = step(params, jnp.full((1, 1), token, jnp.int32), cache)
-    token = int(token_device)
-    seconds.append(time.perf_counter() - start)
-    tokens.append(token)
+  with Progress("kv_cache: cached generation", total=length, unit="tokens") as progress:
+    for _ in range(length):
+      start = time.perf_counter()
+      token_device, cache = step(params, jnp.full((1, 1), token, jnp.int32), cache)
+      token = int(token_device)
+      seconds.append(time.perf_counter() - start)
+      tokens.append(token)
+      progress.advance()
   return tokens, seconds, _flops(step)
 
 

@@ -53,6 +53,7 @@ from txf.analysis import count_params, flops_per_token
 from txf.analysis.plots import line_plot
 from txf.data import make_tokenizer
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
+from txf.progress import say
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.metrics import read_metrics, read_samples
 from txf.textbook.training import derive_config, train_to_end
@@ -305,7 +306,7 @@ def run(
   base_config: ml_collections.ConfigDict,
   steps: int | None = None,
   quick: bool = False,
-  log: Callable[[str], None] = print,
+  log: Callable[[str], None] = say,
 ) -> dict[str, Any]:
   """Trains both models (see the module docstring) and writes the table and plot.
 

@@ -29,6 +29,7 @@ import numpy as np
 from txf import decode, ops
 from txf.analysis.attention import attention_maps, maps_by_kind
 from txf.analysis.plots import attention_grid, heatmaps
+from txf.progress import say, stage
 from txf.textbook.report import figure_path, markdown_table
 from txf.textbook.training import derive_config, train
 
@@ -168,7 +169,7 @@ def compute(
   greedy: bool,
   overrides: dict[str, Any],
   run_name: str = NAME,
-  log: Callable[[str], None] = print,
+  log: Callable[[str], None] = say,
 ) -> dict[str, Any]:
   """Mask weights, and the cross-attention of an encoder-decoder trained on `task`.
 
@@ -198,13 +199,15 @@ def compute(
     },
   )
   trained, metrics = train(config, out_dir, run_name, log=log)
+  with stage("masks: cross-attention maps" + (" and greedy decoding" if greedy else "")):
+    cross = cross_attention(trained, task, source, num_queries, greedy)
   return {
     "masks": mask_weights(length, valid_length),
     "valid_length": valid_length,
     "task": task,
     "eval": metrics,
     "steps": trained.step,
-    "cross": cross_attention(trained, task, source, num_queries, greedy),
+    "cross": cross,
   }
 
 
@@ -293,7 +296,7 @@ def run(
   *,
   quick: bool = False,
   base_config: ml_collections.ConfigDict,
-  log: Callable[[str], None] = print,
+  log: Callable[[str], None] = say,
 ) -> dict[str, Any]:
   """Trains (or reuses), measures, plots and reports item 2."""
   result = compute(

@@ -38,6 +38,7 @@ import numpy as np
 from txf import ops
 from txf.analysis.counts import flops_per_token
 from txf.analysis.plots import line_plot
+from txf.progress import Progress
 from txf.textbook.param_counts import ARCHITECTURES
 from txf.textbook.report import figure_path, loglog_slope, markdown_table, median_seconds
 
@@ -132,20 +133,23 @@ def compute(
   for implementation in IMPLEMENTATIONS:
     result[f"{implementation}_seconds"], result[f"{implementation}_temp_bytes"] = [], []
   outputs = {}
-  for length in lengths:
-    q, k, v = (
-      jnp.asarray(rng.standard_normal((1, length, num_heads, head_dim)), jnp.float32)
-      for _ in range(3)
-    )
-    for implementation in IMPLEMENTATIONS:
-      compiled = _compiled(implementation, length, num_heads, head_dim, chunk_size)
-      result[f"{implementation}_temp_bytes"].append(
-        int(compiled.memory_analysis().temp_size_in_bytes)
+  timed = len(lengths) * len(IMPLEMENTATIONS)
+  with Progress("quadratic: compile and time attention", total=timed, unit="programs") as progress:
+    for length in lengths:
+      q, k, v = (
+        jnp.asarray(rng.standard_normal((1, length, num_heads, head_dim)), jnp.float32)
+        for _ in range(3)
       )
-      run = lambda: compiled(q, k, v)  # noqa: B023 (median_seconds calls it at once)
-      result[f"{implementation}_seconds"].append(median_seconds(run, repeats=repeats))
-      if length == lengths[-1]:
-        outputs[implementation] = np.asarray(compiled(q, k, v))
+      for implementation in IMPLEMENTATIONS:
+        compiled = _compiled(implementation, length, num_heads, head_dim, chunk_size)
+        result[f"{implementation}_temp_bytes"].append(
+          int(compiled.memory_analysis().temp_size_in_bytes)
+        )
+        run = lambda: compiled(q, k, v)  # noqa: B023 (median_seconds calls it at once)
+        result[f"{implementation}_seconds"].append(median_seconds(run, repeats=repeats))
+        if length == lengths[-1]:
+          outputs[implementation] = np.asarray(compiled(q, k, v))
+        progress.advance()
   for implementation in IMPLEMENTATIONS:
     for quantity, key in (("time", "seconds"), ("memory", "temp_bytes")):
       values = result[f"{implementation}_{key}"]

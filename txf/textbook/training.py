@@ -21,6 +21,7 @@ import ml_collections
 from etils import epath
 
 from txf.configs import set_field
+from txf.progress import say
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.train.loop import run as train_run
@@ -46,7 +47,7 @@ def train(
   out_dir: str | os.PathLike,
   run_name: str,
   *,
-  log: Callable[[str], None] = print,
+  log: Callable[[str], None] = say,
 ) -> tuple[TrainedRun, dict[str, float]]:
   """Trains `config` (parsed here, txf.runconfig.run_config.parse) in
   out_dir/runs/<run_name> (resuming, or only evaluating a finished run) and
@@ -58,7 +59,7 @@ def train(
 
 
 def train_to_end(
-  run: RunConfig, workdir: str | os.PathLike, *, log: Callable[[str], None] = print
+  run: RunConfig, workdir: str | os.PathLike, *, log: Callable[[str], None] = say
 ) -> dict[str, float]:
   """txf.train.loop.run of `run` in `workdir`; returns its final eval
   metrics. A SIGTERM or Ctrl-C saves the run, as txf-run does, and then

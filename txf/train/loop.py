@@ -71,6 +71,7 @@ from txf import decode, hardware
 from txf.analysis import summarize
 from txf.data import ProcessCountError
 from txf.decode import generation
+from txf.progress import say
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, to_json
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import (
@@ -486,7 +487,7 @@ def run(
   run_config: RunConfig,
   workdir: str | os.PathLike,
   *,
-  log=print,
+  log=say,
   setup: RunSetup | None = None,
   prefetch: int = 2,
   preemption: PreemptionGuard | None = None,
