@@ -662,6 +662,28 @@ def nucleus_reference(logits, top_k, top_p):
   return set(np.flatnonzero(kept & (logits >= cutoff)).tolist())
 
 
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_top_p_keeps_the_nucleus_of_the_tempered_distribution(temperature):
+  """The nucleus is that of softmax(logits / temperature): a sharper
+  distribution (0.5) holds 80% in 2 tokens, a flatter one (2.0) in 6.
+  Every top-p test ran at temperature 1, where filtering before dividing
+  is the same."""
+  logits = jnp.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
+  stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
+  out = decode.sample(
+    stub,
+    {},
+    jnp.ones((1024, 1), jnp.int32),
+    max_new_tokens=1,
+    rng=jax.random.key(5),
+    top_p=0.8,
+    temperature=temperature,
+  )
+  want = nucleus_reference(np.asarray(logits) / temperature, 0, 0.8)
+  assert want != nucleus_reference(np.asarray(logits), 0, 0.8)
+  assert set(np.asarray(out[:, 1]).tolist()) == want
+
+
 @pytest.mark.parametrize("top_p", [0.4, 0.5, 0.95])
 def test_top_p_after_top_k_keeps_the_ties_with_the_kth_logit(top_p):
   """Three logits tied with the 2nd largest: top_k=2 keeps all four, and

@@ -167,9 +167,12 @@ NEW, BEAMS, ALPHA = 6, 3, 0.6
 EOS = 16  # a token the decoder's beams generate (checked below)
 
 
-def teacher_forced_scores(model, params, tokens_BxKxT, lengths_B, eos_id, encoder_tokens=None):
+def teacher_forced_scores(
+  model, params, tokens_BxKxT, lengths_B, eos_id, encoder_tokens=None, alpha=ALPHA
+):
   """Scores [B, K] of right-padded hypotheses from one full forward pass:
-  the log-probs of the tokens after each prompt, up to EOS or NEW tokens."""
+  the log-probs of the tokens after each prompt, up to EOS or NEW tokens,
+  over the length penalty ((5 + length) / 6) ** alpha."""
   batch, beams, width = tokens_BxKxT.shape
   flat = tokens_BxKxT.reshape(batch * beams, width)
   inputs = (flat[:, :-1],)
@@ -184,7 +187,7 @@ def teacher_forced_scores(model, params, tokens_BxKxT, lengths_B, eos_id, encode
     ends = [t for t in range(start, start + NEW) if row[t] == eos_id]
     stop = ends[0] + 1 if ends else start + NEW
     total = sum(logprobs[b, k, t - 1, row[t]] for t in range(start, stop))
-    scores[b, k] = total / ((5 + stop - start) / 6) ** ALPHA
+    scores[b, k] = total / ((5 + stop - start) / 6) ** alpha
   return scores
 
 
@@ -223,6 +226,27 @@ def test_ragged_beam_search_equals_each_prompt_alone(decoder):
   np.testing.assert_allclose(
     scores, teacher_forced_scores(model, params, tokens, lengths, EOS), atol=1e-4
   )
+
+
+@pytest.mark.parametrize("alpha", [0.0, 2.0])
+def test_the_length_penalty_reaches_the_beams_scores(decoder, alpha):
+  # Every generate test used 0.6, the default: one ignoring its argument passed.
+  model, params = decoder
+  prompt = PROMPT[1:2]
+  tokens, scores = decode.generate(
+    model,
+    params,
+    prompt,
+    max_new_tokens=NEW,
+    eos_id=EOS,
+    num_beams=BEAMS,
+    length_penalty=alpha,
+    return_beams=True,
+  )
+  lengths = np.asarray((prompt != 0).sum(1))
+  want = teacher_forced_scores(model, params, tokens, lengths, EOS, alpha=alpha)
+  np.testing.assert_allclose(scores, want, atol=1e-4)
+  assert not np.allclose(want, teacher_forced_scores(model, params, tokens, lengths, EOS))
 
 
 def test_one_beam_is_greedy_decoding(decoder):

@@ -323,6 +323,29 @@ def test_bfloat16_output_dtype_matches_float32_and_grads_finite():
   )
   assert w16.dtype == jnp.float32
 
+  # Scores and softmax in float32 whatever the inputs' dtype, a float32 bias
+  # added as it is: against float64 of the bfloat16 inputs, to float32's
+  # rounding (a bfloat16 step anywhere: ~1e-2).
+  bias30 = 30 * bias  # long-distance ALiBi / T5 sizes, where bf16 rounds by 0.1
+  masks = {n: kw[n] for n in ("mask", "is_causal", "window", "kv_lengths")}
+  want, _ = np_reference(
+    np.asarray(q16, np.float64), np.asarray(k16, np.float64), None, bias=bias30, **masks
+  )
+  for b in (bias30, bias30.astype(jnp.bfloat16)):
+    got = attention_weights(q16, k16, bias=b, **masks)
+    ref = (
+      want
+      if b.dtype == jnp.float32
+      else np_reference(
+        np.asarray(q16, np.float64),
+        np.asarray(k16, np.float64),
+        None,
+        bias=np.asarray(b, np.float64),
+        **masks,
+      )[0]
+    )
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, atol=2e-6, rtol=0)
+
   grads16 = _grad_fn(q16, k16, v16, b16, **kw)
   grads32 = _grad_fn(q, k, v, bias, **kw)
   for g16, g32 in zip(grads16, grads32):

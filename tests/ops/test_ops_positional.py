@@ -174,6 +174,16 @@ def test_rope_bfloat16_keeps_dtype(qk):
   np.testing.assert_allclose(np.asarray(got, np.float64), ref, atol=2e-2, rtol=1e-2)
 
 
+def test_rope_bfloat16_rotates_by_exact_positions_past_256(qk):
+  # bfloat16 holds integers exactly only to 256: positions rounded to the
+  # input's dtype rotated position 1001 as 1000 (off by 1.65).
+  positions = np.arange(998, 1004)
+  x16 = jnp.asarray(qk, jnp.bfloat16)
+  got = apply_rope(x16, positions)
+  want = apply_rope(x16.astype(jnp.float32), positions).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
 # --- ALiBi ------------------------------------------------------------------
 
 

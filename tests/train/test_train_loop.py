@@ -111,7 +111,14 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
 
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows if "loss" in r] == [3, 6, 9, 12]
-  assert all(np.isfinite(r["loss"]) and r["learning_rate"] > 0 for r in rows if "loss" in r)
+  assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
+  # The rate of the update that made step s: the schedule's at s - 1 (it
+  # counts updates from 0); the 4 warmup steps make the two differ at step 3.
+  schedule = parse(config).schedule
+  for r in rows:
+    if "loss" in r:
+      assert r["learning_rate"] == pytest.approx(float(schedule(r["step"] - 1)), rel=1e-6)
+  assert schedule(2) != schedule(3)
   evals = [r for r in rows if "eval_loss" in r]
   assert [r["step"] for r in evals] == [6, 12]
   for record in evals:
