@@ -11,8 +11,9 @@ import itertools
 import ml_collections
 import numpy as np
 import pytest
+import scipy.stats
 
-from txf.data import make_dataset
+from txf.data import incontext, make_dataset
 from txf.data.incontext import repeat_periods
 from txf.data.spec import parse_data
 
@@ -154,3 +155,31 @@ def test_induction_takes_the_shortest_seq_len_whose_row_holds_two_blocks():
   assert (np.argmax(got["weights"] > 0, axis=1) == 9).all() and got["weights"][:, 9:].all()
   with pytest.raises(ValueError, match=r"^data.seq_len=16 is too small for data.max_example_len=9"):
     batch(dict(fields, seq_len=16))
+
+
+def test_mqar_query_gaps_follow_the_power_law():
+  """With one pair the query's slot g (1-based) is drawn with probability
+  proportional to g ** (a - 1), zoology's power law: a chi-square test of
+  4,000 rows against it (bins of at least 100 expected rows), at a 1e-4
+  level. Only the set of query positions was tested: uniform gaps passed."""
+  rng = np.random.default_rng(0)
+  length, rows = 42, 4000
+  slots = (length - 2) // 2
+  gaps = np.array([(incontext.mqar_row(rng, length, 16, 1, 4)[1][0] - 2) // 2 for _ in range(rows)])
+  g = np.arange(1, slots + 1, dtype=np.float64)
+  p = g ** (incontext.MQAR_POWER_A - 1)
+  p /= p.sum()
+  # Pool the tail into bins of >= 100 expected rows each.
+  edges, expected, total = [0], [], 0.0
+  for i, mass in enumerate(p * rows):
+    total += mass
+    if total >= 100:
+      edges.append(i + 1)
+      expected.append(total)
+      total = 0.0
+  expected[-1] += total
+  edges[-1] = slots
+  observed = np.add.reduceat(np.bincount(gaps, minlength=slots), edges[:-1])
+  statistic = ((observed - expected) ** 2 / expected).sum()
+  assert statistic < scipy.stats.chi2.ppf(1 - 1e-4, len(expected) - 1), (observed, expected)
+  assert observed[0] > 3 * observed[-1]  # the nearest slot is the likeliest, by far
