@@ -231,3 +231,17 @@ def test_say_stamps_a_line_off_a_terminal_and_not_on_one(capsys, monkeypatch):
   monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
   progress.say("step 20/20 | loss 1.0")
   assert capsys.readouterr().out == "step 20/20 | loss 1.0\n"
+
+
+def test_a_terminal_bar_is_drawn_only_where_stdout_and_stderr_are_terminals(capsys, monkeypatch):
+  # A training run's steps: a bar beneath its lines on a terminal, nothing
+  # more in a log file (its stamped lines say where it is).
+  with progress.terminal_bar("train", 40, unit="steps", done=10) as update:
+    update(20)
+  assert capsys.readouterr() == ("", "")
+  monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+  with progress.terminal_bar("train", 40, unit="steps", done=10) as update:
+    update(30)
+  err = capsys.readouterr().err
+  assert "train" in err and "30/40" in err and "steps" in err

@@ -30,6 +30,15 @@ call back, so a thread writes that it is still running, e.g.
   2026-11-29 06:21:01 compile train step (h100): still running, 1m00s
   2026-11-29 06:21:45 compile train step (h100): done in 104.2s
 
+Work that prints lines of its own as it goes (a training run's steps and
+evaluations) writes them with `say`, which stamps each off a terminal, and
+draws a `terminal_bar` beneath them on one:
+
+  with terminal_bar("train", total=steps, unit="steps", done=start) as update:
+    for step in ...:
+      update(step + 1)
+      say(f"step {step + 1}/{steps} | loss ...")
+
 rich is installed with flax, which txf depends on.
 """
 
@@ -87,6 +96,40 @@ def _on_terminal(log: Log | None) -> bool:
   return log is None and sys.stderr.isatty()
 
 
+def _rich_bar(unit: str, *, transient: bool = False) -> Any:
+  """A rich bar on stderr: description, bar, count of `unit`, elapsed, eta."""
+  import rich.console  # noqa: PLC0415 (rich loads only where a bar is drawn)
+  import rich.progress  # noqa: PLC0415
+
+  return rich.progress.Progress(
+    rich.progress.TextColumn("{task.description}"),
+    rich.progress.BarColumn(),
+    rich.progress.MofNCompleteColumn(),
+    rich.progress.TextColumn(unit),
+    rich.progress.TimeElapsedColumn(),
+    rich.progress.TextColumn("eta"),
+    rich.progress.TimeRemainingColumn(),
+    console=rich.console.Console(stderr=True),
+    transient=transient,
+  )
+
+
+@contextlib.contextmanager
+def terminal_bar(
+  what: str, total: int, *, unit: str = "", done: int = 0
+) -> Iterator[Callable[[int], None]]:
+  """A bar of `total` `unit` from `done`, drawn only on a terminal (stdout
+  and stderr both one), for work that prints its own lines (`say`): they
+  appear above it. Off a terminal nothing is drawn, those lines (stamped)
+  say where the work is. Yields `update(done)`."""
+  if not (sys.stdout.isatty() and sys.stderr.isatty()):
+    yield lambda done: None
+    return
+  with _rich_bar(unit, transient=True) as bar:
+    task = bar.add_task(what, total=total, completed=done)
+    yield lambda done: bar.update(task, completed=done)
+
+
 class Progress:
   """Counts `total` units of work named `what` (see the module docstring).
 
@@ -115,21 +158,7 @@ class Progress:
     self.done = 0
     self._log = log or _stderr
     self._every_s, self._clock = every_s, clock
-    self._bar: Any = None
-    if _on_terminal(log):
-      import rich.console  # noqa: PLC0415 (rich loads only where a bar is drawn)
-      import rich.progress  # noqa: PLC0415
-
-      self._bar = rich.progress.Progress(
-        rich.progress.TextColumn("{task.description}"),
-        rich.progress.BarColumn(),
-        rich.progress.MofNCompleteColumn(),
-        rich.progress.TextColumn(unit),
-        rich.progress.TimeElapsedColumn(),
-        rich.progress.TextColumn("eta"),
-        rich.progress.TimeRemainingColumn(),
-        console=rich.console.Console(stderr=True),
-      )
+    self._bar: Any = _rich_bar(unit) if _on_terminal(log) else None
 
   def __enter__(self) -> Progress:
     self._began = self._last = self._clock()

@@ -71,7 +71,7 @@ from txf import decode, hardware
 from txf.analysis import summarize
 from txf.data import ProcessCountError
 from txf.decode import generation
-from txf.progress import say
+from txf.progress import say, terminal_bar
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, to_json
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import (
@@ -414,10 +414,12 @@ def _train(
   with (
     contextlib.closing(_prefetch(setup.train_data, setup.train_to_device, prefetch)) as batches,
     _joining(compiling),
+    terminal_bar("train", train.steps, unit="steps", done=start) as show_step,
   ):
     for step in range(start, train.steps):
       batch, data_state = next(batches)
       state, metrics = setup.train_step(state, batch)
+      show_step(step + 1)
       if step == start:
         # The evaluation compiled beside the step's own compilation; done
         # before the second step, no window of steps shares the host (or,
