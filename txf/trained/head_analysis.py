@@ -41,6 +41,7 @@ directory changes.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -93,7 +94,7 @@ from txf.analysis.phase_change import steepest_fall, training_csv
 from txf.analysis.plots import attention_grid_figure, png_bytes
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
-from txf.progress import timestamped
+from txf.progress import stage, timestamped
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer
 from txf.rundir.console import format_duration
@@ -628,7 +629,9 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
       )
     circuit_record = training = None
     if request.circuits or request.checkpoints:
-      circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, contents)
+      saying = stage("analyze: circuits and checkpoints", log=log) if log else None
+      with saying or contextlib.nullcontext():
+        circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, contents)
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   seeds = setup.run.seeds
   replica = request.replica
