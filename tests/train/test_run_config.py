@@ -51,8 +51,9 @@ from txf.trained.head_analysis import analyze_run
 
 RUN_CONFIGS = [name for name in configs.names() if not name.startswith("sweeps/")]
 SWEEP_CONFIGS = [name for name in configs.names() if name.startswith("sweeps/")]
-# Runs written by earlier txf (the first format, 1c066fd's), committed as fixtures.
-OLD_RUNS = ["run_822e561", "run_1c066fd"]
+# Runs written by earlier txf (the first format, 1c066fd's, and a classifier
+# of 2ed814c's, which recorded num_classes 2 for ListOps' 10), committed as fixtures.
+OLD_RUNS = ["run_822e561", "run_1c066fd", "run_2ed814c_classify"]
 
 
 def committed_runs():
@@ -194,6 +195,24 @@ def test_every_committed_config_json_reads_and_round_trips(directory):
 def test_the_committed_formats_include_the_first_and_1c066fds():
   directories = {path.name for path in committed_runs()}
   assert set(OLD_RUNS) <= directories
+
+
+@pytest.mark.slow  # restores a run
+def test_a_classifier_written_before_the_typed_config_evaluates_as_it_logged(tmp_path):
+  """Its config.json records the config's num_classes, 2; its model was
+  built with ListOps' 10 labels. Every reader refused it (model.num_classes:
+  differs); a classifier recording another count is still refused."""
+  workdir = tmp_path / "run"
+  shutil.copytree(FIXTURES / "run_2ed814c_classify", workdir)
+  saved = resume.read_run_config(workdir)
+  assert saved.model.num_classes == 2 and saved.data.name == "listops"
+  trained = load_run(workdir)
+  logged = [row for row in read_metrics(workdir) if "eval_loss" in row][-1]
+  assert trained.step == logged["step"] == 4
+  evaluated = trained.setup.evaluate(trained.params)
+  assert evaluated["eval_loss"] == pytest.approx(logged["eval_loss"], rel=1e-5)
+  other = saved.override({"model.num_classes": 7})
+  assert [name for name, _, _ in resume.config_changes(saved, other)] == ["model.num_classes"]
 
 
 def test_the_migration_renames_moves_and_adds_as_its_table_says():

@@ -47,7 +47,12 @@ from etils import epath
 
 from txf.data import num_classes
 from txf.layers import positions
-from txf.layers.model_config import COMPUTE_FIELDS, LANGUAGE_MODEL_HEADS, MOVED_TO_OPTIONS
+from txf.layers.model_config import (
+  COMPUTE_FIELDS,
+  LANGUAGE_MODEL_HEADS,
+  MOVED_TO_OPTIONS,
+  ModelConfig,
+)
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
 from txf.rundir.record import RECORD_FILE, check_choices, read_record, recorded_config
@@ -262,6 +267,25 @@ def _compared(run: RunConfig) -> dict[str, Any]:
   return fields
 
 
+def _recorded(saved: RunConfig) -> dict[str, Any]:
+  """A run's config.json as `_as_compared`, its model.num_classes the labels
+  its model was built with: a classification run written before the typed
+  config recorded ModelConfig's default (2), not its dataset's labels
+  (ListOps' 10, which with_vocabulary gave the model), and every reader
+  refused it as changed. A dataset of 2 labels, or a recorded count that is
+  not the default, compares as recorded."""
+  fields = _as_compared(saved)
+  labels = num_classes(saved.data)
+  if labels is not None and saved.model.num_classes == _DEFAULT_NUM_CLASSES:
+    fields["model"]["num_classes"] = labels
+  return fields
+
+
+_DEFAULT_NUM_CLASSES = next(
+  field.default for field in dataclasses.fields(ModelConfig) if field.name == "num_classes"
+)
+
+
 def _as_compared(run: RunConfig) -> dict[str, Any]:
   """`run` as JSON values with its data order as the streams it draws:
   data.seed as the seed it resolves to (None: the run's), and
@@ -289,7 +313,7 @@ def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, A
   fields `check_resumable` allows (and, before it, those it refuses)."""
   if saved is None:
     return []
-  new, old = _leaves(_compared(run)), _leaves(_as_compared(saved))
+  new, old = _leaves(_compared(run)), _leaves(_recorded(saved))
   return [(name, old.get(name), value) for name, value in new.items() if old.get(name) != value]
 
 
