@@ -21,6 +21,7 @@ from txf.data import (
   tokenizers as tokenizers_module,
 )
 from txf.data.spec import TOKENIZERS, parse_data
+from txf.data.tokenizers import hf_tokenizer_files
 from txf.runconfig.run_config import parse
 from txf.train.run_setup import fit_vocabulary
 
@@ -326,6 +327,14 @@ def test_a_registered_tokenizer_is_a_runs_tokenizer(tmp_path):
   plain = next(make_dataset(dataclasses.replace(run.data, tokenizer="bytes"), "train", seed=0))
   assert np.isin(plain["inputs"], capitals).any()
   assert not np.isin(batch["inputs"], capitals).any()
+
+
+def test_a_registered_subclass_of_a_converted_tokenizer_has_no_hugging_face_form():
+  # Exported as plain bytes, its tokenizer.json gave 'DEF' the ids of D, E,
+  # F where the run read d, e, f: other ids than the model was trained on.
+  assert "tokenizer.json" in hf_tokenizer_files(ByteTokenizer())
+  with pytest.raises(ValueError, match=r"^LowerBytes \(its own encoding\) has no Hugging Face"):
+    hf_tokenizer_files(LowerBytes())
 
 
 def test_an_unknown_tokenizer_lists_the_registered_ones():

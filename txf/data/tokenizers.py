@@ -462,6 +462,10 @@ def _as_the_run_encodes(text: str, *keys: str) -> str:
   return json.dumps(saved, indent=2, ensure_ascii=False) + "\n"
 
 
+# The tokenizers hf_tokenizer_files writes out, exactly these classes.
+_CONVERTIBLE = (ByteTokenizer, SentencePieceTokenizer, HFTokenizer)
+
+
 def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
   """The files of a Hugging Face tokenizer that encodes and decodes as
   `tokenizer` does: file name -> text (tokenizer.json, and
@@ -474,9 +478,12 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
   other outputs, than the run.
 
   Raises:
-    ValueError: a tokenizer with no such form (the generated tasks' symbols).
+    ValueError: a tokenizer with no such form (the generated tasks'
+      symbols, or a registered tokenizer: a subclass of these, such as
+      docs/extending.md's lower-casing bytes, encodes as its own code says,
+      which a converted file would not).
   """
-  if isinstance(tokenizer, HFTokenizer):
+  if type(tokenizer) is HFTokenizer:
     directory = tokenizer.file.parent
     files = {"tokenizer.json": _as_the_run_encodes(tokenizer.file.read_text(), "post_processor")}
     for name in HF_SPECIAL_FILES:
@@ -486,19 +493,18 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
         )
     return files
   special: dict[str, object] = dict(_SPECIAL_TOKENS, mask_token="<mask>")
-  if isinstance(tokenizer, ByteTokenizer):
+  if type(tokenizer) is ByteTokenizer:
     converted = _byte_tokenizer_json()
     # transformers adds the tokens this file names as special and reads them
     # as those ids where a text holds them; txf reads such a text's bytes.
     special["split_special_tokens"] = True
-  elif isinstance(tokenizer, SentencePieceTokenizer):
+  elif type(tokenizer) is SentencePieceTokenizer:
     converted = _sentencepiece_tokenizer_json(tokenizer)
     special["unk_token"] = "<unk>"
   else:
-    raise ValueError(
-      f"{type(tokenizer).__name__} (a generated task's symbols) has no Hugging Face "
-      "tokenizer.json form"
-    )
+    registered = isinstance(tokenizer, _CONVERTIBLE)
+    what = "its own encoding" if registered else "a generated task's symbols"
+    raise ValueError(f"{type(tokenizer).__name__} ({what}) has no Hugging Face tokenizer.json form")
   # The class named: AutoTokenizer otherwise takes config.json's model_type's
   # (GPTNeoXTokenizer, BertTokenizer), rebuilt from the vocabulary alone,
   # whose ids are not the run's (or which fails: BERT's lacks [UNK]).
