@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 
 from conftest import load_config
+from txf import register
+from txf.data.spec import TASKS
 from txf.layers import FeedForward, MultiHeadAttention, TransformerBlock
 from txf.models import ModelConfig, build
 from txf.runconfig.optim import make_optimizer
+from txf.runconfig.tasks import cross_entropy_sums, token_inputs, token_labels
 from txf.train.step import init_state, make_train_step
 
 TOL = dict(atol=1e-6, rtol=1e-5)
@@ -78,6 +81,38 @@ def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(poison):
   clean_state = init_state(model, opt, lm_batch(0, 4, 6), "lm", jax.random.key(0))
   moved, metrics = step(clean_state, lm_batch(0, 4, 6))
   assert int(metrics["finite"]) == 1 and int(moved.step) == 1
+
+
+def nan_gradient_loss_sums(logits, labels, weights, *, label_smoothing, z_loss):
+  """The built-in loss plus sqrt(0 * sum(logits)): 0 in value, NaN in gradient."""
+  loss_sum, count, correct = cross_entropy_sums(
+    logits, labels, weights, label_smoothing=label_smoothing, z_loss=z_loss
+  )
+  return loss_sum + jnp.sqrt(0.0 * logits.sum()), count, correct
+
+
+@pytest.mark.slow  # a compile
+def test_a_step_whose_gradient_alone_is_not_finite_leaves_the_state_unchanged():
+  # Both cases above make the loss NaN as well: a step that checked the loss
+  # alone passed them, and would apply this NaN gradient.
+  model = build(ModelConfig(**TINY, family="decoder"))
+  opt = optimizer()
+  batch = lm_batch(0, 4, 6)
+  with TASKS.scoped():
+
+    @register.task("nan_gradient", batches="lm")
+    class NanGradient:
+      model_inputs = staticmethod(token_inputs)
+      labels_and_weights = staticmethod(token_labels)
+      loss_sums = staticmethod(nan_gradient_loss_sums)
+
+    state = init_state(model, opt, batch, "nan_gradient", jax.random.key(0))
+    before = jax.tree.map(np.asarray, state)
+    after, metrics = jax.jit(make_train_step(model, opt, "nan_gradient", seed=0))(state, batch)
+  assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
+  assert int(metrics["finite"]) == 0
+  for (path, old), new in zip(jax.tree.leaves_with_path(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(np.asarray(new), old, err_msg=jax.tree_util.keystr(path))
 
 
 # ---------------------------------------------------------------------------
