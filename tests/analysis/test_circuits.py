@@ -77,17 +77,18 @@ def np_fold(norm_params, d_model):
   return (np.eye(d_model) - 1 / d_model) @ np.diag(norm_params["scale"])
 
 
-def np_composition(params, writer, reader, num_kv_heads=None):
+def np_composition(params, writer, reader, num_kv_heads=None, fold=None):
   """{'q', 'k', 'v': float64 [H, H]}: the paper's three norm ratios of every
-  head of layer `writer` into every head of layer `reader`, from the folded
-  kernels of a tiny() model."""
+  head of layer `writer` into every head of layer `reader`, from the kernels
+  of a tiny() model folded with `fold(norm_params, d_model)` (np_fold's
+  LayerNorm by default)."""
+  fold = fold or np_fold
   p = f64(params)["stack"]
   H, norm = TINY["num_heads"], np.linalg.norm
   group = H // (num_kv_heads or H)
   first, second = (p[f"block_{layer}"]["self_attention"] for layer in (writer, reader))
   fold1, fold2 = (
-    np_fold(p[f"block_{layer}"]["self_attention_norm"], TINY["d_model"])
-    for layer in (writer, reader)
+    fold(p[f"block_{layer}"]["self_attention_norm"], TINY["d_model"]) for layer in (writer, reader)
   )
   scores = {kind: np.empty((H, H)) for kind in composition.COMPOSITIONS}
   for h1 in range(H):
@@ -116,6 +117,33 @@ def test_composition_scores_match_a_float64_reference(num_kv_heads):
   for kind in composition.COMPOSITIONS:
     assert abs(baseline[kind] - 1 / np.sqrt(32)) < 0.02
     assert np.all(np.abs(scores[kind] - baseline[kind]) < 0.08), (kind, scores[kind])
+
+
+@pytest.mark.parametrize(
+  "norm, fold_norm, fold",
+  [
+    ("rms", True, lambda norm_params, d: np.diag(norm_params["scale"])),  # no centring
+    ("layer", False, lambda norm_params, d: np.eye(d)),  # a Post-LN run's: nothing folded
+  ],
+)
+def test_composition_scores_fold_each_norm_as_it_acts(norm, fold_norm, fold):
+  # tiny() is LayerNorm and every call folded it: RMSNorm centred, or
+  # fold_norm=False ignored, passed.
+  _, params = tiny(norm=norm)
+  scores = composition.composition_scores(params, fold_norm=fold_norm)
+  for kind, values in np_composition(params, 0, 1, fold=fold).items():
+    np.testing.assert_allclose(scores[kind][0], values, rtol=1e-9, err_msg=kind)
+  assert not np.allclose(scores["q"][0], np_composition(params, 0, 1)["q"], rtol=1e-6)
+
+
+def test_composition_over_rope_distances_is_the_mean_of_each_distances():
+  _, params = tiny()
+  at = {d: composition.composition_scores(params, rope_distances=(d,)) for d in (0, 3)}
+  both = composition.composition_scores(params, rope_distances=(0, 3))
+  for kind in composition.COMPOSITIONS:
+    np.testing.assert_allclose(both[kind], (at[0][kind] + at[3][kind]) / 2, rtol=1e-12)
+  assert not np.allclose(at[0]["k"], at[3]["k"])  # the distance reaches W_QK
+  np.testing.assert_allclose(at[0]["v"], at[3]["v"], rtol=1e-12)  # V reads no W_QK
 
 
 def unscanned(params, num_layers):
@@ -368,6 +396,7 @@ def test_steepest_fall():
   assert phase_change.steepest_fall([0, 10, 20, 40], [5.0, 4.0, 1.0, 0.0]) == (10, 20, 0.3)
   # per step: the drop 4 -> 0 over 40 steps is slower than 0 -> -1 over 2
   assert phase_change.steepest_fall([0, 40, 42], [4.0, 0.0, -1.0])[:2] == (40, 42)
+  assert phase_change.steepest_fall([0, 1, 2], [2.0, 1.0, 0.0]) == (0, 1, 1.0)  # ties: earliest
   for steps, values in (([0], [1.0]), ([0, 0], [1.0, 2.0]), ([0, 1], [1.0])):
     with pytest.raises(ValueError):
       phase_change.steepest_fall(steps, values)

@@ -212,6 +212,17 @@ def test_mean_attended_distance_hand_built_patterns():
   )
 
 
+def test_mean_attended_distance_with_query_mask_matches_loop_reference():
+  # head_analysis passes the padding as a mask; no test did: one ignoring it passed.
+  weights = random_weights(4, 3, 2, 7, 7)
+  query_mask = np.random.default_rng(5).random((3, 7)) < 0.5
+  query_mask[:, 0] = True
+  expected = loop_reference(weights, distance_of, range(7), query_mask)
+  got = heads.mean_attended_distance(weights, query_mask=query_mask)
+  np.testing.assert_allclose(got, expected, rtol=1e-12)
+  assert not np.allclose(got, heads.mean_attended_distance(weights))
+
+
 def test_mean_attended_distance_cross_attention_matches_loop_reference():
   weights = random_weights(5, 2, 2, 4, 7, causal=False)  # T=4 target, S=7 source
   expected = loop_reference(weights, distance_of, range(4))

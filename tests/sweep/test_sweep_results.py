@@ -441,6 +441,24 @@ def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   assert results.is_flat(None, 2.0) is None
 
 
+def test_the_flat_rule_is_strict_at_both_its_bounds():
+  """Flat: the late improvement under 2%, or the late fall under 0.01 nats;
+  exactly at either bound is not flat."""
+  assert results.is_flat(results.FLAT_TOLERANCE, 2.0) is False  # falls 0.041 nats
+  assert results.is_flat(np.nextafter(results.FLAT_TOLERANCE, 0), 2.0) is True
+  # 50% better over the last fifth, ending at 0.01: a fall of exactly 0.01 nats.
+  assert results.late_fall(0.5, results.FLAT_ABSOLUTE) == results.FLAT_ABSOLUTE
+  assert results.is_flat(0.5, results.FLAT_ABSOLUTE) is False
+  assert results.is_flat(0.5, 0.99 * results.FLAT_ABSOLUTE) is True
+
+
+def test_a_non_finite_replica_makes_the_mean_and_std_non_finite():
+  # Dropped, the surviving replicas' mean would pass for every seed's.
+  stat = results.Stat.of([2.0, np.nan, 1.0])
+  assert np.isnan(stat.mean) and np.isnan(stat.std)
+  assert results.Stat.of([2.0, 1.0]) == results.Stat(1.5, np.std([2.0, 1.0], ddof=1))
+
+
 def test_a_point_is_flat_only_where_every_replica_is():
   """ln_warmup's Post-LN point at 1e-2 with warmup, in shape: one seed
   stalled (its loss rising 0.05%), two still falling 3-4% over the last

@@ -259,6 +259,9 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   for row in rows:
     assert 0.0 <= float(row["previous_token"]) <= 1.0
     assert 0.0 <= float(row["induction"]) <= 1.0  # a causal decoder has an induction score
+    # The head's score at its worst probe period (a maximum passed the range check).
+    at_periods = [float(value) for name, value in row.items() if name.startswith("induction_p")]
+    assert len(at_periods) >= 2 and float(row["induction"]) == min(at_periods)
     assert 0.0 <= float(row["entropy_nats"]) <= math.log(T)
     assert 0.0 <= float(row["distance_tokens"]) <= T - 1
 

@@ -226,8 +226,8 @@ def plot(result: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
       figure_path(out_dir, NAME, "masks"),
       f"Attention weights under masks (keys {result['valid_length']}-{length - 1} are "
       "padding); masked weights are exactly 0",
-      xlabel="key position",
-      ylabel="query position",
+      xlabel="key position (tokens)",
+      ylabel="query position (tokens)",
       colorbar_label="attention weight",
       xticklabels=positions,
       yticklabels=positions,
