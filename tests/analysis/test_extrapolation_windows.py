@@ -150,6 +150,19 @@ def test_a_scored_token_whose_loss_is_nan_makes_the_mean_nan():
   np.testing.assert_array_equal(result.per_position_loss(), [1.0, np.nan, np.nan])
 
 
+@pytest.mark.parametrize("num_tokens", [9, 27, 35, 36])  # T + 1, 3(T + 1), 4(T + 1) - 1, 4(T + 1)
+def test_non_overlapping_windows_hold_every_whole_window_of_the_stream(num_tokens):
+  # A stream of exactly k windows lost its last one with a bound off by one
+  # (N = 30 never lands on a multiple of T + 1 = 9).
+  starts_W, first_W = windows(num_tokens, seq_len=8, protocol="non_overlapping")
+  want, start = [], 0
+  while start + 9 <= num_tokens:  # a window reads 8 tokens and scores the 9th's
+    want.append(start)
+    start += 9
+  np.testing.assert_array_equal(starts_W, want)
+  assert not first_W.any()
+
+
 def test_windows_of_the_sliding_protocol_cover_the_stream():
   starts_W, first_W = windows(30, seq_len=8, protocol="sliding", stride=4)
   assert starts_W[-1] + 8 == 29  # the last window ends at the last token

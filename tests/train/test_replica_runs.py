@@ -210,3 +210,9 @@ def test_extrapolation_of_a_replicated_run_is_each_replicas(single_runs, replica
   final_eval = rows(replicated_run, "eval_loss")[STEPS]["eval_loss"]
   np.testing.assert_allclose(record["loss"]["non_overlapping"][0], final_eval, rtol=1e-5)
   assert len(record["per_position"]["loss"]) == 2 * record["train_length"]
+  # The replicas' mean at each position (replica 0's alone passed the length check).
+  np.testing.assert_allclose(
+    record["per_position"]["loss"],
+    np.mean([single["per_position"]["loss"] for single in singles], axis=0),
+    rtol=1e-4,
+  )
