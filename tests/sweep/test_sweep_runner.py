@@ -143,24 +143,24 @@ def test_a_full_sweep_trains_every_point_and_writes_every_output(finished_sweep)
   ]
   # Progress: point i of N with the elapsed time, and an ETA once a point
   # has trained (point 1 was skipped: it does not count).
-  progress = [line for line in lines if line.startswith("sweep: point")]
+  progress = [line for line in lines if line.startswith("sweep: ") and " points, " in line]
   assert len(progress) == 2
   assert re.fullmatch(
-    rf"sweep: point 1 of 2 \(index 0, {TOY_NAMES[0]}\) \| elapsed \d+s", progress[0]
+    rf"sweep: 1 of 2 points, point 0 \({TOY_NAMES[0]}\) \| elapsed \d+s", progress[0]
   )
   assert re.fullmatch(
-    rf"sweep: point 2 of 2 \(index 1, {TOY_NAMES[1]}\) \| elapsed \d+s \| eta \d+s", progress[1]
+    rf"sweep: 2 of 2 points, point 1 \({TOY_NAMES[1]}\) \| elapsed \d+s \| eta \d+s", progress[1]
   )
 
 
 def test_sweep_progress_line_counts_the_points_left_at_the_mean_point_time():
   point = grid.Point(index=4, name="position=rope", overrides={}, config=None)
   assert runner.format_sweep_progress(5, 12, point, 1100.0, []) == (
-    "sweep: point 5 of 12 (index 4, position=rope) | elapsed 18m20s"
+    "sweep: 5 of 12 points, point 4 (position=rope) | elapsed 18m20s"
   )
   # 8 points left (this one included) at a mean of 600 s.
   assert runner.format_sweep_progress(5, 12, point, 1100.0, [500.0, 700.0]) == (
-    "sweep: point 5 of 12 (index 4, position=rope) | elapsed 18m20s | eta 1h20m"
+    "sweep: 5 of 12 points, point 4 (position=rope) | elapsed 18m20s | eta 1h20m"
   )
 
 

@@ -74,8 +74,9 @@ Extrapolate = Callable[..., Any]
 def format_sweep_progress(
   position: int, total: int, point: Point, elapsed: float, point_seconds: Sequence[float]
 ) -> str:
-  """The line logged as the sweep reaches a point, e.g. 'sweep: point 3 of 12
-  (index 2, position=rope,norm_placement=pre) | elapsed 18m20s | eta 1h31m'.
+  """The line logged as the sweep reaches a point, e.g. 'sweep: 3 of 12
+  points, point 2 (position=rope,norm_placement=pre) | elapsed 18m20s | eta
+  1h31m' (the point named by its index, as every other line names it).
 
   Args:
     position: 1-based position of `point` among the `total` points this sweep runs.
@@ -85,7 +86,7 @@ def format_sweep_progress(
       included, and is left out until one point has trained.
   """
   line = (
-    f"sweep: point {position} of {total} (index {point.index}, {point.name}) | "
+    f"sweep: {position} of {total} points, point {point.index} ({point.name}) | "
     f"elapsed {format_duration(elapsed)}"
   )
   if point_seconds:
