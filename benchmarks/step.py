@@ -38,6 +38,7 @@ from benchmarks.references import run_reference
 from txf import hardware
 from txf.commands.cli import check_output_file, define_config_flag
 from txf.data import make_dataset
+from txf.progress import stage
 from txf.runconfig.run_config import RunConfig, parse
 from txf.storage import write_file
 from txf.train.run_setup import RunSetup, fit_vocabulary, setup_run
@@ -85,9 +86,10 @@ def benchmark(
   count = FRESH_BATCHES if fresh_batches else 1
   host_batches = list(itertools.islice(setup.train_data, count))
   device_batch = setup.train_to_device(host_batches[0])
-  state = setup.init()
-  state, metrics = setup.train_step(state, device_batch)  # compile
-  jax.block_until_ready(metrics)
+  with stage("benchmark: compile and run the first train step"):
+    state = setup.init()
+    state, metrics = setup.train_step(state, device_batch)
+    jax.block_until_ready(metrics)
   windows, times, window_start, window_wall = [], [], time.perf_counter(), time.time()
   for i in range(steps):
     start = time.perf_counter()
