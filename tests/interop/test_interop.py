@@ -276,6 +276,52 @@ def test_export_then_import_gives_identical_params(name, tmp_path):
     np.testing.assert_array_equal(value[skip:], original[key][skip:], err_msg=key)
 
 
+# Settings no fixture holds away from txf's defaults (every fixture's dropout
+# is 0 or T5's 0.1, every T5 eps 1e-6): written under the keys transformers
+# reads for them, and read back.
+SETTINGS = {
+  "gpt2": (
+    dict(norm_eps=1e-4, dropout_rate=0.1, attention_dropout_rate=0.2),
+    dict(layer_norm_epsilon=1e-4, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.2),
+  ),
+  "gpt_neox": (
+    dict(norm_eps=1e-4, dropout_rate=0.1, attention_dropout_rate=0.2),
+    dict(layer_norm_eps=1e-4, hidden_dropout=0.1, attention_dropout=0.2),
+  ),
+  "llama": (
+    dict(norm_eps=1e-4, attention_dropout_rate=0.2),
+    dict(rms_norm_eps=1e-4, attention_dropout=0.2),
+  ),
+  "t5": (
+    dict(norm_eps=1e-5, dropout_rate=0.2, attention_dropout_rate=0.2),
+    dict(layer_norm_epsilon=1e-5, dropout_rate=0.2),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_norm_eps_and_dropouts_are_written_as_transformers_reads_them(name, tmp_path):
+  changes, keys = SETTINGS[name]
+  loaded = pretrained(name)
+  cfg = loaded.config.replace(**changes)
+  save_pretrained(cfg, loaded.params, tmp_path)
+  written = json.loads((tmp_path / "config.json").read_text())
+  assert {key: written[key] for key in keys} == keys
+  assert load_pretrained(tmp_path).config == cfg
+
+
+def test_t5s_one_dropout_rate_is_its_attentions_too(tmp_path):
+  # transformers' T5 drops its attention weights at dropout_rate: read as
+  # 0, a fine-tuned T5 trained without it; written, another rate is lost.
+  assert pretrained("t5").config.attention_dropout_rate == pretrained("t5").config.dropout_rate > 0
+  loaded = pretrained("t5")
+  cfg = loaded.config.replace(dropout_rate=0.1, attention_dropout_rate=0.0)
+  with pytest.raises(
+    CheckpointError, match=r"^model\.attention_dropout_rate: 0\.0 cannot be written"
+  ):
+    save_pretrained(cfg, loaded.params, tmp_path)
+
+
 def random_params(cfg, seed=0):
   """N(0, 1) parameters of cfg's model, without running its init."""
   rng = np.random.default_rng(seed)
@@ -379,6 +425,8 @@ def test_a_txf_decoder_is_written_as_the_architecture_that_represents_it(name, t
   written = json.loads((tmp_path / "config.json").read_text())
   assert written["architectures"] == [architecture]
   assert written["tie_word_embeddings"] == (cfg.tie_embeddings and not cfg.scale_logits)
+  if "rotary_emb_base" in written:  # transformers 4 reads this key alone (base 500 here once)
+    assert written["rotary_emb_base"] == written["rope_parameters"]["rope_theta"]
   again = load_pretrained(tmp_path)
   assert again.architecture == architecture and again.config.scale_logits is False
   tokens = np.array([[3, 9, 27, 4, 11, 5, 7, 8, 1, 2, 3, 39, 0, 6, 5, 4]])

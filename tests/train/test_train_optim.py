@@ -286,10 +286,26 @@ def reference_adamw(params, grads_per_step, config, clip):
   return params
 
 
-@pytest.mark.parametrize("clip", [0.0, 0.5])
-def test_two_steps_match_reference(clip):
-  config = train_config(warmup_steps=0, decay="linear", grad_clip_norm=clip)
-  tx = optim.make_optimizer(config)
+# Not TrainConfig's defaults (b1 0.9, b2 0.95, eps 1e-8, weight decay 0.1),
+# which train_config() holds: an optimizer ignoring a setting for its default
+# matched the reference.
+OTHER_ADAMW = dict(b1=0.8, b2=0.99, eps=1e-2, weight_decay=0.3)
+
+
+@pytest.mark.parametrize(
+  "clip, settings, norm_given",
+  [
+    (0.0, {}, False),
+    (0.5, {}, False),
+    (0.5, {}, True),  # the train step's call: the norm it computed, given
+    (0.5, OTHER_ADAMW, True),
+    (0.0, OTHER_ADAMW, False),
+  ],
+  ids=["no_clip", "clip", "clip_norm_given", "other_settings_clip", "other_settings"],
+)
+def test_two_steps_match_reference(clip, settings, norm_given):
+  config = train_config(warmup_steps=0, decay="linear", grad_clip_norm=clip, **settings)
+  tx = optax.with_extra_args_support(optim.make_optimizer(config))
   rng = np.random.default_rng(0)
   params = {
     "kernel": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
@@ -305,7 +321,8 @@ def test_two_steps_match_reference(clip):
   state = tx.init(params)
   got = params
   for grads in grads_per_step:
-    updates, state = tx.update(grads, state, got)
+    norm = {"grad_norm": optim.global_norm(grads)} if norm_given else {}
+    updates, state = tx.update(grads, state, got, **norm)
     got = jax.tree.map(lambda p, u: p + u, got, updates)
   want = reference_adamw(params, grads_per_step, config, clip)
   for k in params:
@@ -313,6 +330,12 @@ def test_two_steps_match_reference(clip):
   if clip:
     unclipped = reference_adamw(params, grads_per_step, config, 0.0)
     assert not np.allclose(unclipped["kernel"], want["kernel"], rtol=1e-4)
+  # Each setting read as its default would miss the reference by more than
+  # the tolerance above.
+  for name in settings:
+    read_as_default = dict(config, **{name: train_config()[name]})
+    missed = reference_adamw(params, grads_per_step, train_config(**read_as_default), clip)
+    assert not np.allclose(missed["kernel"], want["kernel"], rtol=1e-5, atol=1e-7), name
 
 
 @pytest.mark.parametrize(

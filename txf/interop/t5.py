@@ -103,7 +103,9 @@ def model_config(hf: Mapping[str, Any], architecture: str, head: str, tied: bool
     norm_placement="pre",
     use_bias=False,
     scale_attention=False,
+    # transformers' T5 drops its attention weights at dropout_rate too.
     dropout_rate=get(hf, "dropout_rate", 0.0),
+    attention_dropout_rate=get(hf, "dropout_rate", 0.0),
     tie_embeddings=tied,
     share_embeddings=True,
     scale_logits=bool(scaled),
@@ -187,6 +189,7 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     scale_attention=False,
     share_embeddings=True,
     activation=("relu", "gelu", "geglu", "swiglu"),
+    attention_dropout_rate=cfg.dropout_rate,  # one dropout_rate: T5's attention's too
     **hf_config.plain_attention(cfg),
   )
   if not cfg.tie_embeddings:
