@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, tiny_config
+from conftest import REPO, output_lines, tiny_config
 from txf import models, ops
 from txf.choices import Registry
 from txf.data import make_dataset, spec as data_config
@@ -415,7 +415,7 @@ def test_each_example_config_trains_with_txf_run_from_another_directory(tmp_path
   ]
   done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
-  (eval_line,) = [line for line in done.stdout.splitlines() if line.startswith("eval @ 3")]
+  (eval_line,) = [line for line in output_lines(done.stdout) if line.startswith("eval @ 3")]
   loss = float(eval_line.split("eval_loss=")[1].split(",")[0])
   assert math.isfinite(loss) and loss < 10
   if name == "prefix_lm":  # later commands import the task's module, as the record names it

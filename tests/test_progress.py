@@ -245,3 +245,19 @@ def test_a_terminal_bar_is_drawn_only_where_stdout_and_stderr_are_terminals(caps
     update(30)
   err = capsys.readouterr().err
   assert "train" in err and "30/40" in err and "steps" in err
+
+
+def test_say_writes_nothing_where_stdout_is_closed(monkeypatch):
+  # A process started with its stdout closed has sys.stdout None: print
+  # writes nothing there, and every log default is say.
+  monkeypatch.setattr(sys, "stdout", None)
+  progress.say("step 1/2")
+
+
+def test_work_that_times_itself_writes_lines_even_on_a_terminal(capsys, monkeypatch):
+  # A bar's refresh thread took the interpreter during the textbook's timed calls.
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+  with Progress("tokens", 3, unit="tokens", bar=False) as count:
+    count.advance(3)
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 2 and all(re.match(STAMP + "tokens: ", line) for line in err)

@@ -79,8 +79,12 @@ def say(line: str) -> None:
   """Writes one line of a command's account of long work (a training run's
   steps, a sweep's points) to stdout: as it is on a terminal, timestamped
   otherwise (a log file's lines say when each was written)."""
-  sys.stdout.write((line if sys.stdout.isatty() else timestamped(line)) + "\n")
-  sys.stdout.flush()
+  stdout = sys.stdout
+  if stdout is None:  # closed when the process started (print writes nothing then)
+    return
+  on_terminal = getattr(stdout, "isatty", lambda: False)()
+  stdout.write((line if on_terminal else timestamped(line)) + "\n")
+  stdout.flush()
 
 
 def _duration(seconds: float) -> str:
@@ -138,6 +142,8 @@ class Progress:
     total: how many units it has (> 0).
     unit: their name, e.g. 'windows'.
     log: where lines go (default: stderr, a bar there when it is a terminal).
+    bar: False for lines even on a terminal: work that times itself (the
+      textbook's timings) keeps a bar's refresh thread off the interpreter.
     every_s: seconds between lines while the work runs (lines only).
     clock: the monotonic clock (seconds), for tests.
   """
@@ -149,6 +155,7 @@ class Progress:
     *,
     unit: str = "",
     log: Log | None = None,
+    bar: bool = True,
     every_s: float = EVERY_S,
     clock: Callable[[], float] = time.monotonic,
   ):
@@ -158,7 +165,7 @@ class Progress:
     self.done = 0
     self._log = log or _stderr
     self._every_s, self._clock = every_s, clock
-    self._bar: Any = _rich_bar(unit) if _on_terminal(log) else None
+    self._bar: Any = _rich_bar(unit) if bar and _on_terminal(log) else None
 
   def __enter__(self) -> Progress:
     self._began = self._last = self._clock()

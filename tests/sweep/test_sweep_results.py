@@ -423,8 +423,8 @@ def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   # boundary at 0.01 nats (an 80% fall to 0.0024 is 0.0096 nats, to 0.0026 0.0104).
   assert results.is_flat(0.95, 0.0001) and not results.is_flat(0.95, 0.01)
   assert results.is_flat(0.8, 0.0024) and not results.is_flat(0.8, 0.0026)
-  assert results.flatness_text(np.array(steps), np.array([*loss[:7], 0.002, 0.001, 0.0001])) == (
-    "flat: -0.0019 nats in the last fifth"
+  assert figures.flatness_mark(np.array(steps), np.array([*loss[:7], 0.002, 0.001, 0.0001])) == (
+    "flat, -0.0019 nats"
   )
   # The same run evaluated every 200 steps: two evaluations in the last fifth
   # (800, 1000) measure two noisy numbers, so flatness is unknown.
@@ -477,10 +477,10 @@ def test_a_point_is_flat_only_where_every_replica_is():
   assert results.replicas_flat(steps_N, loss_NxR[:, :1]) is True
   assert results.replicas_flat(steps_N[1::2], loss_NxR[1::2]) is None  # too few evaluations
   improvement = 100 * results.late_improvement(steps_N, mean_N)
-  assert results.flatness_text(steps_N, mean_N, flat=False) == (
-    f"not flat: a replica still falls (the mean {-improvement:+.1f}% in the last fifth)"
+  assert figures.flatness_mark(steps_N, mean_N, flat=False) == (
+    f"not flat: a replica falls, mean {-improvement:+.1f}%"
   )
-  assert results.flatness_text(steps_N, mean_N, flat=True).startswith("flat: ")
+  assert figures.flatness_mark(steps_N, mean_N, flat=True) == f"flat, {-improvement:+.1f}%"
   # The other way: the mean still falls 2.3% (a seed flat by nats near zero
   # beside one flat at 1.9%) while every seed is flat: the label says so.
   seeds_NxR = np.stack([[3.058] * 8 + [3.03, 3.0], [0.0599] * 8 + [0.055, 0.05]], axis=1)
@@ -488,8 +488,8 @@ def test_a_point_is_flat_only_where_every_replica_is():
   mean_N = seeds_NxR.mean(axis=1)
   assert not results.is_flat(results.late_improvement(steps_N, mean_N), mean_N[-1])
   improvement = 100 * results.late_improvement(steps_N, mean_N)
-  assert results.flatness_text(steps_N, mean_N, flat=True) == (
-    f"flat: every replica is (the mean {-improvement:+.1f}% in the last fifth)"
+  assert figures.flatness_mark(steps_N, mean_N, flat=True) == (
+    f"flat: every replica, mean {-improvement:+.1f}%"
   )
 
 

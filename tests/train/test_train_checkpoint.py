@@ -455,6 +455,18 @@ def test_checksums_change_with_any_flipped_bit_of_every_dtype():
   )
 
 
+def test_checksums_of_eight_byte_and_complex_leaves_and_of_no_leaves():
+  # A float64 or int64 leaf (x64) failed the save with a KeyError.
+  x_f64 = np.array([1.5, -2.0, 3.25])
+  x_c64 = np.array([1 + 2j, -3j], np.complex64)
+  with jax.enable_x64(True):
+    sums = checkpoint.state_checksums({"f64": jnp.asarray(x_f64), "c64": jnp.asarray(x_c64)})
+  assert sums["['f64']"] == int(x_f64.view(np.uint32).astype(np.uint64).sum() % 2**32)
+  parts = np.concatenate([x_c64.real, x_c64.imag])  # float32 each
+  assert sums["['c64']"] == int(parts.view(np.uint32).astype(np.uint64).sum() % 2**32)
+  assert checkpoint.state_checksums({}) == {}
+
+
 RESTORE_LARGE_STATE = """
 import jax, logging, sys
 sys.path.insert(0, {tests!r})

@@ -189,7 +189,6 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     scale_attention=False,
     share_embeddings=True,
     activation=("relu", "gelu", "geglu", "swiglu"),
-    attention_dropout_rate=cfg.dropout_rate,  # one dropout_rate: T5's attention's too
     **hf_config.plain_attention(cfg),
   )
   if not cfg.tie_embeddings:

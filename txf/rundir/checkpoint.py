@@ -19,8 +19,10 @@ removes them.
 A corrupt state is found by its checksums: each save records, in extras
 (under CHECKSUMS_KEY, taken out again on restore), the sum of each leaf's
 bits (wrapping at 2**32; one reduction on the devices) that a restore
-computes again. Any one flipped bit or byte changes it; other damage leaves
-it unchanged with a chance of about 2**-32. A state holding a NaN or
+computes again. Any one flipped bit or byte changes it (a corrupt
+compressed block decompresses into other values: several change, and they
+cancel by chance alone); damage that only reorders a leaf's values leaves
+it unchanged, as a plain sum does. A state holding a NaN or
 infinity, which no run saves, is corrupt too (the only check of a step
 saved by txf before checksums).
 
@@ -279,12 +281,15 @@ class CorruptState(ValueError):
 
 
 def _as_unsigned(leaf_X: jax.Array) -> jax.Array:
-  """`leaf_X`'s bits as unsigned integers of its width, widened to uint32."""
+  """`leaf_X`'s bits as uint32: each 1-, 2- or 4-byte value widened, each
+  8-byte one (x64) as its two halves, a complex one as its parts'."""
   if jnp.issubdtype(leaf_X.dtype, jax.dtypes.prng_key):
     leaf_X = jax.random.key_data(leaf_X)
+  if jnp.issubdtype(leaf_X.dtype, jnp.complexfloating):
+    return jnp.stack([_as_unsigned(leaf_X.real), _as_unsigned(leaf_X.imag)])
   if leaf_X.dtype == jnp.bool_:
     return leaf_X.astype(jnp.uint32)
-  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[leaf_X.dtype.itemsize]
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[leaf_X.dtype.itemsize]
   return jax.lax.bitcast_convert_type(leaf_X, unsigned).astype(jnp.uint32)
 
 
@@ -300,11 +305,11 @@ def _fingerprint(leaf_X: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _fingerprints(state: Any) -> list[tuple[str, bool, int]]:
   """(path, finite, checksum) of each leaf of `state`: one reduction each
   on the devices, read back together."""
-  paths, leaves = zip(*jax.tree_util.tree_leaves_with_path(state), strict=True)
-  fingerprints = jax.device_get([_fingerprint(leaf) for leaf in leaves])
+  with_paths = jax.tree_util.tree_leaves_with_path(state)
+  fingerprints = jax.device_get([_fingerprint(leaf) for _, leaf in with_paths])
   return [
     (jax.tree_util.keystr(path), bool(finite), int(checksum))
-    for path, (finite, checksum) in zip(paths, fingerprints)
+    for (path, _), (finite, checksum) in zip(with_paths, fingerprints, strict=True)
   ]
 
 

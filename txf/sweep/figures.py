@@ -161,8 +161,8 @@ def point_styles(points: Iterable[Point]) -> dict[str, dict[str, str]]:
 
 
 def flatness_mark(steps_N: np.ndarray, loss_N: np.ndarray, *, flat: bool | None = None) -> str:
-  """A legend's short form of txf.sweep.results.flatness_text (the window,
-  the last fifth, is said once in the figure's title): 'not flat, -3.1%',
+  """A curve's flattening verdict for its legend (the window, the last
+  fifth, is said once in the figure's title): 'not flat, -3.1%',
   'flat, -0.0019 nats' (flat by the fall in nats), 'flat: unknown, 2
   evaluations'; where the replicas' verdict `flat` differs from the mean
   curve's, 'not flat: a replica falls, mean -1.8%' or 'flat: every

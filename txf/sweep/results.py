@@ -187,31 +187,6 @@ def replicas_flat(steps_N: np.ndarray, loss_NxR: np.ndarray) -> bool | None:
   return None if None in verdicts else all(verdicts)
 
 
-def flatness_text(steps_N: np.ndarray, loss_N: np.ndarray, *, flat: bool | None = None) -> str:
-  """The verdict with the mean loss `loss_N`'s change, e.g. 'not flat: -3.1%
-  in the last fifth', 'flat: -0.0019 nats in the last fifth' (flat by the
-  fall in nats, near zero), or 'flat: unknown, 2 evaluations in the last
-  fifth'. `flat` (`replicas_flat`; None: the mean's verdict) decides the
-  verdict where it differs from the mean's: 'not flat: a replica still falls
-  (the mean -1.8% in the last fifth)', 'flat: every replica is (the mean
-  -2.2% in the last fifth)'."""
-  improvement = late_improvement(steps_N, loss_N)
-  if improvement is None:
-    count = evaluations_in_window(steps_N)
-    return f"flat: unknown, {count} evaluation{'' if count == 1 else 's'} in the last fifth"
-  final = float(loss_N[-1])
-  mean_flat = bool(is_flat(improvement, final))
-  by_nats = mean_flat and improvement >= FLAT_TOLERANCE
-  change = (
-    f"{-late_fall(improvement, final):+.4f} nats" if by_nats else f"{-100 * improvement:+.1f}%"
-  ) + f" in the last {fraction_name()}"
-  if flat is None or flat == mean_flat:
-    return f"{'flat' if mean_flat else 'not flat'}: {change}"
-  if flat:
-    return f"flat: every replica is (the mean {change})"
-  return f"not flat: a replica still falls (the mean {change})"
-
-
 def fraction_name() -> str:
   """The flattening window's share of training in words ('fifth')."""
   return "fifth" if FLAT_FRACTION == 0.2 else f"{FLAT_FRACTION:.0%}"

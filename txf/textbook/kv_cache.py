@@ -111,7 +111,9 @@ def uncached_steps(model, params, length: int, bucket: int) -> tuple[list[int], 
       step(params, tokens[:, :size], np.int32(0)).block_until_ready()
       done.advance()
   generated, seconds = [], []
-  with Progress("kv_cache: uncached generation", total=length, unit="tokens") as progress:
+  with Progress(
+    "kv_cache: uncached generation", total=length, unit="tokens", bar=False
+  ) as progress:
     for t in range(1, length + 1):
       size = -(-t // bucket) * bucket
       start = time.perf_counter()
@@ -135,7 +137,7 @@ def cached_steps(model, params, length: int) -> tuple[list[int], list[float], fl
   )
   jax.block_until_ready(warm)  # not into the first timed step
   token, tokens, seconds = _PROMPT_TOKEN, [], []
-  with Progress("kv_cache: cached generation", total=length, unit="tokens") as progress:
+  with Progress("kv_cache: cached generation", total=length, unit="tokens", bar=False) as progress:
     for _ in range(length):
       start = time.perf_counter()
       token_device, cache = step(params, jnp.full((1, 1), token, jnp.int32), cache)

@@ -134,7 +134,9 @@ def compute(
     result[f"{implementation}_seconds"], result[f"{implementation}_temp_bytes"] = [], []
   outputs = {}
   timed = len(lengths) * len(IMPLEMENTATIONS)
-  with Progress("quadratic: compile and time attention", total=timed, unit="programs") as progress:
+  with Progress(
+    "quadratic: compile and time attention", total=timed, unit="programs", bar=False
+  ) as progress:
     for length in lengths:
       q, k, v = (
         jnp.asarray(rng.standard_normal((1, length, num_heads, head_dim)), jnp.float32)
