@@ -457,6 +457,24 @@ def test_decoder_matches_numpy(position, tied, attention):
   np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
 
 
+def test_an_untied_head_scales_its_logits_as_the_config_says():
+  # Every untied reference case was unscaled: a head ignoring scale_logits
+  # there passed (and the fused loss, which scales, disagreed with it).
+  cfg = ModelConfig(
+    **TINY, family="decoder", position="rope", tie_embeddings=False, scale_logits=True
+  )
+  model = build(cfg)
+  tokens = tokens_with_padding(15, [6, 4], 6)
+  params = own_params(model, tokens)
+  p = f64(params)
+  x = np_stack(
+    p["stack"], np_embed(p["embedder"], tokens, np.arange(6), "rope"), cfg, cfg.num_layers,
+    causal=True,
+  )  # fmt: skip
+  expected = x @ p["head"]["logits"]["kernel"] / np.sqrt(cfg.d_model)
+  np.testing.assert_allclose(model.apply({"params": params}, tokens), expected, **TOL)
+
+
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("scale_logits", [True, False])
 def test_lm_head_gives_logits_in_the_compute_dtype_when_asked(tied, scale_logits):
@@ -482,12 +500,13 @@ def test_lm_head_gives_logits_in_the_compute_dtype_when_asked(tied, scale_logits
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("style", ["tied", "t5_v1_1"])
+@pytest.mark.parametrize("style", ["tied", "t5_v1_1", "unshared"])
 def test_encoder_decoder_matches_numpy(style):
   """Padded source through the encoder; the causal decoder cross-attends to it
   under the source's padding mask; one shared embedding table and a tied
   output; or T5 v1.1's options: unscaled attention, RMS norm, gated tanh-GELU
-  FFN, an untied output without scaling."""
+  FFN, an untied output without scaling; or a table each ('unshared'), the
+  decoder's tied to the output (its head read the encoder's unnoticed)."""
   t5_v1_1 = dict(
     use_bias=False, norm="rms", activation="geglu", scale_attention=False, tie_embeddings=False
   )
@@ -495,9 +514,10 @@ def test_encoder_decoder_matches_numpy(style):
     **{**TINY, **(t5_v1_1 if style == "t5_v1_1" else {})},
     family="encoder_decoder",
     position="t5_bias",
-    share_embeddings=True,
+    share_embeddings=style != "unshared",
   )
-  assert cfg.scale_logits == (style == "tied")
+  assert cfg.scale_logits == (style != "t5_v1_1")
+  target_table = "decoder_embedder" if style == "unshared" else "encoder_embedder"
   model = build(cfg)
   source = tokens_with_padding(11, [6, 3], 6)
   target = tokens_with_padding(12, [4, 4], 4)
@@ -514,7 +534,7 @@ def test_encoder_decoder_matches_numpy(style):
   )
   decoded = np_stack(
     p["decoder"],
-    np_embed(p["encoder_embedder"], target, np.arange(4), "none"),
+    np_embed(p[target_table], target, np.arange(4), "none"),
     cfg,
     cfg.num_layers,
     causal=True,
@@ -522,7 +542,7 @@ def test_encoder_decoder_matches_numpy(style):
     cross_valid=source_valid,
   )
   expected = (
-    np_tied_logits(p["encoder_embedder"], decoded)
+    np_tied_logits(p[target_table], decoded)
     if cfg.tie_embeddings
     else decoded @ p["head"]["logits"]["kernel"]
   )
@@ -574,11 +594,12 @@ def np_mlm_head(p, x, cfg, p_embedder):
   return np_tied_logits(p_embedder, h, scaled=cfg.scale_logits) + p["bias"]
 
 
-@pytest.mark.parametrize("head", ["mlm", "none"])
-def test_bert_style_encoder_matches_numpy(head):
+@pytest.mark.parametrize("head, scale_logits", [("mlm", False), ("none", False), ("mlm", True)])
+def test_bert_style_encoder_matches_numpy(head, scale_logits):
   """The options BERT needs, together: token types, a LayerNorm on the
   embedding, Post-LN, exact-erf GELU, unscaled tied logits; head='none'
-  returns the hidden states."""
+  returns the hidden states; scaled tied logits, an encoder's default (an
+  MLM head that never scaled passed)."""
   cfg = ModelConfig(
     **{**TINY, "norm_eps": 1e-12},
     family="encoder",
@@ -588,7 +609,7 @@ def test_bert_style_encoder_matches_numpy(head):
     embed_norm=True,
     num_token_types=2,
     gelu_approximate=False,
-    scale_logits=False,
+    scale_logits=scale_logits,
   )
   model = build(cfg)
   tokens = tokens_with_padding(14, [6, 4], 6)

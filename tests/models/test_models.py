@@ -571,6 +571,32 @@ def test_gpt2_init_draws_each_group_at_gpt2s_scale():
   np.testing.assert_array_equal(values["zero"], 0.0)  # biases, norm offsets
 
 
+def test_gpt2_init_scales_each_stack_by_its_own_depth():
+  """An encoder-decoder's decoder residual outputs at 0.02 / sqrt(2 * its
+  num_decoder_layers): scaled by the encoder's depth, 1 here, they came out
+  at 0.0141 where 0.005 is due. A T5 bias table, which GPT-2 has no
+  counterpart of, keeps its own draw (the txf scheme's, bit for bit)."""
+  cfg = ModelConfig(
+    family="encoder_decoder", vocab_size=64, d_model=256, num_heads=4, num_layers=1,
+    num_decoder_layers=8, position="t5_bias", max_len=32, init="gpt2",
+  )  # fmt: skip
+  tokens = jnp.ones((1, 8), jnp.int32)
+  params = nn.meta.unbox(build(cfg).init(jax.random.key(0), tokens, tokens))["params"]
+  for stack, layers in (("encoder", 1), ("decoder", 8)):
+    residual = np.concatenate([
+      np.ravel(leaf)
+      for path, leaf in jax.tree_util.tree_leaves_with_path(params[stack])
+      if str(getattr(path[-2], "key", path[-2])) in ("out", "wo")
+    ])  # fmt: skip
+    assert residual.std() == pytest.approx(0.02 / np.sqrt(2 * layers), rel=0.03), stack
+  plain = nn.meta.unbox(
+    build(dataclasses.replace(cfg, init="txf")).init(jax.random.key(0), tokens, tokens)
+  )["params"]
+  np.testing.assert_array_equal(
+    params["decoder"]["relative_position"]["table"], plain["decoder"]["relative_position"]["table"]
+  )
+
+
 def test_init_schemes_are_deterministic_and_txf_is_flaxs_own():
   cfg = ModelConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=1)
   tokens = jnp.ones((1, 8), jnp.int32)

@@ -8,8 +8,11 @@ first drawn, applied by the models' `init`.
          residual scaling its paper describes as nanoGPT and Hugging Face's
          GPT2PreTrainedModel implement it): every projection N(0, 0.02), the
          projections that write into the residual stream (attention output,
-         FFN output) N(0, 0.02 / sqrt(2 L)) for L layers per stack, token rows
-         N(0, 0.02), position rows N(0, 0.01), biases 0, norms 1 and 0.
+         FFN output) N(0, 0.02 / sqrt(2 L)) for L layers per stack (an
+         encoder-decoder's decoder: its num_decoder_layers), token rows
+         N(0, 0.02), position rows N(0, 0.01), biases 0, norms 1 and 0;
+         what GPT-2 has no counterpart of (a T5 bias table) keeps its own
+         initialiser.
 
 A scheme is a function (params, cfg, key) -> params over the boxed
 parameters `model.init` returns (`txf` keeps them as drawn), registered in
@@ -35,16 +38,18 @@ GPT2_STDDEV = 0.02
 GPT2_POSITION_STDDEV = 0.01
 
 
-def _gpt2_stddev(names: tuple[str, ...], num_layers: int) -> float | None:
+def _gpt2_stddev(names: tuple[str, ...], cfg: ModelConfig) -> float | None:
   """The N(0, std) of a parameter by its path, or None to leave it as drawn
-  (norms: 1 and 0; biases: 0)."""
+  (norms: 1 and 0; biases: 0; a T5 bias table)."""
   if names[-1] == "embedding" or names[-1] == "token_type_table":
     return GPT2_STDDEV
   if names[-1] == "position_table":
     return GPT2_POSITION_STDDEV
-  if names[-1] in ("kernel", "relative_table"):
+  if names[-1] == "kernel":
     if len(names) >= 2 and names[-2] in RESIDUAL_OUTPUTS:
-      return GPT2_STDDEV / math.sqrt(2 * num_layers)
+      # The decoder of an encoder-decoder was scaled by the encoder's depth.
+      layers = (cfg.num_decoder_layers if names[0] == "decoder" else None) or cfg.num_layers
+      return GPT2_STDDEV / math.sqrt(2 * layers)
     return GPT2_STDDEV
   return None
 
@@ -54,7 +59,7 @@ def gpt2(params: Any, cfg: ModelConfig, key: jax.Array) -> Any:
 
   def redraw(path, leaf):
     names = tuple(str(getattr(entry, "key", entry)) for entry in path)
-    stddev = _gpt2_stddev(names, cfg.num_layers)
+    stddev = _gpt2_stddev(names, cfg)
     if stddev is None:
       return leaf
     value = nn.meta.unbox(leaf)
