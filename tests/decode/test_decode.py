@@ -637,14 +637,29 @@ def test_top_k_top_p_sample_exactly_the_kept_tokens(kwargs):
   """The tokens drawn are those the filters keep; a k of the vocabulary's
   size (8) or above keeps every token."""
   logits = jnp.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
-  stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
-  out = decode.sample(
-    stub, {}, jnp.ones((512, 1), jnp.int32), max_new_tokens=1, rng=jax.random.key(3), **kwargs
-  )
+  drawn = drawn_tokens(logits, rows=512, seed=3, **kwargs)
   probs = np.asarray(jax.nn.softmax(logits))  # sorted descending already
   kept = np.arange(min(kwargs.get("top_k", 8), 8))
   kept = kept[(np.cumsum(probs) - probs)[kept] < kwargs.get("top_p", 1.0)]
-  assert set(np.asarray(out[:, 1]).tolist()) == set(kept.tolist())
+  assert drawn == set(kept.tolist())
+
+
+def drawn_tokens(logits, *, rows, seed, **sampling):
+  """The set of tokens `decode.sample` draws, one per row of `rows`, from
+  the fixed logits [V] (a stub model) under `sampling`'s filters."""
+  stub = lambda tokens_Bx1, cache: (
+    jnp.broadcast_to(logits, (tokens_Bx1.shape[0], logits.shape[-1])),
+    cache,
+  )
+  out = decode.sample(
+    stub,
+    {},
+    jnp.ones((rows, 1), jnp.int32),
+    max_new_tokens=1,
+    rng=jax.random.key(seed),
+    **sampling,
+  )
+  return set(np.asarray(out[:, 1]).tolist())
 
 
 def nucleus_reference(logits, top_k, top_p):
@@ -669,19 +684,10 @@ def test_top_p_keeps_the_nucleus_of_the_tempered_distribution(temperature):
   Every top-p test ran at temperature 1, where filtering before dividing
   is the same."""
   logits = jnp.array([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
-  stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
-  out = decode.sample(
-    stub,
-    {},
-    jnp.ones((1024, 1), jnp.int32),
-    max_new_tokens=1,
-    rng=jax.random.key(5),
-    top_p=0.8,
-    temperature=temperature,
-  )
+  drawn = drawn_tokens(logits, rows=1024, seed=5, top_p=0.8, temperature=temperature)
   want = nucleus_reference(np.asarray(logits) / temperature, 0, 0.8)
   assert want != nucleus_reference(np.asarray(logits), 0, 0.8)
-  assert set(np.asarray(out[:, 1]).tolist()) == want
+  assert drawn == want
 
 
 @pytest.mark.parametrize("top_p", [0.4, 0.5, 0.95])
@@ -691,19 +697,10 @@ def test_top_p_after_top_k_keeps_the_ties_with_the_kth_logit(top_p):
   over the whole sorted row keeps (1 token at top_p=0.4, all 4 at 0.5 and
   0.95)."""
   logits = jnp.array([2.0, 1.0, 1.0, 1.0, 0.0, -1.0, -2.0, -3.0])
-  stub = lambda tokens_Bx1, cache: (jnp.broadcast_to(logits, (tokens_Bx1.shape[0], 8)), cache)
-  out = decode.sample(
-    stub,
-    {},
-    jnp.ones((512, 1), jnp.int32),
-    max_new_tokens=1,
-    rng=jax.random.key(5),
-    top_k=2,
-    top_p=top_p,
-  )
+  drawn = drawn_tokens(logits, rows=512, seed=5, top_k=2, top_p=top_p)
   expected = nucleus_reference(logits, 2, top_p)
   assert len(expected) == (1 if top_p == 0.4 else 4)
-  assert set(np.asarray(out[:, 1]).tolist()) == expected
+  assert drawn == expected
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 2.5])
