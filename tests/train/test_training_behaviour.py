@@ -55,6 +55,12 @@ def optimizer():
 # A non-finite step.
 
 
+def assert_bitwise_unchanged(before, after):
+  """Every leaf of the state `after` a step is the one `before` it (numpy copies)."""
+  for (path, old), new in zip(jax.tree.leaves_with_path(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(np.asarray(new), old, err_msg=jax.tree_util.keystr(path))
+
+
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 @pytest.mark.parametrize("poison", ["weights", "params"])
 def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(poison):
@@ -75,8 +81,7 @@ def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(poison):
   before = jax.tree.map(np.asarray, state)
   after, metrics = step(state, batch)
   assert int(metrics["finite"]) == 0 and int(after.step) == 0
-  for (path, old), new in zip(jax.tree.leaves_with_path(before), jax.tree.leaves(after)):
-    np.testing.assert_array_equal(np.asarray(new), old, err_msg=jax.tree_util.keystr(path))
+  assert_bitwise_unchanged(before, after)
   # The same step on a clean batch and state moves it.
   clean_state = init_state(model, opt, lm_batch(0, 4, 6), "lm", jax.random.key(0))
   moved, metrics = step(clean_state, lm_batch(0, 4, 6))
@@ -111,8 +116,7 @@ def test_a_step_whose_gradient_alone_is_not_finite_leaves_the_state_unchanged():
     after, metrics = jax.jit(make_train_step(model, opt, "nan_gradient", seed=0))(state, batch)
   assert np.isfinite(float(metrics["loss"])) and not np.isfinite(float(metrics["grad_norm"]))
   assert int(metrics["finite"]) == 0
-  for (path, old), new in zip(jax.tree.leaves_with_path(before), jax.tree.leaves(after)):
-    np.testing.assert_array_equal(np.asarray(new), old, err_msg=jax.tree_util.keystr(path))
+  assert_bitwise_unchanged(before, after)
 
 
 # ---------------------------------------------------------------------------
