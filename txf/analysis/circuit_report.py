@@ -28,7 +28,7 @@ from txf.analysis.ablation import head_name
 from txf.analysis.composition import COMPOSITIONS
 from txf.analysis.patching import PATTERN_PATHS
 from txf.analysis.phase_change import phase_change, steepest_fall
-from txf.analysis.plots import fit_title, heatmaps_figure, renderer_of
+from txf.analysis.plots import fit_title, heatmaps_figure, legend_in_columns
 
 _PATH_NAMES = {"q": "query path", "k": "key path", "v": "value path", "all": "every path"}
 # A head's curves take its colour and its layer's line style: one style per
@@ -314,14 +314,9 @@ def training_figure(
   fit_title(figure, title)  # also gives the figure a renderer to measure the legend with
   # Below the axes, in as many columns as fit the figure's width: beside
   # them, a legend beyond the accuracy axis was cut off.
-  renderer = renderer_of(figure)
-  for columns in range(4, 0, -1):
-    legend = figure.legend(
-      handles=list(handles.values()), loc="outside lower center", ncols=columns, fontsize="small"
-    )
-    if columns == 1 or legend.get_window_extent(renderer).width <= 0.98 * figure.bbox.width:
-      break
-    legend.remove()
+  legend_in_columns(
+    figure, most_columns=4, max_width=0.98 * figure.bbox.width, handles=list(handles.values())
+  )
   return figure
 
 

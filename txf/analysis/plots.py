@@ -335,18 +335,34 @@ def line_plot_figure(
 _LEGEND_BELOW_MAX_INCHES = 12.0
 
 
+def legend_in_columns(
+  figure: Figure, *, most_columns: int, max_width: float, handles: list | None = None
+) -> tuple[Any, int]:
+  """(the figure's legend below its axes, its columns): the most columns,
+  from `most_columns` down, whose legend is at most `max_width` pixels wide
+  (one column, whatever its width). `handles`: the entries (default: the
+  labelled artists)."""
+  renderer = renderer_of(figure)
+  entries = {} if handles is None else {"handles": handles}
+  for columns in range(most_columns, 0, -1):
+    legend = figure.legend(**entries, loc="outside lower center", ncols=columns, fontsize="small")
+    if columns == 1 or legend.get_window_extent(renderer).width <= max_width:
+      break
+    legend.remove()
+  return legend, columns
+
+
 def _legend_below(figure: Figure, entries: int) -> None:
   """The figure's legend below its axes: in the most columns (up to 4;
   one for 3 entries or fewer) that fit _LEGEND_BELOW_MAX_INCHES, the figure
   widened to them if need be, and taller by the legend's rows."""
-  renderer = renderer_of(figure)
   width, height = figure.get_size_inches()
-  for columns in range(min(4, entries) if entries > 3 else 1, 0, -1):
-    legend = figure.legend(loc="outside lower center", ncols=columns, fontsize="small")
-    needed = legend.get_window_extent(renderer).width / figure.dpi + 0.3
-    if columns == 1 or needed <= _LEGEND_BELOW_MAX_INCHES:
-      break
-    legend.remove()
+  legend, columns = legend_in_columns(
+    figure,
+    most_columns=min(4, entries) if entries > 3 else 1,
+    max_width=(_LEGEND_BELOW_MAX_INCHES - 0.3) * figure.dpi,
+  )
+  needed = legend.get_window_extent(renderer_of(figure)).width / figure.dpi + 0.3
   rows = -(-entries // columns)
   figure.set_size_inches(max(width, needed), height + 0.2 * rows)
 
