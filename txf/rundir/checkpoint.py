@@ -296,8 +296,8 @@ def _as_unsigned(leaf_X: jax.Array) -> jax.Array:
 @jax.jit
 def _fingerprint(leaf_X: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Whether every value of `leaf_X` is finite, and the sum of its bits as
-  unsigned integers of its width (uint32, wrapping). Compiled once per
-  shape and dtype: a model's leaves share a few."""
+  `_as_unsigned` reads them (uint32, wrapping). Compiled once per shape and
+  dtype: a model's leaves share a few."""
   finite = jnp.isfinite(leaf_X).all() if jnp.issubdtype(leaf_X.dtype, jnp.inexact) else True
   return jnp.asarray(finite), _as_unsigned(leaf_X).sum(dtype=jnp.uint32)
 
