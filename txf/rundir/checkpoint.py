@@ -304,13 +304,17 @@ def _fingerprint(leaf_X: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _fingerprints(state: Any) -> list[tuple[str, bool, int]]:
   """(path, finite, checksum) of each leaf of `state`: one reduction each
-  on the devices, read back together."""
-  with_paths = jax.tree_util.tree_leaves_with_path(state)
-  fingerprints = jax.device_get([_fingerprint(leaf) for _, leaf in with_paths])
-  return [
-    (jax.tree_util.keystr(path), bool(finite), int(checksum))
-    for (path, _), (finite, checksum) in zip(with_paths, fingerprints, strict=True)
-  ]
+  on the devices, each finished before the next starts. On a multi-process
+  mesh each is a cross-process reduction, and reductions in flight together,
+  independent of each other, may run in a different order on each process,
+  each waiting for the other's (two-process saves hung so); on one process,
+  waiting costs nothing measurable (0.56 s for 591 leaves, 2.2 GB, on this
+  CPU, waiting or not)."""
+  fingerprints = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    finite, checksum = jax.device_get(_fingerprint(leaf))
+    fingerprints.append((jax.tree_util.keystr(path), bool(finite), int(checksum)))
+  return fingerprints
 
 
 def state_checksums(state: Any) -> dict[str, int]:
