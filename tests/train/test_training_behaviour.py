@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import load_config
@@ -148,6 +149,51 @@ def test_grad_accumulation_equals_one_big_batch(k):
     lambda new, old: np.abs(np.asarray(new - old)).max(), whole.params, state.params
   )
   assert max(jax.tree.leaves(moved)) > 1e-4
+
+
+def gradient_keeper():
+  """An optimizer that changes no parameter and keeps the step's gradient as
+  its state (exactly, where an SGD step's params - new params would round)."""
+  return optax.GradientTransformation(
+    init=lambda params: jax.tree.map(jnp.zeros_like, params),
+    update=lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads),
+  )
+
+
+def test_each_accumulated_micro_batch_draws_its_own_dropout_masks():
+  """Four identical rows, two micro-batches, dropout on: each row weighted
+  alone gives the step another loss and gradient. Every row sits in one
+  micro-batch at one place (whichever way the batch is split), so rows in
+  the same place of the two micro-batches differ only by their micro-batch's
+  key: a key shared by all micro-batches would make them agree exactly.
+  With all four weighted, the step's loss and gradient are the mean of the
+  four (accumulation adds each micro-batch's own, masks included)."""
+  model = build(ModelConfig(**{**TINY, "num_layers": 1}, **DROPOUT))  # one layer: a faster compile
+  row = lm_batch(0, 1, 6)
+  batch = {name: jnp.tile(x, (4, 1)) for name, x in row.items()}
+  keeper = gradient_keeper()
+  state = init_state(model, keeper, batch, "lm", jax.random.key(0))
+  step = jax.jit(make_train_step(model, keeper, "lm", seed=0, grad_accum_steps=2))
+
+  def loss_and_grads(weighted_B):
+    new, metrics = step(state, dict(batch, weights=batch["weights"] * weighted_B[:, None]))
+    return float(metrics["loss"]), new.opt_state
+
+  alone = [loss_and_grads(jnp.arange(4) == r) for r in range(4)]
+  for i in range(4):
+    for j in range(i):
+      (loss_i, grads_i), (loss_j, grads_j) = alone[i], alone[j]
+      assert abs(loss_i - loss_j) > 1e-3, f"rows {j} and {i} share their masks"
+      gap = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), grads_i, grads_j)
+      assert max(jax.tree.leaves(gap)) > 1e-3, f"rows {j} and {i} share their masks"
+  loss, grads = loss_and_grads(jnp.ones(4))
+  np.testing.assert_allclose(loss, np.mean([row_loss for row_loss, _ in alone]), **TOL)
+  mean_grads = jax.tree.map(lambda *g: sum(g) / 4, *[grads for _, grads in alone])
+  jax.tree_util.tree_map_with_path(
+    lambda path, a, b: np.testing.assert_allclose(a, b, err_msg=jax.tree_util.keystr(path), **TOL),
+    grads,
+    mean_grads,
+  )
 
 
 # ---------------------------------------------------------------------------
