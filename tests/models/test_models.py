@@ -452,6 +452,124 @@ def test_scan_matches_plain_encoder_decoder():
 
 
 # ---------------------------------------------------------------------------
+# scan_layers' and remat's own random draws: the equivalence tests above copy
+# the plain model's parameters and run without dropout, so they cannot see
+# how a scanned stack draws its parameters and masks, nor remat's masks.
+
+DROPOUT = dict(dropout_rate=0.5, attention_dropout_rate=0.5)  # a large rate: masks far apart
+
+
+def test_scanned_layers_draw_their_own_initial_parameters():
+  """A scanned stack's own init (nn.scan splitting the 'params' rng per layer)
+  gives every layer its own draw: each leaf the unscanned model draws
+  differently per layer differs between every two scanned layers, at the
+  unscanned initializer's scale (over all layers, n values each, the two
+  stds agree within 5 / sqrt(n) relative: 5 standard errors of the
+  difference of two sample stds). The leaves the unscanned model draws
+  alike in every layer (norm scales, zero offsets) are the same constants
+  in the scanned stack. Three layers, so every pair is compared."""
+  layers = 3
+  base = ModelConfig(**{**TINY, "d_model": 32, "num_layers": layers}, family="decoder")
+  tokens = real_tokens(7, 2, 6)
+  init = lambda cfg: nn.meta.unbox(jax.jit(build(cfg).init)(KEY, tokens)["params"])
+  plain, scanned = init(base)["stack"], init(base.replace(scan_layers=True))["stack"]
+  blocks = [jax.tree_util.tree_leaves_with_path(plain[f"block_{i}"]) for i in range(layers)]
+  per_layer_LxN = {
+    jax.tree_util.keystr(path): np.stack([np.ravel(block[k][1]) for block in blocks])
+    for k, (path, _) in enumerate(blocks[0])
+  }
+  scanned_LxN = {
+    jax.tree_util.keystr(path): np.reshape(x, (layers, -1))
+    for path, x in jax.tree_util.tree_leaves_with_path(scanned["blocks"])
+  }
+  assert scanned_LxN.keys() == per_layer_LxN.keys()
+  drawn = 0
+  for name, plain_LxN in per_layer_LxN.items():
+    stack_LxN = scanned_LxN[name]
+    if all(np.array_equal(plain_LxN[0], row) for row in plain_LxN[1:]):  # a constant init
+      np.testing.assert_array_equal(stack_LxN, plain_LxN, err_msg=name)
+      continue
+    drawn += 1
+    for i in range(layers):
+      for j in range(i):
+        assert not np.array_equal(stack_LxN[i], stack_LxN[j]), f"{name}: layers {j}, {i} alike"
+    tolerance = 5 / np.sqrt(plain_LxN.size)
+    assert stack_LxN.std() == pytest.approx(plain_LxN.std(), rel=tolerance), name
+  assert drawn >= 6  # attention's four kernels and the FFN's two at least
+
+
+def test_scanned_layers_draw_their_own_dropout_masks():
+  """In train mode each scanned layer drops other entries (nn.scan splitting
+  the 'dropout' rng per layer): every dropout module of the scanned block
+  (residual, attention weights, FFN hidden) zeroes a different set of entries
+  in each layer. The modules' outputs are captured per layer, stacked by the
+  scan; an output is 0 exactly where it was dropped (or causally masked,
+  the same in every layer)."""
+  cfg = ModelConfig(**TINY, family="decoder", scan_layers=True, **DROPOUT)
+  tokens = real_tokens(7, 2, 8)
+  model = build(cfg)
+  params = nn.meta.unbox(jax.jit(model.init)(KEY, tokens)["params"])
+  apply = lambda params, key: model.apply(
+    {"params": params},
+    tokens,
+    deterministic=False,
+    rngs={"dropout": key},
+    capture_intermediates=lambda module, method: isinstance(module, nn.Dropout),
+    mutable=["intermediates"],
+  )
+  _, state = jax.jit(apply)(params, jax.random.key(1))  # one compile, not op by op
+  outputs = {
+    jax.tree_util.keystr(path): np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(state["intermediates"]["stack"]["blocks"])
+    if "Dropout" in jax.tree_util.keystr(path)
+  }
+  assert len(outputs) == 4, sorted(outputs)  # two residual, attention weights, FFN hidden
+  for name, out_LxN in outputs.items():
+    dropped_LxN = out_LxN.reshape(cfg.num_layers, -1) == 0
+    assert dropped_LxN.any(1).all(), f"{name}: a layer drops nothing"
+    assert not np.array_equal(dropped_LxN[0], dropped_LxN[1]), f"{name}: layers share a mask"
+
+
+@pytest.mark.parametrize("layout", [dict(), dict(scan_layers=True)], ids=["loop", "scan"])
+def test_remat_keeps_dropout_and_recomputes_the_forward_masks(layout):
+  """In train mode with dropout, remat gives the loss and gradients of the
+  same model without remat (same parameters, same dropout key), to the
+  tolerances above: the backward pass recomputes the block with the masks
+  of the forward pass (another mask there would change the gradients only),
+  and remat leaves every dropout on (the loss also differs from the
+  deterministic one, so dropout acted). One layer: remat wraps each block
+  alike."""
+  cfg = ModelConfig(**{**TINY, "num_layers": 1}, family="decoder", **layout, **DROPOUT)
+  tokens, targets = real_tokens(7, 2, 8), real_tokens(8, 2, 8)
+
+  def loss_fn(cfg, deterministic=False):
+    model = build(cfg)
+    rngs = {"dropout": jax.random.key(1)}
+    return lambda params: ops.cross_entropy(
+      model.apply({"params": params}, tokens, deterministic=deterministic, rngs=rngs), targets
+    )[0]
+
+  def compute(key):  # one compile for all three (each costs about a second on 2 cores)
+    params = nn.meta.unbox(build(cfg).init(key, tokens)["params"])
+    return (
+      jax.value_and_grad(loss_fn(cfg))(params),
+      jax.value_and_grad(loss_fn(cfg.replace(remat=True)))(params),
+      loss_fn(cfg, deterministic=True)(params),
+    )
+
+  (loss, grads), (remat_loss, remat_grads), deterministic_loss = jax.jit(compute)(KEY)
+  np.testing.assert_allclose(remat_loss, loss, **TOL)
+  jax.tree_util.tree_map_with_path(
+    lambda path, a, b: np.testing.assert_allclose(
+      a, b, err_msg=jax.tree_util.keystr(path), **GRAD_TOL
+    ),
+    remat_grads,
+    grads,
+  )
+  assert abs(float(remat_loss) - float(deterministic_loss)) > 1e-2
+
+
+# ---------------------------------------------------------------------------
 # Attention maps: the weights each attention layer records are the ones it uses.
 
 MAP_FAMILIES = {  # with MQA heads; learned positions leave q.k untouched
