@@ -3,7 +3,9 @@ independent of `txf.ops`: dense, layer / RMS norm, the FFN activations, RoPE
 (rotate-half layout), ALiBi slopes, T5 relative buckets, attention (masks,
 sliding windows, GQA/MQA grouping), the blocks' residual wiring, the stacks,
 the embedder's positions and tied logits. Each takes a layer's own parameters
-(`f64` of them) and float64 arrays."""
+(`f64` of them) and float64 arrays. And checks that a freshly drawn
+parameter's entries look like draws of the distribution its initialiser
+states (uniform, normal, truncated normal), within 5 standard errors."""
 
 import math
 
@@ -249,3 +251,39 @@ def np_tied_logits(p_embedder, x, scaled=True):
   x E^T when not scaled (GPT-2, BERT)."""
   embedding = p_embedder["token"]["embedding"]
   return x @ embedding.T / (np.sqrt(embedding.shape[1]) if scaled else 1.0)
+
+
+def uniform_sample_checks(values, bound, what):
+  """`values` look like N draws of U(-bound, bound): none beyond the bound
+  (1e-6 relative slack for float32 rounding of the bound), and the std, the
+  mean and the fraction within bound / 2 each within 5 standard errors of
+  the uniform's: std bound / sqrt(3) with relative standard error
+  sqrt((9/5 - 1) / (4 N)) (kurtosis 9/5), mean 0 with standard error
+  std / sqrt(N), fraction 1/2 with standard error sqrt(1 / (4 N)). A normal
+  draw of the same std has 0.61 of its entries within bound / 2."""
+  values = np.ravel(np.asarray(values, np.float64))
+  count, std = values.size, bound / np.sqrt(3.0)
+  assert np.abs(values).max() <= bound * (1 + 1e-6), what
+  np.testing.assert_allclose(
+    values.std(), std, rtol=5 * np.sqrt((9 / 5 - 1) / (4 * count)), err_msg=what
+  )
+  assert abs(values.mean()) < 5 * std / np.sqrt(count), what
+  assert abs(np.mean(np.abs(values) < bound / 2) - 0.5) < 5 * np.sqrt(1 / (4 * count)), what
+
+
+def normal_sample_checks(values, std, what):
+  """`values` look like N draws of N(0, std) (or a normal truncated at 2 std,
+  whose kurtosis is below 3): the sample std within 5 relative standard
+  errors sqrt(1 / (2 N)) (a normal's; kurtosis 3) and the mean within 5
+  standard errors std / sqrt(N)."""
+  values = np.ravel(np.asarray(values, np.float64))
+  count = values.size
+  np.testing.assert_allclose(values.std(), std, rtol=5 * np.sqrt(1 / (2 * count)), err_msg=what)
+  assert abs(values.mean()) < 5 * std / np.sqrt(count), what
+
+
+def truncated_normal_std(bound):
+  """The std of a unit normal truncated to [-bound, bound]:
+  sqrt(1 - 2 bound phi(bound) / (2 Phi(bound) - 1))."""
+  phi = np.exp(-(bound**2) / 2) / np.sqrt(2 * np.pi)
+  return np.sqrt(1 - 2 * bound * phi / math.erf(bound / np.sqrt(2)))
