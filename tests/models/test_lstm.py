@@ -4,7 +4,10 @@ The forward pass is compared with a float64 numpy LSTM written from the gate
 equations (Hochreiter & Schmidhuber 1997, flax's parameter layout) on the
 model's own parameters, atol 1e-5 on float32 logits of size O(1). Decoding
 through the carry cache must reproduce the full pass (atol 1e-5: the same
-float32 math, step by step). Parameter counts are exact integers.
+float32 math, step by step). Parameter counts are exact integers. The initial
+parameters are flax's LSTM initialisers, as lstm._cell_inits says: orthogonal
+recurrent kernels (W^T W = I to 1e-5, float64 of the float32 values), zero
+biases, LeCun-normal input kernels (std within 5 standard errors).
 """
 
 import functools
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import load_config
+from numpy_references import normal_sample_checks, truncated_normal_std
 from txf import decode
 from txf.analysis import count_params, extrapolation, flops_per_token, matmul_params
 from txf.layers.model_config import LSTM_FIELDS, ModelConfig
@@ -186,6 +190,58 @@ def test_every_param_carries_logical_axes_and_shards():
     ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1)), jax.devices()[:1]
   )
   sharding.param_shardings(boxed, mesh)  # raises for a parameter without axes
+
+
+GATES = ("i", "f", "g", "o")  # flax's names: input, forget, cell candidate, output
+
+
+def test_recurrent_kernels_are_orthogonal_per_gate():
+  """Each gate's recurrent kernel h{i,f,g,o} [D, D] of each layer is drawn
+  orthogonal on its own (flax's OptimizedLSTMCell draws one per gate, as
+  LSTMCell does): W^T W = W W^T = I to 1e-5 in float64 of the float32 values,
+  so the recurrence neither grows nor shrinks the carry at the start."""
+  _, params = model_and_params()
+  d = TINY["d_model"]
+  for i in range(TINY["num_layers"]):
+    for gate in GATES:
+      kernel = np.asarray(params[f"layer_{i}"]["cell"][f"h{gate}"]["kernel"], np.float64)
+      assert kernel.shape == (d, d)
+      np.testing.assert_allclose(kernel.T @ kernel, np.eye(d), atol=1e-5, err_msg=f"{i} {gate}")
+      np.testing.assert_allclose(kernel @ kernel.T, np.eye(d), atol=1e-5, err_msg=f"{i} {gate}")
+
+
+def test_biases_start_at_zero_the_forget_gate_included():
+  """Every gate's bias, the forget gate's included, is 0: lstm._cell_inits
+  states flax's zero biases (not the forget-gate bias of 1 of Gers et al.
+  2000 / Jozefowicz et al. 2015); the input kernels i{i,f,g,o} have none."""
+  _, params = model_and_params()
+  for i in range(TINY["num_layers"]):
+    cell = params[f"layer_{i}"]["cell"]
+    for gate in GATES:
+      np.testing.assert_array_equal(cell[f"h{gate}"]["bias"], 0.0, err_msg=f"{i} {gate}")
+      assert set(cell[f"i{gate}"]) == {"kernel"}
+
+
+def test_input_kernels_are_lecun_normal():
+  """The input kernels i{i,f,g,o} [D_in, D] of both layers (D_in = d_model:
+  the embedding's width, then the layer below's) are LeCun normal, flax's
+  variance_scaling(1, 'fan_in', 'truncated_normal'): std 1 / sqrt(D_in),
+  no entry beyond 2 / sqrt(D_in) / (the truncated unit normal's std), and
+  (unlike a uniform of that std) some beyond sqrt(3 / D_in). The 8 kernels
+  pooled: 8 D^2 entries, the std measured to 5 standard errors (10 %)."""
+  _, params = model_and_params()
+  kernels = [
+    np.asarray(params[f"layer_{i}"]["cell"][f"i{gate}"]["kernel"], np.float64)
+    for i in range(TINY["num_layers"])
+    for gate in GATES
+  ]
+  d = TINY["d_model"]
+  assert all(kernel.shape == (d, d) for kernel in kernels)
+  values = np.concatenate([np.ravel(kernel) for kernel in kernels])
+  std = 1 / np.sqrt(d)
+  normal_sample_checks(values, std, "input kernels")
+  assert np.abs(values).max() <= 2 * std / truncated_normal_std(2.0) * (1 + 1e-6)
+  assert np.abs(values).max() > np.sqrt(3) * std
 
 
 def numpy_lstm_logits(params, cfg, tokens_BxT):
