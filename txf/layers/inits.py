@@ -1,16 +1,20 @@
 """Initialisation schemes (`model.init`): how a Transformer's parameters are
 first drawn, applied by the models' `init`.
 
-  txf    each layer's own initialisers: Glorot-uniform projections, N(0, 1)
-         token rows (with tied logits scaled by 1/sqrt(D) by default),
-         N(0, 0.02) position rows, zero biases, unit norm scales.
+  txf    each layer's own initialisers: Glorot-uniform projections
+         (attention, FFN, untied logits; the fans of each flattened
+         [inputs, outputs] matrix), LeCun-normal dense layers of the MLM
+         and classify heads, N(0, 1) token rows (with tied logits scaled by
+         1/sqrt(D) by default), N(0, 0.02) position and token-type rows,
+         zero biases, unit norm scales.
   gpt2   GPT-2's (Radford et al. 2019; openai/gpt-2 model.py, with the
          residual scaling its paper describes as nanoGPT and Hugging Face's
          GPT2PreTrainedModel implement it): every projection N(0, 0.02), the
          projections that write into the residual stream (attention output,
          FFN output) N(0, 0.02 / sqrt(2 L)) for L layers per stack (an
-         encoder-decoder's decoder: its num_decoder_layers), token rows
-         N(0, 0.02), position rows N(0, 0.01), biases 0, norms 1 and 0;
+         encoder-decoder's decoder: its num_decoder_layers), token and
+         token-type rows N(0, 0.02), position rows N(0, 0.01), biases 0,
+         norms 1 and 0;
          what GPT-2 has no counterpart of (a T5 bias table) keeps its own
          initialiser.
 
