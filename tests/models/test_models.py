@@ -530,7 +530,13 @@ def test_scanned_layers_draw_their_own_dropout_masks():
     assert not np.array_equal(dropped_LxN[0], dropped_LxN[1]), f"{name}: layers share a mask"
 
 
-@pytest.mark.parametrize("layout", [dict(), dict(scan_layers=True)], ids=["loop", "scan"])
+# Either layout catches both mutants (dropout off under remat, another mask
+# recomputed): the unscanned one runs in the slow suite only.
+@pytest.mark.parametrize(
+  "layout",
+  [pytest.param(dict(), marks=pytest.mark.slow), dict(scan_layers=True)],
+  ids=["loop", "scan"],
+)
 def test_remat_keeps_dropout_and_recomputes_the_forward_masks(layout):
   """In train mode with dropout, remat gives the loss and gradients of the
   same model without remat (same parameters, same dropout key), to the
