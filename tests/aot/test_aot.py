@@ -28,7 +28,7 @@ from txf.aot.compile import (
   prepare_environment,
   untrained_tokenizer,
 )
-from txf.aot.report import _pool, format_report, gpu_kernels, report
+from txf.aot.report import _pool, format_report, gpu_kernels, loop_traffic, report
 from txf.aot.targets import GPUS, MAX_DEVICES, gpu_memory_pool, parse_target
 from txf.runconfig import optim
 from txf.runconfig.run_config import ConfigError, parse
@@ -379,6 +379,213 @@ def test_loop_kernels_counts_one_iteration_of_the_busiest_loop():
   assert hlo.loop_kernels(LOOPS) == 6
   assert hlo.loop_kernels(MODULE) == 1  # its loop's all-gather (no condition defined)
   assert hlo.loop_kernels(MODULE.replace("while(", "call(")) == 0
+
+
+# Loops in loops: an outer loop of known trip count 2 around a middle one of
+# 3 around an inner one of 5, each level with a kernel outside GEMMs; the
+# inner body runs two GEMMs (a cuBLAS call with its workspace, a Triton GEMM
+# fusion) and an all-gather, and its condition one kernel; the entry one
+# GEMM and one kernel. The outer two loops' conditions are not written out;
+# STATE / TYPES stand for the loops' state's type (with and without layouts).
+OUTER, MIDDLE, INNER = 2, 3, 5
+NESTED = (
+  """\
+HloModule jit_step
+
+%fused (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %neg = f32[4]{0} negate(%p0)
+}
+
+%fused_less (p0: s32[]) -> pred[] {
+  %p0 = s32[] parameter(0)
+  %five = s32[] constant(5)
+  ROOT %lt = pred[] compare(%p0, %five), direction=LT
+}
+
+%triton_gemm (x: bf16[16,32], w: bf16[32,64]) -> bf16[16,64] {
+  %x = bf16[16,32]{1,0} parameter(0)
+  %w = bf16[32,64]{1,0} parameter(1)
+  ROOT %dot = bf16[16,64]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%inner_body (t: TYPES) -> TYPES {
+  %t = STATE parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[16,32]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[32,64]{1,0} get-tuple-element(%t), index=2
+  %v = f32[4]{0} get-tuple-element(%t), index=3
+  %cublas = (bf16[16,64]{1,0}, s8[4096]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm"
+  %triton = bf16[16,64]{1,0} fusion(%x, %w), kind=kCustom, calls=%triton_gemm, \
+backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  %inner_neg = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused
+  %ag = f32[8]{0} all-gather(%inner_neg), dimensions={0}
+  ROOT %o = STATE tuple(%i, %x, %w, %inner_neg)
+}
+
+%inner_cond (t: TYPES) -> pred[] {
+  %t = STATE parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %inner_lt = pred[] fusion(%i), kind=kLoop, calls=%fused_less
+}
+
+%middle_body (t: TYPES) -> TYPES {
+  %t = STATE parameter(0)
+  %v = f32[4]{0} get-tuple-element(%t), index=3
+  %middle_neg = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused
+  ROOT %inner = STATE while(%t), condition=%inner_cond, body=%inner_body, \
+backend_config={"known_trip_count":{"n":"INNER"}}
+}
+
+%outer_body (t: TYPES) -> TYPES {
+  %t = STATE parameter(0)
+  %v = f32[4]{0} get-tuple-element(%t), index=3
+  %outer_neg = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused
+  ROOT %middle = STATE while(%t), condition=%middle_cond, body=%middle_body, \
+backend_config={"known_trip_count":{"n":"MIDDLE"}}
+}
+
+ENTRY %main (a: bf16[16,32], b: bf16[32,64], c: f32[4]) -> bf16[16,64] {
+  %a = bf16[16,32]{1,0} parameter(0)
+  %b = bf16[32,64]{1,0} parameter(1)
+  %c = f32[4]{0} parameter(2)
+  %entry_neg = f32[4]{0} fusion(%c), kind=kLoop, calls=%fused
+  %z = s32[] constant(0)
+  %t0 = STATE tuple(%z, %a, %b, %entry_neg)
+  %outer = STATE while(%t0), condition=%outer_cond, body=%outer_body, \
+backend_config={"known_trip_count":{"n":"OUTER"}}
+  ROOT %entry_gemm = (bf16[16,64]{1,0}, s8[4096]{0}) custom-call(%a, %b), \
+custom_call_target="__cublas$lt$matmul"
+}
+""".replace("STATE", "(s32[], bf16[16,32]{1,0}, bf16[32,64]{1,0}, f32[4]{0})")
+  .replace("TYPES", "(s32[], bf16[16,32], bf16[32,64], f32[4])")
+  .replace("INNER", str(INNER))
+  .replace("MIDDLE", str(MIDDLE))
+  .replace("OUTER", str(OUTER))
+)
+
+
+def test_gemms_and_their_bytes_count_once_per_iteration_of_their_loops():
+  """gpu_kernels weighs a GEMM inside loops by how often it runs, as it
+  does the kernels outside GEMMs: its count by backend and its bytes (a
+  cuBLAS call's buffers whole with its workspace, a Triton GEMM fusion's
+  operands and result) OUTER * MIDDLE * INNER times, the entry's once."""
+  program = hlo.instructions(NESTED)
+  deepest = OUTER * MIDDLE * INNER
+  x, w, out = 16 * 32 * 2, 32 * 64 * 2, 16 * 64 * 2
+  cublas, triton = x + w + out + 4096, x + w + out
+  assert {i.name: i.bytes for i in program if i.is_gemm} == {
+    "cublas": cublas,
+    "triton": triton,
+    "entry_gemm": cublas,
+  }
+  kernels = gpu_kernels(program)
+  assert kernels["gemms"] == {"cublas": deepest + 1, "triton": deepest}
+  assert kernels["gemm_bytes"] == deepest * (cublas + triton) + cublas
+
+
+def test_nested_loops_multiply_their_trip_counts_into_every_figure():
+  """An instruction inside loops inside loops runs the product of their
+  trip counts (the inner loop's times the outer ones', not its own alone),
+  its loop's body and condition alike; the kernels outside GEMMs, their
+  bytes and the all-gather weigh so; loop_traffic's one iteration of the
+  outermost loop runs the middle loop's body MIDDLE times and the inner
+  loop's MIDDLE * INNER (one iteration of a loop, each loop inside it
+  weighed by its trip count)."""
+  program = {i.name: i for i in hlo.instructions(NESTED)}
+  deepest = OUTER * MIDDLE * INNER
+  assert {name: i.times for name, i in program.items()} == {
+    "cublas": deepest, "triton": deepest, "inner_neg": deepest, "ag": deepest,
+    "inner_lt": deepest, "middle_neg": OUTER * MIDDLE, "outer_neg": OUTER, "entry_neg": 1,
+    "entry_gemm": 1,
+  }  # fmt: skip
+  neg, less, gathered = 2 * 4 * 4, 4 + 1, 4 * 4 + 8 * 4  # operands and results whole
+  kernels = gpu_kernels(list(program.values()))
+  assert kernels["kernels"] == 5 * deepest + OUTER * MIDDLE + OUTER + 2
+  assert kernels["non_gemm_bytes"] == (
+    deepest * (neg + gathered + less) + OUTER * MIDDLE * neg + OUTER * neg + neg
+  )
+  assert hlo.collectives(NESTED) == {"all-gather": {"count": deepest, "bytes": deepest * 8 * 4}}
+  gemms = program["cublas"].bytes + program["triton"].bytes
+  assert loop_traffic(NESTED) == dict(
+    kernels=1 + MIDDLE * (1 + INNER * 5),
+    bytes=neg + MIDDLE * (neg + INNER * (gemms + neg + gathered + less)),
+    layer_kernels=0,
+    layer_bytes=0,
+  )
+
+
+# Fusions that gather rows: 8 rows of a 1,000-row table; 8 and 4 rows of it
+# by two gathers, one through a bitcast; 8 rows of it beside a sum that
+# reads it whole; 2,000 rows of a 16-row table (more than it holds).
+ROWS, TABLE, WIDTH = 8, 1000, 64
+GATHERS = """\
+HloModule jit_step
+
+%fused_rows (table: f32[1000,64], ids: s32[8,1]) -> f32[8,64] {
+  %table = f32[1000,64]{1,0} parameter(0)
+  %ids = s32[8,1]{1,0} parameter(1)
+  ROOT %rows = f32[8,64]{1,0} gather(%table, %ids), offset_dims={1}, collapsed_slice_dims={0}, \
+start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+}
+
+%fused_two (table: f32[1000,64], ids: s32[8,1], more: s32[4,1]) -> (f32[8,64], f32[4,64]) {
+  %table = f32[1000,64]{1,0} parameter(0)
+  %ids = s32[8,1]{1,0} parameter(1)
+  %more = s32[4,1]{1,0} parameter(2)
+  %view = f32[1000,64]{1,0} bitcast(%table)
+  %a = f32[8,64]{1,0} gather(%table, %ids), offset_dims={1}, collapsed_slice_dims={0}, \
+start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  %b = f32[4,64]{1,0} gather(%view, %more), offset_dims={1}, collapsed_slice_dims={0}, \
+start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  ROOT %both = (f32[8,64]{1,0}, f32[4,64]{1,0}) tuple(%a, %b)
+}
+
+%fused_rows_and_sum (table: f32[1000,64], ids: s32[8,1]) -> (f32[8,64], f32[1000,64]) {
+  %table = f32[1000,64]{1,0} parameter(0)
+  %ids = s32[8,1]{1,0} parameter(1)
+  %rows = f32[8,64]{1,0} gather(%table, %ids), offset_dims={1}, collapsed_slice_dims={0}, \
+start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+  %twice = f32[1000,64]{1,0} add(%table, %table)
+  ROOT %out = (f32[8,64]{1,0}, f32[1000,64]{1,0}) tuple(%rows, %twice)
+}
+
+%fused_many (small: f32[16,64], ids: s32[2000,1]) -> f32[2000,64] {
+  %small = f32[16,64]{1,0} parameter(0)
+  %ids = s32[2000,1]{1,0} parameter(1)
+  ROOT %many = f32[2000,64]{1,0} gather(%small, %ids), offset_dims={1}, collapsed_slice_dims={0}, \
+start_index_map={0}, index_vector_dim=1, slice_sizes={1,64}
+}
+
+ENTRY %main (table: f32[1000,64], ids: s32[8,1], more: s32[4,1], small: f32[16,64], \
+many_ids: s32[2000,1]) -> f32[8,64] {
+  %table = f32[1000,64]{1,0} parameter(0)
+  %ids = s32[8,1]{1,0} parameter(1)
+  %more = s32[4,1]{1,0} parameter(2)
+  %small = f32[16,64]{1,0} parameter(3)
+  %many_ids = s32[2000,1]{1,0} parameter(4)
+  %two = (f32[8,64]{1,0}, f32[4,64]{1,0}) fusion(%table, %ids, %more), kind=kLoop, calls=%fused_two
+  %rows_and_sum = (f32[8,64]{1,0}, f32[1000,64]{1,0}) fusion(%table, %ids), kind=kLoop, \
+calls=%fused_rows_and_sum
+  %many = f32[2000,64]{1,0} fusion(%small, %many_ids), kind=kLoop, calls=%fused_many
+  ROOT %rows = f32[8,64]{1,0} fusion(%table, %ids), kind=kLoop, calls=%fused_rows
+}
+"""
+
+
+def test_a_fusion_that_gathers_from_an_operand_reads_the_rows_it_gathers():
+  """A fusion that reads an operand only through gathers (through a bitcast
+  too) counts the gathered rows of it, not the whole table, and at most the
+  table (a gather of more rows than it holds); read whole besides, it
+  counts whole. The indices are read whole, the results written whole."""
+  program = {i.name: i for i in hlo.instructions(GATHERS)}
+  row, table, ids = WIDTH * 4, TABLE * WIDTH * 4, ROWS * 4
+  assert program["rows"].operand_bytes == table + ids  # the buffers whole
+  assert program["rows"].bytes == 2 * ROWS * row + ids  # the rows read and written
+  assert program["two"].bytes == 2 * (ROWS + 4) * row + ids + 4 * 4
+  assert program["rows_and_sum"].bytes == table + ids + ROWS * row + table
+  small = 16 * WIDTH * 4
+  assert program["many"].bytes == small + 2000 * 4 + 2000 * row
 
 
 @pytest.mark.parametrize(
