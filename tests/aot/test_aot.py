@@ -588,6 +588,46 @@ def test_a_fusion_that_gathers_from_an_operand_reads_the_rows_it_gathers():
   assert program["many"].bytes == small + 2000 * 4 + 2000 * row
 
 
+# A loss's shape: the label's logit of each of 16 rows gathered from bf16
+# logits by s32 labels (the gathered part smaller than the labels), and a
+# flag read from a pred buffer at an s32 index.
+LABELS = """\
+HloModule jit_step
+
+%fused_pick (logits: bf16[16,1000], labels: s32[16,2]) -> bf16[16] {
+  %logits = bf16[16,1000]{1,0} parameter(0)
+  %labels = s32[16,2]{1,0} parameter(1)
+  ROOT %picked = bf16[16]{0} gather(%logits, %labels), offset_dims={}, \
+collapsed_slice_dims={0,1}, start_index_map={0,1}, index_vector_dim=1, slice_sizes={1,1}
+}
+
+%fused_flag (flags: pred[100], i: s32[]) -> pred[1] {
+  %flags = pred[100]{0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %flag = pred[1]{0} dynamic-slice(%flags, %i), dynamic_slice_sizes={1}
+}
+
+ENTRY %main (logits: bf16[16,1000], labels: s32[16,2], flags: pred[100], i: s32[]) -> bf16[16] {
+  %logits = bf16[16,1000]{1,0} parameter(0)
+  %labels = s32[16,2]{1,0} parameter(1)
+  %flags = pred[100]{0} parameter(2)
+  %i = s32[] parameter(3)
+  %flag = pred[1]{0} fusion(%flags, %i), kind=kLoop, calls=%fused_flag
+  ROOT %picked = bf16[16]{0} fusion(%logits, %labels), kind=kLoop, calls=%fused_pick
+}
+"""
+
+
+def test_a_gathers_indices_are_read_whole_even_where_they_outweigh_what_it_gathers():
+  """Only the operand a gather or dynamic-slice slices counts the slice; its
+  indices it reads whole, where they are more bytes than the slice too (16
+  bf16 logits gathered by 16 pairs of s32 indices: 32 bytes gathered, 128 of
+  indices; a pred read at an s32 index)."""
+  program = {i.name: i for i in hlo.instructions(LABELS)}
+  assert program["picked"].bytes == 16 * 2 + 16 * 2 * 4 + 16 * 2  # gathered, indices, result
+  assert program["flag"].bytes == 1 + 4 + 1
+
+
 @pytest.mark.parametrize(
   "op_name,region",
   [

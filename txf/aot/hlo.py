@@ -183,7 +183,7 @@ def _operand_bytes(operands: str, shapes: dict[str, float]) -> float:
   return total
 
 
-# Ops that read their result's bytes of an operand, not the whole operand.
+# Ops that read their result's bytes of their first operand, not all of it.
 _PARTIAL_READS = {"dynamic-slice", "slice", "gather"}
 # Ops that only rename a buffer.
 _PASS_THROUGH = {"bitcast", "reshape"}
@@ -221,7 +221,8 @@ def computation_ops(lines: list[str]) -> dict[str, _Op]:
 
 def fusion_bytes(computation: list[str]) -> float:
   """The bytes a fusion moves: each operand whole, except one it reads only
-  through slices (their results' bytes) or updates in place (not read);
+  through slices (their results' bytes; a gather's or a dynamic-slice's
+  indices are read whole) or updates in place (not read);
   its results whole, except an operand's update in place (the update's
   bytes)."""
   ops = computation_ops(computation)
@@ -234,6 +235,12 @@ def fusion_bytes(computation: list[str]) -> float:
     while name in ops and ops[name].opcode in _PASS_THROUGH:
       name = ops[name].operands[0]
     return name
+
+  def sliced(reader: str, read: str) -> bool:
+    """Whether `reader` reads `read` only as the operand it slices (its
+    first: a gather's or a dynamic-slice's indices it reads whole)."""
+    operands = ops[reader].operands
+    return ops[reader].opcode in _PARTIAL_READS and operands[0] == read and read not in operands[1:]
 
   root = next(name for name, op in ops.items() if op.root)
   outputs = ops[root].operands if ops[root].opcode == "tuple" else [root]
@@ -248,13 +255,17 @@ def fusion_bytes(computation: list[str]) -> float:
   for name, op in ops.items():
     if op.opcode != "parameter" or name in in_place:
       continue
-    readers: list[str] = []
+    readers: list[tuple[str, str]] = []  # (reader, the name it reads the parameter by)
     frontier = [name]
     while frontier:
-      for user in users.get(frontier.pop(), []):
-        (frontier if ops[user].opcode in _PASS_THROUGH else readers).append(user)
-    if readers and all(ops[reader].opcode in _PARTIAL_READS for reader in readers):
-      moved += min(op.result_bytes, sum(ops[reader].result_bytes for reader in readers))
+      read = frontier.pop()
+      for user in users.get(read, []):
+        if ops[user].opcode in _PASS_THROUGH:
+          frontier.append(user)
+        else:
+          readers.append((user, read))
+    if readers and all(sliced(reader, read) for reader, read in readers):
+      moved += min(op.result_bytes, sum(ops[reader].result_bytes for reader, _ in readers))
     else:
       moved += op.result_bytes
   return moved
