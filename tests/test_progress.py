@@ -261,3 +261,41 @@ def test_work_that_times_itself_writes_lines_even_on_a_terminal(capsys, monkeypa
     count.advance(3)
   err = capsys.readouterr().err.splitlines()
   assert len(err) == 2 and all(re.match(STAMP + "tokens: ", line) for line in err)
+
+
+def test_an_hour_long_line_pads_its_minutes_to_two_digits():
+  """Past an hour the elapsed time reads hours and two-digit minutes (1h02m,
+  not 1h2m, which reads as one hour twenty at a glance and breaks columns)."""
+  lines, clock = [], Clock()
+  with Progress("train", total=2, log=lines.append, clock=clock) as bar:
+    clock.now += 3720  # 1 h 2 min
+    bar.advance(1)
+  hours, minutes = divmod(3720 // 60, 60)
+  assert re.search(rf"\| elapsed {hours}h{minutes:02d}m \|", lines[1]), lines[1]
+
+
+def test_reaching_the_total_after_an_interval_writes_only_the_end_line():
+  """The last advance, though every_s have passed, writes no interval line:
+  the end line follows at once and would repeat it."""
+  lines, clock = [], Clock()
+  with Progress("heads", total=4, log=lines.append, clock=clock, every_s=10) as bar:
+    clock.now += 11
+    bar.advance(4)
+  assert len(lines) == 2 and re.match(STAMP + r"heads: 4/4 \(100%\)", lines[1]), lines
+
+
+def test_the_interval_counts_from_the_last_line_written():
+  """After an interval line, the next comes every_s later, not at every
+  advance: the clock of the last line moves on with each line written."""
+  lines, clock = [], Clock()
+  with Progress("heads", total=100, log=lines.append, clock=clock, every_s=10) as bar:
+    clock.now += 10
+    bar.advance(1)
+    assert len(lines) == 2
+    for _ in range(5):
+      clock.now += 0.1
+      bar.advance(1)
+    assert len(lines) == 2, lines
+    clock.now += 10
+    bar.advance(1)
+    assert len(lines) == 3
