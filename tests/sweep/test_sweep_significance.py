@@ -335,3 +335,16 @@ def test_results_md_states_the_rule_and_each_pairs_test(sweep_dir, points):  # n
   assert float(cells[7]) == pytest.approx(want.pvalue, rel=5e-3)
   assert float(cells[8]) == pytest.approx(want.pvalue, rel=5e-3)  # a family of one
   assert cells[9] == "no"
+
+
+def test_welch_of_one_replica_with_a_std_or_an_infinite_mean_gives_no_t():
+  """A side of one replica has no spread to weigh even when a std is given
+  (its Welch-Satterthwaite df divides by n - 1 = 0: a ZeroDivisionError
+  without the size check), and an infinite mean (a diverged point's loss)
+  with finite stds leaves t and p undefined (t = inf gave p = 0,
+  'resolved')."""
+  single = significance.welch(1.0, 0.1, 1, 2.0, 0.1, 3)
+  assert (single.difference, single.t, single.df, single.p) == (1.0 - 2.0, None, None, None)
+  infinite = significance.welch(math.inf, 0.1, 3, 2.0, 0.1, 3)
+  assert infinite.difference == math.inf
+  assert (infinite.t, infinite.df, infinite.p, infinite.ci) == (None, None, None, None)
