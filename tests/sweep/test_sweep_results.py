@@ -1169,3 +1169,60 @@ def test_tuned_values_are_named_and_written_inside_the_axes(tmp_path):
     extent = text.get_window_extent(renderer)
     assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0
     assert extent.y1 <= box.y1, text.get_text()
+
+
+def test_an_extrapolation_record_one_entry_longer_than_its_lengths_is_refused(tmp_path):
+  """Every per-length list must have exactly one entry per length: a longer
+  `applicable` list is as malformed as a shorter one (read, its extra entry
+  would shift no column but hide a record written for other lengths)."""
+  write_extrapolation(tmp_path, [True, True, True, False])
+  with pytest.raises(ValueError, match=r": applicable has 4 entries for 3 lengths$"):
+    results.read_extrapolation(tmp_path)
+
+
+def test_an_extrapolation_record_without_a_step_is_current(sweep_dir, points):
+  """A record without `step` (written before records named their step) is
+  taken as the final step's: a finished point holding one needs no
+  extrapolation, logs nothing, and its row keeps it. Only a record of
+  another step is out of date."""
+  point, point_dir = points[0], sweep_dir / points[0].name
+  assert "step" not in json.loads((point_dir / results.EXTRAPOLATION_FILE).read_text())
+  lines = []
+  assert results.needs_extrapolation(point, point_dir, lines.append) is False
+  assert results.summarize_point(point, point_dir, log=lines.append).extrapolation.step is None
+  assert lines == []
+
+
+def test_throughput_is_the_mean_of_the_rows_that_log_it(tmp_path, points):
+  """tokens_per_sec is the mean (as _mean_logged documents) over the rows
+  that log it, not their median: a slow first interval (compiling) counts."""
+  rates = [100.0, 200.0, 600.0]
+  rows = [
+    replica_row(step, "loss", [3.0, 3.0], tokens_per_sec=rate)
+    for step, rate in zip(range(1, STEPS), rates, strict=True)
+  ]
+  write_run(tmp_path / "run", [*rows, replica_row(STEPS, "eval_loss", [2.0, 2.0])])
+  row = results.summarize_point(points[0], tmp_path / "run")
+  assert row.tokens_per_sec == pytest.approx(sum(rates) / len(rates))
+
+
+def test_a_summarized_point_is_flat_only_where_every_replica_is(tmp_path, sweep_config):
+  """summarize_point judges flatness per replica (replicas_flat), not on the
+  mean curve: one seed stalled beside one still falling 3.4% over the last
+  fifth averages to a fall under the 2% criterion, yet the point is not flat."""
+  steps = 1000
+  sweep_config.base.train.steps = steps
+  point = grid.expand(sweep_config)[0]
+  steps_N = list(range(100, steps + 1, 100))
+  stalled, falling = [4.0] * 9 + [4.002], [2.07] * 8 + [2.035, 2.0]
+  write_run(
+    tmp_path / "run",
+    [
+      replica_row(s, "eval_loss", [a, b]) for s, a, b in zip(steps_N, stalled, falling, strict=True)
+    ],
+    steps=steps,
+  )
+  mean_N = np.mean([stalled, falling], axis=0)
+  assert results.is_flat(results.late_improvement(steps_N, mean_N), mean_N[-1])  # the mean is
+  row = results.summarize_point(point, tmp_path / "run")
+  assert row.status == "done" and row.flat is False
