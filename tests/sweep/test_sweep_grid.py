@@ -400,3 +400,13 @@ def test_override_grid_leaves_a_field_to_sweep():
     grid.override_grid(pe_ln.get_config(), ["model.position=", "model.norm_placement="])
   with pytest.raises(grid.GridError, match="model.position is given twice"):
     grid.override_grid(pe_ln.get_config(), ["model.position=rope", "model.position=alibi"])
+
+
+def test_fields_sharing_a_last_part_are_named_by_their_whole_paths():
+  """Where two grid fields end in the same part (the run's seed and the
+  data's), both are named by their dotted paths, the others by their last
+  part: named 'seed=0,seed=1', the points of a grid sweeping both would
+  not say which seed is which."""
+  fields = {"seed": [0], "data.seed": [1], "model.position": ["rope"]}
+  (point,) = grid.expand(sweep_config(fields))
+  assert point.name == "seed=0,data.seed=1,position=rope"
