@@ -1013,3 +1013,123 @@ def test_an_extrapolation_refused_after_training_is_one_line_naming_the_point(
     grid.GridError, match=rf"^point 0 \({TOY_NAMES[0]}\): extrapolation: num_tokens"
   ):
     runner.run_sweep(toy_sweep(), workdir, log=lambda line: None, extrapolate=short_split)
+
+
+def finished(point, point_dir):
+  """Makes `point_dir` a finished point of REPLICAS replicas without training:
+  the point's config.json and metrics ending in an eval row at its
+  train.steps (no checkpoints folder: its metrics alone say it is done)."""
+  point_dir.mkdir(parents=True, exist_ok=True)
+  (point_dir / "config.json").write_text(
+    json.dumps(run_config.to_json(run_config.parse(point.config)))
+  )
+  steps = point.config.train.steps
+  row = {"step": steps, "eval_loss": 4.0, **{f"eval_loss/{r}": 4.0 for r in range(REPLICAS)}}
+  (point_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def recording_run(calls, write=None):
+  """A stand-in for loop.run that trains nothing: appends each run
+  directory to `calls`, then calls `write(workdir)` (what the run leaves)."""
+
+  def run(config, workdir, **kwargs):
+    calls.append(epath.Path(workdir))
+    if write is not None:
+      write(epath.Path(workdir))
+
+  return run
+
+
+def no_summary(monkeypatch):
+  """runner.summarize replaced by one returning a marker list (plots take
+  seconds); returns the marker."""
+  marker = ["summarized"]
+  monkeypatch.setattr(runner, "summarize", lambda *args, **kwargs: marker)
+  return marker
+
+
+def test_a_diverged_point_is_skipped_on_rerun(tmp_path, monkeypatch):
+  """A point the sweep marked diverged is not trained again (it would
+  diverge again, spending its whole run): the rerun logs it skipped."""
+  calls, lines = [], []
+  monkeypatch.setattr(runner.loop, "run", recording_run(calls))
+  point_dir = tmp_path / TOY_NAMES[0]
+  point_dir.mkdir()
+  results.mark_diverged(point_dir, "non-finite loss by step 3")
+  runner.run_sweep(toy_sweep(), tmp_path, index=0, log=lines.append)
+  assert calls == []
+  assert f"point 0 ({TOY_NAMES[0]}): diverged, skipped" in lines
+
+
+def test_a_point_left_partial_without_a_signal_stops_the_sweep_as_preempted(tmp_path, monkeypatch):
+  """A multi-process run learns of a preemption from JAX, not the sweep's
+  guard: its loop.run returns with the point saved but unfinished. The
+  sweep must stop there (a preemption, to rerun) rather than go on to the
+  next point and summarize."""
+  calls, lines = [], []
+  monkeypatch.setattr(runner.loop, "run", recording_run(calls, write=started))
+  no_summary(monkeypatch)
+  assert runner.run_sweep(toy_sweep(), tmp_path, log=lines.append) is None
+  assert calls == [tmp_path / TOY_NAMES[0]]
+  assert lines[-1] == (
+    f"sweep preempted in point 0 ({TOY_NAMES[0]}), which is saved; rerun the same command to resume"
+  )
+
+
+def test_a_read_only_unfinished_point_is_refused_before_anything_trains(tmp_path, monkeypatch):
+  """A started point the sweep would train on, read-only, stops the sweep in
+  one line before any point trains (not when its turn comes)."""
+  calls = []
+  monkeypatch.setattr(runner.loop, "run", recording_run(calls))
+  point = tmp_path / TOY_NAMES[1]
+  started(point)
+  with (
+    read_only(point),
+    pytest.raises(
+      WorkdirError, match=rf"^{point}: not a writable directory \(Read-only file system\)$"
+    ),
+  ):
+    runner.run_sweep(toy_sweep(), tmp_path, log=lambda line: None)
+  assert calls == []
+
+
+def test_a_read_only_finished_extrapolated_point_is_left_alone(tmp_path, monkeypatch):
+  """A point with nothing left to do (trained, extrapolated) is only read:
+  its directory being read-only does not stop the sweep."""
+  train_calls, extrapolate_calls = [], []
+  monkeypatch.setattr(runner.loop, "run", recording_run(train_calls))
+  marker = no_summary(monkeypatch)
+  points = grid.expand(toy_sweep())
+  for point in points:
+    finished(point, tmp_path / point.name)
+    fake_extrapolate([])(tmp_path / point.name, num_tokens=None, log=None)
+  with read_only(tmp_path / TOY_NAMES[0]):
+    rows = runner.run_sweep(
+      toy_sweep(),
+      tmp_path,
+      log=lambda line: None,
+      extrapolate=fake_extrapolate(extrapolate_calls),
+    )
+  assert rows is marker and train_calls == [] and extrapolate_calls == []
+
+
+def test_the_eta_is_the_mean_time_of_the_points_trained_not_of_those_skipped(tmp_path, monkeypatch):
+  """A point already done takes ~0 s to skip: counted in the mean, it
+  halved the ETA of a sweep resumed after its first point. The line for
+  the third point gives the one trained point's time for the one left."""
+  fields = {"model.position": ["rope", "alibi", "sinusoidal"], "model.norm_placement": ["pre"]}
+  points = grid.expand(toy_sweep(fields))
+  now, point_s = [0.0], 600.0
+  monkeypatch.setattr(runner.time, "perf_counter", lambda: now[0])
+
+  def train(point_dir):
+    now[0] += point_s
+    finished(next(p for p in points if p.name == point_dir.name), point_dir)
+
+  monkeypatch.setattr(runner.loop, "run", recording_run([], write=train))
+  no_summary(monkeypatch)
+  finished(points[0], tmp_path / points[0].name)
+  lines = []
+  runner.run_sweep(toy_sweep(fields), tmp_path, log=lines.append)
+  progress = [line for line in lines if line.startswith("sweep: ")]
+  assert progress[2] == runner.format_sweep_progress(3, 3, points[2], point_s, [point_s])

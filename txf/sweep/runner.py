@@ -253,7 +253,9 @@ def _extrapolate_point(
   next progress line (between two lengths, with nothing in flight), before
   extrapolation.json, which it writes last, so a rerun extrapolates the
   point again."""
-  if extrapolate is None:
+  # A point with nothing to add is only read: a read-only one (its check
+  # before the sweep let it pass) must not be locked, which writes.
+  if extrapolate is None or not results.needs_extrapolation(point, workdir, lambda line: None):
     return None
   with adding_to_run(workdir):
     if not results.needs_extrapolation(point, workdir, log):
