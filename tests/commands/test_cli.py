@@ -801,3 +801,26 @@ def test_the_platform_plugins_print_nothing_and_the_platform_is_one_line(
   assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
   platforms = [line for line in result.stdout.splitlines() if line.startswith("platform: ")]
   assert platforms == ["platform: cpu (1 device)"] == result.stdout.splitlines()[1:2]
+
+
+def test_the_default_workdir_of_a_config_with_an_argument_names_the_argument():
+  """--config=rope.py:small and rope.py:large train in runs of their own
+  (root/<stem>_<arg>): named by the stem alone, each resumed the other's run."""
+  small = cli.default_workdir("workdirs", "/x/rope.py:small")
+  assert small == cli.epath.Path("workdirs") / "rope_small"
+  assert cli.default_workdir("workdirs", "/x/rope.py:large") != small
+  assert cli.default_workdir("workdirs", "/x/rope.py") == cli.epath.Path("workdirs") / "rope"
+
+
+def test_a_sweeps_default_workdir_is_under_runs(tmp_path):
+  """Without --workdir the sweep works in runs/<config file stem> (the
+  documented default): each point's command trains in runs/pe_ln/<point>.
+  A dry run creates nothing."""
+  result = _SERVER.run(
+    "experiments.sweep", "--config=sweeps/pe_ln", "--dry_run", cwd=tmp_path, timeout=TIMEOUT_S
+  )
+  assert result.returncode == 0, result.stderr
+  points = re.findall(r"^point \d+ \((.*)\):$", result.stdout, re.MULTILINE)
+  workdirs = re.findall(r" --workdir=(\S+)", result.stdout)
+  assert len(points) == 12 and workdirs == [f"runs/pe_ln/{point}" for point in points]
+  assert os.listdir(tmp_path) == []
