@@ -412,6 +412,36 @@ def test_sample_stops_rows_at_eos_and_length(eos_id):
   assert len(calls) == max(end for _, end in expected) < 8
 
 
+def test_rows_that_end_early_are_filled_with_pad_id_to_the_end():
+  """Every row ends at EOS on its first new token: the buffer's columns
+  after it, which the loop never writes, hold pad_id (here not 0)."""
+  pad_id, eos_id = COUNT_VOCAB - 1, 3
+  prompt = jnp.array([[1, 2], [2, pad_id]])  # each row's next token is eos_id
+  out = decode.sample(
+    counting_stub([]),
+    {"index": jnp.int32(0)},
+    prompt,
+    max_new_tokens=4,
+    rng=jax.random.key(0),
+    temperature=0.0,
+    eos_id=eos_id,
+    pad_id=pad_id,
+  )
+  expected = [expected_counting(list(row), eos_id, 4, pad_id)[0] for row in np.asarray(prompt)]
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_each_new_token_is_drawn_with_its_own_key():
+  """Twenty tokens drawn from one uniform distribution over 50 ids are not
+  all one id (probability 50^-19 if each draw has its own key; certain if
+  every step reused one)."""
+  stub = lambda tokens_Bx1, cache: (jnp.zeros((tokens_Bx1.shape[0], 50)), cache)
+  out = decode.sample(
+    stub, {}, jnp.ones((1, 1), jnp.int32), max_new_tokens=20, rng=jax.random.key(0)
+  )
+  assert len(set(np.asarray(out[0, 1:]).tolist())) > 1
+
+
 def to_left(rows, lengths, prompt_len):
   """Right-padded rows (prompts, or outputs laid out as sample's) moved to
   the left-padded layout: each shifted right by its padding, P - length."""
@@ -465,6 +495,8 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
     ([[5, 6, 0]], dict(padding_side="left"), r"rows \[0\] are not left-padded"),
     ([[5, 6], [0, 0]], {}, r"rows \[1\] hold only pad_id=0; every row needs a token"),
     ([[5, 6]], dict(prompt_lengths_B=jnp.array([3])), r"prompt_lengths_B must lie in \[1, 2\]"),
+    # A row of no tokens would be fed the pad id as its first token.
+    ([[5, 6]], dict(prompt_lengths_B=jnp.array([0])), r"prompt_lengths_B must lie in \[1, 2\]"),
     ([[5, 6]], dict(prompt_lengths_B=jnp.array([1, 2])), r"must have shape \(1,\), got \(2,\)"),
     ([[5, 6]], dict(padding_side="middle"), "padding_side must be one of"),
     ([[5, 6]], dict(max_new_tokens=0), "max_new_tokens: must be an integer >= 1, got 0"),
@@ -478,6 +510,7 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
     "right as left",
     "empty row",
     "length > P",
+    "length 0",
     "lengths shape",
     "side",
     "no new tokens",

@@ -120,9 +120,12 @@ def _check_search_choice(
       f"return_beams={return_beams} runs beam search, which is deterministic"
     )
   penalty = concrete(length_penalty)
-  if beam and penalty is not None and penalty < 0:
+  # NaN fails every comparison: a `penalty < 0` check let it through, and
+  # beam search then found no hypothesis (NaN) or ranked none (infinity).
+  if beam and penalty is not None and not (np.isfinite(penalty) & (penalty >= 0)).all():
     raise ValueError(
-      f"generate: length_penalty must be >= 0 (its early stop assumes it), got {length_penalty}"
+      f"generate: length_penalty must be finite and >= 0 (its early stop assumes it), "
+      f"got {length_penalty}"
     )
 
 
