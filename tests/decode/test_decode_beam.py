@@ -330,3 +330,21 @@ def test_bad_seq2seq_arguments_are_rejected(kwargs, message):
   model = models.build(ModelConfig(**TINY, family="encoder_decoder"))
   with pytest.raises(ValueError, match=message):
     decode.generate(model, None, max_new_tokens=2, **kwargs)
+
+
+@pytest.mark.parametrize("alpha", [-0.5, float("nan"), float("inf")])
+def test_beam_search_called_directly_refuses_a_length_penalty_out_of_range(alpha):
+  """decode.beam_search checks a concrete length_penalty as generate does
+  (NaN and infinity passed a `< 0` check)."""
+  prompt_BxP = jnp.ones((1, 2), jnp.int32)
+  with pytest.raises(ValueError, match="^beam_search: length_penalty must be finite and >= 0"):
+    decode.beam_search(
+      path_stub,
+      {"index": jnp.int32(0), "code": jnp.ones((1, 1), jnp.int32)},
+      prompt_BxP,
+      num_beams=2,
+      max_new_tokens=2,
+      eos_id=BF_EOS,
+      length_penalty=alpha,
+      batch_axes=BF_AXES,
+    )

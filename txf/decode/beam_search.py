@@ -14,11 +14,18 @@ from typing import NamedTuple, overload
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from txf import checks
 from txf.decode.cache import Cache, TokensToLogits
-from txf.decode.prompts import check_search, prompt_lengths, restore_padding_side, right_aligned
+from txf.decode.prompts import (
+  check_search,
+  concrete,
+  prompt_lengths,
+  restore_padding_side,
+  right_aligned,
+)
 
 Array = jax.Array
 
@@ -248,6 +255,19 @@ def _beam_step(
   )
 
 
+def check_length_penalty(caller: str, length_penalty: float | Array) -> None:
+  """Refuses a (concrete) length_penalty that is not finite and >= 0: the
+  early stop assumes >= 0, and NaN, which fails every comparison, passed a
+  `< 0` check (beam search then found no hypothesis; infinity ranked every
+  one -0)."""
+  penalty = concrete(length_penalty)
+  if penalty is not None and not (np.isfinite(penalty) & (penalty >= 0)).all():
+    raise ValueError(
+      f"{caller}: length_penalty must be finite and >= 0 (its early stop assumes it), "
+      f"got {length_penalty}"
+    )
+
+
 def beam_search(
   tokens_to_logits: TokensToLogits,
   cache: Cache,
@@ -303,12 +323,14 @@ def beam_search(
     tokens mean nothing).
 
   Raises:
-    ValueError: as `sample`, or num_beams < 1.
+    ValueError: as `sample`, num_beams < 1, or (concrete) a length_penalty
+      not finite and >= 0.
   """
   check_search(
     "beam_search", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side
   )
   num_beams = checks.int_at_least(num_beams, "beam_search: num_beams", 1)
+  check_length_penalty("beam_search", length_penalty)
   prompt_len = prompt_BxP.shape[1]
   lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
   prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import checks, hardware
-from txf.decode.beam_search import beam_search, per_beam
+from txf.decode.beam_search import beam_search, check_length_penalty, per_beam
 from txf.decode.cache import (
   cache_batch_axes,
   cache_bytes,
@@ -119,14 +119,8 @@ def _check_search_choice(
       f"generate: rng, top_k and top_p sample, but num_beams={num_beams} / "
       f"return_beams={return_beams} runs beam search, which is deterministic"
     )
-  penalty = concrete(length_penalty)
-  # NaN fails every comparison: a `penalty < 0` check let it through, and
-  # beam search then found no hypothesis (NaN) or ranked none (infinity).
-  if beam and penalty is not None and not (np.isfinite(penalty) & (penalty >= 0)).all():
-    raise ValueError(
-      f"generate: length_penalty must be finite and >= 0 (its early stop assumes it), "
-      f"got {length_penalty}"
-    )
+  if beam:
+    check_length_penalty("generate", length_penalty)
 
 
 @functools.partial(
