@@ -307,9 +307,8 @@ def _fingerprints(state: Any) -> list[tuple[str, bool, int]]:
   on the devices, each finished before the next starts. On a multi-process
   mesh each is a cross-process reduction, and reductions in flight together,
   independent of each other, may run in a different order on each process,
-  each waiting for the other's (two-process saves hung so); on one process,
-  waiting costs nothing measurable (0.56 s for 591 leaves, 2.2 GB, on this
-  CPU, waiting or not)."""
+  each waiting for the other's (two-process saves hung so); what waiting
+  costs a save: docs/benchmarks.md, "The checksums a save records"."""
   fingerprints = []
   for path, leaf in jax.tree_util.tree_leaves_with_path(state):
     finite, checksum = jax.device_get(_fingerprint(leaf))
