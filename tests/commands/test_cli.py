@@ -815,9 +815,10 @@ def test_the_default_workdir_of_a_config_with_an_argument_names_the_argument():
 def test_a_sweeps_default_workdir_is_under_runs(tmp_path):
   """Without --workdir the sweep works in runs/<config file stem> (the
   documented default): each point's command trains in runs/pe_ln/<point>.
-  A dry run creates nothing."""
+  A dry run creates nothing. (txf.commands.sweep, the installed command:
+  experiments/ is found from the checkout's root only.)"""
   result = _SERVER.run(
-    "experiments.sweep", "--config=sweeps/pe_ln", "--dry_run", cwd=tmp_path, timeout=TIMEOUT_S
+    "txf.commands.sweep", "--config=sweeps/pe_ln", "--dry_run", cwd=tmp_path, timeout=TIMEOUT_S
   )
   assert result.returncode == 0, result.stderr
   points = re.findall(r"^point \d+ \((.*)\):$", result.stdout, re.MULTILINE)
