@@ -314,6 +314,19 @@ def test_a_read_only_or_remote_out_is_refused_before_the_run_is_read(tmp_path):
   assert str(raised.value).startswith(f"out: {tmp_path / 'volume'}: not a writable directory")
 
 
+def test_an_existing_out_under_a_read_only_parent_is_refused_before_the_run_is_read(tmp_path):
+  """An `out` that exists and is writable, but not a mount point, is
+  replaced by a copy staged in its parent: a read-only parent is refused
+  in one line before anything is read (probing `out` alone, the export
+  failed at the staging, after the run was restored and converted)."""
+  parent, out = tmp_path / "ro", tmp_path / "ro" / "hf"
+  out.mkdir(parents=True)
+  with read_only(parent, except_under=out), pytest.raises(ConfigError) as raised:
+    export_run(OLD_RUN, out)
+  assert str(raised.value) == f"out: {parent}: not a writable directory (Read-only file system)"
+  assert os.listdir(parent) == ["hf"] and os.listdir(out) == []
+
+
 def test_an_export_into_a_volume_under_a_read_only_parent_is_written(tmp_path, monkeypatch):
   """The usual container layout: a writable volume (holding a fresh file
   system's lost+found) under a read-only directory. The parent's probe
