@@ -132,6 +132,11 @@ def test_a_run_exported_loads_as_the_same_model(name, runs, tmp_path):
   again = jax.jit(exported.model().apply)({"params": exported.params}, *inputs)
   np.testing.assert_array_equal(np.asarray(again), np.asarray(logits))
   assert not np.allclose(logits, logits.mean())  # a model, not a constant
+  # generation_config.json: the run's special ids but the pad id (which
+  # config.json holds), as export_files writes it.
+  generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+  ids = {k: v for k, v in trained.pretrained.token_ids.items() if v is not None}
+  assert "pad_token_id" in ids and generation == {k: ids[k] for k in ids if k != "pad_token_id"}
   if name == "t5":  # the reverse task's symbols have no tokenizer.json
     assert "tokenizer.json" not in written.files and "symbols" in written.no_tokenizer
     assert exported.token_ids["decoder_start_token_id"] == trained.tokenizer.bos_id
