@@ -391,6 +391,20 @@ def expected_counting(prompt_row, eos_id, max_new_tokens, pad_id=0, length=None)
   return tokens + [pad_id] * (len(prompt_row) + max_new_tokens - len(tokens)), end
 
 
+def greedy_counting(prompt_BxP, **kwargs):
+  """decode.sample's greedy output (max_new_tokens=4 unless given) on the
+  counting stub, with a dummy cache."""
+  kwargs = dict(dict(max_new_tokens=4), **kwargs)
+  return decode.sample(
+    counting_stub([]),
+    {"index": jnp.int32(0)},
+    prompt_BxP,
+    rng=jax.random.key(0),
+    temperature=0.0,
+    **kwargs,
+  )
+
+
 @pytest.mark.parametrize("eos_id", [6, None])
 def test_sample_stops_rows_at_eos_and_length(eos_id):
   # Row 1's prompt ends in the EOS id: a prompt token must not end the row.
@@ -417,16 +431,7 @@ def test_rows_that_end_early_are_filled_with_pad_id_to_the_end():
   after it, which the loop never writes, hold pad_id (here not 0)."""
   pad_id, eos_id = COUNT_VOCAB - 1, 3
   prompt = jnp.array([[1, 2], [2, pad_id]])  # each row's next token is eos_id
-  out = decode.sample(
-    counting_stub([]),
-    {"index": jnp.int32(0)},
-    prompt,
-    max_new_tokens=4,
-    rng=jax.random.key(0),
-    temperature=0.0,
-    eos_id=eos_id,
-    pad_id=pad_id,
-  )
+  out = greedy_counting(prompt, eos_id=eos_id, pad_id=pad_id)
   expected = [expected_counting(list(row), eos_id, 4, pad_id)[0] for row in np.asarray(prompt)]
   np.testing.assert_array_equal(out, expected)
 
@@ -453,16 +458,7 @@ RAGGED = np.array([[1, 2, 0], [5, 6, 0], [4, 0, 0], [7, 8, 9]])  # lengths 2, 2,
 
 def test_sample_on_left_padded_prompts():
   lengths = (RAGGED != 0).sum(1)
-  out = decode.sample(
-    counting_stub([]),
-    {"index": jnp.int32(0)},
-    to_left(RAGGED, lengths, 3),
-    max_new_tokens=4,
-    rng=jax.random.key(0),
-    temperature=0.0,
-    eos_id=6,
-    padding_side="left",
-  )
+  out = greedy_counting(to_left(RAGGED, lengths, 3), eos_id=6, padding_side="left")
   expected = np.array([expected_counting(list(row), 6, 4)[0] for row in RAGGED])
   np.testing.assert_array_equal(out, to_left(expected, lengths, 3))
 
@@ -473,16 +469,7 @@ def test_sample_with_prompt_lengths_reads_only_those_tokens():
   lengths = np.array([2, 1, 3, 1])
   prompt = np.where(np.arange(3) < lengths[:, None], RAGGED, 13)
   prompt[2, 0] = 0
-  out = decode.sample(
-    counting_stub([]),
-    {"index": jnp.int32(0)},
-    prompt,
-    max_new_tokens=4,
-    rng=jax.random.key(0),
-    temperature=0.0,
-    eos_id=6,
-    prompt_lengths_B=jnp.asarray(lengths),
-  )
+  out = greedy_counting(prompt, eos_id=6, prompt_lengths_B=jnp.asarray(lengths))
   expected = [expected_counting(list(row), 6, 4, length=n)[0] for row, n in zip(prompt, lengths)]
   np.testing.assert_array_equal(out, expected)
 
