@@ -298,9 +298,9 @@ def test_seq2seq_ragged_beam_search_caches_cross_attention_and_equals_each_examp
   [
     (dict(rng=jax.random.key(0)), "rng, top_k and top_p sample, but num_beams=2"),
     (dict(top_k=5), "beam search, which is deterministic"),
-    (dict(length_penalty=-0.5), "length_penalty must be finite and >= 0"),
-    (dict(length_penalty=float("nan")), "length_penalty must be finite and >= 0"),
-    (dict(length_penalty=float("inf")), "length_penalty must be finite and >= 0"),
+    (dict(length_penalty=-0.5), "length_penalty: must be a finite number >= 0"),
+    (dict(length_penalty=float("nan")), "length_penalty: must be a finite number >= 0"),
+    (dict(length_penalty=float("inf")), "length_penalty: must be a finite number >= 0"),
     (dict(num_beams=0), r"num_beams: must be an integer >= 1, got 0"),
     # A float width failed inside the program (and jax cached the failure).
     (dict(num_beams=2.0), r"num_beams: must be an integer >= 1, got 2\.0"),
@@ -337,7 +337,9 @@ def test_beam_search_called_directly_refuses_a_length_penalty_out_of_range(alpha
   """decode.beam_search checks a concrete length_penalty as generate does
   (NaN and infinity passed a `< 0` check)."""
   prompt_BxP = jnp.ones((1, 2), jnp.int32)
-  with pytest.raises(ValueError, match="^beam_search: length_penalty must be finite and >= 0"):
+  with pytest.raises(
+    ValueError, match="^beam_search: length_penalty: must be a finite number >= 0"
+  ):
     decode.beam_search(
       path_stub,
       {"index": jnp.int32(0), "code": jnp.ones((1, 1), jnp.int32)},

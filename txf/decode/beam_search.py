@@ -14,14 +14,13 @@ from typing import NamedTuple, overload
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from txf import checks
 from txf.decode.cache import Cache, TokensToLogits
 from txf.decode.prompts import (
+  check_finite_at_least,
   check_search,
-  concrete,
   prompt_lengths,
   restore_padding_side,
   right_aligned,
@@ -255,19 +254,6 @@ def _beam_step(
   )
 
 
-def check_length_penalty(caller: str, length_penalty: float | Array) -> None:
-  """Refuses a (concrete) length_penalty that is not finite and >= 0: the
-  early stop assumes >= 0, and NaN, which fails every comparison, passed a
-  `< 0` check (beam search then found no hypothesis; infinity ranked every
-  one -0)."""
-  penalty = concrete(length_penalty)
-  if penalty is not None and not (np.isfinite(penalty) & (penalty >= 0)).all():
-    raise ValueError(
-      f"{caller}: length_penalty must be finite and >= 0 (its early stop assumes it), "
-      f"got {length_penalty}"
-    )
-
-
 def beam_search(
   tokens_to_logits: TokensToLogits,
   cache: Cache,
@@ -330,7 +316,8 @@ def beam_search(
     "beam_search", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side
   )
   num_beams = checks.int_at_least(num_beams, "beam_search: num_beams", 1)
-  check_length_penalty("beam_search", length_penalty)
+  # Its early stop assumes a length_penalty >= 0.
+  check_finite_at_least(length_penalty, "beam_search: length_penalty", 0)
   prompt_len = prompt_BxP.shape[1]
   lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
   prompt_BxP = right_aligned(prompt_BxP, lengths_B, pad_id, padding_side)

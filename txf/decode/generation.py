@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import checks, hardware
-from txf.decode.beam_search import beam_search, check_length_penalty, per_beam
+from txf.decode.beam_search import beam_search, per_beam
 from txf.decode.cache import (
   cache_batch_axes,
   cache_bytes,
@@ -29,7 +29,7 @@ from txf.decode.cache import (
   init_cache,
   make_tokens_to_logits,
 )
-from txf.decode.prompts import check_search, concrete
+from txf.decode.prompts import check_finite_at_least, check_search, concrete
 from txf.decode.sampling import check_sampling, sample
 from txf.layers.embedding import check_id_range
 
@@ -119,8 +119,8 @@ def _check_search_choice(
       f"generate: rng, top_k and top_p sample, but num_beams={num_beams} / "
       f"return_beams={return_beams} runs beam search, which is deterministic"
     )
-  if beam:
-    check_length_penalty("generate", length_penalty)
+  if beam:  # its early stop assumes a length_penalty >= 0
+    check_finite_at_least(length_penalty, "generate: length_penalty", 0)
 
 
 @functools.partial(

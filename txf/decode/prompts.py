@@ -32,6 +32,19 @@ def concrete(x: Any) -> np.ndarray | None:
   return np.asarray(x)
 
 
+def check_finite_at_least(x: Any, name: str, minimum: float) -> None:
+  """Refuses a concrete `x` (see `concrete`; a traced one is not known here
+  and not checked) that is not a scalar, or not a finite number >= minimum
+  (`checks.finite_at_least`: NaN fails every comparison), in one line
+  naming `name`."""
+  value = concrete(x)
+  if value is None:
+    return
+  if value.shape != ():
+    raise ValueError(f"{name}: must be a scalar, got shape {value.shape}")
+  checks.finite_at_least(value.item(), name, minimum)
+
+
 def _check_options(caller: str, max_new_tokens: int, padding_side: str) -> None:
   # A float count (2.0) failed in flax's tracing of the cache, a traceback.
   checks.int_at_least(max_new_tokens, f"{caller}: max_new_tokens", 1)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 from txf import checks
 from txf.decode.cache import Cache, TokensToLogits
 from txf.decode.prompts import (
+  check_finite_at_least,
   check_search,
-  concrete,
   prompt_lengths,
   restore_padding_side,
   right_aligned,
@@ -30,11 +30,7 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> None:
   Raises:
     ValueError: naming the first argument out of range.
   """
-  value = concrete(temperature)
-  if value is not None:
-    if value.shape != ():
-      raise ValueError(f"temperature: must be a scalar, got shape {value.shape}")
-    checks.finite_at_least(value.item(), "temperature", 0)
+  check_finite_at_least(temperature, "temperature", 0)
   checks.int_at_least(top_k, "top_k", 0)
   checks.fraction(top_p, "top_p", low_open=True, high_open=False)
 
