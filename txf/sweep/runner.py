@@ -233,6 +233,11 @@ def _train_point(
   return "preempted" if results.point_status(workdir, steps=steps) == "partial" else None
 
 
+def _quiet(line: str) -> None:
+  """A log that drops its lines: for asking a point's state again where its
+  turn logs the reason."""
+
+
 class _Preempted(Exception):
   """A SIGTERM stopped a point's extrapolation (_extrapolate_point)."""
 
@@ -255,7 +260,7 @@ def _extrapolate_point(
   point again."""
   # A point with nothing to add is only read: a read-only one (its check
   # before the sweep let it pass) must not be locked, which writes.
-  if extrapolate is None or not results.needs_extrapolation(point, workdir, lambda line: None):
+  if extrapolate is None or not results.needs_extrapolation(point, workdir, _quiet):
     return None
   with adding_to_run(workdir):
     if not results.needs_extrapolation(point, workdir, log):
@@ -577,8 +582,7 @@ def _check_point_writable(
     return
   trains = results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged")
   # Quiet: the point's turn logs why its extrapolation is recomputed.
-  quiet = lambda line: None
-  if trains or (extrapolate is not None and results.needs_extrapolation(point, point_dir, quiet)):
+  if trains or (extrapolate is not None and results.needs_extrapolation(point, point_dir, _quiet)):
     check_writable(point_dir)
 
 
