@@ -37,11 +37,21 @@ def last_double_loss_sums(logits, labels, weights, *, label_smoothing, z_loss):
 
 
 def count_squared_metric_sums(logits, labels, weights):
-  """The built-in sums and the batch's token count squared."""
+  """The built-in sums, the batch's token count squared, and whole rows
+  right as a (rows whose weighted tokens are all argmax-right, rows) pair."""
   loss_sum, count, correct = last_double_loss_sums(
     logits, labels, weights, label_smoothing=0.0, z_loss=0.0
   )
-  return {"loss_sum": loss_sum, "count": count, "correct": correct, "count_squared": count**2}
+  wrong_BxT = (jnp.argmax(logits, -1) != labels) & (weights > 0)
+  rows_right = (~wrong_BxT.any(-1)).sum().astype(jnp.float32)
+  rows = jnp.float32(labels.shape[0])
+  return {
+    "loss_sum": loss_sum,
+    "count": count,
+    "correct": correct,
+    "count_squared": count**2,
+    "rows_right": (rows_right, rows),
+  }
 
 
 @pytest.fixture
@@ -97,9 +107,13 @@ def test_a_task_kinds_loss_and_metrics_are_what_the_steps_return(last_double):
   assert float(metrics["accuracy"]) == float(lm_metrics["accuracy"])
 
   sums = jax.jit(make_eval_step(model, last_double))(state.params, batch)
-  assert set(sums) == {"loss_sum", "count", "correct", "count_squared"}
+  assert set(sums) == {"loss_sum", "count", "correct", "count_squared", "rows_right"}
   np.testing.assert_allclose(float(sums["loss_sum"]), loss_sum, rtol=1e-5)
   assert float(sums["count"]) == count and float(sums["count_squared"]) == count**2
+  wrong_BxT = (np.argmax(np.asarray(logits), -1) != np.asarray(batch["targets"])) & (
+    np.asarray(batch["weights"]) > 0
+  )
+  assert [float(x) for x in sums["rows_right"]] == [float((~wrong_BxT.any(-1)).sum()), float(B)]
 
 
 def test_a_task_with_its_own_loss_refuses_the_fused_loss(last_double):
@@ -109,18 +123,26 @@ def test_a_task_with_its_own_loss_refuses_the_fused_loss(last_double):
   parse(tiny_config(data__task=last_double))
 
 
-def test_evaluation_reports_each_sum_over_the_count():
+def test_evaluation_reports_each_sum_over_the_count_and_a_pair_over_its_own():
   batch_sums = [
-    dict(loss_sum=6.0, count=3.0, correct=1.0, count_squared=9.0),
-    dict(loss_sum=2.0, count=4.0, correct=3.0, count_squared=16.0),
+    dict(loss_sum=6.0, count=3.0, correct=1.0, count_squared=9.0, rows_right=(1.0, 2.0)),
+    dict(loss_sum=2.0, count=4.0, correct=3.0, count_squared=16.0, rows_right=(2.0, 3.0)),
   ]
   run = SimpleNamespace(
     eval_data=batch_sums,
-    eval_step=lambda params, sums: {key: np.float32(value) for key, value in sums.items()},
+    eval_step=lambda params, sums: jax.tree.map(np.float32, sums),
     to_device=lambda batch: batch,
     activation_sharding=contextlib.nullcontext,
     task="classify",
     run=SimpleNamespace(replicas=1),
   )
   result = RunSetup.evaluate(run, params=None)  # type: ignore[arg-type]  # what evaluate reads
-  assert result == {"eval_loss": 8 / 7, "eval_accuracy": 4 / 7, "eval_count_squared": 25 / 7}
+  assert result == {
+    "eval_loss": 8 / 7,
+    "eval_accuracy": 4 / 7,
+    "eval_count_squared": 25 / 7,
+    "eval_rows_right": 3 / 5,
+  }
+  run.eval_data = [dict(batch, rows_right=(0.0, 0.0)) for batch in batch_sums]
+  result = RunSetup.evaluate(run, params=None)  # type: ignore[arg-type]
+  assert np.isnan(result["eval_rows_right"]) and result["eval_count_squared"] == 25 / 7

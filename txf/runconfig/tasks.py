@@ -30,7 +30,7 @@ from txf.data.spec import TASKS
 Batch = Mapping[str, Any]  # numpy (init, shapes) or jax arrays, keyed as txf/data/__init__.py
 # (logits, labels, weights, *, label_smoothing, z_loss) -> (loss sum, weight sum, correct count)
 LossSums = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
-# (logits, labels, weights) -> {name: float32 scalar sum}
+# (logits, labels, weights) -> {name: float32 scalar sum, or a (sum, denominator) pair}
 MetricSums = Callable[[jax.Array, jax.Array, jax.Array], dict[str, jax.Array]]
 BATCH_FORMATS = ("lm", "mlm", "seq2seq", "classify")
 # What a registered task kind must have (txf.register.task); loss_sums and
@@ -74,8 +74,10 @@ class TaskKind:
     metric_sums: (logits, labels, weights) -> {name: float32 scalar sum} for
       an eval batch, with at least 'loss_sum', 'count' and 'correct';
       evaluation adds them over its batches and reports each over the count
-      (eval_loss, eval_accuracy, eval_<name>). None: `loss_metrics` of
-      `loss_sums` without label smoothing or z-loss.
+      (eval_loss, eval_accuracy, eval_<name>), or, for a value that is a
+      (sum, denominator) pair, over its own denominator (a whole-answer
+      accuracy over examples, not tokens; NaN if it is 0). None:
+      `loss_metrics` of `loss_sums` without label smoothing or z-loss.
   """
 
   batches: str

@@ -159,19 +159,23 @@ class RunSetup:
   def evaluate(self, params: Any) -> dict[str, float]:
     """Loss, accuracy (and perplexity for language models) over eval_data,
     and each further sum of the task's `TaskKind.metric_sums` over the count
-    (eval_<name>); with R > 1 replicas (stacked params) each replica's
-    ('eval_loss/0', ...) and their mean ('eval_loss') and std ('eval_loss_std')."""
-    totals: dict[str, float | np.ndarray] = {}
+    (eval_<name>), or over its own denominator where the hook returns a
+    (sum, denominator) pair; with R > 1 replicas (stacked params) each
+    replica's ('eval_loss/0', ...) and their mean ('eval_loss') and std
+    ('eval_loss_std')."""
+    totals: dict[str, Any] = {}
     with self.activation_sharding():
       for batch in self.eval_data:
         sums = jax.device_get(self.eval_step(params, self.to_device(batch)))
         for key, value in sums.items():
-          totals[key] = totals.get(key, 0.0) + np.asarray(value, np.float64)
+          # A pair stays a pair: its sum and its denominator add up apart.
+          added = jax.tree.map(lambda v: np.asarray(v, np.float64), value)
+          totals[key] = added if key not in totals else jax.tree.map(np.add, totals[key], added)
     if not totals or not np.all(totals["count"]):
       raise ValueError("eval: the validation split produced no tokens")
     names = {"loss_sum": "eval_loss", "correct": "eval_accuracy"}
     result = {
-      names.get(key, f"eval_{key}"): total / totals["count"]
+      names.get(key, f"eval_{key}"): _over(total, totals["count"])
       for key, total in totals.items()
       if key != "count"
     }
@@ -179,6 +183,16 @@ class RunSetup:
     if task_kind(self.task).perplexity:
       result["eval_perplexity"] = np.exp(np.minimum(loss, 50.0))
     return replicas.scalars(result, self.run.replicas)
+
+
+def _over(total: Any, count: np.ndarray) -> np.ndarray:
+  """An evaluation's sum over the token (or example) count, or a (sum,
+  denominator) pair's sum over its own denominator (NaN where it is 0)."""
+  if isinstance(total, tuple):
+    numerator, denominator = total
+    with np.errstate(divide="ignore", invalid="ignore"):
+      return np.where(denominator != 0, numerator / denominator, np.nan)
+  return total / count
 
 
 def train_step_for_seed(

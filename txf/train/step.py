@@ -324,8 +324,9 @@ def make_eval_step(
   model: nn.Module, task: str, *, loss_chunk_len: int = 0
 ) -> Callable[[Any, Batch], dict]:
   """Returns `eval_step(params, batch) -> sums`: loss_sum, count, correct and
-  any more of data.task's `TaskKind.metric_sums` (sums, so results over many
-  batches add up exactly); loss_chunk_len as in `make_train_step`."""
+  any more of data.task's `TaskKind.metric_sums` (sums or (sum, denominator)
+  pairs, so results over many batches add up exactly); loss_chunk_len as in
+  `make_train_step`."""
 
   def eval_step(params, batch):
     return _eval_sums(model, params, batch, task, loss_chunk_len)
