@@ -387,6 +387,8 @@ def test_a_sweep_grid_is_narrowed_with_the_grid_flag_not_its_config_fields(tmp_p
     "--config=configs/sweeps/pe_ln.py", workdir, "--grid=model.num_layers=two", command="sweep"
   )
   assert_one_line_error(result, "flag error: --grid=model.num_layers=two: ", "not an integer")
+  result = run_cli("--config=configs/sweeps/pe_ln.py", workdir, "--index=12", command="sweep")
+  assert_one_line_error(result, "flag error: --index=12: out of range", "indices 0..11")
   assert not (tmp_path / "sweep").exists()
 
 

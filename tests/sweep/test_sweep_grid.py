@@ -248,7 +248,7 @@ def test_select_rejects_bad_indices_naming_their_source(
 ):
   if env is not None:
     monkeypatch.setenv(grid.SLURM_TASK_ENV, env)
-  with pytest.raises(GridError, match=message):
+  with pytest.raises(grid.PointIndexError, match=message):
     grid.select(six_points, index)
 
 

@@ -124,7 +124,7 @@ def main(argv) -> None:
   if _SUMMARIZE.value and _INDEX.value is not None:
     fail("flag", "--summarize reads every point of the sweep: no --index")
   # After flag parsing: fast --help.
-  from txf.sweep.grid import GridError, expand, override_grid
+  from txf.sweep.grid import GridError, PointIndexError, expand, override_grid
   from txf.sweep.publish import publish
   from txf.sweep.runner import read_sweep_settings, run_sweep
   from txf.trained.extrapolate import extrapolate_run
@@ -160,6 +160,8 @@ def main(argv) -> None:
         summarize_only=_SUMMARIZE.value,
         extrapolate=extrapolate_run if _EXTRAPOLATE.value else None,
       )
+    except PointIndexError as error:
+      fail("flag", error)
     except GridError as error:
       fail("config", error)
 

@@ -60,6 +60,10 @@ class GridError(ValueError):
   """A sweep grid or one of its points is invalid; raised before any training."""
 
 
+class PointIndexError(GridError):
+  """The point asked for (--index, $SLURM_ARRAY_TASK_ID) is not one of the grid's."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Point:
   """One point of a sweep grid.
@@ -337,7 +341,7 @@ def select(points: Sequence[Point], index: int | None = None) -> list[Point]:
   each task of a SLURM job array) picks the point when it is set.
 
   Raises:
-    GridError: an index out of range or not an integer, naming where it came from.
+    PointIndexError: an index out of range or not an integer, naming where it came from.
   """
   source = f"--index={index}"
   if index is None:
@@ -347,9 +351,9 @@ def select(points: Sequence[Point], index: int | None = None) -> list[Point]:
     try:
       index = int(os.environ[SLURM_TASK_ENV])
     except ValueError as error:
-      raise GridError(f"{source}: not an integer") from error
+      raise PointIndexError(f"{source}: not an integer") from error
   if not 0 <= index < len(points):
-    raise GridError(
+    raise PointIndexError(
       f"{source}: out of range (the grid has {len(points)} points, indices 0..{len(points) - 1})"
     )
   return [points[index]]
