@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+import jax
 import pytest
 
 from txf import progress
@@ -236,15 +237,85 @@ def test_say_stamps_a_line_off_a_terminal_and_not_on_one(capsys, monkeypatch):
 def test_a_terminal_bar_is_drawn_only_where_stdout_and_stderr_are_terminals(capsys, monkeypatch):
   # A training run's steps: a bar beneath its lines on a terminal, nothing
   # more in a log file (its stamped lines say where it is).
-  with progress.terminal_bar("train", 40, unit="steps", done=10) as update:
-    update(20)
+  computed = jax.numpy.ones(())
+  with progress.terminal_bar("train", 40, unit="steps", done=10) as dispatched:
+    dispatched(20, computed)
   assert capsys.readouterr() == ("", "")
   monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
   monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-  with progress.terminal_bar("train", 40, unit="steps", done=10) as update:
-    update(30)
+  with progress.terminal_bar("train", 40, unit="steps", done=10) as dispatched:
+    dispatched(30, jax.block_until_ready(computed))
+    time.sleep(5 * progress.BAR_EVERY_S)
   err = capsys.readouterr().err
   assert "train" in err and "30/40" in err and "steps" in err
+
+
+class Marker:
+  """A dispatched unit's output, finished when the test says."""
+
+  def __init__(self):
+    self.ready = False
+
+  def is_ready(self):
+    return self.ready
+
+
+class RecordingBar:
+  """rich.progress.Progress as terminal_bar uses it, recording each count shown."""
+
+  def __init__(self):
+    self.shown = []
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    return False
+
+  def add_task(self, what, *, total, completed):
+    self.shown.append(completed)
+    return 0
+
+  def update(self, task, *, completed):
+    self.shown.append(completed)
+
+
+def shown_within(bar, count, seconds=5.0):
+  """Waits (up to `seconds`) for the bar's poll thread to show `count`."""
+  deadline = time.monotonic() + seconds
+  while bar.shown[-1] != count and time.monotonic() < deadline:
+    time.sleep(0.01)
+  return bar.shown[-1]
+
+
+def test_a_terminal_bar_shows_the_last_step_the_device_finished_not_the_last_queued(
+  monkeypatch,
+):
+  # The train bar counted dispatches: it ran ahead of the device (32 steps of 40).
+  monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+  monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+  monkeypatch.setattr(progress, "BAR_EVERY_S", 0.01)
+  bar = RecordingBar()
+  monkeypatch.setattr(progress, "_rich_bar", lambda unit, transient: bar)
+  markers = {done: Marker() for done in (11, 12, 13, 14)}
+  with progress.terminal_bar("train", 40, unit="steps", done=10) as dispatched:
+    for done, marker in markers.items():
+      dispatched(done, marker)
+    markers[12].ready = True  # finished out of order: 11 holds it back
+    time.sleep(0.1)
+    assert bar.shown == [10]
+    markers[11].ready = True
+    assert shown_within(bar, 12) == 12
+    time.sleep(0.1)
+    assert bar.shown[-1] == 12  # 13 and 14 are still queued
+    markers[13].ready = markers[14].ready = True
+    assert shown_within(bar, 14) == 14
+    dispatched(15, jax.block_until_ready(jax.numpy.ones(())))  # a jax.Array's own is_ready
+    assert shown_within(bar, 15) == 15
+  assert bar.shown == sorted(bar.shown) and set(bar.shown) <= {10, 12, 13, 14, 15}
+  count = len(bar.shown)
+  time.sleep(0.05)
+  assert len(bar.shown) == count  # the poll thread ended with the bar
 
 
 def test_say_writes_nothing_where_stdout_is_closed(monkeypatch):

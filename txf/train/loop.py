@@ -414,12 +414,12 @@ def _train(
   with (
     contextlib.closing(_prefetch(setup.train_data, setup.train_to_device, prefetch)) as batches,
     _joining(compiling),
-    terminal_bar("train", train.steps, unit="steps", done=start) as show_step,
+    terminal_bar("train", train.steps, unit="steps", done=start) as show_when_done,
   ):
     for step in range(start, train.steps):
       batch, data_state = next(batches)
       state, metrics = setup.train_step(state, batch)
-      show_step(step + 1)
+      show_when_done(step + 1, metrics["finite"])
       if step == start:
         # The evaluation compiled beside the step's own compilation; done
         # before the second step, no window of steps shares the host (or,
