@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -827,3 +828,25 @@ def test_a_sweeps_default_workdir_is_under_runs(tmp_path):
   workdirs = re.findall(r" --workdir=(\S+)", result.stdout)
   assert len(points) == 12 and workdirs == [f"runs/pe_ln/{point}" for point in points]
   assert os.listdir(tmp_path) == []
+
+
+def test_publish_asks_for_each_points_extrapolation_unless_told_noextrapolate(tmp_path):
+  """A sweep that extrapolates publishes a point only with its
+  extrapolation.json; --noextrapolate (the sweep was run with it) does not
+  ask for one."""
+  committed = REPO / "docs" / "data" / "t5_distance"
+  workdir = tmp_path / "runs"
+  for point in committed.iterdir():
+    if point.is_dir():
+      shutil.copytree(point, workdir / point.name)
+  (workdir / "t5_max_distance=64" / "extrapolation.json").unlink()
+  args = ["--config=configs/sweeps/t5_distance.py", f"--workdir={workdir}"]
+  refused = run_cli(*args, f"--publish={tmp_path / 'refused'}", command="sweep")
+  assert refused.returncode == 2 and "has no extrapolation.json" in refused.stderr
+  assert not (tmp_path / "refused").exists()
+  published = run_cli(
+    *args, f"--publish={tmp_path / 'published'}", "--noextrapolate", command="sweep"
+  )
+  assert published.returncode == 0, published.stderr
+  assert not (tmp_path / "published" / "t5_max_distance=64" / "extrapolation.json").exists()
+  assert (tmp_path / "published" / "t5_max_distance=32" / "extrapolation.json").exists()
