@@ -3,6 +3,7 @@ fields fit_vocabulary derives from the data fields compare as derived, and
 a run whose config.json was lost is held to its run_record.json."""
 
 import json
+import shutil
 
 import pytest
 
@@ -131,6 +132,59 @@ def test_a_run_is_resumed_and_read_only_with_the_tokenizer_it_trained_with(tmp_p
   (tokenizer_dir / "tokenizer.json").write_text(original)
   loop.run(parse(config), workdir, log=lambda line: None)
   assert load_run(workdir).step == 4
+
+
+@pytest.mark.slow  # trains three runs
+def test_a_run_reads_its_own_copy_of_an_hf_tokenizer_once_its_path_has_moved(tmp_path):
+  """data.tokenizer_path and train.init_from name directories outside the
+  run (a Hub cache): moved (another machine, another home), the run could
+  neither resume (data.tokenizer_path: differs) nor be read (no
+  tokenizer.json there; the starting checkpoint's config.json missing).
+  A new run keeps its tokenizer's files; a resume may name where they moved
+  to, not another tokenizer; the starting checkpoint is not read again."""
+  from txf.data import tokenizers
+  from txf.data.pipeline import HF_TOKENIZER_COPY
+  from txf.train.run_setup import load_run
+
+  tokenizer_dir = tmp_path / "cache" / "tokenizer"
+  tokenizer_dir.mkdir(parents=True)
+  for name, text in tokenizers.hf_tokenizer_files(tokenizers.ByteTokenizer()).items():
+    (tokenizer_dir / name).write_text(text)
+  start = tmp_path / "cache" / "start"
+  base = dict(data__tokenizer="hf", data__tokenizer_path=str(tokenizer_dir))
+  loop.run(parse(tiny_config(steps=1, **base)), start, log=lambda line: None)
+  config = tiny_config(steps=2, train__init_from=str(start), **base)
+  workdir = tmp_path / "run"
+  loop.run(parse(config), workdir, log=lambda line: None)
+  kept = workdir / HF_TOKENIZER_COPY
+  assert {path.name: path.read_bytes() for path in kept.iterdir()} == {
+    path.name: path.read_bytes() for path in tokenizer_dir.iterdir()
+  }
+  moved = tmp_path / "elsewhere"
+  (tmp_path / "cache").rename(moved)
+  trained = load_run(workdir)
+  assert trained.step == 2 and trained.setup.run.data.tokenizer_path == str(tokenizer_dir)
+  config.data.tokenizer_path = str(moved / "tokenizer")
+  config.train.init_from = str(moved / "start")
+  config.train.steps = 4
+  loop.run(parse(config), workdir, log=lambda line: None)
+  assert resume.read_run_config(workdir).data.tokenizer_path == str(moved / "tokenizer")
+  # Another tokenizer at the new path: the record's contents refuse it.
+  other = tmp_path / "other"
+  shutil.copytree(moved / "tokenizer", other)
+  edited = json.loads((other / "tokenizer.json").read_text())
+  vocab = edited["model"]["vocab"]
+  vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+  (other / "tokenizer.json").write_text(json.dumps(edited))
+  config.data.tokenizer_path = str(other)
+  config.train.steps = 6
+  with pytest.raises(ConfigError, match=r"^data\.tokenizer_path: the tokenizer's contents"):
+    loop.run(parse(config), workdir, log=lambda line: None)
+  # A run that recorded no tokenizer contents is held to its path.
+  saved = resume.read_run_config(workdir)
+  (workdir / RECORD_FILE).unlink()
+  with pytest.raises(ValueError, match=r"^data\.tokenizer_path: differs from the run"):
+    resume.check_resumable(parse(config), saved, workdir)
 
 
 def test_a_run_whose_checkpoints_link_to_nothing_is_refused_not_started_afresh(tmp_path):

@@ -18,6 +18,7 @@ from txf.data.spec import (
   text_source,
 )
 from txf.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
+from txf.storage import write_files
 
 # Bytes of the train split sentencepiece trains on (about 13 s on one core).
 SENTENCEPIECE_TRAIN_BYTES = 2_000_000
@@ -56,10 +57,35 @@ def sentencepiece_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -
     raise ValueError(f"data.sp_vocab_size: {error}") from None
 
 
+# Where a run keeps a copy of its hf tokenizer's files (keep_hf_tokenizer).
+HF_TOKENIZER_COPY = "hf_tokenizer"
+
+
 @TOKENIZERS.decorator("hf")
 def hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
-  """The Hugging Face tokenizer.json at data.tokenizer_path (HFTokenizer)."""
-  return HFTokenizer(required(spec.tokenizer_path))
+  """The Hugging Face tokenizer.json at data.tokenizer_path (HFTokenizer);
+  where that path is gone (a run moved to another machine, whose Hub cache
+  is elsewhere), the copy the run in `workdir` keeps (keep_hf_tokenizer).
+  The run's record holds its contents' SHA-256, against which both are
+  checked (txf.rundir.record.check_recorded_tokenizer)."""
+  path = epath.Path(required(spec.tokenizer_path))
+  if workdir is not None and not path.exists():
+    name = path.name if path.suffix == ".json" else "tokenizer.json"
+    kept = epath.Path(workdir) / HF_TOKENIZER_COPY / name
+    if kept.exists():
+      return HFTokenizer(kept)
+  return HFTokenizer(path)
+
+
+def keep_hf_tokenizer(spec: DataSpec, tokenizer: Tokenizer, workdir: str | os.PathLike) -> None:
+  """Copies an hf tokenizer's files (HFTokenizer.files, under their own
+  names) into `workdir`'s HF_TOKENIZER_COPY, which `hf_tokenizer` reads
+  where data.tokenizer_path is gone: a new run's directory holds what its
+  ids need. Nothing for another data.tokenizer."""
+  if spec.tokenizer != "hf" or not isinstance(tokenizer, HFTokenizer):
+    return
+  copy = epath.Path(workdir) / HF_TOKENIZER_COPY
+  write_files({copy / file.name: file.read_bytes() for file in tokenizer.files()})
 
 
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:

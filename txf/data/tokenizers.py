@@ -356,15 +356,19 @@ class HFTokenizer(Tokenizer):
           roles[role] = token
     return roles
 
+  def files(self) -> list[epath.Path]:
+    """The files that define its ids: tokenizer.json and the special-token
+    files beside it that exist, in that order."""
+    beside = (self.file.parent / name for name in self._SPECIAL_FILES)
+    return [file for file in (self.file, *beside) if file.exists()]
+
   @property
   def sha256(self) -> str:
-    """SHA-256 over tokenizer.json and the special-token files beside it
-    (each file's name, length and bytes, those present, in that order)."""
+    """SHA-256 over `files` (each file's name, length and bytes)."""
     digest = hashlib.sha256()
-    for file in (self.file, *(self.file.parent / name for name in self._SPECIAL_FILES)):
-      if file.exists():
-        data = file.read_bytes()
-        digest.update(f"{file.name}\0{len(data)}\0".encode() + data)
+    for file in self.files():
+      data = file.read_bytes()
+      digest.update(f"{file.name}\0{len(data)}\0".encode() + data)
     return digest.hexdigest()
 
   def _token_id(self, file: epath.Path, role: str, token: str) -> int:

@@ -26,7 +26,8 @@ generated-example fields define the data stream the checkpoint was trained
 on and the sentencepiece model in the work directory).
 `data.seq_len`, `data.batch_size`, how a TFDS stream is read and attended
 (`data.read_threads`, `data.attend_across_documents`) and evaluated
-(`data.tfds_eval_split`), and the `train`,
+(`data.tfds_eval_split`), where an hf tokenizer is read from
+(`data.tokenizer_path`, its contents held by the run's record), and the `train`,
 `eval` and `parallel` sections may change; a `train` change that reshapes
 the optimizer state the checkpoints hold may not (`check_optimizer_state`),
 and a warmup the run finished by the step it resumes from stays as it was
@@ -55,7 +56,13 @@ from txf.layers.model_config import (
 )
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
-from txf.rundir.record import RECORD_FILE, check_choices, read_record, recorded_config
+from txf.rundir.record import (
+  RECORD_FILE,
+  check_choices,
+  read_record,
+  recorded_config,
+  recorded_tokenizer,
+)
 from txf.storage import is_local, read_json, write_file
 
 CONFIG_FILE = "config.json"
@@ -359,20 +366,27 @@ def check_resumable(
   held = RESUME_SECTIONS if trained else ("data",)
   for name, _, _ in config_changes(run, saved):
     section, _, field = name.partition(".")
-    if section in held and not _free(section, field, saved, trained):
+    if section in held and not _free(section, field, saved, workdir, trained):
       raise ValueError(
         f"{name}: differs from the run already in {workdir} (see "
         f"{epath.Path(workdir) / source}); use a new --workdir"
       )
 
 
-def _free(section: str, field: str, saved: RunConfig, trained: bool) -> bool:
-  """Whether a resume may change `section`.`field` of the run that saved
-  `saved` (FREE_MODEL_FIELDS, FREE_DATA_FIELDS; the data order's too where
-  the run saved no checkpoint, `trained` False: its tokenizer does not
-  depend on it): model.max_len only where the run's position encoding owns
-  no learned table of max_len rows, which the checkpoints hold."""
+def _free(
+  section: str, field: str, saved: RunConfig, workdir: str | os.PathLike, trained: bool
+) -> bool:
+  """Whether a resume may change `section`.`field` of the run in `workdir`
+  that saved `saved` (FREE_MODEL_FIELDS, FREE_DATA_FIELDS; the data order's
+  too where the run saved no checkpoint, `trained` False: its tokenizer does
+  not depend on it): model.max_len only where the run's position encoding
+  owns no learned table of max_len rows, which the checkpoints hold;
+  data.tokenizer_path where the run recorded its tokenizer's contents
+  (their SHA-256, which the new path's must match: a run moved to a machine
+  whose Hub cache is elsewhere)."""
   if section == "data":
+    if field == "tokenizer_path":
+      return recorded_tokenizer(workdir) is not None
     return field in FREE_DATA_FIELDS or (not trained and field in DATA_ORDER_FIELDS)
   if section != "model" or field not in FREE_MODEL_FIELDS:
     return False

@@ -51,7 +51,7 @@ from txf.data import (
   make_tokenizer,
   num_classes,
 )
-from txf.data.pipeline import sentencepiece_model
+from txf.data.pipeline import keep_hf_tokenizer, sentencepiece_model
 from txf.data.spec import TASKS
 from txf.data.stacked import StackedDatasets
 from txf.decode.cache import check_cache_length
@@ -97,7 +97,8 @@ class RunSetup:
     init: jitted () -> TrainState (stacked: leaves [R, ...] when R > 1),
       created already sharded (no host ever holds the whole model); with
       config.train.init_from, its parameters are that checkpoint's (a Hugging Face
-      directory or a txf run; txf.train.pretrained.pretrained_params).
+      directory or a txf run; txf.train.pretrained.pretrained_params),
+      except in a run directory with checkpoints, which restores its own.
     abstract_state: init's TrainState of ShapeDtypeStructs with shardings;
       restoring onto it reshards a checkpoint written on another mesh.
     train_step: jitted (state, batch) -> (state, metrics); donates the state;
@@ -268,6 +269,8 @@ def fit_vocabulary(
       # A new run only: one trained before this check is read, evaluated and
       # resumed as it was trained (its model.pad_id cannot change on resume).
       run.model.check_padding(tokenizer.pad_id, tokenizer.eos_id)
+      if workdir is not None:
+        keep_hf_tokenizer(run.data, tokenizer, workdir)
     if task_kind(run.data.task).causal_lm and run.eval.sample_tokens:
       sample_len = decode.cache_length(
         _prompt_length(tokenizer, run.eval.sample_prompt), run.eval.sample_tokens
@@ -402,7 +405,10 @@ def setup_run(
         raise ValueError(f"data.task {task!r}: {error}") from None
     state_sharding = sharding.state_shardings(jax.eval_shape(init_fn, key), boxed_params, mesh)
     pretrained, started_from = None, None
-    if run.train.init_from:
+    # A run with checkpoints restores its weights from them: the checkpoint
+    # it started from is not read again (it may have moved since, with the
+    # Hub cache it was in; and loading it only to replace it cost a read).
+    if run.train.init_from and not (workdir is not None and saved_steps(workdir)):
       source, started_from = init_from_model(run.train.init_from, tokenizer)
       pretrained = pretrained_params(source, run.train.init_from, run.model, boxed_params)
   except ValueError as error:
