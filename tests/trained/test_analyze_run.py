@@ -275,6 +275,7 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert record == {
     "step": run.step,
     "replica": 0,
+    "num_batches": 1,
     "probe_seed": 0,
     "periods": record["periods"],  # the probe's defaults (test_probe_periods)
     "files": [attention_png("self"), SCORES_CSV, SCORES_MD],
@@ -506,8 +507,14 @@ def test_head_progress_line_has_the_head_its_place_and_an_eta():
   assert line == "analyze: self head L1H0 (5 of 8) | loss_delta +0.0123 | elapsed 10s | eta 6s"
 
 
-def _settings(step, replica=0, probe_seed=0, periods=(23, 19)):
-  return dict(step=step, replica=replica, probe_seed=probe_seed, periods=list(periods))
+def _settings(step, replica=0, num_batches=4, probe_seed=0, periods=(23, 19)):
+  return dict(
+    step=step,
+    replica=replica,
+    num_batches=num_batches,
+    probe_seed=probe_seed,
+    periods=list(periods),
+  )
 
 
 def _analysis_dir(tmp_path, settings, names):
@@ -543,23 +550,25 @@ def test_a_rerun_at_another_checkpoint_removes_what_it_does_not_write_again(tmp_
   ]
   assert lines == [
     "removed circuits.json, composition.png, training_scores.csv of the analysis of "
-    "step 40, replica 0, probe_seed 0, periods [23, 19] (not computed for step 60, "
-    "replica 0, probe_seed 0, periods [23, 19])"
+    "step 40, replica 0, num_batches 4, probe_seed 0, periods [23, 19] (not computed "
+    "for step 60, replica 0, num_batches 4, probe_seed 0, periods [23, 19])"
   ]
   assert _record(out) == {**_settings(60), "files": ["head_scores.md"]}
 
 
 @pytest.mark.parametrize(
   "changed",
-  [dict(replica=1), dict(probe_seed=3), dict(periods=(20, 17))],
-  ids=["replica", "probe_seed", "periods"],
+  [dict(replica=1), dict(num_batches=1), dict(probe_seed=3), dict(periods=(20, 17))],
+  ids=["replica", "num_batches", "probe_seed", "periods"],
 )
 def test_a_rerun_of_another_replica_or_probe_at_the_checkpoint_removes_the_others(
   tmp_path, changed
 ):
   """They were kept and listed as one analysis of the step: replica 1's
   circuits beside replica 0's head_scores.md, another probe's induction
-  scores beside these."""
+  scores beside these (the probe draws its ids from every validation batch
+  read: --circuits --num_batches=1, then --ablate over 4 batches, kept
+  circuits of one probe beside head scores of another)."""
   out = _analysis_dir(tmp_path, _settings(40), ["head_scores.md", "circuits.json"])
   lines = []
   now = _settings(40, **changed)
@@ -578,9 +587,9 @@ def test_a_record_without_what_it_analysed_is_taken_for_another_analysis(tmp_pat
   head_analysis._settle(out, _settings(40), [], _record(out), lines.append)
   assert not (out / "circuits.json").exists()
   assert lines == [
-    "removed circuits.json of the analysis of step 40, replica not recorded, probe_seed "
-    "not recorded, periods not recorded (not computed for step 40, replica 0, probe_seed 0, "
-    "periods [23, 19])"
+    "removed circuits.json of the analysis of step 40, replica not recorded, num_batches "
+    "not recorded, probe_seed not recorded, periods not recorded (not computed for step 40, "
+    "replica 0, num_batches 4, probe_seed 0, periods [23, 19])"
   ]
 
 
@@ -633,3 +642,25 @@ def test_a_run_whose_mesh_this_machine_lacks_is_read_on_the_devices_it_has(decod
   assert read.setup.evaluate(read.params) == own.setup.evaluate(own.params)
   # config.json still says how the run was trained.
   assert json.loads((copy / "config.json").read_text())["parallel"]["fsdp"] == 2
+
+
+# --- what the analysis reads, recorded; its checks ----------------------------------------
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_analyses_over_other_numbers_of_batches_are_other_analyses(decoder_run):
+  """The induction probe draws its ids from every validation batch read, so
+  its tokens depend on num_batches; analysis.json did not record it, and
+  `--circuits --num_batches=1` then `--ablate` over 4 batches kept circuits
+  of one probe beside head scores of another as one analysis."""
+  read = lambda: json.loads((decoder_run / ANALYSIS_DIR / head_analysis.RECORD_JSON).read_text())
+  one = analyze_run(decoder_run, num_batches=1)
+  first = read()
+  two = analyze_run(decoder_run, num_batches=2)
+  second = read()
+  assert (first["num_batches"], second["num_batches"]) == (1, 2)
+  # The probes differ, so the analyses must not pass for one.
+  assert one["periods"] == two["periods"]
+  assert not np.allclose(one["scores"]["self"]["induction"], two["scores"]["self"]["induction"])
+  analyze_run(decoder_run)  # the run's own eval.num_batches (1) is recorded, not None
+  assert read()["num_batches"] == 1

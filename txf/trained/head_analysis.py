@@ -32,10 +32,12 @@ random token sequences, for causal self-attention only (n/a elsewhere: a
 bidirectional encoder sees the answer, cross-attention keys are the source);
 and the validation-loss change when the head's output is zeroed, over the
 run's evaluator's batches. analysis.json records what was analysed (the
-checkpoint, the seed replica, the induction probe's periods and seed) and
-the files of its analyses: a rerun of the same adds to them (the circuits,
-then an ablation), one of another checkpoint, replica, periods or probe seed
-removes those it does not write again, saying so. Nothing else in the run
+checkpoint, the seed replica, the validation batches read, which the
+induction probe draws its ids from too, and the probe's periods and seed)
+and the files of its analyses: a rerun of the same adds to them (the
+circuits, then an ablation), one of another checkpoint, replica, number of
+batches, periods or probe seed removes those it does not write again,
+saying so. Nothing else in the run
 directory changes.
 """
 
@@ -124,12 +126,13 @@ def attention_png(kind: str) -> str:
 # report without saying so (the induction page's runs keep 300).
 MIN_PHASE_CHECKPOINTS = 5
 # What the analysis files in <workdir>/analysis/ hold: {"step": the
-# checkpoint analysed, "replica": the seed replica, "probe_seed" and
-# "periods": the induction probe's (periods None: no causal attention),
-# "files": their names}.
+# checkpoint analysed, "replica": the seed replica, "num_batches": the
+# validation batches read (the ablation's, and those the induction probe
+# draws its ids from), "probe_seed" and "periods": the induction probe's
+# (periods None: no causal attention), "files": their names}.
 RECORD_JSON = "analysis.json"
 # The record's fields saying what was analysed: files of another's are stale.
-SETTINGS = ("step", "replica", "probe_seed", "periods")
+SETTINGS = ("step", "replica", "num_batches", "probe_seed", "periods")
 # Every file an analysis can write.
 OUTPUTS = (
   *(attention_png(kind) for kind in KINDS),
@@ -163,8 +166,8 @@ def _read_record(out: epath.Path) -> dict[str, Any] | None:
 
 
 def _described(settings: dict[str, Any]) -> str:
-  """'step 40, replica 0, probe_seed 0, periods [23, 19]' (an older
-  record's missing fields: 'not recorded')."""
+  """'step 40, replica 0, num_batches 4, probe_seed 0, periods [23, 19]'
+  (an older record's missing fields: 'not recorded')."""
   return ", ".join(f"{name} {settings.get(name, 'not recorded')}" for name in SETTINGS)
 
 
@@ -180,11 +183,11 @@ def _settle(
 
   An earlier analysis of the same settings adds to this one (txf-analyze
   --circuits --checkpoints, then --ablate: both kept); the files of one of
-  other settings (another checkpoint, replica, probe periods or seed; a
-  record from before the settings were recorded) that this one did not
-  write again are removed. Files from before the record existed (no
-  analysis.json) are kept. `log` says what was removed or kept. Returns the
-  record's path."""
+  other settings (another checkpoint, replica, number of validation
+  batches, probe periods or seed; a record from before the settings were
+  recorded) that this one did not write again are removed. Files from
+  before the record existed (no analysis.json) are kept. `log` says what
+  was removed or kept. Returns the record's path."""
   names = [path.name for path in written]
   others = [name for name in OUTPUTS if name not in names and (out / name).exists()]
   if earlier is not None and any(earlier.get(name) != settings[name] for name in SETTINGS):
@@ -529,8 +532,9 @@ def analyze_run(
   Args:
     workdir: a trained run (config.json and a checkpoint): decoder, encoder
       or encoder-decoder (not an LSTM).
-    num_batches: validation batches the ablation evaluates (None: the run's
-      eval.num_batches); the scores use the first.
+    num_batches: validation batches the ablation evaluates and the induction
+      probe draws its ids from (None: the run's eval.num_batches); the other
+      scores use the first.
     periods: two or more block lengths of the induction probe (None: the two
       longest that fit the run's query length and its in-distribution ids
       and that its training data does not repeat with).
@@ -643,7 +647,11 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
   files = write_files(contents)
   # Without causal attention there is no probe: its seed was not used.
   settings = dict(
-    step=run.step, replica=replica, probe_seed=request.seed if causal else None, periods=periods
+    step=run.step,
+    replica=replica,
+    num_batches=len(request.batches),
+    probe_seed=request.seed if causal else None,
+    periods=periods,
   )
   files.append(_settle(out, settings, files, request.earlier, log))
   if log is not None:
