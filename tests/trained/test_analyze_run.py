@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import flax.linen as nn
 import jax
@@ -30,6 +31,14 @@ from faulty_command import assert_only_its_checks_refuse
 from conftest import REPO, cli_env, tiny_config
 from full_disk import full_disk
 from txf.analysis import ablation
+from txf.analysis.attention import attention_maps, maps_by_kind
+from txf.analysis.composition import composition_scores
+from txf.analysis.head_scores import (
+  attention_entropy,
+  in_distribution_ids,
+  induction_probe,
+  induction_score,
+)
 from txf.models import ModelConfig, build
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir.workdir import WorkdirLock
@@ -184,13 +193,34 @@ def decoder_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
-  """A 1 + 1-layer, 2-head encoder-decoder trained 2 steps."""
+  """A 2-head encoder-decoder of 1 encoder and 2 decoder layers (the second
+  decoder layer's self-attention reads the source through the first's
+  cross-attention) trained 2 steps."""
   workdir = tmp_path_factory.mktemp("seq2seq")
   loop.run(
-    parse(tiny_config("seq2seq", steps=2, train__warmup_steps=1, model__num_decoder_layers=1)),
+    parse(tiny_config("seq2seq", steps=2, train__warmup_steps=1, model__num_decoder_layers=2)),
     workdir,
     log=lambda line: None,
   )
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def post_ln_replicas_run(tmp_path_factory):
+  """A 2-layer, 2-head unscanned Post-LN RoPE decoder of two seed replicas,
+  trained 2 steps with both checkpoints kept."""
+  workdir = tmp_path_factory.mktemp("post_ln_replicas")
+  config = tiny_config(
+    "rope",
+    steps=2,
+    train__warmup_steps=1,
+    train__checkpoint_every=1,
+    train__max_to_keep=2,
+    model__num_layers=2,
+    model__norm_placement="post",
+  )
+  config.replicas = 2
+  loop.run(parse(config), workdir, log=lambda line: None)
   return workdir
 
 
@@ -377,10 +407,11 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
     assert png.read_bytes().startswith(PNG_MAGIC)
   rows = read_csv(seq2seq_run)
   kinds = [(row["attention"], int(row["layer"]), int(row["head"])) for row in rows]
+  layers = {"encoder_self": 1, "decoder_self": 2, "cross": 2}
   assert kinds == [
     (kind, layer, head)
     for kind in ("encoder_self", "decoder_self", "cross")
-    for layer in range(1)
+    for layer in range(layers[kind])
     for head in range(2)
   ]
   for row in rows:
@@ -411,6 +442,7 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
     (dict(num_batches=0), "^num_batches: must be"),
     (dict(periods=[17, 5]), r"^periods: 17 must be in 2\.\.16"),
     (dict(periods=[5]), r"^periods: two or more different probe periods"),
+    (dict(periods=[5, 5]), r"^periods: two or more different probe periods .* got \[5, 5\]$"),
     (
       dict(ablate="L2H0"),
       r"^ablate: L2H0 is not a head of the model \(layers 0\.\.1, heads 0\.\.1\)$",
@@ -664,3 +696,126 @@ def test_analyses_over_other_numbers_of_batches_are_other_analyses(decoder_run):
   assert not np.allclose(one["scores"]["self"]["induction"], two["scores"]["self"]["induction"])
   analyze_run(decoder_run)  # the run's own eval.num_batches (1) is recorded, not None
   assert read()["num_batches"] == 1
+
+
+def test_probe_periods_fit_the_query_length_and_the_ids():
+  """Periods run 2..min(length // 2, ids): two blocks of distinct tokens."""
+  periods = head_analysis._probe_periods
+  assert periods(None, 32, 100, [16, 2]) == [16, 2]  # both ends
+  with pytest.raises(ValueError, match=r"^periods: 17 must be in 2\.\.16 "):
+    periods(None, 32, 100, [17, 3])
+  with pytest.raises(ValueError, match=r"^periods: 1 must be in 2\.\.16 "):
+    periods(None, 32, 100, [1, 3])
+  # Four in-distribution ids: blocks of 5 distinct tokens cannot be drawn.
+  assert periods(None, 32, 4, [4, 3]) == [4, 3]
+  with pytest.raises(ValueError, match=r"^periods: 5 must be in 2\.\.4 \(.* 4 in-distribution"):
+    periods(None, 32, 4, [5, 3])
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_a_negative_seed_is_refused_before_anything_is_written(decoder_run):
+  before = digests(decoder_run), analysis_files(decoder_run)
+  with pytest.raises(ValueError, match=r"^seed: must be an integer >= 0"):
+    analyze_run(decoder_run, seed=-1)
+  assert (digests(decoder_run), analysis_files(decoder_run)) == before
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_an_ablation_of_a_model_without_causal_attention_is_refused(encoder_run):
+  before = analysis_files(encoder_run)
+  with pytest.raises(ValueError, match="^ablate: the model has no causal self-attention"):
+    analyze_run(encoder_run, ablate="L0H0")
+  assert analysis_files(encoder_run) == before
+
+
+def test_scores_over_checkpoints_need_two_layers():
+  """(Circuits refuse a Post-LN run: test_scores_over_checkpoints_of_a_post_ln_replica.)"""
+  run = parse(tiny_config("rope", model__num_layers=1))
+  setup = types.SimpleNamespace(run=run, task=run.data.task)
+  for flag in ("checkpoints", "circuits"):
+    with pytest.raises(ValueError, match=f"^{flag}: needs two or more layers to compose, the run"):
+      head_analysis._check_circuits(setup, circuits=flag == "circuits")
+  two = parse(tiny_config("rope", model__num_layers=2))
+  head_analysis._check_circuits(types.SimpleNamespace(run=two, task="lm"), circuits=True)
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_encoder_decoder_scores_leave_padding_out_and_probe_on_the_source(seq2seq_run):
+  """Entropy over the unpadded queries of each kind, and the decoder's
+  induction probe beside the batch's own source, against the maps of the
+  model applied here (not jitted: float32 sums in another order)."""
+  record = analyze_run(seq2seq_run)
+  run = load_run(seq2seq_run)
+  setup, pad_id = run.setup, run.setup.run.model.pad_id
+  batches = list(setup.eval_data)
+  source, target = batches[0]["encoder_inputs"], batches[0]["decoder_inputs"]
+  assert (source == pad_id).any() and (target == pad_id).any()
+  maps = maps_by_kind(attention_maps(setup.model, run.params, source, target))
+  queries = {"encoder_self": source, "decoder_self": target, "cross": target}
+  for kind, tokens in queries.items():
+    masked = [attention_entropy(w, query_mask=tokens != pad_id) for w in maps[kind]]
+    np.testing.assert_allclose(record["scores"][kind]["entropy_nats"], masked, atol=1e-5)
+    # Padded queries would change it by far more than the tolerance.
+    assert np.abs(np.stack(masked) - [attention_entropy(w) for w in maps[kind]]).max() > 1e-3
+
+  ids = in_distribution_ids(
+    np.concatenate([batch["decoder_inputs"].ravel() for batch in batches]),
+    setup.train_data.tokenizer.special_ids,
+  )
+  vocab_size, B = setup.run.model.vocab_size, len(target)
+  for period in record["periods"]:
+    probe = induction_probe(0, B, period, vocab_size, ids)
+
+    def scores(encoder_inputs, period=period, probe=probe):
+      layers = maps_by_kind(attention_maps(setup.model, run.params, encoder_inputs, probe))
+      return np.stack([induction_score(w, period) for w in layers["decoder_self"]])
+
+    recorded = np.asarray(record["scores"]["decoder_self"][f"induction_p{period}"])
+    np.testing.assert_allclose(recorded, scores(source), atol=1e-5)
+    # Layer 1 reads the source (through layer 0's cross-attention): another one moves it.
+    assert np.abs(recorded[1] - scores(source[::-1])[1]).max() > 1e-4
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_scores_over_checkpoints_of_a_post_ln_replica(post_ln_replicas_run):
+  """The last checkpoint's row is the analysed one's scores (induction: the
+  lowest over the periods), of the replica asked for, its K-composition
+  without a Pre-LN norm folded in."""
+  workdir = post_ln_replicas_run
+  with pytest.raises(ValueError, match=r"^circuits: path patching needs Pre-LN"):
+    analyze_run(workdir, circuits=True)
+  record = analyze_run(workdir, checkpoints=True, replica=1)
+  training, scores = record["training"], record["scores"]["self"]
+  assert list(training["steps"]) == [1, 2] and record["step"] == 2
+  for name in ("induction", "previous_token"):
+    np.testing.assert_allclose(training[name][-1], scores[name], atol=1e-6)
+  by_period = [scores[f"induction_p{period}"] for period in record["periods"]]
+  np.testing.assert_array_equal(scores["induction"], np.min(by_period, axis=0))
+  assert not np.allclose(by_period[0], by_period[1])  # the minimum is not either
+
+  run = load_run(workdir)
+  params = [run.setup.replica_params(run.params, r) for r in (0, 1)]
+  k_LxHxH = composition_scores(params[1], fold_norm=False)["k"]
+  np.testing.assert_allclose(training["k_composition"][-1], k_LxHxH, rtol=1e-9)
+  assert np.abs(k_LxHxH - composition_scores(params[1], fold_norm=True)["k"]).max() > 1e-3
+  assert np.abs(k_LxHxH - composition_scores(params[0], fold_norm=False)["k"]).max() > 1e-3
+  metrics = run.setup.evaluate(run.params)
+  assert training["loss"][-1] == pytest.approx(metrics["eval_loss/1"], abs=1e-6)
+  assert abs(metrics["eval_loss/1"] - metrics["eval_loss/0"]) > 1e-4
+
+
+@pytest.mark.slow  # its fixture trains a run; a subprocess
+def test_the_command_analyses_the_replica_and_probe_seed_it_is_given(
+  post_ln_replicas_run, commands
+):
+  done = commands.run(
+    "experiments.analyze",
+    f"--workdir={post_ln_replicas_run}",
+    "--seed=3",
+    "--replica=1",
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  saved = json.loads((post_ln_replicas_run / ANALYSIS_DIR / head_analysis.RECORD_JSON).read_text())
+  assert (saved["replica"], saved["probe_seed"]) == (1, 3)
+  assert "# Attention heads at step 2 (replica 1 of 2, seed 1)" in done.stdout
