@@ -293,9 +293,11 @@ def test_bad_flag_is_one_line_exit_2(tmp_path, flag, fragments):
     ("embed", ["--model=D"], ["missing the texts to embed"]),
     ("generate", ["--model=W", "--prompt="], ["--prompt: empty"]),
     ("extrapolate", ["--workdir=W", "--stride=abc"], ["--stride=abc", "invalid literal"]),
+    ("extrapolate", ["--workdir=W", "--factors=1,a"], ["factors: not a list of integers: 1,a"]),
     ("extrapolate", [], ["--workdir is required (Run directory"]),
     ("analyze", [], ["--workdir is required (Run directory"]),
     ("analyze", ["--workdir=W", "--num_batches=abc"], ["--num_batches=abc"]),
+    ("analyze", ["--workdir=W", "--periods=3,x"], ["--periods must be integers, got '3,x'"]),
   ],
 )
 def test_every_command_reports_a_bad_or_stray_argument_in_one_line_exit_2(
@@ -707,6 +709,19 @@ def test_help_exits_0(command):
     result = run_cli(flag, command=command)
     assert result.returncode == 0 and result.stderr == "", (flag, result.stderr)
     assert f"txf-{command}" in result.stdout
+
+
+def test_extrapolate_factors_default_is_the_librarys():
+  """--factors' default is its own list (txf.commands.extrapolate cannot
+  import txf.analysis.extrapolation, jax and all, before --help): the same
+  as extrapolate_run's, in the flag and in the usage line."""
+  from txf.analysis.extrapolation import DEFAULT_FACTORS
+
+  factors = ",".join(str(factor) for factor in DEFAULT_FACTORS)
+  result = run_cli("--help", command="extrapolate")
+  assert result.returncode == 0, result.stderr
+  assert f"(default: '{factors}')" in result.stdout
+  assert f"[--factors={factors}]" in result.stdout
 
 
 @pytest.mark.parametrize("command", ["compile", "export"])

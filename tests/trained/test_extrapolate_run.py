@@ -22,14 +22,14 @@ from faulty_command import assert_only_its_checks_refuse
 
 from conftest import REPO, tiny_config
 from full_disk import files_in, full_disk, read_only
-from txf.analysis.extrapolation import PROTOCOLS
+from txf.analysis.extrapolation import PROTOCOLS, window_losses
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir.workdir import WorkdirError, WorkdirLock
 from txf.storage import WriteError
 from txf.sweep import results
 from txf.train import loop
 from txf.train.run_setup import adding_to_run
-from txf.trained.extrapolate import extrapolate_run, format_table
+from txf.trained.extrapolate import check_extrapolation, extrapolate_run, format_table
 
 STEPS = 4
 SEQ_LEN = 32
@@ -151,10 +151,15 @@ def test_a_token_budget_and_stride_of_ones_own(trained):
     (dict(factors=(2, 1)), "factors must be distinct positive ints in increasing order"),
     (dict(factors=(1, 0)), r"factors\[1\]: must be an integer >= 1"),  # was factors[]
     (dict(stride=33), "stride must be at most the shortest length 32, got 33"),
+    (dict(stride=0), r"^stride: must be an integer >= 1"),
     (dict(num_tokens=10**7), "num_tokens: the validation split holds only"),
     (
       dict(num_tokens=40, factors=(1, 2)),
       "num_tokens: 40 validation tokens hold no window of 65 tokens",
+    ),
+    (
+      dict(num_tokens=64, factors=(1, 2)),  # one short of a window of 2x
+      r"^num_tokens: 64 validation tokens hold no window of 65 tokens \(length 64\)",
     ),
   ],
 )
@@ -163,6 +168,73 @@ def test_bad_arguments_are_refused_naming_them(trained, kwargs, message):
   with pytest.raises(ValueError, match=message):
     extrapolate_run(trained, **kwargs)
   assert digests(trained) == before
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_the_boundaries_of_stride_and_token_count_are_accepted(trained):
+  """A stride of the shortest length, a window's tokens exactly and every
+  token the evaluator's one batch holds (8 windows of 33) are accepted."""
+  assert check_extrapolation(trained, (1, 2), stride=32).settings["stride"] == [32, 32]
+  request = check_extrapolation(trained, (1, 2), num_tokens=65)
+  assert request.settings["num_tokens"] == len(request.tokens_N) == 65
+  request = check_extrapolation(trained, (1,), num_tokens=8 * (SEQ_LEN + 1))
+  assert request.settings["num_tokens"] == len(request.tokens_N) == 264
+
+
+@pytest.mark.slow  # its fixture trains a run
+def test_the_sliding_losses_are_those_of_the_stride_asked_for_at_any_batch_size(trained):
+  """--stride=8 scored the sliding windows at the default stride (16)
+  unnoticed; one window per model call (batch_tokens below a window) is the
+  same loss."""
+  record = extrapolate_run(trained, (1,), stride=8, batch_tokens=1)
+  request = check_extrapolation(trained, (1,))
+  params = request.run.setup.replica_params(request.run.params, 0)
+  direct = {
+    stride: window_losses(
+      request.run.setup.model,
+      params,
+      request.tokens_N[None],
+      seq_len=SEQ_LEN,
+      protocol="sliding",
+      stride=stride,
+    ).mean_loss
+    for stride in (8, 16)
+  }
+  # float32 losses of one window per call against 8 per call: the same sums.
+  assert record["loss"]["sliding"][0] == pytest.approx(direct[8], rel=1e-6)
+  assert abs(direct[8] - direct[16]) > 1e-4  # the stride matters here
+  assert record["scored_tokens"]["sliding"] == [263]
+  assert record["loss"]["non_overlapping"][0] == pytest.approx(final_eval_loss(trained), rel=1e-5)
+
+
+def test_the_table_prints_each_protocols_loss_in_its_column():
+  record = {
+    "step": 4,
+    "train_length": 32,
+    "num_tokens": 264,
+    "factors": [1, 2],
+    "lengths": [32, 64],
+    "applicable": [True, False],
+    "reason": [None, "too long"],
+    "stride": [8, None],
+    "loss": {"non_overlapping": [2.5, None], "sliding": [1.25, None]},
+  }
+  assert format_table(record).splitlines() == [
+    "step 4, training length 32 tokens, 264 validation tokens; loss in nats/token",
+    " length factor non-overlapping   sliding stride",
+    "     32     1x          2.5000    1.2500      8",
+    "     64     2x             n/a       n/a         (too long)",
+  ]
+
+
+def test_an_encoder_run_is_refused(tmp_path):
+  workdir = tmp_path / "run"
+  loop.run(parse(tiny_config("encoder_mlm", steps=1)), workdir, log=lambda line: None)
+  with pytest.raises(
+    ValueError, match=r"^data.task: length extrapolation needs a decoder language model .* 'mlm'$"
+  ):
+    extrapolate_run(workdir)
+  assert not any((workdir / name).exists() for name in OUTPUTS)
 
 
 def test_a_run_on_generated_rows_is_refused(tmp_path):

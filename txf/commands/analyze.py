@@ -85,13 +85,14 @@ def main(argv) -> None:
   from txf.trained.head_analysis import analyze, check_analysis
 
   logging.set_verbosity(logging.WARNING)
+  periods = _periods(_PERIODS.value)  # a flag error before the run is read
   with run_errors(), contextlib.ExitStack() as held:
     try:
       workdir = held.enter_context(adding_to_run(_WORKDIR.value))
       request = check_analysis(
         workdir,
         num_batches=_NUM_BATCHES.value,
-        periods=_periods(_PERIODS.value),
+        periods=periods,
         seed=_SEED.value,
         replica=_REPLICA.value,
         ablate=_ABLATE.value,
