@@ -147,6 +147,26 @@ def test_an_encoder_decoder_starts_from_bos_even_where_it_is_the_pad_id():
   np.testing.assert_array_equal(out_BxT[:, 1:], jnp.argmax(full_BxTxV, axis=-1))
 
 
+def test_an_encoder_decoder_starts_from_bos_1_within_the_memory_its_encoding_takes(monkeypatch):
+  """Without prompts, an encoder-decoder's rows start from bos_id's default,
+  token 1. The memory bound counts the cache of the encoder's length (its
+  cross-attention keys and values, counted here from init_cache's arrays):
+  one byte short is refused, exactly it decodes, greedy at every position
+  against the full model's argmax."""
+  model, params = seq2seq_model()
+  source_BxS = jnp.array([[3, 4, 5, 6], [7, 8, 0, 0]])
+  cache = decode.init_cache(model, 2, decode.cache_length(1, 3), encoder_tokens=source_BxS)
+  need = sum(np.asarray(x).nbytes for x in jax.tree.leaves((params, cache)))
+  monkeypatch.setattr(hardware, "memory_bytes", lambda device: need - 1)
+  with pytest.raises(ValueError, match=r"^max_new_tokens: 2 x 1 \+ 3 tokens' decoding cache"):
+    decode.generate(model, params, encoder_tokens_BxS=source_BxS, max_new_tokens=3)
+  monkeypatch.setattr(hardware, "memory_bytes", lambda device: need)
+  out_BxT = decode.generate(model, params, encoder_tokens_BxS=source_BxS, max_new_tokens=3)
+  np.testing.assert_array_equal(out_BxT[:, 0], 1)
+  full_BxTxV = apply(model, {"params": params}, source_BxS, out_BxT[:, :-1])
+  np.testing.assert_array_equal(out_BxT[:, 1:], jnp.argmax(full_BxTxV, axis=-1))
+
+
 @pytest.mark.slow  # several compiles: over 5 s on 2 cores
 def test_cached_cross_attention_matches_uncached_and_full_pass():
   model, params = seq2seq_model()
@@ -695,6 +715,24 @@ def nucleus_reference(logits, top_k, top_p):
   mass_before = np.cumsum(probs[order]) - probs[order]
   cutoff = logits[order][(mass_before < top_p) & kept[order]].min()
   return set(np.flatnonzero(kept & (logits >= cutoff)).tolist())
+
+
+def test_top_p_keeps_a_token_only_while_the_mass_before_it_is_below_top_p():
+  """At the boundary (the tokens before one hold exactly top_p) the token is
+  not kept: probabilities [.5, .25, .25] at top_p=0.5 keep {0}, [.5, .25,
+  .125, .125] at 0.75 keep {0, 1} (a `<=` kept every token of both). A
+  top_p just below 1 still filters: 0.997 drops a tail of ~0.0025 that
+  4096 unfiltered draws reach (a filter skipped above 0.99 drew it). Each
+  against nucleus_reference's float64 definition."""
+  cases = [([0.5, 0.25, 0.25], 0.5, {0}), ([0.5, 0.25, 0.125, 0.125], 0.75, {0, 1})]
+  for probs, top_p, kept in cases:
+    logits = jnp.log(jnp.array(probs))
+    assert nucleus_reference(logits, 0, top_p) == kept
+    assert drawn_tokens(logits, rows=1024, seed=0, top_p=top_p) == kept, (probs, top_p)
+  logits = jnp.array([0.0, 0.0, -5.3])  # token 2: probability 0.0025
+  assert nucleus_reference(logits, 0, 0.997) == {0, 1}
+  assert drawn_tokens(logits, rows=4096, seed=0) == {0, 1, 2}  # the rows reach the tail
+  assert drawn_tokens(logits, rows=4096, seed=0, top_p=0.997) == {0, 1}
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0])

@@ -249,6 +249,32 @@ def test_the_length_penalty_reaches_the_beams_scores(decoder, alpha):
   assert not np.allclose(want, teacher_forced_scores(model, params, tokens, lengths, EOS))
 
 
+def test_generate_returns_the_best_beam(decoder):
+  """generate(num_beams=K) is return_beams' first hypothesis, the one of the
+  highest score (scores descending, each its teacher-forced score, atol
+  1e-4), not another of the K, which differ here."""
+  model, params = decoder
+  prompt = PROMPT[1:2]
+  run = functools.partial(
+    decode.generate,
+    model,
+    params,
+    prompt,
+    max_new_tokens=NEW,
+    eos_id=EOS,
+    num_beams=BEAMS,
+    length_penalty=ALPHA,
+  )
+  tokens, scores = run(return_beams=True)
+  lengths = np.asarray((prompt != 0).sum(1))
+  np.testing.assert_allclose(
+    scores, teacher_forced_scores(model, params, tokens, lengths, EOS), atol=1e-4
+  )
+  assert np.all(np.diff(scores, axis=1) < 0)  # the first strictly best
+  assert len({tuple(row) for row in np.asarray(tokens[0])}) == BEAMS
+  np.testing.assert_array_equal(run(), tokens[:, 0])
+
+
 def test_one_beam_is_greedy_decoding(decoder):
   # Without EOS every hypothesis runs to NEW tokens, and one beam keeps the
   # most likely token at each step. (With EOS, one beam also keeps the ended
@@ -298,6 +324,18 @@ def test_seq2seq_ragged_beam_search_caches_cross_attention_and_equals_each_examp
   [
     (dict(rng=jax.random.key(0)), "rng, top_k and top_p sample, but num_beams=2"),
     (dict(top_k=5), "beam search, which is deterministic"),
+    (dict(top_p=0.9), "beam search, which is deterministic"),
+    # return_beams runs beam search with one beam too.
+    (
+      dict(num_beams=1, return_beams=True, rng=jax.random.key(0)),
+      "num_beams=1 / return_beams=True runs beam search, which is deterministic",
+    ),
+    (dict(num_beams=1, return_beams=True, top_k=5), "return_beams=True runs beam search"),
+    (dict(num_beams=1, return_beams=True, top_p=0.9), "return_beams=True runs beam search"),
+    (
+      dict(num_beams=1, return_beams=True, length_penalty=-0.5),
+      "length_penalty: must be a finite number >= 0",
+    ),
     (dict(length_penalty=-0.5), "length_penalty: must be a finite number >= 0"),
     (dict(length_penalty=float("nan")), "length_penalty: must be a finite number >= 0"),
     (dict(length_penalty=float("inf")), "length_penalty: must be a finite number >= 0"),
