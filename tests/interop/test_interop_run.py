@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, repo_commands
 from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
@@ -123,6 +123,40 @@ def test_generate_prints_the_greedy_continuation():
   ]
 
 
+@pytest.mark.slow  # four commands (~4 s each), forked from one process that imported jax
+def test_generate_samples_with_its_seed_top_k_and_top_p():
+  """--temperature=1 samples with --seed: other tokens than transformers'
+  greedy ones, and others again at the next seed; --top_k=1 and
+  --top_p=1e-6 keep the most likely token only, which is greedy decoding
+  (each flag reached decoding: a command greedy for them, or sampling
+  without them, printed the sample)."""
+  reference = np.load(HF_FIXTURES / "gpt2" / "reference.npz")
+  tokenizer = HFTokenizer(HF_FIXTURES / "gpt2")
+  greedy = f"generated: {tokenizer.decode(reference['greedy_tokens'][1])}"
+  flags = {
+    "seed 3": ("--seed=3",),
+    "seed 4": ("--seed=4",),
+    "top_k=1": ("--seed=3", "--top_k=1"),
+    "top_p=1e-6": ("--seed=3", "--top_p=1e-6"),
+  }
+  generated = {}
+  with repo_commands(JAX_PLATFORMS="cpu") as server:
+    for name, extra in flags.items():
+      result = server.run(
+        "experiments.generate",
+        f"--model={HF_FIXTURES / 'gpt2'}",
+        "--prompt=a single",
+        "--max_new_tokens=6",
+        "--temperature=1",
+        *extra,
+        timeout=TIMEOUT_S,
+      )
+      assert result.returncode == 0, result.stderr
+      generated[name] = result.stdout.splitlines()[1]
+  assert generated["top_k=1"] == generated["top_p=1e-6"] == greedy
+  assert len({greedy, generated["seed 3"], generated["seed 4"]}) == 3, generated
+
+
 @pytest.mark.slow  # a subprocess (~5 s)
 def test_generate_prints_nothing_after_the_eos(tmp_path):
   """A Llama whose config.json names no pad id (as Llama 3's) pads rows
@@ -178,6 +212,7 @@ BAD_SAMPLING_FLAGS = {
   "--temperature=nan": "temperature: must be a finite number >= 0, got nan",
   "--top_k=-3": "top_k: must be an integer >= 0, got -3",
   "--seed=99999999999999999999": "seed: must be an integer in [0, 2147483647], got 99999",
+  "--max_new_tokens=0": "max_new_tokens: must be an integer >= 1, got 0",
 }
 
 
