@@ -282,9 +282,10 @@ def np_residual_streams(params, cfg, tokens_BxT, num_layers):
 
 
 def np_patched_weights(params, cfg, clean, corrupt, head, path, source_layer=0):
-  """Layer source_layer + 1's attention weights on `clean`, head `head` of
-  `source_layer` patched from `corrupt` on `path` ('k': the keys' input
-  only; 'all': everywhere): the module docstring of txf.analysis.patching,
+  """Layer source_layer + 1's attention weights on `clean`, head `head` (an
+  int, or a sequence of heads patched together) of `source_layer` patched
+  from `corrupt` on `path` ('q' / 'k': the queries' / keys' input only;
+  'all': everywhere): the module docstring of txf.analysis.patching,
   written out in float64."""
   p = f64(params)["stack"]
   source, target = f"block_{source_layer}", f"block_{source_layer + 1}"
@@ -295,13 +296,16 @@ def np_patched_weights(params, cfg, clean, corrupt, head, path, source_layer=0):
   clean_out = sum(
     np_head_output(attention0, normed0[0], other, cfg.option("rope_base")) for other in range(4)
   )
-  delta = np_head_output(attention0, normed0[1], head, cfg.option("rope_base")) - np_head_output(
-    attention0, normed0[0], head, cfg.option("rope_base")
+  delta = sum(
+    np_head_output(attention0, normed0[1], one, cfg.option("rope_base"))
+    - np_head_output(attention0, normed0[0], one, cfg.option("rope_base"))
+    for one in ([head] if isinstance(head, int) else head)
   )
   mid = entering[0] + clean_out + (delta if path == "all" else 0)
   x1 = mid + np_ffn(p[source]["ffn"], norm(source, "ffn", mid), cfg.activation)
-  h_query = norm(target, "self_attention", x1)
-  h_key = norm(target, "self_attention", x1 + delta) if path == "k" else h_query
+  h_clean, h_patched = (norm(target, "self_attention", x) for x in (x1, x1 + delta))
+  h_query = h_patched if path == "q" else h_clean
+  h_key = h_patched if path == "k" else h_clean
   return np_weights(attention1, h_query, h_key, cfg.option("rope_base"))
 
 
@@ -311,7 +315,7 @@ def patched_fn(model_and_params):
   return jax.jit(patching.patched_attention_fn(model))
 
 
-@pytest.mark.parametrize("path", ["k", "all"])
+@pytest.mark.parametrize("path", ["q", "k", "all"])
 def test_path_patching_matches_a_float64_reference(model_and_params, patched_fn, path):
   """float32 model against float64 numpy: atol 2e-5 on attention weights
   (two layers of float32 roundings)."""
@@ -386,6 +390,28 @@ def test_corrupted_tokens_have_no_repeated_block():
     patching.corrupted_tokens(np.random.default_rng(0), clean[:, :-1], IDS)
   with pytest.raises(ValueError, match="path"):
     patching.path_selector("o")
+  # A block takes distinct ids: a pool of exactly its length fills each
+  # block with the pool itself; one id fewer cannot.
+  pool = IDS[:half]
+  exact = patching.corrupted_tokens(np.random.default_rng(0), clean, pool)
+  for block in (exact[:, :half], exact[:, half:]):
+    assert all(sorted(row) == pool.tolist() for row in block)
+  with pytest.raises(
+    ValueError, match=f"^ids: {half - 1} distinct ids cannot fill a block of {half}$"
+  ):
+    patching.corrupted_tokens(np.random.default_rng(0), clean, pool[:-1])
+
+
+def test_path_patching_refuses_paths_that_are_not_some_of_PATHS(model_and_params):
+  """Before anything runs: no path at all (which returned the clean and
+  corrupted scores alone), or one that is not a path."""
+  model, params = model_and_params
+  clean, corrupt = probe()
+  for paths, named in (((), r"\[\]"), (("k", "o"), r"\['o'\]")):
+    with pytest.raises(
+      ValueError, match=rf"^paths: {named} are not some of \['q', 'k', 'v', 'all'\]$"
+    ):
+      patching.path_patching(model, params, clean, corrupt, PERIOD, paths=paths)
 
 
 # ---------------------------------------------------------------------------
@@ -508,7 +534,9 @@ def test_attention_maps_of_three_layers_are_each_layers_own(three_layers):
 def test_path_patching_of_three_layers_measures_the_next_layer(three_layers, source_layer):
   """The heads of source_layer + 1 are measured, on the key path and every
   path, against the float64 patched weights (atol 2e-5 on scores that
-  average attention weights); the clean scores of layers 1 and 2 differ."""
+  average attention weights); the clean scores of layers 1 and 2 differ.
+  corrupted_source is every head of source_layer patched on every path
+  (which differs from patching them on the key path alone by over 1e-3)."""
   model, params = three_layers
   clean, corrupt = probe()
   effects = patching.path_patching(
@@ -530,6 +558,12 @@ def test_path_patching_of_three_layers_measures_the_next_layer(three_layers, sou
       ]
     )
     np.testing.assert_allclose(effects[path], expected_HxH, atol=2e-5, err_msg=path)
+  every_head = {
+    path: score(np_patched_weights(params, model.cfg, clean, corrupt, range(4), path, source_layer))
+    for path in ("k", "all")
+  }
+  assert np.abs(every_head["k"] - every_head["all"]).max() > 1e-3
+  np.testing.assert_allclose(effects["corrupted_source"], every_head["all"], atol=2e-5)
 
 
 def test_analyze_circuits_of_three_layers_records_every_source_layer(three_layers):
@@ -548,6 +582,33 @@ def test_analyze_circuits_of_three_layers_records_every_source_layer(three_layer
     )
     for name in ("clean", "k"):
       np.testing.assert_allclose(entry[name], direct[name], rtol=0, atol=1e-12)
+
+
+def test_analyze_circuits_averages_the_periods_and_composes_over_their_rope_distances():
+  """Two periods (4 and 6): each patching entry is the mean of its two
+  per-period entries, which differ. composition_rope is composition_scores
+  (a direct call) over the distances 0 .. 2 * 6 - 1 under the model's own
+  rope_scale (2 here), each of which moves the scores. No period at all
+  is refused."""
+  model, params = tiny(options=dict(rope_scale=2.0))
+  with pytest.raises(ValueError, match="^periods: at least one"):
+    analyze_circuits(model, params, IDS, [], batch=PROBE_ROWS)
+  record = analyze_circuits(model, params, IDS, [4, PERIOD], batch=PROBE_ROWS)
+  (entry,) = record["patching"]
+  by_period = [record["patching_by_period"][period][0] for period in ("4", str(PERIOD))]
+  for name in ("clean", "corrupted_source", *patching.PATTERN_PATHS):
+    np.testing.assert_allclose(
+      entry[name], np.mean([one[name] for one in by_period], axis=0), rtol=1e-12, err_msg=name
+    )
+    for one in by_period:
+      assert np.abs(np.subtract(entry[name], one[name])).max() > 1e-4, name
+  rope = lambda distances, scale: composition.composition_scores(
+    params, rope_distances=distances, rope_scale=scale
+  )["k"]
+  expected = rope(range(2 * PERIOD), 2.0)
+  np.testing.assert_allclose(record["composition_rope"]["k"], expected, rtol=1e-12)
+  for other in (rope(range(PERIOD), 2.0), rope(range(2 * PERIOD), 1.0)):
+    assert np.abs(expected - other).max() > 1e-3
 
 
 def rising(num_steps, after):
