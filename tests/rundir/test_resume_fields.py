@@ -144,7 +144,7 @@ def test_a_run_reads_its_own_copy_of_an_hf_tokenizer_once_its_path_has_moved(tmp
   to, not another tokenizer; the starting checkpoint is not read again."""
   from txf.data import tokenizers
   from txf.data.pipeline import HF_TOKENIZER_COPY
-  from txf.train.run_setup import load_run
+  from txf.train.run_setup import load_run, setup_run
 
   tokenizer_dir = tmp_path / "cache" / "tokenizer"
   tokenizer_dir.mkdir(parents=True)
@@ -169,6 +169,11 @@ def test_a_run_reads_its_own_copy_of_an_hf_tokenizer_once_its_path_has_moved(tmp
   config.train.steps = 4
   loop.run(parse(config), workdir, log=lambda line: None)
   assert resume.read_run_config(workdir).data.tokenizer_path == str(moved / "tokenizer")
+  # Set up to restore: a fresh state would not start from train.init_from.
+  setup = setup_run(parse(config), workdir)
+  assert setup.started_from is None
+  with pytest.raises(ConfigError, match=r"^train\.init_from: .* was not read, as .* held check"):
+    setup.init()
   # Another tokenizer at the new path: the record's contents refuse it.
   other = tmp_path / "other"
   shutil.copytree(moved / "tokenizer", other)

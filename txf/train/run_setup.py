@@ -408,7 +408,8 @@ def setup_run(
     # A run with checkpoints restores its weights from them: the checkpoint
     # it started from is not read again (it may have moved since, with the
     # Hub cache it was in; and loading it only to replace it cost a read).
-    if run.train.init_from and not (workdir is not None and saved_steps(workdir)):
+    restores_only = bool(run.train.init_from) and workdir is not None and bool(saved_steps(workdir))
+    if run.train.init_from and not restores_only:
       source, started_from = init_from_model(run.train.init_from, tokenizer)
       pretrained = pretrained_params(source, run.train.init_from, run.model, boxed_params)
   except ValueError as error:
@@ -451,7 +452,11 @@ def setup_run(
     eval_data=eval_data,
     mesh=mesh,
     state_sharding=programs.state_sharding,
-    init=functools.partial(init_from, pretrained),
+    init=(
+      _refuse_init(run.train.init_from, workdir)
+      if restores_only
+      else functools.partial(init_from, pretrained)
+    ),
     # Of the jitted function itself: through a partial, eval_shape would
     # lose the out_shardings that restoring onto another mesh needs.
     abstract_state=init_from.eval_shape(pretrained),
@@ -754,6 +759,22 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     seed=setup.run.seed,
     replicas=setup.run.replicas,
   )
+
+
+def _refuse_init(init_from: str | None, workdir: Any) -> Callable[[], TrainState]:
+  """RunSetup.init of a run set up to restore its checkpoints, train.init_from
+  unread: called only where none is left to restore (every one moved aside
+  as corrupt), where drawing from the seed would train a model that did not
+  start from train.init_from. Raises ConfigError saying to run again (the
+  directory then holds no checkpoint, and train.init_from is read)."""
+
+  def init() -> TrainState:
+    raise ConfigError(
+      f"train.init_from: {init_from} was not read, as {workdir} held checkpoints when the "
+      "run was set up; none restores now: run again to start from train.init_from"
+    )
+
+  return init
 
 
 def init_from_model(directory: str, tokenizer: Tokenizer) -> tuple[interop.Pretrained, str]:
