@@ -245,8 +245,11 @@ def test_a_terminal_bar_is_drawn_only_where_stdout_and_stderr_are_terminals(caps
   monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
   with progress.terminal_bar("train", 40, unit="steps", done=10) as dispatched:
     dispatched(30, jax.block_until_ready(computed))
-    time.sleep(5 * progress.BAR_EVERY_S)
-  err = capsys.readouterr().err
+    err, deadline = "", time.monotonic() + 5.0
+    while "30/40" not in err and time.monotonic() < deadline:
+      time.sleep(0.05)
+      err += capsys.readouterr().err
+  err += capsys.readouterr().err
   assert "train" in err and "30/40" in err and "steps" in err
 
 
@@ -258,6 +261,9 @@ class Marker:
 
   def is_ready(self):
     return self.ready
+
+  def is_deleted(self):
+    return False
 
 
 class RecordingBar:
@@ -312,7 +318,11 @@ def test_a_terminal_bar_shows_the_last_step_the_device_finished_not_the_last_que
     assert shown_within(bar, 14) == 14
     dispatched(15, jax.block_until_ready(jax.numpy.ones(())))  # a jax.Array's own is_ready
     assert shown_within(bar, 15) == 15
-  assert bar.shown == sorted(bar.shown) and set(bar.shown) <= {10, 12, 13, 14, 15}
+    deleted = jax.numpy.ones(())
+    deleted.delete()  # donated since: asking it is_ready() would raise
+    dispatched(16, deleted)
+    assert shown_within(bar, 16) == 16
+  assert bar.shown == sorted(bar.shown) and set(bar.shown) <= {10, 12, 13, 14, 15, 16}
   count = len(bar.shown)
   time.sleep(0.05)
   assert len(bar.shown) == count  # the poll thread ended with the bar

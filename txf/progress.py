@@ -155,7 +155,7 @@ def terminal_bar(
   lines (stamped) say where the work is.
 
   Yields `dispatched(done, marker)`, called after dispatching unit `done`
-  with an array its program writes (a jax.Array). The bar shows the last
+  with an array its program writes (a jax.Array, not donated later). The bar shows the last
   unit whose marker is ready, asked every BAR_EVERY_S without waiting
   (`is_ready()`), not the last one queued: JAX dispatches asynchronously,
   and a training loop runs many steps ahead of its device (32 of 40 for the
@@ -172,7 +172,9 @@ def terminal_bar(
       # The one consumer (the dispatching thread only appends): the head is
       # still there when popped.
       finished = None
-      while in_flight and in_flight[0][1].is_ready():
+      # A deleted marker (donated since) counts as finished: asking it
+      # is_ready() raises (or, on jax 0.10.2, crashes).
+      while in_flight and (in_flight[0][1].is_deleted() or in_flight[0][1].is_ready()):
         finished, _ = in_flight.popleft()
       if finished is not None:
         bar.update(task, completed=finished)

@@ -150,8 +150,10 @@ def test_a_run_reads_its_own_copy_of_an_hf_tokenizer_once_its_path_has_moved(tmp
   tokenizer_dir.mkdir(parents=True)
   for name, text in tokenizers.hf_tokenizer_files(tokenizers.ByteTokenizer()).items():
     (tokenizer_dir / name).write_text(text)
+  # A tokenizer.json under another name (data.tokenizer_path names the file).
+  (tokenizer_dir / "tokenizer.json").rename(tokenizer_dir / "my_tokenizer")
   start = tmp_path / "cache" / "start"
-  base = dict(data__tokenizer="hf", data__tokenizer_path=str(tokenizer_dir))
+  base = dict(data__tokenizer="hf", data__tokenizer_path=str(tokenizer_dir / "my_tokenizer"))
   loop.run(parse(tiny_config(steps=1, **base)), start, log=lambda line: None)
   config = tiny_config(steps=2, train__init_from=str(start), **base)
   workdir = tmp_path / "run"
@@ -163,12 +165,13 @@ def test_a_run_reads_its_own_copy_of_an_hf_tokenizer_once_its_path_has_moved(tmp
   moved = tmp_path / "elsewhere"
   (tmp_path / "cache").rename(moved)
   trained = load_run(workdir)
-  assert trained.step == 2 and trained.setup.run.data.tokenizer_path == str(tokenizer_dir)
-  config.data.tokenizer_path = str(moved / "tokenizer")
+  assert trained.step == 2
+  assert trained.setup.run.data.tokenizer_path == str(tokenizer_dir / "my_tokenizer")
+  config.data.tokenizer_path = str(moved / "tokenizer" / "my_tokenizer")
   config.train.init_from = str(moved / "start")
   config.train.steps = 4
   loop.run(parse(config), workdir, log=lambda line: None)
-  assert resume.read_run_config(workdir).data.tokenizer_path == str(moved / "tokenizer")
+  assert resume.read_run_config(workdir).data.tokenizer_path == config.data.tokenizer_path
   # Set up to restore: a fresh state would not start from train.init_from.
   setup = setup_run(parse(config), workdir)
   assert setup.started_from is None
@@ -177,16 +180,19 @@ def test_a_run_reads_its_own_copy_of_an_hf_tokenizer_once_its_path_has_moved(tmp
   # Another tokenizer at the new path: the record's contents refuse it.
   other = tmp_path / "other"
   shutil.copytree(moved / "tokenizer", other)
-  edited = json.loads((other / "tokenizer.json").read_text())
+  edited = json.loads((other / "my_tokenizer").read_text())
   vocab = edited["model"]["vocab"]
   vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
-  (other / "tokenizer.json").write_text(json.dumps(edited))
-  config.data.tokenizer_path = str(other)
+  (other / "my_tokenizer").write_text(json.dumps(edited))
+  config.data.tokenizer_path = str(other / "my_tokenizer")
   config.train.steps = 6
   with pytest.raises(ConfigError, match=r"^data\.tokenizer_path: the tokenizer's contents"):
     loop.run(parse(config), workdir, log=lambda line: None)
-  # A run that recorded no tokenizer contents is held to its path.
+  # Without checkpoints nothing checks the contents: the path is held.
   saved = resume.read_run_config(workdir)
+  with pytest.raises(ValueError, match=r"^data\.tokenizer_path: differs from the run"):
+    resume.check_resumable(parse(config), saved, workdir, trained=False)
+  # A run that recorded no tokenizer contents is held to its path.
   (workdir / RECORD_FILE).unlink()
   with pytest.raises(ValueError, match=r"^data\.tokenizer_path: differs from the run"):
     resume.check_resumable(parse(config), saved, workdir)

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from conftest import tiny_config
+from txf.data import tokenizers
 from txf.runconfig.run_config import ConfigError, parse
 from txf.rundir.resume import read_run_config
 from txf.rundir.workdir import WorkdirError
@@ -51,9 +52,18 @@ def test_a_second_run_started_while_the_first_sets_up_is_refused(tmp_path, monke
   assert read_run_config(workdir).seed == first.seed
 
 
-def test_a_run_refused_while_it_sets_up_leaves_no_directory(tmp_path):
-  config = tiny_config(steps=2, eval__sample_tokens=8, eval__sample_prompt="")
+@pytest.mark.parametrize("tokenizer", ["bytes", "hf"])
+def test_a_run_refused_while_it_sets_up_leaves_no_directory(tmp_path, tokenizer):
+  """An hf run's copy of its tokenizer's files left the directory behind."""
+  fields = {}
+  if tokenizer == "hf":
+    files = tmp_path / "tokenizer"
+    files.mkdir()
+    for name, text in tokenizers.hf_tokenizer_files(tokenizers.ByteTokenizer()).items():
+      (files / name).write_text(text)
+    fields = dict(data__tokenizer="hf", data__tokenizer_path=str(files))
+  config = tiny_config(steps=2, eval__sample_tokens=8, eval__sample_prompt="", **fields)
   workdir = tmp_path / "runs" / "run"
   with pytest.raises(ConfigError, match=r"^eval\.sample_prompt"):
     loop.run(parse(config), workdir, log=lambda line: None)
-  assert os.listdir(tmp_path) == []
+  assert not (tmp_path / "runs").exists()

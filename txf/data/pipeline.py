@@ -64,28 +64,47 @@ HF_TOKENIZER_COPY = "hf_tokenizer"
 @TOKENIZERS.decorator("hf")
 def hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:
   """The Hugging Face tokenizer.json at data.tokenizer_path (HFTokenizer);
-  where that path is gone (a run moved to another machine, whose Hub cache
-  is elsewhere), the copy the run in `workdir` keeps (keep_hf_tokenizer).
-  The run's record holds its contents' SHA-256, against which both are
-  checked (txf.rundir.record.check_recorded_tokenizer)."""
+  where that file is gone (a run moved to another machine, whose Hub cache
+  is elsewhere; a cleaned cache's broken link), the copy the run in
+  `workdir` keeps (keep_hf_tokenizer). The run's record holds the contents'
+  SHA-256, against which a trained run's is checked
+  (txf.rundir.record.check_recorded_tokenizer)."""
   path = epath.Path(required(spec.tokenizer_path))
-  if workdir is not None and not path.exists():
-    name = path.name if path.suffix == ".json" else "tokenizer.json"
-    kept = epath.Path(workdir) / HF_TOKENIZER_COPY / name
-    if kept.exists():
+  file = path / "tokenizer.json" if path.is_dir() else path
+  if workdir is not None and not file.exists():
+    kept = _kept_tokenizer_file(epath.Path(workdir) / HF_TOKENIZER_COPY)
+    if kept is not None:
       return HFTokenizer(kept)
   return HFTokenizer(path)
 
 
-def keep_hf_tokenizer(spec: DataSpec, tokenizer: Tokenizer, workdir: str | os.PathLike) -> None:
-  """Copies an hf tokenizer's files (HFTokenizer.files, under their own
-  names) into `workdir`'s HF_TOKENIZER_COPY, which `hf_tokenizer` reads
-  where data.tokenizer_path is gone: a new run's directory holds what its
-  ids need. Nothing for another data.tokenizer."""
-  if spec.tokenizer != "hf" or not isinstance(tokenizer, HFTokenizer):
+def _kept_tokenizer_file(copy: epath.Path) -> epath.Path | None:
+  """The tokenizer.json (under its own name) among a run's copied files, or
+  None where the run keeps none."""
+  if not copy.is_dir():
+    return None
+  main = [file for file in copy.iterdir() if file.name not in HFTokenizer.SPECIAL_FILES]
+  return main[0] if len(main) == 1 else None
+
+
+def keep_hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike) -> None:
+  """Copies the hf tokenizer's files (HFTokenizer.files, under their own
+  names) into `workdir`'s HF_TOKENIZER_COPY, replacing what it held, which
+  `hf_tokenizer` reads where data.tokenizer_path is gone: the directory of a
+  run that trains holds what its ids need. Nothing for another
+  data.tokenizer, or where the run reads its copy already."""
+  if spec.tokenizer != "hf":
     return
   copy = epath.Path(workdir) / HF_TOKENIZER_COPY
-  write_files({copy / file.name: file.read_bytes() for file in tokenizer.files()})
+  tokenizer = hf_tokenizer(spec, workdir)
+  if not isinstance(tokenizer, HFTokenizer) or tokenizer.file.parent == copy:
+    return
+  stale = [file for file in copy.iterdir()] if copy.is_dir() else []
+  files = {copy / file.name: file.read_bytes() for file in tokenizer.files()}
+  write_files(files)
+  for file in stale:  # another tokenizer file name than the one kept now
+    if file not in files:
+      file.unlink()
 
 
 def _tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer:

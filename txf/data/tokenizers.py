@@ -305,7 +305,7 @@ class HFTokenizer(Tokenizer):
 
   _ROLES = ("pad", "bos", "eos", "mask", "unk", "cls", "sep")
   # The files beside tokenizer.json that name the special tokens' roles.
-  _SPECIAL_FILES = ("special_tokens_map.json", "tokenizer_config.json")
+  SPECIAL_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 
   def __init__(self, path: str | os.PathLike):
     path = epath.Path(path)
@@ -344,7 +344,7 @@ class HFTokenizer(Tokenizer):
   def _special_tokens(directory: epath.Path) -> dict[str, str]:
     """{role: token text} from special_tokens_map.json, then tokenizer_config.json."""
     roles = {}
-    for name in HFTokenizer._SPECIAL_FILES:
+    for name in HFTokenizer.SPECIAL_FILES:
       if not (directory / name).exists():
         continue
       saved = json.loads((directory / name).read_text())
@@ -359,7 +359,7 @@ class HFTokenizer(Tokenizer):
   def files(self) -> list[epath.Path]:
     """The files that define its ids: tokenizer.json and the special-token
     files beside it that exist, in that order."""
-    beside = (self.file.parent / name for name in self._SPECIAL_FILES)
+    beside = (self.file.parent / name for name in self.SPECIAL_FILES)
     return [file for file in (self.file, *beside) if file.exists()]
 
   @property

@@ -381,12 +381,12 @@ def _free(
   too where the run saved no checkpoint, `trained` False: its tokenizer does
   not depend on it): model.max_len only where the run's position encoding
   owns no learned table of max_len rows, which the checkpoints hold;
-  data.tokenizer_path where the run recorded its tokenizer's contents
-  (their SHA-256, which the new path's must match: a run moved to a machine
-  whose Hub cache is elsewhere)."""
+  data.tokenizer_path where the run has checkpoints and recorded its
+  tokenizer's contents (their SHA-256, which the new path's must match: a
+  run moved to a machine whose Hub cache is elsewhere)."""
   if section == "data":
-    if field == "tokenizer_path":
-      return recorded_tokenizer(workdir) is not None
+    if field == "tokenizer_path":  # checked against the record where trained
+      return trained and recorded_tokenizer(workdir) is not None
     return field in FREE_DATA_FIELDS or (not trained and field in DATA_ORDER_FIELDS)
   if section != "model" or field not in FREE_MODEL_FIELDS:
     return False

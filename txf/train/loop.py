@@ -70,6 +70,7 @@ from etils import epath
 from txf import decode, hardware
 from txf.analysis import summarize
 from txf.data import ProcessCountError
+from txf.data.pipeline import keep_hf_tokenizer
 from txf.decode import generation
 from txf.progress import say, terminal_bar
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, to_json
@@ -625,6 +626,8 @@ def run(
             )
             log(f"moved {count} records of {name} {what} to its .dropped file")
           write_config(setup.run, workdir)
+          if is_chief:
+            keep_hf_tokenizer(setup.run.data, workdir)
           record = RunRecord(workdir, enabled=is_chief, log=log)
           try:
             record.start(setup.run, start, config_file)

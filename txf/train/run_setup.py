@@ -51,7 +51,7 @@ from txf.data import (
   make_tokenizer,
   num_classes,
 )
-from txf.data.pipeline import keep_hf_tokenizer, sentencepiece_model
+from txf.data.pipeline import sentencepiece_model
 from txf.data.spec import TASKS
 from txf.data.stacked import StackedDatasets
 from txf.decode.cache import check_cache_length
@@ -189,7 +189,7 @@ class RunSetup:
 def _over(total: Any, count: np.ndarray) -> np.ndarray:
   """An evaluation's sum over the token (or example) count, or a (sum,
   denominator) pair's sum over its own denominator (NaN where it is 0)."""
-  if isinstance(total, tuple):
+  if isinstance(total, (tuple, list)):
     numerator, denominator = total
     with np.errstate(divide="ignore", invalid="ignore"):
       return np.where(denominator != 0, numerator / denominator, np.nan)
@@ -269,8 +269,6 @@ def fit_vocabulary(
       # A new run only: one trained before this check is read, evaluated and
       # resumed as it was trained (its model.pad_id cannot change on resume).
       run.model.check_padding(tokenizer.pad_id, tokenizer.eos_id)
-      if workdir is not None:
-        keep_hf_tokenizer(run.data, tokenizer, workdir)
     if task_kind(run.data.task).causal_lm and run.eval.sample_tokens:
       sample_len = decode.cache_length(
         _prompt_length(tokenizer, run.eval.sample_prompt), run.eval.sample_tokens
@@ -763,8 +761,8 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
 
 def _refuse_init(init_from: str | None, workdir: Any) -> Callable[[], TrainState]:
   """RunSetup.init of a run set up to restore its checkpoints, train.init_from
-  unread: called only where none is left to restore (every one moved aside
-  as corrupt), where drawing from the seed would train a model that did not
+  unread: called only where none is left to restore (removed after the run
+  was set up), where drawing from the seed would train a model that did not
   start from train.init_from. Raises ConfigError saying to run again (the
   directory then holds no checkpoint, and train.init_from is read)."""
 
