@@ -228,22 +228,19 @@ def test_ragged_beam_search_equals_each_prompt_alone(decoder):
   )
 
 
+def beams_of_one_prompt(model, params, **kwargs):
+  """decode.generate's beam search (BEAMS beams, NEW tokens, EOS) of PROMPT's second row."""
+  return decode.generate(
+    model, params, PROMPT[1:2], max_new_tokens=NEW, eos_id=EOS, num_beams=BEAMS, **kwargs
+  )
+
+
 @pytest.mark.parametrize("alpha", [0.0, 2.0])
 def test_the_length_penalty_reaches_the_beams_scores(decoder, alpha):
   # Every generate test used 0.6, the default: one ignoring its argument passed.
   model, params = decoder
-  prompt = PROMPT[1:2]
-  tokens, scores = decode.generate(
-    model,
-    params,
-    prompt,
-    max_new_tokens=NEW,
-    eos_id=EOS,
-    num_beams=BEAMS,
-    length_penalty=alpha,
-    return_beams=True,
-  )
-  lengths = np.asarray((prompt != 0).sum(1))
+  tokens, scores = beams_of_one_prompt(model, params, length_penalty=alpha, return_beams=True)
+  lengths = np.asarray((PROMPT[1:2] != 0).sum(1))
   want = teacher_forced_scores(model, params, tokens, lengths, EOS, alpha=alpha)
   np.testing.assert_allclose(scores, want, atol=1e-4)
   assert not np.allclose(want, teacher_forced_scores(model, params, tokens, lengths, EOS))
@@ -254,19 +251,9 @@ def test_generate_returns_the_best_beam(decoder):
   highest score (scores descending, each its teacher-forced score, atol
   1e-4), not another of the K, which differ here."""
   model, params = decoder
-  prompt = PROMPT[1:2]
-  run = functools.partial(
-    decode.generate,
-    model,
-    params,
-    prompt,
-    max_new_tokens=NEW,
-    eos_id=EOS,
-    num_beams=BEAMS,
-    length_penalty=ALPHA,
-  )
+  run = functools.partial(beams_of_one_prompt, model, params, length_penalty=ALPHA)
   tokens, scores = run(return_beams=True)
-  lengths = np.asarray((prompt != 0).sum(1))
+  lengths = np.asarray((PROMPT[1:2] != 0).sum(1))
   np.testing.assert_allclose(
     scores, teacher_forced_scores(model, params, tokens, lengths, EOS), atol=1e-4
   )

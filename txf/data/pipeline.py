@@ -69,9 +69,8 @@ def hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer
   `workdir` keeps (keep_hf_tokenizer). The run's record holds the contents'
   SHA-256, against which a trained run's is checked
   (txf.rundir.record.check_recorded_tokenizer)."""
-  path = epath.Path(required(spec.tokenizer_path))
-  file = path / "tokenizer.json" if path.is_dir() else path
-  if workdir is not None and not file.exists():
+  path = required(spec.tokenizer_path)
+  if workdir is not None and not HFTokenizer.json_file(path).exists():
     kept = _kept_tokenizer_file(epath.Path(workdir) / HF_TOKENIZER_COPY)
     if kept is not None:
       return HFTokenizer(kept)
@@ -87,19 +86,19 @@ def _kept_tokenizer_file(copy: epath.Path) -> epath.Path | None:
   return main[0] if len(main) == 1 else None
 
 
-def keep_hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike) -> None:
-  """Copies the hf tokenizer's files (HFTokenizer.files, under their own
-  names) into `workdir`'s HF_TOKENIZER_COPY, replacing what it held, which
-  `hf_tokenizer` reads where data.tokenizer_path is gone: the directory of a
-  run that trains holds what its ids need. Nothing for another
-  data.tokenizer, or where the run reads its copy already."""
-  if spec.tokenizer != "hf":
-    return
+def keep_hf_tokenizer(spec: DataSpec, tokenizer: Tokenizer, workdir: str | os.PathLike) -> None:
+  """Copies the files of the run's hf `tokenizer` (`hf_tokenizer`'s,
+  HFTokenizer.files, under their own names) into `workdir`'s
+  HF_TOKENIZER_COPY, replacing what it held, which `hf_tokenizer` reads
+  where data.tokenizer_path is gone: the directory of a run that trains
+  holds what its ids need. Nothing for another data.tokenizer, or where the
+  run reads its copy already."""
   copy = epath.Path(workdir) / HF_TOKENIZER_COPY
-  tokenizer = hf_tokenizer(spec, workdir)
-  if not isinstance(tokenizer, HFTokenizer) or tokenizer.file.parent == copy:
+  if spec.tokenizer != "hf" or not isinstance(tokenizer, HFTokenizer):
     return
-  stale = [file for file in copy.iterdir()] if copy.is_dir() else []
+  if tokenizer.file.parent == copy:  # the run reads its copy: nothing newer to keep
+    return
+  stale = list(copy.iterdir()) if copy.is_dir() else []
   files = {copy / file.name: file.read_bytes() for file in tokenizer.files()}
   write_files(files)
   for file in stale:  # another tokenizer file name than the one kept now

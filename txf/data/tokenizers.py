@@ -308,8 +308,7 @@ class HFTokenizer(Tokenizer):
   SPECIAL_FILES = ("special_tokens_map.json", "tokenizer_config.json")
 
   def __init__(self, path: str | os.PathLike):
-    path = epath.Path(path)
-    file = path / "tokenizer.json" if path.is_dir() else path
+    file = self.json_file(path)
     self.file = file
     if not file.exists():
       raise ValueError(f"{file}: no tokenizer.json there")
@@ -355,6 +354,13 @@ class HFTokenizer(Tokenizer):
         if isinstance(token, str):
           roles[role] = token
     return roles
+
+  @staticmethod
+  def json_file(path: str | os.PathLike) -> epath.Path:
+    """The tokenizer.json that `path` (the file, or the directory holding
+    it) names."""
+    path = epath.Path(path)
+    return path / "tokenizer.json" if path.is_dir() else path
 
   def files(self) -> list[epath.Path]:
     """The files that define its ids: tokenizer.json and the special-token

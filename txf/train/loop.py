@@ -627,7 +627,7 @@ def run(
             log(f"moved {count} records of {name} {what} to its .dropped file")
           write_config(setup.run, workdir)
           if is_chief:
-            keep_hf_tokenizer(setup.run.data, workdir)
+            keep_hf_tokenizer(setup.run.data, setup.train_data.tokenizer, workdir)
           record = RunRecord(workdir, enabled=is_chief, log=log)
           try:
             record.start(setup.run, start, config_file)
