@@ -398,7 +398,6 @@ class HFTokenizer(Tokenizer):
 # ---------------------------------------------------------------------------
 # A txf tokenizer as a Hugging Face tokenizer.json (txf-export).
 
-HF_SPECIAL_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 # The roles of txf's special ids, as tokenizer_config.json names them.
 _SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
 
@@ -496,7 +495,7 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
   if type(tokenizer) is HFTokenizer:
     directory = tokenizer.file.parent
     files = {"tokenizer.json": _as_the_run_encodes(tokenizer.file.read_text(), "post_processor")}
-    for name in HF_SPECIAL_FILES:
+    for name in HFTokenizer.SPECIAL_FILES:
       if (directory / name).exists():
         files[name] = _as_the_run_encodes(
           (directory / name).read_text(), "add_bos_token", "add_eos_token"
