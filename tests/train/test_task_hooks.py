@@ -1,7 +1,7 @@
 """A task kind's loss and metrics are hooks of its entry (TaskKind.loss_sums,
 metric_sums): a task registered with its own changes what the train and
-eval steps return (float64 numpy references), and one that has them cannot
-use the fused loss."""
+eval steps return (float64 numpy references); one with its own loss cannot
+use the fused loss, one with its own metrics only trains with it."""
 
 import contextlib
 from types import SimpleNamespace
@@ -17,7 +17,7 @@ from txf import ops, register
 from txf.data.spec import TASKS
 from txf.models import ModelConfig, build
 from txf.runconfig.run_config import parse
-from txf.runconfig.tasks import token_inputs, token_labels
+from txf.runconfig.tasks import cross_entropy_sums, loss_metrics, token_inputs, token_labels
 from txf.train.run_setup import RunSetup
 from txf.train.step import init_state, make_eval_step, make_train_step
 
@@ -42,16 +42,25 @@ def count_squared_metric_sums(logits, labels, weights):
   loss_sum, count, correct = last_double_loss_sums(
     logits, labels, weights, label_smoothing=0.0, z_loss=0.0
   )
-  wrong_BxT = (jnp.argmax(logits, -1) != labels) & (weights > 0)
-  rows_right = (~wrong_BxT.any(-1)).sum().astype(jnp.float32)
-  rows = jnp.float32(labels.shape[0])
   return {
     "loss_sum": loss_sum,
     "count": count,
     "correct": correct,
     "count_squared": count**2,
-    "rows_right": (rows_right, rows),
+    "rows_right": rows_right(logits, labels, weights),
   }
+
+
+def rows_right(logits, labels, weights):
+  """(rows whose weighted tokens are all argmax-right, rows in the batch)."""
+  wrong_BxT = (jnp.argmax(logits, -1) != labels) & (weights > 0)
+  return (~wrong_BxT.any(-1)).sum().astype(jnp.float32), jnp.float32(labels.shape[0])
+
+
+def rows_right_metric_sums(logits, labels, weights):
+  """The built-in sums and whole rows right (`rows_right`)."""
+  sums = cross_entropy_sums(logits, labels, weights, label_smoothing=0.0, z_loss=0.0)
+  return {**loss_metrics(sums), "rows_right": rows_right(logits, labels, weights)}
 
 
 @pytest.fixture
@@ -69,6 +78,20 @@ def last_double():
     yield "last_double"
 
 
+@pytest.fixture
+def whole_rows():
+  """data.task 'whole_rows': lm batches, the built-in loss, metrics of its own."""
+  with TASKS.scoped():
+
+    @register.task("whole_rows", batches="lm")
+    class WholeRows:
+      model_inputs = staticmethod(token_inputs)
+      labels_and_weights = staticmethod(token_labels)
+      metric_sums = staticmethod(rows_right_metric_sums)
+
+    yield "whole_rows"
+
+
 def batch_and_model():
   rng = np.random.default_rng(0)
   ids = rng.integers(1, 32, (B, T + 1))
@@ -81,16 +104,25 @@ def batch_and_model():
   return batch, build(ModelConfig(**TINY, family="decoder", head="lm"))
 
 
-def reference_sums(logits_BxTxV, batch):
-  """float64 (last-doubled loss sum, token count) of the logits."""
+def reference_sums(logits_BxTxV, batch, last_weight=2.0):
+  """float64 (loss sum with the last position's weight times `last_weight`,
+  token count) of the logits."""
   logits = np.asarray(logits_BxTxV, np.float64)
   targets, weights = np.asarray(batch["targets"]), np.asarray(batch["weights"], np.float64)
   m = logits.max(-1)
   lse_BxT = m + np.log(np.exp(logits - m[..., None]).sum(-1))
   nll_BxT = lse_BxT - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
   double_T = np.ones(T)
-  double_T[-1] = 2.0
+  double_T[-1] = last_weight
   return (weights * double_T * nll_BxT).sum(), weights.sum()
+
+
+def reference_rows_right(logits_BxTxV, batch):
+  """[rows whose weighted tokens are all argmax-right, rows in the batch]."""
+  wrong_BxT = (np.argmax(np.asarray(logits_BxTxV), -1) != np.asarray(batch["targets"])) & (
+    np.asarray(batch["weights"]) > 0
+  )
+  return [float((~wrong_BxT.any(-1)).sum()), float(B)]
 
 
 def test_a_task_kinds_loss_and_metrics_are_what_the_steps_return(last_double):
@@ -110,10 +142,7 @@ def test_a_task_kinds_loss_and_metrics_are_what_the_steps_return(last_double):
   assert set(sums) == {"loss_sum", "count", "correct", "count_squared", "rows_right"}
   np.testing.assert_allclose(float(sums["loss_sum"]), loss_sum, rtol=1e-5)
   assert float(sums["count"]) == count and float(sums["count_squared"]) == count**2
-  wrong_BxT = (np.argmax(np.asarray(logits), -1) != np.asarray(batch["targets"])) & (
-    np.asarray(batch["weights"]) > 0
-  )
-  assert [float(x) for x in sums["rows_right"]] == [float((~wrong_BxT.any(-1)).sum()), float(B)]
+  assert [float(x) for x in sums["rows_right"]] == reference_rows_right(logits, batch)
 
 
 def test_a_task_with_its_own_loss_refuses_the_fused_loss(last_double):
@@ -121,6 +150,31 @@ def test_a_task_with_its_own_loss_refuses_the_fused_loss(last_double):
   with pytest.raises(ValueError, match="train.loss_chunk_len: data.task='last_double' has its own"):
     parse(config)
   parse(tiny_config(data__task=last_double))
+
+
+def test_a_task_with_its_own_metrics_only_trains_with_the_fused_loss(whole_rows):
+  parse(tiny_config(data__task=whole_rows, train__loss_chunk_len=16))
+  batch, model = batch_and_model()
+  opt = optax.sgd(0.0)
+  state = init_state(model, opt, batch, "lm", jax.random.key(0))
+  logits_shape = f"f32[{B},{T},{TINY['vocab_size']}]"  # the whole batch's logits, in a jaxpr
+
+  fused = make_train_step(model, opt, whole_rows, seed=0, loss_chunk_len=T // 2)
+  _, metrics = jax.jit(fused)(state, batch)
+  assert logits_shape not in str(jax.make_jaxpr(fused)(state, batch))
+
+  # Evaluation computes the logits its hook reads, fused loss or not.
+  eval_step = make_eval_step(model, whole_rows, loss_chunk_len=T // 2)
+  sums = jax.jit(eval_step)(state.params, batch)
+  assert logits_shape in str(jax.make_jaxpr(eval_step)(state.params, batch))
+  expected = jax.jit(make_eval_step(model, whole_rows))(state.params, batch)
+  assert jax.tree.map(float, sums) == jax.tree.map(float, expected)
+  assert set(sums) == {"loss_sum", "count", "correct", "rows_right"}
+  logits = model.apply({"params": state.params}, batch["inputs"])
+  loss_sum, count = reference_sums(logits, batch, last_weight=1.0)
+  np.testing.assert_allclose(float(metrics["loss"]), loss_sum / count, rtol=1e-5)
+  np.testing.assert_allclose(float(sums["loss_sum"]), loss_sum, rtol=1e-5)
+  assert [float(x) for x in sums["rows_right"]] == reference_rows_right(logits, batch)
 
 
 def test_evaluation_reports_each_sum_over_the_count_and_a_pair_over_its_own():

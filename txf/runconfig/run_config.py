@@ -457,10 +457,10 @@ def _check_across(run: RunConfig) -> None:
       f"train.loss_chunk_len: the fused loss needs an 'lm' head (a linear "
       f"one), not model.head={model.head!r}; set it to 0"
     )
-  if train.loss_chunk_len and not task_kind(spec.task).cross_entropy:
+  if train.loss_chunk_len and not task_kind(spec.task).builtin_loss:
     raise ValueError(
-      f"train.loss_chunk_len: data.task={spec.task!r} has its own loss or "
-      f"metrics, which the fused loss cannot compute; set it to 0"
+      f"train.loss_chunk_len: data.task={spec.task!r} has its own loss "
+      f"(loss_sums), which the fused loss cannot compute; set it to 0"
     )
   if train.loss_chunk_len and spec.seq_len % train.loss_chunk_len:
     raise ValueError(

@@ -78,6 +78,8 @@ class TaskKind:
       (sum, denominator) pair, over its own denominator (a whole-answer
       accuracy over examples, not tokens; NaN if it is 0). None:
       `loss_metrics` of `loss_sums` without label smoothing or z-loss.
+      Evaluation computes the logits it reads even where the train step
+      fuses the loss with the LM head (train.loss_chunk_len).
   """
 
   batches: str
@@ -94,10 +96,16 @@ class TaskKind:
       raise ValueError(f"data.task: batches {self.batches!r} is not one of {BATCH_FORMATS}")
 
   @property
+  def builtin_loss(self) -> bool:
+    """It trains with the built-in loss, which the fused loss
+    (train.loss_chunk_len) computes without the logits."""
+    return self.loss_sums is cross_entropy_sums
+
+  @property
   def cross_entropy(self) -> bool:
     """It trains and evaluates with the built-in hooks: the fused loss
-    (train.loss_chunk_len) computes the same sums without the logits."""
-    return self.loss_sums is cross_entropy_sums and self.metric_sums is None
+    computes its evaluation's sums too, without the logits."""
+    return self.builtin_loss and self.metric_sums is None
 
   def eval_sums(self, logits: jax.Array, labels: jax.Array, weights: jax.Array) -> dict:
     """An eval batch's sums (`metric_sums`, by default `loss_metrics`)."""

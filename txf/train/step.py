@@ -151,8 +151,11 @@ def _loss_sums(
 
 
 def _eval_sums(model: nn.Module, params: Any, batch: Batch, task: str, loss_chunk_len: int):
-  """One eval batch's sums, as data.task's entry computes them (`TaskKind.eval_sums`)."""
-  if loss_chunk_len:
+  """One eval batch's sums, as data.task's entry computes them
+  (`TaskKind.eval_sums`): fused with the LM head for the built-in metrics, from
+  the logits for a `metric_sums` hook (which reads them)."""
+  kind = task_kind(task)
+  if loss_chunk_len and kind.cross_entropy:
     sums = _loss_sums(
       model,
       params,
@@ -164,7 +167,6 @@ def _eval_sums(model: nn.Module, params: Any, batch: Batch, task: str, loss_chun
       loss_chunk_len=loss_chunk_len,
     )
     return loss_metrics(sums)
-  kind = task_kind(task)
   labels, weights = kind.labels_and_weights(batch)
   return kind.eval_sums(_logits(model, params, batch, task, None), labels, weights)
 
