@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -42,6 +43,7 @@ from txf.runconfig.run_config import parse
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.metrics import read_metrics
 from txf.rundir.record import read_record
+from txf.rundir.resume import prepare_resume, read_run_config
 from txf.train import loop
 from txf.train.run_setup import setup_run
 
@@ -345,6 +347,36 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog):
   assert [r["step"] for r in dropped if "loss" in r] == [5, 6, 7, 8]
   # Retrained from step 4's state and data position: the same losses.
   assert [r["loss"] for r in rows[4:8]] == [r["loss"] for r in first_rows[4:8]]
+
+
+@pytest.mark.slow  # trains a run, resumes it twice
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_fallback_inside_the_warmup_trains_as_resuming_from_that_step(tmp_path):
+  """Trained 8 steps with a warmup of 6 and extended to 12 with one of 12: from
+  step 8 the warmup of 6, finished, stays; step 8 corrupt, the run restores
+  step 4, inside it, and trains with the warmup of 12 as --resume_step=4
+  does (it kept the newest step's 6)."""
+  first = tmp_path / "first"
+  run_quietly(tiny(steps=8, train__warmup_steps=6, train__checkpoint_every=4), first)
+  explicit, fallback = tmp_path / "explicit", tmp_path / "fallback"
+  shutil.copytree(first, explicit)
+  shutil.copytree(first, fallback)
+  truncate_state_files(fallback / "checkpoints" / "8")
+  extended = tiny(steps=12, train__warmup_steps=12, train__checkpoint_every=4)
+  # A setup of the caller's, made for the newest step, cannot be set up again.
+  callers = tmp_path / "callers"
+  shutil.copytree(fallback, callers)
+  prepared, _ = prepare_resume(parse(extended), callers)
+  assert prepared.train.warmup_steps == 6
+  with pytest.raises(loop.ConfigError, match=r"^checkpoint step 4 restored in place of a newer"):
+    loop.run(parse(extended), callers, log=lambda line: None, setup=setup_run(prepared, callers))
+  loop.run(parse(extended), explicit, log=lambda line: None, resume_step=4)
+  _, text = run_quietly(extended, fallback)
+  assert "resumed from step 4" in text and "the warmup this run finished" not in text
+  assert text.count("resumed from step") == 1 and "train.warmup_steps 6 -> 12" in text
+  assert read_run_config(fallback).train.warmup_steps == 12
+  assert without_timings(train_rows(fallback)) == without_timings(train_rows(explicit))
+  assert_same_states(restore_state(fallback, 12), restore_state(explicit, 12))
 
 
 @pytest.mark.slow  # trains a run

@@ -91,6 +91,7 @@ from txf.rundir.resume import (
   changes_since_step,
   check_optimizer_state,
   config_changes,
+  keep_run_warmup,
   prepare_resume,
   write_config,
 )
@@ -563,9 +564,11 @@ def run(
         # The run's config.json (or, lost, its record's), read once: everything below
         # that compares with it (the changes line, the optimizer state's check) runs
         # before write_config.
+        asked = run_config
         run_config, saved = prepare_resume(run_config, workdir, resume_step)
       except ValueError as error:
         raise ConfigError(str(error)) from error
+      built_here = setup is None
       if setup is None:
         setup = setup_run(run_config, workdir)
       check_memory(setup, _samples(setup))
@@ -574,11 +577,23 @@ def run(
       check_outputs(workdir)
       checkpointer = make_checkpointer(setup.run.train, workdir)
       guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
-      with guarding as guard, _closing(checkpointer), setup.activation_sharding():
-        start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
+      with guarding as guard, _closing(checkpointer), contextlib.ExitStack() as inside:
+        setup, start, state = _restored(
+          setup,
+          checkpointer,
+          saved,
+          workdir,
+          guard,
+          log,
+          resume_step,
+          asked=asked,
+          prepared=run_config,
+          built_here=built_here,
+        )
+        inside.enter_context(setup.activation_sharding())
         # A resume that changes settings says which, before training or the
         # evaluation they shape (config.json, which they are read from, is written below).
-        for line in _resume_lines(setup, run_config, saved, workdir, start, resume_step):
+        for line in _resume_lines(setup, saved, workdir, start, resume_step):
           log(line)
         if start == 0 and setup.started_from:
           log(f"initialised from {setup.started_from}")
@@ -699,20 +714,20 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
 
 def _resume_lines(
   setup: RunSetup,
-  run_config: RunConfig,
   saved: RunConfig | None,
   workdir: epath.Path,
   start: int,
   resume_step: int | None,
 ) -> list[str]:
-  """What a resume from `start` changes: the fields changed from config.json
-  (`saved`) with the learning rate's move, and under --resume_step what the
-  steps it trains again were first trained with (run_record.json's)."""
+  """What a resume of `setup.run` from `start` changes: the fields changed
+  from config.json (`saved`) with the learning rate's move, and under
+  --resume_step what the steps it trains again were first trained with
+  (run_record.json's)."""
   lines = []
-  changes = _changes_line(run_config, saved) if start else None
+  changes = _changes_line(setup.run, saved) if start else None
   if changes:
     lines.append(changes + _learning_rate_change(setup, saved, start))
-  retrained = changes_since_step(run_config, workdir, start) if resume_step is not None else []
+  retrained = changes_since_step(setup.run, workdir, start) if resume_step is not None else []
   if retrained:
     lines.append(
       f"resume_step: steps {start + 1} on were first trained with "
@@ -745,6 +760,42 @@ def _learning_rate_change(setup: RunSetup, saved: RunConfig | None, start: int) 
   if start >= setup.run.train.steps or np.isclose(old, new, rtol=1e-6, atol=0):
     return ""
   return f"; learning rate at step {start + 1}: {old:.3e} -> {new:.3e}"
+
+
+def _restored(
+  setup: RunSetup,
+  checkpointer: Checkpointer,
+  saved: RunConfig | None,
+  workdir: epath.Path,
+  guard: PreemptionGuard,
+  log,
+  resume_step: int | None,
+  *,
+  asked: RunConfig,
+  prepared: RunConfig,
+  built_here: bool,
+) -> tuple[RunSetup, int, Any]:
+  """(setup, start step, state): `_restore` onto `setup`. prepare_resume made
+  `prepared` of `asked` for the newest checkpoint (`keep_run_warmup`); where
+  that did not restore (moved aside) and the earlier step restored is inside
+  the warmup kept for it, `setup` is built again with the config's warmup, as
+  --resume_step at that step sets it up, and the step restored onto that. A
+  `setup` not `built_here` (the caller's) is refused then (ConfigError): a
+  run again resumes from that step."""
+  with setup.activation_sharding():
+    start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
+  resumed = keep_run_warmup(asked, saved, start) if saved is not None and start else prepared
+  if resumed.train == prepared.train:
+    return setup, start, state
+  if not built_here:
+    raise ConfigError(
+      f"checkpoint step {start} restored in place of a newer one that did not, inside the "
+      "warmup kept for that one: run again to set up for it"
+    )
+  setup = setup_run(resumed, workdir)
+  with setup.activation_sharding():  # said once, by the first restore
+    start, state = _restore(setup, checkpointer, saved, workdir, guard, lambda _: None, start)
+  return setup, start, state
 
 
 def _restore(
