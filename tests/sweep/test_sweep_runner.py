@@ -232,7 +232,7 @@ def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tm
 
 
 @pytest.mark.slow  # trains a sweep (and its fixture one)
-def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch):
+def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypatch, tmp_path):
   workdir = finished_sweep["workdir"]
   expected = (workdir / results.RESULTS_CSV).read_text()
   (workdir / results.RESULTS_CSV).unlink()
@@ -240,6 +240,19 @@ def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypat
   rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
   assert [row.status for row in rows] == ["done", "done"]
   assert (workdir / results.RESULTS_CSV).read_text() == expected
+  # Overrides its points did not train with: refused as training refuses
+  # them (its tables would name other runs), before anything is written.
+  other = toy_sweep()
+  other.base.model.d_model *= 2
+  workdir = copy_of(finished_sweep, tmp_path)
+  (workdir / results.RESULTS_CSV).unlink()
+  refused = (
+    rf"^point 0 \({TOY_NAMES[0]}\): model\.d_model: differs from the run already in "
+    r".*; summarize with the overrides it trained with$"
+  )
+  with pytest.raises(GridError, match=refused):
+    runner.run_sweep(other, workdir, summarize_only=True, log=lambda line: None)
+  assert not (workdir / results.RESULTS_CSV).exists()
 
 
 def copy_of(finished_sweep, tmp_path):

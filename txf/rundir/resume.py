@@ -348,11 +348,12 @@ def check_resumable(
   *,
   trained: bool = True,
   source: str = CONFIG_FILE,
+  advice: str = "use a new --workdir",
 ) -> None:
   """Refuses `run` for the run in `workdir`, whose config.json (or `source`,
   the file it was read from) read as `saved`, if it changes a field the
   run's checkpoints depend on (nothing to check in a new work directory,
-  `saved` None). Where the run saved no
+  `saved` None); the message ends with `advice`. Where the run saved no
   checkpoint yet (`trained` False: it stopped before its first save, e.g. a
   model too large for the device), only its `data` fields but the data
   order's are held: the tokenizer it made in `workdir` depends on them, and
@@ -369,7 +370,7 @@ def check_resumable(
     if section in held and not _free(section, field, saved, workdir, trained):
       raise ValueError(
         f"{name}: differs from the run already in {workdir} (see "
-        f"{epath.Path(workdir) / source}); use a new --workdir"
+        f"{epath.Path(workdir) / source}); {advice}"
       )
 
 

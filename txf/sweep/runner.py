@@ -539,13 +539,15 @@ def run_sweep(
     except ValueError as error:
       raise GridError(f"{error} ({point_dir}): use a new --workdir") from None
     # As txf-run refuses it: a finished point is skipped, so its run alone
-    # would never compare its config.json with the point's changed one. A
-    # summary reads what is on disk, whatever trained it.
-    if not summarize_only:
-      try:
-        check_resumable(runs[point.index], read_run_config(point_dir), point_dir)
-      except ValueError as error:
-        raise GridError(f"point {point.index} ({point.name}): {error}") from None
+    # would never compare its config.json with the point's changed one; and
+    # a summary's tables would name runs other than those its points trained.
+    advice = (
+      "summarize with the overrides it trained with" if summarize_only else "use a new --workdir"
+    )
+    try:
+      check_resumable(runs[point.index], read_run_config(point_dir), point_dir, advice=advice)
+    except ValueError as error:
+      raise GridError(f"point {point.index} ({point.name}): {error}") from None
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     for point in selected:
