@@ -578,7 +578,7 @@ def run(
       checkpointer = make_checkpointer(setup.run.train, workdir)
       guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
       with guarding as guard, _closing(checkpointer), contextlib.ExitStack() as inside:
-        setup, start, state = _restored(
+        setup, run_config, start, state = _restored(
           setup,
           checkpointer,
           saved,
@@ -593,7 +593,7 @@ def run(
         inside.enter_context(setup.activation_sharding())
         # A resume that changes settings says which, before training or the
         # evaluation they shape (config.json, which they are read from, is written below).
-        for line in _resume_lines(setup, saved, workdir, start, resume_step):
+        for line in _resume_lines(setup, run_config, saved, workdir, start, resume_step):
           log(line)
         if start == 0 and setup.started_from:
           log(f"initialised from {setup.started_from}")
@@ -714,20 +714,20 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
 
 def _resume_lines(
   setup: RunSetup,
+  run_config: RunConfig,
   saved: RunConfig | None,
   workdir: epath.Path,
   start: int,
   resume_step: int | None,
 ) -> list[str]:
-  """What a resume of `setup.run` from `start` changes: the fields changed
-  from config.json (`saved`) with the learning rate's move, and under
-  --resume_step what the steps it trains again were first trained with
-  (run_record.json's)."""
+  """What a resume from `start` changes: the fields changed from config.json
+  (`saved`) with the learning rate's move, and under --resume_step what the
+  steps it trains again were first trained with (run_record.json's)."""
   lines = []
-  changes = _changes_line(setup.run, saved) if start else None
+  changes = _changes_line(run_config, saved) if start else None
   if changes:
     lines.append(changes + _learning_rate_change(setup, saved, start))
-  retrained = changes_since_step(setup.run, workdir, start) if resume_step is not None else []
+  retrained = changes_since_step(run_config, workdir, start) if resume_step is not None else []
   if retrained:
     lines.append(
       f"resume_step: steps {start + 1} on were first trained with "
@@ -774,19 +774,23 @@ def _restored(
   asked: RunConfig,
   prepared: RunConfig,
   built_here: bool,
-) -> tuple[RunSetup, int, Any]:
-  """(setup, start step, state): `_restore` onto `setup`. prepare_resume made
-  `prepared` of `asked` for the newest checkpoint (`keep_run_warmup`); where
-  that did not restore (moved aside) and the earlier step restored is inside
-  the warmup kept for it, `setup` is built again with the config's warmup, as
-  --resume_step at that step sets it up, and the step restored onto that. A
-  `setup` not `built_here` (the caller's) is refused then (ConfigError): a
-  run again resumes from that step."""
+) -> tuple[RunSetup, RunConfig, int, Any]:
+  """(setup, the run config it trains, start step, state): `_restore` onto
+  `setup`, built for `prepared`, which prepare_resume made of `asked` for the
+  newest checkpoint (`keep_run_warmup`). Where that did not restore (moved
+  aside) and the earlier step restored is inside the warmup kept for it,
+  the setup is built again with the config's warmup, as --resume_step at
+  that step sets it up, and the step restored onto that. A `setup` not
+  `built_here` (the caller's) is refused then (ConfigError): a run again
+  resumes from that step."""
+  newest = checkpointer.latest_step()
   with setup.activation_sharding():
     start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
-  resumed = keep_run_warmup(asked, saved, start) if saved is not None and start else prepared
+  if saved is None or not start or start == newest or resume_step is not None:
+    return setup, prepared, start, state
+  resumed = keep_run_warmup(asked, saved, start)
   if resumed.train == prepared.train:
-    return setup, start, state
+    return setup, prepared, start, state
   if not built_here:
     raise ConfigError(
       f"checkpoint step {start} restored in place of a newer one that did not, inside the "
@@ -795,7 +799,7 @@ def _restored(
   setup = setup_run(resumed, workdir)
   with setup.activation_sharding():  # said once, by the first restore
     start, state = _restore(setup, checkpointer, saved, workdir, guard, lambda _: None, start)
-  return setup, start, state
+  return setup, resumed, start, state
 
 
 def _restore(
