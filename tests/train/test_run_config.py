@@ -23,6 +23,7 @@ import json
 import shutil
 import subprocess
 
+import jax
 import numpy as np
 import pytest
 
@@ -277,6 +278,33 @@ def old_run_config(steps):
   config.train.update(dict(steps=steps, warmup_steps=1, log_every=1, checkpoint_every=2))
   config.eval.update(dict(every=2, num_batches=1, sample_tokens=0))
   return config
+
+
+@pytest.mark.slow  # restores a run twice
+def test_a_run_whose_config_json_is_lost_or_damaged_is_read_as_a_txf_run(tmp_path):
+  """Its readers said a run whose config.json was lost holds no run, though
+  txf-run resumes it from run_record.json's config; one whose config.json
+  lost its model section was read as a Hugging Face directory ('architecture
+  None is not supported'), not refused naming the section."""
+  intact, lost, damaged = tmp_path / "intact", tmp_path / "lost", tmp_path / "damaged"
+  for workdir in (intact, lost, damaged):
+    shutil.copytree(FIXTURES / "run_1c066fd", workdir)
+  (lost / resume.CONFIG_FILE).unlink()
+  saved = json.loads((damaged / resume.CONFIG_FILE).read_text())
+  del saved["model"]
+  (damaged / resume.CONFIG_FILE).write_text(json.dumps(saved))
+  hf = FIXTURES / "hf" / "gpt2"
+  found = [is_run_directory(path) for path in (intact, lost, damaged, hf, tmp_path)]
+  assert found == [True, True, True, False, False]
+  read, original = load_run(lost), load_run(intact)
+  assert read.step == original.step == 2 and read.setup.run == original.setup.run
+  same = jax.tree.map(np.array_equal, read.params, original.params)
+  assert all(jax.tree.leaves(same)) and len(jax.tree.leaves(same)) > 1
+  with pytest.raises(ConfigError, match=rf"^{damaged}/config\.json: model: missing"):
+    load_trained(damaged)
+  (lost / "run_record.json").unlink()  # checkpoints that no config describes
+  with pytest.raises(ConfigError, match=r"holds checkpoints but no config\.json or run_record"):
+    load_run(lost)
 
 
 @pytest.mark.slow  # restores, evaluates, trains, extrapolates, analyses and exports

@@ -43,10 +43,10 @@ def get_config(directory: str = ""):
 
   if is_run_directory(directory):
     from txf.runconfig.run_config import to_json  # noqa: PLC0415
-    from txf.rundir.resume import read_run_config  # noqa: PLC0415
+    from txf.rundir.resume import read_held_config  # noqa: PLC0415
 
-    saved = read_run_config(directory)
-    assert saved is not None  # a run directory holds its config.json
+    saved, _ = read_held_config(directory, trained=True)
+    assert saved is not None  # else read_held_config refused a run with no config
     for section, fields in to_json(saved).items():
       if section in ("model", "data"):
         config[section].update(fields)

@@ -521,11 +521,13 @@ def saved_config(path: epath.Path) -> dict[str, Any] | None:
 
 
 def is_run_directory(path: str | os.PathLike) -> bool:
-  """Whether `path` holds a txf run (a config.json with `model` and `train`
-  sections) rather than a Hugging Face model directory (whose config.json
-  has neither)."""
+  """Whether `path` holds a txf run rather than a Hugging Face model
+  directory (whose config.json has no `model` and `train` sections): a
+  config.json with both, or, where that was lost or damaged, the run's other
+  files (its run_record.json, its checkpoints), which its readers then name
+  (`read_held_config`)."""
   path = epath.Path(path)
-  if not (path / CONFIG_FILE).exists():
-    return False
   saved = saved_config(path) or {}
-  return all(isinstance(saved.get(section), dict) for section in ("model", "train"))
+  if all(isinstance(saved.get(section), dict) for section in ("model", "train")):
+    return True
+  return (path / RECORD_FILE).exists() or checkpoint_directory(path).exists()

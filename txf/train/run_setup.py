@@ -64,7 +64,7 @@ from txf.rundir.resume import (
   CONFIG_FILE,
   check_resumable,
   is_run_directory,
-  read_run_config,
+  read_held_config,
   saved_config,
 )
 from txf.rundir.workdir import (
@@ -550,15 +550,17 @@ class TrainedRun(NamedTuple):
 
 
 def check_holds_run(workdir: epath.Path) -> None:
-  """Raises ConfigError unless `workdir` holds a txf run (its config.json),
-  saying what it holds instead: a Hugging Face model directory (what
-  txf-export writes) is no run that txf-export, txf-generate's and
-  txf-embed's run side, txf-analyze or txf-extrapolate read."""
+  """Raises ConfigError unless `workdir` holds a txf run (is_run_directory:
+  its config.json, or where that was lost its run_record.json or
+  checkpoints), saying what it holds instead: a Hugging Face model
+  directory (what txf-export writes) is no run that txf-export,
+  txf-generate's and txf-embed's run side, txf-analyze or txf-extrapolate
+  read."""
+  if is_run_directory(workdir):
+    return
   path = workdir / CONFIG_FILE
   if not path.exists():
     raise ConfigError(f"workdir: {workdir} holds no run ({path} does not exist)")
-  if is_run_directory(workdir):
-    return
   saved = saved_config(workdir)
   if saved is None:  # a cut or garbled file: say so, as txf-generate's reader does
     try:
@@ -606,8 +608,9 @@ def load_run(
 ) -> TrainedRun:
   """Restores the latest checkpoint of the run in `workdir` for evaluation.
 
-  The setup is built from the run's config.json (`saved`, where the caller
-  has read it: txf.rundir.resume.read_run_config) with `overrides` applied
+  The setup is built from the run's config.json, or where that was lost its
+  run_record.json's (`saved`, where the caller has read it:
+  txf.rundir.resume.read_held_config) with `overrides` applied
   (RunConfig.override), e.g. {"data.seq_len": 256, "eval.num_batches": 4}:
   any field the checkpoint does not depend on (see
   txf.rundir.resume.check_resumable), laid out on a mesh of this machine's
@@ -628,8 +631,8 @@ def load_run(
   workdir = epath.Path(workdir)
   check_holds_run(workdir)
   try:
-    saved = saved or read_run_config(workdir)
-    assert saved is not None  # check_holds_run found its config.json
+    saved = saved or read_held_config(workdir, trained=True)[0]
+    assert saved is not None  # else read_held_config refused a run with no config
     run = saved.override(overrides) if overrides else saved
     check_resumable(run, saved, workdir)
     run, devices = _reading_layout(run)

@@ -53,7 +53,7 @@ from txf.progress import Progress
 from txf.runconfig.run_config import ConfigError
 from txf.runconfig.tasks import task_kind
 from txf.rundir.console import format_duration
-from txf.rundir.resume import read_run_config
+from txf.rundir.resume import read_held_config
 from txf.rundir.workdir import check_reachable, run_path
 from txf.storage import write_files
 from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
@@ -236,7 +236,7 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
   evaluator's), with eval.num_batches raised to hold them."""
   saved, overrides = None, {}
   if num_tokens is not None:
-    saved = read_run_config(workdir)
+    saved, _ = read_held_config(workdir, trained=False)
     if saved is not None:  # else load_run says why there is no run
       data = saved.data
       per_batch = tokens_per_batch(data.batch_size, data.seq_len)
