@@ -301,6 +301,17 @@ def test_each_tokenizer_gives_its_own_ids(tmp_path):
   assert len(set(ids.values())) == len(ids), ids
 
 
+def test_an_hf_tokenizer_that_cannot_be_read_is_named_by_its_field(tmp_path):
+  # The tokenizer's message names the file (a path given elsewhere, too).
+  for path, why in [
+    (tmp_path / "missing", "no tokenizer.json there"),
+    (FIXTURES / "hf" / "gpt2" / "config.json", "not a tokenizers tokenizer.json"),
+  ]:
+    spec = _corpus_config(tokenizer="hf", tokenizer_path=str(path))
+    with pytest.raises(ValueError, match=rf"^data\.tokenizer_path: {path}: {why}"):
+      make_tokenizer(spec, tmp_path)
+
+
 class LowerBytes(ByteTokenizer):
   """docs/extending.md's tokenizer: the UTF-8 bytes of the lower-cased text."""
 

@@ -74,7 +74,10 @@ def hf_tokenizer(spec: DataSpec, workdir: str | os.PathLike | None) -> Tokenizer
     kept = _kept_tokenizer_file(epath.Path(workdir) / HF_TOKENIZER_COPY)
     if kept is not None:
       return HFTokenizer(kept)
-  return HFTokenizer(path)
+  try:
+    return HFTokenizer(path)
+  except ValueError as error:  # it says what is wrong with the file, not which field named it
+    raise ValueError(f"data.tokenizer_path: {error}") from None
 
 
 def _kept_tokenizer_file(copy: epath.Path) -> epath.Path | None:

@@ -639,7 +639,8 @@ def run(
               if completing
               else f"logged after step {start} (the step training continues from)"
             )
-            log(f"moved {count} records of {name} {what} to its .dropped file")
+            records = "record" if count == 1 else "records"
+            log(f"moved {count} {records} of {name} {what} to its .dropped file")
           write_config(setup.run, workdir)
           if is_chief:
             keep_hf_tokenizer(setup.run.data, setup.train_data.tokenizer, workdir)
