@@ -524,10 +524,11 @@ def is_run_directory(path: str | os.PathLike) -> bool:
   """Whether `path` holds a txf run rather than a Hugging Face model
   directory (whose config.json has no `model` and `train` sections): a
   config.json with both, or, where that was lost or damaged, the run's other
-  files (its run_record.json, its checkpoints), which its readers then name
+  files (its run_record.json, its checkpoints: not an empty checkpoints/ of a
+  run stopped before its first save), which its readers then name
   (`read_held_config`)."""
   path = epath.Path(path)
   saved = saved_config(path) or {}
   if all(isinstance(saved.get(section), dict) for section in ("model", "train")):
     return True
-  return (path / RECORD_FILE).exists() or checkpoint_directory(path).exists()
+  return (path / RECORD_FILE).exists() or bool(saved_steps(path))
