@@ -527,6 +527,10 @@ def run_sweep(
     results.point_status(workdir / p.name, steps=p.config.train.steps) == "missing" for p in points
   ):
     raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
+  # A changed field the points' checkpoints depend on: what the refusal advises.
+  advice = (
+    "summarize with the overrides it trained with" if summarize_only else "use a new --workdir"
+  )
   for point in points:
     point_dir = workdir / point.name
     try:
@@ -541,9 +545,6 @@ def run_sweep(
     # As txf-run refuses it: a finished point is skipped, so its run alone
     # would never compare its config.json with the point's changed one; and
     # a summary's tables would name runs other than those its points trained.
-    advice = (
-      "summarize with the overrides it trained with" if summarize_only else "use a new --workdir"
-    )
     try:
       check_resumable(runs[point.index], read_run_config(point_dir), point_dir, advice=advice)
     except ValueError as error:
