@@ -179,3 +179,43 @@ def test_split_too_short_names_itself_and_what_helps():
   ) as error:
     make_dataset(_config(max_corpus_bytes=200, seq_len=300), "validation", seed=0)
   assert "batch_size" not in str(error.value)
+
+
+def test_a_train_split_of_exactly_one_batch_is_accepted():
+  tokens = np.arange(3, 3 + 4 * 8, dtype=np.int32)  # 4 windows of 8: one batch of 4
+  source = LanguageModelSource(tokens, example_len=8, batch_size=4, seed=0, split="train")
+  batch = source.batch(0, range(4))
+  np.testing.assert_array_equal(np.sort(batch["inputs"][:, 0]), tokens[::8])
+  with pytest.raises(ValueError, match="fewer than one batch of 5"):
+    LanguageModelSource(tokens, example_len=8, batch_size=5, seed=0, split="train")
+
+
+def test_leftover_windows_differ_between_epochs():
+  """The windows skipped after an epoch's last full batch are drawn anew each
+  epoch: over epochs every window is trained on, the last one included."""
+  tokens = np.arange(5 * 4, dtype=np.int32)  # 5 windows of 4: 2 batches of 2, 1 left over
+  source = LanguageModelSource(tokens, example_len=4, batch_size=2, seed=0, split="train")
+  firsts = [source.batch(step, range(2))["inputs"][:, 0] for step in range(2 * 8)]
+  seen = np.concatenate(firsts)
+  np.testing.assert_array_equal(np.unique(seen), tokens[::4])
+  for epoch in range(8):  # within an epoch no window repeats
+    assert len(np.unique(seen[4 * epoch : 4 * epoch + 4])) == 4
+
+
+def test_adjacent_seeds_never_share_an_epoch_order():
+  """Seed s + 1's first epoch is not seed s's second (the order's key is
+  (seed, epoch), not seed + epoch)."""
+  tokens = np.arange(64 * 2, dtype=np.int32)
+  make = lambda seed: LanguageModelSource(
+    tokens, example_len=2, batch_size=64, seed=seed, split="train"
+  )
+  second_epoch = make(0).batch(1, range(64))["inputs"]
+  assert not np.array_equal(make(1).batch(0, range(64))["inputs"], second_epoch)
+
+
+def test_step_of_refuses_the_position_past_the_last_batch():
+  tokens = np.arange(5 * 4, dtype=np.int32)  # 2 batches of 2 per epoch
+  source = LanguageModelSource(tokens, example_len=4, batch_size=2, seed=0, split="train")
+  assert source.step_of({"epoch": 1, "position": 2}) == 3
+  with pytest.raises(ValueError, match="position"):
+    source.step_of({"epoch": 0, "position": 4})
