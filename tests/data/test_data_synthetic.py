@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from txf.data import make_dataset
+from txf.data import make_dataset, seeding
 from txf.data.spec import parse_data
 from txf.data.stacked import StackedDatasets
 
@@ -95,6 +95,28 @@ def test_deterministic_resumable_and_split_dependent():
   np.testing.assert_array_equal(next(resumed)["targets"], first[2]["targets"])
   validation = make_dataset(config, "validation", seed=5, num_batches=1)
   assert not np.array_equal(next(validation)["encoder_inputs"], first[0]["encoder_inputs"])
+
+
+def test_rows_and_all_three_splits_draw_their_own_examples():
+  """example_rng's key holds the split and the row: a batch's rows are not
+  one example repeated, and train, validation and test differ pairwise."""
+  config = _config("copy", min_example_len=8, max_example_len=12)
+  batches = {
+    split: next(make_dataset(config, split, seed=0, num_batches=1))["encoder_inputs"]
+    for split in ("train", "validation", "test")
+  }
+  for split, batch in batches.items():
+    assert len({row.tobytes() for row in batch}) == BATCH, split
+  assert not np.array_equal(batches["validation"], batches["test"])
+  assert not np.array_equal(batches["train"], batches["test"])
+
+
+def test_the_mask_key_is_not_a_shuffle_key():
+  """seeding pads short keys with zeros: mask_rng(s, k) without its nonzero
+  tag, or with a tag of 0, would draw shuffle_rng(s, k)'s stream."""
+  for step in (0, 5):
+    mask = seeding.mask_rng(3, step).random(4)
+    assert not np.array_equal(mask, seeding.shuffle_rng(3, step).random(4))
 
 
 def test_eval_repeats_and_process_rows_concatenate():
