@@ -50,8 +50,14 @@ LISTOPS = dict(name="listops", task="classify", seq_len=64, max_example_len=60)
     (dict(name="addition", task="seq2seq", min_example_len=2), "data.min_example_len"),
     (dict(**SEQ2SEQ, seq_len=16, max_example_len=16), "data.seq_len"),
     (dict(**LISTOPS, listops_max_depth=0), "data.listops_max_depth"),
-    (dict(**LISTOPS, listops_max_depth=1, min_example_len=13), "data.min_example_len"),
-    (dict(name="listops", task="classify", max_example_len=3), "data.max_example_len"),
+    (
+      dict(**LISTOPS, listops_max_depth=1, min_example_len=13),
+      r"^data.min_example_len=13 exceeds 12 tokens, the longest",
+    ),
+    (
+      dict(name="listops", task="classify", max_example_len=3),
+      r"^data.max_example_len=3 is below 4 tokens, the shortest",
+    ),
     (dict(name="listops", task="classify", seq_len=32, max_example_len=40), "data.seq_len"),
     # Possible lengths, but too rare to draw (listops.MIN_ACCEPTANCE).
     (

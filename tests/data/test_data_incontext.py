@@ -94,6 +94,7 @@ def test_batches_are_deterministic_and_splits_differ(fields):
     (dict(MQAR, num_kv_pairs=11), r"^data.num_kv_pairs=11 exceeds data.num_symbols // 2"),
     (dict(MQAR, seq_len=22), r"^data.seq_len=22 is too small"),
     (dict(MQAR, num_kv_pairs=None), r"^data.num_kv_pairs: "),
+    (dict(MQAR, num_kv_pairs=0), r"^data.num_kv_pairs"),
   ],
 )
 def test_bad_fields_are_refused_naming_them(fields, message):
@@ -155,6 +156,14 @@ def test_induction_takes_the_shortest_seq_len_whose_row_holds_two_blocks():
   assert (np.argmax(got["weights"] > 0, axis=1) == 9).all() and got["weights"][:, 9:].all()
   with pytest.raises(ValueError, match=r"^data.seq_len=16 is too small for data.max_example_len=9"):
     batch(dict(fields, seq_len=16))
+
+
+def test_mqar_takes_the_shortest_seq_len_whose_row_holds_pairs_and_queries():
+  """A row of seq_len + 1 tokens holds N pairs and N queries at 4N - 1."""
+  got, _ = batch(dict(MQAR, seq_len=4 * 6 - 1))
+  assert got["inputs"].shape == (8, 23) and (got["weights"].sum(1) == 6).all()
+  with pytest.raises(ValueError, match=r"^data.seq_len=22 is too small"):
+    batch(dict(MQAR, seq_len=22))
 
 
 def test_mqar_query_gaps_follow_the_power_law():
