@@ -83,6 +83,16 @@ def test_length_distribution_matches_the_generator():
   np.testing.assert_allclose(
     listops.length_distribution(1, 14), [0] * 4 + [1 / 9] * 9 + [0] * 2, atol=1e-15
   )
+  # Depth 2, by hand with LRA's operator probability 0.25 (2..10 arguments
+  # with chance 1/9 each): 4 tokens are 2 digits, 5 are 3 digits, 7 are 5
+  # digits or a digit and a 2-digit operator in either order (an operator's
+  # arguments at depth 3 are digits).
+  p, q = 0.25, 0.75
+  np.testing.assert_allclose(
+    listops.length_distribution(2, 7)[4:],
+    [q**2 / 9, q**3 / 9, q**4 / 9, q**5 / 9 + 2 * q * (p / 9) / 9],
+    rtol=1e-12,
+  )
   # Deeper: the exact distribution against the lengths of 20k draws (5 sigma).
   max_depth, max_len, draws = 3, 60, 20_000
   uniform, lengths = listops._Uniforms(np.random.default_rng(0)), []

@@ -106,7 +106,7 @@ def parse_listops(tokens):
 def listops_ranges() -> Ranges:
   """Expressions of data.min_example_len..max_example_len tokens, nesting
   1..data.listops_max_depth operators (the root is 1), 2..10 arguments per
-  operator, every operator, labels 0..9."""
+  operator, every operator and digit, labels 0..9."""
   low, high, depth = 4, 16, 3
   batch, tokenizer = first_batch(
     500,
@@ -130,6 +130,7 @@ def listops_ranges() -> Ranges:
       {t for tokens in expressions for t in tokens if t.startswith("[")},
       set(listops.OPERATORS),
     ),
+    "digits": ({t for tokens in expressions for t in tokens if t.isdigit()}, set("0123456789")),
     "label": (values(batch["labels"]), set(range(listops.NUM_CLASSES))),
   }
 
