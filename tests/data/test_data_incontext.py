@@ -102,6 +102,27 @@ def test_bad_fields_are_refused_naming_them(fields, message):
     make_dataset(parse_data(fields), "train", seed=0)
 
 
+@pytest.mark.parametrize("offset, refused", [(-1, True), (0, False), (3, False), (4, True)])
+def test_a_registered_row_task_takes_ids_of_exactly_its_symbols(offset, refused):
+  """Ids first_id .. first_id + num_symbols - 1 (4 symbols) are taken, one
+  past either end refused."""
+  from conftest import scoped
+  from txf import register
+  from txf.data.spec import GENERATED
+
+  def row(rng, seq_len, num_symbols, first_id):
+    return np.full(seq_len + 1, first_id + offset), np.ones(seq_len, bool)
+
+  fields = dict(name="edge", task="lm", seq_len=4, batch_size=2, num_symbols=4)
+  with scoped(GENERATED):
+    register.lm_task("edge")(row)
+    if refused:
+      with pytest.raises(ValueError, match=r"^data.name='edge': ids outside \[3, 7\)"):
+        batch(fields)
+    else:
+      np.testing.assert_array_equal(batch(fields)[0]["inputs"], 3 + offset)
+
+
 def test_repeat_periods_are_every_period_a_row_repeats_with():
   """Read off the rows themselves (40 batches of 8): a block tiled to fill
   a row repeats with every multiple of its length the row holds, not only
