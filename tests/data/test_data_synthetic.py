@@ -160,6 +160,47 @@ def test_stacked_datasets_hold_each_seeds_batches_and_positions():
     StackedDatasets([make_dataset(config, "train", seed=5)], (5,))
 
 
+class _Replica:
+  """A dataset stand-in that records what StackedDatasets asks of it."""
+
+  def __init__(self, seed, num_batches):
+    self.seed, self.num_batches, self.description = seed, num_batches, "toy data"
+    self.step, self.state, self.closed = 0, None, False
+
+  def __iter__(self):
+    self.step = 0
+    return self
+
+  def __next__(self):
+    self.step += 1
+    return {"inputs": np.array([self.seed, self.step])}
+
+  def set_state(self, state):
+    self.state = state
+
+  def close(self):
+    self.closed = True
+
+
+def test_stacked_datasets_restart_route_close_and_describe_every_replica():
+  """Every replica restarts at iter(), gets its own positions of each
+  process's state, is closed; the count and description cover all R."""
+  replicas = [_Replica(5, 4), _Replica(6, 3)]
+  stacked = StackedDatasets(replicas, (5, 6))
+  assert stacked.num_batches == 3
+  assert stacked.description == "toy data; replica r reads data seed 5 + r"
+  next(stacked)
+  np.testing.assert_array_equal(next(iter(stacked))["inputs"], [[5, 1], [6, 1]])
+  processes = [{"replicas": [{"p": 0, "r": 0}, {"p": 0, "r": 1}]}, {"replicas": ["p1r0", "p1r1"]}]
+  stacked.set_state({"processes": processes})
+  assert replicas[0].state == {"processes": [{"p": 0, "r": 0}, "p1r0"]}
+  assert replicas[1].state == {"processes": [{"p": 0, "r": 1}, "p1r1"]}
+  with pytest.raises(ValueError, match=r"^state must be \{'replicas'"):
+    stacked.set_state({"replicas": [{}, {}], "step": 1})
+  stacked.close()
+  assert all(replica.closed for replica in replicas)
+
+
 @pytest.mark.slow  # 600 training batches of three tasks (about 10 s)
 def test_the_validation_examples_the_default_lengths_repeat_from_training_are_the_docs_counts():
   """docs/data.md and txf.data.synthetic state how many of 256 validation
