@@ -144,6 +144,13 @@ def test_eval_padding_rows_hold_the_pad_id(masked):
   assert not np.any(batch["weights"][1:])
 
 
+def test_iter_continues_training():
+  train = make_dataset(_config(), "train", seed=0)
+  first = next(train)
+  assert not np.array_equal(next(iter(train))["inputs"], first["inputs"])
+  assert train.get_state() == {"epoch": 0, "position": 2 * BATCH}
+
+
 def test_num_batches_limits_eval():
   ds = make_dataset(_config(), "test", seed=0, num_batches=2)
   assert ds.num_batches == 2 and len(list(ds)) == 2
@@ -157,6 +164,7 @@ def test_num_batches_limits_eval():
     ({"epoch": 0, "position": 10_000 * BATCH}, "position"),
     ({"epoch": -1, "position": 0}, "epoch"),
     ({"epoch": 0.5, "position": 0}, "epoch"),
+    ({"epoch": True, "position": 0}, "epoch"),
     ({"step": 0}, "keys"),
   ],
 )
