@@ -189,6 +189,17 @@ def test_an_unknown_decay_lists_the_registered_ones():
   )
 
 
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_end_lr_fraction_takes_both_ends_of_its_range(decay, fraction):
+  """0: the decay ends at 0; 1: it stays at the peak (both accepted),
+  against the formula in float64."""
+  schedule = optim.make_schedule(train_config(decay=decay, end_lr_fraction=fraction))
+  middle = WARMUP + (STEPS - WARMUP) // 2  # cosine and linear: halfway from P to E
+  for step, want in ((middle, PEAK * (1 + fraction) / 2), (STEPS, PEAK * fraction)):
+    np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-6, atol=1e-12)
+
+
 def test_schedule_without_warmup_starts_at_peak():
   schedule = optim.make_schedule(train_config(warmup_steps=0, decay="linear"))
   np.testing.assert_allclose(float(schedule(0)), PEAK, rtol=1e-6)
