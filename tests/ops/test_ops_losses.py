@@ -223,6 +223,17 @@ def test_sums_and_their_gradient_match_float64(batch, label_smoothing, z_loss):
   np.testing.assert_allclose(grad, plain, atol=1e-6)
 
 
+def test_the_sums_gradient_scales_with_the_loss_cotangent(batch):
+  """The backward pass multiplies the forward pass's gradient by the loss
+  sum's cotangent: a loss scaled by 0.5 (or divided by its token count
+  outside) has half the gradient, against float64."""
+  logits, labels, weights = batch
+  grad = jax.grad(lambda z: 0.5 * cross_entropy_sums(z, labels, weights=weights)[0])(logits)
+  np.testing.assert_allclose(
+    grad, 0.5 * np_grad(logits, labels, weights, 0.0, 0.0), atol=1e-6, rtol=1e-5
+  )
+
+
 def test_correct_counts_the_first_largest_logit_as_argmax_does():
   # Ties: argmax picks the first index of the largest logit.
   logits = np.array([[[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [5.0, 1.0, 5.0, 4.0]]] * 2)
