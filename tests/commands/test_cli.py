@@ -153,6 +153,41 @@ def test_a_sigterm_while_a_command_writes_removes_its_temporary_and_exits_143(tm
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+  "signame, status, line",
+  [
+    ("SIGINT", cli.INTERRUPTED_STATUS, "interrupted"),
+    ("SIGTERM", cli.TERMINATED_STATUS, "terminated"),
+  ],
+)
+def test_a_signal_that_lands_in_a_garbage_collection_still_ends_the_command(signame, status, line):
+  """Python runs a signal's handler at the next line of Python it runs; in
+  a garbage collection that is a callback (jax's, at every collection),
+  where its KeyboardInterrupt or Terminated was printed as "Exception
+  ignored in" and lost: the command went on. Here the signal arrives in a
+  collection's first callback, as a Ctrl-C can land in jax's."""
+  code = (
+    "import gc, os, signal, sys, time\n"
+    "from txf.commands.cli import command_started, run_command\n"
+    "def collecting(phase, info):\n"
+    "  if phase == 'start':\n"
+    f"    os.kill(os.getpid(), signal.{signame})\n"
+    "def main(argv):\n"
+    "  command_started()\n"
+    "  gc.callbacks.insert(0, collecting)\n"
+    "  try:\n"
+    "    gc.collect()\n"
+    "  finally:\n"
+    "    gc.callbacks.remove(collecting)\n"
+    "  time.sleep(10)\n"
+    "  print('not reached')\n"
+    "run_command(main, required=False, starts_jax=False)\n"
+  )
+  result = run_python(code)
+  assert result.returncode == status, result.stderr
+  assert result.stderr.strip().splitlines() == [line] and not result.stdout
+
+
 def run_python(code, *args):
   return subprocess.run(
     [sys.executable, "-c", code, *map(str, args)],

@@ -13,6 +13,7 @@ stops)."""
 
 from __future__ import annotations
 
+import _thread
 import ast
 import contextlib
 import functools
@@ -345,17 +346,51 @@ def _exit_at_once(stderr: int, signum: int, frame) -> NoReturn:
 
 # While a command starts: the `started()` of `_exits_at_once_while_starting`.
 _STARTING: list[Callable[[], None]] = []
+# How long after a signal was lost in a garbage collection it is delivered again.
+REDELIVERY_DELAY_S = 0.005
 
 
 def command_started() -> None:
   """Ends the command's start: from here on a Ctrl-C is a KeyboardInterrupt
   and a SIGTERM `Terminated` (until the command installs handlers of its
-  own: txf-run's and txf-sweep's save). `run_command` calls it as `main`
+  own: txf-run's and txf-sweep's save), and neither is lost where Python
+  cannot raise it (`_signals_redelivered`). `run_command` calls it as `main`
   begins, after `start_jax` where it starts jax; a command that starts jax
   itself (starts_jax=False) calls it once it has, before anything it could
   leave half-written (txf-run: before its PreemptionGuard)."""
   while _STARTING:
     _STARTING.pop()()
+  if not getattr(sys.unraisablehook, "redelivers_signals", False):
+    sys.unraisablehook = _signals_redelivered(sys.unraisablehook)
+
+
+def _signals_redelivered(unraisablehook):
+  """`unraisablehook`, except that a KeyboardInterrupt or `Terminated` (a
+  Ctrl-C's or a SIGTERM's handler raising) that Python could not raise is
+  not printed and dropped but its signal delivered again to the main
+  thread, whose handler then runs as for the first. Python runs a signal's
+  handler at the next line of Python it runs: during a garbage collection,
+  that is jax's callback (`_xla_gc_callback`, called at every collection)
+  or an object's finalizer, where an exception is unraisable ("Exception
+  ignored in"), and the command went on. Delivered from another thread a
+  moment later (`REDELIVERY_DELAY_S`): the main thread has left the
+  collection by then (if not, it lands here again, and again a moment
+  later); from this hook, still inside it, the handler would run here."""
+
+  def hook(unraisable) -> None:
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+      signum = signal.SIGINT
+    elif issubclass(unraisable.exc_type, Terminated):
+      signum = signal.SIGTERM
+    else:
+      unraisablehook(unraisable)
+      return
+    redelivery = threading.Timer(REDELIVERY_DELAY_S, _thread.interrupt_main, (signum,))
+    redelivery.daemon = True
+    redelivery.start()
+
+  hook.redelivers_signals = True
+  return hook
 
 
 @contextlib.contextmanager
