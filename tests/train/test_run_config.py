@@ -244,6 +244,57 @@ def test_the_migration_renames_moves_and_adds_as_its_table_says():
   assert resume.migrate(classify)["model"]["pooling"] == "mean"  # read there: kept
 
 
+def test_the_migration_gives_each_field_added_since_the_value_its_runs_had():
+  """A config.json of the first format (its sections, none of the fields
+  added since, data.min_len / data.max_len off their defaults) under today's
+  names, each added field at the value the runs written before it had (not
+  read from MIGRATIONS: what the table must say)."""
+  first = {
+    "seed": 0,
+    "model": {},
+    "data": {"min_len": 3, "max_len": 9},
+    "train": {},
+    "eval": {},
+    "parallel": {},
+  }
+  assert resume.migrate(first) == {
+    "seed": 0,
+    "replicas": 1,
+    "model": {
+      "gelu_approximate": True,
+      "embed_norm": False,
+      "num_token_types": 0,
+      "scale_attention": True,
+      "init": "txf",
+      "attention": "softmax",
+      "options": {},
+    },
+    "data": {
+      "min_example_len": 3,
+      "max_example_len": 9,
+      "num_symbols": 32,
+      "num_kv_pairs": 8,
+      "read_threads": 4,
+      "attend_across_documents": False,
+      "seed_per_replica": False,
+      "tfds_eval_split": "validation",
+    },
+    "train": {"loss_chunk_len": 0, "trackers": "", "keep_every": 0, "keep_best": 0},
+    "eval": {},
+    "parallel": {},
+  }
+
+
+def test_replicas_read_one_data_stream_unless_each_has_its_own():
+  shared = parse(tiny_config(data__seed=7)).override({"replicas": 3})
+  assert shared.seeds == (0, 1, 2) and shared.data_seed == 7
+  assert not shared.own_batches and shared.data_seeds == (7,)
+  own = shared.override({"data.seed_per_replica": True})
+  assert own.own_batches and own.data_seeds == (7, 8, 9)
+  single = parse(tiny_config(data__seed_per_replica=True))  # one replica: one stream
+  assert not single.own_batches and single.data_seeds == (0,)
+
+
 def test_a_run_of_the_old_format_resumes_without_a_change(tmp_path):
   """The command that made run_1c066fd, under today's field names: the same
   run (nothing its checkpoints depend on changed), and no field changed."""
