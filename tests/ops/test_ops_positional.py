@@ -269,6 +269,43 @@ def test_t5_buckets_monotone_within_sign(bidirectional):
       np.testing.assert_array_equal(buckets[1:8], distance[1:8] + (16 if sign == 1 else 0))
 
 
+@pytest.mark.parametrize(
+  # The smallest counts each direction takes (an odd one only causal), each
+  # with the smallest max distance past its exact buckets.
+  "bidirectional,num_buckets,max_distance",
+  [(True, 4, 2), (False, 2, 2), (False, 3, 2)],
+)
+def test_t5_buckets_at_the_ends_of_their_ranges_match_reference(
+  bidirectional, num_buckets, max_distance
+):
+  offsets = np.arange(-6, 7)
+  got = relative_position_bucket(
+    offsets, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+  )
+  np.testing.assert_array_equal(
+    got, np_t5_bucket(offsets, bidirectional, num_buckets, max_distance)
+  )
+
+
+@pytest.mark.parametrize(
+  "bidirectional,num_buckets,max_distance,name",
+  [
+    (True, 7, 128, "num_buckets"),  # odd: a side would get 3 of them and one none
+    (True, 2, 128, "num_buckets"),
+    (False, 1, 128, "num_buckets"),
+    (True, 4, 1, "max_distance"),  # not past the 1 exact bucket
+    (False, 8, 4, "max_distance"),
+  ],
+)
+def test_t5_buckets_past_the_ends_of_their_ranges_are_refused(
+  bidirectional, num_buckets, max_distance, name
+):
+  with pytest.raises(ValueError, match=f"^{name} must"):
+    relative_position_bucket(
+      np.arange(3), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+
+
 def test_relative_position_bias_gathers():
   rng = np.random.default_rng(1)
   table = rng.normal(size=(16, 3)).astype(np.float32)
@@ -330,6 +367,7 @@ def test_transformations(qk, dtype):
     (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(5)), "positions"),
     (lambda: apply_rope(np.zeros((1, 4, 2, 6), np.int32), np.arange(4)), "x must be a float"),
     (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(4), scale=0.0), "scale"),
+    (lambda: apply_ntk_rope(np.zeros((1, 4, 2, 2)), np.arange(4), scale=2.0), "head dim"),
     (lambda: alibi_slopes(0), "num_heads"),
     (lambda: alibi_bias(4, np.zeros((2, 3)), np.zeros((3, 3))), "q_positions and k_positions"),
     (lambda: alibi_bias(4, np.zeros((1, 2, 3)), np.arange(3)), "q_positions"),
@@ -358,6 +396,12 @@ def test_rope_ntk_scales_the_base_not_the_positions():
   slowest = jnp.arctan2(rotated[-1], rotated[dim // 2 - 1])
   np.testing.assert_allclose(fastest, np.angle(np.exp(5j)), rtol=1e-5)
   np.testing.assert_allclose(slowest, 5 * 10000.0 ** (-(dim - 2) / dim) / scale, rtol=1e-5)
+
+
+def test_rope_ntk_at_the_smallest_head_dim_scales_the_base_by_scale_squared():
+  x = jax.random.normal(jax.random.key(0), (1, 3, 2, 4))
+  scaled = apply_rope(x, jnp.arange(3), base=10000.0 * 3.0**2)  # D / (D - 2) = 2
+  np.testing.assert_allclose(apply_ntk_rope(x, jnp.arange(3), scale=3.0), scaled, rtol=1e-6)
 
 
 def test_rope_ntk_without_scaling_is_rope():
