@@ -260,6 +260,13 @@ def test_build_rejects_bad_config_naming_the_field(changes, field):
     build(config)
 
 
+@pytest.mark.parametrize("head_dim", [8, 256])
+def test_cudnn_takes_the_ends_of_its_head_dim_range(head_dim):
+  """Multiples of 8 up to 256, both ends included (264 and 12 refused above)."""
+  cfg = ModelConfig(**TINY, attention_impl="cudnn", dtype="bfloat16", head_dim=head_dim)
+  assert cfg.head_dim == head_dim
+
+
 @pytest.mark.parametrize(
   "changes,resolved",
   [
