@@ -387,7 +387,10 @@ def _signals_redelivered(unraisablehook):
       return
     redelivery = threading.Timer(REDELIVERY_DELAY_S, _thread.interrupt_main, (signum,))
     redelivery.daemon = True
-    redelivery.start()
+    try:
+      redelivery.start()
+    except RuntimeError:  # no new thread while the interpreter exits: nothing left to stop
+      unraisablehook(unraisable)
 
   hook.redelivers_signals = True
   return hook
