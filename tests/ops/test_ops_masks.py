@@ -83,6 +83,17 @@ def test_causal_mask_bad_args():
     causal_mask(2, 3.0)
 
 
+def test_masks_take_lengths_of_zero():
+  """0 is the lower end of every length (an empty prompt, no keys yet), not
+  refused as -1 is: empty masks of the documented shapes (traced only: an
+  empty array's ops compile for nothing)."""
+  shape = lambda make: jax.eval_shape(make).shape
+  assert shape(lambda: causal_mask(0, 3)) == (1, 1, 0, 3)
+  assert shape(lambda: causal_mask(2, 0)) == (1, 1, 2, 0)
+  assert shape(lambda: sliding_window_mask(0, 4, window=2)) == (1, 1, 0, 4)
+  assert shape(lambda: padding_mask(lengths=jnp.array([0, 0]), k_len=0)) == (2, 1, 1, 0)
+
+
 # ---------------------------------------------------------------------------
 # sliding_window_mask
 
