@@ -377,6 +377,29 @@ def test_gpu_kernels_match_float64(small_tiles, center):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("center", [True, False])
+def test_gpu_kernels_forward_where_eps_matters(small_tiles, center):
+  """The forward kernel's eps, where it changes the output by O(1): rows whose
+  variance (mean square) is 0.01x to 100x eps, as for XLA's passes above
+  (the inputs of the kernel tests above have variance ~9, where eps = 1e-5
+  moves the output by ~1e-6, below their tolerance). Their shapes and eps:
+  the kernel compiled there runs again."""
+  eps = 1e-5
+  rng = np.random.default_rng(8)
+  spread = np.sqrt(eps) * np.geomspace(0.1, 10.0, 37)[:, None]  # statistic / eps: 0.01..100
+  x = rng.normal(size=(37, 48)) * spread + (1.0 if center else 0.0)
+  scale, bias = rng.normal(size=48), rng.normal(size=48) if center else np.zeros(48)
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  _, y, (_, rstd) = norms._kernel_forward(
+    f32(x), None, None, f32(scale), f32(bias), eps=eps, center=center, interpret=True
+  )
+  want = np_layer_norm(x, scale, bias, eps) if center else np_rms_norm(x, scale, eps)
+  np.testing.assert_allclose(y, want, rtol=1e-3, atol=1e-3)
+  centred = x - x.mean(-1, keepdims=True) if center else x
+  want_rstd = 1 / np.sqrt((centred**2).mean(-1, keepdims=True) + eps)
+  np.testing.assert_allclose(rstd, want_rstd, rtol=1e-3)
+
+
 def test_gpu_kernels_under_vmap(small_tiles):
   """Seed replicas vmap the train step: the kernels' instances then span
   the replicas too."""
