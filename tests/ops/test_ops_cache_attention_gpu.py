@@ -310,6 +310,19 @@ def test_the_normalized_step_equals_a_float64_reference(center, biased, index, w
     np.testing.assert_array_equal(np.asarray(got)[:, others], np.asarray(given)[:, others])
 
 
+def test_the_normalized_step_adds_eps_where_it_matters():
+  """The first case above with its stream scaled down so that its variance
+  is about 0.4 eps: there eps changes the norm by O(1), so a dropped eps
+  fails (the operands above have variance ~4, where eps = 1e-5 moves the
+  output by ~1e-6). The same shapes: the step compiled there runs again."""
+  x, *rest = normalized_operands(23, jnp.float32, center=True, biased=True)
+  x = x * 1e-3
+  out, k_cache, _ = normalized_step(x, *rest, 5)
+  want_out, want_k, _ = normalized_reference(x, *rest, 5, None, eps=1e-5)
+  np.testing.assert_allclose(np.asarray(out, np.float64), want_out, atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(np.asarray(k_cache, np.float64), want_k, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("center", [True, False])
 def test_the_normalized_step_rounds_as_the_layers_do_in_bfloat16(center):
   """bfloat16: the step of the norm (ops.layer_norm / ops.rms_norm),
