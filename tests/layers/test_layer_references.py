@@ -256,6 +256,60 @@ def test_cross_attention_to_an_input_of_another_width_and_length_matches_numpy(n
   np.testing.assert_allclose(layer.apply({"params": params}, x, kv, **call), expected, **TOL)
 
 
+def test_cross_attention_ignores_the_configs_window():
+  """model.window is the self-attention's: a cross-attention layer of a
+  windowed config attends every unpadded source position (window 1 would
+  leave query t the source position t alone)."""
+  spec = {**ATTENTION_ATTRIBUTES, "window": 1}
+  layer = attention_layer(spec, cross=True)
+  x, kv = rand(2, B, 5, D), rand(3, B, 6, D)
+  key_valid = valid_keys([6, 4], 6)
+  call = dict(q_positions_BxT=jnp.arange(5)[None], key_mask=jnp.asarray(key_valid)[:, None, None])
+  # Jitted: eager, each operation compiles on its own (a second or two).
+  params = nn.meta.unbox(jax.jit(layer.init)(KEY, x, kv, **call)["params"])
+  got = jax.jit(layer.apply)({"params": params}, x, kv, **call)
+  x64, kv64 = x.astype(np.float64), kv.astype(np.float64)
+  expected = np_attention(f64(params), x64, kv64, key_valid, {**spec, "window": None})
+  np.testing.assert_allclose(got, expected, **TOL)
+
+
+def test_attention_dropout_drops_in_training_only():
+  """attention_dropout_rate 0.5: a deterministic call (evaluation, decoding)
+  gives the reference's output with no dropout rng; a training call drops
+  weights, so its output is another."""
+  spec = {**ATTENTION_ATTRIBUTES, "attention_dropout_rate": 0.5}
+  layer = attention_layer(spec, cross=False)
+  x = rand(2, B, 5, D)
+  call = dict(q_positions_BxT=jnp.arange(5)[None])
+  params = nn.meta.unbox(jax.jit(layer.init)(KEY, x, **call)["params"])
+  x64 = x.astype(np.float64)
+  expected = np_attention(f64(params), x64, x64, np.ones((B, 5), bool), spec)
+  apply = jax.jit(layer.apply, static_argnames="deterministic")
+  evaluated = apply({"params": params}, x, **call, deterministic=True)
+  np.testing.assert_allclose(evaluated, expected, **TOL)
+  rngs = {"dropout": jax.random.key(1)}
+  trained = apply({"params": params}, x, **call, deterministic=False, rngs=rngs)
+  assert np.max(np.abs(trained - expected)) > 0.1
+
+
+def test_a_head_mask_scales_each_heads_output():
+  """A 'head_mask' collection's mask [H] (txf.analysis.ablation) scales head
+  h's output by entry h before the output projection: the reference with
+  the output kernel's rows of head h scaled alike (GQA, 4 heads; an
+  asymmetric mask, so that another head order shows)."""
+  layer = attention_layer(ATTENTION_ATTRIBUTES, cross=False)
+  x = rand(2, B, 5, D)
+  call = dict(q_positions_BxT=jnp.arange(5)[None])
+  params = nn.meta.unbox(jax.jit(layer.init)(KEY, x, **call)["params"])
+  mask_H = np.array([1.0, 0.0, 0.5, 0.0], np.float32)
+  got = jax.jit(layer.apply)({"params": params, "head_mask": {"mask": mask_H}}, x, **call)
+  p = f64(params)
+  p["out"]["kernel"] = p["out"]["kernel"] * mask_H[:, None, None]
+  x64 = x.astype(np.float64)
+  expected = np_attention(p, x64, x64, np.ones((B, 5), bool), ATTENTION_ATTRIBUTES)
+  np.testing.assert_allclose(got, expected, **TOL)
+
+
 @pytest.mark.parametrize("num_kv_heads", [4, 2])
 def test_projections_of_different_inputs_are_each_their_own_inputs(num_kv_heads):
   """`project` of three different arrays (path patching feeds it so) with

@@ -249,6 +249,25 @@ def test_multi_head_attention_records_the_weights_it_uses(num_kv_heads, causal, 
   np.testing.assert_allclose(out, layer.apply({"params": params}, *inputs, **call), atol=1e-6)
 
 
+def test_cached_self_attention_keeps_the_callers_key_mask():
+  """Under use_cache, self-attention ANDs the caller's key mask with the
+  cache's causal mask: a prefill of T tokens into a cache of T slots with
+  key 1 masked (a pad inside a prompt) is the full pass with that key masked."""
+  layer = MultiHeadAttention(ModelConfig(d_model=D, num_heads=2, head_dim=4), causal=True)
+  x = randn(3, 1, T, D)
+  valid = np.arange(T) != 1
+  call = dict(q_positions_BxT=jnp.arange(T)[None], key_mask=jnp.asarray(valid)[None, None, None])
+  cached = dict(call, cache_index=jnp.int32(0), use_cache=True)
+
+  def run(x):  # one compile for the three calls
+    variables = layer.init(jax.random.PRNGKey(0), x, **cached)
+    full = layer.apply({"params": variables["params"]}, x, **call)
+    return full, layer.apply(variables, x, **cached, mutable=["cache"])[0]
+
+  full, step = jax.jit(run)(x)
+  np.testing.assert_allclose(step, full, **TOL)
+
+
 def stacked_projection_widths(jaxpr, d_model):
   """P of every product with a stacked projection kernel [D, P, N, Dh] in a
   jaxpr (nested ones included): how many projections each product fuses."""
