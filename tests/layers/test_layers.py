@@ -5,6 +5,8 @@ Tolerance: float32 layers vs float64 references, atol = rtol = 1e-5 (inputs and
 outputs are O(1); a few float32 roundings per output).
 """
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.extend
@@ -78,6 +80,57 @@ def test_feedforward_matches_numpy(activation):
   assert ("gate" in params) == (activation in ("swiglu", "geglu"))
   expected = np_feedforward(x.astype(np.float64), f64(params), activation)
   np.testing.assert_allclose(layer.apply({"params": params}, x), expected, **TOL)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "geglu"])
+def test_feedforward_gelus_take_the_exact_form_when_asked(activation):
+  """model.gelu_approximate False: the GELUs are x * Phi(x) (erf), not the
+  tanh form of the reference above (they differ by up to ~1e-3 at |x| ~ 2)."""
+  cfg = ModelConfig(d_model=D, d_ff=24, activation=activation, gelu_approximate=False)
+  layer = FeedForward(cfg)
+  x = 2.0 * randn(0, B, T, D)
+  params = nn.meta.unbox(jax.jit(layer.init)(jax.random.PRNGKey(0), x)["params"])
+  erf = np.vectorize(math.erf)
+  exact = lambda h: 0.5 * h * (1 + erf(h / np.sqrt(2)))
+  p, x64 = f64(params), x.astype(np.float64)
+  if activation == "geglu":
+    hidden = exact(np_dense(x64, p["gate"])) * np_dense(x64, p["wi"])
+  else:
+    hidden = exact(np_dense(x64, p["wi"]))
+  got = jax.jit(layer.apply)({"params": params}, x)
+  np.testing.assert_allclose(got, np_dense(hidden, p["wo"]), **TOL)
+
+
+def test_feedforward_drops_its_hidden_units_at_its_rate_in_training():
+  """dropout_rate 0.5 in training: the hidden layer (T5's placement) is
+  dropped, each unit zeroed or scaled by 1 / (1 - 0.5); of its 240 units
+  0.5 +- 0.15 are dropped (4.7 standard errors; a fixed key), and the output
+  is the output projection of the dropped hidden layer."""
+  layer = FeedForward(ModelConfig(d_model=D, d_ff=24, activation="gelu", dropout_rate=0.5))
+  x = randn(0, B, T, D)
+  params = nn.meta.unbox(jax.jit(layer.init)(jax.random.PRNGKey(0), x)["params"])
+
+  def run(params, x):
+    seen = {}
+
+    def record(next_fun, args, kwargs, context):
+      out = next_fun(*args, **kwargs)
+      if isinstance(context.module, nn.Dropout):
+        seen["hidden"] = (args[0], out)
+      return out
+
+    with nn.intercept_methods(record):
+      y = layer.apply(
+        {"params": params}, x, deterministic=False, rngs={"dropout": jax.random.key(1)}
+      )
+    return y, seen["hidden"]
+
+  y, (hidden, dropped) = jax.tree.map(np.asarray, jax.jit(run)(params, x))
+  assert hidden.shape == (B, T, 24) and np.all(hidden != 0)
+  kept = dropped != 0
+  np.testing.assert_allclose(dropped[kept], hidden[kept] / 0.5, rtol=1e-6)
+  assert abs(1 - kept.mean() - 0.5) < 0.15
+  np.testing.assert_allclose(y, np_dense(dropped.astype(np.float64), f64(params)["wo"]), **TOL)
 
 
 @pytest.mark.parametrize("use_bias", [True, False])
