@@ -211,6 +211,39 @@ def test_norm_matches_numpy(kind):
   np.testing.assert_allclose(layer.apply({"params": params}, x), expected, **TOL)
 
 
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_norm_takes_the_configs_eps(kind):
+  """model.norm_eps 1e-2 on rows of variance (mean square) about 1e-2: eps
+  halves the output there, so the ops' default 1e-6 instead fails."""
+  eps = 1e-2
+  layer = Norm(ModelConfig(d_model=D, norm=kind, norm_eps=eps))
+  x = 0.1 * randn(2, B, T, D)
+  params = nn.meta.unbox(jax.jit(layer.init)(jax.random.PRNGKey(0), x)["params"])
+  x64 = x.astype(np.float64)
+  centred = x64 - x64.mean(-1, keepdims=True) if kind == "layer" else x64
+  expected = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + eps)
+  np.testing.assert_allclose(jax.jit(layer.apply)({"params": params}, x), expected, **TOL)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_norm_adds_output_and_bias_to_a_stream_of_another_dtype(kind):
+  """A float32 stream under a bfloat16 compute dtype takes the layer's own
+  adds (not the op's): with residual, (x + (f + b) in float32, the norm of
+  that in bfloat16, within its rounding, 2^-8 relative of O(1) values)."""
+  cfg = ModelConfig(d_model=D, norm=kind, dtype="bfloat16")
+  layer = Norm(cfg)
+  x, f, b = randn(2, B, T, D), randn(3, B, T, D), randn(4, D)
+  params = nn.meta.unbox(jax.jit(layer.init)(jax.random.PRNGKey(0), x)["params"])
+  apply = lambda p, x, f, b: layer.apply({"params": p}, x, add=f, add_bias=b, residual=True)
+  s, y = jax.jit(apply)(params, x, f, b)
+  s64 = x.astype(np.float64) + f + b
+  np.testing.assert_allclose(s, s64, rtol=1e-6, atol=1e-6)
+  centred = s64 - s64.mean(-1, keepdims=True) if kind == "layer" else s64
+  expected = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + cfg.norm_eps)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y, np.float32), expected, rtol=2**-7, atol=2**-7)
+
+
 # ---------------------------------------------------------------------------
 # MultiHeadAttention.
 
