@@ -527,6 +527,57 @@ def test_post_ln_block_output_is_normalised_pre_ln_is_not(placement):
     assert np.mean(np.abs(mean)) > 0.5
 
 
+def test_block_dropout_is_off_in_evaluation():
+  """dropout_rate 0.5 (residual, attention and hidden dropout): a
+  deterministic block (evaluation) needs no dropout rng and gives the output
+  of the same parameters at rate 0 (that training drops: test_models)."""
+  cfg = ModelConfig(d_model=D, num_heads=2, position="none")
+  args = (randn(5, B, T, D), jnp.arange(T)[None], None, None, None, None, None)
+
+  def run(x):  # one compile for both rates
+    block = lambda rate: TransformerBlock(
+      cfg.replace(dropout_rate=rate, attention_dropout_rate=rate)
+    )
+    variables = block(0.0).init(jax.random.PRNGKey(0), x, *args[1:])
+    return [block(rate).apply(variables, x, *args[1:])[0] for rate in (0.5, 0.0)]
+
+  evaluated, want = jax.jit(run)(args[0])
+  np.testing.assert_array_equal(evaluated, want)
+
+
+def test_residual_dropout_drops_each_output_with_its_bias():
+  """Pre-LN training, dropout_rate 0.5, biases on (0.5, not their 0): the
+  block's output is x plus its two residual dropouts' outputs, each a
+  sub-layer's output with its output projection's bias, dropped together
+  (a dropped entry adds nothing, bias included), to float32 rounding."""
+  cfg = ModelConfig(d_model=D, num_heads=2, position="none", use_bias=True, dropout_rate=0.5)
+  block = TransformerBlock(cfg, deterministic=False)
+  x = randn(5, B, T, D)
+  args = (jnp.arange(T)[None], None, None, None, None, None)
+
+  def run(x):  # one compile for init and apply
+    rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.key(1)}
+    params = nn.meta.unbox(block.init(rngs, x, *args)["params"])
+    params = jax.tree_util.tree_map_with_path(  # biases 0.5, not their initial 0
+      lambda path, p: p + 0.5 if path[-1].key == "bias" else p, params
+    )
+    residual = []
+
+    def record(next_fun, args, kwargs, context):
+      out = next_fun(*args, **kwargs)
+      if isinstance(context.module, nn.Dropout) and len(context.module.path) == 1:
+        residual.append(out)  # the block's own dropouts, not its sub-layers'
+      return out
+
+    with nn.intercept_methods(record):
+      y = block.apply({"params": params}, x, *args, rngs={"dropout": jax.random.key(2)})[0]
+    return y, residual
+
+  y, residual = jax.jit(run)(x)
+  assert len(residual) == 2 and all(np.mean(r == 0) > 0.3 for r in residual)
+  np.testing.assert_allclose(y - x, residual[0] + residual[1], atol=1e-5)
+
+
 # ---------------------------------------------------------------------------
 # The residual stream's adds in the norms (traced for one GPU).
 
