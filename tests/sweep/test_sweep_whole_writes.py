@@ -39,6 +39,12 @@ def test_a_set_of_files_is_replaced_all_or_none_on_a_full_disk(tmp_path):
   assert contents(tmp_path) == {"a.csv": b"old a\n", "b.png": b"old b"}  # a too: no temporary
 
 
+def test_write_files_creates_the_missing_parent_directories(tmp_path):
+  deep, other = tmp_path / "a" / "b" / "c.json", tmp_path / "d" / "e.txt"
+  assert write_files({deep: "{}", other: b"e"}) == [deep, other]
+  assert (deep.read_text(), other.read_bytes()) == ("{}", b"e")
+
+
 def figure_writer(path):
   save_figure(
     line_plot_figure({"a": ([1, 2], [3.0, 2.0])}, title="t", xlabel="x", ylabel="y"), path

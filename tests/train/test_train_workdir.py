@@ -155,6 +155,27 @@ def test_without_the_lock_only_the_temporaries_of_gone_writers_are_removed(tmp_p
   assert sorted(os.listdir(tmp_path)) == sorted(name for name, kept in names.items() if kept)
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_a_temporary_of_another_users_live_process_is_kept(tmp_path, monkeypatch, held):
+  """A pid that os.kill may not signal (PermissionError: another user's
+  process, in a shared directory) is a live writer: its temporary, renamed
+  over its file at any moment, stays."""
+  other_user = 4242
+
+  def kill(pid, sig):
+    if pid == other_user:
+      raise PermissionError(1, "Operation not permitted")
+    raise ProcessLookupError(3, "No such process")
+
+  monkeypatch.setattr(os, "kill", kill)
+  writing = f".results.csv.{storage._HOST}-{other_user}-0123456789ab.tmp"
+  gone = f".results.csv.{storage._HOST}-4243-0123456789ab.tmp"
+  for name in (writing, gone):
+    (tmp_path / name).write_text("a,b")
+  storage.remove_stale_temporaries(tmp_path, held=held)
+  assert os.listdir(tmp_path) == [writing]
+
+
 def _write_history(workdir, steps, sample_steps):
   with metrics.MetricsWriter(workdir) as writer:
     for step in steps:
