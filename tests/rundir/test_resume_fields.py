@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conftest import tiny_config
-from txf.runconfig.run_config import ConfigError, parse
+from txf.runconfig.run_config import ConfigError, parse, to_json
 from txf.rundir import resume
 from txf.rundir.record import RECORD_FILE
 from txf.train import loop
@@ -214,3 +214,84 @@ def test_a_run_whose_checkpoints_link_to_nothing_is_refused_not_started_afresh(t
     loop.run(parse(config), workdir, log=lambda line: None)
   assert (workdir / "metrics.jsonl").read_bytes() == metrics
   assert not (tmp_path / "unmounted").exists()
+
+
+@pytest.mark.parametrize(
+  "name, base, field, value",
+  [
+    ("rope", dict(data__tokenizer="sentencepiece"), "sp_vocab_size", 300),
+    ("rope", {}, "tokenizer", "sentencepiece"),
+    ("encoder_mlm", {}, "mlm_probability", 0.25),
+    ("mqar", {}, "num_kv_pairs", 3),
+  ],
+)
+def test_a_resume_may_not_change_the_data_its_checkpoints_and_tokenizer_came_from(
+  tmp_path, name, base, field, value
+):
+  """The sentencepiece model's vocabulary, the tokenizer, the masking and a
+  generated task's examples define the stream the checkpoints trained on."""
+  assert field not in resume.FREE_DATA_FIELDS
+  saved = parse(tiny_config(name, **base))
+  run = saved.override({f"data.{field}": value})
+  assert resume.config_changes(run, saved)[0] == (
+    f"data.{field}",
+    getattr(saved.data, field),
+    value,
+  )
+  for trained in (True, False):
+    with pytest.raises(ValueError, match=rf"^data\.{field}: differs from the run already in "):
+      resume.check_resumable(run, saved, tmp_path, trained=trained)
+
+
+def test_a_resume_from_a_step_inside_the_warmup_takes_the_warmup_asked_for(tmp_path, monkeypatch):
+  """The run's warmup (30 steps) is kept only where the step resumed from
+  is past it: --resume_step=4 retrains from inside it, not from step 30, the
+  newest checkpoint."""
+  resume.write_config(parse(tiny_config(steps=30, train__warmup_steps=30)), tmp_path)
+  monkeypatch.setattr(resume, "saved_steps", lambda workdir: [4, 30])
+  longer = parse(tiny_config(steps=600, train__warmup_steps=60))
+  run, saved = resume.prepare_resume(longer, tmp_path, resume_step=4)
+  assert run == longer and saved.train.warmup_steps == 30
+  for resume_step in (None, 30):
+    run, _ = resume.prepare_resume(longer, tmp_path, resume_step=resume_step)
+    assert run.train.warmup_steps == 30 and len(run.notes) == 1
+
+
+def test_what_the_steps_a_resume_step_retrains_were_trained_with_is_the_last_start_of_them(
+  tmp_path,
+):
+  """run_record.json: a start that trained 0-8 (or crashed, no end_step),
+  then --resume_step=4 retraining 5-12 with another learning rate: steps 5
+  on were last trained by that start, not the first."""
+  first, later = parse(tiny_config(steps=8)), parse(tiny_config(train__learning_rate=1e-2))
+  entry = lambda run, start, end: dict(start_step=start, end_step=end, config=to_json(run))
+  write = lambda *entries: (tmp_path / RECORD_FILE).write_text(json.dumps(entries))
+  now = parse(tiny_config())
+  for first_end in (None, 8):
+    write(entry(first, 0, first_end), entry(later, 4, 12))
+    for step in (4, 6):
+      assert resume.changes_since_step(now, tmp_path, step) == [
+        ("train.learning_rate", 1e-2, now.train.learning_rate)
+      ]
+  assert resume.changes_since_step(now, tmp_path, 12) == []  # no start trained 13 on
+  write(entry(first, 0, 12))
+  assert resume.changes_since_step(now, tmp_path, 4) == [("train.steps", 8, 12)]
+
+
+def test_the_config_a_run_is_held_to_names_the_file_it_was_read_from(tmp_path):
+  run = parse(tiny_config())
+  assert resume.read_held_config(tmp_path, trained=False) == (None, resume.CONFIG_FILE)
+  (tmp_path / RECORD_FILE).write_text(json.dumps([dict(config=to_json(run))]))
+  assert resume.read_held_config(tmp_path, trained=True) == (run, RECORD_FILE)
+  resume.write_config(run, tmp_path)
+  assert resume.read_held_config(tmp_path, trained=True) == (run, resume.CONFIG_FILE)
+
+
+@pytest.mark.parametrize("sections", [("model",), ("train",), ()])
+def test_a_config_json_without_both_model_and_train_is_not_a_run(tmp_path, sections):
+  """A Hugging Face model's config.json (or another tool's) is not a txf
+  run: without a run_record.json or checkpoints beside it, it is not one."""
+  (tmp_path / resume.CONFIG_FILE).write_text(json.dumps({name: {} for name in sections}))
+  assert not resume.is_run_directory(tmp_path)
+  (tmp_path / resume.CONFIG_FILE).write_text(json.dumps({"model": {}, "train": {}}))
+  assert resume.is_run_directory(tmp_path)
