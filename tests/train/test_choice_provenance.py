@@ -276,6 +276,53 @@ def test_a_registered_decay_and_tokenizer_are_recorded_and_imported_again(tmp_pa
     sys.modules.pop("user_schedule", None)
 
 
+def test_a_choice_registered_from_a_package_is_imported_again_from_its_parent(
+  tmp_path, monkeypatch
+):
+  """A package's __init__ registering a choice: the directory recorded is
+  the one holding the package, which a later command puts on its path."""
+  (tmp_path / "user_package").mkdir()
+  (tmp_path / "user_package" / "__init__.py").write_text(USER_SCHEDULE)
+  monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+  try:
+    with DECAYS.scoped(), TOKENIZERS.scoped():
+      import user_package  # noqa: F401 (registers both)
+
+      choices = record.registered_choices(parse(tiny_config(train__decay="flat")))
+    sys.modules.pop("user_package")
+    assert choices["train.decay"]["path"] == str(tmp_path)
+    (tmp_path / record.RECORD_FILE).write_text(json.dumps([dict(choices=choices)]))
+    monkeypatch.setattr(sys, "path", sys.path[1:])  # a later command, elsewhere
+    with DECAYS.scoped(), TOKENIZERS.scoped():
+      record.check_choices(tmp_path)
+      assert DECAYS.provenance("flat")["module"] == "user_package"
+  finally:
+    sys.modules.pop("user_package", None)
+
+
+def test_a_choice_now_another_function_of_the_same_module_is_refused(tmp_path, monkeypatch):
+  """The run trained with user_schedule.old_flat as 'flat'; the module now
+  registers user_schedule.flat under that name: another schedule. Checking
+  imports the module, and leaves bytecode writing as it was."""
+  monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+  (tmp_path / "user_schedule.py").write_text(USER_SCHEDULE)
+  trained = dict(
+    name="flat", module="user_schedule", function="old_flat", builtin=False, path=str(tmp_path)
+  )
+  (tmp_path / record.RECORD_FILE).write_text(json.dumps([{"choices": {"train.decay": trained}}]))
+  monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as a process writing bytecode
+  try:
+    with DECAYS.scoped(), TOKENIZERS.scoped(), pytest.raises(ValueError) as error:
+      record.check_choices(tmp_path)
+  finally:
+    sys.modules.pop("user_schedule", None)
+  assert str(error.value) == (
+    "train.decay: 'flat' is user_schedule.flat here, not user_schedule.old_flat that the run "
+    f"in {tmp_path} trained with (see run_record.json)"
+  )
+  assert sys.dont_write_bytecode is False
+
+
 def test_a_choice_from_a_module_that_cannot_be_imported_again_is_warned_of(tmp_path):
   """A norm registered inside the config file itself (its module,
   txf_config_<stem>, is no file later commands can import) trained without

@@ -13,6 +13,7 @@ the run it records. Cheap: no model, no training.
 
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import shutil
@@ -152,6 +153,27 @@ def test_a_resume_over_a_changed_corpus_says_so(stdlib, tmp_path):
   assert "before step 9" in line
   assert start(dict(FILES, **{"m3.py": "y = 1\n"}), 12) == []  # compared with the last start
   assert len(record.read_record(tmp_path)) == 4
+
+
+def test_the_corpus_is_compared_with_the_last_start_and_only_on_a_resume(stdlib, tmp_path):
+  """A fresh start (step 0) over a changed corpus continues nothing: no
+  warning. A record not laid out as RunRecord writes it (another tool's
+  json.dumps) is compared with its last entry too, not its first."""
+  edited = dict(FILES, **{"m3.py": "y = 1\n"})
+
+  def start(files, step):
+    write_corpus(stdlib, files)
+    corpus.corpus_fingerprint.cache_clear()
+    lines = []
+    record.RunRecord(tmp_path, log=lines.append).start(run_config(), step)
+    return [line for line in lines if "corpus differs" in line]
+
+  assert start(FILES, 0) == []
+  assert start(edited, 0) == []  # trained afresh on the edited corpus
+  entries = record.read_record(tmp_path)
+  (tmp_path / record.RECORD_FILE).write_text(json.dumps(entries))  # one line
+  assert start(edited, 5) == []
+  assert record.read_record(tmp_path)[:2] == entries and len(record.read_record(tmp_path)) == 3
 
 
 @pytest.mark.parametrize("count", [2, 5])  # split by position / whole files

@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_config as tiny
 from tensorboard_files import read_hparams, read_tensorboard_events
 from txf.data import corpus
-from txf.runconfig.run_config import ConfigError, parse
+from txf.runconfig.run_config import ConfigError, parse, to_json
 from txf.rundir import record
 from txf.rundir.metrics import TENSORBOARD_DIR, read_metrics
 from txf.rundir.resume import CONFIG_FILE
@@ -132,3 +132,34 @@ def test_unknown_tracker_is_a_config_error_before_anything_is_written(tmp_path, 
   with pytest.raises(ConfigError, match=r"train\.trackers"):
     loop.run(parse(config), workdir, log=lambda line: None)
   assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_a_later_command_reads_the_records_last_entry(tmp_path):
+  """The config, tokenizer and choices a later command holds the run to are
+  its last start's: the first start's tokenizer (another sha256) and config
+  are history."""
+  first, last = parse(tiny(steps=4)), parse(tiny(steps=8))
+  entry = lambda run, sha256: dict(
+    config=to_json(run),
+    tokenizer=dict(kind="hf", sha256=sha256),
+    choices=record.registered_choices(run),
+  )
+  entries = [entry(first, "a" * 64), entry(last, "b" * 64)]
+  (tmp_path / record.RECORD_FILE).write_text(json.dumps(entries))
+  assert record.recorded_tokenizer(tmp_path) == dict(kind="hf", sha256="b" * 64)
+  assert record.recorded_config(tmp_path)["train"]["steps"] == 8
+  record.check_recorded_tokenizer(tmp_path, "b" * 64, "data.tokenizer_path")
+  with pytest.raises(ValueError) as error:
+    record.check_recorded_tokenizer(tmp_path, "a" * 64, "data.tokenizer_path")
+  assert str(error.value) == (
+    f"data.tokenizer_path: the tokenizer's contents (sha256 {'a' * 64}) differ from those "
+    f"{tmp_path} trained with ({'b' * 64}): its ids would differ"
+  )
+
+
+def test_a_files_corpus_is_recorded_as_the_files_source_it_read():
+  """data.name='files:GLOB' reads TEXT's 'files' entry: recorded as that."""
+  run = parse(tiny(data__name="files:/texts/*.txt"))
+  assert record.registered_choices(run)["data.name"] == dict(
+    name="files", module="txf.data.text", function="<lambda>", builtin=True, path=None
+  )

@@ -88,6 +88,19 @@ def test_a_record_that_does_not_read_is_set_aside_and_a_new_one_started(
     path.write_bytes(NOT_UTF8)  # a second corrupt record goes beside the first
 
 
+def test_a_third_corrupt_record_is_set_aside_beside_the_first_two(tmp_path, run_config):
+  path = tmp_path / record.RECORD_FILE
+  for name in (".corrupt", ".corrupt.1"):
+    (tmp_path / (record.RECORD_FILE + name)).write_text(f"the record set aside as {name}")
+  path.write_bytes(NOT_UTF8)
+  lines = []
+  record.RunRecord(tmp_path, log=lines.append).start(run_config, 4)
+  assert lines[0].endswith(f"moved to {record.RECORD_FILE}.corrupt.2; the record starts again")
+  assert (tmp_path / (record.RECORD_FILE + ".corrupt.2")).read_bytes() == NOT_UTF8
+  for name in (".corrupt", ".corrupt.1"):
+    assert (tmp_path / (record.RECORD_FILE + name)).read_text() == f"the record set aside as {name}"
+
+
 def test_a_corrupt_metrics_line_is_read_past(tmp_path, caplog):
   """Random bytes appended to metrics.jsonl were a UnicodeDecodeError on
   resume and on the rerun of a finished run."""
