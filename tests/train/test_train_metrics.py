@@ -428,6 +428,67 @@ def test_a_move_aside_cut_off_before_its_rewrite_is_not_appended_twice(tmp_path,
   assert [row["loss"] for row in dropped] == [2.0, 3.0, 2.5]
 
 
+def test_a_move_aside_whose_append_fails_leaves_every_row_where_it_was(tmp_path, monkeypatch):
+  """metrics.dropped.jsonl is appended before metrics.jsonl is rewritten: a
+  failed append (a full disk) loses no row."""
+  with metrics.MetricsWriter(tmp_path) as writer:
+    for step in (1, 2, 3):
+      writer.write(step, {"loss": float(step)})
+  rows = metrics.read_metrics(tmp_path)
+
+  def append_fails(path, data):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(metrics, "append_bytes", append_fails)
+  with pytest.raises(OSError, match="No space left"):
+    metrics.drop_records_after(tmp_path, 1)
+  assert metrics.read_metrics(tmp_path) == rows
+  assert not (tmp_path / metrics.DROPPED_METRICS_FILE).exists()
+
+
+def test_evaluating_a_step_again_moves_its_evaluation_and_every_later_row_aside(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    writer.write(1, {"loss": 1.0})
+    writer.write(2, {"loss": 2.0})
+    writer.write(2, {"eval_loss": 2.5})
+    writer.write(3, {"loss": 3.0})
+  rows = metrics.read_metrics(tmp_path)
+  assert metrics.drop_records_after(tmp_path, 2, evaluation=True) == {metrics.METRICS_FILE: 2}
+  assert metrics.read_metrics(tmp_path) == rows[:2]
+  dropped = [json.loads(line) for line in (tmp_path / metrics.DROPPED_METRICS_FILE).open()]
+  assert dropped == rows[2:]
+
+
+@pytest.mark.parametrize("evaluating_again, purge_step", [(False, 3), (True, 2)])
+def test_a_resumed_session_hides_in_tensorboard_only_the_steps_it_writes_again(
+  tmp_path, evaluating_again, purge_step
+):
+  """Resuming from step 2 trains 3 on again: TensorBoard hides steps 3 on
+  (a SessionLog START at 3), not step 2's row; evaluating step 2 again
+  hides step 2 too (its train row is written again)."""
+  with metrics.MetricsWriter(tmp_path) as writer:
+    for step in (1, 2, 3):
+      writer.write(step, {"loss": float(step)})
+  metrics.MetricsWriter(tmp_path, start_step=2, evaluating_again=evaluating_again).close()
+  events = read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+  assert [event.step for event in events if event.HasField("session_log")] == [purge_step]
+
+
+def test_a_negative_step_is_refused_before_anything_is_written(tmp_path):
+  with metrics.MetricsWriter(tmp_path) as writer:
+    with pytest.raises(ValueError, match=r"^step must be >= 0, got -1\.$"):
+      writer.write(-1, {"loss": 1.0})
+  assert (tmp_path / metrics.METRICS_FILE).read_bytes() == b""
+
+
+def test_a_row_whose_step_is_not_an_int_is_skipped(tmp_path, caplog):
+  """A step of true (== 1) or 1.0 collided with step 1's row."""
+  lines = ['{"step": 1, "loss": 1.0}', '{"step": true, "loss": 9.0}', '{"step": 1.0, "loss": 9.0}']
+  (tmp_path / metrics.METRICS_FILE).write_text("\n".join(lines) + "\n")
+  assert without_time(metrics.read_metrics(tmp_path)) == [{"step": 1, "loss": 1.0}]
+  assert caplog.text.count("not a row with an int step") == 2
+
+
 def test_the_same_sample_moved_aside_twice_is_kept_twice(tmp_path):
   # A run resumed from step 1 twice samples step 2 the same both times:
   # two moves of their own, not one interrupted (samples hold no time).
@@ -473,6 +534,23 @@ def test_hparams_are_recorded_once_per_run_not_once_per_resumed_session(tmp_path
     if value.tag == "_hparams_/session_start_info"
   ]
   assert records == [10, 20]  # the first record, and the extended run's new values
+
+
+def test_a_session_resumed_before_the_step_of_the_hparams_record_writes_it_again(tmp_path):
+  """A run that ended at step 5 resumed from its checkpoint at 4: TensorBoard
+  hides the record at step 5 (its purge from step 5 on), so the session
+  writes the record again."""
+  hparams, final = {"model.d_model": 64, "train.steps": 5}, {"eval_loss": 2.5}
+  for start_step in (None, 4):
+    with metrics.MetricsWriter(tmp_path, start_step=start_step) as writer:
+      writer.write_hparams(5, hparams, final)
+  records = [
+    event.step
+    for event in read_tensorboard_events(tmp_path / metrics.TENSORBOARD_DIR)
+    for value in event.summary.value
+    if value.tag == "_hparams_/session_start_info"
+  ]
+  assert records == [5, 5]
 
 
 class RecordingTracker:
