@@ -12,6 +12,7 @@ the run it records. Cheap: no model, no training.
 """
 
 import datetime
+import functools
 import importlib.metadata
 import json
 import os
@@ -136,16 +137,19 @@ def test_pystdlib_fingerprint_follows_the_corpus_contents_and_names(stdlib):
   assert moved["sha256"] != before["sha256"]
 
 
+def corpus_warnings(stdlib, workdir, files, step):
+  """The corpus lines a RunRecord start at `step` logs over `files`."""
+  write_corpus(stdlib, files)
+  corpus.corpus_fingerprint.cache_clear()
+  lines = []
+  record.RunRecord(workdir, log=lines.append).start(run_config(), step)
+  return [line for line in lines if "corpus differs" in line]
+
+
 def test_a_resume_over_a_changed_corpus_says_so(stdlib, tmp_path):
   # A resume continues at the saved window count whatever the text is now;
   # it used to say nothing of an edited corpus (the record held it).
-  def start(files, step):
-    write_corpus(stdlib, files)
-    corpus.corpus_fingerprint.cache_clear()
-    lines = []
-    record.RunRecord(tmp_path, log=lines.append).start(run_config(), step)
-    return [line for line in lines if "corpus differs" in line]
-
+  start = functools.partial(corpus_warnings, stdlib, tmp_path)
   assert start(FILES, 0) == []
   assert start(FILES, 5) == []  # the same corpus
   (line,) = start(dict(FILES, **{"m3.py": "y = 1\n"}), 9)
@@ -161,13 +165,7 @@ def test_the_corpus_is_compared_with_the_last_start_and_only_on_a_resume(stdlib,
   json.dumps) is compared with its last entry too, not its first."""
   edited = dict(FILES, **{"m3.py": "y = 1\n"})
 
-  def start(files, step):
-    write_corpus(stdlib, files)
-    corpus.corpus_fingerprint.cache_clear()
-    lines = []
-    record.RunRecord(tmp_path, log=lines.append).start(run_config(), step)
-    return [line for line in lines if "corpus differs" in line]
-
+  start = functools.partial(corpus_warnings, stdlib, tmp_path)
   assert start(FILES, 0) == []
   assert start(edited, 0) == []  # trained afresh on the edited corpus
   entries = record.read_record(tmp_path)

@@ -400,14 +400,19 @@ def test_samples_txt_escapes_control_characters_and_reads_them_back(tmp_path):
   assert metrics.read_samples(tmp_path) == list(enumerate(sampled[:2]))
 
 
+def three_rows(workdir):
+  """metrics.jsonl of steps 1, 2 and 3 (loss 1.0, 2.0, 3.0), read back."""
+  with metrics.MetricsWriter(workdir) as writer:
+    for step in (1, 2, 3):
+      writer.write(step, {"loss": float(step)})
+  return metrics.read_metrics(workdir)
+
+
 def test_a_move_aside_cut_off_before_its_rewrite_is_not_appended_twice(tmp_path, monkeypatch):
   """The rows are appended to the .dropped file before metrics.jsonl is
   rewritten; a start stopped between the two (a full disk, a kill) left the
   rows in both, and the next start appended them again."""
-  with metrics.MetricsWriter(tmp_path) as writer:
-    for step in (1, 2, 3):
-      writer.write(step, {"loss": float(step)})
-  rows = metrics.read_metrics(tmp_path)
+  rows = three_rows(tmp_path)
 
   def rewrite_fails(path, data):
     raise OSError(28, "No space left on device")
@@ -431,10 +436,7 @@ def test_a_move_aside_cut_off_before_its_rewrite_is_not_appended_twice(tmp_path,
 def test_a_move_aside_whose_append_fails_leaves_every_row_where_it_was(tmp_path, monkeypatch):
   """metrics.dropped.jsonl is appended before metrics.jsonl is rewritten: a
   failed append (a full disk) loses no row."""
-  with metrics.MetricsWriter(tmp_path) as writer:
-    for step in (1, 2, 3):
-      writer.write(step, {"loss": float(step)})
-  rows = metrics.read_metrics(tmp_path)
+  rows = three_rows(tmp_path)
 
   def append_fails(path, data):
     raise OSError(28, "No space left on device")
