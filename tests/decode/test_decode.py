@@ -319,6 +319,23 @@ def test_an_eager_step_past_the_cache_end_is_refused_not_written_onto_its_last_s
     step(tokens[:, 4:5], cache)
 
 
+def test_a_jitted_step_past_the_cache_end_gives_nan_logits_not_wrong_numbers():
+  """The same under jax.jit, where the index is traced and cannot be
+  refused: the fifth and sixth steps' logits were finite and wrong (0.6
+  off the full pass), the write clamped onto slot 3."""
+  model, params = model_and_params()
+  step = jax.jit(decode.make_tokens_to_logits(model, params).__call__)
+  cache = decode.init_cache(model, 1, 4)
+  tokens = jnp.array([[3, 4, 5, 6, 7, 8]])
+  full = model.apply({"params": params}, tokens)
+  for i in range(6):
+    logits, cache = step(tokens[:, i : i + 1], cache)
+    if i < 4:
+      np.testing.assert_allclose(logits, full[:, i], atol=1e-5)
+    else:
+      assert np.isnan(logits).all(), i
+
+
 def test_init_cache_learned_positions_up_to_table_size():
   model, _ = model_and_params(position="learned")
   assert jax.tree.leaves(decode.init_cache(model, B, TINY["max_len"]))

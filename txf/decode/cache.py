@@ -194,7 +194,9 @@ def make_tokens_to_logits(
   Returns:
     tokens_to_logits(tokens [B, T], cache) -> (logits of the last position
     [B, V] float32, updated cache): a `ModelSteps`, whose `cast_for` casts
-    the weights for a loop once.
+    the weights for a loop once. A step past the cache's end raises a
+    ValueError eagerly; under jax.jit its logits, and every later step's,
+    are NaN.
   """
   return ModelSteps(model, params, context, method)
 
@@ -223,7 +225,8 @@ class ModelSteps:
       mutable=["cache"],
       method=self.method,
     )
-    return logits_BxTxV[:, -1], variables["cache"]
+    cache = variables["cache"]
+    return _nan_past_the_end(logits_BxTxV[:, -1], cache), cache
 
   def cast_for(self, *calls: tuple[Any, Cache]) -> ModelSteps:
     """These steps with each parameter that every kind of call a loop makes
@@ -239,6 +242,25 @@ class ModelSteps:
     return dataclasses.replace(
       self, params=casting.cast_once(self._step, self.params, *calls, dtype=dtype)
     )
+
+
+def _nan_past_the_end(logits_BxV: Array, cache: Cache) -> Array:
+  """`logits_BxV` of a step that left `cache` at its index, NaN where that
+  index passed the cache's end. Under jax.jit the index is traced, so the
+  attention layers cannot refuse such a step as they do eagerly: the write
+  clamps onto the last slots and the logits would be finite wrong numbers.
+  The index stays past the end, so every later step's logits are NaN too.
+  A search sizes its cache first and never gets here (the select is the
+  same logits)."""
+  indices = [
+    leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+    if path and getattr(path[-1], "key", None) == "index" and not jnp.ndim(leaf)
+  ]
+  length = cache_positions(cache)
+  if length is None or len(indices) != 1 or not isinstance(indices[0], jax.core.Tracer):
+    return logits_BxV
+  return jnp.where(indices[0] <= length, logits_BxV, jnp.nan)
 
 
 def encode_for_decoding(
