@@ -57,6 +57,24 @@ def test_causal_linear_attention_is_the_recurrence():
   assert float(jnp.abs(weights - softmax).max()) > 0.05
 
 
+@pytest.mark.parametrize("centre", [-14.0, -30.0])
+def test_strongly_negative_features_keep_their_weights_and_a_finite_gradient(centre):
+  """Query features all near `centre`: phi as elu's expm1(x) + 1 cancelled
+  in float32 (weights 1e-3 off at -14; rows of allowed keys all zeros from
+  about -17). Weights relative 1e-5 of the float64 formula; the gradient
+  finite where the branch not taken overflows."""
+  q, k, _ = random_qkv(4)
+  q = q * 0.5 + centre
+  weights = linear_attention_weights(q, k, is_causal=True)
+  q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  scores = np.einsum("bthd,bshd->bhts", elu1(q64), elu1(np.repeat(k64, H // K, axis=2)))
+  scores = np.where(np.tril(np.ones((T, S), bool)), scores, 0.0)
+  np.testing.assert_allclose(weights, scores / scores.sum(-1, keepdims=True), rtol=1e-5, atol=0)
+  # Keys past 89, where exp overflows float32, on the branch not taken.
+  weights_of_k = lambda k: linear_attention_weights(q, k, is_causal=True)[..., 0].sum()
+  assert np.isfinite(np.asarray(jax.grad(weights_of_k)(k * 50.0))).all()
+
+
 def test_masks_window_and_key_lengths_match_the_formula():
   q, k, _ = random_qkv(1, s_len=7)
   mask = np.ones((B, 1, T, 7), bool)
