@@ -161,6 +161,14 @@ def test_a_setting_another_entrys_value_would_replace_is_refused():
     register.position("same_rope", contributes="rotation", options={"rope_base": 10000.0})(
       lambda cfg, x, positions: x
     )  # rope_ntk's way: one setting of two positions, one default
+    # The default's value but an int: the config kept it, and took no 2.5 for rope.
+    with pytest.raises(
+      ValueError, match=r"^model\.position: 'int_rope': setting 'rope_scale' \(default 1\) is "
+    ):
+      register.position("int_rope", contributes="rotation", options={"rope_scale": 1})(
+        lambda cfg, x, positions: x
+      )
+    assert type(base.get_config().model.options.rope_scale) is float
     # Between two registered entries of different fields too.
     register.norm("scaled", options={"gain": 2.0})(identity_norm)
     with pytest.raises(ValueError, match=r"setting 'gain' .* by model\.norm 'scaled' too"):

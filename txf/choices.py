@@ -426,7 +426,9 @@ class Registry(Generic[T]):
           theirs = registry.options(owner)
           if setting not in theirs or (registry is self and owner == name):
             continue
-          if registry is not self or theirs[setting] != default:
+          # 1 == 1.0, but the config types the setting by the default it keeps.
+          other = theirs[setting] != default or type(theirs[setting]) is not type(default)
+          if registry is not self or other:
             raise ValueError(
               f"{self.field}: {name!r}: setting {setting!r} (default {default!r}) is declared "
               f"by {registry.field} {owner!r} too (default {theirs[setting]!r}); "
