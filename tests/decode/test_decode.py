@@ -586,6 +586,41 @@ def test_bad_generate_arguments_are_rejected(kwargs, message):
     decode.generate(model, params, max_new_tokens=2, **kwargs)
 
 
+def test_a_search_refuses_a_cache_of_other_rows_a_scanned_one_without_axes_and_no_key():
+  """Each was a jax error from inside the search (a cache of fewer rows a
+  dynamic_update_slice shape, of more rows the attention layer's 'cannot
+  share key/value rows', a scanned cache's beams a shape at the first
+  step, rng=None a TypeError about the key's type), nothing traced."""
+  model, params = model_and_params()
+  steps, calls = decode.make_tokens_to_logits(model, params), []
+  prompt = jnp.array([[5, 6], [7, 8]])
+  searches = {
+    "sample": functools.partial(decode.sample, rng=jax.random.key(0)),
+    "beam_search": functools.partial(decode.beam_search, num_beams=2, eos_id=None),
+  }
+  for name, search in searches.items():
+    for rows in (1, 3):
+      with pytest.raises(
+        ValueError, match=rf"^{name}: the cache holds {rows} rows, but there are 2 prompts"
+      ):
+        search(counting_stub(calls), decode.init_cache(model, rows, 4), prompt, max_new_tokens=2)
+  for rng in (None, jax.random.split(jax.random.key(0))):
+    with pytest.raises(ValueError, match=r"^sample: rng: one PRNG key \(jax.random.key\(0\)\)"):
+      decode.sample(steps, decode.init_cache(model, 2, 4), prompt, max_new_tokens=2, rng=rng)
+  scanned, _ = model_and_params(scan_layers=True)
+  with pytest.raises(ValueError, match=r"^beam_search: batch_axes: the cache holds its rows after"):
+    searches["beam_search"](
+      counting_stub(calls), decode.init_cache(scanned, 2, 4), prompt, max_new_tokens=2
+    )
+  jax.effects_barrier()
+  assert not calls
+  # A legacy raw key is one key too.
+  legacy = decode.sample(
+    steps, decode.init_cache(model, 2, 4), prompt, max_new_tokens=2, rng=jax.random.PRNGKey(0)
+  )
+  assert legacy.shape == (2, 4)
+
+
 def test_generate_takes_lists_of_prompt_lengths_as_it_takes_lists_of_prompts():
   """A list of lengths passed the checks and failed inside the program."""
   model, params = model_and_params()

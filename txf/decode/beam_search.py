@@ -75,6 +75,16 @@ def _map_batch_leaves(
   return jax.tree.map(lambda x, axis: x if axis is None else fn(x, axis), cache, batch_axes)
 
 
+def _rows_past_axis_0(cache: Cache) -> bool:
+  """Whether a txf cache's self-attention keys ([..., B, L, K, Dh]) lead
+  with another axis than their rows."""
+  return any(
+    jnp.ndim(leaf) > 4
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+    if path and getattr(path[-1], "key", None) == "cached_key"
+  )
+
+
 def per_beam(cache: Cache, num_beams: int, batch_axes: Cache | None) -> Cache:
   """`cache` with each row repeated num_beams times along its batch axis (as
   `_map_batch_leaves` finds it): the cache of beam search's steps after the
@@ -309,13 +319,21 @@ def beam_search(
     tokens mean nothing).
 
   Raises:
-    ValueError: as `sample`, num_beams < 1, or (concrete) a length_penalty
+    ValueError: as `sample`, num_beams < 1, a txf cache of scanned layers
+      without batch_axes, or (concrete) a length_penalty
       not finite and >= 0.
   """
   check_search(
     "beam_search", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side
   )
   num_beams = checks.int_at_least(num_beams, "beam_search: num_beams", 1)
+  if batch_axes is None and _rows_past_axis_0(cache):
+    # Axis 0 there is the layers': the beams would copy layers, and the first
+    # step fail on a shape (or, with as many layers as beams, decode wrongly).
+    raise ValueError(
+      "beam_search: batch_axes: the cache holds its rows after axis 0 (scan_layers' "
+      "[N, B, L, K, Dh]); pass batch_axes=decode.cache_batch_axes(model, cache_len)"
+    )
   # Its early stop assumes a length_penalty >= 0.
   check_finite_at_least(length_penalty, "beam_search: length_penalty", 0)
   prompt_len = prompt_BxP.shape[1]

@@ -3,7 +3,8 @@
 `init_cache`, `cache_batch_axes`, `make_tokens_to_logits` and
 `encode_for_decoding` adapt txf models (`txf.models.build`) to the searches'
 interface (`txf.decode`'s docstring); `cache_length` says how many positions
-a search writes, and `cache_positions` how many a txf cache holds.
+a search writes, and `cache_positions` / `cache_rows` how many positions
+and rows a txf cache holds.
 """
 
 from __future__ import annotations
@@ -168,12 +169,22 @@ def check_cache_length(field: str, prompt_len: int, max_new_tokens: int) -> int:
 def cache_positions(cache: Cache) -> int | None:
   """Positions a txf cache holds: the length axis of its self-attention
   `cached_key` leaves ([..., B, L, K, Dh]); None for a cache without them."""
-  lengths = {
-    leaf.shape[-3]
+  return _cached_key_size(cache, -3)
+
+
+def cache_rows(cache: Cache) -> int | None:
+  """Rows (B) a txf cache holds, as `cache_positions`."""
+  return _cached_key_size(cache, -4)
+
+
+def _cached_key_size(cache: Cache, axis: int) -> int | None:
+  """The smallest size of `axis` among the cache's `cached_key` leaves."""
+  sizes = {
+    leaf.shape[axis]
     for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
     if path and getattr(path[-1], "key", None) == "cached_key"
   }
-  return min(lengths) if lengths else None
+  return min(sizes) if sizes else None
 
 
 def make_tokens_to_logits(

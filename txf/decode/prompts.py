@@ -17,7 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from txf import checks
-from txf.decode.cache import Cache, cache_length, cache_positions, check_cache_length
+from txf.decode.cache import (
+  Cache,
+  cache_length,
+  cache_positions,
+  cache_rows,
+  check_cache_length,
+)
 
 Array = jax.Array
 
@@ -52,8 +58,19 @@ def _check_options(caller: str, max_new_tokens: int, padding_side: str) -> None:
     raise ValueError(f"{caller}: padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
 
 
-def _check_cache_size(caller: str, cache: Cache, prompt_len: int, max_new_tokens: int) -> None:
-  """A txf cache (one `cache_positions` can measure) must hold every position written."""
+def _check_cache_size(
+  caller: str, cache: Cache, batch_size: int, prompt_len: int, max_new_tokens: int
+) -> None:
+  """A txf cache (one `cache_positions` can measure) must hold a row per
+  prompt and every position written."""
+  rows = cache_rows(cache)
+  if rows is not None and rows != batch_size:
+    # Else a shape error from the first cache write, or, with more rows, the
+    # attention layer's about sharing key rows.
+    raise ValueError(
+      f"{caller}: the cache holds {rows} rows, but there are {batch_size} prompts "
+      f"(init_cache with batch_size={batch_size})"
+    )
   needed, cache_len = cache_length(prompt_len, max_new_tokens), cache_positions(cache)
   if cache_len is not None and cache_len < needed:
     raise ValueError(
@@ -133,7 +150,7 @@ def check_search(
     )
   batch_size, prompt_len = prompt_BxP.shape
   check_cache_length(f"{caller}: max_new_tokens", prompt_len, max_new_tokens)
-  _check_cache_size(caller, cache, prompt_len, max_new_tokens)
+  _check_cache_size(caller, cache, batch_size, prompt_len, max_new_tokens)
   if prompt_lengths_B is not None:
     _check_given_lengths(caller, prompt_lengths_B, batch_size, prompt_len)
     return

@@ -113,6 +113,20 @@ def _next_token(
   return jnp.argmax(jnp.where(sampled, noisy_BxV, logits_BxV), axis=-1)
 
 
+def _check_key(rng: Any) -> None:
+  """One PRNG key: a typed key (jax.random.key) or a raw uint32 [2]
+  (jax.random.PRNGKey). `generate` takes rng=None as greedy decoding; here
+  it was jax's TypeError about the key's type, from inside the loop."""
+  dtype, shape = getattr(rng, "dtype", None), jnp.shape(rng) if rng is not None else None
+  typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
+  if not (typed or (dtype == jnp.uint32 and shape == (2,))):
+    got = "None" if rng is None else f"{dtype} {shape}" if dtype is not None else type(rng).__name__
+    raise ValueError(
+      f"sample: rng: one PRNG key (jax.random.key(0)), got {got}; temperature=0 decodes "
+      "greedily with any key (generate's rng=None does so)"
+    )
+
+
 def sample(
   tokens_to_logits: TokensToLogits,
   cache: Cache,
@@ -157,11 +171,13 @@ def sample(
     int32 [B, P + N]: prompts followed by the generated tokens.
 
   Raises:
-    ValueError: for sampling arguments out of range (`check_sampling`), a
-      txf cache too short, bad shapes, or (concrete prompts) rows without a
-      token or not padded on padding_side.
+    ValueError: for sampling arguments out of range (`check_sampling`), an
+      rng that is not one key, a txf cache of other rows or too short, bad
+      shapes, or (concrete prompts) rows without a token or not padded on
+      padding_side.
   """
   check_sampling(temperature, top_k, top_p)
+  _check_key(rng)
   check_search("sample", cache, prompt_BxP, prompt_lengths_B, max_new_tokens, pad_id, padding_side)
   prompt_len = prompt_BxP.shape[1]
   lengths_B = prompt_lengths(prompt_BxP, pad_id, prompt_lengths_B)
