@@ -306,3 +306,22 @@ def test_out_of_range_hyperparameters_are_refused_as_jax_scalars_too(hyperparame
     for loss in (cross_entropy, cross_entropy_sums):
       with pytest.raises(ValueError, match=rf"^{hyperparameter} must be"):
         loss(logits, labels, **{hyperparameter: scalar})
+
+
+@pytest.mark.parametrize("hyperparameter", ["label_smoothing", "z_loss"])
+def test_the_summed_losses_refuse_a_traced_hyperparameter_in_one_line(hyperparameter):
+  """Their custom gradients take them as static floats: a traced one was
+  jax's ConcretizationTypeError from float(); cross_entropy takes it."""
+  logits, labels = jnp.zeros((1, 4, V)), jnp.zeros((1, 4), jnp.int32)
+  x, kernel = jnp.zeros((1, 4, 3)), jnp.zeros((3, V))
+  for name, loss in [
+    ("cross_entropy_sums", lambda value: cross_entropy_sums(logits, labels, **value)),
+    ("linear_cross_entropy_sums", lambda value: linear_cross_entropy_sums(
+      x, kernel, labels, chunk_len=2, **value
+    )),
+  ]:  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^{name}: {hyperparameter} must be known outside jit"):
+      jax.jit(lambda v, loss=loss: loss({hyperparameter: v})[0])(0.1)
+  traced = jax.jit(lambda v: cross_entropy(logits, labels, **{hyperparameter: v})[0])(0.1)
+  eager = cross_entropy(logits, labels, **{hyperparameter: 0.1})[0]
+  np.testing.assert_allclose(traced, eager, rtol=1e-6)

@@ -368,6 +368,7 @@ def test_transformations(qk, dtype):
     (lambda: apply_rope(np.zeros((1, 4, 2, 6), np.int32), np.arange(4)), "x must be a float"),
     (lambda: apply_rope(np.zeros((1, 4, 2, 6)), np.arange(4), scale=0.0), "scale"),
     (lambda: apply_ntk_rope(np.zeros((1, 4, 2, 2)), np.arange(4), scale=2.0), "head dim"),
+    (lambda: apply_ntk_rope(np.zeros(()), np.arange(4)), r"x must have shape \[B, T, H, D\]"),
     (lambda: alibi_slopes(0), "num_heads"),
     (lambda: alibi_bias(4, np.zeros((2, 3)), np.zeros((3, 3))), "q_positions and k_positions"),
     (lambda: alibi_bias(4, np.zeros((1, 2, 3)), np.arange(3)), "q_positions"),

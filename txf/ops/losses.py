@@ -78,6 +78,19 @@ def _check_hyperparameters(label_smoothing, z_loss):
     raise ValueError(f"z_loss must be >= 0, got {z_loss}")
 
 
+def _static(caller, label_smoothing, z_loss):
+  """(label_smoothing, z_loss) as Python floats for `caller`, whose custom
+  gradient takes them as static arguments; a traced one (a jitted function's
+  argument) was jax's ConcretizationTypeError from float()."""
+  for name, value in (("label_smoothing", label_smoothing), ("z_loss", z_loss)):
+    if _concrete(value) is None:
+      raise ValueError(
+        f"{caller}: {name} must be known outside jit (a Python float: it shapes the "
+        f"gradient's program), got a traced value; cross_entropy takes a traced one"
+      )
+  return float(label_smoothing), float(z_loss)
+
+
 def _plus_z_loss(nll, log_z, z_loss):
   """nll + z_loss * log_z^2, the term left out where z_loss is 0 (selected
   away where it is traced): log_z^2 overflows float32 past |log_z| ~ 1.8e19,
@@ -321,7 +334,9 @@ def cross_entropy_sums(logits, labels, *, weights=None, label_smoothing=0.0, z_l
   weights = None if weights is None else jnp.asarray(weights)
   _check_inputs(logits, labels, weights, label_smoothing, z_loss)
   weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
-  loss_sum, num_correct = _sums(logits, labels, weights, float(label_smoothing), float(z_loss))
+  loss_sum, num_correct = _sums(
+    logits, labels, weights, *_static("cross_entropy_sums", label_smoothing, z_loss)
+  )
   return loss_sum, jnp.sum(weights), num_correct
 
 
@@ -500,8 +515,7 @@ def linear_cross_entropy_sums(
   if x_BxTxD.shape[1] % chunk_len:
     raise ValueError(f"chunk_len {chunk_len} does not divide the length T = {x_BxTxD.shape[1]}")
   _check_hyperparameters(label_smoothing, z_loss)
-  # Static arguments of the custom VJP: concrete Python floats.
-  label_smoothing, z_loss = float(label_smoothing), float(z_loss)
+  label_smoothing, z_loss = _static("linear_cross_entropy_sums", label_smoothing, z_loss)
   dtype = jnp.dtype(x_BxTxD.dtype if dtype is None else dtype)
   if not jnp.issubdtype(dtype, jnp.floating):  # an int would truncate the GEMM's operands
     raise ValueError(f"dtype must be floating, got {dtype}")

@@ -135,6 +135,8 @@ def apply_ntk_rope(x, positions, *, base=10000.0, scale=1.0):
   Returns:
     `[B, T, H, D]`, x's dtype.
   """
+  if jnp.ndim(x) != 4:  # its head dim is read first: a scalar was an IndexError
+    raise ValueError(f"x must have shape [B, T, H, D], got shape {jnp.shape(x)}")
   head_dim = jnp.shape(x)[-1]
   if head_dim < 4:
     raise ValueError(f"x head dim must be at least 4 for NTK scaling, got shape {jnp.shape(x)}")
