@@ -586,6 +586,18 @@ def test_bad_generate_arguments_are_rejected(kwargs, message):
     decode.generate(model, params, max_new_tokens=2, **kwargs)
 
 
+def test_an_empty_source_is_refused():
+  """It decoded as if unconditioned: cross-attention over no keys is zeros."""
+  model, params = model_and_params(family="encoder_decoder")
+  with pytest.raises(
+    ValueError,
+    match=r"^generate: encoder_tokens_BxS must hold at least one token a row, got S = 0$",
+  ):
+    decode.generate(
+      model, params, encoder_tokens_BxS=jnp.zeros((2, 0), jnp.int32), max_new_tokens=2
+    )
+
+
 def test_a_search_refuses_a_cache_of_other_rows_a_scanned_one_without_axes_and_no_key():
   """Each was a jax error from inside the search (a cache of fewer rows a
   dynamic_update_slice shape, of more rows the attention layer's 'cannot

@@ -62,6 +62,9 @@ def _checked_prompts(
   if not is_seq2seq and encoder_tokens_BxS is not None:
     raise ValueError("generate: encoder_tokens_BxS only apply to family='encoder_decoder'")
   # From here encoder_tokens_BxS is None exactly when the model is not seq2seq.
+  if encoder_tokens_BxS is not None and not encoder_tokens_BxS.shape[1]:
+    # An empty source decoded as if unconditioned (its cross-attention all zeros).
+    raise ValueError("generate: encoder_tokens_BxS must hold at least one token a row, got S = 0")
   if prompt_BxP is None:
     if encoder_tokens_BxS is None:
       raise ValueError("generate: prompt_BxP: a decoder needs prompts")
