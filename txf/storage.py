@@ -135,6 +135,16 @@ def _running(pid: str | None) -> bool | None:
   return True
 
 
+def free_path(path: epath.Path) -> epath.Path:
+  """`path`, or `path-2`, `path-3`, ... whichever does not exist yet (where
+  something is moved aside, never over what an earlier move left)."""
+  candidate, n = path, 1
+  while candidate.exists():
+    n += 1
+    candidate = path.parent / f"{path.name}-{n}"
+  return candidate
+
+
 def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
   """Replaces each file of `files` (a local path or URL -> its contents; a
   str is written as UTF-8) atomically and the set as a whole, creating local parent

@@ -727,7 +727,7 @@ def test_per_position_plot_draws_each_point_that_has_one(sweep_dir, points):
   )
   line_plot = FakeLinePlot()
   path = figures.plot_per_position(summaries(sweep_dir, points), sweep_dir, line_plot=line_plot)
-  assert path.name == results.PER_POSITION_PNG
+  assert path.name == figures.PER_POSITION_PNG
   assert_png(path)
   (call,) = line_plot.calls
   ((label, (positions, losses, std)),) = call["series"].items()

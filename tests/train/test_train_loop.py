@@ -410,12 +410,24 @@ def test_resume_step_retrains_from_it_and_keeps_the_best_and_every_nth(tmp_path)
     with pytest.raises(loop.ConfigError, match=refusal):
       loop.run(parse(config), workdir, log=lambda line: None, resume_step=4)
     assert checkpoint_steps(workdir) == kept
+  # What txf-extrapolate and txf-analyze derived from step 8: another
+  # model's once steps 5-8 train again (a sweep's table put its losses beside
+  # the new run's); an analysis of step 4 is of the weights that stay.
+  (workdir / "extrapolation.json").write_text(json.dumps({"step": 8}))
+  (workdir / "analysis").mkdir()
+  (workdir / "analysis" / "analysis.json").write_text(json.dumps({"step": 4, "files": []}))
   lines = []
   loop.run(parse(tiny(steps=8, **keep)), workdir, log=lines.append, resume_step=4)
   moved = ", ".join(f"{step}.dropped" for step in sorted({8, best}) if step > 4)
   assert (
     f"resumed from step 4 in {workdir / 'checkpoints'}; the later steps moved to {moved}" in lines
   )
+  assert (
+    "moved extrapolation.json to extrapolation.json.dropped (of a checkpoint after step 4, "
+    "whose step training writes again)"
+  ) in lines
+  assert json.loads((workdir / "extrapolation.json.dropped").read_text()) == {"step": 8}
+  assert not (workdir / "extrapolation.json").exists() and (workdir / "analysis").is_dir()
   rows = train_rows(workdir)
   assert [r["step"] for r in rows] == list(range(1, 9))
   assert [r["loss"] for r in rows] == [r["loss"] for r in first_rows]

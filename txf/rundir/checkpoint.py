@@ -92,7 +92,7 @@ from etils import epath
 
 from txf.runconfig.run_config import TrainConfig
 from txf.rundir.workdir import check_writable
-from txf.storage import WriteError, is_local
+from txf.storage import WriteError, free_path, is_local
 
 logger = logging.getLogger(__name__)
 
@@ -733,7 +733,7 @@ class Checkpointer:
     if ocp.multihost.process_index() == 0:
       for i, step in enumerate(steps):
         source = self.directory / str(step)
-        moved[i] = _free_path(source.parent / f"{source.name}{suffix}")
+        moved[i] = free_path(source.parent / f"{source.name}{suffix}")
         source.rename(moved[i])
     ocp.multihost.sync_global_processes(f"txf_checkpoint_move_aside{suffix}")
     self._manager.reload()
@@ -877,15 +877,6 @@ def _describe(error: BaseException, limit: int = 400) -> str:
   if len(text) <= limit:
     return text
   return f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
-
-
-def _free_path(path: epath.Path) -> epath.Path:
-  """`path`, or `path-2`, `path-3`, ... whichever does not exist yet."""
-  candidate, n = path, 1
-  while candidate.exists():
-    n += 1
-    candidate = path.parent / f"{path.name}-{n}"
-  return candidate
 
 
 class StoppedBeforeTraining(BaseException):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.rundir.derived import PER_POSITION_PNG
 from txf.storage import write_file
 from txf.sweep.grid import Point
 from txf.sweep.results import (
@@ -24,7 +25,6 @@ from txf.sweep.results import (
   FLAT_MIN_EVALUATIONS,
   FLAT_TOLERANCE,
   LOSS_UNITS,
-  PER_POSITION_PNG,
   PointSummary,
   evaluations_in_window,
   fraction_name,

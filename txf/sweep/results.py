@@ -58,6 +58,7 @@ from etils import epath
 from txf.progress import say
 from txf.runconfig.run_config import to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
+from txf.rundir.derived import EXTRAPOLATION_FILE
 from txf.rundir.metrics import read_metrics
 from txf.rundir.resume import CONFIG_FILE, read_run_config
 from txf.storage import read_json, write_file, write_files
@@ -66,12 +67,10 @@ from txf.sweep.grid import Point
 from txf.train.replicas import metric_names
 
 DIVERGED_FILE = "diverged.json"
-EXTRAPOLATION_FILE = "extrapolation.json"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 # The metrics a summary keeps the curve of (txf.sweep.figures plots them).
 CURVE_METRICS = ("eval_loss", "loss")
-PER_POSITION_PNG = "per_position_loss.png"
 LOSS_UNITS = "nats/token"
 # The flattening criterion: a point's validation loss has flattened when the
 # last FLAT_FRACTION of its training improved it by less than FLAT_TOLERANCE

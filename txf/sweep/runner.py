@@ -329,7 +329,7 @@ SUMMARY_FILES = (
   results.RESULTS_CSV,
   results.RESULTS_MD,
   *(png for png, _ in figures.CURVES.values()),
-  results.PER_POSITION_PNG,
+  figures.PER_POSITION_PNG,
   figures.PRE_VS_POST_PNG,
   figures.ACCURACY_VS_WIDTH_PNG,
 )

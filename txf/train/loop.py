@@ -84,6 +84,7 @@ from txf.rundir.checkpoint import (
   make_checkpointer,
 )
 from txf.rundir.console import format_duration, format_progress
+from txf.rundir.derived import derived_after, move_aside
 from txf.rundir.metrics import MetricsWriter, check_outputs, is_eval_row, read_metrics
 from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
@@ -828,6 +829,7 @@ def _restore(
   else:
     restored = checkpointer.restore(setup.abstract_state)
     if restored is None:
+      _drop_derived(setup, workdir, 0, guard, log)
       return 0, setup.init()
     start, state, extras = restored
   if "data" not in extras:
@@ -845,7 +847,26 @@ def _restore(
     if dropped:
       moved = f"; the later steps moved to {', '.join(p.name for p in dropped)}"
   log(f"resumed from step {start} in {checkpointer.directory}{moved}")
+  _drop_derived(setup, workdir, start, guard, log)
   return start, state
+
+
+def _drop_derived(
+  setup: RunSetup, workdir: epath.Path, start: int, guard: PreemptionGuard, log
+) -> None:
+  """Moves aside what other commands derived from the run's checkpoints
+  after `start` (txf.rundir.derived: an extrapolation, an analysis), where
+  the run trains those steps again: they would pass for the new weights'."""
+  if start >= setup.run.train.steps or jax.process_index():
+    return
+  stale = derived_after(workdir, start)
+  if stale:
+    guard.defer()  # the moves are writes
+    moved = move_aside(stale)
+    log(
+      f"moved {', '.join(p.name for p in stale)} to {', '.join(p.name for p in moved)} (of a "
+      f"checkpoint after step {start}, whose step training writes again)"
+    )
 
 
 @contextlib.contextmanager

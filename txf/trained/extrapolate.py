@@ -53,13 +53,12 @@ from txf.progress import Progress
 from txf.runconfig.run_config import ConfigError
 from txf.runconfig.tasks import task_kind
 from txf.rundir.console import format_duration
+from txf.rundir.derived import EXTRAPOLATION_FILE, EXTRAPOLATION_PNG, PER_POSITION_PNG
 from txf.rundir.resume import read_held_config
 from txf.rundir.workdir import check_reachable, run_path
 from txf.storage import write_files
-from txf.sweep.results import EXTRAPOLATION_FILE, LOSS_UNITS, PER_POSITION_PNG
+from txf.sweep.results import LOSS_UNITS
 from txf.train.run_setup import RunSetup, TrainedRun, load_run
-
-EXTRAPOLATION_PNG = "extrapolation.png"
 
 
 def _validation_stream(setup: RunSetup) -> np.ndarray:

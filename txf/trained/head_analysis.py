@@ -100,12 +100,12 @@ from txf.progress import stage, timestamped
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer
 from txf.rundir.console import format_duration
+from txf.rundir.derived import ANALYSIS_DIR, ANALYSIS_RECORD
 from txf.rundir.workdir import check_reachable, run_path
 from txf.storage import read_json, write_file, write_files
 from txf.train.run_setup import RunSetup, TrainedRun, load_run
 from txf.train.step import make_eval_step, model_inputs
 
-ANALYSIS_DIR = "analysis"
 SCORES_CSV = "head_scores.csv"
 SCORES_MD = "head_scores.md"
 CIRCUITS_JSON = "circuits.json"
@@ -130,7 +130,7 @@ MIN_PHASE_CHECKPOINTS = 5
 # validation batches read (the ablation's, and those the induction probe
 # draws its ids from), "probe_seed" and "periods": the induction probe's
 # (periods None: no causal attention), "files": their names}.
-RECORD_JSON = "analysis.json"
+RECORD_JSON = ANALYSIS_RECORD
 # The record's fields saying what was analysed: files of another's are stale.
 SETTINGS = ("step", "replica", "num_batches", "probe_seed", "periods")
 # Every file an analysis can write.
