@@ -76,9 +76,11 @@ def test_command_lists_and_rejects_unknown_names():
   ]
   assert len({line.index(" item ") for line in lines}) == 1
   assert lines[-1].endswith("(trains the base config)")
-  unknown = subprocess.run(command + ["nope"], cwd=REPO, capture_output=True, text=True)
-  assert unknown.returncode == 2
-  assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")
+  # Beside 'all' too: it ran every experiment, the name ignored.
+  for names in (["nope"], ["all", "nope"]):
+    unknown = subprocess.run(command + names, cwd=REPO, capture_output=True, text=True)
+    assert (unknown.returncode, unknown.stdout) == (2, ""), names
+    assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")
   # --list with names listed everything and ignored them, exit 0.
   named = subprocess.run(command + ["--list", "nope"], cwd=REPO, capture_output=True, text=True)
   assert (named.returncode, named.stdout) == (2, "")

@@ -64,12 +64,12 @@ def main(argv) -> None:
   names = argv[1:]
   if not names:
     fail("flag", "name an experiment (or 'all'); --list shows them")
-  if "all" in names:
-    names = list(textbook.EXPERIMENTS)
-  try:
-    experiments = [textbook.get(name) for name in names]
+  try:  # every name, 'all' beside them too: a typo ran everything
+    experiments = [textbook.get(name) for name in names if name != "all"]
   except ValueError as error:
     fail("flag", error)
+  if "all" in names:
+    experiments = list(textbook.EXPERIMENTS.values())
   try:
     check_writable(_OUT_DIR.value)
   except WorkdirError as error:
