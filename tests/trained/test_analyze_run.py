@@ -440,6 +440,8 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
   "kwargs,message",
   [
     (dict(num_batches=0), "^num_batches: must be"),
+    # Past the split: it read the batches there were, without a word.
+    (dict(num_batches=10**5), r"^num_batches: the validation split holds only \d+ batches of"),
     (dict(periods=[17, 5]), r"^periods: 17 must be in 2\.\.16"),
     (dict(periods=[5]), r"^periods: two or more different probe periods"),
     (dict(periods=[5, 5]), r"^periods: two or more different probe periods .* got \[5, 5\]$"),

@@ -42,7 +42,10 @@ from txf.commands.cli import fail, progress, refuse_empty, run_command, run_erro
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory of a trained run.", required=True)
 refuse_empty(_WORKDIR)
 _NUM_BATCHES = flags.DEFINE_integer(
-  "num_batches", None, "Validation batches the ablation evaluates (default: the run's)."
+  "num_batches",
+  None,
+  "Validation batches the ablation evaluates (default: the run's; more than "
+  "the split holds is refused).",
 )
 _PERIODS = flags.DEFINE_list(
   "periods",

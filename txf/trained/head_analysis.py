@@ -471,6 +471,12 @@ def check_analysis(
   except ValueError as error:
     raise ValueError(f"{error} (in {workdir})") from None
   batches = list(setup.eval_data)
+  if num_batches is not None and len(batches) < num_batches:
+    # The evaluator stops at the split's end: fewer were read, without a word.
+    raise ValueError(
+      f"num_batches: the validation split holds only {len(batches)} batches of "
+      f"{setup.run.data.batch_size}, asked for {num_batches}"
+    )
   shapes = attention_shapes(params)
   causal = [kind for kind in shapes if _is_causal(setup, kind)]
   if ablate is not None and not causal:
