@@ -158,12 +158,19 @@ def test_a_destination_that_is_a_file_is_refused_in_one_line_and_kept(tmp_path, 
 def test_a_point_without_its_extrapolation_is_not_finished_and_nothing_published(tmp_path, points):
   """Before, it was published with empty extrapolation columns."""
   workdir = sweep_workdir(tmp_path, points)
-  (workdir / points[1].name / results.EXTRAPOLATION_FILE).unlink()
-  with pytest.raises(
-    WorkdirError,
-    match=rf"^{workdir}: point 1 \({points[1].name}\) has no extrapolation.json of its final "
-    r"step, so it is not finished \(rerun the sweep to extrapolate it\): nothing published$",
-  ):
+  refused = (
+    rf"^{workdir}: point 1 \({points[1].name}\) has no extrapolation.json of its final step as "
+    r"the sweep evaluates it, so it is not finished \(rerun the sweep to extrapolate it\): "
+    r"nothing published$"
+  )
+  # One txf-extrapolate wrote by hand, at other factors, is not the sweep's.
+  record_path = workdir / points[1].name / results.EXTRAPOLATION_FILE
+  record = json.loads(record_path.read_text())
+  record_path.write_text(json.dumps({**record, "factors": [1, 2]}))
+  with pytest.raises(WorkdirError, match=refused):
+    publish(points, workdir, tmp_path / "data", log=lambda line: None)
+  record_path.unlink()
+  with pytest.raises(WorkdirError, match=refused):
     publish(points, workdir, tmp_path / "data")
   assert not (tmp_path / "data").exists()
   # A sweep that does not extrapolate publishes it.

@@ -855,12 +855,56 @@ def test_an_extrapolation_of_an_earlier_step_is_left_out_of_the_summary_in_one_l
   assert rows[0].extrapolation is None and rows[0].eval_loss.mean == pytest.approx(2.25)
   assert rows[2].extrapolation.step == STEPS
   assert lines == [
-    f"point 0 ({points[0].name}): extrapolation.json is of step {STEPS - 2}, the point's "
-    f"train.steps is {STEPS}: left out of the summary (a sweep rerun recomputes it)"
+    f"point 0 ({points[0].name}): extrapolation.json is of step {STEPS - 2}, the point is "
+    f"trained to {STEPS}: left out of the summary (a sweep rerun recomputes it)"
   ]
   csv_text = runner.summary_files(points, rows, sweep_dir)[sweep_dir / results.RESULTS_CSV]
   table = {row["point"]: row for row in csv.DictReader(csv_text.splitlines())}
   assert table[points[0].name]["sliding@8"] == "" and table[points[2].name]["sliding@8"] == "1.9"
+
+
+@pytest.mark.parametrize(
+  "recorded, tokens, why",
+  [
+    (dict(factors=[1, 2]), None, r"is at factors \[1, 2\], the sweep's are \[1, 2, 4, 8, 16\]"),
+    (dict(stride=[4, 3, 16]), None, r"slides by 3 at some length, not the sweep's half window"),
+    (
+      dict(num_tokens=2112),
+      2048,
+      r"scores 2112 validation tokens, the sweep's sweep.extrapolate_tokens is 2048",
+    ),
+  ],
+  ids=["factors", "stride", "tokens"],
+)
+def test_an_extrapolation_the_sweep_did_not_ask_for_is_left_out_and_recomputed(
+  sweep_dir, points, recorded, tokens, why
+):
+  """txf-extrapolate run by hand on a point (other --factors, --stride or
+  --num_tokens) wrote its own extrapolation.json: the sweep took it as the
+  point's, its columns beside the sweep's evaluations of the other points."""
+  rope_pre, learned_pre = sweep_dir / points[0].name, sweep_dir / points[2].name
+  # The sweep's own: default factors, half-window strides (4, 8, 16), its tokens.
+  own = dict(step=STEPS, factors=[1, 2, 4, 8, 16], stride=[4, 8, 16], num_tokens=2048)
+  write_extrapolation(rope_pre, [True, True, True], **{**own, **recorded})
+  write_extrapolation(learned_pre, [True, True, False], **{**own, "stride": [4, 8, None]})
+  lines = []
+  rows = [
+    results.summarize_point(p, sweep_dir / p.name, extrapolate_tokens=tokens, log=lines.append)
+    for p in points
+  ]
+  assert rows[0].extrapolation is None and rows[2].extrapolation is not None
+  assert len(lines) == 1
+  assert re.fullmatch(
+    rf"point 0 \({re.escape(points[0].name)}\): extrapolation.json {why}: left out of the "
+    r"summary \(a sweep rerun recomputes it\)",
+    lines[0],
+  )
+  assert results.needs_extrapolation(points[0], rope_pre, lines.append, tokens)
+  assert lines[-1].endswith(": out of date")
+  assert not results.needs_extrapolation(points[2], learned_pre, lines.append, tokens)
+  # The sweep's tokens are compared only where it names them.
+  if tokens is not None:
+    assert results.needs_extrapolation(points[0], rope_pre, lines.append, None) is False
 
 
 @pytest.mark.parametrize("failing", [results.RESULTS_CSV, results.RESULTS_MD])

@@ -229,6 +229,22 @@ def test_sweep_extrapolate_false_skips_the_extrapolation_hook(finished_sweep, tm
   )
   assert [pathlib.Path(call).name for call in calls] == TOY_NAMES
   assert tokens == [600, 600]  # sweep.extrapolate_tokens reaches the hook
+  # One scored on other tokens (txf-extrapolate run by hand) is not the
+  # sweep's: the rerun took it as the point's; it is recomputed now.
+  record = workdir / TOY_NAMES[0] / results.EXTRAPOLATION_FILE
+  record.write_text(json.dumps({**json.loads(record.read_text()), "num_tokens": 512}))
+  calls, lines = [], []
+  runner.run_sweep(
+    toy_sweep(extrapolate_tokens=600),
+    workdir,
+    log=lines.append,
+    extrapolate=fake_extrapolate(calls),
+  )
+  assert [pathlib.Path(call).name for call in calls] == TOY_NAMES[:1]
+  assert (
+    f"point 0 ({TOY_NAMES[0]}): extrapolation.json scores 512 validation tokens, the sweep's "
+    "sweep.extrapolate_tokens is 600: out of date"
+  ) in lines
 
 
 @pytest.mark.slow  # trains a sweep (and its fixture one)

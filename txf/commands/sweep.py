@@ -144,11 +144,13 @@ def main(argv) -> None:
   with run_errors():
     try:
       if _PUBLISH.value is not None:
+        settings = read_sweep_settings(sweep_config)
         publish(
           expand(sweep_config),
           workdir,
           _PUBLISH.value,
-          extrapolated=_EXTRAPOLATE.value and read_sweep_settings(sweep_config).extrapolate,
+          extrapolated=_EXTRAPOLATE.value and settings.extrapolate,
+          extrapolate_tokens=settings.extrapolate_tokens,
         )
         return
       run_sweep(

@@ -60,6 +60,7 @@ def publish(
   destination: str | epath.PathLike,
   *,
   extrapolated: bool = True,
+  extrapolate_tokens: int | None = None,
   log: Callable[[str], Any] = say,
 ) -> list[results.PointSummary]:
   """Copies each point's RAW_FILES from `workdir` to `destination` and writes
@@ -67,8 +68,9 @@ def publish(
 
   Args:
     extrapolated: whether the sweep extrapolates its points (sweep.extrapolate):
-      then a point trained to the end is finished only with the
-      extrapolation.json of its final step.
+      then a point trained to the end is finished only with the sweep's
+      extrapolation.json of its final step (`results.out_of_date`, with
+      `extrapolate_tokens`, sweep.extrapolate_tokens).
 
   Raises (before anything is copied):
     WorkdirError: a point of the sweep that has not finished in `workdir`
@@ -88,7 +90,7 @@ def publish(
         "publish into a directory of its own (--publish=data)"
       )
   for point in points:
-    _check_finished(point, workdir, extrapolated=extrapolated, log=log)
+    _check_finished(point, workdir, extrapolated, extrapolate_tokens, log)
   if destination.exists():
     if not destination.is_dir():
       raise WorkdirError(f"{destination}: exists and is not a directory")
@@ -122,7 +124,11 @@ def publish(
 
 
 def _check_finished(
-  point: Point, workdir: epath.Path, *, extrapolated: bool, log: Callable[[str], Any]
+  point: Point,
+  workdir: epath.Path,
+  extrapolated: bool,
+  extrapolate_tokens: int | None,
+  log: Callable[[str], Any],
 ) -> None:
   """WorkdirError naming `point` unless it finished in `workdir`: done (with
   its final extrapolation where the sweep extrapolates) or diverged, and not
@@ -138,10 +144,13 @@ def _check_finished(
     raise WorkdirError(
       f"{workdir}: point {point.index} ({point.name}) is {status}, not finished: nothing published"
     )
-  if extrapolated and results.needs_extrapolation(point, workdir / point.name, log):
+  if extrapolated and results.needs_extrapolation(
+    point, workdir / point.name, log, extrapolate_tokens
+  ):
     raise WorkdirError(
       f"{workdir}: point {point.index} ({point.name}) has no {results.EXTRAPOLATION_FILE} "
-      "of its final step, so it is not finished (rerun the sweep to extrapolate it): "
+      "of its final step as the sweep evaluates it, so it is not finished (rerun the "
+      "sweep to extrapolate it): "
       "nothing published"
     )
 

@@ -20,12 +20,14 @@ metrics.jsonl; the sweep adds
                                                length (null: no token scored there)
       A loss is NaN (written `NaN`, as Python's json writes and reads it)
       where a scored token's loss is: a model failing at that length.
-      The evaluator also records "step" (the checkpoint's: one of another
-      step than the point's train.steps is out of date, recomputed and left
-      out of a summary) and, for readers of the file (not read here):
-      "train_length" (data.seq_len), "factors"
-      (lengths / train_length), "num_tokens" (validation tokens evaluated),
-      "stride" (the sliding stride per length), "scored_tokens" (protocol ->
+      The evaluator also records "step" (the checkpoint's), "num_tokens"
+      (validation tokens evaluated) and "stride" (the sliding stride per
+      length): one of another step than the point's train.steps, of other
+      factors, strides or (sweep.extrapolate_tokens set) tokens than the
+      sweep's evaluation (`out_of_date`: txf-extrapolate run by hand with
+      other flags) is recomputed by a sweep and left out of a summary. For
+      readers of the file (not read here): "train_length" (data.seq_len),
+      "factors" (lengths / train_length), "scored_tokens" (protocol ->
       tokens scored per length), "reason" (per length: why it does not
       apply, or null) and "replica_loss" (protocol -> per length the list of
       each seed replica's loss, whose mean "loss" holds); null where not
@@ -55,6 +57,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from txf.analysis.extrapolation import DEFAULT_FACTORS, default_stride
 from txf.progress import say
 from txf.runconfig.run_config import to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
@@ -203,6 +206,8 @@ class Extrapolation:
   per_position_loss: tuple[float, ...] | None = None
   step: int | None = None
   num_tokens: int | None = None
+  factors: tuple[int, ...] | None = None
+  stride: tuple[int | None, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,6 +408,12 @@ def read_extrapolation(workdir: str | epath.PathLike) -> Extrapolation | None:
     else tuple(math.nan if v is None else float(v) for v in per_position["loss"]),
     step=None if data.get("step") is None else int(data["step"]),
     num_tokens=None if data.get("num_tokens") is None else int(data["num_tokens"]),
+    factors=None
+    if data.get("factors") is None
+    else tuple(int(factor) for factor in data["factors"]),
+    stride=None
+    if data.get("stride") is None
+    else tuple(None if v is None else int(v) for v in data["stride"]),
   )
 
 
@@ -416,34 +427,65 @@ def readable_extrapolation(workdir: str | epath.PathLike, log: Log) -> Extrapola
     return None
 
 
-def needs_extrapolation(point: Point, workdir: epath.Path, log: Log) -> bool:
-  """Whether a finished point (trained to its train.steps) lacks a readable
-  extrapolation.json of its final step (an unreadable one, or one of fewer
-  steps, is to be recomputed; each logs one line)."""
+def out_of_date(
+  point: Point, found: Extrapolation, extrapolate_tokens: int | None = None
+) -> str | None:
+  """Why `found`, a point's extrapolation.json, is not the sweep's
+  evaluation of the point's final model (None: it is): of another step than
+  its train.steps, of other factors than DEFAULT_FACTORS or other strides
+  than their defaults, or of other tokens than `extrapolate_tokens`
+  (sweep.extrapolate_tokens; None: not compared, each point's evaluator
+  decides). What a file does not record passes."""
   steps = point.config.train.steps
-  if point_status(workdir, steps=steps) != "done":
+  if found.step not in (None, steps):
+    return f"is of step {found.step}, the point is trained to {steps}"
+  if found.factors not in (None, tuple(DEFAULT_FACTORS)):
+    return f"is at factors {list(found.factors)}, the sweep's are {list(DEFAULT_FACTORS)}"
+  strides = [
+    stride
+    for stride, length, applies in zip(found.stride or (), found.lengths, found.applicable)
+    if applies and stride != default_stride(length)
+  ]
+  if strides:
+    return f"slides by {strides[0]} at some length, not the sweep's half window"
+  if None not in (extrapolate_tokens, found.num_tokens) and found.num_tokens != extrapolate_tokens:
+    return (
+      f"scores {found.num_tokens} validation tokens, the sweep's sweep.extrapolate_tokens "
+      f"is {extrapolate_tokens}"
+    )
+  return None
+
+
+def needs_extrapolation(
+  point: Point, workdir: epath.Path, log: Log, extrapolate_tokens: int | None = None
+) -> bool:
+  """Whether a finished point (trained to its train.steps) lacks a readable
+  extrapolation.json of the sweep's evaluation (`out_of_date`: an
+  unreadable or out-of-date one is to be recomputed; each logs one line)."""
+  if point_status(workdir, steps=point.config.train.steps) != "done":
     return False
   found = readable_extrapolation(workdir, log)
-  if found is not None and found.step not in (None, steps):
-    log(
-      f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, "
-      f"the point is trained to {steps}: out of date"
-    )
+  if found is None:
     return True
-  return found is None
+  why = out_of_date(point, found, extrapolate_tokens)
+  if why is not None:
+    log(f"point {point.index} ({point.name}): extrapolation.json {why}: out of date")
+  return why is not None
 
 
-def _final_extrapolation(point: Point, workdir: epath.Path, log: Log) -> Extrapolation | None:
-  """`readable_extrapolation`, left out (one `log` line) where it is of
-  another step than the point's train.steps: its columns and plots would
-  pass for those of the model whose final losses share its row."""
+def _final_extrapolation(
+  point: Point, workdir: epath.Path, log: Log, extrapolate_tokens: int | None
+) -> Extrapolation | None:
+  """`readable_extrapolation`, left out (one `log` line) where it is
+  `out_of_date`: its columns and plots would pass for those of the sweep's
+  evaluation of the model whose final losses share its row."""
   found = readable_extrapolation(workdir, log)
-  steps = point.config.train.steps
-  if found is None or found.step in (None, steps):
+  why = None if found is None else out_of_date(point, found, extrapolate_tokens)
+  if why is None:
     return found
   log(
-    f"point {point.index} ({point.name}): extrapolation.json is of step {found.step}, the "
-    f"point's train.steps is {steps}: left out of the summary (a sweep rerun recomputes it)"
+    f"point {point.index} ({point.name}): extrapolation.json {why}: left out of the summary "
+    "(a sweep rerun recomputes it)"
   )
   return None
 
@@ -454,7 +496,12 @@ def point_replicas(point: Point) -> int:
 
 
 def summarize_point(
-  point: Point, workdir: str | epath.PathLike, *, replicas: int | None = None, log: Log = say
+  point: Point,
+  workdir: str | epath.PathLike,
+  *,
+  replicas: int | None = None,
+  extrapolate_tokens: int | None = None,
+  log: Log = say,
 ) -> PointSummary:
   """The results row of `point`, whose run directory is `workdir`; its status
   is relative to the point's train.steps.
@@ -465,9 +512,10 @@ def summarize_point(
     replicas: R, the seed replicas the point trained (1: a single run);
       None: those its config.json records (what is on disk, whatever the
       sweep config now says), or `point_replicas(point)` without one.
+    extrapolate_tokens: the sweep's sweep.extrapolate_tokens (`out_of_date`).
     log: called with the one line saying that an extrapolation.json is
-      left out: unreadable, or of another step than the point's train.steps
-      (its final step: the row's final losses are of that step).
+      left out: unreadable, or `out_of_date` (e.g. of another step than the
+      point's train.steps: the row's final losses are of that step).
   """
   workdir = epath.Path(workdir)
   saved = read_run_config(workdir)  # None without a config.json
@@ -501,7 +549,7 @@ def summarize_point(
     eval_accuracy=None if accuracies is None else Stat.of(accuracies),
     tokens_per_sec=_mean_logged(rows, "tokens_per_sec"),
     diverged=diverged,
-    extrapolation=_final_extrapolation(point, workdir, log),
+    extrapolation=_final_extrapolation(point, workdir, log, extrapolate_tokens),
     late_improvement=improvement,
     flat=replicas_flat(*replica_curves["eval_loss"]) if done else None,
     eval_losses=None if eval_losses is None else tuple(eval_losses),

@@ -260,10 +260,10 @@ def _extrapolate_point(
   point again."""
   # A point with nothing to add is only read: a read-only one (its check
   # before the sweep let it pass) must not be locked, which writes.
-  if extrapolate is None or not results.needs_extrapolation(point, workdir, _quiet):
+  if extrapolate is None or not results.needs_extrapolation(point, workdir, _quiet, num_tokens):
     return None
   with adding_to_run(workdir):
-    if not results.needs_extrapolation(point, workdir, log):
+    if not results.needs_extrapolation(point, workdir, log, num_tokens):
       return None
     log(f"point {point.index} ({point.name}): length extrapolation")
     with PreemptionGuard() as preemption:
@@ -351,6 +351,7 @@ def summarize(
   points: Sequence[Point],
   workdir: str | epath.PathLike,
   *,
+  extrapolate_tokens: int | None = None,
   log: Log = say,
   preemption: PreemptionGuard | None = None,
 ) -> list[results.PointSummary] | None:
@@ -365,7 +366,9 @@ def summarize(
   removed, one line naming them. A SIGTERM that `preemption` (installed by the caller)
   caught before the write is over stops it before anything is written:
   one line says to rerun, and None is returned. One during the write
-  (short: renames, once the bytes are down) leaves the set whole.
+  (short: renames, once the bytes are down) leaves the set whole. A point's
+  extrapolation.json that is not the sweep's (`results.out_of_date`, with
+  `extrapolate_tokens`, sweep.extrapolate_tokens) is left out, one line each.
 
   Raises:
     WriteError: a file could not be written (one line naming it); every
@@ -374,7 +377,12 @@ def summarize(
   """
   workdir = epath.Path(workdir)
   try:
-    rows = [results.summarize_point(point, workdir / point.name, log=log) for point in points]
+    rows = [
+      results.summarize_point(
+        point, workdir / point.name, extrapolate_tokens=extrapolate_tokens, log=log
+      )
+      for point in points
+    ]
   except ValueError as error:  # a point's files not as a run writes them, named
     raise WorkdirError(str(error)) from None
   files = summary_files(points, rows, workdir)
@@ -552,7 +560,9 @@ def run_sweep(
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     for point in selected:
-      _check_point_writable(point, runs[point.index], workdir / point.name, extrapolate)
+      _check_point_writable(
+        point, runs[point.index], workdir / point.name, extrapolate, settings.extrapolate_tokens
+      )
   # From here on a SIGTERM (preemption) anywhere stops the sweep with a line
   # and a clean return: training and extrapolation install their own guards
   # (the point is saved; the extrapolation stops between lengths), and this
@@ -570,11 +580,21 @@ def run_sweep(
       return None
     if len(selected) < len(points):
       return None
-    return summarize(points, workdir, log=log, preemption=preemption)
+    return summarize(
+      points,
+      workdir,
+      extrapolate_tokens=settings.extrapolate_tokens,
+      log=log,
+      preemption=preemption,
+    )
 
 
 def _check_point_writable(
-  point: Point, run: RunConfig, point_dir: epath.Path, extrapolate: Extrapolate | None
+  point: Point,
+  run: RunConfig,
+  point_dir: epath.Path,
+  extrapolate: Extrapolate | None,
+  num_tokens: int | None,
 ) -> None:
   """Refuses (WorkdirError, one line naming it) an existing point directory
   that the sweep would train or extrapolate in but cannot write, before any
@@ -585,7 +605,10 @@ def _check_point_writable(
     return
   trains = results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged")
   # Quiet: the point's turn logs why its extrapolation is recomputed.
-  if trains or (extrapolate is not None and results.needs_extrapolation(point, point_dir, _quiet)):
+  stale = extrapolate is not None and results.needs_extrapolation(
+    point, point_dir, _quiet, num_tokens
+  )
+  if trains or stale:
     check_writable(point_dir)
 
 
