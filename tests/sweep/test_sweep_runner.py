@@ -253,9 +253,25 @@ def test_summarize_only_rebuilds_the_results_from_disk(finished_sweep, monkeypat
   expected = (workdir / results.RESULTS_CSV).read_text()
   (workdir / results.RESULTS_CSV).unlink()
   monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
-  rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lambda line: None)
+  lines = []
+  rows = runner.run_sweep(toy_sweep(), workdir, summarize_only=True, log=lines.append)
   assert [row.status for row in rows] == ["done", "done"]
   assert (workdir / results.RESULTS_CSV).read_text() == expected
+  assert not [line for line in lines if "trained with" in line]
+  # A point retrained with another learning rate (--resume_step, a field its
+  # checkpoints do not depend on) was summarised and skipped without a word.
+  changed = copy_of(finished_sweep, tmp_path / "lr")
+  config = json.loads((changed / TOY_NAMES[1] / "config.json").read_text())
+  lr = config["train"]["learning_rate"]
+  config["train"]["learning_rate"] = lr / 10
+  (changed / TOY_NAMES[1] / "config.json").write_text(json.dumps(config))
+  for summarize_only in (True, False):
+    lines = []
+    runner.run_sweep(toy_sweep(), changed, summarize_only=summarize_only, log=lines.append)
+    assert [line for line in lines if "trained with" in line] == [
+      f"point 1 ({TOY_NAMES[1]}): trained with train.learning_rate {lr / 10!r} (the sweep's "
+      f"{lr!r}): its row is that run's"
+    ]
   # Overrides its points did not train with: refused as training refuses
   # them (its tables would name other runs), before anything is written.
   other = toy_sweep()

@@ -55,7 +55,7 @@ from txf.progress import say
 from txf.runconfig.run_config import RunConfig, parse
 from txf.rundir.checkpoint import PreemptionGuard
 from txf.rundir.console import format_duration
-from txf.rundir.resume import check_resumable, read_run_config
+from txf.rundir.resume import check_resumable, config_changes, read_run_config
 from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, run_path
 from txf.storage import is_local, remove_stale_temporaries, write_error, write_files
 from txf.sweep import figures, grid, results
@@ -553,10 +553,12 @@ def run_sweep(
     # As txf-run refuses it: a finished point is skipped, so its run alone
     # would never compare its config.json with the point's changed one; and
     # a summary's tables would name runs other than those its points trained.
+    saved = read_run_config(point_dir)
     try:
-      check_resumable(runs[point.index], read_run_config(point_dir), point_dir, advice=advice)
+      check_resumable(runs[point.index], saved, point_dir, advice=advice)
     except ValueError as error:
       raise GridError(f"point {point.index} ({point.name}): {error}") from None
+    _say_trained_otherwise(point, runs[point.index], saved, point_dir, log)
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     for point in selected:
@@ -587,6 +589,22 @@ def run_sweep(
       log=log,
       preemption=preemption,
     )
+
+
+def _say_trained_otherwise(
+  point: Point, run: RunConfig, saved: RunConfig | None, point_dir: epath.Path, log: Log
+) -> None:
+  """One line naming the fields a finished point's config.json holds
+  otherwise than the sweep's point (those its checkpoints do not depend on:
+  e.g. a learning rate changed with --resume_step). The sweep skips such a
+  point, and its row is that run's: nothing else would say so. A point that
+  trains on says it itself (txf-run's changed fields)."""
+  if results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged"):
+    return
+  changes = config_changes(run, saved)
+  if changes:
+    fields = ", ".join(f"{name} {old!r} (the sweep's {new!r})" for name, old, new in changes)
+    log(f"point {point.index} ({point.name}): trained with {fields}: its row is that run's")
 
 
 def _check_point_writable(
