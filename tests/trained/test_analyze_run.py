@@ -301,7 +301,7 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert done.stderr.splitlines()[-1] == "wrote " + ", ".join(
     str(out / name) for name in (attention_png("self"), SCORES_MD, SCORES_CSV, "analysis.json")
   )
-  record = json.loads((out / head_analysis.RECORD_JSON).read_text())
+  record = json.loads((out / head_analysis.ANALYSIS_RECORD).read_text())
   assert record == {
     "step": run.step,
     "replica": 0,
@@ -328,7 +328,7 @@ def test_analysis_of_an_encoder_run_has_no_induction_score(encoder_run):
   the heatmap was written); the other scores are the batch's."""
   record = analyze_run(encoder_run)
   assert record["periods"] is None
-  saved = json.loads((encoder_run / ANALYSIS_DIR / head_analysis.RECORD_JSON).read_text())
+  saved = json.loads((encoder_run / ANALYSIS_DIR / head_analysis.ANALYSIS_RECORD).read_text())
   assert (saved["periods"], saved["probe_seed"]) == (None, None)  # no probe was drawn
   with pytest.raises(ValueError, match="^periods: the model has no causal self-attention"):
     analyze_run(encoder_run, periods=[3, 5])
@@ -556,12 +556,12 @@ def _analysis_dir(tmp_path, settings, names):
   out = epath.Path(tmp_path)
   for name in names:
     (out / name).write_text(f"step {settings['step']}")
-  (out / head_analysis.RECORD_JSON).write_text(json.dumps({**settings, "files": names}))
+  (out / head_analysis.ANALYSIS_RECORD).write_text(json.dumps({**settings, "files": names}))
   return out
 
 
 def _record(out):
-  return json.loads((out / head_analysis.RECORD_JSON).read_text())
+  return json.loads((out / head_analysis.ANALYSIS_RECORD).read_text())
 
 
 def test_a_rerun_at_another_checkpoint_removes_what_it_does_not_write_again(tmp_path):
@@ -616,7 +616,9 @@ def test_a_record_without_what_it_analysed_is_taken_for_another_analysis(tmp_pat
   """A record of session 27 ({step, files}) cannot say its replica or probe."""
   out = epath.Path(tmp_path)
   (out / "circuits.json").write_text("step 40")
-  (out / head_analysis.RECORD_JSON).write_text(json.dumps({"step": 40, "files": ["circuits.json"]}))
+  (out / head_analysis.ANALYSIS_RECORD).write_text(
+    json.dumps({"step": 40, "files": ["circuits.json"]})
+  )
   lines = []
   head_analysis._settle(out, _settings(40), [], _record(out), lines.append)
   assert not (out / "circuits.json").exists()
@@ -653,7 +655,7 @@ def test_files_of_an_analysis_without_a_record_are_kept_and_said(tmp_path):
 
 @pytest.mark.parametrize("text", ["[]", '{"step": 4}', '{"step": 4, "files": ["x.png"]}', "{"])
 def test_a_damaged_analysis_record_is_refused_naming_it(tmp_path, text):
-  (tmp_path / head_analysis.RECORD_JSON).write_text(text)
+  (tmp_path / head_analysis.ANALYSIS_RECORD).write_text(text)
   with pytest.raises(ValueError, match=r"analysis\.json: not"):
     head_analysis._read_record(epath.Path(tmp_path))
 
@@ -687,7 +689,9 @@ def test_analyses_over_other_numbers_of_batches_are_other_analyses(decoder_run):
   its tokens depend on num_batches; analysis.json did not record it, and
   `--circuits --num_batches=1` then `--ablate` over 4 batches kept circuits
   of one probe beside head scores of another as one analysis."""
-  read = lambda: json.loads((decoder_run / ANALYSIS_DIR / head_analysis.RECORD_JSON).read_text())
+  read = lambda: json.loads(
+    (decoder_run / ANALYSIS_DIR / head_analysis.ANALYSIS_RECORD).read_text()
+  )
   one = analyze_run(decoder_run, num_batches=1)
   first = read()
   two = analyze_run(decoder_run, num_batches=2)
@@ -818,6 +822,8 @@ def test_the_command_analyses_the_replica_and_probe_seed_it_is_given(
     timeout=300,
   )
   assert done.returncode == 0, done.stderr[-3000:]
-  saved = json.loads((post_ln_replicas_run / ANALYSIS_DIR / head_analysis.RECORD_JSON).read_text())
+  saved = json.loads(
+    (post_ln_replicas_run / ANALYSIS_DIR / head_analysis.ANALYSIS_RECORD).read_text()
+  )
   assert (saved["replica"], saved["probe_seed"]) == (1, 3)
   assert "# Attention heads at step 2 (replica 1 of 2, seed 1)" in done.stdout

@@ -125,13 +125,13 @@ def attention_png(kind: str) -> str:
 # Fewer kept checkpoints than this place the phase change too coarsely to
 # report without saying so (the induction page's runs keep 300).
 MIN_PHASE_CHECKPOINTS = 5
-# What the analysis files in <workdir>/analysis/ hold: {"step": the
-# checkpoint analysed, "replica": the seed replica, "num_batches": the
-# validation batches read (the ablation's, and those the induction probe
-# draws its ids from), "probe_seed" and "periods": the induction probe's
-# (periods None: no causal attention), "files": their names}.
-RECORD_JSON = ANALYSIS_RECORD
-# The record's fields saying what was analysed: files of another's are stale.
+# What the record of the analysis files in <workdir>/analysis/ holds
+# (ANALYSIS_RECORD, analysis.json): {"step": the checkpoint analysed,
+# "replica": the seed replica, "num_batches": the validation batches read
+# (the ablation's, and those the induction probe draws its ids from),
+# "probe_seed" and "periods": the induction probe's (periods None: no causal
+# attention), "files": their names}. The fields saying what was analysed
+# (files of another's are stale):
 SETTINGS = ("step", "replica", "num_batches", "probe_seed", "periods")
 # Every file an analysis can write.
 OUTPUTS = (
@@ -154,7 +154,7 @@ def _read_record(out: epath.Path) -> dict[str, Any] | None:
   Raises:
     ValueError: naming the file, where it is not such a record.
   """
-  path = out / RECORD_JSON
+  path = out / ANALYSIS_RECORD
   record = read_json(path)
   if record is None:
     return None
@@ -205,7 +205,9 @@ def _settle(
       log(f"kept {', '.join(others)} of an earlier analysis (what it analysed is not recorded)")
     others = []
   files = [name for name in OUTPUTS if name in names or name in others]
-  return write_file(out / RECORD_JSON, json.dumps({**settings, "files": files}, indent=1) + "\n")
+  return write_file(
+    out / ANALYSIS_RECORD, json.dumps({**settings, "files": files}, indent=1) + "\n"
+  )
 
 
 def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
