@@ -225,5 +225,9 @@ def test_step_of_refuses_the_position_past_the_last_batch():
   tokens = np.arange(5 * 4, dtype=np.int32)  # 2 batches of 2 per epoch
   source = LanguageModelSource(tokens, example_len=4, batch_size=2, seed=0, split="train")
   assert source.step_of({"epoch": 1, "position": 2}) == 3
+  # The epoch's end exactly is the next one's start: 4 windows taken in
+  # batches of 1 (5 an epoch) resume in batches of 2 (2 an epoch, the fifth
+  # dropped); it was refused, though 2 divides the 4 windows taken.
+  assert source.step_of({"epoch": 0, "position": 4}) == 2
   with pytest.raises(ValueError, match="position"):
-    source.step_of({"epoch": 0, "position": 4})
+    source.step_of({"epoch": 0, "position": 6})

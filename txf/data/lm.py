@@ -119,7 +119,10 @@ class LanguageModelSource:
 
   def step_of(self, state: dict[str, int]) -> int:
     index, remainder = divmod(state["position"], self._batch_size)
-    if remainder or index >= self._batches_per_epoch:
+    # At the epoch's end exactly, the next one's start: a resume at a batch
+    # size whose epoch drops the windows the old one had left (100 windows
+    # taken 96 in batches of 4, resumed in batches of 32: 3 an epoch).
+    if remainder or index > self._batches_per_epoch:
       raise ValueError(
         f"state['position']={state['position']} is not the start of one of "
         f"the {self._batches_per_epoch} batches of {self._batch_size} "
