@@ -115,6 +115,27 @@ def test_an_override_is_parsed_as_any_config_and_reads_what_it_makes_read():
     run.override({"data.bogus": 1})
   with pytest.raises(ConfigError, match=r"^model\.max_len: "):
     parse(tiny_config("learned", model__max_len=32)).override({"data.seq_len": 64})
+  # Another encoding with a setting of its own, in one override as on the
+  # command line: 'unknown field' (the options held only rope's settings).
+  t5 = run.override({"model.position": "t5_bias", "model.options.t5_num_buckets": 16})
+  assert t5.model.options == {"t5_num_buckets": 16, "t5_max_distance": 128}
+  with pytest.raises(ConfigError, match=r"^model\.options\.typo: not a setting of any"):
+    run.override({"model.options.typo": 1})
+
+
+@pytest.mark.parametrize(
+  "config, message",
+  [
+    ({"model": "x"}, r"^model: a section of fields \(a dict\), got 'x'$"),
+    ({"eval": 3}, r"^eval: a section of fields \(a dict\), got 3$"),
+    ({"eval": {"sample_prompt": 5}}, r"^eval\.sample_prompt: a string, got 5$"),
+  ],
+)
+def test_a_section_or_prompt_of_another_type_is_a_config_error(config, message):
+  """A TypeError from vars(), an AttributeError, or (the prompt) one from the
+  tokenizer when the run set up."""
+  with pytest.raises(ConfigError, match=message):
+    parse(config)
 
 
 def test_the_base_config_is_built_from_the_sections_defaults():

@@ -158,6 +158,8 @@ class EvalConfig:
     checks.int_at_least(self.sample_tokens, "eval.sample_tokens", 0)
     # NaN would pass `temperature < 0` and sample garbage.
     checks.finite_at_least(self.temperature, "eval.temperature", 0.0)
+    if not isinstance(self.sample_prompt, str):  # else an AttributeError from the tokenizer
+      raise ValueError(f"eval.sample_prompt: a string, got {self.sample_prompt!r}")
 
 
 @section()
@@ -267,7 +269,11 @@ class RunConfig:
       node = config
       for part in path:
         node = node.get(part) if isinstance(node, dict) else None
-      if not isinstance(node, dict) or field not in node:
+      # model.options holds the chosen entries' settings only: another
+      # entry's, chosen by the same changes, is checked by parse, as the
+      # command line's (--config.model.position=t5_bias with its buckets).
+      options = path == ["model", "options"]
+      if not isinstance(node, dict) or (field not in node and not options):
         raise ConfigError(f"{name}: unknown field")
       node[field] = value
     # A data field this run's dataset does not read is None: left out, it
@@ -352,6 +358,9 @@ def parse(config: ConfigSection) -> RunConfig:
 
 def _parse(config: ConfigSection) -> RunConfig:
   check_known(RunConfig, config, "config")
+  for name in ("model", "data", "train", "eval", "parallel"):  # else a TypeError or AttributeError
+    if name in config and not hasattr(config[name], "items"):
+      raise ValueError(f"{name}: a section of fields (a dict), got {config[name]!r}")
   given = lambda name, default: config[name] if name in config else default  # noqa: E731
   seed = checks.seed(given("seed", RunConfig.seed), "seed")
   replicas = checks.positive_int(given("replicas", RunConfig.replicas), "replicas")
