@@ -574,6 +574,14 @@ def test_unsupported_architecture_is_named(tmp_path):
     r"is not supported \(supported: BertForMaskedLM",
   ):
     load_pretrained(directory)
+  # A txf run's work directory: 'architecture None is not supported'.
+  (directory / "config.json").write_text(json.dumps({"model": {}, "data": {}, "train": {}}))
+  with pytest.raises(
+    CheckpointError,
+    match=rf"^{re.escape(str(directory / 'config.json'))}: a txf run's \(its work directory\), "
+    r"not a Hugging Face checkpoint's: txf\.train\.run_setup\.load_run restores it",
+  ):
+    load_pretrained(directory)
 
 
 def test_token_ids_of_a_list_or_a_negative_id_read_as_transformers_means_them(tmp_path, caplog):

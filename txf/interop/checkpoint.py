@@ -103,6 +103,11 @@ def _family(hf: Mapping[str, Any]) -> tuple[ModuleType, str]:
         return family, architecture
   supported = sorted(a for family in FAMILIES for a in family.ARCHITECTURES)
   found = hf.get("architectures") or hf.get("model_type")
+  if found is None and {"model", "train"} <= set(hf):  # 'architecture None is not supported'
+    raise CheckpointError(
+      "config.json: a txf run's (its work directory), not a Hugging Face checkpoint's: "
+      "txf.train.run_setup.load_run restores it, txf-export writes it as one"
+    )
   raise CheckpointError(
     f"config.json: architecture {found!r} is not supported (supported: {', '.join(supported)})"
   )
