@@ -440,6 +440,19 @@ def test_resume_step_retrains_from_it_and_keeps_the_best_and_every_nth(tmp_path)
 
 
 @pytest.mark.slow  # trains a run
+def test_more_evaluation_batches_than_the_split_holds_are_said(tmp_path):
+  """Each evaluation read the batches the split holds, without a word: its
+  metrics were of fewer than eval.num_batches."""
+  tiny_split = dict(data__max_corpus_bytes=2_800, eval__num_batches=50)
+  _, text = run_quietly(tiny(steps=1, **tiny_split), tmp_path / "run")
+  held = setup_run(parse(tiny(steps=1, **tiny_split))).eval_data.num_batches
+  assert 1 <= held < 50
+  assert f"eval.num_batches=50: the validation split holds {held} batches of 8; " in text
+  _, text = run_quietly(tiny(steps=1, **{**tiny_split, "eval__num_batches": held}), tmp_path / "b")
+  assert "the validation split holds" not in text
+
+
+@pytest.mark.slow  # trains a run
 def test_a_longer_seq_len_past_the_position_taken_is_refused_naming_it(tmp_path):
   """Twice the seq_len halves the windows of an epoch: a run that took more
   than the new epoch holds cannot continue. The refusal named

@@ -600,6 +600,13 @@ def run(
           log(f"initialised from {setup.started_from}")
         for note in setup.run.notes:
           log(note)
+        held = setup.eval_data.num_batches
+        if held is not None and held < setup.run.eval.num_batches:
+          # The evaluator stops at the split's end: its metrics are of fewer batches.
+          log(
+            f"eval.num_batches={setup.run.eval.num_batches}: the validation split holds "
+            f"{held} batches of {setup.run.data.batch_size}; each evaluation reads those"
+          )
         first_params = setup.replica_params(state.params, 0)
         log(
           f"data: {setup.train_data.description}\n"
