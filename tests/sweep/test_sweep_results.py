@@ -1057,6 +1057,7 @@ def test_a_sigterm_while_the_summary_is_written_leaves_the_whole_new_set(
   # These points' configs hold only what a summary reads: not a run to check.
   monkeypatch.setattr(runner, "check_point_config", lambda config: None)
   monkeypatch.setattr(runner, "check_resumable", lambda *args, **kwargs: None)
+  monkeypatch.setattr(runner, "config_changes", lambda *args: [])
   rows = runner.run_sweep(sweep_config, sweep_dir, summarize_only=True, log=lambda line: None)
   assert rows is not None and sigterm_is_caught == []
   written = contents(sweep_dir)
@@ -1086,6 +1087,7 @@ def test_a_summary_in_an_array_job_reads_every_point(sweep_config, sweep_dir, po
   # These points' configs hold only what a summary reads: not a run to check.
   monkeypatch.setattr(runner, "check_point_config", lambda config: None)
   monkeypatch.setattr(runner, "check_resumable", lambda *args, **kwargs: None)
+  monkeypatch.setattr(runner, "config_changes", lambda *args: [])
   rows = runner.run_sweep(sweep_config, sweep_dir, summarize_only=True, log=lambda line: None)
   assert [row.point.name for row in rows] == [point.name for point in points]
   assert (sweep_dir / results.RESULTS_MD).exists()

@@ -599,7 +599,7 @@ def _say_trained_otherwise(
   e.g. a learning rate changed with --resume_step). The sweep skips such a
   point, and its row is that run's: nothing else would say so. A point that
   trains on says it itself (txf-run's changed fields)."""
-  if results.point_status(point_dir, steps=run.train.steps) not in ("done", "diverged"):
+  if results.point_status(point_dir, steps=point.config.train.steps) not in ("done", "diverged"):
     return
   changes = config_changes(run, saved)
   if changes:
