@@ -211,11 +211,15 @@ def relative_position_bucket(
 ):
   """T5's bucketing of relative positions (Raffel et al., 2020).
 
-  Matches Hugging Face's T5 and, but for one rounding, mesh_tensorflow /
-  t5x `_relative_position_bucket`: t5x adds float32's epsilon inside the
-  log, so at an offset whose log ratio is exactly a bucket boundary it
-  takes the bucket above (num_buckets=6, max_distance=100: offset 10 is
-  bucket 2 there, 1 here; none at the default 32 / 128). With
+  Matches Hugging Face's T5 and mesh_tensorflow / t5x
+  `_relative_position_bucket` but at an offset whose log ratio lands
+  exactly on a bucket boundary in float32, where rounding decides: t5x adds
+  float32's epsilon inside the log and Hugging Face's PyTorch code divides
+  (exactly 1.0 there), while the program XLA compiles here rounds it just
+  below, so with num_buckets=6, max_distance=100 offset 10 is bucket 2
+  there and 1 here. No offset does at the default 32 / 128 (every offset to 3,000
+  compared, both directions, against a float32 rendering of Hugging Face's
+  formula). With
   bidirectional=True half the buckets hold keys before the query and half keys
   after it; otherwise keys after the query all fall in bucket 0. Within a
   direction, the first half of the buckets are exact offsets 0 .. n/2 - 1 and
