@@ -227,7 +227,9 @@ def test_a_run_recorded_without_choices_is_read_as_before(tmp_path, fresh_proces
   (tmp_path / "user_rope.py").write_text(USER_ROPE)
   import user_rope  # noqa: F401
 
-  for text in ("[{}]", "[]", "not json"):
+  # A damaged entry (no module) too: it was imported as module 'None' and refused.
+  damaged = json.dumps([{"choices": {"model.position": {"name": "rope", "function": "f"}}}])
+  for text in ("[{}]", "[]", "not json", damaged):
     (tmp_path / record.RECORD_FILE).write_text(text)
     record.check_choices(tmp_path)
 

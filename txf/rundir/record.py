@@ -309,7 +309,8 @@ def check_choices(workdir: str | epath.PathLike) -> None:
   record names it (`registered_choices`), the one this process holds: a
   choice held from another module (a built-in where the run had user code,
   or the reverse) or not at all has the recorded module imported; a run
-  recorded without choices is read as before. Called before its config.json
+  recorded without choices, or a damaged entry (naming no module), is read
+  as before. Called before its config.json
   is parsed (txf.rundir.resume.read_run_config), which reads the choices.
 
   Raises:
@@ -317,7 +318,9 @@ def check_choices(workdir: str | epath.PathLike) -> None:
       does not import or still leaves the choice another's.
   """
   for field, recorded in _recorded_choices(workdir).items():
-    if not isinstance(recorded, dict):
+    # A damaged entry checks nothing, as a record that does not read (one
+    # without its module was imported as module 'None', and refused so).
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("module"), str):
       continue
     name = recorded.get("name")
     if _same(_choice(field, name), recorded):
