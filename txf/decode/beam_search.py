@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from txf import checks
-from txf.decode.cache import Cache, TokensToLogits
+from txf.decode.cache import Cache, TokensToLogits, cache_leaves
 from txf.decode.prompts import (
   check_finite_at_least,
   check_search,
@@ -78,11 +78,7 @@ def _map_batch_leaves(
 def _rows_past_axis_0(cache: Cache) -> bool:
   """Whether a txf cache's self-attention keys ([..., B, L, K, Dh]) lead
   with another axis than their rows."""
-  return any(
-    jnp.ndim(leaf) > 4
-    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-    if path and getattr(path[-1], "key", None) == "cached_key"
-  )
+  return any(jnp.ndim(leaf) > 4 for leaf in cache_leaves(cache, "cached_key"))
 
 
 def per_beam(cache: Cache, num_beams: int, batch_axes: Cache | None) -> Cache:

@@ -179,12 +179,18 @@ def cache_rows(cache: Cache) -> int | None:
 
 def _cached_key_size(cache: Cache, axis: int) -> int | None:
   """The smallest size of `axis` among the cache's `cached_key` leaves."""
-  sizes = {
-    leaf.shape[axis]
-    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-    if path and getattr(path[-1], "key", None) == "cached_key"
-  }
+  sizes = {leaf.shape[axis] for leaf in cache_leaves(cache, "cached_key")}
   return min(sizes) if sizes else None
+
+
+def cache_leaves(cache: Cache, name: str) -> list[Array]:
+  """The leaves of a cache named `name`: each layer's `cached_key`
+  ([..., B, L, K, Dh]), a txf cache's scalar `index`, ..."""
+  return [
+    leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+    if path and getattr(path[-1], "key", None) == name
+  ]
 
 
 def make_tokens_to_logits(
@@ -263,11 +269,7 @@ def _nan_past_the_end(logits_BxV: Array, cache: Cache) -> Array:
   The index stays past the end, so every later step's logits are NaN too.
   A search sizes its cache first and never gets here (the select is the
   same logits)."""
-  indices = [
-    leaf
-    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-    if path and getattr(path[-1], "key", None) == "index" and not jnp.ndim(leaf)
-  ]
+  indices = [leaf for leaf in cache_leaves(cache, "index") if not jnp.ndim(leaf)]
   length = cache_positions(cache)
   if length is None or len(indices) != 1 or not isinstance(indices[0], jax.core.Tracer):
     return logits_BxV

@@ -20,6 +20,7 @@ import os
 
 from etils import epath
 
+from txf.rundir.checkpoint import DROPPED_SUFFIX
 from txf.storage import free_path, read_json
 
 EXTRAPOLATION_FILE = "extrapolation.json"
@@ -27,7 +28,6 @@ EXTRAPOLATION_PNG = "extrapolation.png"
 PER_POSITION_PNG = "per_position_loss.png"
 ANALYSIS_DIR = "analysis"
 ANALYSIS_RECORD = "analysis.json"
-DROPPED_SUFFIX = ".dropped"
 
 # (the record naming the step, the files it stands for), in the directory.
 _OUTPUTS = (

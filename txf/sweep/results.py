@@ -439,7 +439,7 @@ def out_of_date(
   steps = point.config.train.steps
   if found.step not in (None, steps):
     return f"is of step {found.step}, the point is trained to {steps}"
-  if found.factors not in (None, tuple(DEFAULT_FACTORS)):
+  if found.factors not in (None, DEFAULT_FACTORS):
     return f"is at factors {list(found.factors)}, the sweep's are {list(DEFAULT_FACTORS)}"
   strides = [
     stride
