@@ -313,7 +313,7 @@ def test_the_findings_significance_tables_are_the_rule_on_their_raw_outputs():
   not its data's is refused."""
   page = (ROOT / "docs" / "results.md").read_text()
   markers = re.findall(r"^<!-- findings_significance: (\w+)=", page, re.M)
-  assert markers == ["seeds"] + ["data"] * 3 + ["noise"] + ["data"] * 9
+  assert markers == ["seeds"] + ["data"] * 3 + ["noise"] + ["data"] * 13
   assert findings_significance.rewrite(page) == page
   changed = page.replace("| RoPE | post | 1.614 ± 0.003 |", "| RoPE | post | 1.700 ± 0.003 |")
   with pytest.raises(ValueError, match="does not round to the table's"):
@@ -560,6 +560,67 @@ def test_a_tuned_column_compares_each_setting_at_its_best_value():
   ]
   with pytest.raises(ValueError, match="tuned='peak lr' is not a leading column"):
     significance_rows(page[:-1] + ['<!-- findings_significance: seeds=3 tuned="peak lr" -->'])
+
+
+def test_a_where_marker_tests_one_models_settings_against_their_neighbours():
+  """where="model=LSTM" on (model, width) rows: the LSTM's widths, each
+  against its neighbour (Holm over those 2), named with the condition; a
+  condition on no leading column, one that is not TITLE=CELL and one that
+  leaves a single row are refused."""
+  from scipy import stats
+
+  page = [
+    "| model | width | val loss | val accuracy |",
+    "|---|---|---|---|",
+    "| decoder | 32 | 1.000 ± 0.100 | 0.500 ± 0.400 |",
+    "| LSTM | 32 | 3.000 ± 0.010 | 0.070 ± 0.002 |",
+    "| LSTM | 64 | 2.900 ± 0.010 | 0.080 ± 0.002 |",
+    "| LSTM | 128 | 2.800 ± 0.050 | 0.200 ± 0.100 |",
+    "",
+    '<!-- findings_significance: seeds=3 column="val accuracy" where="model=LSTM" -->',
+  ]
+  rows = significance_rows(page)
+  assert [row[0] for row in rows] == ["32 < 64 (model LSTM)", "64 < 128 (model LSTM)"]
+  first = stats.ttest_ind_from_stats(0.070, 0.002, 3, 0.080, 0.002, 3, equal_var=False)
+  second = stats.ttest_ind_from_stats(0.080, 0.002, 3, 0.200, 0.100, 3, equal_var=False)
+  assert first.pvalue < second.pvalue
+  assert float(rows[0][7]) == pytest.approx(2 * first.pvalue, abs=5e-4)
+  assert float(rows[1][7]) == pytest.approx(second.pvalue, abs=5e-4)
+  for where, match in [
+    ("size=64", "'size' is not a leading column"),
+    ("model", "'model' is not TITLE=CELL"),
+    ("model=decoder", "leaves 1 row"),
+    ("model=LSTM; width=64", "leaves 1 row"),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      significance_rows(page[:-1] + [page[-1].replace('"model=LSTM"', f'"{where}"')])
+
+
+def test_a_marker_of_two_sweeps_tests_each_sweeps_table_wherever_it_stands():
+  """The 4500-step controls of docs/results.md (mqar_steps' LSTM, mqar_linear_
+  steps' linear attention, with another sweep's table between them): the
+  row is scipy's ttest_rel on the two points' final accuracies read from
+  metrics.jsonl; a directory whose results table is not above is refused."""
+  from scipy import stats
+
+  def final(point):
+    rows = [json.loads(line) for line in (point / METRICS_FILE).read_text().splitlines()]
+    last = [row for row in rows if "eval_accuracy/0" in row][-1]
+    return [last[f"eval_accuracy/{r}"] for r in range(3)]
+
+  lstm = final(RAW_OUTPUTS / "mqar_steps" / "family=lstm,d_model=128")
+  linear = final(RAW_OUTPUTS / "mqar_linear_steps" / "attention=linear,d_model=128")
+  want = stats.ttest_rel(lstm, linear)
+  page = (ROOT / "docs" / "results.md").read_text().splitlines()
+  (row,) = [line for line in page if line.startswith("| LSTM < linear attention (width 128) |")]
+  cells = [cell.strip() for cell in row.split("|")[1:-1]]
+  assert cells[3] == "paired" and float(cells[4]) == pytest.approx(want.statistic, abs=0.005)
+  assert float(cells[6]) == pytest.approx(want.pvalue, abs=5e-4) and cells[-1] == "no"
+  two = "data=docs/data/mqar_steps+docs/data/mqar_linear_steps"
+  marker = page.index(f'<!-- findings_significance: {two} column="val accuracy" -->')
+  above = page[: page.index("<!-- results_table: docs/data/mqar_linear_steps -->")]
+  with pytest.raises(ValueError, match="no results table of docs/data/mqar_linear_steps"):
+    findings_significance.rewrite("\n".join(above + [page[marker]]))
 
 
 def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):

@@ -2,9 +2,10 @@
 
   python -m tools.findings_significance [--check] [--page docs/results.md]
 
-Each line `<!-- findings_significance: data=DIR -->` of the page follows a
-results table written from the sweep's raw outputs in DIR (relative to the
-repository, e.g. docs/data/pe_ln; tools/results_tables.py): its leading
+Each line `<!-- findings_significance: data=DIR -->` of the page comes after
+the results table written from the sweep's raw outputs in DIR (relative to
+the repository, e.g. docs/data/pe_ln; tools/results_tables.py), which its
+`<!-- results_table: DIR -->` line heads: its leading
 columns name a point, the first `m ± s` column holds the final validation
 loss. `column="TITLE"` tests the column of that title instead (e.g.
 "sliding @2048", "val accuracy"). Each point's per-replica values of that
@@ -53,18 +54,25 @@ rows left. The best of several settings is itself chosen on these seeds,
 which flatters each side's best by about a standard error of its mean; the
 page says so beside it.
 
-`data=DIR+DIR2` tests the rows of the last two results tables above the
-marker (in page order, DIR's then DIR2's; the same leading columns), as one
-family: points of two sweeps that share seeds and batches (e.g. the LSTM
-of one sweep against the decoders of another) are paired like points of
-one.
+`where="TITLE=CELL; TITLE=CELL"` keeps the rows whose leading cell under
+each TITLE is CELL and drops those columns, before the pairs are chosen:
+`where="model=LSTM"` on (model, width) rows leaves the LSTM's widths, an
+ordered setting, so each width is tested against its neighbour (the growth
+of one model with width, which the (model, width) table does not test).
+
+`data=DIR+DIR2` tests the rows of both sweeps' results tables (DIR's, then
+DIR2's; as many leading columns, named by DIR's titles), as one family:
+points of two sweeps that share seeds and batches (e.g. the LSTM of one
+sweep against the decoders of another) are paired like points of one.
 
 `step=N` tests each point's per-replica values at the evaluation of step N
 (a validation loss or accuracy column) instead of the final ones: the same
 family at an earlier evaluation, to show whether a resolved ordering holds
 before the last one. The final values must still round to the table's cells.
-A marker's results table is the last table above it that this tool did not
-write, so a step= marker may follow another marker's table.
+A data= marker's results table is the one that its DIR's
+`<!-- results_table: DIR -->` line above it heads (so a marker may follow
+another marker's table, or another sweep's); a seeds= marker's is the last
+table above it that this tool did not write.
 
 `<!-- findings_significance: seeds=N -->` instead tests the table's own
 rounded `m ± s` cells over N seeds by Welch's test: for a run whose raw
@@ -106,8 +114,10 @@ from txf.train.replicas import metric_names
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(
   r"^<!-- findings_significance: (?:seeds=(?P<seeds>\d+)|data=(?P<data>\S+)|noise=(?P<noise>\S+))"
-  r'(?: column="(?P<column>[^"]+)")?(?: tuned="(?P<tuned>[^"]+)")?(?: step=(?P<step>\d+))? -->$'
+  r'(?: column="(?P<column>[^"]+)")?(?: tuned="(?P<tuned>[^"]+)")?'
+  r'(?: where="(?P<where>[^"]+)")?(?: step=(?P<step>\d+))? -->$'
 )
+TABLE_MARKER = "<!-- results_table: {} -->"
 _STAT = re.compile(r"^(?:\*\*)?([\d.]+) ± ([\d.]+)(?:\*\*)?$")
 PLACEMENTS = ("pre", "post")
 
@@ -158,17 +168,38 @@ def _results_blocks(lines: list[str]) -> Iterator[tuple[int, int]]:
 Rows = dict[tuple[str, ...], tuple[float, float]]
 
 
+def _data_block(lines: list[str], data: str) -> tuple[int, int]:
+  """(start, end) line indices of the results table that the last
+  `<!-- results_table: DATA -->` line of `lines` heads.
+
+  Raises:
+    ValueError: no such line.
+  """
+  heads = [i for i, line in enumerate(lines) if line == TABLE_MARKER.format(data)]
+  if not heads:
+    raise ValueError(f"no results table of {data} before line {len(lines) + 1}")
+  start = end = heads[-1] + 1
+  while end < len(lines) and lines[end].startswith("|"):
+    end += 1
+  return start, end
+
+
 def _results_rows(
-  lines: list[str], column: str | None = None, tables: int = 1
+  lines: list[str], column: str | None = None, data: list[str] | None = None
 ) -> tuple[list[str], str, list[Rows]]:
   """The titles of the leading columns (those that name a point), the tested
-  column's title and, for each of the last `tables` results tables in
-  `lines` (in page order), {the point's leading cells: (mean, std)}, from
-  its first `m ± s` column or the one titled `column`. The tables must have
-  as many leading columns and the same tested title; the titles are the
-  first one's."""
-  blocks = list(itertools.islice(_results_blocks(lines), tables))[::-1]
-  if len(blocks) < tables or any(end - start < 3 for start, end in blocks):
+  column's title and, for each results table (in `data`'s order: the table
+  each DIR's `results_table` line heads; without `data`, the last table in
+  `lines`), {the point's leading cells: (mean, std)}, from its first
+  `m ± s` column or the one titled `column`. The tables must have as many
+  leading columns and the same tested title; the titles are the first
+  one's."""
+  if data:
+    blocks = [_data_block(lines, name) for name in data]
+  else:
+    last = next(_results_blocks(lines), None)
+    blocks = [last] if last else []
+  if not blocks or any(end - start < 3 for start, end in blocks):
     raise ValueError(f"no results table before line {len(lines) + 1}")
   found = []
   for start, end in blocks:
@@ -359,6 +390,37 @@ def at_best(
   return titles[:at] + titles[at + 1 :], kept
 
 
+def only_where(
+  titles: list[str], rows: dict[tuple[str, ...], Side], where: str
+) -> tuple[list[str], dict[tuple[str, ...], Side]]:
+  """`titles` and `rows` restricted by `where` ("TITLE=CELL; TITLE=CELL"):
+  the rows whose leading cell under each TITLE is CELL, without those
+  columns ('attention=linear attention' leaves linear attention's widths;
+  the pairs' names then end in '(attention linear attention)').
+
+  Raises:
+    ValueError: a TITLE is not a leading column, a condition is not
+      TITLE=CELL, or fewer than two rows are left.
+  """
+  fixed = {}
+  for condition in where.split(";"):
+    title, equals, cell = (part.strip() for part in condition.partition("="))
+    if not equals or not cell:
+      raise ValueError(f"where={where!r}: {condition.strip()!r} is not TITLE=CELL")
+    if title not in titles:
+      raise ValueError(f"where={where!r}: {title!r} is not a leading column of {titles}")
+    fixed[titles.index(title)] = cell
+  kept = [i for i in range(len(titles)) if i not in fixed]
+  left = {
+    tuple(key[i] for i in kept): side
+    for key, side in rows.items()
+    if all(key[i] == cell for i, cell in fixed.items())
+  }
+  if len(left) < 2:
+    raise ValueError(f"where={where!r} leaves {len(left)} row(s): nothing to compare")
+  return [titles[i] for i in kept], left
+
+
 def significance_pairs(titles: list[str], rows: dict[tuple[str, ...], Side]) -> list[Pair]:
   """The marker's pairs (module docstring) of `rows` under leading columns
   `titles`: for (encoding, placement) rows adjacent encodings in each
@@ -435,18 +497,26 @@ def rewrite(text: str, root: pathlib.Path = ROOT) -> str:
   def table_for(found: re.Match[str], above: list[str]) -> list[str]:
     if found["noise"]:
       return noise_lines([root / name for name in found["noise"].split(",")])
-    data = [root / name for name in found["data"].split("+")] if found["data"] else []
-    titles, title, tables = _results_rows(above, found["column"], max(1, len(data)))
+    names = found["data"].split("+") if found["data"] else []
+    titles, title, tables = _results_rows(above, found["column"], names)
     step = int(found["step"]) if found["step"] else None
-    if data:
-      rows = data_sides(tables, data, title, step)
+    if names:
+      rows = data_sides(tables, [root / name for name in names], title, step)
     elif step is not None:
       raise ValueError("step= needs the raw outputs (data=), not seeds=")
     else:
       rows = table_sides(tables[0], int(found["seeds"]))
+    note = ""
+    if found["where"] is not None:
+      titles, rows = only_where(titles, rows, found["where"])
+      note = (
+        " ("
+        + ", ".join(part.strip().replace("=", " ", 1) for part in found["where"].split(";"))
+        + ")"
+      )
     if found["tuned"] is not None:
       titles, rows = at_best(titles, rows, found["tuned"], "accuracy" in title)
-    return lines_of(significance_pairs(titles, rows))
+    return lines_of([(name + note, a, b) for name, a, b in significance_pairs(titles, rows)])
 
   return rewrite_tables(text, MARKER, table_for)
 
