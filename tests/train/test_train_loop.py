@@ -230,6 +230,23 @@ def test_a_signal_while_the_run_sets_up_stops_it_at_once_writing_nothing(
   assert not workdir.exists() or list(workdir.iterdir()) == []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_before_the_run_starts_stops_it_with_its_line(tmp_path, signum):
+  """A signal between the guard's install and loop.run (txf-run parsing its
+  config) stops the run before its setup starts, with the same one line:
+  it raised "generator didn't yield", exit 1."""
+  lines, workdir = [], tmp_path / "run"
+  with PreemptionGuard() as guard:
+    os.kill(os.getpid(), signum)
+    result = loop.run(parse(tiny()), workdir, log=lines.append, preemption=guard)
+  reason = "interrupted" if signum == signal.SIGINT else "preempted"
+  assert result == {} and guard.reason == reason
+  assert lines == [
+    f"{reason} while the run set up: nothing trained or saved; rerun the same command"
+  ]
+  assert not workdir.exists()
+
+
 def test_a_signal_after_the_setup_wrote_a_tokenizer_removes_it(tmp_path, monkeypatch):
   """A sentencepiece model trained by a setup the signal stopped was left
   behind, and a later run in the directory read it as its own whatever its

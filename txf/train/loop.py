@@ -547,152 +547,156 @@ def run(
   (0 without a checkpoint) are moved to metrics.dropped.jsonl /
   samples.dropped.txt, so every step has one row.
   """
-  with _stopping_at_once(preemption, log):
-    workdir = run_path(workdir)
-    check_reachable(workdir)
-    is_chief = jax.process_index() == 0
-    # Held before the run's files are read or written (config.json, the
-    # tokenizer, a tracker's run id): a run started beside it is refused, not
-    # checked against a directory this one is still filling. Only process 0
-    # locks: the others write nothing that must be exclusive.
-    with holding(workdir, lock=is_chief, undone_by=(StoppedBeforeTraining,)):
-      try:
-        if is_chief:
-          check_trackers(run_config.train.trackers, workdir)
-      except ValueError as error:
-        raise ConfigError(str(error)) from error
-      try:
-        # The run's config.json (or, lost, its record's), read once: everything below
-        # that compares with it (the changes line, the optimizer state's check) runs
-        # before write_config.
-        asked = run_config
-        run_config, saved = prepare_resume(run_config, workdir, resume_step)
-      except ValueError as error:
-        raise ConfigError(str(error)) from error
-      built_here = setup is None
-      if setup is None:
-        setup = setup_run(run_config, workdir)
-      check_memory(setup, _samples(setup))
-      if _samples(setup):
-        check_sample_prompt(setup)
-      check_outputs(workdir)
-      checkpointer = make_checkpointer(setup.run.train, workdir)
-      guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
-      with guarding as guard, _closing(checkpointer), contextlib.ExitStack() as inside:
-        setup, run_config, start, state = _restored(
-          setup,
-          checkpointer,
-          saved,
-          workdir,
-          guard,
-          log,
-          resume_step,
-          asked=asked,
-          prepared=run_config,
-          built_here=built_here,
-        )
-        inside.enter_context(setup.activation_sharding())
-        # A resume that changes settings says which, before training or the
-        # evaluation they shape (config.json, which they are read from, is written below).
-        for line in _resume_lines(setup, run_config, saved, workdir, start, resume_step):
-          log(line)
-        if start == 0 and setup.started_from:
-          log(f"initialised from {setup.started_from}")
-        for note in setup.run.notes:
-          log(note)
-        held = setup.eval_data.num_batches
-        if held is not None and held < setup.run.eval.num_batches:
-          # The evaluator stops at the split's end: its metrics are of fewer batches.
-          log(
-            f"eval.num_batches={setup.run.eval.num_batches}: the validation split holds "
-            f"{held} batches of {setup.run.data.batch_size}; each evaluation reads those"
-          )
-        first_params = setup.replica_params(state.params, 0)
-        log(
-          f"data: {setup.train_data.description}\n"
-          f"{summarize(first_params, setup.run.model, setup.run.data.seq_len)}"
-          + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
-        )
-        steps = setup.run.train.steps
-        # Trained to its steps or past them (train.steps lowered): it only evaluates.
-        if start >= steps and _end_written(steps, workdir, start):
-          log(f"already trained to step {start} of {steps}")
-          result = setup.evaluate(state.params)
-          data = setup.run.data
-          why = "the run is finished" if start == steps else f"train.steps={steps} is past"
-          log(
-            _eval_line(
-              start,
-              result,
-              f" (data.seq_len={data.seq_len}, data.batch_size="
-              f"{data.batch_size}; not written: {why})",
-            )
-          )
-          return result
-        guard.defer()  # from here on the run writes, and saves before it stops
-        trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
-        # A finished run whose end's writes were lost evaluates its last
-        # step again: that evaluation's records are replaced, not duplicated.
-        completing = start >= steps
-        with MetricsWriter(
-          workdir,
-          enabled=is_chief,
-          start_step=start,
-          trackers=trackers,
-          evaluating_again=completing,
-        ) as writer:
-          for name, count in writer.dropped.items():
-            what = (
-              f"of the evaluation at step {start} (completed again)"
-              if completing
-              else f"logged after step {start} (the step training continues from)"
-            )
-            records = "record" if count == 1 else "records"
-            log(f"moved {count} {records} of {name} {what} to its .dropped file")
-          write_config(setup.run, workdir)
+  try:
+    with _stopping_at_once(preemption):
+      workdir = run_path(workdir)
+      check_reachable(workdir)
+      is_chief = jax.process_index() == 0
+      # Held before the run's files are read or written (config.json, the
+      # tokenizer, a tracker's run id): a run started beside it is refused, not
+      # checked against a directory this one is still filling. Only process 0
+      # locks: the others write nothing that must be exclusive.
+      with holding(workdir, lock=is_chief, undone_by=(StoppedBeforeTraining,)):
+        try:
           if is_chief:
-            keep_hf_tokenizer(setup.run.data, setup.train_data.tokenizer, workdir)
-          record = RunRecord(workdir, enabled=is_chief, log=log)
-          try:
-            record.start(setup.run, start, config_file)
-            for tracker in trackers:
-              tracker.log_config(to_json(setup.run))
-            if completing:  # trained, but its end's writes were lost
-              log(f"trained to step {start}: completing its final evaluation")
-              result, done = _eval_and_sample(setup, state.params, start, writer, log), start
-            else:
-              result, done = _train(
-                setup, state, start, checkpointer, guard, writer, log, prefetch, record
+            check_trackers(run_config.train.trackers, workdir)
+        except ValueError as error:
+          raise ConfigError(str(error)) from error
+        try:
+          # The run's config.json (or, lost, its record's), read once: everything below
+          # that compares with it (the changes line, the optimizer state's check) runs
+          # before write_config.
+          asked = run_config
+          run_config, saved = prepare_resume(run_config, workdir, resume_step)
+        except ValueError as error:
+          raise ConfigError(str(error)) from error
+        built_here = setup is None
+        if setup is None:
+          setup = setup_run(run_config, workdir)
+        check_memory(setup, _samples(setup))
+        if _samples(setup):
+          check_sample_prompt(setup)
+        check_outputs(workdir)
+        checkpointer = make_checkpointer(setup.run.train, workdir)
+        guarding = PreemptionGuard() if preemption is None else contextlib.nullcontext(preemption)
+        with guarding as guard, _closing(checkpointer), contextlib.ExitStack() as inside:
+          setup, run_config, start, state = _restored(
+            setup,
+            checkpointer,
+            saved,
+            workdir,
+            guard,
+            log,
+            resume_step,
+            asked=asked,
+            prepared=run_config,
+            built_here=built_here,
+          )
+          inside.enter_context(setup.activation_sharding())
+          # A resume that changes settings says which, before training or the
+          # evaluation they shape (config.json, which they are read from, is written below).
+          for line in _resume_lines(setup, run_config, saved, workdir, start, resume_step):
+            log(line)
+          if start == 0 and setup.started_from:
+            log(f"initialised from {setup.started_from}")
+          for note in setup.run.notes:
+            log(note)
+          held = setup.eval_data.num_batches
+          if held is not None and held < setup.run.eval.num_batches:
+            # The evaluator stops at the split's end: its metrics are of fewer batches.
+            log(
+              f"eval.num_batches={setup.run.eval.num_batches}: the validation split holds "
+              f"{held} batches of {setup.run.data.batch_size}; each evaluation reads those"
+            )
+          first_params = setup.replica_params(state.params, 0)
+          log(
+            f"data: {setup.train_data.description}\n"
+            f"{summarize(first_params, setup.run.model, setup.run.data.seq_len)}"
+            + "".join(f"\n{line}" for line in [replicas.describe(setup.run.seeds)] if line)
+          )
+          steps = setup.run.train.steps
+          # Trained to its steps or past them (train.steps lowered): it only evaluates.
+          if start >= steps and _end_written(steps, workdir, start):
+            log(f"already trained to step {start} of {steps}")
+            result = setup.evaluate(state.params)
+            data = setup.run.data
+            why = "the run is finished" if start == steps else f"train.steps={steps} is past"
+            log(
+              _eval_line(
+                start,
+                result,
+                f" (data.seq_len={data.seq_len}, data.batch_size="
+                f"{data.batch_size}; not written: {why})",
               )
-            if done >= steps:
-              writer.write_hparams(done, _hparams(setup, hparams), result)
-            # The last save is the run's too: one that fails ends the record
-            # with its error, not "finished" (_closing then has none to wait for).
-            checkpointer.wait_until_finished()
-          except BaseException as error:
-            # A second Ctrl-C, while the first's save is under way, is Ctrl-C too.
-            ended = "interrupted" if isinstance(error, KeyboardInterrupt) else type(error).__name__
-            with contextlib.suppress(Exception):  # the error that stopped the run is the one
-              record.end(ended)
-            raise
-          finally:
-            setup.train_data.close()  # stops the loader's worker processes
-          record.end("finished" if done >= steps else guard.reason, done)
-          return result
-  return {}  # stopped while the run set up (said by _stopping_at_once)
+            )
+            return result
+          guard.defer()  # from here on the run writes, and saves before it stops
+          trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
+          # A finished run whose end's writes were lost evaluates its last
+          # step again: that evaluation's records are replaced, not duplicated.
+          completing = start >= steps
+          with MetricsWriter(
+            workdir,
+            enabled=is_chief,
+            start_step=start,
+            trackers=trackers,
+            evaluating_again=completing,
+          ) as writer:
+            for name, count in writer.dropped.items():
+              what = (
+                f"of the evaluation at step {start} (completed again)"
+                if completing
+                else f"logged after step {start} (the step training continues from)"
+              )
+              records = "record" if count == 1 else "records"
+              log(f"moved {count} {records} of {name} {what} to its .dropped file")
+            write_config(setup.run, workdir)
+            if is_chief:
+              keep_hf_tokenizer(setup.run.data, setup.train_data.tokenizer, workdir)
+            record = RunRecord(workdir, enabled=is_chief, log=log)
+            try:
+              record.start(setup.run, start, config_file)
+              for tracker in trackers:
+                tracker.log_config(to_json(setup.run))
+              if completing:  # trained, but its end's writes were lost
+                log(f"trained to step {start}: completing its final evaluation")
+                result, done = _eval_and_sample(setup, state.params, start, writer, log), start
+              else:
+                result, done = _train(
+                  setup, state, start, checkpointer, guard, writer, log, prefetch, record
+                )
+              if done >= steps:
+                writer.write_hparams(done, _hparams(setup, hparams), result)
+              # The last save is the run's too: one that fails ends the record
+              # with its error, not "finished" (_closing then has none to wait for).
+              checkpointer.wait_until_finished()
+            except BaseException as error:
+              # A second Ctrl-C, while the first's save is under way, is Ctrl-C too.
+              ended = (
+                "interrupted" if isinstance(error, KeyboardInterrupt) else type(error).__name__
+              )
+              with contextlib.suppress(Exception):  # the error that stopped the run is the one
+                record.end(ended)
+              raise
+            finally:
+              setup.train_data.close()  # stops the loader's worker processes
+            record.end("finished" if done >= steps else guard.reason, done)
+            return result
+  except StoppedBeforeTraining as stopped:
+    log(f"{stopped} while the run set up: nothing trained or saved; rerun the same command")
+  return {}
 
 
 @contextlib.contextmanager
-def _stopping_at_once(preemption: PreemptionGuard | None, log):
+def _stopping_at_once(preemption: PreemptionGuard | None):
   """While the run sets up, `preemption` (where given) stops it at once
   (PreemptionGuard.stop_at_once, until the loop's `guard.defer()` before its
-  first write); the stop is said and swallowed here."""
+  first write): StoppedBeforeTraining, raised on entering where a signal came
+  before (so the body never starts) or where the body is when one comes."""
   try:
     if preemption is not None:
       preemption.stop_at_once()
     yield
-  except StoppedBeforeTraining as stopped:
-    log(f"{stopped} while the run set up: nothing trained or saved; rerun the same command")
   finally:
     if preemption is not None:
       preemption.defer()
