@@ -3,6 +3,7 @@ directory as it found it, and a lock taken on a lock file such a run
 removed meanwhile locks nothing."""
 
 import pytest
+from full_disk import full_disk
 
 from txf.rundir import workdir
 from txf.rundir.workdir import WorkdirError, WorkdirLock
@@ -47,6 +48,23 @@ def test_a_run_refused_under_the_lock_leaves_the_directory_as_it_found_it(tmp_pa
     raise ValueError("config error")
   # It wrote: what it wrote, its lock file with it, is kept.
   assert sorted(path.name for path in made.iterdir()) == [workdir.LOCK_FILE, "tokenizer.model"]
+
+
+def test_a_directory_made_on_a_full_disk_is_removed_with_the_refusal(tmp_path):
+  """A full disk lets a directory be made but no file be written in it: the
+  run's checkpoints/ (and its work directory) were left behind by a run
+  refused there. check_writable removes the directories it made, and
+  holding then its work directory; a directory that was there stays."""
+  made = tmp_path / "runs" / "run"
+  with full_disk(r"write-probe", 2), pytest.raises(WorkdirError, match="No space left"):
+    with workdir.holding(made):
+      workdir.check_writable(made / "checkpoints")
+  assert list(tmp_path.iterdir()) == []
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  with full_disk(r"write-probe", 1), pytest.raises(WorkdirError, match="No space left"):
+    workdir.check_writable(kept / "a" / "b")
+  assert kept.is_dir() and list(kept.iterdir()) == []
 
 
 def test_an_output_file_that_is_a_directory_or_a_link_to_nothing_is_refused_before_the_run(

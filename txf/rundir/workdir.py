@@ -184,7 +184,9 @@ def not_writable(directory: str | os.PathLike, error: BaseException) -> WorkdirE
 
 
 def check_writable(directory: str | os.PathLike) -> None:
-  """Creates `directory` if needed and proves a file can be written there.
+  """Creates `directory` if needed and proves a file can be written there;
+  where it cannot, removes the directories it made (a full disk that let a
+  directory be made but no file written in it).
 
   On an object store nothing is created (it has no directories; a missing
   bucket is reported, never created).
@@ -197,14 +199,16 @@ def check_writable(directory: str | os.PathLike) -> None:
   directory = run_path(directory)
   # Every process probes under its own name: hosts may share the directory.
   probe = directory / f".write-probe-{socket.gethostname()}-{os.getpid()}"
+  target = made = None
   try:
     is_file = directory.exists() and not directory.is_dir()
     if not is_file:
       if is_local(directory):
         # A link to a directory not made yet: its target is made (mkdir on
         # the link itself was 'File exists', reported as not writable).
-        target = os.path.realpath(directory) if os.path.islink(directory) else directory
-        epath.Path(target).mkdir(parents=True, exist_ok=True)
+        target = epath.Path(os.path.realpath(directory) if os.path.islink(directory) else directory)
+        made = _outermost_missing(target)
+        target.mkdir(parents=True, exist_ok=True)
       try:
         probe.write_text("ok")
       finally:  # also when the write failed (a full disk) after creating the file
@@ -212,14 +216,29 @@ def check_writable(directory: str | os.PathLike) -> None:
           probe.unlink(missing_ok=True)
   # Remote file systems raise their own types (gcsfs's HttpError, google.auth's).
   except FileNotFoundError as error:
+    _remove_made(target, made)
     if is_local(directory):
       raise not_writable(directory, error) from error
     # gcsfs's text is the request's URL; a missing object's parent is the bucket.
     raise WorkdirError(f"{directory}: no such bucket") from error
   except Exception as error:
+    _remove_made(target, made)
     raise not_writable(directory, error) from error
   if is_file:
     raise WorkdirError(f"{directory}: exists and is not a directory")
+
+
+def _remove_made(directory: epath.Path | None, made: epath.Path | None) -> None:
+  """Removes `directory` and its parents up to `made` (the outermost of them
+  that a run made), as far as they are empty: where another process wrote
+  meanwhile, kept."""
+  if directory is None or made is None:
+    return
+  with contextlib.suppress(OSError):
+    for path in (directory, *directory.parents):
+      os.rmdir(path)
+      if path == made:
+        break
 
 
 class WorkdirLock:
@@ -372,11 +391,7 @@ def holding(
         _remove(directory, _names(directory) - found)
       if held is not None and undoes and _names(directory) == found:
         held.release(as_found=True)
-        with contextlib.suppress(OSError):  # where another process wrote meanwhile: kept
-          for path in (directory, *directory.parents) if made is not None else ():
-            os.rmdir(path)
-            if path == made:
-              break
+        _remove_made(directory, made)
       raise
 
 
