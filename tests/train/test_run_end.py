@@ -63,3 +63,24 @@ def test_a_completed_final_evaluation_replaces_the_lost_one(tmp_path, lost):
   assert [json.loads(line)["step"] for line in after] == [row["step"] for row in rows]
   assert without_timings(json.loads(line) for line in after)[:-1] == without_timings(rows)[:-1]
   assert sorted(kept_points(workdir)) == points  # each point once, the hparams' too
+
+
+def test_a_lost_evaluation_at_the_step_a_run_trains_on_from_is_evaluated_again(tmp_path):
+  """A 4-step run whose eval row at 4 was cut off, extended to 6 steps: the
+  evaluation at 4 (due: eval.every 2) is done again from the checkpoint, the
+  cut row moved aside; it was left mid-file and step 4 had no evaluation."""
+  workdir = tmp_path / "run"
+  config = tiny_config(steps=4, train__log_every=2, eval__every=2, eval__sample_tokens=4)
+  loop.run(parse(config), workdir, log=lambda line: None)
+  rows = metrics.read_metrics(workdir)
+  path = workdir / metrics.METRICS_FILE
+  text = path.read_text()
+  path.write_text(text[: text.rindex("\n", 0, -1) + 20])  # the eval row at 4, cut
+  lines = []
+  config.train.steps = 6
+  loop.run(parse(config), workdir, log=lines.append)
+  assert "the evaluation at step 4 was lost: evaluating it again" in lines, lines
+  after = [json.loads(line) for line in path.read_text().splitlines()]  # each line reads
+  assert [row["step"] for row in after] == [row["step"] for row in rows] + [6, 6]
+  assert without_timings(after[:4]) == without_timings(rows)  # step 4's, as first evaluated
+  assert [step for step, _ in metrics.read_samples(workdir)] == [2, 4, 6]

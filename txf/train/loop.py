@@ -633,19 +633,22 @@ def run(
           guard.defer()  # from here on the run writes, and saves before it stops
           trackers = make_trackers(setup.run.train.trackers, workdir) if is_chief else ()
           # A finished run whose end's writes were lost evaluates its last
-          # step again: that evaluation's records are replaced, not duplicated.
+          # step again, as does one whose evaluation at the step it resumes
+          # from was lost (a kill as it was written): that evaluation's
+          # records are replaced, not duplicated.
           completing = start >= steps
+          evaluating_again = completing or _evaluation_lost(setup.run.eval.every, workdir, start)
           with MetricsWriter(
             workdir,
             enabled=is_chief,
             start_step=start,
             trackers=trackers,
-            evaluating_again=completing,
+            evaluating_again=evaluating_again,
           ) as writer:
             for name, count in writer.dropped.items():
               what = (
-                f"of the evaluation at step {start} (completed again)"
-                if completing
+                f"of the evaluation at step {start} (evaluated again)"
+                if evaluating_again
                 else f"logged after step {start} (the step training continues from)"
               )
               records = "record" if count == 1 else "records"
@@ -658,10 +661,14 @@ def run(
               record.start(setup.run, start, config_file)
               for tracker in trackers:
                 tracker.log_config(to_json(setup.run))
-              if completing:  # trained, but its end's writes were lost
-                log(f"trained to step {start}: completing its final evaluation")
+              if evaluating_again:
+                log(
+                  f"trained to step {start}: completing its final evaluation"
+                  if completing
+                  else f"the evaluation at step {start} was lost: evaluating it again"
+                )
                 result, done = _eval_and_sample(setup, state.params, start, writer, log), start
-              else:
+              if not completing:
                 result, done = _train(
                   setup, state, start, checkpointer, guard, writer, log, prefetch, record
                 )
@@ -720,9 +727,19 @@ def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
   see prepare_resume) and, when `step` is train.steps, an eval row at `step`."""
   if not (workdir / CONFIG_FILE).exists():
     return False
-  return step != steps or any(
-    row["step"] == step and is_eval_row(row) for row in read_metrics(workdir, since=step)
-  )
+  return step != steps or _evaluated(workdir, step)
+
+
+def _evaluation_lost(every: int, workdir: epath.Path, step: int) -> bool:
+  """Whether the evaluation due at `step` (a multiple of eval.every), the
+  step a run trains on from, has no readable row: it was cut off, or never
+  written, by a kill between the step's save and its row."""
+  return step > 0 and step % every == 0 and not _evaluated(workdir, step)
+
+
+def _evaluated(workdir: epath.Path, step: int) -> bool:
+  """Whether metrics.jsonl holds an eval row of `step`."""
+  return any(row["step"] == step and is_eval_row(row) for row in read_metrics(workdir, since=step))
 
 
 def _resume_lines(
