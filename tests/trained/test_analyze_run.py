@@ -309,6 +309,7 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
     "probe_seed": 0,
     "periods": record["periods"],  # the probe's defaults (test_probe_periods)
     "files": [attention_png("self"), SCORES_CSV, SCORES_MD],
+    "group_ablation": None,
   }
   assert len(record["periods"]) == 2
   baseline = run.setup.evaluate(plain(run.params))["eval_loss"]
@@ -587,7 +588,7 @@ def test_a_rerun_at_another_checkpoint_removes_what_it_does_not_write_again(tmp_
     "step 40, replica 0, num_batches 4, probe_seed 0, periods [23, 19] (not computed "
     "for step 60, replica 0, num_batches 4, probe_seed 0, periods [23, 19])"
   ]
-  assert _record(out) == {**_settings(60), "files": ["head_scores.md"]}
+  assert _record(out) == {**_settings(60), "files": ["head_scores.md"], "group_ablation": None}
 
 
 @pytest.mark.parametrize(
@@ -609,7 +610,7 @@ def test_a_rerun_of_another_replica_or_probe_at_the_checkpoint_removes_the_other
   head_analysis._settle(out, now, [out / "head_scores.md"], _record(out), lines.append)
   assert not (out / "circuits.json").exists() and len(lines) == 1
   assert lines[0].startswith("removed circuits.json of the analysis of step 40")
-  assert _record(out) == {**now, "files": ["head_scores.md"]}
+  assert _record(out) == {**now, "files": ["head_scores.md"], "group_ablation": None}
 
 
 def test_a_record_without_what_it_analysed_is_taken_for_another_analysis(tmp_path):
@@ -650,7 +651,7 @@ def test_files_of_an_analysis_without_a_record_are_kept_and_said(tmp_path):
   assert (out / "circuits.json").exists()
   assert lines == ["kept circuits.json of an earlier analysis (what it analysed is not recorded)"]
   # Not recorded as this step's: a later rerun at step 60 must not take it for one.
-  assert _record(out) == {**_settings(60), "files": []}
+  assert _record(out) == {**_settings(60), "files": [], "group_ablation": None}
 
 
 @pytest.mark.parametrize("text", ["[]", '{"step": 4}', '{"step": 4, "files": ["x.png"]}', "{"])
@@ -827,3 +828,40 @@ def test_the_command_analyses_the_replica_and_probe_seed_it_is_given(
   )
   assert (saved["replica"], saved["probe_seed"]) == (1, 3)
   assert "# Attention heads at step 2 (replica 1 of 2, seed 1)" in done.stdout
+
+
+@pytest.mark.slow  # trains a run and analyses it five times
+def test_reruns_of_one_analysis_keep_each_others_reports(tmp_path):
+  """--ablate, then --circuits, then --checkpoints at one checkpoint: each
+  keeps the others' parts of head_scores.md and circuits.md (a rerun wrote
+  them from its own part alone: the group ablation and one half of
+  circuits.md were lost while their files were listed as kept); a new
+  --ablate replaces the group; another --num_batches drops them all."""
+  workdir = tmp_path / "run"
+  config = tiny_config(
+    "rope", steps=2, train__warmup_steps=1, model__num_layers=2, train__checkpoint_every=1
+  )
+  loop.run(parse(config), workdir, log=lambda line: None)
+  out = workdir / ANALYSIS_DIR
+
+  def report(name):
+    return (out / name).read_text()
+
+  analyze_run(workdir, ablate="L0H1", num_batches=1)
+  group = report(SCORES_MD)[report(SCORES_MD).index("## Group ablation of L0H1") :]
+  analyze_run(workdir, circuits=True, num_batches=1)
+  assert report(SCORES_MD).endswith(group)
+  circuits = report("circuits.md")
+  assert circuits.startswith("# Circuits at step 2") and "When the circuit forms" not in circuits
+  analyze_run(workdir, checkpoints=True, num_batches=1)
+  assert report(SCORES_MD).endswith(group)
+  both = report("circuits.md")
+  assert both.startswith(circuits) and "## When the circuit forms" in both
+  assert "(2 checkpoints, steps 1..2)" in both
+  analyze_run(workdir, circuits=True, num_batches=1)
+  assert report("circuits.md") == both
+  analyze_run(workdir, ablate="L1H0", num_batches=1)
+  assert "## Group ablation of L1H0" in report(SCORES_MD) and "L0H1" not in report(SCORES_MD)
+  assert _record(out)["group_ablation"]["heads"] == ["L1H0"]
+  analyze_run(workdir, num_batches=2)
+  assert "Group ablation" not in report(SCORES_MD) and not (out / "circuits.md").exists()

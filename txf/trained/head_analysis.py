@@ -51,7 +51,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -92,7 +92,7 @@ from txf.analysis.head_scores import (
   previous_token_score,
   probe_periods,
 )
-from txf.analysis.phase_change import steepest_fall, training_csv
+from txf.analysis.phase_change import read_training_csv, steepest_fall, training_csv
 from txf.analysis.plots import attention_grid_figure, png_bytes
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
@@ -130,8 +130,9 @@ MIN_PHASE_CHECKPOINTS = 5
 # "replica": the seed replica, "num_batches": the validation batches read
 # (the ablation's, and those the induction probe draws its ids from),
 # "probe_seed" and "periods": the induction probe's (periods None: no causal
-# attention), "files": their names}. The fields saying what was analysed
-# (files of another's are stale):
+# attention), "files": their names, "group_ablation": head_scores.md's group
+# ablation or null}. The fields saying what was analysed (files of another's
+# are stale):
 SETTINGS = ("step", "replica", "num_batches", "probe_seed", "periods")
 # Every file an analysis can write.
 OUTPUTS = (
@@ -177,9 +178,12 @@ def _settle(
   written: list[epath.Path],
   earlier: dict[str, Any] | None,
   log: Callable[[str], Any] | None,
+  group: dict[str, Any] | None = None,
 ) -> epath.Path:
   """Leaves `out` holding analyses of `settings` ({name: value} of each of
-  SETTINGS) only and records them.
+  SETTINGS) only and records them, with `group` (head_scores.md's group
+  ablation, kept for a later analysis of the same settings that does not
+  ablate a group).
 
   An earlier analysis of the same settings adds to this one (txf-analyze
   --circuits --checkpoints, then --ablate: both kept); the files of one of
@@ -190,7 +194,7 @@ def _settle(
   was removed or kept. Returns the record's path."""
   names = [path.name for path in written]
   others = [name for name in OUTPUTS if name not in names and (out / name).exists()]
-  if earlier is not None and any(earlier.get(name) != settings[name] for name in SETTINGS):
+  if earlier is not None and _same_settings(earlier, settings) is None:
     stale = [name for name in others if name in earlier["files"]]
     for name in stale:
       (out / name).unlink()
@@ -205,9 +209,24 @@ def _settle(
       log(f"kept {', '.join(others)} of an earlier analysis (what it analysed is not recorded)")
     others = []
   files = [name for name in OUTPUTS if name in names or name in others]
-  return write_file(
-    out / ANALYSIS_RECORD, json.dumps({**settings, "files": files}, indent=1) + "\n"
-  )
+  record = {**settings, "files": files, "group_ablation": group}
+  return write_file(out / ANALYSIS_RECORD, json.dumps(record, indent=1) + "\n")
+
+
+def _same_settings(earlier: dict[str, Any] | None, settings: dict[str, Any]) -> dict | None:
+  """`earlier` (an analysis record) where it analysed `settings`: its files
+  are this analysis's too; else None."""
+  if earlier is None or any(earlier.get(name) != settings[name] for name in SETTINGS):
+    return None
+  return earlier
+
+
+def _kept_file(out: epath.Path, kept: dict[str, Any] | None, name: str, read: Callable) -> Any:
+  """read(out / name) where the analysis `kept` (of this one's settings)
+  holds the file; else None."""
+  if kept is None or name not in kept["files"] or not (out / name).exists():
+    return None
+  return read(out / name)
 
 
 def _query_tokens(batch: dict[str, np.ndarray], kind: str) -> np.ndarray:
@@ -641,9 +660,31 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
       )
     circuit_record = training = None
     if request.circuits or request.checkpoints:
-      saying = stage("analyze: circuits and checkpoints", log=log) if log else None
+      asked = " and ".join(
+        name
+        for name, on in (("circuits", request.circuits), ("checkpoints", request.checkpoints))
+        if on
+      )
+      saying = stage(f"analyze: {asked}", log=log) if log else None
       with saying or contextlib.nullcontext():
         circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, contents)
+  # Without causal attention there is no probe: its seed was not used.
+  settings = dict(
+    step=run.step,
+    replica=request.replica,
+    num_batches=len(request.batches),
+    probe_seed=request.seed if causal else None,
+    periods=periods,
+  )
+  kept = _same_settings(request.earlier, settings)
+  if group is None and kept is not None:
+    group = kept.get("group_ablation")  # kept with its analysis's files
+  if request.circuits or request.checkpoints:
+    contents[out / CIRCUITS_MD] = _circuits_report(
+      _label(request),
+      circuit_record or _kept_file(out, kept, CIRCUITS_JSON, read_json),
+      training or _kept_file(out, kept, TRAINING_CSV, read_training_csv),
+    )
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   seeds = setup.run.seeds
   replica = request.replica
@@ -653,15 +694,7 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
   )
   contents.update({out / SCORES_MD: table, out / SCORES_CSV: _csv(scores)})
   files = write_files(contents)
-  # Without causal attention there is no probe: its seed was not used.
-  settings = dict(
-    step=run.step,
-    replica=replica,
-    num_batches=len(request.batches),
-    probe_seed=request.seed if causal else None,
-    periods=periods,
-  )
-  files.append(_settle(out, settings, files, request.earlier, log))
+  files.append(_settle(out, settings, files, request.earlier, log, group))
   if log is not None:
     log("wrote " + ", ".join(str(path) for path in files))
   return {
@@ -690,13 +723,12 @@ def _circuits_and_training(
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
   """(circuits.json's record or None, the scores over checkpoints or None)
   of a causal decoder (`_check_circuits`), as `request` asks; adds their
-  files' contents (and circuits.md's) to `contents`."""
+  files' contents to `contents`."""
   run, periods, ids, seed = request.run, request.periods, request.ids, request.seed
   setup, out, first = run.setup, request.workdir / ANALYSIS_DIR, request.batches[0]
   assert periods is not None and ids is not None  # a causal decoder
-  label = f"{request.workdir.name} (seed {setup.run.seeds[request.replica]})"
+  label = _label(request)
   head_scores = {name: scores["self"][name] for name in ("previous_token", "induction")}
-  md_parts = []
   circuit_record = training = None
   if request.circuits:
     circuit_record = {
@@ -715,7 +747,6 @@ def _circuits_and_training(
       ),
     }
     contents.update(_circuit_files(out, circuit_record, label, run.step))
-    md_parts.append(_circuits_markdown(circuit_record, label))
   if request.checkpoints:
     training = _training_scores(
       request.workdir, setup, request.replica, first, periods, ids, seed, maps_fn, log
@@ -727,6 +758,23 @@ def _circuits_and_training(
     )
     contents[out / TRAINING_CSV] = training_csv(training)
     contents[out / TRAINING_PNG] = png_bytes(figure)
+  return circuit_record, training
+
+
+def _label(request: AnalysisRequest) -> str:
+  """The run as the circuit reports name it: 'run (seed 0)'."""
+  return f"{request.workdir.name} (seed {request.run.setup.run.seeds[request.replica]})"
+
+
+def _circuits_report(
+  label: str, circuit_record: dict[str, Any] | None, training: Mapping[str, Any] | None
+) -> str:
+  """circuits.md: the circuits at the step analysed (circuits.json's record)
+  and when they formed (the scores over checkpoints), each where given: an
+  analysis that computes one keeps the other of an earlier analysis of the
+  same settings."""
+  parts = [_circuits_markdown(circuit_record, label)] if circuit_record else []
+  if training is not None:
     kept = len(training["steps"])
     coarse = (
       f" Only {kept} checkpoints: too few to place a change (train with a smaller "
@@ -734,13 +782,12 @@ def _circuits_and_training(
       if kept < MIN_PHASE_CHECKPOINTS
       else ""
     )
-    md_parts.append(
+    parts.append(
       "## When the circuit forms\n\nSteepest change between consecutive checkpoints "
       f"({kept} checkpoints, steps {training['steps'][0]}.."
       f"{training['steps'][-1]}).{coarse}\n\n{phase_change_table({label: training})}"
     )
-  contents[out / CIRCUITS_MD] = "\n".join(md_parts)
-  return circuit_record, training
+  return "\n".join(parts)
 
 
 def _check_circuits(setup: RunSetup, *, circuits: bool) -> None:
