@@ -464,6 +464,25 @@ def test_bad_arguments_are_refused_naming_them(decoder_run, kwargs, message):
 
 
 @pytest.mark.slow  # its fixture trains a run
+def test_more_validation_batches_than_the_device_holds_are_refused_before_reading_them(
+  decoder_run, monkeypatch
+):
+  """Generated data (induction, MQAR) has no split's end: --num_batches=10**12
+  read batches until memory ran out, without a line. Refused from the first
+  batch's size, the others never read."""
+  run = load_run(decoder_run)
+  first = next(iter(run.setup.eval_data))
+  batch_bytes = sum(np.asarray(value).nbytes for value in first.values())
+  read = []
+  monkeypatch.setattr(head_analysis, "list", lambda batches: read.append(1) or [], raising=False)
+  with pytest.raises(ValueError, match=r"^num_batches: 1,000,000,000,000 validation batches"):
+    head_analysis.check_analysis(decoder_run, num_batches=10**12)
+  assert read == []
+  gib = 10**12 * batch_bytes / 2**30
+  with pytest.raises(ValueError, match=rf"need {gib:,.1f} GiB on one device"):
+    head_analysis.check_analysis(decoder_run, num_batches=10**12)
+
+
 def test_group_ablation_zeroes_exactly_the_named_heads(decoder_run):
   record = analyze_run(decoder_run, ablate="L0H1,L1H0", num_batches=1)
   group = record["group_ablation"]

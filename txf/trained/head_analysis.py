@@ -96,6 +96,7 @@ from txf.analysis.phase_change import read_training_csv, steepest_fall, training
 from txf.analysis.plots import attention_grid_figure, png_bytes
 from txf.checks import int_at_least
 from txf.data.incontext import repeat_periods
+from txf.hardware import check_fits
 from txf.progress import stage, timestamped
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer
@@ -491,6 +492,8 @@ def check_analysis(
     params = setup.replica_params(run.params, replica)
   except ValueError as error:
     raise ValueError(f"{error} (in {workdir})") from None
+  if num_batches is not None:
+    _check_batches_fit(setup, num_batches)
   batches = list(setup.eval_data)
   if num_batches is not None and len(batches) < num_batches:
     # The evaluator stops at the split's end: fewer were read, without a word.
@@ -538,6 +541,23 @@ def check_analysis(
     checkpoints=checkpoints,
     earlier=_read_record(workdir / ANALYSIS_DIR),  # a damaged one stops here
   )
+
+
+def _check_batches_fit(setup: RunSetup, num_batches: int) -> None:
+  """Refuses `num_batches` validation batches that would not fit on the
+  device that holds them while the heads are ablated (generated data has no
+  split's end to stop at: they were read until memory ran out), from the
+  first batch's size, before the others are read.
+
+  Raises:
+    ValueError: naming num_batches and both sizes.
+  """
+  first = next(iter(setup.eval_data), None)
+  if first is None:
+    return
+  nbytes = num_batches * sum(np.asarray(value).nbytes for value in first.values())
+  what = f"{num_batches:,} validation batches (held while the heads are ablated)"
+  check_fits("num_batches", what, nbytes, jax.local_devices()[0])
 
 
 def analyze_run(
