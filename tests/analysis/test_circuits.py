@@ -611,6 +611,33 @@ def test_analyze_circuits_averages_the_periods_and_composes_over_their_rope_dist
     assert np.abs(expected - other).max() > 1e-3
 
 
+def test_each_periods_patching_prompts_are_the_head_scores_probe_in_any_order(monkeypatch):
+  """Each period's clean prompts are induction_probe's at that period (what
+  head_scores.csv's induction_p<P> scores), so the record does not depend on
+  the order of the periods: one generator for all drew the second period's
+  prompts after the first's.
+  from txf.analysis import circuits
+  from txf.analysis.head_scores import induction_probe
+
+  model, params = tiny()
+  seen = []
+  real = circuits.path_patching
+
+  def recording(model, params, clean_BxT, corrupt_BxT, period, **kwargs):
+    seen.append((period, np.asarray(clean_BxT), np.asarray(corrupt_BxT)))
+    return real(model, params, clean_BxT, corrupt_BxT, period, **kwargs)
+
+  monkeypatch.setattr(circuits, "path_patching", recording)
+  forward = analyze_circuits(model, params, IDS, [4, PERIOD], batch=PROBE_ROWS, seed=3)
+  backward = analyze_circuits(model, params, IDS, [PERIOD, 4], batch=PROBE_ROWS, seed=3)
+  for period in ("4", str(PERIOD)):
+    assert forward["patching_by_period"][period] == backward["patching_by_period"][period]
+  vocab_size = model.cfg.vocab_size
+  for period, clean, corrupt in seen:
+    np.testing.assert_array_equal(clean, induction_probe(3, PROBE_ROWS, period, vocab_size, IDS))
+    assert not np.array_equal(corrupt[:, :period], corrupt[:, period:])
+
+
 def rising(num_steps, after):
   """float64 [num_steps]: 0 up to index `after`, 1 from index after + 1."""
   return (np.arange(num_steps) > after).astype(np.float64)

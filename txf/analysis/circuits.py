@@ -52,7 +52,9 @@ def analyze_circuits(
     periods: the probe periods (block lengths); the patching effects are
       averaged over them.
     batch: probe rows per period.
-    seed: of the probe's tokens.
+    seed: of the probe's tokens: each period's clean prompts are
+      `induction_probe(seed, batch, period, ...)`'s, its corrupted ones drawn
+      after them by the same generator.
 
   Returns:
     {"composition": {'q', 'k', 'v': nested lists [L - 1, H, H]}, "composition_rope":
@@ -79,10 +81,12 @@ def analyze_circuits(
       rope_scale=settings.rope_scale,
     )
     composition_rope = {kind: rope[kind].tolist() for kind in ("q", "k")}
-  rng = np.random.default_rng(seed)
   names = ("clean", "corrupted_source", *PATTERN_PATHS)
   by_period: dict[str, list[dict[str, Any]]] = {}
   for period in periods:
+    # A generator per period: its prompts are the head scores' probe at that
+    # period (`induction_probe`), whichever other periods are probed.
+    rng = np.random.default_rng(seed)
     clean_BxT = repeated_random_tokens(rng, batch, period, cfg.vocab_size, ids=ids)
     corrupt_BxT = corrupted_tokens(rng, clean_BxT, ids)
     by_period[str(period)] = []
