@@ -129,6 +129,33 @@ def test_a_full_disk_under_out_dir_is_one_line_exit_1(tmp_path, after, written):
   assert done.stderr.strip() == f"write error: {out / written}: No space left on device"
 
 
+@pytest.mark.slow  # a subprocess (~20 s)
+def test_a_rerun_removes_its_experiments_figures_it_did_not_draw_and_runs_each_name_once(
+  tmp_path,
+):
+  """An earlier run's figure of other settings (the heads grids are named by
+  their probe period) stayed beside this run's numbers; another
+  experiment's stays. A name given twice ran twice."""
+  out = tmp_path / "out"
+  out.mkdir()
+  stale, other = out / "textbook_param_counts_p16.png", out / "textbook_scaling_p16.png"
+  for path in (stale, other):
+    path.write_bytes(PNG_MAGIC)
+  command = [sys.executable, "-m", "experiments.textbook", "param_counts", "param_counts"]
+  done = subprocess.run(
+    [*command, "--quick", f"--out_dir={out}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.count("## param_counts (item 6)") == 1
+  assert f"removed {stale} (an earlier run's, not drawn by this one)" in done.stdout
+  assert not stale.exists() and other.exists()
+  assert (out / "textbook_param_counts_components.png").exists()
+
+
 def test_loglog_slope_recovers_a_power_law():
   x = np.array([128, 256, 512, 1024])
   assert report.loglog_slope(x, 3.0 * x**2) == pytest.approx(2.0, abs=1e-12)

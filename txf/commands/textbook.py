@@ -65,7 +65,8 @@ def main(argv) -> None:
   if not names:
     fail("flag", "name an experiment (or 'all'); --list shows them")
   try:  # every name, 'all' beside them too: a typo ran everything
-    experiments = [textbook.get(name) for name in names if name != "all"]
+    # Each once, in the order first named (`scaling scaling` ran it twice).
+    experiments = [textbook.get(name) for name in dict.fromkeys(names) if name != "all"]
   except ValueError as error:
     fail("flag", error)
   if "all" in names:
@@ -94,6 +95,9 @@ def _run(experiment, out_dir: epath.Path) -> None:
   start = time.perf_counter()
   result = experiment.run(out_dir, quick=_QUICK.value, **kwargs)
   seconds = time.perf_counter() - start
+  for path in _stale_figures(out_dir, experiment.name, result.get("figures", [])):
+    path.unlink()
+    print(f"removed {path} (an earlier run's, not drawn by this one)", flush=True)
   result = {**result, "seconds": seconds, "quick": _QUICK.value}
   numbers = json.dumps(result, indent=1, default=_json_default)
   write_file(out_dir / f"{experiment.name}.json", numbers + "\n")
@@ -107,6 +111,15 @@ def _run(experiment, out_dir: epath.Path) -> None:
     + f"\n({seconds:.0f} s)\n",
     flush=True,
   )
+
+
+def _stale_figures(out_dir: epath.Path, name: str, figures: list[str]) -> list[epath.Path]:
+  """The experiment's figures in `out_dir` (textbook_<name>_*.png) that this
+  run did not draw: an earlier run's of other settings (the heads
+  experiment names a grid by its probe period), which name.json, one run's,
+  no longer describes."""
+  drawn = {epath.Path(path).name for path in figures}
+  return sorted(path for path in out_dir.glob(f"textbook_{name}_*.png") if path.name not in drawn)
 
 
 def cli() -> None:
