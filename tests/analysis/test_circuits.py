@@ -615,7 +615,7 @@ def test_each_periods_patching_prompts_are_the_head_scores_probe_in_any_order(mo
   """Each period's clean prompts are induction_probe's at that period (what
   head_scores.csv's induction_p<P> scores), so the record does not depend on
   the order of the periods: one generator for all drew the second period's
-  prompts after the first's.
+  prompts after the first's."""
   from txf.analysis import circuits
   from txf.analysis.head_scores import induction_probe
 

@@ -3,8 +3,8 @@ directory as it found it, and a lock taken on a lock file such a run
 removed meanwhile locks nothing."""
 
 import pytest
-from full_disk import full_disk
 
+from full_disk import full_disk
 from txf.rundir import workdir
 from txf.rundir.workdir import WorkdirError, WorkdirLock
 
