@@ -444,8 +444,9 @@ def test_analysis_of_an_encoder_decoder_run(seq2seq_run):
     # Past the split: it read the batches there were, without a word.
     (dict(num_batches=10**5), r"^num_batches: the validation split holds only \d+ batches of"),
     (dict(periods=[17, 5]), r"^periods: 17 must be in 2\.\.16"),
-    (dict(periods=[5]), r"^periods: two or more different probe periods"),
-    (dict(periods=[5, 5]), r"^periods: two or more different probe periods .* got \[5, 5\]$"),
+    (dict(periods=[5]), r"^periods: two or more probe periods are needed"),
+    # Two different ones given, one twice: it said two different ones were needed.
+    (dict(periods=[5, 4, 5]), r"^periods: 5 given twice, got \[5, 4, 5\]$"),
     (
       dict(ablate="L2H0"),
       r"^ablate: L2H0 is not a head of the model \(layers 0\.\.1, heads 0\.\.1\)$",

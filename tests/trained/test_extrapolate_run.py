@@ -284,17 +284,20 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "n/a" in done.stdout and "128" in done.stdout
+  # Every line stamped with the wall-clock time off a terminal (the lengths'
+  # summaries were not).
   stamped = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (.*)")
   lines = [line for line in done.stderr.splitlines() if "extrapolate:" in line]
-  results_lines = [line for line in lines if not stamped.match(line)]
-  assert [line.split(" (")[0] for line in results_lines] == [
+  assert all(stamped.match(line) for line in lines), lines
+  lines = [stamped.match(line)[1] for line in lines]
+  assert [line.split(" (")[0] for line in lines if " of 3, " in line] == [
     "extrapolate: length 32",
     "extrapolate: length 64",
     "extrapolate: length 128",
   ]
-  # Each applicable length's windows counted as they are scored (txf.progress,
-  # timestamped off a terminal): from 0 to all of them; none for 128 (n/a).
-  counted = [stamped.match(line)[1] for line in lines if stamped.match(line)]
+  # Each applicable length's windows counted as they are scored (txf.progress):
+  # from 0 to all of them; none for 128 (n/a).
+  counted = [line for line in lines if " of 3, " not in line]
   for length in (32, 64):
     ends = [
       re.fullmatch(rf"extrapolate: length {length}: (\d+)/(\d+) windows.*", line)
@@ -312,7 +315,7 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   for name in OUTPUTS[1:]:
     assert (trained / name).read_bytes().startswith(PNG_MAGIC)
   # Its last line on stderr names the files written (the sweep's summary does too).
-  assert done.stderr.splitlines()[-1] == "wrote " + ", ".join(
+  assert stamped.match(done.stderr.splitlines()[-1])[1] == "wrote " + ", ".join(
     str(trained / name) for name in [*OUTPUTS[1:], OUTPUTS[0]]
   )
   assert (trained / "config.json").read_bytes() == config_json

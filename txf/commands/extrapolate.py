@@ -42,6 +42,7 @@ _NUM_TOKENS = flags.DEFINE_integer(
 
 def main(argv) -> None:
   # After flag parsing: fast --help.
+  from txf.progress import timestamped
   from txf.train.run_setup import adding_to_run
   from txf.trained.extrapolate import check_extrapolation, extrapolate, format_table
 
@@ -58,7 +59,8 @@ def main(argv) -> None:
       )
     except ValueError as error:  # ConfigError too; after the checks a ValueError is a fault
       fail("extrapolate", error)
-    record = extrapolate(request, log=progress)
+    # Stamped here, not in txf.trained.extrapolate: a sweep's log stamps its own.
+    record = extrapolate(request, log=lambda line: progress(timestamped(line)))
   print(format_table(record))
 
 

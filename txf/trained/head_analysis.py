@@ -294,10 +294,13 @@ def _probe_periods(
   and that the training data does not repeat with (`probe_periods`)."""
   if periods is None:
     return probe_periods(length, num_ids, repeat_periods(setup.run.data))
-  if len(periods) < 2 or len(set(periods)) < len(periods):
+  twice = sorted({period for period in periods if periods.count(period) > 1})
+  if twice:
+    raise ValueError(f"periods: {', '.join(map(str, twice))} given twice, got {periods}")
+  if len(periods) < 2:
     raise ValueError(
-      f"periods: two or more different probe periods are needed to tell "
-      f"induction from positional heads, got {periods}"
+      f"periods: two or more probe periods are needed to tell induction from "
+      f"positional heads, got {periods}"
     )
   limit = min(length // 2, num_ids)
   for period in periods:
@@ -960,8 +963,8 @@ def _markdown(
     parts.append(f"\n## {kind} attention\n\n{head_scores_table(kind_scores)}")
     if kind in roles:
       parts.append(
-        "\nRoles (score >= 0.5; positional: an induction score at some probe "
-        "period but not all):\n\n"
+        "\nRoles (score >= 0.5; positional: an induction score >= 0.5 at one probe "
+        "period and under 0.25 at another):\n\n"
         + "".join(
           f"- {role}: {', '.join(heads) or 'none'}\n" for role, heads in roles[kind].items()
         )
