@@ -288,6 +288,16 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
     # A str: its characters were the documents, trained on without a word.
     with pytest.raises(ValueError, match=r"^data\.name='sparse:str': .* is one str, not a list"):
       make_dataset(parse_data(data("sparse:str")), "validation", seed=0)
+
+    # A file the loader cannot open (extending.md's jsonl source given a wrong
+    # path): a FileNotFoundError's traceback, where the built-in sources say one line.
+    @register.text_source("lines", argument="DIR")
+    def lines(directory, split, max_bytes):
+      with open(f"{directory}/{split}.txt") as file:
+        return file.read().splitlines()
+
+    with pytest.raises(ValueError, match=r"^data\.name='lines:/nonexistent': .*No such file"):
+      make_dataset(parse_data(data("lines:/nonexistent")), "train", seed=0)
   with pytest.raises(
     ValueError, match=r"data\.name='repeat:hello' is not one of .* or of the forms"
   ):

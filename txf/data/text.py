@@ -100,8 +100,13 @@ class DocumentSource:
 
   def _documents(self, spec: DataSpec, split: str, max_bytes: int | None) -> list[str]:
     """`load`'s documents of `split`, checked: a registered source's empty
-    split or bytes documents failed deep in the tokenizer, naming neither."""
-    loaded = self.load(name_argument(spec.name), split, max_bytes)
+    split or bytes documents failed deep in the tokenizer, naming neither;
+    a file it cannot read (OSError: a wrong path) is refused naming the
+    source, as the built-in sources' are."""
+    try:
+      loaded = self.load(name_argument(spec.name), split, max_bytes)
+    except OSError as error:
+      raise ValueError(f"data.name={spec.name!r}: {error}") from error
     if isinstance(loaded, (str, bytes)):  # list() made each character a document
       raise ValueError(
         f"data.name={spec.name!r}: its {split} split is one {type(loaded).__name__}, "
