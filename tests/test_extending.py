@@ -224,6 +224,13 @@ def test_a_registered_family_trains_from_a_run_config_and_carries_txfs_lm_head(t
       generate(models.build(cfg), params, tokens, max_new_tokens=1)
 
     config = tiny_config("rope", steps=30, model__family="unigram", model__position="none")
+    sampling = tiny_config(
+      "rope", steps=1, model__family="unigram", model__position="none", eval__sample_tokens=4
+    )
+    with pytest.raises(
+      loop.ConfigError, match=r"; eval\.sample_tokens=0 trains it without samples$"
+    ):
+      loop.run(parse(sampling), str(tmp_path / "sampling"), log=lambda line: None)
     config.train.learning_rate = 3e-2
     rows = []
     loop.run(parse(config), str(tmp_path), log=lambda line: None)
@@ -233,6 +240,15 @@ def test_a_registered_family_trains_from_a_run_config_and_carries_txfs_lm_head(t
         rows.append(row["loss"])
     # Byte unigram statistics are learnt within a few steps: from ln(260).
     assert rows[0] > 5.0 and rows[-1] < rows[0] - 1.0, rows
+    # What txf-extrapolate and txf-analyze cannot read is refused before any
+    # compute (a ValueError's traceback as the first window was scored; a KeyError).
+    from txf.trained.extrapolate import check_extrapolation
+    from txf.trained.head_analysis import check_analysis
+
+    with pytest.raises(ValueError, match=r"^model\.family: model must be a txf decoder language"):
+      check_extrapolation(tmp_path, [1, 2])
+    with pytest.raises(ValueError, match=r"^model\.family: .*'unigram'\) has no attention"):
+      check_analysis(tmp_path)
   with pytest.raises(ValueError, match=r"model\.family: 'unigram' is not one of"):
     layer_config.ModelConfig(**TINY, family="unigram")
 

@@ -165,7 +165,9 @@ def _token_losses(
   return ops.token_cross_entropy(logits_BxTxV, targets_BxT)
 
 
-def _check_model(model: nn.Module) -> None:
+def check_language_model(model: nn.Module) -> None:
+  """Refuses a model the windows cannot score (ValueError): one that is not
+  a txf decoder or LSTM with a language-model head (a registered family)."""
   cfg = getattr(model, "cfg", None)
   if cfg is None or cfg.family not in ("decoder", "lstm") or "lm" not in HEADS[cfg.head].tasks:
     got = type(model).__name__ if cfg is None else f"family {cfg.family!r}, head {cfg.head!r}"
@@ -218,7 +220,7 @@ def window_losses(
   batch_size = int_at_least(batch_size, "batch_size", 1)
   B, N = tokens_BxN.shape
   starts_W, first_W = windows(N, seq_len=seq_len, protocol=protocol, stride=stride)
-  _check_model(model)
+  check_language_model(model)
 
   # Every stream has the same windows: window w of row b is item b * W + w.
   rows_I = np.repeat(np.arange(B), len(starts_W))

@@ -54,7 +54,7 @@ from txf.data import (
 from txf.data.pipeline import sentencepiece_model
 from txf.data.spec import TASKS
 from txf.data.stacked import StackedDatasets
-from txf.decode.cache import check_cache_length
+from txf.decode.cache import check_cache_length, check_generative
 from txf.layers.embedding import check_position_table
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig
 from txf.runconfig.tasks import task_kind
@@ -509,6 +509,10 @@ def check_memory(setup: RunSetup, samples: bool) -> None:
   try:
     hardware.check_fits("model", "the parameters and optimizer state", state, device)
     if samples:
+      try:
+        check_generative(setup.model)
+      except ValueError as error:  # a registered family's: the run need not sample
+        raise ConfigError(f"{error}; eval.sample_tokens=0 trains it without samples") from None
       prompt_len = len(setup.train_data.tokenizer.encode(eval_config.sample_prompt))
       cache_len = check_cache_length("eval.sample_tokens", prompt_len, eval_config.sample_tokens)
       hardware.check_fits(

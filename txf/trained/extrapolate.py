@@ -42,6 +42,7 @@ from txf.analysis.extrapolation import (
   PROTOCOLS,
   WindowLosses,
   check_factors,
+  check_language_model,
   default_stride,
   tokens_per_batch,
   window_losses,
@@ -246,6 +247,10 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
       f"data.task: length extrapolation needs a decoder language model "
       f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}"
     )
+  try:  # a registered family's: found only as the first window was scored
+    check_language_model(run.setup.model)
+  except ValueError as error:
+    raise ValueError(f"model.family: {error} (the run in {workdir})") from None
   name = run.setup.run.data.name
   if text_source(name) is None:
     # Its rows are independent examples whose eval weights leave out what no

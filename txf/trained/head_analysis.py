@@ -505,6 +505,11 @@ def check_analysis(
       f"{setup.run.data.batch_size}, asked for {num_batches}"
     )
   shapes = attention_shapes(params)
+  if not shapes:  # a registered family without txf's attention layers: a KeyError
+    raise ValueError(
+      f"model.family: the run in {workdir} ({setup.run.model.family!r}) has no attention "
+      "layers of txf's to analyse"
+    )
   causal = [kind for kind in shapes if _is_causal(setup, kind)]
   if ablate is not None and not causal:
     raise ValueError("ablate: the model has no causal self-attention to ablate")
