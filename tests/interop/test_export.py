@@ -17,7 +17,7 @@ import pytest
 from etils import epath
 from train.test_gcs_workdir import REACH_S, UNREACHABLE, no_dns  # noqa: F401 (a fixture)
 
-from conftest import FIXTURES, gone_pid, repo_commands, tiny_config
+from conftest import FIXTURES, gone_pid, load_config, repo_commands, tiny_config
 from full_disk import full_disk, read_only
 from txf import storage
 from txf.data import HFTokenizer
@@ -487,6 +487,24 @@ def check_commands(runs, tmp_path, run_command):
   result = run_command("experiments.export", f"--workdir={windowed}", f"--out={tmp_path / 'x'}")
   assert result.returncode == 2 and result.stderr.startswith("export error: model.window: 8 ")
   assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def test_the_pretrained_config_of_a_txf_run_keeps_its_sample(tmp_path, monkeypatch):
+  """configs/pretrained.py:RUN of a run on generated data (its prompt in
+  the task's symbols): base's text prompt 'def ' was refused, outside the
+  run's vocabulary, until eval.sample_tokens=0 was given."""
+  from txf.configs import pretrained as pretrained_config
+  from txf.rundir import resume
+
+  (tmp_path / resume.CONFIG_FILE).write_text("{}")  # a run directory, as far as asked
+  symbols = parse(load_config("induction")).override(
+    {"eval.sample_prompt": "a b", "eval.sample_tokens": 5}
+  )
+  monkeypatch.setattr(resume, "is_run_directory", lambda directory: True)
+  monkeypatch.setattr(resume, "read_held_config", lambda directory, trained: (symbols, None))
+  config = pretrained_config.get_config(str(tmp_path))
+  assert (config.eval.sample_prompt, config.eval.sample_tokens) == ("a b", 5)
+  assert parse(config).data == symbols.data
 
 
 @pytest.mark.slow  # a tiny run, and the init compiled

@@ -13,7 +13,8 @@ tokenizer.json (data.tokenizer='hf'). The task follows the model: a GPT-2
 decoder continues the built-in corpus (lm), a BERT encoder fills its masks
 (mlm), a T5 encoder-decoder needs a translation dataset
 (--config.data.name=tfds:...). A txf run directory gives its config.json's
-model and data sections (its tokenizer: its sentencepiece model is copied
+model and data sections and its evaluations' sample (eval.sample_prompt and
+sample_tokens) (its tokenizer: its sentencepiece model is copied
 into the new run, not trained again; a tokenizer whose contents differ from
 the one the run recorded stops the run in one line) and its latest
 checkpoint's weights. Any field can still be overridden; a model field that no longer
@@ -50,6 +51,10 @@ def get_config(directory: str = ""):
     for section, fields in to_json(saved).items():
       if section in ("model", "data"):
         config[section].update(fields)
+    # Its sample, which its tokenizer reads: base's text prompt is outside a
+    # generated task's symbols.
+    sample = ("sample_prompt", "sample_tokens")
+    config.eval.update({name: getattr(saved.eval, name) for name in sample})
     config.train.update(fine_tuning)
     return config
   model = read_model_config(directory)
