@@ -712,6 +712,10 @@ def test_a_config_path_is_that_file_or_an_error(tmp_path, config):
   (tmp_path / "rope").mkdir()
   result = run_in(tmp_path, f"--config={config}", "--print_config")
   assert_one_line_error(result, f"config error: {config}: ", "nor the name of a config txf ships")
+  # The runs and the sweeps apart (txf-run takes no sweep; the line named them as one).
+  runs, _, sweeps = result.stderr.partition("; sweeps ")
+  assert "ships: runs alibi, " in runs and " rope, " in runs and "sweeps/" not in runs
+  assert sweeps.startswith("sweeps/") and "sweeps/pe_ln" in sweeps
 
 
 def test_the_config_file_loaded_is_printed_first_and_recorded(tmp_path, compilation_cache_dir):

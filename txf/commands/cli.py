@@ -63,8 +63,12 @@ class ConfigFileParser(flags.ArgumentParser):
     resolved = resolve_config(file)  # --config=rope: the config txf ships by that name
     if resolved is None:
       what = "not a file" if pathlib.Path(file).exists() else "no such config file"
+      names = config_names()
+      runs = [name for name in names if not name.startswith("sweeps/")]
+      sweeps = [name for name in names if name.startswith("sweeps/")]
       raise ConfigFileError(
-        f"{file}: {what} (nor the name of a config txf ships: {', '.join(config_names())})"
+        f"{file}: {what} (nor the name of a config txf ships: runs {', '.join(runs)}; "
+        f"sweeps {', '.join(sweeps)})"
       )
     file = str(resolved.resolve())
     try:

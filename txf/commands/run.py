@@ -5,7 +5,7 @@
   python -m experiments.run --config=rope [flags]   # in a checkout: the same command
 
 The work directory defaults to workdirs/<config name>. A config txf ships is
-taken by its bare name (rope, sweeps/pe_ln; listed below); anything else is a
+taken by its bare name (rope; listed below); anything else is a
 path (./my_config.py; configs/rope.py in a checkout), loaded only where that
 file exists. The first line the run prints is the config file it loaded
 (`config: /.../rope.py`), which run_record.json records too. Rerunning the
