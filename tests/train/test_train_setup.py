@@ -115,9 +115,13 @@ def test_load_run_evaluates_at_twice_the_training_length(trained):
 )
 def test_load_run_refuses_what_the_checkpoint_depends_on(trained, overrides, field):
   before = digests(trained)
-  with pytest.raises(ConfigError, match=rf"^{field}: "):
+  with pytest.raises(ConfigError, match=rf"^{field}: ") as refused:
     load_run(trained, overrides)
   assert digests(trained) == before
+  # A run read, not resumed: "use a new --workdir" (a resume's advice) was no remedy.
+  assert "--workdir" not in str(refused.value)
+  if "differs from the run already in" in str(refused.value):
+    assert str(refused.value).endswith("; its checkpoints depend on it")
 
 
 def test_a_resume_names_every_field_it_changes_and_the_learning_rate_it_moves(tmp_path):

@@ -638,7 +638,8 @@ def load_run(
     saved = saved or read_held_config(workdir, trained=True)[0]
     assert saved is not None  # else read_held_config refused a run with no config
     run = saved.override(overrides) if overrides else saved
-    check_resumable(run, saved, workdir)
+    # Not a resume: a new --workdir is no remedy for a trained run read.
+    check_resumable(run, saved, workdir, advice="its checkpoints depend on it")
     run, devices = _reading_layout(run)
   except ValueError as error:
     raise ConfigError(str(error)) from error
