@@ -448,6 +448,20 @@ def test_a_move_aside_whose_append_fails_leaves_every_row_where_it_was(tmp_path,
   assert not (tmp_path / metrics.DROPPED_METRICS_FILE).exists()
 
 
+def test_a_row_cut_off_after_the_step_resumed_from_goes_aside_with_the_later_rows(tmp_path):
+  """A kill cut a row after step 2's (a full disk, then more rows): resuming
+  from 2 left the fragment mid-file, before the rows trained again (every
+  reader warned at it, json.loads per line failed); one before step 2's
+  rows stays where it is."""
+  path = tmp_path / metrics.METRICS_FILE
+  lines = [json.dumps({"step": step, "loss": float(step)}) for step in (1, 2, 3)]
+  path.write_text(f'{lines[0]}\n{{"ste\n{lines[1]}\n{{"step": 3, "lo\n{lines[2]}\n')
+  assert metrics.drop_records_after(tmp_path, 2) == {metrics.METRICS_FILE: 2}
+  assert path.read_text() == f'{lines[0]}\n{{"ste\n{lines[1]}\n'
+  dropped = (tmp_path / metrics.DROPPED_METRICS_FILE).read_text().splitlines()
+  assert dropped == ['{"step": 3, "lo', lines[2]]
+
+
 def test_evaluating_a_step_again_moves_its_evaluation_and_every_later_row_aside(tmp_path):
   with metrics.MetricsWriter(tmp_path) as writer:
     writer.write(1, {"loss": 1.0})

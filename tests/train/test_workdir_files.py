@@ -113,11 +113,13 @@ def test_a_corrupt_metrics_line_is_read_past(tmp_path, caplog):
   assert [row["step"] for row in metrics.read_metrics(tmp_path)] == [1, 2, 3]
   assert "line 4" in caplog.text
   assert [row["step"] for row in metrics.read_metrics(tmp_path, since=3)] == [3]
-  # A resume from step 2 moves step 3 aside and keeps the unreadable line.
+  # A resume from step 2 moves step 3 aside and the unreadable line after it
+  # with it (kept in metrics.dropped.jsonl, not left before the new rows).
   with metrics.MetricsWriter(tmp_path, start_step=2) as writer:
     writer.write(3, {"loss": 0.5})
-  assert writer.dropped == {metrics.METRICS_FILE: 1}
-  assert b"garbage" in path.read_bytes()
+  assert writer.dropped == {metrics.METRICS_FILE: 2}
+  assert b"garbage" not in path.read_bytes()
+  assert b"garbage" in (tmp_path / metrics.DROPPED_METRICS_FILE).read_bytes()
   assert [row["loss"] for row in metrics.read_metrics(tmp_path)] == [1.0, 0.5, 0.5]
 
 

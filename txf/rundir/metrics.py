@@ -456,7 +456,10 @@ def _kept_row(line: bytes, step: int, evaluation: bool) -> bool:
   """Whether `drop_records_after` keeps a metrics line of its tail (rows
   after the last one before `step`, or at `step` without `evaluation`)."""
   if not evaluation:
-    return _row_step(line) is None  # unreadable: kept where it is
+    # Logged after `step`'s rows (the file is in step order): a later step's,
+    # or one cut off as it was written (it stayed mid-file, before the rows
+    # trained again).
+    return False
   try:
     row = json.loads(line)
   except ValueError:  # the lost evaluation's row, cut off as it was written
@@ -474,9 +477,10 @@ def drop_records_after(
 
   Rows go from metrics.jsonl to metrics.dropped.jsonl, samples from
   samples.txt to samples.dropped.txt (appended, so repeated restarts keep
-  every history). Other unreadable metrics rows are kept where they are. Only the
-  records after the last one at `step` (before it, with `evaluation`) or
-  before are parsed (`_tail_start`).
+  every history). An unreadable metrics row among them (cut off by a kill)
+  goes with them; one before them stays where it is. Only the records after
+  the last one at `step` (before it, with `evaluation`) or before are parsed
+  (`_tail_start`).
 
   Returns:
     {file name: number of records moved}, only for files that lost any.
