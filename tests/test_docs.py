@@ -623,6 +623,64 @@ def test_a_marker_of_two_sweeps_tests_each_sweeps_table_wherever_it_stands():
     findings_significance.rewrite("\n".join(above + [page[marker]]))
 
 
+def test_a_where_marker_keeps_the_other_columns_titles_for_the_pairs_and_tuned():
+  """where= drops its columns' titles with its cells: on (attention, width,
+  learning rate) rows, where="attention=linear" ranks the widths at each
+  learning rate, named by that title ('(learning rate 0.001)', not the
+  dropped column's neighbour's), and tuned= then finds its column among the
+  titles left (with where's title kept it read past the rows' cells)."""
+  page = [
+    "| attention | width | learning rate | val loss | val accuracy |",
+    "|---|---|---|---|---|",
+    "| softmax | 32 | 0.001 | 2.000 ± 0.010 | 0.300 ± 0.010 |",
+    "| softmax | 32 | 0.01 | 2.100 ± 0.010 | 0.500 ± 0.010 |",
+    "| linear | 32 | 0.001 | 2.200 ± 0.010 | 0.400 ± 0.010 |",
+    "| linear | 32 | 0.01 | 2.500 ± 0.010 | 0.100 ± 0.010 |",
+    "| softmax | 64 | 0.001 | 0.100 ± 0.010 | 0.990 ± 0.010 |",
+    "| softmax | 64 | 0.01 | 3.000 ± 0.010 | 0.050 ± 0.010 |",
+    "| linear | 64 | 0.001 | 2.300 ± 0.010 | 0.200 ± 0.010 |",
+    "| linear | 64 | 0.01 | 2.400 ± 0.010 | 0.250 ± 0.010 |",
+    "",
+  ]
+  marker = '<!-- findings_significance: seeds=3 column="val accuracy" {} -->'
+  rows = significance_rows(page + [marker.format('where="attention=linear"')])
+  # Linear attention's accuracies: at 0.001, 64 (0.200) < 32 (0.400);
+  # at 0.01, 32 (0.100) < 64 (0.250): the difference is the first mean less the second.
+  assert [row[:2] for row in rows] == [
+    ["64 < 32 (learning rate 0.001) (attention linear)", "-0.200"],
+    ["32 < 64 (learning rate 0.01) (attention linear)", "-0.150"],
+  ]
+  tuned = marker.format('tuned="learning rate" where="attention=softmax"')
+  # Softmax's best accuracy at 32 is 0.500 (at 0.01), at 64 0.990 (at 0.001).
+  assert [row[:2] for row in significance_rows(page + [tuned])] == [
+    ["32 (learning rate 0.01) < 64 (learning rate 0.001) (attention softmax)", "-0.490"],
+  ]
+
+
+def test_a_data_marker_reads_the_table_its_own_directorys_last_line_heads():
+  """data=DIR's table is the one under the last `results_table: DIR` line,
+  exactly DIR (not a directory whose name begins with it, such as DIR_steps
+  below it), and two tables of other leading columns are refused, not
+  paired by position."""
+
+  def table(first, width, loss):
+    return ["| model | width | val loss |", "|---|---|---|", f"| {first} | {width} | {loss} |"]
+
+  def head(name):
+    return [findings_significance.TABLE_MARKER.format(f"docs/data/{name}")]
+
+  page = (
+    head("a") + table("old", "32", "9.000 ± 0.100") + [""]
+    + head("a") + table("new", "32", "1.000 ± 0.100") + [""]
+    + head("a_steps") + table("steps", "32", "5.000 ± 0.100") + [""]
+    + head("b") + ["| model | val loss |", "|---|---|", "| other | 2.000 ± 0.100 |", ""]
+  )  # fmt: skip
+  titles, title, (rows,) = findings_significance._results_rows(page, None, ["docs/data/a"])
+  assert (titles, title, rows) == (["model", "width"], "val loss", {("new", "32"): (1.0, 0.1)})
+  with pytest.raises(ValueError, match="differ in their columns"):
+    findings_significance._results_rows(page, None, ["docs/data/a", "docs/data/b"])
+
+
 def test_a_sweep_without_extrapolation_gets_the_recall_table(tmp_path):
   """No extrapolation.json: the table holds the grid's fields, the validation
   loss and accuracy (mean ± std from results.csv) and the flatness."""

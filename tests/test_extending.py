@@ -265,7 +265,7 @@ def test_successor_task_rows_count_upwards_through_the_symbols():
     assert "successor task (registered)" in dataset.description
 
 
-def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
+def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents(tmp_path):
   from txf import register
 
   def data(name, task="lm"):
@@ -314,6 +314,11 @@ def test_a_registered_text_source_gives_lm_and_mlm_batches_of_its_documents():
 
     with pytest.raises(ValueError, match=r"^data\.name='lines:/nonexistent': .*No such file"):
       make_dataset(parse_data(data("lines:/nonexistent")), "train", seed=0)
+    # Any file it cannot read, not only a missing one (a directory where its
+    # file should be: IsADirectoryError, an OSError too): one line as well.
+    (tmp_path / "train.txt").mkdir()
+    with pytest.raises(ValueError, match=rf"^data\.name='lines:{tmp_path}': .*Is a directory"):
+      make_dataset(parse_data(data(f"lines:{tmp_path}")), "train", seed=0)
   with pytest.raises(
     ValueError, match=r"data\.name='repeat:hello' is not one of .* or of the forms"
   ):

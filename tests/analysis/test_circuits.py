@@ -638,6 +638,30 @@ def test_each_periods_patching_prompts_are_the_head_scores_probe_in_any_order(mo
     assert not np.array_equal(corrupt[:, :period], corrupt[:, period:])
 
 
+def test_each_periods_corrupted_prompts_share_no_block_with_its_clean_ones(monkeypatch):
+  """The corrupted source of each period is drawn after its clean prompts by
+  the same generator: one seeded alike afresh drew the clean prompts' blocks
+  again (row 0's first block, row 1's as row 0's second), so the "corrupted"
+  run held the very block the induction head copies from."""
+  from txf.analysis import circuits
+
+  model, params = tiny()
+  seen = []
+  real = circuits.path_patching
+
+  def recording(model, params, clean_BxT, corrupt_BxT, period, **kwargs):
+    seen.append((period, np.asarray(clean_BxT), np.asarray(corrupt_BxT)))
+    return real(model, params, clean_BxT, corrupt_BxT, period, **kwargs)
+
+  monkeypatch.setattr(circuits, "path_patching", recording)
+  analyze_circuits(model, params, IDS, [4, PERIOD], batch=PROBE_ROWS, seed=3)
+  assert sorted({period for period, *_ in seen}) == [4, PERIOD]
+  for period, clean, corrupt in seen:
+    clean_blocks = {tuple(row[:period]) for row in clean}
+    corrupt_blocks = {tuple(block) for row in corrupt for block in (row[:period], row[period:])}
+    assert not clean_blocks & corrupt_blocks, period
+
+
 def rising(num_steps, after):
   """float64 [num_steps]: 0 up to index `after`, 1 from index after + 1."""
   return (np.arange(num_steps) > after).astype(np.float64)

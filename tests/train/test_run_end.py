@@ -80,6 +80,10 @@ def test_a_lost_evaluation_at_the_step_a_run_trains_on_from_is_evaluated_again(t
   config.train.steps = 6
   loop.run(parse(config), workdir, log=lines.append)
   assert "the evaluation at step 4 was lost: evaluating it again" in lines, lines
+  # The cut row said as what it was, step 4's evaluation (not a record logged
+  # after the step training continues from, as a resume's are).
+  moved = "moved 1 record of metrics.jsonl of the evaluation at step 4 (evaluated again)"
+  assert f"{moved} to its .dropped file" in lines, lines
   after = [json.loads(line) for line in path.read_text().splitlines()]  # each line reads
   assert [row["step"] for row in after] == [row["step"] for row in rows] + [6, 6]
   assert without_timings(after[:4]) == without_timings(rows)  # step 4's, as first evaluated

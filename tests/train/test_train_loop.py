@@ -247,6 +247,23 @@ def test_a_signal_before_the_run_starts_stops_it_with_its_line(tmp_path, signum)
   assert not workdir.exists()
 
 
+def test_a_signal_after_a_run_refused_while_it_set_up_waits_for_its_caller(tmp_path, monkeypatch):
+  """A run refused while it sets up (a config error) hands the guard back
+  deferring: a SIGTERM after it (txf-run saying the error, a sweep going on
+  to its next point) is the caller's to read from `requested`; left stopping
+  at once it raised StoppedBeforeTraining wherever the caller was."""
+
+  def refused(run, workdir):
+    raise loop.ConfigError("model.d_model: refused")
+
+  monkeypatch.setattr(loop, "setup_run", refused)
+  with PreemptionGuard() as guard:
+    with pytest.raises(loop.ConfigError, match="refused"):
+      loop.run(parse(tiny()), tmp_path / "run", log=lambda line: None, preemption=guard)
+    os.kill(os.getpid(), signal.SIGTERM)  # raised here, in the caller, if still at once
+    assert guard.requested and guard.reason == "preempted"
+
+
 def test_a_signal_after_the_setup_wrote_a_tokenizer_removes_it(tmp_path, monkeypatch):
   """A sentencepiece model trained by a setup the signal stopped was left
   behind, and a later run in the directory read it as its own whatever its

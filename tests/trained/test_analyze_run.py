@@ -674,6 +674,32 @@ def test_files_of_an_analysis_without_a_record_are_kept_and_said(tmp_path):
   assert _record(out) == {**_settings(60), "files": [], "group_ablation": None}
 
 
+def test_a_rerun_reads_again_only_the_kept_files_its_record_lists_and_that_are_there(tmp_path):
+  """circuits.md of a rerun at the same settings (--checkpoints after
+  --circuits) re-reads the circuits.json or training_scores.csv it keeps:
+  only those the record lists as this analysis's (a file of an analysis that
+  recorded nothing, kept and said, was read into circuits.md as this step's)
+  and that are still there (one deleted since: a FileNotFoundError's
+  traceback instead of a report without it)."""
+  text = lambda path: path.read_text()  # noqa: E731
+  unrecorded = epath.Path(tmp_path / "unrecorded")
+  unrecorded.mkdir()
+  (unrecorded / "circuits.json").write_text("step ?")
+  head_analysis._settle(unrecorded, _settings(60), [], None, lambda line: None)
+  kept = head_analysis._same_settings(_record(unrecorded), _settings(60))
+  assert kept is not None  # the record is of these settings; the file is not its
+  assert head_analysis._kept_file(unrecorded, kept, "circuits.json", text) is None
+  listed = tmp_path / "listed"
+  listed.mkdir()
+  out = _analysis_dir(listed, _settings(60), ["circuits.json", "training_scores.csv"])
+  (out / "circuits.json").unlink()
+  kept = head_analysis._same_settings(_record(out), _settings(60))
+  assert head_analysis._kept_file(out, kept, "circuits.json", text) is None
+  assert head_analysis._kept_file(out, kept, "training_scores.csv", text) == "step 60"
+  other = head_analysis._same_settings(_record(out), _settings(60, replica=1))
+  assert head_analysis._kept_file(out, other, "training_scores.csv", text) is None
+
+
 @pytest.mark.parametrize("text", ["[]", '{"step": 4}', '{"step": 4, "files": ["x.png"]}', "{"])
 def test_a_damaged_analysis_record_is_refused_naming_it(tmp_path, text):
   (tmp_path / head_analysis.ANALYSIS_RECORD).write_text(text)
