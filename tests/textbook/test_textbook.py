@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from etils import epath
 
 from conftest import REPO, load_config
 from txf import textbook
@@ -154,6 +155,22 @@ def test_a_rerun_removes_its_experiments_figures_it_did_not_draw_and_runs_each_n
   assert f"removed {stale} (an earlier run's, not drawn by this one)" in done.stdout
   assert not stale.exists() and other.exists()
   assert (out / "textbook_param_counts_components.png").exists()
+
+
+def test_stale_figures_are_the_experiments_own_and_not_drawn(tmp_path, monkeypatch):
+  """Figures of the experiment not in this run's list, and not those of an
+  experiment whose name begins with its name and '_' (heads_x's are not
+  heads')."""
+  from txf.commands import textbook as command
+
+  monkeypatch.setitem(textbook.EXPERIMENTS, "heads_x", textbook.EXPERIMENTS["heads"])
+  names = ["textbook_heads_scores.png", "textbook_heads_p16.png", "textbook_heads_x_p16.png"]
+  names += ["textbook_scaling_p16.png"]
+  for name in names:
+    (tmp_path / name).write_bytes(PNG_MAGIC)
+  drawn = [str(tmp_path / "textbook_heads_scores.png")]
+  stale = command._stale_figures(epath.Path(tmp_path), "heads", drawn)
+  assert [path.name for path in stale] == ["textbook_heads_p16.png"]
 
 
 def test_loglog_slope_recovers_a_power_law():

@@ -118,8 +118,16 @@ def _stale_figures(out_dir: epath.Path, name: str, figures: list[str]) -> list[e
   run did not draw: an earlier run's of other settings (the heads
   experiment names a grid by its probe period), which name.json, one run's,
   no longer describes."""
+  from txf import textbook  # noqa: PLC0415 (as main's: after flag parsing)
+
   drawn = {epath.Path(path).name for path in figures}
-  return sorted(path for path in out_dir.glob(f"textbook_{name}_*.png") if path.name not in drawn)
+  # Another experiment whose name begins with this one's (heads_x) owns its own.
+  others = [f"textbook_{other}_" for other in textbook.EXPERIMENTS if other.startswith(f"{name}_")]
+  return sorted(
+    path
+    for path in out_dir.glob(f"textbook_{name}_*.png")
+    if path.name not in drawn and not path.name.startswith(tuple(others))
+  )
 
 
 def cli() -> None:
