@@ -527,23 +527,29 @@ def test_a_significance_marker_on_three_fields_compares_rows_that_differ_in_one(
   assert [row[-1] for row in rows] == ["yes", "no"]
 
 
+# (attention, width, learning rate) rows over 3 seeds: tuned= and where= tests.
+ATTENTION_WIDTH_RATE = [
+  "| attention | width | learning rate | val loss | val accuracy |",
+  "|---|---|---|---|---|",
+  "| softmax | 32 | 0.001 | 2.000 ± 0.010 | 0.300 ± 0.010 |",
+  "| softmax | 32 | 0.01 | 2.100 ± 0.010 | 0.500 ± 0.010 |",
+  "| linear | 32 | 0.001 | 2.200 ± 0.010 | 0.400 ± 0.010 |",
+  "| linear | 32 | 0.01 | 2.500 ± 0.010 | 0.100 ± 0.010 |",
+  "| softmax | 64 | 0.001 | 0.100 ± 0.010 | 0.990 ± 0.010 |",
+  "| softmax | 64 | 0.01 | 3.000 ± 0.010 | 0.050 ± 0.010 |",
+  "| linear | 64 | 0.001 | 2.300 ± 0.010 | 0.200 ± 0.010 |",
+  "| linear | 64 | 0.01 | 2.400 ± 0.010 | 0.250 ± 0.010 |",
+  "",
+]
+
+
 def test_a_tuned_column_compares_each_setting_at_its_best_value():
   """tuned="learning rate": each (attention, width) keeps the rate of its
   best accuracy (the highest; the lowest loss where a loss is tested), then
   the attentions are ranked at each width; a tuned column that is not a
   leading one is refused."""
   page = [
-    "| attention | width | learning rate | val loss | val accuracy |",
-    "|---|---|---|---|---|",
-    "| softmax | 32 | 0.001 | 2.000 ± 0.010 | 0.300 ± 0.010 |",
-    "| softmax | 32 | 0.01 | 2.100 ± 0.010 | 0.500 ± 0.010 |",
-    "| linear | 32 | 0.001 | 2.200 ± 0.010 | 0.400 ± 0.010 |",
-    "| linear | 32 | 0.01 | 2.500 ± 0.010 | 0.100 ± 0.010 |",
-    "| softmax | 64 | 0.001 | 0.100 ± 0.010 | 0.990 ± 0.010 |",
-    "| softmax | 64 | 0.01 | 3.000 ± 0.010 | 0.050 ± 0.010 |",
-    "| linear | 64 | 0.001 | 2.300 ± 0.010 | 0.200 ± 0.010 |",
-    "| linear | 64 | 0.01 | 2.400 ± 0.010 | 0.250 ± 0.010 |",
-    "",
+    *ATTENTION_WIDTH_RATE,
     '<!-- findings_significance: seeds=3 column="val accuracy" tuned="learning rate" -->',
   ]
   rows = significance_rows(page)
@@ -629,19 +635,7 @@ def test_a_where_marker_keeps_the_other_columns_titles_for_the_pairs_and_tuned()
   learning rate, named by that title ('(learning rate 0.001)', not the
   dropped column's neighbour's), and tuned= then finds its column among the
   titles left (with where's title kept it read past the rows' cells)."""
-  page = [
-    "| attention | width | learning rate | val loss | val accuracy |",
-    "|---|---|---|---|---|",
-    "| softmax | 32 | 0.001 | 2.000 ± 0.010 | 0.300 ± 0.010 |",
-    "| softmax | 32 | 0.01 | 2.100 ± 0.010 | 0.500 ± 0.010 |",
-    "| linear | 32 | 0.001 | 2.200 ± 0.010 | 0.400 ± 0.010 |",
-    "| linear | 32 | 0.01 | 2.500 ± 0.010 | 0.100 ± 0.010 |",
-    "| softmax | 64 | 0.001 | 0.100 ± 0.010 | 0.990 ± 0.010 |",
-    "| softmax | 64 | 0.01 | 3.000 ± 0.010 | 0.050 ± 0.010 |",
-    "| linear | 64 | 0.001 | 2.300 ± 0.010 | 0.200 ± 0.010 |",
-    "| linear | 64 | 0.01 | 2.400 ± 0.010 | 0.250 ± 0.010 |",
-    "",
-  ]
+  page = ATTENTION_WIDTH_RATE
   marker = '<!-- findings_significance: seeds=3 column="val accuracy" {} -->'
   rows = significance_rows(page + [marker.format('where="attention=linear"')])
   # Linear attention's accuracies: at 0.001, 64 (0.200) < 32 (0.400);

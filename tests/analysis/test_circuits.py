@@ -611,23 +611,31 @@ def test_analyze_circuits_averages_the_periods_and_composes_over_their_rope_dist
     assert np.abs(expected - other).max() > 1e-3
 
 
-def test_each_periods_patching_prompts_are_the_head_scores_probe_in_any_order(monkeypatch):
+@pytest.fixture
+def seen(monkeypatch):
+  """[(period, clean_BxT, corrupt_BxT)] of each path_patching call
+  analyze_circuits makes, recorded as it passes them on."""
+  from txf.analysis import circuits
+
+  calls = []
+  real = circuits.path_patching
+
+  def recording(model, params, clean_BxT, corrupt_BxT, period, **kwargs):
+    calls.append((period, np.asarray(clean_BxT), np.asarray(corrupt_BxT)))
+    return real(model, params, clean_BxT, corrupt_BxT, period, **kwargs)
+
+  monkeypatch.setattr(circuits, "path_patching", recording)
+  return calls
+
+
+def test_each_periods_patching_prompts_are_the_head_scores_probe_in_any_order(seen):
   """Each period's clean prompts are induction_probe's at that period (what
   head_scores.csv's induction_p<P> scores), so the record does not depend on
   the order of the periods: one generator for all drew the second period's
   prompts after the first's."""
-  from txf.analysis import circuits
   from txf.analysis.head_scores import induction_probe
 
   model, params = tiny()
-  seen = []
-  real = circuits.path_patching
-
-  def recording(model, params, clean_BxT, corrupt_BxT, period, **kwargs):
-    seen.append((period, np.asarray(clean_BxT), np.asarray(corrupt_BxT)))
-    return real(model, params, clean_BxT, corrupt_BxT, period, **kwargs)
-
-  monkeypatch.setattr(circuits, "path_patching", recording)
   forward = analyze_circuits(model, params, IDS, [4, PERIOD], batch=PROBE_ROWS, seed=3)
   backward = analyze_circuits(model, params, IDS, [PERIOD, 4], batch=PROBE_ROWS, seed=3)
   for period in ("4", str(PERIOD)):
@@ -638,22 +646,12 @@ def test_each_periods_patching_prompts_are_the_head_scores_probe_in_any_order(mo
     assert not np.array_equal(corrupt[:, :period], corrupt[:, period:])
 
 
-def test_each_periods_corrupted_prompts_share_no_block_with_its_clean_ones(monkeypatch):
+def test_each_periods_corrupted_prompts_share_no_block_with_its_clean_ones(seen):
   """The corrupted source of each period is drawn after its clean prompts by
   the same generator: one seeded alike afresh drew the clean prompts' blocks
   again (row 0's first block, row 1's as row 0's second), so the "corrupted"
   run held the very block the induction head copies from."""
-  from txf.analysis import circuits
-
   model, params = tiny()
-  seen = []
-  real = circuits.path_patching
-
-  def recording(model, params, clean_BxT, corrupt_BxT, period, **kwargs):
-    seen.append((period, np.asarray(clean_BxT), np.asarray(corrupt_BxT)))
-    return real(model, params, clean_BxT, corrupt_BxT, period, **kwargs)
-
-  monkeypatch.setattr(circuits, "path_patching", recording)
   analyze_circuits(model, params, IDS, [4, PERIOD], batch=PROBE_ROWS, seed=3)
   assert sorted({period for period, *_ in seen}) == [4, PERIOD]
   for period, clean, corrupt in seen:
