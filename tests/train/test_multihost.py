@@ -10,6 +10,9 @@ two JAX processes (jax.distributed, CPU collectives) that train one model.
   tensor=2: parameters split along other axes) continues to the reference's
   numbers: parameters, optimizer state and data position were restored and
   resharded.
+* A one-process data-parallel run's checkpoint (its state replicated, so
+  saved packed: txf.rundir.packed_state) resumed by two processes continues
+  to the reference's numbers too.
 * --coordinator_address without the other distributed flags is a flag error.
 
 Runs are tiny (d_model 32, one layer); their cost is process start-up and
@@ -17,6 +20,7 @@ XLA compilation. train.decay='constant' makes the schedule independent of
 train.steps, so a run of N steps and one of 2N share their first N updates.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -30,6 +34,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from txf.rundir import checkpoint
 from txf.rundir.metrics import read_metrics
 
 N = 4  # steps of the two-process run (and its checkpoint)
@@ -56,6 +61,8 @@ MESH_2x2 = {"parallel.data": 2, "parallel.fsdp": 2, "parallel.tensor": 1}
 # Resume mesh: parameters split over 'tensor' (heads, mlp, vocab) instead of
 # over 'fsdp' (embed).
 MESH_TENSOR = {"parallel.data": 1, "parallel.fsdp": 1, "parallel.tensor": 2}
+# Data parallel only: every process and device holds the whole state.
+MESH_DATA = {"parallel.data": 4, "parallel.fsdp": 1, "parallel.tensor": 1}
 
 
 def free_port() -> int:
@@ -118,6 +125,21 @@ def launch(commands_and_envs, log_dir: pathlib.Path, name: str):
   return [(p.returncode, path.read_text()) for p, path in zip(processes, paths)]
 
 
+def launch_two_processes(workdir, fields, run_dir, name):
+  """Processes 0 and 1 of one jax.distributed run in `workdir`, 2 devices
+  each: [(returncode, output)] of each."""
+  address = f"localhost:{free_port()}"
+  distributed = [f"--coordinator_address={address}", "--num_processes=2"]
+  return launch(
+    [
+      (command(workdir, fields, *distributed, f"--process_id={i}"), environment(2))
+      for i in range(2)
+    ],
+    run_dir,
+    name,
+  )
+
+
 def train_rows(workdir):
   return [row for row in read_metrics(workdir) if "loss" in row]
 
@@ -144,26 +166,8 @@ def run_dir(tmp_path_factory):
 def two_processes(run_dir):
   """N steps by processes 0 and 1 of one jax.distributed run, 2 devices each."""
   workdir = run_dir / "two_processes"
-  address = f"localhost:{free_port()}"
   fields = {**TINY, **MESH_2x2, "train.steps": N}
-  results = launch(
-    [
-      (
-        command(
-          workdir,
-          fields,
-          f"--coordinator_address={address}",
-          "--num_processes=2",
-          f"--process_id={i}",
-        ),
-        environment(2),
-      )
-      for i in range(2)
-    ],
-    run_dir,
-    "two_processes",
-  )
-  return workdir, results
+  return workdir, launch_two_processes(workdir, fields, run_dir, "two_processes")
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +251,38 @@ def test_resume_on_one_process_and_another_mesh(two_processes, one_process, run_
   resumed_eval = {r["step"]: r["eval_loss"] for r in eval_rows(resumed)}
   reference_eval = {r["step"]: r["eval_loss"] for r in eval_rows(reference_dir)}
   np.testing.assert_allclose(resumed_eval[TOTAL], reference_eval[TOTAL], rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def one_process_replicated(run_dir):
+  """N steps in one process on a data-parallel mesh of 4 devices: its
+  state is replicated, and its checkpoint packed."""
+  workdir = run_dir / "one_process_replicated"
+  fields = {**TINY, **MESH_DATA, "train.steps": N}
+  [result] = launch([(command(workdir, fields), environment(4))], run_dir, "one_process_replicated")
+  return workdir, result
+
+
+@pytest.mark.slow
+def test_a_packed_checkpoint_resumes_on_two_processes(one_process_replicated, one_process, run_dir):
+  workdir, (returncode, text) = one_process_replicated
+  assert returncode == 0, text[-4000:]
+  extras = json.loads((workdir / "checkpoints" / str(N) / "extras" / "metadata").read_text())
+  assert checkpoint.LAYOUT_KEY in extras  # packed
+  resumed = run_dir / "resumed_packed"
+  shutil.copytree(workdir, resumed)
+  fields = {**TINY, **MESH_DATA, "train.steps": TOTAL}
+  results = launch_two_processes(resumed, fields, run_dir, "resumed_packed")
+  for index, (code, output) in enumerate(results):
+    assert code == 0, f"process {index} exited {code}:\n{output[-4000:]}"
+  assert re.search(rf"resumed from step {N} in \S*resumed_packed", results[0][1])
+  reference_dir, (reference_code, reference_text) = one_process
+  assert reference_code == 0, reference_text[-4000:]
+  reference, resumed_losses = losses(train_rows(reference_dir)), losses(train_rows(resumed))
+  steps = list(range(N + 1, TOTAL + 1))
+  np.testing.assert_allclose(
+    [resumed_losses[s] for s in steps], [reference[s] for s in steps], rtol=1e-5
+  )
 
 
 @pytest.mark.slow

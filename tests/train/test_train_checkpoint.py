@@ -75,6 +75,42 @@ def test_round_trip(tmp_path):
     assert leaf.sharding == spec.sharding
 
 
+def test_a_state_of_many_arrays_is_saved_as_a_few_and_each_step_restores_as_it_was_saved(
+  tmp_path, monkeypatch
+):
+  """orbax's work per array holds the interpreter lock while the loop
+  dispatches steps: a state is saved packed (txf.rundir.packed_state), a
+  float32 leaf beside the others of its dtype. A step saved with each array
+  as it is (a multi-process run's, or txf's before packing) restores too."""
+  many = {f"w{i:02d}": jnp.full((i + 1, 3), i, jnp.float32) for i in range(40)}
+  with checkpoint.Checkpointer(tmp_path, max_to_keep=5) as ckpt:
+    with monkeypatch.context() as patch:
+      patch.setattr(checkpoint, "packable", lambda state: False)
+      assert ckpt.save(1, {**many, "x": make_state(1)}, extras_for(1))
+    assert ckpt.save(2, {**many, "x": make_state(2)}, extras_for(2))
+    ckpt.wait_until_finished()
+    saved = {step: ckpt._manager.item_metadata(step)[checkpoint.STATE_ITEM] for step in (1, 2)}
+  assert len(jax.tree.leaves(saved[1].tree)) == 45  # each array as it is
+  assert sorted(saved[2].tree) == ["0", "1", "2"]  # float32, bfloat16, int32
+  with checkpoint.Checkpointer(tmp_path, read_only=True) as reader:
+    for step in (1, 2):
+      state, extras = reader.restore_step(step, abstract({**many, "x": make_state(0)}))
+      assert extras == extras_for(step)
+      assert_trees_equal(state, {**many, "x": make_state(step)})
+
+
+def test_a_restored_state_is_donated_in_place(tmp_path):
+  """The restored arrays are the run's own (not views of what orbax read):
+  the train step consumes them without a copy."""
+  save_steps(tmp_path, [1])
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    _, state, _ = ckpt.restore(abstract(make_state(0)))
+  step = jax.jit(lambda state: jax.tree.map(lambda x: x + 1, state), donate_argnums=0)
+  stepped = step(state)
+  assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+  assert_trees_equal(stepped, jax.tree.map(lambda x: x + 1, make_state(1)))
+
+
 def test_every_step_restores_by_its_number(tmp_path):
   save_steps(tmp_path, [1, 2, 3], max_to_keep=5)
   delete_extras_item(tmp_path / "3")
@@ -178,8 +214,8 @@ def test_save_interval_and_force(tmp_path):
 
 
 def test_a_step_off_the_save_interval_copies_nothing(tmp_path, monkeypatch):
-  copied = []
-  monkeypatch.setattr(checkpoint, "_unaliased", lambda state: copied.append(state) or state)
+  copied, pack = [], checkpoint.pack
+  monkeypatch.setattr(checkpoint, "pack", lambda state: copied.append(state) or pack(state))
   with checkpoint.Checkpointer(tmp_path, save_interval_steps=2) as ckpt:
     assert not ckpt.save(1, make_state(1), extras_for(1))
     assert copied == []
@@ -566,7 +602,11 @@ def test_mismatched_state_raises_and_renames_nothing(tmp_path):
   wrong = make_state(0)
   wrong["params"]["dense"]["kernel"] = jnp.zeros((5, 4), jnp.float32)
   with checkpoint.Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(checkpoint.RestoreError, match="step 1"):
+    with pytest.raises(
+      checkpoint.RestoreError,
+      match=r"step 1: ValueError: the state saved holds \['params'\]\['dense'\]\['kernel'\] "
+      r"as float32\[3, 4\], the one asked for as float32\[5, 4\]",
+    ):
       ckpt.restore(abstract(wrong))
   assert [p.name for p in tmp_path.iterdir()] == ["1"]
 
@@ -589,8 +629,9 @@ def test_bad_save_and_restore_arguments(tmp_path):
       ckpt.save(1, make_state(1), {"rng": jnp.ones(2)})
     with pytest.raises(ValueError, match="extras"):
       ckpt.save(1, make_state(1), [1, 2])
-    with pytest.raises(ValueError, match="state_checksums"):
-      ckpt.save(1, make_state(1), {checkpoint.CHECKSUMS_KEY: {}})
+    for key in (checkpoint.CHECKSUMS_KEY, checkpoint.LAYOUT_KEY):
+      with pytest.raises(ValueError, match=f"extras may not hold '{key}'"):
+        ckpt.save(1, make_state(1), {key: {}})
     with pytest.raises(ValueError, match="abstract_state"):
       ckpt.restore({"x": "not an array"})
     ckpt.wait_until_finished()

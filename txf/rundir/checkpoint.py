@@ -1,8 +1,13 @@
 """Orbax checkpointing of the train state plus a JSON dict of extras.
 
 Each step directory holds two items:
-  state   the train-state pytree (`ocp.args.StandardSave` / `StandardRestore`)
-  extras  a JSON dict: data-iterator position, RNG info, anything small
+  state   the train state's arrays (`ocp.args.StandardSave` /
+          `StandardRestore`): in a single-process run packed into a few
+          large ones (`txf.rundir.packed_state`), each array as it is
+          otherwise (and in steps saved by txf before packing)
+  extras  a JSON dict: data-iterator position, RNG info, anything small;
+          and the save's own records, taken out on restore: the state's
+          checksums and, for a packed state, its layout
 
 Restoring picks the newest checkpoint that restores cleanly. A newer one
 that fails (truncated or missing files, a missing item, or a corrupt
@@ -49,11 +54,13 @@ committed and the older steps would be deleted).
 A save keeps out of the training thread's way: it returns once the state
 is copied off the devices (or, in a CPU device's memory, copied there: the
 step that donates the state next would otherwise copy it itself, in its
-dispatch), and tensorstore's threads that then compress and write it run
-at a lower CPU priority (nice 10) and off one of the process's cores, so a
-training thread waking to dispatch a step finds a core free (`_unaliased`,
-`_yield_to_training`; benchmarks.run checkpoint_stall times a step
-dispatched during a save).
+dispatch), orbax's per-array Python work, which holds the interpreter lock
+the training thread needs to dispatch, is done for a dozen packed arrays
+instead of hundreds, and tensorstore's threads that then compress and write
+it run at a lower CPU priority (nice 10) and off one of the process's
+cores, so a training thread waking to dispatch a step finds a core free
+(`packed_state.pack`, `_unaliased`, `_yield_to_training`;
+benchmarks.run checkpoint_stall times a step dispatched during a save).
 
 orbax logs each failure it meets with a traceback (from its own threads,
 tens to hundreds of lines); every one of them also reaches the caller as
@@ -91,6 +98,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from txf.runconfig.run_config import TrainConfig
+from txf.rundir.packed_state import layout_target, pack, packable, unpack
 from txf.rundir.workdir import check_writable
 from txf.storage import WriteError, free_path, is_local
 
@@ -272,6 +280,10 @@ def _check_abstract_state(abstract_state: Any) -> None:
 
 
 CHECKSUMS_KEY = "state_checksums"
+# Where extras record how the state's arrays were packed (packed_state.Layout);
+# a step without it (a state that is not packable, or saved by txf before
+# packing) holds each array as it is.
+LAYOUT_KEY = "state_layout"
 
 
 class CorruptState(ValueError):
@@ -332,20 +344,13 @@ def _check_state(state: Any, checksums: dict[str, int] | None) -> None:
       raise CorruptState(f"{path} differs from the checksum recorded when it was saved")
 
 
-def _checked(restored: Any) -> tuple[Any, dict]:
-  """(state, extras) of a restored step, its state checked against the
-  checksums its extras hold (taken out of them)."""
-  extras = dict(restored[EXTRAS_ITEM])
-  _check_state(restored[STATE_ITEM], extras.pop(CHECKSUMS_KEY, None))
-  return restored[STATE_ITEM], extras
-
-
 def _check_extras(extras: Any) -> None:
   """Fails now rather than in orbax's background writer."""
   if not isinstance(extras, dict):
     raise ValueError(f"extras must be a dict, got {type(extras).__name__}.")
-  if CHECKSUMS_KEY in extras:
-    raise ValueError(f"extras may not hold {CHECKSUMS_KEY!r}: the save records the state's there.")
+  for key in (CHECKSUMS_KEY, LAYOUT_KEY):
+    if key in extras:
+      raise ValueError(f"extras may not hold {key!r}: the save records the state's there.")
   try:
     json.dumps(extras)
   except (TypeError, ValueError) as error:
@@ -468,11 +473,13 @@ class Checkpointer:
     if not force and not self._manager.should_save(step):
       return False
     self._unchecked_save = True
+    extras = {**extras, CHECKSUMS_KEY: state_checksums(state)}
+    if packable(state):
+      saved, extras[LAYOUT_KEY] = pack(state)
+    else:
+      saved = _unaliased(state)
     args = ocp.args.Composite(
-      **{
-        STATE_ITEM: ocp.args.StandardSave(_unaliased(state)),
-        EXTRAS_ITEM: ocp.args.JsonSave({**extras, CHECKSUMS_KEY: state_checksums(state)}),
-      }
+      **{STATE_ITEM: ocp.args.StandardSave(saved), EXTRAS_ITEM: ocp.args.JsonSave(extras)}
     )
     if self._ranks_by_metrics and metrics is None:
       # orbax warns of every save without them when it ranks: the steps saved
@@ -593,11 +600,29 @@ class Checkpointer:
       raise ValueError(f"no checkpoint at step {step} in {self.directory}")
     self._report_unfinished_saves()
     try:
-      return _checked(self._manager.restore(step, args=_restore_args(abstract_state)))
+      return self._restored(step, abstract_state)
     except Exception as error:
       raise RestoreError(
         f"checkpoint step {step} in {self.directory} does not restore: {_describe(error)}"
       ) from error
+
+  def _restored(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+    """(state, extras) of `step`, the state (packed or not: the extras say)
+    onto `abstract_state` and checked against the checksums the extras hold
+    (both taken out of them)."""
+    extras = dict(self._read(step, EXTRAS_ITEM, ocp.args.JsonRestore()))
+    layout = extras.pop(LAYOUT_KEY, None)
+    if layout is None:
+      state = self._read(step, STATE_ITEM, ocp.args.StandardRestore(abstract_state))
+    else:
+      packed = self._read(step, STATE_ITEM, ocp.args.StandardRestore(layout_target(layout)))
+      state = unpack(packed, layout, abstract_state)
+    _check_state(state, extras.pop(CHECKSUMS_KEY, None))
+    return state, extras
+
+  def _read(self, step: int, item: str, args: ocp.args.CheckpointArgs) -> Any:
+    """One item of `step`, read as `args` say."""
+    return self._manager.restore(step, args=ocp.args.Composite(**{item: args}))[item]
 
   def _steps(self) -> list[int]:
     """The finalised steps on disk now, newest first."""
@@ -619,7 +644,7 @@ class Checkpointer:
     failures: list[tuple[int, Exception]] = []
     for step in steps:
       try:
-        state, extras = _checked(self._manager.restore(step, args=_restore_args(abstract_state)))
+        state, extras = self._restored(step, abstract_state)
       except Exception as error:
         # Any failure (missing file, bad bytes, missing item) makes this
         # step unusable; which exception depends on the file that broke --
@@ -846,16 +871,6 @@ def _tensorstore_threads() -> set[int]:
     except OSError:
       continue
   return ids
-
-
-def _restore_args(abstract_state: Any) -> ocp.args.Composite:
-  """What `CheckpointManager.restore` reads: the state onto `abstract_state`, and the extras."""
-  return ocp.args.Composite(
-    **{
-      STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-      EXTRAS_ITEM: ocp.args.JsonRestore(),
-    }
-  )
 
 
 # Where tensorstore's and orbax's messages go on with kilobytes of spec.

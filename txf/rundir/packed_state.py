@@ -1,0 +1,178 @@
+"""A train state's many arrays as a few large ones, for its checkpoint.
+
+orbax's save does Python work for every array it writes (its sharding file,
+a tensorstore open, its metadata), in threads of its own that take the
+interpreter lock one array at a time; a training thread dispatching steps
+meanwhile waits for the lock's hand-over between them. For gpt2_small's
+train state, 591 arrays, that put the p99 of a step's dispatch during a
+save at 6.6-7.1 ms on a CPU, 1.4-2.0 ms without one (docs/benchmarks.md,
+"Fewer, larger arrays in a checkpoint"). Packed, that benchmark's state
+is 13 arrays (gpt2_small's own 15), and the p99 during a save 1.9-3.4 ms.
+
+`pack` concatenates each dtype's leaves, in the state's order and each
+flattened, into arrays of about PACKED_BYTES (a larger leaf is one of its
+own); `layout` (JSON) lists each packed array's dtype and its leaves' paths
+and shapes, and is saved beside them. `unpack` cuts them back into the
+leaves of the state a run asks for, onto its shardings, and refuses in one
+line a state whose leaves differ from those saved.
+
+Only a state whose every leaf is whole on each of its devices is packed
+(`packable`: one process; each leaf on one device, or replicated, as a
+data-parallel run's are); a state sharded across devices (FSDP, tensor
+parallelism, or a multi-process run's) is saved as it is, as is one holding
+a leaf that is not a numeric array (a PRNG key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# About how large a packed array is: a few per core for tensorstore's
+# compression and reading, and few enough that orbax's work per array is
+# small (gpt2_small's 1.49 GB train state: 15 arrays, its embedding table
+# and that table's two Adam moments one each).
+PACKED_BYTES = 128 * 2**20
+
+# One packed array's description in `layout`: its dtype's name and, for each
+# leaf in it in order, [path (jax.tree_util.keystr), shape].
+Layout = list[dict[str, Any]]
+
+
+def packable(state: Any) -> bool:
+  """Whether `state` is saved packed: in a single-process run, every leaf a
+  numpy array, or a jax array on one device or replicated over several, of
+  a numeric or boolean dtype."""
+  if jax.process_count() > 1:
+    return False
+  leaves = jax.tree.leaves(state)
+  return bool(leaves) and all(
+    isinstance(leaf, jax.Array | np.ndarray)
+    and (jnp.issubdtype(leaf.dtype, jnp.number) or leaf.dtype == np.bool_)
+    and _whole_on_each_device(leaf)
+    for leaf in leaves
+  )
+
+
+def _whole_on_each_device(leaf: Any) -> bool:
+  sharding = _sharding(leaf)
+  return sharding is None or sharding.is_fully_replicated
+
+
+def _sharding(leaf: Any) -> jax.sharding.Sharding | None:
+  return getattr(leaf, "sharding", None)
+
+
+def _groups(state: Any) -> list[tuple[str, list[tuple[str, Any]]]]:
+  """[(dtype name, [(path, leaf), ...]), ...]: the leaves of each dtype and
+  sharding (one concatenation's inputs share both) in the state's order, a
+  group closed where the next leaf would take it past PACKED_BYTES."""
+  groups: list[tuple[str, list[tuple[str, Any]]]] = []
+  open_group: dict[tuple, int] = {}  # (dtype name, sharding) -> index in groups
+  filled: list[int] = []  # bytes in each group
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    dtype = np.dtype(leaf.dtype).name
+    nbytes = leaf.size * np.dtype(leaf.dtype).itemsize
+    kind = (dtype, _sharding(leaf))
+    index = open_group.get(kind)
+    if index is None or filled[index] + nbytes > PACKED_BYTES:
+      index = open_group[kind] = len(groups)
+      groups.append((dtype, []))
+      filled.append(0)
+    groups[index][1].append((jax.tree_util.keystr(path), leaf))
+    filled[index] += nbytes
+  return groups
+
+
+def pack(state: Any) -> tuple[dict[str, jax.Array | np.ndarray], Layout]:
+  """(arrays, layout): `state`'s leaves copied into arrays named "0", "1",
+  ... (1-D, one dtype each) in host memory, as `layout` describes. Each is
+  one concatenation on the devices; they share no memory with the state,
+  which may be donated at once."""
+  arrays: dict[str, jax.Array | np.ndarray] = {}
+  layout: Layout = []
+  for dtype, members in _groups(state):
+    arrays[str(len(layout))] = _in_host_memory(_concatenated([leaf for _, leaf in members]))
+    layout.append(
+      {"dtype": dtype, "leaves": [[path, list(np.shape(leaf))] for path, leaf in members]}
+    )
+  return arrays, layout
+
+
+@jax.jit
+def _concatenated(leaves: list[jax.Array]) -> jax.Array:
+  """`leaves` flattened, one after the other, in a new buffer on the devices."""
+  return jnp.concatenate([leaf.reshape(-1) for leaf in leaves])
+
+
+def _in_host_memory(packed: jax.Array) -> jax.Array | np.ndarray:
+  """`packed` in host memory, read back before the next is made: left on an
+  accelerator, the packed arrays would all sit in its memory (a second
+  state) until orbax read them. A jax array on a CPU device (as the packed
+  arrays of a state there already are) is read by orbax without a copy; a
+  numpy array, where jax has no CPU backend, it copies once more."""
+  if all(device.platform == "cpu" for device in packed.devices()):
+    return packed
+  try:
+    host = jax.devices("cpu")[0]
+  except RuntimeError:  # JAX_PLATFORMS names no cpu
+    return np.asarray(packed)
+  return jax.block_until_ready(jax.device_put(packed, host))
+
+
+def layout_target(layout: Layout) -> dict[str, np.ndarray]:
+  """What orbax restores the packed arrays onto: host arrays of their sizes
+  (allocated as they are written)."""
+  return {
+    str(index): np.empty(
+      sum(int(np.prod(shape)) for _, shape in array["leaves"]), jnp.dtype(array["dtype"])
+    )
+    for index, array in enumerate(layout)
+  }
+
+
+def unpack(arrays: dict[str, np.ndarray], layout: Layout, abstract_state: Any) -> Any:
+  """The state `layout` describes, cut out of the packed `arrays`, in
+  `abstract_state`'s structure and onto each of its leaves' shardings (the
+  default device where a leaf has none).
+
+  Raises:
+    ValueError: one line naming the first leaf that one of the two states
+      holds and the other does not, or whose shape or dtype differ.
+  """
+  saved = {}  # path -> (shape, dtype name, packed array's name, offset in it)
+  for index, array in enumerate(layout):
+    offset = 0
+    for path, shape in array["leaves"]:
+      saved[path] = (tuple(shape), array["dtype"], str(index), offset)
+      offset += int(np.prod(shape))
+  asked = {
+    jax.tree_util.keystr(key): leaf
+    for key, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)
+  }
+  unmatched = sorted(set(saved) ^ set(asked))
+  if unmatched:
+    holder, other = ("saved", "asked for") if unmatched[0] in saved else ("asked for", "saved")
+    raise ValueError(f"the state {holder} holds {unmatched[0]}, the one {other} does not")
+  leaves = []
+  for path, leaf in asked.items():
+    shape, dtype, name, offset = saved[path]
+    if (shape, dtype) != (tuple(leaf.shape), np.dtype(leaf.dtype).name):
+      raise ValueError(
+        f"the state saved holds {path} as {dtype}{list(shape)}, the one asked for as "
+        f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+      )
+    value = arrays[name][offset : offset + int(np.prod(shape))].reshape(shape)
+    leaves.append(_on_devices(value, leaf))
+  return jax.tree.unflatten(jax.tree.structure(abstract_state), leaves)
+
+
+def _on_devices(value_X: np.ndarray, leaf: Any) -> jax.Array:
+  """`value_X` on `leaf`'s sharding, each device given its own part."""
+  sharding = getattr(leaf, "sharding", None)
+  if sharding is None:
+    return jax.device_put(value_X)
+  return jax.make_array_from_callback(value_X.shape, sharding, lambda index: value_X[index])
