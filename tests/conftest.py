@@ -3,6 +3,8 @@
 import atexit
 import contextlib
 import importlib
+import json
+import math
 import os
 import pathlib
 import re
@@ -49,8 +51,10 @@ import jax  # noqa: E402
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 
 from command_server import CommandServer
+from txf.rundir import checkpoint
 
 # The tests write Python bytecode even where the environment says not to
 # (PYTHONDONTWRITEBYTECODE=1 on CI's machines): otherwise each of the ~150
@@ -157,10 +161,45 @@ def checkpoint_steps(workdir):
 
 
 def restore_state(workdir, step):
-  """The train-state pytree of checkpoint `step`, restored as saved."""
-  path = pathlib.Path(workdir) / "checkpoints" / str(step) / "state"
+  """The train state of checkpoint `step` of a run (local or gs://), read
+  with orbax directly, not txf's Checkpointer: a packed state
+  (txf.rundir.packed_state) cut by the layout its extras record, into
+  nested dicts keyed by its leaves' paths; a state saved as it is, as orbax
+  restores it."""
+  step_dir = epath.Path(workdir) / "checkpoints" / str(step)
+  if "://" not in str(workdir):
+    step_dir = step_dir.resolve()  # orbax wants an absolute path
   with ocp.StandardCheckpointer() as checkpointer:
-    return checkpointer.restore(path.resolve())
+    state = checkpointer.restore(step_dir / "state")
+  extras = json.loads((step_dir / "extras" / "metadata").read_text())
+  layout = extras.get(checkpoint.LAYOUT_KEY)
+  if layout is None:
+    return state
+  leaves = {}
+  for index, packed in enumerate(layout):
+    values, offset = np.asarray(state[str(index)]), 0
+    for path, shape in packed["leaves"]:
+      leaves[path] = values[offset : offset + math.prod(shape)].reshape(shape)
+      offset += math.prod(shape)
+  return _nested(leaves)
+
+
+# One key of a jax.tree_util.keystr path: .attribute, ['key'] or [index].
+PATH_KEY = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(\d+)\]")
+
+
+def _nested(leaves):
+  """{keystr path: value} as nested dicts, a level for each key of a path."""
+  tree = {}
+  for path, value in leaves.items():
+    found = PATH_KEY.findall(path)
+    assert "".join(m.group(0) for m in PATH_KEY.finditer(path)) == path, path
+    keys = [attribute or key or int(index) for attribute, key, index in found]
+    node = tree
+    for key in keys[:-1]:
+      node = node.setdefault(key, {})
+    node[keys[-1]] = value
+  return tree
 
 
 def assert_same_states(state_a, state_b):

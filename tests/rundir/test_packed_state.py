@@ -84,18 +84,20 @@ def test_a_packed_array_is_closed_where_the_next_leaf_would_pass_the_limit(
 def test_the_packed_arrays_share_no_memory_with_the_state():
   """The train step donates the state right after a save: its buffers must
   have no other reader (on a CPU a host array may view a device buffer)."""
-  state = {"a": jnp.arange(8.0), "b": jnp.arange(3.0)}
+  # 'c' alone in its packed array, already flat: jit could pass it through.
+  state = {"a": jnp.arange(8.0), "b": jnp.arange(3.0), "c": jnp.arange(4, dtype=jnp.int32)}
   arrays, _ = packed_state.pack(state)
   for leaf in state.values():
     assert not any(np.shares_memory(np.asarray(leaf), array) for array in arrays.values())
   donated = jax.jit(lambda s: jax.tree.map(lambda x: x * 2, s), donate_argnums=0)(state)
   assert all(leaf.is_deleted() for leaf in state.values())
   np.testing.assert_array_equal(arrays["0"], np.r_[np.arange(8.0), np.arange(3.0)])
+  np.testing.assert_array_equal(arrays["1"], np.arange(4))
   np.testing.assert_array_equal(donated["a"], 2 * np.arange(8.0))
 
 
 class OnAnAccelerator:
-  """A packed array as `_in_host_memory` sees one made on an accelerator."""
+  """A packed array as `_to_host` sees one made on an accelerator."""
 
   def __init__(self, packed):
     self.packed = packed

@@ -35,7 +35,6 @@ import fsspec
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 import gcsfs  # noqa: E402
 import ml_collections  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 from etils import epath  # noqa: E402
 from gcp_storage_emulator import (
@@ -48,6 +47,7 @@ from gcp_storage_emulator.handlers import objects as emulator_objects  # noqa: E
 from conftest import (  # noqa: E402
   REPO,
   assert_same_states,
+  restore_state,
   sigterm_at,
   tiny_config,
   without_timings,
@@ -173,12 +173,6 @@ def bucket_files(prefix: str) -> set[str]:
   return {name[len(root) :] for name in fs.find(root)}
 
 
-def restore_saved(workdir, step):
-  """Checkpoint `step` of a run (local or gs://), restored as saved."""
-  with ocp.StandardCheckpointer() as checkpointer:
-    return checkpointer.restore(epath.Path(workdir) / "checkpoints" / str(step) / "state")
-
-
 def run_quietly(config, workdir, log=None):
   lines = []
   result = loop.run(parse(config), workdir, log=log or lines.append)
@@ -240,7 +234,7 @@ def test_a_run_on_gcs_writes_everything_to_the_bucket_and_resumes_exactly(
   assert {"4", "8"} <= steps
   assert not any(".write-probe" in f for f in files)
   # The final state, read back from the bucket, is the local run's.
-  assert_same_states(restore_saved(workdir, 8), restore_saved(local, 8))
+  assert_same_states(restore_state(workdir, 8), restore_state(local, 8))
 
 
 def _truncate_objects(directory: str, prefix: str) -> None:

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import pathlib
@@ -97,6 +98,23 @@ def test_a_state_of_many_arrays_is_saved_as_a_few_and_each_step_restores_as_it_w
       state, extras = reader.restore_step(step, abstract({**many, "x": make_state(0)}))
       assert extras == extras_for(step)
       assert_trees_equal(state, {**many, "x": make_state(step)})
+
+
+def test_a_packed_step_without_its_checksums_is_corrupt(tmp_path):
+  """Its layout alone says which values are which leaf's: a damaged one
+  (two leaves' paths swapped) would restore other weights unseen."""
+  save_steps(tmp_path, [1, 2])
+  metadata = tmp_path / "2" / "extras" / "metadata"
+  extras = json.loads(metadata.read_text())
+  assert checkpoint.LAYOUT_KEY in extras
+  del extras[checkpoint.CHECKSUMS_KEY]
+  metadata.write_text(json.dumps(extras))
+  with checkpoint.Checkpointer(tmp_path, read_only=True) as reader:
+    with pytest.raises(
+      checkpoint.RestoreError, match=r"CorruptState: its extras hold the state's state_layout but"
+    ):
+      reader.restore_step(2, abstract(make_state(0)))
+    assert reader.restore(abstract(make_state(0)))[0] == 1
 
 
 def test_a_restored_state_is_donated_in_place(tmp_path):

@@ -611,13 +611,17 @@ class Checkpointer:
     onto `abstract_state` and checked against the checksums the extras hold
     (both taken out of them)."""
     extras = dict(self._read(step, EXTRAS_ITEM, ocp.args.JsonRestore()))
-    layout = extras.pop(LAYOUT_KEY, None)
+    layout, checksums = extras.pop(LAYOUT_KEY, None), extras.pop(CHECKSUMS_KEY, None)
     if layout is None:
       state = self._read(step, STATE_ITEM, ocp.args.StandardRestore(abstract_state))
+    elif checksums is None:
+      # Every packed save records them; without, a damaged layout would hand
+      # one leaf's values to another unseen.
+      raise CorruptState(f"its extras hold the state's {LAYOUT_KEY} but no {CHECKSUMS_KEY}")
     else:
       packed = self._read(step, STATE_ITEM, ocp.args.StandardRestore(layout_target(layout)))
       state = unpack(packed, layout, abstract_state)
-    _check_state(state, extras.pop(CHECKSUMS_KEY, None))
+    _check_state(state, checksums)
     return state, extras
 
   def _read(self, step: int, item: str, args: ocp.args.CheckpointArgs) -> Any:

@@ -14,7 +14,9 @@ flattened, into arrays of about PACKED_BYTES (a larger leaf is one of its
 own); `layout` (JSON) lists each packed array's dtype and its leaves' paths
 and shapes, and is saved beside them. `unpack` cuts them back into the
 leaves of the state a run asks for, onto its shardings, and refuses in one
-line a state whose leaves differ from those saved.
+line a state whose leaves differ from those saved. A restore so holds the
+whole packed state in host memory at once (orbax's own restore of a state
+saved as it is read a leaf at a time).
 
 Only a state whose every leaf is whole on each of its devices is packed
 (`packable`: one process; each leaf on one device, or replicated, as a
@@ -95,7 +97,7 @@ def pack(state: Any) -> tuple[dict[str, jax.Array | np.ndarray], Layout]:
   arrays: dict[str, jax.Array | np.ndarray] = {}
   layout: Layout = []
   for dtype, members in _groups(state):
-    arrays[str(len(layout))] = _in_host_memory(_concatenated([leaf for _, leaf in members]))
+    arrays[str(len(layout))] = _to_host(_concatenated([leaf for _, leaf in members]))
     layout.append(
       {"dtype": dtype, "leaves": [[path, list(np.shape(leaf))] for path, leaf in members]}
     )
@@ -108,7 +110,7 @@ def _concatenated(leaves: list[jax.Array]) -> jax.Array:
   return jnp.concatenate([leaf.reshape(-1) for leaf in leaves])
 
 
-def _in_host_memory(packed: jax.Array) -> jax.Array | np.ndarray:
+def _to_host(packed: jax.Array) -> jax.Array | np.ndarray:
   """`packed` in host memory, read back before the next is made: left on an
   accelerator, the packed arrays would all sit in its memory (a second
   state) until orbax read them. A jax array on a CPU device (as the packed
@@ -172,7 +174,7 @@ def unpack(arrays: dict[str, np.ndarray], layout: Layout, abstract_state: Any) -
 
 def _on_devices(value_X: np.ndarray, leaf: Any) -> jax.Array:
   """`value_X` on `leaf`'s sharding, each device given its own part."""
-  sharding = getattr(leaf, "sharding", None)
+  sharding = _sharding(leaf)
   if sharding is None:
     return jax.device_put(value_X)
   return jax.make_array_from_callback(value_X.shape, sharding, lambda index: value_X[index])
