@@ -192,9 +192,9 @@ def _nested(leaves):
   """{keystr path: value} as nested dicts, a level for each key of a path."""
   tree = {}
   for path, value in leaves.items():
-    found = PATH_KEY.findall(path)
-    assert "".join(m.group(0) for m in PATH_KEY.finditer(path)) == path, path
-    keys = [attribute or key or int(index) for attribute, key, index in found]
+    found = list(PATH_KEY.finditer(path))
+    assert "".join(match.group(0) for match in found) == path, path
+    keys = [match.group(1) or match.group(2) or int(match.group(3)) for match in found]
     node = tree
     for key in keys[:-1]:
       node = node.setdefault(key, {})

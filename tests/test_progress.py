@@ -93,8 +93,11 @@ def minutes_per_line(clock, beats_wanted=0):
 
 
 def new_thread(before):
-  """The one thread started since `before` (the stage's)."""
-  (thread,) = set(threading.enumerate()) - before
+  """The one thread the stage started since `before` (named for it: another
+  test's leftover work may start threads of its own meanwhile, as orbax's
+  and wandb's did in one CI run)."""
+  started = set(threading.enumerate()) - before
+  (thread,) = [thread for thread in started if thread.name.startswith("txf.progress: ")]
   return thread
 
 

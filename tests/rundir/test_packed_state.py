@@ -212,7 +212,7 @@ def test_a_multi_process_runs_state_is_not_packed(monkeypatch):
 
 
 MESH_SCRIPT = """
-import os, sys, tempfile
+import os, tempfile
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
