@@ -3,14 +3,16 @@
 orbax's save does Python work for every array it writes (its sharding file,
 a tensorstore open, its metadata), in threads of its own that take the
 interpreter lock one array at a time; a training thread dispatching steps
-meanwhile waits for the lock's hand-over between them. For gpt2_small's
-train state, 591 arrays, that put the p99 of a step's dispatch during a
-save at 6.6-7.1 ms on a CPU, 1.4-2.0 ms without one (docs/benchmarks.md,
-"Fewer, larger arrays in a checkpoint"). Packed, that benchmark's state
-is 13 arrays (gpt2_small's own 15), and the p99 during a save 1.9-3.4 ms.
+meanwhile waits for the lock's hand-over between them. For a state of
+gpt2_small's size in as many arrays (1.49 GB in 591: benchmarks.run
+checkpoint_stall --leaves=591), that put the p99 of a step's dispatch
+during a save at 6.6-7.1 ms on a CPU, 1.4-2.0 ms without one
+(docs/benchmarks.md, "Fewer, larger arrays in a checkpoint"). Packed, that
+state is 13 arrays (gpt2_small's own, 15), and the p99 during a save
+1.9-3.4 ms.
 
-`pack` concatenates each dtype's leaves, in the state's order and each
-flattened, into arrays of about PACKED_BYTES (a larger leaf is one of its
+`pack` concatenates the leaves of each dtype and sharding, in the state's
+order and each flattened, into arrays of about PACKED_BYTES (a larger leaf is one of its
 own); `layout` (JSON) lists each packed array's dtype and its leaves' paths
 and shapes, and is saved beside them. `unpack` cuts them back into the
 leaves of the state a run asks for, onto its shardings, and refuses in one
