@@ -906,6 +906,17 @@ def test_reruns_of_one_analysis_keep_each_others_reports(tmp_path):
   assert "(2 checkpoints, steps 1..2)" in both
   analyze_run(workdir, circuits=True, num_batches=1)
   assert report("circuits.md") == both
+  # A damaged file the rerun keeps is refused by the checks, before any
+  # model runs (it was read after the compute: a KeyError's traceback).
+  for name, damaged, asked in (
+    ("circuits.json", json.dumps({"step": 2}), dict(checkpoints=True)),
+    ("training_scores.csv", "step,loss\n1,x\n", dict(circuits=True)),
+  ):
+    good = report(name)
+    (out / name).write_text(damaged)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(out / name))}: not the {name} an"):
+      head_analysis.check_analysis(workdir, num_batches=1, **asked)
+    (out / name).write_text(good)
   analyze_run(workdir, ablate="L1H0", num_batches=1)
   assert "## Group ablation of L1H0" in report(SCORES_MD) and "L0H1" not in report(SCORES_MD)
   assert _record(out)["group_ablation"]["heads"] == ["L1H0"]

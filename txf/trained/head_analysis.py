@@ -454,6 +454,23 @@ class AnalysisRequest:
   circuits: bool
   checkpoints: bool
   earlier: dict[str, Any] | None  # the record of an earlier analysis
+  # What this analysis's circuits.md keeps of an earlier one of the same
+  # settings (`_with_kept_results`): its circuits.json record and its scores
+  # over checkpoints (None: computed now, or none kept).
+  kept_circuits: dict[str, Any] | None = None
+  kept_training: dict[str, Any] | None = None
+
+  @property
+  def settings(self) -> dict[str, Any]:
+    """What the analysis is of (SETTINGS). Without causal attention there
+    is no probe: its seed is not used."""
+    return dict(
+      step=self.run.step,
+      replica=self.replica,
+      num_batches=len(self.batches),
+      probe_seed=self.seed if self.causal else None,
+      periods=self.periods,
+    )
 
 
 def check_analysis(
@@ -533,7 +550,7 @@ def check_analysis(
         "training need two or more (train with a small train.checkpoint_every and a "
         "large train.max_to_keep)"
       )
-  return AnalysisRequest(
+  request = AnalysisRequest(
     workdir=workdir,
     run=run,
     params=params,
@@ -549,6 +566,38 @@ def check_analysis(
     checkpoints=checkpoints,
     earlier=_read_record(workdir / ANALYSIS_DIR),  # a damaged one stops here
   )
+  return _with_kept_results(request)
+
+
+def _with_kept_results(request: AnalysisRequest) -> AnalysisRequest:
+  """`request` with what its circuits.md keeps of an earlier analysis of the
+  same settings: its training_scores.csv where this one computes only the
+  circuits, its circuits.json where only the scores over checkpoints. Read
+  now, so that a damaged one is refused before any model runs.
+
+  Raises:
+    ValueError: naming the file, where it does not read as the one an
+      analysis writes.
+  """
+  if request.circuits == request.checkpoints:  # both computed, or no circuits.md
+    return request
+  kept = _same_settings(request.earlier, request.settings)
+  name, read, field = (
+    (TRAINING_CSV, read_training_csv, "kept_training")
+    if request.circuits
+    else (CIRCUITS_JSON, read_json, "kept_circuits")
+  )
+  out = request.workdir / ANALYSIS_DIR
+  try:
+    value = _kept_file(out, kept, name, read)
+    result = dataclasses.replace(request, **{field: value})
+    _circuits_report(_label(result), result.kept_circuits, result.kept_training)
+  except (KeyError, TypeError, ValueError, IndexError) as error:
+    raise ValueError(
+      f"{out / name}: not the {name} an analysis writes ({type(error).__name__}: {error}); "
+      "move it away to write circuits.md without it"
+    ) from None
+  return result
 
 
 def _check_batches_fit(setup: RunSetup, num_batches: int) -> None:
@@ -696,22 +745,15 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
       saying = stage(f"analyze: {asked}", log=log) if log else None
       with saying or contextlib.nullcontext():
         circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, contents)
-  # Without causal attention there is no probe: its seed was not used.
-  settings = dict(
-    step=run.step,
-    replica=request.replica,
-    num_batches=len(request.batches),
-    probe_seed=request.seed if causal else None,
-    periods=periods,
-  )
+  settings = request.settings
   kept = _same_settings(request.earlier, settings)
   if group is None and kept is not None:
     group = kept.get("group_ablation")  # kept with its analysis's files
   if request.circuits or request.checkpoints:
     contents[out / CIRCUITS_MD] = _circuits_report(
       _label(request),
-      circuit_record or _kept_file(out, kept, CIRCUITS_JSON, read_json),
-      training or _kept_file(out, kept, TRAINING_CSV, read_training_csv),
+      circuit_record or request.kept_circuits,
+      training or request.kept_training,
     )
   roles = _roles(scores, periods) if causal and periods is not None else {}  # causal: periods set
   seeds = setup.run.seeds
