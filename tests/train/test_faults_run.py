@@ -110,7 +110,10 @@ def test_failed_checkpoint_write_stops_the_run_promptly(tmp_path, compilation_ca
   line = last_line(log_path)
   assert returncode == 1, log_path.read_text()[-3000:]
   assert line.startswith("checkpoint error: ") and str(workdir / "checkpoints") in line, line
-  assert "Not a directory" in line, line
+  # The OS's reason: a file in the way of the next save, or, for a save in
+  # progress as the directory moved (its temporary directory gone with it),
+  # no such directory (one CI run in four here).
+  assert "Not a directory" in line or "No such file or directory" in line, line
   assert digests(tmp_path / "kept" / "2") == before
 
 
