@@ -209,9 +209,10 @@ def test_polling_for_errors_never_lets_a_failed_save_delete_the_last_good_one(tm
     ckpt.wait_until_finished()
     with full_disk(CHECKPOINT, 1, slow_finalize=0.5), deadline(60):
       assert ckpt.save(2, state(2), {"step": 2})
-      with pytest.raises(CheckpointWriteError, match=ENOSPC):
+      with pytest.raises(CheckpointWriteError, match=ENOSPC) as failed:
         while True:
           ckpt.check_for_errors()
+    assert "the directory now" not in str(failed.value)  # nothing wrong with it
     ckpt.wait_until_finished()  # the error is reported once
     assert ckpt.latest_step() == 1
   assert [p.name for p in tmp_path.iterdir() if p.name.isdigit()] == ["1"]
@@ -219,6 +220,35 @@ def test_polling_for_errors_never_lets_a_failed_save_delete_the_last_good_one(tm
     step, restored, extras = ckpt.restore(abstract(state(0)))
   assert (step, extras) == (1, {"step": 1})
   assert float(restored["w"][0]) == 1.0
+
+
+def test_a_failed_save_says_what_is_wrong_with_its_directory_now(tmp_path):
+  """A file put where the checkpoint directory was: the error ends with the
+  OS's reason for the directory itself, whatever orbax or tensorstore said
+  about the file they were writing deep under it (a save in progress as the
+  directory went may carry no OS reason: NOT_FOUND, "No ArrayMetadata").
+  A new directory in its place is named as such (a full disk in the
+  directory the run opened adds nothing: the test above)."""
+  directory = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(directory) as ckpt:
+    assert ckpt.save(1, state(1), {"step": 1})
+    ckpt.wait_until_finished()
+    directory.rename(tmp_path / "kept")
+    directory.write_text("in the way")
+    with pytest.raises(CheckpointWriteError) as failed:
+      ckpt.save(2, state(2), {"step": 2})
+      ckpt.wait_until_finished()
+    message = str(failed.value)
+    assert message.startswith(f"writing a checkpoint under {directory} failed: "), message
+    assert message.endswith("; the directory now: Not a directory"), message
+    directory.unlink()
+    directory.mkdir()  # a new directory where the run's was
+    with full_disk(CHECKPOINT, 1), pytest.raises(CheckpointWriteError, match=ENOSPC) as full:
+      ckpt.save(3, state(3), {"step": 3})
+      ckpt.wait_until_finished()
+    assert str(full.value).endswith(
+      "; the directory now: not the directory the run opened (that one was moved or removed)"
+    ), str(full.value)
 
 
 def test_a_write_never_replaces_what_is_not_a_regular_file(tmp_path):

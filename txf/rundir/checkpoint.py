@@ -413,6 +413,7 @@ class Checkpointer:
     # as for the work directory itself (one line, exit 2).
     if not read_only:
       check_writable(directory)
+    self._identity = _identity(directory)
     self._manager = ocp.CheckpointManager(
       directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM)
     )
@@ -428,8 +429,10 @@ class Checkpointer:
       # disk (they are, still) is what latest_step must report.
       with contextlib.suppress(Exception):
         self._manager.reload()
+      message = f"writing a checkpoint under {self.directory} failed: {_describe(error)}"
+      problem = _directory_problem(self.directory, self._identity)
       raise CheckpointWriteError(
-        f"writing a checkpoint under {self.directory} failed: {_describe(error)}"
+        message if problem is None else f"{message}; the directory now: {problem}"
       ) from error
 
   @property
@@ -886,7 +889,7 @@ def _describe(error: BaseException, limit: int = 400) -> str:
   the root of its `raise ... from` chain: orbax wraps tensorstore's error,
   which names the file and the OS's reason), without the spec tensorstore
   or orbax append; a long message keeps its start and its end (where the
-  OS's reason is)."""
+  OS's reason usually is: `_directory_problem` says it where it is not)."""
   while error.__cause__ is not None:
     error = error.__cause__
   message = str(error)
@@ -896,6 +899,39 @@ def _describe(error: BaseException, limit: int = 400) -> str:
   if len(text) <= limit:
     return text
   return f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
+
+
+def _identity(directory: epath.Path) -> tuple[int, int] | None:
+  """(device, inode) of the local `directory`; None where it is remote or
+  missing (a read-only Checkpointer of a path not made yet)."""
+  if not is_local(directory):
+    return None
+  try:
+    status = os.stat(directory)
+  except OSError:
+    return None
+  return status.st_dev, status.st_ino
+
+
+def _directory_problem(directory: epath.Path, identity: tuple[int, int] | None) -> str | None:
+  """What is wrong with the local `directory` now: the OS's reason it cannot
+  be listed ("Not a directory", "No such file or directory", "Permission
+  denied"), or that it is no longer the directory of `identity` (moved away,
+  and made again by the save); None where nothing is, or it is remote.
+
+  A save in progress as its directory went names a file under the save's
+  temporary directory and may carry no OS reason at all (tensorstore's
+  NOT_FOUND reading back a file it wrote, orbax's "No ArrayMetadata found").
+  """
+  if not is_local(directory):
+    return None
+  try:
+    os.listdir(directory)
+  except OSError as error:
+    return error.strerror
+  if identity is not None and _identity(directory) != identity:
+    return "not the directory the run opened (that one was moved or removed)"
+  return None
 
 
 class StoppedBeforeTraining(BaseException):
