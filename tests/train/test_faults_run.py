@@ -110,12 +110,20 @@ def test_failed_checkpoint_write_stops_the_run_promptly(tmp_path, compilation_ca
   line = last_line(log_path)
   assert returncode == 1, log_path.read_text()[-3000:]
   assert line.startswith("checkpoint error: ") and str(workdir / "checkpoints") in line, line
-  # The OS's reason for the directory, as the run saw it when the save
-  # failed: the file in the way, or (the failure between the move and the
-  # file) no such directory. What orbax said about the file it was writing
-  # varies with the moment (a save in progress: NOT_FOUND, no OS reason).
+  # What is wrong with the directory, as the run saw it when the save
+  # failed: the file in the way; or, the failure between the move and the
+  # file, no such directory, or one the save made again (put_in_the_way
+  # removes it). What orbax said about the file it was writing varies with
+  # the moment (a save in progress: NOT_FOUND, no OS reason).
   assert line.endswith(
-    ("the directory now: Not a directory", "the directory now: No such file or directory")
+    tuple(
+      f"; the directory now: {problem}"
+      for problem in (
+        "Not a directory",
+        "No such file or directory",
+        "not the directory the run opened (that one was moved or removed)",
+      )
+    )
   ), line
   assert digests(tmp_path / "kept" / "2") == before
 
