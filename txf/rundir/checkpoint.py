@@ -100,7 +100,7 @@ from etils import epath
 from txf.runconfig.run_config import TrainConfig
 from txf.rundir.packed_state import layout_target, pack, packable, unpack
 from txf.rundir.workdir import check_writable
-from txf.storage import WriteError, free_path, is_local
+from txf.storage import WriteError, free_path, is_local, os_reason
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ class Checkpointer:
     # as for the work directory itself (one line, exit 2).
     if not read_only:
       check_writable(directory)
-    self._identity = _identity(directory)
+    self._opened = _local_stat(directory)
     self._manager = ocp.CheckpointManager(
       directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM)
     )
@@ -430,7 +430,7 @@ class Checkpointer:
       with contextlib.suppress(Exception):
         self._manager.reload()
       message = f"writing a checkpoint under {self.directory} failed: {_describe(error)}"
-      problem = _directory_problem(self.directory, self._identity)
+      problem = _directory_problem(self.directory, self._opened)
       raise CheckpointWriteError(
         message if problem is None else f"{message}; the directory now: {problem}"
       ) from error
@@ -901,23 +901,23 @@ def _describe(error: BaseException, limit: int = 400) -> str:
   return f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
 
 
-def _identity(directory: epath.Path) -> tuple[int, int] | None:
-  """(device, inode) of the local `directory`; None where it is remote or
-  missing (a read-only Checkpointer of a path not made yet)."""
+def _local_stat(directory: epath.Path) -> os.stat_result | None:
+  """os.stat of the local `directory`; None where it is remote or missing (a
+  read-only Checkpointer of a path not made yet)."""
   if not is_local(directory):
     return None
   try:
-    status = os.stat(directory)
+    return os.stat(directory)
   except OSError:
     return None
-  return status.st_dev, status.st_ino
 
 
-def _directory_problem(directory: epath.Path, identity: tuple[int, int] | None) -> str | None:
+def _directory_problem(directory: epath.Path, opened: os.stat_result | None) -> str | None:
   """What is wrong with the local `directory` now: the OS's reason it cannot
   be listed ("Not a directory", "No such file or directory", "Permission
-  denied"), or that it is no longer the directory of `identity` (moved away,
-  and made again by the save); None where nothing is, or it is remote.
+  denied"), or that it is no longer the directory `opened` was the os.stat of
+  (moved away, and made again by the save); None where nothing is, or it is
+  remote.
 
   A save in progress as its directory went names a file under the save's
   temporary directory and may carry no OS reason at all (tensorstore's
@@ -927,9 +927,10 @@ def _directory_problem(directory: epath.Path, identity: tuple[int, int] | None) 
     return None
   try:
     os.listdir(directory)
+    now = os.stat(directory)
   except OSError as error:
-    return error.strerror
-  if identity is not None and _identity(directory) != identity:
+    return os_reason(error)
+  if opened is not None and not os.path.samestat(opened, now):
     return "not the directory the run opened (that one was moved or removed)"
   return None
 

@@ -13,12 +13,12 @@ state is 13 arrays (gpt2_small's own, 15), and the p99 during a save
 
 `pack` concatenates the leaves of each dtype and sharding, in the state's
 order and each flattened, into arrays of about PACKED_BYTES (a larger leaf
-is one of its own); `layout` (JSON) lists each packed array's dtype and its leaves' paths
-and shapes, and is saved beside them. `unpack` cuts them back into the
-leaves of the state a run asks for, onto its shardings, and refuses in one
-line a state whose leaves differ from those saved. A restore so holds the
-whole packed state in host memory at once (orbax's own restore of a state
-saved as it is read a leaf at a time).
+is one of its own); `layout` (JSON) lists each packed array's dtype and its
+leaves' paths and shapes, and is saved beside them. `unpack` cuts them back
+into the leaves of the state a run asks for, onto its shardings, and refuses
+in one line a state whose leaves differ from those saved. A restore so holds
+the whole packed state in host memory at once (orbax's own restore of a
+state saved as it is read a leaf at a time).
 
 Only a state whose every leaf is whole on each of its devices is packed
 (`packable`: one process; each leaf on one device, or replicated, as a
