@@ -521,6 +521,27 @@ def test_checksums_of_eight_byte_and_complex_leaves_and_of_no_leaves():
   assert checkpoint.state_checksums({}) == {}
 
 
+def test_four_bit_leaves_are_summed_saved_and_restored(tmp_path):
+  # A 4-bit leaf (a quantised weight) failed every save: its bits were cast
+  # to uint8, which bitcast_convert_type refuses for a 4-bit dtype.
+  values = np.array([-8, -1, 0, 7, 3], np.int8)  # int4's ends and between
+  leaf_int4 = jnp.asarray(values, jnp.int4)
+  want = int((values.astype(np.int64) % 16).sum())  # two's complement in 4 bits
+  assert checkpoint.state_checksums({"w": leaf_int4}) == {"['w']": want}
+  flipped = jnp.asarray(values ^ np.array([0, 0, 0, 0, 1], np.int8), jnp.int4)
+  assert checkpoint.state_checksums({"w": flipped}) != {"['w']": want}
+  # Packed, and (beside a PRNG key) saved as it is.
+  for state in ({"w": leaf_int4}, {"w": leaf_int4, "key": jax.random.key(1)}):
+    directory = tmp_path / str(len(state))
+    with checkpoint.Checkpointer(directory) as writer:
+      assert writer.save(1, state, {}, force=True)
+      writer.wait_until_finished()
+    with checkpoint.Checkpointer(directory, read_only=True) as reader:
+      step, restored, _ = reader.restore(abstract(state))
+    assert step == 1 and restored["w"].dtype == jnp.int4
+    np.testing.assert_array_equal(np.asarray(restored["w"], np.int8), values)
+
+
 RESTORE_LARGE_STATE = """
 import jax, logging, sys
 sys.path.insert(0, {tests!r})

@@ -293,15 +293,17 @@ class CorruptState(ValueError):
 
 
 def _as_unsigned(leaf_X: jax.Array) -> jax.Array:
-  """`leaf_X`'s bits as uint32: each 1-, 2- or 4-byte value widened, each
-  8-byte one (x64) as its two halves, a complex one as its parts'."""
+  """`leaf_X`'s bits as uint32: each value of 2 to 32 bits widened (a 4-bit
+  one, int4, too), each 8-byte one (x64) as its two halves, a complex one as
+  its parts'."""
   if jnp.issubdtype(leaf_X.dtype, jax.dtypes.prng_key):
     leaf_X = jax.random.key_data(leaf_X)
   if jnp.issubdtype(leaf_X.dtype, jnp.complexfloating):
     return jnp.stack([_as_unsigned(leaf_X.real), _as_unsigned(leaf_X.imag)])
   if leaf_X.dtype == jnp.bool_:
     return leaf_X.astype(jnp.uint32)
-  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[leaf_X.dtype.itemsize]
+  bits = jax.dtypes.itemsize_bits(leaf_X.dtype)
+  unsigned = {2: jnp.uint2, 4: jnp.uint4, 8: jnp.uint8, 16: jnp.uint16}.get(bits, jnp.uint32)
   return jax.lax.bitcast_convert_type(leaf_X, unsigned).astype(jnp.uint32)
 
 
