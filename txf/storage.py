@@ -155,6 +155,10 @@ def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
   (.NAME.<hex>.tmp), and only once all are down are they renamed
   over the files, so a failed write (a full disk) leaves every file as it
   was and no temporary behind, and readers never see a mix of old and new.
+  Each temporary reaches the disk (fsync) before its rename, and each
+  directory's renames before the call returns, so that a machine that
+  crashes or loses power leaves the old contents or the new: without, a
+  file system may keep the rename and lose the data (an empty config.json).
   Objects (gs://) are uploaded one by one, each atomic.
 
   Raises:
@@ -175,9 +179,14 @@ def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
       if not is_replaceable(path):
         raise OSError(f"not a regular file ({_kind(path)}), which a write would replace")
       staged.append((temporary_sibling(path), path))
-      staged[-1][0].write_bytes(data)
+      with open(staged[-1][0], "wb") as temporary_file:
+        temporary_file.write(data)
+        temporary_file.flush()
+        os.fsync(temporary_file.fileno())
     for temporary, path in staged:
       temporary.replace(path)
+    for directory in dict.fromkeys(path.parent for _, path in staged):
+      _sync_directory(directory)
   except BaseException as error:  # also KeyboardInterrupt: no temporary stays
     for temporary, _ in staged:
       temporary.unlink(missing_ok=True)
@@ -186,6 +195,23 @@ def write_files(files: Mapping[Any, str | bytes]) -> list[epath.Path]:
       raise write_error(path, error) from error
     raise
   return paths
+
+
+def _sync_directory(directory: epath.Path) -> None:
+  """Makes the renames in a local `directory` reach the disk (fsync of the
+  directory), where its file system can: some (several network file
+  systems) refuse to sync a directory, and a rename there stands as the
+  file system keeps it."""
+  try:
+    descriptor = os.open(directory, os.O_RDONLY)
+  except OSError:  # a directory that cannot be opened for reading (no r permission)
+    return
+  try:
+    os.fsync(descriptor)
+  except OSError:  # EINVAL: this file system does not sync directories
+    pass
+  finally:
+    os.close(descriptor)
 
 
 def write_file(path: str | os.PathLike, data: str | bytes) -> epath.Path:

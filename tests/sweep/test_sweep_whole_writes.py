@@ -45,6 +45,33 @@ def test_write_files_creates_the_missing_parent_directories(tmp_path):
   assert (deep.read_text(), other.read_bytes()) == ("{}", b"e")
 
 
+def test_each_file_reaches_the_disk_before_its_rename_and_the_renames_before_the_return(
+  tmp_path, monkeypatch
+):
+  # Without the syncs a crash could keep a rename and lose its data: an
+  # empty file where the old one was.
+  events = []
+  real_fsync, real_replace = os.fsync, os.replace
+  monkeypatch.setattr(
+    os,
+    "fsync",
+    lambda fd: (events.append(("sync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1],
+  )
+  monkeypatch.setattr(
+    os, "replace", lambda a, b: (events.append(("rename", os.fspath(a))), real_replace(a, b))[1]
+  )
+  first, second = tmp_path / "a.json", tmp_path / "sub" / "b.json"
+  write_files({first: "1", second: "2"})
+  renamed = [name for kind, name in events if kind == "rename"]
+  assert len(renamed) == 2 and all(name.endswith(".tmp") for name in renamed)
+  for name in renamed:  # synced before any rename
+    assert events.index(("sync", name)) < events.index(("rename", renamed[0]))
+  last_rename = events.index(("rename", renamed[-1]))
+  synced_after = {name for kind, name in events[last_rename:] if kind == "sync"}
+  assert synced_after == {str(tmp_path), str(tmp_path / "sub")}
+  assert (first.read_text(), second.read_text()) == ("1", "2")
+
+
 def figure_writer(path):
   save_figure(
     line_plot_figure({"a": ([1, 2], [3.0, 2.0])}, title="t", xlabel="x", ylabel="y"), path
