@@ -267,12 +267,15 @@ def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
   assert (out / attention_png("self")).read_bytes().startswith(PNG_MAGIC)
   assert "| layer | head | previous_token | induction |" in done.stdout
   assert done.stdout == (out / SCORES_MD).read_text()
-  # A progress line per head's ablation, on stderr: stdout is the table alone.
+  # Progress on stderr (stdout is the table alone): the first compiles as a
+  # stage, then a line per head's ablation.
   L, H = 2, 2  # decoder_run's layers and heads
   # Each stamped with the wall-clock time: 'YYYY-MM-DD HH:MM:SS analyze: ...'.
   stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (analyze: .*)$")
   progress = [stamp.match(line)[1] for line in done.stderr.splitlines() if "analyze: " in line]
-  assert [line.split(" | ")[0] for line in progress] == [
+  compiling = "analyze: attention maps and the baseline loss on 1 batch"
+  assert progress[0] == f"{compiling} ..." and progress[1].startswith(f"{compiling}: done in ")
+  assert [line.split(" | ")[0] for line in progress[2:]] == [
     f"analyze: self head L{layer}H{head} ({1 + layer * H + head} of {L * H})"
     for layer in range(L)
     for head in range(H)

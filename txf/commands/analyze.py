@@ -21,7 +21,8 @@ composition.png, patching.png, head_scores_sorted.png); --checkpoints adds
 the validation loss, head scores and K-composition at every checkpoint the
 run kept (training_scores.csv, training_scores.png): when the circuit forms.
 Both need a decoder LM of two or more layers (--circuits: Pre-LN, unscanned).
-A progress line per head's ablation goes to stderr as it is done. An
+Progress lines go to stderr: the first compiles, then each head's
+ablation as it is done. An
 invalid argument, a directory without a trained run, one that cannot be
 written (a read-only file system) or one held by another process (a run
 still training there) exits 2 with one line naming it, before anything is

@@ -687,6 +687,11 @@ def analyze_run(
   return analyze(request, log)
 
 
+def _stage(what: str, log: Callable[[str], Any] | None) -> contextlib.AbstractContextManager:
+  """`txf.progress.stage` on `log`; nothing where `log` is None (quiet)."""
+  return stage(what, log=log) if log else contextlib.nullcontext()
+
+
 def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -> dict[str, Any]:
   """Computes the analysis `request` checked, then writes its files as one
   set (none before everything is computed, and all or none of them: a
@@ -699,11 +704,14 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
   scores: dict[str, dict[str, np.ndarray]] = {}
   with setup.activation_sharding():
     maps_fn = jax.jit(functools.partial(attention_maps, setup.model))
-    layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
-    device_batches = [setup.to_device(batch) for batch in request.batches]
-    loss_fns = ablation_loss_fns(setup.model, params, device_batches, _eval_loss_sums(setup.task))
-    any_kind, any_shape = next(iter(request.shapes.items()))
-    baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
+    # Both compile first: the longest silence before the heads' lines.
+    batches = f"{len(request.batches)} batch" + ("es" if len(request.batches) > 1 else "")
+    with _stage(f"analyze: attention maps and the baseline loss on {batches}", log):
+      layers_by_kind = maps_by_kind(maps_fn(params, *model_inputs(first, setup.task)))
+      device_batches = [setup.to_device(batch) for batch in request.batches]
+      loss_fns = ablation_loss_fns(setup.model, params, device_batches, _eval_loss_sums(setup.task))
+      any_kind, any_shape = next(iter(request.shapes.items()))
+      baseline = loss_fns[any_kind](np.ones(any_shape, np.float32))  # every head on
     for kind, (num_layers, num_heads) in request.shapes.items():
       layers = layers_by_kind[kind]
       figure = _sample_figure(setup, kind, layers, first, run.step)
@@ -742,8 +750,7 @@ def analyze(request: AnalysisRequest, log: Callable[[str], Any] | None = None) -
         for name, on in (("circuits", request.circuits), ("checkpoints", request.checkpoints))
         if on
       )
-      saying = stage(f"analyze: {asked}", log=log) if log else None
-      with saying or contextlib.nullcontext():
+      with _stage(f"analyze: {asked}", log):
         circuit_record, training = _circuits_and_training(request, scores, maps_fn, log, contents)
   settings = request.settings
   kept = _same_settings(request.earlier, settings)
