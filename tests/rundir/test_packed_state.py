@@ -76,7 +76,8 @@ def test_a_packed_array_is_closed_where_the_next_leaf_would_pass_the_limit(
   state = make_state()
   arrays, layout = packed_state.pack(state)
   assert [[path[2] for path, _ in array["leaves"]] for array in layout] == groups
-  assert len(arrays) == len(groups)
+  # A group of zero-size leaves only ('f' alone) has no array: orbax refuses an empty one.
+  assert sorted(arrays, key=int) == [str(i) for i, g in enumerate(groups) if g != ["f"]]
   restored = packed_state.unpack(arrays, layout, abstract(state))
   assert all(as_bits(restored[key]) == as_bits(state[key]) for key in state)
 
@@ -131,7 +132,7 @@ def test_on_an_accelerator_each_packed_array_is_read_back_to_the_host_as_it_is_m
   monkeypatch.setattr(
     packed_state,
     "_concatenated",
-    lambda leaves: made.append(1) or OnAnAccelerator(concatenated(leaves)),
+    lambda leaves, stored: made.append(1) or OnAnAccelerator(concatenated(leaves, stored)),
   )
   monkeypatch.setattr(jax, "device_put", onto_host)
   monkeypatch.setattr(jax, "devices", devices)

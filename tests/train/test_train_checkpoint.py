@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from txf.rundir import checkpoint
+from txf.rundir import checkpoint, packed_state
 
 
 def make_state(offset):
@@ -187,6 +187,26 @@ def test_keep_best_keeps_the_lowest_eval_losses_beside_the_newest(tmp_path):
     assert ckpt.save(9, make_state(9), extras_for(9), metrics={"eval_loss": 0.6})
     ckpt.wait_until_finished()
   assert kept_steps(tmp_path) == [2, 9]
+
+
+def test_a_nan_eval_loss_ranks_last_for_keep_best(tmp_path):
+  # A NaN broke orbax's BestN sort: it deleted the best step (step 1 here).
+  save_with_losses(tmp_path, [1.0, float("nan"), 2.0, 3.0], max_to_keep=1, keep_best=1)
+  assert kept_steps(tmp_path) == [1, 4]
+  save_with_losses(tmp_path / "two", [5.0, 1.0, float("nan"), 2.0, 3.0], max_to_keep=1, keep_best=2)
+  assert kept_steps(tmp_path / "two") == [2, 4, 5]
+
+
+def test_a_forced_save_at_or_before_the_latest_step_saves_nothing(tmp_path):
+  # orbax keeps the most recently saved steps: step 3 saved after 4 and 5
+  # (forced) deleted step 4 here, and step 5 with max_to_keep=1.
+  save_steps(tmp_path, [4, 5], max_to_keep=2)
+  with checkpoint.Checkpointer(tmp_path, max_to_keep=2) as ckpt:
+    assert not ckpt.save(3, make_state(3), extras_for(3), force=True)
+    assert not ckpt.save(5, make_state(6), extras_for(6), force=True)  # no StepAlreadyExists
+    assert ckpt.save(6, make_state(6), extras_for(6), force=True)
+    ckpt.wait_until_finished()
+  assert kept_steps(tmp_path) == [5, 6]
 
 
 def test_without_keep_best_no_metrics_are_written(tmp_path):
@@ -374,13 +394,27 @@ def test_a_step_holding_a_non_finite_value_is_corrupt_as_one_that_does_not_read(
   """A flipped byte in a step's data restores without an error: the readers
   used the garbage (NaN embeddings, a NaN Adam nu whose resumed run saved NaN
   weights and let max_to_keep delete the last good step). A state holding a
-  NaN or infinity is one no run saves: corrupt, as a step that does not read."""
+  NaN or infinity is one no run saves (`save` refuses one): corrupt, as a
+  step that does not read."""
   save_steps(tmp_path, [1, 2])
+  state = make_state(3)
+  state["params"]["dense"]["kernel"] = state["params"]["dense"]["kernel"].at[1, 2].set(bad)
+  fingerprints = checkpoint._fingerprints
+
+  def save_unchecked(ckpt, step):
+    """As a step would hold it whose data was damaged after the save's check."""
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(
+        checkpoint, "_fingerprints", lambda s: [(p, True, c) for p, _, c in fingerprints(s)]
+      )
+      assert ckpt.save(step, state, extras_for(step))
+      ckpt.wait_until_finished()
+
   with checkpoint.Checkpointer(tmp_path) as ckpt:
-    state = make_state(3)
-    state["params"]["dense"]["kernel"] = state["params"]["dense"]["kernel"].at[1, 2].set(bad)
-    assert ckpt.save(3, state, extras_for(3))
-    ckpt.wait_until_finished()
+    with pytest.raises(ValueError, match=r"^state leaf \['params'\]\['dense'\]\['kernel'\] holds"):
+      ckpt.save(3, state, extras_for(3))
+    assert ckpt.latest_step() == 2
+    save_unchecked(ckpt, 3)
   with checkpoint.Checkpointer(tmp_path, read_only=True) as reader:
     with pytest.raises(checkpoint.RestoreError, match=r"non-finite values in \['params'\]"):
       reader.restore_step(3, abstract(make_state(0)))
@@ -392,8 +426,7 @@ def test_a_step_holding_a_non_finite_value_is_corrupt_as_one_that_does_not_read(
   assert_trees_equal(restored, make_state(2))
   # Every step non-finite: the refusal says so, not that the config differs.
   with checkpoint.Checkpointer(tmp_path / "all_bad") as ckpt:
-    assert ckpt.save(1, state, extras_for(1))
-    ckpt.wait_until_finished()
+    save_unchecked(ckpt, 1)
     with pytest.raises(checkpoint.RestoreError, match="every step's data is corrupt"):
       ckpt.restore(abstract(make_state(0)))
 
@@ -540,6 +573,63 @@ def test_four_bit_leaves_are_summed_saved_and_restored(tmp_path):
       step, restored, _ = reader.restore(abstract(state))
     assert step == 1 and restored["w"].dtype == jnp.int4
     np.testing.assert_array_equal(np.asarray(restored["w"], np.int8), values)
+
+
+@pytest.mark.parametrize("name", ["uint4", "uint2", "float8_e4m3"])
+def test_leaves_of_dtypes_tensorstore_cannot_write_are_saved_packed_as_their_bits(tmp_path, name):
+  # orbax failed each in its background writer ('Unsupported data type'),
+  # leaving an unfinished step behind.
+  dtype = jnp.dtype(name)
+  bits = np.random.default_rng(0).integers(0, 2 ** (8 * dtype.itemsize), 11, dtype=np.uint8)
+  bits &= (1 << jax.dtypes.itemsize_bits(dtype)) - 1  # every value of the width, none wider
+  leaf = jnp.asarray(bits.view(dtype))
+  state = {"w": leaf, "f": jnp.ones(2)}
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(1, state, {}, force=True)
+    ckpt.wait_until_finished()
+    _, restored, _ = ckpt.restore(abstract(state))
+  assert restored["w"].dtype == dtype
+  assert as_bytes(restored["w"]) == as_bytes(leaf)
+  # Saved as it is (a PRNG key is not packed), refused before anything is written.
+  with checkpoint.Checkpointer(tmp_path / "as_is") as ckpt:
+    with pytest.raises(ValueError, match=rf"^state leaf \['w'\]: {name} cannot be written"):
+      ckpt.save(1, {**state, "key": jax.random.key(0)}, {}, force=True)
+  assert not (tmp_path / "as_is" / "1").exists()
+
+
+def as_bytes(leaf):
+  return np.asarray(leaf).tobytes()
+
+
+def test_a_numpy_64_bit_leaf_is_refused_without_x64_and_saved_exactly_with_it(tmp_path):
+  # Without x64 jax summed and packed it as int32: 2**40 + 7 came back as 7.
+  state = {"w": jnp.ones(2), "n": np.array([2**40 + 7, 3], np.int64)}
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(ValueError, match=r"^state leaf \['n'\]: a numpy int64 array is saved"):
+      ckpt.save(1, state, {}, force=True)
+  assert not (tmp_path / "1").exists()
+  with jax.enable_x64(True), checkpoint.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(1, state, {}, force=True)
+    ckpt.wait_until_finished()
+    _, restored, _ = ckpt.restore(abstract(state))
+    assert np.asarray(restored["n"]).tolist() == [2**40 + 7, 3]
+
+
+def test_zero_size_leaves_are_saved_wherever_they_fall(tmp_path, monkeypatch):
+  # A group of zero-size leaves only (alone of their dtype, or after a leaf
+  # over the packed size) made an empty packed array, which orbax refuses.
+  monkeypatch.setattr(packed_state, "PACKED_BYTES", 64)
+  state = {
+    "a_big": jnp.arange(32, dtype=jnp.float32),  # 128 bytes: a group of its own
+    "b_empty": jnp.zeros((0, 8), jnp.float32),
+    "c": jnp.arange(3, dtype=jnp.int32),
+    "d_empty": jnp.zeros((0,), jnp.bfloat16),  # the only bfloat16 leaf
+  }
+  with checkpoint.Checkpointer(tmp_path) as ckpt:
+    assert ckpt.save(1, state, {}, force=True)
+    ckpt.wait_until_finished()
+    _, restored, _ = ckpt.restore(abstract(state))
+  assert_trees_equal(restored, state)
 
 
 RESTORE_LARGE_STATE = """

@@ -28,8 +28,8 @@ computes again. Any one flipped bit or byte changes it (a corrupt
 compressed block decompresses into other values: several change, and they
 cancel by chance alone); damage that only reorders a leaf's values leaves
 it unchanged, as a plain sum does. A state holding a NaN or
-infinity, which no run saves, is corrupt too (the only check of a step
-saved by txf before checksums).
+infinity, which no run saves (and `save` refuses), is corrupt too (the only
+check of a step saved by txf before checksums).
 
 Which steps are kept: the `max_to_keep` newest, and any that a keep
 policy names -- each at a multiple of `keep_every`, the `keep_best` of
@@ -84,6 +84,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -94,11 +95,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from txf.runconfig.run_config import TrainConfig
-from txf.rundir.packed_state import layout_target, pack, packable, unpack
+from txf.rundir.packed_state import STORED_AS, layout_target, pack, packable, unpack
 from txf.rundir.workdir import check_writable
 from txf.storage import WriteError, free_path, is_local, os_reason
 
@@ -243,8 +245,10 @@ BEST_METRIC = "eval_loss"
 
 def _best_metric(metrics: dict[str, float]) -> float:
   """A checkpoint's rank for keep_best (lower is better); one saved without
-  an evaluation (a preemption's) ranks last."""
-  return float(metrics.get(BEST_METRIC, float("inf")))
+  an evaluation (a preemption's) or with a NaN one ranks last (a NaN broke
+  BestN's sort: the best step was deleted)."""
+  value = float(metrics.get(BEST_METRIC, float("inf")))
+  return float("inf") if math.isnan(value) else value
 
 
 def _preservation_policy(max_to_keep: int, keep_every: int, keep_best: int):
@@ -359,6 +363,31 @@ def _check_extras(extras: Any) -> None:
     raise ValueError(f"extras must be JSON-serialisable: {error}") from error
 
 
+def _check_leaves(state: Any, packed: bool) -> None:
+  """Fails now, naming the leaf, where a save would write other values than
+  the state's or fail in orbax's background writer (`packed`: the state is
+  saved packed).
+
+  Raises:
+    ValueError: a numpy leaf of a 64-bit dtype without jax_enable_x64 (jax
+      would sum and pack it truncated to 32 bits: wrong values on disk), or,
+      saved as it is, a leaf of a dtype tensorstore cannot write
+      (packed_state.STORED_AS: packed, its bits are stored as another's).
+  """
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    name = getattr(getattr(leaf, "dtype", None), "name", None)
+    if isinstance(leaf, np.ndarray) and jax.dtypes.canonicalize_dtype(leaf.dtype) != leaf.dtype:
+      raise ValueError(
+        f"state leaf {jax.tree_util.keystr(path)}: a numpy {name} array is saved "
+        "truncated to 32 bits unless jax_enable_x64 is set; cast it or enable x64"
+      )
+    if not packed and name in STORED_AS:
+      raise ValueError(
+        f"state leaf {jax.tree_util.keystr(path)}: {name} cannot be written by "
+        "orbax's tensorstore in a state saved as it is (sharded or multi-process)"
+      )
+
+
 class Checkpointer:
   """Saves and restores (state, extras) under `directory`, one dir per step.
 
@@ -461,11 +490,13 @@ class Checkpointer:
 
     Returns:
       Whether a save was started: False off the save interval (unless
-      `force`) and for steps not after the latest checkpoint.
+      `force`) and for steps not after the latest checkpoint (forced too).
 
     Raises:
       ValueError: `extras` is not a JSON-serialisable dict (or holds
-        CHECKSUMS_KEY), or `step` < 0.
+        CHECKSUMS_KEY), `step` < 0, a leaf cannot be saved as it is
+        (`_check_leaves`) or holds a NaN or infinity (which a restore takes
+        for damage: CorruptState).
       CheckpointWriteError: this save, or an earlier asynchronous one, failed.
     """
     if step < 0:
@@ -473,13 +504,22 @@ class Checkpointer:
     if self._read_only:
       raise CheckpointWriteError(f"{self.directory} was opened read-only (for restoring)")
     _check_extras(extras)
+    packed = packable(state)
+    _check_leaves(state, packed)
     # Decided here, as orbax's save would, so that no copy is made for a
-    # step that is not saved.
-    if not force and not self._manager.should_save(step):
+    # step that is not saved. Forced too, never at or before the latest
+    # step: orbax keeps the most recently saved steps, so an older step
+    # saved last would cost newer ones.
+    latest = self._manager.latest_step()
+    if (latest is not None and step <= latest) or not (force or self._manager.should_save(step)):
       return False
+    fingerprints = _fingerprints(state)
+    for path, finite, _ in fingerprints:
+      if not finite:  # a restore would take the step for a damaged one
+        raise ValueError(f"state leaf {path} holds a NaN or infinity: not saved")
     self._unchecked_save = True
-    extras = {**extras, CHECKSUMS_KEY: state_checksums(state)}
-    if packable(state):
+    extras = {**extras, CHECKSUMS_KEY: {path: checksum for path, _, checksum in fingerprints}}
+    if packed:
       saved, extras[LAYOUT_KEY] = pack(state)
     else:
       saved = _unaliased(state)

@@ -16,7 +16,10 @@ order and each flattened, into arrays of about PACKED_BYTES (a larger leaf
 is one of its own); `layout` (JSON) lists each packed array's dtype and its
 leaves' paths and shapes, and is saved beside them. `unpack` cuts them back
 into the leaves of the state a run asks for, onto its shardings, and refuses
-in one line a state whose leaves differ from those saved. A restore so holds
+in one line a state whose leaves differ from those saved. A packed array of
+a dtype tensorstore cannot write (STORED_AS: uint2, uint4, float8_e4m3)
+holds its bits as a dtype of the same width it can; a group of zero-size
+leaves only has no array (orbax refuses to write an empty one). A restore so holds
 the whole packed state in host memory at once (orbax's own restore of a
 state saved as it is read a leaf at a time).
 
@@ -29,6 +32,7 @@ a leaf that is not a numeric array (a PRNG key).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -41,6 +45,10 @@ import numpy as np
 # small (gpt2_small's 1.49 GB train state: 15 arrays, its embedding table
 # and that table's two Adam moments one each).
 PACKED_BYTES = 128 * 2**20
+
+# Dtypes whose arrays orbax's tensorstore cannot write -> the dtype of the
+# same width whose bits a packed array of them is stored as.
+STORED_AS = {"uint2": "int2", "uint4": "int4", "float8_e4m3": "uint8"}
 
 # One packed array's description in `layout`: its dtype's name and, for each
 # leaf in it in order, [path (jax.tree_util.keystr), shape].
@@ -93,23 +101,30 @@ def _groups(state: Any) -> list[tuple[str, list[tuple[str, Any]]]]:
 
 def pack(state: Any) -> tuple[dict[str, jax.Array | np.ndarray], Layout]:
   """(arrays, layout): `state`'s leaves copied into arrays named "0", "1",
-  ... (1-D, one dtype each) in host memory, as `layout` describes. Each is
-  one concatenation on the devices; they share no memory with the state,
-  which may be donated at once."""
+  ... (1-D, one dtype each, or its STORED_AS) in host memory, as `layout`
+  describes (the name of a group of zero-size leaves only is left out).
+  Each is one concatenation on the devices; they share no memory with the
+  state, which may be donated at once."""
   arrays: dict[str, jax.Array | np.ndarray] = {}
   layout: Layout = []
   for dtype, members in _groups(state):
-    arrays[str(len(layout))] = _to_host(_concatenated([leaf for _, leaf in members]))
+    leaves = [leaf for _, leaf in members]
+    if any(np.size(leaf) for leaf in leaves):
+      stored = jnp.dtype(STORED_AS.get(dtype, dtype))
+      arrays[str(len(layout))] = _to_host(_concatenated(leaves, stored))
     layout.append(
       {"dtype": dtype, "leaves": [[path, list(np.shape(leaf))] for path, leaf in members]}
     )
   return arrays, layout
 
 
-@jax.jit
-def _concatenated(leaves: list[jax.Array]) -> jax.Array:
-  """`leaves` flattened, one after the other, in a new buffer on the devices."""
-  return jnp.concatenate([leaf.reshape(-1) for leaf in leaves])
+@functools.partial(jax.jit, static_argnames="stored")
+def _concatenated(leaves: list[jax.Array], stored: jnp.dtype) -> jax.Array:
+  """`leaves` flattened, one after the other, in a new buffer on the
+  devices, their bits as `stored` (a dtype of their width)."""
+  return jax.lax.bitcast_convert_type(
+    jnp.concatenate([leaf.reshape(-1) for leaf in leaves]), stored
+  )
 
 
 def _to_host(packed: jax.Array) -> jax.Array | np.ndarray:
@@ -129,12 +144,12 @@ def _to_host(packed: jax.Array) -> jax.Array | np.ndarray:
 
 def layout_target(layout: Layout) -> dict[str, np.ndarray]:
   """What orbax restores the packed arrays onto: host arrays of their sizes
-  (allocated as they are written)."""
+  and stored dtypes (allocated as they are written)."""
+  sizes = [sum(math.prod(shape) for _, shape in array["leaves"]) for array in layout]
   return {
-    str(index): np.empty(
-      sum(math.prod(shape) for _, shape in array["leaves"]), jnp.dtype(array["dtype"])
-    )
-    for index, array in enumerate(layout)
+    str(index): np.empty(size, jnp.dtype(STORED_AS.get(array["dtype"], array["dtype"])))
+    for index, (array, size) in enumerate(zip(layout, sizes))
+    if size
   }
 
 
@@ -169,8 +184,9 @@ def unpack(arrays: dict[str, np.ndarray], layout: Layout, abstract_state: Any) -
         f"the state saved holds {path} as {dtype}{list(shape)}, the one asked for as "
         f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
       )
-    value = arrays[name][offset : offset + math.prod(shape)].reshape(shape)
-    leaves.append(_on_devices(value, leaf))
+    size = math.prod(shape)
+    value = np.empty(size, leaf.dtype) if not size else arrays[name][offset : offset + size]
+    leaves.append(_on_devices(value.view(leaf.dtype).reshape(shape), leaf))
   return jax.tree.unflatten(jax.tree.structure(abstract_state), leaves)
 
 
