@@ -26,7 +26,7 @@ from txf import models, ops
 from txf.choices import Registry
 from txf.data import make_dataset, spec as data_config
 from txf.data.spec import parse_data
-from txf.interop import CheckpointError
+from txf.interop import CheckpointError, Pretrained
 from txf.interop.text import generate_text
 from txf.layers import Norm, model_config as layer_config, positions
 from txf.runconfig.run_config import parse
@@ -245,8 +245,9 @@ def test_a_registered_family_trains_from_a_run_config_and_carries_txfs_lm_head(t
     from txf.trained.extrapolate import check_extrapolation
     from txf.trained.head_analysis import check_analysis
 
-    with pytest.raises(ValueError, match=r"^model\.family: model must be a txf decoder language"):
-      check_extrapolation(tmp_path, [1, 2])
+    # A family of task 'lm' with txf's LM head is a language model whose
+    # windows txf-extrapolate scores (it named 'decoder' and 'lstm' alone).
+    assert check_extrapolation(tmp_path, [1, 2]).run.setup.run.model.family == "unigram"
     with pytest.raises(ValueError, match=r"^model\.family: .*'unigram'\) has no attention"):
       check_analysis(tmp_path)
   with pytest.raises(ValueError, match=r"model\.family: 'unigram' is not one of"):
@@ -475,14 +476,50 @@ def check_runs_as_a_causal_lm_or_not(workdir, name):
       with pytest.raises(CheckpointError, match=message):
         export_files(trained)
       return
-    prompt_1xP = np.array([[5, 9, 3]], np.int32)
-    got = generate_text(trained.pretrained, prompt_1xP, max_new_tokens=3)
-    model = models.build(trained.pretrained.config)
-    tokens = prompt_1xP
-    for _ in range(3):
-      logits_BxTxV = model.apply({"params": trained.pretrained.params}, tokens)
-      tokens = np.concatenate([tokens, np.argmax(logits_BxTxV[:, -1:], axis=-1)], axis=1)
-    np.testing.assert_array_equal(np.asarray(got), tokens[:, 3:])
+    check_greedy_text(trained.pretrained)
+
+
+def check_greedy_text(pretrained):
+  """generate_text's greedy tokens from a 3-token prompt are the full pass's
+  argmax, token by token."""
+  prompt_1xP = np.array([[5, 9, 3]], np.int32)
+  got = generate_text(pretrained, prompt_1xP, max_new_tokens=3)
+  model = models.build(pretrained.config)
+  tokens = prompt_1xP
+  for _ in range(3):
+    logits_BxTxV = model.apply({"params": pretrained.params}, tokens)
+    tokens = np.concatenate([tokens, np.argmax(logits_BxTxV[:, -1:], axis=-1)], axis=1)
+  np.testing.assert_array_equal(np.asarray(got), tokens[:, 3:])
+
+
+def test_a_registered_generative_family_generates_text_and_scores_windows():
+  """generate_text (txf-generate) and extrapolation's check (txf-extrapolate)
+  named 'decoder' and 'lstm' alone: a family registered generative=True, as
+  txf.decode generates with it, was refused; a family that names no head
+  was told to 'choose from ()'."""
+  from txf import register
+  from txf.analysis.extrapolation import check_language_model
+
+  with registered():
+
+    @register.family("decoder_again", tasks=("lm",), heads=("lm",), generative=True)
+    class DecoderAgain(models.Decoder):
+      pass
+
+    @register.family("headless", tasks=("lm",))
+    class Headless(models.Decoder):
+      pass
+
+    cfg = layer_config.ModelConfig(**TINY, family="decoder_again")
+    model = models.build(cfg)
+    params = nn.meta.unbox(model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))["params"]
+    check_greedy_text(Pretrained(cfg, params, "a txf run", {"eos_token_id": None}))
+    check_language_model(model)
+    encoder = models.build(layer_config.ModelConfig(**TINY, family="encoder", head="mlm"))
+    with pytest.raises(ValueError, match=r"^model must be a txf language model"):
+      check_language_model(encoder)
+    with pytest.raises(ValueError, match=r"'headless' \(it carries none: register\.family"):
+      layer_config.ModelConfig(**TINY, family="headless")
 
 
 def test_export_refuses_a_built_in_name_that_user_code_replaced():

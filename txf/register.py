@@ -1,5 +1,6 @@
 """Extend txf from your own code: register a choice, then name it in a config.
 
+  import txf.models
   from txf import register
 
   @section()
@@ -37,7 +38,7 @@
     def __call__(self, x_BxTxD, tokens_BxT, embedder):
       ...  # float32 logits [B, T, V]
 
-  @register.family("parallel", tasks=("lm",), generative=True)
+  @register.family("parallel", tasks=("lm",), heads=("lm",), generative=True)
   class ParallelDecoder(txf.models.Decoder):  # built as ParallelDecoder(cfg)
     ...
 

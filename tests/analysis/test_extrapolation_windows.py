@@ -200,7 +200,7 @@ def test_models_that_cannot_be_scored_are_refused(tokens_BxN):
   ):
     window_losses(learned, params, tokens_BxN, seq_len=2 * T)
   encoder = tiny_model(family="encoder", head="mlm")
-  with pytest.raises(ValueError, match="model must be a txf decoder language model"):
+  with pytest.raises(ValueError, match="model must be a txf language model"):
     window_losses(encoder, {}, tokens_BxN, seq_len=T)
   with pytest.raises(ValueError, match=r"tokens_BxN must be an int \[B, N\] array"):
     window_losses(tiny_model(), {}, tokens_BxN[0], seq_len=T)

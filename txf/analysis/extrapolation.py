@@ -38,7 +38,7 @@ import numpy as np
 
 from txf import ops
 from txf.checks import int_at_least
-from txf.layers.model_config import HEADS
+from txf.layers.model_config import FAMILIES, HEADS
 
 PROTOCOLS = ("non_overlapping", "sliding")
 # Evaluation lengths, as multiples of the training length, unless a caller names others.
@@ -167,13 +167,14 @@ def _token_losses(
 
 def check_language_model(model: nn.Module) -> None:
   """Refuses a model the windows cannot score (ValueError): one that is not
-  a txf decoder or LSTM with a language-model head (a registered family)."""
+  a txf language model, a model.family and a model.head of data.task 'lm'
+  (txf's decoder and LSTM, or registered ones)."""
   cfg = getattr(model, "cfg", None)
-  if cfg is None or cfg.family not in ("decoder", "lstm") or "lm" not in HEADS[cfg.head].tasks:
+  if cfg is None or not {"lm"} <= set(FAMILIES[cfg.family].tasks) & set(HEADS[cfg.head].tasks):
     got = type(model).__name__ if cfg is None else f"family {cfg.family!r}, head {cfg.head!r}"
     raise ValueError(
-      "model must be a txf decoder language model (model.family 'decoder' or "
-      f"'lstm', a model.head of data.task 'lm'), got {got}"
+      "model must be a txf language model (a model.family and a model.head of "
+      f"data.task 'lm', as 'decoder' or 'lstm' with 'lm'), got {got}"
     )
 
 

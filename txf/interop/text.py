@@ -181,12 +181,8 @@ def generate_text(
       **sampling,
     )
     return np.asarray(generated_BxT)[:, 1:]
-  # A head without next-token logits: decode.generate's check_generative says so.
-  if cfg.family not in ("decoder", "lstm"):
-    raise ValueError(
-      f"model: {pretrained.architecture} cannot generate (needs a decoder with an "
-      "LM head or an encoder-decoder)"
-    )
+  # A family that cannot generate (an encoder), or a head without next-token
+  # logits: decode.generate's check_generative names the field.
   if prompt_lengths_B is None:
     real_BxP = prompt_BxP != cfg.pad_id
     prompt_lengths_B = np.sum(np.cumprod(real_BxP, axis=1), axis=1)

@@ -532,10 +532,16 @@ class ModelConfig:
         f"model.head: {self.head!r} declares no matmul_params (txf.register.head), so the "
         "FLOPs per token of a model with it are not known"
       )
-    if self.head not in family_heads(self.family):
+    fitting = family_heads(self.family)
+    if self.head not in fitting:
+      choose = (
+        f"choose from {fitting}"
+        if fitting
+        else "it carries none: register.family(..., heads=('lm',)) or register.head(..., "
+        f"families=({self.family!r},)) names one"
+      )
       raise ValueError(
-        f"model.head: {self.head!r} does not fit model.family={self.family!r} "
-        f"(choose from {family_heads(self.family)})"
+        f"model.head: {self.head!r} does not fit model.family={self.family!r} ({choose})"
       )
 
   def _check_classify_fields(self) -> None:

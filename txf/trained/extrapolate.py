@@ -115,7 +115,7 @@ def check_extrapolation(
     WorkdirError: `workdir` on a file system that is not installed (a gs://
       one needs the `gcs` extra) or that cannot be reached.
     ValueError: naming the argument (or data.task for a run that is not a
-      decoder language model).
+      language model).
   """
   factors = check_factors(factors)
   for name, value, minimum in (
