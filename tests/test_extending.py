@@ -24,14 +24,14 @@ import pytest
 from conftest import REPO, output_lines, tiny_config
 from txf import models, ops
 from txf.choices import Registry
-from txf.data import make_dataset, spec as data_config
+from txf.data import ByteTokenizer, make_dataset, spec as data_config
 from txf.data.spec import parse_data
 from txf.interop import CheckpointError, Pretrained
 from txf.interop.text import generate_text
 from txf.layers import Norm, model_config as layer_config, positions
 from txf.runconfig.run_config import parse
 from txf.rundir import record
-from txf.train.run_setup import load_trained
+from txf.train.run_setup import TrainedModel, load_trained
 from txf.train.step import labels_and_weights, model_inputs
 from txf.trained.export import export_files
 
@@ -495,12 +495,13 @@ def check_greedy_text(pretrained):
 def test_a_registered_generative_family_generates_text_and_scores_windows():
   """generate_text (txf-generate) and extrapolation's check (txf-extrapolate)
   named 'decoder' and 'lstm' alone: a family registered generative=True, as
-  txf.decode generates with it, was refused; a family that names no head
-  was told to 'choose from ()'."""
+  txf.decode generates with it, was refused, and one trained as a prefix LM
+  was not refused as the decoder is; a family that names no head was told
+  to 'choose from ()'."""
   from txf import register
   from txf.analysis.extrapolation import check_language_model
 
-  with registered():
+  with registered("prefix_lm"):
 
     @register.family("decoder_again", tasks=("lm",), heads=("lm",), generative=True)
     class DecoderAgain(models.Decoder):
@@ -513,8 +514,13 @@ def test_a_registered_generative_family_generates_text_and_scores_windows():
     cfg = layer_config.ModelConfig(**TINY, family="decoder_again")
     model = models.build(cfg)
     params = nn.meta.unbox(model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))["params"]
-    check_greedy_text(Pretrained(cfg, params, "a txf run", {"eos_token_id": None}))
+    pretrained = Pretrained(cfg, params, "a txf run", {"eos_token_id": None})
+    check_greedy_text(pretrained)
     check_language_model(model)
+    # Trained as a prefix LM, it is not generated from causally (as a decoder is not).
+    trained = TrainedModel(pretrained, ByteTokenizer(), step=1, task="prefix_lm")
+    with pytest.raises(ValueError, match=r"^data\.task: a txf run trained for 'prefix_lm'"):
+      trained.check_runs_causally()
     encoder = models.build(layer_config.ModelConfig(**TINY, family="encoder", head="mlm"))
     with pytest.raises(ValueError, match=r"^model must be a txf language model"):
       check_language_model(encoder)

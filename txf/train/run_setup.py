@@ -56,6 +56,7 @@ from txf.data.spec import TASKS
 from txf.data.stacked import StackedDatasets
 from txf.decode.cache import check_cache_length, check_generative
 from txf.layers.embedding import check_position_table
+from txf.layers.model_config import FAMILIES
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig
 from txf.runconfig.tasks import task_kind
 from txf.rundir.checkpoint import make_checkpointer, saved_steps
@@ -713,15 +714,18 @@ class TrainedModel:
     return f"its first of {self.replicas} seed replicas (seed {self.seed})"
 
   def check_runs_causally(self) -> None:
-    """Refuses a decoder (or LSTM) trained for a task kind that is not a
-    causal language model (a prefix LM attends bidirectionally within its
-    prefix): generation, and a Hugging Face causal LM, run it causally.
+    """Refuses a model that generates as a causal LM (a decoder, an LSTM, a
+    registered generative family; not an encoder-decoder, which decodes
+    from its source) trained for a task kind that is not a causal language
+    model (a prefix LM attends bidirectionally within its prefix):
+    generation, and a Hugging Face causal LM, run it causally.
 
     Raises:
       ValueError: naming data.task.
     """
-    family = self.pretrained.config.family
-    if family in ("decoder", "lstm") and not task_kind(self.task).causal_lm:
+    kind = task_kind(self.task)
+    generative = FAMILIES[self.pretrained.config.family].generative
+    if generative and kind.batches != "seq2seq" and not kind.causal_lm:
       raise ValueError(
         f"data.task: {self.pretrained.architecture} trained for {self.task!r}, not a causal "
         f"language model (its task kind's causal_lm is False), so it cannot run as one "
