@@ -597,6 +597,32 @@ def test_leaves_of_dtypes_tensorstore_cannot_write_are_saved_packed_as_their_bit
   assert not (tmp_path / "as_is" / "1").exists()
 
 
+@pytest.mark.parametrize("key", [False, True], ids=["packed", "as_it_is"])
+def test_a_state_of_another_dtype_or_shape_is_named_not_called_corrupt(tmp_path, key):
+  """Saved as it is (a PRNG key is not packed, nor is a sharded state),
+  orbax cast a float32 leaf to the bfloat16 asked for, and its checksum
+  then called every step corrupt ('restore the directory from a copy')."""
+  extra = {"key": jax.random.key(0)} if key else {}
+  with checkpoint.Checkpointer(tmp_path / "run") as ckpt:
+    for step in (1, 2):
+      assert ckpt.save(step, {**make_state(step), **extra}, extras_for(step))
+    ckpt.wait_until_finished()
+  for change, was, asked in (
+    (lambda x: x.astype(jnp.bfloat16), "float32[3, 4]", "bfloat16[3, 4]"),
+    (lambda x: x[:2], "float32[3, 4]", "float32[2, 4]"),
+  ):
+    target = abstract({**make_state(0), **extra})
+    kernel = target["params"]["dense"]["kernel"]
+    target["params"]["dense"]["kernel"] = abstract(change(jnp.zeros(kernel.shape, kernel.dtype)))
+    with checkpoint.Checkpointer(tmp_path / "run", read_only=True) as reader:
+      with pytest.raises(checkpoint.RestoreError) as refused:
+        reader.restore(target)
+    message = str(refused.value)
+    assert f"['params']['dense']['kernel'] as {was}, the one asked for as {asked}" in message
+    assert "config probably differs" in message and "corrupt" not in message
+  assert kept_steps(tmp_path / "run") == [1, 2]
+
+
 def as_bytes(leaf):
   return np.asarray(leaf).tobytes()
 

@@ -388,6 +388,39 @@ def _check_leaves(state: Any, packed: bool) -> None:
       )
 
 
+def _path_names(path: tuple) -> tuple[str, ...]:
+  """A leaf's path as its keys' names, as orbax's metadata tree and the
+  state's pytree both spell them (a dataclass field, a dict key, an index)."""
+  return tuple(
+    str(next(getattr(key, attr) for attr in ("key", "name", "idx") if hasattr(key, attr)))
+    for key in path
+  )
+
+
+def _check_saved_arrays(metadata: Any, abstract_state: Any) -> None:
+  """Refuses an `abstract_state` leaf whose shape or dtype differ from the
+  array saved at its path (orbax's `metadata` tree of a state saved as it
+  is): orbax casts it without a word, and the step's checksums then call it
+  corrupt. A PRNG key (saved as its uint32 data) and a path the metadata
+  lacks (orbax's own restore names it) are left to orbax.
+
+  Raises:
+    ValueError: one line naming the first such leaf, as `unpack` does.
+  """
+  saved = {_path_names(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(metadata)}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state):
+    array = saved.get(_path_names(path))
+    if array is None or jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      continue
+    was = (np.dtype(array.dtype).name, list(array.shape))
+    asked = (np.dtype(leaf.dtype).name, list(leaf.shape))
+    if was != asked:
+      raise ValueError(
+        f"the state saved holds {jax.tree_util.keystr(path)} as {was[0]}{was[1]}, the one "
+        f"asked for as {asked[0]}{asked[1]}"
+      )
+
+
 class Checkpointer:
   """Saves and restores (state, extras) under `directory`, one dir per step.
 
@@ -658,6 +691,7 @@ class Checkpointer:
     extras = dict(self._read(step, EXTRAS_ITEM, ocp.args.JsonRestore()))
     layout, checksums = extras.pop(LAYOUT_KEY, None), extras.pop(CHECKSUMS_KEY, None)
     if layout is None:
+      _check_saved_arrays(self._manager.item_metadata(step)[STATE_ITEM], abstract_state)
       state = self._read(step, STATE_ITEM, ocp.args.StandardRestore(abstract_state))
     elif checksums is None:
       # Every packed save records them; without, a damaged layout would hand
