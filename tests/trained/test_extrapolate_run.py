@@ -231,7 +231,7 @@ def test_an_encoder_run_is_refused(tmp_path):
   workdir = tmp_path / "run"
   loop.run(parse(tiny_config("encoder_mlm", steps=1)), workdir, log=lambda line: None)
   with pytest.raises(
-    ValueError, match=r"^data.task: length extrapolation needs a decoder language model .* 'mlm'$"
+    ValueError, match=r"^data.task: length extrapolation needs a causal language model .* 'mlm'$"
   ):
     extrapolate_run(workdir)
   assert not any((workdir / name).exists() for name in OUTPUTS)

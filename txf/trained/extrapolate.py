@@ -244,8 +244,8 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
   run = load_run(workdir, overrides, saved=saved)
   if not task_kind(run.setup.task).causal_lm:
     raise ValueError(
-      f"data.task: length extrapolation needs a decoder language model "
-      f"(task 'lm'), the run in {workdir} trains {run.setup.task!r}"
+      f"data.task: length extrapolation needs a causal language model (a task kind "
+      f"with causal_lm, as 'lm'), the run in {workdir} trains {run.setup.task!r}"
     )
   try:  # a registered family's: found only as the first window was scored
     check_language_model(run.setup.model)
