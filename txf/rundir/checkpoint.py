@@ -478,9 +478,13 @@ class Checkpointer:
     if not read_only:
       check_writable(directory)
     self._opened = _local_stat(directory)
-    self._manager = ocp.CheckpointManager(
-      directory, options=options, item_names=(STATE_ITEM, EXTRAS_ITEM)
-    )
+    # The handlers named, not left to each call's args, so that a step's
+    # item_metadata is read (orbax warns and gives None for an unnamed one).
+    handlers = {
+      STATE_ITEM: ocp.StandardCheckpointHandler(),
+      EXTRAS_ITEM: ocp.JsonCheckpointHandler(),
+    }
+    self._manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
   def _writing(self, action):
     """Runs `action()`, turning any failure of a save into CheckpointWriteError."""
