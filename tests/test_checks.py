@@ -1,5 +1,6 @@
 """Tests for txf.checks: every failure is a ValueError starting with the field."""
 
+import numpy as np
 import pytest
 
 from txf import checks
@@ -76,6 +77,12 @@ def test_choice_names_the_field_and_the_choices():
     (True, False, False, False),
     ("0.5", False, False, False),
     (float("nan"), False, False, False),
+    # numpy scalars as numbers (top_p=np.float32(0.5) was refused), at the ends too.
+    (np.float32(0.5), True, False, True),
+    (np.float32(1.0), True, False, True),
+    (np.float64(0.0), True, False, False),
+    (np.float32("nan"), False, False, False),
+    (np.bool_(True), False, False, False),
   ],
 )
 def test_fraction_bounds(value, low_open, high_open, ok):

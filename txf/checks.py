@@ -85,7 +85,7 @@ def choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
 
 def fraction(value: Any, name: str, *, low_open: bool = False, high_open: bool = True) -> float:
   """`value` a real number in [0, 1], each end excluded when its flag is set."""
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
   if ok:
     ok = (0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)
   if not ok:

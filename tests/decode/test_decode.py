@@ -596,6 +596,13 @@ def test_an_empty_source_is_refused():
     decode.generate(
       model, params, encoder_tokens_BxS=jnp.zeros((2, 0), jnp.int32), max_new_tokens=2
     )
+  # So is a row of padding only: the encoder masks every key.
+  sources_BxS = jnp.asarray([[5, 6, 7], [model.cfg.pad_id] * 3])
+  with pytest.raises(
+    ValueError,
+    match=r"^generate: encoder_tokens_BxS rows \[1\] hold only pad_id=0; every source needs",
+  ):
+    decode.generate(model, params, encoder_tokens_BxS=sources_BxS, max_new_tokens=2)
 
 
 def test_a_search_refuses_a_cache_of_other_rows_a_scanned_one_without_axes_and_no_key():

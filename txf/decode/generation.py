@@ -78,7 +78,23 @@ def _checked_prompts(
     )
   for name, ids in (("prompt_BxP", prompt_BxP), ("encoder_tokens_BxS", encoder_tokens_BxS)):
     _check_vocabulary(name, ids, model.cfg.vocab_size)
+  _check_sources(encoder_tokens_BxS, model.cfg.pad_id)
   return prompt_BxP, prompt_lengths_B
+
+
+def _check_sources(encoder_tokens_BxS: Array | None, pad_id: int) -> None:
+  """ValueError for a concrete source row of pad_id only: the encoder masks
+  every key, so the row is decoded as if unconditioned (as an empty source,
+  S = 0, which is refused too)."""
+  values = None if encoder_tokens_BxS is None else concrete(encoder_tokens_BxS)
+  if values is None:
+    return  # none (a decoder), or traced
+  empty = np.flatnonzero(np.all(values == pad_id, axis=1))
+  if empty.size:
+    raise ValueError(
+      f"generate: encoder_tokens_BxS rows {empty.tolist()} hold only pad_id={pad_id}; "
+      "every source needs a token"
+    )
 
 
 def _as_array(name: str, ids: Any) -> Any:
