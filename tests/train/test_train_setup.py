@@ -213,6 +213,30 @@ def test_prepare_resume_keeps_a_finished_warmup_only_where_there_are_checkpoints
   assert prepare_resume(parse(config), tmp_path / "new") == (parse(config), None)
 
 
+def test_a_start_that_died_before_its_first_checkpoint_does_not_set_the_kept_warmup(tmp_path):
+  """config.json is the latest start's, written before it trains: a resume
+  asking warmup 10 that died before saving left it there, and the next
+  resume kept warmup 10 as 'the warmup this run finished' for a checkpoint
+  trained with 30 (a 30-step run: its warmup of 60 clamped to 30)."""
+  config = load_config("rope")
+  config.train.steps = 30
+  trained = parse(config)
+  write_config(trained, tmp_path)
+  first = record.RunRecord(tmp_path, log=lambda line: None)
+  first.start(trained, 0)
+  first.end("finished", 30)
+  with Checkpointer(checkpoint_directory(tmp_path)) as checkpointer:
+    checkpointer.save(30, {"step": np.int32(30)}, {"data": {}})
+  config.train.steps, config.train.warmup_steps = 600, 10
+  died = parse(config)
+  write_config(died, tmp_path)
+  record.RunRecord(tmp_path, log=lambda line: None).start(died, 30)  # no end: it died
+  config.train.warmup_steps = 60
+  run, saved = prepare_resume(parse(config), tmp_path)
+  assert saved.train.warmup_steps == 10  # config.json, as the died start wrote it
+  assert run.train.warmup_steps == 30 and "finished by step 30" in run.notes[0]
+
+
 def test_load_run_needs_a_run(tmp_path):
   with pytest.raises(ConfigError, match="^workdir: .* holds no run"):
     load_run(tmp_path)

@@ -8,7 +8,7 @@ run it records.
   saved, source = read_held_config(workdir, trained=True)  # config.json, or lost, the record's
   check_resumable(run, saved, workdir)       # ValueError naming the field
   config_changes(run, saved)                 # what a resume changes
-  run = keep_run_warmup(run, saved, start)   # a finished warmup stays as trained
+  run = keep_run_warmup(run, trained_to(workdir, start, saved), start)   # a finished warmup stays
   run, saved = prepare_resume(run, workdir, resume_step)   # the read, the checks, the warmup
 
 A config.json of any format written since runs were first written reads:
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -330,15 +331,33 @@ def changes_since_step(run: RunConfig, workdir: str | os.PathLike, step: int) ->
   no entry holds it, or its config does not read): what `--resume_step=step`
   retrains under another config than the steps it moves aside had, which
   config.json (the latest start's) does not say."""
+  trained = _recorded_training(workdir, lambda start, end: start <= step < end)
+  return [] if trained is None else config_changes(run, trained)
+
+
+def trained_to(workdir: str | os.PathLike, step: int, saved: RunConfig) -> RunConfig:
+  """The config that trained the run in `workdir` to its checkpoint at
+  `step`: run_record.json's entry that saved it (started before `step`,
+  ended at or after it, or ended unrecorded), or `saved` (config.json as
+  read) where no entry says. config.json is the latest start's, written
+  before it trained: a start that died before its first checkpoint left its
+  config there, which trained none of the run's steps."""
+  trained = _recorded_training(workdir, lambda start, end: start < step <= end)
+  return saved if trained is None else trained
+
+
+def _recorded_training(workdir: str | os.PathLike, covers) -> RunConfig | None:
+  """The config of the last run_record.json entry whose steps `covers`
+  (start_step, end_step: infinity where the entry recorded no end, a start
+  that died), None where none does or its config does not read."""
   for entry in reversed(read_record(workdir)):
     start, end = entry.get("start_step"), entry.get("end_step")
-    if isinstance(start, int) and start <= step and (not isinstance(end, int) or end > step):
+    if isinstance(start, int) and covers(start, end if isinstance(end, int) else math.inf):
       try:
-        trained = _parsed(entry.get("config"), workdir, f"{RECORD_FILE}: config")
+        return _parsed(entry.get("config"), workdir, f"{RECORD_FILE}: config")
       except ValueError:
-        return []
-      return config_changes(run, trained)
-  return []
+        return None
+  return None
 
 
 def check_resumable(
@@ -428,7 +447,7 @@ def prepare_resume(
     )
   if saved is not None and steps_saved:
     start = steps_saved[-1] if resume_step is None else resume_step
-    run = keep_run_warmup(run, saved, start)
+    run = keep_run_warmup(run, trained_to(workdir, start, saved), start)
   return run, saved
 
 
@@ -449,8 +468,8 @@ def _check_checkpoints_reachable(workdir: str | os.PathLike) -> None:
 
 
 def keep_run_warmup(run: RunConfig, saved: RunConfig, start: int) -> RunConfig:
-  """`run`, resuming from step `start` the run whose config.json read as
-  `saved`, with that run's warmup where it had finished it by `start` and
+  """`run`, resuming from step `start` the run that `saved` trained to it
+  (`trained_to`), with that run's warmup where it had finished it by `start` and
   `run` asks for a longer one: the warmup is part of the schedule the
   checkpoints were trained on, and lengthening it would drop the learning
   rate at the resumed step (a 30-step smoke run, its warmup of 60 clamped to

@@ -94,6 +94,7 @@ from txf.rundir.resume import (
   config_changes,
   keep_run_warmup,
   prepare_resume,
+  trained_to,
   write_config,
 )
 from txf.rundir.trackers import check_trackers, make_trackers
@@ -818,7 +819,7 @@ def _restored(
     start, state = _restore(setup, checkpointer, saved, workdir, guard, log, resume_step)
   if saved is None or not start or start == newest or resume_step is not None:
     return setup, prepared, start, state
-  resumed = keep_run_warmup(asked, saved, start)
+  resumed = keep_run_warmup(asked, trained_to(workdir, start, saved), start)
   if resumed.train == prepared.train:
     return setup, prepared, start, state
   if not built_here:
