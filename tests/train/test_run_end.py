@@ -65,6 +65,46 @@ def test_a_completed_final_evaluation_replaces_the_lost_one(tmp_path, lost):
   assert sorted(kept_points(workdir)) == points  # each point once, the hparams' too
 
 
+def files(workdir):
+  """{name: bytes} of the run's files (but .lock, which each start rewrites)."""
+  return {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize("lost", ["cut_off_row", "config_json"])
+def test_an_end_completed_under_changed_fields_is_refused_before_anything_is_written(
+  tmp_path, lost
+):
+  """Completing the lost end under another config evaluated and wrote
+  config.json with it: a 4-step run's lost config.json came back saying
+  data.seq_len 64, or train.steps 2 and a warmup of 2 (which a later
+  extension kept), and its valid final evaluation was moved aside."""
+  workdir = tmp_path / "run"
+  config = tiny_config(steps=4, train__log_every=2, eval__every=2, eval__sample_tokens=4)
+  loop.run(parse(config), workdir, log=lambda line: None)
+  path = workdir / metrics.METRICS_FILE
+  if lost == "cut_off_row":
+    path.write_text(path.read_text()[: path.read_text().rindex("\n", 0, -1) + 20])
+  else:
+    (workdir / resume.CONFIG_FILE).unlink()
+  before = files(workdir)
+  for field, value in (("data__seq_len", 64), ("steps", 2)):
+    fields = dict(steps=4, train__log_every=2, eval__every=2, eval__sample_tokens=4)
+    changed = parse(tiny_config(**{**fields, field: value}))
+    name = "data.seq_len" if field == "data__seq_len" else "train.steps"
+    if lost == "cut_off_row" and name == "train.steps":
+      # config.json there: trained past train.steps=2, it only evaluates (written: nothing).
+      assert loop.run(changed, workdir, log=lambda line: None)
+    else:
+      with pytest.raises(
+        loop.ConfigError, match=rf"^{name}(, [a-z_.]+)*: the run in .* trained to step 4, "
+      ):
+        loop.run(changed, workdir, log=lambda line: None)
+    assert files(workdir) == before
+  lines = []
+  loop.run(parse(config), workdir, log=lines.append)  # as it trained: completed
+  assert any("completing its final evaluation" in line for line in lines), lines
+
+
 def test_a_lost_evaluation_at_the_step_a_run_trains_on_from_is_evaluated_again(tmp_path):
   """A 4-step run whose eval row at 4 was cut off, extended to 6 steps: the
   evaluation at 4 (due: eval.every 2) is done again from the checkpoint, the

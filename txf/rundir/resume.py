@@ -57,6 +57,7 @@ from txf.layers.model_config import (
 )
 from txf.runconfig.run_config import ConfigError, RunConfig, TrainConfig, parse, to_json
 from txf.rundir.checkpoint import checkpoint_directory, saved_steps
+from txf.rundir.metrics import is_eval_row, read_metrics
 from txf.rundir.record import (
   RECORD_FILE,
   check_choices,
@@ -325,13 +326,21 @@ def config_changes(run: RunConfig, saved: RunConfig | None) -> list[tuple[str, A
   return [(name, old.get(name), value) for name, value in new.items() if old.get(name) != value]
 
 
+# Where a config read from run_record.json is named in a refusal.
+RECORDED = f"{RECORD_FILE}: config"
+
+
 def changes_since_step(run: RunConfig, workdir: str | os.PathLike, step: int) -> list[tuple]:
   """`config_changes` of `run` from the config that first trained step
   `step` + 1, as run_record.json's entry of those steps records it ([] where
   no entry holds it, or its config does not read): what `--resume_step=step`
   retrains under another config than the steps it moves aside had, which
   config.json (the latest start's) does not say."""
-  trained = _recorded_training(workdir, lambda start, end: start <= step < end)
+  recorded = _recorded_training(workdir, lambda start, end: start <= step < end)
+  try:
+    trained = None if recorded is None else _parsed(recorded, workdir, RECORDED)
+  except ValueError:
+    return []
   return [] if trained is None else config_changes(run, trained)
 
 
@@ -339,24 +348,30 @@ def trained_to(workdir: str | os.PathLike, step: int, saved: RunConfig) -> RunCo
   """The config that trained the run in `workdir` to its checkpoint at
   `step`: run_record.json's entry that saved it (started before `step`,
   ended at or after it, or ended unrecorded), or `saved` (config.json as
-  read) where no entry says. config.json is the latest start's, written
-  before it trained: a start that died before its first checkpoint left its
-  config there, which trained none of the run's steps."""
-  trained = _recorded_training(workdir, lambda start, end: start < step <= end)
-  return saved if trained is None else trained
+  read) where no entry says or it does not read. config.json is the latest
+  start's, written before it trained: a start that died before its first
+  checkpoint left its config there, which trained none of the run's steps."""
+  try:
+    recorded = _recorded_training(workdir, lambda start, end: start < step <= end)
+    if recorded is None or recorded == to_json(saved):  # parsed once: config.json's
+      return saved
+    return _parsed(recorded, workdir, RECORDED)
+  except ValueError:  # a record that does not read is the run's to report (RunRecord)
+    return saved
 
 
-def _recorded_training(workdir: str | os.PathLike, covers) -> RunConfig | None:
-  """The config of the last run_record.json entry whose steps `covers`
+def _recorded_training(workdir: str | os.PathLike, covers) -> Any:
+  """The `config` of the last run_record.json entry whose steps `covers`
   (start_step, end_step: infinity where the entry recorded no end, a start
-  that died), None where none does or its config does not read."""
+  that died), None where none does.
+
+  Raises:
+    ValueError: the record does not read.
+  """
   for entry in reversed(read_record(workdir)):
     start, end = entry.get("start_step"), entry.get("end_step")
     if isinstance(start, int) and covers(start, end if isinstance(end, int) else math.inf):
-      try:
-        return _parsed(entry.get("config"), workdir, f"{RECORD_FILE}: config")
-      except ValueError:
-        return None
+      return entry.get("config")
   return None
 
 
@@ -448,7 +463,46 @@ def prepare_resume(
   if saved is not None and steps_saved:
     start = steps_saved[-1] if resume_step is None else resume_step
     run = keep_run_warmup(run, trained_to(workdir, start, saved), start)
+    _check_end_completed_as_trained(run, saved, workdir, start)
   return run, saved
+
+
+def _check_end_completed_as_trained(
+  run: RunConfig, saved: RunConfig, workdir: str | os.PathLike, start: int
+) -> None:
+  """Refuses `run` where it changes the config of a run trained to its steps
+  (to `start`) whose end's writes were lost (`end_written`): completing the
+  end writes the final evaluation and config.json, which describe the run
+  as it trained, not the command's changes (a finished 60-step run's lost
+  config.json was written with train.steps=30 and a warmup of 30, which a
+  later extension then kept).
+
+  Raises:
+    ValueError: naming the changed fields.
+  """
+  if start < run.train.steps or end_written(run.train.steps, workdir, start):
+    return
+  changed = ", ".join(name for name, _, _ in config_changes(run, saved))
+  if changed:
+    raise ValueError(
+      f"{changed}: the run in {workdir} trained to step {start}, and what its end writes "
+      f"({CONFIG_FILE}, the final evaluation) was lost: run it once as it trained, without "
+      "these changes, to complete its end; then change them"
+    )
+
+
+def end_written(steps: int, workdir: str | os.PathLike, step: int) -> bool:
+  """Whether a run trained to `step` >= train.steps has what its end writes:
+  config.json (the file: a run that lost it is held to its run_record.json's,
+  see prepare_resume) and, when `step` is train.steps, an eval row at `step`."""
+  if not (epath.Path(workdir) / CONFIG_FILE).exists():
+    return False
+  return step != steps or evaluated(workdir, step)
+
+
+def evaluated(workdir: str | os.PathLike, step: int) -> bool:
+  """Whether metrics.jsonl holds an eval row of `step`."""
+  return any(row["step"] == step and is_eval_row(row) for row in read_metrics(workdir, since=step))
 
 
 def _check_checkpoints_reachable(workdir: str | os.PathLike) -> None:

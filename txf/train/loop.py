@@ -85,13 +85,15 @@ from txf.rundir.checkpoint import (
 )
 from txf.rundir.console import format_duration, format_progress
 from txf.rundir.derived import derived_after, move_aside
-from txf.rundir.metrics import MetricsWriter, check_outputs, is_eval_row, read_metrics
+from txf.rundir.metrics import MetricsWriter, check_outputs
 from txf.rundir.record import RunRecord
 from txf.rundir.resume import (
   CONFIG_FILE,
   changes_since_step,
   check_optimizer_state,
   config_changes,
+  end_written,
+  evaluated,
   keep_run_warmup,
   prepare_resume,
   trained_to,
@@ -617,7 +619,7 @@ def run(
           )
           steps = setup.run.train.steps
           # Trained to its steps or past them (train.steps lowered): it only evaluates.
-          if start >= steps and _end_written(steps, workdir, start):
+          if start >= steps and end_written(steps, workdir, start):
             log(f"already trained to step {start} of {steps}")
             result = setup.evaluate(state.params)
             data = setup.run.data
@@ -722,25 +724,11 @@ def _hparams(setup: RunSetup, extra: Mapping[str, Any] | None) -> dict[str, Any]
   return values
 
 
-def _end_written(steps: int, workdir: epath.Path, step: int) -> bool:
-  """Whether a run trained to `step` >= train.steps has what its end writes:
-  config.json (the file: a run that lost it is held to its run_record.json's,
-  see prepare_resume) and, when `step` is train.steps, an eval row at `step`."""
-  if not (workdir / CONFIG_FILE).exists():
-    return False
-  return step != steps or _evaluated(workdir, step)
-
-
 def _evaluation_lost(every: int, workdir: epath.Path, step: int) -> bool:
   """Whether the evaluation due at `step` (a multiple of eval.every), the
   step a run trains on from, has no readable row: it was cut off, or never
   written, by a kill between the step's save and its row."""
-  return step > 0 and step % every == 0 and not _evaluated(workdir, step)
-
-
-def _evaluated(workdir: epath.Path, step: int) -> bool:
-  """Whether metrics.jsonl holds an eval row of `step`."""
-  return any(row["step"] == step and is_eval_row(row) for row in read_metrics(workdir, since=step))
+  return step > 0 and step % every == 0 and not evaluated(workdir, step)
 
 
 def _resume_lines(
