@@ -128,3 +128,19 @@ def test_a_lost_evaluation_at_the_step_a_run_trains_on_from_is_evaluated_again(t
   assert [row["step"] for row in after] == [row["step"] for row in rows] + [6, 6]
   assert without_timings(after[:4]) == without_timings(rows)  # step 4's, as first evaluated
   assert [step for step, _ in metrics.read_samples(workdir)] == [2, 4, 6]
+
+
+def test_no_evaluation_is_said_lost_where_none_was_due_as_the_run_trained(tmp_path):
+  """Resumed from step 2 of a run evaluated every 4 steps, with eval.every
+  2: 'the evaluation at step 2 was lost: evaluating it again' (none was due
+  there), and an eval row at 2 the run never had."""
+  workdir = tmp_path / "run"
+  config = tiny_config(steps=4, train__log_every=2, eval__every=4, train__checkpoint_every=2)
+  config.train.max_to_keep = 3
+  loop.run(parse(config), workdir, log=lambda line: None)
+  config.eval.every = 2
+  lines = []
+  loop.run(parse(config), workdir, log=lines.append, resume_step=2)
+  assert not any("was lost" in line for line in lines), lines
+  evaluated = [row["step"] for row in metrics.read_metrics(workdir) if metrics.is_eval_row(row)]
+  assert evaluated == [4]

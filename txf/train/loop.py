@@ -640,7 +640,9 @@ def run(
           # from was lost (a kill as it was written): that evaluation's
           # records are replaced, not duplicated.
           completing = start >= steps
-          evaluating_again = completing or _evaluation_lost(setup.run.eval.every, workdir, start)
+          # Due at `start` as the run trained to it: a resume's new eval.every says nothing of it.
+          trained = setup.run if saved is None else trained_to(workdir, start, saved)
+          evaluating_again = completing or _evaluation_lost(trained.eval.every, workdir, start)
           with MetricsWriter(
             workdir,
             enabled=is_chief,
