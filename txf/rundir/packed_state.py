@@ -16,12 +16,12 @@ order and each flattened, into arrays of about PACKED_BYTES (a larger leaf
 is one of its own); `layout` (JSON) lists each packed array's dtype and its
 leaves' paths and shapes, and is saved beside them. `unpack` cuts them back
 into the leaves of the state a run asks for, onto its shardings, and refuses
-in one line a state whose leaves differ from those saved. A packed array of
-a dtype tensorstore cannot write (STORED_AS: uint2, uint4, float8_e4m3)
-holds its bits as a dtype of the same width it can; a group of zero-size
-leaves only has no array (orbax refuses to write an empty one). A restore so holds
-the whole packed state in host memory at once (orbax's own restore of a
-state saved as it is read a leaf at a time).
+in one line a state whose leaves differ from those saved. A restore so
+holds the whole packed state in host memory at once (orbax's own restore of
+a state saved as it is read a leaf at a time). A packed array of a dtype
+tensorstore cannot write (STORED_AS: uint2, uint4, float8_e4m3) holds its
+bits as a dtype of the same width it can; a group of zero-size leaves only
+has no array (orbax refuses to write an empty one).
 
 Only a state whose every leaf is whole on each of its devices is packed
 (`packable`: one process; each leaf on one device, or replicated, as a

@@ -522,9 +522,9 @@ def _check_checkpoints_reachable(workdir: str | os.PathLike) -> None:
 
 
 def keep_run_warmup(run: RunConfig, saved: RunConfig, start: int) -> RunConfig:
-  """`run`, resuming from step `start` the run that `saved` trained to it
-  (`trained_to`), with that run's warmup where it had finished it by `start` and
-  `run` asks for a longer one: the warmup is part of the schedule the
+  """`run`, resuming from step `start` a run that `saved` trained to it
+  (`trained_to`), with that config's warmup where the run had finished it by
+  `start` and `run` asks for a longer one: the warmup is part of the schedule the
   checkpoints were trained on, and lengthening it would drop the learning
   rate at the resumed step (a 30-step smoke run, its warmup of 60 clamped to
   30, resumed for 600 steps: to half its peak). The kept warmup is what
