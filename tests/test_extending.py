@@ -492,6 +492,7 @@ def check_greedy_text(pretrained):
   np.testing.assert_array_equal(np.asarray(got), tokens[:, 3:])
 
 
+@pytest.mark.slow  # compiles decoding and three forward passes (4-5 s)
 def test_a_registered_generative_family_generates_text_and_scores_windows():
   """generate_text (txf-generate) and extrapolation's check (txf-extrapolate)
   named 'decoder' and 'lstm' alone: a family registered generative=True, as
