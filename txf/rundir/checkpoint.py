@@ -389,12 +389,10 @@ def _check_leaves(state: Any, packed: bool) -> None:
 
 
 def _path_names(path: tuple) -> tuple[str, ...]:
-  """A leaf's path as its keys' names, as orbax's metadata tree and the
-  state's pytree both spell them (a dataclass field, a dict key, an index)."""
-  return tuple(
-    str(next(getattr(key, attr) for attr in ("key", "name", "idx") if hasattr(key, attr)))
-    for key in path
-  )
+  """A leaf's path as its keys' names (jax's simple rendering of each: a
+  dataclass field, a dict key, an index), as orbax's metadata tree and the
+  state's pytree both spell them."""
+  return tuple(jax.tree_util.keystr((key,), simple=True) for key in path)
 
 
 def _check_saved_arrays(metadata: Any, abstract_state: Any) -> None:
