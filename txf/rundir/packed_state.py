@@ -110,12 +110,16 @@ def pack(state: Any) -> tuple[dict[str, jax.Array | np.ndarray], Layout]:
   for dtype, members in _groups(state):
     leaves = [leaf for _, leaf in members]
     if any(np.size(leaf) for leaf in leaves):
-      stored = jnp.dtype(STORED_AS.get(dtype, dtype))
-      arrays[str(len(layout))] = _to_host(_concatenated(leaves, stored))
+      arrays[str(len(layout))] = _to_host(_concatenated(leaves, _stored(dtype)))
     layout.append(
       {"dtype": dtype, "leaves": [[path, list(np.shape(leaf))] for path, leaf in members]}
     )
   return arrays, layout
+
+
+def _stored(dtype: str) -> np.dtype:
+  """The dtype a packed array of leaves of `dtype` (its name) is written as."""
+  return jnp.dtype(STORED_AS.get(dtype, dtype))
 
 
 @functools.partial(jax.jit, static_argnames="stored")
@@ -147,7 +151,7 @@ def layout_target(layout: Layout) -> dict[str, np.ndarray]:
   and stored dtypes (allocated as they are written)."""
   sizes = [sum(math.prod(shape) for _, shape in array["leaves"]) for array in layout]
   return {
-    str(index): np.empty(size, jnp.dtype(STORED_AS.get(array["dtype"], array["dtype"])))
+    str(index): np.empty(size, _stored(array["dtype"]))
     for index, (array, size) in enumerate(zip(layout, sizes))
     if size
   }
