@@ -77,7 +77,14 @@ from txf.rundir.workdir import (
 from txf.storage import read_json
 from txf.train import replicas, sharding
 from txf.train.pretrained import adopt_tokenizer, pretrained_params, starting_from
-from txf.train.step import TrainState, init_params, init_state, make_eval_step, make_train_step
+from txf.train.step import (
+  TrainState,
+  init_params,
+  init_state,
+  loss_scale_for,
+  make_eval_step,
+  make_train_step,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +206,7 @@ def _over(total: Any, count: np.ndarray) -> np.ndarray:
 
 def train_step_for_seed(
   train_config: TrainConfig,
+  dtype: str,
   model: nn.Module,
   optimizer: optax.GradientTransformation,
   task: str,
@@ -206,7 +214,8 @@ def train_step_for_seed(
   seed: int,
 ) -> Callable:
   """The (unjitted) train step of one replica's `seed`, as `train_config` sets
-  it up; sharded_params: the parameters are split over the mesh's devices."""
+  it up for a model computing in `dtype` (model.dtype: its loss scale);
+  sharded_params: the parameters are split over the mesh's devices."""
   return make_train_step(
     model,
     optimizer,
@@ -217,6 +226,7 @@ def train_step_for_seed(
     z_loss=train_config.z_loss,
     loss_chunk_len=train_config.loss_chunk_len,
     sharded_params=sharded_params,
+    loss_scale=loss_scale_for(dtype),
   )
 
 
@@ -428,7 +438,7 @@ def setup_run(
     run.seeds,
     start=start,
     step_for_seed=functools.partial(
-      train_step_for_seed, run.train, model, run.optimizer, task, sharded_params
+      train_step_for_seed, run.train, run.model.dtype, model, run.optimizer, task, sharded_params
     ),
     eval_step=eval_step,
     state_sharding=state_sharding,
