@@ -707,6 +707,23 @@ def test_differing_tied_copy_is_not_silently_dropped(tmp_path):
     load_pretrained(directory)
 
 
+def test_an_output_config_json_ties_is_tied_whatever_the_file_holds(tmp_path, caplog):
+  """config.json's tie_word_embeddings: true with an output matrix of its own
+  in the file: transformers ties them on load (the file's lm_head unread);
+  txf loaded it untied, its logits hidden @ lm_head.T, with no word."""
+  directory = copy_fixture("llama", tmp_path)  # untied: an lm_head of its own
+  edit_json(directory / "config.json", tie_word_embeddings=True)
+  loaded = load_pretrained(directory)
+  assert loaded.config.tie_embeddings
+  assert "its lm_head.weight, which differs from the embedding, is not used" in caplog.text
+  body = load_pretrained(directory, head="none")
+  tokens_1xT = np.arange(3, 23, dtype=np.int32)[None]
+  logits = np.asarray(loaded.model().apply({"params": loaded.params}, tokens_1xT), np.float64)
+  hidden = np.asarray(body.model().apply({"params": body.params}, tokens_1xT), np.float64)
+  embedding = load_file(directory / "model.safetensors")["model.embed_tokens.weight"]
+  np.testing.assert_allclose(logits, hidden @ embedding.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
 def test_unused_weights_are_named(caplog):
   """BertModel's pooler has no txf layer: dropped, with a warning naming it."""
   loaded = load_pretrained(HF_FIXTURES / "minilm")

@@ -191,6 +191,16 @@ def load_pretrained(directory: str | epath.PathLike, *, head: str | None = None)
   for name in _matching(tensors, layout.buffers):
     del tensors[name]
   _drop_tied_copies(tensors, layout.tied_copies)
+  if hf.get("tie_word_embeddings") is True and layout.untied_output in tensors:
+    # transformers ties the output to the embedding on load, as config.json
+    # says, and never reads the file's own (differing) output matrix.
+    logging.warning(
+      "%s: config.json ties the output to the embedding (tie_word_embeddings): its %s, "
+      "which differs from the embedding, is not used (as transformers does not use it)",
+      directory,
+      layout.untied_output,
+    )
+    del tensors[layout.untied_output]
   if layout.untied_output in tensors:  # what an untied output reads replaces the tied one's
     for copy, source in layout.untied_copies.items():
       if copy in tensors:
