@@ -960,6 +960,16 @@ def test_a_sentencepiece_run_compiles_at_its_vocabulary_size_training_nothing(tm
   # model.vocab_size, where set, is kept.
   config.model.vocab_size = 1024
   assert untrained_tokenizer(parse(config)).model.vocab_size == 1024
+  # Started from a sentencepiece run (pretrained:RUN): the bytes tokenizer
+  # was refused as not the one the run recorded ("the tokenizer's contents
+  # (sha256 None) differ"), where txf-run trains it.
+  source = tmp_path / "sentencepiece_run"
+  source.mkdir()
+  (source / "run_record.json").write_text(json.dumps([{"tokenizer": {"sha256": "ab" * 32}}]))
+  config.train.init_from = str(source)
+  compiled = untrained_tokenizer(parse(config))
+  assert compiled.train.init_from is None
+  assert setup_run(compiled, devices=parse_target("v5e-4").devices()).model.cfg.vocab_size == 1024
 
 
 @needs_cuda_plugin

@@ -302,13 +302,19 @@ def untrained_tokenizer(run: RunConfig) -> RunConfig:
   the model's vocabulary at the trained tokenizer's size: its
   `data.sp_vocab_size`, the most ids it can have, where `model.vocab_size`
   is unset. The programs see the vocabulary only through its size (the
-  batches are [B, T] ids either way); nothing is trained.
+  batches are [B, T] ids either way); nothing is trained. Nor is a
+  `train.init_from` run read (`pretrained:RUN` of a sentencepiece run): its
+  weights are of the trained tokenizer's ids, which setup_run refuses for
+  the bytes one, and the programs compiled are the same from any start.
   """
   if run.data.tokenizer != "sentencepiece":
     return run
   data = dataclasses.replace(run.data, tokenizer="bytes", sp_vocab_size=None)
+  train = dataclasses.replace(run.train, init_from=None)
   vocab_size = run.model.vocab_size or required(run.data.sp_vocab_size)
-  return dataclasses.replace(run, data=data).with_vocabulary(vocab_size, num_classes(data))
+  return dataclasses.replace(run, data=data, train=train).with_vocabulary(
+    vocab_size, num_classes(data)
+  )
 
 
 # Without a GPU to time candidates on, XLA (jaxlib 0.10.2's autotuner pass)
