@@ -21,6 +21,7 @@ from conftest import FIXTURES, gone_pid, load_config, repo_commands, tiny_config
 from full_disk import full_disk, read_only
 from txf import storage
 from txf.data import HFTokenizer
+from txf.data.tokenizers import hf_tokenizer_files
 from txf.interop import CheckpointError, load_pretrained
 from txf.interop.rules import flatten
 from txf.runconfig.run_config import ConfigError, parse
@@ -231,6 +232,18 @@ def test_a_second_export_replaces_the_first_whole(runs, tmp_path):
   assert "tokenizer.json" not in second.files
   assert load_pretrained(out).architecture == "T5ForConditionalGeneration"
   assert os.listdir(tmp_path) == ["hf"]
+
+
+def test_every_tokenizer_file_an_export_copies_is_its_own(tmp_path):
+  """A run's Hugging Face tokenizer with a special_tokens_map.json: the
+  export copied it, and the next export to the same --out was refused for
+  holding "files txf-export did not write (special_tokens_map.json)"."""
+  shutil.copytree(FIXTURES / "hf" / "bert", tmp_path / "tokenizer")
+  special = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
+  (tmp_path / "tokenizer" / "special_tokens_map.json").write_text(json.dumps(special))
+  copied = set(hf_tokenizer_files(HFTokenizer(tmp_path / "tokenizer")))
+  assert copied == {"tokenizer.json", *HFTokenizer.SPECIAL_FILES}
+  assert copied <= EXPORT_NAMES
 
 
 @pytest.mark.slow  # trains two tiny runs (shared with the tests above)

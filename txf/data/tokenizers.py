@@ -13,7 +13,8 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
@@ -459,17 +460,25 @@ def _sentencepiece_tokenizer_json(tokenizer: SentencePieceTokenizer) -> tokenize
   return converted
 
 
-def _as_the_run_encodes(text: str, *keys: str) -> str:
-  """A Hugging Face tokenizer file's JSON `text` with `keys` that adds special
-  tokens to every encoding turned off (null or false), where it has them."""
+def _as_the_run_encodes(text: str, turned_off: Mapping[str, Any]) -> str:
+  """A Hugging Face tokenizer file's JSON `text` with each key of
+  `turned_off` it sets (one that adds special tokens to, pads or cuts every
+  encoding) set to its value there (null or false)."""
   saved = json.loads(text)
-  found = [key for key in keys if saved.get(key)]
+  found = [key for key in turned_off if saved.get(key)]
   if not found:
     return text
   for key in found:
-    saved[key] = None if key == "post_processor" else False
+    saved[key] = turned_off[key]
   return json.dumps(saved, indent=2, ensure_ascii=False) + "\n"
 
+
+# What a Hugging Face tokenizer's files may do to every encoding that a run's
+# HFTokenizer does not (it turns padding and truncation off, and encodes
+# without special tokens), turned off in an export's copy of them: the ids a
+# tokenizers user gets from the export (Rust, a serving stack) are the run's.
+_TOKENIZER_JSON_OFF = {"post_processor": None, "padding": None, "truncation": None}
+_SPECIAL_FILES_OFF = {"add_bos_token": False, "add_eos_token": False}
 
 # The tokenizers hf_tokenizer_files writes out, exactly these classes.
 _CONVERTIBLE = (ByteTokenizer, SentencePieceTokenizer, HFTokenizer)
@@ -480,11 +489,12 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
   `tokenizer` does: file name -> text (tokenizer.json, and
   tokenizer_config.json naming its special tokens, which HFTokenizer and
   transformers read). bytes and sentencepiece tokenizers are converted; an
-  HFTokenizer's own files are copied without what adds special tokens to
-  every encoding (tokenizer.json's post_processor, tokenizer_config.json's
-  add_bos_token / add_eos_token): a run encodes its text without them, so a
-  copy with them (BERT's [CLS] ... [SEP]) gave the export other ids, and
-  other outputs, than the run.
+  HFTokenizer's own files are copied without what adds special tokens to,
+  pads or cuts every encoding (tokenizer.json's post_processor, padding and
+  truncation, tokenizer_config.json's add_bos_token / add_eos_token): a run
+  encodes its text without them, so a copy with them (BERT's [CLS] ...
+  [SEP], all-MiniLM's padding to 128) gave the export other ids, and other
+  outputs, than the run.
 
   Raises:
     ValueError: a tokenizer with no such form (the generated tasks'
@@ -494,12 +504,10 @@ def hf_tokenizer_files(tokenizer: Tokenizer) -> dict[str, str]:
   """
   if type(tokenizer) is HFTokenizer:
     directory = tokenizer.file.parent
-    files = {"tokenizer.json": _as_the_run_encodes(tokenizer.file.read_text(), "post_processor")}
+    files = {"tokenizer.json": _as_the_run_encodes(tokenizer.file.read_text(), _TOKENIZER_JSON_OFF)}
     for name in HFTokenizer.SPECIAL_FILES:
       if (directory / name).exists():
-        files[name] = _as_the_run_encodes(
-          (directory / name).read_text(), "add_bos_token", "add_eos_token"
-        )
+        files[name] = _as_the_run_encodes((directory / name).read_text(), _SPECIAL_FILES_OFF)
     return files
   special: dict[str, object] = dict(_SPECIAL_TOKENS, mask_token="<mask>")
   if type(tokenizer) is ByteTokenizer:

@@ -39,7 +39,7 @@ from typing import Any
 from etils import epath
 
 from txf import interop
-from txf.data.tokenizers import hf_tokenizer_files
+from txf.data.tokenizers import HFTokenizer, hf_tokenizer_files
 from txf.interop.tensors import CONFIG, SAFETENSORS
 from txf.runconfig.run_config import ConfigError
 from txf.rundir.resume import is_run_directory
@@ -61,7 +61,14 @@ EXPORT_MARKER = ".txf-export"
 # Every name an export may write (`export_files` and the marker): an earlier
 # export is replaced whole only where it holds nothing else.
 EXPORT_NAMES = frozenset(
-  {CONFIG, SAFETENSORS, GENERATION_CONFIG, "tokenizer.json", "tokenizer_config.json", EXPORT_MARKER}
+  {
+    CONFIG,
+    SAFETENSORS,
+    GENERATION_CONFIG,
+    "tokenizer.json",
+    *HFTokenizer.SPECIAL_FILES,
+    EXPORT_MARKER,
+  }
 )
 
 
