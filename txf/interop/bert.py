@@ -206,17 +206,22 @@ def hf_config_of(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
     required.update(scale_logits=False, activation="gelu")
   if _roberta(architecture) and (cfg.activation == "gelu" or cfg.head == "mlm"):
     required.update(gelu_approximate=False)
-  hf_config.require(cfg, architecture, **required)
+  refused = []
   if cfg.num_token_types < 1:
-    raise CheckpointError(
-      f"model.num_token_types: 0 cannot be written as {architecture} "
-      "(its embedding always adds token type 0)"
+    refused.append(
+      (
+        f"model.num_token_types: {cfg.num_token_types}",
+        "(needs 1 or more: its embedding always adds token type 0)",
+      )
     )
   if cfg.num_heads * derived(cfg.head_dim) != cfg.d_model:
-    raise CheckpointError(
-      f"model.head_dim: {cfg.head_dim} x {cfg.num_heads} heads must equal "
-      f"model.d_model={cfg.d_model} for {architecture}"
+    refused.append(
+      (
+        f"model.head_dim: {cfg.head_dim}",
+        f"(needs head_dim x {cfg.num_heads} heads = model.d_model={cfg.d_model})",
+      )
     )
+  hf_config.require(cfg, architecture, *refused, **required)
   return {
     "architectures": [architecture],
     "model_type": "roberta" if _roberta(architecture) else "bert",

@@ -96,13 +96,18 @@ def hf_activation(cfg: ModelConfig) -> str:
   return "gelu_new" if cfg.gelu_approximate else "gelu"
 
 
-def require(cfg: ModelConfig, architecture: str, **required: Any) -> None:
+def require(
+  cfg: ModelConfig, architecture: str, *refused_too: tuple[str, str], **required: Any
+) -> None:
   """Refuses cfg's fields whose values `architecture` cannot represent, every
   one of them in one CheckpointError ('model.position: 'rope' cannot be
   written as GPT2LMHeadModel (needs 'learned')', then '; model.norm: ...'
   for each other field).
 
-  Each keyword is a field and its required value, or a tuple of allowed values.
+  Each keyword is a field and its required value, or a tuple of allowed
+  values; each of `refused_too` a refusal its caller found that no set of
+  values says (a range, two fields together): ('model.FIELD: VALUE',
+  '(needs ...)').
   """
   refused = []
   for field, allowed in required.items():
@@ -110,6 +115,7 @@ def require(cfg: ModelConfig, architecture: str, **required: Any) -> None:
     value = getattr(cfg, field)
     if value not in allowed:
       refused.append((f"model.{field}: {value!r}", f"(needs {' or '.join(map(repr, allowed))})"))
+  refused += refused_too
   if refused:
     (first, needs), *others = refused
     raise CheckpointError(
