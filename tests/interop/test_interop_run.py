@@ -60,7 +60,19 @@ def test_run_starts_from_the_checkpoint(tmp_path):
     # ('model.num_kv_heads: 4 does not divide model.num_heads=2').
     ("gpt2", dict(num_heads=2), "model.num_heads: 2 differs from the checkpoint's 4"),
     # BertModel has no MLM head: its parameters would start at random.
-    ("minilm", dict(head="mlm"), "train.init_from: parameter head/bias is only in the run's model"),
+    (
+      "minilm",
+      dict(head="mlm"),
+      r"train.init_from: parameter head/bias is only in the run's model .* "
+      r"\(this run sets model.head='mlm' \(the checkpoint's 'none'\)\)$",
+    ),
+    # Said to start from pretrained:DIR, which the run did.
+    (
+      "gpt2",
+      dict(max_len=16),
+      r"train.init_from: parameter embedder/position_table has shape \(16, 32\) .* "
+      r"\(this run sets model.max_len=16 \(the checkpoint's 40\)\)$",
+    ),
   ],
 )
 def test_run_refuses_a_model_that_is_not_the_checkpoint(name, changes, message, tmp_path):

@@ -48,13 +48,20 @@ def pretrained_params(
     ValueError: naming the first model field or parameter that differs.
   """
   hint = f"(start from --config=pretrained:{directory}, which writes its model section)"
+  set_apart = []
   for field in dataclasses.fields(ModelConfig):
     ours, theirs = getattr(model_cfg, field.name), getattr(pretrained.config, field.name)
-    if field.name not in FREE_PRETRAINED_FIELDS and ours != theirs:
+    if ours == theirs:
+      continue
+    if field.name not in FREE_PRETRAINED_FIELDS:
       raise ValueError(
         f"model.{field.name}: {ours!r} differs from the checkpoint's {theirs!r} "
         f"in train.init_from={directory} {hint}"
       )
+    if field.name not in COMPUTE_FIELDS:  # how it computes shapes no parameter
+      set_apart.append(f"model.{field.name}={ours!r} (the checkpoint's {theirs!r})")
+  if set_apart:  # which may still shape a parameter (max_len a learned table): the fix
+    hint = f"(this run sets {', '.join(set_apart)})"
   expected = interop.rules.flatten(nn.meta.unbox(boxed_params))
   found = interop.rules.flatten(pretrained.params)
   for path in sorted(set(expected) | set(found)):
