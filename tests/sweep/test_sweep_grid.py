@@ -355,6 +355,26 @@ def test_override_grid_narrows_adds_and_removes_fields():
     [None, 16],
   )
   assert len(list(sweep.grid.items())) == 2  # the config itself is left as it was
+  # A string field None by default is set back to None as txf-run sets it
+  # (it was the text 'None': "'None' is not one of (None, 'xla', ...)").
+  assert grid_items(grid.override_grid(sweep, ["model.attention_impl=None,xla"]))[-1] == (
+    "model.attention_impl",
+    [None, "xla"],
+  )
+
+
+def test_a_narrowed_point_keeps_its_name_whatever_type_the_file_wrote():
+  """The file's 10000 for a float field named its point 'rope_base=10000';
+  --grid read '10000' as 10000.0, named the point 'rope_base=10000.0' and
+  trained again what had finished under the other name."""
+  sweep = sweep_config({"model.options.rope_base": [10000, 500], "train.learning_rate": [1e-3]})
+  full = [point.name for point in grid.expand(sweep)]
+  sweep.grid = grid.override_grid(sweep, ["model.options.rope_base=10000"])
+  (narrowed,) = grid.expand(sweep)
+  assert narrowed.name == full[0] == "rope_base=10000,learning_rate=0.001"
+  # A value the file does not list is read as the field's type.
+  sweep.grid = grid.override_grid(sweep, ["model.options.rope_base=20000"])
+  assert grid.expand(sweep)[0].name == "rope_base=20000.0,learning_rate=0.001"
 
 
 def test_override_grid_gives_a_zipped_group_with_all_its_fields():

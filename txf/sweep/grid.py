@@ -194,9 +194,10 @@ _NONE_TEXTS = ("none", "null")
 def _parse_grid_value(text: str, path: str, field_type: type, flag: str) -> Any:
   """A --grid value as the base config declares its field: a string as it
   is, 'true'/'false' for a bool, a number for an int or float field, and
-  'None' (or 'null') for None where the field is not a string."""
+  None for 'None' (as txf-run reads --config.FIELD=None, a string field's
+  too) or, where the field is not a string, 'none' or 'null'."""
   if field_type is str:
-    return text
+    return None if text == "None" else text
   if text.lower() in _NONE_TEXTS:
     return None
   try:
@@ -212,6 +213,15 @@ def _parse_grid_value(text: str, path: str, field_type: type, flag: str) -> Any:
     pass
   kind = {int: "an integer", float: "a number", bool: "true or false"}.get(field_type, "valid")
   raise GridError(f"{flag}: {path}: {text!r} is not {kind}")
+
+
+def _as_listed(value: Any, listed: Sequence[Any]) -> Any:
+  """`value` as the grid lists an equal one (10000 where --grid read a float
+  field's '10000' as 10000.0): a narrowed point keeps the full sweep's name."""
+  return next(
+    (old for old in listed if old == value and isinstance(old, bool) == isinstance(value, bool)),
+    value,
+  )
 
 
 def override_grid(
@@ -236,6 +246,7 @@ def override_grid(
   """
   axes = [(paths, rows) for paths, rows in _read_grid(sweep_config)]
   types = {path: field_type for path, (_, field_type) in _leaves(sweep_config.base).items()}
+  listed = {path: [row[i] for row in rows] for paths, rows in axes for i, path in enumerate(paths)}
   given: dict[str, list[Any]] = {}
   for spec in specs:
     flag = f"{GRID_FLAG}={spec}"
@@ -248,7 +259,8 @@ def override_grid(
     if path in given:
       raise GridError(f"{flag}: {path} is given twice")
     texts = [text.strip() for text in values_text.split(",")] if values_text.strip() else []
-    given[path] = [_parse_grid_value(text, path, types[path], flag) for text in texts]
+    values = [_parse_grid_value(text, path, types[path], flag) for text in texts]
+    given[path] = [_as_listed(value, listed.get(path, ())) for value in values]
   entries: dict[str, list[Any]] = {}
   for paths, rows in axes:
     named = [path for path in paths if path in given]
