@@ -178,6 +178,48 @@ def test_a_point_without_its_extrapolation_is_not_finished_and_nothing_published
   assert rows[1].extrapolation is None and rows[0].extrapolation is not None
 
 
+def test_publish_leaves_out_an_extrapolation_summarize_leaves_out(tmp_path, points):
+  """A point's extrapolation.json of other tokens than sweep.extrapolate_tokens
+  (a txf-extrapolate by hand): --summarize leaves it out of the tables, and
+  --publish --noextrapolate tabulated it, its table not the summary's."""
+  workdir = sweep_workdir(tmp_path, points)
+  record_path = workdir / points[1].name / results.EXTRAPOLATION_FILE
+  record = json.loads(record_path.read_text())
+  record_path.write_text(json.dumps({**record, "num_tokens": 2 * record["num_tokens"]}))
+  lines = []
+  rows = publish(
+    points,
+    workdir,
+    tmp_path / "data",
+    extrapolated=False,
+    extrapolate_tokens=record["num_tokens"],
+    log=lines.append,
+  )
+  assert rows[1].extrapolation is None and rows[0].extrapolation is not None
+  assert any(f"scores {2 * record['num_tokens']} validation tokens" in line for line in lines)
+
+
+def test_publish_refuses_a_sweep_its_points_did_not_train_as(tmp_path, points):
+  """--config.base.model.d_model=... refused by --summarize (the points
+  trained another model) was published, its table naming runs other than
+  those the points trained; and a published sweep may be read-only."""
+  workdir = sweep_workdir(tmp_path, points)
+  sweep = configs.load(ROOT / "txf" / "configs" / "sweeps" / "t5_distance.py")
+  sweep.base.model.d_model *= 2
+  with pytest.raises(
+    GridError, match=r"^point 0 \(.*\): .*model\.d_model.*publish with the overrides"
+  ):
+    runner.run_sweep(sweep, workdir, publish_to=tmp_path / "data", log=lambda line: None)
+  assert not (tmp_path / "data").exists()
+  sweep.base.model.d_model //= 2
+  with read_only(workdir):
+    rows = runner.run_sweep(sweep, workdir, publish_to=tmp_path / "data", log=lambda line: None)
+  assert [row.status for row in rows] == ["done"] * len(points)
+  assert (tmp_path / "data" / results.RESULTS_MD).read_text() == (
+    DATA / results.RESULTS_MD
+  ).read_text()
+
+
 def trained_longer(workdir, point) -> int:
   """Makes `point`'s run in `workdir` one configured for twice the sweep's
   steps (still evaluated at the sweep's step count); returns the sweep's."""
@@ -215,7 +257,8 @@ def test_the_sweep_refuses_to_summarise_a_point_trained_longer(tmp_path, points)
   with pytest.raises(
     GridError,
     match=rf"^point 2 \({points[2].name}\) was trained for {2 * steps} steps, this sweep's "
-    rf"point for {steps} \({workdir / points[2].name}\): use a new --workdir$",
+    rf"point for {steps} \({workdir / points[2].name}\): summarize with the overrides it "
+    "trained with$",
   ):
     runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
   assert not (workdir / results.RESULTS_CSV).exists()
@@ -233,7 +276,7 @@ def test_the_sweep_refuses_to_summarise_a_point_trained_shorter(tmp_path, points
   with pytest.raises(
     GridError,
     match=rf"^point 1 \({points[1].name}\) was trained for {steps // 2} steps, .*: summarize "
-    "with the overrides it trained with, or train it on without --summarize$",
+    "with the overrides it trained with, or train it on first$",
   ):
     runner.run_sweep(sweep, workdir, summarize_only=True, log=lambda line: None)
   assert not (workdir / results.RESULTS_CSV).exists()

@@ -660,6 +660,29 @@ def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+  "base, message",
+  [
+    ("encoder_mlm", r"data.task: length extrapolation needs a causal language model"),
+    ("mqar", r"data.name: length extrapolation scores a text stream"),
+  ],
+)
+def test_a_sweep_extrapolation_cannot_score_stops_before_anything_trains(
+  tmp_path, monkeypatch, base, message
+):
+  """A classifier's or a generated task's sweep trained point 0, then stopped
+  at its extrapolation."""
+  monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
+  config = toy_sweep()
+  config.base = tiny_config(base, steps=TOY_STEPS)
+  with pytest.raises(GridError, match=rf"^point 0 \(.*\): {message}.*--noextrapolate"):
+    runner.run_sweep(config, tmp_path, log=lambda line: None, extrapolate=fake_extrapolate([]))
+  assert os.listdir(tmp_path) == []
+  # Without extrapolation it passes its checks (and trains: here, the fake).
+  with pytest.raises(pytest.fail.Exception, match="trained"):
+    runner.run_sweep(config, tmp_path, log=lambda line: None)
+
+
 @pytest.mark.slow  # trains a sweep
 def test_a_diverging_point_is_recorded_and_the_sweep_goes_on(tmp_path, compilation_cache_dir):
   lines = []

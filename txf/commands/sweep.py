@@ -124,9 +124,8 @@ def main(argv) -> None:
   if _SUMMARIZE.value and _INDEX.value is not None:
     fail("flag", "--summarize reads every point of the sweep: no --index")
   # After flag parsing: fast --help.
-  from txf.sweep.grid import GridError, PointIndexError, expand, override_grid
-  from txf.sweep.publish import publish
-  from txf.sweep.runner import read_sweep_settings, run_sweep
+  from txf.sweep.grid import GridError, PointIndexError, override_grid
+  from txf.sweep.runner import run_sweep
   from txf.trained.extrapolate import extrapolate_run
 
   sweep_config = _CONFIG.value
@@ -143,16 +142,6 @@ def main(argv) -> None:
   print(f"config: {loaded_config_file()}", flush=True)
   with run_errors():
     try:
-      if _PUBLISH.value is not None:
-        settings = read_sweep_settings(sweep_config)
-        publish(
-          expand(sweep_config),
-          workdir,
-          _PUBLISH.value,
-          extrapolated=_EXTRAPOLATE.value and settings.extrapolate,
-          extrapolate_tokens=settings.extrapolate_tokens,
-        )
-        return
       run_sweep(
         sweep_config,
         workdir,
@@ -160,6 +149,7 @@ def main(argv) -> None:
         index=_INDEX.value,
         dry_run=_DRY_RUN.value,
         summarize_only=_SUMMARIZE.value,
+        publish_to=_PUBLISH.value,
         extrapolate=extrapolate_run if _EXTRAPOLATE.value else None,
       )
     except PointIndexError as error:

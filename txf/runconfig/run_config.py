@@ -36,7 +36,7 @@ from typing import Any
 import optax
 
 from txf import checks
-from txf.data.spec import TASKS, DataSpec, parse_data
+from txf.data.spec import TASKS, DataSpec, parse_data, text_source
 from txf.fields import ConfigSection, check_known, documented, section, section_values
 from txf.layers.embedding import check_position_table
 from txf.layers.model_config import (
@@ -239,6 +239,28 @@ class RunConfig:
     """The seeds of the training data streams: replica r's data_seed + r with
     own_batches, else the one stream every replica reads."""
     return replica_seeds(self.data_seed, self.replicas if self.own_batches else 1)
+
+  def check_extrapolates(self, where: str) -> None:
+    """That length extrapolation (txf.trained.extrapolate) can score this run,
+    `where` (e.g. 'the run in DIR'): a causal language model's task on a
+    text stream.
+
+    Raises:
+      ValueError: naming data.task or data.name.
+    """
+    task, name = self.data.task, self.data.name
+    if not task_kind(task).causal_lm:
+      raise ValueError(
+        f"data.task: length extrapolation needs a causal language model (a task kind "
+        f"with causal_lm, as 'lm'), {where} trains {task!r}"
+      )
+    if text_source(name) is None:
+      # Its rows are independent examples whose eval weights leave out what no
+      # model can predict: joined into one stream, they would be scored whole.
+      raise ValueError(
+        f"data.name: length extrapolation scores a text stream, {where} trains on "
+        f"{name!r}, whose rows are generated one by one"
+      )
 
   def with_vocabulary(self, vocab_size: int, num_classes: int | None) -> RunConfig:
     """This run for a tokenizer of `vocab_size` ids and a dataset of

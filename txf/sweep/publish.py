@@ -98,7 +98,7 @@ def publish(
       raise WorkdirError(f"{destination}: not empty: publish into a new directory")
   if not is_local(destination):
     check_writable(destination)
-    rows = _fill(points, workdir, destination, log)
+    rows = _fill(points, workdir, destination, extrapolate_tokens, log)
   else:
     # A killed publish's staged copy is removed by the next (no lock guards it).
     remove_stale_temporaries(destination.parent, held=False)
@@ -110,7 +110,7 @@ def publish(
       shutil.rmtree(staging, ignore_errors=True)
       raise not_writable(destination, error.__cause__ or error) from error
     try:
-      rows = _fill(points, workdir, staging, log)
+      rows = _fill(points, workdir, staging, extrapolate_tokens, log)
       os.replace(staging, destination)  # over an empty directory too (epath's refuses)
     except BaseException as error:
       shutil.rmtree(staging, ignore_errors=True)
@@ -156,15 +156,25 @@ def _check_finished(
 
 
 def _fill(
-  points: Sequence[Point], workdir: epath.Path, target: epath.Path, log: Callable[[str], Any]
+  points: Sequence[Point],
+  workdir: epath.Path,
+  target: epath.Path,
+  extrapolate_tokens: int | None,
+  log: Callable[[str], Any],
 ) -> list[results.PointSummary]:
   """Copies the points' raw files into the directory `target` and writes the
-  results there; returns their rows."""
+  results there, as `--summarize` does (an extrapolation of other than
+  `extrapolate_tokens` left out); returns their rows."""
   for point in points:
     (target / point.name).mkdir(parents=True)
     for name in RAW_FILES:
       if (workdir / point.name / name).exists():
         (workdir / point.name / name).copy(target / point.name / name)
-  rows = [results.summarize_point(point, target / point.name, log=log) for point in points]
+  rows = [
+    results.summarize_point(
+      point, target / point.name, extrapolate_tokens=extrapolate_tokens, log=log
+    )
+    for point in points
+  ]
   results.write_results(rows, target)
   return rows

@@ -60,6 +60,7 @@ from txf.rundir.workdir import WorkdirError, check_reachable, check_writable, ru
 from txf.storage import is_local, remove_stale_temporaries, write_error, write_files
 from txf.sweep import figures, grid, results
 from txf.sweep.grid import GridError, Point
+from txf.sweep.publish import publish
 from txf.train import loop, sharding
 from txf.train.run_setup import adding_to_run, precheck_run
 
@@ -420,11 +421,22 @@ def summarize(
   return rows
 
 
-def _check_extrapolate_tokens(points: Sequence[Point], num_tokens: int | None) -> None:
-  """sweep.extrapolate_tokens (None: each point's evaluation tokens,
-  eval.num_batches x data.batch_size x (data.seq_len + 1)) must hold a
-  window at 16x every point's seq_len: found after training, it would stop
-  the sweep with each point trained."""
+def _check_extrapolates(
+  points: Sequence[Point], runs: Sequence[RunConfig], num_tokens: int | None
+) -> None:
+  """Every point must be a run length extrapolation scores
+  (RunConfig.check_extrapolates), and sweep.extrapolate_tokens (None: each
+  point's evaluation tokens, eval.num_batches x data.batch_size x
+  (data.seq_len + 1)) must hold a window at 16x every point's seq_len:
+  found after training, either would stop the sweep with a point trained."""
+  for point, run in zip(points, runs):
+    try:
+      run.check_extrapolates("the point")
+    except ValueError as error:
+      raise GridError(
+        f"point {point.index} ({point.name}): {error} (sweep.extrapolate=False, or "
+        "--noextrapolate, sweeps it without)"
+      ) from None
   for point in points:
     data = point.config.data
     per_batch = tokens_per_batch(data.batch_size, data.seq_len)
@@ -451,6 +463,7 @@ def run_sweep(
   index: int | None = None,
   dry_run: bool = False,
   summarize_only: bool = False,
+  publish_to: str | epath.PathLike | None = None,
   log: Log = say,
   extrapolate: Extrapolate | None = None,
   config_file: str | None = None,
@@ -467,6 +480,8 @@ def run_sweep(
     dry_run          prints each point and its exact txf-run command
     summarize_only   writes the results and plots from what is on disk (at
                      least one point must have been run in `workdir`)
+    publish_to       copies every finished point's raw outputs there and
+                     writes the results from the copies (txf.sweep.publish)
 
   A point that diverges is recorded (txf.sweep.results.mark_diverged) and the
   sweep goes on. A point preempted (SIGTERM) while it trains saves, and the
@@ -482,7 +497,7 @@ def run_sweep(
     sweep_config: base, grid and sweep sections (module docstring).
     workdir: the sweep's directory; point N trains in workdir/<its name>.
     index: the one point to run, or None.
-    dry_run, summarize_only: the modes above (at most one).
+    dry_run, summarize_only, publish_to: the modes above (at most one).
     log: called with each progress line (the loop's included).
     extrapolate: called as `extrapolate(run_dir, num_tokens=sweep.extrapolate_tokens, log=log)`
       for a finished point whose run directory has no extrapolation.json
@@ -511,45 +526,52 @@ def run_sweep(
       be written (one line naming it; its previous version is intact, and
       so is every other file of the summary).
   """
-  if dry_run and summarize_only:
-    raise ValueError("dry_run and summarize_only: choose one mode")
+  modes = [
+    name
+    for name, on in (
+      ("dry_run", dry_run),
+      ("summarize_only", summarize_only),
+      ("publish_to", publish_to is not None),
+    )
+    if on
+  ]
+  if len(modes) > 1:
+    raise ValueError(f"{' and '.join(modes)}: choose one mode")
+  # Summarizing and publishing read what the points trained, and train nothing.
+  reads_only = summarize_only or publish_to is not None
+  reading = "publish" if publish_to is not None else "summarize"
   workdir = run_path(workdir)
   settings = read_sweep_settings(sweep_config)
   if not settings.extrapolate:
     extrapolate = None
   points = grid.expand(sweep_config)
   runs = grid.validate(points, check_point_config)
-  if not summarize_only:  # what such a sweep trained before can still be summarised
+  if not reads_only:  # what such a sweep trained before can still be summarised
     _check_distinct(points, runs)
     if extrapolate is not None:  # a summary extrapolates nothing
-      _check_extrapolate_tokens(points, settings.extrapolate_tokens)
+      _check_extrapolates(points, runs, settings.extrapolate_tokens)
   # A summary reads every point (an array job's index is the training's).
-  selected = points if summarize_only else grid.select(points, index)
+  selected = points if reads_only else grid.select(points, index)
   if dry_run:
     _dry_run(selected, workdir, settings)
     return None
   check_reachable(workdir)
   # A mistyped --workdir: say so rather than write a table of missing points.
   # (At the points' steps: a status needs no config.json read, which check_trained_steps does.)
-  if summarize_only and all(
+  if reads_only and all(
     results.point_status(workdir / p.name, steps=p.config.train.steps) == "missing" for p in points
   ):
-    raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to summarize")
+    raise WorkdirError(f"{workdir}: no point of this sweep has run there: nothing to {reading}")
   # A changed field the points' checkpoints depend on: what the refusal advises.
-  advice = (
-    "summarize with the overrides it trained with" if summarize_only else "use a new --workdir"
-  )
+  advice = f"{reading} with the overrides it trained with" if reads_only else "use a new --workdir"
   for point in points:
     point_dir = workdir / point.name
     try:
-      results.check_trained_steps(point, point_dir, summary=summarize_only)
-    except results.TrainedShorter as error:  # --summarize only: training would go on
-      raise GridError(
-        f"{error} ({point_dir}): summarize with the overrides it trained with, or train "
-        "it on without --summarize"
-      ) from None
+      results.check_trained_steps(point, point_dir, summary=reads_only)
+    except results.TrainedShorter as error:  # a summary only: training would go on
+      raise GridError(f"{error} ({point_dir}): {advice}, or train it on first") from None
     except ValueError as error:
-      raise GridError(f"{error} ({point_dir}): use a new --workdir") from None
+      raise GridError(f"{error} ({point_dir}): {advice}") from None
     # As txf-run refuses it: a finished point is skipped, so its run alone
     # would never compare its config.json with the point's changed one; and
     # a summary's tables would name runs other than those its points trained.
@@ -559,6 +581,15 @@ def run_sweep(
     except ValueError as error:
       raise GridError(f"point {point.index} ({point.name}): {error}") from None
     _say_trained_otherwise(point, runs[point.index], saved, point_dir, log)
+  if publish_to is not None:  # the results go to the copies: the sweep may be read-only
+    return publish(
+      points,
+      workdir,
+      publish_to,
+      extrapolated=extrapolate is not None,
+      extrapolate_tokens=settings.extrapolate_tokens,
+      log=log,
+    )
   check_writable(workdir)  # where the results go: a read-only sweep stops here
   if not summarize_only:
     for point in selected:

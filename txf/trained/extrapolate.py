@@ -49,10 +49,8 @@ from txf.analysis.extrapolation import (
   windows,
 )
 from txf.checks import int_at_least
-from txf.data.spec import text_source
 from txf.progress import Progress
 from txf.runconfig.run_config import ConfigError
-from txf.runconfig.tasks import task_kind
 from txf.rundir.console import format_duration
 from txf.rundir.derived import EXTRAPOLATION_FILE, EXTRAPOLATION_PNG, PER_POSITION_PNG
 from txf.rundir.resume import read_held_config
@@ -242,23 +240,11 @@ def load_with_stream(workdir: epath.Path, num_tokens: int | None) -> tuple[Train
       per_batch = tokens_per_batch(data.batch_size, data.seq_len)
       overrides["eval.num_batches"] = math.ceil(num_tokens / per_batch)
   run = load_run(workdir, overrides, saved=saved)
-  if not task_kind(run.setup.task).causal_lm:
-    raise ValueError(
-      f"data.task: length extrapolation needs a causal language model (a task kind "
-      f"with causal_lm, as 'lm'), the run in {workdir} trains {run.setup.task!r}"
-    )
+  run.setup.run.check_extrapolates(f"the run in {workdir}")
   try:  # a registered family's: found only as the first window was scored
     check_language_model(run.setup.model)
   except ValueError as error:
     raise ValueError(f"model.family: {error} (the run in {workdir})") from None
-  name = run.setup.run.data.name
-  if text_source(name) is None:
-    # Its rows are independent examples whose eval weights leave out what no
-    # model can predict: joined into one stream, they would be scored whole.
-    raise ValueError(
-      f"data.name: length extrapolation scores a text stream, the run in {workdir} trains on "
-      f"{name!r}, whose rows are generated one by one"
-    )
   tokens_N = _validation_stream(run.setup)
   if num_tokens is None:
     return run, tokens_N
