@@ -446,6 +446,14 @@ def test_late_improvement_is_the_relative_fall_over_the_last_fifth():
   assert results.late_improvement([250], [2.3], min_evaluations=1) is None
   assert results.late_improvement([], []) is None
   assert results.is_flat(None, 2.0) is None
+  # A final (or starting) loss that is not a number measures no fall: it was
+  # NaN, so 'not flat' and a 'val change' of '+nan%'.
+  for at in (-1, 7):
+    broken = np.array(loss, np.float64)
+    broken[at] = np.nan
+    assert results.late_improvement(steps, broken) is None
+    assert results.replicas_flat(np.array(steps), broken[:, None]) is None
+    assert figures.flatness_mark(np.array(steps), broken) == "flat: unknown, a loss not finite"
 
 
 def test_the_flat_rule_is_strict_at_both_its_bounds():

@@ -132,8 +132,8 @@ def late_improvement(
 
   Returns:
     The improvement (positive: the loss fell), or None (unknown) when fewer
-    than `min_evaluations` steps lie in the last fraction or none at or
-    before its start.
+    than `min_evaluations` steps lie in the last fraction, none at or
+    before its start, or either loss is not finite.
   """
   steps_N = np.asarray(steps_N, np.float64)
   loss_N = np.asarray(loss_N, np.float64)
@@ -143,8 +143,10 @@ def late_improvement(
   early = np.flatnonzero(steps_N <= (1.0 - fraction) * steps_N[-1])
   if not early.size:
     return None
-  start = loss_N[early[-1]]
-  return float((start - loss_N[-1]) / start)
+  start, end = loss_N[early[-1]], loss_N[-1]
+  if not (np.isfinite(start) and np.isfinite(end)):  # no fall to measure: unknown
+    return None
+  return float((start - end) / start)
 
 
 def evaluations_in_window(
