@@ -62,6 +62,12 @@ CONFIG_ERRORS = {
   "missing": (None, ["no such config file"]),
   "syntax": ("def get_config(:\n", [":1: invalid syntax"]),
   "get_config_raises": ("def get_config():\n  raise KeyError('boom')\n", ["KeyError: 'boom'"]),
+  # txf's own error is a line of its own: it read 'GridError: zip: ...'.
+  "make_grid_refuses": (
+    "from txf.sweep.grid import make_grid\n"
+    "def get_config():\n  return make_grid({}, zip={'seed': [1, 2], 'data.seed': [1]})\n",
+    [".py: zip: the lists must have one length, but seed has 2"],
+  ),
   "get_config_returns_none": (
     "def get_config():\n  pass\n",
     ["get_config() returned NoneType, not a ConfigDict"],

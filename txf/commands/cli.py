@@ -83,7 +83,11 @@ class ConfigFileParser(flags.ArgumentParser):
       if _interrupted(error):  # a Ctrl-C in an extension's import comes back as ImportError
         raise KeyboardInterrupt from error
       first_line = (str(error).splitlines() or [""])[0]
-      raise ConfigFileError(f"{file}: {type(error).__name__}: {first_line}") from error
+      # txf's own errors (a GridError of make_grid) are lines written to be
+      # read alone; another's type says what its message is of (KeyError: 'x').
+      own = type(error).__module__.startswith("txf.")
+      kind = "" if own else f"{type(error).__name__}: "
+      raise ConfigFileError(f"{file}: {kind}{first_line}") from error
     if not isinstance(config, ml_collections.ConfigDict):
       raise ConfigFileError(
         f"{file}: get_config() returned {type(config).__name__}, not a ConfigDict"
