@@ -354,6 +354,27 @@ def test_results_csv_holds_the_hand_computed_values(sweep_dir, points):
   assert learned_post["sliding@8"] == ""  # not evaluated
 
 
+def test_a_grid_over_replicas_is_the_one_replicas_column(tmp_path, sweep_config):
+  """--grid=replicas=1,2 wrote a results.csv with two 'replicas' columns."""
+  sweep_config.grid = grid.make_grid({"replicas": [1, 2]})
+  points = grid.expand(sweep_config)
+  for point in points:
+    write_run(
+      tmp_path / point.name,
+      [
+        replica_row(
+          point.overrides["replicas"], "eval_loss", [2.0, 2.2][: point.overrides["replicas"]]
+        )
+      ],
+    )
+  rows = [results.summarize_point(p, tmp_path / p.name) for p in points]
+  csv_path, _ = results.write_results(rows, tmp_path)
+  with open(csv_path, newline="") as f:
+    header, *table = list(csv.reader(f))
+  assert header.count("replicas") == 1
+  assert [line[header.index("replicas")] for line in table] == ["1", "2"]
+
+
 def test_results_md_formats_mean_plus_minus_std(sweep_dir, points):
   _, md_path = results.write_results(summaries(sweep_dir, points), sweep_dir)
   lines = md_path.read_text().splitlines()

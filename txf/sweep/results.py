@@ -604,7 +604,9 @@ _STATS = (
 
 
 def _csv_text(rows: Sequence[PointSummary]) -> str:
-  fields, extrapolation = _grid_fields(rows), _extrapolation_columns(rows)
+  # A grid over replicas is the replicas column (two columns of one name were written).
+  fields = [field for field in _grid_fields(rows) if field != "replicas"]
+  extrapolation = _extrapolation_columns(rows)
   header = ["point", *fields, "status", "replicas"]
   for column, _ in _STATS:
     header += [column, f"{column}_std"]
