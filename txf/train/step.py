@@ -12,7 +12,9 @@ gradient divided by it after (static loss scaling, Micikevicius et al. 2018,
 1 / (vocabulary * tokens), sits below float16's smallest normal number (6e-5)
 and loses its bits or rounds to 0 (8,192 tokens of a 512-token vocabulary:
 gradients 7% off float32's, where bfloat16's are 0.2% off). A step whose
-scaled gradient overflows is not finite and skipped, as any such step is.
+scaled gradient overflows float16 (a value of the mean loss's gradient above
+65504 / 2**15 = 2) is not finite: skipped, and the run stops as diverged, as
+at any non-finite step (txf.train.loop).
 
 With `loss_chunk_len` > 0 (lm and seq2seq, whose LM head is linear) the
 model runs without its head and the loss is `ops.linear_cross_entropy_sums`
