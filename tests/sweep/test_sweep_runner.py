@@ -643,6 +643,16 @@ def test_bad_sweep_settings_are_rejected_naming_the_field(tmp_path, sweep, messa
   assert os.listdir(tmp_path) == []
 
 
+def test_the_python_entry_takes_one_mode(tmp_path):
+  for modes, named in [
+    (dict(dry_run=True, summarize_only=True), "dry_run and summarize_only"),
+    (dict(summarize_only=True, publish_to=tmp_path / "data"), "summarize_only and publish_to"),
+  ]:
+    with pytest.raises(ValueError, match=f"^{named}: choose one mode$"):
+      runner.run_sweep(toy_sweep(), tmp_path / "sweep", **modes)
+  assert os.listdir(tmp_path) == []
+
+
 def test_too_few_extrapolation_tokens_stop_the_sweep_before_anything_trains(tmp_path, monkeypatch):
   monkeypatch.setattr(runner.loop, "run", lambda *args, **kwargs: pytest.fail("trained"))
   seq_len = toy_sweep().base.data.seq_len
