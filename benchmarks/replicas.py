@@ -102,7 +102,7 @@ def time_steps(config, replicas: int, steps: int) -> dict[str, float]:
   init_fn = lambda key: init_state(setup.model, run.optimizer, batch, setup.task, key)
   # jax.jit without shardings: every step here runs on one device, unsharded.
   step_for_seed = functools.partial(
-    train_step_for_seed, run.train, setup.model, run.optimizer, setup.task, False
+    train_step_for_seed, run.train, run.model.dtype, setup.model, run.optimizer, setup.task, False
   )
   seeds = replica_seeds(run.seed, replicas)
   single = jax.jit(step_for_seed(run.seed))
