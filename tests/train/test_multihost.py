@@ -25,6 +25,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -98,10 +99,10 @@ def environment(num_devices: int) -> dict[str, str]:
   return env
 
 
-def launch(commands_and_envs, log_dir: pathlib.Path, name: str):
+def launch(commands_and_envs, log_dir: pathlib.Path, name: str, *, all_exit=False):
   """Runs the processes to completion; returns [(returncode, log text)] in
   order. All are killed on timeout, and once one fails (the others would wait
-  for it in a collective)."""
+  for it in a collective) unless `all_exit` (each is to fail on its own)."""
   processes, paths = [], []
   try:
     for i, (cmd, env) in enumerate(commands_and_envs):
@@ -114,7 +115,7 @@ def launch(commands_and_envs, log_dir: pathlib.Path, name: str):
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
       codes = [process.poll() for process in processes]
-      if None not in codes or any(code not in (None, 0) for code in codes):
+      if None not in codes or (not all_exit and any(code not in (None, 0) for code in codes)):
         break
       time.sleep(0.2)
   finally:
@@ -125,19 +126,22 @@ def launch(commands_and_envs, log_dir: pathlib.Path, name: str):
   return [(p.returncode, path.read_text()) for p, path in zip(processes, paths)]
 
 
-def launch_two_processes(workdir, fields, run_dir, name):
-  """Processes 0 and 1 of one jax.distributed run in `workdir`, 2 devices
-  each: [(returncode, output)] of each."""
+def two_commands(fields, started_with):
+  """Processes 0 and 1 of one jax.distributed run, 2 devices each, process i
+  started with `started_with[i]` (its work directory, more flags): the
+  [(command, environment)] of each."""
   address = f"localhost:{free_port()}"
   distributed = [f"--coordinator_address={address}", "--num_processes=2"]
-  return launch(
-    [
-      (command(workdir, fields, *distributed, f"--process_id={i}"), environment(2))
-      for i in range(2)
-    ],
-    run_dir,
-    name,
-  )
+  return [
+    (command(workdir, fields, *distributed, f"--process_id={i}", *extra), environment(2))
+    for i, (workdir, extra) in enumerate(started_with)
+  ]
+
+
+def launch_two_processes(workdir, fields, run_dir, name):
+  """Processes 0 and 1 of one jax.distributed run in `workdir`:
+  [(returncode, output)] of each."""
+  return launch(two_commands(fields, [(workdir, [])] * 2), run_dir, name)
 
 
 def train_rows(workdir):
@@ -187,6 +191,7 @@ def test_two_processes_train_one_model(two_processes):
     assert returncode == 0, f"process {index} exited {returncode}:\n{text[-4000:]}"
     # Each process saw the other's devices: one run, not two.
     assert f"step {N}/{N}" in text, text[-4000:]
+    assert f"process {index} of 2: waiting up to 300 s for every process to join at " in text
   assert checkpoint_steps(workdir) == [N]
   assert (workdir / "checkpoints" / str(N) / "state").is_dir()
 
@@ -286,6 +291,72 @@ def test_a_packed_checkpoint_resumes_on_two_processes(one_process_replicated, on
 
 
 @pytest.mark.slow
+def test_processes_started_otherwise_are_refused_before_any_compute(tmp_path):
+  """Process 1 given another learning rate trained one model with both and
+  exited 0; processes given directories apart (a path on each host's own
+  disk) hung at the first checkpoint. Each process exits 2 with the line."""
+  fields = {**TINY, **MESH_2x2, "train.steps": N}
+  workdir = tmp_path / "run"
+  apart = [(workdir, []), (workdir, ["--config.train.learning_rate=0.05"])]
+  for index, (returncode, text) in enumerate(
+    launch(two_commands(fields, apart), tmp_path, "learning_rates", all_exit=True)
+  ):
+    assert returncode == 2, f"process {index} exited {returncode}:\n{text[-4000:]}"
+    assert text.strip().splitlines()[-1] == (
+      "config error: train.learning_rate: process 1 was started with 0.05, process 0 with "
+      "0.01: start every process of a run with the same config and flags"
+    )
+  apart = [(tmp_path / "host0", []), (tmp_path / "host1", [])]
+  for index, (returncode, text) in enumerate(
+    launch(two_commands(fields, apart), tmp_path, "workdirs", all_exit=True)
+  ):
+    assert returncode == 2, f"process {index} exited {returncode}:\n{text[-4000:]}"
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(f"workdir error: {apart[index][0]}: process 1 does not see"), last
+  assert not any(path.exists() for path in (workdir, tmp_path / "host0", tmp_path / "host1"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "signal_name, sent_to, status, reason",
+  [("SIGTERM", [1], 0, "preempted"), ("SIGINT", [0, 1], 130, "interrupted")],
+)
+def test_a_signal_saves_every_process_at_one_step(tmp_path, signal_name, sent_to, status, reason):
+  """A SIGTERM to one process (a preemption) or a Ctrl-C to both: txf's own
+  SIGTERM handler had replaced jax.distributed's preemption service, so
+  both processes exited 143 (130) and the steps trained were lost."""
+  workdir = tmp_path / "run"
+  many = 100_000
+  fields = {**TINY, **MESH_2x2, "train.steps": many, "train.checkpoint_every": many}
+  fields["eval.every"] = many
+  processes, logs = [], []
+  try:
+    for index, (cmd, env) in enumerate(two_commands(fields, [(workdir, [])] * 2)):
+      logs.append(tmp_path / f"process{index}.log")
+      with open(logs[-1], "w") as log_file:
+        processes.append(
+          subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        )
+    deadline = time.monotonic() + TIMEOUT
+    while not (workdir / "metrics.jsonl").exists() or len(train_rows(workdir)) < 2:
+      assert time.monotonic() < deadline and None in [p.poll() for p in processes]
+      time.sleep(0.2)
+    for index in sent_to:
+      processes[index].send_signal(getattr(signal, signal_name))
+    codes = [process.wait(timeout=TIMEOUT) for process in processes]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  texts = [log.read_text() for log in logs]
+  assert codes == [status, status], "\n".join(text[-3000:] for text in texts)
+  [saved] = checkpoint_steps(workdir)
+  assert 2 <= saved < many
+  assert f"{reason}: saved step {saved}; rerun the same command to resume" in texts[0]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "extra, named",
   [
@@ -293,6 +364,15 @@ def test_a_packed_checkpoint_resumes_on_two_processes(one_process_replicated, on
     (
       ["--coordinator_address=localhost:1", "--num_processes=2", "--process_id=2"],
       ["--process_id"],
+    ),
+    # An IndexError traceback; 'localhost:notaport' waited silently.
+    (
+      ["--coordinator_address=localhost", "--num_processes=2", "--process_id=0"],
+      ["--coordinator_address: 'localhost' is not HOST:PORT"],
+    ),
+    (
+      ["--coordinator_address=localhost:notaport", "--num_processes=2", "--process_id=0"],
+      ["--coordinator_address"],
     ),
   ],
 )

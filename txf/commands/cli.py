@@ -353,21 +353,24 @@ def _exit_at_once(stderr: int, signum: int, frame) -> NoReturn:
 
 
 # While a command starts: the `started()` of `_exits_at_once_while_starting`.
-_STARTING: list[Callable[[], None]] = []
+_STARTING: list[Callable[[tuple[int, ...]], None]] = []
 # How long after a signal was lost in a garbage collection it is delivered again.
 REDELIVERY_DELAY_S = 0.005
 
 
-def command_started() -> None:
+def command_started(*, kept: tuple[int, ...] = ()) -> None:
   """Ends the command's start: from here on a Ctrl-C is a KeyboardInterrupt
   and a SIGTERM `Terminated` (until the command installs handlers of its
   own: txf-run's and txf-sweep's save), and neither is lost where Python
   cannot raise it (`_signals_redelivered`). `run_command` calls it as `main`
   begins, after `start_jax` where it starts jax; a command that starts jax
   itself (starts_jax=False) calls it once it has, before anything it could
-  leave half-written (txf-run: before its PreemptionGuard)."""
+  leave half-written (txf-run: before its PreemptionGuard). `kept`: signals
+  whose handler something installed meanwhile, outside Python, which owns
+  them (jax.distributed's preemption service SIGTERM: Python's own record
+  still names the start's handler, so they are named here)."""
   while _STARTING:
-    _STARTING.pop()()
+    _STARTING.pop()(kept)
   if not getattr(sys.unraisablehook, "redelivers_signals", False):
     sys.unraisablehook = _signals_redelivered(sys.unraisablehook)
 
@@ -424,9 +427,9 @@ def _exits_at_once_while_starting():
     if before != signal.SIG_IGN:
       signal.signal(signum, handler)
 
-  def started() -> None:
+  def started(kept: tuple[int, ...]) -> None:
     for signum, before in previous.items():
-      if before == signal.SIG_IGN:
+      if before == signal.SIG_IGN or signum in kept:
         continue
       default_term = signum == signal.SIGTERM and before == signal.SIG_DFL
       signal.signal(signum, _raise_terminated if default_term else before)

@@ -46,6 +46,7 @@ on stderr, `config error: ...`, `flag error: ...`, `workdir error: ...` or
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from absl import flags, logging
@@ -253,12 +254,17 @@ def main(argv) -> None:
     "workdirs", config_flags.get_config_filename(flags.FLAGS["config"])
   )
   try:
-    distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    across_processes = distributed.initialize(
+      _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
+    )
   except ValueError as error:
     fail("flag", error)
   print(f"config: {config_file}", flush=True)
   print(start_jax(), flush=True)  # after jax.distributed, which must start first
-  command_started()  # until here a signal ends the run at once; now the guard takes them
+  # Until here a signal ends the run at once; now the guard takes them, but
+  # SIGTERM across processes, which jax.distributed's preemption service
+  # owns (every process then saves at one step: PreemptionGuard).
+  command_started(kept=(signal.SIGTERM,) if across_processes else ())
   with run_errors(), PreemptionGuard() as guard:
     run(
       parse(_CONFIG.value),

@@ -1031,11 +1031,13 @@ class PreemptionGuard:
   once too, raising StoppedBeforeTraining: a preemption's grace period is
   shorter than a large model's setup.
 
-  For single-process runs. In a multi-process run (`jax.process_count() >
-  1`) it installs nothing: JAX's preemption service owns SIGTERM there and
-  `Checkpointer.reached_preemption` reports it. The previous handlers are
-  restored on exit. Enter it from the main thread (Python only delivers
-  signals there).
+  In a multi-process run (`jax.process_count() > 1`) every process must
+  stop at one step: JAX's preemption service owns SIGTERM there, agrees on
+  that step once any process is sent one, and `Checkpointer.reached_preemption`
+  reports it; the guard takes only SIGINT, which it reports to that service
+  as a SIGTERM of its process (and `interrupted`, not `requested`, which
+  would stop this process alone). The previous handlers are restored on
+  exit. Enter it from the main thread (Python only delivers signals there).
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -1085,15 +1087,23 @@ class PreemptionGuard:
     previous = self._previous[signum]
     return signal.SIG_DFL if previous is None else previous
 
+  def _handle_across_processes(self, signum, frame) -> None:
+    del signum, frame
+    self.interrupted = True
+    signal.signal(signal.SIGINT, self._restorable(signal.SIGINT))
+    os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption service
+
   def __enter__(self) -> PreemptionGuard:
     if jax.process_count() == 1:
       self._previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
-      self.installed = True
+    else:
+      self._previous = {signal.SIGINT: signal.signal(signal.SIGINT, self._handle_across_processes)}
+    self.installed = True
     return self
 
   def __exit__(self, *exc_info) -> None:
     if self.installed:
-      for signum in self.SIGNALS:
+      for signum in self._previous:
         signal.signal(signum, self._restorable(signum))
       self.installed = False
 

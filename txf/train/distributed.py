@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 from jax.experimental import multihost_utils
+
+from txf.progress import say
+from txf.runconfig.run_config import ConfigError
+from txf.rundir.workdir import WorkdirError
+from txf.storage import write_file
+
+# jax.distributed's own default: hosts of a large job may start minutes apart.
+JOIN_TIMEOUT_S = 300
 
 
 def cluster_detected(environ=os.environ) -> bool:
@@ -52,12 +62,95 @@ def initialize(
       )
     if not 0 <= process_id < num_processes:
       raise ValueError(f"--process_id: {process_id} is not in [0, {num_processes})")
-    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    host, _, port = coordinator_address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+      raise ValueError(
+        f"--coordinator_address: {coordinator_address!r} is not HOST:PORT (e.g. host0:1234)"
+      )
+    # Until every process has joined, jax says nothing, then aborts (its
+    # timeout): the line says what the silence is.
+    say(
+      f"process {process_id} of {num_processes}: waiting up to {JOIN_TIMEOUT_S} s for every "
+      f"process to join at {coordinator_address}"
+    )
+    jax.distributed.initialize(
+      coordinator_address, num_processes, process_id, initialization_timeout=JOIN_TIMEOUT_S
+    )
     return True
   if cluster_detected(environ):
-    jax.distributed.initialize()
+    say(f"waiting up to {JOIN_TIMEOUT_S} s for every process of the cluster's job to join")
+    jax.distributed.initialize(initialization_timeout=JOIN_TIMEOUT_S)
     return True
   return False
+
+
+def _allgathered(value: Any) -> list[Any]:
+  """Every process's JSON `value`, in process order (a collective: every
+  process calls it)."""
+  payload = np.frombuffer(json.dumps(value, sort_keys=True).encode(), np.uint8)
+  lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)])))
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[: len(payload)] = payload
+  rows = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(row[:length].tobytes()) for row, length in zip(rows, lengths.ravel())]
+
+
+def _first_difference(ours: Any, theirs: Any, path: str = "") -> tuple[str, Any, Any] | None:
+  """(dotted path, ours, theirs) of the first leaf where two JSON values
+  differ, None where they are equal."""
+  if isinstance(ours, dict) and isinstance(theirs, dict):
+    for key in sorted(set(ours) | set(theirs)):
+      found = _first_difference(ours.get(key), theirs.get(key), f"{path}{key}.")
+      if found:
+        return found
+    return None
+  return None if ours == theirs else (path.rstrip("."), ours, theirs)
+
+
+def check_processes_agree(settings: dict[str, Any], workdir: epath.Path) -> None:
+  """That every process of a multi-process run was started with the same
+  `settings` (its run config as JSON, its flags) and sees one work
+  directory: process 0 writes a file there that every other must read (a
+  host-local path on each host is not one directory). A collective: every
+  process calls it, before any compute; nothing for one process. Without
+  it, processes given another learning rate or seed trained one model with
+  both and exited 0, and processes writing apart hung at the first
+  checkpoint.
+
+  Raises:
+    ConfigError: on every process, naming the first setting where a
+      process's differs from process 0's.
+    WorkdirError: on every process, naming a process that does not see
+      process 0's file.
+  """
+  if jax.process_count() == 1:
+    return
+  everyone = _allgathered(settings)
+  for index, theirs in enumerate(everyone[1:], 1):
+    found = _first_difference(everyone[0], theirs)
+    if found:
+      name, ours, other = found
+      raise ConfigError(
+        f"{name}: process {index} was started with {other!r}, process 0 with {ours!r}: "
+        "start every process of a run with the same config and flags"
+      )
+  chief = jax.process_index() == 0
+  created = chief and not workdir.exists()
+  probe = workdir / f".txf-processes-{_allgathered(uuid.uuid4().hex)[0]}"
+  if chief:
+    write_file(probe, "")
+  multihost_utils.sync_global_devices("txf: the work directory's probe is written")
+  seen = _allgathered(probe.exists())
+  multihost_utils.sync_global_devices("txf: the work directory's probe is read")
+  if chief:
+    probe.unlink()
+    if created and not all(seen):  # a refused run leaves nothing behind
+      workdir.rmdir()
+  if not all(seen):
+    raise WorkdirError(
+      f"{workdir}: process {seen.index(False)} does not see the files process 0 writes there: "
+      "the processes of a run need one shared directory (a path on each host's own disk is not)"
+    )
 
 
 def gather_data_states(state: dict[str, Any]) -> dict[str, Any]:
@@ -71,10 +164,5 @@ def gather_data_states(state: dict[str, Any]) -> dict[str, Any]:
   """
   if jax.process_count() == 1:
     return state
-  payload = np.frombuffer(json.dumps(state, sort_keys=True).encode(), np.uint8)
-  lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)])))
-  padded = np.zeros(int(lengths.max()), np.uint8)
-  padded[: len(payload)] = payload
-  rows = np.asarray(multihost_utils.process_allgather(padded))
-  states = [json.loads(row[:length].tobytes()) for row, length in zip(rows, lengths.ravel())]
+  states = _allgathered(state)
   return states[0] if all(s == states[0] for s in states) else {"processes": states}

@@ -102,7 +102,7 @@ from txf.rundir.resume import (
 from txf.rundir.trackers import check_trackers, make_trackers
 from txf.rundir.workdir import check_reachable, holding, run_path
 from txf.train import replicas, sharding
-from txf.train.distributed import gather_data_states
+from txf.train.distributed import check_processes_agree, gather_data_states
 from txf.train.run_setup import (
   RunSetup,
   check_memory,
@@ -554,6 +554,7 @@ def run(
     with _stopping_at_once(preemption):
       workdir = run_path(workdir)
       check_reachable(workdir)
+      check_processes_agree({**to_json(run_config), "--resume_step": resume_step}, workdir)
       is_chief = jax.process_index() == 0
       # Held before the run's files are read or written (config.json, the
       # tokenizer, a tracker's run id): a run started beside it is refused, not
