@@ -156,10 +156,7 @@ def measure(
   """The figures of `saves` rounds (module docstring)."""
   state = make_state(state_mb, leaves)
   state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
-  print(
-    f"device: {jax.devices()[0].device_kind}; state {state_bytes / 1e6:,.0f} MB in "
-    f"{leaves} arrays; a step due every {interval_ms} ms"
-  )
+  print(f"state {state_bytes / 1e6:,.0f} MB in {leaves} arrays; a step due every {interval_ms} ms")
   rounds, saving, quiet = [], [], []
   with tempfile.TemporaryDirectory() as directory, Checkpointer(directory, max_to_keep=2) as ckpt:
     dispatcher = Dispatcher(state, ckpt, interval_ms / 1e3, log_every)

@@ -53,7 +53,7 @@ def device_throughput(run: RunConfig, *, batches: int, workdir: str) -> dict[str
 
 def define_flags() -> None:
   define_config_flag("Config file.")
-  flags.DEFINE_integer("steps", 200, "Timed batches.")
+  flags.DEFINE_integer("steps", 200, "Timed batches.", lower_bound=1)
 
 
 def main() -> dict:

@@ -70,7 +70,7 @@ METHODS = {
 
 def define_flags() -> None:
   define_config_flag("Config file (model.vocab_size, model.d_model, the data).")
-  flags.DEFINE_integer("repeats", 20, "Timed calls per method.")
+  flags.DEFINE_integer("repeats", 20, "Timed calls per method (median).", lower_bound=1)
 
 
 def compare(config, *, repeats: int) -> dict:
@@ -84,10 +84,7 @@ def compare(config, *, repeats: int) -> dict:
   cotangents = [jnp.asarray(rng.normal(size=(ids_N.size, d_model)), jnp.bfloat16) for _ in range(2)]
   reference_VxD = np.zeros((vocab, d_model))
   np.add.at(reference_VxD, ids_N, np.asarray(cotangents[0], np.float64))
-  print(
-    f"{ids_N.size} ids ({np.unique(ids_N).size} distinct) into a [{vocab}, {d_model}] table, "
-    f"{jax.devices()[0].device_kind}"
-  )
+  print(f"{ids_N.size} ids ({np.unique(ids_N).size} distinct) into a [{vocab}, {d_model}] table")
   figures = dict(ids=int(ids_N.size), distinct_ids=int(np.unique(ids_N).size), methods={})
   ids_N = jnp.asarray(ids_N)
   for name, method in METHODS.items():

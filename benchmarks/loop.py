@@ -229,10 +229,7 @@ def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
   # that does not change the speed of a step).
   config.train.warmup_steps = min(config.train.warmup_steps, steps)
   setup = setup_run(parse(config))
-  print(
-    f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, "
-    f"{setup.tokens_per_step} tokens/step; bare step:"
-  )
+  print(f"{setup.tokens_per_step} tokens/step; bare step:")
   with setup.activation_sharding():
     step_windows, _, _ = benchmark(
       setup, steps=steps, window=window, fresh_batches=True, sync=False
@@ -253,8 +250,31 @@ def compare(config, *, steps: int, window: int, variants, profile=None) -> dict:
   )
 
 
+def profile_range(texts: list[str]) -> tuple[int, int] | None:
+  """--profile_steps as (first, last) steps of a trace; None unless two whole
+  numbers with 1 <= first <= last."""
+  try:
+    first, last = (int(text) for text in texts)
+  except ValueError:  # not numbers, or not two of them
+    return None
+  return (first, last) if 1 <= first <= last else None
+
+
+def profile_fits(values: dict) -> bool:
+  """Whether --profile_dir's trace ends within the runs' --steps (else it
+  would never be written); a malformed --profile_steps is its own check's."""
+  steps = profile_range(values["profile_steps"])
+  return values["profile_dir"] is None or steps is None or steps[1] <= values["steps"]
+
+
 def define_flags() -> None:
   define_steps_and_window("train.steps of each run.", "log_every of each run.")
+  flags.register_multi_flags_validator(
+    ["steps", "window"],
+    lambda values: values["steps"] > values["window"],
+    "--steps must exceed --window (the amortised figure runs from a run's first log to its "
+    "last, so it needs two)",
+  )
   flags.DEFINE_list("loop_variants", list(VARIANTS), f"Runs, from {', '.join(VARIANTS)}.")
   flags.register_validator(
     "loop_variants",
@@ -265,11 +285,25 @@ def define_flags() -> None:
     "profile_dir", None, "Write a jax.profiler trace of --profile_steps of the 'full' run here."
   )
   flags.DEFINE_list("profile_steps", ["300", "305"], "First and last step of the trace.")
+  flags.register_validator(
+    "profile_steps",
+    lambda texts: profile_range(texts) is not None,
+    "--profile_steps must be FIRST,LAST: two step numbers, 1 <= FIRST <= LAST",
+  )
+  flags.register_multi_flags_validator(
+    ["profile_dir", "profile_steps", "steps"],
+    profile_fits,
+    "--profile_steps must end at or before --steps (a trace past the last step is never written)",
+  )
+  flags.register_multi_flags_validator(
+    ["profile_dir", "loop_variants"],
+    lambda values: values["profile_dir"] is None or "full" in values["loop_variants"],
+    "--profile_dir traces the 'full' run: --loop_variants must include full",
+  )
 
 
 def main() -> dict:
-  first, last = (int(step) for step in FLAGS.profile_steps)
-  profile = (FLAGS.profile_dir, first, last) if FLAGS.profile_dir else None
+  profile = (FLAGS.profile_dir, *profile_range(FLAGS.profile_steps)) if FLAGS.profile_dir else None
   return compare(
     FLAGS.config,
     steps=FLAGS.steps,

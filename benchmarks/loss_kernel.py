@@ -103,7 +103,7 @@ def compare(config, *, repeats: int, blocks: list[int], warps: list[int], cpu_ro
       variants[f"block{block}_warps{num_warps}"] = functools.partial(
         _kernel, block, num_warps, not on_gpu
       )
-  print(f"[{rows}, {vocab}] {dtype.name} logits, {jax.devices()[0].device_kind}")
+  print(f"[{rows}, {vocab}] {dtype.name} logits")
   figures: dict = dict(rows=rows, vocab=vocab, dtype=dtype.name, variants={})
   reference = None
   for name, variant in variants.items():

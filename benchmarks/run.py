@@ -15,8 +15,9 @@ A mode is a module of this package, benchmarks/<mode>.py, with its flags
 (`define_flags`) and its measurement (`main`, which prints its figures and
 returns them); modes share flag names with different meanings and defaults
 (--steps, --new_tokens, ...), so only the chosen mode's flags are defined.
---json=PATH writes the figures with the mode, the command line, the config
-file, the date, device and software versions (txf.hardware.environment).
+Every mode first prints its command line and the devices it has (kind and
+count); --json=PATH writes the figures with the mode, the command line, the
+config file, the date, device and software versions (txf.hardware.environment).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shlex
 import sys
 from types import ModuleType
 
+import jax
 from absl import flags, logging
 
 from txf import hardware
@@ -67,12 +69,23 @@ def report(mode: str, command: str, figures: dict) -> dict:
   return dict(command=command, **config, mode=mode, **hardware.environment(), **figures)
 
 
+def header(command: str) -> str:
+  """The command line and the devices this process has: a figure printed
+  under it names what measured it and where."""
+  devices = jax.devices()
+  return (
+    f"command: {command}\n"
+    f"device: {devices[0].device_kind} x{len(devices)} ({jax.default_backend()})"
+  )
+
+
 def run_mode(mode: str, module: ModuleType, command: str, argv: list[str]) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save step at INFO
   # Before the mode measures anything: a run of minutes was lost to a
   # missing directory at its end.
   cli.check_output_file("json", flags.FLAGS.json)
+  print(header(command))
   # A config the run rejects: one line, exit 2, as txf-run; a report that
   # cannot be written (a full disk): one line, exit 1, the file as it was.
   with cli.run_errors():
@@ -88,12 +101,13 @@ def main() -> None:
   mode, module = mode_module(sys.argv)
   module.define_flags()
   flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
-  # absl's --help prints the main module's docstring and key flags: the mode's.
-  sys.modules["__main__"].__doc__ = module.__doc__
-  flags.adopt_module_key_flags(module)
   flags.adopt_module_key_flags(cli)
   del sys.argv[1]  # the mode: absl parses the flags after it
-  run_command(functools.partial(run_mode, mode, module, command))
+  measure = functools.partial(run_mode, mode, module, command)
+  # run_command's --help prints the docstring and key flags of the module its
+  # main comes from: the mode's (a bare partial's is functools').
+  measure.__module__ = module.__name__
+  run_command(measure)
 
 
 if __name__ == "__main__":

@@ -203,18 +203,47 @@ def define_flags() -> None:
     lambda value: value >= 2,
     "--new_tokens must be >= 2 (ms/token compares N tokens with 1)",
   )
+  flags.register_multi_flags_validator(MODEL_FLAGS, check_model, "the model is refused")
+
+
+# The flags model_config reads.
+MODEL_FLAGS = (
+  "vocab_size",
+  "d_model",
+  "num_heads",
+  "num_layers",
+  "dtype",
+  "source_len",
+  "new_tokens",
+)
+
+
+def model_config(values: dict) -> ModelConfig:
+  """The encoder-decoder the flags' `values` describe (ValueError where
+  ModelConfig refuses it)."""
+  return ModelConfig(
+    family="encoder_decoder",
+    vocab_size=values["vocab_size"],
+    d_model=values["d_model"],
+    num_heads=values["num_heads"],
+    num_layers=values["num_layers"],
+    dtype=values["dtype"],
+    max_len=max(values["source_len"], values["new_tokens"] + 1),
+  )
+
+
+def check_model(values: dict) -> bool:
+  """The model's own checks (d_model a multiple of num_heads, ...) as the flags'
+  one-line error, before anything is built."""
+  try:
+    model_config(values)
+  except ValueError as error:
+    raise flags.ValidationError(str(error)) from None
+  return True
 
 
 def main() -> dict:
-  cfg = ModelConfig(
-    family="encoder_decoder",
-    vocab_size=FLAGS.vocab_size,
-    d_model=FLAGS.d_model,
-    num_heads=FLAGS.num_heads,
-    num_layers=FLAGS.num_layers,
-    dtype=FLAGS.dtype,
-    max_len=max(FLAGS.source_len, FLAGS.new_tokens + 1),
-  )
+  cfg = model_config({name: FLAGS[name].value for name in MODEL_FLAGS})
   model = models.build(cfg)
   init_tokens = jnp.ones((1, 8), jnp.int32)
   params = jax.jit(model.init)(jax.random.key(0), init_tokens, init_tokens)["params"]
@@ -236,7 +265,7 @@ def main() -> dict:
     f"encoder_decoder d_model={cfg.d_model}, {cfg.num_layers}+{cfg.num_decoder_layers} "
     f"layers, {cfg.num_heads} heads, {cfg.dtype}; batch {FLAGS.batch_size}, source "
     f"{FLAGS.source_len} tokens, {FLAGS.new_tokens} new tokens ({search}); "
-    f"{device.platform} ({device.device_kind}), median of {FLAGS.repeats}"
+    f"median of {FLAGS.repeats}"
   )
   print(format_table(figures))
   totals = ", ".join(

@@ -12,7 +12,9 @@ one; --sync=false dispatches steps asynchronously and times whole windows
 taking the median. Each window records its start and end (Unix time), so
 clock and power samples taken beside it line up. --torch also times the
 PyTorch GPT-2 recipe (benchmarks/references/torch_gpt2.py) on the same token
-batches for the same number of steps and windows, in a subprocess started
+batches (the one txf reuses, or with --fresh_batches the 8 it cycles through;
+the recipe holds them on the device, where txf sends each from the host)
+for the same number of steps and windows, in a subprocess started
 before JAX takes the device; the recipe runs on one GPU, so txf's step then
 runs on one device too (the first), whatever the host has. --profile_steps
 profiles that many further steps of each (jax.profiler, torch.profiler) and reports device time by
@@ -49,6 +51,12 @@ FLAGS = flags.FLAGS
 FRESH_BATCHES = 8
 
 
+def batch_count(fresh_batches: bool) -> int:
+  """How many batches the timed steps cycle through (one reused without
+  --fresh_batches), txf's and the PyTorch recipe's alike."""
+  return FRESH_BATCHES if fresh_batches else 1
+
+
 def window_figures(
   setup: RunSetup, first: int, last: int, step_time: float, loss, wall: tuple[float, float]
 ) -> dict:
@@ -83,7 +91,7 @@ def benchmark(
 ) -> list[dict]:
   """Runs `steps` training steps after a compiling one; the figures of each
   full window of `window` steps (printed as they come)."""
-  count = FRESH_BATCHES if fresh_batches else 1
+  count = batch_count(fresh_batches)
   host_batches = list(itertools.islice(setup.train_data, count))
   device_batch = setup.train_to_device(host_batches[0])
   with stage("benchmark: compile and run the first train step"):
@@ -187,7 +195,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("torch", False, "Also time benchmarks/references/torch_gpt2.py.")
   flags.DEFINE_integer("torch_steps", None, "Timed steps of the PyTorch recipe (default --steps).")
   flags.DEFINE_integer(
-    "profile_steps", 0, "Profile this many steps after the timed ones (kernel time by category)."
+    "profile_steps",
+    0,
+    "Profile this many steps after the timed ones (kernel time by category).",
+    lower_bound=0,
   )
   flags.DEFINE_string("profile_dir", None, "Keep the jax.profiler trace here.")
   flags.DEFINE_string(
@@ -197,17 +208,23 @@ def define_flags() -> None:
 
 
 def torch_reference(
-  run: RunConfig, *, steps: int, window: int, profile_steps: int, compile_model: bool
+  run: RunConfig,
+  *,
+  steps: int,
+  window: int,
+  fresh_batches: bool,
+  profile_steps: int,
+  compile_model: bool,
 ) -> dict | None:
   """The PyTorch recipe at the run's model shape and batch, on the run's
-  own training batches (None where it does not apply or torch is absent);
-  run before JAX initialises its backend."""
+  own training batches, as many as txf's step cycles through (None where it
+  does not apply or torch is absent); run before JAX initialises its backend."""
   model = run.model
   if not is_gpt2(model):
     print("torch reference: skipped (it is GPT-2: " + GPT2_SHAPE + ")")
     return None
   data = make_dataset(run.data, "train", seed=run.data_seed)
-  batches = [next(data) for _ in range(FRESH_BATCHES)]
+  batches = [next(data) for _ in range(batch_count(fresh_batches))]
   windows_NxBxT1 = np.stack(
     [np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1) for b in batches]
   )
@@ -253,6 +270,7 @@ def main() -> dict:
       run,
       steps=FLAGS.torch_steps or FLAGS.steps,
       window=FLAGS.window,
+      fresh_batches=FLAGS.fresh_batches,
       profile_steps=FLAGS.profile_steps,
       compile_model=FLAGS.torch_compile,
     )
@@ -262,7 +280,7 @@ def main() -> dict:
   # The PyTorch recipe trains on one GPU: compared with it, txf's step does too.
   setup = setup_run(run, devices=jax.devices()[:1] if torch is not None else None)
   print(
-    f"device: {jax.devices()[0].device_kind} x{setup.mesh.size}, "
+    f"step on {setup.mesh.size} device(s), "
     f"{setup.tokens_per_step} tokens/step, {setup.flops_per_token:.3g} FLOPs/token"
   )
   report = dict(

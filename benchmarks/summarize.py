@@ -23,6 +23,10 @@ def _gib(size: int | None) -> str:
   return "n/a" if size is None else f"{size / 2**30:.1f} GiB"
 
 
+def _us(seconds: float | None) -> str:
+  return "n/a" if seconds is None else f"{1e6 * seconds:,.0f} µs"
+
+
 def step_rows(name: str, report: dict) -> list[str]:
   compiled = report.get("compiled_memory") or {}
   if "median_step_time" not in report:  # --compile_only
@@ -82,6 +86,8 @@ def loop_rows(name: str, report: dict) -> list[str]:
 
 
 def decode_rows(name: str, report: dict) -> list[str]:
+  if "deviceless" in report:
+    return deviceless_decode_rows(name, report)
   rows = []
   for row in report["txf"]:
     hf, ratio = "n/a", "n/a"
@@ -92,6 +98,19 @@ def decode_rows(name: str, report: dict) -> list[str]:
       f"{row['us_per_token']:,.0f} | {_pct(row['floor_fraction'])} | {hf} | {ratio} |"
     )
   return rows
+
+
+def deviceless_decode_rows(name: str, report: dict) -> list[str]:
+  """A deviceless decode report's programs (compiled, not run): per generated
+  token its kernels, bytes, predicted time and floor, and how the token loop
+  launches (XLA's default command buffers / with loops)."""
+  return [
+    f"| {name} | {report['target']} {row['family']}, batch {row['batch_size']} | "
+    f"{row['kernels_per_token']:.0f} kernels | {row['bytes_per_token'] / 1e6:,.0f} MB | "
+    f"predicted {_us(row['predicted_seconds'])} | floor {_us(row['floor_seconds'])} | "
+    f"{row['loop_launch']['default']} / {row['loop_launch']['with_loops']} |"
+    for row in report["deviceless"]
+  ]
 
 
 def embedding_grad_rows(name: str, report: dict) -> list[str]:

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import os
+import pickle
 import re
 import shlex
 import stat
@@ -42,13 +43,14 @@ from benchmarks import (
   step as bench_step,
   summarize as bench_summarize,
 )
+from benchmarks.references import hf_gpt2_decode as hf_reference
 from conftest import REPO, load_config
 from txf import hardware, ops
 from txf.analysis import flops_per_token, matmul_params
 from txf.data import throughput
 from txf.layers.model_config import ModelConfig
 from txf.models import build
-from txf.runconfig.run_config import parse, to_json
+from txf.runconfig.run_config import parse, replica_seeds, to_json
 from txf.rundir.resume import MIGRATIONS, read_run_config
 from txf.train import loop
 from txf.train.run_setup import setup_run
@@ -487,6 +489,29 @@ def test_replicas_bench_times_each_way_to_train_the_seeds():
   assert all(ms > 0 for ms in figures.values())
 
 
+def test_replicas_whole_runs_are_each_timed_in_a_process_of_their_own(monkeypatch):
+  """Timed in one process, the runs after the first reused what it had
+  compiled (three identical runs read 1.00x, 0.52x, 0.52x): every run goes
+  to a fresh process, its arguments as a spawned process receives them."""
+  assert bench_replicas.in_fresh_process(os.getpid) != os.getpid()
+  runs = []
+
+  def in_fresh_process(function, *args):
+    function, (config, replicas, seed) = pickle.loads(pickle.dumps((function, args)))
+    runs.append((function, replicas, seed))
+    return 1.0
+
+  monkeypatch.setattr(bench_replicas, "in_fresh_process", in_fresh_process)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")  # restored after
+  config = gpt2_tiny()
+  figures = bench_replicas.time_runs(config, replicas=2)
+  seeds = replica_seeds(config.seed, 2)
+  run = bench_replicas.run_seconds
+  assert runs == [(run, 1, config.seed), (run, 2, config.seed)] + [(run, 1, s) for s in seeds]
+  assert list(figures.values()) == [1.0, 1.0, 2.0]
+  assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"  # this process holds its share
+
+
 def test_checkpoint_stall_bench_computes_each_figure_from_its_samples():
   """A tiny state saved twice: each distribution is its samples' (dispatches
   during a save, then as many without one), the blocked time adds the save
@@ -662,7 +687,7 @@ def test_transformers_reference_generates_with_gpt2_of_the_same_size(tmp_path):
 
 def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   config = gpt2_tiny(max_len=32)  # torch's position table has T rows
-  reference = dict(steps=3, window=2, profile_steps=0, compile_model=False)
+  reference = dict(steps=3, window=2, fresh_batches=True, profile_steps=0, compile_model=False)
   report = bench_step.torch_reference(parse(config), **reference)
   if HAS_TORCH:
     assert (report["batch_size"], report["seq_len"], report["steps"]) == (4, 32, 3)
@@ -683,6 +708,26 @@ def test_torch_reference_is_gpt2_on_the_configs_batches_or_is_skipped(capsys):
   # A model that is not GPT-2 has no reference.
   rope = parse(load_config("rope"))
   assert bench_step.torch_reference(rope, **reference) is None
+
+
+@pytest.mark.parametrize("fresh_batches, count", [(False, 1), (True, 8)])
+def test_the_torch_recipe_cycles_through_as_many_batches_as_txfs_step(
+  fresh_batches, count, monkeypatch
+):
+  """Without --fresh_batches txf reuses one batch: the recipe, which cycled
+  through 8, now does too."""
+  shapes = []
+
+  def run_reference(script, args, needs):
+    (tokens,) = (arg.removeprefix("--tokens=") for arg in args if arg.startswith("--tokens="))
+    shapes.append(np.load(tokens).shape)
+    return {}
+
+  monkeypatch.setattr(bench_step, "run_reference", run_reference)
+  reference = dict(steps=3, window=2, profile_steps=0, compile_model=False)
+  bench_step.torch_reference(parse(gpt2_tiny()), fresh_batches=fresh_batches, **reference)
+  assert shapes == [(count, 4, 33)]  # [n, B, T + 1]
+  assert bench_step.batch_count(fresh_batches) == count
 
 
 def test_a_windows_mfu_divides_by_the_devices_the_step_ran_on():
@@ -825,6 +870,55 @@ def test_seq2seq_decode_bench_times_cached_and_recomputed_cross_attention(num_be
       ["decode", "--config=configs/gpt2_small.py", "--deviceless=v5e-8"],
       "target error: target 'v5e-8': a TPU; the decode benchmark compiles for GPUs",
     ),
+    # No batches to time: negative tokens/s (-3), a ZeroDivisionError (0).
+    (["data", "--config=configs/rope.py", "--steps=0"], "flag error: flag --steps=0: 0 is not a"),
+    (["data", "--config=configs/rope.py", "--steps=-3"], "flag error: flag --steps=-3: -3 is not"),
+    # A negative count profiled nothing, then failed (UnboundLocalError).
+    (
+      ["step", "--config=configs/rope.py", "--profile_steps=-1"],
+      "flag error: flag --profile_steps=-1: -1 is not a non-negative integer",
+    ),
+    # One log per run: its amortised figure divided by zero.
+    (
+      ["loop", "--config=configs/rope.py", "--steps=2", "--window=2"],
+      "flag error: flags steps=2, window=2: --steps must exceed --window",
+    ),
+    # The trace's steps: a traceback (not two numbers), or no trace at all.
+    *(
+      (
+        ["loop", "--config=configs/rope.py", f"--profile_steps={steps}"],
+        f"flag error: flag --profile_steps={steps.split(',')}: --profile_steps must be "
+        "FIRST,LAST: two step numbers, 1 <= FIRST <= LAST",
+      )
+      for steps in ("abc", "1,2,3", "5,3", "0,3")
+    ),
+    (
+      ["loop", "--config=configs/rope.py", "--profile_dir=/tmp/t", "--steps=10", "--window=5"],
+      "flag error: flags profile_dir=/tmp/t, profile_steps=['300', '305'], steps=10: "
+      "--profile_steps must end at or before --steps",
+    ),
+    (
+      [
+        "loop",
+        "--config=configs/rope.py",
+        "--profile_dir=/tmp/t",
+        "--profile_steps=1,2",
+        "--loop_variants=no_eval",
+      ],  # fmt: skip
+      "flag error: flags profile_dir=/tmp/t, loop_variants=['no_eval']: --profile_dir traces "
+      "the 'full' run: --loop_variants must include full",
+    ),
+    # A StatisticsError after every method compiled.
+    (
+      ["embedding_grad", "--config=configs/rope.py", "--repeats=0"],
+      "flag error: flag --repeats=0: 0 is not a positive integer",
+    ),
+    # The model's own refusal, before it is built (a ValueError traceback).
+    (
+      ["seq2seq_decode", "--d_model=30", "--num_heads=4"],
+      "flag error: flags vocab_size=260, d_model=30, num_heads=4, num_layers=2, dtype=float32, "
+      "source_len=512, new_tokens=128: model.num_heads: 4 does not divide model.d_model=30",
+    ),
   ],
 )
 def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, message, commands):
@@ -832,7 +926,19 @@ def test_benchmarks_run_reports_a_bad_mode_or_flag_in_one_line_exit_2(args, mess
   assert done.returncode == 2
   (line,) = done.stderr.strip().splitlines()
   assert line.startswith(message), line
-  assert not done.stdout  # nothing ran
+  # Nothing ran: at most the command line and the devices (benchmarks/run.py
+  # prints them before a mode's own checks of its config and target).
+  assert all(line.startswith(("command: ", "device: ")) for line in done.stdout.splitlines())
+
+
+@pytest.mark.slow  # subprocesses
+def test_each_modes_help_is_its_own_docstring(commands):
+  """--help printed functools.partial's docstring for every mode."""
+  for mode in run_module.MODES:
+    done = commands.run("benchmarks.run", mode, "--help", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    module = importlib.import_module(f"benchmarks.{mode}")
+    assert done.stdout.startswith(module.__doc__.splitlines()[0]), (mode, done.stdout[:200])
 
 
 def test_environment_names_the_device_and_versions():
@@ -864,6 +970,42 @@ def test_summarize_skips_a_mode_without_rows_in_one_line_and_goes_on(tmp_path, c
   assert lines[-1].startswith("| z_embedding_grad | gather |")
 
 
+def test_summarize_reads_a_deviceless_decode_report_and_goes_on(tmp_path, capsys):
+  """A deviceless decode report (programs compiled for a GPU, not run) was a
+  KeyError that dropped every report after it."""
+  environment = hardware.environment()
+  launch = dict(default="a graph per kernel", with_loops="one graph")
+  program = dict(
+    family="decoder", batch_size=1, new_tokens=8, prompt_len=4, compile_seconds=1.0,
+    kernels_per_token=85.0, bytes_per_token=272e6, layer_kernels_per_token=74.0,
+    layer_bytes_per_token=200e6, weight_bytes=248e6, floor_seconds=74.3e-6,
+    predicted_seconds=311e-6, loop_launch=launch,
+  )  # fmt: skip
+  deviceless = dict(mode="decode", **environment, target="h100", dtype="bfloat16")
+  (tmp_path / "a_decode.json").write_text(json.dumps(dict(deviceless, deviceless=[program])))
+  methods = {"gather": dict(ms=1.0, max_abs_error=0.0)}
+  report = dict(mode="embedding_grad", **environment, methods=methods)
+  (tmp_path / "z_embedding_grad.json").write_text(json.dumps(report))
+  bench_summarize.main([str(tmp_path)])
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[1] == (
+    "| a_decode | h100 decoder, batch 1 | 85 kernels | 272 MB | predicted 311 µs | "
+    "floor 74 µs | a graph per kernel / one graph |"
+  )
+  assert lines[-1].startswith("| z_embedding_grad | gather |")
+
+
+def test_the_transformers_reference_labels_a_batchs_time_per_step():
+  """At batch > 1 its time per step was printed as 'us/token'; labelled as
+  txf's own line is (benchmarks/decode.py), without torch imported."""
+  figures = dict(transformers_version="5.0", device_kind="cpu")
+  rows = [dict(batch_size=b, tokens_per_sec=100.0 * b, us_per_token=10_000.0) for b in (1, 8)]
+  assert [hf_reference.format_row(figures, row) for row in rows] == [
+    "transformers 5.0 cpu: batch 1, 100 new tokens/s, 10,000 us/token",
+    "transformers 5.0 cpu: batch 8, 800 new tokens/s, 10,000 us/step of 8 tokens",
+  ]
+
+
 def test_benchmark_reports_record_their_command_line(tmp_path):
   # Every mode records it the same way (benchmarks/run.py): the quickest mode.
   args = ["data", "--config=configs/base.py", "--config.data.max_corpus_bytes=200000"]
@@ -875,6 +1017,9 @@ def test_benchmark_reports_record_their_command_line(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   report = json.loads((tmp_path / "r.json").read_text())
   assert shlex.split(report["command"]) == ["python", "-m", "benchmarks.run", *args]
+  # Printed first too (it was only in the report), with the devices it ran on.
+  devices = f"{report['device_kind']} x{report['device_count']} ({report['backend']})"
+  assert done.stdout.splitlines()[:2] == [f"command: {report['command']}", f"device: {devices}"]
 
 
 @pytest.mark.slow  # subprocesses
@@ -950,5 +1095,5 @@ def test_the_torch_comparison_runs_txf_on_one_device_as_the_recipe(tmp_path):
   )  # fmt: skip
   assert done.returncode == 0, done.stderr[-3000:]
   lines = done.stdout.splitlines()
-  assert any(line.startswith("device: cpu x1,") for line in lines), lines
+  assert any(line.startswith("step on 1 device(s),") for line in lines), lines
   assert any(line.startswith("txf / torch tokens/s, one cpu each: ") for line in lines), lines
