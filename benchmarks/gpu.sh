@@ -33,17 +33,29 @@
 # part writes $OUT/<part>.tar.gz (JSON reports, logs, an nvidia-smi sample of
 # clocks, power, temperature and throttle reasons every 0.5 s, profiles) and
 # prints a summary (benchmarks/summarize.py) last. EXTRA="--config.model.d_model=32 ..."
-# appends flags to every step, loop and decode call (a smoke test on a CPU at toy size).
+# appends flags to every step, loop, decode and replicas call (a smoke test on a CPU at toy size).
+#
+# A benchmark that fails or runs out of time prints 'FAILED: NAME (exit N)';
+# the part still runs the rest and archives what exists, then exits 1.
+# No `set -e`: one failure must not cost the part's other figures.
 set -uo pipefail
 part=${1:?usage: bash benchmarks/gpu.sh ab|loss|change|loop|long|decode|sweep|all}
 OUT=${OUT:-gpu_results}
 deadline=$(( $(date +%s) + ${PART_SECONDS:-540} ))
 if [ "$part" = all ]; then
-  for p in ab loop long decode; do bash "$0" "$p"; done
-  exit 0
+  status=0
+  for p in ab loop long decode; do bash "$0" "$p" || status=1; done
+  exit $status
 fi
 dir=$PWD/gpu_results/$part
-rm -rf "$dir" && mkdir -p "$dir" "$OUT"
+# A sweep resumes the points an earlier call carried back; every other part starts afresh.
+[ "$part" = sweep ] || rm -rf "$dir"
+mkdir -p "$dir" "$OUT"
+failures=0
+failed() {  # failed WHAT STATUS: a loud line, and the part's exit status becomes 1
+  echo "FAILED: $1 (exit $2$([ "$2" = 124 ] && echo ', timed out'))" | tee -a "$dir/log.txt"
+  failures=$(( failures + 1 ))
+}
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -52,15 +64,19 @@ if [ -d .whl ]; then
 fi
 # The persistent compilation cache survives between calls while the machine stays warm.
 export JAX_COMPILATION_CACHE_DIR=$PWD/.jax_cache
-python3 -c "import jax, flax, optax, orbax.checkpoint, sys; print(sys.version.split()[0], \
+# A device that hangs at startup must not hold the whole call.
+timeout 120 python3 -c "import jax, flax, optax, orbax.checkpoint, sys; print(sys.version.split()[0], \
   'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" \
   2>&1 | tee "$dir/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv \
+status=${PIPESTATUS[0]}
+[ "$status" = 0 ] || failed versions "$status"
+timeout 60 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv \
   >> "$dir/versions.txt" 2>&1
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,\
 utilization.gpu,memory.used,clocks_throttle_reasons.active --format=csv -lms 500 \
   > "$dir/nvidia_smi.csv" 2>&1 &
 smi=$!
+trap 'kill "$smi" 2>/dev/null' EXIT  # every exit, an early one included
 
 bench() {  # bench NAME SECONDS MODE ARGS...: one benchmark, its report in $dir/NAME.json,
   # stopped at SECONDS or at the part's deadline, whichever comes first
@@ -70,7 +86,10 @@ bench() {  # bench NAME SECONDS MODE ARGS...: one benchmark, its report in $dir/
   [ "$limit" -gt 10 ] || { echo "== $name: skipped (the part's time is up)" | tee -a "$dir/log.txt"; return; }
   echo "== $name ($(date +%s), ${limit} s at most, XLA_FLAGS='${XLA_FLAGS:-}'): $*" | tee -a "$dir/log.txt"
   timeout "$limit" python3 -m benchmarks.run "$@" ${EXTRA:-} --json="$dir/$name.json" 2>&1 \
-    | grep -v -e "Unable to initialize backend" -e "^W0000" | tee -a "$dir/log.txt"
+    | grep -v -e "Unable to initialize backend" -e "^W0000" -e "^I1" | tee -a "$dir/log.txt"
+  local status=${PIPESTATUS[0]}  # the benchmark's (grep's is 1 when it filters every line)
+  [ "$status" = 0 ] || failed "$name" "$status"
+  return "$status"  # a call in a subshell (cd "$base" && bench ...) counts through it
 }
 GPT2=--config=configs/gpt2_small.py
 case $part in
@@ -97,7 +116,7 @@ case $part in
     base=${BASE:-.ab_base}
     [ -d "$base/txf" ] || { echo "no $base/txf: make it first (see the top of this file)"; exit 2; }
     STEPS="--steps=${AB_STEPS:-150} --window=50 --fresh_batches --nosync --profile_steps=5"
-    (cd "$base" && bench step_before 200 step $GPT2 $STEPS)
+    (cd "$base" && bench step_before 200 step $GPT2 $STEPS) || failures=$(( failures + 1 ))
     XLA_FLAGS="--xla_gpu_dump_autotune_results_to=$dir/autotune_step_after.textproto" \
       bench step_after 300 step $GPT2 $STEPS --torch --compiled_text="$dir/step_after.hlo.txt"
     XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" bench step_after_no_triton_gemm 100 step \
@@ -105,7 +124,7 @@ case $part in
     # cuBLAS GEMMs take bias and GELU epilogues that XLA's Triton GEMM fusions
     # do not: a change may move bytes between the two programs.
     (cd "$base" && XLA_FLAGS="--xla_gpu_enable_triton_gemm=false" \
-      bench step_before_no_triton_gemm 100 step $GPT2 $STEPS)
+      bench step_before_no_triton_gemm 100 step $GPT2 $STEPS) || failures=$(( failures + 1 ))
     ;;
   loop)
     # LOOP_STEPS and LOOP_VARIANTS (benchmarks/loop.py's names) size it to the call's time.
@@ -135,18 +154,14 @@ case $part in
     # its batch-1 decoding timed in the same call as the change's.
     if [ -n "${DECODE_BASE:-}" ]; then
       (cd "$DECODE_BASE" && bench decode_before 120 decode $GPT2 --decode_batch_sizes=1 \
-        --prompt_len=128 --new_tokens=512)
+        --prompt_len=128 --new_tokens=512) || failures=$(( failures + 1 ))
     fi
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
       bench decode_command_buffers 120 decode $GPT2 --decode_batch_sizes=1,32 \
       --prompt_len=128 --new_tokens=512
-    echo "== replicas" | tee -a "$dir/log.txt"
-    timeout 60 python3 -m benchmarks.run replicas --config=configs/base.py --replicas=3 \
-      2>&1 | tee -a "$dir/log.txt"
-    timeout 180 python3 -m benchmarks.run replicas --config=configs/base.py --replicas=3 \
-      --runs --config.train.steps=200 --config.eval.every=100 \
-      --config.train.checkpoint_every=100 2>&1 | grep -v -e "^I1" -e "^W0000" \
-      | tee -a "$dir/log.txt"
+    bench replicas 60 replicas --config=configs/base.py --replicas=3
+    bench replicas_runs 180 replicas --config=configs/base.py --replicas=3 --runs \
+      --config.train.steps=200 --config.eval.every=100 --config.train.checkpoint_every=100
     ;;
   sweep)
     # SWEEP_CONFIG (configs/sweeps/pe_ln_gpu.py; a setting after a colon, e.g.
@@ -158,36 +173,48 @@ case $part in
     sweep_config=${SWEEP_CONFIG:-configs/sweeps/pe_ln_gpu.py}
     sweep_name=$(basename "${sweep_config%%:*}" .py)${sweep_config##*.py}
     sweep_dir=$dir/${sweep_name/:/_}
-    points=$(python3 -m experiments.sweep --config="$sweep_config" --workdir="$sweep_dir" \
-      --dry_run 2>/dev/null | grep -c '^point ')
+    points=$(timeout 120 python3 -m experiments.sweep --config="$sweep_config" \
+      --workdir="$sweep_dir" --dry_run 2>/dev/null | grep -c '^point ')
     [ "$points" -gt 0 ] || { echo "sweep: $sweep_config has no points"; exit 2; }
     workers=${SWEEP_WORKERS:-6}
     export XLA_PYTHON_CLIENT_MEM_FRACTION=0.12
     deadline=$(( $(date +%s) + ${SWEEP_LIMIT:-560} ))
-    sweep_worker() {  # sweep_worker FIRST: points FIRST, FIRST + workers, ... until the deadline
+    sweep_worker() {  # sweep_worker FIRST: points FIRST, FIRST + workers, ... until the deadline;
+      # a point stopped at the deadline (124: it saved) resumes next call, any other failure is FAILED
       for index in $(seq "$1" "$workers" $(( points - 1 ))); do
         local left=$(( deadline - $(date +%s) ))
-        [ "$left" -gt 0 ] || return
+        [ "$left" -gt 0 ] || return 0
         timeout -k 60 "$left" python3 -m experiments.sweep --config="$sweep_config" \
           --workdir="$sweep_dir" --index="$index" ${SWEEP_EXTRA:-}
+        local status=$?
+        [ "$status" = 0 ] || [ "$status" = 124 ] || echo "FAILED: sweep point $index (exit $status)" \
+          | tee -a "$failed_points"
       done
     }
+    failed_points=$dir/failed_points.txt  # this call's
+    : > "$failed_points"
     pids=()
     for (( worker = 0; worker < workers && worker < points; worker++ )); do
-      sweep_worker $worker > "$dir/worker_$worker.log" 2>&1 &
+      sweep_worker $worker >> "$dir/worker_$worker.log" 2>&1 &  # appended: a resumed sweep's too
       pids+=($!)
     done
     start=$SECONDS
     wait "${pids[@]}"
     echo "sweep: $sweep_config, $points points, $(( SECONDS - start )) s" | tee -a "$dir/log.txt"
-    python3 -m experiments.sweep --config="$sweep_config" --workdir="$sweep_dir" \
+    tee -a "$dir/log.txt" < "$failed_points"
+    failures=$(( failures + $(wc -l < "$failed_points") ))
+    timeout 300 python3 -m experiments.sweep --config="$sweep_config" --workdir="$sweep_dir" \
       --summarize ${SWEEP_EXTRA:-} 2>&1 | tee -a "$dir/log.txt"
+    status=${PIPESTATUS[0]}
+    [ "$status" = 0 ] || failed "sweep --summarize" "$status"
     kill "$smi" 2>/dev/null
     tar -czf "$OUT/$part.tar.gz" --exclude=checkpoints -C gpu_results "$part"
-    exit 0
+    exit $(( failures > 0 ))
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
 kill "$smi" 2>/dev/null
 tar -czf "$OUT/$part.tar.gz" -C "$dir/.." "$part"
 python3 benchmarks/summarize.py "$dir"
+[ "$failures" = 0 ] || echo "$part: $failures benchmark(s) FAILED (above)"
+exit $(( failures > 0 ))
