@@ -817,11 +817,23 @@ def test_preemption_guard_sets_flag_and_restores_handler(sentinel_sigterm_handle
   assert signal.getsignal(signal.SIGTERM) is sentinel_sigterm_handler
 
 
-def test_preemption_guard_leaves_multiprocess_runs_to_jax(sentinel_sigterm_handler, monkeypatch):
+def test_preemption_guard_leaves_multiprocess_runs_sigterm_to_jax(
+  sentinel_sigterm_handler, monkeypatch
+):
+  """SIGTERM stays jax.distributed's; a Ctrl-C is reported to it as a
+  SIGTERM of this process (so every process stops at one step), not
+  `requested` (which would stop this process alone)."""
   monkeypatch.setattr(jax, "process_count", lambda: 2)
+  sent = []
+  monkeypatch.setattr(checkpoint.os, "kill", lambda pid, signum: sent.append((pid, signum)))
+  before = signal.getsignal(signal.SIGINT)
   with checkpoint.PreemptionGuard() as guard:
-    assert not guard.installed
     assert signal.getsignal(signal.SIGTERM) is sentinel_sigterm_handler
+    signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+    assert guard.interrupted and not guard.requested and guard.reason == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is before  # a second Ctrl-C stops at once
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_reached_preemption_is_false_without_distributed(tmp_path):
