@@ -13,11 +13,11 @@ final hidden states, its tokenizer; txf.trained.export). Prints one JSON line
 per text: {"text": ..., "embedding": [...]}.
 Pooling and normalisation default to what a sentence-transformers directory
 declares (modules.json; all-MiniLM-L6-v2: mean, L2-normalised), otherwise to
-mean pooling over the real tokens, not normalised. A text is encoded as its
-tokenizer encodes it, with no special token added: `cls` is its first
-token's state (a Hugging Face tokenizer's own [CLS] where it adds one; for a
-txf classifier trained with BOS first, as ListOps, not the position its head
-pools, which a text without that BOS has none of). An unusable directory or
+mean pooling over the real tokens, not normalised. `cls` is the first
+token's state: a Hugging Face directory's text is encoded with its
+tokenizer's special tokens ([CLS] first), a txf run's as its tokenizer
+encodes text, with none added (for a txf classifier trained with BOS first,
+as ListOps, that is not the position its head pools). An unusable directory or
 argument exits 2 with one line naming it; a URL (gs://) is looked at once,
 and one that cannot be reached is that line within half a minute.
 """
@@ -40,8 +40,8 @@ _POOLING = flags.DEFINE_enum(
   "pooling",
   None,
   ["mean", "cls"],
-  "mean: over the real tokens; cls: the first token's, of the text as its tokenizer encodes it "
-  "(default: the directory's, else mean).",
+  "mean: over the real tokens; cls: the first token's (a Hugging Face tokenizer's [CLS]; a txf "
+  "run adds none) (default: the directory's, else mean).",
 )
 _NORMALIZE = flags.DEFINE_bool(
   "normalize", None, "Divide each embedding by its L2 norm (default: the directory's, else no)."
