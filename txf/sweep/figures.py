@@ -164,9 +164,9 @@ def flatness_mark(steps_N: np.ndarray, loss_N: np.ndarray, *, flat: bool | None 
   """A curve's flattening verdict for its legend (the window, the last
   fifth, is said once in the figure's title): 'not flat, -3.1%',
   'flat, -0.0019 nats' (flat by the fall in nats), 'flat: unknown, 2
-  evaluations' (or 'a loss not finite'); where the replicas' verdict `flat` differs from the mean
-  curve's, 'not flat: a replica falls, mean -1.8%' or 'flat: every
-  replica, mean -2.2%'."""
+  evaluations' (or 'a loss not finite'); where the replicas' verdict `flat`
+  differs from the mean curve's, 'not flat: a replica falls, mean -1.8%' or
+  'flat: every replica, mean -2.2%'."""
   improvement = late_improvement(steps_N, loss_N)
   if improvement is None:
     if not np.isfinite(loss_N).all():
