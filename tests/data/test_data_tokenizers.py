@@ -213,45 +213,6 @@ def test_bytes_and_sentencepiece_as_hugging_face_tokenizers(sp_model_prefix, tmp
     tokenizers_module.hf_tokenizer_files(SymbolTokenizer(["a", "b"]))
 
 
-def test_a_hugging_face_tokenizer_s_copy_pads_and_cuts_nothing(tmp_path):
-  """A tokenizer.json that pads and truncates every encoding (all-MiniLM's
-  pads to 128): the run's HFTokenizer encodes without, and so must the
-  export's copy as the tokenizers library reads it (it gave 128 ids, padded
-  with 0, for a 10-token text, and cut longer ones)."""
-  import tokenizers
-
-  from txf.data import HFTokenizer
-
-  source = tmp_path / "source"
-  shutil.copytree(FIXTURES / "hf" / "bert", source)
-  saved = json.loads((source / "tokenizer.json").read_text())
-  saved["padding"] = {
-    "strategy": {"Fixed": 128},
-    "direction": "Right",
-    "pad_to_multiple_of": None,
-    "pad_id": 0,
-    "pad_type_id": 0,
-    "pad_token": "[PAD]",
-  }
-  saved["truncation"] = {
-    "direction": "Right",
-    "max_length": 8,
-    "strategy": "LongestFirst",
-    "stride": 0,
-  }
-  (source / "tokenizer.json").write_text(json.dumps(saved))
-  run_tokenizer = HFTokenizer(source)
-  copy = tmp_path / "copy"
-  copy.mkdir()
-  for name, text in hf_tokenizer_files(run_tokenizer).items():
-    (copy / name).write_text(text)
-  read = tokenizers.Tokenizer.from_file(str(copy / "tokenizer.json"))
-  for text in ["hello world", "the quick brown fox jumps over the lazy dog " * 3]:
-    ids = run_tokenizer.encode(text).tolist()
-    assert 1 < len(ids) and len(ids) != 128
-    assert read.encode(text).ids == ids, text
-
-
 def test_every_tokenizer_decodes_ids_outside_its_vocabulary_to_nothing(sp_model_prefix, tmp_path):
   """A model's vocabulary may be larger than its tokenizer's, so a sample
   can hold such ids: sentencepiece raised on one past its pieces (a run

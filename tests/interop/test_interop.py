@@ -208,13 +208,14 @@ def test_tokenizer_special_ids():
   assert {0, 1, 2, 3, 4} <= bert.special_ids
 
 
-def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
-  """all-MiniLM-L6-v2's tokenizer.json pads and cuts every encoding to 128
-  tokens; txf pads batches itself and never cuts text."""
-  directory = copy_fixture("bert", tmp_path)
+def padding_and_truncating(directory, *, pad_to, cut_at):
+  """The fixture BERT tokenizer copied into `directory`, its tokenizer.json
+  padding every encoding to `pad_to` tokens and cutting it at `cut_at`, as
+  all-MiniLM-L6-v2's does (128 and 128); returns the directory."""
+  shutil.copytree(HF_FIXTURES / "bert", directory)
   saved = json.loads((directory / "tokenizer.json").read_text())
   saved["padding"] = {
-    "strategy": {"Fixed": 16},
+    "strategy": {"Fixed": pad_to},
     "direction": "Right",
     "pad_to_multiple_of": None,
     "pad_id": 0,
@@ -223,16 +224,42 @@ def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
   }
   saved["truncation"] = {
     "direction": "Right",
-    "max_length": 3,
+    "max_length": cut_at,
     "strategy": "LongestFirst",
     "stride": 0,
   }
   (directory / "tokenizer.json").write_text(json.dumps(saved))
+  return directory
+
+
+def test_tokenizer_ignores_the_files_padding_and_truncation(tmp_path):
+  """txf pads batches itself and never cuts text."""
+  directory = padding_and_truncating(tmp_path / "bert", pad_to=16, cut_at=3)
   text = "every model looks at the dog"
   np.testing.assert_array_equal(
     HFTokenizer(directory).encode(text), HFTokenizer(HF_FIXTURES / "bert").encode(text)
   )
   assert len(HFTokenizer(directory).encode(text)) == 11  # every m ##o ##d ##e ##l look ##s ...
+
+
+def test_an_exported_copy_of_a_tokenizer_pads_and_cuts_nothing(tmp_path):
+  """The run's HFTokenizer encodes without the file's padding and truncation,
+  and so must the export's copy as the tokenizers library reads it (it gave
+  128 ids, padded with 0, for a 10-token text, and cut longer ones)."""
+  import tokenizers
+
+  from txf.data.tokenizers import hf_tokenizer_files
+
+  run_tokenizer = HFTokenizer(padding_and_truncating(tmp_path / "bert", pad_to=128, cut_at=8))
+  copy = tmp_path / "copy"
+  copy.mkdir()
+  for name, text in hf_tokenizer_files(run_tokenizer).items():
+    (copy / name).write_text(text)
+  read = tokenizers.Tokenizer.from_file(str(copy / "tokenizer.json"))
+  for text in ["hello world", "the quick brown fox jumps over the lazy dog " * 3]:
+    ids = run_tokenizer.encode(text).tolist()
+    assert 1 < len(ids) and len(ids) != 128
+    assert read.encode(text).ids == ids, text
 
 
 def test_hf_tokenizer_needs_its_path():
