@@ -17,7 +17,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from txf.progress import say
-from txf.runconfig.run_config import ConfigError
+from txf.runconfig.run_config import ConfigError, RunConfig, to_json
 from txf.rundir.workdir import WorkdirError
 from txf.storage import write_file
 
@@ -107,12 +107,12 @@ def _first_difference(ours: Any, theirs: Any, path: str = "") -> tuple[str, Any,
   return None if ours == theirs else (path.rstrip("."), ours, theirs)
 
 
-def check_processes_agree(settings: dict[str, Any], workdir: epath.Path) -> None:
+def check_processes_agree(run: RunConfig, resume_step: int | None, workdir: epath.Path) -> None:
   """That every process of a multi-process run was started with the same
-  `settings` (its run config as JSON, its flags) and sees one work
-  directory: process 0 writes a file there that every other must read (a
-  host-local path on each host is not one directory). A collective: every
-  process calls it, before any compute; nothing for one process. Without
+  `run` and --resume_step, and sees one work directory: process 0 writes a
+  file there that every other must read (a host-local path on each host is
+  not one directory). A collective: every process calls it, before any
+  compute; nothing for one process (not even the config's JSON). Without
   it, processes given another learning rate or seed trained one model with
   both and exited 0, and processes writing apart hung at the first
   checkpoint.
@@ -125,7 +125,7 @@ def check_processes_agree(settings: dict[str, Any], workdir: epath.Path) -> None
   """
   if jax.process_count() == 1:
     return
-  everyone = _allgathered(settings)
+  everyone = _allgathered({**to_json(run), "--resume_step": resume_step})
   for index, theirs in enumerate(everyone[1:], 1):
     found = _first_difference(everyone[0], theirs)
     if found:

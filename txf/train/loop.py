@@ -554,7 +554,7 @@ def run(
     with _stopping_at_once(preemption):
       workdir = run_path(workdir)
       check_reachable(workdir)
-      check_processes_agree({**to_json(run_config), "--resume_step": resume_step}, workdir)
+      check_processes_agree(run_config, resume_step, workdir)
       is_chief = jax.process_index() == 0
       # Held before the run's files are read or written (config.json, the
       # tokenizer, a tracker's run id): a run started beside it is refused, not
