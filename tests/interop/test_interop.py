@@ -538,38 +538,35 @@ def test_export_refuses_what_no_architecture_represents(change, message, tmp_pat
   assert not list(tmp_path.iterdir())
 
 
-def test_the_bert_and_t5_refusals_name_every_field_in_one_line(tmp_path):
+REFUSED_IN_ONE_LINE = {
+  # family and fields -> the line's first refusal, its last ones
+  "bert": (
+    dict(family="encoder", head="mlm", num_token_types=0, head_dim=8),
+    "model.position: 'rope' cannot be written as BertForMaskedLM (needs 'learned')",
+    "; model.num_token_types: 0 (needs 1 or more: its embedding always adds token type 0)"
+    "; model.head_dim: 8 (needs head_dim x 2 heads = model.d_model=24)",
+  ),
+  "t5": (
+    dict(family="encoder_decoder", activation="geglu", gelu_approximate=False, position="learned"),
+    "model.position: 'learned' cannot be written as T5ForConditionalGeneration (needs 't5_bias')",
+    "; model.gelu_approximate: False (needs True with model.activation='geglu': "
+    "its gated GELU is the tanh form)",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_IN_ONE_LINE))
+def test_the_bert_and_t5_refusals_name_every_field_in_one_line(tmp_path, name):
   """A field's range (num_token_types >= 1), two fields together (head_dim
   with num_heads and d_model; T5's gated GELU with gelu_approximate) were
   refused after the others, each alone: fixing the named fields met the
   next refusal."""
-  sizes = dict(vocab_size=40, d_model=24, num_heads=2, num_layers=1, max_len=16)
-  encoder = ModelConfig(family="encoder", head="mlm", num_token_types=0, head_dim=8, **sizes)
+  fields, first, last = REFUSED_IN_ONE_LINE[name]
+  cfg = ModelConfig(vocab_size=40, d_model=24, num_heads=2, num_layers=1, max_len=16, **fields)
   with pytest.raises(CheckpointError) as raised:
-    save_pretrained(encoder, random_params(encoder), tmp_path / "bert")
-  assert str(raised.value).startswith(
-    "model.position: 'rope' cannot be written as BertForMaskedLM (needs 'learned')"
-  )
-  assert str(raised.value).endswith(
-    "; model.num_token_types: 0 (needs 1 or more: its embedding always adds token type 0)"
-    "; model.head_dim: 8 (needs head_dim x 2 heads = model.d_model=24)"
-  )
-  t5 = ModelConfig(
-    family="encoder_decoder",
-    activation="geglu",
-    gelu_approximate=False,
-    position="learned",
-    **sizes,
-  )
-  with pytest.raises(CheckpointError) as raised:
-    save_pretrained(t5, random_params(t5), tmp_path / "t5")
-  assert str(raised.value).startswith(
-    "model.position: 'learned' cannot be written as T5ForConditionalGeneration (needs 't5_bias')"
-  )
-  assert str(raised.value).endswith(
-    "; model.gelu_approximate: False (needs True with model.activation='geglu': "
-    "its gated GELU is the tanh form)"
-  )
+    save_pretrained(cfg, random_params(cfg), tmp_path / name)
+  assert str(raised.value).startswith(first)
+  assert str(raised.value).endswith(last)
   assert not list(tmp_path.iterdir())
 
 
