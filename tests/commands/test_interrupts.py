@@ -82,7 +82,12 @@ from txf.configs import base
 
 def get_config():
   pathlib.Path({marker!r}).touch()
-  time.sleep(120)
+  # Short sleeps, as a config computing in Python: a signal the kernel gives
+  # the child's other (native) thread does not end the main thread's sleep,
+  # and Python's handler would wait out a single long one (one CI run's
+  # txf-compile case timed out so).
+  for _ in range(1200):
+    time.sleep(0.1)
   return base.get_config()
 """
 
