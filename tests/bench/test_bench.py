@@ -618,14 +618,12 @@ def test_the_deviceless_decode_compiles_for_a_gpu_and_refuses_any_other_name():
     ),
   ],
 )
-def test_decode_bench_refuses_bad_sizes_and_models_before_any_compile(extra, line):
+def test_decode_bench_refuses_bad_sizes_and_models_before_any_compile(extra, line, commands):
   """Each was a traceback from generate, exit 1 (batch sizes 1,0: after batch
   1 had compiled three times)."""
-  done = subprocess.run(
-    [sys.executable, "-m", "benchmarks.run", "decode", "--config=configs/base.py",
-     "--deviceless=h100", "--decode_batch_sizes=1", "--prompt_len=4", *extra],
-    cwd=REPO, capture_output=True, text=True, timeout=300,
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  done = commands.run(
+    "benchmarks.run", "decode", "--config=configs/base.py", "--deviceless=h100",
+    "--decode_batch_sizes=1", "--prompt_len=4", *extra, timeout=300,
   )  # fmt: skip
   assert (done.returncode, done.stderr.strip().splitlines()[-1:]) == (2, [line]), done.stderr
   assert "deviceless h100" not in done.stdout  # nothing compiled

@@ -5,15 +5,12 @@ on the tiny fixtures of tests/fixtures/hf against transformers' outputs.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, repo_commands
+from conftest import FIXTURES
 from txf.configs import pretrained as pretrained_config
 from txf.data import HFTokenizer
 from txf.interop import load_pretrained
@@ -85,19 +82,14 @@ def test_pretrained_config_needs_a_directory():
     pretrained_config.get_config()
 
 
-def run_command(module, *args):
-  return subprocess.run(
-    [sys.executable, "-m", module, *args],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT_S,
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
-  )
+def run_command(commands, module, *args):
+  """`python -m module args...` in the repository, forked from the module's
+  command server (conftest's `commands`: jax imported once)."""
+  return commands.run(module, *args, timeout=TIMEOUT_S)
 
 
 @pytest.mark.slow  # a subprocess (~4 s)
-def test_embed_prints_the_sentence_transformers_embeddings():
+def test_embed_prints_the_sentence_transformers_embeddings(commands):
   """The fixture is a sentence-transformers directory (mean pooling, then
   L2): the command's defaults give its embeddings of the reference texts."""
   texts = [
@@ -105,7 +97,7 @@ def test_embed_prints_the_sentence_transformers_embeddings():
     "a single step begins the journey of tokens",
     "every model looks at the dog",
   ]
-  result = run_command("experiments.embed", f"--model={HF_FIXTURES / 'minilm'}", *texts)
+  result = run_command(commands, "experiments.embed", f"--model={HF_FIXTURES / 'minilm'}", *texts)
   assert result.returncode == 0, result.stderr
   rows = [json.loads(line) for line in result.stdout.splitlines()]
   assert [row["text"] for row in rows] == texts
@@ -114,13 +106,14 @@ def test_embed_prints_the_sentence_transformers_embeddings():
 
 
 @pytest.mark.slow  # a subprocess (~5 s)
-def test_generate_prints_the_greedy_continuation():
+def test_generate_prints_the_greedy_continuation(commands):
   """GPT-2 continues 'a single' (the second reference prompt) with
   transformers' greedy tokens."""
   reference = np.load(HF_FIXTURES / "gpt2" / "reference.npz")
   tokenizer = HFTokenizer(HF_FIXTURES / "gpt2")
   np.testing.assert_array_equal(tokenizer.encode("a single"), reference["greedy_prompts"][1])
   result = run_command(
+    commands,
     "experiments.generate",
     f"--model={HF_FIXTURES / 'gpt2'}",
     "--prompt=a single",
@@ -135,8 +128,8 @@ def test_generate_prints_the_greedy_continuation():
   ]
 
 
-@pytest.mark.slow  # four commands (~4 s each), forked from one process that imported jax
-def test_generate_samples_with_its_seed_top_k_and_top_p():
+@pytest.mark.slow  # four commands (~4 s each)
+def test_generate_samples_with_its_seed_top_k_and_top_p(commands):
   """--temperature=1 samples with --seed: other tokens than transformers'
   greedy ones, and others again at the next seed; --top_k=1 and
   --top_p=1e-6 keep the most likely token only, which is greedy decoding
@@ -152,25 +145,24 @@ def test_generate_samples_with_its_seed_top_k_and_top_p():
     "top_p=1e-6": ("--seed=3", "--top_p=1e-6"),
   }
   generated = {}
-  with repo_commands(JAX_PLATFORMS="cpu") as server:
-    for name, extra in flags.items():
-      result = server.run(
-        "experiments.generate",
-        f"--model={HF_FIXTURES / 'gpt2'}",
-        "--prompt=a single",
-        "--max_new_tokens=6",
-        "--temperature=1",
-        *extra,
-        timeout=TIMEOUT_S,
-      )
-      assert result.returncode == 0, result.stderr
-      generated[name] = result.stdout.splitlines()[1]
+  for name, extra in flags.items():
+    result = run_command(
+      commands,
+      "experiments.generate",
+      f"--model={HF_FIXTURES / 'gpt2'}",
+      "--prompt=a single",
+      "--max_new_tokens=6",
+      "--temperature=1",
+      *extra,
+    )
+    assert result.returncode == 0, result.stderr
+    generated[name] = result.stdout.splitlines()[1]
   assert generated["top_k=1"] == generated["top_p=1e-6"] == greedy
   assert len({greedy, generated["seed 3"], generated["seed 4"]}) == 3, generated
 
 
 @pytest.mark.slow  # a subprocess (~5 s)
-def test_generate_prints_nothing_after_the_eos(tmp_path):
+def test_generate_prints_nothing_after_the_eos(commands, tmp_path):
   """A Llama whose config.json names no pad id (as Llama 3's) pads rows
   after EOS with id 0, a real token ('!' here): the command printed it."""
   from safetensors.numpy import load_file, save_file
@@ -188,7 +180,11 @@ def test_generate_prints_nothing_after_the_eos(tmp_path):
   weights["lm_head.weight"][eos] = 1.5 * weights["lm_head.weight"][177]
   save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
   result = run_command(
-    "experiments.generate", f"--model={model}", "--prompt=the quick fox", "--max_new_tokens=8"
+    commands,
+    "experiments.generate",
+    f"--model={model}",
+    "--prompt=the quick fox",
+    "--max_new_tokens=8",
   )
   assert result.returncode == 0, result.stderr
   tokenizer = HFTokenizer(model)
@@ -197,9 +193,9 @@ def test_generate_prints_nothing_after_the_eos(tmp_path):
   assert tokenizer.decode([0]) == "!" and "!" not in generated and generated
 
 
-@pytest.mark.slow  # subprocesses (~3 s each)
-def test_commands_name_an_unusable_directory(tmp_path):
-  result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi")
+@pytest.mark.slow  # four commands
+def test_commands_name_an_unusable_directory(commands, tmp_path):
+  result = run_command(commands, "experiments.generate", f"--model={tmp_path}", "--prompt=hi")
   assert result.returncode == 2
   assert result.stderr.strip() == f"model error: {tmp_path / 'config.json'}: no such file"
   # A file, a missing path and an empty flag each named what they are (they
@@ -210,7 +206,7 @@ def test_commands_name_an_unusable_directory(tmp_path):
     (tmp_path / "missing", f"{tmp_path / 'missing'} is no directory"),
     ("", "empty; name a txf run, a Hugging Face model directory or a Hub name"),
   ]:
-    result = run_command("experiments.embed", f"--model={model}", "a")
+    result = run_command(commands, "experiments.embed", f"--model={model}", "a")
     assert (result.returncode, result.stderr.strip()) == (2, f"model error: model: {line}")
 
 
@@ -228,11 +224,11 @@ BAD_SAMPLING_FLAGS = {
 }
 
 
-@pytest.mark.slow  # a subprocess each (~3 s: they stop before the model loads)
+@pytest.mark.slow  # a command each (they stop before the model loads)
 @pytest.mark.parametrize("flag", list(BAD_SAMPLING_FLAGS))
-def test_generate_refuses_a_sampling_flag_out_of_range_before_loading(tmp_path, flag):
+def test_generate_refuses_a_sampling_flag_out_of_range_before_loading(commands, tmp_path, flag):
   """An empty --model directory: the flag is what is reported, not the model."""
-  result = run_command("experiments.generate", f"--model={tmp_path}", "--prompt=hi", flag)
+  result = run_command(commands, "experiments.generate", f"--model={tmp_path}", "--prompt=hi", flag)
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().startswith(f"flag error: {BAD_SAMPLING_FLAGS[flag]}")
   assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout

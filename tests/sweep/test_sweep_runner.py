@@ -771,28 +771,21 @@ def test_each_shipped_sweep_config_expands_and_validates(name, count):
     assert (steps - window_start) // every + 1 >= results.FLAT_MIN_EVALUATIONS
 
 
-def run_cli(*args):
-  return subprocess.run(
-    [sys.executable, "-m", "experiments.sweep", *args],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    check=False,
-  )
+def run_cli(commands, *args):
+  return commands.run("experiments.sweep", *args, cwd=ROOT, timeout=120)
 
 
-@pytest.mark.slow  # a subprocess
-def test_cli_dry_run_prints_every_points_run_command(tmp_path):
-  done = run_cli("--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
+@pytest.mark.slow  # a command
+def test_cli_dry_run_prints_every_points_run_command(commands, tmp_path):
+  done = run_cli(commands, "--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--dry_run")
   assert done.returncode == 0, done.stderr
   # The installed command (python -m experiments.run: a checkout's), said once.
-  commands = [line.strip() for line in done.stdout.splitlines() if line.startswith("  txf-run ")]
-  assert len(commands) == 12
+  printed = [line.strip() for line in done.stdout.splitlines() if line.startswith("  txf-run ")]
+  assert len(printed) == 12
   assert done.stdout.splitlines()[-1] == (
     "(in a checkout, python -m experiments.run takes the place of txf-run)"
   )
-  assert commands[7] == (
+  assert printed[7] == (
     "txf-run --config=base "
     f"--workdir={tmp_path}/position=alibi,norm_placement=post --config.eval.every=120 "
     "--config.eval.sample_tokens=0 --config.model.d_model=64 "
@@ -803,10 +796,13 @@ def test_cli_dry_run_prints_every_points_run_command(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.slow  # a subprocess
-def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(tmp_path):
+@pytest.mark.slow  # a command
+def test_cli_config_error_is_one_line_naming_the_point_and_exit_2(commands, tmp_path):
   done = run_cli(
-    "--config=configs/sweeps/pe_ln.py", f"--workdir={tmp_path}", "--config.base.model.num_heads=3"
+    commands,
+    "--config=configs/sweeps/pe_ln.py",
+    f"--workdir={tmp_path}",
+    "--config.base.model.num_heads=3",
   )
   assert done.returncode == 2
   assert done.stderr.strip().splitlines() == [done.stderr.strip()]

@@ -65,10 +65,12 @@ def test_registry_names_items_and_modules():
     textbook.get("nope")
 
 
-@pytest.mark.slow  # a subprocess
-def test_command_lists_and_rejects_unknown_names():
-  command = [sys.executable, "-m", "experiments.textbook"]
-  listed = subprocess.run(command + ["--list"], cwd=REPO, capture_output=True, text=True)
+@pytest.mark.slow  # four commands
+def test_command_lists_and_rejects_unknown_names(commands):
+  def run_textbook(*args):
+    return commands.run("experiments.textbook", *args)
+
+  listed = run_textbook("--list")
   assert listed.returncode == 0, listed.stderr
   lines = listed.stdout.splitlines()
   # Numbered 1..8 without a gap (item 8 was skipped), names in one column.
@@ -79,11 +81,11 @@ def test_command_lists_and_rejects_unknown_names():
   assert lines[-1].endswith("(trains the base config)")
   # Beside 'all' too: it ran every experiment, the name ignored.
   for names in (["nope"], ["all", "nope"]):
-    unknown = subprocess.run(command + names, cwd=REPO, capture_output=True, text=True)
+    unknown = run_textbook(*names)
     assert (unknown.returncode, unknown.stdout) == (2, ""), names
     assert unknown.stderr.strip().startswith("flag error: no textbook experiment 'nope'")
   # --list with names listed everything and ignored them, exit 0.
-  named = subprocess.run(command + ["--list", "nope"], cwd=REPO, capture_output=True, text=True)
+  named = run_textbook("--list", "nope")
   assert (named.returncode, named.stdout) == (2, "")
   assert (
     named.stderr.strip()
@@ -91,15 +93,12 @@ def test_command_lists_and_rejects_unknown_names():
   )
 
 
-@pytest.mark.slow  # a subprocess
-def test_an_out_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
+@pytest.mark.slow  # a command
+def test_an_out_dir_that_is_a_file_is_one_line_exit_2(commands, tmp_path):
   """It was a FileExistsError traceback."""
   out = tmp_path / "file"
   out.write_text("kept")
-  command = [sys.executable, "-m", "experiments.textbook", "scaling", "--quick"]
-  done = subprocess.run(
-    [*command, f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True, timeout=300
-  )
+  done = commands.run("experiments.textbook", "scaling", "--quick", f"--out_dir={out}", timeout=300)
   assert done.returncode == 2, done.stderr
   assert done.stderr.strip() == f"flag error: out_dir: {out}: exists and is not a directory"
   assert out.read_text() == "kept"
@@ -130,9 +129,9 @@ def test_a_full_disk_under_out_dir_is_one_line_exit_1(tmp_path, after, written):
   assert done.stderr.strip() == f"write error: {out / written}: No space left on device"
 
 
-@pytest.mark.slow  # a subprocess (~20 s)
+@pytest.mark.slow  # a command
 def test_a_rerun_removes_its_experiments_figures_it_did_not_draw_and_runs_each_name_once(
-  tmp_path,
+  commands, tmp_path
 ):
   """An earlier run's figure of other settings (the heads grids are named by
   their probe period) stayed beside this run's numbers; another
@@ -142,12 +141,12 @@ def test_a_rerun_removes_its_experiments_figures_it_did_not_draw_and_runs_each_n
   stale, other = out / "textbook_param_counts_p16.png", out / "textbook_scaling_p16.png"
   for path in (stale, other):
     path.write_bytes(PNG_MAGIC)
-  command = [sys.executable, "-m", "experiments.textbook", "param_counts", "param_counts"]
-  done = subprocess.run(
-    [*command, "--quick", f"--out_dir={out}"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
+  done = commands.run(
+    "experiments.textbook",
+    "param_counts",
+    "param_counts",
+    "--quick",
+    f"--out_dir={out}",
     timeout=300,
   )
   assert done.returncode == 0, done.stderr[-2000:]

@@ -34,7 +34,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, repo_commands
 from txf.rundir import checkpoint
 from txf.rundir.metrics import read_metrics
 
@@ -97,6 +97,14 @@ def environment(num_devices: int) -> dict[str, str]:
   flags.append("--xla_backend_optimization_level=0")
   env["XLA_FLAGS"] = " ".join(flags)
   return env
+
+
+@pytest.fixture(scope="module")
+def one_process_commands():
+  """conftest's `repo_commands` under `environment(1)`: commands that stop
+  before jax.distributed starts, forked from one process that imported jax."""
+  with repo_commands(**environment(1)) as server:
+    yield server
 
 
 def launch(commands_and_envs, log_dir: pathlib.Path, name: str, *, all_exit=False):
@@ -376,16 +384,10 @@ def test_a_signal_saves_every_process_at_one_step(tmp_path, signal_name, sent_to
     ),
   ],
 )
-def test_distributed_flag_errors(tmp_path, extra, named):
+def test_distributed_flag_errors(one_process_commands, tmp_path, extra, named):
   workdir = tmp_path / "run"
-  done = subprocess.run(
-    command(workdir, {**TINY, "train.steps": 1}, *extra),
-    cwd=REPO,
-    env=environment(1),
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT,
-  )
+  _, _, module, *args = command(workdir, {**TINY, "train.steps": 1}, *extra)
+  done = one_process_commands.run(module, *args, timeout=TIMEOUT)
   assert done.returncode == 2, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]
   assert last_line.startswith("flag error: "), done.stderr[-3000:]

@@ -74,26 +74,20 @@ def file_digests(directory):
 # --- the command line --------------------------------------------------------
 
 
-def txf_run(workdir, config, cache, *flags):
+def txf_run(commands, workdir, config, *flags):
   """`python -m experiments.run` of `config` (rope's, changed) in `workdir`,
-  with the module's compilation cache; its CompletedProcess."""
-  return subprocess.run(
-    cli_command("rope", workdir, config, *flags),
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=cli_env(cache),
-  )
+  forked from the module's command server; its CompletedProcess."""
+  _, _, module, *args = cli_command("rope", workdir, config, *flags)
+  return commands.run(module, *args, timeout=300)
 
 
 @pytest.mark.slow
-def test_cli_end_to_end(tmp_path, compilation_cache_dir):
+def test_cli_end_to_end(tmp_path, commands):
   workdir = tmp_path / "run"
   config = tiny(
     steps=12, train__log_every=3, train__checkpoint_every=6, eval__every=6, eval__sample_tokens=8
   )
-  done = txf_run(workdir, config, compilation_cache_dir)
+  done = txf_run(commands, workdir, config)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "step 12/12" in done.stdout
   # The first step says it compiles, then that it ran, before the first
@@ -136,7 +130,7 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
   # --resume_step reaches the run: a step with no checkpoint is refused in
   # one line, exit 2, before anything is written.
   before = file_digests(workdir)
-  refused = txf_run(workdir, config, compilation_cache_dir, "--resume_step=7")
+  refused = txf_run(commands, workdir, config, "--resume_step=7")
   assert refused.returncode == 2, refused.stderr[-3000:]
   assert refused.stderr.strip().splitlines()[-1] == (
     f"config error: resume_step: no checkpoint at step 7 in {workdir / 'checkpoints'} "
@@ -153,9 +147,9 @@ def test_cli_end_to_end(tmp_path, compilation_cache_dir):
     ({"model__num_heads": 3}, [], "model.num_heads"),  # 3 does not divide 32
   ],
 )
-def test_cli_config_error(tmp_path, compilation_cache_dir, fields, extra, field):
+def test_cli_config_error(tmp_path, commands, fields, extra, field):
   workdir = tmp_path / "run"
-  done = txf_run(workdir, tiny(**fields), compilation_cache_dir, *extra)
+  done = txf_run(commands, workdir, tiny(**fields), *extra)
   assert done.returncode == 2, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]
   assert last_line.startswith("config error: ") and field in last_line, done.stderr[-3000:]

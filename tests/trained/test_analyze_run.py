@@ -16,8 +16,6 @@ import math
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 import types
 
 import flax.linen as nn
@@ -28,7 +26,7 @@ import pytest
 from etils import epath
 from faulty_command import assert_only_its_checks_refuse
 
-from conftest import REPO, cli_env, tiny_config
+from conftest import tiny_config
 from full_disk import full_disk
 from txf.analysis import ablation
 from txf.analysis.attention import attention_maps, maps_by_kind
@@ -251,15 +249,10 @@ def read_csv(workdir):
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess
-def test_the_command_analyzes_a_decoder_run(decoder_run, compilation_cache_dir):
+def test_the_command_analyzes_a_decoder_run(decoder_run, commands):
   before = digests(decoder_run)
-  done = subprocess.run(
-    [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1"],
-    cwd=REPO,
-    env=cli_env(compilation_cache_dir),
-    capture_output=True,
-    text=True,
-    timeout=300,
+  done = commands.run(
+    "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1", timeout=300
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert digests(decoder_run) == before  # config.json, checkpoints, metrics untouched
@@ -517,18 +510,13 @@ def test_circuits_refuse_an_encoder_decoder(seq2seq_run):
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess
-def test_the_command_refuses_a_run_still_training_in_one_line(decoder_run, compilation_cache_dir):
+def test_the_command_refuses_a_run_still_training_in_one_line(decoder_run, commands):
   """Another process holds the run (here this one, as a training run would):
   before, the command analysed it and wrote analysis/ into the live run."""
   with WorkdirLock(decoder_run):
     before = digests(decoder_run)
-    done = subprocess.run(
-      [sys.executable, "-m", "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1"],
-      cwd=REPO,
-      env=cli_env(compilation_cache_dir),
-      capture_output=True,
-      text=True,
-      timeout=300,
+    done = commands.run(
+      "experiments.analyze", f"--workdir={decoder_run}", "--num_batches=1", timeout=300
     )
   assert done.returncode == 2, done.stderr[-3000:]
   holder = (decoder_run / ".lock").read_text().strip()
@@ -544,15 +532,9 @@ def test_a_directory_without_a_run_is_refused(tmp_path):
     analyze_run(tmp_path)
 
 
-@pytest.mark.slow  # a subprocess
-def test_the_command_fails_in_one_line_without_a_run(tmp_path):
-  done = subprocess.run(
-    [sys.executable, "-m", "experiments.analyze", f"--workdir={tmp_path}"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+@pytest.mark.slow  # a command
+def test_the_command_fails_in_one_line_without_a_run(commands, tmp_path):
+  done = commands.run("experiments.analyze", f"--workdir={tmp_path}", timeout=300)
   assert done.returncode == 2
   assert done.stderr.strip().splitlines() == [
     f"analyze error: workdir: {tmp_path} holds no run ({tmp_path}/config.json does not exist)"

@@ -13,14 +13,12 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from faulty_command import assert_only_its_checks_refuse
 
-from conftest import REPO, tiny_config
+from conftest import tiny_config
 from full_disk import files_in, full_disk, read_only
 from txf.analysis.extrapolation import PROTOCOLS, window_losses
 from txf.runconfig.run_config import ConfigError, parse
@@ -271,16 +269,12 @@ def test_the_command_refuses_only_what_its_checks_refuse(trained, commands):
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess
-def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
+def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path, commands):
   config_json = (trained / "config.json").read_bytes()
   for name in OUTPUTS:
     (trained / name).unlink(missing_ok=True)
-  done = subprocess.run(
-    [sys.executable, "-m", "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2,4"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  done = commands.run(
+    "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2,4", timeout=300
   )
   assert done.returncode == 0, done.stderr[-3000:]
   assert "n/a" in done.stdout and "128" in done.stdout
@@ -320,13 +314,7 @@ def test_the_command_prints_the_table_and_writes_its_files(trained, tmp_path):
   )
   assert (trained / "config.json").read_bytes() == config_json
 
-  done = subprocess.run(
-    [sys.executable, "-m", "experiments.extrapolate", f"--workdir={tmp_path}"],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  done = commands.run("experiments.extrapolate", f"--workdir={tmp_path}", timeout=300)
   assert done.returncode == 2 and "holds no run" in done.stderr
 
 
@@ -354,19 +342,15 @@ def test_adding_to_a_directory_without_a_run_creates_nothing(tmp_path):
 
 
 @pytest.mark.slow  # its fixture trains a run; a subprocess
-def test_the_command_refuses_a_run_still_training_in_one_line(trained):
+def test_the_command_refuses_a_run_still_training_in_one_line(trained, commands):
   """Another process holds the run (here this one, as a training run would):
   before, the command extrapolated it and wrote into the live run."""
   for name in OUTPUTS:
     (trained / name).unlink(missing_ok=True)
   with WorkdirLock(trained):
     before = digests(trained)
-    done = subprocess.run(
-      [sys.executable, "-m", "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2"],
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=300,
+    done = commands.run(
+      "experiments.extrapolate", f"--workdir={trained}", "--factors=1,2", timeout=300
     )
   assert done.returncode == 2, done.stderr[-3000:]
   assert done.stderr.strip().splitlines() == [
