@@ -171,9 +171,7 @@ def test_a_signal_that_lands_in_a_garbage_collection_still_ends_the_command(sign
   a garbage collection that is a callback (jax's, at every collection),
   where its KeyboardInterrupt or Terminated was printed as "Exception
   ignored in" and lost: the command went on. Here the signal arrives in a
-  collection's first callback, as a Ctrl-C can land in jax's, and the
-  command then blocks in a call longer than the test waits (a redelivery
-  Python only ran at its next line waited for the call to return)."""
+  collection's first callback, as a Ctrl-C can land in jax's."""
   code = (
     "import gc, os, signal, sys, time\n"
     "from txf.commands.cli import command_started, run_command\n"
@@ -187,7 +185,7 @@ def test_a_signal_that_lands_in_a_garbage_collection_still_ends_the_command(sign
     "    gc.collect()\n"
     "  finally:\n"
     "    gc.callbacks.remove(collecting)\n"
-    f"  time.sleep({2 * TIMEOUT_S})\n"
+    "  time.sleep(10)\n"
     "  print('not reached')\n"
     "run_command(main, required=False, starts_jax=False)\n"
   )

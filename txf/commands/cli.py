@@ -13,6 +13,7 @@ stops)."""
 
 from __future__ import annotations
 
+import _thread
 import ast
 import contextlib
 import functools
@@ -385,10 +386,7 @@ def _signals_redelivered(unraisablehook):
   ignored in"), and the command went on. Delivered from another thread a
   moment later (`REDELIVERY_DELAY_S`): the main thread has left the
   collection by then (if not, it lands here again, and again a moment
-  later); from this hook, still inside it, the handler would run here. A
-  signal, not `_thread.interrupt_main`: that only flags the handler for
-  Python's next line, and a main thread blocked in a call (a sleep, a
-  wait for a thread) ran it when the call returned, minutes later."""
+  later); from this hook, still inside it, the handler would run here."""
 
   def hook(unraisable) -> None:
     if issubclass(unraisable.exc_type, KeyboardInterrupt):
@@ -398,9 +396,7 @@ def _signals_redelivered(unraisablehook):
     else:
       unraisablehook(unraisable)
       return
-    redelivery = threading.Timer(
-      REDELIVERY_DELAY_S, signal.pthread_kill, (threading.main_thread().ident, signum)
-    )
+    redelivery = threading.Timer(REDELIVERY_DELAY_S, _thread.interrupt_main, (signum,))
     redelivery.daemon = True
     try:
       redelivery.start()
