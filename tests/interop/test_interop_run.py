@@ -88,7 +88,7 @@ def run_command(commands, module, *args):
   return commands.run(module, *args, timeout=TIMEOUT_S)
 
 
-@pytest.mark.slow  # a subprocess (~4 s)
+@pytest.mark.slow  # a command (~4 s)
 def test_embed_prints_the_sentence_transformers_embeddings(commands):
   """The fixture is a sentence-transformers directory (mean pooling, then
   L2): the command's defaults give its embeddings of the reference texts."""
@@ -105,20 +105,22 @@ def test_embed_prints_the_sentence_transformers_embeddings(commands):
   np.testing.assert_allclose([row["embedding"] for row in rows], expected, atol=1e-4)
 
 
-@pytest.mark.slow  # a subprocess (~5 s)
+def generate_a_single(commands, *flags):
+  """txf-generate of 6 tokens after 'a single' by the GPT-2 fixture."""
+  model = f"--model={HF_FIXTURES / 'gpt2'}"
+  return run_command(
+    commands, "experiments.generate", model, "--prompt=a single", "--max_new_tokens=6", *flags
+  )
+
+
+@pytest.mark.slow  # a command (~5 s)
 def test_generate_prints_the_greedy_continuation(commands):
   """GPT-2 continues 'a single' (the second reference prompt) with
   transformers' greedy tokens."""
   reference = np.load(HF_FIXTURES / "gpt2" / "reference.npz")
   tokenizer = HFTokenizer(HF_FIXTURES / "gpt2")
   np.testing.assert_array_equal(tokenizer.encode("a single"), reference["greedy_prompts"][1])
-  result = run_command(
-    commands,
-    "experiments.generate",
-    f"--model={HF_FIXTURES / 'gpt2'}",
-    "--prompt=a single",
-    "--max_new_tokens=6",
-  )
+  result = generate_a_single(commands)
   assert result.returncode == 0, result.stderr
   expected = reference["greedy_tokens"][1]
   assert tokenizer.eos_id not in expected  # which would stop the command earlier
@@ -146,22 +148,14 @@ def test_generate_samples_with_its_seed_top_k_and_top_p(commands):
   }
   generated = {}
   for name, extra in flags.items():
-    result = run_command(
-      commands,
-      "experiments.generate",
-      f"--model={HF_FIXTURES / 'gpt2'}",
-      "--prompt=a single",
-      "--max_new_tokens=6",
-      "--temperature=1",
-      *extra,
-    )
+    result = generate_a_single(commands, "--temperature=1", *extra)
     assert result.returncode == 0, result.stderr
     generated[name] = result.stdout.splitlines()[1]
   assert generated["top_k=1"] == generated["top_p=1e-6"] == greedy
   assert len({greedy, generated["seed 3"], generated["seed 4"]}) == 3, generated
 
 
-@pytest.mark.slow  # a subprocess (~5 s)
+@pytest.mark.slow  # a command (~5 s)
 def test_generate_prints_nothing_after_the_eos(commands, tmp_path):
   """A Llama whose config.json names no pad id (as Llama 3's) pads rows
   after EOS with id 0, a real token ('!' here): the command printed it."""
