@@ -20,6 +20,7 @@ XLA compilation. train.decay='constant' makes the schedule independent of
 train.steps, so a run of N steps and one of 2N share their first N updates.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -107,10 +108,10 @@ def one_process_commands():
     yield server
 
 
-def launch(commands_and_envs, log_dir: pathlib.Path, name: str, *, all_exit=False):
-  """Runs the processes to completion; returns [(returncode, log text)] in
-  order. All are killed on timeout, and once one fails (the others would wait
-  for it in a collective) unless `all_exit` (each is to fail on its own)."""
+@contextlib.contextmanager
+def started(commands_and_envs, log_dir: pathlib.Path, name: str):
+  """The processes, started, each writing to its log file: yields
+  ([process], [log path]) in order; any still running on leaving is killed."""
   processes, paths = [], []
   try:
     for i, (cmd, env) in enumerate(commands_and_envs):
@@ -120,17 +121,25 @@ def launch(commands_and_envs, log_dir: pathlib.Path, name: str, *, all_exit=Fals
           subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         )
       paths.append(path)
+    yield processes, paths
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def launch(commands_and_envs, log_dir: pathlib.Path, name: str, *, all_exit=False):
+  """Runs the processes to completion; returns [(returncode, log text)] in
+  order. All are killed on timeout, and once one fails (the others would wait
+  for it in a collective) unless `all_exit` (each is to fail on its own)."""
+  with started(commands_and_envs, log_dir, name) as (processes, paths):
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
       codes = [process.poll() for process in processes]
       if None not in codes or (not all_exit and any(code not in (None, 0) for code in codes)):
         break
       time.sleep(0.2)
-  finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
-        process.wait()
   return [(p.returncode, path.read_text()) for p, path in zip(processes, paths)]
 
 
@@ -337,14 +346,8 @@ def test_a_signal_saves_every_process_at_one_step(tmp_path, signal_name, sent_to
   many = 100_000
   fields = {**TINY, **MESH_2x2, "train.steps": many, "train.checkpoint_every": many}
   fields["eval.every"] = many
-  processes, logs = [], []
-  try:
-    for index, (cmd, env) in enumerate(two_commands(fields, [(workdir, [])] * 2)):
-      logs.append(tmp_path / f"process{index}.log")
-      with open(logs[-1], "w") as log_file:
-        processes.append(
-          subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-        )
+  commands = two_commands(fields, [(workdir, [])] * 2)
+  with started(commands, tmp_path, "signal") as (processes, logs):
     deadline = time.monotonic() + TIMEOUT
     while not (workdir / "metrics.jsonl").exists() or len(train_rows(workdir)) < 2:
       assert time.monotonic() < deadline and None in [p.poll() for p in processes]
@@ -352,11 +355,6 @@ def test_a_signal_saves_every_process_at_one_step(tmp_path, signal_name, sent_to
     for index in sent_to:
       processes[index].send_signal(getattr(signal, signal_name))
     codes = [process.wait(timeout=TIMEOUT) for process in processes]
-  finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
-        process.wait()
   texts = [log.read_text() for log in logs]
   assert codes == [status, status], "\n".join(text[-3000:] for text in texts)
   [saved] = checkpoint_steps(workdir)
